@@ -1,0 +1,25 @@
+"""The result of one DP mechanism applied to one aggregate column."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Release(Generic[T]):
+    """A noised value and what it cost.
+
+    ``scale`` is the noise scale actually used (the Laplace b, or its analogue), and
+    ``error95`` a bound that the absolute noise stays below with probability 0.95 — both are
+    reported to the analyst, neither depends on the data beyond what is already released.
+    """
+
+    value: T
+    epsilon: float
+    delta: float
+    scale: float
+    error95: float
+    mechanism: str

@@ -1,0 +1,89 @@
+"""Load a policy file and say precisely what is wrong with it.
+
+Errors name the file, the line and the dotted key path, and what is wrong, e.g.
+``policy.yaml:14: tables.adult.columns.age.bounds: bounds must be finite with lo <= hi``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from .model import Policy
+
+__all__ = ["PolicyError", "load_policy", "parse_policy"]
+
+
+class PolicyError(Exception):
+    """A policy file that cannot be used; ``problems`` lists each one as a full sentence."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Read, parse and validate the policy at ``path``; raise PolicyError with every problem."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError([f"{path}: cannot read policy file: {exc.strerror or exc}"]) from exc
+    return parse_policy(text, str(path))
+
+
+def parse_policy(text: str, source: str = "<policy>") -> Policy:
+    """Validate policy YAML given as text; ``source`` names it in error messages."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise PolicyError([f"{where}: not valid YAML: {problem}"]) from exc
+    if not isinstance(data, dict):
+        raise PolicyError([f"{source}:1: the policy must be a mapping with backend, users and tables"])
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as exc:
+        raise PolicyError([_describe(err, root, source) for err in exc.errors()]) from exc
+
+
+def _describe(err: Any, root: yaml.Node | None, source: str) -> str:
+    loc = [part for part in err["loc"] if not _is_validator_tag(part)]
+    key = ".".join(str(part) for part in loc) or "(top level)"
+    line = _line_of(root, loc)
+    message = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "missing":
+        message = "required key is missing"
+    elif err["type"] == "extra_forbidden":
+        message = "unknown key (check the spelling; see docs/policy.md)"
+    return f"{source}:{line}: {key}: {message}"
+
+
+def _is_validator_tag(part: Any) -> bool:
+    # pydantic inserts the union member or validator name into loc (e.g. 'function-after').
+    return isinstance(part, str) and ("[" in part or part.startswith("function-"))
+
+
+def _line_of(node: yaml.Node | None, loc: list[Any]) -> int:
+    """The 1-based line of the deepest YAML node that ``loc`` reaches."""
+    best = node.start_mark.line + 1 if node is not None else 1
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                if key_node.value == str(part):
+                    node, best = value_node, key_node.start_mark.line + 1
+                    break
+            else:
+                return best
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            best = node.start_mark.line + 1
+        else:
+            return best
+    return best

@@ -1,0 +1,173 @@
+"""The policy: who may connect, what they may spend, and how each table is protected.
+
+A policy is plain data, validated once on load (see ``policies.loader``); the rest of
+dpproxy only reads it. Field names are the YAML keys documented in docs/policy.md.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from mechanisms.breach import epsilon_from_breach
+
+__all__ = [
+    "Access",
+    "BackendConfig",
+    "BudgetConfig",
+    "ColumnPolicy",
+    "LedgerConfig",
+    "ListenConfig",
+    "Policy",
+    "TablePolicy",
+    "UserPolicy",
+]
+
+Access = Literal["protected", "public"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _from_env(value: str | None, env: str | None, what: str) -> str | None:
+    if env is None:
+        return value
+    if value is not None:
+        raise ValueError(f"give either {what} or {what}_env, not both")
+    if env not in os.environ:
+        raise ValueError(f"environment variable {env} (named by {what}_env) is not set")
+    return os.environ[env]
+
+
+class BackendConfig(_Strict):
+    """The PostgreSQL that holds the data, reached as one service role."""
+
+    dsn: str | None = None
+    dsn_env: str | None = None
+    statement_timeout_ms: int = Field(30_000, gt=0)
+    connect_timeout_s: float = Field(10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _resolve_dsn(self) -> "BackendConfig":
+        dsn = _from_env(self.dsn, self.dsn_env, "dsn")
+        if not dsn:
+            raise ValueError("backend needs dsn or dsn_env")
+        object.__setattr__(self, "dsn", dsn)
+        return self
+
+
+class ListenConfig(_Strict):
+    """Where dpproxy accepts clients."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(6432, ge=0, le=65535)
+    max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+
+
+class LedgerConfig(_Strict):
+    """Where the budget ledger lives (a SQLAlchemy URL)."""
+
+    url: str = "sqlite:///dpproxy-ledger.sqlite3"
+    schema_name: str | None = Field(None, alias="schema")
+
+
+class BudgetConfig(_Strict):
+    """A user's total privacy budget, optionally renewed every period."""
+
+    epsilon: float = Field(gt=0)
+    delta: float = Field(0.0, ge=0, lt=1)
+    period: Literal["day", "week", "month"] | None = None
+
+
+class UserPolicy(_Strict):
+    """An analyst: how they authenticate and what they may spend."""
+
+    password: str | None = None
+    password_env: str | None = None
+    auth: Literal["cleartext"] = "cleartext"
+    budget: BudgetConfig
+    max_query_epsilon: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _resolve_password(self) -> "UserPolicy":
+        password = _from_env(self.password, self.password_env, "password")
+        if not password:
+            raise ValueError("a user needs password or password_env")
+        object.__setattr__(self, "password", password)
+        return self
+
+
+class ColumnPolicy(_Strict):
+    """What is known in advance about a column: numeric bounds or a category list."""
+
+    bounds: tuple[float, float] | None = None
+    categories: tuple[str, ...] | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "ColumnPolicy":
+        if (self.bounds is None) == (self.categories is None):
+            raise ValueError("a column needs exactly one of bounds: [lo, hi] or categories: [...]")
+        if self.bounds is not None:
+            lo, hi = self.bounds
+            if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
+                raise ValueError(f"bounds must be finite with lo <= hi, got [{lo}, {hi}]")
+        if self.categories is not None and (
+            not self.categories or len(set(self.categories)) != len(self.categories)
+        ):
+            raise ValueError("categories must be a non-empty list without repeats")
+        return self
+
+    @property
+    def sensitivity(self) -> float:
+        """L1 sensitivity of a clamped SUM: the largest magnitude one row can contribute."""
+        assert self.bounds is not None
+        return max(abs(self.bounds[0]), abs(self.bounds[1]))
+
+
+class TablePolicy(_Strict):
+    """How one table is exposed: passed through (public) or answered only with DP aggregates."""
+
+    access: Access = "protected"
+    epsilon: float | None = Field(None, gt=0)
+    prior: float | None = Field(None, gt=0, lt=1)
+    posterior: float | None = Field(None, gt=0, lt=1)
+    delta: float = Field(1e-6, ge=0, lt=1)
+    partitions: int = Field(16, ge=3, le=10_000)
+    avg: Literal["sample_aggregate", "sum_count"] = "sample_aggregate"
+    columns: dict[str, ColumnPolicy] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _derive_epsilon(self) -> "TablePolicy":
+        if self.access == "public":
+            return self
+        has_breach = self.prior is not None or self.posterior is not None
+        if has_breach and self.epsilon is not None:
+            raise ValueError("give either epsilon or prior/posterior, not both")
+        if has_breach:
+            if self.prior is None or self.posterior is None:
+                raise ValueError("prior and posterior go together")
+            object.__setattr__(self, "epsilon", epsilon_from_breach(self.prior, self.posterior))
+        if self.epsilon is None:
+            raise ValueError("a protected table needs epsilon (or prior and posterior)")
+        return self
+
+
+class Policy(_Strict):
+    """The whole configuration file."""
+
+    backend: BackendConfig
+    listen: ListenConfig = ListenConfig()
+    ledger: LedgerConfig = LedgerConfig()
+    users: dict[str, UserPolicy]
+    tables: dict[str, TablePolicy]
+
+    @field_validator("users")
+    @classmethod
+    def _some_user(cls, users: dict[str, UserPolicy]) -> dict[str, UserPolicy]:
+        if not users:
+            raise ValueError("at least one user is needed")
+        return users

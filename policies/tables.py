@@ -1,0 +1,64 @@
+"""The policy's tables as they exist on the backend: resolved to OIDs, with column types.
+
+Built once when dpproxy connects to its backend (and again on reload); the rewriter and
+the mechanisms read it. Relations are matched by OID, never by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from .model import Access, ColumnPolicy, TablePolicy
+
+__all__ = ["ColumnInfo", "Relation", "TableRegistry"]
+
+
+@dataclass(frozen=True)
+class ColumnInfo:
+    """A column of a backend table: name as stored (case-folded), type OID and modifier."""
+
+    name: str
+    type_oid: int
+    type_modifier: int
+    attnum: int
+    policy: ColumnPolicy | None
+
+
+@dataclass(frozen=True)
+class Relation:
+    """A backend relation named by the policy."""
+
+    oid: int
+    schema: str
+    name: str
+    policy: TablePolicy
+    columns: Mapping[str, ColumnInfo] = field(default_factory=dict)
+
+    @property
+    def access(self) -> Access:
+        return self.policy.access
+
+    @property
+    def qualified_name(self) -> str:
+        """Schema-qualified and quoted, for SQL that dpproxy writes itself."""
+        return f'"{_escape(self.schema)}"."{_escape(self.name)}"'
+
+    @property
+    def display_name(self) -> str:
+        return self.name if self.schema == "public" else f"{self.schema}.{self.name}"
+
+
+def _escape(identifier: str) -> str:
+    return identifier.replace('"', '""')
+
+
+@dataclass(frozen=True)
+class TableRegistry:
+    """The policy's relations by OID, and the backend's pg_class column list (for neutralising)."""
+
+    by_oid: Mapping[int, Relation]
+    pg_class_columns: tuple[str, ...] = ()
+
+    def get(self, oid: int) -> Relation | None:
+        return self.by_oid.get(oid)

@@ -1,0 +1,255 @@
+"""Connections to the backing PostgreSQL, through psycopg, as the one service role.
+
+Each client session gets its own backend connection (session semantics: SET, search_path
+and transactions behave as on PostgreSQL). Backend sessions are read-only and carry a
+statement_timeout; the client's credentials never reach the backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import psycopg
+from psycopg import pq
+
+from policies.loader import PolicyError
+from policies.model import Policy
+from policies.tables import ColumnInfo, Relation, TableRegistry
+from rewriter.classify import ResolvedRelation
+from rewriter.references import RelationRef
+
+from .protocol import Field
+
+__all__ = ["BackendError", "BackendSession", "ResultSet", "build_registry", "connect"]
+
+# Parameters PostgreSQL reports to clients at startup (and after a SET of one of them).
+REPORTED_PARAMETERS = (
+    "application_name", "client_encoding", "DateStyle", "default_transaction_read_only",
+    "in_hot_standby", "integer_datetimes", "IntervalStyle", "is_superuser",
+    "server_encoding", "server_version", "session_authorization",
+    "standard_conforming_strings", "TimeZone",
+)
+
+# Startup parameters a client may pass on to its backend session.
+_FORWARDED_STARTUP = {
+    "application_name": "application_name", "client_encoding": "client_encoding",
+    "datestyle": "DateStyle", "timezone": "TimeZone", "intervalstyle": "IntervalStyle",
+    "extra_float_digits": "extra_float_digits", "search_path": "search_path",
+}
+
+
+class BackendError(Exception):
+    """The backend refused or failed a statement; carries PostgreSQL's diagnostics."""
+
+    def __init__(self, sqlstate: str, message: str, detail: str | None = None, hint: str | None = None):
+        super().__init__(message)
+        self.sqlstate = sqlstate
+        self.message = message
+        self.detail = detail
+        self.hint = hint
+
+
+@dataclass
+class ResultSet:
+    """A statement's result as the client will see it: columns, encoded rows, command tag."""
+
+    fields: list[Field]
+    rows: list[list[bytes | None]]
+    tag: str
+    notices: list[str] = field(default_factory=list)
+
+
+async def connect(policy: Policy, startup: Mapping[str, str] | None = None) -> "BackendSession":
+    """Open a read-only backend session for one client, applying its safe startup parameters."""
+    options = {
+        "default_transaction_read_only": "on",
+        "statement_timeout": str(policy.backend.statement_timeout_ms),
+    }
+    for key, value in (startup or {}).items():
+        name = _FORWARDED_STARTUP.get(key.lower())
+        if name is not None:
+            options[name] = value.strip("'\"") if name == "client_encoding" else value
+    conn = await psycopg.AsyncConnection.connect(
+        policy.backend.dsn or "",
+        autocommit=True,
+        prepare_threshold=None,
+        connect_timeout=max(1, int(policy.backend.connect_timeout_s)),
+        options=" ".join(f"-c {_escape_option(k)}={_escape_option(v)}" for k, v in options.items()),
+    )
+    return BackendSession(conn)
+
+
+def _escape_option(text: str) -> str:
+    return text.replace("\\", "\\\\").replace(" ", "\\ ")
+
+
+class BackendSession:
+    """One backend connection and the operations the proxy needs from it."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any]):
+        self.conn = conn
+        self._notices: list[str] = []
+        conn.add_notice_handler(lambda diag: self._notices.append(diag.message_primary or ""))
+
+    @property
+    def transaction_status(self) -> bytes:
+        """The ReadyForQuery status byte matching the backend's transaction state."""
+        status = self.conn.info.transaction_status
+        if status == pq.TransactionStatus.INTRANS:
+            return b"T"
+        if status == pq.TransactionStatus.INERROR:
+            return b"E"
+        return b"I"
+
+    def parameter(self, name: str) -> str | None:
+        return self.conn.info.parameter_status(name)
+
+    def reported_parameters(self) -> dict[str, str]:
+        values = {}
+        for name in REPORTED_PARAMETERS:
+            value = self.conn.info.parameter_status(name)
+            if value is not None:
+                values[name] = value
+        return values
+
+    async def passthrough(self, sql: str) -> ResultSet:
+        """Run ``sql`` as sent; return PostgreSQL's own column descriptions and text values."""
+        self._notices.clear()
+        try:
+            async with self.conn.cursor() as cur:
+                await cur.execute(sql.encode("utf-8"))
+                result = cur.pgresult
+        except psycopg.Error as exc:
+            raise _backend_error(exc) from None
+        assert result is not None
+        return ResultSet(_fields(result), _rows(result), _tag(result), list(self._notices))
+
+    async def fetch_row(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...]:
+        """Run dpproxy's own single-row query and return the row as Python values."""
+        try:
+            async with self.conn.cursor() as cur:
+                await cur.execute(sql, params or None)
+                row = await cur.fetchone()
+        except psycopg.Error as exc:
+            raise _backend_error(exc) from None
+        assert row is not None
+        return tuple(row)
+
+    async def resolve(self, refs: Iterable[RelationRef]) -> dict[RelationRef, ResolvedRelation | None]:
+        """Resolve relation names to OIDs under this session's search_path, as PostgreSQL would."""
+        refs = list(dict.fromkeys(refs))
+        if not refs:
+            return {}
+        try:
+            async with self.conn.cursor() as cur:
+                await cur.execute(_RESOLVE_SQL, ([r.qualified for r in refs],))
+                rows = await cur.fetchall()
+        except psycopg.Error as exc:
+            raise _backend_error(exc) from None
+        resolved: dict[RelationRef, ResolvedRelation | None] = {}
+        for ref, (oid, schema, name) in zip(refs, rows):
+            resolved[ref] = ResolvedRelation(int(oid), schema, name) if oid is not None else None
+        return resolved
+
+    async def cancel(self) -> None:
+        try:
+            await self.conn.cancel_safe()
+        except psycopg.Error:
+            pass
+
+    async def close(self) -> None:
+        await self.conn.close()
+
+
+_RESOLVE_SQL = """
+SELECT c.oid, n.nspname, c.relname
+FROM unnest(%s::text[]) WITH ORDINALITY AS r(name, i)
+LEFT JOIN pg_catalog.pg_class c ON c.oid = pg_catalog.to_regclass(r.name)
+LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+ORDER BY r.i
+"""
+
+
+def _backend_error(exc: psycopg.Error) -> BackendError:
+    diag = exc.diag
+    return BackendError(
+        diag.sqlstate or "XX000",
+        diag.message_primary or str(exc).strip(),
+        diag.message_detail,
+        diag.message_hint,
+    )
+
+
+def _fields(result: pq.PGresult) -> list[Field]:
+    return [
+        Field(
+            name=(result.fname(i) or b"").decode("utf-8"),
+            type_oid=result.ftype(i),
+            type_size=result.fsize(i),
+            type_modifier=result.fmod(i),
+            table_oid=result.ftable(i),
+            column_number=result.ftablecol(i),
+            format=result.fformat(i),
+        )
+        for i in range(result.nfields)
+    ]
+
+
+def _rows(result: pq.PGresult) -> list[list[bytes | None]]:
+    nfields = result.nfields
+    get = result.get_value
+    return [[get(r, c) for c in range(nfields)] for r in range(result.ntuples)]
+
+
+def _tag(result: pq.PGresult) -> str:
+    return (result.command_status or b"").decode("utf-8")
+
+
+async def build_registry(session: BackendSession, policy: Policy) -> TableRegistry:
+    """Resolve the policy's tables on the backend: OIDs, columns, types; check the policy fits."""
+    refs = {name: _policy_ref(name) for name in policy.tables}
+    resolved = await session.resolve(refs.values())
+    relations: dict[int, Relation] = {}
+    problems: list[str] = []
+    for name, table_policy in policy.tables.items():
+        target = resolved.get(refs[name])
+        if target is None:
+            problems.append(f"tables.{name}: no such relation on the backend")
+            continue
+        columns = await _columns(session, target.oid, table_policy.columns)
+        for column_name, column_policy in table_policy.columns.items():
+            info = columns.get(column_name)
+            if info is None:
+                problems.append(f"tables.{name}.columns.{column_name}: no such column on the backend")
+            elif column_policy.bounds is not None and info.type_oid in (20, 21, 23) and not all(
+                float(b).is_integer() for b in column_policy.bounds
+            ):
+                problems.append(f"tables.{name}.columns.{column_name}: integer column needs integer bounds")
+        relations[target.oid] = Relation(target.oid, target.schema, target.name, table_policy, columns)
+    if problems:
+        raise PolicyError(problems)
+    pg_class = await session.fetch_row(
+        "SELECT array_agg(attname::text ORDER BY attnum) FROM pg_catalog.pg_attribute "
+        "WHERE attrelid = 'pg_catalog.pg_class'::regclass AND attnum > 0 AND NOT attisdropped"
+    )
+    return TableRegistry(relations, tuple(pg_class[0]))
+
+
+def _policy_ref(name: str) -> RelationRef:
+    schema, _, table = name.rpartition(".")
+    return RelationRef(schema or None, table)
+
+
+async def _columns(session: BackendSession, oid: int, policies: Mapping[str, Any]) -> dict[str, ColumnInfo]:
+    async with session.conn.cursor() as cur:
+        await cur.execute(
+            "SELECT attname, atttypid, atttypmod, attnum FROM pg_catalog.pg_attribute "
+            "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            (oid,),
+        )
+        rows = await cur.fetchall()
+    return {
+        name: ColumnInfo(name, int(typ), int(mod), int(num), policies.get(name))
+        for name, typ, mod, num in rows
+    }

@@ -1,0 +1,111 @@
+"""``dpproxy demo``: an embedded PostgreSQL with the Adult table, a demo policy, and dpproxy.
+
+The demo's contract (scripts and docs rely on it): login ``analyst``, password
+``analyst``, database ``demo``, table ``adult``, per-query ε = 1, and a budget of 1,000 ε
+(at least 500 such queries). Everything lives in one data directory, so a second run
+reuses it, and a run after a crash picks up the orphaned PostgreSQL and carries on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import psycopg
+from psycopg import sql
+
+from .demo_data import load_adult
+
+__all__ = ["DEMO_POLICY", "EmbeddedPostgres", "default_data_dir", "prepare_demo_database", "write_demo_policy"]
+
+log = logging.getLogger("dpproxy.demo")
+# pgserver logs every pg_ctl call at INFO; a demo user needs none of it.
+logging.getLogger("pgserver").setLevel(logging.WARNING)
+
+SERVICE_ROLE = "dpproxy_service"
+
+DEMO_POLICY = """\
+# dpproxy demo policy (written by `dpproxy demo`; see docs/policy.md for every key)
+backend:
+  dsn: "{dsn}"
+  statement_timeout_ms: 30000
+listen:
+  host: 127.0.0.1
+  port: {port}
+ledger:
+  url: "sqlite:///{ledger}"
+users:
+  analyst:
+    password: analyst
+    budget:
+      epsilon: 1000       # 1,000 queries at the table's ε = 1
+      delta: 0.01
+tables:
+  public.adult:
+    access: protected
+    epsilon: 1.0          # per query, split evenly over its aggregate columns
+    delta: 1.0e-6
+    columns:
+      age:            {{bounds: [17, 90]}}
+      fnlwgt:         {{bounds: [0, 1500000]}}
+      education_num:  {{bounds: [1, 16]}}
+      capital_gain:   {{bounds: [0, 100000]}}
+      capital_loss:   {{bounds: [0, 4500]}}
+      hours_per_week: {{bounds: [1, 99]}}
+      sex:            {{categories: [Male, Female]}}
+      race:           {{categories: [White, Black, Asian-Pac-Islander, Amer-Indian-Eskimo, Other]}}
+      workclass:      {{categories: [Private, Self-emp-not-inc, Self-emp-inc, Federal-gov, Local-gov, State-gov, Without-pay, Never-worked]}}
+"""
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "dpproxy" / "demo"
+
+
+class EmbeddedPostgres:
+    """A PostgreSQL server in ``data_dir`` run by pgserver (no system installation needed)."""
+
+    def __init__(self, data_dir: Path):
+        import pgserver  # imported here: only the demo and the tests need it
+
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self._server = pgserver.get_server(str(data_dir), cleanup_mode="stop")
+
+    def uri(self, database: str = "postgres", user: str | None = None) -> str:
+        """A libpq URI for ``database`` over the server's unix socket."""
+        uri = self._server.get_uri(database)
+        if user is None:
+            return uri
+        parsed = urlparse(uri)
+        host = parse_qs(parsed.query)["host"][0]
+        return f"postgresql://{user}@/{database}?host={host}"
+
+    def stop(self) -> None:
+        self._server.cleanup()
+
+
+def prepare_demo_database(admin_uri: str, database: str = "demo") -> str:
+    """Create the demo database, the Adult table and a SELECT-only service role; return its DSN."""
+    with psycopg.connect(admin_uri, autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone() is None:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (SERVICE_ROLE,)).fetchone() is None:
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(SERVICE_ROLE)))
+    parsed = urlparse(admin_uri)
+    demo_uri = parsed._replace(path=f"/{database}").geturl()
+    if load_adult(demo_uri):
+        log.info("loaded the adult table into %s", database)
+    with psycopg.connect(demo_uri, autocommit=True) as conn:
+        role = sql.Identifier(SERVICE_ROLE)
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(role))
+        conn.execute(sql.SQL("GRANT SELECT ON public.adult TO {}").format(role))
+    host = parse_qs(parsed.query).get("host", [""])[0]
+    return f"postgresql://{SERVICE_ROLE}@/{database}?host={host}"
+
+
+def write_demo_policy(path: Path, dsn: str, port: int, ledger: Path) -> Path:
+    path.write_text(DEMO_POLICY.format(dsn=dsn, port=port, ledger=ledger), encoding="utf-8")
+    return path

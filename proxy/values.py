@@ -1,0 +1,45 @@
+"""Encode the values dpproxy computes itself in PostgreSQL's text output format."""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+
+import numpy as np
+
+from rewriter.types import FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
+
+__all__ = ["TYPE_SIZES", "encode_text"]
+
+TYPE_SIZES = {INT2: 2, INT4: 4, INT8: 8, FLOAT4: 4, FLOAT8: 8, NUMERIC: -1}
+
+
+def encode_text(value: object, type_oid: int, scale: int | None = None) -> bytes | None:
+    """``value`` as PostgreSQL's output function for ``type_oid`` would print it.
+
+    ``scale`` is the number of fraction digits for numeric results (None: as many as needed).
+    """
+    if value is None:
+        return None
+    if type_oid in (INT2, INT4, INT8):
+        return str(int(value)).encode()
+    if type_oid == FLOAT8:
+        return _float_text(float(value), repr).encode()
+    if type_oid == FLOAT4:
+        return _float_text(float(value), lambda v: str(np.float32(v))).encode()
+    if type_oid == NUMERIC:
+        if isinstance(value, int):
+            return str(value).encode()
+        number = Decimal(repr(float(value))) if isinstance(value, float) else Decimal(value)
+        if scale is not None:
+            number = round(number, scale)
+        return format(number, "f").encode()
+    return str(value).encode()
+
+
+def _float_text(value: float, shortest: object) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return shortest(value)  # type: ignore[operator]

@@ -1,0 +1,122 @@
+"""What passthrough statements may touch: catalog relations, functions and settings.
+
+Default deny. The lists below cover what psql, pgjdbc, psqlODBC, psycopg, asyncpg,
+SQLAlchemy, node-postgres, pg8000 and pgbench send (shared/reference), plus their
+obvious neighbours. Left out on purpose, because they carry data about protected rows:
+statistics (pg_statistic*, pg_stats*, pg_stat_*, pg_statio_*), large objects, relation
+sizes (pg_relation_size & co. reveal row counts), file access, and anything that runs SQL
+given as a string (query_to_xml, ts_stat, dblink).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CATALOG_SCHEMAS",
+    "NEUTRALISED_PG_CLASS_COLUMNS",
+    "SAFE_SETTINGS",
+    "allowed_catalog_relation",
+    "allowed_function",
+]
+
+CATALOG_SCHEMAS = frozenset({"pg_catalog", "information_schema"})
+
+_PG_CATALOG_RELATIONS = frozenset(
+    {
+        # tables
+        "pg_aggregate", "pg_am", "pg_amop", "pg_amproc", "pg_attrdef", "pg_attribute",
+        "pg_auth_members", "pg_cast", "pg_class", "pg_collation", "pg_constraint",
+        "pg_conversion", "pg_database", "pg_default_acl", "pg_depend", "pg_description",
+        "pg_enum", "pg_event_trigger", "pg_extension", "pg_foreign_data_wrapper",
+        "pg_foreign_server", "pg_foreign_table", "pg_index", "pg_inherits", "pg_language",
+        "pg_namespace", "pg_opclass", "pg_operator", "pg_opfamily", "pg_partitioned_table",
+        "pg_policy", "pg_proc", "pg_publication", "pg_publication_namespace",
+        "pg_publication_rel", "pg_range", "pg_rewrite", "pg_sequence", "pg_shdepend",
+        "pg_shdescription", "pg_statistic_ext", "pg_tablespace", "pg_transform", "pg_trigger",
+        "pg_ts_config", "pg_ts_config_map", "pg_ts_dict", "pg_ts_parser", "pg_ts_template",
+        "pg_type",
+        # views
+        "pg_available_extensions", "pg_available_extension_versions", "pg_cursors",
+        "pg_indexes", "pg_matviews", "pg_policies", "pg_prepared_statements", "pg_roles",
+        "pg_rules", "pg_sequences", "pg_settings", "pg_tables", "pg_timezone_abbrevs",
+        "pg_timezone_names", "pg_user", "pg_views",
+    }
+)
+
+# pg_class columns that reveal row counts and sizes; replaced in every passthrough statement.
+NEUTRALISED_PG_CLASS_COLUMNS = {
+    "reltuples": "(-1)::real",
+    "relpages": "0::integer",
+    "relallvisible": "0::integer",
+}
+
+_FUNCTIONS = frozenset(
+    {
+        # session and server information
+        "version", "current_database", "current_schema", "current_schemas", "current_setting",
+        "current_user", "session_user", "current_catalog", "pg_backend_pid",
+        "pg_is_in_recovery", "pg_postmaster_start_time", "pg_conf_load_time",
+        "pg_client_encoding", "inet_server_port", "txid_current_if_assigned",
+        "pg_advisory_unlock_all", "set_config",
+        # catalog helpers
+        "format_type", "pg_get_expr", "pg_get_indexdef", "pg_get_constraintdef",
+        "pg_get_userbyid", "pg_get_viewdef", "pg_get_triggerdef", "pg_get_ruledef",
+        "pg_get_functiondef", "pg_get_function_arguments", "pg_get_function_result",
+        "pg_get_function_identity_arguments", "pg_get_partkeydef",
+        "pg_get_partition_constraintdef", "pg_get_serial_sequence",
+        "pg_get_statisticsobjdef", "pg_get_statisticsobjdef_columns", "pg_get_keywords",
+        "pg_relation_is_publishable", "pg_encoding_to_char", "pg_char_to_encoding",
+        "pg_table_is_visible", "pg_type_is_visible", "pg_function_is_visible",
+        "pg_collation_is_visible", "pg_opclass_is_visible", "pg_operator_is_visible",
+        "pg_conversion_is_visible", "pg_opfamily_is_visible", "pg_statistics_obj_is_visible",
+        "pg_ts_config_is_visible", "pg_ts_dict_is_visible", "pg_ts_parser_is_visible",
+        "pg_ts_template_is_visible", "obj_description", "col_description",
+        "shobj_description", "pg_describe_object", "pg_identify_object",
+        "pg_index_column_has_property", "pg_index_has_property", "pg_indexam_has_property",
+        "pg_options_to_table", "pg_tablespace_location", "pg_get_publication_tables",
+        "to_regtype", "to_regclass", "to_regproc", "to_regprocedure", "to_regnamespace",
+        "to_regrole", "to_regoper", "to_regoperator", "to_regcollation",
+        "has_table_privilege", "has_schema_privilege", "has_column_privilege",
+        "has_any_column_privilege", "has_database_privilege", "has_function_privilege",
+        "has_sequence_privilege", "has_type_privilege", "has_tablespace_privilege",
+        "has_foreign_data_wrapper_privilege", "has_server_privilege",
+        "has_language_privilege", "pg_has_role", "information_schema._pg_expandarray",
+        # pure functions and aggregates over catalog rows
+        "array_agg", "string_agg", "array_to_string", "array_upper", "array_lower",
+        "array_length", "array_position", "array_positions", "cardinality", "unnest",
+        "generate_series", "generate_subscripts", "row_number", "rank", "dense_rank",
+        "count", "min", "max", "sum", "avg", "bool_and", "bool_or", "every",
+        "json_build_object", "jsonb_build_object", "json_build_array", "jsonb_build_array",
+        "json_agg", "jsonb_agg", "json_object_agg", "to_json", "to_jsonb", "row_to_json",
+        "replace", "btrim", "trim", "ltrim", "rtrim", "lower", "upper", "length",
+        "char_length", "octet_length", "substr", "substring", "left", "right", "position",
+        "strpos", "concat", "concat_ws", "format", "quote_ident", "quote_literal",
+        "quote_nullable", "split_part", "like_escape", "starts_with", "abs", "round",
+        "floor", "ceil", "ceiling", "mod", "now", "current_timestamp", "pg_typeof",
+    }
+)
+
+# Settings a client may SET or set_config(): presentation and session plumbing only.
+# Not standard_conforming_strings: it changes how literals parse, and the classifier
+# parses with it on.
+SAFE_SETTINGS = frozenset(
+    {
+        "application_name", "client_encoding", "names", "datestyle", "intervalstyle",
+        "timezone", "time zone", "extra_float_digits", "search_path", "bytea_output",
+        "client_min_messages", "lc_monetary", "lc_numeric", "lc_time", "jit",
+        "lock_timeout", "idle_in_transaction_session_timeout", "transaction_isolation",
+        "default_transaction_isolation", "xmloption",
+        "transaction", "session characteristics",
+    }
+)
+
+
+def allowed_catalog_relation(schema: str, name: str) -> bool:
+    """True for the catalog relations passthrough statements may read."""
+    if schema == "information_schema":
+        return True
+    return schema == "pg_catalog" and name in _PG_CATALOG_RELATIONS
+
+
+def allowed_function(name: str) -> bool:
+    """True for functions passthrough statements may call (``pg_catalog.`` prefix optional)."""
+    return name.removeprefix("pg_catalog.") in _FUNCTIONS

@@ -1,0 +1,345 @@
+"""Decide what happens to each statement: DP aggregate, passthrough, dpproxy command, or refusal.
+
+The decision is made from the statement's kind and from the relations it references,
+resolved to OIDs on the backend by the caller (``resolved``); names are never compared
+as strings against the policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Union
+
+from policies.errors import SQLSTATE, Refusal
+from policies.tables import Relation, TableRegistry
+
+from .catalog import CATALOG_SCHEMAS, SAFE_SETTINGS, allowed_catalog_relation, allowed_function
+from .dp_query import AggregateQuery, plan_aggregate_query
+from .neutralise import neutralise_pg_class
+from .references import RelationRef
+from .statements import Statement
+
+__all__ = [
+    "DPQuery",
+    "Decision",
+    "DpproxyCommand",
+    "Passthrough",
+    "ResolvedRelation",
+    "classify",
+]
+
+PG_CLASS_OID = 1259
+
+
+@dataclass(frozen=True)
+class ResolvedRelation:
+    """What a relation name means on the backend, under the session's search_path."""
+
+    oid: int
+    schema: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Passthrough:
+    """Send ``sql`` to the backend as it is (catalog, session, transaction, public tables)."""
+
+    sql: str
+
+
+@dataclass(frozen=True)
+class DPQuery:
+    """Answer with differential privacy according to ``plan``."""
+
+    plan: AggregateQuery
+
+
+@dataclass(frozen=True)
+class DpproxyCommand:
+    """A statement about dpproxy itself: ``SHOW dpproxy.x`` or ``SET dpproxy.x = value``."""
+
+    verb: str  # "show" | "set" | "reset"
+    name: str
+    value: str | None = None
+
+
+Decision = Union[Passthrough, DPQuery, DpproxyCommand]
+
+_TRANSACTION_KINDS = {
+    "TRANS_STMT_BEGIN", "TRANS_STMT_START", "TRANS_STMT_COMMIT", "TRANS_STMT_ROLLBACK",
+    "TRANS_STMT_SAVEPOINT", "TRANS_STMT_RELEASE", "TRANS_STMT_ROLLBACK_TO",
+}
+_HARMLESS_SESSION_STATEMENTS = {"DeallocateStmt", "DiscardStmt", "ClosePortalStmt", "UnlistenStmt"}
+_WRITES = {
+    "InsertStmt", "UpdateStmt", "DeleteStmt", "MergeStmt", "TruncateStmt",
+}
+_NOT_SUPPORTED = {
+    "CopyStmt": "COPY",
+    "ExplainStmt": "EXPLAIN (its plans and ANALYZE output reveal row counts)",
+    "DoStmt": "DO blocks",
+    "CallStmt": "CALL",
+    "ListenStmt": "LISTEN",
+    "NotifyStmt": "NOTIFY",
+    "PrepareStmt": "PREPARE (use the extended query protocol)",
+    "ExecuteStmt": "EXECUTE",
+    "DeclareCursorStmt": "DECLARE CURSOR",
+    "FetchStmt": "FETCH",
+    "LockStmt": "LOCK",
+    "VacuumStmt": "VACUUM/ANALYZE",
+    "CheckPointStmt": "CHECKPOINT",
+    "LoadStmt": "LOAD",
+}
+
+
+def classify(
+    statement: Statement,
+    resolved: Mapping[RelationRef, ResolvedRelation | None],
+    registry: TableRegistry,
+) -> Decision:
+    """Decide ``statement``'s fate; raise Refusal with SQLSTATE, message and hint if refused.
+
+    ``resolved`` maps each relation the statement references to its backend identity
+    (None: no such relation, or only a CTE of that name).
+    """
+    kind = statement.kind
+    if kind == "SelectStmt":
+        return _select(statement, resolved, registry)
+    if kind == "TransactionStmt":
+        return _transaction(statement)
+    if kind == "VariableSetStmt":
+        return _set(statement)
+    if kind == "VariableShowStmt":
+        name = statement.node.get("name", "")
+        if name.startswith("dpproxy."):
+            return DpproxyCommand("show", name)
+        return Passthrough(statement.text)
+    if kind in _HARMLESS_SESSION_STATEMENTS:
+        return Passthrough(statement.text)
+    if kind in _WRITES:
+        raise Refusal(
+            SQLSTATE.READ_ONLY_SQL_TRANSACTION,
+            "dpproxy is read-only: data-modifying statements are not allowed (rule: read-only)",
+            "Only SELECT of DP aggregates, catalog queries and session statements are accepted.",
+            "read-only",
+        )
+    if kind in _NOT_SUPPORTED:
+        raise Refusal(
+            SQLSTATE.FEATURE_NOT_SUPPORTED,
+            f"{_NOT_SUPPORTED[kind]} is not supported through dpproxy (rule: statement-not-allowed)",
+            "Only SELECT of DP aggregates, catalog queries and session statements are accepted.",
+            "statement-not-allowed",
+        )
+    raise Refusal(
+        SQLSTATE.READ_ONLY_SQL_TRANSACTION,
+        f"{_statement_name(kind)} is not allowed through dpproxy (rule: read-only)",
+        "dpproxy does not change schemas, roles or data; connect to PostgreSQL directly as an administrator.",
+        "read-only",
+    )
+
+
+def _statement_name(kind: str) -> str:
+    return kind.removesuffix("Stmt") + " statement"
+
+
+def _select(
+    statement: Statement,
+    resolved: Mapping[RelationRef, ResolvedRelation | None],
+    registry: TableRegistry,
+) -> Decision:
+    refs = statement.references
+    protected: list[Relation] = []
+    references_pg_class = False
+    for ref in refs.relations:
+        target = resolved.get(ref)
+        if target is None:
+            if ref.schema is None and ref.name in refs.cte_names:
+                continue  # a CTE of this name, and no relation it could shadow
+            raise Refusal(
+                SQLSTATE.UNDEFINED_TABLE,
+                f'relation "{ref.qualified.replace(chr(34), "")}" does not exist',
+                rule="undefined-relation",
+            )
+        if ref.schema is None and ref.name in refs.cte_names:
+            # A CTE shadows a real relation here; which one a reference means depends on
+            # scoping rules we do not replicate, so only harmless shadowing is accepted.
+            if registry.get(target.oid) is not None or target.schema not in CATALOG_SCHEMAS:
+                raise Refusal(
+                    SQLSTATE.INSUFFICIENT_PRIVILEGE,
+                    f'a CTE named "{ref.name}" shadows a table; rename the CTE (rule: cte-shadowing)',
+                    rule="cte-shadowing",
+                )
+        relation = registry.get(target.oid)
+        if relation is not None:
+            if relation.access == "protected":
+                protected.append(relation)
+            continue
+        if target.schema in CATALOG_SCHEMAS:
+            if not allowed_catalog_relation(target.schema, target.name):
+                raise Refusal(
+                    SQLSTATE.INSUFFICIENT_PRIVILEGE,
+                    f"catalog relation {target.schema}.{target.name} is not available through dpproxy "
+                    "(rule: catalog-allowlist)",
+                    "Statistics, activity counters and large objects can reveal protected data; "
+                    "schema catalogs (pg_class, pg_attribute, information_schema ...) are available.",
+                    "catalog-allowlist",
+                )
+            references_pg_class |= target.oid == PG_CLASS_OID
+            continue
+        raise Refusal(
+            SQLSTATE.INSUFFICIENT_PRIVILEGE,
+            f"relation {target.schema}.{target.name} is not in the dpproxy policy (rule: default-deny)",
+            "Only tables the policy names (protected or public) and the system catalogs can be queried.",
+            "default-deny",
+        )
+    if protected:
+        return _protected(statement, protected)
+    _check_functions(statement)
+    if references_pg_class:
+        return Passthrough(
+            neutralise_pg_class(
+                statement.text,
+                registry.pg_class_columns,
+                lambda schema, name: _means_pg_class(RelationRef(schema, name), resolved),
+            )
+        )
+    return Passthrough(statement.text)
+
+
+def _means_pg_class(ref: RelationRef, resolved: Mapping[RelationRef, ResolvedRelation | None]) -> bool:
+    target = resolved.get(ref)
+    return target is not None and target.oid == PG_CLASS_OID
+
+
+def _protected(statement: Statement, protected: list[Relation]) -> DPQuery:
+    relation = protected[0]
+    refs = statement.references
+    if len(refs.relations) > 1:
+        message = "JOIN is not allowed on protected table"
+        rule = "no-join"
+        if refs.node_kinds & {"SubLink", "RangeSubselect", "CommonTableExpr"}:
+            message, rule = "subqueries are not allowed on protected table", "no-subquery"
+        elif statement.node.get("op", "SETOP_NONE") != "SETOP_NONE":
+            message, rule = "UNION/INTERSECT/EXCEPT is not allowed on protected table", "no-set-operations"
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"{message} {relation.display_name} (rule: {rule})",
+            "Query one protected table at a time, with aggregates only: "
+            f"SELECT COUNT(*), SUM(col) FROM {relation.display_name} [WHERE ...].",
+            rule,
+        )
+    if refs.functions - _DP_FUNCTIONS:
+        # sqlglot would see these too; refusing here keeps both parsers in agreement.
+        name = sorted(refs.functions - _DP_FUNCTIONS)[0]
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"function {name}() is not allowed on protected table {relation.display_name} (rule: function-allowlist)",
+            "Aggregates: COUNT, SUM, AVG, MIN, MAX, MODE() WITHIN GROUP; in WHERE: lower(), upper().",
+            "function-allowlist",
+        )
+    return DPQuery(plan_aggregate_query(statement.text, relation))
+
+
+_DP_FUNCTIONS = frozenset({"count", "sum", "avg", "min", "max", "mode", "lower", "upper"})
+
+
+def _check_functions(statement: Statement) -> None:
+    for name in statement.references.functions:
+        if not allowed_function(name):
+            raise Refusal(
+                SQLSTATE.INSUFFICIENT_PRIVILEGE,
+                f"function {name}() is not available through dpproxy (rule: function-allowlist)",
+                "Catalog queries may call catalog and formatting functions; functions that read "
+                "data, files, sizes or statistics are not available.",
+                "function-allowlist",
+            )
+        if name.removeprefix("pg_catalog.") == "set_config":
+            _check_set_config(statement.node)
+
+
+def _check_set_config(node: Any) -> None:
+    """set_config(name, ...) is a SET: only for safe settings named by a literal."""
+    for call in _function_calls(node, "set_config"):
+        args = call.get("args") or []
+        first = args[0].get("A_Const", {}).get("sval", {}).get("sval") if args else None
+        if first is None or first.lower() not in SAFE_SETTINGS:
+            raise Refusal(
+                SQLSTATE.INSUFFICIENT_PRIVILEGE,
+                f"set_config() of {first or 'a computed name'} is not allowed (rule: safe-settings)",
+                "Only presentation and session settings may be changed: " + ", ".join(sorted(SAFE_SETTINGS)),
+                "safe-settings",
+            )
+
+
+def _function_calls(node: Any, name: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            call = item.get("FuncCall")
+            if call is not None and call["funcname"][-1]["String"]["sval"] == name:
+                found.append(call)
+            stack.extend(v for v in item.values() if isinstance(v, (dict, list)))
+    return found
+
+
+def _transaction(statement: Statement) -> Passthrough:
+    node = statement.node
+    if node.get("kind") not in _TRANSACTION_KINDS:
+        raise Refusal(
+            SQLSTATE.FEATURE_NOT_SUPPORTED,
+            "two-phase commit is not supported through dpproxy (rule: statement-not-allowed)",
+            "Use BEGIN, COMMIT, ROLLBACK, SAVEPOINT and RELEASE.",
+            "statement-not-allowed",
+        )
+    _refuse_read_write(node.get("options") or [])
+    return Passthrough(statement.text)
+
+
+def _refuse_read_write(options: list[dict[str, Any]]) -> None:
+    for option in options:
+        element = option.get("DefElem", {})
+        if element.get("defname") == "transaction_read_only":
+            value = element.get("arg", {}).get("A_Const", {}).get("ival", {}).get("ival", 0)
+            if not value:
+                raise Refusal(
+                    SQLSTATE.READ_ONLY_SQL_TRANSACTION,
+                    "dpproxy sessions are read-only: READ WRITE is not allowed (rule: read-only)",
+                    "Leave out READ WRITE; transactions through dpproxy are read-only.",
+                    "read-only",
+                )
+
+
+def _set(statement: Statement) -> Decision:
+    node = statement.node
+    kind = node.get("kind")
+    name = (node.get("name") or "").lower()
+    if name.startswith("dpproxy."):
+        if kind == "VAR_SET_VALUE":
+            return DpproxyCommand("set", name, _set_value(node))
+        return DpproxyCommand("reset", name)
+    if kind in ("VAR_RESET", "VAR_RESET_ALL"):
+        return Passthrough(statement.text)  # back to the session defaults dpproxy set
+    if name not in SAFE_SETTINGS:
+        raise Refusal(
+            SQLSTATE.INSUFFICIENT_PRIVILEGE,
+            f'setting "{name}" cannot be changed through dpproxy (rule: safe-settings)',
+            "Only presentation and session settings may be changed: " + ", ".join(sorted(SAFE_SETTINGS)),
+            "safe-settings",
+        )
+    _refuse_read_write(node.get("args") or [])
+    return Passthrough(statement.text)
+
+
+def _set_value(node: dict[str, Any]) -> str | None:
+    args = node.get("args") or []
+    if len(args) != 1:
+        return None
+    const = args[0].get("A_Const", {})
+    for key in ("fval", "sval", "ival"):
+        if key in const:
+            inner = const[key]
+            return str(inner.get(key, 0)) if isinstance(inner, dict) else str(inner)
+    return None

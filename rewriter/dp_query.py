@@ -1,0 +1,232 @@
+"""Validate a SELECT on a protected table and turn it into an ``AggregateQuery`` plan.
+
+Accepted shape (SPEC §3):
+``SELECT agg [AS alias] [, ...] FROM <protected table> [AS t] [WHERE <safe predicate>]
+[ORDER BY ...] [LIMIT n]`` where ``agg`` is COUNT(*), COUNT(col), SUM(col), AVG(col),
+MIN(col), MAX(col) or MODE() WITHIN GROUP (ORDER BY col). Everything else is refused with
+the rule it breaks. The plan, not the client's text, is what later reaches the backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError
+
+from policies.errors import SQLSTATE, Refusal
+from policies.tables import ColumnInfo, Relation
+
+from .predicates import validate_predicate
+from .types import NUMERIC_TYPES, aggregate_result_type
+
+__all__ = ["Aggregate", "AggregateQuery", "plan_aggregate_query"]
+
+AggregateKind = Literal["count", "sum", "avg", "min", "max", "mode"]
+
+_SIMPLE_AGGREGATES: dict[type[exp.Expression], AggregateKind] = {
+    exp.Count: "count",
+    exp.Sum: "sum",
+    exp.Avg: "avg",
+    exp.Min: "min",
+    exp.Max: "max",
+}
+SUPPORTED_KINDS: frozenset[AggregateKind] = frozenset({"count", "sum"})
+
+_ALLOWED_HINT = (
+    "Protected tables answer only aggregates of one table: SELECT COUNT(*), COUNT(col), "
+    "SUM(col) FROM {table} [WHERE col <op> literal [AND|OR ...]]; each answer is noised."
+)
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """One output column: an aggregate over a column (``column`` None for COUNT(*))."""
+
+    kind: AggregateKind
+    column: ColumnInfo | None
+    output_name: str
+    result_type_oid: int
+
+
+@dataclass(frozen=True)
+class AggregateQuery:
+    """A validated DP query: what to compute, on which table, under which filter."""
+
+    table: Relation
+    aggregates: tuple[Aggregate, ...]
+    where_sql: str | None
+    limit_zero: bool
+
+
+def plan_aggregate_query(sql: str, table: Relation) -> AggregateQuery:
+    """Validate ``sql`` (one SELECT that references ``table`` and nothing else) into a plan."""
+    scope = Scope(table, frozenset({table.name}))
+    try:
+        tree = sqlglot.parse_one(sql, read="postgres")
+    except ParseError as exc:
+        raise scope.refuse("cannot analyse this query on protected table", "unparsed") from exc
+    if not isinstance(tree, exp.Select):
+        raise scope.refuse(_set_operation_message(tree), "no-set-operations")
+    scope = _check_clauses(tree, scope)
+    aggregates = tuple(_aggregate(item, scope) for item in tree.expressions)
+    where = tree.args.get("where")
+    where_sql = validate_predicate(where.this, scope) if where is not None else None
+    return AggregateQuery(table, aggregates, where_sql, _limit_is_zero(tree, scope))
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The one table a DP query reads, and the names that may qualify its columns."""
+
+    table: Relation
+    qualifiers: frozenset[str]
+
+    @property
+    def hint(self) -> str:
+        return _ALLOWED_HINT.format(table=self.table.display_name)
+
+    def refuse(self, message: str, rule: str, sqlstate: str = SQLSTATE.DP_QUERY_SHAPE) -> Refusal:
+        """A refusal that names the table and the rule, with the standard hint."""
+        return Refusal(sqlstate, f"{message} {self.table.display_name} (rule: {rule})", self.hint, rule)
+
+    def column(self, node: exp.Column) -> ColumnInfo:
+        """The table column a reference names; only the table (or its alias) may qualify it."""
+        if node.args.get("db") or node.args.get("catalog"):
+            raise self.refuse("schema-qualified column references are not allowed on protected table", "column-reference")
+        qualifier = node.args.get("table")
+        if qualifier is not None and identifier(qualifier) not in self.qualifiers:
+            raise self.refuse(f"column {node.sql('postgres')} does not belong to protected table", "column-reference")
+        name = identifier(node.this)
+        column = self.table.columns.get(name)
+        if column is None:
+            raise Refusal(
+                "42703",
+                f'column "{name}" does not exist in {self.table.display_name}',
+                "Columns: " + ", ".join(self.table.columns),
+                "undefined-column",
+            )
+        return column
+
+
+def _set_operation_message(tree: exp.Expression) -> str:
+    if isinstance(tree, exp.SetOperation):
+        return "UNION/INTERSECT/EXCEPT is not allowed on protected table"
+    return "only SELECT of aggregates is allowed on protected table"
+
+
+# Clauses that make a statement something other than one aggregate row of one table.
+_CLAUSE_RULES: dict[str, tuple[str, str]] = {
+    "joins": ("JOIN is not allowed on protected table", "no-join"),
+    "laterals": ("LATERAL is not allowed on protected table", "no-join"),
+    "group": ("GROUP BY is not allowed on protected table", "no-group-by"),
+    "having": ("HAVING is not allowed on protected table", "no-group-by"),
+    "distinct": ("SELECT DISTINCT is not allowed on protected table", "no-distinct"),
+    "with_": ("WITH (CTE) is not allowed with protected table", "no-subquery"),
+    "windows": ("window functions are not allowed on protected table", "no-window"),
+    "qualify": ("window functions are not allowed on protected table", "no-window"),
+    "into": ("SELECT INTO is not allowed on protected table", "no-write"),
+    "locks": ("row locks are not allowed on protected table", "no-row-access"),
+    "offset": ("OFFSET is not allowed on protected table", "no-offset"),
+    "sample": ("TABLESAMPLE is not allowed on protected table", "no-subquery"),
+}
+
+
+def _check_clauses(tree: exp.Select, scope: Scope) -> Scope:
+    """Refuse every clause beyond SELECT/FROM/WHERE/ORDER BY/LIMIT; return the FROM scope."""
+    for key, value in tree.args.items():
+        if not value or key in ("expressions", "from_", "where", "limit", "order", "kind"):
+            continue
+        message, rule = _CLAUSE_RULES.get(key, (f"the {key.upper()} clause is not allowed on protected table", "unsupported-clause"))
+        raise scope.refuse(message, rule)
+    source = tree.args.get("from_")
+    if source is None or not isinstance(source.this, exp.Table) or source.this.args.get("joins"):
+        raise scope.refuse("subqueries are not allowed on protected table", "no-subquery")
+    for node in tree.walk():
+        if isinstance(node, (exp.Subquery, exp.Exists)) or (isinstance(node, exp.Select) and node is not tree):
+            raise scope.refuse("subqueries are not allowed on protected table", "no-subquery")
+        if isinstance(node, exp.Window):
+            raise scope.refuse("window functions are not allowed on protected table", "no-window")
+    alias = source.this.args.get("alias")
+    if alias is not None:
+        # As in PostgreSQL, an aliased table is qualified by its alias only.
+        return Scope(scope.table, frozenset({identifier(alias)}))
+    return scope
+
+
+def _aggregate(item: exp.Expression, scope: Scope) -> Aggregate:
+    alias: str | None = None
+    if isinstance(item, exp.Alias):
+        alias = identifier(item.args["alias"])
+        item = item.this
+    if isinstance(item, exp.Star) or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star)):
+        raise scope.refuse("SELECT * is not allowed on protected table", "no-row-access")
+    if isinstance(item, exp.Filter):
+        raise scope.refuse("aggregate FILTER is not allowed on protected table", "no-filter")
+    if isinstance(item, exp.WithinGroup) and isinstance(item.this, exp.Mode):
+        kind: AggregateKind = "mode"
+        order = item.expression.expressions
+        if len(order) != 1:
+            raise scope.refuse("MODE() takes one ORDER BY column on protected table", "aggregate-argument")
+        argument: exp.Expression = order[0].this
+    elif type(item) in _SIMPLE_AGGREGATES:
+        kind = _SIMPLE_AGGREGATES[type(item)]
+        argument = item.this
+    elif isinstance(item, exp.AggFunc):
+        raise scope.refuse(f"aggregate {item.sql_name().lower()}() is not allowed on protected table", "aggregate-not-allowed")
+    elif isinstance(item, exp.Column):
+        raise scope.refuse("selecting column values is not allowed on protected table", "no-row-access")
+    elif item.find(exp.AggFunc) is not None:
+        raise scope.refuse("expressions on or around aggregates are not allowed on protected table", "aggregate-expression")
+    else:
+        raise scope.refuse("non-aggregate output is not allowed on protected table", "no-row-access")
+    if kind not in SUPPORTED_KINDS:
+        raise scope.refuse(f"{kind.upper()} is not supported yet on protected table", "aggregate-not-supported", SQLSTATE.FEATURE_NOT_SUPPORTED)
+    column = _aggregate_column(kind, argument, scope)
+    result_type = aggregate_result_type(kind, column.type_oid if column else None)
+    return Aggregate(kind, column, alias or kind, result_type)
+
+
+def _aggregate_column(kind: AggregateKind, argument: exp.Expression | None, scope: Scope) -> ColumnInfo | None:
+    if kind == "count" and isinstance(argument, exp.Star):
+        return None
+    if isinstance(argument, exp.Distinct):
+        raise scope.refuse("COUNT(DISTINCT ...) and other DISTINCT aggregates are not allowed on protected table", "no-distinct")
+    if not isinstance(argument, exp.Column) or isinstance(argument.this, exp.Star):
+        raise scope.refuse(f"{kind.upper()} takes a plain column on protected table", "aggregate-argument")
+    column = scope.column(argument)
+    if kind in ("count", "mode"):
+        return column
+    if column.type_oid not in NUMERIC_TYPES:
+        raise scope.refuse(f"{kind.upper()} needs a numeric column; {column.name} is not numeric on", "aggregate-argument")
+    if column.policy is None or column.policy.bounds is None:
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"column {column.name} of protected table {scope.table.display_name} has no bounds in the policy (rule: bounds-required)",
+            "Add bounds: [lo, hi] for this column to the policy to allow SUM/AVG/MIN/MAX on it.",
+            "bounds-required",
+        )
+    return column
+
+
+def identifier(node: exp.Expression) -> str:
+    """An identifier as PostgreSQL stores it: unquoted names fold to lower case."""
+    if isinstance(node, exp.TableAlias):
+        node = node.this
+    if isinstance(node, exp.Identifier):
+        return node.this if node.quoted else node.this.lower()
+    return node.name.lower()
+
+
+def _limit_is_zero(tree: exp.Select, scope: Scope) -> bool:
+    limit = tree.args.get("limit")
+    if limit is None:
+        return False
+    value = limit.expression
+    if isinstance(value, exp.Null):
+        return False
+    if not (isinstance(value, exp.Literal) and not value.is_string and value.this.isdigit()):
+        raise scope.refuse("LIMIT takes a non-negative integer literal on protected table", "limit")
+    return int(value.this) == 0

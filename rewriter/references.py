@@ -1,0 +1,79 @@
+"""What a parsed statement refers to: relations, functions, CTE names, columns.
+
+Works on pglast's JSON parse tree. Classification decides by these references, never by
+the statement's surface text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["RelationRef", "References", "collect_references"]
+
+
+@dataclass(frozen=True)
+class RelationRef:
+    """A relation named in FROM/JOIN/etc.; ``schema`` is None when unqualified."""
+
+    schema: str | None
+    name: str
+
+    @property
+    def qualified(self) -> str:
+        """The name as ``to_regclass`` reads it: each part quoted, so case and dots survive."""
+        quoted = _quote(self.name)
+        return f"{_quote(self.schema)}.{quoted}" if self.schema else quoted
+
+
+def _quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True)
+class References:
+    """Everything a statement names, as PostgreSQL would resolve it (names already case-folded)."""
+
+    relations: tuple[RelationRef, ...]
+    functions: frozenset[str]
+    cte_names: frozenset[str]
+    columns: frozenset[str]
+    node_kinds: frozenset[str]
+
+
+def collect_references(node: dict[str, Any]) -> References:
+    relations: list[RelationRef] = []
+    functions: set[str] = set()
+    ctes: set[str] = set()
+    columns: set[str] = set()
+    kinds: set[str] = set()
+    stack: list[Any] = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+            continue
+        if not isinstance(item, dict):
+            continue
+        for key, value in item.items():
+            if key[:1].isupper():
+                kinds.add(key)
+                if key == "RangeVar":
+                    relations.append(RelationRef(value.get("schemaname"), value["relname"]))
+                elif key == "FuncCall":
+                    functions.add(_dotted(value["funcname"]))
+                elif key == "CommonTableExpr":
+                    ctes.add(value["ctename"])
+                elif key == "ColumnRef":
+                    fields = value.get("fields", [])
+                    if fields and "String" in fields[-1]:
+                        columns.add(fields[-1]["String"]["sval"])
+                    elif fields and "A_Star" in fields[-1]:
+                        columns.add("*")
+            if isinstance(value, (dict, list)):
+                stack.append(value)
+    return References(tuple(relations), frozenset(functions), frozenset(ctes), frozenset(columns), frozenset(kinds))
+
+
+def _dotted(parts: list[dict[str, Any]]) -> str:
+    return ".".join(part["String"]["sval"] for part in parts)

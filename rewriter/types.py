@@ -1,0 +1,26 @@
+"""PostgreSQL type OIDs and the result type PostgreSQL gives each aggregate."""
+
+from __future__ import annotations
+
+__all__ = ["INTEGER_TYPES", "NUMERIC_TYPES", "aggregate_result_type"]
+
+INT2, INT4, INT8, FLOAT4, FLOAT8, NUMERIC = 21, 23, 20, 700, 701, 1700
+
+INTEGER_TYPES = frozenset({INT2, INT4, INT8})
+NUMERIC_TYPES = INTEGER_TYPES | {FLOAT4, FLOAT8, NUMERIC}
+
+# pg_aggregate's result types for the argument types dpproxy accepts.
+_SUM = {INT2: INT8, INT4: INT8, INT8: NUMERIC, FLOAT4: FLOAT4, FLOAT8: FLOAT8, NUMERIC: NUMERIC}
+_AVG = {INT2: NUMERIC, INT4: NUMERIC, INT8: NUMERIC, FLOAT4: FLOAT8, FLOAT8: FLOAT8, NUMERIC: NUMERIC}
+
+
+def aggregate_result_type(kind: str, argument_type: int | None) -> int:
+    """The type OID PostgreSQL reports for ``kind(argument)``; COUNT is always int8."""
+    if kind == "count":
+        return INT8
+    assert argument_type is not None
+    if kind == "sum":
+        return _SUM[argument_type]
+    if kind == "avg":
+        return _AVG[argument_type]
+    return argument_type  # min, max, mode keep the argument's type
