@@ -57,6 +57,8 @@ class Session:
             await self._serve()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the client went away; nothing to answer
+        except asyncio.CancelledError:
+            await self._fatal(SQLSTATE.ADMIN_SHUTDOWN, "terminating connection due to administrator command")
         except ProtocolError as exc:
             await self._fatal(exc.sqlstate, exc.message)
         except Refusal as exc:

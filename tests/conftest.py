@@ -1,0 +1,169 @@
+"""Fixtures: a real PostgreSQL, the Adult test data, and a real dpproxy in front of it.
+
+PostgreSQL comes from ``DPPROXY_TEST_DSN`` (a libpq URI of a superuser) if set, else an
+embedded server started with pgserver, else testcontainers where Docker runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import psycopg
+import pytest
+
+from policies.loader import parse_policy
+from policies.model import Policy
+from proxy.demo import SERVICE_ROLE, prepare_demo_database
+from proxy.server import Server
+
+TEST_DATABASE = "dpproxy_test"
+
+TEST_POLICY = """
+backend:
+  dsn: "{dsn}"
+  statement_timeout_ms: 20000
+listen: {{host: 127.0.0.1, port: 0}}
+ledger: {{url: "sqlite:///{ledger}"}}
+users:
+  analyst:
+    password: analyst
+    budget: {{epsilon: 1000000, delta: 0.5}}
+tables:
+  public.adult:
+    access: protected
+    epsilon: 1.0
+    delta: 1.0e-6
+    columns:
+      age: {{bounds: [17, 90]}}
+      hours_per_week: {{bounds: [1, 99]}}
+      capital_gain: {{bounds: [0, 100000]}}
+      sex: {{categories: [Male, Female]}}
+  public.clamp_test:
+    access: protected
+    epsilon: 1.0
+    columns:
+      value: {{bounds: [0, 10]}}
+      ratio: {{bounds: [-2.5, 2.5]}}
+  public.lookup:
+    access: public
+"""
+
+
+@pytest.fixture(scope="session")
+def pg_admin_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A superuser libpq URI of a real PostgreSQL for the whole test session."""
+    if os.environ.get("DPPROXY_TEST_DSN"):
+        yield os.environ["DPPROXY_TEST_DSN"]
+        return
+    try:
+        import pgserver
+    except ImportError:  # pragma: no cover - pgserver is a dependency; Docker is the fallback
+        yield from _testcontainers_dsn()
+        return
+    server = pgserver.get_server(str(tmp_path_factory.mktemp("pg")), cleanup_mode="stop")
+    try:
+        yield server.get_uri("postgres")
+    finally:
+        server.cleanup()
+
+
+def _testcontainers_dsn() -> Iterator[str]:  # pragma: no cover - no Docker engine here
+    from testcontainers.postgres import PostgresContainer
+
+    with PostgresContainer("postgres:16") as container:
+        yield container.get_connection_url().replace("+psycopg2", "")
+
+
+@pytest.fixture(scope="session")
+def pg_dsn(pg_admin_dsn: str) -> str:
+    """A superuser libpq URI, for tests that need a PostgreSQL and nothing else."""
+    return pg_admin_dsn
+
+
+@dataclass(frozen=True)
+class TestDatabase:
+    admin_dsn: str
+    service_dsn: str
+
+
+@pytest.fixture(scope="session")
+def test_db(pg_admin_dsn: str) -> TestDatabase:
+    """The Adult table (48,842 rows), a clamping table and a public table, with a service role."""
+    service_dsn = prepare_demo_database(pg_admin_dsn, TEST_DATABASE)
+    admin_dsn = urlparse(pg_admin_dsn)._replace(path=f"/{TEST_DATABASE}").geturl()
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS clamp_test, lookup, secret_unlisted")
+        conn.execute("CREATE TABLE clamp_test (value integer, ratio double precision)")
+        conn.execute("INSERT INTO clamp_test SELECT i % 10, (i % 5) - 2 FROM generate_series(1, 100) i")
+        # One outlier far outside the policy bounds: it must be clamped before summing.
+        conn.execute("INSERT INTO clamp_test VALUES (1000000000, 1e12)")
+        conn.execute("CREATE TABLE lookup (code text, label text)")
+        conn.execute("INSERT INTO lookup VALUES ('M', 'Male'), ('F', 'Female')")
+        conn.execute("CREATE TABLE secret_unlisted (x integer)")
+        conn.execute("INSERT INTO secret_unlisted VALUES (42)")
+        for table in ("clamp_test", "lookup", "secret_unlisted"):
+            conn.execute(f"GRANT SELECT ON {table} TO {SERVICE_ROLE}")
+    return TestDatabase(admin_dsn, service_dsn)
+
+
+def make_policy(test_db: TestDatabase, ledger: Path, text: str = TEST_POLICY) -> Policy:
+    return parse_policy(text.format(dsn=test_db.service_dsn, ledger=ledger), "test-policy.yaml")
+
+
+class RunningProxy:
+    """A real dpproxy Server on its own event loop thread, listening on a free port."""
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="dpproxy", daemon=True)
+        self._thread.start()
+        self.server: Server = self._call(Server.create(policy))
+        self.host, self.port = self._call(self.server.start("127.0.0.1", 0))
+
+    def _call(self, coro):  # type: ignore[no-untyped-def]
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=60)
+
+    def dsn(self, user: str = "analyst", password: str = "analyst", database: str = TEST_DATABASE) -> str:
+        return f"host={self.host} port={self.port} dbname={database} user={user} password={password}"
+
+    def connect(self, **kwargs: object) -> psycopg.Connection:
+        """A psycopg connection in autocommit mode that stays on the simple query protocol."""
+        kwargs.setdefault("autocommit", True)
+        kwargs.setdefault("prepare_threshold", None)
+        return psycopg.connect(self.dsn(), **kwargs)  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        self._call(self.server.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    running = RunningProxy(make_policy(test_db, tmp_path_factory.mktemp("ledger") / "ledger.sqlite3"))
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def admin(test_db: TestDatabase) -> Iterator[psycopg.Connection]:
+    """A direct superuser connection to the test database: ground truth for exact values."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        yield conn
+
+
+def psql_path() -> str:
+    path = shutil.which("psql")
+    if path is None:
+        raise RuntimeError("psql is required by the test suite (.ci/run installs postgresql-client)")
+    return path

@@ -1,0 +1,85 @@
+"""Statements dpproxy refuses: each with a SQLSTATE, a message naming the rule, and a hint."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from conftest import RunningProxy
+
+REFUSED = [
+    ("SELECT * FROM adult", "DP001", "no-row-access"),
+    ("SELECT age FROM adult", "DP001", "no-row-access"),
+    ("SELECT age, COUNT(*) FROM adult GROUP BY age", "DP001", "no-group-by"),
+    ("SELECT COUNT(*) FROM adult a JOIN adult b ON a.age = b.age", "DP001", "no-join"),
+    ("SELECT COUNT(*) FROM adult, lookup", "DP001", "no-join"),
+    ("SELECT COUNT(*) FROM adult WHERE age > (SELECT 1)", "DP001", "no-subquery"),
+    ("SELECT COUNT(*) FROM (SELECT * FROM adult) s", "DP001", "no-subquery"),
+    ("WITH s AS (SELECT * FROM adult) SELECT COUNT(*) FROM s", "DP001", "no-subquery"),
+    ("SELECT AVG(age) OVER () FROM adult", "DP001", "no-window"),
+    ("SELECT COUNT(*) OVER (PARTITION BY sex) FROM adult", "DP001", "no-window"),
+    ("SELECT COUNT(*) FROM adult UNION SELECT COUNT(*) FROM adult", "DP001", "no-join"),
+    ("SELECT COUNT(DISTINCT age) FROM adult", "DP001", "no-distinct"),
+    ("SELECT DISTINCT COUNT(*) FROM adult", "DP001", "no-distinct"),
+    ("SELECT COUNT(*) FILTER (WHERE age > 3) FROM adult", "DP001", "no-filter"),
+    ("SELECT COUNT(*) + 1 FROM adult", "DP001", "aggregate-expression"),
+    ("SELECT string_agg(sex, ',') FROM adult", "DP001", "function-allowlist"),
+    ("SELECT COUNT(*) FROM adult WHERE age / 0 = 1", "DP001", "safe-predicate"),
+    ("SELECT COUNT(*) FROM adult WHERE age::text = '40'", "DP001", "safe-predicate"),
+    ("SELECT COUNT(*) FROM adult WHERE pg_sleep(1) IS NULL", "DP001", "function-allowlist"),
+    ("SELECT SUM(fnlwgt) FROM adult", "DP001", "bounds-required"),
+    ("SELECT COUNT(*) FROM adult OFFSET 1", "DP001", "no-offset"),
+    ("SELECT * FROM secret_unlisted", "42501", "default-deny"),
+    ("SELECT * FROM pg_stats", "42501", "catalog-allowlist"),
+    ("SELECT * FROM pg_catalog.pg_stat_user_tables", "42501", "catalog-allowlist"),
+    ("SELECT pg_relation_size('adult')", "42501", "function-allowlist"),
+    ("SELECT query_to_xml('select * from adult', true, true, '')", "42501", "function-allowlist"),
+    ("INSERT INTO adult (age) VALUES (1)", "25006", "read-only"),
+    ("DELETE FROM adult", "25006", "read-only"),
+    ("CREATE TABLE t (x int)", "25006", "read-only"),
+    ("COPY adult TO STDOUT", "0A000", "statement-not-allowed"),
+    ("EXPLAIN ANALYZE SELECT COUNT(*) FROM adult", "0A000", "statement-not-allowed"),
+    ("SET default_transaction_read_only = off", "42501", "safe-settings"),
+    ("BEGIN READ WRITE", "25006", "read-only"),
+    ("SELECT FROM nowhere_at_all", "42P01", "undefined-relation"),
+    ("SELEC 1", "42601", "syntax"),
+]
+
+
+@pytest.mark.parametrize("sql,sqlstate,rule", REFUSED, ids=[r[0][:48] for r in REFUSED])
+def test_refused_with_sqlstate_rule_and_hint(proxy: RunningProxy, sql: str, sqlstate: str, rule: str):
+    with proxy.connect() as conn:
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(sql)
+        diag = info.value.diag
+        assert diag.sqlstate == sqlstate, diag.message_primary
+        if sqlstate not in ("42601", "42P01"):
+            assert f"rule: {rule}" in diag.message_primary or rule == "no-join"
+            assert diag.message_hint
+        # The connection is still usable after a refusal.
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_union_names_its_rule(proxy: RunningProxy):
+    with proxy.connect() as conn:
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute("SELECT COUNT(*) FROM adult UNION SELECT COUNT(*) FROM adult")
+    assert "UNION" in info.value.diag.message_primary or "JOIN" in info.value.diag.message_primary
+
+
+def test_public_table_passes_through_unchanged(proxy: RunningProxy):
+    with proxy.connect() as conn:
+        rows = conn.execute("SELECT code, label FROM lookup ORDER BY code").fetchall()
+    assert rows == [("F", "Female"), ("M", "Male")]
+
+
+def test_pg_class_row_counts_are_neutralised(proxy: RunningProxy, admin):
+    admin.execute("ANALYZE adult")
+    with proxy.connect() as conn:
+        rows = conn.execute("SELECT reltuples, relpages FROM pg_class WHERE relname = 'adult'").fetchall()
+        star = conn.execute("SELECT * FROM pg_catalog.pg_class c WHERE c.relname = 'adult'")
+        names = [d.name for d in star.description]
+        star_row = star.fetchone()
+    assert rows == [(-1.0, 0)]
+    assert star_row[names.index("reltuples")] == -1.0
+    assert admin.execute("SELECT reltuples FROM pg_class WHERE relname = 'adult'").fetchone()[0] > 40000

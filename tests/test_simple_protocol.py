@@ -1,0 +1,155 @@
+"""Protocol v3 simple-query flow through dpproxy, driven by real clients and raw sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+
+import psycopg
+import pytest
+
+from conftest import RunningProxy
+
+
+def _startup_packet(**params: str) -> bytes:
+    body = struct.pack("!i", 196608) + b"".join(k.encode() + b"\0" + v.encode() + b"\0" for k, v in params.items()) + b"\0"
+    return struct.pack("!i", len(body) + 4) + body
+
+
+def _read_messages(sock: socket.socket, until: bytes) -> list[tuple[bytes, bytes]]:
+    messages, buffer = [], b""
+    while True:
+        while len(buffer) >= 5:
+            kind, length = buffer[:1], struct.unpack("!i", buffer[1:5])[0]
+            if len(buffer) < 1 + length:
+                break
+            messages.append((kind, buffer[5 : 1 + length]))
+            buffer = buffer[1 + length :]
+            if kind == until:
+                return messages
+        chunk = sock.recv(65536)
+        if not chunk:
+            return messages
+        buffer += chunk
+
+
+def _login(proxy: RunningProxy) -> tuple[socket.socket, list[tuple[bytes, bytes]]]:
+    sock = socket.create_connection((proxy.host, proxy.port), timeout=10)
+    sock.sendall(struct.pack("!ii", 8, 80877103))  # SSLRequest
+    assert sock.recv(1) == b"N"
+    sock.sendall(struct.pack("!ii", 8, 80877104))  # GSSENCRequest
+    assert sock.recv(1) == b"N"
+    sock.sendall(_startup_packet(user="analyst", database="dpproxy_test"))
+    kind, body = _read_messages(sock, b"R")[0]
+    assert kind == b"R" and struct.unpack("!i", body[:4])[0] == 3  # cleartext password
+    sock.sendall(b"p" + struct.pack("!i", 4 + 8) + b"analyst\0")
+    return sock, _read_messages(sock, b"Z")
+
+
+def _query(sock: socket.socket, sql: str) -> list[tuple[bytes, bytes]]:
+    payload = sql.encode() + b"\0"
+    sock.sendall(b"Q" + struct.pack("!i", len(payload) + 4) + payload)
+    return _read_messages(sock, b"Z")
+
+
+def test_startup_sends_backend_parameters_key_data_and_ready(proxy: RunningProxy):
+    sock, messages = _login(proxy)
+    kinds = [k for k, _ in messages]
+    assert kinds[0] == b"R" and kinds[-1] == b"Z" and b"K" in kinds
+    params = dict(body[:-1].split(b"\0", 1) for k, body in messages if k == b"S")
+    for name in (b"server_version", b"client_encoding", b"DateStyle", b"integer_datetimes",
+                 b"standard_conforming_strings", b"TimeZone"):
+        assert name in params
+    assert params[b"client_encoding"] == b"UTF8"
+    assert params[b"session_authorization"] == b"analyst"
+    assert messages[-1][1] == b"I"
+    sock.close()
+
+
+def test_several_statements_in_one_query_and_transaction_status(proxy: RunningProxy):
+    sock, _ = _login(proxy)
+    replies = _query(sock, "BEGIN; SELECT 1 AS one; SELECT COUNT(*) FROM adult")
+    kinds = [k for k, _ in replies]
+    assert kinds.count(b"C") == 3 and kinds.count(b"T") == 2 and b"N" in kinds
+    assert replies[-1] == (b"Z", b"T")
+    assert _query(sock, "COMMIT")[-1] == (b"Z", b"I")
+    sock.close()
+
+
+def test_error_stops_the_rest_of_a_multi_statement_query(proxy: RunningProxy):
+    sock, _ = _login(proxy)
+    replies = _query(sock, "SELECT 1; SELECT * FROM adult; SELECT 2")
+    kinds = [k for k, _ in replies]
+    assert kinds == [b"T", b"D", b"C", b"E", b"Z"]
+    fields = dict((f[:1], f[1:]) for f in replies[3][1].split(b"\0") if f)
+    assert fields[b"C"] == b"DP001" and b"H" in fields and fields[b"S"] == b"ERROR"
+    sock.close()
+
+
+def test_empty_query_gets_empty_query_response(proxy: RunningProxy):
+    sock, _ = _login(proxy)
+    assert [k for k, _ in _query(sock, "  ")] == [b"I", b"Z"]
+    sock.close()
+
+
+def test_wrong_password_and_unknown_user_get_the_same_error(proxy: RunningProxy):
+    for user, password in (("analyst", "wrong"), ("nobody", "analyst")):
+        with pytest.raises(psycopg.OperationalError) as info:
+            psycopg.connect(proxy.dsn(user=user, password=password))
+        assert "password authentication failed" in str(info.value)
+
+
+def test_unknown_database_is_refused(proxy: RunningProxy):
+    with pytest.raises(psycopg.OperationalError, match="does not exist"):
+        psycopg.connect(proxy.dsn(database="elsewhere"))
+
+
+def test_malformed_startup_closes_only_that_connection(proxy: RunningProxy):
+    bad = socket.create_connection((proxy.host, proxy.port), timeout=10)
+    bad.sendall(struct.pack("!ii", 99999999, 196608) + b"junk")
+    data = bad.recv(1024)
+    assert data[:1] == b"E" and b"08P01" in data
+    assert bad.recv(1024) == b""  # closed
+    with proxy.connect() as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_oversized_message_closes_the_connection_with_an_error(proxy: RunningProxy):
+    sock, _ = _login(proxy)
+    sock.sendall(b"Q" + struct.pack("!i", 2**30))
+    data = sock.recv(1024)
+    assert data[:1] == b"E" and b"54000" in data
+
+
+def test_terminate_closes_the_connection(proxy: RunningProxy):
+    sock, _ = _login(proxy)
+    sock.sendall(b"X" + struct.pack("!i", 4))
+    assert sock.recv(1024) == b""
+
+
+def test_client_vanishing_mid_query_does_not_disturb_others(proxy: RunningProxy):
+    for _ in range(5):
+        sock, _ = _login(proxy)
+        payload = b"SELECT COUNT(*), SUM(age) FROM adult WHERE age > 20\0"
+        sock.sendall(b"Q" + struct.pack("!i", len(payload) + 4) + payload)
+        sock.close()
+    with proxy.connect() as conn:
+        assert conn.execute("SELECT COUNT(*) FROM adult").fetchone()[0] > 40000
+
+
+def test_many_concurrent_clients_on_one_loop(proxy: RunningProxy):
+    async def client(i: int) -> int:
+        async with await psycopg.AsyncConnection.connect(proxy.dsn(), autocommit=True) as conn:
+            total = 0
+            for _ in range(5):
+                cur = await conn.execute("SELECT COUNT(*) FROM adult WHERE age > 30")
+                total += (await cur.fetchone())[0]
+            return total
+
+    async def main() -> list[int]:
+        return await asyncio.gather(*(client(i) for i in range(40)))
+
+    results = asyncio.run(main())
+    assert len(results) == 40 and all(r > 0 for r in results)
+    assert proxy.server.session_count == 0 or proxy.server.session_count < 40
