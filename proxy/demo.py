@@ -8,6 +8,7 @@ reuses it, and a run after a crash picks up the orphaned PostgreSQL and carries 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -72,6 +73,7 @@ class EmbeddedPostgres:
         import pgserver  # imported here: only the demo and the tests need it
 
         data_dir.mkdir(parents=True, exist_ok=True)
+        _forget_dead_handles(data_dir)
         self._server = pgserver.get_server(str(data_dir), cleanup_mode="stop")
 
     def uri(self, database: str = "postgres", user: str | None = None) -> str:
@@ -85,6 +87,25 @@ class EmbeddedPostgres:
 
     def stop(self) -> None:
         self._server.cleanup()
+
+
+def _forget_dead_handles(data_dir: Path) -> None:
+    """Drop PIDs of crashed processes from pgserver's handle list.
+
+    pgserver stops PostgreSQL when its last handle goes, and records handles as PIDs in
+    ``.handle_pids.json``; a demo killed with -9 never removes its PID, so every later
+    demo would leave PostgreSQL running at exit.
+    """
+    import psutil  # a pgserver dependency
+
+    handles = data_dir / ".handle_pids.json"
+    try:
+        pids = json.loads(handles.read_text())
+    except (OSError, ValueError):
+        return
+    alive = [pid for pid in pids if isinstance(pid, int) and psutil.pid_exists(pid)]
+    if alive != pids:
+        handles.write_text(json.dumps(alive))
 
 
 def prepare_demo_database(admin_uri: str, database: str = "demo") -> str:

@@ -89,6 +89,8 @@ def pg_dsn(pg_admin_dsn: str) -> str:
 
 @dataclass(frozen=True)
 class TestDatabase:
+    __test__ = False  # a fixture value, not a test class
+
     admin_dsn: str
     service_dsn: str
 

@@ -1,0 +1,111 @@
+"""The dpproxy command as users run it: serve -c, and the demo's contract."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import TEST_POLICY, TestDatabase, psql_path
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start(args: list[str], ready: str, timeout: float = 120) -> tuple[subprocess.Popen[str], str]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy.cli", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    output = []
+    deadline = time.monotonic() + timeout
+    assert process.stdout is not None
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        output.append(line)
+        if ready in line:
+            return process, "".join(output)
+    process.kill()
+    raise AssertionError("did not become ready:\n" + "".join(output))
+
+
+def _psql(port: int, database: str, sql: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [psql_path(), "-X", "-At", f"host=127.0.0.1 port={port} dbname={database} user=analyst", "-c", sql],
+        capture_output=True, text=True, env={**os.environ, "PGPASSWORD": "analyst"}, timeout=60,
+    )
+
+
+def _postgres_running_in(data_dir: Path) -> bool:
+    needle = str(data_dir)
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        try:
+            if proc.info["name"] == "postgres" and any(needle in part for part in proc.info["cmdline"] or []):
+                return True
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return False
+
+
+def test_serve_answers_in_front_of_a_postgres_given_by_dsn(test_db: TestDatabase, tmp_path: Path):
+    port = _free_port()
+    config = tmp_path / "policy.yaml"
+    config.write_text(TEST_POLICY.format(dsn=test_db.service_dsn, ledger=tmp_path / "l.sqlite3"))
+    process, _ = _start(["serve", "-c", str(config), "--port", str(port)], "listening on")
+    try:
+        result = _psql(port, "dpproxy_test", "SELECT COUNT(*) FROM adult")
+        assert result.returncode == 0, result.stderr
+        assert int(result.stdout) > 40000
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+
+
+def test_serve_refuses_a_policy_that_does_not_match_the_backend(test_db: TestDatabase, tmp_path: Path):
+    config = tmp_path / "policy.yaml"
+    config.write_text(TEST_POLICY.format(dsn=test_db.service_dsn, ledger=tmp_path / "l.sqlite3")
+                      .replace("hours_per_week: {bounds", "hours_per_wek: {bounds"))
+    result = subprocess.run([sys.executable, "-m", "proxy.cli", "serve", "-c", str(config), "--port", "0"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "tables.public.adult.columns.hours_per_wek: no such column on the backend" in result.stderr
+
+
+def test_demo_contract_ctrl_c_and_restart_after_a_crash(tmp_path: Path):
+    data_dir, port = tmp_path / "demo", _free_port()
+    args = ["demo", "--data-dir", str(data_dir), "--port", str(port)]
+    process, banner = _start(args, "Press Ctrl-C")
+    try:
+        assert f'psql "host=127.0.0.1 port={port} dbname=demo user=analyst"' in banner
+        result = _psql(port, "demo", "SELECT COUNT(*) FROM adult WHERE age > 40")
+        assert result.returncode == 0, result.stderr
+        assert 15000 < int(result.stdout) < 25000
+        assert "ε charged 1" in result.stderr
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    assert not _postgres_running_in(data_dir)
+
+    # A crash leaves PostgreSQL running; the next demo must take over cleanly.
+    process, _ = _start(args, "Press Ctrl-C")
+    process.kill()
+    process.wait(timeout=10)
+    process, _ = _start(args, "Press Ctrl-C")
+    try:
+        assert _psql(port, "demo", "SELECT COUNT(*) FROM adult").returncode == 0
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    assert not _postgres_running_in(data_dir)

@@ -1,0 +1,102 @@
+"""Policy files: validation errors name the file, the line, the key and what is wrong."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from policies.loader import PolicyError, load_policy, parse_policy
+
+GOOD = """\
+backend:
+  dsn: postgresql://svc@localhost/db
+users:
+  analyst:
+    password: secret
+    budget: {epsilon: 10}
+tables:
+  public.adult:
+    epsilon: 0.5
+    columns:
+      age: {bounds: [17, 90]}
+      sex: {categories: [Male, Female]}
+  lookup:
+    access: public
+"""
+
+
+def _problems(text: str) -> list[str]:
+    with pytest.raises(PolicyError) as info:
+        parse_policy(text, "p.yaml")
+    return info.value.problems
+
+
+def test_a_valid_policy_loads_with_defaults():
+    policy = parse_policy(GOOD)
+    table = policy.tables["public.adult"]
+    assert table.access == "protected" and table.epsilon == 0.5
+    assert table.columns["age"].sensitivity == 90
+    assert policy.listen.port == 6432 and policy.listen.host == "127.0.0.1"
+
+
+def test_unknown_key_is_named_with_its_line():
+    problems = _problems(GOOD.replace("    epsilon: 0.5", "    epsilon: 0.5\n    epsilom: 3"))
+    assert problems == ["p.yaml:10: tables.public.adult.epsilom: unknown key (check the spelling; see docs/policy.md)"]
+
+
+def test_inverted_bounds_are_refused_at_their_line():
+    (problem,) = _problems(GOOD.replace("[17, 90]", "[90, 17]"))
+    assert problem.startswith("p.yaml:11: tables.public.adult.columns.age:")
+    assert "lo <= hi" in problem
+
+
+def test_missing_backend_is_reported():
+    (problem,) = _problems(GOOD.split("users:")[0].replace("backend:\n  dsn: postgresql://svc@localhost/db\n", "") + "users:" + GOOD.split("users:")[1])
+    assert problem == "p.yaml:1: backend: required key is missing"
+
+
+def test_protected_table_without_epsilon_is_refused():
+    (problem,) = _problems(GOOD.replace("    epsilon: 0.5\n", ""))
+    assert "tables.public.adult" in problem and "needs epsilon" in problem
+
+
+def test_epsilon_from_breach_probabilities_and_refusal_when_posterior_not_above_prior():
+    policy = parse_policy(GOOD.replace("epsilon: 0.5", "prior: 0.2\n    posterior: 0.5"))
+    assert math.isclose(policy.tables["public.adult"].epsilon, math.log(4))
+    (problem,) = _problems(GOOD.replace("epsilon: 0.5", "prior: 0.5\n    posterior: 0.2"))
+    assert "tables.public.adult" in problem
+
+
+def test_password_from_environment(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("ANALYST_PW", "from-env")
+    policy = parse_policy(GOOD.replace("password: secret", "password_env: ANALYST_PW"))
+    assert policy.users["analyst"].password == "from-env"
+    monkeypatch.delenv("ANALYST_PW")
+    (problem,) = _problems(GOOD.replace("password: secret", "password_env: ANALYST_PW"))
+    assert "ANALYST_PW" in problem and "users.analyst" in problem
+
+
+def test_invalid_yaml_names_the_line():
+    (problem,) = _problems(GOOD.replace("budget: {epsilon: 10}", "budget: {epsilon: 10"))
+    assert problem.startswith("p.yaml:") and "not valid YAML" in problem
+
+
+def test_missing_file_is_a_policy_error(tmp_path: Path):
+    with pytest.raises(PolicyError, match="cannot read policy file"):
+        load_policy(tmp_path / "absent.yaml")
+
+
+def test_check_config_command_exit_codes(tmp_path: Path):
+    good = tmp_path / "good.yaml"
+    good.write_text(GOOD)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(GOOD.replace("[17, 90]", "[90, 17]"))
+    ok = subprocess.run([sys.executable, "-m", "proxy.cli", "check-config", str(good)], capture_output=True, text=True)
+    assert ok.returncode == 0 and "OK" in ok.stdout
+    failed = subprocess.run([sys.executable, "-m", "proxy.cli", "check-config", str(bad)], capture_output=True, text=True)
+    assert failed.returncode == 1
+    assert f"{bad}:11: tables.public.adult.columns.age:" in failed.stderr

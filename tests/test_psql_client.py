@@ -1,0 +1,61 @@
+"""psql, the client analysts type into, against dpproxy: meta-commands, -c, errors, notices."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from conftest import RunningProxy, psql_path
+
+
+def _psql(proxy: RunningProxy, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PGPASSWORD": "analyst", "PGSSLMODE": "prefer", "PGCONNECT_TIMEOUT": "10"}
+    return subprocess.run(
+        [psql_path(), "-X", "-h", proxy.host, "-p", str(proxy.port), "-U", "analyst", "-d", "dpproxy_test", *args],
+        capture_output=True, text=True, env=env, timeout=60,
+    )
+
+
+def test_psql_lists_tables_with_dt(proxy: RunningProxy):
+    result = _psql(proxy, "-c", r"\dt")
+    assert result.returncode == 0, result.stderr
+    assert "adult" in result.stdout and "lookup" in result.stdout
+
+
+def test_psql_describes_a_protected_table(proxy: RunningProxy):
+    result = _psql(proxy, "-c", r"\d adult")
+    assert result.returncode == 0, result.stderr
+    assert 'Table "public.adult"' in result.stdout
+    assert "hours_per_week" in result.stdout and "integer" in result.stdout
+
+
+def test_psql_prints_a_noised_count_with_a_notice(proxy: RunningProxy):
+    result = _psql(proxy, "-At", "-c", "SELECT COUNT(*) FROM adult WHERE age > 40")
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout.strip()) > 10000
+    assert "NOTICE:  dpproxy: ε charged 1" in result.stderr
+
+
+def test_psql_runs_several_statements_from_one_c(proxy: RunningProxy):
+    result = _psql(proxy, "-At", "-c", "BEGIN; SELECT COUNT(*) FROM adult; SELECT 7; COMMIT")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.split()
+    assert lines[0] == "BEGIN" and int(lines[1]) > 40000 and lines[2:] == ["7", "COMMIT"]
+
+
+def test_psql_shows_sqlstate_and_hint_for_a_refusal(proxy: RunningProxy):
+    result = _psql(proxy, "-v", "VERBOSITY=verbose", "-c", r"\set VERBOSITY verbose", "-c", "SELECT * FROM adult")
+    assert result.returncode == 1
+    assert "ERROR:  DP001: SELECT * is not allowed on protected table adult" in result.stderr
+    assert "HINT:" in result.stderr
+
+
+def test_psql_with_sslmode_require_is_told_ssl_is_not_supported(proxy: RunningProxy):
+    env = {**os.environ, "PGPASSWORD": "analyst"}
+    result = subprocess.run(
+        [psql_path(), f"host={proxy.host} port={proxy.port} dbname=dpproxy_test user=analyst sslmode=require",
+         "-c", "SELECT 1"],
+        capture_output=True, text=True, env=env, timeout=30,
+    )
+    assert result.returncode != 0
+    assert "does not support SSL" in result.stderr
