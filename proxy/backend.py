@@ -8,10 +8,10 @@ statement_timeout; the client's credentials never reach the backend.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import psycopg
-from psycopg import pq
+from psycopg import generators, pq
 
 from policies.loader import PolicyError
 from policies.model import Policy
@@ -21,7 +21,7 @@ from rewriter.references import RelationRef
 
 from .protocol import Field
 
-__all__ = ["BackendError", "BackendSession", "ResultSet", "build_registry", "connect"]
+__all__ = ["BackendError", "BackendSession", "BoundParams", "ResultSet", "build_registry", "connect"]
 
 # Parameters PostgreSQL reports to clients at startup (and after a SET of one of them).
 REPORTED_PARAMETERS = (
@@ -48,6 +48,15 @@ class BackendError(Exception):
         self.message = message
         self.detail = detail
         self.hint = hint
+
+
+@dataclass(frozen=True)
+class BoundParams:
+    """A client's Bind parameters, passed to the backend as they came."""
+
+    values: Sequence[bytes | None]
+    formats: Sequence[int]
+    types: Sequence[int]
 
 
 @dataclass
@@ -152,6 +161,45 @@ class BackendSession:
             resolved[ref] = ResolvedRelation(int(oid), schema, name) if oid is not None else None
         return resolved
 
+    async def execute(self, sql: str, params: BoundParams | None = None, result_format: int = 0) -> ResultSet:
+        """Run one statement as sent, with the client's raw parameters, in one result format.
+
+        Without parameters it goes as a simple Query; with them through libpq's extended
+        protocol, values and their format codes passed on byte for byte.
+        """
+        pgconn = self.conn.pgconn
+        query = sql.encode("utf-8")
+        if params is None and result_format == 0:
+            result = await self._round_trip(lambda: pgconn.send_query(query))
+        else:
+            p = params or BoundParams((), (), ())
+            result = await self._round_trip(
+                lambda: pgconn.send_query_params(query, p.values, p.types or None, p.formats or None, result_format)
+            )
+        return ResultSet(_fields(result), _rows(result), _tag(result), list(self._notices))
+
+    async def describe(self, sql: str, param_types: Sequence[int]) -> tuple[list[int], list[Field]]:
+        """Parse ``sql`` on the backend without running it: its parameter types and columns."""
+        pgconn = self.conn.pgconn
+        query = sql.encode("utf-8")
+        await self._round_trip(lambda: pgconn.send_prepare(b"", query, list(param_types) or None))
+        result = await self._round_trip(lambda: pgconn.send_describe_prepared(b""))
+        return [result.param_type(i) for i in range(result.nparams)], _fields(result)
+
+    async def _round_trip(self, send: Callable[[], None]) -> pq.PGresult:
+        """Send one request with libpq and wait for its single result without blocking the loop."""
+        self._notices.clear()
+        async with self.conn.lock:
+            try:
+                send()
+                results = await self.conn.wait(generators.execute(self.conn.pgconn))
+            except psycopg.Error as exc:
+                raise _backend_error(exc) from None
+        result = results[-1]
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            raise _result_error(result)
+        return result
+
     async def cancel(self) -> None:
         try:
             await self.conn.cancel_safe()
@@ -169,6 +217,19 @@ LEFT JOIN pg_catalog.pg_class c ON c.oid = pg_catalog.to_regclass(r.name)
 LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 ORDER BY r.i
 """
+
+
+def _result_error(result: pq.PGresult) -> BackendError:
+    def field(code: pq.DiagnosticField) -> str | None:
+        value = result.error_field(code)
+        return value.decode("utf-8", "replace") if value is not None else None
+
+    return BackendError(
+        field(pq.DiagnosticField.SQLSTATE) or "XX000",
+        field(pq.DiagnosticField.MESSAGE_PRIMARY) or "backend error",
+        field(pq.DiagnosticField.MESSAGE_DETAIL),
+        field(pq.DiagnosticField.MESSAGE_HINT),
+    )
 
 
 def _backend_error(exc: psycopg.Error) -> BackendError:

@@ -30,6 +30,7 @@ CANCEL_REQUEST = 80877102
 
 _I32 = struct.Struct("!i")
 _I16 = struct.Struct("!h")
+_U32 = struct.Struct("!I")
 _HEADER = struct.Struct("!ci")
 _FIELD = struct.Struct("!ihihih")
 
@@ -116,6 +117,159 @@ def decode_cstring(payload: bytes, what: str) -> str:
         return payload[:-1].decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ProtocolError(f"{what} message is not valid UTF-8", sqlstate="22021") from exc
+
+
+class _Cursor:
+    """Sequential reads from one message payload; any overrun is a protocol violation."""
+
+    __slots__ = ("data", "pos", "what")
+
+    def __init__(self, data: bytes, what: str):
+        self.data, self.pos, self.what = data, 0, what
+
+    def cstring(self) -> str:
+        end = self.data.find(b"\0", self.pos)
+        if end < 0:
+            raise ProtocolError(f"malformed {self.what} message: unterminated string")
+        try:
+            text = self.data[self.pos : end].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProtocolError(f"{self.what} message is not valid UTF-8", sqlstate="22021") from exc
+        self.pos = end + 1
+        return text
+
+    def int16(self) -> int:
+        return self._unpack(_I16)
+
+    def int32(self) -> int:
+        return self._unpack(_I32)
+
+    def uint32(self) -> int:
+        return self._unpack(_U32)
+
+    def byte(self) -> bytes:
+        if self.pos >= len(self.data):
+            raise ProtocolError(f"malformed {self.what} message: too short")
+        value = self.data[self.pos : self.pos + 1]
+        self.pos += 1
+        return value
+
+    def take(self, size: int) -> bytes:
+        if size < 0 or self.pos + size > len(self.data):
+            raise ProtocolError(f"malformed {self.what} message: value overruns the message")
+        value = self.data[self.pos : self.pos + size]
+        self.pos += size
+        return value
+
+    def count(self, limit: int = 65535) -> int:
+        value = self.int16()
+        if value < 0 or value > limit:
+            raise ProtocolError(f"malformed {self.what} message: invalid count {value}")
+        return value
+
+    def end(self) -> None:
+        if self.pos != len(self.data):
+            raise ProtocolError(f"malformed {self.what} message: trailing bytes")
+
+    def _unpack(self, fmt: struct.Struct) -> int:
+        if self.pos + fmt.size > len(self.data):
+            raise ProtocolError(f"malformed {self.what} message: too short")
+        (value,) = fmt.unpack_from(self.data, self.pos)
+        self.pos += fmt.size
+        return value
+
+
+@dataclass(frozen=True)
+class Parse:
+    statement: str
+    query: str
+    param_types: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Bind:
+    portal: str
+    statement: str
+    param_formats: tuple[int, ...]
+    params: tuple[bytes | None, ...]
+    result_formats: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Describe:
+    kind: bytes  # b"S" statement, b"P" portal
+    name: str
+
+
+@dataclass(frozen=True)
+class Execute:
+    portal: str
+    max_rows: int
+
+
+@dataclass(frozen=True)
+class Close:
+    kind: bytes
+    name: str
+
+
+def decode_parse(payload: bytes) -> Parse:
+    cur = _Cursor(payload, "Parse")
+    name, query = cur.cstring(), cur.cstring()
+    types = tuple(cur.uint32() for _ in range(cur.count()))
+    cur.end()
+    return Parse(name, query, types)
+
+
+def decode_bind(payload: bytes) -> Bind:
+    cur = _Cursor(payload, "Bind")
+    portal, statement = cur.cstring(), cur.cstring()
+    formats = tuple(cur.int16() for _ in range(cur.count()))
+    values: list[bytes | None] = []
+    for _ in range(cur.count()):
+        size = cur.int32()
+        values.append(None if size == -1 else cur.take(size))
+    results = tuple(cur.int16() for _ in range(cur.count()))
+    cur.end()
+    if any(f not in (0, 1) for f in formats + results):
+        raise ProtocolError("invalid format code in Bind message")
+    return Bind(portal, statement, formats, tuple(values), results)
+
+
+def decode_describe(payload: bytes) -> Describe:
+    cur = _Cursor(payload, "Describe")
+    kind, name = cur.byte(), cur.cstring()
+    cur.end()
+    if kind not in (b"S", b"P"):
+        raise ProtocolError(f"invalid Describe target {kind!r}")
+    return Describe(kind, name)
+
+
+def decode_execute(payload: bytes) -> Execute:
+    cur = _Cursor(payload, "Execute")
+    portal, max_rows = cur.cstring(), cur.int32()
+    cur.end()
+    return Execute(portal, max(0, max_rows))
+
+
+def decode_close(payload: bytes) -> Close:
+    cur = _Cursor(payload, "Close")
+    kind, name = cur.byte(), cur.cstring()
+    cur.end()
+    if kind not in (b"S", b"P"):
+        raise ProtocolError(f"invalid Close target {kind!r}")
+    return Close(kind, name)
+
+
+def formats_for(codes: Sequence[int], count: int) -> tuple[int, ...]:
+    """Expand a Bind format-code list (none = all text, one = all, else one per item)."""
+    if not codes:
+        return (0,) * count
+    if len(codes) == 1:
+        return (codes[0],) * count
+    if len(codes) != count:
+        raise ProtocolError(f"format codes given for {len(codes)} items, but there are {count}")
+    return tuple(codes)
 
 
 # ---------------------------------------------------------------- encoding backend messages
@@ -211,4 +365,13 @@ def notice_response(text: str, detail: str | None = None, severity: str = "NOTIC
     return message(b"N", _fields(severity, "00000", text, [(b"D", detail)] if detail else []))
 
 
+def parameter_description(type_oids: Sequence[int]) -> bytes:
+    return message(b"t", _I16.pack(len(type_oids)) + b"".join(_U32.pack(oid) for oid in type_oids))
+
+
+PARSE_COMPLETE = message(b"1")
+BIND_COMPLETE = message(b"2")
+CLOSE_COMPLETE = message(b"3")
+NO_DATA = message(b"n")
+PORTAL_SUSPENDED = message(b"s")
 SSL_NOT_SUPPORTED = b"N"

@@ -12,14 +12,13 @@ import secrets
 from typing import TYPE_CHECKING
 
 from policies.errors import SQLSTATE, Refusal
-from rewriter.classify import DPQuery, DpproxyCommand, Passthrough, classify
-from rewriter.rewrite import backend_sql
-from rewriter.statements import Statement, split_statements
+from rewriter.statements import split_statements
 
 from . import protocol
-from .answer import release_row
 from .auth import authenticate
-from .backend import BackendError, BackendSession, ResultSet, connect
+from .backend import BackendError, BackendSession, connect
+from .executor import Executor
+from .extended import ExtendedProtocol
 from .protocol import ProtocolError
 
 if TYPE_CHECKING:
@@ -29,7 +28,7 @@ __all__ = ["Session"]
 
 log = logging.getLogger("dpproxy.session")
 
-_SESSION_CHANGING = {"VariableSetStmt", "DiscardStmt"}
+_FLUSHING = frozenset({b"Q", b"S", b"H", b"F"})
 
 
 class Session:
@@ -43,8 +42,12 @@ class Session:
         self.secret = secrets.randbits(31)
         self.user = ""
         self.backend: BackendSession | None = None
+        self.executor: Executor | None = None
+        self.extended: ExtendedProtocol | None = None
         self.peer = _peer(writer)
         self._reported: dict[str, str] = {}
+        self._reported_generation = 0
+        self._out: list[bytes] = []
 
     # ------------------------------------------------------------ lifecycle
 
@@ -103,6 +106,8 @@ class Session:
                 f'dpproxy serves the database "{self.server.database}".',
             )
         self.backend = await connect(policy, params)
+        self.executor = Executor(self.server, self.backend, self.user)
+        self.extended = ExtendedProtocol(self.executor, self._out)
         self._reported = self._client_parameters()
         out = [protocol.parameter_status(k, v) for k, v in self._reported.items()]
         out.append(protocol.backend_key_data(self.pid, self.secret))
@@ -135,6 +140,7 @@ class Session:
 
     async def _fatal(self, sqlstate: str, message: str, hint: str | None = None) -> None:
         try:
+            self._flush()
             self.writer.write(protocol.error_response(sqlstate, message, hint, severity="FATAL"))
             await self.writer.drain()
         except (ConnectionError, OSError):
@@ -144,126 +150,81 @@ class Session:
 
     async def _serve(self) -> None:
         limit = self.server.policy.listen.max_message_bytes
+        assert self.executor is not None and self.extended is not None
         while True:
             kind, payload = await protocol.read_message(self.reader, limit)
             if kind == b"Q":
+                self.extended.forget_unnamed()
                 await self._simple_query(protocol.decode_cstring(payload, "Query"))
+                self._ready()
+            elif kind == b"S":
+                self.extended.sync()
+                self._ready()
+            elif kind in (b"P", b"B", b"D", b"E", b"C", b"H"):
+                await self.extended.handle(kind, payload)
             elif kind == b"X":
                 return
             elif kind in (b"d", b"c", b"f"):
                 continue  # stray COPY data outside COPY is ignored, as PostgreSQL does
             elif kind == b"F":
-                self._write_error(SQLSTATE.FEATURE_NOT_SUPPORTED, "the FunctionCall message is not supported by dpproxy")
-                self.writer.write(protocol.ready_for_query(self._status()))
-            elif kind in (b"P", b"B", b"D", b"E", b"C", b"S", b"H"):
-                self._write_error(
-                    SQLSTATE.FEATURE_NOT_SUPPORTED,
-                    "the extended query protocol is not supported yet by dpproxy",
-                    "Use the simple query protocol (e.g. psql, or psycopg without parameters).",
-                )
-                if kind == b"S":
-                    self.writer.write(protocol.ready_for_query(self._status()))
+                self._error(SQLSTATE.FEATURE_NOT_SUPPORTED, "the FunctionCall message is not supported by dpproxy")
+                self._ready()
             else:
                 raise ProtocolError(f"invalid frontend message type {kind!r}")
-            await self.writer.drain()
+            if kind in _FLUSHING and self._out:
+                # Like PostgreSQL, replies to Parse/Bind/Describe/Execute wait for Sync or Flush.
+                self._flush()
+                await self.writer.drain()
 
-    def _status(self) -> bytes:
-        return self.backend.transaction_status if self.backend is not None else b"I"
+    def _flush(self) -> None:
+        self.writer.write(b"".join(self._out))
+        self._out.clear()
+
+    def _ready(self) -> None:
+        """ReadyForQuery, preceded by ParameterStatus for any reported setting that changed."""
+        assert self.executor is not None
+        if self.executor.generation != self._reported_generation:
+            self._reported_generation = self.executor.generation
+            current = self._client_parameters()
+            self._out.extend(
+                protocol.parameter_status(name, value)
+                for name, value in current.items()
+                if self._reported.get(name) != value
+            )
+            self._reported = current
+        self._out.append(protocol.ready_for_query(self.executor.transaction_status()))
 
     async def _simple_query(self, sql: str) -> None:
+        assert self.executor is not None
         try:
             statements = split_statements(sql)
         except Refusal as exc:
-            self._write_refusal(exc)
-            statements = None
-        if statements == ():
-            self.writer.write(protocol.empty_query_response())
-        for statement in statements or ():
+            self._error(exc.sqlstate, exc.message, exc.hint)
+            return
+        if not statements:
+            self._out.append(protocol.empty_query_response())
+        for statement in statements:
             try:
-                result, notices = await self._execute(statement)
+                plan = await self.executor.plan(statement)
+                result, notices = await self.executor.run(plan)
             except Refusal as exc:
-                self._write_refusal(exc)
-                break
+                self._error(exc.sqlstate, exc.message, exc.hint)
+                return
             except BackendError as exc:
-                self._write_error(exc.sqlstate, exc.message, exc.hint, exc.detail)
-                break
-            self._write_result(result, notices)
-        self.writer.write(protocol.ready_for_query(self._status()))
+                self._error(exc.sqlstate, exc.message, exc.hint, exc.detail)
+                return
+            self._out.extend(protocol.notice_response(text) for text in notices)
+            if result.fields:
+                self._out.append(protocol.row_description(result.fields))
+                self._out.extend(protocol.data_row(row) for row in result.rows)
+            self._out.append(protocol.command_complete(result.tag))
 
-    async def _execute(self, statement: Statement) -> tuple[ResultSet, list[str]]:
-        assert self.backend is not None
-        refs = statement.references.relations
-        resolved = await self.backend.resolve(refs) if refs else {}
-        decision = classify(statement, resolved, self.server.registry)
-        if isinstance(decision, DPQuery):
-            return await self._answer_dp(decision)
-        if isinstance(decision, DpproxyCommand):
-            raise Refusal(
-                SQLSTATE.FEATURE_NOT_SUPPORTED,
-                f"{decision.verb.upper()} {decision.name} is not supported yet",
-                rule="dpproxy-command",
-            )
-        assert isinstance(decision, Passthrough)
-        result = await self.backend.passthrough(decision.sql)
-        if statement.kind in _SESSION_CHANGING:
-            self._report_changed_parameters()
-        return result, result.notices
-
-    async def _answer_dp(self, decision: DPQuery) -> tuple[ResultSet, list[str]]:
-        assert self.backend is not None
-        plan = decision.plan
-        epsilon = self.server.query_epsilon(self.user, plan.table)
-        if plan.limit_zero:
-            answer = release_row(plan, (), epsilon)
-            return answer.result, []
-        try:
-            exact = await self.backend.fetch_row(backend_sql(plan))
-        except BackendError as exc:
-            raise _sanitised(exc) from None
-        answer = release_row(plan, exact, epsilon)
-        return answer.result, [answer.notice()]
-
-    def _report_changed_parameters(self) -> None:
-        current = self._client_parameters()
-        for name, value in current.items():
-            if self._reported.get(name) != value:
-                self.writer.write(protocol.parameter_status(name, value))
-        self._reported = current
-
-    # ------------------------------------------------------------ writing
-
-    def _write_result(self, result: ResultSet, notices: list[str]) -> None:
-        out = [protocol.notice_response(text) for text in notices]
-        if result.fields:
-            out.append(protocol.row_description(result.fields))
-            out.extend(protocol.data_row(row) for row in result.rows)
-        out.append(protocol.command_complete(result.tag))
-        self.writer.write(b"".join(out))
-
-    def _write_refusal(self, exc: Refusal) -> None:
-        self._write_error(exc.sqlstate, exc.message, exc.hint)
-
-    def _write_error(self, sqlstate: str, message: str, hint: str | None = None, detail: str | None = None) -> None:
-        self.writer.write(protocol.error_response(sqlstate, message, hint, detail))
+    def _error(self, sqlstate: str, message: str, hint: str | None = None, detail: str | None = None) -> None:
+        self._out.append(protocol.error_response(sqlstate, message, hint, detail))
 
     async def cancel(self) -> None:
         if self.backend is not None:
             await self.backend.cancel()
-
-
-def _sanitised(exc: BackendError) -> Refusal:
-    """A backend failure during a DP query, without any detail that could depend on the data."""
-    if exc.sqlstate == SQLSTATE.QUERY_CANCELED:
-        return Refusal(SQLSTATE.QUERY_CANCELED, "canceling statement due to user request or statement timeout")
-    if exc.sqlstate.startswith("42"):
-        # Errors found while planning (unknown column, type mismatch) depend on the schema
-        # and the statement only, never on the rows.
-        return Refusal(exc.sqlstate, exc.message, exc.hint)
-    return Refusal(
-        SQLSTATE.DP_BACKEND_FAILURE,
-        "the backend failed to compute this DP aggregate",
-        "The error's details are withheld because they could depend on protected rows.",
-    )
 
 
 def _peer(writer: asyncio.StreamWriter) -> str:

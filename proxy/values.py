@@ -1,4 +1,4 @@
-"""Encode the values dpproxy computes itself in PostgreSQL's text output format."""
+"""PostgreSQL text format: encoding the values dpproxy computes, loading the ones it reads."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 
 from rewriter.types import FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
 
-__all__ = ["TYPE_SIZES", "encode_text"]
+__all__ = ["TYPE_SIZES", "encode_text", "load_text"]
 
 TYPE_SIZES = {INT2: 2, INT4: 4, INT8: 8, FLOAT4: 4, FLOAT8: 8, NUMERIC: -1}
 
@@ -43,3 +43,16 @@ def _float_text(value: float, shortest: object) -> str:
     if math.isinf(value):
         return "Infinity" if value > 0 else "-Infinity"
     return shortest(value)  # type: ignore[operator]
+
+
+def load_text(value: bytes | None, type_oid: int) -> object:
+    """A backend text value as the Python value dpproxy computes with (int, Decimal, float, str)."""
+    if value is None:
+        return None
+    if type_oid in (INT2, INT4, INT8):
+        return int(value)
+    if type_oid == NUMERIC:
+        return Decimal(value.decode())
+    if type_oid in (FLOAT4, FLOAT8):
+        return float(value)
+    return value.decode("utf-8")

@@ -1,0 +1,182 @@
+"""Run one statement for a session: resolve, classify, then answer it (DP, passthrough, command).
+
+Shared by the simple and the extended query protocol, so a statement is judged the same way
+whichever protocol carries it. Relations are resolved when a statement is planned; a plan
+made before a change that can move ``search_path`` (SET, RESET, DISCARD, transaction end,
+set_config) is planned again before it runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from policies.errors import SQLSTATE, Refusal
+from rewriter.classify import DPQuery, Decision, DpproxyCommand, Passthrough, classify
+from rewriter.rewrite import backend_sql
+from rewriter.statements import Statement, split_statements
+
+from .answer import release_row, result_fields
+from .backend import BackendError, BackendSession, BoundParams, ResultSet
+from .binary import binary_from_text
+from .protocol import Field, ProtocolError, formats_for
+from .values import load_text
+
+if TYPE_CHECKING:
+    from .server import Server
+
+__all__ = ["Executor", "Plan"]
+
+_NO_PARAMS = BoundParams((), (), ())
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A statement and its decision, valid while the session's ``generation`` is unchanged."""
+
+    statement: Statement | None  # None: the empty query
+    decision: Decision | None
+    generation: int
+
+
+class Executor:
+    """Statement execution for one client session on its backend connection."""
+
+    def __init__(self, server: Server, backend: BackendSession, user: str):
+        self.server = server
+        self.backend = backend
+        self.user = user
+        self.generation = 0  # bumped by anything that may change search_path
+
+    def transaction_status(self) -> bytes:
+        return self.backend.transaction_status
+
+    # ------------------------------------------------------------ planning
+
+    async def prepare(self, text: str) -> Plan:
+        """Plan the one statement of an extended-protocol Parse."""
+        statements = split_statements(text)
+        if len(statements) > 1:
+            raise Refusal(SQLSTATE.SYNTAX_ERROR, "cannot insert multiple commands into a prepared statement")
+        if not statements:
+            return Plan(None, None, self.generation)
+        return await self.plan(statements[0])
+
+    async def plan(self, statement: Statement) -> Plan:
+        refs = statement.references.relations
+        resolved = await self.backend.resolve(refs) if refs else {}
+        return Plan(statement, classify(statement, resolved, self.server.registry), self.generation)
+
+    async def _current(self, plan: Plan) -> Plan:
+        if plan.statement is None or plan.generation == self.generation:
+            return plan
+        return await self.plan(plan.statement)
+
+    # ------------------------------------------------------------ describing
+
+    async def describe(self, plan: Plan, param_types: tuple[int, ...]) -> tuple[list[int], list[Field] | None]:
+        """Parameter types and columns of a prepared statement, without running it."""
+        plan = await self._current(plan)
+        decision = plan.decision
+        if decision is None:
+            return [], None
+        if isinstance(decision, DPQuery):
+            params, _ = await self.backend.describe(backend_sql(decision.plan), param_types)
+            return params, result_fields(decision.plan)
+        if isinstance(decision, DpproxyCommand):
+            return [], None
+        assert isinstance(decision, Passthrough)
+        params, fields = await self.backend.describe(decision.sql, param_types)
+        return params, fields or None
+
+    def known_fields(self, plan: Plan, result_formats: tuple[int, ...]) -> list[Field] | None:
+        if isinstance(plan.decision, DPQuery):
+            fields = result_fields(plan.decision.plan)
+            formats = formats_for(result_formats, len(fields))
+            return [replace(f, format=fmt) for f, fmt in zip(fields, formats)]
+        return None
+
+    # ------------------------------------------------------------ running
+
+    async def run(
+        self, plan: Plan, params: BoundParams = _NO_PARAMS, result_formats: tuple[int, ...] = ()
+    ) -> tuple[ResultSet, list[str]]:
+        """Run a planned statement; return its result in the requested formats and its notices."""
+        plan = await self._current(plan)
+        decision = plan.decision
+        if decision is None:
+            return ResultSet([], [], ""), []
+        if isinstance(decision, DPQuery):
+            result, notices = await self._answer_dp(decision, params)
+            return _apply_formats(result, result_formats), notices
+        if isinstance(decision, DpproxyCommand):
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                f"{decision.verb.upper()} {decision.name} is not supported yet",
+                rule="dpproxy-command",
+            )
+        assert isinstance(decision, Passthrough) and plan.statement is not None
+        if _may_move_search_path(plan.statement):
+            self.generation += 1
+        uniform = result_formats[0] if len(result_formats) == 1 else 0
+        with_params = params if params.values or uniform else None
+        result = await self.backend.execute(decision.sql, with_params, uniform)
+        if len(result_formats) > 1:
+            result = _apply_formats(result, result_formats)
+        return result, result.notices
+
+    async def _answer_dp(self, decision: DPQuery, params: BoundParams) -> tuple[ResultSet, list[str]]:
+        plan = decision.plan
+        epsilon = self.server.query_epsilon(self.user, plan.table)
+        if plan.limit_zero:
+            return release_row(plan, (), epsilon).result, []
+        try:
+            raw = await self.backend.execute(backend_sql(plan), params if params.values else None)
+        except BackendError as exc:
+            raise _sanitised(exc) from None
+        exact = tuple(load_text(value, field.type_oid) for value, field in zip(raw.rows[0], raw.fields))
+        answer = release_row(plan, exact, epsilon)
+        return answer.result, [answer.notice()]
+
+
+def _may_move_search_path(statement: Statement) -> bool:
+    if statement.kind != "SelectStmt":
+        return True  # SET, RESET, DISCARD, and transaction ends that undo SET LOCAL
+    return any(name.endswith("set_config") for name in statement.references.functions)
+
+
+def _apply_formats(result: ResultSet, result_formats: tuple[int, ...]) -> ResultSet:
+    """Convert text columns to binary where the client asked for binary (others stay text)."""
+    if not result.fields or not any(result_formats):
+        return result
+    try:
+        formats = formats_for(result_formats, len(result.fields))
+    except ProtocolError as exc:
+        raise Refusal(SQLSTATE.PROTOCOL_VIOLATION, exc.message) from None
+    convert = [i for i, (f, fmt) in enumerate(zip(result.fields, formats)) if fmt == 1 and f.format == 0]
+    if not convert:
+        return result
+    rows = []
+    for row in result.rows:
+        row = list(row)
+        for i in convert:
+            if row[i] is not None:
+                row[i] = binary_from_text(row[i], result.fields[i].type_oid)
+        rows.append(row)
+    fields = [replace(f, format=fmt) for f, fmt in zip(result.fields, formats)]
+    return ResultSet(fields, rows, result.tag, result.notices)
+
+
+def _sanitised(exc: BackendError) -> Refusal:
+    """A backend failure during a DP query, without any detail that could depend on the data."""
+    if exc.sqlstate == SQLSTATE.QUERY_CANCELED:
+        return Refusal(SQLSTATE.QUERY_CANCELED, "canceling statement due to user request or statement timeout")
+    if exc.sqlstate.startswith("42"):
+        # Errors found while planning (unknown column, type mismatch) depend on the schema
+        # and the statement only, never on the rows.
+        return Refusal(exc.sqlstate, exc.message, exc.hint)
+    return Refusal(
+        SQLSTATE.DP_BACKEND_FAILURE,
+        "the backend failed to compute this DP aggregate",
+        "The error's details are withheld because they could depend on protected rows.",
+    )

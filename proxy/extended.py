@@ -1,0 +1,189 @@
+"""The extended query protocol: Parse, Bind, Describe, Execute, Close, Sync, Flush.
+
+Keeps the per-connection registry of named and unnamed prepared statements and portals,
+and PostgreSQL's error rule: after an error, every message up to the next Sync is
+discarded. Statements are classified once, at Parse; a portal's result is computed at
+its first Describe or Execute and then handed out in Execute's row-limited pieces
+(PortalSuspended), so a statement's result types never change between Describe and
+Execute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from policies.errors import SQLSTATE, Refusal
+
+from . import protocol
+from .backend import BackendError, BoundParams, ResultSet
+from .binary import UnsupportedBinaryType
+from .protocol import Field, ProtocolError
+
+__all__ = ["ExtendedProtocol", "PreparedStatement", "Runner"]
+
+
+@dataclass
+class PreparedStatement:
+    """A parsed statement: its text, declared parameter types, and what the runner made of it."""
+
+    text: str
+    param_types: tuple[int, ...]
+    plan: object  # the runner's classification; opaque here
+    description: tuple[list[int], list[Field] | None] | None = None
+
+
+@dataclass
+class Portal:
+    """A bound statement, its result once computed, and how many rows Execute has sent."""
+
+    statement: PreparedStatement
+    params: BoundParams
+    result_formats: tuple[int, ...]
+    result: ResultSet | None = None
+    sent: int = 0
+    notices: list[str] = field(default_factory=list)
+
+
+class Runner(Protocol):
+    """What the extended protocol needs from statement execution (proxy.executor)."""
+
+    async def prepare(self, text: str) -> object: ...
+
+    async def describe(self, plan: object, param_types: tuple[int, ...]) -> tuple[list[int], list[Field] | None]: ...
+
+    def known_fields(self, plan: object, result_formats: tuple[int, ...]) -> list[Field] | None:
+        """The columns if they are known without running the statement (DP answers), else None."""
+        ...
+
+    async def run(
+        self, plan: object, params: BoundParams, result_formats: tuple[int, ...]
+    ) -> tuple[ResultSet, list[str]]: ...
+
+    def transaction_status(self) -> bytes: ...
+
+
+class ExtendedProtocol:
+    """Handles one connection's extended-protocol messages, writing replies to ``out``."""
+
+    def __init__(self, runner: Runner, out: list[bytes]):
+        self.runner = runner
+        self.out = out
+        self.statements: dict[str, PreparedStatement] = {}
+        self.portals: dict[str, Portal] = {}
+        self.skipping = False
+
+    def forget_unnamed(self) -> None:
+        """A simple Query destroys the unnamed statement and portal, as in PostgreSQL."""
+        self.statements.pop("", None)
+        self.portals.pop("", None)
+
+    def sync(self) -> None:
+        """Sync ends error recovery; outside a transaction block the portals end too."""
+        self.skipping = False
+        if self.runner.transaction_status() == b"I":
+            self.portals.clear()
+
+    async def handle(self, kind: bytes, payload: bytes) -> None:
+        """Process one of P, B, D, E, C, H (the session answers Sync with ReadyForQuery)."""
+        if kind == b"H" or self.skipping:
+            return
+        try:
+            await self._dispatch(kind, payload)
+        except Refusal as exc:
+            self._fail(exc.sqlstate, exc.message, exc.hint)
+        except BackendError as exc:
+            self._fail(exc.sqlstate, exc.message, exc.hint, exc.detail)
+        except UnsupportedBinaryType as exc:
+            self._fail(SQLSTATE.FEATURE_NOT_SUPPORTED, str(exc), "Request text format for this column.")
+
+    def _fail(self, sqlstate: str, message: str, hint: str | None = None, detail: str | None = None) -> None:
+        self.out.append(protocol.error_response(sqlstate, message, hint, detail))
+        self.skipping = True
+
+    async def _dispatch(self, kind: bytes, payload: bytes) -> None:
+        if kind == b"P":
+            await self._parse(protocol.decode_parse(payload))
+        elif kind == b"B":
+            self._bind(protocol.decode_bind(payload))
+        elif kind == b"D":
+            await self._describe(protocol.decode_describe(payload))
+        elif kind == b"E":
+            await self._execute(protocol.decode_execute(payload))
+        elif kind == b"C":
+            message = protocol.decode_close(payload)
+            (self.statements if message.kind == b"S" else self.portals).pop(message.name, None)
+            self.out.append(protocol.CLOSE_COMPLETE)
+        else:  # pragma: no cover - the session only routes the kinds above here
+            raise ProtocolError(f"unexpected message {kind!r}")
+
+    async def _parse(self, message: protocol.Parse) -> None:
+        if message.statement and message.statement in self.statements:
+            raise Refusal("42P05", f'prepared statement "{message.statement}" already exists')
+        plan = await self.runner.prepare(message.query)
+        self.statements[message.statement] = PreparedStatement(message.query, message.param_types, plan)
+        self.out.append(protocol.PARSE_COMPLETE)
+
+    def _bind(self, message: protocol.Bind) -> None:
+        statement = self._statement(message.statement)
+        if message.portal and message.portal in self.portals:
+            raise Refusal("42P03", f'portal "{message.portal}" already exists')
+        count = len(message.params)
+        formats = protocol.formats_for(message.param_formats, count)
+        types = statement.param_types + (0,) * max(0, count - len(statement.param_types))
+        params = BoundParams(message.params, formats, types[:count])
+        self.portals[message.portal] = Portal(statement, params, message.result_formats)
+        self.out.append(protocol.BIND_COMPLETE)
+
+    async def _describe(self, message: protocol.Describe) -> None:
+        if message.kind == b"S":
+            statement = self._statement(message.name)
+            if statement.description is None:
+                statement.description = await self.runner.describe(statement.plan, statement.param_types)
+            params, fields = statement.description
+            self.out.append(protocol.parameter_description(params))
+            self.out.append(protocol.row_description(fields) if fields else protocol.NO_DATA)
+            return
+        portal = self._portal(message.name)
+        # A DP portal describes itself without running (and so without spending budget);
+        # other statements run here and Execute hands out the stored result.
+        fields = self.runner.known_fields(portal.statement.plan, portal.result_formats)
+        if fields is None:
+            fields = (await self._result(portal)).fields
+        self.out.append(protocol.row_description(fields) if fields else protocol.NO_DATA)
+
+    async def _execute(self, message: protocol.Execute) -> None:
+        portal = self._portal(message.portal)
+        result = await self._result(portal)
+        self.out.extend(protocol.notice_response(text) for text in portal.notices)
+        portal.notices.clear()
+        remaining = result.rows[portal.sent :]
+        limit = message.max_rows
+        batch = remaining[:limit] if limit else remaining
+        self.out.extend(protocol.data_row(row) for row in batch)
+        portal.sent += len(batch)
+        if limit and len(remaining) >= limit and result.fields:
+            self.out.append(protocol.PORTAL_SUSPENDED)
+        elif not result.fields and result.tag == "" and not result.rows:
+            self.out.append(protocol.empty_query_response())
+        else:
+            self.out.append(protocol.command_complete(result.tag))
+
+    async def _result(self, portal: Portal) -> ResultSet:
+        if portal.result is None:
+            portal.result, portal.notices = await self.runner.run(
+                portal.statement.plan, portal.params, portal.result_formats
+            )
+        return portal.result
+
+    def _statement(self, name: str) -> PreparedStatement:
+        statement = self.statements.get(name)
+        if statement is None:
+            raise Refusal("26000", f'prepared statement "{name}" does not exist')
+        return statement
+
+    def _portal(self, name: str) -> Portal:
+        portal = self.portals.get(name)
+        if portal is None:
+            raise Refusal("34000", f'portal "{name}" does not exist')
+        return portal
