@@ -1,0 +1,99 @@
+"""A minimal frontend for raw protocol tests: build messages, log in, read replies."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+
+def message(kind: bytes, payload: bytes = b"") -> bytes:
+    return kind + struct.pack("!i", len(payload) + 4) + payload
+
+
+def cstr(text: str) -> bytes:
+    return text.encode() + b"\0"
+
+
+def startup(**params: str) -> bytes:
+    body = struct.pack("!i", 196608) + b"".join(cstr(k) + cstr(v) for k, v in params.items()) + b"\0"
+    return struct.pack("!i", len(body) + 4) + body
+
+
+def parse(name: str, sql: str, types: tuple[int, ...] = ()) -> bytes:
+    return message(b"P", cstr(name) + cstr(sql) + struct.pack("!h", len(types)) + b"".join(struct.pack("!I", t) for t in types))
+
+
+def bind(portal: str, statement: str, params: tuple[bytes | None, ...] = (), param_formats: tuple[int, ...] = (),
+         result_formats: tuple[int, ...] = ()) -> bytes:
+    body = cstr(portal) + cstr(statement) + struct.pack("!h", len(param_formats))
+    body += b"".join(struct.pack("!h", f) for f in param_formats) + struct.pack("!h", len(params))
+    for value in params:
+        body += struct.pack("!i", -1) if value is None else struct.pack("!i", len(value)) + value
+    body += struct.pack("!h", len(result_formats)) + b"".join(struct.pack("!h", f) for f in result_formats)
+    return message(b"B", body)
+
+
+def describe(kind: bytes, name: str) -> bytes:
+    return message(b"D", kind + cstr(name))
+
+
+def execute(portal: str, max_rows: int = 0) -> bytes:
+    return message(b"E", cstr(portal) + struct.pack("!i", max_rows))
+
+
+SYNC = message(b"S")
+FLUSH = message(b"H")
+
+
+class Wire:
+    """One authenticated raw connection."""
+
+    def __init__(self, host: str, port: int, user: str = "analyst", password: str = "analyst",
+                 database: str = "dpproxy_test"):
+        self.sock = socket.create_connection((host, port), timeout=15)
+        self.buffer = b""
+        self.sock.sendall(startup(user=user, database=database))
+        assert self.read_until(b"R")[-1][0] == b"R"
+        self.sock.sendall(message(b"p", cstr(password)))
+        self.startup = self.read_until(b"Z")
+
+    def send(self, *messages: bytes) -> None:
+        self.sock.sendall(b"".join(messages))
+
+    def read_until(self, kind: bytes) -> list[tuple[bytes, bytes]]:
+        messages = []
+        while True:
+            while len(self.buffer) >= 5:
+                length = struct.unpack("!i", self.buffer[1:5])[0]
+                if len(self.buffer) < 1 + length:
+                    break
+                item = (self.buffer[:1], self.buffer[5 : 1 + length])
+                self.buffer = self.buffer[1 + length :]
+                messages.append(item)
+                if item[0] == kind:
+                    return messages
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                return messages
+            self.buffer += chunk
+
+    def kinds_until(self, kind: bytes) -> list[bytes]:
+        return [k for k, _ in self.read_until(kind)]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def error_fields(body: bytes) -> dict[bytes, bytes]:
+    return {f[:1]: f[1:] for f in body.split(b"\0") if f}
+
+
+def data_row_values(body: bytes) -> list[bytes | None]:
+    count = struct.unpack("!h", body[:2])[0]
+    pos, values = 2, []
+    for _ in range(count):
+        size = struct.unpack("!i", body[pos : pos + 4])[0]
+        pos += 4
+        values.append(None if size == -1 else body[pos : pos + size])
+        pos += max(size, 0)
+    return values
