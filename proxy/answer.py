@@ -1,8 +1,10 @@
 """Turn a DP plan's exact backend row into the noised row the client receives.
 
 The query's ε is split evenly over its k aggregate columns (sequential composition),
-each column is released by its mechanism, and the row is encoded with the names and
-types PostgreSQL would have reported for the original query.
+each column is released by its mechanism (``proxy.column_release``), and the row is
+encoded with the names and types PostgreSQL would have reported for the original query.
+δ is not split (SPEC §4): the answer's δ is the sum of its columns' δ, the table's δ for
+each sample-and-aggregate column and 0 for the others.
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Sequence
 
-from mechanisms.laplace import release_count, release_sum
 from mechanisms.release import Release
 from rewriter.dp_query import Aggregate, AggregateQuery
-from rewriter.types import INTEGER_TYPES, NUMERIC
+from rewriter.rewrite import split_row
+from rewriter.types import NUMERIC
 
 from .backend import ResultSet
+from .column_release import release_column
 from .protocol import Field
 from .values import TYPE_SIZES, encode_text
 
@@ -50,39 +53,48 @@ def result_fields(plan: AggregateQuery) -> list[Field]:
 
 
 def release_row(plan: AggregateQuery, exact: Sequence[Any], epsilon: float) -> DPAnswer:
-    """Noise every column of the exact row with ε/k each; total cost (ε, 0)."""
+    """Noise every column of the backend row ``exact`` (``backend_sql(plan)``'s) with ε/k each.
+
+    The total cost is (ε, Σ δ_column).
+    """
     fields = result_fields(plan)
     if plan.limit_zero:
         return DPAnswer(ResultSet(fields, [], "SELECT 0"), 0.0, 0.0, ())
     share = epsilon / len(plan.aggregates)
-    releases = tuple(_release(agg, value, share) for agg, value in zip(plan.aggregates, exact))
+    parts = split_row(plan, exact)
+    releases = tuple(
+        release_column(agg, agg_parts, share, plan.table.policy) for agg, agg_parts in zip(plan.aggregates, parts)
+    )
     row = [
-        encode_text(rel.value, agg.result_type_oid, _numeric_scale(agg, value))
-        for agg, rel, value in zip(plan.aggregates, releases, exact)
+        encode_text(rel.value, agg.result_type_oid, _numeric_scale(agg, agg_parts))
+        for agg, rel, agg_parts in zip(plan.aggregates, releases, parts)
     ]
     delta = sum(rel.delta for rel in releases)
     return DPAnswer(ResultSet(fields, [row], "SELECT 1"), epsilon, delta, releases)
 
 
-def _release(agg: Aggregate, exact: Any, epsilon: float) -> Release[Any]:
-    if agg.kind == "count":
-        return release_count(int(exact), epsilon)
-    if agg.kind == "sum":
-        assert agg.column is not None and agg.column.policy is not None
-        # SUM over no rows is NULL in SQL; releasing 0 + noise hides that the filter was empty.
-        value = exact if exact is not None else 0
-        integer = agg.column.type_oid in INTEGER_TYPES
-        return release_sum(int(value) if integer else float(value), epsilon, agg.column.policy.sensitivity, integer)
-    raise ValueError(f"no mechanism for {agg.kind}")
+def _numeric_scale(agg: Aggregate, parts: Sequence[Any]) -> int | None:
+    """Fraction digits of a numeric result, as PostgreSQL would print them (None: as needed).
 
-
-def _numeric_scale(agg: Aggregate, exact: Any) -> int | None:
-    if agg.result_type_oid != NUMERIC:
+    SUM keeps the scale of the exact sum; MIN/MAX that of a numeric(p, s) column; AVG and
+    MODE print as many digits as the value needs.
+    """
+    if agg.result_type_oid != NUMERIC or agg.kind not in ("sum", "min", "max"):
         return None
+    exact = parts[0] if agg.kind == "sum" else None
     if isinstance(exact, Decimal):
         exponent = exact.as_tuple().exponent
         return max(0, -exponent) if isinstance(exponent, int) else None
     column = agg.column
     if column is not None and column.type_modifier >= 4:
         return (column.type_modifier - 4) & 0xFFFF
-    return 0 if exact is None or isinstance(exact, int) else None
+    return 0 if agg.kind == "sum" and (exact is None or isinstance(exact, int)) else None
+
+
+def query_delta(plan: AggregateQuery) -> float:
+    """The δ an answer to ``plan`` will cost, known before it runs (charged up front).
+
+    The table's δ for each sample-and-aggregate column, 0 for every other mechanism;
+    ``release_row`` reports the same sum after the fact.
+    """
+    return sum(plan.table.policy.delta for agg in plan.aggregates if agg.mechanism == "sample_aggregate")

@@ -1,4 +1,4 @@
-"""The ``dpproxy`` command: serve, demo, check-config."""
+"""The ``dpproxy`` command: serve, demo, check-config, epsilon, risk, budget."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from typing import Sequence
 
 from policies.loader import PolicyError, load_policy
 from policies.model import Policy
+
+from .cli_budget import add_budget_commands
+from .cli_privacy import add_privacy_commands
 
 __all__ = ["main"]
 
@@ -50,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check-config", help="validate a policy file and exit")
     check.add_argument("config", type=Path)
     check.set_defaults(run=_check_config)
+
+    add_privacy_commands(commands)
+    add_budget_commands(commands)
     return parser
 
 

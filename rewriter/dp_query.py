@@ -33,22 +33,29 @@ _SIMPLE_AGGREGATES: dict[type[exp.Expression], AggregateKind] = {
     exp.Min: "min",
     exp.Max: "max",
 }
-SUPPORTED_KINDS: frozenset[AggregateKind] = frozenset({"count", "sum"})
+Mechanism = Literal["laplace", "sample_aggregate", "sum_count", "exponential"]
 
 _ALLOWED_HINT = (
     "Protected tables answer only aggregates of one table: SELECT COUNT(*), COUNT(col), "
-    "SUM(col) FROM {table} [WHERE col <op> literal [AND|OR ...]]; each answer is noised."
+    "SUM(col), AVG(col), MIN(col), MAX(col), MODE() WITHIN GROUP (ORDER BY col) FROM {table} "
+    "[WHERE col <op> literal [AND|OR ...]]; each answer is noised."
 )
 
 
 @dataclass(frozen=True)
 class Aggregate:
-    """One output column: an aggregate over a column (``column`` None for COUNT(*))."""
+    """One output column: an aggregate over a column (``column`` None for COUNT(*)).
+
+    ``mechanism`` is how the column is released (SPEC §4): ``laplace`` for COUNT and SUM,
+    ``sample_aggregate`` for MIN, MAX and (by default) AVG, ``sum_count`` for AVG on a table
+    whose policy says ``avg: sum_count``, ``exponential`` for MODE.
+    """
 
     kind: AggregateKind
     column: ColumnInfo | None
     output_name: str
     result_type_oid: int
+    mechanism: Mechanism = "laplace"
 
 
 @dataclass(frozen=True)
@@ -182,11 +189,29 @@ def _aggregate(item: exp.Expression, scope: Scope) -> Aggregate:
         raise scope.refuse("expressions on or around aggregates are not allowed on protected table", "aggregate-expression")
     else:
         raise scope.refuse("non-aggregate output is not allowed on protected table", "no-row-access")
-    if kind not in SUPPORTED_KINDS:
-        raise scope.refuse(f"{kind.upper()} is not supported yet on protected table", "aggregate-not-supported", SQLSTATE.FEATURE_NOT_SUPPORTED)
     column = _aggregate_column(kind, argument, scope)
     result_type = aggregate_result_type(kind, column.type_oid if column else None)
-    return Aggregate(kind, column, alias or kind, result_type)
+    return Aggregate(kind, column, alias or kind, result_type, _mechanism(kind, scope))
+
+
+def _mechanism(kind: AggregateKind, scope: Scope) -> Mechanism:
+    """The mechanism SPEC §4 assigns to ``kind`` under the table's policy."""
+    if kind in ("count", "sum"):
+        return "laplace"
+    if kind == "mode":
+        return "exponential"
+    if kind == "avg" and scope.table.policy.avg == "sum_count":
+        return "sum_count"
+    if scope.table.policy.delta <= 0:
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"{kind.upper()} on protected table {scope.table.display_name} needs delta > 0 in the "
+            "policy (rule: delta-required)",
+            "AVG, MIN and MAX are answered by sample and aggregate, which is (ε, δ)-DP: give the "
+            "table a delta such as 1e-6 (or avg: sum_count for a pure-ε AVG).",
+            "delta-required",
+        )
+    return "sample_aggregate"
 
 
 def _aggregate_column(kind: AggregateKind, argument: exp.Expression | None, scope: Scope) -> ColumnInfo | None:
@@ -197,8 +222,10 @@ def _aggregate_column(kind: AggregateKind, argument: exp.Expression | None, scop
     if not isinstance(argument, exp.Column) or isinstance(argument.this, exp.Star):
         raise scope.refuse(f"{kind.upper()} takes a plain column on protected table", "aggregate-argument")
     column = scope.column(argument)
-    if kind in ("count", "mode"):
+    if kind == "count":
         return column
+    if kind == "mode":
+        return _categorical(column, scope)
     if column.type_oid not in NUMERIC_TYPES:
         raise scope.refuse(f"{kind.upper()} needs a numeric column; {column.name} is not numeric on", "aggregate-argument")
     if column.policy is None or column.policy.bounds is None:
@@ -207,6 +234,19 @@ def _aggregate_column(kind: AggregateKind, argument: exp.Expression | None, scop
             f"column {column.name} of protected table {scope.table.display_name} has no bounds in the policy (rule: bounds-required)",
             "Add bounds: [lo, hi] for this column to the policy to allow SUM/AVG/MIN/MAX on it.",
             "bounds-required",
+        )
+    return column
+
+
+def _categorical(column: ColumnInfo, scope: Scope) -> ColumnInfo:
+    if column.policy is None or column.policy.categories is None:
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"MODE() needs a categorical column; {column.name} of protected table "
+            f"{scope.table.display_name} has no categories in the policy (rule: categories-required)",
+            "Declare the column's possible values in the policy, e.g. "
+            f"{column.name}: {{categories: [a, b, c]}}; MODE answers only with a declared category.",
+            "categories-required",
         )
     return column
 

@@ -1,0 +1,69 @@
+"""Release one aggregate column: its exact backend parts in, one DP value out.
+
+Each aggregate's parts are the backend columns ``rewriter.rewrite.aggregate_parts`` asked
+for; this module hands them to the aggregate's mechanism with the column's share of ε and
+turns the mechanism's value into the Python value the result type expects (an integer for
+COUNT, for SUM of integers and for MIN/MAX of an integer column; a float for AVG; the
+category text for MODE). Missing data is mapped to data-independent inputs before any
+mechanism runs (SQL's NULL sum → 0, a partition with no rows → empty), so an empty filter
+takes the same path as any other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Sequence
+
+from mechanisms.exponential import release_mode
+from mechanisms.laplace import release_count, release_sum
+from mechanisms.release import Release
+from mechanisms.smooth_median import release_sample_and_aggregate
+from mechanisms.sum_count import release_mean
+from policies.model import TablePolicy
+from rewriter.dp_query import Aggregate
+from rewriter.types import INTEGER_TYPES
+
+__all__ = ["release_column"]
+
+
+def release_column(agg: Aggregate, parts: Sequence[Any], epsilon: float, table: TablePolicy) -> Release[Any]:
+    """Release ``agg`` from its exact ``parts`` with ``epsilon`` (its share of the query's ε).
+
+    Sample-and-aggregate columns cost the table's δ each; every other column costs δ = 0.
+    """
+    if agg.kind == "count":
+        return release_count(int(parts[0] or 0), epsilon)
+    column = agg.column
+    assert column is not None and column.policy is not None
+    integer = column.type_oid in INTEGER_TYPES
+    if agg.kind == "mode":
+        assert column.policy.categories is not None
+        counts = [int(count or 0) for count in parts]
+        return release_mode(column.policy.categories, counts, epsilon)
+    assert column.policy.bounds is not None
+    lo, hi = column.policy.bounds
+    if agg.kind == "sum":
+        # SUM over no rows is NULL in SQL; releasing 0 + noise hides that the filter was empty.
+        total = parts[0] if parts[0] is not None else 0
+        return release_sum(int(total) if integer else float(total), epsilon, column.policy.sensitivity, integer)
+    if agg.mechanism == "sum_count":
+        total, count = parts
+        return release_mean(float(total or 0), int(count or 0), lo, hi, epsilon)
+    if agg.mechanism == "sample_aggregate":
+        release = release_sample_and_aggregate(
+            _partition_values(parts[0], table.partitions), lo, hi, epsilon, table.delta
+        )
+        if integer and agg.kind in ("min", "max"):
+            # MIN/MAX keep the column's type; rounding the clamped release stays in [lo, hi]
+            # because integer columns have integer bounds.
+            return replace(release, value=int(round(release.value)))
+        return release
+    raise ValueError(f"no mechanism for {agg.kind} by {agg.mechanism}")
+
+
+def _partition_values(present: Sequence[float | None], partitions: int) -> list[float | None]:
+    """The m partition values: the non-empty partitions' values, then None for the empty ones."""
+    if len(present) > partitions:
+        raise ValueError(f"backend returned {len(present)} partitions, the policy has {partitions}")
+    return [*present, *[None] * (partitions - len(present))]
+
