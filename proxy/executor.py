@@ -8,7 +8,9 @@ set_config) is planned again before it runs.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from policies.errors import SQLSTATE, Refusal
@@ -16,10 +18,13 @@ from rewriter.classify import DPQuery, Decision, DpproxyCommand, Passthrough, cl
 from rewriter.rewrite import backend_sql
 from rewriter.statements import Statement, split_statements
 
-from .answer import release_row, result_fields
+from .answer import query_delta, release_row, result_fields
+from .audit import AuditEntry, timestamp
+from .audit import fingerprint as audit_fingerprint
 from .backend import BackendError, BackendSession, BoundParams, ResultSet
 from .binary import binary_from_text
 from .protocol import Field, ProtocolError, formats_for
+from .settings import SessionSettings
 from .values import load_text
 
 if TYPE_CHECKING:
@@ -28,6 +33,16 @@ if TYPE_CHECKING:
 __all__ = ["Executor", "Plan"]
 
 _NO_PARAMS = BoundParams((), (), ())
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a DP answer was charged, and what the user has left (None when not known)."""
+
+    epsilon: float
+    delta: float
+    remaining_epsilon: float | None
+    remaining_delta: float | None
 
 
 @dataclass(frozen=True)
@@ -42,10 +57,12 @@ class Plan:
 class Executor:
     """Statement execution for one client session on its backend connection."""
 
-    def __init__(self, server: Server, backend: BackendSession, user: str):
+    def __init__(self, server: Server, backend: BackendSession, user: str, client: str = ""):
         self.server = server
         self.backend = backend
         self.user = user
+        self.client = client
+        self.settings = SessionSettings(user)
         self.generation = 0  # bumped by anything that may change search_path
 
     def transaction_status(self) -> bytes:
@@ -63,9 +80,15 @@ class Executor:
         return await self.plan(statements[0])
 
     async def plan(self, statement: Statement) -> Plan:
+        started = time.perf_counter()
         refs = statement.references.relations
         resolved = await self.backend.resolve(refs) if refs else {}
-        return Plan(statement, classify(statement, resolved, self.server.registry), self.generation)
+        try:
+            decision = classify(statement, resolved, self.server.registry)
+        except Refusal as exc:
+            self._audit(statement.text, "refused", exc.rule, None, started)
+            raise
+        return Plan(statement, decision, self.generation)
 
     async def _current(self, plan: Plan) -> Plan:
         if plan.statement is None or plan.generation == self.generation:
@@ -84,7 +107,7 @@ class Executor:
             params, _ = await self.backend.describe(backend_sql(decision.plan), param_types)
             return params, result_fields(decision.plan)
         if isinstance(decision, DpproxyCommand):
-            return [], None
+            return [], self.settings.fields(decision)
         assert isinstance(decision, Passthrough)
         params, fields = await self.backend.describe(decision.sql, param_types)
         return params, fields or None
@@ -92,9 +115,12 @@ class Executor:
     def known_fields(self, plan: Plan, result_formats: tuple[int, ...]) -> list[Field] | None:
         if isinstance(plan.decision, DPQuery):
             fields = result_fields(plan.decision.plan)
-            formats = formats_for(result_formats, len(fields))
-            return [replace(f, format=fmt) for f, fmt in zip(fields, formats)]
-        return None
+        elif isinstance(plan.decision, DpproxyCommand):
+            fields = self.settings.fields(plan.decision) or []
+        else:
+            return None
+        formats = formats_for(result_formats, len(fields))
+        return [replace(f, format=fmt) for f, fmt in zip(fields, formats)]
 
     # ------------------------------------------------------------ running
 
@@ -102,19 +128,35 @@ class Executor:
         self, plan: Plan, params: BoundParams = _NO_PARAMS, result_formats: tuple[int, ...] = ()
     ) -> tuple[ResultSet, list[str]]:
         """Run a planned statement; return its result in the requested formats and its notices."""
+        started = time.perf_counter()
         plan = await self._current(plan)
+        text = plan.statement.text if plan.statement is not None else ""
+        try:
+            result, notices, cost = await self._run(plan, params, result_formats)
+        except Refusal as exc:
+            self._audit(text, "refused", exc.rule, None, started)
+            raise
+        except BackendError as exc:
+            self._audit(text, "error", exc.sqlstate, None, started)
+            raise
+        decision = plan.decision
+        kind = "dp" if isinstance(decision, DPQuery) else "command" if isinstance(decision, DpproxyCommand) else "passthrough"
+        self._audit(text, kind, None, cost, started)
+        return result, notices
+
+    async def _run(
+        self, plan: Plan, params: BoundParams, result_formats: tuple[int, ...]
+    ) -> tuple[ResultSet, list[str], Cost | None]:
         decision = plan.decision
         if decision is None:
-            return ResultSet([], [], ""), []
+            return ResultSet([], [], ""), [], None
         if isinstance(decision, DPQuery):
-            result, notices = await self._answer_dp(decision, params)
-            return _apply_formats(result, result_formats), notices
+            assert plan.statement is not None
+            result, notices, cost = await self._answer_dp(decision, params, plan.statement.text)
+            return _apply_formats(result, result_formats), notices, cost
         if isinstance(decision, DpproxyCommand):
-            raise Refusal(
-                SQLSTATE.FEATURE_NOT_SUPPORTED,
-                f"{decision.verb.upper()} {decision.name} is not supported yet",
-                rule="dpproxy-command",
-            )
+            result = await self.settings.run(decision, self.server.policy, self.server.budget)
+            return _apply_formats(result, result_formats), [], None
         assert isinstance(decision, Passthrough) and plan.statement is not None
         if _may_move_search_path(plan.statement):
             self.generation += 1
@@ -123,20 +165,56 @@ class Executor:
         result = await self.backend.execute(decision.sql, with_params, uniform)
         if len(result_formats) > 1:
             result = _apply_formats(result, result_formats)
-        return result, result.notices
+        return result, result.notices, None
 
-    async def _answer_dp(self, decision: DPQuery, params: BoundParams) -> tuple[ResultSet, list[str]]:
+    def _audit(self, text: str, decision: str, reason: str | None, cost: Cost | None, started: float) -> None:
+        self.server.audit.record(
+            AuditEntry(
+                at=timestamp(),
+                user=self.user,
+                client=self.client,
+                fingerprint=_fingerprint(text),
+                decision=decision,  # type: ignore[arg-type]
+                reason=reason,
+                epsilon=cost.epsilon if cost else None,
+                delta=cost.delta if cost else None,
+                remaining_epsilon=cost.remaining_epsilon if cost else None,
+                remaining_delta=cost.remaining_delta if cost else None,
+                latency_ms=round((time.perf_counter() - started) * 1000, 3),
+            )
+        )
+
+    async def _answer_dp(self, decision: DPQuery, params: BoundParams, text: str) -> tuple[ResultSet, list[str], Cost]:
+        """Charge, compute exactly on the backend, noise; or replay the answer to a repeat."""
         plan = decision.plan
-        epsilon = self.server.query_epsilon(self.user, plan.table)
+        epsilon = self.settings.query_epsilon(self.server.policy, plan.table)
         if plan.limit_zero:
-            return release_row(plan, (), epsilon).result, []
+            return release_row(plan, (), epsilon).result, [], Cost(0.0, 0.0, None, None)
+        sql = backend_sql(plan)
+        repeat_key = (self.user, sql, tuple(params.values), tuple(params.formats), epsilon)
+        earlier = self.server.repeats.get(repeat_key)
+        if earlier is not None:
+            result, notice = earlier
+            return result, [f"dpproxy: repeat of an earlier answer, ε charged 0; {notice}"], Cost(0.0, 0.0, None, None)
+        delta = query_delta(plan)
+        # The ledger's history carries the audit log's fingerprint, so the two can be joined.
+        balance = await self.server.budget.charge(self.user, epsilon, delta, _fingerprint(text))
         try:
-            raw = await self.backend.execute(backend_sql(plan), params if params.values else None)
+            raw = await self.backend.execute(sql, params if params.values else None)
         except BackendError as exc:
             raise _sanitised(exc) from None
         exact = tuple(load_text(value, field.type_oid) for value, field in zip(raw.rows[0], raw.fields))
         answer = release_row(plan, exact, epsilon)
-        return answer.result, [answer.notice()]
+        notice = answer.notice()
+        self.server.repeats.put(repeat_key, (answer.result, notice))
+        remaining = f"remaining ε {balance.remaining_epsilon:g}, δ {balance.remaining_delta:g}"
+        cost = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta)
+        return answer.result, [f"{notice}; {remaining}"], cost
+
+
+@lru_cache(maxsize=4096)
+def _fingerprint(text: str) -> str:
+    return audit_fingerprint(text)
 
 
 def _may_move_search_path(statement: Statement) -> bool:

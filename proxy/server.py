@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from policies.model import Policy
-from policies.tables import Relation, TableRegistry
+from policies.tables import TableRegistry
 
-from .backend import build_registry, connect
+from .backend import ResultSet, build_registry, connect
+from .audit import AuditLog
+from .budget import BudgetKeeper
+from .repeats import RepeatCache
 from .session import Session
 
 __all__ = ["Server"]
@@ -22,6 +25,11 @@ class Server:
         self.policy = policy
         self.registry = registry
         self.database = database
+        self.budget = BudgetKeeper.open(policy)
+        self.audit = AuditLog.from_config(policy.audit)
+        self.repeats: RepeatCache[tuple[ResultSet, str]] = RepeatCache(
+            policy.repeats.ttl_s, policy.repeats.max_entries, policy.repeats.enabled
+        )
         self._sessions: dict[int, Session] = {}
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -60,6 +68,8 @@ class Server:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.budget.close()
+        self.audit.close()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -88,12 +98,3 @@ class Server:
     @property
     def session_count(self) -> int:
         return len(self._sessions)
-
-    # ------------------------------------------------------------ policy
-
-    def query_epsilon(self, user: str, table: Relation) -> float:
-        """The ε one query on ``table`` costs ``user``: the table's, capped by the user's maximum."""
-        epsilon = table.policy.epsilon
-        assert epsilon is not None
-        maximum = self.policy.users[user].max_query_epsilon
-        return min(epsilon, maximum) if maximum is not None else epsilon

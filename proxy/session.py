@@ -106,7 +106,7 @@ class Session:
                 f'dpproxy serves the database "{self.server.database}".',
             )
         self.backend = await connect(policy, params)
-        self.executor = Executor(self.server, self.backend, self.user)
+        self.executor = Executor(self.server, self.backend, self.user, self.peer)
         self.extended = ExtendedProtocol(self.executor, self._out)
         self._reported = self._client_parameters()
         out = [protocol.parameter_status(k, v) for k, v in self._reported.items()]

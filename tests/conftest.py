@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ backend:
   statement_timeout_ms: 20000
 listen: {{host: 127.0.0.1, port: 0}}
 ledger: {{url: "sqlite:///{ledger}"}}
+repeats: {{enabled: false}}  # the statistical tests need fresh noise per query
 users:
   analyst:
     password: analyst
@@ -57,7 +59,7 @@ tables:
 
 
 @pytest.fixture(scope="session")
-def pg_admin_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_admin_dsn() -> Iterator[str]:
     """A superuser libpq URI of a real PostgreSQL for the whole test session."""
     if os.environ.get("DPPROXY_TEST_DSN"):
         yield os.environ["DPPROXY_TEST_DSN"]
@@ -67,11 +69,16 @@ def pg_admin_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     except ImportError:  # pragma: no cover - pgserver is a dependency; Docker is the fallback
         yield from _testcontainers_dsn()
         return
-    server = pgserver.get_server(str(tmp_path_factory.mktemp("pg")), cleanup_mode="stop")
+    # Not under tmp_path_factory: as root, pgserver runs postgres as the user 'pgserver',
+    # and every pytest session that starts (a parallel run) chmods /tmp/pytest-of-root
+    # back to 0700, locking that user out of a data directory below it.
+    data = Path(tempfile.mkdtemp(prefix="dpproxy-test-pg-"))
+    server = pgserver.get_server(data, cleanup_mode="stop")
     try:
         yield server.get_uri("postgres")
     finally:
         server.cleanup()
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def _testcontainers_dsn() -> Iterator[str]:  # pragma: no cover - no Docker engine here

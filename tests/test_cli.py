@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -83,8 +86,18 @@ def test_serve_refuses_a_policy_that_does_not_match_the_backend(test_db: TestDat
     assert "tables.public.adult.columns.hours_per_wek: no such column on the backend" in result.stderr
 
 
-def test_demo_contract_ctrl_c_and_restart_after_a_crash(tmp_path: Path):
-    data_dir, port = tmp_path / "demo", _free_port()
+@pytest.fixture
+def demo_dir() -> Iterator[Path]:
+    """A demo data directory outside /tmp/pytest-of-root (see conftest's pg_admin_dsn)."""
+    data_dir = Path(tempfile.mkdtemp(prefix="dpproxy-test-demo-"))
+    try:
+        yield data_dir
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_demo_contract_ctrl_c_and_restart_after_a_crash(demo_dir: Path):
+    data_dir, port = demo_dir, _free_port()
     args = ["demo", "--data-dir", str(data_dir), "--port", str(port)]
     process, banner = _start(args, "Press Ctrl-C")
     try:

@@ -5,11 +5,9 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import uuid
@@ -31,27 +29,6 @@ from policies.periods import period_key, period_start
 REPO = Path(__file__).resolve().parents[1]
 UTC = timezone.utc
 DAY1 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture(scope="session")
-def pg_dsn() -> Iterator[str]:
-    """A libpq URI of a real PostgreSQL: $DPPROXY_TEST_DSN, else an embedded pgserver."""
-    dsn = os.environ.get("DPPROXY_TEST_DSN")
-    if dsn:
-        yield dsn
-        return
-    import pgserver
-
-    # Not under tmp_path_factory: as root, pgserver runs postgres as the user 'pgserver',
-    # and every pytest session that starts (a parallel run) chmods /tmp/pytest-of-root
-    # back to 0700, locking that user out of a data directory below it.
-    data = Path(tempfile.mkdtemp(prefix="dpproxy-test-pg-"))
-    server = pgserver.get_server(data, cleanup_mode="stop")
-    try:
-        yield server.get_uri()
-    finally:
-        server.cleanup()
-        shutil.rmtree(data, ignore_errors=True)
 
 
 @dataclass(frozen=True)

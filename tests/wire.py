@@ -97,3 +97,27 @@ def data_row_values(body: bytes) -> list[bytes | None]:
         values.append(None if size == -1 else body[pos : pos + size])
         pos += max(size, 0)
     return values
+
+
+def race(dsns: list[str], sqls: list[str]) -> list[str]:
+    """Run sqls[i] on its own new connection to dsns[i % len(dsns)], all at once.
+
+    Returns "ok" or the SQLSTATE of each, in order.
+    """
+    import asyncio
+
+    import psycopg
+
+    async def one(i: int) -> str:
+        dsn = dsns[i % len(dsns)]
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=None) as conn:
+            try:
+                await conn.execute(sqls[i])
+                return "ok"
+            except psycopg.Error as exc:
+                return exc.diag.sqlstate or "?"
+
+    async def main() -> list[str]:
+        return await asyncio.gather(*(one(i) for i in range(len(sqls))))
+
+    return asyncio.run(main())

@@ -1,0 +1,100 @@
+"""A session's dpproxy.* settings and the SHOW/SET/RESET statements that read and change them.
+
+``SET dpproxy.epsilon = x`` lowers the ε of the session's DP queries; it is refused (DP003)
+above the most the policy allows this user on any table, and a table's own ε still caps it.
+``SHOW dpproxy.budget`` returns the caller's spent and remaining ε and δ as a result set.
+"""
+
+from __future__ import annotations
+
+import math
+
+from policies.errors import SQLSTATE, Refusal
+from policies.model import Policy
+from policies.tables import Relation
+from rewriter.classify import DpproxyCommand
+from rewriter.types import FLOAT8
+
+from .backend import ResultSet
+from .budget import BudgetKeeper
+from .protocol import Field
+from .values import encode_text
+
+__all__ = ["BUDGET_FIELDS", "SessionSettings"]
+
+TEXT = 25
+BUDGET_FIELDS = [
+    Field("user", TEXT),
+    Field("spent_epsilon", FLOAT8, 8),
+    Field("remaining_epsilon", FLOAT8, 8),
+    Field("spent_delta", FLOAT8, 8),
+    Field("remaining_delta", FLOAT8, 8),
+    Field("period_start", TEXT),
+]
+_EPSILON_FIELDS = [Field("dpproxy.epsilon", TEXT)]
+
+
+class SessionSettings:
+    """One session's dpproxy settings, read against the policy in force."""
+
+    def __init__(self, user: str):
+        self.user = user
+        self.epsilon: float | None = None
+
+    def query_epsilon(self, policy: Policy, table: Relation) -> float:
+        """ε of one query on ``table``: the table's, capped by the user's maximum and the session's SET."""
+        epsilon = table.policy.epsilon
+        assert epsilon is not None
+        for cap in (policy.users[self.user].max_query_epsilon, self.epsilon):
+            if cap is not None:
+                epsilon = min(epsilon, cap)
+        return epsilon
+
+    def fields(self, command: DpproxyCommand) -> list[Field] | None:
+        if command.verb != "show":
+            return None
+        return BUDGET_FIELDS if command.name == "dpproxy.budget" else _EPSILON_FIELDS
+
+    async def run(self, command: DpproxyCommand, policy: Policy, budget: BudgetKeeper) -> ResultSet:
+        if command.name == "dpproxy.budget" and command.verb == "show":
+            balance = await budget.balance(self.user)
+            row = [self.user.encode()] + [
+                encode_text(v, FLOAT8)
+                for v in (balance.spent_epsilon, balance.remaining_epsilon, balance.spent_delta, balance.remaining_delta)
+            ] + [balance.period_start.isoformat().encode() if balance.period_start else None]
+            return ResultSet(list(BUDGET_FIELDS), [row], "SHOW")
+        if command.name != "dpproxy.epsilon":
+            raise Refusal("42704", f'unrecognized configuration parameter "{command.name}"',
+                          "dpproxy settings: dpproxy.epsilon (SET/SHOW/RESET), dpproxy.budget (SHOW).")
+        if command.verb == "show":
+            value = "default" if self.epsilon is None else f"{self.epsilon:g}"
+            return ResultSet(list(_EPSILON_FIELDS), [[value.encode()]], "SHOW")
+        if command.verb == "reset":
+            self.epsilon = None
+            return ResultSet([], [], "RESET")
+        self.epsilon = self._checked(command.value, policy)
+        return ResultSet([], [], "SET")
+
+    def _checked(self, value: str | None, policy: Policy) -> float:
+        try:
+            epsilon = float(value) if value is not None else math.nan
+        except ValueError:
+            epsilon = math.nan
+        if not (epsilon > 0 and math.isfinite(epsilon)):
+            raise Refusal(SQLSTATE.INVALID_PARAMETER_VALUE,
+                          f'invalid value for dpproxy.epsilon: "{value}"', "Give a positive number, e.g. SET dpproxy.epsilon = 0.1.")
+        maximum = self._maximum(policy)
+        if epsilon > maximum:
+            raise Refusal(
+                SQLSTATE.DP_EPSILON_ABOVE_MAXIMUM,
+                f"dpproxy.epsilon = {epsilon:g} is above the policy maximum {maximum:g} for {self.user} (rule: epsilon-maximum)",
+                "SET dpproxy.epsilon can only lower the per-query ε.",
+                "epsilon-maximum",
+            )
+        return epsilon
+
+    def _maximum(self, policy: Policy) -> float:
+        user_cap = policy.users[self.user].max_query_epsilon
+        tables = [t.epsilon for t in policy.tables.values() if t.access == "protected" and t.epsilon]
+        highest = max(tables, default=0.0)
+        return min(highest, user_cap) if user_cap is not None else highest

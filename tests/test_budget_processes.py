@@ -1,0 +1,73 @@
+"""The ledger across processes: kill -9 keeps the spend; two replicas never overspend."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from conftest import TEST_POLICY, TestDatabase
+from test_cli import _free_port, _start
+from wire import race
+
+POLICY = TEST_POLICY.replace(
+    "users:\n", "users:\n  tight:\n    password: tight\n    budget: {{epsilon: 10.5, delta: 0.001}}\n"
+)
+
+
+def _serve(config: Path) -> tuple[subprocess.Popen[str], int]:
+    port = _free_port()
+    process, _ = _start(["serve", "-c", str(config), "--port", str(port)], "listening on")
+    return process, port
+
+
+def _dsn(port: int) -> str:
+    return f"host=127.0.0.1 port={port} dbname=dpproxy_test user=tight password=tight"
+
+
+def _spent_via_show(port: int) -> float:
+    with psycopg.connect(_dsn(port), autocommit=True) as conn:
+        return conn.execute("SHOW dpproxy.budget").fetchone()[1]
+
+
+def test_kill_minus_9_and_restart_keeps_the_spend(test_db: TestDatabase, tmp_path: Path):
+    config = tmp_path / "policy.yaml"
+    config.write_text(POLICY.format(dsn=test_db.service_dsn, ledger=tmp_path / "ledger.sqlite3"))
+    process, port = _serve(config)
+    try:
+        with psycopg.connect(_dsn(port), autocommit=True, prepare_threshold=None) as conn:
+            for i in range(3):
+                conn.execute(f"SELECT COUNT(*) FROM adult WHERE age > {i}")
+    finally:
+        process.kill()  # SIGKILL: no shutdown code runs
+        process.wait(timeout=10)
+    process, port = _serve(config)
+    try:
+        assert _spent_via_show(port) == pytest.approx(3.0)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=20)
+
+
+def test_two_proxy_processes_on_one_postgres_ledger_never_overspend(test_db: TestDatabase, tmp_path: Path):
+    ledger = test_db.admin_dsn.replace("postgresql://", "postgresql+psycopg://", 1)
+    text = POLICY.replace('ledger: {{url: "sqlite:///{ledger}"}}', f'ledger: {{{{url: "{ledger}", schema: replicas}}}}')
+    config = tmp_path / "policy.yaml"
+    config.write_text(text.format(dsn=test_db.service_dsn))
+    replicas = [_serve(config), _serve(config)]
+    try:
+        outcomes = race([_dsn(port) for _, port in replicas],
+                        [f"SELECT COUNT(*) FROM adult WHERE age > {i}" for i in range(40)])
+        assert outcomes.count("ok") == 10 and outcomes.count("DP002") == 30
+        assert _spent_via_show(replicas[0][1]) == pytest.approx(10.0)
+        assert _spent_via_show(replicas[1][1]) == pytest.approx(10.0)
+    finally:
+        for process, _ in replicas:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=20)
+        with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+            conn.execute("DROP SCHEMA IF EXISTS replicas CASCADE")
