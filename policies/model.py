@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from mechanisms.breach import epsilon_from_breach
 
+from .credentials import parse_scram_verifier
+
 __all__ = [
     "Access",
     "AuditConfig",
@@ -25,6 +27,7 @@ __all__ = [
     "Policy",
     "RepeatConfig",
     "TablePolicy",
+    "TLSConfig",
     "UserPolicy",
 ]
 
@@ -62,12 +65,21 @@ class BackendConfig(_Strict):
         return self
 
 
+class TLSConfig(_Strict):
+    """TLS for client connections: a certificate chain and its key (PEM files)."""
+
+    cert: str
+    key: str
+    required: bool = False
+
+
 class ListenConfig(_Strict):
     """Where dpproxy accepts clients."""
 
     host: str = "127.0.0.1"
     port: int = Field(6432, ge=0, le=65535)
     max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    tls: TLSConfig | None = None
 
 
 class LedgerConfig(_Strict):
@@ -104,16 +116,23 @@ class UserPolicy(_Strict):
 
     password: str | None = None
     password_env: str | None = None
-    auth: Literal["cleartext"] = "cleartext"
+    scram_verifier: str | None = None
+    auth: Literal["scram-sha-256", "md5", "cleartext"] = "scram-sha-256"
     budget: BudgetConfig
     max_query_epsilon: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _resolve_password(self) -> "UserPolicy":
         password = _from_env(self.password, self.password_env, "password")
-        if not password:
-            raise ValueError("a user needs password or password_env")
-        object.__setattr__(self, "password", password)
+        object.__setattr__(self, "password", password or None)
+        if self.scram_verifier is not None:
+            if self.auth != "scram-sha-256":
+                raise ValueError(f"scram_verifier only works with auth: scram-sha-256, not {self.auth}")
+            if password:
+                raise ValueError("give either a password or a scram_verifier, not both")
+            parse_scram_verifier(self.scram_verifier)
+        elif not password:
+            raise ValueError("a user needs password, password_env or scram_verifier")
         return self
 
 

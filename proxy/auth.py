@@ -1,14 +1,26 @@
-"""Client authentication against the policy's users.
+"""Client authentication against the policy's users: SCRAM-SHA-256, md5 or cleartext.
 
-The password exchange happens between the client and dpproxy only; the backend is
-reached with the service role's own credentials.
+The password exchange happens between the client and dpproxy only; the backend is reached
+with the service role's own credentials. Each user's method comes from the policy
+(default SCRAM-SHA-256); md5 and cleartext are used only where a user's entry asks for
+them. An unknown user goes through the same exchange as a known one (SCRAM with a salt
+derived from the name, as PostgreSQL's mock authentication does) and gets the same error
+as a wrong password, so the proxy does not reveal which login names exist.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
+import secrets
+import struct
+from functools import lru_cache
 
+from scramp import ScramException, ScramMechanism
+from scramp.core import ScramServer
+
+from policies.credentials import parse_scram_verifier
 from policies.errors import SQLSTATE, Refusal
 from policies.model import UserPolicy
 
@@ -16,8 +28,12 @@ from . import protocol
 
 __all__ = ["authenticate"]
 
-_AUTH_OK = 0
-_AUTH_CLEARTEXT = 3
+_OK, _CLEARTEXT, _MD5, _SASL, _SASL_CONTINUE, _SASL_FINAL = 0, 3, 5, 10, 11, 12
+_SCRAM = "SCRAM-SHA-256"
+_MECHANISM = ScramMechanism(_SCRAM)
+_MOCK_SECRET = secrets.token_bytes(32)  # per process: mock salts are stable while it runs
+
+AuthInfo = tuple[bytes, bytes, bytes, int]  # salt, StoredKey, ServerKey, iterations
 
 
 async def authenticate(
@@ -27,18 +43,106 @@ async def authenticate(
     user: UserPolicy | None,
     max_bytes: int,
 ) -> None:
-    """Run the password exchange; return on success, raise Refusal (28P01) on failure.
-
-    An unknown user gets the same exchange and the same error as a wrong password, so the
-    proxy does not reveal which login names exist.
-    """
-    writer.write(protocol.authentication(_AUTH_CLEARTEXT))
-    await writer.drain()
-    kind, payload = await protocol.read_message(reader, max_bytes)
-    if kind != b"p":
-        raise protocol.ProtocolError(f"expected a password message, got {kind!r}")
-    supplied = protocol.decode_cstring(payload, "password")
-    expected = user.password if user is not None else None
-    if expected is None or not hmac.compare_digest(supplied.encode(), expected.encode()):
+    """Run the user's password exchange; return on success, raise Refusal (28P01) on failure."""
+    method = user.auth if user is not None else "scram-sha-256"
+    exchange = _Exchange(reader, writer, max_bytes)
+    if method == "scram-sha-256":
+        ok = await exchange.scram(_auth_info(user_name, user))
+    elif method == "md5":
+        assert user is not None and user.password is not None
+        ok = await exchange.md5(user_name, user.password)
+    else:
+        assert user is not None and user.password is not None
+        ok = await exchange.cleartext(user.password)
+    if not ok or user is None:
         raise Refusal(SQLSTATE.INVALID_PASSWORD, f'password authentication failed for user "{user_name}"')
-    writer.write(protocol.authentication(_AUTH_OK))
+    writer.write(protocol.authentication(_OK))
+
+
+class _Exchange:
+    """The message-level steps of each method."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, max_bytes: int):
+        self.reader, self.writer, self.max_bytes = reader, writer, max_bytes
+
+    async def _ask(self, code: int, extra: bytes = b"") -> bytes:
+        self.writer.write(protocol.authentication(code, extra))
+        await self.writer.drain()
+        kind, payload = await protocol.read_message(self.reader, min(self.max_bytes, 65536))
+        if kind != b"p":
+            raise protocol.ProtocolError(f"expected a password message, got {kind!r}")
+        return payload
+
+    async def cleartext(self, password: str) -> bool:
+        supplied = protocol.decode_cstring(await self._ask(_CLEARTEXT), "password")
+        return hmac.compare_digest(supplied.encode(), password.encode())
+
+    async def md5(self, user_name: str, password: str) -> bool:
+        salt = secrets.token_bytes(4)
+        supplied = protocol.decode_cstring(await self._ask(_MD5, salt), "password")
+        inner = hashlib.md5((password + user_name).encode()).hexdigest().encode()
+        expected = "md5" + hashlib.md5(inner + salt).hexdigest()
+        return hmac.compare_digest(supplied.encode(), expected.encode())
+
+    async def scram(self, info: AuthInfo) -> bool:
+        server = _MECHANISM.make_server(lambda _name: info)
+        payload = await self._ask(_SASL, _SCRAM.encode() + b"\0\0")
+        mechanism, rest = _split_cstring(payload)
+        if mechanism != _SCRAM or len(rest) < 4:
+            raise protocol.ProtocolError("client selected an invalid SASL authentication mechanism")
+        (size,) = struct.unpack("!i", rest[:4])
+        client_first = rest[4:].decode("utf-8") if size >= 0 else ""
+        try:
+            _set_client_first(server, client_first)
+            client_final = (await self._ask(_SASL_CONTINUE, server.get_server_first().encode())).decode("utf-8")
+            server.set_client_final(client_final)
+        except ScramException:
+            return False
+        except UnicodeDecodeError as exc:
+            raise protocol.ProtocolError("SASL message is not valid UTF-8") from exc
+        self.writer.write(protocol.authentication(_SASL_FINAL, server.get_server_final().encode()))
+        return True
+
+
+def _set_client_first(server: ScramServer, client_first: str) -> None:
+    """Hand the client-first message to scramp, tolerating libpq's empty user name.
+
+    libpq sends ``n=`` (PostgreSQL takes the name from the startup packet) and scramp cannot
+    parse an empty attribute, so it parses a stand-in name; the proof is then checked over the
+    exact client-first-bare the client signed.
+    """
+    header_end = client_first.find(",", client_first.find(",") + 1) + 1
+    bare = client_first[header_end:]
+    if header_end and bare.startswith("n=,"):
+        server.set_client_first(client_first[:header_end] + "n=*," + bare[3:])
+        server.client_first_bare = bare
+    else:
+        server.set_client_first(client_first)
+
+
+def _split_cstring(payload: bytes) -> tuple[str, bytes]:
+    end = payload.find(b"\0")
+    if end < 0:
+        raise protocol.ProtocolError("malformed SASLInitialResponse message")
+    return payload[:end].decode("utf-8", "replace"), payload[end + 1 :]
+
+
+def _auth_info(user_name: str, user: UserPolicy | None) -> AuthInfo:
+    if user is None:
+        return _mock_info(user_name)
+    if user.scram_verifier is not None:
+        return parse_scram_verifier(user.scram_verifier)
+    assert user.password is not None
+    return _derived_info(user.password)
+
+
+@lru_cache(maxsize=1024)
+def _derived_info(password: str) -> AuthInfo:
+    # 4096 PBKDF2 rounds take milliseconds; derive once per password, not per login.
+    salt, stored, server, iterations = _MECHANISM.make_auth_info(password, iteration_count=4096)
+    return salt, stored, server, iterations
+
+
+def _mock_info(user_name: str) -> AuthInfo:
+    salt = hmac.new(_MOCK_SECRET, user_name.encode(), hashlib.sha256).digest()[:16]
+    return salt, secrets.token_bytes(32), secrets.token_bytes(32), 4096

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from policies.model import Policy
 from policies.tables import TableRegistry
 
@@ -27,6 +28,7 @@ class Server:
         self.database = database
         self.budget = BudgetKeeper.open(policy)
         self.audit = AuditLog.from_config(policy.audit)
+        self.tls = _tls_context(policy)
         self.repeats: RepeatCache[tuple[ResultSet, str]] = RepeatCache(
             policy.repeats.ttl_s, policy.repeats.max_entries, policy.repeats.enabled
         )
@@ -98,3 +100,14 @@ class Server:
     @property
     def session_count(self) -> int:
         return len(self._sessions)
+
+
+def _tls_context(policy: Policy) -> ssl.SSLContext | None:
+    """The server-side TLS context for client connections, if the policy configures one."""
+    tls = policy.listen.tls
+    if tls is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(tls.cert, tls.key)
+    return context

@@ -75,10 +75,21 @@ class Session:
             await self._close()
 
     async def _negotiate(self) -> protocol.Startup | None:
-        """Answer SSL/GSSENC requests with 'N' until the StartupMessage (None: a CancelRequest)."""
+        """Answer SSL/GSSENC requests until the StartupMessage (None: it was a CancelRequest).
+
+        SSLRequest gets 'S' and a TLS handshake when the policy configures TLS, else 'N';
+        GSSENCRequest always gets 'N'.
+        """
         limit = self.server.policy.listen.max_message_bytes
+        encrypted = False
         for _ in range(3):
             startup = await protocol.read_startup(self.reader, limit)
+            if startup.code == protocol.SSL_REQUEST and self.server.tls is not None and not encrypted:
+                self.writer.write(b"S")
+                await self.writer.drain()
+                await self.writer.start_tls(self.server.tls)
+                encrypted = True
+                continue
             if startup.code in (protocol.SSL_REQUEST, protocol.GSSENC_REQUEST):
                 self.writer.write(protocol.SSL_NOT_SUPPORTED)
                 await self.writer.drain()
@@ -86,6 +97,10 @@ class Session:
             if startup.code == protocol.CANCEL_REQUEST:
                 await self.server.cancel(startup.cancel_pid, startup.cancel_secret)
                 return None
+            tls = self.server.policy.listen.tls
+            if tls is not None and tls.required and not encrypted:
+                raise Refusal(SQLSTATE.INVALID_AUTHORIZATION, "dpproxy requires TLS: connect with sslmode=require",
+                              "Set sslmode=require (or verify-full) in the client's connection settings.")
             return startup
         raise ProtocolError("too many SSL/GSSENC requests")
 

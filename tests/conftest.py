@@ -35,7 +35,11 @@ ledger: {{url: "sqlite:///{ledger}"}}
 repeats: {{enabled: false}}  # the statistical tests need fresh noise per query
 users:
   analyst:
-    password: analyst
+    password: analyst     # SCRAM-SHA-256, the default
+    budget: {{epsilon: 1000000, delta: 0.5}}
+  plain:
+    password: plain
+    auth: cleartext       # for the raw-protocol tests, which speak only cleartext
     budget: {{epsilon: 1000000, delta: 0.5}}
 tables:
   public.adult:

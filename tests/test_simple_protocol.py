@@ -40,10 +40,10 @@ def _login(proxy: RunningProxy) -> tuple[socket.socket, list[tuple[bytes, bytes]
     assert sock.recv(1) == b"N"
     sock.sendall(struct.pack("!ii", 8, 80877104))  # GSSENCRequest
     assert sock.recv(1) == b"N"
-    sock.sendall(_startup_packet(user="analyst", database="dpproxy_test"))
+    sock.sendall(_startup_packet(user="plain", database="dpproxy_test"))
     kind, body = _read_messages(sock, b"R")[0]
     assert kind == b"R" and struct.unpack("!i", body[:4])[0] == 3  # cleartext password
-    sock.sendall(b"p" + struct.pack("!i", 4 + 8) + b"analyst\0")
+    sock.sendall(b"p" + struct.pack("!i", 4 + 6) + b"plain\0")
     return sock, _read_messages(sock, b"Z")
 
 
@@ -62,7 +62,7 @@ def test_startup_sends_backend_parameters_key_data_and_ready(proxy: RunningProxy
                  b"standard_conforming_strings", b"TimeZone"):
         assert name in params
     assert params[b"client_encoding"] == b"UTF8"
-    assert params[b"session_authorization"] == b"analyst"
+    assert params[b"session_authorization"] == b"plain"
     assert messages[-1][1] == b"I"
     sock.close()
 

@@ -48,7 +48,7 @@ FLUSH = message(b"H")
 class Wire:
     """One authenticated raw connection."""
 
-    def __init__(self, host: str, port: int, user: str = "analyst", password: str = "analyst",
+    def __init__(self, host: str, port: int, user: str = "plain", password: str = "plain",
                  database: str = "dpproxy_test"):
         self.sock = socket.create_connection((host, port), timeout=15)
         self.buffer = b""
