@@ -11,10 +11,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import TYPE_CHECKING
-
+from typing import TYPE_CHECKING, Callable
 from policies.errors import SQLSTATE, Refusal
-from rewriter.classify import DPQuery, Decision, DpproxyCommand, Passthrough, classify
+from rewriter.classify import Deallocate, DPQuery, Decision, DpproxyCommand, Passthrough, classify
 from rewriter.rewrite import backend_sql
 from rewriter.statements import Statement, split_statements
 
@@ -63,6 +62,8 @@ class Executor:
         self.user = user
         self.client = client
         self.settings = SessionSettings(user)
+        # Set by the session: drops client prepared statements (None: all); False if unknown.
+        self.deallocate: Callable[[str | None], bool] = lambda name: name is None
         self.generation = 0  # bumped by anything that may change search_path
 
     def transaction_status(self) -> bytes:
@@ -108,6 +109,8 @@ class Executor:
             return params, result_fields(decision.plan)
         if isinstance(decision, DpproxyCommand):
             return [], self.settings.fields(decision)
+        if isinstance(decision, Deallocate):
+            return [], None
         assert isinstance(decision, Passthrough)
         params, fields = await self.backend.describe(decision.sql, param_types)
         return params, fields or None
@@ -157,7 +160,13 @@ class Executor:
         if isinstance(decision, DpproxyCommand):
             result = await self.settings.run(decision, self.server.policy, self.server.budget)
             return _apply_formats(result, result_formats), [], None
+        if isinstance(decision, Deallocate):
+            if not self.deallocate(decision.name):
+                raise Refusal("26000", f'prepared statement "{decision.name}" does not exist')
+            return ResultSet([], [], "DEALLOCATE" if decision.name else "DEALLOCATE ALL"), [], None
         assert isinstance(decision, Passthrough) and plan.statement is not None
+        if plan.statement.kind == "DiscardStmt" and plan.statement.node.get("target") == "DISCARD_ALL":
+            self.deallocate(None)
         if _may_move_search_path(plan.statement):
             self.generation += 1
         uniform = result_formats[0] if len(result_formats) == 1 else 0

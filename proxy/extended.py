@@ -73,6 +73,13 @@ class ExtendedProtocol:
         self.portals: dict[str, Portal] = {}
         self.skipping = False
 
+    def deallocate(self, name: str | None) -> bool:
+        """DEALLOCATE name (None: ALL); False if there is no such statement."""
+        if name is None:
+            self.statements.clear()
+            return True
+        return self.statements.pop(name, None) is not None
+
     def forget_unnamed(self) -> None:
         """A simple Query destroys the unnamed statement and portal, as in PostgreSQL."""
         self.statements.pop("", None)

@@ -12,7 +12,7 @@ import secrets
 from typing import TYPE_CHECKING
 
 from policies.errors import SQLSTATE, Refusal
-from rewriter.statements import split_statements
+from rewriter.statements import Statement, split_statements
 
 from . import protocol
 from .auth import authenticate
@@ -123,6 +123,7 @@ class Session:
         self.backend = await connect(policy, params)
         self.executor = Executor(self.server, self.backend, self.user, self.peer)
         self.extended = ExtendedProtocol(self.executor, self._out)
+        self.executor.deallocate = self.extended.deallocate
         self._reported = self._client_parameters()
         out = [protocol.parameter_status(k, v) for k, v in self._reported.items()]
         out.append(protocol.backend_key_data(self.pid, self.secret))
@@ -218,21 +219,45 @@ class Session:
             return
         if not statements:
             self._out.append(protocol.empty_query_response())
+            return
+        # As in PostgreSQL, several statements in one Query run in one implicit transaction.
+        implicit = len(statements) > 1 and self.executor.transaction_status() == b"I"
+        if implicit:
+            await self.executor.backend.execute("BEGIN")
+        ok = True
         for statement in statements:
-            try:
-                plan = await self.executor.plan(statement)
-                result, notices = await self.executor.run(plan)
-            except Refusal as exc:
-                self._error(exc.sqlstate, exc.message, exc.hint)
-                return
-            except BackendError as exc:
-                self._error(exc.sqlstate, exc.message, exc.hint, exc.detail)
-                return
-            self._out.extend(protocol.notice_response(text) for text in notices)
-            if result.fields:
-                self._out.append(protocol.row_description(result.fields))
-                self._out.extend(protocol.data_row(row) for row in result.rows)
-            self._out.append(protocol.command_complete(result.tag))
+            ends = _ends_transaction(statement)
+            if implicit and _begins_transaction(statement):
+                implicit = False  # BEGIN turns the implicit block into a regular one
+                self._out.append(protocol.command_complete("BEGIN"))
+                continue
+            ok = await self._run_simple(statement)
+            if ends:
+                implicit = False
+            if not ok:
+                break
+        if implicit:
+            await self.executor.backend.execute("COMMIT" if ok else "ROLLBACK")
+            if not ok:
+                self.executor.generation += 1  # the rollback undid any SET in the block
+
+    async def _run_simple(self, statement: Statement) -> bool:
+        assert self.executor is not None
+        try:
+            plan = await self.executor.plan(statement)
+            result, notices = await self.executor.run(plan)
+        except Refusal as exc:
+            self._error(exc.sqlstate, exc.message, exc.hint)
+            return False
+        except BackendError as exc:
+            self._error(exc.sqlstate, exc.message, exc.hint, exc.detail)
+            return False
+        self._out.extend(protocol.notice_response(text) for text in notices)
+        if result.fields:
+            self._out.append(protocol.row_description(result.fields))
+            self._out.extend(protocol.data_row(row) for row in result.rows)
+        self._out.append(protocol.command_complete(result.tag))
+        return True
 
     def _error(self, sqlstate: str, message: str, hint: str | None = None, detail: str | None = None) -> None:
         self._out.append(protocol.error_response(sqlstate, message, hint, detail))
@@ -240,6 +265,16 @@ class Session:
     async def cancel(self) -> None:
         if self.backend is not None:
             await self.backend.cancel()
+
+
+def _begins_transaction(statement: Statement) -> bool:
+    return statement.kind == "TransactionStmt" and statement.node.get("kind") in ("TRANS_STMT_BEGIN", "TRANS_STMT_START")
+
+
+def _ends_transaction(statement: Statement) -> bool:
+    return statement.kind == "TransactionStmt" and statement.node.get("kind") in (
+        "TRANS_STMT_COMMIT", "TRANS_STMT_ROLLBACK"
+    )
 
 
 def _peer(writer: asyncio.StreamWriter) -> str:

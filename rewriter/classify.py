@@ -21,6 +21,7 @@ from .statements import Statement
 
 __all__ = [
     "DPQuery",
+    "Deallocate",
     "Decision",
     "DpproxyCommand",
     "Passthrough",
@@ -63,13 +64,20 @@ class DpproxyCommand:
     value: str | None = None
 
 
-Decision = Union[Passthrough, DPQuery, DpproxyCommand]
+@dataclass(frozen=True)
+class Deallocate:
+    """DEALLOCATE: client statements live in dpproxy's registry, not on the backend."""
+
+    name: str | None  # None: ALL
+
+
+Decision = Union[Passthrough, DPQuery, DpproxyCommand, Deallocate]
 
 _TRANSACTION_KINDS = {
     "TRANS_STMT_BEGIN", "TRANS_STMT_START", "TRANS_STMT_COMMIT", "TRANS_STMT_ROLLBACK",
     "TRANS_STMT_SAVEPOINT", "TRANS_STMT_RELEASE", "TRANS_STMT_ROLLBACK_TO",
 }
-_HARMLESS_SESSION_STATEMENTS = {"DeallocateStmt", "DiscardStmt", "ClosePortalStmt", "UnlistenStmt"}
+_HARMLESS_SESSION_STATEMENTS = {"DiscardStmt", "ClosePortalStmt", "UnlistenStmt"}
 _WRITES = {
     "InsertStmt", "UpdateStmt", "DeleteStmt", "MergeStmt", "TruncateStmt",
 }
@@ -113,6 +121,8 @@ def classify(
         if name.startswith("dpproxy."):
             return DpproxyCommand("show", name)
         return Passthrough(statement.text)
+    if kind == "DeallocateStmt":
+        return Deallocate(None if statement.node.get("isall") else statement.node.get("name"))
     if kind in _HARMLESS_SESSION_STATEMENTS:
         return Passthrough(statement.text)
     if kind in _WRITES:
