@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import warnings
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
@@ -72,11 +73,15 @@ class EmbeddedPostgres:
     """A PostgreSQL server in ``data_dir`` run by pgserver (no system installation needed)."""
 
     def __init__(self, data_dir: Path):
-        import pgserver  # imported here: only the demo and the tests need it
+        with warnings.catch_warnings():
+            # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); pgserver
+            # falls back to /tmp correctly, so the warning only alarms demo users.
+            warnings.simplefilter("ignore")
+            import pgserver  # imported here: only the demo and the tests need it
 
-        data_dir.mkdir(parents=True, exist_ok=True)
-        _forget_dead_handles(data_dir)
-        self._server = pgserver.get_server(str(data_dir), cleanup_mode="stop")
+            data_dir.mkdir(parents=True, exist_ok=True)
+            _forget_dead_handles(data_dir)
+            self._server = pgserver.get_server(str(data_dir), cleanup_mode="stop")
 
     def uri(self, database: str = "postgres", user: str | None = None) -> str:
         """A libpq URI for ``database`` over the server's unix socket."""
