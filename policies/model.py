@@ -80,6 +80,9 @@ class ListenConfig(_Strict):
     port: int = Field(6432, ge=0, le=65535)
     max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     tls: TLSConfig | None = None
+    startup_timeout_s: float = Field(10.0, gt=0)
+    idle_timeout_s: float = Field(0.0, ge=0)
+    idle_in_transaction_timeout_s: float = Field(0.0, ge=0)
 
 
 class LedgerConfig(_Strict):

@@ -53,10 +53,14 @@ class Session:
 
     async def run(self) -> None:
         try:
-            startup = await self._negotiate()
-            if startup is None:
-                return
-            await self._start(startup)
+            try:
+                async with asyncio.timeout(self.server.policy.listen.startup_timeout_s):
+                    startup = await self._negotiate()
+                    if startup is None:
+                        return
+                    await self._start(startup)
+            except TimeoutError:
+                raise ProtocolError("timeout during startup and authentication") from None
             await self._serve()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the client went away; nothing to answer
@@ -168,7 +172,7 @@ class Session:
         limit = self.server.policy.listen.max_message_bytes
         assert self.executor is not None and self.extended is not None
         while True:
-            kind, payload = await protocol.read_message(self.reader, limit)
+            kind, payload = await self._next_message(limit)
             if kind == b"Q":
                 self.extended.forget_unnamed()
                 await self._simple_query(protocol.decode_cstring(payload, "Query"))
@@ -191,6 +195,24 @@ class Session:
                 # Like PostgreSQL, replies to Parse/Bind/Describe/Execute wait for Sync or Flush.
                 self._flush()
                 await self.writer.drain()
+
+    async def _next_message(self, limit: int) -> tuple[bytes, bytes]:
+        """The next message, within the idle timeouts when the policy sets them."""
+        listen = self.server.policy.listen
+        in_transaction = self._status_byte() != b"I"
+        timeout = listen.idle_in_transaction_timeout_s if in_transaction else listen.idle_timeout_s
+        if not timeout:
+            return await protocol.read_message(self.reader, limit)
+        try:
+            return await asyncio.wait_for(protocol.read_message(self.reader, limit), timeout)
+        except TimeoutError:
+            if in_transaction:
+                raise Refusal(SQLSTATE.IDLE_IN_TRANSACTION_TIMEOUT,
+                              "terminating connection due to idle-in-transaction timeout") from None
+            raise Refusal(SQLSTATE.IDLE_SESSION_TIMEOUT, "terminating connection due to idle-session timeout") from None
+
+    def _status_byte(self) -> bytes:
+        return self.executor.transaction_status() if self.executor is not None else b"I"
 
     def _flush(self) -> None:
         self.writer.write(b"".join(self._out))
