@@ -1,0 +1,129 @@
+"""Fuzzing: the protocol decoder and the SQL classifier fail only in the ways they promise."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from policies.errors import Refusal
+from policies.model import ColumnPolicy, TablePolicy
+from policies.tables import ColumnInfo, Relation, TableRegistry
+from proxy import protocol
+from proxy.protocol import ProtocolError
+from rewriter.classify import DPQuery, Passthrough, ResolvedRelation, classify
+from rewriter.rewrite import backend_sql
+from rewriter.statements import split_statements
+
+DECODERS = [protocol.decode_parse, protocol.decode_bind, protocol.decode_describe,
+            protocol.decode_execute, protocol.decode_close]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(DECODERS), st.binary(max_size=64))
+def test_message_decoders_raise_only_protocol_errors(decoder, payload: bytes):
+    try:
+        decoder(payload)
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=80))
+def test_startup_and_message_readers_raise_only_protocol_or_eof_errors(data: bytes):
+    async def read() -> None:
+        reader = asyncio.StreamReader()
+        reader.feed_data(data)
+        reader.feed_eof()
+        try:
+            await protocol.read_startup(reader, 1 << 20)
+            while True:
+                await protocol.read_message(reader, 1 << 16)
+        except (ProtocolError, asyncio.IncompleteReadError):
+            pass
+
+    asyncio.run(read())
+
+
+ADULT_OID, PG_CLASS_OID = 16384, 1259
+_TABLE = TablePolicy(epsilon=1.0, columns={"age": ColumnPolicy(bounds=(17, 90)),
+                                            "sex": ColumnPolicy(categories=("Male", "Female"))})
+_ADULT = Relation(ADULT_OID, "public", "adult", _TABLE, {
+    "age": ColumnInfo("age", 23, -1, 1, _TABLE.columns["age"]),
+    "sex": ColumnInfo("sex", 25, -1, 2, _TABLE.columns["sex"]),
+    "name": ColumnInfo("name", 25, -1, 3, None),
+})
+REGISTRY = TableRegistry({ADULT_OID: _ADULT}, ("oid", "relname", "reltuples", "relpages"))
+
+FRAGMENTS = [
+    "SELECT", "COUNT(*)", "SUM(age)", "AVG(age)", "MIN(age)", "MAX(name)", "age", "sex", "name", "*",
+    "FROM", "adult", "a", "pg_class", "pg_stats", "lookup", "WHERE", "AND", "OR", "NOT", "=", ">", "<",
+    "1", "'x'", "$1", "(", ")", ",", ";", "GROUP BY", "JOIN", "ON", "UNION", "WITH", "x AS", "LIMIT",
+    "ORDER BY", "lower(sex)", "age/0", "age::text", "pg_sleep(1)", "IN", "IS NULL", "LIKE", "DISTINCT",
+    "OVER ()", "FILTER (WHERE age > 1)", "MODE() WITHIN GROUP (ORDER BY sex)", "SET", "x = 1", "BEGIN",
+    "COMMIT", "INSERT INTO adult VALUES (1)", "reltuples", "ctid", "LATERAL", "EXISTS", "SELECT 1",
+]
+
+
+def _resolve(statement):
+    resolved = {}
+    for ref in statement.references.relations:
+        if ref.name in ("adult", "a"):
+            resolved[ref] = ResolvedRelation(ADULT_OID, "public", "adult")
+        elif ref.name == "pg_class":
+            resolved[ref] = ResolvedRelation(PG_CLASS_OID, "pg_catalog", "pg_class")
+        elif ref.name == "pg_stats":
+            resolved[ref] = ResolvedRelation(12000, "pg_catalog", "pg_stats")
+        else:
+            resolved[ref] = None
+    return resolved
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=14) | st.text(max_size=60).map(lambda t: [t]))
+def test_classifier_refuses_or_decides_and_never_passes_protected_data_through(parts: list[str]):
+    sql = " ".join(parts)
+    try:
+        statements = split_statements(sql)
+    except Refusal:
+        return
+    for statement in statements:
+        resolved = _resolve(statement)
+        try:
+            decision = classify(statement, resolved, REGISTRY)
+        except Refusal as refusal:
+            assert refusal.sqlstate and refusal.message
+            continue
+        touches_adult = any(r is not None and r.oid == ADULT_OID for r in resolved.values())
+        if isinstance(decision, Passthrough):
+            assert not touches_adult, sql
+        if isinstance(decision, DPQuery):
+            assert touches_adult
+            written = backend_sql(decision.plan)
+            assert "adult" in written and "pg_sleep" not in written
+
+
+def test_random_bytes_from_many_connections_do_not_disturb_a_working_session(proxy):
+    with proxy.connect() as conn:
+        for i in range(60):
+            sock = socket.create_connection((proxy.host, proxy.port), timeout=5)
+            junk = os.urandom(1 + i * 7)
+            if i % 3 == 0:  # a valid startup followed by garbage
+                junk = struct.pack("!ii", 8, 80877103) + junk
+            try:
+                sock.sendall(junk)
+                sock.shutdown(socket.SHUT_WR)
+                sock.recv(4096)
+            except OSError:
+                pass
+            finally:
+                sock.close()
+            if i % 10 == 0:
+                assert conn.execute("SELECT COUNT(*) FROM adult").fetchone()[0] > 40000
+    with proxy.connect() as again:
+        assert again.execute("SELECT 1").fetchone() == (1,)
