@@ -153,3 +153,25 @@ def test_many_concurrent_clients_on_one_loop(proxy: RunningProxy):
     results = asyncio.run(main())
     assert len(results) == 40 and all(r > 0 for r in results)
     assert proxy.server.session_count == 0 or proxy.server.session_count < 40
+
+
+def test_out_of_order_message_closes_only_that_connection(proxy: RunningProxy):
+    sock, _ = _login(proxy)
+    sock.sendall(b"p" + struct.pack("!i", 4 + 6) + b"again\0")  # a password message mid-session
+    data = sock.recv(1024)
+    assert data[:1] == b"E" and b"08P01" in data
+    assert sock.recv(1024) == b""
+    with proxy.connect() as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_backend_failure_during_a_dp_query_reveals_no_detail(proxy: RunningProxy):
+    sock, _ = _login(proxy)
+    # The backend fails this DP query (22P02 on the literal); its message is withheld.
+    replies = _query(sock, "SELECT COUNT(*) FROM adult WHERE age = 'abc'")
+    (error,) = [body for kind, body in replies if kind == b"E"]
+    fields = dict((f[:1], f[1:]) for f in error.split(b"\0") if f)
+    assert fields[b"C"] == b"DP004"
+    assert b"abc" not in error and b"H" in fields
+    assert replies[-1] == (b"Z", b"I")
+    sock.close()
