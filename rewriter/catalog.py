@@ -4,8 +4,10 @@ Default deny. The lists below cover what psql, pgjdbc, psqlODBC, psycopg, asyncp
 SQLAlchemy, node-postgres, pg8000 and pgbench send (shared/reference), plus their
 obvious neighbours. Left out on purpose, because they carry data about protected rows:
 statistics (pg_statistic*, pg_stats*, pg_stat_*, pg_statio_*), large objects, relation
-sizes (pg_relation_size & co. reveal row counts), file access, and anything that runs SQL
-given as a string (query_to_xml, ts_stat, dblink).
+sizes (pg_relation_size & co. reveal row counts), sequence positions (the view
+pg_sequences shows ``last_value``, a serial key's row count; the table pg_sequence holds
+only the definitions), file access, and anything that runs SQL given as a string
+(query_to_xml, ts_stat, dblink).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ _PG_CATALOG_RELATIONS = frozenset(
         # views
         "pg_available_extensions", "pg_available_extension_versions", "pg_cursors",
         "pg_indexes", "pg_matviews", "pg_policies", "pg_prepared_statements", "pg_roles",
-        "pg_rules", "pg_sequences", "pg_settings", "pg_tables", "pg_timezone_abbrevs",
+        "pg_rules", "pg_settings", "pg_tables", "pg_timezone_abbrevs",
         "pg_timezone_names", "pg_user", "pg_views",
     }
 )

@@ -89,9 +89,9 @@ def _check_column_side(node: exp.Expression, scope: Scope) -> None:
 
 
 def _is_value(node: exp.Expression) -> bool:
-    if isinstance(node, exp.Neg):
-        node = node.this
-    if isinstance(node, exp.Cast):
+    # Signs, casts and parentheses around a literal are constants: pgjdbc's
+    # preferQueryMode=simple inlines a parameter as ('40'::int4).
+    while isinstance(node, (exp.Neg, exp.Cast, exp.Paren)):
         node = node.this
     return isinstance(node, (exp.Literal, exp.Null, exp.Boolean, exp.Parameter, exp.Placeholder))
 

@@ -108,7 +108,8 @@ class TestDatabase:
 
 @pytest.fixture(scope="session")
 def test_db(pg_admin_dsn: str) -> TestDatabase:
-    """The Adult table (48,842 rows), a clamping table and a public table, with a service role."""
+    """The Adult table (48,842 rows, an index on age), a clamping table, a public table with a
+    primary key, and a service role."""
     service_dsn = prepare_demo_database(pg_admin_dsn, TEST_DATABASE)
     admin_dsn = urlparse(pg_admin_dsn)._replace(path=f"/{TEST_DATABASE}").geturl()
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
@@ -117,7 +118,10 @@ def test_db(pg_admin_dsn: str) -> TestDatabase:
         conn.execute("INSERT INTO clamp_test SELECT i % 10, (i % 5) - 2 FROM generate_series(1, 100) i")
         # One outlier far outside the policy bounds: it must be clamped before summing.
         conn.execute("INSERT INTO clamp_test VALUES (1000000000, 1e12)")
-        conn.execute("CREATE TABLE lookup (code text, label text)")
+        # An index on adult: its reltuples (the exact row count) is what pgjdbc's
+        # getIndexInfo reports as CARDINALITY, and what dpproxy must neutralise.
+        conn.execute("CREATE INDEX IF NOT EXISTS adult_age_idx ON adult (age)")
+        conn.execute("CREATE TABLE lookup (code text PRIMARY KEY, label text)")
         conn.execute("INSERT INTO lookup VALUES ('M', 'Male'), ('F', 'Female')")
         conn.execute("CREATE TABLE secret_unlisted (x integer)")
         conn.execute("INSERT INTO secret_unlisted VALUES (42)")

@@ -60,6 +60,23 @@ def test_asyncpg_fetchval_fetchrow_transaction_and_pool(proxy: RunningProxy):
     asyncio.run(main())
 
 
+def test_asyncpg_introspects_an_unknown_type_with_its_recursive_catalog_query(proxy: RunningProxy):
+    """pg_index.indkey (int2vector) is not an asyncpg built-in: it runs WITH RECURSIVE typeinfo_tree."""
+
+    async def main() -> list[asyncpg.Record]:
+        conn = await asyncpg.connect(host=proxy.host, port=proxy.port, user="analyst", password="analyst",
+                                     database="dpproxy_test")
+        try:
+            return await conn.fetch("SELECT c.relname, i.indisprimary, i.indkey, i.indclass FROM pg_catalog.pg_index i "
+                                    "JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = $1::regclass",
+                                    "adult")
+        finally:
+            await conn.close()
+
+    rows = asyncio.run(main())
+    assert [(r["relname"], r["indisprimary"]) for r in rows] == [("adult_age_idx", False)]
+
+
 def test_flush_before_sync_gets_replies_without_ready_for_query(proxy: RunningProxy):
     wire = Wire(proxy.host, proxy.port)
     wire.send(parse("s1", "SELECT COUNT(*) FROM adult WHERE age > $1"), describe(b"S", "s1"), FLUSH)

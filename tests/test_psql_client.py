@@ -29,6 +29,13 @@ def test_psql_describes_a_protected_table(proxy: RunningProxy):
     assert "hours_per_week" in result.stdout and "integer" in result.stdout
 
 
+def test_psql_lists_databases_and_schemas(proxy: RunningProxy):
+    result = _psql(proxy, "-c", r"\l", "-c", r"\dn")
+    assert result.returncode == 0, result.stderr
+    assert "List of databases" in result.stdout and "dpproxy_test" in result.stdout
+    assert "List of schemas" in result.stdout and "public" in result.stdout
+
+
 def test_psql_prints_a_noised_count_with_a_notice(proxy: RunningProxy):
     result = _psql(proxy, "-At", "-c", "SELECT COUNT(*) FROM adult WHERE age > 40")
     assert result.returncode == 0, result.stderr

@@ -32,6 +32,7 @@ REFUSED = [
     ("SELECT * FROM secret_unlisted", "42501", "default-deny"),
     ("SELECT * FROM pg_stats", "42501", "catalog-allowlist"),
     ("SELECT * FROM pg_catalog.pg_stat_user_tables", "42501", "catalog-allowlist"),
+    ("SELECT last_value FROM pg_sequences", "42501", "catalog-allowlist"),
     ("SELECT pg_relation_size('adult')", "42501", "function-allowlist"),
     ("SELECT query_to_xml('select * from adult', true, true, '')", "42501", "function-allowlist"),
     ("INSERT INTO adult (age) VALUES (1)", "25006", "read-only"),
@@ -76,10 +77,13 @@ def test_public_table_passes_through_unchanged(proxy: RunningProxy):
 def test_pg_class_row_counts_are_neutralised(proxy: RunningProxy, admin):
     admin.execute("ANALYZE adult")
     with proxy.connect() as conn:
-        rows = conn.execute("SELECT reltuples, relpages FROM pg_class WHERE relname = 'adult'").fetchall()
+        rows = conn.execute("SELECT reltuples, relpages FROM pg_class WHERE oid = 'public.adult'::regclass").fetchall()
         star = conn.execute("SELECT * FROM pg_catalog.pg_class c WHERE c.relname = 'adult'")
         names = [d.name for d in star.description]
         star_row = star.fetchone()
-    assert rows == [(-1.0, 0)]
+        # SQLAlchemy qualifies columns by schema and table.
+        qualified = conn.execute("SELECT pg_catalog.pg_class.reltuples FROM pg_catalog.pg_class "
+                                 "WHERE pg_catalog.pg_class.relname = 'adult_age_idx'").fetchall()
+    assert rows == [(-1.0, 0)] and qualified == [(-1.0,)]
     assert star_row[names.index("reltuples")] == -1.0
     assert admin.execute("SELECT reltuples FROM pg_class WHERE relname = 'adult'").fetchone()[0] > 40000

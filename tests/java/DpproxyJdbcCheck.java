@@ -1,0 +1,124 @@
+import java.sql.Connection;
+import java.sql.DatabaseMetaData;
+import java.sql.DriverManager;
+import java.sql.PreparedStatement;
+import java.sql.ResultSet;
+import java.sql.SQLException;
+import java.sql.Statement;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Properties;
+
+/**
+ * What a JDBC application does through dpproxy, printed one fact per line as "KEY value"
+ * for tests/test_client_jdbc.py to check.
+ *
+ * Usage: java -cp pgjdbc.jar:. DpproxyJdbcCheck HOST PORT DATABASE USER PASSWORD
+ *
+ * Connects with prepareThreshold=1 (the first execution of a PreparedStatement already
+ * uses a named server statement; later ones Bind it again and ask for binary results),
+ * calls DatabaseMetaData, runs DP aggregates through Statement and PreparedStatement,
+ * inside and outside a transaction, and tries one query dpproxy must refuse.
+ */
+public final class DpproxyJdbcCheck {
+    private DpproxyJdbcCheck() {}
+
+    public static void main(String[] args) throws SQLException {
+        String url = "jdbc:postgresql://" + args[0] + ":" + args[1] + "/" + args[2];
+        Properties props = new Properties();
+        props.setProperty("user", args[3]);
+        props.setProperty("password", args[4]);
+        props.setProperty("prepareThreshold", "1");
+        props.setProperty("connectTimeout", "10");
+        try (Connection conn = DriverManager.getConnection(url, props)) {
+            metadata(conn.getMetaData());
+            statement(conn);
+            prepared(conn);
+            transaction(conn);
+            refusal(conn);
+        }
+        System.out.println("DONE ok");
+    }
+
+    private static void metadata(DatabaseMetaData meta) throws SQLException {
+        System.out.println("PRODUCT " + meta.getDatabaseProductVersion());
+        try (ResultSet rs = meta.getTables(null, "public", "%", new String[] {"TABLE"})) {
+            while (rs.next()) {
+                System.out.println("TABLE " + rs.getString("TABLE_NAME"));
+            }
+        }
+        try (ResultSet rs = meta.getColumns(null, "public", "adult", "%")) {
+            while (rs.next()) {
+                System.out.println("COLUMN " + rs.getString("COLUMN_NAME") + " " + rs.getString("TYPE_NAME"));
+            }
+        }
+        try (ResultSet rs = meta.getPrimaryKeys(null, "public", "lookup")) {
+            while (rs.next()) {
+                System.out.println("PRIMARY_KEY " + rs.getString("COLUMN_NAME"));
+            }
+        }
+        try (ResultSet rs = meta.getIndexInfo(null, "public", "adult", false, false)) {
+            while (rs.next()) {
+                System.out.println("INDEX " + rs.getString("INDEX_NAME") + " " + rs.getString("COLUMN_NAME")
+                        + " " + rs.getLong("CARDINALITY") + " " + rs.getLong("PAGES"));
+            }
+        }
+        int types = 0;
+        try (ResultSet rs = meta.getTypeInfo()) {
+            while (rs.next()) {
+                types++;
+            }
+        }
+        System.out.println("TYPES " + types);
+    }
+
+    private static void statement(Connection conn) throws SQLException {
+        try (Statement st = conn.createStatement();
+                ResultSet rs = st.executeQuery("SELECT COUNT(*) FROM adult WHERE age > 30")) {
+            rs.next();
+            System.out.println("STATEMENT_COUNT " + rs.getLong(1));
+            System.out.println("STATEMENT_TYPE " + rs.getMetaData().getColumnTypeName(1));
+        }
+    }
+
+    private static void prepared(Connection conn) throws SQLException {
+        String sql = "SELECT COUNT(*), SUM(capital_gain) FROM adult WHERE age > ?";
+        try (PreparedStatement ps = conn.prepareStatement(sql)) {
+            for (int i = 0; i < 4; i++) { // later executions re-Bind S_1 with binary int8/numeric results
+                ps.setInt(1, 30);
+                try (ResultSet rs = ps.executeQuery()) {
+                    rs.next();
+                    System.out.println("PREPARED " + rs.getLong(1) + " " + rs.getBigDecimal(2));
+                }
+            }
+        }
+    }
+
+    private static void transaction(Connection conn) throws SQLException {
+        conn.setAutoCommit(false);
+        try (PreparedStatement ps = conn.prepareStatement("SELECT COUNT(*) FROM adult WHERE sex = ?")) {
+            ps.setString(1, "Female");
+            try (ResultSet rs = ps.executeQuery()) {
+                rs.next();
+                System.out.println("TRANSACTION_COUNT " + rs.getLong(1));
+            }
+        }
+        conn.commit();
+        conn.setAutoCommit(true);
+        System.out.println("COMMITTED ok");
+    }
+
+    private static void refusal(Connection conn) throws SQLException {
+        List<String> states = new ArrayList<>();
+        try (Statement st = conn.createStatement()) {
+            st.executeQuery("SELECT age FROM adult");
+        } catch (SQLException e) {
+            states.add(e.getSQLState());
+        }
+        System.out.println("REFUSED " + String.join(",", states));
+        try (Statement st = conn.createStatement(); ResultSet rs = st.executeQuery("SELECT 1")) {
+            rs.next();
+            System.out.println("AFTER_REFUSAL " + rs.getInt(1));
+        }
+    }
+}

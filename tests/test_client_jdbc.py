@@ -1,0 +1,76 @@
+"""pgjdbc, the PostgreSQL JDBC driver, through dpproxy: DatabaseMetaData, Statement,
+PreparedStatement with prepareThreshold=1, a transaction and a refusal.
+
+tests/java/DpproxyJdbcCheck.java is compiled once per session against the pgjdbc jar on
+this machine and prints one fact per line; the tests check those facts.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from clients import exact_count, pgjdbc_jar, require_tool
+from conftest import TEST_DATABASE, RunningProxy
+
+_SOURCE = Path(__file__).parent / "java" / "DpproxyJdbcCheck.java"
+
+
+@pytest.fixture(scope="module")
+def jdbc_run(proxy: RunningProxy, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """Compile and run the JDBC program once; its output as KEY -> values, in order."""
+    jar = pgjdbc_jar()
+    classes = tmp_path_factory.mktemp("jdbc")
+    javac = require_tool("javac", "default-jdk-headless")
+    java = require_tool("java", "default-jdk-headless")
+    subprocess.run([javac, "-d", str(classes), "-cp", str(jar), str(_SOURCE)], check=True, timeout=120)
+    result = subprocess.run(
+        [java, "-cp", f"{jar}:{classes}", "DpproxyJdbcCheck", proxy.host, str(proxy.port), TEST_DATABASE,
+         "analyst", "analyst"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    facts: dict[str, list[str]] = defaultdict(list)
+    for line in result.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        facts[key].append(value)
+    assert facts["DONE"] == ["ok"], result.stdout
+    return facts
+
+
+def test_jdbc_metadata_lists_tables_columns_keys_and_types(jdbc_run: dict[str, list[str]]):
+    assert {"adult", "lookup"} <= set(jdbc_run["TABLE"])
+    assert "age int4" in jdbc_run["COLUMN"] and "sex text" in jdbc_run["COLUMN"]
+    assert jdbc_run["PRIMARY_KEY"] == ["code"]
+    assert int(jdbc_run["TYPES"][0]) > 50
+    assert jdbc_run["PRODUCT"][0][:2].isdigit()
+
+
+def test_jdbc_index_info_cardinality_is_not_the_row_count(jdbc_run: dict[str, list[str]], admin):
+    (index,) = jdbc_run["INDEX"]
+    name, column, cardinality, pages = index.split()
+    assert (name, column) == ("adult_age_idx", "age")
+    assert int(cardinality) != exact_count(admin)
+    assert (int(cardinality), int(pages)) == (-1, 0)  # what dpproxy reports instead of reltuples/relpages
+
+
+def test_jdbc_statement_and_prepared_statement_return_noised_counts(jdbc_run: dict[str, list[str]], admin):
+    over_30 = exact_count(admin, "age > 30")
+    assert abs(int(jdbc_run["STATEMENT_COUNT"][0]) - over_30) < 30
+    assert jdbc_run["STATEMENT_TYPE"] == ["int8"]
+    prepared = [line.split() for line in jdbc_run["PREPARED"]]
+    assert len(prepared) == 4  # the first run names the statement, the others re-Bind it in binary
+    assert all(abs(int(count) - over_30) < 30 and float(total) > 0 for count, total in prepared)
+
+
+def test_jdbc_transaction_commits(jdbc_run: dict[str, list[str]], admin):
+    assert abs(int(jdbc_run["TRANSACTION_COUNT"][0]) - exact_count(admin, "sex = 'Female'")) < 30
+    assert jdbc_run["COMMITTED"] == ["ok"]
+
+
+def test_jdbc_refusal_carries_sqlstate_and_connection_goes_on(jdbc_run: dict[str, list[str]]):
+    assert jdbc_run["REFUSED"] == ["DP001"]
+    assert jdbc_run["AFTER_REFUSAL"] == ["1"]
