@@ -24,6 +24,7 @@ __all__ = [
     "ColumnPolicy",
     "LedgerConfig",
     "ListenConfig",
+    "MetricsConfig",
     "Policy",
     "RepeatConfig",
     "TablePolicy",
@@ -83,6 +84,15 @@ class ListenConfig(_Strict):
     startup_timeout_s: float = Field(10.0, gt=0)
     idle_timeout_s: float = Field(0.0, ge=0)
     idle_in_transaction_timeout_s: float = Field(0.0, ge=0)
+    # On SIGTERM: how long running statements may take to finish before their sessions are cut.
+    shutdown_grace_s: float = Field(30.0, ge=0)
+
+
+class MetricsConfig(_Strict):
+    """Where the Prometheus metrics endpoint listens (``metrics: null``, the default: no endpoint)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(9187, ge=0, le=65535)
 
 
 class LedgerConfig(_Strict):
@@ -205,6 +215,7 @@ class Policy(_Strict):
     ledger: LedgerConfig = LedgerConfig()
     audit: AuditConfig = AuditConfig()
     repeats: RepeatConfig = RepeatConfig()
+    metrics: MetricsConfig | None = None
     users: dict[str, UserPolicy]
     tables: dict[str, TablePolicy]
 

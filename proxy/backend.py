@@ -7,6 +7,7 @@ statement_timeout; the client's credentials never reach the backend.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -19,6 +20,7 @@ from policies.tables import ColumnInfo, Relation, TableRegistry
 from rewriter.classify import ResolvedRelation
 from rewriter.references import RelationRef
 
+from .metrics import observe_backend
 from .protocol import Field
 
 __all__ = ["BackendError", "BackendSession", "BoundParams", "ResultSet", "build_registry", "connect"]
@@ -190,11 +192,14 @@ class BackendSession:
         """Send one request with libpq and wait for its single result without blocking the loop."""
         self._notices.clear()
         async with self.conn.lock:
+            started = time.perf_counter()
             try:
                 send()
                 results = await self.conn.wait(generators.execute(self.conn.pgconn))
             except psycopg.Error as exc:
                 raise _backend_error(exc) from None
+            finally:
+                observe_backend(time.perf_counter() - started)
         result = results[-1]
         if result.status == pq.ExecStatus.FATAL_ERROR:
             raise _result_error(result)

@@ -1,4 +1,9 @@
-"""The ``dpproxy`` command: serve, demo, check-config, epsilon, risk, budget."""
+"""The ``dpproxy`` command: serve, demo, check-config, epsilon, risk, budget, health, demo-load.
+
+``serve`` and ``demo`` run until SIGTERM or SIGINT (a graceful shutdown: running statements
+get ``listen.shutdown_grace_s`` to finish; a second signal cuts that short) and reload
+their policy file on SIGHUP.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from policies.loader import PolicyError, load_policy
 from policies.model import Policy
 
 from .cli_budget import add_budget_commands
+from .cli_deploy import add_deploy_commands
 from .cli_privacy import add_privacy_commands
 
 __all__ = ["main"]
@@ -56,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_privacy_commands(commands)
     add_budget_commands(commands)
+    add_deploy_commands(commands)
     return parser
 
 
@@ -83,7 +90,7 @@ def _load_or_exit(path: Path) -> Policy:
 
 def _serve(args: argparse.Namespace) -> int:
     policy = _load_or_exit(args.config)
-    return _run(policy, args.host, args.port, banner=None)
+    return _run(policy, args.config, args.host, args.port, banner=None)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -103,15 +110,15 @@ def _demo(args: argparse.Namespace) -> int:
             f'    PGPASSWORD=analyst psql "host=127.0.0.1 port={args.port} dbname=demo user=analyst"\n\n'
             "Try: SELECT COUNT(*) FROM adult WHERE age > 40;   Press Ctrl-C to stop."
         )
-        return _run(policy, "127.0.0.1", args.port, banner)
+        return _run(policy, policy_path, "127.0.0.1", args.port, banner)
     finally:
         postgres.stop()
         print("dpproxy demo: stopped.", flush=True)
 
 
-def _run(policy: Policy, host: str | None, port: int | None, banner: str | None) -> int:
+def _run(policy: Policy, config: Path, host: str | None, port: int | None, banner: str | None) -> int:
     try:
-        return asyncio.run(_serve_until_signal(policy, host, port, banner))
+        return asyncio.run(_serve_until_signal(policy, config, host, port, banner))
     except KeyboardInterrupt:
         return 0
     except OSError as exc:
@@ -119,7 +126,9 @@ def _run(policy: Policy, host: str | None, port: int | None, banner: str | None)
         return 1
 
 
-async def _serve_until_signal(policy: Policy, host: str | None, port: int | None, banner: str | None) -> int:
+async def _serve_until_signal(
+    policy: Policy, config: Path, host: str | None, port: int | None, banner: str | None
+) -> int:
     from .server import Server
 
     try:
@@ -133,11 +142,30 @@ async def _serve_until_signal(policy: Policy, host: str | None, port: int | None
         print(banner, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    reloads: set[asyncio.Task[bool]] = set()  # strong references until each reload is done
+
+    def on_stop() -> None:
+        if stop.is_set():
+            server.hurry()
+        stop.set()
+
+    def on_hangup() -> None:
+        if stop.is_set():
+            log.info("SIGHUP ignored: shutting down")
+            return
+        log.info("SIGHUP: reloading the policy from %s", config)
+        task = loop.create_task(server.reload(config))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_stop)
+    loop.add_signal_handler(signal.SIGHUP, on_hangup)
     await stop.wait()
-    log.info("shutting down")
-    await server.close()
+    grace = server.policy.listen.shutdown_grace_s
+    log.info("shutting down: no new connections; running statements have %gs to finish", grace)
+    await server.close(grace)
+    log.info("dpproxy stopped")
     return 0
 
 

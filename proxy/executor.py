@@ -22,6 +22,7 @@ from .audit import AuditEntry, timestamp
 from .audit import fingerprint as audit_fingerprint
 from .backend import BackendError, BackendSession, BoundParams, ResultSet
 from .binary import binary_from_text
+from .metrics import observe_statement
 from .protocol import Field, ProtocolError, formats_for
 from .settings import SessionSettings
 from .values import load_text
@@ -177,6 +178,8 @@ class Executor:
         return result, result.notices, None
 
     def _audit(self, text: str, decision: str, reason: str | None, cost: Cost | None, started: float) -> None:
+        latency_s = time.perf_counter() - started
+        observe_statement(decision, reason, self.user, cost.epsilon if cost else 0.0, cost.delta if cost else 0.0, latency_s)
         self.server.audit.record(
             AuditEntry(
                 at=timestamp(),
@@ -189,7 +192,7 @@ class Executor:
                 delta=cost.delta if cost else None,
                 remaining_epsilon=cost.remaining_epsilon if cost else None,
                 remaining_delta=cost.remaining_delta if cost else None,
-                latency_ms=round((time.perf_counter() - started) * 1000, 3),
+                latency_ms=round(latency_s * 1000, 3),
             )
         )
 

@@ -1,14 +1,25 @@
-"""The listening server: accepts clients, holds the policy in force, routes cancel requests."""
+"""The listening server: accepts clients, holds the policy in force, routes cancel requests.
+
+Lifecycle: ``create`` checks the policy against the backend, ``start`` listens (and serves
+metrics if the policy asks), ``reload`` puts a changed policy in force without dropping
+connections (SIGHUP), ``close`` shuts down gracefully (SIGTERM).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import ssl
+from pathlib import Path
+
+import psycopg
+
+from policies.loader import PolicyError, load_policy
 from policies.model import Policy
 from policies.tables import TableRegistry
 
-from .backend import ResultSet, build_registry, connect
+from . import metrics
+from .backend import BackendError, ResultSet, build_registry, connect
 from .audit import AuditLog
 from .budget import BudgetKeeper
 from .repeats import RepeatCache
@@ -32,64 +43,179 @@ class Server:
         self.repeats: RepeatCache[tuple[ResultSet, str]] = RepeatCache(
             policy.repeats.ttl_s, policy.repeats.max_entries, policy.repeats.enabled
         )
+        self.metrics: metrics.MetricsEndpoint | None = None
         self._sessions: dict[int, Session] = {}
         self._server: asyncio.base_events.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._connections: dict[asyncio.Task[None], Session] = {}
+        self._closing = False
+        self._hurry = asyncio.Event()
+        self._reloading = asyncio.Lock()
 
     @classmethod
     async def create(cls, policy: Policy) -> "Server":
         """Connect to the backend once to resolve the policy's tables and learn its database."""
-        backend = await connect(policy)
-        try:
-            registry = await build_registry(backend, policy)
-            database = backend.conn.info.dbname
-        finally:
-            await backend.close()
+        registry, database = await _resolve(policy)
         return cls(policy, registry, database)
 
     async def start(self, host: str | None = None, port: int | None = None) -> tuple[str, int]:
-        """Start listening; return the bound (host, port) (port 0 picks a free one)."""
+        """Start listening (and the metrics endpoint, if configured); return the bound (host, port).
+
+        Port 0 picks a free one. Raises OSError if an address cannot be bound.
+        """
         listen = self.policy.listen
-        self._server = await asyncio.start_server(
-            self._accept, host or listen.host, listen.port if port is None else port, limit=2**20
-        )
+        if self.policy.metrics is not None:
+            self.metrics = metrics.MetricsEndpoint(self.policy.metrics.host, self.policy.metrics.port)
+        try:
+            self._server = await asyncio.start_server(
+                self._accept, host or listen.host, listen.port if port is None else port, limit=2**20
+            )
+        except OSError:
+            self._close_metrics()
+            raise
         sockname = self._server.sockets[0].getsockname()
         log.info("dpproxy listening on %s:%s for database %s", sockname[0], sockname[1], self.database)
         return sockname[0], sockname[1]
+
+    async def reload(self, path: str | Path) -> bool:
+        """Put the policy at ``path`` in force; True if it was, False if it was refused.
+
+        The new policy is validated and checked against the backend first; any problem is
+        logged (file:line: key: what) and the policy in force stays. Open connections keep
+        running: each statement reads the policy and table registry in force when it is
+        planned, plans made earlier (prepared statements) are planned again, and sessions of
+        users the new policy no longer lists end with 57P01 after their current statement.
+        The audit log is reopened (log rotation). listen.host/port, ledger and metrics
+        changes take effect at the next restart; that is logged.
+        """
+        async with self._reloading:  # one at a time: the last file read is the one in force
+            try:
+                prepared = await self._prepare(Path(path))
+            except PolicyError as exc:
+                for problem in exc.problems:
+                    log.error("reload refused: %s", problem)
+                log.error("policy %s was not reloaded; the policy in force is unchanged", path)
+                metrics.policy_reloaded(False)
+                return False
+            self._apply(*prepared)
+        metrics.policy_reloaded(True)
+        log.info("policy %s reloaded: %d users, %d tables", path, len(self.policy.users), len(self.policy.tables))
+        return True
+
+    async def _prepare(self, path: Path) -> tuple[Policy, TableRegistry, ssl.SSLContext | None, AuditLog | None]:
+        """Everything a reload swaps in, or PolicyError saying why not; changes nothing."""
+        policy = load_policy(path)
+        try:
+            registry, database = await _resolve(policy)
+        except PolicyError as exc:
+            raise PolicyError([f"{path}: {problem}" for problem in exc.problems]) from None
+        except (psycopg.Error, BackendError) as exc:
+            raise PolicyError([f"{path}: backend: {str(exc).strip()}"]) from None
+        if database != self.database:
+            raise PolicyError([f"{path}: backend: the database changed from {self.database} to {database}; "
+                               "that takes a restart"])
+        try:
+            tls = _tls_context(policy)
+            audit = AuditLog.from_config(policy.audit) if policy.audit != self.policy.audit else None
+        except OSError as exc:  # ssl.SSLError is one too
+            raise PolicyError([f"{path}: {exc}"]) from None
+        return policy, registry, tls, audit
+
+    def _apply(self, policy: Policy, registry: TableRegistry, tls: ssl.SSLContext | None, audit: AuditLog | None) -> None:
+        """Swap in a checked policy (no awaits: no statement sees half of it)."""
+        for key in _restart_only_changes(self.policy, policy):
+            log.warning("policy reload: %s changed; that takes effect when dpproxy restarts", key)
+        self.policy, self.registry, self.tls = policy, registry, tls
+        self.budget.policy = policy
+        self.repeats.enabled = policy.repeats.enabled
+        self.repeats.ttl_s = policy.repeats.ttl_s
+        self.repeats.max_entries = policy.repeats.max_entries
+        if audit is None:
+            self.audit.reopen()
+        else:
+            self.audit, old_audit = audit, self.audit
+            old_audit.close()
+        for session in list(self._sessions.values()):
+            if session.executor is not None:
+                session.executor.generation += 1  # plans made under the old policy are stale
+            if session.user not in policy.users:
+                session.shut_down()
 
     async def serve_forever(self) -> None:
         assert self._server is not None
         async with self._server:
             await self._server.serve_forever()
 
-    async def close(self) -> None:
-        """Stop accepting, then end every session."""
+    async def close(self, grace_s: float = 0.0) -> None:
+        """Shut down: stop accepting, let running statements finish, end every session.
+
+        New connections are refused at once. Sessions waiting for a message end at once with
+        FATAL 57P01; a session handling a message answers it first, then gets 57P01. After
+        ``grace_s`` seconds (or ``hurry``) the statements still running are cancelled on the
+        backend and their sessions end with 57P01. Then the ledger, the audit log and the
+        metrics endpoint are closed.
+        """
+        self._closing = True
         if self._server is not None:
             self._server.close()
+        for session in list(self._connections.values()):
+            session.shut_down()
+        if self._connections:
+            finished = asyncio.ensure_future(asyncio.wait(list(self._connections)))
+            hurry = asyncio.ensure_future(self._hurry.wait())
+            await asyncio.wait({finished, hurry}, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED)
+            finished.cancel()
+            hurry.cancel()
+        await self._cut_off(list(self._connections.items()))
+        if self._server is not None:
             await self._server.wait_closed()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._close_metrics()
         self.budget.close()
         self.audit.close()
 
+    def hurry(self) -> None:
+        """End the grace period of a running ``close`` now (a second SIGTERM or Ctrl-C)."""
+        self._hurry.set()
+
+    async def _cut_off(self, late: list[tuple[asyncio.Task[None], Session]]) -> None:
+        """Cancel the backend statements of sessions still running, then end them."""
+        busy = [session for _, session in late if session.busy]
+        if busy:
+            log.warning("grace period over: cancelling %d running statements", len(busy))
+            await asyncio.wait([asyncio.ensure_future(s.cancel()) for s in busy], timeout=5)
+        for task, _ in late:
+            task.cancel()
+        await asyncio.gather(*(task for task, _ in late), return_exceptions=True)
+
+    def _close_metrics(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._closing:  # accepted just before the listener closed
+            writer.close()
+            return
         task = asyncio.current_task()
         assert task is not None
-        self._tasks.add(task)
+        session = Session(self, reader, writer)
+        self._connections[task] = session
         try:
-            await Session(self, reader, writer).run()
+            await session.run()
+        except asyncio.CancelledError:
+            pass  # cancelled again while closing (close's cut-off): the session is over either way
         finally:
-            self._tasks.discard(task)
+            del self._connections[task]
 
     # ------------------------------------------------------------ sessions
 
     def register(self, session: Session) -> None:
         self._sessions[session.pid] = session
+        metrics.connection_opened()
 
     def unregister(self, session: Session) -> None:
         if self._sessions.get(session.pid) is session:
             del self._sessions[session.pid]
+            metrics.connection_closed()
 
     async def cancel(self, pid: int, secret: int) -> None:
         """Cancel the backend query of the session with this key, if the secret matches."""
@@ -100,6 +226,27 @@ class Server:
     @property
     def session_count(self) -> int:
         return len(self._sessions)
+
+
+async def _resolve(policy: Policy) -> tuple[TableRegistry, str]:
+    """The policy's tables resolved on its backend, and the backend's database name."""
+    backend = await connect(policy)
+    try:
+        return await build_registry(backend, policy), backend.conn.info.dbname
+    finally:
+        await backend.close()
+
+
+def _restart_only_changes(old: Policy, new: Policy) -> list[str]:
+    """The policy keys whose change a reload cannot apply to a running process."""
+    changed = []
+    if (old.listen.host, old.listen.port) != (new.listen.host, new.listen.port):
+        changed.append("listen.host/listen.port")
+    if old.ledger != new.ledger:
+        changed.append("ledger")
+    if old.metrics != new.metrics:
+        changed.append("metrics")
+    return changed
 
 
 def _tls_context(policy: Policy) -> ssl.SSLContext | None:

@@ -29,6 +29,7 @@ __all__ = ["Session"]
 log = logging.getLogger("dpproxy.session")
 
 _FLUSHING = frozenset({b"Q", b"S", b"H", b"F"})
+_ADMIN_SHUTDOWN = "terminating connection due to administrator command"
 
 
 class Session:
@@ -48,10 +49,16 @@ class Session:
         self._reported: dict[str, str] = {}
         self._reported_generation = 0
         self._out: list[bytes] = []
+        # For a graceful shutdown (Server.close): busy from a message's arrival until the
+        # session waits for the next one; shut_down ends an idle session at once.
+        self.busy = False
+        self.shutting_down = False
+        self._task: asyncio.Task[object] | None = None
 
     # ------------------------------------------------------------ lifecycle
 
     async def run(self) -> None:
+        self._task = asyncio.current_task()
         try:
             try:
                 async with asyncio.timeout(self.server.policy.listen.startup_timeout_s):
@@ -65,7 +72,7 @@ class Session:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the client went away; nothing to answer
         except asyncio.CancelledError:
-            await self._fatal(SQLSTATE.ADMIN_SHUTDOWN, "terminating connection due to administrator command")
+            await self._fatal(SQLSTATE.ADMIN_SHUTDOWN, _ADMIN_SHUTDOWN)
         except ProtocolError as exc:
             await self._fatal(exc.sqlstate, exc.message)
         except Refusal as exc:
@@ -172,7 +179,12 @@ class Session:
         limit = self.server.policy.listen.max_message_bytes
         assert self.executor is not None and self.extended is not None
         while True:
+            self.busy = False
+            if self.shutting_down:
+                await self._fatal(SQLSTATE.ADMIN_SHUTDOWN, _ADMIN_SHUTDOWN)
+                return
             kind, payload = await self._next_message(limit)
+            self.busy = True
             if kind == b"Q":
                 self.extended.forget_unnamed()
                 await self._simple_query(protocol.decode_cstring(payload, "Query"))
@@ -287,6 +299,13 @@ class Session:
     async def cancel(self) -> None:
         if self.backend is not None:
             await self.backend.cancel()
+
+    def shut_down(self) -> None:
+        """End this session with FATAL 57P01: at once if it is waiting for a message, else
+        right after it has answered the message it is handling."""
+        self.shutting_down = True
+        if not self.busy and self._task is not None:
+            self._task.cancel()
 
 
 def _begins_transaction(statement: Statement) -> bool:

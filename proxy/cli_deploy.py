@@ -1,0 +1,81 @@
+"""``dpproxy health`` and ``dpproxy demo-load``: the commands the container image runs.
+
+``health`` is the image's HEALTHCHECK: exit 0 when dpproxy answers on host:port, 1 when
+not (the reason on stderr). ``demo-load`` is docker-compose.yml's one-shot loader: the
+demo database, service role and policy on a PostgreSQL server of your own; exit 0 when
+the policy is written and valid, 1 when the server cannot be reached or a password
+variable is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["add_deploy_commands"]
+
+
+def add_deploy_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register ``health`` and ``demo-load`` on the ``dpproxy`` sub-command parser."""
+    health = commands.add_parser("health", help="exit 0 if a dpproxy answers on host:port (container HEALTHCHECK)")
+    health.add_argument("--host", default="127.0.0.1")
+    health.add_argument("--port", type=int, default=6432)
+    health.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    health.set_defaults(run=_health)
+
+    load = commands.add_parser(
+        "demo-load", help="create the demo database, service role and policy on a PostgreSQL of your own"
+    )
+    load.add_argument("--admin-dsn", required=True, help="libpq URI of a superuser (password via PGPASSWORD)")
+    load.add_argument("--policy-out", required=True, type=Path, help="where to write the policy")
+    load.add_argument("--database", default="demo")
+    load.add_argument("--service-password-env", metavar="VAR",
+                      help="set the service role's password to this environment variable's value")
+    load.add_argument("--listen-host", default="127.0.0.1", help="listen.host of the written policy")
+    load.add_argument("--port", type=int, default=6432, help="listen.port of the written policy")
+    load.add_argument("--ledger", type=Path, default=Path("dpproxy-ledger.sqlite3"), help="SQLite ledger file")
+    load.add_argument("--metrics-port", type=int, help="serve metrics on listen-host:PORT (default: none)")
+    load.set_defaults(run=_demo_load)
+
+
+def _health(args: argparse.Namespace) -> int:
+    from .health import HealthError, probe
+
+    try:
+        mode = probe(args.host, args.port, args.timeout)
+    except (OSError, HealthError) as exc:
+        print(f"dpproxy health: {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    print(f"dpproxy health: {args.host}:{args.port} answers ({mode})")
+    return 0
+
+
+def _demo_load(args: argparse.Namespace) -> int:
+    import psycopg
+
+    from policies.loader import PolicyError
+
+    from .demo_load import load_demo
+
+    password = None
+    if args.service_password_env:
+        password = os.environ.get(args.service_password_env)
+        if not password:
+            print(f"dpproxy demo-load: environment variable {args.service_password_env} is not set", file=sys.stderr)
+            return 1
+    try:
+        policy = load_demo(
+            args.admin_dsn, args.policy_out, database=args.database, service_password=password,
+            listen_host=args.listen_host, port=args.port, ledger=args.ledger, metrics_port=args.metrics_port,
+        )
+    except psycopg.Error as exc:
+        print(f"dpproxy demo-load: {str(exc).strip()}", file=sys.stderr)
+        return 1
+    except PolicyError as exc:  # pragma: no cover - the template is tested
+        print("\n".join(exc.problems), file=sys.stderr)
+        return 1
+    print(f"dpproxy demo-load: database {args.database} ready; policy written to {args.policy_out} "
+          f"(listen {policy.listen.host}:{policy.listen.port})")
+    return 0

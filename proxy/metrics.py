@@ -1,0 +1,116 @@
+"""Prometheus metrics: what dpproxy decided, how long it took, what it charged, who is connected.
+
+Contract
+--------
+* Every metric object lives here, in prometheus_client's default registry (so the process
+  and Python collectors come along). Callers use the ``observe_*`` functions and the
+  connection gauge helpers, never the objects.
+* ``observe_statement`` is called once per statement, where its outcome is known (the
+  executor's audit hook). Labels are bounded sets: the decision (``dp``, ``passthrough``,
+  ``command``, ``refused``, ``error``), the reason (a refusal rule or a SQLSTATE, empty
+  when answered) and the login name (users come from the policy).
+* No metric carries a result, an exact value or statement text. Latencies of DP queries
+  do depend on the data (how many rows match a filter), which is why the endpoint is for
+  operators only (docs/threat-model.md).
+* ``MetricsEndpoint`` serves ``/metrics`` over HTTP from a daemon thread; ``close`` frees
+  the port.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Final
+
+from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics, start_http_server
+
+__all__ = [
+    "MetricsEndpoint",
+    "connection_closed",
+    "connection_opened",
+    "observe_backend",
+    "observe_statement",
+    "policy_reloaded",
+]
+
+log = logging.getLogger("dpproxy.metrics")
+
+disable_created_metrics()  # no *_created series: they double the output and nobody graphs them
+
+# Catalog round trips take a millisecond; sample-and-aggregate over a large table, seconds.
+_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+# The refusal rule of DP002 (policies.errors / proxy.budget): the budget could not pay.
+BUDGET_RULE: Final = "budget"
+
+STATEMENTS = Counter(
+    "dpproxy_statements",
+    "Statements by what dpproxy decided: dp, passthrough, command, refused (reason: the rule) "
+    "or error (reason: the SQLSTATE).",
+    ["decision", "reason"],
+)
+STATEMENT_SECONDS = Histogram(
+    "dpproxy_statement_duration_seconds",
+    "End-to-end time of one statement in dpproxy, from planning to its answer, by decision.",
+    ["decision"],
+    buckets=_BUCKETS,
+)
+BACKEND_SECONDS = Histogram(
+    "dpproxy_backend_duration_seconds",
+    "Time of one round trip to the backend PostgreSQL (send to last result).",
+    buckets=_BUCKETS,
+)
+EPSILON = Counter("dpproxy_epsilon_charged", "Privacy budget ε charged, per user.", ["user"])
+DELTA = Counter("dpproxy_delta_charged", "Privacy budget δ charged, per user.", ["user"])
+BUDGET_REFUSALS = Counter(
+    "dpproxy_budget_refusals", "DP queries refused because the user's budget could not pay (DP002).", ["user"]
+)
+CONNECTIONS = Gauge("dpproxy_open_connections", "Authenticated client sessions open now.")
+RELOADS = Counter("dpproxy_policy_reloads", "Policy reloads (SIGHUP) by outcome: applied or refused.", ["outcome"])
+
+
+def observe_statement(
+    decision: str, reason: str | None, user: str, epsilon: float, delta: float, latency_s: float
+) -> None:
+    """Count one statement with its decision and reason, its latency, and what it charged."""
+    STATEMENTS.labels(decision, reason or "").inc()
+    STATEMENT_SECONDS.labels(decision).observe(latency_s)
+    if epsilon > 0 and math.isfinite(epsilon):
+        EPSILON.labels(user).inc(epsilon)
+    if delta > 0 and math.isfinite(delta):
+        DELTA.labels(user).inc(delta)
+    if decision == "refused" and reason == BUDGET_RULE:
+        BUDGET_REFUSALS.labels(user).inc()
+
+
+def observe_backend(latency_s: float) -> None:
+    """Record one backend round trip."""
+    BACKEND_SECONDS.observe(latency_s)
+
+
+def connection_opened() -> None:
+    CONNECTIONS.inc()
+
+
+def connection_closed() -> None:
+    CONNECTIONS.dec()
+
+
+def policy_reloaded(applied: bool) -> None:
+    RELOADS.labels("applied" if applied else "refused").inc()
+
+
+class MetricsEndpoint:
+    """The ``/metrics`` HTTP endpoint on (host, port), served from a daemon thread."""
+
+    def __init__(self, host: str, port: int):
+        """Bind and start serving; raise OSError if the address cannot be bound."""
+        self._server, self._thread = start_http_server(port, host)
+        bound = self._server.server_address
+        self.host, self.port = str(bound[0]), int(bound[1])
+        log.info("metrics on http://%s:%s/metrics", self.host, self.port)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)

@@ -1,0 +1,106 @@
+"""The commands the container runs: ``dpproxy health`` (HEALTHCHECK) and ``dpproxy demo-load``
+(the compose stack's loader), against the test PostgreSQL and real dpproxy servers."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from conftest import TEST_DATABASE, RunningProxy, TestDatabase
+from policies.loader import load_policy
+from proxy.demo import SERVICE_ROLE
+from proxy.health import probe
+from test_auth_tls_cancel import _tls_proxy, certificate  # noqa: F401 - a fixture, used by name
+from test_cli import _free_port
+
+
+def _dpproxy(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})})
+
+
+def test_health_exits_0_when_dpproxy_answers_and_1_when_nothing_listens(proxy: RunningProxy):
+    answered = _dpproxy("health", "--host", proxy.host, "--port", str(proxy.port))
+    assert answered.returncode == 0, answered.stderr
+    assert "answers (plain)" in answered.stdout
+    refused = _dpproxy("health", "--port", str(_free_port()), "--timeout", "2")
+    assert refused.returncode == 1
+    assert "Connection refused" in refused.stderr
+
+
+def test_health_completes_the_tls_handshake_when_tls_is_on(test_db, certificate, tmp_path, caplog):  # noqa: F811
+    tls_proxy = _tls_proxy(test_db, certificate, tmp_path, required=True)
+    try:
+        with caplog.at_level(logging.INFO, logger="dpproxy"):
+            assert probe(tls_proxy.host, tls_proxy.port) == "tls"
+            assert probe(tls_proxy.host, tls_proxy.port) == "tls"
+        with tls_proxy.connect(sslmode="require") as conn:  # the probes left the server serving
+            conn.execute("SELECT 1")
+    finally:
+        tls_proxy.stop()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def test_health_probe_opens_no_session(proxy: RunningProxy):
+    before = proxy.server.session_count
+    assert probe(proxy.host, proxy.port) == "plain"
+    assert proxy.server.session_count == before
+
+
+@pytest.fixture
+def unset_service_password(test_db: TestDatabase) -> Iterator[None]:
+    yield
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER ROLE {SERVICE_ROLE} PASSWORD NULL")
+
+
+def test_demo_load_writes_a_policy_that_dpproxy_serves(
+    pg_admin_dsn: str, test_db: TestDatabase, tmp_path: Path, unset_service_password: None
+):
+    out = tmp_path / "etc" / "policy.yaml"
+    args = ["demo-load", "--admin-dsn", pg_admin_dsn, "--database", TEST_DATABASE, "--policy-out", str(out),
+            "--service-password-env", "SERVICE_PW", "--port", "0", "--metrics-port", "0",
+            "--ledger", str(tmp_path / "ledger.sqlite3")]
+    for _ in range(2):  # idempotent: the compose loader runs on every `docker compose up`
+        loaded = _dpproxy(*args, env={"SERVICE_PW": "s3cret"})
+        assert loaded.returncode == 0, loaded.stderr
+    assert f"policy written to {out}" in loaded.stdout
+
+    text = out.read_text()
+    assert "s3cret" not in text and "password" not in text.split("users:")[0]
+    policy = load_policy(out)
+    assert policy.metrics is not None and policy.metrics.port == 0
+    assert policy.backend.dsn is not None and f"user={SERVICE_ROLE}" in policy.backend.dsn
+    assert policy.users["analyst"].budget.epsilon == 1000
+    with psycopg.connect(test_db.admin_dsn) as conn:
+        (stored,) = conn.execute("SELECT rolpassword FROM pg_authid WHERE rolname = %s", (SERVICE_ROLE,)).fetchone()
+    assert stored is not None and stored.startswith("SCRAM-SHA-256$")
+
+    served = RunningProxy(policy)
+    try:
+        with served.connect() as conn:
+            notices: list[str] = []
+            conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+            assert conn.execute("SELECT COUNT(*) FROM adult").fetchone()[0] > 40000
+        assert "ε charged 1," in notices[0]
+        assert served.server.metrics is not None
+    finally:
+        served.stop()
+
+
+def test_demo_load_fails_cleanly_without_a_server_or_a_password(tmp_path: Path):
+    out = tmp_path / "policy.yaml"
+    unreachable = _dpproxy("demo-load", "--admin-dsn", f"postgresql://postgres@127.0.0.1:{_free_port()}/postgres",
+                           "--policy-out", str(out))
+    assert unreachable.returncode == 1 and "dpproxy demo-load:" in unreachable.stderr
+    no_password = _dpproxy("demo-load", "--admin-dsn", "postgresql://postgres@127.0.0.1/postgres",
+                           "--policy-out", str(out), "--service-password-env", "DPPROXY_TEST_UNSET_VARIABLE")
+    assert no_password.returncode == 1 and "DPPROXY_TEST_UNSET_VARIABLE is not set" in no_password.stderr
+    assert not out.exists()
