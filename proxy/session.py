@@ -12,6 +12,7 @@ import secrets
 from typing import TYPE_CHECKING
 
 from policies.errors import SQLSTATE, Refusal
+from rewriter.catalog import exact_floats
 from rewriter.statements import Statement, split_statements
 
 from . import protocol
@@ -131,6 +132,9 @@ class Session:
                 f'database "{database}" does not exist',
                 f'dpproxy serves the database "{self.server.database}".',
             )
+        if not exact_floats("extra_float_digits", params.get("extra_float_digits", "1")):
+            raise Refusal(SQLSTATE.INVALID_PARAMETER_VALUE,
+                          "extra_float_digits below 1 is not allowed through dpproxy (rule: exact-floats)")
         self.backend = await connect(policy, params)
         self.executor = Executor(self.server, self.backend, self.user, self.peer)
         self.extended = ExtendedProtocol(self.executor, self._out)

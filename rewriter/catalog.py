@@ -18,6 +18,7 @@ __all__ = [
     "SAFE_SETTINGS",
     "allowed_catalog_relation",
     "allowed_function",
+    "exact_floats",
 ]
 
 CATALOG_SCHEMAS = frozenset({"pg_catalog", "information_schema"})
@@ -110,6 +111,21 @@ SAFE_SETTINGS = frozenset(
         "transaction", "session characteristics",
     }
 )
+
+
+def exact_floats(name: str, value: str | None) -> bool:
+    """False for an ``extra_float_digits`` below 1 (or not a literal integer).
+
+    Below 1 PostgreSQL prints float8/float4 rounded, and DP sums and partition values of
+    float columns reach dpproxy as text: a rounded exact value can move by far more than one
+    row's contribution, which the noise does not cover. At 1 and above output is exact.
+    """
+    if name.lower() != "extra_float_digits":
+        return True
+    try:
+        return value is not None and int(value.strip().strip("'")) >= 1
+    except ValueError:
+        return False
 
 
 def allowed_catalog_relation(schema: str, name: str) -> bool:

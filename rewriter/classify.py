@@ -13,7 +13,7 @@ from typing import Any, Mapping, Union
 from policies.errors import SQLSTATE, Refusal
 from policies.tables import Relation, TableRegistry
 
-from .catalog import CATALOG_SCHEMAS, SAFE_SETTINGS, allowed_catalog_relation, allowed_function
+from .catalog import CATALOG_SCHEMAS, SAFE_SETTINGS, allowed_catalog_relation, allowed_function, exact_floats
 from .dp_query import AggregateQuery, plan_aggregate_query
 from .neutralise import neutralise_pg_class
 from .references import RelationRef
@@ -278,6 +278,9 @@ def _check_set_config(node: Any) -> None:
                 "Only presentation and session settings may be changed: " + ", ".join(sorted(SAFE_SETTINGS)),
                 "safe-settings",
             )
+        second = args[1].get("A_Const", {}).get("sval", {}).get("sval") if len(args) > 1 else None
+        if not exact_floats(first, second):
+            raise _inexact_floats()
 
 
 def _function_calls(node: Any, name: str) -> list[dict[str, Any]]:
@@ -340,7 +343,18 @@ def _set(statement: Statement) -> Decision:
             "safe-settings",
         )
     _refuse_read_write(node.get("args") or [])
+    if kind != "VAR_SET_DEFAULT" and not exact_floats(name, _set_value(node)):
+        raise _inexact_floats()
     return Passthrough(statement.text)
+
+
+def _inexact_floats() -> Refusal:
+    return Refusal(
+        SQLSTATE.INVALID_PARAMETER_VALUE,
+        "extra_float_digits below 1 is not allowed through dpproxy (rule: exact-floats)",
+        "Rounded float output would weaken the noise on float aggregates; use 1, 2 or 3 (1 is PostgreSQL's default).",
+        "exact-floats",
+    )
 
 
 def _set_value(node: dict[str, Any]) -> str | None:

@@ -80,7 +80,8 @@ ATTACKS: dict[str, list[str]] = {
         "ALTER TABLE adult ADD COLUMN x int", "GRANT SELECT ON adult TO PUBLIC", "COMMENT ON TABLE adult IS 'x'",
         "CHECKPOINT", "CREATE TEMP TABLE t AS SELECT 1", "SELECT set_config('role', 'postgres', false)",
         "SELECT set_config('default_transaction_read_only', 'off', false)", "SELECT setseed(0.5)",
-        "SET seed = 0.5", "PREPARE TRANSACTION 'x'",
+        "SET seed = 0.5", "PREPARE TRANSACTION 'x'", "SET extra_float_digits = -15",
+        "SELECT set_config('extra_float_digits', '-15', false)",
     ],
     "catalog": [
         "SELECT * FROM pg_statistic", "SELECT * FROM pg_stats", "SELECT most_common_vals FROM pg_stats WHERE tablename = 'adult'",
