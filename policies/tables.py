@@ -53,7 +53,7 @@ def _escape(identifier: str) -> str:
     return identifier.replace('"', '""')
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: a reload makes a new one
 class TableRegistry:
     """The policy's relations by OID, and the backend's pg_class column list (for neutralising)."""
 

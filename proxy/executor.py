@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Callable
 from policies.errors import SQLSTATE, Refusal
-from rewriter.classify import Deallocate, DPQuery, Decision, DpproxyCommand, Passthrough, classify
+from rewriter.classify import Deallocate, DPQuery, Decision, DpproxyCommand, Passthrough, ResolvedRelation, classify
+from rewriter.references import RelationRef
 from rewriter.rewrite import backend_sql
 from rewriter.statements import Statement, split_statements
 
@@ -66,6 +67,8 @@ class Executor:
         # Set by the session: drops client prepared statements (None: all); False if unknown.
         self.deallocate: Callable[[str | None], bool] = lambda name: name is None
         self.generation = 0  # bumped by anything that may change search_path
+        self._resolved: dict[tuple[RelationRef, ...], dict[RelationRef, ResolvedRelation | None]] = {}
+        self._resolved_generation = 0
 
     def transaction_status(self) -> bytes:
         return self.backend.transaction_status
@@ -83,14 +86,33 @@ class Executor:
 
     async def plan(self, statement: Statement) -> Plan:
         started = time.perf_counter()
-        refs = statement.references.relations
-        resolved = await self.backend.resolve(refs) if refs else {}
+        resolved = await self._resolve(statement.references.relations)
         try:
             decision = classify(statement, resolved, self.server.registry)
         except Refusal as exc:
             self._audit(statement.text, "refused", exc.rule, None, started)
             raise
         return Plan(statement, decision, self.generation)
+
+    async def _resolve(self, refs: tuple[RelationRef, ...]) -> dict[RelationRef, ResolvedRelation | None]:
+        """Relation names to backend identities, remembered until search_path may have moved.
+
+        Only dpproxy's own sessions could move it, and every such statement bumps the
+        generation; relations created or dropped meanwhile by an administrator are seen
+        after the next generation change (analysts cannot create relations).
+        """
+        if not refs:
+            return {}
+        if self._resolved_generation != self.generation:
+            self._resolved.clear()
+            self._resolved_generation = self.generation
+        resolved = self._resolved.get(refs)
+        if resolved is None:
+            resolved = await self.backend.resolve(refs)
+            if len(self._resolved) >= 1024:
+                self._resolved.clear()
+            self._resolved[refs] = resolved
+        return resolved
 
     async def _current(self, plan: Plan) -> Plan:
         if plan.statement is None or plan.generation == self.generation:

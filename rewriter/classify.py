@@ -8,6 +8,7 @@ as strings against the policy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Mapping, Union
 
 from policies.errors import SQLSTATE, Refusal
@@ -107,8 +108,19 @@ def classify(
     """Decide ``statement``'s fate; raise Refusal with SQLSTATE, message and hint if refused.
 
     ``resolved`` maps each relation the statement references to its backend identity
-    (None: no such relation, or only a CTE of that name).
+    (None: no such relation, or only a CTE of that name). The decision is a pure function of
+    the three, so it is cached (refusals are not).
     """
+    return _classify(statement, tuple(resolved.items()), registry)
+
+
+@lru_cache(maxsize=8192)
+def _classify(
+    statement: Statement,
+    resolved_items: tuple[tuple[RelationRef, ResolvedRelation | None], ...],
+    registry: TableRegistry,
+) -> Decision:
+    resolved = dict(resolved_items)
     kind = statement.kind
     if kind == "SelectStmt":
         return _select(statement, resolved, registry)
