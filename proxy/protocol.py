@@ -236,13 +236,18 @@ def decode_bind(payload: bytes) -> Bind:
     return Bind(portal, statement, formats, tuple(values), results)
 
 
-def decode_describe(payload: bytes) -> Describe:
-    cur = _Cursor(payload, "Describe")
+def _target(payload: bytes, what: str) -> tuple[bytes, str]:
+    """The (b"S" statement | b"P" portal, name) that Describe and Close address."""
+    cur = _Cursor(payload, what)
     kind, name = cur.byte(), cur.cstring()
     cur.end()
     if kind not in (b"S", b"P"):
-        raise ProtocolError(f"invalid Describe target {kind!r}")
-    return Describe(kind, name)
+        raise ProtocolError(f"invalid {what} target {kind!r}")
+    return kind, name
+
+
+def decode_describe(payload: bytes) -> Describe:
+    return Describe(*_target(payload, "Describe"))
 
 
 def decode_execute(payload: bytes) -> Execute:
@@ -253,12 +258,7 @@ def decode_execute(payload: bytes) -> Execute:
 
 
 def decode_close(payload: bytes) -> Close:
-    cur = _Cursor(payload, "Close")
-    kind, name = cur.byte(), cur.cstring()
-    cur.end()
-    if kind not in (b"S", b"P"):
-        raise ProtocolError(f"invalid Close target {kind!r}")
-    return Close(kind, name)
+    return Close(*_target(payload, "Close"))
 
 
 def formats_for(codes: Sequence[int], count: int) -> tuple[int, ...]:
