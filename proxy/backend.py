@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 
 import psycopg
 from psycopg import generators, pq
@@ -23,7 +23,10 @@ from rewriter.references import RelationRef
 from .metrics import observe_backend
 from .protocol import Field
 
-__all__ = ["BackendError", "BackendSession", "BoundParams", "ResultSet", "build_registry", "connect"]
+__all__ = [
+    "BackendError", "BackendSession", "BoundParams", "ResultSet", "build_registry", "connect", "lazy_session",
+    "startup_key",
+]
 
 # Parameters PostgreSQL reports to clients at startup (and after a SET of one of them).
 REPORTED_PARAMETERS = (
@@ -71,8 +74,8 @@ class ResultSet:
     notices: list[str] = field(default_factory=list)
 
 
-async def connect(policy: Policy, startup: Mapping[str, str] | None = None) -> "BackendSession":
-    """Open a read-only backend session for one client, applying its safe startup parameters."""
+def _opener(policy: Policy, startup: Mapping[str, str] | None) -> Callable[[], Awaitable[psycopg.AsyncConnection[Any]]]:
+    """How to open a read-only backend connection carrying the client's safe startup parameters."""
     options = {
         "default_transaction_read_only": "on",
         "statement_timeout": str(policy.backend.statement_timeout_ms),
@@ -81,14 +84,39 @@ async def connect(policy: Policy, startup: Mapping[str, str] | None = None) -> "
         name = _FORWARDED_STARTUP.get(key.lower())
         if name is not None:
             options[name] = value.strip("'\"") if name == "client_encoding" else value
-    conn = await psycopg.AsyncConnection.connect(
-        policy.backend.dsn or "",
-        autocommit=True,
-        prepare_threshold=None,
-        connect_timeout=max(1, int(policy.backend.connect_timeout_s)),
-        options=" ".join(f"-c {_escape_option(k)}={_escape_option(v)}" for k, v in options.items()),
-    )
-    return BackendSession(conn)
+
+    async def open_connection() -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(
+            policy.backend.dsn or "",
+            autocommit=True,
+            prepare_threshold=None,
+            connect_timeout=max(1, int(policy.backend.connect_timeout_s)),
+            options=" ".join(f"-c {_escape_option(k)}={_escape_option(v)}" for k, v in options.items()),
+        )
+
+    return open_connection
+
+
+async def connect(policy: Policy, startup: Mapping[str, str] | None = None) -> "BackendSession":
+    """A backend session whose connection is open now (its parameters are needed at once)."""
+    opener = _opener(policy, startup)
+    return BackendSession(opener, await opener())
+
+
+def lazy_session(policy: Policy, startup: Mapping[str, str] | None, reported: Mapping[str, str]) -> "BackendSession":
+    """A backend session that connects at its first statement.
+
+    ``reported`` stands in for the backend's ParameterStatus values until then: the values
+    an earlier connection with the same startup settings reported. Idle clients thus hold no
+    PostgreSQL connection (max_connections stays for the ones that query).
+    """
+    return BackendSession(_opener(policy, startup), None, reported)
+
+
+def startup_key(startup: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The startup settings that shape a backend session's reported parameters."""
+    return tuple(sorted((k.lower(), v) for k, v in startup.items()
+                        if k.lower() in _FORWARDED_STARTUP and k.lower() != "application_name"))
 
 
 def _escape_option(text: str) -> str:
@@ -96,68 +124,78 @@ def _escape_option(text: str) -> str:
 
 
 class BackendSession:
-    """One backend connection and the operations the proxy needs from it."""
+    """One client's backend connection (opened on first use) and what the proxy needs from it."""
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any]):
-        self.conn = conn
+    def __init__(
+        self,
+        opener: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
+        conn: psycopg.AsyncConnection[Any] | None = None,
+        reported: Mapping[str, str] | None = None,
+    ):
+        self._open = opener
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._reported = dict(reported or {})
         self._notices: list[str] = []
+        if conn is not None:
+            self._adopt(conn)
+
+    def _adopt(self, conn: psycopg.AsyncConnection[Any]) -> None:
         conn.add_notice_handler(lambda diag: self._notices.append(diag.message_primary or ""))
+        self._conn = conn
+
+    async def connection(self) -> psycopg.AsyncConnection[Any]:
+        """The open connection, connecting now if this is the session's first statement."""
+        if self._conn is None:
+            try:
+                self._adopt(await self._open())
+            except psycopg.Error as exc:
+                raise _backend_error(exc) from None
+        assert self._conn is not None
+        return self._conn
 
     @property
     def transaction_status(self) -> bytes:
         """The ReadyForQuery status byte matching the backend's transaction state."""
-        status = self.conn.info.transaction_status
+        if self._conn is None:
+            return b"I"
+        status = self._conn.info.transaction_status
         if status == pq.TransactionStatus.INTRANS:
             return b"T"
         if status == pq.TransactionStatus.INERROR:
             return b"E"
         return b"I"
 
-    def parameter(self, name: str) -> str | None:
-        return self.conn.info.parameter_status(name)
-
     def reported_parameters(self) -> dict[str, str]:
+        if self._conn is None:
+            return dict(self._reported)
         values = {}
         for name in REPORTED_PARAMETERS:
-            value = self.conn.info.parameter_status(name)
+            value = self._conn.info.parameter_status(name)
             if value is not None:
                 values[name] = value
         return values
 
-    async def passthrough(self, sql: str) -> ResultSet:
-        """Run ``sql`` as sent; return PostgreSQL's own column descriptions and text values."""
-        self._notices.clear()
+    async def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run dpproxy's own query (never a client's) and return its rows as Python values."""
+        conn = await self.connection()
         try:
-            async with self.conn.cursor() as cur:
-                await cur.execute(sql.encode("utf-8"))
-                result = cur.pgresult
+            async with conn.cursor() as cur:
+                await cur.execute(sql, params or None)
+                return [tuple(row) for row in await cur.fetchall()]
         except psycopg.Error as exc:
             raise _backend_error(exc) from None
-        assert result is not None
-        return ResultSet(_fields(result), _rows(result), _tag(result), list(self._notices))
 
     async def fetch_row(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...]:
-        """Run dpproxy's own single-row query and return the row as Python values."""
-        try:
-            async with self.conn.cursor() as cur:
-                await cur.execute(sql, params or None)
-                row = await cur.fetchone()
-        except psycopg.Error as exc:
-            raise _backend_error(exc) from None
-        assert row is not None
-        return tuple(row)
+        """Like fetch_all, for a query that returns exactly one row."""
+        (row,) = await self.fetch_all(sql, params)
+        return row
 
     async def resolve(self, refs: Iterable[RelationRef]) -> dict[RelationRef, ResolvedRelation | None]:
         """Resolve relation names to OIDs under this session's search_path, as PostgreSQL would."""
         refs = list(dict.fromkeys(refs))
         if not refs:
             return {}
-        try:
-            async with self.conn.cursor() as cur:
-                await cur.execute(_RESOLVE_SQL, ([r.qualified for r in refs],))
-                rows = await cur.fetchall()
-        except psycopg.Error as exc:
-            raise _backend_error(exc) from None
+        rows = await self.fetch_all(_RESOLVE_SQL, ([r.qualified for r in refs],))
         resolved: dict[RelationRef, ResolvedRelation | None] = {}
         for ref, (oid, schema, name) in zip(refs, rows):
             resolved[ref] = ResolvedRelation(int(oid), schema, name) if oid is not None else None
@@ -169,7 +207,7 @@ class BackendSession:
         Without parameters it goes as a simple Query; with them through libpq's extended
         protocol, values and their format codes passed on byte for byte.
         """
-        pgconn = self.conn.pgconn
+        pgconn = (await self.connection()).pgconn
         query = sql.encode("utf-8")
         if params is None and result_format == 0:
             result = await self._round_trip(lambda: pgconn.send_query(query))
@@ -182,7 +220,7 @@ class BackendSession:
 
     async def describe(self, sql: str, param_types: Sequence[int]) -> tuple[list[int], list[Field]]:
         """Parse ``sql`` on the backend without running it: its parameter types and columns."""
-        pgconn = self.conn.pgconn
+        pgconn = (await self.connection()).pgconn
         query = sql.encode("utf-8")
         await self._round_trip(lambda: pgconn.send_prepare(b"", query, list(param_types) or None))
         result = await self._round_trip(lambda: pgconn.send_describe_prepared(b""))
@@ -191,11 +229,12 @@ class BackendSession:
     async def _round_trip(self, send: Callable[[], None]) -> pq.PGresult:
         """Send one request with libpq and wait for its single result without blocking the loop."""
         self._notices.clear()
-        async with self.conn.lock:
+        conn = await self.connection()
+        async with conn.lock:
             started = time.perf_counter()
             try:
                 send()
-                results = await self.conn.wait(generators.execute(self.conn.pgconn))
+                results = await conn.wait(generators.execute(conn.pgconn))
             except psycopg.Error as exc:
                 raise _backend_error(exc) from None
             finally:
@@ -207,12 +246,14 @@ class BackendSession:
 
     async def cancel(self) -> None:
         try:
-            await self.conn.cancel_safe()
+            if self._conn is not None:
+                await self._conn.cancel_safe()
         except psycopg.Error:
             pass
 
     async def close(self) -> None:
-        await self.conn.close()
+        if self._conn is not None:
+            await self._conn.close()
 
 
 _RESOLVE_SQL = """
@@ -308,13 +349,11 @@ def _policy_ref(name: str) -> RelationRef:
 
 
 async def _columns(session: BackendSession, oid: int, policies: Mapping[str, Any]) -> dict[str, ColumnInfo]:
-    async with session.conn.cursor() as cur:
-        await cur.execute(
-            "SELECT attname, atttypid, atttypmod, attnum FROM pg_catalog.pg_attribute "
-            "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-            (oid,),
-        )
-        rows = await cur.fetchall()
+    rows = await session.fetch_all(
+        "SELECT attname, atttypid, atttypmod, attnum FROM pg_catalog.pg_attribute "
+        "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+        (oid,),
+    )
     return {
         name: ColumnInfo(name, int(typ), int(mod), int(num), policies.get(name))
         for name, typ, mod, num in rows

@@ -44,6 +44,9 @@ class Server:
             policy.repeats.ttl_s, policy.repeats.max_entries, policy.repeats.enabled
         )
         self.metrics: metrics.MetricsEndpoint | None = None
+        # ParameterStatus values by client startup settings (backend.startup_key), so that
+        # sessions after the first of a kind connect to the backend only when they query.
+        self.startup_reports: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
         self._sessions: dict[int, Session] = {}
         self._server: asyncio.base_events.Server | None = None
         self._connections: dict[asyncio.Task[None], Session] = {}
@@ -232,7 +235,7 @@ async def _resolve(policy: Policy) -> tuple[TableRegistry, str]:
     """The policy's tables resolved on its backend, and the backend's database name."""
     backend = await connect(policy)
     try:
-        return await build_registry(backend, policy), backend.conn.info.dbname
+        return await build_registry(backend, policy), (await backend.connection()).info.dbname
     finally:
         await backend.close()
 

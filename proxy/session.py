@@ -17,7 +17,7 @@ from rewriter.statements import Statement, split_statements
 
 from . import protocol
 from .auth import authenticate
-from .backend import BackendError, BackendSession, connect
+from .backend import BackendError, BackendSession, connect, lazy_session, startup_key
 from .executor import Executor
 from .extended import ExtendedProtocol
 from .protocol import ProtocolError
@@ -135,7 +135,14 @@ class Session:
         if not exact_floats("extra_float_digits", params.get("extra_float_digits", "1")):
             raise Refusal(SQLSTATE.INVALID_PARAMETER_VALUE,
                           "extra_float_digits below 1 is not allowed through dpproxy (rule: exact-floats)")
-        self.backend = await connect(policy, params)
+        key = startup_key(params)
+        known = self.server.startup_reports.get(key)
+        if known is None:
+            self.backend = await connect(policy, params)
+            self.server.startup_reports[key] = self.backend.reported_parameters()
+        else:
+            reported = dict(known, application_name=_application_name(params.get("application_name", "")))
+            self.backend = lazy_session(policy, params, reported)
         self.executor = Executor(self.server, self.backend, self.user, self.peer)
         self.extended = ExtendedProtocol(self.executor, self._out)
         self.executor.deallocate = self.extended.deallocate
@@ -310,6 +317,11 @@ class Session:
         self.shutting_down = True
         if not self.busy and self._task is not None:
             self._task.cancel()
+
+
+def _application_name(value: str) -> str:
+    """application_name as PostgreSQL stores it: printable ASCII only, at most 63 bytes."""
+    return "".join(c if 32 <= ord(c) <= 126 else "?" for c in value)[:63]
 
 
 def _begins_transaction(statement: Statement) -> bool:
