@@ -1,0 +1,1 @@
+"""Benchmarks: dpproxy against PostgreSQL (python -m benchmarks.run) and accuracy (accuracy.py)."""

@@ -1,0 +1,64 @@
+"""AVG by sample and aggregate through dpproxy against a plain AVG() on PostgreSQL.
+
+Three probes, interleaved: the exact ``AVG()`` run directly, the SQL dpproxy sends the
+backend for it (one pass grouping the rows into the policy's m random partitions) run
+directly, and the DP AVG through dpproxy. The first ratio is what the rewrite costs inside
+PostgreSQL, the second what dpproxy's own work (protocol, parsing, noise) adds on top.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+from policies.loader import load_policy
+from proxy.backend import build_registry, connect
+from rewriter.classify import DPQuery, classify
+from rewriter.rewrite import backend_sql
+from rewriter.statements import split_statements
+
+from .latency import QUERIES, Latency, Probe, measure
+from .postgres import Endpoint
+
+__all__ = ["AvgComparison", "compare_avg", "rewritten_sql"]
+
+
+@dataclass(frozen=True)
+class AvgComparison:
+    rows: int
+    direct: Latency
+    rewritten: Latency
+    dpproxy: Latency
+    backend_sql: str
+
+
+def compare_avg(
+    policy_path: Path, proxy: Endpoint, direct: Endpoint, table: str, rows: int, iterations: int
+) -> AvgComparison:
+    sql = QUERIES["AVG"].format(table=table)
+    rewritten = rewritten_sql(policy_path, sql)
+    times = measure(
+        [Probe("direct", direct, sql), Probe("rewritten", direct, rewritten), Probe("dpproxy", proxy, sql)],
+        iterations,
+    )
+    return AvgComparison(rows, times["direct"], times["rewritten"], times["dpproxy"], rewritten)
+
+
+def rewritten_sql(policy_path: Path, sql: str) -> str:
+    """The backend SQL dpproxy runs for the DP query ``sql`` under the policy at ``policy_path``."""
+    return asyncio.run(_rewrite(policy_path, sql))
+
+
+async def _rewrite(policy_path: Path, sql: str) -> str:
+    policy = load_policy(policy_path)
+    backend = await connect(policy)
+    try:
+        registry = await build_registry(backend, policy)
+        statement = split_statements(sql)[0]
+        resolved = await backend.resolve(statement.references.relations)
+        decision = classify(statement, resolved, registry)
+    finally:
+        await backend.close()
+    assert isinstance(decision, DPQuery), decision
+    return backend_sql(decision.plan)

@@ -1,0 +1,90 @@
+"""Everything a benchmark runs against: PostgreSQL with the tables, and dpproxy in front of it.
+
+Four endpoints serve the same database ``bench``:
+
+* ``dpproxy``     — the proxy on TCP 127.0.0.1, user ``analyst`` (SCRAM), which reaches
+  PostgreSQL over its unix socket as the service role;
+* ``direct-tcp``  — PostgreSQL on TCP 127.0.0.1, as the service role (trust auth);
+* ``direct-unix`` — PostgreSQL on its unix socket, as the service role;
+* ``relay``       — a do-nothing asyncio byte relay (benchmarks/relay.py) on TCP 127.0.0.1
+  in front of the unix socket: the floor of an asyncio proxy's cost.
+
+dpproxy's clients use TCP, so ``direct-tcp`` is the like-for-like comparison; ``direct-unix``
+shows what the transport alone is worth.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from proxy.demo import SERVICE_ROLE
+
+from .postgres import BenchPostgres, Endpoint, free_port
+from .servers import ServerProcess, start_dpproxy, start_relay, write_policy
+from .tables import prepare_database, table_name
+
+__all__ = ["DATABASE", "Environment", "environment"]
+
+DATABASE = "bench"
+
+
+@dataclass
+class Environment:
+    postgres: BenchPostgres
+    proxy: ServerProcess
+    dpproxy: Endpoint
+    relay: Endpoint
+    tables: dict[int, str]  # rows → table name
+    workdir: Path
+
+    @property
+    def direct_tcp(self) -> Endpoint:
+        return self.postgres.endpoint(SERVICE_ROLE, DATABASE, tcp=True)
+
+    @property
+    def direct_unix(self) -> Endpoint:
+        return self.postgres.endpoint(SERVICE_ROLE, DATABASE, tcp=False)
+
+    def endpoints(self, names: list[str]) -> list[Endpoint]:
+        every = {e.name: e for e in (self.dpproxy, self.direct_tcp, self.direct_unix, self.relay)}
+        return [every[name] for name in names]
+
+
+@contextmanager
+def environment(sizes: list[int], data_dir: Path | None, max_connections: int) -> Iterator[Environment]:
+    """Start PostgreSQL (in ``data_dir``, kept; else a temporary one), load, start dpproxy."""
+    workdir = Path(tempfile.mkdtemp(prefix="dpproxy-bench-"))
+    postgres: BenchPostgres | None = None
+    servers: list[ServerProcess] = []
+    try:
+        started = time.monotonic()
+        postgres = BenchPostgres(data_dir or workdir / "pgdata", max_connections)
+        prepare_database(postgres, DATABASE, sizes)
+        note(f"PostgreSQL on 127.0.0.1:{postgres.port}, tables {sizes} ready in {time.monotonic() - started:.1f}s")
+        tables = {rows: table_name(rows) for rows in sizes}
+        backend = postgres.endpoint(SERVICE_ROLE, DATABASE, tcp=False)
+        port = free_port()
+        policy = write_policy(workdir / "policy.yaml", backend, port, list(tables.values()))
+        proxy, dpproxy = start_dpproxy(policy, port, DATABASE)
+        servers.append(proxy)
+        relay_process, relay = start_relay(backend, free_port(), workdir)
+        servers.append(relay_process)
+        yield Environment(postgres, proxy, dpproxy, relay, tables, workdir)
+    finally:
+        for server in servers:
+            server.stop()
+        if postgres is not None:
+            postgres.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def note(text: str) -> None:
+    """Progress, on stderr (stdout carries the report)."""
+    print(f"[bench] {text}", file=sys.stderr, flush=True)

@@ -1,0 +1,263 @@
+"""The benchmark's report: Markdown tables of ratios, latencies and memory, and the machine."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from .avg import AvgComparison
+from .idle import IdleResult
+from .latency import Latency, added_latency
+from .pgbench import PgbenchResult
+from .stats import median
+
+__all__ = ["Results", "machine", "render"]
+
+PROXY, DIRECT, UNIX, RELAY = "dpproxy", "direct-tcp", "direct-unix", "relay"
+_MB = 1024 * 1024
+
+
+@dataclass
+class Results:
+    settings: dict[str, str]
+    machine: dict[str, str]
+    # (rows, clients, mode, endpoint) → one result per round
+    pgbench: dict[tuple[int, int, str, str], list[PgbenchResult]] = field(default_factory=dict)
+    # rows → query → endpoint → latency
+    latency: dict[int, dict[str, dict[str, Latency]]] = field(default_factory=dict)
+    avg: AvgComparison | None = None
+    idle: IdleResult | None = None
+    idle_max_connections: int = 0
+
+
+def machine(server_version: str, pgbench: str) -> dict[str, str]:
+    """What the figures were measured on."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    version = subprocess.run([pgbench, "--version"], capture_output=True, text=True).stdout.strip()
+    root = Path(__file__).resolve().parent.parent
+    git = ["git", "-C", str(root)]
+    commit = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if commit and subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"],
+                                 capture_output=True, text=True).stdout.strip():
+        commit += " with uncommitted changes"
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "CPU": f"{os.cpu_count()} × {model or platform.processor() or 'unknown'} (nproc {len(os.sched_getaffinity(0))})",
+        "RAM": f"{psutil.virtual_memory().total / 2**30:.1f} GiB",
+        "OS": f"{platform.system()} {platform.release()}",
+        "PostgreSQL": f"{server_version} (pgserver's build, default settings but listen/port/max_connections)",
+        "pgbench": version,
+        "Python": platform.python_version(),
+        "dpproxy commit": commit or "unknown",
+        "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+    }
+
+
+def render(results: Results) -> str:
+    out = ["# dpproxy benchmark", ""]
+    out += [f"- **{key}**: {value}" for key, value in results.machine.items()]
+    out += [f"- **{key}**: {value}" for key, value in results.settings.items()]
+    out += [""]
+    for section in (_targets, _pgbench, _latency, _avg, _idle):
+        lines = section(results)
+        if lines:
+            out += lines + [""]
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------ sections
+
+
+def _pgbench_median(results: Results, rows: int, clients: int, mode: str, endpoint: str) -> PgbenchResult | None:
+    runs = [r for r in results.pgbench.get((rows, clients, mode, endpoint), []) if r.error is None]
+    if not runs:
+        return None
+    return PgbenchResult(
+        median([r.tps for r in runs]), median([r.p50_ms for r in runs]), median([r.p99_ms for r in runs]),
+        sum(r.transactions for r in runs), sum(r.failed for r in runs),
+    )
+
+
+def _ratio(
+    results: Results, rows: int, clients: int, mode: str, endpoint: str = PROXY, baseline: str = DIRECT
+) -> float:
+    proxied = _pgbench_median(results, rows, clients, mode, endpoint)
+    direct = _pgbench_median(results, rows, clients, mode, baseline)
+    if proxied is None or direct is None or direct.tps == 0:
+        return math.nan
+    return proxied.tps / direct.tps
+
+
+def _pgbench(results: Results) -> list[str]:
+    if not results.pgbench:
+        return []
+    configs = sorted({key[:3] for key in results.pgbench}, key=lambda k: (k[0], k[1], k[2] != "simple"))
+    extra = [name for name in (RELAY, UNIX) if any(key[3] == name for key in results.pgbench)]
+    lines = [
+        "## pgbench: throughput ratio dpproxy / direct PostgreSQL",
+        "",
+        "Script per transaction: a COUNT with a two-column WHERE and a SUM with a WHERE (see",
+        "benchmarks/pgbench.py). tps, p50 and p99 are medians over rounds; latency is per",
+        "transaction (2 statements), its percentiles over all transactions of a round.",
+        "Ratio = dpproxy tps / direct tps, both over TCP 127.0.0.1 (dpproxy reaches PostgreSQL",
+        "over its unix socket). " + _EXTRA_NOTE if extra else "over its unix socket).",
+        "",
+        "| rows | clients | mode | dpproxy tps | direct tps | **ratio** | dpproxy p50 / p99 ms | direct p50 / p99 ms |"
+        + "".join(f" {name} tps (ratio) |" for name in extra),
+        "|---:|---:|---|---:|---:|---:|---:|---:|" + "---:|" * len(extra),
+    ]
+    for rows, clients, mode in configs:
+        proxied = _pgbench_median(results, rows, clients, mode, PROXY)
+        direct = _pgbench_median(results, rows, clients, mode, DIRECT)
+        row = (f"| {rows:,} | {clients} | {mode} | {_tps(proxied)} | {_tps(direct)} | "
+               f"**{_num(_ratio(results, rows, clients, mode))}** | {_p50_p99(proxied)} | {_p50_p99(direct)} |")
+        for name in extra:
+            other = _pgbench_median(results, rows, clients, mode, name)
+            row += f" {_tps(other)} ({_num(_ratio(results, rows, clients, mode, name, DIRECT))}) |"
+        lines.append(row)
+    errors = sorted({f"{key}: {r.error}" for key, runs in results.pgbench.items() for r in runs if r.error})
+    failed = sum(r.failed for runs in results.pgbench.values() for r in runs)
+    if errors or failed:
+        lines += ["", f"Failed transactions: {failed}. Errors:", ""] + [f"- {e}" for e in errors]
+    return lines
+
+
+_EXTRA_NOTE = (
+    "In parentheses, each extra endpoint's tps / direct-tcp tps: relay is a do-nothing asyncio "
+    "byte relay (benchmarks/relay.py), the floor of an asyncio proxy's cost; direct-unix is "
+    "PostgreSQL over its unix socket."
+)
+
+
+def _latency(results: Results) -> list[str]:
+    if not results.latency:
+        return []
+    lines = [
+        "## Per-query latency, one client (simple protocol, TCP), dpproxy vs direct",
+        "",
+        "Added = dpproxy's percentile − PostgreSQL's. Queries in benchmarks/latency.py; AVG, MIN",
+        "and MAX are answered by sample and aggregate, whose backend SQL differs from the",
+        "exact query, so their added time includes extra work inside PostgreSQL.",
+        "",
+        "| rows | query | dpproxy p50 / p99 ms | direct p50 / p99 ms | **added p50** ms | added p99 ms |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for rows, queries in sorted(results.latency.items()):
+        for name, by_endpoint in queries.items():
+            proxied, direct = by_endpoint[PROXY], by_endpoint[DIRECT]
+            added = added_latency(proxied, direct)
+            lines.append(
+                f"| {rows:,} | {name} | {_ms(proxied.p50_ms)} / {_ms(proxied.p99_ms)} | "
+                f"{_ms(direct.p50_ms)} / {_ms(direct.p99_ms)} | **{_ms(added.p50_ms)}** | {_ms(added.p99_ms)} |"
+            )
+    return lines
+
+
+def _avg(results: Results) -> list[str]:
+    avg = results.avg
+    if avg is None:
+        return []
+    return [
+        f"## AVG by sample and aggregate vs a direct AVG() on {avg.rows:,} rows",
+        "",
+        "| | p50 ms | p99 ms | p50 / direct AVG |",
+        "|---|---:|---:|---:|",
+        f"| direct `AVG()` | {_ms(avg.direct.p50_ms)} | {_ms(avg.direct.p99_ms)} | 1 |",
+        f"| dpproxy's backend SQL, run directly | {_ms(avg.rewritten.p50_ms)} | {_ms(avg.rewritten.p99_ms)} | "
+        f"{_num(avg.rewritten.p50_ms / avg.direct.p50_ms)} |",
+        f"| DP AVG through dpproxy | {_ms(avg.dpproxy.p50_ms)} | {_ms(avg.dpproxy.p99_ms)} | "
+        f"**{_num(avg.dpproxy.p50_ms / avg.direct.p50_ms)}** |",
+        "",
+        "Backend SQL:",
+        "",
+        "```sql",
+        avg.backend_sql,
+        "```",
+    ]
+
+
+def _idle(results: Results) -> list[str]:
+    idle = results.idle
+    if idle is None:
+        return []
+    lines = [
+        "## Idle client connections",
+        "",
+        f"Clients log in (SCRAM) and stay idle. PostgreSQL max_connections = {results.idle_max_connections}.",
+        f"dpproxy RSS before the first client: {idle.baseline_rss / _MB:.1f} MB; "
+        f"after all clients closed: {idle.rss_after_close / _MB:.1f} MB.",
+        "",
+        "| clients attempted | open | dpproxy RSS MB | per open client KB | backend sessions | backends' USS MB |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for step in idle.steps:
+        per = (step.proxy_rss - idle.baseline_rss) / step.open / 1024 if step.open else math.nan
+        lines.append(
+            f"| {step.attempted:,} | {step.open:,} | {step.proxy_rss / _MB:.1f} | {_num(per, 1)} | "
+            f"{step.backends:,} | {step.backend_uss / _MB:.0f} |"
+        )
+    if idle.errors:
+        lines += ["", "Clients refused:", ""] + [f"- {n} × `{text}`" for text, n in idle.errors.most_common()]
+    return lines
+
+
+def _targets(results: Results) -> list[str]:
+    """Issue 7's goals next to the measured figures (reported, never asserted)."""
+    rows_present = {key[0] for key in results.pgbench}
+    goals: list[tuple[str, str, float, bool]] = []
+    for rows, clients, floor in ((1_000_000, 8, 0.95), (48_842, 8, 0.85), (1_000, 8, 0.5), (1_000, 1, 0.7)):
+        if rows in rows_present:
+            for mode in ("simple", "extended"):
+                ratio = _ratio(results, rows, clients, mode)
+                if not math.isnan(ratio):
+                    goals.append((f"throughput ratio, {rows:,} rows, {clients} clients, -M {mode}", f"≥ {floor}",
+                                  ratio, ratio >= floor))
+    for rows, queries in sorted(results.latency.items()):
+        worst = max(queries, key=lambda q: added_latency(queries[q][PROXY], queries[q][DIRECT]).p50_ms)
+        added = added_latency(queries[worst][PROXY], queries[worst][DIRECT]).p50_ms
+        goals.append((f"added p50 latency, worst query ({worst}), {rows:,} rows", "≤ 0.5 ms", added, added <= 0.5))
+    if results.avg is not None:
+        ratio = results.avg.dpproxy.p50_ms / results.avg.direct.p50_ms
+        goals.append((f"S&A AVG / direct AVG, p50, {results.avg.rows:,} rows", "≤ 1.3", ratio, ratio <= 1.3))
+    if results.idle is not None and results.idle.steps:
+        last = results.idle.steps[-1]
+        goals.append((f"dpproxy RSS with {last.open:,} idle clients open (of {last.attempted:,})", "< 200 MB",
+                      last.proxy_rss / _MB, last.proxy_rss < 200 * _MB and last.open == last.attempted))
+    if not goals:
+        return []
+    lines = ["## Summary against issue 7's goals", "", "| measure | goal | measured | met |", "|---|---|---:|:---:|"]
+    lines += [f"| {name} | {goal} | {_num(value)} | {'yes' if met else '**no**'} |" for name, goal, value, met in goals]
+    return lines
+
+
+# ------------------------------------------------------------------ formatting
+
+
+def _num(value: float, digits: int = 2) -> str:
+    return "–" if math.isnan(value) else f"{value:,.{digits}f}"
+
+
+def _ms(value: float) -> str:
+    return "–" if math.isnan(value) else (f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}")
+
+
+def _tps(result: PgbenchResult | None) -> str:
+    return "failed" if result is None else f"{result.tps:,.0f}"
+
+
+def _p50_p99(result: PgbenchResult | None) -> str:
+    return "–" if result is None else f"{_ms(result.p50_ms)} / {_ms(result.p99_ms)}"

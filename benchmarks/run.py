@@ -1,0 +1,170 @@
+"""dpproxy against PostgreSQL, measured in one run: throughput, latency, AVG, idle memory.
+
+    python -m benchmarks.run                  # full run (~25 minutes), report on stdout
+    python -m benchmarks.run --out benchmarks/results.md
+    python -m benchmarks.run --quick          # ~20 seconds on a 1,000-row table (CI smoke run)
+
+Starts PostgreSQL (pgserver's binaries, on TCP and a unix socket), loads Adult-shaped tables
+of ``--rows`` sizes, starts ``dpproxy serve`` as a subprocess with a policy over them, then:
+
+1. pgbench (benchmarks/pgbench.py) for every table × clients × mode, alternating dpproxy and
+   direct PostgreSQL run by run, ``--rounds`` times;
+2. per-query latency (benchmarks/latency.py) of COUNT, SUM, AVG, MIN/MAX and a 3-column query;
+3. sample-and-aggregate AVG vs a direct AVG() on the largest table (benchmarks/avg.py);
+4. dpproxy's RSS with ``--idle`` idle clients (benchmarks/idle.py).
+
+and prints the ratios as Markdown. Nothing here asserts a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+
+from .avg import compare_avg
+from .environment import Environment, environment, note
+from .idle import idle_connections
+from .latency import QUERIES, Probe, measure
+from .pgbench import find_pgbench, run_pgbench, write_script
+from .postgres import ADMIN
+from .report import Results, machine, render
+
+SECTIONS = ("pgbench", "latency", "avg", "idle")
+BIG_TABLE = 1_000_000
+BIG_DURATION_FACTOR = 2.5
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.quick:
+        args.rows = args.rows or [1000]
+        args.duration = args.duration or 1.0
+        args.rounds = args.rounds or 1
+        args.latency_iterations = args.latency_iterations or 20
+        args.idle = args.idle or 50
+        args.targets = args.targets or ["dpproxy", "direct-tcp"]
+    args.rows = args.rows or [1_000, 48_842, 1_000_000]
+    args.duration = args.duration or 8.0
+    args.rounds = args.rounds or 3
+    args.latency_iterations = args.latency_iterations or 300
+    args.idle = args.idle or 1000
+    args.targets = args.targets or ["dpproxy", "direct-tcp", "direct-unix", "relay"]
+    logging.basicConfig(level=logging.WARNING)
+
+    started = time.monotonic()
+    with environment(args.rows, args.data_dir, args.max_connections) as env:
+        results = Results(settings=_settings(args), machine={})
+        pgbench = find_pgbench(env.postgres.bin_dir)
+        with psycopg.connect(env.direct_tcp.conninfo()) as conn:
+            results.machine = machine(str(conn.info.parameter_status("server_version")), pgbench)
+        _warm_up(env)
+        if "pgbench" in args.only:
+            _run_pgbench(env, results, pgbench, args)
+        if "latency" in args.only:
+            _run_latency(env, results, args)
+        if "avg" in args.only:
+            rows = max(env.tables)
+            note(f"AVG: sample and aggregate vs AVG() on {rows:,} rows")
+            results.avg = compare_avg(env.workdir / "policy.yaml", env.dpproxy, env.direct_tcp, env.tables[rows],
+                                      rows, _iterations(args.latency_iterations, rows))
+        if "idle" in args.only:
+            checkpoints = sorted({n for n in (1, 100, 250, 500, args.idle) if n <= args.idle})
+            note(f"idle: up to {args.idle} idle clients (max_connections {args.max_connections})")
+            results.idle = idle_connections(env.proxy, env.dpproxy, env.postgres.endpoint(ADMIN, "postgres", tcp=False),
+                                            checkpoints)
+            results.idle_max_connections = args.max_connections
+    report = render(results)
+    print(report)
+    if args.out:
+        args.out.write_text(report + "\n", encoding="utf-8")
+        note(f"wrote {args.out}")
+    note(f"done in {time.monotonic() - started:.0f}s")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    numbers = lambda text: [int(x.replace("_", "")) for x in text.split(",")]  # noqa: E731
+    names = lambda text: text.split(",")  # noqa: E731
+    parser.add_argument("--quick", action="store_true", help="seconds-long smoke run on a 1,000-row table")
+    parser.add_argument("--rows", type=numbers, help="table sizes (default 1000,48842,1000000)")
+    parser.add_argument("--clients", type=numbers, default=[1, 8], help="pgbench clients (default 1,8)")
+    parser.add_argument("--modes", type=names, default=["simple", "extended"], help="pgbench -M modes")
+    parser.add_argument("--targets", type=names,
+                        help="pgbench endpoints: dpproxy,direct-tcp,direct-unix,relay (default all; "
+                             "--quick: dpproxy,direct-tcp)")
+    parser.add_argument("--duration", type=float, help="seconds per pgbench run (default 8; --quick 1)")
+    parser.add_argument("--rounds", type=int, help="pgbench rounds, medians reported (default 3; --quick 1)")
+    parser.add_argument("--latency-iterations", type=int,
+                        help="runs of each query per endpoint (default 300, ÷4 on ≥1M rows; --quick 20)")
+    parser.add_argument("--idle", type=int, help="idle clients to open (default 1000; --quick 50)")
+    parser.add_argument("--max-connections", type=int, default=1100,
+                        help="PostgreSQL max_connections (default 1100: dpproxy holds a backend per client)")
+    parser.add_argument("--only", type=names, default=list(SECTIONS), help="sections: " + ",".join(SECTIONS))
+    parser.add_argument("--data-dir", type=Path, help="keep PostgreSQL's data here and reuse loaded tables")
+    parser.add_argument("--out", type=Path, help="also write the report to this file")
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> dict[str, str]:
+    return {
+        "command": "python -m benchmarks.run " + " ".join(sys.argv[1:]),
+        "pgbench": f"{args.duration:g} s per run ({args.duration * BIG_DURATION_FACTOR:g} s on ≥ 1M rows, "
+                   f"against dpproxy and direct-tcp only), {args.rounds} round(s), clients {args.clients}, "
+                   f"modes {args.modes}, -j min(clients, 2), endpoints {args.targets}",
+        "latency": f"{args.latency_iterations} runs per query and endpoint (a quarter on ≥ 1M rows)",
+    }
+
+
+def _warm_up(env: Environment) -> None:
+    """Read every table once through each endpoint, so that no run pays for a cold cache."""
+    for endpoint in (env.dpproxy, env.direct_tcp):
+        with psycopg.connect(endpoint.conninfo(), autocommit=True, prepare_threshold=None) as conn:
+            for table in env.tables.values():
+                conn.execute(QUERIES["COUNT"].format(table=table)).fetchall()
+
+
+def _run_pgbench(env: Environment, results: Results, pgbench: str, args: argparse.Namespace) -> None:
+    scripts = {rows: write_script(env.workdir, table) for rows, table in env.tables.items()}
+    for round_ in range(args.rounds):
+        for rows in sorted(env.tables):
+            # On a big table PostgreSQL's scan is all the time: fewer transactions per second,
+            # so longer runs, and only the two endpoints the ratio needs.
+            big = rows >= BIG_TABLE
+            duration = args.duration * (BIG_DURATION_FACTOR if big else 1)
+            endpoints = env.endpoints([t for t in args.targets if not big or t in ("dpproxy", "direct-tcp")])
+            for clients in args.clients:
+                for mode in args.modes:
+                    # Alternate who goes first, so that drift does not favour one side.
+                    order = endpoints if round_ % 2 == 0 else endpoints[::-1]
+                    for endpoint in order:
+                        result = run_pgbench(pgbench, endpoint, scripts[rows], clients, mode, duration)
+                        results.pgbench.setdefault((rows, clients, mode, endpoint.name), []).append(result)
+                        note(f"pgbench round {round_ + 1}/{args.rounds} {rows:,} rows -c {clients} -M {mode} "
+                             f"{endpoint.name}: {result.tps:,.0f} tps" + (f" ERROR {result.error}" if result.error else ""))
+
+
+def _run_latency(env: Environment, results: Results, args: argparse.Namespace) -> None:
+    for rows, table in sorted(env.tables.items()):
+        iterations = _iterations(args.latency_iterations, rows)
+        note(f"latency: {len(QUERIES)} queries × {iterations} on {rows:,} rows")
+        results.latency[rows] = {}
+        for name, template in QUERIES.items():
+            sql = template.format(table=table)
+            probes = [Probe(e.name, e, sql) for e in (env.dpproxy, env.direct_tcp)]
+            results.latency[rows][name] = measure(probes, iterations)
+
+
+def _iterations(iterations: int, rows: int) -> int:
+    return max(10, iterations // 4) if rows >= BIG_TABLE else iterations
+
+
+if __name__ == "__main__":
+    sys.exit(main())

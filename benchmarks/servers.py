@@ -1,0 +1,112 @@
+"""The servers a benchmark puts between its clients and PostgreSQL, each in its own process.
+
+* dpproxy: ``python -m proxy.cli serve -c policy.yaml``, the real server, in its own process
+  so that its CPU is not shared with the client side of the benchmark and its memory (RSS)
+  can be read. The policy protects every benchmark table with the demo's column bounds, ε
+  and partitions; the analyst's budget is practically unlimited, answers to repeated
+  queries are recomputed (``repeats: {enabled: false}``, else the benchmark would measure
+  the repeat cache), and the audit log goes to a file.
+* relay: ``python -m benchmarks.relay``, an asyncio byte relay that does nothing but copy
+  bytes between client and PostgreSQL: the floor of any asyncio proxy's cost.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+from policies.loader import parse_policy
+from proxy.demo import DEMO_POLICY
+
+from .postgres import Endpoint
+
+__all__ = ["ANALYST", "ServerProcess", "start_dpproxy", "start_relay", "write_policy"]
+
+ANALYST = ("analyst", "analyst")  # login and password (SCRAM-SHA-256)
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def write_policy(path: Path, backend: Endpoint, port: int, tables: list[str]) -> Path:
+    """Write the benchmark policy for ``tables`` (in schema public) to ``path``."""
+    demo = parse_policy(DEMO_POLICY.format(dsn=backend.uri(), port=port, ledger="-"), "demo-policy")
+    table = demo.tables["public.adult"].model_dump(mode="json", by_alias=True, exclude_none=True)
+    user, password = ANALYST
+    policy = {
+        "backend": {"dsn": backend.uri(), "statement_timeout_ms": 600_000},
+        "listen": {"host": "127.0.0.1", "port": port},
+        "ledger": {"url": f"sqlite:///{path.parent / 'ledger.sqlite3'}"},
+        "audit": {"path": str(path.parent / "audit.jsonl")},
+        "repeats": {"enabled": False},
+        "users": {user: {"password": password, "budget": {"epsilon": 1e15, "delta": 0.999}}},
+        "tables": {f"public.{name}": table for name in tables},
+    }
+    path.write_text(yaml.safe_dump(policy, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def start_dpproxy(policy_path: Path, port: int, dbname: str) -> tuple["ServerProcess", Endpoint]:
+    user, password = ANALYST
+    command = [sys.executable, "-m", "proxy.cli", "serve", "-c", str(policy_path)]
+    process = ServerProcess(command, port, policy_path.parent / "dpproxy.log")
+    return process, Endpoint("dpproxy", "127.0.0.1", port, user, dbname, password)
+
+
+def start_relay(backend: Endpoint, port: int, log_dir: Path) -> tuple["ServerProcess", Endpoint]:
+    command = [sys.executable, "-m", "benchmarks.relay", str(port), backend.host, str(backend.port)]
+    process = ServerProcess(command, port, log_dir / "relay.log")
+    return process, Endpoint("relay", "127.0.0.1", port, backend.user, backend.dbname, backend.password)
+
+
+class ServerProcess:
+    """A server subprocess listening on 127.0.0.1:``port`` until ``stop``; output to ``log_path``."""
+
+    def __init__(self, command: list[str], port: int, log_path: Path):
+        self.port = port
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            self._process = subprocess.Popen(
+                command, cwd=_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            )
+        self._wait_listening(timeout=60)
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def rss(self) -> int:
+        """Resident memory of the process, in bytes."""
+        return psutil.Process(self.pid).memory_info().rss
+
+    def _wait_listening(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"{self.log_path.stem} exited with {self._process.returncode}:\n{self.log_tail()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"{self.log_path.stem} did not listen on port {self.port} in {timeout:g}s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()

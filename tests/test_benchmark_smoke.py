@@ -1,0 +1,28 @@
+"""The benchmark still runs end to end (``python -m benchmarks.run --quick``).
+
+Only that it works: it starts its own PostgreSQL and dpproxy, drives them with pgbench and
+psycopg, and prints the ratio table. No figure is asserted; speed is what the benchmark
+reports (benchmarks/README.md), never a test's pass condition.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_quick_benchmark_runs_and_prints_the_ratio_table():
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = done.stdout
+    assert "## pgbench: throughput ratio dpproxy / direct PostgreSQL" in report
+    assert "| 1,000 | 8 | extended |" in report
+    assert "## Per-query latency" in report
+    assert "## Idle client connections" in report
+    assert "Errors:" not in report, report
