@@ -294,6 +294,42 @@ class Ledger:
             self._record(conn, "reset", user, key, now, before[0], before[1], None)
         return _balance(user, budget, now, row)
 
+    def release(
+        self, user: str, epsilon: float, delta: float, budget: Budget, now: datetime | None = None
+    ) -> Balance:
+        """Give back part of an earlier charge that was never used (a proxy's unused reservation).
+
+        Amounts round down (charges round up), and spend never drops below zero, so a release
+        can only return what was charged. ``now`` names the period the charge was made in.
+        """
+        _check_user(user)
+        _check_amount("epsilon", epsilon, allow_inf=False)
+        _check_amount("delta", delta, allow_inf=False)
+        eps = _units(epsilon, EPSILON_SCALE, round_up=False)
+        dlt = _units(delta, DELTA_SCALE, round_up=False)
+        now = to_utc(now)
+        key = period_key(budget.period, now)
+        s = self._spend
+        with self._engine.begin() as conn:
+            self._ensure_row(conn, user, key, now)
+            row = conn.execute(
+                sa.update(s)
+                .where(s.c.user_name == user, s.c.period == key)
+                .values(
+                    spent_epsilon_units=self._not_below_zero(s.c.spent_epsilon_units - eps),
+                    spent_delta_units=self._not_below_zero(s.c.spent_delta_units - dlt),
+                    updated_at=now,
+                )
+                .returning(*self._amounts())
+            ).one()
+            self._record(conn, "release", user, key, now, eps, dlt, None)
+        return _balance(user, budget, now, row)
+
+    def _not_below_zero(self, value: sa.ColumnElement[int]) -> sa.ColumnElement[int]:
+        # SQLite spells GREATEST as the two-argument max().
+        greatest = sa.func.max if self._engine.dialect.name == "sqlite" else sa.func.greatest
+        return greatest(value, 0)
+
     def users(self) -> list[str]:
         """Every user the ledger has a row for, sorted."""
         s = self._spend

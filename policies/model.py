@@ -99,6 +99,8 @@ class LedgerConfig(_Strict):
     """Where the budget ledger lives (a SQLAlchemy URL)."""
 
     url: str = "sqlite:///dpproxy-ledger.sqlite3"
+    # Queries' worth of budget one ledger write reserves (1: every answer writes the ledger).
+    reserve: int = Field(10, ge=1, le=1000)
     schema_name: str | None = Field(None, alias="schema")
 
 

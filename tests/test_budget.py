@@ -146,3 +146,22 @@ def test_a_repeated_query_gets_the_same_answer_for_free(test_db, tmp_path):
     # Five repeats were free; the query with another parameter was charged: 2 in all.
     assert other is not None
     assert _spent(url, "tight", Budget(10.5, 0.001)) == pytest.approx(2.0)
+
+
+def test_one_ledger_write_reserves_ten_answers_and_a_clean_stop_returns_the_rest(test_db, tmp_path):
+    url = f"sqlite:///{tmp_path / 'l.sqlite3'}"
+    proxy = _tight_proxy(test_db, url, TIGHT.replace("epsilon: 1000000, delta: 0.5", "epsilon: 1000, delta: 0.5"))
+    try:
+        with proxy.connect() as conn:
+            for i in range(25):
+                conn.execute(f"SELECT COUNT(*) FROM adult WHERE age > {i}")
+            assert conn.execute("SHOW dpproxy.budget").fetchone()[1] == pytest.approx(25.0)
+    finally:
+        proxy.stop()
+    ledger = Ledger.from_url(url)
+    try:
+        kinds = [entry.kind for entry in ledger.history("analyst")]
+        assert kinds == ["charge", "charge", "charge", "release"]  # 10 + 10 + 10 reserved, 5 returned
+        assert ledger.balance("analyst", Budget(1000, 0.5)).spent_epsilon == pytest.approx(25.0)
+    finally:
+        ledger.close()

@@ -34,23 +34,35 @@ def _spent_via_show(port: int) -> float:
         return conn.execute("SHOW dpproxy.budget").fetchone()[1]
 
 
-def test_kill_minus_9_and_restart_keeps_the_spend(test_db: TestDatabase, tmp_path: Path):
-    config = tmp_path / "policy.yaml"
-    config.write_text(POLICY.format(dsn=test_db.service_dsn, ledger=tmp_path / "ledger.sqlite3"))
+def _spend_three(config: Path, stop: signal.Signals) -> float:
+    """Answer three DP queries through a `dpproxy serve`, stop it with ``stop``, restart: spent ε."""
     process, port = _serve(config)
     try:
         with psycopg.connect(_dsn(port), autocommit=True, prepare_threshold=None) as conn:
             for i in range(3):
                 conn.execute(f"SELECT COUNT(*) FROM adult WHERE age > {i}")
     finally:
-        process.kill()  # SIGKILL: no shutdown code runs
-        process.wait(timeout=10)
+        process.send_signal(stop)
+        process.wait(timeout=20)
     process, port = _serve(config)
     try:
-        assert _spent_via_show(port) == pytest.approx(3.0)
+        return _spent_via_show(port)
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=20)
+
+
+def test_kill_minus_9_keeps_at_least_the_spend_and_at_most_the_reservation(test_db: TestDatabase, tmp_path: Path):
+    config = tmp_path / "policy.yaml"
+    config.write_text(POLICY.format(dsn=test_db.service_dsn, ledger=tmp_path / "ledger.sqlite3"))
+    # One ledger write reserved 10 queries' worth (ledger.reserve); SIGKILL runs no release.
+    assert 3.0 <= _spend_three(config, signal.SIGKILL) <= 10.0
+
+
+def test_a_clean_stop_gives_unused_reservations_back(test_db: TestDatabase, tmp_path: Path):
+    config = tmp_path / "policy.yaml"
+    config.write_text(POLICY.format(dsn=test_db.service_dsn, ledger=tmp_path / "ledger.sqlite3"))
+    assert _spend_three(config, signal.SIGTERM) == pytest.approx(3.0)
 
 
 def test_two_proxy_processes_on_one_postgres_ledger_never_overspend(test_db: TestDatabase, tmp_path: Path):
