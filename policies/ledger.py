@@ -50,6 +50,8 @@ from __future__ import annotations
 
 import math
 import numbers
+import sqlite3
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -523,7 +525,7 @@ def _sqlite_engine(url: sa.URL) -> Engine:
         dbapi_conn.isolation_level = None
         cursor = dbapi_conn.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
-        cursor.execute("PRAGMA journal_mode = WAL")
+        _use_wal(cursor)
         cursor.execute("PRAGMA synchronous = NORMAL")
         cursor.close()
 
@@ -535,6 +537,25 @@ def _sqlite_engine(url: sa.URL) -> Engine:
         conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
     return engine
+
+
+def _use_wal(cursor: Any) -> None:
+    """Put the database file in WAL mode (persistent), waiting out concurrent openers.
+
+    Switching the journal mode takes an exclusive lock and SQLite may answer SQLITE_BUSY
+    without consulting the busy handler, so several processes opening a fresh ledger at
+    once retry here instead of failing.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    while True:
+        try:
+            if cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+                return
+            cursor.execute("PRAGMA journal_mode = WAL")
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def _postgres_engine(url: sa.URL) -> Engine:
