@@ -98,9 +98,16 @@ def _opener(policy: Policy, startup: Mapping[str, str] | None) -> Callable[[], A
 
 
 async def connect(policy: Policy, startup: Mapping[str, str] | None = None) -> "BackendSession":
-    """A backend session whose connection is open now (its parameters are needed at once)."""
+    """A backend session whose connection is open now (its parameters are needed at once).
+
+    A failure to connect (PostgreSQL down, too many clients …) raises BackendError with
+    PostgreSQL's SQLSTATE, or 08006 when none came back.
+    """
     opener = _opener(policy, startup)
-    return BackendSession(opener, await opener())
+    try:
+        return BackendSession(opener, await opener())
+    except psycopg.Error as exc:
+        raise _backend_error(exc) from None
 
 
 def lazy_session(policy: Policy, startup: Mapping[str, str] | None, reported: Mapping[str, str]) -> "BackendSession":
@@ -280,8 +287,9 @@ def _result_error(result: pq.PGresult) -> BackendError:
 
 def _backend_error(exc: psycopg.Error) -> BackendError:
     diag = exc.diag
+    fallback = "08006" if isinstance(exc, psycopg.OperationalError) else "XX000"  # connection_failure
     return BackendError(
-        diag.sqlstate or "XX000",
+        diag.sqlstate or fallback,
         diag.message_primary or str(exc).strip(),
         diag.message_detail,
         diag.message_hint,

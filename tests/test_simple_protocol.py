@@ -175,3 +175,20 @@ def test_backend_failure_during_a_dp_query_reveals_no_detail(proxy: RunningProxy
     assert b"abc" not in error and b"H" in fields
     assert replies[-1] == (b"Z", b"I")
     sock.close()
+
+
+def test_an_unreachable_backend_is_a_connection_error_not_an_internal_one(test_db, tmp_path):
+    from conftest import TEST_POLICY, make_policy
+
+    policy = make_policy(test_db, tmp_path / "l.sqlite3")
+    running = RunningProxy(policy)
+    try:
+        # Point new sessions at a backend that is not there (the registry is already built).
+        broken = TEST_POLICY.replace('dsn: "{dsn}"', 'dsn: "host=127.0.0.1 port=1 dbname=x user=y connect_timeout=2"')
+        running.server.policy = make_policy(test_db, tmp_path / "l.sqlite3", broken)
+        with pytest.raises(psycopg.OperationalError) as info:
+            psycopg.connect(running.dsn(), connect_timeout=10)
+        assert "backend:" in str(info.value) and "internal error" not in str(info.value)
+    finally:
+        running.server.policy = policy
+        running.stop()
