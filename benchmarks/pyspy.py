@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 
 from .environment import environment, note
+from .latency import QUERIES
 from .pgbench import find_pgbench, run_pgbench, write_script
 
 COUNT_SCRIPT = """\\set a random(25, 60)
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.pyspy", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=("simple", "extended", "prepared"), default="simple")
+    parser.add_argument("--query", choices=sorted(QUERIES), help="profile this fixed query of benchmarks/latency.py "
+                        "instead of the COUNT with a pgbench-drawn literal")
     parser.add_argument("--rows", type=int, default=1000, help="table size (default 1000)")
     parser.add_argument("--clients", type=int, default=1)
     parser.add_argument("--seconds", type=int, default=20)
@@ -47,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
 
     with environment([args.rows], None, 100) as env:
-        script = write_script(env.workdir, env.tables[args.rows], COUNT_SCRIPT, "count")
+        template = QUERIES[args.query] + ";\n" if args.query else COUNT_SCRIPT
+        script = write_script(env.workdir, env.tables[args.rows], template, "profile")
         raw = env.workdir / "profile.txt"
         record = [pyspy, "record", "--pid", str(env.proxy.pid), "--rate", str(args.rate), "--function",
                   "--nonblocking", "--duration", str(args.seconds)] + (["--gil"] if args.gil else [])
@@ -108,7 +112,7 @@ def _render(
 
     head = [
         f"## py-spy: dpproxy, pgbench -M {args.mode}, {args.clients} client(s), {args.rows:,} rows, "
-        f"one DP COUNT per transaction",
+        f"one DP {args.query or 'COUNT'} per transaction",
         "",
         f"{queries:,} queries in {args.seconds} s; {total:,} busy samples at {args.rate}/s → "
         f"{total * per_query:,.0f} µs per query in sampled stacks.",

@@ -64,6 +64,8 @@ def machine(server_version: str, pgbench: str) -> dict[str, str]:
         "Python": platform.python_version(),
         "dpproxy commit": commit or "unknown",
         "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        # Other tenants of a shared machine do not show in our process list, but in this.
+        "CPU busy before the run (all processes)": f"{psutil.cpu_percent(interval=2):.0f}%",
     }
 
 
@@ -126,6 +128,9 @@ def _pgbench(results: Results) -> list[str]:
         row = (f"| {rows:,} | {clients} | {mode} | {_tps(proxied)} | {_tps(direct)} | "
                f"**{_num(_ratio(results, rows, clients, mode))}** | {_p50_p99(proxied)} | {_p50_p99(direct)} |")
         for name in extra:
+            if (rows, clients, mode, name) not in results.pgbench:
+                row += " not run |"
+                continue
             other = _pgbench_median(results, rows, clients, mode, name)
             row += f" {_tps(other)} ({_num(_ratio(results, rows, clients, mode, name, DIRECT))}) |"
         lines.append(row)
