@@ -49,8 +49,8 @@ class _Reservation:
         """The user's balance as it really is: the unused reservation is not spent yet."""
         return replace(
             self.ledger,
-            spent_epsilon=max(0.0, self.ledger.spent_epsilon - float(self.epsilon)),
-            spent_delta=max(0.0, self.ledger.spent_delta - float(self.delta)),
+            spent_epsilon=float(max(Decimal(0), _exact(self.ledger.spent_epsilon) - self.epsilon)),
+            spent_delta=float(max(Decimal(0), _exact(self.ledger.spent_delta) - self.delta)),
         )
 
 
