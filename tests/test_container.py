@@ -17,7 +17,6 @@ import subprocess
 import tomllib
 from pathlib import Path
 
-import pytest
 import yaml
 
 from proxy.cli import _parser
