@@ -11,7 +11,7 @@ from typing import Mapping
 
 from .model import Access, ColumnPolicy, TablePolicy
 
-__all__ = ["ColumnInfo", "Relation", "TableRegistry"]
+__all__ = ["ColumnInfo", "Relation", "TableRegistry", "quote_identifier"]
 
 
 @dataclass(frozen=True)
@@ -42,15 +42,16 @@ class Relation:
     @property
     def qualified_name(self) -> str:
         """Schema-qualified and quoted, for SQL that dpproxy writes itself."""
-        return f'"{_escape(self.schema)}"."{_escape(self.name)}"'
+        return f"{quote_identifier(self.schema)}.{quote_identifier(self.name)}"
 
     @property
     def display_name(self) -> str:
         return self.name if self.schema == "public" else f"{self.schema}.{self.name}"
 
 
-def _escape(identifier: str) -> str:
-    return identifier.replace('"', '""')
+def quote_identifier(identifier: str) -> str:
+    """``identifier`` as a quoted SQL name: case and any character kept exactly."""
+    return '"' + identifier.replace('"', '""') + '"'
 
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: a reload makes a new one

@@ -16,13 +16,13 @@ from rewriter.classify import DpproxyCommand
 from rewriter.types import FLOAT8
 
 from .backend import ResultSet
+from .binary import TEXT
 from .budget import BudgetKeeper
 from .protocol import Field
 from .values import encode_text
 
 __all__ = ["BUDGET_FIELDS", "SessionSettings"]
 
-TEXT = 25
 BUDGET_FIELDS = [
     Field("user", TEXT),
     Field("spent_epsilon", FLOAT8, 8),

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from policies.tables import quote_identifier
+
 __all__ = ["RelationRef", "References", "collect_references"]
 
 
@@ -22,12 +24,8 @@ class RelationRef:
     @property
     def qualified(self) -> str:
         """The name as ``to_regclass`` reads it: each part quoted, so case and dots survive."""
-        quoted = _quote(self.name)
-        return f"{_quote(self.schema)}.{quoted}" if self.schema else quoted
-
-
-def _quote(identifier: str) -> str:
-    return '"' + identifier.replace('"', '""') + '"'
+        quoted = quote_identifier(self.name)
+        return f"{quote_identifier(self.schema)}.{quoted}" if self.schema else quoted
 
 
 @dataclass(frozen=True)

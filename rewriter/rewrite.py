@@ -35,12 +35,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from policies.tables import ColumnInfo
+from policies.tables import ColumnInfo, quote_identifier
 
 from .dp_query import Aggregate, AggregateQuery
 from .types import INTEGER_TYPES
 
-__all__ = ["Part", "aggregate_parts", "backend_sql", "clamped", "literal", "partition_values", "quote", "split_row"]
+__all__ = ["Part", "aggregate_parts", "backend_sql", "clamped", "literal", "partition_values", "split_row"]
 
 _PER_PARTITION = {"avg": "avg", "min": "min", "max": "max"}
 
@@ -62,7 +62,7 @@ def aggregate_parts(agg: Aggregate) -> tuple[Part, ...]:
     """
     if agg.column is None:
         return (Part("pg_catalog.count(*)"),)
-    column = quote(agg.column.name)
+    column = quote_identifier(agg.column.name)
     if agg.kind == "count":
         return (Part(f"pg_catalog.count({column})"),)
     if agg.kind == "sum":
@@ -133,7 +133,7 @@ def clamped(column: ColumnInfo) -> str:
     """The column's values forced into its policy bounds [lo, hi]."""
     assert column.policy is not None and column.policy.bounds is not None
     lo, hi = (_bound(bound, column) for bound in column.policy.bounds)
-    return f"LEAST(GREATEST({quote(column.name)}, {lo}), {hi})"
+    return f"LEAST(GREATEST({quote_identifier(column.name)}, {lo}), {hi})"
 
 
 def _bound(bound: float, column: ColumnInfo) -> str:
@@ -142,8 +142,6 @@ def _bound(bound: float, column: ColumnInfo) -> str:
     return repr(float(bound))
 
 
-def quote(identifier: str) -> str:
-    return '"' + identifier.replace('"', '""') + '"'
 
 
 def literal(text: str) -> str:
