@@ -15,14 +15,11 @@ from typing import Any, Sequence
 
 import opendp.prelude as dp
 
+from .noise_pool import pool_for
+
 dp.enable_features("contrib")
 
 __all__ = ["laplace_int", "laplace_float", "laplace_float_vector", "gumbel_argmax"]
-
-
-@lru_cache(maxsize=512)
-def _int_laplace(scale: float) -> Any:
-    return dp.m.make_laplace(dp.atom_domain(T="i64"), dp.absolute_distance(T="i64"), scale=scale)
 
 
 @lru_cache(maxsize=512)
@@ -64,8 +61,10 @@ def laplace_int(value: int, scale: float) -> int:
     """Return ``value`` plus discrete Laplace noise: P(k) ∝ exp(-|k|/scale).
 
     With integer sensitivity Δ this is (Δ/scale)-DP for a query whose answer is ``value``.
+    The draw comes from a pool that OpenDP fills in batches (``mechanisms.noise_pool``);
+    the sum is exact in Python's integers.
     """
-    return int(_int_laplace(_check_scale(scale))(int(value)))
+    return int(value) + pool_for(_check_scale(scale)).take()
 
 
 def laplace_float(value: float, scale: float) -> float:
