@@ -32,9 +32,9 @@ import hashlib
 import json
 import logging
 import math
-import queue
 import threading
-from dataclasses import asdict, dataclass
+from collections import deque
+from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Final, Literal, get_args
@@ -80,17 +80,22 @@ class AuditEntry:
     latency_ms: float
 
     def __post_init__(self) -> None:
-        if self.decision not in get_args(AuditDecision):
+        if self.decision not in _DECISIONS:
             raise ValueError(f"unknown audit decision {self.decision!r}")
 
     def to_json(self) -> str:
         """The entry as one compact JSON object, fields in declaration order."""
-        fields = asdict(self)
-        fields["latency_ms"] = round(self.latency_ms, 3)
-        for name in ("epsilon", "delta", "remaining_epsilon", "remaining_delta", "latency_ms"):
-            if fields[name] is not None and not math.isfinite(fields[name]):
-                fields[name] = None
-        return json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
+        values = {name: getattr(self, name) for name in _ENTRY_FIELDS}
+        values["latency_ms"] = round(self.latency_ms, 3)
+        for name in _AMOUNTS:
+            if values[name] is not None and not math.isfinite(values[name]):
+                values[name] = None
+        return json.dumps(values, ensure_ascii=False, separators=(",", ":"))
+
+
+_DECISIONS: Final = frozenset(get_args(AuditDecision))
+_ENTRY_FIELDS: Final = tuple(f.name for f in fields(AuditEntry))
+_AMOUNTS: Final = ("epsilon", "delta", "remaining_epsilon", "remaining_delta", "latency_ms")
 
 
 def timestamp(when: datetime | None = None) -> str:
@@ -146,7 +151,11 @@ class AuditLog:
         self.dropped = 0
         self._failing = False
         self._file: IO[str] | None = None
-        self._queue: queue.Queue[str | _Reopen | None] = queue.Queue(QUEUE_LINES)
+        # Entries are serialised by the writer, in batches: the event loop only appends to
+        # the deque (atomic) and wakes the writer when it may be asleep.
+        self._pending: deque[AuditEntry | _Reopen] = deque()
+        self._wake = threading.Event()
+        self._closing = False
         self._thread: threading.Thread | None = None
         if self.path is not None:
             self._file = _open(self.path)
@@ -160,11 +169,10 @@ class AuditLog:
 
     def record(self, entry: AuditEntry) -> None:
         """Write ``entry`` as one JSON line; never blocks on I/O, never raises OSError."""
-        line = entry.to_json()
         if self._thread is None:  # no path, or closed: the logger rather than losing the line
-            _audit.info(line)
+            _audit.info(entry.to_json())
             return
-        self._put(line)
+        self._put(entry)
 
     def reopen(self) -> None:
         """Reopen the file at ``path`` before the next line (after log rotation)."""
@@ -175,39 +183,73 @@ class AuditLog:
         """Write every queued line, then close the file; ``record`` must not follow."""
         if self._thread is None:
             return
-        self._queue.put(None)
+        self._closing = True
+        self._wake.set()
         self._thread.join()
         self._thread = None
 
-    def _put(self, item: str | _Reopen) -> None:
-        try:
-            self._queue.put_nowait(item)
-        except queue.Full:
+    def _put(self, item: AuditEntry | _Reopen) -> None:
+        if len(self._pending) >= QUEUE_LINES:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % QUEUE_LINES == 0:
                 log.error("audit log %s is not keeping up: %d lines dropped", self.path, self.dropped)
+            return
+        self._pending.append(item)
+        if not self._wake.is_set():
+            self._wake.set()
 
     def _write_lines(self) -> None:
-        assert self.path is not None
-        while (item := self._queue.get()) is not None:
-            try:
-                if isinstance(item, _Reopen):
-                    new = _open(self.path)
-                    if self._file is not None:
-                        self._file.close()
-                    self._file = new
-                elif self._file is not None:
-                    self._file.write(item + "\n")
-            except OSError as exc:
-                self._failed(exc)
-            else:
-                self._recovered()
+        while True:
+            self._wake.wait()
+            self._wake.clear()  # before draining, so an entry appended meanwhile wakes us again
+            closing = self._closing
+            self._drain()
+            if closing:
+                break
         if self._file is not None:
             try:
                 self._file.close()
             except OSError as exc:
                 self._failed(exc)
             self._file = None
+
+    def _drain(self) -> None:
+        """Write every pending entry, one write call per run of lines (one flush each)."""
+        lines: list[str] = []
+        while self._pending:
+            item = self._pending.popleft()
+            if isinstance(item, _Reopen):
+                self._write(lines)
+                lines = []
+                self._reopen()
+            else:
+                lines.append(item.to_json() + "\n")
+        self._write(lines)
+
+    def _write(self, lines: list[str]) -> None:
+        if not lines or self._file is None:
+            return
+        try:
+            self._file.write("".join(lines))
+        except OSError as exc:
+            self._failed(exc)
+        else:
+            self._recovered()
+
+    def _reopen(self) -> None:
+        assert self.path is not None
+        try:
+            new = _open(self.path)
+        except OSError as exc:
+            self._failed(exc)
+            return
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError as exc:
+                self._failed(exc)
+        self._file = new
+        self._recovered()
 
     def _failed(self, exc: OSError) -> None:
         if not self._failing:
