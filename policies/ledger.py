@@ -180,6 +180,7 @@ class Ledger:
         else:
             raise ValueError(f"unsupported ledger database {backend!r}: use sqlite or postgresql")
         self._metadata, self._spend, self._history = _tables(schema)
+        self._build_statements()
         try:
             self._create_tables(schema)
         except BaseException:
@@ -221,17 +222,8 @@ class Ledger:
         limit_eps, limit_dlt = _limit_units(budget)
         now = to_utc(now)
         key = period_key(budget.period, now)
-        columns = self._spend.c
         with self._engine.begin() as conn:
-            row = self._add_within(
-                conn,
-                "spent",
-                user,
-                key,
-                now,
-                (eps, columns.granted_epsilon_units + limit_eps),
-                (dlt, columns.granted_delta_units + limit_dlt),
-            )
+            row = self._add_within(conn, "spent", user, key, now, (eps, limit_eps), (dlt, limit_dlt))
             accepted = row is not None
             if accepted:
                 self._record(conn, "charge", user, key, now, eps, dlt, fingerprint)
@@ -403,45 +395,29 @@ class Ledger:
         user: str,
         key: str,
         now: datetime,
-        epsilon: tuple[int, sa.ColumnElement[int] | int],
-        delta: tuple[int, sa.ColumnElement[int] | int],
+        epsilon: tuple[int, int],
+        delta: tuple[int, int],
     ) -> Row[Any] | None:
-        """Add (amount, cap) pairs to the ``target`` ('spent' or 'granted') columns.
+        """Add (amount, limit) pairs to the ``target`` ('spent' or 'granted') columns.
 
-        One conditional UPDATE: either both new totals are within their caps and both are
+        One conditional UPDATE: either both new totals are within their caps (for 'spent',
+        the limit plus the period's grants; for 'granted', the limit itself) and both are
         written, or nothing changes and None is returned. Otherwise the amounts after.
+        The row usually exists, so it is created only when the UPDATE finds nothing.
         """
-        self._ensure_row(conn, user, key, now)
-        s = self._spend
-        eps_col = s.c[f"{target}_epsilon_units"]
-        dlt_col = s.c[f"{target}_delta_units"]
-        (eps, eps_cap), (dlt, dlt_cap) = epsilon, delta
-        return conn.execute(
-            sa.update(s)
-            .where(
-                s.c.user_name == user,
-                s.c.period == key,
-                eps_col + eps <= eps_cap,
-                dlt_col + dlt <= dlt_cap,
-            )
-            .values({eps_col: eps_col + eps, dlt_col: dlt_col + dlt, s.c.updated_at: now})
-            .returning(*self._amounts())
-        ).one_or_none()
+        params = {
+            "p_user": user, "p_period": key, "p_now": now,
+            "p_eps": epsilon[0], "p_eps_limit": epsilon[1], "p_dlt": delta[0], "p_dlt_limit": delta[1],
+        }
+        statement = self._add_statements[target]
+        row = conn.execute(statement, params).one_or_none()
+        if row is None:
+            self._ensure_row(conn, user, key, now)
+            row = conn.execute(statement, params).one_or_none()
+        return row
 
     def _ensure_row(self, conn: Connection, user: str, key: str, now: datetime) -> None:
-        conn.execute(
-            self._insert(self._spend)
-            .values(
-                user_name=user,
-                period=key,
-                spent_epsilon_units=0,
-                spent_delta_units=0,
-                granted_epsilon_units=0,
-                granted_delta_units=0,
-                updated_at=now,
-            )
-            .on_conflict_do_nothing(index_elements=["user_name", "period"])
-        )
+        conn.execute(self._ensure_statement, {"p_user": user, "p_period": key, "p_now": now})
 
     def _read(
         self, conn: Connection, user: str, key: str, for_update: bool = False
@@ -465,16 +441,42 @@ class Ledger:
         fingerprint: str | None,
     ) -> None:
         conn.execute(
-            self._history.insert().values(
-                at=now,
-                kind=kind,
-                user_name=user,
-                period=key,
-                epsilon_units=eps,
-                delta_units=dlt,
-                fingerprint=fingerprint,
-            )
+            self._history.insert(),
+            {
+                "at": now, "kind": kind, "user_name": user, "period": key,
+                "epsilon_units": eps, "delta_units": dlt, "fingerprint": fingerprint,
+            },
         )
+
+    def _build_statements(self) -> None:
+        """The hot statements, built once (SQLAlchemy then reuses their compiled form)."""
+        s = self._spend
+        user, period, now = (sa.bindparam(name) for name in ("p_user", "p_period", "p_now"))
+        self._ensure_statement = (
+            self._insert(s)
+            .values(
+                user_name=user, period=period, spent_epsilon_units=0, spent_delta_units=0,
+                granted_epsilon_units=0, granted_delta_units=0, updated_at=now,
+            )
+            .on_conflict_do_nothing(index_elements=["user_name", "period"])
+        )
+        eps, dlt, eps_limit, dlt_limit = (
+            sa.bindparam(name, type_=sa.BigInteger) for name in ("p_eps", "p_dlt", "p_eps_limit", "p_dlt_limit")
+        )
+        caps = {
+            "spent": (s.c.granted_epsilon_units + eps_limit, s.c.granted_delta_units + dlt_limit),
+            "granted": (eps_limit, dlt_limit),
+        }
+        self._add_statements = {}
+        for target, (eps_cap, dlt_cap) in caps.items():
+            eps_col = s.c[f"{target}_epsilon_units"]
+            dlt_col = s.c[f"{target}_delta_units"]
+            self._add_statements[target] = (
+                sa.update(s)
+                .where(s.c.user_name == user, s.c.period == period, eps_col + eps <= eps_cap, dlt_col + dlt <= dlt_cap)
+                .values({eps_col: eps_col + eps, dlt_col: dlt_col + dlt, s.c.updated_at: now})
+                .returning(*self._amounts())
+            )
 
 
 def _tables(schema: str | None) -> tuple[sa.MetaData, sa.Table, sa.Table]:
