@@ -18,6 +18,7 @@ from typing import Sequence
 from policies.loader import PolicyError, load_policy
 from policies.model import Policy
 
+from . import event_loop
 from .cli_budget import add_budget_commands
 from .cli_deploy import add_deploy_commands
 from .cli_privacy import add_privacy_commands
@@ -118,7 +119,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _run(policy: Policy, config: Path, host: str | None, port: int | None, banner: str | None) -> int:
     try:
-        return asyncio.run(_serve_until_signal(policy, config, host, port, banner))
+        return event_loop.run(_serve_until_signal(policy, config, host, port, banner))
     except KeyboardInterrupt:
         return 0
     except OSError as exc:

@@ -22,6 +22,7 @@ import pytest
 from policies.loader import parse_policy
 from policies.model import Policy
 from proxy.demo import SERVICE_ROLE, prepare_demo_database
+from proxy.event_loop import new_event_loop
 from proxy.server import Server
 
 TEST_DATABASE = "dpproxy_test"
@@ -139,7 +140,7 @@ class RunningProxy:
 
     def __init__(self, policy: Policy):
         self.policy = policy
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="dpproxy", daemon=True)
         self._thread.start()
         self.server: Server = self._call(Server.create(policy))
