@@ -1,9 +1,10 @@
 """AVG by sample and aggregate through dpproxy against a plain AVG() on PostgreSQL.
 
 Three probes, interleaved: the exact ``AVG()`` run directly, the SQL dpproxy sends the
-backend for it (one pass grouping the rows into the policy's m random partitions) run
-directly, and the DP AVG through dpproxy. The first ratio is what the rewrite costs inside
-PostgreSQL, the second what dpproxy's own work (protocol, parsing, noise) adds on top.
+backend for it (one pass grouping the rows into the policy's m partitions by a keyed hash
+of each row's ctid) run directly, and the DP AVG through dpproxy. The first ratio is what
+the rewrite costs inside PostgreSQL, the second what dpproxy's own work (protocol, parsing,
+noise) adds on top.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from policies.loader import load_policy
 from proxy.backend import build_registry, connect
 from rewriter.classify import DPQuery, classify
-from rewriter.rewrite import backend_sql
+from rewriter.rewrite import backend_sql, partition_seed
 from rewriter.statements import split_statements
 
 from .latency import QUERIES, Latency, Probe, measure
@@ -61,4 +62,4 @@ async def _rewrite(policy_path: Path, sql: str) -> str:
     finally:
         await backend.close()
     assert isinstance(decision, DPQuery), decision
-    return backend_sql(decision.plan)
+    return backend_sql(decision.plan, seed=partition_seed())  # one partitioning, like one query's

@@ -7,7 +7,7 @@ the mechanisms read it. Relations are matched by OID, never by name.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Literal, Mapping
 
 from .model import Access, ColumnPolicy, TablePolicy
 
@@ -27,13 +27,20 @@ class ColumnInfo:
 
 @dataclass(frozen=True)
 class Relation:
-    """A backend relation named by the policy."""
+    """A backend relation named by the policy.
+
+    ``partition_key`` is how sample and aggregate assigns rows to partitions
+    (``rewriter.rewrite.partition_key``): ``"ctid"``, a keyed hash of the row's physical id,
+    for tables, materialized views and partitioned tables on PostgreSQL ≥ 14; ``"random"``,
+    a per-row ``random()`` draw, for anything else (views, foreign tables, older backends).
+    """
 
     oid: int
     schema: str
     name: str
     policy: TablePolicy
     columns: Mapping[str, ColumnInfo] = field(default_factory=dict)
+    partition_key: Literal["ctid", "random"] = "random"
 
     @property
     def access(self) -> Access:

@@ -325,6 +325,7 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
     """Resolve the policy's tables on the backend: OIDs, columns, types; check the policy fits."""
     refs = {name: _policy_ref(name) for name in policy.tables}
     resolved = await session.resolve(refs.values())
+    hashed = await _ctid_partitioned(session, [target.oid for target in resolved.values() if target is not None])
     relations: dict[int, Relation] = {}
     problems: list[str] = []
     for name, table_policy in policy.tables.items():
@@ -341,7 +342,10 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
                 float(b).is_integer() for b in column_policy.bounds
             ):
                 problems.append(f"tables.{name}.columns.{column_name}: integer column needs integer bounds")
-        relations[target.oid] = Relation(target.oid, target.schema, target.name, table_policy, columns)
+        relations[target.oid] = Relation(
+            target.oid, target.schema, target.name, table_policy, columns,
+            partition_key="ctid" if target.oid in hashed else "random",
+        )
     if problems:
         raise PolicyError(problems)
     pg_class = await session.fetch_row(
@@ -349,6 +353,24 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
         "WHERE attrelid = 'pg_catalog.pg_class'::regclass AND attnum > 0 AND NOT attisdropped"
     )
     return TableRegistry(relations, tuple(pg_class[0]))
+
+
+async def _ctid_partitioned(session: BackendSession, oids: list[int]) -> set[int]:
+    """The relations whose rows sample and aggregate can partition by a hash of their ctid.
+
+    Tables, materialized views and partitioned tables have a ctid that stays put while other
+    rows come and go (views have none; a foreign table's is not the remote row's), and the
+    hash, ``hashtidextended``, exists from PostgreSQL 14 on.
+    """
+    if not oids:
+        return set()
+    rows = await session.fetch_all(
+        "SELECT c.oid FROM pg_catalog.pg_class c WHERE c.oid = ANY(%s::pg_catalog.oid[]) "
+        "AND c.relkind IN ('r', 'm', 'p') "
+        "AND pg_catalog.to_regprocedure('pg_catalog.hashtidextended(tid,bigint)') IS NOT NULL",
+        (oids,),
+    )
+    return {int(oid) for (oid,) in rows}
 
 
 def _policy_ref(name: str) -> RelationRef:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 from policies.errors import SQLSTATE, Refusal
 from rewriter.classify import Deallocate, DPQuery, Decision, DpproxyCommand, Passthrough, ResolvedRelation, classify
 from rewriter.references import RelationRef
-from rewriter.rewrite import backend_sql
+from rewriter.rewrite import backend_sql, partition_seed
 from rewriter.statements import Statement, split_statements
 
 from .answer import query_delta, release_row, result_fields
@@ -128,7 +128,7 @@ class Executor:
         if decision is None:
             return [], None
         if isinstance(decision, DPQuery):
-            params, _ = await self.backend.describe(backend_sql(decision.plan), param_types)
+            params, _ = await self.backend.describe(backend_sql(decision.plan, seed=0), param_types)
             return params, result_fields(decision.plan)
         if isinstance(decision, DpproxyCommand):
             return [], self.settings.fields(decision)
@@ -224,7 +224,7 @@ class Executor:
         epsilon = self.settings.query_epsilon(self.server.policy, plan.table)
         if plan.limit_zero:
             return release_row(plan, (), epsilon).result, [], Cost(0.0, 0.0, None, None)
-        sql = backend_sql(plan)
+        sql = backend_sql(plan, seed=0)  # names the query; the SQL run gets a fresh seed below
         repeat_key = (self.user, sql, tuple(params.values), tuple(params.formats), epsilon)
         earlier = self.server.repeats.get(repeat_key)
         if earlier is not None:
@@ -234,7 +234,7 @@ class Executor:
         # The ledger's history carries the audit log's fingerprint, so the two can be joined.
         balance = await self.server.budget.charge(self.user, epsilon, delta, _fingerprint(text))
         try:
-            raw = await self.backend.execute(sql, params if params.values else None)
+            raw = await self.backend.execute(backend_sql(plan, seed=partition_seed()), params if params.values else None)
         except BackendError as exc:
             raise _sanitised(exc) from None
         exact = tuple(load_text(value, field.type_oid) for value, field in zip(raw.rows[0], raw.fields))

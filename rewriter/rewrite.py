@@ -12,19 +12,38 @@ becomes one or more *parts*, each one column of that row (:func:`aggregate_parts
   empty partitions are missing from it and the caller counts them as empty.
 
 Without partition parts the query is one plain aggregate over the filtered rows. With them
-it is still one pass over the table: the filtered rows are grouped by a partition number
-``floor(random() * m)`` drawn for each row on its own, and an outer aggregate folds the
-partitions back together (``sum`` for additive parts, ``array_agg`` for partition values).
+it is still one pass over the table: the filtered rows are grouped by a partition number in
+0..m-1 computed for each row on its own (:func:`partition_key`), and an outer aggregate folds
+the partitions back together (``sum`` for additive parts, ``array_agg`` for partition values).
 
-Why per-row ``random()``: sample and aggregate is private only if adding or removing one
-row changes one partition's value, so a row's partition must not depend on the other rows
-(``ntile`` over a random order would shift many rows when one is added). ``random()`` is
-evaluated once per row as the grouping key, so every query draws a fresh partitioning.
-PostgreSQL ≥ 15 seeds it per backend process from a strong random source; analysts cannot
-reseed it (``setseed()``, ``SET seed`` and ``set_config('seed', ...)`` are refused) or read
-its output (``random()`` is not on any allowlist). The partitioning's randomness serves
-accuracy and the coupling argument above, it is not the noise: the noise comes from
-``mechanisms.samplers``.
+The partition number is a keyed hash of the row's physical id,
+``(hashtidextended(ctid, seed) & (2^63 - 1)) % m``, with a fresh 63-bit seed for every query
+(:func:`partition_seed`, from :mod:`secrets`); the mask clears the sign bit, so there are
+exactly m possible partitions. Why that is private: sample and aggregate is private if adding
+or removing one row changes at most one partition's value, and that holds for *any* partition
+function applied to each row on its own, whatever its seed, because the rows the two
+neighbouring tables share then land in the same partitions in both. A row's ``ctid`` does not
+change when another row is inserted or deleted (PostgreSQL never moves other rows for it), so
+``hashtidextended(ctid, seed)`` is such a function. The assumption, stated: neighbouring tables
+are one table before and after one row is added or removed, every other row keeping its
+``ctid``. The seed gives each query a new partitioning; that serves accuracy (no partitioning
+is stuck with an unlucky split), not privacy: the noise comes from ``mechanisms.samplers``,
+and the analysis holds even for a seed the analyst knew. Neither the seed nor ``ctid`` comes
+from the analyst, and the hash does not touch the row's values.
+
+``hashtidextended`` is PARALLEL SAFE, where ``random()`` is PARALLEL RESTRICTED and forces a
+serial plan. The rows pass through a subquery that also selects ``pg_is_in_recovery()``, a
+volatile but PARALLEL SAFE function: a subquery with a volatile output is not flattened into
+the grouping query, so PostgreSQL estimates its default 200 groups instead of one group per
+row (it knows every ``ctid`` is distinct, not that ``% m`` leaves m values), and then chooses
+a parallel plan with a partial aggregate per worker.
+
+Relations without a usable ``ctid`` (views, foreign tables) and backends without
+``hashtidextended`` (PostgreSQL < 14) keep ``floor(random() * m)``, also drawn for each row
+on its own (``Relation.partition_key``, set by ``proxy.backend.build_registry``). PostgreSQL
+≥ 15 seeds ``random()`` per backend process from a strong random source; analysts cannot
+reseed it (``setseed()``, ``SET seed`` and ``set_config('seed', ...)`` are refused) or read its
+output (``random()`` is not on any allowlist).
 
 Functions are schema-qualified with ``pg_catalog`` so that a session's ``search_path``
 cannot substitute another function for them.
@@ -32,17 +51,22 @@ cannot substitute another function for them.
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from policies.tables import ColumnInfo, quote_identifier
+from policies.tables import ColumnInfo, Relation, quote_identifier
 
 from .dp_query import Aggregate, AggregateQuery
 from .types import INTEGER_TYPES
 
-__all__ = ["Part", "aggregate_parts", "backend_sql", "clamped", "literal", "partition_values", "split_row"]
+__all__ = [
+    "Part", "aggregate_parts", "backend_sql", "clamped", "literal", "partition_key", "partition_seed",
+    "partition_values", "split_row",
+]
 
 _PER_PARTITION = {"avg": "avg", "min": "min", "max": "max"}
+_SEED_MAX = (1 << 63) - 1  # seeds are non-negative bigints; also the mask that clears the hash's sign bit
 
 
 @dataclass(frozen=True)
@@ -80,8 +104,13 @@ def aggregate_parts(agg: Aggregate) -> tuple[Part, ...]:
     raise ValueError(f"no backend SQL for {agg.kind} by {agg.mechanism}")
 
 
-def backend_sql(query: AggregateQuery) -> str:
-    """One SELECT over the resolved table that returns every part of every aggregate."""
+def backend_sql(query: AggregateQuery, seed: int) -> str:
+    """One SELECT over the resolved table that returns every part of every aggregate.
+
+    ``seed`` keys the partitioning (:func:`partition_key`); the SQL is a function of
+    ``(query, seed)`` alone. Run it with a fresh :func:`partition_seed`; any fixed seed
+    (0) names the query independently of its partitioning.
+    """
     parts = [part for agg in query.aggregates for part in aggregate_parts(agg)]
     source = query.table.qualified_name
     if query.where_sql:
@@ -95,11 +124,43 @@ def backend_sql(query: AggregateQuery) -> str:
         else f"pg_catalog.array_to_string(pg_catalog.array_agg(p{i}), ',', 'NULL')"
         for i, part in enumerate(parts)
     )
-    partitions = query.table.policy.partitions
+    used = list(dict.fromkeys(agg.column.name for agg in query.aggregates if agg.column is not None))
+    key, fence = (quote_identifier(_unused_name(query.table, name)) for name in ("partition", "fence"))
+    rows = ", ".join([
+        *map(quote_identifier, used),
+        f"{partition_key(query.table, seed)} AS {key}",
+        f"pg_catalog.pg_is_in_recovery() AS {fence}",  # volatile: keeps the subquery (module docstring)
+    ])
     return (
-        f"SELECT {outer} FROM (SELECT {inner} FROM {source} "
-        f"GROUP BY pg_catalog.floor(pg_catalog.random() * {partitions})) AS partitions"
+        f"SELECT {outer} FROM (SELECT {inner} FROM (SELECT {rows} FROM {source}) AS filtered "
+        f"GROUP BY {key}) AS partitions"
     )
+
+
+def partition_key(table: Relation, seed: int) -> str:
+    """The SQL of a row's partition number in 0..m-1, computed from that row alone.
+
+    A keyed hash of the row's ``ctid`` where the relation has one and the backend has
+    ``hashtidextended``; else a per-row ``random()`` draw, which ignores ``seed``.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _SEED_MAX:
+        raise ValueError(f"partition seed must be an integer in [0, 2^63), not {seed!r}")
+    partitions = table.policy.partitions
+    if table.partition_key == "ctid":
+        return f"(pg_catalog.hashtidextended(ctid, {seed}) & {_SEED_MAX}) % {partitions}"
+    return f"pg_catalog.floor(pg_catalog.random() * {partitions})"
+
+
+def partition_seed() -> int:
+    """A fresh seed for one query's partitioning: 63 bits from :mod:`secrets`."""
+    return secrets.randbits(63)
+
+
+def _unused_name(table: Relation, name: str) -> str:
+    """``name``, lengthened until no column of ``table`` has it."""
+    while name in table.columns:
+        name += "_"
+    return name
 
 
 def split_row(query: AggregateQuery, row: Sequence[Any]) -> list[tuple[Any, ...]]:
@@ -130,10 +191,18 @@ def partition_values(text: str | bytes | None) -> list[float | None]:
 
 
 def clamped(column: ColumnInfo) -> str:
-    """The column's values forced into its policy bounds [lo, hi]."""
+    """The column's values forced into its policy bounds [lo, hi]; NULL stays NULL.
+
+    NULL must stay NULL, as SUM, AVG, MIN and MAX skip it and ``count(column)`` does not
+    count it: ``LEAST(GREATEST(x, lo), hi)`` turns NULL into lo (GREATEST ignores NULL
+    arguments), which made a NULL row add lo to the ``sum_count`` sum but nothing to its
+    count, moving the centred sum by |lo| where the mechanism allows (hi − lo)/2. NaN and
+    ±Infinity clamp to hi and lo as they would with LEAST/GREATEST.
+    """
     assert column.policy is not None and column.policy.bounds is not None
     lo, hi = (_bound(bound, column) for bound in column.policy.bounds)
-    return f"LEAST(GREATEST({quote_identifier(column.name)}, {lo}), {hi})"
+    name = quote_identifier(column.name)
+    return f"CASE WHEN {name} < {lo} THEN {lo} WHEN {name} > {hi} THEN {hi} ELSE {name} END"
 
 
 def _bound(bound: float, column: ColumnInfo) -> str:

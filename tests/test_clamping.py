@@ -1,0 +1,83 @@
+"""Clamping in the backend SQL: values forced into [lo, hi], NULL left NULL.
+
+A NULL row must change no exact part: SUM, AVG, MIN and MAX skip NULL, and ``avg: sum_count``
+pairs its clamped sum with ``count(column)``, which does not count NULL. Clamping NULL to lo
+(as ``LEAST(GREATEST(x, lo), hi)`` does) let one NULL row move the sum_count centred sum by
+|lo| instead of at most (hi − lo)/2: with bounds [2000, 2010], by 2000 against a noise scale
+of 10 at ε = 1.
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from mechanisms.sum_count import release_mean
+from policies.model import ColumnPolicy, TablePolicy
+from policies.tables import ColumnInfo, Relation
+from rewriter.dp_query import plan_aggregate_query
+from rewriter.rewrite import backend_sql, clamped, split_row
+
+_INT4, _FLOAT8 = 23, 701
+
+
+def _relation(table: str, type_oid: int, bounds: tuple[float, float], **policy: object) -> Relation:
+    column_policy = ColumnPolicy(bounds=bounds)
+    table_policy = TablePolicy(epsilon=1.0, delta=1e-6, partitions=4, columns={"y": column_policy}, **policy)
+    return Relation(0, "public", table, table_policy, {"y": ColumnInfo("y", type_oid, -1, 1, column_policy)}, "ctid")
+
+
+@pytest.fixture
+def neighbours(admin: psycopg.Connection):
+    """nb_clamp: ten rows of 2005; nb_clamp_null: the same plus one NULL row."""
+    admin.execute("DROP TABLE IF EXISTS nb_clamp, nb_clamp_null")
+    admin.execute("CREATE TABLE nb_clamp (y integer)")
+    admin.execute("INSERT INTO nb_clamp SELECT 2005 FROM generate_series(1, 10)")
+    admin.execute("CREATE TABLE nb_clamp_null AS SELECT * FROM nb_clamp")
+    admin.execute("INSERT INTO nb_clamp_null VALUES (NULL)")
+    yield admin
+    admin.execute("DROP TABLE nb_clamp, nb_clamp_null")
+
+
+@pytest.mark.parametrize("sql,policy", [
+    ("SELECT SUM(y) FROM {table}", {}),
+    ("SELECT AVG(y) FROM {table}", {"avg": "sum_count"}),
+    ("SELECT AVG(y), MIN(y), MAX(y) FROM {table}", {}),
+])
+def test_a_null_row_changes_no_exact_part(neighbours, sql, policy):
+    parts = {}
+    for table in ("nb_clamp", "nb_clamp_null"):
+        plan = plan_aggregate_query(sql.format(table=table), _relation(table, _INT4, (2000, 2010), **policy))
+        row = split_row(plan, neighbours.execute(backend_sql(plan, seed=11)).fetchone())
+        parts[table] = [tuple(_as_released(v) for v in column) for column in row]
+    assert parts["nb_clamp"] == parts["nb_clamp_null"]
+
+
+def _as_released(part: object) -> object:
+    """A partition list as the mechanism sees it: m = 4 values, empty (None) as the midpoint 2005."""
+    if not isinstance(part, list):
+        return part
+    return sorted([2005.0 if v is None else v for v in part] + [2005.0] * (4 - len(part)))
+
+
+def test_sum_count_avg_of_neighbours_differing_by_a_null_row_is_the_same_release(neighbours):
+    plan = plan_aggregate_query("SELECT AVG(y) FROM nb_clamp_null", _relation("nb_clamp_null", _INT4, (2000, 2010), avg="sum_count"))
+    ((total, count),) = split_row(plan, neighbours.execute(backend_sql(plan, seed=0)).fetchone())
+    assert (total, count) == (20050, 10)  # the centred sum is 0, as without the NULL row
+    releases = [release_mean(float(total), int(count), 2000, 2010, 1.0).value for _ in range(400)]
+    assert 0.8 < sum(r < 2007 for r in releases) / len(releases) < 0.99  # ≈ 0.91, not 0
+
+
+def test_clamping_matches_least_greatest_except_that_null_stays_null(admin):
+    column = _relation("t", _FLOAT8, (-2.5, 2.5)).columns["y"]
+    assert column.policy is not None
+    values = ["NULL", "'NaN'", "'Infinity'", "'-Infinity'", "-3", "-2.5", "0", "-0.0", "1.25", "2.5", "7"]
+    rows = admin.execute(
+        f"SELECT y, {clamped(column)}, LEAST(GREATEST(y, -2.5), 2.5) FROM (VALUES "
+        + ", ".join(f"({v}::float8)" for v in values) + ") AS t(y)"
+    ).fetchall()
+    for y, ours, least_greatest in rows:
+        if y is None:
+            assert ours is None and least_greatest == -2.5  # the old clamp's NULL → lo
+        else:
+            assert ours == least_greatest and -2.5 <= ours <= 2.5, y  # NaN → hi, ±Infinity → hi/lo
