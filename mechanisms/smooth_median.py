@@ -48,7 +48,9 @@ for a useful AVG. Smaller tables get answers dominated by the range term.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Sequence, TypeVar
+
+import numpy as np
 
 from .laplace import _check_epsilon, laplace_error95
 from .release import Release
@@ -64,8 +66,21 @@ __all__ = [
 ]
 
 # A constant floor keeps the noise scale positive when S* underflows (β·m > ~700). The
-# maximum of a β-smooth upper bound and a constant is still a β-smooth upper bound.
+# maximum of a β-smooth upper bound and a constant is still a β-smooth upper bound. For a
+# range near the bottom of the floats (hi − lo < 2^-1030) the scale 2·S*/ε itself can still
+# underflow, so it is rounded up to the smallest positive float, again a constant floor.
 _SENSITIVITY_FLOOR = 2.0**-40
+_SMALLEST_SCALE = math.ulp(0.0)
+
+# Terms within _NEAR_TIE of the best, relatively, or within (hi − lo)·_NEAR_TIE_ABSOLUTE of
+# it count as near-best. The first is far above the few ulps by which a computed term can
+# differ from the exact one (or np.exp from math.exp); the second covers terms and weights
+# that underflow, where rounding is absolute, and is far below the release's floor.
+_NEAR_TIE = 2.0**-40
+_NEAR_TIE_ABSOLUTE = 2.0**-1000
+# Below this many terms, scanning every row within the first pass's brackets costs less than
+# the fixed cost of a middle pass (a few dozen numpy calls). Only speed depends on it.
+_DIRECT_SCAN_SIZE = 4096
 
 
 def smoothing_beta(epsilon: float, delta: float) -> float:
@@ -92,59 +107,183 @@ def prepare_partition_values(
     values: Sequence[float | None], lo: float, hi: float
 ) -> list[float]:
     """The partition values sorted, with None → midpoint, NaN → hi, and all clamped to [lo, hi]."""
-    lo, hi = float(lo), float(hi)
-    midpoint = lo + (hi - lo) / 2.0
-    prepared = []
-    for value in values:
-        if value is None:
-            prepared.append(midpoint)
-            continue
-        x = float(value)
-        prepared.append(hi if math.isnan(x) else min(max(x, lo), hi))
+    return _prepared_values(values, float(lo), float(hi)).tolist()
+
+
+def _prepared_values(values: Sequence[float | None], lo: float, hi: float) -> np.ndarray:
+    """:func:`prepare_partition_values` as an array (the release's path, without a list round trip)."""
+    prepared = np.array(values, dtype=float)  # float(v) for every v, except None → NaN
+    nan = np.flatnonzero(np.isnan(prepared))
+    if nan.size:
+        # Which NaN slots were None does not matter: only the sorted multiset is returned.
+        empty = values.count(None)
+        prepared[nan] = hi
+        prepared[nan[:empty]] = lo + (hi - lo) / 2.0
+    np.clip(prepared, lo, hi, out=prepared)
     prepared.sort()
     return prepared
 
 
 def smooth_sensitivity_median(
-    sorted_values: Sequence[float], lo: float, hi: float, beta: float
+    sorted_values: Sequence[float] | np.ndarray, lo: float, hi: float, beta: float
 ) -> float:
     """S*_β of the lower median: max_k e^{−kβ} · max_{0≤t≤k+1} (x_{j+t} − x_{j+t−k−1}).
 
     ``sorted_values`` are x_1 ≤ … ≤ x_m in [lo, hi]; x_i = lo for i < 1 and hi for i > m.
-    Writing a = j+t−k−1 and b = j+t, S* is the maximum of (x_b − x_a)·e^{−β(b−a−1)} over
-    0 ≤ a ≤ j ≤ b ≤ m+1 (smaller a or larger b only repeat lo or hi with less weight, so
-    k ≤ m suffices). For a fixed row a, the comparison of two columns b1 < b2 is linear
-    and non-decreasing in x_a, so the best column never moves left as a grows (the
-    matrix is totally monotone). Divide and conquer over the rows then finds the exact maximum
-    in O(m log m) evaluations. NRS07 remark that k may stop once e^{−kβ}·(hi − lo) is below the
-    best value so far; that cut-off is exact too but can still need O(m²) work, this never does.
+    Writing a = j+t−k−1 and b = j+t, S* is the maximum of the terms
+    (x_b − x_a)·e^{−β(b−a−1)} over rows 0 ≤ a ≤ j and columns j ≤ b ≤ m+1 (smaller a or
+    larger b only repeat lo or hi with less weight, so k ≤ m suffices).
+
+    For a fixed row a, the comparison of two columns b1 < b2 is linear and non-decreasing in
+    x_a, so the leftmost best column never moves left as a grows (the matrix is totally
+    monotone). A few rows scanned whole therefore bracket the best column of every row in
+    between (:func:`_bracketing_terms`), and O(m^{4/3}) terms, computed in a fixed number of
+    numpy steps, hold every row's best term. The result is the largest of those terms, each
+    computed as the definition computes it (the difference, math.exp(−β·k), the product):
+    the definition's value, unless another term lies within rounding of the maximum, and
+    then the definition's value up to that rounding.
     """
     m = len(sorted_values)
     if m == 0:
         raise ValueError("need at least one partition value")
-    x = [lo, *sorted_values, hi]
+    x = np.concatenate(([float(lo)], np.asarray(sorted_values, dtype=float), [float(hi)]))
     j = median_index(m) + 1
-    decay = [math.exp(-beta * k) for k in range(m + 1)]
+    # weight[b − a] is e^{−β(b−a−1)} to within an ulp (np.exp is not math.exp), enough to
+    # locate the maximum; weight[0] serves only a = b = j, whose gap is 0.
+    weight = np.exp(np.arange(-1, m + 1) * -beta)
+    weight[0] = 0.0
+    spans, gaps = _near_best(_bracketing_terms(x, j, weight), x)
+    return _exact_max(gaps, spans - 1, beta)
 
-    def weighted_gap(a: int, b: int) -> float:
-        return (x[b] - x[a]) * decay[b - a - 1] if b > a else 0.0
 
-    best = 0.0
-    pending = [(0, j, j, m + 1)]  # rows a0..a1 whose best column lies in b0..b1
-    while pending:
-        a0, a1, b0, b1 = pending.pop()
-        if a0 > a1:
-            continue
-        a = (a0 + a1) // 2
-        best_b, best_value = b0, weighted_gap(a, b0)
-        for b in range(b0 + 1, b1 + 1):
-            value = weighted_gap(a, b)
-            if value > best_value:
-                best_b, best_value = b, value
-        best = max(best, best_value)
-        pending.append((a0, a - 1, b0, best_b))
-        pending.append((a + 1, a1, best_b, b1))
-    return best
+# (span, gap, term) arrays of one length for pairs (a, b): span = b − a, gap = x_b − x_a and
+# term = gap·weight[span], the approximate term.
+_Terms = tuple[np.ndarray, np.ndarray, np.ndarray]
+_Best = TypeVar("_Best", float, np.ndarray)
+
+
+def _bracketing_terms(x: np.ndarray, j: int, weight: np.ndarray) -> list[_Terms]:
+    """Terms of pairs 0 ≤ a ≤ j ≤ b ≤ m+1 that include every row's exactly best term.
+
+    Rows a ≥ 1 with x_a = hi are left out: all their terms are exactly 0. Rows 0, 1 and every
+    r²-th row after 1 (r ≈ ∛j) are scanned whole; then every r-th row, and finally every row,
+    only from the first near-best column of the nearest scanned row above it to the last of
+    the nearest scanned row below it, where total monotonicity puts its best column. Row 1 is
+    scanned whole because x_0 = lo is usually far below x_1, so the best column can jump
+    across the matrix between rows 0 and 1. A pass is left out when the one before leaves
+    few terms to scan.
+    """
+    m = x.size - 2
+    last_row = max(0, min(j, int(np.searchsorted(x, x[-1])) - 1))
+    if (last_row + 1) * (m + 2 - j) <= _DIRECT_SCAN_SIZE:
+        spans, gaps, terms = _whole_rows(x, j, weight, np.arange(last_row + 1))
+        return [(spans.ravel(), gaps.ravel(), terms.ravel())]
+    r = max(2, round(last_row ** (1 / 3)))
+    scanned = np.concatenate(([0], np.arange(1, last_row, r * r), [last_row]))
+    spans, gaps, terms = _whole_rows(x, j, weight, scanned)
+    parts = [(spans.ravel(), gaps.ravel(), terms.ravel())]
+    first = np.empty(last_row + 1, dtype=np.intp)
+    last = np.empty(last_row + 1, dtype=np.intp)
+    near = terms >= _near_tie(terms.max(axis=1, keepdims=True), x)
+    first[scanned] = j + near.argmax(axis=1)
+    last[scanned] = m + 1 - near[:, ::-1].argmax(axis=1)
+
+    coarse = r * r
+    skip_middle_pass = _bracketed_size(scanned[1:], first, last) <= _DIRECT_SCAN_SIZE
+    for fine in (1,) if skip_middle_pass else (r, 1):
+        rows = np.arange(1, last_row, fine)
+        rows = rows[(rows - 1) % coarse != 0]
+        below = rows - (rows - 1) % coarse
+        above = np.minimum(below + coarse, last_row)
+        part, columns, widths = _rows_within(x, weight, rows, first[below], last[above])
+        parts.append(part)
+        if fine > 1:
+            _set_near_best_range(part[2], x, columns, widths, rows, first, last)
+        coarse = fine
+    return parts
+
+
+def _whole_rows(x: np.ndarray, j: int, weight: np.ndarray, rows: np.ndarray) -> _Terms:
+    """Terms of ``rows`` in all columns j … m+1, as 2-D arrays indexed [row, column − j]."""
+    gaps = x[j:] - x[rows, None]
+    windows = np.lib.stride_tricks.sliding_window_view(weight, x.size - j)
+    spans = np.arange(j, x.size) - rows[:, None]
+    return spans, gaps, gaps * windows[j - rows]  # windows[j − a][b − j] = weight[b − a]
+
+
+def _rows_within(
+    x: np.ndarray, weight: np.ndarray, rows: np.ndarray, start: np.ndarray, stop: np.ndarray
+) -> tuple[_Terms, np.ndarray, np.ndarray]:
+    """Terms of row rows[i] in columns start[i] … stop[i], row after row; their columns; widths.
+
+    A stop before its start (possible only through rounding) scans the start column alone.
+    """
+    widths = np.maximum(stop - start, 0) + 1
+    ends = np.cumsum(widths)
+    columns = np.arange(ends[-1] if ends.size else 0) - np.repeat(ends - widths - start, widths)
+    spans = columns - np.repeat(rows, widths)
+    gaps = x[columns] - x[columns - spans]
+    return (spans, gaps, gaps * weight[spans]), columns, widths
+
+
+def _bracketed_size(scanned: np.ndarray, first: np.ndarray, last: np.ndarray) -> int:
+    """How many terms it takes to scan every row between ``scanned`` rows within its bracket."""
+    widths = np.maximum(last[scanned[1:]] - first[scanned[:-1]], 0) + 1
+    return int(widths @ (scanned[1:] - scanned[:-1] - 1))
+
+
+def _set_near_best_range(
+    terms: np.ndarray,
+    x: np.ndarray,
+    columns: np.ndarray,
+    widths: np.ndarray,
+    rows: np.ndarray,
+    first: np.ndarray,
+    last: np.ndarray,
+) -> None:
+    """Set first[a] and last[a] to the first and last column of row a's near-best terms.
+
+    Row rows[i] has the next widths[i] of ``terms``, in increasing columns.
+    """
+    if not rows.size:
+        return
+    starts = np.cumsum(widths) - widths
+    near = terms >= np.repeat(_near_tie(np.maximum.reduceat(terms, starts), x), widths)
+    first[rows] = np.minimum.reduceat(np.where(near, columns, np.iinfo(columns.dtype).max), starts)
+    last[rows] = np.maximum.reduceat(np.where(near, columns, -1), starts)
+
+
+def _near_best(parts: list[_Terms], x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Spans and gaps of the near-best of all terms, which include the exactly largest term.
+
+    The parts are not concatenated first: copying every term would cost more than the search.
+    """
+    threshold = _near_tie(max(terms.max(initial=0.0) for _, _, terms in parts), x)
+    spans, gaps = [], []
+    for part_spans, part_gaps, terms in parts:
+        near = terms >= threshold
+        spans.append(part_spans[near])
+        gaps.append(part_gaps[near])
+    return np.concatenate(spans), np.concatenate(gaps)
+
+
+def _near_tie(best: _Best, x: np.ndarray) -> _Best:
+    """The smallest approximate term that is near-best next to approximate best term(s) ``best``.
+
+    The margin is far above the error of an approximate term, so a term whose exact value is
+    largest is near-best whatever the rounding.
+    """
+    return best * (1.0 - _NEAR_TIE) - (x[-1] - x[0]) * _NEAR_TIE_ABSOLUTE
+
+
+def _exact_max(gaps: np.ndarray, ks: np.ndarray, beta: float) -> float:
+    """max of gap·e^{−βk} over the given terms, each computed as the definition computes it."""
+    if ks.size > 1:
+        order = np.lexsort((gaps, ks))
+        gaps, ks = gaps[order], ks[order]
+        widest = np.append(ks[1:] != ks[:-1], True)  # per k only the largest gap can win
+        gaps, ks = gaps[widest], ks[widest]
+    return max(gap * math.exp(-beta * k) for gap, k in zip(gaps.tolist(), ks.tolist()))
 
 
 def release_sample_and_aggregate(
@@ -171,10 +310,10 @@ def release_sample_and_aggregate(
     if lo == hi:
         return Release(lo, epsilon, delta, 0.0, 0.0, "smooth_median")
 
-    values = prepare_partition_values(partition_values, lo, hi)
-    median = values[median_index(len(values))]
+    values = _prepared_values(partition_values, lo, hi)
+    median = float(values[median_index(len(values))])
     s_star = smooth_sensitivity_median(values, lo, hi, smoothing_beta(epsilon, delta))
-    noise_scale = 2.0 * max(s_star, (hi - lo) * _SENSITIVITY_FLOOR) / epsilon
+    noise_scale = max(2.0 * max(s_star, (hi - lo) * _SENSITIVITY_FLOOR) / epsilon, _SMALLEST_SCALE)
     noisy = min(max(laplace_float(median, noise_scale), lo), hi)
 
     worst_scale = 2.0 * (hi - lo) / epsilon

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import Sequence
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from mechanisms import smooth_median
 from mechanisms.smooth_median import (
     median_index,
     prepare_partition_values,
@@ -35,6 +38,25 @@ def direct_smooth_sensitivity(sorted_values: list[float], lo: float, hi: float, 
         math.exp(-k * beta) * max(x(j + t) - x(j + t - k - 1) for t in range(k + 2))
         for k in range(2 * m + 2)
     )
+
+
+def vectorised_definition(sorted_values: Sequence[float], lo: float, hi: float, beta: float) -> float:
+    """direct_smooth_sensitivity with its max over t taken by numpy: the same floating-point
+    operations (so the same result, bit for bit), fast enough for m ≈ 1,000."""
+    m = len(sorted_values)
+    j = math.ceil(m / 2)
+    pad = 2 * m + 2
+    xs = np.concatenate((np.full(pad, lo), sorted_values, np.full(pad, hi)))  # x_i is xs[i − 1 + pad]
+    return max(
+        math.exp(-k * beta) * float(np.max(xs[j - 1 + pad : j + k + 1 + pad] - xs[j - k - 2 + pad : j + pad]))
+        for k in range(2 * m + 2)
+    )
+
+
+# The search scans small inputs whole; with no budget for that, every pass runs at any m.
+SCAN_MODES = pytest.mark.parametrize(
+    "direct_scan_size", [smooth_median._DIRECT_SCAN_SIZE, 0], ids=["as-configured", "every-pass"]
+)
 
 
 @lru_cache(maxsize=None)
@@ -74,6 +96,122 @@ def test_fast_smooth_sensitivity_with_many_ties(values: list[int], epsilon: floa
     beta = smoothing_beta(epsilon, 1e-6)
     fast = smooth_sensitivity_median(sorted_values, 0.0, 3.0, beta)
     assert fast == pytest.approx(direct_smooth_sensitivity(sorted_values, 0.0, 3.0, beta), rel=1e-12)
+
+
+@given(values=st.lists(st.floats(-50, 50), min_size=1, max_size=40), beta=st.floats(1e-4, 8))
+def test_vectorised_definition_is_the_literal_definition(values: list[float], beta: float) -> None:
+    sorted_values = sorted(values)
+    lo, hi = sorted_values[0] - 1.0, sorted_values[-1] + 2.0
+    assert vectorised_definition(sorted_values, lo, hi, beta) == direct_smooth_sensitivity(sorted_values, lo, hi, beta)
+
+
+@SCAN_MODES
+@given(
+    values=st.lists(
+        st.one_of(
+            st.none(),
+            st.floats(allow_nan=True, allow_infinity=True),
+            st.floats(-1.0, 11.0),
+            st.sampled_from([0.0, 5.0, 10.0]),
+        ),
+        min_size=1,
+        max_size=80,
+    ),
+    epsilon=st.floats(0.01, 20),
+    delta=st.floats(1e-12, 0.5),
+)
+@settings(max_examples=200)
+def test_every_search_pass_finds_the_definitions_value(
+    direct_scan_size: int, values: list[float | None], epsilon: float, delta: float
+) -> None:
+    # Empty partitions, NaN, values beyond and at the bounds, ties, m = 1 and 2, odd and even m.
+    sorted_values = prepare_partition_values(values, 0.0, 10.0)
+    beta = smoothing_beta(epsilon, delta)
+    with patch.object(smooth_median, "_DIRECT_SCAN_SIZE", direct_scan_size):
+        fast = smooth_sensitivity_median(sorted_values, 0.0, 10.0, beta)
+    assert fast == pytest.approx(direct_smooth_sensitivity(sorted_values, 0.0, 10.0, beta), rel=1e-13, abs=1e-300)
+
+
+EDGE_CASES = {
+    "m=1": [0.3],
+    "m=1-empty": [None],
+    "m=1-at-hi": [1.0],
+    "m=2": [0.9, 0.2],
+    "m=2-at-bounds": [0.0, 1.0],
+    "m=2-empty": [None, None],
+    "m=3": [0.5, 0.1, 0.7],
+    "m=4": [0.5, 0.1, 0.7, 0.65],
+    "all-equal-odd": [0.4] * 301,
+    "all-equal-even": [0.4] * 300,
+    "all-empty": [None] * 257,
+    "all-at-lo": [0.0] * 200,
+    "all-at-hi": [1.0] * 201,
+    "all-beyond-bounds": [-3.0, math.inf, 7.0, -math.inf, math.nan] * 40,
+    "median-flips": [0.0] * 151 + [1.0] * 150,
+    "half-empty": [0.1 + 0.002 * i for i in range(150)] + [None] * 150,
+    "ties-at-bounds-and-inside": [0.0, 0.25, 1.0, 0.25, None] * 61,
+}
+
+
+@SCAN_MODES
+@pytest.mark.parametrize("epsilon", [0.05, 1.0, 20.0])
+@pytest.mark.parametrize("values", EDGE_CASES.values(), ids=EDGE_CASES.keys())
+def test_edge_cases_equal_the_definition_bit_for_bit(
+    direct_scan_size: int, values: list[float | None], epsilon: float
+) -> None:
+    sorted_values = prepare_partition_values(values, 0.0, 1.0)
+    beta = smoothing_beta(epsilon, 1e-6)
+    with patch.object(smooth_median, "_DIRECT_SCAN_SIZE", direct_scan_size):
+        fast = smooth_sensitivity_median(sorted_values, 0.0, 1.0, beta)
+    assert fast == direct_smooth_sensitivity(sorted_values, 0.0, 1.0, beta)
+
+
+def partition_values(shape: str, m: int, rng: np.random.Generator) -> list[float | None]:
+    """m partition values in or around [0, 100], of a few shapes that move the best terms about."""
+    if shape == "concentrated":
+        return list(rng.normal(38.6, 0.8, m))
+    if shape == "spread-beyond-bounds":
+        return list(rng.uniform(-10, 110, m))
+    if shape == "two-clusters":
+        return list(np.where(rng.random(m) < 0.5, rng.normal(20, 1, m), rng.normal(80, 1, m)))
+    if shape == "most-at-hi":
+        return list(np.where(rng.random(m) < 0.6, 100.0, rng.uniform(0, 100, m)))
+    if shape == "exponential-tail":
+        return list(rng.exponential(5.0, m))
+    if shape == "quarter-empty":
+        return [*rng.normal(38.6, 3.0, m - m // 4), *[None] * (m // 4)]
+    raise ValueError(shape)
+
+
+@pytest.mark.parametrize("epsilon", [0.1, 0.3, 1.0, 4.0])
+@pytest.mark.parametrize("m", [129, 512, 1024, 1101])
+@pytest.mark.parametrize(
+    "shape",
+    ["concentrated", "spread-beyond-bounds", "two-clusters", "most-at-hi", "exponential-tail", "quarter-empty"],
+)
+def test_large_m_equals_the_definition_bit_for_bit(shape: str, m: int, epsilon: float) -> None:
+    rng = np.random.default_rng([m, int(epsilon * 10), len(shape)])
+    sorted_values = prepare_partition_values(partition_values(shape, m, rng), 0.0, 100.0)
+    beta = smoothing_beta(epsilon, 1e-6)
+    assert smooth_sensitivity_median(sorted_values, 0.0, 100.0, beta) == vectorised_definition(
+        sorted_values, 0.0, 100.0, beta
+    )
+
+
+@given(
+    values=st.lists(
+        st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.integers(-10, 10)), max_size=40
+    ),
+    lo=st.floats(-1e6, 1e6),
+    width=st.floats(0, 1e6),
+)
+def test_prepared_values_are_the_plain_definition(values: list[float | None], lo: float, width: float) -> None:
+    hi = lo + width
+    midpoint = lo + (hi - lo) / 2.0
+    expected = sorted(
+        midpoint if v is None else hi if math.isnan(float(v)) else min(max(float(v), lo), hi) for v in values
+    )
+    assert prepare_partition_values(values, lo, hi) == expected
 
 
 def test_lower_median_for_even_m() -> None:
@@ -187,6 +325,12 @@ def test_huge_m_keeps_a_positive_noise_scale() -> None:
     # β·m/2 ≈ 1000: e^{-β k} underflows; the floor keeps the sampler's scale positive.
     released = release_sample_and_aggregate([0.5] * 4001, 0.0, 1.0, 50.0, 1e-6)
     assert 0.0 <= released.value <= 1.0
+
+
+def test_subnormal_range_keeps_a_positive_noise_scale() -> None:
+    # hi − lo = 5e-324: 2·S*/ε rounds to 0, which the sampler rejects; it is rounded up instead.
+    released = release_sample_and_aggregate([None], 0.0, 5e-324, 4.0, 1e-6)
+    assert 0.0 <= released.value <= 5e-324
 
 
 @pytest.mark.parametrize(
