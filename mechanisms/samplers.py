@@ -22,18 +22,22 @@ dp.enable_features("contrib")
 __all__ = ["laplace_int", "laplace_float", "laplace_float_vector", "gumbel_argmax"]
 
 
+# Built once: the smooth median's noise scale is new on every release, so its measurement
+# is rebuilt each time, and constructing these two objects was half of that (~60 µs).
+_FLOAT_DOMAIN = dp.atom_domain(T=float, nan=False)
+_FLOAT_METRIC = dp.absolute_distance(T=float)
+_FLOAT_VECTOR_DOMAIN = dp.vector_domain(_FLOAT_DOMAIN)
+_FLOAT_VECTOR_METRIC = dp.l1_distance(T=float)
+
+
 @lru_cache(maxsize=512)
 def _float_laplace(scale: float) -> Any:
-    return dp.m.make_laplace(
-        dp.atom_domain(T=float, nan=False), dp.absolute_distance(T=float), scale=scale
-    )
+    return dp.m.make_laplace(_FLOAT_DOMAIN, _FLOAT_METRIC, scale=scale)
 
 
 @lru_cache(maxsize=64)
 def _float_laplace_vector(scale: float) -> Any:
-    return dp.m.make_laplace(
-        dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.l1_distance(T=float), scale=scale
-    )
+    return dp.m.make_laplace(_FLOAT_VECTOR_DOMAIN, _FLOAT_VECTOR_METRIC, scale=scale)
 
 
 @lru_cache(maxsize=64)
