@@ -1,16 +1,17 @@
 """AVG by sample and aggregate through dpproxy against a plain AVG() on PostgreSQL.
 
-Three probes, interleaved: the exact ``AVG()`` run directly, the SQL dpproxy sends the
-backend for it (one pass grouping the rows into the policy's m partitions by a keyed hash
-of each row's ctid) run directly, and the DP AVG through dpproxy. The first ratio is what
-the rewrite costs inside PostgreSQL, the second what dpproxy's own work (protocol, parsing,
-noise) adds on top.
+Four probes, interleaved: the exact ``AVG()`` run directly, the SQL dpproxy sends the
+backend for it (one pass grouping the rows into the policy's m partitions; the benchmark
+policy partitions the largest table by a keyed hash of each row's ctid) run directly, the
+same SQL with the default ``partitioning: random`` run directly, and the DP AVG through
+dpproxy. The rewritten SQL's ratio is what the rewrite costs inside PostgreSQL, the DP
+AVG's what dpproxy's own work (protocol, parsing, noise) adds on top.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from policies.loader import load_policy
@@ -30,28 +31,38 @@ class AvgComparison:
     rows: int
     direct: Latency
     rewritten: Latency
+    rewritten_random: Latency
     dpproxy: Latency
     backend_sql: str
+    random_sql: str
 
 
 def compare_avg(
     policy_path: Path, proxy: Endpoint, direct: Endpoint, table: str, rows: int, iterations: int
 ) -> AvgComparison:
     sql = QUERIES["AVG"].format(table=table)
-    rewritten = rewritten_sql(policy_path, sql)
+    rewritten, random_sql = rewritten_sql(policy_path, sql)
     times = measure(
-        [Probe("direct", direct, sql), Probe("rewritten", direct, rewritten), Probe("dpproxy", proxy, sql)],
+        [
+            Probe("direct", direct, sql),
+            Probe("rewritten", direct, rewritten),
+            Probe("random", direct, random_sql),
+            Probe("dpproxy", proxy, sql),
+        ],
         iterations,
     )
-    return AvgComparison(rows, times["direct"], times["rewritten"], times["dpproxy"], rewritten)
+    return AvgComparison(
+        rows, times["direct"], times["rewritten"], times["random"], times["dpproxy"], rewritten, random_sql
+    )
 
 
-def rewritten_sql(policy_path: Path, sql: str) -> str:
-    """The backend SQL dpproxy runs for the DP query ``sql`` under the policy at ``policy_path``."""
+def rewritten_sql(policy_path: Path, sql: str) -> tuple[str, str]:
+    """The backend SQL dpproxy runs for the DP query ``sql`` under the policy at ``policy_path``,
+    and the same under ``partitioning: random``."""
     return asyncio.run(_rewrite(policy_path, sql))
 
 
-async def _rewrite(policy_path: Path, sql: str) -> str:
+async def _rewrite(policy_path: Path, sql: str) -> tuple[str, str]:
     policy = load_policy(policy_path)
     backend = await connect(policy)
     try:
@@ -62,4 +73,7 @@ async def _rewrite(policy_path: Path, sql: str) -> str:
     finally:
         await backend.close()
     assert isinstance(decision, DPQuery), decision
-    return backend_sql(decision.plan, seed=partition_seed())  # one partitioning, like one query's
+    plan = decision.plan
+    seed = partition_seed()  # one partitioning, like one query's
+    random_plan = replace(plan, table=replace(plan.table, partition_key="random"))
+    return backend_sql(plan, seed=seed), backend_sql(random_plan, seed=seed)

@@ -71,7 +71,7 @@ def environment(sizes: list[int], data_dir: Path | None, max_connections: int) -
         tables = {rows: table_name(rows) for rows in sizes}
         backend = postgres.endpoint(SERVICE_ROLE, DATABASE, tcp=False)
         port = free_port()
-        policy = write_policy(workdir / "policy.yaml", backend, port, list(tables.values()))
+        policy = write_policy(workdir / "policy.yaml", backend, port, tables)
         proxy, dpproxy = start_dpproxy(policy, port, DATABASE)
         servers.append(proxy)
         relay_process, relay = start_relay(backend, free_port(), workdir)

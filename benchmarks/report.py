@@ -184,6 +184,8 @@ def _avg(results: Results) -> list[str]:
         f"| direct `AVG()` | {_ms(avg.direct.p50_ms)} | {_ms(avg.direct.p99_ms)} | 1 |",
         f"| dpproxy's backend SQL, run directly | {_ms(avg.rewritten.p50_ms)} | {_ms(avg.rewritten.p99_ms)} | "
         f"{_num(avg.rewritten.p50_ms / avg.direct.p50_ms)} |",
+        f"| the same with `partitioning: random` (the default), run directly | {_ms(avg.rewritten_random.p50_ms)} | "
+        f"{_ms(avg.rewritten_random.p99_ms)} | {_num(avg.rewritten_random.p50_ms / avg.direct.p50_ms)} |",
         f"| DP AVG through dpproxy | {_ms(avg.dpproxy.p50_ms)} | {_ms(avg.dpproxy.p99_ms)} | "
         f"**{_num(avg.dpproxy.p50_ms / avg.direct.p50_ms)}** |",
         "",

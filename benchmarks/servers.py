@@ -3,7 +3,9 @@
 * dpproxy: ``python -m proxy.cli serve -c policy.yaml``, the real server, in its own process
   so that its CPU is not shared with the client side of the benchmark and its memory (RSS)
   can be read. The policy protects every benchmark table with the demo's column bounds, ε
-  and partitions; the analyst's budget is practically unlimited, answers to repeated
+  and partitions, and opts the tables of ≥ ``CTID_HASH_ROWS`` rows into ``partitioning:
+  ctid_hash`` (parallel sample and aggregate), as a deployment with large tables would;
+  the analyst's budget is practically unlimited, answers to repeated
   queries are recomputed (``repeats: {enabled: false}``, else the benchmark would measure
   the repeat cache), and the audit log goes to a file.
 * relay: ``python -m benchmarks.relay``, an asyncio byte relay that does nothing but copy
@@ -32,8 +34,11 @@ ANALYST = ("analyst", "analyst")  # login and password (SCRAM-SHA-256)
 _ROOT = Path(__file__).resolve().parent.parent
 
 
-def write_policy(path: Path, backend: Endpoint, port: int, tables: list[str]) -> Path:
-    """Write the benchmark policy for ``tables`` (in schema public) to ``path``."""
+CTID_HASH_ROWS = 1_000_000
+
+
+def write_policy(path: Path, backend: Endpoint, port: int, tables: dict[int, str]) -> Path:
+    """Write the benchmark policy for ``tables`` (rows → name, in schema public) to ``path``."""
     demo = parse_policy(DEMO_POLICY.format(dsn=backend.uri(), port=port, ledger="-"), "demo-policy")
     table = demo.tables["public.adult"].model_dump(mode="json", by_alias=True, exclude_none=True)
     user, password = ANALYST
@@ -44,7 +49,10 @@ def write_policy(path: Path, backend: Endpoint, port: int, tables: list[str]) ->
         "audit": {"path": str(path.parent / "audit.jsonl")},
         "repeats": {"enabled": False},
         "users": {user: {"password": password, "budget": {"epsilon": 1e15, "delta": 0.999}}},
-        "tables": {f"public.{name}": table for name in tables},
+        "tables": {
+            f"public.{name}": {**table, "partitioning": "ctid_hash"} if rows >= CTID_HASH_ROWS else table
+            for rows, name in tables.items()
+        },
     }
     path.write_text(yaml.safe_dump(policy, sort_keys=False), encoding="utf-8")
     return path

@@ -191,6 +191,10 @@ class TablePolicy(_Strict):
     # .recommended_partitions) and needs ≈ 15,000 filtered rows for 30 rows per partition.
     partitions: int = Field(512, ge=3, le=10_000)
     avg: Literal["sample_aggregate", "sum_count"] = "sample_aggregate"
+    # How sample and aggregate assigns rows to partitions (docs/mechanisms.md): random() is
+    # exact under any neighbouring tables but serial; ctid_hash runs in parallel and assumes
+    # that other rows keep their place when one is added or removed.
+    partitioning: Literal["random", "ctid_hash"] = "random"
     columns: dict[str, ColumnPolicy] = Field(default_factory=dict)
 
     @model_validator(mode="after")

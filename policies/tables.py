@@ -30,9 +30,9 @@ class Relation:
     """A backend relation named by the policy.
 
     ``partition_key`` is how sample and aggregate assigns rows to partitions
-    (``rewriter.rewrite.partition_key``): ``"ctid"``, a keyed hash of the row's physical id,
-    for tables, materialized views and partitioned tables on PostgreSQL ≥ 14; ``"random"``,
-    a per-row ``random()`` draw, for anything else (views, foreign tables, older backends).
+    (``rewriter.rewrite.partition_key``), from the policy's ``partitioning``: ``"random"``,
+    a per-row ``random()`` draw, or ``"ctid"``, a keyed hash of the row's physical id
+    (``ctid_hash``, checked at load to be possible on this relation and backend).
     """
 
     oid: int

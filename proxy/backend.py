@@ -325,7 +325,7 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
     """Resolve the policy's tables on the backend: OIDs, columns, types; check the policy fits."""
     refs = {name: _policy_ref(name) for name in policy.tables}
     resolved = await session.resolve(refs.values())
-    hashed = await _ctid_partitioned(session, [target.oid for target in resolved.values() if target is not None])
+    hashable = await _ctid_hashable(session, [target.oid for target in resolved.values() if target is not None])
     relations: dict[int, Relation] = {}
     problems: list[str] = []
     for name, table_policy in policy.tables.items():
@@ -342,9 +342,14 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
                 float(b).is_integer() for b in column_policy.bounds
             ):
                 problems.append(f"tables.{name}.columns.{column_name}: integer column needs integer bounds")
+        if table_policy.partitioning == "ctid_hash" and target.oid not in hashable:
+            problems.append(
+                f"tables.{name}.partitioning: ctid_hash needs a table, materialized view or "
+                "partitioned table on PostgreSQL >= 14; use random"
+            )
         relations[target.oid] = Relation(
             target.oid, target.schema, target.name, table_policy, columns,
-            partition_key="ctid" if target.oid in hashed else "random",
+            partition_key="ctid" if table_policy.partitioning == "ctid_hash" else "random",
         )
     if problems:
         raise PolicyError(problems)
@@ -355,7 +360,7 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
     return TableRegistry(relations, tuple(pg_class[0]))
 
 
-async def _ctid_partitioned(session: BackendSession, oids: list[int]) -> set[int]:
+async def _ctid_hashable(session: BackendSession, oids: list[int]) -> set[int]:
     """The relations whose rows sample and aggregate can partition by a hash of their ctid.
 
     Tables, materialized views and partitioned tables have a ctid that stays put while other

@@ -16,34 +16,33 @@ it is still one pass over the table: the filtered rows are grouped by a partitio
 0..m-1 computed for each row on its own (:func:`partition_key`), and an outer aggregate folds
 the partitions back together (``sum`` for additive parts, ``array_agg`` for partition values).
 
-The partition number is a keyed hash of the row's physical id,
-``(hashtidextended(ctid, seed) & (2^63 - 1)) % m``, with a fresh 63-bit seed for every query
-(:func:`partition_seed`, from :mod:`secrets`); the mask clears the sign bit, so there are
-exactly m possible partitions. Why that is private: sample and aggregate is private if adding
-or removing one row changes at most one partition's value, and that holds for *any* partition
-function applied to each row on its own, whatever its seed, because the rows the two
-neighbouring tables share then land in the same partitions in both. A row's ``ctid`` does not
-change when another row is inserted or deleted (PostgreSQL never moves other rows for it), so
-``hashtidextended(ctid, seed)`` is such a function. The assumption, stated: neighbouring tables
-are one table before and after one row is added or removed, every other row keeping its
-``ctid``. The seed gives each query a new partitioning; that serves accuracy (no partitioning
-is stuck with an unlucky split), not privacy: the noise comes from ``mechanisms.samplers``,
-and the analysis holds even for a seed the analyst knew. Neither the seed nor ``ctid`` comes
-from the analyst, and the hash does not touch the row's values.
+The partition number comes from the table's ``partitioning`` (policy; ``Relation.partition_key``):
 
-``hashtidextended`` is PARALLEL SAFE, where ``random()`` is PARALLEL RESTRICTED and forces a
-serial plan. The rows pass through a subquery that also selects ``pg_is_in_recovery()``, a
-volatile but PARALLEL SAFE function: a subquery with a volatile output is not flattened into
-the grouping query, so PostgreSQL estimates its default 200 groups instead of one group per
-row (it knows every ``ctid`` is distinct, not that ``% m`` leaves m values), and then chooses
-a parallel plan with a partial aggregate per worker.
+* ``random`` (the default): ``floor(random() * m)``, drawn for each row on its own and afresh
+  for every query. Sample and aggregate is private if adding or removing one row changes at
+  most one partition's value; with independent per-row draws the rows two neighbouring tables
+  share can be given the same partitions in both, whatever the tables' physical layout, so
+  the guarantee needs no assumption. PostgreSQL ≥ 15 seeds ``random()`` per backend process
+  from a strong random source; analysts cannot reseed it (``setseed()``, ``SET seed`` and
+  ``set_config('seed', ...)`` are refused) or read its output (``random()`` is on no
+  allowlist). ``random()`` is PARALLEL RESTRICTED, so the query runs serially.
+* ``ctid_hash``: ``(hashtidextended(ctid, seed) & (2^63 - 1)) % m``, a keyed hash of the row's
+  physical id with a fresh 63-bit seed per query (:func:`partition_seed`, from
+  :mod:`secrets`); the mask clears the sign bit, so there are exactly m partitions. This is
+  a function of each row on its own, and a row's ``ctid`` does not change when another row is
+  inserted or deleted, so neighbouring tables that differ by one row added or removed *in
+  place* differ in one partition, for every seed. **Assumption:** that is the neighbouring
+  relation. For two tables loaded separately, whose shared rows sit at different ctids, the
+  argument instead needs the keyed hash to behave like a random function of the ctid, which
+  ``hashtidextended`` (not a cryptographic PRF) is not proven to do; hence opt-in.
+  ``hashtidextended`` is PARALLEL SAFE: the rows pass through a subquery that also selects
+  ``pg_is_in_recovery()``, volatile but PARALLEL SAFE, so that the subquery is not flattened
+  into the grouping query; PostgreSQL then estimates its default 200 groups instead of one
+  per row (it knows every ``ctid`` is distinct, not that ``% m`` leaves m values) and picks
+  a parallel plan with a partial aggregate per worker.
 
-Relations without a usable ``ctid`` (views, foreign tables) and backends without
-``hashtidextended`` (PostgreSQL < 14) keep ``floor(random() * m)``, also drawn for each row
-on its own (``Relation.partition_key``, set by ``proxy.backend.build_registry``). PostgreSQL
-≥ 15 seeds ``random()`` per backend process from a strong random source; analysts cannot
-reseed it (``setseed()``, ``SET seed`` and ``set_config('seed', ...)`` are refused) or read its
-output (``random()`` is not on any allowlist).
+In both cases the partitioning serves accuracy and the coupling argument, it is not the
+noise: the noise comes from ``mechanisms.samplers``.
 
 Functions are schema-qualified with ``pg_catalog`` so that a session's ``search_path``
 cannot substitute another function for them.
@@ -140,8 +139,8 @@ def backend_sql(query: AggregateQuery, seed: int) -> str:
 def partition_key(table: Relation, seed: int) -> str:
     """The SQL of a row's partition number in 0..m-1, computed from that row alone.
 
-    A keyed hash of the row's ``ctid`` where the relation has one and the backend has
-    ``hashtidextended``; else a per-row ``random()`` draw, which ignores ``seed``.
+    A keyed hash of the row's ``ctid`` for tables whose policy chose ``partitioning:
+    ctid_hash``; else a per-row ``random()`` draw, which ignores ``seed``.
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _SEED_MAX:
         raise ValueError(f"partition seed must be an integer in [0, 2^63), not {seed!r}")

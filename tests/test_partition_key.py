@@ -1,5 +1,6 @@
-"""The sample-and-aggregate partition key: a keyed hash of each row's ctid, random() where
-there is no usable ctid, and a plan PostgreSQL can run in parallel.
+"""The sample-and-aggregate partition key: random() by default; with ``partitioning:
+ctid_hash`` a keyed hash of each row's ctid, refused where there is no usable ctid, and a
+plan PostgreSQL can run in parallel.
 
 Privacy rests on a row's partition depending on that row alone (rewriter/rewrite.py's module
 docstring): pinned here on a real table by deleting and inserting other rows.
@@ -14,6 +15,7 @@ import psycopg
 import pytest
 
 from conftest import TEST_POLICY, TestDatabase, make_policy
+from policies.loader import PolicyError
 from policies.tables import Relation, TableRegistry
 from proxy.backend import build_registry, connect
 from proxy.demo import SERVICE_ROLE
@@ -27,11 +29,15 @@ tables:
     epsilon: 1.0
     delta: 1.0e-6
     partitions: {M}
-    columns:
+    partitioning: ctid_hash
+    columns: &columns
       v: {{{{bounds: [0, 100]}}}}
       partition: {{{{bounds: [0, 100]}}}}
-  public.pk_view: *keyed
   public.pk_parted: *keyed
+  public.pk_view:
+    epsilon: 1.0
+    partitions: {M}
+    columns: *columns
 """
 
 _TABLES = """
@@ -75,7 +81,23 @@ def _partitions(conn: psycopg.Connection, relation: Relation, seed: int, table: 
     return {ctid: int(p) for ctid, p in conn.execute(sql).fetchall()}
 
 
-def test_tables_are_partitioned_by_ctid_hash_and_views_by_random(registry):
+def test_a_view_cannot_be_partitioned_by_ctid_hash(test_db: TestDatabase, registry) -> None:
+    policy = make_policy(test_db, Path("unused.sqlite3"), KEY_POLICY.replace(
+        "  public.pk_view:\n    epsilon: 1.0\n", "  public.pk_view:\n    epsilon: 1.0\n    partitioning: ctid_hash\n"
+    ))
+
+    async def build() -> TableRegistry:
+        session = await connect(policy)
+        try:
+            return await build_registry(session, policy)
+        finally:
+            await session.close()
+
+    with pytest.raises(PolicyError, match="pk_view.partitioning: ctid_hash needs a table"):
+        asyncio.run(build())
+
+
+def test_partitioning_is_random_unless_the_policy_chooses_ctid_hash(registry):
     assert _relation(registry, "pk_table").partition_key == "ctid"
     assert _relation(registry, "pk_parted").partition_key == "ctid"
     view = _relation(registry, "pk_view")
