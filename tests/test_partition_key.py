@@ -16,6 +16,7 @@ import pytest
 
 from conftest import TEST_POLICY, TestDatabase, make_policy
 from policies.loader import PolicyError
+from policies.model import Policy
 from policies.tables import Relation, TableRegistry
 from proxy.backend import build_registry, connect
 from proxy.demo import SERVICE_ROLE
@@ -59,8 +60,10 @@ def registry(test_db: TestDatabase) -> TableRegistry:
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
         conn.execute(_TABLES)
         conn.execute(f"GRANT SELECT ON pk_table, pk_view, pk_parted TO {SERVICE_ROLE}")
-    policy = make_policy(test_db, Path("unused.sqlite3"), KEY_POLICY)
+    return _build_registry(make_policy(test_db, Path("unused.sqlite3"), KEY_POLICY))
 
+
+def _build_registry(policy: Policy) -> TableRegistry:
     async def build() -> TableRegistry:
         session = await connect(policy)
         try:
@@ -85,16 +88,8 @@ def test_a_view_cannot_be_partitioned_by_ctid_hash(test_db: TestDatabase, regist
     policy = make_policy(test_db, Path("unused.sqlite3"), KEY_POLICY.replace(
         "  public.pk_view:\n    epsilon: 1.0\n", "  public.pk_view:\n    epsilon: 1.0\n    partitioning: ctid_hash\n"
     ))
-
-    async def build() -> TableRegistry:
-        session = await connect(policy)
-        try:
-            return await build_registry(session, policy)
-        finally:
-            await session.close()
-
     with pytest.raises(PolicyError, match="pk_view.partitioning: ctid_hash needs a table"):
-        asyncio.run(build())
+        _build_registry(policy)
 
 
 def test_partitioning_is_random_unless_the_policy_chooses_ctid_hash(registry):
