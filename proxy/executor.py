@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 from policies.errors import SQLSTATE, Refusal
 from rewriter.classify import Deallocate, DPQuery, Decision, DpproxyCommand, Passthrough, ResolvedRelation, classify
 from rewriter.references import RelationRef
-from rewriter.rewrite import backend_sql, partition_seed
+from rewriter.rewrite import backend_sql, partition_seed, seeded
 from rewriter.statements import Statement, split_statements
 
 from .answer import query_delta, release_row, result_fields
@@ -234,7 +234,8 @@ class Executor:
         # The ledger's history carries the audit log's fingerprint, so the two can be joined.
         balance = await self.server.budget.charge(self.user, epsilon, delta, _fingerprint(text))
         try:
-            raw = await self.backend.execute(backend_sql(plan, seed=partition_seed()), params if params.values else None)
+            run = backend_sql(plan, seed=partition_seed()) if seeded(plan) else sql
+            raw = await self.backend.execute(run, params if params.values else None)
         except BackendError as exc:
             raise _sanitised(exc) from None
         exact = tuple(load_text(value, field.type_oid) for value, field in zip(raw.rows[0], raw.fields))

@@ -61,7 +61,7 @@ from .types import INTEGER_TYPES
 
 __all__ = [
     "Part", "aggregate_parts", "backend_sql", "clamped", "literal", "partition_key", "partition_seed",
-    "partition_values", "split_row",
+    "partition_values", "seeded", "split_row",
 ]
 
 _PER_PARTITION = {"avg": "avg", "min": "min", "max": "max"}
@@ -148,6 +148,13 @@ def partition_key(table: Relation, seed: int) -> str:
     if table.partition_key == "ctid":
         return f"(pg_catalog.hashtidextended(ctid, {seed}) & {_SEED_MAX}) % {partitions}"
     return f"pg_catalog.floor(pg_catalog.random() * {partitions})"
+
+
+def seeded(query: AggregateQuery) -> bool:
+    """Whether :func:`backend_sql`'s text for ``query`` depends on its seed (a ctid-hash key)."""
+    return query.table.partition_key == "ctid" and any(
+        not part.additive for agg in query.aggregates for part in aggregate_parts(agg)
+    )
 
 
 def partition_seed() -> int:

@@ -21,7 +21,7 @@ from policies.tables import Relation, TableRegistry
 from proxy.backend import build_registry, connect
 from proxy.demo import SERVICE_ROLE
 from rewriter.dp_query import plan_aggregate_query
-from rewriter.rewrite import backend_sql, partition_key, partition_seed, split_row
+from rewriter.rewrite import backend_sql, partition_key, partition_seed, seeded, split_row
 
 M = 16
 KEY_POLICY = TEST_POLICY[: TEST_POLICY.index("tables:")] + f"""
@@ -150,3 +150,15 @@ def test_the_partitioned_aggregate_can_run_in_parallel(registry, admin):
             admin.execute(f"SET LOCAL {setting}")
         plan_text = "\n".join(row[0] for row in admin.execute("EXPLAIN " + backend_sql(plan, seed=5)).fetchall())
     assert "Gather" in plan_text and "Partial HashAggregate" in plan_text, plan_text
+
+
+def test_only_ctid_hash_partitioned_queries_depend_on_the_seed(registry):
+    table, view = _relation(registry, "pk_table"), _relation(registry, "pk_view")
+    for relation, sql, expected in (
+        (table, "SELECT AVG(v) FROM pk_table", True),
+        (table, "SELECT COUNT(*), SUM(v) FROM pk_table", False),
+        (view, "SELECT AVG(v) FROM pk_view", False),
+    ):
+        plan = plan_aggregate_query(sql, relation)
+        assert seeded(plan) is expected, sql
+        assert (backend_sql(plan, seed=1) != backend_sql(plan, seed=2)) is expected, sql
