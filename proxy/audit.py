@@ -213,12 +213,8 @@ class AuditLog:
             self._drain()
             if closing:
                 break
-        if self._file is not None:
-            try:
-                self._file.close()
-            except OSError as exc:
-                self._failed(exc)
-            self._file = None
+        self._close_file()
+        self._file = None
 
     def _drain(self) -> None:
         """Write every pending entry, one write call per run of lines (one flush each)."""
@@ -250,13 +246,16 @@ class AuditLog:
         except OSError as exc:
             self._failed(exc)
             return
+        self._close_file()
+        self._file = new
+        self._recovered()
+
+    def _close_file(self) -> None:
         if self._file is not None:
             try:
                 self._file.close()
             except OSError as exc:
                 self._failed(exc)
-        self._file = new
-        self._recovered()
 
     def _failed(self, exc: OSError) -> None:
         if not self._failing:
