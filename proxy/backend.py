@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 
 import psycopg
-from psycopg import generators, pq
+from psycopg import pq
 
 from policies.loader import PolicyError
 from policies.model import Policy
@@ -22,6 +22,7 @@ from rewriter.references import RelationRef
 
 from .metrics import observe_backend
 from .protocol import Field
+from .result_waiter import ResultWaiter
 
 __all__ = [
     "BackendError", "BackendSession", "BoundParams", "ResultSet", "build_registry", "connect", "lazy_session",
@@ -143,12 +144,14 @@ class BackendSession:
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._reported = dict(reported or {})
         self._notices: list[str] = []
+        self._waiter: ResultWaiter | None = None
         if conn is not None:
             self._adopt(conn)
 
     def _adopt(self, conn: psycopg.AsyncConnection[Any]) -> None:
         conn.add_notice_handler(lambda diag: self._notices.append(diag.message_primary or ""))
         self._conn = conn
+        self._waiter = ResultWaiter(conn.pgconn)
 
     async def connection(self) -> psycopg.AsyncConnection[Any]:
         """The open connection, connecting now if this is the session's first statement."""
@@ -185,12 +188,16 @@ class BackendSession:
     async def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Run dpproxy's own query (never a client's) and return its rows as Python values."""
         conn = await self.connection()
+        assert self._waiter is not None
+        self._waiter.detach()  # psycopg waits on the socket itself here
         try:
             async with conn.cursor() as cur:
                 await cur.execute(sql, params or None)
                 return [tuple(row) for row in await cur.fetchall()]
         except psycopg.Error as exc:
             raise _backend_error(exc) from None
+        finally:
+            self._waiter.attach()
 
     async def fetch_row(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...]:
         """Like fetch_all, for a query that returns exactly one row."""
@@ -237,11 +244,11 @@ class BackendSession:
         """Send one request with libpq and wait for its single result without blocking the loop."""
         self._notices.clear()
         conn = await self.connection()
+        assert self._waiter is not None
         async with conn.lock:
             started = time.perf_counter()
             try:
-                send()
-                results = await conn.wait(generators.execute(conn.pgconn))
+                results = await self._waiter.round_trip(send)
             except psycopg.Error as exc:
                 raise _backend_error(exc) from None
             finally:
@@ -259,6 +266,8 @@ class BackendSession:
             pass
 
     async def close(self) -> None:
+        if self._waiter is not None:
+            self._waiter.detach()
         if self._conn is not None:
             await self._conn.close()
 

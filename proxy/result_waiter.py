@@ -1,0 +1,129 @@
+"""Waiting for libpq results on the event loop with one socket registration per connection.
+
+psycopg's own async wait registers the backend socket with the event loop for every wait
+and removes it afterwards, and arms a timer: with uvloop that is a new poll handle (ioctl,
+fcntl) and three epoll_ctl calls per query, about a sixth of dpproxy's CPU per query on a
+small table (benchmarks/profile.md). A ResultWaiter keeps the socket registered while the
+connection lives and reads results from the readiness callback; it works on psycopg's
+libpq connection (``psycopg.pq.PGconn``), so the wire protocol stays libpq's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable
+
+from psycopg import errors, pq
+
+__all__ = ["ResultWaiter"]
+
+_ExecStatus = pq.ExecStatus
+_STOP_AFTER = (_ExecStatus.COPY_IN, _ExecStatus.COPY_OUT, _ExecStatus.COPY_BOTH)
+
+
+class ResultWaiter:
+    """Sends one request at a time on a nonblocking PGconn and awaits its results.
+
+    While attached, the socket's readiness callback consumes input whether or not a request
+    is in flight (so notices and a closed connection are noticed at once). Code that lets
+    psycopg drive the same socket must ``detach()`` first and ``attach()`` after, because
+    the event loop keeps one reader per file descriptor.
+    """
+
+    def __init__(self, pgconn: pq.abc.PGconn):
+        self._pgconn = pgconn
+        self._fd = pgconn.socket
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: asyncio.Future[list[pq.abc.PGresult]] | None = None
+        self._results: list[pq.abc.PGresult] = []
+        self._failure: Exception | None = None
+
+    def attach(self) -> None:
+        """Start watching the socket (idempotent)."""
+        if self._loop is None and self._failure is None:
+            self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(self._fd, self._readable)
+
+    def detach(self) -> None:
+        """Stop watching the socket, e.g. before psycopg waits on it itself."""
+        if self._loop is not None:
+            self._loop.remove_reader(self._fd)
+            self._loop = None
+
+    async def round_trip(self, send: Callable[[], None]) -> list[pq.abc.PGresult]:
+        """Send a request with ``send`` (a libpq ``send_*`` call) and return all its results.
+
+        Raises psycopg.OperationalError if the connection is lost. Callers serialise
+        requests (one in flight at a time), as libpq requires; a request whose caller was
+        cancelled is still read to its end before the next one is sent.
+        """
+        self.attach()
+        if self._pending is not None:
+            await asyncio.wait([self._pending])
+            self._pending = None
+        if self._failure is not None:
+            raise self._failure
+        assert self._loop is not None
+        send()
+        while self._pgconn.flush():  # only when the socket's send buffer is full
+            await self._writable()
+        pending = self._pending = self._loop.create_future()
+        self._results = []
+        self._collect()  # a result may already be buffered
+        try:
+            results = await pending
+        except asyncio.CancelledError:
+            if self._pending is pending and self._failure is None:
+                # Cancelling the task cancelled ``pending``; keep reading into a fresh future.
+                self._pending = self._loop.create_future()
+            raise
+        self._pending = None
+        return results
+
+    def _readable(self) -> None:
+        try:
+            self._pgconn.consume_input()
+        except errors.OperationalError as exc:
+            self._fail(exc)
+            return
+        if self._pending is None or self._pending.done():
+            # Nothing in flight: consume whatever arrives (notices) and stay idle.
+            while not self._pgconn.is_busy() and self._pgconn.get_result() is not None:
+                pass
+            return
+        self._collect()
+
+    def _collect(self) -> None:
+        pgconn = self._pgconn
+        pending = self._pending
+        assert pending is not None
+        while not pgconn.is_busy():
+            result = pgconn.get_result()
+            if result is None or result.status in _STOP_AFTER:
+                if result is not None:
+                    self._results.append(result)
+                if not pending.done():
+                    pending.set_result(self._results)
+                return
+            self._results.append(result)
+            if result.status == _ExecStatus.FATAL_ERROR and pgconn.status != pq.ConnStatus.OK:
+                # The backend closed the connection after the error (e.g. terminated): there
+                # will be no end-of-results marker.
+                if not pending.done():
+                    pending.set_result(self._results)
+                return
+
+    def _fail(self, exc: Exception) -> None:
+        self.detach()
+        self._failure = exc
+        if self._pending is not None and not self._pending.done():
+            self._pending.set_exception(exc)
+
+    async def _writable(self) -> None:
+        assert self._loop is not None
+        ready: asyncio.Future[None] = self._loop.create_future()
+        self._loop.add_writer(self._fd, lambda: ready.done() or ready.set_result(None))
+        try:
+            await ready
+        finally:
+            self._loop.remove_writer(self._fd)
