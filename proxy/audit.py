@@ -66,12 +66,14 @@ _COMMENTS: Final = frozenset({"SQL_COMMENT", "C_COMMENT"})
 class AuditEntry:
     """What the audit log records about one statement, and nothing else.
 
-    ``reason`` is the refusal rule or SQLSTATE (None when the statement was answered).
+    ``at`` is when the statement ended, in POSIX seconds (written as UTC ISO 8601 with
+    milliseconds: formatting waits for the writer thread). ``reason`` is the refusal rule or
+    SQLSTATE (None when the statement was answered).
     The four amounts are None unless the statement was a DP query; ``epsilon``/``delta``
     are what was charged, ``remaining_*`` what the user has left after the charge.
     """
 
-    at: str
+    at: float
     user: str
     client: str
     fingerprint: str
@@ -90,6 +92,7 @@ class AuditEntry:
     def to_json(self) -> str:
         """The entry as one compact JSON object, fields in declaration order."""
         values = {name: getattr(self, name) for name in _ENTRY_FIELDS}
+        values["at"] = timestamp(datetime.fromtimestamp(self.at, timezone.utc))
         values["latency_ms"] = round(self.latency_ms, 3)
         for name in _AMOUNTS:
             if values[name] is not None and not math.isfinite(values[name]):

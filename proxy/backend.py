@@ -221,16 +221,25 @@ class BackendSession:
         Without parameters it goes as a simple Query; with them through libpq's extended
         protocol, values and their format codes passed on byte for byte.
         """
+        result = await self._statement(sql, params, result_format)
+        return ResultSet(_fields(result), _rows(result), _tag(result), list(self._notices))
+
+    async def first_row(self, sql: str, params: BoundParams | None = None) -> tuple[list[bytes | None], list[int]]:
+        """Run a statement like ``execute`` and return only its first row as text, with each
+        column's type OID (what a DP query's exact aggregates need, and nothing more)."""
+        result = await self._statement(sql, params, 0)
+        columns = range(result.nfields)
+        return [result.get_value(0, c) for c in columns], [result.ftype(c) for c in columns]
+
+    async def _statement(self, sql: str, params: BoundParams | None, result_format: int) -> pq.PGresult:
         pgconn = (await self.connection()).pgconn
         query = sql.encode("utf-8")
         if params is None and result_format == 0:
-            result = await self._round_trip(lambda: pgconn.send_query(query))
-        else:
-            p = params or BoundParams((), (), ())
-            result = await self._round_trip(
-                lambda: pgconn.send_query_params(query, p.values, p.types or None, p.formats or None, result_format)
-            )
-        return ResultSet(_fields(result), _rows(result), _tag(result), list(self._notices))
+            return await self._round_trip(lambda: pgconn.send_query(query))
+        p = params or BoundParams((), (), ())
+        return await self._round_trip(
+            lambda: pgconn.send_query_params(query, p.values, p.types or None, p.formats or None, result_format)
+        )
 
     async def describe(self, sql: str, param_types: Sequence[int]) -> tuple[list[int], list[Field]]:
         """Parse ``sql`` on the backend without running it: its parameter types and columns."""

@@ -19,7 +19,7 @@ from rewriter.rewrite import backend_sql, partition_seed, seeded
 from rewriter.statements import Statement, split_statements
 
 from .answer import query_delta, release_row, result_fields
-from .audit import AuditEntry, timestamp
+from .audit import AuditEntry
 from .audit import fingerprint as audit_fingerprint
 from .backend import BackendError, BackendSession, BoundParams, ResultSet
 from .binary import binary_from_text
@@ -204,7 +204,7 @@ class Executor:
         observe_statement(decision, reason, self.user, cost.epsilon if cost else 0.0, cost.delta if cost else 0.0, latency_s)
         self.server.audit.record(
             AuditEntry(
-                at=timestamp(),
+                at=time.time(),
                 user=self.user,
                 client=self.client,
                 fingerprint=_fingerprint(text),
@@ -235,10 +235,10 @@ class Executor:
         balance = await self.server.budget.charge(self.user, epsilon, delta, _fingerprint(text))
         try:
             run = backend_sql(plan, seed=partition_seed()) if seeded(plan) else sql
-            raw = await self.backend.execute(run, params if params.values else None)
+            values, type_oids = await self.backend.first_row(run, params if params.values else None)
         except BackendError as exc:
             raise _sanitised(exc) from None
-        exact = tuple(load_text(value, field.type_oid) for value, field in zip(raw.rows[0], raw.fields))
+        exact = tuple(load_text(value, type_oid) for value, type_oid in zip(values, type_oids))
         answer = release_row(plan, exact, epsilon)
         notice = answer.notice()
         self.server.repeats.put(repeat_key, (answer.result, notice))

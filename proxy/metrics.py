@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Final
+from functools import lru_cache
+from typing import Any, Final
 
 from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics, start_http_server
 
@@ -73,14 +74,26 @@ def observe_statement(
     decision: str, reason: str | None, user: str, epsilon: float, delta: float, latency_s: float
 ) -> None:
     """Count one statement with its decision and reason, its latency, and what it charged."""
-    STATEMENTS.labels(decision, reason or "").inc()
-    STATEMENT_SECONDS.labels(decision).observe(latency_s)
+    count, seconds = _statement_series(decision, reason or "")
+    count.inc()
+    seconds.observe(latency_s)
     if epsilon > 0 and math.isfinite(epsilon):
-        EPSILON.labels(user).inc(epsilon)
+        _user_series(EPSILON, user).inc(epsilon)
     if delta > 0 and math.isfinite(delta):
-        DELTA.labels(user).inc(delta)
+        _user_series(DELTA, user).inc(delta)
     if decision == "refused" and reason == BUDGET_RULE:
         BUDGET_REFUSALS.labels(user).inc()
+
+
+# ``labels()`` validates and looks up under a lock on every call; the label sets are small.
+@lru_cache(maxsize=1024)
+def _statement_series(decision: str, reason: str) -> tuple[Any, Any]:
+    return STATEMENTS.labels(decision, reason), STATEMENT_SECONDS.labels(decision)
+
+
+@lru_cache(maxsize=1024)
+def _user_series(metric: Counter, user: str) -> Any:
+    return metric.labels(user)
 
 
 def observe_backend(latency_s: float) -> None:

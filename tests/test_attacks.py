@@ -114,20 +114,20 @@ class BackendSpy:
 
     def __init__(self) -> None:
         self.sent: list[str] = []
-        self._original = BackendSession.execute
+        self._original = BackendSession._statement  # every statement derived from a client's
 
     def __enter__(self) -> "BackendSpy":
         spy, original = self, self._original
 
-        async def execute(session, sql, params=None, result_format=0):  # type: ignore[no-untyped-def]
+        async def statement(session, sql, params, result_format):  # type: ignore[no-untyped-def]
             spy.sent.append(sql)
             return await original(session, sql, params, result_format)
 
-        BackendSession.execute = execute  # type: ignore[method-assign]
+        BackendSession._statement = statement  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        BackendSession.execute = self._original  # type: ignore[method-assign]
+        BackendSession._statement = self._original  # type: ignore[method-assign]
 
 
 @pytest.fixture(scope="module")

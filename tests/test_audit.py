@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from policies.loader import PolicyError, parse_policy
-from proxy.audit import AuditEntry, AuditLog, fingerprint, timestamp
+from proxy.audit import AuditEntry, AuditLog, fingerprint
 
 FIELDS = [
     "at", "user", "client", "fingerprint", "decision", "reason",
@@ -29,7 +29,7 @@ tables: {}
 
 def _entry(**changes: Any) -> AuditEntry:
     fields: dict[str, Any] = dict(
-        at=timestamp(datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=timezone.utc)),
+        at=datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=timezone.utc).timestamp(),
         user="analyst",
         client="127.0.0.1:51234",
         fingerprint=fingerprint("SELECT COUNT(*) FROM adult"),
