@@ -110,15 +110,17 @@ def prepare_partition_values(
     return _prepared_values(values, float(lo), float(hi)).tolist()
 
 
-def _prepared_values(values: Sequence[float | None], lo: float, hi: float) -> np.ndarray:
-    """:func:`prepare_partition_values` as an array (the release's path, without a list round trip)."""
+def _prepared_values(values: Sequence[float | None] | np.ndarray, lo: float, hi: float, empty: int = 0) -> np.ndarray:
+    """:func:`prepare_partition_values` as an array, with ``empty`` more partitions that had no value."""
+    midpoint = lo + (hi - lo) / 2.0
     prepared = np.array(values, dtype=float)  # float(v) for every v, except None → NaN
     nan = np.flatnonzero(np.isnan(prepared))
     if nan.size:
         # Which NaN slots were None does not matter: only the sorted multiset is returned.
-        empty = values.count(None)
         prepared[nan] = hi
-        prepared[nan[:empty]] = lo + (hi - lo) / 2.0
+        prepared[nan[: 0 if isinstance(values, np.ndarray) else list(values).count(None)]] = midpoint
+    if empty:
+        prepared = np.concatenate((prepared, np.full(empty, midpoint)))
     np.clip(prepared, lo, hi, out=prepared)
     prepared.sort()
     return prepared
@@ -287,21 +289,26 @@ def _exact_max(gaps: np.ndarray, ks: np.ndarray, beta: float) -> float:
 
 
 def release_sample_and_aggregate(
-    partition_values: Sequence[float | None],
+    partition_values: Sequence[float | None] | np.ndarray,
     lo: float,
     hi: float,
     epsilon: float,
     delta: float,
+    empty: int = 0,
 ) -> Release[float]:
     """(ε, δ)-DP median of the m partition values, clamped to [lo, hi].
 
-    See the module docstring for the guarantee, the median convention, how empty partitions
-    are handled and why Release.scale and error95 are the data-independent worst case.
+    ``partition_values`` holds a value per partition (None for one with no value); ``empty``
+    counts further partitions with no value, so m = len(partition_values) + empty. See the
+    module docstring for the guarantee, the median convention, how empty partitions are
+    handled and why Release.scale and error95 are the data-independent worst case.
     """
     _check_epsilon(epsilon)
     _check_delta(delta)
     lo, hi = float(lo), float(hi)
-    if len(partition_values) < 1:
+    if empty < 0:
+        raise ValueError(f"empty partitions cannot be negative, got {empty}")
+    if len(partition_values) + empty < 1:
         raise ValueError("need at least one partition (m ≥ 1)")
     if not (math.isfinite(lo) and math.isfinite(hi) and math.isfinite(hi - lo)):
         raise ValueError(f"bounds must be finite with a finite range, got [{lo!r}, {hi!r}]")
@@ -310,7 +317,7 @@ def release_sample_and_aggregate(
     if lo == hi:
         return Release(lo, epsilon, delta, 0.0, 0.0, "smooth_median")
 
-    values = _prepared_values(partition_values, lo, hi)
+    values = _prepared_values(partition_values, lo, hi, empty)
     median = float(values[median_index(len(values))])
     s_star = smooth_sensitivity_median(values, lo, hi, smoothing_beta(epsilon, delta))
     noise_scale = max(2.0 * max(s_star, (hi - lo) * _SENSITIVITY_FLOOR) / epsilon, _SMALLEST_SCALE)

@@ -50,8 +50,11 @@ def release_column(agg: Aggregate, parts: Sequence[Any], epsilon: float, table: 
         total, count = parts
         return release_mean(float(total or 0), int(count or 0), lo, hi, epsilon)
     if agg.mechanism == "sample_aggregate":
+        present = parts[0]
+        if len(present) > table.partitions:
+            raise ValueError(f"backend returned {len(present)} partitions, the policy has {table.partitions}")
         release = release_sample_and_aggregate(
-            _partition_values(parts[0], table.partitions), lo, hi, epsilon, table.delta
+            present, lo, hi, epsilon, table.delta, empty=table.partitions - len(present)
         )
         if integer and agg.kind in ("min", "max"):
             # MIN/MAX keep the column's type; rounding the clamped release stays in [lo, hi]
@@ -59,11 +62,3 @@ def release_column(agg: Aggregate, parts: Sequence[Any], epsilon: float, table: 
             return replace(release, value=int(round(release.value)))
         return release
     raise ValueError(f"no mechanism for {agg.kind} by {agg.mechanism}")
-
-
-def _partition_values(present: Sequence[float | None], partitions: int) -> list[float | None]:
-    """The m partition values: the non-empty partitions' values, then None for the empty ones."""
-    if len(present) > partitions:
-        raise ValueError(f"backend returned {len(present)} partitions, the policy has {partitions}")
-    return [*present, *[None] * (partitions - len(present))]
-

@@ -7,9 +7,10 @@ becomes one or more *parts*, each one column of that row (:func:`aggregate_parts
   into the column's bounds, the count of one declared category (MODE), the clamped sum and
   the count behind an ``avg: sum_count`` AVG;
 * partition parts are the m per-partition values of a sample-and-aggregate AVG, MIN or
-  MAX, computed over clamped values and returned as one text value ``'v1,v2,NULL,...'``
+  MAX, computed over clamped values and returned as one text value ``'v1,v2,...'``
   (``array_to_string`` of the array, so that it reads the same however the row is fetched);
-  empty partitions are missing from it and the caller counts them as empty.
+  empty partitions, and partitions whose values are all NULL, are missing from it and the
+  caller counts them as empty.
 
 Without partition parts the query is one plain aggregate over the filtered rows. With them
 it is still one pass over the table: the filtered rows are grouped by a partition number in
@@ -53,6 +54,8 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from typing import Any, Sequence
+
+import numpy as np
 
 from policies.tables import ColumnInfo, Relation, quote_identifier
 
@@ -120,7 +123,7 @@ def backend_sql(query: AggregateQuery, seed: int) -> str:
     outer = ", ".join(
         f"pg_catalog.sum(p{i})"
         if part.additive
-        else f"pg_catalog.array_to_string(pg_catalog.array_agg(p{i}), ',', 'NULL')"
+        else f"pg_catalog.array_to_string(pg_catalog.array_agg(p{i}), ',')"
         for i, part in enumerate(parts)
     )
     used = list(dict.fromkeys(agg.column.name for agg in query.aggregates if agg.column is not None))
@@ -172,8 +175,8 @@ def _unused_name(table: Relation, name: str) -> str:
 def split_row(query: AggregateQuery, row: Sequence[Any]) -> list[tuple[Any, ...]]:
     """The backend row of :func:`backend_sql` cut into each aggregate's parts.
 
-    Additive parts stay as fetched (None where SQL gives NULL); partition parts become the
-    list of the non-empty partitions' values (:func:`partition_values`).
+    Additive parts stay as fetched (None where SQL gives NULL); partition parts become an
+    array of the non-empty partitions' values (:func:`partition_values`).
     """
     grouped: list[tuple[Any, ...]] = []
     start = 0
@@ -187,13 +190,17 @@ def split_row(query: AggregateQuery, row: Sequence[Any]) -> list[tuple[Any, ...]
     return grouped
 
 
-def partition_values(text: str | bytes | None) -> list[float | None]:
-    """Parse a partition part (``'1.5,NULL,17'``; None when no partition has rows)."""
-    if text is None:
-        return []
+def partition_values(text: str | bytes | None) -> np.ndarray:
+    """Parse a partition part (``'1.5,NaN,17'``) into floats; empty when no partition has rows.
+
+    A partition whose values are all NULL has a NULL aggregate, which ``array_to_string``
+    leaves out: it then counts as a partition with no rows, as the mechanism would count it.
+    """
+    if not text:
+        return np.empty(0)
     if isinstance(text, bytes):
         text = text.decode("ascii")
-    return [None if item == "NULL" else float(item) for item in text.split(",")]
+    return np.array(text.split(","), dtype=np.float64)  # PostgreSQL's NaN and ±Infinity parse too
 
 
 def clamped(column: ColumnInfo) -> str:

@@ -9,6 +9,7 @@ of 10 at ε = 1.
 
 from __future__ import annotations
 
+import numpy as np
 import psycopg
 import pytest
 
@@ -54,10 +55,10 @@ def test_a_null_row_changes_no_exact_part(neighbours, sql, policy):
 
 
 def _as_released(part: object) -> object:
-    """A partition list as the mechanism sees it: m = 4 values, empty (None) as the midpoint 2005."""
-    if not isinstance(part, list):
+    """Partition values as the mechanism sees them: m = 4 values, the missing ones as the midpoint 2005."""
+    if not isinstance(part, np.ndarray):
         return part
-    return sorted([2005.0 if v is None else v for v in part] + [2005.0] * (4 - len(part)))
+    return sorted(part.tolist() + [2005.0] * (4 - len(part)))
 
 
 def test_sum_count_avg_of_neighbours_differing_by_a_null_row_is_the_same_release(neighbours):

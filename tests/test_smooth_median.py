@@ -351,3 +351,11 @@ def test_invalid_parameters_are_rejected(
 ) -> None:
     with pytest.raises(ValueError, match=match):
         release_sample_and_aggregate(values, lo, hi, eps, delta)
+
+
+def test_empty_partitions_passed_as_a_count_equal_none_values_and_nan_stays_hi() -> None:
+    values = [1.0, math.nan, None, 9.5]
+    as_list = prepare_partition_values(values + [None, None], 0.0, 10.0)
+    assert as_list == [1.0, 5.0, 5.0, 5.0, 9.5, 10.0]
+    assert smooth_median._prepared_values(np.array([1.0, math.nan, 9.5]), 0.0, 10.0, empty=3).tolist() == as_list
+    assert smooth_median._prepared_values(values, 0.0, 10.0, empty=2).tolist() == as_list
