@@ -60,7 +60,7 @@ import numpy as np
 from policies.tables import ColumnInfo, Relation, quote_identifier
 
 from .dp_query import Aggregate, AggregateQuery
-from .types import INTEGER_TYPES
+from .types import FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, NUMERIC
 
 __all__ = [
     "Part", "aggregate_parts", "backend_sql", "clamped", "literal", "partition_key", "partition_seed",
@@ -211,11 +211,35 @@ def clamped(column: ColumnInfo) -> str:
     arguments), which made a NULL row add lo to the ``sum_count`` sum but nothing to its
     count, moving the centred sum by |lo| where the mechanism allows (hi − lo)/2. NaN and
     ±Infinity clamp to hi and lo as they would with LEAST/GREATEST.
+
+    Columns of the built-in numeric types use the type's strict ``*larger``/``*smaller``
+    functions, two function calls per row, which PostgreSQL evaluates in about half the time
+    of the equivalent CASE (benchmarks/results.md); the value keeps the column's type, as it
+    does with the CASE. Other types (domains) keep the CASE.
     """
     assert column.policy is not None and column.policy.bounds is not None
     lo, hi = (_bound(bound, column) for bound in column.policy.bounds)
     name = quote_identifier(column.name)
-    return f"CASE WHEN {name} < {lo} THEN {lo} WHEN {name} > {hi} THEN {hi} ELSE {name} END"
+    functions = _CLAMP_FUNCTIONS.get(column.type_oid)
+    if functions is None:
+        return f"CASE WHEN {name} < {lo} THEN {lo} WHEN {name} > {hi} THEN {hi} ELSE {name} END"
+    larger, smaller, type_name = functions
+    return (
+        f"pg_catalog.{smaller}(pg_catalog.{larger}({name}, CAST({lo} AS {type_name})), "
+        f"CAST({hi} AS {type_name}))"
+    )
+
+
+# Per column type: the strict functions clamped() nests (NULL in, NULL out; NaN sorts above
+# every number, so it comes out as hi), and the type the bounds are cast to.
+_CLAMP_FUNCTIONS = {
+    INT2: ("int2larger", "int2smaller", "smallint"),
+    INT4: ("int4larger", "int4smaller", "integer"),
+    INT8: ("int8larger", "int8smaller", "bigint"),
+    FLOAT4: ("float4larger", "float4smaller", "real"),
+    FLOAT8: ("float8larger", "float8smaller", "double precision"),
+    NUMERIC: ("numeric_larger", "numeric_smaller", "numeric"),
+}
 
 
 def _bound(bound: float, column: ColumnInfo) -> str:

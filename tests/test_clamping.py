@@ -82,3 +82,27 @@ def test_clamping_matches_least_greatest_except_that_null_stays_null(admin):
             assert ours is None and least_greatest == -2.5  # the old clamp's NULL → lo
         else:
             assert ours == least_greatest and -2.5 <= ours <= 2.5, y  # NaN → hi, ±Infinity → hi/lo
+
+
+@pytest.mark.parametrize("type_name,type_oid,bounds,values", [
+    ("smallint", 21, (-2, 5), ["-32768", "-3", "-2", "0", "5", "6", "32767"]),
+    ("integer", 23, (1, 99), ["-2147483648", "0", "1", "50", "99", "100", "2147483647"]),
+    ("bigint", 20, (0, 10**12), ["-9223372036854775808", "-1", "0", "7", "1000000000001", "9223372036854775807"]),
+    ("real", 700, (-1.5, 0.25), ["'NaN'", "'-Infinity'", "-2", "-1.5", "0.1", "0.25", "3", "'Infinity'"]),
+    ("double precision", 701, (-1.5, 0.25), ["'NaN'", "'-Infinity'", "-2", "-1.5", "0.1", "0.25", "3", "'Infinity'"]),
+    ("numeric", 1700, (-1.5, 0.25), ["'NaN'", "-2", "-1.5", "0.1000", "0.25", "3.14159"]),
+])
+def test_clamping_of_every_numeric_type_keeps_null_and_lands_in_the_bounds(admin, type_name, type_oid, bounds, values):
+    column = _relation("t", type_oid, bounds).columns["y"]
+    lo, hi = bounds
+    rows = admin.execute(
+        f"SELECT y, {clamped(column)}, pg_catalog.pg_typeof({clamped(column)})::text FROM (VALUES "
+        + ", ".join(f"(CAST({v} AS {type_name}))" for v in ["NULL", *values]) + ") AS t(y)"
+    ).fetchall()
+    for y, ours, ours_type in rows:
+        if y is None:
+            assert ours is None
+            continue
+        expected = hi if y != y else min(max(y, lo), hi)  # NaN (y != y) comes out as hi
+        assert ours == expected, (y, ours)
+        assert ours_type == type_name  # as with the CASE: SUM, AVG, MIN and MAX see the column's type
