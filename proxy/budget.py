@@ -3,11 +3,13 @@
 The ledger (policies.ledger) is written atomically and durably, so it is the authority on
 what a user may spend. To keep that write off most queries, the keeper *reserves*
 ``ledger.reserve`` queries' worth of (ε, δ) in one atomic ledger charge and spends the
-reservation locally; when a reservation cannot be had, it charges exactly what the query
-costs. The ledger therefore always holds at least what was really spent: budgets can
-never be exceeded, by one proxy or by several sharing a ledger. Unused reservations are
-released on a clean shutdown; a crash (kill -9) loses at most one reservation per user,
-which stays counted as spent.
+reservation locally. Once less than half of a reservation is left, a background task
+reserves another, so a steady stream of answers spends from memory and never waits for
+the ledger; only an answer the reservation cannot cover waits. When a reservation cannot
+be had, it charges exactly what the query costs. The ledger therefore always holds at
+least what was really spent: budgets can never be exceeded, by one proxy or by several
+sharing a ledger. Unused reservations are released on a clean shutdown; a crash (kill -9)
+loses less than one and a half reservations per user, which stay counted as spent.
 
 A query refused for budget costs nothing. A query that fails after it was charged stays
 charged: whether it fails can itself depend on the data, so a refund would leak. If the
@@ -41,6 +43,7 @@ class _Reservation:
     epsilon: Decimal
     delta: Decimal
     ledger: Balance  # the ledger's view after the last write
+    refill: bool = True  # False once the ledger refused a refill, until a full reservation is had
 
     def covers(self, epsilon: Decimal, delta: Decimal) -> bool:
         return self.epsilon >= epsilon and self.delta >= delta
@@ -62,6 +65,7 @@ class BudgetKeeper:
         self.policy = policy
         self._reserved: dict[str, _Reservation] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._refills: dict[str, asyncio.Task[None]] = {}
 
     @classmethod
     def open(cls, policy: Policy) -> "BudgetKeeper":
@@ -76,39 +80,122 @@ class BudgetKeeper:
         eps, dlt = _exact(epsilon), _exact(delta)
         budget = self.budget(user)
         now = datetime.now(timezone.utc)
-        async with self._locks.setdefault(user, asyncio.Lock()):
-            held = self._reserved.get(user)
-            if held is not None and held.period != period_key(budget.period, now):
-                held = None  # a new period: the old reservation no longer matters
-            if held is not None and held.covers(eps, dlt):
-                held.epsilon -= eps
-                held.delta -= dlt
-                return held.balance()
-            have_eps = held.epsilon if held else Decimal(0)
-            have_dlt = held.delta if held else Decimal(0)
-            for multiple in dict.fromkeys((self.policy.ledger.reserve, 1)):
-                top_eps = max(Decimal(0), eps * multiple - have_eps)
-                top_dlt = max(Decimal(0), dlt * multiple - have_dlt)
+        period = period_key(budget.period, now)
+        balance = self._spend(user, period, eps, dlt)  # no await: nothing can interleave
+        if balance is None:
+            async with self._locks.setdefault(user, asyncio.Lock()):
+                # A refill or another charge may have topped the reservation up meanwhile.
+                balance = self._spend(user, period, eps, dlt)
+                if balance is None:
+                    balance = await self._charge_ledger(user, eps, dlt, budget, now, fingerprint)
+        self._refill_if_low(user, eps, dlt, budget, now, fingerprint)
+        return balance
+
+    def _spend(self, user: str, period: str, eps: Decimal, dlt: Decimal) -> Balance | None:
+        """Spend from this process's reservation; None when it does not cover the charge."""
+        held = self._reserved.get(user)
+        if held is None or held.period != period or not held.covers(eps, dlt):
+            return None
+        held.epsilon -= eps
+        held.delta -= dlt
+        return held.balance()
+
+    async def _charge_ledger(
+        self, user: str, eps: Decimal, dlt: Decimal, budget: Budget, now: datetime, fingerprint: str | None
+    ) -> Balance:
+        """Charge the ledger for ``reserve`` queries' worth, else for this one; with the user's lock held."""
+        period = period_key(budget.period, now)
+        held = self._reserved.get(user)
+        have_eps = have_dlt = Decimal(0)
+        if held is not None and held.period == period:
+            # Claimed for this charge, so that answers spending the reservation while the
+            # ledger is written cannot spend it too.
+            have_eps, have_dlt = held.epsilon, held.delta
+            held.epsilon = held.delta = Decimal(0)
+        reserve = self.policy.ledger.reserve
+        for multiple in dict.fromkeys((reserve, 1)):
+            top_eps = max(Decimal(0), eps * multiple - have_eps)
+            top_dlt = max(Decimal(0), dlt * multiple - have_dlt)
+            try:
                 result = await self._ledger_call(
                     self.ledger.charge, user, float(top_eps), float(top_dlt), budget, now, fingerprint
                 )
-                if result.accepted:
-                    reservation = _Reservation(
-                        period_key(budget.period, now), now,
-                        have_eps + top_eps - eps, have_dlt + top_dlt - dlt, result.balance,
-                    )
-                    self._reserved[user] = reservation
-                    return reservation.balance()
-            left = result.balance if held is None else replace(held, ledger=result.balance).balance()
-            period = f" It renews every {budget.period} (UTC)." if budget.period else ""
-            raise Refusal(
-                SQLSTATE.DP_BUDGET_EXHAUSTED,
-                f"privacy budget exhausted: this query costs ε={epsilon:g}, δ={delta:g}; "
-                f"{user} has ε={left.remaining_epsilon:g}, δ={left.remaining_delta:g} left (rule: budget)",
-                "Lower the cost with SET dpproxy.epsilon = <smaller value>, or ask an administrator "
-                "for more (dpproxy budget grant)." + period,
-                "budget",
-            )
+            except BaseException:
+                if have_eps or have_dlt:  # the claim goes back, the query is not answered
+                    self._add(user, period, now, have_eps, have_dlt, None)
+                raise
+            if result.accepted:
+                held = self._add(user, period, now, have_eps + top_eps - eps, have_dlt + top_dlt - dlt, result.balance)
+                held.refill = multiple == reserve
+                return held.balance()
+        held = self._add(user, period, now, have_eps, have_dlt, result.balance)
+        held.refill = False
+        left = held.balance()
+        again = f" It renews every {budget.period} (UTC)." if budget.period else ""
+        raise Refusal(
+            SQLSTATE.DP_BUDGET_EXHAUSTED,
+            f"privacy budget exhausted: this query costs ε={float(eps):g}, δ={float(dlt):g}; "
+            f"{user} has ε={left.remaining_epsilon:g}, δ={left.remaining_delta:g} left (rule: budget)",
+            "Lower the cost with SET dpproxy.epsilon = <smaller value>, or ask an administrator "
+            "for more (dpproxy budget grant)." + again,
+            "budget",
+        )
+
+    def _add(
+        self, user: str, period: str, now: datetime, eps: Decimal, dlt: Decimal, ledger: Balance | None
+    ) -> _Reservation:
+        """Put (ε, δ) into the user's reservation for ``period``, with the ledger's latest view."""
+        held = self._reserved.get(user)
+        if held is None or held.period != period:
+            if ledger is None:
+                raise AssertionError("a new reservation needs the ledger's balance")
+            held = self._reserved[user] = _Reservation(period, now, Decimal(0), Decimal(0), ledger)
+        held.epsilon += eps
+        held.delta += dlt
+        if ledger is not None:
+            held.ledger = ledger
+        return held
+
+    def _refill_if_low(
+        self, user: str, eps: Decimal, dlt: Decimal, budget: Budget, now: datetime, fingerprint: str | None
+    ) -> None:
+        """Add a whole reservation in the background once less than half of one is left.
+
+        The answers that follow keep spending what is left while the ledger is written, so
+        a steady stream of queries never waits for the ledger, and the ledger is still
+        written once per ``reserve`` answers.
+        """
+        held = self._reserved.get(user)
+        reserve = self.policy.ledger.reserve
+        if held is None or not held.refill or reserve == 1 or user in self._refills:
+            return
+        if held.covers(eps * reserve / 2, dlt * reserve / 2):
+            return
+        task = asyncio.ensure_future(self._refill(user, eps * reserve, dlt * reserve, budget, now, fingerprint))
+        self._refills[user] = task
+        task.add_done_callback(lambda _: self._refills.pop(user, None))
+
+    async def _refill(
+        self, user: str, eps: Decimal, dlt: Decimal, budget: Budget, now: datetime, fingerprint: str | None
+    ) -> None:
+        async with self._locks.setdefault(user, asyncio.Lock()):
+            period = period_key(budget.period, now)
+            held = self._reserved.get(user)
+            if held is None or held.period != period or not held.refill:
+                return
+            try:
+                result = await self._ledger_call(self.ledger.charge, user, float(eps), float(dlt), budget, now, fingerprint)
+            except Refusal:
+                result = None  # logged by _ledger_call; the next uncovered answer tries again
+            if result is not None and result.accepted:
+                self._add(user, period, now, eps, dlt, result.balance)
+            else:
+                self._add(user, period, now, Decimal(0), Decimal(0), result.balance if result else None).refill = False
+
+    async def settle(self) -> None:
+        """Wait for the reservation refills under way (before ``close``)."""
+        while self._refills:
+            await asyncio.gather(*self._refills.values(), return_exceptions=True)
 
     async def balance(self, user: str) -> Balance:
         """The user's balance, counting this process's unused reservation as not spent."""

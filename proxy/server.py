@@ -172,6 +172,7 @@ class Server:
         if self._server is not None:
             await self._server.wait_closed()
         self._close_metrics()
+        await self.budget.settle()
         self.budget.close()
         self.audit.close()
 
