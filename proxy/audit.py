@@ -36,7 +36,7 @@ import math
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Final, Literal, get_args
@@ -91,17 +91,17 @@ class AuditEntry:
 
     def to_json(self) -> str:
         """The entry as one compact JSON object, fields in declaration order."""
-        values = {name: getattr(self, name) for name in _ENTRY_FIELDS}
+        values = dict(self.__dict__)  # declaration order
         values["at"] = timestamp(datetime.fromtimestamp(self.at, timezone.utc))
         values["latency_ms"] = round(self.latency_ms, 3)
         for name in _AMOUNTS:
             if values[name] is not None and not math.isfinite(values[name]):
                 values[name] = None
-        return json.dumps(values, ensure_ascii=False, separators=(",", ":"))
+        return _ENCODER.encode(values)
 
 
 _DECISIONS: Final = frozenset(get_args(AuditDecision))
-_ENTRY_FIELDS: Final = tuple(f.name for f in fields(AuditEntry))
+_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 _AMOUNTS: Final = ("epsilon", "delta", "remaining_epsilon", "remaining_delta", "latency_ms")
 
 
