@@ -42,6 +42,11 @@ Backends
 Every accepted charge, grant and reset also appends a row to a history table in the same
 transaction, for ``dpproxy budget show`` and for audits.
 
+The common charge (the period's row exists and the charge fits) runs the same two
+statements on the driver's own cursor (:mod:`policies.driver`): ~35 µs instead of ~150 µs
+of Python through a SQLAlchemy ``Connection``. Everything else, including a charge that
+needs a new row or does not fit, takes the general path.
+
 The API is synchronous and thread-safe (a pooled SQLAlchemy Engine; no other shared
 state); call it from a worker thread in asyncio code.
 """
@@ -63,6 +68,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine, Row
 
+from .driver import DriverStatement
 from .periods import check_period, period_key, period_start, to_utc
 
 __all__ = [
@@ -222,6 +228,10 @@ class Ledger:
         limit_eps, limit_dlt = _limit_units(budget)
         now = to_utc(now)
         key = period_key(budget.period, now)
+        row = self._charge_on_driver(user, key, now, (eps, limit_eps), (dlt, limit_dlt), fingerprint)
+        if row is not None:
+            return ChargeResult(True, _balance(user, budget, now, row))
+        # The period's row is missing or the charge does not fit: the general path decides.
         with self._engine.begin() as conn:
             row = self._add_within(conn, "spent", user, key, now, (eps, limit_eps), (dlt, limit_dlt))
             accepted = row is not None
@@ -416,6 +426,47 @@ class Ledger:
             row = conn.execute(statement, params).one_or_none()
         return row
 
+    def _charge_on_driver(
+        self,
+        user: str,
+        key: str,
+        now: datetime,
+        epsilon: tuple[int, int],
+        delta: tuple[int, int],
+        fingerprint: str | None,
+    ) -> tuple[int, int, int, int] | None:
+        """The common charge, on the driver's cursor: one conditional UPDATE and the history
+        row, in one transaction; the amounts after, or None (nothing written) when the
+        period's row is missing or the charge does not fit."""
+        add, record = self._driver_charge
+        raw = self._engine.raw_connection()
+        try:
+            cursor = raw.cursor()
+            try:
+                if self._engine.dialect.name == "sqlite":
+                    cursor.execute("BEGIN IMMEDIATE")  # see _sqlite_engine
+                cursor.execute(add.sql, add.parameters({
+                    "p_user": user, "p_period": key, "p_now": now,
+                    "p_eps": epsilon[0], "p_eps_limit": epsilon[1], "p_dlt": delta[0], "p_dlt_limit": delta[1],
+                }))
+                row = cursor.fetchone()
+                if row is None:
+                    raw.rollback()
+                    return None
+                cursor.execute(record.sql, record.parameters({
+                    "at": now, "kind": "charge", "user_name": user, "period": key,
+                    "epsilon_units": epsilon[0], "delta_units": delta[0], "fingerprint": fingerprint,
+                }))
+                raw.commit()
+                return tuple(row)  # type: ignore[return-value]
+            except BaseException:
+                raw.rollback()
+                raise
+            finally:
+                cursor.close()
+        finally:
+            raw.close()  # back to the pool
+
     def _ensure_row(self, conn: Connection, user: str, key: str, now: datetime) -> None:
         conn.execute(self._ensure_statement, {"p_user": user, "p_period": key, "p_now": now})
 
@@ -477,6 +528,13 @@ class Ledger:
                 .values({eps_col: eps_col + eps, dlt_col: dlt_col + dlt, s.c.updated_at: now})
                 .returning(*self._amounts())
             )
+        h = self._history
+        record = sa.insert(h).values({c: sa.bindparam(c.name) for c in h.c if c.name != "id"})
+        dialect = self._engine.dialect
+        self._driver_charge = (
+            DriverStatement.compile(self._add_statements["spent"], dialect),
+            DriverStatement.compile(record, dialect),
+        )
 
 
 def _tables(schema: str | None) -> tuple[sa.MetaData, sa.Table, sa.Table]:
