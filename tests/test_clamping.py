@@ -17,7 +17,7 @@ from mechanisms.sum_count import release_mean
 from policies.model import ColumnPolicy, TablePolicy
 from policies.tables import ColumnInfo, Relation
 from rewriter.dp_query import plan_aggregate_query
-from rewriter.rewrite import backend_sql, clamped, split_row
+from rewriter.rewrite import backend_sql, clamped, per_partition, split_row
 
 _INT4, _FLOAT8 = 23, 701
 
@@ -84,14 +84,17 @@ def test_clamping_matches_least_greatest_except_that_null_stays_null(admin):
             assert ours == least_greatest and -2.5 <= ours <= 2.5, y  # NaN → hi, ±Infinity → hi/lo
 
 
-@pytest.mark.parametrize("type_name,type_oid,bounds,values", [
+_EVERY_TYPE = [
     ("smallint", 21, (-2, 5), ["-32768", "-3", "-2", "0", "5", "6", "32767"]),
     ("integer", 23, (1, 99), ["-2147483648", "0", "1", "50", "99", "100", "2147483647"]),
     ("bigint", 20, (0, 10**12), ["-9223372036854775808", "-1", "0", "7", "1000000000001", "9223372036854775807"]),
     ("real", 700, (-1.5, 0.25), ["'NaN'", "'-Infinity'", "-2", "-1.5", "0.1", "0.25", "3", "'Infinity'"]),
     ("double precision", 701, (-1.5, 0.25), ["'NaN'", "'-Infinity'", "-2", "-1.5", "0.1", "0.25", "3", "'Infinity'"]),
     ("numeric", 1700, (-1.5, 0.25), ["'NaN'", "-2", "-1.5", "0.1000", "0.25", "3.14159"]),
-])
+]
+
+
+@pytest.mark.parametrize("type_name,type_oid,bounds,values", _EVERY_TYPE)
 def test_clamping_of_every_numeric_type_keeps_null_and_lands_in_the_bounds(admin, type_name, type_oid, bounds, values):
     column = _relation("t", type_oid, bounds).columns["y"]
     lo, hi = bounds
@@ -106,3 +109,33 @@ def test_clamping_of_every_numeric_type_keeps_null_and_lands_in_the_bounds(admin
         expected = hi if y != y else min(max(y, lo), hi)  # NaN (y != y) comes out as hi
         assert ours == expected, (y, ours)
         assert ours_type == type_name  # as with the CASE: SUM, AVG, MIN and MAX see the column's type
+
+
+@pytest.mark.parametrize("type_name,type_oid,bounds,values", _EVERY_TYPE)
+def test_partition_values_are_the_aggregates_of_clamped_values_as_double_precision(
+    admin, type_name, type_oid, bounds, values
+):
+    column = _relation("t", type_oid, bounds).columns["y"]
+    ours = ", ".join(per_partition(kind, column) for kind in ("avg", "min", "max"))
+    exact = ", ".join(f"pg_catalog.{kind}({clamped(column)})" for kind in ("avg", "min", "max"))
+    groups = [(i % 2, v) for i, v in enumerate(values)] + [(2, "NULL"), (2, "NULL"), (0, "NULL")]
+    rows = admin.execute(
+        f"SELECT g, {ours}, {exact}, pg_catalog.pg_typeof({per_partition('avg', column)})::text FROM (VALUES "
+        + ", ".join(f"({g}, CAST({v} AS {type_name}))" for g, v in groups) + ") AS t(g, y) GROUP BY g ORDER BY g"
+    ).fetchall()
+    assert [row[0] for row in rows] == [0, 1, 2]
+    for g, avg, low, high, exact_avg, exact_low, exact_high, avg_type in rows:
+        if g == 2:  # only NULLs: no value, so the partition counts as empty
+            assert (avg, low, high) == (None, None, None)
+            continue
+        assert avg_type == "double precision"
+        assert avg == pytest.approx(float(exact_avg), rel=1e-12) and (low, high) == (float(exact_low), float(exact_high))
+
+
+def test_partition_values_print_as_short_as_they_read_back(admin):
+    column = _relation("t", _INT4, (1, 99)).columns["y"]
+    (text,) = admin.execute(
+        f"SELECT pg_catalog.array_to_string(pg_catalog.array_agg(p), ',') FROM (SELECT {per_partition('avg', column)} "
+        "AS p FROM (VALUES (0, 38), (0, 38), (1, 40), (1, 41), (2, 1), (2, 1), (2, 2)) AS t(g, y) GROUP BY g ORDER BY g) AS s"
+    ).fetchone()
+    assert text == "38,40.5,1.3333333333333333"  # avg() of integers: 38.0000000000000000,...
