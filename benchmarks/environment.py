@@ -7,7 +7,9 @@ Four endpoints serve the same database ``bench``:
 * ``direct-tcp``  — PostgreSQL on TCP 127.0.0.1, as the service role (trust auth);
 * ``direct-unix`` — PostgreSQL on its unix socket, as the service role;
 * ``relay``       — a do-nothing asyncio byte relay (benchmarks/relay.py) on TCP 127.0.0.1
-  in front of the unix socket: the floor of an asyncio proxy's cost.
+  in front of the unix socket: the floor of an asyncio proxy's cost;
+* ``pgbouncer``   — pgbouncer in transaction mode on TCP 127.0.0.1 in front of the unix
+  socket, when it is installed (benchmarks/servers.py).
 
 dpproxy's clients use TCP, so ``direct-tcp`` is the like-for-like comparison; ``direct-unix``
 shows what the transport alone is worth.
@@ -27,7 +29,7 @@ from typing import Iterator
 from proxy.demo import SERVICE_ROLE
 
 from .postgres import BenchPostgres, Endpoint, free_port
-from .servers import ServerProcess, start_dpproxy, start_relay, write_policy
+from .servers import ServerProcess, find_pgbouncer, start_dpproxy, start_pgbouncer, start_relay, write_policy
 from .tables import prepare_database, table_name
 
 __all__ = ["DATABASE", "Environment", "environment"]
@@ -41,6 +43,7 @@ class Environment:
     proxy: ServerProcess
     dpproxy: Endpoint
     relay: Endpoint
+    pgbouncer: Endpoint | None  # None when pgbouncer is not installed
     tables: dict[int, str]  # rows → table name
     workdir: Path
 
@@ -53,8 +56,15 @@ class Environment:
         return self.postgres.endpoint(SERVICE_ROLE, DATABASE, tcp=False)
 
     def endpoints(self, names: list[str]) -> list[Endpoint]:
-        every = {e.name: e for e in (self.dpproxy, self.direct_tcp, self.direct_unix, self.relay)}
+        every = {e.name: e for e in (self.dpproxy, self.direct_tcp, self.direct_unix, self.relay, self.pgbouncer) if e}
+        missing = [name for name in names if name not in every]
+        if missing:
+            raise ValueError(f"no endpoint {', '.join(missing)} (pgbouncer needs `apt install pgbouncer`)")
         return [every[name] for name in names]
+
+    def available(self, names: list[str]) -> list[str]:
+        """``names`` without the endpoints this machine cannot run (pgbouncer not installed)."""
+        return [name for name in names if name != "pgbouncer" or self.pgbouncer is not None]
 
 
 @contextmanager
@@ -76,7 +86,12 @@ def environment(sizes: list[int], data_dir: Path | None, max_connections: int) -
         servers.append(proxy)
         relay_process, relay = start_relay(backend, free_port(), workdir)
         servers.append(relay_process)
-        yield Environment(postgres, proxy, dpproxy, relay, tables, workdir)
+        pgbouncer = None
+        executable = find_pgbouncer()
+        if executable is not None:
+            bouncer_process, pgbouncer = start_pgbouncer(executable, backend, free_port(), workdir, postgres.system_user)
+            servers.append(bouncer_process)
+        yield Environment(postgres, proxy, dpproxy, relay, pgbouncer, tables, workdir)
     finally:
         for server in servers:
             server.stop()

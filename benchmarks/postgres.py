@@ -70,13 +70,13 @@ class BenchPostgres:
         self.port = port or free_port()
         self.bin_dir = _commands.POSTGRES_BIN_PATH
         self._pg_ctl = _commands.pg_ctl  # type: ignore[attr-defined]
-        self._user = server.system_user
+        self.system_user: str | None = server.system_user  # who runs PostgreSQL when we are root
         self._ctl(["-w", "-m", "fast", "stop"])
         options = f"-h 127.0.0.1 -p {self.port} -k {self.socket_dir} -c max_connections={max_connections}"
         self._ctl(["-w", "-t", "60", "-l", str(data_dir / "log"), "-o", options, "start"])
 
     def _ctl(self, args: list[str]) -> None:
-        self._pg_ctl(args, pgdata=self.data_dir, user=self._user, timeout=90)
+        self._pg_ctl(args, pgdata=self.data_dir, user=self.system_user, timeout=90)
 
     def endpoint(self, user: str, dbname: str, tcp: bool = True) -> Endpoint:
         name = "direct-tcp" if tcp else "direct-unix"

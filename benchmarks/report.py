@@ -20,7 +20,7 @@ from .stats import median
 
 __all__ = ["Results", "machine", "render"]
 
-PROXY, DIRECT, UNIX, RELAY = "dpproxy", "direct-tcp", "direct-unix", "relay"
+PROXY, DIRECT, UNIX, RELAY, BOUNCER = "dpproxy", "direct-tcp", "direct-unix", "relay", "pgbouncer"
 _MB = 1024 * 1024
 
 
@@ -108,7 +108,7 @@ def _pgbench(results: Results) -> list[str]:
     if not results.pgbench:
         return []
     configs = sorted({key[:3] for key in results.pgbench}, key=lambda k: (k[0], k[1], k[2] != "simple"))
-    extra = [name for name in (RELAY, UNIX) if any(key[3] == name for key in results.pgbench)]
+    extra = [name for name in (BOUNCER, RELAY, UNIX) if any(key[3] == name for key in results.pgbench)]
     lines = [
         "## pgbench: throughput ratio dpproxy / direct PostgreSQL",
         "",
@@ -143,7 +143,8 @@ def _pgbench(results: Results) -> list[str]:
 
 _EXTRA_NOTE = (
     "In parentheses, each extra endpoint's tps / direct-tcp tps: relay is a do-nothing asyncio "
-    "byte relay (benchmarks/relay.py), the floor of an asyncio proxy's cost; direct-unix is "
+    "byte relay (benchmarks/relay.py), the floor of an asyncio proxy's cost; pgbouncer is "
+    "pgbouncer in transaction mode (the same service role and unix socket); direct-unix is "
     "PostgreSQL over its unix socket."
 )
 

@@ -47,17 +47,20 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds = args.rounds or 1
         args.latency_iterations = args.latency_iterations or 20
         args.idle = args.idle or 50
-        args.targets = args.targets or ["dpproxy", "direct-tcp"]
+        args.targets = args.targets or ["dpproxy", "direct-tcp", "pgbouncer"]
     args.rows = args.rows or [1_000, 48_842, 1_000_000]
     args.duration = args.duration or 8.0
     args.rounds = args.rounds or 3
     args.latency_iterations = args.latency_iterations or 300
     args.idle = args.idle or 1000
-    args.targets = args.targets or ["dpproxy", "direct-tcp", "direct-unix", "relay"]
+    args.targets = args.targets or ["dpproxy", "direct-tcp", "direct-unix", "relay", "pgbouncer"]
     logging.basicConfig(level=logging.WARNING)
 
     started = time.monotonic()
     with environment(args.rows, args.data_dir, args.max_connections) as env:
+        if "pgbouncer" in args.targets and env.pgbouncer is None:
+            note("pgbouncer is not installed (apt install pgbouncer): not compared")
+        args.targets = env.available(args.targets)
         results = Results(settings=_settings(args), machine={})
         pgbench = find_pgbench(env.postgres.bin_dir)
         with psycopg.connect(env.direct_tcp.conninfo()) as conn:
@@ -98,8 +101,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--clients", type=numbers, default=[1, 8], help="pgbench clients (default 1,8)")
     parser.add_argument("--modes", type=names, default=["simple", "extended"], help="pgbench -M modes")
     parser.add_argument("--targets", type=names,
-                        help="pgbench endpoints: dpproxy,direct-tcp,direct-unix,relay (default all; "
-                             "--quick: dpproxy,direct-tcp)")
+                        help="pgbench endpoints: dpproxy,direct-tcp,direct-unix,relay,pgbouncer (default all "
+                             "this machine has; "
+                             "--quick: dpproxy,direct-tcp,pgbouncer)")
     parser.add_argument("--duration", type=float, help="seconds per pgbench run (default 8; --quick 1)")
     parser.add_argument("--rounds", type=int, help="pgbench rounds, medians reported (default 3; --quick 1)")
     parser.add_argument("--latency-iterations", type=int,

@@ -10,10 +10,16 @@
   the repeat cache), and the audit log goes to a file.
 * relay: ``python -m benchmarks.relay``, an asyncio byte relay that does nothing but copy
   bytes between client and PostgreSQL: the floor of any asyncio proxy's cost.
+* pgbouncer, when installed (``apt install pgbouncer``): the connection pooler in
+  transaction mode, the league issue 7 measures dpproxy against. It logs in to PostgreSQL
+  as the same service role over the same unix socket, and runs as PostgreSQL's own system
+  user when the benchmark runs as root (pgbouncer refuses to run as root).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -28,7 +34,7 @@ from proxy.demo import DEMO_POLICY
 
 from .postgres import Endpoint
 
-__all__ = ["ANALYST", "ServerProcess", "start_dpproxy", "start_relay", "write_policy"]
+__all__ = ["ANALYST", "ServerProcess", "find_pgbouncer", "start_dpproxy", "start_pgbouncer", "start_relay", "write_policy"]
 
 ANALYST = ("analyst", "analyst")  # login and password (SCRAM-SHA-256)
 _ROOT = Path(__file__).resolve().parent.parent
@@ -71,15 +77,50 @@ def start_relay(backend: Endpoint, port: int, log_dir: Path) -> tuple["ServerPro
     return process, Endpoint("relay", "127.0.0.1", port, backend.user, backend.dbname, backend.password)
 
 
-class ServerProcess:
-    """A server subprocess listening on 127.0.0.1:``port`` until ``stop``; output to ``log_path``."""
+def find_pgbouncer() -> str | None:
+    """pgbouncer's executable (Debian installs it in /usr/sbin), or None when it is not installed."""
+    return shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin:/usr/local/sbin")
 
-    def __init__(self, command: list[str], port: int, log_path: Path):
+
+def start_pgbouncer(
+    executable: str, backend: Endpoint, port: int, log_dir: Path, system_user: str | None
+) -> tuple["ServerProcess", Endpoint]:
+    """pgbouncer in transaction mode on 127.0.0.1:``port`` in front of ``backend`` (a unix socket).
+
+    Clients log in as anyone without a password (``auth_type = any``); pgbouncer logs in to
+    PostgreSQL as ``backend.user``, as the relay and direct endpoints do.
+    """
+    config_dir = log_dir / "pgbouncer"
+    config_dir.mkdir(exist_ok=True)
+    config = config_dir / "pgbouncer.ini"
+    config.write_text(
+        "[databases]\n"
+        f"{backend.dbname} = host={backend.host} port={backend.port} dbname={backend.dbname} user={backend.user}\n"
+        "[pgbouncer]\n"
+        f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
+        "auth_type = any\npool_mode = transaction\nmax_client_conn = 200\ndefault_pool_size = 20\n"
+        "ignore_startup_parameters = extra_float_digits,options\n",
+        encoding="utf-8",
+    )
+    if system_user is not None:
+        os.chmod(log_dir, 0o755)  # mkdtemp's 0700 would keep the unprivileged user out
+        os.chmod(config_dir, 0o755)
+    process = ServerProcess([executable, str(config)], port, log_dir / "pgbouncer.log", user=system_user)
+    return process, Endpoint("pgbouncer", "127.0.0.1", port, backend.user, backend.dbname)
+
+
+class ServerProcess:
+    """A server subprocess listening on 127.0.0.1:``port`` until ``stop``; output to ``log_path``.
+
+    ``user`` runs it as that system user (the caller must be root).
+    """
+
+    def __init__(self, command: list[str], port: int, log_path: Path, user: str | None = None):
         self.port = port
         self.log_path = log_path
         with open(log_path, "ab") as log:
             self._process = subprocess.Popen(
-                command, cwd=_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                command, cwd=_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, user=user
             )
         self._wait_listening(timeout=60)
 

@@ -1,7 +1,7 @@
 """The benchmark still runs end to end (``python -m benchmarks.run --quick``).
 
 Only that it works: it starts its own PostgreSQL and dpproxy, drives them with pgbench and
-psycopg, and prints the ratio table. No figure is asserted; speed is what the benchmark
+psycopg (and pgbouncer, when installed), and prints the ratio table. No figure is asserted; speed is what the benchmark
 reports (benchmarks/README.md), never a test's pass condition.
 """
 
@@ -10,6 +10,8 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+
+from benchmarks.servers import find_pgbouncer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,3 +28,5 @@ def test_quick_benchmark_runs_and_prints_the_ratio_table():
     assert "## Per-query latency" in report
     assert "## Idle client connections" in report
     assert "Errors:" not in report, report
+    if find_pgbouncer() is not None:  # .ci/run installs it; the comparison is optional elsewhere
+        assert "pgbouncer tps (ratio)" in report, report
