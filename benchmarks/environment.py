@@ -46,6 +46,13 @@ class Environment:
     pgbouncer: Endpoint | None  # None when pgbouncer is not installed
     tables: dict[int, str]  # rows → table name
     workdir: Path
+    pgbouncer_process: ServerProcess | None = None
+
+    def stop_pgbouncer(self) -> None:
+        """Stop pgbouncer, closing the server connections it pools (they would count as the
+        service role's backends in the idle-clients section)."""
+        if self.pgbouncer_process is not None:
+            self.pgbouncer_process.stop()
 
     @property
     def direct_tcp(self) -> Endpoint:
@@ -86,12 +93,12 @@ def environment(sizes: list[int], data_dir: Path | None, max_connections: int) -
         servers.append(proxy)
         relay_process, relay = start_relay(backend, free_port(), workdir)
         servers.append(relay_process)
-        pgbouncer = None
+        pgbouncer, bouncer_process = None, None
         executable = find_pgbouncer()
         if executable is not None:
             bouncer_process, pgbouncer = start_pgbouncer(executable, backend, free_port(), workdir, postgres.system_user)
             servers.append(bouncer_process)
-        yield Environment(postgres, proxy, dpproxy, relay, pgbouncer, tables, workdir)
+        yield Environment(postgres, proxy, dpproxy, relay, pgbouncer, tables, workdir, bouncer_process)
     finally:
         for server in servers:
             server.stop()

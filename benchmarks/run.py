@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         _warm_up(env)
         if "pgbench" in args.only:
             _run_pgbench(env, results, pgbench, args)
+        env.stop_pgbouncer()  # only pgbench uses it
         if "latency" in args.only:
             _run_latency(env, results, args)
         if "avg" in args.only:

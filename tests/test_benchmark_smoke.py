@@ -30,3 +30,7 @@ def test_quick_benchmark_runs_and_prints_the_ratio_table():
     assert "Errors:" not in report, report
     if find_pgbouncer() is not None:  # .ci/run installs it; the comparison is optional elsewhere
         assert "pgbouncer tps (ratio)" in report, report
+    # Idle clients hold no backend: the rows count none (pgbouncer's pooled connections are gone).
+    idle = report.split("## Idle client connections")[1].splitlines()
+    idle_rows = [line.split("|") for line in idle if line.startswith("| ") and line[2].isdigit()]
+    assert idle_rows and all(row[5].strip() == "0" for row in idle_rows), report
