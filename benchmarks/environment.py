@@ -1,6 +1,6 @@
 """Everything a benchmark runs against: PostgreSQL with the tables, and dpproxy in front of it.
 
-Four endpoints serve the same database ``bench``:
+Five endpoints serve the same database ``bench`` (pgbouncer only where it is installed):
 
 * ``dpproxy``     — the proxy on TCP 127.0.0.1, user ``analyst`` (SCRAM), which reaches
   PostgreSQL over its unix socket as the service role;
