@@ -68,7 +68,6 @@ __all__ = [
     "partition_values", "per_partition", "seeded", "split_row",
 ]
 
-_PER_PARTITION = {"min": "min", "max": "max"}
 _SEED_MAX = (1 << 63) - 1  # seeds are non-negative bigints; also the mask that clears the hash's sign bit
 
 
@@ -122,7 +121,9 @@ def per_partition(kind: str, column: ColumnInfo) -> str:
         if column.type_oid == FLOAT4:
             value = f"CAST({value} AS double precision)"  # sum(real) would add up in real
         return f"CAST(pg_catalog.sum({value}) AS double precision) / pg_catalog.count({quote_identifier(column.name)})"
-    return f"CAST(pg_catalog.{_PER_PARTITION[kind]}({value}) AS double precision)"
+    if kind not in ("min", "max"):
+        raise ValueError(f"no per-partition value for {kind}")
+    return f"CAST(pg_catalog.{kind}({value}) AS double precision)"
 
 
 def backend_sql(query: AggregateQuery, seed: int) -> str:
@@ -174,8 +175,10 @@ def partition_key(table: Relation, seed: int) -> str:
 
 def seeded(query: AggregateQuery) -> bool:
     """Whether :func:`backend_sql`'s text for ``query`` depends on its seed (a ctid-hash key)."""
+    # Only sample and aggregate has partition parts (aggregate_parts); checked without
+    # writing their SQL, as this runs on every DP answer.
     return query.table.partition_key == "ctid" and any(
-        not part.additive for agg in query.aggregates for part in aggregate_parts(agg)
+        agg.mechanism == "sample_aggregate" for agg in query.aggregates
     )
 
 
