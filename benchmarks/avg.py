@@ -44,10 +44,10 @@ def compare_avg(
     rewritten, random_sql = rewritten_sql(policy_path, sql)
     times = measure(
         [
-            Probe("direct", direct, sql),
-            Probe("rewritten", direct, rewritten),
-            Probe("random", direct, random_sql),
-            Probe("dpproxy", proxy, sql),
+            Probe.on("direct", direct, sql),
+            Probe.on("rewritten", direct, rewritten),
+            Probe.on("random", direct, random_sql),
+            Probe.on("dpproxy", proxy, sql),
         ],
         iterations,
     )

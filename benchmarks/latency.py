@@ -1,22 +1,24 @@
 """Per-query latency of one client, dpproxy against PostgreSQL, interleaved query by query.
 
-One psycopg connection per endpoint, in autocommit on the simple query protocol. Each
-iteration runs the statement once on every endpoint, in an order that rotates, so that
-drift (caches, other load) hits all sides alike. dpproxy's added latency is its percentile
-minus PostgreSQL's at the same percentile.
+Each probe is a statement on one client: a psycopg connection in autocommit on the simple
+query protocol, or anything else that can time a statement (benchmarks/smartnoise.py). Each
+iteration runs the statement once on every probe, in an order that rotates, so that drift
+(caches, other load) hits all sides alike. dpproxy's added latency is its percentile minus
+PostgreSQL's at the same percentile.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable, Protocol
 
 import psycopg
 
 from .postgres import Endpoint
 from .stats import percentile
 
-__all__ = ["QUERIES", "Latency", "Probe", "added_latency", "measure"]
+__all__ = ["QUERIES", "Latency", "Probe", "Timer", "added_latency", "measure"]
 
 QUERIES = {
     "COUNT": "SELECT COUNT(*) FROM {table} WHERE age > 40 AND sex = 'Female'",
@@ -27,13 +29,41 @@ QUERIES = {
 }
 
 
+class Timer(Protocol):
+    """A client that runs a statement to its last row and says how long that took."""
+
+    def time_ms(self, sql: str) -> float: ...
+
+    def close(self) -> None: ...
+
+
+class PsycopgTimer:
+    """One psycopg connection in autocommit, simple protocol (no server-side prepare)."""
+
+    def __init__(self, endpoint: Endpoint):
+        self._conn = psycopg.connect(endpoint.conninfo(), autocommit=True, prepare_threshold=None)
+
+    def time_ms(self, sql: str) -> float:
+        started = time.perf_counter()
+        self._conn.execute(sql).fetchall()
+        return (time.perf_counter() - started) * 1000
+
+    def close(self) -> None:
+        self._conn.close()
+
+
 @dataclass(frozen=True)
 class Probe:
-    """One statement on one endpoint, timed under ``label``."""
+    """One statement on one client, timed under ``label``."""
 
     label: str
-    endpoint: Endpoint
     sql: str
+    connect: Callable[[], Timer]
+
+    @classmethod
+    def on(cls, label: str, endpoint: Endpoint, sql: str) -> "Probe":
+        """``sql`` on a psycopg connection to ``endpoint``."""
+        return cls(label, sql, lambda: PsycopgTimer(endpoint))
 
 
 @dataclass(frozen=True)
@@ -48,22 +78,20 @@ class Latency:
 
 def measure(probes: list[Probe], iterations: int, warmup: int = 5) -> dict[str, Latency]:
     """Run every probe ``iterations`` times, interleaved; the latency percentiles of each."""
-    connections = [
-        psycopg.connect(p.endpoint.conninfo(), autocommit=True, prepare_threshold=None) for p in probes
-    ]
+    timers: list[Timer] = []
     samples: dict[str, list[float]] = {p.label: [] for p in probes}
     try:
+        for probe in probes:
+            timers.append(probe.connect())
         for i in range(warmup + iterations):
             for k in range(len(probes)):
                 j = (i + k) % len(probes)
-                started = time.perf_counter()
-                connections[j].execute(probes[j].sql).fetchall()
-                elapsed = (time.perf_counter() - started) * 1000
+                elapsed = timers[j].time_ms(probes[j].sql)
                 if i >= warmup:
                     samples[probes[j].label].append(elapsed)
     finally:
-        for conn in connections:
-            conn.close()
+        for timer in timers:
+            timer.close()
     return {label: Latency.of(values) for label, values in samples.items()}
 
 

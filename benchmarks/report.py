@@ -35,6 +35,8 @@ class Results:
     avg: AvgComparison | None = None
     idle: IdleResult | None = None
     idle_max_connections: int = 0
+    # rows → query → {"smartnoise": …, "direct-tcp": …}, or why SmartNoise could not run it
+    smartnoise: dict[int, dict[str, dict[str, Latency] | str]] = field(default_factory=dict)
 
 
 def machine(server_version: str, pgbench: str) -> dict[str, str]:
@@ -74,7 +76,7 @@ def render(results: Results) -> str:
     out += [f"- **{key}**: {value}" for key, value in results.machine.items()]
     out += [f"- **{key}**: {value}" for key, value in results.settings.items()]
     out += [""]
-    for section in (_targets, _pgbench, _latency, _avg, _idle):
+    for section in (_targets, _pgbench, _latency, _smartnoise, _avg, _idle):
         lines = section(results)
         if lines:
             out += lines + [""]
@@ -169,6 +171,36 @@ def _latency(results: Results) -> list[str]:
             lines.append(
                 f"| {rows:,} | {name} | {_ms(proxied.p50_ms)} / {_ms(proxied.p99_ms)} | "
                 f"{_ms(direct.p50_ms)} / {_ms(direct.p99_ms)} | **{_ms(added.p50_ms)}** | {_ms(added.p99_ms)} |"
+            )
+    return lines
+
+
+def _smartnoise(results: Results) -> list[str]:
+    if not results.smartnoise:
+        return []
+    lines = [
+        "## SmartNoise SQL on the same queries, one client, vs direct",
+        "",
+        "SmartNoise SQL (benchmarks/smartnoise.py) in its own venv, given the policy's bounds, ε and δ,",
+        "reading PostgreSQL over TCP with psycopg2; its added p50 next to dpproxy's from the table above.",
+        "",
+        "| rows | query | SmartNoise p50 / p99 ms | direct p50 ms | **SmartNoise added p50** ms "
+        "| dpproxy added p50 ms | SmartNoise / dpproxy, added p50 |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for rows, queries in sorted(results.smartnoise.items()):
+        for name, measured in queries.items():
+            if isinstance(measured, str):
+                lines.append(f"| {rows:,} | {name} | not supported: {measured.splitlines()[0][:120]} | | | | |")
+                continue
+            smartnoise, direct = measured["smartnoise"], measured[DIRECT]
+            added = added_latency(smartnoise, direct).p50_ms
+            ours = results.latency.get(rows, {}).get(name)
+            ours_added = added_latency(ours[PROXY], ours[DIRECT]).p50_ms if ours else math.nan
+            times = added / ours_added if ours_added > 0 else math.nan
+            lines.append(
+                f"| {rows:,} | {name} | {_ms(smartnoise.p50_ms)} / {_ms(smartnoise.p99_ms)} | {_ms(direct.p50_ms)} | "
+                f"**{_ms(added)}** | {_ms(ours_added)} | {_num(times, 0)}× |"
             )
     return lines
 

@@ -11,7 +11,8 @@ of ``--rows`` sizes, starts ``dpproxy serve`` as a subprocess with a policy over
    direct PostgreSQL run by run, ``--rounds`` times;
 2. per-query latency (benchmarks/latency.py) of COUNT, SUM, AVG, MIN/MAX and a 3-column query;
 3. sample-and-aggregate AVG vs a direct AVG() on the largest table (benchmarks/avg.py);
-4. dpproxy's RSS with ``--idle`` idle clients (benchmarks/idle.py).
+4. dpproxy's RSS with ``--idle`` idle clients (benchmarks/idle.py);
+5. SmartNoise SQL on the same queries against direct PostgreSQL (benchmarks/smartnoise.py).
 
 and prints the ratios as Markdown. Nothing here asserts a timing.
 """
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import psycopg
 
+from policies.loader import load_policy
+
 from .avg import compare_avg
 from .environment import Environment, environment, note
 from .idle import idle_connections
@@ -33,8 +36,9 @@ from .latency import QUERIES, Probe, measure
 from .pgbench import find_pgbench, run_pgbench, write_script
 from .postgres import ADMIN
 from .report import Results, machine, render
+from .smartnoise import SmartNoiseError, SmartNoiseTimer, default_venv, find_smartnoise, install_smartnoise, metadata
 
-SECTIONS = ("pgbench", "latency", "avg", "idle")
+SECTIONS = ("pgbench", "latency", "avg", "idle", "smartnoise")
 BIG_TABLE = 1_000_000
 BIG_DURATION_FACTOR = 2.5
 
@@ -47,12 +51,14 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds = args.rounds or 1
         args.latency_iterations = args.latency_iterations or 20
         args.idle = args.idle or 50
+        args.smartnoise_iterations = args.smartnoise_iterations or 3
         args.targets = args.targets or ["dpproxy", "direct-tcp", "pgbouncer"]
     args.rows = args.rows or [1_000, 48_842, 1_000_000]
     args.duration = args.duration or 8.0
     args.rounds = args.rounds or 3
     args.latency_iterations = args.latency_iterations or 300
     args.idle = args.idle or 1000
+    args.smartnoise_iterations = args.smartnoise_iterations or 30
     args.targets = args.targets or ["dpproxy", "direct-tcp", "direct-unix", "relay", "pgbouncer"]
     logging.basicConfig(level=logging.WARNING)
 
@@ -82,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             results.idle = idle_connections(env.proxy, env.dpproxy, env.postgres.endpoint(ADMIN, "postgres", tcp=False),
                                             checkpoints)
             results.idle_max_connections = args.max_connections
+        if "smartnoise" in args.only:
+            _run_smartnoise(env, results, args)
     report = render(results)
     print(report)
     if args.out:
@@ -113,6 +121,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-connections", type=int, default=1100,
                         help="PostgreSQL max_connections (default 1100: dpproxy holds a backend per client)")
     parser.add_argument("--only", type=names, default=list(SECTIONS), help="sections: " + ",".join(SECTIONS))
+    parser.add_argument("--smartnoise-iterations", type=int,
+                        help="runs of each query through SmartNoise SQL and directly (default 30; --quick 3)")
+    parser.add_argument("--smartnoise-venv", type=Path,
+                        help=f"SmartNoise SQL's virtual environment (default {default_venv()}; created with "
+                             "pip when missing)")
     parser.add_argument("--data-dir", type=Path, help="keep PostgreSQL's data here and reuse loaded tables")
     parser.add_argument("--out", type=Path, help="also write the report to this file")
     return parser
@@ -125,6 +138,7 @@ def _settings(args: argparse.Namespace) -> dict[str, str]:
                    f"against dpproxy and direct-tcp only), {args.rounds} round(s), clients {args.clients}, "
                    f"modes {args.modes}, -j min(clients, 2), endpoints {args.targets}",
         "latency": f"{args.latency_iterations} runs per query and endpoint (a quarter on ≥ 1M rows)",
+        "smartnoise": f"{args.smartnoise_iterations} runs per query, through SmartNoise SQL and directly",
     }
 
 
@@ -163,8 +177,30 @@ def _run_latency(env: Environment, results: Results, args: argparse.Namespace) -
         results.latency[rows] = {}
         for name, template in QUERIES.items():
             sql = template.format(table=table)
-            probes = [Probe(e.name, e, sql) for e in (env.dpproxy, env.direct_tcp)]
+            probes = [Probe.on(e.name, e, sql) for e in (env.dpproxy, env.direct_tcp)]
             results.latency[rows][name] = measure(probes, iterations)
+
+
+def _run_smartnoise(env: Environment, results: Results, args: argparse.Namespace) -> None:
+    venv = args.smartnoise_venv or default_venv()
+    python = find_smartnoise(venv) or install_smartnoise(venv)
+    if python is None:
+        note(f"SmartNoise SQL is not available in {venv}: not compared")
+        return
+    policy = load_policy(env.workdir / "policy.yaml")
+    described = metadata(policy, env.tables, env.dpproxy.dbname)
+    for rows, table in sorted(env.tables.items()):
+        note(f"SmartNoise SQL: {len(QUERIES)} queries × {args.smartnoise_iterations} on {rows:,} rows")
+        results.smartnoise[rows] = {}
+        for name, template in QUERIES.items():
+            sql = template.format(table=table)
+            rules = policy.tables[f"public.{table}"]
+            timer = lambda: SmartNoiseTimer(python, env.direct_tcp, described, rules.epsilon, rules.delta)  # noqa: E731
+            probes = [Probe("smartnoise", sql, timer), Probe.on(env.direct_tcp.name, env.direct_tcp, sql)]
+            try:
+                results.smartnoise[rows][name] = measure(probes, args.smartnoise_iterations, warmup=2)
+            except SmartNoiseError as exc:
+                results.smartnoise[rows][name] = str(exc)
 
 
 def _iterations(iterations: int, rows: int) -> int:
