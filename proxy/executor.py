@@ -8,6 +8,7 @@ set_config) is planned again before it runs.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -90,7 +91,7 @@ class Executor:
         try:
             decision = classify(statement, resolved, self.server.registry)
         except Refusal as exc:
-            self._audit(statement.text, "refused", exc.rule, None, started)
+            self._audit_soon(statement.text, "refused", exc.rule, None, started)
             raise
         return Plan(statement, decision, self.generation)
 
@@ -153,21 +154,25 @@ class Executor:
     async def run(
         self, plan: Plan, params: BoundParams = _NO_PARAMS, result_formats: tuple[int, ...] = ()
     ) -> tuple[ResultSet, list[str]]:
-        """Run a planned statement; return its result in the requested formats and its notices."""
+        """Run a planned statement; return its result in the requested formats and its notices.
+
+        The statement's audit line and metrics are recorded just after the session has
+        written the answer (on the event loop's next turn), not in its latency.
+        """
         started = time.perf_counter()
         plan = await self._current(plan)
         text = plan.statement.text if plan.statement is not None else ""
         try:
             result, notices, cost = await self._run(plan, params, result_formats)
         except Refusal as exc:
-            self._audit(text, "refused", exc.rule, None, started)
+            self._audit_soon(text, "refused", exc.rule, None, started)
             raise
         except BackendError as exc:
-            self._audit(text, "error", exc.sqlstate, None, started)
+            self._audit_soon(text, "error", exc.sqlstate, None, started)
             raise
         decision = plan.decision
         kind = "dp" if isinstance(decision, DPQuery) else "command" if isinstance(decision, DpproxyCommand) else "passthrough"
-        self._audit(text, kind, None, cost, started)
+        self._audit_soon(text, kind, None, cost, started)
         return result, notices
 
     async def _run(
@@ -199,8 +204,11 @@ class Executor:
             result = _apply_formats(result, result_formats)
         return result, result.notices, None
 
-    def _audit(self, text: str, decision: str, reason: str | None, cost: Cost | None, started: float) -> None:
+    def _audit_soon(self, text: str, decision: str, reason: str | None, cost: Cost | None, started: float) -> None:
         latency_s = time.perf_counter() - started
+        asyncio.get_running_loop().call_soon(self._audit, text, decision, reason, cost, latency_s)
+
+    def _audit(self, text: str, decision: str, reason: str | None, cost: Cost | None, latency_s: float) -> None:
         observe_statement(decision, reason, self.user, cost.epsilon if cost else 0.0, cost.delta if cost else 0.0, latency_s)
         self.server.audit.record(
             AuditEntry(
