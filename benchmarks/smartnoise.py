@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -97,12 +98,18 @@ class SmartNoiseTimer:
         if endpoint.password is not None:
             connect["password"] = endpoint.password
         config = {"connect": connect, "metadata": described, "epsilon": epsilon, "delta": delta}
+        # A file, not a pipe, for stderr: warnings nobody reads must not fill a pipe and stall the worker.
+        self._stderr = tempfile.TemporaryFile(mode="w+")
         self._process = subprocess.Popen(
             [str(python), str(WORKER), json.dumps(config)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
         )
-        if "ready" not in self._answer():
-            raise SmartNoiseError("the SmartNoise worker did not start")
+        try:
+            if "ready" not in self._answer():
+                raise SmartNoiseError("the SmartNoise worker did not start")
+        except BaseException:
+            self.close()
+            raise
 
     def time_ms(self, sql: str) -> float:
         """Run ``sql`` through SmartNoise once; its time in ms, as the worker measured it."""
@@ -122,12 +129,16 @@ class SmartNoiseTimer:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
+        if self._process.stdout is not None:
+            self._process.stdout.close()
+        self._stderr.close()
 
     def _answer(self) -> dict[str, Any]:
         assert self._process.stdout is not None
         line = self._process.stdout.readline()
         if not line:
             self._process.wait(timeout=30)
-            error = self._process.stderr.read() if self._process.stderr else ""
+            self._stderr.seek(0)
+            error = self._stderr.read()
             raise SmartNoiseError(f"the SmartNoise worker exited: {error.strip()[-500:]}")
         return json.loads(line)
