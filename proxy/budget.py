@@ -66,14 +66,19 @@ class BudgetKeeper:
         self._reserved: dict[str, _Reservation] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._refills: dict[str, asyncio.Task[None]] = {}
+        self._budgets: dict[str, tuple[object, Budget]] = {}  # user → (policy entry, its Budget)
 
     @classmethod
     def open(cls, policy: Policy) -> "BudgetKeeper":
         return cls(Ledger.from_url(policy.ledger.url, policy.ledger.schema_name), policy)
 
     def budget(self, user: str) -> Budget:
+        """The user's budget under the policy in force (rebuilt when a reload replaced its entry)."""
         config = self.policy.users[user].budget
-        return Budget(config.epsilon, config.delta, config.period)
+        cached = self._budgets.get(user)
+        if cached is None or cached[0] is not config:
+            cached = self._budgets[user] = (config, Budget(config.epsilon, config.delta, config.period))
+        return cached[1]
 
     async def charge(self, user: str, epsilon: float, delta: float, fingerprint: str | None = None) -> Balance:
         """Charge (ε, δ) to ``user`` or raise Refusal (DP002) saying what was asked and what is left."""

@@ -147,7 +147,7 @@ class Executor:
         else:
             return None
         formats = formats_for(result_formats, len(fields))
-        return [replace(f, format=fmt) for f, fmt in zip(fields, formats)]
+        return [f if f.format == fmt else replace(f, format=fmt) for f, fmt in zip(fields, formats)]
 
     # ------------------------------------------------------------ running
 

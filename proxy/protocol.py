@@ -17,6 +17,7 @@ __all__ = [
     "PROTOCOL_3_0",
     "SSL_REQUEST",
     "Field",
+    "MessageReader",
     "ProtocolError",
     "Startup",
     "read_message",
@@ -99,14 +100,56 @@ async def read_message(reader: asyncio.StreamReader, max_bytes: int) -> tuple[by
     """Read one typed frontend message; return (type byte, payload without the length)."""
     header = await reader.readexactly(5)
     kind, length = _HEADER.unpack(header)
+    _check_length(length, max_bytes)
+    payload = await reader.readexactly(length - 4) if length > 4 else b""
+    return kind, payload
+
+
+class MessageReader:
+    """Typed frontend messages framed from whatever the socket delivered, in order.
+
+    A client often sends several messages in one packet (Parse, Bind, Describe, Execute and
+    Sync together); one read takes them all and the next ones are handed out from the
+    buffer, where ``read_message`` would wait on the stream twice per message. Raises like
+    ``read_message``: ProtocolError for a bad length, IncompleteReadError at end of stream.
+    """
+
+    _CHUNK = 65536
+
+    def __init__(self, reader: asyncio.StreamReader, max_bytes: int):
+        self._reader = reader
+        self._max_bytes = max_bytes
+        self._buffer = b""
+        self._pos = 0  # start of the next message in _buffer
+
+    async def next(self) -> tuple[bytes, bytes]:
+        """The next message: (type byte, payload without the length)."""
+        while len(self._buffer) - self._pos < 5:
+            await self._fill()
+        buffer, pos = self._buffer, self._pos
+        kind, length = _HEADER.unpack_from(buffer, pos)
+        _check_length(length, self._max_bytes)
+        end = pos + 1 + length
+        if end > len(buffer):  # the rest of a long message: read exactly that, not chunk by chunk
+            payload = buffer[pos + 5 :] + await self._reader.readexactly(end - len(buffer))
+            self._buffer, self._pos = b"", 0
+            return kind, payload
+        self._pos = end
+        return kind, buffer[pos + 5 : end]
+
+    async def _fill(self) -> None:
+        chunk = await self._reader.read(self._CHUNK)
+        if not chunk:
+            raise asyncio.IncompleteReadError(self._buffer[self._pos :], None)
+        self._buffer = self._buffer[self._pos :] + chunk
+        self._pos = 0
+
+
+def _check_length(length: int, max_bytes: int) -> None:
     if length < 4:
         raise ProtocolError(f"invalid message length {length}")
     if length > max_bytes:
-        raise ProtocolError(
-            f"message of {length} bytes exceeds the limit of {max_bytes}", sqlstate="54000"
-        )
-    payload = await reader.readexactly(length - 4) if length > 4 else b""
-    return kind, payload
+        raise ProtocolError(f"message of {length} bytes exceeds the limit of {max_bytes}", sqlstate="54000")
 
 
 def decode_cstring(payload: bytes, what: str) -> str:

@@ -187,14 +187,14 @@ class Session:
     # ------------------------------------------------------------ message loop
 
     async def _serve(self) -> None:
-        limit = self.server.policy.listen.max_message_bytes
+        messages = protocol.MessageReader(self.reader, self.server.policy.listen.max_message_bytes)
         assert self.executor is not None and self.extended is not None
         while True:
             self.busy = False
             if self.shutting_down:
                 await self._fatal(SQLSTATE.ADMIN_SHUTDOWN, _ADMIN_SHUTDOWN)
                 return
-            kind, payload = await self._next_message(limit)
+            kind, payload = await self._next_message(messages)
             self.busy = True
             if kind == b"Q":
                 self.extended.forget_unnamed()
@@ -219,15 +219,17 @@ class Session:
                 self._flush()
                 await self.writer.drain()
 
-    async def _next_message(self, limit: int) -> tuple[bytes, bytes]:
+    async def _next_message(self, messages: protocol.MessageReader) -> tuple[bytes, bytes]:
         """The next message, within the idle timeouts when the policy sets them."""
         listen = self.server.policy.listen
+        if not (listen.idle_timeout_s or listen.idle_in_transaction_timeout_s):
+            return await messages.next()
         in_transaction = self._status_byte() != b"I"
         timeout = listen.idle_in_transaction_timeout_s if in_transaction else listen.idle_timeout_s
         if not timeout:
-            return await protocol.read_message(self.reader, limit)
+            return await messages.next()
         try:
-            return await asyncio.wait_for(protocol.read_message(self.reader, limit), timeout)
+            return await asyncio.wait_for(messages.next(), timeout)
         except TimeoutError:
             if in_transaction:
                 raise Refusal(SQLSTATE.IDLE_IN_TRANSACTION_TIMEOUT,

@@ -50,6 +50,73 @@ def test_startup_and_message_readers_raise_only_protocol_or_eof_errors(data: byt
     asyncio.run(read())
 
 
+_MESSAGES = st.lists(st.tuples(st.binary(min_size=1, max_size=1), st.binary(max_size=70)), max_size=6).map(
+    lambda messages: b"".join(kind + struct.pack("!i", len(body) + 4) + body for kind, body in messages)
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_MESSAGES, st.binary(max_size=40), st.lists(st.integers(1, 40), min_size=1, max_size=10))
+def test_buffered_message_reader_reads_exactly_what_read_message_reads(messages: bytes, tail: bytes, cuts: list[int]):
+    """Whatever the bytes (messages, some over the size limit, then anything) and however the
+    network splits them, MessageReader yields the same messages as read_message, then the
+    same error (a bad length or the end of the stream)."""
+    data = messages + tail
+
+    async def messages(read) -> tuple[list[tuple[bytes, bytes]], type[Exception]]:  # type: ignore[no-untyped-def]
+        got = []
+        try:
+            while True:
+                got.append(await read())
+        except (ProtocolError, asyncio.IncompleteReadError) as exc:
+            return got, type(exc)
+
+    async def both() -> None:
+        plain = asyncio.StreamReader()
+        plain.feed_data(data)
+        plain.feed_eof()
+        expected = await messages(lambda: protocol.read_message(plain, 64))
+
+        chunked = asyncio.StreamReader()
+        buffered = protocol.MessageReader(chunked, 64)
+
+        async def feed() -> None:
+            at = 0
+            for cut in cuts * (len(data) // max(1, sum(cuts)) + 1):
+                chunked.feed_data(data[at : at + cut])
+                at += cut
+                await asyncio.sleep(0)
+            chunked.feed_eof()
+
+        feeder = asyncio.ensure_future(feed())
+        assert await messages(buffered.next) == expected
+        await feeder
+
+    asyncio.run(both())
+
+
+def test_buffered_message_reader_hands_out_a_pipelined_packet_in_order_and_reads_long_messages_whole():
+    def message(kind: bytes, payload: bytes) -> bytes:
+        return kind + struct.pack("!i", len(payload) + 4) + payload
+
+    async def run() -> None:
+        reader = asyncio.StreamReader()
+        messages = protocol.MessageReader(reader, 1 << 20)
+        long = bytes(range(256)) * 1000  # longer than one read's chunk
+        reader.feed_data(message(b"P", b"\0SELECT 1\0\0\0") + message(b"B", b"\0\0" + b"\0" * 6) + message(b"S", b""))
+        reader.feed_data(message(b"Q", long)[:1000])
+        assert await messages.next() == (b"P", b"\0SELECT 1\0\0\0")
+        assert await messages.next() == (b"B", b"\0\0" + b"\0" * 6)
+        assert await messages.next() == (b"S", b"")
+        reader.feed_data(message(b"Q", long)[1000:])
+        assert await messages.next() == (b"Q", long)
+        reader.feed_eof()
+        with pytest.raises(asyncio.IncompleteReadError):
+            await messages.next()
+
+    asyncio.run(run())
+
+
 ADULT_OID, PG_CLASS_OID = 16384, 1259
 _TABLE = TablePolicy(epsilon=1.0, columns={"age": ColumnPolicy(bounds=(17, 90)),
                                             "sex": ColumnPolicy(categories=("Male", "Female"))})
