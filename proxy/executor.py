@@ -250,8 +250,8 @@ class Executor:
         answer = release_row(plan, exact, epsilon)
         notice = answer.notice()
         self.server.repeats.put(repeat_key, (answer.result, notice))
-        remaining = f"remaining ε {balance.remaining_epsilon:g}, δ {balance.remaining_delta:g}"
-        cost = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta)
+        cost = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta)  # exact decimals: once
+        remaining = f"remaining ε {cost.remaining_epsilon:g}, δ {cost.remaining_delta:g}"
         return answer.result, [f"{notice}; {remaining}"], cost
 
 
