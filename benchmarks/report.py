@@ -200,7 +200,7 @@ def _smartnoise(results: Results) -> list[str]:
             times = added / ours_added if ours_added > 0 else math.nan
             lines.append(
                 f"| {rows:,} | {name} | {_ms(smartnoise.p50_ms)} / {_ms(smartnoise.p99_ms)} | {_ms(direct.p50_ms)} | "
-                f"**{_ms(added)}** | {_ms(ours_added)} | {_num(times, 0)}× |"
+                f"**{_ms(added)}** | {_ms(ours_added)} | {'–' if math.isnan(times) else f'{times:,.0f}×'} |"
             )
     return lines
 
