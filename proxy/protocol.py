@@ -134,7 +134,10 @@ class MessageReader:
             payload = buffer[pos + 5 :] + await self._reader.readexactly(end - len(buffer))
             self._buffer, self._pos = b"", 0
             return kind, payload
-        self._pos = end
+        if end == len(buffer):  # all handed out: an idle session keeps no buffer
+            self._buffer, self._pos = b"", 0
+        else:
+            self._pos = end
         return kind, buffer[pos + 5 : end]
 
     async def _fill(self) -> None:
