@@ -44,6 +44,9 @@ _FORWARDED_STARTUP = {
     "extra_float_digits": "extra_float_digits", "search_path": "search_path",
 }
 
+# libpq's transaction status → ReadyForQuery's status byte (idle, and anything else, is b"I").
+_STATUS_BYTE = {pq.TransactionStatus.INTRANS: b"T", pq.TransactionStatus.INERROR: b"E"}
+
 
 class BackendError(Exception):
     """The backend refused or failed a statement; carries PostgreSQL's diagnostics."""
@@ -168,12 +171,9 @@ class BackendSession:
         """The ReadyForQuery status byte matching the backend's transaction state."""
         if self._conn is None:
             return b"I"
-        status = self._conn.info.transaction_status
-        if status == pq.TransactionStatus.INTRANS:
-            return b"T"
-        if status == pq.TransactionStatus.INERROR:
-            return b"E"
-        return b"I"
+        # libpq's status as a plain int: conn.info would build a ConnectionInfo and an enum
+        # on every call, and this runs for every ReadyForQuery.
+        return _STATUS_BYTE.get(self._conn.pgconn.transaction_status, b"I")
 
     def reported_parameters(self) -> dict[str, str]:
         if self._conn is None:
