@@ -8,15 +8,16 @@ becomes one or more *parts*, each one column of that row (:func:`aggregate_parts
   the count behind an ``avg: sum_count`` AVG;
 * partition parts are the m per-partition values of a sample-and-aggregate AVG, MIN or
   MAX, computed over clamped values as ``double precision`` (:func:`per_partition`) and
-  returned as one text value ``'v1,v2,...'``
-  (``array_to_string`` of the array, so that it reads the same however the row is fetched);
-  empty partitions, and partitions whose values are all NULL, are missing from it and the
-  caller counts them as empty.
+  returned as one text value: the values' 8-byte IEEE 754 forms (``float8send``), end to
+  end, in hex (:func:`partition_values` reads it). That is exact and quick to read, and it
+  does not depend on session settings such as ``extra_float_digits`` or ``bytea_output``;
+  empty partitions, and partitions whose values are all NULL, are missing from it
+  (``string_agg`` skips NULL) and the caller counts them as empty.
 
 Without partition parts the query is one plain aggregate over the filtered rows. With them
 it is still one pass over the table: the filtered rows are grouped by a partition number in
 0..m-1 computed for each row on its own (:func:`partition_key`), and an outer aggregate folds
-the partitions back together (``sum`` for additive parts, ``array_agg`` for partition values).
+the partitions back together (``sum`` for additive parts, ``string_agg`` for partition values).
 
 The partition number comes from the table's ``partitioning`` (policy; ``Relation.partition_key``):
 
@@ -64,7 +65,7 @@ from .dp_query import Aggregate, AggregateQuery
 from .types import FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, NUMERIC
 
 __all__ = [
-    "Part", "aggregate_parts", "backend_sql", "clamped", "literal", "partition_key", "partition_seed",
+    "Part", "aggregate_parts", "backend_sql", "clamped", "collected", "literal", "partition_key", "partition_seed",
     "partition_values", "per_partition", "seeded", "split_row",
 ]
 
@@ -140,12 +141,7 @@ def backend_sql(query: AggregateQuery, seed: int) -> str:
     if all(part.additive for part in parts):
         return f"SELECT {', '.join(part.sql for part in parts)} FROM {source}"
     inner = ", ".join(f"{part.sql} AS p{i}" for i, part in enumerate(parts))
-    outer = ", ".join(
-        f"pg_catalog.sum(p{i})"
-        if part.additive
-        else f"pg_catalog.array_to_string(pg_catalog.array_agg(p{i}), ',')"
-        for i, part in enumerate(parts)
-    )
+    outer = ", ".join(f"pg_catalog.sum(p{i})" if part.additive else collected(f"p{i}") for i, part in enumerate(parts))
     used = list(dict.fromkeys(agg.column.name for agg in query.aggregates if agg.column is not None))
     key, fence = (quote_identifier(_unused_name(query.table, name)) for name in ("partition", "fence"))
     rows = ", ".join([
@@ -212,17 +208,26 @@ def split_row(query: AggregateQuery, row: Sequence[Any]) -> list[tuple[Any, ...]
     return grouped
 
 
-def partition_values(text: str | bytes | None) -> np.ndarray:
-    """Parse a partition part (``'1.5,NaN,17'``) into floats; empty when no partition has rows.
+def collected(column: str) -> str:
+    """The aggregate that collects the partitions' values of ``column`` into one partition part."""
+    return f"pg_catalog.encode(pg_catalog.string_agg(pg_catalog.float8send({column}), CAST('' AS bytea)), 'hex')"
 
-    A partition whose values are all NULL has a NULL aggregate, which ``array_to_string``
-    leaves out: it then counts as a partition with no rows, as the mechanism would count it.
+
+def partition_values(text: str | bytes | None) -> np.ndarray:
+    """Read a partition part (hex of big-endian float8 values) into floats; empty when no
+    partition has a value.
+
+    A partition whose values are all NULL has a NULL aggregate, which ``string_agg`` leaves
+    out: it then counts as a partition with no rows, as the mechanism would count it.
     """
     if not text:
         return np.empty(0)
     if isinstance(text, bytes):
         text = text.decode("ascii")
-    return np.array(text.split(","), dtype=np.float64)  # PostgreSQL's NaN and ±Infinity parse too
+    raw = bytes.fromhex(text)
+    if len(raw) % 8:
+        raise ValueError(f"partition part of {len(raw)} bytes is not a list of float8 values")
+    return np.frombuffer(raw, dtype=">f8").astype(np.float64)  # NaN and ±Infinity come through as such
 
 
 def clamped(column: ColumnInfo) -> str:

@@ -9,6 +9,8 @@ of 10 at ε = 1.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import psycopg
 import pytest
@@ -17,7 +19,7 @@ from mechanisms.sum_count import release_mean
 from policies.model import ColumnPolicy, TablePolicy
 from policies.tables import ColumnInfo, Relation
 from rewriter.dp_query import plan_aggregate_query
-from rewriter.rewrite import backend_sql, clamped, per_partition, split_row
+from rewriter.rewrite import backend_sql, clamped, collected, partition_values, per_partition, split_row
 
 _INT4, _FLOAT8 = 23, 701
 
@@ -132,10 +134,16 @@ def test_partition_values_are_the_aggregates_of_clamped_values_as_double_precisi
         assert avg == pytest.approx(float(exact_avg), rel=1e-12) and (low, high) == (float(exact_low), float(exact_high))
 
 
-def test_partition_values_print_as_short_as_they_read_back(admin):
-    column = _relation("t", _INT4, (1, 99)).columns["y"]
-    (text,) = admin.execute(
-        f"SELECT pg_catalog.array_to_string(pg_catalog.array_agg(p), ',') FROM (SELECT {per_partition('avg', column)} "
-        "AS p FROM (VALUES (0, 38), (0, 38), (1, 40), (1, 41), (2, 1), (2, 1), (2, 2)) AS t(g, y) GROUP BY g ORDER BY g) AS s"
-    ).fetchone()
-    assert text == "38,40.5,1.3333333333333333"  # avg() of integers: 38.0000000000000000,...
+@pytest.mark.parametrize("settings", ["", "SET extra_float_digits = 0; SET bytea_output = escape"])
+def test_partition_values_come_back_bit_for_bit_whatever_the_session_settings(admin, settings):
+    """The partition part carries each value's 8 bytes: a client's SET of extra_float_digits
+    (which rounds float text) or bytea_output cannot change what the mechanism reads."""
+    values = [38.0, 40.5, 1 / 3, -0.0, 5e-324, 1.7976931348623157e308, float("inf"), float("-inf")]
+    literals = ", ".join(f"(CAST('{v!r}' AS double precision))" for v in values) + ", (NULL), (CAST('NaN' AS double precision))"
+    with admin.transaction():
+        for statement in filter(None, settings.split("; ")):
+            admin.execute(statement.replace("SET", "SET LOCAL"))
+        (text,) = admin.execute(f"SELECT {collected('p0')} FROM (VALUES {literals}) AS t(p0)").fetchone()
+    got = partition_values(text)
+    assert len(got) == len(values) + 1  # NULL left out: that partition counts as empty
+    assert [v.hex() for v in got[:-1].tolist()] == [v.hex() for v in values] and math.isnan(got[-1])

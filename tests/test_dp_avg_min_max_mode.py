@@ -9,6 +9,7 @@ must stay within ε, up to sampling error (z standard errors of the log ratio).
 from __future__ import annotations
 
 import math
+import struct
 from collections import Counter
 from collections.abc import Iterator
 
@@ -249,7 +250,7 @@ def test_empty_filter_still_answers_every_aggregate_with_a_value(proxy):
 
 def test_answer_delta_is_the_sum_of_the_sample_and_aggregate_columns_delta(proxy):
     plan = _plan(proxy, "adult", "SELECT COUNT(*), AVG(age), MIN(age), MODE() WITHIN GROUP (ORDER BY sex) FROM adult")
-    partitions = ",".join(["40"] * 512)
+    partitions = struct.pack(">d", 40.0).hex() * 512  # the backend's partition part: float8 values in hex
     answer = release_row(plan, (48842, partitions, partitions, 30000, 18000), 1.0)
     assert answer.epsilon == 1.0
     assert answer.delta == pytest.approx(2e-6)  # AVG and MIN each use the table's δ, unsplit
