@@ -192,10 +192,10 @@ def _run_smartnoise(env: Environment, results: Results, args: argparse.Namespace
     for rows, table in sorted(env.tables.items()):
         note(f"SmartNoise SQL: {len(QUERIES)} queries × {args.smartnoise_iterations} on {rows:,} rows")
         results.smartnoise[rows] = {}
+        rules = policy.tables[f"public.{table}"]
+        timer = lambda: SmartNoiseTimer(python, env.direct_tcp, described, rules.epsilon, rules.delta)  # noqa: E731
         for name, template in QUERIES.items():
             sql = template.format(table=table)
-            rules = policy.tables[f"public.{table}"]
-            timer = lambda: SmartNoiseTimer(python, env.direct_tcp, described, rules.epsilon, rules.delta)  # noqa: E731
             probes = [Probe("smartnoise", sql, timer), Probe.on(env.direct_tcp.name, env.direct_tcp, sql)]
             try:
                 results.smartnoise[rows][name] = measure(probes, args.smartnoise_iterations, warmup=2)
