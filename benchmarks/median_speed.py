@@ -26,7 +26,7 @@ import subprocess
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
+from typing import Callable, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 LO, HI, DELTA = 0.0, 100.0, 1e-6
@@ -49,7 +49,7 @@ def module_at(rev: str | None, noise: bool = True) -> ModuleType:
     module.__package__ = "mechanisms"
     exec(compile(source, f"{rev or 'working tree'}:{path}", "exec"), module.__dict__)
     if not noise:
-        module.laplace_float = lambda value, scale: value
+        setattr(module, "laplace_float", lambda value, scale: value)  # the release without its draw
     return module
 
 
@@ -73,7 +73,7 @@ def release(module: ModuleType, values: list[float | None]) -> Callable[[float],
     return call
 
 
-def fastest_batches_us(calls: list[Callable[[float], object]], size: int, repeats: int) -> list[float]:
+def fastest_batches_us(calls: Sequence[Callable[[float], object]], size: int, repeats: int) -> list[float]:
     """For each call, µs per call of its fastest batch; batches of the calls alternate.
 
     Every call gets a new ε = 1 + i·1e-9, hence a new β and a new noise scale.

@@ -193,6 +193,7 @@ def _run_smartnoise(env: Environment, results: Results, args: argparse.Namespace
         note(f"SmartNoise SQL: {len(QUERIES)} queries × {args.smartnoise_iterations} on {rows:,} rows")
         results.smartnoise[rows] = {}
         rules = policy.tables[f"public.{table}"]
+        assert rules.epsilon is not None  # the benchmark's tables are protected
         timer = lambda: SmartNoiseTimer(python, env.direct_tcp, described, rules.epsilon, rules.delta)  # noqa: E731
         for name, template in QUERIES.items():
             sql = template.format(table=table)

@@ -31,6 +31,7 @@ def main() -> int:
         sql = line.strip()
         if not sql:
             continue
+        answer: dict[str, float | str]
         try:
             started = time.perf_counter()
             reader.execute(sql)

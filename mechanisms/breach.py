@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import TypeVar, Union
+from typing import TypeVar, Union, cast
 
 from .laplace import _check_epsilon
 
@@ -194,7 +194,8 @@ def _candidate_answers(known_values: Rows, candidates: Sequence[K], query: Query
         except KeyError:
             raise ValueError(f"unknown query {query!r}; use one of {sorted(QUERIES)} or a function") from None
     rows = list(known_values)
-    return {c: float(query(rows if c is None else [*rows, c])) for c in candidates}
+    # A candidate joins the rows as the target's value (a number when it is not None).
+    return {c: float(query(rows if c is None else [*rows, cast(float, c)])) for c in candidates}
 
 
 def _uniform(candidates: Sequence[K]) -> dict[K, float]:

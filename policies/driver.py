@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
+from sqlalchemy.sql.compiler import SQLCompiler
 
 __all__ = ["DriverStatement"]
 
@@ -29,6 +30,7 @@ class DriverStatement:
     @classmethod
     def compile(cls, statement: sa.ClauseElement, dialect: Dialect) -> DriverStatement:
         compiled = statement.compile(dialect=dialect)
+        assert isinstance(compiled, SQLCompiler)  # a DML statement's, with binds and positions
         convert = {}
         for name, bind in compiled.binds.items():
             processor = bind.type.dialect_impl(dialect).bind_processor(dialect)

@@ -62,7 +62,7 @@ from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -95,6 +95,9 @@ _MAX_USER_LEN: Final = 255
 _DDL_LOCK_KEY: Final = 0x64707078_6C656467  # "dppxledg"
 # Execution option: begin a plain (deferred) SQLite transaction for read-only work.
 _READ_ONLY: Final = "dpproxy_read_only"
+
+# A spend row's amounts in units: spent ε, spent δ, granted ε, granted δ (a Row or a tuple).
+Amounts = Sequence[int]
 
 
 @dataclass(frozen=True)
@@ -235,7 +238,7 @@ class Ledger:
         with self._engine.begin() as conn:
             row = self._add_within(conn, "spent", user, key, now, (eps, limit_eps), (dlt, limit_dlt))
             accepted = row is not None
-            if accepted:
+            if row is not None:
                 self._record(conn, "charge", user, key, now, eps, dlt, fingerprint)
             else:
                 row = self._read(conn, user, key)
@@ -385,6 +388,7 @@ class Ledger:
             if conn.dialect.name == "postgresql":
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_DDL_LOCK_KEY)))
                 # Checked first: CREATE SCHEMA IF NOT EXISTS still needs CREATE privilege.
+                assert schema is not None  # the PostgreSQL ledger always has one
                 if not sa.inspect(conn).has_schema(schema):
                     conn.execute(sa.schema.CreateSchema(schema))
             self._metadata.create_all(conn)
@@ -407,7 +411,7 @@ class Ledger:
         now: datetime,
         epsilon: tuple[int, int],
         delta: tuple[int, int],
-    ) -> Row[Any] | None:
+    ) -> Amounts | None:
         """Add (amount, limit) pairs to the ``target`` ('spent' or 'granted') columns.
 
         One conditional UPDATE: either both new totals are within their caps (for 'spent',
@@ -434,7 +438,7 @@ class Ledger:
         epsilon: tuple[int, int],
         delta: tuple[int, int],
         fingerprint: str | None,
-    ) -> tuple[int, int, int, int] | None:
+    ) -> Amounts | None:
         """The common charge, on the driver's cursor: one conditional UPDATE and the history
         row, in one transaction; the amounts after, or None (nothing written) when the
         period's row is missing or the charge does not fit."""
@@ -458,7 +462,7 @@ class Ledger:
                     "epsilon_units": epsilon[0], "delta_units": delta[0], "fingerprint": fingerprint,
                 }))
                 raw.commit()
-                return tuple(row)  # type: ignore[return-value]
+                return tuple(row)
             except BaseException:
                 raw.rollback()
                 raise
@@ -472,7 +476,7 @@ class Ledger:
 
     def _read(
         self, conn: Connection, user: str, key: str, for_update: bool = False
-    ) -> Row[Any] | tuple[int, int, int, int]:
+    ) -> Amounts:
         s = self._spend
         query = sa.select(*self._amounts()).where(s.c.user_name == user, s.c.period == key)
         if for_update:
@@ -502,7 +506,9 @@ class Ledger:
     def _build_statements(self) -> None:
         """The hot statements, built once (SQLAlchemy then reuses their compiled form)."""
         s = self._spend
-        user, period, now = (sa.bindparam(name) for name in ("p_user", "p_period", "p_now"))
+        user: sa.BindParameter[str] = sa.bindparam("p_user")
+        period: sa.BindParameter[str] = sa.bindparam("p_period")
+        now: sa.BindParameter[datetime] = sa.bindparam("p_now")
         self._ensure_statement = (
             self._insert(s)
             .values(
@@ -630,7 +636,7 @@ def _postgres_engine(url: sa.URL) -> Engine:
 
 
 def _balance(
-    user: str, budget: Budget, now: datetime, row: Row[Any] | tuple[int, int, int, int]
+    user: str, budget: Budget, now: datetime, row: Amounts
 ) -> Balance:
     spent_eps, spent_dlt, granted_eps, granted_dlt = row
     return Balance(

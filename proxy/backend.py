@@ -13,6 +13,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 
 import psycopg
 from psycopg import pq
+from psycopg.pq.abc import PGresult
 
 from policies.loader import PolicyError
 from policies.model import Policy
@@ -45,7 +46,7 @@ _FORWARDED_STARTUP = {
 }
 
 # libpq's transaction status → ReadyForQuery's status byte (idle, and anything else, is b"I").
-_STATUS_BYTE = {pq.TransactionStatus.INTRANS: b"T", pq.TransactionStatus.INERROR: b"E"}
+_STATUS_BYTE: dict[int, bytes] = {pq.TransactionStatus.INTRANS: b"T", pq.TransactionStatus.INERROR: b"E"}
 
 
 class BackendError(Exception):
@@ -231,7 +232,7 @@ class BackendSession:
         columns = range(result.nfields)
         return [result.get_value(0, c) for c in columns], [result.ftype(c) for c in columns]
 
-    async def _statement(self, sql: str, params: BoundParams | None, result_format: int) -> pq.PGresult:
+    async def _statement(self, sql: str, params: BoundParams | None, result_format: int) -> PGresult:
         pgconn = (await self.connection()).pgconn
         query = sql.encode("utf-8")
         if params is None and result_format == 0:
@@ -249,7 +250,7 @@ class BackendSession:
         result = await self._round_trip(lambda: pgconn.send_describe_prepared(b""))
         return [result.param_type(i) for i in range(result.nparams)], _fields(result)
 
-    async def _round_trip(self, send: Callable[[], None]) -> pq.PGresult:
+    async def _round_trip(self, send: Callable[[], None]) -> PGresult:
         """Send one request with libpq and wait for its single result without blocking the loop."""
         self._notices.clear()
         conn = await self.connection()
@@ -290,7 +291,7 @@ ORDER BY r.i
 """
 
 
-def _result_error(result: pq.PGresult) -> BackendError:
+def _result_error(result: PGresult) -> BackendError:
     def field(code: pq.DiagnosticField) -> str | None:
         value = result.error_field(code)
         return value.decode("utf-8", "replace") if value is not None else None
@@ -314,7 +315,7 @@ def _backend_error(exc: psycopg.Error) -> BackendError:
     )
 
 
-def _fields(result: pq.PGresult) -> list[Field]:
+def _fields(result: PGresult) -> list[Field]:
     return [
         Field(
             name=(result.fname(i) or b"").decode("utf-8"),
@@ -329,13 +330,13 @@ def _fields(result: pq.PGresult) -> list[Field]:
     ]
 
 
-def _rows(result: pq.PGresult) -> list[list[bytes | None]]:
+def _rows(result: PGresult) -> list[list[bytes | None]]:
     nfields = result.nfields
     get = result.get_value
     return [[get(r, c) for c in range(nfields)] for r in range(result.ntuples)]
 
 
-def _tag(result: pq.PGresult) -> str:
+def _tag(result: PGresult) -> str:
     return (result.command_status or b"").decode("utf-8")
 
 

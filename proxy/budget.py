@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any, Callable, TypeVar
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from decimal import Decimal
@@ -30,6 +31,8 @@ from policies.model import Policy
 from policies.periods import period_key
 
 __all__ = ["BudgetKeeper"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("dpproxy.budget")
 
@@ -220,7 +223,7 @@ class BudgetKeeper:
                     log.warning("could not release %s's unused budget reservation: %s", user, exc)
         self._reserved.clear()
 
-    async def _ledger_call(self, function, *args):  # type: ignore[no-untyped-def]
+    async def _ledger_call(self, function: Callable[..., T], *args: Any) -> T:
         try:
             return await asyncio.to_thread(function, *args)
         except Exception as exc:

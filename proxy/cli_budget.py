@@ -24,7 +24,7 @@ __all__ = ["add_budget_commands", "balance_table", "grant", "reset", "show"]
 _HEADERS = ("user", "period start", "spent ε", "limit ε", "remaining ε", "spent δ", "remaining δ")
 
 
-def add_budget_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_budget_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``budget show|grant|reset`` on the ``dpproxy`` sub-command parser."""
     config = argparse.ArgumentParser(add_help=False)
     config.add_argument("-c", "--config", required=True, type=Path, help="policy file (YAML)")

@@ -17,7 +17,7 @@ from pathlib import Path
 __all__ = ["add_deploy_commands"]
 
 
-def add_deploy_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_deploy_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``health`` and ``demo-load`` on the ``dpproxy`` sub-command parser."""
     health = commands.add_parser("health", help="exit 0 if a dpproxy answers on host:port (container HEALTHCHECK)")
     health.add_argument("--host", default="127.0.0.1")

@@ -36,7 +36,7 @@ numbers (posterior of 10: 0.5421, not 0.5562). A candidate "none" stands for "no
 """
 
 
-def add_privacy_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_privacy_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``epsilon`` and ``risk`` on the ``dpproxy`` sub-command parser."""
     epsilon = commands.add_parser(
         "epsilon", help="ε from breach probabilities: prior ρ1 and posterior ρ2 (seed 003)"

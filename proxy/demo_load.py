@@ -67,4 +67,4 @@ def service_dsn(admin_dsn: str, database: str) -> str:
     params = conninfo_to_dict(admin_dsn)
     params.pop("password", None)
     params.update(user=SERVICE_ROLE, dbname=database)
-    return make_conninfo(**params)
+    return make_conninfo("", **params)

@@ -8,12 +8,13 @@ asyncio's pure-Python loop. It does not exist for Windows, where asyncio's loop 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Coroutine, TypeVar
+from typing import Any, Callable, Coroutine, TypeVar
 
+_factory: Callable[[], asyncio.AbstractEventLoop]
 try:
-    import uvloop
+    from uvloop import new_event_loop as _factory
 except ImportError:  # pragma: no cover - only where uvloop has no build (Windows)
-    uvloop = None
+    _factory = asyncio.new_event_loop
 
 __all__ = ["new_event_loop", "run"]
 
@@ -22,7 +23,7 @@ T = TypeVar("T")
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """A new loop of the kind dpproxy serves on."""
-    return uvloop.new_event_loop() if uvloop is not None else asyncio.new_event_loop()
+    return _factory()
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:

@@ -281,8 +281,9 @@ def _apply_formats(result: ResultSet, result_formats: tuple[int, ...]) -> Result
     for row in result.rows:
         row = list(row)
         for i in convert:
-            if row[i] is not None:
-                row[i] = binary_from_text(row[i], result.fields[i].type_oid)
+            text = row[i]
+            if text is not None:
+                row[i] = binary_from_text(text, result.fields[i].type_oid)
         rows.append(row)
     fields = [replace(f, format=fmt) for f, fmt in zip(result.fields, formats)]
     return ResultSet(fields, rows, result.tag, result.notices)

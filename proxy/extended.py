@@ -11,7 +11,7 @@ Execute.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from policies.errors import SQLSTATE, Refusal
 
@@ -22,6 +22,9 @@ from .protocol import Field, ProtocolError
 
 __all__ = ["ExtendedProtocol", "PreparedStatement", "Runner"]
 
+# What the runner made of a statement (proxy.executor.Plan); opaque to this module.
+Plan = Any
+
 
 @dataclass
 class PreparedStatement:
@@ -29,7 +32,7 @@ class PreparedStatement:
 
     text: str
     param_types: tuple[int, ...]
-    plan: object  # the runner's classification; opaque here
+    plan: Plan
     description: tuple[list[int], list[Field] | None] | None = None
 
 
@@ -48,16 +51,16 @@ class Portal:
 class Runner(Protocol):
     """What the extended protocol needs from statement execution (proxy.executor)."""
 
-    async def prepare(self, text: str) -> object: ...
+    async def prepare(self, text: str) -> Plan: ...
 
-    async def describe(self, plan: object, param_types: tuple[int, ...]) -> tuple[list[int], list[Field] | None]: ...
+    async def describe(self, plan: Plan, param_types: tuple[int, ...]) -> tuple[list[int], list[Field] | None]: ...
 
-    def known_fields(self, plan: object, result_formats: tuple[int, ...]) -> list[Field] | None:
+    def known_fields(self, plan: Plan, result_formats: tuple[int, ...]) -> list[Field] | None:
         """The columns if they are known without running the statement (DP answers), else None."""
         ...
 
     async def run(
-        self, plan: object, params: BoundParams, result_formats: tuple[int, ...]
+        self, plan: Plan, params: BoundParams, result_formats: tuple[int, ...]
     ) -> tuple[ResultSet, list[str]]: ...
 
     def transaction_status(self) -> bytes: ...

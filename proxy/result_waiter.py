@@ -122,7 +122,12 @@ class ResultWaiter:
     async def _writable(self) -> None:
         assert self._loop is not None
         ready: asyncio.Future[None] = self._loop.create_future()
-        self._loop.add_writer(self._fd, lambda: ready.done() or ready.set_result(None))
+
+        def wake() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        self._loop.add_writer(self._fd, wake)
         try:
             await ready
         finally:

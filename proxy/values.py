@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import math
 from decimal import Decimal
+from typing import Callable
 
 import numpy as np
 
 from rewriter.types import FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
 
-__all__ = ["TYPE_SIZES", "encode_text", "load_text"]
+__all__ = ["TYPE_SIZES", "Value", "encode_text", "load_text"]
+
+# A value as dpproxy computes with it: what load_text gives and encode_text takes.
+Value = int | float | Decimal | str | None
 
 TYPE_SIZES = {INT2: 2, INT4: 4, INT8: 8, FLOAT4: 4, FLOAT8: 8, NUMERIC: -1}
 
 
-def encode_text(value: object, type_oid: int, scale: int | None = None) -> bytes | None:
+def encode_text(value: Value, type_oid: int, scale: int | None = None) -> bytes | None:
     """``value`` as PostgreSQL's output function for ``type_oid`` would print it.
 
     ``scale`` is the number of fraction digits for numeric results (None: as many as needed).
@@ -37,15 +41,15 @@ def encode_text(value: object, type_oid: int, scale: int | None = None) -> bytes
     return str(value).encode()
 
 
-def _float_text(value: float, shortest: object) -> str:
+def _float_text(value: float, shortest: Callable[[float], str]) -> str:
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):
         return "Infinity" if value > 0 else "-Infinity"
-    return shortest(value)  # type: ignore[operator]
+    return shortest(value)
 
 
-def load_text(value: bytes | None, type_oid: int) -> object:
+def load_text(value: bytes | None, type_oid: int) -> Value:
     """A backend text value as the Python value dpproxy computes with (int, Decimal, float, str)."""
     if value is None:
         return None

@@ -118,7 +118,7 @@ class Scope:
         return column
 
 
-def _set_operation_message(tree: exp.Expression) -> str:
+def _set_operation_message(tree: exp.Expr) -> str:
     if isinstance(tree, exp.SetOperation):
         return "UNION/INTERSECT/EXCEPT is not allowed on protected table"
     return "only SELECT of aggregates is allowed on protected table"
