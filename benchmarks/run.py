@@ -23,6 +23,7 @@ import argparse
 import logging
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import psycopg
@@ -194,7 +195,7 @@ def _run_smartnoise(env: Environment, results: Results, args: argparse.Namespace
         results.smartnoise[rows] = {}
         rules = policy.tables[f"public.{table}"]
         assert rules.epsilon is not None  # the benchmark's tables are protected
-        timer = lambda: SmartNoiseTimer(python, env.direct_tcp, described, rules.epsilon, rules.delta)  # noqa: E731
+        timer = partial(SmartNoiseTimer, python, env.direct_tcp, described, rules.epsilon, rules.delta)
         for name, template in QUERIES.items():
             sql = template.format(table=table)
             probes = [Probe("smartnoise", sql, timer), Probe.on(env.direct_tcp.name, env.direct_tcp, sql)]

@@ -66,7 +66,7 @@ from typing import Any, Final, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, Engine, Row
+from sqlalchemy.engine import Connection, Engine
 
 from .driver import DriverStatement
 from .periods import check_period, period_key, period_start, to_utc
