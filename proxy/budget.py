@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable, TypeVar
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from decimal import Decimal
+from typing import Any, Callable, TypeVar
 
 from policies.errors import SQLSTATE, Refusal
 from policies.ledger import Balance, Budget, Ledger
