@@ -100,6 +100,31 @@ def _walking_value(pattern: str) -> str:
     return "".join(value)
 
 
+@pytest.mark.parametrize(
+    "predicate",
+    [
+        "a IN (1, 2)", "a NOT IN (1, NULL)", "a NOT IN (1, 2)", "NOT (a IN (3, '4'))", "a BETWEEN 1 AND 3",
+        "a NOT BETWEEN 2 AND NULL", "a NOT BETWEEN 1 AND 2", "a IS NULL", "a IS NOT NULL", "NOT (a > 1 OR s = 'x')",
+        "s LIKE 'x%' OR s NOT ILIKE 'X\\%'", "lower(s) = 'x' AND upper(s) <> 'Y'", "-2 < a AND a <= '3'::int4",
+        "a = CAST('2' AS numeric(5, 2))", "s = 'it''s'", "s LIKE 'a\\\\b'", "NOT a >= 2 AND TRUE",
+    ],
+)
+def test_the_rendered_predicate_means_what_the_analyst_wrote(admin, predicate: str) -> None:
+    """Same rows, NULLs included, as PostgreSQL's own reading of the predicate."""
+    admin.execute("CREATE TEMP TABLE IF NOT EXISTS meaning_probe (a integer, s text)")
+    admin.execute("TRUNCATE meaning_probe")
+    admin.execute(
+        "INSERT INTO meaning_probe VALUES (1, 'x'), (2, 'X%'), (3, NULL), (NULL, 'y'), (NULL, NULL), (4, 'it''s'), "
+        "(-1, 'a\\b'), (2, 'X\\%')"
+    )
+    columns = {"a": ColumnInfo("a", 23, -1, 1, None), "s": ColumnInfo("s", 25, -1, 2, None)}
+    table = Relation(1, "pg_temp", "meaning_probe", TablePolicy(epsilon=1.0), columns)
+    rendered = plan_aggregate_query(f"SELECT COUNT(*) FROM meaning_probe WHERE {predicate}", table).where_sql
+    expected = admin.execute(f"SELECT array_agg(ctid ORDER BY ctid) FROM meaning_probe WHERE {predicate}").fetchone()
+    actual = admin.execute(f"SELECT array_agg(ctid ORDER BY ctid) FROM meaning_probe WHERE {rendered}").fetchone()
+    assert actual == expected, rendered
+
+
 def test_a_sum_of_floats_cannot_overflow_on_the_rows(admin, proxy) -> None:
     """float8 near 1e308 overflows in sum() for two rows, not for one: bounds that allow it are refused."""
     admin.execute("DROP TABLE IF EXISTS overflow_probe")
