@@ -12,8 +12,11 @@ on every table; what it evaluates per row (or against the column statistics whil
 planning) must be unable to fail. Hence refused, from the text alone:
 
 * a LIKE/ILIKE pattern PostgreSQL would reject (:mod:`rewriter.like_patterns`), an
-  ``ESCAPE`` clause, and LIKE/ILIKE on a column with a nondeterministic collation
-  (PostgreSQL ≤ 17 raises "nondeterministic collations are not supported" per row);
+  ``ESCAPE`` clause, LIKE/ILIKE on a column with a nondeterministic collation
+  (PostgreSQL ≤ 17 raises "nondeterministic collations are not supported" per row), and
+  LIKE/ILIKE on a column that is not text, varchar or char (on ``bytea`` the pattern is
+  decoded first, ``'\\\\'`` to one backslash, a trailing escape that the validated text did
+  not have; other types have LIKE rules of their own);
 * a cast other than one cast of a literal or parameter to a built-in type: a cast of a
   cast, or of a typed parameter to a date/time type, runs a STABLE input function per row,
   and a domain's CHECK runs per row;
@@ -83,6 +86,8 @@ _CAST_TYPES: dict[object, tuple[str, bool]] = {
 _STABLE_INPUT = frozenset({"date", "time", "timestamp", "timestamptz"})
 _FLOAT_CASTS = frozenset({"float4", "float8"})
 _FLOAT_COLUMNS = frozenset({FLOAT4, FLOAT8})
+# text, varchar, bpchar: LIKE compares the pattern exactly as the validated string.
+_TEXT_TYPES = frozenset({25, 1043, 1042})
 
 
 def validate_predicate(predicate: exp.Expression, scope: Scope) -> str:
@@ -188,6 +193,12 @@ class _Renderer:
                 "tell whether any row passed the rest of the WHERE. Escape a literal backslash as \\\\.",
             )
         assert column.column is not None
+        if not isinstance(node.this, tuple(_CASE_FUNCTIONS)) and column.column.type_oid not in _TEXT_TYPES:
+            raise self.refuse(
+                f"LIKE/ILIKE on column {column.column.name}, which is not of a text type, is not allowed on protected table",
+                "LIKE is allowed on text, varchar and char columns (and on lower()/upper() of a column): on bytea "
+                "the pattern is decoded into one that PostgreSQL may reject per row.",
+            )
         if not column.column.deterministic_collation:
             raise self.refuse(
                 f"LIKE/ILIKE on column {column.column.name}, whose collation is nondeterministic, is not allowed on protected table",

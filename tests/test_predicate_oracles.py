@@ -184,12 +184,14 @@ def test_a_float_parameter_compared_with_a_numeric_column_is_converted_once(admi
         "d = CAST('1' AS public.mydomain)",  # a domain's CHECK, per row
         "sex LIKE 'M%'",  # nondeterministic collation: PostgreSQL ≤ 17 fails per row
         "lower(sex) LIKE 'm%'",
+        "b LIKE '\\\\'",  # bytea decodes the valid text pattern \\ to a lone escape
     ],
 )
 def test_a_per_row_conversion_or_collation_error_is_refused(predicate: str) -> None:
     columns = {
         "d": ColumnInfo("d", 1082, -1, 1, None),
         "sex": ColumnInfo("sex", 25, -1, 2, None, deterministic_collation=False),
+        "b": ColumnInfo("b", 17, -1, 3, None),
     }
     table = Relation(1, "public", "t", TablePolicy(epsilon=1.0), columns)
     with pytest.raises(Refusal) as refused:
