@@ -282,11 +282,13 @@ class BackendSession:
             await self._conn.close()
 
 
+# Runs in the analyst's session, under the analyst's search_path: every function, operator
+# and type is pg_catalog's (ORDER BY takes the type's default btree operators, not a name).
 _RESOLVE_SQL = """
 SELECT c.oid, n.nspname, c.relname
-FROM unnest(%s::text[]) WITH ORDINALITY AS r(name, i)
-LEFT JOIN pg_catalog.pg_class c ON c.oid = pg_catalog.to_regclass(r.name)
-LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+FROM pg_catalog.unnest(CAST(%s AS pg_catalog.text[])) WITH ORDINALITY AS r(name, i)
+LEFT JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(r.name)
+LEFT JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
 ORDER BY r.i
 """
 
@@ -405,8 +407,8 @@ def _policy_ref(name: str) -> RelationRef:
 async def _columns(session: BackendSession, oid: int, policies: Mapping[str, Any]) -> dict[str, ColumnInfo]:
     rows = await session.fetch_all(
         "SELECT a.attname, a.atttypid, a.atttypmod, a.attnum, COALESCE(c.collisdeterministic, true) "
-        "FROM pg_catalog.pg_attribute a LEFT JOIN pg_catalog.pg_collation c ON c.oid = a.attcollation "
-        "WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+        "FROM pg_catalog.pg_attribute a LEFT JOIN pg_catalog.pg_collation c ON c.oid OPERATOR(pg_catalog.=) a.attcollation "
+        "WHERE a.attrelid OPERATOR(pg_catalog.=) %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
         (oid,),
     )
     return {

@@ -224,16 +224,21 @@ CREATE OPERATOR public.<= (LEFTARG = integer, RIGHTARG = integer, FUNCTION = pub
 CREATE OPERATOR public.~~ (LEFTARG = text, RIGHTARG = text, FUNCTION = public.planted_text);
 CREATE OPERATOR public./ (LEFTARG = double precision, RIGHTARG = bigint, FUNCTION = public.planted_float);
 CREATE OPERATOR public.* (LEFTARG = double precision, RIGHTARG = integer, FUNCTION = public.planted_mul);
+CREATE FUNCTION public.planted_oid(a oid, b oid) RETURNS boolean LANGUAGE plpgsql
+    AS $$ BEGIN RAISE EXCEPTION 'planted operator ran'; END $$;
+CREATE FUNCTION public.unnest(v text[]) RETURNS SETOF text LANGUAGE plpgsql
+    AS $$ BEGIN RAISE EXCEPTION 'planted unnest ran'; END $$;
+CREATE OPERATOR public.= (LEFTARG = oid, RIGHTARG = oid, FUNCTION = public.planted_oid);
 CREATE DOMAIN public.int4 AS integer CHECK (public.planted_check(VALUE));
 CREATE DOMAIN public.bytea AS text;
 """
 _UNPLANT = """
 DROP DOMAIN IF EXISTS public.int4, public.bytea;
-DROP OPERATOR IF EXISTS public.= (integer, integer), public.= (text, text), public.<= (integer, integer),
+DROP OPERATOR IF EXISTS public.= (oid, oid), public.= (integer, integer), public.= (text, text), public.<= (integer, integer),
     public.~~ (text, text), public./ (double precision, bigint), public.* (double precision, integer);
 DROP FUNCTION IF EXISTS public.planted_int(integer, integer), public.planted_text(text, text), public.planted_float(double precision, bigint),
     public.planted_mul(double precision, integer), public.planted_check(integer), public.lower(text),
-    public.lower(varchar);
+    public.lower(varchar), public.planted_oid(oid, oid), public.unnest(text[]);
 """
 
 
