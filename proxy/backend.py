@@ -7,6 +7,7 @@ statement_timeout; the client's credentials never reach the backend.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -20,6 +21,7 @@ from policies.model import Policy
 from policies.tables import ColumnInfo, Relation, TableRegistry
 from rewriter.classify import ResolvedRelation
 from rewriter.references import RelationRef
+from rewriter.types import MAX_ABS_BOUND
 
 from .metrics import observe_backend
 from .protocol import Field
@@ -363,6 +365,11 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
                 float(b).is_integer() for b in column_policy.bounds
             ):
                 problems.append(f"tables.{name}.columns.{column_name}: integer column needs integer bounds")
+            elif column_policy.bounds is not None and column_policy.sensitivity > MAX_ABS_BOUND.get(info.type_oid, math.inf):
+                problems.append(
+                    f"tables.{name}.columns.{column_name}: bounds of this column type may be at most "
+                    f"{MAX_ABS_BOUND[info.type_oid]:g} in magnitude (a larger SUM could overflow on the backend)"
+                )
         if table_policy.partitioning == "ctid_hash" and target.oid not in hashable:
             problems.append(
                 f"tables.{name}.partitioning: ctid_hash needs a table, materialized view or "
