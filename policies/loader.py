@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from .model import Policy
 
-__all__ = ["PolicyError", "load_policy", "parse_policy"]
+__all__ = ["PolicyError", "key_line", "load_policy", "parse_policy"]
 
 
 class PolicyError(Exception):
@@ -96,6 +96,16 @@ def _duplicate_keys(root: yaml.Node | None, source: str) -> list[str]:
                     )
                 stack.append((value_node, (*path, str(key))))
     return sorted(problems, key=lambda problem: int(problem[len(source) + 1 :].split(":", 1)[0]))
+
+
+def key_line(text: str, keys: list[str]) -> int:
+    """The 1-based line of the policy key reached by ``keys`` in the YAML ``text`` (of its
+    deepest existing part; 1 if the text is not YAML)."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return 1
+    return _line_of(root, list(keys))
 
 
 def _describe(err: Any, root: yaml.Node | None, source: str) -> str:

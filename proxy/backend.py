@@ -22,6 +22,7 @@ from rewriter.classify import ResolvedRelation
 from rewriter.references import RelationRef
 
 from .metrics import observe_backend
+from .policy_fit import column_fit_problems
 from .protocol import Field
 from .result_waiter import ResultWaiter
 
@@ -359,10 +360,8 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
             info = columns.get(column_name)
             if info is None:
                 problems.append(f"tables.{name}.columns.{column_name}: no such column on the backend")
-            elif column_policy.bounds is not None and info.type_oid in (20, 21, 23) and not all(
-                float(b).is_integer() for b in column_policy.bounds
-            ):
-                problems.append(f"tables.{name}.columns.{column_name}: integer column needs integer bounds")
+            else:
+                problems += column_fit_problems(name, column_name, column_policy, info.type_oid)
         if table_policy.partitioning == "ctid_hash" and target.oid not in hashable:
             problems.append(
                 f"tables.{name}.partitioning: ctid_hash needs a table, materialized view or "
