@@ -217,14 +217,15 @@ def _select(
     if protected:
         return _protected(statement, protected)
     _check_functions(statement)
-    text = statement.text
+    text = qualify(statement.text)
     if references_pg_class:
+        # Its subquery names only pg_catalog.pg_class, keyword types and constants.
         text = neutralise_pg_class(
             text,
             registry.pg_class_columns,
             lambda schema, name: _means_pg_class(RelationRef(schema, name), resolved),
         )
-    return Passthrough(qualify(text))
+    return Passthrough(text)
 
 
 def _means_pg_class(ref: RelationRef, resolved: Mapping[RelationRef, ResolvedRelation | None]) -> bool:

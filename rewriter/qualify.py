@@ -24,6 +24,7 @@ from functools import lru_cache
 from typing import Any, Callable
 
 from pglast import ast, parse_sql
+from pglast.parser import ParseError
 from pglast.enums import A_Expr_Kind, BoolExprType, BoolTestType, NullTestType, SubLinkType
 from pglast.stream import RawStream
 
@@ -48,12 +49,20 @@ def qualify(sql: str) -> str:
 
 @lru_cache(maxsize=4096)
 def _qualify(sql: str) -> str:
-    (raw,) = parse_sql(sql)
+    try:
+        (raw,) = parse_sql(sql)
+    except ParseError as exc:
+        raise Refusal(SQLSTATE.SYNTAX_ERROR, str(exc.args[0]), rule="syntax") from exc
     tree = _walk(raw.stmt)
-    text = str(RawStream()(tree))
     # The deparser's parentheses decide what the text means; read it back to be sure it
-    # means the tree we built (a mismatch is refused, never sent).
-    if parse_sql(text)[0].stmt != tree:
+    # means the tree we built. Whatever the deparser cannot print, or prints so that it
+    # means something else, is refused, never sent.
+    try:
+        text = str(RawStream()(tree))
+        same = parse_sql(text)[0].stmt == tree
+    except (ParseError, NotImplementedError, ValueError, TypeError, AttributeError, RecursionError):
+        same = False
+    if not same:
         raise _refuse("this statement's form", "Add parentheses or write the expression more simply.")
     return text
 
@@ -121,6 +130,11 @@ def _type_name(node: ast.TypeName) -> ast.TypeName:
 def _collate(node: ast.CollateClause) -> ast.CollateClause:
     node.collname = _name(node.collname, "collation")
     return node
+
+
+def _table_sample(node: ast.RangeTableSample) -> ast.RangeTableSample:
+    # The method is a handler function looked up by name, and the deparser cannot qualify it.
+    raise _refuse("TABLESAMPLE", "Leave out TABLESAMPLE.")
 
 
 def _sublink(node: ast.SubLink) -> ast.SubLink:
@@ -282,6 +296,7 @@ _HANDLERS: dict[type, Callable[[Any], Any]] = {
     ast.TypeName: _type_name,
     ast.CollateClause: _collate,
     ast.SubLink: _sublink,
+    ast.RangeTableSample: _table_sample,
     ast.CaseExpr: _case,
     ast.SortBy: _sort_by,
     ast.A_Expr: _a_expr,

@@ -154,6 +154,7 @@ def test_names_qualified_with_another_schema_are_refused(proxy: RunningProxy, sq
 @pytest.mark.parametrize("sql", [
     "SELECT relname FROM pg_class ORDER BY relname USING <",
     "SELECT count(*) FROM pg_namespace NATURAL JOIN pg_class",
+    "SELECT count(*) FROM pg_class TABLESAMPLE bernoulli(50)",
     "SELECT count(*) FROM pg_namespace JOIN (SELECT 'pg_catalog'::name AS nspname) s USING (nspname) "
     "WHERE nspname = 'pg_catalog'",
 ])
