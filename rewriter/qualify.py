@@ -35,6 +35,7 @@ __all__ = ["qualify"]
 PG_CATALOG = "pg_catalog"
 # information_schema's functions and domains are PostgreSQL's own too (created with the catalog).
 _OWN_SCHEMAS = frozenset({PG_CATALOG, "information_schema"})
+_CATALOG_ONLY = frozenset({PG_CATALOG})
 _OWN_SCHEMA_ONLY = "Write the name without a schema (dpproxy pins it to pg_catalog) or with pg_catalog."
 
 
@@ -86,12 +87,13 @@ def _refuse(what: str, hint: str, sqlstate: str = SQLSTATE.FEATURE_NOT_SUPPORTED
                    "pg-catalog-names")
 
 
-def _name(parts: tuple[ast.String, ...] | None, what: str) -> tuple[ast.String, ...]:
-    """``parts`` with pg_catalog in front when unqualified; refused when another schema is named."""
+def _name(parts: tuple[ast.String, ...] | None, what: str,
+          schemas: frozenset[str] = _OWN_SCHEMAS) -> tuple[ast.String, ...]:
+    """``parts`` with pg_catalog in front when unqualified; refused when a schema not in ``schemas`` is named."""
     parts = tuple(parts or ())
     if len(parts) == 1:
         return (ast.String(sval=PG_CATALOG), *parts)
-    if len(parts) == 2 and parts[0].sval in _OWN_SCHEMAS:
+    if len(parts) == 2 and parts[0].sval in schemas:
         return parts
     shown = ".".join(str(part.sval) for part in parts)
     raise _refuse(f"{what} {shown}", _OWN_SCHEMA_ONLY, SQLSTATE.INSUFFICIENT_PRIVILEGE)
@@ -110,9 +112,8 @@ def _bool(kind: BoolExprType, *args: Any) -> ast.BoolExpr:
     return ast.BoolExpr(boolop=kind, args=args, location=-1)
 
 
-def _is_null(expr: Any, negated: bool = False) -> ast.NullTest:
-    kind = NullTestType.IS_NOT_NULL if negated else NullTestType.IS_NULL
-    return ast.NullTest(arg=expr, nulltesttype=kind, argisrow=False, location=-1)
+def _is_null(expr: Any) -> ast.NullTest:
+    return ast.NullTest(arg=expr, nulltesttype=NullTestType.IS_NULL, argisrow=False, location=-1)
 
 
 def _func_call(node: ast.FuncCall) -> ast.FuncCall:
@@ -128,7 +129,7 @@ def _type_name(node: ast.TypeName) -> ast.TypeName:
 
 
 def _collate(node: ast.CollateClause) -> ast.CollateClause:
-    node.collname = _name(node.collname, "collation")
+    node.collname = _name(node.collname, "collation", _CATALOG_ONLY)
     return node
 
 
@@ -140,7 +141,7 @@ def _table_sample(node: ast.RangeTableSample) -> ast.RangeTableSample:
 def _sublink(node: ast.SubLink) -> ast.SubLink:
     if node.subLinkType in (SubLinkType.ANY_SUBLINK, SubLinkType.ALL_SUBLINK, SubLinkType.ROWCOMPARE_SUBLINK):
         # IN (SELECT ...) has no operName; it means = ANY (SELECT ...).
-        node.operName = _name(node.operName or (ast.String(sval="="),), "operator")
+        node.operName = _name(node.operName or (ast.String(sval="="),), "operator", _CATALOG_ONLY)
     return node
 
 
@@ -165,7 +166,7 @@ def _a_expr(node: ast.A_Expr) -> Any:
     kind = node.kind
     symbol = node.name[-1].sval if node.name else "="
     if kind in (A_Expr_Kind.AEXPR_OP, A_Expr_Kind.AEXPR_OP_ANY, A_Expr_Kind.AEXPR_OP_ALL):
-        node.name = _name(node.name, "operator")
+        node.name = _name(node.name, "operator", _CATALOG_ONLY)
         return node
     if kind in (A_Expr_Kind.AEXPR_LIKE, A_Expr_Kind.AEXPR_ILIKE, A_Expr_Kind.AEXPR_SIMILAR):
         # PostgreSQL itself turns these into the operator ~~, ~~*, ~ (or their negations).
