@@ -154,8 +154,11 @@ async def _serve_until_signal(
     try:
         server = await Server.create(policy)
     except PolicyError as exc:
+        from .config_check import locate
+
+        text = config.read_text(encoding="utf-8") if config.is_file() else ""
         for problem in exc.problems:
-            print(f"policy does not match the backend: {problem}", file=sys.stderr)
+            print(f"policy does not match the backend: {locate(problem, policy, text, str(config))}", file=sys.stderr)
         return 1
     await server.start(host, port)
     if banner:

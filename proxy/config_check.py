@@ -19,7 +19,7 @@ from policies.model import Policy
 
 from .backend import BackendError, build_registry, connect
 
-__all__ = ["BackendCheck", "check_against_backend"]
+__all__ = ["BackendCheck", "check_against_backend", "locate"]
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,13 @@ async def check_against_backend(policy: Policy, text: str, source: str) -> Backe
     except (BackendError, psycopg.Error, OSError, asyncio.TimeoutError) as exc:
         reason = str(exc).strip() or f"no answer within {timeout:g}s"
         return BackendCheck(False, reason=reason.splitlines()[0])
-    located = [f"{source}:{key_line(text, _keys(problem, policy))}: {problem}" for problem in problems]
-    return BackendCheck(True, located, tables=len(policy.tables))
+    return BackendCheck(True, [locate(problem, policy, text, source) for problem in problems],
+                        tables=len(policy.tables))
+
+
+def locate(problem: str, policy: Policy, text: str, source: str) -> str:
+    """``problem`` (``tables.<name>...: what``) prefixed with ``source:line`` of its key in ``text``."""
+    return f"{source}:{key_line(text, _keys(problem, policy))}: {problem}"
 
 
 async def _problems(policy: Policy) -> list[str]:

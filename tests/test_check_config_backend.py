@@ -83,16 +83,16 @@ def test_file_only_does_not_connect(test_db: TestDatabase, tmp_path: Path):
     assert run.returncode == 0 and "checked the file only" in run.stdout
 
 
-@pytest.mark.parametrize("line, entry", [
-    ("      sex: {categories: [Male, Female]}", "      sex: {bounds: [0, 1]}"),
-    ("      age: {bounds: [17, 90]}", "      age: {categories: ['17']}"),
+@pytest.mark.parametrize("line, entry, number", [
+    ("      sex: {categories: [Male, Female]}", "      sex: {bounds: [0, 1]}", 13),
+    ("      age: {bounds: [17, 90]}", "      age: {categories: ['17']}", 12),
 ])
 def test_serve_refuses_a_column_entry_that_does_not_fit_its_type(test_db: TestDatabase, tmp_path: Path,
-                                                                 line: str, entry: str):
+                                                                 line: str, entry: str, number: int):
     path = tmp_path / "policy.yaml"
     path.write_text(POLICY.format(dsn=test_db.service_dsn).replace(line, entry))
     serve = subprocess.run([sys.executable, "-m", "proxy.cli", "serve", "-c", str(path), "--port", "0"],
                            capture_output=True, text=True, timeout=60)  # a serve that starts fails here
     assert serve.returncode == 1
     column = entry.split(":")[0].strip()
-    assert f"policy does not match the backend: tables.public.adult.columns.{column}:" in serve.stderr
+    assert f"policy does not match the backend: {path}:{number}: tables.public.adult.columns.{column}:" in serve.stderr
