@@ -183,7 +183,9 @@ def _a_expr(node: ast.A_Expr) -> Any:
                             defresult=left, location=-1)
     if kind in (A_Expr_Kind.AEXPR_DISTINCT, A_Expr_Kind.AEXPR_NOT_DISTINCT):
         return _distinct(node, negated=kind == A_Expr_Kind.AEXPR_DISTINCT)
-    return _between(node)
+    if kind in _BETWEEN_KINDS:
+        return _between(node)
+    raise _refuse(f"the operator form {getattr(kind, 'name', kind)}", "Write it with a plain operator.")
 
 
 def _distinct(node: ast.A_Expr, negated: bool) -> Any:
@@ -199,12 +201,16 @@ def _distinct(node: ast.A_Expr, negated: bool) -> Any:
     return _bool(BoolExprType.NOT_EXPR, same) if negated else same
 
 
+# BETWEEN kinds: True where the value must lie inside the bounds.
+_BETWEEN_KINDS = {
+    A_Expr_Kind.AEXPR_BETWEEN: True, A_Expr_Kind.AEXPR_BETWEEN_SYM: True,
+    A_Expr_Kind.AEXPR_NOT_BETWEEN: False, A_Expr_Kind.AEXPR_NOT_BETWEEN_SYM: False,
+}
+
+
 def _between(node: ast.A_Expr) -> Any:
     value, (low, high) = node.lexpr, _items(node.rexpr)
-    inside = {
-        A_Expr_Kind.AEXPR_BETWEEN: True, A_Expr_Kind.AEXPR_BETWEEN_SYM: True,
-        A_Expr_Kind.AEXPR_NOT_BETWEEN: False, A_Expr_Kind.AEXPR_NOT_BETWEEN_SYM: False,
-    }[A_Expr_Kind(int(node.kind or 0))]
+    inside = _BETWEEN_KINDS[A_Expr_Kind(int(node.kind or 0))]
 
     def within(lo: Any, hi: Any) -> ast.BoolExpr:
         if inside:
