@@ -17,6 +17,7 @@ from policies.tables import Relation, TableRegistry
 from .catalog import CATALOG_SCHEMAS, SAFE_SETTINGS, allowed_catalog_relation, allowed_function, exact_floats
 from .dp_query import AggregateQuery, plan_aggregate_query
 from .neutralise import neutralise_pg_class
+from .qualify import qualify
 from .references import RelationRef
 from .statements import Statement
 
@@ -216,15 +217,15 @@ def _select(
     if protected:
         return _protected(statement, protected)
     _check_functions(statement)
+    text = qualify(statement.text)
     if references_pg_class:
-        return Passthrough(
-            neutralise_pg_class(
-                statement.text,
-                registry.pg_class_columns,
-                lambda schema, name: _means_pg_class(RelationRef(schema, name), resolved),
-            )
+        # Its subquery names only pg_catalog.pg_class, keyword types and constants.
+        text = neutralise_pg_class(
+            text,
+            registry.pg_class_columns,
+            lambda schema, name: _means_pg_class(RelationRef(schema, name), resolved),
         )
-    return Passthrough(statement.text)
+    return Passthrough(text)
 
 
 def _means_pg_class(ref: RelationRef, resolved: Mapping[RelationRef, ResolvedRelation | None]) -> bool:
