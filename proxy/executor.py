@@ -13,6 +13,9 @@ import time
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Callable
+
+from sqlglot.errors import SqlglotError
+
 from policies.errors import SQLSTATE, Refusal
 from rewriter.classify import Deallocate, DPQuery, Decision, DpproxyCommand, Passthrough, ResolvedRelation, classify
 from rewriter.limits import MAX_NESTING, too_complex
@@ -121,6 +124,15 @@ class Executor:
             except RecursionError:
                 # A combination of nesting within every single limit can still be too deep.
                 raise too_complex("too deeply nested to analyse", MAX_NESTING, "levels of nesting") from None
+            except SqlglotError as exc:
+                # PostgreSQL parsed it but the DP-query analyser cannot (e.g. sqlglot's tokenizer
+                # on "$1 ... ''"): refused from the text alone, like any other unanalysable query.
+                raise Refusal(
+                    SQLSTATE.DP_QUERY_SHAPE,
+                    "cannot analyse this statement (rule: unparsed)",
+                    "Rewrite the statement, e.g. put literals in place of parameters.",
+                    "unparsed",
+                ) from exc
         except Refusal as exc:
             self._audit_soon(statement.text, "refused", exc.rule, None, started)
             raise

@@ -94,6 +94,9 @@ class Case:
 
     sql: str
     params: tuple[object, ...]
+    binary: bool = False  # extended protocol and binary results even without parameters
+    # Per output column: is its numeric scale fixed by the data (SUM), not by the noise?
+    fixed_scale: tuple[bool, ...] = ()
 
 
 _PARAM_VALUES: tuple[object, ...] = (
@@ -163,6 +166,7 @@ class _Builder:
             return f"{left} {op} {self.pattern()}"
         if rng.random() < 0.1:  # forms outside the language: refused from the text alone
             return rng.choice([f"{left} SIMILAR TO {self.pattern()}", f"{left} ~ {self.pattern()}",
+                               f"{left} COLLATE \"C\" < 'b'", f"{left} < 'b' COLLATE \"POSIX\"",
                                f"{left} LIKE {self.pattern()} ESCAPE ''", f"{left} + 1 > 0",
                                f"{left}::text = ''", f"length({left}) > 1"])
         return rng.choice(["TRUE", "FALSE"])
@@ -179,7 +183,8 @@ class _Builder:
         joiner = " AND " if shape == 2 else " OR "
         return joiner.join(self.predicate(depth - 1) for _ in range(rng.randint(2, 3)))
 
-    def aggregate(self) -> str:
+    def aggregate(self) -> tuple[str, bool]:
+        """An output column, and whether its scale is fixed by the data (SUM) rather than the noise."""
         rng = self.rng
         kind = rng.randrange(7)
         numeric = [c for c in COLUMNS if c.numeric]
@@ -195,13 +200,14 @@ class _Builder:
             expression = f"{function}({rng.choice(numeric).name})"
         if rng.random() < 0.3:
             expression += rng.choice([" AS a", ' AS "Ünï cödé"', " x", ' AS "a""b"'])
-        return expression
+        return expression, expression.startswith("SUM")
 
 
 def generate_case(rng: random.Random) -> Case:
     """One statement of the DP language with a WHERE clause that usually reaches the neighbour row."""
     builder = _Builder(rng)
-    items = ", ".join(builder.aggregate() for _ in range(rng.randint(1, 3)))
+    outputs = [builder.aggregate() for _ in range(rng.randint(1, 3))]
+    items = ", ".join(text for text, _ in outputs)
     source = "{table}" if rng.random() < 0.85 else "{table} AS q"
     sql = f"SELECT {items} FROM {source}"
     if rng.random() < 0.9:
@@ -213,4 +219,4 @@ def generate_case(rng: random.Random) -> Case:
         sql += " ORDER BY 1"
     if rng.random() < 0.1:
         sql += f" LIMIT {rng.choice(['0', '1', '5', 'ALL'])}"
-    return Case(sql, tuple(builder.params))
+    return Case(sql, tuple(builder.params), rng.random() < 0.2, tuple(fixed for _, fixed in outputs))

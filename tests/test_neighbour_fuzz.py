@@ -3,7 +3,7 @@
 Each generated DP statement runs through a real dpproxy against a small base table and against a
 neighbour that has one adversarial row more. Whatever the noise, both must give the same outcome
 class (an answer, or the same SQLSTATE and message), the same columns and type OIDs, the same
-NULLs and the same notices (numbers masked). A difference is an oracle on one row.
+NULLs and numeric scales, and the same notices (numbers masked). A difference is an oracle on one row.
 
 ``DPPROXY_FUZZ_SEED`` picks the seed (printed on failure), ``DPPROXY_FUZZ_CASES`` the number of
 statements, ``DPPROXY_FUZZ_REPORT`` how many failures are listed.
@@ -17,6 +17,7 @@ import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 
 import psycopg
@@ -92,6 +93,17 @@ class Outcome:
 _NUMBER = re.compile(r"-?\d+(\.\d+)?(e[+-]?\d+)?", re.IGNORECASE)
 
 
+def _form(value: object, fixed_scale: bool) -> object:
+    """What a released value shows besides its noised magnitude: NULL or not, its type, and the
+    scale of a numeric SUM (MIN/MAX/AVG print as many digits as the noised value needs)."""
+    if value is None:
+        return None
+    if isinstance(value, Decimal) and fixed_scale:
+        exponent = value.as_tuple().exponent
+        return ("numeric", -exponent if isinstance(exponent, int) else str(exponent))
+    return type(value).__name__
+
+
 def _mask(text: str, table: str) -> str:
     return _NUMBER.sub("#", text.replace(table, "T"))
 
@@ -106,7 +118,7 @@ class Client:
 
     def _connect(self) -> psycopg.Connection:
         conn = psycopg.connect(self.proxy.dsn(), autocommit=True, prepare_threshold=None, connect_timeout=10,
-                               dbname=TEST_DATABASE)
+                               dbname=TEST_DATABASE, cursor_factory=psycopg.RawCursor)
         conn.add_notice_handler(lambda diag: self.notices.append(diag.message_primary or ""))
         return conn
 
@@ -114,13 +126,13 @@ class Client:
         sql = case.sql.replace("{table}", table)
         self.notices.clear()
         try:
-            with psycopg.RawCursor(self.conn) as cursor:
+            with self.conn.cursor(binary=case.binary) as cursor:
                 cursor.execute(sql, case.params if case.params else None)
                 columns = tuple((c.name, c.type_code) for c in cursor.description or ())
                 rows = cursor.fetchall() if cursor.description else []
-                nulls = tuple(tuple(v is None for v in row) for row in rows)
+                forms = tuple(tuple(_form(v, fixed) for v, fixed in zip(row, case.fixed_scale)) for row in rows)
                 notices = tuple(_mask(n, table) for n in self.notices)
-                return Outcome("answer", (columns, nulls, cursor.statusmessage, notices))
+                return Outcome("answer", (columns, forms, cursor.statusmessage, notices))
         except psycopg.Error as exc:
             outcome = self._error(exc, table)
             if self.conn.closed or self.conn.broken:

@@ -205,6 +205,18 @@ def test_a_huge_statement_does_not_stall_other_sessions(proxy: RunningProxy) -> 
     assert worst < 1.0, f"another session waited {worst:.2f} s"  # before the fix: seconds
 
 
+def test_a_statement_the_dp_analyser_cannot_tokenize_is_refused_not_an_internal_error(proxy: RunningProxy) -> None:
+    """sqlglot cannot tokenize a parameter followed by an empty string literal; PostgreSQL can."""
+    with proxy.connect() as conn:
+        for sql, params in [("SELECT COUNT(*) FROM adult WHERE age = %s OR sex = ''", (40,)),
+                            ("SELECT COUNT(*) FROM adult WHERE age = $1 OR sex = ''", None)]:
+            with pytest.raises(psycopg.Error) as refused:
+                conn.execute(sql, params)
+            assert refused.value.sqlstate == "DP001"
+            assert "rule: unparsed" in (refused.value.diag.message_primary or "")
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
 # Odd statements of every shape: none may end in XX000 or a dropped session.
 def _odd_statement(rng: random.Random) -> str:
     depth = rng.choice([1, 10, 40, 80, 300, 3000])
