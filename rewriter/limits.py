@@ -15,9 +15,8 @@ from their text alone with 54001 and a hint that names the limit (docs/sqlstates
 
 from __future__ import annotations
 
+import re
 from typing import Any
-
-from pglast import parser
 
 from policies.errors import SQLSTATE, Refusal
 
@@ -27,6 +26,16 @@ MAX_PARENTHESES = 32
 MAX_NESTING = 64
 MAX_BOOLEAN_TERMS = 256
 MAX_TREE_BYTES = 4 * 1024 * 1024  # an IN list of about 75,000 numbers
+
+_TOKENS = re.compile(
+    r"[Ee]'(?:[^'\\]|\\.|'')*'"  # E'...' with backslash escapes
+    r"|'(?:[^']|'')*'"  # '...'
+    r'|"(?:[^"]|"")*"'  # "identifier"
+    r"|\$(?P<tag>[A-Za-z_][A-Za-z_0-9]*|)\$.*?\$(?P=tag)\$"  # $tag$...$tag$
+    r"|--[^\n]*|/\*.*?\*/"  # comments
+    r"|[()]",
+    re.DOTALL,
+)
 
 
 def too_complex(what: str, limit: int, unit: str) -> Refusal:
@@ -42,7 +51,7 @@ def too_complex(what: str, limit: int, unit: str) -> Refusal:
 
 def check_complexity(sql: str, node: dict[str, Any]) -> None:
     """Refuse (54001) a statement whose text or parse tree ``node`` exceeds a limit."""
-    if sql.count("(") > MAX_PARENTHESES:  # scanning is slower than parsing: only when it can matter
+    if sql.count("(") > MAX_PARENTHESES:
         depth = _parenthesis_depth(sql)
         if depth > MAX_PARENTHESES:
             raise too_complex(f"parentheses nested {depth} deep", MAX_PARENTHESES, "nested parentheses")
@@ -50,13 +59,19 @@ def check_complexity(sql: str, node: dict[str, Any]) -> None:
 
 
 def _parenthesis_depth(sql: str) -> int:
-    """The deepest nesting of parentheses outside literals, identifiers and comments."""
+    """The deepest nesting of parentheses outside literals, quoted identifiers and comments.
+
+    A regular-expression scan: PostgreSQL's scanner (pglast) takes seconds per MB and holds
+    the GIL. Where it misreads an exotic literal, the executor's recursion net still turns a
+    too-deep statement into 54001.
+    """
     depth = deepest = 0
-    for token in parser.scan(sql):
-        if token.name == "ASCII_40":
+    for match in _TOKENS.finditer(sql):
+        token = match.group()
+        if token == "(":
             depth += 1
             deepest = max(deepest, depth)
-        elif token.name == "ASCII_41":
+        elif token == ")":
             depth -= 1
     return deepest
 

@@ -86,6 +86,7 @@ WITHIN_LIMITS = {
     "and-chain-at-limit": WHERE + " AND ".join(["age > 1"] * MAX_BOOLEAN_TERMS),
     "or-of-pairs-at-limit": WHERE + " OR ".join(["(age > 1 AND sex = 'Male')"] * MAX_BOOLEAN_TERMS),
     "not-chain-near-limit": WHERE + "NOT " * (MAX_NESTING - 6) + "age > 1",
+    "parentheses-in-literals-and-comments": WHERE + "sex <> '" + "(" * 100 + "' /* " + "(" * 100 + " */",
     "in-list-of-20000": WHERE + "age IN (" + ", ".join(str(i) for i in range(20_000)) + ")",
 }
 
@@ -174,6 +175,7 @@ def test_a_huge_statement_does_not_stall_other_sessions(proxy: RunningProxy) -> 
     huge = [
         WHERE + "age IN (" + ",".join(["12345"] * 160_000) + ")",  # 1 MB; a 9 MB parse tree
         WHERE + "age IN (" + ",".join(["12345"] * 1_500_000) + ")",  # 9 MB
+        "SELECT " + ",".join(["abs(1)"] * 140_000),  # 1 MB, with 140,000 parentheses
     ]
     done = threading.Event()
     outcomes: list[str] = []
