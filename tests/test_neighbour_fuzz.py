@@ -32,7 +32,10 @@ CASES = int(os.environ.get("DPPROXY_FUZZ_CASES", "1500"))
 REPORTED = int(os.environ.get("DPPROXY_FUZZ_REPORT", "8"))
 NEIGHBOURS = 12
 TIME_LIMIT_S = 240  # a bound, not a target: a run takes well under a minute
-BASE = "nbf_base"
+# Two base tables: "base" has a row of NULLs and a row of ordinary numbers, "empty" has no row,
+# so that the adversarial row of a neighbour is often the only row a predicate reaches.
+BASES = {"base": ["(" + ", ".join("NULL" for _ in COLUMNS) + ")", "(NULL, NULL, 1, 50, 7, 0.5, 2.5, 3, NULL, NULL)"],
+         "empty": []}
 
 _POLICY = """
 backend: {{{{dsn: "{{dsn}}", statement_timeout_ms: 5000}}}}
@@ -49,7 +52,7 @@ tables:
 
 
 def _table_names() -> list[str]:
-    return [BASE] + [f"nbf_n{k}" for k in range(NEIGHBOURS)]
+    return [f"nbf_{base}" for base in BASES] + [f"nbf_{base}_{k}" for base in BASES for k in range(NEIGHBOURS)]
 
 
 def _policy_text() -> str:
@@ -63,18 +66,16 @@ def _policy_text() -> str:
 
 @pytest.fixture(scope="module")
 def fuzz_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
-    rng = random.Random(SEED)
-    rows = adversarial_rows(rng, NEIGHBOURS)
-    base_rows = ["(" + ", ".join("NULL" for _ in COLUMNS) + ")",
-                 "(NULL, NULL, 1, 50, 7, 0.5, 2.5, 3, NULL, NULL)"]
+    rows = adversarial_rows(random.Random(SEED), NEIGHBOURS)
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
-        for index, name in enumerate(_table_names()):
-            conn.execute(f"DROP TABLE IF EXISTS {name}")
-            # No autovacuum: planner statistics must not differ between the tables by chance.
-            conn.execute(f"CREATE TABLE {name} ({TABLE_DDL}) WITH (autovacuum_enabled = off)")
-            extra = [] if index == 0 else [rows[index - 1]]
-            conn.execute(f"INSERT INTO {name} VALUES {', '.join(base_rows + extra)}")
-            conn.execute(f"GRANT SELECT ON {name} TO dpproxy_service")
+        for base, base_rows in BASES.items():
+            for name, extra in [(f"nbf_{base}", [])] + [(f"nbf_{base}_{k}", [row]) for k, row in enumerate(rows)]:
+                conn.execute(f"DROP TABLE IF EXISTS {name}")
+                # No autovacuum: planner statistics must not differ between the tables by chance.
+                conn.execute(f"CREATE TABLE {name} ({TABLE_DDL}) WITH (autovacuum_enabled = off)")
+                if base_rows + extra:
+                    conn.execute(f"INSERT INTO {name} VALUES {', '.join(base_rows + extra)}")
+                conn.execute(f"GRANT SELECT ON {name} TO dpproxy_service")
     policy = make_policy(test_db, tmp_path_factory.mktemp("fuzz-ledger") / "ledger.sqlite3", _policy_text())
     running = RunningProxy(policy)
     try:
@@ -160,8 +161,9 @@ def test_one_row_never_changes_a_statements_outcome(fuzz_proxy: RunningProxy) ->
             if time.monotonic() - started > TIME_LIMIT_S:
                 break
             case = generate_case(rng)
-            neighbour = f"nbf_n{rng.randrange(NEIGHBOURS)}"
-            on_base = client.run(case, BASE)
+            base = rng.choice(list(BASES))
+            neighbour = f"nbf_{base}_{rng.randrange(NEIGHBOURS)}"
+            on_base = client.run(case, f"nbf_{base}")
             on_neighbour = client.run(case, neighbour)
             ran += 1
             outcomes[on_base.kind if on_base.kind == "answer" else str(on_base.detail[0])] += 1
@@ -189,4 +191,4 @@ def _broken(outcome: Outcome) -> bool:
 
 def _row_of(table: str) -> str:
     rows = adversarial_rows(random.Random(SEED), NEIGHBOURS)
-    return rows[int(table.removeprefix("nbf_n"))]
+    return rows[int(table.rsplit("_", 1)[1])]
