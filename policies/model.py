@@ -18,13 +18,13 @@ from .credentials import parse_scram_verifier
 
 __all__ = [
     "Access",
-    "MIN_EPSILON",
     "AuditConfig",
     "BackendConfig",
     "BudgetConfig",
     "ColumnPolicy",
     "LedgerConfig",
     "ListenConfig",
+    "MIN_EPSILON",
     "MetricsConfig",
     "Policy",
     "RepeatConfig",
@@ -92,7 +92,7 @@ class ListenConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(6432, ge=0, le=65535)
     max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024)
-    # A longer query string is refused (54000) before it is parsed: parsing holds the event loop.
+    # A longer query string is refused (54000) before it is parsed (docs/policy.md).
     max_statement_bytes: int = Field(1024 * 1024, ge=1024)
     tls: TLSConfig | None = None
     startup_timeout_s: float = Field(10.0, gt=0)

@@ -1,7 +1,8 @@
 """Split a query string into statements with PostgreSQL's own grammar (pglast).
 
 What PostgreSQL's parser cannot parse is refused here with the parser's own message, so
-nothing reaches the backend unparsed.
+nothing reaches the backend unparsed; what is too complex to analyse safely is refused here
+too (54001, rewriter/limits.py).
 """
 
 from __future__ import annotations
