@@ -83,6 +83,8 @@ _HARMLESS_SESSION_STATEMENTS = {"DiscardStmt", "ClosePortalStmt", "UnlistenStmt"
 _WRITES = {
     "InsertStmt", "UpdateStmt", "DeleteStmt", "MergeStmt", "TruncateStmt",
 }
+# Statements that can also sit inside another one: in a WITH (at any depth) or a subquery's WITH.
+_NESTED_WRITES = frozenset({"InsertStmt", "UpdateStmt", "DeleteStmt", "MergeStmt"})
 _NOT_SUPPORTED = {
     "CopyStmt": "COPY",
     "ExplainStmt": "EXPLAIN (its plans and ANALYZE output reveal row counts)",
@@ -123,6 +125,16 @@ def _classify(
 ) -> Decision:
     resolved = dict(resolved_items)
     kind = statement.kind
+    if kind not in _WRITES and statement.references.node_kinds & _NESTED_WRITES:
+        # WITH d AS (DELETE ... RETURNING ...) SELECT ...: refused here, not by the backend's
+        # read-only transaction, so that nothing data-modifying ever leaves dpproxy.
+        raise Refusal(
+            SQLSTATE.READ_ONLY_SQL_TRANSACTION,
+            "dpproxy is read-only: data-modifying statements are not allowed, also not in WITH "
+            "(rule: read-only)",
+            "Only SELECT of DP aggregates, catalog queries and session statements are accepted.",
+            "read-only",
+        )
     if kind == "SelectStmt":
         return _select(statement, resolved, registry)
     if kind == "TransactionStmt":
