@@ -38,10 +38,11 @@ class GatedLedger(Ledger):
         self.charges: list[float] = []
 
     def charge(self, user: str, epsilon: float, delta: float, budget: Budget,
-               now: datetime | None = None, fingerprint: str | None = None) -> ChargeResult:
+               now: datetime | None = None, fingerprint: str | None = None,
+               keep_epsilon: float = 0.0, keep_delta: float = 0.0) -> ChargeResult:
         self.charges.append(epsilon)
         assert self.gate.wait(10), "the test never opened the gate"
-        return super().charge(user, epsilon, delta, budget, now, fingerprint)
+        return super().charge(user, epsilon, delta, budget, now, fingerprint, keep_epsilon, keep_delta)
 
 
 def _policy(tmp_path: Path, reserve: int, epsilon: float) -> Policy:
@@ -95,11 +96,11 @@ def test_answers_keep_spending_the_reservation_while_its_refill_is_written(tmp_p
 
 
 def test_a_refused_refill_is_not_retried_and_later_answers_charge_exactly(tmp_path, ledger):
-    keeper = BudgetKeeper(ledger, _policy(tmp_path, reserve=10, epsilon=12.5))
+    keeper = BudgetKeeper(ledger, _policy(tmp_path, reserve=10, epsilon=22.5))
 
     async def scenario() -> list[str]:
         outcomes = []
-        for _ in range(14):
+        for _ in range(24):
             try:
                 await keeper.charge("analyst", 1.0, 0.0)
                 outcomes.append("ok")
@@ -110,11 +111,13 @@ def test_a_refused_refill_is_not_retried_and_later_answers_charge_exactly(tmp_pa
         return outcomes
 
     outcomes = asyncio.run(scenario())
-    assert outcomes == ["ok"] * 12 + ["DP002"] * 2
-    # 10 reserved; the refill of 10 is refused (20 > 12.5) and not tried again; the 11th
-    # and 12th answers try a reservation, then their exact cost; the refused ones cost nothing.
-    assert ledger.charges == [10.0, 10.0, 10.0, 1.0, 10.0, 1.0, 10.0, 1.0, 10.0, 1.0]
-    assert _spent(ledger, 12.5) == pytest.approx(12.0)
+    assert outcomes == ["ok"] * 22 + ["DP002"] * 2
+    # 10 reserved; the refill of 10 is refused (it would hold back 14 with 2.5 left after
+    # it) and not tried again; from the 11th answer on, a reservation would hold back more
+    # than is left, so each answer tries one, then charges its exact cost; the refused ones
+    # cost nothing.
+    assert ledger.charges == [10.0, 10.0] + [10.0, 1.0] * 14
+    assert _spent(ledger, 22.5) == pytest.approx(22.0)
 
 
 def test_racing_answers_and_refills_never_let_the_ledger_fall_below_the_spend(tmp_path, ledger):
