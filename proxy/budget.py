@@ -302,6 +302,7 @@ class BudgetKeeper:
                     held = self._reserved.get(user)
                     if held is not None and time.monotonic() - held.used >= idle_s:
                         await self._give_back(user, held)
+                        held.used = time.monotonic()  # if the ledger failed: retry after another idle period
             soonest = min(held.used for held in held_now.values()) + idle_s
             await asyncio.sleep(max(0.01, soonest - time.monotonic()))
 

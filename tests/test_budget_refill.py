@@ -147,3 +147,29 @@ def test_racing_answers_and_refills_never_let_the_ledger_fall_below_the_spend(tm
     assert sum(accepted) <= limit
     keeper.release_all()
     assert _spent(ledger, limit) == pytest.approx(sum(accepted), abs=1e-9)
+
+
+def test_a_reload_lowering_the_budget_while_a_refill_is_written_leaves_nothing_of_it_spendable(tmp_path, ledger):
+    keeper = BudgetKeeper(ledger, _policy(tmp_path, reserve=10, epsilon=1000))
+
+    async def scenario() -> list[str]:
+        for _ in range(6):  # 10 reserved; after the 6th answer the refill starts
+            await keeper.charge("analyst", 1.0, 0.0)
+        ledger.gate.clear()
+        await _until(lambda: len(ledger.charges) == 2)  # the refill, under the old limit, waits
+        keeper.policy = _policy(tmp_path, reserve=10, epsilon=8)  # what Server.reload does
+        ledger.gate.set()
+        outcomes = []
+        for _ in range(4):
+            try:
+                await asyncio.wait_for(keeper.charge("analyst", 1.0, 0.0), timeout=5)
+                outcomes.append("ok")
+            except Exception as exc:  # Refusal
+                outcomes.append(getattr(exc, "sqlstate", repr(exc)))
+        await keeper.settle()
+        return outcomes
+
+    assert asyncio.run(scenario()) == ["ok", "ok", "DP002", "DP002"]  # 6 + 2 = the new limit of 8
+    assert _spent(ledger, 8) == pytest.approx(8.0)  # the old reservation and its refill were given back
+    keeper.release_all()
+    assert _spent(ledger, 8) == pytest.approx(8.0)
