@@ -116,22 +116,34 @@ def test_a_reload_lowering_a_budget_stops_answers_at_the_new_limit_under_load(
     with ThreadPoolExecutor(6) as pool:  # six sessions at once, five queries each
         outcomes = list(pool.map(replica.query, [QUERY.format(i=i) for i in range(1, 31)], timeout=120))
     assert outcomes.count("ok") == 2 and outcomes.count("DP002") == 28, outcomes
-    url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
-    assert _ledger_spent(url, 3) <= 3.0  # what this process reserved under 1000 was given back
-    replica.stop()
-    assert _ledger_spent(url, 3) == pytest.approx(3.0)  # = the charges of the 3 answers
-    assert _audit_epsilon(tmp_path / "audit.jsonl") == pytest.approx(3.0)
+    # What this process reserved under the limit of 1000 was given back before the answers.
+    assert _ledger_spent(f"sqlite:///{tmp_path / 'ledger.sqlite3'}", 3) <= 3.0
+    _books_balance(tmp_path, [replica], 3, 3.0)
+
+
+def _two_replicas(test_db: TestDatabase, tmp_path: Path, replicas: list[Replica], epsilon: float,
+                  release_idle_s: float) -> tuple[Replica, Replica]:
+    """Two `dpproxy serve` processes on one SQLite ledger, ``tight`` having ``epsilon``."""
+    config = tmp_path / "policy.yaml"
+    config.write_text(_policy(test_db, tmp_path, epsilon, extra_ledger=f", release_idle_s: {release_idle_s}"))
+    a, b = Replica(config), Replica(config)
+    replicas.extend([a, b])
+    return a, b
+
+
+def _books_balance(tmp_path: Path, replicas: list[Replica], epsilon: float, answered: float) -> None:
+    """After a clean stop: ledger spend = audit ε = the charges of the answers (ε 1 each)."""
+    for replica in replicas:
+        replica.stop()
+    assert _ledger_spent(f"sqlite:///{tmp_path / 'ledger.sqlite3'}", epsilon) == pytest.approx(answered)
+    assert _audit_epsilon(tmp_path / "audit.jsonl") == pytest.approx(answered)
 
 
 def test_a_replica_idle_reservation_comes_back_so_another_replica_can_spend_the_whole_budget(
     test_db: TestDatabase, tmp_path: Path, replicas: list[Replica]
 ) -> None:
-    config = tmp_path / "policy.yaml"
-    config.write_text(_policy(test_db, tmp_path, 20, extra_ledger=", release_idle_s: 0.5"))
-    a, b = Replica(config), Replica(config)
-    replicas.extend([a, b])
+    a, b = _two_replicas(test_db, tmp_path, replicas, 20, release_idle_s=0.5)
     answered = int(a.query(QUERY.format(i=0)) == "ok")  # A reserves 10 (9 left over)
-    refused = 0
     deadline = time.monotonic() + 30
     i = 1
     while answered < 20 and time.monotonic() < deadline:
@@ -141,32 +153,21 @@ def test_a_replica_idle_reservation_comes_back_so_another_replica_can_spend_the_
             answered += 1
         else:
             assert outcome == "DP002", outcome
-            refused += 1
             time.sleep(0.2)  # A's reservation is given back once idle for 0.5 s
     assert answered == 20, f"only {answered} of 20 ε spendable through B"
     assert [a.query(QUERY.format(i=99)), b.query(QUERY.format(i=99))] == ["DP002", "DP002"]  # never more
-    url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
-    a.stop()
-    b.stop()
-    assert _ledger_spent(url, 20) == pytest.approx(20.0)
-    assert _audit_epsilon(tmp_path / "audit.jsonl") == pytest.approx(20.0)
+    _books_balance(tmp_path, [a, b], 20, 20.0)
 
 
 def test_near_exhaustion_a_first_query_on_one_replica_holds_nothing_back_from_another(
     test_db: TestDatabase, tmp_path: Path, replicas: list[Replica]
 ) -> None:
-    config = tmp_path / "policy.yaml"
     # release_idle_s at its maximum: what B can spend here owes nothing to A giving back.
-    config.write_text(_policy(test_db, tmp_path, 10, extra_ledger=", release_idle_s: 3600"))
-    a, b = Replica(config), Replica(config)
-    replicas.extend([a, b])
+    a, b = _two_replicas(test_db, tmp_path, replicas, 10, release_idle_s=3600)
     assert a.query(QUERY.format(i=0)) == "ok"
     outcomes = [b.query(QUERY.format(i=i)) for i in range(1, 11)]
     assert outcomes == ["ok"] * 9 + ["DP002"], outcomes
-    a.stop()
-    b.stop()
-    assert _ledger_spent(f"sqlite:///{tmp_path / 'ledger.sqlite3'}", 10) == pytest.approx(10.0)
-    assert _audit_epsilon(tmp_path / "audit.jsonl") == pytest.approx(10.0)
+    _books_balance(tmp_path, [a, b], 10, 10.0)
 
 
 def test_an_unreachable_ledger_refuses_with_dp005_answers_nothing_uncharged_and_recovers(
