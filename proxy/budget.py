@@ -17,7 +17,7 @@ Three rules keep a reservation from spending or stranding budget it should not:
   changes a user's budget, the next answer finds the reservation stale, gives it back to
   the ledger and charges under the new limit; no answer after the reload spends from it.
 * The unused part of a reservation is never more than what the ledger still has left
-  after it (the ledger checks this in the same conditional UPDATE: ``headroom``), so
+  after it (the ledger checks this in the same conditional UPDATE: ``keep_epsilon``), so
   near exhaustion queries are charged one by one and nothing is held back.
 * A reservation unused for ``ledger.release_idle_s`` seconds goes back to the ledger,
   so another replica sharing the ledger can spend it: every ε of a budget can be spent
