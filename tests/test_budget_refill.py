@@ -173,3 +173,34 @@ def test_a_reload_lowering_the_budget_while_a_refill_is_written_leaves_nothing_o
     assert _spent(ledger, 8) == pytest.approx(8.0)  # the old reservation and its refill were given back
     keeper.release_all()
     assert _spent(ledger, 8) == pytest.approx(8.0)
+
+
+class UnreleasableLedger(Ledger):
+    """A real SQLite ledger on which every release fails, and which counts the attempts."""
+
+    def __init__(self, url: str):
+        super().__init__(url)
+        self.releases = 0
+
+    def release(self, user: str, epsilon: float, delta: float, budget: Budget, now: datetime | None = None):  # type: ignore[no-untyped-def]
+        self.releases += 1
+        raise OSError("the ledger is unreachable")
+
+
+def test_an_idle_reservation_the_ledger_cannot_take_back_stays_held_and_is_retried_once_per_idle_period(tmp_path):
+    ledger = UnreleasableLedger(f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
+    text = POLICY.format(ledger=tmp_path / "ledger.sqlite3", reserve=10, epsilon=1000)
+    keeper = BudgetKeeper(ledger, parse_policy(text.replace("reserve: 10}", "reserve: 10, release_idle_s: 0.1}"), "t"))
+
+    async def scenario() -> None:
+        await keeper.charge("analyst", 1.0, 0.0)  # 10 charged, 9 held
+        await asyncio.sleep(0.65)  # idle: a give-back at 0.1 s, then one per 0.1 s idle at most
+        assert 1 <= ledger.releases <= 7, ledger.releases
+        await asyncio.wait_for(keeper.charge("analyst", 1.0, 0.0), timeout=2)  # still held: from memory
+        await keeper.settle()
+
+    try:
+        asyncio.run(scenario())
+        assert _spent(ledger, 1000) == pytest.approx(10.0)  # never less than the spend
+    finally:
+        ledger.close()
