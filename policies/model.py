@@ -25,6 +25,7 @@ __all__ = [
     "LedgerConfig",
     "ListenConfig",
     "MAX_BUDGET_EPSILON",
+    "MIN_EPSILON",
     "MetricsConfig",
     "Policy",
     "RepeatConfig",
@@ -39,6 +40,17 @@ __all__ = [
 MAX_BUDGET_EPSILON: Final = 1_000_000.0
 
 Access = Literal["protected", "public"]
+
+#: The smallest ε of one query (a table's epsilon, max_query_epsilon, SET dpproxy.epsilon).
+#: Below it noise scales overflow to infinity for wide bounds and the ledger's units (1e-12 ε)
+#: would round a charge away; at it every mechanism still answers (tests/test_statement_limits.py).
+MIN_EPSILON = 1e-6
+
+
+def _at_least_min_epsilon(value: float | None, what: str) -> float | None:
+    if value is not None and value < MIN_EPSILON:
+        raise ValueError(f"{what} {value:g} is below the minimum ε {MIN_EPSILON:g}")
+    return value
 
 
 class _Strict(BaseModel):
@@ -86,6 +98,8 @@ class ListenConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(6432, ge=0, le=65535)
     max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    # A longer query string is refused (54000) before it is parsed (docs/policy.md).
+    max_statement_bytes: int = Field(1024 * 1024, ge=1024)
     tls: TLSConfig | None = None
     startup_timeout_s: float = Field(10.0, gt=0)
     idle_timeout_s: float = Field(0.0, ge=0)
@@ -143,6 +157,11 @@ class UserPolicy(_Strict):
     auth: Literal["scram-sha-256", "md5", "cleartext"] = "scram-sha-256"
     budget: BudgetConfig
     max_query_epsilon: float | None = Field(None, gt=0)
+
+    @field_validator("max_query_epsilon")
+    @classmethod
+    def _query_epsilon_minimum(cls, value: float | None) -> float | None:
+        return _at_least_min_epsilon(value, "max_query_epsilon")
 
     @model_validator(mode="after")
     def _resolve_password(self) -> "UserPolicy":
@@ -205,6 +224,11 @@ class TablePolicy(_Strict):
     partitioning: Literal["random", "ctid_hash"] = "random"
     columns: dict[str, ColumnPolicy] = Field(default_factory=dict)
 
+    @field_validator("epsilon")
+    @classmethod
+    def _epsilon_minimum(cls, value: float | None) -> float | None:
+        return _at_least_min_epsilon(value, "epsilon")
+
     @model_validator(mode="after")
     def _derive_epsilon(self) -> "TablePolicy":
         if self.access == "public":
@@ -218,6 +242,7 @@ class TablePolicy(_Strict):
             object.__setattr__(self, "epsilon", epsilon_from_breach(self.prior, self.posterior))
         if self.epsilon is None:
             raise ValueError("a protected table needs epsilon (or prior and posterior)")
+        _at_least_min_epsilon(self.epsilon, "epsilon derived from prior and posterior")
         return self
 
 
