@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -24,6 +24,7 @@ __all__ = [
     "ColumnPolicy",
     "LedgerConfig",
     "ListenConfig",
+    "MAX_BUDGET_EPSILON",
     "MIN_EPSILON",
     "MetricsConfig",
     "Policy",
@@ -32,6 +33,11 @@ __all__ = [
     "TLSConfig",
     "UserPolicy",
 ]
+
+#: The largest budget ε a policy may give: the ledger counts in integer units of 1e-12 ε
+#: and caps a limit at about 1.15e6 ε (policies.ledger), so anything above could not be
+#: represented exactly and would silently be capped. δ is below 1 anyway.
+MAX_BUDGET_EPSILON: Final = 1_000_000.0
 
 Access = Literal["protected", "public"]
 
@@ -115,6 +121,8 @@ class LedgerConfig(_Strict):
     url: str = "sqlite:///dpproxy-ledger.sqlite3"
     # Queries' worth of budget one ledger write reserves (1: every answer writes the ledger).
     reserve: int = Field(10, ge=1, le=1000)
+    # Seconds after which an unused reservation goes back to the ledger, for other replicas.
+    release_idle_s: float = Field(1.0, gt=0, le=3600)
     schema_name: str | None = Field(None, alias="schema")
 
 
@@ -135,7 +143,7 @@ class AuditConfig(_Strict):
 class BudgetConfig(_Strict):
     """A user's total privacy budget, optionally renewed every period."""
 
-    epsilon: float = Field(gt=0)
+    epsilon: float = Field(gt=0, le=MAX_BUDGET_EPSILON)
     delta: float = Field(0.0, ge=0, lt=1)
     period: Literal["day", "week", "month"] | None = None
 
