@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from policies.loader import parse_policy  # noqa: E402
-from policies.model import BudgetConfig, Policy, RepeatConfig  # noqa: E402
+from policies.model import MAX_BUDGET_EPSILON, BudgetConfig, Policy, RepeatConfig  # noqa: E402
 from mechanisms.smooth_median import recommended_partitions  # noqa: E402
 from proxy.demo import DEMO_POLICY, EmbeddedPostgres, prepare_demo_database  # noqa: E402
 from proxy.demo_data import ADULT_ROWS  # noqa: E402
@@ -70,10 +70,10 @@ CASES = tuple(
 
 
 def benchmark_policy(service_dsn: str, ledger: Path, epsilon: float, avg_method: str) -> Policy:
-    """The demo policy with this ε and AVG method, an unlimited budget and no repeat cache."""
+    """The demo policy with this ε and AVG method, the largest budget and no repeat cache."""
     demo = parse_policy(DEMO_POLICY.format(dsn=service_dsn, port=0, ledger=ledger), "demo-policy")
     table = demo.tables[TABLE].model_copy(update={"epsilon": epsilon, "avg": avg_method})
-    analyst = demo.users["analyst"].model_copy(update={"budget": BudgetConfig(epsilon=1e12, delta=0.9)})
+    analyst = demo.users["analyst"].model_copy(update={"budget": BudgetConfig(epsilon=MAX_BUDGET_EPSILON, delta=0.9)})
     return demo.model_copy(
         update={"tables": {TABLE: table}, "users": {"analyst": analyst}, "repeats": RepeatConfig(enabled=False)}
     )

@@ -37,6 +37,7 @@ from .latency import QUERIES, Probe, measure
 from .pgbench import find_pgbench, run_pgbench, write_script
 from .postgres import ADMIN
 from .report import Results, machine, render
+from .servers import renew_budget
 from .smartnoise import SmartNoiseError, SmartNoiseTimer, default_venv, find_smartnoise, install_smartnoise, metadata
 
 SECTIONS = ("pgbench", "latency", "avg", "idle", "smartnoise")
@@ -165,6 +166,8 @@ def _run_pgbench(env: Environment, results: Results, pgbench: str, args: argpars
                     # Alternate who goes first, so that drift does not favour one side.
                     order = endpoints if round_ % 2 == 0 else endpoints[::-1]
                     for endpoint in order:
+                        if endpoint is env.dpproxy:
+                            renew_budget(env.workdir / "policy.yaml")
                         result = run_pgbench(pgbench, endpoint, scripts[rows], clients, mode, duration)
                         results.pgbench.setdefault((rows, clients, mode, endpoint.name), []).append(result)
                         note(f"pgbench round {round_ + 1}/{args.rounds} {rows:,} rows -c {clients} -M {mode} "

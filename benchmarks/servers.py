@@ -5,7 +5,8 @@
   can be read. The policy protects every benchmark table with the demo's column bounds, ε
   and partitions, and opts the tables of ≥ ``CTID_HASH_ROWS`` rows into ``partitioning:
   ctid_hash`` (parallel sample and aggregate), as a deployment with large tables would;
-  the analyst's budget is practically unlimited, answers to repeated
+  the analyst's budget is the largest a policy allows (renewed before each pgbench run
+  with ``renew_budget``, as many rounds can spend more than that), answers to repeated
   queries are recomputed (``repeats: {enabled: false}``, else the benchmark would measure
   the repeat cache), and the audit log goes to a file.
 * relay: ``python -m benchmarks.relay``, an asyncio byte relay that does nothing but copy
@@ -29,12 +30,17 @@ from pathlib import Path
 import psutil
 import yaml
 
-from policies.loader import parse_policy
+from policies.ledger import Budget, Ledger
+from policies.loader import load_policy, parse_policy
+from policies.model import MAX_BUDGET_EPSILON
 from proxy.demo import DEMO_POLICY
 
 from .postgres import Endpoint
 
-__all__ = ["ANALYST", "ServerProcess", "find_pgbouncer", "start_dpproxy", "start_pgbouncer", "start_relay", "write_policy"]
+__all__ = [
+    "ANALYST", "ServerProcess", "find_pgbouncer", "renew_budget", "start_dpproxy", "start_pgbouncer", "start_relay",
+    "write_policy",
+]
 
 ANALYST = ("analyst", "analyst")  # login and password (SCRAM-SHA-256)
 _ROOT = Path(__file__).resolve().parent.parent
@@ -54,7 +60,7 @@ def write_policy(path: Path, backend: Endpoint, port: int, tables: dict[int, str
         "ledger": {"url": f"sqlite:///{path.parent / 'ledger.sqlite3'}"},
         "audit": {"path": str(path.parent / "audit.jsonl")},
         "repeats": {"enabled": False},
-        "users": {user: {"password": password, "budget": {"epsilon": 1e15, "delta": 0.999}}},
+        "users": {user: {"password": password, "budget": {"epsilon": MAX_BUDGET_EPSILON, "delta": 0.999}}},
         "tables": {
             f"public.{name}": {**table, "partitioning": "ctid_hash"} if rows >= CTID_HASH_ROWS else table
             for rows, name in tables.items()
@@ -62,6 +68,16 @@ def write_policy(path: Path, backend: Endpoint, port: int, tables: dict[int, str
     }
     path.write_text(yaml.safe_dump(policy, sort_keys=False), encoding="utf-8")
     return path
+
+
+def renew_budget(policy_path: Path) -> None:
+    """Set the benchmark analyst's spend in the ledger back to zero (a pgbench run at
+    thousands of DP statements per second may spend a good part of the largest budget)."""
+    policy = load_policy(policy_path)
+    user = ANALYST[0]
+    config = policy.users[user].budget
+    with Ledger.from_url(policy.ledger.url, policy.ledger.schema_name) as ledger:
+        ledger.reset(user, Budget(config.epsilon, config.delta, config.period))
 
 
 def start_dpproxy(policy_path: Path, port: int, dbname: str) -> tuple["ServerProcess", Endpoint]:

@@ -21,7 +21,9 @@ exactly, with no tolerance that would let a budget be overspent by a little. A f
 converted from its shortest decimal form (``0.1`` is exactly 0.1, not
 0.1000000000000000055...) and rounded against the analyst: charges up, limits down.
 Limits, grants and a single charge are capped at 2**60 units (about 1.15e6 ε, 1.15 δ;
-``inf`` means the cap), so no sum can overflow a 64-bit integer.
+``inf`` means the cap), so no sum can overflow a 64-bit integer. A policy therefore
+refuses budgets above 1e6 ε (policies.model.MAX_BUDGET_EPSILON): every budget it accepts
+is represented exactly.
 
 Grants are a separate column added to the policy limit for the current period, not
 negative spend: the spend then always equals the sum of the charges since the last reset.
@@ -80,6 +82,8 @@ __all__ = [
     "EPSILON_SCALE",
     "HistoryEntry",
     "Ledger",
+    "MAX_CHARGE_DELTA",
+    "MAX_CHARGE_EPSILON",
 ]
 
 #: Stored units per 1 ε and per 1 δ.
@@ -87,6 +91,9 @@ EPSILON_SCALE: Final = 10**12
 DELTA_SCALE: Final = 10**18
 #: Cap on a limit, on a period's grants and on one charge, in units: sums stay below 2**63.
 _MAX_UNITS: Final = 2**60
+#: The largest ε and δ one charge may be (about 1.15e6 ε and 1.15 δ); limits above are capped.
+MAX_CHARGE_EPSILON: Final = _MAX_UNITS / EPSILON_SCALE
+MAX_CHARGE_DELTA: Final = _MAX_UNITS / DELTA_SCALE
 
 DEFAULT_PG_SCHEMA: Final = "dpproxy"
 SQLITE_BUSY_TIMEOUT_S: Final = 30.0
@@ -218,17 +225,26 @@ class Ledger:
         budget: Budget,
         now: datetime | None = None,
         fingerprint: str | None = None,
+        keep_epsilon: float = 0.0,
+        keep_delta: float = 0.0,
     ) -> ChargeResult:
         """Charge (ε, δ) to ``user`` if it fits the budget; all or nothing, committed on return.
 
-        An accepted charge is durable and recorded in the history (with the optional
-        statement ``fingerprint``) before this returns. Raises ValueError for a negative,
-        NaN or infinite amount, or an amount above the cap.
+        With ``keep_epsilon``/``keep_delta``, the charge is accepted only if at least that
+        much is still left after it (a proxy's reservation that would otherwise hold back
+        more than the ledger has left). An accepted charge is durable and recorded in the
+        history (with the optional statement ``fingerprint``) before this returns. Raises
+        ValueError for a negative, NaN or infinite amount, or a charge above the cap.
         """
         _check_user(user)
         eps = _charge_units("epsilon", epsilon, EPSILON_SCALE)
         dlt = _charge_units("delta", delta, DELTA_SCALE)
+        _check_amount("keep epsilon", keep_epsilon, allow_inf=False)
+        _check_amount("keep delta", keep_delta, allow_inf=False)
         limit_eps, limit_dlt = _limit_units(budget)
+        # Capped like a limit, so the difference stays a 64-bit integer.
+        limit_eps -= min(_MAX_UNITS, _units(keep_epsilon, EPSILON_SCALE, round_up=True))
+        limit_dlt -= min(_MAX_UNITS, _units(keep_delta, DELTA_SCALE, round_up=True))
         now = to_utc(now)
         key = period_key(budget.period, now)
         row = self._charge_on_driver(user, key, now, (eps, limit_eps), (dlt, limit_dlt), fingerprint)

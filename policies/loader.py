@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from .model import Policy
 
-__all__ = ["PolicyError", "load_policy", "parse_policy"]
+__all__ = ["PolicyError", "key_line", "load_policy", "parse_policy"]
 
 
 class PolicyError(Exception):
@@ -45,12 +45,67 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
         where = f"{source}:{mark.line + 1}" if mark is not None else source
         problem = getattr(exc, "problem", None) or str(exc)
         raise PolicyError([f"{where}: not valid YAML: {problem}"]) from exc
+    duplicates = _duplicate_keys(root, source)
+    if duplicates:
+        raise PolicyError(duplicates)
     if not isinstance(data, dict):
         raise PolicyError([f"{source}:1: the policy must be a mapping with backend, users and tables"])
     try:
         return Policy.model_validate(data)
     except ValidationError as exc:
         raise PolicyError([_describe(err, root, source) for err in exc.errors()]) from exc
+
+
+def _duplicate_keys(root: yaml.Node | None, source: str) -> list[str]:
+    """Every key repeated within one mapping, as ``file:line: dotted.key: ...`` problems.
+
+    PyYAML keeps the last of two equal keys without a word; in a policy that would let a
+    typo or a bad merge raise a budget. Keys compare as constructed values (``epsilon`` and
+    ``"epsilon"`` are the same key); a merge key (``<<: *anchor``) may be overridden, as YAML intends.
+    """
+    constructor = yaml.constructor.SafeConstructor()
+    problems: list[str] = []
+    seen_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, tuple[str, ...]]] = [(root, ())] if root is not None else []
+    while stack:
+        node, path = stack.pop()
+        if id(node) in seen_nodes:
+            continue  # an alias of a node already checked
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((item, (*path, str(i))) for i, item in enumerate(node.value))
+        elif isinstance(node, yaml.MappingNode):
+            first_line: dict[Any, int] = {}
+            for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    stack.append((value_node, path))
+                    continue
+                key = constructor.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                dotted = ".".join((*path, str(key)))
+                try:
+                    first = first_line.get(key)
+                except TypeError:  # an unhashable key; the loader reports it
+                    continue
+                if first is None:
+                    first_line[key] = line
+                else:
+                    problems.append(
+                        f"{source}:{line}: {dotted}: duplicate key (first given at line {first}); "
+                        "a key may appear once, so a later value never silently replaces an earlier one"
+                    )
+                stack.append((value_node, (*path, str(key))))
+    return sorted(problems, key=lambda problem: int(problem[len(source) + 1 :].split(":", 1)[0]))
+
+
+def key_line(text: str, keys: list[str]) -> int:
+    """The 1-based line of the policy key reached by ``keys`` in the YAML ``text`` (of its
+    deepest existing part; 1 if the text is not YAML)."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return 1
+    return _line_of(root, list(keys))
 
 
 def _describe(err: Any, root: yaml.Node | None, source: str) -> str:

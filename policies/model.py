@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -24,6 +24,8 @@ __all__ = [
     "ColumnPolicy",
     "LedgerConfig",
     "ListenConfig",
+    "MAX_BUDGET_EPSILON",
+    "MIN_EPSILON",
     "MetricsConfig",
     "Policy",
     "RepeatConfig",
@@ -32,7 +34,23 @@ __all__ = [
     "UserPolicy",
 ]
 
+#: The largest budget ε a policy may give: the ledger counts in integer units of 1e-12 ε
+#: and caps a limit at about 1.15e6 ε (policies.ledger), so anything above could not be
+#: represented exactly and would silently be capped. δ is below 1 anyway.
+MAX_BUDGET_EPSILON: Final = 1_000_000.0
+
 Access = Literal["protected", "public"]
+
+#: The smallest ε of one query (a table's epsilon, max_query_epsilon, SET dpproxy.epsilon).
+#: Below it noise scales overflow to infinity for wide bounds and the ledger's units (1e-12 ε)
+#: would round a charge away; at it every mechanism still answers (tests/test_statement_limits.py).
+MIN_EPSILON = 1e-6
+
+
+def _at_least_min_epsilon(value: float | None, what: str) -> float | None:
+    if value is not None and value < MIN_EPSILON:
+        raise ValueError(f"{what} {value:g} is below the minimum ε {MIN_EPSILON:g}")
+    return value
 
 
 class _Strict(BaseModel):
@@ -80,6 +98,8 @@ class ListenConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(6432, ge=0, le=65535)
     max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    # A longer query string is refused (54000) before it is parsed (docs/policy.md).
+    max_statement_bytes: int = Field(1024 * 1024, ge=1024)
     tls: TLSConfig | None = None
     startup_timeout_s: float = Field(10.0, gt=0)
     idle_timeout_s: float = Field(0.0, ge=0)
@@ -101,6 +121,8 @@ class LedgerConfig(_Strict):
     url: str = "sqlite:///dpproxy-ledger.sqlite3"
     # Queries' worth of budget one ledger write reserves (1: every answer writes the ledger).
     reserve: int = Field(10, ge=1, le=1000)
+    # Seconds after which an unused reservation goes back to the ledger, for other replicas.
+    release_idle_s: float = Field(1.0, gt=0, le=3600)
     schema_name: str | None = Field(None, alias="schema")
 
 
@@ -121,7 +143,7 @@ class AuditConfig(_Strict):
 class BudgetConfig(_Strict):
     """A user's total privacy budget, optionally renewed every period."""
 
-    epsilon: float = Field(gt=0)
+    epsilon: float = Field(gt=0, le=MAX_BUDGET_EPSILON)
     delta: float = Field(0.0, ge=0, lt=1)
     period: Literal["day", "week", "month"] | None = None
 
@@ -135,6 +157,11 @@ class UserPolicy(_Strict):
     auth: Literal["scram-sha-256", "md5", "cleartext"] = "scram-sha-256"
     budget: BudgetConfig
     max_query_epsilon: float | None = Field(None, gt=0)
+
+    @field_validator("max_query_epsilon")
+    @classmethod
+    def _query_epsilon_minimum(cls, value: float | None) -> float | None:
+        return _at_least_min_epsilon(value, "max_query_epsilon")
 
     @model_validator(mode="after")
     def _resolve_password(self) -> "UserPolicy":
@@ -197,6 +224,11 @@ class TablePolicy(_Strict):
     partitioning: Literal["random", "ctid_hash"] = "random"
     columns: dict[str, ColumnPolicy] = Field(default_factory=dict)
 
+    @field_validator("epsilon")
+    @classmethod
+    def _epsilon_minimum(cls, value: float | None) -> float | None:
+        return _at_least_min_epsilon(value, "epsilon")
+
     @model_validator(mode="after")
     def _derive_epsilon(self) -> "TablePolicy":
         if self.access == "public":
@@ -210,6 +242,7 @@ class TablePolicy(_Strict):
             object.__setattr__(self, "epsilon", epsilon_from_breach(self.prior, self.posterior))
         if self.epsilon is None:
             raise ValueError("a protected table needs epsilon (or prior and posterior)")
+        _at_least_min_epsilon(self.epsilon, "epsilon derived from prior and posterior")
         return self
 
 

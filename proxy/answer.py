@@ -10,13 +10,12 @@ each sample-and-aggregate column and 0 for the others.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any, Sequence
 
 from mechanisms.release import Release
 from rewriter.dp_query import Aggregate, AggregateQuery
 from rewriter.rewrite import split_row
-from rewriter.types import NUMERIC
+from rewriter.types import INTEGER_TYPES, NUMERIC
 
 from .backend import ResultSet
 from .column_release import release_column
@@ -66,29 +65,28 @@ def release_row(plan: AggregateQuery, exact: Sequence[Any], epsilon: float) -> D
         release_column(agg, agg_parts, share, plan.table.policy) for agg, agg_parts in zip(plan.aggregates, parts)
     )
     row = [
-        encode_text(rel.value, agg.result_type_oid, _numeric_scale(agg, agg_parts))
-        for agg, rel, agg_parts in zip(plan.aggregates, releases, parts)
+        encode_text(rel.value, agg.result_type_oid, _numeric_scale(agg))
+        for agg, rel in zip(plan.aggregates, releases)
     ]
     delta = sum(rel.delta for rel in releases)
     return DPAnswer(ResultSet(fields, [row], "SELECT 1"), epsilon, delta, releases)
 
 
-def _numeric_scale(agg: Aggregate, parts: Sequence[Any]) -> int | None:
-    """Fraction digits of a numeric result, as PostgreSQL would print them (None: as needed).
+def _numeric_scale(agg: Aggregate) -> int | None:
+    """Fraction digits of a numeric SUM/MIN/MAX result (None: as many as the value needs).
 
-    SUM keeps the scale of the exact sum; MIN/MAX that of a numeric(p, s) column; AVG and
-    MODE print as many digits as the value needs.
+    A function of the schema alone: a numeric(p, s) column's s, 0 for SUM of an integer
+    column. The exact sum's own scale would say how many fraction digits the rows hold (one
+    row with a longer fraction, or NaN, changes it), so it is never used.
     """
     if agg.result_type_oid != NUMERIC or agg.kind not in ("sum", "min", "max"):
         return None
-    exact = parts[0] if agg.kind == "sum" else None
-    if isinstance(exact, Decimal):
-        exponent = exact.as_tuple().exponent
-        return max(0, -exponent) if isinstance(exponent, int) else None
     column = agg.column
-    if column is not None and column.type_modifier >= 4:
+    if column is None:
+        return None
+    if column.type_modifier >= 4:
         return (column.type_modifier - 4) & 0xFFFF
-    return 0 if agg.kind == "sum" and (exact is None or isinstance(exact, int)) else None
+    return 0 if agg.kind == "sum" and column.type_oid in INTEGER_TYPES else None
 
 
 def query_delta(plan: AggregateQuery) -> float:

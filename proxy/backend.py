@@ -7,7 +7,6 @@ statement_timeout; the client's credentials never reach the backend.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -21,9 +20,9 @@ from policies.model import Policy
 from policies.tables import ColumnInfo, Relation, TableRegistry
 from rewriter.classify import ResolvedRelation
 from rewriter.references import RelationRef
-from rewriter.types import MAX_ABS_BOUND
 
 from .metrics import observe_backend
+from .policy_fit import column_fit_problems
 from .protocol import Field
 from .result_waiter import ResultWaiter
 
@@ -284,11 +283,11 @@ class BackendSession:
             await self._conn.close()
 
 
-# Runs in the analyst's session, under the analyst's search_path: every function, operator
-# and type is pg_catalog's (ORDER BY takes the type's default btree operators, not a name).
+# dpproxy's own queries run on the analyst's backend session, under the search_path the
+# analyst set: every function, operator and type is pg_catalog's (see rewriter/qualify.py).
 _RESOLVE_SQL = """
 SELECT c.oid, n.nspname, c.relname
-FROM pg_catalog.unnest(CAST(%s AS pg_catalog.text[])) WITH ORDINALITY AS r(name, i)
+FROM pg_catalog.unnest(%s::pg_catalog.text[]) WITH ORDINALITY AS r(name, i)
 LEFT JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(r.name)
 LEFT JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
 ORDER BY r.i
@@ -361,15 +360,8 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
             info = columns.get(column_name)
             if info is None:
                 problems.append(f"tables.{name}.columns.{column_name}: no such column on the backend")
-            elif column_policy.bounds is not None and info.type_oid in (20, 21, 23) and not all(
-                float(b).is_integer() for b in column_policy.bounds
-            ):
-                problems.append(f"tables.{name}.columns.{column_name}: integer column needs integer bounds")
-            elif column_policy.bounds is not None and column_policy.sensitivity > MAX_ABS_BOUND.get(info.type_oid, math.inf):
-                problems.append(
-                    f"tables.{name}.columns.{column_name}: bounds of this column type may be at most "
-                    f"{MAX_ABS_BOUND[info.type_oid]:g} in magnitude (a larger SUM could overflow on the backend)"
-                )
+            else:
+                problems += column_fit_problems(name, column_name, column_policy, info.type_oid)
         if table_policy.partitioning == "ctid_hash" and target.oid not in hashable:
             problems.append(
                 f"tables.{name}.partitioning: ctid_hash needs a table, materialized view or "
@@ -382,8 +374,9 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
     if problems:
         raise PolicyError(problems)
     pg_class = await session.fetch_row(
-        "SELECT array_agg(attname::text ORDER BY attnum) FROM pg_catalog.pg_attribute "
-        "WHERE attrelid = 'pg_catalog.pg_class'::regclass AND attnum > 0 AND NOT attisdropped"
+        "SELECT pg_catalog.array_agg(attname::pg_catalog.text ORDER BY attnum) FROM pg_catalog.pg_attribute "
+        "WHERE attrelid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass "
+        "AND attnum OPERATOR(pg_catalog.>) 0 AND NOT attisdropped"
     )
     return TableRegistry(relations, tuple(pg_class[0]))
 
@@ -398,9 +391,9 @@ async def _ctid_hashable(session: BackendSession, oids: list[int]) -> set[int]:
     if not oids:
         return set()
     rows = await session.fetch_all(
-        "SELECT c.oid FROM pg_catalog.pg_class c WHERE c.oid = ANY(%s::pg_catalog.oid[]) "
-        "AND c.relkind IN ('r', 'm', 'p') "
-        "AND pg_catalog.to_regprocedure('pg_catalog.hashtidextended(tid,bigint)') IS NOT NULL",
+        "SELECT c.oid FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[]) "
+        "AND c.relkind OPERATOR(pg_catalog.=) ANY('{r,m,p}'::pg_catalog.\"char\"[]) "
+        "AND pg_catalog.to_regprocedure('pg_catalog.hashtidextended(pg_catalog.tid,pg_catalog.int8)') IS NOT NULL",
         (oids,),
     )
     return {int(oid) for (oid,) in rows}
@@ -414,8 +407,10 @@ def _policy_ref(name: str) -> RelationRef:
 async def _columns(session: BackendSession, oid: int, policies: Mapping[str, Any]) -> dict[str, ColumnInfo]:
     rows = await session.fetch_all(
         "SELECT a.attname, a.atttypid, a.atttypmod, a.attnum, COALESCE(c.collisdeterministic, true) "
-        "FROM pg_catalog.pg_attribute a LEFT JOIN pg_catalog.pg_collation c ON c.oid OPERATOR(pg_catalog.=) a.attcollation "
-        "WHERE a.attrelid OPERATOR(pg_catalog.=) %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+        "FROM pg_catalog.pg_attribute a "
+        "LEFT JOIN pg_catalog.pg_collation c ON c.oid OPERATOR(pg_catalog.=) a.attcollation "
+        "WHERE a.attrelid OPERATOR(pg_catalog.=) %s::pg_catalog.oid AND a.attnum OPERATOR(pg_catalog.>) 0 "
+        "AND NOT a.attisdropped ORDER BY a.attnum",
         (oid,),
     )
     return {

@@ -11,6 +11,18 @@ least what was really spent: budgets can never be exceeded, by one proxy or by s
 sharing a ledger. Unused reservations are released on a clean shutdown; a crash (kill -9)
 loses less than one and a half reservations per user, which stay counted as spent.
 
+Three rules keep a reservation from spending or stranding budget it should not:
+
+* A reservation belongs to the budget (ε, δ, period) it was charged under. Once a reload
+  changes a user's budget, the next answer finds the reservation stale, gives it back to
+  the ledger and charges under the new limit; no answer after the reload spends from it.
+* The unused part of a reservation is never more than what the ledger still has left
+  after it (the ledger checks this in the same conditional UPDATE: ``keep_epsilon``), so
+  near exhaustion queries are charged one by one and nothing is held back.
+* A reservation unused for ``ledger.release_idle_s`` seconds goes back to the ledger,
+  so another replica sharing the ledger can spend it: every ε of a budget can be spent
+  through any mix of replicas, at worst after waiting that long (docs/deployment.md).
+
 A query refused for budget costs nothing. A query that fails after it was charged stays
 charged: whether it fails can itself depend on the data, so a refund would leak. If the
 ledger cannot be reached the query is refused, never answered uncharged.
@@ -20,19 +32,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any, Callable, TypeVar
 
 from policies.errors import SQLSTATE, Refusal
-from policies.ledger import Balance, Budget, Ledger
+from policies.ledger import MAX_CHARGE_DELTA, MAX_CHARGE_EPSILON, Balance, Budget, ChargeResult, Ledger
 from policies.model import Policy
 from policies.periods import period_key
 
 __all__ = ["BudgetKeeper"]
 
 T = TypeVar("T")
+
+_MAX_EPS, _MAX_DLT = Decimal(MAX_CHARGE_EPSILON), Decimal(MAX_CHARGE_DELTA)
 
 log = logging.getLogger("dpproxy.budget")
 
@@ -46,6 +61,8 @@ class _Reservation:
     epsilon: Decimal
     delta: Decimal
     ledger: Balance  # the ledger's view after the last write
+    budget: Budget  # the limits it was charged under: spendable only while they are in force
+    used: float = field(default_factory=time.monotonic)  # when last spent from or topped up
     refill: bool = True  # False once the ledger refused a refill, until a full reservation is had
 
     def covers(self, epsilon: Decimal, delta: Decimal) -> bool:
@@ -70,17 +87,27 @@ class BudgetKeeper:
         self._locks: dict[str, asyncio.Lock] = {}
         self._refills: dict[str, asyncio.Task[None]] = {}
         self._budgets: dict[str, tuple[object, Budget]] = {}  # user → (policy entry, its Budget)
+        self._sweeper: asyncio.Task[None] | None = None
 
     @classmethod
     def open(cls, policy: Policy) -> "BudgetKeeper":
         return cls(Ledger.from_url(policy.ledger.url, policy.ledger.schema_name), policy)
 
     def budget(self, user: str) -> Budget:
-        """The user's budget under the policy in force (rebuilt when a reload replaced its entry)."""
+        """The user's budget under the policy in force.
+
+        The same ``Budget`` object as long as its values stay the same, a new one once a
+        reload changed them: a reservation is spendable only under the object it was
+        charged under.
+        """
         config = self.policy.users[user].budget
         cached = self._budgets.get(user)
         if cached is None or cached[0] is not config:
-            cached = self._budgets[user] = (config, Budget(config.epsilon, config.delta, config.period))
+            if cached is None or cached[0] != config:
+                cached = (config, Budget(config.epsilon, config.delta, config.period))
+            else:
+                cached = (config, cached[1])
+            self._budgets[user] = cached
         return cached[1]
 
     async def charge(self, user: str, epsilon: float, delta: float, fingerprint: str | None = None) -> Balance:
@@ -89,24 +116,56 @@ class BudgetKeeper:
         budget = self.budget(user)
         now = datetime.now(timezone.utc)
         period = period_key(budget.period, now)
-        balance = self._spend(user, period, eps, dlt)  # no await: nothing can interleave
+        balance = self._spend(user, budget, period, eps, dlt)  # no await: nothing can interleave
         if balance is None:
             async with self._locks.setdefault(user, asyncio.Lock()):
-                # A refill or another charge may have topped the reservation up meanwhile.
-                balance = self._spend(user, period, eps, dlt)
+                # A refill or another charge may have topped the reservation up meanwhile,
+                # or a reload may have changed the budget.
+                budget = self.budget(user)
+                period = period_key(budget.period, now)
+                balance = self._spend(user, budget, period, eps, dlt)
                 if balance is None:
+                    await self._release_stale(user, budget)
                     balance = await self._charge_ledger(user, eps, dlt, budget, now, fingerprint)
         self._refill_if_low(user, eps, dlt, budget, now, fingerprint)
         return balance
 
-    def _spend(self, user: str, period: str, eps: Decimal, dlt: Decimal) -> Balance | None:
-        """Spend from this process's reservation; None when it does not cover the charge."""
+    def _spend(self, user: str, budget: Budget, period: str, eps: Decimal, dlt: Decimal) -> Balance | None:
+        """Spend from this process's reservation; None when it does not cover the charge
+        or was charged under other limits than ``budget``, the ones in force."""
         held = self._reserved.get(user)
-        if held is None or held.period != period or not held.covers(eps, dlt):
+        if held is None or held.budget is not budget or held.period != period or not held.covers(eps, dlt):
             return None
         held.epsilon -= eps
         held.delta -= dlt
+        held.used = time.monotonic()
         return held.balance()
+
+    async def _release_stale(self, user: str, budget: Budget) -> None:
+        """Give back a reservation charged under limits no longer in force; with the user's lock held.
+
+        A reload lowering a budget must not leave it spendable, and the ledger must then
+        hold only the real spend, so that the new limit is measured against that.
+        """
+        held = self._reserved.get(user)
+        if held is None or held.budget is budget:
+            return
+        await self._give_back(user, held)
+        if held.epsilon or held.delta:  # the ledger failed: the query is refused (DP005)
+            raise _ledger_unavailable()
+        del self._reserved[user]
+
+    async def _give_back(self, user: str, held: _Reservation) -> None:
+        """Release ``held``'s unused amounts to the ledger; on failure they stay held (and counted spent)."""
+        eps, dlt = held.epsilon, held.delta
+        if not (eps or dlt):
+            return
+        held.epsilon = held.delta = Decimal(0)  # claimed: nothing spends them while the ledger is written
+        try:
+            await self._ledger_call(self.ledger.release, user, float(eps), float(dlt), held.budget, held.at)
+        except Refusal:
+            held.epsilon += eps
+            held.delta += dlt
 
     async def _charge_ledger(
         self, user: str, eps: Decimal, dlt: Decimal, budget: Budget, now: datetime, fingerprint: str | None
@@ -121,22 +180,31 @@ class BudgetKeeper:
             have_eps, have_dlt = held.epsilon, held.delta
             held.epsilon = held.delta = Decimal(0)
         reserve = self.policy.ledger.reserve
+        result = None
         for multiple in dict.fromkeys((reserve, 1)):
             top_eps = max(Decimal(0), eps * multiple - have_eps)
             top_dlt = max(Decimal(0), dlt * multiple - have_dlt)
+            if top_eps > _MAX_EPS or top_dlt > _MAX_DLT:
+                continue  # more than one ledger charge may be: no budget can cover it
+            # What would stay unused must also be left in the ledger after this charge.
+            keep_eps = have_eps + top_eps - eps
+            keep_dlt = have_dlt + top_dlt - dlt
             try:
                 result = await self._ledger_call(
-                    self.ledger.charge, user, float(top_eps), float(top_dlt), budget, now, fingerprint
+                    self.ledger.charge, user, float(top_eps), float(top_dlt), budget, now, fingerprint,
+                    float(keep_eps), float(keep_dlt),
                 )
             except BaseException:
                 if have_eps or have_dlt:  # the claim goes back, the query is not answered
-                    self._add(user, period, now, have_eps, have_dlt, None)
+                    self._add(user, budget, period, now, have_eps, have_dlt, None)
                 raise
             if result.accepted:
-                held = self._add(user, period, now, have_eps + top_eps - eps, have_dlt + top_dlt - dlt, result.balance)
+                held = self._add(user, budget, period, now, keep_eps, keep_dlt, result.balance)
                 held.refill = multiple == reserve
                 return held.balance()
-        held = self._add(user, period, now, have_eps, have_dlt, result.balance)
+        if result is None:  # even this one query costs more than a budget can hold
+            result = ChargeResult(False, await self._ledger_call(self.ledger.balance, user, budget, now))
+        held = self._add(user, budget, period, now, have_eps, have_dlt, result.balance)
         held.refill = False
         left = held.balance()
         again = f" It renews every {budget.period} (UTC)." if budget.period else ""
@@ -150,18 +218,23 @@ class BudgetKeeper:
         )
 
     def _add(
-        self, user: str, period: str, now: datetime, eps: Decimal, dlt: Decimal, ledger: Balance | None
+        self, user: str, budget: Budget, period: str, now: datetime, eps: Decimal, dlt: Decimal,
+        ledger: Balance | None,
     ) -> _Reservation:
-        """Put (ε, δ) into the user's reservation for ``period``, with the ledger's latest view."""
+        """Put (ε, δ) into the user's reservation for ``period`` under ``budget``, with the
+        ledger's latest view."""
         held = self._reserved.get(user)
-        if held is None or held.period != period:
+        if held is None or held.period != period or held.budget is not budget:
             if ledger is None:
                 raise AssertionError("a new reservation needs the ledger's balance")
-            held = self._reserved[user] = _Reservation(period, now, Decimal(0), Decimal(0), ledger)
+            held = self._reserved[user] = _Reservation(period, now, Decimal(0), Decimal(0), ledger, budget)
         held.epsilon += eps
         held.delta += dlt
+        held.used = time.monotonic()
         if ledger is not None:
             held.ledger = ledger
+        if held.epsilon or held.delta:
+            self._sweep_soon()
         return held
 
     def _refill_if_low(
@@ -189,27 +262,65 @@ class BudgetKeeper:
         async with self._locks.setdefault(user, asyncio.Lock()):
             period = period_key(budget.period, now)
             held = self._reserved.get(user)
-            if held is None or held.period != period or not held.refill:
-                return
+            if held is None or held.budget is not self.budget(user) or held.period != period or not held.refill:
+                return  # a reload changed the budget: the next answer releases the reservation
             try:
-                result = await self._ledger_call(self.ledger.charge, user, float(eps), float(dlt), budget, now, fingerprint)
+                result = await self._ledger_call(
+                    self.ledger.charge, user, float(eps), float(dlt), budget, now, fingerprint,
+                    float(held.epsilon + eps), float(held.delta + dlt),
+                )
             except Refusal:
                 result = None  # logged by _ledger_call; the next uncovered answer tries again
             if result is not None and result.accepted:
-                self._add(user, period, now, eps, dlt, result.balance)
+                self._add(user, budget, period, now, eps, dlt, result.balance)
             else:
-                self._add(user, period, now, Decimal(0), Decimal(0), result.balance if result else None).refill = False
+                self._add(user, budget, period, now, Decimal(0), Decimal(0), result.balance if result else None).refill = False
+
+    def _sweep_soon(self) -> None:
+        """Make sure the task giving idle reservations back is running (from the event loop)."""
+        if self._sweeper is not None and not self._sweeper.done():
+            return
+        try:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        except RuntimeError:  # no event loop (a synchronous caller): nothing to sweep from
+            self._sweeper = None
+
+    async def _sweep(self) -> None:
+        """Give back reservations unused for ``ledger.release_idle_s``; ends once none is held."""
+        idle_s = self.policy.ledger.release_idle_s
+        while True:
+            held_now = {user: held for user, held in self._reserved.items() if held.epsilon or held.delta}
+            if not held_now:
+                return
+            now = time.monotonic()
+            due = [user for user, held in held_now.items() if now - held.used >= idle_s]
+            for user in due:
+                lock = self._locks.setdefault(user, asyncio.Lock())
+                if lock.locked():
+                    continue  # a charge or refill is writing the ledger: the reservation is in use
+                async with lock:
+                    held = self._reserved.get(user)
+                    if held is not None and time.monotonic() - held.used >= idle_s:
+                        await self._give_back(user, held)
+                        held.used = time.monotonic()  # if the ledger failed: retry after another idle period
+            soonest = min(held.used for held in held_now.values()) + idle_s
+            await asyncio.sleep(max(0.01, soonest - time.monotonic()))
 
     async def settle(self) -> None:
-        """Wait for the reservation refills under way (before ``close``)."""
+        """Wait for the reservation refills under way and stop giving back idle ones (before ``close``)."""
         while self._refills:
             await asyncio.gather(*self._refills.values(), return_exceptions=True)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+            self._sweeper = None
 
     async def balance(self, user: str) -> Balance:
         """The user's balance, counting this process's unused reservation as not spent."""
         ledger = await self._ledger_call(self.ledger.balance, user, self.budget(user))
         held = self._reserved.get(user)
-        if held is None or held.period != period_key(self.budget(user).period, datetime.now(timezone.utc)):
+        budget = self.budget(user)
+        if held is None or held.budget is not budget or held.period != period_key(budget.period, datetime.now(timezone.utc)):
             return ledger
         return replace(held, ledger=ledger).balance()
 
@@ -218,7 +329,7 @@ class BudgetKeeper:
         for user, held in self._reserved.items():
             if (held.epsilon or held.delta) and user in self.policy.users:
                 try:
-                    self.ledger.release(user, float(held.epsilon), float(held.delta), self.budget(user), held.at)
+                    self.ledger.release(user, float(held.epsilon), float(held.delta), held.budget, held.at)
                 except Exception as exc:  # the reservation simply stays counted as spent
                     log.warning("could not release %s's unused budget reservation: %s", user, exc)
         self._reserved.clear()

@@ -57,8 +57,11 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("-v", "--verbose", action="store_true")
     demo.set_defaults(run=_demo)
 
-    check = commands.add_parser("check-config", help="validate a policy file and exit")
+    check = commands.add_parser(
+        "check-config", help="validate a policy file and, if its backend answers, check the policy against it"
+    )
     check.add_argument("config", type=Path)
+    check.add_argument("--file-only", action="store_true", help="do not connect to the backend")
     check.set_defaults(run=_check_config)
 
     add_privacy_commands(commands)
@@ -68,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check_config(args: argparse.Namespace) -> int:
+    """Exit 0 if ``serve`` would accept the policy (or, backend unreachable, the file is valid)."""
+    from .config_check import BackendCheck, check_against_backend
+
     try:
         policy = load_policy(args.config)
     except PolicyError as exc:
@@ -75,8 +81,21 @@ def _check_config(args: argparse.Namespace) -> int:
             print(problem, file=sys.stderr)
         return 1
     protected = sum(1 for t in policy.tables.values() if t.access == "protected")
-    print(f"{args.config}: OK ({len(policy.users)} users, {protected} protected and "
-          f"{len(policy.tables) - protected} public tables)")
+    summary = (f"{len(policy.users)} users, {protected} protected and "
+               f"{len(policy.tables) - protected} public tables")
+    if args.file_only:
+        checked = BackendCheck(False, reason="--file-only")
+    else:
+        text = args.config.read_text(encoding="utf-8")
+        checked = event_loop.run(check_against_backend(policy, text, str(args.config)))
+    if checked.problems:
+        for problem in checked.problems:
+            print(problem, file=sys.stderr)
+        return 1
+    if checked.reached:
+        print(f"{args.config}: OK ({summary}; checked against the backend: every table and column found)")
+    else:
+        print(f"{args.config}: OK ({summary}); checked the file only, not against the backend ({checked.reason})")
     return 0
 
 
@@ -135,8 +154,11 @@ async def _serve_until_signal(
     try:
         server = await Server.create(policy)
     except PolicyError as exc:
+        from .config_check import locate
+
+        text = config.read_text(encoding="utf-8") if config.is_file() else ""
         for problem in exc.problems:
-            print(f"policy does not match the backend: {problem}", file=sys.stderr)
+            print(f"policy does not match the backend: {locate(problem, policy, text, str(config))}", file=sys.stderr)
         return 1
     await server.start(host, port)
     if banner:

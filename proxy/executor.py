@@ -13,8 +13,12 @@ import time
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Callable
+
+from sqlglot.errors import SqlglotError
+
 from policies.errors import SQLSTATE, Refusal
 from rewriter.classify import Deallocate, DPQuery, Decision, DpproxyCommand, Passthrough, ResolvedRelation, classify
+from rewriter.limits import MAX_NESTING, too_complex
 from rewriter.references import RelationRef
 from rewriter.rewrite import backend_sql, partition_seed, seeded
 from rewriter.statements import Statement, split_statements
@@ -35,6 +39,8 @@ if TYPE_CHECKING:
 __all__ = ["Executor", "Plan"]
 
 _NO_PARAMS = BoundParams((), (), ())
+_PARSE_IN_THREAD_BYTES = 64 * 1024
+_AUDITED_PREFIX = 64 * 1024  # an unparsed string is audited by its beginning, not its megabytes
 
 
 @dataclass(frozen=True)
@@ -76,9 +82,33 @@ class Executor:
 
     # ------------------------------------------------------------ planning
 
+    async def split(self, sql: str) -> tuple[Statement, ...]:
+        """The statements of a query string; a refusal of the whole string is audited.
+
+        A string longer than ``listen.max_statement_bytes`` is refused (54000) unparsed; a long
+        one is parsed in a worker thread (pglast releases the GIL), so other sessions keep running.
+        """
+        started = time.perf_counter()
+        try:
+            size = len(sql.encode("utf-8"))
+            limit = self.server.policy.listen.max_statement_bytes
+            if size > limit:
+                raise Refusal(
+                    SQLSTATE.PROGRAM_LIMIT_EXCEEDED,
+                    f"statement too long: {size} bytes (rule: statement-limits)",
+                    f"dpproxy accepts statements of at most {limit} bytes (listen.max_statement_bytes).",
+                    "statement-limits",
+                )
+            if size > _PARSE_IN_THREAD_BYTES:
+                return await asyncio.to_thread(split_statements, sql)
+            return split_statements(sql)
+        except Refusal as exc:
+            self._audit_soon(sql[:_AUDITED_PREFIX], "refused", exc.rule, None, started)
+            raise
+
     async def prepare(self, text: str) -> Plan:
         """Plan the one statement of an extended-protocol Parse."""
-        statements = split_statements(text)
+        statements = await self.split(text)
         if len(statements) > 1:
             raise Refusal(SQLSTATE.SYNTAX_ERROR, "cannot insert multiple commands into a prepared statement")
         if not statements:
@@ -89,7 +119,20 @@ class Executor:
         started = time.perf_counter()
         resolved = await self._resolve(statement.references.relations)
         try:
-            decision = classify(statement, resolved, self.server.registry)
+            try:
+                decision = classify(statement, resolved, self.server.registry)
+            except RecursionError:
+                # A combination of nesting within every single limit can still be too deep.
+                raise too_complex("too deeply nested to analyse", MAX_NESTING, "levels of nesting") from None
+            except SqlglotError as exc:
+                # PostgreSQL parsed it but the DP-query analyser cannot (e.g. sqlglot's tokenizer
+                # on "$1 ... ''"): refused from the text alone, like any other unanalysable query.
+                raise Refusal(
+                    SQLSTATE.DP_QUERY_SHAPE,
+                    "cannot analyse this statement (rule: unparsed)",
+                    "Rewrite the statement, e.g. put literals in place of parameters.",
+                    "unparsed",
+                ) from exc
         except Refusal as exc:
             self._audit_soon(statement.text, "refused", exc.rule, None, started)
             raise

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from policies.errors import SQLSTATE, Refusal
 from rewriter.catalog import exact_floats
-from rewriter.statements import Statement, split_statements
+from rewriter.statements import Statement
 
 from . import protocol
 from .auth import authenticate
@@ -260,7 +260,7 @@ class Session:
     async def _simple_query(self, sql: str) -> None:
         assert self.executor is not None
         try:
-            statements = split_statements(sql)
+            statements = await self.executor.split(sql)
         except Refusal as exc:
             self._error(exc.sqlstate, exc.message, exc.hint)
             return

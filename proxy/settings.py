@@ -1,7 +1,8 @@
 """A session's dpproxy.* settings and the SHOW/SET/RESET statements that read and change them.
 
 ``SET dpproxy.epsilon = x`` lowers the ε of the session's DP queries; it is refused (DP003)
-above the most the policy allows this user on any table, and a table's own ε still caps it.
+above the most the policy allows this user on any table, and a table's own ε still caps it,
+and refused (22023) below ``MIN_EPSILON``.
 ``SHOW dpproxy.budget`` returns the caller's spent and remaining ε and δ as a result set.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import math
 
 from policies.errors import SQLSTATE, Refusal
-from policies.model import Policy
+from policies.model import MIN_EPSILON, Policy
 from policies.tables import Relation
 from rewriter.classify import DpproxyCommand
 from rewriter.types import FLOAT8
@@ -83,6 +84,13 @@ class SessionSettings:
         if not (epsilon > 0 and math.isfinite(epsilon)):
             raise Refusal(SQLSTATE.INVALID_PARAMETER_VALUE,
                           f'invalid value for dpproxy.epsilon: "{value}"', "Give a positive number, e.g. SET dpproxy.epsilon = 0.1.")
+        if epsilon < MIN_EPSILON:
+            raise Refusal(
+                SQLSTATE.INVALID_PARAMETER_VALUE,
+                f"dpproxy.epsilon = {epsilon:g} is below the minimum {MIN_EPSILON:g} (rule: epsilon-minimum)",
+                f"Give a value of at least {MIN_EPSILON:g}; smaller ε adds noise beyond any use.",
+                "epsilon-minimum",
+            )
         maximum = self._maximum(policy)
         if epsilon > maximum:
             raise Refusal(

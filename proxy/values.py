@@ -35,9 +35,9 @@ def encode_text(value: Value, type_oid: int, scale: int | None = None) -> bytes 
         if isinstance(value, int):
             return str(value).encode()
         number = Decimal(repr(float(value))) if isinstance(value, float) else Decimal(value)
-        if scale is not None:
-            number = round(number, scale)
-        return format(number, "f").encode()
+        # format() rounds half-even to ``scale`` digits without the decimal context's
+        # 28-digit precision limit, which round() would hit on a large scale.
+        return format(number, "f" if scale is None else f".{scale}f").encode()
     return str(value).encode()
 
 

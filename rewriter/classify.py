@@ -17,6 +17,7 @@ from policies.tables import Relation, TableRegistry
 from .catalog import CATALOG_SCHEMAS, SAFE_SETTINGS, allowed_catalog_relation, allowed_function, exact_floats
 from .dp_query import AggregateQuery, plan_aggregate_query
 from .neutralise import neutralise_pg_class
+from .qualify import qualify
 from .references import RelationRef
 from .statements import Statement
 
@@ -82,6 +83,8 @@ _HARMLESS_SESSION_STATEMENTS = {"DiscardStmt", "ClosePortalStmt", "UnlistenStmt"
 _WRITES = {
     "InsertStmt", "UpdateStmt", "DeleteStmt", "MergeStmt", "TruncateStmt",
 }
+# Statements that can also sit inside another one: in a WITH (at any depth) or a subquery's WITH.
+_NESTED_WRITES = frozenset({"InsertStmt", "UpdateStmt", "DeleteStmt", "MergeStmt"})
 _NOT_SUPPORTED = {
     "CopyStmt": "COPY",
     "ExplainStmt": "EXPLAIN (its plans and ANALYZE output reveal row counts)",
@@ -122,6 +125,16 @@ def _classify(
 ) -> Decision:
     resolved = dict(resolved_items)
     kind = statement.kind
+    if kind not in _WRITES and statement.references.node_kinds & _NESTED_WRITES:
+        # WITH d AS (DELETE ... RETURNING ...) SELECT ...: refused here, not by the backend's
+        # read-only transaction, so that nothing data-modifying ever leaves dpproxy.
+        raise Refusal(
+            SQLSTATE.READ_ONLY_SQL_TRANSACTION,
+            "dpproxy is read-only: data-modifying statements are not allowed, also not in WITH "
+            "(rule: read-only)",
+            "Only SELECT of DP aggregates, catalog queries and session statements are accepted.",
+            "read-only",
+        )
     if kind == "SelectStmt":
         return _select(statement, resolved, registry)
     if kind == "TransactionStmt":
@@ -216,15 +229,15 @@ def _select(
     if protected:
         return _protected(statement, protected)
     _check_functions(statement)
+    text = qualify(statement.text)
     if references_pg_class:
-        return Passthrough(
-            neutralise_pg_class(
-                statement.text,
-                registry.pg_class_columns,
-                lambda schema, name: _means_pg_class(RelationRef(schema, name), resolved),
-            )
+        # Its subquery names only pg_catalog.pg_class, keyword types and constants.
+        text = neutralise_pg_class(
+            text,
+            registry.pg_class_columns,
+            lambda schema, name: _means_pg_class(RelationRef(schema, name), resolved),
         )
-    return Passthrough(statement.text)
+    return Passthrough(text)
 
 
 def _means_pg_class(ref: RelationRef, resolved: Mapping[RelationRef, ResolvedRelation | None]) -> bool:

@@ -1,7 +1,8 @@
 """Split a query string into statements with PostgreSQL's own grammar (pglast).
 
 What PostgreSQL's parser cannot parse is refused here with the parser's own message, so
-nothing reaches the backend unparsed.
+nothing reaches the backend unparsed; what is too complex to analyse safely is refused here
+too (54001, rewriter/limits.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pglast.parser import ParseError
 
 from policies.errors import SQLSTATE, Refusal
 
+from .limits import MAX_NESTING, MAX_TREE_BYTES, check_complexity, too_complex
 from .references import References, collect_references
 
 __all__ = ["Statement", "split_statements"]
@@ -39,9 +41,16 @@ def split_statements(sql: str) -> tuple[Statement, ...]:
 @lru_cache(maxsize=4096)
 def _split(sql: str) -> tuple[Statement, ...]:
     try:
-        tree = json.loads(parser.parse_sql_json(sql))
+        tree_json = parser.parse_sql_json(sql)
     except ParseError as exc:
         raise Refusal(SQLSTATE.SYNTAX_ERROR, str(exc.args[0]), rule="syntax") from exc
+    if len(tree_json) > MAX_TREE_BYTES:
+        # Decoding the tree holds the GIL (about 0.1 s per MB): bounded so no session stalls the others.
+        raise too_complex(f"its parse tree has {len(tree_json) // 1024} KiB", MAX_TREE_BYTES // 1024, "KiB of parse tree")
+    try:
+        tree = json.loads(tree_json)
+    except RecursionError as exc:
+        raise too_complex("expressions nested too deep", MAX_NESTING, "levels of nesting") from exc
     encoded = sql.encode("utf-8")
     statements = []
     for raw in tree.get("stmts", []):
@@ -50,5 +59,6 @@ def _split(sql: str) -> tuple[Statement, ...]:
         length = raw.get("stmt_len", 0) or len(encoded) - start
         text = encoded[start : start + length].decode("utf-8").strip()
         ((kind, node),) = raw["stmt"].items()
+        check_complexity(text, node)
         statements.append(Statement(text, kind, node, collect_references(node)))
     return tuple(statements)

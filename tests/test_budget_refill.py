@@ -38,10 +38,11 @@ class GatedLedger(Ledger):
         self.charges: list[float] = []
 
     def charge(self, user: str, epsilon: float, delta: float, budget: Budget,
-               now: datetime | None = None, fingerprint: str | None = None) -> ChargeResult:
+               now: datetime | None = None, fingerprint: str | None = None,
+               keep_epsilon: float = 0.0, keep_delta: float = 0.0) -> ChargeResult:
         self.charges.append(epsilon)
         assert self.gate.wait(10), "the test never opened the gate"
-        return super().charge(user, epsilon, delta, budget, now, fingerprint)
+        return super().charge(user, epsilon, delta, budget, now, fingerprint, keep_epsilon, keep_delta)
 
 
 def _policy(tmp_path: Path, reserve: int, epsilon: float) -> Policy:
@@ -95,11 +96,11 @@ def test_answers_keep_spending_the_reservation_while_its_refill_is_written(tmp_p
 
 
 def test_a_refused_refill_is_not_retried_and_later_answers_charge_exactly(tmp_path, ledger):
-    keeper = BudgetKeeper(ledger, _policy(tmp_path, reserve=10, epsilon=12.5))
+    keeper = BudgetKeeper(ledger, _policy(tmp_path, reserve=10, epsilon=22.5))
 
     async def scenario() -> list[str]:
         outcomes = []
-        for _ in range(14):
+        for _ in range(24):
             try:
                 await keeper.charge("analyst", 1.0, 0.0)
                 outcomes.append("ok")
@@ -110,11 +111,13 @@ def test_a_refused_refill_is_not_retried_and_later_answers_charge_exactly(tmp_pa
         return outcomes
 
     outcomes = asyncio.run(scenario())
-    assert outcomes == ["ok"] * 12 + ["DP002"] * 2
-    # 10 reserved; the refill of 10 is refused (20 > 12.5) and not tried again; the 11th
-    # and 12th answers try a reservation, then their exact cost; the refused ones cost nothing.
-    assert ledger.charges == [10.0, 10.0, 10.0, 1.0, 10.0, 1.0, 10.0, 1.0, 10.0, 1.0]
-    assert _spent(ledger, 12.5) == pytest.approx(12.0)
+    assert outcomes == ["ok"] * 22 + ["DP002"] * 2
+    # 10 reserved; the refill of 10 is refused (it would hold back 14 with 2.5 left after
+    # it) and not tried again; from the 11th answer on, a reservation would hold back more
+    # than is left, so each answer tries one, then charges its exact cost; the refused ones
+    # cost nothing.
+    assert ledger.charges == [10.0, 10.0] + [10.0, 1.0] * 14
+    assert _spent(ledger, 22.5) == pytest.approx(22.0)
 
 
 def test_racing_answers_and_refills_never_let_the_ledger_fall_below_the_spend(tmp_path, ledger):
@@ -144,3 +147,60 @@ def test_racing_answers_and_refills_never_let_the_ledger_fall_below_the_spend(tm
     assert sum(accepted) <= limit
     keeper.release_all()
     assert _spent(ledger, limit) == pytest.approx(sum(accepted), abs=1e-9)
+
+
+def test_a_reload_lowering_the_budget_while_a_refill_is_written_leaves_nothing_of_it_spendable(tmp_path, ledger):
+    keeper = BudgetKeeper(ledger, _policy(tmp_path, reserve=10, epsilon=1000))
+
+    async def scenario() -> list[str]:
+        for _ in range(6):  # 10 reserved; after the 6th answer the refill starts
+            await keeper.charge("analyst", 1.0, 0.0)
+        ledger.gate.clear()
+        await _until(lambda: len(ledger.charges) == 2)  # the refill, under the old limit, waits
+        keeper.policy = _policy(tmp_path, reserve=10, epsilon=8)  # what Server.reload does
+        ledger.gate.set()
+        outcomes = []
+        for _ in range(4):
+            try:
+                await asyncio.wait_for(keeper.charge("analyst", 1.0, 0.0), timeout=5)
+                outcomes.append("ok")
+            except Exception as exc:  # Refusal
+                outcomes.append(getattr(exc, "sqlstate", repr(exc)))
+        await keeper.settle()
+        return outcomes
+
+    assert asyncio.run(scenario()) == ["ok", "ok", "DP002", "DP002"]  # 6 + 2 = the new limit of 8
+    assert _spent(ledger, 8) == pytest.approx(8.0)  # the old reservation and its refill were given back
+    keeper.release_all()
+    assert _spent(ledger, 8) == pytest.approx(8.0)
+
+
+class UnreleasableLedger(Ledger):
+    """A real SQLite ledger on which every release fails, and which counts the attempts."""
+
+    def __init__(self, url: str):
+        super().__init__(url)
+        self.releases = 0
+
+    def release(self, user: str, epsilon: float, delta: float, budget: Budget, now: datetime | None = None):  # type: ignore[no-untyped-def]
+        self.releases += 1
+        raise OSError("the ledger is unreachable")
+
+
+def test_an_idle_reservation_the_ledger_cannot_take_back_stays_held_and_is_retried_once_per_idle_period(tmp_path):
+    ledger = UnreleasableLedger(f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
+    text = POLICY.format(ledger=tmp_path / "ledger.sqlite3", reserve=10, epsilon=1000)
+    keeper = BudgetKeeper(ledger, parse_policy(text.replace("reserve: 10}", "reserve: 10, release_idle_s: 0.1}"), "t"))
+
+    async def scenario() -> None:
+        await keeper.charge("analyst", 1.0, 0.0)  # 10 charged, 9 held
+        await asyncio.sleep(0.65)  # idle: a give-back at 0.1 s, then one per 0.1 s idle at most
+        assert 1 <= ledger.releases <= 7, ledger.releases
+        await asyncio.wait_for(keeper.charge("analyst", 1.0, 0.0), timeout=2)  # still held: from memory
+        await keeper.settle()
+
+    try:
+        asyncio.run(scenario())
+        assert _spent(ledger, 1000) == pytest.approx(10.0)  # never less than the spend
+    finally:
+        ledger.close()

@@ -100,3 +100,35 @@ def test_check_config_command_exit_codes(tmp_path: Path):
     failed = subprocess.run([sys.executable, "-m", "proxy.cli", "check-config", str(bad)], capture_output=True, text=True)
     assert failed.returncode == 1
     assert f"{bad}:11: tables.public.adult.columns.age:" in failed.stderr
+
+
+def test_duplicate_key_is_an_error_at_its_line_not_a_silent_override():
+    problems = _problems(GOOD.replace("    epsilon: 0.5", "    epsilon: 1\n    epsilon: 100"))
+    assert len(problems) == 1
+    assert problems[0].startswith("p.yaml:10: tables.public.adult.epsilon: duplicate key (first given at line 9)")
+
+
+def test_duplicate_key_in_a_flow_mapping_or_quoted_is_an_error():
+    (flow,) = _problems(GOOD.replace("{epsilon: 10}", "{epsilon: 10, epsilon: 1000}"))
+    assert flow.startswith("p.yaml:6: users.analyst.budget.epsilon: duplicate key")
+    (quoted,) = _problems(GOOD.replace("    epsilon: 0.5", '    epsilon: 0.5\n    "epsilon": 50'))
+    assert quoted.startswith("p.yaml:10: tables.public.adult.epsilon: duplicate key")
+
+
+def test_duplicate_top_level_section_is_an_error():
+    (problem,) = _problems(GOOD + "tables:\n  lookup: {access: public}\n")
+    assert problem.startswith("p.yaml:15: tables: duplicate key (first given at line 7)")
+
+
+def test_a_merge_key_may_still_be_overridden():
+    text = GOOD.replace("    budget: {epsilon: 10}", "    budget:\n      <<: &b {epsilon: 10}\n      epsilon: 5")
+    assert parse_policy(text).users["analyst"].budget.epsilon == 5
+
+
+def test_check_config_refuses_a_duplicate_key(tmp_path: Path):
+    path = tmp_path / "dup.yaml"
+    path.write_text(GOOD.replace("    epsilon: 0.5", "    epsilon: 1\n    epsilon: 100"))
+    run = subprocess.run([sys.executable, "-m", "proxy.cli", "check-config", str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1
+    assert f"{path}:10: tables.public.adult.epsilon: duplicate key" in run.stderr

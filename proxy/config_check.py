@@ -1,0 +1,73 @@
+"""``dpproxy check-config`` against the backend: what ``serve`` would refuse, found before it runs.
+
+The file is validated first (``policies.loader``). Then, if the policy's backend answers, the
+same check ``serve`` and a reload make runs on it (``proxy.backend.build_registry``): every
+table and column must exist, bounds need a numeric column and categories a text one, integer
+columns integer bounds, ``ctid_hash`` a relation that has a stable ctid. Each problem is
+reported at the line of its key in the file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import psycopg
+
+from policies.loader import PolicyError, key_line
+from policies.model import Policy
+
+from .backend import BackendError, build_registry, connect
+
+__all__ = ["BackendCheck", "check_against_backend", "locate"]
+
+
+@dataclass(frozen=True)
+class BackendCheck:
+    """The outcome: ``reached`` False (with ``reason``) means only the file was checked."""
+
+    reached: bool
+    problems: list[str] = field(default_factory=list)
+    reason: str | None = None
+    tables: int = 0
+
+
+async def check_against_backend(policy: Policy, text: str, source: str) -> BackendCheck:
+    """Check ``policy`` (read from ``text``, named ``source`` in problems) on its backend."""
+    timeout = 2 * policy.backend.connect_timeout_s + policy.backend.statement_timeout_ms / 1000
+    try:
+        problems = await asyncio.wait_for(_problems(policy), timeout)
+    except (BackendError, psycopg.Error, OSError, asyncio.TimeoutError) as exc:
+        reason = str(exc).strip() or f"no answer within {timeout:g}s"
+        return BackendCheck(False, reason=reason.splitlines()[0])
+    return BackendCheck(True, [locate(problem, policy, text, source) for problem in problems],
+                        tables=len(policy.tables))
+
+
+def locate(problem: str, policy: Policy, text: str, source: str) -> str:
+    """``problem`` (``tables.<name>...: what``) prefixed with ``source:line`` of its key in ``text``."""
+    return f"{source}:{key_line(text, _keys(problem, policy))}: {problem}"
+
+
+async def _problems(policy: Policy) -> list[str]:
+    session = await connect(policy)
+    try:
+        await build_registry(session, policy)
+    except PolicyError as exc:
+        return exc.problems
+    finally:
+        await session.close()
+    return []
+
+
+def _keys(problem: str, policy: Policy) -> list[str]:
+    """The policy keys a ``tables.<name>[.columns.<column>|.<key>]: ...`` problem is about."""
+    dotted = problem.split(": ", 1)[0]
+    for name in sorted(policy.tables, key=len, reverse=True):
+        prefix = f"tables.{name}"
+        if dotted == prefix or dotted.startswith(prefix + "."):
+            rest = dotted[len(prefix) + 1 :]
+            if rest.startswith("columns."):
+                return ["tables", name, "columns", rest.removeprefix("columns.")]
+            return ["tables", name, *([rest] if rest else [])]
+    return []

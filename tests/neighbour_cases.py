@@ -1,0 +1,222 @@
+"""Seeded generator of DP statements and adversarial rows for the neighbouring-database fuzzer.
+
+``Schema`` is the protected table every neighbour shares; ``adversarial_rows`` are the rows that
+one neighbour has and the base table has not; ``Case`` is one statement drawn from the whole DP
+query language (rewriter/dp_query.py, rewriter/predicates.py), with adversarial literals and
+extended-protocol parameters. Everything is a pure function of a ``random.Random``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+__all__ = ["COLUMNS", "Case", "Column", "adversarial_rows", "generate_case", "policy_columns", "TABLE_DDL"]
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of the fuzzed table: its SQL type, its policy (bounds/categories) and its value pool."""
+
+    name: str
+    sql_type: str
+    numeric: bool
+    bounds: tuple[float, float] | None
+    categories: tuple[str, ...] | None
+    values: tuple[str, ...]  # SQL literals a row or a predicate may hold
+
+
+_TEXTS = (
+    "''", "'\\'", "'abc\\'", "'\\\\'", "'%'", "'_'", "'a%\\'", "'O''Brien'", "'Ünïcödé ß'", "'İı'",
+    "'😀'", "' '", "'Male'", "'MALE'", "'male'", "'a'", "'z'", "'\t'", "'" + "x" * 300 + "'",
+    "E'\\\\'", "'NaN'", "'1e400'", "'-0'",
+)
+COLUMNS: tuple[Column, ...] = (
+    Column("t", "text", False, None, ("Male", "Female", "", "\\"), _TEXTS),
+    Column("v", "varchar(8)", False, None, ("a", "b"), tuple(v for v in _TEXTS if len(v) <= 10)),
+    Column("i2", "int2", True, (-5, 5), None,
+           ("-32768", "32767", "0", "-5", "5", "6", "-6", "1")),
+    Column("i4", "int4", True, (0, 100), None,
+           ("-2147483648", "2147483647", "0", "100", "101", "-1", "42")),
+    Column("i8", "int8", True, (-9.2e18, 9.2e18), None,
+           ("-9223372036854775808", "9223372036854775807", "0", "9200000000000000000", "-1")),
+    Column("f4", "float4", True, (-1.0, 1.0), None,
+           ("'NaN'", "'Infinity'", "'-Infinity'", "3.4e38", "1e-45", "-0.0", "1.0", "1.0000001", "-1")),
+    Column("f8", "float8", True, (-1e280, 1e280), None,  # the largest bounds a float8 column may have
+           ("'NaN'", "'Infinity'", "'-Infinity'", "1.7976931348623157e308", "5e-324", "1e300", "1e280", "-1e301", "0")),
+    Column("n", "numeric", True, (0, 1e20), None,
+           ("'NaN'", "'Infinity'", "'-Infinity'", "1e100", "-1e100", "0.000000000000000000001", "1e20",
+            "100000000000000000001", "7")),
+    Column("b", "bool", False, None, None, ("true", "false")),
+    Column("d", "date", False, None, None,
+           ("'-infinity'", "'infinity'", "'4713-01-01 BC'", "'5874897-12-31'", "'2000-02-29'", "'1970-01-01'")),
+)
+_BY_NAME = {c.name: c for c in COLUMNS}
+TABLE_DDL = ", ".join(f"{c.name} {c.sql_type}" for c in COLUMNS)
+# Literals that fit no column or sit at type limits; used against any column.
+_WILD = (
+    "NULL", "''", "'\\'", "'NaN'", "'Infinity'", "'-Infinity'", "1e400", "-1e400", "1e-400", "99999999999999999999",
+    "32768", "2147483648", "9223372036854775808", "-9223372036854775809", "3.5e38", "'abc'", "'2000-13-45'",
+    "0.5", "-0", "'😀'", "TRUE", "FALSE", "'t'",
+)
+
+
+def policy_columns() -> str:
+    """The ``columns:`` mapping of the test policy, as YAML flow text."""
+    parts = []
+    for column in COLUMNS:
+        if column.bounds is not None:
+            parts.append(f"{column.name}: {{bounds: [{column.bounds[0]!r}, {column.bounds[1]!r}]}}")
+        elif column.categories is not None:
+            quoted = ", ".join('"' + c.replace("\\", "\\\\") + '"' for c in column.categories)
+            parts.append(f"{column.name}: {{categories: [{quoted}]}}")
+    return "{" + ", ".join(parts) + "}"
+
+
+def adversarial_rows(rng: random.Random, count: int) -> list[str]:
+    """``count`` rows as VALUES tuples; the first ones push every column to an extreme at once."""
+    rows = []
+    for index in range(count):
+        values = []
+        for column in COLUMNS:
+            if index < 3:
+                value = column.values[index % len(column.values)]
+            else:
+                value = "NULL" if rng.random() < 0.15 else rng.choice(column.values)
+            values.append(f"({value})::{column.sql_type}" if value != "NULL" else "NULL")
+        rows.append("(" + ", ".join(values) + ")")
+    return rows
+
+
+@dataclass(frozen=True)
+class Case:
+    """One statement over the table ``{table}``; ``params`` are bound as $1.. when not empty."""
+
+    sql: str
+    params: tuple[object, ...]
+    binary: bool = False  # extended protocol and binary results even without parameters
+    # Per output column: is its numeric scale fixed by the data (SUM), not by the noise?
+    fixed_scale: tuple[bool, ...] = ()
+
+
+_PARAM_VALUES: tuple[object, ...] = (
+    "\\", "abc\\", "", "%", "NaN", "Infinity", "-Infinity", 0, -1, 32768, 2**31, 2**63 - 1, -(2**63), 10**30,
+    float("nan"), float("inf"), float("-inf"), 1e-320, 1.5, "😀", "Male", "2000-02-29", True, None,
+)
+
+
+class _Builder:
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+        self.params: list[object] = []
+
+    def literal(self, column: Column | None) -> str:
+        rng = self.rng
+        roll = rng.random()
+        if roll < 0.12:
+            self.params.append(rng.choice(_PARAM_VALUES))
+            return f"${len(self.params)}"
+        if column is None or roll < 0.3:
+            return rng.choice(_WILD)
+        value = rng.choice(column.values)
+        if rng.random() < 0.2:
+            value = f"{value}::{column.sql_type}" if rng.random() < 0.5 else f"({value})"
+        return value
+
+    def column_side(self) -> tuple[str, Column]:
+        column = self.rng.choice(COLUMNS)
+        name = column.name if self.rng.random() < 0.85 else f"{{table}}.{column.name}"
+        if not column.numeric and self.rng.random() < 0.25:
+            name = f"{self.rng.choice(['lower', 'upper'])}({name})"
+        return name, column
+
+    def pattern(self) -> str:
+        rng = self.rng
+        if rng.random() < 0.1:
+            self.params.append(rng.choice(["\\", "a%\\", "%", "_", ""]))
+            return f"${len(self.params)}"
+        body = rng.choice(["", "a", "%", "_", "Ma%", "%le", "\\%", "\\_", "ß", "İ", "%Ü%", "O''B%", "\\\\"])
+        tail = rng.choice(["", "", "\\", "%\\", "%"])
+        return f"'{body}{tail}'"
+
+    def atom(self) -> str:
+        rng = self.rng
+        left, column = self.column_side()
+        form = rng.randrange(9)
+        if form <= 2:
+            op = rng.choice(["=", "<>", "!=", "<", "<=", ">", ">="])
+            if rng.random() < 0.15:
+                other, _ = self.column_side()
+                return f"{left} {op} {other}"
+            if rng.random() < 0.1:
+                return f"{self.literal(column)} {op} {left}"
+            return f"{left} {op} {self.literal(column)}"
+        if form == 3:
+            neg = rng.choice(["", "NOT "])
+            return f"{left} {neg}BETWEEN {self.literal(column)} AND {self.literal(column)}"
+        if form == 4:
+            items = ", ".join(self.literal(column) for _ in range(rng.randint(1, 4)))
+            return f"{left} {rng.choice(['', 'NOT '])}IN ({items})"
+        if form == 5:
+            return f"{left} IS {rng.choice(['', 'NOT '])}NULL"
+        if form in (6, 7):
+            if rng.random() < 0.8:
+                left = rng.choice(["t", "v", "lower(t)", "upper(v)", "{table}.t"])
+            op = rng.choice(["LIKE", "NOT LIKE", "ILIKE", "NOT ILIKE"])
+            return f"{left} {op} {self.pattern()}"
+        if rng.random() < 0.1:  # forms outside the language: refused from the text alone
+            return rng.choice([f"{left} SIMILAR TO {self.pattern()}", f"{left} ~ {self.pattern()}",
+                               f"{left} COLLATE \"C\" < 'b'", f"{left} < 'b' COLLATE \"POSIX\"",
+                               f"{left} LIKE {self.pattern()} ESCAPE ''", f"{left} + 1 > 0",
+                               f"{left}::text = ''", f"length({left}) > 1"])
+        return rng.choice(["TRUE", "FALSE"])
+
+    def predicate(self, depth: int) -> str:
+        rng = self.rng
+        if depth <= 0 or rng.random() < 0.35:
+            return self.atom()
+        shape = rng.randrange(4)
+        if shape == 0:
+            return f"NOT ({self.predicate(depth - 1)})"
+        if shape == 1:
+            return f"({self.predicate(depth - 1)})"
+        joiner = " AND " if shape == 2 else " OR "
+        return joiner.join(self.predicate(depth - 1) for _ in range(rng.randint(2, 3)))
+
+    def aggregate(self) -> tuple[str, bool]:
+        """An output column, and whether its scale is fixed by the data (SUM) rather than the noise."""
+        rng = self.rng
+        kind = rng.randrange(7)
+        numeric = [c for c in COLUMNS if c.numeric]
+        if kind == 0:
+            expression = "COUNT(*)"
+        elif kind == 1:
+            expression = f"COUNT({rng.choice(COLUMNS).name})"
+        elif kind == 6:
+            categorical = [c for c in COLUMNS if c.categories]
+            expression = f"MODE() WITHIN GROUP (ORDER BY {rng.choice(categorical).name})"
+        else:
+            function = ("SUM", "AVG", "MIN", "MAX", "SUM")[kind - 2]
+            expression = f"{function}({rng.choice(numeric).name})"
+        if rng.random() < 0.3:
+            expression += rng.choice([" AS a", ' AS "Ünï cödé"', " x", ' AS "a""b"'])
+        return expression, expression.startswith("SUM")
+
+
+def generate_case(rng: random.Random) -> Case:
+    """One statement of the DP language with a WHERE clause that usually reaches the neighbour row."""
+    builder = _Builder(rng)
+    outputs = [builder.aggregate() for _ in range(rng.randint(1, 3))]
+    items = ", ".join(text for text, _ in outputs)
+    source = "{table}" if rng.random() < 0.85 else "{table} AS q"
+    sql = f"SELECT {items} FROM {source}"
+    if rng.random() < 0.9:
+        where = builder.predicate(rng.randint(0, 3))
+        if source.endswith("q"):
+            where = where.replace("{table}.", "q.")
+        sql += f" WHERE {where}"
+    if rng.random() < 0.1:
+        sql += " ORDER BY 1"
+    if rng.random() < 0.1:
+        sql += f" LIMIT {rng.choice(['0', '1', '5', 'ALL'])}"
+    return Case(sql, tuple(builder.params), rng.random() < 0.2, tuple(fixed for _, fixed in outputs))

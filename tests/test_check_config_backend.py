@@ -1,0 +1,98 @@
+"""``dpproxy check-config`` reports what ``serve`` would refuse, when it can reach the backend.
+
+Run as the real CLI against the test database: tables and columns missing on the backend,
+bounds on a text column, categories on a numeric column, each at its file:line; a good policy
+passes and says it was checked against the backend; an unreachable backend is said to leave
+the check at the file.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import TestDatabase
+
+POLICY = """\
+backend:
+  dsn: "{dsn}"
+  connect_timeout_s: 5
+users:
+  analyst:
+    password: secret
+    budget: {{epsilon: 10}}
+tables:
+  public.adult:
+    epsilon: 0.5
+    columns:
+      age: {{bounds: [17, 90]}}
+      sex: {{categories: [Male, Female]}}
+  lookup:
+    access: public
+"""
+
+
+def _check(tmp_path: Path, text: str, *args: str) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    return subprocess.run([sys.executable, "-m", "proxy.cli", "check-config", str(path), *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_policy_that_fits_the_backend_is_checked_against_it(test_db: TestDatabase, tmp_path: Path):
+    run = _check(tmp_path, POLICY.format(dsn=test_db.service_dsn))
+    assert run.returncode == 0, run.stderr
+    assert "OK" in run.stdout and "checked against the backend" in run.stdout
+
+
+def test_what_serve_would_refuse_is_reported_at_its_line(test_db: TestDatabase, tmp_path: Path):
+    text = (POLICY.format(dsn=test_db.service_dsn)
+            .replace("      sex: {categories: [Male, Female]}",
+                     "      sex: {bounds: [0, 1]}\n"            # line 13: bounds on a text column
+                     "      education_num: {categories: [a]}\n"  # line 14: categories on a numeric column
+                     "      no_such_column: {bounds: [0, 1]}")   # line 15
+            + "  public.no_such_table:\n    epsilon: 1\n")       # line 18
+    run = _check(tmp_path, text)
+    assert run.returncode == 1
+    path = tmp_path / "policy.yaml"
+    lines = run.stderr.strip().splitlines()
+    assert f"{path}:13: tables.public.adult.columns.sex: bounds need a numeric column" in lines[0]
+    assert any(line.startswith(f"{path}:14: tables.public.adult.columns.education_num: categories are for a text")
+               for line in lines)
+    assert f"{path}:15: tables.public.adult.columns.no_such_column: no such column on the backend" in lines
+    assert f"{path}:18: tables.public.no_such_table: no such relation on the backend" in lines
+    assert len(lines) == 4
+
+
+def test_an_unreachable_backend_leaves_the_check_at_the_file(tmp_path: Path):
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    run = _check(tmp_path, POLICY.format(dsn=f"postgresql://svc@127.0.0.1:{port}/db"))
+    assert run.returncode == 0, run.stderr
+    assert "checked the file only, not against the backend" in run.stdout
+
+
+def test_file_only_does_not_connect(test_db: TestDatabase, tmp_path: Path):
+    text = POLICY.format(dsn=test_db.service_dsn) + "  public.no_such_table:\n    epsilon: 1\n"
+    run = _check(tmp_path, text, "--file-only")
+    assert run.returncode == 0 and "checked the file only" in run.stdout
+
+
+@pytest.mark.parametrize("line, entry, number", [
+    ("      sex: {categories: [Male, Female]}", "      sex: {bounds: [0, 1]}", 13),
+    ("      age: {bounds: [17, 90]}", "      age: {categories: ['17']}", 12),
+])
+def test_serve_refuses_a_column_entry_that_does_not_fit_its_type(test_db: TestDatabase, tmp_path: Path,
+                                                                 line: str, entry: str, number: int):
+    path = tmp_path / "policy.yaml"
+    path.write_text(POLICY.format(dsn=test_db.service_dsn).replace(line, entry))
+    serve = subprocess.run([sys.executable, "-m", "proxy.cli", "serve", "-c", str(path), "--port", "0"],
+                           capture_output=True, text=True, timeout=60)  # a serve that starts fails here
+    assert serve.returncode == 1
+    column = entry.split(":")[0].strip()
+    assert f"policy does not match the backend: {path}:{number}: tables.public.adult.columns.{column}:" in serve.stderr

@@ -1,0 +1,194 @@
+"""Neighbouring-database differential fuzzer: one row must never change what a query's outcome is.
+
+Each generated DP statement runs through a real dpproxy against a small base table and against a
+neighbour that has one adversarial row more. Whatever the noise, both must give the same outcome
+class (an answer, or the same SQLSTATE and message), the same columns and type OIDs, the same
+NULLs and numeric scales, and the same notices (numbers masked). A difference is an oracle on one row.
+
+``DPPROXY_FUZZ_SEED`` picks the seed (printed on failure), ``DPPROXY_FUZZ_CASES`` the number of
+statements, ``DPPROXY_FUZZ_REPORT`` how many failures are listed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.conftest import TEST_DATABASE, RunningProxy, TestDatabase, make_policy
+from tests.neighbour_cases import COLUMNS, TABLE_DDL, Case, adversarial_rows, generate_case, policy_columns
+
+SEED = int(os.environ.get("DPPROXY_FUZZ_SEED", "17"))
+CASES = int(os.environ.get("DPPROXY_FUZZ_CASES", "1500"))
+REPORTED = int(os.environ.get("DPPROXY_FUZZ_REPORT", "8"))
+NEIGHBOURS = 12
+TIME_LIMIT_S = 240  # a bound, not a target: a run takes well under a minute
+# Two base tables: "base" has a row of NULLs and a row of ordinary numbers, "empty" has no row,
+# so that the adversarial row of a neighbour is often the only row a predicate reaches.
+BASES = {"base": ["(" + ", ".join("NULL" for _ in COLUMNS) + ")", "(NULL, NULL, 1, 50, 7, 0.5, 2.5, 3, NULL, NULL)"],
+         "empty": []}
+
+_POLICY = """
+backend: {{{{dsn: "{{dsn}}", statement_timeout_ms: 5000}}}}
+listen: {{{{host: 127.0.0.1, port: 0}}}}
+ledger: {{{{url: "sqlite:///{{ledger}}"}}}}
+repeats: {{{{enabled: false}}}}
+users:
+  analyst:
+    password: analyst
+    budget: {{{{epsilon: 1000000, delta: 0.9}}}}
+tables:
+{tables}
+"""
+
+
+def _table_names() -> list[str]:
+    return [f"nbf_{base}" for base in BASES] + [f"nbf_{base}_{k}" for base in BASES for k in range(NEIGHBOURS)]
+
+
+def _policy_text() -> str:
+    columns = policy_columns().replace("{", "{{").replace("}", "}}")
+    tables = "".join(
+        f"  public.{name}: {{{{access: protected, epsilon: 1.0, delta: 1.0e-6, partitions: 3, columns: {columns}}}}}\n"
+        for name in _table_names()
+    )
+    return _POLICY.format(tables=tables)
+
+
+@pytest.fixture(scope="module")
+def fuzz_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    rows = adversarial_rows(random.Random(SEED), NEIGHBOURS)
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        for base, base_rows in BASES.items():
+            for name, extra in [(f"nbf_{base}", [])] + [(f"nbf_{base}_{k}", [row]) for k, row in enumerate(rows)]:
+                conn.execute(f"DROP TABLE IF EXISTS {name}")
+                # No autovacuum: planner statistics must not differ between the tables by chance.
+                conn.execute(f"CREATE TABLE {name} ({TABLE_DDL}) WITH (autovacuum_enabled = off)")
+                if base_rows + extra:
+                    conn.execute(f"INSERT INTO {name} VALUES {', '.join(base_rows + extra)}")
+                conn.execute(f"GRANT SELECT ON {name} TO dpproxy_service")
+    policy = make_policy(test_db, tmp_path_factory.mktemp("fuzz-ledger") / "ledger.sqlite3", _policy_text())
+    running = RunningProxy(policy)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Everything a client sees of one statement, except the noised values themselves."""
+
+    kind: str  # "answer" | "error" | "dropped" (an error that ended the session)
+    detail: tuple[object, ...]
+
+
+_NUMBER = re.compile(r"-?\d+(\.\d+)?(e[+-]?\d+)?", re.IGNORECASE)
+
+
+def _form(value: object, fixed_scale: bool) -> object:
+    """What a released value shows besides its noised magnitude: NULL or not, its type, and the
+    scale of a numeric SUM (MIN/MAX/AVG print as many digits as the noised value needs)."""
+    if value is None:
+        return None
+    if isinstance(value, Decimal) and fixed_scale:
+        exponent = value.as_tuple().exponent
+        return ("numeric", -exponent if isinstance(exponent, int) else str(exponent))
+    return type(value).__name__
+
+
+def _mask(text: str, table: str) -> str:
+    return _NUMBER.sub("#", text.replace(table, "T"))
+
+
+class Client:
+    """One analyst connection to the fuzz proxy, reopened if dpproxy drops it."""
+
+    def __init__(self, proxy: RunningProxy):
+        self.proxy = proxy
+        self.notices: list[str] = []
+        self.conn = self._connect()
+
+    def _connect(self) -> psycopg.Connection:
+        conn = psycopg.connect(self.proxy.dsn(), autocommit=True, prepare_threshold=None, connect_timeout=10,
+                               dbname=TEST_DATABASE, cursor_factory=psycopg.RawCursor)
+        conn.add_notice_handler(lambda diag: self.notices.append(diag.message_primary or ""))
+        return conn
+
+    def run(self, case: Case, table: str) -> Outcome:
+        sql = case.sql.replace("{table}", table)
+        self.notices.clear()
+        try:
+            with self.conn.cursor(binary=case.binary) as cursor:
+                cursor.execute(sql, case.params if case.params else None)
+                columns = tuple((c.name, c.type_code) for c in cursor.description or ())
+                rows = cursor.fetchall() if cursor.description else []
+                forms = tuple(tuple(_form(v, fixed) for v, fixed in zip(row, case.fixed_scale)) for row in rows)
+                notices = tuple(_mask(n, table) for n in self.notices)
+                return Outcome("answer", (columns, forms, cursor.statusmessage, notices))
+        except psycopg.Error as exc:
+            outcome = self._error(exc, table)
+            if self.conn.closed or self.conn.broken:
+                self.conn.close()
+                self.conn = self._connect()
+                return Outcome("dropped", outcome.detail)
+            return outcome
+
+    def _error(self, exc: psycopg.Error, table: str) -> Outcome:
+        diag = exc.diag
+        texts = (exc.sqlstate or str(exc), diag.message_primary or "", diag.message_hint or "")
+        return Outcome("error", tuple(text.replace(table, "T") for text in texts))
+
+
+def test_one_row_never_changes_a_statements_outcome(fuzz_proxy: RunningProxy) -> None:
+    rng = random.Random(SEED * 7919 + 1)
+    client = Client(fuzz_proxy)
+    failures: list[str] = []
+    outcomes: Counter[str] = Counter()
+    started = time.monotonic()
+    ran = 0
+    try:
+        for index in range(CASES):
+            if time.monotonic() - started > TIME_LIMIT_S:
+                break
+            case = generate_case(rng)
+            base = rng.choice(list(BASES))
+            neighbour = f"nbf_{base}_{rng.randrange(NEIGHBOURS)}"
+            on_base = client.run(case, f"nbf_{base}")
+            on_neighbour = client.run(case, neighbour)
+            ran += 1
+            outcomes[on_base.kind if on_base.kind == "answer" else str(on_base.detail[0])] += 1
+            if on_base != on_neighbour or _broken(on_base) or _broken(on_neighbour):
+                failures.append(
+                    f"case {index}: {case.sql}\n    params: {case.params!r}, binary: {case.binary}\n"
+                    f"    neighbour {neighbour} adds row {_row_of(neighbour)}\n"
+                    f"    base:      {on_base}\n    neighbour: {on_neighbour}"
+                )
+    finally:
+        client.conn.close()
+    assert not failures, (
+        f"seed {SEED} (DPPROXY_FUZZ_SEED): {len(failures)} of {ran} statements have an outcome that depends on "
+        f"one row, or break dpproxy; the first {min(len(failures), REPORTED)}:\n" + "\n".join(failures[:REPORTED])
+    )
+    # The run must exercise answers as well as refusals, or it proves nothing.
+    assert ran >= min(CASES, 500), f"only {ran} cases ran within {TIME_LIMIT_S} s"
+    assert outcomes["answer"] >= ran // 5, f"too few answered statements: {outcomes}"
+
+
+def _broken(outcome: Outcome) -> bool:
+    """An internal error or a dropped session is a failure even when both tables agree."""
+    return outcome.kind == "dropped" or (outcome.kind == "error" and outcome.detail[0] == "XX000")
+
+
+def _row_of(table: str) -> str:
+    rows = adversarial_rows(random.Random(SEED), NEIGHBOURS)
+    return rows[int(table.rsplit("_", 1)[1])]

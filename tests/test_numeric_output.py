@@ -1,0 +1,40 @@
+"""Numeric DP answers print with a scale fixed by the schema, never by the exact value."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from policies.model import ColumnPolicy, TablePolicy
+from policies.tables import ColumnInfo, Relation
+from proxy.answer import release_row
+from rewriter.dp_query import plan_aggregate_query
+from rewriter.types import INT8, NUMERIC
+from proxy.values import encode_text
+
+_POLICY = TablePolicy(epsilon=1.0, columns={
+    "n": ColumnPolicy(bounds=(0, 1e20)), "m": ColumnPolicy(bounds=(0, 100)), "k": ColumnPolicy(bounds=(0, 10)),
+})
+_TABLE = Relation(16400, "public", "t", _POLICY, {
+    "n": ColumnInfo("n", NUMERIC, -1, 1, _POLICY.columns["n"]),
+    "m": ColumnInfo("m", NUMERIC, (10 << 16 | 3) + 4, 2, _POLICY.columns["m"]),  # numeric(10, 3)
+    "k": ColumnInfo("k", INT8, -1, 3, _POLICY.columns["k"]),
+})
+
+
+def _fraction_digits(sql: str, exact: tuple[object, ...]) -> list[int]:
+    row = release_row(plan_aggregate_query(sql, _TABLE), exact, 1.0).result.rows[0]
+    return [len(value.split(b".")[1]) if b"." in value else 0 for value in row]
+
+
+def test_sum_of_a_numeric_column_prints_the_same_digits_whatever_the_rows_hold():
+    sql = "SELECT SUM(n), SUM(m), SUM(k) FROM t"
+    plain = _fraction_digits(sql, (Decimal("5"), Decimal("5.000"), Decimal("5")))
+    for exact_n in (Decimal("5.123456789012345678901"), Decimal("NaN"), Decimal("1E-21"), Decimal("-Infinity")):
+        # One row with a longer fraction (or NaN, ±Infinity) must not show in the answer's form.
+        assert _fraction_digits(sql, (exact_n, Decimal("5.000"), Decimal("5")))[1:] == plain[1:]
+    assert plain[1] == 3 and plain[2] == 0  # numeric(10, 3) keeps its scale; SUM of bigint is whole
+
+
+def test_a_large_scale_is_printed_without_the_decimal_contexts_precision_limit():
+    assert encode_text(Decimal("1E+20"), NUMERIC, 21) == b"100000000000000000000." + b"0" * 21
+    assert encode_text(1e20, NUMERIC, 2) == b"100000000000000000000.00"
