@@ -16,13 +16,18 @@ __all__ = ["ColumnInfo", "Relation", "TableRegistry", "quote_identifier"]
 
 @dataclass(frozen=True)
 class ColumnInfo:
-    """A column of a backend table: name as stored (case-folded), type OID and modifier."""
+    """A column of a backend table: name as stored (case-folded), type OID and modifier.
+
+    ``deterministic_collation`` is False when the column's collation is nondeterministic,
+    which PostgreSQL ≤ 17 refuses in LIKE/ILIKE per compared row.
+    """
 
     name: str
     type_oid: int
     type_modifier: int
     attnum: int
     policy: ColumnPolicy | None
+    deterministic_collation: bool = True
 
 
 @dataclass(frozen=True)

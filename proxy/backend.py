@@ -406,12 +406,14 @@ def _policy_ref(name: str) -> RelationRef:
 
 async def _columns(session: BackendSession, oid: int, policies: Mapping[str, Any]) -> dict[str, ColumnInfo]:
     rows = await session.fetch_all(
-        "SELECT attname, atttypid, atttypmod, attnum FROM pg_catalog.pg_attribute "
-        "WHERE attrelid OPERATOR(pg_catalog.=) %s::pg_catalog.oid AND attnum OPERATOR(pg_catalog.>) 0 "
-        "AND NOT attisdropped ORDER BY attnum",
+        "SELECT a.attname, a.atttypid, a.atttypmod, a.attnum, COALESCE(c.collisdeterministic, true) "
+        "FROM pg_catalog.pg_attribute a "
+        "LEFT JOIN pg_catalog.pg_collation c ON c.oid OPERATOR(pg_catalog.=) a.attcollation "
+        "WHERE a.attrelid OPERATOR(pg_catalog.=) %s::pg_catalog.oid AND a.attnum OPERATOR(pg_catalog.>) 0 "
+        "AND NOT a.attisdropped ORDER BY a.attnum",
         (oid,),
     )
     return {
-        name: ColumnInfo(name, int(typ), int(mod), int(num), policies.get(name))
-        for name, typ, mod, num in rows
+        name: ColumnInfo(name, int(typ), int(mod), int(num), policies.get(name), bool(deterministic))
+        for name, typ, mod, num, deterministic in rows
     }

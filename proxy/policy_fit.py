@@ -4,12 +4,16 @@
 whose column entries cannot work: bounds need a number to clamp; categories are matched with
 ``column = 'category'``, which on a numeric column fails at query time for a category that is
 not a number (and a numeric column wants bounds). Text, enum, boolean … columns take categories.
+Bounds of float-valued columns are limited (``rewriter.types.MAX_ABS_BOUND``) so that the
+backend's sums cannot overflow.
 """
 
 from __future__ import annotations
 
+import math
+
 from policies.model import ColumnPolicy
-from rewriter.types import INTEGER_TYPES, NUMERIC_TYPES
+from rewriter.types import INTEGER_TYPES, MAX_ABS_BOUND, NUMERIC_TYPES
 
 __all__ = ["column_fit_problems"]
 
@@ -23,6 +27,9 @@ def column_fit_problems(table: str, column: str, policy: ColumnPolicy, type_oid:
                     "or numeric); on the backend it is not one (use categories for a text column)"]
         if type_oid in INTEGER_TYPES and not all(float(b).is_integer() for b in policy.bounds):
             return [f"{key}: integer column needs integer bounds"]
+        if policy.sensitivity > MAX_ABS_BOUND.get(type_oid, math.inf):
+            return [f"{key}: bounds of this column type may be at most {MAX_ABS_BOUND[type_oid]:g} in magnitude "
+                    "(a larger SUM could overflow on the backend, depending on the rows)"]
     if policy.categories is not None and type_oid in NUMERIC_TYPES:
         return [f"{key}: categories are for a text (or enum, boolean ...) column; on the backend it is "
                 "numeric: give it bounds"]

@@ -20,7 +20,7 @@ from policies.errors import SQLSTATE, Refusal
 from policies.tables import ColumnInfo, Relation
 
 from .predicates import validate_predicate
-from .types import NUMERIC_TYPES, aggregate_result_type
+from .types import MAX_ABS_BOUND, NUMERIC_TYPES, aggregate_result_type
 
 __all__ = ["Aggregate", "AggregateQuery", "plan_aggregate_query"]
 
@@ -234,6 +234,16 @@ def _aggregate_column(kind: AggregateKind, argument: exp.Expression | None, scop
             f"column {column.name} of protected table {scope.table.display_name} has no bounds in the policy (rule: bounds-required)",
             "Add bounds: [lo, hi] for this column to the policy to allow SUM/AVG/MIN/MAX on it.",
             "bounds-required",
+        )
+    limit = MAX_ABS_BOUND.get(column.type_oid)
+    if limit is not None and column.policy.sensitivity > limit:
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"the bounds of column {column.name} of protected table {scope.table.display_name} are too "
+            f"large for {kind.upper()} (rule: bounds-too-large)",
+            f"Bounds of this column type may be at most {limit:g} in magnitude: beyond that the backend's "
+            "sum could overflow depending on the rows. Ask the policy's owner for tighter bounds.",
+            "bounds-too-large",
         )
     return column
 

@@ -4,101 +4,317 @@ A predicate may compare columns with literals or parameters (=, <>, <, <=, >, >=
 BETWEEN, IN (literals), IS [NOT] NULL, [NOT] LIKE/ILIKE 'pattern'), combine them with
 AND/OR/NOT, and apply lower()/upper() to a column. Nothing else: no arithmetic, casts or
 other functions on columns (each is an error or timing oracle on single rows), no
-subqueries, no system columns. The validated predicate is re-rendered by sqlglot, so the
-backend runs exactly what was checked.
+subqueries, no system columns.
+
+The rule behind each restriction: an accepted predicate must never fail because of the
+rows. PostgreSQL folds constant expressions while planning, so an error there is the same
+on every table; what it evaluates per row (or against the column statistics while
+planning) must be unable to fail. Hence refused, from the text alone:
+
+* a LIKE/ILIKE pattern PostgreSQL would reject (:mod:`rewriter.like_patterns`), an
+  ``ESCAPE`` clause, LIKE/ILIKE on a column with a nondeterministic collation
+  (PostgreSQL ≤ 17 raises "nondeterministic collations are not supported" per row), and
+  LIKE/ILIKE on a column that is not text, varchar or char (on ``bytea`` the pattern is
+  decoded first, ``'\\\\'`` to one backslash, a trailing escape that the validated text did
+  not have; other types have LIKE rules of their own);
+* a cast other than one cast of a literal or parameter to a built-in type: a cast of a
+  cast, or of a typed parameter to a date/time type, runs a STABLE input function per row,
+  and a domain's CHECK runs per row;
+* a comparison that makes PostgreSQL convert a ``numeric`` column to ``real``/``double
+  precision`` (a float column or a float-typed value on the other side): the conversion
+  fails per row for values beyond the float range.
+
+The validated predicate is rendered here, not by sqlglot, and every operator, function
+and type in it is PostgreSQL's own (``OPERATOR(pg_catalog.=)``, ``pg_catalog.lower``,
+``pg_catalog.int4``), whatever ``search_path`` the session sets. The rendering is
+equivalent to the analyst's predicate: BETWEEN is PostgreSQL's own expansion
+``x >= a AND x <= b``, IN is ``x = a OR x = b ...`` (same three-valued logic), and
+string constants are re-quoted from the value that was validated (:func:`literal`).
+Rendering here costs about a quarter of sqlglot's own ``.sql()`` on the same tree
+(9 µs against 40 µs for ``age > 40``, 44 µs against 186 µs for a five-term predicate).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import re
+from typing import TYPE_CHECKING, Callable
 
 from sqlglot import exp
+
+from policies.errors import Refusal
+from policies.tables import ColumnInfo, quote_identifier
+
+from .like_patterns import invalid_pattern_reason
+from .sql_text import literal, operator
+from .types import FLOAT4, FLOAT8, NUMERIC
 
 if TYPE_CHECKING:
     from .dp_query import Scope
 
 __all__ = ["validate_predicate"]
 
-_LOGICAL = (exp.And, exp.Or, exp.Not, exp.Paren)
-_COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
-_PATTERNS = (exp.Like, exp.ILike)
-_CASE_FUNCTIONS = (exp.Lower, exp.Upper)
+_COMPARISONS: dict[type[exp.Expression], str] = {
+    exp.EQ: "=", exp.NEQ: "<>", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<=",
+}
+_CASE_FUNCTIONS: dict[type[exp.Expression], str] = {exp.Lower: "lower", exp.Upper: "upper"}
+_NUMBER = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_PARAMETER = re.compile(r"\$[1-9][0-9]{0,4}")
+
+# Built-in types a literal or parameter may be cast to, as pg_catalog names. Whether a
+# typmod is allowed, and the name to use without one (CHAR means char(1) in PostgreSQL).
+_CAST_TYPES: dict[object, tuple[str, bool]] = {
+    exp.DataType.Type.SMALLINT: ("int2", False),
+    exp.DataType.Type.INT: ("int4", False),
+    exp.DataType.Type.BIGINT: ("int8", False),
+    exp.DataType.Type.FLOAT: ("float4", False),
+    exp.DataType.Type.DOUBLE: ("float8", False),
+    exp.DataType.Type.DECIMAL: ("numeric", True),
+    exp.DataType.Type.TEXT: ("text", False),
+    exp.DataType.Type.VARCHAR: ("varchar", True),
+    exp.DataType.Type.CHAR: ("bpchar", True),
+    exp.DataType.Type.BPCHAR: ("bpchar", True),
+    exp.DataType.Type.BOOLEAN: ("bool", False),
+    exp.DataType.Type.UUID: ("uuid", False),
+    exp.DataType.Type.VARBINARY: ("bytea", False),
+    exp.DataType.Type.DATE: ("date", False),
+    exp.DataType.Type.TIME: ("time", False),
+    exp.DataType.Type.TIMESTAMP: ("timestamp", False),
+    exp.DataType.Type.TIMESTAMPTZ: ("timestamptz", False),
+}
+# Types whose input function is STABLE (it reads DateStyle/TimeZone): a parameter sent
+# with another type is converted to them per row, not once while planning.
+_STABLE_INPUT = frozenset({"date", "time", "timestamp", "timestamptz"})
+_FLOAT_CASTS = frozenset({"float4", "float8"})
+_FLOAT_COLUMNS = frozenset({FLOAT4, FLOAT8})
+# text, varchar, bpchar: LIKE compares the pattern exactly as the validated string.
+_TEXT_TYPES = frozenset({25, 1043, 1042})
 
 
 def validate_predicate(predicate: exp.Expression, scope: Scope) -> str:
-    """Check ``predicate`` against the safe language; return it as SQL with bare column names."""
-    _check(predicate, scope)
-    rendered = predicate.copy()
-    for column in rendered.find_all(exp.Column):
-        column.set("table", None)
-    return rendered.sql(dialect="postgres")
+    """Check ``predicate`` against the safe language; return it as fully qualified SQL."""
+    return _Renderer(scope).predicate(predicate)
 
 
-def _check(node: exp.Expression, scope: Scope) -> None:
-    if isinstance(node, _LOGICAL):
-        for child in (node.this, node.args.get("expression")):
-            if child is not None:
-                _check(child, scope)
-    elif isinstance(node, _COMPARISONS):
-        _check_operands(node.this, node.expression, scope)
-    elif isinstance(node, exp.Between):
-        _check_column_side(node.this, scope)
-        _check_value(node.args["low"], scope)
-        _check_value(node.args["high"], scope)
-    elif isinstance(node, exp.In):
+class _Operand:
+    """A rendered side of a comparison: its SQL, and the column or the cast type it is."""
+
+    def __init__(self, sql: str, column: ColumnInfo | None = None, cast: str | None = None, parameter: bool = False):
+        self.sql = sql
+        self.column = column
+        self.cast = cast
+        self.parameter = parameter
+
+
+class _Renderer:
+    """Validates one predicate tree and renders it; refuses with the rule it breaks."""
+
+    def __init__(self, scope: Scope):
+        self.scope = scope
+
+    def refuse(self, message: str, hint: str | None = None) -> Refusal:
+        """A safe-predicate refusal; ``hint`` replaces the standard one when the reason needs saying."""
+        refusal = self.scope.refuse(message, "safe-predicate")
+        if hint is not None:
+            refusal.hint = hint
+        return refusal
+
+    def predicate(self, node: exp.Expression) -> str:
+        renderers: dict[type[exp.Expression], Callable[[exp.Expression], str]] = {
+            exp.And: lambda n: self._logical(n, "AND"),
+            exp.Or: lambda n: self._logical(n, "OR"),
+            exp.Not: lambda n: f"(NOT {self.predicate(n.this)})",
+            exp.Paren: lambda n: self.predicate(n.this),
+            exp.Between: self._between,
+            exp.In: self._in,
+            exp.Is: self._is,
+            exp.Like: lambda n: self._like(n, "~~"),
+            exp.ILike: lambda n: self._like(n, "~~*"),
+            exp.Boolean: lambda n: "TRUE" if n.this else "FALSE",
+        }
+        if type(node) in _COMPARISONS:
+            return self._comparison(node)
+        render = renderers.get(type(node))
+        if render is None:
+            if isinstance(node, exp.Escape):
+                raise self.refuse(
+                    "LIKE/ILIKE ... ESCAPE is not allowed in WHERE on protected table",
+                    "Write the pattern with the default escape character, a backslash: 'a\\_b' matches a_b.",
+                )
+            raise self.refuse(f"{_describe(node)} is not allowed in WHERE on protected table")
+        return self._negated(node, render(node))
+
+    def _negated(self, node: exp.Expression, sql: str) -> str:
+        # sqlglot folds NOT into some nodes (x NOT LIKE p, x NOT IN (...)) as negate=True.
+        return f"(NOT {sql})" if node.args.get("negate") and not isinstance(node, (exp.Like, exp.ILike)) else sql
+
+    def _logical(self, node: exp.Expression, keyword: str) -> str:
+        return f"({self.predicate(node.this)} {keyword} {self.predicate(node.expression)})"
+
+    def _comparison(self, node: exp.Expression) -> str:
+        left, right = self._operand(node.this), self._operand(node.expression)
+        if left.column is None and right.column is None:
+            raise self.refuse(f"{_describe(node)} compares no column; it is not allowed in WHERE on protected table")
+        left, right = self._compatible(left, right)
+        return operator(left.sql, _COMPARISONS[type(node)], right.sql)
+
+    def _between(self, node: exp.Expression) -> str:
+        if node.args.get("symmetric"):
+            raise self.refuse("BETWEEN SYMMETRIC is not allowed in WHERE on protected table")
+        column = self._column_side(node.this)
+        low, high = self._value(node.args["low"]), self._value(node.args["high"])
+        low, high = self._compatible(column, low)[1], self._compatible(column, high)[1]
+        return f"({operator(column.sql, '>=', low.sql)} AND {operator(column.sql, '<=', high.sql)})"
+
+    def _in(self, node: exp.Expression) -> str:
         if node.args.get("query") is not None or node.args.get("unnest") is not None or not node.expressions:
-            raise scope.refuse("IN takes a list of literals on protected table", "safe-predicate")
-        _check_column_side(node.this, scope)
-        for value in node.expressions:
-            _check_value(value, scope)
-    elif isinstance(node, exp.Is):
+            raise self.refuse("IN takes a list of literals on protected table")
+        column = self._column_side(node.this)
+        terms = []
+        for item in node.expressions:
+            value = self._compatible(column, self._value(item))[1]
+            terms.append(operator(column.sql, "=", value.sql))
+        return "(" + " OR ".join(terms) + ")"
+
+    def _is(self, node: exp.Expression) -> str:
         if not isinstance(node.expression, exp.Null):
-            raise scope.refuse("only IS [NOT] NULL is allowed in WHERE on protected table", "safe-predicate")
-        _check_column_side(node.this, scope)
-    elif isinstance(node, _PATTERNS):
-        _check_column_side(node.this, scope)
-        if not (isinstance(node.expression, exp.Literal) and node.expression.is_string):
-            raise scope.refuse("LIKE/ILIKE takes a literal pattern on protected table", "safe-predicate")
-    elif isinstance(node, exp.Boolean):
-        return
-    else:
-        raise scope.refuse(f"{_describe(node)} is not allowed in WHERE on protected table", "safe-predicate")
+            raise self.refuse("only IS [NOT] NULL is allowed in WHERE on protected table")
+        return f"({self._column_side(node.this).sql} IS NULL)"
 
+    def _like(self, node: exp.Expression, symbol: str) -> str:
+        column = self._column_side(node.this)
+        pattern = node.expression
+        if not (isinstance(pattern, exp.Literal) and pattern.is_string):
+            raise self.refuse("LIKE/ILIKE takes a literal pattern on protected table")
+        reason = invalid_pattern_reason(pattern.this)
+        if reason is not None:
+            raise self.refuse(
+                f"{reason}; such a pattern is refused on protected table",
+                "PostgreSQL rejects this pattern only when it compares a row with it, which would "
+                "tell whether any row passed the rest of the WHERE. Escape a literal backslash as \\\\.",
+            )
+        assert column.column is not None
+        if not isinstance(node.this, tuple(_CASE_FUNCTIONS)) and column.column.type_oid not in _TEXT_TYPES:
+            raise self.refuse(
+                f"LIKE/ILIKE on column {column.column.name}, which is not of a text type, is not allowed on protected table",
+                "LIKE is allowed on text, varchar and char columns (and on lower()/upper() of a column): on bytea "
+                "the pattern is decoded into one that PostgreSQL may reject per row.",
+            )
+        if not column.column.deterministic_collation:
+            raise self.refuse(
+                f"LIKE/ILIKE on column {column.column.name}, whose collation is nondeterministic, is not allowed on protected table",
+                "PostgreSQL fails LIKE on nondeterministic collations only when a row reaches it; compare with = instead.",
+            )
+        if node.args.get("negate"):
+            symbol = "!" + symbol
+        return operator(column.sql, symbol, literal(pattern.this))
 
-def _check_operands(left: exp.Expression, right: exp.Expression, scope: Scope) -> None:
-    """A comparison needs a column on at least one side and a column or value on the other."""
-    if _is_value(left):
-        left, right = right, left
-    _check_column_side(left, scope)
-    if _is_column_side(right):
-        _check_column_side(right, scope)
-    else:
-        _check_value(right, scope)
+    def _operand(self, node: exp.Expression) -> _Operand:
+        if _is_column_side(node):
+            return self._column_side(node)
+        return self._value(node)
+
+    def _column_side(self, node: exp.Expression) -> _Operand:
+        function = _CASE_FUNCTIONS.get(type(node))
+        target = node.this if function else node
+        if not isinstance(target, exp.Column) or isinstance(target.this, exp.Star):
+            raise self.refuse(f"{_describe(target)} is not allowed in WHERE on protected table")
+        column = self.scope.column(target)
+        sql = quote_identifier(column.name)
+        return _Operand(f"pg_catalog.{function}({sql})" if function else sql, column=column)
+
+    def _value(self, node: exp.Expression) -> _Operand:
+        """A constant: a literal, NULL, TRUE/FALSE, a parameter, a signed number, or one cast of these."""
+        while isinstance(node, exp.Paren):
+            node = node.this
+        if isinstance(node, exp.Cast):
+            return self._cast(node)
+        return _Operand(self._constant(node), parameter=isinstance(node, exp.Parameter))
+
+    def _constant(self, node: exp.Expression) -> str:
+        while isinstance(node, exp.Paren):
+            node = node.this
+        if isinstance(node, exp.Literal):
+            if node.is_string:
+                return literal(node.this)
+            if _NUMBER.fullmatch(node.this):
+                return node.this
+        elif isinstance(node, exp.Neg):
+            inner = node.this
+            while isinstance(inner, exp.Paren):
+                inner = inner.this
+            if isinstance(inner, exp.Literal) and not inner.is_string and _NUMBER.fullmatch(inner.this):
+                return f"(-{inner.this})"  # a negative constant in PostgreSQL's grammar, no operator
+        elif isinstance(node, exp.Null):
+            return "NULL"
+        elif isinstance(node, exp.Boolean):
+            return "TRUE" if node.this else "FALSE"
+        elif isinstance(node, exp.Parameter):
+            text = node.sql("postgres")
+            if _PARAMETER.fullmatch(text):
+                return text
+        raise self.refuse(f"{_describe(node)} is not allowed in WHERE on protected table")
+
+    def _cast(self, node: exp.Cast) -> _Operand:
+        target = node.args["to"]
+        known = _CAST_TYPES.get(target.this) if isinstance(target, exp.DataType) else None
+        if known is None:
+            raise self.refuse(
+                f"a cast to {target.sql('postgres')} is not allowed in WHERE on protected table",
+                "Casts of literals and parameters are allowed to built-in numeric, text, boolean, uuid, bytea and date/time types.",
+            )
+        name, typmod_allowed = known
+        modifiers = [self._typmod(param) for param in target.expressions]
+        if modifiers and not typmod_allowed:
+            raise self.refuse(f"a cast to {target.sql('postgres')} is not allowed in WHERE on protected table")
+        if not modifiers and target.this == exp.DataType.Type.CHAR:
+            modifiers = ["1"]
+        operand = node.this
+        while isinstance(operand, exp.Paren):
+            operand = operand.this
+        if isinstance(operand, exp.Column):
+            raise self.refuse("a cast of a column is not allowed in WHERE on protected table")
+        if isinstance(operand, exp.Cast):
+            raise self.refuse("a cast of a cast is not allowed in WHERE on protected table",
+                              "Cast the literal once, to the type you mean: CAST('2020-01-01' AS date).")
+        if isinstance(operand, exp.Parameter) and name in _STABLE_INPUT:
+            raise self.refuse(
+                f"a cast of a parameter to {name} is not allowed in WHERE on protected table",
+                f"Send the parameter with type {name} (or unspecified) instead of casting it.",
+            )
+        type_sql = f"pg_catalog.{name}" + (f"({', '.join(modifiers)})" if modifiers else "")
+        return _Operand(f"CAST({self._constant(operand)} AS {type_sql})", cast=name)
+
+    def _typmod(self, node: exp.Expression) -> str:
+        value = node.this if isinstance(node, exp.DataTypeParam) else node
+        if isinstance(value, exp.Literal) and not value.is_string and value.this.isdigit() and len(value.this) <= 6:
+            return value.this
+        raise self.refuse(f"type modifier {node.sql('postgres')} is not allowed in WHERE on protected table")
+
+    def _compatible(self, left: _Operand, right: _Operand) -> tuple[_Operand, _Operand]:
+        """The operands of a comparison that never converts a numeric column to a float type.
+
+        That conversion fails per row for values beyond the float range: refused for a float
+        column or a value cast to a float type. A bare parameter compared with a numeric column
+        is cast to numeric, so that a parameter sent as ``double precision`` is converted once
+        (while planning; it cannot fail) instead of each row's value.
+        """
+        operands = [left, right]
+        for index, (one, other) in enumerate(((left, right), (right, left))):
+            if one.column is None or one.column.type_oid != NUMERIC:
+                continue
+            if other.parameter:
+                operands[1 - index] = _Operand(f"CAST({other.sql} AS pg_catalog.numeric)", cast="numeric")
+            if other.cast in _FLOAT_CASTS or (other.column is not None and other.column.type_oid in _FLOAT_COLUMNS):
+                raise self.refuse(
+                    f"comparing numeric column {one.column.name} with a real/double precision value is not allowed on protected table",
+                    "PostgreSQL would convert every row's value to double precision, which fails for values beyond "
+                    "its range; compare with a numeric literal instead.",
+                )
+        return operands[0], operands[1]
 
 
 def _is_column_side(node: exp.Expression) -> bool:
-    return isinstance(node, exp.Column) or (isinstance(node, _CASE_FUNCTIONS) and isinstance(node.this, exp.Column))
-
-
-def _check_column_side(node: exp.Expression, scope: Scope) -> None:
-    if isinstance(node, _CASE_FUNCTIONS):
-        node = node.this
-    if not isinstance(node, exp.Column) or isinstance(node.this, exp.Star):
-        raise scope.refuse(f"{_describe(node)} is not allowed in WHERE on protected table", "safe-predicate")
-    scope.column(node)
-
-
-def _is_value(node: exp.Expression) -> bool:
-    # Signs, casts and parentheses around a literal are constants: pgjdbc's
-    # preferQueryMode=simple inlines a parameter as ('40'::int4).
-    while isinstance(node, (exp.Neg, exp.Cast, exp.Paren)):
-        node = node.this
-    return isinstance(node, (exp.Literal, exp.Null, exp.Boolean, exp.Parameter, exp.Placeholder))
-
-
-def _check_value(node: exp.Expression, scope: Scope) -> None:
-    if not _is_value(node):
-        raise scope.refuse(f"{_describe(node)} is not allowed in WHERE on protected table", "safe-predicate")
+    return isinstance(node, exp.Column) or (type(node) in _CASE_FUNCTIONS and isinstance(node.this, exp.Column))
 
 
 def _describe(node: exp.Expression) -> str:

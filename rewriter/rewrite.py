@@ -47,8 +47,10 @@ The partition number comes from the table's ``partitioning`` (policy; ``Relation
 In both cases the partitioning serves accuracy and the coupling argument, it is not the
 noise: the noise comes from ``mechanisms.samplers``.
 
-Functions are schema-qualified with ``pg_catalog`` so that a session's ``search_path``
-cannot substitute another function for them.
+Functions, operators (``OPERATOR(pg_catalog.*)``) and type names that are not grammar
+keywords (``pg_catalog.bytea``) are schema-qualified with ``pg_catalog``, and the WHERE
+predicate is rendered qualified too (:mod:`rewriter.predicates`), so that a session's
+``search_path`` cannot substitute another function, operator or type for them.
 """
 
 from __future__ import annotations
@@ -62,10 +64,11 @@ import numpy as np
 from policies.tables import ColumnInfo, Relation, quote_identifier
 
 from .dp_query import Aggregate, AggregateQuery
+from .sql_text import literal, operator
 from .types import FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, NUMERIC
 
 __all__ = [
-    "Part", "aggregate_parts", "backend_sql", "clamped", "collected", "literal", "partition_key", "partition_seed",
+    "Part", "aggregate_parts", "backend_sql", "clamped", "clamped_sum", "collected", "literal", "partition_key", "partition_seed",
     "partition_values", "per_partition", "seeded", "split_row",
 ]
 
@@ -93,15 +96,15 @@ def aggregate_parts(agg: Aggregate) -> tuple[Part, ...]:
     if agg.kind == "count":
         return (Part(f"pg_catalog.count({column})"),)
     if agg.kind == "sum":
-        return (Part(f"pg_catalog.sum({clamped(agg.column)})"),)
+        return (Part(clamped_sum(agg.column)),)
     if agg.mechanism == "sum_count":
-        return (Part(f"pg_catalog.sum({clamped(agg.column)})"), Part(f"pg_catalog.count({column})"))
+        return (Part(clamped_sum(agg.column)), Part(f"pg_catalog.count({column})"))
     if agg.mechanism == "sample_aggregate":
         return (Part(per_partition(agg.kind, agg.column), additive=False),)
     if agg.kind == "mode":
         assert agg.column.policy is not None and agg.column.policy.categories is not None
         return tuple(
-            Part(f"pg_catalog.count(*) FILTER (WHERE {column} = {literal(category)})")
+            Part(f"pg_catalog.count(*) FILTER (WHERE {operator(column, '=', literal(category))})")
             for category in agg.column.policy.categories
         )
     raise ValueError(f"no backend SQL for {agg.kind} by {agg.mechanism}")
@@ -121,7 +124,9 @@ def per_partition(kind: str, column: ColumnInfo) -> str:
     if kind == "avg":
         if column.type_oid == FLOAT4:
             value = f"CAST({value} AS double precision)"  # sum(real) would add up in real
-        return f"CAST(pg_catalog.sum({value}) AS double precision) / pg_catalog.count({quote_identifier(column.name)})"
+        return operator(
+            f"CAST(pg_catalog.sum({value}) AS double precision)", "/", f"pg_catalog.count({quote_identifier(column.name)})"
+        )
     if kind not in ("min", "max"):
         raise ValueError(f"no per-partition value for {kind}")
     return f"CAST(pg_catalog.{kind}({value}) AS double precision)"
@@ -165,8 +170,8 @@ def partition_key(table: Relation, seed: int) -> str:
         raise ValueError(f"partition seed must be an integer in [0, 2^63), not {seed!r}")
     partitions = table.policy.partitions
     if table.partition_key == "ctid":
-        return f"(pg_catalog.hashtidextended(ctid, {seed}) & {_SEED_MAX}) % {partitions}"
-    return f"pg_catalog.floor(pg_catalog.random() * {partitions})"
+        return operator(operator(f"pg_catalog.hashtidextended(ctid, {seed})", "&", str(_SEED_MAX)), "%", str(partitions))
+    return f"pg_catalog.floor({operator('pg_catalog.random()', '*', str(partitions))})"
 
 
 def seeded(query: AggregateQuery) -> bool:
@@ -210,7 +215,7 @@ def split_row(query: AggregateQuery, row: Sequence[Any]) -> list[tuple[Any, ...]
 
 def collected(column: str) -> str:
     """The aggregate that collects the partitions' values of ``column`` into one partition part."""
-    return f"pg_catalog.encode(pg_catalog.string_agg(pg_catalog.float8send({column}), CAST('' AS bytea)), 'hex')"
+    return f"pg_catalog.encode(pg_catalog.string_agg(pg_catalog.float8send({column}), CAST('' AS pg_catalog.bytea)), 'hex')"
 
 
 def partition_values(text: str | bytes | None) -> np.ndarray:
@@ -228,6 +233,21 @@ def partition_values(text: str | bytes | None) -> np.ndarray:
     if len(raw) % 8:
         raise ValueError(f"partition part of {len(raw)} bytes is not a list of float8 values")
     return np.frombuffer(raw, dtype=">f8").astype(np.float64)  # NaN and ±Infinity come through as such
+
+
+def clamped_sum(column: ColumnInfo) -> str:
+    """The exact sum of the column's clamped values, of the type ``sum()`` gives the column.
+
+    ``sum(real)`` adds up in ``real``, whose addition raises "value out of range: overflow"
+    once the running total passes 3.4e38: whether it does would depend on the rows. A
+    ``real`` column is therefore summed in ``double precision`` and the total cast back to
+    ``real``; with the bounds limit of :data:`rewriter.types.MAX_ABS_BOUND` neither the sum
+    nor the cast can overflow.
+    """
+    value = clamped(column)
+    if column.type_oid == FLOAT4:
+        return f"CAST(pg_catalog.sum(CAST({value} AS double precision)) AS real)"
+    return f"pg_catalog.sum({value})"
 
 
 def clamped(column: ColumnInfo) -> str:
@@ -249,7 +269,7 @@ def clamped(column: ColumnInfo) -> str:
     name = quote_identifier(column.name)
     functions = _CLAMP_FUNCTIONS.get(column.type_oid)
     if functions is None:
-        return f"CASE WHEN {name} < {lo} THEN {lo} WHEN {name} > {hi} THEN {hi} ELSE {name} END"
+        return f"CASE WHEN {operator(name, '<', lo)} THEN {lo} WHEN {operator(name, '>', hi)} THEN {hi} ELSE {name} END"
     larger, smaller, type_name = functions
     return (
         f"pg_catalog.{smaller}(pg_catalog.{larger}({name}, CAST({lo} AS {type_name})), "
@@ -273,13 +293,3 @@ def _bound(bound: float, column: ColumnInfo) -> str:
     if column.type_oid in INTEGER_TYPES:
         return str(int(bound))
     return repr(float(bound))
-
-
-
-
-def literal(text: str) -> str:
-    """A string constant that reads the same whatever standard_conforming_strings is."""
-    escaped = text.replace("'", "''")
-    if "\\" in escaped:
-        return "E'" + escaped.replace("\\", "\\\\") + "'"
-    return f"'{escaped}'"

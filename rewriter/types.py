@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-__all__ = ["INTEGER_TYPES", "NUMERIC_TYPES", "aggregate_result_type"]
+__all__ = ["INTEGER_TYPES", "MAX_ABS_BOUND", "NUMERIC_TYPES", "aggregate_result_type"]
 
 INT2, INT4, INT8, FLOAT4, FLOAT8, NUMERIC = 21, 23, 20, 700, 701, 1700
 
 INTEGER_TYPES = frozenset({INT2, INT4, INT8})
 NUMERIC_TYPES = INTEGER_TYPES | {FLOAT4, FLOAT8, NUMERIC}
+
+# The largest |bound| a SUM/AVG/MIN/MAX column of each float-valued type may have. The
+# backend adds clamped values in the column's float type (numeric: cast to double precision
+# for sample and aggregate), and float addition and the casts raise "value out of range"
+# past the type's range, which would make the rows decide whether a query fails. With at
+# most 10^18 rows (far beyond any table) the total stays below 10^298 (double precision's
+# range ends near 1.8e308) and, for real columns summed in double precision and cast back,
+# below 10^38 (real's ends near 3.4e38). Integer columns add up in bigint/numeric as exact
+# integers and need no limit.
+MAX_ABS_BOUND = {FLOAT4: 1e20, FLOAT8: 1e280, NUMERIC: 1e280}
 
 # pg_aggregate's result types for the argument types dpproxy accepts.
 _SUM = {INT2: INT8, INT4: INT8, INT8: NUMERIC, FLOAT4: FLOAT4, FLOAT8: FLOAT8, NUMERIC: NUMERIC}

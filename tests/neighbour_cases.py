@@ -42,8 +42,8 @@ COLUMNS: tuple[Column, ...] = (
            ("-9223372036854775808", "9223372036854775807", "0", "9200000000000000000", "-1")),
     Column("f4", "float4", True, (-1.0, 1.0), None,
            ("'NaN'", "'Infinity'", "'-Infinity'", "3.4e38", "1e-45", "-0.0", "1.0", "1.0000001", "-1")),
-    Column("f8", "float8", True, (-1e300, 1e300), None,
-           ("'NaN'", "'Infinity'", "'-Infinity'", "1.7976931348623157e308", "5e-324", "1e300", "-1e301", "0")),
+    Column("f8", "float8", True, (-1e280, 1e280), None,  # the largest bounds a float8 column may have
+           ("'NaN'", "'Infinity'", "'-Infinity'", "1.7976931348623157e308", "5e-324", "1e300", "1e280", "-1e301", "0")),
     Column("n", "numeric", True, (0, 1e20), None,
            ("'NaN'", "'Infinity'", "'-Infinity'", "1e100", "-1e100", "0.000000000000000000001", "1e20",
             "100000000000000000001", "7")),

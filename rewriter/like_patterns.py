@@ -1,0 +1,32 @@
+"""Which LIKE/ILIKE patterns PostgreSQL rejects, decided from the pattern alone.
+
+PostgreSQL checks a pattern only while it matches it against a value (``like_match.c``,
+``MatchText``): a pattern ending in the escape character (backslash by default) fails with
+22025 "LIKE pattern must not end with escape character" only when some row, or some value
+of the column's statistics while planning, is compared with it. Such a pattern is an error
+oracle on the rows, so dpproxy refuses it before it reaches the backend. Every other
+pattern matches or does not match without error: ``%`` and ``_`` are wildcards, and the
+escape character makes the character after it literal, whatever that character is.
+
+An ``ESCAPE`` clause is not accepted at all (its escape string has rules of its own, and
+the default backslash serves every need).
+"""
+
+from __future__ import annotations
+
+__all__ = ["ESCAPE", "invalid_pattern_reason"]
+
+ESCAPE = "\\"
+
+
+def invalid_pattern_reason(pattern: str) -> str | None:
+    """Why PostgreSQL would reject ``pattern`` with the default escape, or None if it accepts it."""
+    position = 0
+    while position < len(pattern):
+        if pattern[position] == ESCAPE:
+            if position + 1 == len(pattern):
+                return "a LIKE/ILIKE pattern must not end with the escape character \\"
+            position += 2
+        else:
+            position += 1
+    return None
