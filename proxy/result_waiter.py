@@ -6,6 +6,12 @@ fcntl) and three epoll_ctl calls per query, about a sixth of dpproxy's CPU per q
 small table (benchmarks/profile.md). A ResultWaiter keeps the socket registered while the
 connection lives and reads results from the readiness callback; it works on psycopg's
 libpq connection (``psycopg.pq.PGconn``), so the wire protocol stays libpq's.
+
+When libpq finds the connection lost it closes the socket at once, and the kernel may hand
+its file descriptor number to the next connection opened (another session's). The waiter
+therefore stops watching the descriptor in the same callback that sees the loss, and never
+watches a descriptor again once its connection is bad: a stale registration would steal or
+remove the readiness callback of that other connection, leaving its session waiting forever.
 """
 
 from __future__ import annotations
@@ -15,10 +21,15 @@ from typing import Callable
 
 from psycopg import errors, pq
 
-__all__ = ["ResultWaiter"]
+__all__ = ["NotSent", "ResultWaiter"]
 
 _ExecStatus = pq.ExecStatus
 _STOP_AFTER = (_ExecStatus.COPY_IN, _ExecStatus.COPY_OUT, _ExecStatus.COPY_BOTH)
+_OK = pq.ConnStatus.OK
+
+
+class NotSent(Exception):
+    """A request was not sent: the connection was already lost (``__cause__`` says how)."""
 
 
 class ResultWaiter:
@@ -39,8 +50,8 @@ class ResultWaiter:
         self._failure: Exception | None = None
 
     def attach(self) -> None:
-        """Start watching the socket (idempotent)."""
-        if self._loop is None and self._failure is None:
+        """Start watching the socket (idempotent; never once the connection is lost)."""
+        if self._loop is None and self._failure is None and self._pgconn.status == _OK:
             self._loop = asyncio.get_running_loop()
             self._loop.add_reader(self._fd, self._readable)
 
@@ -53,7 +64,8 @@ class ResultWaiter:
     async def round_trip(self, send: Callable[[], None]) -> list[pq.abc.PGresult]:
         """Send a request with ``send`` (a libpq ``send_*`` call) and return all its results.
 
-        Raises psycopg.OperationalError if the connection is lost. Callers serialise
+        Raises NotSent if the connection was lost before the request left, and
+        psycopg.OperationalError if it is lost afterwards. Callers serialise
         requests (one in flight at a time), as libpq requires; a request whose caller was
         cancelled is still read to its end before the next one is sent.
         """
@@ -61,12 +73,22 @@ class ResultWaiter:
         if self._pending is not None:
             await asyncio.wait([self._pending])
             self._pending = None
+        if self._failure is None and self._pgconn.status != _OK:
+            self._fail(errors.OperationalError("the connection to the server was lost"))
         if self._failure is not None:
-            raise self._failure
+            raise NotSent() from self._failure
         assert self._loop is not None
-        send()
-        while self._pgconn.flush():  # only when the socket's send buffer is full
-            await self._writable()
+        try:
+            send()
+        except errors.OperationalError as exc:
+            self._fail(exc)  # libpq refuses to send on a connection it found broken
+            raise NotSent() from exc
+        try:
+            while self._pgconn.flush():  # only when the socket's send buffer is full
+                await self._writable()
+        except errors.OperationalError as exc:
+            self._fail(exc)
+            raise
         pending = self._pending = self._loop.create_future()
         self._results = []
         self._collect()  # a result may already be buffered
@@ -90,8 +112,10 @@ class ResultWaiter:
             # Nothing in flight: consume whatever arrives (notices) and stay idle.
             while not self._pgconn.is_busy() and self._pgconn.get_result() is not None:
                 pass
+            self._fail_if_lost()
             return
         self._collect()
+        self._fail_if_lost()
 
     def _collect(self) -> None:
         pgconn = self._pgconn
@@ -112,6 +136,11 @@ class ResultWaiter:
                 if not pending.done():
                     pending.set_result(self._results)
                 return
+
+    def _fail_if_lost(self) -> None:
+        """Stop watching as soon as libpq has dropped the connection (and closed its socket)."""
+        if self._failure is None and self._pgconn.status != _OK:
+            self._fail(errors.OperationalError("the connection to the server was lost"))
 
     def _fail(self, exc: Exception) -> None:
         self.detach()
