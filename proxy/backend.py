@@ -384,7 +384,7 @@ def _connect_error(exc: psycopg.Error) -> BackendError:
 
 
 # libpq reports connection refusals as text only (no SQLSTATE): these are recognised.
-_CONNECT_TEXTS = (("53300", "too many clients already"), ("53300", "remaining connection slots are reserved"),
+_CONNECT_TEXTS = (("53300", "too many clients already"), ("53300", "too many connections for "), ("53300", "remaining connection slots are reserved"),
                   ("57P03", "the database system is starting up"),
                   ("57P03", "the database system is shutting down"))
 

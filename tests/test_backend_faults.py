@@ -1,0 +1,336 @@
+"""Fault injection: the backend restarts or drops connections under open sessions.
+
+Each test runs a real dpproxy in front of its own PostgreSQL (restarting the suite's shared
+one would disturb other tests) and asserts: every client call returns within a bound; a
+session whose backend connection was lost ends with FATAL 57P01 or 08006, and a new one
+works; a DP query that never reached the backend is not charged, one that did stays
+charged; and afterwards the budget keeper, the audit log, the ε metric and the ledger agree.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlparse
+
+import psycopg
+import pytest
+
+from conftest import RunningProxy
+from policies.loader import parse_policy
+from proxy.demo import SERVICE_ROLE
+from reconcile import assert_reconciled, audit_lines, charged_metric, spend_while_running
+
+T = TypeVar("T")
+
+BOUND_S = 20.0  # no client call may take longer
+LOST = {"57P01", "08006"}
+QUERY = "SELECT COUNT(*) FROM people WHERE age > 30"
+
+POLICY = """
+backend:
+  dsn: "{dsn}"
+  statement_timeout_ms: {timeout_ms}
+  connect_timeout_s: 5
+listen: {{host: 127.0.0.1, port: 0}}
+ledger: {{url: "sqlite:///{ledger}", reserve: 10}}
+audit: {{path: "{audit}"}}
+repeats: {{enabled: false}}
+users:
+  {user}:
+    password: secret
+    budget: {{epsilon: 1000, delta: 0.5}}
+tables:
+  public.people:
+    access: protected
+    epsilon: 1.0
+    columns:
+      age: {{bounds: [0, 100]}}
+"""
+
+
+@dataclass(frozen=True)
+class OwnPostgres:
+    """A PostgreSQL for this module only, which the tests may restart."""
+
+    data: Path
+    system_user: str | None
+    admin_dsn: str
+    service_dsn: str
+
+    def restart(self) -> None:
+        from pgserver._commands import pg_ctl
+
+        pg_ctl(["-w", "-m", "fast", "-l", str(self.data / "log"), "restart"], pgdata=self.data,
+               user=self.system_user, timeout=60)
+
+    def admin(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.admin_dsn, autocommit=True, connect_timeout=10)
+
+    def terminate_service_backends(self) -> int:
+        with self.admin() as conn:
+            rows = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (SERVICE_ROLE,)
+            ).fetchall()
+        return len(rows)
+
+
+@pytest.fixture(scope="module")
+def own_pg() -> Iterator[OwnPostgres]:
+    import pgserver
+
+    data = Path(tempfile.mkdtemp(prefix="dpproxy-fault-pg-"))
+    server = pgserver.get_server(data, cleanup_mode="stop")
+    try:
+        root = server.get_uri("postgres")
+        with psycopg.connect(root, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE faults")
+            conn.execute(f"CREATE ROLE {SERVICE_ROLE} LOGIN")
+        admin_dsn = urlparse(root)._replace(path="/faults").geturl()
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE people (age integer)")
+            conn.execute("INSERT INTO people SELECT i % 90 FROM generate_series(1, 1000) i")
+            conn.execute(f"GRANT SELECT ON people TO {SERVICE_ROLE}")
+        yield OwnPostgres(data, server.system_user, admin_dsn,
+                          urlparse(admin_dsn)._replace(netloc=f"{SERVICE_ROLE}@").geturl())
+    finally:
+        server.cleanup()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@dataclass
+class Setup:
+    proxy: RunningProxy
+    audit: Path
+    user: str
+    metric_before: float
+
+    def connect(self, **kwargs: Any) -> psycopg.Connection[Any]:
+        dsn = f"host={self.proxy.host} port={self.proxy.port} dbname=faults user={self.user} password=secret"
+        return bounded(lambda: psycopg.connect(dsn, autocommit=True, prepare_threshold=None,
+                                               connect_timeout=10, **kwargs))
+
+    def spent(self) -> float:
+        return spend_while_running(self.proxy, self.user).keeper
+
+
+_users = iter(range(1_000_000))
+
+
+@pytest.fixture
+def setup(own_pg: OwnPostgres, tmp_path: Path) -> Iterator[Setup]:
+    yield from _setup(own_pg, tmp_path, 20000)
+
+
+def _setup(own_pg: OwnPostgres, tmp_path: Path, timeout_ms: int) -> Iterator[Setup]:
+    user = f"fault{next(_users)}"  # the metric is per process: a fresh label per test
+    audit = tmp_path / "audit.jsonl"
+    text = POLICY.format(dsn=own_pg.service_dsn, timeout_ms=timeout_ms, ledger=tmp_path / "ledger.sqlite3",
+                         audit=audit, user=user)
+    proxy = RunningProxy(parse_policy(text, "faults.yaml"))
+    state = Setup(proxy, audit, user, charged_metric(user))
+    try:
+        yield state
+    finally:
+        if proxy.loop.is_running():
+            proxy.stop()
+
+
+def bounded(call: Callable[[], T], timeout_s: float = BOUND_S) -> T:
+    """``call()``'s result or exception, failing the test if it has not returned in ``timeout_s``."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # handed to the test thread
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        pytest.fail(f"a client call hung for more than {timeout_s} s")
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
+
+
+def query(conn: psycopg.Connection[Any], sql: str = QUERY) -> Any:
+    return bounded(lambda: conn.execute(sql).fetchone())
+
+
+def assert_ended_with_lost_backend(conn: psycopg.Connection[Any]) -> None:
+    """The next DP query fails with FATAL 57P01/08006, naming no path or port, and ends the session."""
+    with pytest.raises(psycopg.OperationalError) as raised:
+        query(conn)
+    assert raised.value.sqlstate in LOST, raised.value
+    assert "port" not in str(raised.value) and "/" not in str(raised.value)
+    assert bounded(lambda: conn.closed) or bounded(lambda: conn.info.status) == psycopg.pq.ConnStatus.BAD
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = BOUND_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail("condition not reached in time")
+        time.sleep(0.05)
+
+
+def test_backend_restart_ends_idle_sessions_uncharged_and_new_sessions_work(setup: Setup, own_pg: OwnPostgres):
+    connected = [setup.connect() for _ in range(6)]  # each with a backend connection
+    for conn in connected:
+        query(conn)
+    lazy = [setup.connect() for _ in range(2)]  # no backend connection yet
+    spent = setup.spent()
+    assert spent == pytest.approx(6.0)
+
+    own_pg.restart()
+    time.sleep(0.5)  # the proxy's loop sees the closed sockets
+
+    for conn in connected:
+        assert_ended_with_lost_backend(conn)
+    assert setup.spent() == pytest.approx(spent), "a DP query that never reached the backend was charged"
+    for conn in lazy:  # they never had a connection: they simply use the restarted backend
+        assert query(conn) is not None
+    with setup.connect() as fresh:
+        assert query(fresh) is not None
+    for conn in connected + lazy:
+        conn.close()
+    assert assert_reconciled(setup.proxy, setup.audit, setup.user, setup.metric_before) == pytest.approx(spent + 3)
+
+
+def test_backend_restart_mid_query_charges_the_reached_query_once_and_ends_the_session(
+    setup: Setup, own_pg: OwnPostgres
+):
+    admin = own_pg.admin()  # not a context manager: the restart ends it, mid-transaction
+    with setup.connect() as conn, setup.connect() as idle:
+        query(conn)
+        query(idle)
+        admin.execute("BEGIN")
+        admin.execute("LOCK TABLE people IN ACCESS EXCLUSIVE MODE")  # the DP query waits: mid-query
+        results: list[BaseException | Any] = []
+        worker = threading.Thread(target=lambda: results.append(_outcome(lambda: conn.execute(QUERY).fetchone())),
+                                  daemon=True)
+        worker.start()
+        wait_until(lambda: _waiting_on_lock(admin))
+        own_pg.restart()  # ends the admin's lock too
+        worker.join(BOUND_S)
+        assert results, "the session running a query through the restart hung"
+        (outcome,) = results
+        assert isinstance(outcome, psycopg.OperationalError) and outcome.sqlstate in LOST, outcome
+        assert_ended_with_lost_backend(idle)
+        assert setup.spent() == pytest.approx(3.0), "the query that reached the backend stays charged, once"
+    admin.close()
+    lines = audit_lines(setup.audit, setup.user, at_least=4)
+    assert [line["epsilon"] for line in lines if line["decision"] == "error"] == [1.0, None]
+    assert assert_reconciled(setup.proxy, setup.audit, setup.user, setup.metric_before) == pytest.approx(3.0)
+
+
+def test_terminated_backend_between_queries_ends_session_uncharged(setup: Setup, own_pg: OwnPostgres):
+    conns = [setup.connect() for _ in range(4)]
+    for conn in conns:
+        query(conn)
+    assert own_pg.terminate_service_backends() >= 4
+    time.sleep(0.3)
+    for conn in conns:
+        assert_ended_with_lost_backend(conn)
+        conn.close()
+    assert setup.spent() == pytest.approx(4.0)
+    with setup.connect() as fresh:
+        assert query(fresh) is not None
+    assert assert_reconciled(setup.proxy, setup.audit, setup.user, setup.metric_before) == pytest.approx(5.0)
+
+
+def test_terminated_backend_mid_query_stays_charged_and_is_audited_with_its_epsilon(
+    setup: Setup, own_pg: OwnPostgres
+):
+    with own_pg.admin() as admin, setup.connect() as conn:
+        admin.execute("BEGIN")
+        admin.execute("LOCK TABLE people IN ACCESS EXCLUSIVE MODE")
+        results: list[Any] = []
+        worker = threading.Thread(target=lambda: results.append(_outcome(lambda: conn.execute(QUERY).fetchone())),
+                                  daemon=True)
+        worker.start()
+        wait_until(lambda: _waiting_on_lock(admin))
+        with own_pg.admin() as killer:
+            killer.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                           "WHERE usename = %s AND wait_event_type = 'Lock'", (SERVICE_ROLE,))
+        worker.join(BOUND_S)
+        admin.execute("ROLLBACK")
+        assert results, "the session whose backend was terminated mid-query hung"
+        (outcome,) = results
+        assert isinstance(outcome, psycopg.OperationalError) and outcome.sqlstate in LOST, outcome
+    (line,) = audit_lines(setup.audit, setup.user, at_least=1)
+    assert line["decision"] == "error" and line["reason"] == outcome.sqlstate and line["epsilon"] == 1.0
+    assert assert_reconciled(setup.proxy, setup.audit, setup.user, setup.metric_before) == pytest.approx(1.0)
+
+
+@pytest.fixture
+def short_timeout(own_pg: OwnPostgres, tmp_path: Path) -> Iterator[Setup]:
+    yield from _setup(own_pg, tmp_path, 300)
+
+
+def test_dp_query_failing_after_its_charge_is_audited_and_counted_with_its_epsilon(
+    short_timeout: Setup, own_pg: OwnPostgres
+):
+    setup = short_timeout
+    with own_pg.admin() as admin, setup.connect() as conn:
+        query(conn)
+        admin.execute("BEGIN")
+        admin.execute("LOCK TABLE people IN ACCESS EXCLUSIVE MODE")  # the next one runs into statement_timeout
+        with pytest.raises(psycopg.Error) as raised:
+            query(conn)
+        admin.execute("ROLLBACK")
+        assert raised.value.sqlstate == "57014"
+        query(conn)
+    lines = audit_lines(setup.audit, setup.user, at_least=3)
+    assert [(line["decision"], line["reason"], line["epsilon"]) for line in lines] == [
+        ("dp", None, 1.0), ("error", "57014", 1.0), ("dp", None, 1.0)
+    ]
+    assert assert_reconciled(setup.proxy, setup.audit, setup.user, setup.metric_before) == pytest.approx(3.0)
+
+
+def test_refused_backend_connection_names_no_host_port_role_or_path(setup: Setup, own_pg: OwnPostgres):
+    with setup.connect() as conn:
+        query(conn)  # the proxy now knows this startup's parameters: later sessions connect lazily
+    with own_pg.admin() as admin:
+        admin.execute(f"ALTER ROLE {SERVICE_ROLE} CONNECTION LIMIT 0")
+    try:
+        with setup.connect() as lazy:  # the refusal comes at its first statement
+            with pytest.raises(psycopg.Error) as at_statement:
+                query(lazy)
+        with pytest.raises(psycopg.OperationalError) as at_startup:  # a new startup: connects at once
+            setup.connect(client_encoding="LATIN1")
+    finally:
+        with own_pg.admin() as admin:
+            admin.execute(f"ALTER ROLE {SERVICE_ROLE} CONNECTION LIMIT -1")
+    assert at_statement.value.sqlstate == "53300", at_statement.value
+    # libpq prefixes a refused startup with the address the client dialled (dpproxy's own).
+    told_at_startup = str(at_startup.value).split("FATAL:", 1)[1]
+    assert "too many connections" in told_at_startup
+    host = urlparse(own_pg.admin_dsn).query
+    for text in (str(at_statement.value), told_at_startup):
+        for secret in (SERVICE_ROLE, "port", "/", str(own_pg.data), host.rpartition("=")[2]):
+            assert secret not in text, f"{secret!r} reached the analyst: {text}"
+    assert spend_while_running(setup.proxy, setup.user).keeper == pytest.approx(1.0)
+
+
+def _outcome(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except BaseException as exc:
+        return exc
+
+
+def _waiting_on_lock(admin: psycopg.Connection[Any]) -> bool:
+    row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE usename = %s AND wait_event_type = 'Lock'",
+                        (SERVICE_ROLE,)).fetchone()
+    return bool(row and row[0])
