@@ -54,10 +54,14 @@ def audit_lines(path: Path, user: str, at_least: int = 0, timeout_s: float = 5.0
         time.sleep(0.05)
 
 
-def assert_reconciled(proxy: RunningProxy, audit_path: Path, user: str, metric_before: float) -> float:
-    """Stop ``proxy`` and assert keeper = Σ audit ε = metric = ledger for ``user``; return the spend."""
-    running = spend_while_running(proxy, user)
-    proxy.stop()  # closes the audit log (every line written) and releases unused reservations
+def assert_reconciled(
+    proxy: RunningProxy, audit_path: Path, user: str, metric_before: float, running: Spend | None = None
+) -> float:
+    """Stop ``proxy`` (unless stopped already, with ``running`` read before) and assert
+    keeper = Σ audit ε = metric = ledger for ``user``; return the spend."""
+    if running is None:
+        running = spend_while_running(proxy, user)
+        proxy.stop()  # closes the audit log (every line written) and releases unused reservations
     audit = sum(float(line["epsilon"] or 0.0) for line in audit_lines(audit_path, user))  # type: ignore[arg-type]
     ledger = Ledger.from_url(proxy.policy.ledger.url, proxy.policy.ledger.schema_name)
     try:
@@ -66,6 +70,7 @@ def assert_reconciled(proxy: RunningProxy, audit_path: Path, user: str, metric_b
     finally:
         ledger.close()
     assert running.keeper == pytest.approx(audit, abs=_TOLERANCE), "budget keeper vs audit log"
-    assert running.metric - metric_before == pytest.approx(audit, abs=_TOLERANCE), "metric vs audit log"
+    metric = charged_metric(user) - metric_before  # after the stop: every statement has been counted
+    assert metric == pytest.approx(audit, abs=_TOLERANCE), "metric vs audit log"
     assert spent == pytest.approx(audit, abs=_TOLERANCE), "ledger (after release) vs audit log"
     return audit

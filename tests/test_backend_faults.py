@@ -9,6 +9,7 @@ charged; and afterwards the budget keeper, the audit log, the ε metric and the 
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
 import threading
@@ -24,7 +25,9 @@ import pytest
 
 from conftest import RunningProxy
 from policies.loader import parse_policy
+from proxy.backend import BackendLost, connect
 from proxy.demo import SERVICE_ROLE
+from proxy.event_loop import run
 from reconcile import assert_reconciled, audit_lines, charged_metric, spend_while_running
 
 T = TypeVar("T")
@@ -334,3 +337,79 @@ def _waiting_on_lock(admin: psycopg.Connection[Any]) -> bool:
     row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE usename = %s AND wait_event_type = 'Lock'",
                         (SERVICE_ROLE,)).fetchone()
     return bool(row and row[0])
+
+
+def test_connection_lost_during_dpproxys_own_query_never_steals_the_socket_of_the_next_connection(
+    own_pg: OwnPostgres, tmp_path: Path
+):
+    """libpq closes a lost connection's socket, and the next connection gets its number: the
+    lost one's waiter must not watch that number again (that left other sessions hung)."""
+    text = POLICY.format(dsn=own_pg.service_dsn, timeout_ms=20000, ledger=tmp_path / "l.sqlite3",
+                         audit=tmp_path / "a.jsonl", user="fault_fd")
+    policy = parse_policy(text, "faults.yaml")
+
+    async def scenario() -> None:
+        lost = await connect(policy)
+        killer = await connect(policy)
+        (pid,) = await lost.fetch_row("SELECT pg_backend_pid()")
+        await lost.execute("SELECT 1")  # its waiter now watches the socket
+        old_fd = lost._waiter._fd  # type: ignore[union-attr]
+        own_query = asyncio.ensure_future(lost.fetch_all("SELECT pg_sleep(30)"))
+        while not await killer.fetch_all(
+            "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event = 'PgSleep'", (pid,)
+        ):
+            await asyncio.sleep(0.02)
+        await killer.fetch_all("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(BackendLost):
+            await asyncio.wait_for(own_query, BOUND_S)
+        await killer.close()
+        successor = await connect(policy)
+        assert successor._waiter._fd == old_fd, "precondition: the socket number is reused"  # type: ignore[union-attr]
+        await lost.close()  # the lost session ends (its client left)
+        result = await asyncio.wait_for(successor.execute("SELECT 1"), BOUND_S)
+        assert result.rows == [[b"1"]]
+        await successor.close()
+
+    try:
+        run(scenario())
+    except TimeoutError:
+        pytest.fail("the next connection's statement hung: its socket was unwatched by a lost one")
+
+
+def test_shutdown_mid_query_audits_and_counts_the_charge_of_the_cut_off_query(setup: Setup, own_pg: OwnPostgres):
+    with own_pg.admin() as admin, setup.connect() as conn:
+        query(conn)
+        admin.execute("BEGIN")
+        admin.execute("LOCK TABLE people IN ACCESS EXCLUSIVE MODE")
+        results: list[Any] = []
+        worker = threading.Thread(target=lambda: results.append(_outcome(lambda: conn.execute(QUERY).fetchone())),
+                                  daemon=True)
+        worker.start()
+        wait_until(lambda: _waiting_on_lock(admin))
+        running = spend_while_running(setup.proxy, setup.user)  # the waiting query is charged already
+        assert running.keeper == pytest.approx(2.0)
+        bounded(setup.proxy.stop)  # no grace: the running statement is cut off
+        worker.join(BOUND_S)
+        admin.execute("ROLLBACK")
+        assert results, "the session cut off by the shutdown hung"
+        (outcome,) = results
+        # Cancelled on the backend (57014), then the session ends with FATAL 57P01 (Server.close).
+        assert isinstance(outcome, psycopg.OperationalError) and outcome.sqlstate in {"57014", "57P01"}, outcome
+    lines = audit_lines(setup.audit, setup.user, at_least=2)
+    assert [(line["decision"], line["epsilon"]) for line in lines] == [("dp", 1.0), ("error", 1.0)]
+    assert assert_reconciled(setup.proxy, setup.audit, setup.user, setup.metric_before, running) == pytest.approx(2.0)
+
+
+def test_lost_backend_ends_an_extended_protocol_session_uncharged(setup: Setup, own_pg: OwnPostgres):
+    conn = setup.connect()
+    conn.prepare_threshold = 0  # every statement through Parse/Bind/Execute
+    extended = "SELECT COUNT(*) FROM people WHERE age > %s"
+    assert bounded(lambda: conn.execute(extended, (30,)).fetchone()) is not None
+    assert own_pg.terminate_service_backends() >= 1
+    time.sleep(0.3)
+    with pytest.raises(psycopg.OperationalError) as raised:
+        bounded(lambda: conn.execute(extended, (31,)).fetchone())
+    assert raised.value.sqlstate in LOST, raised.value
+    assert bounded(lambda: conn.closed) or conn.info.status == psycopg.pq.ConnStatus.BAD
+    conn.close()
+    assert assert_reconciled(setup.proxy, setup.audit, setup.user, setup.metric_before) == pytest.approx(1.0)
