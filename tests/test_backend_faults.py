@@ -217,17 +217,9 @@ def test_backend_restart_mid_query_charges_the_reached_query_once_and_ends_the_s
     with setup.connect() as conn, setup.connect() as idle:
         query(conn)
         query(idle)
-        admin.execute("BEGIN")
-        admin.execute("LOCK TABLE people IN ACCESS EXCLUSIVE MODE")  # the DP query waits: mid-query
-        results: list[BaseException | Any] = []
-        worker = threading.Thread(target=lambda: results.append(_outcome(lambda: conn.execute(QUERY).fetchone())),
-                                  daemon=True)
-        worker.start()
-        wait_until(lambda: _waiting_on_lock(admin))
+        outcome_of = query_while_locked(admin, conn)  # the DP query waits for the lock: mid-query
         own_pg.restart()  # ends the admin's lock too
-        worker.join(BOUND_S)
-        assert results, "the session running a query through the restart hung"
-        (outcome,) = results
+        outcome = outcome_of()
         assert isinstance(outcome, psycopg.OperationalError) and outcome.sqlstate in LOST, outcome
         assert_ended_with_lost_backend(idle)
         assert setup.spent() == pytest.approx(3.0), "the query that reached the backend stays charged, once"
@@ -256,20 +248,12 @@ def test_terminated_backend_mid_query_stays_charged_and_is_audited_with_its_epsi
     setup: Setup, own_pg: OwnPostgres
 ):
     with own_pg.admin() as admin, setup.connect() as conn:
-        admin.execute("BEGIN")
-        admin.execute("LOCK TABLE people IN ACCESS EXCLUSIVE MODE")
-        results: list[Any] = []
-        worker = threading.Thread(target=lambda: results.append(_outcome(lambda: conn.execute(QUERY).fetchone())),
-                                  daemon=True)
-        worker.start()
-        wait_until(lambda: _waiting_on_lock(admin))
+        outcome_of = query_while_locked(admin, conn)  # the DP query waits for the lock: mid-query
         with own_pg.admin() as killer:
             killer.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                            "WHERE usename = %s AND wait_event_type = 'Lock'", (SERVICE_ROLE,))
-        worker.join(BOUND_S)
+        outcome = outcome_of()
         admin.execute("ROLLBACK")
-        assert results, "the session whose backend was terminated mid-query hung"
-        (outcome,) = results
         assert isinstance(outcome, psycopg.OperationalError) and outcome.sqlstate in LOST, outcome
     (line,) = audit_lines(setup.audit, setup.user, at_least=1)
     assert line["decision"] == "error" and line["reason"] == outcome.sqlstate and line["epsilon"] == 1.0
@@ -326,11 +310,31 @@ def test_refused_backend_connection_names_no_host_port_role_or_path(setup: Setup
     assert spend_while_running(setup.proxy, setup.user).keeper == pytest.approx(1.0)
 
 
-def _outcome(call: Callable[[], Any]) -> Any:
-    try:
-        return call()
-    except BaseException as exc:
-        return exc
+def query_while_locked(admin: psycopg.Connection[Any], conn: psycopg.Connection[Any]) -> Callable[[], Any]:
+    """Lock ``people`` in ``admin``'s new transaction, start a DP query on ``conn`` in a thread
+    and return once it waits for the lock; the function returned gives the query's result or
+    exception, failing the test if it does not come within the bound."""
+    admin.execute("BEGIN")
+    admin.execute("LOCK TABLE people IN ACCESS EXCLUSIVE MODE")
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(conn.execute(QUERY).fetchone())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    wait_until(lambda: _waiting_on_lock(admin))
+
+    def result() -> Any:
+        worker.join(BOUND_S)
+        if not outcome:
+            pytest.fail("a session running a DP query through the fault hung")
+        return outcome[0]
+
+    return result
 
 
 def _waiting_on_lock(admin: psycopg.Connection[Any]) -> bool:
@@ -379,20 +383,12 @@ def test_connection_lost_during_dpproxys_own_query_never_steals_the_socket_of_th
 def test_shutdown_mid_query_audits_and_counts_the_charge_of_the_cut_off_query(setup: Setup, own_pg: OwnPostgres):
     with own_pg.admin() as admin, setup.connect() as conn:
         query(conn)
-        admin.execute("BEGIN")
-        admin.execute("LOCK TABLE people IN ACCESS EXCLUSIVE MODE")
-        results: list[Any] = []
-        worker = threading.Thread(target=lambda: results.append(_outcome(lambda: conn.execute(QUERY).fetchone())),
-                                  daemon=True)
-        worker.start()
-        wait_until(lambda: _waiting_on_lock(admin))
+        outcome_of = query_while_locked(admin, conn)  # the DP query waits for the lock: mid-query
         running = spend_while_running(setup.proxy, setup.user)  # the waiting query is charged already
         assert running.keeper == pytest.approx(2.0)
         bounded(setup.proxy.stop)  # no grace: the running statement is cut off
-        worker.join(BOUND_S)
+        outcome = outcome_of()
         admin.execute("ROLLBACK")
-        assert results, "the session cut off by the shutdown hung"
-        (outcome,) = results
         # Cancelled on the backend (57014), then the session ends with FATAL 57P01 (Server.close).
         assert isinstance(outcome, psycopg.OperationalError) and outcome.sqlstate in {"57014", "57P01"}, outcome
     lines = audit_lines(setup.audit, setup.user, at_least=2)
