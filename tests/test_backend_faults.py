@@ -48,7 +48,7 @@ repeats: {{enabled: false}}
 users:
   {user}:
     password: secret
-    budget: {{epsilon: 1000, delta: 0.5}}
+    budget: {{epsilon: 1000000, delta: 0.5}}
 tables:
   public.people:
     access: protected
@@ -409,3 +409,65 @@ def test_lost_backend_ends_an_extended_protocol_session_uncharged(setup: Setup, 
     assert bounded(lambda: conn.closed) or conn.info.status == psycopg.pq.ConnStatus.BAD
     conn.close()
     assert assert_reconciled(setup.proxy, setup.audit, setup.user, setup.metric_before) == pytest.approx(1.0)
+
+
+def test_backend_restart_under_load_strands_no_session_and_burns_no_budget(setup: Setup, own_pg: OwnPostgres):
+    """Twenty sessions query without pause through a restart: none hangs, each either keeps
+    answering or ends with 57P01/08006 and reconnects, and only answers and queries the
+    backend was running are charged (not the 5,174 ε of issue 17)."""
+    sessions, stop = 20, threading.Event()
+    answered: list[int] = [0] * sessions
+    lost: list[str] = []
+    failures: list[BaseException] = []
+
+    def client(i: int) -> None:
+        conn = setup.connect()
+        try:
+            while not stop.is_set():
+                try:
+                    query(conn)
+                    answered[i] += 1
+                except psycopg.OperationalError as exc:
+                    if exc.sqlstate == "57P03" and not conn.closed:  # not connected yet; the session stays
+                        time.sleep(0.05)
+                        continue
+                    if exc.sqlstate not in LOST:
+                        raise
+                    lost.append(exc.sqlstate)
+                    conn.close()
+                    conn = _reconnect(setup)
+        except BaseException as exc:  # reported below, with the hang check's
+            failures.append(exc)
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(sessions)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    own_pg.restart()
+    time.sleep(1.0)
+    stop.set()
+    for thread in threads:
+        thread.join(BOUND_S)
+    assert not any(thread.is_alive() for thread in threads), "a session hung through the restart"
+    assert not failures, failures
+    assert lost, "the restart ended no session"
+    lines = audit_lines(setup.audit, setup.user, at_least=sum(answered))
+    charged_failures = [line for line in lines if line["decision"] == "error" and line["epsilon"]]
+    assert all(line["reason"] in LOST for line in charged_failures)  # only queries the backend was running
+    assert len(charged_failures) <= sessions
+    spent = assert_reconciled(setup.proxy, setup.audit, setup.user, setup.metric_before)
+    assert spent == pytest.approx(sum(answered) + len(charged_failures))
+
+
+def _reconnect(setup: Setup) -> psycopg.Connection[Any]:
+    """A new session once the backend accepts connections again (it may still be starting)."""
+    deadline = time.monotonic() + BOUND_S
+    while True:
+        try:
+            return setup.connect()
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
