@@ -11,6 +11,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
@@ -39,11 +40,11 @@ def charged_metric(user: str) -> float:
 def spend_while_running(proxy: RunningProxy, user: str) -> Spend:
     """The keeper's spend for ``user`` and the metric, read on the proxy's loop after every
     audit callback already queued there has run."""
-    balance = proxy._call(proxy.server.budget.balance(user))
+    balance = proxy._call(proxy.server.budget.balance(user))  # type: ignore[no-untyped-call]
     return Spend(balance.spent_epsilon, charged_metric(user))
 
 
-def audit_lines(path: Path, user: str, at_least: int = 0, timeout_s: float = 5.0) -> list[dict[str, object]]:
+def audit_lines(path: Path, user: str, at_least: int = 0, timeout_s: float = 5.0) -> list[dict[str, Any]]:
     """The audit log's lines for ``user`` (waiting up to ``timeout_s`` for ``at_least`` of them)."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -62,7 +63,7 @@ def assert_reconciled(
     if running is None:
         running = spend_while_running(proxy, user)
         proxy.stop()  # closes the audit log (every line written) and releases unused reservations
-    audit = sum(float(line["epsilon"] or 0.0) for line in audit_lines(audit_path, user))  # type: ignore[arg-type]
+    audit = sum(float(line["epsilon"] or 0.0) for line in audit_lines(audit_path, user))
     ledger = Ledger.from_url(proxy.policy.ledger.url, proxy.policy.ledger.schema_name)
     try:
         config = proxy.policy.users[user].budget

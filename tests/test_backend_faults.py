@@ -68,7 +68,7 @@ class OwnPostgres:
     service_dsn: str
 
     def restart(self) -> None:
-        from pgserver._commands import pg_ctl
+        from pgserver._commands import pg_ctl  # type: ignore[attr-defined]
 
         pg_ctl(["-w", "-m", "fast", "-l", str(self.data / "log"), "restart"], pgdata=self.data,
                user=self.system_user, timeout=60)
@@ -89,7 +89,7 @@ def own_pg() -> Iterator[OwnPostgres]:
     import pgserver
 
     data = Path(tempfile.mkdtemp(prefix="dpproxy-fault-pg-"))
-    server = pgserver.get_server(data, cleanup_mode="stop")
+    server = pgserver.get_server(data, cleanup_mode="stop")  # type: ignore[attr-defined]
     try:
         root = server.get_uri("postgres")
         with psycopg.connect(root, autocommit=True) as conn:
@@ -187,7 +187,7 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = BOUND_S) -> Non
         time.sleep(0.05)
 
 
-def test_backend_restart_ends_idle_sessions_uncharged_and_new_sessions_work(setup: Setup, own_pg: OwnPostgres):
+def test_backend_restart_ends_idle_sessions_uncharged_and_new_sessions_work(setup: Setup, own_pg: OwnPostgres) -> None:
     connected = [setup.connect() for _ in range(6)]  # each with a backend connection
     for conn in connected:
         query(conn)
@@ -212,7 +212,7 @@ def test_backend_restart_ends_idle_sessions_uncharged_and_new_sessions_work(setu
 
 def test_backend_restart_mid_query_charges_the_reached_query_once_and_ends_the_session(
     setup: Setup, own_pg: OwnPostgres
-):
+) -> None:
     admin = own_pg.admin()  # not a context manager: the restart ends it, mid-transaction
     with setup.connect() as conn, setup.connect() as idle:
         query(conn)
@@ -229,7 +229,7 @@ def test_backend_restart_mid_query_charges_the_reached_query_once_and_ends_the_s
     assert assert_reconciled(setup.proxy, setup.audit, setup.user, setup.metric_before) == pytest.approx(3.0)
 
 
-def test_terminated_backend_between_queries_ends_session_uncharged(setup: Setup, own_pg: OwnPostgres):
+def test_terminated_backend_between_queries_ends_session_uncharged(setup: Setup, own_pg: OwnPostgres) -> None:
     conns = [setup.connect() for _ in range(4)]
     for conn in conns:
         query(conn)
@@ -246,7 +246,7 @@ def test_terminated_backend_between_queries_ends_session_uncharged(setup: Setup,
 
 def test_terminated_backend_mid_query_stays_charged_and_is_audited_with_its_epsilon(
     setup: Setup, own_pg: OwnPostgres
-):
+) -> None:
     with own_pg.admin() as admin, setup.connect() as conn:
         outcome_of = query_while_locked(admin, conn)  # the DP query waits for the lock: mid-query
         with own_pg.admin() as killer:
@@ -267,7 +267,7 @@ def short_timeout(own_pg: OwnPostgres, tmp_path: Path) -> Iterator[Setup]:
 
 def test_dp_query_failing_after_its_charge_is_audited_and_counted_with_its_epsilon(
     short_timeout: Setup, own_pg: OwnPostgres
-):
+) -> None:
     setup = short_timeout
     with own_pg.admin() as admin, setup.connect() as conn:
         query(conn)
@@ -285,7 +285,7 @@ def test_dp_query_failing_after_its_charge_is_audited_and_counted_with_its_epsil
     assert assert_reconciled(setup.proxy, setup.audit, setup.user, setup.metric_before) == pytest.approx(3.0)
 
 
-def test_refused_backend_connection_names_no_host_port_role_or_path(setup: Setup, own_pg: OwnPostgres):
+def test_refused_backend_connection_names_no_host_port_role_or_path(setup: Setup, own_pg: OwnPostgres) -> None:
     with setup.connect() as conn:
         query(conn)  # the proxy now knows this startup's parameters: later sessions connect lazily
     with own_pg.admin() as admin:
@@ -345,7 +345,7 @@ def _waiting_on_lock(admin: psycopg.Connection[Any]) -> bool:
 
 def test_connection_lost_during_dpproxys_own_query_never_steals_the_socket_of_the_next_connection(
     own_pg: OwnPostgres, tmp_path: Path
-):
+) -> None:
     """libpq closes a lost connection's socket, and the next connection gets its number: the
     lost one's waiter must not watch that number again (that left other sessions hung)."""
     text = POLICY.format(dsn=own_pg.service_dsn, timeout_ms=20000, ledger=tmp_path / "l.sqlite3",
@@ -380,7 +380,7 @@ def test_connection_lost_during_dpproxys_own_query_never_steals_the_socket_of_th
         pytest.fail("the next connection's statement hung: its socket was unwatched by a lost one")
 
 
-def test_shutdown_mid_query_audits_and_counts_the_charge_of_the_cut_off_query(setup: Setup, own_pg: OwnPostgres):
+def test_shutdown_mid_query_audits_and_counts_the_charge_of_the_cut_off_query(setup: Setup, own_pg: OwnPostgres) -> None:
     with own_pg.admin() as admin, setup.connect() as conn:
         query(conn)
         outcome_of = query_while_locked(admin, conn)  # the DP query waits for the lock: mid-query
@@ -396,7 +396,7 @@ def test_shutdown_mid_query_audits_and_counts_the_charge_of_the_cut_off_query(se
     assert assert_reconciled(setup.proxy, setup.audit, setup.user, setup.metric_before, running) == pytest.approx(2.0)
 
 
-def test_lost_backend_ends_an_extended_protocol_session_uncharged(setup: Setup, own_pg: OwnPostgres):
+def test_lost_backend_ends_an_extended_protocol_session_uncharged(setup: Setup, own_pg: OwnPostgres) -> None:
     conn = setup.connect()
     conn.prepare_threshold = 0  # every statement through Parse/Bind/Execute
     extended = "SELECT COUNT(*) FROM people WHERE age > %s"
@@ -411,7 +411,7 @@ def test_lost_backend_ends_an_extended_protocol_session_uncharged(setup: Setup, 
     assert assert_reconciled(setup.proxy, setup.audit, setup.user, setup.metric_before) == pytest.approx(1.0)
 
 
-def test_backend_restart_under_load_strands_no_session_and_burns_no_budget(setup: Setup, own_pg: OwnPostgres):
+def test_backend_restart_under_load_strands_no_session_and_burns_no_budget(setup: Setup, own_pg: OwnPostgres) -> None:
     """Twenty sessions query without pause through a restart: none hangs, each either keeps
     answering or ends with 57P01/08006 and reconnects, and only answers and queries the
     backend was running are charged (not the 5,174 ε of issue 17)."""
