@@ -27,8 +27,8 @@ from .protocol import Field
 from .result_waiter import NotSent, ResultWaiter
 
 __all__ = [
-    "BackendError", "BackendLost", "BackendSession", "BoundParams", "ResultSet", "build_registry", "connect", "lazy_session",
-    "startup_key",
+    "BackendError", "BackendLost", "BackendSession", "BoundParams", "ResultSet", "build_registry", "connect",
+    "lazy_session", "startup_key",
 ]
 
 # Parameters PostgreSQL reports to clients at startup (and after a SET of one of them).
@@ -80,9 +80,6 @@ class BackendLost(BackendError):
                  "An administrator can see the cause in dpproxy's log.",
         )
         self.reached = reached
-
-
-_TERMINATED = frozenset({"57P01", "57P02", "57P03"})  # admin shutdown, crash shutdown, cannot connect now
 
 
 @dataclass(frozen=True)
@@ -313,7 +310,7 @@ class BackendSession:
         """The error ending a session whose connection is gone; libpq's text goes to the log only."""
         log.warning("backend connection lost (%s): %s", "during a statement" if reached else "before a statement",
                     cause if cause is not None else "libpq reports the connection bad")
-        return BackendLost(sqlstate if sqlstate in _TERMINATED else "08006", reached)
+        return BackendLost("57P01" if sqlstate == "57P01" else "08006", reached)
 
     async def cancel(self) -> None:
         try:
@@ -384,9 +381,13 @@ def _connect_error(exc: psycopg.Error) -> BackendError:
 
 
 # libpq reports connection refusals as text only (no SQLSTATE): these are recognised.
-_CONNECT_TEXTS = (("53300", "too many clients already"), ("53300", "too many connections for "), ("53300", "remaining connection slots are reserved"),
-                  ("57P03", "the database system is starting up"),
-                  ("57P03", "the database system is shutting down"))
+_CONNECT_TEXTS = (
+    ("53300", "too many clients already"),
+    ("53300", "too many connections for "),
+    ("53300", "remaining connection slots are reserved"),
+    ("57P03", "the database system is starting up"),
+    ("57P03", "the database system is shutting down"),
+)
 
 
 def _fields(result: PGresult) -> list[Field]:

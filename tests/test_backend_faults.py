@@ -380,7 +380,9 @@ def test_connection_lost_during_dpproxys_own_query_never_steals_the_socket_of_th
         pytest.fail("the next connection's statement hung: its socket was unwatched by a lost one")
 
 
-def test_shutdown_mid_query_audits_and_counts_the_charge_of_the_cut_off_query(setup: Setup, own_pg: OwnPostgres) -> None:
+def test_shutdown_mid_query_audits_and_counts_the_charge_of_the_cut_off_query(
+    setup: Setup, own_pg: OwnPostgres
+) -> None:
     with own_pg.admin() as admin, setup.connect() as conn:
         query(conn)
         outcome_of = query_while_locked(admin, conn)  # the DP query waits for the lock: mid-query
