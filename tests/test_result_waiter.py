@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from proxy.event_loop import run
-from proxy.result_waiter import ResultWaiter
+from proxy.result_waiter import NotSent, ResultWaiter
 
 
 def _with_waiter(dsn: str, body: Callable[[psycopg.AsyncConnection[Any], ResultWaiter], Awaitable[Any]]) -> Any:
@@ -88,10 +88,10 @@ def test_a_terminated_backend_fails_this_and_every_later_request(pg_dsn: str) ->
         for _ in range(2):
             try:
                 results = await waiter.round_trip(lambda: conn.pgconn.send_query(b"SELECT 1"))
-            except psycopg.OperationalError as exc:
-                failures.append(type(exc).__name__)
+            except NotSent as exc:  # never sent, and says why
+                failures.append(f"not sent: {type(exc.__cause__).__name__}")
             else:
                 failures.append(f"answered {results[-1].status!r}")
         return failures
 
-    assert _with_waiter(pg_dsn, body) == ["OperationalError", "OperationalError"]
+    assert _with_waiter(pg_dsn, body) == ["not sent: OperationalError"] * 2
