@@ -473,3 +473,25 @@ def _reconnect(setup: Setup) -> psycopg.Connection[Any]:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def test_service_role_refused_by_the_backend_is_not_named_to_the_analyst(
+    setup: Setup, own_pg: OwnPostgres, tmp_path: Path
+) -> None:
+    with setup.connect() as conn:
+        query(conn)  # later sessions with these startup settings connect at their first statement
+    policy = setup.proxy.server.policy
+    ghost = own_pg.service_dsn.replace(f"{SERVICE_ROLE}@", "dpproxy_ghost_role@")
+    setup.proxy.server.policy = parse_policy(
+        POLICY.format(dsn=ghost, timeout_ms=20000, ledger=tmp_path / "ledger.sqlite3", audit=setup.audit,
+                      user=setup.user),
+        "faults.yaml",
+    )
+    try:
+        with setup.connect() as conn, pytest.raises(psycopg.Error) as raised:
+            query(conn)
+    finally:
+        setup.proxy.server.policy = policy
+    assert raised.value.sqlstate == "08006", raised.value
+    assert "dpproxy_ghost_role" not in str(raised.value) and "/" not in str(raised.value)
+    assert "could not connect to the backend database" in str(raised.value)
