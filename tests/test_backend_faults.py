@@ -495,3 +495,18 @@ def test_service_role_refused_by_the_backend_is_not_named_to_the_analyst(
     assert raised.value.sqlstate == "08006", raised.value
     assert "dpproxy_ghost_role" not in str(raised.value) and "/" not in str(raised.value)
     assert "could not connect to the backend database" in str(raised.value)
+
+
+def test_dp_query_cancelled_by_its_client_stays_charged_and_reconciles(setup: Setup, own_pg: OwnPostgres) -> None:
+    with own_pg.admin() as admin, setup.connect() as conn:
+        outcome_of = query_while_locked(admin, conn)
+        bounded(conn.cancel_safe)  # a CancelRequest, as psql's Ctrl-C sends
+        outcome = outcome_of()
+        admin.execute("ROLLBACK")
+        assert isinstance(outcome, psycopg.errors.QueryCanceled), outcome
+        assert query(conn) is not None  # the session goes on
+    lines = audit_lines(setup.audit, setup.user, at_least=2)
+    assert [(line["decision"], line["reason"], line["epsilon"]) for line in lines] == [
+        ("error", "57014", 1.0), ("dp", None, 1.0)
+    ]
+    assert assert_reconciled(setup.proxy, setup.audit, setup.user, setup.metric_before) == pytest.approx(2.0)
