@@ -12,12 +12,19 @@ its file descriptor number to the next connection opened (another session's). Th
 therefore stops watching the descriptor in the same callback that sees the loss, and never
 watches a descriptor again once its connection is bad: a stale registration would steal or
 remove the readiness callback of that other connection, leaving its session waiting forever.
+
+Even so, under a backend restart with many sessions querying, a readiness event was seen to
+go missing now and then (a socket at EOF, its reader registered, no callback; the cause was
+not found). So, as a safety net, a request in flight has its socket read, and its reader
+registered afresh, once every ``RECHECK_S`` seconds by one timer per event loop: a missed
+event delays an answer or a lost connection by at most that long, never for ever.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+import weakref
+from typing import Callable, Final
 
 from psycopg import errors, pq
 
@@ -26,6 +33,9 @@ __all__ = ["NotSent", "ResultWaiter"]
 _ExecStatus = pq.ExecStatus
 _STOP_AFTER = (_ExecStatus.COPY_IN, _ExecStatus.COPY_OUT, _ExecStatus.COPY_BOTH)
 _OK = pq.ConnStatus.OK
+
+RECHECK_S: Final = 1.0
+"""How often the safety net reads the sockets of requests still in flight."""
 
 
 class NotSent(Exception):
@@ -91,7 +101,13 @@ class ResultWaiter:
             raise
         pending = self._pending = self._loop.create_future()
         self._results = []
-        self._collect()  # a result may already be buffered
+        # A result may already be buffered; and libpq may have found the connection lost
+        # while sending (it reads the server's last words when a write fails), closing the
+        # socket outside any readiness callback: stop watching it now, not at session end.
+        self._collect()
+        self._fail_if_lost()
+        watchdog = _watchdog(self._loop)
+        watchdog.add(self)
         try:
             results = await pending
         except asyncio.CancelledError:
@@ -99,8 +115,19 @@ class ResultWaiter:
                 # Cancelling the task cancelled ``pending``; keep reading into a fresh future.
                 self._pending = self._loop.create_future()
             raise
+        finally:
+            watchdog.discard(self)
         self._pending = None
         return results
+
+    def _recheck(self) -> None:
+        """The safety net: read what the socket holds and register its reader afresh."""
+        if self._pending is None or self._pending.done() or self._loop is None:
+            return
+        self._readable()
+        if self._loop is not None and not self._pending.done():
+            self.detach()
+            self.attach()
 
     def _readable(self) -> None:
         try:
@@ -161,3 +188,37 @@ class ResultWaiter:
             await ready
         finally:
             self._loop.remove_writer(self._fd)
+
+
+class _Watchdog:
+    """One event loop's timer that rechecks, every RECHECK_S, the requests in flight."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._waiters: set[ResultWaiter] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, waiter: ResultWaiter) -> None:
+        self._waiters.add(waiter)
+        if self._timer is None:
+            self._timer = self._loop.call_later(RECHECK_S, self._tick)
+
+    def discard(self, waiter: ResultWaiter) -> None:
+        self._waiters.discard(waiter)
+
+    def _tick(self) -> None:
+        self._timer = None
+        for waiter in list(self._waiters):
+            waiter._recheck()
+        if self._waiters:
+            self._timer = self._loop.call_later(RECHECK_S, self._tick)
+
+
+_watchdogs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Watchdog] = weakref.WeakKeyDictionary()
+
+
+def _watchdog(loop: asyncio.AbstractEventLoop) -> _Watchdog:
+    watchdog = _watchdogs.get(loop)
+    if watchdog is None:
+        watchdog = _watchdogs[loop] = _Watchdog(loop)
+    return watchdog
