@@ -7,6 +7,7 @@ statement_timeout; the client's credentials never reach the backend.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -24,11 +25,11 @@ from rewriter.references import RelationRef
 from .metrics import observe_backend
 from .policy_fit import column_fit_problems
 from .protocol import Field
-from .result_waiter import ResultWaiter
+from .result_waiter import NotSent, ResultWaiter
 
 __all__ = [
-    "BackendError", "BackendSession", "BoundParams", "ResultSet", "build_registry", "connect", "lazy_session",
-    "startup_key",
+    "BackendError", "BackendLost", "BackendSession", "BoundParams", "ResultSet", "build_registry", "connect",
+    "lazy_session", "startup_key",
 ]
 
 # Parameters PostgreSQL reports to clients at startup (and after a SET of one of them).
@@ -46,6 +47,8 @@ _FORWARDED_STARTUP = {
     "extra_float_digits": "extra_float_digits", "search_path": "search_path",
 }
 
+log = logging.getLogger("dpproxy.backend")
+
 # libpq's transaction status → ReadyForQuery's status byte (idle, and anything else, is b"I").
 _STATUS_BYTE: dict[int, bytes] = {pq.TransactionStatus.INTRANS: b"T", pq.TransactionStatus.INERROR: b"E"}
 
@@ -59,6 +62,25 @@ class BackendError(Exception):
         self.message = message
         self.detail = detail
         self.hint = hint
+
+
+class BackendLost(BackendError):
+    """The session's backend connection is gone: the client session must end (FATAL).
+
+    ``reached`` is False when the statement that found the loss was never sent, so nothing
+    it did can depend on the data. The SQLSTATE is 57P01 when PostgreSQL said it was
+    terminating the connection (shutdown, pg_terminate_backend), else 08006. The message
+    names no host, port or role; libpq's own text goes to dpproxy's log.
+    """
+
+    def __init__(self, sqlstate: str, reached: bool):
+        super().__init__(
+            sqlstate,
+            "terminating connection because the connection to the backend database was lost",
+            hint="Reconnect; session settings (SET) must be set again. "
+                 "An administrator can see the cause in dpproxy's log.",
+        )
+        self.reached = reached
 
 
 @dataclass(frozen=True)
@@ -113,7 +135,7 @@ async def connect(policy: Policy, startup: Mapping[str, str] | None = None) -> "
     try:
         return BackendSession(opener, await opener())
     except psycopg.Error as exc:
-        raise _backend_error(exc) from None
+        raise _connect_error(exc) from None
 
 
 def lazy_session(policy: Policy, startup: Mapping[str, str] | None, reported: Mapping[str, str]) -> "BackendSession":
@@ -164,9 +186,16 @@ class BackendSession:
             try:
                 self._adopt(await self._open())
             except psycopg.Error as exc:
-                raise _backend_error(exc) from None
+                raise _connect_error(exc) from None
         assert self._conn is not None
         return self._conn
+
+    async def usable(self) -> None:
+        """Connect if not yet connected; raise BackendLost (not reached) if the connection
+        is known to be gone. A DP query calls this before it is charged."""
+        conn = await self.connection()
+        if conn.pgconn.status != pq.ConnStatus.OK:
+            raise self._lost(None, reached=False)
 
     @property
     def transaction_status(self) -> bytes:
@@ -197,9 +226,11 @@ class BackendSession:
                 await cur.execute(sql, params or None)
                 return [tuple(row) for row in await cur.fetchall()]
         except psycopg.Error as exc:
+            if conn.pgconn.status != pq.ConnStatus.OK:
+                raise self._lost(exc.diag.sqlstate, reached=True, cause=exc) from None
             raise _backend_error(exc) from None
         finally:
-            self._waiter.attach()
+            self._waiter.attach()  # not if the connection was lost: its socket number may be reused
 
     async def fetch_row(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...]:
         """Like fetch_all, for a query that returns exactly one row."""
@@ -260,19 +291,32 @@ class BackendSession:
             started = time.perf_counter()
             try:
                 results = await self._waiter.round_trip(send)
+            except NotSent as exc:
+                raise self._lost(None, reached=False, cause=exc.__cause__) from None
             except psycopg.Error as exc:
+                if conn.pgconn.status != pq.ConnStatus.OK:
+                    raise self._lost(exc.diag.sqlstate, reached=True, cause=exc) from None
                 raise _backend_error(exc) from None
             finally:
                 observe_backend(time.perf_counter() - started)
         result = results[-1]
         if result.status == pq.ExecStatus.FATAL_ERROR:
-            raise _result_error(result)
+            error = _result_error(result)
+            if conn.pgconn.status != pq.ConnStatus.OK:
+                raise self._lost(error.sqlstate, reached=True, cause=error)
+            raise error
         return result
+
+    def _lost(self, sqlstate: str | None, reached: bool, cause: BaseException | None = None) -> BackendLost:
+        """The error ending a session whose connection is gone; libpq's text goes to the log only."""
+        log.warning("backend connection lost (%s): %s", "during a statement" if reached else "before a statement",
+                    cause if cause is not None else "libpq reports the connection bad")
+        return BackendLost("57P01" if sqlstate == "57P01" else "08006", reached)
 
     async def cancel(self) -> None:
         try:
-            if self._conn is not None:
-                await self._conn.cancel_safe()
+            if self._conn is not None and self._conn.pgconn.status == pq.ConnStatus.OK:
+                await self._conn.cancel_safe(timeout=5.0)
         except psycopg.Error:
             pass
 
@@ -308,14 +352,45 @@ def _result_error(result: PGresult) -> BackendError:
 
 
 def _backend_error(exc: psycopg.Error) -> BackendError:
+    """PostgreSQL's error for a statement; an error libpq raised itself (no SQLSTATE from the
+    server, its text naming host and port) is logged and told as a generic one."""
     diag = exc.diag
-    fallback = "08006" if isinstance(exc, psycopg.OperationalError) else "XX000"  # connection_failure
-    return BackendError(
-        diag.sqlstate or fallback,
-        diag.message_primary or str(exc).strip(),
-        diag.message_detail,
-        diag.message_hint,
-    )
+    if diag.sqlstate is None:
+        log.warning("backend error without a SQLSTATE: %s", str(exc).strip())
+        if isinstance(exc, psycopg.OperationalError):
+            return BackendError("08006", "the connection to the backend database failed", hint=_SEE_LOG)
+        return BackendError("XX000", "the backend database connection reported an internal error", hint=_SEE_LOG)
+    return BackendError(diag.sqlstate, diag.message_primary or "backend error", diag.message_detail, diag.message_hint)
+
+
+_SEE_LOG = "An administrator can see the cause in dpproxy's log."
+# Connection refusals an analyst may be told about as they are; anything else (the service
+# role's authentication, an unknown host) is a configuration matter for the operator only.
+_TOLD_AT_CONNECT = {
+    "53300": "the backend database has too many connections",
+    "57P03": "the backend database is starting up or shutting down",
+}
+
+
+def _connect_error(exc: psycopg.Error) -> BackendError:
+    """A failure to open a backend connection, without libpq's text (host, port, role)."""
+    log.warning("could not connect to the backend: %s", str(exc).strip())
+    sqlstate = exc.diag.sqlstate or ""
+    if sqlstate not in _TOLD_AT_CONNECT:
+        text = str(exc)
+        sqlstate = next((code for code, _ in _CONNECT_TEXTS if _ in text), "08006")
+    return BackendError(sqlstate, _TOLD_AT_CONNECT.get(sqlstate, "could not connect to the backend database"),
+                        hint=_SEE_LOG)
+
+
+# libpq reports connection refusals as text only (no SQLSTATE): these are recognised.
+_CONNECT_TEXTS = (
+    ("53300", "too many clients already"),
+    ("53300", "too many connections for "),
+    ("53300", "remaining connection slots are reserved"),
+    ("57P03", "the database system is starting up"),
+    ("57P03", "the database system is shutting down"),
+)
 
 
 def _fields(result: PGresult) -> list[Field]:

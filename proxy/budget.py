@@ -130,6 +130,17 @@ class BudgetKeeper:
         self._refill_if_low(user, eps, dlt, budget, now, fingerprint)
         return balance
 
+    def refund(self, user: str, epsilon: float, delta: float) -> None:
+        """Give back a charge whose query was never sent to the backend (so nothing about it
+        can depend on the data). It returns to this process's reservation, which the ledger
+        already counts; if that reservation's period has ended, the charge stays spent."""
+        held = self._reserved.get(user)
+        if held is None or held.period != period_key(self.budget(user).period, datetime.now(timezone.utc)):
+            log.warning("could not refund ε=%g to %s: its budget period has ended", epsilon, user)
+            return
+        held.epsilon += _exact(epsilon)
+        held.delta += _exact(delta)
+
     def _spend(self, user: str, budget: Budget, period: str, eps: Decimal, dlt: Decimal) -> Balance | None:
         """Spend from this process's reservation; None when it does not cover the charge
         or was charged under other limits than ``budget``, the ones in force."""

@@ -26,7 +26,7 @@ from rewriter.statements import Statement, split_statements
 from .answer import query_delta, release_row, result_fields
 from .audit import AuditEntry
 from .audit import fingerprint as audit_fingerprint
-from .backend import BackendError, BackendSession, BoundParams, ResultSet
+from .backend import BackendError, BackendLost, BackendSession, BoundParams, ResultSet
 from .binary import binary_from_text
 from .metrics import observe_statement
 from .protocol import Field, ProtocolError, formats_for
@@ -76,6 +76,7 @@ class Executor:
         self.generation = 0  # bumped by anything that may change search_path
         self._resolved: dict[tuple[RelationRef, ...], dict[RelationRef, ResolvedRelation | None]] = {}
         self._resolved_generation = 0
+        self._charged: Cost | None = None  # what the statement running now was charged so far
 
     def transaction_status(self) -> bytes:
         return self.backend.transaction_status
@@ -117,7 +118,11 @@ class Executor:
 
     async def plan(self, statement: Statement) -> Plan:
         started = time.perf_counter()
-        resolved = await self._resolve(statement.references.relations)
+        try:
+            resolved = await self._resolve(statement.references.relations)
+        except BackendError as exc:
+            self._audit_soon(statement.text, "error", exc.sqlstate, None, started)
+            raise
         try:
             try:
                 decision = classify(statement, resolved, self.server.registry)
@@ -200,18 +205,32 @@ class Executor:
         """Run a planned statement; return its result in the requested formats and its notices.
 
         The statement's audit line and metrics are recorded just after the session has
-        written the answer (on the event loop's next turn), not in its latency.
+        written the answer (on the event loop's next turn), not in its latency. Every
+        outcome leaves one line carrying what the statement was charged: a DP query charged
+        and then failed, cancelled or cut off by the session's end is an ``error`` line
+        with its ε, so that the audit log and ``dpproxy_epsilon_charged_total`` add up to
+        what the budget keeper spent.
         """
         started = time.perf_counter()
         plan = await self._current(plan)
         text = plan.statement.text if plan.statement is not None else ""
+        self._charged = None
         try:
             result, notices, cost = await self._run(plan, params, result_formats)
         except Refusal as exc:
-            self._audit_soon(text, "refused", exc.rule, None, started)
+            if self._charged is not None:
+                self._audit_soon(text, "error", exc.sqlstate, self._charged, started)
+            else:
+                self._audit_soon(text, "refused", exc.rule, None, started)
             raise
         except BackendError as exc:
-            self._audit_soon(text, "error", exc.sqlstate, None, started)
+            self._audit_soon(text, "error", exc.sqlstate, self._charged, started)
+            raise
+        except asyncio.CancelledError:  # the session is being ended (shutdown) mid-statement
+            self._audit(text, "error", SQLSTATE.ADMIN_SHUTDOWN, self._charged, time.perf_counter() - started)
+            raise
+        except Exception:  # a bug: the session ends with XX000, but the charge is still accounted for
+            self._audit_soon(text, "error", SQLSTATE.INTERNAL_ERROR, self._charged, started)
             raise
         decision = plan.decision
         kind = "dp" if isinstance(decision, DPQuery) else "command" if isinstance(decision, DpproxyCommand) else "passthrough"
@@ -282,18 +301,27 @@ class Executor:
             result, notice = earlier
             return result, [f"dpproxy: repeat of an earlier answer, ε charged 0; {notice}"], Cost(0.0, 0.0, None, None)
         delta = query_delta(plan)
+        # A connection already known lost (or one that cannot be opened) fails the query
+        # before it costs anything.
+        await self.backend.usable()
         # The ledger's history carries the audit log's fingerprint, so the two can be joined.
         balance = await self.server.budget.charge(self.user, epsilon, delta, _fingerprint(text))
+        cost = self._charged = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta)
         try:
             run = backend_sql(plan, seed=partition_seed()) if seeded(plan) else sql
             values, type_oids = await self.backend.first_row(run, params if params.values else None)
+        except BackendLost as exc:
+            if not exc.reached:
+                # Never sent, so its failure cannot depend on the data: the charge goes back.
+                self.server.budget.refund(self.user, epsilon, delta)
+                self._charged = None
+            raise
         except BackendError as exc:
             raise _sanitised(exc) from None
         exact = tuple(load_text(value, type_oid) for value, type_oid in zip(values, type_oids))
         answer = release_row(plan, exact, epsilon)
         notice = answer.notice()
         self.server.repeats.put(repeat_key, (answer.result, notice))
-        cost = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta)  # exact decimals: once
         remaining = f"remaining ε {cost.remaining_epsilon:g}, δ {cost.remaining_delta:g}"
         return answer.result, [f"{notice}; {remaining}"], cost
 

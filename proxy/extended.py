@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from policies.errors import SQLSTATE, Refusal
 
 from . import protocol
-from .backend import BackendError, BoundParams, ResultSet
+from .backend import BackendError, BackendLost, BoundParams, ResultSet
 from .binary import UnsupportedBinaryType
 from .protocol import Field, ProtocolError
 
@@ -102,6 +102,8 @@ class ExtendedProtocol:
             await self._dispatch(kind, payload)
         except Refusal as exc:
             self._fail(exc.sqlstate, exc.message, exc.hint)
+        except BackendLost:
+            raise  # ends the session (FATAL), as in the simple protocol
         except BackendError as exc:
             self._fail(exc.sqlstate, exc.message, exc.hint, exc.detail)
         except UnsupportedBinaryType as exc:

@@ -6,19 +6,40 @@ fcntl) and three epoll_ctl calls per query, about a sixth of dpproxy's CPU per q
 small table (benchmarks/profile.md). A ResultWaiter keeps the socket registered while the
 connection lives and reads results from the readiness callback; it works on psycopg's
 libpq connection (``psycopg.pq.PGconn``), so the wire protocol stays libpq's.
+
+When libpq finds the connection lost it closes the socket at once, and the kernel may hand
+its file descriptor number to the next connection opened (another session's). The waiter
+therefore stops watching the descriptor in the same callback that sees the loss, and never
+watches a descriptor again once its connection is bad: a stale registration would steal or
+remove the readiness callback of that other connection, leaving its session waiting forever.
+
+Even so, under a backend restart with many sessions querying, a readiness event was seen to
+go missing now and then (a socket at EOF, its reader registered, no callback; the cause was
+not found). So, as a safety net, a request in flight has its socket read, and its reader
+registered afresh, once every ``RECHECK_S`` seconds by one timer per event loop: a missed
+event delays an answer or a lost connection by at most that long, never for ever.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+import weakref
+from typing import Callable, Final
 
 from psycopg import errors, pq
 
-__all__ = ["ResultWaiter"]
+__all__ = ["NotSent", "ResultWaiter"]
 
 _ExecStatus = pq.ExecStatus
 _STOP_AFTER = (_ExecStatus.COPY_IN, _ExecStatus.COPY_OUT, _ExecStatus.COPY_BOTH)
+_OK = pq.ConnStatus.OK
+
+RECHECK_S: Final = 1.0
+"""How often the safety net reads the sockets of requests still in flight."""
+
+
+class NotSent(Exception):
+    """A request was not sent: the connection was already lost (``__cause__`` says how)."""
 
 
 class ResultWaiter:
@@ -39,8 +60,8 @@ class ResultWaiter:
         self._failure: Exception | None = None
 
     def attach(self) -> None:
-        """Start watching the socket (idempotent)."""
-        if self._loop is None and self._failure is None:
+        """Start watching the socket (idempotent; never once the connection is lost)."""
+        if self._loop is None and self._failure is None and self._pgconn.status == _OK:
             self._loop = asyncio.get_running_loop()
             self._loop.add_reader(self._fd, self._readable)
 
@@ -53,7 +74,8 @@ class ResultWaiter:
     async def round_trip(self, send: Callable[[], None]) -> list[pq.abc.PGresult]:
         """Send a request with ``send`` (a libpq ``send_*`` call) and return all its results.
 
-        Raises psycopg.OperationalError if the connection is lost. Callers serialise
+        Raises NotSent if the connection was lost before the request left, and
+        psycopg.OperationalError if it is lost afterwards. Callers serialise
         requests (one in flight at a time), as libpq requires; a request whose caller was
         cancelled is still read to its end before the next one is sent.
         """
@@ -61,15 +83,31 @@ class ResultWaiter:
         if self._pending is not None:
             await asyncio.wait([self._pending])
             self._pending = None
+        if self._failure is None and self._pgconn.status != _OK:
+            self._fail(errors.OperationalError("the connection to the server was lost"))
         if self._failure is not None:
-            raise self._failure
+            raise NotSent() from self._failure
         assert self._loop is not None
-        send()
-        while self._pgconn.flush():  # only when the socket's send buffer is full
-            await self._writable()
+        try:
+            send()
+        except errors.OperationalError as exc:
+            self._fail(exc)  # libpq refuses to send on a connection it found broken
+            raise NotSent() from exc
+        try:
+            while self._pgconn.flush():  # only when the socket's send buffer is full
+                await self._writable()
+        except errors.OperationalError as exc:
+            self._fail(exc)
+            raise
         pending = self._pending = self._loop.create_future()
         self._results = []
-        self._collect()  # a result may already be buffered
+        # A result may already be buffered; and libpq may have found the connection lost
+        # while sending (it reads the server's last words when a write fails), closing the
+        # socket outside any readiness callback: stop watching it now, not at session end.
+        self._collect()
+        self._fail_if_lost()
+        watchdog = _watchdog(self._loop)
+        watchdog.add(self)
         try:
             results = await pending
         except asyncio.CancelledError:
@@ -77,8 +115,19 @@ class ResultWaiter:
                 # Cancelling the task cancelled ``pending``; keep reading into a fresh future.
                 self._pending = self._loop.create_future()
             raise
+        finally:
+            watchdog.discard(self)
         self._pending = None
         return results
+
+    def _recheck(self) -> None:
+        """The safety net: read what the socket holds and register its reader afresh."""
+        if self._pending is None or self._pending.done() or self._loop is None:
+            return
+        self._readable()
+        if self._loop is not None and not self._pending.done():
+            self.detach()
+            self.attach()
 
     def _readable(self) -> None:
         try:
@@ -90,8 +139,10 @@ class ResultWaiter:
             # Nothing in flight: consume whatever arrives (notices) and stay idle.
             while not self._pgconn.is_busy() and self._pgconn.get_result() is not None:
                 pass
+            self._fail_if_lost()
             return
         self._collect()
+        self._fail_if_lost()
 
     def _collect(self) -> None:
         pgconn = self._pgconn
@@ -113,6 +164,11 @@ class ResultWaiter:
                     pending.set_result(self._results)
                 return
 
+    def _fail_if_lost(self) -> None:
+        """Stop watching as soon as libpq has dropped the connection (and closed its socket)."""
+        if self._failure is None and self._pgconn.status != _OK:
+            self._fail(errors.OperationalError("the connection to the server was lost"))
+
     def _fail(self, exc: Exception) -> None:
         self.detach()
         self._failure = exc
@@ -132,3 +188,37 @@ class ResultWaiter:
             await ready
         finally:
             self._loop.remove_writer(self._fd)
+
+
+class _Watchdog:
+    """One event loop's timer that rechecks, every RECHECK_S, the requests in flight."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._waiters: set[ResultWaiter] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, waiter: ResultWaiter) -> None:
+        self._waiters.add(waiter)
+        if self._timer is None:
+            self._timer = self._loop.call_later(RECHECK_S, self._tick)
+
+    def discard(self, waiter: ResultWaiter) -> None:
+        self._waiters.discard(waiter)
+
+    def _tick(self) -> None:
+        self._timer = None
+        for waiter in list(self._waiters):
+            waiter._recheck()
+        if self._waiters:
+            self._timer = self._loop.call_later(RECHECK_S, self._tick)
+
+
+_watchdogs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Watchdog] = weakref.WeakKeyDictionary()
+
+
+def _watchdog(loop: asyncio.AbstractEventLoop) -> _Watchdog:
+    watchdog = _watchdogs.get(loop)
+    if watchdog is None:
+        watchdog = _watchdogs[loop] = _Watchdog(loop)
+    return watchdog

@@ -17,7 +17,7 @@ from rewriter.statements import Statement
 
 from . import protocol
 from .auth import authenticate
-from .backend import BackendError, BackendSession, connect, lazy_session, startup_key
+from .backend import BackendError, BackendLost, BackendSession, connect, lazy_session, startup_key
 from .executor import Executor
 from .extended import ExtendedProtocol
 from .protocol import ProtocolError
@@ -78,8 +78,8 @@ class Session:
             await self._fatal(exc.sqlstate, exc.message)
         except Refusal as exc:
             await self._fatal(exc.sqlstate, exc.message, exc.hint)
-        except BackendError as exc:
-            await self._fatal(exc.sqlstate, f"backend: {exc.message}", exc.hint)
+        except BackendError as exc:  # no connection to the backend (BackendLost, or none at startup)
+            await self._fatal(exc.sqlstate, exc.message, exc.hint)
         except Exception:
             log.exception("session %s failed", self.peer)
             await self._fatal(SQLSTATE.INTERNAL_ERROR, "internal error in dpproxy")
@@ -296,6 +296,8 @@ class Session:
         except Refusal as exc:
             self._error(exc.sqlstate, exc.message, exc.hint)
             return False
+        except BackendLost:
+            raise  # the session cannot go on without its backend connection: FATAL, then close
         except BackendError as exc:
             self._error(exc.sqlstate, exc.message, exc.hint, exc.detail)
             return False

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from proxy.event_loop import run
-from proxy.result_waiter import ResultWaiter
+from proxy.result_waiter import RECHECK_S, NotSent, ResultWaiter
 
 
 def _with_waiter(dsn: str, body: Callable[[psycopg.AsyncConnection[Any], ResultWaiter], Awaitable[Any]]) -> Any:
@@ -88,10 +88,21 @@ def test_a_terminated_backend_fails_this_and_every_later_request(pg_dsn: str) ->
         for _ in range(2):
             try:
                 results = await waiter.round_trip(lambda: conn.pgconn.send_query(b"SELECT 1"))
-            except psycopg.OperationalError as exc:
-                failures.append(type(exc).__name__)
+            except NotSent as exc:  # never sent, and says why
+                failures.append(f"not sent: {type(exc.__cause__).__name__}")
             else:
                 failures.append(f"answered {results[-1].status!r}")
         return failures
 
-    assert _with_waiter(pg_dsn, body) == ["OperationalError", "OperationalError"]
+    assert _with_waiter(pg_dsn, body) == ["not sent: OperationalError"] * 2
+
+
+def test_a_missed_readiness_event_delays_an_answer_by_at_most_the_recheck_interval(pg_dsn: str) -> None:
+    async def body(conn: psycopg.AsyncConnection[Any], waiter: ResultWaiter) -> bytes | None:
+        await waiter.round_trip(lambda: conn.pgconn.send_query(b"SELECT 1"))  # now watching the socket
+        asyncio.get_running_loop().remove_reader(conn.pgconn.socket)  # the event loop loses the watch
+        return _value(await asyncio.wait_for(
+            waiter.round_trip(lambda: conn.pgconn.send_query(b"SELECT 'answered'")), 3 * RECHECK_S
+        ))
+
+    assert _with_waiter(pg_dsn, body) == b"answered"
