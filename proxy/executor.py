@@ -28,6 +28,7 @@ from .audit import AuditEntry
 from .audit import fingerprint as audit_fingerprint
 from .backend import BackendError, BackendLost, BackendSession, BoundParams, ResultSet
 from .binary import binary_from_text
+from .folding import bind_constants
 from .metrics import observe_statement
 from .protocol import Field, ProtocolError, formats_for
 from .settings import SessionSettings
@@ -294,6 +295,7 @@ class Executor:
         epsilon = self.settings.query_epsilon(self.server.policy, plan.table)
         if plan.limit_zero:
             return release_row(plan, (), epsilon).result, [], Cost(0.0, 0.0, None, None)
+        plan, params = await bind_constants(plan, params, self.backend)  # before the repeat lookup and the charge
         sql = backend_sql(plan, seed=0)  # names the query; the SQL run gets a fresh seed below
         repeat_key = (self.user, sql, tuple(params.values), tuple(params.formats), epsilon)
         earlier = self.server.repeats.get(repeat_key)
