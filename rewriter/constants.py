@@ -145,7 +145,8 @@ def qualified_constant(sql: str) -> str:
 def _qualified_constant(sql: str) -> str:
     try:
         (raw,) = parse_sql(f"SELECT {sql}")
-        (target,) = raw.stmt.targetList
+        statement: Any = raw.stmt
+        (target,) = statement.targetList
     except (ParseError, ValueError) as exc:
         raise _refuse(f"cannot analyse the expression {sql[:60]!r}") from exc
     _check(target.val)
@@ -200,24 +201,25 @@ def _check(node: Any) -> None:
     if isinstance(node, (ast.A_Const, ast.ParamRef)):
         return
     if isinstance(node, ast.TypeCast):
+        assert node.typeName is not None
         _check_type(node.typeName)
         _check(node.arg)
         return
     if isinstance(node, ast.A_Expr):
-        name = node.name[-1].sval if node.name else ""
-        schema = [part.sval for part in node.name[:-1]]
-        if node.kind != A_Expr_Kind.AEXPR_OP or name not in _OPERATORS or schema not in ([], ["pg_catalog"]):
-            raise _refuse(f"operator {name or node.kind.name} in a computed value")
+        parts = [part.sval for part in node.name or ()]
+        name = parts[-1] if parts else ""
+        if node.kind != A_Expr_Kind.AEXPR_OP or name not in _OPERATORS or parts[:-1] not in ([], ["pg_catalog"]):
+            raise _refuse(f"operator {name or 'form'} in a computed value")
         for side in (node.lexpr, node.rexpr):
             if side is not None:
                 _check(side)
         return
     if isinstance(node, ast.SQLValueFunction):
         if node.op not in _VALUE_FUNCTIONS:
-            raise _refuse(f"{node.op.name.removeprefix('SVFOP_')} in a computed value")
+            raise _refuse(f"{getattr(node.op, 'name', '').removeprefix('SVFOP_')} in a computed value")
         return
     if isinstance(node, ast.FuncCall):
-        names = [part.sval for part in node.funcname]
+        names = [part.sval for part in node.funcname or ()]
         name = names[-1]
         if (name not in FUNCTIONS or names[:-1] not in ([], ["pg_catalog"]) or node.agg_star or node.agg_distinct
                 or node.agg_order or node.agg_filter or node.over or node.func_variadic or node.agg_within_group):
@@ -235,7 +237,7 @@ def _check(node: Any) -> None:
 
 
 def _check_type(type_name: ast.TypeName) -> None:
-    names = [part.sval for part in type_name.names]
+    names = [part.sval for part in type_name.names or ()]
     if (names[-1] not in _CAST_TYPES or names[:-1] not in ([], ["pg_catalog"]) or type_name.arrayBounds
             or type_name.setof or type_name.pct_type):
         raise _refuse(f"a cast to {'.'.join(names)} in a computed value")

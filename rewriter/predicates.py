@@ -1,10 +1,17 @@
 """The safe predicate language of WHERE clauses on protected tables (SPEC §3).
 
-A predicate may compare columns with literals or parameters (=, <>, <, <=, >, >=,
-BETWEEN, IN (literals), IS [NOT] NULL, [NOT] LIKE/ILIKE 'pattern'), combine them with
-AND/OR/NOT, and apply lower()/upper() to a column. Nothing else: no arithmetic, casts or
-other functions on columns (each is an error or timing oracle on single rows), no
-subqueries, no system columns.
+A predicate may compare columns with literals, parameters or row-independent computed
+values (=, <>, <, <=, >, >=, BETWEEN, IN (...), IS [NOT] NULL, [NOT] LIKE/ILIKE 'pattern'
+or a parameter), combine them with AND/OR/NOT, and apply lower()/upper() to a column.
+Nothing else: no arithmetic, casts or other functions on columns (each is an error or
+timing oracle on single rows), no subqueries, no system columns.
+
+A computed value (``now() - interval '1 year'``, ``TO_TIMESTAMP('2024-01-01', '...')``,
+``50000 + 1``) is never left for PostgreSQL to evaluate next to the rows: it is checked
+against :mod:`rewriter.constants`' allowlist, and the comparison becomes a token of the
+plan's :class:`~rewriter.constants.Folding` template, folded into a typed literal of the
+column's type before the query is charged (:mod:`proxy.folding`). A LIKE/ILIKE pattern bound
+as a parameter is checked when its value is bound, as strictly as a literal one.
 
 The rule behind each restriction: an accepted predicate must never fail because of the
 rows. PostgreSQL folds constant expressions while planning, so an error there is the same
