@@ -131,8 +131,8 @@ class Executor:
                 # A combination of nesting within every single limit can still be too deep.
                 raise too_complex("too deeply nested to analyse", MAX_NESTING, "levels of nesting") from None
             except SqlglotError as exc:
-                # PostgreSQL parsed it but the DP-query analyser cannot (e.g. sqlglot's tokenizer
-                # on "$1 ... ''"): refused from the text alone, like any other unanalysable query.
+                # PostgreSQL parsed it but the DP-query analyser cannot (a form sqlglot cannot read;
+                # parameters reach it as placeholders, rewriter/sqlglot_parse.py): refused from the text alone.
                 raise Refusal(
                     SQLSTATE.DP_QUERY_SHAPE,
                     "cannot analyse this statement (rule: unparsed)",

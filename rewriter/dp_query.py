@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError
 
@@ -21,6 +20,7 @@ from policies.tables import ColumnInfo, Relation
 
 from .constants import Folding
 from .predicates import plan_predicate
+from .sqlglot_parse import parse_postgres
 from .types import MAX_ABS_BOUND, NUMERIC_TYPES, aggregate_result_type
 
 __all__ = ["Aggregate", "AggregateQuery", "plan_aggregate_query"]
@@ -78,7 +78,7 @@ def plan_aggregate_query(sql: str, table: Relation) -> AggregateQuery:
     """Validate ``sql`` (one SELECT that references ``table`` and nothing else) into a plan."""
     scope = Scope(table, frozenset({table.name}))
     try:
-        tree = sqlglot.parse_one(sql, read="postgres")
+        tree = parse_postgres(sql)
     except ParseError as exc:
         raise scope.refuse("cannot analyse this query on protected table", "unparsed") from exc
     if not isinstance(tree, exp.Select):

@@ -258,3 +258,10 @@ def test_the_pattern_rule_of_a_parameter_is_the_literal_rule() -> None:
     assert plan.folding is not None and plan.folding.like_parameters == (1, 2) and not plan.folding.folds
     with pytest.raises(Refusal):
         plan_aggregate_query("SELECT COUNT(*) FROM t WHERE name LIKE $1 || 'x'", table)
+
+
+@pytest.mark.parametrize("where", ["duration > %s AND name <> ''", "name LIKE %s AND name <> 'it''s' AND name <> ''"])
+def test_a_parameter_before_an_empty_string_is_analysed(fold_proxy: RunningProxy, where: str) -> None:
+    """sqlglot's tokenizer failed on "$1 ... ''"; parameters now reach it as placeholders."""
+    with psycopg.connect(fold_proxy.dsn(), autocommit=True) as conn:
+        _count(conn, where, (3,) if "duration" in where else ("v%",))
