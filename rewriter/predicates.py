@@ -123,8 +123,15 @@ def plan_predicate(predicate: exp.Expression, scope: Scope) -> Predicate:
 
 
 def validate_predicate(predicate: exp.Expression, scope: Scope) -> str:
-    """Check ``predicate`` against the safe language; return it as fully qualified SQL."""
-    return plan_predicate(predicate, scope).sql
+    """Check ``predicate`` against the safe language; return it as fully qualified SQL to run as it is.
+
+    A predicate that needs folding is refused here: its expressions, left in place, would be
+    evaluated next to the rows (an error on a non-empty table only). Use :func:`plan_predicate`.
+    """
+    planned = plan_predicate(predicate, scope)
+    if planned.folding is not None:
+        raise scope.refuse("computed values and LIKE parameters are not allowed here on protected table", "safe-predicate")
+    return planned.sql
 
 
 class _Operand:
