@@ -265,3 +265,18 @@ def test_a_parameter_before_an_empty_string_is_analysed(fold_proxy: RunningProxy
     """sqlglot's tokenizer failed on "$1 ... ''"; parameters now reach it as placeholders."""
     with psycopg.connect(fold_proxy.dsn(), autocommit=True) as conn:
         _count(conn, where, (3,) if "duration" in where else ("v%",))
+
+
+def test_a_folded_value_takes_the_columns_own_type() -> None:
+    """The rows are compared with a value of their own type (integers: numeric), never converted to the value's."""
+    columns = {
+        "d": ColumnInfo("d", 1082, -1, 1, None), "ts": ColumnInfo("ts", 1114, -1, 2, None),
+        "tz": ColumnInfo("tz", 1184, -1, 3, None), "a": ColumnInfo("a", 23, -1, 4, None),
+        "f": ColumnInfo("f", 700, -1, 5, None), "n": ColumnInfo("n", 1700, -1, 6, None),
+    }
+    table = Relation(1, "public", "t", TablePolicy(epsilon=1.0), columns)
+    where = ("d >= now() AND ts >= to_timestamp(0) AND tz >= localtimestamp AND a > 1 + 0.5 AND f < 1 / 3.0 "
+             "AND n = 2 * 2")
+    plan = plan_aggregate_query(f"SELECT COUNT(*) FROM t WHERE {where}", table)
+    assert plan.folding is not None
+    assert [fold.type_name for fold in plan.folding.folds] == ["date", "timestamp", "timestamptz", "numeric", "float8", "numeric"]
