@@ -78,7 +78,8 @@ _CAST_TYPES = frozenset({
     "interval", "text", "varchar", "bpchar",
 })
 # The type a folded value takes, by the column's type OID: the column's own type, except
-# integers, which are compared with numeric (exact, and int → numeric cannot fail).
+# integers, compared with numeric (exact, and int → numeric cannot fail), and real, compared
+# with double precision (real → double precision cannot fail either, and keeps the value's meaning).
 _FOLD_TYPES: dict[int, str] = {
     INT2: "numeric", INT4: "numeric", INT8: "numeric", NUMERIC: "numeric", FLOAT4: "float8", FLOAT8: "float8",
     1082: "date", 1114: "timestamp", 1184: "timestamptz",
