@@ -125,7 +125,7 @@ class Executor:
             raise
         try:
             try:
-                decision = classify(statement, resolved, self.server.registry)
+                decision = classify(statement, resolved, self.server.registry, self.user)
             except RecursionError:
                 # A combination of nesting within every single limit can still be too deep.
                 raise too_complex("too deeply nested to analyse", MAX_NESTING, "levels of nesting") from None

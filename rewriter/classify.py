@@ -14,7 +14,14 @@ from typing import Any, Mapping, Union
 from policies.errors import SQLSTATE, Refusal
 from policies.tables import Relation, TableRegistry
 
-from .catalog import CATALOG_SCHEMAS, SAFE_SETTINGS, allowed_catalog_relation, allowed_function, exact_floats
+from .catalog import (
+    CATALOG_SCHEMAS,
+    SAFE_SETTINGS,
+    allowed_catalog_relation,
+    allowed_function,
+    exact_floats,
+    refused_function_reason,
+)
 from .dp_query import AggregateQuery, plan_aggregate_query
 from .neutralise import neutralise_pg_class
 from .qualify import qualify
@@ -107,14 +114,16 @@ def classify(
     statement: Statement,
     resolved: Mapping[RelationRef, ResolvedRelation | None],
     registry: TableRegistry,
+    user: str | None = None,
 ) -> Decision:
     """Decide ``statement``'s fate; raise Refusal with SQLSTATE, message and hint if refused.
 
     ``resolved`` maps each relation the statement references to its backend identity
-    (None: no such relation, or only a CTE of that name). The decision is a pure function of
-    the three, so it is cached (refusals are not).
+    (None: no such relation, or only a CTE of that name). ``user`` is the analyst's login
+    name, which current_user & co. answer in passthrough statements (None: left as they are).
+    The decision is a pure function of the four, so it is cached (refusals are not).
     """
-    return _classify(statement, tuple(resolved.items()), registry)
+    return _classify(statement, tuple(resolved.items()), registry, user)
 
 
 @lru_cache(maxsize=8192)
@@ -122,6 +131,7 @@ def _classify(
     statement: Statement,
     resolved_items: tuple[tuple[RelationRef, ResolvedRelation | None], ...],
     registry: TableRegistry,
+    user: str | None,
 ) -> Decision:
     resolved = dict(resolved_items)
     kind = statement.kind
@@ -136,7 +146,7 @@ def _classify(
             "read-only",
         )
     if kind == "SelectStmt":
-        return _select(statement, resolved, registry)
+        return _select(statement, resolved, registry, user)
     if kind == "TransactionStmt":
         return _transaction(statement)
     if kind == "VariableSetStmt":
@@ -180,6 +190,7 @@ def _select(
     statement: Statement,
     resolved: Mapping[RelationRef, ResolvedRelation | None],
     registry: TableRegistry,
+    user: str | None,
 ) -> Decision:
     refs = statement.references
     protected: list[Relation] = []
@@ -229,7 +240,7 @@ def _select(
     if protected:
         return _protected(statement, protected)
     _check_functions(statement)
-    text = qualify(statement.text)
+    text = qualify(statement.text, user)
     if references_pg_class:
         # Its subquery names only pg_catalog.pg_class, keyword types and constants.
         text = neutralise_pg_class(
@@ -282,9 +293,10 @@ def _check_functions(statement: Statement) -> None:
         if not allowed_function(name):
             raise Refusal(
                 SQLSTATE.INSUFFICIENT_PRIVILEGE,
-                f"function {name}() is not available through dpproxy (rule: function-allowlist)",
-                "Catalog queries may call catalog and formatting functions; functions that read "
-                "data, files, sizes or statistics are not available.",
+                f"function {name}() is not available through dpproxy: {refused_function_reason(name)} "
+                "(rule: function-allowlist)",
+                "Catalog queries may call the catalog, string, array and formatting functions on "
+                "dpproxy's allowlist; relation and database sizes answer NULL.",
                 "function-allowlist",
             )
         if name.removeprefix("pg_catalog.") == "set_config":

@@ -1,4 +1,15 @@
-"""Rewrite catalog statements so that pg_class never reveals row counts or sizes.
+"""Rewrite catalog statements so that they never reveal row counts or sizes, and see the analyst.
+
+``neutralise_calls`` (on the parse tree, before pinning) replaces every call of a size
+function (``NEUTRALISED_FUNCTIONS``) by ``NULL::int8``, and ``current_user``,
+``session_user``, ``user`` and ``current_role`` by the analyst's login name, as a ``name``
+literal: what they would show had the analyst connected to PostgreSQL directly, not the
+service role dpproxy uses. Inside the role argument of a privilege function
+(``pg_has_role``, ``has_*_privilege``) they are left alone: the analyst is usually no role on
+the backend (naming it would fail with 42704), and what an analyst can read through dpproxy
+is what the service role can, so that is the answer the question wants.
+
+``neutralise_pg_class`` (on the text):
 
 Every reference to pg_catalog.pg_class becomes a subquery with the same columns in which
 ``reltuples``, ``relpages`` and ``relallvisible`` are constants (-1 is what PostgreSQL
@@ -14,11 +25,71 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator
 
-from pglast import parser
+from pglast import ast, parser
+from pglast.enums import SQLValueFunctionOp
 
-from .catalog import NEUTRALISED_PG_CLASS_COLUMNS
+from .catalog import NEUTRALISED_FUNCTIONS, NEUTRALISED_PG_CLASS_COLUMNS
 
-__all__ = ["neutralise_pg_class"]
+__all__ = ["neutralise_calls", "neutralise_pg_class"]
+
+_USER_FUNCTIONS = frozenset({"current_user", "session_user", "user", "current_role"})
+# The session-user value functions, with the column name PostgreSQL gives them.
+_USER_VALUES = {
+    SQLValueFunctionOp.SVFOP_CURRENT_USER: "current_user",
+    SQLValueFunctionOp.SVFOP_SESSION_USER: "session_user",
+    SQLValueFunctionOp.SVFOP_USER: "user",
+    SQLValueFunctionOp.SVFOP_CURRENT_ROLE: "current_role",
+}
+
+
+def neutralise_calls(node: Any, user: str | None) -> Any:
+    """``node`` (a pglast AST) with size calls as typed NULLs and, if ``user`` is given, the
+    session-user functions as ``user``; returns what replaces ``node``."""
+    if isinstance(node, tuple):
+        return tuple(neutralise_calls(item, user) for item in node)
+    if not isinstance(node, ast.Node):
+        return node
+    if isinstance(node, ast.FuncCall):
+        parts = node.funcname or ()
+        name = str(parts[-1].sval)
+        schema = str(parts[0].sval) if len(parts) > 1 else "pg_catalog"
+        if schema == "pg_catalog" and name in NEUTRALISED_FUNCTIONS:
+            return _cast(ast.A_Const(isnull=True), "int8")
+        if schema == "pg_catalog" and name in _USER_FUNCTIONS and not node.args and user is not None:
+            return _user_literal(user)
+        if name == "pg_has_role" or name.startswith("has_") and name.endswith("_privilege"):
+            user = None  # the role argument stays the backend's own (module docstring)
+    elif isinstance(node, ast.SQLValueFunction) and node.op in _USER_VALUES and user is not None:
+        return _user_literal(user)
+    elif isinstance(node, ast.ResTarget) and node.name is None and node.val is not None:
+        # A replaced output column keeps the name PostgreSQL would have given it.
+        original = node.val
+        node.val = neutralise_calls(original, user)
+        if node.val is not original:
+            node.name = _column_name(original)
+        return node
+    for attr in node:
+        value = getattr(node, attr)
+        if isinstance(value, (ast.Node, tuple)):
+            setattr(node, attr, neutralise_calls(value, user))
+    return node
+
+
+def _column_name(value: ast.Node) -> str:
+    if isinstance(value, ast.SQLValueFunction):
+        return _USER_VALUES[SQLValueFunctionOp(value.op or 0)]
+    assert isinstance(value, ast.FuncCall)
+    return str((value.funcname or ())[-1].sval)
+
+
+def _user_literal(user: str) -> ast.TypeCast:
+    return _cast(ast.A_Const(isnull=False, val=ast.String(sval=user)), "name")
+
+
+def _cast(value: ast.A_Const, type_name: str) -> ast.TypeCast:
+    names = (ast.String(sval="pg_catalog"), ast.String(sval=type_name))
+    type_ = ast.TypeName(names=names, setof=False, pct_type=False, typemod=-1, location=-1)
+    return ast.TypeCast(arg=value, typeName=type_, location=-1)
 
 
 def neutralise_pg_class(sql: str, pg_class_columns: tuple[str, ...], is_pg_class: Any) -> str:
