@@ -22,13 +22,15 @@ from .catalog import (
     exact_floats,
     refused_function_reason,
 )
+from .copy import CopyOptions, copy_query
 from .dp_query import AggregateQuery, plan_aggregate_query
 from .neutralise import neutralise_pg_class
 from .qualify import qualify
 from .references import RelationRef
-from .statements import Statement
+from .statements import Statement, split_statements
 
 __all__ = [
+    "CopyOut",
     "DPQuery",
     "Deallocate",
     "Decision",
@@ -74,13 +76,22 @@ class DpproxyCommand:
 
 
 @dataclass(frozen=True)
+class CopyOut:
+    """COPY (SELECT ...) TO STDOUT: answer ``query`` as ``inner`` decides, written as COPY writes rows."""
+
+    query: Statement
+    inner: Union[Passthrough, DPQuery]
+    options: CopyOptions
+
+
+@dataclass(frozen=True)
 class Deallocate:
     """DEALLOCATE: client statements live in dpproxy's registry, not on the backend."""
 
     name: str | None  # None: ALL
 
 
-Decision = Union[Passthrough, DPQuery, DpproxyCommand, Deallocate]
+Decision = Union[Passthrough, DPQuery, DpproxyCommand, Deallocate, CopyOut]
 
 _TRANSACTION_KINDS = {
     "TRANS_STMT_BEGIN", "TRANS_STMT_START", "TRANS_STMT_COMMIT", "TRANS_STMT_ROLLBACK",
@@ -93,7 +104,6 @@ _WRITES = {
 # Statements that can also sit inside another one: in a WITH (at any depth) or a subquery's WITH.
 _NESTED_WRITES = frozenset({"InsertStmt", "UpdateStmt", "DeleteStmt", "MergeStmt"})
 _NOT_SUPPORTED = {
-    "CopyStmt": "COPY",
     "ExplainStmt": "EXPLAIN (its plans and ANALYZE output reveal row counts)",
     "DoStmt": "DO blocks",
     "CallStmt": "CALL",
@@ -147,6 +157,8 @@ def _classify(
         )
     if kind == "SelectStmt":
         return _select(statement, resolved, registry, user)
+    if kind == "CopyStmt":
+        return _copy(statement, resolved, registry, user)
     if kind == "TransactionStmt":
         return _transaction(statement)
     if kind == "VariableSetStmt":
@@ -249,6 +261,20 @@ def _select(
             lambda schema, name: _means_pg_class(RelationRef(schema, name), resolved),
         )
     return Passthrough(text)
+
+
+def _copy(
+    statement: Statement,
+    resolved: Mapping[RelationRef, ResolvedRelation | None],
+    registry: TableRegistry,
+    user: str | None,
+) -> CopyOut:
+    """COPY (SELECT ...) TO STDOUT is judged as the SELECT; every other COPY is refused."""
+    text, options = copy_query(statement.text, statement.node)
+    (query,) = split_statements(text)
+    inner = _select(query, resolved, registry, user)
+    assert isinstance(inner, (Passthrough, DPQuery))
+    return CopyOut(query, inner, options)
 
 
 def _means_pg_class(ref: RelationRef, resolved: Mapping[RelationRef, ResolvedRelation | None]) -> bool:
