@@ -258,7 +258,7 @@ class Executor:
             result, notices, cost = await self._answer_dp(decision, params, plan.statement.text)
             return _apply_formats(result, result_formats), notices, cost
         if isinstance(decision, DpproxyCommand):
-            result = await self.settings.run(decision, self.server.policy, self.server.budget)
+            result = await self.settings.run(decision, self.server.policy, self.server.budget, self.server.registry)
             return _apply_formats(result, result_formats), [], None
         if isinstance(decision, CopyOut):
             return await self._copy_out(plan, decision, params)
