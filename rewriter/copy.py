@@ -68,8 +68,10 @@ def copy_query(text: str, node: dict[str, Any]) -> tuple[str, CopyOptions]:
 
 
 def _inner_text(text: str) -> str:
-    """The text between COPY's first parenthesis and its match (the grammar puts the query there)."""
-    encoded = text.encode("utf-8")
+    """The text between COPY's first parenthesis and its match (the grammar puts the query there).
+
+    pglast's scanner gives character offsets into ``text`` (not byte offsets).
+    """
     depth = 0
     start = 0
     for token in parser.scan(text):
@@ -80,7 +82,7 @@ def _inner_text(text: str) -> str:
         elif token.name == "ASCII_41":
             depth -= 1
             if depth == 0:
-                return encoded[start : token.start].decode("utf-8").strip()
+                return text[start : token.start].strip()
     raise AssertionError("COPY (query) without its parentheses")  # the parser accepted it
 
 

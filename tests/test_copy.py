@@ -13,7 +13,7 @@ from conftest import TEST_POLICY, RunningProxy, make_policy, psql_path
 
 # Passthrough values that exercise every escaping rule: tab, newline, backslash, quote,
 # the delimiters used below, an empty string and a NULL.
-_AWKWARD = "SELECT E'a\\tb' AS \"t;ab\", NULL::text AS n, 'x\"y' AS q, 'p;q|r,s' AS d, '' AS e, E'b\\\\s\\nl' AS bs"
+_AWKWARD = "SELECT E'a\\tb' AS \"Ünï;ab\", NULL::text AS n, 'x\"y' AS q, 'p;q|r,s' AS d, '' AS e, E'b\\\\s\\nl' AS bs"
 _OPTIONS = ["", "(FORMAT csv)", "(FORMAT csv, HEADER)", "(FORMAT text, HEADER true)", "(DELIMITER ';')",
             "(FORMAT csv, DELIMITER '|', NULL 'NULL')", "(NULL '')", "csv header", "(FORMAT csv, NULL '', HEADER false)"]
 
