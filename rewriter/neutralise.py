@@ -93,7 +93,11 @@ def _cast(value: ast.A_Const, type_name: str) -> ast.TypeCast:
 
 
 def neutralise_pg_class(sql: str, pg_class_columns: tuple[str, ...], is_pg_class: Any) -> str:
-    """Replace each RangeVar for which ``is_pg_class(schema, name)`` holds by a safe subquery."""
+    """Replace each RangeVar for which ``is_pg_class(schema, name)`` holds by a safe subquery.
+
+    The parse tree's locations are byte offsets, pglast's scanner gives character offsets:
+    locations are converted, so text before pg_class may hold any characters.
+    """
     encoded = sql.encode("utf-8")
     tree = json.loads(parser.parse_sql_json(sql))
     targets = [
@@ -101,34 +105,38 @@ def neutralise_pg_class(sql: str, pg_class_columns: tuple[str, ...], is_pg_class
     ]
     if not targets:
         return sql
+
+    def char_offset(location: int) -> int:
+        return len(encoded[:location].decode("utf-8"))
+
     tokens = parser.scan(sql)
-    replacement = _subquery(pg_class_columns).encode("utf-8")
-    edits: list[tuple[int, int, bytes]] = []  # (start, end, replacement) byte ranges
+    replacement = _subquery(pg_class_columns)
+    edits: list[tuple[int, int, str]] = []  # (start, end, replacement) character ranges
     for node in targets:
-        start, end = _name_extent(tokens, node["location"])
-        if not node.get("inh", True):
+        start, end = _name_extent(tokens, char_offset(node["location"]))
+        if not node.get("inh"):  # the JSON tree leaves out a false inh (FROM ONLY)
             start = _only_keyword_start(tokens, start)
-        edits.append((start, end, replacement if "alias" in node else replacement + b" AS pg_class"))
+        edits.append((start, end, replacement if "alias" in node else replacement + " AS pg_class"))
     for ref in _nodes(tree, "ColumnRef"):
-        prefix = _schema_prefix(tokens, ref)
+        prefix = _schema_prefix(tokens, ref, char_offset(ref["location"]))
         if prefix is not None:
-            edits.append((*prefix, b""))
-    pieces: list[bytes] = []
+            edits.append((*prefix, ""))
+    pieces: list[str] = []
     cursor = 0
     for start, end, text in sorted(edits):
-        pieces += [encoded[cursor:start], text]
+        pieces += [sql[cursor:start], text]
         cursor = end
-    pieces.append(encoded[cursor:])
-    return b"".join(pieces).decode("utf-8")
+    pieces.append(sql[cursor:])
+    return "".join(pieces)
 
 
-def _schema_prefix(tokens: list[Any], ref: dict[str, Any]) -> tuple[int, int] | None:
-    """Byte range of ``[db.]pg_catalog.`` in a column reference ``[db.]pg_catalog.pg_class.col``."""
+def _schema_prefix(tokens: list[Any], ref: dict[str, Any], start: int) -> tuple[int, int] | None:
+    """Character range of ``[db.]pg_catalog.`` in a column reference ``[db.]pg_catalog.pg_class.col``."""
     names = [field.get("String", {}).get("sval") for field in ref["fields"]]
     if len(names) < 3 or names[-3:-1] != ["pg_catalog", "pg_class"]:
         return None
-    index = next(i for i, token in enumerate(tokens) if token.start == ref["location"])
-    return ref["location"], tokens[index + 2 * (len(names) - 2)].start
+    index = next(i for i, token in enumerate(tokens) if token.start == start)
+    return start, tokens[index + 2 * (len(names) - 2)].start
 
 
 def _subquery(columns: tuple[str, ...]) -> str:
@@ -152,7 +160,7 @@ def _nodes(node: Any, kind: str) -> Iterator[dict[str, Any]]:
 
 
 def _name_extent(tokens: list[Any], location: int) -> tuple[int, int]:
-    """Byte range of the (possibly schema-qualified) name that starts at ``location``."""
+    """Character range of the (possibly schema-qualified) name that starts at ``location``."""
     index = next(i for i, token in enumerate(tokens) if token.start == location)
     end = tokens[index].end + 1
     while index + 2 < len(tokens) and tokens[index + 1].name == "ASCII_46":

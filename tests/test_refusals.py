@@ -89,6 +89,14 @@ def test_pg_class_row_counts_are_neutralised(proxy: RunningProxy, admin):
     assert admin.execute("SELECT reltuples FROM pg_class WHERE relname = 'adult'").fetchone()[0] > 40000
 
 
+def test_pg_class_is_neutralised_after_non_ascii_text_and_under_only(proxy: RunningProxy):
+    with proxy.connect() as conn:
+        labelled = conn.execute("SELECT 'Größe ✓' AS label, reltuples FROM pg_catalog.pg_class "
+                                "WHERE relname = 'adult'").fetchall()
+        only = conn.execute("SELECT c.reltuples FROM ONLY pg_class c WHERE c.relname = 'adult'").fetchall()
+    assert labelled == [("Größe ✓", -1.0)] and only == [(-1.0,)]
+
+
 def test_a_refused_function_is_named_with_the_reason(proxy: RunningProxy):
     with proxy.connect() as conn:
         with pytest.raises(psycopg.Error) as info:
