@@ -51,11 +51,16 @@ def _free_port() -> int:
 class SupersetServer:
     """``superset run`` on 127.0.0.1:<free port> with a fresh copy of the metadata template."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, public: bool = False):
+        """Starts from a copy of the template unless ``workdir`` has a metadata database already.
+        ``public``: anonymous visitors get Admin's permissions, for a browser without a login
+        (runs ``superset init`` to copy them, ~8 s); the API then acts as an anonymous user, so
+        build what is to be shown first, on a server without it."""
         venv = superset_venv()
         self.workdir = workdir
         metadata = workdir / "superset.db"
-        shutil.copyfile(venv / TEMPLATE_NAME, metadata)
+        if not metadata.exists():
+            shutil.copyfile(venv / TEMPLATE_NAME, metadata)
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
@@ -63,6 +68,10 @@ class SupersetServer:
                    FLASK_APP="superset", PYTHONUNBUFFERED="1")
         self.log_path = workdir / "superset.log"
         self._log = self.log_path.open("wb")
+        if public:
+            env["DPPROXY_SUPERSET_PUBLIC"] = "1"
+            subprocess.run([str(venv / "bin" / "superset"), "init"], cwd=workdir, env=env, stdout=self._log,
+                           stderr=subprocess.STDOUT, timeout=120, check=True)
         self.process = subprocess.Popen(
             [str(venv / "bin" / "superset"), "run", "-h", "127.0.0.1", "-p", str(self.port), "--with-threads"],
             cwd=workdir, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -27,3 +27,8 @@ SUPERSET_WEBSERVER_TIMEOUT = 60
 SQLLAB_TIMEOUT = 60
 # Headless screenshots load the dashboard page without a login form in between.
 WTF_CSRF_TIME_LIMIT = None
+
+# tools/superset_screenshot.py: headless Chromium opens the dashboard without logging in, so
+# the anonymous (Public) role gets Admin's permissions — on 127.0.0.1, for one screenshot.
+if os.environ.get("DPPROXY_SUPERSET_PUBLIC") == "1":
+    PUBLIC_ROLE_LIKE = "Admin"
