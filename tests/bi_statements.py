@@ -61,8 +61,12 @@ def normalise(sql: str, people_oid: int | None = None) -> str:
     return " ".join(sql.split())
 
 
-def write_recorded(recorded: list[Recorded], path: Path, people_oid: int) -> None:
-    """Write the distinct statements of a recording, in the order first sent, grouped by phase."""
+def write_recorded(recorded: list[Recorded], path: Path, people_oid: int, must_answer: frozenset[str]) -> None:
+    """Write the distinct statements of a recording, in the order first sent, grouped by phase;
+    the outcome of every statement of a phase in ``must_answer`` is written ``ok``, whatever it
+    was (what issue 18 requires of dpproxy, not what this run's dpproxy did)."""
+    recorded = [Recorded(r.phase, r.protocol, r.sql, "ok" if r.phase in must_answer else r.outcome)
+                for r in recorded]
     counts = Counter((r.protocol, normalise(r.sql, people_oid), r.outcome) for r in recorded)
     seen: dict[tuple[str, str, str], Recorded] = {}
     for item in recorded:

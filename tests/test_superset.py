@@ -32,6 +32,10 @@ pytestmark = pytest.mark.superset
 
 # A time range Superset renders as TO_TIMESTAMP(...) bounds on people.signed_up.
 TIME_RANGE = ("2023-03-01", "2023-09-01")
+# The steps whose every statement dpproxy must answer (issue 18), recorded as "ok" even when the
+# dpproxy that recorded them did not: the replay then fails until it does.
+MUST_ANSWER = frozenset({"connect", "introspect", "physical-dataset", "big-number", "big-number-time-range",
+                         "big-number-filter", "table-of-aggregates", "virtual-dataset", "sql-lab"})
 VIRTUAL_SQL = "SELECT count(*) AS n, avg(age) AS avg_age FROM people WHERE age > 30"
 ROW_LEVEL_SQL = "SELECT * FROM people WHERE age > 30"
 
@@ -71,7 +75,7 @@ def stack(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> It
         relay.close()
         proxy.stop()
         if os.environ.get("DPPROXY_RECORD_SUPERSET") == "1":
-            write_recorded(relay.statements(), RECORD_FILE, people_oid)
+            write_recorded(relay.statements(), RECORD_FILE, people_oid, MUST_ANSWER)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +87,7 @@ def physical_dataset(stack: Stack) -> int:
     return int(body["id"])
 
 
-def _chart_data(stack: Stack, dataset: int, viz_type: str, metrics: list[Any], columns: list[str] | None = None,
+def _chart_data(stack: Stack, dataset: int, viz_type: str, metrics: list[Any], columns: list[Any] | None = None,
                 filters: list[dict[str, Any]] | None = None) -> tuple[int, Any]:
     """POST /api/v1/chart/data as Superset's explore view sends it for one chart (no cache)."""
     query = {"metrics": metrics, "columns": columns or [], "filters": filters or [], "row_limit": 10000,
@@ -194,6 +198,50 @@ def test_superset_group_by_chart_is_refused_with_dpproxy_sqlstate_and_hint(stack
     assert "GROUP BY" in text and "(rule: " in text and "HINT:" in text, text
     refused = [r for r in stack.relay.statements() if r.phase == "group-by-chart" and "GROUP BY" in r.sql]
     assert refused and {r.outcome for r in refused} == {"DP001"}, refused
+
+
+def test_superset_big_number_with_a_filter_is_a_noised_count(stack: Stack, physical_dataset: int, admin):
+    stack.relay.phase = "big-number-filter"
+    female = {"col": "sex", "op": "==", "val": "Female"}
+    row = _single_row(*_chart_data(stack, physical_dataset, "big_number_total", ["count"], filters=[female]))
+    assert abs(row["count"] - _exact(admin, "SELECT count(*) FROM people WHERE sex = 'Female'")) < 50, row
+
+
+def test_superset_sql_lab_runs_an_aggregate(stack: Stack, admin):
+    stack.relay.phase = "sql-lab"
+    status, body = stack.api.post("/api/v1/sqllab/execute/", {
+        "database_id": stack.database_id, "schema": "public", "runAsync": False, "tab": "dp", "queryLimit": 1000,
+        "client_id": "dpproxy01", "sql": "SELECT count(*) AS n FROM people WHERE age > 40"})
+    assert status == 200 and body["status"] == "success", body
+    (row,) = body["data"]
+    assert [c["column_name"] for c in body["columns"]] == ["n"], body["columns"]
+    assert abs(row["n"] - _exact(admin, "SELECT count(*) FROM people WHERE age > 40")) < 50, row
+
+
+def test_superset_time_series_with_a_time_grain_is_refused(stack: Stack, physical_dataset: int):
+    """One value per month is a GROUP BY on date_trunc: a per-group release, refused (DP001)."""
+    stack.relay.phase = "time-series-chart"
+    axis = {"timeGrain": "P1M", "columnType": "BASE_AXIS", "sqlExpression": "signed_up", "label": "signed_up",
+            "expressionType": "SQL"}
+    status, body = _chart_data(stack, physical_dataset, "echarts_timeseries_line", ["count"],
+                               columns=[axis])
+    assert status == 400, body
+    assert "(rule: " in str(body) and "HINT:" in str(body), body
+    refused = [r for r in stack.relay.statements() if r.phase == "time-series-chart" and "GROUP BY" in r.sql]
+    assert refused and {r.outcome for r in refused} == {"DP001"}, refused
+
+
+def test_superset_dataset_samples_are_refused(stack: Stack, physical_dataset: int):
+    """*View as table → Samples* reads rows: refused (DP001), shown as Superset's error."""
+    stack.relay.phase = "samples"
+    payload = {"datasource": {"id": physical_dataset, "type": "table"}, "force": True,
+               "queries": [{"columns": [], "metrics": [], "filters": [], "row_limit": 100}],
+               "result_format": "json", "result_type": "samples"}
+    status, body = stack.api.post("/api/v1/chart/data", payload)
+    assert status == 400, body
+    assert "(rule: " in str(body) and "HINT:" in str(body), body
+    probes = [r for r in stack.relay.statements() if r.phase == "samples" and "people" in r.sql]
+    assert probes and {r.outcome for r in probes} == {"DP001"}, probes
 
 
 def test_superset_statements_are_all_in_the_recorded_file(stack: Stack):
