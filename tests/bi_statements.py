@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from capture_relay import Recorded
+from captured import sql_blocks
 
 __all__ = ["PEOPLE_OID", "RECORD_FILE", "Expected", "load_recorded", "normalise", "write_recorded"]
 
@@ -90,19 +91,13 @@ def _phase_order(recorded: list[Recorded], phase: str) -> int:
 
 def load_recorded(path: Path = RECORD_FILE) -> list[Expected]:
     """Every ```sql block of a recording, with its phase, protocol and required outcome."""
-    lines = path.read_text(encoding="utf-8").splitlines()
     found: list[Expected] = []
     phase = protocol = outcome = ""
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if match := _PHASE.match(line):
-            phase = match["phase"]
-        elif match := _ENTRY.match(line):
-            protocol, outcome = match["protocol"], match["outcome"]
-        elif line == "```sql":
-            end = lines.index("```", i + 1)
-            found.append(Expected(phase, protocol, "\n".join(lines[i + 1 : end]), outcome, len(found)))
-            i = end
-        i += 1
+    for before, sql in sql_blocks(path):
+        for line in before:
+            if match := _PHASE.match(line):
+                phase = match["phase"]
+            elif match := _ENTRY.match(line):
+                protocol, outcome = match["protocol"], match["outcome"]
+        found.append(Expected(phase, protocol, sql, outcome, len(found)))
     return found

@@ -112,14 +112,12 @@ class CapturingRelay:
                         sink.sendall(buffer[:length])
                         buffer = buffer[length:]
                         continue
-                    if len(buffer) < 5:
+                    size = _typed_message_size(buffer)
+                    if size is None:
                         break
-                    length = struct.unpack("!i", buffer[1:5])[0]
-                    if len(buffer) < 1 + length:
-                        break
-                    self._frontend_message(buffer[:1], buffer[5 : 1 + length], state)
-                    sink.sendall(buffer[: 1 + length])
-                    buffer = buffer[1 + length :]
+                    self._frontend_message(buffer[:1], buffer[5:size], state)
+                    sink.sendall(buffer[:size])
+                    buffer = buffer[size:]
                 if state.opaque and buffer:
                     sink.sendall(buffer)
                     buffer = b""
@@ -147,13 +145,11 @@ class CapturingRelay:
                             break
                         buffer = buffer[1:]
                         continue
-                    if len(buffer) < 5:
+                    size = _typed_message_size(buffer)
+                    if size is None:
                         break
-                    length = struct.unpack("!i", buffer[1:5])[0]
-                    if len(buffer) < 1 + length:
-                        break
-                    self._backend_message(buffer[:1], buffer[5 : 1 + length], state)
-                    buffer = buffer[1 + length :]
+                    self._backend_message(buffer[:1], buffer[5:size], state)
+                    buffer = buffer[size:]
         except OSError:
             pass
         finally:
@@ -186,6 +182,15 @@ class CapturingRelay:
             for item in statements:
                 phase, protocol, sql = item.split("\0", 2)
                 self.recorded.append(Recorded(phase, protocol, sql, outcome))
+
+
+def _typed_message_size(buffer: bytes) -> int | None:
+    """The size of the whole message (type byte, length, body) at the start of ``buffer``, or
+    None while it has not all arrived."""
+    if len(buffer) < 5:
+        return None
+    size = 1 + struct.unpack("!i", buffer[1:5])[0]
+    return size if len(buffer) >= size else None
 
 
 def _shutdown(sock: socket.socket) -> None:

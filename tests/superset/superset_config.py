@@ -8,7 +8,7 @@ every later run.
 
 import os
 
-SECRET_KEY = "dpproxy-tests-only-not-a-secret"
+SECRET_KEY = "dpproxy-tests-only-this-is-not-a-secret-key"
 SQLALCHEMY_DATABASE_URI = "sqlite:///" + os.environ["DPPROXY_SUPERSET_METADATA"]
 SQLALCHEMY_EXAMPLES_URI = SQLALCHEMY_DATABASE_URI
 # The suite talks to Superset's REST API only (login token + CSRF token): no rate limits, no
