@@ -18,18 +18,35 @@ from sqlalchemy import Column, Engine, Integer, MetaData, Table, Text, create_en
 from sqlalchemy.orm import DeclarativeBase, Session
 
 from clients import exact_count
-from conftest import TEST_DATABASE, RunningProxy
+from conftest import TEST_DATABASE, TEST_POLICY, RunningProxy, TestDatabase, make_policy
+
+
+def _engine(proxy: RunningProxy) -> Engine:
+    url = sqlalchemy.URL.create("postgresql+psycopg", username="analyst", password="analyst", host=proxy.host,
+                                port=proxy.port, database=TEST_DATABASE)
+    return create_engine(url, pool_size=2, connect_args={"connect_timeout": 10})
 
 
 @pytest.fixture(scope="module")
 def engine(proxy: RunningProxy) -> Iterator[Engine]:
-    url = sqlalchemy.URL.create("postgresql+psycopg", username="analyst", password="analyst", host=proxy.host,
-                                port=proxy.port, database=TEST_DATABASE)
-    engine = create_engine(url, pool_size=2, connect_args={"connect_timeout": 10})
+    engine = _engine(proxy)
     try:
         yield engine
     finally:
         engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def repeating_engine(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """An engine on a dpproxy with repeats on, as deployed (the suite's proxy has them off)."""
+    policy = TEST_POLICY.replace("repeats: {{enabled: false}}", "repeats: {{enabled: true}}")
+    proxy = RunningProxy(make_policy(test_db, tmp_path_factory.mktemp("repeats") / "ledger.sqlite3", policy))
+    engine = _engine(proxy)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+        proxy.stop()
 
 
 def test_sqlalchemy_inspector_sees_tables_columns_keys_and_indexes(engine: Engine):
@@ -111,3 +128,15 @@ def test_sqlalchemy_orm_query_count_wraps_a_subquery_and_is_answered(engine: Eng
     with Session(engine) as session:
         count = session.query(Adult).filter(Adult.age > 40).count()
     assert abs(count - exact_count(admin, "age > 40")) < 30
+
+
+def test_pandas_read_sql_of_a_repeat_has_the_names_the_new_statement_asks_for(repeating_engine: Engine):
+    """A repeat shares the released values only: its columns are named as the new statement says."""
+    sql = "SELECT count(*){alias}, avg(age) AS mean_age FROM adult WHERE age > 44"
+    first = pd.read_sql(text(sql.format(alias=" AS total_people")), repeating_engine)
+    renamed = pd.read_sql(text(sql.format(alias=" AS other_name")), repeating_engine)
+    bare = pd.read_sql(text(sql.format(alias="")), repeating_engine)
+    assert list(first.columns) == ["total_people", "mean_age"]
+    assert list(renamed.columns) == ["other_name", "mean_age"]
+    assert list(bare.columns) == ["count", "mean_age"]
+    assert renamed["other_name"][0] == bare["count"][0] == first["total_people"][0]

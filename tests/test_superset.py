@@ -145,6 +145,14 @@ def test_superset_big_number_is_a_noised_count(stack: Stack, physical_dataset: i
     assert abs(row["count"] - _exact(admin, "SELECT count(*) FROM people")) < 50, row
 
 
+def test_superset_dashboard_refresh_gets_the_same_released_count(stack: Stack, physical_dataset: int):
+    """A refresh sends the same statement: dpproxy's repeat store answers it with the released
+    value at no cost, so dashboards do not drain the budget and averaging gains nothing."""
+    first = _single_row(*_chart_data(stack, physical_dataset, "big_number_total", ["count"]))
+    again = _single_row(*_chart_data(stack, physical_dataset, "big_number_total", ["count"]))
+    assert again == first
+
+
 def test_superset_big_number_with_time_range_is_a_noised_count(stack: Stack, physical_dataset: int, admin):
     stack.relay.phase = "big-number-time-range"
     start, end = TIME_RANGE
