@@ -4,9 +4,10 @@ A real Superset (its own venv, tests/superset/install.sh) is pointed at dpproxy 
 SQLAlchemy URI, through a relay that records every statement it sends. Through Superset's
 REST API, as its front end does: register the database, list schemas, tables and columns,
 create a physical dataset on ``people`` and an aggregate virtual dataset, then draw charts
-with ``/api/v1/chart/data``. Each DP chart must come back as a number near the truth; a
-GROUP BY chart must come back as dpproxy's refusal, its SQLSTATE's message and hint shown by
-Superset. Superset missing is a failure that says how to install it, never a skip.
+with ``/api/v1/chart/data`` and run SQL Lab. Each DP chart must come back as a number near
+the truth; a GROUP BY chart, a time grain or samples must come back as dpproxy's refusal: its
+rule and hint shown by Superset, its SQLSTATE (DP001) on the wire, as the relay saw it.
+Superset missing is a failure that says how to install it, never a skip.
 
 ``DPPROXY_RECORD_SUPERSET=1`` rewrites tests/data/superset-statements.md from this run (the
 statements tests/test_bi_statements.py replays without Superset).
