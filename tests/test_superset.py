@@ -261,4 +261,6 @@ def test_superset_statements_are_all_in_the_recorded_file(stack: Stack):
     recorded = {(r.protocol, normalise(r.sql)): r.outcome for r in load_recorded(RECORD_FILE)}
     missing = [(r.protocol, r.sql, r.outcome) for r in stack.relay.statements()
                if recorded.get((r.protocol, normalise(r.sql, stack.people_oid))) != r.outcome]
-    assert not missing, "re-record with DPPROXY_RECORD_SUPERSET=1: " + repr(missing[:5])
+    assert not missing, ("outcome not as recorded in tests/data/superset-statements.md (a statement Superset "
+                         "newly sends: re-record with DPPROXY_RECORD_SUPERSET=1; a recorded one: dpproxy does not "
+                         "answer or refuse it as issue 18 requires): " + repr(missing[:5]))
