@@ -100,6 +100,7 @@ class ResultSet:
     rows: list[list[bytes | None]]
     tag: str
     notices: list[str] = field(default_factory=list)
+    copy: bytes | None = None  # COPY TO STDOUT: CopyOutResponse, CopyData..., CopyDone, sent in place of rows
 
 
 def _opener(policy: Policy, startup: Mapping[str, str] | None) -> Callable[[], Awaitable[psycopg.AsyncConnection[Any]]]:

@@ -17,7 +17,16 @@ from typing import TYPE_CHECKING, Callable
 from sqlglot.errors import SqlglotError
 
 from policies.errors import SQLSTATE, Refusal
-from rewriter.classify import Deallocate, DPQuery, Decision, DpproxyCommand, Passthrough, ResolvedRelation, classify
+from rewriter.classify import (
+    CopyOut,
+    Deallocate,
+    Decision,
+    DPQuery,
+    DpproxyCommand,
+    Passthrough,
+    ResolvedRelation,
+    classify,
+)
 from rewriter.limits import MAX_NESTING, too_complex
 from rewriter.references import RelationRef
 from rewriter.rewrite import backend_sql, partition_seed, seeded
@@ -28,6 +37,7 @@ from .audit import AuditEntry
 from .audit import fingerprint as audit_fingerprint
 from .backend import BackendError, BackendLost, BackendSession, BoundParams, ResultSet
 from .binary import binary_from_text
+from .copy_out import copy_messages
 from .folding import bind_constants
 from .metrics import observe_statement
 from .protocol import Field, ProtocolError, formats_for
@@ -126,7 +136,7 @@ class Executor:
             raise
         try:
             try:
-                decision = classify(statement, resolved, self.server.registry)
+                decision = classify(statement, resolved, self.server.registry, self.user)
             except RecursionError:
                 # A combination of nesting within every single limit can still be too deep.
                 raise too_complex("too deeply nested to analyse", MAX_NESTING, "levels of nesting") from None
@@ -182,8 +192,8 @@ class Executor:
             return params, result_fields(decision.plan)
         if isinstance(decision, DpproxyCommand):
             return [], self.settings.fields(decision)
-        if isinstance(decision, Deallocate):
-            return [], None
+        if isinstance(decision, (Deallocate, CopyOut)):
+            return [], None  # COPY returns no row description, as in PostgreSQL
         assert isinstance(decision, Passthrough)
         params, fields = await self.backend.describe(decision.sql, param_types)
         return params, fields or None
@@ -233,7 +243,7 @@ class Executor:
         except Exception:  # a bug: the session ends with XX000, but the charge is still accounted for
             self._audit_soon(text, "error", SQLSTATE.INTERNAL_ERROR, self._charged, started)
             raise
-        decision = plan.decision
+        decision = plan.decision.inner if isinstance(plan.decision, CopyOut) else plan.decision
         kind = "dp" if isinstance(decision, DPQuery) else "command" if isinstance(decision, DpproxyCommand) else "passthrough"
         self._audit_soon(text, kind, None, cost, started)
         return result, notices
@@ -249,8 +259,10 @@ class Executor:
             result, notices, cost = await self._answer_dp(decision, params, plan.statement.text)
             return _apply_formats(result, result_formats), notices, cost
         if isinstance(decision, DpproxyCommand):
-            result = await self.settings.run(decision, self.server.policy, self.server.budget)
+            result = await self.settings.run(decision, self.server.policy, self.server.budget, self.server.registry)
             return _apply_formats(result, result_formats), [], None
+        if isinstance(decision, CopyOut):
+            return await self._copy_out(plan, decision, params)
         if isinstance(decision, Deallocate):
             if not self.deallocate(decision.name):
                 raise Refusal("26000", f'prepared statement "{decision.name}" does not exist')
@@ -266,6 +278,15 @@ class Executor:
         if len(result_formats) > 1:
             result = _apply_formats(result, result_formats)
         return result, result.notices, None
+
+    async def _copy_out(
+        self, plan: Plan, decision: CopyOut, params: BoundParams
+    ) -> tuple[ResultSet, list[str], Cost | None]:
+        """The same release as the SELECT (same ε, repeat key, notice), in COPY's framing."""
+        inner = replace(plan, statement=decision.query, decision=decision.inner)
+        result, notices, cost = await self._run(inner, params, ())
+        copied = ResultSet([], [], f"COPY {len(result.rows)}", result.notices, copy=copy_messages(result, decision.options))
+        return copied, notices, cost
 
     def _audit_soon(self, text: str, decision: str, reason: str | None, cost: Cost | None, started: float) -> None:
         latency_s = time.perf_counter() - started

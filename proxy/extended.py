@@ -173,6 +173,9 @@ class ExtendedProtocol:
         limit = message.max_rows
         batch = remaining[:limit] if limit else remaining
         self.out.extend(protocol.data_row(row) for row in batch)
+        if result.copy is not None and portal.sent == 0:
+            self.out.append(result.copy)
+            portal.sent = 1  # a COPY has no rows; this marks its data as sent
         portal.sent += len(batch)
         if limit and len(remaining) >= limit and result.fields:
             self.out.append(protocol.PORTAL_SUSPENDED)

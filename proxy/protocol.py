@@ -415,6 +415,16 @@ def parameter_description(type_oids: Sequence[int]) -> bytes:
     return message(b"t", _I16.pack(len(type_oids)) + b"".join(_U32.pack(oid) for oid in type_oids))
 
 
+def copy_out_response(columns: int) -> bytes:
+    """CopyOutResponse for a text-format COPY TO STDOUT of ``columns`` columns."""
+    return message(b"H", b"\0" + _I16.pack(columns) + _I16.pack(0) * columns)
+
+
+def copy_data(data: bytes) -> bytes:
+    return message(b"d", data)
+
+
+COPY_DONE = message(b"c")
 PARSE_COMPLETE = message(b"1")
 BIND_COMPLETE = message(b"2")
 CLOSE_COMPLETE = message(b"3")

@@ -305,6 +305,8 @@ class Session:
         if result.fields:
             self._out.append(protocol.row_description(result.fields))
             self._out.extend(protocol.data_row(row) for row in result.rows)
+        if result.copy is not None:
+            self._out.append(result.copy)
         self._out.append(protocol.command_complete(result.tag))
         return True
 

@@ -3,7 +3,8 @@
 ``SET dpproxy.epsilon = x`` lowers the ε of the session's DP queries; it is refused (DP003)
 above the most the policy allows this user on any table, and a table's own ε still caps it,
 and refused (22023) below ``MIN_EPSILON``.
-``SHOW dpproxy.budget`` returns the caller's spent and remaining ε and δ as a result set.
+``SHOW dpproxy.budget`` returns the caller's spent and remaining ε and δ as a result set;
+``SHOW dpproxy.columns`` what the policy accepts on each protected column (policy_view.py).
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import math
 
 from policies.errors import SQLSTATE, Refusal
 from policies.model import MIN_EPSILON, Policy
-from policies.tables import Relation
+from policies.tables import Relation, TableRegistry
 from rewriter.classify import DpproxyCommand
 from rewriter.types import FLOAT8
 
 from .backend import ResultSet
 from .binary import TEXT
 from .budget import BudgetKeeper
+from .policy_view import COLUMNS_FIELDS, columns_result
 from .protocol import Field
 from .values import encode_text
 
@@ -54,9 +56,13 @@ class SessionSettings:
     def fields(self, command: DpproxyCommand) -> list[Field] | None:
         if command.verb != "show":
             return None
-        return BUDGET_FIELDS if command.name == "dpproxy.budget" else _EPSILON_FIELDS
+        return {"dpproxy.budget": BUDGET_FIELDS, "dpproxy.columns": COLUMNS_FIELDS}.get(command.name, _EPSILON_FIELDS)
 
-    async def run(self, command: DpproxyCommand, policy: Policy, budget: BudgetKeeper) -> ResultSet:
+    async def run(
+        self, command: DpproxyCommand, policy: Policy, budget: BudgetKeeper, registry: TableRegistry
+    ) -> ResultSet:
+        if command.name == "dpproxy.columns" and command.verb == "show":
+            return columns_result(registry, lambda table: self.query_epsilon(policy, table))
         if command.name == "dpproxy.budget" and command.verb == "show":
             balance = await budget.balance(self.user)
             row = [self.user.encode()] + [
@@ -66,7 +72,7 @@ class SessionSettings:
             return ResultSet(list(BUDGET_FIELDS), [row], "SHOW")
         if command.name != "dpproxy.epsilon":
             raise Refusal("42704", f'unrecognized configuration parameter "{command.name}"',
-                          "dpproxy settings: dpproxy.epsilon (SET/SHOW/RESET), dpproxy.budget (SHOW).")
+                          "dpproxy settings: dpproxy.epsilon (SET/SHOW/RESET), dpproxy.budget and dpproxy.columns (SHOW).")
         if command.verb == "show":
             value = "default" if self.epsilon is None else f"{self.epsilon:g}"
             return ResultSet(list(_EPSILON_FIELDS), [[value.encode()]], "SHOW")

@@ -1,24 +1,31 @@
-"""What passthrough statements may touch: catalog relations, functions and settings.
+r"""What passthrough statements may touch: catalog relations, functions and settings.
 
 Default deny. The lists below cover what psql, pgjdbc, psqlODBC, psycopg, asyncpg,
 SQLAlchemy, node-postgres, pg8000 and pgbench send (shared/reference), plus their
 obvious neighbours. Left out on purpose, because they carry data about protected rows:
-statistics (pg_statistic*, pg_stats*, pg_stat_*, pg_statio_*), large objects, relation
-sizes (pg_relation_size & co. reveal row counts), sequence positions (the view
+statistics (pg_statistic*, pg_stats*, pg_stat_*, pg_statio_*), large objects, sequence positions (the view
 pg_sequences shows ``last_value``, a serial key's row count; the table pg_sequence holds
 only the definitions), file access, and anything that runs SQL given as a string
 (query_to_xml, ts_stat, dblink).
+
+Relation, database and tablespace sizes reveal row counts too, but psql's ``+`` commands
+(``\dt+``, ``\l+``, ``\db+`` ...) show them in every listing: rather than refusing those
+commands, each call of a size function is replaced by a NULL of its type
+(``NEUTRALISED_FUNCTIONS``, see neutralise.py), for every relation alike, protected or not,
+so that the answer never depends on which tables the policy protects.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "CATALOG_SCHEMAS",
+    "NEUTRALISED_FUNCTIONS",
     "NEUTRALISED_PG_CLASS_COLUMNS",
     "SAFE_SETTINGS",
     "allowed_catalog_relation",
     "allowed_function",
     "exact_floats",
+    "refused_function_reason",
 ]
 
 CATALOG_SCHEMAS = frozenset({"pg_catalog", "information_schema"})
@@ -52,6 +59,15 @@ NEUTRALISED_PG_CLASS_COLUMNS = {
     "relallvisible": "0::integer",
 }
 
+# Size functions (all return bigint): each call becomes ``NULL::pg_catalog.int8``; its
+# arguments are never evaluated.
+NEUTRALISED_FUNCTIONS = frozenset(
+    {
+        "pg_table_size", "pg_relation_size", "pg_total_relation_size", "pg_indexes_size",
+        "pg_database_size", "pg_tablespace_size",
+    }
+)
+
 _FUNCTIONS = frozenset(
     {
         # session and server information
@@ -64,7 +80,7 @@ _FUNCTIONS = frozenset(
         "format_type", "pg_get_expr", "pg_get_indexdef", "pg_get_constraintdef",
         "pg_get_userbyid", "pg_get_viewdef", "pg_get_triggerdef", "pg_get_ruledef",
         "pg_get_functiondef", "pg_get_function_arguments", "pg_get_function_result",
-        "pg_get_function_identity_arguments", "pg_get_partkeydef",
+        "pg_get_function_identity_arguments", "pg_get_function_sqlbody", "pg_get_partkeydef",
         "pg_get_partition_constraintdef", "pg_get_serial_sequence",
         "pg_get_statisticsobjdef", "pg_get_statisticsobjdef_columns", "pg_get_keywords",
         "pg_relation_is_publishable", "pg_encoding_to_char", "pg_char_to_encoding",
@@ -95,6 +111,7 @@ _FUNCTIONS = frozenset(
         "strpos", "concat", "concat_ws", "format", "quote_ident", "quote_literal",
         "quote_nullable", "split_part", "like_escape", "starts_with", "abs", "round",
         "floor", "ceil", "ceiling", "mod", "now", "current_timestamp", "pg_typeof",
+        "pg_size_pretty",
     }
 )
 
@@ -136,5 +153,29 @@ def allowed_catalog_relation(schema: str, name: str) -> bool:
 
 
 def allowed_function(name: str) -> bool:
-    """True for functions passthrough statements may call (``pg_catalog.`` prefix optional)."""
-    return name.removeprefix("pg_catalog.") in _FUNCTIONS
+    """True for functions passthrough statements may call (``pg_catalog.`` prefix optional).
+
+    Neutralised size functions count as allowed: they are replaced before the statement runs.
+    """
+    bare = name.removeprefix("pg_catalog.")
+    return bare in _FUNCTIONS or bare in NEUTRALISED_FUNCTIONS
+
+
+# Why a function off the allowlist is refused, by name prefix (first match wins).
+_REFUSAL_REASONS = (
+    (("pg_stat", "pg_statio", "pg_mcv", "pg_get_stat"), "it reads statistics about the rows"),
+    (("pg_read", "pg_ls_", "pg_stat_file", "pg_file"), "it reads server files"),
+    (("lo_", "pg_largeobject"), "it reads large objects"),
+    (("query_to_", "table_to_", "schema_to_", "database_to_", "cursor_to_", "ts_stat", "dblink"),
+     "it runs SQL given as text"),
+    (("nextval", "currval", "lastval", "setval", "pg_sequence_last_value"), "it reveals sequence positions"),
+)
+
+
+def refused_function_reason(name: str) -> str:
+    """Why ``name`` (not allowed) is refused, for the analyst's error message."""
+    bare = name.removeprefix("pg_catalog.")
+    for prefixes, reason in _REFUSAL_REASONS:
+        if bare.startswith(prefixes):
+            return reason
+    return "it is not on dpproxy's allowlist of catalog and formatting functions"

@@ -14,15 +14,24 @@ from typing import Any, Mapping, Union
 from policies.errors import SQLSTATE, Refusal
 from policies.tables import Relation, TableRegistry
 
-from .catalog import CATALOG_SCHEMAS, SAFE_SETTINGS, allowed_catalog_relation, allowed_function, exact_floats
+from .catalog import (
+    CATALOG_SCHEMAS,
+    SAFE_SETTINGS,
+    allowed_catalog_relation,
+    allowed_function,
+    exact_floats,
+    refused_function_reason,
+)
 from .constants import FUNCTIONS as FOLDABLE_FUNCTIONS
+from .copy import CopyOptions, copy_query
 from .dp_query import AggregateQuery, plan_aggregate_query
 from .neutralise import neutralise_pg_class
 from .qualify import qualify
 from .references import RelationRef
-from .statements import Statement
+from .statements import Statement, split_statements
 
 __all__ = [
+    "CopyOut",
     "DPQuery",
     "Deallocate",
     "Decision",
@@ -68,13 +77,22 @@ class DpproxyCommand:
 
 
 @dataclass(frozen=True)
+class CopyOut:
+    """COPY (SELECT ...) TO STDOUT: answer ``query`` as ``inner`` decides, written as COPY writes rows."""
+
+    query: Statement
+    inner: Union[Passthrough, DPQuery]
+    options: CopyOptions
+
+
+@dataclass(frozen=True)
 class Deallocate:
     """DEALLOCATE: client statements live in dpproxy's registry, not on the backend."""
 
     name: str | None  # None: ALL
 
 
-Decision = Union[Passthrough, DPQuery, DpproxyCommand, Deallocate]
+Decision = Union[Passthrough, DPQuery, DpproxyCommand, Deallocate, CopyOut]
 
 _TRANSACTION_KINDS = {
     "TRANS_STMT_BEGIN", "TRANS_STMT_START", "TRANS_STMT_COMMIT", "TRANS_STMT_ROLLBACK",
@@ -87,7 +105,6 @@ _WRITES = {
 # Statements that can also sit inside another one: in a WITH (at any depth) or a subquery's WITH.
 _NESTED_WRITES = frozenset({"InsertStmt", "UpdateStmt", "DeleteStmt", "MergeStmt"})
 _NOT_SUPPORTED = {
-    "CopyStmt": "COPY",
     "ExplainStmt": "EXPLAIN (its plans and ANALYZE output reveal row counts)",
     "DoStmt": "DO blocks",
     "CallStmt": "CALL",
@@ -108,14 +125,16 @@ def classify(
     statement: Statement,
     resolved: Mapping[RelationRef, ResolvedRelation | None],
     registry: TableRegistry,
+    user: str | None = None,
 ) -> Decision:
     """Decide ``statement``'s fate; raise Refusal with SQLSTATE, message and hint if refused.
 
     ``resolved`` maps each relation the statement references to its backend identity
-    (None: no such relation, or only a CTE of that name). The decision is a pure function of
-    the three, so it is cached (refusals are not).
+    (None: no such relation, or only a CTE of that name). ``user`` is the analyst's login
+    name, which current_user & co. answer in passthrough statements (None: left as they are).
+    The decision is a pure function of the four, so it is cached (refusals are not).
     """
-    return _classify(statement, tuple(resolved.items()), registry)
+    return _classify(statement, tuple(resolved.items()), registry, user)
 
 
 @lru_cache(maxsize=8192)
@@ -123,6 +142,7 @@ def _classify(
     statement: Statement,
     resolved_items: tuple[tuple[RelationRef, ResolvedRelation | None], ...],
     registry: TableRegistry,
+    user: str | None,
 ) -> Decision:
     resolved = dict(resolved_items)
     kind = statement.kind
@@ -137,7 +157,9 @@ def _classify(
             "read-only",
         )
     if kind == "SelectStmt":
-        return _select(statement, resolved, registry)
+        return _select(statement, resolved, registry, user)
+    if kind == "CopyStmt":
+        return _copy(statement, resolved, registry, user)
     if kind == "TransactionStmt":
         return _transaction(statement)
     if kind == "VariableSetStmt":
@@ -181,6 +203,7 @@ def _select(
     statement: Statement,
     resolved: Mapping[RelationRef, ResolvedRelation | None],
     registry: TableRegistry,
+    user: str | None,
 ) -> Decision:
     refs = statement.references
     protected: list[Relation] = []
@@ -230,7 +253,7 @@ def _select(
     if protected:
         return _protected(statement, protected)
     _check_functions(statement)
-    text = qualify(statement.text)
+    text = qualify(statement.text, user)
     if references_pg_class:
         # Its subquery names only pg_catalog.pg_class, keyword types and constants.
         text = neutralise_pg_class(
@@ -239,6 +262,20 @@ def _select(
             lambda schema, name: _means_pg_class(RelationRef(schema, name), resolved),
         )
     return Passthrough(text)
+
+
+def _copy(
+    statement: Statement,
+    resolved: Mapping[RelationRef, ResolvedRelation | None],
+    registry: TableRegistry,
+    user: str | None,
+) -> CopyOut:
+    """COPY (SELECT ...) TO STDOUT is judged as the SELECT; every other COPY is refused."""
+    text, options = copy_query(statement.text, statement.node)
+    (query,) = split_statements(text)
+    inner = _select(query, resolved, registry, user)
+    assert isinstance(inner, (Passthrough, DPQuery))
+    return CopyOut(query, inner, options)
 
 
 def _means_pg_class(ref: RelationRef, resolved: Mapping[RelationRef, ResolvedRelation | None]) -> bool:
@@ -286,9 +323,10 @@ def _check_functions(statement: Statement) -> None:
         if not allowed_function(name):
             raise Refusal(
                 SQLSTATE.INSUFFICIENT_PRIVILEGE,
-                f"function {name}() is not available through dpproxy (rule: function-allowlist)",
-                "Catalog queries may call catalog and formatting functions; functions that read "
-                "data, files, sizes or statistics are not available.",
+                f"function {name}() is not available through dpproxy: {refused_function_reason(name)} "
+                "(rule: function-allowlist)",
+                "Catalog queries may call the catalog, string, array and formatting functions on "
+                "dpproxy's allowlist; relation and database sizes answer NULL.",
                 "function-allowlist",
             )
         if name.removeprefix("pg_catalog.") == "set_config":

@@ -1,4 +1,15 @@
-"""Rewrite catalog statements so that pg_class never reveals row counts or sizes.
+"""Rewrite catalog statements so that they never reveal row counts or sizes, and see the analyst.
+
+``neutralise_calls`` (on the parse tree, before pinning) replaces every call of a size
+function (``NEUTRALISED_FUNCTIONS``) by ``NULL::int8``, and ``current_user``,
+``session_user``, ``user`` and ``current_role`` by the analyst's login name, as a ``name``
+literal: what they would show had the analyst connected to PostgreSQL directly, not the
+service role dpproxy uses. Inside the role argument of a privilege function
+(``pg_has_role``, ``has_*_privilege``) they are left alone: the analyst is usually no role on
+the backend (naming it would fail with 42704), and what an analyst can read through dpproxy
+is what the service role can, so that is the answer the question wants.
+
+``neutralise_pg_class`` (on the text):
 
 Every reference to pg_catalog.pg_class becomes a subquery with the same columns in which
 ``reltuples``, ``relpages`` and ``relallvisible`` are constants (-1 is what PostgreSQL
@@ -14,15 +25,79 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator
 
-from pglast import parser
+from pglast import ast, parser
+from pglast.enums import SQLValueFunctionOp
 
-from .catalog import NEUTRALISED_PG_CLASS_COLUMNS
+from .catalog import NEUTRALISED_FUNCTIONS, NEUTRALISED_PG_CLASS_COLUMNS
 
-__all__ = ["neutralise_pg_class"]
+__all__ = ["neutralise_calls", "neutralise_pg_class"]
+
+_USER_FUNCTIONS = frozenset({"current_user", "session_user", "user", "current_role"})
+# The session-user value functions, with the column name PostgreSQL gives them.
+_USER_VALUES = {
+    SQLValueFunctionOp.SVFOP_CURRENT_USER: "current_user",
+    SQLValueFunctionOp.SVFOP_SESSION_USER: "session_user",
+    SQLValueFunctionOp.SVFOP_USER: "user",
+    SQLValueFunctionOp.SVFOP_CURRENT_ROLE: "current_role",
+}
+
+
+def neutralise_calls(node: Any, user: str | None) -> Any:
+    """``node`` (a pglast AST) with size calls as typed NULLs and, if ``user`` is given, the
+    session-user functions as ``user``; returns what replaces ``node``."""
+    if isinstance(node, tuple):
+        return tuple(neutralise_calls(item, user) for item in node)
+    if not isinstance(node, ast.Node):
+        return node
+    if isinstance(node, ast.FuncCall):
+        parts = node.funcname or ()
+        name = str(parts[-1].sval)
+        schema = str(parts[0].sval) if len(parts) > 1 else "pg_catalog"
+        if schema == "pg_catalog" and name in NEUTRALISED_FUNCTIONS:
+            return _cast(ast.A_Const(isnull=True), "int8")
+        if schema == "pg_catalog" and name in _USER_FUNCTIONS and not node.args and user is not None:
+            return _user_literal(user)
+        if name == "pg_has_role" or name.startswith("has_") and name.endswith("_privilege"):
+            user = None  # the role argument stays the backend's own (module docstring)
+    elif isinstance(node, ast.SQLValueFunction) and node.op in _USER_VALUES and user is not None:
+        return _user_literal(user)
+    elif isinstance(node, ast.ResTarget) and node.name is None and node.val is not None:
+        # A replaced output column keeps the name PostgreSQL would have given it.
+        original = node.val
+        node.val = neutralise_calls(original, user)
+        if node.val is not original:
+            node.name = _column_name(original)
+        return node
+    for attr in node:
+        value = getattr(node, attr)
+        if isinstance(value, (ast.Node, tuple)):
+            setattr(node, attr, neutralise_calls(value, user))
+    return node
+
+
+def _column_name(value: ast.Node) -> str:
+    if isinstance(value, ast.SQLValueFunction):
+        return _USER_VALUES[SQLValueFunctionOp(value.op or 0)]
+    assert isinstance(value, ast.FuncCall)
+    return str((value.funcname or ())[-1].sval)
+
+
+def _user_literal(user: str) -> ast.TypeCast:
+    return _cast(ast.A_Const(isnull=False, val=ast.String(sval=user)), "name")
+
+
+def _cast(value: ast.A_Const, type_name: str) -> ast.TypeCast:
+    names = (ast.String(sval="pg_catalog"), ast.String(sval=type_name))
+    type_ = ast.TypeName(names=names, setof=False, pct_type=False, typemod=-1, location=-1)
+    return ast.TypeCast(arg=value, typeName=type_, location=-1)
 
 
 def neutralise_pg_class(sql: str, pg_class_columns: tuple[str, ...], is_pg_class: Any) -> str:
-    """Replace each RangeVar for which ``is_pg_class(schema, name)`` holds by a safe subquery."""
+    """Replace each RangeVar for which ``is_pg_class(schema, name)`` holds by a safe subquery.
+
+    The parse tree's locations are byte offsets, pglast's scanner gives character offsets:
+    locations are converted, so text before pg_class may hold any characters.
+    """
     encoded = sql.encode("utf-8")
     tree = json.loads(parser.parse_sql_json(sql))
     targets = [
@@ -30,34 +105,38 @@ def neutralise_pg_class(sql: str, pg_class_columns: tuple[str, ...], is_pg_class
     ]
     if not targets:
         return sql
+
+    def char_offset(location: int) -> int:
+        return len(encoded[:location].decode("utf-8"))
+
     tokens = parser.scan(sql)
-    replacement = _subquery(pg_class_columns).encode("utf-8")
-    edits: list[tuple[int, int, bytes]] = []  # (start, end, replacement) byte ranges
+    replacement = _subquery(pg_class_columns)
+    edits: list[tuple[int, int, str]] = []  # (start, end, replacement) character ranges
     for node in targets:
-        start, end = _name_extent(tokens, node["location"])
-        if not node.get("inh", True):
+        start, end = _name_extent(tokens, char_offset(node["location"]))
+        if not node.get("inh"):  # the JSON tree leaves out a false inh (FROM ONLY)
             start = _only_keyword_start(tokens, start)
-        edits.append((start, end, replacement if "alias" in node else replacement + b" AS pg_class"))
+        edits.append((start, end, replacement if "alias" in node else replacement + " AS pg_class"))
     for ref in _nodes(tree, "ColumnRef"):
-        prefix = _schema_prefix(tokens, ref)
+        prefix = _schema_prefix(tokens, ref, char_offset(ref["location"]))
         if prefix is not None:
-            edits.append((*prefix, b""))
-    pieces: list[bytes] = []
+            edits.append((*prefix, ""))
+    pieces: list[str] = []
     cursor = 0
     for start, end, text in sorted(edits):
-        pieces += [encoded[cursor:start], text]
+        pieces += [sql[cursor:start], text]
         cursor = end
-    pieces.append(encoded[cursor:])
-    return b"".join(pieces).decode("utf-8")
+    pieces.append(sql[cursor:])
+    return "".join(pieces)
 
 
-def _schema_prefix(tokens: list[Any], ref: dict[str, Any]) -> tuple[int, int] | None:
-    """Byte range of ``[db.]pg_catalog.`` in a column reference ``[db.]pg_catalog.pg_class.col``."""
+def _schema_prefix(tokens: list[Any], ref: dict[str, Any], start: int) -> tuple[int, int] | None:
+    """Character range of ``[db.]pg_catalog.`` in a column reference ``[db.]pg_catalog.pg_class.col``."""
     names = [field.get("String", {}).get("sval") for field in ref["fields"]]
     if len(names) < 3 or names[-3:-1] != ["pg_catalog", "pg_class"]:
         return None
-    index = next(i for i, token in enumerate(tokens) if token.start == ref["location"])
-    return ref["location"], tokens[index + 2 * (len(names) - 2)].start
+    index = next(i for i, token in enumerate(tokens) if token.start == start)
+    return start, tokens[index + 2 * (len(names) - 2)].start
 
 
 def _subquery(columns: tuple[str, ...]) -> str:
@@ -81,7 +160,7 @@ def _nodes(node: Any, kind: str) -> Iterator[dict[str, Any]]:
 
 
 def _name_extent(tokens: list[Any], location: int) -> tuple[int, int]:
-    """Byte range of the (possibly schema-qualified) name that starts at ``location``."""
+    """Character range of the (possibly schema-qualified) name that starts at ``location``."""
     index = next(i for i, token in enumerate(tokens) if token.start == location)
     end = tokens[index].end + 1
     while index + 2 < len(tokens) and tokens[index + 1].name == "ASCII_46":

@@ -30,6 +30,8 @@ from pglast.stream import RawStream
 
 from policies.errors import SQLSTATE, Refusal
 
+from .neutralise import neutralise_calls
+
 __all__ = ["qualify"]
 
 PG_CATALOG = "pg_catalog"
@@ -39,22 +41,24 @@ _CATALOG_ONLY = frozenset({PG_CATALOG})
 _OWN_SCHEMA_ONLY = "Write the name without a schema (dpproxy pins it to pg_catalog) or with pg_catalog."
 
 
-def qualify(sql: str) -> str:
+def qualify(sql: str, user: str | None = None) -> str:
     """``sql`` (one statement) with its functions, operators, types and collations in pg_catalog.
 
     Raises Refusal for forms that cannot be pinned; the result means the same as ``sql``
-    with the default search_path, whatever search_path the session has.
+    with the default search_path, whatever search_path the session has, except that size
+    functions answer NULL and, with ``user``, current_user & co. answer ``user``
+    (neutralise.neutralise_calls).
     """
-    return _qualify(sql)
+    return _qualify(sql, user)
 
 
 @lru_cache(maxsize=4096)
-def _qualify(sql: str) -> str:
+def _qualify(sql: str, user: str | None) -> str:
     try:
         (raw,) = parse_sql(sql)
     except ParseError as exc:
         raise Refusal(SQLSTATE.SYNTAX_ERROR, str(exc.args[0]), rule="syntax") from exc
-    tree = _walk(raw.stmt)
+    tree = _walk(neutralise_calls(raw.stmt, user))
     # The deparser's parentheses decide what the text means; read it back to be sure it
     # means the tree we built. Whatever the deparser cannot print, or prints so that it
     # means something else, is refused, never sent.

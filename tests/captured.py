@@ -11,10 +11,11 @@ database's ``adult`` instead.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CAPTURE_FILE", "SHARED_CAPTURE_FILE", "Captured", "adapt", "load_captured"]
+__all__ = ["CAPTURE_FILE", "SHARED_CAPTURE_FILE", "Captured", "adapt", "load_captured", "sql_blocks"]
 
 CAPTURE_FILE = Path(__file__).parent / "data" / "client-catalog-statements.md"
 # The original, beside the repository in the project's workspace (not in a plain clone).
@@ -44,23 +45,32 @@ _SECTION = re.compile(r"^### (?P<client>[\w-]+): (?P<category>[\w+]+) \(\d+ dist
 _PROTOCOL = re.compile(r"^`(?P<protocol>[QP])` x\d+$")
 
 
-def load_captured(path: Path = CAPTURE_FILE) -> list[Captured]:
-    """Every ```sql block of the capture file, with its client, category and protocol."""
+def sql_blocks(path: Path) -> Iterator[tuple[list[str], str]]:
+    """Each ```sql block of a Markdown file: the lines since the previous block, and its text."""
     lines = path.read_text(encoding="utf-8").splitlines()
-    found: list[Captured] = []
-    client = category = protocol = ""
+    before: list[str] = []
     i = 0
     while i < len(lines):
-        line = lines[i]
-        if match := _SECTION.match(line):
-            client, category = match["client"], match["category"]
-        elif match := _PROTOCOL.match(line):
-            protocol = match["protocol"]
-        elif line == "```sql":
+        if lines[i] == "```sql":
             end = lines.index("```", i + 1)
-            found.append(Captured(client, category, protocol, "\n".join(lines[i + 1 : end]), len(found)))
-            i = end
+            yield before, "\n".join(lines[i + 1 : end])
+            before, i = [], end
+        else:
+            before.append(lines[i])
         i += 1
+
+
+def load_captured(path: Path = CAPTURE_FILE) -> list[Captured]:
+    """Every ```sql block of the capture file, with its client, category and protocol."""
+    found: list[Captured] = []
+    client = category = protocol = ""
+    for before, sql in sql_blocks(path):
+        for line in before:
+            if match := _SECTION.match(line):
+                client, category = match["client"], match["category"]
+            elif match := _PROTOCOL.match(line):
+                protocol = match["protocol"]
+        found.append(Captured(client, category, protocol, sql, len(found)))
     return found
 
 

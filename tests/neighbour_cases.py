@@ -250,4 +250,13 @@ def generate_case(rng: random.Random) -> Case:
         sql += " ORDER BY 1"
     if rng.random() < 0.1:
         sql += f" LIMIT {rng.choice(['0', '1', '5', 'ALL'])}"
-    return Case(sql, tuple(builder.params), rng.random() < 0.2, tuple(fixed for _, fixed in outputs))
+    case = Case(sql, tuple(builder.params), rng.random() < 0.2, tuple(fixed for _, fixed in outputs))
+    if not case.params and not case.binary and rng.random() < 0.1:
+        # The same release in COPY's framing (psql's \copy (SELECT ...) TO 'file').
+        options = rng.choice(["", " WITH (FORMAT csv, HEADER)", " (DELIMITER ';', NULL 'none')"])
+        return Case(f"COPY ({sql}) TO STDOUT{options}", (), False, case.fixed_scale)
+    if rng.random() < 0.03:
+        # Sizes reveal row counts: a catalog query answers NULL for them (psql's \dt+).
+        function = rng.choice(["pg_table_size", "pg_relation_size", "pg_total_relation_size", "pg_indexes_size"])
+        return Case(f"SELECT pg_size_pretty({function}('{{table}}')), {function}('{{table}}'::regclass) AS s", ())
+    return case

@@ -106,6 +106,19 @@ def _form(value: object, fixed_scale: bool) -> object:
     return type(value).__name__
 
 
+_CSV_CELL = re.compile(r'("(?:[^"]|"")*"|[^,]*),')
+
+
+def _copy_form(sql: str, copied: str) -> tuple[tuple[object, ...], ...]:
+    """COPY's output reduced like a result's rows: the header as it is, each released value to NULL or not."""
+    if "FORMAT csv" in sql:
+        header, *rows = copied.splitlines()
+        # In csv a NULL is an empty unquoted cell; a quoted cell may hold commas.
+        return (header, *(tuple(cell == "" for cell in _CSV_CELL.findall(row + ",")) for row in rows))
+    delimiter, null = (";", "none") if "DELIMITER ';'" in sql else ("\t", "\\N")
+    return tuple(tuple(cell == null for cell in line.split(delimiter)) for line in copied.splitlines())
+
+
 def _mask(text: str, table: str) -> str:
     return _NUMBER.sub("#", text.replace(table, "T"))
 
@@ -128,6 +141,11 @@ class Client:
         sql = case.sql.replace("{table}", table)
         self.notices.clear()
         try:
+            if sql.startswith("COPY"):
+                with self.conn.cursor() as cursor, cursor.copy(sql) as copy:
+                    copied = b"".join(bytes(chunk) for chunk in copy).decode()
+                notices = tuple(_mask(n, table) for n in self.notices)
+                return Outcome("answer", (_copy_form(sql, copied), cursor.statusmessage, notices))
             with self.conn.cursor(binary=case.binary) as cursor:
                 cursor.execute(sql, case.params if case.params else None)
                 columns = tuple((c.name, c.type_code) for c in cursor.description or ())

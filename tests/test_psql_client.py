@@ -66,3 +66,32 @@ def test_psql_with_sslmode_require_is_told_ssl_is_not_supported(proxy: RunningPr
     )
     assert result.returncode != 0
     assert "does not support SSL" in result.stderr
+
+
+# psql's "+" variants: each lists sizes (pg_table_size, pg_database_size, pg_tablespace_size
+# through pg_size_pretty) or function bodies (pg_get_function_sqlbody).
+_PLUS_COMMANDS = [r"\dt+", r"\l+", r"\di+", r"\ds+", r"\dv+", r"\dm+", r"\dE+", r"\db+", r"\df+",
+                  r"\d+ adult", r"\dn+", r"\du+"]
+
+
+def test_psql_plus_commands_succeed_and_show_no_size(proxy: RunningProxy):
+    for command in _PLUS_COMMANDS:
+        # Unaligned, with separators no cell contains (ACL cells span lines).
+        result = _psql(proxy, "-A", "-F", "\x1f", "-R", "\x1e", "-c", command)
+        assert result.returncode == 0, (command, result.stderr)
+        records = [record.split("\x1f") for record in result.stdout.split("\x1e")]
+        header = next((record for record in records if len(record) > 1), [])
+        if "Size" in header:
+            column = header.index("Size")
+            sizes = [record[column] for record in records[records.index(header) + 1:] if len(record) == len(header)]
+            assert sizes and set(sizes) == {""}, (command, sizes)  # listed, but no size shown
+    listed = _psql(proxy, "-A", "-F", "\t", "-c", r"\dt+ adult").stdout
+    assert "adult\ttable" in listed
+
+
+def test_psql_sees_the_analyst_as_current_and_session_user(proxy: RunningProxy):
+    result = _psql(proxy, "-A", "-F", ",", "-c",
+                   "SELECT current_user, session_user, user, current_role, pg_catalog.\"current_user\"()")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[:2] == ["current_user,session_user,user,current_role,current_user",
+                                              "analyst,analyst,analyst,analyst,analyst"]

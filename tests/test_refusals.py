@@ -33,7 +33,7 @@ REFUSED = [
     ("SELECT * FROM pg_stats", "42501", "catalog-allowlist"),
     ("SELECT * FROM pg_catalog.pg_stat_user_tables", "42501", "catalog-allowlist"),
     ("SELECT last_value FROM pg_sequences", "42501", "catalog-allowlist"),
-    ("SELECT pg_relation_size('adult')", "42501", "function-allowlist"),
+    ("SELECT pg_stat_get_live_tuples('adult'::regclass)", "42501", "function-allowlist"),
     ("SELECT query_to_xml('select * from adult', true, true, '')", "42501", "function-allowlist"),
     ("INSERT INTO adult (age) VALUES (1)", "25006", "read-only"),
     ("DELETE FROM adult", "25006", "read-only"),
@@ -87,3 +87,21 @@ def test_pg_class_row_counts_are_neutralised(proxy: RunningProxy, admin):
     assert rows == [(-1.0, 0)] and qualified == [(-1.0,)]
     assert star_row[names.index("reltuples")] == -1.0
     assert admin.execute("SELECT reltuples FROM pg_class WHERE relname = 'adult'").fetchone()[0] > 40000
+
+
+def test_pg_class_is_neutralised_after_non_ascii_text_and_under_only(proxy: RunningProxy):
+    with proxy.connect() as conn:
+        labelled = conn.execute("SELECT 'Größe ✓' AS label, reltuples FROM pg_catalog.pg_class "
+                                "WHERE relname = 'adult'").fetchall()
+        only = conn.execute("SELECT c.reltuples FROM ONLY pg_class c WHERE c.relname = 'adult'").fetchall()
+    assert labelled == [("Größe ✓", -1.0)] and only == [(-1.0,)]
+
+
+def test_a_refused_function_is_named_with_the_reason(proxy: RunningProxy):
+    with proxy.connect() as conn:
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute("SELECT pg_stat_get_live_tuples('adult'::regclass)")
+    diag = info.value.diag
+    assert "function pg_stat_get_live_tuples() is not available through dpproxy: it reads statistics" in (
+        diag.message_primary or "")
+    assert "formatting functions" in (diag.message_hint or "") and "sizes answer NULL" in (diag.message_hint or "")

@@ -1,0 +1,91 @@
+"""``SHOW dpproxy.columns``: what the policy lets an analyst ask, one row per protected column.
+
+Everything shown is policy, not data: bounds and categories are what the policy's owner
+declared, and which aggregates a column takes follows from them exactly as the DP planner
+decides (rewriter/dp_query.py). Each protected table also gets a row for ``*`` (COUNT(*)).
+``epsilon`` is what one query on the table costs this session (the table's ε, capped by
+the user's ``max_query_epsilon`` and ``SET dpproxy.epsilon``); ``delta`` is the table's δ,
+charged only by the sample-and-aggregate mechanisms. Public tables are not listed: they
+are passed through as they are.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+from policies.tables import ColumnInfo, Relation, TableRegistry
+from rewriter.types import FLOAT8, MAX_ABS_BOUND, NUMERIC_TYPES
+
+from .backend import ResultSet
+from .binary import TEXT
+from .protocol import Field
+from .values import encode_text
+
+__all__ = ["COLUMNS_FIELDS", "columns_result"]
+
+COLUMNS_FIELDS = [
+    Field("table_name", TEXT),
+    Field("column_name", TEXT),
+    Field("data_type", TEXT),
+    Field("bounds", TEXT),
+    Field("categories", TEXT),
+    Field("aggregates", TEXT),
+    Field("epsilon", FLOAT8, 8),
+    Field("delta", FLOAT8, 8),
+]
+
+# format_type() names of the types policy columns usually have; others show their OID.
+_TYPE_NAMES = {
+    16: "boolean", 20: "bigint", 21: "smallint", 23: "integer", 25: "text", 700: "real",
+    701: "double precision", 1042: "character", 1043: "character varying", 1082: "date",
+    1114: "timestamp without time zone", 1184: "timestamp with time zone", 1700: "numeric",
+}
+
+
+def columns_result(registry: TableRegistry, epsilon_of: Callable[[Relation], float]) -> ResultSet:
+    """The rows of SHOW dpproxy.columns, tables and columns in name order."""
+    rows: list[list[bytes | None]] = []
+    tables = sorted((r for r in registry.by_oid.values() if r.access == "protected"),
+                    key=lambda r: (r.schema, r.name))
+    for table in tables:
+        epsilon = encode_text(epsilon_of(table), FLOAT8)
+        delta = encode_text(table.policy.delta, FLOAT8)
+        name = table.display_name.encode()
+        rows.append([name, b"*", None, None, None, b"COUNT(*) laplace", epsilon, delta])
+        for column in sorted(table.columns.values(), key=lambda c: c.attnum):
+            rows.append([name, column.name.encode(), _type_name(column.type_oid).encode(), *_declared(column),
+                         ", ".join(_aggregates(table, column)).encode(), epsilon, delta])
+    return ResultSet(list(COLUMNS_FIELDS), rows, "SHOW")
+
+
+def _type_name(oid: int) -> str:
+    return _TYPE_NAMES.get(oid, f"type oid {oid}")
+
+
+def _declared(column: ColumnInfo) -> list[bytes | None]:
+    """Bounds as ``[lo, hi]`` and categories as a JSON array, as the policy declares them."""
+    policy = column.policy
+    bounds = f"[{policy.bounds[0]:g}, {policy.bounds[1]:g}]".encode() if policy and policy.bounds else None
+    categories = json.dumps(list(policy.categories)).encode() if policy and policy.categories else None
+    return [bounds, categories]
+
+
+def _aggregates(table: Relation, column: ColumnInfo) -> list[str]:
+    """The aggregates the DP planner accepts on ``column``, each with its mechanism."""
+    accepted = ["COUNT laplace"]
+    policy = column.policy
+    limit = MAX_ABS_BOUND.get(column.type_oid)
+    if (column.type_oid in NUMERIC_TYPES and policy is not None and policy.bounds is not None
+            and (limit is None or policy.sensitivity <= limit)):
+        accepted.append("SUM laplace")
+        sampled = table.policy.delta > 0
+        if table.policy.avg == "sum_count":
+            accepted.append("AVG sum_count")
+        elif sampled:
+            accepted.append("AVG sample_aggregate")
+        if sampled:
+            accepted += ["MIN sample_aggregate", "MAX sample_aggregate"]
+    if policy is not None and policy.categories is not None:
+        accepted.append("MODE exponential")
+    return accepted

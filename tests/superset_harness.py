@@ -1,0 +1,147 @@
+"""Apache Superset as a real client of dpproxy: find its venv, run it, talk to its REST API.
+
+Superset lives in its own venv (tests/superset/install.sh; it needs SQLAlchemy 1.4, dpproxy
+2.x). ``SupersetServer`` starts ``superset run`` on a free port with a copy of the metadata
+database the install step initialised (admin/admin; ``db upgrade`` + ``init`` take ~20 s, a
+copy takes none), and always stops it. ``SupersetApi`` logs in (JWT) and sends the CSRF
+token with every write, as Superset's own front end does.
+"""
+
+from __future__ import annotations
+
+import http.cookiejar
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ADMIN", "INSTALL_COMMAND", "SupersetApi", "SupersetServer", "superset_venv"]
+
+HERE = Path(__file__).parent / "superset"
+INSTALL_COMMAND = "bash tests/superset/install.sh"
+ADMIN = ("admin", "admin")
+TEMPLATE_NAME = "metadata-template.db"
+START_TIMEOUT_S = 60.0
+REQUEST_TIMEOUT_S = 60.0
+
+
+def superset_venv() -> Path:
+    """The venv install.sh made; fail with the command that makes it when it is missing."""
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dpproxy" / "superset-6.1.0"
+    venv = Path(os.environ.get("DPPROXY_SUPERSET_VENV", default))
+    if not (venv / "bin" / "superset").is_file() or not (venv / TEMPLATE_NAME).is_file():
+        raise RuntimeError(f"Apache Superset is not installed in {venv}: run `{INSTALL_COMMAND}` "
+                           "(.ci/run does it on a fresh machine)")
+    return venv
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class SupersetServer:
+    """``superset run`` on 127.0.0.1:<free port> with a fresh copy of the metadata template."""
+
+    def __init__(self, workdir: Path, public: bool = False):
+        """Starts from a copy of the template unless ``workdir`` has a metadata database already.
+        ``public``: anonymous visitors get Admin's permissions, for a browser without a login
+        (runs ``superset init`` to copy them, ~8 s); the API then acts as an anonymous user, so
+        build what is to be shown first, on a server without it."""
+        venv = superset_venv()
+        self.workdir = workdir
+        metadata = workdir / "superset.db"
+        if not metadata.exists():
+            shutil.copyfile(venv / TEMPLATE_NAME, metadata)
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        env.update(SUPERSET_CONFIG_PATH=str(HERE / "superset_config.py"), DPPROXY_SUPERSET_METADATA=str(metadata),
+                   FLASK_APP="superset", PYTHONUNBUFFERED="1")
+        self.log_path = workdir / "superset.log"
+        self._log = self.log_path.open("wb")
+        if public:
+            env["DPPROXY_SUPERSET_PUBLIC"] = "1"
+            subprocess.run([str(venv / "bin" / "superset"), "init"], cwd=workdir, env=env, stdout=self._log,
+                           stderr=subprocess.STDOUT, timeout=120, check=True)
+        self.process = subprocess.Popen(
+            [str(venv / "bin" / "superset"), "run", "-h", "127.0.0.1", "-p", str(self.port), "--with-threads"],
+            cwd=workdir, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"superset exited with {self.process.returncode}: {self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"superset did not answer /health within {START_TIMEOUT_S:.0f} s: {self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        self._log.close()
+
+
+class SupersetApi:
+    """Superset's REST API as its front end uses it: a JWT bearer token plus the CSRF token."""
+
+    def __init__(self, base_url: str, username: str = ADMIN[0], password: str = ADMIN[1]):
+        self.base_url = base_url
+        self._opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+        self._headers: dict[str, str] = {}
+        status, body = self.request("POST", "/api/v1/security/login",
+                                    {"username": username, "password": password, "provider": "db", "refresh": True})
+        assert status == 200, body
+        self._headers["Authorization"] = f"Bearer {body['access_token']}"
+        status, body = self.request("GET", "/api/v1/security/csrf_token/")
+        assert status == 200, body
+        self._headers["X-CSRFToken"] = body["result"]
+        self._headers["Referer"] = base_url
+
+    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """The HTTP status and the decoded JSON body (the raw text when it is not JSON)."""
+        data = None if body is None else json.dumps(body).encode()
+        headers = {**self._headers, **({"Content-Type": "application/json"} if data is not None else {})}
+        req = urllib.request.Request(self.base_url + path, data=data, headers=headers, method=method)
+        try:
+            with self._opener.open(req, timeout=REQUEST_TIMEOUT_S) as reply:
+                status, raw = reply.status, reply.read()
+        except urllib.error.HTTPError as error:
+            status, raw = error.code, error.read()
+        try:
+            return status, json.loads(raw)
+        except ValueError:
+            return status, raw.decode(errors="replace")
+
+    def get(self, path: str) -> tuple[int, Any]:
+        return self.request("GET", path)
+
+    def post(self, path: str, body: Any) -> tuple[int, Any]:
+        return self.request("POST", path, body)

@@ -1,0 +1,45 @@
+"""SHOW dpproxy.columns: the policy's choices, visible from SQL (psql, a BI tool's SQL editor)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import psycopg
+import pytest
+
+from conftest import RunningProxy, psql_path
+
+_COLUMNS = ["table_name", "column_name", "data_type", "bounds", "categories", "aggregates", "epsilon", "delta"]
+
+
+@pytest.mark.parametrize("prepare", [False, True], ids=["simple", "extended"])
+def test_show_columns_lists_each_protected_column_with_what_it_accepts(proxy: RunningProxy, prepare: bool):
+    with proxy.connect(autocommit=True) as conn:
+        cur = conn.execute("SHOW dpproxy.columns", prepare=prepare)
+        assert [d.name for d in cur.description] == _COLUMNS
+        rows = {(r[0], r[1]): r[2:] for r in cur.fetchall()}
+    assert {table for table, _ in rows} == {"adult", "clamp_test"}  # protected only; lookup is public
+    assert rows[("adult", "*")] == (None, None, None, "COUNT(*) laplace", 1.0, 1e-6)
+    assert rows[("adult", "age")] == ("integer", "[17, 90]", None, "COUNT laplace, SUM laplace, "
+                                      "AVG sample_aggregate, MIN sample_aggregate, MAX sample_aggregate", 1.0, 1e-6)
+    assert rows[("adult", "sex")] == ("text", None, '["Male", "Female"]', "COUNT laplace, MODE exponential", 1.0, 1e-6)
+    assert rows[("adult", "fnlwgt")][3] == "COUNT laplace"  # no bounds in the policy: COUNT only
+    assert rows[("clamp_test", "ratio")][1:3] == ("[-2.5, 2.5]", None)
+
+
+def test_show_columns_shows_the_session_s_epsilon(proxy: RunningProxy):
+    with proxy.connect(autocommit=True) as conn:
+        conn.execute("SET dpproxy.epsilon = 0.25")
+        epsilons = {row[6] for row in conn.execute("SHOW dpproxy.columns").fetchall()}
+    assert epsilons == {0.25}
+
+
+def test_psql_shows_the_policy_columns(proxy: RunningProxy):
+    env = {**os.environ, "PGPASSWORD": "analyst", "PGSSLMODE": "prefer", "PGCONNECT_TIMEOUT": "10"}
+    result = subprocess.run(
+        [psql_path(), "-X", "-h", proxy.host, "-p", str(proxy.port), "-U", "analyst", "-d", "dpproxy_test",
+         "-c", "SHOW dpproxy.columns"], capture_output=True, text=True, env=env, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "MODE exponential" in result.stdout and "[17, 90]" in result.stdout
