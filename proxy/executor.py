@@ -38,6 +38,7 @@ from .audit import fingerprint as audit_fingerprint
 from .backend import BackendError, BackendLost, BackendSession, BoundParams, ResultSet
 from .binary import binary_from_text
 from .copy_out import copy_messages
+from .folding import bind_constants
 from .metrics import observe_statement
 from .protocol import Field, ProtocolError, formats_for
 from .settings import SessionSettings
@@ -140,8 +141,8 @@ class Executor:
                 # A combination of nesting within every single limit can still be too deep.
                 raise too_complex("too deeply nested to analyse", MAX_NESTING, "levels of nesting") from None
             except SqlglotError as exc:
-                # PostgreSQL parsed it but the DP-query analyser cannot (e.g. sqlglot's tokenizer
-                # on "$1 ... ''"): refused from the text alone, like any other unanalysable query.
+                # PostgreSQL parsed it but the DP-query analyser cannot (a form sqlglot cannot read;
+                # parameters reach it as placeholders, rewriter/sqlglot_parse.py): refused from the text alone.
                 raise Refusal(
                     SQLSTATE.DP_QUERY_SHAPE,
                     "cannot analyse this statement (rule: unparsed)",
@@ -315,6 +316,7 @@ class Executor:
         epsilon = self.settings.query_epsilon(self.server.policy, plan.table)
         if plan.limit_zero:
             return release_row(plan, (), epsilon).result, [], Cost(0.0, 0.0, None, None)
+        plan, params = await bind_constants(plan, params, self.backend)  # before the repeat lookup and the charge
         sql = backend_sql(plan, seed=0)  # names the query; the SQL run gets a fresh seed below
         repeat_key = (self.user, sql, tuple(params.values), tuple(params.formats), epsilon)
         earlier = self.server.repeats.get(repeat_key)

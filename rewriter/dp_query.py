@@ -12,14 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError
 
 from policies.errors import SQLSTATE, Refusal
 from policies.tables import ColumnInfo, Relation
 
-from .predicates import validate_predicate
+from .constants import Folding
+from .predicates import plan_predicate
+from .sqlglot_parse import parse_postgres
 from .types import MAX_ABS_BOUND, NUMERIC_TYPES, aggregate_result_type
 
 __all__ = ["Aggregate", "AggregateQuery", "plan_aggregate_query"]
@@ -60,19 +61,24 @@ class Aggregate:
 
 @dataclass(frozen=True)
 class AggregateQuery:
-    """A validated DP query: what to compute, on which table, under which filter."""
+    """A validated DP query: what to compute, on which table, under which filter.
+
+    With ``folding``, ``where_sql`` still holds row-independent expressions: it may be
+    described, but runs only after :func:`proxy.folding.bind_constants` has folded them.
+    """
 
     table: Relation
     aggregates: tuple[Aggregate, ...]
     where_sql: str | None
     limit_zero: bool
+    folding: Folding | None = None
 
 
 def plan_aggregate_query(sql: str, table: Relation) -> AggregateQuery:
     """Validate ``sql`` (one SELECT that references ``table`` and nothing else) into a plan."""
     scope = Scope(table, frozenset({table.name}))
     try:
-        tree = sqlglot.parse_one(sql, read="postgres")
+        tree = parse_postgres(sql)
     except ParseError as exc:
         raise scope.refuse("cannot analyse this query on protected table", "unparsed") from exc
     if not isinstance(tree, exp.Select):
@@ -80,8 +86,10 @@ def plan_aggregate_query(sql: str, table: Relation) -> AggregateQuery:
     scope = _check_clauses(tree, scope)
     aggregates = tuple(_aggregate(item, scope) for item in tree.expressions)
     where = tree.args.get("where")
-    where_sql = validate_predicate(where.this, scope) if where is not None else None
-    return AggregateQuery(table, aggregates, where_sql, _limit_is_zero(tree, scope))
+    predicate = plan_predicate(where.this, scope) if where is not None else None
+    where_sql = predicate.sql if predicate is not None else None
+    folding = predicate.folding if predicate is not None else None
+    return AggregateQuery(table, aggregates, where_sql, _limit_is_zero(tree, scope), folding)
 
 
 @dataclass(frozen=True)

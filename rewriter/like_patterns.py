@@ -14,9 +14,13 @@ the default backslash serves every need).
 
 from __future__ import annotations
 
-__all__ = ["ESCAPE", "invalid_pattern_reason"]
+__all__ = ["ESCAPE", "INVALID_PATTERN_HINT", "invalid_pattern_reason"]
 
 ESCAPE = "\\"
+INVALID_PATTERN_HINT = (
+    "PostgreSQL rejects this pattern only when it compares a row with it, which would "
+    "tell whether any row passed the rest of the WHERE. Escape a literal backslash as \\\\."
+)
 
 
 def invalid_pattern_reason(pattern: str) -> str | None:

@@ -1,10 +1,17 @@
 """The safe predicate language of WHERE clauses on protected tables (SPEC §3).
 
-A predicate may compare columns with literals or parameters (=, <>, <, <=, >, >=,
-BETWEEN, IN (literals), IS [NOT] NULL, [NOT] LIKE/ILIKE 'pattern'), combine them with
-AND/OR/NOT, and apply lower()/upper() to a column. Nothing else: no arithmetic, casts or
-other functions on columns (each is an error or timing oracle on single rows), no
-subqueries, no system columns.
+A predicate may compare columns with literals, parameters or row-independent computed
+values (=, <>, <, <=, >, >=, BETWEEN, IN (...), IS [NOT] NULL, [NOT] LIKE/ILIKE 'pattern'
+or a parameter), combine them with AND/OR/NOT, and apply lower()/upper() to a column.
+Nothing else: no arithmetic, casts or other functions on columns (each is an error or
+timing oracle on single rows), no subqueries, no system columns.
+
+A computed value (``now() - interval '1 year'``, ``TO_TIMESTAMP('2024-01-01', '...')``,
+``50000 + 1``) is never left for PostgreSQL to evaluate next to the rows: it is checked
+against :mod:`rewriter.constants`' allowlist, and the comparison becomes a token of the
+plan's :class:`~rewriter.constants.Folding` template, folded into a typed literal of the
+column's type before the query is charged (:mod:`proxy.folding`). A LIKE/ILIKE pattern bound
+as a parameter is checked when its value is bound, as strictly as a literal one.
 
 The rule behind each restriction: an accepted predicate must never fail because of the
 rows. PostgreSQL folds constant expressions while planning, so an error there is the same
@@ -44,14 +51,16 @@ from sqlglot import exp
 from policies.errors import Refusal
 from policies.tables import ColumnInfo, quote_identifier
 
-from .like_patterns import invalid_pattern_reason
+from .constants import HINT as FOLD_HINT
+from .constants import Fold, Folding, NotFoldable, fold_type, qualified_constant
+from .like_patterns import INVALID_PATTERN_HINT, invalid_pattern_reason
 from .sql_text import literal, operator
 from .types import FLOAT4, FLOAT8, NUMERIC
 
 if TYPE_CHECKING:
     from .dp_query import Scope
 
-__all__ = ["validate_predicate"]
+__all__ = ["Predicate", "plan_predicate", "validate_predicate"]
 
 _COMPARISONS: dict[type[exp.Expression], str] = {
     exp.EQ: "=", exp.NEQ: "<>", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<=",
@@ -84,25 +93,61 @@ _CAST_TYPES: dict[object, tuple[str, bool]] = {
 # Types whose input function is STABLE (it reads DateStyle/TimeZone): a parameter sent
 # with another type is converted to them per row, not once while planning.
 _STABLE_INPUT = frozenset({"date", "time", "timestamp", "timestamptz"})
+_FLIPPED = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
 _FLOAT_CASTS = frozenset({"float4", "float8"})
 _FLOAT_COLUMNS = frozenset({FLOAT4, FLOAT8})
 # text, varchar, bpchar: LIKE compares the pattern exactly as the validated string.
 _TEXT_TYPES = frozenset({25, 1043, 1042})
 
 
+class Predicate:
+    """A validated predicate: its SQL, and what must be done with it when it is executed.
+
+    ``sql`` is fully qualified and valid to describe; when ``folding`` is not None it still
+    holds expressions to fold (or parameters to check) and must not run as it is.
+    """
+
+    def __init__(self, sql: str, folding: Folding | None):
+        self.sql = sql
+        self.folding = folding
+
+
+def plan_predicate(predicate: exp.Expression, scope: Scope) -> Predicate:
+    """Check ``predicate`` against the safe language; return its SQL and what execution must fold."""
+    renderer = _Renderer(scope)
+    template = renderer.predicate(predicate)
+    if not renderer.folds and not renderer.like_parameters:
+        return Predicate(template, None)
+    folding = Folding(template, tuple(renderer.folds), tuple(renderer.like_parameters))
+    return Predicate(folding.inline, folding)
+
+
 def validate_predicate(predicate: exp.Expression, scope: Scope) -> str:
-    """Check ``predicate`` against the safe language; return it as fully qualified SQL."""
-    return _Renderer(scope).predicate(predicate)
+    """Check ``predicate`` against the safe language; return it as fully qualified SQL to run as it is.
+
+    A predicate that needs folding is refused here: its expressions, left in place, would be
+    evaluated next to the rows (an error on a non-empty table only). Use :func:`plan_predicate`.
+    """
+    planned = plan_predicate(predicate, scope)
+    if planned.folding is not None:
+        raise scope.refuse("computed values and LIKE parameters are not allowed here on protected table", "safe-predicate")
+    return planned.sql
 
 
 class _Operand:
-    """A rendered side of a comparison: its SQL, and the column or the cast type it is."""
+    """A rendered side of a comparison: its SQL, and the column or the cast type it is.
 
-    def __init__(self, sql: str, column: ColumnInfo | None = None, cast: str | None = None, parameter: bool = False):
+    ``fold`` is set for a row-independent expression evaluated before the query runs
+    (:mod:`rewriter.constants`); its ``sql`` is then the pinned expression.
+    """
+
+    def __init__(self, sql: str, column: ColumnInfo | None = None, cast: str | None = None, parameter: bool = False,
+                 fold: bool = False):
         self.sql = sql
         self.column = column
         self.cast = cast
         self.parameter = parameter
+        self.fold = fold
 
 
 class _Renderer:
@@ -110,6 +155,8 @@ class _Renderer:
 
     def __init__(self, scope: Scope):
         self.scope = scope
+        self.folds: list[Fold] = []
+        self.like_parameters: list[int] = []
 
     def refuse(self, message: str, hint: str | None = None) -> Refusal:
         """A safe-predicate refusal; ``hint`` replaces the standard one when the reason needs saying."""
@@ -155,7 +202,7 @@ class _Renderer:
         if left.column is None and right.column is None:
             raise self.refuse(f"{_describe(node)} compares no column; it is not allowed in WHERE on protected table")
         left, right = self._compatible(left, right)
-        return operator(left.sql, _COMPARISONS[type(node)], right.sql)
+        return self._compare(left, _COMPARISONS[type(node)], right)
 
     def _between(self, node: exp.Expression) -> str:
         if node.args.get("symmetric"):
@@ -163,7 +210,7 @@ class _Renderer:
         column = self._column_side(node.this)
         low, high = self._value(node.args["low"]), self._value(node.args["high"])
         low, high = self._compatible(column, low)[1], self._compatible(column, high)[1]
-        return f"({operator(column.sql, '>=', low.sql)} AND {operator(column.sql, '<=', high.sql)})"
+        return f"({self._compare(column, '>=', low)} AND {self._compare(column, '<=', high)})"
 
     def _in(self, node: exp.Expression) -> str:
         if node.args.get("query") is not None or node.args.get("unnest") is not None or not node.expressions:
@@ -172,7 +219,7 @@ class _Renderer:
         terms = []
         for item in node.expressions:
             value = self._compatible(column, self._value(item))[1]
-            terms.append(operator(column.sql, "=", value.sql))
+            terms.append(self._compare(column, "=", value))
         return "(" + " OR ".join(terms) + ")"
 
     def _is(self, node: exp.Expression) -> str:
@@ -183,15 +230,18 @@ class _Renderer:
     def _like(self, node: exp.Expression, symbol: str) -> str:
         column = self._column_side(node.this)
         pattern = node.expression
-        if not (isinstance(pattern, exp.Literal) and pattern.is_string):
-            raise self.refuse("LIKE/ILIKE takes a literal pattern on protected table")
-        reason = invalid_pattern_reason(pattern.this)
-        if reason is not None:
-            raise self.refuse(
-                f"{reason}; such a pattern is refused on protected table",
-                "PostgreSQL rejects this pattern only when it compares a row with it, which would "
-                "tell whether any row passed the rest of the WHERE. Escape a literal backslash as \\\\.",
-            )
+        parameter = pattern.sql("postgres") if isinstance(pattern, exp.Parameter) else None
+        if parameter is not None and _PARAMETER.fullmatch(parameter):
+            # Its value is checked like a literal's when it is bound (proxy.folding).
+            self.like_parameters.append(int(parameter[1:]))
+            pattern_sql = f"CAST({parameter} AS pg_catalog.text)"
+        elif isinstance(pattern, exp.Literal) and pattern.is_string:
+            reason = invalid_pattern_reason(pattern.this)
+            if reason is not None:
+                raise self.refuse(f"{reason}; such a pattern is refused on protected table", INVALID_PATTERN_HINT)
+            pattern_sql = literal(pattern.this)
+        else:
+            raise self.refuse("LIKE/ILIKE takes a literal pattern or a parameter on protected table")
         assert column.column is not None
         if not isinstance(node.this, tuple(_CASE_FUNCTIONS)) and column.column.type_oid not in _TEXT_TYPES:
             raise self.refuse(
@@ -206,7 +256,7 @@ class _Renderer:
             )
         if node.args.get("negate"):
             symbol = "!" + symbol
-        return operator(column.sql, symbol, literal(pattern.this))
+        return operator(column.sql, symbol, pattern_sql)
 
     def _operand(self, node: exp.Expression) -> _Operand:
         if _is_column_side(node):
@@ -223,6 +273,38 @@ class _Renderer:
         return _Operand(f"pg_catalog.{function}({sql})" if function else sql, column=column)
 
     def _value(self, node: exp.Expression) -> _Operand:
+        """A constant, or a row-independent expression to fold before the query runs."""
+        try:
+            return self._plain_value(node)
+        except Refusal:
+            if any(isinstance(part, (exp.Column, exp.Subquery, exp.Select, exp.Exists, exp.Star)) for part in node.walk()):
+                raise
+        try:
+            return _Operand(qualified_constant(node.sql("postgres")), fold=True)
+        except NotFoldable as exc:
+            raise self.refuse(f"{exc.args[0]} is not allowed in WHERE on protected table", FOLD_HINT) from None
+
+    def _compare(self, left: _Operand, symbol: str, right: _Operand) -> str:
+        """``left symbol right``; a folded side is replaced by a token in the template."""
+        if left.fold:
+            left, right, symbol = right, left, _FLIPPED.get(symbol, symbol)
+        if not right.fold:
+            return operator(left.sql, symbol, right.sql)
+        column = left.column
+        if column is None or left.sql != quote_identifier(column.name):
+            raise self.refuse("a computed value must be compared with a column in WHERE on protected table", FOLD_HINT)
+        type_name = fold_type(column.type_oid)
+        if type_name is None:
+            raise self.refuse(
+                f"a computed value compared with column {column.name} is not allowed on protected table",
+                "Computed values are folded for numeric, date, timestamp and timestamptz columns; "
+                "compare this column with a literal or a parameter.",
+            )
+        fold = Fold(left.sql, symbol, right.sql, type_name, f"\x00{len(self.folds)}\x00")
+        self.folds.append(fold)
+        return fold.token
+
+    def _plain_value(self, node: exp.Expression) -> _Operand:
         """A constant: a literal, NULL, TRUE/FALSE, a parameter, a signed number, or one cast of these."""
         while isinstance(node, exp.Paren):
             node = node.this

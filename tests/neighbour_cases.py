@@ -50,6 +50,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("b", "bool", False, None, None, ("true", "false")),
     Column("d", "date", False, None, None,
            ("'-infinity'", "'infinity'", "'4713-01-01 BC'", "'5874897-12-31'", "'2000-02-29'", "'1970-01-01'")),
+    Column("ts", "timestamp", False, None, None,
+           ("'-infinity'", "'infinity'", "'4713-01-01 00:00 BC'", "'294276-12-31 23:59:59'", "'2000-02-29 12:00'",
+            "'1970-01-01'")),
 )
 _BY_NAME = {c.name: c for c in COLUMNS}
 TABLE_DDL = ", ".join(f"{c.name} {c.sql_type}" for c in COLUMNS)
@@ -59,6 +62,21 @@ _WILD = (
     "32768", "2147483648", "9223372036854775808", "-9223372036854775809", "3.5e38", "'abc'", "'2000-13-45'",
     "0.5", "-0", "'😀'", "TRUE", "FALSE", "'t'",
 )
+
+
+# Row-independent expressions that dpproxy folds before the query runs (rewriter/constants.py), by
+# the kind of column they are compared with; some fail (a date out of range, a division by zero),
+# which must fail the same way whatever the rows. "$" is replaced by a fresh parameter.
+_FOLDED_NUMBERS = ("1 + 1", "0.5 * 3", "10 / 3.0", "1 / 0", "2147483647 + 1", "1e300 * 1e300", "- 5 + 0",
+                   "round(2.5)", "abs(-3)", "$ + 1", "CAST($ AS numeric) * 2", "mod(7, 3)")
+_FOLDED_TIMES = (
+    "now()", "now() - interval '1 year'", "current_date - 30", "DATE '2000-02-29' + 1", "date_trunc('month', now())",
+    "TO_TIMESTAMP('2024-01-01 00:00:00.000000', 'YYYY-MM-DD HH24:MI:SS.US')", "to_date('2000-13-45', 'YYYY-MM-DD')",
+    "TIMESTAMP '294276-12-31' + interval '1 day'", "DATE '5874897-12-31' + 0", "to_timestamp(0)",
+    "CAST('infinity' AS timestamptz) - interval '1 day'", "localtimestamp", "to_timestamp($, 'YYYY-MM-DD')",
+    "CAST($ AS date) + 1", "make_date(2000, 2, 30)",
+)
+_FOLDED_PARAMS = ("2000-02-29", "2000-13-45", "1", "-1", "abc", None)
 
 
 def policy_columns() -> str:
@@ -116,12 +134,25 @@ class _Builder:
         if roll < 0.12:
             self.params.append(rng.choice(_PARAM_VALUES))
             return f"${len(self.params)}"
+        if roll < 0.2:
+            return self.folded(column)
         if column is None or roll < 0.3:
             return rng.choice(_WILD)
         value = rng.choice(column.values)
         if rng.random() < 0.2:
             value = f"{value}::{column.sql_type}" if rng.random() < 0.5 else f"({value})"
         return value
+
+    def folded(self, column: Column | None) -> str:
+        """A foldable expression for ``column``'s kind (any kind for a text or bool column: refused)."""
+        pool = _FOLDED_NUMBERS if column is not None and column.numeric else _FOLDED_TIMES
+        if self.rng.random() < 0.15:
+            pool = _FOLDED_NUMBERS + _FOLDED_TIMES
+        text = self.rng.choice(pool)
+        if "$" in text:  # one parameter at most
+            self.params.append(self.rng.choice(_FOLDED_PARAMS))
+            text = text.replace("$", f"${len(self.params)}")
+        return text
 
     def column_side(self) -> tuple[str, Column]:
         column = self.rng.choice(COLUMNS)

@@ -184,8 +184,20 @@ def test_a_float_parameter_compared_with_a_numeric_column_is_converted_once(admi
 @pytest.mark.parametrize(
     "predicate",
     [
-        "d = CAST(CAST('2020-01-01' AS text) AS date)",  # a STABLE conversion, per row
-        "d = CAST($1 AS timestamptz)",  # a typed parameter converted per row
+        "d = CAST(CAST('2020-01-01' AS text) AS date)",  # a STABLE conversion, per row if left in place
+        "d = CAST($1 AS timestamptz)",  # a typed parameter, converted per row if left in place
+    ],
+)
+def test_a_per_row_conversion_is_folded_before_the_query_runs(predicate: str) -> None:
+    """Evaluated once by dpproxy's fold query and compared as a date: no conversion left for the rows."""
+    table = Relation(1, "public", "t", TablePolicy(epsilon=1.0), {"d": ColumnInfo("d", 1082, -1, 1, None)})
+    plan = plan_aggregate_query(f"SELECT COUNT(*) FROM t WHERE {predicate}", table)
+    assert plan.folding is not None and [fold.type_name for fold in plan.folding.folds] == ["date"]
+
+
+@pytest.mark.parametrize(
+    "predicate",
+    [
         "d = CAST('1' AS public.mydomain)",  # a domain's CHECK, per row
         "sex LIKE 'M%'",  # nondeterministic collation: PostgreSQL ≤ 17 fails per row
         "lower(sex) LIKE 'm%'",

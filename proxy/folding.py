@@ -1,0 +1,102 @@
+"""Fold a DP query's row-independent WHERE expressions with its bound parameters, before any charge.
+
+The plan is made once (at Parse for the extended protocol); the values come with each
+execution. :func:`bind_constants` runs before the repeat lookup and before the budget is
+charged: it checks the LIKE/ILIKE patterns bound as parameters exactly as strictly as literal
+patterns, without sending anything to the backend, and evaluates every folded expression of
+the statement in one round trip that reads no table (:func:`rewriter.constants.fold_query`),
+in the analyst's own session. Its errors are PostgreSQL's, returned as they are: they cannot
+depend on the rows, and nothing has been charged. Why folding is safe is argued in
+:mod:`rewriter.constants`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from policies.errors import SQLSTATE, Refusal
+from rewriter.constants import Folding, fold_query, folded_comparison
+from rewriter.dp_query import AggregateQuery
+from rewriter.like_patterns import INVALID_PATTERN_HINT, invalid_pattern_reason
+from rewriter.rewrite import backend_sql
+
+from .backend import BackendSession, BoundParams
+
+__all__ = ["bind_constants"]
+
+# Parameter types a LIKE pattern may be sent as: unspecified (PostgreSQL infers text), text,
+# varchar. Not bpchar (it drops trailing spaces, so "a\ " would reach LIKE as "a\"), not bytea
+# or any other type whose conversion to text changes the bytes that were checked.
+_PATTERN_TYPES = frozenset({0, 25, 1043})
+
+
+async def bind_constants(
+    plan: AggregateQuery, params: BoundParams, backend: BackendSession
+) -> tuple[AggregateQuery, BoundParams]:
+    """The plan with its WHERE folded for ``params``, and the parameters to run it with.
+
+    A plan without ``folding`` comes back as it is, with no round trip. Raises Refusal
+    (DP001) for a pattern parameter PostgreSQL could reject per row, and BackendError for
+    an expression PostgreSQL cannot evaluate.
+    """
+    folding = plan.folding
+    if folding is None:
+        return plan, params
+    for number in folding.like_parameters:
+        _check_pattern(plan, params, number)
+    if not folding.folds:
+        return replace(plan, folding=None), params
+    if params.values and 0 in params.types:
+        # Each of the two queries uses only some of the parameters; PostgreSQL must be told
+        # the types of the others, which it infers from the whole statement.
+        types, _ = await backend.describe(backend_sql(plan, seed=0), params.types)
+        params = BoundParams(params.values, params.formats, tuple(types))
+    values, _ = await backend.first_row(fold_query(folding.folds), params if params.values else None)
+    return replace(plan, where_sql=_folded(folding, values), folding=None), params
+
+
+def _folded(folding: Folding, values: list[bytes | None]) -> str:
+    text = folding.template
+    for index, fold in enumerate(folding.folds):
+        value, below, above = values[3 * index : 3 * index + 3]
+        folded = folded_comparison(fold, value.decode("utf-8") if value is not None else None, below == b"t", above == b"t")
+        text = text.replace(fold.token, folded)
+    return text
+
+
+def _check_pattern(plan: AggregateQuery, params: BoundParams, number: int) -> None:
+    """Refuse the value bound to $``number`` as a LIKE pattern if PostgreSQL could reject it per row."""
+    if number > len(params.values):
+        return  # the backend refuses the statement for the missing parameter before it reads a row
+    table = plan.table.display_name
+    if params.types[number - 1] not in _PATTERN_TYPES:
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"a LIKE/ILIKE pattern parameter ${number} must be sent as text on protected table {table} "
+            "(rule: safe-predicate)",
+            "Send the pattern with type text or unspecified; its value is checked as text.",
+            "safe-predicate",
+        )
+    value = params.values[number - 1]
+    if value is None:
+        return
+    try:
+        # Valid UTF-8 has no byte 0x5C inside a multibyte character, so every backslash seen
+        # here is one in any client encoding PostgreSQL supports.
+        pattern = bytes(value).decode("utf-8")
+    except UnicodeDecodeError:
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"a LIKE/ILIKE pattern parameter ${number} that is not valid UTF-8 is refused on protected table {table} "
+            "(rule: safe-predicate)",
+            "Send the pattern as UTF-8 text.",
+            "safe-predicate",
+        ) from None
+    reason = invalid_pattern_reason(pattern)
+    if reason is not None:
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"{reason}; such a pattern is refused on protected table {table} (rule: safe-predicate)",
+            INVALID_PATTERN_HINT,
+            "safe-predicate",
+        )

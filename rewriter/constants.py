@@ -1,0 +1,255 @@
+"""Row-independent expressions in WHERE: which ones dpproxy folds, and the SQL that folds them.
+
+BI tools compare columns with computed constants: Superset's time filter
+``ts >= TO_TIMESTAMP('2024-01-01 00:00:00.000000', 'YYYY-MM-DD HH24:MI:SS.US')``,
+``now() - interval '1 year'``, ``current_date - 30``, ``50000 + 1``. Such an expression is
+*foldable* if it references no column and no subquery and is built only from literals,
+parameters, casts to built-in scalar types, the arithmetic operators ``+ - * / %``, the
+date/time value functions (``CURRENT_DATE``, ``CURRENT_TIMESTAMP``, ``LOCALTIMESTAMP`` ...)
+and the functions of :data:`FUNCTIONS`, an explicit allowlist of immutable or stable
+pg_catalog functions of dates, times and numbers. Never a volatile function (``random()``,
+``nextval()``, ``pg_sleep()``, ``set_config()``, ``clock_timestamp()``), nor anything that
+reads data, files, sizes or statistics.
+
+dpproxy never lets PostgreSQL evaluate such an expression next to the rows. It evaluates
+every foldable expression of a statement first, in one round trip of its own that reads no
+table (:func:`fold_query`), in the analyst's session (TimeZone, DateStyle apply) with the
+statement's parameters, before anything is charged; then it puts each value into the DP
+query as a typed literal of the **column's own type**. Why that is safe:
+
+* The fold query reads no relation, so its value, its error (22007 from ``to_timestamp``,
+  22008 from a cast out of range ...) and its time are the same on every database: they
+  depend on the statement, its parameters and the session's settings, which the analyst
+  already knows. Its error is returned as PostgreSQL wrote it, and nothing is charged.
+* The value is cast to the column's type *inside the fold query*, so the per-row comparison
+  compares two values of one type, which cannot fail. Left in place, ``ts >= to_timestamp(..)``
+  on a ``timestamp`` column would compare timestamp with timestamptz, converting each row's
+  value; near the limits of the type that conversion may fail for some rows only (or, while
+  planning, for a column statistic), an error oracle on the rows. If the cast fails, it fails
+  in the fold query, where no row is involved.
+* After folding, the DP query holds only the shapes accepted before (column, operator, typed
+  literal), so planner estimates against the column statistics and per-row work are what
+  they were for a literal.
+* Casting may round (a ``timestamptz`` to a ``date``, ``0.5`` to a ``float8``). The fold query
+  also returns whether the rounded value is below or above the exact one, and the comparison
+  is adjusted so that it selects exactly the rows PostgreSQL's own comparison would
+  (:func:`folded_comparison`): ``d >= now()`` on a date column becomes ``d > current date``
+  when ``now()`` is past midnight. Integer columns are compared with ``numeric`` (an
+  integer to numeric conversion cannot fail), so ``age > 40.5`` keeps its meaning.
+
+The expression's SQL is checked and pinned to pg_catalog on PostgreSQL's own parse tree
+(:mod:`pglast`), the tree that will run, not on sqlglot's reading of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from pglast import ast, parse_sql
+from pglast.enums import A_Expr_Kind, SQLValueFunctionOp
+from pglast.parser import ParseError
+
+from .qualify import qualify
+from .sql_text import literal, operator
+from .types import FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
+
+__all__ = ["FUNCTIONS", "HINT", "Fold", "Folding", "NotFoldable", "fold_query", "fold_type", "folded_comparison", "qualified_constant"]
+
+# Immutable or stable pg_catalog functions of dates, times and numbers that BI tools send.
+# Each computes from its arguments (and the session's TimeZone/DateStyle) only.
+FUNCTIONS = frozenset({
+    "now", "transaction_timestamp", "statement_timestamp", "to_timestamp", "to_date", "to_number",
+    "date_trunc", "date_part", "extract", "make_date", "make_time", "make_timestamp", "make_timestamptz",
+    "make_interval", "date_add", "date_subtract", "timezone", "justify_days", "justify_hours",
+    "justify_interval", "abs", "round", "trunc", "floor", "ceil", "ceiling", "mod",
+})
+_OPERATORS = frozenset({"+", "-", "*", "/", "%"})
+_VALUE_FUNCTIONS = frozenset({
+    SQLValueFunctionOp.SVFOP_CURRENT_DATE, SQLValueFunctionOp.SVFOP_CURRENT_TIME,
+    SQLValueFunctionOp.SVFOP_CURRENT_TIME_N, SQLValueFunctionOp.SVFOP_CURRENT_TIMESTAMP,
+    SQLValueFunctionOp.SVFOP_CURRENT_TIMESTAMP_N, SQLValueFunctionOp.SVFOP_LOCALTIME,
+    SQLValueFunctionOp.SVFOP_LOCALTIME_N, SQLValueFunctionOp.SVFOP_LOCALTIMESTAMP,
+    SQLValueFunctionOp.SVFOP_LOCALTIMESTAMP_N,
+})
+_CAST_TYPES = frozenset({
+    "int2", "int4", "int8", "float4", "float8", "numeric", "date", "time", "timestamp", "timestamptz",
+    "interval", "text", "varchar", "bpchar",
+})
+# The type a folded value takes, by the column's type OID: the column's own type, except
+# integers, compared with numeric (exact, and int → numeric cannot fail), and real, compared
+# with double precision (real → double precision cannot fail either, and keeps the value's meaning).
+_FOLD_TYPES: dict[int, str] = {
+    INT2: "numeric", INT4: "numeric", INT8: "numeric", NUMERIC: "numeric", FLOAT4: "float8", FLOAT8: "float8",
+    1082: "date", 1114: "timestamp", 1184: "timestamptz",
+}
+HINT = (
+    "A computed value in WHERE may use literals, parameters, casts, + - * / %, CURRENT_DATE/CURRENT_TIMESTAMP "
+    "and the date/time and arithmetic functions " + ", ".join(sorted(FUNCTIONS)) + "; never a column or a subquery."
+)
+
+
+@dataclass(frozen=True)
+class Fold:
+    """One comparison ``column op <expression>`` whose expression is folded before the query runs.
+
+    ``expression`` is the pinned SQL of the expression, ``type_name`` the pg_catalog type its
+    value is cast to, ``token`` what stands for the whole comparison in the plan's template.
+    """
+
+    column_sql: str
+    op: str
+    expression: str
+    type_name: str
+    token: str
+
+    @property
+    def inline(self) -> str:
+        """The comparison with the expression left in place (for Describe, which runs nothing)."""
+        return operator(self.column_sql, self.op, f"CAST(({self.expression}) AS pg_catalog.{self.type_name})")
+
+
+@dataclass(frozen=True)
+class Folding:
+    """What a DP query's WHERE still needs from its execution: folded values, checked parameters.
+
+    ``template`` is the rendered predicate with each fold's ``token`` in place of its
+    comparison; ``like_parameters`` are the numbers of the parameters used as LIKE/ILIKE
+    patterns, whose values are checked when they are bound (:mod:`rewriter.like_patterns`).
+    """
+
+    template: str
+    folds: tuple[Fold, ...]
+    like_parameters: tuple[int, ...]
+
+    @property
+    def inline(self) -> str:
+        """The predicate with every expression left in place: valid SQL to describe, never to run."""
+        text = self.template
+        for fold in self.folds:
+            text = text.replace(fold.token, fold.inline)
+        return text
+
+
+def fold_type(type_oid: int) -> str | None:
+    """The pg_catalog type a folded value compared with a column of ``type_oid`` takes, or None."""
+    return _FOLD_TYPES.get(type_oid)
+
+
+def qualified_constant(sql: str) -> str:
+    """``sql`` (one scalar expression) pinned to pg_catalog; NotFoldable (or Refusal from pinning) if it is not foldable."""
+    return _qualified_constant(sql)
+
+
+@lru_cache(maxsize=1024)
+def _qualified_constant(sql: str) -> str:
+    try:
+        (raw,) = parse_sql(f"SELECT {sql}")
+        statement: Any = raw.stmt
+        (target,) = statement.targetList
+    except (ParseError, ValueError) as exc:
+        raise _refuse(f"cannot analyse the expression {sql[:60]!r}") from exc
+    _check(target.val)
+    text = qualify(f"SELECT {sql}")
+    assert text.startswith("SELECT ")
+    return text[len("SELECT "):]
+
+
+def fold_query(folds: tuple[Fold, ...]) -> str:
+    """One SELECT that evaluates every fold, reading no table.
+
+    Per fold three columns: the value cast to the fold's type, as text; and whether that text,
+    read back as the fold's type in this same session, is below / above the exact value.
+    Reading the text back makes the flags describe the literal the DP query will hold.
+    """
+    inner, outer = [], []
+    for index, fold in enumerate(folds):
+        inner.append(f"CAST(CAST(({fold.expression}) AS pg_catalog.{fold.type_name}) AS pg_catalog.text) AS v{index}")
+        inner.append(f"({fold.expression}) AS e{index}")
+        back = f"CAST(f.v{index} AS pg_catalog.{fold.type_name})"
+        outer.extend([f"f.v{index}", operator(back, "<", f"f.e{index}"), operator(back, ">", f"f.e{index}")])
+    return f"SELECT {', '.join(outer)} FROM (SELECT {', '.join(inner)}) AS f"
+
+
+def folded_comparison(fold: Fold, value: str | None, below: bool, above: bool) -> str:
+    """The comparison of ``fold`` with its value, selecting exactly the rows the original would.
+
+    ``below``/``above``: the typed value is less/greater than the exact one (it was rounded).
+    No value of the type lies strictly between them (casts round to a neighbour), so
+    ``x >= e`` is ``x > v`` when v < e, and ``x >= v`` when v > e; ``x = e`` matches no row
+    (NULL for a NULL x, as the original), ``x <> e`` every non-NULL x.
+    """
+    column = fold.column_sql
+    if value is None:
+        return operator(column, fold.op, f"CAST(NULL AS pg_catalog.{fold.type_name})")
+    typed = f"CAST({literal(value)} AS pg_catalog.{fold.type_name})"
+    op = fold.op
+    if below or above:
+        if op == "=":
+            return f"(NOT {operator(column, '=', column)})"
+        if op == "<>":
+            return operator(column, "=", column)
+        if below:
+            op = {">=": ">", ">": ">", "<=": "<=", "<": "<="}[op]
+        else:
+            op = {">=": ">=", ">": ">=", "<=": "<", "<": "<"}[op]
+    return operator(column, op, typed)
+
+
+def _check(node: Any) -> None:
+    """Refuse anything in ``node`` that is not part of a foldable expression."""
+    if isinstance(node, (ast.A_Const, ast.ParamRef)):
+        return
+    if isinstance(node, ast.TypeCast):
+        assert node.typeName is not None
+        _check_type(node.typeName)
+        _check(node.arg)
+        return
+    if isinstance(node, ast.A_Expr):
+        parts = [part.sval for part in node.name or ()]
+        name = parts[-1] if parts else ""
+        if node.kind != A_Expr_Kind.AEXPR_OP or name not in _OPERATORS or parts[:-1] not in ([], ["pg_catalog"]):
+            raise _refuse(f"operator {name or 'form'} in a computed value")
+        for side in (node.lexpr, node.rexpr):
+            if side is not None:
+                _check(side)
+        return
+    if isinstance(node, ast.SQLValueFunction):
+        if node.op not in _VALUE_FUNCTIONS:
+            raise _refuse(f"{getattr(node.op, 'name', '').removeprefix('SVFOP_')} in a computed value")
+        return
+    if isinstance(node, ast.FuncCall):
+        names = [part.sval for part in node.funcname or ()]
+        name = names[-1]
+        if (name not in FUNCTIONS or names[:-1] not in ([], ["pg_catalog"]) or node.agg_star or node.agg_distinct
+                or node.agg_order or node.agg_filter or node.over or node.func_variadic or node.agg_within_group):
+            raise _refuse(f"function {'.'.join(names)}() in a computed value")
+        for argument in node.args or ():
+            if isinstance(argument, ast.NamedArgExpr):
+                argument = argument.arg
+            _check(argument)
+        return
+    if isinstance(node, ast.ColumnRef):
+        raise _refuse("a column in a computed value")
+    if isinstance(node, ast.SubLink):
+        raise _refuse("a subquery")
+    raise _refuse(f"{type(node).__name__} in a computed value")
+
+
+def _check_type(type_name: ast.TypeName) -> None:
+    names = [part.sval for part in type_name.names or ()]
+    if (names[-1] not in _CAST_TYPES or names[:-1] not in ([], ["pg_catalog"]) or type_name.arrayBounds
+            or type_name.setof or type_name.pct_type):
+        raise _refuse(f"a cast to {'.'.join(names)} in a computed value")
+    for modifier in type_name.typmods or ():
+        if not (isinstance(modifier, ast.A_Const) and isinstance(modifier.val, ast.Integer)):
+            raise _refuse("a type modifier that is not an integer in a computed value")
+
+
+class NotFoldable(Exception):
+    """An expression that is not foldable; ``args[0]`` says what in it is not allowed."""
+
+
+def _refuse(what: str) -> NotFoldable:
+    return NotFoldable(what)
