@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from conftest import TEST_POLICY, RunningProxy, make_policy, psql_path
+from proxy.audit import fingerprint as audit_fingerprint
 
 # Passthrough values that exercise every escaping rule: tab, newline, backslash, quote,
 # the delimiters used below, an empty string and a NULL.
@@ -132,3 +133,23 @@ def test_copy_through_the_extended_protocol(proxy: RunningProxy):
     assert fields == "0" and status == str(int(psycopg.pq.ExecStatus.COPY_OUT)) and tag == "COPY 1"
     header, value = copied.splitlines()
     assert header == "n" and int(value) > 1000
+
+
+def test_copy_is_charged_and_audited_under_the_copy_statement(proxy: RunningProxy):
+    """The ledger's charge carries the audit line's fingerprint, so the two can be joined."""
+    sql = "COPY (SELECT count(*) FROM adult WHERE age > 44) TO STDOUT"
+    budget = proxy.server.budget
+    original = budget.charge
+    fingerprints: list[str | None] = []
+
+    async def charge(user: str, epsilon: float, delta: float, fingerprint: str | None = None):  # type: ignore[no-untyped-def]
+        fingerprints.append(fingerprint)
+        return await original(user, epsilon, delta, fingerprint)
+
+    budget.charge = charge  # type: ignore[method-assign]
+    try:
+        with proxy.connect(autocommit=True) as conn:
+            _copy(conn, sql)
+    finally:
+        del budget.charge
+    assert fingerprints == [audit_fingerprint(sql)]
