@@ -283,8 +283,8 @@ class Executor:
         self, plan: Plan, decision: CopyOut, params: BoundParams
     ) -> tuple[ResultSet, list[str], Cost | None]:
         """The same release as the SELECT (same ε, repeat key, notice), in COPY's framing."""
-        inner = replace(plan, statement=decision.query, decision=decision.inner)
-        result, notices, cost = await self._run(inner, params, ())
+        # The statement stays the COPY: the ledger's charge carries the audit line's fingerprint.
+        result, notices, cost = await self._run(replace(plan, decision=decision.inner), params, ())
         copied = ResultSet([], [], f"COPY {len(result.rows)}", result.notices, copy=copy_messages(result, decision.options))
         return copied, notices, cost
 
@@ -355,7 +355,7 @@ def _fingerprint(text: str) -> str:
 
 
 def _may_move_search_path(statement: Statement) -> bool:
-    if statement.kind != "SelectStmt":
+    if statement.kind not in ("SelectStmt", "CopyStmt"):
         return True  # SET, RESET, DISCARD, and transaction ends that undo SET LOCAL
     return any(name.endswith("set_config") for name in statement.references.functions)
 

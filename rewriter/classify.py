@@ -78,9 +78,8 @@ class DpproxyCommand:
 
 @dataclass(frozen=True)
 class CopyOut:
-    """COPY (SELECT ...) TO STDOUT: answer ``query`` as ``inner`` decides, written as COPY writes rows."""
+    """COPY (SELECT ...) TO STDOUT: answered as ``inner`` (the SELECT's decision), written as COPY writes rows."""
 
-    query: Statement
     inner: Union[Passthrough, DPQuery]
     options: CopyOptions
 
@@ -275,7 +274,7 @@ def _copy(
     (query,) = split_statements(text)
     inner = _select(query, resolved, registry, user)
     assert isinstance(inner, (Passthrough, DPQuery))
-    return CopyOut(query, inner, options)
+    return CopyOut(inner, options)
 
 
 def _means_pg_class(ref: RelationRef, resolved: Mapping[RelationRef, ResolvedRelation | None]) -> bool:

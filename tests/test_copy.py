@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from conftest import TEST_POLICY, RunningProxy, make_policy, psql_path
+from proxy.audit import fingerprint as audit_fingerprint
 
 # Passthrough values that exercise every escaping rule: tab, newline, backslash, quote,
 # the delimiters used below, an empty string and a NULL.
@@ -102,3 +104,52 @@ def test_psql_copy_of_a_table_is_refused_and_psql_leaves_its_empty_file(proxy: R
     assert "\\copy (SELECT count(*)" in result.stderr  # the hint shows what to copy instead
     # psql opened the file before sending COPY; dpproxy never hears of it (documented in the hint).
     assert target.read_bytes() == b""
+
+
+_EXTENDED = '''
+import sys
+import psycopg
+conn = psycopg.connect(sys.argv[1], autocommit=True)
+pg = conn.pgconn
+pg.prepare(b"", b"COPY (SELECT count(*) AS n FROM adult WHERE age > 61) TO STDOUT (FORMAT csv, HEADER)")
+described = pg.describe_prepared(b"")
+result = pg.exec_prepared(b"", [])
+chunks = []
+while True:
+    size, data = pg.get_copy_data(0)
+    if size < 0:
+        break
+    chunks.append(bytes(data))
+final = pg.get_result()
+print(described.nfields, result.status, b"".join(chunks).decode(), final.command_status.decode(), sep="|")
+'''
+
+
+def test_copy_through_the_extended_protocol(proxy: RunningProxy):
+    # libpq's blocking calls hold the GIL, and the proxy runs in this process: a subprocess drives it.
+    result = subprocess.run([sys.executable, "-c", _EXTENDED, proxy.dsn()], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    fields, status, copied, tag = result.stdout.rstrip("\n").split("|")
+    assert fields == "0" and status == str(int(psycopg.pq.ExecStatus.COPY_OUT)) and tag == "COPY 1"
+    header, value = copied.splitlines()
+    assert header == "n" and int(value) > 1000
+
+
+def test_copy_is_charged_and_audited_under_the_copy_statement(proxy: RunningProxy):
+    """The ledger's charge carries the audit line's fingerprint, so the two can be joined."""
+    sql = "COPY (SELECT count(*) FROM adult WHERE age > 44) TO STDOUT"
+    budget = proxy.server.budget
+    original = budget.charge
+    fingerprints: list[str | None] = []
+
+    async def charge(user: str, epsilon: float, delta: float, fingerprint: str | None = None):  # type: ignore[no-untyped-def]
+        fingerprints.append(fingerprint)
+        return await original(user, epsilon, delta, fingerprint)
+
+    budget.charge = charge  # type: ignore[method-assign]
+    try:
+        with proxy.connect(autocommit=True) as conn:
+            _copy(conn, sql)
+    finally:
+        del budget.charge
+    assert fingerprints == [audit_fingerprint(sql)]
