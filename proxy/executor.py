@@ -298,8 +298,10 @@ class Executor:
         repeat_key = (self.user, sql, tuple(params.values), tuple(params.formats), epsilon)
         earlier = self.server.repeats.get(repeat_key)
         if earlier is not None:
-            result, notice = earlier
-            return result, [f"dpproxy: repeat of an earlier answer, ε charged 0; {notice}"], Cost(0.0, 0.0, None, None)
+            # Only the released values are shared: names come from the statement asked now.
+            repeat = earlier.named_for(plan)
+            notice = f"dpproxy: repeat of an earlier answer, ε charged 0; {repeat.notice()}"
+            return repeat.result, [notice], Cost(0.0, 0.0, None, None)
         delta = query_delta(plan)
         # A connection already known lost (or one that cannot be opened) fails the query
         # before it costs anything.
@@ -321,7 +323,7 @@ class Executor:
         exact = tuple(load_text(value, type_oid) for value, type_oid in zip(values, type_oids))
         answer = release_row(plan, exact, epsilon)
         notice = answer.notice()
-        self.server.repeats.put(repeat_key, (answer.result, notice))
+        self.server.repeats.put(repeat_key, answer)
         remaining = f"remaining ε {cost.remaining_epsilon:g}, δ {cost.remaining_delta:g}"
         return answer.result, [f"{notice}; {remaining}"], cost
 
