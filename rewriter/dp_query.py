@@ -19,6 +19,8 @@ from sqlglot.errors import ParseError
 from policies.errors import SQLSTATE, Refusal
 from policies.tables import ColumnInfo, Relation
 
+from .flatten import flatten
+from .identifiers import identifier
 from .predicates import validate_predicate
 from .types import MAX_ABS_BOUND, NUMERIC_TYPES, aggregate_result_type
 
@@ -77,11 +79,12 @@ def plan_aggregate_query(sql: str, table: Relation) -> AggregateQuery:
         raise scope.refuse("cannot analyse this query on protected table", "unparsed") from exc
     if not isinstance(tree, exp.Select):
         raise scope.refuse(_set_operation_message(tree), "no-set-operations")
+    tree, scope = flatten(tree, scope)
     scope = _check_clauses(tree, scope)
     aggregates = tuple(_aggregate(item, scope) for item in tree.expressions)
     where = tree.args.get("where")
     where_sql = validate_predicate(where.this, scope) if where is not None else None
-    return AggregateQuery(table, aggregates, where_sql, _limit_is_zero(tree, scope))
+    return AggregateQuery(table, aggregates, where_sql, _no_rows(tree, scope))
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,6 @@ _CLAUSE_RULES: dict[str, tuple[str, str]] = {
     "qualify": ("window functions are not allowed on protected table", "no-window"),
     "into": ("SELECT INTO is not allowed on protected table", "no-write"),
     "locks": ("row locks are not allowed on protected table", "no-row-access"),
-    "offset": ("OFFSET is not allowed on protected table", "no-offset"),
     "sample": ("TABLESAMPLE is not allowed on protected table", "no-subquery"),
 }
 
@@ -144,7 +146,7 @@ _CLAUSE_RULES: dict[str, tuple[str, str]] = {
 def _check_clauses(tree: exp.Select, scope: Scope) -> Scope:
     """Refuse every clause beyond SELECT/FROM/WHERE/ORDER BY/LIMIT; return the FROM scope."""
     for key, value in tree.args.items():
-        if not value or key in ("expressions", "from_", "where", "limit", "order", "kind"):
+        if not value or key in ("expressions", "from_", "where", "limit", "offset", "order", "kind"):
             continue
         message, rule = _CLAUSE_RULES.get(key, (f"the {key.upper()} clause is not allowed on protected table", "unsupported-clause"))
         raise scope.refuse(message, rule)
@@ -215,8 +217,8 @@ def _mechanism(kind: AggregateKind, scope: Scope) -> Mechanism:
 
 
 def _aggregate_column(kind: AggregateKind, argument: exp.Expression | None, scope: Scope) -> ColumnInfo | None:
-    if kind == "count" and isinstance(argument, exp.Star):
-        return None
+    if kind == "count" and (isinstance(argument, exp.Star) or isinstance(argument, exp.Literal)):
+        return None  # count(1), count('x'): a non-NULL constant counts every row, as count(*) does
     if isinstance(argument, exp.Distinct):
         raise scope.refuse("COUNT(DISTINCT ...) and other DISTINCT aggregates are not allowed on protected table", "no-distinct")
     if not isinstance(argument, exp.Column) or isinstance(argument.this, exp.Star):
@@ -261,22 +263,34 @@ def _categorical(column: ColumnInfo, scope: Scope) -> ColumnInfo:
     return column
 
 
-def identifier(node: exp.Expression) -> str:
-    """An identifier as PostgreSQL stores it: unquoted names fold to lower case."""
-    if isinstance(node, exp.TableAlias):
-        node = node.this
-    if isinstance(node, exp.Identifier):
-        return node.this if node.quoted else node.this.lower()
-    return node.name.lower()
+def _no_rows(tree: exp.Select, scope: Scope) -> bool:
+    """Whether LIMIT/FETCH FIRST/OFFSET leave none of the one aggregate row (then nothing is released).
 
-
-def _limit_is_zero(tree: exp.Select, scope: Scope) -> bool:
+    ``LIMIT n``, ``LIMIT ALL``, ``LIMIT NULL``, ``FETCH FIRST [n] ROW[S] ONLY`` and ``OFFSET k``
+    take non-negative integer literals: they act on the one released row only, so ``LIMIT 0``
+    and ``OFFSET k`` with k > 0 answer no row, from the statement alone, at no cost.
+    """
     limit = tree.args.get("limit")
-    if limit is None:
-        return False
-    value = limit.expression
-    if isinstance(value, exp.Null):
-        return False
+    count: exp.Expression | None = None
+    if isinstance(limit, exp.Fetch):
+        options = limit.args.get("limit_options")
+        if limit.args.get("direction", "FIRST").upper() not in ("FIRST", "NEXT") or (
+            options is not None and (options.args.get("percent") or options.args.get("with_ties"))
+        ):
+            raise scope.refuse("FETCH takes FIRST/NEXT n ROWS ONLY on protected table", "limit")
+        count = limit.args.get("count")
+    elif limit is not None:
+        count = limit.expression
+    rows = _row_count(count, "LIMIT", scope)
+    offset = tree.args.get("offset")
+    skipped = _row_count(offset.expression if offset is not None else None, "OFFSET", scope)
+    return rows == 0 or (skipped or 0) > 0
+
+
+def _row_count(value: exp.Expression | None, clause: str, scope: Scope) -> int | None:
+    """A LIMIT/OFFSET count: None for none, ALL or NULL; refused unless a non-negative integer literal."""
+    if value is None or isinstance(value, exp.Null) or (isinstance(value, exp.Var) and value.name.upper() == "ALL"):
+        return None
     if not (isinstance(value, exp.Literal) and not value.is_string and value.this.isdigit()):
-        raise scope.refuse("LIMIT takes a non-negative integer literal on protected table", "limit")
-    return int(value.this) == 0
+        raise scope.refuse(f"{clause} takes a non-negative integer literal on protected table", "limit")
+    return int(value.this)
