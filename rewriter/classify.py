@@ -15,6 +15,7 @@ from policies.errors import SQLSTATE, Refusal
 from policies.tables import Relation, TableRegistry
 
 from .catalog import CATALOG_SCHEMAS, SAFE_SETTINGS, allowed_catalog_relation, allowed_function, exact_floats
+from .function_check import check_functions, inexact_floats
 from .dp_query import AggregateQuery, plan_aggregate_query
 from .neutralise import neutralise_pg_class
 from .qualify import qualify
@@ -228,7 +229,7 @@ def _select(
         )
     if protected:
         return _protected(statement, protected)
-    _check_functions(statement)
+    check_functions(statement)
     text = qualify(statement.text)
     if references_pg_class:
         # Its subquery names only pg_catalog.pg_class, keyword types and constants.
@@ -262,9 +263,11 @@ def _protected(statement: Statement, protected: list[Relation]) -> DPQuery:
             f"SELECT COUNT(*), SUM(col) FROM {relation.display_name} [WHERE ...].",
             rule,
         )
-    if refs.functions - _DP_FUNCTIONS:
-        # sqlglot would see these too; refusing here keeps both parsers in agreement.
-        name = sorted(refs.functions - _DP_FUNCTIONS)[0]
+    unknown = {name for name in refs.functions - _DP_FUNCTIONS if not allowed_function(name) or name in _OTHER_AGGREGATES}
+    if unknown:
+        # sqlglot would see these too; refusing here keeps both parsers in agreement. Allowed
+        # functions can only serve post-processing: WHERE and aggregate arguments refuse them.
+        name = sorted(unknown)[0]
         raise Refusal(
             SQLSTATE.DP_QUERY_SHAPE,
             f"function {name}() is not allowed on protected table {relation.display_name} (rule: function-allowlist)",
@@ -275,52 +278,11 @@ def _protected(statement: Statement, protected: list[Relation]) -> DPQuery:
 
 
 _DP_FUNCTIONS = frozenset({"count", "sum", "avg", "min", "max", "mode", "lower", "upper"})
-
-
-def _check_functions(statement: Statement) -> None:
-    for name in statement.references.functions:
-        if not allowed_function(name):
-            raise Refusal(
-                SQLSTATE.INSUFFICIENT_PRIVILEGE,
-                f"function {name}() is not available through dpproxy (rule: function-allowlist)",
-                "Catalog queries may call catalog and formatting functions; functions that read "
-                "data, files, sizes or statistics are not available.",
-                "function-allowlist",
-            )
-        if name.removeprefix("pg_catalog.") == "set_config":
-            _check_set_config(statement.node)
-
-
-def _check_set_config(node: Any) -> None:
-    """set_config(name, ...) is a SET: only for safe settings named by a literal."""
-    for call in _function_calls(node, "set_config"):
-        args = call.get("args") or []
-        first = args[0].get("A_Const", {}).get("sval", {}).get("sval") if args else None
-        if first is None or first.lower() not in SAFE_SETTINGS:
-            raise Refusal(
-                SQLSTATE.INSUFFICIENT_PRIVILEGE,
-                f"set_config() of {first or 'a computed name'} is not allowed (rule: safe-settings)",
-                "Only presentation and session settings may be changed: " + ", ".join(sorted(SAFE_SETTINGS)),
-                "safe-settings",
-            )
-        second = args[1].get("A_Const", {}).get("sval", {}).get("sval") if len(args) > 1 else None
-        if not exact_floats(first, second):
-            raise _inexact_floats()
-
-
-def _function_calls(node: Any, name: str) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = []
-    stack = [node]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            call = item.get("FuncCall")
-            if call is not None and call["funcname"][-1]["String"]["sval"] == name:
-                found.append(call)
-            stack.extend(v for v in item.values() if isinstance(v, (dict, list)))
-    return found
+# Aggregates and window functions catalog queries may call, never a protected table.
+_OTHER_AGGREGATES = frozenset({
+    "array_agg", "string_agg", "bool_and", "bool_or", "every", "json_agg", "jsonb_agg", "json_object_agg",
+    "row_number", "rank", "dense_rank", "unnest", "generate_series", "generate_subscripts",
+})
 
 
 def _transaction(statement: Statement) -> Passthrough:
@@ -369,17 +331,8 @@ def _set(statement: Statement) -> Decision:
         )
     _refuse_read_write(node.get("args") or [])
     if kind != "VAR_SET_DEFAULT" and not exact_floats(name, _set_value(node)):
-        raise _inexact_floats()
+        raise inexact_floats()
     return Passthrough(statement.text)
-
-
-def _inexact_floats() -> Refusal:
-    return Refusal(
-        SQLSTATE.INVALID_PARAMETER_VALUE,
-        "extra_float_digits below 1 is not allowed through dpproxy (rule: exact-floats)",
-        "Rounded float output would weaken the noise on float aggregates; use 1, 2 or 3 (1 is PostgreSQL's default).",
-        "exact-floats",
-    )
 
 
 def _set_value(node: dict[str, Any]) -> str | None:

@@ -9,7 +9,7 @@ the rule it breaks. The plan, not the client's text, is what later reaches the b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import sqlglot
@@ -21,6 +21,7 @@ from policies.tables import ColumnInfo, Relation
 
 from .flatten import flatten
 from .identifiers import identifier
+from .post_process import PostProcess, outer_statement
 from .predicates import validate_predicate
 from .types import MAX_ABS_BOUND, NUMERIC_TYPES, aggregate_result_type
 
@@ -68,6 +69,10 @@ class AggregateQuery:
     aggregates: tuple[Aggregate, ...]
     where_sql: str | None
     limit_zero: bool
+    # When the statement asks for more than the released row (expressions over aggregates,
+    # HAVING, constants): the outer statement over the released values. Then ``aggregates``
+    # are the distinct aggregates released, each named by its SQL.
+    post: PostProcess | None = None
 
 
 def plan_aggregate_query(sql: str, table: Relation) -> AggregateQuery:
@@ -81,10 +86,59 @@ def plan_aggregate_query(sql: str, table: Relation) -> AggregateQuery:
         raise scope.refuse(_set_operation_message(tree), "no-set-operations")
     tree, scope = flatten(tree, scope)
     scope = _check_clauses(tree, scope)
-    aggregates = tuple(_aggregate(item, scope) for item in tree.expressions)
+    post = None
+    if _plain(tree):
+        aggregates = tuple(_aggregate(item, scope) for item in tree.expressions)
+    else:
+        aggregates, post = _post_processed(tree, scope)
+    # The plan's WHERE is made final here, before the charge.
     where = tree.args.get("where")
     where_sql = validate_predicate(where.this, scope) if where is not None else None
-    return AggregateQuery(table, aggregates, where_sql, _no_rows(tree, scope))
+    return AggregateQuery(table, aggregates, where_sql, _no_rows(tree, scope), post)
+
+
+def _is_aggregate(item: exp.Expression) -> bool:
+    return isinstance(item, exp.AggFunc) or (isinstance(item, exp.WithinGroup) and isinstance(item.this, exp.Mode))
+
+
+def _plain(tree: exp.Select) -> bool:
+    """Whether the statement is its released row as it is: only (aliased) aggregates, no HAVING."""
+    if tree.args.get("having") is not None:
+        return False
+    items = [item.this if isinstance(item, exp.Alias) else item for item in tree.expressions]
+    return all(_is_aggregate(item) or item.find(exp.AggFunc) is None for item in items) and all(
+        _is_aggregate(item) or isinstance(item, (exp.Column, exp.Star)) for item in items
+    )
+
+
+def _post_processed(tree: exp.Select, scope: Scope) -> tuple[tuple[Aggregate, ...], PostProcess]:
+    """The distinct aggregates the statement uses (the release) and its outer statement."""
+    if tree.find(exp.Filter) is not None:
+        raise scope.refuse("aggregate FILTER is not allowed on protected table", "no-filter")
+    if not any(item.find(exp.AggFunc) for item in tree.expressions):
+        raise scope.refuse("non-aggregate output is not allowed on protected table", "no-row-access")
+    released: list[Aggregate] = []
+    index: dict[tuple[str, str | None, str], int] = {}
+
+    def release(node: exp.Expr) -> int:
+        assert isinstance(node, exp.Expression)
+        agg = _aggregate(node, scope)
+        key = (agg.kind, agg.column.name if agg.column else None, agg.mechanism)
+        if key not in index:
+            released.append(replace(agg, output_name=_sql_name(agg)))
+            index[key] = len(released)
+        return index[key]
+
+    post = outer_statement(tree, release, lambda message, rule: scope.refuse(f"{message} protected table", rule))
+    return tuple(released), post
+
+
+def _sql_name(agg: Aggregate) -> str:
+    """How a released aggregate is named in the notice: its SQL, e.g. ``sum(income)``."""
+    column = agg.column.name if agg.column else "*"
+    if agg.kind == "mode":
+        return f"mode() within group (order by {column})"
+    return f"{agg.kind}({column})"
 
 
 @dataclass(frozen=True)
@@ -132,7 +186,6 @@ _CLAUSE_RULES: dict[str, tuple[str, str]] = {
     "joins": ("JOIN is not allowed on protected table", "no-join"),
     "laterals": ("LATERAL is not allowed on protected table", "no-join"),
     "group": ("GROUP BY is not allowed on protected table", "no-group-by"),
-    "having": ("HAVING is not allowed on protected table", "no-group-by"),
     "distinct": ("SELECT DISTINCT is not allowed on protected table", "no-distinct"),
     "with_": ("WITH (CTE) is not allowed with protected table", "no-subquery"),
     "windows": ("window functions are not allowed on protected table", "no-window"),
@@ -146,7 +199,7 @@ _CLAUSE_RULES: dict[str, tuple[str, str]] = {
 def _check_clauses(tree: exp.Select, scope: Scope) -> Scope:
     """Refuse every clause beyond SELECT/FROM/WHERE/ORDER BY/LIMIT; return the FROM scope."""
     for key, value in tree.args.items():
-        if not value or key in ("expressions", "from_", "where", "limit", "offset", "order", "kind"):
+        if not value or key in ("expressions", "from_", "where", "having", "limit", "offset", "order", "kind"):
             continue
         message, rule = _CLAUSE_RULES.get(key, (f"the {key.upper()} clause is not allowed on protected table", "unsupported-clause"))
         raise scope.refuse(message, rule)

@@ -7,9 +7,11 @@ values, under the names the new statement asks for.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
+import asyncpg
 import psycopg
 import pytest
 
@@ -146,3 +148,93 @@ def test_a_wrapper_through_the_extended_protocol(proxy: RunningProxy, prepare: b
             assert [c.name for c in cur.description or []] == ["count_1"]
             (row,) = cur.fetchall()
             assert isinstance(row[0], int)
+
+
+@pytest.mark.parametrize("sql, names", [
+    ("SELECT count(1), count('x') AS c FROM adult", ["count", "c"]),
+    ("SELECT 'total' AS label, count(*) FROM adult WHERE age > 30", ["label", "count"]),
+    ("SELECT sum(hours_per_week)::int, CAST(avg(age) AS integer) FROM adult", ["sum", "avg"]),
+    ("SELECT round(avg(age), 2) AS avg_age, coalesce(sum(capital_gain), 0) FROM adult", ["avg_age", "coalesce"]),
+    ("SELECT count(*) * 1.0 AS c, sum(age) / count(*) AS ratio, 100.0 * count(*) / nullif(count(*), 0) AS pct "
+     "FROM adult", ["c", "ratio", "pct"]),
+    ("SELECT count(1) AS a0 FROM adult HAVING count(1) > 0 ORDER BY a0 LIMIT 10", ["a0"]),
+])
+def test_post_processing_of_the_released_row_is_answered(proxy: RunningProxy, sql: str, names: list[str]):
+    with proxy.connect() as conn:
+        got, rows, notices = _answer(conn, sql)
+    assert got == names and len(rows) == 1 and None not in rows[0]
+    assert any("ε charged 1" in n for n in notices)
+
+
+def test_post_processing_costs_what_the_plain_release_costs(repeating: RunningProxy):
+    # sum(x)/count(*), count(*) releases sum and count: the same as the plain statement, so a repeat.
+    with repeating.connect() as conn:
+        _, plain, _ = _answer(conn, "SELECT count(*), sum(hours_per_week) FROM adult WHERE age > 62")
+        spent = _spent(conn)
+        names, rows, notices = _answer(
+            conn, "SELECT sum(hours_per_week) / count(*) AS mean, count(*) AS n FROM adult WHERE age > 62 "
+                  "HAVING count(*) > 0 ORDER BY 1"
+        )
+        assert _spent(conn) == spent
+    assert names == ["mean", "n"] and rows[0][1] == plain[0][0]
+    assert any("repeat" in n and "count(*)" in n and "sum(hours_per_week)" in n for n in notices)
+
+
+def test_a_having_that_drops_the_row_answers_no_row_but_is_charged(proxy: RunningProxy):
+    with proxy.connect() as conn:
+        spent = _spent(conn)
+        names, rows, _ = _answer(conn, "SELECT count(*) AS n FROM adult HAVING count(*) < -1000000")
+        assert _spent(conn) == pytest.approx(spent + 1)
+    assert names == ["n"] and rows == []
+
+
+def test_a_metadata_probe_of_a_post_processed_statement_costs_nothing(proxy: RunningProxy):
+    with proxy.connect() as conn:
+        spent = _spent(conn)
+        names, rows, _ = _answer(conn, "SELECT round(avg(age), 1) AS a, 'x' AS l FROM (SELECT * FROM adult) t LIMIT 0")
+        assert _spent(conn) == spent
+    assert names == ["a", "l"] and rows == []
+
+
+@pytest.mark.parametrize("sql, sqlstate, rule", [
+    ("SELECT count(*) + age FROM adult", "DP001", "no-row-access"),
+    ("SELECT 'x' AS label FROM adult", "DP001", "no-row-access"),
+    ("SELECT pg_sleep(1), count(*) FROM adult", "DP001", "function-allowlist"),
+    ("SELECT count(*) FROM adult HAVING (SELECT count(*) FROM pg_class) > 0", "DP001", "no-subquery"),
+    ("SELECT age, count(*) FROM adult GROUP BY age", "DP001", "no-group-by"),
+])
+def test_post_processing_that_reads_rows_or_more_is_refused(proxy: RunningProxy, sql: str, sqlstate: str, rule: str):
+    with proxy.connect() as conn:
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(sql)
+    assert info.value.diag.sqlstate == sqlstate and f"rule: {rule}" in (info.value.diag.message_primary or "")
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_post_processing_through_the_extended_protocol_and_describe_is_free(proxy: RunningProxy, binary: bool):
+    sql = "SELECT round(avg(age), 2) AS avg_age, count(1) AS n FROM adult WHERE age > %s HAVING count(1) > 0"
+    with psycopg.connect(proxy.dsn(), autocommit=True) as conn:
+        cur = conn.cursor(binary=binary)
+        cur.execute(sql, (40,), prepare=True)
+        assert [c.name for c in cur.description or []] == ["avg_age", "n"]
+        (row,) = cur.fetchall()
+        assert isinstance(row[1], int) and row[0] is not None
+
+
+def test_describing_a_post_processed_statement_without_running_it_is_free(proxy: RunningProxy):
+    async def described() -> list[str]:
+        conn = await asyncpg.connect(host=proxy.host, port=proxy.port, user="analyst", password="analyst",
+                                     database="dpproxy_test", timeout=20)
+        try:
+            statement = await conn.prepare(
+                "SELECT round(avg(age), 2) AS avg_age, count(1) AS n FROM (SELECT * FROM adult) t "
+                "WHERE age > $1 HAVING count(1) > 0", timeout=20
+            )
+            return [attribute.name for attribute in statement.get_attributes()]
+        finally:
+            await conn.close(timeout=10)
+
+    with proxy.connect() as conn:
+        spent = _spent(conn)
+        assert asyncio.run(described()) == ["avg_age", "n"]
+        assert _spent(conn) == spent
