@@ -44,6 +44,22 @@ def _answer(conn: psycopg.Connection, sql: str) -> tuple[list[str], list[tuple[o
     return names, cur.fetchall(), notices
 
 
+Rows = list[tuple[object, ...]]
+
+
+def _after_plain(proxy: RunningProxy, plain_sql: str, sql: str) -> tuple[Rows, list[str], Rows, list[str]]:
+    """Run ``plain_sql`` then ``sql`` on one session; assert ``sql`` cost nothing (a repeat).
+
+    Returns the plain rows, then the names, rows and notices of ``sql``.
+    """
+    with proxy.connect() as conn:
+        _, plain, _ = _answer(conn, plain_sql)
+        spent = _spent(conn)
+        names, rows, notices = _answer(conn, sql)
+        assert _spent(conn) == spent
+    return plain, names, rows, notices
+
+
 def test_a_repeat_is_headed_with_the_names_the_new_statement_asks_for(repeating: RunningProxy):
     with repeating.connect() as conn:
         names, rows, _ = _answer(conn, "SELECT count(*) AS total_people FROM adult WHERE age > 44")
@@ -58,13 +74,10 @@ def test_a_repeat_is_headed_with_the_names_the_new_statement_asks_for(repeating:
 
 
 def test_a_wrapper_releases_what_the_plain_query_releases_so_it_is_a_free_repeat(repeating: RunningProxy):
-    with repeating.connect() as conn:
-        _, plain, _ = _answer(conn, "SELECT COUNT(*) AS count FROM adult WHERE age > 31")
-        spent = _spent(conn)
-        names, wrapped, _ = _answer(
-            conn, "SELECT COUNT(*) AS count FROM (SELECT * FROM adult WHERE age > 31) AS virtual_table LIMIT 1000"
-        )
-        assert _spent(conn) == spent
+    plain, names, wrapped, _ = _after_plain(
+        repeating, "SELECT COUNT(*) AS count FROM adult WHERE age > 31",
+        "SELECT COUNT(*) AS count FROM (SELECT * FROM adult WHERE age > 31) AS virtual_table LIMIT 1000",
+    )
     assert names == ["count"] and wrapped == plain
 
 
@@ -87,13 +100,10 @@ def test_wrappers_that_only_project_and_filter_are_answered(proxy: RunningProxy,
 
 def test_wrapper_filters_of_every_level_are_anded(repeating: RunningProxy):
     # The same release as the plain query with both filters ANDed: answered from the repeat store.
-    with repeating.connect() as conn:
-        _, plain, _ = _answer(conn, "SELECT count(*) FROM adult WHERE hours_per_week > 90 AND age > 85")
-        spent = _spent(conn)
-        _, wrapped, notices = _answer(
-            conn, "SELECT count(*) FROM (SELECT age AS a FROM adult WHERE hours_per_week > 90) t WHERE a > 85"
-        )
-        assert _spent(conn) == spent
+    plain, _, wrapped, notices = _after_plain(
+        repeating, "SELECT count(*) FROM adult WHERE hours_per_week > 90 AND age > 85",
+        "SELECT count(*) FROM (SELECT age AS a FROM adult WHERE hours_per_week > 90) t WHERE a > 85",
+    )
     assert wrapped == plain and any("repeat" in n for n in notices)
 
 
@@ -168,14 +178,11 @@ def test_post_processing_of_the_released_row_is_answered(proxy: RunningProxy, sq
 
 def test_post_processing_costs_what_the_plain_release_costs(repeating: RunningProxy):
     # sum(x)/count(*), count(*) releases sum and count: the same as the plain statement, so a repeat.
-    with repeating.connect() as conn:
-        _, plain, _ = _answer(conn, "SELECT count(*), sum(hours_per_week) FROM adult WHERE age > 62")
-        spent = _spent(conn)
-        names, rows, notices = _answer(
-            conn, "SELECT sum(hours_per_week) / count(*) AS mean, count(*) AS n FROM adult WHERE age > 62 "
-                  "HAVING count(*) > 0 ORDER BY 1"
-        )
-        assert _spent(conn) == spent
+    plain, names, rows, notices = _after_plain(
+        repeating, "SELECT count(*), sum(hours_per_week) FROM adult WHERE age > 62",
+        "SELECT sum(hours_per_week) / count(*) AS mean, count(*) AS n FROM adult WHERE age > 62 "
+        "HAVING count(*) > 0 ORDER BY 1",
+    )
     assert names == ["mean", "n"] and rows[0][1] == plain[0][0]
     assert any("repeat" in n and "count(*)" in n and "sum(hours_per_week)" in n for n in notices)
 
