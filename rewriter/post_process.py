@@ -95,6 +95,8 @@ def outer_statement(
         outer.set("where", exp.Where(this=having.this))
     if outer.find(exp.Placeholder, exp.Parameter) is not None:
         raise refuse("parameters after the aggregates (HAVING, LIMIT, output expressions) are not supported on", "parameters")
+    if any(column.table == RELEASE_ALIAS for column in outer.find_all(exp.Column)):
+        raise refuse(f"the name {RELEASE_ALIAS} is reserved on", "column-reference")
     _replace_aggregates(outer, released)
     order = outer.args.get("order")
     for column in list(outer.find_all(exp.Column)):

@@ -209,6 +209,7 @@ def test_a_metadata_probe_of_a_post_processed_statement_costs_nothing(proxy: Run
     ("SELECT pg_sleep(1), count(*) FROM adult", "DP001", "function-allowlist"),
     ("SELECT count(*) FROM adult HAVING (SELECT count(*) FROM pg_class) > 0", "DP001", "no-subquery"),
     ("SELECT age, count(*) FROM adult GROUP BY age", "DP001", "no-group-by"),
+    ("SELECT dpproxy_release._dp1 + count(*) FROM adult", "DP001", "column-reference"),
 ])
 def test_post_processing_that_reads_rows_or_more_is_refused(proxy: RunningProxy, sql: str, sqlstate: str, rule: str):
     with proxy.connect() as conn:
