@@ -10,7 +10,7 @@ the rule it breaks. The plan, not the client's text, is what later reaches the b
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Callable, Literal
 
 import sqlglot
 from sqlglot import exp
@@ -84,13 +84,14 @@ def plan_aggregate_query(sql: str, table: Relation) -> AggregateQuery:
         raise scope.refuse("cannot analyse this query on protected table", "unparsed") from exc
     if not isinstance(tree, exp.Select):
         raise scope.refuse(_set_operation_message(tree), "no-set-operations")
+    tree, enclosing = _release_level(tree)
     tree, scope = flatten(tree, scope)
     scope = _check_clauses(tree, scope)
     post = None
-    if _plain(tree):
+    if enclosing is None and _plain(tree):
         aggregates = tuple(_aggregate(item, scope) for item in tree.expressions)
     else:
-        aggregates, post = _post_processed(tree, scope)
+        aggregates, post = _post_processed(tree, scope, enclosing)
     # The plan's WHERE is made final here, before the charge.
     where = tree.args.get("where")
     where_sql = validate_predicate(where.this, scope) if where is not None else None
@@ -111,7 +112,47 @@ def _plain(tree: exp.Select) -> bool:
     )
 
 
-def _post_processed(tree: exp.Select, scope: Scope) -> tuple[tuple[Aggregate, ...], PostProcess]:
+def _derived_levels(tree: exp.Select) -> list[exp.Select]:
+    """``tree`` and the SELECTs nested in its FROM, each the only FROM item of the one above."""
+    levels = [tree]
+    while True:
+        source = levels[-1].args.get("from_")
+        if source is None or levels[-1].args.get("joins") or not isinstance(source.this, exp.Subquery):
+            return levels
+        if not isinstance(source.this.this, exp.Select):
+            return levels
+        levels.append(source.this.this)
+
+
+def _release_level(tree: exp.Select) -> tuple[exp.Select, Callable[[exp.Select], exp.Expression] | None]:
+    """The aggregate level of a query over one released row, and how to put it back.
+
+    ``SELECT MAX(n) FROM (SELECT count(*) AS n FROM people WHERE ...) AS t``: the lowest level
+    with aggregates of its own is the release (planned as the plain query it is, so the same
+    repeat); the levels above it are post-processing and run over the released row. Returns
+    ``tree`` and None when the outermost level is the aggregate level (or none is).
+    """
+    levels = _derived_levels(tree)
+    for depth in reversed(range(len(levels))):
+        own = [*levels[depth].expressions, levels[depth].args.get("having")]
+        if any(item is not None and item.find(exp.AggFunc) is not None for item in own):
+            break
+    else:
+        return tree, None
+    if depth == 0:
+        return tree, None
+
+    def enclosing(outer: exp.Select) -> exp.Expression:
+        whole = tree.copy()
+        _derived_levels(whole)[depth].replace(outer)
+        return whole
+
+    return levels[depth].copy(), enclosing
+
+
+def _post_processed(
+    tree: exp.Select, scope: Scope, enclosing: Callable[[exp.Select], exp.Expression] | None = None
+) -> tuple[tuple[Aggregate, ...], PostProcess]:
     """The distinct aggregates the statement uses (the release) and its outer statement."""
     if tree.find(exp.Filter) is not None:
         raise scope.refuse("aggregate FILTER is not allowed on protected table", "no-filter")
@@ -129,7 +170,7 @@ def _post_processed(tree: exp.Select, scope: Scope) -> tuple[tuple[Aggregate, ..
             index[key] = len(released)
         return index[key]
 
-    post = outer_statement(tree, release, lambda message, rule: scope.refuse(f"{message} protected table", rule))
+    post = outer_statement(tree, release, lambda message, rule: scope.refuse(f"{message} protected table", rule), enclosing)
     return tuple(released), post
 
 

@@ -73,8 +73,12 @@ def outer_statement(
     tree: exp.Select,
     released: Callable[[exp.Expr], int],
     refuse: Callable[[str, str], Refusal],
+    enclosing: Callable[[exp.Select], exp.Expression] | None = None,
 ) -> PostProcess:
     """The outer statement of ``tree`` (one aggregate level over the base table).
+
+    ``enclosing(select)`` puts the aggregate level's outer statement back into the queries
+    that enclosed it (``SELECT MAX(n) FROM (<aggregate level>) AS t``), when there were any.
 
     ``released(node)`` gives the 1-based release column of an aggregate node. Column
     references outside aggregates read rows and are refused (``no-row-access``), except an
@@ -93,9 +97,11 @@ def outer_statement(
     outer.set("having", None)
     if having is not None:
         outer.set("where", exp.Where(this=having.this))
-    if outer.find(exp.Placeholder, exp.Parameter) is not None:
-        raise refuse("parameters after the aggregates (HAVING, LIMIT, output expressions) are not supported on", "parameters")
-    if any(column.table == RELEASE_ALIAS for column in outer.find_all(exp.Column)):
+    whole = enclosing(outer) if enclosing is not None else outer
+    if whole.find(exp.Placeholder, exp.Parameter) is not None:
+        raise refuse("parameters after the aggregates (HAVING, LIMIT, output expressions, outer queries) "
+                     "are not supported on", "parameters")
+    if any(column.table == RELEASE_ALIAS for column in whole.find_all(exp.Column)):
         raise refuse(f"the name {RELEASE_ALIAS} is reserved on", "column-reference")
     _replace_aggregates(outer, released)
     order = outer.args.get("order")
@@ -110,7 +116,7 @@ def outer_statement(
     columns = ", ".join(f"_dp{i}" for i in range(1, count + 1))
     source = sqlglot.parse_one(f"SELECT 1 FROM (VALUES ({values})) AS {RELEASE_ALIAS}({columns})", read="postgres")
     outer.set("from_", source.args["from_"])
-    return PostProcess(checked(outer.sql("postgres")))
+    return PostProcess(checked(whole.sql("postgres")))
 
 
 def _replace_aggregates(outer: exp.Select, released: Callable[[exp.Expr], int]) -> None:

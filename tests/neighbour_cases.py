@@ -208,7 +208,8 @@ def generate_case(rng: random.Random) -> Case:
 
     Besides the plain shape (issue 18): a wrapper subquery that only projects and filters
     (flattened), post-processing of the released row (a constant label, an expression over an
-    aggregate, an always-true HAVING, ORDER BY) and LIMIT/OFFSET/FETCH FIRST on the one row.
+    aggregate, an always-true HAVING, ORDER BY, an outer SELECT * over the aggregate query) and
+    LIMIT/OFFSET/FETCH FIRST on the one row.
     """
     builder = _Builder(rng)
     outputs = [builder.aggregate() for _ in range(rng.randint(1, 3))]
@@ -237,4 +238,7 @@ def generate_case(rng: random.Random) -> Case:
     if rng.random() < 0.15:
         sql += " " + rng.choice(["LIMIT 0", "LIMIT 1", "LIMIT 5", "LIMIT ALL", "OFFSET 0", "OFFSET 1",
                                  "FETCH FIRST ROW ONLY", "LIMIT 1 OFFSET 0"])
-    return Case(sql, tuple(builder.params), rng.random() < 0.2, tuple(fixed for _, fixed in outputs))
+    fixed = tuple(flag for _, flag in outputs)
+    if rng.random() < 0.1:
+        sql = f"SELECT * FROM ({sql}) AS released"  # an outer query over the one released row
+    return Case(sql, tuple(builder.params), rng.random() < 0.2, fixed)

@@ -112,7 +112,6 @@ def test_wrapper_filters_of_every_level_are_anded(repeating: RunningProxy):
     ("SELECT count(*) FROM (SELECT * FROM adult LIMIT 5) AS t", "LIMIT"),
     ("SELECT count(*) FROM (SELECT DISTINCT age FROM adult) AS t", "DISTINCT"),
     ("SELECT count(*) FROM (SELECT age FROM adult GROUP BY age) AS t", "GROUP"),
-    ("SELECT max(n) FROM (SELECT count(*) AS n FROM adult) AS t", "aggregate subquery"),
 ])
 def test_wrappers_that_do_more_than_project_and_filter_are_refused(proxy: RunningProxy, sql: str, message: str):
     with proxy.connect() as conn:
@@ -246,3 +245,35 @@ def test_describing_a_post_processed_statement_without_running_it_is_free(proxy:
         spent = _spent(conn)
         assert asyncio.run(described()) == ["avg_age", "n"]
         assert _spent(conn) == spent
+
+
+@pytest.mark.parametrize("sql, names", [
+    ("SELECT MAX(n) FROM (SELECT COUNT(*) AS n, AVG(hours_per_week) AS a FROM adult WHERE age > 30) t", ["max"]),
+    ("SELECT t.n + 1 AS next FROM (SELECT count(*) AS n FROM adult) AS t", ["next"]),
+    ("SELECT * FROM (SELECT count(*), sum(age) AS s FROM adult) AS t", ["count", "s"]),
+])
+def test_outer_queries_over_one_released_row_are_answered(proxy: RunningProxy, sql: str, names: list[str]):
+    with proxy.connect() as conn:
+        got, rows, notices = _answer(conn, sql)
+    assert got == names and len(rows) == 1 and None not in rows[0]
+    assert any("ε charged 1" in n for n in notices)
+
+
+def test_a_superset_chart_on_an_aggregate_virtual_dataset_is_a_repeat_of_its_probe(repeating: RunningProxy):
+    dataset = "SELECT count(*) AS n, avg(age) AS avg_age FROM adult WHERE age > 33"
+    plain, names, rows, notices = _after_plain(
+        repeating, dataset, f'SELECT MAX(n) AS "MAX(n)" FROM ({dataset}) AS virtual_table LIMIT 1000'
+    )
+    assert names == ["MAX(n)"] and rows == [(plain[0][0],)]
+    assert any("repeat" in n for n in notices)
+
+
+@pytest.mark.parametrize("sql, rule", [
+    ("SELECT n FROM (SELECT count(*) AS n FROM adult) AS t WHERE n > (SELECT 1)", "no-subquery"),
+    ("SELECT n, age FROM (SELECT count(*) AS n, age FROM adult) AS t", "no-row-access"),
+])
+def test_outer_queries_that_read_more_than_the_released_row_are_refused(proxy: RunningProxy, sql: str, rule: str):
+    with proxy.connect() as conn:
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(sql)
+    assert info.value.diag.sqlstate == "DP001" and f"rule: {rule}" in (info.value.diag.message_primary or "")
