@@ -300,6 +300,7 @@ class Executor:
     async def _answer_dp(self, decision: DPQuery, params: BoundParams, text: str) -> tuple[ResultSet, list[str], Cost]:
         """Charge, compute exactly on the backend, noise; or replay the answer to a repeat."""
         plan = decision.plan
+        # The plan's WHERE is made final here, before the charge (and before the repeat key).
         epsilon = self.settings.query_epsilon(self.server.policy, plan.table)
         if plan.limit_zero:
             # No row of the answer is left: nothing is released, from the statement alone.

@@ -92,7 +92,6 @@ def plan_aggregate_query(sql: str, table: Relation) -> AggregateQuery:
         aggregates = tuple(_aggregate(item, scope) for item in tree.expressions)
     else:
         aggregates, post = _post_processed(tree, scope, enclosing)
-    # The plan's WHERE is made final here, before the charge.
     where = tree.args.get("where")
     where_sql = validate_predicate(where.this, scope) if where is not None else None
     return AggregateQuery(table, aggregates, where_sql, _no_rows(tree, scope), post)
