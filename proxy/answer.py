@@ -9,7 +9,7 @@ each sample-and-aggregate column and 0 for the others.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from mechanisms.release import Release
@@ -41,6 +41,15 @@ class DPAnswer:
             for field, rel in zip(self.result.fields, self.releases)
         )
         return f"dpproxy: ε charged {self.epsilon:g}, δ {self.delta:g}; {columns}"
+
+    def named_for(self, plan: AggregateQuery) -> DPAnswer:
+        """The same released values headed as ``plan`` (a repeat) names its columns.
+
+        A repeat has the same backend SQL, hence the same aggregates and types; only the
+        names the statement gives them may differ.
+        """
+        result = ResultSet(result_fields(plan), self.result.rows, self.result.tag)
+        return replace(self, result=result)
 
 
 def result_fields(plan: AggregateQuery) -> list[Field]:

@@ -27,12 +27,13 @@ from rewriter.classify import (
     ResolvedRelation,
     classify,
 )
+from rewriter.dp_query import AggregateQuery
 from rewriter.limits import MAX_NESTING, too_complex
 from rewriter.references import RelationRef
 from rewriter.rewrite import backend_sql, partition_seed, seeded
 from rewriter.statements import Statement, split_statements
 
-from .answer import query_delta, release_row, result_fields
+from .answer import DPAnswer, query_delta, release_row, result_fields
 from .audit import AuditEntry
 from .audit import fingerprint as audit_fingerprint
 from .backend import BackendError, BackendLost, BackendSession, BoundParams, ResultSet
@@ -189,7 +190,7 @@ class Executor:
             return [], None
         if isinstance(decision, DPQuery):
             params, _ = await self.backend.describe(backend_sql(decision.plan, seed=0), param_types)
-            return params, result_fields(decision.plan)
+            return params, await self._dp_fields(decision.plan)
         if isinstance(decision, DpproxyCommand):
             return [], self.settings.fields(decision)
         if isinstance(decision, (Deallocate, CopyOut)):
@@ -198,9 +199,17 @@ class Executor:
         params, fields = await self.backend.describe(decision.sql, param_types)
         return params, fields or None
 
-    def known_fields(self, plan: Plan, result_formats: tuple[int, ...]) -> list[Field] | None:
+    async def _dp_fields(self, plan: AggregateQuery) -> list[Field]:
+        """A DP answer's columns; a post-processed one's from describing its outer statement
+        (over the released values only, never the table)."""
+        if plan.post is None:
+            return result_fields(plan)
+        _, fields = await self.backend.describe(plan.post.sql, [agg.result_type_oid for agg in plan.aggregates])
+        return fields
+
+    async def known_fields(self, plan: Plan, result_formats: tuple[int, ...]) -> list[Field] | None:
         if isinstance(plan.decision, DPQuery):
-            fields = result_fields(plan.decision.plan)
+            fields = await self._dp_fields(plan.decision.plan)
         elif isinstance(plan.decision, DpproxyCommand):
             fields = self.settings.fields(plan.decision) or []
         else:
@@ -313,16 +322,21 @@ class Executor:
     async def _answer_dp(self, decision: DPQuery, params: BoundParams, text: str) -> tuple[ResultSet, list[str], Cost]:
         """Charge, compute exactly on the backend, noise; or replay the answer to a repeat."""
         plan = decision.plan
+        # The plan's WHERE is made final here, before the charge (and before the repeat key).
         epsilon = self.settings.query_epsilon(self.server.policy, plan.table)
         if plan.limit_zero:
-            return release_row(plan, (), epsilon).result, [], Cost(0.0, 0.0, None, None)
+            # No row of the answer is left: nothing is released, from the statement alone.
+            empty = release_row(plan, (), epsilon)
+            return await self._post_processed(plan, empty, None), [], Cost(0.0, 0.0, None, None)
         plan, params = await bind_constants(plan, params, self.backend)  # before the repeat lookup and the charge
         sql = backend_sql(plan, seed=0)  # names the query; the SQL run gets a fresh seed below
         repeat_key = (self.user, sql, tuple(params.values), tuple(params.formats), epsilon)
         earlier = self.server.repeats.get(repeat_key)
         if earlier is not None:
-            result, notice = earlier
-            return result, [f"dpproxy: repeat of an earlier answer, ε charged 0; {notice}"], Cost(0.0, 0.0, None, None)
+            # Only the released values are shared: names come from the statement asked now.
+            repeat = earlier.named_for(plan)
+            notice = f"dpproxy: repeat of an earlier answer, ε charged 0; {repeat.notice()}"
+            return await self._post_processed(plan, repeat, repeat.result.rows[0]), [notice], Cost(0.0, 0.0, None, None)
         delta = query_delta(plan)
         # A connection already known lost (or one that cannot be opened) fails the query
         # before it costs anything.
@@ -344,9 +358,23 @@ class Executor:
         exact = tuple(load_text(value, type_oid) for value, type_oid in zip(values, type_oids))
         answer = release_row(plan, exact, epsilon)
         notice = answer.notice()
-        self.server.repeats.put(repeat_key, (answer.result, notice))
+        self.server.repeats.put(repeat_key, answer)
         remaining = f"remaining ε {cost.remaining_epsilon:g}, δ {cost.remaining_delta:g}"
-        return answer.result, [f"{notice}; {remaining}"], cost
+        result = await self._post_processed(plan, answer, answer.result.rows[0])
+        return result, [f"{notice}; {remaining}"], cost
+
+    async def _post_processed(self, plan: AggregateQuery, answer: DPAnswer, row: list[bytes | None] | None) -> ResultSet:
+        """The answer the statement asks for, from the released ``row`` only (None: no row released).
+
+        The plain shape is the released row itself; otherwise the plan's outer statement runs
+        on the backend over the released values (rewriter/post_process.py). Its errors depend
+        on those values alone and reach the client as PostgreSQL raised them; the charge stands.
+        """
+        if plan.post is None:
+            return answer.result
+        values = row if row is not None else [None] * len(plan.aggregates)
+        types = [agg.result_type_oid for agg in plan.aggregates]
+        return await self.backend.execute(plan.post.sql, BoundParams(values, [0] * len(values), types))
 
 
 @lru_cache(maxsize=4096)

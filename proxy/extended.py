@@ -55,7 +55,7 @@ class Runner(Protocol):
 
     async def describe(self, plan: Plan, param_types: tuple[int, ...]) -> tuple[list[int], list[Field] | None]: ...
 
-    def known_fields(self, plan: Plan, result_formats: tuple[int, ...]) -> list[Field] | None:
+    async def known_fields(self, plan: Plan, result_formats: tuple[int, ...]) -> list[Field] | None:
         """The columns if they are known without running the statement (DP answers), else None."""
         ...
 
@@ -159,7 +159,7 @@ class ExtendedProtocol:
         portal = self._portal(message.name)
         # A DP portal describes itself without running (and so without spending budget);
         # other statements run here and Execute hands out the stored result.
-        fields = self.runner.known_fields(portal.statement.plan, portal.result_formats)
+        fields = await self.runner.known_fields(portal.statement.plan, portal.result_formats)
         if fields is None:
             fields = (await self._result(portal)).fields
         self.out.append(protocol.row_description(fields) if fields else protocol.NO_DATA)

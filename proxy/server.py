@@ -20,6 +20,7 @@ from policies.tables import TableRegistry
 
 from . import metrics
 from .backend import BackendError, ResultSet, build_registry, connect
+from .answer import DPAnswer
 from .audit import AuditLog
 from .budget import BudgetKeeper
 from .repeats import RepeatCache
@@ -40,7 +41,7 @@ class Server:
         self.budget = BudgetKeeper.open(policy)
         self.audit = AuditLog.from_config(policy.audit)
         self.tls = _tls_context(policy)
-        self.repeats: RepeatCache[tuple[ResultSet, str]] = RepeatCache(
+        self.repeats: RepeatCache[DPAnswer] = RepeatCache(
             policy.repeats.ttl_s, policy.repeats.max_entries, policy.repeats.enabled
         )
         self.metrics: metrics.MetricsEndpoint | None = None

@@ -14,16 +14,10 @@ from typing import Any, Mapping, Union
 from policies.errors import SQLSTATE, Refusal
 from policies.tables import Relation, TableRegistry
 
-from .catalog import (
-    CATALOG_SCHEMAS,
-    SAFE_SETTINGS,
-    allowed_catalog_relation,
-    allowed_function,
-    exact_floats,
-    refused_function_reason,
-)
+from .catalog import CATALOG_SCHEMAS, SAFE_SETTINGS, allowed_catalog_relation, allowed_function, exact_floats
 from .constants import FUNCTIONS as FOLDABLE_FUNCTIONS
 from .copy import CopyOptions, copy_query
+from .function_check import check_functions, inexact_floats
 from .dp_query import AggregateQuery, plan_aggregate_query
 from .neutralise import neutralise_pg_class
 from .qualify import qualify
@@ -251,7 +245,7 @@ def _select(
         )
     if protected:
         return _protected(statement, protected)
-    _check_functions(statement)
+    check_functions(statement)
     text = qualify(statement.text, user)
     if references_pg_class:
         # Its subquery names only pg_catalog.pg_class, keyword types and constants.
@@ -299,11 +293,17 @@ def _protected(statement: Statement, protected: list[Relation]) -> DPQuery:
             f"SELECT COUNT(*), SUM(col) FROM {relation.display_name} [WHERE ...].",
             rule,
         )
-    # Functions of folded constants (rewriter.constants) are checked again, with their arguments, there.
-    others = {name for name in refs.functions - _DP_FUNCTIONS if name.removeprefix("pg_catalog.") not in FOLDABLE_FUNCTIONS}
-    if others:
+    # Functions of folded constants (rewriter.constants) are checked again, with their arguments,
+    # there; other allowed functions can only serve post-processing (rewriter.post_process):
+    # WHERE and aggregate arguments refuse them.
+    unknown = {
+        name for name in refs.functions - _DP_FUNCTIONS
+        if name in _OTHER_AGGREGATES
+        or not (allowed_function(name) or name.removeprefix("pg_catalog.") in FOLDABLE_FUNCTIONS)
+    }
+    if unknown:
         # sqlglot would see these too; refusing here keeps both parsers in agreement.
-        name = sorted(others)[0]
+        name = sorted(unknown)[0]
         raise Refusal(
             SQLSTATE.DP_QUERY_SHAPE,
             f"function {name}() is not allowed on protected table {relation.display_name} (rule: function-allowlist)",
@@ -316,52 +316,11 @@ def _protected(statement: Statement, protected: list[Relation]) -> DPQuery:
 
 _DP_FUNCTIONS = frozenset({"count", "sum", "avg", "min", "max", "mode", "lower", "upper"})
 
-
-def _check_functions(statement: Statement) -> None:
-    for name in statement.references.functions:
-        if not allowed_function(name):
-            raise Refusal(
-                SQLSTATE.INSUFFICIENT_PRIVILEGE,
-                f"function {name}() is not available through dpproxy: {refused_function_reason(name)} "
-                "(rule: function-allowlist)",
-                "Catalog queries may call the catalog, string, array and formatting functions on "
-                "dpproxy's allowlist; relation and database sizes answer NULL.",
-                "function-allowlist",
-            )
-        if name.removeprefix("pg_catalog.") == "set_config":
-            _check_set_config(statement.node)
-
-
-def _check_set_config(node: Any) -> None:
-    """set_config(name, ...) is a SET: only for safe settings named by a literal."""
-    for call in _function_calls(node, "set_config"):
-        args = call.get("args") or []
-        first = args[0].get("A_Const", {}).get("sval", {}).get("sval") if args else None
-        if first is None or first.lower() not in SAFE_SETTINGS:
-            raise Refusal(
-                SQLSTATE.INSUFFICIENT_PRIVILEGE,
-                f"set_config() of {first or 'a computed name'} is not allowed (rule: safe-settings)",
-                "Only presentation and session settings may be changed: " + ", ".join(sorted(SAFE_SETTINGS)),
-                "safe-settings",
-            )
-        second = args[1].get("A_Const", {}).get("sval", {}).get("sval") if len(args) > 1 else None
-        if not exact_floats(first, second):
-            raise _inexact_floats()
-
-
-def _function_calls(node: Any, name: str) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = []
-    stack = [node]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            call = item.get("FuncCall")
-            if call is not None and call["funcname"][-1]["String"]["sval"] == name:
-                found.append(call)
-            stack.extend(v for v in item.values() if isinstance(v, (dict, list)))
-    return found
+# Aggregates and window functions catalog queries may call, never a protected table.
+_OTHER_AGGREGATES = frozenset({
+    "array_agg", "string_agg", "bool_and", "bool_or", "every", "json_agg", "jsonb_agg", "json_object_agg",
+    "row_number", "rank", "dense_rank", "unnest", "generate_series", "generate_subscripts",
+})
 
 
 def _transaction(statement: Statement) -> Passthrough:
@@ -410,17 +369,8 @@ def _set(statement: Statement) -> Decision:
         )
     _refuse_read_write(node.get("args") or [])
     if kind != "VAR_SET_DEFAULT" and not exact_floats(name, _set_value(node)):
-        raise _inexact_floats()
+        raise inexact_floats()
     return Passthrough(statement.text)
-
-
-def _inexact_floats() -> Refusal:
-    return Refusal(
-        SQLSTATE.INVALID_PARAMETER_VALUE,
-        "extra_float_digits below 1 is not allowed through dpproxy (rule: exact-floats)",
-        "Rounded float output would weaken the noise on float aggregates; use 1, 2 or 3 (1 is PostgreSQL's default).",
-        "exact-floats",
-    )
 
 
 def _set_value(node: dict[str, Any]) -> str | None:

@@ -9,8 +9,8 @@ the rule it breaks. The plan, not the client's text, is what later reaches the b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import Callable, Literal
 
 from sqlglot import exp
 from sqlglot.errors import ParseError
@@ -19,6 +19,9 @@ from policies.errors import SQLSTATE, Refusal
 from policies.tables import ColumnInfo, Relation
 
 from .constants import Folding
+from .flatten import flatten
+from .identifiers import identifier
+from .post_process import PostProcess, outer_statement
 from .predicates import plan_predicate
 from .sqlglot_parse import parse_postgres
 from .types import MAX_ABS_BOUND, NUMERIC_TYPES, aggregate_result_type
@@ -72,6 +75,10 @@ class AggregateQuery:
     where_sql: str | None
     limit_zero: bool
     folding: Folding | None = None
+    # When the statement asks for more than the released row (expressions over aggregates,
+    # HAVING, constants): the outer statement over the released values. Then ``aggregates``
+    # are the distinct aggregates released, each named by its SQL.
+    post: PostProcess | None = None
 
 
 def plan_aggregate_query(sql: str, table: Relation) -> AggregateQuery:
@@ -83,13 +90,103 @@ def plan_aggregate_query(sql: str, table: Relation) -> AggregateQuery:
         raise scope.refuse("cannot analyse this query on protected table", "unparsed") from exc
     if not isinstance(tree, exp.Select):
         raise scope.refuse(_set_operation_message(tree), "no-set-operations")
+    tree, enclosing = _release_level(tree)
+    tree, scope = flatten(tree, scope)
     scope = _check_clauses(tree, scope)
-    aggregates = tuple(_aggregate(item, scope) for item in tree.expressions)
+    post = None
+    if enclosing is None and _plain(tree):
+        aggregates = tuple(_aggregate(item, scope) for item in tree.expressions)
+    else:
+        aggregates, post = _post_processed(tree, scope, enclosing)
     where = tree.args.get("where")
     predicate = plan_predicate(where.this, scope) if where is not None else None
     where_sql = predicate.sql if predicate is not None else None
     folding = predicate.folding if predicate is not None else None
-    return AggregateQuery(table, aggregates, where_sql, _limit_is_zero(tree, scope), folding)
+    return AggregateQuery(table, aggregates, where_sql, _no_rows(tree, scope), folding=folding, post=post)
+
+
+def _is_aggregate(item: exp.Expression) -> bool:
+    return isinstance(item, exp.AggFunc) or (isinstance(item, exp.WithinGroup) and isinstance(item.this, exp.Mode))
+
+
+def _plain(tree: exp.Select) -> bool:
+    """Whether the statement is its released row as it is: only (aliased) aggregates, no HAVING."""
+    if tree.args.get("having") is not None:
+        return False
+    items = [item.this if isinstance(item, exp.Alias) else item for item in tree.expressions]
+    return all(_is_aggregate(item) or item.find(exp.AggFunc) is None for item in items) and all(
+        _is_aggregate(item) or isinstance(item, (exp.Column, exp.Star)) for item in items
+    )
+
+
+def _derived_levels(tree: exp.Select) -> list[exp.Select]:
+    """``tree`` and the SELECTs nested in its FROM, each the only FROM item of the one above."""
+    levels = [tree]
+    while True:
+        source = levels[-1].args.get("from_")
+        if source is None or levels[-1].args.get("joins") or not isinstance(source.this, exp.Subquery):
+            return levels
+        if not isinstance(source.this.this, exp.Select):
+            return levels
+        levels.append(source.this.this)
+
+
+def _release_level(tree: exp.Select) -> tuple[exp.Select, Callable[[exp.Select], exp.Expression] | None]:
+    """The aggregate level of a query over one released row, and how to put it back.
+
+    ``SELECT MAX(n) FROM (SELECT count(*) AS n FROM people WHERE ...) AS t``: the lowest level
+    with aggregates of its own is the release (planned as the plain query it is, so the same
+    repeat); the levels above it are post-processing and run over the released row. Returns
+    ``tree`` and None when the outermost level is the aggregate level (or none is).
+    """
+    levels = _derived_levels(tree)
+    for depth in reversed(range(len(levels))):
+        own = [*levels[depth].expressions, levels[depth].args.get("having")]
+        if any(item is not None and item.find(exp.AggFunc) is not None for item in own):
+            break
+    else:
+        return tree, None
+    if depth == 0:
+        return tree, None
+
+    def enclosing(outer: exp.Select) -> exp.Expression:
+        whole = tree.copy()
+        _derived_levels(whole)[depth].replace(outer)
+        return whole
+
+    return levels[depth].copy(), enclosing
+
+
+def _post_processed(
+    tree: exp.Select, scope: Scope, enclosing: Callable[[exp.Select], exp.Expression] | None = None
+) -> tuple[tuple[Aggregate, ...], PostProcess]:
+    """The distinct aggregates the statement uses (the release) and its outer statement."""
+    if tree.find(exp.Filter) is not None:
+        raise scope.refuse("aggregate FILTER is not allowed on protected table", "no-filter")
+    if not any(item.find(exp.AggFunc) for item in tree.expressions):
+        raise scope.refuse("non-aggregate output is not allowed on protected table", "no-row-access")
+    released: list[Aggregate] = []
+    index: dict[tuple[str, str | None, str], int] = {}
+
+    def release(node: exp.Expr) -> int:
+        assert isinstance(node, exp.Expression)
+        agg = _aggregate(node, scope)
+        key = (agg.kind, agg.column.name if agg.column else None, agg.mechanism)
+        if key not in index:
+            released.append(replace(agg, output_name=_sql_name(agg)))
+            index[key] = len(released)
+        return index[key]
+
+    post = outer_statement(tree, release, lambda message, rule: scope.refuse(f"{message} protected table", rule), enclosing)
+    return tuple(released), post
+
+
+def _sql_name(agg: Aggregate) -> str:
+    """How a released aggregate is named in the notice: its SQL, e.g. ``sum(income)``."""
+    column = agg.column.name if agg.column else "*"
+    if agg.kind == "mode":
+        return f"mode() within group (order by {column})"
+    return f"{agg.kind}({column})"
 
 
 @dataclass(frozen=True)
@@ -137,14 +234,12 @@ _CLAUSE_RULES: dict[str, tuple[str, str]] = {
     "joins": ("JOIN is not allowed on protected table", "no-join"),
     "laterals": ("LATERAL is not allowed on protected table", "no-join"),
     "group": ("GROUP BY is not allowed on protected table", "no-group-by"),
-    "having": ("HAVING is not allowed on protected table", "no-group-by"),
     "distinct": ("SELECT DISTINCT is not allowed on protected table", "no-distinct"),
     "with_": ("WITH (CTE) is not allowed with protected table", "no-subquery"),
     "windows": ("window functions are not allowed on protected table", "no-window"),
     "qualify": ("window functions are not allowed on protected table", "no-window"),
     "into": ("SELECT INTO is not allowed on protected table", "no-write"),
     "locks": ("row locks are not allowed on protected table", "no-row-access"),
-    "offset": ("OFFSET is not allowed on protected table", "no-offset"),
     "sample": ("TABLESAMPLE is not allowed on protected table", "no-subquery"),
 }
 
@@ -152,7 +247,7 @@ _CLAUSE_RULES: dict[str, tuple[str, str]] = {
 def _check_clauses(tree: exp.Select, scope: Scope) -> Scope:
     """Refuse every clause beyond SELECT/FROM/WHERE/ORDER BY/LIMIT; return the FROM scope."""
     for key, value in tree.args.items():
-        if not value or key in ("expressions", "from_", "where", "limit", "order", "kind"):
+        if not value or key in ("expressions", "from_", "where", "having", "limit", "offset", "order", "kind"):
             continue
         message, rule = _CLAUSE_RULES.get(key, (f"the {key.upper()} clause is not allowed on protected table", "unsupported-clause"))
         raise scope.refuse(message, rule)
@@ -223,8 +318,8 @@ def _mechanism(kind: AggregateKind, scope: Scope) -> Mechanism:
 
 
 def _aggregate_column(kind: AggregateKind, argument: exp.Expression | None, scope: Scope) -> ColumnInfo | None:
-    if kind == "count" and isinstance(argument, exp.Star):
-        return None
+    if kind == "count" and (isinstance(argument, exp.Star) or isinstance(argument, exp.Literal)):
+        return None  # count(1), count('x'): a non-NULL constant counts every row, as count(*) does
     if isinstance(argument, exp.Distinct):
         raise scope.refuse("COUNT(DISTINCT ...) and other DISTINCT aggregates are not allowed on protected table", "no-distinct")
     if not isinstance(argument, exp.Column) or isinstance(argument.this, exp.Star):
@@ -269,22 +364,34 @@ def _categorical(column: ColumnInfo, scope: Scope) -> ColumnInfo:
     return column
 
 
-def identifier(node: exp.Expression) -> str:
-    """An identifier as PostgreSQL stores it: unquoted names fold to lower case."""
-    if isinstance(node, exp.TableAlias):
-        node = node.this
-    if isinstance(node, exp.Identifier):
-        return node.this if node.quoted else node.this.lower()
-    return node.name.lower()
+def _no_rows(tree: exp.Select, scope: Scope) -> bool:
+    """Whether LIMIT/FETCH FIRST/OFFSET leave none of the one aggregate row (then nothing is released).
 
-
-def _limit_is_zero(tree: exp.Select, scope: Scope) -> bool:
+    ``LIMIT n``, ``LIMIT ALL``, ``LIMIT NULL``, ``FETCH FIRST [n] ROW[S] ONLY`` and ``OFFSET k``
+    take non-negative integer literals: they act on the one released row only, so ``LIMIT 0``
+    and ``OFFSET k`` with k > 0 answer no row, from the statement alone, at no cost.
+    """
     limit = tree.args.get("limit")
-    if limit is None:
-        return False
-    value = limit.expression
-    if isinstance(value, exp.Null):
-        return False
+    count: exp.Expression | None = None
+    if isinstance(limit, exp.Fetch):
+        options = limit.args.get("limit_options")
+        if limit.args.get("direction", "FIRST").upper() not in ("FIRST", "NEXT") or (
+            options is not None and (options.args.get("percent") or options.args.get("with_ties"))
+        ):
+            raise scope.refuse("FETCH takes FIRST/NEXT n ROWS ONLY on protected table", "limit")
+        count = limit.args.get("count")
+    elif limit is not None:
+        count = limit.expression
+    rows = _row_count(count, "LIMIT", scope)
+    offset = tree.args.get("offset")
+    skipped = _row_count(offset.expression if offset is not None else None, "OFFSET", scope)
+    return rows == 0 or (skipped or 0) > 0
+
+
+def _row_count(value: exp.Expression | None, clause: str, scope: Scope) -> int | None:
+    """A LIMIT/OFFSET count: None for none, ALL or NULL; refused unless a non-negative integer literal."""
+    if value is None or isinstance(value, exp.Null) or (isinstance(value, exp.Var) and value.name.upper() == "ALL"):
+        return None
     if not (isinstance(value, exp.Literal) and not value.is_string and value.this.isdigit()):
-        raise scope.refuse("LIMIT takes a non-negative integer literal on protected table", "limit")
-    return int(value.this) == 0
+        raise scope.refuse(f"{clause} takes a non-negative integer literal on protected table", "limit")
+    return int(value.this)

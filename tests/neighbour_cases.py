@@ -235,22 +235,44 @@ class _Builder:
 
 
 def generate_case(rng: random.Random) -> Case:
-    """One statement of the DP language with a WHERE clause that usually reaches the neighbour row."""
+    """One statement of the DP language with a WHERE clause that usually reaches the neighbour row.
+
+    Besides the plain shape (issue 18): a wrapper subquery that only projects and filters
+    (flattened), post-processing of the released row (a constant label, an expression over an
+    aggregate, an always-true HAVING, ORDER BY, an outer SELECT * over the aggregate query) and
+    LIMIT/OFFSET/FETCH FIRST on the one row.
+    """
     builder = _Builder(rng)
     outputs = [builder.aggregate() for _ in range(rng.randint(1, 3))]
+    if rng.random() < 0.2:
+        outputs.append(rng.choice([("'total' AS label", False), ("COUNT(*) * 1.0 AS scaled", False),
+                                   ("COALESCE(COUNT(*), 0) AS c", False), ("COUNT(1) AS one", False)]))
     items = ", ".join(text for text, _ in outputs)
-    source = "{table}" if rng.random() < 0.85 else "{table} AS q"
+    shape = rng.random()
+    if shape < 0.7:
+        source, qualifier = "{table}", None
+    elif shape < 0.8:
+        source, qualifier = "{table} AS q", "q."
+    else:
+        inner = f" WHERE {builder.predicate(rng.randint(0, 2))}" if rng.random() < 0.6 else ""
+        source, qualifier = f"(SELECT * FROM {{table}}{inner}) AS w", "w."
     sql = f"SELECT {items} FROM {source}"
     if rng.random() < 0.9:
         where = builder.predicate(rng.randint(0, 3))
-        if source.endswith("q"):
-            where = where.replace("{table}.", "q.")
+        if qualifier is not None:
+            where = where.replace("{table}.", qualifier)
         sql += f" WHERE {where}"
     if rng.random() < 0.1:
-        sql += " ORDER BY 1"
+        sql += " HAVING COUNT(*) IS NOT NULL"
     if rng.random() < 0.1:
-        sql += f" LIMIT {rng.choice(['0', '1', '5', 'ALL'])}"
-    case = Case(sql, tuple(builder.params), rng.random() < 0.2, tuple(fixed for _, fixed in outputs))
+        sql += " ORDER BY 1"
+    if rng.random() < 0.15:
+        sql += " " + rng.choice(["LIMIT 0", "LIMIT 1", "LIMIT 5", "LIMIT ALL", "OFFSET 0", "OFFSET 1",
+                                 "FETCH FIRST ROW ONLY", "LIMIT 1 OFFSET 0"])
+    fixed = tuple(flag for _, flag in outputs)
+    if rng.random() < 0.1:
+        sql = f"SELECT * FROM ({sql}) AS released"  # an outer query over the one released row
+    case = Case(sql, tuple(builder.params), rng.random() < 0.2, fixed)
     if not case.params and not case.binary and rng.random() < 0.1:
         # The same release in COPY's framing (psql's \copy (SELECT ...) TO 'file').
         options = rng.choice(["", " WITH (FORMAT csv, HEADER)", " (DELIMITER ';', NULL 'none')"])

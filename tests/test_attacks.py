@@ -57,13 +57,13 @@ ATTACKS: dict[str, list[str]] = {
         "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY age) FROM adult",
         "SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY age) FROM adult", "SELECT COUNT(DISTINCT age) FROM adult",
         "SELECT SUM(DISTINCT age) FROM adult", "SELECT MIN(sex) FROM adult", "SELECT MAX(workclass) FROM adult",
-        "SELECT SUM(age * 2) FROM adult", "SELECT SUM(age) + 1 FROM adult", "SELECT SUM(age) / COUNT(*) FROM adult",
+        "SELECT SUM(age * 2) FROM adult", 
         "SELECT COUNT(*) FILTER (WHERE age = 40) FROM adult", "SELECT SUM(CASE WHEN age = 40 THEN 1 ELSE 0 END) FROM adult",
         "SELECT stddev(age) FROM adult", "SELECT variance(age) FROM adult", "SELECT corr(age, hours_per_week) FROM adult",
-        "SELECT regr_slope(age, hours_per_week) FROM adult", "SELECT COUNT(*) * 0 + MAX(age) FROM adult",
+        "SELECT regr_slope(age, hours_per_week) FROM adult",
         "SELECT MODE() WITHIN GROUP (ORDER BY native_country) FROM adult", "SELECT COUNT(*), age FROM adult",
         "SELECT COUNT(*) OVER () FROM adult", "SELECT grouping(age) FROM adult GROUP BY age",
-        "SELECT COUNT(*) FROM adult GROUP BY ROLLUP (sex)", "SELECT COUNT(*) FROM adult HAVING COUNT(*) > 1",
+        "SELECT COUNT(*) FROM adult GROUP BY ROLLUP (sex)",
         "SELECT DISTINCT sex FROM adult", "SELECT COUNT(age::text) FROM adult",
     ],
     "statements": [
@@ -112,6 +112,9 @@ NOISED = [
     "SELECT COUNT(*) FROM adult WHERE age = 40", 'SELECT COUNT(*) FROM "adult" WHERE sex = \'Male\'',
     "SELECT COUNT(*) FROM public.adult a WHERE a.age BETWEEN 40 AND 40", "SELECT COUNT(*) FROM ADULT WHERE lower(sex) = 'male'",
     "SELECT COUNT(*), SUM(capital_gain), MAX(age) FROM adult WHERE age IN (90) ORDER BY 1 LIMIT 1",
+    # Post-processing of released aggregates (issue 18): the expressions run over the noised row only.
+    "SELECT SUM(age) + 1 FROM adult", "SELECT SUM(age) / COUNT(*) FROM adult", "SELECT COUNT(*) * 0 + MAX(age) FROM adult",
+    "SELECT COUNT(*) FROM adult HAVING COUNT(*) > 1",
 ]
 
 

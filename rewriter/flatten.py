@@ -1,0 +1,124 @@
+"""Flatten subquery wrappers that only project and filter into one SELECT on the base table.
+
+BI tools and ORMs wrap a table in derived tables: Superset's virtual dataset
+``SELECT COUNT(*) FROM (SELECT * FROM people WHERE age > 30) AS virtual_table``, SQLAlchemy's
+``Query.count()`` ``SELECT count(*) FROM (SELECT people.id AS people_id ... FROM people WHERE ...)
+AS anon_1``, Power BI's ``FROM (SELECT "age" FROM "public"."people" "$Table") "_"``. Such a
+wrapper selects plain columns (or ``*``) of the level below under new names and filters them,
+so the statement releases exactly what one aggregate over the base table with every level's
+WHERE ANDed releases. The outer level's column names are mapped through the projections to
+the base table's columns; every WHERE is then validated like any other (``validate_predicate``).
+
+A wrapper level that does anything else (LIMIT/OFFSET, DISTINCT, GROUP BY, aggregates,
+window functions, computed projections such as ``age + 1 AS a``, joins) is refused: each
+could change which rows are aggregated in a way the plan does not model. An inner ORDER BY
+without LIMIT does not change the set of rows and is dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from sqlglot import exp
+
+from policies.errors import Refusal
+
+from .identifiers import identifier
+
+if TYPE_CHECKING:
+    from .dp_query import Scope
+
+__all__ = ["flatten"]
+
+_WRAPPER_CLAUSES = frozenset({"expressions", "from_", "where", "order", "kind"})
+_WRAPPER_HINT = (
+    "A subquery on a protected table may only select its plain columns (or *), renamed or not, "
+    "and filter them with WHERE, e.g. SELECT COUNT(*) FROM (SELECT * FROM {table} WHERE age > 30) AS t. "
+    "Computed columns (age + 1 AS a), LIMIT, DISTINCT, GROUP BY and aggregates inside it are not "
+    "supported yet."
+)
+
+
+def flatten(tree: exp.Select, scope: Scope) -> tuple[exp.Select, Scope]:
+    """``tree`` with every wrapper in its FROM folded in; the scope of the base table it reads.
+
+    Returns ``tree`` itself when its FROM is not a subquery. The result's columns outside
+    the base table's own level are unqualified names of base-table columns.
+    """
+    source = tree.args.get("from_")
+    if source is None or not isinstance(source.this, exp.Subquery) or tree.args.get("joins"):
+        return tree, scope
+    subquery = source.this
+    inner = subquery.this
+    if not isinstance(inner, exp.Select):
+        raise _refuse(scope, "only a SELECT of plain columns may wrap protected table")
+    for key, value in inner.args.items():
+        if value and key not in _WRAPPER_CLAUSES:
+            raise _refuse(scope, f"the {key.upper().rstrip('_')} clause inside a subquery is not allowed on protected table")
+    inner, inner_scope = flatten(inner, scope)
+    base = inner.args.get("from_")
+    if base is None or not isinstance(base.this, exp.Table):
+        raise _refuse(scope, "only a SELECT of plain columns may wrap protected table")
+    alias = base.this.args.get("alias")
+    if alias is not None:
+        inner_scope = replace(inner_scope, qualifiers=frozenset({identifier(alias)}))
+    names = _projection(inner, inner_scope)
+    outer_alias = subquery.args.get("alias")
+    qualifiers = frozenset({identifier(outer_alias)}) if outer_alias is not None else frozenset()
+    tree = tree.copy()
+    tree.set("from_", None)
+    order = tree.args.get("order")
+    tree.set("order", None)  # over one aggregate row ORDER BY changes nothing; it may name output aliases
+    for column in list(tree.find_all(exp.Column)):
+        if isinstance(column.this, exp.Star):
+            continue
+        column.replace(_mapped(column, names, qualifiers, scope))
+    where = tree.args.get("where")
+    inner_where = inner.args.get("where")
+    if inner_where is not None:
+        condition = inner_where.this if where is None else exp.and_(exp.paren(inner_where.this), exp.paren(where.this))
+        tree.set("where", exp.Where(this=condition))
+    tree.set("from_", base.copy())
+    tree.set("order", order)
+    return tree, inner_scope
+
+
+def _projection(inner: exp.Select, scope: Scope) -> dict[str, str]:
+    """The names a wrapper level makes visible, each mapped to a base-table column's name."""
+    names: dict[str, str] = {}
+    for item in inner.expressions:
+        alias = None
+        if isinstance(item, exp.Alias):
+            alias = identifier(item.args["alias"])
+            item = item.this
+        if isinstance(item, exp.Star) or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star)):
+            qualifier = item.args.get("table") if isinstance(item, exp.Column) else None
+            if qualifier is not None and identifier(qualifier) not in scope.qualifiers:
+                raise scope.refuse(f"{item.sql('postgres')} does not belong to protected table", "column-reference")
+            names.update((name, name) for name in scope.table.columns)
+            continue
+        if not isinstance(item, exp.Column):
+            raise _refuse(scope, "computed columns inside a subquery are not allowed on protected table")
+        column = scope.column(item)
+        names[alias or column.name] = column.name
+    return names
+
+
+def _mapped(column: exp.Column, names: dict[str, str], qualifiers: frozenset[str], scope: Scope) -> exp.Column:
+    """An outer level's column reference as the base-table column it names."""
+    if column.args.get("db") or column.args.get("catalog"):
+        raise scope.refuse("schema-qualified column references are not allowed on protected table", "column-reference")
+    qualifier = column.args.get("table")
+    if qualifier is not None and identifier(qualifier) not in qualifiers:
+        raise scope.refuse(f"column {column.sql('postgres')} does not belong to protected table", "column-reference")
+    name = identifier(column.this)
+    base = names.get(name)
+    if base is None:
+        raise Refusal("42703", f'column "{name}" does not exist', "Columns: " + ", ".join(names), "undefined-column")
+    return exp.column(exp.to_identifier(base, quoted=True))
+
+
+def _refuse(scope: Scope, message: str) -> Refusal:
+    refusal = scope.refuse(message, "no-subquery")
+    return Refusal(refusal.sqlstate, refusal.message, _WRAPPER_HINT.format(table=scope.table.display_name), "no-subquery")

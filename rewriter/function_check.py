@@ -1,0 +1,70 @@
+"""The function allowlist of statements dpproxy passes to the backend (catalog queries, post-processing)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policies.errors import SQLSTATE, Refusal
+
+from .catalog import SAFE_SETTINGS, allowed_function, exact_floats, refused_function_reason
+from .statements import Statement
+
+__all__ = ["check_functions", "inexact_floats"]
+
+
+def check_functions(statement: Statement) -> None:
+    """Refuse a statement that calls a function off the passthrough allowlist, or an unsafe set_config()."""
+    for name in statement.references.functions:
+        if not allowed_function(name):
+            raise Refusal(
+                SQLSTATE.INSUFFICIENT_PRIVILEGE,
+                f"function {name}() is not available through dpproxy: {refused_function_reason(name)} "
+                "(rule: function-allowlist)",
+                "Catalog queries may call the catalog, string, array and formatting functions on "
+                "dpproxy's allowlist; relation and database sizes answer NULL.",
+                "function-allowlist",
+            )
+        if name.removeprefix("pg_catalog.") == "set_config":
+            _check_set_config(statement.node)
+
+
+def _check_set_config(node: Any) -> None:
+    """set_config(name, ...) is a SET: only for safe settings named by a literal."""
+    for call in _function_calls(node, "set_config"):
+        args = call.get("args") or []
+        first = args[0].get("A_Const", {}).get("sval", {}).get("sval") if args else None
+        if first is None or first.lower() not in SAFE_SETTINGS:
+            raise Refusal(
+                SQLSTATE.INSUFFICIENT_PRIVILEGE,
+                f"set_config() of {first or 'a computed name'} is not allowed (rule: safe-settings)",
+                "Only presentation and session settings may be changed: " + ", ".join(sorted(SAFE_SETTINGS)),
+                "safe-settings",
+            )
+        second = args[1].get("A_Const", {}).get("sval", {}).get("sval") if len(args) > 1 else None
+        if not exact_floats(first, second):
+            raise inexact_floats()
+
+
+def _function_calls(node: Any, name: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            call = item.get("FuncCall")
+            if call is not None and call["funcname"][-1]["String"]["sval"] == name:
+                found.append(call)
+            stack.extend(v for v in item.values() if isinstance(v, (dict, list)))
+    return found
+
+
+def inexact_floats() -> Refusal:
+    """The refusal of an extra_float_digits below 1."""
+    return Refusal(
+        SQLSTATE.INVALID_PARAMETER_VALUE,
+        "extra_float_digits below 1 is not allowed through dpproxy (rule: exact-floats)",
+        "Rounded float output would weaken the noise on float aggregates; use 1, 2 or 3 (1 is PostgreSQL's default).",
+        "exact-floats",
+    )

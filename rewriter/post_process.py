@@ -1,0 +1,146 @@
+"""Post-processing of one released aggregate row, as SQL that reads no relation.
+
+``SELECT round(avg(income), 2) AS a, 'total' AS label FROM people WHERE ... HAVING count(*) > 0
+ORDER BY 1 LIMIT 10`` is split into the release, the distinct aggregates it uses (answered and
+charged exactly as the plain ``SELECT avg(income), count(*) FROM people WHERE ...``), and an
+outer statement over the released values only::
+
+    SELECT pg_catalog.round(r._dp1, 2) AS a, 'total' AS label
+    FROM (VALUES ($1, $2)) AS r(_dp1, _dp2) WHERE r._dp2 OPERATOR(pg_catalog.>) 0 ORDER BY 1 LIMIT 10
+
+run on the backend with the noised values as parameters typed as the aggregates are, so that
+PostgreSQL's own semantics, types and output formats apply.
+
+Why this releases nothing more (the post-processing theorem: Dwork & Roth, "The Algorithmic
+Foundations of Differential Privacy", 2014, Prop. 2.1): the outer statement's result, its
+errors (``integer out of range``) and its timing are functions of the released values and the
+statement's text alone. That holds because, checked on PostgreSQL's own parse tree of the outer
+text, it references no relation (no RangeVar) and no subquery (no SubLink); every function it
+calls passes the allowlist of catalog passthrough (which has no function that reads data, files,
+sizes, statistics or sleeps); its names are pinned to pg_catalog (:mod:`rewriter.qualify`); and it
+runs in the analyst's read-only session after the release. Client parameters in the
+post-processing part are refused (a clear hint says to use literals): the outer statement has
+parameters of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import sqlglot
+from sqlglot import exp
+
+from policies.errors import SQLSTATE, Refusal
+
+from .function_check import check_functions
+from .qualify import qualify
+from .statements import split_statements
+
+__all__ = ["PostProcess", "default_name", "outer_statement", "RELEASE_ALIAS"]
+
+RELEASE_ALIAS = "dpproxy_release"
+
+
+@dataclass(frozen=True)
+class PostProcess:
+    """The outer statement over the released row: ``$k`` is the k-th released aggregate."""
+
+    sql: str
+
+
+def default_name(item: exp.Expression) -> str:
+    """The column name PostgreSQL gives an unaliased output expression (its FigureColname)."""
+    if isinstance(item, exp.Alias):
+        return item.alias_or_name
+    if isinstance(item, exp.Column):
+        return item.name
+    if isinstance(item, exp.WithinGroup):
+        return default_name(item.this)
+    if isinstance(item, exp.Cast):
+        inner = default_name(item.this)
+        return inner if inner != "?column?" else item.to.sql("postgres").lower()
+    if isinstance(item, exp.Case):
+        return "case"
+    if isinstance(item, exp.Anonymous):
+        return item.name.lower()
+    if isinstance(item, exp.Func) and not isinstance(item, (exp.Binary, exp.Unary)):
+        return item.sql_name().lower()
+    return "?column?"
+
+
+def outer_statement(
+    tree: exp.Select,
+    released: Callable[[exp.Expr], int],
+    refuse: Callable[[str, str], Refusal],
+    enclosing: Callable[[exp.Select], exp.Expression] | None = None,
+) -> PostProcess:
+    """The outer statement of ``tree`` (one aggregate level over the base table).
+
+    ``enclosing(select)`` puts the aggregate level's outer statement back into the queries
+    that enclosed it (``SELECT MAX(n) FROM (<aggregate level>) AS t``), when there were any.
+
+    ``released(node)`` gives the 1-based release column of an aggregate node. Column
+    references outside aggregates read rows and are refused (``no-row-access``), except an
+    ORDER BY name of an output column.
+    """
+    outer = tree.copy()
+    for key in ("from_", "where", "joins"):
+        outer.set(key, None)
+    items = []
+    for item in outer.expressions:
+        name = default_name(item)
+        items.append(item if isinstance(item, exp.Alias) else exp.alias_(item, exp.to_identifier(name, quoted=True)))
+    outer.set("expressions", items)
+    aliases = {item.alias for item in items}
+    having = outer.args.get("having")
+    outer.set("having", None)
+    if having is not None:
+        outer.set("where", exp.Where(this=having.this))
+    whole = enclosing(outer) if enclosing is not None else outer
+    if whole.find(exp.Placeholder, exp.Parameter) is not None:
+        raise refuse("parameters after the aggregates (HAVING, LIMIT, output expressions, outer queries) "
+                     "are not supported on", "parameters")
+    if any(column.table == RELEASE_ALIAS for column in whole.find_all(exp.Column)):
+        raise refuse(f"the name {RELEASE_ALIAS} is reserved on", "column-reference")
+    _replace_aggregates(outer, released)
+    order = outer.args.get("order")
+    for column in list(outer.find_all(exp.Column)):
+        if column.table == RELEASE_ALIAS:
+            continue
+        if order is not None and column.find_ancestor(exp.Order) is order and not column.table and column.name in aliases:
+            continue
+        raise refuse("selecting column values is not allowed on", "no-row-access")
+    count = max(released_count(outer), default=0)
+    values = ", ".join(f"${i}" for i in range(1, count + 1))
+    columns = ", ".join(f"_dp{i}" for i in range(1, count + 1))
+    source = sqlglot.parse_one(f"SELECT 1 FROM (VALUES ({values})) AS {RELEASE_ALIAS}({columns})", read="postgres")
+    outer.set("from_", source.args["from_"])
+    return PostProcess(checked(whole.sql("postgres")))
+
+
+def _replace_aggregates(outer: exp.Select, released: Callable[[exp.Expr], int]) -> None:
+    for node in list(outer.find_all(exp.AggFunc, exp.WithinGroup)):
+        if isinstance(node, exp.AggFunc) and isinstance(node.parent, exp.WithinGroup):
+            continue
+        if node.find_ancestor(exp.AggFunc, exp.WithinGroup) is not None:
+            continue
+        index = released(node)
+        node.replace(exp.column(f"_dp{index}", table=RELEASE_ALIAS))
+
+
+def released_count(outer: exp.Select) -> list[int]:
+    """The release columns ``outer`` names (``_dp<k>``)."""
+    return [int(c.name[3:]) for c in outer.find_all(exp.Column) if c.table == RELEASE_ALIAS]
+
+
+def checked(sql: str) -> str:
+    """``sql`` pinned to pg_catalog, after checking it reads no relation and calls allowed functions only."""
+    (statement,) = split_statements(sql)
+    kinds = statement.references.node_kinds
+    if statement.references.relations or kinds & {"RangeVar", "SubLink", "RangeFunction", "JoinExpr"}:
+        raise Refusal(SQLSTATE.DP_QUERY_SHAPE, "post-processing may not read a relation (rule: no-subquery)",
+                      "Expressions over the aggregates may use constants and functions only.", "no-subquery")
+    check_functions(statement)
+    return qualify(sql)
+

@@ -1,0 +1,262 @@
+"""Shapes BI tools and ORMs send that release no more than an accepted DP query (issue 18).
+
+Subquery wrappers that only project and filter are flattened into one aggregate of the base
+table; LIMIT/FETCH FIRST/OFFSET act on the one released row; a repeat shares only the released
+values, under the names the new statement asks for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import asyncpg
+import psycopg
+import pytest
+
+from conftest import TEST_POLICY, RunningProxy, TestDatabase, make_policy
+
+_WITH_REPEATS = TEST_POLICY.replace("repeats: {{enabled: false}}", "repeats: {{ttl_s: 600}}")
+
+
+@pytest.fixture(scope="module")
+def repeating(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """A proxy that answers repeats from its store (the suite's default proxy does not)."""
+    running = RunningProxy(make_policy(test_db, tmp_path_factory.mktemp("ledger") / "l.sqlite3", _WITH_REPEATS))
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def _spent(conn: psycopg.Connection) -> float:
+    row = conn.execute("SHOW dpproxy.budget").fetchone()
+    assert row is not None
+    return float(row[1])
+
+
+def _answer(conn: psycopg.Connection, sql: str) -> tuple[list[str], list[tuple[object, ...]], list[str]]:
+    notices: list[str] = []
+    conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+    cur = conn.execute(sql)
+    names = [column.name for column in cur.description or []]
+    return names, cur.fetchall(), notices
+
+
+Rows = list[tuple[object, ...]]
+
+
+def _after_plain(proxy: RunningProxy, plain_sql: str, sql: str) -> tuple[Rows, list[str], Rows, list[str]]:
+    """Run ``plain_sql`` then ``sql`` on one session; assert ``sql`` cost nothing (a repeat).
+
+    Returns the plain rows, then the names, rows and notices of ``sql``.
+    """
+    with proxy.connect() as conn:
+        _, plain, _ = _answer(conn, plain_sql)
+        spent = _spent(conn)
+        names, rows, notices = _answer(conn, sql)
+        assert _spent(conn) == spent
+    return plain, names, rows, notices
+
+
+def test_a_repeat_is_headed_with_the_names_the_new_statement_asks_for(repeating: RunningProxy):
+    with repeating.connect() as conn:
+        names, rows, _ = _answer(conn, "SELECT count(*) AS total_people FROM adult WHERE age > 44")
+        assert names == ["total_people"]
+        spent = _spent(conn)
+        renamed, again, notices = _answer(conn, "SELECT count(*) AS other_name FROM adult WHERE age > 44")
+        unnamed, third, _ = _answer(conn, "SELECT count(*) FROM adult WHERE age > 44")
+        assert _spent(conn) == spent
+    assert renamed == ["other_name"] and unnamed == ["count"]
+    assert again == rows and third == rows
+    assert any("repeat" in n and "ε charged 0" in n and "other_name" in n for n in notices)
+
+
+def test_a_wrapper_releases_what_the_plain_query_releases_so_it_is_a_free_repeat(repeating: RunningProxy):
+    plain, names, wrapped, _ = _after_plain(
+        repeating, "SELECT COUNT(*) AS count FROM adult WHERE age > 31",
+        "SELECT COUNT(*) AS count FROM (SELECT * FROM adult WHERE age > 31) AS virtual_table LIMIT 1000",
+    )
+    assert names == ["count"] and wrapped == plain
+
+
+@pytest.mark.parametrize("sql, names", [
+    ("SELECT COUNT(*) AS count FROM (SELECT * FROM adult WHERE age > 30) AS virtual_table LIMIT 1000", ["count"]),
+    ("SELECT count(*) AS count_1 FROM (SELECT adult.age AS adult_age, adult.sex AS adult_sex FROM adult "
+     "WHERE adult.age > 40) AS anon_1", ["count_1"]),
+    ('select count(1) as "a0", sum("_"."hours_per_week") as "a1" from (select "age", "hours_per_week" '
+     'from "public"."adult" "$Table") "_"', ["a0", "a1"]),
+    ("SELECT sum(h) AS s FROM (SELECT hours_per_week AS h, a FROM (SELECT age AS a, hours_per_week FROM adult "
+     "WHERE age > 20 ORDER BY age) AS inner_level WHERE a < 60) AS outer_level WHERE h > 10", ["s"]),
+])
+def test_wrappers_that_only_project_and_filter_are_answered(proxy: RunningProxy, sql: str, names: list[str]):
+    with proxy.connect() as conn:
+        got, rows, notices = _answer(conn, sql)
+    assert got == names and len(rows) == 1
+    assert all(isinstance(value, int) for value in rows[0])
+    assert any("ε charged" in n for n in notices)
+
+
+def test_wrapper_filters_of_every_level_are_anded(repeating: RunningProxy):
+    # The same release as the plain query with both filters ANDed: answered from the repeat store.
+    plain, _, wrapped, notices = _after_plain(
+        repeating, "SELECT count(*) FROM adult WHERE hours_per_week > 90 AND age > 85",
+        "SELECT count(*) FROM (SELECT age AS a FROM adult WHERE hours_per_week > 90) t WHERE a > 85",
+    )
+    assert wrapped == plain and any("repeat" in n for n in notices)
+
+
+@pytest.mark.parametrize("sql, message", [
+    ("SELECT count(*) FROM (SELECT age + 1 AS a FROM adult) AS t", "computed columns"),
+    ("SELECT count(*) FROM (SELECT * FROM adult LIMIT 5) AS t", "LIMIT"),
+    ("SELECT count(*) FROM (SELECT DISTINCT age FROM adult) AS t", "DISTINCT"),
+    ("SELECT count(*) FROM (SELECT age FROM adult GROUP BY age) AS t", "GROUP"),
+])
+def test_wrappers_that_do_more_than_project_and_filter_are_refused(proxy: RunningProxy, sql: str, message: str):
+    with proxy.connect() as conn:
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(sql)
+    diag = info.value.diag
+    assert diag.sqlstate == "DP001" and "rule: no-subquery" in (diag.message_primary or "")
+    assert message in (diag.message_primary or "")
+    assert "plain columns" in (diag.message_hint or "")
+
+
+def test_wrapper_columns_are_checked_against_the_projection(proxy: RunningProxy):
+    with proxy.connect() as conn:
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute("SELECT count(*) FROM (SELECT age FROM adult) AS t WHERE sex = 'Male'")
+    assert info.value.diag.sqlstate == "42703"
+
+
+@pytest.mark.parametrize("tail", ["FETCH FIRST 10 ROWS ONLY", "FETCH FIRST ROW ONLY", "OFFSET 0", "LIMIT ALL",
+                                  "LIMIT 3", "LIMIT 5 OFFSET 0", "OFFSET 0 ROWS FETCH NEXT 1 ROW ONLY"])
+def test_row_limits_that_keep_the_one_row_answer_it(proxy: RunningProxy, tail: str):
+    with proxy.connect() as conn:
+        names, rows, _ = _answer(conn, f"SELECT count(*) AS n FROM adult WHERE age > 40 {tail}")
+    assert names == ["n"] and len(rows) == 1
+
+
+@pytest.mark.parametrize("tail", ["OFFSET 1", "LIMIT 0", "FETCH FIRST 0 ROWS ONLY", "LIMIT 1 OFFSET 2"])
+def test_row_limits_that_drop_the_one_row_answer_no_row_and_cost_nothing(proxy: RunningProxy, tail: str):
+    with proxy.connect() as conn:
+        spent = _spent(conn)
+        names, rows, _ = _answer(conn, f"SELECT count(*) AS n FROM adult WHERE age > 40 {tail}")
+        assert _spent(conn) == spent
+    assert names == ["n"] and rows == []
+
+
+@pytest.mark.parametrize("prepare, binary", [(True, False), (True, True)])
+def test_a_wrapper_through_the_extended_protocol(proxy: RunningProxy, prepare: bool, binary: bool):
+    sql = "SELECT count(*) AS count_1 FROM (SELECT adult.age AS adult_age FROM adult WHERE adult.age > %s) AS anon_1"
+    with psycopg.connect(proxy.dsn(), autocommit=True) as conn:
+        cur = conn.cursor(binary=binary)
+        for _ in range(2):
+            cur.execute(sql, (40,), prepare=prepare)
+            assert [c.name for c in cur.description or []] == ["count_1"]
+            (row,) = cur.fetchall()
+            assert isinstance(row[0], int)
+
+
+@pytest.mark.parametrize("sql, names", [
+    ("SELECT count(1), count('x') AS c FROM adult", ["count", "c"]),
+    ("SELECT 'total' AS label, count(*) FROM adult WHERE age > 30", ["label", "count"]),
+    ("SELECT sum(hours_per_week)::int, CAST(avg(age) AS integer) FROM adult", ["sum", "avg"]),
+    ("SELECT round(avg(age), 2) AS avg_age, coalesce(sum(capital_gain), 0) FROM adult", ["avg_age", "coalesce"]),
+    ("SELECT count(*) * 1.0 AS c, sum(age) / count(*) AS ratio, 100.0 * count(*) / nullif(count(*), 0) AS pct "
+     "FROM adult", ["c", "ratio", "pct"]),
+    ("SELECT count(1) AS a0 FROM adult HAVING count(1) > 0 ORDER BY a0 LIMIT 10", ["a0"]),
+    # Outer queries over one released row.
+    ("SELECT MAX(n) FROM (SELECT COUNT(*) AS n, AVG(hours_per_week) AS a FROM adult WHERE age > 30) t", ["max"]),
+    ("SELECT t.n + 1 AS next FROM (SELECT count(*) AS n FROM adult) AS t", ["next"]),
+    ("SELECT * FROM (SELECT count(*), sum(age) AS s FROM adult) AS t", ["count", "s"]),
+])
+def test_post_processing_of_the_released_row_is_answered(proxy: RunningProxy, sql: str, names: list[str]):
+    with proxy.connect() as conn:
+        got, rows, notices = _answer(conn, sql)
+    assert got == names and len(rows) == 1 and None not in rows[0]
+    assert any("ε charged 1" in n for n in notices)
+
+
+def test_post_processing_costs_what_the_plain_release_costs(repeating: RunningProxy):
+    # sum(x)/count(*), count(*) releases sum and count: the same as the plain statement, so a repeat.
+    plain, names, rows, notices = _after_plain(
+        repeating, "SELECT count(*), sum(hours_per_week) FROM adult WHERE age > 62",
+        "SELECT sum(hours_per_week) / count(*) AS mean, count(*) AS n FROM adult WHERE age > 62 "
+        "HAVING count(*) > 0 ORDER BY 1",
+    )
+    assert names == ["mean", "n"] and rows[0][1] == plain[0][0]
+    assert any("repeat" in n and "count(*)" in n and "sum(hours_per_week)" in n for n in notices)
+
+
+def test_a_having_that_drops_the_row_answers_no_row_but_is_charged(proxy: RunningProxy):
+    with proxy.connect() as conn:
+        spent = _spent(conn)
+        names, rows, _ = _answer(conn, "SELECT count(*) AS n FROM adult HAVING count(*) < -1000000")
+        assert _spent(conn) == pytest.approx(spent + 1)
+    assert names == ["n"] and rows == []
+
+
+def test_a_metadata_probe_of_a_post_processed_statement_costs_nothing(proxy: RunningProxy):
+    with proxy.connect() as conn:
+        spent = _spent(conn)
+        names, rows, _ = _answer(conn, "SELECT round(avg(age), 1) AS a, 'x' AS l FROM (SELECT * FROM adult) t LIMIT 0")
+        assert _spent(conn) == spent
+    assert names == ["a", "l"] and rows == []
+
+
+@pytest.mark.parametrize("sql, sqlstate, rule", [
+    ("SELECT count(*) + age FROM adult", "DP001", "no-row-access"),
+    ("SELECT 'x' AS label FROM adult", "DP001", "no-row-access"),
+    ("SELECT pg_sleep(1), count(*) FROM adult", "DP001", "function-allowlist"),
+    ("SELECT count(*) FROM adult HAVING (SELECT count(*) FROM pg_class) > 0", "DP001", "no-subquery"),
+    ("SELECT age, count(*) FROM adult GROUP BY age", "DP001", "no-group-by"),
+    ("SELECT dpproxy_release._dp1 + count(*) FROM adult", "DP001", "column-reference"),
+    ("SELECT n FROM (SELECT count(*) AS n FROM adult) AS t WHERE n > (SELECT 1)", "DP001", "no-subquery"),
+    ("SELECT n, age FROM (SELECT count(*) AS n, age FROM adult) AS t", "DP001", "no-row-access"),
+])
+def test_post_processing_that_reads_rows_or_more_is_refused(proxy: RunningProxy, sql: str, sqlstate: str, rule: str):
+    with proxy.connect() as conn:
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(sql)
+    assert info.value.diag.sqlstate == sqlstate and f"rule: {rule}" in (info.value.diag.message_primary or "")
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_post_processing_through_the_extended_protocol_and_describe_is_free(proxy: RunningProxy, binary: bool):
+    sql = "SELECT round(avg(age), 2) AS avg_age, count(1) AS n FROM adult WHERE age > %s HAVING count(1) > 0"
+    with psycopg.connect(proxy.dsn(), autocommit=True) as conn:
+        cur = conn.cursor(binary=binary)
+        cur.execute(sql, (40,), prepare=True)
+        assert [c.name for c in cur.description or []] == ["avg_age", "n"]
+        (row,) = cur.fetchall()
+        assert isinstance(row[1], int) and row[0] is not None
+
+
+def test_describing_a_post_processed_statement_without_running_it_is_free(proxy: RunningProxy):
+    async def described() -> list[str]:
+        conn = await asyncpg.connect(host=proxy.host, port=proxy.port, user="analyst", password="analyst",
+                                     database="dpproxy_test", timeout=20)
+        try:
+            statement = await conn.prepare(
+                "SELECT round(avg(age), 2) AS avg_age, count(1) AS n FROM (SELECT * FROM adult) t "
+                "WHERE age > $1 HAVING count(1) > 0", timeout=20
+            )
+            return [attribute.name for attribute in statement.get_attributes()]
+        finally:
+            await conn.close(timeout=10)
+
+    with proxy.connect() as conn:
+        spent = _spent(conn)
+        assert asyncio.run(described()) == ["avg_age", "n"]
+        assert _spent(conn) == spent
+
+
+def test_a_superset_chart_on_an_aggregate_virtual_dataset_is_a_repeat_of_its_probe(repeating: RunningProxy):
+    dataset = "SELECT count(*) AS n, avg(age) AS avg_age FROM adult WHERE age > 33"
+    plain, names, rows, notices = _after_plain(
+        repeating, dataset, f'SELECT MAX(n) AS "MAX(n)" FROM ({dataset}) AS virtual_table LIMIT 1000'
+    )
+    assert names == ["MAX(n)"] and rows == [(plain[0][0],)]
+    assert any("repeat" in n for n in notices)
