@@ -204,11 +204,25 @@ class Scope:
         """A refusal that names the table and the rule, with the standard hint."""
         return Refusal(sqlstate, f"{message} {self.table.display_name} (rule: {rule})", self.hint, rule)
 
+    def _names_table(self, schema: exp.Expression, qualifier: exp.Expression | None) -> bool:
+        return (
+            qualifier is not None
+            and identifier(schema) == self.table.schema
+            and identifier(qualifier) == self.table.name
+            and self.table.name in self.qualifiers
+        )
+
     def column(self, node: exp.Column) -> ColumnInfo:
-        """The table column a reference names; only the table (or its alias) may qualify it."""
-        if node.args.get("db") or node.args.get("catalog"):
-            raise self.refuse("schema-qualified column references are not allowed on protected table", "column-reference")
+        """The table column a reference names; only the table (or its alias) may qualify it.
+
+        A schema-qualified reference (``"public"."people"."age"``, as Metabase writes) is the
+        table's own column when it names the table's schema and name and the table has no
+        alias (with an alias PostgreSQL itself rejects it).
+        """
+        schema = node.args.get("db")
         qualifier = node.args.get("table")
+        if node.args.get("catalog") or (schema is not None and not self._names_table(schema, qualifier)):
+            raise self.refuse("a schema-qualified column reference must name, without an alias, protected table", "column-reference")
         if qualifier is not None and identifier(qualifier) not in self.qualifiers:
             raise self.refuse(f"column {node.sql('postgres')} does not belong to protected table", "column-reference")
         name = identifier(node.this)

@@ -123,6 +123,26 @@ def test_wrappers_that_do_more_than_project_and_filter_are_refused(proxy: Runnin
     assert "plain columns" in (diag.message_hint or "")
 
 
+def test_schema_qualified_columns_of_the_table_itself_are_answered(proxy: RunningProxy):
+    # Metabase qualifies every column with schema and table.
+    with proxy.connect() as conn:
+        got, rows, _ = _answer(conn, 'SELECT avg("public"."adult"."age") AS "avg" FROM "public"."adult" '
+                                     'WHERE "public"."adult"."age" > 30 AND public.adult.sex = \'Male\'')
+    assert got == ["avg"] and len(rows) == 1 and 30 <= rows[0][0] <= 90
+
+
+@pytest.mark.parametrize("sql", [
+    'SELECT count(*) FROM public.adult AS a WHERE public.adult.age > 30',  # PostgreSQL: invalid reference
+    'SELECT count(*) FROM public.adult WHERE other_schema.adult.age > 30',
+    'SELECT count(*) FROM public.adult WHERE demo.public.adult.age > 30',
+])
+def test_schema_qualified_columns_naming_anything_else_are_refused(proxy: RunningProxy, sql: str):
+    with proxy.connect() as conn:
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(sql)
+    assert info.value.diag.sqlstate == "DP001" and "rule: column-reference" in (info.value.diag.message_primary or "")
+
+
 def test_wrapper_columns_are_checked_against_the_projection(proxy: RunningProxy):
     with proxy.connect() as conn:
         with pytest.raises(psycopg.Error) as info:
