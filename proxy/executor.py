@@ -18,6 +18,7 @@ from sqlglot.errors import SqlglotError
 
 from policies.errors import SQLSTATE, Refusal
 from rewriter.classify import (
+    ColumnsOnly,
     CopyOut,
     Deallocate,
     Decision,
@@ -191,6 +192,9 @@ class Executor:
         if isinstance(decision, DPQuery):
             params, _ = await self.backend.describe(backend_sql(decision.plan, seed=0), param_types)
             return params, await self._dp_fields(decision.plan)
+        if isinstance(decision, ColumnsOnly):
+            params, fields = await self.backend.describe(decision.sql, param_types)
+            return params, fields
         if isinstance(decision, DpproxyCommand):
             return [], self.settings.fields(decision)
         if isinstance(decision, (Deallocate, CopyOut)):
@@ -253,7 +257,7 @@ class Executor:
             self._audit_soon(text, "error", SQLSTATE.INTERNAL_ERROR, self._charged, started)
             raise
         decision = plan.decision.inner if isinstance(plan.decision, CopyOut) else plan.decision
-        kind = "dp" if isinstance(decision, DPQuery) else "command" if isinstance(decision, DpproxyCommand) else "passthrough"
+        kind = "dp" if isinstance(decision, (DPQuery, ColumnsOnly)) else "command" if isinstance(decision, DpproxyCommand) else "passthrough"
         self._audit_soon(text, kind, None, cost, started)
         return result, notices
 
@@ -272,6 +276,10 @@ class Executor:
             return _apply_formats(result, result_formats), [], None
         if isinstance(decision, CopyOut):
             return await self._copy_out(plan, decision, params)
+        if isinstance(decision, ColumnsOnly):
+            # Parse and Describe only: the table is never read, so nothing is charged.
+            _, fields = await self.backend.describe(decision.sql, params.types)
+            return _apply_formats(ResultSet(fields, [], "SELECT 0"), result_formats), [], None
         if isinstance(decision, Deallocate):
             if not self.deallocate(decision.name):
                 raise Refusal("26000", f'prepared statement "{decision.name}" does not exist')

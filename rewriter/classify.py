@@ -18,13 +18,14 @@ from .catalog import CATALOG_SCHEMAS, SAFE_SETTINGS, allowed_catalog_relation, a
 from .constants import FUNCTIONS as FOLDABLE_FUNCTIONS
 from .copy import CopyOptions, copy_query
 from .function_check import check_functions, inexact_floats
-from .dp_query import AggregateQuery, plan_aggregate_query
+from .dp_query import AggregateQuery, asks_for_no_row, plan_aggregate_query
 from .neutralise import neutralise_pg_class
 from .qualify import qualify
 from .references import RelationRef
 from .statements import Statement, split_statements
 
 __all__ = [
+    "ColumnsOnly",
     "CopyOut",
     "DPQuery",
     "Deallocate",
@@ -50,6 +51,15 @@ class ResolvedRelation:
 @dataclass(frozen=True)
 class Passthrough:
     """Send ``sql`` to the backend as it is (catalog, session, transaction, public tables)."""
+
+    sql: str
+
+
+@dataclass(frozen=True)
+class ColumnsOnly:
+    """A row-level SELECT on a protected table that asks for no row (``LIMIT 0``): a BI tool's
+    probe of a dataset's columns. Answered with the RowDescription of ``sql`` from the
+    backend's Parse/Describe and no row; nothing runs on the table, nothing is charged."""
 
     sql: str
 
@@ -85,7 +95,7 @@ class Deallocate:
     name: str | None  # None: ALL
 
 
-Decision = Union[Passthrough, DPQuery, DpproxyCommand, Deallocate, CopyOut]
+Decision = Union[Passthrough, DPQuery, ColumnsOnly, DpproxyCommand, Deallocate, CopyOut]
 
 _TRANSACTION_KINDS = {
     "TRANS_STMT_BEGIN", "TRANS_STMT_START", "TRANS_STMT_COMMIT", "TRANS_STMT_ROLLBACK",
@@ -276,7 +286,7 @@ def _means_pg_class(ref: RelationRef, resolved: Mapping[RelationRef, ResolvedRel
     return target is not None and target.oid == PG_CLASS_OID
 
 
-def _protected(statement: Statement, protected: list[Relation]) -> DPQuery:
+def _protected(statement: Statement, protected: list[Relation]) -> DPQuery | ColumnsOnly:
     relation = protected[0]
     refs = statement.references
     if len(refs.relations) > 1:
@@ -311,7 +321,13 @@ def _protected(statement: Statement, protected: list[Relation]) -> DPQuery:
             "date/time and arithmetic functions of computed values: " + ", ".join(sorted(FOLDABLE_FUNCTIONS)) + ".",
             "function-allowlist",
         )
-    return DPQuery(plan_aggregate_query(statement.text, relation))
+    try:
+        return DPQuery(plan_aggregate_query(statement.text, relation))
+    except Refusal as refusal:
+        if refusal.rule == "no-row-access" and asks_for_no_row(statement.text, relation):
+            check_functions(statement)
+            return ColumnsOnly(qualify(statement.text))
+        raise
 
 
 _DP_FUNCTIONS = frozenset({"count", "sum", "avg", "min", "max", "mode", "lower", "upper"})

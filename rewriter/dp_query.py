@@ -26,7 +26,7 @@ from .predicates import plan_predicate
 from .sqlglot_parse import parse_postgres
 from .types import MAX_ABS_BOUND, NUMERIC_TYPES, aggregate_result_type
 
-__all__ = ["Aggregate", "AggregateQuery", "plan_aggregate_query"]
+__all__ = ["Aggregate", "AggregateQuery", "asks_for_no_row", "plan_aggregate_query"]
 
 AggregateKind = Literal["count", "sum", "avg", "min", "max", "mode"]
 
@@ -376,6 +376,23 @@ def _categorical(column: ColumnInfo, scope: Scope) -> ColumnInfo:
             "categories-required",
         )
     return column
+
+
+def asks_for_no_row(sql: str, table: Relation) -> bool:
+    """Whether ``sql`` is a SELECT whose own LIMIT/FETCH/OFFSET leave no row (``LIMIT 0``).
+
+    Decided from the text alone; a statement this cannot read asks for rows.
+    """
+    try:
+        tree = parse_postgres(sql)
+    except ParseError:
+        return False
+    if not isinstance(tree, exp.Select) or tree.args.get("limit") is None:
+        return False
+    try:
+        return _no_rows(tree, Scope(table, frozenset({table.name})))
+    except Refusal:
+        return False
 
 
 def _no_rows(tree: exp.Select, scope: Scope) -> bool:

@@ -143,6 +143,37 @@ def test_schema_qualified_columns_naming_anything_else_are_refused(proxy: Runnin
     assert info.value.diag.sqlstate == "DP001" and "rule: column-reference" in (info.value.diag.message_primary or "")
 
 
+@pytest.mark.parametrize("sql, names", [
+    ("SELECT * FROM adult LIMIT 0", None),  # every column, in the table's order
+    ("SELECT age, sex AS s FROM public.adult WHERE age > 30 LIMIT 0", ["age", "s"]),
+    ("SELECT * FROM (SELECT age, sex FROM adult WHERE age > 30) AS virtual_table LIMIT 0", ["age", "sex"]),
+    ("SELECT age FROM adult FETCH FIRST 0 ROWS ONLY", ["age"]),
+])
+@pytest.mark.parametrize("prepare", [False, True])
+def test_a_row_level_probe_that_asks_for_no_row_gets_the_columns_free(
+    proxy: RunningProxy, sql: str, names: list[str] | None, prepare: bool
+):
+    with proxy.connect() as conn:
+        before = _spent(conn)
+        cur = conn.execute(sql, prepare=prepare)
+        got = [column.name for column in cur.description or []]
+        assert cur.fetchall() == [] and _spent(conn) == before
+    if names is None:
+        assert got[:2] == ["age", "workclass"] and len(got) > 5
+    else:
+        assert got == names
+
+
+@pytest.mark.parametrize("sql", ["SELECT * FROM adult LIMIT 1", "SELECT age FROM adult WHERE age > 30",
+                                 "SELECT age FROM adult OFFSET 0 LIMIT 0 + 1"])
+def test_a_row_level_select_that_asks_for_rows_stays_refused(proxy: RunningProxy, sql: str):
+    with proxy.connect() as conn:
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(sql)
+    assert info.value.diag.sqlstate == "DP001"
+    assert "rule: no-row-access" in (info.value.diag.message_primary or "")
+
+
 def test_wrapper_columns_are_checked_against_the_projection(proxy: RunningProxy):
     with proxy.connect() as conn:
         with pytest.raises(psycopg.Error) as info:
