@@ -17,8 +17,8 @@ errors (``integer out of range``) and its timing are functions of the released v
 statement's text alone. That holds because, checked on PostgreSQL's own parse tree of the outer
 text, it references no relation (no RangeVar) and no subquery (no SubLink); every function it
 calls passes the allowlist of catalog passthrough (which has no function that reads data, files,
-sizes, statistics or sleeps); its names are pinned to pg_catalog (:mod:`rewriter.qualify`); and it
-runs in the analyst's read-only session after the release. Client parameters in the
+sizes, statistics or sleeps) and none changes the session (no set_config()); its names are
+pinned to pg_catalog (:mod:`rewriter.qualify`); and it runs in the analyst's read-only session after the release. Client parameters in the
 post-processing part are refused (a clear hint says to use literals): the outer statement has
 parameters of its own.
 """
@@ -141,6 +141,21 @@ def checked(sql: str) -> str:
     if statement.references.relations or kinds & {"RangeVar", "SubLink", "RangeFunction", "JoinExpr"}:
         raise Refusal(SQLSTATE.DP_QUERY_SHAPE, "post-processing may not read a relation (rule: no-subquery)",
                       "Expressions over the aggregates may use constants and functions only.", "no-subquery")
+    effects = {name.removeprefix("pg_catalog.") for name in statement.references.functions} & _SESSION_EFFECTS
+    if effects:
+        # set_config() would move search_path behind the executor's back (its relation cache
+        # is keyed by what may move it), and a pure function of the released row has no effects.
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"function {sorted(effects)[0]}() changes the session; it is not allowed over a DP answer "
+            "(rule: function-allowlist)",
+            "Expressions over the aggregates must be pure: run set_config() as a statement of its own.",
+            "function-allowlist",
+        )
     check_functions(statement)
     return qualify(sql)
+
+
+# Allowlisted functions that change the session: allowed as catalog statements, not here.
+_SESSION_EFFECTS = frozenset({"set_config", "pg_advisory_unlock_all"})
 

@@ -311,3 +311,14 @@ def test_a_superset_chart_on_an_aggregate_virtual_dataset_is_a_repeat_of_its_pro
     )
     assert names == ["MAX(n)"] and rows == [(plain[0][0],)]
     assert any("repeat" in n for n in notices)
+
+
+@pytest.mark.parametrize("call", ["set_config('search_path', 'nowhere', false)", "pg_advisory_unlock_all()"])
+def test_post_processing_cannot_change_the_session(proxy: RunningProxy, call: str):
+    # set_config() over a DP answer would move search_path behind dpproxy's relation cache.
+    with proxy.connect() as conn:
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(f"SELECT count(*), {call} FROM adult")
+        assert info.value.diag.sqlstate == "DP001"
+        assert "changes the session" in (info.value.diag.message_primary or "")
+        assert conn.execute("SELECT current_setting('search_path')").fetchone() != ("nowhere",)
