@@ -327,9 +327,14 @@ class BudgetKeeper:
             self._sweeper = None
 
     async def balance(self, user: str) -> Balance:
-        """The user's balance, counting this process's unused reservation as not spent."""
-        ledger = await self._ledger_call(self.ledger.balance, user, self.budget(user))
-        held = self._reserved.get(user)
+        """The user's balance, counting this process's unused reservation as not spent.
+
+        Read under the user's lock: the idle sweep giving the reservation back between the
+        ledger read and the reservation read would count it as spent once too often.
+        """
+        async with self._locks.setdefault(user, asyncio.Lock()):
+            ledger = await self._ledger_call(self.ledger.balance, user, self.budget(user))
+            held = self._reserved.get(user)
         budget = self.budget(user)
         if held is None or held.budget is not budget or held.period != period_key(budget.period, datetime.now(timezone.utc)):
             return ledger
