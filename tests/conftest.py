@@ -12,6 +12,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -164,13 +165,30 @@ class RunningProxy:
         self._thread.join(timeout=10)
 
 
-@pytest.fixture(scope="session")
-def proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
-    running = RunningProxy(make_policy(test_db, tmp_path_factory.mktemp("ledger") / "ledger.sqlite3"))
+@contextmanager
+def running_proxy(
+    test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, text: str = TEST_POLICY
+) -> Iterator[RunningProxy]:
+    """A dpproxy under the policy ``text`` with a ledger of its own, stopped on exit."""
+    running = RunningProxy(make_policy(test_db, tmp_path_factory.mktemp("ledger") / "ledger.sqlite3", text))
     try:
         yield running
     finally:
         running.stop()
+
+
+def spent_epsilon(conn: psycopg.Connection) -> float:
+    """The connected user's spent ε, as ``SHOW dpproxy.budget`` reports it."""
+    cursor = conn.execute("SHOW dpproxy.budget")
+    row = cursor.fetchone()
+    assert row is not None and cursor.description is not None
+    return float(dict(zip([d.name for d in cursor.description], row))["spent_epsilon"])
+
+
+@pytest.fixture(scope="session")
+def proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    with running_proxy(test_db, tmp_path_factory) as running:
+        yield running
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from scipy import stats
 
-from conftest import TEST_POLICY, RunningProxy, TestDatabase, make_policy
+from conftest import TEST_POLICY, RunningProxy, TestDatabase, running_proxy
 from proxy.answer import query_delta, release_row
 from proxy.demo import SERVICE_ROLE
 from rewriter.dp_query import plan_aggregate_query
@@ -85,11 +85,8 @@ def nproxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> I
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
         conn.execute(_TABLES)
         conn.execute(f"GRANT SELECT ON nb_base, nb_plus, outliers, outliers_sc, spread, undeclared TO {SERVICE_ROLE}")
-    running = RunningProxy(make_policy(test_db, tmp_path_factory.mktemp("nledger") / "ledger.sqlite3", NEIGHBOUR_POLICY))
-    try:
+    with running_proxy(test_db, tmp_path_factory, NEIGHBOUR_POLICY) as running:
         yield running
-    finally:
-        running.stop()
 
 
 def _answers(proxy: RunningProxy, sql: str, n: int) -> list:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from conftest import TEST_POLICY, RunningProxy, TestDatabase, make_policy
+from conftest import TEST_POLICY, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 
 from policies.errors import Refusal
 from policies.model import TablePolicy
@@ -53,18 +53,8 @@ def fold_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) 
             "DATE '2023-01-01' + i * 3, i % 120 FROM generate_series(1, 300) i"
         )
         conn.execute("INSERT INTO fold_visits VALUES (0, 'edge\\', '294276-12-31 23:59:59', '5874897-12-31', 1)")
-    running = RunningProxy(make_policy(test_db, tmp_path_factory.mktemp("ledger") / "ledger.sqlite3", _POLICY))
-    try:
+    with running_proxy(test_db, tmp_path_factory, _POLICY) as running:
         yield running
-    finally:
-        running.stop()
-
-
-def _spent(conn: psycopg.Connection) -> float:
-    cursor = conn.execute("SHOW dpproxy.budget")
-    row = cursor.fetchone()
-    assert row is not None and cursor.description is not None
-    return float(dict(zip([d.name for d in cursor.description], row))["spent_epsilon"])
 
 
 def _count(conn: psycopg.Connection, where: str, params: tuple[object, ...] | None = None, table: str = "fold_visits") -> float:
@@ -167,14 +157,14 @@ def test_the_column_is_never_converted_whatever_the_timezone(fold_proxy: Running
 def test_an_erroring_constant_is_postgresqls_error_before_any_charge(fold_proxy: RunningProxy, where: str, sqlstate: str) -> None:
     """The same error on an empty table and a full one, and nothing charged."""
     with fold_proxy.connect() as conn:
-        before = _spent(conn)
+        before = spent_epsilon(conn)
         states = set()
         for table in _TABLES:
             with pytest.raises(psycopg.Error) as failed:
                 _count(conn, where, table=table)
             states.add(failed.value.sqlstate)
         assert states == {sqlstate}
-        assert _spent(conn) == before
+        assert spent_epsilon(conn) == before
 
 
 @pytest.mark.parametrize("where", ["visited_at > random()", "duration > length(name)", "visited_at > clock_timestamp()",
@@ -191,13 +181,13 @@ def test_what_is_not_foldable_is_refused_from_the_text(fold_proxy: RunningProxy,
 def test_a_repeat_is_recognised_by_the_folded_values(fold_proxy: RunningProxy) -> None:
     """Two now()-based queries at different moments are different queries; a literal one repeats."""
     with fold_proxy.connect() as conn:
-        start = _spent(conn)
+        start = spent_epsilon(conn)
         _count(conn, "visited_at >= now() - interval '1 year'")
         _count(conn, "visited_at >= now() - interval '1 year'")
-        assert _spent(conn) == pytest.approx(start + 2.0)
+        assert spent_epsilon(conn) == pytest.approx(start + 2.0)
         _count(conn, "visit_date >= DATE '2024-01-01' + 8")
         _count(conn, "visit_date >= DATE '2024-01-01' + 8")
-        assert _spent(conn) == pytest.approx(start + 3.0)
+        assert spent_epsilon(conn) == pytest.approx(start + 3.0)
 
 
 def test_describe_does_not_fold(fold_proxy: RunningProxy) -> None:
@@ -205,7 +195,7 @@ def test_describe_does_not_fold(fold_proxy: RunningProxy) -> None:
     sql = "SELECT COUNT(*) FROM fold_visits WHERE visited_at >= to_timestamp($1, 'YYYY-MM-DD') AND name LIKE $2"
     plain = fold_proxy.dsn(user="plain", password="plain")
     with psycopg.connect(plain, autocommit=True) as conn:
-        before = _spent(conn)
+        before = spent_epsilon(conn)
     wire = Wire(fold_proxy.host, fold_proxy.port)
     try:
         wire.send(parse("s", sql), describe(b"S", "s"), SYNC)
@@ -219,7 +209,7 @@ def test_describe_does_not_fold(fold_proxy: RunningProxy) -> None:
     finally:
         wire.close()
     with psycopg.connect(plain, autocommit=True) as conn:
-        assert _spent(conn) == before
+        assert spent_epsilon(conn) == before
 
 
 @pytest.mark.parametrize("pattern", ["v1%", "%\\\\", "v\\_", "", "edge\\\\"])
@@ -233,22 +223,22 @@ def test_a_bound_like_pattern_is_answered(fold_proxy: RunningProxy, pattern: str
 def test_a_bound_like_pattern_ending_in_the_escape_is_refused_before_the_charge(fold_proxy: RunningProxy, pattern: str) -> None:
     """Refused whatever the rows (an empty table too), with the literal's hint, nothing charged."""
     with psycopg.connect(fold_proxy.dsn(), autocommit=True) as conn:
-        before = _spent(conn)
+        before = spent_epsilon(conn)
         for table in _TABLES:
             with pytest.raises(psycopg.Error) as refused:
                 _count(conn, "name LIKE %s", (pattern,), table=table)
             assert refused.value.sqlstate == "DP001"
             assert "escape" in str(refused.value) and "backslash" in (refused.value.diag.message_hint or "")
-        assert _spent(conn) == before
+        assert spent_epsilon(conn) == before
 
 
 def test_a_like_pattern_parameter_must_be_text(fold_proxy: RunningProxy) -> None:
     with psycopg.connect(fold_proxy.dsn(), autocommit=True) as conn:
-        before = _spent(conn)
+        before = spent_epsilon(conn)
         with pytest.raises(psycopg.Error) as refused:
             _count(conn, "name LIKE %s", (b"abc\\\\",))  # sent as bytea
         assert refused.value.sqlstate == "DP001"
-        assert _spent(conn) == before
+        assert spent_epsilon(conn) == before
 
 
 def test_the_pattern_rule_of_a_parameter_is_the_literal_rule() -> None:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from pathlib import Path
 
 import asyncpg
 import psycopg
 import pytest
 
-from conftest import TEST_POLICY, RunningProxy, TestDatabase, make_policy
+from conftest import TEST_POLICY, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 
 _WITH_REPEATS = TEST_POLICY.replace("repeats: {{enabled: false}}", "repeats: {{ttl_s: 600}}")
 
@@ -23,17 +22,8 @@ _WITH_REPEATS = TEST_POLICY.replace("repeats: {{enabled: false}}", "repeats: {{t
 @pytest.fixture(scope="module")
 def repeating(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
     """A proxy that answers repeats from its store (the suite's default proxy does not)."""
-    running = RunningProxy(make_policy(test_db, tmp_path_factory.mktemp("ledger") / "l.sqlite3", _WITH_REPEATS))
-    try:
+    with running_proxy(test_db, tmp_path_factory, _WITH_REPEATS) as running:
         yield running
-    finally:
-        running.stop()
-
-
-def _spent(conn: psycopg.Connection) -> float:
-    row = conn.execute("SHOW dpproxy.budget").fetchone()
-    assert row is not None
-    return float(row[1])
 
 
 def _answer(conn: psycopg.Connection, sql: str) -> tuple[list[str], list[tuple[object, ...]], list[str]]:
@@ -54,9 +44,9 @@ def _after_plain(proxy: RunningProxy, plain_sql: str, sql: str) -> tuple[Rows, l
     """
     with proxy.connect() as conn:
         _, plain, _ = _answer(conn, plain_sql)
-        spent = _spent(conn)
+        spent = spent_epsilon(conn)
         names, rows, notices = _answer(conn, sql)
-        assert _spent(conn) == spent
+        assert spent_epsilon(conn) == spent
     return plain, names, rows, notices
 
 
@@ -64,10 +54,10 @@ def test_a_repeat_is_headed_with_the_names_the_new_statement_asks_for(repeating:
     with repeating.connect() as conn:
         names, rows, _ = _answer(conn, "SELECT count(*) AS total_people FROM adult WHERE age > 44")
         assert names == ["total_people"]
-        spent = _spent(conn)
+        spent = spent_epsilon(conn)
         renamed, again, notices = _answer(conn, "SELECT count(*) AS other_name FROM adult WHERE age > 44")
         unnamed, third, _ = _answer(conn, "SELECT count(*) FROM adult WHERE age > 44")
-        assert _spent(conn) == spent
+        assert spent_epsilon(conn) == spent
     assert renamed == ["other_name"] and unnamed == ["count"]
     assert again == rows and third == rows
     assert any("repeat" in n and "ε charged 0" in n and "other_name" in n for n in notices)
@@ -154,10 +144,10 @@ def test_a_row_level_probe_that_asks_for_no_row_gets_the_columns_free(
     proxy: RunningProxy, sql: str, names: list[str] | None, prepare: bool
 ):
     with proxy.connect() as conn:
-        before = _spent(conn)
+        before = spent_epsilon(conn)
         cur = conn.execute(sql, prepare=prepare)
         got = [column.name for column in cur.description or []]
-        assert cur.fetchall() == [] and _spent(conn) == before
+        assert cur.fetchall() == [] and spent_epsilon(conn) == before
     if names is None:
         assert got[:2] == ["age", "workclass"] and len(got) > 5
     else:
@@ -192,9 +182,9 @@ def test_row_limits_that_keep_the_one_row_answer_it(proxy: RunningProxy, tail: s
 @pytest.mark.parametrize("tail", ["OFFSET 1", "LIMIT 0", "FETCH FIRST 0 ROWS ONLY", "LIMIT 1 OFFSET 2"])
 def test_row_limits_that_drop_the_one_row_answer_no_row_and_cost_nothing(proxy: RunningProxy, tail: str):
     with proxy.connect() as conn:
-        spent = _spent(conn)
+        spent = spent_epsilon(conn)
         names, rows, _ = _answer(conn, f"SELECT count(*) AS n FROM adult WHERE age > 40 {tail}")
-        assert _spent(conn) == spent
+        assert spent_epsilon(conn) == spent
     assert names == ["n"] and rows == []
 
 
@@ -243,17 +233,17 @@ def test_post_processing_costs_what_the_plain_release_costs(repeating: RunningPr
 
 def test_a_having_that_drops_the_row_answers_no_row_but_is_charged(proxy: RunningProxy):
     with proxy.connect() as conn:
-        spent = _spent(conn)
+        spent = spent_epsilon(conn)
         names, rows, _ = _answer(conn, "SELECT count(*) AS n FROM adult HAVING count(*) < -1000000")
-        assert _spent(conn) == pytest.approx(spent + 1)
+        assert spent_epsilon(conn) == pytest.approx(spent + 1)
     assert names == ["n"] and rows == []
 
 
 def test_a_metadata_probe_of_a_post_processed_statement_costs_nothing(proxy: RunningProxy):
     with proxy.connect() as conn:
-        spent = _spent(conn)
+        spent = spent_epsilon(conn)
         names, rows, _ = _answer(conn, "SELECT round(avg(age), 1) AS a, 'x' AS l FROM (SELECT * FROM adult) t LIMIT 0")
-        assert _spent(conn) == spent
+        assert spent_epsilon(conn) == spent
     assert names == ["a", "l"] and rows == []
 
 
@@ -299,9 +289,9 @@ def test_describing_a_post_processed_statement_without_running_it_is_free(proxy:
             await conn.close(timeout=10)
 
     with proxy.connect() as conn:
-        spent = _spent(conn)
+        spent = spent_epsilon(conn)
         assert asyncio.run(described()) == ["avg_age", "n"]
-        assert _spent(conn) == spent
+        assert spent_epsilon(conn) == spent
 
 
 def test_a_superset_chart_on_an_aggregate_virtual_dataset_is_a_repeat_of_its_probe(repeating: RunningProxy):
