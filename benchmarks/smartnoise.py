@@ -34,7 +34,7 @@ __all__ = ["REQUIREMENTS", "SmartNoiseError", "SmartNoiseTimer", "default_venv",
 # The versions the committed results were measured with.
 REQUIREMENTS = ("smartnoise-sql==1.0.10", "psycopg2-binary==2.9.13")
 WORKER = Path(__file__).with_name("smartnoise_worker.py")
-_SQL_TYPES = {"integer": "int", "bigint": "int", "double precision": "float", "text": "string"}
+_SQL_TYPES = {"integer": "int", "bigint": "int", "double precision": "float", "text": "string", "date": "datetime"}
 
 
 class SmartNoiseError(RuntimeError):

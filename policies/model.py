@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Final, Literal
+from datetime import date, datetime
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mechanisms.breach import epsilon_from_breach
 
 from .credentials import parse_scram_verifier
+from .time_buckets import TimeUnit, bucket_count
 
 __all__ = [
     "Access",
@@ -179,19 +181,46 @@ class UserPolicy(_Strict):
 
 
 class ColumnPolicy(_Strict):
-    """What is known in advance about a column: numeric bounds or a category list."""
+    """What is known in advance about a column: numeric bounds, a time range or a category list.
+
+    ``bounds: [lo, hi]`` of numbers bound a numeric column; of dates or timestamps
+    (``[2021-01-01, 2024-12-31]``) they declare a date/timestamp column's time range, read
+    into ``time_bounds`` (wall-clock times, interpreted in the column's type and the session's
+    time zone). ``group_by`` opts the column in as a GROUP BY key (docs/policy.md): ``true``
+    for categories (every declared category is a key) and numeric bounds (``width_bucket``
+    bins), a list of units (``[month]``) for a time range; ``other`` names one catch-all key
+    for the rows whose value is not a declared category.
+    """
 
     bounds: tuple[float, float] | None = None
+    time_bounds: tuple[datetime, datetime] | None = None
     categories: tuple[str, ...] | None = None
+    group_by: bool | tuple[TimeUnit, ...] = False
+    other: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _time_range(cls, data: Any) -> Any:
+        """``bounds`` of dates or timestamps are a time range: moved to ``time_bounds``."""
+        if isinstance(data, dict) and isinstance(data.get("bounds"), (list, tuple)):
+            values = list(data["bounds"])
+            if values and all(_is_time(value) for value in values):
+                data = {**data, "time_bounds": tuple(_as_datetime(value) for value in values)}
+                del data["bounds"]
+        return data
 
     @model_validator(mode="after")
     def _one_kind(self) -> "ColumnPolicy":
-        if (self.bounds is None) == (self.categories is None):
+        kinds = [self.bounds, self.time_bounds, self.categories]
+        if sum(kind is not None for kind in kinds) != 1:
             raise ValueError("a column needs exactly one of bounds: [lo, hi] or categories: [...]")
         if self.bounds is not None:
             lo, hi = self.bounds
             if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
                 raise ValueError(f"bounds must be finite with lo <= hi, got [{lo}, {hi}]")
+        if self.time_bounds is not None and self.time_bounds[0] > self.time_bounds[1]:
+            lo_t, hi_t = self.time_bounds
+            raise ValueError(f"time bounds must have lo <= hi, got [{lo_t}, {hi_t}]")
         if self.categories is not None and (
             not self.categories or len(set(self.categories)) != len(self.categories)
         ):
@@ -203,6 +232,43 @@ class ColumnPolicy(_Strict):
         """L1 sensitivity of a clamped SUM: the largest magnitude one row can contribute."""
         assert self.bounds is not None
         return max(abs(self.bounds[0]), abs(self.bounds[1]))
+
+    @property
+    def time_units(self) -> tuple[TimeUnit, ...]:
+        """The DATE_TRUNC units this column may be grouped by (none unless opted in)."""
+        if self.time_bounds is None or not isinstance(self.group_by, tuple):
+            return ()
+        return self.group_by
+
+    def bucket_count(self, unit: TimeUnit) -> int:
+        """How many ``unit`` buckets the time range spans (the keys of a DATE_TRUNC group)."""
+        assert self.time_bounds is not None
+        return bucket_count(unit, *self.time_bounds)
+
+
+def _is_time(value: Any) -> bool:
+    if isinstance(value, (date, datetime)):
+        return True
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            try:
+                datetime.fromisoformat(value)
+            except ValueError:
+                return False
+            return True
+    return False
+
+
+def _as_datetime(value: date | datetime | str) -> datetime:
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            raise ValueError("time bounds are wall-clock times without a time zone offset")
+        return value
+    return datetime(value.year, value.month, value.day)
 
 
 class TablePolicy(_Strict):
@@ -222,6 +288,8 @@ class TablePolicy(_Strict):
     # exact under any neighbouring tables but serial; ctid_hash runs in parallel and assumes
     # that other rows keep their place when one is added or removed.
     partitioning: Literal["random", "ctid_hash"] = "random"
+    # The most cells (the product of the keys' domains) one GROUP BY may answer.
+    max_cells: int = Field(1000, ge=1, le=100_000)
     columns: dict[str, ColumnPolicy] = Field(default_factory=dict)
 
     @field_validator("epsilon")

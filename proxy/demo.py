@@ -58,9 +58,11 @@ tables:
       capital_gain:   {{bounds: [0, 100000]}}
       capital_loss:   {{bounds: [0, 4500]}}
       hours_per_week: {{bounds: [1, 99]}}
-      sex:            {{categories: [Male, Female]}}
-      race:           {{categories: [White, Black, Asian-Pac-Islander, Amer-Indian-Eskimo, Other]}}
-      workclass:      {{categories: [Private, Self-emp-not-inc, Self-emp-inc, Federal-gov, Local-gov, State-gov, Without-pay, Never-worked]}}
+      # group_by: true answers GROUP BY over these keys as a noised histogram (docs/policy.md)
+      sex:            {{categories: [Male, Female], group_by: true}}
+      race:           {{categories: [White, Black, Asian-Pac-Islander, Amer-Indian-Eskimo, Other], group_by: true}}
+      workclass:      {{categories: [Private, Self-emp-not-inc, Self-emp-inc, Federal-gov, Local-gov, State-gov, Without-pay, Never-worked], group_by: true}}
+      interview_date: {{bounds: [2021-01-01, 2024-12-31], group_by: [month, quarter, year]}}
 """
 
 

@@ -8,13 +8,14 @@ same rows. The seeded generator here makes *data*; it is never used for DP noise
 
 from __future__ import annotations
 
+from datetime import date, timedelta
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 import psycopg
 from psycopg import sql
 
-__all__ = ["ADULT_COLUMNS", "ADULT_ROWS", "CATEGORIES", "generate_adult", "load_adult"]
+__all__ = ["ADULT_COLUMNS", "ADULT_ROWS", "CATEGORIES", "INTERVIEW_DAYS", "INTERVIEW_FIRST", "generate_adult", "load_adult"]
 
 ADULT_ROWS = 48_842
 _SEED = 20_26_11_21
@@ -35,7 +36,12 @@ ADULT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("hours_per_week", "integer NOT NULL"),
     ("native_country", "text NOT NULL"),
     ("income", "text NOT NULL"),
+    ("interview_date", "date NOT NULL"),
 )
+
+#: The synthetic interview dates span these four years (the demo's monthly time series).
+INTERVIEW_FIRST = date(2021, 1, 1)
+INTERVIEW_DAYS = 4 * 365 + 1
 
 _EDUCATION = (
     ("Preschool", 0.002), ("1st-4th", 0.005), ("5th-6th", 0.010), ("7th-8th", 0.020),
@@ -118,6 +124,11 @@ def generate_adult(rows: int = ADULT_ROWS, seed: int = _SEED) -> Iterator[tuple[
     columns = {name: _choice(rng, table, rows) for name, table in CATEGORIES.items()}
     income_score = 0.03 * (age - 38) + 0.35 * (education_num - 10) + 0.03 * (hours - 40)
     income = np.where(rng.random(rows) < 1 / (1 + np.exp(-(income_score - 1.2))), ">50K", "<=50K")
+    # Drawn last, so that the other columns stay the rows they were before it was added:
+    # more interviews each year, and fewer in the summer months.
+    days = np.arange(INTERVIEW_DAYS)
+    weight = (1 + days / INTERVIEW_DAYS) * (1 - 0.3 * np.cos(2 * np.pi * (days - 15) / 365.25) ** 8)
+    interview = rng.choice(INTERVIEW_DAYS, size=rows, p=weight / weight.sum())
     for i in range(rows):
         yield (
             int(age[i]), columns["workclass"][i], int(fnlwgt[i]), education[i],
@@ -125,6 +136,7 @@ def generate_adult(rows: int = ADULT_ROWS, seed: int = _SEED) -> Iterator[tuple[
             columns["relationship"][i], columns["race"][i], columns["sex"][i],
             int(capital_gain[i]), int(capital_loss[i]), int(hours[i]),
             columns["native_country"][i], str(income[i]),
+            INTERVIEW_FIRST + timedelta(days=int(interview[i])),
         )
 
 
@@ -140,7 +152,13 @@ def load_adult(conninfo: str, table: str = "adult", rows: int = ADULT_ROWS, sche
         exists = conn.execute("SELECT to_regclass(%s)", (f'"{schema}"."{table}"',)).fetchone()
         if exists and exists[0] is not None:
             count = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(target)).fetchone()
-            if count and count[0] == rows:
+            names = conn.execute(
+                "SELECT array_agg(attname::text ORDER BY attnum) FROM pg_attribute "
+                "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped",
+                (f'"{schema}"."{table}"',),
+            ).fetchone()
+            # A table of an older demo (without a newer column) is loaded again.
+            if count and count[0] == rows and names and names[0] == [name for name, _ in ADULT_COLUMNS]:
                 return False
         with conn.transaction():
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(target))
