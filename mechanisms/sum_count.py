@@ -34,10 +34,17 @@ from .laplace import _check_epsilon
 from .release import Release
 from .samplers import laplace_float, laplace_int
 
-__all__ = ["release_mean"]
+__all__ = ["mean_noise", "release_mean"]
 
 # P(|Lap(b)| > b·ln 40) = 1/40: two such bounds hold together with probability ≥ 0.95.
 _LN40 = math.log(40.0)
+
+
+def mean_noise(lo: float, hi: float, epsilon: float) -> tuple[float, float, float]:
+    """What :func:`release_mean` adds, before the data: the noisy sum's and the noisy count's
+    Laplace scales, and the 95% error bound times the noisy count (divide by ñ for the bound)."""
+    half, share = (float(hi) - float(lo)) / 2.0, epsilon / 2.0
+    return half / share, 1.0 / share, 2.0 * half / share * _LN40
 
 
 def release_mean(total: float, count: int, lo: float, hi: float, epsilon: float) -> Release[float]:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from mechanisms.breach import epsilon_from_breach
 
 from .credentials import parse_scram_verifier
-from .time_buckets import TimeUnit, bucket_count
+from .time_buckets import TIME_UNITS, TimeUnit, bucket_count
 
 __all__ = [
     "Access",
@@ -185,11 +185,12 @@ class ColumnPolicy(_Strict):
 
     ``bounds: [lo, hi]`` of numbers bound a numeric column; of dates or timestamps
     (``[2021-01-01, 2024-12-31]``) they declare a date/timestamp column's time range, read
-    into ``time_bounds`` (wall-clock times, interpreted in the column's type and the session's
-    time zone). ``group_by`` opts the column in as a GROUP BY key (docs/policy.md): ``true``
-    for categories (every declared category is a key) and numeric bounds (``width_bucket``
-    bins), a list of units (``[month]``) for a time range; ``other`` names one catch-all key
-    for the rows whose value is not a declared category.
+    into ``time_bounds`` (wall-clock times). ``group_by`` opts the column in as a GROUP BY key
+    over its declared domain (docs/policy.md): ``true`` for categories (every declared category
+    is a key, plus ``other`` if named: the key of every row whose value is not declared) and
+    for an integer column's bounds (every integer in them, and ``width_bucket`` bins of any
+    bounded column); for a time range, the ``DATE_TRUNC`` units it may be grouped by
+    (``[month, year]``; ``true`` for all of them).
     """
 
     bounds: tuple[float, float] | None = None
@@ -204,7 +205,10 @@ class ColumnPolicy(_Strict):
         """``bounds`` of dates or timestamps are a time range: moved to ``time_bounds``."""
         if isinstance(data, dict) and isinstance(data.get("bounds"), (list, tuple)):
             values = list(data["bounds"])
-            if values and all(_is_time(value) for value in values):
+            times = [_is_time(value) for value in values]
+            if any(times) and not all(times):
+                raise ValueError("a time range needs two dates or timestamps, e.g. bounds: [2021-01-01, 2024-12-31]")
+            if values and all(times):
                 data = {**data, "time_bounds": tuple(_as_datetime(value) for value in values)}
                 del data["bounds"]
         return data
@@ -213,6 +217,9 @@ class ColumnPolicy(_Strict):
     def _one_kind(self) -> "ColumnPolicy":
         kinds = [self.bounds, self.time_bounds, self.categories]
         if sum(kind is not None for kind in kinds) != 1:
+            if self.group_by and not any(kind is not None for kind in kinds):
+                raise ValueError("group_by needs a declared domain: categories: [...], bounds: [lo, hi] or "
+                                 "a time range (bounds of dates)")
             raise ValueError("a column needs exactly one of bounds: [lo, hi] or categories: [...]")
         if self.bounds is not None:
             lo, hi = self.bounds
@@ -225,7 +232,22 @@ class ColumnPolicy(_Strict):
             not self.categories or len(set(self.categories)) != len(self.categories)
         ):
             raise ValueError("categories must be a non-empty list without repeats")
+        self._check_group_by()
         return self
+
+    def _check_group_by(self) -> None:
+        if isinstance(self.group_by, tuple):
+            if self.time_bounds is None:
+                raise ValueError("group_by: [units] is for a time range (bounds of dates); "
+                                 "use group_by: true for categories or numeric bounds")
+            if not self.group_by or len(set(self.group_by)) != len(self.group_by):
+                raise ValueError("group_by needs at least one time unit, without repeats")
+        if self.other is not None:
+            if self.categories is None or self.group_by is not True:
+                raise ValueError("other names the GROUP BY key of undeclared values: it needs categories "
+                                 "and group_by: true")
+            if self.other in self.categories:
+                raise ValueError(f"other ({self.other!r}) must not be one of the declared categories")
 
     @property
     def sensitivity(self) -> float:
@@ -236,14 +258,26 @@ class ColumnPolicy(_Strict):
     @property
     def time_units(self) -> tuple[TimeUnit, ...]:
         """The DATE_TRUNC units this column may be grouped by (none unless opted in)."""
-        if self.time_bounds is None or not isinstance(self.group_by, tuple):
+        if self.time_bounds is None or self.group_by is False:
             return ()
-        return self.group_by
+        return TIME_UNITS if self.group_by is True else self.group_by
 
     def bucket_count(self, unit: TimeUnit) -> int:
         """How many ``unit`` buckets the time range spans (the keys of a DATE_TRUNC group)."""
         assert self.time_bounds is not None
         return bucket_count(unit, *self.time_bounds)
+
+    @property
+    def key_count(self) -> int | None:
+        """The cells of ``GROUP BY column`` (declared categories and ``other``, or the integers in
+        the bounds), or None if the column is not opted in as such a key."""
+        if self.group_by is not True:
+            return None
+        if self.categories is not None:
+            return len(self.categories) + (self.other is not None)
+        if self.bounds is not None and all(float(bound).is_integer() for bound in self.bounds):
+            return int(self.bounds[1]) - int(self.bounds[0]) + 1
+        return None
 
 
 def _is_time(value: Any) -> bool:
@@ -291,6 +325,19 @@ class TablePolicy(_Strict):
     # The most cells (the product of the keys' domains) one GROUP BY may answer.
     max_cells: int = Field(1000, ge=1, le=100_000)
     columns: dict[str, ColumnPolicy] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _cells_within_cap(self) -> "TablePolicy":
+        """A declared GROUP BY domain of more cells than ``max_cells`` could never be answered."""
+        for name, column in self.columns.items():
+            over = [f"{unit} ({column.bucket_count(unit)})" for unit in column.time_units
+                    if column.bucket_count(unit) > self.max_cells]
+            if column.categories is not None and (column.key_count or 0) > self.max_cells:
+                over.append(f"categories ({column.key_count})")
+            if over:
+                raise ValueError(f"columns.{name}: group_by has more cells than max_cells {self.max_cells}: "
+                                 f"{', '.join(over)}; raise max_cells or narrow the domain")
+        return self
 
     @field_validator("epsilon")
     @classmethod

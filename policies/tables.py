@@ -19,7 +19,8 @@ class ColumnInfo:
     """A column of a backend table: name as stored (case-folded), type OID and modifier.
 
     ``deterministic_collation`` is False when the column's collation is nondeterministic,
-    which PostgreSQL ≤ 17 refuses in LIKE/ILIKE per compared row.
+    which PostgreSQL ≤ 17 refuses in LIKE/ILIKE per compared row. ``array_type_oid`` is the
+    type of an array of the column's values (0: none), which carries a GROUP BY's keys.
     """
 
     name: str
@@ -28,6 +29,7 @@ class ColumnInfo:
     attnum: int
     policy: ColumnPolicy | None
     deterministic_collation: bool = True
+    array_type_oid: int = 0
 
 
 @dataclass(frozen=True)

@@ -1,59 +1,76 @@
-"""Turn a DP plan's exact backend row into the noised row the client receives.
+"""Turn a DP plan's exact backend values into the noised values the client receives.
 
-The query's ε is split evenly over its k aggregate columns (sequential composition),
-each column is released by its mechanism (``proxy.column_release``), and the row is
-encoded with the names and types PostgreSQL would have reported for the original query.
-δ is not split (SPEC §4): the answer's δ is the sum of its columns' δ, the table's δ for
-each sample-and-aggregate column and 0 for the others.
+The query's ε is split evenly over its k aggregate columns (sequential composition), each
+column is released by its mechanism (``proxy.column_release``) and encoded with the type
+PostgreSQL would have reported for the original query. δ is not split (SPEC §4): the answer's
+δ is the sum of its columns' δ, the table's δ for each sample-and-aggregate column and 0 for
+the others.
+
+A GROUP BY over declared keys releases one row per cell: each column is released in every
+cell with the column's whole share ε/k, because the cells are disjoint (one row is in at most
+one cell, so adding or removing it changes one cell's values: parallel composition,
+docs/mechanisms.md). The cells' keys come from the policy, not from the rows.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from mechanisms.release import Release
+from mechanisms.sum_count import mean_noise
 from rewriter.dp_query import Aggregate, AggregateQuery
-from rewriter.rewrite import split_row
-from rewriter.types import INTEGER_TYPES, NUMERIC
+from rewriter.rewrite import split_cells, split_row
+from rewriter.types import ARRAY_TYPES, INTEGER_TYPES, NUMERIC
 
-from .backend import ResultSet
+from .backend import BoundParams, ResultSet
 from .column_release import release_column
 from .protocol import Field
 from .values import TYPE_SIZES, encode_text
 
-__all__ = ["DPAnswer", "release_row"]
+__all__ = ["DPAnswer", "query_delta", "release_cells", "release_params", "release_row", "result_fields"]
 
 
 @dataclass(frozen=True)
 class DPAnswer:
-    """The noised result and what it cost: total ε and δ, and each column's release."""
+    """The noised values and what they cost: total ε and δ, and how each column was noised.
+
+    ``result`` is the released row with the statement's column names (one aggregate row), or
+    the released cells (GROUP BY: each cell's keys, then its aggregates; named by their SQL).
+    ``noise`` describes each column's noise in every cell of a GROUP BY, for the notice.
+    """
 
     result: ResultSet
     epsilon: float
     delta: float
-    releases: tuple[Release[Any], ...]
+    releases: tuple[Release[Any], ...]  # each column's (of the first cell, for a GROUP BY)
+    noise: tuple[str, ...] = ()
+    cells: int = 0  # GROUP BY cells; 0 for one aggregate row
 
     def notice(self) -> str:
         """One line for the analyst: the cost and each column's noise."""
-        columns = ", ".join(
-            f"{field.name}: {rel.mechanism} scale {rel.scale:.4g} (95% within ±{rel.error95:.4g})"
-            for field, rel in zip(self.result.fields, self.releases)
-        )
-        return f"dpproxy: ε charged {self.epsilon:g}, δ {self.delta:g}; {columns}"
+        if not self.cells:
+            columns = ", ".join(_described(f.name, rel) for f, rel in zip(self.result.fields, self.releases))
+            return f"dpproxy: ε charged {self.epsilon:g}, δ {self.delta:g}; {columns}"
+        columns = ", ".join(self.noise)
+        return (f"dpproxy: ε charged {self.epsilon:g}, δ {self.delta:g} for {self.cells} groups (each row is in one "
+                f"group, so the groups share that ε); per group: {columns}")
 
     def named_for(self, plan: AggregateQuery) -> DPAnswer:
         """The same released values headed as ``plan`` (a repeat) names its columns.
 
-        A repeat has the same backend SQL, hence the same aggregates and types; only the
-        names the statement gives them may differ.
+        A repeat has the same backend SQL, hence the same aggregates, keys and types; only the
+        names the statement gives them may differ (a GROUP BY's names come from its outer statement).
         """
+        if plan.groups:
+            return self
         result = ResultSet(result_fields(plan), self.result.rows, self.result.tag)
         return replace(self, result=result)
 
 
 def result_fields(plan: AggregateQuery) -> list[Field]:
-    """The RowDescription PostgreSQL would send for the original query."""
+    """The RowDescription PostgreSQL would send for the original query (one aggregate row)."""
     return [
         Field(agg.output_name, agg.result_type_oid, TYPE_SIZES.get(agg.result_type_oid, -1))
         for agg in plan.aggregates
@@ -70,15 +87,87 @@ def release_row(plan: AggregateQuery, exact: Sequence[Any], epsilon: float) -> D
         return DPAnswer(ResultSet(fields, [], "SELECT 0"), 0.0, 0.0, ())
     share = epsilon / len(plan.aggregates)
     parts = split_row(plan, exact)
-    releases = tuple(
-        release_column(agg, agg_parts, share, plan.table.policy) for agg, agg_parts in zip(plan.aggregates, parts)
-    )
-    row = [
-        encode_text(rel.value, agg.result_type_oid, _numeric_scale(agg))
-        for agg, rel in zip(plan.aggregates, releases)
-    ]
+    releases = _released(plan, parts, share)
+    row = _encoded(plan, releases)
     delta = sum(rel.delta for rel in releases)
-    return DPAnswer(ResultSet(fields, [row], "SELECT 1"), epsilon, delta, releases)
+    return DPAnswer(ResultSet(fields, [row], "SELECT 1"), epsilon, delta, tuple(releases))
+
+
+def release_cells(plan: AggregateQuery, rows: Sequence[Sequence[Any]], epsilon: float) -> DPAnswer:
+    """Noise every aggregate in every cell of a GROUP BY, each with the column's share ε/k.
+
+    ``rows`` are the grouped backend query's rows, loaded (``backend_sql(plan)``). The cost is
+    (ε, 0): every mechanism a cell may use is pure ε-DP.
+    """
+    share = epsilon / len(plan.aggregates)
+    labels = [[label.encode("utf-8") for label in key.labels()] for key in plan.groups]
+    encoded: list[list[bytes | None]] = []
+    first: list[Release[Any]] = []
+    for keys, parts in zip(itertools.product(*labels), split_cells(plan, rows)):
+        releases = _released(plan, parts, share)
+        first = first or releases
+        encoded.append([*keys, *_encoded(plan, releases)])
+    fields = [Field(f"_k{i}", key.result_type_oid) for i, key in enumerate(plan.groups, 1)]
+    fields += [Field(agg.output_name, agg.result_type_oid) for agg in plan.aggregates]
+    noise = tuple(_per_cell(agg, share, release) for agg, release in zip(plan.aggregates, first))
+    result = ResultSet(fields, encoded, f"SELECT {len(encoded)}")
+    return DPAnswer(result, epsilon, 0.0, tuple(first), noise, cells=len(encoded))
+
+
+def _released(plan: AggregateQuery, parts: list[tuple[Any, ...]], share: float) -> list[Release[Any]]:
+    return [release_column(agg, agg_parts, share, plan.table.policy) for agg, agg_parts in zip(plan.aggregates, parts)]
+
+
+def _encoded(plan: AggregateQuery, releases: Sequence[Release[Any]]) -> list[bytes | None]:
+    return [encode_text(rel.value, agg.result_type_oid, _numeric_scale(agg)) for agg, rel in zip(plan.aggregates, releases)]
+
+
+def _described(name: str, release: Release[Any]) -> str:
+    return f"{name}: {release.mechanism} scale {release.scale:.4g} (95% within ±{release.error95:.4g})"
+
+
+def _per_cell(agg: Aggregate, share: float, release: Release[Any]) -> str:
+    """A column's noise in every cell, known before the data (``release``: one cell's)."""
+    if agg.mechanism != "sum_count":
+        return _described(agg.output_name, release)  # Laplace and exponential: the same in every cell
+    assert agg.column is not None and agg.column.policy is not None and agg.column.policy.bounds is not None
+    sum_scale, count_scale, bound = mean_noise(*agg.column.policy.bounds, share)
+    return (f"{agg.output_name}: noisy sum / noisy count, scales {sum_scale:.4g} and {count_scale:.4g} "
+            f"(95% within ±{bound:.4g}/n in a group of n rows)")
+
+
+def release_params(plan: AggregateQuery, answer: DPAnswer | None) -> BoundParams:
+    """The values the plan's outer statement reads the release from (rewriter/post_process.py).
+
+    One aggregate row: ``$k`` is the k-th released value. GROUP BY: ``$k`` is an array over the
+    cells of the k-th key, then of each aggregate. ``answer`` None (nothing released, LIMIT 0):
+    NULLs of the same types.
+    """
+    if not plan.groups:
+        types = [agg.result_type_oid for agg in plan.aggregates]
+        values = list(answer.result.rows[0]) if answer is not None else [None] * len(types)
+        return BoundParams(values, [0] * len(values), types)
+    columns = [key.result_type_oid for key in plan.groups] + [agg.result_type_oid for agg in plan.aggregates]
+    owners = [key.column for key in plan.groups] + [agg.column for agg in plan.aggregates]
+    types = [_array_type(oid, owner) for oid, owner in zip(columns, owners)]
+    rows = answer.result.rows if answer is not None else []
+    arrays: list[bytes | None] = [_array_literal([row[i] for row in rows]) for i in range(len(columns))]
+    return BoundParams(arrays, [0] * len(arrays), types)
+
+
+def _array_type(type_oid: int, column: Any) -> int:
+    """The array type of ``type_oid``: built-in ones known, a column's own from the backend's catalog."""
+    if type_oid in ARRAY_TYPES:
+        return ARRAY_TYPES[type_oid]
+    if column is not None and column.type_oid == type_oid and column.array_type_oid:
+        return int(column.array_type_oid)
+    raise ValueError(f"no array type known for type oid {type_oid}")
+
+
+def _array_literal(values: Sequence[bytes | None]) -> bytes:
+    """A one-dimensional array in PostgreSQL's text input form: every element quoted, NULL bare."""
+    elements = [b"NULL" if v is None else b'"' + v.replace(b"\\", b"\\\\").replace(b'"', b'\\"') + b'"' for v in values]
+    return b"{" + b",".join(elements) + b"}"
 
 
 def _numeric_scale(agg: Aggregate) -> int | None:
@@ -105,3 +194,4 @@ def query_delta(plan: AggregateQuery) -> float:
     ``release_row`` reports the same sum after the fact.
     """
     return sum(plan.table.policy.delta for agg in plan.aggregates if agg.mechanism == "sample_aggregate")
+

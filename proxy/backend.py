@@ -437,7 +437,7 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
             if info is None:
                 problems.append(f"tables.{name}.columns.{column_name}: no such column on the backend")
             else:
-                problems += column_fit_problems(name, column_name, column_policy, info.type_oid)
+                problems += column_fit_problems(name, column_name, column_policy, info)
         if table_policy.partitioning == "ctid_hash" and target.oid not in hashable:
             problems.append(
                 f"tables.{name}.partitioning: ctid_hash needs a table, materialized view or "
@@ -482,14 +482,16 @@ def _policy_ref(name: str) -> RelationRef:
 
 async def _columns(session: BackendSession, oid: int, policies: Mapping[str, Any]) -> dict[str, ColumnInfo]:
     rows = await session.fetch_all(
-        "SELECT a.attname, a.atttypid, a.atttypmod, a.attnum, COALESCE(c.collisdeterministic, true) "
+        "SELECT a.attname, a.atttypid, a.atttypmod, a.attnum, COALESCE(c.collisdeterministic, true), "
+        "COALESCE(t.typarray, 0) "
         "FROM pg_catalog.pg_attribute a "
         "LEFT JOIN pg_catalog.pg_collation c ON c.oid OPERATOR(pg_catalog.=) a.attcollation "
+        "LEFT JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid "
         "WHERE a.attrelid OPERATOR(pg_catalog.=) %s::pg_catalog.oid AND a.attnum OPERATOR(pg_catalog.>) 0 "
         "AND NOT a.attisdropped ORDER BY a.attnum",
         (oid,),
     )
     return {
-        name: ColumnInfo(name, int(typ), int(mod), int(num), policies.get(name), bool(deterministic))
-        for name, typ, mod, num, deterministic in rows
+        name: ColumnInfo(name, int(typ), int(mod), int(num), policies.get(name), bool(deterministic), int(array))
+        for name, typ, mod, num, deterministic, array in rows
     }

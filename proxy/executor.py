@@ -34,7 +34,7 @@ from rewriter.references import RelationRef
 from rewriter.rewrite import backend_sql, partition_seed, seeded
 from rewriter.statements import Statement, split_statements
 
-from .answer import DPAnswer, query_delta, release_row, result_fields
+from .answer import DPAnswer, query_delta, release_cells, release_params, release_row, result_fields
 from .audit import AuditEntry
 from .audit import fingerprint as audit_fingerprint
 from .backend import BackendError, BackendLost, BackendSession, BoundParams, ResultSet
@@ -208,7 +208,7 @@ class Executor:
         (over the released values only, never the table)."""
         if plan.post is None:
             return result_fields(plan)
-        _, fields = await self.backend.describe(plan.post.sql, [agg.result_type_oid for agg in plan.aggregates])
+        _, fields = await self.backend.describe(plan.post.sql, release_params(plan, None).types)
         return fields
 
     async def known_fields(self, plan: Plan, result_formats: tuple[int, ...]) -> list[Field] | None:
@@ -269,7 +269,7 @@ class Executor:
             return ResultSet([], [], ""), [], None
         if isinstance(decision, DPQuery):
             assert plan.statement is not None
-            result, notices, cost = await self._answer_dp(decision, params, plan.statement.text)
+            result, notices, cost = await self._answer_dp(decision, params, plan.statement.text, result_formats)
             return _apply_formats(result, result_formats), notices, cost
         if isinstance(decision, DpproxyCommand):
             result = await self.settings.run(decision, self.server.policy, self.server.budget, self.server.registry)
@@ -327,15 +327,18 @@ class Executor:
             )
         )
 
-    async def _answer_dp(self, decision: DPQuery, params: BoundParams, text: str) -> tuple[ResultSet, list[str], Cost]:
+    async def _answer_dp(
+        self, decision: DPQuery, params: BoundParams, text: str, result_formats: tuple[int, ...] = ()
+    ) -> tuple[ResultSet, list[str], Cost]:
         """Charge, compute exactly on the backend, noise; or replay the answer to a repeat."""
         plan = decision.plan
         # The plan's WHERE is made final here, before the charge (and before the repeat key).
         epsilon = self.settings.query_epsilon(self.server.policy, plan.table)
         if plan.limit_zero:
             # No row of the answer is left: nothing is released, from the statement alone.
-            empty = release_row(plan, (), epsilon)
-            return await self._post_processed(plan, empty, None), [], Cost(0.0, 0.0, None, None)
+            if plan.post is None:
+                return release_row(plan, (), epsilon).result, [], Cost(0.0, 0.0, None, None)
+            return await self._post_processed(plan, None, result_formats), [], Cost(0.0, 0.0, None, None)
         plan, params = await bind_constants(plan, params, self.backend)  # before the repeat lookup and the charge
         sql = backend_sql(plan, seed=0)  # names the query; the SQL run gets a fresh seed below
         repeat_key = (self.user, sql, tuple(params.values), tuple(params.formats), epsilon)
@@ -344,7 +347,7 @@ class Executor:
             # Only the released values are shared: names come from the statement asked now.
             repeat = earlier.named_for(plan)
             notice = f"dpproxy: repeat of an earlier answer, ε charged 0; {repeat.notice()}"
-            return await self._post_processed(plan, repeat, repeat.result.rows[0]), [notice], Cost(0.0, 0.0, None, None)
+            return await self._post_processed(plan, repeat, result_formats), [notice], Cost(0.0, 0.0, None, None)
         delta = query_delta(plan)
         # A connection already known lost (or one that cannot be opened) fails the query
         # before it costs anything.
@@ -354,7 +357,7 @@ class Executor:
         cost = self._charged = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta)
         try:
             run = backend_sql(plan, seed=partition_seed()) if seeded(plan) else sql
-            values, type_oids = await self.backend.first_row(run, params if params.values else None)
+            answer = await self._released(plan, run, params, epsilon)
         except BackendLost as exc:
             if not exc.reached:
                 # Never sent, so its failure cannot depend on the data: the charge goes back.
@@ -363,26 +366,39 @@ class Executor:
             raise
         except BackendError as exc:
             raise _sanitised(exc) from None
-        exact = tuple(load_text(value, type_oid) for value, type_oid in zip(values, type_oids))
-        answer = release_row(plan, exact, epsilon)
         notice = answer.notice()
         self.server.repeats.put(repeat_key, answer)
         remaining = f"remaining ε {cost.remaining_epsilon:g}, δ {cost.remaining_delta:g}"
-        result = await self._post_processed(plan, answer, answer.result.rows[0])
+        result = await self._post_processed(plan, answer, result_formats)
         return result, [f"{notice}; {remaining}"], cost
 
-    async def _post_processed(self, plan: AggregateQuery, answer: DPAnswer, row: list[bytes | None] | None) -> ResultSet:
-        """The answer the statement asks for, from the released ``row`` only (None: no row released).
+    async def _released(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float) -> DPAnswer:
+        """Run the plan's exact aggregates on the backend and noise them: one row, or one per cell."""
+        bound = params if params.values else None
+        if not plan.groups:
+            values, type_oids = await self.backend.first_row(sql, bound)
+            return release_row(plan, tuple(load_text(v, t) for v, t in zip(values, type_oids)), epsilon)
+        result = await self.backend.execute(sql, bound)
+        types = [field.type_oid for field in result.fields]
+        keys = len(plan.groups)
+        rows = [[*row[:keys], *(load_text(v, t) for v, t in zip(row[keys:], types[keys:]))] for row in result.rows]
+        return release_cells(plan, rows, epsilon)
+
+    async def _post_processed(
+        self, plan: AggregateQuery, answer: DPAnswer | None, result_formats: tuple[int, ...] = ()
+    ) -> ResultSet:
+        """The answer the statement asks for, from the released values only (None: none released).
 
         The plain shape is the released row itself; otherwise the plan's outer statement runs
-        on the backend over the released values (rewriter/post_process.py). Its errors depend
-        on those values alone and reach the client as PostgreSQL raised them; the charge stands.
+        on the backend over the released values (rewriter/post_process.py), in the client's
+        result format when it asked for one for all columns. Its errors depend on those values
+        alone and reach the client as PostgreSQL raised them; the charge stands.
         """
         if plan.post is None:
+            assert answer is not None
             return answer.result
-        values = row if row is not None else [None] * len(plan.aggregates)
-        types = [agg.result_type_oid for agg in plan.aggregates]
-        return await self.backend.execute(plan.post.sql, BoundParams(values, [0] * len(values), types))
+        uniform = result_formats[0] if len(result_formats) == 1 else 0
+        return await self.backend.execute(plan.post.sql, release_params(plan, answer), uniform)
 
 
 @lru_cache(maxsize=4096)

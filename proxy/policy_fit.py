@@ -13,14 +13,21 @@ from __future__ import annotations
 import math
 
 from policies.model import ColumnPolicy
-from rewriter.types import INTEGER_TYPES, MAX_ABS_BOUND, NUMERIC_TYPES
+from policies.tables import ColumnInfo
+from rewriter.group_keys import TIME_TYPES
+from rewriter.types import ARRAY_TYPES, INTEGER_TYPES, MAX_ABS_BOUND, NUMERIC_TYPES
 
 __all__ = ["column_fit_problems"]
 
 
-def column_fit_problems(table: str, column: str, policy: ColumnPolicy, type_oid: int) -> list[str]:
-    """The problems of ``policy`` for a backend column of type ``type_oid``, as ``tables.t.columns.c: ...``."""
+def column_fit_problems(table: str, column: str, policy: ColumnPolicy, info: ColumnInfo) -> list[str]:
+    """The problems of ``policy`` for the backend column ``info``, as ``tables.t.columns.c: ...``."""
     key = f"tables.{table}.columns.{column}"
+    type_oid = info.type_oid
+    if policy.time_bounds is not None and type_oid not in TIME_TYPES:
+        return [f"{key}: a time range (bounds of dates) needs a date or timestamp column; on the backend it is not one"]
+    if policy.group_by is True and policy.categories is not None and not (info.array_type_oid or type_oid in ARRAY_TYPES):
+        return [f"{key}: group_by needs a column type with an array type (its keys are sent as one); this one has none"]
     if policy.bounds is not None:
         if type_oid not in NUMERIC_TYPES:
             return [f"{key}: bounds need a numeric column (smallint, integer, bigint, real, double precision "

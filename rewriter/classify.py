@@ -330,7 +330,7 @@ def _protected(statement: Statement, protected: list[Relation]) -> DPQuery | Col
         raise
 
 
-_DP_FUNCTIONS = frozenset({"count", "sum", "avg", "min", "max", "mode", "lower", "upper"})
+_DP_FUNCTIONS = frozenset({"count", "sum", "avg", "min", "max", "mode", "lower", "upper", "date_trunc", "width_bucket"})
 
 # Aggregates and window functions catalog queries may call, never a protected table.
 _OTHER_AGGREGATES = frozenset({

@@ -9,6 +9,7 @@ the rule it breaks. The plan, not the client's text, is what later reaches the b
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Callable, Literal
 
@@ -20,6 +21,7 @@ from policies.tables import ColumnInfo, Relation
 
 from .constants import Folding
 from .flatten import flatten
+from .group_keys import GroupKey, group_by_hint, group_key, key_form
 from .identifiers import identifier
 from .post_process import PostProcess, outer_statement
 from .predicates import plan_predicate
@@ -60,6 +62,7 @@ class Aggregate:
     output_name: str
     result_type_oid: int
     mechanism: Mechanism = "laplace"
+    distinct: bool = False  # COUNT(DISTINCT column): Δ = 1 as for COUNT
 
 
 @dataclass(frozen=True)
@@ -76,9 +79,17 @@ class AggregateQuery:
     limit_zero: bool
     folding: Folding | None = None
     # When the statement asks for more than the released row (expressions over aggregates,
-    # HAVING, constants): the outer statement over the released values. Then ``aggregates``
-    # are the distinct aggregates released, each named by its SQL.
+    # HAVING, constants, GROUP BY): the outer statement over the released values. Then
+    # ``aggregates`` are the distinct aggregates released, each named by its SQL.
     post: PostProcess | None = None
+    # GROUP BY over declared keys (rewriter/group_keys.py): the release is one row per cell
+    # of their domains' product, each aggregate noised per cell; empty for one aggregate row.
+    groups: tuple[GroupKey, ...] = ()
+
+    @property
+    def cells(self) -> int:
+        """How many cells the release has: the product of the keys' domains (1 without GROUP BY)."""
+        return math.prod(key.size for key in self.groups)
 
 
 def plan_aggregate_query(sql: str, table: Relation) -> AggregateQuery:
@@ -93,16 +104,19 @@ def plan_aggregate_query(sql: str, table: Relation) -> AggregateQuery:
     tree, enclosing = _release_level(tree)
     tree, scope = flatten(tree, scope)
     scope = _check_clauses(tree, scope)
+    groups = _grouping(tree, scope)
     post = None
-    if enclosing is None and _plain(tree):
+    if enclosing is None and not groups and _plain(tree):
         aggregates = tuple(_aggregate(item, scope) for item in tree.expressions)
     else:
-        aggregates, post = _post_processed(tree, scope, enclosing)
+        aggregates, post = _post_processed(tree, scope, enclosing, groups)
+    _check_combination(aggregates, groups, scope)
     where = tree.args.get("where")
     predicate = plan_predicate(where.this, scope) if where is not None else None
     where_sql = predicate.sql if predicate is not None else None
     folding = predicate.folding if predicate is not None else None
-    return AggregateQuery(table, aggregates, where_sql, _no_rows(tree, scope), folding=folding, post=post)
+    return AggregateQuery(table, aggregates, where_sql, _no_rows(tree, scope, grouped=bool(groups)), folding=folding,
+                          post=post, groups=groups)
 
 
 def _is_aggregate(item: exp.Expression) -> bool:
@@ -158,7 +172,10 @@ def _release_level(tree: exp.Select) -> tuple[exp.Select, Callable[[exp.Select],
 
 
 def _post_processed(
-    tree: exp.Select, scope: Scope, enclosing: Callable[[exp.Select], exp.Expression] | None = None
+    tree: exp.Select,
+    scope: Scope,
+    enclosing: Callable[[exp.Select], exp.Expression] | None = None,
+    groups: tuple[GroupKey, ...] = (),
 ) -> tuple[tuple[Aggregate, ...], PostProcess]:
     """The distinct aggregates the statement uses (the release) and its outer statement."""
     if tree.find(exp.Filter) is not None:
@@ -166,19 +183,110 @@ def _post_processed(
     if not any(item.find(exp.AggFunc) for item in tree.expressions):
         raise scope.refuse("non-aggregate output is not allowed on protected table", "no-row-access")
     released: list[Aggregate] = []
-    index: dict[tuple[str, str | None, str], int] = {}
+    index: dict[tuple[str, str | None, str, bool], int] = {}
+    grouped = bool(groups)
 
     def release(node: exp.Expr) -> int:
         assert isinstance(node, exp.Expression)
-        agg = _aggregate(node, scope)
-        key = (agg.kind, agg.column.name if agg.column else None, agg.mechanism)
+        agg = _aggregate(node, scope, grouped)
+        key = (agg.kind, agg.column.name if agg.column else None, agg.mechanism, agg.distinct)
         if key not in index:
             released.append(replace(agg, output_name=_sql_name(agg)))
             index[key] = len(released)
         return index[key]
 
-    post = outer_statement(tree, release, lambda message, rule: scope.refuse(f"{message} protected table", rule), enclosing)
+    def key_of(node: exp.Expression) -> int | None:
+        try:
+            key = group_key(node, scope)
+        except Refusal:
+            return None
+        return groups.index(key) + 1 if key in groups else None
+
+    post = outer_statement(
+        tree, release, lambda message, rule: scope.refuse(f"{message} protected table", rule), enclosing,
+        keys=len(groups), key_of=key_of if groups else None,
+    )
     return tuple(released), post
+
+
+def _grouping(tree: exp.Select, scope: Scope) -> tuple[GroupKey, ...]:
+    """The declared keys of the statement's GROUP BY, in its order (none without GROUP BY).
+
+    As in PostgreSQL, an item is an output position (``GROUP BY 1``), an input column, an
+    output column's name when no input column has it, or an expression; each must be a key
+    the policy opts in (:mod:`rewriter.group_keys`).
+    """
+    group = tree.args.get("group")
+    if group is None:
+        return ()
+    if any(group.args.get(key) for key in ("grouping_sets", "cube", "rollup", "totals")) or group.find(
+        exp.GroupingSets, exp.Cube, exp.Rollup
+    ):
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"ROLLUP, CUBE and GROUPING SETS are not allowed on protected table {scope.table.display_name} "
+            "(rule: no-group-by)",
+            "Each row would count in several groups (its own and the totals): ask the totals as a query of "
+            "their own. " + group_by_hint(scope),
+            "no-group-by",
+        )
+    keys: list[GroupKey] = []
+    for item in group.expressions:
+        node = _group_item(item, tree, scope)
+        if node.find(exp.AggFunc) is not None:
+            raise Refusal("42803", "aggregate functions are not allowed in GROUP BY", group_by_hint(scope), "no-group-by")
+        key = group_key(node, scope)
+        if key not in keys:
+            keys.append(key)
+    cells = math.prod(key.size for key in keys)
+    if cells > scope.table.policy.max_cells:
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"GROUP BY over {len(keys)} keys has {cells} cells, more than the {scope.table.policy.max_cells} "
+            f"protected table {scope.table.display_name} answers (rule: max-cells)",
+            "Group by fewer keys or a coarser time unit, or ask the policy's owner to raise max_cells.",
+            "max-cells",
+        )
+    return tuple(keys)
+
+
+def _group_item(item: exp.Expression, tree: exp.Select, scope: Scope) -> exp.Expression:
+    """A GROUP BY item resolved as PostgreSQL resolves it: a position or an output name to its expression."""
+    outputs = tree.expressions
+    if isinstance(item, exp.Literal) and not item.is_string:
+        position = int(item.this) if item.this.isdigit() else 0
+        if not 1 <= position <= len(outputs):
+            raise Refusal("42P10", f"GROUP BY position {item.this} is not in select list", group_by_hint(scope),
+                          "no-group-by")
+        chosen = outputs[position - 1]
+        return chosen.this if isinstance(chosen, exp.Alias) else chosen
+    if isinstance(item, exp.Column) and not item.table and identifier(item.this) not in scope.table.columns:
+        name = identifier(item.this)
+        for output in outputs:
+            if isinstance(output, exp.Alias) and identifier(output.args["alias"]) == name:
+                return output.this
+    if not key_form(item):
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"GROUP BY {item.sql('postgres')} is not allowed on protected table {scope.table.display_name} "
+            "(rule: no-group-by)",
+            group_by_hint(scope),
+            "no-group-by",
+        )
+    return item
+
+
+def _check_combination(aggregates: tuple[Aggregate, ...], groups: tuple[GroupKey, ...], scope: Scope) -> None:
+    """Refuse COUNT(DISTINCT ...) where its groups would be added up (partitions, an ``other`` key)."""
+    if not any(agg.distinct for agg in aggregates):
+        return
+    if any(agg.mechanism == "sample_aggregate" for agg in aggregates):
+        raise scope.refuse("COUNT(DISTINCT ...) with AVG, MIN or MAX by sample and aggregate in one query is not "
+                           "allowed on protected table", "aggregate-combination")
+    if any(key.kind == "category" and key.column.policy is not None and key.column.policy.other is not None
+           for key in groups):
+        raise scope.refuse("COUNT(DISTINCT ...) per group with a catch-all (other) key is not allowed on "
+                           "protected table", "aggregate-combination")
 
 
 def _sql_name(agg: Aggregate) -> str:
@@ -186,7 +294,7 @@ def _sql_name(agg: Aggregate) -> str:
     column = agg.column.name if agg.column else "*"
     if agg.kind == "mode":
         return f"mode() within group (order by {column})"
-    return f"{agg.kind}({column})"
+    return f"{agg.kind}({'distinct ' if agg.distinct else ''}{column})"
 
 
 @dataclass(frozen=True)
@@ -261,7 +369,7 @@ _CLAUSE_RULES: dict[str, tuple[str, str]] = {
 def _check_clauses(tree: exp.Select, scope: Scope) -> Scope:
     """Refuse every clause beyond SELECT/FROM/WHERE/ORDER BY/LIMIT; return the FROM scope."""
     for key, value in tree.args.items():
-        if not value or key in ("expressions", "from_", "where", "having", "limit", "offset", "order", "kind"):
+        if not value or key in ("expressions", "from_", "where", "group", "having", "limit", "offset", "order", "kind"):
             continue
         message, rule = _CLAUSE_RULES.get(key, (f"the {key.upper()} clause is not allowed on protected table", "unsupported-clause"))
         raise scope.refuse(message, rule)
@@ -280,7 +388,8 @@ def _check_clauses(tree: exp.Select, scope: Scope) -> Scope:
     return scope
 
 
-def _aggregate(item: exp.Expression, scope: Scope) -> Aggregate:
+def _aggregate(item: exp.Expression, scope: Scope, grouped: bool = False) -> Aggregate:
+    """The aggregate ``item`` asks for, with its mechanism; per cell of a GROUP BY when ``grouped``."""
     alias: str | None = None
     if isinstance(item, exp.Alias):
         alias = identifier(item.args["alias"])
@@ -306,19 +415,41 @@ def _aggregate(item: exp.Expression, scope: Scope) -> Aggregate:
         raise scope.refuse("expressions on or around aggregates are not allowed on protected table", "aggregate-expression")
     else:
         raise scope.refuse("non-aggregate output is not allowed on protected table", "no-row-access")
+    distinct = kind == "count" and isinstance(argument, exp.Distinct)
+    if distinct:
+        assert isinstance(argument, exp.Distinct)
+        if len(argument.expressions) != 1:
+            raise scope.refuse("COUNT(DISTINCT ...) takes one column on protected table", "aggregate-argument")
+        argument = argument.expressions[0]
+        if not isinstance(argument, exp.Column):
+            raise scope.refuse("COUNT(DISTINCT ...) takes a plain column on protected table", "aggregate-argument")
     column = _aggregate_column(kind, argument, scope)
     result_type = aggregate_result_type(kind, column.type_oid if column else None)
-    return Aggregate(kind, column, alias or kind, result_type, _mechanism(kind, scope))
+    return Aggregate(kind, column, alias or kind, result_type, _mechanism(kind, scope, grouped), distinct)
 
 
-def _mechanism(kind: AggregateKind, scope: Scope) -> Mechanism:
-    """The mechanism SPEC §4 assigns to ``kind`` under the table's policy."""
+def _mechanism(kind: AggregateKind, scope: Scope, grouped: bool = False) -> Mechanism:
+    """The mechanism SPEC §4 assigns to ``kind`` under the table's policy (per cell when ``grouped``).
+
+    Per cell of a GROUP BY, AVG is always a noisy sum over a noisy count (pure ε, good on few
+    rows); MIN and MAX by sample and aggregate would need hundreds of rows in every cell.
+    """
     if kind in ("count", "sum"):
         return "laplace"
     if kind == "mode":
         return "exponential"
-    if kind == "avg" and scope.table.policy.avg == "sum_count":
+    if kind == "avg" and (grouped or scope.table.policy.avg == "sum_count"):
         return "sum_count"
+    if grouped:
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"{kind.upper()} per group is not answered on protected table {scope.table.display_name} "
+            "(rule: aggregate-not-allowed)",
+            f"{kind.upper()} is answered by sample and aggregate, which needs hundreds of rows in each group to say "
+            f"anything: ask it without GROUP BY, with a WHERE for the group you want; per group, COUNT, SUM, AVG, "
+            "COUNT(DISTINCT col) and MODE are answered.",
+            "aggregate-not-allowed",
+        )
     if scope.table.policy.delta <= 0:
         raise Refusal(
             SQLSTATE.DP_QUERY_SHAPE,
@@ -335,7 +466,7 @@ def _aggregate_column(kind: AggregateKind, argument: exp.Expression | None, scop
     if kind == "count" and (isinstance(argument, exp.Star) or isinstance(argument, exp.Literal)):
         return None  # count(1), count('x'): a non-NULL constant counts every row, as count(*) does
     if isinstance(argument, exp.Distinct):
-        raise scope.refuse("COUNT(DISTINCT ...) and other DISTINCT aggregates are not allowed on protected table", "no-distinct")
+        raise scope.refuse(f"{kind.upper()}(DISTINCT ...) is not allowed on protected table", "no-distinct")
     if not isinstance(argument, exp.Column) or isinstance(argument.this, exp.Star):
         raise scope.refuse(f"{kind.upper()} takes a plain column on protected table", "aggregate-argument")
     column = scope.column(argument)
@@ -395,12 +526,14 @@ def asks_for_no_row(sql: str, table: Relation) -> bool:
         return False
 
 
-def _no_rows(tree: exp.Select, scope: Scope) -> bool:
-    """Whether LIMIT/FETCH FIRST/OFFSET leave none of the one aggregate row (then nothing is released).
+def _no_rows(tree: exp.Select, scope: Scope, grouped: bool = False) -> bool:
+    """Whether LIMIT/FETCH FIRST/OFFSET leave none of the released rows (then nothing is released).
 
     ``LIMIT n``, ``LIMIT ALL``, ``LIMIT NULL``, ``FETCH FIRST [n] ROW[S] ONLY`` and ``OFFSET k``
-    take non-negative integer literals: they act on the one released row only, so ``LIMIT 0``
-    and ``OFFSET k`` with k > 0 answer no row, from the statement alone, at no cost.
+    take non-negative integer literals: they act on the released rows only, so ``LIMIT 0``
+    (and, on the one aggregate row, ``OFFSET k`` with k > 0) answer no row, from the statement
+    alone, at no cost. A GROUP BY's rows after an OFFSET depend on HAVING over noised values,
+    so only ``LIMIT 0`` is known to leave none.
     """
     limit = tree.args.get("limit")
     count: exp.Expression | None = None
@@ -416,7 +549,7 @@ def _no_rows(tree: exp.Select, scope: Scope) -> bool:
     rows = _row_count(count, "LIMIT", scope)
     offset = tree.args.get("offset")
     skipped = _row_count(offset.expression if offset is not None else None, "OFFSET", scope)
-    return rows == 0 or (skipped or 0) > 0
+    return rows == 0 or (not grouped and (skipped or 0) > 0)
 
 
 def _row_count(value: exp.Expression | None, clause: str, scope: Scope) -> int | None:

@@ -74,6 +74,8 @@ def outer_statement(
     released: Callable[[exp.Expr], int],
     refuse: Callable[[str, str], Refusal],
     enclosing: Callable[[exp.Select], exp.Expression] | None = None,
+    keys: int = 0,
+    key_of: Callable[[exp.Expression], int | None] | None = None,
 ) -> PostProcess:
     """The outer statement of ``tree`` (one aggregate level over the base table).
 
@@ -83,9 +85,14 @@ def outer_statement(
     ``released(node)`` gives the 1-based release column of an aggregate node. Column
     references outside aggregates read rows and are refused (``no-row-access``), except an
     ORDER BY name of an output column.
+
+    With ``keys`` GROUP BY keys, the release has one row per cell: ``$1 … $keys`` are arrays
+    of the cells' keys and the aggregates' arrays follow; ``key_of(node)`` gives the 1-based
+    key a grouping expression (a column, ``date_trunc``, ``width_bucket``) stands for, or None.
+    Any other column reference is a grouping error, as in PostgreSQL.
     """
     outer = tree.copy()
-    for key in ("from_", "where", "joins"):
+    for key in ("from_", "where", "joins", "group"):
         outer.set(key, None)
     items = []
     for item in outer.expressions:
@@ -103,20 +110,58 @@ def outer_statement(
                      "are not supported on", "parameters")
     if any(column.table == RELEASE_ALIAS for column in whole.find_all(exp.Column)):
         raise refuse(f"the name {RELEASE_ALIAS} is reserved on", "column-reference")
-    _replace_aggregates(outer, released)
     order = outer.args.get("order")
+
+    def output_name(column: exp.Column) -> bool:
+        """An ORDER BY name of an output column (PostgreSQL looks there first)."""
+        return order is not None and column.find_ancestor(exp.Order) is order and not column.table and column.name in aliases
+
+    if key_of is not None:
+        _replace_keys(outer, key_of, output_name)
+    _replace_aggregates(outer, released)
     for column in list(outer.find_all(exp.Column)):
-        if column.table == RELEASE_ALIAS:
+        if column.table == RELEASE_ALIAS or output_name(column):
             continue
-        if order is not None and column.find_ancestor(exp.Order) is order and not column.table and column.name in aliases:
-            continue
+        if key_of is not None:
+            raise Refusal("42803", f'column "{column.name}" must appear in the GROUP BY clause or be used in an '
+                          "aggregate function", "Output columns of a GROUP BY are its keys and aggregates.",
+                          "no-row-access")
         raise refuse("selecting column values is not allowed on", "no-row-access")
     count = max(released_count(outer), default=0)
-    values = ", ".join(f"${i}" for i in range(1, count + 1))
-    columns = ", ".join(f"_dp{i}" for i in range(1, count + 1))
-    source = sqlglot.parse_one(f"SELECT 1 FROM (VALUES ({values})) AS {RELEASE_ALIAS}({columns})", read="postgres")
-    outer.set("from_", source.args["from_"])
+    outer.set("from_", _release_source(count, keys))
     return PostProcess(checked(whole.sql("postgres")))
+
+
+def _release_source(count: int, keys: int) -> exp.Expression:
+    """``FROM`` the released values: one row of ``$1 … $count``, or one row per cell when grouped
+    (``$1 … $keys`` the cells' keys, then the aggregates, each an array in cell order)."""
+    if not keys:
+        values = ", ".join(f"${i}" for i in range(1, count + 1))
+        columns = ", ".join(f"_dp{i}" for i in range(1, count + 1))
+        sql = f"SELECT 1 FROM (VALUES ({values})) AS {RELEASE_ALIAS}({columns})"
+    else:
+        arrays = [f"pg_catalog.unnest(${i}) AS _k{i}" for i in range(1, keys + 1)]
+        arrays += [f"pg_catalog.unnest(${keys + i}) AS _dp{i}" for i in range(1, count + 1)]
+        sql = f"SELECT 1 FROM (SELECT {', '.join(arrays)}) AS {RELEASE_ALIAS}"
+    source = sqlglot.parse_one(sql, read="postgres").args["from_"]
+    assert isinstance(source, exp.Expression)
+    return source
+
+
+def _replace_keys(
+    node: exp.Expression, key_of: Callable[[exp.Expression], int | None], output_name: Callable[[exp.Column], bool]
+) -> None:
+    """Replace each grouping expression outside aggregates by its key column, outermost first."""
+    for child in list(node.iter_expressions()):
+        if isinstance(child, (exp.AggFunc, exp.WithinGroup)):
+            continue
+        if isinstance(child, exp.Column) and output_name(child):
+            continue
+        index = key_of(child) if isinstance(child, (exp.Column, exp.Func)) else None
+        if index is not None:
+            child.replace(exp.column(f"_k{index}", table=RELEASE_ALIAS))
+        else:
+            _replace_keys(child, key_of, output_name)
 
 
 def _replace_aggregates(outer: exp.Select, released: Callable[[exp.Expr], int]) -> None:
@@ -131,7 +176,7 @@ def _replace_aggregates(outer: exp.Select, released: Callable[[exp.Expr], int]) 
 
 def released_count(outer: exp.Select) -> list[int]:
     """The release columns ``outer`` names (``_dp<k>``)."""
-    return [int(c.name[3:]) for c in outer.find_all(exp.Column) if c.table == RELEASE_ALIAS]
+    return [int(c.name[3:]) for c in outer.find_all(exp.Column) if c.table == RELEASE_ALIAS and c.name.startswith("_dp")]
 
 
 def checked(sql: str) -> str:

@@ -69,7 +69,7 @@ from .types import FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, NUMERIC
 
 __all__ = [
     "Part", "aggregate_parts", "backend_sql", "clamped", "clamped_sum", "collected", "literal", "partition_key", "partition_seed",
-    "partition_values", "per_partition", "seeded", "split_row",
+    "partition_values", "per_partition", "seeded", "split_cells", "split_row",
 ]
 
 _SEED_MAX = (1 << 63) - 1  # seeds are non-negative bigints; also the mask that clears the hash's sign bit
@@ -94,7 +94,7 @@ def aggregate_parts(agg: Aggregate) -> tuple[Part, ...]:
         return (Part("pg_catalog.count(*)"),)
     column = quote_identifier(agg.column.name)
     if agg.kind == "count":
-        return (Part(f"pg_catalog.count({column})"),)
+        return (Part(f"pg_catalog.count({'DISTINCT ' if agg.distinct else ''}{column})"),)
     if agg.kind == "sum":
         return (Part(clamped_sum(agg.column)),)
     if agg.mechanism == "sum_count":
@@ -143,6 +143,8 @@ def backend_sql(query: AggregateQuery, seed: int) -> str:
     source = query.table.qualified_name
     if query.where_sql:
         source += f" WHERE {query.where_sql}"
+    if query.groups:
+        return _grouped_sql(query, parts, source)
     if all(part.additive for part in parts):
         return f"SELECT {', '.join(part.sql for part in parts)} FROM {source}"
     inner = ", ".join(f"{part.sql} AS p{i}" for i, part in enumerate(parts))
@@ -158,6 +160,20 @@ def backend_sql(query: AggregateQuery, seed: int) -> str:
         f"SELECT {outer} FROM (SELECT {inner} FROM (SELECT {rows} FROM {source}) AS filtered "
         f"GROUP BY {key}) AS partitions"
     )
+
+
+def _grouped_sql(query: AggregateQuery, parts: list[Part], source: str) -> str:
+    """One pass over the filtered rows, grouped by each key's per-row expression.
+
+    Each group reports the cell it falls in (one column per key, ``GroupKey.cell_sql``) and
+    its parts; groups in no cell are left out. A cell may receive several groups (the rows an
+    ``other`` key catches): :func:`split_cells` adds their parts up.
+    """
+    cells = [key.cell_sql() for key in query.groups]
+    rows = ", ".join(key.row_sql() for key in query.groups)
+    present = " AND ".join(f"{cell} IS NOT NULL" for cell in cells)
+    return (f"SELECT {', '.join([*cells, *(part.sql for part in parts)])} FROM {source} "
+            f"GROUP BY {rows} HAVING {present}")
 
 
 def partition_key(table: Relation, seed: int) -> str:
@@ -211,6 +227,40 @@ def split_row(query: AggregateQuery, row: Sequence[Any]) -> list[tuple[Any, ...]
     if start != len(row):
         raise ValueError(f"backend row has {len(row)} columns, the plan needs {start}")
     return grouped
+
+
+def split_cells(query: AggregateQuery, rows: Sequence[Sequence[Any]]) -> list[list[tuple[Any, ...]]]:
+    """The rows of a grouped :func:`backend_sql` as every cell's aggregates' parts, in cell order.
+
+    ``rows`` hold each group's cell values (one per key, as the backend printed them) and its
+    parts, loaded. Cells are numbered row-major over the keys; a cell no row reached gets
+    parts of None (what SQL gives an empty set: the mechanisms read None as 0), and groups in
+    the same cell are added up.
+    """
+    keys = query.groups
+    totals: list[list[Any] | None] = [None] * query.cells
+    for row in rows:
+        coordinates = [key.cell_of(value) for key, value in zip(keys, row)]
+        if any(coordinate is None for coordinate in coordinates):
+            continue
+        cell = 0
+        for key, coordinate in zip(keys, coordinates):
+            assert coordinate is not None
+            cell = cell * key.size + coordinate
+        values = list(row[len(keys):])
+        earlier = totals[cell]
+        totals[cell] = values if earlier is None else [_added(a, b) for a, b in zip(earlier, values)]
+    empty = [None] * sum(len(aggregate_parts(agg)) for agg in query.aggregates)
+    return [split_row(query, total if total is not None else empty) for total in totals]
+
+
+def _added(a: Any, b: Any) -> Any:
+    """Two groups' additive parts together (None, SQL's empty-set total, adds nothing)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
 
 
 def collected(column: str) -> str:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-__all__ = ["INTEGER_TYPES", "MAX_ABS_BOUND", "NUMERIC_TYPES", "aggregate_result_type"]
+__all__ = ["ARRAY_TYPES", "INTEGER_TYPES", "MAX_ABS_BOUND", "NUMERIC_TYPES", "aggregate_result_type"]
 
 INT2, INT4, INT8, FLOAT4, FLOAT8, NUMERIC = 21, 23, 20, 700, 701, 1700
 
 INTEGER_TYPES = frozenset({INT2, INT4, INT8})
+
+#: pg_type.typarray of the built-in types a DP answer or a GROUP BY key can have.
+ARRAY_TYPES = {
+    16: 1000, 19: 1003, INT8: 1016, INT2: 1005, INT4: 1007, 25: 1009, FLOAT4: 1021, FLOAT8: 1022,
+    1042: 1014, 1043: 1015, 1082: 1182, 1114: 1115, 1184: 1185, NUMERIC: 1231,
+}
 NUMERIC_TYPES = INTEGER_TYPES | {FLOAT4, FLOAT8, NUMERIC}
 
 # The largest |bound| a SUM/AVG/MIN/MAX column of each float-valued type may have. The

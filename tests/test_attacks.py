@@ -55,7 +55,7 @@ ATTACKS: dict[str, list[str]] = {
         "SELECT bool_and(age > 40) FROM adult", "SELECT bool_or(age = 90) FROM adult", "SELECT every(age > 16) FROM adult",
         "SELECT bit_and(age) FROM adult", "SELECT bit_or(age) FROM adult",
         "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY age) FROM adult",
-        "SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY age) FROM adult", "SELECT COUNT(DISTINCT age) FROM adult",
+        "SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY age) FROM adult",
         "SELECT SUM(DISTINCT age) FROM adult", "SELECT MIN(sex) FROM adult", "SELECT MAX(workclass) FROM adult",
         "SELECT SUM(age * 2) FROM adult", 
         "SELECT COUNT(*) FILTER (WHERE age = 40) FROM adult", "SELECT SUM(CASE WHEN age = 40 THEN 1 ELSE 0 END) FROM adult",
@@ -115,6 +115,8 @@ NOISED = [
     # Post-processing of released aggregates (issue 18): the expressions run over the noised row only.
     "SELECT SUM(age) + 1 FROM adult", "SELECT SUM(age) / COUNT(*) FROM adult", "SELECT COUNT(*) * 0 + MAX(age) FROM adult",
     "SELECT COUNT(*) FROM adult HAVING COUNT(*) > 1",
+    # One added or removed row changes a count of distinct values by at most one: Laplace, Δ = 1.
+    "SELECT COUNT(DISTINCT age) FROM adult",
 ]
 
 

@@ -19,7 +19,7 @@ REFUSED = [
     ("SELECT AVG(age) OVER () FROM adult", "DP001", "no-window"),
     ("SELECT COUNT(*) OVER (PARTITION BY sex) FROM adult", "DP001", "no-window"),
     ("SELECT COUNT(*) FROM adult UNION SELECT COUNT(*) FROM adult", "DP001", "no-join"),
-    ("SELECT COUNT(DISTINCT age) FROM adult", "DP001", "no-distinct"),
+    ("SELECT SUM(DISTINCT age) FROM adult", "DP001", "no-distinct"),
     ("SELECT DISTINCT COUNT(*) FROM adult", "DP001", "no-distinct"),
     ("SELECT COUNT(*) FILTER (WHERE age > 3) FROM adult", "DP001", "no-filter"),
     ("SELECT COUNT(*) + age FROM adult", "DP001", "no-row-access"),

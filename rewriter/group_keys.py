@@ -1,0 +1,304 @@
+"""GROUP BY keys over declared domains: the cells of a DP histogram, fixed before any row is read.
+
+A protected table answers ``GROUP BY`` only over keys the policy opts in (``group_by``,
+docs/policy.md), each with a domain known in advance:
+
+* ``category``: ``GROUP BY col`` on a column with declared ``categories``; one cell per
+  category, plus the policy's ``other`` cell for every row whose value is NULL or undeclared
+  (without ``other`` such rows are in no cell);
+* ``integer``: ``GROUP BY col`` on an integer column with bounds [lo, hi]; one cell per
+  integer in them, rows outside (and NULL) in no cell;
+* ``time``: ``DATE_TRUNC('<unit>', col)`` on a date/timestamp column with a declared time
+  range; one cell per bucket the range touches, rows outside it (and NULL) in no cell;
+* ``bin``: ``width_bucket(col, lo, hi, n)`` on a bounded numeric column; the n + 2 cells
+  0 … n + 1 that ``width_bucket`` can return for any value, NULL and NaN in no cell.
+
+The cells, their keys and their order are a function of the policy and the statement's text
+only, never of the data, so that which rows exist cannot show in which keys come back. Every
+row of the table falls in at most one cell (the keys partition the rows), which is what lets
+each cell be noised with the column's whole share of ε (parallel composition; the argument
+is in docs/mechanisms.md).
+
+The backend groups the rows by a per-row expression (:meth:`GroupKey.row_sql`) and reports,
+per group, a value that names the group's cell (:meth:`GroupKey.cell_sql`,
+:meth:`GroupKey.cell_of`). Neither can raise an error on any row: they are comparisons with
+literals, ``date_trunc`` and ``width_bucket`` evaluated only for rows inside the declared
+range or finite, and ``to_char`` of a group's bucket.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Literal
+
+from sqlglot import exp
+
+from policies.errors import SQLSTATE, Refusal
+from policies.tables import ColumnInfo, quote_identifier
+from policies.time_buckets import TimeUnit, bucket_count, bucket_index, bucket_start, truncate
+
+from .sql_text import literal, operator
+from .types import FLOAT4, FLOAT8, INT4, INTEGER_TYPES, NUMERIC, NUMERIC_TYPES
+
+if TYPE_CHECKING:
+    from .dp_query import Scope
+
+__all__ = ["DATE", "GroupKey", "TIMESTAMP", "TIMESTAMPTZ", "group_key", "key_form"]
+
+DATE, TIMESTAMP, TIMESTAMPTZ = 1082, 1114, 1184
+TIME_TYPES = frozenset({DATE, TIMESTAMP, TIMESTAMPTZ})
+
+KeyKind = Literal["category", "integer", "time", "bin"]
+
+# date_trunc's spellings of the units a policy may opt in (PostgreSQL's own abbreviations,
+# as sqlglot reads them), each to its unit.
+_UNIT_SPELLINGS: dict[str, TimeUnit] = {
+    **dict.fromkeys(("DAY", "DAYS", "D"), "day"),
+    **dict.fromkeys(("WEEK", "WEEKS", "W"), "week"),
+    **dict.fromkeys(("MONTH", "MONTHS", "MON", "MONS"), "month"),
+    **dict.fromkeys(("QUARTER", "QTR"), "quarter"),
+    **dict.fromkeys(("YEAR", "YEARS", "Y", "YR", "YRS"), "year"),
+}
+_KEY_TEXT = "YYYY-MM-DD"  # to_char's format of a bucket's start: its date, in any DateStyle
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    """One GROUP BY key: its cells (a declared domain) and how the backend finds a row's cell.
+
+    ``result_type_oid`` is the type PostgreSQL gives the grouping expression (the column's
+    type; ``timestamp``/``timestamptz`` for ``date_trunc``; ``integer`` for ``width_bucket``).
+    ``first``/``count`` are a time key's first bucket and number of buckets; ``bins`` are
+    ``width_bucket``'s bounds and bucket count.
+    """
+
+    column: ColumnInfo
+    kind: KeyKind
+    result_type_oid: int
+    unit: TimeUnit | None = None
+    first: datetime | None = None
+    count: int = 0
+    bins: tuple[float, float, int] | None = None
+
+    # ------------------------------------------------------------ the cells
+
+    @property
+    def size(self) -> int:
+        """How many cells the key has."""
+        policy = self.column.policy
+        assert policy is not None
+        if self.kind == "category":
+            assert policy.categories is not None
+            return len(policy.categories) + (policy.other is not None)
+        if self.kind == "integer":
+            assert policy.bounds is not None
+            return int(policy.bounds[1]) - int(policy.bounds[0]) + 1
+        if self.kind == "time":
+            return self.count
+        assert self.bins is not None
+        return self.bins[2] + 2
+
+    def labels(self) -> list[str]:
+        """Each cell's key as text that the key's type reads back (its input syntax), in cell order."""
+        policy = self.column.policy
+        assert policy is not None
+        if self.kind == "category":
+            assert policy.categories is not None
+            return [*policy.categories, *([policy.other] if policy.other is not None else [])]
+        if self.kind == "integer":
+            assert policy.bounds is not None
+            return [str(int(policy.bounds[0]) + i) for i in range(self.size)]
+        if self.kind == "time":
+            return [start.isoformat(sep=" ") for start in self._starts()]
+        return [str(i) for i in range(self.size)]
+
+    def _starts(self) -> list[datetime]:
+        assert self.unit is not None and self.first is not None
+        return [bucket_start(self.unit, self.first, i) for i in range(self.count)]
+
+    # ------------------------------------------------------------ the backend's side
+
+    def row_sql(self) -> str:
+        """The per-row expression the backend groups by; it cannot raise on any value."""
+        name = quote_identifier(self.column.name)
+        if self.kind in ("category", "integer"):
+            return name
+        if self.kind == "time":
+            assert self.unit is not None and self.first is not None
+            end = bucket_start(self.unit, self.first, self.count)
+            within = f"{operator(name, '>=', self._time_literal(self.first))} AND {operator(name, '<', self._time_literal(end))}"
+            # A date beyond timestamp's range (year 294277 and later) fails date_trunc's cast;
+            # CASE evaluates it only for the rows within the declared range.
+            return f"CASE WHEN {within} THEN pg_catalog.date_trunc({literal(self.unit)}, {name}) END"
+        assert self.bins is not None
+        lo, hi, n = self.bins
+        if self.column.type_oid in (FLOAT4, FLOAT8):
+            value, bound = f"CAST({name} AS double precision)", "double precision"
+        else:
+            value, bound = f"CAST({name} AS numeric)", "numeric"
+        bucket = f"pg_catalog.width_bucket({value}, CAST({lo!r} AS {bound}), CAST({hi!r} AS {bound}), {n})"
+        if self.column.type_oid in INTEGER_TYPES:
+            return bucket
+        # width_bucket raises for a NaN operand: a NaN row is in no cell.
+        return f"CASE WHEN {operator(name, '=', literal('NaN'))} THEN NULL ELSE {bucket} END"
+
+    def _time_literal(self, moment: datetime) -> str:
+        if self.column.type_oid == DATE:
+            return f"CAST({literal(moment.date().isoformat())} AS pg_catalog.date)"
+        type_name = "timestamptz" if self.column.type_oid == TIMESTAMPTZ else "timestamp"
+        return f"CAST({literal(moment.isoformat(sep=' '))} AS pg_catalog.{type_name})"
+
+    def cell_sql(self) -> str:
+        """What the backend reports for a group (a function of :meth:`row_sql`): read by :meth:`cell_of`."""
+        row = self.row_sql()
+        if self.kind == "category":
+            policy = self.column.policy
+            assert policy is not None and policy.categories is not None
+            branches = " ".join(f"WHEN {operator(row, '=', literal(c))} THEN {i}" for i, c in enumerate(policy.categories))
+            other = f" ELSE {len(policy.categories)}" if policy.other is not None else ""
+            return f"CASE {branches}{other} END"
+        if self.kind == "integer":
+            policy = self.column.policy
+            assert policy is not None and policy.bounds is not None
+            lo, hi = (str(int(bound)) for bound in policy.bounds)
+            return f"CASE WHEN {operator(row, '>=', lo)} AND {operator(row, '<=', hi)} THEN {row} END"
+        if self.kind == "time":
+            return f"pg_catalog.to_char({row}, {literal(_KEY_TEXT)})"
+        return row
+
+    def cell_of(self, value: bytes | None) -> int | None:
+        """The cell a group reported by :meth:`cell_sql` falls in; None for rows in no cell."""
+        if value is None:
+            return None
+        if self.kind == "category":
+            return int(value)
+        if self.kind == "integer":
+            policy = self.column.policy
+            assert policy is not None and policy.bounds is not None
+            return int(value) - int(policy.bounds[0])
+        if self.kind == "time":
+            assert self.first is not None and self.unit is not None
+            index = bucket_index(self.unit, self.first, datetime.fromisoformat(value.decode("ascii")))
+            return index if 0 <= index < self.count else None
+        return int(value)
+
+
+def key_form(node: exp.Expression) -> bool:
+    """Whether ``node`` is written as a grouping key could be (a column, date_trunc, width_bucket)."""
+    return isinstance(node, (exp.Column, exp.TimestampTrunc, exp.DateTrunc, exp.WidthBucket))
+
+
+def group_key(node: exp.Expression, scope: Scope) -> GroupKey:
+    """The key ``node`` (a GROUP BY item, resolved) groups by; refused unless the policy opts it in."""
+    if isinstance(node, exp.Column):
+        return _column_key(scope.column(node), node, scope)
+    if isinstance(node, (exp.TimestampTrunc, exp.DateTrunc)):
+        return _time_key(node, scope)
+    if isinstance(node, exp.WidthBucket):
+        return _bin_key(node, scope)
+    raise _refuse(scope, f"GROUP BY {node.sql('postgres')} is not allowed on protected table")
+
+
+def _column_key(column: ColumnInfo, node: exp.Expression, scope: Scope) -> GroupKey:
+    policy = column.policy
+    count = policy.key_count if policy is not None else None
+    if policy is None or count is None:
+        raise _refuse(scope, f"GROUP BY {column.name} is not allowed on protected table")
+    if policy.categories is not None:
+        return GroupKey(column, "category", column.type_oid)
+    if count > scope.table.policy.max_cells:
+        raise _too_many(scope, f"GROUP BY {column.name}", count)
+    return GroupKey(column, "integer", column.type_oid)
+
+
+def _time_key(node: exp.Expression, scope: Scope) -> GroupKey:
+    argument = node.this
+    unit = node.args.get("unit")
+    text = unit.name.upper() if isinstance(unit, (exp.Var, exp.Literal)) else None
+    if not isinstance(argument, exp.Column) or node.args.get("zone") is not None or text is None:
+        raise _refuse(scope, "DATE_TRUNC takes a unit literal and a column, without a time zone, on protected table")
+    column = scope.column(argument)
+    policy = column.policy
+    chosen = _UNIT_SPELLINGS.get(text)
+    if policy is None or column.type_oid not in TIME_TYPES or chosen is None or chosen not in policy.time_units:
+        raise _refuse(scope, f"GROUP BY DATE_TRUNC('{text.lower()}', {column.name}) is not allowed on protected table")
+    assert policy.time_bounds is not None
+    lo, hi = policy.time_bounds
+    first = truncate(chosen, lo)
+    result = TIMESTAMP if column.type_oid == TIMESTAMP else TIMESTAMPTZ  # date_trunc of a date is timestamptz
+    return GroupKey(column, "time", result, unit=chosen, first=first, count=bucket_count(chosen, lo, hi))
+
+
+def _bin_key(node: exp.WidthBucket, scope: Scope) -> GroupKey:
+    argument = node.this
+    if not isinstance(argument, exp.Column):
+        raise _refuse(scope, "width_bucket takes a column, two numbers and a bucket count on protected table")
+    column = scope.column(argument)
+    policy = column.policy
+    if policy is None or policy.bounds is None or policy.group_by is not True or column.type_oid not in NUMERIC_TYPES:
+        raise _refuse(scope, f"GROUP BY width_bucket({column.name}, ...) is not allowed on protected table")
+    lo, hi = (_number(node.args.get(key), scope) for key in ("min_value", "max_value"))
+    count = node.args.get("num_buckets")
+    if not (isinstance(count, exp.Literal) and not count.is_string and count.this.isdigit() and int(count.this) >= 1):
+        raise _refuse(scope, "width_bucket's bucket count must be a positive integer literal on protected table")
+    if lo == hi:
+        # PostgreSQL raises for equal bounds only when a row reaches it: refused from the text.
+        raise _refuse(scope, "width_bucket's lower and upper bound must differ on protected table")
+    n = int(count.this)
+    if n + 2 > scope.table.policy.max_cells:
+        raise _too_many(scope, f"GROUP BY width_bucket({column.name}, ..., {n})", n + 2)
+    return GroupKey(column, "bin", INT4, bins=(lo, hi, n))
+
+
+def _number(node: exp.Expression | None, scope: Scope) -> float:
+    negative = isinstance(node, exp.Neg)
+    if negative:
+        assert node is not None
+        node = node.this
+    if not (isinstance(node, exp.Literal) and not node.is_string):
+        raise _refuse(scope, "width_bucket's bounds must be number literals on protected table")
+    value = float(node.this)
+    if not math.isfinite(value) or abs(value) > 1e300:
+        raise _refuse(scope, "width_bucket's bounds must be finite numbers on protected table")
+    return -value if negative else value
+
+
+def _refuse(scope: Scope, message: str) -> Refusal:
+    refusal = scope.refuse(message, "no-group-by")
+    return Refusal(refusal.sqlstate, refusal.message, group_by_hint(scope), "no-group-by")
+
+
+def _too_many(scope: Scope, what: str, cells: int) -> Refusal:
+    return Refusal(
+        SQLSTATE.DP_QUERY_SHAPE,
+        f"{what} has {cells} cells, more than the {scope.table.policy.max_cells} protected table "
+        f"{scope.table.display_name} answers (rule: max-cells)",
+        "Group by fewer keys, a coarser time unit or fewer width_bucket bins, or ask the policy's owner to "
+        "raise max_cells.",
+        "max-cells",
+    )
+
+
+def group_by_hint(scope: Scope) -> str:
+    """What GROUP BY this table answers: the keys its policy opts in, or how to opt one in."""
+    keys = []
+    for column in sorted(scope.table.columns.values(), key=lambda c: c.attnum):
+        policy = column.policy
+        if policy is None or policy.group_by is False:
+            continue
+        if policy.categories is not None:
+            keys.append(f"{column.name} (its {len(policy.categories)} categories"
+                        + (f" and {policy.other!r}" if policy.other is not None else "") + ")")
+        elif policy.time_units:
+            keys.append(f"DATE_TRUNC('{'|'.join(policy.time_units)}', {column.name})")
+        elif policy.bounds is not None:
+            keys.append(f"width_bucket({column.name}, lo, hi, n)"
+                        + (f" and {column.name}" if policy.key_count is not None else ""))
+    if not keys:
+        return ("GROUP BY is answered only over keys the policy declares (group_by on a column with categories, "
+                "integer bounds or a time range; docs/policy.md); this table declares none. Without GROUP BY: "
+                + scope.hint)
+    return (f"GROUP BY on {scope.table.display_name} is answered as a noised histogram over declared keys only: "
+            + ", ".join(keys) + "; with COUNT, SUM, AVG, COUNT(DISTINCT col) or MODE per group.")
