@@ -133,7 +133,7 @@ def _per_cell(agg: Aggregate, share: float, release: Release[Any]) -> str:
     assert agg.column is not None and agg.column.policy is not None and agg.column.policy.bounds is not None
     sum_scale, count_scale, bound = mean_noise(*agg.column.policy.bounds, share)
     return (f"{agg.output_name}: noisy sum / noisy count, scales {sum_scale:.4g} and {count_scale:.4g} "
-            f"(95% within ±{bound:.4g}/n in a group of n rows)")
+            f"(95% within ±{bound:.5g}/n in a group of n rows)")
 
 
 def release_params(plan: AggregateQuery, answer: DPAnswer | None) -> BoundParams:

@@ -41,6 +41,7 @@ from .backend import BackendError, BackendLost, BackendSession, BoundParams, Res
 from .binary import binary_from_text
 from .copy_out import copy_messages
 from .folding import bind_constants
+from .narrowing import narrow_keys
 from .metrics import observe_statement
 from .protocol import Field, ProtocolError, formats_for
 from .settings import SessionSettings
@@ -340,6 +341,9 @@ class Executor:
                 return release_row(plan, (), epsilon).result, [], Cost(0.0, 0.0, None, None)
             return await self._post_processed(plan, None, result_formats), [], Cost(0.0, 0.0, None, None)
         plan, params = await bind_constants(plan, params, self.backend)  # before the repeat lookup and the charge
+        plan, params = await narrow_keys(plan, params, self.backend)
+        if plan.limit_zero:  # the WHERE leaves no time bucket: nothing to release
+            return await self._post_processed(plan, None, result_formats), [], Cost(0.0, 0.0, None, None)
         sql = backend_sql(plan, seed=0)  # names the query; the SQL run gets a fresh seed below
         repeat_key = (self.user, sql, tuple(params.values), tuple(params.formats), epsilon)
         earlier = self.server.repeats.get(repeat_key)

@@ -31,6 +31,7 @@ COLUMNS_FIELDS = [
     Field("bounds", TEXT),
     Field("categories", TEXT),
     Field("aggregates", TEXT),
+    Field("group_by", TEXT),
     Field("epsilon", FLOAT8, 8),
     Field("delta", FLOAT8, 8),
 ]
@@ -52,10 +53,12 @@ def columns_result(registry: TableRegistry, epsilon_of: Callable[[Relation], flo
         epsilon = encode_text(epsilon_of(table), FLOAT8)
         delta = encode_text(table.policy.delta, FLOAT8)
         name = table.display_name.encode()
-        rows.append([name, b"*", None, None, None, b"COUNT(*) laplace", epsilon, delta])
+        rows.append([name, b"*", None, None, None, b"COUNT(*) laplace", None, epsilon, delta])
         for column in sorted(table.columns.values(), key=lambda c: c.attnum):
+            keys = _group_keys(table, column)
             rows.append([name, column.name.encode(), _type_name(column.type_oid).encode(), *_declared(column),
-                         ", ".join(_aggregates(table, column)).encode(), epsilon, delta])
+                         ", ".join(_aggregates(table, column)).encode(), keys.encode() if keys else None,
+                         epsilon, delta])
     return ResultSet(list(COLUMNS_FIELDS), rows, "SHOW")
 
 
@@ -64,11 +67,29 @@ def _type_name(oid: int) -> str:
 
 
 def _declared(column: ColumnInfo) -> list[bytes | None]:
-    """Bounds as ``[lo, hi]`` and categories as a JSON array, as the policy declares them."""
+    """Bounds as ``[lo, hi]`` (a time range's as ISO times) and categories as a JSON array, as declared."""
     policy = column.policy
     bounds = f"[{policy.bounds[0]:g}, {policy.bounds[1]:g}]".encode() if policy and policy.bounds else None
+    if policy and policy.time_bounds:
+        bounds = "[{}, {}]".format(*(moment.isoformat(sep=" ") for moment in policy.time_bounds)).encode()
     categories = json.dumps(list(policy.categories)).encode() if policy and policy.categories else None
     return [bounds, categories]
+
+
+def _group_keys(table: Relation, column: ColumnInfo) -> str | None:
+    """The GROUP BY keys the column gives (rewriter/group_keys.py), with their number of cells."""
+    policy = column.policy
+    if policy is None or policy.group_by is False:
+        return None
+    if policy.time_units:
+        return ", ".join(f"DATE_TRUNC('{unit}', {column.name}) ({policy.bucket_count(unit)} cells)"
+                         for unit in policy.time_units)
+    keys = []
+    if policy.key_count is not None and policy.key_count <= table.policy.max_cells:
+        keys.append(f"{column.name} ({policy.key_count} cells)")
+    if policy.bounds is not None:
+        keys.append(f"width_bucket({column.name}, lo, hi, n) (n + 2 cells)")
+    return ", ".join(keys) or None
 
 
 def _aggregates(table: Relation, column: ColumnInfo) -> list[str]:

@@ -21,7 +21,7 @@ from policies.tables import ColumnInfo, Relation
 
 from .constants import Folding
 from .flatten import flatten
-from .group_keys import GroupKey, group_by_hint, group_key, key_form
+from .group_keys import GroupKey, KeyRange, group_by_hint, group_key, key_form, key_ranges
 from .identifiers import identifier
 from .post_process import PostProcess, outer_statement
 from .predicates import plan_predicate
@@ -85,6 +85,9 @@ class AggregateQuery:
     # GROUP BY over declared keys (rewriter/group_keys.py): the release is one row per cell
     # of their domains' product, each aggregate noised per cell; empty for one aggregate row.
     groups: tuple[GroupKey, ...] = ()
+    # WHERE conjuncts bounding a time key's column: its buckets outside them are left out
+    # once the values are known (proxy/narrowing.py), before the charge.
+    ranges: tuple[KeyRange, ...] = ()
 
     @property
     def cells(self) -> int:
@@ -115,8 +118,9 @@ def plan_aggregate_query(sql: str, table: Relation) -> AggregateQuery:
     predicate = plan_predicate(where.this, scope) if where is not None else None
     where_sql = predicate.sql if predicate is not None else None
     folding = predicate.folding if predicate is not None else None
+    ranges = key_ranges(where.this if where is not None else None, groups, scope)
     return AggregateQuery(table, aggregates, where_sql, _no_rows(tree, scope, grouped=bool(groups)), folding=folding,
-                          post=post, groups=groups)
+                          post=post, groups=groups, ranges=ranges)
 
 
 def _is_aggregate(item: exp.Expression) -> bool:
@@ -195,12 +199,14 @@ def _post_processed(
             index[key] = len(released)
         return index[key]
 
+    identities = [key.identity for key in groups]
+
     def key_of(node: exp.Expression) -> int | None:
         try:
-            key = group_key(node, scope)
+            identity = group_key(node, scope).identity
         except Refusal:
             return None
-        return groups.index(key) + 1 if key in groups else None
+        return identities.index(identity) + 1 if identity in identities else None
 
     post = outer_statement(
         tree, release, lambda message, rule: scope.refuse(f"{message} protected table", rule), enclosing,
@@ -236,7 +242,7 @@ def _grouping(tree: exp.Select, scope: Scope) -> tuple[GroupKey, ...]:
         if node.find(exp.AggFunc) is not None:
             raise Refusal("42803", "aggregate functions are not allowed in GROUP BY", group_by_hint(scope), "no-group-by")
         key = group_key(node, scope)
-        if key not in keys:
+        if key.identity not in [known.identity for known in keys]:
             keys.append(key)
     cells = math.prod(key.size for key in keys)
     if cells > scope.table.policy.max_cells:

@@ -29,7 +29,7 @@ range or finite, and ``to_char`` of a group's bucket.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 
@@ -39,13 +39,14 @@ from policies.errors import SQLSTATE, Refusal
 from policies.tables import ColumnInfo, quote_identifier
 from policies.time_buckets import TimeUnit, bucket_count, bucket_index, bucket_start, truncate
 
+from .constants import NotFoldable, qualified_constant
 from .sql_text import literal, operator
 from .types import FLOAT4, FLOAT8, INT4, INTEGER_TYPES, NUMERIC, NUMERIC_TYPES
 
 if TYPE_CHECKING:
     from .dp_query import Scope
 
-__all__ = ["DATE", "GroupKey", "TIMESTAMP", "TIMESTAMPTZ", "group_key", "key_form"]
+__all__ = ["DATE", "GroupKey", "KeyRange", "TIMESTAMP", "TIMESTAMPTZ", "group_key", "key_form", "key_ranges"]
 
 DATE, TIMESTAMP, TIMESTAMPTZ = 1082, 1114, 1184
 TIME_TYPES = frozenset({DATE, TIMESTAMP, TIMESTAMPTZ})
@@ -61,7 +62,8 @@ _UNIT_SPELLINGS: dict[str, TimeUnit] = {
     **dict.fromkeys(("QUARTER", "QTR"), "quarter"),
     **dict.fromkeys(("YEAR", "YEARS", "Y", "YR", "YRS"), "year"),
 }
-_KEY_TEXT = "YYYY-MM-DD"  # to_char's format of a bucket's start: its date, in any DateStyle
+_KEY_TEXT = "YYYY-MM-DD"
+_TIME_CASTS = frozenset({exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ})  # to_char's format of a bucket's start: its date, in any DateStyle
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,23 @@ class GroupKey:
     first: datetime | None = None
     count: int = 0
     bins: tuple[float, float, int] | None = None
+
+    @property
+    def identity(self) -> tuple[str, str, str | None, tuple[float, float, int] | None]:
+        """What the key groups by, whatever part of its domain a query answers."""
+        return (self.column.name, self.kind, self.unit, self.bins)
+
+    def narrowed(self, lo: datetime | None, hi: datetime | None) -> GroupKey:
+        """A time key's buckets that meet [lo, hi] (None: unbounded on that side); maybe none."""
+        assert self.kind == "time" and self.unit is not None and self.first is not None
+        first, last = 0, self.count - 1
+        if lo is not None:
+            first = max(first, bucket_index(self.unit, self.first, truncate(self.unit, lo)))
+        if hi is not None:
+            last = min(last, bucket_index(self.unit, self.first, truncate(self.unit, hi)))
+        if last < first:
+            return replace(self, count=0)
+        return replace(self, first=bucket_start(self.unit, self.first, first), count=last - first + 1)
 
     # ------------------------------------------------------------ the cells
 
@@ -185,8 +204,81 @@ class GroupKey:
         return int(value)
 
 
+@dataclass(frozen=True)
+class KeyRange:
+    """A WHERE conjunct ``column op value`` on a time key's column, ``value`` row-independent.
+
+    Only rows within it reach the backend's groups, so the buckets outside it hold no row
+    whatever the data: the answer leaves them out (:meth:`GroupKey.narrowed`). ``sql`` is the
+    value pinned to pg_catalog: a literal, a parameter or a foldable expression
+    (:mod:`rewriter.constants`), evaluated in a query that reads no table.
+    """
+
+    key: int  # index into the plan's keys
+    op: str  # >=, >, <=, <, =
+    sql: str
+
+
+_RANGE_OPS: dict[type[exp.Expression], str] = {exp.GTE: ">=", exp.GT: ">", exp.LTE: "<=", exp.LT: "<", exp.EQ: "="}
+_FLIPPED = {">=": "<=", ">": "<", "<=": ">=", "<": ">", "=": "="}
+
+
+def key_ranges(where: exp.Expression | None, keys: tuple[GroupKey, ...], scope: Scope) -> tuple[KeyRange, ...]:
+    """The top-level AND conjuncts of ``where`` that bound a time key's column by a constant."""
+    if where is None:
+        return ()
+    columns = {key.column.name: i for i, key in enumerate(keys) if key.kind == "time"}
+    if not columns:
+        return ()
+    ranges: list[KeyRange] = []
+    for conjunct in _conjuncts(where):
+        if isinstance(conjunct, exp.Between) and not conjunct.args.get("symmetric"):
+            sides = [(conjunct.this, ">=", conjunct.args.get("low")), (conjunct.this, "<=", conjunct.args.get("high"))]
+        elif type(conjunct) in _RANGE_OPS:
+            op = _RANGE_OPS[type(conjunct)]
+            left, right = conjunct.this, conjunct.expression
+            sides = [(left, op, right)] if isinstance(left, exp.Column) else [(right, _FLIPPED[op], left)]
+        else:
+            continue
+        for column, op, value in sides:
+            index = _key_column(column, columns, scope)
+            sql = _constant(value)
+            if index is not None and sql is not None:
+                ranges.append(KeyRange(index, op, sql))
+    return tuple(ranges)
+
+
+def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.And):
+        return _conjuncts(node.this) + _conjuncts(node.expression)
+    return [node]
+
+
+def _key_column(node: exp.Expression, columns: dict[str, int], scope: Scope) -> int | None:
+    if not isinstance(node, exp.Column):
+        return None
+    try:
+        return columns.get(scope.column(node).name)
+    except Refusal:
+        return None
+
+
+def _constant(node: exp.Expression | None) -> str | None:
+    """``node`` as pinned SQL if it is a row-independent value, else None."""
+    if node is None or any(isinstance(part, (exp.Column, exp.Subquery, exp.Select, exp.Star)) for part in node.walk()):
+        return None
+    try:
+        return qualified_constant(node.sql("postgres"))
+    except (NotFoldable, Refusal):
+        return None
+
+
 def key_form(node: exp.Expression) -> bool:
     """Whether ``node`` is written as a grouping key could be (a column, date_trunc, width_bucket)."""
+    if isinstance(node, exp.Cast):
+        node = node.this
     return isinstance(node, (exp.Column, exp.TimestampTrunc, exp.DateTrunc, exp.WidthBucket))
 
 
@@ -196,6 +288,10 @@ def group_key(node: exp.Expression, scope: Scope) -> GroupKey:
         return _column_key(scope.column(node), node, scope)
     if isinstance(node, (exp.TimestampTrunc, exp.DateTrunc)):
         return _time_key(node, scope)
+    if isinstance(node, exp.Cast) and isinstance(node.this, (exp.TimestampTrunc, exp.DateTrunc)) and node.to.this in _TIME_CASTS:
+        # A bucket's start cast to a date or timestamp names the same bucket (the cast is one to
+        # one on starts of days and longer units): the key is the bucket, the cast post-processing.
+        return _time_key(node.this, scope)
     if isinstance(node, exp.WidthBucket):
         return _bin_key(node, scope)
     raise _refuse(scope, f"GROUP BY {node.sql('postgres')} is not allowed on protected table")

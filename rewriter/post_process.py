@@ -157,7 +157,8 @@ def _replace_keys(
             continue
         if isinstance(child, exp.Column) and output_name(child):
             continue
-        index = key_of(child) if isinstance(child, (exp.Column, exp.Func)) else None
+        # A cast of a key is post-processing of it: the key is what it casts.
+        index = key_of(child) if isinstance(child, (exp.Column, exp.Func)) and not isinstance(child, exp.Cast) else None
         if index is not None:
             child.replace(exp.column(f"_k{index}", table=RELEASE_ALIAS))
         else:

@@ -1,27 +1,28 @@
 """GROUP BY over declared keys through dpproxy: noised histograms and time series (policy opt-in).
 
 A table whose policy opts columns in (``group_by``) answers GROUP BY over their declared
-domains: every declared key comes back, whatever the rows hold, each cell noised with the
-column's whole share of ε (the cells are disjoint). Without the opt-in GROUP BY is refused.
+domains: every declared key comes back in the domain's order, whatever the rows hold, each
+cell noised with the column's whole share of ε (the cells are disjoint, so the query costs ε
+once). Without the opt-in GROUP BY is refused, as are shapes that would put a row in several
+cells (ROLLUP) or that need many rows per cell (MIN/MAX).
 """
 
 from __future__ import annotations
 
+import asyncio
+import math
 from collections.abc import Iterator
 from datetime import date, datetime
 
+import asyncpg
+import numpy as np
 import psycopg
 import pytest
 
 from conftest import TEST_POLICY, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from proxy.demo import SERVICE_ROLE
 
-POLICY = TEST_POLICY + """\
-  public.visits:
-    access: protected
-    epsilon: 1.0
-    delta: 1.0e-6
-    max_cells: 400
+_COLUMNS = """\
     columns:
       sex: {{categories: [Male, Female], group_by: true}}
       race: {{categories: [White, Black], group_by: true, other: Other}}
@@ -33,11 +34,18 @@ POLICY = TEST_POLICY + """\
       visited_at: {{bounds: [2023-01-01, 2023-12-31], group_by: true}}
       logged_at: {{bounds: [2023-01-01, 2023-12-31], group_by: [month, day]}}
 """
+_TABLES = ("visits", "kp_empty", "kp_alien", "nbh_base", "nbh_plus")
+POLICY = TEST_POLICY + "".join(
+    f"  public.{table}:\n    access: protected\n    epsilon: 1.0\n    delta: 1.0e-6\n    max_cells: 400\n" + _COLUMNS
+    for table in _TABLES
+)
+REPEATING = POLICY.replace("repeats: {{enabled: false}}", "repeats: {{enabled: true}}")
 
-VISITS = """
-DROP TABLE IF EXISTS visits;
-CREATE TABLE visits (sex text, race varchar(20), device text, age integer, income numeric, score double precision,
-                     visited_on date, visited_at timestamp, logged_at timestamptz);
+_DDL = ("(sex text, race varchar(20), device text, age integer, income numeric, score double precision, "
+        "visited_on date, visited_at timestamp, logged_at timestamptz)")
+_TABLE_SQL = f"""
+DROP TABLE IF EXISTS {", ".join(_TABLES)};
+CREATE TABLE visits {_DDL};
 INSERT INTO visits
 SELECT CASE WHEN i % 3 = 0 THEN 'Female' WHEN i % 97 = 0 THEN 'Unknown' ELSE 'Male' END,
        CASE WHEN i % 5 = 0 THEN 'Black' WHEN i % 7 = 0 THEN 'Asian' WHEN i % 11 = 0 THEN NULL ELSE 'White' END,
@@ -46,16 +54,37 @@ SELECT CASE WHEN i % 3 = 0 THEN 'Female' WHEN i % 97 = 0 THEN 'Unknown' ELSE 'Ma
        DATE '2023-01-01' + (i % 365), TIMESTAMP '2023-01-01' + (i % 365) * INTERVAL '1 day',
        TIMESTAMPTZ '2023-01-01 12:00+00' + (i % 365) * INTERVAL '1 day'
 FROM generate_series(1, 3000) AS i;
-INSERT INTO visits (sex, visited_on, score) VALUES ('Male', '5000000-01-01', 'NaN'), ('Male', 'infinity', 'Infinity');
+-- Beyond every declared domain: a date past timestamp's range (date_trunc would fail on it), NaN, infinity.
+INSERT INTO visits (sex, visited_on, score, age) VALUES ('Male', '5000000-01-01', 'NaN', 500),
+                                                         ('Male', 'infinity', 'Infinity', -3);
+CREATE TABLE kp_empty {_DDL};
+-- Nothing in any declared domain: undeclared categories, ages and times outside the bounds.
+CREATE TABLE kp_alien AS SELECT 'X'::text AS sex, 'Martian'::varchar(20) AS race, 'tv'::text AS device, 200 AS age,
+    5000::numeric AS income, 'NaN'::float8 AS score, DATE '1999-01-01' AS visited_on,
+    TIMESTAMP '2031-05-05' AS visited_at, TIMESTAMPTZ '1970-01-01 00:00+00' AS logged_at FROM generate_series(1, 50);
+-- Neighbours: nbh_plus is nbh_base and one row more, in the Female cell.
+CREATE TABLE nbh_base AS SELECT * FROM visits WHERE age < 30;
+CREATE TABLE nbh_plus AS SELECT * FROM nbh_base;
+INSERT INTO nbh_plus (sex, age) VALUES ('Female', 40);
 """
 
 
 @pytest.fixture(scope="module")
-def hproxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+def tables(test_db: TestDatabase) -> None:
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
-        conn.execute(VISITS)
-        conn.execute(f"GRANT SELECT ON visits TO {SERVICE_ROLE}")
+        conn.execute(_TABLE_SQL)
+        conn.execute(f"GRANT SELECT ON {', '.join(_TABLES)} TO {SERVICE_ROLE}")
+
+
+@pytest.fixture(scope="module")
+def hproxy(tables: None, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
     with running_proxy(test_db, tmp_path_factory, POLICY) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def repeating(tables: None, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    with running_proxy(test_db, tmp_path_factory, REPEATING) as running:
         yield running
 
 
@@ -66,34 +95,24 @@ def _rows(proxy: RunningProxy, sql: str) -> tuple[list[str], list[tuple]]:
         return [c.name for c in cursor.description], cursor.fetchall()
 
 
+def _refusal(proxy: RunningProxy, sql: str) -> psycopg.Error:
+    with proxy.connect() as conn:
+        with pytest.raises(psycopg.Error) as error:
+            conn.execute(sql)
+        conn.execute("SELECT 1")  # the session goes on
+    return error.value
+
+
+# ---------------------------------------------------------------- the keys
+
+
 def test_group_by_a_category_answers_every_declared_key_in_declared_order(hproxy, admin):
     names, rows = _rows(hproxy, "SELECT sex, COUNT(*) FROM visits GROUP BY sex")
     assert names == ["sex", "count"]
     assert [r[0] for r in rows] == ["Male", "Female"]
     exact = dict(admin.execute("SELECT sex, count(*) FROM visits GROUP BY sex").fetchall())
     for sex, count in rows:
-        assert abs(count - exact[sex]) < 30
-
-
-def test_superset_pie_shape_is_answered_with_order_and_limit(hproxy):
-    names, rows = _rows(hproxy, "SELECT sex AS sex, COUNT(*) AS count FROM public.visits GROUP BY sex "
-                                "ORDER BY count DESC LIMIT 100")
-    assert names == ["sex", "count"]
-    assert [r[0] for r in rows] == ["Male", "Female"]  # ~2,000 against ~1,000
-
-
-def test_superset_monthly_line_shape_is_answered(hproxy, admin):
-    names, rows = _rows(hproxy, "SELECT DATE_TRUNC('MONTH', visited_at) AS visited_at, COUNT(*) AS count "
-                                "FROM public.visits GROUP BY DATE_TRUNC('MONTH', visited_at) "
-                                "ORDER BY visited_at LIMIT 10000")
-    assert names == ["visited_at", "count"]
-    assert [r[0] for r in rows] == [datetime(2023, m, 1) for m in range(1, 13)]
-
-
-def test_date_column_buckets_are_timestamptz_and_far_dates_fall_in_no_cell(hproxy):
-    names, rows = _rows(hproxy, "SELECT date_trunc('quarter', visited_on), count(*) FROM visits GROUP BY 1")
-    assert [r[0].date() for r in rows] == [date(2023, m, 1) for m in (1, 4, 7, 10)]
-    assert all(r[0].tzinfo is not None for r in rows)
+        assert abs(count - exact[sex]) < 30  # Laplace scale 1: P(|noise| ≥ 30) = e^-30
 
 
 def test_other_key_catches_null_and_undeclared_values(hproxy, admin):
@@ -104,41 +123,270 @@ def test_other_key_catches_null_and_undeclared_values(hproxy, admin):
     assert abs(rows[2][1] - exact_other) < 30
 
 
-def test_several_keys_give_the_cross_product(hproxy):
-    _, rows = _rows(hproxy, "SELECT sex, race, count(*), sum(income), avg(age) FROM visits GROUP BY sex, race")
-    assert [(r[0], r[1]) for r in rows] == [(s, r) for s in ("Male", "Female") for r in ("White", "Black", "Other")]
-
-
-def test_width_bucket_bins_answer_every_bin(hproxy):
-    _, rows = _rows(hproxy, "SELECT width_bucket(score, 0, 1, 4) AS bin, count(*) FROM visits GROUP BY 1 ORDER BY 1")
-    assert [r[0] for r in rows] == [0, 1, 2, 3, 4, 5]
-
-
-def test_integer_column_with_bounds_groups_by_each_value(hproxy):
+def test_integer_column_with_bounds_groups_by_each_value_in_them(hproxy):
     _, rows = _rows(hproxy, "SELECT age, count(*) FROM visits GROUP BY age")
     assert [r[0] for r in rows] == list(range(17, 91))
 
 
-def test_count_distinct_per_group(hproxy, admin):
-    _, rows = _rows(hproxy, "SELECT sex, count(DISTINCT age) FROM visits GROUP BY sex")
-    exact = dict(admin.execute("SELECT sex, count(DISTINCT age) FROM visits GROUP BY sex").fetchall())
-    assert all(abs(n - exact[sex]) < 30 for sex, n in rows)
+def test_date_trunc_buckets_span_the_declared_range_with_the_type_postgresql_gives(hproxy, admin):
+    for column, unit, starts in [
+        ("visited_at", "month", [datetime(2023, m, 1) for m in range(1, 13)]),
+        ("visited_on", "quarter", [date(2023, m, 1) for m in (1, 4, 7, 10)]),
+        ("logged_at", "month", [date(2023, m, 1) for m in range(1, 13)]),
+    ]:
+        sql = f"SELECT date_trunc('{unit}', {column}) AS k, count(*) FROM visits GROUP BY 1"
+        with hproxy.connect() as conn:
+            cursor = conn.execute(sql)
+            keys = [r[0] for r in cursor.fetchall()]
+            direct = admin.execute(sql.replace("GROUP BY", "WHERE false GROUP BY"))
+            assert cursor.description[0].type_code == direct.description[0].type_code
+        assert [k.date() if isinstance(starts[0], date) and not isinstance(starts[0], datetime) else k
+                for k in keys] == starts
 
 
-def test_group_by_without_opt_in_is_refused_with_a_hint(hproxy):
+def test_weeks_start_on_monday_as_in_postgresql(hproxy):
+    _, rows = _rows(hproxy, "SELECT date_trunc('week', visited_on), count(*) FROM visits GROUP BY 1")
+    assert rows[0][0].date() == date(2022, 12, 26) and rows[-1][0].date() == date(2023, 12, 25)
+    assert len(rows) == 53 and all(r[0].weekday() == 0 for r in rows)
+
+
+def test_width_bucket_answers_every_bin_including_below_and_above(hproxy):
+    _, rows = _rows(hproxy, "SELECT width_bucket(score, 0, 1, 4) AS bin, count(*) FROM visits GROUP BY 1 ORDER BY 1")
+    assert [r[0] for r in rows] == [0, 1, 2, 3, 4, 5]
+
+
+def test_several_keys_give_the_cross_product_in_row_major_order(hproxy):
+    _, rows = _rows(hproxy, "SELECT sex, race, count(*), sum(income), avg(age) FROM visits GROUP BY sex, race")
+    assert [(r[0], r[1]) for r in rows] == [(s, r) for s in ("Male", "Female") for r in ("White", "Black", "Other")]
+    assert all(17 <= r[4] <= 90 for r in rows)
+
+
+KEY_STATEMENTS = [
+    "SELECT sex, count(*) FROM {t} GROUP BY sex",
+    "SELECT race, count(*), sum(income) FROM {t} GROUP BY race",
+    "SELECT age, count(DISTINCT sex) FROM {t} GROUP BY age",
+    "SELECT date_trunc('month', visited_on), count(*) FROM {t} GROUP BY 1",
+    "SELECT date_trunc('week', visited_on), avg(age) FROM {t} GROUP BY 1",
+    "SELECT date_trunc('day', logged_at), count(*) FROM {t} GROUP BY 1",
+    "SELECT DATE_TRUNC('MONTH', visited_at) AS m, count(*) FROM {t} GROUP BY DATE_TRUNC('MONTH', visited_at)",
+    "SELECT width_bucket(score, 0, 1, 10), count(*) FROM {t} GROUP BY 1",
+    "SELECT sex, race, date_trunc('quarter', visited_on) AS q, count(*) FROM {t} GROUP BY sex, race, q",
+    "SELECT sex, count(*) FROM {t} WHERE age > 30 GROUP BY sex ORDER BY sex DESC",
+    "SELECT date_trunc('month', visited_at), count(*) FROM {t} WHERE visited_at >= '2023-04-01' GROUP BY 1",
+]
+
+
+@pytest.mark.parametrize("sql", KEY_STATEMENTS)
+def test_keys_and_their_order_do_not_depend_on_the_data(hproxy, sql):
+    """The same keys, in the same order, on a full table, an empty one and one with no declared value."""
+    keys = {}
+    for table in ("visits", "kp_empty", "kp_alien"):
+        names, rows = _rows(hproxy, sql.format(t=table))
+        width = len(names) - (2 if "sum(" in sql else 1)
+        keys[table] = [row[:width] for row in rows]
+    assert keys["visits"] == keys["kp_empty"] == keys["kp_alien"]
+    assert keys["visits"]
+
+
+# ---------------------------------------------------------------- what BI tools send
+
+
+def test_superset_pie_shape_is_answered_with_order_and_limit(hproxy):
+    names, rows = _rows(hproxy, "SELECT sex AS sex, COUNT(*) AS count FROM public.visits GROUP BY sex "
+                                "ORDER BY count DESC LIMIT 100")
+    assert names == ["sex", "count"]
+    assert [r[0] for r in rows] == ["Male", "Female"]  # ~2,000 against ~1,000
+
+
+def test_superset_monthly_line_shape_is_answered(hproxy):
+    names, rows = _rows(hproxy, "SELECT DATE_TRUNC('MONTH', visited_at) AS visited_at, COUNT(*) AS count "
+                                "FROM public.visits GROUP BY DATE_TRUNC('MONTH', visited_at) "
+                                "ORDER BY count DESC LIMIT 10000")
+    assert names == ["visited_at", "count"]
+    assert sorted(r[0] for r in rows) == [datetime(2023, m, 1) for m in range(1, 13)]
+
+
+def test_time_range_in_where_leaves_out_the_buckets_it_excludes(hproxy):
+    _, rows = _rows(hproxy, "SELECT DATE_TRUNC('MONTH', visited_at) AS m, COUNT(*) AS count FROM public.visits "
+                            "WHERE visited_at >= TO_TIMESTAMP('2023-03-01 00:00:00.000000', 'YYYY-MM-DD HH24:MI:SS.US') "
+                            "AND visited_at < TO_TIMESTAMP('2023-09-01 00:00:00.000000', 'YYYY-MM-DD HH24:MI:SS.US') "
+                            "GROUP BY DATE_TRUNC('MONTH', visited_at) LIMIT 10000")
+    assert [r[0] for r in rows] == [datetime(2023, m, 1) for m in range(3, 9)]
+
+
+def test_a_where_outside_the_declared_range_answers_no_row_at_no_cost(hproxy):
     with hproxy.connect() as conn:
-        with pytest.raises(psycopg.Error) as error:
-            conn.execute("SELECT device, count(*) FROM visits GROUP BY device")
-    assert error.value.sqlstate == "DP001" and "rule: no-group-by" in str(error.value)
-    assert "sex" in error.value.diag.message_hint
+        before = spent_epsilon(conn)
+        rows = conn.execute("SELECT date_trunc('month', visited_on), count(*) FROM visits "
+                            "WHERE visited_on BETWEEN '2030-01-01' AND '2030-02-01' GROUP BY 1").fetchall()
+        assert rows == [] and spent_epsilon(conn) == before
 
 
-def test_histogram_notice_says_cells_share_epsilon(hproxy):
+def test_virtual_dataset_wrapper_is_flattened(hproxy):
+    _, rows = _rows(hproxy, "SELECT sex AS sex, count(*) AS count FROM (SELECT * FROM visits WHERE age > 20) "
+                            "AS virtual_table GROUP BY sex ORDER BY count DESC LIMIT 10")
+    assert {r[0] for r in rows} == {"Male", "Female"}
+
+
+@pytest.mark.parametrize(("sql", "check"), [
+    ("SELECT sex, count(*) AS n FROM visits GROUP BY sex HAVING count(*) > 1500",
+     lambda rows: [r[0] for r in rows] == ["Male"]),  # ~2,000 and ~1,000
+    ("SELECT sex, count(*) FROM visits GROUP BY sex ORDER BY 2 LIMIT 1 OFFSET 1", lambda rows: rows[0][0] == "Male"),
+    ("SELECT upper(sex) AS s, round(avg(age)) AS a FROM visits GROUP BY sex ORDER BY s",
+     lambda rows: [r[0] for r in rows] == ["FEMALE", "MALE"]),
+    ("SELECT count(*) FROM visits GROUP BY sex ORDER BY sex", lambda rows: rows[0][0] < rows[1][0]),  # Female first
+    ("SELECT max(n) FROM (SELECT sex, count(*) AS n FROM visits GROUP BY sex) AS t",
+     lambda rows: len(rows) == 1 and rows[0][0] > 1500),
+    ("SELECT date_trunc('quarter', visited_on)::date AS q, sum(income) FROM visits GROUP BY 1 ORDER BY q DESC",
+     lambda rows: rows[0][0] == date(2023, 10, 1)),
+])
+def test_post_processing_over_the_released_cells(hproxy, sql, check):
+    _, rows = _rows(hproxy, sql)
+    assert check(rows), rows
+
+
+def test_extended_protocol_with_parameters_and_binary_results(hproxy):
+    with hproxy.connect() as conn:
+        cursor = conn.cursor(binary=True)
+        rows = cursor.execute("SELECT date_trunc('month', logged_at) AS m, count(*) FROM visits "
+                              "WHERE logged_at >= %s AND sex = %s GROUP BY 1", (datetime(2023, 11, 1), "Male"),
+                              prepare=True).fetchall()
+    assert [r[0].month for r in rows] == [11, 12]
+
+
+def test_asyncpg_describes_and_fetches_a_histogram(hproxy):
+    async def run() -> list:
+        conn = await asyncpg.connect(host=hproxy.host, port=hproxy.port, user="analyst", password="analyst",
+                                     database="dpproxy_test")
+        try:
+            statement = await conn.prepare("SELECT race, count(*) AS n FROM visits WHERE age > $1 GROUP BY race")
+            assert [a.name for a in statement.get_attributes()] == ["race", "n"]
+            return await statement.fetch(30)
+        finally:
+            await conn.close()
+
+    rows = asyncio.run(run())
+    assert [r["race"] for r in rows] == ["White", "Black", "Other"]
+
+
+def test_copy_of_a_histogram_writes_every_cell(hproxy):
+    with hproxy.connect() as conn:
+        with conn.cursor() as cur, cur.copy("COPY (SELECT sex, count(*) FROM visits GROUP BY sex) TO STDOUT "
+                                            "WITH (FORMAT csv)") as copy:
+            text = b"".join(bytes(chunk) for chunk in copy).decode()
+    assert [line.split(",")[0] for line in text.splitlines()] == ["Male", "Female"]
+
+
+# ---------------------------------------------------------------- what it costs
+
+
+def test_a_histogram_costs_epsilon_once_and_the_notice_says_why(hproxy):
     with hproxy.connect() as conn:
         notices: list[str] = []
         conn.add_notice_handler(lambda d: notices.append(d.message_primary))
         before = spent_epsilon(conn)
-        conn.execute("SELECT sex, count(*), avg(age) FROM visits GROUP BY sex").fetchall()
+        conn.execute("SELECT age, count(*), avg(income) FROM visits GROUP BY age").fetchall()
         assert spent_epsilon(conn) - before == pytest.approx(1.0)
     (notice,) = notices
-    assert "for 2 groups" in notice and "per group" in notice, notice
+    assert "ε charged 1, δ 0 for 74 groups (each row is in one group, so the groups share that ε)" in notice
+    assert "per group: count(*): laplace scale 2 (95% within ±5.991)" in notice
+    assert "avg(income): noisy sum / noisy count, scales 2000 and 4 (95% within ±14756/n in a group of n rows)" in notice
+
+
+def test_a_repeated_histogram_is_the_same_release_at_no_cost(repeating):
+    with repeating.connect() as conn:
+        first = conn.execute("SELECT sex, count(*) AS n FROM visits WHERE age > 25 GROUP BY sex").fetchall()
+        spent = spent_epsilon(conn)
+        again = conn.execute("SELECT sex AS s, count(*) AS total FROM visits WHERE age > 25 GROUP BY sex "
+                             "ORDER BY 1").fetchall()
+        assert spent_epsilon(conn) == spent
+    assert sorted(again) == sorted(first)
+
+
+def test_limit_zero_answers_the_columns_and_costs_nothing(hproxy):
+    with hproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        cursor = conn.execute("SELECT sex, count(*) FROM visits GROUP BY sex LIMIT 0")
+        assert cursor.fetchall() == [] and [d.name for d in cursor.description] == ["sex", "count"]
+        assert spent_epsilon(conn) == before
+
+
+# ---------------------------------------------------------------- refused
+
+
+@pytest.mark.parametrize(("sql", "sqlstate", "rule"), [
+    ("SELECT device, count(*) FROM visits GROUP BY device", "DP001", "no-group-by"),
+    ("SELECT income, count(*) FROM visits GROUP BY income", "DP001", "no-group-by"),
+    ("SELECT date_trunc('day', visited_on), count(*) FROM visits GROUP BY 1", "DP001", "no-group-by"),
+    ("SELECT date_trunc('month', visited_on, 'UTC'), count(*) FROM visits GROUP BY 1", "DP001", "no-group-by"),
+    ("SELECT age + 1, count(*) FROM visits GROUP BY age + 1", "DP001", "no-group-by"),
+    ("SELECT sex, count(*) FROM visits GROUP BY ROLLUP (sex)", "DP001", "no-group-by"),
+    ("SELECT sex, count(*) FROM visits GROUP BY GROUPING SETS ((sex), ())", "DP001", "no-group-by"),
+    ("SELECT sex, count(*) FROM visits GROUP BY CUBE (sex)", "DP001", "no-group-by"),
+    ("SELECT sex, min(age) FROM visits GROUP BY sex", "DP001", "aggregate-not-allowed"),
+    ("SELECT sex, max(age) FROM visits GROUP BY sex", "DP001", "aggregate-not-allowed"),
+    ("SELECT race, count(DISTINCT age) FROM visits GROUP BY race", "DP001", "aggregate-combination"),
+    ("SELECT age, date_trunc('week', visited_on), count(*) FROM visits GROUP BY 1, 2", "DP001", "max-cells"),
+    ("SELECT width_bucket(score, 0, 1, 500), count(*) FROM visits GROUP BY 1", "DP001", "max-cells"),
+    ("SELECT width_bucket(score, 1, 1, 5), count(*) FROM visits GROUP BY 1", "DP001", "no-group-by"),
+    ("SELECT width_bucket(score, 0, 1, 0), count(*) FROM visits GROUP BY 1", "DP001", "no-group-by"),
+    ("SELECT width_bucket(score, 0, age, 5), count(*) FROM visits GROUP BY 1", "DP001", "no-group-by"),
+    ("SELECT width_bucket(sex, 0, 1, 5), count(*) FROM visits GROUP BY 1", "DP001", "no-group-by"),
+    ("SELECT sex, age, count(*) FROM visits GROUP BY sex", "42803", "no-row-access"),
+    ("SELECT visited_on, count(*) FROM visits GROUP BY date_trunc('month', visited_on)", "42803", "no-row-access"),
+    ("SELECT sex, count(*) FROM visits GROUP BY 3", "42P10", "no-group-by"),
+    ("SELECT sex FROM visits GROUP BY sex", "DP001", "no-row-access"),
+    ("SELECT sex, count(*) FROM visits GROUP BY sex HAVING min(age) > 3", "DP001", "aggregate-not-allowed"),
+])
+def test_refused_shapes_say_why(hproxy, sql, sqlstate, rule):
+    error = _refusal(hproxy, sql)
+    assert error.sqlstate == sqlstate, error
+    assert error.diag.message_hint, error
+
+
+def test_group_by_without_opt_in_hint_names_the_keys_the_table_has(hproxy):
+    error = _refusal(hproxy, "SELECT device, count(*) FROM visits GROUP BY device")
+    assert "rule: no-group-by" in str(error)
+    hint = error.diag.message_hint or ""
+    assert "sex (its 2 categories)" in hint and "DATE_TRUNC('month|quarter|week', visited_on)" in hint, hint
+
+
+def test_a_table_without_opt_in_still_refuses_group_by(hproxy):
+    error = _refusal(hproxy, "SELECT sex, count(*) FROM adult GROUP BY sex")
+    assert error.sqlstate == "DP001" and "rule: no-group-by" in str(error)
+    assert "declares none" in (error.diag.message_hint or "")
+
+
+# ---------------------------------------------------------------- the guarantee
+
+
+def _draws(proxy: RunningProxy, table: str, n: int) -> np.ndarray:
+    with proxy.connect() as conn:
+        return np.array([[c for _, c in conn.execute(f"SELECT sex, count(*) FROM {table} GROUP BY sex").fetchall()]
+                         for _ in range(n)], dtype=float)
+
+
+def test_neighbouring_tables_give_histograms_within_e_epsilon(hproxy, admin):
+    """nbh_plus has one row more than nbh_base, in the Female cell: at ε = 1 every outcome's
+    probability may change by at most e^1, cell by cell (the other cell does not change at all).
+
+    The discrete Laplace attains that bound: every count at or below the base's true count is
+    exactly e times likelier on nbh_base than on nbh_plus. The test checks that the observed
+    log ratio there is ε (it can see a privacy loss of ε, so a larger one would fail it) and
+    never more than ε anywhere, up to sampling error (z = 5.3: one false failure in 10^7 per bin).
+    """
+    n, epsilon, z = 3000, 1.0, 5.3
+    base, plus = _draws(hproxy, "nbh_base", n), _draws(hproxy, "nbh_plus", n)
+    (female,) = admin.execute("SELECT count(*) FROM nbh_base WHERE sex = 'Female'").fetchone()
+    # The Male cell is the same table in both: its counts come from one distribution.
+    assert abs(base[:, 0].mean() - plus[:, 0].mean()) < z * math.sqrt(2 * 2 / n)
+    a, b = base[:, 1], plus[:, 1]
+    for lo, hi in [(-np.inf, female - 2), (female - 1, female - 1), (female, female), (female + 1, female + 1),
+                   (female + 2, np.inf)]:
+        ca, cb = np.sum((a >= lo) & (a <= hi)), np.sum((b >= lo) & (b <= hi))
+        assert min(ca, cb) >= 100, (lo, hi, ca, cb)
+        log_ratio = math.log(ca / cb)
+        assert abs(log_ratio) - z * math.sqrt(1 / ca + 1 / cb) <= epsilon, (lo, hi, ca, cb)
+        if hi <= female:
+            # Below the base's count the loss is exactly ε: the test sees it.
+            assert abs(log_ratio - epsilon) <= z * math.sqrt(1 / ca + 1 / cb), (lo, hi, ca, cb)

@@ -10,7 +10,8 @@ import pytest
 
 from conftest import RunningProxy, psql_path
 
-_COLUMNS = ["table_name", "column_name", "data_type", "bounds", "categories", "aggregates", "epsilon", "delta"]
+_COLUMNS = ["table_name", "column_name", "data_type", "bounds", "categories", "aggregates", "group_by", "epsilon",
+            "delta"]
 
 
 @pytest.mark.parametrize("prepare", [False, True], ids=["simple", "extended"])
@@ -20,10 +21,12 @@ def test_show_columns_lists_each_protected_column_with_what_it_accepts(proxy: Ru
         assert [d.name for d in cur.description] == _COLUMNS
         rows = {(r[0], r[1]): r[2:] for r in cur.fetchall()}
     assert {table for table, _ in rows} == {"adult", "clamp_test"}  # protected only; lookup is public
-    assert rows[("adult", "*")] == (None, None, None, "COUNT(*) laplace", 1.0, 1e-6)
+    assert rows[("adult", "*")] == (None, None, None, "COUNT(*) laplace", None, 1.0, 1e-6)
     assert rows[("adult", "age")] == ("integer", "[17, 90]", None, "COUNT laplace, SUM laplace, "
-                                      "AVG sample_aggregate, MIN sample_aggregate, MAX sample_aggregate", 1.0, 1e-6)
-    assert rows[("adult", "sex")] == ("text", None, '["Male", "Female"]', "COUNT laplace, MODE exponential", 1.0, 1e-6)
+                                      "AVG sample_aggregate, MIN sample_aggregate, MAX sample_aggregate", None, 1.0,
+                                      1e-6)
+    assert rows[("adult", "sex")] == ("text", None, '["Male", "Female"]', "COUNT laplace, MODE exponential", None,
+                                      1.0, 1e-6)
     assert rows[("adult", "fnlwgt")][3] == "COUNT laplace"  # no bounds in the policy: COUNT only
     assert rows[("clamp_test", "ratio")][1:3] == ("[-2.5, 2.5]", None)
 
@@ -31,7 +34,7 @@ def test_show_columns_lists_each_protected_column_with_what_it_accepts(proxy: Ru
 def test_show_columns_shows_the_session_s_epsilon(proxy: RunningProxy):
     with proxy.connect(autocommit=True) as conn:
         conn.execute("SET dpproxy.epsilon = 0.25")
-        epsilons = {row[6] for row in conn.execute("SHOW dpproxy.columns").fetchall()}
+        epsilons = {row[7] for row in conn.execute("SHOW dpproxy.columns").fetchall()}
     assert epsilons == {0.25}
 
 

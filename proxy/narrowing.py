@@ -1,0 +1,76 @@
+"""Leave out the time buckets a GROUP BY's own WHERE excludes, before the charge.
+
+``SELECT DATE_TRUNC('month', ts), COUNT(*) FROM t WHERE ts >= '2023-03-01' AND ts < '2023-09-01'
+GROUP BY 1`` on a column whose declared range spans two years would otherwise answer 24 months,
+18 of them noise around nothing. The WHERE's bounds on the key's column are values of the
+statement (literals, parameters, expressions dpproxy folds): they are evaluated here in one
+query that reads no table, in the analyst's session with the statement's parameters, and the
+buckets that cannot hold a row within them are dropped from the plan. Which buckets remain is a
+function of the statement, its parameters and the session's settings only, never of the rows;
+an error evaluating a bound is PostgreSQL's own, returned before anything is charged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from rewriter.dp_query import AggregateQuery
+from rewriter.group_keys import DATE, TIMESTAMPTZ, GroupKey, KeyRange
+from rewriter.rewrite import backend_sql
+
+from .backend import BackendSession, BoundParams
+
+__all__ = ["narrow_keys", "range_query"]
+
+_WALL_CLOCK = "YYYY-MM-DD HH24:MI:SS.US BC"
+
+
+async def narrow_keys(plan: AggregateQuery, params: BoundParams, backend: BackendSession) -> tuple[AggregateQuery, BoundParams]:
+    """``plan`` with each time key narrowed to the buckets its WHERE bounds can reach.
+
+    A plan left with no cell asks for no row (``limit_zero``): nothing is released or charged.
+    """
+    if not plan.ranges:
+        return plan, params
+    if params.values and 0 in params.types:
+        types, _ = await backend.describe(backend_sql(plan, seed=0), params.types)
+        params = BoundParams(params.values, params.formats, tuple(types))
+    values, _ = await backend.first_row(range_query(plan), params if params.values else None)
+    bounds: dict[int, tuple[datetime | None, datetime | None]] = {}
+    for limit, value in zip(plan.ranges, values):
+        moment = _moment(value)
+        lo, hi = bounds.get(limit.key, (None, None))
+        if moment is not None and limit.op in (">=", ">", "="):
+            lo = moment if lo is None else max(lo, moment)
+        if moment is not None and limit.op in ("<=", "<", "="):
+            if limit.op == "<" and moment > datetime.min:
+                moment -= timedelta(microseconds=1)  # the last moment a row can have (a bucket starting there holds none)
+            hi = moment if hi is None else min(hi, moment)
+        bounds[limit.key] = (lo, hi)
+    groups = tuple(key.narrowed(*bounds[i]) if i in bounds else key for i, key in enumerate(plan.groups))
+    narrowed = replace(plan, groups=groups, ranges=())
+    if narrowed.cells == 0:
+        narrowed = replace(narrowed, limit_zero=True)
+    return narrowed, params
+
+
+def range_query(plan: AggregateQuery) -> str:
+    """One SELECT of every range value as the wall-clock time it is in the key column's type."""
+    return "SELECT " + ", ".join(_wall_clock(limit, plan.groups[limit.key]) for limit in plan.ranges)
+
+
+def _wall_clock(limit: KeyRange, key: GroupKey) -> str:
+    type_name = {DATE: "date", TIMESTAMPTZ: "timestamptz"}.get(key.column.type_oid, "timestamp")
+    return f"pg_catalog.to_char(CAST(({limit.sql}) AS pg_catalog.{type_name}), '{_WALL_CLOCK}')"
+
+
+def _moment(value: bytes | None) -> datetime | None:
+    """A wall-clock time; None (no narrowing on that side) for NULL, ±infinity, BC and years
+    past 9999, which ``datetime`` cannot hold and no declared range reaches."""
+    if value is None or not value.endswith(b" AD"):
+        return None
+    try:
+        return datetime.strptime(value[:-3].decode("ascii"), "%Y-%m-%d %H:%M:%S.%f")
+    except ValueError:
+        return None
