@@ -16,7 +16,10 @@ __all__ = ["COLUMNS", "Case", "Column", "adversarial_rows", "generate_case", "po
 
 @dataclass(frozen=True)
 class Column:
-    """A column of the fuzzed table: its SQL type, its policy (bounds/categories) and its value pool."""
+    """A column of the fuzzed table: its SQL type, its policy (bounds/categories) and its value pool.
+
+    ``policy`` is extra policy YAML for the column (a time range, a GROUP BY opt-in).
+    """
 
     name: str
     sql_type: str
@@ -24,6 +27,7 @@ class Column:
     bounds: tuple[float, float] | None
     categories: tuple[str, ...] | None
     values: tuple[str, ...]  # SQL literals a row or a predicate may hold
+    policy: str = ""
 
 
 _TEXTS = (
@@ -32,10 +36,11 @@ _TEXTS = (
     "E'\\\\'", "'NaN'", "'1e400'", "'-0'",
 )
 COLUMNS: tuple[Column, ...] = (
-    Column("t", "text", False, None, ("Male", "Female", "", "\\"), _TEXTS),
-    Column("v", "varchar(8)", False, None, ("a", "b"), tuple(v for v in _TEXTS if len(v) <= 10)),
+    Column("t", "text", False, None, ("Male", "Female", "", "\\"), _TEXTS, "group_by: true"),
+    Column("v", "varchar(8)", False, None, ("a", "b"), tuple(v for v in _TEXTS if len(v) <= 10),
+           "group_by: true, other: zz"),
     Column("i2", "int2", True, (-5, 5), None,
-           ("-32768", "32767", "0", "-5", "5", "6", "-6", "1")),
+           ("-32768", "32767", "0", "-5", "5", "6", "-6", "1"), "group_by: true"),
     Column("i4", "int4", True, (0, 100), None,
            ("-2147483648", "2147483647", "0", "100", "101", "-1", "42")),
     Column("i8", "int8", True, (-9.2e18, 9.2e18), None,
@@ -43,16 +48,19 @@ COLUMNS: tuple[Column, ...] = (
     Column("f4", "float4", True, (-1.0, 1.0), None,
            ("'NaN'", "'Infinity'", "'-Infinity'", "3.4e38", "1e-45", "-0.0", "1.0", "1.0000001", "-1")),
     Column("f8", "float8", True, (-1e280, 1e280), None,  # the largest bounds a float8 column may have
-           ("'NaN'", "'Infinity'", "'-Infinity'", "1.7976931348623157e308", "5e-324", "1e300", "1e280", "-1e301", "0")),
+           ("'NaN'", "'Infinity'", "'-Infinity'", "1.7976931348623157e308", "5e-324", "1e300", "1e280", "-1e301", "0"),
+           "group_by: true"),
     Column("n", "numeric", True, (0, 1e20), None,
            ("'NaN'", "'Infinity'", "'-Infinity'", "1e100", "-1e100", "0.000000000000000000001", "1e20",
-            "100000000000000000001", "7")),
+            "100000000000000000001", "7"), "group_by: true"),
     Column("b", "bool", False, None, None, ("true", "false")),
     Column("d", "date", False, None, None,
-           ("'-infinity'", "'infinity'", "'4713-01-01 BC'", "'5874897-12-31'", "'2000-02-29'", "'1970-01-01'")),
+           ("'-infinity'", "'infinity'", "'4713-01-01 BC'", "'5874897-12-31'", "'2000-02-29'", "'1970-01-01'",
+            "'2000-12-31'", "'2001-01-01'"), "bounds: [2000-01-01, 2000-12-31], group_by: [month, week]"),
     Column("ts", "timestamp", False, None, None,
            ("'-infinity'", "'infinity'", "'4713-01-01 00:00 BC'", "'294276-12-31 23:59:59'", "'2000-02-29 12:00'",
-            "'1970-01-01'")),
+            "'1970-01-01'", "'1999-06-01 00:00'", "'2001-05-31 23:59:59.999999'"),
+           "bounds: [1999-06-01, 2001-05-31], group_by: true"),
 )
 _BY_NAME = {c.name: c for c in COLUMNS}
 TABLE_DDL = ", ".join(f"{c.name} {c.sql_type}" for c in COLUMNS)
@@ -83,11 +91,14 @@ def policy_columns() -> str:
     """The ``columns:`` mapping of the test policy, as YAML flow text."""
     parts = []
     for column in COLUMNS:
+        extra = [column.policy] if column.policy else []
         if column.bounds is not None:
-            parts.append(f"{column.name}: {{bounds: [{column.bounds[0]!r}, {column.bounds[1]!r}]}}")
+            parts.append(f"{column.name}: {{{', '.join([f'bounds: [{column.bounds[0]!r}, {column.bounds[1]!r}]', *extra])}}}")
         elif column.categories is not None:
             quoted = ", ".join('"' + c.replace("\\", "\\\\") + '"' for c in column.categories)
-            parts.append(f"{column.name}: {{categories: [{quoted}]}}")
+            parts.append(f"{column.name}: {{{', '.join([f'categories: [{quoted}]', *extra])}}}")
+        elif extra:
+            parts.append(f"{column.name}: {{{extra[0]}}}")
     return "{" + ", ".join(parts) + "}"
 
 
@@ -115,6 +126,8 @@ class Case:
     binary: bool = False  # extended protocol and binary results even without parameters
     # Per output column: is its numeric scale fixed by the data (SUM), not by the noise?
     fixed_scale: tuple[bool, ...] = ()
+    # Leading output columns that are GROUP BY keys: compared by value (keys are never noised).
+    keys: int = 0
 
 
 _PARAM_VALUES: tuple[object, ...] = (
@@ -231,7 +244,53 @@ class _Builder:
             expression = f"{function}({rng.choice(numeric).name})"
         if rng.random() < 0.3:
             expression += rng.choice([" AS a", ' AS "Ünï cödé"', " x", ' AS "a""b"'])
-        return expression, expression.startswith("SUM")
+        return expression, _fixed_scale(expression)
+
+
+def _fixed_scale(expression: str) -> bool:
+    """Whether the schema fixes the numeric scale of an output: SUM of an integer column. ``n`` is
+    numeric without a declared scale, so its noised SUM prints as many digits as the value needs
+    (repr of a float: a fraction digit once the noise lands below 1e16)."""
+    return expression.startswith("SUM") and not expression.startswith("SUM(n)")
+
+
+# GROUP BY keys the fuzz policy opts in, and forms it does not (refused from the text alone).
+_KEYS = ("t", "v", "i2", "date_trunc('month', d)", "date_trunc('week', d)", "date_trunc('quarter', ts)",
+         "date_trunc('month', ts)", "width_bucket(f8, -1, 1, 5)", "width_bucket(n, 0, 100, 3)",
+         "width_bucket(f4, 0, 1, 2)", "width_bucket(i8, -10, 10, 4)", "width_bucket(i4, 100, 0, 3)",
+         "CAST(date_trunc('month', d) AS date)")
+_REFUSED_KEYS = ("b", "date_trunc('hour', ts)", "width_bucket(f8, 1, 1, 5)", "i4 + 1", "lower(t)",
+                 "date_trunc('year', d)", "f8", "date_trunc('day', ts)")
+
+
+def _grouped_case(builder: _Builder) -> Case:
+    """A GROUP BY over declared keys (issue 19): keys first, then aggregates per cell."""
+    rng = builder.rng
+    keys = rng.sample(_KEYS, rng.choice([1, 1, 2]))
+    if rng.random() < 0.08:
+        keys[0] = rng.choice(_REFUSED_KEYS)
+    numeric = [c.name for c in COLUMNS if c.numeric]
+    aggregates = []
+    for _ in range(rng.randint(1, 3)):
+        kind = rng.randrange(8)
+        aggregates.append(
+            ["COUNT(*)", f"COUNT({rng.choice(COLUMNS).name})", f"COUNT(DISTINCT {rng.choice(COLUMNS).name})",
+             f"SUM({rng.choice(numeric)})", f"AVG({rng.choice(numeric)})", f"SUM({rng.choice(numeric)})",
+             f"MODE() WITHIN GROUP (ORDER BY {rng.choice(['t', 'v'])})", f"MIN({rng.choice(numeric)})"][kind])
+    named = [f"{key} AS k{i}" if rng.random() < 0.4 else key for i, key in enumerate(keys)]
+    sql = f"SELECT {', '.join(named + aggregates)} FROM {{table}}"
+    if rng.random() < 0.7:
+        sql += f" WHERE {builder.predicate(rng.randint(0, 2))}"
+    positional = rng.random() < 0.4
+    sql += " GROUP BY " + ", ".join(str(i + 1) if positional else key for i, key in enumerate(keys))
+    if rng.random() < 0.1:
+        sql += " HAVING COUNT(*) IS NOT NULL"
+    if rng.random() < 0.3:
+        sql += " ORDER BY 1" + rng.choice(["", " DESC"])
+    if rng.random() < 0.15:
+        sql += rng.choice([" LIMIT 0", " LIMIT 3", " LIMIT 1 OFFSET 2", " OFFSET 1"])
+    fixed = tuple([False] * len(keys) + [_fixed_scale(a) for a in aggregates])
+    return Case(sql, tuple(builder.params), rng.random() < 0.2, fixed, keys=len(keys))
 
 
 def generate_case(rng: random.Random) -> Case:
@@ -243,6 +302,11 @@ def generate_case(rng: random.Random) -> Case:
     LIMIT/OFFSET/FETCH FIRST on the one row.
     """
     builder = _Builder(rng)
+    if rng.random() < 0.25:
+        grouped = _grouped_case(builder)
+        if not grouped.params and not grouped.binary and rng.random() < 0.1:
+            return Case(f"COPY ({grouped.sql}) TO STDOUT WITH (FORMAT csv, HEADER)", (), False, grouped.fixed_scale)
+        return grouped
     outputs = [builder.aggregate() for _ in range(rng.randint(1, 3))]
     if rng.random() < 0.2:
         outputs.append(rng.choice([("'total' AS label", False), ("COUNT(*) * 1.0 AS scaled", False),

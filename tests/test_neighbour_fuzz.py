@@ -150,7 +150,8 @@ class Client:
                 cursor.execute(sql, case.params if case.params else None)
                 columns = tuple((c.name, c.type_code) for c in cursor.description or ())
                 rows = cursor.fetchall() if cursor.description else []
-                forms = tuple(tuple(_form(v, fixed) for v, fixed in zip(row, case.fixed_scale)) for row in rows)
+                forms = tuple(tuple(v if i < case.keys else _form(v, fixed)
+                                    for i, (v, fixed) in enumerate(zip(row, case.fixed_scale))) for row in rows)
                 notices = tuple(_mask(n, table) for n in self.notices)
                 return Outcome("answer", (columns, forms, cursor.statusmessage, notices))
         except psycopg.Error as exc:
