@@ -213,6 +213,19 @@ class ColumnPolicy(_Strict):
                 del data["bounds"]
         return data
 
+    @field_validator("group_by", mode="before")
+    @classmethod
+    def _group_by_form(cls, value: Any) -> Any:
+        """One clear error for a wrong group_by, rather than one per member of its union type."""
+        if isinstance(value, bool):
+            return value
+        if not isinstance(value, (list, tuple)):
+            raise ValueError("give true, false or a list of time units, e.g. group_by: [month, year]")
+        unknown = [unit for unit in value if unit not in TIME_UNITS]
+        if unknown:
+            raise ValueError(f"unknown time unit {unknown[0]!r} (one of {', '.join(TIME_UNITS)})")
+        return tuple(value)
+
     @model_validator(mode="after")
     def _one_kind(self) -> "ColumnPolicy":
         kinds = [self.bounds, self.time_bounds, self.categories]

@@ -96,3 +96,22 @@ def test_serve_refuses_a_column_entry_that_does_not_fit_its_type(test_db: TestDa
     assert serve.returncode == 1
     column = entry.split(":")[0].strip()
     assert f"policy does not match the backend: {path}:{number}: tables.public.adult.columns.{column}:" in serve.stderr
+
+
+def test_a_time_range_on_a_column_that_is_not_a_date_is_reported(test_db: TestDatabase, tmp_path: Path):
+    text = POLICY.format(dsn=test_db.service_dsn).replace(
+        "      age: {bounds: [17, 90]}", "      age: {bounds: [2021-01-01, 2024-12-31], group_by: [month]}")
+    run = _check(tmp_path, text)
+    assert run.returncode == 1
+    assert run.stderr.strip() == (f"{tmp_path / 'policy.yaml'}:12: tables.public.adult.columns.age: a time range "
+                                  "(bounds of dates) needs a date or timestamp column; on the backend it is not one")
+
+
+def test_group_by_opt_ins_that_fit_the_backend_pass(test_db: TestDatabase, tmp_path: Path):
+    text = (POLICY.format(dsn=test_db.service_dsn)
+            .replace("      sex: {categories: [Male, Female]}", "      sex: {categories: [Male, Female], group_by: true}")
+            .replace("      age: {bounds: [17, 90]}", "      age: {bounds: [17, 90], group_by: true}\n"
+                     "      interview_date: {bounds: [2021-01-01, 2024-12-31], group_by: [month, quarter, year]}"))
+    run = _check(tmp_path, text)
+    assert run.returncode == 0, run.stderr
+    assert "checked against the backend" in run.stdout

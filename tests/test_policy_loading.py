@@ -132,3 +132,51 @@ def test_check_config_refuses_a_duplicate_key(tmp_path: Path):
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 1
     assert f"{path}:10: tables.public.adult.epsilon: duplicate key" in run.stderr
+
+
+@pytest.mark.parametrize("entry, message", [
+    ("{group_by: true}", "group_by needs a declared domain"),
+    ("{bounds: [2021-01-01, 5], group_by: true}", "a time range needs two dates or timestamps"),
+    ("{bounds: ['2021-01-01T00:00:00+02:00', 2024-12-31]}", "time bounds are wall-clock times without a time zone"),
+    ("{bounds: [2024-12-31, 2021-01-01], group_by: [month]}", "time bounds must have lo <= hi"),
+    ("{bounds: [0, 9], group_by: [month]}", "group_by: [units] is for a time range"),
+    ("{bounds: [2021-01-01, 2024-12-31], group_by: [month, month]}", "without repeats"),
+    ("{bounds: [2021-01-01, 2024-12-31], group_by: [hour]}", "unknown time unit 'hour' (one of day, week, month, quarter, year)"),
+    ("{categories: [a, b], group_by: yes please}", "group_by: give true, false or a list of time units"),
+    ("{categories: [a, b], other: z}", "other names the GROUP BY key of undeclared values"),
+    ("{categories: [a, b], group_by: true, other: a}", "must not be one of the declared categories"),
+])
+def test_a_group_by_opt_in_without_a_usable_domain_is_refused_at_its_line(entry: str, message: str):
+    (problem,) = _problems(GOOD.replace("{categories: [Male, Female]}", entry))
+    assert problem.startswith("p.yaml:12: tables.public.adult.columns.sex"), problem
+    assert message in problem, problem
+
+
+@pytest.mark.parametrize("entry, over", [
+    ("{bounds: [2021-01-01, 2024-12-31], group_by: true}", "day (1461)"),
+    ("{bounds: [2000-01-01, 2099-12-31], group_by: [month, year]}", "month (1200)"),
+    ("{categories: [" + ", ".join(f"c{i}" for i in range(1001)) + "], group_by: true}", "categories (1001)"),
+])
+def test_a_group_by_domain_over_the_cell_cap_is_refused(entry: str, over: str):
+    (problem,) = _problems(GOOD.replace("{categories: [Male, Female]}", entry))
+    assert "group_by has more cells than max_cells 1000" in problem and over in problem, problem
+    assert "raise max_cells or narrow the domain" in problem
+
+
+def test_max_cells_raises_the_cap_and_is_itself_bounded():
+    entry = "{bounds: [2021-01-01, 2024-12-31], group_by: true}"
+    policy = parse_policy(GOOD.replace("{categories: [Male, Female]}", entry)
+                          .replace("    epsilon: 0.5", "    epsilon: 0.5\n    max_cells: 2000"))
+    sex = policy.tables["public.adult"].columns["sex"]
+    assert sex.time_units == ("day", "week", "month", "quarter", "year") and sex.bucket_count("day") == 1461
+    (problem,) = _problems(GOOD.replace("    epsilon: 0.5", "    epsilon: 0.5\n    max_cells: 100001"))
+    assert problem == "p.yaml:10: tables.public.adult.max_cells: Input should be less than or equal to 100000"
+
+
+def test_a_time_range_and_its_units_load():
+    policy = parse_policy(GOOD.replace("{categories: [Male, Female]}",
+                                       "{bounds: [2021-01-01, '2024-12-31 23:59:59'], group_by: [month, year]}"))
+    column = policy.tables["public.adult"].columns["sex"]
+    assert column.bounds is None and column.time_bounds is not None
+    assert column.time_bounds[1].isoformat() == "2024-12-31T23:59:59"
+    assert column.time_units == ("month", "year") and column.bucket_count("month") == 48
