@@ -1,7 +1,8 @@
 """Write the SQL that the backend runs for a DP query: exact aggregates, clamped, pushed down.
 
-The backend returns exactly one row, never rows of the table. Each aggregate of the plan
-becomes one or more *parts*, each one column of that row (:func:`aggregate_parts`):
+The backend returns exactly one row, never rows of the table (a GROUP BY over declared keys:
+one row per group, each naming the cell it falls in; :func:`_grouped_sql`). Each aggregate of
+the plan becomes one or more *parts*, each one column of that row (:func:`aggregate_parts`):
 
 * additive parts are exact totals over the filtered rows: COUNT, a SUM of values clamped
   into the column's bounds, the count of one declared category (MODE), the clamped sum and
