@@ -48,14 +48,18 @@ class DPAnswer:
     noise: tuple[str, ...] = ()
     cells: int = 0  # GROUP BY cells; 0 for one aggregate row
 
-    def notice(self) -> str:
-        """One line for the analyst: the cost and each column's noise."""
+    def notice(self, repeat: bool = False) -> str:
+        """One line for the analyst: the cost and each column's noise (``repeat``: charged nothing,
+        since these are the values an earlier answer released)."""
+        if repeat:
+            cost = "ε charged 0, δ 0 (a repeat of an earlier answer: the same noised values)"
+        else:
+            cost = f"ε charged {self.epsilon:g}, δ {self.delta:g}"
         if not self.cells:
             columns = ", ".join(_described(f.name, rel) for f, rel in zip(self.result.fields, self.releases))
-            return f"dpproxy: ε charged {self.epsilon:g}, δ {self.delta:g}; {columns}"
-        columns = ", ".join(self.noise)
-        return (f"dpproxy: ε charged {self.epsilon:g}, δ {self.delta:g} for {self.cells} groups (each row is in one "
-                f"group, so the groups share that ε); per group: {columns}")
+            return f"dpproxy: {cost}; {columns}"
+        shared = "" if repeat else " (each row is in one group, so the groups share that ε)"
+        return f"dpproxy: {cost} for {self.cells} groups{shared}; per group: {', '.join(self.noise)}"
 
     def named_for(self, plan: AggregateQuery) -> DPAnswer:
         """The same released values headed as ``plan`` (a repeat) names its columns.
@@ -123,6 +127,14 @@ def _encoded(plan: AggregateQuery, releases: Sequence[Release[Any]]) -> list[byt
 
 
 def _described(name: str, release: Release[Any]) -> str:
+    """One column's noise as the analyst reads it: the mechanism and the 95% bound that matters."""
+    if release.mechanism == "smooth_median":
+        # The noise actually used depends on the data, so only the worst case over all data is shown.
+        return f"{name}: sample and aggregate, worst-case 95% bound ±{release.error95:.4g}"
+    if release.mechanism == "exponential":
+        return f"{name}: exponential mechanism, 95% within {release.error95:.4g} rows of the top category's count"
+    if release.mechanism == "sum_count":
+        return f"{name}: noisy sum / noisy count, scale {release.scale:.4g} (95% within ±{release.error95:.4g})"
     return f"{name}: {release.mechanism} scale {release.scale:.4g} (95% within ±{release.error95:.4g})"
 
 

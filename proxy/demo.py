@@ -137,5 +137,9 @@ def prepare_demo_database(admin_uri: str, database: str = "demo") -> str:
 
 
 def write_demo_policy(path: Path, dsn: str, port: int, ledger: Path) -> Path:
-    path.write_text(DEMO_POLICY.format(dsn=dsn, port=port, ledger=ledger), encoding="utf-8")
+    """The demo policy at ``path``; its audit log goes next to the ledger (``audit.jsonl``)."""
+    audit = ledger.parent / "audit.jsonl"
+    text = DEMO_POLICY.format(dsn=dsn, port=port, ledger=ledger).replace(
+        "\nusers:\n", f'\naudit:\n  path: "{audit}"   # one JSON line per statement, kept out of the terminal\nusers:\n', 1)
+    path.write_text(text, encoding="utf-8")
     return path

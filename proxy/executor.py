@@ -350,7 +350,9 @@ class Executor:
         if earlier is not None:
             # Only the released values are shared: names come from the statement asked now.
             repeat = earlier.named_for(plan)
-            notice = f"dpproxy: repeat of an earlier answer, ε charged 0; {repeat.notice()}"
+            balance = await self.server.budget.balance(self.user)
+            notice = (f"{repeat.notice(repeat=True)}; "
+                      f"remaining ε {balance.remaining_epsilon:g}, δ {balance.remaining_delta:g}")
             return await self._post_processed(plan, repeat, result_formats), [notice], Cost(0.0, 0.0, None, None)
         delta = query_delta(plan)
         # A connection already known lost (or one that cannot be opened) fails the query

@@ -97,18 +97,25 @@ class SessionSettings:
                 f"Give a value of at least {MIN_EPSILON:g}; smaller ε adds noise beyond any use.",
                 "epsilon-minimum",
             )
-        maximum = self._maximum(policy)
+        maximum, limit = self._maximum(policy)
         if epsilon > maximum:
             raise Refusal(
                 SQLSTATE.DP_EPSILON_ABOVE_MAXIMUM,
-                f"dpproxy.epsilon = {epsilon:g} is above the policy maximum {maximum:g} for {self.user} (rule: epsilon-maximum)",
-                "SET dpproxy.epsilon can only lower the per-query ε.",
+                f"dpproxy.epsilon = {epsilon:g} is above {maximum:g}, {limit} (rule: epsilon-maximum)",
+                f"SET dpproxy.epsilon can only lower the per-query ε: give at most {maximum:g}, or ask the policy's "
+                "owner to raise that limit.",
                 "epsilon-maximum",
             )
         return epsilon
 
-    def _maximum(self, policy: Policy) -> float:
+    def _maximum(self, policy: Policy) -> tuple[float, str]:
+        """The largest per-query ε this user may set, and which limit of the policy sets it."""
         user_cap = policy.users[self.user].max_query_epsilon
-        tables = [t.epsilon for t in policy.tables.values() if t.access == "protected" and t.epsilon]
-        highest = max(tables, default=0.0)
-        return min(highest, user_cap) if user_cap is not None else highest
+        tables = {name: t.epsilon for name, t in policy.tables.items() if t.access == "protected" and t.epsilon}
+        highest = max(tables.values(), default=0.0)
+        if user_cap is not None and user_cap < highest:
+            return user_cap, f"{self.user}'s max_query_epsilon (users.{self.user}.max_query_epsilon in the policy)"
+        name = max(tables, key=lambda table: tables[table], default=None)
+        if name is None:
+            return 0.0, "as the policy protects no table"
+        return highest, f"the largest per-query ε of a protected table (tables.{name}.epsilon in the policy)"

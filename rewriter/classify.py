@@ -109,7 +109,7 @@ _WRITES = {
 _NESTED_WRITES = frozenset({"InsertStmt", "UpdateStmt", "DeleteStmt", "MergeStmt"})
 _NOT_SUPPORTED = {
     "ExplainStmt": "EXPLAIN (its plans and ANALYZE output reveal row counts)",
-    "DoStmt": "DO blocks",
+    "DoStmt": "DO",
     "CallStmt": "CALL",
     "ListenStmt": "LISTEN",
     "NotifyStmt": "NOTIFY",

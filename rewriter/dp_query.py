@@ -103,7 +103,7 @@ def plan_aggregate_query(sql: str, table: Relation) -> AggregateQuery:
     except ParseError as exc:
         raise scope.refuse("cannot analyse this query on protected table", "unparsed") from exc
     if not isinstance(tree, exp.Select):
-        raise scope.refuse(_set_operation_message(tree), "no-set-operations")
+        raise scope.refuse(*_set_operation_refusal(tree))
     tree, enclosing = _release_level(tree)
     tree, scope = flatten(tree, scope)
     scope = _check_clauses(tree, scope)
@@ -341,6 +341,9 @@ class Scope:
             raise self.refuse(f"column {node.sql('postgres')} does not belong to protected table", "column-reference")
         name = identifier(node.this)
         column = self.table.columns.get(name)
+        if column is None and name in SYSTEM_COLUMNS:
+            raise self.refuse(f"system column {name} (the row's physical identity) is not allowed on protected table",
+                              "no-row-access")
         if column is None:
             raise Refusal(
                 "42703",
@@ -351,11 +354,17 @@ class Scope:
         return column
 
 
-def _set_operation_message(tree: exp.Expr) -> str:
+def _set_operation_refusal(tree: exp.Expr) -> tuple[str, str]:
+    """The message and rule for a statement on a protected table that is not one SELECT."""
     if isinstance(tree, exp.SetOperation):
-        return "UNION/INTERSECT/EXCEPT is not allowed on protected table"
-    return "only SELECT of aggregates is allowed on protected table"
+        return "UNION/INTERSECT/EXCEPT is not allowed on protected table", "no-set-operations"
+    if isinstance(tree, exp.Values):
+        return "VALUES is not allowed on protected table", "not-a-select"
+    return "only SELECT of aggregates is allowed on protected table", "not-a-select"
 
+
+# PostgreSQL's system columns: every table has them, and each tells something of one row.
+SYSTEM_COLUMNS = frozenset({"ctid", "xmin", "xmax", "cmin", "cmax", "tableoid"})
 
 # Clauses that make a statement something other than one aggregate row of one table.
 _CLAUSE_RULES: dict[str, tuple[str, str]] = {

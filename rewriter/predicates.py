@@ -399,13 +399,29 @@ def _is_column_side(node: exp.Expression) -> bool:
     return isinstance(node, exp.Column) or (type(node) in _CASE_FUNCTIONS and isinstance(node.this, exp.Column))
 
 
+# sqlglot node classes whose name is not what the analyst wrote.
+_SPELLED: dict[type[exp.Expression], str] = {
+    exp.Case: "CASE", exp.If: "CASE", exp.Coalesce: "COALESCE", exp.Dot: "a field reference",
+    exp.Add: "operator +", exp.Sub: "operator -", exp.Mul: "operator *", exp.Div: "operator /",
+    exp.Mod: "operator %", exp.IntDiv: "integer division (div)", exp.Pow: "operator ^",
+    exp.DPipe: "operator ||", exp.BitwiseAnd: "operator &", exp.BitwiseOr: "operator |",
+    exp.BitwiseXor: "operator #", exp.BitwiseLeftShift: "operator <<", exp.BitwiseRightShift: "operator >>",
+}
+
+
 def _describe(node: exp.Expression) -> str:
+    """How the analyst wrote ``node``, for a refusal: ``CASE``, ``operator %``, ``function lower()``."""
     if isinstance(node, exp.Cast):
         return "a cast of a column"
-    if isinstance(node, exp.Func):
-        return f"function {node.sql_name().lower()}()"
+    for kind, spelled in _SPELLED.items():
+        if type(node) is kind:
+            return spelled
     if isinstance(node, (exp.Subquery, exp.Select, exp.Exists)):
         return "a subquery"
+    if isinstance(node, exp.Anonymous):
+        return f"function {node.name.lower()}()"
+    if isinstance(node, exp.Func):
+        return f"function {node.sql_name().lower()}()"
     if isinstance(node, exp.Binary):
         return f"operator {type(node).__name__.lower()}"
     return f"expression {node.sql('postgres')[:60]!r}"

@@ -104,6 +104,9 @@ def test_set_epsilon_lowers_the_cost_and_is_refused_above_the_maximum(test_db, t
             with pytest.raises(psycopg.Error) as info:
                 conn.execute("SET dpproxy.epsilon = 5")
             assert info.value.diag.sqlstate == "DP003"
+            assert info.value.diag.message_primary == (
+                "dpproxy.epsilon = 5 is above 1, the largest per-query ε of a protected table "
+                "(tables.public.adult.epsilon in the policy) (rule: epsilon-maximum)")
             conn.execute("RESET dpproxy.epsilon")
             assert conn.execute("SHOW dpproxy.epsilon").fetchone() == ("default",)
         with psycopg.connect(proxy.dsn(user="capped", password="capped"), autocommit=True, prepare_threshold=None) as conn:
@@ -111,6 +114,12 @@ def test_set_epsilon_lowers_the_cost_and_is_refused_above_the_maximum(test_db, t
             conn.add_notice_handler(lambda d: notices.append(d.message_primary))
             conn.execute("SELECT COUNT(*) FROM adult")
             assert "ε charged 0.5" in notices[-1]  # the user's max_query_epsilon caps the table's 1.0
+            with pytest.raises(psycopg.Error) as info:
+                conn.execute("SET dpproxy.epsilon = 0.75")
+            assert info.value.diag.message_primary == (
+                "dpproxy.epsilon = 0.75 is above 0.5, capped's max_query_epsilon "
+                "(users.capped.max_query_epsilon in the policy) (rule: epsilon-maximum)")
+            assert "give at most 0.5" in info.value.diag.message_hint
     finally:
         proxy.stop()
     assert _spent(url, "tight", Budget(10.5, 0.001)) == pytest.approx(0.25)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -108,8 +109,12 @@ def test_demo_contract_ctrl_c_and_restart_after_a_crash(demo_dir: Path):
         assert "ε charged 1" in result.stderr
     finally:
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 0
+        rest, _ = process.communicate(timeout=30)
+        assert process.returncode == 0
     assert not _postgres_running_in(data_dir)
+    # The audit log goes to the demo's file, not into the terminal the newcomer watches.
+    audited = [json.loads(line) for line in (data_dir / "audit.jsonl").read_text().splitlines()]
+    assert [entry["decision"] for entry in audited] == ["dp"] and '"fingerprint"' not in rest
 
     # A crash leaves PostgreSQL running; the next demo must take over cleanly.
     process, _ = _start(args, "Press Ctrl-C")

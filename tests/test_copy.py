@@ -47,7 +47,7 @@ def test_copy_of_a_dp_aggregate_is_the_select_s_release_charged_once(test_db, ad
             assert header == "n" and end == "" and abs(int(value) - exact) < 50
             assert "ε charged 1" in notices[-1]
             again = conn.execute("SELECT count(*) AS n FROM adult WHERE age > 37").fetchone()[0]
-            assert again == int(value) and "repeat of an earlier answer, ε charged 0" in notices[-1], notices
+            assert again == int(value) and "ε charged 0, δ 0 (a repeat of an earlier answer: the same noised values)" in notices[-1] and "remaining ε" in notices[-1], notices
             assert conn.execute("SHOW dpproxy.budget").fetchone()[1] == pytest.approx(spent + 1)
     finally:
         proxy.stop()

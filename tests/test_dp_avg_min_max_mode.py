@@ -256,6 +256,20 @@ def test_answer_delta_is_the_sum_of_the_sample_and_aggregate_columns_delta(proxy
     assert all(r.epsilon == pytest.approx(0.25) for r in answer.releases)
 
 
+def test_the_notice_gives_the_bound_an_analyst_can_use_for_each_mechanism(proxy):
+    """Sample and aggregate's noise depends on the data, so its notice gives only the worst case
+    (here the width of age's bounds, 73); MODE's bound is in rows of the winning category."""
+    notices: list[str] = []
+    with proxy.connect() as conn:
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        conn.execute("SELECT COUNT(*), AVG(age), MODE() WITHIN GROUP (ORDER BY sex) FROM adult")
+    (notice,) = notices
+    assert notice.startswith("dpproxy: ε charged 1, δ 1e-06; count: laplace scale 3 (95% within ±8.987), "
+                             "avg: sample and aggregate, worst-case 95% bound ±73, "
+                             "mode: exponential mechanism, 95% within "), notice
+    assert " rows of the top category's count; remaining ε " in notice and "scale" not in notice.split("avg:")[1]
+
+
 @pytest.mark.parametrize(
     "sql,rule",
     [

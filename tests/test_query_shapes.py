@@ -60,7 +60,7 @@ def test_a_repeat_is_headed_with_the_names_the_new_statement_asks_for(repeating:
         assert spent_epsilon(conn) == spent
     assert renamed == ["other_name"] and unnamed == ["count"]
     assert again == rows and third == rows
-    assert any("repeat" in n and "ε charged 0" in n and "other_name" in n for n in notices)
+    assert any("ε charged 0, δ 0 (a repeat of an earlier answer" in n and "other_name" in n and "remaining ε" in n for n in notices)
 
 
 def test_a_wrapper_releases_what_the_plain_query_releases_so_it_is_a_free_repeat(repeating: RunningProxy):

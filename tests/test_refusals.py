@@ -61,6 +61,32 @@ def test_refused_with_sqlstate_rule_and_hint(proxy: RunningProxy, sql: str, sqls
         assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
+WORDED = [
+    ("DO $$BEGIN END$$", "DO is not supported through dpproxy (rule: statement-not-allowed)"),
+    ("VALUES ((SELECT count(*) FROM adult))", "VALUES is not allowed on protected table adult (rule: not-a-select)"),
+    ("SELECT count(*) FROM adult WHERE ctid > '(0,1)'",
+     "system column ctid (the row's physical identity) is not allowed on protected table adult (rule: no-row-access)"),
+    ("SELECT sum(xmin) FROM adult",
+     "system column xmin (the row's physical identity) is not allowed on protected table adult (rule: no-row-access)"),
+    ("SELECT count(*) FROM adult WHERE CASE WHEN age > 3 THEN true END",
+     "CASE is not allowed in WHERE on protected table adult (rule: safe-predicate)"),
+    ("SELECT count(*) FROM adult WHERE COALESCE(age, 0) > 3",
+     "COALESCE is not allowed in WHERE on protected table adult (rule: safe-predicate)"),
+    ("SELECT count(*) FROM adult WHERE age % 2 = 1", "operator % is not allowed in WHERE on protected table adult (rule: safe-predicate)"),
+    ("SELECT count(*) FROM adult WHERE age + 1 > 3", "operator + is not allowed in WHERE on protected table adult (rule: safe-predicate)"),
+    ("SELECT count(*) FROM adult WHERE sex || 'x' = 'Malex'",
+     "operator || is not allowed in WHERE on protected table adult (rule: safe-predicate)"),
+]
+
+
+@pytest.mark.parametrize("sql,message", WORDED, ids=[w[0][:48] for w in WORDED])
+def test_refusals_name_the_construct_as_the_analyst_wrote_it(proxy: RunningProxy, sql: str, message: str):
+    with proxy.connect() as conn:
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(sql)
+    assert info.value.diag.message_primary == message
+
+
 def test_union_names_its_rule(proxy: RunningProxy):
     with proxy.connect() as conn:
         with pytest.raises(psycopg.Error) as info:
