@@ -92,6 +92,8 @@ def _check_config(args: argparse.Namespace) -> int:
         for problem in checked.problems:
             print(problem, file=sys.stderr)
         return 1
+    for warning in checked.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     if checked.reached:
         print(f"{args.config}: OK ({summary}; checked against the backend: every table and column found)")
     else:

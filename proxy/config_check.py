@@ -18,6 +18,7 @@ from policies.loader import PolicyError, key_line
 from policies.model import Policy
 
 from .backend import BackendError, build_registry, connect
+from .partition_fit import usefulness_warnings
 
 __all__ = ["BackendCheck", "check_against_backend", "locate"]
 
@@ -30,18 +31,19 @@ class BackendCheck:
     problems: list[str] = field(default_factory=list)
     reason: str | None = None
     tables: int = 0
+    warnings: list[str] = field(default_factory=list)  # policies that work but answer mostly noise
 
 
 async def check_against_backend(policy: Policy, text: str, source: str) -> BackendCheck:
     """Check ``policy`` (read from ``text``, named ``source`` in problems) on its backend."""
     timeout = 2 * policy.backend.connect_timeout_s + policy.backend.statement_timeout_ms / 1000
     try:
-        problems = await asyncio.wait_for(_problems(policy), timeout)
+        problems, warnings = await asyncio.wait_for(_problems(policy), timeout)
     except (BackendError, psycopg.Error, OSError, asyncio.TimeoutError) as exc:
         reason = str(exc).strip() or f"no answer within {timeout:g}s"
         return BackendCheck(False, reason=reason.splitlines()[0])
     return BackendCheck(True, [locate(problem, policy, text, source) for problem in problems],
-                        tables=len(policy.tables))
+                        tables=len(policy.tables), warnings=[locate(w, policy, text, source) for w in warnings])
 
 
 def locate(problem: str, policy: Policy, text: str, source: str) -> str:
@@ -49,15 +51,16 @@ def locate(problem: str, policy: Policy, text: str, source: str) -> str:
     return f"{source}:{key_line(text, _keys(problem, policy))}: {problem}"
 
 
-async def _problems(policy: Policy) -> list[str]:
+async def _problems(policy: Policy) -> tuple[list[str], list[str]]:
+    """What ``serve`` would refuse, and what it would warn about."""
     session = await connect(policy)
     try:
-        await build_registry(session, policy)
+        registry = await build_registry(session, policy)
+        return [], await usefulness_warnings(session, registry, policy)
     except PolicyError as exc:
-        return exc.problems
+        return exc.problems, []
     finally:
         await session.close()
-    return []
 
 
 def _keys(problem: str, policy: Policy) -> list[str]:

@@ -20,6 +20,7 @@ from policies.tables import TableRegistry
 
 from . import metrics
 from .backend import BackendError, ResultSet, build_registry, connect
+from .partition_fit import usefulness_warnings
 from .answer import DPAnswer
 from .audit import AuditLog
 from .budget import BudgetKeeper
@@ -237,7 +238,10 @@ async def _resolve(policy: Policy) -> tuple[TableRegistry, str]:
     """The policy's tables resolved on its backend, and the backend's database name."""
     backend = await connect(policy)
     try:
-        return await build_registry(backend, policy), (await backend.connection()).info.dbname
+        registry = await build_registry(backend, policy)
+        for warning in await usefulness_warnings(backend, registry, policy):
+            log.warning("policy: %s", warning)
+        return registry, (await backend.connection()).info.dbname
     finally:
         await backend.close()
 
