@@ -1,8 +1,10 @@
 """The protected table the BI-tool tests draw on: ``people`` with a timestamp, and its policy.
 
 ``people`` (2,000 rows, deterministic) has what a BI tool's charts need: numbers to
-aggregate (``age``, ``income``), a category (``sex``) and a time column (``signed_up``,
-one row a day from 2023-01-01, cycling every 730 days) for time ranges. The recorded
+aggregate (``age``, ``income``), a category (``sex``, opted in to GROUP BY) and a time column
+(``signed_up``, one row a day from 2023-01-01, cycling every 730 days; opted in to GROUP BY by
+day, week, month, quarter and year) for time ranges and time series. ``age`` and ``income`` are
+not opted in: a chart grouped by them stays refused. The recorded
 Superset statements (tests/data/superset-statements.md) refer to it by these names.
 """
 
@@ -26,7 +28,8 @@ PEOPLE_POLICY = TEST_POLICY.replace("repeats: {{enabled: false}}", "repeats: {{e
     columns:
       age: {{bounds: [17, 90]}}
       income: {{bounds: [0, 100000]}}
-      sex: {{categories: [Male, Female]}}
+      sex: {{categories: [Male, Female], group_by: true}}       # pie and bar charts by sex
+      signed_up: {{bounds: [2023-01-01, 2024-12-31], group_by: [day, week, month, quarter, year]}}  # time series
 """
 
 

@@ -30,7 +30,11 @@ _OK = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK, pq.ExecStatus.EMPTY_QU
 def test_recording_covers_connect_introspection_datasets_and_charts():
     phases = {e.phase for e in RECORDED}
     assert {"connect", "introspect", "physical-dataset", "big-number", "big-number-time-range",
-            "table-of-aggregates", "virtual-dataset", "group-by-chart"} <= phases, phases
+            "table-of-aggregates", "virtual-dataset", "pie-chart", "bar-chart", "time-series-chart",
+            "group-by-chart"} <= phases, phases
+    # Histograms over keys the policy opts in are answered; a GROUP BY on any other column is not.
+    for phase in ("pie-chart", "bar-chart", "time-series-chart"):
+        assert {e.outcome for e in RECORDED if e.phase == phase and "GROUP BY" in e.sql} == {"ok"}, phase
     assert {e.outcome for e in RECORDED if e.phase == "group-by-chart" and "GROUP BY" in e.sql} == {"DP001"}
 
 

@@ -4,9 +4,12 @@ A real Superset (its own venv, tests/superset/install.sh) is pointed at dpproxy 
 SQLAlchemy URI, through a relay that records every statement it sends. Through Superset's
 REST API, as its front end does: register the database, list schemas, tables and columns,
 create a physical dataset on ``people`` and an aggregate virtual dataset, then draw charts
-with ``/api/v1/chart/data`` and run SQL Lab. Each DP chart must come back as a number near
-the truth; a GROUP BY chart, a time grain or samples must come back as dpproxy's refusal: its
-rule and hint shown by Superset, its SQLSTATE (DP001) on the wire, as the relay saw it.
+with ``/api/v1/chart/data`` and run SQL Lab. Each DP chart must come back as numbers near the
+truth: big numbers, a table of aggregates, and — the policy opts ``sex`` and ``signed_up`` in
+to GROUP BY — a pie and a bar chart by sex and a monthly line over a time range, one row per
+declared key. A chart grouped by a column not opted in, or samples, must come back as
+dpproxy's refusal: its rule and hint shown by Superset, its SQLSTATE (DP001) on the wire, as
+the relay saw it.
 Superset missing is a failure that says how to install it, never a skip.
 
 ``DPPROXY_RECORD_SUPERSET=1`` rewrites tests/data/superset-statements.md from this run (the
@@ -36,7 +39,8 @@ TIME_RANGE = ("2023-03-01", "2023-09-01")
 # The steps whose every statement dpproxy must answer (issue 18), recorded as "ok" even when the
 # dpproxy that recorded them did not: the replay then fails until it does.
 MUST_ANSWER = frozenset({"connect", "introspect", "physical-dataset", "big-number", "big-number-time-range",
-                         "big-number-filter", "table-of-aggregates", "virtual-dataset", "sql-lab"})
+                         "big-number-filter", "table-of-aggregates", "virtual-dataset", "sql-lab",
+                         "pie-chart", "bar-chart", "time-series-chart"})
 VIRTUAL_SQL = "SELECT count(*) AS n, avg(age) AS avg_age FROM people WHERE age > 30"
 ROW_LEVEL_SQL = "SELECT * FROM people WHERE age > 30"
 
@@ -198,13 +202,64 @@ def test_superset_row_level_virtual_dataset_is_not_created(stack: Stack):
     assert "SELECT * is not allowed" in stack.server.log_tail(200)
 
 
-def test_superset_group_by_chart_is_refused_with_dpproxy_sqlstate_and_hint(stack: Stack, physical_dataset: int):
+def _rows(status: int, body: Any) -> list[dict[str, Any]]:
+    assert status == 200, body
+    (result,) = body["result"]
+    assert result.get("error") is None, result
+    return [dict(row) for row in result["data"]]
+
+
+def test_superset_pie_by_an_opted_in_category_draws_every_declared_key(stack: Stack, physical_dataset: int, admin):
+    """The policy opts ``sex`` in: the pie is a noised histogram over its declared categories."""
+    stack.relay.phase = "pie-chart"
+    rows = _rows(*_chart_data(stack, physical_dataset, "pie", ["count"], columns=["sex"]))
+    assert sorted(row["sex"] for row in rows) == ["Female", "Male"], rows
+    for row in rows:
+        exact = _exact(admin, f"SELECT count(*) FROM people WHERE sex = '{row['sex']}'")
+        assert abs(row["count"] - exact) < 50, (row, exact)  # Laplace scale 1: |noise| < 50 w.p. 1 - 1e-21
+    answered = [r for r in stack.relay.statements() if r.phase == "pie-chart" and "GROUP BY" in r.sql]
+    assert answered and {r.outcome for r in answered} == {"ok"}, answered
+
+
+def test_superset_bar_chart_by_an_opted_in_category_draws(stack: Stack, physical_dataset: int, admin):
+    stack.relay.phase = "bar-chart"
+    rows = _rows(*_chart_data(stack, physical_dataset, "echarts_timeseries_bar", ["count", _metric("SUM", "income")],
+                              columns=[{"columnType": "BASE_AXIS", "sqlExpression": "sex", "label": "sex",
+                                        "expressionType": "SQL"}]))
+    assert sorted(row["sex"] for row in rows) == ["Female", "Male"], rows
+    for row in rows:
+        exact = _exact(admin, f"SELECT count(*) FROM people WHERE sex = '{row['sex']}'")
+        assert abs(row["count"] - exact) < 100, (row, exact)  # ε split over two columns: scale 2
+
+
+def test_superset_monthly_line_draws_every_month_of_the_time_range(stack: Stack, physical_dataset: int, admin):
+    """One value per month (time grain P1M) over a time range: every month the range reaches, from
+    the policy's declared time range, never from the data."""
+    stack.relay.phase = "time-series-chart"
+    start, end = TIME_RANGE
+    axis = {"timeGrain": "P1M", "columnType": "BASE_AXIS", "sqlExpression": "signed_up", "label": "signed_up",
+            "expressionType": "SQL"}
+    time_filter = {"col": "signed_up", "op": "TEMPORAL_RANGE", "val": f"{start} : {end}"}
+    rows = _rows(*_chart_data(stack, physical_dataset, "echarts_timeseries_line", ["count"], columns=[axis],
+                              filters=[time_filter]))
+    months = sorted(row["signed_up"] for row in rows)
+    assert len(months) == 6, rows  # March to August 2023
+    exact = dict(admin.execute(
+        f"SELECT extract(epoch FROM date_trunc('month', signed_up))::bigint * 1000, count(*) FROM people "
+        f"WHERE signed_up >= '{start}' AND signed_up < '{end}' GROUP BY 1").fetchall())
+    assert sorted(exact) == months, (months, exact)  # Superset sends timestamps as epoch milliseconds
+    for row in rows:
+        assert abs(row["count"] - exact[row["signed_up"]]) < 50, (row, exact)
+
+
+def test_superset_chart_grouped_by_a_column_not_opted_in_is_refused(stack: Stack, physical_dataset: int):
+    """``age`` is not opted in to GROUP BY: Superset shows dpproxy's refusal, DP001 on the wire."""
     stack.relay.phase = "group-by-chart"
-    status, body = _chart_data(stack, physical_dataset, "pie", ["count"], columns=["sex"])
+    status, body = _chart_data(stack, physical_dataset, "pie", ["count"], columns=["age"])
     assert status == 400, body
     text = str(body)
     # Superset shows the message and hint (psycopg2's text); the SQLSTATE is on the wire.
-    assert "GROUP BY" in text and "(rule: " in text and "HINT:" in text, text
+    assert "GROUP BY" in text and "(rule: no-group-by)" in text and "HINT:" in text, text
     refused = [r for r in stack.relay.statements() if r.phase == "group-by-chart" and "GROUP BY" in r.sql]
     assert refused and {r.outcome for r in refused} == {"DP001"}, refused
 
@@ -225,19 +280,6 @@ def test_superset_sql_lab_runs_an_aggregate(stack: Stack, admin):
     (row,) = body["data"]
     assert [c["column_name"] for c in body["columns"]] == ["n"], body["columns"]
     assert abs(row["n"] - _exact(admin, "SELECT count(*) FROM people WHERE age > 40")) < 50, row
-
-
-def test_superset_time_series_with_a_time_grain_is_refused(stack: Stack, physical_dataset: int):
-    """One value per month is a GROUP BY on date_trunc: a per-group release, refused (DP001)."""
-    stack.relay.phase = "time-series-chart"
-    axis = {"timeGrain": "P1M", "columnType": "BASE_AXIS", "sqlExpression": "signed_up", "label": "signed_up",
-            "expressionType": "SQL"}
-    status, body = _chart_data(stack, physical_dataset, "echarts_timeseries_line", ["count"],
-                               columns=[axis])
-    assert status == 400, body
-    assert "(rule: " in str(body) and "HINT:" in str(body), body
-    refused = [r for r in stack.relay.statements() if r.phase == "time-series-chart" and "GROUP BY" in r.sql]
-    assert refused and {r.outcome for r in refused} == {"DP001"}, refused
 
 
 def test_superset_dataset_samples_are_refused(stack: Stack, physical_dataset: int):
