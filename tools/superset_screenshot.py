@@ -2,8 +2,9 @@
 
 Starts ``dpproxy demo`` (its own data directory under a temporary folder), Apache Superset
 (tests/superset/install.sh's venv, anonymous visitors given Admin's rights so that a browser
-needs no login), registers the demo as a database, builds a dashboard of DP big numbers and a
-table of aggregates on ``adult`` through Superset's REST API, and takes a PNG with headless
+needs no login), registers the demo as a database, builds a dashboard of DP big numbers, a pie
+of ``race`` and a monthly line of ``interview_date`` (histograms over keys the demo policy opts
+in) and a table of aggregates on ``adult`` through Superset's REST API, and takes a PNG with headless
 Chromium (Debian's ``chromium``). Not part of the test suite; run from the repository root:
 
     python tools/superset_screenshot.py [--out docs/img/superset-dashboard.png]
@@ -33,7 +34,7 @@ from superset_harness import SupersetApi, SupersetServer  # noqa: E402
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars")
-WINDOW = (1400, 690)
+WINDOW = (1400, 1060)
 
 
 def _free_port() -> int:
@@ -74,6 +75,14 @@ def _charts(dataset: int) -> list[tuple[str, dict[str, Any]]]:
                               "adhoc_filters": [_female()]}),
         ("Average age (DP)", {**base, "viz_type": "big_number_total", "y_axis_format": ".1f",
                               "metric": _metric("AVG", "age", "AVG(age)")}),
+        ("Race (DP histogram)", {"datasource": f"{dataset}__table", "viz_type": "pie", "groupby": ["race"],
+                                 "metric": "count", "adhoc_filters": [], "row_limit": 100, "show_labels": True,
+                                 "label_type": "key_percent", "show_legend": True, "sort_by_metric": True}),
+        ("Interviews per month (DP time series)", {
+            "datasource": f"{dataset}__table", "viz_type": "echarts_timeseries_line", "x_axis": "interview_date",
+            "time_grain_sqla": "P1M", "metrics": ["count"], "groupby": [], "row_limit": 10000, "y_axis_format": ",d",
+            "adhoc_filters": [{"expressionType": "SIMPLE", "subject": "interview_date", "operator": "TEMPORAL_RANGE",
+                               "comparator": "No filter", "clause": "WHERE"}], "show_legend": False}),
         ("Aggregates of adult (DP)", {"datasource": f"{dataset}__table", "viz_type": "table",
                                       "query_mode": "aggregate", "groupby": [], "adhoc_filters": [],
                                       "metrics": ["count", _metric("AVG", "hours_per_week", "AVG(hours_per_week)"),
@@ -84,22 +93,22 @@ def _charts(dataset: int) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _position(chart_ids: list[tuple[int, str]]) -> dict[str, Any]:
-    """Superset's dashboard layout: three big numbers in a row, the table below."""
+    """Superset's dashboard layout: three big numbers in a row, the pie and the line, the table below."""
     layout: dict[str, Any] = {
         "DASHBOARD_VERSION_KEY": "v2",
         "ROOT_ID": {"type": "ROOT", "id": "ROOT_ID", "children": ["GRID_ID"]},
-        "GRID_ID": {"type": "GRID", "id": "GRID_ID", "children": ["ROW-1", "ROW-2"], "parents": ["ROOT_ID"]},
+        "GRID_ID": {"type": "GRID", "id": "GRID_ID", "children": ["ROW-1", "ROW-2", "ROW-3"], "parents": ["ROOT_ID"]},
         "HEADER_ID": {"id": "HEADER_ID", "type": "HEADER", "meta": {"text": "adult through dpproxy"}},
     }
-    rows = {"ROW-1": chart_ids[:3], "ROW-2": chart_ids[3:]}
-    for row, charts in rows.items():
+    rows = {"ROW-1": (chart_ids[:3], [4, 4, 4], 40), "ROW-2": (chart_ids[3:5], [4, 8], 60),
+            "ROW-3": (chart_ids[5:], [12], 18)}
+    for row, (charts, widths, height) in rows.items():
         layout[row] = {"type": "ROW", "id": row, "children": [f"CHART-{i}" for i, _ in charts],
                        "parents": ["ROOT_ID", "GRID_ID"], "meta": {"background": "BACKGROUND_TRANSPARENT"}}
-        for chart_id, name in charts:
+        for (chart_id, name), width in zip(charts, widths):
             layout[f"CHART-{chart_id}"] = {
                 "type": "CHART", "id": f"CHART-{chart_id}", "children": [], "parents": ["ROOT_ID", "GRID_ID", row],
-                "meta": {"chartId": chart_id, "width": 4 if row == "ROW-1" else 12, "height": 40 if row == "ROW-1"
-                         else 30, "sliceName": name}}
+                "meta": {"chartId": chart_id, "width": width, "height": height, "sliceName": name}}
     return layout
 
 
