@@ -10,17 +10,13 @@ AVG's what dpproxy's own work (protocol, parsing, noise) adds on top.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from policies.loader import load_policy
-from proxy.backend import build_registry, connect
-from rewriter.classify import DPQuery, classify
 from rewriter.rewrite import backend_sql, partition_seed
-from rewriter.statements import split_statements
 
 from .latency import QUERIES, Latency, Probe, measure
+from .plans import plan_of
 from .postgres import Endpoint
 
 __all__ = ["AvgComparison", "compare_avg", "rewritten_sql"]
@@ -59,21 +55,7 @@ def compare_avg(
 def rewritten_sql(policy_path: Path, sql: str) -> tuple[str, str]:
     """The backend SQL dpproxy runs for the DP query ``sql`` under the policy at ``policy_path``,
     and the same under ``partitioning: random``."""
-    return asyncio.run(_rewrite(policy_path, sql))
-
-
-async def _rewrite(policy_path: Path, sql: str) -> tuple[str, str]:
-    policy = load_policy(policy_path)
-    backend = await connect(policy)
-    try:
-        registry = await build_registry(backend, policy)
-        statement = split_statements(sql)[0]
-        resolved = await backend.resolve(statement.references.relations)
-        decision = classify(statement, resolved, registry)
-    finally:
-        await backend.close()
-    assert isinstance(decision, DPQuery), decision
-    plan = decision.plan
+    plan = plan_of(policy_path, sql)
     seed = partition_seed()  # one partitioning, like one query's
     random_plan = replace(plan, table=replace(plan.table, partition_key="random"))
     return backend_sql(plan, seed=seed), backend_sql(random_plan, seed=seed)

@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 
 from .avg import AvgComparison
+from .histogram import HistogramComparison
 from .idle import IdleResult
 from .latency import Latency, added_latency
 from .pgbench import PgbenchResult
@@ -33,6 +34,7 @@ class Results:
     # rows → query → endpoint → latency
     latency: dict[int, dict[str, dict[str, Latency]]] = field(default_factory=dict)
     avg: AvgComparison | None = None
+    histogram: HistogramComparison | None = None
     idle: IdleResult | None = None
     idle_max_connections: int = 0
     # rows → query → {"smartnoise": …, "direct-tcp": …}, or why SmartNoise could not run it
@@ -76,7 +78,7 @@ def render(results: Results) -> str:
     out += [f"- **{key}**: {value}" for key, value in results.machine.items()]
     out += [f"- **{key}**: {value}" for key, value in results.settings.items()]
     out += [""]
-    for section in (_targets, _pgbench, _latency, _smartnoise, _avg, _idle):
+    for section in (_targets, _pgbench, _latency, _smartnoise, _avg, _histogram, _idle):
         lines = section(results)
         if lines:
             out += lines + [""]
@@ -230,6 +232,30 @@ def _avg(results: Results) -> list[str]:
     ]
 
 
+def _histogram(results: Results) -> list[str]:
+    hist = results.histogram
+    if hist is None:
+        return []
+    return [
+        f"## A {hist.cells:,}-cell DP histogram vs the plain GROUP BY on {hist.rows:,} rows",
+        "",
+        "| | p50 ms | p99 ms | p50 / plain GROUP BY | sequential scans per query |",
+        "|---|---:|---:|---:|---:|",
+        f"| plain `GROUP BY width_bucket(...)`, direct | {_ms(hist.direct.p50_ms)} | {_ms(hist.direct.p99_ms)} | 1 | "
+        f"{hist.seq_scans_direct} |",
+        f"| dpproxy's backend SQL, run directly | {_ms(hist.rewritten.p50_ms)} | {_ms(hist.rewritten.p99_ms)} | "
+        f"**{_num(hist.rewritten.p50_ms / hist.direct.p50_ms)}** | |",
+        f"| DP histogram through dpproxy | {_ms(hist.dpproxy.p50_ms)} | {_ms(hist.dpproxy.p99_ms)} | "
+        f"{_num(hist.dpproxy.p50_ms / hist.direct.p50_ms)} | {hist.seq_scans_dpproxy} |",
+        "",
+        "Scans counted from `pg_stat_user_tables.seq_scan` (one per parallel participant). Backend SQL:",
+        "",
+        "```sql",
+        hist.backend_sql,
+        "```",
+    ]
+
+
 def _idle(results: Results) -> list[str]:
     idle = results.idle
     if idle is None:
@@ -273,13 +299,18 @@ def _targets(results: Results) -> list[str]:
     if results.avg is not None:
         ratio = results.avg.dpproxy.p50_ms / results.avg.direct.p50_ms
         goals.append((f"S&A AVG / direct AVG, p50, {results.avg.rows:,} rows", "≤ 1.3", ratio, ratio <= 1.3))
+    if results.histogram is not None:
+        hist = results.histogram
+        ratio = hist.rewritten.p50_ms / hist.direct.p50_ms
+        goals.append((f"{hist.cells:,}-cell histogram's backend SQL / plain GROUP BY, p50, {hist.rows:,} rows",
+                      "≤ 1.1 (issue 19)", ratio, ratio <= 1.1 and hist.seq_scans_dpproxy == hist.seq_scans_direct))
     if results.idle is not None and results.idle.steps:
         last = results.idle.steps[-1]
         goals.append((f"dpproxy RSS with {last.open:,} idle clients open (of {last.attempted:,})", "< 200 MB",
                       last.proxy_rss / _MB, last.proxy_rss < 200 * _MB and last.open == last.attempted))
     if not goals:
         return []
-    lines = ["## Summary against issue 7's goals", "", "| measure | goal | measured | met |", "|---|---|---:|:---:|"]
+    lines = ["## Summary against the goals (issue 7; the histogram: issue 19)", "", "| measure | goal | measured | met |", "|---|---|---:|:---:|"]
     lines += [f"| {name} | {goal} | {_num(value)} | {'yes' if met else '**no**'} |" for name, goal, value, met in goals]
     return lines
 

@@ -31,6 +31,7 @@ import psycopg
 from policies.loader import load_policy
 
 from .avg import compare_avg
+from .histogram import compare_histogram
 from .environment import Environment, environment, note
 from .idle import idle_connections
 from .latency import QUERIES, Probe, measure
@@ -40,7 +41,7 @@ from .report import Results, machine, render
 from .servers import renew_budget
 from .smartnoise import SmartNoiseError, SmartNoiseTimer, default_venv, find_smartnoise, install_smartnoise, metadata
 
-SECTIONS = ("pgbench", "latency", "avg", "idle", "smartnoise")
+SECTIONS = ("pgbench", "latency", "avg", "histogram", "idle", "smartnoise")
 BIG_TABLE = 1_000_000
 BIG_DURATION_FACTOR = 2.5
 
@@ -84,6 +85,11 @@ def main(argv: list[str] | None = None) -> int:
             note(f"AVG: sample and aggregate vs AVG() on {rows:,} rows")
             results.avg = compare_avg(env.workdir / "policy.yaml", env.dpproxy, env.direct_tcp, env.tables[rows],
                                       rows, _iterations(args.latency_iterations, rows))
+        if "histogram" in args.only:
+            rows = max(env.tables)
+            note(f"histogram: 1,000 cells vs the plain GROUP BY on {rows:,} rows")
+            results.histogram = compare_histogram(env.workdir / "policy.yaml", env.dpproxy, env.direct_tcp,
+                                                  env.tables[rows], rows, _iterations(args.latency_iterations, rows))
         if "idle" in args.only:
             checkpoints = sorted({n for n in (1, 100, 250, 500, args.idle) if n <= args.idle})
             note(f"idle: up to {args.idle} idle clients (max_connections {args.max_connections})")

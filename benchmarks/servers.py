@@ -53,6 +53,7 @@ def write_policy(path: Path, backend: Endpoint, port: int, tables: dict[int, str
     """Write the benchmark policy for ``tables`` (rows → name, in schema public) to ``path``."""
     demo = parse_policy(DEMO_POLICY.format(dsn=backend.uri(), port=port, ledger="-"), "demo-policy")
     table = demo.tables["public.adult"].model_dump(mode="json", by_alias=True, exclude_none=True)
+    table["columns"]["age"]["group_by"] = True  # the histogram benchmark's width_bucket(age, ...) key
     user, password = ANALYST
     policy = {
         "backend": {"dsn": backend.uri(), "statement_timeout_ms": 600_000},

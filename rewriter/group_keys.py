@@ -41,7 +41,7 @@ from policies.time_buckets import TimeUnit, bucket_count, bucket_index, bucket_s
 
 from .constants import NotFoldable, qualified_constant
 from .sql_text import literal, operator
-from .types import FLOAT4, FLOAT8, INT4, INTEGER_TYPES, NUMERIC, NUMERIC_TYPES
+from .types import INT4, INTEGER_TYPES, NUMERIC, NUMERIC_TYPES
 
 if TYPE_CHECKING:
     from .dp_query import Scope
@@ -73,7 +73,8 @@ class GroupKey:
     ``result_type_oid`` is the type PostgreSQL gives the grouping expression (the column's
     type; ``timestamp``/``timestamptz`` for ``date_trunc``; ``integer`` for ``width_bucket``).
     ``first``/``count`` are a time key's first bucket and number of buckets; ``bins`` are
-    ``width_bucket``'s bounds and bucket count.
+    ``width_bucket``'s bounds and bucket count, ``bin_type`` the overload PostgreSQL resolves
+    the call to (``double precision`` unless the column or a bound is ``numeric``).
     """
 
     column: ColumnInfo
@@ -83,11 +84,12 @@ class GroupKey:
     first: datetime | None = None
     count: int = 0
     bins: tuple[float, float, int] | None = None
+    bin_type: Literal["double precision", "numeric"] = "double precision"
 
     @property
-    def identity(self) -> tuple[str, str, str | None, tuple[float, float, int] | None]:
+    def identity(self) -> tuple[str, str, str | None, tuple[float, float, int] | None, str]:
         """What the key groups by, whatever part of its domain a query answers."""
-        return (self.column.name, self.kind, self.unit, self.bins)
+        return (self.column.name, self.kind, self.unit, self.bins, self.bin_type)
 
     def narrowed(self, lo: datetime | None, hi: datetime | None) -> GroupKey:
         """A time key's buckets that meet [lo, hi] (None: unbounded on that side); maybe none."""
@@ -153,11 +155,8 @@ class GroupKey:
             return f"CASE WHEN {within} THEN pg_catalog.date_trunc({literal(self.unit)}, {name}) END"
         assert self.bins is not None
         lo, hi, n = self.bins
-        if self.column.type_oid in (FLOAT4, FLOAT8):
-            value, bound = f"CAST({name} AS double precision)", "double precision"
-        else:
-            value, bound = f"CAST({name} AS numeric)", "numeric"
-        bucket = f"pg_catalog.width_bucket({value}, CAST({lo!r} AS {bound}), CAST({hi!r} AS {bound}), {n})"
+        bound = self.bin_type
+        bucket = f"pg_catalog.width_bucket(CAST({name} AS {bound}), CAST({lo!r} AS {bound}), CAST({hi!r} AS {bound}), {n})"
         if self.column.type_oid in INTEGER_TYPES:
             return bucket
         # width_bucket raises for a NaN operand: a NaN row is in no cell.
@@ -335,7 +334,7 @@ def _bin_key(node: exp.WidthBucket, scope: Scope) -> GroupKey:
     policy = column.policy
     if policy is None or policy.bounds is None or policy.group_by is not True or column.type_oid not in NUMERIC_TYPES:
         raise _refuse(scope, f"GROUP BY width_bucket({column.name}, ...) is not allowed on protected table")
-    lo, hi = (_number(node.args.get(key), scope) for key in ("min_value", "max_value"))
+    (lo, lo_integer), (hi, hi_integer) = (_number(node.args.get(key), scope) for key in ("min_value", "max_value"))
     count = node.args.get("num_buckets")
     if not (isinstance(count, exp.Literal) and not count.is_string and count.this.isdigit() and int(count.this) >= 1):
         raise _refuse(scope, "width_bucket's bucket count must be a positive integer literal on protected table")
@@ -345,10 +344,14 @@ def _bin_key(node: exp.WidthBucket, scope: Scope) -> GroupKey:
     n = int(count.this)
     if n + 2 > scope.table.policy.max_cells:
         raise _too_many(scope, f"GROUP BY width_bucket({column.name}, ..., {n})", n + 2)
-    return GroupKey(column, "bin", INT4, bins=(lo, hi, n))
+    # PostgreSQL's overload: double precision for a float column, or an integer one between
+    # integer literals; numeric for a numeric column, or when a bound is a decimal literal.
+    exact = column.type_oid == NUMERIC or (column.type_oid in INTEGER_TYPES and not (lo_integer and hi_integer))
+    return GroupKey(column, "bin", INT4, bins=(lo, hi, n), bin_type="numeric" if exact else "double precision")
 
 
-def _number(node: exp.Expression | None, scope: Scope) -> float:
+def _number(node: exp.Expression | None, scope: Scope) -> tuple[float, bool]:
+    """A width_bucket bound's value, and whether PostgreSQL reads it as an integer (int4/int8)."""
     negative = isinstance(node, exp.Neg)
     if negative:
         assert node is not None
@@ -358,7 +361,8 @@ def _number(node: exp.Expression | None, scope: Scope) -> float:
     value = float(node.this)
     if not math.isfinite(value) or abs(value) > 1e300:
         raise _refuse(scope, "width_bucket's bounds must be finite numbers on protected table")
-    return -value if negative else value
+    integer = node.this.isdigit() and abs(int(node.this)) < 2**63
+    return (-value if negative else value), integer
 
 
 def _refuse(scope: Scope, message: str) -> Refusal:

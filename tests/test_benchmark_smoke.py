@@ -30,6 +30,7 @@ def test_quick_benchmark_runs_and_prints_the_ratio_table():
     assert "| 1,000 | 8 | extended |" in report
     assert "## Per-query latency" in report
     assert "## Idle client connections" in report
+    assert "## A 1,000-cell DP histogram vs the plain GROUP BY on 1,000 rows" in report
     assert "Errors:" not in report, report
     if find_pgbouncer() is not None:  # .ci/run installs it; the comparison is optional elsewhere
         assert "pgbouncer tps (ratio)" in report, report

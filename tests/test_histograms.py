@@ -20,7 +20,11 @@ import psycopg
 import pytest
 
 from conftest import TEST_POLICY, RunningProxy, TestDatabase, running_proxy, spent_epsilon
+from policies.model import ColumnPolicy, TablePolicy
+from policies.tables import ColumnInfo, Relation
 from proxy.demo import SERVICE_ROLE
+from rewriter.dp_query import plan_aggregate_query
+from rewriter.rewrite import backend_sql
 
 _COLUMNS = """\
     columns:
@@ -390,3 +394,18 @@ def test_neighbouring_tables_give_histograms_within_e_epsilon(hproxy, admin):
         if hi <= female:
             # Below the base's count the loss is exactly ε: the test sees it.
             assert abs(log_ratio - epsilon) <= z * math.sqrt(1 / ca + 1 / cb), (lo, hi, ca, cb)
+
+
+
+@pytest.mark.parametrize("bounds, overload", [("17, 91", "double precision"), ("17.5, 91", "numeric")])
+def test_width_bucket_resolves_to_the_overload_postgresql_picks(admin, bounds, overload):
+    """An integer column between integer literals is bucketed in double precision, as PostgreSQL
+    does (its float and numeric width_bucket can disagree at a bucket's edge), else in numeric."""
+    admin.execute("CREATE TEMP TABLE wb (age integer)")
+    explained = " ".join(row[0] for row in admin.execute(f"EXPLAIN VERBOSE SELECT width_bucket(age, {bounds}, 3) FROM wb"))
+    assert f"width_bucket((age)::{overload}" in explained or (overload == "numeric" and "(age)::numeric" in explained)
+    age = ColumnPolicy(bounds=(17, 90), group_by=True)
+    relation = Relation(1, "public", "wb", TablePolicy(epsilon=1.0, columns={"age": age}),
+                        {"age": ColumnInfo("age", 23, -1, 1, age, array_type_oid=1007)})
+    plan = plan_aggregate_query(f"SELECT width_bucket(age, {bounds}, 3), COUNT(*) FROM wb GROUP BY 1", relation)
+    assert f'pg_catalog.width_bucket(CAST("age" AS {overload})' in backend_sql(plan, seed=0)
