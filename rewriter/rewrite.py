@@ -167,14 +167,18 @@ def _grouped_sql(query: AggregateQuery, parts: list[Part], source: str) -> str:
     """One pass over the filtered rows, grouped by each key's per-row expression.
 
     Each group reports the cell it falls in (one column per key, ``GroupKey.cell_sql``) and
-    its parts; groups in no cell are left out. A cell may receive several groups (the rows an
+    its parts; groups in no cell are left out, after grouping. A cell may receive several groups (the rows an
     ``other`` key catches): :func:`split_cells` adds their parts up.
     """
-    cells = [key.cell_sql() for key in query.groups]
+    cells = [f"{key.cell_sql()} AS k{i}" for i, key in enumerate(query.groups)]
+    outputs = [f"k{i}" for i in range(len(cells))] + [f"p{i}" for i in range(len(parts))]
     rows = ", ".join(key.row_sql() for key in query.groups)
-    present = " AND ".join(f"{cell} IS NOT NULL" for cell in cells)
-    return (f"SELECT {', '.join([*cells, *(part.sql for part in parts)])} FROM {source} "
-            f"GROUP BY {rows} HAVING {present}")
+    present = " AND ".join(f"k{i} IS NOT NULL" for i in range(len(cells)))
+    # OFFSET 0 keeps the filter on the groups: PostgreSQL would push a HAVING (or an outer WHERE)
+    # on grouping expressions down to every row, computing each key twice per row.
+    grouped = ", ".join([*cells, *(f"{part.sql} AS p{i}" for i, part in enumerate(parts))])
+    return (f"SELECT {', '.join(outputs)} FROM (SELECT {grouped} FROM {source} GROUP BY {rows} OFFSET 0) AS cells "
+            f"WHERE {present}")
 
 
 def partition_key(table: Relation, seed: int) -> str:
