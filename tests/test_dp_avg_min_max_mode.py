@@ -131,6 +131,8 @@ def test_sample_and_aggregate_max_on_neighbouring_tables_stays_within_e_epsilon(
     base = np.array(_answers(nproxy, "SELECT MAX(v) FROM nb_base", 800), dtype=float)
     plus = np.array(_answers(nproxy, "SELECT MAX(v) FROM nb_plus", 800), dtype=float)
     assert base.min() >= 0 and plus.max() <= 100
+    # S* = 100 on both tables, so the noise is Lap(200): no bin's true |log ratio| exceeds 0.36,
+    # and the check fails by chance with p < 1e-30 (binomial bin counts).
     _assert_within_e_epsilon(base, plus, epsilon=1.0)
 
 
@@ -138,13 +140,18 @@ def test_sum_count_avg_on_neighbouring_tables_stays_within_e_epsilon(nproxy):
     base = np.array(_answers(nproxy, "SELECT AVG(v) FROM nb_base", 1500), dtype=float)
     plus = np.array(_answers(nproxy, "SELECT AVG(v) FROM nb_plus", 1500), dtype=float)
     # The exact means are 5 and 9.52; the answers must differ in distribution (the test has
-    # power) while no bin's ratio exceeds e^ε.
+    # power) while no bin's ratio exceeds e^ε. The KS statistic is 0.25 ± 0.017 against the
+    # 0.071 that p < 1e-3 needs: fails by chance with p < 1e-20.
     assert stats.ks_2samp(base, plus).pvalue < 1e-3
+    # The largest true |log ratio| of a bin is 0.75 (the top one): fails by chance with
+    # p ≈ 3e-10 (binomial bin counts at the mechanism's exact bin probabilities).
     _assert_within_e_epsilon(base, plus, epsilon=1.0)
 
 
 def test_mode_frequencies_on_neighbouring_tables_follow_the_exponential_mechanism(nproxy):
-    epsilon, n = 1.0, 1000
+    # 1500 draws a table: the G-test's floor of 1e-8 still catches an ε twice too large (A on
+    # nb_plus at 0.73 instead of 0.62) in all but ~2e-4 of runs.
+    epsilon, n = 1.0, 1500
     tables = {"nb_base": {"A": 10, "B": 10, "C": 0}, "nb_plus": {"A": 11, "B": 10, "C": 0}}
     seen = {}
     for table, counts in tables.items():
@@ -154,9 +161,12 @@ def test_mode_frequencies_on_neighbouring_tables_follow_the_exponential_mechanis
         # Likelihood-ratio (G) test of the observed choices against exp(ε·q/2Δ) proportions.
         g = 2 * sum(k * math.log(k / (n * expected[c])) for c, k in seen[table].items())
         assert set(seen[table]) <= set(counts)
-        assert stats.chi2.sf(g, df=len(counts) - 1) > 1e-3, (table, seen[table])
+        # Fails by chance with p ≈ 7e-9 per table (the multinomial summed exactly: C's expected
+        # count is ~3, where the χ² tail is a little conservative); a floor of 1e-3 failed with p ≈ 8e-4.
+        assert stats.chi2.sf(g, df=len(counts) - 1) > 1e-8, (table, seen[table])
     for category in ("A", "B"):
         a, b = seen["nb_base"][category], seen["nb_plus"][category]
+        # True |log ratio| ≤ 0.28 with ~750 draws a side: fails by chance with p < 1e-40.
         assert abs(math.log(a / b)) - 3.5 * math.sqrt(1 / a + 1 / b) <= epsilon
 
 
@@ -164,7 +174,7 @@ def test_mode_never_answers_a_category_the_policy_does_not_declare(nproxy):
     # 'Z' holds 500 of 508 rows but is not declared: the answer is always A, B or C.
     seen = Counter(_answers(nproxy, "SELECT MODE() WITHIN GROUP (ORDER BY grp) FROM undeclared", 200))
     assert set(seen) <= {"A", "B", "C"}
-    assert seen["A"] > seen["C"]  # counts 5 vs 0: e^{2.5} times as likely
+    assert seen["A"] > seen["C"]  # counts 5 vs 0: e^{2.5} times as likely; fails by chance with p < 1e-40
 
 
 def test_outliers_are_clamped_row_by_row_before_averaging(nproxy, admin):
@@ -174,6 +184,8 @@ def test_outliers_are_clamped_row_by_row_before_averaging(nproxy, admin):
     for table in ("outliers", "outliers_sc"):
         answers = np.array(_answers(nproxy, f"SELECT AVG(v) FROM {table}", 15), dtype=float)
         assert np.all((answers >= 0) & (answers <= 10))
+        # An answer errs by sd ≈ 0.05 (median of 30 partition means of ~100 rows; sum_count: 1e-4),
+        # the median of 15 by ≈ 0.02: fails by chance with p < 1e-30.
         assert abs(np.median(answers) - float(clamped)) < 0.3, (table, answers)
 
 
@@ -182,7 +194,9 @@ def test_min_and_max_with_outliers_stay_in_bounds_and_keep_the_integer_type(npro
         rows = [conn.execute("SELECT MIN(v), MAX(v) FROM outliers").fetchone() for _ in range(10)]
     assert all(isinstance(v, int) for row in rows for v in row)
     # Every partition holds clamped outliers at both ends, so at ε = 15 per column the
-    # median of the minima is 0 and of the maxima 10, with negligible noise.
+    # median of the minima is 0 and of the maxima 10, with negligible noise (S* = 10·e^{-15β},
+    # scale 6e-4): fails by chance with p < 1e-100 (the noise reaches 0.5 with p ≈ e^{-860}; the
+    # median moves only if 15 of 30 partitions lack a row at the bound, each with p < 1e-7).
     assert [row for row in rows if row != (0, 10)] == []
 
 
@@ -194,8 +208,9 @@ def test_partitions_are_drawn_per_row_and_afresh_for_every_query(nproxy, test_db
     # 16 rows in 16 partitions: each row drawn on its own leaves 16·(15/16)^16 ≈ 5.6 partitions
     # empty on average (an equal split such as ntile would leave none).
     filled = np.array([len(values) for values in runs])
-    assert 9 <= filled.mean() <= 12, filled
-    # A new partitioning per query: the partition minima hardly ever repeat.
+    assert 9 <= filled.mean() <= 12, filled  # mean 10.3, sd 0.2: fails by chance with p ≈ 2e-11 (exact)
+    # A new partitioning per query: the partition minima hardly ever repeat (two runs share
+    # theirs with p ≈ 3e-4, so 0.2 shared pairs in 40 runs): fails by chance with p < 1e-10.
     assert len({tuple(sorted(values)) for values in runs}) >= 30
 
 
@@ -231,7 +246,9 @@ def test_avg_min_max_mode_have_the_names_and_types_postgres_gives(proxy, admin):
 def test_avg_of_adult_age_is_close_to_the_exact_mean(proxy, admin):
     (exact,) = admin.execute("SELECT AVG(age) FROM adult").fetchone()
     answers = np.array(_answers(proxy, "SELECT AVG(age) FROM adult", 10), dtype=float)
-    # m = 512 partitions of ~95 rows at ε = 1: median absolute error ≈ 0.2 years.
+    # m = 512 partitions of ~95 rows at ε = 1: median absolute error ≈ 0.2 years. An answer is
+    # off by more than 1 with p ≈ 7e-3 (measured S* gives noise scales 0.14–0.24), the median of
+    # 10 needs 5 such: fails by chance with p ≈ 3e-10.
     assert abs(np.median(answers) - float(exact)) < 1.0
 
 
