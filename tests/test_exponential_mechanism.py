@@ -45,19 +45,24 @@ def permute_and_flip(counts: tuple[int, ...], epsilon: float) -> np.ndarray:
     return probabilities / len(orders)
 
 
+# The χ² tests below expect ≥ 1000 draws a cell, where the χ² tail is accurate: each fails by
+# chance with p ≈ 1e-8 (a floor of 1e-4 failed with p ≈ 1e-4). A wrong ε or Δ by 2× gives χ² ≈ 1500 or more.
+
+
 def test_selection_frequencies_follow_exp_eps_q_over_2_delta() -> None:
     observed = frequencies(COUNTS, EPSILON)
-    assert stats.chisquare(observed, exponential_mechanism(COUNTS, EPSILON) * N).pvalue > 1e-4
+    assert stats.chisquare(observed, exponential_mechanism(COUNTS, EPSILON) * N).pvalue > 1e-8
 
 
 def test_sensitivity_scales_the_exponent() -> None:
     observed = frequencies(COUNTS, EPSILON, 2.0)
-    assert stats.chisquare(observed, exponential_mechanism(COUNTS, EPSILON, 2.0) * N).pvalue > 1e-4
+    assert stats.chisquare(observed, exponential_mechanism(COUNTS, EPSILON, 2.0) * N).pvalue > 1e-8
 
 
 def test_selection_is_not_permute_and_flip() -> None:
     # OpenDP's exponential-noise noisy max is permute-and-flip: a different distribution that
-    # 20k draws tell apart (expected χ² ≈ 500 on 4 degrees of freedom).
+    # 20k draws tell apart (expected χ² ≈ 500 on 4 degrees of freedom, against 53 for p = 1e-10:
+    # fails by chance with p < 1e-50).
     observed = frequencies(COUNTS, EPSILON)
     assert stats.chisquare(observed, permute_and_flip(COUNTS, EPSILON) * N).pvalue < 1e-10
 
@@ -68,6 +73,7 @@ def test_one_more_row_changes_selection_probabilities_by_at_most_e_eps(bumped: i
     p, q = frequencies(COUNTS, EPSILON) / N, frequencies(neighbour, EPSILON) / N
     for a, b in [(p, q), (q, p)]:
         sd = np.sqrt(a * (1 - a) / N + math.exp(2 * EPSILON) * b * (1 - b) / N)
+        # The true a − e^ε·b is ≤ −8.8 sd in every category: fails by chance with p < 1e-40.
         assert np.all(a - math.exp(EPSILON) * b <= Z * sd)
 
 
@@ -79,7 +85,7 @@ def test_only_declared_categories_are_returned() -> None:
 
 def test_equal_counts_select_uniformly() -> None:
     picks = Counter(gumbel_argmax([3, 3, 3], 1.0) for _ in range(3000))
-    assert stats.chisquare([picks[i] for i in range(3)]).pvalue > 1e-4
+    assert stats.chisquare([picks[i] for i in range(3)]).pvalue > 1e-8  # exact multinomial: p ≈ 1.0e-8
 
 
 def test_release_reports_scale_and_count_error_bound() -> None:
