@@ -97,7 +97,7 @@ def test_pandas_read_sql_of_text_query_keeps_column_names(engine: Engine, admin)
         frame = pd.read_sql(text("SELECT count(*) AS n, avg(age) AS avg_age FROM adult WHERE age > :age"), conn,
                             params={"age": 30})
     assert list(frame.columns) == ["n", "avg_age"] and len(frame) == 1
-    assert abs(frame["n"][0] - exact_count(admin, "age > 30")) < 30
+    assert abs(frame["n"][0] - exact_count(admin, "age > 30")) < 50  # ε/2: scale 2, fails by chance with p ≈ 2e-11
     assert 17 <= frame["avg_age"][0] <= 90
 
 
@@ -105,7 +105,7 @@ def test_pandas_read_sql_of_core_select_keeps_labels(engine: Engine, admin):
     query = select(func.count().label("people"), func.sum(Adult.hours_per_week).label("hours")).where(Adult.age > 40)
     frame = pd.read_sql(query, engine)
     assert list(frame.columns) == ["people", "hours"]
-    assert abs(frame["people"][0] - exact_count(admin, "age > 40")) < 30
+    assert abs(frame["people"][0] - exact_count(admin, "age > 40")) < 50  # ε/2: scale 2, fails by chance with p ≈ 2e-11
 
 
 def test_sqlalchemy_orm_select_func_count_is_answered_as_count_1(engine: Engine, admin):
