@@ -18,6 +18,7 @@ from policies.loader import PolicyError, key_line
 from policies.model import Policy
 
 from .backend import BackendError, build_registry, connect
+from .startup import backend_reason
 
 __all__ = ["BackendCheck", "check_against_backend", "locate"]
 
@@ -37,7 +38,9 @@ async def check_against_backend(policy: Policy, text: str, source: str) -> Backe
     timeout = 2 * policy.backend.connect_timeout_s + policy.backend.statement_timeout_ms / 1000
     try:
         problems = await asyncio.wait_for(_problems(policy), timeout)
-    except (BackendError, psycopg.Error, OSError, asyncio.TimeoutError) as exc:
+    except (BackendError, psycopg.Error) as exc:
+        return BackendCheck(False, reason=backend_reason(policy.backend, exc))
+    except (OSError, asyncio.TimeoutError) as exc:
         reason = str(exc).strip() or f"no answer within {timeout:g}s"
         return BackendCheck(False, reason=reason.splitlines()[0])
     return BackendCheck(True, [locate(problem, policy, text, source) for problem in problems],
@@ -50,7 +53,7 @@ def locate(problem: str, policy: Policy, text: str, source: str) -> str:
 
 
 async def _problems(policy: Policy) -> list[str]:
-    session = await connect(policy)
+    session = await connect(policy, report=False)
     try:
         await build_registry(session, policy)
     except PolicyError as exc:
