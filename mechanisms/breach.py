@@ -1,12 +1,12 @@
-"""Choosing ε from breach probabilities (LPB; seed 003: Ouyang, Yin, Liu, "Limiting Privacy
-Breaches in Differential Privacy").
+"""Choosing ε from breach probabilities (LPB: Ouyang, Yin and Liu, "Limiting Privacy
+Breaches in Differential Privacy"; docs/references.md).
 
 An informed adversary knows every row but one and the candidate values of the missing row.
 (ρ1, ρ2)-privacy asks that whenever the adversary's prior belief in a fact is at most ρ1,
 the belief after seeing the released answer is at most ρ2. That holds when every likelihood
 ratio Pr[D_i → r] / Pr[D_j → r] between two hypotheses is at most
-γ = ρ2(1 − ρ1) / (ρ1(1 − ρ2)) (seed 003, Theorem 2). A Laplace answer with scale λ = Δ/ε keeps
-the ratio below e^{Δ/λ} = e^ε, so ε = ln γ.
+γ = ρ2(1 − ρ1) / (ρ1(1 − ρ2)) (the paper's Theorem 2, after Evfimievski, Gehrke and Srikant
+2003). A Laplace answer with scale λ = Δ/ε keeps the ratio below e^{Δ/λ} = e^ε, so ε = ln γ.
 
 Which hypotheses are covered depends on the neighbouring relation. dpproxy's mechanisms are
 ε-DP for one row added or removed, so ε = ln γ protects membership ("is this person's row in

@@ -1,4 +1,5 @@
-"""The exponential mechanism for MODE (McSherry & Talwar 2007; seed 002, Definition 2.5).
+"""The exponential mechanism for MODE (McSherry & Talwar 2007; Definition 2.5 of Hu and Zhou,
+"Differential Privacy: A Survey", 2017; docs/references.md).
 
 Guarantee: given a declared, data-independent category domain R and a quality q_i (the
 count of rows in category i) that one added or removed row changes by at most Δ,
@@ -22,7 +23,7 @@ __all__ = ["mode_error95", "release_mode"]
 def mode_error95(epsilon: float, n_categories: int, sensitivity: float = 1.0) -> float:
     """Count shortfall of the chosen category that holds with probability ≥ 0.95.
 
-    Seed 002, Theorem 2 with t = ln 20: P[q(chosen) ≤ OPT − (2Δ/ε)·(ln|R| + t)] ≤ e^{-t}, so
+    Hu and Zhou's survey, Theorem 2 with t = ln 20: P[q(chosen) ≤ OPT − (2Δ/ε)·(ln|R| + t)] ≤ e^{-t}, so
     the chosen category's count is within (2Δ/ε)·ln(20·|R|) of the true mode's count with
     probability at least 0.95. It is in units of the count, not of the column, and depends
     only on ε, Δ and the size of the declared domain.

@@ -1,4 +1,6 @@
-"""The Laplace mechanism for COUNT and SUM (Dwork et al. 2006; seeds 000, 001, 002).
+"""The Laplace mechanism for COUNT and SUM (Dwork, McSherry, Nissim and Smith, "Calibrating
+Noise to Sensitivity in Private Data Analysis", 2006; as Evans, Girkins and Sartor, Mivule, and
+Hu and Zhou's survey present it: docs/references.md).
 
 Guarantee: for a query whose answer changes by at most Δ when one row is added or
 removed, releasing ``answer + Lap(Δ/ε)`` is ε-differentially private (δ = 0). Integer

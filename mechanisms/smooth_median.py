@@ -2,7 +2,9 @@
 
 AVG, MIN and MAX have no useful global sensitivity, so the rows are split at random into m
 partitions, the aggregate is computed on each (values clamped to [lo, hi]), and this module
-releases a differentially private median of the m partition values (seed 004; NRS07 §3.1).
+releases a differentially private median of the m partition values (NRS07 §3.1; as Immuta's
+documentation of its differential privacy policies, version 2020.3, describes it; both in
+docs/references.md).
 
 Guarantee: the release is (ε, δ)-DP with respect to changing one of the m partition values.
 That is one row added or removed as long as each row's partition is chosen independently of

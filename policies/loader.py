@@ -32,6 +32,10 @@ def load_policy(path: str | Path) -> Policy:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise PolicyError([f"{path}: cannot read policy file: {exc.strerror or exc}"]) from exc
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise PolicyError([f"{path}:{line}: the policy file is not UTF-8 text "
+                           f"(byte 0x{exc.object[exc.start]:02x}); save it as UTF-8"]) from exc
     return parse_policy(text, str(path))
 
 
@@ -53,7 +57,8 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
     try:
         return Policy.model_validate(data)
     except ValidationError as exc:
-        raise PolicyError([_describe(err, root, source) for err in exc.errors()]) from exc
+        # Not chained: pydantic's own text quotes the input, passwords included.
+        raise PolicyError([_describe(err, root, source) for err in exc.errors()]) from None
 
 
 def _duplicate_keys(root: yaml.Node | None, source: str) -> list[str]:

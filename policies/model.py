@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from mechanisms.breach import epsilon_from_breach
 
 from .credentials import parse_scram_verifier
+from .dsn import check_dsn
 from .time_buckets import TIME_UNITS, TimeUnit, bucket_count
 
 __all__ = [
@@ -77,11 +78,23 @@ class BackendConfig(_Strict):
     statement_timeout_ms: int = Field(30_000, gt=0)
     connect_timeout_s: float = Field(10.0, gt=0)
 
+    @field_validator("dsn")
+    @classmethod
+    def _dsn_parses(cls, dsn: str | None) -> str | None:
+        if dsn:  # libpq's syntax only: whether it connects is for check-config and serve
+            check_dsn(dsn)
+        return dsn
+
     @model_validator(mode="after")
     def _resolve_dsn(self) -> "BackendConfig":
         dsn = _from_env(self.dsn, self.dsn_env, "dsn")
         if not dsn:
             raise ValueError("backend needs dsn or dsn_env")
+        if self.dsn_env is not None:
+            try:
+                check_dsn(dsn)
+            except ValueError as exc:
+                raise ValueError(f"environment variable {self.dsn_env} (named by dsn_env): {exc}") from None
         object.__setattr__(self, "dsn", dsn)
         return self
 

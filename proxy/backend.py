@@ -126,16 +126,22 @@ def _opener(policy: Policy, startup: Mapping[str, str] | None) -> Callable[[], A
     return open_connection
 
 
-async def connect(policy: Policy, startup: Mapping[str, str] | None = None) -> "BackendSession":
+async def connect(
+    policy: Policy, startup: Mapping[str, str] | None = None, *, report: bool = True
+) -> "BackendSession":
     """A backend session whose connection is open now (its parameters are needed at once).
 
-    A failure to connect (PostgreSQL down, too many clients …) raises BackendError with
-    PostgreSQL's SQLSTATE, or 08006 when none came back.
+    A failure to connect (PostgreSQL down, too many clients …) is logged and raises
+    BackendError with PostgreSQL's SQLSTATE, or 08006 when none came back. With
+    ``report=False`` psycopg's own error is raised, unlogged, for a caller that tells the
+    operator itself (startup, ``check-config``: ``proxy.startup.backend_failure``).
     """
     opener = _opener(policy, startup)
     try:
         return BackendSession(opener, await opener())
     except psycopg.Error as exc:
+        if not report:
+            raise
         raise _connect_error(exc) from None
 
 

@@ -3,6 +3,14 @@
 ``serve`` and ``demo`` run until SIGTERM or SIGINT (a graceful shutdown: running statements
 get ``listen.shutdown_grace_s`` to finish; a second signal cuts that short) and reload
 their policy file on SIGHUP.
+
+A command that cannot run says why in one line on stderr (docs/deployment.md, "When
+dpproxy does not start"): a ``StartupError`` (``proxy.startup``) as ``dpproxy: <what
+failed>: <why> — check <key> in <file>:<line>``, a policy that is not valid as one
+``file:line: key: what`` line per problem, a wrong command line as one line naming the
+option. Exit status: 0 done, 1 a cause the user can fix (those above), 2 a wrong command
+line, 70 an internal error (a bug: its traceback is printed, to be reported), 130
+interrupted. ``-v``/``--verbose`` on any command prints the traceback of a failure too.
 """
 
 from __future__ import annotations
@@ -12,8 +20,9 @@ import asyncio
 import logging
 import signal
 import sys
+import traceback
 from pathlib import Path
-from typing import Sequence
+from typing import Any, NoReturn, Sequence, cast
 
 from policies.loader import PolicyError, load_policy
 from policies.model import Policy
@@ -22,39 +31,85 @@ from . import event_loop
 from .cli_budget import add_budget_commands
 from .cli_deploy import add_deploy_commands
 from .cli_privacy import add_privacy_commands
+from .startup import StartupError, os_reason, port_free, port_number
 
-__all__ = ["main"]
+__all__ = ["EXIT_FAILED", "EXIT_INTERNAL_ERROR", "EXIT_INTERRUPTED", "EXIT_USAGE", "main"]
 
 log = logging.getLogger("dpproxy")
 
+EXIT_FAILED = 1  # a cause the user can fix: the policy, the backend, the ledger, a port, a file
+EXIT_USAGE = 2  # the command line is wrong
+EXIT_INTERNAL_ERROR = 70  # a bug (sysexits' EX_SOFTWARE)
+EXIT_INTERRUPTED = 130  # Ctrl-C before serving began
+
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
+    verbose = bool(args.verbose)
     logging.basicConfig(
-        level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
+        level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    return int(args.run(args) or 0)
+    try:
+        return int(args.run(args) or 0)
+    except StartupError as exc:
+        if isinstance(getattr(args, "config", None), Path):
+            exc.locate(args.config)
+        return _failed(exc, [f"dpproxy: {exc}"], verbose)
+    except PolicyError as exc:
+        return _failed(exc, exc.problems, verbose)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 - a bug: shown whole, with a line saying so
+        traceback.print_exc()
+        print(f"dpproxy: internal error ({type(exc).__name__}); this is a bug in dpproxy: "
+              "please report it with the traceback above", file=sys.stderr)
+        return EXIT_INTERNAL_ERROR
+
+
+def _failed(exc: BaseException, lines: list[str], verbose: bool) -> int:
+    """Print why a command failed (the traceback first, under ``-v``); the exit status."""
+    if verbose:
+        traceback.print_exception(exc)
+    for line in lines:
+        print(line, file=sys.stderr)
+    return EXIT_FAILED
+
+
+class _Parser(argparse.ArgumentParser):
+    """dpproxy's argument parsers: every command takes ``-v``, and a usage error is one line."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.add_help:  # not a parents= template
+            # SUPPRESS: a command's parser leaves the top level's value alone unless given.
+            self.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                              help="on failure, print the traceback too; log at debug level")
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} — see {self.prog} --help\n")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="dpproxy", description="A PostgreSQL proxy that answers only differentially private aggregates."
+    parser = _Parser(
+        prog="dpproxy", description="A PostgreSQL proxy that answers only differentially private aggregates.",
+        epilog="Exit status: 0 done, 1 failed (one line on stderr says why), 2 wrong command line, "
+               "70 internal error. Add -v to a command to see a failure's traceback.",
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.set_defaults(verbose=False)
+    # Every command's parser is a _Parser (add_subparsers' default class is the parent's).
+    commands = cast("argparse._SubParsersAction[argparse.ArgumentParser]",
+                    parser.add_subparsers(dest="command", required=True))
 
     serve = commands.add_parser("serve", help="serve clients in front of the backend named by a policy")
     serve.add_argument("-c", "--config", required=True, type=Path, help="policy file (YAML)")
     serve.add_argument("--host", help="override listen.host")
-    serve.add_argument("--port", type=int, help="override listen.port")
-    serve.add_argument("-v", "--verbose", action="store_true")
+    serve.add_argument("--port", type=port_number, help="override listen.port")
     serve.set_defaults(run=_serve)
 
     demo = commands.add_parser("demo", help="embedded PostgreSQL + Adult demo table + dpproxy")
-    demo.add_argument("--port", type=int, default=6432)
+    demo.add_argument("--port", type=port_number, default=6432)
     demo.add_argument("--data-dir", type=Path, help="where the demo keeps its database and policy")
-    demo.add_argument("-v", "--verbose", action="store_true")
     demo.set_defaults(run=_demo)
 
     check = commands.add_parser(
@@ -74,12 +129,7 @@ def _check_config(args: argparse.Namespace) -> int:
     """Exit 0 if ``serve`` would accept the policy (or, backend unreachable, the file is valid)."""
     from .config_check import BackendCheck, check_against_backend
 
-    try:
-        policy = load_policy(args.config)
-    except PolicyError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
-        return 1
+    policy = load_policy(args.config)  # PolicyError: main prints each problem at its line
     protected = sum(1 for t in policy.tables.values() if t.access == "protected")
     summary = (f"{len(policy.users)} users, {protected} protected and "
                f"{len(policy.tables) - protected} public tables")
@@ -101,17 +151,8 @@ def _check_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_or_exit(path: Path) -> Policy:
-    try:
-        return load_policy(path)
-    except PolicyError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
-        raise SystemExit(1) from None
-
-
 def _serve(args: argparse.Namespace) -> int:
-    policy = _load_or_exit(args.config)
+    policy = load_policy(args.config)
     return _run(policy, args.config, args.host, args.port, banner=None)
 
 
@@ -119,13 +160,22 @@ def _demo(args: argparse.Namespace) -> int:
     from .demo import EmbeddedPostgres, default_data_dir, prepare_demo_database, write_demo_policy
 
     data_dir: Path = args.data_dir or default_data_dir()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    other = "choose another --data-dir" if args.data_dir else "choose a directory with --data-dir"
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StartupError(f"cannot create the demo's data directory {data_dir}: {os_reason(exc)}",
+                           hint=other) from exc
+    port_free("127.0.0.1", args.port, hint="choose another --port")  # before PostgreSQL and the data load
+    # pgserver logs a failed start whole (pg_ctl's output and the server log); the one line
+    # dpproxy prints names the log file instead, unless -v asks for everything.
+    logging.getLogger("pgserver").setLevel(logging.WARNING if args.verbose else logging.CRITICAL)
     print(f"dpproxy demo: starting an embedded PostgreSQL in {data_dir / 'pgdata'} ...", flush=True)
     postgres = EmbeddedPostgres(data_dir / "pgdata")
     try:
         dsn = prepare_demo_database(postgres.uri("postgres"))
         policy_path = write_demo_policy(data_dir / "policy.yaml", dsn, args.port, data_dir / "ledger.sqlite3")
-        policy = _load_or_exit(policy_path)
+        policy = load_policy(policy_path)
         banner = (
             f"dpproxy demo is serving the adult table on 127.0.0.1:{args.port} (policy: {policy_path}).\n"
             "Connect with:\n\n"
@@ -143,9 +193,8 @@ def _run(policy: Policy, config: Path, host: str | None, port: int | None, banne
         return event_loop.run(_serve_until_signal(policy, config, host, port, banner))
     except KeyboardInterrupt:
         return 0
-    except OSError as exc:
-        print(f"dpproxy: cannot listen: {exc.strerror or exc}", file=sys.stderr)
-        return 1
+    except StartupError as exc:
+        raise exc.locate(config)
 
 
 async def _serve_until_signal(
@@ -162,7 +211,11 @@ async def _serve_until_signal(
         for problem in exc.problems:
             print(f"policy does not match the backend: {locate(problem, policy, text, str(config))}", file=sys.stderr)
         return 1
-    await server.start(host, port)
+    try:
+        await server.start(host, port)
+    except StartupError:
+        await server.close()
+        raise
     if banner:
         print(banner, flush=True)
     stop = asyncio.Event()

@@ -3,7 +3,8 @@
 Each command loads the policy (``-c``), opens the ledger it names and works on the
 current period of each user's budget, with the limits the policy gives. Nothing here
 connects to the backend database. Exit codes: 0 done, 1 for an unusable policy, an
-unknown user, a refused amount or a ledger that cannot be reached.
+unknown user, a refused amount or a ledger that cannot be reached (``proxy.startup``: one
+line naming ledger.url's line in the policy).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from typing import Callable, Sequence
 import sqlalchemy as sa
 
 from policies.ledger import Balance, Budget, Ledger
-from policies.loader import PolicyError, load_policy
+from policies.loader import load_policy
 from policies.model import Policy
+
+from .startup import ledger_failure
 
 __all__ = ["add_budget_commands", "balance_table", "grant", "reset", "show"]
 
@@ -104,24 +107,25 @@ def balance_table(balances: Sequence[Balance]) -> str:
 def _with_ledger(args: argparse.Namespace, run: Callable[[Policy, Ledger], list[Balance]]) -> int:
     """Load the policy, open its ledger, ``run``, print the balances it returns; an exit code."""
     command = f"dpproxy budget {args.action}"
-    try:
-        policy = load_policy(args.config)
-    except PolicyError as exc:
-        print(exc, file=sys.stderr)
-        return 1
+    policy = load_policy(args.config)  # PolicyError: dpproxy's main prints each problem at its line
     if args.user is not None and args.user not in policy.users:
         print(f"{command}: unknown user {args.user!r}; the users of {args.config} are "
               f"{', '.join(sorted(policy.users))}", file=sys.stderr)
         return 1
     try:
-        with Ledger.from_url(policy.ledger.url, policy.ledger.schema_name) as ledger:
+        opened = Ledger.from_url(policy.ledger.url, policy.ledger.schema_name)
+    except (ValueError, OSError, sa.exc.SQLAlchemyError) as exc:
+        raise ledger_failure(policy.ledger, exc) from exc  # one line, at ledger.url's line
+    try:
+        with opened as ledger:
             balances = run(policy, ledger)
     except ValueError as exc:
         print(f"{command}: {exc}", file=sys.stderr)
         return 1
     except sa.exc.SQLAlchemyError as exc:
         # Not the URL: a PostgreSQL ledger URL may carry a password.
-        print(f"{command}: the ledger failed: {exc}", file=sys.stderr)
+        cause = getattr(exc, "orig", None) or exc
+        print(f"{command}: the ledger failed: {str(cause).strip().splitlines()[0]}", file=sys.stderr)
         return 1
     print(balance_table(balances))
     return 0

@@ -14,6 +14,8 @@ import os
 import sys
 from pathlib import Path
 
+from .startup import port_number
+
 __all__ = ["add_deploy_commands"]
 
 
@@ -21,7 +23,7 @@ def add_deploy_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     """Register ``health`` and ``demo-load`` on the ``dpproxy`` sub-command parser."""
     health = commands.add_parser("health", help="exit 0 if a dpproxy answers on host:port (container HEALTHCHECK)")
     health.add_argument("--host", default="127.0.0.1")
-    health.add_argument("--port", type=int, default=6432)
+    health.add_argument("--port", type=port_number, default=6432)
     health.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
     health.set_defaults(run=_health)
 
@@ -34,9 +36,9 @@ def add_deploy_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     load.add_argument("--service-password-env", metavar="VAR",
                       help="set the service role's password to this environment variable's value")
     load.add_argument("--listen-host", default="127.0.0.1", help="listen.host of the written policy")
-    load.add_argument("--port", type=int, default=6432, help="listen.port of the written policy")
+    load.add_argument("--port", type=port_number, default=6432, help="listen.port of the written policy")
     load.add_argument("--ledger", type=Path, default=Path("dpproxy-ledger.sqlite3"), help="SQLite ledger file")
-    load.add_argument("--metrics-port", type=int, help="serve metrics on listen-host:PORT (default: none)")
+    load.add_argument("--metrics-port", type=port_number, help="serve metrics on listen-host:PORT (default: none)")
     load.set_defaults(run=_demo_load)
 
 
@@ -58,6 +60,7 @@ def _demo_load(args: argparse.Namespace) -> int:
     from policies.loader import PolicyError
 
     from .demo_load import load_demo
+    from .startup import connection_failure, os_reason
 
     password = None
     if args.service_password_env:
@@ -71,7 +74,12 @@ def _demo_load(args: argparse.Namespace) -> int:
             listen_host=args.listen_host, port=args.port, ledger=args.ledger, metrics_port=args.metrics_port,
         )
     except psycopg.Error as exc:
-        print(f"dpproxy demo-load: {str(exc).strip()}", file=sys.stderr)
+        why = connection_failure("the PostgreSQL server", args.admin_dsn, exc)
+        print(f"dpproxy demo-load: {why} — check --admin-dsn", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"dpproxy demo-load: cannot write the policy {args.policy_out}: {os_reason(exc)} — check --policy-out",
+              file=sys.stderr)
         return 1
     except PolicyError as exc:  # pragma: no cover - the template is tested
         print("\n".join(exc.problems), file=sys.stderr)

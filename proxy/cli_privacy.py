@@ -1,8 +1,9 @@
 """``dpproxy epsilon`` and ``dpproxy risk``: what an ε means, for whoever writes the policy.
 
-``epsilon`` turns breach probabilities (seed 003) into ε: a prior ρ1 and a posterior ρ2
+``epsilon`` turns breach probabilities into ε (LPB: Ouyang, Yin and Liu, "Limiting Privacy
+Breaches in Differential Privacy"; docs/references.md): a prior ρ1 and a posterior ρ2
 give ε = ln(ρ2(1 − ρ1) / (ρ1(1 − ρ2))), the value a table's ``prior``/``posterior`` keys
-set. ``risk`` replays seed 003's informed adversary: it knows every row but one and a list
+set. ``risk`` replays the paper's informed adversary: it knows every row but one and a list
 of candidates for the missing one, sees one answer with Laplace noise of scale Δ/ε, and
 updates a uniform prior over the candidates by Bayes' rule. The math is in
 ``mechanisms.breach``; this module only parses arguments and prints.
@@ -28,7 +29,8 @@ from mechanisms.breach import (
 __all__ = ["add_privacy_commands", "epsilon_report", "risk_report"]
 
 _RISK_EPILOG = """\
-Seed 003's worked example (Table I):
+The worked example (Table I) of Ouyang, Yin and Liu, "Limiting Privacy Breaches in
+Differential Privacy":
   dpproxy risk --known 1,2,3 --candidates 1,2,3,5,10 --query avg --epsilon 2 --observed 5.041
 The paper's row for candidate 2 uses the noise 3.401 where 5.041 - 2 = 3.041, so its printed
 density (0.0216) and every printed posterior are slightly off; this prints the corrected
@@ -38,9 +40,9 @@ numbers (posterior of 10: 0.5421, not 0.5562). A candidate "none" stands for "no
 
 def add_privacy_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``epsilon`` and ``risk`` on the ``dpproxy`` sub-command parser."""
-    epsilon = commands.add_parser(
-        "epsilon", help="ε from breach probabilities: prior ρ1 and posterior ρ2 (seed 003)"
-    )
+    about = ('ε from breach probabilities: prior ρ1 and posterior ρ2 (Ouyang, Yin and Liu, '
+             '"Limiting Privacy Breaches in Differential Privacy"; docs/references.md)')
+    epsilon = commands.add_parser("epsilon", help=about, description=about)
     epsilon.add_argument("--prior", type=float, required=True, help="ρ1: the adversary's largest prior belief")
     target = epsilon.add_mutually_exclusive_group(required=True)
     target.add_argument("--posterior", type=float, help="ρ2: the largest belief allowed after the answers")
@@ -60,7 +62,8 @@ def add_privacy_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
     risk.add_argument("--observed", type=float, help="the noised answer the adversary saw (omit: worst case only)")
     risk.add_argument(
         "--sensitivity", type=float,
-        help="Δ of the Laplace noise (default: the spread of the query over the candidates, as in seed 003)",
+        help="Δ of the Laplace noise (default: the spread of the query over the candidates, "
+             "as in Ouyang, Yin and Liu)",
     )
     risk.set_defaults(run=_run_risk)
 
@@ -152,7 +155,7 @@ def risk_report(
     lines.append(
         f"worst case: the largest posterior over every possible answer; here {_value(top)} reaches "
         f"{worst[top]:.4f}. No answer at ε = {epsilon:g} can lift a {_pct(prior)} prior above "
-        f"{_pct(posterior_bound(prior, epsilon))} when Δ covers the candidates (seed 003)."
+        f"{_pct(posterior_bound(prior, epsilon))} when Δ covers the candidates (Ouyang, Yin and Liu)."
     )
     return "\n".join(lines)
 

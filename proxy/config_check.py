@@ -19,6 +19,7 @@ from policies.model import Policy
 
 from .backend import BackendError, build_registry, connect
 from .partition_fit import usefulness_warnings
+from .startup import backend_reason
 
 __all__ = ["BackendCheck", "check_against_backend", "locate"]
 
@@ -39,7 +40,9 @@ async def check_against_backend(policy: Policy, text: str, source: str) -> Backe
     timeout = 2 * policy.backend.connect_timeout_s + policy.backend.statement_timeout_ms / 1000
     try:
         problems, warnings = await asyncio.wait_for(_problems(policy), timeout)
-    except (BackendError, psycopg.Error, OSError, asyncio.TimeoutError) as exc:
+    except (BackendError, psycopg.Error) as exc:
+        return BackendCheck(False, reason=backend_reason(policy.backend, exc))
+    except (OSError, asyncio.TimeoutError) as exc:
         reason = str(exc).strip() or f"no answer within {timeout:g}s"
         return BackendCheck(False, reason=reason.splitlines()[0])
     return BackendCheck(True, [locate(problem, policy, text, source) for problem in problems],
@@ -53,7 +56,7 @@ def locate(problem: str, policy: Policy, text: str, source: str) -> str:
 
 async def _problems(policy: Policy) -> tuple[list[str], list[str]]:
     """What ``serve`` would refuse, and what it would warn about."""
-    session = await connect(policy)
+    session = await connect(policy, report=False)
     try:
         registry = await build_registry(session, policy)
         return [], await usefulness_warnings(session, registry, policy)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
 import warnings
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -19,6 +20,7 @@ import psycopg
 from psycopg import sql
 
 from .demo_data import load_adult
+from .startup import StartupError
 
 __all__ = ["DEMO_POLICY", "EmbeddedPostgres", "default_data_dir", "prepare_demo_database", "write_demo_policy"]
 
@@ -75,6 +77,7 @@ class EmbeddedPostgres:
     """A PostgreSQL server in ``data_dir`` run by pgserver (no system installation needed)."""
 
     def __init__(self, data_dir: Path):
+        """Start it (or take over one left running); StartupError if it does not start."""
         with warnings.catch_warnings():
             # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); pgserver
             # falls back to /tmp correctly, so the warning only alarms demo users.
@@ -83,7 +86,12 @@ class EmbeddedPostgres:
 
             data_dir.mkdir(parents=True, exist_ok=True)
             _forget_dead_handles(data_dir)
-            self._server = pgserver.get_server(str(data_dir), cleanup_mode="stop")
+            try:
+                self._server = pgserver.get_server(str(data_dir), cleanup_mode="stop")
+            except (subprocess.SubprocessError, RuntimeError) as exc:
+                log_file = data_dir / "log"
+                raise StartupError(f"the embedded PostgreSQL in {data_dir} did not start: {_why_not(log_file)}",
+                                   hint=f"see its log {log_file}, or choose another --data-dir") from exc
 
     def uri(self, database: str = "postgres", user: str | None = None) -> str:
         """A libpq URI for ``database`` over the server's unix socket."""
@@ -96,6 +104,16 @@ class EmbeddedPostgres:
 
     def stop(self) -> None:
         self._server.cleanup()
+
+
+def _why_not(log_file: Path) -> str:
+    """The last complaint in a PostgreSQL server log (the reason it did not start)."""
+    try:
+        lines = log_file.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return "pg_ctl failed and left no log"
+    complaints = [line.strip() for line in lines if any(word in line for word in ("FATAL", "PANIC", "could not"))]
+    return complaints[-1] if complaints else "pg_ctl failed"
 
 
 def _forget_dead_handles(data_dir: Path) -> None:

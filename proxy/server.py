@@ -13,12 +13,13 @@ import ssl
 from pathlib import Path
 
 import psycopg
+import sqlalchemy as sa
 
 from policies.loader import PolicyError, load_policy
 from policies.model import Policy
 from policies.tables import TableRegistry
 
-from . import metrics
+from . import metrics, startup
 from .backend import BackendError, ResultSet, build_registry, connect
 from .partition_fit import usefulness_warnings
 from .answer import DPAnswer
@@ -36,12 +37,24 @@ class Server:
     """dpproxy in front of one PostgreSQL database, serving many clients on one event loop."""
 
     def __init__(self, policy: Policy, registry: TableRegistry, database: str):
+        """Load the TLS files, open the ledger and the audit log; StartupError if one fails."""
         self.policy = policy
         self.registry = registry
         self.database = database
-        self.budget = BudgetKeeper.open(policy)
-        self.audit = AuditLog.from_config(policy.audit)
-        self.tls = _tls_context(policy)
+        try:
+            self.tls = _tls_context(policy)
+        except OSError as exc:  # ssl.SSLError is one too
+            assert policy.listen.tls is not None
+            raise startup.tls_failure(policy.listen.tls, exc) from exc
+        try:
+            self.budget = BudgetKeeper.open(policy)
+        except (ValueError, OSError, sa.exc.SQLAlchemyError) as exc:
+            raise startup.ledger_failure(policy.ledger, exc) from exc
+        try:
+            self.audit = AuditLog.from_config(policy.audit)
+        except OSError as exc:
+            self.budget.close()
+            raise startup.audit_failure(policy.audit.path or "", exc) from exc
         self.repeats: RepeatCache[DPAnswer] = RepeatCache(
             policy.repeats.ttl_s, policy.repeats.max_entries, policy.repeats.enabled
         )
@@ -58,25 +71,36 @@ class Server:
 
     @classmethod
     async def create(cls, policy: Policy) -> "Server":
-        """Connect to the backend once to resolve the policy's tables and learn its database."""
-        registry, database = await _resolve(policy)
+        """Connect to the backend once to resolve the policy's tables and learn its database.
+
+        Raises PolicyError if the policy does not fit the backend, StartupError if the
+        backend cannot be reached or a resource the policy names cannot be opened.
+        """
+        try:
+            registry, database = await _resolve(policy, report=False)
+        except (psycopg.Error, BackendError) as exc:
+            raise startup.backend_failure(policy.backend, exc) from exc
         return cls(policy, registry, database)
 
     async def start(self, host: str | None = None, port: int | None = None) -> tuple[str, int]:
         """Start listening (and the metrics endpoint, if configured); return the bound (host, port).
 
-        Port 0 picks a free one. Raises OSError if an address cannot be bound.
+        ``host`` and ``port`` override the policy's (command-line options). Port 0 picks a
+        free one. Raises StartupError if an address cannot be bound.
         """
         listen = self.policy.listen
         if self.policy.metrics is not None:
-            self.metrics = metrics.MetricsEndpoint(self.policy.metrics.host, self.policy.metrics.port)
+            where = self.policy.metrics
+            try:
+                self.metrics = metrics.MetricsEndpoint(where.host, where.port)
+            except OSError as exc:
+                raise startup.metrics_failure(where.host, where.port, exc) from exc
+        bind_host, bind_port = host or listen.host, listen.port if port is None else port
         try:
-            self._server = await asyncio.start_server(
-                self._accept, host or listen.host, listen.port if port is None else port, limit=2**20
-            )
-        except OSError:
+            self._server = await asyncio.start_server(self._accept, bind_host, bind_port, limit=2**20)
+        except OSError as exc:
             self._close_metrics()
-            raise
+            raise startup.listen_failure(bind_host, bind_port, exc, host is not None, port is not None) from exc
         sockname = self._server.sockets[0].getsockname()
         log.info("dpproxy listening on %s:%s for database %s", sockname[0], sockname[1], self.database)
         return sockname[0], sockname[1]
@@ -234,9 +258,10 @@ class Server:
         return len(self._sessions)
 
 
-async def _resolve(policy: Policy) -> tuple[TableRegistry, str]:
-    """The policy's tables resolved on its backend, and the backend's database name."""
-    backend = await connect(policy)
+async def _resolve(policy: Policy, report: bool = True) -> tuple[TableRegistry, str]:
+    """The policy's tables resolved on its backend, and the backend's database name
+    (``report``: see ``backend.connect``)."""
+    backend = await connect(policy, report=report)
     try:
         registry = await build_registry(backend, policy)
         for warning in await usefulness_warnings(backend, registry, policy):

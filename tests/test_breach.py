@@ -1,4 +1,5 @@
-"""Choosing ε from breach probabilities: seed 003's formulas and its worked example (Table I)."""
+"""Choosing ε from breach probabilities: the formulas of Ouyang, Yin and Liu, "Limiting Privacy
+Breaches in Differential Privacy", and its worked example (Table I)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``dpproxy epsilon`` and ``dpproxy risk``: seed 003's formula and worked example from the command line."""
+"""``dpproxy epsilon`` and ``dpproxy risk``: the formula and worked example of Ouyang, Yin and Liu,
+"Limiting Privacy Breaches in Differential Privacy", from the command line."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def test_epsilon_inverse_gives_the_largest_posterior_for_a_prior(capsys):
     assert float(out.split("\n")[0].removeprefix("posterior <= ")) == pytest.approx(0.5, abs=1e-4)
 
 
-def test_risk_reproduces_seed_003_table_i_with_the_candidate_2_row_corrected(capsys):
+def test_risk_reproduces_ouyang_yin_liu_table_i_with_the_candidate_2_row_corrected(capsys):
     code, out, _ = _run(
         capsys, "risk", "--known", "1,2,3", "--candidates", "1,2,3,5,10",
         "--query", "avg", "--epsilon", "2", "--observed", "5.041",

@@ -54,6 +54,29 @@ def test_inverted_bounds_are_refused_at_their_line():
     assert "lo <= hi" in problem
 
 
+def test_a_dsn_libpq_cannot_parse_is_refused_at_its_line():
+    (problem,) = _problems(GOOD.replace("postgresql://svc@localhost/db", "host=db port"))
+    assert problem == 'p.yaml:2: backend.dsn: not a valid connection string: missing "=" after "port" in connection info string'
+
+
+def test_a_malformed_dsn_is_refused_without_quoting_its_password(monkeypatch: pytest.MonkeyPatch):
+    (problem,) = _problems(GOOD.replace("postgresql://svc@localhost/db", "postgresql://svc:pa%zzss@db/x"))
+    assert problem == ("p.yaml:2: backend.dsn: not a valid connection string: "
+                       "(libpq's message is not shown: it contains the password)")
+    monkeypatch.setenv("DPPROXY_TEST_DSN_ENV", "postgresql://svc:pa%zzss@db/x")
+    (problem,) = _problems(GOOD.replace("  dsn: postgresql://svc@localhost/db", "  dsn_env: DPPROXY_TEST_DSN_ENV"))
+    assert problem == ("p.yaml:1: backend: environment variable DPPROXY_TEST_DSN_ENV (named by dsn_env): not a valid "
+                       "connection string: (libpq's message is not shown: it contains the password)")
+
+
+def test_a_policy_file_that_is_not_utf8_is_refused_at_the_line_of_the_byte(tmp_path: Path):
+    path = tmp_path / "p.yaml"
+    path.write_bytes(GOOD.replace("secret", "s\xe9cret").encode("latin-1"))
+    with pytest.raises(PolicyError) as info:
+        load_policy(path)
+    assert info.value.problems == [f"{path}:5: the policy file is not UTF-8 text (byte 0xe9); save it as UTF-8"]
+
+
 def test_missing_backend_is_reported():
     (problem,) = _problems(GOOD.split("users:")[0].replace("backend:\n  dsn: postgresql://svc@localhost/db\n", "") + "users:" + GOOD.split("users:")[1])
     assert problem == "p.yaml:1: backend: required key is missing"
