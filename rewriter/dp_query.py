@@ -25,6 +25,7 @@ from .group_keys import GroupKey, KeyRange, group_by_hint, group_key, key_form, 
 from .identifiers import identifier
 from .post_process import PostProcess, outer_statement
 from .predicates import plan_predicate
+from .scope import Scope
 from .sqlglot_parse import parse_postgres
 from .types import MAX_ABS_BOUND, NUMERIC_TYPES, aggregate_result_type
 
@@ -41,11 +42,6 @@ _SIMPLE_AGGREGATES: dict[type[exp.Expression], AggregateKind] = {
 }
 Mechanism = Literal["laplace", "sample_aggregate", "sum_count", "exponential"]
 
-_ALLOWED_HINT = (
-    "Protected tables answer only aggregates of one table: SELECT COUNT(*), COUNT(col), "
-    "SUM(col), AVG(col), MIN(col), MAX(col), MODE() WITHIN GROUP (ORDER BY col) FROM {table} "
-    "[WHERE col <op> literal [AND|OR ...]]; each answer is noised."
-)
 
 
 @dataclass(frozen=True)
@@ -70,7 +66,7 @@ class AggregateQuery:
     """A validated DP query: what to compute, on which table, under which filter.
 
     With ``folding``, ``where_sql`` still holds row-independent expressions: it may be
-    described, but runs only after :func:`proxy.folding.bind_constants` has folded them.
+    described, but runs only after :func:`proxy.dp.folding.bind_constants` has folded them.
     """
 
     table: Relation
@@ -86,7 +82,7 @@ class AggregateQuery:
     # of their domains' product, each aggregate noised per cell; empty for one aggregate row.
     groups: tuple[GroupKey, ...] = ()
     # WHERE conjuncts bounding a time key's column: its buckets outside them are left out
-    # once the values are known (proxy/narrowing.py), before the charge.
+    # once the values are known (proxy/dp/narrowing.py), before the charge.
     ranges: tuple[KeyRange, ...] = ()
 
     @property
@@ -303,57 +299,6 @@ def _sql_name(agg: Aggregate) -> str:
     return f"{agg.kind}({'distinct ' if agg.distinct else ''}{column})"
 
 
-@dataclass(frozen=True)
-class Scope:
-    """The one table a DP query reads, and the names that may qualify its columns."""
-
-    table: Relation
-    qualifiers: frozenset[str]
-
-    @property
-    def hint(self) -> str:
-        return _ALLOWED_HINT.format(table=self.table.display_name)
-
-    def refuse(self, message: str, rule: str, sqlstate: str = SQLSTATE.DP_QUERY_SHAPE) -> Refusal:
-        """A refusal that names the table and the rule, with the standard hint."""
-        return Refusal(sqlstate, f"{message} {self.table.display_name} (rule: {rule})", self.hint, rule)
-
-    def _names_table(self, schema: exp.Expression, qualifier: exp.Expression | None) -> bool:
-        return (
-            qualifier is not None
-            and identifier(schema) == self.table.schema
-            and identifier(qualifier) == self.table.name
-            and self.table.name in self.qualifiers
-        )
-
-    def column(self, node: exp.Column) -> ColumnInfo:
-        """The table column a reference names; only the table (or its alias) may qualify it.
-
-        A schema-qualified reference (``"public"."people"."age"``, as Metabase writes) is the
-        table's own column when it names the table's schema and name and the table has no
-        alias (with an alias PostgreSQL itself rejects it).
-        """
-        schema = node.args.get("db")
-        qualifier = node.args.get("table")
-        if node.args.get("catalog") or (schema is not None and not self._names_table(schema, qualifier)):
-            raise self.refuse("a schema-qualified column reference must name, without an alias, protected table", "column-reference")
-        if qualifier is not None and identifier(qualifier) not in self.qualifiers:
-            raise self.refuse(f"column {node.sql('postgres')} does not belong to protected table", "column-reference")
-        name = identifier(node.this)
-        column = self.table.columns.get(name)
-        if column is None and name in SYSTEM_COLUMNS:
-            raise self.refuse(f"system column {name} (the row's physical identity) is not allowed on protected table",
-                              "no-row-access")
-        if column is None:
-            raise Refusal(
-                "42703",
-                f'column "{name}" does not exist in {self.table.display_name}',
-                "Columns: " + ", ".join(self.table.columns),
-                "undefined-column",
-            )
-        return column
-
-
 def _set_operation_refusal(tree: exp.Expr) -> tuple[str, str]:
     """The message and rule for a statement on a protected table that is not one SELECT."""
     if isinstance(tree, exp.SetOperation):
@@ -362,9 +307,6 @@ def _set_operation_refusal(tree: exp.Expr) -> tuple[str, str]:
         return "VALUES is not allowed on protected table", "not-a-select"
     return "only SELECT of aggregates is allowed on protected table", "not-a-select"
 
-
-# PostgreSQL's system columns: every table has them, and each tells something of one row.
-SYSTEM_COLUMNS = frozenset({"ctid", "xmin", "xmax", "cmin", "cmax", "tableoid"})
 
 # Clauses that make a statement something other than one aggregate row of one table.
 _CLAUSE_RULES: dict[str, tuple[str, str]] = {

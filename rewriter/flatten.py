@@ -18,16 +18,13 @@ without LIMIT does not change the set of rows and is dropped.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
 from policies.errors import Refusal
 
 from .identifiers import identifier
-
-if TYPE_CHECKING:
-    from .dp_query import Scope
+from .scope import Scope
 
 __all__ = ["flatten"]
 

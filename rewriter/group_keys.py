@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from sqlglot import exp
 
@@ -40,11 +40,9 @@ from policies.tables import ColumnInfo, quote_identifier
 from policies.time_buckets import TimeUnit, bucket_count, bucket_index, bucket_start, truncate
 
 from .constants import NotFoldable, qualified_constant
+from .scope import Scope
 from .sql_text import literal, operator
 from .types import INT4, INTEGER_TYPES, NUMERIC, NUMERIC_TYPES
-
-if TYPE_CHECKING:
-    from .dp_query import Scope
 
 __all__ = ["DATE", "GroupKey", "KeyRange", "TIMESTAMP", "TIMESTAMPTZ", "group_key", "key_form", "key_ranges"]
 

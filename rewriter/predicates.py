@@ -10,7 +10,7 @@ A computed value (``now() - interval '1 year'``, ``TO_TIMESTAMP('2024-01-01', '.
 ``50000 + 1``) is never left for PostgreSQL to evaluate next to the rows: it is checked
 against :mod:`rewriter.constants`' allowlist, and the comparison becomes a token of the
 plan's :class:`~rewriter.constants.Folding` template, folded into a typed literal of the
-column's type before the query is charged (:mod:`proxy.folding`). A LIKE/ILIKE pattern bound
+column's type before the query is charged (:mod:`proxy.dp.folding`). A LIKE/ILIKE pattern bound
 as a parameter is checked when its value is bound, as strictly as a literal one.
 
 The rule behind each restriction: an accepted predicate must never fail because of the
@@ -44,7 +44,7 @@ Rendering here costs about a quarter of sqlglot's own ``.sql()`` on the same tre
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from sqlglot import exp
 
@@ -54,11 +54,9 @@ from policies.tables import ColumnInfo, quote_identifier
 from .constants import HINT as FOLD_HINT
 from .constants import Fold, Folding, NotFoldable, fold_type, qualified_constant
 from .like_patterns import INVALID_PATTERN_HINT, invalid_pattern_reason
+from .scope import Scope
 from .sql_text import literal, operator
 from .types import FLOAT4, FLOAT8, NUMERIC
-
-if TYPE_CHECKING:
-    from .dp_query import Scope
 
 __all__ = ["Predicate", "plan_predicate", "validate_predicate"]
 
@@ -232,7 +230,7 @@ class _Renderer:
         pattern = node.expression
         parameter = pattern.sql("postgres") if isinstance(pattern, exp.Parameter) else None
         if parameter is not None and _PARAMETER.fullmatch(parameter):
-            # Its value is checked like a literal's when it is bound (proxy.folding).
+            # Its value is checked like a literal's when it is bound (proxy.dp.folding).
             self.like_parameters.append(int(parameter[1:]))
             pattern_sql = f"CAST({parameter} AS pg_catalog.text)"
         elif isinstance(pattern, exp.Literal) and pattern.is_string:
