@@ -32,12 +32,12 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from mechanisms.smooth_median import recommended_partitions  # noqa: E402
 from policies.loader import parse_policy  # noqa: E402
 from policies.model import MAX_BUDGET_EPSILON, BudgetConfig, Policy, RepeatConfig  # noqa: E402
-from mechanisms.smooth_median import recommended_partitions  # noqa: E402
-from proxy.demo import DEMO_POLICY, EmbeddedPostgres, prepare_demo_database  # noqa: E402
-from proxy.demo_data import ADULT_ROWS  # noqa: E402
-from proxy.server import Server  # noqa: E402
+from proxy.demo.data import ADULT_ROWS  # noqa: E402
+from proxy.demo.embedded import DEMO_POLICY, EmbeddedPostgres, prepare_demo_database  # noqa: E402
+from proxy.serving.server import Server  # noqa: E402
 
 EPSILONS = (0.1, 1.0, 10.0)
 TABLE = "public.adult"

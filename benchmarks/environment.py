@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from proxy.demo import SERVICE_ROLE
+from proxy.demo.embedded import SERVICE_ROLE
 
 from .postgres import BenchPostgres, Endpoint, free_port
 from .servers import ServerProcess, find_pgbouncer, start_dpproxy, start_pgbouncer, start_relay, write_policy

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import psutil
 import psycopg
 
-from proxy.demo import SERVICE_ROLE
+from proxy.demo.embedded import SERVICE_ROLE
 
 from .postgres import Endpoint
 from .servers import ServerProcess

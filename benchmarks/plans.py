@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 from policies.loader import load_policy
-from proxy.backend import build_registry, connect
+from proxy.backend.connection import build_registry, connect
 from rewriter.classify import DPQuery, classify
 from rewriter.dp_query import AggregateQuery
 from rewriter.statements import split_statements

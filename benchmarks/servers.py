@@ -33,7 +33,7 @@ import yaml
 from policies.ledger import Budget, Ledger
 from policies.loader import load_policy, parse_policy
 from policies.model import MAX_BUDGET_EPSILON
-from proxy.demo import DEMO_POLICY
+from proxy.demo.embedded import DEMO_POLICY
 
 from .postgres import Endpoint
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.model import Policy
-from proxy.demo_data import ADULT_COLUMNS
+from proxy.demo.data import ADULT_COLUMNS
 
 from .environment import note
 from .postgres import Endpoint

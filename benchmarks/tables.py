@@ -1,6 +1,6 @@
 """The benchmark database: Adult-shaped tables of the requested sizes and the service role.
 
-A table of n ≤ 48,842 rows is ``proxy.demo_data.load_adult``'s deterministic table of n rows.
+A table of n ≤ 48,842 rows is ``proxy.demo.data.load_adult``'s deterministic table of n rows.
 A larger one is built inside PostgreSQL from the 48,842-row table (much faster than generating
 it in Python): copy g = 0, 1, 2, … of every row, in the base table's physical order, with
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from proxy.demo import SERVICE_ROLE
-from proxy.demo_data import ADULT_COLUMNS, ADULT_ROWS, load_adult
+from proxy.demo.data import ADULT_COLUMNS, ADULT_ROWS, load_adult
+from proxy.demo.embedded import SERVICE_ROLE
 
 from .postgres import ADMIN, BenchPostgres
 

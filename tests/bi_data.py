@@ -11,9 +11,9 @@ Superset statements (tests/data/superset-statements.md) refer to it by these nam
 from __future__ import annotations
 
 import psycopg
-
 from conftest import TEST_POLICY, TestDatabase
-from proxy.demo import SERVICE_ROLE
+
+from proxy.demo.embedded import SERVICE_ROLE
 
 __all__ = ["PEOPLE_POLICY", "PEOPLE_ROWS", "create_people"]
 

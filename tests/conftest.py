@@ -22,9 +22,9 @@ import pytest
 
 from policies.loader import parse_policy
 from policies.model import Policy
-from proxy.demo import SERVICE_ROLE, prepare_demo_database
-from proxy.event_loop import new_event_loop
-from proxy.server import Server
+from proxy.demo.embedded import SERVICE_ROLE, prepare_demo_database
+from proxy.serving.event_loop import new_event_loop
+from proxy.serving.server import Server
 
 TEST_DATABASE = "dpproxy_test"
 

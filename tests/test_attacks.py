@@ -12,10 +12,10 @@ from typing import Iterator
 
 import psycopg
 import pytest
+from conftest import RunningProxy
 from pglast import parser
 
-from conftest import RunningProxy
-from proxy.backend import BackendSession
+from proxy.backend.connection import BackendSession
 
 ATTACKS: dict[str, list[str]] = {
     "relations": [

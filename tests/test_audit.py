@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from policies.loader import PolicyError, parse_policy
-from proxy.audit import AuditEntry, AuditLog, fingerprint
+from proxy.ops.audit import AuditEntry, AuditLog, fingerprint
 
 FIELDS = [
     "at", "user", "client", "fingerprint", "decision", "reason",

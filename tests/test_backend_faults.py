@@ -22,13 +22,13 @@ from urllib.parse import urlparse
 
 import psycopg
 import pytest
-
 from conftest import RunningProxy
-from policies.loader import parse_policy
-from proxy.backend import BackendLost, connect
-from proxy.demo import SERVICE_ROLE
-from proxy.event_loop import run
 from reconcile import assert_reconciled, audit_lines, charged_metric, spend_while_running
+
+from policies.loader import parse_policy
+from proxy.backend.connection import BackendLost, connect
+from proxy.demo.embedded import SERVICE_ROLE
+from proxy.serving.event_loop import run
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.binary import UnsupportedBinaryType, binary_from_text, binary_from_value
+from proxy.wire.binary import UnsupportedBinaryType, binary_from_text, binary_from_value
 
 CASES = [
     ("int8", ["0", "-1", "9223372036854775807", "48842"]),

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from policies.ledger import Budget, Ledger
-from proxy.cli import main
+from proxy.cli.main import main
 
 # The backend DSN points at an unroutable address (TEST-NET-1): a budget command that tried
 # to reach the backend would hang until the test's timeout instead of passing.

@@ -15,7 +15,7 @@ import pytest
 from policies.ledger import Budget, ChargeResult, Ledger
 from policies.loader import parse_policy
 from policies.model import Policy
-from proxy.budget import BudgetKeeper
+from proxy.dp.budget import BudgetKeeper
 
 POLICY = """
 backend: {{dsn: "postgresql://unused@localhost/unused"}}

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from proxy.cli import _parser
+from proxy.cli.main import _parser
 
 ROOT = Path(__file__).resolve().parent.parent
 # As the grep, plus test names (seed_NNN); written so that it does not match itself.

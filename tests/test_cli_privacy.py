@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from proxy.cli import main
+from proxy.cli.main import main
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
 from conftest import TEST_POLICY, RunningProxy, make_policy, psql_path
-from proxy.audit import fingerprint as audit_fingerprint
+
+from proxy.ops.audit import fingerprint as audit_fingerprint
 
 # Passthrough values that exercise every escaping rule: tab, newline, backslash, quote,
 # the delimiters used below, an empty string and a NULL.

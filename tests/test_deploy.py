@@ -12,13 +12,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
 from conftest import TEST_DATABASE, RunningProxy, TestDatabase
-from policies.loader import load_policy
-from proxy.demo import SERVICE_ROLE
-from proxy.health import probe
 from test_auth_tls_cancel import _tls_proxy, certificate  # noqa: F401 - a fixture, used by name
 from test_cli import _free_port
+
+from policies.loader import load_policy
+from proxy.demo.embedded import SERVICE_ROLE
+from proxy.ops.health import probe
 
 
 def _dpproxy(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -16,11 +16,11 @@ from collections.abc import Iterator
 import numpy as np
 import psycopg
 import pytest
+from conftest import TEST_POLICY, RunningProxy, TestDatabase, running_proxy
 from scipy import stats
 
-from conftest import TEST_POLICY, RunningProxy, TestDatabase, running_proxy
-from proxy.answer import query_delta, release_row
-from proxy.demo import SERVICE_ROLE
+from proxy.demo.embedded import SERVICE_ROLE
+from proxy.dp.answer import query_delta, release_row
 from rewriter.dp_query import plan_aggregate_query
 from rewriter.rewrite import backend_sql, partition_seed, split_row
 

@@ -14,15 +14,15 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from conftest import TEST_POLICY, RunningProxy, TestDatabase, running_proxy, spent_epsilon
+from wire import SYNC, Wire, bind, describe, error_fields, execute, parse
 
 from policies.errors import Refusal
 from policies.model import TablePolicy
 from policies.tables import ColumnInfo, Relation
-from proxy.demo import SERVICE_ROLE
-from proxy.folding import _folded
+from proxy.demo.embedded import SERVICE_ROLE
+from proxy.dp.folding import _folded
 from rewriter.constants import fold_query
 from rewriter.dp_query import plan_aggregate_query
-from wire import SYNC, Wire, bind, describe, error_fields, execute, parse
 
 _TABLES = ("fold_visits", "fold_empty")
 _POLICY = TEST_POLICY.replace("repeats: {{enabled: false}}", "repeats: {{enabled: true}}") + "".join(

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from policies.errors import Refusal
 from policies.model import ColumnPolicy, TablePolicy
 from policies.tables import ColumnInfo, Relation, TableRegistry
-from proxy import protocol
-from proxy.protocol import ProtocolError
+from proxy.wire import protocol
+from proxy.wire.protocol import ProtocolError
 from rewriter.classify import DPQuery, Passthrough, ResolvedRelation, classify
 from rewriter.rewrite import backend_sql
 from rewriter.statements import split_statements

@@ -18,11 +18,11 @@ import asyncpg
 import numpy as np
 import psycopg
 import pytest
-
 from conftest import TEST_POLICY, RunningProxy, TestDatabase, running_proxy, spent_epsilon
+
 from policies.model import ColumnPolicy, TablePolicy
 from policies.tables import ColumnInfo, Relation
-from proxy.demo import SERVICE_ROLE
+from proxy.demo.embedded import SERVICE_ROLE
 from rewriter.dp_query import plan_aggregate_query
 from rewriter.rewrite import backend_sql
 

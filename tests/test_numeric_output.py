@@ -6,10 +6,10 @@ from decimal import Decimal
 
 from policies.model import ColumnPolicy, TablePolicy
 from policies.tables import ColumnInfo, Relation
-from proxy.answer import release_row
+from proxy.dp.answer import release_row
+from proxy.wire.values import encode_text
 from rewriter.dp_query import plan_aggregate_query
 from rewriter.types import INT8, NUMERIC
-from proxy.values import encode_text
 
 _POLICY = TablePolicy(epsilon=1.0, columns={
     "n": ColumnPolicy(bounds=(0, 1e20)), "m": ColumnPolicy(bounds=(0, 100)), "k": ColumnPolicy(bounds=(0, 10)),

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
 from conftest import RunningProxy, TestDatabase, make_policy
+
 from policies.model import TablePolicy
-from proxy.partition_fit import partition_warnings
+from proxy.backend.partition_fit import partition_warnings
 
 POLICY = """\
 backend:

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
 from conftest import TEST_POLICY, TestDatabase, make_policy
+
 from policies.loader import PolicyError
 from policies.model import Policy
 from policies.tables import Relation, TableRegistry
-from proxy.backend import build_registry, connect
-from proxy.demo import SERVICE_ROLE
+from proxy.backend.connection import build_registry, connect
+from proxy.demo.embedded import SERVICE_ROLE
 from rewriter.dp_query import plan_aggregate_query
 from rewriter.rewrite import backend_sql, partition_key, partition_seed, seeded, split_row
 

@@ -21,11 +21,12 @@ from policies.errors import Refusal
 from policies.loader import PolicyError
 from policies.model import ColumnPolicy, TablePolicy
 from policies.tables import ColumnInfo, Relation
-from proxy.event_loop import new_event_loop
-from proxy.server import Server
+from proxy.serving.event_loop import new_event_loop
+from proxy.serving.server import Server
 from rewriter.dp_query import plan_aggregate_query
 from rewriter.like_patterns import invalid_pattern_reason
 from rewriter.rewrite import backend_sql
+
 
 def _outcome(proxy, sql: str) -> str:  # type: ignore[no-untyped-def]
     """'answer' or the SQLSTATE the statement ended in; the session stays usable."""

@@ -9,7 +9,8 @@ import subprocess
 from pathlib import Path
 
 from conftest import TEST_DATABASE, RunningProxy, TestDatabase, psql_path
-from proxy.demo_load import load_demo
+
+from proxy.demo.load import load_demo
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "demo=> "

@@ -11,8 +11,8 @@ from typing import Any, Awaitable, Callable
 import psycopg
 import pytest
 
-from proxy.event_loop import run
-from proxy.result_waiter import RECHECK_S, NotSent, ResultWaiter
+from proxy.backend.result_waiter import RECHECK_S, NotSent, ResultWaiter
+from proxy.serving.event_loop import run
 
 
 def _with_waiter(dsn: str, body: Callable[[psycopg.AsyncConnection[Any], ResultWaiter], Awaitable[Any]]) -> Any:

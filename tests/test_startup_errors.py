@@ -18,7 +18,6 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-
 from conftest import TestDatabase
 
 POLICY = """\
@@ -314,10 +313,10 @@ def test_a_demo_data_directory_that_cannot_be_created(tmp_path: Path):
 # ------------------------------------------------------------------ bugs
 
 def test_an_internal_error_keeps_its_traceback_and_says_it_is_a_bug():
-    code = ("import sys, proxy.cli_privacy as p\n"
+    code = ("import sys, proxy.cli.privacy as p\n"
             "def boom(*args): raise RuntimeError('boom')\n"
             "p.epsilon_report = boom\n"
-            "from proxy.cli import main\n"
+            "from proxy.cli.main import main\n"
             "sys.exit(main(sys.argv[1:]))\n")
     run = _dpproxy("epsilon", "--prior", "0.1", "--posterior", "0.5", code=code)
     assert run.returncode == 70

@@ -15,12 +15,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from policies.errors import SQLSTATE, Refusal
+from proxy.backend.connection import BackendSession, BoundParams
 from rewriter.constants import Folding, fold_query, folded_comparison
 from rewriter.dp_query import AggregateQuery
 from rewriter.like_patterns import INVALID_PATTERN_HINT, invalid_pattern_reason
 from rewriter.rewrite import backend_sql
-
-from .backend import BackendSession, BoundParams
 
 __all__ = ["bind_constants"]
 

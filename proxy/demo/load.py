@@ -23,7 +23,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from policies.loader import load_policy
 from policies.model import Policy
 
-from .demo import DEMO_POLICY, SERVICE_ROLE, prepare_demo_database
+from .embedded import DEMO_POLICY, SERVICE_ROLE, prepare_demo_database
 
 __all__ = ["load_demo", "service_dsn"]
 

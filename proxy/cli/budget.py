@@ -19,8 +19,7 @@ import sqlalchemy as sa
 from policies.ledger import Balance, Budget, Ledger
 from policies.loader import load_policy
 from policies.model import Policy
-
-from .startup import ledger_failure
+from proxy.serving.startup import ledger_failure
 
 __all__ = ["add_budget_commands", "balance_table", "grant", "reset", "show"]
 

@@ -13,7 +13,7 @@ import socket
 import ssl
 import struct
 
-from .protocol import SSL_REQUEST
+from proxy.wire.protocol import SSL_REQUEST
 
 __all__ = ["HealthError", "probe"]
 

@@ -20,14 +20,14 @@ from typing import Any, Sequence
 
 from mechanisms.release import Release
 from mechanisms.sum_count import mean_noise
+from proxy.backend.connection import BoundParams, ResultSet
+from proxy.wire.protocol import Field
+from proxy.wire.values import TYPE_SIZES, encode_text
 from rewriter.dp_query import Aggregate, AggregateQuery
 from rewriter.rewrite import split_cells, split_row
 from rewriter.types import ARRAY_TYPES, INTEGER_TYPES, NUMERIC
 
-from .backend import BoundParams, ResultSet
 from .column_release import release_column
-from .protocol import Field
-from .values import TYPE_SIZES, encode_text
 
 __all__ = ["DPAnswer", "query_delta", "release_cells", "release_params", "release_row", "result_fields"]
 

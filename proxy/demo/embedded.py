@@ -19,8 +19,9 @@ from urllib.parse import parse_qs, urlparse
 import psycopg
 from psycopg import sql
 
-from .demo_data import load_adult
-from .startup import StartupError
+from proxy.serving.startup import StartupError
+
+from .data import load_adult
 
 __all__ = ["DEMO_POLICY", "EmbeddedPostgres", "default_data_dir", "prepare_demo_database", "write_demo_policy"]
 

@@ -19,12 +19,12 @@ from psycopg.pq.abc import PGresult
 from policies.loader import PolicyError
 from policies.model import Policy
 from policies.tables import ColumnInfo, Relation, TableRegistry
+from proxy.ops.metrics import observe_backend
+from proxy.wire.protocol import Field
 from rewriter.classify import ResolvedRelation
 from rewriter.references import RelationRef
 
-from .metrics import observe_backend
 from .policy_fit import column_fit_problems
-from .protocol import Field
 from .result_waiter import NotSent, ResultWaiter
 
 __all__ = [

@@ -12,18 +12,32 @@ import asyncio
 import time
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 from sqlglot.errors import SqlglotError
 
 from policies.errors import SQLSTATE, Refusal
+from policies.model import Policy
+from policies.tables import TableRegistry
+from proxy.backend.connection import BackendError, BackendLost, BackendSession, BoundParams, ResultSet
+from proxy.dp.answer import DPAnswer, query_delta, release_cells, release_params, release_row, result_fields
+from proxy.dp.budget import BudgetKeeper
+from proxy.dp.folding import bind_constants
+from proxy.dp.narrowing import narrow_keys
+from proxy.dp.repeats import RepeatCache
+from proxy.ops.audit import AuditEntry, AuditLog
+from proxy.ops.audit import fingerprint as audit_fingerprint
+from proxy.ops.metrics import observe_statement
+from proxy.wire.binary import binary_from_text
+from proxy.wire.protocol import Field, ProtocolError, formats_for
+from proxy.wire.values import load_text
 from rewriter.classify import (
     ColumnsOnly,
     CopyOut,
     Deallocate,
     Decision,
-    DPQuery,
     DpproxyCommand,
+    DPQuery,
     Passthrough,
     ResolvedRelation,
     classify,
@@ -34,23 +48,10 @@ from rewriter.references import RelationRef
 from rewriter.rewrite import backend_sql, partition_seed, seeded
 from rewriter.statements import Statement, split_statements
 
-from .answer import DPAnswer, query_delta, release_cells, release_params, release_row, result_fields
-from .audit import AuditEntry
-from .audit import fingerprint as audit_fingerprint
-from .backend import BackendError, BackendLost, BackendSession, BoundParams, ResultSet
-from .binary import binary_from_text
 from .copy_out import copy_messages
-from .folding import bind_constants
-from .narrowing import narrow_keys
-from .metrics import observe_statement
-from .protocol import Field, ProtocolError, formats_for
 from .settings import SessionSettings
-from .values import load_text
 
-if TYPE_CHECKING:
-    from .server import Server
-
-__all__ = ["Executor", "Plan"]
+__all__ = ["Executor", "Plan", "StatementHost"]
 
 _NO_PARAMS = BoundParams((), (), ())
 _PARSE_IN_THREAD_BYTES = 64 * 1024
@@ -76,10 +77,20 @@ class Plan:
     generation: int
 
 
+class StatementHost(Protocol):
+    """What running a statement reads from the server, afresh for each one (a reload swaps them)."""
+
+    policy: Policy
+    registry: TableRegistry
+    budget: BudgetKeeper
+    audit: AuditLog
+    repeats: RepeatCache[DPAnswer]
+
+
 class Executor:
     """Statement execution for one client session on its backend connection."""
 
-    def __init__(self, server: Server, backend: BackendSession, user: str, client: str = ""):
+    def __init__(self, server: StatementHost, backend: BackendSession, user: str, client: str = ""):
         self.server = server
         self.backend = backend
         self.user = user

@@ -16,10 +16,9 @@ import psycopg
 
 from policies.loader import PolicyError, key_line
 from policies.model import Policy
-
-from .backend import BackendError, build_registry, connect
-from .partition_fit import usefulness_warnings
-from .startup import backend_reason
+from proxy.backend.connection import BackendError, build_registry, connect
+from proxy.backend.partition_fit import usefulness_warnings
+from proxy.serving.startup import backend_reason
 
 __all__ = ["BackendCheck", "check_against_backend", "locate"]
 

@@ -16,7 +16,7 @@ from typing import Final
 from policies.model import Policy, TablePolicy
 from policies.tables import Relation, TableRegistry
 
-from .backend import BackendSession
+from .connection import BackendSession
 
 __all__ = ["ROWS_PER_PARTITION", "estimated_rows", "partition_warnings", "usefulness_warnings"]
 

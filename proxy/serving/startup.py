@@ -87,7 +87,7 @@ _SERVER_SAID = re.compile(r"^(?:FATAL|ERROR): +")
 
 def backend_failure(backend: BackendConfig, exc: BaseException) -> StartupError:
     """The backend could not be connected to (or failed the policy's catalog queries)."""
-    from .backend import BackendError
+    from proxy.backend.connection import BackendError
 
     key = ("backend", "dsn_env" if backend.dsn_env else "dsn")
     if isinstance(exc, BackendError):  # connected, but a catalog query failed

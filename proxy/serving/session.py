@@ -9,23 +9,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from typing import TYPE_CHECKING
+import ssl
+from collections.abc import Iterator
+from typing import Protocol
 
 from policies.errors import SQLSTATE, Refusal
+from proxy.backend.connection import BackendError, BackendLost, BackendSession, connect, lazy_session, startup_key
+from proxy.ops import metrics
+from proxy.wire import protocol
+from proxy.wire.auth import authenticate
+from proxy.wire.protocol import ProtocolError
 from rewriter.catalog import exact_floats
 from rewriter.statements import Statement
 
-from . import protocol
-from .auth import authenticate
-from .backend import BackendError, BackendLost, BackendSession, connect, lazy_session, startup_key
-from .executor import Executor
+from .executor import Executor, StatementHost
 from .extended import ExtendedProtocol
-from .protocol import ProtocolError
 
-if TYPE_CHECKING:
-    from .server import Server
-
-__all__ = ["Session"]
+__all__ = ["Session", "SessionHost", "SessionTable"]
 
 log = logging.getLogger("dpproxy.session")
 
@@ -33,10 +33,49 @@ _FLUSHING = frozenset({b"Q", b"S", b"H", b"F"})
 _ADMIN_SHUTDOWN = "terminating connection due to administrator command"
 
 
+class SessionTable:
+    """The sessions that have started, by their BackendKeyData pid: where a CancelRequest goes."""
+
+    def __init__(self) -> None:
+        self._by_pid: dict[int, Session] = {}
+
+    def add(self, session: Session) -> None:
+        self._by_pid[session.pid] = session
+        metrics.connection_opened()
+
+    def remove(self, session: Session) -> None:
+        if self._by_pid.get(session.pid) is session:
+            del self._by_pid[session.pid]
+            metrics.connection_closed()
+
+    async def cancel(self, pid: int, secret: int) -> None:
+        """Cancel the backend query of the session with this key, if the secret matches."""
+        session = self._by_pid.get(pid)
+        if session is not None and session.secret == secret:
+            await session.cancel()
+
+    def __len__(self) -> int:
+        return len(self._by_pid)
+
+    def __iter__(self) -> Iterator[Session]:
+        return iter(list(self._by_pid.values()))
+
+
+class SessionHost(StatementHost, Protocol):
+    """What a client connection needs from the server that accepted it."""
+
+    database: str
+    tls: ssl.SSLContext | None
+    # ParameterStatus values by client startup settings (connection.startup_key), so that
+    # sessions after the first of a kind connect to the backend only when they query.
+    startup_reports: dict[tuple[tuple[str, str], ...], dict[str, str]]
+    sessions: SessionTable
+
+
 class Session:
     """Serves one client: authenticates it, then answers its queries until it leaves."""
 
-    def __init__(self, server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    def __init__(self, server: SessionHost, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.server = server
         self.reader = reader
         self.writer = writer
@@ -107,7 +146,7 @@ class Session:
                 await self.writer.drain()
                 continue
             if startup.code == protocol.CANCEL_REQUEST:
-                await self.server.cancel(startup.cancel_pid, startup.cancel_secret)
+                await self.server.sessions.cancel(startup.cancel_pid, startup.cancel_secret)
                 return None
             tls = self.server.policy.listen.tls
             if tls is not None and tls.required and not encrypted:
@@ -152,7 +191,7 @@ class Session:
         out.append(protocol.ready_for_query(b"I"))
         self.writer.write(b"".join(out))
         await self.writer.drain()
-        self.server.register(self)
+        self.server.sessions.add(self)
         log.info("session %s user=%s connected", self.peer, self.user)
 
     def _client_parameters(self) -> dict[str, str]:
@@ -164,7 +203,7 @@ class Session:
         return values
 
     async def _close(self) -> None:
-        self.server.unregister(self)
+        self.server.sessions.remove(self)
         if self.backend is not None:
             try:
                 await self.backend.close()

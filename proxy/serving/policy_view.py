@@ -15,12 +15,11 @@ import json
 from typing import Callable
 
 from policies.tables import ColumnInfo, Relation, TableRegistry
+from proxy.backend.connection import ResultSet
+from proxy.wire.binary import TEXT
+from proxy.wire.protocol import Field
+from proxy.wire.values import encode_text
 from rewriter.types import FLOAT8, MAX_ABS_BOUND, NUMERIC_TYPES
-
-from .backend import ResultSet
-from .binary import TEXT
-from .protocol import Field
-from .values import encode_text
 
 __all__ = ["COLUMNS_FIELDS", "columns_result"]
 

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from .startup import port_number
+from proxy.serving.startup import port_number
 
 __all__ = ["add_deploy_commands"]
 
@@ -43,7 +43,7 @@ def add_deploy_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
 
 
 def _health(args: argparse.Namespace) -> int:
-    from .health import HealthError, probe
+    from proxy.ops.health import HealthError, probe
 
     try:
         mode = probe(args.host, args.port, args.timeout)
@@ -58,9 +58,8 @@ def _demo_load(args: argparse.Namespace) -> int:
     import psycopg
 
     from policies.loader import PolicyError
-
-    from .demo_load import load_demo
-    from .startup import connection_failure, os_reason
+    from proxy.demo.load import load_demo
+    from proxy.serving.startup import connection_failure, os_reason
 
     password = None
     if args.service_password_env:

@@ -18,15 +18,16 @@ import sqlalchemy as sa
 from policies.loader import PolicyError, load_policy
 from policies.model import Policy
 from policies.tables import TableRegistry
+from proxy.backend.connection import BackendError, build_registry, connect
+from proxy.backend.partition_fit import usefulness_warnings
+from proxy.dp.answer import DPAnswer
+from proxy.dp.budget import BudgetKeeper
+from proxy.dp.repeats import RepeatCache
+from proxy.ops import metrics
+from proxy.ops.audit import AuditLog
 
-from . import metrics, startup
-from .backend import BackendError, ResultSet, build_registry, connect
-from .partition_fit import usefulness_warnings
-from .answer import DPAnswer
-from .audit import AuditLog
-from .budget import BudgetKeeper
-from .repeats import RepeatCache
-from .session import Session
+from . import startup
+from .session import Session, SessionTable
 
 __all__ = ["Server"]
 
@@ -59,10 +60,8 @@ class Server:
             policy.repeats.ttl_s, policy.repeats.max_entries, policy.repeats.enabled
         )
         self.metrics: metrics.MetricsEndpoint | None = None
-        # ParameterStatus values by client startup settings (backend.startup_key), so that
-        # sessions after the first of a kind connect to the backend only when they query.
         self.startup_reports: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
-        self._sessions: dict[int, Session] = {}
+        self.sessions = SessionTable()
         self._server: asyncio.base_events.Server | None = None
         self._connections: dict[asyncio.Task[None], Session] = {}
         self._closing = False
@@ -163,7 +162,7 @@ class Server:
         else:
             self.audit, old_audit = audit, self.audit
             old_audit.close()
-        for session in list(self._sessions.values()):
+        for session in self.sessions:
             if session.executor is not None:
                 session.executor.generation += 1  # plans made under the old policy are stale
             if session.user not in policy.users:
@@ -236,26 +235,9 @@ class Server:
         finally:
             del self._connections[task]
 
-    # ------------------------------------------------------------ sessions
-
-    def register(self, session: Session) -> None:
-        self._sessions[session.pid] = session
-        metrics.connection_opened()
-
-    def unregister(self, session: Session) -> None:
-        if self._sessions.get(session.pid) is session:
-            del self._sessions[session.pid]
-            metrics.connection_closed()
-
-    async def cancel(self, pid: int, secret: int) -> None:
-        """Cancel the backend query of the session with this key, if the secret matches."""
-        session = self._sessions.get(pid)
-        if session is not None and session.secret == secret:
-            await session.cancel()
-
     @property
     def session_count(self) -> int:
-        return len(self._sessions)
+        return len(self.sessions)
 
 
 async def _resolve(policy: Policy, report: bool = True) -> tuple[TableRegistry, str]:

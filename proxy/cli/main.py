@@ -26,12 +26,12 @@ from typing import Any, NoReturn, Sequence, cast
 
 from policies.loader import PolicyError, load_policy
 from policies.model import Policy
+from proxy.serving import event_loop
+from proxy.serving.startup import StartupError, os_reason, port_free, port_number
 
-from . import event_loop
-from .cli_budget import add_budget_commands
-from .cli_deploy import add_deploy_commands
-from .cli_privacy import add_privacy_commands
-from .startup import StartupError, os_reason, port_free, port_number
+from .budget import add_budget_commands
+from .deploy import add_deploy_commands
+from .privacy import add_privacy_commands
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERNAL_ERROR", "EXIT_INTERRUPTED", "EXIT_USAGE", "main"]
 
@@ -157,7 +157,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import EmbeddedPostgres, default_data_dir, prepare_demo_database, write_demo_policy
+    from proxy.demo.embedded import EmbeddedPostgres, default_data_dir, prepare_demo_database, write_demo_policy
 
     data_dir: Path = args.data_dir or default_data_dir()
     other = "choose another --data-dir" if args.data_dir else "choose a directory with --data-dir"
@@ -200,7 +200,7 @@ def _run(policy: Policy, config: Path, host: str | None, port: int | None, banne
 async def _serve_until_signal(
     policy: Policy, config: Path, host: str | None, port: int | None, banner: str | None
 ) -> int:
-    from .server import Server
+    from proxy.serving.server import Server
 
     try:
         server = await Server.create(policy)
@@ -246,6 +246,3 @@ async def _serve_until_signal(
     log.info("dpproxy stopped")
     return 0
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

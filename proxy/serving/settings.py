@@ -14,15 +14,15 @@ import math
 from policies.errors import SQLSTATE, Refusal
 from policies.model import MIN_EPSILON, Policy
 from policies.tables import Relation, TableRegistry
+from proxy.backend.connection import ResultSet
+from proxy.dp.budget import BudgetKeeper
+from proxy.wire.binary import TEXT
+from proxy.wire.protocol import Field
+from proxy.wire.values import encode_text
 from rewriter.classify import DpproxyCommand
 from rewriter.types import FLOAT8
 
-from .backend import ResultSet
-from .binary import TEXT
-from .budget import BudgetKeeper
 from .policy_view import COLUMNS_FIELDS, columns_result
-from .protocol import Field
-from .values import encode_text
 
 __all__ = ["BUDGET_FIELDS", "SessionSettings"]
 

@@ -15,11 +15,10 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+from proxy.backend.connection import BackendSession, BoundParams
 from rewriter.dp_query import AggregateQuery
 from rewriter.group_keys import DATE, TIMESTAMPTZ, GroupKey, KeyRange
 from rewriter.rewrite import backend_sql
-
-from .backend import BackendSession, BoundParams
 
 __all__ = ["narrow_keys", "range_query"]
 

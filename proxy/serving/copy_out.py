@@ -8,10 +8,9 @@ csv quotes a value holding the delimiter, the quote, a newline, or equal to the 
 
 from __future__ import annotations
 
+from proxy.backend.connection import ResultSet
+from proxy.wire import protocol
 from rewriter.copy import CopyOptions
-
-from . import protocol
-from .backend import ResultSet
 
 __all__ = ["copy_messages"]
 

@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from policies.errors import SQLSTATE, Refusal
-
-from . import protocol
-from .backend import BackendError, BackendLost, BoundParams, ResultSet
-from .binary import UnsupportedBinaryType
-from .protocol import Field, ProtocolError
+from proxy.backend.connection import BackendError, BackendLost, BoundParams, ResultSet
+from proxy.wire import protocol
+from proxy.wire.binary import UnsupportedBinaryType
+from proxy.wire.protocol import Field, ProtocolError
 
 __all__ = ["ExtendedProtocol", "PreparedStatement", "Runner"]
 

@@ -1,0 +1,1 @@
+"""The ``dpproxy`` command and its subcommands."""

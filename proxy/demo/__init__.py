@@ -1,0 +1,1 @@
+"""``dpproxy demo`` and ``dpproxy demo-load``: the Adult-shaped data, its policy, an embedded PostgreSQL."""

@@ -1,0 +1,1 @@
+"""Operations: the audit log, Prometheus metrics, the health probe."""

@@ -1,0 +1,1 @@
+"""The PostgreSQL protocol on the client's side: framing, messages, authentication, value encoding."""
