@@ -11,11 +11,11 @@ import os
 from datetime import date, datetime
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from mechanisms.breach import epsilon_from_breach
 
-from .credentials import parse_scram_verifier
+from .credentials import ScramVerifier, derive_scram_verifier, parse_scram_verifier
 from .dsn import check_dsn
 from .time_buckets import TIME_UNITS, TimeUnit, bucket_count
 
@@ -172,6 +172,13 @@ class UserPolicy(_Strict):
     auth: Literal["scram-sha-256", "md5", "cleartext"] = "scram-sha-256"
     budget: BudgetConfig
     max_query_epsilon: float | None = Field(None, gt=0)
+    _scram: ScramVerifier | None = PrivateAttr(None)
+
+    @property
+    def scram_keys(self) -> ScramVerifier:
+        """The SCRAM-SHA-256 salt, StoredKey, ServerKey and rounds a login is checked against."""
+        assert self._scram is not None, "only users with auth: scram-sha-256 have SCRAM keys"
+        return self._scram
 
     @field_validator("max_query_epsilon")
     @classmethod
@@ -187,9 +194,11 @@ class UserPolicy(_Strict):
                 raise ValueError(f"scram_verifier only works with auth: scram-sha-256, not {self.auth}")
             if password:
                 raise ValueError("give either a password or a scram_verifier, not both")
-            parse_scram_verifier(self.scram_verifier)
+            self._scram = parse_scram_verifier(self.scram_verifier)
         elif not password:
             raise ValueError("a user needs password, password_env or scram_verifier")
+        elif self.auth == "scram-sha-256":
+            self._scram = derive_scram_verifier(password)  # once per policy load, not per login
         return self
 
 
