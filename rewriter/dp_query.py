@@ -472,8 +472,8 @@ def _mechanism(kind: AggregateKind, scope: Scope, grouped: bool = False, column:
             SQLSTATE.DP_QUERY_SHAPE,
             f"{kind.upper()} on protected table {scope.table.display_name} needs delta > 0 in the "
             "policy (rule: delta-required)",
-            "AVG, MIN and MAX are answered by sample and aggregate, which is (ε, δ)-DP: give the "
-            "table a delta such as 1e-6 (or avg: sum_count for a pure-ε AVG).",
+            "MIN, MAX and AVG set to avg: sample_aggregate are answered by sample and aggregate, which is "
+            "(ε, δ)-DP: give the table a delta such as 1e-6 (or leave AVG on its pure-ε default, avg: sum_count).",
             "delta-required",
         )
     return "sample_aggregate"
