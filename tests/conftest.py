@@ -50,7 +50,7 @@ tables:
     delta: 1.0e-6
     columns:
       age: {{bounds: [17, 90]}}
-      hours_per_week: {{bounds: [1, 99]}}
+      hours_per_week: {{bounds: [1, 99], avg: sample_aggregate}}  # AVG(age): the default, sum_count
       capital_gain: {{bounds: [0, 100000]}}
       sex: {{categories: [Male, Female]}}
   public.clamp_test:
