@@ -1,6 +1,6 @@
 """Validate a SELECT on a protected table and turn it into an ``AggregateQuery`` plan.
 
-Accepted shape (SPEC §3):
+Accepted shape (docs/query-shapes.md):
 ``SELECT agg [AS alias] [, ...] FROM <protected table> [AS t] [WHERE <safe predicate>]
 [ORDER BY ...] [LIMIT n]`` where ``agg`` is COUNT(*), COUNT(col), SUM(col), AVG(col),
 MIN(col), MAX(col) or MODE() WITHIN GROUP (ORDER BY col). Everything else is refused with
@@ -48,7 +48,7 @@ Mechanism = Literal["laplace", "sample_aggregate", "sum_count", "exponential"]
 class Aggregate:
     """One output column: an aggregate over a column (``column`` None for COUNT(*)).
 
-    ``mechanism`` is how the column is released (SPEC §4): ``laplace`` for COUNT and SUM,
+    ``mechanism`` is how the column is released (docs/mechanisms.md): ``laplace`` for COUNT and SUM,
     ``sample_aggregate`` for MIN, MAX and AVG where the column or table says ``avg:
     sample_aggregate``, ``sum_count`` for AVG otherwise (the default), ``exponential`` for MODE.
     """
@@ -386,7 +386,7 @@ def _aggregate(item: exp.Expression, scope: Scope, grouped: bool = False) -> Agg
 
 
 def _mechanism(kind: AggregateKind, scope: Scope, grouped: bool = False, column: ColumnInfo | None = None) -> Mechanism:
-    """The mechanism SPEC §4 assigns to ``kind`` under the policy (per cell when ``grouped``).
+    """The mechanism that releases ``kind`` under the policy (per cell when ``grouped``).
 
     AVG follows the column's ``avg``, else the table's (default ``sum_count``). Per cell of a
     GROUP BY, AVG is always a noisy sum over a noisy count (pure ε, good on few rows); MIN and
