@@ -344,10 +344,11 @@ class TablePolicy(_Strict):
     # .recommended_partitions) and needs ≈ 15,000 filtered rows for 30 rows per partition.
     partitions: int = Field(512, ge=3, le=10_000)
     avg: Literal["sample_aggregate", "sum_count"] = "sample_aggregate"
-    # How sample and aggregate assigns rows to partitions (docs/mechanisms.md): random() is
-    # exact under any neighbouring tables but serial; ctid_hash runs in parallel and assumes
-    # that other rows keep their place when one is added or removed.
-    partitioning: Literal["random", "ctid_hash"] = "random"
+    # How sample and aggregate assigns rows to partitions (docs/mechanisms.md): row_hash, a
+    # keyed hash of the row's values, is exact under any neighbouring tables and runs in
+    # parallel; random() is exact too but serial, and splits duplicate rows; ctid_hash runs
+    # in parallel and assumes that other rows keep their place when one is added or removed.
+    partitioning: Literal["row_hash", "random", "ctid_hash"] = "row_hash"
     # The most cells (the product of the keys' domains) one GROUP BY may answer.
     max_cells: int = Field(1000, ge=1, le=100_000)
     columns: dict[str, ColumnPolicy] = Field(default_factory=dict)
