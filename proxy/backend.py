@@ -451,10 +451,11 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
                 f"tables.{name}.partitioning: ctid_hash needs a table, materialized view or "
                 "partitioned table on PostgreSQL >= 14; use random"
             )
-        # row_hash hashes columns chosen from the schema (rewriter.rewrite.hashed_columns); a
-        # relation with no hashable column falls back to random().
-        row_columns = hashed_columns(columns, primary_keys.get(target.oid, ())) if table_policy.partitioning == "row_hash" else ()
-        key = {"ctid_hash": "ctid", "row_hash": "row" if row_columns else "random"}.get(table_policy.partitioning, "random")
+        # row_hash hashes columns chosen from the schema (rewriter.rewrite.hashed_columns), auto
+        # only a primary key; without such columns, random().
+        row_columns = hashed_columns(columns, primary_keys.get(target.oid, ()), key_only=table_policy.partitioning == "auto") \
+            if table_policy.partitioning in ("auto", "row_hash") else ()
+        key = "ctid" if table_policy.partitioning == "ctid_hash" else "row" if row_columns else "random"
         relations[target.oid] = Relation(
             target.oid, target.schema, target.name, table_policy, columns, partition_key=key, hashed_columns=row_columns,
         )

@@ -22,7 +22,10 @@ the partitions back together (``sum`` for additive parts, ``string_agg`` for par
 
 The partition number comes from the table's ``partitioning`` (policy; ``Relation.partition_key``):
 
-* ``row_hash`` (the default): a keyed hash of the row's *values* with a fresh 63-bit secret
+* ``auto`` (the default) is ``row_hash`` over the primary key when the table has one whose
+  columns are all hashable, else ``random``: on a key-less table hashing every column costs
+  about what ``random()`` does (benchmarks/results.md) and would keep duplicate rows together.
+* ``row_hash``: a keyed hash of the row's *values* with a fresh 63-bit secret
   per query (:func:`partition_seed`, from :mod:`secrets`), ``(h & (2^63 - 1)) % m`` with
   ``h`` the XOR of one keyed hash per hashed column (:func:`row_hash_key`); the mask clears
   the sign bit, so there are exactly m partitions. The hashed columns
@@ -266,16 +269,21 @@ def hashable(column: ColumnInfo) -> bool:
     return column.type_oid in HASH_FUNCTIONS
 
 
-def hashed_columns(columns: Mapping[str, ColumnInfo], primary_key: Sequence[str] = ()) -> tuple[str, ...]:
+def hashed_columns(
+    columns: Mapping[str, ColumnInfo], primary_key: Sequence[str] = (), key_only: bool = False
+) -> tuple[str, ...]:
     """The columns ``row_hash`` hashes, chosen from the schema alone, never from the data.
 
     The primary key's, when the table has one whose columns are all hashable: the key tells
     rows apart, so no two rows share a partition by being equal, and one column is the
     cheapest to hash. Else every hashable column, in column order, so that only rows equal
-    on all of them share a partition by force. Empty when no column is hashable.
+    on all of them share a partition by force; or, with ``key_only`` (``partitioning:
+    auto``), none. Empty when no column is hashable.
     """
     if primary_key and all(name in columns and hashable(columns[name]) for name in primary_key):
         return tuple(primary_key)
+    if key_only:
+        return ()
     return tuple(name for name, column in sorted(columns.items(), key=lambda item: item[1].attnum) if hashable(column))
 
 

@@ -31,6 +31,7 @@ tables:
     epsilon: 1.0
     delta: 1.0e-6
     partitions: 3
+    partitioning: row_hash
     avg: sum_count
     columns:
       v: {{bounds: [0, 100]}}
@@ -59,7 +60,8 @@ tables:
 """
 
 # nb_base: v = 100 in one row and 0 in 19; grp A in 10 rows, B in 10. nb_plus adds (100, 'A', 21).
-# id tells the rows apart: the default partitioning (row_hash) hashes every column, and rows
+# They are partitioned by row_hash (the adult tables elsewhere by random(), the default on a
+# table without a primary key), which hashes every column: id tells the rows apart, else rows
 # equal in all of them would always share a partition (the two 100s could never be split).
 _TABLES = """
 DROP TABLE IF EXISTS nb_base, nb_plus, outliers, outliers_sc, spread, undeclared;

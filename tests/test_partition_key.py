@@ -1,6 +1,7 @@
-"""The sample-and-aggregate partition key: by default (``row_hash``) a keyed hash of each
-row's values; ``random()`` on request; with ``partitioning: ctid_hash`` a keyed hash of each
-row's ctid, refused where there is no usable ctid; and plans PostgreSQL can run in parallel.
+"""The sample-and-aggregate partition key: by default (``auto``) a keyed hash of the primary
+key's values where there is one, else ``random()``; with ``partitioning: row_hash`` a keyed hash
+of the primary key or of every hashable column; with ``partitioning: ctid_hash`` a keyed hash of
+each row's ctid, refused where there is no usable ctid; and plans PostgreSQL can run in parallel.
 
 Privacy rests on a row's partition depending on that row alone (rewriter/rewrite.py's module
 docstring): pinned here for ``row_hash`` on two neighbouring tables loaded separately, in
@@ -55,22 +56,31 @@ tables:
     epsilon: 1.0
     delta: 1.0e-6
     partitions: {M}
+    partitioning: row_hash
     columns:
       v: {{{{bounds: [0, 100]}}}}
   public.nb_large: *rows
-  public.nb_keyed_small: *rows
-  public.nb_keyed_large: *rows
-  public.pk_types:
+  public.nb_keyed_small: &keyed_rows
     epsilon: 1.0
     delta: 1.0e-6
     partitions: {M}
     columns:
       v: {{{{bounds: [0, 100]}}}}
+  public.nb_keyed_large: *keyed_rows
+  public.pk_types:
+    epsilon: 1.0
+    delta: 1.0e-6
+    partitions: {M}
+    partitioning: row_hash
+    columns:
+      v: {{{{bounds: [0, 100]}}}}
       f8: {{{{bounds: [-1.0, 1.0]}}}}
       n: {{{{bounds: [-1.0, 1.0]}}}}
   public.pk_date_key: *rows
+  public.pk_date_key_auto: *keyed_rows
   public.pk_unhashable:
     epsilon: 1.0
+    partitioning: row_hash
 """
 
 _TABLES = """
@@ -83,7 +93,8 @@ CREATE TABLE pk_parted (v integer, partition integer) PARTITION BY RANGE (v);
 CREATE TABLE pk_parted_low PARTITION OF pk_parted FOR VALUES FROM (MINVALUE) TO (50);
 CREATE TABLE pk_parted_high PARTITION OF pk_parted FOR VALUES FROM (50) TO (MAXVALUE);
 INSERT INTO pk_parted SELECT * FROM pk_table;
-DROP TABLE IF EXISTS pk_random, nb_small, nb_large, nb_keyed_small, nb_keyed_large, pk_types, pk_date_key, pk_unhashable;
+DROP TABLE IF EXISTS pk_random, nb_small, nb_large, nb_keyed_small, nb_keyed_large, pk_types, pk_date_key, pk_date_key_auto,
+  pk_unhashable;
 DROP DOMAIN IF EXISTS pk_small_int;
 CREATE TABLE pk_random AS SELECT * FROM pk_table;
 -- Neighbouring tables: nb_large is nb_small plus one row, loaded on its own in another order,
@@ -127,6 +138,8 @@ INSERT INTO pk_types VALUES
 -- A primary key of a type the hash leaves out: all hashable columns are hashed instead.
 CREATE TABLE pk_date_key (day date PRIMARY KEY, v integer);
 INSERT INTO pk_date_key SELECT DATE '2000-01-01' + i, i % 101 FROM generate_series(1, 200) i;
+CREATE TABLE pk_date_key_auto AS SELECT * FROM pk_date_key;
+ALTER TABLE pk_date_key_auto ADD PRIMARY KEY (day);
 -- No hashable column at all (so no column sample and aggregate could aggregate either).
 CREATE TABLE pk_unhashable (d date, j json, dom pk_small_int);
 """
@@ -138,7 +151,7 @@ def registry(test_db: TestDatabase) -> TableRegistry:
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
         conn.execute(_TABLES)
         conn.execute(f"GRANT SELECT ON pk_table, pk_view, pk_parted, pk_random, nb_small, nb_large, nb_keyed_small, "
-                     f"nb_keyed_large, pk_types, pk_date_key, pk_unhashable TO {SERVICE_ROLE}")
+                     f"nb_keyed_large, pk_types, pk_date_key, pk_date_key_auto, pk_unhashable TO {SERVICE_ROLE}")
     return _build_registry(make_policy(test_db, Path("unused.sqlite3"), KEY_POLICY))
 
 
@@ -171,24 +184,25 @@ def test_a_view_cannot_be_partitioned_by_ctid_hash(test_db: TestDatabase, regist
         _build_registry(policy)
 
 
-def test_partitioning_is_a_row_hash_unless_the_policy_chooses_random_or_ctid_hash(registry):
+def test_partitioning_by_default_hashes_a_primary_key_and_is_random_without_one(registry):
+    keyed = _relation(registry, "nb_keyed_small")  # no partitioning in the policy: auto
+    assert (keyed.partition_key, keyed.hashed_columns) == ("row", ("id",))
+    sql = backend_sql(plan_aggregate_query("SELECT AVG(v) FROM nb_keyed_small", keyed), seed=8)
+    assert "hashint8extended(\"id\", 9)" in sql and "random" not in sql and "ctid" not in sql, sql
+    for name in ("pk_view", "pk_date_key_auto"):  # no primary key; one the hash leaves out (date)
+        relation = _relation(registry, name)
+        assert (relation.partition_key, relation.hashed_columns) == ("random", ()), name
+    view = _relation(registry, "pk_view")
+    sql = backend_sql(plan_aggregate_query("SELECT AVG(v) FROM pk_view", view), seed=partition_seed())
+    assert "pg_catalog.random()" in sql and "hash" not in sql and "ctid" not in sql
+    assert _relation(registry, "pk_random").partition_key == "random"
     assert _relation(registry, "pk_table").partition_key == "ctid"
     assert _relation(registry, "pk_parted").partition_key == "ctid"
-    view = _relation(registry, "pk_view")  # the default, on a view too: no ctid needed
-    assert (view.partition_key, view.hashed_columns) == ("row", ("v", "partition"))
-    sql = backend_sql(plan_aggregate_query("SELECT AVG(v) FROM pk_view", view), seed=8)
-    assert "hashint4extended(\"v\", 9)" in sql and "hashint4extended(\"partition\", 10)" in sql, sql
-    assert "random" not in sql and "ctid" not in sql
-    drawn = _relation(registry, "pk_random")
-    assert drawn.partition_key == "random"
-    sql = backend_sql(plan_aggregate_query("SELECT AVG(v) FROM pk_random", drawn), seed=partition_seed())
-    assert "pg_catalog.random()" in sql and "hash" not in sql and "ctid" not in sql
     table_sql = backend_sql(plan_aggregate_query("SELECT AVG(v) FROM pk_table", _relation(registry, "pk_table")), seed=7)
     assert "hashtidextended(ctid, 7)" in table_sql and "random" not in table_sql
 
 
 def test_row_hash_hashes_the_primary_key_else_every_hashable_column(registry):
-    assert _relation(registry, "nb_keyed_small").hashed_columns == ("id",)
     assert _relation(registry, "nb_small").hashed_columns == ("v", "label", "w")
     # A primary key of a type the hash leaves out (date): every hashable column instead.
     assert _relation(registry, "pk_date_key").hashed_columns == ("v",)
@@ -250,13 +264,13 @@ def test_the_partitioned_aggregate_can_run_in_parallel(registry, admin):
 
 
 def test_only_hash_partitioned_queries_depend_on_the_seed(registry):
-    table, view, drawn = (_relation(registry, name) for name in ("pk_table", "pk_view", "pk_random"))
+    table, keyed, view = (_relation(registry, name) for name in ("pk_table", "nb_keyed_small", "pk_view"))
     for relation, sql, expected in (
         (table, "SELECT AVG(v) FROM pk_table", True),
         (table, "SELECT COUNT(*), SUM(v) FROM pk_table", False),
-        (view, "SELECT MAX(v) FROM pk_view", True),
-        (view, "SELECT COUNT(*) FROM pk_view", False),
-        (drawn, "SELECT AVG(v) FROM pk_random", False),
+        (keyed, "SELECT MAX(v) FROM nb_keyed_small", True),
+        (keyed, "SELECT COUNT(*) FROM nb_keyed_small", False),
+        (view, "SELECT AVG(v) FROM pk_view", False),
     ):
         plan = plan_aggregate_query(sql, relation)
         assert seeded(plan) is expected, sql
@@ -326,7 +340,7 @@ def test_row_hash_fills_the_partitions_evenly(registry, admin):
 
 def test_duplicate_rows_share_a_partition(registry, admin):
     """Rows equal on every hashed column always land together: private (a function of the row),
-    but it is why a table of many duplicates is better served by ``partitioning: random``."""
+    but it is why a key-less table gets ``random`` by default."""
     relation = _relation(registry, "nb_small")
     rows = _row_partitions(admin, relation, partition_seed(), "nb_small")
     twice = [row for row, n in Counter(row for row, _ in rows).items() if n == 2]
@@ -369,8 +383,8 @@ def test_row_hash_sample_and_aggregate_can_run_in_parallel(registry, admin):
 
 
 def test_random_partitioning_draws_and_groups_in_one_process(registry, admin):
-    """The reason row_hash is the default: random() is PARALLEL RESTRICTED, so workers may scan
-    but the leader draws every row's partition and groups them all."""
+    """Why a table with a primary key hashes it by default: random() is PARALLEL RESTRICTED, so
+    workers may scan but the leader draws every row's partition and groups them all."""
     plan = plan_aggregate_query("SELECT AVG(v) FROM pk_random WHERE v > 3", _relation(registry, "pk_random"))
     with admin.transaction():
         for setting in ("min_parallel_table_scan_size = 0", "parallel_setup_cost = 0", "parallel_tuple_cost = 0"):
