@@ -2,11 +2,12 @@
 
 For each of AVG, MIN and MAX, interleaved: the exact aggregate run directly; the SQL dpproxy
 sends the backend for it (one pass grouping the rows into the policy's m partitions) run
-directly under each partitioning — ``row_hash`` as the benchmark table gets it (no primary
-key, so every hashable column is hashed), ``row_hash`` over one integer column (what a table
-with a one-column integer primary key gets; ``fnlwgt`` stands in for the key, which is a
-matter of cost only: the benchmark reads no answer), ``ctid_hash`` and ``random``; and the DP
-query through dpproxy (the policy's partitioning, the default ``row_hash``). A rewritten SQL's
+directly under each partitioning — ``row_hash`` as ``partitioning: row_hash`` hashes the
+benchmark table (no primary key, so every hashable column), ``row_hash`` over one integer
+column (what the default, ``auto``, gives a table with a one-column integer primary key;
+``fnlwgt`` stands in for the key, which is a matter of cost only: the benchmark reads no
+answer), ``ctid_hash`` and ``random``; and the DP query through dpproxy under the policy's
+default (``auto``, which is ``random`` on this key-less table). A rewritten SQL's
 ratio is what the rewrite costs inside PostgreSQL, the DP query's what dpproxy's own work
 (protocol, parsing, noise) adds on top.
 """
@@ -17,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rewriter.dp_query import AggregateQuery
-from rewriter.rewrite import backend_sql, partition_seed
+from rewriter.rewrite import backend_sql, hashed_columns, partition_seed
 
 from .latency import Latency, Probe, measure
 from .plans import plan_of
@@ -30,9 +31,9 @@ AGGREGATES = {
     "MIN": "SELECT MIN(age) FROM {table} WHERE hours_per_week > 40",
     "MAX": "SELECT MAX(age) FROM {table} WHERE hours_per_week > 40",
 }
-# label → how the plan's table is changed (None: as the policy has it)
+# label → how the plan's table is changed
 PARTITIONINGS = {
-    "row_hash": None,
+    "row_hash": {"partition_key": "row"},  # hashed_columns: every hashable column, set below
     "row_hash, one integer column": {"partition_key": "row", "hashed_columns": ("fnlwgt",)},
     "ctid_hash": {"partition_key": "ctid"},
     "random": {"partition_key": "random"},
@@ -46,18 +47,20 @@ class AvgComparison:
     rewritten: dict[str, dict[str, Latency]]  # by aggregate, then partitioning
     dpproxy: dict[str, Latency]  # by aggregate
     backend_sql: dict[str, str]  # AVG's, by partitioning
-    hashed_columns: tuple[str, ...]  # what the policy's row_hash hashes
+    hashed_columns: tuple[str, ...]  # what row_hash hashes on this table
+    dpproxy_partitioning: str  # what the DP query through dpproxy used
 
 
 def compare_avg(
     policy_path: Path, proxy: Endpoint, direct: Endpoint, table: str, rows: int, iterations: int
 ) -> AvgComparison:
-    probes, sqls, hashed = [], {}, ()
+    probes, sqls, hashed, used = [], {}, (), ""
     for name, template in AGGREGATES.items():
         sql = template.format(table=table)
         plan = plan_of(policy_path, sql)
-        hashed = plan.table.hashed_columns
-        variants = rewritten_sql(plan)
+        used = {"row": "row_hash", "ctid": "ctid_hash"}.get(plan.table.partition_key, plan.table.partition_key)
+        hashed = hashed_columns(plan.table.columns)
+        variants = rewritten_sql(plan, hashed)
         if name == "AVG":
             sqls = variants
         probes.append(Probe.on(f"{name}|direct", direct, sql))
@@ -71,13 +74,16 @@ def compare_avg(
         {name: times[f"{name}|dpproxy"] for name in AGGREGATES},
         sqls,
         hashed,
+        used,
     )
 
 
-def rewritten_sql(plan: AggregateQuery) -> dict[str, str]:
-    """The backend SQL dpproxy runs for ``plan``, under each of :data:`PARTITIONINGS`."""
+def rewritten_sql(plan: AggregateQuery, every_column: tuple[str, ...]) -> dict[str, str]:
+    """The backend SQL dpproxy runs for ``plan``, under each of :data:`PARTITIONINGS`
+    (``row_hash`` hashing ``every_column``)."""
     seed = partition_seed()  # one partitioning, like one query's
-    return {
-        label: backend_sql(plan if change is None else replace(plan, table=replace(plan.table, **change)), seed=seed)
-        for label, change in PARTITIONINGS.items()
-    }
+    texts = {}
+    for label, change in PARTITIONINGS.items():
+        change = {"hashed_columns": every_column, **change}
+        texts[label] = backend_sql(replace(plan, table=replace(plan.table, **change)), seed=seed)
+    return texts

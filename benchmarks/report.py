@@ -226,9 +226,9 @@ def _avg(results: Results) -> list[str]:
         f"## AVG, MIN and MAX by sample and aggregate vs the direct aggregate on {avg.rows:,} rows",
         "",
         "Queries in benchmarks/avg.py; each probe on its own connection, all interleaved. The backend",
-        "SQL dpproxy writes is run directly under each partitioning; `row_hash` (the default) hashes",
-        f"every hashable column of this key-less table ({len(avg.hashed_columns)}: {hashed}); the one-column",
-        "variant costs what a table with a one-column integer primary key gets.",
+        "SQL dpproxy writes is run directly under each partitioning; `row_hash` hashes every",
+        f"hashable column of this key-less table ({len(avg.hashed_columns)}: {hashed}); the one-column",
+        "variant costs what the default (`auto`) gives a table with a one-column integer primary key.",
         "",
         f"| | {head} |",
         "|---|" + "---:|---:|---:|" * len(names),
@@ -238,7 +238,7 @@ def _avg(results: Results) -> list[str]:
         shown = "`row_hash` over one integer column" if label.startswith("row_hash,") else f"`{label}`"
         lines.append(row(f"backend SQL, {shown}, run directly", {name: avg.rewritten[name][label] for name in names}))
     lines += [
-        row("DP query through dpproxy (`row_hash`)", avg.dpproxy, bold=True),
+        row(f"DP query through dpproxy (`{avg.dpproxy_partitioning}`, the policy's default here)", avg.dpproxy, bold=True),
         "",
         "Backend SQL of the AVG (`row_hash`):",
         "",

@@ -3,8 +3,8 @@
 * dpproxy: ``python -m proxy.cli serve -c policy.yaml``, the real server, in its own process
   so that its CPU is not shared with the client side of the benchmark and its memory (RSS)
   can be read. The policy protects every benchmark table with the demo's column bounds, ε
-  and partitions, and the default ``partitioning: row_hash`` (parallel sample and aggregate
-  with no assumption; benchmarks/avg.py runs the other partitionings' SQL directly);
+  and partitions, and the default ``partitioning: auto`` (``random`` on these key-less
+  tables; benchmarks/avg.py runs the other partitionings' SQL directly);
   the analyst's budget is the largest a policy allows (renewed before each pgbench run
   with ``renew_budget``, as many rounds can spend more than that), answers to repeated
   queries are recomputed (``repeats: {enabled: false}``, else the benchmark would measure
