@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 from rewriter.dp_query import AggregateQuery
 from rewriter.rewrite import backend_sql, hashed_columns, partition_seed
@@ -31,12 +32,12 @@ AGGREGATES = {
     "MIN": "SELECT MIN(age) FROM {table} WHERE hours_per_week > 40",
     "MAX": "SELECT MAX(age) FROM {table} WHERE hours_per_week > 40",
 }
-# label → how the plan's table is changed
-PARTITIONINGS = {
-    "row_hash": {"partition_key": "row"},  # hashed_columns: every hashable column, set below
-    "row_hash, one integer column": {"partition_key": "row", "hashed_columns": ("fnlwgt",)},
-    "ctid_hash": {"partition_key": "ctid"},
-    "random": {"partition_key": "random"},
+# label → the plan's table's partition key and hashed columns (None: every hashable column)
+PARTITIONINGS: dict[str, tuple[Literal["row", "ctid", "random"], tuple[str, ...] | None]] = {
+    "row_hash": ("row", None),
+    "row_hash, one integer column": ("row", ("fnlwgt",)),
+    "ctid_hash": ("ctid", ()),
+    "random": ("random", ()),
 }
 
 
@@ -54,7 +55,10 @@ class AvgComparison:
 def compare_avg(
     policy_path: Path, proxy: Endpoint, direct: Endpoint, table: str, rows: int, iterations: int
 ) -> AvgComparison:
-    probes, sqls, hashed, used = [], {}, (), ""
+    probes: list[Probe] = []
+    sqls: dict[str, str] = {}
+    hashed: tuple[str, ...] = ()
+    used = ""
     for name, template in AGGREGATES.items():
         sql = template.format(table=table)
         plan = plan_of(policy_path, sql)
@@ -83,7 +87,7 @@ def rewritten_sql(plan: AggregateQuery, every_column: tuple[str, ...]) -> dict[s
     (``row_hash`` hashing ``every_column``)."""
     seed = partition_seed()  # one partitioning, like one query's
     texts = {}
-    for label, change in PARTITIONINGS.items():
-        change = {"hashed_columns": every_column, **change}
-        texts[label] = backend_sql(replace(plan, table=replace(plan.table, **change)), seed=seed)
+    for label, (key, columns) in PARTITIONINGS.items():
+        table = replace(plan.table, partition_key=key, hashed_columns=every_column if columns is None else columns)
+        texts[label] = backend_sql(replace(plan, table=table), seed=seed)
     return texts

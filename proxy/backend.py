@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Literal, Mapping, Sequence
 
 import psycopg
 from psycopg import pq
@@ -455,7 +455,9 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
         # only a primary key; without such columns, random().
         row_columns = hashed_columns(columns, primary_keys.get(target.oid, ()), key_only=table_policy.partitioning == "auto") \
             if table_policy.partitioning in ("auto", "row_hash") else ()
-        key = "ctid" if table_policy.partitioning == "ctid_hash" else "row" if row_columns else "random"
+        key: Literal["row", "ctid", "random"] = (
+            "ctid" if table_policy.partitioning == "ctid_hash" else "row" if row_columns else "random"
+        )
         relations[target.oid] = Relation(
             target.oid, target.schema, target.name, table_policy, columns, partition_key=key, hashed_columns=row_columns,
         )
