@@ -214,25 +214,42 @@ def _avg(results: Results) -> list[str]:
     avg = results.avg
     if avg is None:
         return []
-    return [
-        f"## AVG by sample and aggregate vs a direct AVG() on {avg.rows:,} rows",
+    names = list(avg.direct)
+    head = " | ".join(f"{name} p50 ms | p99 ms | p50 / direct" for name in names)
+
+    def row(label: str, latencies: dict[str, Latency], bold: bool = False) -> str:
+        cells = []
+        for name in names:
+            ratio = _num(latencies[name].p50_ms / avg.direct[name].p50_ms)
+            cells.append(f"{_ms(latencies[name].p50_ms)} | {_ms(latencies[name].p99_ms)} | {f'**{ratio}**' if bold else ratio}")
+        return f"| {label} | {' | '.join(cells)} |"
+
+    hashed = ", ".join(avg.hashed_columns) or "none"
+    lines = [
+        f"## AVG, MIN and MAX by sample and aggregate vs the direct aggregate on {avg.rows:,} rows",
         "",
-        "| | p50 ms | p99 ms | p50 / direct AVG |",
-        "|---|---:|---:|---:|",
-        f"| direct `AVG()` | {_ms(avg.direct.p50_ms)} | {_ms(avg.direct.p99_ms)} | 1 |",
-        f"| dpproxy's backend SQL, run directly | {_ms(avg.rewritten.p50_ms)} | {_ms(avg.rewritten.p99_ms)} | "
-        f"{_num(avg.rewritten.p50_ms / avg.direct.p50_ms)} |",
-        f"| the same with `partitioning: random` (the default), run directly | {_ms(avg.rewritten_random.p50_ms)} | "
-        f"{_ms(avg.rewritten_random.p99_ms)} | {_num(avg.rewritten_random.p50_ms / avg.direct.p50_ms)} |",
-        f"| DP AVG through dpproxy | {_ms(avg.dpproxy.p50_ms)} | {_ms(avg.dpproxy.p99_ms)} | "
-        f"**{_num(avg.dpproxy.p50_ms / avg.direct.p50_ms)}** |",
+        "Queries in benchmarks/avg.py; each probe on its own connection, all interleaved. The backend",
+        "SQL dpproxy writes is run directly under each partitioning; `row_hash` hashes every",
+        f"hashable column of this key-less table ({len(avg.hashed_columns)}: {hashed}); the one-column",
+        "variant costs what the default (`auto`) gives a table with a one-column integer primary key.",
         "",
-        "Backend SQL:",
+        f"| | {head} |",
+        "|---|" + "---:|---:|---:|" * len(names),
+        row("direct aggregate", avg.direct),
+    ]
+    for label in next(iter(avg.rewritten.values())):
+        shown = "`row_hash` over one integer column" if label.startswith("row_hash,") else f"`{label}`"
+        lines.append(row(f"backend SQL, {shown}, run directly", {name: avg.rewritten[name][label] for name in names}))
+    lines += [
+        row(f"DP query through dpproxy (`{avg.dpproxy_partitioning}`, the policy's default here)", avg.dpproxy, bold=True),
+        "",
+        "Backend SQL of the AVG (`row_hash`):",
         "",
         "```sql",
-        avg.backend_sql,
+        avg.backend_sql["row_hash"],
         "```",
     ]
+    return lines
 
 
 def _histogram(results: Results) -> list[str]:
@@ -300,8 +317,9 @@ def _targets(results: Results) -> list[str]:
         added = added_latency(queries[worst][PROXY], queries[worst][DIRECT]).p50_ms
         goals.append((f"added p50 latency, worst query ({worst}), {rows:,} rows", "≤ 0.5 ms", added, added <= 0.5))
     if results.avg is not None:
-        ratio = results.avg.dpproxy.p50_ms / results.avg.direct.p50_ms
-        goals.append((f"S&A AVG / direct AVG, p50, {results.avg.rows:,} rows", "≤ 1.3", ratio, ratio <= 1.3))
+        for name in results.avg.direct:
+            ratio = results.avg.dpproxy[name].p50_ms / results.avg.direct[name].p50_ms
+            goals.append((f"S&A {name} / direct {name}, p50, {results.avg.rows:,} rows", "≤ 1.3", ratio, ratio <= 1.3))
     if results.histogram is not None:
         hist = results.histogram
         ratio = hist.rewritten.p50_ms / hist.direct.p50_ms

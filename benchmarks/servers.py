@@ -3,9 +3,9 @@
 * dpproxy: ``python -m proxy.cli serve -c policy.yaml``, the real server, in its own process
   so that its CPU is not shared with the client side of the benchmark and its memory (RSS)
   can be read. The policy protects every benchmark table with the demo's column bounds, ε
-  and partitions, and opts the tables of ≥ ``CTID_HASH_ROWS`` rows into ``partitioning:
-  ctid_hash`` (parallel sample and aggregate), as a deployment with large tables would;
-  AVG is answered by sample and aggregate (``avg: sample_aggregate``), as the report names it;
+  and partitions, and the default ``partitioning: auto`` (``random`` on these key-less
+  tables; benchmarks/avg.py runs the other partitionings' SQL directly); AVG is answered by
+  sample and aggregate (``avg: sample_aggregate``), as the report names it;
   the analyst's budget is the largest a policy allows (renewed before each pgbench run
   with ``renew_budget``, as many rounds can spend more than that), answers to repeated
   queries are recomputed (``repeats: {enabled: false}``, else the benchmark would measure
@@ -47,9 +47,6 @@ ANALYST = ("analyst", "analyst")  # login and password (SCRAM-SHA-256)
 _ROOT = Path(__file__).resolve().parent.parent
 
 
-CTID_HASH_ROWS = 1_000_000
-
-
 def write_policy(path: Path, backend: Endpoint, port: int, tables: dict[int, str]) -> Path:
     """Write the benchmark policy for ``tables`` (rows → name, in schema public) to ``path``."""
     demo = parse_policy(DEMO_POLICY.format(dsn=backend.uri(), port=port, ledger="-"), "demo-policy")
@@ -67,8 +64,7 @@ def write_policy(path: Path, backend: Endpoint, port: int, tables: dict[int, str
         "repeats": {"enabled": False},
         "users": {user: {"password": password, "budget": {"epsilon": MAX_BUDGET_EPSILON, "delta": 0.999}}},
         "tables": {
-            f"public.{name}": {**table, "partitioning": "ctid_hash"} if rows >= CTID_HASH_ROWS else table
-            for rows, name in tables.items()
+            f"public.{name}": table for name in tables.values()
         },
     }
     path.write_text(yaml.safe_dump(policy, sort_keys=False), encoding="utf-8")

@@ -363,10 +363,13 @@ class TablePolicy(_Strict):
     # of magnitude more accurate than sample and aggregate (docs/accuracy.md). Columns may
     # override it (``columns.NAME.avg``).
     avg: AvgMethod = "sum_count"
-    # How sample and aggregate assigns rows to partitions (docs/mechanisms.md): random() is
-    # exact under any neighbouring tables but serial; ctid_hash runs in parallel and assumes
-    # that other rows keep their place when one is added or removed.
-    partitioning: Literal["random", "ctid_hash"] = "random"
+    # How sample and aggregate assigns rows to partitions (docs/mechanisms.md): row_hash, a
+    # keyed hash of the row's values, is exact under any neighbouring tables and runs in
+    # parallel; random() is exact too but serial, and splits duplicate rows; ctid_hash runs
+    # in parallel and assumes that other rows keep their place when one is added or removed.
+    # auto: row_hash over the primary key when the table has one (fast, no row shares a
+    # partition by being equal to another), else random.
+    partitioning: Literal["auto", "row_hash", "random", "ctid_hash"] = "auto"
     # The most cells (the product of the keys' domains) one GROUP BY may answer.
     max_cells: int = Field(1000, ge=1, le=100_000)
     columns: dict[str, ColumnPolicy] = Field(default_factory=dict)

@@ -37,9 +37,11 @@ class Relation:
     """A backend relation named by the policy.
 
     ``partition_key`` is how sample and aggregate assigns rows to partitions
-    (``rewriter.rewrite.partition_key``), from the policy's ``partitioning``: ``"random"``,
-    a per-row ``random()`` draw, or ``"ctid"``, a keyed hash of the row's physical id
-    (``ctid_hash``, checked at load to be possible on this relation and backend).
+    (``rewriter.rewrite.partition_key``), from the policy's ``partitioning``: ``"row"``, a
+    keyed hash of the values of ``hashed_columns`` (``row_hash``, the columns chosen at load
+    from the schema), ``"random"``, a per-row ``random()`` draw, or ``"ctid"``, a keyed hash
+    of the row's physical id (``ctid_hash``, checked at load to be possible on this relation
+    and backend).
     """
 
     oid: int
@@ -47,7 +49,8 @@ class Relation:
     name: str
     policy: TablePolicy
     columns: Mapping[str, ColumnInfo] = field(default_factory=dict)
-    partition_key: Literal["ctid", "random"] = "random"
+    partition_key: Literal["row", "ctid", "random"] = "random"
+    hashed_columns: tuple[str, ...] = ()
 
     @property
     def access(self) -> Access:

@@ -22,30 +22,72 @@ the partitions back together (``sum`` for additive parts, ``string_agg`` for par
 
 The partition number comes from the table's ``partitioning`` (policy; ``Relation.partition_key``):
 
-* ``random`` (the default): ``floor(random() * m)``, drawn for each row on its own and afresh
+* ``auto`` (the default) is ``row_hash`` over the primary key when the table has one whose
+  columns are all hashable, else ``random``: on a key-less table hashing every column costs
+  about what ``random()`` does (benchmarks/results.md) and would keep duplicate rows together.
+* ``row_hash``: a keyed hash of the row's *values* with a fresh 63-bit secret
+  per query (:func:`partition_seed`, from :mod:`secrets`), ``(h & (2^63 - 1)) % m`` with
+  ``h`` the XOR of one keyed hash per hashed column (:func:`row_hash_key`); the mask clears
+  the sign bit, so there are exactly m partitions. The hashed columns
+  (``Relation.hashed_columns``) are fixed when dpproxy loads the policy, from the schema
+  alone: the primary key when the table has one whose columns are all of a hashable type,
+  else every column of a hashable type (:data:`HASH_FUNCTIONS`).
+
+  **Why it is private, with no assumption.** Fix the seed s. A row's partition is then a
+  function of that row's values and s only: no other row, no ctid, no physical order enters
+  it. Take neighbouring tables D and D' = D plus one row x (any two tables that differ by one
+  added or removed row, however each was loaded or laid out). Every row of D gets the same
+  partition in D' (its partition depends on it and s alone), and x joins exactly one
+  partition; so the vectors of the m partition values differ in at most one coordinate, which
+  is what the smooth-sensitivity median is (ε, δ)-DP against
+  (:mod:`mechanisms.smooth_median`). That holds for every s, so it holds for s drawn at
+  random; nothing is assumed of the hash (it need not be a PRF: its quality matters for
+  accuracy only). What the argument needs of s is that it be independent of the data: it
+  comes from :mod:`secrets`, is never derived from rows, and no analyst sees or sets it
+  (it appears only in the SQL dpproxy sends its backend). Rows identical on every hashed
+  column always share a partition: that is still a function of each row alone (adding one
+  more copy changes one partition), but a table of many duplicate rows gets fewer, larger
+  partitions — an accuracy cost, for which ``random`` is the remedy.
+
+  **No error oracle, no data-dependent timing.** Only columns whose type is in
+  :data:`HASH_FUNCTIONS` are hashed, decided from the catalog at load, never from the data;
+  each of those functions is total: it returns a value, without error, for every value the
+  type can hold (NaN, ±Infinity and -0 included), and NULL gives NULL, which ``COALESCE``
+  turns into 0. ``#`` (XOR), ``&`` and ``%`` by a positive constant cannot fail on bigints.
+  So the key cannot raise for any row a filter lets through, which would otherwise tell
+  whether any row matches (``hash_record_extended`` raises for a column type without an
+  extended hash, json or point, only when it meets a row). Its cost per row is a fixed
+  number of function calls plus, for text, time linear in the text's length, as reading
+  it is. Text is hashed by its bytes (``COLLATE "C"``), so a nondeterministic collation's
+  ICU sort key is never computed. Each column has its own seed (the query's seed XOR the
+  column's position), so two columns holding equal values do not cancel out in the XOR.
+  Every function is PARALLEL SAFE: PostgreSQL runs the grouping in parallel workers.
+* ``random``: ``floor(random() * m)``, drawn for each row on its own and afresh
   for every query. Sample and aggregate is private if adding or removing one row changes at
   most one partition's value; with independent per-row draws the rows two neighbouring tables
   share can be given the same partitions in both, whatever the tables' physical layout, so
   the guarantee needs no assumption. PostgreSQL ≥ 15 seeds ``random()`` per backend process
   from a strong random source; analysts cannot reseed it (``setseed()``, ``SET seed`` and
   ``set_config('seed', ...)`` are refused) or read its output (``random()`` is on no
-  allowlist). ``random()`` is PARALLEL RESTRICTED, so the query runs serially.
+  allowlist). ``random()`` is PARALLEL RESTRICTED, so the query runs serially. Duplicate rows
+  are split like any others.
 * ``ctid_hash``: ``(hashtidextended(ctid, seed) & (2^63 - 1)) % m``, a keyed hash of the row's
-  physical id with a fresh 63-bit seed per query (:func:`partition_seed`, from
-  :mod:`secrets`); the mask clears the sign bit, so there are exactly m partitions. This is
+  physical id with a fresh 63-bit seed per query; the mask clears the sign bit, so there are
+  exactly m partitions. This is
   a function of each row on its own, and a row's ``ctid`` does not change when another row is
   inserted or deleted, so neighbouring tables that differ by one row added or removed *in
   place* differ in one partition, for every seed. **Assumption:** that is the neighbouring
   relation. For two tables loaded separately, whose shared rows sit at different ctids, the
   argument instead needs the keyed hash to behave like a random function of the ctid, which
   ``hashtidextended`` (not a cryptographic PRF) is not proven to do; hence opt-in.
-  ``hashtidextended`` is PARALLEL SAFE: the rows pass through a subquery that also selects
-  ``pg_is_in_recovery()``, volatile but PARALLEL SAFE, so that the subquery is not flattened
-  into the grouping query; PostgreSQL then estimates its default 200 groups instead of one
-  per row (it knows every ``ctid`` is distinct, not that ``% m`` leaves m values) and picks
-  a parallel plan with a partial aggregate per worker.
 
-In both cases the partitioning serves accuracy and the coupling argument, it is not the
+The hash keys (``row_hash``, ``ctid_hash``) are PARALLEL SAFE. The rows pass through a subquery
+that also selects ``pg_is_in_recovery()``, volatile but PARALLEL SAFE, so that the subquery is
+not flattened into the grouping query; PostgreSQL then estimates its default 200 groups
+instead of one per distinct key (it cannot know that ``% m`` leaves m values) and picks a
+parallel plan with a partial aggregate per worker.
+
+In every case the partitioning serves accuracy and the coupling argument, it is not the
 noise: the noise comes from ``mechanisms.samplers``.
 
 Functions, operators (``OPERATOR(pg_catalog.*)``) and type names that are not grammar
@@ -58,7 +100,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -69,8 +111,8 @@ from .sql_text import literal, operator
 from .types import FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, NUMERIC
 
 __all__ = [
-    "Part", "aggregate_parts", "backend_sql", "clamped", "clamped_sum", "collected", "literal", "partition_key", "partition_seed",
-    "partition_values", "per_partition", "seeded", "split_cells", "split_row",
+    "HASH_FUNCTIONS", "Part", "aggregate_parts", "backend_sql", "clamped", "clamped_sum", "collected", "hashable", "hashed_columns", "literal",
+    "partition_key", "partition_seed", "partition_values", "per_partition", "row_hash_key", "seeded", "split_cells", "split_row",
 ]
 
 _SEED_MAX = (1 << 63) - 1  # seeds are non-negative bigints; also the mask that clears the hash's sign bit
@@ -184,22 +226,92 @@ def _grouped_sql(query: AggregateQuery, parts: list[Part], source: str) -> str:
 def partition_key(table: Relation, seed: int) -> str:
     """The SQL of a row's partition number in 0..m-1, computed from that row alone.
 
-    A keyed hash of the row's ``ctid`` for tables whose policy chose ``partitioning:
-    ctid_hash``; else a per-row ``random()`` draw, which ignores ``seed``.
+    A keyed hash of the row's hashed columns (``row_hash``, :func:`row_hash_key`) or of its
+    ``ctid`` (``ctid_hash``), keyed by ``seed``; else a per-row ``random()`` draw, which
+    ignores ``seed``. Why each is private: the module docstring.
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _SEED_MAX:
         raise ValueError(f"partition seed must be an integer in [0, 2^63), not {seed!r}")
     partitions = table.policy.partitions
+    if table.partition_key == "row":
+        return operator(operator(row_hash_key(table, seed), "&", str(_SEED_MAX)), "%", str(partitions))
     if table.partition_key == "ctid":
         return operator(operator(f"pg_catalog.hashtidextended(ctid, {seed})", "&", str(_SEED_MAX)), "%", str(partitions))
     return f"pg_catalog.floor({operator('pg_catalog.random()', '*', str(partitions))})"
 
 
+# The types whose values ``row_hash`` hashes, by OID, and the SQL of one value's keyed hash
+# ({column} is the quoted column, {seed} a bigint literal). Each function is total over its
+# type (no value, NaN and ±Infinity included, makes it raise), immutable and PARALLEL SAFE,
+# and NULL in gives NULL out. Text is hashed by its bytes (COLLATE "C"): no ICU sort key.
+# Types not listed (date, timestamptz, json, point, arrays, domains, ...) are never hashed:
+# a cast to a hashable type could raise (a date beyond timestamp's range), and some types
+# have no extended hash at all (hash_record_extended raises on them, for a row it meets).
+_TEXT_HASH = "pg_catalog.hashtextextended({column} COLLATE pg_catalog.\"C\", {seed})"
+HASH_FUNCTIONS: dict[int, str] = {
+    16: "pg_catalog.hashint4extended(CAST({column} AS integer), {seed})",  # boolean
+    INT2: "pg_catalog.hashint2extended({column}, {seed})",
+    INT4: "pg_catalog.hashint4extended({column}, {seed})",
+    INT8: "pg_catalog.hashint8extended({column}, {seed})",
+    FLOAT4: "pg_catalog.hashfloat4extended({column}, {seed})",  # -0 = 0, every NaN alike
+    FLOAT8: "pg_catalog.hashfloat8extended({column}, {seed})",
+    NUMERIC: "pg_catalog.hash_numeric_extended({column}, {seed})",  # NaN, ±Infinity included
+    25: _TEXT_HASH,  # text
+    1043: _TEXT_HASH,  # varchar
+    1042: "pg_catalog.hashbpcharextended({column} COLLATE pg_catalog.\"C\", {seed})",  # char(n)
+    1114: "pg_catalog.timestamp_hash_extended({column}, {seed})",  # timestamp (without time zone)
+    2950: "pg_catalog.uuid_hash_extended({column}, {seed})",
+}
+
+
+def hashable(column: ColumnInfo) -> bool:
+    """Whether ``row_hash`` can hash the column's values (its type is in :data:`HASH_FUNCTIONS`)."""
+    return column.type_oid in HASH_FUNCTIONS
+
+
+def hashed_columns(
+    columns: Mapping[str, ColumnInfo], primary_key: Sequence[str] = (), key_only: bool = False
+) -> tuple[str, ...]:
+    """The columns ``row_hash`` hashes, chosen from the schema alone, never from the data.
+
+    The primary key's, when the table has one whose columns are all hashable: the key tells
+    rows apart, so no two rows share a partition by being equal, and one column is the
+    cheapest to hash. Else every hashable column, in column order, so that only rows equal
+    on all of them share a partition by force; or, with ``key_only`` (``partitioning:
+    auto``), none. Empty when no column is hashable.
+    """
+    if primary_key and all(name in columns and hashable(columns[name]) for name in primary_key):
+        return tuple(primary_key)
+    if key_only:
+        return ()
+    return tuple(name for name, column in sorted(columns.items(), key=lambda item: item[1].attnum) if hashable(column))
+
+
+def row_hash_key(table: Relation, seed: int) -> str:
+    """The ``row_hash`` key before masking: the XOR of one keyed hash per hashed column.
+
+    Column i (0-based, in ``table.hashed_columns``' order) is keyed by ``seed XOR (i + 1)``;
+    a NULL hashes to 0. A table without hashed columns (the registry gives those ``random``)
+    is refused here rather than given one partition.
+    """
+    if not table.hashed_columns:
+        raise ValueError(f"row_hash partitioning of {table.display_name} has no columns to hash")
+    terms = []
+    for i, name in enumerate(table.hashed_columns):
+        column = table.columns[name]
+        value = HASH_FUNCTIONS[column.type_oid].format(column=quote_identifier(name), seed=seed ^ (i + 1))
+        terms.append(f"COALESCE({value}, 0)")
+    while len(terms) > 1:  # a balanced tree of XORs: nesting grows with log2 of the columns
+        terms = [operator(terms[i], "#", terms[i + 1]) if i + 1 < len(terms) else terms[i]
+                 for i in range(0, len(terms), 2)]
+    return terms[0]
+
+
 def seeded(query: AggregateQuery) -> bool:
-    """Whether :func:`backend_sql`'s text for ``query`` depends on its seed (a ctid-hash key)."""
+    """Whether :func:`backend_sql`'s text for ``query`` depends on its seed (a hash key)."""
     # Only sample and aggregate has partition parts (aggregate_parts); checked without
     # writing their SQL, as this runs on every DP answer.
-    return query.table.partition_key == "ctid" and any(
+    return query.table.partition_key in ("ctid", "row") and any(
         agg.mechanism == "sample_aggregate" for agg in query.aggregates
     )
 

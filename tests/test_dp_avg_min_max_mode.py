@@ -32,6 +32,7 @@ tables:
     epsilon: 1.0
     delta: 1.0e-6
     partitions: 3
+    partitioning: row_hash
     avg: sum_count
     columns:
       v: {{bounds: [0, 100]}}
@@ -60,14 +61,17 @@ tables:
       grp: {{categories: [A, B, C]}}
 """
 
-# nb_base: v = 100 in one row and 0 in 19; grp A in 10 rows, B in 10. nb_plus adds (100, 'A').
+# nb_base: v = 100 in one row and 0 in 19; grp A in 10 rows, B in 10. nb_plus adds (100, 'A', 21).
+# They are partitioned by row_hash (the adult tables elsewhere by random(), the default on a
+# table without a primary key), which hashes every column: id tells the rows apart, else rows
+# equal in all of them would always share a partition (the two 100s could never be split).
 _TABLES = """
 DROP TABLE IF EXISTS nb_base, nb_plus, outliers, outliers_sc, spread, undeclared;
-CREATE TABLE nb_base (v integer, grp text);
-INSERT INTO nb_base SELECT CASE WHEN i = 1 THEN 100 ELSE 0 END, CASE WHEN i <= 10 THEN 'A' ELSE 'B' END
+CREATE TABLE nb_base (v integer, grp text, id integer);
+INSERT INTO nb_base SELECT CASE WHEN i = 1 THEN 100 ELSE 0 END, CASE WHEN i <= 10 THEN 'A' ELSE 'B' END, i
   FROM generate_series(1, 20) i;
 CREATE TABLE nb_plus AS SELECT * FROM nb_base;
-INSERT INTO nb_plus VALUES (100, 'A');
+INSERT INTO nb_plus VALUES (100, 'A', 21);
 -- 65% of the rows in 0..9, 30% far above the bounds [0, 10], 5% far below, and some NULLs.
 CREATE TABLE outliers (v bigint);
 INSERT INTO outliers SELECT CASE WHEN i % 20 < 13 THEN i % 10 WHEN i % 20 < 19 THEN 1000000000 ELSE -1000000000 END
@@ -128,8 +132,9 @@ def _assert_within_e_epsilon(a: np.ndarray, b: np.ndarray, epsilon: float, bins:
 
 def test_sample_and_aggregate_max_on_neighbouring_tables_stays_within_e_epsilon(nproxy):
     # m = 3: the partition maxima's median is 0 on nb_base (one 100) and 100 on nb_plus
-    # whenever its two 100s fall in different partitions (2/3); without the smooth-sensitivity
-    # noise the bin at 0 would have ratio ≥ 3 > e.
+    # whenever its two 100s fall in different partitions (2/3 of the seeds: row_hash spreads
+    # distinct rows as a random function would); without the smooth-sensitivity noise the bin
+    # at 0 would have ratio ≥ 3 > e.
     base = np.array(_answers(nproxy, "SELECT MAX(v) FROM nb_base", 800), dtype=float)
     plus = np.array(_answers(nproxy, "SELECT MAX(v) FROM nb_plus", 800), dtype=float)
     assert base.min() >= 0 and plus.max() <= 100

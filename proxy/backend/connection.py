@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Literal, Mapping, Sequence
 
 import psycopg
 from psycopg import pq
@@ -23,6 +23,7 @@ from proxy.ops.metrics import observe_backend
 from proxy.wire.protocol import Field
 from rewriter.classify import ResolvedRelation
 from rewriter.references import RelationRef
+from rewriter.rewrite import hashed_columns
 
 from .policy_fit import column_fit_problems
 from .result_waiter import NotSent, ResultWaiter
@@ -430,6 +431,7 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
     refs = {name: _policy_ref(name) for name in policy.tables}
     resolved = await session.resolve(refs.values())
     hashable = await _ctid_hashable(session, [target.oid for target in resolved.values() if target is not None])
+    primary_keys = await _primary_keys(session, [target.oid for target in resolved.values() if target is not None])
     relations: dict[int, Relation] = {}
     problems: list[str] = []
     for name, table_policy in policy.tables.items():
@@ -449,9 +451,15 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
                 f"tables.{name}.partitioning: ctid_hash needs a table, materialized view or "
                 "partitioned table on PostgreSQL >= 14; use random"
             )
+        # row_hash hashes columns chosen from the schema (rewriter.rewrite.hashed_columns), auto
+        # only a primary key; without such columns, random().
+        row_columns = hashed_columns(columns, primary_keys.get(target.oid, ()), key_only=table_policy.partitioning == "auto") \
+            if table_policy.partitioning in ("auto", "row_hash") else ()
+        key: Literal["row", "ctid", "random"] = (
+            "ctid" if table_policy.partitioning == "ctid_hash" else "row" if row_columns else "random"
+        )
         relations[target.oid] = Relation(
-            target.oid, target.schema, target.name, table_policy, columns,
-            partition_key="ctid" if table_policy.partitioning == "ctid_hash" else "random",
+            target.oid, target.schema, target.name, table_policy, columns, partition_key=key, hashed_columns=row_columns,
         )
     if problems:
         raise PolicyError(problems)
@@ -479,6 +487,21 @@ async def _ctid_hashable(session: BackendSession, oids: list[int]) -> set[int]:
         (oids,),
     )
     return {int(oid) for (oid,) in rows}
+
+
+async def _primary_keys(session: BackendSession, oids: list[int]) -> dict[int, tuple[str, ...]]:
+    """Each relation's primary key columns, in key order (relations without one are absent)."""
+    if not oids:
+        return {}
+    rows = await session.fetch_all(
+        "SELECT i.indrelid, pg_catalog.array_agg(a.attname::pg_catalog.text ORDER BY k.n) "
+        "FROM pg_catalog.pg_index i, pg_catalog.unnest(i.indkey::pg_catalog.int2[]) WITH ORDINALITY AS k(attnum, n) "
+        "JOIN pg_catalog.pg_attribute a ON a.attnum OPERATOR(pg_catalog.=) k.attnum "
+        "WHERE i.indisprimary AND i.indrelid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[]) "
+        "AND a.attrelid OPERATOR(pg_catalog.=) i.indrelid GROUP BY i.indrelid",
+        (oids,),
+    )
+    return {int(oid): tuple(names) for oid, names in rows}
 
 
 def _policy_ref(name: str) -> RelationRef:
