@@ -53,12 +53,14 @@ tables:
   public.pk_random:
     epsilon: 1.0
     partitions: {M}
+    avg: sample_aggregate
     partitioning: random
     columns: *columns
   public.nb_small: &rows
     epsilon: 1.0
     delta: 1.0e-6
     partitions: {M}
+    avg: sample_aggregate
     partitioning: row_hash
     columns:
       v: {{{{bounds: [0, 100]}}}}
@@ -67,6 +69,7 @@ tables:
     epsilon: 1.0
     delta: 1.0e-6
     partitions: {M}
+    avg: sample_aggregate
     columns:
       v: {{{{bounds: [0, 100]}}}}
   public.nb_keyed_large: *keyed_rows
@@ -74,6 +77,7 @@ tables:
     epsilon: 1.0
     delta: 1.0e-6
     partitions: {M}
+    avg: sample_aggregate
     partitioning: row_hash
     columns:
       v: {{{{bounds: [0, 100]}}}}
@@ -83,6 +87,7 @@ tables:
   public.pk_date_key_auto: *keyed_rows
   public.pk_unhashable:
     epsilon: 1.0
+    avg: sample_aggregate
     partitioning: row_hash
 """
 
