@@ -31,7 +31,12 @@ __all__ = ["Session", "SessionHost", "SessionTable"]
 log = logging.getLogger("dpproxy.session")
 
 _FLUSHING = frozenset({b"Q", b"S", b"H", b"F"})
-_READY = frozenset({b"Q", b"S", b"F"})  # the messages answered with ReadyForQuery
+# After these the backend connection goes back to the pool when the backend is idle: the
+# messages answered with ReadyForQuery, and Flush. Between an extended-protocol Parse and
+# its Sync the backend holds nothing of the session (statements and portals live in
+# dpproxy; every backend request is complete), so a client that prepares with Flush
+# (asyncpg) and waits does not keep a connection from the others.
+_RELEASING = frozenset({b"Q", b"S", b"F", b"H"})
 _ADMIN_SHUTDOWN = "terminating connection due to administrator command"
 
 
@@ -262,9 +267,9 @@ class Session:
                 # Like PostgreSQL, replies to Parse/Bind/Describe/Execute wait for Sync or Flush.
                 self._flush()
                 await self.writer.drain()
-            if kind in _READY:
-                # ReadyForQuery went out: outside a transaction block the backend connection
-                # goes back to the pool (proxy/backend/pool.py), after the client has its answer.
+            if kind in _RELEASING:
+                # The client has its answer: outside a transaction block the backend connection
+                # goes back to the pool (proxy/backend/pool.py).
                 await self.executor.backend.release()
 
     async def _next_message(self, messages: protocol.MessageReader) -> tuple[bytes, bytes]:
