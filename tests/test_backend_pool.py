@@ -128,8 +128,9 @@ def test_prepared_statements_cursors_and_temp_objects_leave_nothing_on_the_backe
             "PREPARE p AS SELECT 1", "DECLARE c CURSOR WITH HOLD FOR SELECT 1", "LISTEN channel",
             "CREATE TEMP TABLE t (x int)", "SELECT 1 AS x INTO TEMP t2", "SELECT pg_advisory_lock(1)",
         ):
-            with pytest.raises(psycopg.Error):
+            with pytest.raises(psycopg.Error) as raised:
                 alice.execute(refused)
+            assert "dpproxy" in str(raised.value), f"{refused!r} reached the backend: {raised.value}"
         assert _pid(alice) == _pid(bob)
         assert bob.execute("SELECT count(*) FROM pg_prepared_statements").fetchone() == (0,)
         assert bob.execute("SELECT count(*) FROM pg_cursors").fetchone() == (0,)
