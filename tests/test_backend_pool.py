@@ -20,6 +20,7 @@ from typing import Any
 import asyncpg
 import psycopg
 import pytest
+from prometheus_client import REGISTRY
 
 from clients import require_tool
 from conftest import TEST_DATABASE, TEST_POLICY, RunningProxy, running_proxy, spent_epsilon
@@ -197,6 +198,7 @@ def test_an_exhausted_pool_answers_53300_naming_the_policy_key_and_charges_nothi
         assert "backend.pool.size" in (exhausted.value.diag.message_hint or "")
         holder.execute("COMMIT")
         assert spent_epsilon(waiting) == pytest.approx(spent), "a query that got no connection was charged"
+        assert REGISTRY.get_sample_value("dpproxy_backend_pool_timeouts_total") >= 1
         assert waiting.execute("SELECT 1").fetchone() == (1,)  # the session goes on
 
 
@@ -221,9 +223,15 @@ def test_a_cancel_reaches_the_connection_its_session_is_using_and_no_other(two: 
                             "AND wait_event_type = 'Lock'").fetchone()[0] < 2:
             assert time.monotonic() < deadline, "both sessions should be waiting on the lock"
             time.sleep(0.05)
+        discarded = REGISTRY.get_sample_value("dpproxy_backend_pool_discarded_total", {"reason": "cancelled"}) or 0
         alice.cancel_safe()
         workers[0].join(10)
         assert isinstance(outcomes["alice"], psycopg.errors.QueryCanceled)
+        # The cancelled connection is closed, never pooled: a late signal cannot hit another session.
+        deadline = time.monotonic() + 5
+        while REGISTRY.get_sample_value("dpproxy_backend_pool_discarded_total", {"reason": "cancelled"}) != discarded + 1:
+            assert time.monotonic() < deadline, "the cancelled connection was not closed"
+            time.sleep(0.02)
         assert "bob" not in outcomes, "bob's statement was cancelled too"
         admin.execute("ROLLBACK")
         workers[1].join(10)

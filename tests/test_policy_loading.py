@@ -203,3 +203,14 @@ def test_a_time_range_and_its_units_load():
     assert column.bounds is None and column.time_bounds is not None
     assert column.time_bounds[1].isoformat() == "2024-12-31T23:59:59"
     assert column.time_units == ("month", "year") and column.bucket_count("month") == 48
+
+
+def test_backend_pool_keys_have_documented_defaults_and_are_checked_at_their_line():
+    pool = parse_policy(GOOD).backend.pool
+    assert (pool.size, pool.checkout_timeout_s, pool.idle_timeout_s) == (20, 30.0, 300.0)
+    text = GOOD.replace("  dsn: postgresql://svc@localhost/db\n",
+                        "  dsn: postgresql://svc@localhost/db\n  pool:\n    size: 0\n    checkout_timout_s: 5\n")
+    assert _problems(text) == [
+        "p.yaml:4: backend.pool.size: Input should be greater than or equal to 1",
+        "p.yaml:5: backend.pool.checkout_timout_s: unknown key (check the spelling; see docs/policy.md)",
+    ]
