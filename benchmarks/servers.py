@@ -49,8 +49,12 @@ _ROOT = Path(__file__).resolve().parent.parent
 CTID_HASH_ROWS = 1_000_000
 
 
-def write_policy(path: Path, backend: Endpoint, port: int, tables: dict[int, str]) -> Path:
-    """Write the benchmark policy for ``tables`` (rows → name, in schema public) to ``path``."""
+def write_policy(
+    path: Path, backend: Endpoint, port: int, tables: dict[int, str], pool_size: int | None = None
+) -> Path:
+    """Write the benchmark policy for ``tables`` (rows → name, in schema public) to ``path``
+    (``pool_size``: ``backend.pool.size``; None leaves the key out, as a dpproxy from before
+    the pool needs, see ``--dpproxy-source``)."""
     demo = parse_policy(DEMO_POLICY.format(dsn=backend.uri(), port=port, ledger="-"), "demo-policy")
     table = demo.tables["public.adult"].model_dump(mode="json", by_alias=True, exclude_none=True)
     table["columns"]["age"]["group_by"] = True  # the histogram benchmark's width_bucket(age, ...) key
@@ -67,6 +71,8 @@ def write_policy(path: Path, backend: Endpoint, port: int, tables: dict[int, str
             for rows, name in tables.items()
         },
     }
+    if pool_size is not None:
+        policy["backend"]["pool"] = {"size": pool_size}  # type: ignore[index]
     path.write_text(yaml.safe_dump(policy, sort_keys=False), encoding="utf-8")
     return path
 
