@@ -274,3 +274,18 @@ def test_pgbench_with_more_clients_than_backend_connections(two: RunningProxy, t
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "number of transactions actually processed: 80/80" in result.stdout
+
+
+def test_settings_survive_checkouts_byte_for_byte_whatever_the_client_encodings(one: RunningProxy):
+    with psycopg.connect(one.dsn(), autocommit=True, prepare_threshold=None, client_encoding="LATIN1") as latin, \
+         one.connect() as utf8:
+        # dpproxy reads client messages as UTF-8, so the LATIN1 client sends ASCII only; the
+        # UTF-8 session's settings are restored on a connection last left in LATIN1.
+        latin.execute("SET search_path = latin, public")
+        utf8.execute("SET search_path = \"zürich\", public")
+        for _ in range(3):
+            assert _show(latin, "search_path") == "latin, public"
+            assert _show(latin, "client_encoding") == "LATIN1"
+            assert _show(utf8, "search_path") == '"zürich", public'
+            assert _show(utf8, "client_encoding") == "UTF8"
+        assert _pid(latin) == _pid(utf8)

@@ -159,11 +159,18 @@ def startup_key(startup: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 
 
 # The settings a session has made on its connection (SET, set_config, startup parameters):
-# what a connection checked out for it next must have too.
+# what a connection checked out for it next must have too. Values travel as hex of their
+# UTF-8, both ways, so that neither the session's client_encoding nor the one the connection
+# had before can change a byte of them.
 _SESSION_SETTINGS_SQL = (
-    "SELECT name, setting FROM pg_catalog.pg_settings "
+    "SELECT name, pg_catalog.encode(pg_catalog.convert_to(setting, 'UTF8'), 'hex') FROM pg_catalog.pg_settings "
     "WHERE source OPERATOR(pg_catalog.=) 'session' ORDER BY name"
 )
+
+
+def _text_sql(text: str) -> str:
+    """``text`` as an SQL expression of ASCII characters only, whatever the client encoding."""
+    return f"pg_catalog.convert_from(pg_catalog.decode('{text.encode('utf-8').hex()}', 'hex'), 'UTF8')"
 
 
 class BackendSession:
@@ -254,14 +261,8 @@ class BackendSession:
         backend stores them (so that later checkouts find a connection that matches)."""
         assert self._pool is not None
         metrics.pool_reset()
-        pgconn = held.conn.pgconn
-        escape = pq.Escaping(pgconn)
-        calls = ", ".join(
-            "pg_catalog.set_config({}, {}, false)".format(
-                escape.escape_literal(name.encode()).decode(), escape.escape_literal(value.encode()).decode()
-            )
-            for name, value in self._state
-        )
+        calls = ", ".join(f"pg_catalog.set_config({_text_sql(name)}, {_text_sql(value)}, false)"
+                          for name, value in self._state)
         sql = "RESET ALL; " + (f"SELECT {calls}; " if calls else "") + _SESSION_SETTINGS_SQL
         held.state = UNKNOWN
         results = await self._own_round_trip(held, sql.encode())
@@ -602,7 +603,7 @@ def _settings_of(result: PGresult) -> State:
     rows = []
     for r in range(result.ntuples):
         name, value = result.get_value(r, 0), result.get_value(r, 1)
-        rows.append(((name or b"").decode("utf-8"), (value or b"").decode("utf-8")))
+        rows.append(((name or b"").decode("ascii"), bytes.fromhex((value or b"").decode("ascii")).decode("utf-8")))
     return tuple(rows)
 
 
