@@ -289,3 +289,26 @@ def test_settings_survive_checkouts_byte_for_byte_whatever_the_client_encodings(
             assert _show(utf8, "search_path") == '"zürich", public'
             assert _show(utf8, "client_encoding") == "UTF8"
         assert _pid(latin) == _pid(utf8)
+
+
+def test_reset_gives_back_the_startup_parameters_as_postgresql_does(one: RunningProxy):
+    async def scenario() -> None:
+        dsn = dict(host=one.host, port=one.port, user="analyst", password="analyst", database=TEST_DATABASE)
+        conn = await asyncpg.connect(**dsn, server_settings={"TimeZone": "Asia/Tokyo", "application_name": "tokyo"})
+        try:
+            await conn.execute("SET TimeZone = 'UTC'; SET application_name = 'other'")
+            await conn.execute("RESET TIME ZONE")
+            assert await conn.fetchval("SHOW TimeZone") == "Asia/Tokyo"
+            await conn.execute("SET TimeZone = 'UTC'")
+            await conn.execute("RESET ALL")
+            assert await conn.fetchval("SHOW TimeZone") == "Asia/Tokyo"
+            assert await conn.fetchval("SHOW application_name") == "tokyo"
+            await conn.execute("SET TimeZone TO DEFAULT")
+            assert await conn.fetchval("SHOW TimeZone") == "Asia/Tokyo"
+            await conn.execute("SET application_name = 'other'")
+            await conn.execute("DISCARD ALL")  # drops the statements asyncpg has prepared: a new text
+            assert await conn.fetchval("SELECT current_setting('application_name')") == "tokyo"
+        finally:
+            await conn.close()
+
+    asyncio.run(scenario())

@@ -285,6 +285,18 @@ class BackendSession:
             except psycopg.Error as exc:
                 raise self._lost(exc.diag.sqlstate, reached=False, cause=exc) from None
 
+    async def restore_startup(self, name: str | None) -> None:
+        """After RESET ``name`` (None: RESET ALL, DISCARD ALL), give back the startup value the
+        client gave for it, as PostgreSQL does: its startup parameters are a pooled
+        connection's session settings, which RESET would otherwise drop."""
+        wanted = None if name is None else name.lower().replace(" ", "")
+        settings = [(n, v) for n, v in self._given if wanted is None or n.lower() == wanted]
+        if not settings:
+            return
+        calls = ", ".join(f"pg_catalog.set_config({_text_sql(n)}, {_text_sql(v)}, false)" for n, v in settings)
+        await self._round_trip(lambda pgconn: pgconn.send_query(f"SELECT {calls}".encode()))
+        self._dirty = True
+
     def state_may_change(self) -> None:
         """A statement that may change session settings is about to run (SET, RESET, DISCARD,
         set_config, a transaction's end): read them back before the connection is released."""
