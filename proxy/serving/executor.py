@@ -306,9 +306,9 @@ class Executor:
         uniform = result_formats[0] if len(result_formats) == 1 else 0
         with_params = params if params.values or uniform else None
         result = await self.backend.execute(decision.sql, with_params, uniform)
-        reset = _resets(plan.statement)
-        if reset is not False:
-            await self.backend.restore_startup(reset)
+        resets, name = _resets(plan.statement)
+        if resets:
+            await self.backend.restore_startup(name)
         if len(result_formats) > 1:
             result = _apply_formats(result, result_formats)
         return result, result.notices, None
@@ -453,18 +453,18 @@ def _may_change_settings(statement: Statement) -> bool:
     )
 
 
-def _resets(statement: Statement) -> str | None | bool:
-    """What a statement resets to its default: a setting's name, None for all, False for nothing."""
+def _resets(statement: Statement) -> tuple[bool, str | None]:
+    """Whether a statement resets settings to their defaults, and which (None: all)."""
     node = statement.node
     if statement.kind == "DiscardStmt":
-        return None if node.get("target") == "DISCARD_ALL" else False
+        return node.get("target") == "DISCARD_ALL", None
     if statement.kind == "VariableSetStmt":
         kind = node.get("kind")
         if kind == "VAR_RESET_ALL":
-            return None
+            return True, None
         if kind in ("VAR_RESET", "VAR_SET_DEFAULT"):
-            return str(node.get("name") or "")
-    return False
+            return True, str(node.get("name") or "")
+    return False, None
 
 
 def _apply_formats(result: ResultSet, result_formats: tuple[int, ...]) -> ResultSet:
