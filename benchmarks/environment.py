@@ -76,7 +76,8 @@ class Environment:
 
 @contextmanager
 def environment(
-    sizes: list[int], data_dir: Path | None, max_connections: int, pool_size: int | None = None
+    sizes: list[int], data_dir: Path | None, max_connections: int, pool_size: int | None = None,
+    dpproxy_source: Path | None = None,
 ) -> Iterator[Environment]:
     """Start PostgreSQL (in ``data_dir``, kept; else a temporary one), load, start dpproxy."""
     workdir = Path(tempfile.mkdtemp(prefix="dpproxy-bench-"))
@@ -91,7 +92,7 @@ def environment(
         backend = postgres.endpoint(SERVICE_ROLE, DATABASE, tcp=False)
         port = free_port()
         policy = write_policy(workdir / "policy.yaml", backend, port, tables, pool_size)
-        proxy, dpproxy = start_dpproxy(policy, port, DATABASE)
+        proxy, dpproxy = start_dpproxy(policy, port, DATABASE, dpproxy_source)
         servers.append(proxy)
         relay_process, relay = start_relay(backend, free_port(), workdir)
         servers.append(relay_process)

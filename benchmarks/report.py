@@ -44,6 +44,7 @@ class Results:
     served: Served | None = None
     served_max_connections: int = 0
     pool_size: int | None = None
+    dpproxy_source: str | None = None  # the tree dpproxy ran from, when not this one
 
 
 def machine(server_version: str, pgbench: str) -> dict[str, str]:
@@ -307,6 +308,8 @@ def _connections(results: Results) -> list[str]:
     served = results.served
     if served is not None:
         pool = f"backend.pool.size {results.pool_size}" if results.pool_size else "the policy's default pool"
+        if results.dpproxy_source:
+            pool = f"dpproxy run from {results.dpproxy_source}"
         lines += [
             f"{served.clients} clients connect to dpproxy at once, each runs one DP COUNT and stays open until all",
             f"have tried; PostgreSQL max_connections = {results.served_max_connections}, {pool}: "

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import time
 from functools import partial
@@ -71,13 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     args.served_clients = args.served_clients or (20 if args.quick else 150)
     logging.basicConfig(level=logging.WARNING)
     if args.dpproxy_source is not None:
-        # The dpproxy subprocess imports this tree first (e.g. a worktree of an older commit).
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(args.dpproxy_source.resolve()),
-                                                                 os.environ.get("PYTHONPATH")]))
+        args.dpproxy_source = args.dpproxy_source.resolve()
         note(f"dpproxy runs from {args.dpproxy_source}")
 
     started = time.monotonic()
-    with environment(args.rows, args.data_dir, args.max_connections, args.pool_size) as env:
+    with environment(args.rows, args.data_dir, args.max_connections, args.pool_size, args.dpproxy_source) as env:
         if "pgbouncer" in args.targets and env.pgbouncer is None:
             note("pgbouncer is not installed (apt install pgbouncer): not compared")
         args.targets = env.available(args.targets)
@@ -244,6 +241,7 @@ def _run_connections(env: Environment, results: Results, args: argparse.Namespac
     results.served = clients_served(env.dpproxy, args.served_clients, QUERIES["COUNT"].format(table=env.tables[rows]))
     results.served_max_connections = args.max_connections
     results.pool_size = args.pool_size
+    results.dpproxy_source = str(args.dpproxy_source) if args.dpproxy_source else None
 
 
 def _iterations(iterations: int, rows: int) -> int:

@@ -87,10 +87,14 @@ def renew_budget(policy_path: Path) -> None:
         ledger.reset(user, Budget(config.epsilon, config.delta, config.period))
 
 
-def start_dpproxy(policy_path: Path, port: int, dbname: str) -> tuple["ServerProcess", Endpoint]:
+def start_dpproxy(
+    policy_path: Path, port: int, dbname: str, source: Path | None = None
+) -> tuple["ServerProcess", Endpoint]:
+    """``source``: the source tree to run dpproxy from (``python -m`` imports its working
+    directory first); None: this one."""
     user, password = ANALYST
     command = [sys.executable, "-m", "proxy.cli", "serve", "-c", str(policy_path)]
-    process = ServerProcess(command, port, policy_path.parent / "dpproxy.log")
+    process = ServerProcess(command, port, policy_path.parent / "dpproxy.log", cwd=source)
     return process, Endpoint("dpproxy", "127.0.0.1", port, user, dbname, password)
 
 
@@ -138,12 +142,14 @@ class ServerProcess:
     ``user`` runs it as that system user (the caller must be root).
     """
 
-    def __init__(self, command: list[str], port: int, log_path: Path, user: str | None = None):
+    def __init__(
+        self, command: list[str], port: int, log_path: Path, user: str | None = None, cwd: Path | None = None
+    ):
         self.port = port
         self.log_path = log_path
         with open(log_path, "ab") as log:
             self._process = subprocess.Popen(
-                command, cwd=_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, user=user
+                command, cwd=cwd or _ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, user=user
             )
         self._wait_listening(timeout=60)
 
