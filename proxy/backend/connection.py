@@ -205,6 +205,7 @@ class BackendSession:
         self._dirty = False  # a statement may have changed the settings since they were read
         self._state_lost = False  # the settings could not be read back: the session cannot go on
         self._reported = dict(reported or {})
+        self._reported_stale = False  # the held connection's ParameterStatus values may be news
         self._sent_on_checkout = 0
         self._no_notices: list[str] = []
 
@@ -227,6 +228,7 @@ class BackendSession:
                 break
             try:
                 await self._apply_state(held)
+                self._reported_stale = True
                 break
             except BackendLost:
                 # Found lost while idle in the pool (a backend restart): nothing of this
@@ -314,8 +316,10 @@ class BackendSession:
         assert self._pool is not None
         idle = held.healthy and held.conn.pgconn.transaction_status == pq.TransactionStatus.IDLE \
             and not held.waiter.busy
-        if idle:
+        if idle and (self._reported_stale or self._dirty):
+            # Reading them costs a dozen libpq calls: only when settings may have moved.
             self._reported = self._read_reported(held.conn)
+            self._reported_stale = False
         if self._dirty and idle:
             # Twice at most: a cancel signal sent during the statement may arrive late and
             # cancel the first read (the connection is then closed, not pooled, below).

@@ -131,6 +131,7 @@ class BackendPool:
         self._closed = False
         # A session's startup settings as given → as the backend stores them (canonical_state).
         self._canonical: dict[State, State] = {}
+        metrics.watch_pool(lambda: self._in_use, lambda: len(self._idle))
 
     @property
     def in_use(self) -> int:
@@ -163,12 +164,10 @@ class BackendPool:
             conn = self._take_idle(state, config)
             if conn is None and self._in_use + len(self._idle) < config.pool.size:
                 self._in_use += 1
-                self._gauge()
                 try:
                     conn = PooledConnection(await open_backend(config), _opened_with(config), ())
                 except BaseException:
                     self._in_use -= 1
-                    self._gauge()
                     self._wake_one()
                     raise
             if conn is not None:
@@ -231,7 +230,6 @@ class BackendPool:
         chosen = next((c for c in reversed(self._idle) if c.state == state), self._idle[-1])
         self._idle.remove(chosen)
         self._in_use += 1
-        self._gauge()
         return chosen
 
     def release(self, conn: PooledConnection, reusable: bool) -> None:
@@ -257,7 +255,6 @@ class BackendPool:
                 return
         conn.idle_since = time.monotonic()
         self._idle.append(conn)
-        self._gauge()
         self._schedule_sweep(config.pool.idle_timeout_s)
 
     def _wake_one(self) -> None:
@@ -274,7 +271,6 @@ class BackendPool:
         task = asyncio.get_running_loop().create_task(_close(conn))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
-        self._gauge()
 
     def _schedule_sweep(self, idle_timeout_s: float) -> None:
         if self._sweeper is None and idle_timeout_s > 0:
@@ -294,9 +290,6 @@ class BackendPool:
             oldest = min(conn.idle_since for conn in self._idle)
             self._sweeper = asyncio.get_running_loop().call_later(max(0.05, oldest + expiry - now), self._sweep)
 
-    def _gauge(self) -> None:
-        metrics.pool_sizes(self._in_use, len(self._idle))
-
     async def close(self) -> None:
         """Close the idle connections; those still checked out are closed when released."""
         self._closed = True
@@ -306,7 +299,6 @@ class BackendPool:
         for conn in self._idle:
             self._discard(conn, "closing")
         self._idle.clear()
-        self._gauge()
         if self._closing:
             await asyncio.wait(list(self._closing), timeout=5)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 from functools import lru_cache
-from typing import Any, Final
+from typing import Any, Callable, Final
 
 from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics, start_http_server
 
@@ -33,7 +33,7 @@ __all__ = [
     "observe_pool_checkout",
     "pool_discarded",
     "pool_reset",
-    "pool_sizes",
+    "watch_pool",
     "pool_timed_out",
     "observe_statement",
     "policy_reloaded",
@@ -129,15 +129,10 @@ def observe_backend(latency_s: float) -> None:
     BACKEND_SECONDS.observe(latency_s)
 
 
-def pool_sizes(in_use: int, idle: int) -> None:
-    """The pool's connections now, checked out and idle."""
-    _pool_series("in_use").set(in_use)
-    _pool_series("idle").set(idle)
-
-
-@lru_cache(maxsize=4)
-def _pool_series(state: str) -> Any:
-    return POOL_CONNECTIONS.labels(state)
+def watch_pool(in_use: Callable[[], float], idle: Callable[[], float]) -> None:
+    """Read the pool's connections in use and idle when metrics are collected (nothing per checkout)."""
+    POOL_CONNECTIONS.labels("in_use").set_function(in_use)
+    POOL_CONNECTIONS.labels("idle").set_function(idle)
 
 
 def observe_pool_checkout(wait_s: float) -> None:
