@@ -312,3 +312,15 @@ def test_reset_gives_back_the_startup_parameters_as_postgresql_does(one: Running
             await conn.close()
 
     asyncio.run(scenario())
+
+
+def test_idle_pooled_connections_are_closed_after_idle_timeout(test_db, tmp_path_factory, admin):
+    text = _policy(2).replace("checkout_timeout_s: 10}}", "checkout_timeout_s: 10, idle_timeout_s: 0.5}}")
+    with running_proxy(test_db, tmp_path_factory, text) as proxy, proxy.connect() as conn:
+        pid = _pid(conn)
+        assert admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() == (1,)
+        deadline = time.monotonic() + 10
+        while admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() != (0,):
+            assert time.monotonic() < deadline, "an idle pooled connection outlived backend.pool.idle_timeout_s"
+            time.sleep(0.1)
+        assert _pid(conn) != pid  # the session goes on, on a new connection
