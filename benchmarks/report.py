@@ -60,10 +60,13 @@ def machine(server_version: str, pgbench: str) -> dict[str, str]:
     version = subprocess.run([pgbench, "--version"], capture_output=True, text=True).stdout.strip()
     root = Path(__file__).resolve().parent.parent
     git = ["git", "-C", str(root)]
-    commit = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    if commit and subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"],
-                                 capture_output=True, text=True).stdout.strip():
-        commit += " with uncommitted changes"
+    try:
+        commit = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        if commit and subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"],
+                                     capture_output=True, text=True).stdout.strip():
+            commit += " with uncommitted changes"
+    except FileNotFoundError:  # no git on this machine (a copy of the tree, not a clone)
+        commit = ""
     return {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "CPU": f"{os.cpu_count()} × {model or platform.processor() or 'unknown'} (nproc {len(os.sched_getaffinity(0))})",

@@ -1,13 +1,25 @@
-"""Stored password verifiers: PostgreSQL's SCRAM-SHA-256 format, as in pg_authid.rolpassword."""
+"""SCRAM-SHA-256 verifiers: PostgreSQL's stored format (pg_authid.rolpassword), or derived from a password."""
 
 from __future__ import annotations
 
 import base64
 import binascii
 
-__all__ = ["ScramVerifier", "parse_scram_verifier"]
+from scramp import ScramMechanism
+
+__all__ = ["ScramVerifier", "derive_scram_verifier", "parse_scram_verifier"]
 
 ScramVerifier = tuple[bytes, bytes, bytes, int]  # salt, StoredKey, ServerKey, iterations
+
+
+def derive_scram_verifier(password: str, iterations: int = 4096) -> ScramVerifier:
+    """A verifier of ``password`` with a fresh random salt: what PostgreSQL stores for it.
+
+    PBKDF2 with 4096 rounds (PostgreSQL's default) takes milliseconds, so it is done once
+    per user when the policy is loaded, not at each login.
+    """
+    salt, stored, server, rounds = ScramMechanism("SCRAM-SHA-256").make_auth_info(password, iteration_count=iterations)
+    return salt, stored, server, rounds
 
 
 def parse_scram_verifier(verifier: str) -> ScramVerifier:

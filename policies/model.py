@@ -11,11 +11,11 @@ import os
 from datetime import date, datetime
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from mechanisms.breach import epsilon_from_breach
 
-from .credentials import parse_scram_verifier
+from .credentials import ScramVerifier, derive_scram_verifier, parse_scram_verifier
 from .dsn import check_dsn
 from .time_buckets import TIME_UNITS, TimeUnit, bucket_count
 
@@ -44,6 +44,9 @@ __all__ = [
 MAX_BUDGET_EPSILON: Final = 1_000_000.0
 
 Access = Literal["protected", "public"]
+# How AVG is answered: a noisy clamped sum over a noisy count (pure ε, the default), or sample
+# and aggregate with a smooth-sensitivity median ((ε, δ), chosen per table or column).
+AvgMethod = Literal["sample_aggregate", "sum_count"]
 
 #: The smallest ε of one query (a table's epsilon, max_query_epsilon, SET dpproxy.epsilon).
 #: Below it noise scales overflow to infinity for wide bounds and the ledger's units (1e-12 ε)
@@ -185,6 +188,13 @@ class UserPolicy(_Strict):
     auth: Literal["scram-sha-256", "md5", "cleartext"] = "scram-sha-256"
     budget: BudgetConfig
     max_query_epsilon: float | None = Field(None, gt=0)
+    _scram: ScramVerifier | None = PrivateAttr(None)
+
+    @property
+    def scram_keys(self) -> ScramVerifier:
+        """The SCRAM-SHA-256 salt, StoredKey, ServerKey and rounds a login is checked against."""
+        assert self._scram is not None, "only users with auth: scram-sha-256 have SCRAM keys"
+        return self._scram
 
     @field_validator("max_query_epsilon")
     @classmethod
@@ -200,9 +210,11 @@ class UserPolicy(_Strict):
                 raise ValueError(f"scram_verifier only works with auth: scram-sha-256, not {self.auth}")
             if password:
                 raise ValueError("give either a password or a scram_verifier, not both")
-            parse_scram_verifier(self.scram_verifier)
+            self._scram = parse_scram_verifier(self.scram_verifier)
         elif not password:
             raise ValueError("a user needs password, password_env or scram_verifier")
+        elif self.auth == "scram-sha-256":
+            self._scram = derive_scram_verifier(password)  # once per policy load, not per login
         return self
 
 
@@ -216,7 +228,8 @@ class ColumnPolicy(_Strict):
     is a key, plus ``other`` if named: the key of every row whose value is not declared) and
     for an integer column's bounds (every integer in them, and ``width_bucket`` bins of any
     bounded column); for a time range, the ``DATE_TRUNC`` units it may be grouped by
-    (``[month, year]``; ``true`` for all of them).
+    (``[month, year]``; ``true`` for all of them). ``avg`` overrides the table's AVG method for
+    this column (None: the table's).
     """
 
     bounds: tuple[float, float] | None = None
@@ -224,6 +237,7 @@ class ColumnPolicy(_Strict):
     categories: tuple[str, ...] | None = None
     group_by: bool | tuple[TimeUnit, ...] = False
     other: str | None = None
+    avg: AvgMethod | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -271,6 +285,8 @@ class ColumnPolicy(_Strict):
             not self.categories or len(set(self.categories)) != len(self.categories)
         ):
             raise ValueError("categories must be a non-empty list without repeats")
+        if self.avg is not None and self.bounds is None:
+            raise ValueError("avg is how AVG of a numeric column is answered: it needs bounds: [lo, hi] of numbers")
         self._check_group_by()
         return self
 
@@ -356,7 +372,10 @@ class TablePolicy(_Strict):
     # range term near 1% of the bounds down to ε/k ≈ 0.5 at δ = 1e-6 (mechanisms.smooth_median
     # .recommended_partitions) and needs ≈ 15,000 filtered rows for 30 rows per partition.
     partitions: int = Field(512, ge=3, le=10_000)
-    avg: Literal["sample_aggregate", "sum_count"] = "sample_aggregate"
+    # AVG's default is the noisy sum over a noisy count: pure ε, and on the demo table two orders
+    # of magnitude more accurate than sample and aggregate (docs/accuracy.md). Columns may
+    # override it (``columns.NAME.avg``).
+    avg: AvgMethod = "sum_count"
     # How sample and aggregate assigns rows to partitions (docs/mechanisms.md): random() is
     # exact under any neighbouring tables but serial; ctid_hash runs in parallel and assumes
     # that other rows keep their place when one is added or removed.
@@ -377,6 +396,21 @@ class TablePolicy(_Strict):
                 raise ValueError(f"columns.{name}: group_by has more cells than max_cells {self.max_cells}: "
                                  f"{', '.join(over)}; raise max_cells or narrow the domain")
         return self
+
+    @model_validator(mode="after")
+    def _sampled_avg_has_delta(self) -> "TablePolicy":
+        """A column set to ``avg: sample_aggregate`` on a table without δ could never be answered."""
+        if self.access == "protected" and self.delta <= 0:
+            for name, column in self.columns.items():
+                if column.avg == "sample_aggregate":
+                    raise ValueError(f"columns.{name}: avg: sample_aggregate is (ε, δ)-DP and needs the table's "
+                                     "delta > 0; give the table a delta such as 1e-6, or use avg: sum_count")
+        return self
+
+    def avg_method(self, column: str) -> AvgMethod:
+        """How AVG(column) is answered outside GROUP BY: the column's ``avg``, else the table's."""
+        policy = self.columns.get(column)
+        return policy.avg if policy is not None and policy.avg is not None else self.avg
 
     @field_validator("epsilon")
     @classmethod

@@ -1,6 +1,6 @@
 """Validate a SELECT on a protected table and turn it into an ``AggregateQuery`` plan.
 
-Accepted shape (SPEC §3):
+Accepted shape (docs/query-shapes.md):
 ``SELECT agg [AS alias] [, ...] FROM <protected table> [AS t] [WHERE <safe predicate>]
 [ORDER BY ...] [LIMIT n]`` where ``agg`` is COUNT(*), COUNT(col), SUM(col), AVG(col),
 MIN(col), MAX(col) or MODE() WITHIN GROUP (ORDER BY col). Everything else is refused with
@@ -48,9 +48,9 @@ Mechanism = Literal["laplace", "sample_aggregate", "sum_count", "exponential"]
 class Aggregate:
     """One output column: an aggregate over a column (``column`` None for COUNT(*)).
 
-    ``mechanism`` is how the column is released (SPEC §4): ``laplace`` for COUNT and SUM,
-    ``sample_aggregate`` for MIN, MAX and (by default) AVG, ``sum_count`` for AVG on a table
-    whose policy says ``avg: sum_count``, ``exponential`` for MODE.
+    ``mechanism`` is how the column is released (docs/mechanisms.md): ``laplace`` for COUNT and SUM,
+    ``sample_aggregate`` for MIN, MAX and AVG where the column or table says ``avg:
+    sample_aggregate``, ``sum_count`` for AVG otherwise (the default), ``exponential`` for MODE.
     """
 
     kind: AggregateKind
@@ -382,20 +382,22 @@ def _aggregate(item: exp.Expression, scope: Scope, grouped: bool = False) -> Agg
             raise scope.refuse("COUNT(DISTINCT ...) takes a plain column on protected table", "aggregate-argument")
     column = _aggregate_column(kind, argument, scope)
     result_type = aggregate_result_type(kind, column.type_oid if column else None)
-    return Aggregate(kind, column, alias or kind, result_type, _mechanism(kind, scope, grouped), distinct)
+    return Aggregate(kind, column, alias or kind, result_type, _mechanism(kind, scope, grouped, column), distinct)
 
 
-def _mechanism(kind: AggregateKind, scope: Scope, grouped: bool = False) -> Mechanism:
-    """The mechanism SPEC §4 assigns to ``kind`` under the table's policy (per cell when ``grouped``).
+def _mechanism(kind: AggregateKind, scope: Scope, grouped: bool = False, column: ColumnInfo | None = None) -> Mechanism:
+    """The mechanism that releases ``kind`` under the policy (per cell when ``grouped``).
 
-    Per cell of a GROUP BY, AVG is always a noisy sum over a noisy count (pure ε, good on few
-    rows); MIN and MAX by sample and aggregate would need hundreds of rows in every cell.
+    AVG follows the column's ``avg``, else the table's (default ``sum_count``). Per cell of a
+    GROUP BY, AVG is always a noisy sum over a noisy count (pure ε, good on few rows); MIN and
+    MAX by sample and aggregate would need hundreds of rows in every cell.
     """
     if kind in ("count", "sum"):
         return "laplace"
     if kind == "mode":
         return "exponential"
-    if kind == "avg" and (grouped or scope.table.policy.avg == "sum_count"):
+    column_avg = column.policy.avg if column is not None and column.policy is not None else None
+    if kind == "avg" and (grouped or (column_avg or scope.table.policy.avg) == "sum_count"):
         return "sum_count"
     if grouped:
         raise Refusal(
@@ -412,8 +414,8 @@ def _mechanism(kind: AggregateKind, scope: Scope, grouped: bool = False) -> Mech
             SQLSTATE.DP_QUERY_SHAPE,
             f"{kind.upper()} on protected table {scope.table.display_name} needs delta > 0 in the "
             "policy (rule: delta-required)",
-            "AVG, MIN and MAX are answered by sample and aggregate, which is (ε, δ)-DP: give the "
-            "table a delta such as 1e-6 (or avg: sum_count for a pure-ε AVG).",
+            "MIN, MAX and AVG set to avg: sample_aggregate are answered by sample and aggregate, which is "
+            "(ε, δ)-DP: give the table a delta such as 1e-6 (or leave AVG on its pure-ε default, avg: sum_count).",
             "delta-required",
         )
     return "sample_aggregate"

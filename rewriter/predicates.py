@@ -1,4 +1,4 @@
-"""The safe predicate language of WHERE clauses on protected tables (SPEC §3).
+"""The safe predicate language of WHERE clauses on protected tables (docs/query-shapes.md).
 
 A predicate may compare columns with literals, parameters or row-independent computed
 values (=, <>, <, <=, >, >=, BETWEEN, IN (...), IS [NOT] NULL, [NOT] LIKE/ILIKE 'pattern'

@@ -1,6 +1,6 @@
 """Finding the real clients the suite drives, and what every client test checks.
 
-A client that is missing is a test failure that says how to install it (``.ci/run``
+A client that is missing is a test failure that says how to install it (``./run-tests``
 installs all of them on a fresh machine), never a skip.
 """
 
@@ -30,7 +30,7 @@ def require_tool(name: str, package: str) -> str:
     """The path of executable ``name``; fail with how to get it when it is missing."""
     path = shutil.which(name)
     if path is None:
-        raise AssertionError(f"{name} is required by the test suite: apt-get install {package} (.ci/run does)")
+        raise AssertionError(f"{name} is required by the test suite: apt-get install {package} (./run-tests does)")
     return path
 
 
@@ -39,7 +39,7 @@ def _first_existing(candidates: tuple[Path, ...], what: str, package: str) -> Pa
         if path.is_file():
             return path
     raise AssertionError(
-        f"{what} is required by the test suite: apt-get install {package} (.ci/run does); "
+        f"{what} is required by the test suite: apt-get install {package} (./run-tests does); "
         f"looked for {', '.join(map(str, candidates))}"
     )
 

@@ -50,7 +50,7 @@ tables:
     delta: 1.0e-6
     columns:
       age: {{bounds: [17, 90]}}
-      hours_per_week: {{bounds: [1, 99]}}
+      hours_per_week: {{bounds: [1, 99], avg: sample_aggregate}}  # AVG(age): the default, sum_count
       capital_gain: {{bounds: [0, 100000]}}
       sex: {{categories: [Male, Female]}}
   public.clamp_test:
@@ -201,5 +201,41 @@ def admin(test_db: TestDatabase) -> Iterator[psycopg.Connection]:
 def psql_path() -> str:
     path = shutil.which("psql")
     if path is None:
-        raise RuntimeError("psql is required by the test suite (.ci/run installs postgresql-client)")
+        raise RuntimeError("psql is required by the test suite (./run-tests installs postgresql-client)")
     return path
+
+
+# Tests that drive a program from a system package rather than from pip (psql, pgbench,
+# javac/java, node/npm, psqlODBC, docker-compose, openssl) or Superset's own venv: marked
+# `clients`, so `./run-tests -m "not clients"` needs nothing but Python. A whole module, or the
+# named tests of a module where the others need no such program.
+_CLIENT_MODULES = {
+    "test_benchmark_smoke",  # pgbench (and pgbouncer)
+    "test_client_jdbc", "test_client_node", "test_client_odbc", "test_client_pgbench",
+    "test_psql_client", "test_superset",
+}
+_CLIENT_TESTS = {
+    "test_auth_tls_cancel": {  # psql; the TLS tests also openssl
+        "test_scram_md5_and_stored_verifier_logins_work_with_psql",
+        "test_wrong_password_fails_the_same_way_for_every_method_and_unknown_users",
+        "test_tls_is_negotiated_when_the_policy_has_a_certificate",
+        "test_tls_required_refuses_plaintext_clients",
+        "test_without_tls_ssl_is_refused_with_n",
+    },
+    "test_cli": {"test_serve_answers_in_front_of_a_postgres_given_by_dsn",
+                 "test_demo_contract_ctrl_c_and_restart_after_a_crash"},
+    "test_container": {"test_compose_file_is_valid_for_the_compose_cli"},
+    "test_copy": {"test_psql_copies_a_dp_aggregate_to_a_local_file",
+                  "test_psql_copy_of_a_table_is_refused_and_psql_leaves_its_empty_file"},
+    "test_policy_view": {"test_psql_shows_the_policy_columns"},
+    "test_readme_session": {"test_readme_session_reproduces_through_dpproxy_with_the_demo_policy"},
+    "test_startup_errors": {"test_tls_files_that_cannot_be_loaded"},  # openssl
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.path.stem
+        name = getattr(item, "originalname", item.name)
+        if module in _CLIENT_MODULES or name in _CLIENT_TESTS.get(module, ()):
+            item.add_marker(pytest.mark.clients)

@@ -38,7 +38,7 @@ def superset_venv() -> Path:
     venv = Path(os.environ.get("DPPROXY_SUPERSET_VENV", default))
     if not (venv / "bin" / "superset").is_file() or not (venv / TEMPLATE_NAME).is_file():
         raise RuntimeError(f"Apache Superset is not installed in {venv}: run `{INSTALL_COMMAND}` "
-                           "(.ci/run does it on a fresh machine)")
+                           "(./run-tests does it on a fresh machine)")
     return venv
 
 

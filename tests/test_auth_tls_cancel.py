@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import threading
@@ -66,6 +67,26 @@ def test_scram_md5_and_stored_verifier_logins_work_with_psql(auth_proxy: Running
         result = _psql(auth_proxy, user, password)
         assert result.returncode == 0, (user, result.stderr)
         assert int(result.stdout) > 40000
+
+
+def test_scram_keys_are_derived_when_the_policy_loads_not_at_each_login(
+    test_db: TestDatabase, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # libpq derives the client's side in C; every PBKDF2 in Python here is dpproxy's own.
+    derived: list[str] = []
+    pbkdf2 = hashlib.pbkdf2_hmac
+    monkeypatch.setattr(hashlib, "pbkdf2_hmac", lambda *args, **kw: derived.append(args[0]) or pbkdf2(*args, **kw))
+    text = TEST_POLICY.replace("password: analyst ", "password: fresh-for-this-test ")
+    proxy = RunningProxy(make_policy(test_db, tmp_path / "l.sqlite3", text))
+    try:
+        at_load = len(derived)
+        for _ in range(3):
+            psycopg.connect(host=proxy.host, port=proxy.port, dbname="dpproxy_test", user="analyst",
+                            password="fresh-for-this-test").close()
+    finally:
+        proxy.stop()
+    assert at_load == 1  # analyst; plain is a cleartext user
+    assert len(derived) == at_load
 
 
 def test_md5_works_with_asyncpg(auth_proxy: RunningProxy):

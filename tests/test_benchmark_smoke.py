@@ -32,7 +32,7 @@ def test_quick_benchmark_runs_and_prints_the_ratio_table():
     assert "## Idle client connections" in report
     assert "## A 1,000-cell DP histogram vs the plain GROUP BY on 1,000 rows" in report
     assert "Errors:" not in report, report
-    if find_pgbouncer() is not None:  # .ci/run installs it; the comparison is optional elsewhere
+    if find_pgbouncer() is not None:  # ./run-tests installs it; the comparison is optional elsewhere
         assert "pgbouncer tps (ratio)" in report, report
     if os.environ.get("CI") or find_smartnoise(default_venv()) is not None:  # CI reaches the package index
         smartnoise = report.split("## SmartNoise SQL on the same queries")[1].split("\n## ")[0]

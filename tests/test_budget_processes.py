@@ -79,6 +79,7 @@ def test_two_proxy_processes_on_one_postgres_ledger_never_overspend(test_db: Tes
     finally:
         for process, _ in replicas:
             process.send_signal(signal.SIGTERM)
-            process.wait(timeout=20)
+            log, _ = process.communicate(timeout=20)
+            print(log)  # shown only if the test failed: a replica's traceback says why
         with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
             conn.execute("DROP SCHEMA IF EXISTS replicas CASCADE")

@@ -166,7 +166,7 @@ def _compose_cli() -> list[str] | None:
 
 def test_compose_file_is_valid_for_the_compose_cli():
     cli = _compose_cli()
-    assert cli is not None, "no Compose CLI: install Debian's docker-compose (.ci/run does)"
+    assert cli is not None, "no Compose CLI: install Debian's docker-compose (./run-tests does)"
     result = subprocess.run([*cli, "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, f"{shlex.join(cli)} config: {result.stderr}"

@@ -9,6 +9,7 @@ must stay within ε, up to sampling error (z standard errors of the log ratio).
 from __future__ import annotations
 
 import math
+import re
 import struct
 from collections import Counter
 from collections.abc import Iterator
@@ -39,6 +40,7 @@ tables:
   public.outliers:
     epsilon: 30.0
     partitions: 30
+    avg: sample_aggregate
     columns:
       v: {{bounds: [0, 10]}}
   public.outliers_sc:
@@ -246,9 +248,21 @@ def test_avg_min_max_mode_have_the_names_and_types_postgres_gives(proxy, admin):
 def test_avg_of_adult_age_is_close_to_the_exact_mean(proxy, admin):
     (exact,) = admin.execute("SELECT AVG(age) FROM adult").fetchone()
     answers = np.array(_answers(proxy, "SELECT AVG(age) FROM adult", 10), dtype=float)
-    # m = 512 partitions of ~95 rows at ε = 1: median absolute error ≈ 0.2 years. An answer is
-    # off by more than 1 with p ≈ 7e-3 (measured S* gives noise scales 0.14–0.24), the median of
-    # 10 needs 5 such: fails by chance with p ≈ 3e-10.
+    # The default, noisy sum / noisy count at ε = 1: the error is (e_sum − c·e_count)/ñ with
+    # e_sum ~ Lap(73), e_count ~ DiscreteLap(2), c = 38.4 − 53.5 and ñ ≈ 48,842. An answer is off
+    # by more than 0.02 (|e_sum − c·e_count| > 977) with p < P(|e_sum| > 488) + P(|e_count| > 32)
+    # ≈ 1.3e-3; the median of 10 needs 5 such: fails by chance with p < 252·(1.3e-3)^5 ≈ 1e-12.
+    assert abs(np.median(answers) - float(exact)) < 0.02
+
+
+def test_sample_and_aggregate_avg_of_adult_hours_is_close_to_the_exact_mean(proxy, admin):
+    # hours_per_week says avg: sample_aggregate (a column's override of the table's default).
+    (exact,) = admin.execute("SELECT AVG(hours_per_week) FROM adult").fetchone()
+    answers = np.array(_answers(proxy, "SELECT AVG(hours_per_week) FROM adult", 10), dtype=float)
+    # m = 512 partitions of ~95 rows at ε = 1 (simulated on the demo data, 200 partitionings:
+    # the partition means' median is within 0.09 of the mean, S* gives noise scales 0.076–0.19).
+    # An answer is off by more than 1 with p < e^(−0.91/0.19) ≈ 8e-3, the median of 10 needs 5
+    # such: fails by chance with p < 252·(8e-3)^5 ≈ 8e-9.
     assert abs(np.median(answers) - float(exact)) < 1.0
 
 
@@ -263,27 +277,51 @@ def test_empty_filter_still_answers_every_aggregate_with_a_value(proxy):
 
 
 def test_answer_delta_is_the_sum_of_the_sample_and_aggregate_columns_delta(proxy):
-    plan = _plan(proxy, "adult", "SELECT COUNT(*), AVG(age), MIN(age), MODE() WITHIN GROUP (ORDER BY sex) FROM adult")
+    plan = _plan(proxy, "adult", "SELECT COUNT(*), AVG(age), AVG(hours_per_week), MIN(age), "
+                                 "MODE() WITHIN GROUP (ORDER BY sex) FROM adult")
     partitions = struct.pack(">d", 40.0).hex() * 512  # the backend's partition part: float8 values in hex
-    answer = release_row(plan, (48842, partitions, partitions, 30000, 18000), 1.0)
+    # AVG(age): the clamped sum and the count of values (sum_count, the default)
+    answer = release_row(plan, (48842, 1876000, 48842, partitions, partitions, 30000, 18000), 1.0)
     assert answer.epsilon == 1.0
-    assert answer.delta == pytest.approx(2e-6)  # AVG and MIN each use the table's δ, unsplit
+    # AVG(hours_per_week) (avg: sample_aggregate) and MIN each use the table's δ, unsplit; AVG(age) none
+    assert answer.delta == pytest.approx(2e-6)
     assert query_delta(plan) == pytest.approx(answer.delta)  # what the ledger charges up front
-    assert [r.mechanism for r in answer.releases] == ["laplace", "smooth_median", "smooth_median", "exponential"]
-    assert all(r.epsilon == pytest.approx(0.25) for r in answer.releases)
+    assert [r.mechanism for r in answer.releases] == ["laplace", "sum_count", "smooth_median", "smooth_median",
+                                                      "exponential"]
+    assert all(r.epsilon == pytest.approx(0.2) for r in answer.releases)
+
+
+def test_avg_by_default_is_a_noisy_sum_over_a_noisy_count_and_costs_no_delta(proxy):
+    """A column and table without ``avg`` answer AVG by sum_count: pure ε, so a query of AVG,
+    COUNT and SUM charges δ 0, and the notice gives the noise of the released ratio."""
+    plan = _plan(proxy, "adult", "SELECT COUNT(*), AVG(age), SUM(capital_gain) FROM adult")
+    assert [agg.mechanism for agg in plan.aggregates] == ["laplace", "sum_count", "laplace"]
+    assert query_delta(plan) == 0
+    notices: list[str] = []
+    with proxy.connect() as conn:
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        spent_delta = conn.execute("SHOW dpproxy.budget").fetchone()[3]
+        conn.execute("SELECT AVG(age) FROM adult WHERE sex = 'Female'")
+        assert conn.execute("SHOW dpproxy.budget").fetchone()[3] == spent_delta
+    (notice,) = [n for n in notices if "ε charged" in n]
+    assert re.fullmatch(r"dpproxy: ε charged 1, δ 0; avg: noisy sum / noisy count, scale [0-9.e-]+ "
+                        r"\(95% within ±[0-9.e-]+\); remaining ε .*", notice), notice
 
 
 def test_the_notice_gives_the_bound_an_analyst_can_use_for_each_mechanism(proxy):
     """Sample and aggregate's noise depends on the data, so its notice gives only the worst case
-    (here the width of age's bounds, 73); MODE's bound is in rows of the winning category."""
+    (here the width of hours_per_week's bounds, 98); the noisy sum / noisy count gives its noise
+    from the released noisy count; MODE's bound is in rows of the winning category."""
     notices: list[str] = []
     with proxy.connect() as conn:
         conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
-        conn.execute("SELECT COUNT(*), AVG(age), MODE() WITHIN GROUP (ORDER BY sex) FROM adult")
+        conn.execute("SELECT COUNT(*), AVG(age) AS mean_age, AVG(hours_per_week), "
+                     "MODE() WITHIN GROUP (ORDER BY sex) FROM adult")
     (notice,) = notices
-    assert notice.startswith("dpproxy: ε charged 1, δ 1e-06; count: laplace scale 3 (95% within ±8.987), "
-                             "avg: sample and aggregate, worst-case 95% bound ±73, "
-                             "mode: exponential mechanism, 95% within "), notice
+    assert re.match(r"dpproxy: ε charged 1, δ 1e-06; count: laplace scale 4 \(95% within ±11\.98\), "
+                    r"mean_age: noisy sum / noisy count, scale [0-9.e-]+ \(95% within ±[0-9.e-]+\), "
+                    r"avg: sample and aggregate, worst-case 95% bound ±98, "
+                    r"mode: exponential mechanism, 95% within ", notice), notice
     assert " rows of the top category's count; remaining ε " in notice and "scale" not in notice.split("avg:")[1]
 
 
@@ -313,8 +351,8 @@ def test_aggregates_without_the_policy_they_need_are_refused_with_a_hint(proxy, 
         "SET seed = 0.5",
         "SELECT set_config('seed', '0.5', false)",
         "SELECT random()",
-        "SELECT AVG(age) FROM adult WHERE setseed(0.5) IS NULL",
-        "SELECT setseed(0.5), AVG(age) FROM adult",
+        "SELECT AVG(hours_per_week) FROM adult WHERE setseed(0.5) IS NULL",  # sample and aggregate
+        "SELECT setseed(0.5), MIN(age) FROM adult",
         "SELECT COUNT(*) FROM adult WHERE random() < 0.5",
     ],
 )

@@ -28,6 +28,7 @@ tables:
   public.adult:
     epsilon: 1.0
     partitions: 10000
+    avg: sample_aggregate
     columns:
       age: {{bounds: [17, 90]}}
   public.tiny_pf:
@@ -63,9 +64,11 @@ def test_check_config_warns_of_too_many_partitions_at_the_tables_line(test_db, a
                      "(4.88 rows each, 30 or more needed): AVG, MIN and MAX by sample and aggregate will be mostly "
                      "noise; set partitions: 1628 or lower (30 rows each), or avg: sum_count for AVG "
                      "(docs/mechanisms.md, Choosing m; fewer rows after a WHERE make it worse)")
-    assert tiny.startswith(f"warning: {path}:14: tables.public.tiny_pf.partitions: about 50 rows for 512 partitions")
-    assert tiny.endswith("too small for sample and aggregate at any partitions: use avg: sum_count for AVG and do "
-                         "not rely on MIN and MAX (docs/mechanisms.md, Choosing m)")
+    assert tiny.startswith(f"warning: {path}:15: tables.public.tiny_pf.partitions: about 50 rows for 512 partitions")
+    # tiny_pf answers AVG by the default noisy sum / noisy count, which has no partitions: only
+    # MIN and MAX are named.
+    assert ("): MIN and MAX by sample and aggregate will be mostly noise; the table is too small for sample and "
+            "aggregate at any partitions: do not rely on MIN and MAX (docs/mechanisms.md, Choosing m)") in tiny, tiny
 
 
 def test_serve_logs_the_warning_when_it_starts(test_db, analysed, tmp_path: Path, caplog: pytest.LogCaptureFixture):
@@ -83,9 +86,25 @@ def test_serve_logs_the_warning_when_it_starts(test_db, analysed, tmp_path: Path
     (15_360, {}, False),                                # 512 × 30 rows: enough
     (15_359, {}, True),
     (1_000, {"avg": "sum_count"}, True),                # MIN and MAX still use sample and aggregate
-    (1_000, {"delta": 0.0, "avg": "sum_count"}, False),  # no δ: no sample and aggregate at all
+    (1_000, {"avg": "sample_aggregate"}, True),
+    (1_000, {"delta": 0.0}, False),                     # no δ: no sample and aggregate at all (AVG: sum_count)
     (1_000, {"access": "public"}, False),
 ])
 def test_partition_warning_fires_only_where_sample_and_aggregate_is_used_on_too_few_rows(rows, policy, warned):
     table = TablePolicy.model_validate({"epsilon": 1.0, "columns": {"x": {"bounds": [0, 1]}}, **policy})
     assert bool(partition_warnings("t", table, rows)) is warned
+
+
+@pytest.mark.parametrize("table_avg, column_avg, what, fix", [
+    ({}, {}, "MIN and MAX", ""),  # the default: AVG by noisy sum / noisy count has no partitions
+    ({"avg": "sample_aggregate"}, {}, "AVG, MIN and MAX", ", or avg: sum_count for AVG"),
+    ({}, {"avg": "sample_aggregate"}, "AVG of x, MIN and MAX", ", or avg: sum_count for AVG"),
+    ({"avg": "sample_aggregate"}, {"avg": "sum_count"}, "AVG of y, MIN and MAX", ", or avg: sum_count for AVG"),
+])
+def test_partition_warning_names_avg_only_where_it_is_answered_by_sample_and_aggregate(table_avg, column_avg, what, fix):
+    table = TablePolicy.model_validate({"epsilon": 1.0, **table_avg,
+                                        "columns": {"x": {"bounds": [0, 1], **column_avg}, "y": {"bounds": [0, 1]}}})
+    (warning,) = partition_warnings("t", table, 1_000)
+    assert warning == ("tables.t.partitions: about 1,000 rows for 512 partitions (1.95 rows each, 30 or more needed): "
+                       f"{what} by sample and aggregate will be mostly noise; set partitions: 33 or lower (30 rows each)"
+                       f"{fix} (docs/mechanisms.md, Choosing m; fewer rows after a WHERE make it worse)")

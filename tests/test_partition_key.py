@@ -30,6 +30,7 @@ tables:
     epsilon: 1.0
     delta: 1.0e-6
     partitions: {M}
+    avg: sample_aggregate  # AVG is partitioned only by sample and aggregate (the default is sum_count)
     partitioning: ctid_hash
     columns: &columns
       v: {{{{bounds: [0, 100]}}}}
@@ -38,6 +39,7 @@ tables:
   public.pk_view:
     epsilon: 1.0
     partitions: {M}
+    avg: sample_aggregate
     columns: *columns
 """
 

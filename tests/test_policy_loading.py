@@ -214,3 +214,29 @@ def test_backend_pool_keys_have_documented_defaults_and_are_checked_at_their_lin
         "p.yaml:4: backend.pool.size: Input should be greater than or equal to 1",
         "p.yaml:5: backend.pool.checkout_timout_s: unknown key (check the spelling; see docs/policy.md)",
     ]
+
+
+def test_avg_defaults_to_sum_count_and_a_column_may_override_the_table():
+    table = parse_policy(GOOD).tables["public.adult"]
+    assert table.avg == "sum_count" and table.avg_method("age") == "sum_count"
+    table = parse_policy(GOOD.replace("{bounds: [17, 90]}", "{bounds: [17, 90], avg: sample_aggregate}")).tables["public.adult"]
+    assert table.avg == "sum_count" and table.avg_method("age") == "sample_aggregate"
+    table = parse_policy(GOOD.replace("    epsilon: 0.5", "    epsilon: 0.5\n    avg: sample_aggregate")
+                         .replace("{bounds: [17, 90]}", "{bounds: [17, 90], avg: sum_count}")).tables["public.adult"]
+    assert table.avg == "sample_aggregate" and table.avg_method("age") == "sum_count"
+
+
+@pytest.mark.parametrize("old, new, where, message", [
+    ("{categories: [Male, Female]}", "{categories: [Male, Female], avg: sum_count}", "p.yaml:12: tables.public.adult.columns.sex",
+     "avg is how AVG of a numeric column is answered: it needs bounds: [lo, hi] of numbers"),
+    ("{bounds: [17, 90]}", "{bounds: [17, 90], avg: median}", "p.yaml:11: tables.public.adult.columns.age.avg",
+     "Input should be 'sample_aggregate' or 'sum_count'"),
+    ("    epsilon: 0.5\n    columns:\n      age: {bounds: [17, 90]}",
+     "    epsilon: 0.5\n    delta: 0\n    columns:\n      age: {bounds: [17, 90], avg: sample_aggregate}",
+     "p.yaml:8: tables.public.adult",
+     "columns.age: avg: sample_aggregate is (ε, δ)-DP and needs the table's delta > 0"),
+])
+def test_a_column_avg_that_cannot_be_answered_is_refused_at_its_line(old: str, new: str, where: str, message: str):
+    (problem,) = _problems(GOOD.replace(old, new))
+    assert problem.startswith(where), problem
+    assert message in problem, problem

@@ -175,9 +175,11 @@ def test_superset_table_of_aggregates_is_noised(stack: Stack, physical_dataset: 
     # Three aggregates share ε = 1: the count's discrete Laplace scale is 3, and ±50 fails by
     # chance with p ≈ 7e-8.
     assert abs(row["count"] - _exact(admin, "SELECT count(*) FROM people")) < 50, row
-    # AVG is sample-and-aggregate with a smooth median: on 2,000 rows it can land anywhere in
-    # the bounds, so only that is checked.
+    # AVG is the default noisy sum / noisy count at ε/3: error (e_sum − c·e_count)/ñ with
+    # e_sum ~ Lap(219), e_count ~ DiscreteLap(6), |c| = |mean − 53.5| ≈ 6 and ñ ≈ 2,000. ±4 fails
+    # only if |e_count| > 100 (p ≈ 6e-8) or |e_sum| > 7,000 (p ≈ e^−32): by chance with p < 1e-7.
     assert 17 <= row["AVG(age)"] <= 90, row
+    assert abs(row["AVG(age)"] - _exact(admin, "SELECT avg(age) FROM people")) < 4, row
     # SUM's noise scale is the bound times the 3 columns, 300,000: ±5,000,000 fails by chance with
     # p ≈ e^(−50/3) ≈ 6e-8 (±2,000,000 did with p ≈ 1.3e-3) and is 7% of the exact 74,037,000.
     assert abs(row["SUM(income)"] - _exact(admin, "SELECT sum(income) FROM people")) < 5_000_000, row

@@ -1,7 +1,7 @@
 """Warn the administrator when sample and aggregate will answer mostly noise on a table.
 
-AVG (unless ``avg: sum_count``), MIN and MAX split the filtered rows into ``partitions``
-parts and release a noisy median of the parts' values. With fewer than about 30 rows per
+MIN, MAX and AVG where the policy says ``avg: sample_aggregate`` (AVG's default is
+``sum_count``, which has no partitions) split the filtered rows into ``partitions`` parts and release a noisy median of the parts' values. With fewer than about 30 rows per
 partition many parts are empty or tiny, and the answer drifts to the middle of the bounds
 (docs/mechanisms.md, "Choosing m"). Nothing is refused for it: the guarantee holds, only the
 usefulness does not. ``check-config`` and ``serve`` report it from the backend's row
@@ -28,22 +28,29 @@ def partition_warnings(name: str, policy: TablePolicy, rows: float | None) -> li
     """The warning for table ``name`` with about ``rows`` rows (None: no estimate), or none."""
     if policy.access != "protected" or rows is None or policy.delta <= 0:
         return []
-    if not any(column.bounds is not None for column in policy.columns.values()):
-        return []  # no AVG, MIN or MAX can be asked
+    bounded = [column_name for column_name, column in policy.columns.items() if column.bounds is not None]
+    if not bounded:
+        return []  # no MIN or MAX (nor AVG) can be asked
     m = policy.partitions
     if rows >= ROWS_PER_PARTITION * m:
         return []
-    what = "AVG, MIN and MAX" if policy.avg == "sample_aggregate" else "MIN and MAX"
-    fix = "or avg: sum_count for AVG" if policy.avg == "sample_aggregate" else "and rely on AVG (sum_count)"
+    sampled_avg = [column_name for column_name in bounded if policy.avg_method(column_name) == "sample_aggregate"]
+    if not sampled_avg:
+        what, fix, avoid = "MIN and MAX", "", "do not rely on MIN and MAX"
+    else:
+        which = "" if len(sampled_avg) == len(bounded) else f" of {', '.join(sampled_avg)}"
+        what = f"AVG{which}, MIN and MAX"
+        fix = ", or avg: sum_count for AVG"
+        avoid = "use avg: sum_count for AVG and do not rely on MIN and MAX"
     head = (f"tables.{name}.partitions: about {rows:,.0f} rows for {m} partitions "
             f"({rows / m:.3g} rows each, {ROWS_PER_PARTITION} or more needed): {what} by sample and aggregate "
             f"will be mostly noise")
     fitting = int(rows // ROWS_PER_PARTITION)
     if fitting >= _MIN_PARTITIONS:
-        return [f"{head}; set partitions: {fitting} or lower ({ROWS_PER_PARTITION} rows each), {fix} "
+        return [f"{head}; set partitions: {fitting} or lower ({ROWS_PER_PARTITION} rows each){fix} "
                 "(docs/mechanisms.md, Choosing m; fewer rows after a WHERE make it worse)"]
-    return [f"{head}; the table is too small for sample and aggregate at any partitions: use avg: sum_count "
-            "for AVG and do not rely on MIN and MAX (docs/mechanisms.md, Choosing m)"]
+    return [f"{head}; the table is too small for sample and aggregate at any partitions: {avoid} "
+            "(docs/mechanisms.md, Choosing m)"]
 
 
 async def estimated_rows(session: BackendSession, relations: Mapping[int, Relation]) -> dict[int, float | None]:

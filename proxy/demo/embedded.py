@@ -51,9 +51,9 @@ tables:
   public.adult:
     access: protected
     epsilon: 1.0          # per query, split evenly over its aggregate columns
-    delta: 1.0e-6         # per AVG/MIN/MAX column (sample and aggregate)
+    delta: 1.0e-6         # per MIN/MAX column (sample and aggregate)
     partitions: 1024      # ~48 of the 48,842 rows per partition; see docs/mechanisms.md
-    avg: sample_aggregate # or sum_count: noisy clamped SUM / noisy COUNT, pure ε, usually more accurate
+    avg: sum_count        # the default: noisy clamped SUM / noisy COUNT, pure ε; or sample_aggregate (δ)
     columns:
       age:            {{bounds: [17, 90]}}
       fnlwgt:         {{bounds: [0, 1500000]}}

@@ -2,7 +2,7 @@
 
 The query's ε is split evenly over its k aggregate columns (sequential composition), each
 column is released by its mechanism (``proxy.column_release``) and encoded with the type
-PostgreSQL would have reported for the original query. δ is not split (SPEC §4): the answer's
+PostgreSQL would have reported for the original query. δ is not split (docs/mechanisms.md): the answer's
 δ is the sum of its columns' δ, the table's δ for each sample-and-aggregate column and 0 for
 the others.
 

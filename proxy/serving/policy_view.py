@@ -100,7 +100,7 @@ def _aggregates(table: Relation, column: ColumnInfo) -> list[str]:
             and (limit is None or policy.sensitivity <= limit)):
         accepted.append("SUM laplace")
         sampled = table.policy.delta > 0
-        if table.policy.avg == "sum_count":
+        if (policy.avg or table.policy.avg) == "sum_count":
             accepted.append("AVG sum_count")
         elif sampled:
             accepted.append("AVG sample_aggregate")

@@ -134,7 +134,9 @@ class Server:
 
     async def _prepare(self, path: Path) -> tuple[Policy, TableRegistry, ssl.SSLContext | None, AuditLog | None]:
         """Everything a reload swaps in, or PolicyError saying why not; changes nothing."""
-        policy = load_policy(path)
+        # In a thread: loading derives each password user's SCRAM keys (PBKDF2, milliseconds
+        # each), which must not stall the sessions being served.
+        policy = await asyncio.to_thread(load_policy, path)
         try:
             registry, database = await _resolve(policy)
         except PolicyError as exc:

@@ -15,12 +15,10 @@ import hashlib
 import hmac
 import secrets
 import struct
-from functools import lru_cache
 
 from scramp import ScramException, ScramMechanism
 from scramp.core import ScramServer
 
-from policies.credentials import parse_scram_verifier
 from policies.errors import SQLSTATE, Refusal
 from policies.model import UserPolicy
 
@@ -128,19 +126,7 @@ def _split_cstring(payload: bytes) -> tuple[str, bytes]:
 
 
 def _auth_info(user_name: str, user: UserPolicy | None) -> AuthInfo:
-    if user is None:
-        return _mock_info(user_name)
-    if user.scram_verifier is not None:
-        return parse_scram_verifier(user.scram_verifier)
-    assert user.password is not None
-    return _derived_info(user.password)
-
-
-@lru_cache(maxsize=1024)
-def _derived_info(password: str) -> AuthInfo:
-    # 4096 PBKDF2 rounds take milliseconds; derive once per password, not per login.
-    salt, stored, server, iterations = _MECHANISM.make_auth_info(password, iteration_count=4096)
-    return salt, stored, server, iterations
+    return _mock_info(user_name) if user is None else user.scram_keys
 
 
 def _mock_info(user_name: str) -> AuthInfo:
