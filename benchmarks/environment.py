@@ -75,7 +75,10 @@ class Environment:
 
 
 @contextmanager
-def environment(sizes: list[int], data_dir: Path | None, max_connections: int) -> Iterator[Environment]:
+def environment(
+    sizes: list[int], data_dir: Path | None, max_connections: int, pool_size: int | None = None,
+    dpproxy_source: Path | None = None,
+) -> Iterator[Environment]:
     """Start PostgreSQL (in ``data_dir``, kept; else a temporary one), load, start dpproxy."""
     workdir = Path(tempfile.mkdtemp(prefix="dpproxy-bench-"))
     postgres: BenchPostgres | None = None
@@ -88,8 +91,8 @@ def environment(sizes: list[int], data_dir: Path | None, max_connections: int) -
         tables = {rows: table_name(rows) for rows in sizes}
         backend = postgres.endpoint(SERVICE_ROLE, DATABASE, tcp=False)
         port = free_port()
-        policy = write_policy(workdir / "policy.yaml", backend, port, tables)
-        proxy, dpproxy = start_dpproxy(policy, port, DATABASE)
+        policy = write_policy(workdir / "policy.yaml", backend, port, tables, pool_size)
+        proxy, dpproxy = start_dpproxy(policy, port, DATABASE, dpproxy_source)
         servers.append(proxy)
         relay_process, relay = start_relay(backend, free_port(), workdir)
         servers.append(relay_process)

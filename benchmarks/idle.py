@@ -3,8 +3,8 @@
 Connections are opened in batches up to each checkpoint; at each one the proxy's RSS, the
 number of backend sessions dpproxy holds on PostgreSQL (``pg_stat_activity`` for the
 service role) and those backends' private memory (USS) are read. A client dpproxy cannot
-serve (e.g. PostgreSQL's ``max_connections`` reached: dpproxy opens one backend session per
-client) is counted with its error, and the run goes on to the next checkpoint.
+serve (e.g. PostgreSQL's ``max_connections`` reached, before dpproxy pooled its backend
+connections) is counted with its error, and the run goes on to the next checkpoint.
 """
 
 from __future__ import annotations

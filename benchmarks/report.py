@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 
 from .avg import AvgComparison
+from .connections import ConnectionCost, Served
 from .histogram import HistogramComparison
 from .idle import IdleResult
 from .latency import Latency, added_latency
@@ -39,6 +40,11 @@ class Results:
     idle_max_connections: int = 0
     # rows → query → {"smartnoise": …, "direct-tcp": …}, or why SmartNoise could not run it
     smartnoise: dict[int, dict[str, dict[str, Latency] | str]] = field(default_factory=dict)
+    connection_cost: list[ConnectionCost] = field(default_factory=list)
+    served: Served | None = None
+    served_max_connections: int = 0
+    pool_size: int | None = None
+    dpproxy_source: str | None = None  # the tree dpproxy ran from, when not this one
 
 
 def machine(server_version: str, pgbench: str) -> dict[str, str]:
@@ -81,7 +87,7 @@ def render(results: Results) -> str:
     out += [f"- **{key}**: {value}" for key, value in results.machine.items()]
     out += [f"- **{key}**: {value}" for key, value in results.settings.items()]
     out += [""]
-    for section in (_targets, _pgbench, _latency, _smartnoise, _avg, _histogram, _idle):
+    for section in (_targets, _pgbench, _latency, _smartnoise, _avg, _histogram, _idle, _connections):
         lines = section(results)
         if lines:
             out += lines + [""]
@@ -298,6 +304,39 @@ def _idle(results: Results) -> list[str]:
         )
     if idle.errors:
         lines += ["", "Clients refused:", ""] + [f"- {n} × `{text}`" for text, n in idle.errors.most_common()]
+    return lines
+
+
+def _connections(results: Results) -> list[str]:
+    if not results.connection_cost and results.served is None:
+        return []
+    lines = ["## Client connections", ""]
+    if results.connection_cost:
+        lines += [
+            "A client connects (dpproxy: SCRAM), runs `SELECT 1` and closes, one after another on each of 1 or 8",
+            "threads; p50 (p99) of the whole cycle in ms, endpoints alternating by round.",
+            "",
+            "| at once | endpoint | cycles | p50 ms | p99 ms | ratio p50 to direct-tcp | errors |",
+            "|---:|---|---:|---:|---:|---:|---:|",
+        ]
+        direct = {c.concurrency: c.p50_ms for c in results.connection_cost if c.endpoint == DIRECT}
+        for cost in results.connection_cost:
+            base = direct.get(cost.concurrency, math.nan)
+            lines.append(f"| {cost.concurrency} | {cost.endpoint} | {cost.cycles:,} | {_num(cost.p50_ms)} | "
+                         f"{_num(cost.p99_ms)} | {_num(cost.p50_ms / base if base else math.nan)} | {cost.errors} |")
+        lines.append("")
+    served = results.served
+    if served is not None:
+        pool = f"backend.pool.size {results.pool_size}" if results.pool_size else "the policy's default pool"
+        if results.dpproxy_source:
+            pool = f"dpproxy run from {results.dpproxy_source}"
+        lines += [
+            f"{served.clients} clients connect to dpproxy at once, each runs one DP COUNT and stays open until all",
+            f"have tried; PostgreSQL max_connections = {results.served_max_connections}, {pool}: "
+            f"**{served.answered} of {served.clients} answered** in {served.seconds:.1f} s.",
+        ]
+        if served.errors:
+            lines += ["", "Clients not answered:", ""] + [f"- {n} × `{text}`" for text, n in served.errors.most_common()]
     return lines
 
 

@@ -12,7 +12,9 @@ of ``--rows`` sizes, starts ``dpproxy serve`` as a subprocess with a policy over
 2. per-query latency (benchmarks/latency.py) of COUNT, SUM, AVG, MIN/MAX and a 3-column query;
 3. sample-and-aggregate AVG vs a direct AVG() on the largest table (benchmarks/avg.py);
 4. dpproxy's RSS with ``--idle`` idle clients (benchmarks/idle.py);
-5. SmartNoise SQL on the same queries against direct PostgreSQL (benchmarks/smartnoise.py).
+5. SmartNoise SQL on the same queries against direct PostgreSQL (benchmarks/smartnoise.py);
+6. what a connection costs (connect, SELECT 1, close) and how many of ``--served-clients``
+   clients running a DP query at once are answered (benchmarks/connections.py).
 
 and prints the ratios as Markdown. Nothing here asserts a timing.
 """
@@ -31,6 +33,7 @@ import psycopg
 from policies.loader import load_policy
 
 from .avg import compare_avg
+from .connections import clients_served, connection_cost
 from .histogram import compare_histogram
 from .environment import Environment, environment, note
 from .idle import idle_connections
@@ -41,7 +44,7 @@ from .report import Results, machine, render
 from .servers import renew_budget
 from .smartnoise import SmartNoiseError, SmartNoiseTimer, default_venv, find_smartnoise, install_smartnoise, metadata
 
-SECTIONS = ("pgbench", "latency", "avg", "histogram", "idle", "smartnoise")
+SECTIONS = ("pgbench", "latency", "avg", "histogram", "idle", "smartnoise", "connections")
 BIG_TABLE = 1_000_000
 BIG_DURATION_FACTOR = 2.5
 
@@ -63,10 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     args.idle = args.idle or 1000
     args.smartnoise_iterations = args.smartnoise_iterations or 30
     args.targets = args.targets or ["dpproxy", "direct-tcp", "direct-unix", "relay", "pgbouncer"]
+    args.connection_cycles = args.connection_cycles or (20 if args.quick else 100)
+    args.served_clients = args.served_clients or (20 if args.quick else 150)
     logging.basicConfig(level=logging.WARNING)
+    if args.dpproxy_source is not None:
+        args.dpproxy_source = args.dpproxy_source.resolve()
+        note(f"dpproxy runs from {args.dpproxy_source}")
 
     started = time.monotonic()
-    with environment(args.rows, args.data_dir, args.max_connections) as env:
+    with environment(args.rows, args.data_dir, args.max_connections, args.pool_size, args.dpproxy_source) as env:
         if "pgbouncer" in args.targets and env.pgbouncer is None:
             note("pgbouncer is not installed (apt install pgbouncer): not compared")
         args.targets = env.available(args.targets)
@@ -98,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
             results.idle_max_connections = args.max_connections
         if "smartnoise" in args.only:
             _run_smartnoise(env, results, args)
+        if "connections" in args.only:
+            _run_connections(env, results, args)
     report = render(results)
     print(report)
     if args.out:
@@ -134,6 +144,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--smartnoise-venv", type=Path,
                         help=f"SmartNoise SQL's virtual environment (default {default_venv()}; created with "
                              "pip when missing)")
+    parser.add_argument("--connection-cycles", type=int,
+                        help="connect/SELECT 1/close cycles per thread and round (default 100; --quick 20)")
+    parser.add_argument("--served-clients", type=int,
+                        help="clients that run a DP query at once, all staying open (default 150; --quick 20)")
+    parser.add_argument("--pool-size", type=int, help="dpproxy's backend.pool.size (default: the policy default)")
+    parser.add_argument("--dpproxy-source", type=Path,
+                        help="run the dpproxy server from this source tree (e.g. a worktree of an older commit)")
     parser.add_argument("--data-dir", type=Path, help="keep PostgreSQL's data here and reuse loaded tables")
     parser.add_argument("--out", type=Path, help="also write the report to this file")
     return parser
@@ -212,6 +229,19 @@ def _run_smartnoise(env: Environment, results: Results, args: argparse.Namespace
                 results.smartnoise[rows][name] = measure(probes, args.smartnoise_iterations, warmup=2)
             except SmartNoiseError as exc:
                 results.smartnoise[rows][name] = str(exc)
+
+
+def _run_connections(env: Environment, results: Results, args: argparse.Namespace) -> None:
+    endpoints = [env.dpproxy, env.direct_tcp]
+    for concurrency in (1, 8):
+        note(f"connections: connect + SELECT 1 + close, {concurrency} at once, {args.connection_cycles} each")
+        results.connection_cost += connection_cost(endpoints, concurrency, args.connection_cycles)
+    rows = min(env.tables)
+    note(f"connections: {args.served_clients} clients at once, a DP COUNT each (max_connections {args.max_connections})")
+    results.served = clients_served(env.dpproxy, args.served_clients, QUERIES["COUNT"].format(table=env.tables[rows]))
+    results.served_max_connections = args.max_connections
+    results.pool_size = args.pool_size
+    results.dpproxy_source = str(args.dpproxy_source) if args.dpproxy_source else None
 
 
 def _iterations(iterations: int, rows: int) -> int:

@@ -47,8 +47,12 @@ ANALYST = ("analyst", "analyst")  # login and password (SCRAM-SHA-256)
 _ROOT = Path(__file__).resolve().parent.parent
 
 
-def write_policy(path: Path, backend: Endpoint, port: int, tables: dict[int, str]) -> Path:
-    """Write the benchmark policy for ``tables`` (rows → name, in schema public) to ``path``."""
+def write_policy(
+    path: Path, backend: Endpoint, port: int, tables: dict[int, str], pool_size: int | None = None
+) -> Path:
+    """Write the benchmark policy for ``tables`` (rows → name, in schema public) to ``path``
+    (``pool_size``: ``backend.pool.size``; None leaves the key out, as a dpproxy from before
+    the pool needs, see ``--dpproxy-source``)."""
     demo = parse_policy(DEMO_POLICY.format(dsn=backend.uri(), port=port, ledger="-"), "demo-policy")
     table = demo.tables["public.adult"].model_dump(mode="json", by_alias=True, exclude_none=True)
     table["columns"]["age"]["group_by"] = True  # the histogram benchmark's width_bucket(age, ...) key
@@ -67,6 +71,8 @@ def write_policy(path: Path, backend: Endpoint, port: int, tables: dict[int, str
             f"public.{name}": table for name in tables.values()
         },
     }
+    if pool_size is not None:
+        policy["backend"]["pool"] = {"size": pool_size}  # type: ignore[index]
     path.write_text(yaml.safe_dump(policy, sort_keys=False), encoding="utf-8")
     return path
 
@@ -81,10 +87,14 @@ def renew_budget(policy_path: Path) -> None:
         ledger.reset(user, Budget(config.epsilon, config.delta, config.period))
 
 
-def start_dpproxy(policy_path: Path, port: int, dbname: str) -> tuple["ServerProcess", Endpoint]:
+def start_dpproxy(
+    policy_path: Path, port: int, dbname: str, source: Path | None = None
+) -> tuple["ServerProcess", Endpoint]:
+    """``source``: the source tree to run dpproxy from (``python -m`` imports its working
+    directory first); None: this one."""
     user, password = ANALYST
     command = [sys.executable, "-m", "proxy.cli", "serve", "-c", str(policy_path)]
-    process = ServerProcess(command, port, policy_path.parent / "dpproxy.log")
+    process = ServerProcess(command, port, policy_path.parent / "dpproxy.log", cwd=source)
     return process, Endpoint("dpproxy", "127.0.0.1", port, user, dbname, password)
 
 
@@ -132,12 +142,14 @@ class ServerProcess:
     ``user`` runs it as that system user (the caller must be root).
     """
 
-    def __init__(self, command: list[str], port: int, log_path: Path, user: str | None = None):
+    def __init__(
+        self, command: list[str], port: int, log_path: Path, user: str | None = None, cwd: Path | None = None
+    ):
         self.port = port
         self.log_path = log_path
         with open(log_path, "ab") as log:
             self._process = subprocess.Popen(
-                command, cwd=_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, user=user
+                command, cwd=cwd or _ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, user=user
             )
         self._wait_listening(timeout=60)
 

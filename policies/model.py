@@ -31,6 +31,7 @@ __all__ = [
     "MIN_EPSILON",
     "MetricsConfig",
     "Policy",
+    "PoolConfig",
     "RepeatConfig",
     "TablePolicy",
     "TLSConfig",
@@ -73,6 +74,17 @@ def _from_env(value: str | None, env: str | None, what: str) -> str | None:
     return os.environ[env]
 
 
+class PoolConfig(_Strict):
+    """The backend connection pool every client session borrows from (proxy/backend/pool.py)."""
+
+    # Most backend connections open at once, in use and idle together.
+    size: int = Field(20, ge=1, le=10_000)
+    # How long a statement waits for a connection when all ``size`` are in use (then 53300).
+    checkout_timeout_s: float = Field(30.0, gt=0, le=3600)
+    # An idle connection unused this long is closed (0: never).
+    idle_timeout_s: float = Field(300.0, ge=0)
+
+
 class BackendConfig(_Strict):
     """The PostgreSQL that holds the data, reached as one service role."""
 
@@ -80,6 +92,7 @@ class BackendConfig(_Strict):
     dsn_env: str | None = None
     statement_timeout_ms: int = Field(30_000, gt=0)
     connect_timeout_s: float = Field(10.0, gt=0)
+    pool: PoolConfig = PoolConfig()
 
     @field_validator("dsn")
     @classmethod

@@ -159,6 +159,15 @@ def _classify(
             "Only SELECT of DP aggregates, catalog queries and session statements are accepted.",
             "read-only",
         )
+    if kind == "SelectStmt" and statement.node.get("intoClause"):
+        # SELECT INTO creates a table (a temporary one would stay on a pooled backend
+        # connection); the backend's read-only sessions refuse it too, but only later.
+        raise Refusal(
+            SQLSTATE.READ_ONLY_SQL_TRANSACTION,
+            "SELECT INTO creates a table and is not allowed through dpproxy (rule: read-only)",
+            "Only SELECT of DP aggregates, catalog queries and session statements are accepted.",
+            "read-only",
+        )
     if kind == "SelectStmt":
         return _select(statement, resolved, registry, user)
     if kind == "CopyStmt":

@@ -205,6 +205,17 @@ def test_a_time_range_and_its_units_load():
     assert column.time_units == ("month", "year") and column.bucket_count("month") == 48
 
 
+def test_backend_pool_keys_have_documented_defaults_and_are_checked_at_their_line():
+    pool = parse_policy(GOOD).backend.pool
+    assert (pool.size, pool.checkout_timeout_s, pool.idle_timeout_s) == (20, 30.0, 300.0)
+    text = GOOD.replace("  dsn: postgresql://svc@localhost/db\n",
+                        "  dsn: postgresql://svc@localhost/db\n  pool:\n    size: 0\n    checkout_timout_s: 5\n")
+    assert _problems(text) == [
+        "p.yaml:4: backend.pool.size: Input should be greater than or equal to 1",
+        "p.yaml:5: backend.pool.checkout_timout_s: unknown key (check the spelling; see docs/policy.md)",
+    ]
+
+
 def test_avg_defaults_to_sum_count_and_a_column_may_override_the_table():
     table = parse_policy(GOOD).tables["public.adult"]
     assert table.avg == "sum_count" and table.avg_method("age") == "sum_count"

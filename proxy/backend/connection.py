@@ -1,7 +1,9 @@
 """Connections to the backing PostgreSQL, through psycopg, as the one service role.
 
-Each client session gets its own backend connection (session semantics: SET, search_path
-and transactions behave as on PostgreSQL). Backend sessions are read-only and carry a
+Each client session borrows backend connections from the server's pool (proxy/backend/pool.py)
+per transaction, or per statement outside one, and its settings (SET, search_path, startup
+parameters) go with it to whichever connection it holds: to the client, SET, search_path and
+transactions behave as on PostgreSQL. Backend sessions are read-only and carry a
 statement_timeout; the client's credentials never reach the backend.
 """
 
@@ -10,15 +12,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import psycopg
 from psycopg import pq
-from psycopg.pq.abc import PGresult
+from psycopg.pq.abc import PGconn, PGresult
 
 from policies.loader import PolicyError
 from policies.model import Policy
 from policies.tables import ColumnInfo, Relation, TableRegistry
+from proxy.ops import metrics
 from proxy.ops.metrics import observe_backend
 from proxy.wire.protocol import Field
 from rewriter.classify import ResolvedRelation
@@ -26,11 +29,12 @@ from rewriter.references import RelationRef
 from rewriter.rewrite import hashed_columns
 
 from .policy_fit import column_fit_problems
-from .result_waiter import NotSent, ResultWaiter
+from .pool import UNKNOWN, BackendPool, PooledConnection, PoolTimeout, State, open_backend
+from .result_waiter import NotSent
 
 __all__ = [
-    "BackendError", "BackendLost", "BackendSession", "BoundParams", "ResultSet", "build_registry", "connect",
-    "lazy_session", "startup_key",
+    "BackendError", "BackendLost", "BackendSession", "BackendUnavailable", "BoundParams", "ResultSet", "build_registry", "connect",
+    "pooled_session", "startup_key", "startup_settings",
 ]
 
 # Parameters PostgreSQL reports to clients at startup (and after a SET of one of them).
@@ -52,6 +56,7 @@ log = logging.getLogger("dpproxy.backend")
 
 # libpq's transaction status → ReadyForQuery's status byte (idle, and anything else, is b"I").
 _STATUS_BYTE: dict[int, bytes] = {pq.TransactionStatus.INTRANS: b"T", pq.TransactionStatus.INERROR: b"E"}
+_IN_BLOCK = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 
 
 class BackendError(Exception):
@@ -63,6 +68,12 @@ class BackendError(Exception):
         self.message = message
         self.detail = detail
         self.hint = hint
+
+
+class BackendUnavailable(BackendError):
+    """No backend connection could be had for a statement (the pool stayed exhausted, or a new
+    connection was refused): nothing was sent, so the statement's failure cannot depend on
+    the data. The client session goes on."""
 
 
 class BackendLost(BackendError):
@@ -104,56 +115,42 @@ class ResultSet:
     copy: bytes | None = None  # COPY TO STDOUT: CopyOutResponse, CopyData..., CopyDone, sent in place of rows
 
 
-def _opener(policy: Policy, startup: Mapping[str, str] | None) -> Callable[[], Awaitable[psycopg.AsyncConnection[Any]]]:
-    """How to open a read-only backend connection carrying the client's safe startup parameters."""
-    options = {
-        "default_transaction_read_only": "on",
-        "statement_timeout": str(policy.backend.statement_timeout_ms),
-    }
+def startup_settings(startup: Mapping[str, str] | None) -> dict[str, str]:
+    """The client's startup parameters a backend session takes on, by their setting names."""
+    settings: dict[str, str] = {}
     for key, value in (startup or {}).items():
         name = _FORWARDED_STARTUP.get(key.lower())
         if name is not None:
-            options[name] = value.strip("'\"") if name == "client_encoding" else value
-
-    async def open_connection() -> psycopg.AsyncConnection[Any]:
-        return await psycopg.AsyncConnection.connect(
-            policy.backend.dsn or "",
-            autocommit=True,
-            prepare_threshold=None,
-            connect_timeout=max(1, int(policy.backend.connect_timeout_s)),
-            options=" ".join(f"-c {_escape_option(k)}={_escape_option(v)}" for k, v in options.items()),
-        )
-
-    return open_connection
+            settings[name] = value.strip("'\"") if name == "client_encoding" else value
+    return settings
 
 
 async def connect(
     policy: Policy, startup: Mapping[str, str] | None = None, *, report: bool = True
 ) -> "BackendSession":
-    """A backend session whose connection is open now (its parameters are needed at once).
+    """A backend session on a connection of its own, open now, outside the pool (dpproxy's own
+    work: resolving the policy at startup and reload, ``check-config``, tests).
 
     A failure to connect (PostgreSQL down, too many clients …) is logged and raises
     BackendError with PostgreSQL's SQLSTATE, or 08006 when none came back. With
     ``report=False`` psycopg's own error is raised, unlogged, for a caller that tells the
     operator itself (startup, ``check-config``: ``proxy.startup.backend_failure``).
     """
-    opener = _opener(policy, startup)
     try:
-        return BackendSession(opener, await opener())
+        conn = await open_backend(policy.backend, startup_settings(startup))
     except psycopg.Error as exc:
         if not report:
             raise
         raise _connect_error(exc) from None
+    return BackendSession(None, dedicated=PooledConnection(conn, ()))
 
 
-def lazy_session(policy: Policy, startup: Mapping[str, str] | None, reported: Mapping[str, str]) -> "BackendSession":
-    """A backend session that connects at its first statement.
-
-    ``reported`` stands in for the backend's ParameterStatus values until then: the values
-    an earlier connection with the same startup settings reported. Idle clients thus hold no
-    PostgreSQL connection (max_connections stays for the ones that query).
-    """
-    return BackendSession(_opener(policy, startup), None, reported)
+def pooled_session(pool: BackendPool, startup: Mapping[str, str] | None, reported: Mapping[str, str]) -> "BackendSession":
+    """A client's backend session, borrowing connections from ``pool`` (none until its first
+    statement). ``reported`` stands in for the backend's ParameterStatus values while it holds
+    no connection: the values an earlier session with the same startup settings saw."""
+    given = tuple(sorted(startup_settings(startup).items()))
+    return BackendSession(pool, given=given, reported=reported)
 
 
 def startup_key(startup: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
@@ -162,73 +159,256 @@ def startup_key(startup: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
                         if k.lower() in _FORWARDED_STARTUP and k.lower() != "application_name"))
 
 
-def _escape_option(text: str) -> str:
-    return text.replace("\\", "\\\\").replace(" ", "\\ ")
+# The settings a session has made on its connection (SET, set_config, startup parameters):
+# what a connection checked out for it next must have too. Values travel as hex of their
+# UTF-8, both ways, so that neither the session's client_encoding nor the one the connection
+# had before can change a byte of them.
+_SESSION_SETTINGS_SQL = (
+    "SELECT name, pg_catalog.encode(pg_catalog.convert_to(setting, 'UTF8'), 'hex') FROM pg_catalog.pg_settings "
+    "WHERE source OPERATOR(pg_catalog.=) 'session' ORDER BY name"
+)
+
+
+def _text_sql(text: str) -> str:
+    """``text`` as an SQL expression of ASCII characters only, whatever the client encoding."""
+    return f"pg_catalog.convert_from(pg_catalog.decode('{text.encode('utf-8').hex()}', 'hex'), 'UTF8')"
 
 
 class BackendSession:
-    """One client's backend connection (opened on first use) and what the proxy needs from it."""
+    """One client's backend session: a connection borrowed from the pool per transaction (or
+    per statement outside one), carrying the client's settings wherever it runs.
+
+    Contract: the session holds a connection from its first backend request until
+    ``release()``, which the client session calls when it answers ReadyForQuery with the
+    backend idle; inside a transaction block it keeps it. At checkout the connection is given
+    this session's settings when it has others (``RESET ALL`` + ``set_config`` in one round
+    trip); after a statement that may have changed them (``state_may_change``) they are read
+    back from ``pg_settings`` at release, so the next checkout restores exactly what the
+    backend had. ``cancel`` reaches only the connection held at that moment, which is then
+    never reused. A connection lost while the session held none is simply not used again:
+    the session goes on. A session built by ``connect`` (``dedicated``) keeps one connection
+    of its own and never releases it.
+    """
 
     def __init__(
         self,
-        opener: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
-        conn: psycopg.AsyncConnection[Any] | None = None,
+        pool: BackendPool | None,
+        *,
+        given: State = (),
         reported: Mapping[str, str] | None = None,
+        dedicated: PooledConnection | None = None,
     ):
-        self._open = opener
-        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._pool = pool
+        self._given = given  # the startup settings, as the client gave them
+        self._state: State = pool.canonical_state(given) if pool is not None else ()
+        self._held: PooledConnection | None = dedicated
+        self._dedicated = dedicated is not None
+        self._dirty = False  # a statement may have changed the settings since they were read
+        self._state_lost = False  # the settings could not be read back: the session cannot go on
         self._reported = dict(reported or {})
-        self._notices: list[str] = []
-        self._waiter: ResultWaiter | None = None
-        if conn is not None:
-            self._adopt(conn)
+        self._reported_stale = False  # the held connection's ParameterStatus values may be news
+        self._sent_on_checkout = 0
+        self._no_notices: list[str] = []
 
-    def _adopt(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        conn.add_notice_handler(lambda diag: self._notices.append(diag.message_primary or ""))
-        self._conn = conn
-        self._waiter = ResultWaiter(conn.pgconn)
+    # ------------------------------------------------------------ checkout and release
 
     async def connection(self) -> psycopg.AsyncConnection[Any]:
-        """The open connection, connecting now if this is the session's first statement."""
-        if self._conn is None:
+        """The held connection, checking one out (and giving it this session's settings) if none is."""
+        return (await self._checkout()).conn
+
+    async def _checkout(self) -> PooledConnection:
+        if self._held is not None:
+            return self._held
+        assert self._pool is not None
+        if self._state_lost:
+            raise self._lost(None, reached=False)
+        for attempt in (1, 2):
+            held = await self._acquire()
+            self._sent_on_checkout = 0
+            if held.state == self._state:
+                break
             try:
-                self._adopt(await self._open())
+                await self._apply_state(held)
+                self._reported_stale = True
+                break
+            except BackendLost:
+                # Found lost while idle in the pool (a backend restart): nothing of this
+                # session was on it. Another one, once.
+                self._pool.release(held, reusable=False)
+                if attempt == 2:
+                    raise
+            except BaseException:
+                held.state = UNKNOWN
+                self._pool.release(held, reusable=False)
+                raise
+        self._held = held
+        return held
+
+    async def _acquire(self) -> PooledConnection:
+        assert self._pool is not None
+        try:
+            return await self._pool.acquire(self._state)
+        except PoolTimeout as exc:
+            raise BackendUnavailable(
+                "53300",
+                f"no backend connection became free within {exc.waited_s:g} s "
+                f"(all {exc.size} of dpproxy's backend connections are in use)",
+                hint="Retry later; an administrator can raise backend.pool.size or "
+                     "backend.pool.checkout_timeout_s in the policy.",
+            ) from None
+        except psycopg.Error as exc:
+            raise _connect_error(exc) from None
+
+    async def _apply_state(self, held: PooledConnection) -> None:
+        """Give ``held`` exactly this session's settings, in one round trip, and learn how the
+        backend stores them (so that later checkouts find a connection that matches)."""
+        assert self._pool is not None
+        metrics.pool_reset()
+        calls = ", ".join(f"pg_catalog.set_config({_text_sql(name)}, {_text_sql(value)}, false)"
+                          for name, value in self._state)
+        sql = "RESET ALL; " + (f"SELECT {calls}; " if calls else "") + _SESSION_SETTINGS_SQL
+        held.state = UNKNOWN
+        results = await self._own_round_trip(held, sql.encode())
+        failed = next((r for r in results if r.status == pq.ExecStatus.FATAL_ERROR), None)
+        if failed is not None:
+            raise _result_error(failed)
+        stored = _settings_of(results[-1])
+        held.state = stored
+        if self._state == self._pool.canonical_state(self._given):
+            self._pool.learn_state(self._given, stored)
+        self._state = stored
+
+    async def _own_round_trip(self, held: PooledConnection, sql: bytes) -> list[PGresult]:
+        """One of dpproxy's own requests (never a client's) on ``held``; BackendLost if it is gone."""
+        async with held.conn.lock:
+            try:
+                return await held.waiter.round_trip(lambda: held.conn.pgconn.send_query(sql))
+            except NotSent as exc:
+                raise self._lost(None, reached=False, cause=exc.__cause__) from None
             except psycopg.Error as exc:
-                raise _connect_error(exc) from None
-        assert self._conn is not None
-        return self._conn
+                raise self._lost(exc.diag.sqlstate, reached=False, cause=exc) from None
+
+    async def restore_startup(self, name: str | None) -> None:
+        """After RESET ``name`` (None: RESET ALL, DISCARD ALL), give back the startup value the
+        client gave for it, as PostgreSQL does: its startup parameters are a pooled
+        connection's session settings, which RESET would otherwise drop."""
+        wanted = None if name is None else name.lower().replace(" ", "")
+        settings = [(n, v) for n, v in self._given if wanted is None or n.lower() == wanted]
+        if not settings:
+            return
+        calls = ", ".join(f"pg_catalog.set_config({_text_sql(n)}, {_text_sql(v)}, false)" for n, v in settings)
+        await self._round_trip(lambda pgconn: pgconn.send_query(f"SELECT {calls}".encode()))
+        self._dirty = True
+
+    def state_may_change(self) -> None:
+        """A statement that may change session settings is about to run (SET, RESET, DISCARD,
+        set_config, a transaction's end): read them back before the connection is released."""
+        self._dirty = True
+
+    async def release(self) -> None:
+        """Give the held connection back to the pool, if the backend is idle (else keep it).
+
+        Called when the client is answered ReadyForQuery. A connection in a transaction, after
+        an error, cancelled or lost is closed instead of pooled.
+        """
+        held = self._held
+        if held is None or self._dedicated or held.conn.pgconn.transaction_status in _IN_BLOCK:
+            return
+        assert self._pool is not None
+        idle = held.healthy and held.conn.pgconn.transaction_status == pq.TransactionStatus.IDLE \
+            and not held.waiter.busy
+        if idle and (self._reported_stale or self._dirty):
+            # Reading them costs a dozen libpq calls: only when settings may have moved.
+            self._reported = self._read_reported(held.conn)
+            self._reported_stale = False
+        if self._dirty and idle:
+            # Twice at most: a cancel signal sent during the statement may arrive late and
+            # cancel the first read (the connection is then closed, not pooled, below).
+            for _ in range(2):
+                try:
+                    results = await self._own_round_trip(held, _SESSION_SETTINGS_SQL.encode())
+                except BackendLost:
+                    break
+                if results and results[-1].status == pq.ExecStatus.TUPLES_OK:
+                    self._state = held.state = _settings_of(results[-1])
+                    self._dirty = False
+                    break
+        if self._dirty:
+            self._state_lost = True  # what this session had set is not known any more
+        self._held = None
+        self._pool.release(held, reusable=not self._state_lost)
+
+    async def close(self) -> None:
+        """End the session: a dedicated connection is closed, a borrowed one given back (its
+        settings marked unknown if they may have changed, so the next holder resets them)."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        if self._dedicated:
+            held.waiter.detach()
+            await held.conn.close()
+            return
+        assert self._pool is not None
+        if self._dirty:
+            held.state = UNKNOWN
+        self._pool.release(held, reusable=True)
 
     async def usable(self) -> None:
-        """Connect if not yet connected; raise BackendLost (not reached) if the connection
-        is known to be gone. A DP query calls this before it is charged."""
-        conn = await self.connection()
-        if conn.pgconn.status != pq.ConnStatus.OK:
+        """Check a connection out if none is held, skipping one found lost before any request;
+        raise BackendLost (not reached) if the held connection is known to be gone. A DP query
+        calls this before it is charged."""
+        held = await self._checkout()
+        if not held.healthy and self._sent_on_checkout == 0 and not self._dedicated:
+            self._drop_held()
+            held = await self._checkout()
+        if not held.healthy:
             raise self._lost(None, reached=False)
+
+    def _drop_held(self) -> None:
+        """Close the held connection (found lost before this checkout sent anything)."""
+        held, self._held = self._held, None
+        assert held is not None and self._pool is not None
+        self._pool.release(held, reusable=False)
 
     @property
     def transaction_status(self) -> bytes:
         """The ReadyForQuery status byte matching the backend's transaction state."""
-        if self._conn is None:
+        if self._held is None:
             return b"I"
         # libpq's status as a plain int: conn.info would build a ConnectionInfo and an enum
         # on every call, and this runs for every ReadyForQuery.
-        return _STATUS_BYTE.get(self._conn.pgconn.transaction_status, b"I")
+        return _STATUS_BYTE.get(self._held.conn.pgconn.transaction_status, b"I")
+
+    @property
+    def holds_connection(self) -> bool:
+        return self._held is not None
 
     def reported_parameters(self) -> dict[str, str]:
-        if self._conn is None:
+        if self._held is None:
             return dict(self._reported)
+        return self._read_reported(self._held.conn)
+
+    @staticmethod
+    def _read_reported(conn: psycopg.AsyncConnection[Any]) -> dict[str, str]:
         values = {}
         for name in REPORTED_PARAMETERS:
-            value = self._conn.info.parameter_status(name)
+            value = conn.info.parameter_status(name)
             if value is not None:
                 values[name] = value
         return values
 
+    @property
+    def _notices(self) -> list[str]:
+        return self._held.notices if self._held is not None else self._no_notices
+
+    # ------------------------------------------------------------ statements
+
     async def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Run dpproxy's own query (never a client's) and return its rows as Python values."""
-        conn = await self.connection()
-        assert self._waiter is not None
-        self._waiter.detach()  # psycopg waits on the socket itself here
+        held = await self._checkout()
+        conn = held.conn
+        held.waiter.detach()  # psycopg waits on the socket itself here
+        self._sent_on_checkout += 1
         try:
             async with conn.cursor() as cur:
                 await cur.execute(sql, params or None)
@@ -238,7 +418,7 @@ class BackendSession:
                 raise self._lost(exc.diag.sqlstate, reached=True, cause=exc) from None
             raise _backend_error(exc) from None
         finally:
-            self._waiter.attach()  # not if the connection was lost: its socket number may be reused
+            held.waiter.attach()  # not if the connection was lost: its socket number may be reused
 
     async def fetch_row(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...]:
         """Like fetch_all, for a query that returns exactly one row."""
@@ -273,32 +453,38 @@ class BackendSession:
         return [result.get_value(0, c) for c in columns], [result.ftype(c) for c in columns]
 
     async def _statement(self, sql: str, params: BoundParams | None, result_format: int) -> PGresult:
-        pgconn = (await self.connection()).pgconn
         query = sql.encode("utf-8")
         if params is None and result_format == 0:
-            return await self._round_trip(lambda: pgconn.send_query(query))
+            return await self._round_trip(lambda pgconn: pgconn.send_query(query))
         p = params or BoundParams((), (), ())
         return await self._round_trip(
-            lambda: pgconn.send_query_params(query, p.values, p.types or None, p.formats or None, result_format)
+            lambda pgconn: pgconn.send_query_params(query, p.values, p.types or None, p.formats or None, result_format)
         )
 
     async def describe(self, sql: str, param_types: Sequence[int]) -> tuple[list[int], list[Field]]:
         """Parse ``sql`` on the backend without running it: its parameter types and columns."""
-        pgconn = (await self.connection()).pgconn
         query = sql.encode("utf-8")
-        await self._round_trip(lambda: pgconn.send_prepare(b"", query, list(param_types) or None))
-        result = await self._round_trip(lambda: pgconn.send_describe_prepared(b""))
+        await self._round_trip(lambda pgconn: pgconn.send_prepare(b"", query, list(param_types) or None))
+        result = await self._round_trip(lambda pgconn: pgconn.send_describe_prepared(b""))
         return [result.param_type(i) for i in range(result.nparams)], _fields(result)
 
-    async def _round_trip(self, send: Callable[[], None]) -> PGresult:
-        """Send one request with libpq and wait for its single result without blocking the loop."""
-        self._notices.clear()
-        conn = await self.connection()
-        assert self._waiter is not None
+    async def _round_trip(self, send: Callable[[PGconn], None]) -> PGresult:
+        """Send one request with libpq and wait for its single result without blocking the loop.
+
+        A pooled connection found lost before the first request of its checkout left (the
+        backend restarted while it was idle) is closed and the request sent on another: nothing
+        of this session was on it but settings, which the next checkout restores.
+        """
+        held = await self._checkout()
+        if not held.healthy and self._sent_on_checkout == 0 and not self._dedicated:
+            self._drop_held()
+            held = await self._checkout()
+        held.notices.clear()
+        conn = held.conn
         async with conn.lock:
             started = time.perf_counter()
             try:
-                results = await self._waiter.round_trip(send)
+                results = await held.waiter.round_trip(lambda: send(conn.pgconn))
             except NotSent as exc:
                 raise self._lost(None, reached=False, cause=exc.__cause__) from None
             except psycopg.Error as exc:
@@ -306,6 +492,7 @@ class BackendSession:
                     raise self._lost(exc.diag.sqlstate, reached=True, cause=exc) from None
                 raise _backend_error(exc) from None
             finally:
+                self._sent_on_checkout += 1
                 observe_backend(time.perf_counter() - started)
         result = results[-1]
         if result.status == pq.ExecStatus.FATAL_ERROR:
@@ -322,17 +509,19 @@ class BackendSession:
         return BackendLost("57P01" if sqlstate == "57P01" else "08006", reached)
 
     async def cancel(self) -> None:
+        """Cancel what runs on the connection held now (none held: nothing runs, nothing is sent).
+
+        The connection is marked so that it is closed, not pooled, when released: a cancel
+        signal arriving late must never hit another session's statement.
+        """
+        held = self._held
+        if held is None or not held.healthy:
+            return
+        held.cancelled = True
         try:
-            if self._conn is not None and self._conn.pgconn.status == pq.ConnStatus.OK:
-                await self._conn.cancel_safe(timeout=5.0)
+            await held.conn.cancel_safe(timeout=5.0)
         except psycopg.Error:
             pass
-
-    async def close(self) -> None:
-        if self._waiter is not None:
-            self._waiter.detach()
-        if self._conn is not None:
-            await self._conn.close()
 
 
 # dpproxy's own queries run on the analyst's backend session, under the search_path the
@@ -380,15 +569,15 @@ _TOLD_AT_CONNECT = {
 }
 
 
-def _connect_error(exc: psycopg.Error) -> BackendError:
+def _connect_error(exc: psycopg.Error) -> BackendUnavailable:
     """A failure to open a backend connection, without libpq's text (host, port, role)."""
     log.warning("could not connect to the backend: %s", str(exc).strip())
     sqlstate = exc.diag.sqlstate or ""
     if sqlstate not in _TOLD_AT_CONNECT:
         text = str(exc)
         sqlstate = next((code for code, _ in _CONNECT_TEXTS if _ in text), "08006")
-    return BackendError(sqlstate, _TOLD_AT_CONNECT.get(sqlstate, "could not connect to the backend database"),
-                        hint=_SEE_LOG)
+    return BackendUnavailable(sqlstate, _TOLD_AT_CONNECT.get(sqlstate, "could not connect to the backend database"),
+                              hint=_SEE_LOG)
 
 
 # libpq reports connection refusals as text only (no SQLSTATE): these are recognised.
@@ -424,6 +613,15 @@ def _rows(result: PGresult) -> list[list[bytes | None]]:
 
 def _tag(result: PGresult) -> str:
     return (result.command_status or b"").decode("utf-8")
+
+
+def _settings_of(result: PGresult) -> State:
+    """(name, setting) rows of ``_SESSION_SETTINGS_SQL`` as a state."""
+    rows = []
+    for r in range(result.ntuples):
+        name, value = result.get_value(r, 0), result.get_value(r, 1)
+        rows.append(((name or b"").decode("ascii"), bytes.fromhex((value or b"").decode("ascii")).decode("utf-8")))
+    return tuple(rows)
 
 
 async def build_registry(session: BackendSession, policy: Policy) -> TableRegistry:

@@ -59,6 +59,11 @@ class ResultWaiter:
         self._results: list[pq.abc.PGresult] = []
         self._failure: Exception | None = None
 
+    @property
+    def busy(self) -> bool:
+        """A request is in flight (or its results are still being read after its caller left)."""
+        return self._pending is not None
+
     def attach(self) -> None:
         """Start watching the socket (idempotent; never once the connection is lost)."""
         if self._loop is None and self._failure is None and self._pgconn.status == _OK:

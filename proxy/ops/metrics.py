@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 from functools import lru_cache
-from typing import Any, Final
+from typing import Any, Callable, Final
 
 from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics, start_http_server
 
@@ -30,6 +30,11 @@ __all__ = [
     "connection_closed",
     "connection_opened",
     "observe_backend",
+    "observe_pool_checkout",
+    "pool_discarded",
+    "pool_reset",
+    "watch_pool",
+    "pool_timed_out",
     "observe_statement",
     "policy_reloaded",
 ]
@@ -67,6 +72,29 @@ BUDGET_REFUSALS = Counter(
     "dpproxy_budget_refusals", "DP queries refused because the user's budget could not pay (DP002).", ["user"]
 )
 CONNECTIONS = Gauge("dpproxy_open_connections", "Authenticated client sessions open now.")
+POOL_CONNECTIONS = Gauge(
+    "dpproxy_backend_pool_connections",
+    "Backend connections of the pool by state: in_use (checked out by a session) or idle.",
+    ["state"],
+)
+POOL_WAIT_SECONDS = Histogram(
+    "dpproxy_backend_pool_checkout_wait_seconds",
+    "Time a session waited to check a backend connection out of the pool (0 when one was free).",
+    buckets=(0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+POOL_TIMEOUTS = Counter(
+    "dpproxy_backend_pool_timeouts", "Checkouts that gave up after backend.pool.checkout_timeout_s (53300)."
+)
+POOL_RESETS = Counter(
+    "dpproxy_backend_pool_resets",
+    "Checkouts that re-applied the session's settings to a connection last used with other ones (RESET ALL + SETs).",
+)
+POOL_DISCARDS = Counter(
+    "dpproxy_backend_pool_discarded",
+    "Backend connections closed instead of reused, by reason (lost, in_transaction, cancelled, idle, "
+    "config, shrunk, error, closing).",
+    ["reason"],
+)
 RELOADS = Counter("dpproxy_policy_reloads", "Policy reloads (SIGHUP) by outcome: applied or refused.", ["outcome"])
 
 
@@ -99,6 +127,28 @@ def _user_series(metric: Counter, user: str) -> Any:
 def observe_backend(latency_s: float) -> None:
     """Record one backend round trip."""
     BACKEND_SECONDS.observe(latency_s)
+
+
+def watch_pool(in_use: Callable[[], float], idle: Callable[[], float]) -> None:
+    """Read the pool's connections in use and idle when metrics are collected (nothing per checkout)."""
+    POOL_CONNECTIONS.labels("in_use").set_function(in_use)
+    POOL_CONNECTIONS.labels("idle").set_function(idle)
+
+
+def observe_pool_checkout(wait_s: float) -> None:
+    POOL_WAIT_SECONDS.observe(wait_s)
+
+
+def pool_timed_out() -> None:
+    POOL_TIMEOUTS.inc()
+
+
+def pool_reset() -> None:
+    POOL_RESETS.inc()
+
+
+def pool_discarded(reason: str) -> None:
+    POOL_DISCARDS.labels(reason).inc()
 
 
 def connection_opened() -> None:

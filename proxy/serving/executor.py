@@ -19,7 +19,7 @@ from sqlglot.errors import SqlglotError
 from policies.errors import SQLSTATE, Refusal
 from policies.model import Policy
 from policies.tables import TableRegistry
-from proxy.backend.connection import BackendError, BackendLost, BackendSession, BoundParams, ResultSet
+from proxy.backend.connection import BackendError, BackendLost, BackendSession, BackendUnavailable, BoundParams, ResultSet
 from proxy.dp.answer import DPAnswer, query_delta, release_cells, release_params, release_row, result_fields
 from proxy.dp.budget import BudgetKeeper
 from proxy.dp.folding import bind_constants
@@ -301,9 +301,14 @@ class Executor:
             self.deallocate(None)
         if _may_move_search_path(plan.statement):
             self.generation += 1
+        if _may_change_settings(plan.statement):
+            self.backend.state_may_change()  # read back at release, restored at the next checkout
         uniform = result_formats[0] if len(result_formats) == 1 else 0
         with_params = params if params.values or uniform else None
         result = await self.backend.execute(decision.sql, with_params, uniform)
+        resets, name = _resets(plan.statement)
+        if resets:
+            await self.backend.restore_startup(name)
         if len(result_formats) > 1:
             result = _apply_formats(result, result_formats)
         return result, result.notices, None
@@ -375,6 +380,12 @@ class Executor:
         try:
             run = backend_sql(plan, seed=partition_seed()) if seeded(plan) else sql
             answer = await self._released(plan, run, params, epsilon)
+        except BackendUnavailable:
+            # No connection could be had (pool exhausted, backend refusing): never sent, so
+            # its failure cannot depend on the data and the charge goes back.
+            self.server.budget.refund(self.user, epsilon, delta)
+            self._charged = None
+            raise
         except BackendLost as exc:
             if not exc.reached:
                 # Never sent, so its failure cannot depend on the data: the charge goes back.
@@ -427,6 +438,33 @@ def _may_move_search_path(statement: Statement) -> bool:
     if statement.kind not in ("SelectStmt", "CopyStmt"):
         return True  # SET, RESET, DISCARD, and transaction ends that undo SET LOCAL
     return any(name.endswith("set_config") for name in statement.references.functions)
+
+
+_SETTING_STATEMENTS = frozenset({"VariableSetStmt", "DiscardStmt"})
+
+
+def _may_change_settings(statement: Statement) -> bool:
+    """SET/RESET, DISCARD, or a SELECT calling set_config: the session's backend settings may
+    differ afterwards. (A transaction's end only undoes changes made in it, which were marked.)"""
+    if statement.kind in _SETTING_STATEMENTS:
+        return True
+    return statement.kind in ("SelectStmt", "CopyStmt") and any(
+        name.endswith("set_config") for name in statement.references.functions
+    )
+
+
+def _resets(statement: Statement) -> tuple[bool, str | None]:
+    """Whether a statement resets settings to their defaults, and which (None: all)."""
+    node = statement.node
+    if statement.kind == "DiscardStmt":
+        return node.get("target") == "DISCARD_ALL", None
+    if statement.kind == "VariableSetStmt":
+        kind = node.get("kind")
+        if kind == "VAR_RESET_ALL":
+            return True, None
+        if kind in ("VAR_RESET", "VAR_SET_DEFAULT"):
+            return True, str(node.get("name") or "")
+    return False, None
 
 
 def _apply_formats(result: ResultSet, result_formats: tuple[int, ...]) -> ResultSet:

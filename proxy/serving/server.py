@@ -20,6 +20,7 @@ from policies.model import Policy
 from policies.tables import TableRegistry
 from proxy.backend.connection import BackendError, build_registry, connect
 from proxy.backend.partition_fit import usefulness_warnings
+from proxy.backend.pool import BackendPool
 from proxy.dp.answer import DPAnswer
 from proxy.dp.budget import BudgetKeeper
 from proxy.dp.repeats import RepeatCache
@@ -62,6 +63,8 @@ class Server:
         self.metrics: metrics.MetricsEndpoint | None = None
         self.startup_reports: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
         self.sessions = SessionTable()
+        # Backend connections every session borrows from; reads the backend settings in force.
+        self.pool = BackendPool(lambda: self.policy.backend)
         self._server: asyncio.base_events.Server | None = None
         self._connections: dict[asyncio.Task[None], Session] = {}
         self._closing = False
@@ -198,6 +201,7 @@ class Server:
         await self._cut_off(list(self._connections.items()))
         if self._server is not None:
             await self._server.wait_closed()
+        await self.pool.close()
         self._close_metrics()
         await self.budget.settle()
         self.budget.close()

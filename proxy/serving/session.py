@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from policies.errors import SQLSTATE, Refusal
-from proxy.backend.connection import BackendError, BackendLost, BackendSession, connect, lazy_session, startup_key
+from proxy.backend.connection import BackendError, BackendLost, BackendSession, pooled_session, startup_key
+from proxy.backend.pool import BackendPool
 from proxy.ops import metrics
 from proxy.wire import protocol
 from proxy.wire.auth import authenticate
@@ -30,6 +31,12 @@ __all__ = ["Session", "SessionHost", "SessionTable"]
 log = logging.getLogger("dpproxy.session")
 
 _FLUSHING = frozenset({b"Q", b"S", b"H", b"F"})
+# After these the backend connection goes back to the pool when the backend is idle: the
+# messages answered with ReadyForQuery, and Flush. Between an extended-protocol Parse and
+# its Sync the backend holds nothing of the session (statements and portals live in
+# dpproxy; every backend request is complete), so a client that prepares with Flush
+# (asyncpg) and waits does not keep a connection from the others.
+_RELEASING = frozenset({b"Q", b"S", b"F", b"H"})
 _ADMIN_SHUTDOWN = "terminating connection due to administrator command"
 
 
@@ -67,9 +74,10 @@ class SessionHost(StatementHost, Protocol):
     database: str
     tls: ssl.SSLContext | None
     # ParameterStatus values by client startup settings (connection.startup_key), so that
-    # sessions after the first of a kind connect to the backend only when they query.
+    # sessions after the first of a kind borrow a backend connection only when they query.
     startup_reports: dict[tuple[tuple[str, str], ...], dict[str, str]]
     sessions: SessionTable
+    pool: BackendPool
 
 
 class Session:
@@ -176,12 +184,14 @@ class Session:
                           "extra_float_digits below 1 is not allowed through dpproxy (rule: exact-floats)")
         key = startup_key(params)
         known = self.server.startup_reports.get(key)
+        application_name = _application_name(params.get("application_name", ""))
+        self.backend = pooled_session(self.server.pool, params, dict(known or {}, application_name=application_name))
         if known is None:
-            self.backend = await connect(policy, params)
+            # The first session of its kind borrows a connection now: its parameters are
+            # needed at once (and a backend that refuses them refuses the session).
+            await self.backend.connection()
             self.server.startup_reports[key] = self.backend.reported_parameters()
-        else:
-            reported = dict(known, application_name=_application_name(params.get("application_name", "")))
-            self.backend = lazy_session(policy, params, reported)
+            await self.backend.release()
         self.executor = Executor(self.server, self.backend, self.user, self.peer)
         self.extended = ExtendedProtocol(self.executor, self._out)
         self.executor.deallocate = self.extended.deallocate
@@ -242,21 +252,25 @@ class Session:
             elif kind == b"S":
                 self.extended.sync()
                 self._ready()
+            elif kind == b"F":
+                self._error(SQLSTATE.FEATURE_NOT_SUPPORTED, "the FunctionCall message is not supported by dpproxy")
+                self._ready()
             elif kind in (b"P", b"B", b"D", b"E", b"C", b"H"):
                 await self.extended.handle(kind, payload)
             elif kind == b"X":
                 return
             elif kind in (b"d", b"c", b"f"):
                 continue  # stray COPY data outside COPY is ignored, as PostgreSQL does
-            elif kind == b"F":
-                self._error(SQLSTATE.FEATURE_NOT_SUPPORTED, "the FunctionCall message is not supported by dpproxy")
-                self._ready()
             else:
                 raise ProtocolError(f"invalid frontend message type {kind!r}")
             if kind in _FLUSHING and self._out:
                 # Like PostgreSQL, replies to Parse/Bind/Describe/Execute wait for Sync or Flush.
                 self._flush()
                 await self.writer.drain()
+            if kind in _RELEASING:
+                # The client has its answer: outside a transaction block the backend connection
+                # goes back to the pool (proxy/backend/pool.py).
+                await self.executor.backend.release()
 
     async def _next_message(self, messages: protocol.MessageReader) -> tuple[bytes, bytes]:
         """The next message, within the idle timeouts when the policy sets them."""

@@ -1,0 +1,310 @@
+"""The backend connection pool: client sessions borrow PostgreSQL connections, as
+pgbouncer's transaction mode does, instead of each opening its own.
+
+Contract
+--------
+* ``BackendPool.acquire(state)`` checks a connection out; ``release(conn, reusable)`` gives
+  it back. The pool never holds more than ``backend.pool.size`` connections (in use and
+  idle together). When all are in use, ``acquire`` waits in FIFO order for at most
+  ``backend.pool.checkout_timeout_s`` and then raises ``PoolTimeout``.
+* Which session holds a connection when is the caller's business (``BackendSession``):
+  from the first statement of a transaction until the backend is idle again (ReadyForQuery
+  'I'), outside a transaction for one client message cycle (a simple Query, or the
+  extended protocol's messages up to Sync).
+* Every connection carries ``state``: the session-level settings it has now (``SET``,
+  ``set_config``, startup parameters), as sorted ``(name, value)`` pairs read from
+  ``pg_settings`` (``source = 'session'``), or ``UNKNOWN``. ``acquire`` prefers an idle
+  connection whose state is the caller's; otherwise the caller re-applies its own
+  (``BackendSession``: ``RESET ALL`` and ``set_config`` in one round trip). GUCs are the only
+  backend session state dpproxy lets a client create (rewriter/classify.py refuses PREPARE,
+  DECLARE, LISTEN, temporary tables, advisory locks; client prepared statements and portals
+  live in dpproxy), so a connection whose settings are the caller's carries nothing of
+  another session. docs/deployment.md, "Backend connection pool", lists each kind of state.
+* A connection is reused only if it is healthy, idle (not in or after a transaction),
+  nothing was cancelled on it, and it was opened under the backend settings now in force
+  (``dsn``, ``statement_timeout_ms``, ``connect_timeout_s``: a reload applies to new
+  connections). Anything else is closed (``pool_discarded`` counts why). Idle connections
+  whose socket the backend closed (a restart, ``pg_terminate_backend``) are noticed by their
+  ``ResultWaiter``, which stays attached while the connection is idle, and are never handed out.
+* Idle connections unused for ``backend.pool.idle_timeout_s`` are closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Final, Mapping
+
+import psycopg
+from psycopg import pq
+
+from policies.model import BackendConfig
+from proxy.ops import metrics
+
+from .result_waiter import ResultWaiter
+
+__all__ = ["UNKNOWN", "BackendPool", "PoolTimeout", "PooledConnection", "State", "open_backend"]
+
+State = tuple[tuple[str, str], ...]
+#: The state of a connection whose settings are not known (never equal to a session's).
+UNKNOWN: Final[State] = (("", "unknown"),)
+
+_OK = pq.ConnStatus.OK
+_IDLE = pq.TransactionStatus.IDLE
+
+
+def _opened_with(config: BackendConfig) -> tuple[object, ...]:
+    """The backend settings a connection is opened with: a change means new connections."""
+    return (config.dsn, config.statement_timeout_ms, config.connect_timeout_s)
+
+
+async def open_backend(config: BackendConfig, settings: Mapping[str, str] | None = None) -> psycopg.AsyncConnection[Any]:
+    """A read-only backend connection with a statement_timeout, plus ``settings`` as startup options."""
+    options = {"default_transaction_read_only": "on", "statement_timeout": str(config.statement_timeout_ms)}
+    options.update(settings or {})
+    return await psycopg.AsyncConnection.connect(
+        config.dsn or "",
+        autocommit=True,
+        prepare_threshold=None,
+        connect_timeout=max(1, int(config.connect_timeout_s)),
+        options=" ".join(f"-c {_escape_option(k)}={_escape_option(v)}" for k, v in options.items()),
+    )
+
+
+def _escape_option(text: str) -> str:
+    return text.replace("\\", "\\\\").replace(" ", "\\ ")
+
+
+@dataclass(eq=False)
+class PooledConnection:
+    """One backend connection and what the pool and its current holder know about it."""
+
+    conn: psycopg.AsyncConnection[Any]
+    opened_with: tuple[object, ...]
+    state: State = ()
+    notices: list[str] = field(default_factory=list)
+    cancelled: bool = False  # a CancelRequest was sent for it: never reused
+    idle_since: float = 0.0
+    waiter: ResultWaiter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.waiter = ResultWaiter(self.conn.pgconn)
+        self.conn.add_notice_handler(lambda diag: self.notices.append(diag.message_primary or ""))
+
+    @property
+    def healthy(self) -> bool:
+        return self.conn.pgconn.status == _OK
+
+    def reusable(self) -> str | None:
+        """Why it must not be reused (a ``pool_discarded`` reason), or None if it may be."""
+        if not self.healthy:
+            return "lost"
+        if self.cancelled:
+            return "cancelled"
+        if self.conn.pgconn.transaction_status != _IDLE or self.waiter.busy:
+            return "in_transaction"
+        return None
+
+
+class PoolTimeout(Exception):
+    """No connection became free within ``backend.pool.checkout_timeout_s``."""
+
+    def __init__(self, waited_s: float, size: int):
+        super().__init__(f"no backend connection free after {waited_s:g} s (pool size {size})")
+        self.waited_s = waited_s
+        self.size = size
+
+
+class BackendPool:
+    """Backend connections shared by all sessions of one server, opened on demand."""
+
+    def __init__(self, config: Callable[[], BackendConfig]):
+        """``config`` returns the backend settings in force (read afresh: a reload changes them)."""
+        self._config = config
+        self._idle: list[PooledConnection] = []  # least recently released first
+        self._in_use = 0  # checked out, or being opened for a checkout
+        self._waiters: deque[asyncio.Future[PooledConnection | None]] = deque()
+        self._closing: set[asyncio.Task[None]] = set()
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._closed = False
+        # A session's startup settings as given → as the backend stores them (canonical_state).
+        self._canonical: dict[State, State] = {}
+        metrics.watch_pool(lambda: self._in_use, lambda: len(self._idle))
+
+    @property
+    def in_use(self) -> int:
+        return self._in_use
+
+    @property
+    def idle(self) -> int:
+        return len(self._idle)
+
+    def canonical_state(self, given: State) -> State:
+        """The state ``given`` settings were last seen to produce on the backend, else ``given``."""
+        return self._canonical.get(given, given)
+
+    def learn_state(self, given: State, stored: State) -> None:
+        if len(self._canonical) >= 1024:
+            self._canonical.clear()
+        self._canonical[given] = stored
+
+    async def acquire(self, state: State) -> PooledConnection:
+        """A connection for one checkout, preferably one whose settings are ``state``.
+
+        Raises PoolTimeout when none became free in time, and psycopg.Error when a new
+        connection could not be opened (the slot is freed for the next waiter).
+        """
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        config = self._config()
+        deadline = started + config.pool.checkout_timeout_s
+        while True:
+            conn = self._take_idle(state, config)
+            if conn is None and self._in_use + len(self._idle) < config.pool.size:
+                self._in_use += 1
+                try:
+                    conn = PooledConnection(await open_backend(config), _opened_with(config), ())
+                except BaseException:
+                    self._in_use -= 1
+                    self._wake_one()
+                    raise
+            if conn is not None:
+                metrics.observe_pool_checkout(loop.time() - started)
+                conn.notices.clear()
+                return conn
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                metrics.pool_timed_out()
+                raise PoolTimeout(config.pool.checkout_timeout_s, config.pool.size)
+            handed = await self._wait(remaining)
+            if handed is not None:
+                metrics.observe_pool_checkout(loop.time() - started)
+                handed.notices.clear()
+                return handed
+
+    async def _wait(self, timeout: float) -> PooledConnection | None:
+        """Wait for a released connection (returned) or a freed slot (None)."""
+        waiter: asyncio.Future[PooledConnection | None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait([waiter], timeout=timeout)
+        except BaseException:
+            self._unwait(waiter)
+            raise
+        if waiter.done():
+            return waiter.result()
+        self._unwait(waiter)
+        return None
+
+    def _unwait(self, waiter: asyncio.Future[PooledConnection | None]) -> None:
+        """Stop waiting; a connection handed over meanwhile goes back to the pool."""
+        if waiter.done() and not waiter.cancelled():
+            handed = waiter.result()
+            if handed is not None:
+                self.release(handed, reusable=True)
+            else:
+                self._wake_one()
+            return
+        waiter.cancel()
+        try:
+            self._waiters.remove(waiter)
+        except ValueError:
+            pass
+
+    def _take_idle(self, state: State, config: BackendConfig) -> PooledConnection | None:
+        """An idle connection, the most recently used with ``state`` first; stale ones are closed."""
+        opened_with = _opened_with(config)
+        expiry = config.pool.idle_timeout_s
+        now = time.monotonic()
+        for conn in list(self._idle):
+            reason = "lost" if not conn.healthy else "config" if conn.opened_with != opened_with else None
+            if reason is None and expiry and now - conn.idle_since > expiry:
+                reason = "idle"
+            if reason is not None:
+                self._idle.remove(conn)
+                self._discard(conn, reason)
+        if not self._idle:
+            return None
+        chosen = next((c for c in reversed(self._idle) if c.state == state), self._idle[-1])
+        self._idle.remove(chosen)
+        self._in_use += 1
+        return chosen
+
+    def release(self, conn: PooledConnection, reusable: bool) -> None:
+        """Give back a checked-out connection; it is closed unless ``reusable`` and fit for reuse."""
+        self._in_use -= 1
+        config = self._config()
+        reason = conn.reusable() if reusable else "error"
+        if reason is None and self._closed:
+            reason = "closing"
+        if reason is None and conn.opened_with != _opened_with(config):
+            reason = "config"
+        if reason is None and self._in_use + len(self._idle) >= config.pool.size:
+            reason = "shrunk"  # a reload made the pool smaller
+        if reason is not None:
+            self._discard(conn, reason)
+            self._wake_one()
+            return
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self._in_use += 1
+                waiter.set_result(conn)
+                return
+        conn.idle_since = time.monotonic()
+        self._idle.append(conn)
+        self._schedule_sweep(config.pool.idle_timeout_s)
+
+    def _wake_one(self) -> None:
+        """A slot was freed: the first waiter may open a connection."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _discard(self, conn: PooledConnection, reason: str) -> None:
+        metrics.pool_discarded(reason)
+        conn.waiter.detach()
+        task = asyncio.get_running_loop().create_task(_close(conn))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    def _schedule_sweep(self, idle_timeout_s: float) -> None:
+        if self._sweeper is None and idle_timeout_s > 0:
+            self._sweeper = asyncio.get_running_loop().call_later(idle_timeout_s, self._sweep)
+
+    def _sweep(self) -> None:
+        """Close the connections idle longer than ``idle_timeout_s``."""
+        self._sweeper = None
+        config = self._config()
+        expiry = config.pool.idle_timeout_s
+        now = time.monotonic()
+        for conn in list(self._idle):
+            if not expiry or now - conn.idle_since >= expiry or not conn.healthy:
+                self._idle.remove(conn)
+                self._discard(conn, "idle" if conn.healthy else "lost")
+        if self._idle and expiry:
+            oldest = min(conn.idle_since for conn in self._idle)
+            self._sweeper = asyncio.get_running_loop().call_later(max(0.05, oldest + expiry - now), self._sweep)
+
+    async def close(self) -> None:
+        """Close the idle connections; those still checked out are closed when released."""
+        self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        for conn in self._idle:
+            self._discard(conn, "closing")
+        self._idle.clear()
+        if self._closing:
+            await asyncio.wait(list(self._closing), timeout=5)
+
+
+async def _close(conn: PooledConnection) -> None:
+    try:
+        await conn.conn.close()
+    except Exception:  # pragma: no cover - closing a broken connection is best effort
+        pass
