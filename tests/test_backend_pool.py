@@ -324,3 +324,15 @@ def test_idle_pooled_connections_are_closed_after_idle_timeout(test_db, tmp_path
             assert time.monotonic() < deadline, "an idle pooled connection outlived backend.pool.idle_timeout_s"
             time.sleep(0.1)
         assert _pid(conn) != pid  # the session goes on, on a new connection
+
+
+def test_the_first_session_of_a_server_is_told_the_backends_parameters(test_db, tmp_path_factory) -> None:
+    # psycopg2 (Superset's driver) refuses a server that reports no client_encoding; the very
+    # first session of a startup kind has no earlier session's values to stand in for them.
+    expected = {"client_encoding": "UTF8", "server_encoding": "UTF8", "integer_datetimes": "on",
+                "standard_conforming_strings": "on", "DateStyle": "ISO, MDY"}
+    with running_proxy(test_db, tmp_path_factory, _policy(1)) as fresh:
+        with fresh.connect() as first, fresh.connect() as second:
+            for conn in (first, second):
+                assert {name: conn.info.parameter_status(name) for name in expected} == expected
+                assert conn.info.parameter_status("server_version")

@@ -145,10 +145,13 @@ async def connect(
     return BackendSession(None, dedicated=PooledConnection(conn, ()))
 
 
-def pooled_session(pool: BackendPool, startup: Mapping[str, str] | None, reported: Mapping[str, str]) -> "BackendSession":
+def pooled_session(
+    pool: BackendPool, startup: Mapping[str, str] | None, reported: Mapping[str, str] | None
+) -> "BackendSession":
     """A client's backend session, borrowing connections from ``pool`` (none until its first
     statement). ``reported`` stands in for the backend's ParameterStatus values while it holds
-    no connection: the values an earlier session with the same startup settings saw."""
+    no connection: the values an earlier session with the same startup settings saw (None:
+    there was none, so they are read from the first connection it borrows)."""
     given = tuple(sorted(startup_settings(startup).items()))
     return BackendSession(pool, given=given, reported=reported)
 
@@ -206,7 +209,8 @@ class BackendSession:
         self._dirty = False  # a statement may have changed the settings since they were read
         self._state_lost = False  # the settings could not be read back: the session cannot go on
         self._reported = dict(reported or {})
-        self._reported_stale = False  # the held connection's ParameterStatus values may be news
+        # The held connection's ParameterStatus values may be news (always, when none were given).
+        self._reported_stale = reported is None
         self._sent_on_checkout = 0
         self._no_notices: list[str] = []
 

@@ -185,7 +185,8 @@ class Session:
         key = startup_key(params)
         known = self.server.startup_reports.get(key)
         application_name = _application_name(params.get("application_name", ""))
-        self.backend = pooled_session(self.server.pool, params, dict(known or {}, application_name=application_name))
+        reported = None if known is None else dict(known, application_name=application_name)
+        self.backend = pooled_session(self.server.pool, params, reported)
         if known is None:
             # The first session of its kind borrows a connection now: its parameters are
             # needed at once (and a backend that refuses them refuses the session).
