@@ -357,7 +357,7 @@ class Session:
         self._out.extend(protocol.notice_response(text) for text in notices)
         if result.fields:
             self._out.append(protocol.row_description(result.fields))
-            self._out.extend(protocol.data_row(row) for row in result.rows)
+            self._out.extend(result.data_rows())
         if result.copy is not None:
             self._out.append(result.copy)
         self._out.append(protocol.command_complete(result.tag))
