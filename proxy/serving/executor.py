@@ -443,9 +443,18 @@ def _fingerprint(text: str) -> str:
 
 
 def _may_move_search_path(statement: Statement) -> bool:
+    """Whether ``statement`` may change search_path or a reported setting (it bumps the
+    session's generation: plans and relation lookups are made again, ParameterStatus is
+    checked). SHOW and BEGIN cannot, and BI tools send them before every query."""
+    if statement.kind == "VariableShowStmt" or _begins(statement):
+        return False
     if statement.kind not in ("SelectStmt", "CopyStmt"):
         return True  # SET, RESET, DISCARD, and transaction ends that undo SET LOCAL
     return any(name.endswith("set_config") for name in statement.references.functions)
+
+
+def _begins(statement: Statement) -> bool:
+    return statement.kind == "TransactionStmt" and statement.node.get("kind") in ("TRANS_STMT_BEGIN", "TRANS_STMT_START")
 
 
 _SETTING_STATEMENTS = frozenset({"VariableSetStmt", "DiscardStmt"})
