@@ -166,3 +166,4 @@ def test_fast_path_runs_the_neutralised_sql(proxy: RunningProxy, admin, relayed:
 
 
 _NEUTRALISED = "SELECT relname, reltuples FROM pg_class WHERE oid = 'public.adult'::regclass"
+
