@@ -20,13 +20,38 @@ from pathlib import Path
 from .postgres import Endpoint
 from .stats import percentile
 
-__all__ = ["PgbenchResult", "find_pgbench", "run_pgbench", "write_script"]
+__all__ = ["CATALOG_SCRIPT", "CATALOG_STATEMENTS", "PgbenchResult", "find_pgbench", "run_pgbench", "write_script"]
 
 SCRIPT = """\\set a random(25, 60)
 \\set h random(20, 60)
 SELECT COUNT(*) FROM {table} WHERE age > :a AND sex = 'Female';
 SELECT SUM(hours_per_week) FROM {table} WHERE hours_per_week > :h;
 """
+
+# A BI tool's and a psql user's catalog statements, as recorded in tests/data (Superset's
+# connect and introspection, psql's \d): every one passes through dpproxy to PostgreSQL
+# and is charged nothing, so throughput is dpproxy's own cost per statement. ``{table}``
+# stands for the recorded table's OID (``'public.{table}'::regclass``) and name.
+CATALOG_SCRIPT = """\
+SELECT t.oid, typarray FROM pg_type t JOIN pg_namespace ns ON typnamespace = ns.oid WHERE typname = 'hstore';
+select pg_catalog.version();
+select current_schema();
+show transaction isolation level;
+show standard_conforming_strings;
+SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public' AND c.relkind in ('r', 'p');
+SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod),
+  (SELECT pg_catalog.pg_get_expr(d.adbin, d.adrelid) FROM pg_catalog.pg_attrdef d
+   WHERE d.adrelid = a.attrelid AND d.adnum = a.attnum AND a.atthasdef) AS DEFAULT,
+  a.attnotnull, a.attrelid as table_oid, pgd.description as comment, a.attgenerated as generated
+FROM pg_catalog.pg_attribute a
+LEFT JOIN pg_catalog.pg_description pgd ON (pgd.objoid = a.attrelid AND pgd.objsubid = a.attnum)
+WHERE a.attrelid = 'public.{table}'::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum;
+SELECT c.oid, n.nspname, c.relname FROM pg_catalog.pg_class c
+  LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relname OPERATOR(pg_catalog.~) '^({table})$' COLLATE pg_catalog.default
+  AND pg_catalog.pg_table_is_visible(c.oid) ORDER BY 2, 3;
+"""
+CATALOG_STATEMENTS = 8  # statements per transaction of CATALOG_SCRIPT
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from .connections import ConnectionCost, Served
 from .histogram import HistogramComparison
 from .idle import IdleResult
 from .latency import Latency, added_latency
-from .pgbench import PgbenchResult
+from .pgbench import CATALOG_STATEMENTS, PgbenchResult
 from .stats import median
 
 __all__ = ["Results", "machine", "render"]
@@ -43,6 +43,8 @@ class Results:
     connection_cost: list[ConnectionCost] = field(default_factory=list)
     served: Served | None = None
     served_max_connections: int = 0
+    # (0, clients, mode, endpoint) → one result per round of the catalog script
+    catalog: dict[tuple[int, int, str, str], list[PgbenchResult]] = field(default_factory=dict)
     pool_size: int | None = None
     dpproxy_source: str | None = None  # the tree dpproxy ran from, when not this one
 
@@ -87,7 +89,7 @@ def render(results: Results) -> str:
     out += [f"- **{key}**: {value}" for key, value in results.machine.items()]
     out += [f"- **{key}**: {value}" for key, value in results.settings.items()]
     out += [""]
-    for section in (_targets, _pgbench, _latency, _smartnoise, _avg, _histogram, _idle, _connections):
+    for section in (_targets, _pgbench, _catalog, _latency, _smartnoise, _avg, _histogram, _idle, _connections):
         lines = section(results)
         if lines:
             out += lines + [""]
@@ -97,8 +99,12 @@ def render(results: Results) -> str:
 # ------------------------------------------------------------------ sections
 
 
-def _pgbench_median(results: Results, rows: int, clients: int, mode: str, endpoint: str) -> PgbenchResult | None:
-    runs = [r for r in results.pgbench.get((rows, clients, mode, endpoint), []) if r.error is None]
+def _pgbench_median(
+    results: Results, rows: int, clients: int, mode: str, endpoint: str,
+    runs_by_key: dict[tuple[int, int, str, str], list[PgbenchResult]] | None = None,
+) -> PgbenchResult | None:
+    source = results.pgbench if runs_by_key is None else runs_by_key
+    runs = [r for r in source.get((rows, clients, mode, endpoint), []) if r.error is None]
     if not runs:
         return None
     return PgbenchResult(
@@ -151,6 +157,32 @@ def _pgbench(results: Results) -> list[str]:
     failed = sum(r.failed for runs in results.pgbench.values() for r in runs)
     if errors or failed:
         lines += ["", f"Failed transactions: {failed}. Errors:", ""] + [f"- {e}" for e in errors]
+    return lines
+
+
+def _catalog(results: Results) -> list[str]:
+    if not results.catalog:
+        return []
+    configs = sorted({key[1:3] for key in results.catalog}, key=lambda k: (k[0], k[1] != "simple"))
+    lines = [
+        "## Catalog statements: throughput ratio dpproxy / direct PostgreSQL",
+        "",
+        f"Script per transaction: {CATALOG_STATEMENTS} catalog and session statements Superset and psql send",
+        "(benchmarks/pgbench.py, `CATALOG_SCRIPT`), all passed through to PostgreSQL. tps, p50 and",
+        "p99 are medians over rounds. Goal (issue 21): ratio ≥ 0.8 at 8 clients.",
+        "",
+        "| clients | mode | dpproxy tps | direct tps | **ratio** | dpproxy p50 / p99 ms | direct p50 / p99 ms |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for clients, mode in configs:
+        proxied = _pgbench_median(results, 0, clients, mode, PROXY, results.catalog)
+        direct = _pgbench_median(results, 0, clients, mode, DIRECT, results.catalog)
+        ratio = proxied.tps / direct.tps if proxied and direct and direct.tps else math.nan
+        lines.append(f"| {clients} | {mode} | {_tps(proxied)} | {_tps(direct)} | **{_num(ratio)}** | "
+                     f"{_p50_p99(proxied)} | {_p50_p99(direct)} |")
+    errors = sorted({f"{key}: {r.error}" for key, runs in results.catalog.items() for r in runs if r.error})
+    if errors:
+        lines += ["", "Errors:", ""] + [f"- {e}" for e in errors]
     return lines
 
 

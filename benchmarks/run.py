@@ -14,7 +14,9 @@ of ``--rows`` sizes, starts ``dpproxy serve`` as a subprocess with a policy over
 4. dpproxy's RSS with ``--idle`` idle clients (benchmarks/idle.py);
 5. SmartNoise SQL on the same queries against direct PostgreSQL (benchmarks/smartnoise.py);
 6. what a connection costs (connect, SELECT 1, close) and how many of ``--served-clients``
-   clients running a DP query at once are answered (benchmarks/connections.py).
+   clients running a DP query at once are answered (benchmarks/connections.py);
+7. pgbench with a script of catalog statements BI tools and psql send (``CATALOG_SCRIPT``),
+   dpproxy against direct PostgreSQL over TCP: the passthrough path's cost.
 
 and prints the ratios as Markdown. Nothing here asserts a timing.
 """
@@ -38,13 +40,13 @@ from .histogram import compare_histogram
 from .environment import Environment, environment, note
 from .idle import idle_connections
 from .latency import QUERIES, Probe, measure
-from .pgbench import find_pgbench, run_pgbench, write_script
+from .pgbench import CATALOG_SCRIPT, find_pgbench, run_pgbench, write_script
 from .postgres import ADMIN
 from .report import Results, machine, render
 from .servers import renew_budget
 from .smartnoise import SmartNoiseError, SmartNoiseTimer, default_venv, find_smartnoise, install_smartnoise, metadata
 
-SECTIONS = ("pgbench", "latency", "avg", "histogram", "idle", "smartnoise", "connections")
+SECTIONS = ("pgbench", "latency", "avg", "histogram", "idle", "smartnoise", "connections", "catalog")
 BIG_TABLE = 1_000_000
 BIG_DURATION_FACTOR = 2.5
 
@@ -85,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         _warm_up(env)
         if "pgbench" in args.only:
             _run_pgbench(env, results, pgbench, args)
+        if "catalog" in args.only:
+            _run_catalog(env, results, pgbench, args)
         env.stop_pgbouncer()  # only pgbench uses it
         if "latency" in args.only:
             _run_latency(env, results, args)
@@ -195,6 +199,20 @@ def _run_pgbench(env: Environment, results: Results, pgbench: str, args: argpars
                         results.pgbench.setdefault((rows, clients, mode, endpoint.name), []).append(result)
                         note(f"pgbench round {round_ + 1}/{args.rounds} {rows:,} rows -c {clients} -M {mode} "
                              f"{endpoint.name}: {result.tps:,.0f} tps" + (f" ERROR {result.error}" if result.error else ""))
+
+
+def _run_catalog(env: Environment, results: Results, pgbench: str, args: argparse.Namespace) -> None:
+    """The catalog script against dpproxy and direct-tcp, endpoints alternating by round."""
+    script = write_script(env.workdir, env.tables[min(env.tables)], CATALOG_SCRIPT, name="catalog")
+    endpoints = [env.dpproxy, env.direct_tcp]
+    for round_ in range(args.rounds):
+        for clients in args.clients:
+            for mode in args.modes:
+                for endpoint in endpoints if round_ % 2 == 0 else endpoints[::-1]:
+                    result = run_pgbench(pgbench, endpoint, script, clients, mode, args.duration)
+                    results.catalog.setdefault((0, clients, mode, endpoint.name), []).append(result)
+                    note(f"catalog round {round_ + 1}/{args.rounds} -c {clients} -M {mode} {endpoint.name}: "
+                         f"{result.tps:,.0f} tps" + (f" ERROR {result.error}" if result.error else ""))
 
 
 def _run_latency(env: Environment, results: Results, args: argparse.Namespace) -> None:

@@ -31,6 +31,8 @@ def test_quick_benchmark_runs_and_prints_the_ratio_table():
     assert "## Per-query latency" in report
     assert "## Idle client connections" in report
     assert "## A 1,000-cell DP histogram vs the plain GROUP BY on 1,000 rows" in report
+    assert "## Catalog statements: throughput ratio dpproxy / direct PostgreSQL" in report
+    assert "| 8 | extended |" in report.split("## Catalog statements")[1]
     assert "Errors:" not in report, report
     if find_pgbouncer() is not None:  # ./run-tests installs it; the comparison is optional elsewhere
         assert "pgbouncer tps (ratio)" in report, report

@@ -23,11 +23,12 @@ from policies.model import Policy
 from policies.tables import ColumnInfo, Relation, TableRegistry
 from proxy.ops import metrics
 from proxy.ops.metrics import observe_backend
-from proxy.wire.protocol import Field
+from proxy.wire.protocol import Field, data_row
 from rewriter.classify import ResolvedRelation
 from rewriter.references import RelationRef
 from rewriter.rewrite import hashed_columns
 
+from .data_rows import data_rows
 from .policy_fit import column_fit_problems
 from .pool import UNKNOWN, BackendPool, PooledConnection, PoolTimeout, State, open_backend
 from .result_waiter import NotSent
@@ -113,6 +114,19 @@ class ResultSet:
     tag: str
     notices: list[str] = field(default_factory=list)
     copy: bytes | None = None  # COPY TO STDOUT: CopyOutResponse, CopyData..., CopyDone, sent in place of rows
+    relayed: list[bytes] | None = None
+    """The rows as DataRow messages built from libpq's result (``BackendSession.relay``), in
+    place of ``rows``, which is then empty: a passthrough result nothing in dpproxy reads."""
+
+    @property
+    def row_count(self) -> int:
+        return len(self.relayed) if self.relayed is not None else len(self.rows)
+
+    def data_rows(self, start: int = 0, stop: int | None = None) -> list[bytes]:
+        """The DataRow messages of rows ``start`` to ``stop`` (None: the last), ready to send."""
+        if self.relayed is not None:
+            return self.relayed[start:stop]
+        return [data_row(row) for row in self.rows[start:stop]]
 
 
 def startup_settings(startup: Mapping[str, str] | None) -> dict[str, str]:
@@ -448,6 +462,14 @@ class BackendSession:
         """
         result = await self._statement(sql, params, result_format)
         return ResultSet(_fields(result), _rows(result), _tag(result), list(self._notices))
+
+    async def relay(self, sql: str, params: BoundParams | None = None, result_format: int = 0) -> ResultSet:
+        """Run one statement like ``execute``, its rows left as the DataRow messages the client
+        gets (``ResultSet.relayed``), never decoded into values: for a passthrough statement,
+        whose result dpproxy sends as the backend gave it. Errors are raised as by ``execute``
+        (a failed statement returns no row at all: libpq gives its result whole)."""
+        result = await self._statement(sql, params, result_format)
+        return ResultSet(_fields(result), [], _tag(result), list(self._notices), relayed=data_rows(result))
 
     async def first_row(self, sql: str, params: BoundParams | None = None) -> tuple[list[bytes | None], list[int]]:
         """Run a statement like ``execute`` and return only its first row as text, with each

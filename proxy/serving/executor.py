@@ -274,8 +274,10 @@ class Executor:
         return result, notices
 
     async def _run(
-        self, plan: Plan, params: BoundParams, result_formats: tuple[int, ...]
+        self, plan: Plan, params: BoundParams, result_formats: tuple[int, ...], relay: bool = True
     ) -> tuple[ResultSet, list[str], Cost | None]:
+        """``relay``: a passthrough result may stay as DataRow messages (``ResultSet.relayed``);
+        False where dpproxy reads its rows (COPY writes them in its own framing)."""
         decision = plan.decision
         if decision is None:
             return ResultSet([], [], ""), [], None
@@ -305,7 +307,13 @@ class Executor:
             self.backend.state_may_change()  # read back at release, restored at the next checkout
         uniform = result_formats[0] if len(result_formats) == 1 else 0
         with_params = params if params.values or uniform else None
-        result = await self.backend.execute(decision.sql, with_params, uniform)
+        if relay and len(result_formats) <= 1:
+            # The fast path: classify has said Passthrough and decision.sql is already the
+            # rewritten SQL (neutralised columns, qualified names); its result needs no change,
+            # so its rows go out as the DataRows libpq's values make, never decoded.
+            result = await self.backend.relay(decision.sql, with_params, uniform)
+        else:
+            result = await self.backend.execute(decision.sql, with_params, uniform)
         resets, name = _resets(plan.statement)
         if resets:
             await self.backend.restore_startup(name)
@@ -318,7 +326,7 @@ class Executor:
     ) -> tuple[ResultSet, list[str], Cost | None]:
         """The same release as the SELECT (same ε, repeat key, notice), in COPY's framing."""
         # The statement stays the COPY: the ledger's charge carries the audit line's fingerprint.
-        result, notices, cost = await self._run(replace(plan, decision=decision.inner), params, ())
+        result, notices, cost = await self._run(replace(plan, decision=decision.inner), params, (), relay=False)
         copied = ResultSet([], [], f"COPY {len(result.rows)}", result.notices, copy=copy_messages(result, decision.options))
         return copied, notices, cost
 
@@ -435,9 +443,18 @@ def _fingerprint(text: str) -> str:
 
 
 def _may_move_search_path(statement: Statement) -> bool:
+    """Whether ``statement`` may change search_path or a reported setting (it bumps the
+    session's generation: plans and relation lookups are made again, ParameterStatus is
+    checked). SHOW and BEGIN cannot, and BI tools send them before every query."""
+    if statement.kind == "VariableShowStmt" or _begins(statement):
+        return False
     if statement.kind not in ("SelectStmt", "CopyStmt"):
         return True  # SET, RESET, DISCARD, and transaction ends that undo SET LOCAL
     return any(name.endswith("set_config") for name in statement.references.functions)
+
+
+def _begins(statement: Statement) -> bool:
+    return statement.kind == "TransactionStmt" and statement.node.get("kind") in ("TRANS_STMT_BEGIN", "TRANS_STMT_START")
 
 
 _SETTING_STATEMENTS = frozenset({"VariableSetStmt", "DiscardStmt"})

@@ -168,17 +168,17 @@ class ExtendedProtocol:
         result = await self._result(portal)
         self.out.extend(protocol.notice_response(text) for text in portal.notices)
         portal.notices.clear()
-        remaining = result.rows[portal.sent :]
+        remaining = max(0, result.row_count - portal.sent)
         limit = message.max_rows
-        batch = remaining[:limit] if limit else remaining
-        self.out.extend(protocol.data_row(row) for row in batch)
+        batch = result.data_rows(portal.sent, portal.sent + limit if limit else None)
+        self.out.extend(batch)
         if result.copy is not None and portal.sent == 0:
             self.out.append(result.copy)
             portal.sent = 1  # a COPY has no rows; this marks its data as sent
         portal.sent += len(batch)
-        if limit and len(remaining) >= limit and result.fields:
+        if limit and remaining >= limit and result.fields:
             self.out.append(protocol.PORTAL_SUSPENDED)
-        elif not result.fields and result.tag == "" and not result.rows:
+        elif not result.fields and result.tag == "" and not result.row_count:
             self.out.append(protocol.empty_query_response())
         else:
             self.out.append(protocol.command_complete(result.tag))

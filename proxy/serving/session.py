@@ -191,8 +191,12 @@ class Session:
             # The first session of its kind borrows a connection now: its parameters are
             # needed at once (and a backend that refuses them refuses the session).
             await self.backend.connection()
-            self.server.startup_reports[key] = self.backend.reported_parameters()
+            known = self.server.startup_reports[key] = self.backend.reported_parameters()
             await self.backend.release()
+            # Released, the session reports what it was built with: give it what was learnt,
+            # or the first client of its kind is told no client_encoding or server_version
+            # (psycopg2, and so Superset, then refuses the connection).
+            self.backend = pooled_session(self.server.pool, params, dict(known, application_name=application_name))
         self.executor = Executor(self.server, self.backend, self.user, self.peer)
         self.extended = ExtendedProtocol(self.executor, self._out)
         self.executor.deallocate = self.extended.deallocate
@@ -358,7 +362,7 @@ class Session:
         self._out.extend(protocol.notice_response(text) for text in notices)
         if result.fields:
             self._out.append(protocol.row_description(result.fields))
-            self._out.extend(protocol.data_row(row) for row in result.rows)
+            self._out.extend(result.data_rows())
         if result.copy is not None:
             self._out.append(result.copy)
         self._out.append(protocol.command_complete(result.tag))
