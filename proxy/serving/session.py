@@ -191,12 +191,8 @@ class Session:
             # The first session of its kind borrows a connection now: its parameters are
             # needed at once (and a backend that refuses them refuses the session).
             await self.backend.connection()
-            known = self.server.startup_reports[key] = self.backend.reported_parameters()
+            self.server.startup_reports[key] = self.backend.reported_parameters()
             await self.backend.release()
-            # Released, the session reports what it was built with: give it what was learnt,
-            # or the first client of its kind is told no client_encoding or server_version
-            # (psycopg2, and so Superset, then refuses the connection).
-            self.backend = pooled_session(self.server.pool, params, dict(known, application_name=application_name))
         self.executor = Executor(self.server, self.backend, self.user, self.peer)
         self.extended = ExtendedProtocol(self.executor, self._out)
         self.executor.deallocate = self.extended.deallocate
