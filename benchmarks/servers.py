@@ -39,7 +39,7 @@ from proxy.demo.embedded import DEMO_POLICY
 from .postgres import Endpoint
 
 __all__ = [
-    "ANALYST", "ServerProcess", "find_pgbouncer", "renew_budget", "start_dpproxy", "start_pgbouncer", "start_relay",
+    "ANALYST", "ServerProcess", "commit_of", "find_pgbouncer", "renew_budget", "start_dpproxy", "start_pgbouncer", "start_relay",
     "write_policy",
 ]
 
@@ -48,13 +48,23 @@ _ROOT = Path(__file__).resolve().parent.parent
 
 
 def write_policy(
-    path: Path, backend: Endpoint, port: int, tables: dict[int, str], pool_size: int | None = None
+    path: Path, backend: Endpoint, port: int, tables: dict[int, str], pool_size: int | None = None,
+    *, workers: int | None = None, portable: bool = False,
 ) -> Path:
-    """Write the benchmark policy for ``tables`` (rows → name, in schema public) to ``path``
-    (``pool_size``: ``backend.pool.size``; None leaves the key out, as a dpproxy from before
-    the pool needs, see ``--dpproxy-source``)."""
+    """Write the benchmark policy for ``tables`` (rows → name, in schema public) to ``path``;
+    its ledger and audit file go next to it.
+
+    ``pool_size``: ``backend.pool.size``; None leaves the key out, as a dpproxy from before the
+    pool needs (see ``--dpproxy-source``). ``workers``: ``listen.workers``, the serving
+    processes on the one port; None leaves the key out (one process). ``portable``: each
+    table's rules state only what differs from this tree's defaults, for a dpproxy from an
+    older source tree whose policy model rejects keys it does not know (``partitioning:
+    auto`` before row-hash partitions); on these key-less tables every such default means
+    what the older one did (``auto`` partitions a table without a key by ``random()``).
+    """
     demo = parse_policy(DEMO_POLICY.format(dsn=backend.uri(), port=port, ledger="-"), "demo-policy")
-    table = demo.tables["public.adult"].model_dump(mode="json", by_alias=True, exclude_none=True)
+    table = demo.tables["public.adult"].model_dump(mode="json", by_alias=True, exclude_none=True,
+                                                   exclude_defaults=portable)
     table["columns"]["age"]["group_by"] = True  # the histogram benchmark's width_bucket(age, ...) key
     # AVG by sample and aggregate, which the latency and AVG sections measure and name (the
     # default noisy SUM / noisy COUNT is one clamped SUM and COUNT, like the SUM probe).
@@ -73,6 +83,8 @@ def write_policy(
     }
     if pool_size is not None:
         policy["backend"]["pool"] = {"size": pool_size}  # type: ignore[index]
+    if workers is not None:
+        policy["listen"]["workers"] = workers  # type: ignore[index]
     path.write_text(yaml.safe_dump(policy, sort_keys=False), encoding="utf-8")
     return path
 
@@ -88,20 +100,35 @@ def renew_budget(policy_path: Path) -> None:
 
 
 def start_dpproxy(
-    policy_path: Path, port: int, dbname: str, source: Path | None = None
+    policy_path: Path, port: int, dbname: str, source: Path | None = None, name: str = "dpproxy"
 ) -> tuple["ServerProcess", Endpoint]:
     """``source``: the source tree to run dpproxy from (``python -m`` imports its working
-    directory first); None: this one."""
+    directory first); None: this one. ``name``: the endpoint's (the target's) name; the log
+    goes next to the policy."""
     user, password = ANALYST
     command = [sys.executable, "-m", "proxy.cli", "serve", "-c", str(policy_path)]
     process = ServerProcess(command, port, policy_path.parent / "dpproxy.log", cwd=source)
-    return process, Endpoint("dpproxy", "127.0.0.1", port, user, dbname, password)
+    return process, Endpoint(name, "127.0.0.1", port, user, dbname, password)
 
 
 def start_relay(backend: Endpoint, port: int, log_dir: Path) -> tuple["ServerProcess", Endpoint]:
     command = [sys.executable, "-m", "benchmarks.relay", str(port), backend.host, str(backend.port)]
     process = ServerProcess(command, port, log_dir / "relay.log")
     return process, Endpoint("relay", "127.0.0.1", port, backend.user, backend.dbname, backend.password)
+
+
+def commit_of(tree: Path) -> str:
+    """The short git commit checked out in ``tree`` (`` with uncommitted changes`` when its
+    tracked files differ from it); ``unknown`` outside a git checkout or without git."""
+    git = ["git", "-C", str(tree)]
+    try:
+        commit = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        if commit and subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"],
+                                     capture_output=True, text=True).stdout.strip():
+            commit += " with uncommitted changes"
+    except FileNotFoundError:  # no git on this machine (a copy of the tree, not a clone)
+        commit = ""
+    return commit or "unknown"
 
 
 def find_pgbouncer() -> str | None:
