@@ -14,10 +14,12 @@ import psutil
 
 from .avg import AvgComparison
 from .connections import ConnectionCost, Served
+from .environment import VARIANTS
 from .histogram import HistogramComparison
 from .idle import IdleResult
 from .latency import Latency, added_latency
 from .pgbench import CATALOG_STATEMENTS, PgbenchResult
+from .servers import commit_of
 from .stats import median
 
 __all__ = ["Results", "machine", "render"]
@@ -47,6 +49,11 @@ class Results:
     catalog: dict[tuple[int, int, str, str], list[PgbenchResult]] = field(default_factory=dict)
     pool_size: int | None = None
     dpproxy_source: str | None = None  # the tree dpproxy ran from, when not this one
+    # endpoint → its name in the report, where that is not the endpoint's name (dpproxy-base's commit)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def label(self, endpoint: str) -> str:
+        return self.labels.get(endpoint, endpoint)
 
 
 def machine(server_version: str, pgbench: str) -> dict[str, str]:
@@ -60,15 +67,6 @@ def machine(server_version: str, pgbench: str) -> dict[str, str]:
     except OSError:
         pass
     version = subprocess.run([pgbench, "--version"], capture_output=True, text=True).stdout.strip()
-    root = Path(__file__).resolve().parent.parent
-    git = ["git", "-C", str(root)]
-    try:
-        commit = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        if commit and subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"],
-                                     capture_output=True, text=True).stdout.strip():
-            commit += " with uncommitted changes"
-    except FileNotFoundError:  # no git on this machine (a copy of the tree, not a clone)
-        commit = ""
     return {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "CPU": f"{os.cpu_count()} × {model or platform.processor() or 'unknown'} (nproc {len(os.sched_getaffinity(0))})",
@@ -77,7 +75,7 @@ def machine(server_version: str, pgbench: str) -> dict[str, str]:
         "PostgreSQL": f"{server_version} (pgserver's build, default settings but listen/port/max_connections)",
         "pgbench": version,
         "Python": platform.python_version(),
-        "dpproxy commit": commit or "unknown",
+        "dpproxy commit": commit_of(Path(__file__).resolve().parent.parent),
         "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         # Other tenants of a shared machine do not show in our process list, but in this.
         "CPU busy before the run (all processes)": f"{psutil.cpu_percent(interval=2):.0f}%",
@@ -114,20 +112,41 @@ def _pgbench_median(
 
 
 def _ratio(
-    results: Results, rows: int, clients: int, mode: str, endpoint: str = PROXY, baseline: str = DIRECT
+    results: Results, rows: int, clients: int, mode: str, endpoint: str = PROXY, baseline: str = DIRECT,
+    runs_by_key: dict[tuple[int, int, str, str], list[PgbenchResult]] | None = None,
 ) -> float:
-    proxied = _pgbench_median(results, rows, clients, mode, endpoint)
-    direct = _pgbench_median(results, rows, clients, mode, baseline)
+    proxied = _pgbench_median(results, rows, clients, mode, endpoint, runs_by_key)
+    direct = _pgbench_median(results, rows, clients, mode, baseline, runs_by_key)
     if proxied is None or direct is None or direct.tps == 0:
         return math.nan
     return proxied.tps / direct.tps
+
+
+def _extra_cells(
+    results: Results, runs_by_key: dict[tuple[int, int, str, str], list[PgbenchResult]],
+    rows: int, clients: int, mode: str, extra: list[str],
+) -> str:
+    """One ``tps (ratio to direct-tcp)`` cell per endpoint of ``extra``, ``not run`` where it was not."""
+    cells = ""
+    for name in extra:
+        if (rows, clients, mode, name) not in runs_by_key:
+            cells += " not run |"
+            continue
+        other = _pgbench_median(results, rows, clients, mode, name, runs_by_key)
+        cells += f" {_tps(other)} ({_num(_ratio(results, rows, clients, mode, name, DIRECT, runs_by_key))}) |"
+    return cells
+
+
+def _extra_endpoints(runs_by_key: dict[tuple[int, int, str, str], list[PgbenchResult]]) -> list[str]:
+    """The endpoints besides dpproxy and direct-tcp that ran, in the report's column order."""
+    return [name for name in (*VARIANTS, BOUNCER, RELAY, UNIX) if any(key[3] == name for key in runs_by_key)]
 
 
 def _pgbench(results: Results) -> list[str]:
     if not results.pgbench:
         return []
     configs = sorted({key[:3] for key in results.pgbench}, key=lambda k: (k[0], k[1], k[2] != "simple"))
-    extra = [name for name in (BOUNCER, RELAY, UNIX) if any(key[3] == name for key in results.pgbench)]
+    extra = _extra_endpoints(results.pgbench)
     lines = [
         "## pgbench: throughput ratio dpproxy / direct PostgreSQL",
         "",
@@ -138,7 +157,7 @@ def _pgbench(results: Results) -> list[str]:
         "over its unix socket). " + _EXTRA_NOTE if extra else "over its unix socket).",
         "",
         "| rows | clients | mode | dpproxy tps | direct tps | **ratio** | dpproxy p50 / p99 ms | direct p50 / p99 ms |"
-        + "".join(f" {name} tps (ratio) |" for name in extra),
+        + "".join(f" {results.label(name)} tps (ratio) |" for name in extra),
         "|---:|---:|---|---:|---:|---:|---:|---:|" + "---:|" * len(extra),
     ]
     for rows, clients, mode in configs:
@@ -146,13 +165,7 @@ def _pgbench(results: Results) -> list[str]:
         direct = _pgbench_median(results, rows, clients, mode, DIRECT)
         row = (f"| {rows:,} | {clients} | {mode} | {_tps(proxied)} | {_tps(direct)} | "
                f"**{_num(_ratio(results, rows, clients, mode))}** | {_p50_p99(proxied)} | {_p50_p99(direct)} |")
-        for name in extra:
-            if (rows, clients, mode, name) not in results.pgbench:
-                row += " not run |"
-                continue
-            other = _pgbench_median(results, rows, clients, mode, name)
-            row += f" {_tps(other)} ({_num(_ratio(results, rows, clients, mode, name, DIRECT))}) |"
-        lines.append(row)
+        lines.append(row + _extra_cells(results, results.pgbench, rows, clients, mode, extra))
     errors = sorted({f"{key}: {r.error}" for key, runs in results.pgbench.items() for r in runs if r.error})
     failed = sum(r.failed for runs in results.pgbench.values() for r in runs)
     if errors or failed:
@@ -164,22 +177,26 @@ def _catalog(results: Results) -> list[str]:
     if not results.catalog:
         return []
     configs = sorted({key[1:3] for key in results.catalog}, key=lambda k: (k[0], k[1] != "simple"))
+    extra = _extra_endpoints(results.catalog)
     lines = [
         "## Catalog statements: throughput ratio dpproxy / direct PostgreSQL",
         "",
         f"Script per transaction: {CATALOG_STATEMENTS} catalog and session statements Superset and psql send",
         "(benchmarks/pgbench.py, `CATALOG_SCRIPT`), all passed through to PostgreSQL. tps, p50 and",
-        "p99 are medians over rounds. Goal (issue 21): ratio ≥ 0.8 at 8 clients.",
+        "p99 are medians over rounds. Goal (issue 21): ratio ≥ 0.8 at 8 clients."
+        + (" In parentheses, each other dpproxy's tps / direct-tcp tps." if extra else ""),
         "",
-        "| clients | mode | dpproxy tps | direct tps | **ratio** | dpproxy p50 / p99 ms | direct p50 / p99 ms |",
-        "|---:|---|---:|---:|---:|---:|---:|",
+        "| clients | mode | dpproxy tps | direct tps | **ratio** | dpproxy p50 / p99 ms | direct p50 / p99 ms |"
+        + "".join(f" {results.label(name)} tps (ratio) |" for name in extra),
+        "|---:|---|---:|---:|---:|---:|---:|" + "---:|" * len(extra),
     ]
     for clients, mode in configs:
         proxied = _pgbench_median(results, 0, clients, mode, PROXY, results.catalog)
         direct = _pgbench_median(results, 0, clients, mode, DIRECT, results.catalog)
-        ratio = proxied.tps / direct.tps if proxied and direct and direct.tps else math.nan
+        ratio = _ratio(results, 0, clients, mode, runs_by_key=results.catalog)
         lines.append(f"| {clients} | {mode} | {_tps(proxied)} | {_tps(direct)} | **{_num(ratio)}** | "
-                     f"{_p50_p99(proxied)} | {_p50_p99(direct)} |")
+                     f"{_p50_p99(proxied)} | {_p50_p99(direct)} |"
+                     + _extra_cells(results, results.catalog, 0, clients, mode, extra))
     errors = sorted({f"{key}: {r.error}" for key, runs in results.catalog.items() for r in runs if r.error})
     if errors:
         lines += ["", "Errors:", ""] + [f"- {e}" for e in errors]
@@ -187,7 +204,9 @@ def _catalog(results: Results) -> list[str]:
 
 
 _EXTRA_NOTE = (
-    "In parentheses, each extra endpoint's tps / direct-tcp tps: relay is a do-nothing asyncio "
+    "In parentheses, each extra endpoint's tps / direct-tcp tps: dpproxy-base is dpproxy run from "
+    "another source tree (`--baseline-source`, its commit in the heading); dpproxy-2w is this "
+    "dpproxy with `listen.workers: 2`; relay is a do-nothing asyncio "
     "byte relay (benchmarks/relay.py), the floor of an asyncio proxy's cost; pgbouncer is "
     "pgbouncer in transaction mode (the same service role and unix socket); direct-unix is "
     "PostgreSQL over its unix socket."
@@ -354,7 +373,7 @@ def _connections(results: Results) -> list[str]:
         direct = {c.concurrency: c.p50_ms for c in results.connection_cost if c.endpoint == DIRECT}
         for cost in results.connection_cost:
             base = direct.get(cost.concurrency, math.nan)
-            lines.append(f"| {cost.concurrency} | {cost.endpoint} | {cost.cycles:,} | {_num(cost.p50_ms)} | "
+            lines.append(f"| {cost.concurrency} | {results.label(cost.endpoint)} | {cost.cycles:,} | {_num(cost.p50_ms)} | "
                          f"{_num(cost.p99_ms)} | {_num(cost.p50_ms / base if base else math.nan)} | {cost.errors} |")
         lines.append("")
     served = results.served

@@ -19,6 +19,10 @@ of ``--rows`` sizes, starts ``dpproxy serve`` as a subprocess with a policy over
    dpproxy against direct PostgreSQL over TCP: the passthrough path's cost.
 
 and prints the ratios as Markdown. Nothing here asserts a timing.
+
+Old beside new: ``--baseline-source DIR`` (a worktree of an older commit) adds the target
+``dpproxy-base``, and ``--targets ...,dpproxy-2w`` a dpproxy with ``listen.workers: 2``; both
+run in the same interleaved rounds as dpproxy in the pgbench, catalog and connections sections.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from policies.loader import load_policy
 from .avg import compare_avg
 from .connections import clients_served, connection_cost
 from .histogram import compare_histogram
-from .environment import Environment, environment, note
+from .environment import BASELINE, TWO_WORKERS, VARIANTS, Environment, environment, note
 from .idle import idle_connections
 from .latency import QUERIES, Probe, measure
 from .pgbench import CATALOG_SCRIPT, find_pgbench, run_pgbench, write_script
@@ -53,6 +57,7 @@ BIG_DURATION_FACTOR = 2.5
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    chosen_targets = args.targets is not None
     if args.quick:
         args.rows = args.rows or [1000]
         args.duration = args.duration or 1.0
@@ -68,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     args.idle = args.idle or 1000
     args.smartnoise_iterations = args.smartnoise_iterations or 30
     args.targets = args.targets or ["dpproxy", "direct-tcp", "direct-unix", "relay", "pgbouncer"]
+    if args.baseline_source is None and BASELINE in args.targets:
+        _parser().error(f"--targets {BASELINE} needs --baseline-source DIR (a source tree of the older dpproxy)")
+    if args.baseline_source is not None and not chosen_targets:
+        args.targets.append(BASELINE)  # the default targets, and the baseline asked for
+    baseline = args.baseline_source.resolve() if args.baseline_source and BASELINE in args.targets else None
     args.connection_cycles = args.connection_cycles or (20 if args.quick else 100)
     args.served_clients = args.served_clients or (20 if args.quick else 150)
     logging.basicConfig(level=logging.WARNING)
@@ -76,11 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         note(f"dpproxy runs from {args.dpproxy_source}")
 
     started = time.monotonic()
-    with environment(args.rows, args.data_dir, args.max_connections, args.pool_size, args.dpproxy_source) as env:
+    with environment(args.rows, args.data_dir, args.max_connections, args.pool_size, args.dpproxy_source,
+                     baseline, TWO_WORKERS in args.targets) as env:
         if "pgbouncer" in args.targets and env.pgbouncer is None:
             note("pgbouncer is not installed (apt install pgbouncer): not compared")
         args.targets = env.available(args.targets)
-        results = Results(settings=_settings(args), machine={})
+        results = Results(settings=_settings(args, env), machine={}, labels=env.labels())
         pgbench = find_pgbench(env.postgres.bin_dir)
         with psycopg.connect(env.direct_tcp.conninfo()) as conn:
             results.machine = machine(str(conn.info.parameter_status("server_version")), pgbench)
@@ -132,9 +143,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--clients", type=numbers, default=[1, 8], help="pgbench clients (default 1,8)")
     parser.add_argument("--modes", type=names, default=["simple", "extended"], help="pgbench -M modes")
     parser.add_argument("--targets", type=names,
-                        help="pgbench endpoints: dpproxy,direct-tcp,direct-unix,relay,pgbouncer (default all "
-                             "this machine has; "
-                             "--quick: dpproxy,direct-tcp,pgbouncer)")
+                        help=f"pgbench endpoints: dpproxy,direct-tcp,direct-unix,relay,pgbouncer (default all "
+                             f"this machine has; --quick: dpproxy,direct-tcp,pgbouncer), and the optional "
+                             f"dpproxy servers {','.join(VARIANTS)} (also in the catalog and connections sections; "
+                             f"{BASELINE} is added by --baseline-source)")
     parser.add_argument("--duration", type=float, help="seconds per pgbench run (default 8; --quick 1)")
     parser.add_argument("--rounds", type=int, help="pgbench rounds, medians reported (default 3; --quick 1)")
     parser.add_argument("--latency-iterations", type=int,
@@ -155,25 +167,35 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--pool-size", type=int, help="dpproxy's backend.pool.size (default: the policy default)")
     parser.add_argument("--dpproxy-source", type=Path,
                         help="run the dpproxy server from this source tree (e.g. a worktree of an older commit)")
+    parser.add_argument("--baseline-source", type=Path,
+                        help=f"also run the dpproxy server from this source tree as target {BASELINE} (e.g. a "
+                             "worktree of an older commit), beside this one in the same rounds")
     parser.add_argument("--data-dir", type=Path, help="keep PostgreSQL's data here and reuse loaded tables")
     parser.add_argument("--out", type=Path, help="also write the report to this file")
     return parser
 
 
-def _settings(args: argparse.Namespace) -> dict[str, str]:
-    return {
+def _settings(args: argparse.Namespace, env: Environment) -> dict[str, str]:
+    settings = {
         "command": "python -m benchmarks.run " + " ".join(sys.argv[1:]),
         "pgbench": f"{args.duration:g} s per run ({args.duration * BIG_DURATION_FACTOR:g} s on ≥ 1M rows, "
-                   f"against dpproxy and direct-tcp only), {args.rounds} round(s), clients {args.clients}, "
+                   f"against the dpproxy servers and direct-tcp only), {args.rounds} round(s), clients {args.clients}, "
                    f"modes {args.modes}, -j min(clients, 2), endpoints {args.targets}",
         "latency": f"{args.latency_iterations} runs per query and endpoint (a quarter on ≥ 1M rows)",
         "smartnoise": f"{args.smartnoise_iterations} runs per query, through SmartNoise SQL and directly",
     }
+    if BASELINE in env.variants:
+        settings[env.variants[BASELINE].label] = (f"dpproxy run from {args.baseline_source.resolve()}, its policy "
+                                                  "stating only what differs from this tree's defaults, without "
+                                                  "backend.pool")
+    if TWO_WORKERS in env.variants:
+        settings[TWO_WORKERS] = "this dpproxy with listen.workers: 2 (two processes on one port), its own ledger"
+    return settings
 
 
 def _warm_up(env: Environment) -> None:
     """Read every table once through each endpoint, so that no run pays for a cold cache."""
-    for endpoint in (env.dpproxy, env.direct_tcp):
+    for endpoint in (*env.proxies(list(env.variants)), env.direct_tcp):
         with psycopg.connect(endpoint.conninfo(), autocommit=True, prepare_threshold=None) as conn:
             for table in env.tables.values():
                 conn.execute(QUERIES["COUNT"].format(table=table)).fetchall()
@@ -187,14 +209,15 @@ def _run_pgbench(env: Environment, results: Results, pgbench: str, args: argpars
             # so longer runs, and only the two endpoints the ratio needs.
             big = rows >= BIG_TABLE
             duration = args.duration * (BIG_DURATION_FACTOR if big else 1)
-            endpoints = env.endpoints([t for t in args.targets if not big or t in ("dpproxy", "direct-tcp")])
+            endpoints = env.endpoints([t for t in args.targets if not big or t in ("dpproxy", "direct-tcp", *VARIANTS)])
             for clients in args.clients:
                 for mode in args.modes:
                     # Alternate who goes first, so that drift does not favour one side.
                     order = endpoints if round_ % 2 == 0 else endpoints[::-1]
                     for endpoint in order:
-                        if endpoint is env.dpproxy:
-                            renew_budget(env.workdir / "policy.yaml")
+                        policy = env.policy_of(endpoint)
+                        if policy is not None:
+                            renew_budget(policy)
                         result = run_pgbench(pgbench, endpoint, scripts[rows], clients, mode, duration)
                         results.pgbench.setdefault((rows, clients, mode, endpoint.name), []).append(result)
                         note(f"pgbench round {round_ + 1}/{args.rounds} {rows:,} rows -c {clients} -M {mode} "
@@ -202,9 +225,10 @@ def _run_pgbench(env: Environment, results: Results, pgbench: str, args: argpars
 
 
 def _run_catalog(env: Environment, results: Results, pgbench: str, args: argparse.Namespace) -> None:
-    """The catalog script against dpproxy and direct-tcp, endpoints alternating by round."""
+    """The catalog script against dpproxy (and the VARIANTS among the targets) and direct-tcp,
+    endpoints alternating by round."""
     script = write_script(env.workdir, env.tables[min(env.tables)], CATALOG_SCRIPT, name="catalog")
-    endpoints = [env.dpproxy, env.direct_tcp]
+    endpoints = [*env.proxies(args.targets), env.direct_tcp]
     for round_ in range(args.rounds):
         for clients in args.clients:
             for mode in args.modes:
@@ -250,7 +274,7 @@ def _run_smartnoise(env: Environment, results: Results, args: argparse.Namespace
 
 
 def _run_connections(env: Environment, results: Results, args: argparse.Namespace) -> None:
-    endpoints = [env.dpproxy, env.direct_tcp]
+    endpoints = [*env.proxies(args.targets), env.direct_tcp]
     for concurrency in (1, 8):
         note(f"connections: connect + SELECT 1 + close, {concurrency} at once, {args.connection_cycles} each")
         results.connection_cost += connection_cost(endpoints, concurrency, args.connection_cycles)
