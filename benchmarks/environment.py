@@ -139,7 +139,8 @@ def environment(
         tables = {rows: table_name(rows) for rows in sizes}
         backend = postgres.endpoint(SERVICE_ROLE, DATABASE, tcp=False)
         port = free_port()
-        policy = write_policy(workdir / "policy.yaml", backend, port, tables, pool_size)
+        policy = write_policy(workdir / "policy.yaml", backend, port, tables, pool_size,
+                              portable=dpproxy_source is not None)
         proxy, dpproxy = start_dpproxy(policy, port, DATABASE, dpproxy_source)
         servers.append(proxy)
         variants = {}
