@@ -137,6 +137,8 @@ class ListenConfig(_Strict):
     idle_in_transaction_timeout_s: float = Field(0.0, ge=0)
     # On SIGTERM: how long running statements may take to finish before their sessions are cut.
     shutdown_grace_s: float = Field(30.0, ge=0)
+    # Serving processes sharing the port (SO_REUSEPORT), the ledger and the repeat store.
+    workers: int = Field(1, ge=1, le=64)
 
 
 class MetricsConfig(_Strict):

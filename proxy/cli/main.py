@@ -22,18 +22,20 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, NoReturn, Sequence, cast
+from typing import Any, Callable, Coroutine, NoReturn, Sequence, cast
 
 from policies.loader import PolicyError, load_policy
 from policies.model import Policy
 from proxy.serving import event_loop
 from proxy.serving.startup import StartupError, os_reason, port_free, port_number
+from proxy.serving.workers import SupervisorLink, WorkerRole
 
 from .budget import add_budget_commands
 from .deploy import add_deploy_commands
 from .privacy import add_privacy_commands
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERNAL_ERROR", "EXIT_INTERRUPTED", "EXIT_USAGE", "main"]
+__all__ = ["EXIT_FAILED", "EXIT_INTERNAL_ERROR", "EXIT_INTERRUPTED", "EXIT_USAGE", "main", "run_guarded",
+           "serve_until_signal"]
 
 log = logging.getLogger("dpproxy")
 
@@ -50,11 +52,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    config = getattr(args, "config", None)
+    return run_guarded(lambda: args.run(args), config if isinstance(config, Path) else None, verbose)
+
+
+def run_guarded(command: Callable[[], int | None], config: Path | None, verbose: bool) -> int:
+    """Run ``command``; turn what it raises into the one line and exit status the contract names."""
     try:
-        return int(args.run(args) or 0)
+        return int(command() or 0)
     except StartupError as exc:
-        if isinstance(getattr(args, "config", None), Path):
-            exc.locate(args.config)
+        if config is not None:
+            exc.locate(config)
         return _failed(exc, [f"dpproxy: {exc}"], verbose)
     except PolicyError as exc:
         return _failed(exc, exc.problems, verbose)
@@ -153,6 +161,8 @@ def _check_config(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     policy = load_policy(args.config)
+    if policy.listen.workers > 1:
+        return _run_loop(_supervise(policy, args.config, args.host, args.port, bool(args.verbose)), args.config)
     return _run(policy, args.config, args.host, args.port, banner=None)
 
 
@@ -189,21 +199,66 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _run(policy: Policy, config: Path, host: str | None, port: int | None, banner: str | None) -> int:
+    return _run_loop(serve_until_signal(policy, config, host, port, banner), config)
+
+
+def _run_loop(main: Coroutine[Any, Any, int], config: Path) -> int:
     try:
-        return event_loop.run(_serve_until_signal(policy, config, host, port, banner))
+        return event_loop.run(main)
     except KeyboardInterrupt:
         return 0
     except StartupError as exc:
         raise exc.locate(config)
 
 
-async def _serve_until_signal(
-    policy: Policy, config: Path, host: str | None, port: int | None, banner: str | None
+async def _supervise(policy: Policy, config: Path, host: str | None, port: int | None, verbose: bool) -> int:
+    """``serve`` with ``listen.workers`` > 1: run the workers until SIGTERM or SIGINT."""
+    from proxy.serving.supervisor import Supervisor
+
+    supervisor = Supervisor(policy, config, host, port, verbose)
+    try:
+        failed = await supervisor.start()
+    except StartupError:
+        await supervisor.stop()
+        raise
+    if failed:
+        return failed
+    stop = asyncio.Event()
+
+    def on_stop() -> None:
+        if stop.is_set():
+            supervisor.signal_all(signal.SIGTERM)  # the second signal: cut the grace short
+        stop.set()
+
+    def on_hangup() -> None:
+        log.info("SIGHUP: every worker reloads the policy from %s", config)
+        supervisor.signal_all(signal.SIGHUP)
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_stop)
+    loop.add_signal_handler(signal.SIGHUP, on_hangup)
+    await stop.wait()
+    log.info("shutting down %d workers: no new connections; running statements have %gs to finish",
+             policy.listen.workers, policy.listen.shutdown_grace_s)
+    await supervisor.stop()
+    log.info("dpproxy stopped")
+    return 0
+
+
+async def serve_until_signal(
+    policy: Policy, config: Path, host: str | None, port: int | None, banner: str | None,
+    worker: WorkerRole | None = None, link: SupervisorLink | None = None,
 ) -> int:
+    """Serve until SIGTERM or SIGINT (a second one cuts the grace short), reloading on SIGHUP.
+
+    ``worker`` and ``link``: serve as that worker of a ``listen.workers`` group, telling
+    the supervisor at ``link`` when listening, and stopping when it is gone.
+    """
     from proxy.serving.server import Server
 
     try:
-        server = await Server.create(policy)
+        server = await Server.create(policy, worker)
     except PolicyError as exc:
         from .config_check import locate
 
@@ -220,6 +275,9 @@ async def _serve_until_signal(
         print(banner, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    if link is not None:
+        link.ready(server.database)
+        link.watch(loop, stop.set)
     reloads: set[asyncio.Task[bool]] = set()  # strong references until each reload is done
 
     def on_stop() -> None:

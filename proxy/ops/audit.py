@@ -157,7 +157,7 @@ class AuditLog:
         self.path = None if path is None else Path(path)
         self.dropped = 0
         self._failing = False
-        self._file: IO[str] | None = None
+        self._file: IO[bytes] | None = None
         # Entries are serialised by the writer, in batches: the event loop only appends to
         # the deque (atomic) and wakes the writer when it may be asleep.
         self._pending: deque[AuditEntry | _Reopen] = deque()
@@ -236,7 +236,7 @@ class AuditLog:
         if not lines or self._file is None:
             return
         try:
-            self._file.write("".join(lines))
+            _write_all(self._file, "".join(lines).encode("utf-8"))
         except OSError as exc:
             self._failed(exc)
         else:
@@ -271,5 +271,16 @@ class AuditLog:
         self._failing = False
 
 
-def _open(path: Path) -> IO[str]:
-    return open(path, "a", buffering=1, encoding="utf-8")
+def _write_all(file: IO[bytes], data: bytes) -> None:
+    view = memoryview(data)
+    while view:  # a regular file takes it all in one call, or raises (the disk is full)
+        written = file.write(view)
+        if not written:
+            raise OSError(f"wrote nothing of {len(view)} bytes")
+        view = view[written:]
+
+
+def _open(path: Path) -> IO[bytes]:
+    # Unbuffered, in append mode: each batch is one write(2) at the end of the file, which
+    # the workers of a group (listen.workers) appending to one file cannot interleave.
+    return open(path, "ab", buffering=0)

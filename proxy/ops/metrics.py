@@ -14,16 +14,25 @@ Contract
   operators only (docs/threat-model.md).
 * ``MetricsEndpoint`` serves ``/metrics`` over HTTP from a daemon thread; ``close`` frees
   the port.
+* Under ``listen.workers`` > 1 each worker is started with ``PROMETHEUS_MULTIPROC_DIR`` set
+  (prometheus_client's multiprocess mode: values go to files there) and the supervisor
+  serves them summed (``MetricsEndpoint(..., directory)``). Gauges then add up over the live
+  workers; the pool gauges, read by callback in one process, are written by
+  ``write_watched`` instead, which a worker calls every second.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Callable, Final
 
-from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics, start_http_server
+from prometheus_client import (
+    CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, multiprocess, start_http_server,
+)
 
 __all__ = [
     "MetricsEndpoint",
@@ -34,6 +43,8 @@ __all__ = [
     "pool_discarded",
     "pool_reset",
     "watch_pool",
+    "worker_gone",
+    "write_watched",
     "pool_timed_out",
     "observe_statement",
     "policy_reloaded",
@@ -71,11 +82,15 @@ DELTA = Counter("dpproxy_delta_charged", "Privacy budget δ charged, per user.",
 BUDGET_REFUSALS = Counter(
     "dpproxy_budget_refusals", "DP queries refused because the user's budget could not pay (DP002).", ["user"]
 )
-CONNECTIONS = Gauge("dpproxy_open_connections", "Authenticated client sessions open now.")
+# Set in the environment of the workers of a ``listen.workers`` group (see the contract).
+MULTIPROCESS: Final = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+CONNECTIONS = Gauge("dpproxy_open_connections", "Authenticated client sessions open now.",
+                    multiprocess_mode="livesum")
 POOL_CONNECTIONS = Gauge(
     "dpproxy_backend_pool_connections",
     "Backend connections of the pool by state: in_use (checked out by a session) or idle.",
     ["state"],
+    multiprocess_mode="livesum",
 )
 POOL_WAIT_SECONDS = Histogram(
     "dpproxy_backend_pool_checkout_wait_seconds",
@@ -129,10 +144,22 @@ def observe_backend(latency_s: float) -> None:
     BACKEND_SECONDS.observe(latency_s)
 
 
+_watched: list[tuple[Any, Callable[[], float]]] = []
+
+
 def watch_pool(in_use: Callable[[], float], idle: Callable[[], float]) -> None:
     """Read the pool's connections in use and idle when metrics are collected (nothing per checkout)."""
-    POOL_CONNECTIONS.labels("in_use").set_function(in_use)
-    POOL_CONNECTIONS.labels("idle").set_function(idle)
+    for state, read in (("in_use", in_use), ("idle", idle)):
+        if MULTIPROCESS:
+            _watched.append((POOL_CONNECTIONS.labels(state), read))
+        else:
+            POOL_CONNECTIONS.labels(state).set_function(read)
+
+
+def write_watched() -> None:
+    """Multiprocess mode: write the current value of every gauge read by callback."""
+    for gauge, read in _watched:
+        gauge.set(read())
 
 
 def observe_pool_checkout(wait_s: float) -> None:
@@ -163,12 +190,23 @@ def policy_reloaded(applied: bool) -> None:
     RELOADS.labels("applied" if applied else "refused").inc()
 
 
-class MetricsEndpoint:
-    """The ``/metrics`` HTTP endpoint on (host, port), served from a daemon thread."""
+def worker_gone(pid: int, directory: Path) -> None:
+    """Drop a worker that exited from the live gauges served from ``directory``."""
+    multiprocess.mark_process_dead(pid, str(directory))
 
-    def __init__(self, host: str, port: int):
+
+class MetricsEndpoint:
+    """The ``/metrics`` HTTP endpoint on (host, port), served from a daemon thread: this
+    process's metrics, or (``directory``) those the workers of a group write there."""
+
+    def __init__(self, host: str, port: int, directory: Path | None = None):
         """Bind and start serving; raise OSError if the address cannot be bound."""
-        self._server, self._thread = start_http_server(port, host)
+        if directory is None:
+            self._server, self._thread = start_http_server(port, host)
+        else:
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry, path=str(directory))
+            self._server, self._thread = start_http_server(port, host, registry=registry)
         bound = self._server.server_address
         self.host, self.port = str(bound[0]), int(bound[1])
         log.info("metrics on http://%s:%s/metrics", self.host, self.port)

@@ -24,7 +24,7 @@ from proxy.dp.answer import DPAnswer, query_delta, release_cells, release_params
 from proxy.dp.budget import BudgetKeeper
 from proxy.dp.folding import bind_constants
 from proxy.dp.narrowing import narrow_keys
-from proxy.dp.repeats import RepeatCache
+from proxy.dp.repeats import RepeatStore
 from proxy.ops.audit import AuditEntry, AuditLog
 from proxy.ops.audit import fingerprint as audit_fingerprint
 from proxy.ops.metrics import observe_statement
@@ -84,7 +84,7 @@ class StatementHost(Protocol):
     registry: TableRegistry
     budget: BudgetKeeper
     audit: AuditLog
-    repeats: RepeatCache[DPAnswer]
+    repeats: RepeatStore[DPAnswer]
 
 
 class Executor:

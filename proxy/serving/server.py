@@ -23,12 +23,13 @@ from proxy.backend.partition_fit import usefulness_warnings
 from proxy.backend.pool import BackendPool
 from proxy.dp.answer import DPAnswer
 from proxy.dp.budget import BudgetKeeper
-from proxy.dp.repeats import RepeatCache
+from proxy.dp.repeats import RepeatCache, RepeatStore, SharedRepeatCache
 from proxy.ops import metrics
 from proxy.ops.audit import AuditLog
 
 from . import startup
 from .session import Session, SessionTable
+from .workers import CancelRelay, WorkerRole
 
 __all__ = ["Server"]
 
@@ -36,11 +37,16 @@ log = logging.getLogger("dpproxy.server")
 
 
 class Server:
-    """dpproxy in front of one PostgreSQL database, serving many clients on one event loop."""
+    """dpproxy in front of one PostgreSQL database, serving many clients on one event loop.
 
-    def __init__(self, policy: Policy, registry: TableRegistry, database: str):
+    ``worker``: this server is one of ``listen.workers`` processes sharing the port, the
+    repeat store and cancel routing (``proxy.serving.workers``); None: the only one.
+    """
+
+    def __init__(self, policy: Policy, registry: TableRegistry, database: str, worker: WorkerRole | None = None):
         """Load the TLS files, open the ledger and the audit log; StartupError if one fails."""
         self.policy = policy
+        self.worker = worker
         self.registry = registry
         self.database = database
         try:
@@ -57,12 +63,20 @@ class Server:
         except OSError as exc:
             self.budget.close()
             raise startup.audit_failure(policy.audit.path or "", exc) from exc
-        self.repeats: RepeatCache[DPAnswer] = RepeatCache(
-            policy.repeats.ttl_s, policy.repeats.max_entries, policy.repeats.enabled
-        )
+        self.repeats: RepeatStore[DPAnswer]
+        settings = policy.repeats
+        if worker is None:
+            self.repeats = RepeatCache(settings.ttl_s, settings.max_entries, settings.enabled)
+        else:
+            self.repeats = SharedRepeatCache(worker.repeats_path, settings.ttl_s, settings.max_entries,
+                                             settings.enabled)
         self.metrics: metrics.MetricsEndpoint | None = None
         self.startup_reports: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
-        self.sessions = SessionTable()
+        self.sessions = SessionTable(None if worker is None else worker.index)
+        self.cancel_relay: CancelRelay | None = None
+        if worker is not None:
+            self.cancel_relay = CancelRelay(worker, self.sessions.cancel_here)
+            self.sessions.forward = self.cancel_relay.forward
         # Backend connections every session borrows from; reads the backend settings in force.
         self.pool = BackendPool(lambda: self.policy.backend)
         self._server: asyncio.base_events.Server | None = None
@@ -70,9 +84,10 @@ class Server:
         self._closing = False
         self._hurry = asyncio.Event()
         self._reloading = asyncio.Lock()
+        self._gauges: asyncio.Task[None] | None = None
 
     @classmethod
-    async def create(cls, policy: Policy) -> "Server":
+    async def create(cls, policy: Policy, worker: WorkerRole | None = None) -> "Server":
         """Connect to the backend once to resolve the policy's tables and learn its database.
 
         Raises PolicyError if the policy does not fit the backend, StartupError if the
@@ -82,16 +97,19 @@ class Server:
             registry, database = await _resolve(policy, report=False)
         except (psycopg.Error, BackendError) as exc:
             raise startup.backend_failure(policy.backend, exc) from exc
-        return cls(policy, registry, database)
+        return cls(policy, registry, database, worker)
 
     async def start(self, host: str | None = None, port: int | None = None) -> tuple[str, int]:
         """Start listening (and the metrics endpoint, if configured); return the bound (host, port).
 
         ``host`` and ``port`` override the policy's (command-line options). Port 0 picks a
-        free one. Raises StartupError if an address cannot be bound.
+        free one. Raises StartupError if an address cannot be bound. A worker binds with
+        SO_REUSEPORT beside its siblings and leaves the metrics endpoint to its supervisor.
         """
         listen = self.policy.listen
-        if self.policy.metrics is not None:
+        if self.cancel_relay is not None:
+            await self.cancel_relay.start()
+        if self.policy.metrics is not None and self.worker is None:
             where = self.policy.metrics
             try:
                 self.metrics = metrics.MetricsEndpoint(where.host, where.port)
@@ -99,12 +117,17 @@ class Server:
                 raise startup.metrics_failure(where.host, where.port, exc) from exc
         bind_host, bind_port = host or listen.host, listen.port if port is None else port
         try:
-            self._server = await asyncio.start_server(self._accept, bind_host, bind_port, limit=2**20)
+            self._server = await asyncio.start_server(self._accept, bind_host, bind_port, limit=2**20,
+                                                      reuse_port=True if self.worker else None)
         except OSError as exc:
             self._close_metrics()
             raise startup.listen_failure(bind_host, bind_port, exc, host is not None, port is not None) from exc
         sockname = self._server.sockets[0].getsockname()
-        log.info("dpproxy listening on %s:%s for database %s", sockname[0], sockname[1], self.database)
+        if self.worker is None:
+            log.info("dpproxy listening on %s:%s for database %s", sockname[0], sockname[1], self.database)
+        else:
+            log.info("worker %d listening on %s:%s", self.worker.index, sockname[0], sockname[1])
+            self._gauges = asyncio.create_task(_write_gauges())
         return sockname[0], sockname[1]
 
     async def reload(self, path: str | Path) -> bool:
@@ -202,6 +225,11 @@ class Server:
         if self._server is not None:
             await self._server.wait_closed()
         await self.pool.close()
+        if self.cancel_relay is not None:
+            await self.cancel_relay.close()
+        if self._gauges is not None:
+            self._gauges.cancel()
+        self.repeats.close()
         self._close_metrics()
         await self.budget.settle()
         self.budget.close()
@@ -246,6 +274,13 @@ class Server:
         return len(self.sessions)
 
 
+async def _write_gauges() -> None:
+    """A worker's callback gauges, written every second for its supervisor's /metrics."""
+    while True:
+        metrics.write_watched()
+        await asyncio.sleep(1.0)
+
+
 async def _resolve(policy: Policy, report: bool = True) -> tuple[TableRegistry, str]:
     """The policy's tables resolved on its backend, and the backend's database name
     (``report``: see ``backend.connect``)."""
@@ -268,6 +303,8 @@ def _restart_only_changes(old: Policy, new: Policy) -> list[str]:
         changed.append("ledger")
     if old.metrics != new.metrics:
         changed.append("metrics")
+    if old.listen.workers != new.listen.workers:
+        changed.append("listen.workers")
     return changed
 
 

@@ -11,7 +11,7 @@ import logging
 import secrets
 import ssl
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Awaitable, Callable, Protocol
 
 from policies.errors import SQLSTATE, Refusal
 from proxy.backend.connection import BackendError, BackendLost, BackendSession, pooled_session, startup_key
@@ -25,6 +25,7 @@ from rewriter.statements import Statement
 
 from .executor import Executor, StatementHost
 from .extended import ExtendedProtocol
+from .workers import session_pid
 
 __all__ = ["Session", "SessionHost", "SessionTable"]
 
@@ -41,10 +42,24 @@ _ADMIN_SHUTDOWN = "terminating connection due to administrator command"
 
 
 class SessionTable:
-    """The sessions that have started, by their BackendKeyData pid: where a CancelRequest goes."""
+    """The sessions that have started, by their BackendKeyData pid: where a CancelRequest goes.
 
-    def __init__(self) -> None:
+    ``worker``: this process's number among ``listen.workers`` siblings (None: the only one);
+    it is part of every pid handed out, and ``forward`` passes a CancelRequest for a sibling's
+    session on (``proxy.serving.workers``).
+    """
+
+    def __init__(self, worker: int | None = None,
+                 forward: Callable[[int, int], Awaitable[None]] | None = None) -> None:
         self._by_pid: dict[int, Session] = {}
+        self.worker = worker
+        self.forward = forward
+
+    def new_pid(self) -> int:
+        while True:
+            pid = session_pid(self.worker)
+            if pid not in self._by_pid:
+                return pid
 
     def add(self, session: Session) -> None:
         self._by_pid[session.pid] = session
@@ -56,7 +71,14 @@ class SessionTable:
             metrics.connection_closed()
 
     async def cancel(self, pid: int, secret: int) -> None:
-        """Cancel the backend query of the session with this key, if the secret matches."""
+        """Cancel the backend query of the session with this key, here or at its worker."""
+        if pid in self._by_pid or self.forward is None:
+            await self.cancel_here(pid, secret)
+        else:
+            await self.forward(pid, secret)
+
+    async def cancel_here(self, pid: int, secret: int) -> None:
+        """Cancel the backend query of this process's session with this key, if the secret matches."""
         session = self._by_pid.get(pid)
         if session is not None and session.secret == secret:
             await session.cancel()
@@ -87,7 +109,7 @@ class Session:
         self.server = server
         self.reader = reader
         self.writer = writer
-        self.pid = secrets.randbelow(2**31 - 1) + 1
+        self.pid = server.sessions.new_pid()
         self.secret = secrets.randbits(31)
         self.user = ""
         self.backend: BackendSession | None = None

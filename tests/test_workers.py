@@ -1,0 +1,335 @@
+"""listen.workers: several serving processes on one port, sharing ledger, repeats, cancels and metrics."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import psycopg
+import pytest
+
+from conftest import TEST_POLICY, TestDatabase
+from proxy.dp.repeats import SharedRepeatCache
+from proxy.serving.workers import MAX_WORKERS, session_pid, worker_of
+from test_cli import _free_port
+
+POLICY = (
+    TEST_POLICY
+    .replace("listen: {{host: 127.0.0.1, port: 0}}", "listen: {{host: 127.0.0.1, port: {port}, workers: 2}}\n"
+             "metrics: {{host: 127.0.0.1, port: {metrics_port}}}")
+    .replace('ledger: {{url: "sqlite:///{ledger}"}}', 'ledger: {{url: "sqlite:///{ledger}", reserve: 1}}')
+    .replace("repeats: {{enabled: false}}", "repeats: {{enabled: true}}")
+    .replace("users:\n", "users:\n  tight:\n    password: tight\n    budget: {{epsilon: 5, delta: 0.001}}\n")
+)
+SLOW = "SELECT count(*) FROM pg_attribute a, pg_attribute b, pg_attribute c"
+
+
+class Group:
+    """A ``dpproxy serve`` with two workers; its output is collected as it comes."""
+
+    def __init__(self, config: Path, port: int, metrics_port: int):
+        self.config, self.port, self.metrics_port = config, port, metrics_port
+        self.process = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "-c", str(config)],
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.wait_for("with 2 workers")
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def count(self, text: str) -> int:
+        return sum(text in line for line in list(self.lines))
+
+    def wait_for(self, text: str, times: int = 1, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while self.count(text) < times:
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise AssertionError(f"no {text!r} in the output:\n{self.output()}")
+            time.sleep(0.05)
+
+    def dsn(self, user: str = "analyst") -> str:
+        return f"host=127.0.0.1 port={self.port} dbname=dpproxy_test user={user} password={user}"
+
+    def connect(self, user: str = "analyst") -> psycopg.Connection:
+        return psycopg.connect(self.dsn(user), autocommit=True, prepare_threshold=None)
+
+    def connect_to(self, worker: int, user: str = "analyst") -> psycopg.Connection:
+        """A connection the kernel happened to give to ``worker`` (connects until one is)."""
+        for _ in range(200):
+            conn = self.connect(user)
+            if worker_of(conn.info.backend_pid) == worker:
+                return conn
+            conn.close()
+        raise AssertionError(f"200 connections and none reached worker {worker}")
+
+    def workers(self) -> list[psutil.Process]:
+        return psutil.Process(self.process.pid).children()
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=60)
+
+
+def _write_policy(path: Path, test_db: TestDatabase, epsilon: str = "1.0") -> tuple[int, int]:
+    port, metrics_port = _free_port(), _free_port()
+    text = POLICY.format(dsn=test_db.service_dsn, ledger=path.parent / "ledger.sqlite3", port=port,
+                         metrics_port=metrics_port)
+    path.write_text(text.replace("epsilon: 1.0\n    delta: 1.0e-6", f"epsilon: {epsilon}\n    delta: 1.0e-6"))
+    return port, metrics_port
+
+
+@pytest.fixture(scope="module")
+def group(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
+    config = tmp_path_factory.mktemp("workers") / "policy.yaml"
+    running = Group(config, *_write_policy(config, test_db))
+    try:
+        yield running
+    finally:
+        running.stop()
+        print(running.output())
+
+
+def _noised(conn: psycopg.Connection, sql: str) -> tuple[float, list[str]]:
+    notices: list[str] = []
+    conn.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary or ""))
+    row = conn.execute(sql).fetchone()
+    assert row is not None
+    return row[0], notices
+
+
+# ------------------------------------------------------------------ one process's parts
+
+
+def test_a_session_pid_names_its_worker():
+    for worker in (0, 1, MAX_WORKERS - 1):
+        pids = {session_pid(worker) for _ in range(100)}
+        assert {worker_of(pid) for pid in pids} == {worker}
+        assert all(0 < pid < 2**31 for pid in pids) and len(pids) > 90
+    assert all(0 < session_pid(None) < 2**31 for _ in range(100))
+
+
+def test_the_shared_repeat_store_is_one_store_for_every_process(tmp_path: Path):
+    path = tmp_path / "repeats.sqlite3"
+    first, second = SharedRepeatCache(path, 60, 100), SharedRepeatCache(path, 60, 100)
+    key = ("analyst", "SELECT count(*) FROM adult", (b"1", None), (0,), 1.0)
+    assert second.get(key) is None
+    first.put(key, {"released": 42.5})
+    assert second.get(key) == {"released": 42.5}
+    second.ttl_s = 0.0
+    time.sleep(0.01)
+    assert second.get(key) is None  # older than the TTL
+    second.enabled = False
+    second.put(("other",), 1)
+    assert first.get(("other",)) is None
+    first.close(), second.close()
+
+
+def test_the_shared_repeat_store_keeps_at_most_max_entries_newest(tmp_path: Path):
+    store: SharedRepeatCache[int] = SharedRepeatCache(tmp_path / "repeats.sqlite3", 60, 10)
+    for i in range(SharedRepeatCache._TRIM_EVERY):
+        store.put(("query", i), i)
+    kept = [i for i in range(SharedRepeatCache._TRIM_EVERY) if store.get(("query", i)) is not None]
+    assert kept == list(range(SharedRepeatCache._TRIM_EVERY - 10, SharedRepeatCache._TRIM_EVERY))
+    store.close()
+
+
+# ------------------------------------------------------------------ a running group
+
+
+def test_both_workers_serve_clients_on_one_port(group: Group):
+    seen = set()
+    for _ in range(60):
+        with group.connect() as conn:
+            seen.add(worker_of(conn.info.backend_pid))
+            value, notices = _noised(conn, "SELECT COUNT(*) FROM adult WHERE age > 20")
+            assert value > 0 and "ε charged" in notices[0]
+        if seen == {0, 1}:
+            break
+    assert seen == {0, 1}
+    assert len(group.workers()) == 2
+
+
+def test_a_cancel_reaches_the_query_whichever_worker_takes_it(group: Group):
+    """A CancelRequest lands on any worker; one for a sibling's session is passed on to it."""
+    before, tries = group.count("passed on to worker"), 0
+    while not 0 < group.count("passed on to worker") - before < tries:  # both paths taken
+        tries += 1
+        assert tries <= 40, "40 cancels and all landed on the same kind of worker"
+        with group.connect() as conn:
+            timer = threading.Timer(0.3, conn.cancel_safe)
+            timer.start()
+            started = time.monotonic()
+            with pytest.raises(psycopg.errors.QueryCanceled):
+                conn.execute(SLOW)
+            assert time.monotonic() - started < 10  # the cancel, not statement_timeout (20 s)
+            timer.join()
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_wrong_secret_cancels_nothing_on_either_worker(group: Group):
+    import struct
+
+    with group.connect_to(1) as conn:
+        pid = conn.info.backend_pid
+        for _ in range(20):  # from whichever workers the kernel picks
+            with socket.create_connection(("127.0.0.1", group.port), timeout=5) as bogus:
+                bogus.sendall(struct.pack("!iiii", 16, 80877102, pid, 12345))
+        assert conn.execute("SELECT count(*) FROM pg_attribute a, pg_attribute b LIMIT 1").fetchone()
+
+
+def test_a_repeat_is_answered_alike_by_either_worker(group: Group):
+    sql = "SELECT COUNT(*) FROM adult WHERE age > 37 AND hours_per_week > 12"
+    with group.connect_to(0) as first:
+        value, notices = _noised(first, sql)
+        assert "ε charged 1" in notices[0]
+    with group.connect_to(1) as second:
+        again, notices = _noised(second, sql)
+    assert again == value
+    assert "a repeat of an earlier answer" in notices[0]
+
+
+def test_the_budget_is_one_ledger_for_both_workers(group: Group):
+    """`tight` may spend ε 5 at ε 1 a query: five answers in all, whichever worker serves them."""
+    answered, refused, workers = 0, 0, set()
+    for i in range(8):
+        with group.connect_to(i % 2, "tight") as conn:
+            workers.add(worker_of(conn.info.backend_pid))
+            try:
+                conn.execute(f"SELECT COUNT(*) FROM adult WHERE age > {20 + i}")
+                answered += 1
+            except psycopg.Error as exc:
+                assert exc.sqlstate == "DP002", exc
+                refused += 1
+    assert (answered, refused, workers) == (5, 3, {0, 1})
+
+
+def test_metrics_add_up_over_the_workers(group: Group):
+    def scrape() -> dict[str, float]:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{group.metrics_port}/metrics", timeout=10).read().decode()
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines() if line and not line.startswith("#")}
+
+    before = scrape().get('dpproxy_statements_total{decision="dp",reason=""}', 0.0)
+    held = [group.connect_to(0), group.connect_to(1)]
+    try:
+        for conn in held:
+            conn.execute("SELECT COUNT(*) FROM adult WHERE age > 50")
+        after = scrape()
+        assert after['dpproxy_statements_total{decision="dp",reason=""}'] == before + 2
+        assert after["dpproxy_open_connections"] == 2
+        time.sleep(1.2)  # the pool gauges are written every second
+        assert scrape()['dpproxy_backend_pool_connections{state="idle"}'] >= 2
+    finally:
+        for conn in held:
+            conn.close()
+
+
+def test_sighup_reloads_every_worker(group: Group, test_db: TestDatabase):
+    text = group.config.read_text()
+    try:
+        group.config.write_text(text.replace("epsilon: 1.0\n    delta: 1.0e-6", "epsilon: 0.5\n    delta: 1.0e-6"))
+        reloaded = group.count("reloaded:")
+        group.process.send_signal(signal.SIGHUP)
+        group.wait_for("reloaded:", reloaded + 2)
+        for worker in (0, 1):
+            with group.connect_to(worker) as conn:
+                _, notices = _noised(conn, f"SELECT COUNT(*) FROM adult WHERE age > {60 + worker}")
+                assert "ε charged 0.5" in notices[0]
+    finally:
+        group.config.write_text(text)
+        reloaded = group.count("reloaded:")
+        group.process.send_signal(signal.SIGHUP)
+        group.wait_for("reloaded:", reloaded + 2)
+
+
+def test_a_killed_worker_is_started_again(group: Group):
+    (victim, *_) = group.workers()
+    serving_again = group.count("is serving again")
+    victim.kill()
+    group.wait_for("is serving again", serving_again + 1, timeout=60)
+    assert victim.pid not in [w.pid for w in group.workers()] and len(group.workers()) == 2
+    with group.connect_to(0) as a, group.connect_to(1) as b:
+        assert a.execute("SELECT 1").fetchone() == b.execute("SELECT 1").fetchone() == (1,)
+
+
+# ------------------------------------------------------------------ starting and stopping
+
+
+def _started(test_db: TestDatabase, tmp_path: Path) -> Group:
+    config = tmp_path / "policy.yaml"
+    return Group(config, *_write_policy(config, test_db))
+
+
+def _gone(processes: list[psutil.Process], timeout: float = 30) -> bool:
+    _, alive = psutil.wait_procs(processes, timeout=timeout)
+    return not alive
+
+
+def test_sigterm_stops_every_worker_and_cleans_up(test_db: TestDatabase, tmp_path: Path):
+    running = _started(test_db, tmp_path)
+    workers = running.workers()
+    command = workers[0].cmdline()
+    directory = Path(command[command.index("--directory") + 1])
+    assert (directory / "repeats.sqlite3").exists()
+    assert running.stop() == 0
+    assert _gone(workers, 5)
+    assert "dpproxy stopped" in running.output()
+    assert not directory.exists()
+
+
+def test_the_workers_stop_when_the_supervisor_is_killed(test_db: TestDatabase, tmp_path: Path):
+    running = _started(test_db, tmp_path)
+    workers = running.workers()
+    running.process.kill()
+    running.process.wait(timeout=10)
+    assert _gone(workers, 30)
+    assert running.count("the supervisor is gone") == 2
+
+
+def test_a_startup_failure_is_told_once(test_db: TestDatabase, tmp_path: Path):
+    config = tmp_path / "policy.yaml"
+    _write_policy(config, test_db)
+    config.write_text(config.read_text().replace(test_db.service_dsn, "postgresql://nobody@127.0.0.1:1/nowhere"))
+    result = subprocess.run([sys.executable, "-m", "proxy.cli", "serve", "-c", str(config)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    told = [line for line in result.stderr.splitlines() if line.startswith("dpproxy: ")]
+    assert len(told) == 1 and "cannot reach the backend at 127.0.0.1:1" in told[0], result.stderr
+    assert "dsn in " in told[0]
+
+
+def test_a_port_another_program_listens_on_is_refused(test_db: TestDatabase, tmp_path: Path):
+    config = tmp_path / "policy.yaml"
+    port, _ = _write_policy(config, test_db)
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", port))
+        other.listen()
+        result = subprocess.run([sys.executable, "-m", "proxy.cli", "serve", "-c", str(config)],
+                                capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert f"dpproxy: cannot listen on 127.0.0.1:{port}: address already in use" in result.stderr
+
+
+def test_listen_workers_must_be_between_1_and_64(test_db: TestDatabase, tmp_path: Path):
+    config = tmp_path / "policy.yaml"
+    _write_policy(config, test_db)
+    config.write_text(config.read_text().replace("workers: 2", "workers: 65"))
+    result = subprocess.run([sys.executable, "-m", "proxy.cli", "check-config", "--file-only", str(config)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "listen.workers" in result.stderr
+
