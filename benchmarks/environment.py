@@ -178,7 +178,7 @@ def _start_variant(
     port = free_port()
     policy = write_policy(directory / "policy.yaml", backend, port, tables, pool_size, workers=workers,
                           portable=portable)
-    process, endpoint = start_dpproxy(policy, port, DATABASE, source, name=directory.name)
+    process, endpoint = start_dpproxy(policy, port, DATABASE, source, name=directory.name, workers=workers or 1)
     return ProxyTarget(endpoint, policy, process, label)
 
 

@@ -100,14 +100,15 @@ def renew_budget(policy_path: Path) -> None:
 
 
 def start_dpproxy(
-    policy_path: Path, port: int, dbname: str, source: Path | None = None, name: str = "dpproxy"
+    policy_path: Path, port: int, dbname: str, source: Path | None = None, name: str = "dpproxy", workers: int = 1
 ) -> tuple["ServerProcess", Endpoint]:
     """``source``: the source tree to run dpproxy from (``python -m`` imports its working
     directory first); None: this one. ``name``: the endpoint's (the target's) name; the log
-    goes next to the policy."""
+    goes next to the policy. ``workers``: the policy's ``listen.workers``, all of which listen
+    before this returns."""
     user, password = ANALYST
     command = [sys.executable, "-m", "proxy.cli", "serve", "-c", str(policy_path)]
-    process = ServerProcess(command, port, policy_path.parent / "dpproxy.log", cwd=source)
+    process = ServerProcess(command, port, policy_path.parent / "dpproxy.log", cwd=source, listeners=workers)
     return process, Endpoint(name, "127.0.0.1", port, user, dbname, password)
 
 
@@ -166,14 +167,18 @@ def start_pgbouncer(
 class ServerProcess:
     """A server subprocess listening on 127.0.0.1:``port`` until ``stop``; output to ``log_path``.
 
-    ``user`` runs it as that system user (the caller must be root).
+    ``user`` runs it as that system user (the caller must be root). ``listeners``: how many
+    processes of its tree listen on the port once it has started (a ``listen.workers`` group's
+    workers, which start one after another); the constructor waits for them all.
     """
 
     def __init__(
-        self, command: list[str], port: int, log_path: Path, user: str | None = None, cwd: Path | None = None
+        self, command: list[str], port: int, log_path: Path, user: str | None = None, cwd: Path | None = None,
+        listeners: int = 1,
     ):
         self.port = port
         self.log_path = log_path
+        self.listeners = listeners
         with open(log_path, "ab") as log:
             self._process = subprocess.Popen(
                 command, cwd=cwd or _ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, user=user
@@ -193,13 +198,38 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 raise RuntimeError(f"{self.log_path.stem} exited with {self._process.returncode}:\n{self.log_tail()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return
-            except OSError:
-                time.sleep(0.1)
+            if self._listening():
+                return
+            time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"{self.log_path.stem} did not listen on port {self.port} in {timeout:g}s:\n{self.log_tail()}")
+        raise RuntimeError(f"{self.log_path.stem} did not listen on port {self.port} "
+                           f"({self.listeners} process(es)) in {timeout:g}s:\n{self.log_tail()}")
+
+    def _listening(self) -> bool:
+        """Whether it has started: a connection is accepted, or ``listeners`` > 1 processes listen."""
+        if self.listeners > 1:  # counted without connecting, which each worker would log
+            return self._listening_processes() >= self.listeners
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def _listening_processes(self) -> int:
+        """How many processes of this one's tree have a socket listening on its port."""
+        try:
+            tree = [psutil.Process(self.pid)]
+            tree += tree[0].children(recursive=True)
+        except psutil.NoSuchProcess:
+            return 0
+        count = 0
+        for process in tree:
+            try:
+                sockets = process.net_connections(kind="tcp")
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            count += any(s.status == psutil.CONN_LISTEN and s.laddr.port == self.port for s in sockets)
+        return count
 
     def log_tail(self, lines: int = 30) -> str:
         try:
