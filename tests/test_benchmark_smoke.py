@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.servers import find_pgbouncer
+from benchmarks.servers import commit_of, find_pgbouncer
 from benchmarks.smartnoise import default_venv, find_smartnoise
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,3 +50,28 @@ def test_quick_benchmark_runs_and_prints_the_ratio_table():
     assert int(idle_rows[0][5]) <= 20, report  # at most backend.pool.size
     # Clients served through the pool: every one of them.
     assert "**20 of 20 answered**" in report, report
+
+
+def test_quick_benchmark_sets_an_older_and_a_two_worker_dpproxy_beside_this_one():
+    """``--baseline-source`` (this very tree here, standing in for a worktree of an older commit)
+    and ``dpproxy-2w`` run in the same rounds as dpproxy, each with its ratio to direct-tcp in
+    the pgbench, catalog and connections tables, the baseline named by its commit."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--only", "pgbench,catalog,connections",
+         "--clients", "8", "--modes", "extended", "--targets", "dpproxy,dpproxy-base,dpproxy-2w,direct-tcp",
+         "--baseline-source", str(ROOT)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = done.stdout
+    label = f"dpproxy-base ({commit_of(ROOT)})"
+    for section in ("## pgbench", "## Catalog statements"):
+        table = report.split(section)[1].split("\n## ")[0]
+        assert f"| {label} tps (ratio) | dpproxy-2w tps (ratio) |" in table, report
+        row = next(line for line in table.splitlines() if "| 8 | extended |" in line)
+        assert "not run" not in row and "failed" not in row, report
+    connections = report.split("## Client connections")[1]
+    for name in ("dpproxy", label, "dpproxy-2w", "direct-tcp"):
+        row = next(line for line in connections.splitlines() if line.startswith(f"| 8 | {name} |"))
+        assert row.endswith("| 0 |"), report  # no connection failed
+    assert "Errors:" not in report, report

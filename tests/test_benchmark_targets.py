@@ -48,7 +48,7 @@ def test_portable_policy_means_the_same_without_the_keys_an_older_dpproxy_reject
 def test_workers_go_to_listen_and_each_policy_keeps_its_ledger_beside_it(tmp_path: Path) -> None:
     policy = _policy(tmp_path / TWO_WORKERS, workers=2)
     written = yaml.safe_load(policy.read_text())
-    assert written["listen"]["workers"] == 2
+    assert written["listen"]["workers"] == 2 and load_policy(policy).listen.workers == 2
     assert written["ledger"]["url"] == f"sqlite:///{tmp_path / TWO_WORKERS / 'ledger.sqlite3'}"
     assert "workers" not in yaml.safe_load(_policy(tmp_path / "one-process").read_text())["listen"]
 
