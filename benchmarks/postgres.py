@@ -9,14 +9,16 @@ enough for the idle-connection test, where every dpproxy session holds a backend
 
 from __future__ import annotations
 
+import os
 import socket
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ADMIN", "BenchPostgres", "Endpoint", "free_port"]
+__all__ = ["ADMIN", "BenchPostgres", "Endpoint", "SCRAM_USER", "free_port"]
 
 ADMIN = "postgres"  # the superuser pgserver's initdb creates
+SCRAM_USER = ("bench_scram", "bench_scram")  # direct-scram's login and password
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,28 @@ class BenchPostgres:
 
     def _ctl(self, args: list[str]) -> None:
         self._pg_ctl(args, pgdata=self.data_dir, user=self.system_user, timeout=90)
+
+    def scram_endpoint(self, dbname: str) -> Endpoint:
+        """``direct-scram``: PostgreSQL on TCP as a login role that must authenticate with
+        SCRAM-SHA-256, as clients reach dpproxy, so that a connection's cost is compared with
+        the same handshake on both sides (the other direct endpoints trust their user)."""
+        import psycopg
+
+        user, password = SCRAM_USER
+        with psycopg.connect(self.endpoint(ADMIN, dbname).conninfo(), autocommit=True) as conn:
+            if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (user,)).fetchone() is None:
+                conn.execute(f"CREATE ROLE {user} LOGIN")
+            conn.execute("SET password_encryption = 'scram-sha-256'")
+            conn.execute(f"ALTER ROLE {user} PASSWORD '{password}'")
+            hba = Path(conn.execute("SHOW hba_file").fetchone()[0])  # type: ignore[index]
+            rule = f"host all {user} 127.0.0.1/32 scram-sha-256\n"
+            text = hba.read_text()
+            if rule not in text:
+                stat = hba.stat()
+                hba.write_text(rule + text)  # first: it must win over the trust rules
+                os.chown(hba, stat.st_uid, stat.st_gid)
+                conn.execute("SELECT pg_reload_conf()")
+        return Endpoint("direct-scram", "127.0.0.1", self.port, user, dbname, password)
 
     def endpoint(self, user: str, dbname: str, tcp: bool = True) -> Endpoint:
         name = "direct-tcp" if tcp else "direct-unix"

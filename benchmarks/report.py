@@ -365,16 +365,22 @@ def _connections(results: Results) -> list[str]:
     if results.connection_cost:
         lines += [
             "A client connects (dpproxy: SCRAM), runs `SELECT 1` and closes, one after another on each of 1 or 8",
-            "threads; p50 (p99) of the whole cycle in ms, endpoints alternating by round.",
+            "threads; p50 (p99) of the whole cycle in ms, endpoints alternating by round. direct-tcp trusts its",
+            "user; direct-scram is PostgreSQL with the same SCRAM-SHA-256 handshake dpproxy asks for.",
             "",
-            "| at once | endpoint | cycles | p50 ms | p99 ms | ratio p50 to direct-tcp | errors |",
-            "|---:|---|---:|---:|---:|---:|---:|",
+            "| at once | endpoint | cycles | p50 ms | p99 ms | ratio p50 to direct-tcp | to direct-scram | errors |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|",
         ]
-        direct = {c.concurrency: c.p50_ms for c in results.connection_cost if c.endpoint == DIRECT}
+
+        def p50s(name: str) -> dict[int, float]:
+            return {c.concurrency: c.p50_ms for c in results.connection_cost if c.endpoint == name}
+
+        direct, scram = p50s(DIRECT), p50s("direct-scram")
         for cost in results.connection_cost:
-            base = direct.get(cost.concurrency, math.nan)
+            ratios = [_num(cost.p50_ms / base[cost.concurrency]) if base.get(cost.concurrency) else "—"
+                      for base in (direct, scram)]
             lines.append(f"| {cost.concurrency} | {results.label(cost.endpoint)} | {cost.cycles:,} | {_num(cost.p50_ms)} | "
-                         f"{_num(cost.p99_ms)} | {_num(cost.p50_ms / base if base else math.nan)} | {cost.errors} |")
+                         f"{_num(cost.p99_ms)} | {' | '.join(ratios)} | {cost.errors} |")
         lines.append("")
     served = results.served
     if served is not None:

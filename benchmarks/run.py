@@ -41,7 +41,7 @@ from policies.loader import load_policy
 from .avg import compare_avg
 from .connections import clients_served, connection_cost
 from .histogram import compare_histogram
-from .environment import BASELINE, TWO_WORKERS, VARIANTS, Environment, environment, note
+from .environment import BASELINE, DATABASE, TWO_WORKERS, VARIANTS, Environment, environment, note
 from .idle import idle_connections
 from .latency import QUERIES, Probe, measure
 from .pgbench import CATALOG_SCRIPT, find_pgbench, run_pgbench, write_script
@@ -274,7 +274,7 @@ def _run_smartnoise(env: Environment, results: Results, args: argparse.Namespace
 
 
 def _run_connections(env: Environment, results: Results, args: argparse.Namespace) -> None:
-    endpoints = [*env.proxies(args.targets), env.direct_tcp]
+    endpoints = [*env.proxies(args.targets), env.direct_tcp, env.postgres.scram_endpoint(DATABASE)]
     for concurrency in (1, 8):
         note(f"connections: connect + SELECT 1 + close, {concurrency} at once, {args.connection_cycles} each")
         results.connection_cost += connection_cost(endpoints, concurrency, args.connection_cycles)

@@ -71,7 +71,7 @@ def test_quick_benchmark_sets_an_older_and_a_two_worker_dpproxy_beside_this_one(
         row = next(line for line in table.splitlines() if "| 8 | extended |" in line)
         assert "not run" not in row and "failed" not in row, report
     connections = report.split("## Client connections")[1]
-    for name in ("dpproxy", label, "dpproxy-2w", "direct-tcp"):
+    for name in ("dpproxy", label, "dpproxy-2w", "direct-tcp", "direct-scram"):  # direct-scram: PostgreSQL asking SCRAM
         row = next(line for line in connections.splitlines() if line.startswith(f"| 8 | {name} |"))
         assert row.endswith("| 0 |"), report  # no connection failed
     assert "Errors:" not in report, report

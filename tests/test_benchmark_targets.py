@@ -75,7 +75,8 @@ def test_report_sets_every_dpproxy_beside_direct_under_its_label() -> None:
         results.pgbench[(1000, 8, "simple", name)] = _runs(tps)
         results.catalog[(0, 8, "simple", name)] = _runs(tps / 2)
     results.connection_cost = [ConnectionCost(name, 1, p50, p50, 10, 0)
-                                for name, p50 in (("dpproxy", 2.0), (BASELINE, 3.0), ("direct-tcp", 1.0))]
+                                for name, p50 in (("dpproxy", 2.0), (BASELINE, 3.0), ("direct-tcp", 1.0),
+                                                  ("direct-scram", 4.0))]
     report = render(results)
     heading = f"| {BASELINE} (abc1234) tps (ratio) | {TWO_WORKERS} tps (ratio) |"
     pgbench = report.split("## pgbench")[1].split("\n## ")[0]
@@ -86,7 +87,7 @@ def test_report_sets_every_dpproxy_beside_direct_under_its_label() -> None:
     assert heading in catalog
     assert catalog.rstrip().endswith("| 150 (0.30) | 300 (0.60) |")
     connections = report.split("## Client connections")[1]
-    assert f"| 1 | {BASELINE} (abc1234) | 10 | 3.00 | 3.00 | 3.00 | 0 |" in connections
+    assert f"| 1 | {BASELINE} (abc1234) | 10 | 3.00 | 3.00 | 3.00 | 0.75 | 0 |" in connections
 
 
 def test_report_without_the_optional_targets_is_unchanged() -> None:

@@ -148,6 +148,25 @@ def test_the_shared_repeat_store_keeps_at_most_max_entries_newest(tmp_path: Path
     store.close()
 
 
+def test_the_supervisor_holds_a_port_on_every_interface_as_asyncio_binds_it(test_db: TestDatabase, tmp_path: Path):
+    import shutil
+
+    from conftest import make_policy
+    from proxy.serving.supervisor import Supervisor
+
+    supervisor = Supervisor(make_policy(test_db, tmp_path / "ledger.sqlite3"), tmp_path / "policy.yaml", "", 0)
+    try:
+        supervisor._hold_port()
+        assert supervisor.port > 0
+        with socket.socket() as lone:  # a program without SO_REUSEPORT cannot take it
+            with pytest.raises(OSError):
+                lone.bind(("127.0.0.1", supervisor.port))
+    finally:
+        if supervisor._holder is not None:
+            supervisor._holder.close()
+        shutil.rmtree(supervisor.directory)
+
+
 # ------------------------------------------------------------------ a running group
 
 

@@ -127,14 +127,14 @@ class Supervisor:
     def _hold_port(self) -> None:
         """Fail now if anything listens on the port; else bind a placeholder there with SO_REUSEPORT."""
         try:
+            # "" is every interface, as asyncio binds it; the placeholder takes the first family.
             family, kind, proto, _, address = socket.getaddrinfo(
-                self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+                self.host or None, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
             with socket.socket(family, kind, proto) as probe:  # as a lone server would bind
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 probe.bind(address)
                 address = probe.getsockname()  # port 0: the one chosen for every worker
             holder = socket.socket(family, kind, proto)
-            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             holder.bind(address)
         except OSError as exc:
