@@ -26,7 +26,7 @@ POLICY = (
     .replace("listen: {{host: 127.0.0.1, port: 0}}", "listen: {{host: 127.0.0.1, port: {port}, workers: 2}}\n"
              "metrics: {{host: 127.0.0.1, port: {metrics_port}}}")
     .replace('ledger: {{url: "sqlite:///{ledger}"}}', 'ledger: {{url: "sqlite:///{ledger}", reserve: 1}}')
-    .replace("repeats: {{enabled: false}}", "repeats: {{enabled: true}}")
+    .replace("repeats: {{enabled: false}}", 'repeats: {{enabled: true}}\naudit: {{path: "{audit}"}}')
     .replace("users:\n", "users:\n  tight:\n    password: tight\n    budget: {{epsilon: 5, delta: 0.001}}\n")
 )
 SLOW = "SELECT count(*) FROM pg_attribute a, pg_attribute b, pg_attribute c"
@@ -88,7 +88,7 @@ class Group:
 def _write_policy(path: Path, test_db: TestDatabase, epsilon: str = "1.0") -> tuple[int, int]:
     port, metrics_port = _free_port(), _free_port()
     text = POLICY.format(dsn=test_db.service_dsn, ledger=path.parent / "ledger.sqlite3", port=port,
-                         metrics_port=metrics_port)
+                         metrics_port=metrics_port, audit=path.parent / "audit.jsonl")
     path.write_text(text.replace("epsilon: 1.0\n    delta: 1.0e-6", f"epsilon: {epsilon}\n    delta: 1.0e-6"))
     return port, metrics_port
 
@@ -235,6 +235,27 @@ def test_the_budget_is_one_ledger_for_both_workers(group: Group):
                 assert exc.sqlstate == "DP002", exc
                 refused += 1
     assert (answered, refused, workers) == (5, 3, {0, 1})
+
+
+def test_both_workers_append_whole_lines_to_one_audit_file(group: Group):
+    import json
+
+    path = group.config.parent / "audit.jsonl"
+    before = len(path.read_text().splitlines())
+    held = [group.connect_to(worker) for worker in (0, 1, 0, 1)]
+    try:
+        threads = [threading.Thread(target=lambda c=conn: [c.execute("SELECT 1") for _ in range(50)])
+                   for conn in held]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        for conn in held:
+            conn.close()
+    time.sleep(0.5)  # the audit writers batch lines for 20 ms
+    entries = [json.loads(line) for line in path.read_text().splitlines()]  # every line whole
+    assert len(entries) - before >= 200
 
 
 def test_metrics_add_up_over_the_workers(group: Group):
