@@ -121,3 +121,27 @@ def race(dsns: list[str], sqls: list[str]) -> list[str]:
         return await asyncio.gather(*(one(i) for i in range(len(sqls))))
 
     return asyncio.run(main())
+
+
+SLOW_CATALOG_QUERY = "SELECT count(*) FROM pg_attribute a, pg_attribute b, pg_attribute c"
+
+
+def assert_cancel_stops_a_slow_query(conn: object, after_s: float = 0.3) -> None:
+    """Cancel (psycopg's ``cancel_safe``: a CancelRequest on a new connection) a slow
+    passthrough query ``after_s`` into it: it fails with 57014 well before any timeout, and
+    the session goes on."""
+    import threading
+    import time
+
+    import psycopg
+    import pytest
+
+    assert isinstance(conn, psycopg.Connection)
+    timer = threading.Timer(after_s, conn.cancel_safe)
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(psycopg.errors.QueryCanceled):
+        conn.execute(SLOW_CATALOG_QUERY)
+    assert time.monotonic() - started < 10  # the cancel, not a statement_timeout
+    timer.join()
+    assert conn.execute("SELECT 1").fetchone() == (1,)
