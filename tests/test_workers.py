@@ -167,6 +167,32 @@ def test_the_supervisor_holds_a_port_on_every_interface_as_asyncio_binds_it(test
         shutil.rmtree(supervisor.directory)
 
 
+def test_more_workers_than_cores_is_worth_a_warning():
+    from proxy.serving.supervisor import cores_warning
+
+    assert cores_warning(2, 2) is None and cores_warning(1, 8) is None
+    warning = cores_warning(4, 2)
+    assert warning is not None and "listen.workers is 4 but dpproxy may use 2 cores" in warning
+
+
+def test_a_platform_without_so_reuseport_is_told_in_one_line(test_db: TestDatabase, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch):
+    import shutil
+
+    from conftest import make_policy
+    from proxy.serving.startup import StartupError
+    from proxy.serving.supervisor import Supervisor
+
+    monkeypatch.delattr(socket, "SO_REUSEPORT")
+    supervisor = Supervisor(make_policy(test_db, tmp_path / "ledger.sqlite3"), tmp_path / "policy.yaml", None, 0)
+    try:
+        with pytest.raises(StartupError, match="needs SO_REUSEPORT") as raised:
+            supervisor._hold_port()
+        assert raised.value.key == ("listen", "workers")
+    finally:
+        shutil.rmtree(supervisor.directory)
+
+
 # ------------------------------------------------------------------ a running group
 
 

@@ -42,7 +42,7 @@ from proxy.ops import metrics
 from . import startup
 from .workers import READY
 
-__all__ = ["Supervisor"]
+__all__ = ["Supervisor", "cores_warning"]
 
 log = logging.getLogger("dpproxy.supervisor")
 
@@ -82,6 +82,9 @@ class Supervisor:
         Raises StartupError when the port or the metrics address cannot be bound.
         """
         (self.directory / "metrics").mkdir()
+        beyond = cores_warning(self.count, _usable_cores())
+        if beyond:
+            log.warning("%s", beyond)
         self._hold_port()
         if self.policy.metrics is not None:
             where = self.policy.metrics
@@ -126,6 +129,9 @@ class Supervisor:
 
     def _hold_port(self) -> None:
         """Fail now if anything listens on the port; else bind a placeholder there with SO_REUSEPORT."""
+        if not hasattr(socket, "SO_REUSEPORT"):
+            raise startup.StartupError("listen.workers > 1 needs SO_REUSEPORT, which this platform does not have",
+                                       ("listen", "workers"))
         try:
             # "" is every interface, as asyncio binds it; the placeholder takes the first family.
             family, kind, proto, _, address = socket.getaddrinfo(
@@ -187,6 +193,21 @@ class Supervisor:
             failed = await self._launch(index)
             if failed is None:
                 log.info("worker %d is serving again (pid %d)", index, self._workers[index].process.pid)
+
+
+def cores_warning(workers: int, cores: int) -> str | None:
+    """What to tell an operator who asks for more workers than dpproxy has cores, or None."""
+    if workers <= cores:
+        return None
+    return (f"listen.workers is {workers} but dpproxy may use {cores} cores here: the workers beyond "
+            f"{cores} share cores and add no throughput (benchmarks/profile.md, \"Several cores\")")
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 async def _read_line(sock: socket.socket) -> bytes:
