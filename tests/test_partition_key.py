@@ -56,15 +56,6 @@ tables:
     avg: sample_aggregate
     partitioning: random
     columns: *columns
-  public.nb_small: &rows
-    epsilon: 1.0
-    delta: 1.0e-6
-    partitions: {M}
-    avg: sample_aggregate
-    partitioning: row_hash
-    columns:
-      v: {{{{bounds: [0, 100]}}}}
-  public.nb_large: *rows
   public.nb_keyed_small: &keyed_rows
     epsilon: 1.0
     delta: 1.0e-6
@@ -73,6 +64,10 @@ tables:
     columns:
       v: {{{{bounds: [0, 100]}}}}
   public.nb_keyed_large: *keyed_rows
+  public.nb_small: &rows
+    <<: *keyed_rows
+    partitioning: row_hash
+  public.nb_large: *rows
   public.pk_types:
     epsilon: 1.0
     delta: 1.0e-6
