@@ -191,9 +191,10 @@ class Session:
         if not self.user:
             raise Refusal(SQLSTATE.INVALID_AUTHORIZATION, "no PostgreSQL user name specified in startup packet")
         policy = self.server.policy
-        await authenticate(
+        # Held in the output buffer, so a refusal below is still preceded by them.
+        self._out.append(await authenticate(
             self.reader, self.writer, self.user, policy.users.get(self.user), policy.listen.max_message_bytes
-        )
+        ))
         database = params.get("database") or self.user
         if database != self.server.database:
             raise Refusal(
@@ -219,10 +220,10 @@ class Session:
         self.extended = ExtendedProtocol(self.executor, self._out)
         self.executor.deallocate = self.extended.deallocate
         self._reported = self._client_parameters()
-        out = [protocol.parameter_status(k, v) for k, v in self._reported.items()]
-        out.append(protocol.backend_key_data(self.pid, self.secret))
-        out.append(protocol.ready_for_query(b"I"))
-        self.writer.write(b"".join(out))
+        self._out.extend(protocol.parameter_status(k, v) for k, v in self._reported.items())
+        self._out.append(protocol.backend_key_data(self.pid, self.secret))
+        self._out.append(protocol.ready_for_query(b"I"))
+        self._flush()
         await self.writer.drain()
         self.server.sessions.add(self)
         log.info("session %s user=%s connected", self.peer, self.user)

@@ -40,21 +40,23 @@ async def authenticate(
     user_name: str,
     user: UserPolicy | None,
     max_bytes: int,
-) -> None:
-    """Run the user's password exchange; return on success, raise Refusal (28P01) on failure."""
+) -> bytes:
+    """Run the user's password exchange and return the messages that close it (SASLFinal,
+    AuthenticationOk), which the caller sends with the session's first ParameterStatus and
+    ReadyForQuery, in one packet as PostgreSQL does; raise Refusal (28P01) on failure."""
     method = user.auth if user is not None else "scram-sha-256"
     exchange = _Exchange(reader, writer, max_bytes)
     if method == "scram-sha-256":
-        ok = await exchange.scram(_auth_info(user_name, user))
+        ok, closing = await exchange.scram(_auth_info(user_name, user))
     elif method == "md5":
         assert user is not None and user.password is not None
-        ok = await exchange.md5(user_name, user.password)
+        ok, closing = await exchange.md5(user_name, user.password), b""
     else:
         assert user is not None and user.password is not None
-        ok = await exchange.cleartext(user.password)
+        ok, closing = await exchange.cleartext(user.password), b""
     if not ok or user is None:
         raise Refusal(SQLSTATE.INVALID_PASSWORD, f'password authentication failed for user "{user_name}"')
-    writer.write(protocol.authentication(_OK))
+    return closing + protocol.authentication(_OK)
 
 
 class _Exchange:
@@ -82,7 +84,8 @@ class _Exchange:
         expected = "md5" + hashlib.md5(inner + salt).hexdigest()
         return hmac.compare_digest(supplied.encode(), expected.encode())
 
-    async def scram(self, info: AuthInfo) -> bool:
+    async def scram(self, info: AuthInfo) -> tuple[bool, bytes]:
+        """Whether the client proved the password, and on success the SASLFinal to send."""
         server = _MECHANISM.make_server(lambda _name: info)
         payload = await self._ask(_SASL, _SCRAM.encode() + b"\0\0")
         mechanism, rest = _split_cstring(payload)
@@ -95,11 +98,10 @@ class _Exchange:
             client_final = (await self._ask(_SASL_CONTINUE, server.get_server_first().encode())).decode("utf-8")
             server.set_client_final(client_final)
         except ScramException:
-            return False
+            return False, b""
         except UnicodeDecodeError as exc:
             raise protocol.ProtocolError("SASL message is not valid UTF-8") from exc
-        self.writer.write(protocol.authentication(_SASL_FINAL, server.get_server_final().encode()))
-        return True
+        return True, protocol.authentication(_SASL_FINAL, server.get_server_final().encode())
 
 
 def _set_client_first(server: ScramServer, client_first: str) -> None:
