@@ -292,7 +292,13 @@ def test_metrics_add_up_over_the_workers(group: Group):
         assert after['dpproxy_statements_total{decision="dp",reason=""}'] == before + 2
         assert after["dpproxy_open_connections"] == 2
         time.sleep(1.2)  # the pool gauges are written every second
-        assert scrape()['dpproxy_backend_pool_connections{state="idle"}'] >= 2
+        scraped = scrape()
+        assert scraped['dpproxy_backend_pool_connections{state="idle"}'] >= 2
+        # Process series cannot be summed: each process has its own, labelled.
+        for worker in ("supervisor", "0", "1"):
+            assert scraped[f'process_resident_memory_bytes{{worker="{worker}"}}'] > 1e6
+            assert scraped[f'process_open_fds{{worker="{worker}"}}'] > 0
+            assert scraped[f'process_cpu_seconds_total{{worker="{worker}"}}'] > 0
     finally:
         for conn in held:
             conn.close()

@@ -18,7 +18,10 @@ Contract
   (prometheus_client's multiprocess mode: values go to files there) and the supervisor
   serves them summed (``MetricsEndpoint(..., directory)``). Gauges then add up over the live
   workers; the pool gauges, read by callback in one process, are written by
-  ``write_watched`` instead, which a worker calls every second.
+  ``write_watched`` instead, which a worker calls every second. The process collector's
+  series (CPU, memory, file descriptors, start time) cannot be summed that way: the
+  supervisor serves them per process instead, labelled ``worker`` (its number, or
+  ``supervisor``), read with psutil at each scrape (``ProcessesCollector``).
 """
 
 from __future__ import annotations
@@ -28,14 +31,17 @@ import math
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Final
+from typing import Any, Callable, Final, Iterator, Mapping
 
+import psutil
 from prometheus_client import (
     CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, multiprocess, start_http_server,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 __all__ = [
     "MetricsEndpoint",
+    "ProcessesCollector",
     "connection_closed",
     "connection_opened",
     "observe_backend",
@@ -195,17 +201,55 @@ def worker_gone(pid: int, directory: Path) -> None:
     multiprocess.mark_process_dead(pid, str(directory))
 
 
+class ProcessesCollector:
+    """The process collector's series for several processes, one per ``worker`` label.
+
+    ``processes`` gives the label and pid of each process to report at the time of a scrape;
+    one that has exited meanwhile is left out.
+    """
+
+    def __init__(self, processes: Callable[[], Mapping[str, int]]):
+        self._processes = processes
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["worker"]
+        cpu = CounterMetricFamily("process_cpu_seconds", "Total user and system CPU time spent in seconds.",
+                                  labels=labels)
+        resident = GaugeMetricFamily("process_resident_memory_bytes", "Resident memory size in bytes.", labels=labels)
+        virtual = GaugeMetricFamily("process_virtual_memory_bytes", "Virtual memory size in bytes.", labels=labels)
+        fds = GaugeMetricFamily("process_open_fds", "Number of open file descriptors.", labels=labels)
+        started = GaugeMetricFamily("process_start_time_seconds",
+                                    "Start time of the process since unix epoch in seconds.", labels=labels)
+        families: tuple[CounterMetricFamily | GaugeMetricFamily, ...] = (cpu, resident, virtual, fds, started)
+        for label, pid in self._processes().items():
+            try:
+                process = psutil.Process(pid)
+                with process.oneshot():
+                    times, memory = process.cpu_times(), process.memory_info()
+                    values = (times.user + times.system, memory.rss, memory.vms, process.num_fds(),
+                              process.create_time())
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            for family, value in zip(families, values):
+                family.add_metric([label], value)
+        yield from families
+
+
 class MetricsEndpoint:
     """The ``/metrics`` HTTP endpoint on (host, port), served from a daemon thread: this
-    process's metrics, or (``directory``) those the workers of a group write there."""
+    process's metrics, or (``directory``) those the workers of a group write there, with
+    the process series of each of ``processes`` (label → pid) beside them."""
 
-    def __init__(self, host: str, port: int, directory: Path | None = None):
+    def __init__(self, host: str, port: int, directory: Path | None = None,
+                 processes: Callable[[], Mapping[str, int]] | None = None):
         """Bind and start serving; raise OSError if the address cannot be bound."""
         if directory is None:
             self._server, self._thread = start_http_server(port, host)
         else:
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry, path=str(directory))
+            if processes is not None:
+                registry.register(ProcessesCollector(processes))
             self._server, self._thread = start_http_server(port, host, registry=registry)
         bound = self._server.server_address
         self.host, self.port = str(bound[0]), int(bound[1])

@@ -89,7 +89,8 @@ class Supervisor:
         if self.policy.metrics is not None:
             where = self.policy.metrics
             try:
-                self._metrics = metrics.MetricsEndpoint(where.host, where.port, self.directory / "metrics")
+                self._metrics = metrics.MetricsEndpoint(where.host, where.port, self.directory / "metrics",
+                                                        self._processes)
             except OSError as exc:
                 raise startup.metrics_failure(where.host, where.port, exc) from exc
         failed = await self._launch(0)
@@ -103,6 +104,13 @@ class Supervisor:
         log.info("dpproxy listening on %s:%s for database %s with %d workers (pids %s)", self.host, self.port,
                  self.database, self.count, ", ".join(str(w.process.pid) for w in self._workers.values()))
         return 0
+
+    def _processes(self) -> dict[str, int]:
+        """The supervisor's pid and each live worker's, by their metrics label."""
+        workers = dict(self._workers)  # a copy: this runs on the metrics endpoint's thread
+        running = {str(index): worker.process.pid for index, worker in sorted(workers.items())
+                   if worker.process.returncode is None}
+        return {"supervisor": os.getpid(), **running}
 
     def signal_all(self, sig: signal.Signals) -> None:
         """Send ``sig`` to every running worker."""
