@@ -387,6 +387,9 @@ class TablePolicy(_Strict):
     partitioning: Literal["auto", "row_hash", "random", "ctid_hash"] = "auto"
     # The most cells (the product of the keys' domains) one GROUP BY may answer.
     max_cells: int = Field(1000, ge=1, le=100_000)
+    # Every DP answer on the table leaves at a whole multiple of this after it began
+    # (proxy/dp/answer_time.py), so that its arrival shows no more of the rows' timing.
+    answer_quantum_ms: int = Field(0, ge=0, le=3_600_000)
     columns: dict[str, ColumnPolicy] = Field(default_factory=dict)
 
     @model_validator(mode="after")

@@ -21,6 +21,7 @@ from policies.model import Policy
 from policies.tables import TableRegistry
 from proxy.backend.connection import BackendError, BackendLost, BackendSession, BackendUnavailable, BoundParams, ResultSet
 from proxy.dp.answer import DPAnswer, query_delta, release_cells, release_params, release_row, result_fields
+from proxy.dp.answer_time import on_the_quantum
 from proxy.dp.budget import BudgetKeeper
 from proxy.dp.folding import bind_constants
 from proxy.dp.narrowing import narrow_keys
@@ -283,7 +284,8 @@ class Executor:
             return ResultSet([], [], ""), [], None
         if isinstance(decision, DPQuery):
             assert plan.statement is not None
-            result, notices, cost = await self._answer_dp(decision, params, plan.statement.text, result_formats)
+            async with on_the_quantum(decision.plan.table.policy.answer_quantum_ms):
+                result, notices, cost = await self._answer_dp(decision, params, plan.statement.text, result_formats)
             return _apply_formats(result, result_formats), notices, cost
         if isinstance(decision, DpproxyCommand):
             result = await self.settings.run(decision, self.server.policy, self.server.budget, self.server.registry)

@@ -1,0 +1,104 @@
+"""answer_quantum_ms: a table's DP answers leave only at whole multiples of a fixed time."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+import psycopg
+import pytest
+
+from conftest import TEST_POLICY, RunningProxy, make_policy
+from policies.loader import PolicyError, parse_policy
+from proxy.dp.answer_time import on_the_quantum, quantum_deadline
+
+QUANTUM_S = 0.4
+QUANTISED = TEST_POLICY.replace(
+    "  public.adult:\n    access: protected\n    epsilon: 1.0\n",
+    f"  public.adult:\n    access: protected\n    epsilon: 1.0\n    answer_quantum_ms: {int(QUANTUM_S * 1000)}\n",
+)
+
+
+@pytest.fixture(scope="module")
+def quantised(test_db, tmp_path_factory: pytest.TempPathFactory):
+    assert QUANTISED != TEST_POLICY
+    proxy = RunningProxy(make_policy(test_db, tmp_path_factory.mktemp("q") / "l.sqlite3", QUANTISED))
+    yield proxy
+    proxy.stop()
+
+
+def _seconds(run: Callable[[], object]) -> float:
+    started = time.monotonic()
+    run()
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT COUNT(*) FROM adult WHERE age > 200",             # the index finds no row
+    "SELECT COUNT(*) FROM adult",                             # every row read
+    "SELECT SUM(capital_gain), AVG(age) FROM adult WHERE sex = 'Male'",
+])
+def test_a_dp_answer_ready_within_the_quantum_arrives_at_the_quantum(quantised: RunningProxy, sql: str):
+    with quantised.connect() as conn:
+        took = _seconds(lambda: conn.execute(sql).fetchall())
+    assert QUANTUM_S <= took < 2 * QUANTUM_S, took
+
+
+def test_an_error_while_answering_is_held_to_the_quantum_too(quantised: RunningProxy):
+    with quantised.connect() as conn:
+        started = time.monotonic()
+        with pytest.raises(psycopg.errors.DivisionByZero):  # post-processing of the released count
+            conn.execute("SELECT COUNT(*) / 0 FROM adult").fetchall()
+        took = time.monotonic() - started
+    assert QUANTUM_S <= took < 2 * QUANTUM_S, took
+
+
+def test_other_tables_and_passthrough_statements_are_not_held(quantised: RunningProxy):
+    with quantised.connect() as conn:
+        conn.execute("SELECT 1").fetchall()
+        assert _seconds(lambda: conn.execute("SELECT COUNT(*) FROM clamp_test").fetchall()) < QUANTUM_S / 2
+        assert _seconds(lambda: conn.execute("SELECT COUNT(*) FROM lookup").fetchall()) < QUANTUM_S / 2
+        # Refused from the text, before dpproxy begins answering: nothing of the rows to hide.
+        started = time.monotonic()
+        with pytest.raises(psycopg.Error, match="no-row-access"):
+            conn.execute("SELECT * FROM adult").fetchall()
+        assert time.monotonic() - started < QUANTUM_S / 2
+
+
+def test_a_slower_answer_leaves_at_the_next_multiple_of_the_quantum():
+    async def held(work_s: float, quantum_ms: int) -> float:
+        started = time.monotonic()
+        async with on_the_quantum(quantum_ms):
+            await asyncio.sleep(work_s)
+        return time.monotonic() - started
+
+    assert 0.1 <= asyncio.run(held(0.01, 100)) < 0.15
+    assert 0.2 <= asyncio.run(held(0.13, 100)) < 0.25
+    assert asyncio.run(held(0.01, 0)) < 0.05  # 0: off
+    assert quantum_deadline(10.0, 10.0, 0.5) == 10.5  # even an answer that took no time waits one quantum
+    assert quantum_deadline(10.0, 11.0, 0.5) == 11.0
+    assert quantum_deadline(10.0, 11.01, 0.5) == 11.5
+
+
+def test_a_cancelled_answer_is_not_held():
+    async def cancelled() -> float:
+        async def answer() -> None:
+            async with on_the_quantum(5000):
+                await asyncio.sleep(10)
+
+        task = asyncio.ensure_future(answer())
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return time.monotonic() - started
+
+    assert asyncio.run(cancelled()) < 0.5
+
+
+def test_a_negative_quantum_is_refused_at_load(test_db, tmp_path):
+    text = QUANTISED.replace("answer_quantum_ms: 400", "answer_quantum_ms: -1")
+    with pytest.raises(PolicyError, match="answer_quantum_ms"):
+        parse_policy(text.format(dsn=test_db.service_dsn, ledger=tmp_path / "l.sqlite3"), "p.yaml")
