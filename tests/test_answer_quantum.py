@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Callable
 
@@ -64,6 +65,30 @@ def test_other_tables_and_passthrough_statements_are_not_held(quantised: Running
         with pytest.raises(psycopg.Error, match="no-row-access"):
             conn.execute("SELECT * FROM adult").fetchall()
         assert time.monotonic() - started < QUANTUM_S / 2
+
+
+def test_a_waiting_answer_holds_no_backend_connection(test_db, tmp_path_factory: pytest.TempPathFactory):
+    text = QUANTISED.replace("statement_timeout_ms: 20000\n", "statement_timeout_ms: 20000\n  pool: {{size: 1}}\n")
+    assert "pool: {size: 1}" in text.format(dsn="", ledger="")
+    proxy = RunningProxy(make_policy(test_db, tmp_path_factory.mktemp("q1") / "l.sqlite3", text))
+    try:
+        took: list[float] = []
+
+        def client(age: int) -> None:
+            with proxy.connect() as conn:
+                conn.execute("SELECT 1").fetchall()
+                took.append(_seconds(lambda: conn.execute(f"SELECT COUNT(*) FROM adult WHERE age > {age}").fetchall()))
+
+        threads = [threading.Thread(target=client, args=(age,)) for age in (30, 40, 50)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        # Had each answer kept the one connection through its wait, they would have come at
+        # one, two and three quanta.
+        assert len(took) == 3 and all(QUANTUM_S <= t < 2 * QUANTUM_S for t in took), took
+    finally:
+        proxy.stop()
 
 
 def test_a_slower_answer_leaves_at_the_next_multiple_of_the_quantum():

@@ -16,7 +16,7 @@ import asyncio
 import math
 import time
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable
 
 __all__ = ["on_the_quantum", "quantum_deadline"]
 
@@ -28,8 +28,11 @@ def quantum_deadline(started: float, now: float, quantum_s: float) -> float:
 
 
 @asynccontextmanager
-async def on_the_quantum(quantum_ms: int) -> AsyncIterator[None]:
-    """Hold whatever the block returns or raises until :func:`quantum_deadline` (0: no wait).
+async def on_the_quantum(
+    quantum_ms: int, before_waiting: Callable[[], Awaitable[None]] | None = None
+) -> AsyncIterator[None]:
+    """Hold whatever the block returns or raises until :func:`quantum_deadline` (0: no wait),
+    awaiting ``before_waiting`` first (to give back what the wait need not hold).
 
     A cancellation (the session ending) is not held.
     """
@@ -40,10 +43,12 @@ async def on_the_quantum(quantum_ms: int) -> AsyncIterator[None]:
     try:
         yield
     except Exception:
-        await _until(quantum_deadline(started, time.monotonic(), quantum_ms / 1000))
+        await _until(quantum_deadline(started, time.monotonic(), quantum_ms / 1000), before_waiting)
         raise
-    await _until(quantum_deadline(started, time.monotonic(), quantum_ms / 1000))
+    await _until(quantum_deadline(started, time.monotonic(), quantum_ms / 1000), before_waiting)
 
 
-async def _until(deadline: float) -> None:
+async def _until(deadline: float, before_waiting: Callable[[], Awaitable[None]] | None) -> None:
+    if before_waiting is not None:
+        await before_waiting()
     await asyncio.sleep(max(0.0, deadline - time.monotonic()))

@@ -284,7 +284,7 @@ class Executor:
             return ResultSet([], [], ""), [], None
         if isinstance(decision, DPQuery):
             assert plan.statement is not None
-            async with on_the_quantum(decision.plan.table.policy.answer_quantum_ms):
+            async with on_the_quantum(decision.plan.table.policy.answer_quantum_ms, self._give_back):
                 result, notices, cost = await self._answer_dp(decision, params, plan.statement.text, result_formats)
             return _apply_formats(result, result_formats), notices, cost
         if isinstance(decision, DpproxyCommand):
@@ -322,6 +322,14 @@ class Executor:
         if len(result_formats) > 1:
             result = _apply_formats(result, result_formats)
         return result, result.notices, None
+
+    async def _give_back(self) -> None:
+        """While a DP answer waits for its quantum, its backend connection serves other sessions
+        (outside a transaction block; inside one the session keeps it)."""
+        try:
+            await self.backend.release()
+        except BackendError:
+            pass  # given back, or found lost, when the client is answered ReadyForQuery
 
     async def _copy_out(
         self, plan: Plan, decision: CopyOut, params: BoundParams
