@@ -21,6 +21,10 @@ class ColumnInfo:
     ``deterministic_collation`` is False when the column's collation is nondeterministic,
     which PostgreSQL ≤ 17 refuses in LIKE/ILIKE per compared row. ``array_type_oid`` is the
     type of an array of the column's values (0: none), which carries a GROUP BY's keys.
+    ``container`` is True for an array or composite type (or a domain over one): comparing
+    such values looks up the element or field types' equality and ordering only when two
+    values meet, so ``pa = '{"(0,0)"}'`` on a ``point[]`` column fails only on a table that
+    holds an array of that shape (rewriter/predicates.py refuses comparisons on them).
     """
 
     name: str
@@ -30,6 +34,7 @@ class ColumnInfo:
     policy: ColumnPolicy | None
     deterministic_collation: bool = True
     array_type_oid: int = 0
+    container: bool = False
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,11 @@ planning) must be unable to fail. Hence refused, from the text alone:
   and a domain's CHECK runs per row;
 * a comparison that makes PostgreSQL convert a ``numeric`` column to ``real``/``double
   precision`` (a float column or a float-typed value on the other side): the conversion
-  fails per row for values beyond the float range.
+  fails per row for values beyond the float range;
+* a comparison (=, <>, <, ..., BETWEEN, IN) on an array or composite column: PostgreSQL
+  looks up the elements' (fields') equality or ordering only when it compares two values of
+  the same shape, so on ``point[]`` or ``json[]`` it raises 42883 only on a table holding
+  such a row (``ColumnInfo.container``).
 
 The validated predicate is rendered here, not by sqlglot, and every operator, function
 and type in it is PostgreSQL's own (``OPERATOR(pg_catalog.=)``, ``pg_catalog.lower``,
@@ -284,6 +288,13 @@ class _Renderer:
 
     def _compare(self, left: _Operand, symbol: str, right: _Operand) -> str:
         """``left symbol right``; a folded side is replaced by a token in the template."""
+        for side in (left, right):
+            if side.column is not None and side.column.container:
+                raise self.refuse(
+                    f"comparing column {side.column.name}, an array or composite, is not allowed in WHERE on protected table",
+                    "PostgreSQL compares arrays and composites element by element and fails on a row whose elements "
+                    "cannot be compared (point, json ...) only when it meets one; test such a column with IS [NOT] NULL.",
+                )
         if left.fold:
             left, right, symbol = right, left, _FLIPPED.get(symbol, symbol)
         if not right.fold:

@@ -162,21 +162,52 @@ def per_partition(kind: str, column: ColumnInfo) -> str:
     AVG is the clamped sum over the count of values, which also spares ``avg()``'s numeric
     division per partition; a partition whose values are all NULL gives NULL (a strict
     division by a count of 0 is not evaluated), as ``avg()`` does.
+
+    Neither step may fail on any rows: PostgreSQL raises "out of range" when a ``numeric``
+    too close to 0 for ``double precision`` (1e-400) is cast to it, and "value out of range:
+    underflow" when a float division gives 0 from a non-zero dividend (a partition whose sum
+    is 5e-324 over two rows). Whether a partition held such a value would show as an error.
+    So a numeric value below the smallest normal double in magnitude is taken as 0 before
+    the cast (:func:`_to_double`), and a mean of a float or numeric column below it is 0
+    without dividing (:func:`_mean`): at most 2.3e-308 off, in one partition's value.
     """
     if kind == "avg":
         value = clamped(column)
         if column.type_oid == FLOAT4:
             value = f"CAST({value} AS double precision)"  # sum(real) would add up in real
-        return operator(
-            f"CAST(pg_catalog.sum({value}) AS double precision)", "/", f"pg_catalog.count({quote_identifier(column.name)})"
-        )
+        total = _to_double(f"pg_catalog.sum({value})", column)
+        count = f"pg_catalog.count({quote_identifier(column.name)})"
+        if column.type_oid in INTEGER_TYPES:
+            return operator(total, "/", count)  # a non-zero integer sum over a count never underflows
+        return _mean(total, count)
     if kind not in ("min", "max"):
         raise ValueError(f"no per-partition value for {kind}")
     # Clamping is non-decreasing in the type's order (NULL stays NULL, NaN sorts last), so
     # the clamped MIN/MAX is the MIN/MAX of the clamped values, at two calls per partition
     # instead of two per row.
-    extreme = clamped(column, f"pg_catalog.{kind}({quote_identifier(column.name)})")
-    return f"CAST({extreme} AS double precision)"
+    return _to_double(clamped(column, f"pg_catalog.{kind}({quote_identifier(column.name)})"), column)
+
+
+_SMALLEST_NORMAL = "2.2250738585072014e-308"  # double precision's smallest normal magnitude
+
+
+def _to_double(value: str, column: ColumnInfo) -> str:
+    """``value`` (of the column's type, or its sum's) cast to ``double precision``, never failing."""
+    if column.type_oid != NUMERIC:
+        return f"CAST({value} AS double precision)"  # integers and floats convert without error
+    tiny = operator(f"pg_catalog.abs({value})", "<", f"CAST('{_SMALLEST_NORMAL}' AS pg_catalog.numeric)")
+    return f"CAST(CASE WHEN {tiny} THEN CAST(0 AS pg_catalog.numeric) ELSE {value} END AS double precision)"
+
+
+def _mean(total: str, count: str) -> str:
+    """``total / count`` in ``double precision``, 0 where the quotient would underflow.
+
+    Where |total| ≥ count · 2.2e-308 the quotient is a normal double; below it, 0. A NULL
+    total (no value) stays NULL through the ELSE's strict division.
+    """
+    floor = operator(f"CAST({count} AS double precision)", "*", f"CAST('{_SMALLEST_NORMAL}' AS double precision)")
+    tiny = operator(f"pg_catalog.abs({total})", "<", floor)
+    return f"CASE WHEN {tiny} THEN CAST(0 AS double precision) ELSE {operator(total, '/', count)} END"
 
 
 def backend_sql(query: AggregateQuery, seed: int) -> str:

@@ -736,7 +736,9 @@ def _policy_ref(name: str) -> RelationRef:
 async def _columns(session: BackendSession, oid: int, policies: Mapping[str, Any]) -> dict[str, ColumnInfo]:
     rows = await session.fetch_all(
         "SELECT a.attname, a.atttypid, a.atttypmod, a.attnum, COALESCE(c.collisdeterministic, true), "
-        "COALESCE(t.typarray, 0) "
+        "COALESCE(t.typarray, 0), "
+        # Arrays and composites, and domains over them (a domain has its base type's category).
+        "COALESCE(t.typcategory OPERATOR(pg_catalog.=) 'A' OR t.typcategory OPERATOR(pg_catalog.=) 'C', false) "
         "FROM pg_catalog.pg_attribute a "
         "LEFT JOIN pg_catalog.pg_collation c ON c.oid OPERATOR(pg_catalog.=) a.attcollation "
         "LEFT JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid "
@@ -745,6 +747,7 @@ async def _columns(session: BackendSession, oid: int, policies: Mapping[str, Any
         (oid,),
     )
     return {
-        name: ColumnInfo(name, int(typ), int(mod), int(num), policies.get(name), bool(deterministic), int(array))
-        for name, typ, mod, num, deterministic, array in rows
+        name: ColumnInfo(name, int(typ), int(mod), int(num), policies.get(name), bool(deterministic), int(array),
+                         bool(container))
+        for name, typ, mod, num, deterministic, array, container in rows
     }

@@ -37,6 +37,11 @@ def column_fit_problems(table: str, column: str, policy: ColumnPolicy, info: Col
         if policy.sensitivity > MAX_ABS_BOUND.get(type_oid, math.inf):
             return [f"{key}: bounds of this column type may be at most {MAX_ABS_BOUND[type_oid]:g} in magnitude "
                     "(a larger SUM could overflow on the backend, depending on the rows)"]
+    if policy.categories is not None and info.container:
+        # MODE and GROUP BY compare the column with each category, which on an array or
+        # composite can fail per row (ColumnInfo.container).
+        return [f"{key}: categories are for a text (or enum, boolean ...) column; on the backend it is an array "
+                "or composite, whose comparisons can fail depending on the rows"]
     if policy.categories is not None and type_oid in NUMERIC_TYPES:
         return [f"{key}: categories are for a text (or enum, boolean ...) column; on the backend it is "
                 "numeric: give it bounds"]

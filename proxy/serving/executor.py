@@ -379,7 +379,11 @@ class Executor:
         if plan.limit_zero:  # the WHERE leaves no time bucket: nothing to release
             return await self._post_processed(plan, None, result_formats), [], Cost(0.0, 0.0, None, None)
         sql = backend_sql(plan, seed=0)  # names the query; the SQL run gets a fresh seed below
-        repeat_key = (self.user, sql, tuple(params.values), tuple(params.formats), epsilon)
+        # The aggregates too: different ones can share the backend SQL (sum_count AVG is a
+        # clamped SUM and a COUNT, so ``sum(x), avg(x)`` runs what ``sum(x), sum(x), count(x)``
+        # runs), and a repeat must be the same release, not another's values under these columns.
+        released = tuple((a.kind, a.column.name if a.column else None, a.mechanism, a.distinct) for a in plan.aggregates)
+        repeat_key = (self.user, sql, released, tuple(params.values), tuple(params.formats), epsilon)
         earlier = self.server.repeats.get(repeat_key)
         if earlier is not None:
             # Only the released values are shared: names come from the statement asked now.

@@ -1,0 +1,285 @@
+"""What an accepted (or refused) statement shows must not depend on one row beyond the noise.
+
+Found by attacking the outputs of DP statements (post-processing, repeats, extended protocol,
+COPY, histograms) on neighbouring tables that differ in one row; each test pins one behaviour:
+
+* comparisons on array (and composite) columns: PostgreSQL looks up the element type's
+  equality or ordering only when a row with the literal's shape reaches the comparison, so
+  ``pa = '{"(0,0)"}'`` on a ``point[]`` column failed with 42883 (message and all) on a table
+  holding such a row and was answered on its neighbour without it;
+* the repeat store: two statements with different aggregates can have the same backend SQL
+  (``sum(x), avg(x)`` and ``sum(x), sum(x), count(x)``); a repeat must be the same release,
+  never an earlier answer with other columns (a malformed row, or XX000 ending the session);
+* and neighbouring-table probes of the outer statement, the extended protocol's Describe,
+  row-limited Execute and binary results, COPY and histogram narrowing, which must show the
+  same shape on both tables.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from tests.conftest import RunningProxy, TestDatabase, running_proxy
+from tests.wire import SYNC, Wire, bind, describe, error_fields, execute, parse
+
+_TABLES = {
+    # arr0 has no row, arr1 one row whose arrays have one element: a neighbour of arr0.
+    "arr0": [],
+    "arr1": ["(1, 1, ARRAY[point(1, 1)], ARRAY['{}'::json], 'a')"],
+    # nb0 / nb1: 60 ordinary rows; nb1 has one adversarial row more.
+    "nb0": [],
+    "nb1": ["(1000, 2147483647, 'NaN', 99999999.99, 'zzz', '5874897-12-31', 'infinity')"],
+    # tiny0 / tiny1: 40 rows of zeros; tiny1 has one row more, too close to 0 for a double.
+    "tiny0": [],
+    "tiny1": ["(1000, 1e-400, 5e-324)"],
+}
+_NB_ROWS = (
+    "SELECT i, i % 50, (i % 7) / 10.0, (i % 13) * 1.25, (ARRAY['a', 'b', 'c'])[1 + i % 3], "
+    "DATE '2000-01-01' + (i % 300), TIMESTAMP '2000-01-01' + (i % 300) * interval '1 day' "
+    "FROM generate_series(1, 60) i"
+)
+
+_POLICY = """
+backend: {{dsn: "{dsn}", statement_timeout_ms: 10000}}
+listen: {{host: 127.0.0.1, port: 0}}
+ledger: {{url: "sqlite:///{ledger}"}}
+repeats: {{enabled: true}}
+users:
+  analyst: {{password: analyst, budget: {{epsilon: 1000000, delta: 0.9}}}}
+  plain: {{password: plain, auth: cleartext, budget: {{epsilon: 1000000, delta: 0.9}}}}
+tables:
+  public.arr0: &A
+    access: protected
+    epsilon: 1.0
+    columns:
+      x: {{bounds: [0, 10]}}
+  public.arr1: *A
+  public.nb0: &N
+    access: protected
+    epsilon: 1.0
+    delta: 1.0e-6
+    partitions: 4
+    columns:
+      x: {{bounds: [0, 100], group_by: true}}
+      f: {{bounds: [-1.0, 1.0], group_by: true}}
+      n: {{bounds: [0, 100]}}
+      t: {{categories: [a, b], group_by: true, other: zz}}
+      d: {{bounds: [2000-01-01, 2000-12-31], group_by: true}}
+      ts: {{bounds: [2000-01-01, 2000-12-31], group_by: [month, week]}}
+  public.nb1: *N
+  public.tiny0: &Z
+    access: protected
+    epsilon: 1.0
+    delta: 1.0e-6
+    partitions: 4
+    avg: sample_aggregate
+    columns:
+      nn: {{bounds: [0, 1000]}}
+      f: {{bounds: [-1.0, 1.0]}}
+  public.tiny1: *Z
+"""
+
+
+@pytest.fixture(scope="module")
+def attack_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS arr0, arr1, nb0, nb1, tiny0, tiny1")
+        for name in ("arr0", "arr1"):
+            conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, x int, pa point[], ja json[], s text)")
+        for name in ("nb0", "nb1"):
+            conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, x int, f float8, n numeric(10, 2), t text, "
+                         "d date, ts timestamp) WITH (autovacuum_enabled = off)")
+            conn.execute(f"INSERT INTO {name} {_NB_ROWS}")
+        for name in ("tiny0", "tiny1"):
+            conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, nn numeric, f float8)")
+            conn.execute(f"INSERT INTO {name} SELECT i, 0, 0 FROM generate_series(1, 40) i")
+        for name, rows in _TABLES.items():
+            if rows:
+                conn.execute(f"INSERT INTO {name} VALUES {', '.join(rows)}")
+            conn.execute(f"GRANT SELECT ON {name} TO dpproxy_service")
+    with running_proxy(test_db, tmp_path_factory, _POLICY) as running:
+        yield running
+
+
+_NUMBER = re.compile(r"-?\d+(\.\d+)?(e[+-]?\d+)?", re.IGNORECASE)
+
+
+def _outcome(conn: psycopg.Connection, sql: str, table: str, params: tuple[object, ...] | None = None) -> tuple[object, ...]:
+    """What the analyst sees of ``sql`` on ``table`` without the noised values: an error's
+    SQLSTATE and message, or the columns, the number of rows, the tag and the masked notices."""
+    notices: list[str] = []
+
+    def handler(diag: psycopg.errors.Diagnostic) -> None:
+        notices.append(diag.message_primary or "")
+
+    conn.add_notice_handler(handler)
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute(sql.replace("{t}", table), params)
+            columns = tuple((c.name, c.type_code) for c in cursor.description or ())
+            rows = cursor.fetchall() if cursor.description else []
+            widths = {len(row) for row in rows}
+            return ("answer", columns, len(rows), widths, cursor.statusmessage,
+                    tuple(_NUMBER.sub("#", n.replace(table, "T")) for n in notices))
+    except psycopg.Error as exc:
+        return ("error", exc.sqlstate, (exc.diag.message_primary or "").replace(table, "T"))
+    finally:
+        conn.remove_notice_handler(handler)
+
+
+@pytest.mark.parametrize("predicate", [
+    "pa = '{\"(0,0)\"}'",
+    "pa < '{\"(0,0)\"}'",
+    "pa BETWEEN '{\"(0,0)\"}' AND '{\"(9,9)\"}'",
+    "ja <> '{\"1\"}'",
+    "ja IN ('{\"1\"}', '{}')",
+    "pa = pa",
+])
+def test_a_comparison_on_an_array_column_fails_or_not_whatever_the_rows(
+    attack_proxy: RunningProxy, predicate: str
+) -> None:
+    """point and json have no equality or ordering: PostgreSQL raises 42883 only when it
+    compares a row's array of the literal's shape. One row must not decide that."""
+    sql = f"SELECT count(*) FROM {{t}} WHERE {predicate}"
+    with attack_proxy.connect() as conn:
+        empty, neighbour = _outcome(conn, sql, "arr0"), _outcome(conn, sql, "arr1")
+    assert empty == neighbour, f"{sql}: {empty} on the empty table, {neighbour} with one row"
+
+
+def test_a_repeat_answers_only_the_same_aggregates(attack_proxy: RunningProxy) -> None:
+    """``sum(x), avg(x)`` and ``sum(x), sum(x), count(x)`` have the same backend SQL (sum_count
+    AVG is a clamped sum and a count); the second is a new release, not the first's two values
+    under three columns (a DataRow of the wrong width)."""
+    with attack_proxy.connect() as conn:
+        first = conn.execute("SELECT sum(x), avg(x) FROM nb0 WHERE id < 40").fetchall()
+        assert len(first[0]) == 2
+        cursor = conn.execute("SELECT sum(x), sum(x), count(x) FROM nb0 WHERE id < 40")
+        row = cursor.fetchone()
+        assert row is not None and len(row) == 3 and isinstance(row[2], int)
+        # A true repeat is still one: the same aggregates under other names.
+        notices: list[str] = []
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        conn.execute("SELECT sum(x) AS s, avg(x) AS a FROM nb0 WHERE id < 40").fetchall()
+        assert "a repeat of an earlier answer" in notices[-1]
+
+
+def test_a_grouped_repeat_answers_only_the_same_aggregates(attack_proxy: RunningProxy) -> None:
+    """Per cell, AVG is a sum and a count: ``t, avg(x)`` then ``t, sum(x), count(x)`` once
+    ended the session with XX000 (the earlier cells had one aggregate, the plan two)."""
+    with attack_proxy.connect() as conn:
+        conn.execute("SELECT t, avg(x) FROM nb0 WHERE id < 30 GROUP BY t").fetchall()
+        rows = conn.execute("SELECT t, sum(x), count(x) FROM nb0 WHERE id < 30 GROUP BY t").fetchall()
+        assert [len(row) for row in rows] == [3, 3, 3]
+        assert [row[0] for row in rows] == ["a", "b", "zz"]
+        rows = conn.execute("SELECT t, avg(x) FROM nb0 WHERE id < 30 GROUP BY t ORDER BY 1").fetchall()
+        assert [len(row) for row in rows] == [2, 2, 2]
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT max(nn) FROM {t} WHERE nn < 1",
+    "SELECT min(nn) FROM {t} WHERE nn > 0",
+    "SELECT avg(nn) FROM {t}",
+    "SELECT avg(f), count(*) FROM {t}",
+])
+def test_sample_and_aggregate_never_fails_on_values_too_close_to_zero(attack_proxy: RunningProxy, sql: str) -> None:
+    """A partition's value is a double: casting a numeric 1e-400 to one, or dividing a sum of
+    5e-324 by a count of 2, raised "out of range" on the backend (DP004 for the analyst) on the
+    table that holds such a row, and only there."""
+    with attack_proxy.connect() as conn:
+        base, neighbour = _outcome(conn, sql, "tiny0"), _outcome(conn, sql, "tiny1")
+    assert base == neighbour
+    assert base[0] == "answer"
+
+
+@pytest.mark.parametrize(("type_name", "values"), [
+    ("numeric", ["1e-400", "-1e-400", "0", "1e-320", "2e-308"]),
+    ("double precision", ["5e-324", "0", "-5e-324", "1e-310"]),
+])
+def test_partition_values_of_tiny_values_are_computed_without_error(admin: psycopg.Connection, type_name: str,
+                                                                  values: list[str]) -> None:
+    """Every pair of values in one partition: AVG, MIN and MAX come back (0 where a double
+    cannot hold them), never a backend error."""
+    from policies.model import ColumnPolicy
+    from policies.tables import ColumnInfo
+    from rewriter.rewrite import per_partition
+
+    column = ColumnInfo("y", 1700 if type_name == "numeric" else 701, -1, 1, ColumnPolicy(bounds=(-1.0, 1.0)))
+    parts = ", ".join(per_partition(kind, column) for kind in ("avg", "min", "max"))
+    pairs = [(g, v) for g, (a, b) in enumerate((a, b) for a in values for b in values) for v in (a, b)]
+    rows = admin.execute(
+        f"SELECT g, {parts} FROM (VALUES " + ", ".join(f"({g}, CAST('{v}' AS {type_name}))" for g, v in pairs)
+        + ") AS t(g, y) GROUP BY g ORDER BY g"
+    ).fetchall()
+    assert len(rows) == len(values) ** 2
+    for _, avg, low, high in rows:
+        assert all(isinstance(v, float) and abs(v) < 1e-300 for v in (avg, low, high))
+
+
+# Post-processing and histogram shapes whose outcome must not depend on nb1's extra row (NaN,
+# the int4 maximum, a date beyond timestamp's range, an undeclared category, infinity).
+_NEIGHBOUR_STATEMENTS = [
+    "SELECT t, count(*), sum(x), avg(n) FROM {t} GROUP BY t HAVING count(*) >= 0 ORDER BY 2 DESC, 1 LIMIT 2 OFFSET 1",
+    "SELECT * FROM (SELECT t AS k, count(*) AS c FROM {t} GROUP BY t) s WHERE c >= 0 ORDER BY k",
+    "SELECT width_bucket(f, -1, 1, 4) AS b, count(*), avg(f) FROM {t} GROUP BY 1",
+    "SELECT CAST(date_trunc('month', d) AS date) AS m, count(*) FROM {t} WHERE d >= '2000-03-10' GROUP BY 1",
+    "SELECT date_trunc('week', ts) AS w, count(*) FROM {t} WHERE ts BETWEEN '2000-02-01' AND '2000-03-01' GROUP BY 1",
+    "SELECT x, count(*) FROM {t} WHERE x < 5 GROUP BY x ORDER BY count(*) DESC, x LIMIT 3",
+    "SELECT sum(n)::text AS s, round(avg(n), 1), max(x) - min(x) AS spread, count(*) / 0.5 FROM {t}",
+    "SELECT max(c) FROM (SELECT count(*) AS c, avg(f) AS a FROM {t} WHERE t = 'a') AS v LIMIT 1000",
+    "SELECT count(*)::int2 / 0 FROM {t}",
+]
+
+
+@pytest.mark.parametrize("sql", _NEIGHBOUR_STATEMENTS)
+def test_post_processing_and_histograms_have_the_same_shape_on_neighbours(attack_proxy: RunningProxy, sql: str) -> None:
+    with attack_proxy.connect() as conn:
+        base, neighbour = _outcome(conn, sql, "nb0"), _outcome(conn, sql, "nb1")
+    assert base == neighbour
+    assert base[0] == "answer" or base[1] == "22012"
+
+
+def _extended(proxy: RunningProxy, sql: str, params: tuple[bytes, ...], formats: tuple[int, ...], limit: int) -> list[object]:
+    """Parse, Describe statement, Bind, Describe portal, three row-limited Executes, Sync:
+    every message's kind and what it shows besides the noised values."""
+    wire = Wire(proxy.host, proxy.port)
+    try:
+        wire.send(parse("s", sql, (23,)), describe(b"S", "s"), bind("p", "s", params, (1,), formats),
+                  describe(b"P", "p"), execute("p", limit), execute("p", limit), execute("p", limit), SYNC)
+        shown: list[object] = []
+        for kind, body in wire.read_until(b"Z"):
+            if kind == b"D":
+                shown.append((kind, struct.unpack("!h", body[:2])[0]))
+            elif kind in (b"N", b"E"):
+                fields = error_fields(body)
+                shown.append((kind, fields.get(b"C"), _NUMBER.sub("#", (fields.get(b"M") or b"").decode())))
+            elif kind == b"d":
+                shown.append((kind, body.count(b"\t")))
+            else:
+                shown.append((kind, body))
+        return shown
+    finally:
+        wire.close()
+
+
+@pytest.mark.parametrize(("sql", "formats"), [
+    ("SELECT t, count(*), avg(n) FROM {t} WHERE x > $1 GROUP BY t", (0, 1, 1)),
+    ("SELECT sum(n) * 2 AS s, max(x), avg(f) FROM {t} WHERE x > $1", (1,)),
+    ("COPY (SELECT t, sum(n) FROM {t} WHERE x > $1 GROUP BY t) TO STDOUT", ()),
+])
+def test_extended_protocol_shows_the_same_messages_on_neighbours(attack_proxy: RunningProxy, sql: str,
+                                                                 formats: tuple[int, ...]) -> None:
+    """Describe before Bind, binary parameters and results, Execute with a row limit (portal
+    suspension) and Executes past the end: the same messages on both tables."""
+    param = (struct.pack("!i", 3),)
+    base = _extended(attack_proxy, sql.replace("{t}", "nb0"), param, formats, 1)
+    neighbour = _extended(attack_proxy, sql.replace("{t}", "nb1"), param, formats, 1)
+    assert [m for m in base if m[0] != b"T"] == [m for m in neighbour if m[0] != b"T"]
+    assert [bytes(m[1]).replace(b"nb0", b"T") for m in base if m[0] == b"T"] == [
+        bytes(m[1]).replace(b"nb1", b"T") for m in neighbour if m[0] == b"T"]
+    assert not any(m[0] == b"E" for m in base), base
+
