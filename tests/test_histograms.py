@@ -218,6 +218,25 @@ def test_time_range_in_where_leaves_out_the_buckets_it_excludes(hproxy):
     assert [r[0] for r in rows] == [datetime(2023, m, 1) for m in range(3, 9)]
 
 
+@pytest.mark.parametrize(("where", "months"), [
+    ("visited_on < TIMESTAMP '2023-03-01 12:00'", [1, 2, 3]),   # March 1 is before noon that day
+    ("visited_on < TIMESTAMP '2023-03-01 00:00'", [1, 2]),
+    ("visited_on < DATE '2023-03-01'", [1, 2]),
+    ("visited_on <= DATE '2023-03-01'", [1, 2, 3]),
+    ("visited_on >= DATE '2023-10-31'", [10, 11, 12]),
+    # No row is after October 31 (or its noon) in October; keeping it costs only a cell.
+    ("visited_on > DATE '2023-10-31'", [10, 11, 12]),
+    ("visited_on > TIMESTAMP '2023-10-31 12:00'", [10, 11, 12]),
+])
+def test_a_date_key_bounded_by_a_time_keeps_every_bucket_a_row_can_reach(hproxy, admin, where: str, months: list[int]):
+    _, rows = _rows(hproxy, f"SELECT date_trunc('month', visited_on) AS m, count(*) FROM visits WHERE {where} GROUP BY 1")
+    assert [r[0].month for r in rows] == months
+    # What PostgreSQL itself finds in those months is within them.
+    reached = admin.execute(f"SELECT DISTINCT extract(month FROM visited_on)::int FROM visits WHERE {where} "
+                            "AND visited_on BETWEEN '2023-01-01' AND '2023-12-31'").fetchall()
+    assert {m for (m,) in reached} <= set(months)
+
+
 def test_a_where_outside_the_declared_range_answers_no_row_at_no_cost(hproxy):
     with hproxy.connect() as conn:
         before = spent_epsilon(conn)

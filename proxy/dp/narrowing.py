@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from proxy.backend.connection import BackendSession, BoundParams
 from rewriter.dp_query import AggregateQuery
-from rewriter.group_keys import DATE, TIMESTAMPTZ, GroupKey, KeyRange
+from rewriter.group_keys import TIMESTAMPTZ, GroupKey, KeyRange
 from rewriter.rewrite import backend_sql
 
 __all__ = ["narrow_keys", "range_query"]
@@ -60,7 +60,10 @@ def range_query(plan: AggregateQuery) -> str:
 
 
 def _wall_clock(limit: KeyRange, key: GroupKey) -> str:
-    type_name = {DATE: "date", TIMESTAMPTZ: "timestamptz"}.get(key.column.type_oid, "timestamp")
+    # A date column is compared with a time as the timestamp of its midnight, so its bound
+    # keeps the time: cast to date, `d < '2000-03-01 12:00'` would end before March 1, which
+    # that WHERE keeps, and drop March's bucket. A date value reads as its midnight either way.
+    type_name = "timestamptz" if key.column.type_oid == TIMESTAMPTZ else "timestamp"
     return f"pg_catalog.to_char(CAST(({limit.sql}) AS pg_catalog.{type_name}), '{_WALL_CLOCK}')"
 
 
