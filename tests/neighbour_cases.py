@@ -49,10 +49,12 @@ COLUMNS: tuple[Column, ...] = (
            ("'NaN'", "'Infinity'", "'-Infinity'", "3.4e38", "1e-45", "-0.0", "1.0", "1.0000001", "-1")),
     Column("f8", "float8", True, (-1e280, 1e280), None,  # the largest bounds a float8 column may have
            ("'NaN'", "'Infinity'", "'-Infinity'", "1.7976931348623157e308", "5e-324", "1e300", "1e280", "-1e301", "0"),
-           "group_by: true"),
+           "group_by: true, avg: sample_aggregate"),  # a subnormal partition sum over 2 rows underflows a division
     Column("n", "numeric", True, (0, 1e20), None,
-           ("'NaN'", "'Infinity'", "'-Infinity'", "1e100", "-1e100", "0.000000000000000000001", "1e20",
-            "100000000000000000001", "7"), "group_by: true"),
+           # 1e-400: closer to 0 than double precision reaches, where a cast to it fails
+           ("'NaN'", "'Infinity'", "1e-400", "'-Infinity'", "1e100", "-1e100", "0.000000000000000000001", "1e20",
+            "100000000000000000001", "7"),
+           "group_by: true, avg: sample_aggregate"),
     Column("b", "bool", False, None, None, ("true", "false")),
     Column("d", "date", False, None, None,
            ("'-infinity'", "'infinity'", "'4713-01-01 BC'", "'5874897-12-31'", "'2000-02-29'", "'1970-01-01'",
@@ -61,6 +63,9 @@ COLUMNS: tuple[Column, ...] = (
            ("'-infinity'", "'infinity'", "'4713-01-01 00:00 BC'", "'294276-12-31 23:59:59'", "'2000-02-29 12:00'",
             "'1970-01-01'", "'1999-06-01 00:00'", "'2001-05-31 23:59:59.999999'"),
            "bounds: [1999-06-01, 2001-05-31], group_by: true"),
+    # Arrays compare element by element, looking up the elements' equality only when two
+    # arrays of one shape meet (point has none): a comparison must not depend on the rows.
+    Column("pa", "point[]", False, None, None, ("""'{"(0,0)"}'""", "'{}'", """'{"(1,2)","(3,4)"}'""", "'{NULL}'")),
 )
 _BY_NAME = {c.name: c for c in COLUMNS}
 TABLE_DDL = ", ".join(f"{c.name} {c.sql_type}" for c in COLUMNS)

@@ -34,7 +34,10 @@ NEIGHBOURS = 12
 TIME_LIMIT_S = 240  # a bound, not a target: a run takes well under a minute
 # Two base tables: "base" has a row of NULLs and a row of ordinary numbers, "empty" has no row,
 # so that the adversarial row of a neighbour is often the only row a predicate reaches.
-BASES = {"base": ["(" + ", ".join("NULL" for _ in COLUMNS) + ")", "(NULL, NULL, 1, 50, 7, 0.5, 2.5, 3, NULL, NULL, NULL)"],
+# "base" also has a row of zeros, which a tiny adversarial value may share a partition with.
+BASES = {"base": ["(" + ", ".join("NULL" for _ in COLUMNS) + ")",
+                  "(NULL, NULL, 1, 50, 7, 0.5, 2.5, 3, NULL, NULL, NULL, '{\"(0,0)\"}')",
+                  "(NULL, NULL, 0, 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL)"],
          "empty": []}
 
 _POLICY = """
