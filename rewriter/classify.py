@@ -11,6 +11,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping, Union
 
+import pglast
+import pglast.ast
+from pglast.stream import RawStream
+
 from policies.errors import SQLSTATE, Refusal
 from policies.tables import Relation, TableRegistry
 
@@ -395,7 +399,26 @@ def _set(statement: Statement) -> Decision:
     _refuse_read_write(node.get("args") or [])
     if kind != "VAR_SET_DEFAULT" and not exact_floats(name, _set_value(node)):
         raise inexact_floats()
+    if name in _TRANSACTION_SCOPED and not node.get("is_local"):
+        return Passthrough(_as_local(statement.text))
     return Passthrough(statement.text)
+
+
+# SET TRANSACTION ... and SET transaction_isolation act on the current transaction only, but
+# PostgreSQL keeps them as a session-level SET: transaction_isolation (and _read_only) stay
+# with source 'session' on the backend after the transaction, where RESET ALL and DISCARD ALL
+# cannot clear them. On a pooled connection that is a trace the next analyst's session reads
+# in pg_settings. SET LOCAL has the same effect on the transaction and leaves nothing.
+_TRANSACTION_SCOPED = frozenset({"transaction", "transaction_isolation"})
+
+
+def _as_local(text: str) -> str:
+    """``text``, one SET statement, as the same SET LOCAL."""
+    (raw,) = pglast.parse_sql(text)
+    statement = raw.stmt
+    assert isinstance(statement, pglast.ast.VariableSetStmt)
+    statement.is_local = True
+    return str(RawStream()(statement))
 
 
 def _set_value(node: dict[str, Any]) -> str | None:

@@ -43,6 +43,20 @@ def _check_set_config(node: Any) -> None:
         second = args[1].get("A_Const", {}).get("sval", {}).get("sval") if len(args) > 1 else None
         if not exact_floats(first, second):
             raise inexact_floats()
+        if first.lower() == "transaction_isolation" and not _is_true(args[2] if len(args) > 2 else None):
+            # For the session (is_local false) it would stay on the backend connection with
+            # source 'session', which nothing clears (see classify._TRANSACTION_SCOPED).
+            raise Refusal(
+                SQLSTATE.INSUFFICIENT_PRIVILEGE,
+                "set_config() of transaction_isolation for the session is not allowed (rule: safe-settings)",
+                "Use SET TRANSACTION ISOLATION LEVEL ... in the transaction, or set_config(..., true).",
+                "safe-settings",
+            )
+
+
+def _is_true(arg: Any) -> bool:
+    """Whether ``arg`` is the literal boolean true."""
+    return bool(isinstance(arg, dict) and arg.get("A_Const", {}).get("boolval", {}).get("boolval") is True)
 
 
 def _function_calls(node: Any, name: str) -> list[dict[str, Any]]:

@@ -179,10 +179,18 @@ def startup_key(startup: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 # The settings a session has made on its connection (SET, set_config, startup parameters):
 # what a connection checked out for it next must have too. Values travel as hex of their
 # UTF-8, both ways, so that neither the session's client_encoding nor the one the connection
-# had before can change a byte of them.
+# had before can change a byte of them. The transaction_* settings are left out: each
+# transaction takes them afresh from default_transaction_*, so they carry nothing between
+# transactions, but one non-local SET of them leaves source 'session' that RESET ALL never
+# clears, and set_config of them after a transaction's first query fails (25001) — read
+# back, they would pass from the connection into the next holder's settings, and from there
+# fail each of its later checkouts (rewriter/classify.py keeps clients from setting them so).
+_TRANSACTION_SCOPED = ("transaction_isolation", "transaction_read_only", "transaction_deferrable")
 _SESSION_SETTINGS_SQL = (
     "SELECT name, pg_catalog.encode(pg_catalog.convert_to(setting, 'UTF8'), 'hex') FROM pg_catalog.pg_settings "
-    "WHERE source OPERATOR(pg_catalog.=) 'session' ORDER BY name"
+    "WHERE source OPERATOR(pg_catalog.=) 'session' "
+    + "".join(f"AND name OPERATOR(pg_catalog.<>) '{name}' " for name in _TRANSACTION_SCOPED)
+    + "ORDER BY name"
 )
 
 

@@ -14,7 +14,14 @@ from collections.abc import Iterator
 from typing import Awaitable, Callable, Protocol
 
 from policies.errors import SQLSTATE, Refusal
-from proxy.backend.connection import BackendError, BackendLost, BackendSession, pooled_session, startup_key
+from proxy.backend.connection import (
+    BackendError,
+    BackendLost,
+    BackendSession,
+    pooled_session,
+    startup_key,
+    startup_settings,
+)
 from proxy.backend.pool import BackendPool
 from proxy.ops import metrics
 from proxy.wire import protocol
@@ -202,7 +209,10 @@ class Session:
                 f'database "{database}" does not exist',
                 f'dpproxy serves the database "{self.server.database}".',
             )
-        if not exact_floats("extra_float_digits", params.get("extra_float_digits", "1")):
+        # By the setting names the backend session takes them under: PostgreSQL reads a
+        # startup parameter's name in any case (Extra_Float_Digits), and so does
+        # startup_settings, so the check must see the value that will be applied.
+        if not exact_floats("extra_float_digits", startup_settings(params).get("extra_float_digits", "1")):
             raise Refusal(SQLSTATE.INVALID_PARAMETER_VALUE,
                           "extra_float_digits below 1 is not allowed through dpproxy (rule: exact-floats)")
         key = startup_key(params)

@@ -1,0 +1,134 @@
+"""Attacks on the backend pool's isolation between analysts, and what stops them.
+
+With ``backend.pool.size: 1`` every session runs on the one PostgreSQL backend, so whatever
+one analyst leaves on it is what the next one gets. These tests pin holes found by trying:
+
+* a startup parameter spelled in another case (``Extra_Float_Digits``) is a setting to
+  PostgreSQL, and must be checked like the lower-case one: else extra_float_digits = -15
+  rounds the exact float sums before they are noised (rule exact-floats);
+* ``SET TRANSACTION ...`` (and ``SET transaction_isolation``) leaves ``transaction_isolation``
+  with source 'session' on the backend, which ``RESET ALL`` cannot undo: it must neither
+  stay on a pooled connection (the next analyst reads it in ``pg_settings``) nor enter the
+  settings dpproxy re-applies (``set_config('transaction_isolation', ...)`` after the first
+  query of a transaction fails, so one analyst's SET broke every other session that was
+  later given that connection's settings: 25001 on each statement).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import asyncpg
+import psycopg
+import pytest
+
+from conftest import TEST_DATABASE, TEST_POLICY, RunningProxy, running_proxy
+from proxy.backend.connection import _SESSION_SETTINGS_SQL
+
+
+def _policy(size: int) -> str:
+    pool = f"  pool: {{{{size: {size}, checkout_timeout_s: 5}}}}\n"
+    return TEST_POLICY.replace("  statement_timeout_ms: 20000\n", "  statement_timeout_ms: 20000\n" + pool)
+
+
+@pytest.fixture(scope="module")
+def one(test_db, tmp_path_factory) -> Iterator[RunningProxy]:
+    """One backend connection shared by every session."""
+    with running_proxy(test_db, tmp_path_factory, _policy(1)) as running:
+        yield running
+
+
+def _pid(conn: psycopg.Connection) -> int:
+    return conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+
+
+def _session_settings(conn: psycopg.Connection) -> dict[str, str]:
+    return dict(conn.execute("SELECT name, setting FROM pg_settings WHERE source = 'session'").fetchall())
+
+
+@pytest.mark.parametrize("settings", [
+    {"Extra_Float_Digits": "-15"},
+    {"EXTRA_FLOAT_DIGITS": "0"},
+    {"extra_float_digits": "3", "Extra_Float_Digits": "-15"},  # the last one is what PostgreSQL takes
+])
+def test_extra_float_digits_in_the_startup_packet_is_checked_whatever_its_case(one: RunningProxy, settings):
+    async def scenario() -> None:
+        dsn = dict(host=one.host, port=one.port, user="analyst", password="analyst", database=TEST_DATABASE)
+        with pytest.raises(asyncpg.PostgresError) as refused:
+            conn = await asyncpg.connect(**dsn, server_settings=settings)
+            try:  # accepted: show what it got, so the failure says why it matters
+                rounded = await conn.fetchval("SELECT 1234.5678::float8::text")
+                pytest.fail(f"accepted with extra_float_digits {await conn.fetchval('SHOW extra_float_digits')}: "
+                            f"1234.5678 reads {rounded}")
+            finally:
+                await conn.close()
+        assert refused.value.sqlstate == "22023"
+        assert "exact-floats" in str(refused.value)
+
+    asyncio.run(scenario())
+
+
+_LEFT_BEHIND = [
+    ("BEGIN", "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE, READ ONLY", "SHOW transaction_isolation", "COMMIT"),
+    ("BEGIN", "SET transaction_isolation = 'repeatable read'", "SHOW transaction_isolation", "COMMIT"),
+    ("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ",),
+    ("SET transaction_isolation = 'serializable'",),
+]
+
+
+@pytest.mark.parametrize("statements", _LEFT_BEHIND, ids=[" / ".join(s) for s in _LEFT_BEHIND])
+def test_set_transaction_leaves_nothing_on_a_shared_backend_connection(one: RunningProxy, statements):
+    with one.connect() as alice, one.connect(application_name="bob") as bob:
+        for sql in statements:
+            cursor = alice.execute(sql)
+            if sql.startswith("SHOW"):  # inside the block the SET is in force
+                assert cursor.fetchone()[0] in ("serializable", "repeatable read")
+        assert _pid(alice) == _pid(bob), "precondition: one backend connection for both"
+        assert _session_settings(bob) == {"application_name": "bob"}
+        assert bob.execute("SHOW transaction_isolation").fetchone() == ("read committed",)
+
+
+def test_set_config_of_transaction_isolation_for_the_session_is_refused(one: RunningProxy):
+    with one.connect() as alice, one.connect(application_name="bob") as bob:
+        with pytest.raises(psycopg.Error) as refused:
+            alice.execute("SELECT set_config('transaction_isolation', 'serializable', false)")
+        assert refused.value.sqlstate == "42501" and "safe-settings" in str(refused.value)
+        alice.execute("BEGIN")  # for the transaction it passes (PostgreSQL accepts it after a query
+        # only when it changes nothing)
+        assert alice.execute("SELECT set_config('transaction_isolation', 'read committed', true)").fetchone() == (
+            "read committed",)
+        alice.execute("COMMIT")
+        assert _pid(alice) == _pid(bob)
+        assert _session_settings(bob) == {"application_name": "bob"}
+
+
+def test_one_analysts_transaction_settings_cannot_break_another_session(one: RunningProxy):
+    with one.connect() as alice, one.connect(application_name="bob") as bob:
+        alice.execute("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+        alice.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+        alice.execute("BEGIN")
+        alice.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+        alice.execute("COMMIT")
+        for _ in range(3):  # each checkout moves the one connection between their settings
+            assert bob.execute("SHOW transaction_isolation").fetchone() == ("read committed",)
+            assert alice.execute("SHOW transaction_isolation").fetchone() == ("serializable",)
+            assert bob.execute("SELECT COUNT(*) FROM adult WHERE age > 30").fetchone()[0] > 0
+        with one.connect(application_name="carol") as carol:  # a session that starts afterwards
+            assert carol.execute("SHOW transaction_isolation").fetchone() == ("read committed",)
+            assert _session_settings(carol) == {"application_name": "carol"}
+
+
+def test_the_settings_read_back_from_a_connection_leave_out_transaction_scoped_ones(test_db):
+    """Were a transaction_* setting ever left with source 'session' on a pooled connection,
+    it must not become part of the settings re-applied elsewhere (RESET ALL cannot undo it,
+    and set_config of it after a transaction's first query fails)."""
+    with psycopg.connect(test_db.service_dsn, autocommit=True) as conn:
+        conn.execute("SET transaction_isolation = 'serializable'")
+        conn.execute("BEGIN")
+        conn.execute("SET TRANSACTION READ ONLY")
+        conn.execute("COMMIT")
+        conn.execute("SET application_name = 'kept'")
+        assert {"transaction_isolation", "transaction_read_only"} <= set(_session_settings(conn))  # precondition
+        names = [name for name, _ in conn.execute(_SESSION_SETTINGS_SQL).fetchall()]
+        assert names == ["application_name"]
