@@ -132,3 +132,48 @@ def test_the_settings_read_back_from_a_connection_leave_out_transaction_scoped_o
         assert {"transaction_isolation", "transaction_read_only"} <= set(_session_settings(conn))  # precondition
         names = [name for name, _ in conn.execute(_SESSION_SETTINGS_SQL).fetchall()]
         assert names == ["application_name"]
+
+
+_EVERYTHING_A_SESSION_MAY_SET = [
+    "SET search_path = pg_catalog, public", "SET DateStyle = 'German'", "SET TIME ZONE INTERVAL '+05:30' HOUR TO MINUTE",
+    "SET IntervalStyle = 'sql_standard'", "SET extra_float_digits = 3", "SET bytea_output = 'escape'",
+    "SET client_min_messages = 'debug1'", "SET lc_monetary = 'C'", "SET lc_numeric = 'C'", "SET lc_time = 'C'",
+    "SET jit = off", "SET lock_timeout = '3s'", "SET idle_in_transaction_session_timeout = '60s'",
+    "SET XML OPTION CONTENT", "SET NAMES 'UTF8'", "SET application_name = 'alice-secret'",
+    "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE, READ ONLY, DEFERRABLE",
+    "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE", "SET transaction_isolation = 'serializable'",
+    "BEGIN ISOLATION LEVEL REPEATABLE READ", "SET LOCAL search_path = elsewhere",
+    "SELECT set_config('application_name', 'local', true)", "SET TRANSACTION READ ONLY", "COMMIT",
+    "BEGIN", "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE", "SAVEPOINT s", "SET lc_time = 'C'", "ROLLBACK TO s", "COMMIT",
+    "SELECT COUNT(*) FROM adult WHERE interview_date >= now() - interval '1 year'",
+]
+
+
+def test_nothing_a_session_sets_shows_in_the_next_sessions_pg_settings(one: RunningProxy):
+    """Every row of pg_settings (value, source, reset value) is the same for Bob before and
+    after Alice has set everything she may on the connection they share."""
+    everything = "SELECT name, setting, source, reset_val FROM pg_settings ORDER BY name"
+    with one.connect(application_name="bob") as bob:
+        before = bob.execute(everything).fetchall()
+        with one.connect() as alice:
+            for sql in _EVERYTHING_A_SESSION_MAY_SET:
+                alice.execute(sql)
+            after = bob.execute(everything).fetchall()
+            assert _pid(alice) == _pid(bob)
+    assert [(b, a) for b, a in zip(before, after) if b != a] == [] and len(before) == len(after)
+
+
+def test_a_session_that_leaves_in_a_failed_transaction_leaves_nothing_behind(one: RunningProxy):
+    alice = one.connect()
+    pid = _pid(alice)
+    alice.execute("BEGIN")
+    alice.execute("SET LOCAL search_path = pg_catalog")
+    alice.execute("SET LOCAL application_name = 'alice-in-a-block'")
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        alice.execute("SELECT 1/0")
+    alice.close()  # Terminate, no ROLLBACK: the backend is still in the failed block
+    with one.connect(application_name="bob") as bob:  # the connection was closed, not pooled
+        assert bob.execute("SHOW search_path").fetchone() == ('"$user", public',)
+        assert _session_settings(bob) == {"application_name": "bob"}
+        assert bob.execute("SELECT COUNT(*) FROM adult WHERE age > 30").fetchone()[0] > 0
+        assert _pid(bob) != pid
