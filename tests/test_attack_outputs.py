@@ -168,6 +168,30 @@ def test_a_repeat_answers_only_the_same_aggregates(attack_proxy: RunningProxy) -
         assert "a repeat of an earlier answer" in notices[-1]
 
 
+def test_a_repeat_reads_its_date_literals_under_the_sessions_date_style(attack_proxy: RunningProxy) -> None:
+    """'01/02/2000' is January 2 under MDY and February 1 under DMY: the same text, two
+    questions. Only an answer asked under the same settings is a repeat; just after a SET in
+    the same message the settings are not known yet, so there is no repeat either."""
+    sql = "SELECT count(*) FROM nb0 WHERE d >= '01/02/2000'"
+    with attack_proxy.connect() as conn:
+        notices: list[str] = []
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+
+        def repeat(statement: str) -> bool:
+            conn.execute(statement)
+            return "a repeat of an earlier answer" in notices[-1]
+
+        conn.execute("SET DateStyle = 'ISO, MDY'")
+        repeat(sql)
+        assert repeat(sql)
+        conn.execute("SET DateStyle = 'ISO, DMY'")
+        assert not repeat(sql)
+        assert repeat(sql)
+        conn.execute("SET DateStyle = 'ISO, MDY'")
+        assert repeat(sql)
+        assert not repeat(f"SET DateStyle = 'ISO, DMY'; {sql}")
+
+
 def test_a_grouped_repeat_answers_only_the_same_aggregates(attack_proxy: RunningProxy) -> None:
     """Per cell, AVG is a sum and a count: ``t, avg(x)`` then ``t, sum(x), count(x)`` once
     ended the session with XX000 (the earlier cells had one aggregate, the plan two)."""

@@ -409,6 +409,15 @@ class BackendSession:
     def holds_connection(self) -> bool:
         return self._held is not None
 
+    @property
+    def settings(self) -> State | None:
+        """The settings this session's connections carry (DateStyle, TimeZone ... as the session
+        set them, ``application_name`` left out); None while a statement may have changed them
+        since they were last read."""
+        if self._dirty:
+            return None
+        return tuple(setting for setting in self._state if setting[0].lower() != "application_name")
+
     def reported_parameters(self) -> dict[str, str]:
         if self._held is None:
             return dict(self._reported)

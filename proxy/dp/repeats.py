@@ -2,8 +2,10 @@
 
 Averaging many noisy answers to the same query would shrink the noise; answering a repeat
 with the stored answer defeats that and saves budget. A repeat is the same user, the same
-rewritten backend SQL (sqlglot's normal form, so spacing and case do not matter), the same
-parameter values and the same ε, within the TTL. ``RepeatCache`` keeps them in the
+rewritten backend SQL (sqlglot's normal form, so spacing and case do not matter) and
+aggregates, the same session settings (a date literal reads differently under another
+DateStyle), the same parameter values and the same ε, within the TTL; the executor makes
+the key. ``RepeatCache`` keeps them in the
 process; ``SharedRepeatCache`` in a SQLite file that the workers of one ``dpproxy serve``
 share (``listen.workers``). Replicas do not share a store, which costs budget but never
 privacy (every fresh answer is charged).
