@@ -22,6 +22,7 @@ __all__ = [
     "NEUTRALISED_FUNCTIONS",
     "NEUTRALISED_PG_CLASS_COLUMNS",
     "SAFE_SETTINGS",
+    "ascii_safe_encoding",
     "allowed_catalog_relation",
     "allowed_function",
     "exact_floats",
@@ -128,6 +129,40 @@ SAFE_SETTINGS = frozenset(
         "transaction", "session characteristics",
     }
 )
+
+
+# Client encodings in which every byte below 0x80 is always the ASCII character itself:
+# PostgreSQL's server-side encodings, by the names and aliases it accepts (encnames.c),
+# as clean_encoding_name() reduces them (ASCII letters and digits, lower case). Not its
+# client-only encodings (SJIS, SHIFT_JIS_2004, BIG5, GBK, GB18030, UHC, JOHAB and their
+# aliases mskanji, win932, win950 ...): there the second byte of a character can be an ASCII
+# byte, a backslash among them, so the UTF-8 text dpproxy parsed and sends is, for
+# PostgreSQL, another statement (the last byte of "ā" swallows the backslash of ``E'ā\'``
+# and the quote after it ends the string). dpproxy reads every client message as UTF-8.
+_ASCII_SAFE_ENCODINGS = frozenset(
+    {
+        "utf8", "unicode", "sqlascii", "muleinternal",
+        "eucjp", "euccn", "euckr", "euctw", "eucjis2004",
+        "latin1", "latin2", "latin3", "latin4", "latin5", "latin6", "latin7", "latin8", "latin9", "latin10",
+        "iso88591", "iso88592", "iso88593", "iso88594", "iso88595", "iso88596", "iso88597", "iso88598",
+        "iso88599", "iso885910", "iso885913", "iso885914", "iso885915", "iso885916",
+        "win1250", "win1251", "win1252", "win1253", "win1254", "win1255", "win1256", "win1257", "win1258",
+        "windows1250", "windows1251", "windows1252", "windows1253", "windows1254", "windows1255",
+        "windows1256", "windows1257", "windows1258", "win866", "windows866", "alt", "win874", "windows874",
+        "koi8", "koi8r", "koi8u", "win", "abc", "tcvn", "tcvn5712", "vscii",
+    }
+)
+
+
+def ascii_safe_encoding(value: str | None) -> bool:
+    """True for a client_encoding value in which PostgreSQL reads each ASCII byte as dpproxy does.
+
+    PostgreSQL drops every character of the name but ASCII letters and digits (so ``'sjéis'``
+    is SJIS): a name with any other non-ASCII character, or none given as a literal, is not safe.
+    """
+    if value is None or not value.isascii():
+        return False
+    return "".join(ch for ch in value.lower() if ch.isalnum()) in _ASCII_SAFE_ENCODINGS
 
 
 def exact_floats(name: str, value: str | None) -> bool:

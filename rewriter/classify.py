@@ -18,10 +18,12 @@ from pglast.stream import RawStream
 from policies.errors import SQLSTATE, Refusal
 from policies.tables import Relation, TableRegistry
 
-from .catalog import CATALOG_SCHEMAS, SAFE_SETTINGS, allowed_catalog_relation, allowed_function, exact_floats
+from .catalog import (
+    CATALOG_SCHEMAS, SAFE_SETTINGS, allowed_catalog_relation, allowed_function, ascii_safe_encoding, exact_floats,
+)
 from .constants import FUNCTIONS as FOLDABLE_FUNCTIONS
 from .copy import CopyOptions, copy_query
-from .function_check import check_functions, inexact_floats
+from .function_check import check_functions, inexact_floats, unsafe_client_encoding
 from .dp_query import AggregateQuery, asks_for_no_row, plan_aggregate_query
 from .neutralise import neutralise_pg_class
 from .qualify import qualify
@@ -399,6 +401,8 @@ def _set(statement: Statement) -> Decision:
     _refuse_read_write(node.get("args") or [])
     if kind != "VAR_SET_DEFAULT" and not exact_floats(name, _set_value(node)):
         raise inexact_floats()
+    if name in ("client_encoding", "names") and kind != "VAR_SET_DEFAULT" and not ascii_safe_encoding(_set_value(node)):
+        raise unsafe_client_encoding(_set_value(node))
     if name in _TRANSACTION_SCOPED and not node.get("is_local"):
         return Passthrough(_as_local(statement.text))
     return Passthrough(statement.text)

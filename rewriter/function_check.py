@@ -6,10 +6,10 @@ from typing import Any
 
 from policies.errors import SQLSTATE, Refusal
 
-from .catalog import SAFE_SETTINGS, allowed_function, exact_floats, refused_function_reason
+from .catalog import SAFE_SETTINGS, allowed_function, ascii_safe_encoding, exact_floats, refused_function_reason
 from .statements import Statement
 
-__all__ = ["check_functions", "inexact_floats"]
+__all__ = ["check_functions", "inexact_floats", "unsafe_client_encoding"]
 
 
 def check_functions(statement: Statement) -> None:
@@ -43,6 +43,8 @@ def _check_set_config(node: Any) -> None:
         second = args[1].get("A_Const", {}).get("sval", {}).get("sval") if len(args) > 1 else None
         if not exact_floats(first, second):
             raise inexact_floats()
+        if first.lower() == "client_encoding" and not ascii_safe_encoding(second):
+            raise unsafe_client_encoding(second)
         if first.lower() == "transaction_isolation" and not _is_true(args[2] if len(args) > 2 else None):
             # For the session (is_local false) it would stay on the backend connection with
             # source 'session', which nothing clears (see classify._TRANSACTION_SCOPED).
@@ -81,4 +83,16 @@ def inexact_floats() -> Refusal:
         "extra_float_digits below 1 is not allowed through dpproxy (rule: exact-floats)",
         "Rounded float output would weaken the noise on float aggregates; use 1, 2 or 3 (1 is PostgreSQL's default).",
         "exact-floats",
+    )
+
+
+def unsafe_client_encoding(value: str | None) -> Refusal:
+    """The refusal of a client_encoding in which PostgreSQL would read dpproxy's UTF-8 text otherwise."""
+    shown = f'"{value}"' if value is not None else "a computed or bound value"
+    return Refusal(
+        SQLSTATE.INVALID_PARAMETER_VALUE,
+        f"client_encoding {shown} is not allowed through dpproxy (rule: client-encoding)",
+        "dpproxy reads queries as UTF-8; use UTF8. In SJIS, BIG5, GBK, GB18030, UHC and JOHAB a "
+        "character can end in an ASCII byte, so PostgreSQL would read another statement.",
+        "client-encoding",
     )

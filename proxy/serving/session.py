@@ -27,7 +27,7 @@ from proxy.ops import metrics
 from proxy.wire import protocol
 from proxy.wire.auth import authenticate
 from proxy.wire.protocol import ProtocolError
-from rewriter.catalog import exact_floats
+from rewriter.catalog import ascii_safe_encoding, exact_floats
 from rewriter.statements import Statement
 
 from .executor import Executor, StatementHost
@@ -215,6 +215,13 @@ class Session:
         if not exact_floats("extra_float_digits", startup_settings(params).get("extra_float_digits", "1")):
             raise Refusal(SQLSTATE.INVALID_PARAMETER_VALUE,
                           "extra_float_digits below 1 is not allowed through dpproxy (rule: exact-floats)")
+        # PostgreSQL reads dpproxy's UTF-8 text in this encoding: only one that reads every
+        # ASCII byte as itself (rewriter.catalog.ascii_safe_encoding).
+        encoding = startup_settings(params).get("client_encoding")
+        if encoding is not None and not ascii_safe_encoding(encoding):
+            raise Refusal(SQLSTATE.INVALID_PARAMETER_VALUE,
+                          f'client_encoding "{encoding}" is not allowed through dpproxy (rule: client-encoding)',
+                          "dpproxy reads queries as UTF-8; use UTF8.")
         key = startup_key(params)
         known = self.server.startup_reports.get(key)
         application_name = _application_name(params.get("application_name", ""))

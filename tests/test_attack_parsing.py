@@ -1,0 +1,123 @@
+"""Parser and encoding differentials: PostgreSQL must read exactly the statement dpproxy analysed.
+
+dpproxy reads every client message as UTF-8 and sends the backend UTF-8 text. PostgreSQL
+reads that text in the session's client_encoding. In its client-only encodings (SJIS,
+SHIFT_JIS_2004, BIG5, GBK, GB18030, UHC, JOHAB) the second byte of a character can be an ASCII
+byte — a backslash among them — so the last byte of a UTF-8 character can swallow the
+backslash after it. ``E'ā\\'`` is then, for PostgreSQL, a string that ends at the quote dpproxy
+read as escaped, and whatever dpproxy read as the rest of the string runs as SQL: SET and SHOW
+statements reach the backend as the client wrote them, through the simple query protocol,
+which runs every statement of the text.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+import wire
+from conftest import RunningProxy, running_proxy
+
+# A UTF-8 character whose last byte (0x81) is a lead byte in SJIS: 0xC4 0x81 0x5C is, for
+# PostgreSQL, "ﾄ" then the two-byte character 0x81 0x5C.
+SWALLOWS_BACKSLASH = {
+    "SJIS": "\u0101", "Shift_JIS": "\u0101", "win932": "\u0101", "SHIFT_JIS_2004": "\u0101",
+    "BIG5": "\u3865", "GBK": "\u3007", "GB18030": "\u3007",
+}
+HIDDEN = "SELECT count(*) AS leaked, min(age) FROM adult"
+
+
+def _smuggle(character: str) -> str:
+    """One SET statement for dpproxy (its value holds everything up to the last quote)."""
+    return f"SET application_name = E'{character}\\'; {HIDDEN}; --'"
+
+
+@pytest.fixture(scope="module")
+def one(test_db, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    with running_proxy(test_db, tmp_path_factory) as running:
+        yield running
+
+
+def _raw(proxy: RunningProxy, **params: str) -> tuple[wire.Wire, list[tuple[bytes, bytes]]]:
+    """A raw connection with startup ``params``; the replies to its password."""
+    conn = wire.Wire.__new__(wire.Wire)
+    conn.sock = socket.create_connection((proxy.host, proxy.port), timeout=15)
+    conn.buffer = b""
+    conn.sock.sendall(wire.startup(user="plain", database="dpproxy_test", **params))
+    first = conn.read_until(b"R")
+    if first[-1][0] != b"R":
+        return conn, first
+    conn.sock.sendall(wire.message(b"p", wire.cstr("plain")))
+    return conn, conn.read_until(b"Z")
+
+
+def _rows(conn: wire.Wire, sql: str) -> tuple[list[list[bytes | None]], list[bytes]]:
+    conn.send(wire.message(b"Q", wire.cstr(sql)))
+    replies = conn.read_until(b"Z")
+    rows = [wire.data_row_values(body) for kind, body in replies if kind == b"D"]
+    errors = [wire.error_fields(body)[b"C"] for kind, body in replies if kind == b"E"]
+    return rows, errors
+
+
+@pytest.mark.parametrize("encoding", sorted(SWALLOWS_BACKSLASH))
+def test_a_client_only_encoding_in_the_startup_packet_is_refused(one: RunningProxy, encoding: str):
+    conn, replies = _raw(one, client_encoding=encoding)
+    try:
+        errors = [wire.error_fields(body) for kind, body in replies if kind == b"E"]
+        if not errors:  # let in: then the smuggled statement must not run
+            rows, _ = _rows(conn, _smuggle(SWALLOWS_BACKSLASH[encoding]))
+            assert rows == [], f"{HIDDEN} ran on the backend under client_encoding {encoding}: {rows}"
+        assert errors and errors[0][b"C"] == b"22023", replies
+        assert b"client_encoding" in errors[0][b"M"]
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("statement", [
+    "SET client_encoding = 'SJIS'", "SET client_encoding TO sjis", "SET NAMES 'Shift-JIS'",
+    "SET LOCAL client_encoding = 'GBK'", "SET SESSION client_encoding = 'win950'", "SET client_encoding = 'UHC'",
+    "SET client_encoding = 'Johab'", "SET client_encoding = 'GB-18030'", "SET client_encoding = 'windows_932'",
+    "SELECT set_config('client_encoding', 'SJIS', false)", "SELECT pg_catalog.set_config('CLIENT_ENCODING', 'big5', true)",
+    "SELECT set_config('client_encoding', 'SJ' || 'IS', false)",
+    "SET client_encoding = 'sj\u00e9is'",
+])
+def test_set_of_a_client_only_encoding_is_refused_and_nothing_is_smuggled(one: RunningProxy, statement: str):
+    with one.connect() as conn:
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute(statement)
+        assert refused.value.sqlstate == "22023", refused.value
+        assert conn.execute("SHOW client_encoding").fetchone() == ("UTF8",)
+
+
+def test_a_bound_client_encoding_in_set_config_is_refused(one: RunningProxy):
+    with one.connect(prepare_threshold=0) as conn:
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute("SELECT set_config('client_encoding', %s, false)", ("SJIS",), prepare=True)
+        assert refused.value.sqlstate == "22023", refused.value
+        assert conn.execute("SHOW client_encoding").fetchone() == ("UTF8",)
+
+
+def test_sjis_cannot_hide_a_statement_in_a_set_value(one: RunningProxy):
+    conn, _ = _raw(one)
+    try:
+        rows, errors = _rows(conn, "SET client_encoding = 'SJIS'; " + _smuggle("\u0101"))
+        assert rows == [], f"{HIDDEN} ran on the backend: {rows}"
+        assert errors == [b"22023"]
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("encoding", ["UTF8", "unicode", "SQL_ASCII", "LATIN1", "ISO-8859-5", "WIN1252", "EUC_JP", "KOI8R"])
+def test_ascii_safe_encodings_are_accepted_and_read_every_ascii_byte_as_dpproxy_does(one: RunningProxy, encoding: str):
+    conn, replies = _raw(one, client_encoding=encoding)
+    try:
+        assert not [body for kind, body in replies if kind == b"E"], replies
+        # Every character of the value is ASCII-safe here: the backslash is the backslash.
+        rows, errors = _rows(conn, f"SET application_name = E'x\\'; {HIDDEN}; --'")
+        assert rows == [] and errors == [], (rows, errors)
+        rows, errors = _rows(conn, f"SET client_encoding = '{encoding}'")
+        assert errors == []
+    finally:
+        conn.close()
