@@ -121,3 +121,74 @@ def test_ascii_safe_encodings_are_accepted_and_read_every_ascii_byte_as_dpproxy_
         assert errors == []
     finally:
         conn.close()
+
+
+# What PostgreSQL stored is the ground truth: the value of each SET, read back with
+# current_setting, must be the value dpproxy's parser (pglast) read, in every client encoding
+# dpproxy accepts. The values are ASCII (in LATIN1 or EUC_JP a non-ASCII character is another
+# character by design), and each tries to end its string early for one reader only.
+_TRICKY_SET_VALUES = [
+    "E'x\\'; SELECT 1; --'", "$$x'$$", "$a$x$$'$a$", "'a' /* '; SELECT 1; /* nested */ ' */",
+    "U&'d\\0061t\\+000061'", "U&'x!0027' UESCAPE '!'", "E'\\x27\\047\\u0027'", "'a''b' 'c'",
+    "'a'\n'b'", "'a' -- x\r'b'",
+]
+
+
+@pytest.mark.parametrize("encoding", ["UTF8", "SQL_ASCII", "LATIN1", "EUC_JP"])
+def test_a_set_passed_through_as_written_stores_the_value_dpproxy_parsed(one: RunningProxy, encoding: str):
+    from pglast import parse_sql
+
+    conn, replies = _raw(one, client_encoding=encoding)
+    try:
+        assert not [body for kind, body in replies if kind == b"E"], replies
+        for value in _TRICKY_SET_VALUES:
+            statement = f"SET application_name = {value}"
+            try:
+                (parsed,) = parse_sql(statement)
+            except Exception:
+                _, errors = _rows(conn, statement)
+                assert errors, f"{statement!r}: dpproxy's parser refuses it, the backend must not run it"
+                continue
+            expected = parsed.stmt.args[0].val.sval
+            rows, errors = _rows(conn, statement + "; SELECT current_setting('application_name')")
+            assert errors == [], (statement, errors)
+            # application_name keeps printable ASCII only (others become ?): the same on both sides.
+            stored = rows[-1][0].decode("ascii")
+            assert stored == "".join(c if " " <= c <= "~" else "?" for c in expected), statement
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("literal, value", [
+    ("0x10", 16), ("0X1f", 31), ("0b101", 5), ("0o17", 15), ("1_0", 10), ("0x10 AND age < 0x50", 16),
+])
+def test_a_non_decimal_integer_never_reaches_the_backend_as_another_value(one: RunningProxy, literal: str, value: int):
+    """PostgreSQL 16 reads 0x10 as 16; sqlglot reads it as a bit string x'10'. Whatever dpproxy
+    makes of it, no statement it sends may read adult comparing age with anything but ``value``."""
+    import json
+
+    from pglast import parser
+    from test_attacks import BackendSpy
+
+    with BackendSpy() as spy, one.connect() as conn:
+        try:
+            conn.execute(f"SELECT count(*) FROM adult WHERE age > {literal}").fetchone()
+        except psycopg.Error:
+            pass
+    for sql in spy.sent:
+        if "adult" not in sql:
+            continue
+        tree = json.loads(parser.parse_sql_json(sql))
+        constants = [node["ival"].get("ival", 0) for node in _walk(tree) if isinstance(node, dict) and "ival" in node
+                     and isinstance(node["ival"], dict)]
+        assert value in constants, f"adult read with age compared to {constants}, not {value}: {sql}"
+
+
+def _walk(node: object) -> Iterator[object]:
+    yield node
+    if isinstance(node, dict):
+        for item in node.values():
+            yield from _walk(item)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _walk(item)
