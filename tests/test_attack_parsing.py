@@ -109,6 +109,23 @@ def test_sjis_cannot_hide_a_statement_in_a_set_value(one: RunningProxy):
         conn.close()
 
 
+def test_a_second_statement_hidden_from_dpproxy_is_refused_by_the_backend(one: RunningProxy, monkeypatch):
+    """Defence in depth: were a reader one day to see one statement where PostgreSQL sees two
+    (as SJIS did, now refused), a passthrough text runs as one statement only, so the hidden
+    one fails (42601) instead of running. Shown by letting the encoding through again."""
+    monkeypatch.setattr("rewriter.classify.ascii_safe_encoding", lambda value: True)
+    monkeypatch.setattr("proxy.serving.session.ascii_safe_encoding", lambda value: True)
+    conn, _ = _raw(one)
+    try:
+        rows, errors = _rows(conn, "SET client_encoding = 'SJIS'")
+        assert errors == []
+        rows, errors = _rows(conn, _smuggle("\u0101"))
+        assert rows == [], f"{HIDDEN} ran on the backend: {rows}"
+        assert errors == [b"42601"]  # cannot insert multiple commands into a prepared statement
+    finally:
+        conn.close()
+
+
 @pytest.mark.parametrize("encoding", ["UTF8", "unicode", "SQL_ASCII", "LATIN1", "ISO-8859-5", "WIN1252", "EUC_JP", "KOI8R"])
 def test_ascii_safe_encodings_are_accepted_and_read_every_ascii_byte_as_dpproxy_does(one: RunningProxy, encoding: str):
     conn, replies = _raw(one, client_encoding=encoding)

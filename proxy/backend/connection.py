@@ -471,21 +471,26 @@ class BackendSession:
             resolved[ref] = ResolvedRelation(int(oid), schema, name) if oid is not None else None
         return resolved
 
-    async def execute(self, sql: str, params: BoundParams | None = None, result_format: int = 0) -> ResultSet:
+    async def execute(
+        self, sql: str, params: BoundParams | None = None, result_format: int = 0, *, one_statement: bool = False
+    ) -> ResultSet:
         """Run one statement as sent, with the client's raw parameters, in one result format.
 
-        Without parameters it goes as a simple Query; with them through libpq's extended
-        protocol, values and their format codes passed on byte for byte.
+        Without parameters it goes as a simple Query; with them, or with ``one_statement``,
+        through libpq's extended protocol (values and their format codes passed on byte for
+        byte), where PostgreSQL refuses a text that holds more than one statement (42601).
         """
-        result = await self._statement(sql, params, result_format)
+        result = await self._statement(sql, params, result_format, one_statement)
         return ResultSet(_fields(result), _rows(result), _tag(result), list(self._notices))
 
-    async def relay(self, sql: str, params: BoundParams | None = None, result_format: int = 0) -> ResultSet:
+    async def relay(
+        self, sql: str, params: BoundParams | None = None, result_format: int = 0, *, one_statement: bool = False
+    ) -> ResultSet:
         """Run one statement like ``execute``, its rows left as the DataRow messages the client
         gets (``ResultSet.relayed``), never decoded into values: for a passthrough statement,
         whose result dpproxy sends as the backend gave it. Errors are raised as by ``execute``
         (a failed statement returns no row at all: libpq gives its result whole)."""
-        result = await self._statement(sql, params, result_format)
+        result = await self._statement(sql, params, result_format, one_statement)
         return ResultSet(_fields(result), [], _tag(result), list(self._notices), relayed=data_rows(result))
 
     async def first_row(self, sql: str, params: BoundParams | None = None) -> tuple[list[bytes | None], list[int]]:
@@ -495,9 +500,11 @@ class BackendSession:
         columns = range(result.nfields)
         return [result.get_value(0, c) for c in columns], [result.ftype(c) for c in columns]
 
-    async def _statement(self, sql: str, params: BoundParams | None, result_format: int) -> PGresult:
+    async def _statement(
+        self, sql: str, params: BoundParams | None, result_format: int, one_statement: bool = False
+    ) -> PGresult:
         query = sql.encode("utf-8")
-        if params is None and result_format == 0:
+        if params is None and result_format == 0 and not one_statement:
             return await self._round_trip(lambda pgconn: pgconn.send_query(query))
         p = params or BoundParams((), (), ())
         return await self._round_trip(

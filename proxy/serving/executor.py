@@ -309,13 +309,17 @@ class Executor:
             self.backend.state_may_change()  # read back at release, restored at the next checkout
         uniform = result_formats[0] if len(result_formats) == 1 else 0
         with_params = params if params.values or uniform else None
+        # As one statement (the extended protocol): PostgreSQL refuses a text that holds more,
+        # so that nothing dpproxy did not split and classify itself can run, whatever reader
+        # might one day see the text otherwise (a client encoding once made a SET's value
+        # end early for PostgreSQL and hid a SELECT of a protected table after it).
         if relay and len(result_formats) <= 1:
             # The fast path: classify has said Passthrough and decision.sql is already the
             # rewritten SQL (neutralised columns, qualified names); its result needs no change,
             # so its rows go out as the DataRows libpq's values make, never decoded.
-            result = await self.backend.relay(decision.sql, with_params, uniform)
+            result = await self.backend.relay(decision.sql, with_params, uniform, one_statement=True)
         else:
-            result = await self.backend.execute(decision.sql, with_params, uniform)
+            result = await self.backend.execute(decision.sql, with_params, uniform, one_statement=True)
         resets, name = _resets(plan.statement)
         if resets:
             await self.backend.restore_startup(name)
