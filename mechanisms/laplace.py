@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from .release import Release
-from .samplers import laplace_float, laplace_int
+from .samplers import MAX_INT_SCALE, laplace_float, laplace_int
 
 __all__ = ["laplace_error95", "release_count", "release_sum"]
 
@@ -46,10 +46,30 @@ def release_sum(
         return Release(type(exact)(0), epsilon, 0.0, 0.0, 0.0, "laplace")
     scale = sensitivity / epsilon
     if integer:
-        value: int | float = laplace_int(int(exact), scale)
+        value: int | float
+        value, scale = _integer_sum(int(exact), int(sensitivity), epsilon)
     else:
         value = laplace_float(float(exact), scale)
     return Release(value, epsilon, 0.0, scale, laplace_error95(scale), "laplace")
+
+
+def _integer_sum(exact: int, sensitivity: int, epsilon: float) -> tuple[int, float]:
+    """``exact`` + discrete Laplace(sensitivity/ε), ε-DP; returns the value and the scale used.
+
+    Above ``MAX_INT_SCALE`` (wide bounds of a bigint column at a small ε) the i64 sampler would
+    saturate, so the sum is released at a granularity g = 2^j instead:
+    g·(⌊exact/g⌋ + DLap(⌈Δ/g⌉/ε)). ⌊x/g⌋ moves by at most ⌈Δ/g⌉ when x moves by Δ, so this is
+    ε-DP too, with a noise scale g·⌈Δ/g⌉/ε ≥ Δ/ε (a little more noise, never less).
+    """
+    if sensitivity / epsilon <= MAX_INT_SCALE:
+        return laplace_int(exact, sensitivity / epsilon), sensitivity / epsilon
+    g = 1
+    while -(-sensitivity // g) / epsilon > MAX_INT_SCALE:
+        if g >= sensitivity:  # ⌈Δ/g⌉ = 1 already: ε itself is below 1/MAX_INT_SCALE
+            raise ValueError(f"epsilon {epsilon!r} is too small for integer noise")
+        g *= 2
+    coarse = -(-sensitivity // g)
+    return g * laplace_int(exact // g, coarse / epsilon), g * coarse / epsilon
 
 
 def _check_epsilon(epsilon: float) -> None:

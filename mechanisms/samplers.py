@@ -19,7 +19,13 @@ from .noise_pool import pool_for
 
 dp.enable_features("contrib")
 
-__all__ = ["laplace_int", "laplace_float", "laplace_float_vector", "gumbel_argmax"]
+__all__ = ["MAX_INT_SCALE", "laplace_int", "laplace_float", "laplace_float_vector", "gumbel_argmax"]
+
+MAX_INT_SCALE = 2.0**57
+"""The largest scale ``laplace_int`` draws at. OpenDP's integer sampler works in i64 and
+saturates a draw at ±(2^63 − 1): at a scale near 2^63 a large share of draws come out as
+exactly that constant, so ``value + draw`` gives ``value`` away. Up to 2^57 a draw reaches
+the limit with probability about e^-64. Wider integer noise: ``mechanisms.laplace.release_sum``."""
 
 
 # Built once: the smooth median's noise scale is new on every release, so its measurement
@@ -68,7 +74,10 @@ def laplace_int(value: int, scale: float) -> int:
     The draw comes from a pool that OpenDP fills in batches (``mechanisms.noise_pool``);
     the sum is exact in Python's integers.
     """
-    return int(value) + pool_for(_check_scale(scale)).take()
+    scale = _check_scale(scale)
+    if scale > MAX_INT_SCALE:
+        raise ValueError(f"integer noise scale {scale!r} is above {MAX_INT_SCALE:g}: the i64 sampler would saturate")
+    return int(value) + pool_for(scale).take()
 
 
 def laplace_float(value: float, scale: float) -> float:
