@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
+from datetime import datetime, timezone
+from pathlib import Path
+
 import psycopg
 
+import proxy.dp.budget as budget_module
 from conftest import TEST_POLICY, TestDatabase, running_proxy
 from mechanisms.laplace import release_sum
+from policies.errors import Refusal
+from policies.ledger import Ledger
+from policies.loader import parse_policy
+from proxy.dp.budget import BudgetKeeper
+
+_KEEPER_POLICY = """
+backend: {{dsn: "postgresql://unused@localhost/unused"}}
+ledger: {{url: "sqlite:///{ledger}", reserve: 10}}
+users:
+  analyst:
+    password: analyst
+    budget: {{epsilon: 100, period: day}}
+tables: {{}}
+"""
 
 I64_LIMITS = (2**63 - 1, -(2**63))
 
@@ -41,3 +60,48 @@ def test_a_bigint_sum_at_the_minimum_epsilon_never_answers_the_exact_sum_plus_an
         answers = [conn.execute("SELECT SUM(amount) FROM big_amounts").fetchone()[0] for _ in range(30)]
     # Before the fix 1 - 0.6^30 ≈ 99.9998% of runs had at least one such answer.
     assert not [a for a in answers if int(a) - exact in I64_LIMITS]
+
+
+class _Clock:
+    """What ``datetime.now`` returns in proxy.dp.budget, set by the test."""
+
+    now = datetime(2024, 5, 1, 23, 59, 59, tzinfo=timezone.utc)
+
+
+class _ClockedDatetime(datetime):
+    @classmethod
+    def now(cls, tz=None):  # type: ignore[no-untyped-def, override]
+        return _Clock.now
+
+
+def test_a_charge_refunded_after_midnight_is_not_spendable_again_in_the_new_period(tmp_path: Path, monkeypatch):
+    # A query charged at 23:59:59 whose backend connection was found lost before it was sent
+    # gets its charge back just after midnight, while another session already holds a
+    # reservation of the new day. The ledger counted that charge in yesterday's row: given to
+    # today's reservation it would let today's spend exceed the daily budget by its ε.
+    monkeypatch.setattr(budget_module, "datetime", _ClockedDatetime)
+    _Clock.now = datetime(2024, 5, 1, 23, 59, 59, tzinfo=timezone.utc)
+    policy = parse_policy(_KEEPER_POLICY.format(ledger=tmp_path / "ledger.sqlite3"), "test")
+    keeper = BudgetKeeper(Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite3'}"), policy)
+
+    async def scenario() -> int:
+        charged = await keeper.charge("analyst", 1.0, 0.0)  # yesterday; then its backend is lost
+        _Clock.now = datetime(2024, 5, 2, 0, 0, 1, tzinfo=timezone.utc)
+        answered = 0
+        await keeper.charge("analyst", 1.0, 0.0)  # another session: today's first answer
+        answered += 1
+        keeper.refund("analyst", 1.0, 0.0, charged)  # the lost query's charge comes back
+        while answered < 200:
+            try:
+                await keeper.charge("analyst", 1.0, 0.0)
+            except Refusal:
+                break
+            answered += 1
+        await keeper.settle()
+        return answered
+
+    try:
+        answered_today = asyncio.run(scenario())
+    finally:
+        keeper.close()
+    assert answered_today == 100  # the daily budget, not 101

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any, Callable, TypeVar
@@ -43,7 +43,7 @@ from policies.ledger import MAX_CHARGE_DELTA, MAX_CHARGE_EPSILON, Balance, Budge
 from policies.model import Policy
 from policies.periods import period_key
 
-__all__ = ["BudgetKeeper"]
+__all__ = ["BudgetKeeper", "Charged"]
 
 T = TypeVar("T")
 
@@ -75,6 +75,13 @@ class _Reservation:
             spent_epsilon=float(max(Decimal(0), _exact(self.ledger.spent_epsilon) - self.epsilon)),
             spent_delta=float(max(Decimal(0), _exact(self.ledger.spent_delta) - self.delta)),
         )
+
+
+@dataclass(frozen=True)
+class Charged(Balance):
+    """The balance after a charge, and the ledger period (row key) the charge was counted in."""
+
+    period: str = ""
 
 
 class BudgetKeeper:
@@ -110,7 +117,7 @@ class BudgetKeeper:
             self._budgets[user] = cached
         return cached[1]
 
-    async def charge(self, user: str, epsilon: float, delta: float, fingerprint: str | None = None) -> Balance:
+    async def charge(self, user: str, epsilon: float, delta: float, fingerprint: str | None = None) -> Charged:
         """Charge (ε, δ) to ``user`` or raise Refusal (DP002) saying what was asked and what is left."""
         eps, dlt = _exact(epsilon), _exact(delta)
         budget = self.budget(user)
@@ -128,14 +135,16 @@ class BudgetKeeper:
                     await self._release_stale(user, budget)
                     balance = await self._charge_ledger(user, eps, dlt, budget, now, fingerprint)
         self._refill_if_low(user, eps, dlt, budget, now, fingerprint)
-        return balance
+        return Charged(**{f.name: getattr(balance, f.name) for f in fields(Balance)}, period=period)
 
-    def refund(self, user: str, epsilon: float, delta: float) -> None:
+    def refund(self, user: str, epsilon: float, delta: float, charged: Charged) -> None:
         """Give back a charge whose query was never sent to the backend (so nothing about it
         can depend on the data). It returns to this process's reservation, which the ledger
-        already counts; if that reservation's period has ended, the charge stays spent."""
+        already counts, only if that reservation is of the period the charge was counted in:
+        a charge made before midnight and given back after it was counted in yesterday's
+        ledger row, so today's reservation must not grow by it. Otherwise it stays spent."""
         held = self._reserved.get(user)
-        if held is None or held.period != period_key(self.budget(user).period, datetime.now(timezone.utc)):
+        if held is None or held.period != charged.period:
             log.warning("could not refund ε=%g to %s: its budget period has ended", epsilon, user)
             return
         held.epsilon += _exact(epsilon)

@@ -413,13 +413,13 @@ class Executor:
         except BackendUnavailable:
             # No connection could be had (pool exhausted, backend refusing): never sent, so
             # its failure cannot depend on the data and the charge goes back.
-            self.server.budget.refund(self.user, epsilon, delta)
+            self.server.budget.refund(self.user, epsilon, delta, balance)
             self._charged = None
             raise
         except BackendLost as exc:
             if not exc.reached:
                 # Never sent, so its failure cannot depend on the data: the charge goes back.
-                self.server.budget.refund(self.user, epsilon, delta)
+                self.server.budget.refund(self.user, epsilon, delta, balance)
                 self._charged = None
             raise
         except BackendError as exc:
