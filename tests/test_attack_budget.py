@@ -7,9 +7,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import psycopg
+import pytest
 
 import proxy.dp.budget as budget_module
-from conftest import TEST_POLICY, TestDatabase, running_proxy
+from conftest import TEST_POLICY, TestDatabase, running_proxy, spent_epsilon
 from mechanisms.laplace import release_sum
 from policies.errors import Refusal
 from policies.ledger import Ledger
@@ -105,3 +106,22 @@ def test_a_charge_refunded_after_midnight_is_not_spendable_again_in_the_new_peri
     finally:
         keeper.close()
     assert answered_today == 100  # the daily budget, not 101
+
+
+def test_a_statement_prepared_before_set_epsilon_is_charged_and_noised_at_the_epsilon_in_force(proxy):
+    # Extended protocol: Parse before the SET, Bind/Execute after it (and after RESET). The
+    # charge and the noise scale of each execution must follow the ε in force when it runs.
+    with psycopg.connect(proxy.dsn(), autocommit=True, prepare_threshold=0) as conn:
+        notices: list[str] = []
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary))
+        statement = "SELECT COUNT(*) FROM adult WHERE age > %s"
+        conn.execute(statement, (40,), prepare=True)
+        for setting, epsilon in (("SET dpproxy.epsilon = 0.25", 0.25), ("RESET dpproxy.epsilon", 1.0),
+                                 ("SET dpproxy.epsilon = '1e-6'", 1e-6)):
+            conn.execute(setting)
+            before = spent_epsilon(conn)
+            notices.clear()
+            conn.execute(statement, (40,), prepare=True)
+            assert spent_epsilon(conn) - before == pytest.approx(epsilon, rel=1e-9, abs=1e-12)
+            assert f"ε charged {epsilon:g}," in notices[0]
+            assert f"laplace scale {1 / epsilon:.4g} " in notices[0]
