@@ -130,9 +130,9 @@ class BackendSpy:
     def __enter__(self) -> "BackendSpy":
         spy, original = self, self._original
 
-        async def statement(session, sql, params, result_format):  # type: ignore[no-untyped-def]
+        async def statement(session, sql, params, result_format, *args):  # type: ignore[no-untyped-def]
             spy.sent.append(sql)
-            return await original(session, sql, params, result_format)
+            return await original(session, sql, params, result_format, *args)
 
         BackendSession._statement = statement  # type: ignore[method-assign]
         return self
