@@ -170,8 +170,8 @@ def test_a_repeat_answers_only_the_same_aggregates(attack_proxy: RunningProxy) -
 
 def test_a_repeat_reads_its_date_literals_under_the_sessions_date_style(attack_proxy: RunningProxy) -> None:
     """'01/02/2000' is January 2 under MDY and February 1 under DMY: the same text, two
-    questions. Only an answer asked under the same settings is a repeat; just after a SET in
-    the same message the settings are not known yet, so there is no repeat either."""
+    questions. Only an answer asked under the same settings is a repeat, and a SET earlier in
+    the same message counts."""
     sql = "SELECT count(*) FROM nb0 WHERE d >= '01/02/2000'"
     with attack_proxy.connect() as conn:
         notices: list[str] = []
@@ -189,7 +189,9 @@ def test_a_repeat_reads_its_date_literals_under_the_sessions_date_style(attack_p
         assert repeat(sql)
         conn.execute("SET DateStyle = 'ISO, MDY'")
         assert repeat(sql)
-        assert not repeat(f"SET DateStyle = 'ISO, DMY'; {sql}")
+        assert repeat(f"SET DateStyle = 'ISO, DMY'; {sql}")  # the DMY answer
+        assert not repeat(f"SET DateStyle = 'ISO, YMD'; {sql.replace('01/02/2000', '2000/01/02')}")
+        assert not repeat(f"SET DateStyle = 'ISO, MDY'; {sql.replace('01/02/2000', '2000/01/02')}")
 
 
 def test_a_grouped_repeat_answers_only_the_same_aggregates(attack_proxy: RunningProxy) -> None:

@@ -46,6 +46,14 @@ REPORTED_PARAMETERS = (
     "standard_conforming_strings", "TimeZone",
 )
 
+# The reported settings that change how PostgreSQL reads a literal (BackendSession.literal_settings).
+_LITERAL_SETTINGS = ("DateStyle", "IntervalStyle", "TimeZone")
+
+
+def _decoded(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("utf-8", "replace")
+
+
 # Startup parameters a client may pass on to its backend session.
 _FORWARDED_STARTUP = {
     "application_name": "application_name", "client_encoding": "client_encoding",
@@ -410,13 +418,15 @@ class BackendSession:
         return self._held is not None
 
     @property
-    def settings(self) -> State | None:
-        """The settings this session's connections carry (DateStyle, TimeZone ... as the session
-        set them, ``application_name`` left out); None while a statement may have changed them
-        since they were last read."""
-        if self._dirty:
-            return None
-        return tuple(setting for setting in self._state if setting[0].lower() != "application_name")
+    def literal_settings(self) -> tuple[str | None, ...]:
+        """DateStyle, IntervalStyle and TimeZone as the backend last reported them to this
+        session: the settings under which PostgreSQL reads a plain date, time or interval
+        literal. Read from the held connection when there is one (so a SET earlier in the same
+        message counts), else as reported when the session last gave one back."""
+        if self._held is None:
+            return tuple(self._reported.get(name) for name in _LITERAL_SETTINGS)
+        status = self._held.conn.pgconn.parameter_status
+        return tuple(_decoded(status(name.encode())) for name in _LITERAL_SETTINGS)
 
     def reported_parameters(self) -> dict[str, str]:
         if self._held is None:

@@ -387,12 +387,12 @@ class Executor:
         # clamped SUM and a COUNT, so ``sum(x), avg(x)`` runs what ``sum(x), sum(x), count(x)``
         # runs), and a repeat must be the same release, not another's values under these columns.
         released = tuple((a.kind, a.column.name if a.column else None, a.mechanism, a.distinct) for a in plan.aggregates)
-        # And the session's settings: a date or time literal is read under DateStyle and
-        # TimeZone, so the same text can ask another question. Just after a SET in the same
-        # message they are not known: no repeat then.
-        settings = self.backend.settings
+        # And the settings a plain date, time or interval literal is read under (DateStyle,
+        # TimeZone, IntervalStyle): the same text can ask another question under others.
+        # (Folded values are in ``sql`` already, by value.)
+        settings = self.backend.literal_settings
         repeat_key = (self.user, sql, released, settings, tuple(params.values), tuple(params.formats), epsilon)
-        earlier = self.server.repeats.get(repeat_key) if settings is not None else None
+        earlier = self.server.repeats.get(repeat_key)
         if earlier is not None:
             # Only the released values are shared: names come from the statement asked now.
             repeat = earlier.named_for(plan)
@@ -425,8 +425,7 @@ class Executor:
         except BackendError as exc:
             raise _sanitised(exc) from None
         notice = answer.notice()
-        if settings is not None:
-            self.server.repeats.put(repeat_key, answer)
+        self.server.repeats.put(repeat_key, answer)
         remaining = f"remaining ε {cost.remaining_epsilon:g}, δ {cost.remaining_delta:g}"
         result = await self._post_processed(plan, answer, result_formats)
         return result, [f"{notice}; {remaining}"], cost
