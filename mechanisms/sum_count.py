@@ -24,31 +24,73 @@ Choices:
 * A noisy count ≤ 0 (an empty or tiny filter) is replaced by 1: the answer is then the
   midpoint plus sum noise, clamped. The same formula runs whatever the data, so nothing
   reveals that the filter was empty.
+* The centred sum is computed exactly (in rationals) from the backend's total, and rounded
+  to a double once, relative to its own size (at most n·h). ``float(total) − mid·count``
+  rounded the total and the product relative to n·|mid| instead, an error one row does not
+  bound: with bounds [1e15, 1e15 + 2] (h = 1) over 100 rows it moved the centred sum by 16
+  between two neighbours whose exact centred sums are equal (tests/test_attack_mechanisms.py).
 """
 
 from __future__ import annotations
 
 import math
+from decimal import Decimal
+from fractions import Fraction
 
 from .laplace import _check_epsilon
 from .release import Release
 from .samplers import laplace_float, laplace_int
 
-__all__ = ["mean_noise", "release_mean"]
+__all__ = ["centre", "mean_noise", "release_mean", "row_bound"]
 
 # P(|Lap(b)| > b·ln 40) = 1/40: two such bounds hold together with probability ≥ 0.95.
 _LN40 = math.log(40.0)
 
 
-def mean_noise(lo: float, hi: float, epsilon: float) -> tuple[float, float, float]:
+def centre(lo: float, hi: float) -> float:
+    """The double the sum is centred on: lo + (hi − lo)/2 in floating point.
+
+    The backend subtracts this very value from each clamped value of a float column
+    (``rewriter.rewrite.centred_sum``), so it must be computed alike on both sides.
+    """
+    lo, hi = float(lo), float(hi)
+    return lo + (hi - lo) / 2.0
+
+
+def row_bound(lo: float, hi: float, backend_centred: bool = False) -> float:
+    """The most one row moves the centred sum: max(hi − c, c − lo) for c = :func:`centre`.
+
+    ``backend_centred``: the backend summed fl(x − c) in ``double precision`` (float columns);
+    rounding is monotone, so each term lies in [fl(lo − c), fl(hi − c)] and the bound is those
+    two doubles. Otherwise the centred sum is exact and the bound is the exact value rounded up.
+    """
+    lo, hi = float(lo), float(hi)
+    c = centre(lo, hi)
+    if backend_centred:
+        return max(hi - c, c - lo)
+    exact = max(Fraction(hi) - Fraction(c), Fraction(c) - Fraction(lo))
+    bound = float(exact)
+    return bound if Fraction(bound) >= exact else math.nextafter(bound, math.inf)
+
+
+def mean_noise(lo: float, hi: float, epsilon: float, backend_centred: bool = False) -> tuple[float, float, float]:
     """What :func:`release_mean` adds, before the data: the noisy sum's and the noisy count's
     Laplace scales, and the 95% error bound times the noisy count (divide by ñ for the bound)."""
-    half, share = (float(hi) - float(lo)) / 2.0, epsilon / 2.0
+    half, share = row_bound(lo, hi, backend_centred), epsilon / 2.0
     return half / share, 1.0 / share, 2.0 * half / share * _LN40
 
 
-def release_mean(total: float, count: int, lo: float, hi: float, epsilon: float) -> Release[float]:
+def release_mean(
+    total: int | Decimal | float, count: int, lo: float, hi: float, epsilon: float, backend_centred: bool = False
+) -> Release[float]:
     """ε-DP mean of ``count`` values clamped into [lo, hi] whose exact sum is ``total``.
+
+    ``total`` is the backend's sum as loaded: an ``int`` or a ``Decimal`` for integer and
+    numeric columns (exact); pass it unconverted, the centred sum is computed from it exactly.
+    With ``backend_centred`` (float columns) ``total`` is already the centred sum Σ fl(x − c),
+    c = :func:`centre`, summed by the backend in ``double precision``: the sum of the values
+    themselves would be rounded relative to n·|c|, and the centred one is rounded relative to
+    n·h only (what remains is floating-point summation's error, about n²·h·2^-53).
 
     Release.scale is the sum noise's scale divided by the noisy count, and error95 the
     bound (h/ε_s + h/ε_c)·ln 40 / max(ñ, 1) (at most hi − lo) that |release − mean| stays
@@ -65,9 +107,9 @@ def release_mean(total: float, count: int, lo: float, hi: float, epsilon: float)
         raise ValueError("count must be non-negative")
     if lo == hi:
         return Release(lo, epsilon, 0.0, 0.0, 0.0, "sum_count")
-    mid, half = lo + (hi - lo) / 2.0, (hi - lo) / 2.0
+    mid, half = centre(lo, hi), row_bound(lo, hi, backend_centred)
     share = epsilon / 2.0
-    centred = float(total) - mid * count
+    centred = float(total) if backend_centred else float(Fraction(total) - Fraction(mid) * count)
     noisy_sum = laplace_float(centred, half / share)
     denominator = max(laplace_int(count, 1.0 / share), 1)
     value = min(max(mid + noisy_sum / denominator, lo), hi)

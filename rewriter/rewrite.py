@@ -104,14 +104,15 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from mechanisms.sum_count import centre
 from policies.tables import ColumnInfo, Relation, quote_identifier
 
 from .dp_query import Aggregate, AggregateQuery
 from .sql_text import literal, operator
-from .types import FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, NUMERIC
+from .types import FLOAT4, FLOAT8, FLOAT_TYPES, INT2, INT4, INT8, INTEGER_TYPES, NUMERIC
 
 __all__ = [
-    "HASH_FUNCTIONS", "Part", "aggregate_parts", "backend_sql", "clamped", "clamped_sum", "collected", "hashable", "hashed_columns", "literal",
+    "HASH_FUNCTIONS", "Part", "aggregate_parts", "backend_sql", "centred_sum", "clamped", "clamped_sum", "collected", "hashable", "hashed_columns", "literal",
     "partition_key", "partition_seed", "partition_values", "per_partition", "row_hash_key", "seeded", "split_cells", "split_row",
 ]
 
@@ -141,7 +142,7 @@ def aggregate_parts(agg: Aggregate) -> tuple[Part, ...]:
     if agg.kind == "sum":
         return (Part(clamped_sum(agg.column)),)
     if agg.mechanism == "sum_count":
-        return (Part(clamped_sum(agg.column)), Part(f"pg_catalog.count({column})"))
+        return (Part(centred_sum(agg.column)), Part(f"pg_catalog.count({column})"))
     if agg.mechanism == "sample_aggregate":
         return (Part(per_partition(agg.kind, agg.column), additive=False),)
     if agg.kind == "mode":
@@ -438,18 +439,42 @@ def partition_values(text: str | bytes | None) -> np.ndarray:
 
 
 def clamped_sum(column: ColumnInfo) -> str:
-    """The exact sum of the column's clamped values, of the type ``sum()`` gives the column.
+    """The exact sum of the column's clamped values: of the type ``sum()`` gives the column,
+    except that a ``real`` column's is ``double precision``.
 
     ``sum(real)`` adds up in ``real``, whose addition raises "value out of range: overflow"
     once the running total passes 3.4e38: whether it does would depend on the rows. A
-    ``real`` column is therefore summed in ``double precision`` and the total cast back to
-    ``real``; with the bounds limit of :data:`rewriter.types.MAX_ABS_BOUND` neither the sum
-    nor the cast can overflow.
+    ``real`` column is therefore summed in ``double precision``; with the bounds limit of
+    :data:`rewriter.types.MAX_ABS_BOUND` the sum cannot overflow. The total is *not* cast
+    back to ``real``: that rounds it to 24 bits, an error of up to 2^-25·|sum| that one row
+    does not bound, before the noise (a ``sum_count`` AVG with bounds [999999, 1000001] over
+    1,099 rows moved its centred sum by 100 for one added row, where the noise covers h = 1).
+    The release is cast to ``real`` after the noise, as the result type says.
     """
     value = clamped(column)
     if column.type_oid == FLOAT4:
-        return f"CAST(pg_catalog.sum(CAST({value} AS double precision)) AS real)"
+        return f"pg_catalog.sum(CAST({value} AS double precision))"
     return f"pg_catalog.sum({value})"
+
+
+def centred_sum(column: ColumnInfo) -> str:
+    """The total a ``sum_count`` AVG is released from: for a float column, Σ (clamp(x) − c)
+    in ``double precision``, c = ``mechanisms.sum_count.centre(lo, hi)``; else the exact
+    clamped sum, which dpproxy centres exactly.
+
+    The backend adds floats one by one, each addition rounded relative to the running total.
+    Summing the values themselves rounds relative to n·|c|, which one row does not bound where
+    |c| is large against h = (hi − lo)/2 (bounds [1e15, 1e15 + 2]: 100 rows of a
+    ``double precision`` column moved the sum by 16 for one added row, against h = 1);
+    summing x − c rounds relative to n·h. Each term fl(x − c) is a function of its row alone
+    and lies within the bound ``mechanisms.sum_count.row_bound`` states.
+    """
+    if column.type_oid not in FLOAT_TYPES:
+        return clamped_sum(column)
+    assert column.policy is not None and column.policy.bounds is not None
+    mid = repr(centre(*column.policy.bounds))
+    value = f"CAST({clamped(column)} AS double precision)"
+    return f"pg_catalog.sum({operator(value, '-', f'CAST({literal(mid)} AS double precision)')})"
 
 
 def clamped(column: ColumnInfo, value: str | None = None) -> str:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ["ARRAY_TYPES", "INTEGER_TYPES", "MAX_ABS_BOUND", "NUMERIC_TYPES", "aggregate_result_type"]
+__all__ = ["ARRAY_TYPES", "FLOAT_TYPES", "INTEGER_TYPES", "MAX_ABS_BOUND", "NUMERIC_TYPES", "aggregate_result_type"]
 
 INT2, INT4, INT8, FLOAT4, FLOAT8, NUMERIC = 21, 23, 20, 700, 701, 1700
 
 INTEGER_TYPES = frozenset({INT2, INT4, INT8})
+FLOAT_TYPES = frozenset({FLOAT4, FLOAT8})
 
 #: pg_type.typarray of the built-in types a DP answer or a GROUP BY key can have.
 ARRAY_TYPES = {

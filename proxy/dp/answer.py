@@ -25,7 +25,7 @@ from proxy.wire.protocol import Field
 from proxy.wire.values import TYPE_SIZES, encode_text
 from rewriter.dp_query import Aggregate, AggregateQuery
 from rewriter.rewrite import split_cells, split_row
-from rewriter.types import ARRAY_TYPES, INTEGER_TYPES, NUMERIC
+from rewriter.types import ARRAY_TYPES, FLOAT_TYPES, INTEGER_TYPES, NUMERIC
 
 from .column_release import release_column
 
@@ -143,7 +143,8 @@ def _per_cell(agg: Aggregate, share: float, release: Release[Any]) -> str:
     if agg.mechanism != "sum_count":
         return _described(agg.output_name, release)  # Laplace and exponential: the same in every cell
     assert agg.column is not None and agg.column.policy is not None and agg.column.policy.bounds is not None
-    sum_scale, count_scale, bound = mean_noise(*agg.column.policy.bounds, share)
+    sum_scale, count_scale, bound = mean_noise(*agg.column.policy.bounds, share,
+                                               backend_centred=agg.column.type_oid in FLOAT_TYPES)
     return (f"{agg.output_name}: noisy sum / noisy count, scales {sum_scale:.4g} and {count_scale:.4g} "
             f"(95% within ±{bound:.5g}/n in a group of n rows)")
 

@@ -21,7 +21,7 @@ from mechanisms.smooth_median import release_sample_and_aggregate
 from mechanisms.sum_count import release_mean
 from policies.model import TablePolicy
 from rewriter.dp_query import Aggregate
-from rewriter.types import INTEGER_TYPES
+from rewriter.types import FLOAT_TYPES, INTEGER_TYPES
 
 __all__ = ["release_column"]
 
@@ -48,7 +48,11 @@ def release_column(agg: Aggregate, parts: Sequence[Any], epsilon: float, table: 
         return release_sum(int(total) if integer else float(total), epsilon, column.policy.sensitivity, integer)
     if agg.mechanism == "sum_count":
         total, count = parts
-        return release_mean(float(total or 0), int(count or 0), lo, hi, epsilon)
+        # The total unconverted (int or Decimal for integer and numeric columns): the centred
+        # sum is computed from it exactly, never from a double rounded relative to n·|mid|. A
+        # float column's total is already centred by the backend (rewriter.rewrite.centred_sum).
+        return release_mean(total if total is not None else 0, int(count or 0), lo, hi, epsilon,
+                            backend_centred=column.type_oid in FLOAT_TYPES)
     if agg.mechanism == "sample_aggregate":
         present = parts[0]
         if len(present) > table.partitions:
