@@ -100,6 +100,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -451,10 +452,7 @@ def clamped_sum(column: ColumnInfo) -> str:
     1,099 rows moved its centred sum by 100 for one added row, where the noise covers h = 1).
     The release is cast to ``real`` after the noise, as the result type says.
     """
-    value = clamped(column)
-    if column.type_oid == FLOAT4:
-        return f"pg_catalog.sum(CAST({value} AS double precision))"
-    return f"pg_catalog.sum({value})"
+    return f"pg_catalog.sum({clamped(column)})"  # a real column's clamped values are double precision
 
 
 def centred_sum(column: ColumnInfo) -> str:
@@ -490,11 +488,21 @@ def clamped(column: ColumnInfo, value: str | None = None) -> str:
     Columns of the built-in numeric types use the type's strict ``*larger``/``*smaller``
     functions, two function calls per row, which PostgreSQL evaluates in about half the time
     of the equivalent CASE (benchmarks/results.md); the value keeps the column's type, as it
-    does with the CASE. Other types (domains) keep the CASE.
+    does with the CASE, except a ``real`` one's. Other types (domains) keep the CASE.
+
+    The values are clamped to exactly the bounds the mechanisms scale their noise to, the
+    policy's doubles: a ``numeric`` bound is written as the double's exact decimal expansion
+    (its shortest decimal, ``repr``, can lie outside it: 1e15 + 0.375 prints as
+    1000000000000000.4), and a ``real`` value is converted to ``double precision`` (exactly)
+    and clamped there, since a bound cast to ``real`` is rounded to 24 bits, as often outward
+    as inward (16777217.5 becomes 16777218, one more than h = 0.75 allows from a lower bound
+    of 16777216).
     """
     assert column.policy is not None and column.policy.bounds is not None
     lo, hi = (_bound(bound, column) for bound in column.policy.bounds)
     name = quote_identifier(column.name) if value is None else value
+    if column.type_oid == FLOAT4:
+        name = f"CAST({name} AS double precision)"
     functions = _CLAMP_FUNCTIONS.get(column.type_oid)
     if functions is None:
         return f"CASE WHEN {operator(name, '<', lo)} THEN {lo} WHEN {operator(name, '>', hi)} THEN {hi} ELSE {name} END"
@@ -511,7 +519,7 @@ _CLAMP_FUNCTIONS = {
     INT2: ("int2larger", "int2smaller", "smallint"),
     INT4: ("int4larger", "int4smaller", "integer"),
     INT8: ("int8larger", "int8smaller", "bigint"),
-    FLOAT4: ("float4larger", "float4smaller", "real"),
+    FLOAT4: ("float8larger", "float8smaller", "double precision"),  # on the value cast to double
     FLOAT8: ("float8larger", "float8smaller", "double precision"),
     NUMERIC: ("numeric_larger", "numeric_smaller", "numeric"),
 }
@@ -520,4 +528,6 @@ _CLAMP_FUNCTIONS = {
 def _bound(bound: float, column: ColumnInfo) -> str:
     if column.type_oid in INTEGER_TYPES:
         return str(int(bound))
+    if column.type_oid == NUMERIC:
+        return format(Decimal(float(bound)), "f")  # the double exactly, not its shortest decimal
     return repr(float(bound))

@@ -128,3 +128,34 @@ def test_sum_count_centred_sum_is_exact_for_exact_totals(monkeypatch):
         sum_count_module.release_mean(total, count, lo, hi, 1.0)
         sum_count_module.release_mean(Decimal(total), count, lo, hi, 1.0)
     assert seen == [7.0] * 6
+
+
+# The bounds the SQL clamps to must be the bounds the noise is scaled to. A numeric column's bound
+# was written as the shortest decimal that reads back as the double (repr), which can lie outside
+# it by up to half a unit of its 17th digit; a real column's bound was cast to real, which rounds
+# to 24 bits, outward as often as inward. Either way a row could contribute more than Δ or h.
+@pytest.mark.parametrize("type_name,oid,bounds", [
+    ("numeric", _NUMERIC, (0.0, 1e15 + 0.375)),  # repr: 1000000000000000.4
+    ("numeric", _NUMERIC, (-(1e15 + 0.375), 0.0)),
+    ("real", _FLOAT4, (16777216.0, 16777217.5)),  # as a real: 16777218
+    ("real", _FLOAT4, (-16777217.5, -16777216.0)),
+    ("real", _FLOAT4, (0.0, 0.1)),  # as a real: 0.100000001490116
+    ("double precision", _FLOAT8, (0.0, 1e15 + 0.375)),
+])
+def test_backend_clamps_within_the_bounds_the_noise_is_scaled_to(admin, type_name, oid, bounds):
+    from fractions import Fraction
+
+    from rewriter.rewrite import clamped
+
+    column = _relation("t", oid, bounds).columns["y"]
+    values = ["'-Infinity'", "-1e30", "0", "1e30", "'Infinity'", "'NaN'"] if type_name != "numeric" else ["-1e30", "0", "1e30", "'NaN'"]
+    # Exact values: a numeric's text, a float's double (real → double precision is exact, and a
+    # double's shortest text reads back as that double).
+    exact = f"CAST({clamped(column)} AS {'text' if type_name == 'numeric' else 'double precision'})"
+    rows = admin.execute(
+        f"SELECT {exact} FROM (VALUES " + ", ".join(f"(CAST({v} AS {type_name}))" for v in values) + ") AS t(y)"
+    ).fetchall()
+    lo, hi = (Fraction(b) for b in bounds)
+    for (value,) in rows:
+        exact_value = Fraction(Decimal(value)) if isinstance(value, str) else Fraction(value)
+        assert lo <= exact_value <= hi, f"clamped to {value!r}, outside [{bounds[0]!r}, {bounds[1]!r}]"
