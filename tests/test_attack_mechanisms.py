@@ -159,3 +159,57 @@ def test_backend_clamps_within_the_bounds_the_noise_is_scaled_to(admin, type_nam
     for (value,) in rows:
         exact_value = Fraction(Decimal(value)) if isinstance(value, str) else Fraction(value)
         assert lo <= exact_value <= hi, f"clamped to {value!r}, outside [{bounds[0]!r}, {bounds[1]!r}]"
+
+
+_PROXY_POLICY = """
+backend: {{dsn: "{dsn}", statement_timeout_ms: 20000}}
+listen: {{host: 127.0.0.1, port: 0}}
+ledger: {{url: "sqlite:///{ledger}"}}
+repeats: {{enabled: false}}
+users:
+  analyst: {{password: analyst, budget: {{epsilon: 1000000, delta: 0.5}}}}
+tables:
+  public.atk_mech_wide:
+    access: protected
+    epsilon: 200.0
+    delta: 1.0e-6
+    partitions: 4
+    columns:
+      r: {{bounds: [999999, 1000001]}}
+      b: {{bounds: [1.0e15, 1000000000000002]}}
+      n: {{bounds: [1.0e15, 1000000000000002]}}
+      f: {{bounds: [1.0e15, 1000000000000002]}}
+      k: {{categories: [x, y], group_by: true}}
+"""
+
+
+def test_wide_values_answer_through_the_proxy_with_postgres_types_and_near_the_exact_value(test_db, tmp_path_factory):
+    """End to end over the fixes: a real's sum reaches dpproxy as a double, float AVGs as a
+    centred sum, bigint and numeric AVGs exactly; the answers keep PostgreSQL's result types
+    and, at ε = 200, lie near the exact values (a centred sum misread as a plain one, or the
+    centre added twice, would be off by about 1e6 or 1e15)."""
+    from tests.conftest import running_proxy
+
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS atk_mech_wide")
+        conn.execute("CREATE TABLE atk_mech_wide (r real, b bigint, n numeric, f double precision, k text)")
+        conn.execute("INSERT INTO atk_mech_wide SELECT 1000000 + (i % 3) - 1, 1000000000000000 + i % 3, "
+                     "1000000000000000 + i % 3, 1000000000000000 + i % 3, CASE WHEN i % 2 = 0 THEN 'x' ELSE 'y' END "
+                     "FROM generate_series(1, 3000) i")
+        conn.execute("GRANT SELECT ON atk_mech_wide TO dpproxy_service")
+    try:
+        with running_proxy(test_db, tmp_path_factory, _PROXY_POLICY) as proxy, proxy.connect() as conn:
+            cur = conn.execute("SELECT AVG(r), AVG(b), AVG(n), AVG(f), SUM(r) FROM atk_mech_wide")
+            types = [column.type_code for column in cur.description]
+            avg_r, avg_b, avg_n, avg_f, sum_r = cur.fetchone()
+            assert types == [701, 1700, 1700, 701, 700]  # as PostgreSQL: AVG(real) double, SUM(real) real
+            assert abs(avg_r - 1000000) < 0.01 and abs(avg_f - 1e15 - 1) < 0.01
+            assert abs(avg_b - Decimal(10**15 + 1)) < Decimal("0.01") and abs(avg_n - Decimal(10**15 + 1)) < Decimal("0.01")
+            assert abs(sum_r - 3e9) < 3e5  # Lap(1000001/40): 12 scales (chance e^-12), printed as a real
+            rows = conn.execute("SELECT k, AVG(r), AVG(f), COUNT(*) FROM atk_mech_wide GROUP BY k ORDER BY k").fetchall()
+            assert [row[0] for row in rows] == ["x", "y"]
+            for _, cell_r, cell_f, count in rows:
+                assert abs(cell_r - 1000000) < 0.01 and abs(cell_f - 1e15 - 1) < 0.01 and abs(count - 1500) < 5
+    finally:
+        with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+            conn.execute("DROP TABLE IF EXISTS atk_mech_wide")
