@@ -491,15 +491,15 @@ def clamped(column: ColumnInfo, value: str | None = None) -> str:
     does with the CASE, except a ``real`` one's. Other types (domains) keep the CASE.
 
     The values are clamped to exactly the bounds the mechanisms scale their noise to, the
-    policy's doubles: a ``numeric`` bound is written as the double's exact decimal expansion
-    (its shortest decimal, ``repr``, can lie outside it: 1e15 + 0.375 prints as
-    1000000000000000.4), and a ``real`` value is converted to ``double precision`` (exactly)
+    policy's doubles, or inside them: a ``numeric`` bound is written as the double's shortest
+    decimal only where that is not outside it, else as its exact decimal expansion (1e15 +
+    0.375 prints as 1000000000000000.4, above the double), and a ``real`` value is converted to ``double precision`` (exactly)
     and clamped there, since a bound cast to ``real`` is rounded to 24 bits, as often outward
     as inward (16777217.5 becomes 16777218, one more than h = 0.75 allows from a lower bound
     of 16777216).
     """
     assert column.policy is not None and column.policy.bounds is not None
-    lo, hi = (_bound(bound, column) for bound in column.policy.bounds)
+    lo, hi = (_bound(bound, column, upper) for bound, upper in zip(column.policy.bounds, (False, True)))
     name = quote_identifier(column.name) if value is None else value
     if column.type_oid == FLOAT4:
         name = f"CAST({name} AS double precision)"
@@ -525,9 +525,17 @@ _CLAMP_FUNCTIONS = {
 }
 
 
-def _bound(bound: float, column: ColumnInfo) -> str:
+def _bound(bound: float, column: ColumnInfo, upper: bool) -> str:
+    """A bound as a literal of the column's type that is not outside the policy's double.
+
+    A numeric bound is the double's shortest decimal where that lies on the inner side of
+    the double (``0.1`` as an upper bound), else its exact expansion: never outside [lo, hi],
+    and short for the usual bounds (long numerics would slow every sum they enter).
+    """
     if column.type_oid in INTEGER_TYPES:
         return str(int(bound))
     if column.type_oid == NUMERIC:
-        return format(Decimal(float(bound)), "f")  # the double exactly, not its shortest decimal
+        shortest, exact = Decimal(repr(float(bound))), Decimal(float(bound))
+        inside = shortest <= exact if upper else shortest >= exact
+        return repr(float(bound)) if inside else format(exact, "f")
     return repr(float(bound))
