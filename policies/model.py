@@ -14,6 +14,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from mechanisms.breach import epsilon_from_breach
+from mechanisms.sum_count import centre
 
 from .credentials import ScramVerifier, derive_scram_verifier, parse_scram_verifier
 from .dsn import check_dsn
@@ -311,6 +312,13 @@ class ColumnPolicy(_Strict):
         """L1 sensitivity of a clamped SUM: the largest magnitude one row can contribute."""
         assert self.bounds is not None
         return max(abs(self.bounds[0]), abs(self.bounds[1]))
+
+    @property
+    def centre(self) -> float:
+        """The value a ``sum_count`` AVG centres its sum on (``mechanisms.sum_count.centre``):
+        the backend subtracts this very double from a float column's values."""
+        assert self.bounds is not None
+        return centre(*self.bounds)
 
     @property
     def time_units(self) -> tuple[TimeUnit, ...]:

@@ -105,7 +105,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from mechanisms.sum_count import centre
 from policies.tables import ColumnInfo, Relation, quote_identifier
 
 from .dp_query import Aggregate, AggregateQuery
@@ -457,8 +456,8 @@ def clamped_sum(column: ColumnInfo) -> str:
 
 def centred_sum(column: ColumnInfo) -> str:
     """The total a ``sum_count`` AVG is released from: for a float column, Σ (clamp(x) − c)
-    in ``double precision``, c = ``mechanisms.sum_count.centre(lo, hi)``; else the exact
-    clamped sum, which dpproxy centres exactly.
+    in ``double precision``, c = the policy's ``centre`` (``mechanisms.sum_count.centre``);
+    else the exact clamped sum, which dpproxy centres exactly.
 
     The backend adds floats one by one, each addition rounded relative to the running total.
     Summing the values themselves rounds relative to n·|c|, which one row does not bound where
@@ -470,7 +469,7 @@ def centred_sum(column: ColumnInfo) -> str:
     if column.type_oid not in FLOAT_TYPES:
         return clamped_sum(column)
     assert column.policy is not None and column.policy.bounds is not None
-    mid = repr(centre(*column.policy.bounds))
+    mid = repr(column.policy.centre)
     value = f"CAST({clamped(column)} AS double precision)"
     return f"pg_catalog.sum({operator(value, '-', f'CAST({literal(mid)} AS double precision)')})"
 
