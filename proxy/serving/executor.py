@@ -371,6 +371,11 @@ class Executor:
     ) -> tuple[ResultSet, list[str], Cost]:
         """Charge, compute exactly on the backend, noise; or replay the answer to a repeat."""
         plan = decision.plan
+        if self.backend.transaction_status == b"E":
+            # PostgreSQL runs nothing in a failed transaction block; charged, the query would
+            # cost ε for a 25P02 that depends on nothing but the session.
+            raise Refusal(SQLSTATE.IN_FAILED_TRANSACTION,
+                          "current transaction is aborted, commands ignored until end of transaction block")
         # The plan's WHERE is made final here, before the charge (and before the repeat key).
         epsilon = self.settings.query_epsilon(self.server.policy, plan.table)
         if plan.limit_zero:

@@ -7,6 +7,7 @@ policies/budget → backend → mechanisms → protocol bytes out.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import secrets
 import ssl
@@ -46,6 +47,13 @@ _FLUSHING = frozenset({b"Q", b"S", b"H", b"F"})
 # (asyncpg) and waits does not keep a connection from the others.
 _RELEASING = frozenset({b"Q", b"S", b"F", b"H"})
 _ADMIN_SHUTDOWN = "terminating connection due to administrator command"
+# Replies held for Sync/Flush are sent once they pass this size, and the session waits for
+# the client to take them before it reads on: PostgreSQL too sends whenever its output buffer
+# fills. Without it, Bind/Execute pairs of a few bytes each (or one Query of many statements)
+# piled up results in memory until a Sync that never had to come: one client could exhaust
+# the memory every session of the process shares.
+_OUT_FLUSH_BYTES = 256 * 1024
+_FATAL_DRAIN_S = 5.0
 
 
 class SessionTable:
@@ -126,6 +134,8 @@ class Session:
         self._reported: dict[str, str] = {}
         self._reported_generation = 0
         self._out: list[bytes] = []
+        self._out_counted = 0  # entries of _out whose sizes are in _out_bytes
+        self._out_bytes = 0
         # For a graceful shutdown (Server.close): busy from a message's arrival until the
         # session waits for the next one; shut_down ends an idle session at once.
         self.busy = False
@@ -173,8 +183,14 @@ class Session:
         for _ in range(3):
             startup = await protocol.read_startup(self.reader, limit)
             if startup.code == protocol.SSL_REQUEST and self.server.tls is not None and not encrypted:
+                # A client waits for 'S' before its handshake: bytes already read past the
+                # SSLRequest came in plaintext, and after start_tls they would be read as if
+                # they had come through TLS (a man in the middle's injected StartupMessage
+                # would pass tls.required). PostgreSQL refuses them too (CVE-2021-23214).
+                _refuse_buffered(self.reader)
                 self.writer.write(b"S")
                 await self.writer.drain()
+                _refuse_buffered(self.reader)  # and what arrived while 'S' was being sent
                 await self.writer.start_tls(self.server.tls)
                 encrypted = True
                 continue
@@ -255,23 +271,37 @@ class Session:
 
     async def _close(self) -> None:
         self.server.sessions.remove(self)
+        await self._give_back_backend()
+        try:
+            self.writer.close()
+            # What is still unsent goes out first; a client that reads nothing gets its
+            # connection cut instead of keeping the session's task and socket for ever.
+            await asyncio.wait_for(self.writer.wait_closed(), _FATAL_DRAIN_S)
+        except TimeoutError:
+            self.writer.transport.abort()
+        except (ConnectionError, OSError):
+            pass
+
+    async def _give_back_backend(self) -> None:
         if self.backend is not None:
             try:
                 await self.backend.close()
             except Exception:  # pragma: no cover - best effort on teardown
                 log.debug("closing backend failed", exc_info=True)
-        try:
-            self.writer.close()
-            await self.writer.wait_closed()
-        except (ConnectionError, OSError):
-            pass
 
     async def _fatal(self, sqlstate: str, message: str, hint: str | None = None) -> None:
         try:
             self._flush()
             self.writer.write(protocol.error_response(sqlstate, message, hint, severity="FATAL"))
-            await self.writer.drain()
         except (ConnectionError, OSError):
+            return
+        # The backend connection goes back before the session waits for the client to take
+        # this last message, and that wait is bounded: a client that reads nothing must keep
+        # neither a pooled connection nor the session.
+        await self._give_back_backend()
+        try:
+            await asyncio.wait_for(self.writer.drain(), _FATAL_DRAIN_S)
+        except (ConnectionError, OSError, TimeoutError):
             pass
 
     # ------------------------------------------------------------ message loop
@@ -298,6 +328,7 @@ class Session:
                 self._ready()
             elif kind in (b"P", b"B", b"D", b"E", b"C", b"H"):
                 await self.extended.handle(kind, payload)
+                await self._flush_if_large()
             elif kind == b"X":
                 return
             elif kind in (b"d", b"c", b"f"):
@@ -307,11 +338,14 @@ class Session:
             if kind in _FLUSHING and self._out:
                 # Like PostgreSQL, replies to Parse/Bind/Describe/Execute wait for Sync or Flush.
                 self._flush()
-                await self.writer.drain()
             if kind in _RELEASING:
                 # The client has its answer: outside a transaction block the backend connection
-                # goes back to the pool (proxy/backend/pool.py).
+                # goes back to the pool (proxy/backend/pool.py), before the session waits for
+                # the client to take the answer: a client that does not read must not keep a
+                # connection from the others.
                 await self.executor.backend.release()
+            if kind in _FLUSHING:
+                await self._drain()
 
     async def _next_message(self, messages: protocol.MessageReader) -> tuple[bytes, bytes]:
         """The next message, within the idle timeouts when the policy sets them."""
@@ -336,6 +370,37 @@ class Session:
     def _flush(self) -> None:
         self.writer.write(b"".join(self._out))
         self._out.clear()
+        self._out_counted = self._out_bytes = 0
+
+    async def _flush_if_large(self) -> None:
+        """Send the held replies once they exceed _OUT_FLUSH_BYTES, and wait for the client."""
+        out = self._out
+        if len(out) < self._out_counted:  # pragma: no cover - only _flush empties it
+            self._out_counted = self._out_bytes = 0
+        self._out_bytes += sum(len(m) for m in itertools.islice(out, self._out_counted, None))
+        self._out_counted = len(out)
+        if self._out_bytes > _OUT_FLUSH_BYTES:
+            self._flush()
+            assert self.executor is not None
+            await self.executor.backend.release()  # kept inside a transaction block
+            await self._drain()
+
+    async def _drain(self) -> None:
+        """Wait until the client has taken what was written (the transport's buffer is low).
+
+        Inside a transaction block the session holds a backend connection of the pool while
+        it waits: there the wait is bounded like an idle one, by
+        ``listen.idle_in_transaction_timeout_s`` when the policy sets it.
+        """
+        timeout = self.server.policy.listen.idle_in_transaction_timeout_s
+        if not timeout or self._status_byte() == b"I":
+            await self.writer.drain()
+            return
+        try:
+            await asyncio.wait_for(self.writer.drain(), timeout)
+        except TimeoutError:
+            raise Refusal(SQLSTATE.IDLE_IN_TRANSACTION_TIMEOUT,
+                          "terminating connection due to idle-in-transaction timeout") from None
 
     def _ready(self) -> None:
         """ReadyForQuery, preceded by ParameterStatus for any reported setting that changed."""
@@ -373,6 +438,7 @@ class Session:
                 self._out.append(protocol.command_complete("BEGIN"))
                 continue
             ok = await self._run_simple(statement)
+            await self._flush_if_large()
             if ends:
                 implicit = False
             if not ok:
@@ -417,6 +483,13 @@ class Session:
         self.shutting_down = True
         if not self.busy and self._task is not None:
             self._task.cancel()
+
+
+def _refuse_buffered(reader: asyncio.StreamReader) -> None:
+    """Raise if the client sent bytes after its SSLRequest without waiting for the answer."""
+    # StreamReader keeps what it has read but not handed out in _buffer (no public accessor).
+    if len(getattr(reader, "_buffer", b"")):
+        raise ProtocolError("received unencrypted data after SSL request")
 
 
 def _application_name(value: str) -> str:

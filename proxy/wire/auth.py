@@ -92,8 +92,10 @@ class _Exchange:
         if mechanism != _SCRAM or len(rest) < 4:
             raise protocol.ProtocolError("client selected an invalid SASL authentication mechanism")
         (size,) = struct.unpack("!i", rest[:4])
-        client_first = rest[4:].decode("utf-8") if size >= 0 else ""
         try:
+            # Inside the try: a client-first message that is not UTF-8 is a malformed SASL
+            # message (08P01, as PostgreSQL says), not an internal error.
+            client_first = rest[4:].decode("utf-8") if size >= 0 else ""
             _set_client_first(server, client_first)
             client_final = (await self._ask(_SASL_CONTINUE, server.get_server_first().encode())).decode("utf-8")
             server.set_client_final(client_final)

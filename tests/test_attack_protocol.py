@@ -1,0 +1,217 @@
+"""Attacks on the protocol state machine and the session lifecycle, with raw protocol bytes.
+
+Each test pins one invariant: no XX000 from any byte sequence, no charge for a statement
+PostgreSQL would never run, no byte sent before a TLS handshake read as if it came through
+TLS, and no client able to take memory or pooled backend connections from the others by
+not reading what it asked for.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import struct
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import TEST_POLICY, RunningProxy, TestDatabase, make_policy, running_proxy, spent_epsilon
+from wire import SYNC, Wire, bind, cstr, error_fields, execute, message, parse, startup
+
+
+def _query(sql: str) -> bytes:
+    return message(b"Q", cstr(sql))
+
+
+def _read_all(sock: socket.socket, timeout: float = 5.0) -> bytes:
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except (socket.timeout, ConnectionError, ssl.SSLError):
+        pass
+    return data
+
+
+def _codes(replies: list[tuple[bytes, bytes]]) -> list[bytes]:
+    return [error_fields(body)[b"C"] for kind, body in replies if kind == b"E"]
+
+
+def _plain(proxy: RunningProxy):  # type: ignore[no-untyped-def]
+    import psycopg
+
+    return psycopg.connect(proxy.dsn(user="plain", password="plain"), autocommit=True, prepare_threshold=None)
+
+
+def test_scram_client_first_that_is_not_utf8_is_a_protocol_violation_not_an_internal_error(proxy: RunningProxy):
+    # The client-first message was decoded outside the exchange's error handling: a byte
+    # that is not UTF-8 ended the session with XX000 "internal error in dpproxy".
+    sock = socket.create_connection((proxy.host, proxy.port), timeout=5)
+    sock.sendall(startup(user="analyst", database="dpproxy_test"))
+    assert sock.recv(64)[:1] == b"R"  # AuthenticationSASL
+    first = b"n,,n=,r=\xff\xfe"
+    sock.sendall(message(b"p", b"SCRAM-SHA-256\0" + struct.pack("!i", len(first)) + first))
+    reply = _read_all(sock)
+    sock.close()
+    assert b"C08P01\0" in reply and b"XX000" not in reply
+
+
+@pytest.mark.clients  # openssl makes the certificate
+def test_plaintext_sent_after_sslrequest_is_never_read_as_if_it_came_through_tls(
+    test_db: TestDatabase, tmp_path: Path
+):
+    # A man in the middle appends a StartupMessage to the client's SSLRequest. Read from the
+    # stream's buffer after the handshake, it passed tls.required and got a password request
+    # over TLS before the client had sent anything through it (CVE-2021-23214 in PostgreSQL).
+    cert, key = tmp_path / "server.crt", tmp_path / "server.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    tls = f'listen: {{{{host: 127.0.0.1, port: 0, tls: {{{{cert: "{cert}", key: "{key}", required: true}}}}}}}}'
+    proxy = RunningProxy(make_policy(test_db, tmp_path / "l.sqlite3",
+                                     TEST_POLICY.replace("listen: {{host: 127.0.0.1, port: 0}}", tls)))
+    try:
+        sock = socket.create_connection((proxy.host, proxy.port), timeout=5)
+        sock.sendall(struct.pack("!ii", 8, 80877103) + startup(user="plain", database="dpproxy_test"))
+        answer = sock.recv(1)
+        if answer == b"S":  # the check may also come after 'S': then the handshake must find nothing
+            context = ssl.create_default_context()
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+            try:
+                sock = context.wrap_socket(sock)
+                reply = _read_all(sock, 3)
+            except (ssl.SSLError, ConnectionError):
+                reply = b""
+        else:
+            reply = answer + _read_all(sock)
+            assert b"C08P01\0" in reply
+        sock.close()
+        assert b"R\0\0\0\x08\0\0\0\x03" not in reply  # no AuthenticationCleartextPassword
+        # A client that waits for 'S' is served.
+        plain = socket.create_connection((proxy.host, proxy.port), timeout=5)
+        plain.sendall(struct.pack("!ii", 8, 80877103))
+        assert plain.recv(1) == b"S"
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        secure = context.wrap_socket(plain)
+        secure.sendall(startup(user="plain", database="dpproxy_test"))
+        assert secure.recv(64)[:1] == b"R"
+        secure.close()
+    finally:
+        proxy.stop()
+
+
+def test_a_dp_query_in_an_aborted_transaction_is_refused_with_25p02_before_any_charge(proxy: RunningProxy):
+    # The relation was resolved before the error, so the DP query went as far as the charge:
+    # each one cost ε and came back DP004 for a 25P02 that depends on nothing but the session.
+    wire = Wire(proxy.host, proxy.port)
+    with _plain(proxy) as conn:
+        wire.send(_query("BEGIN"), _query("SELECT COUNT(*) FROM adult"), _query("SELECT 1/0"))
+        for _ in range(3):
+            wire.read_until(b"Z")
+        before = spent_epsilon(conn)
+        wire.send(_query("SELECT COUNT(*) FROM adult WHERE age > 30"))
+        simple = wire.read_until(b"Z")
+        wire.send(parse("", "SELECT COUNT(*) FROM adult WHERE age > $1"), bind("", "", (b"40",)), execute(""), SYNC)
+        extended = wire.read_until(b"Z")
+        time.sleep(0.1)
+        assert spent_epsilon(conn) == before
+    assert _codes(simple) == [b"25P02"] and simple[-1] == (b"Z", b"E")
+    assert _codes(extended) == [b"25P02"] and extended[-1] == (b"Z", b"E")
+    wire.send(_query("ROLLBACK"), _query("SELECT COUNT(*) FROM adult"))
+    wire.read_until(b"Z")
+    assert [k for k, _ in wire.read_until(b"Z")][-3:] == [b"D", b"C", b"Z"]
+    wire.close()
+
+
+def test_results_piled_up_before_sync_are_sent_as_they_grow(proxy: RunningProxy):
+    # Bind/Execute pairs of ~30 bytes each, never a Sync: every result was held in the
+    # session's output list until a Sync, ~450 kB per pair here, so a client that never
+    # sends one grew the process shared by every session without bound. Like PostgreSQL,
+    # replies now leave once they pass a buffer's size, and the session waits for the client.
+    wire = Wire(proxy.host, proxy.port)
+    wire.send(parse("s", "SELECT * FROM pg_attribute"), *(bind("", "s") + execute("") for _ in range(4)))
+    wire.sock.settimeout(5)
+    received = wire.sock.recv(65536)  # before any Sync or Flush
+    assert received[:1] == b"1" and len(received) > 1000
+    wire.buffer = received
+    wire.sock.settimeout(15)
+    wire.send(SYNC)
+    assert wire.read_until(b"Z")[-1] == (b"Z", b"I")
+    wire.close()
+
+
+_SMALL_POOL = TEST_POLICY.replace(
+    "statement_timeout_ms: 20000", "statement_timeout_ms: 20000\n  pool: {{size: 1, checkout_timeout_s: 2}}"
+).replace("listen: {{host: 127.0.0.1, port: 0}}",
+          "listen: {{host: 127.0.0.1, port: 0, idle_in_transaction_timeout_s: 2}}")
+
+
+def test_a_client_that_does_not_read_its_answer_keeps_no_pooled_connection_from_the_others(
+    test_db: TestDatabase, tmp_path_factory
+):
+    # The session waited for the client to take its answer before giving the backend
+    # connection back, and that wait had no bound: pool.size clients asking for a large
+    # result and reading none of it left every other session with 53300, for ever.
+    with running_proxy(test_db, tmp_path_factory, _SMALL_POOL) as proxy:
+        hog = Wire(proxy.host, proxy.port)
+        hog.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        hog.send(_query("SELECT * FROM generate_series(1, 1000000)"))
+        time.sleep(1.5)
+        other = Wire(proxy.host, proxy.port)
+        other.send(_query("SELECT 1"))
+        assert _codes(other.read_until(b"Z")) == []
+        # Inside a transaction block the connection stays the session's, as on PostgreSQL,
+        # and not reading for idle_in_transaction_timeout_s ends the session like idling.
+        stuck = Wire(proxy.host, proxy.port)
+        stuck.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stuck.send(_query("BEGIN"), _query("SELECT * FROM generate_series(1, 1000000)"))
+        time.sleep(4)
+        other.send(_query("SELECT 1"))
+        assert _codes(other.read_until(b"Z")) == []
+        for wire in (hog, stuck, other):
+            wire.close()
+
+
+def test_a_dp_portal_is_charged_once_whatever_the_executes_cancels_and_errors_around_it(proxy: RunningProxy):
+    """Re-Execute, max_rows, a refusal in the middle of a pipeline (what follows it up to Sync
+    is skipped, never run) and a CancelRequest at any point: each answer costs ε once, and
+    every charge is an answer or an error of a query the backend was running."""
+    wire = Wire(proxy.host, proxy.port)
+    pid, secret = struct.unpack("!ii", next(body for kind, body in wire.startup if kind == b"K"))
+    dp = "SELECT COUNT(*) FROM adult WHERE age > $1"
+    with _plain(proxy) as conn:
+        before = spent_epsilon(conn)
+        wire.send(parse("s", dp), bind("a", "s", (b"40",)), execute("a", 1), execute("a", 1), execute("a"),
+                  bind("b", "s", (b"41",)), execute("b"), parse("", "SELECT * FROM adult"), bind("", ""), execute(""),
+                  bind("c", "s", (b"42",)), execute("c"), SYNC)
+        replies = wire.read_until(b"Z")
+        assert [k for k, _ in replies if k in (b"D", b"s", b"E")] == [b"D", b"s", b"D", b"E"]
+        time.sleep(0.1)
+        assert spent_epsilon(conn) - before == pytest.approx(2.0)
+
+        def cancel() -> None:
+            sock = socket.create_connection((proxy.host, proxy.port), timeout=5)
+            sock.sendall(struct.pack("!iiii", 16, 80877102, pid, secret))
+            _read_all(sock, 2)
+            sock.close()
+
+        answered = failed = 0
+        before = spent_epsilon(conn)
+        for i in range(16):
+            timer = threading.Timer(0.002 * i, cancel)
+            timer.start()
+            wire.send(bind("", "s", (str(20 + i).encode(),)), execute(""), SYNC)
+            replies = wire.read_until(b"Z")
+            timer.join()
+            codes = _codes(replies)
+            assert codes in ([], [b"57014"]) and replies[-1] == (b"Z", b"I")
+            answered += not codes
+            failed += bool(codes)
+        time.sleep(0.1)
+        charged = spent_epsilon(conn) - before
+        assert answered - 1e-9 <= charged <= answered + failed + 1e-9
+    wire.close()
