@@ -215,3 +215,28 @@ def test_a_dp_portal_is_charged_once_whatever_the_executes_cancels_and_errors_ar
         charged = spent_epsilon(conn) - before
         assert answered - 1e-9 <= charged <= answered + failed + 1e-9
     wire.close()
+
+
+def test_a_setting_given_twice_in_the_startup_packet_is_reported_as_the_backend_applies_it(proxy: RunningProxy):
+    # The ParameterStatus cache was keyed by the packet's pairs, sorted: TimeZone=A then
+    # timezone=B (the backend applies B) and timezone=B then TimeZone=A (it applies A) shared
+    # one key, so the second session was told the first one's TimeZone.
+    def session(pairs: list[tuple[str, str]]) -> tuple[bytes, bytes]:
+        body = struct.pack("!i", 196608) + b"".join(cstr(k) + cstr(v) for k, v in
+                                                    [("user", "plain"), ("database", "dpproxy_test"), *pairs]) + b"\0"
+        wire = Wire.__new__(Wire)
+        wire.sock, wire.buffer = socket.create_connection((proxy.host, proxy.port), timeout=15), b""
+        wire.sock.sendall(struct.pack("!i", len(body) + 4) + body)
+        wire.read_until(b"R")
+        wire.send(message(b"p", cstr("plain")))
+        reported = next(body.split(b"\0")[1] for kind, body in wire.read_until(b"Z")
+                        if kind == b"S" and body.startswith(b"TimeZone\0"))
+        wire.send(_query("SHOW timezone"))
+        (applied,) = [body[6:] for kind, body in wire.read_until(b"Z") if kind == b"D"]
+        wire.close()
+        return reported, applied
+
+    for pairs in ([("TimeZone", "Asia/Tokyo"), ("timezone", "America/Chicago")],
+                  [("timezone", "America/Chicago"), ("TimeZone", "Asia/Tokyo")]):
+        reported, applied = session(pairs)
+        assert reported == applied == pairs[-1][1].encode()

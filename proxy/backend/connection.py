@@ -179,9 +179,14 @@ def pooled_session(
 
 
 def startup_key(startup: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """The startup settings that shape a backend session's reported parameters."""
-    return tuple(sorted((k.lower(), v) for k, v in startup.items()
-                        if k.lower() in _FORWARDED_STARTUP and k.lower() != "application_name"))
+    """The startup settings that shape a backend session's reported parameters.
+
+    Made from the settings the session takes on (``startup_settings``: one value per setting,
+    the last given), not from the packet's pairs: ``TimeZone`` and ``timezone`` both given, in
+    one order or the other, are two different sessions, whose keys must differ too.
+    """
+    return tuple(sorted((name.lower(), value) for name, value in startup_settings(startup).items()
+                        if name != "application_name"))
 
 
 # The settings a session has made on its connection (SET, set_config, startup parameters):
