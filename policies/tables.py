@@ -82,6 +82,9 @@ class TableRegistry:
 
     by_oid: Mapping[int, Relation]
     pg_class_columns: tuple[str, ...] = ()
+    # Every function name on the backend (pg_proc.proname): a name after a dot that is one of
+    # them may be an attribute-notation call (rewriter.function_check). None: not known.
+    function_names: frozenset[str] | None = None
 
     def get(self, oid: int) -> Relation | None:
         return self.by_oid.get(oid)

@@ -269,8 +269,8 @@ def _select(
             "default-deny",
         )
     if protected:
-        return _protected(statement, protected)
-    check_functions(statement)
+        return _protected(statement, protected, registry)
+    check_functions(statement, registry.function_names)
     text = qualify(statement.text, user)
     if references_pg_class:
         # Its subquery names only pg_catalog.pg_class, keyword types and constants.
@@ -301,7 +301,7 @@ def _means_pg_class(ref: RelationRef, resolved: Mapping[RelationRef, ResolvedRel
     return target is not None and target.oid == PG_CLASS_OID
 
 
-def _protected(statement: Statement, protected: list[Relation]) -> DPQuery | ColumnsOnly:
+def _protected(statement: Statement, protected: list[Relation], registry: TableRegistry) -> DPQuery | ColumnsOnly:
     relation = protected[0]
     refs = statement.references
     if len(refs.relations) > 1:
@@ -340,7 +340,7 @@ def _protected(statement: Statement, protected: list[Relation]) -> DPQuery | Col
         return DPQuery(plan_aggregate_query(statement.text, relation))
     except Refusal as refusal:
         if refusal.rule == "no-row-access" and asks_for_no_row(statement.text, relation):
-            check_functions(statement)
+            check_functions(statement, registry.function_names)
             return ColumnsOnly(qualify(statement.text))
         raise
 

@@ -2,18 +2,52 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from policies.errors import SQLSTATE, Refusal
 
-from .catalog import SAFE_SETTINGS, allowed_function, ascii_safe_encoding, exact_floats, refused_function_reason
+from .catalog import NEUTRALISED_FUNCTIONS, SAFE_SETTINGS, allowed_function, ascii_safe_encoding, exact_floats, refused_function_reason
 from .statements import Statement
 
 __all__ = ["check_functions", "inexact_floats", "unsafe_client_encoding"]
 
 
-def check_functions(statement: Statement) -> None:
-    """Refuse a statement that calls a function off the passthrough allowlist, or an unsafe set_config()."""
+# Column names that are also names of harmless (type conversion, formatting) functions: a
+# reference ``x.oid`` stays allowed although PostgreSQL would call oid(x) if x had no column oid.
+HARMLESS_FIELD_FUNCTIONS = frozenset({
+    "oid", "name", "abbrev", "age", "text", "date", "time", "timestamp", "timestamptz", "timetz",
+    "interval", "int2", "int4", "int8", "float4", "float8", "numeric", "bool", "char", "varchar",
+    "bpchar", "money", "inet", "cidr", "macaddr", "bit", "varbit", "xid", "xid8", "regclass",
+})
+_RELEASE_COLUMN = re.compile(r"_(dp|k)[0-9]+")
+
+
+def check_functions(statement: Statement, function_names: frozenset[str] | None = None) -> None:
+    """Refuse a statement that calls a function off the passthrough allowlist, or an unsafe set_config().
+
+    Attribute notation calls functions too: ``('...'::text).ts_stat`` is ``ts_stat('...')``
+    and ``('t'::regclass).pg_relation_size`` is ``pg_relation_size('t')`` (a field name that
+    is no column of its value is looked up as a function). So a name after a dot must be an
+    allowlisted function (not a neutralised one: only FuncCalls are replaced), a harmless
+    column-and-function name, or no function of the backend's (``function_names``, every
+    pg_proc name); without that list (None), only the release columns ``_dpN``/``_kN`` of
+    post-processing are accepted.
+    """
+    for name in statement.references.fields:
+        if name in NEUTRALISED_FUNCTIONS or not (
+            allowed_function(name)
+            or name in HARMLESS_FIELD_FUNCTIONS
+            or (function_names is not None and name not in function_names)
+            or (function_names is None and _RELEASE_COLUMN.fullmatch(name))
+        ):
+            raise Refusal(
+                SQLSTATE.INSUFFICIENT_PRIVILEGE,
+                f'"{name}" after a dot may call function {name}() (attribute notation), which is not '
+                "available through dpproxy (rule: function-allowlist)",
+                "Write function calls as f(x); field notation x.f is for columns.",
+                "function-allowlist",
+            )
     for name in statement.references.functions:
         if not allowed_function(name):
             raise Refusal(

@@ -37,6 +37,10 @@ class References:
     cte_names: frozenset[str]
     columns: frozenset[str]
     node_kinds: frozenset[str]
+    # Names after a dot in a column reference (``a.b``, ``s.t.c``) or a field selection
+    # (``(expr).b``): PostgreSQL calls the function ``b(a)`` when ``a`` has no column ``b``
+    # (attribute notation), so each may be a function call that is no FuncCall.
+    fields: frozenset[str] = frozenset()
 
 
 def collect_references(node: dict[str, Any]) -> References:
@@ -45,6 +49,7 @@ def collect_references(node: dict[str, Any]) -> References:
     ctes: set[str] = set()
     columns: set[str] = set()
     kinds: set[str] = set()
+    fields: set[str] = set()
     stack: list[Any] = [node]
     while stack:
         item = stack.pop()
@@ -63,14 +68,17 @@ def collect_references(node: dict[str, Any]) -> References:
                 elif key == "CommonTableExpr":
                     ctes.add(value["ctename"])
                 elif key == "ColumnRef":
-                    fields = value.get("fields", [])
-                    if fields and "String" in fields[-1]:
-                        columns.add(fields[-1]["String"]["sval"])
-                    elif fields and "A_Star" in fields[-1]:
+                    names = value.get("fields", [])
+                    if names and "String" in names[-1]:
+                        columns.add(names[-1]["String"]["sval"])
+                    elif names and "A_Star" in names[-1]:
                         columns.add("*")
+                    fields.update(part["String"]["sval"] for part in names[1:] if "String" in part)
+                elif key == "A_Indirection":
+                    fields.update(part["String"]["sval"] for part in value.get("indirection", []) if "String" in part)
             if isinstance(value, (dict, list)):
                 stack.append(value)
-    return References(tuple(relations), frozenset(functions), frozenset(ctes), frozenset(columns), frozenset(kinds))
+    return References(tuple(relations), frozenset(functions), frozenset(ctes), frozenset(columns), frozenset(kinds), frozenset(fields))
 
 
 def _dotted(parts: list[dict[str, Any]]) -> str:

@@ -731,7 +731,10 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
         "WHERE attrelid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass "
         "AND attnum OPERATOR(pg_catalog.>) 0 AND NOT attisdropped"
     )
-    return TableRegistry(relations, tuple(pg_class[0]))
+    functions = await session.fetch_row(
+        "SELECT pg_catalog.array_agg(DISTINCT proname::pg_catalog.text) FROM pg_catalog.pg_proc"
+    )
+    return TableRegistry(relations, tuple(pg_class[0]), frozenset(functions[0]))
 
 
 async def _ctid_hashable(session: BackendSession, oids: list[int]) -> set[int]:
