@@ -337,7 +337,7 @@ def _protected(statement: Statement, protected: list[Relation], registry: TableR
             "function-allowlist",
         )
     try:
-        return DPQuery(plan_aggregate_query(statement.text, relation))
+        return DPQuery(plan_aggregate_query(statement.text, relation, registry.function_names))
     except Refusal as refusal:
         if refusal.rule == "no-row-access" and asks_for_no_row(statement.text, relation):
             check_functions(statement, registry.function_names)

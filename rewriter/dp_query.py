@@ -91,9 +91,12 @@ class AggregateQuery:
         return math.prod(key.size for key in self.groups)
 
 
-def plan_aggregate_query(sql: str, table: Relation) -> AggregateQuery:
-    """Validate ``sql`` (one SELECT that references ``table`` and nothing else) into a plan."""
-    scope = Scope(table, frozenset({table.name}))
+def plan_aggregate_query(sql: str, table: Relation, function_names: frozenset[str] | None = None) -> AggregateQuery:
+    """Validate ``sql`` (one SELECT that references ``table`` and nothing else) into a plan.
+
+    ``function_names``: every function name of the backend, for the outer statement's check
+    of attribute-notation calls (``rewriter.function_check``)."""
+    scope = Scope(table, frozenset({table.name}), function_names)
     try:
         tree = parse_postgres(sql)
     except ParseError as exc:
@@ -206,7 +209,7 @@ def _post_processed(
 
     post = outer_statement(
         tree, release, lambda message, rule: scope.refuse(f"{message} protected table", rule), enclosing,
-        keys=len(groups), key_of=key_of if groups else None,
+        keys=len(groups), key_of=key_of if groups else None, function_names=scope.function_names,
     )
     return tuple(released), post
 
@@ -341,7 +344,7 @@ def _check_clauses(tree: exp.Select, scope: Scope) -> Scope:
     alias = source.this.args.get("alias")
     if alias is not None:
         # As in PostgreSQL, an aliased table is qualified by its alias only.
-        return Scope(scope.table, frozenset({identifier(alias)}))
+        return replace(scope, qualifiers=frozenset({identifier(alias)}))
     return scope
 
 

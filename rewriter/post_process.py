@@ -76,6 +76,7 @@ def outer_statement(
     enclosing: Callable[[exp.Select], exp.Expression] | None = None,
     keys: int = 0,
     key_of: Callable[[exp.Expression], int | None] | None = None,
+    function_names: frozenset[str] | None = None,
 ) -> PostProcess:
     """The outer statement of ``tree`` (one aggregate level over the base table).
 
@@ -129,7 +130,7 @@ def outer_statement(
         raise refuse("selecting column values is not allowed on", "no-row-access")
     count = max(released_count(outer), default=0)
     outer.set("from_", _release_source(count, keys))
-    return PostProcess(checked(whole.sql("postgres")))
+    return PostProcess(checked(whole.sql("postgres"), function_names))
 
 
 def _release_source(count: int, keys: int) -> exp.Expression:
@@ -180,8 +181,9 @@ def released_count(outer: exp.Select) -> list[int]:
     return [int(c.name[3:]) for c in outer.find_all(exp.Column) if c.table == RELEASE_ALIAS and c.name.startswith("_dp")]
 
 
-def checked(sql: str) -> str:
-    """``sql`` pinned to pg_catalog, after checking it reads no relation and calls allowed functions only."""
+def checked(sql: str, function_names: frozenset[str] | None = None) -> str:
+    """``sql`` pinned to pg_catalog, after checking it reads no relation and calls allowed functions
+    only (``function_names``: the backend's, for attribute-notation calls; rewriter.function_check)."""
     (statement,) = split_statements(sql)
     kinds = statement.references.node_kinds
     if statement.references.relations or kinds & {"RangeVar", "SubLink", "RangeFunction", "JoinExpr"}:
@@ -198,7 +200,7 @@ def checked(sql: str) -> str:
             "Expressions over the aggregates must be pure: run set_config() as a statement of its own.",
             "function-allowlist",
         )
-    check_functions(statement)
+    check_functions(statement, function_names)
     return qualify(sql)
 
 

@@ -34,6 +34,9 @@ class Scope:
 
     table: Relation
     qualifiers: frozenset[str]
+    # Every function name of the backend (TableRegistry.function_names): a name after a dot in
+    # the outer statement that is one may be an attribute-notation call. None: not known.
+    function_names: frozenset[str] | None = None
 
     @property
     def hint(self) -> str:

@@ -55,6 +55,20 @@ def test_attribute_notation_cannot_call_a_function_in_post_processing(
             conn.execute(f"SELECT COUNT(*), {outer} FROM adult").fetchall()
 
 
+def test_a_derived_columns_attribute_call_in_an_outer_query_is_refused_and_its_fields_still_work(
+    proxy: RunningProxy, analysed: None
+) -> None:
+    """``n.ts_stat`` where ``n`` is a column of the derived table (a text holding SQL) is
+    ts_stat(n), even when the statement also names an output column ts_stat; ``t.n`` of the
+    same derived table is its field."""
+    sql = "'SELECT pg_catalog.to_tsvector(''simple'', sex) FROM public.adult'::text"
+    with proxy.connect() as conn:
+        with pytest.raises(psycopg.Error, match="function-allowlist"):
+            conn.execute(f"SELECT n.ts_stat FROM (SELECT {sql} AS n, COUNT(*) AS ts_stat FROM adult) AS t").fetchall()
+        (row,) = conn.execute("SELECT t.n + 1 AS next FROM (SELECT COUNT(*) AS n FROM adult) AS t").fetchall()
+        assert abs(row[0] - 48843) < 50
+
+
 def test_field_notation_for_columns_and_record_fields_still_works(proxy: RunningProxy, analysed: None) -> None:
     with proxy.connect() as conn:
         row = conn.execute(
