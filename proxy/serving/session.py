@@ -270,6 +270,7 @@ class Session:
         return values
 
     async def _close(self) -> None:
+        self.busy = False  # its statements are over: a shutdown need not wait for the close
         self.server.sessions.remove(self)
         await self._give_back_backend()
         try:
