@@ -30,18 +30,19 @@ def quantum_deadline(started: float, now: float, quantum_s: float) -> float:
 @asynccontextmanager
 async def on_the_quantum(
     quantum_ms: int, before_waiting: Callable[[], Awaitable[None]] | None = None
-) -> AsyncIterator[None]:
+) -> AsyncIterator[float]:
     """Hold whatever the block returns or raises until :func:`quantum_deadline` (0: no wait),
-    awaiting ``before_waiting`` first (to give back what the wait need not hold).
+    awaiting ``before_waiting`` first (to give back what the wait need not hold). The block
+    gets the time the quantum counts from (``time.monotonic()``).
 
     A cancellation (the session ending) is not held.
     """
-    if quantum_ms <= 0:
-        yield
-        return
     started = time.monotonic()
+    if quantum_ms <= 0:
+        yield started
+        return
     try:
-        yield
+        yield started
     except Exception:
         await _until(quantum_deadline(started, time.monotonic(), quantum_ms / 1000), before_waiting)
         raise

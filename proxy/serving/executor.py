@@ -21,7 +21,7 @@ from policies.model import Policy
 from policies.tables import TableRegistry
 from proxy.backend.connection import BackendError, BackendLost, BackendSession, BackendUnavailable, BoundParams, ResultSet
 from proxy.dp.answer import DPAnswer, query_delta, release_cells, release_params, release_row, result_fields
-from proxy.dp.answer_time import on_the_quantum
+from proxy.dp.answer_time import on_the_quantum, quantum_deadline
 from proxy.dp.budget import BudgetKeeper
 from proxy.dp.folding import bind_constants
 from proxy.dp.narrowing import narrow_keys
@@ -103,6 +103,10 @@ class Executor:
         self._resolved: dict[tuple[RelationRef, ...], dict[RelationRef, ResolvedRelation | None]] = {}
         self._resolved_generation = 0
         self._charged: Cost | None = None  # what the statement running now was charged so far
+        # The quantised DP answer being computed now: (its number, when its quantum began, q in s).
+        self._quantised: tuple[int, float, float] | None = None
+        self._answers = 0
+        self._deferred: set[asyncio.Task[None]] = set()
 
     def transaction_status(self) -> bytes:
         return self.backend.transaction_status
@@ -284,8 +288,14 @@ class Executor:
             return ResultSet([], [], ""), [], None
         if isinstance(decision, DPQuery):
             assert plan.statement is not None
-            async with on_the_quantum(decision.plan.table.policy.answer_quantum_ms, self._give_back):
-                result, notices, cost = await self._answer_dp(decision, params, plan.statement.text, result_formats)
+            quantum_ms = decision.plan.table.policy.answer_quantum_ms
+            async with on_the_quantum(quantum_ms, self._give_back) as started:
+                self._answers += 1
+                self._quantised = (self._answers, started, quantum_ms / 1000) if quantum_ms > 0 else None
+                try:
+                    result, notices, cost = await self._answer_dp(decision, params, plan.statement.text, result_formats)
+                finally:
+                    self._quantised = None
             return _apply_formats(result, result_formats), notices, cost
         if isinstance(decision, DpproxyCommand):
             result = await self.settings.run(decision, self.server.policy, self.server.budget, self.server.registry)
@@ -326,6 +336,33 @@ class Executor:
         if len(result_formats) > 1:
             result = _apply_formats(result, result_formats)
         return result, result.notices, None
+
+    async def cancel(self) -> None:
+        """A CancelRequest for this session: cancel what runs on its backend connection now,
+        or, while a quantised DP answer is being computed, at its next quantum boundary.
+
+        Whether a cancel sent t into a DP answer stops it says whether the backend was still
+        computing at t, which the rows decide: sent at once, a cancel 50 ms in would fail an
+        answer that needed 60 ms and not one that needed 40, both arriving at one quantum.
+        Deferred to the boundary, it says only which multiple of the quantum the answer needed,
+        what its arrival says already. A cancel that comes after the computation (during the
+        wait) finds nothing to cancel, as in PostgreSQL.
+        """
+        quantised = self._quantised
+        if quantised is None:
+            await self.backend.cancel()
+            return
+        answer, started, quantum_s = quantised
+        deadline = quantum_deadline(started, time.monotonic(), quantum_s)
+
+        async def at_the_boundary() -> None:
+            await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+            if self._quantised is not None and self._quantised[0] == answer:
+                await self.backend.cancel()
+
+        task = asyncio.ensure_future(at_the_boundary())
+        self._deferred.add(task)  # a reference, until it is done
+        task.add_done_callback(self._deferred.discard)
 
     async def _give_back(self) -> None:
         """While a DP answer waits for its quantum, its backend connection serves other sessions

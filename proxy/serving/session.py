@@ -475,7 +475,9 @@ class Session:
         self._out.append(protocol.error_response(sqlstate, message, hint, detail))
 
     async def cancel(self) -> None:
-        if self.backend is not None:
+        if self.executor is not None:
+            await self.executor.cancel()  # deferred to the quantum's boundary during a quantised DP answer
+        elif self.backend is not None:
             await self.backend.cancel()
 
     def shut_down(self) -> None:
