@@ -77,3 +77,23 @@ def test_a_cancel_still_stops_a_quantised_answer_that_outlasts_its_quantum(quant
         admin.execute("ROLLBACK")
     assert outcome == "cancelled"
     assert 2 * QUANTUM_S <= took < 3 * QUANTUM_S, took  # cancelled at 1 q, the error held to 2 q
+
+
+@pytest.mark.parametrize("how", ["copy", "extended", "binary", "limit0"])
+def test_every_way_of_asking_a_quantised_dp_answer_is_held(quantised: RunningProxy, how: str):
+    """COPY of a DP query, the extended protocol (text or binary results) and a LIMIT 0 that
+    reads nothing all leave at the quantum, a fast or slow computation alike."""
+    for lo in (200, 0):
+        sql = ROW_TIMED.format(lo=lo)
+        with quantised.connect(prepare_threshold=0 if how in ("extended", "binary") else None) as conn:
+            conn.execute("SELECT 1").fetchall()
+            started = time.monotonic()
+            if how == "copy":
+                with conn.cursor().copy(f"COPY ({sql}) TO STDOUT") as copy:
+                    assert list(copy.rows())
+            elif how == "limit0":
+                assert conn.execute(sql + " LIMIT 0").fetchall() == []
+            else:
+                assert conn.cursor(binary=how == "binary").execute(sql).fetchall()
+            took = time.monotonic() - started
+        assert QUANTUM_S <= took < 2 * QUANTUM_S, (how, lo, took)
