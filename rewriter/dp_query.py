@@ -336,6 +336,10 @@ def _check_clauses(tree: exp.Select, scope: Scope) -> Scope:
     source = tree.args.get("from_")
     if source is None or not isinstance(source.this, exp.Table) or source.this.args.get("joins"):
         raise scope.refuse("subqueries are not allowed on protected table", "no-subquery")
+    if source.this.args.get("sample") is not None:
+        # sqlglot hangs TABLESAMPLE on the table, not the SELECT; the rewrite would drop it
+        # and answer for the whole table.
+        raise scope.refuse(*_CLAUSE_RULES["sample"])
     for node in tree.walk():
         if isinstance(node, (exp.Subquery, exp.Exists)) or (isinstance(node, exp.Select) and node is not tree):
             raise scope.refuse("subqueries are not allowed on protected table", "no-subquery")
