@@ -17,30 +17,14 @@ one analyst leaves on it is what the next one gets. These tests pin holes found 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import asyncpg
 import psycopg
 import pytest
 
-from conftest import TEST_DATABASE, TEST_POLICY, RunningProxy, running_proxy
+from conftest import TEST_DATABASE, RunningProxy
 from proxy.backend.connection import _SESSION_SETTINGS_SQL
-
-
-def _policy(size: int) -> str:
-    pool = f"  pool: {{{{size: {size}, checkout_timeout_s: 5}}}}\n"
-    return TEST_POLICY.replace("  statement_timeout_ms: 20000\n", "  statement_timeout_ms: 20000\n" + pool)
-
-
-@pytest.fixture(scope="module")
-def one(test_db, tmp_path_factory) -> Iterator[RunningProxy]:
-    """One backend connection shared by every session."""
-    with running_proxy(test_db, tmp_path_factory, _policy(1)) as running:
-        yield running
-
-
-def _pid(conn: psycopg.Connection) -> int:
-    return conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+from test_backend_pool import _pid, one  # noqa: F401 - one: the one-connection proxy, a fixture used by name
 
 
 def _session_settings(conn: psycopg.Connection) -> dict[str, str]:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any, Callable, TypeVar
@@ -135,7 +135,7 @@ class BudgetKeeper:
                     await self._release_stale(user, budget)
                     balance = await self._charge_ledger(user, eps, dlt, budget, now, fingerprint)
         self._refill_if_low(user, eps, dlt, budget, now, fingerprint)
-        return Charged(**{f.name: getattr(balance, f.name) for f in fields(Balance)}, period=period)
+        return Charged(**vars(balance), period=period)  # the balance's fields, and the period
 
     def refund(self, user: str, epsilon: float, delta: float, charged: Charged) -> None:
         """Give back a charge whose query was never sent to the backend (so nothing about it

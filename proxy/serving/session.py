@@ -29,6 +29,7 @@ from proxy.wire import protocol
 from proxy.wire.auth import authenticate
 from proxy.wire.protocol import ProtocolError
 from rewriter.catalog import ascii_safe_encoding, exact_floats
+from rewriter.function_check import inexact_floats, unsafe_client_encoding
 from rewriter.statements import Statement
 
 from .executor import Executor, StatementHost
@@ -227,17 +228,15 @@ class Session:
             )
         # By the setting names the backend session takes them under: PostgreSQL reads a
         # startup parameter's name in any case (Extra_Float_Digits), and so does
-        # startup_settings, so the check must see the value that will be applied.
-        if not exact_floats("extra_float_digits", startup_settings(params).get("extra_float_digits", "1")):
-            raise Refusal(SQLSTATE.INVALID_PARAMETER_VALUE,
-                          "extra_float_digits below 1 is not allowed through dpproxy (rule: exact-floats)")
+        # startup_settings, so the checks must see the values that will be applied.
+        settings = startup_settings(params)
+        if not exact_floats("extra_float_digits", settings.get("extra_float_digits", "1")):
+            raise inexact_floats()
         # PostgreSQL reads dpproxy's UTF-8 text in this encoding: only one that reads every
         # ASCII byte as itself (rewriter.catalog.ascii_safe_encoding).
-        encoding = startup_settings(params).get("client_encoding")
+        encoding = settings.get("client_encoding")
         if encoding is not None and not ascii_safe_encoding(encoding):
-            raise Refusal(SQLSTATE.INVALID_PARAMETER_VALUE,
-                          f'client_encoding "{encoding}" is not allowed through dpproxy (rule: client-encoding)',
-                          "dpproxy reads queries as UTF-8; use UTF8.")
+            raise unsafe_client_encoding(encoding)
         key = startup_key(params)
         known = self.server.startup_reports.get(key)
         application_name = _application_name(params.get("application_name", ""))
