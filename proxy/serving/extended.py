@@ -5,13 +5,14 @@ and PostgreSQL's error rule: after an error, every message up to the next Sync i
 discarded. Statements are classified once, at Parse; a portal's result is computed at
 its first Describe or Execute and then handed out in Execute's row-limited pieces
 (PortalSuspended), so a statement's result types never change between Describe and
-Execute.
+Execute. A large passthrough result is handed out as it arrives (``RowStream``): a portal
+dropped before its end (Close, Sync outside a block, a new unnamed portal) abandons the rest.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
 from policies.errors import SQLSTATE, Refusal
 from proxy.backend.connection import BackendError, BackendLost, BoundParams, ResultSet
@@ -68,9 +69,11 @@ class Runner(Protocol):
 class ExtendedProtocol:
     """Handles one connection's extended-protocol messages, writing replies to ``out``."""
 
-    def __init__(self, runner: Runner, out: list[bytes]):
+    def __init__(self, runner: Runner, out: list[bytes], flush: Callable[[], Awaitable[None]] | None = None):
+        """``flush``: sends ``out`` on when it has grown large (awaited between a stream's chunks)."""
         self.runner = runner
         self.out = out
+        self.flush = flush
         self.statements: dict[str, PreparedStatement] = {}
         self.portals: dict[str, Portal] = {}
         self.skipping = False
@@ -85,13 +88,19 @@ class ExtendedProtocol:
     def forget_unnamed(self) -> None:
         """A simple Query destroys the unnamed statement and portal, as in PostgreSQL."""
         self.statements.pop("", None)
-        self.portals.pop("", None)
+        self._drop_portal("")
 
     def sync(self) -> None:
         """Sync ends error recovery; outside a transaction block the portals end too."""
         self.skipping = False
         if self.runner.transaction_status() == b"I":
-            self.portals.clear()
+            for name in list(self.portals):
+                self._drop_portal(name)
+
+    def _drop_portal(self, name: str) -> None:
+        portal = self.portals.pop(name, None)
+        if portal is not None and portal.result is not None and portal.result.stream is not None:
+            portal.result.stream.abandoned = True  # the rest is read for nothing before the next request
 
     async def handle(self, kind: bytes, payload: bytes) -> None:
         """Process one of P, B, D, E, C, H (the session answers Sync with ReadyForQuery)."""
@@ -123,7 +132,10 @@ class ExtendedProtocol:
             await self._execute(protocol.decode_execute(payload))
         elif kind == b"C":
             message = protocol.decode_close(payload)
-            (self.statements if message.kind == b"S" else self.portals).pop(message.name, None)
+            if message.kind == b"S":
+                self.statements.pop(message.name, None)
+            else:
+                self._drop_portal(message.name)
             self.out.append(protocol.CLOSE_COMPLETE)
         else:  # pragma: no cover - the session only routes the kinds above here
             raise ProtocolError(f"unexpected message {kind!r}")
@@ -143,6 +155,7 @@ class ExtendedProtocol:
         formats = protocol.formats_for(message.param_formats, count)
         types = statement.param_types + (0,) * max(0, count - len(statement.param_types))
         params = BoundParams(message.params, formats, types[:count])
+        self._drop_portal(message.portal)  # the unnamed one, replaced
         self.portals[message.portal] = Portal(statement, params, message.result_formats)
         self.out.append(protocol.BIND_COMPLETE)
 
@@ -168,20 +181,34 @@ class ExtendedProtocol:
         result = await self._result(portal)
         self.out.extend(protocol.notice_response(text) for text in portal.notices)
         portal.notices.clear()
-        remaining = max(0, result.row_count - portal.sent)
         limit = message.max_rows
-        batch = result.data_rows(portal.sent, portal.sent + limit if limit else None)
-        self.out.extend(batch)
-        if result.copy is not None and portal.sent == 0:
-            self.out.append(result.copy)
-            portal.sent = 1  # a COPY has no rows; this marks its data as sent
-        portal.sent += len(batch)
-        if limit and remaining >= limit and result.fields:
+        if result.stream is not None:
+            sent = 0
+            async for rows in result.stream.take(limit or None):
+                self.out.extend(rows)
+                sent += len(rows)
+                if self.flush is not None:
+                    await self.flush()
+            # As PostgreSQL: suspended once the limit is reached, even if no row is left.
+            suspended = bool(limit) and sent == limit
+            tag = result.stream.tag
+        else:
+            remaining = max(0, result.row_count - portal.sent)
+            batch = result.data_rows(portal.sent, portal.sent + limit if limit else None)
+            self.out.extend(batch)
+            if result.copy is not None and portal.sent == 0:
+                self.out.append(result.copy)
+                portal.sent = 1  # a COPY has no rows; this marks its data as sent
+            portal.sent += len(batch)
+            sent = len(batch)
+            suspended = bool(limit) and remaining >= limit
+            tag = result.tag
+        if suspended and result.fields:
             self.out.append(protocol.PORTAL_SUSPENDED)
-        elif not result.fields and result.tag == "" and not result.row_count:
+        elif not result.fields and tag == "" and not result.row_count:
             self.out.append(protocol.empty_query_response())
         else:
-            self.out.append(protocol.command_complete(result.tag))
+            self.out.append(protocol.command_complete(_this_execute(tag, sent)))
 
     async def _result(self, portal: Portal) -> ResultSet:
         if portal.result is None:
@@ -201,3 +228,9 @@ class ExtendedProtocol:
         if portal is None:
             raise Refusal("34000", f'portal "{name}" does not exist')
         return portal
+
+
+def _this_execute(tag: str, sent: int) -> str:
+    """A SELECT's command tag counts the rows of the Execute that ends it, as PostgreSQL's
+    does (``SELECT 29000`` after a first piece of 1,000 rows of 30,000)."""
+    return f"SELECT {sent}" if tag.startswith("SELECT ") else tag
