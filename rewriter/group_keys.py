@@ -44,7 +44,8 @@ from .scope import Scope
 from .sql_text import literal, operator
 from .types import INT4, INTEGER_TYPES, NUMERIC, NUMERIC_TYPES
 
-__all__ = ["DATE", "GroupKey", "KeyRange", "TIMESTAMP", "TIMESTAMPTZ", "group_key", "key_form", "key_ranges"]
+__all__ = ["DATE", "GroupKey", "KeyRange", "TIMESTAMP", "TIMESTAMPTZ", "column_key_count", "group_key", "key_form",
+           "key_ranges"]
 
 DATE, TIMESTAMP, TIMESTAMPTZ = 1082, 1114, 1184
 TIME_TYPES = frozenset({DATE, TIMESTAMP, TIMESTAMPTZ})
@@ -294,9 +295,23 @@ def group_key(node: exp.Expression, scope: Scope) -> GroupKey:
     raise _refuse(scope, f"GROUP BY {node.sql('postgres')} is not allowed on protected table")
 
 
+def column_key_count(column: ColumnInfo) -> int | None:
+    """The cells of ``GROUP BY column`` (its categories and ``other``, or the integers in an integer
+    column's bounds), or None if the column is not such a key.
+
+    A float or numeric column is not one, whatever its bounds: grouped by its own values it
+    reports 2.5 (or numeric 2.0) for a group, the key of no integer cell; its bins are
+    ``width_bucket``'s.
+    """
+    policy = column.policy
+    if policy is None or (policy.categories is None and column.type_oid not in INTEGER_TYPES):
+        return None
+    return policy.key_count
+
+
 def _column_key(column: ColumnInfo, node: exp.Expression, scope: Scope) -> GroupKey:
     policy = column.policy
-    count = policy.key_count if policy is not None else None
+    count = column_key_count(column)
     if policy is None or count is None:
         raise _refuse(scope, f"GROUP BY {column.name} is not allowed on protected table")
     if policy.categories is not None:
@@ -393,7 +408,7 @@ def group_by_hint(scope: Scope) -> str:
             keys.append(f"DATE_TRUNC('{'|'.join(policy.time_units)}', {column.name})")
         elif policy.bounds is not None:
             keys.append(f"width_bucket({column.name}, lo, hi, n)"
-                        + (f" and {column.name}" if policy.key_count is not None else ""))
+                        + (f" and {column.name}" if column_key_count(column) is not None else ""))
     if not keys:
         return ("GROUP BY is answered only over keys the policy declares (group_by on a column with categories, "
                 "integer bounds or a time range; docs/policy.md); this table declares none. Without GROUP BY: "

@@ -19,6 +19,7 @@ from proxy.backend.connection import ResultSet
 from proxy.wire.binary import TEXT
 from proxy.wire.protocol import Field
 from proxy.wire.values import encode_text
+from rewriter.group_keys import column_key_count
 from rewriter.types import FLOAT8, MAX_ABS_BOUND, NUMERIC_TYPES
 
 __all__ = ["COLUMNS_FIELDS", "columns_result"]
@@ -84,8 +85,9 @@ def _group_keys(table: Relation, column: ColumnInfo) -> str | None:
         return ", ".join(f"DATE_TRUNC('{unit}', {column.name}) ({policy.bucket_count(unit)} cells)"
                          for unit in policy.time_units)
     keys = []
-    if policy.key_count is not None and policy.key_count <= table.policy.max_cells:
-        keys.append(f"{column.name} ({policy.key_count} cells)")
+    count = column_key_count(column)
+    if count is not None and count <= table.policy.max_cells:
+        keys.append(f"{column.name} ({count} cells)")
     if policy.bounds is not None:
         keys.append(f"width_bucket({column.name}, lo, hi, n) (n + 2 cells)")
     return ", ".join(keys) or None
