@@ -38,6 +38,7 @@ ledger: {{url: "sqlite:///{ledger}"}}
 repeats: {{enabled: true}}
 users:
   analyst: {{password: analyst, budget: {{epsilon: 1000000, delta: 0.9}}}}
+  plain: {{password: plain, auth: cleartext, budget: {{epsilon: 1000000, delta: 0.9}}}}
 tables:
   public.hn0: &H
     access: protected
@@ -46,7 +47,7 @@ tables:
     columns:
       x: {{bounds: [0, 9], group_by: true}}
       f: {{bounds: [0, 9], group_by: true}}
-      r: {{bounds: [0, 9], group_by: true}}
+      r: {{bounds: [0, 9], group_by: true, avg: sample_aggregate}}
       n: {{bounds: [0, 9], group_by: true}}
       t: {{categories: [a, b], group_by: true, other: zz}}
       d: {{bounds: [2020-01-01, 2020-12-31], group_by: true}}
@@ -130,3 +131,51 @@ def test_group_by_a_non_integer_column_with_integer_bounds_is_refused_from_the_t
 def test_group_by_an_integer_column_is_still_one_cell_per_integer(hist_proxy: RunningProxy) -> None:
     outcome = _same_on_neighbours(hist_proxy, "SELECT x, count(*) FROM {t} GROUP BY x")
     assert outcome[0] == "answer" and outcome[2] == 10
+
+
+# Histogram statements that held: what they show besides the noised values is the same on hn0
+# and on every neighbour, whatever the session's time zone (DST gaps and repeated hours in
+# 2020: Beirut and Havana at midnight, Santiago, Kiritimati at +14).
+_HELD = [
+    ("", "SELECT t, count(*), sum(x), avg(f), mode() WITHIN GROUP (ORDER BY t) FROM {t} GROUP BY t"),
+    ("", "SELECT x, t, count(*) FROM {t} WHERE x > 2 GROUP BY x, t HAVING count(*) > 1 ORDER BY count(*) DESC, 1 LIMIT 7"),
+    ("", "SELECT t FROM (SELECT t, count(*) AS c FROM {t} GROUP BY t) AS s WHERE c > 10 ORDER BY c DESC"),
+    ("", "SELECT width_bucket(f, 0, 9, 3) AS b, count(*), avg(f) FROM {t} GROUP BY 1"),
+    ("", "SELECT width_bucket(r, 1e300, -1e300, 7) AS b, sum(r) FROM {t} GROUP BY 1"),
+    ("", "SELECT width_bucket(n, 0.000000000000000000000000000001, 9, 4) AS b, avg(n) FROM {t} GROUP BY 1"),
+    ("", "SELECT width_bucket(x, 9223372036854775807, 0, 3) AS b, width_bucket(x, 0.5, 9, 2), count(*) FROM {t} GROUP BY 1, 2"),
+    ("", "SELECT date_trunc('quarter', ts) AS q, count(*) FROM {t} WHERE ts > '4713-01-01 BC' AND ts < '294276-12-31' GROUP BY 1"),
+    ("", "SELECT date_trunc('day', d) AS k, count(*) FROM {t} WHERE d >= 'infinity' OR d IS NULL GROUP BY 1"),
+    ("", "SELECT date_trunc('day', ts) AS k, count(*) FROM {t} WHERE ts >= '2020-12-31 23:59:59.999999' GROUP BY 1"),
+    ("SET TimeZone = 'Asia/Beirut'", "SELECT date_trunc('day', d) AS k, count(*) FROM {t} WHERE d >= '2020-03-27' AND d < '2020-04-01' GROUP BY 1"),
+    ("SET TimeZone = 'Asia/Beirut'", "SELECT date_trunc('day', tz) AS k, count(*) FROM {t} WHERE tz BETWEEN '2020-03-28' AND '2020-03-30' GROUP BY 1"),
+    ("SET TimeZone = 'America/Havana'", "SELECT date_trunc('week', tz)::date AS k, count(*) FROM {t} WHERE tz >= '2020-10-25' GROUP BY 1"),
+    ("SET TimeZone = 'America/Santiago'", "SELECT date_trunc('month', d) AS k, sum(x) FROM {t} GROUP BY 1 ORDER BY 2 DESC LIMIT 3"),
+    ("SET TimeZone = 'Pacific/Kiritimati'", "SELECT date_trunc('day', tz) AS k, count(*) FROM {t} WHERE tz >= now() - interval '7 years' GROUP BY 1"),
+]
+
+
+@pytest.mark.parametrize(("setup", "sql"), _HELD)
+def test_a_histogram_shows_the_same_on_neighbours_in_any_time_zone(hist_proxy: RunningProxy, setup: str, sql: str) -> None:
+    with hist_proxy.connect() as conn:
+        if setup:
+            conn.execute(setup)
+        base = _outcome(conn, sql, "hn0")
+        for name in _NEIGHBOURS:
+            assert _outcome(conn, sql, name) == base, name
+    assert base[0] == "answer"
+
+
+def test_a_histogram_charges_the_querys_epsilon_once_and_no_delta(hist_proxy: RunningProxy) -> None:
+    # Three columns share ε = 1 (1/3 each, in every cell); AVG of r, set to sample and
+    # aggregate, is a noisy sum over a noisy count per cell: no δ.
+    notices: list[str] = []
+    with hist_proxy.connect() as conn:
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        before = conn.execute("SHOW dpproxy.budget").fetchone()
+        rows = conn.execute("SELECT t, count(*), sum(x), avg(r) FROM hn1 GROUP BY t").fetchall()
+        after = conn.execute("SHOW dpproxy.budget").fetchone()
+    assert before is not None and after is not None and len(rows) == 3
+    assert after[1] - before[1] == pytest.approx(1.0) and after[3] == before[3]
+    assert "ε charged 1, δ 0 for 3 groups" in notices[0] and "count(*): laplace scale 3 " in notices[0]
+    assert "sum(x): laplace scale 27 " in notices[0]
