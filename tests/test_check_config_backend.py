@@ -115,3 +115,30 @@ def test_group_by_opt_ins_that_fit_the_backend_pass(test_db: TestDatabase, tmp_p
     run = _check(tmp_path, text)
     assert run.returncode == 0, run.stderr
     assert "checked against the backend" in run.stdout
+
+
+def test_a_category_the_columns_type_cannot_read_is_reported(test_db: TestDatabase, tmp_path: Path):
+    # A label the type cannot read failed every query comparing with it, or grouping by the
+    # column, on the backend: after the query's charge, for nothing.
+    import psycopg
+
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS label_fit; DROP TYPE IF EXISTS label_mood")
+        conn.execute("CREATE TYPE label_mood AS ENUM ('calm', 'happy')")
+        conn.execute("CREATE TABLE label_fit (flag boolean, mood label_mood)")
+        conn.execute("GRANT SELECT ON label_fit TO dpproxy_service")
+    table = ("  label_fit:\n"
+             "    epsilon: 1\n"
+             "    columns:\n"
+             "      flag: {{categories: ['true', 'false'], other: {other}, group_by: true}}\n"  # line 19
+             "      mood: {{categories: [calm, {mood}]}}\n")                                 # line 20
+    run = _check(tmp_path, POLICY.format(dsn=test_db.service_dsn) + table.format(other="unknown", mood="furious"))
+    assert run.returncode == 1
+    path = tmp_path / "policy.yaml"
+    assert [line.split(" (")[0] for line in run.stderr.strip().splitlines()] == [
+        f"{path}:19: tables.label_fit.columns.flag: 'unknown' is not a value of the column's type boolean",
+        f"{path}:20: tables.label_fit.columns.mood: 'furious' is not a value of the column's type label_mood",
+    ]
+    fitting = table.format(other="x", mood="happy").replace(", other: x", "")
+    run = _check(tmp_path, POLICY.format(dsn=test_db.service_dsn) + fitting)
+    assert run.returncode == 0, run.stderr

@@ -821,7 +821,8 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
             if info is None:
                 problems.append(f"tables.{name}.columns.{column_name}: no such column on the backend")
             else:
-                problems += column_fit_problems(name, column_name, column_policy, info)
+                fit = column_fit_problems(name, column_name, column_policy, info)
+                problems += fit or await _unreadable_labels(session, name, info)
         if table_policy.partitioning == "ctid_hash" and target.oid not in hashable:
             problems.append(
                 f"tables.{name}.partitioning: ctid_hash needs a table, materialized view or "
@@ -848,6 +849,34 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
         "SELECT pg_catalog.array_agg(DISTINCT proname::pg_catalog.text) FROM pg_catalog.pg_proc"
     )
     return TableRegistry(relations, tuple(pg_class[0]), frozenset(functions[0]))
+
+
+async def _unreadable_labels(session: BackendSession, table: str, column: ColumnInfo) -> list[str]:
+    """The column's categories (and ``other`` label) its type cannot read.
+
+    A query compares the column with each category, and a histogram sends its keys as values
+    of the column's type: with one label the type cannot read (``unknown`` for a boolean, a
+    value an enum lacks), every such query would fail on the backend after its charge.
+    """
+    policy = column.policy
+    if policy is None or policy.categories is None:
+        return []
+    labels = [*policy.categories, *([policy.other] if policy.other is not None else [])]
+    (type_name,) = await session.fetch_row("SELECT pg_catalog.format_type(%s, %s)", (column.type_oid, column.type_modifier))
+    cast = f"SELECT CAST(v AS {type_name}) FROM pg_catalog.unnest(%s::pg_catalog.text[]) AS v"
+    try:
+        await session.fetch_all(cast, (labels,))
+        return []
+    except BackendError:
+        pass
+    unreadable = []
+    for label in labels:
+        try:
+            await session.fetch_all(cast, ([label],))
+        except BackendError as exc:
+            unreadable.append(f"tables.{table}.columns.{column.name}: {label!r} is not a value of the column's type "
+                              f"{type_name} ({exc.message})")
+    return unreadable
 
 
 async def _ctid_hashable(session: BackendSession, oids: list[int]) -> set[int]:
