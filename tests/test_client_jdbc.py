@@ -73,6 +73,13 @@ def test_jdbc_transaction_commits(jdbc_run: dict[str, list[str]], admin):
     assert jdbc_run["COMMITTED"] == ["ok"]
 
 
+def test_jdbc_fetch_size_reads_a_large_result_in_pieces_with_a_dp_query_between(jdbc_run: dict[str, list[str]], admin):
+    # Row-limited Execute on a result passed on as it arrives; the DP query in between needs
+    # the connection, so the portal's rest is held for it, then handed out.
+    assert jdbc_run["FETCHED"] == [f"200000 {200000 * 200001 // 2}"]
+    assert abs(int(jdbc_run["FETCH_BETWEEN"][0]) - exact_count(admin, "true")) < 50
+
+
 def test_jdbc_refusal_carries_sqlstate_and_connection_goes_on(jdbc_run: dict[str, list[str]]):
     assert jdbc_run["REFUSED"] == ["DP001"]
     assert jdbc_run["AFTER_REFUSAL"] == ["1"]

@@ -35,6 +35,7 @@ public final class DpproxyJdbcCheck {
             statement(conn);
             prepared(conn);
             transaction(conn);
+            fetchSize(conn);
             refusal(conn);
         }
         System.out.println("DONE ok");
@@ -106,6 +107,32 @@ public final class DpproxyJdbcCheck {
         conn.commit();
         conn.setAutoCommit(true);
         System.out.println("COMMITTED ok");
+    }
+
+    /** A large result read 500 rows at a time (row-limited Execute), a DP query in between. */
+    private static void fetchSize(Connection conn) throws SQLException {
+        conn.setAutoCommit(false);
+        long rows = 0;
+        long sum = 0;
+        try (Statement st = conn.createStatement()) {
+            st.setFetchSize(500);
+            try (ResultSet rs = st.executeQuery("SELECT g, g::text FROM generate_series(1, 200000) g")) {
+                while (rs.next()) {
+                    rows++;
+                    sum += rs.getLong(1);
+                    if (rows == 1000) {
+                        try (Statement dp = conn.createStatement();
+                             ResultSet count = dp.executeQuery("SELECT COUNT(*) FROM adult")) {
+                            count.next();
+                            System.out.println("FETCH_BETWEEN " + count.getLong(1));
+                        }
+                    }
+                }
+            }
+        }
+        conn.commit();
+        conn.setAutoCommit(true);
+        System.out.println("FETCHED " + rows + " " + sum);
     }
 
     private static void refusal(Connection conn) throws SQLException {
