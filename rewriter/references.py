@@ -41,6 +41,7 @@ class References:
     # (``(expr).b``): PostgreSQL calls the function ``b(a)`` when ``a`` has no column ``b``
     # (attribute notation), so each may be a function call that is no FuncCall.
     fields: frozenset[str] = frozenset()
+    params: int = 0  # the highest $n referenced: the parameters a Bind must supply, at least
 
 
 def collect_references(node: dict[str, Any]) -> References:
@@ -50,6 +51,7 @@ def collect_references(node: dict[str, Any]) -> References:
     columns: set[str] = set()
     kinds: set[str] = set()
     fields: set[str] = set()
+    params = 0
     stack: list[Any] = [node]
     while stack:
         item = stack.pop()
@@ -76,9 +78,12 @@ def collect_references(node: dict[str, Any]) -> References:
                     fields.update(part["String"]["sval"] for part in names[1:] if "String" in part)
                 elif key == "A_Indirection":
                     fields.update(part["String"]["sval"] for part in value.get("indirection", []) if "String" in part)
+                elif key == "ParamRef":
+                    params = max(params, value.get("number", 0))
             if isinstance(value, (dict, list)):
                 stack.append(value)
-    return References(tuple(relations), frozenset(functions), frozenset(ctes), frozenset(columns), frozenset(kinds), frozenset(fields))
+    return References(tuple(relations), frozenset(functions), frozenset(ctes), frozenset(columns), frozenset(kinds),
+                      frozenset(fields), params)
 
 
 def _dotted(parts: list[dict[str, Any]]) -> str:

@@ -240,3 +240,22 @@ def test_a_setting_given_twice_in_the_startup_packet_is_reported_as_the_backend_
                   [("timezone", "America/Chicago"), ("TimeZone", "Asia/Tokyo")]):
         reported, applied = session(pairs)
         assert reported == applied == pairs[-1][1].encode()
+
+
+@pytest.mark.parametrize("given", [(), (b"40", b"41")], ids=["too-few", "too-many"])
+def test_a_bind_with_the_wrong_number_of_parameters_is_refused_before_any_charge(proxy: RunningProxy, given):
+    # PostgreSQL refuses such a Bind (08P01) before anything runs; dpproxy let it through to
+    # the DP answer, which was charged and then failed on the backend: ε spent for an error.
+    wire = Wire(proxy.host, proxy.port)
+    with _plain(proxy) as conn:
+        before = spent_epsilon(conn)
+        wire.send(parse("s", "SELECT COUNT(*) FROM adult WHERE age > $1"), bind("", "s", given), execute(""), SYNC)
+        replies = wire.read_until(b"Z")
+        time.sleep(0.1)
+        assert spent_epsilon(conn) == before
+    errors = [error_fields(body) for kind, body in replies if kind == b"E"]
+    assert [e[b"C"] for e in errors] == [b"08P01"]
+    assert errors[0][b"M"] == f'bind message supplies {len(given)} parameters, but prepared statement "s" requires 1'.encode()
+    wire.send(bind("", "s", (b"40",)), execute(""), SYNC)  # the session goes on
+    assert _codes(wire.read_until(b"Z")) == []
+    wire.close()

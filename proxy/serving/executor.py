@@ -146,6 +146,9 @@ class Executor:
             return Plan(None, None, self.generation)
         return await self.plan(statements[0])
 
+    def parameter_count(self, plan: Plan) -> int:
+        return plan.statement.references.params if plan.statement is not None else 0
+
     async def plan(self, statement: Statement) -> Plan:
         started = time.perf_counter()
         try:

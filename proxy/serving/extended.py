@@ -53,6 +53,10 @@ class Runner(Protocol):
 
     async def prepare(self, text: str) -> Plan: ...
 
+    def parameter_count(self, plan: Plan) -> int:
+        """The highest ``$n`` the planned statement refers to (0: none)."""
+        ...
+
     async def describe(self, plan: Plan, param_types: tuple[int, ...]) -> tuple[list[int], list[Field] | None]: ...
 
     async def known_fields(self, plan: Plan, result_formats: tuple[int, ...]) -> list[Field] | None:
@@ -152,6 +156,12 @@ class ExtendedProtocol:
         if message.portal and message.portal in self.portals:
             raise Refusal("42P03", f'portal "{message.portal}" already exists')
         count = len(message.params)
+        # As PostgreSQL: the statement's parameters are its declared types, or as many as its
+        # highest $n if that is more. Checked here, before a DP answer could be charged.
+        required = max(len(statement.param_types), self.runner.parameter_count(statement.plan))
+        if count != required:
+            raise Refusal(SQLSTATE.PROTOCOL_VIOLATION, f"bind message supplies {count} parameters, but prepared "
+                          f'statement "{message.statement}" requires {required}')
         formats = protocol.formats_for(message.param_formats, count)
         types = statement.param_types + (0,) * max(0, count - len(statement.param_types))
         params = BoundParams(message.params, formats, types[:count])
