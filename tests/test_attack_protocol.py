@@ -259,3 +259,25 @@ def test_a_bind_with_the_wrong_number_of_parameters_is_refused_before_any_charge
     wire.send(bind("", "s", (b"40",)), execute(""), SYNC)  # the session goes on
     assert _codes(wire.read_until(b"Z")) == []
     wire.close()
+
+
+def test_a_client_asking_for_protocol_3_2_is_told_the_connection_speaks_3_0(proxy: RunningProxy):
+    # dpproxy took a StartupMessage for 3.2 (or with _pq_ options) as 3.0 without a word, so a
+    # client could believe it spoke 3.2 (e.g. longer cancel keys); PostgreSQL answers it with
+    # NegotiateProtocolVersion, and so does dpproxy now.
+    import psycopg
+
+    sock = socket.create_connection((proxy.host, proxy.port), timeout=5)
+    params = b"user\0plain\0database\0dpproxy_test\0_pq_.test_option\0x\0\0"
+    sock.sendall(struct.pack("!ii", 8 + len(params), (3 << 16) | 2) + params)
+    reply = sock.recv(256)
+    sock.close()
+    assert reply[:1] == b"v"
+    (length,) = struct.unpack("!i", reply[1:5])
+    assert reply[5:1 + length] == struct.pack("!ii", 3 << 16, 1) + b"_pq_.test_option\0"
+    assert reply[1 + length:2 + length] == b"R"  # then authentication, as usual
+    # libpq 18 asking for the latest version falls back to 3.0 and works.
+    with psycopg.connect(proxy.dsn(user="plain", password="plain"), max_protocol_version="latest",
+                         autocommit=True) as conn:
+        assert conn.pgconn.protocol_version == 3
+        assert conn.execute("SELECT 1").fetchone() == (1,)

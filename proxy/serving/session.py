@@ -216,6 +216,9 @@ class Session:
         if not self.user:
             raise Refusal(SQLSTATE.INVALID_AUTHORIZATION, "no PostgreSQL user name specified in startup packet")
         policy = self.server.policy
+        negotiated = protocol.negotiate_protocol_version(startup)
+        if negotiated is not None:
+            self.writer.write(negotiated)  # before authentication, as PostgreSQL sends it
         # Held in the output buffer, so a refusal below is still preceded by them.
         self._out.append(await authenticate(
             self.reader, self.writer, self.user, policy.users.get(self.user), policy.listen.max_message_bytes

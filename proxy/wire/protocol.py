@@ -342,6 +342,20 @@ def backend_key_data(pid: int, secret: int) -> bytes:
     return message(b"K", struct.pack("!ii", pid, secret))
 
 
+def negotiate_protocol_version(startup: Startup) -> bytes | None:
+    """NegotiateProtocolVersion for a StartupMessage asking for more than dpproxy speaks (a
+    minor version above 3.0, or ``_pq_.`` protocol options); None when it asks for nothing more.
+
+    As PostgreSQL answers it: the version served (3.0, as the whole version code, which is
+    what PostgreSQL sends and libpq reads) and the options not recognised (all of them).
+    """
+    options = [name for name in startup.parameters if name.startswith("_pq_.")]
+    if startup.code & 0xFFFF == 0 and not options:
+        return None
+    body = struct.pack("!ii", PROTOCOL_3_0, len(options)) + b"".join(name.encode("utf-8") + b"\0" for name in options)
+    return message(b"v", body)
+
+
 def ready_for_query(status: bytes) -> bytes:
     """status: b'I' idle, b'T' in a transaction block, b'E' in a failed transaction block."""
     return message(b"Z", status)
