@@ -72,6 +72,17 @@ def test_deallocate_and_discard_act_on_dpproxy_prepared_statements(proxy: Runnin
     wire.close()
 
 
+@pytest.mark.parametrize("reset", ["RESET ALL", "DISCARD ALL"])
+def test_reset_all_and_discard_all_reset_dpproxy_epsilon_too(proxy: RunningProxy, reset: str):
+    # A client pool (pgbouncer's server_reset_query) hands the session to the next client
+    # with DISCARD ALL: that client must not inherit the last one's SET dpproxy.epsilon.
+    with proxy.connect() as conn:
+        conn.execute("SET dpproxy.epsilon = 0.25")
+        assert conn.execute("SHOW dpproxy.epsilon").fetchone() == ("0.25",)
+        conn.execute(reset)
+        assert conn.execute("SHOW dpproxy.epsilon").fetchone() == ("default",)
+
+
 def test_pool_reset_string_of_asyncpg_passes(proxy: RunningProxy):
     wire = Wire(proxy.host, proxy.port)
     replies = _simple(wire, "SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL;")

@@ -341,6 +341,8 @@ class Executor:
         resets, name = _resets(plan.statement)
         if resets:
             await self.backend.restore_startup(name)
+            if name is None:
+                self.settings.epsilon = None  # RESET ALL and DISCARD ALL reset dpproxy.* too, as PostgreSQL's custom settings
         return result, result.notices, None
 
     async def cancel(self) -> None:
