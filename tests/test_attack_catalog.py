@@ -10,6 +10,8 @@ and in the post-processing of a DP answer alike.
 
 from __future__ import annotations
 
+import time
+
 import psycopg
 import pytest
 
@@ -101,3 +103,26 @@ def test_pg_class_statistics_stay_neutralised_however_the_row_is_read(
         assert [r[0] for r in conn.execute(
             "SELECT relname::text FROM pg_class WHERE relname IN ('adult', 'lookup') ORDER BY reltuples DESC, relname"
         )] == ["adult", "lookup"]
+
+
+def test_a_function_created_after_startup_is_checked_in_attribute_notation_too(
+    test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The backend's function names were read at startup and reload only: a function created
+    # afterwards (an extension installed) passed as a field name, `x.f` calling f(x) unchecked.
+    from conftest import running_proxy
+    from proxy.serving import server
+
+    monkeypatch.setattr(server, "FUNCTION_NAMES_REFRESH_S", 0.2)
+    with running_proxy(test_db, tmp_path_factory) as proxy, psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute("DROP FUNCTION IF EXISTS public.dp_late_probe(text)")
+        try:
+            admin.execute("CREATE FUNCTION public.dp_late_probe(text) RETURNS int LANGUAGE sql "
+                          "AS 'SELECT pg_catalog.count(*)::int FROM public.adult'")
+            admin.execute("GRANT EXECUTE ON FUNCTION public.dp_late_probe(text) TO PUBLIC")
+            time.sleep(1.0)  # a few refreshes
+            with proxy.connect() as conn, pytest.raises(psycopg.errors.InsufficientPrivilege) as refused:
+                conn.execute("SELECT ('x'::text).dp_late_probe")
+            assert "attribute notation" in str(refused.value)
+        finally:
+            admin.execute("DROP FUNCTION IF EXISTS public.dp_late_probe(text)")

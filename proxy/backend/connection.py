@@ -37,6 +37,7 @@ from .row_stream import RowStream
 
 __all__ = [
     "BackendError", "BackendLost", "BackendSession", "BackendUnavailable", "BoundParams", "ResultSet", "build_registry", "connect",
+    "function_names",
     "pooled_session", "startup_key", "startup_settings",
 ]
 
@@ -845,10 +846,15 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
         "WHERE attrelid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass "
         "AND attnum OPERATOR(pg_catalog.>) 0 AND NOT attisdropped"
     )
-    functions = await session.fetch_row(
+    return TableRegistry(relations, tuple(pg_class[0]), await function_names(session))
+
+
+async def function_names(session: BackendSession) -> frozenset[str]:
+    """Every function name of the backend (``TableRegistry.function_names``)."""
+    (names,) = await session.fetch_row(
         "SELECT pg_catalog.array_agg(DISTINCT proname::pg_catalog.text) FROM pg_catalog.pg_proc"
     )
-    return TableRegistry(relations, tuple(pg_class[0]), frozenset(functions[0]))
+    return frozenset(names)
 
 
 async def _unreadable_labels(session: BackendSession, table: str, column: ColumnInfo) -> list[str]:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from dataclasses import replace
 from pathlib import Path
+from typing import Final
 
 import psycopg
 import sqlalchemy as sa
@@ -18,7 +20,7 @@ import sqlalchemy as sa
 from policies.loader import PolicyError, load_policy
 from policies.model import Policy
 from policies.tables import TableRegistry
-from proxy.backend.connection import BackendError, build_registry, connect
+from proxy.backend.connection import BackendError, build_registry, connect, function_names
 from proxy.backend.partition_fit import usefulness_warnings
 from proxy.backend.pool import BackendPool
 from proxy.dp.answer import DPAnswer
@@ -34,6 +36,9 @@ from .workers import CancelRelay, WorkerRole
 __all__ = ["Server"]
 
 log = logging.getLogger("dpproxy.server")
+
+FUNCTION_NAMES_REFRESH_S: Final = 10.0
+"""How often each process reads the backend's function names again (Server._watch_function_names)."""
 
 
 class Server:
@@ -85,6 +90,7 @@ class Server:
         self._hurry = asyncio.Event()
         self._reloading = asyncio.Lock()
         self._gauges: asyncio.Task[None] | None = None
+        self._functions: asyncio.Task[None] | None = None
 
     @classmethod
     async def create(cls, policy: Policy, worker: WorkerRole | None = None) -> "Server":
@@ -128,7 +134,30 @@ class Server:
         else:
             log.info("worker %d listening on %s:%s", self.worker.index, sockname[0], sockname[1])
             self._gauges = asyncio.create_task(_write_gauges())
+        self._functions = asyncio.create_task(self._watch_function_names())
         return sockname[0], sockname[1]
+
+    async def _watch_function_names(self) -> None:
+        """Read the backend's function names again every FUNCTION_NAMES_REFRESH_S.
+
+        ``x.f`` calls a function ``f(x)`` when ``x`` has no field ``f`` (attribute notation), so
+        a name after a dot is checked against the allowlist when it is a function's name
+        (rewriter.function_check). A function created after startup (an extension installed,
+        ``pgstattuple`` say) would otherwise pass as a field name until the next reload.
+        """
+        while True:
+            await asyncio.sleep(FUNCTION_NAMES_REFRESH_S)
+            try:
+                backend = await connect(self.policy, report=False)  # of its own for a moment: no pool slot kept
+                try:
+                    names = await function_names(backend)
+                finally:
+                    await backend.close()
+            except (BackendError, psycopg.Error) as exc:
+                log.debug("reading the backend's function names failed: %s", exc)
+                continue
+            if names != self.registry.function_names:
+                self.registry = replace(self.registry, function_names=names)
 
     async def reload(self, path: str | Path) -> bool:
         """Put the policy at ``path`` in force; True if it was, False if it was refused.
@@ -227,8 +256,9 @@ class Server:
         await self.pool.close()
         if self.cancel_relay is not None:
             await self.cancel_relay.close()
-        if self._gauges is not None:
-            self._gauges.cancel()
+        for task in (self._gauges, self._functions):
+            if task is not None:
+                task.cancel()
         self.repeats.close()
         self._close_metrics()
         await self.budget.settle()
