@@ -19,6 +19,7 @@ from sqlglot.errors import ParseError
 from policies.errors import SQLSTATE, Refusal
 from policies.tables import ColumnInfo, Relation
 
+from .column_names import output_names
 from .constants import Folding
 from .flatten import flatten
 from .group_keys import GroupKey, KeyRange, group_by_hint, group_key, key_form, key_ranges
@@ -27,6 +28,7 @@ from .post_process import PostProcess, outer_statement
 from .predicates import plan_predicate
 from .scope import Scope
 from .sqlglot_parse import parse_postgres
+from .statements import split_statements
 from .types import MAX_ABS_BOUND, NUMERIC_TYPES, aggregate_result_type
 
 __all__ = ["Aggregate", "AggregateQuery", "asks_for_no_row", "plan_aggregate_query"]
@@ -103,7 +105,8 @@ def plan_aggregate_query(sql: str, table: Relation, function_names: frozenset[st
         raise scope.refuse("cannot analyse this query on protected table", "unparsed") from exc
     if not isinstance(tree, exp.Select):
         raise scope.refuse(*_set_operation_refusal(tree))
-    tree, enclosing = _release_level(tree)
+    tree, enclosing, depth = _release_level(tree)
+    names = (_names(sql, depth), _names(sql, 0) if enclosing is not None else None)
     tree, scope = flatten(tree, scope)
     scope = _check_clauses(tree, scope)
     groups = _grouping(tree, scope)
@@ -111,7 +114,7 @@ def plan_aggregate_query(sql: str, table: Relation, function_names: frozenset[st
     if enclosing is None and not groups and _plain(tree):
         aggregates = tuple(_aggregate(item, scope) for item in tree.expressions)
     else:
-        aggregates, post = _post_processed(tree, scope, enclosing, groups)
+        aggregates, post = _post_processed(tree, scope, enclosing, groups, names)
     _check_combination(aggregates, groups, scope)
     where = tree.args.get("where")
     predicate = plan_predicate(where.this, scope) if where is not None else None
@@ -148,13 +151,23 @@ def _derived_levels(tree: exp.Select) -> list[exp.Select]:
         levels.append(source.this.this)
 
 
-def _release_level(tree: exp.Select) -> tuple[exp.Select, Callable[[exp.Select], exp.Expression] | None]:
+def _names(sql: str, depth: int) -> list[str | None] | None:
+    """PostgreSQL's names for the output columns of the SELECT ``depth`` FROM-levels down ``sql``."""
+    try:
+        (statement,) = split_statements(sql)
+    except (Refusal, ValueError):  # pragma: no cover - the statement was split before it was planned
+        return None
+    return output_names(statement.node, depth)
+
+
+def _release_level(tree: exp.Select) -> tuple[exp.Select, Callable[[exp.Select], exp.Expression] | None, int]:
     """The aggregate level of a query over one released row, and how to put it back.
 
     ``SELECT MAX(n) FROM (SELECT count(*) AS n FROM people WHERE ...) AS t``: the lowest level
     with aggregates of its own is the release (planned as the plain query it is, so the same
     repeat); the levels above it are post-processing and run over the released row. Returns
-    ``tree`` and None when the outermost level is the aggregate level (or none is).
+    ``tree`` and None when the outermost level is the aggregate level (or none is); and the
+    aggregate level's depth in the chain of FROM subqueries.
     """
     levels = _derived_levels(tree)
     for depth in reversed(range(len(levels))):
@@ -162,16 +175,16 @@ def _release_level(tree: exp.Select) -> tuple[exp.Select, Callable[[exp.Select],
         if any(item is not None and item.find(exp.AggFunc) is not None for item in own):
             break
     else:
-        return tree, None
+        return tree, None, 0
     if depth == 0:
-        return tree, None
+        return tree, None, 0
 
     def enclosing(outer: exp.Select) -> exp.Expression:
         whole = tree.copy()
         _derived_levels(whole)[depth].replace(outer)
         return whole
 
-    return levels[depth].copy(), enclosing
+    return levels[depth].copy(), enclosing, depth
 
 
 def _post_processed(
@@ -179,8 +192,11 @@ def _post_processed(
     scope: Scope,
     enclosing: Callable[[exp.Select], exp.Expression] | None = None,
     groups: tuple[GroupKey, ...] = (),
+    names: tuple[list[str | None] | None, list[str | None] | None] = (None, None),
 ) -> tuple[tuple[Aggregate, ...], PostProcess]:
-    """The distinct aggregates the statement uses (the release) and its outer statement."""
+    """The distinct aggregates the statement uses (the release) and its outer statement
+    (``names``: PostgreSQL's names of the aggregate level's and the outermost level's output
+    columns, ``rewriter.column_names``)."""
     if tree.find(exp.Filter) is not None:
         raise scope.refuse("aggregate FILTER is not allowed on protected table", "no-filter")
     if not any(item.find(exp.AggFunc) for item in tree.expressions):
@@ -210,6 +226,7 @@ def _post_processed(
     post = outer_statement(
         tree, release, lambda message, rule: scope.refuse(f"{message} protected table", rule), enclosing,
         keys=len(groups), key_of=key_of if groups else None, function_names=scope.function_names,
+        names=names[0], top_names=names[1],
     )
     return tuple(released), post
 

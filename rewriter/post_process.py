@@ -25,6 +25,7 @@ parameters of its own.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
@@ -77,6 +78,8 @@ def outer_statement(
     keys: int = 0,
     key_of: Callable[[exp.Expression], int | None] | None = None,
     function_names: frozenset[str] | None = None,
+    names: Sequence[str | None] | None = None,
+    top_names: Sequence[str | None] | None = None,
 ) -> PostProcess:
     """The outer statement of ``tree`` (one aggregate level over the base table).
 
@@ -91,21 +94,26 @@ def outer_statement(
     of the cells' keys and the aggregates' arrays follow; ``key_of(node)`` gives the 1-based
     key a grouping expression (a column, ``date_trunc``, ``width_bucket``) stands for, or None.
     Any other column reference is a grouping error, as in PostgreSQL.
+
+    ``names`` are PostgreSQL's names of the aggregate level's output columns, ``top_names``
+    those of the outermost level's when it encloses the aggregate level
+    (``rewriter.column_names``): each unaliased output column is given its name, since the
+    outer statement is sqlglot's rendering, whose function names may differ from the
+    analyst's (``date_trunc`` is rendered ``DATE_TRUNC`` but named ``timestamp_trunc`` by
+    sqlglot; ``now()`` is rendered ``CURRENT_TIMESTAMP``).
     """
     outer = tree.copy()
     for key in ("from_", "where", "joins", "group"):
         outer.set(key, None)
-    items = []
-    for item in outer.expressions:
-        name = default_name(item)
-        items.append(item if isinstance(item, exp.Alias) else exp.alias_(item, exp.to_identifier(name, quoted=True)))
-    outer.set("expressions", items)
-    aliases = {item.alias for item in items}
+    outer.set("expressions", _named(outer.expressions, names))
+    aliases = {item.alias for item in outer.expressions}
     having = outer.args.get("having")
     outer.set("having", None)
     if having is not None:
         outer.set("where", exp.Where(this=having.this))
     whole = enclosing(outer) if enclosing is not None else outer
+    if top_names is not None and isinstance(whole, exp.Select):
+        whole.set("expressions", _named(whole.expressions, top_names, every=False))
     if whole.find(exp.Placeholder, exp.Parameter) is not None:
         raise refuse("parameters after the aggregates (HAVING, LIMIT, output expressions, outer queries) "
                      "are not supported on", "parameters")
@@ -131,6 +139,25 @@ def outer_statement(
     count = max(released_count(outer), default=0)
     outer.set("from_", _release_source(count, keys))
     return PostProcess(checked(whole.sql("postgres"), function_names))
+
+
+def _named(items: list[exp.Expression], names: Sequence[str | None] | None, *,
+           every: bool = True) -> list[exp.Expression]:
+    """``items`` aliased: by ``names`` (one per item; None for ``*``) when given, else by
+    ``default_name`` (``every``) or not at all; an item with an alias, or a star, keeps its own."""
+    if names is not None and len(names) != len(items):
+        names = None
+    named: list[exp.Expression] = []
+    for i, item in enumerate(items):
+        name = names[i] if names is not None else None
+        star = isinstance(item, exp.Star) or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star))
+        if isinstance(item, exp.Alias) or star or (name is None and not every):
+            named.append(item)
+            continue
+        alias = exp.alias_(item, exp.to_identifier(name or default_name(item), quoted=True))
+        assert isinstance(alias, exp.Expression)
+        named.append(alias)
+    return named
 
 
 def _release_source(count: int, keys: int) -> exp.Expression:

@@ -432,3 +432,27 @@ def test_width_bucket_resolves_to_the_overload_postgresql_picks(admin, bounds, o
                         {"age": ColumnInfo("age", 23, -1, 1, age, array_type_oid=1007)})
     plan = plan_aggregate_query(f"SELECT width_bucket(age, {bounds}, 3), COUNT(*) FROM wb GROUP BY 1", relation)
     assert f'pg_catalog.width_bucket(CAST("age" AS {overload})' in backend_sql(plan, seed=0)
+
+
+_NAMED = [
+    "SELECT date_trunc('month', visited_on), count(*) FROM visits GROUP BY 1",
+    "SELECT date_trunc('month', visited_on)::date, count(*) FROM visits GROUP BY 1",
+    "SELECT sex COLLATE \"C\", count(*) FROM visits GROUP BY sex",
+    "SELECT sex, count(*)::int, round(avg(age)), now() IS NOT NULL, (count(*)) FROM visits GROUP BY sex",
+    "SELECT width_bucket(age, 0, 100, 4), sum(income) / 2, CASE WHEN count(*) > 0 THEN sex END "
+    "FROM visits GROUP BY 1, sex",
+    "SELECT max(n), min(n) + 1, current_date IS NOT NULL FROM (SELECT sex, count(*) AS n FROM visits GROUP BY sex) t",
+    "SELECT count(*), trim(' x '), position('a' in 'cat'), upper('a') FROM visits HAVING count(*) > 0",
+    "SELECT date_trunc FROM (SELECT date_trunc('month', visited_on), count(*) FROM visits GROUP BY 1) AS t",
+]
+
+
+@pytest.mark.parametrize("sql", _NAMED)
+def test_output_columns_are_named_as_postgresql_names_them(hproxy: RunningProxy, test_db: TestDatabase, sql: str):
+    # The outer statement is sqlglot's rendering, which renamed unaliased columns:
+    # date_trunc(...) came back as "timestamp_trunc", t COLLATE "C" as "?column?".
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        expected = [d.name for d in admin.execute(f"SELECT * FROM ({sql}) AS q LIMIT 0").description]
+    with hproxy.connect() as conn:
+        got = [d.name for d in conn.execute(sql).description]
+    assert got == expected
