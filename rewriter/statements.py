@@ -17,7 +17,7 @@ from pglast.parser import ParseError
 
 from policies.errors import SQLSTATE, Refusal
 
-from .limits import MAX_NESTING, MAX_TREE_BYTES, check_complexity, too_complex
+from .limits import MAX_NESTING, MAX_TREE_BYTES, check_complexity, check_text, too_complex
 from .references import References, collect_references
 
 __all__ = ["Statement", "split_statements"]
@@ -25,12 +25,17 @@ __all__ = ["Statement", "split_statements"]
 
 @dataclass(frozen=True)
 class Statement:
-    """One statement of a query string: its own text, its node kind and its parse tree."""
+    """One statement of a query string: its own text, its node kind and its parse tree.
+
+    ``tree_bytes``: the size of pglast's JSON parse tree of the whole query string it came
+    from, an upper bound of its own tree's, which is what analysing it costs.
+    """
 
     text: str
     kind: str
     node: dict[str, Any] = field(repr=False, compare=False)
     references: References = field(repr=False, compare=False)
+    tree_bytes: int = field(default=0, repr=False, compare=False)
 
 
 def split_statements(sql: str) -> tuple[Statement, ...]:
@@ -40,6 +45,7 @@ def split_statements(sql: str) -> tuple[Statement, ...]:
 
 @lru_cache(maxsize=4096)
 def _split(sql: str) -> tuple[Statement, ...]:
+    check_text(sql)
     try:
         tree_json = parser.parse_sql_json(sql)
     except ParseError as exc:
@@ -60,5 +66,5 @@ def _split(sql: str) -> tuple[Statement, ...]:
         text = encoded[start : start + length].decode("utf-8").strip()
         ((kind, node),) = raw["stmt"].items()
         check_complexity(text, node)
-        statements.append(Statement(text, kind, node, collect_references(node)))
+        statements.append(Statement(text, kind, node, collect_references(node), len(tree_json)))
     return tuple(statements)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from functools import lru_cache
-from typing import Callable, Protocol
+from functools import lru_cache, partial
+from typing import Any, Callable, Protocol, TypeVar
 
 from sqlglot.errors import SqlglotError
 
@@ -44,7 +45,7 @@ from rewriter.classify import (
     classify,
 )
 from rewriter.dp_query import AggregateQuery
-from rewriter.limits import MAX_NESTING, too_complex
+from rewriter.limits import MAX_NESTING, MAX_OPERATOR_RUN, longest_operator_run, too_complex
 from rewriter.references import RelationRef
 from rewriter.rewrite import backend_sql, partition_seed, seeded
 from rewriter.statements import Statement, split_statements
@@ -54,8 +55,18 @@ from .settings import SessionSettings
 
 __all__ = ["Executor", "Plan", "StatementHost"]
 
+_T = TypeVar("_T")
+
 _NO_PARAMS = BoundParams((), (), ())
-_PARSE_IN_THREAD_BYTES = 64 * 1024
+# A statement longer than this, or with a parse tree larger, is parsed and analysed in an
+# analysis thread, not on the event loop that serves every session: analysing takes up to
+# ~3 µs per byte of parse tree (pinning names to pg_catalog builds and prints pglast's tree
+# in Python), so 16 KiB hold the loop for ~50 ms at most; 4 MiB, the limit, took 10 s.
+_ANALYSED_IN_THREAD_BYTES = 16 * 1024
+# Two threads at most, however many sessions send long statements: while they hold the
+# interpreter, the loop waits for it behind two others at most (sys.getswitchinterval()
+# each). pglast's parser and scanner let go of it while they run.
+_ANALYSIS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dpproxy-analysis")
 _AUDITED_PREFIX = 64 * 1024  # an unparsed string is audited by its beginning, not its megabytes
 
 
@@ -130,8 +141,8 @@ class Executor:
                     f"dpproxy accepts statements of at most {limit} bytes (listen.max_statement_bytes).",
                     "statement-limits",
                 )
-            if size > _PARSE_IN_THREAD_BYTES:
-                return await asyncio.to_thread(split_statements, sql)
+            if size > _ANALYSED_IN_THREAD_BYTES:
+                return await _analysed(_split_and_fingerprint, sql)
             return split_statements(sql)
         except Refusal as exc:
             self._audit_soon(sql[:_AUDITED_PREFIX], "refused", exc.rule, None, started)
@@ -155,7 +166,11 @@ class Executor:
             raise
         try:
             try:
-                decision = classify(statement, resolved, self.server.registry, self.user)
+                if max(len(statement.text), statement.tree_bytes) > _ANALYSED_IN_THREAD_BYTES:
+                    decision = await _analysed(_classify_and_fingerprint, statement, resolved, self.server.registry,
+                                               self.user)
+                else:
+                    decision = classify(statement, resolved, self.server.registry, self.user)
             except RecursionError:
                 # A combination of nesting within every single limit can still be too deep.
                 raise too_complex("too deeply nested to analyse", MAX_NESTING, "levels of nesting") from None
@@ -501,9 +516,35 @@ class Executor:
         return await self.backend.execute(plan.post.sql, release_params(plan, answer), uniform)
 
 
+async def _analysed(function: Callable[..., _T], *args: Any) -> _T:
+    """``function(*args)`` run in an analysis thread (see ``_ANALYSIS``)."""
+    return await asyncio.get_running_loop().run_in_executor(_ANALYSIS, partial(function, *args))
+
+
+def _split_and_fingerprint(sql: str) -> tuple[Statement, ...]:
+    """``split_statements(sql)``, with the fingerprints its audit lines will need made too
+    (by the same thread: scanning a long text is as slow as parsing it)."""
+    try:
+        statements = split_statements(sql)
+    except Refusal:
+        _fingerprint(sql[:_AUDITED_PREFIX])
+        raise
+    for statement in statements:
+        _fingerprint(statement.text)
+    return statements
+
+
+def _classify_and_fingerprint(
+    statement: Statement, resolved: dict[RelationRef, ResolvedRelation | None], registry: TableRegistry, user: str
+) -> Decision:
+    """``classify``, with the statement's fingerprint made too (its audit line and charge need it)."""
+    _fingerprint(statement.text)
+    return classify(statement, resolved, registry, user)
+
+
 @lru_cache(maxsize=4096)
 def _fingerprint(text: str) -> str:
-    return audit_fingerprint(text)
+    return audit_fingerprint(text, scannable=longest_operator_run(text) <= MAX_OPERATOR_RUN)
 
 
 def _may_move_search_path(statement: Statement) -> bool:
