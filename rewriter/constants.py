@@ -44,7 +44,6 @@ The expression's SQL is checked and pinned to pg_catalog on PostgreSQL's own par
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from pglast import ast, parse_sql
@@ -52,6 +51,7 @@ from pglast.enums import A_Expr_Kind, SQLValueFunctionOp
 from pglast.parser import ParseError
 
 from .qualify import qualify
+from .sized_cache import sized_cache
 from .sql_text import literal, operator
 from .types import FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
 
@@ -142,7 +142,7 @@ def qualified_constant(sql: str) -> str:
     return _qualified_constant(sql)
 
 
-@lru_cache(maxsize=1024)
+@sized_cache(1024, 1024 * 1024, lambda text, sql: len(sql) + len(text))
 def _qualified_constant(sql: str) -> str:
     try:
         (raw,) = parse_sql(f"SELECT {sql}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from pglast import parser
@@ -19,6 +18,7 @@ from policies.errors import SQLSTATE, Refusal
 
 from .limits import MAX_NESTING, MAX_TREE_BYTES, check_complexity, check_text, too_complex
 from .references import References, collect_references
+from .sized_cache import sized_cache
 
 __all__ = ["Statement", "split_statements"]
 
@@ -43,7 +43,8 @@ def split_statements(sql: str) -> tuple[Statement, ...]:
     return _split(sql)
 
 
-@lru_cache(maxsize=4096)
+# Bytes of text and parse tree (JSON) kept; the Python trees take about ten times that.
+@sized_cache(4096, 8 * 1024 * 1024, lambda statements, sql: len(sql) + sum(s.tree_bytes for s in statements[:1]))
 def _split(sql: str) -> tuple[Statement, ...]:
     check_text(sql)
     try:

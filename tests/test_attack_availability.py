@@ -10,6 +10,7 @@ stays far below what a client would notice, or the memory it leaves behind stays
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ import psycopg
 import pytest
 
 from conftest import RunningProxy
+from rewriter.sized_cache import sized_cache
 
 LAG_LIMIT_S = 0.2  # a stall a client would notice; each statement below held the loop for seconds
 
@@ -109,3 +111,49 @@ def test_operator_runs_of_ordinary_length_are_answered(proxy: RunningProxy) -> N
     assert _answer(proxy, banner + "SELECT 1") == 1
     assert _answer(proxy, "SELECT '" + "-" * 200 + "'") == "-" * 200
 
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as status:  # the proxy runs in this process (conftest.RunningProxy)
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_distinct_long_statements_leave_no_parse_trees_behind(proxy: RunningProxy) -> None:
+    """Each statement's analysis was cached by its text, 4,096 of them, whatever their size:
+    this one's parse tree kept ~18 MB, so a client sending distinct ones grew the process
+    without bound (and every garbage collection walked the trees while the loop waited)."""
+    with proxy.connect() as conn:
+        def refused(index: int) -> str | None:
+            try:
+                conn.execute(f"DELETE FROM lookup WHERE code IN ('{index}'," + "'x'," * 30_000 + "'y')")  # type: ignore[arg-type]
+            except psycopg.Error as exc:
+                return exc.sqlstate
+            return None
+
+        assert refused(-1) == "25006"
+        gc.collect()
+        before = _rss_mb()
+        assert {refused(index) for index in range(12)} == {"25006"}
+        gc.collect()
+        grown = _rss_mb() - before
+    assert grown < 100, f"the process grew {grown:.0f} MB"
+
+
+def test_the_analysis_caches_keep_a_bounded_weight_and_no_heavy_entry() -> None:
+    calls: list[str] = []
+
+    @sized_cache(100, 1600, lambda result, text: len(text))
+    def analyse(text: str) -> str:
+        calls.append(text)
+        return text.upper()
+
+    assert analyse("a" * 100) == "A" * 100 and analyse("a" * 100) == "A" * 100
+    assert len(calls) == 1  # kept: a hit
+    analyse("b" * 101)  # heavier than a sixteenth of the weight: not kept
+    analyse("b" * 101)
+    assert len(calls) == 3
+    for index in range(40):
+        analyse(str(index) * 50)
+    assert analyse.weight <= 1600 and len(analyse) <= 100

@@ -12,7 +12,7 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any, Callable, Protocol, TypeVar
 
 from sqlglot.errors import SqlglotError
@@ -48,6 +48,7 @@ from rewriter.dp_query import AggregateQuery
 from rewriter.limits import MAX_NESTING, MAX_OPERATOR_RUN, longest_operator_run, too_complex
 from rewriter.references import RelationRef
 from rewriter.rewrite import backend_sql, partition_seed, seeded
+from rewriter.sized_cache import sized_cache
 from rewriter.statements import Statement, split_statements
 
 from .copy_out import copy_messages
@@ -542,7 +543,7 @@ def _classify_and_fingerprint(
     return classify(statement, resolved, registry, user)
 
 
-@lru_cache(maxsize=4096)
+@sized_cache(4096, 4 * 1024 * 1024, lambda _, text: len(text))
 def _fingerprint(text: str) -> str:
     return audit_fingerprint(text, scannable=longest_operator_run(text) <= MAX_OPERATOR_RUN)
 
