@@ -20,6 +20,7 @@ import pytest
 
 from conftest import RunningProxy
 from rewriter.sized_cache import sized_cache
+from wire import SYNC, Wire, bind, cstr, error_fields, execute, message, parse
 
 LAG_LIMIT_S = 0.2  # a stall a client would notice; each statement below held the loop for seconds
 
@@ -157,3 +158,63 @@ def test_the_analysis_caches_keep_a_bounded_weight_and_no_heavy_entry() -> None:
     for index in range(40):
         analyse(str(index) * 50)
     assert analyse.weight <= 1600 and len(analyse) <= 100
+
+
+def _extended_errors(replies: list[tuple[bytes, bytes]]) -> list[bytes]:
+    return [error_fields(body)[b"C"] for kind, body in replies if kind == b"E"]
+
+
+def test_a_session_cannot_hold_unbounded_bound_parameters(proxy: RunningProxy) -> None:
+    """Named portals bound before a Sync (or inside a transaction block) keep their parameter
+    values: 100 Binds of 4 MB each kept 434 MB of the process for one session."""
+    wire = Wire(proxy.host, proxy.port)
+    try:
+        wire.send(parse("s", "SELECT $1::text IS NULL"), SYNC)
+        wire.read_until(b"Z")
+        gc.collect()
+        before = _rss_mb()
+        value = b"x" * (4 * 1024 * 1024)
+        for index in range(40):
+            wire.send(bind(f"p{index}", "s", (value,)))
+        wire.send(SYNC)
+        replies = wire.read_until(b"Z")
+        gc.collect()
+        grown = _rss_mb() - before
+        assert _extended_errors(replies) == [b"54000"]
+        assert b"Close" in error_fields(next(body for kind, body in replies if kind == b"E"))[b"H"]
+        wire.send(bind("", "s", (b"x",)), execute(""), SYNC)  # the session goes on
+        assert [kind for kind, _ in wire.read_until(b"Z")] == [b"2", b"D", b"C", b"Z"]
+    finally:
+        wire.close()
+    assert grown < 100, f"the process grew {grown:.0f} MB"
+
+
+def test_a_session_cannot_hold_unbounded_prepared_statements(proxy: RunningProxy) -> None:
+    """Each named prepared statement keeps its text (twice) and its plan: 200 statements of
+    1 MB kept 600 MB of the process for one session."""
+    wire = Wire(proxy.host, proxy.port)
+    try:
+        filler = "-- " + "x" * (1000 * 1000) + "\n"
+        errors: list[bytes] = []
+        for index in range(80):
+            wire.send(parse(f"s{index}", f"{filler}SELECT {index}"), SYNC)
+            errors += _extended_errors(wire.read_until(b"Z"))
+            if errors:
+                break
+        assert errors == [b"54000"], errors
+        assert index < 70
+        wire.send(message(b"C", b"S" + cstr("s0")), parse("again", "SELECT 2"), bind("", "again"), execute(""), SYNC)
+        assert [kind for kind, _ in wire.read_until(b"Z")] == [b"3", b"1", b"2", b"D", b"C", b"Z"]
+    finally:
+        wire.close()
+
+
+def test_the_limit_on_held_statements_leaves_ordinary_clients_alone(proxy: RunningProxy) -> None:
+    """A driver's statement cache (pgjdbc keeps 256, psycopg 100) stays far inside the limit."""
+    wire = Wire(proxy.host, proxy.port)
+    try:
+        wire.send(*(parse(f"s{index}", f"SELECT {index} AS n, 'x' AS label") for index in range(1000)), SYNC)
+        replies = wire.read_until(b"Z")
+        assert _extended_errors(replies) == [] and [kind for kind, _ in replies].count(b"1") == 1000
+    finally:
+        wire.close()
