@@ -42,7 +42,9 @@ _TOKENS = re.compile(
     r"[Ee]'(?:[^'\\]|\\.|'')*'"  # E'...' with backslash escapes
     r"|'(?:[^']|'')*'"  # '...'
     r'|"(?:[^"]|"")*"'  # "identifier"
-    r"|\$(?P<tag>[A-Za-z_][A-Za-z_0-9]*|)\$.*?\$(?P=tag)\$"  # $tag$...$tag$
+    # $tag$...$tag$, not where a $ continues an identifier (a$b$): there the search for the
+    # closing tag would read to the end of the text, once per such identifier (quadratic).
+    r"|(?<![A-Za-z_0-9$\x80-\U0010ffff])\$(?P<tag>[A-Za-z_][A-Za-z_0-9]*|)\$.*?\$(?P=tag)\$"
     r"|--[^\n]*|/\*.*?\*/"  # comments
     r"|[()]",
     re.DOTALL,
