@@ -228,3 +228,16 @@ def test_dollar_signs_in_identifiers_do_not_make_the_parenthesis_scan_quadratic(
     started = time.monotonic()
     assert _answer(proxy, sql) == "54011"  # PostgreSQL's own limit on output columns, after dpproxy's analysis
     assert time.monotonic() - started < 1.5
+
+
+@pytest.mark.parametrize("sql, sqlstate", [
+    ("SELECT COUNT(*) FROM adult LIMIT " + "9" * 5_000, "22003"),
+    ("SELECT COUNT(*) FROM adult OFFSET " + "9" * 5_000, "22003"),
+    ("SELECT COUNT(*) FROM adult LIMIT 9223372036854775808", "22003"),
+    ("SELECT COUNT(*) FROM adult GROUP BY " + "9" * 5_000, "42P10"),
+], ids=["limit", "offset", "limit-bigint", "group-by-position"])
+def test_a_number_too_long_for_python_int_is_refused_not_an_internal_error(
+    proxy: RunningProxy, sql: str, sqlstate: str
+) -> None:
+    """Python's int() refuses more than 4,300 digits: such a LIMIT ended the session with XX000."""
+    assert _answer(proxy, sql) == sqlstate
