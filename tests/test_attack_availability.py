@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 from conftest import RunningProxy
+from proxy.serving.session import STARTUP_KINDS
 from rewriter.sized_cache import sized_cache
 from wire import SYNC, Wire, bind, cstr, error_fields, execute, message, parse
 
@@ -241,3 +242,15 @@ def test_a_number_too_long_for_python_int_is_refused_not_an_internal_error(
 ) -> None:
     """Python's int() refuses more than 4,300 digits: such a LIMIT ended the session with XX000."""
     assert _answer(proxy, sql) == sqlstate
+
+
+def test_the_parameter_status_cache_keeps_a_bounded_number_of_startup_kinds(proxy: RunningProxy) -> None:
+    """Sessions remember the ParameterStatus values of each kind of startup settings, keyed by
+    the client's values (search_path takes any text): a client logging in with a new
+    search_path each time grew the process by its whole startup packet, per login, for good."""
+    for index in range(300):
+        wire = Wire(proxy.host, proxy.port, startup_params={"search_path": f"s{index}_" + "x" * 4000})
+        wire.close()
+    assert len(proxy.server.startup_reports) <= STARTUP_KINDS
+    with proxy.connect() as conn:  # and the kinds that stay are still answered from it
+        assert conn.execute("SELECT 1").fetchone() == (1,)
