@@ -282,3 +282,19 @@ def test_the_repeat_store_does_not_keep_each_query_s_parameters(repeating: Runni
         # and a repeat is still a repeat: the same released answer
         assert conn.execute(query, ("Male",), prepare=True).fetchone() == first  # type: ignore[call-overload]
     assert grown < 60, f"the process grew {grown:.0f} MB"
+
+
+@pytest.mark.parametrize("pattern, count", [("a" * 15_000_000, 0), ("\\a" * 7_000_000 + "\\", None)], ids=["plain", "escaped"])
+def test_a_long_like_pattern_parameter_is_checked_without_stalling_the_event_loop(
+    proxy: RunningProxy, pattern: str, count: int | None
+) -> None:
+    """A LIKE pattern bound as a parameter is checked (for a trailing escape) when it is bound,
+    on the event loop: character by character in Python, a 15 MB one held it for 1.5 s."""
+    with loop_lag(proxy) as lag:
+        with proxy.connect() as conn:
+            try:
+                answer = conn.execute("SELECT COUNT(*) FROM adult WHERE sex LIKE %s", (pattern,)).fetchone()
+            except psycopg.Error as exc:
+                answer = exc.sqlstate
+    assert answer == ((count,) if count is not None else "DP001")
+    assert lag[0] < LAG_LIMIT_S, f"the event loop stalled {lag[0] * 1000:.0f} ms"
