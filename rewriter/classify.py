@@ -147,7 +147,7 @@ def classify(
 
 
 # Weighed by the statement's text and parse tree, which its key keeps.
-@sized_cache(8192, 8 * 1024 * 1024, lambda _, statement, *rest: len(statement.text) + statement.tree_bytes)
+@sized_cache(8192, 2 * 1024 * 1024, lambda _, statement, *rest: len(statement.text) + statement.tree_bytes)
 def _classify(
     statement: Statement,
     resolved_items: tuple[tuple[RelationRef, ResolvedRelation | None], ...],
