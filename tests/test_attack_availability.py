@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -298,3 +299,31 @@ def test_a_long_like_pattern_parameter_is_checked_without_stalling_the_event_loo
                 answer = exc.sqlstate
     assert answer == ((count,) if count is not None else "DP001")
     assert lag[0] < LAG_LIMIT_S, f"the event loop stalled {lag[0] * 1000:.0f} ms"
+
+
+@pytest.fixture(scope="module")
+def one_connection(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """One pooled backend connection, and a checkout gives up after a second."""
+    pool = "  pool: {{size: 1, checkout_timeout_s: 1}}\n"
+    text = TEST_POLICY.replace("  statement_timeout_ms: 20000\n", "  statement_timeout_ms: 20000\n" + pool)
+    with running_proxy(test_db, tmp_path_factory, text) as running:
+        yield running
+
+
+def test_a_statement_waiting_for_its_analysis_holds_no_backend_connection(one_connection: RunningProxy) -> None:
+    """Naming a statement's relations takes a backend connection; analysing it then took
+    seconds, with the connection held: sessions sending long statements could hold the whole
+    pool while other sessions' statements failed with 53300."""
+    long = LONG_IN_LISTS["passthrough"][0]  # ~2.7 s of analysis
+    done: list[object] = []
+    with one_connection.connect() as other:
+        other.execute("SELECT count(*) FROM lookup")
+        sender = threading.Thread(target=lambda: done.append(_answer(one_connection, long)), daemon=True)
+        sender.start()
+        time.sleep(0.5)  # the long statement is being analysed
+        assert not done
+        started = time.monotonic()
+        assert other.execute("SELECT count(*) FROM lookup").fetchone() == (2,)
+        assert time.monotonic() - started < 0.5
+        sender.join(timeout=20)
+    assert done == [2]

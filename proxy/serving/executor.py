@@ -143,6 +143,7 @@ class Executor:
                     "statement-limits",
                 )
             if size > _ANALYSED_IN_THREAD_BYTES:
+                await self._give_back()  # no backend connection is held while the analysis waits its turn
                 return await _analysed(_split_and_fingerprint, sql)
             return split_statements(sql)
         except Refusal as exc:
@@ -168,6 +169,9 @@ class Executor:
         try:
             try:
                 if max(len(statement.text), statement.tree_bytes) > _ANALYSED_IN_THREAD_BYTES:
+                    # Resolving the relations took a backend connection: it serves other
+                    # sessions while this analysis takes seconds, or waits for a thread.
+                    await self._give_back()
                     decision = await _analysed(_classify_and_fingerprint, statement, resolved, self.server.registry,
                                                self.user)
                 else:
@@ -381,8 +385,9 @@ class Executor:
         task.add_done_callback(self._deferred.discard)
 
     async def _give_back(self) -> None:
-        """While a DP answer waits for its quantum, its backend connection serves other sessions
-        (outside a transaction block; inside one the session keeps it)."""
+        """While a DP answer waits for its quantum, or a long statement for its analysis, the
+        backend connection serves other sessions (outside a transaction block; inside one the
+        session keeps it)."""
         try:
             await self.backend.release()
         except BackendError:
