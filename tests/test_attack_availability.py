@@ -327,3 +327,16 @@ def test_a_statement_waiting_for_its_analysis_holds_no_backend_connection(one_co
         assert time.monotonic() - started < 0.5
         sender.join(timeout=20)
     assert done == [2]
+
+
+def test_folding_many_computed_values_beside_a_long_in_list_does_not_stall_the_event_loop(proxy: RunningProxy) -> None:
+    """Each computed value in WHERE is folded at bind time, on the event loop, and was put into
+    the plan's WHERE by replacing its token in the whole text, once per value: 500 of them
+    beside an IN list of 60,000 numbers held the loop for 1.3 s, per execution."""
+    folds = " AND ".join(["age > 1 + 1"] * 250)
+    in_list = ",".join(str(index % 80) for index in range(20_000))
+    sql = f"SELECT COUNT(*) FROM adult WHERE age IN ({in_list}) AND ({folds}) AND ({folds})"
+    with loop_lag(proxy) as lag:
+        answer = _answer(proxy, sql)
+    assert isinstance(answer, int) and answer > 40_000
+    assert lag[0] < LAG_LIMIT_S, f"the event loop stalled {lag[0] * 1000:.0f} ms"
