@@ -24,7 +24,10 @@ from proxy.serving.session import STARTUP_KINDS
 from rewriter.sized_cache import sized_cache
 from wire import SYNC, Wire, bind, cstr, error_fields, execute, message, parse
 
-LAG_LIMIT_S = 0.2  # a stall a client would notice; each statement below held the loop for seconds
+# A stall a client would notice. Each input below held the loop for 0.4 s to 10 s before its
+# fix; after it, a garbage collection while a long statement's tree is alive, on a busy
+# two-core host, still takes up to ~0.2 s at times.
+LAG_LIMIT_S = 0.3
 
 
 @contextmanager
@@ -285,9 +288,10 @@ def test_the_repeat_store_does_not_keep_each_query_s_parameters(repeating: Runni
     assert grown < 60, f"the process grew {grown:.0f} MB"
 
 
-@pytest.mark.parametrize("pattern, count", [("a" * 15_000_000, 0), ("\\a" * 7_000_000 + "\\", None)], ids=["plain", "escaped"])
+@pytest.mark.parametrize("pattern, refused", [("a" * 15_000_000, False), ("\\a" * 7_000_000 + "\\", True)],
+                         ids=["plain", "escaped"])
 def test_a_long_like_pattern_parameter_is_checked_without_stalling_the_event_loop(
-    proxy: RunningProxy, pattern: str, count: int | None
+    proxy: RunningProxy, pattern: str, refused: bool
 ) -> None:
     """A LIKE pattern bound as a parameter is checked (for a trailing escape) when it is bound,
     on the event loop: character by character in Python, a 15 MB one held it for 1.5 s."""
@@ -297,7 +301,10 @@ def test_a_long_like_pattern_parameter_is_checked_without_stalling_the_event_loo
                 answer = conn.execute("SELECT COUNT(*) FROM adult WHERE sex LIKE %s", (pattern,)).fetchone()
             except psycopg.Error as exc:
                 answer = exc.sqlstate
-    assert answer == ((count,) if count is not None else "DP001")
+    if refused:
+        assert answer == "DP001"
+    else:
+        assert isinstance(answer, tuple)  # a noisy count of no row
     assert lag[0] < LAG_LIMIT_S, f"the event loop stalled {lag[0] * 1000:.0f} ms"
 
 
@@ -332,11 +339,19 @@ def test_a_statement_waiting_for_its_analysis_holds_no_backend_connection(one_co
 def test_folding_many_computed_values_beside_a_long_in_list_does_not_stall_the_event_loop(proxy: RunningProxy) -> None:
     """Each computed value in WHERE is folded at bind time, on the event loop, and was put into
     the plan's WHERE by replacing its token in the whole text, once per value: 500 of them
-    beside an IN list of 60,000 numbers held the loop for 1.3 s, per execution."""
+    beside an IN list of 60,000 numbers held the loop for 1.3 s, per execution (0.8 s here)."""
     folds = " AND ".join(["age > 1 + 1"] * 250)
-    in_list = ",".join(str(index % 80) for index in range(20_000))
+    in_list = ",".join(str(index % 80) for index in range(40_000))
     sql = f"SELECT COUNT(*) FROM adult WHERE age IN ({in_list}) AND ({folds}) AND ({folds})"
     with loop_lag(proxy) as lag:
         answer = _answer(proxy, sql)
     assert isinstance(answer, int) and answer > 40_000
+    assert lag[0] < LAG_LIMIT_S, f"the event loop stalled {lag[0] * 1000:.0f} ms"
+
+
+def test_a_long_statement_is_fingerprinted_for_the_audit_log_off_the_event_loop(proxy: RunningProxy) -> None:
+    """The audit fingerprint scans the statement's text; on the event loop, 1 MB of comment
+    lines (a parse tree of a few bytes) held it for 430 ms."""
+    with loop_lag(proxy) as lag:
+        assert _answer(proxy, "SELECT 1 " + "--\n" * 330_000) == 1
     assert lag[0] < LAG_LIMIT_S, f"the event loop stalled {lag[0] * 1000:.0f} ms"

@@ -83,11 +83,16 @@ class Cost:
 
 @dataclass(frozen=True)
 class Plan:
-    """A statement and its decision, valid while the session's ``generation`` is unchanged."""
+    """A statement and its decision, valid while the session's ``generation`` is unchanged.
+
+    ``fingerprint`` is the statement's audit fingerprint, made with its analysis (in an
+    analysis thread for a long one: scanning 1 MB of text takes up to half a second).
+    """
 
     statement: Statement | None  # None: the empty query
     decision: Decision | None
     generation: int
+    fingerprint: str
 
 
 class StatementHost(Protocol):
@@ -147,7 +152,8 @@ class Executor:
                 return await _analysed(_split_and_fingerprint, sql)
             return split_statements(sql)
         except Refusal as exc:
-            self._audit_soon(sql[:_AUDITED_PREFIX], "refused", exc.rule, None, started)
+            # Made in the analysis thread already when the string was long: taken from the cache.
+            self._audit_soon(_fingerprint(sql[:_AUDITED_PREFIX]), "refused", exc.rule, None, started)
             raise
 
     async def prepare(self, text: str) -> Plan:
@@ -156,24 +162,29 @@ class Executor:
         if len(statements) > 1:
             raise Refusal(SQLSTATE.SYNTAX_ERROR, "cannot insert multiple commands into a prepared statement")
         if not statements:
-            return Plan(None, None, self.generation)
+            return Plan(None, None, self.generation, _fingerprint(""))
         return await self.plan(statements[0])
 
     async def plan(self, statement: Statement) -> Plan:
         started = time.perf_counter()
+        long = max(len(statement.text), statement.tree_bytes) > _ANALYSED_IN_THREAD_BYTES
+        if long:
+            await self._give_back()  # no backend connection is held while the analysis waits its turn
+            fingerprint = await _analysed(_fingerprint, statement.text)
+        else:
+            fingerprint = _fingerprint(statement.text)
         try:
             resolved = await self._resolve(statement.references.relations)
         except BackendError as exc:
-            self._audit_soon(statement.text, "error", exc.sqlstate, None, started)
+            self._audit_soon(fingerprint, "error", exc.sqlstate, None, started)
             raise
         try:
             try:
-                if max(len(statement.text), statement.tree_bytes) > _ANALYSED_IN_THREAD_BYTES:
+                if long:
                     # Resolving the relations took a backend connection: it serves other
                     # sessions while this analysis takes seconds, or waits for a thread.
                     await self._give_back()
-                    decision = await _analysed(_classify_and_fingerprint, statement, resolved, self.server.registry,
-                                               self.user)
+                    decision = await _analysed(classify, statement, resolved, self.server.registry, self.user)
                 else:
                     decision = classify(statement, resolved, self.server.registry, self.user)
             except RecursionError:
@@ -189,9 +200,9 @@ class Executor:
                     "unparsed",
                 ) from exc
         except Refusal as exc:
-            self._audit_soon(statement.text, "refused", exc.rule, None, started)
+            self._audit_soon(fingerprint, "refused", exc.rule, None, started)
             raise
-        return Plan(statement, decision, self.generation)
+        return Plan(statement, decision, self.generation, fingerprint)
 
     async def _resolve(self, refs: tuple[RelationRef, ...]) -> dict[RelationRef, ResolvedRelation | None]:
         """Relation names to backend identities, remembered until search_path may have moved.
@@ -274,28 +285,28 @@ class Executor:
         """
         started = time.perf_counter()
         plan = await self._current(plan)
-        text = plan.statement.text if plan.statement is not None else ""
+        fingerprint = plan.fingerprint
         self._charged = None
         try:
             result, notices, cost = await self._run(plan, params, result_formats)
         except Refusal as exc:
             if self._charged is not None:
-                self._audit_soon(text, "error", exc.sqlstate, self._charged, started)
+                self._audit_soon(fingerprint, "error", exc.sqlstate, self._charged, started)
             else:
-                self._audit_soon(text, "refused", exc.rule, None, started)
+                self._audit_soon(fingerprint, "refused", exc.rule, None, started)
             raise
         except BackendError as exc:
-            self._audit_soon(text, "error", exc.sqlstate, self._charged, started)
+            self._audit_soon(fingerprint, "error", exc.sqlstate, self._charged, started)
             raise
         except asyncio.CancelledError:  # the session is being ended (shutdown) mid-statement
-            self._audit(text, "error", SQLSTATE.ADMIN_SHUTDOWN, self._charged, time.perf_counter() - started)
+            self._audit(fingerprint, "error", SQLSTATE.ADMIN_SHUTDOWN, self._charged, time.perf_counter() - started)
             raise
         except Exception:  # a bug: the session ends with XX000, but the charge is still accounted for
-            self._audit_soon(text, "error", SQLSTATE.INTERNAL_ERROR, self._charged, started)
+            self._audit_soon(fingerprint, "error", SQLSTATE.INTERNAL_ERROR, self._charged, started)
             raise
         decision = plan.decision.inner if isinstance(plan.decision, CopyOut) else plan.decision
         kind = "dp" if isinstance(decision, (DPQuery, ColumnsOnly)) else "command" if isinstance(decision, DpproxyCommand) else "passthrough"
-        self._audit_soon(text, kind, None, cost, started)
+        self._audit_soon(fingerprint, kind, None, cost, started)
         return result, notices
 
     async def _run(
@@ -313,7 +324,7 @@ class Executor:
                 self._answers += 1
                 self._quantised = (self._answers, started, quantum_ms / 1000) if quantum_ms > 0 else None
                 try:
-                    result, notices, cost = await self._answer_dp(decision, params, plan.statement.text, result_formats)
+                    result, notices, cost = await self._answer_dp(decision, params, plan.fingerprint, result_formats)
                 finally:
                     self._quantised = None
             return _apply_formats(result, result_formats), notices, cost
@@ -402,18 +413,18 @@ class Executor:
         copied = ResultSet([], [], f"COPY {len(result.rows)}", result.notices, copy=copy_messages(result, decision.options))
         return copied, notices, cost
 
-    def _audit_soon(self, text: str, decision: str, reason: str | None, cost: Cost | None, started: float) -> None:
+    def _audit_soon(self, fingerprint: str, decision: str, reason: str | None, cost: Cost | None, started: float) -> None:
         latency_s = time.perf_counter() - started
-        asyncio.get_running_loop().call_soon(self._audit, text, decision, reason, cost, latency_s)
+        asyncio.get_running_loop().call_soon(self._audit, fingerprint, decision, reason, cost, latency_s)
 
-    def _audit(self, text: str, decision: str, reason: str | None, cost: Cost | None, latency_s: float) -> None:
+    def _audit(self, fingerprint: str, decision: str, reason: str | None, cost: Cost | None, latency_s: float) -> None:
         observe_statement(decision, reason, self.user, cost.epsilon if cost else 0.0, cost.delta if cost else 0.0, latency_s)
         self.server.audit.record(
             AuditEntry(
                 at=time.time(),
                 user=self.user,
                 client=self.client,
-                fingerprint=_fingerprint(text),
+                fingerprint=fingerprint,
                 decision=decision,  # type: ignore[arg-type]
                 reason=reason,
                 epsilon=cost.epsilon if cost else None,
@@ -425,7 +436,7 @@ class Executor:
         )
 
     async def _answer_dp(
-        self, decision: DPQuery, params: BoundParams, text: str, result_formats: tuple[int, ...] = ()
+        self, decision: DPQuery, params: BoundParams, fingerprint: str, result_formats: tuple[int, ...] = ()
     ) -> tuple[ResultSet, list[str], Cost]:
         """Charge, compute exactly on the backend, noise; or replay the answer to a repeat."""
         plan = decision.plan
@@ -468,7 +479,7 @@ class Executor:
         # before it costs anything.
         await self.backend.usable()
         # The ledger's history carries the audit log's fingerprint, so the two can be joined.
-        balance = await self.server.budget.charge(self.user, epsilon, delta, _fingerprint(text))
+        balance = await self.server.budget.charge(self.user, epsilon, delta, fingerprint)
         cost = self._charged = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta)
         try:
             run = backend_sql(plan, seed=partition_seed()) if seeded(plan) else sql
@@ -528,24 +539,13 @@ async def _analysed(function: Callable[..., _T], *args: Any) -> _T:
 
 
 def _split_and_fingerprint(sql: str) -> tuple[Statement, ...]:
-    """``split_statements(sql)``, with the fingerprints its audit lines will need made too
-    (by the same thread: scanning a long text is as slow as parsing it)."""
+    """``split_statements(sql)``, with the fingerprint of a refused string's audit line made
+    too (by the same thread: scanning a long text is as slow as parsing it)."""
     try:
-        statements = split_statements(sql)
+        return split_statements(sql)
     except Refusal:
         _fingerprint(sql[:_AUDITED_PREFIX])
         raise
-    for statement in statements:
-        _fingerprint(statement.text)
-    return statements
-
-
-def _classify_and_fingerprint(
-    statement: Statement, resolved: dict[RelationRef, ResolvedRelation | None], registry: TableRegistry, user: str
-) -> Decision:
-    """``classify``, with the statement's fingerprint made too (its audit line and charge need it)."""
-    _fingerprint(statement.text)
-    return classify(statement, resolved, registry, user)
 
 
 @sized_cache(4096, 4 * 1024 * 1024, lambda _, text: len(text))
