@@ -355,3 +355,21 @@ def test_a_long_statement_is_fingerprinted_for_the_audit_log_off_the_event_loop(
     with loop_lag(proxy) as lag:
         assert _answer(proxy, "SELECT 1 " + "--\n" * 330_000) == 1
     assert lag[0] < LAG_LIMIT_S, f"the event loop stalled {lag[0] * 1000:.0f} ms"
+
+
+def test_a_prepared_statement_counts_its_parse_tree_toward_what_its_session_holds(proxy: RunningProxy) -> None:
+    """A prepared statement keeps its parse tree, some 200 times its text here as Python
+    objects: counted by text alone (29 KB), the 64 MiB allowed 2,300 of these, ~6 MB each."""
+    wire = Wire(proxy.host, proxy.port)
+    try:
+        sql = "SELECT COUNT(*) FROM adult WHERE age IN (" + ",".join(str(i % 80) for i in range(10_000)) + ")"
+        errors: list[bytes] = []
+        for index in range(20):
+            wire.send(parse(f"s{index}", f"{sql} AND age > {index}"), SYNC)
+            errors += _extended_errors(wire.read_until(b"Z"))
+            if errors:
+                break
+        assert errors == [b"54000"], errors
+        assert index < 16
+    finally:
+        wire.close()

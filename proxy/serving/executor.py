@@ -165,6 +165,12 @@ class Executor:
             return Plan(None, None, self.generation, _fingerprint(""))
         return await self.plan(statements[0])
 
+    def plan_bytes(self, plan: Plan) -> int:
+        """About the memory ``plan`` keeps: its statement's text and parse tree, which takes
+        some ten times its JSON as Python objects (a 120 KB IN list's, 36 MB)."""
+        statement = plan.statement
+        return 0 if statement is None else len(statement.text) + 10 * statement.tree_bytes
+
     async def plan(self, statement: Statement) -> Plan:
         started = time.perf_counter()
         long = max(len(statement.text), statement.tree_bytes) > _ANALYSED_IN_THREAD_BYTES

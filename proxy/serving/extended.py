@@ -21,9 +21,9 @@ from proxy.wire.protocol import Field, ProtocolError
 
 __all__ = ["MAX_HELD", "MAX_HELD_BYTES", "ExtendedProtocol", "PreparedStatement", "Runner"]
 
-# What one session may keep in prepared statements and portals (their texts and bound
-# parameter values) until Close, DEALLOCATE or, for portals, a Sync outside a transaction
-# block. It lives in the process every session shares: unbounded, 100 Binds of 4 MB kept
+# What one session may keep in prepared statements and portals (their texts, parse trees and
+# bound parameter values) until Close, DEALLOCATE or, for portals, a Sync outside a
+# transaction block. It lives in the process every session shares: unbounded, 100 Binds of 4 MB kept
 # 434 MB. Drivers' statement caches keep a few hundred short statements.
 MAX_HELD = 10_000
 MAX_HELD_BYTES = 64 * 1024 * 1024
@@ -34,16 +34,18 @@ Plan = Any
 
 @dataclass
 class PreparedStatement:
-    """A parsed statement: its text, declared parameter types, and what the runner made of it."""
+    """A parsed statement: its text, declared parameter types, and what the runner made of it
+    (``plan_bytes``: about the memory that keeps, Runner.plan_bytes)."""
 
     text: str
     param_types: tuple[int, ...]
     plan: Plan
     description: tuple[list[int], list[Field] | None] | None = None
+    plan_bytes: int = 0
 
     @property
     def size(self) -> int:
-        return len(self.text)
+        return len(self.text) + self.plan_bytes
 
 
 @dataclass
@@ -59,7 +61,8 @@ class Portal:
 
     @property
     def size(self) -> int:
-        return sum(len(value) for value in self.params.values if value is not None)
+        # A parameter keeps its value and some 64 bytes of its own: 65,535 empty ones are 4 MiB.
+        return sum(len(value) for value in self.params.values if value is not None) + 64 * len(self.params.values)
 
 
 _Held = TypeVar("_Held", PreparedStatement, Portal)
@@ -69,6 +72,10 @@ class Runner(Protocol):
     """What the extended protocol needs from statement execution (proxy.executor)."""
 
     async def prepare(self, text: str) -> Plan: ...
+
+    def plan_bytes(self, plan: Plan) -> int:
+        """About the memory ``plan`` keeps (its parse tree): what a prepared statement holds."""
+        ...
 
     async def describe(self, plan: Plan, param_types: tuple[int, ...]) -> tuple[list[int], list[Field] | None]: ...
 
@@ -188,7 +195,8 @@ class ExtendedProtocol:
             raise Refusal("42P05", f'prepared statement "{message.statement}" already exists')
         self._check_room(self.statements, message.statement, len(message.query))  # before the analysis it would cost
         plan = await self.runner.prepare(message.query)
-        self._keep(self.statements, message.statement, PreparedStatement(message.query, message.param_types, plan))
+        prepared = PreparedStatement(message.query, message.param_types, plan, plan_bytes=self.runner.plan_bytes(plan))
+        self._keep(self.statements, message.statement, prepared)
         self.out.append(protocol.PARSE_COMPLETE)
 
     def _bind(self, message: protocol.Bind) -> None:
