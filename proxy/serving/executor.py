@@ -69,6 +69,10 @@ _ANALYSED_IN_THREAD_BYTES = 16 * 1024
 # each). pglast's parser and scanner let go of it while they run.
 _ANALYSIS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dpproxy-analysis")
 _AUDITED_PREFIX = 64 * 1024  # an unparsed string is audited by its beginning, not its megabytes
+# How many relation names a session's resolutions remember (Executor._resolve): a statement
+# may name 10,000 relations (~2 MB remembered), so the 1,024 statements' worth was gigabytes.
+_RESOLVED_STATEMENTS = 1024
+_RESOLVED_NAMES = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,7 @@ class Executor:
         self.deallocate: Callable[[str | None], bool] = lambda name: name is None
         self.generation = 0  # bumped by anything that may change search_path
         self._resolved: dict[tuple[RelationRef, ...], dict[RelationRef, ResolvedRelation | None]] = {}
+        self._resolved_names = 0  # in all of _resolved's keys
         self._resolved_generation = 0
         self._charged: Cost | None = None  # what the statement running now was charged so far
         # The quantised DP answer being computed now: (its number, when its quantum began, q in s).
@@ -221,13 +226,16 @@ class Executor:
             return {}
         if self._resolved_generation != self.generation:
             self._resolved.clear()
+            self._resolved_names = 0
             self._resolved_generation = self.generation
         resolved = self._resolved.get(refs)
         if resolved is None:
             resolved = await self.backend.resolve(refs)
-            if len(self._resolved) >= 1024:
+            if len(self._resolved) >= _RESOLVED_STATEMENTS or self._resolved_names + len(refs) > _RESOLVED_NAMES:
                 self._resolved.clear()
+                self._resolved_names = 0
             self._resolved[refs] = resolved
+            self._resolved_names += len(refs)
         return resolved
 
     async def _current(self, plan: Plan) -> Plan:
