@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import psycopg
@@ -23,15 +23,17 @@ from policies.model import Policy
 from policies.tables import ColumnInfo, Relation, TableRegistry
 from proxy.ops import metrics
 from proxy.ops.metrics import observe_backend
-from proxy.wire.protocol import Field, data_row
+from proxy.wire.protocol import Field, ProtocolError, data_row, formats_for
 from rewriter.classify import ResolvedRelation
 from rewriter.references import RelationRef
 from rewriter.rewrite import hashed_columns
 
 from .data_rows import data_rows
+from .errors import BackendError, BackendLost, BackendUnavailable
 from .policy_fit import column_fit_problems
 from .pool import UNKNOWN, BackendPool, PooledConnection, PoolTimeout, State, open_backend
 from .result_waiter import NotSent
+from .row_stream import RowStream
 
 __all__ = [
     "BackendError", "BackendLost", "BackendSession", "BackendUnavailable", "BoundParams", "ResultSet", "build_registry", "connect",
@@ -65,43 +67,12 @@ log = logging.getLogger("dpproxy.backend")
 
 # libpq's transaction status → ReadyForQuery's status byte (idle, and anything else, is b"I").
 _STATUS_BYTE: dict[int, bytes] = {pq.TransactionStatus.INTRANS: b"T", pq.TransactionStatus.INERROR: b"E"}
-_IN_BLOCK = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
+_TUPLES_CHUNK = pq.ExecStatus.TUPLES_CHUNK
 
-
-class BackendError(Exception):
-    """The backend refused or failed a statement; carries PostgreSQL's diagnostics."""
-
-    def __init__(self, sqlstate: str, message: str, detail: str | None = None, hint: str | None = None):
-        super().__init__(message)
-        self.sqlstate = sqlstate
-        self.message = message
-        self.detail = detail
-        self.hint = hint
-
-
-class BackendUnavailable(BackendError):
-    """No backend connection could be had for a statement (the pool stayed exhausted, or a new
-    connection was refused): nothing was sent, so the statement's failure cannot depend on
-    the data. The client session goes on."""
-
-
-class BackendLost(BackendError):
-    """The session's backend connection is gone: the client session must end (FATAL).
-
-    ``reached`` is False when the statement that found the loss was never sent, so nothing
-    it did can depend on the data. The SQLSTATE is 57P01 when PostgreSQL said it was
-    terminating the connection (shutdown, pg_terminate_backend), else 08006. The message
-    names no host, port or role; libpq's own text goes to dpproxy's log.
-    """
-
-    def __init__(self, sqlstate: str, reached: bool):
-        super().__init__(
-            sqlstate,
-            "terminating connection because the connection to the backend database was lost",
-            hint="Reconnect; session settings (SET) must be set again. "
-                 "An administrator can see the cause in dpproxy's log.",
-        )
-        self.reached = reached
+CHUNK_ROWS = 1024
+"""Rows per chunk of a relayed result (libpq's chunked rows mode): what dpproxy holds of a
+result at a time, beyond what the client's socket has not taken yet."""
+_WHOLE_ROWS = 2048  # a relayed result is streamed past this many rows, even if they came at once
 
 
 @dataclass(frozen=True)
@@ -125,6 +96,9 @@ class ResultSet:
     relayed: list[bytes] | None = None
     """The rows as DataRow messages built from libpq's result (``BackendSession.relay``), in
     place of ``rows``, which is then empty: a passthrough result nothing in dpproxy reads."""
+    stream: RowStream | None = None
+    """A relayed result still arriving, in place of ``relayed``: its rows are taken from it
+    (``RowStream.take``) and its tag is the stream's once it has ended."""
 
     @property
     def row_count(self) -> int:
@@ -248,6 +222,7 @@ class BackendSession:
         self._reported_stale = reported is None
         self._sent_on_checkout = 0
         self._no_notices: list[str] = []
+        self._stream: RowStream | None = None  # the last relayed result read as it arrives
 
     # ------------------------------------------------------------ checkout and release
 
@@ -348,11 +323,17 @@ class BackendSession:
         """Give the held connection back to the pool, if the backend is idle (else keep it).
 
         Called when the client is answered ReadyForQuery. A connection in a transaction, after
-        an error, cancelled or lost is closed instead of pooled.
+        an error, cancelled or lost is closed instead of pooled. One still running a suspended
+        portal's statement is kept; once that portal is gone (``RowStream.abandoned``), the
+        rest of its result is read first.
         """
         held = self._held
-        if held is None or self._dedicated or held.conn.pgconn.transaction_status in _IN_BLOCK:
+        if held is None or self._dedicated or self.transaction_status != b"I":
             return
+        if self._stream is not None and self._stream.open:
+            if not self._stream.abandoned:
+                return  # a suspended portal's statement still runs on it
+            await self._settle_stream()
         assert self._pool is not None
         idle = held.healthy and held.conn.pgconn.transaction_status == pq.TransactionStatus.IDLE \
             and not held.waiter.busy
@@ -381,6 +362,7 @@ class BackendSession:
         """End the session: a dedicated connection is closed, a borrowed one given back (its
         settings marked unknown if they may have changed, so the next holder resets them)."""
         held, self._held = self._held, None
+        self._stream = None  # still running, its connection is closed below, not pooled
         if held is None:
             return
         if self._dedicated:
@@ -414,6 +396,8 @@ class BackendSession:
         """The ReadyForQuery status byte matching the backend's transaction state."""
         if self._held is None:
             return b"I"
+        if self._stream is not None and self._stream.open:
+            return self._stream.status  # libpq's is "active" while the statement runs
         # libpq's status as a plain int: conn.info would build a ConnectionInfo and an enum
         # on every call, and this runs for every ReadyForQuery.
         return _STATUS_BYTE.get(self._held.conn.pgconn.transaction_status, b"I")
@@ -421,6 +405,11 @@ class BackendSession:
     @property
     def holds_connection(self) -> bool:
         return self._held is not None
+
+    @property
+    def streaming(self) -> bool:
+        """A relayed result is still arriving on the held connection (a statement runs on it)."""
+        return self._stream is not None and self._stream.open
 
     @property
     def literal_settings(self) -> tuple[str | None, ...]:
@@ -455,6 +444,7 @@ class BackendSession:
 
     async def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Run dpproxy's own query (never a client's) and return its rows as Python values."""
+        await self._settle_stream()
         held = await self._checkout()
         conn = held.conn
         held.waiter.detach()  # psycopg waits on the socket itself here
@@ -499,14 +489,115 @@ class BackendSession:
         return ResultSet(_fields(result), _rows(result), _tag(result), list(self._notices))
 
     async def relay(
-        self, sql: str, params: BoundParams | None = None, result_format: int = 0, *, one_statement: bool = False
+        self, sql: str, params: BoundParams | None = None, result_formats: Sequence[int] = (), *,
+        one_statement: bool = False,
     ) -> ResultSet:
         """Run one statement like ``execute``, its rows left as the DataRow messages the client
-        gets (``ResultSet.relayed``), never decoded into values: for a passthrough statement,
-        whose result dpproxy sends as the backend gave it. Errors are raised as by ``execute``
-        (a failed statement returns no row at all: libpq gives its result whole)."""
-        result = await self._statement(sql, params, result_format, one_statement)
-        return ResultSet(_fields(result), [], _tag(result), list(self._notices), relayed=data_rows(result))
+        gets, never decoded into values: for a passthrough statement, whose result dpproxy
+        sends as the backend gave it, in the client's ``result_formats`` (one for all, or one
+        per column).
+
+        A result that arrives whole, or nearly (no more than a chunk still to wait for), comes
+        back whole (``ResultSet.relayed``); a failed statement then returns no row at all. A
+        larger one comes back as a ``ResultSet.stream`` whose rows are read from the backend
+        as they are taken: until it has ended, this session's next request first holds or
+        discards its rest (``RowStream``), and the connection is not released.
+        """
+        uniform = result_formats[0] if len(result_formats) == 1 else 0
+        query = sql.encode("utf-8")
+        p = params or BoundParams((), (), ())
+
+        def send(pgconn: PGconn) -> None:
+            if params is None and uniform == 0 and not one_statement:
+                pgconn.send_query(query)
+            else:
+                pgconn.send_query_params(query, p.values, p.types or None, p.formats or None, uniform)
+            pgconn.set_chunked_rows_mode(CHUNK_ROWS)
+
+        held = await self._request_connection()
+        status = _STATUS_BYTE.get(held.conn.pgconn.transaction_status, b"I")
+        async with held.conn.lock:
+            started = time.perf_counter()
+            try:
+                await held.waiter.start(lambda: send(held.conn.pgconn))
+            except (NotSent, psycopg.Error) as exc:
+                raise self._failure(exc, held) from None
+            finally:
+                self._sent_on_checkout += 1
+            try:
+                result = await self._next_result(held)
+            finally:
+                observe_backend(time.perf_counter() - started)
+            fields = _fields(result)
+            try:
+                formats = formats_for(result_formats, len(fields)) if len(result_formats) > 1 else ()
+            except ProtocolError:
+                await self._read_to_end(held)
+                raise
+            binary = frozenset(i for i, (f, fmt) in enumerate(zip(fields, formats)) if fmt == 1 and f.format == 0)
+            if binary:
+                fields = [replace(f, format=1) if i in binary else f for i, f in enumerate(fields)]
+
+            # libpq gives the command tag with the last chunk; the zero-row result after it has none.
+            tag = ""
+
+            async def pull() -> tuple[list[bytes], str | None]:
+                nonlocal tag
+                chunk = await self._next_result(held)
+                tag = _tag(chunk) or tag
+                if chunk.status == _TUPLES_CHUNK:
+                    return await self._encoded(held, chunk, binary), None
+                await self._read_to_end(held)
+                return [], tag
+
+            rows: list[bytes] = []
+            while result.status == _TUPLES_CHUNK:
+                tag = _tag(result) or tag
+                rows += await self._encoded(held, result, binary)
+                if len(rows) >= _WHOLE_ROWS or not held.waiter.result_ready():
+                    # The rest is still on its way (or too much has come): pass it on as it comes.
+                    self._stream = RowStream(pull, rows, status)
+                    return ResultSet(fields, [], "", list(self._notices), stream=self._stream)
+                result = await self._next_result(held)
+            await self._read_to_end(held)
+        return ResultSet(fields, [], _tag(result) or tag, list(self._notices), relayed=rows)
+
+    async def _encoded(self, held: PooledConnection, chunk: PGresult, binary: frozenset[int]) -> list[bytes]:
+        """A chunk's rows as DataRows; on a value dpproxy cannot convert to binary, the rest of
+        the result is read for nothing first, so that the connection is idle again."""
+        try:
+            return data_rows(chunk, binary)
+        except Exception:
+            await self._read_to_end(held)
+            raise
+
+    async def _next_result(self, held: PooledConnection) -> PGresult:
+        """The next result of the request in flight on ``held`` (sent with ``ResultWaiter.start``);
+        the statement's error raised as ``_round_trip`` raises it, once the request has ended."""
+        waiter = held.waiter
+        try:
+            result = await waiter.next_result()
+            if result is not None and result.status == pq.ExecStatus.FATAL_ERROR and waiter.streaming:
+                await waiter.next_result()  # the end of the request's results
+        except psycopg.Error as exc:
+            raise self._failure(exc, held) from None
+        if result is None:  # pragma: no cover - a statement always has a last result
+            raise BackendError("XX000", "the backend sent no result", hint=_SEE_LOG)
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            error = _result_error(result)
+            if held.conn.pgconn.status != pq.ConnStatus.OK:
+                raise self._lost(error.sqlstate, reached=True, cause=error)
+            raise error
+        return result
+
+    async def _read_to_end(self, held: PooledConnection) -> None:
+        """Read what is left of the request in flight on ``held``, for nothing."""
+        while held.waiter.streaming:
+            try:
+                if await held.waiter.next_result() is None:
+                    return
+            except psycopg.Error as exc:
+                raise self._failure(exc, held) from None
 
     async def first_row(self, sql: str, params: BoundParams | None = None) -> tuple[list[bytes | None], list[int]]:
         """Run a statement like ``execute`` and return only its first row as text, with each
@@ -534,28 +625,15 @@ class BackendSession:
         return [result.param_type(i) for i in range(result.nparams)], _fields(result)
 
     async def _round_trip(self, send: Callable[[PGconn], None]) -> PGresult:
-        """Send one request with libpq and wait for its single result without blocking the loop.
-
-        A pooled connection found lost before the first request of its checkout left (the
-        backend restarted while it was idle) is closed and the request sent on another: nothing
-        of this session was on it but settings, which the next checkout restores.
-        """
-        held = await self._checkout()
-        if not held.healthy and self._sent_on_checkout == 0 and not self._dedicated:
-            self._drop_held()
-            held = await self._checkout()
-        held.notices.clear()
+        """Send one request with libpq and wait for its single result without blocking the loop."""
+        held = await self._request_connection()
         conn = held.conn
         async with conn.lock:
             started = time.perf_counter()
             try:
                 results = await held.waiter.round_trip(lambda: send(conn.pgconn))
-            except NotSent as exc:
-                raise self._lost(None, reached=False, cause=exc.__cause__) from None
-            except psycopg.Error as exc:
-                if conn.pgconn.status != pq.ConnStatus.OK:
-                    raise self._lost(exc.diag.sqlstate, reached=True, cause=exc) from None
-                raise _backend_error(exc) from None
+            except (NotSent, psycopg.Error) as exc:
+                raise self._failure(exc, held) from None
             finally:
                 self._sent_on_checkout += 1
                 observe_backend(time.perf_counter() - started)
@@ -566,6 +644,41 @@ class BackendSession:
                 raise self._lost(error.sqlstate, reached=True, cause=error)
             raise error
         return result
+
+    async def _request_connection(self) -> PooledConnection:
+        """The connection the next request goes on, free for it.
+
+        A relayed result still arriving is first held (its portal may still want it) or, its
+        portal gone, read to its end. A pooled connection found lost before the first request
+        of its checkout left (the backend restarted while it was idle) is closed and another
+        taken: nothing of this session was on it but settings, which the checkout restores.
+        """
+        await self._settle_stream()
+        held = await self._checkout()
+        if not held.healthy and self._sent_on_checkout == 0 and not self._dedicated:
+            self._drop_held()
+            held = await self._checkout()
+        held.notices.clear()
+        return held
+
+    async def hold_stream(self) -> None:
+        """Read the rest of a relayed result still arriving into memory (``RowStream.hold``),
+        so that the connection can be released while the client takes it."""
+        await self._settle_stream()
+
+    async def _settle_stream(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None and stream.open:
+            await (stream.discard() if stream.abandoned else stream.hold())
+
+    def _failure(self, exc: NotSent | psycopg.Error, held: PooledConnection) -> BackendError:
+        """A request's failure as the error to raise: the connection lost (before the request
+        left, or after), or the backend's error for the statement."""
+        if isinstance(exc, NotSent):
+            return self._lost(None, reached=False, cause=exc.__cause__)
+        if held.conn.pgconn.status != pq.ConnStatus.OK:
+            return self._lost(exc.diag.sqlstate, reached=True, cause=exc)
+        return _backend_error(exc)
 
     def _lost(self, sqlstate: str | None, reached: bool, cause: BaseException | None = None) -> BackendLost:
         """The error ending a session whose connection is gone; libpq's text goes to the log only."""

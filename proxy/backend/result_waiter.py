@@ -18,6 +18,12 @@ go missing now and then (a socket at EOF, its reader registered, no callback; th
 not found). So, as a safety net, a request in flight has its socket read, and its reader
 registered afresh, once every ``RECHECK_S`` seconds by one timer per event loop: a missed
 event delays an answer or a lost connection by at most that long, never for ever.
+
+A request whose result may be too large to hold (a passthrough statement in libpq's chunked
+rows mode) is read one result at a time instead (``start``, ``next_result``): between two
+calls the socket is not read at all, so while the caller is slow to pass rows on (its client
+reads slowly), the backend's rows wait in the kernel's socket buffers and then in
+PostgreSQL, not in dpproxy's memory.
 """
 
 from __future__ import annotations
@@ -58,11 +64,17 @@ class ResultWaiter:
         self._pending: asyncio.Future[list[pq.abc.PGresult]] | None = None
         self._results: list[pq.abc.PGresult] = []
         self._failure: Exception | None = None
+        self._streaming = False
 
     @property
     def busy(self) -> bool:
         """A request is in flight (or its results are still being read after its caller left)."""
-        return self._pending is not None
+        return self._pending is not None or self._streaming
+
+    @property
+    def streaming(self) -> bool:
+        """A request sent with ``start`` has results not yet read with ``next_result``."""
+        return self._streaming
 
     def attach(self) -> None:
         """Start watching the socket (idempotent; never once the connection is lost)."""
@@ -84,26 +96,8 @@ class ResultWaiter:
         requests (one in flight at a time), as libpq requires; a request whose caller was
         cancelled is still read to its end before the next one is sent.
         """
-        self.attach()
-        if self._pending is not None:
-            await asyncio.wait([self._pending])
-            self._pending = None
-        if self._failure is None and self._pgconn.status != _OK:
-            self._fail(errors.OperationalError("the connection to the server was lost"))
-        if self._failure is not None:
-            raise NotSent() from self._failure
+        await self._send(send)
         assert self._loop is not None
-        try:
-            send()
-        except errors.OperationalError as exc:
-            self._fail(exc)  # libpq refuses to send on a connection it found broken
-            raise NotSent() from exc
-        try:
-            while self._pgconn.flush():  # only when the socket's send buffer is full
-                await self._writable()
-        except errors.OperationalError as exc:
-            self._fail(exc)
-            raise
         pending = self._pending = self._loop.create_future()
         self._results = []
         # A result may already be buffered; and libpq may have found the connection lost
@@ -125,6 +119,78 @@ class ResultWaiter:
         self._pending = None
         return results
 
+    async def start(self, send: Callable[[], None]) -> None:
+        """Send a request like ``round_trip``, whose results the caller then reads one at a
+        time with ``next_result`` until it returns None (no other request may go before).
+
+        Raises NotSent, and psycopg.OperationalError, as ``round_trip`` does.
+        """
+        await self._send(send)
+        self._streaming = True
+
+    async def next_result(self) -> pq.abc.PGresult | None:
+        """The next result of the request sent with ``start``; None after its last one.
+
+        Raises psycopg.OperationalError if the connection is lost (no result follows). The
+        socket is read only while this waits.
+        """
+        assert self._streaming, "next_result without start"
+        pgconn = self._pgconn
+        while True:
+            if self._failure is not None:
+                self._streaming = False
+                raise self._failure
+            if not pgconn.is_busy():
+                result = pgconn.get_result()
+                if result is None or result.status in _STOP_AFTER or (
+                        result.status == _ExecStatus.FATAL_ERROR and pgconn.status != _OK):
+                    # The end (a closed connection sends no end-of-results marker): idle again.
+                    self._streaming = False
+                    self._fail_if_lost()
+                return result
+            self.attach()
+            if self._loop is None:  # not watched: the connection is known lost
+                if self._failure is None:
+                    self._fail(errors.OperationalError("the connection to the server was lost"))
+                continue
+            pending = self._pending = self._loop.create_future()
+            watchdog = _watchdog(self._loop)
+            watchdog.add(self)
+            try:
+                await pending
+            except errors.OperationalError:
+                pass  # raised from _failure above
+            finally:
+                self._pending = None
+                watchdog.discard(self)
+
+    def result_ready(self) -> bool:
+        """The streamed request's next result has arrived: ``next_result`` would not wait."""
+        return self._failure is None and not self._pgconn.is_busy()
+
+    async def _send(self, send: Callable[[], None]) -> None:
+        """Send one request (after the results of the one before it are read)."""
+        assert not self._streaming, "a request sent while another's results are still being read"
+        self.attach()
+        if self._pending is not None:
+            await asyncio.wait([self._pending])
+            self._pending = None
+        if self._failure is None and self._pgconn.status != _OK:
+            self._fail(errors.OperationalError("the connection to the server was lost"))
+        if self._failure is not None:
+            raise NotSent() from self._failure
+        try:
+            send()
+        except errors.OperationalError as exc:
+            self._fail(exc)  # libpq refuses to send on a connection it found broken
+            raise NotSent() from exc
+        try:
+            while self._pgconn.flush():  # only when the socket's send buffer is full
+                await self._writable()
+        except errors.OperationalError as exc:
+            self._fail(exc)
+            raise
+
     def _recheck(self) -> None:
         """The safety net: read what the socket holds and register its reader afresh."""
         if self._pending is None or self._pending.done() or self._loop is None:
@@ -139,6 +205,14 @@ class ResultWaiter:
             self._pgconn.consume_input()
         except errors.OperationalError as exc:
             self._fail(exc)
+            return
+        if self._streaming:
+            pending = self._pending
+            if pending is not None and not pending.done():
+                pending.set_result([])  # next_result looks at what arrived
+            else:
+                self.detach()  # read again when next_result is called: the rows wait in the kernel
+            self._fail_if_lost()
             return
         if self._pending is None or self._pending.done():
             # Nothing in flight: consume whatever arrives (notices) and stay idle.

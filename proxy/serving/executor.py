@@ -368,18 +368,21 @@ class Executor:
         # so that nothing dpproxy did not split and classify itself can run, whatever reader
         # might one day see the text otherwise (a client encoding once made a SET's value
         # end early for PostgreSQL and hid a SELECT of a protected table after it).
-        if relay and len(result_formats) <= 1:
+        if relay:
             # The fast path: classify has said Passthrough and decision.sql is already the
             # rewritten SQL (neutralised columns, qualified names); its result needs no change,
-            # so its rows go out as the DataRows libpq's values make, never decoded.
-            result = await self.backend.relay(decision.sql, with_params, uniform, one_statement=True)
+            # so its rows go out as the DataRows libpq's values make, never decoded, and a
+            # large one as it arrives (proxy/backend/row_stream.py).
+            try:
+                result = await self.backend.relay(decision.sql, with_params, result_formats, one_statement=True)
+            except ProtocolError as exc:
+                raise Refusal(SQLSTATE.PROTOCOL_VIOLATION, exc.message) from None
         else:
             result = await self.backend.execute(decision.sql, with_params, uniform, one_statement=True)
+            result = _apply_formats(result, result_formats)
         resets, name = _resets(plan.statement)
         if resets:
             await self.backend.restore_startup(name)
-        if len(result_formats) > 1:
-            result = _apply_formats(result, result_formats)
         return result, result.notices, None
 
     async def cancel(self) -> None:

@@ -5,13 +5,14 @@ and PostgreSQL's error rule: after an error, every message up to the next Sync i
 discarded. Statements are classified once, at Parse; a portal's result is computed at
 its first Describe or Execute and then handed out in Execute's row-limited pieces
 (PortalSuspended), so a statement's result types never change between Describe and
-Execute.
+Execute. A large passthrough result is handed out as it arrives (``RowStream``): a portal
+dropped before its end (Close, Sync outside a block, a new unnamed portal) abandons the rest.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 from policies.errors import SQLSTATE, Refusal
 from proxy.backend.connection import BackendError, BackendLost, BoundParams, ResultSet
@@ -93,9 +94,11 @@ class Runner(Protocol):
 class ExtendedProtocol:
     """Handles one connection's extended-protocol messages, writing replies to ``out``."""
 
-    def __init__(self, runner: Runner, out: list[bytes]):
+    def __init__(self, runner: Runner, out: list[bytes], flush: Callable[[], Awaitable[None]] | None = None):
+        """``flush``: sends ``out`` on when it has grown large (awaited between a stream's chunks)."""
         self.runner = runner
         self.out = out
+        self.flush = flush
         self.statements: dict[str, PreparedStatement] = {}
         self.portals: dict[str, Portal] = {}
         self.skipping = False
@@ -119,16 +122,18 @@ class ExtendedProtocol:
         """Sync ends error recovery; outside a transaction block the portals end too."""
         self.skipping = False
         if self.runner.transaction_status() == b"I":
-            for portal in self.portals.values():
-                self._held_bytes -= portal.size
-            self.portals.clear()
+            for name in list(self.portals):
+                self._forget(self.portals, name)
 
     def _forget(self, held: dict[str, _Held], name: str) -> bool:
-        """Drop statement or portal ``name``; False if there was none."""
+        """Drop statement or portal ``name``; False if there was none. A portal dropped before
+        its result's end abandons the rest, read for nothing before the next request."""
         item = held.pop(name, None)
         if item is None:
             return False
         self._held_bytes -= item.size
+        if isinstance(item, Portal) and item.result is not None and item.result.stream is not None:
+            item.result.stream.abandoned = True
         return True
 
     def _keep(self, held: dict[str, _Held], name: str, item: _Held) -> None:
@@ -232,20 +237,34 @@ class ExtendedProtocol:
         result = await self._result(portal)
         self.out.extend(protocol.notice_response(text) for text in portal.notices)
         portal.notices.clear()
-        remaining = max(0, result.row_count - portal.sent)
         limit = message.max_rows
-        batch = result.data_rows(portal.sent, portal.sent + limit if limit else None)
-        self.out.extend(batch)
-        if result.copy is not None and portal.sent == 0:
-            self.out.append(result.copy)
-            portal.sent = 1  # a COPY has no rows; this marks its data as sent
-        portal.sent += len(batch)
-        if limit and remaining >= limit and result.fields:
+        if result.stream is not None:
+            sent = 0
+            async for rows in result.stream.take(limit or None):
+                self.out.extend(rows)
+                sent += len(rows)
+                if self.flush is not None:
+                    await self.flush()
+            # As PostgreSQL: suspended once the limit is reached, even if no row is left.
+            suspended = bool(limit) and sent == limit
+            tag = result.stream.tag
+        else:
+            remaining = max(0, result.row_count - portal.sent)
+            batch = result.data_rows(portal.sent, portal.sent + limit if limit else None)
+            self.out.extend(batch)
+            if result.copy is not None and portal.sent == 0:
+                self.out.append(result.copy)
+                portal.sent = 1  # a COPY has no rows; this marks its data as sent
+            portal.sent += len(batch)
+            sent = len(batch)
+            suspended = bool(limit) and remaining >= limit
+            tag = result.tag
+        if suspended and result.fields:
             self.out.append(protocol.PORTAL_SUSPENDED)
-        elif not result.fields and result.tag == "" and not result.row_count:
+        elif not result.fields and tag == "" and not result.row_count:
             self.out.append(protocol.empty_query_response())
         else:
-            self.out.append(protocol.command_complete(result.tag))
+            self.out.append(protocol.command_complete(_this_execute(tag, sent)))
 
     async def _result(self, portal: Portal) -> ResultSet:
         if portal.result is None:
@@ -265,3 +284,9 @@ class ExtendedProtocol:
         if portal is None:
             raise Refusal("34000", f'portal "{name}" does not exist')
         return portal
+
+
+def _this_execute(tag: str, sent: int) -> str:
+    """A SELECT's command tag counts the rows of the Execute that ends it, as PostgreSQL's
+    does (``SELECT 29000`` after a first piece of 1,000 rows of 30,000)."""
+    return f"SELECT {sent}" if tag.startswith("SELECT ") else tag

@@ -55,6 +55,7 @@ _ADMIN_SHUTDOWN = "terminating connection due to administrator command"
 # the memory every session of the process shares.
 _OUT_FLUSH_BYTES = 256 * 1024
 _FATAL_DRAIN_S = 5.0
+_SLOW_CLIENT_S = 1.0
 # Kinds of startup settings whose ParameterStatus values are remembered (SessionHost.
 # startup_reports), the oldest forgotten first: the key holds the client's values (any
 # search_path), so a client logging in with new ones each time would grow it for good.
@@ -258,7 +259,7 @@ class Session:
             reports[key] = self.backend.reported_parameters()
             await self.backend.release()
         self.executor = Executor(self.server, self.backend, self.user, self.peer)
-        self.extended = ExtendedProtocol(self.executor, self._out)
+        self.extended = ExtendedProtocol(self.executor, self._out, self._flush_if_large)
         self.executor.deallocate = self.extended.deallocate
         self._reported = self._client_parameters()
         self._out.extend(protocol.parameter_status(k, v) for k, v in self._reported.items())
@@ -361,7 +362,8 @@ class Session:
         listen = self.server.policy.listen
         if not (listen.idle_timeout_s or listen.idle_in_transaction_timeout_s):
             return await messages.next()
-        in_transaction = self._status_byte() != b"I"
+        # A suspended portal whose statement still runs holds a connection as a block does.
+        in_transaction = self._status_byte() != b"I" or (self.executor is not None and self.executor.backend.streaming)
         timeout = listen.idle_in_transaction_timeout_s if in_transaction else listen.idle_timeout_s
         if not timeout:
             return await messages.next()
@@ -391,23 +393,49 @@ class Session:
         if self._out_bytes > _OUT_FLUSH_BYTES:
             self._flush()
             assert self.executor is not None
-            await self.executor.backend.release()  # kept inside a transaction block
+            backend = self.executor.backend
+            await backend.release()  # kept inside a transaction block, and while rows still arrive
+            if backend.streaming and self._status_byte() == b"I":
+                # Rows arriving for a client that does not take them keep a pooled connection
+                # from the others: past a moment, the rest is held (up to a cap) and the
+                # connection given back, as for a result that came whole.
+                try:
+                    await asyncio.wait_for(self.writer.drain(), _SLOW_CLIENT_S)
+                    return
+                except TimeoutError:
+                    await backend.hold_stream()
+                    await backend.release()
             await self._drain()
 
     async def _drain(self) -> None:
         """Wait until the client has taken what was written (the transport's buffer is low).
 
-        Inside a transaction block the session holds a backend connection of the pool while
-        it waits: there the wait is bounded like an idle one, by
-        ``listen.idle_in_transaction_timeout_s`` when the policy sets it.
+        While it waits the session may hold a backend connection of the pool, and then the
+        wait is bounded. Inside a transaction block, like an idle one, by
+        ``listen.idle_in_transaction_timeout_s`` when the policy sets it. While a statement's
+        rows are passed on as they arrive (its statement still running on the connection), by
+        the backend's ``statement_timeout``: rows the client does not take keep a statement
+        running no longer than PostgreSQL lets one run.
         """
-        timeout = self.server.policy.listen.idle_in_transaction_timeout_s
-        if not timeout or self._status_byte() == b"I":
+        assert self.executor is not None
+        policy = self.server.policy
+        streaming = self.executor.backend.streaming
+        in_block = self._status_byte() != b"I"
+        bounds = [policy.listen.idle_in_transaction_timeout_s if in_block else 0.0,
+                  policy.backend.statement_timeout_ms / 1000 if streaming else 0.0]
+        timeout = min((b for b in bounds if b), default=0.0)
+        if not timeout:
             await self.writer.drain()
             return
         try:
             await asyncio.wait_for(self.writer.drain(), timeout)
         except TimeoutError:
+            if streaming and timeout == bounds[1]:
+                raise Refusal(SQLSTATE.QUERY_CANCELED,
+                              "terminating connection: the client did not read its statement's rows "
+                              "within the backend's statement timeout",
+                              "Read results as they arrive; an administrator can raise "
+                              "backend.statement_timeout_ms.") from None
             raise Refusal(SQLSTATE.IDLE_IN_TRANSACTION_TIMEOUT,
                           "terminating connection due to idle-in-transaction timeout") from None
 
@@ -473,10 +501,24 @@ class Session:
         self._out.extend(protocol.notice_response(text) for text in notices)
         if result.fields:
             self._out.append(protocol.row_description(result.fields))
-            self._out.extend(result.data_rows())
+            if result.stream is None:
+                self._out.extend(result.data_rows())
+        tag = result.tag
+        if result.stream is not None:
+            # Rows then the statement's error, if it fails on the way, as PostgreSQL sends them.
+            try:
+                async for rows in result.stream.take():
+                    self._out.extend(rows)
+                    await self._flush_if_large()
+            except BackendLost:
+                raise
+            except BackendError as exc:
+                self._error(exc.sqlstate, exc.message, exc.hint, exc.detail)
+                return False
+            tag = result.stream.tag
         if result.copy is not None:
             self._out.append(result.copy)
-        self._out.append(protocol.command_complete(result.tag))
+        self._out.append(protocol.command_complete(tag))
         return True
 
     def _error(self, sqlstate: str, message: str, hint: str | None = None, detail: str | None = None) -> None:

@@ -1,0 +1,41 @@
+"""The errors of a backend request, raised to the statement's runner and the session."""
+
+from __future__ import annotations
+
+__all__ = ["BackendError", "BackendLost", "BackendUnavailable"]
+
+
+class BackendError(Exception):
+    """The backend refused or failed a statement; carries PostgreSQL's diagnostics."""
+
+    def __init__(self, sqlstate: str, message: str, detail: str | None = None, hint: str | None = None):
+        super().__init__(message)
+        self.sqlstate = sqlstate
+        self.message = message
+        self.detail = detail
+        self.hint = hint
+
+
+class BackendUnavailable(BackendError):
+    """No backend connection could be had for a statement (the pool stayed exhausted, or a new
+    connection was refused): nothing was sent, so the statement's failure cannot depend on
+    the data. The client session goes on."""
+
+
+class BackendLost(BackendError):
+    """The session's backend connection is gone: the client session must end (FATAL).
+
+    ``reached`` is False when the statement that found the loss was never sent, so nothing
+    it did can depend on the data. The SQLSTATE is 57P01 when PostgreSQL said it was
+    terminating the connection (shutdown, pg_terminate_backend), else 08006. The message
+    names no host, port or role; libpq's own text goes to dpproxy's log.
+    """
+
+    def __init__(self, sqlstate: str, reached: bool):
+        super().__init__(
+            sqlstate,
+            "terminating connection because the connection to the backend database was lost",
+            hint="Reconnect; session settings (SET) must be set again. "
+                 "An administrator can see the cause in dpproxy's log.",
+        )
+        self.reached = reached

@@ -1,0 +1,130 @@
+"""A passthrough result passed on while it arrives: the rows of a statement too large to hold.
+
+A passthrough statement (catalog, public tables) may return any number of rows: held whole,
+one client's ``SELECT`` of a large public table, or of ``generate_series``, took the memory
+every session of the process shares (3,000,000 rows of ~100 bytes: ~1 GB, most of it kept
+afterwards). So its rows come from libpq in chunks (``BackendSession.relay``) and, past the
+first ones, are passed on as the client takes them: dpproxy holds at most a chunk and what
+the client's socket has not yet taken, and the backend waits for the client, as it would if
+the client were connected to it directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Awaitable, Callable
+
+from .errors import BackendError
+
+__all__ = ["HELD_RESULT_BYTES", "Pull", "RowStream"]
+
+Pull = Callable[[], Awaitable[tuple[list[bytes], str | None]]]
+"""The next chunk's DataRow messages, with the command tag once the statement has ended
+(None before); raises the statement's error where PostgreSQL raised it."""
+
+HELD_RESULT_BYTES = 64 * 1024 * 1024
+"""How much of a result's rest ``hold`` keeps in memory: for a suspended portal while another
+statement runs, or for a client too slow to take its rows while they arrive."""
+
+
+class RowStream:
+    """The rows of one running statement, handed out once, in order, as the backend sends them.
+
+    Contract: ``take`` yields them (at most ``limit``) and raises the statement's error after
+    the rows that came before it, as PostgreSQL sends them. While the stream is open its
+    backend connection runs the statement and can run nothing else: before another request,
+    ``hold`` reads the rest into memory (at most ``HELD_RESULT_BYTES``; past that, ``take``
+    raises 54000 after the rows held so far and the rest is read for nothing), or, once the
+    stream's portal is gone (``abandoned``), ``discard`` reads it to its end for nothing.
+    ``status`` is the transaction status byte from before the statement, which it keeps while
+    it runs (libpq reports a running statement as neither idle nor in a block).
+    """
+
+    def __init__(self, pull: Pull, rows: list[bytes], status: bytes):
+        self._pull = pull
+        self._rows = rows  # arrived, not yet handed out
+        self._ended = False  # the statement has ended (its tag, or its error, has come)
+        self._error: BaseException | None = None  # to be raised by take, after the rows before it
+        self.tag = ""
+        self.status = status
+        self.abandoned = False
+
+    @property
+    def open(self) -> bool:
+        """The statement is still running on the backend connection."""
+        return not self._ended
+
+    @property
+    def exhausted(self) -> bool:
+        """Every row has been handed out and the statement has ended without an error to tell."""
+        return self._ended and not self._rows and self._error is None
+
+    async def take(self, limit: int | None = None) -> AsyncIterator[list[bytes]]:
+        """The next rows, a chunk at a time, ``limit`` at most (None: to the end)."""
+        left = limit
+        while left is None or left > 0:
+            if not self._rows:
+                if self._error is not None:
+                    error, self._error = self._error, None
+                    raise error
+                if self._ended:
+                    return
+                await self._next()
+                continue
+            if left is None or left >= len(self._rows):
+                batch, self._rows = self._rows, []
+            else:
+                batch, self._rows = self._rows[:left], self._rows[left:]
+            if left is not None:
+                left -= len(batch)
+            yield batch
+
+    async def hold(self, limit_bytes: int = HELD_RESULT_BYTES) -> None:
+        """Read the rest of the result into memory, so that the connection can serve another request."""
+        held = sum(len(row) for row in self._rows)
+        while not self._ended:
+            before = len(self._rows)
+            try:
+                await self._next(keep=True)
+            except Exception as exc:
+                self._error = exc
+                return
+            held += sum(len(row) for row in self._rows[before:])
+            if held > limit_bytes:
+                self._error = BackendError(
+                    "54000",
+                    f"the rest of this result is larger than the {limit_bytes // (1024 * 1024)} MB dpproxy "
+                    "holds for a client that is not reading it",
+                    hint="Read a result to its end before the next statement, and as it arrives; "
+                         "or fetch it in parts through a cursor (DECLARE … FETCH).",
+                )
+                await self._read_to_end()
+
+    async def discard(self) -> None:
+        """Read the rest of the result for nothing (its portal was closed)."""
+        self._rows = []
+        self._error = None
+        await self._read_to_end()
+
+    async def _next(self, keep: bool = False) -> None:
+        try:
+            rows, tag = await self._pull()
+        except BaseException:
+            self._ended = True
+            raise
+        if keep:
+            self._rows += rows
+        else:
+            self._rows = rows
+        if tag is not None:
+            self.tag, self._ended = tag, True
+
+    async def _read_to_end(self) -> None:
+        while not self._ended:
+            try:
+                _, tag = await self._pull()
+            except Exception:
+                self._ended = True
+                return
+            if tag is not None:
+                self.tag, self._ended = tag, True
