@@ -430,7 +430,9 @@ class Executor:
         copied = ResultSet([], [], f"COPY {len(result.rows)}", result.notices, copy=copy_messages(result, decision.options))
         return copied, notices, cost
 
-    def _audit_soon(self, fingerprint: str, decision: str, reason: str | None, cost: Cost | None, started: float) -> None:
+    def _audit_soon(
+        self, fingerprint: str, decision: str, reason: str | None, cost: Cost | None, started: float
+    ) -> None:
         latency_s = time.perf_counter() - started
         asyncio.get_running_loop().call_soon(self._audit, fingerprint, decision, reason, cost, latency_s)
 

@@ -151,8 +151,8 @@ class ExtendedProtocol:
         if count > MAX_HELD or self._held_bytes + size - (replaced.size if replaced else 0) > MAX_HELD_BYTES:
             raise Refusal(
                 SQLSTATE.PROGRAM_LIMIT_EXCEEDED,
-                f"too many prepared statements and portals in this session: at most {MAX_HELD} holding "
-                f"{MAX_HELD_BYTES // (1024 * 1024)} MiB of text and parameter values",
+                f"too many prepared statements and portals in this session: at most {MAX_HELD}, holding at most "
+                f"{MAX_HELD_BYTES // (1024 * 1024)} MiB (statement texts and parse trees, parameter values)",
                 "Close (DEALLOCATE) the prepared statements and portals no longer needed; portals end at "
                 "Sync outside a transaction block.",
             )
