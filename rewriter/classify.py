@@ -8,7 +8,6 @@ as strings against the policy.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Mapping, Union
 
 import pglast
@@ -28,6 +27,7 @@ from .dp_query import AggregateQuery, asks_for_no_row, plan_aggregate_query
 from .neutralise import neutralise_pg_class
 from .qualify import qualify
 from .references import RelationRef
+from .sized_cache import sized_cache
 from .statements import Statement, split_statements
 
 __all__ = [
@@ -146,7 +146,8 @@ def classify(
     return _classify(statement, tuple(resolved.items()), registry, user)
 
 
-@lru_cache(maxsize=8192)
+# Weighed by the statement's text and parse tree, which its key keeps.
+@sized_cache(8192, 2 * 1024 * 1024, lambda _, statement, *rest: len(statement.text) + statement.tree_bytes)
 def _classify(
     statement: Statement,
     resolved_items: tuple[tuple[RelationRef, ResolvedRelation | None], ...],

@@ -43,15 +43,16 @@ The expression's SQL is checked and pinned to pg_catalog on PostgreSQL's own par
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Any
+from typing import Any, Sequence
 
 from pglast import ast, parse_sql
 from pglast.enums import A_Expr_Kind, SQLValueFunctionOp
 from pglast.parser import ParseError
 
 from .qualify import qualify
+from .sized_cache import sized_cache
 from .sql_text import literal, operator
 from .types import FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
 
@@ -84,6 +85,7 @@ _FOLD_TYPES: dict[int, str] = {
     INT2: "numeric", INT4: "numeric", INT8: "numeric", NUMERIC: "numeric", FLOAT4: "float8", FLOAT8: "float8",
     1082: "date", 1114: "timestamp", 1184: "timestamptz",
 }
+_TOKEN = re.compile("\x00[0-9]+\x00")
 HINT = (
     "A computed value in WHERE may use literals, parameters, casts, + - * / %, CURRENT_DATE/CURRENT_TIMESTAMP "
     "and the date/time and arithmetic functions " + ", ".join(sorted(FUNCTIONS)) + "; never a column or a subquery."
@@ -93,6 +95,8 @@ HINT = (
 @dataclass(frozen=True)
 class Fold:
     """One comparison ``column op <expression>`` whose expression is folded before the query runs.
+
+    ``token`` is ``\\x00<n>\\x00`` (n its index among the plan's folds): no SQL text holds a NUL.
 
     ``expression`` is the pinned SQL of the expression, ``type_name`` the pg_catalog type its
     value is cast to, ``token`` what stands for the whole comparison in the plan's template.
@@ -126,10 +130,16 @@ class Folding:
     @property
     def inline(self) -> str:
         """The predicate with every expression left in place: valid SQL to describe, never to run."""
-        text = self.template
-        for fold in self.folds:
-            text = text.replace(fold.token, fold.inline)
-        return text
+        return self.filled([fold.inline for fold in self.folds])
+
+    def filled(self, comparisons: Sequence[str]) -> str:
+        """The template with each fold's token replaced by the comparison at its index in ``folds``.
+
+        In one pass: replacing token by token read the whole template once per fold, and a
+        long IN list beside 500 folds took 1.3 s (at bind time, on the event loop).
+        """
+        by_token = {fold.token: comparison for fold, comparison in zip(self.folds, comparisons, strict=True)}
+        return _TOKEN.sub(lambda match: by_token[match.group()], self.template)
 
 
 def fold_type(type_oid: int) -> str | None:
@@ -142,7 +152,7 @@ def qualified_constant(sql: str) -> str:
     return _qualified_constant(sql)
 
 
-@lru_cache(maxsize=1024)
+@sized_cache(1024, 1024 * 1024, lambda text, sql: len(sql) + len(text))
 def _qualified_constant(sql: str) -> str:
     try:
         (raw,) = parse_sql(f"SELECT {sql}")

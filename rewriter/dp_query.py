@@ -276,7 +276,8 @@ def _group_item(item: exp.Expression, tree: exp.Select, scope: Scope) -> exp.Exp
     """A GROUP BY item resolved as PostgreSQL resolves it: a position or an output name to its expression."""
     outputs = tree.expressions
     if isinstance(item, exp.Literal) and not item.is_string:
-        position = int(item.this) if item.this.isdigit() else 0
+        # Python refuses int() of more than 4,300 digits; no select list is that long anyway.
+        position = int(item.this) if item.this.isdigit() and len(item.this) <= 9 else 0
         if not 1 <= position <= len(outputs):
             raise Refusal("42P10", f"GROUP BY position {item.this} is not in select list", group_by_hint(scope),
                           "no-group-by")
@@ -536,9 +537,14 @@ def _no_rows(tree: exp.Select, scope: Scope, grouped: bool = False) -> bool:
 
 
 def _row_count(value: exp.Expression | None, clause: str, scope: Scope) -> int | None:
-    """A LIMIT/OFFSET count: None for none, ALL or NULL; refused unless a non-negative integer literal."""
+    """A LIMIT/OFFSET count: None for none, ALL or NULL; refused unless a non-negative integer literal
+    (22003 beyond bigint, as PostgreSQL)."""
     if value is None or isinstance(value, exp.Null) or (isinstance(value, exp.Var) and value.name.upper() == "ALL"):
         return None
     if not (isinstance(value, exp.Literal) and not value.is_string and value.this.isdigit()):
         raise scope.refuse(f"{clause} takes a non-negative integer literal on protected table", "limit")
-    return int(value.this)
+    digits = value.this.lstrip("0") or "0"
+    if len(digits) > 19 or int(digits) >= 2**63:  # checked by length first: int() refuses 4,300 digits
+        raise Refusal("22003", "bigint out of range",
+                      f"{clause} takes at most 9223372036854775807.", "limit")
+    return int(digits)

@@ -349,7 +349,8 @@ def _bin_key(node: exp.WidthBucket, scope: Scope) -> GroupKey:
         raise _refuse(scope, f"GROUP BY width_bucket({column.name}, ...) is not allowed on protected table")
     (lo, lo_integer), (hi, hi_integer) = (_number(node.args.get(key), scope) for key in ("min_value", "max_value"))
     count = node.args.get("num_buckets")
-    if not (isinstance(count, exp.Literal) and not count.is_string and count.this.isdigit() and int(count.this) >= 1):
+    if not (isinstance(count, exp.Literal) and not count.is_string and count.this.isdigit() and len(count.this) <= 9
+            and int(count.this) >= 1):
         raise _refuse(scope, "width_bucket's bucket count must be a positive integer literal on protected table")
     if lo == hi:
         # PostgreSQL raises for equal bounds only when a row reaches it: refused from the text.

@@ -10,7 +10,12 @@ from their text alone with 54001 and a hint that names the limit (docs/sqlstates
   ``MAX_NESTING`` deep in the parse tree;
 * at most ``MAX_BOOLEAN_TERMS`` operands in one AND or OR chain;
 * a parse tree of at most ``MAX_TREE_BYTES`` (as pglast's JSON), which bounds the time one
-  statement's analysis holds the interpreter (and so stalls other sessions).
+  statement's analysis holds the interpreter (and so stalls other sessions);
+* runs of at most ``MAX_OPERATOR_RUN`` operator characters (``+-*/<>=~!@#%^&|`?``), anywhere
+  in the text, checked before it is parsed (:func:`check_text`): PostgreSQL's scanner reads
+  such a run again for each comment opener in it and each trailing ``+``/``-`` it gives back,
+  so its time grows with the square of the run (16 KB of ``+`` take a second). PostgreSQL
+  accepts no operator longer than 63 characters; longer runs are comment banners and literals.
 """
 
 from __future__ import annotations
@@ -20,18 +25,26 @@ from typing import Any
 
 from policies.errors import SQLSTATE, Refusal
 
-__all__ = ["MAX_BOOLEAN_TERMS", "MAX_NESTING", "MAX_PARENTHESES", "MAX_TREE_BYTES", "check_complexity", "too_complex"]
+__all__ = [
+    "MAX_BOOLEAN_TERMS", "MAX_NESTING", "MAX_OPERATOR_RUN", "MAX_PARENTHESES", "MAX_TREE_BYTES", "check_complexity",
+    "check_text", "longest_operator_run", "too_complex",
+]
 
 MAX_PARENTHESES = 32
 MAX_NESTING = 64
 MAX_BOOLEAN_TERMS = 256
 MAX_TREE_BYTES = 4 * 1024 * 1024  # an IN list of about 75,000 numbers
+MAX_OPERATOR_RUN = 256  # at most ~0.3 ms of scanning per run: ~1 s per MB of such runs
+
+_OPERATOR_RUNS = re.compile(r"[~!@#^&|`?+\-*/%<>=]+")
 
 _TOKENS = re.compile(
     r"[Ee]'(?:[^'\\]|\\.|'')*'"  # E'...' with backslash escapes
     r"|'(?:[^']|'')*'"  # '...'
     r'|"(?:[^"]|"")*"'  # "identifier"
-    r"|\$(?P<tag>[A-Za-z_][A-Za-z_0-9]*|)\$.*?\$(?P=tag)\$"  # $tag$...$tag$
+    # $tag$...$tag$, not where a $ continues an identifier (a$b$): there the search for the
+    # closing tag would read to the end of the text, once per such identifier (quadratic).
+    r"|(?<![A-Za-z_0-9$\x80-\U0010ffff])\$(?P<tag>[A-Za-z_][A-Za-z_0-9]*|)\$.*?\$(?P=tag)\$"
     r"|--[^\n]*|/\*.*?\*/"  # comments
     r"|[()]",
     re.DOTALL,
@@ -47,6 +60,25 @@ def too_complex(what: str, limit: int, unit: str) -> Refusal:
         "e.g. use IN (...) instead of a long OR chain.",
         "statement-limits",
     )
+
+
+def longest_operator_run(sql: str) -> int:
+    """The length of the longest run of operator characters in ``sql`` (linear in its length)."""
+    return max((match.end() - match.start() for match in _OPERATOR_RUNS.finditer(sql)), default=0)
+
+
+def check_text(sql: str) -> None:
+    """Refuse (54001) a text whose scanning alone would take too long: see the module docstring."""
+    run = longest_operator_run(sql)
+    if run > MAX_OPERATOR_RUN:
+        raise Refusal(
+            SQLSTATE.STATEMENT_TOO_COMPLEX,
+            f"statement too complex: a run of {run} operator characters (rule: statement-limits)",
+            f"dpproxy accepts at most {MAX_OPERATOR_RUN} operator characters (+-*/<>=~!@#%^&|`?) in a row "
+            "(docs/sqlstates.md, 54001), also in comments and literals; separate them with spaces or build "
+            "a long literal with repeat().",
+            "statement-limits",
+        )
 
 
 def check_complexity(sql: str, node: dict[str, Any]) -> None:

@@ -20,7 +20,6 @@ resolved to OIDs before classification, and catalog views are bound to OIDs at c
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any, Callable
 
 from pglast import ast, parse_sql
@@ -31,6 +30,7 @@ from pglast.stream import RawStream
 from policies.errors import SQLSTATE, Refusal
 
 from .neutralise import neutralise_calls
+from .sized_cache import sized_cache
 
 __all__ = ["qualify"]
 
@@ -52,7 +52,7 @@ def qualify(sql: str, user: str | None = None) -> str:
     return _qualify(sql, user)
 
 
-@lru_cache(maxsize=4096)
+@sized_cache(4096, 4 * 1024 * 1024, lambda text, sql, user: len(sql) + len(text))
 def _qualify(sql: str, user: str | None) -> str:
     try:
         (raw,) = parse_sql(sql)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from pglast import parser
@@ -17,20 +16,26 @@ from pglast.parser import ParseError
 
 from policies.errors import SQLSTATE, Refusal
 
-from .limits import MAX_NESTING, MAX_TREE_BYTES, check_complexity, too_complex
+from .limits import MAX_NESTING, MAX_TREE_BYTES, check_complexity, check_text, too_complex
 from .references import References, collect_references
+from .sized_cache import sized_cache
 
 __all__ = ["Statement", "split_statements"]
 
 
 @dataclass(frozen=True)
 class Statement:
-    """One statement of a query string: its own text, its node kind and its parse tree."""
+    """One statement of a query string: its own text, its node kind and its parse tree.
+
+    ``tree_bytes``: the size of pglast's JSON parse tree of the whole query string it came
+    from, an upper bound of its own tree's, which is what analysing it costs.
+    """
 
     text: str
     kind: str
     node: dict[str, Any] = field(repr=False, compare=False)
     references: References = field(repr=False, compare=False)
+    tree_bytes: int = field(default=0, repr=False, compare=False)
 
 
 def split_statements(sql: str) -> tuple[Statement, ...]:
@@ -38,8 +43,11 @@ def split_statements(sql: str) -> tuple[Statement, ...]:
     return _split(sql)
 
 
-@lru_cache(maxsize=4096)
+# Bytes of text and parse tree (JSON) kept; the Python trees take about ten times that, and
+# a full garbage collection walks them: ~100 ms with 8 MiB, ~15 ms with 2 MiB.
+@sized_cache(4096, 2 * 1024 * 1024, lambda statements, sql: len(sql) + sum(s.tree_bytes for s in statements[:1]))
 def _split(sql: str) -> tuple[Statement, ...]:
+    check_text(sql)
     try:
         tree_json = parser.parse_sql_json(sql)
     except ParseError as exc:
@@ -60,5 +68,5 @@ def _split(sql: str) -> tuple[Statement, ...]:
         text = encoded[start : start + length].decode("utf-8").strip()
         ((kind, node),) = raw["stmt"].items()
         check_complexity(text, node)
-        statements.append(Statement(text, kind, node, collect_references(node)))
+        statements.append(Statement(text, kind, node, collect_references(node), len(tree_json)))
     return tuple(statements)

@@ -49,10 +49,10 @@ class Wire:
     """One authenticated raw connection."""
 
     def __init__(self, host: str, port: int, user: str = "plain", password: str = "plain",
-                 database: str = "dpproxy_test"):
+                 database: str = "dpproxy_test", startup_params: dict[str, str] | None = None):
         self.sock = socket.create_connection((host, port), timeout=15)
         self.buffer = b""
-        self.sock.sendall(startup(user=user, database=database))
+        self.sock.sendall(startup(user=user, database=database, **(startup_params or {})))
         assert self.read_until(b"R")[-1][0] == b"R"
         self.sock.sendall(message(b"p", cstr(password)))
         self.startup = self.read_until(b"Z")

@@ -55,12 +55,13 @@ async def bind_constants(
 
 
 def _folded(folding: Folding, values: list[bytes | None]) -> str:
-    text = folding.template
+    comparisons = []
     for index, fold in enumerate(folding.folds):
         value, below, above = values[3 * index : 3 * index + 3]
-        folded = folded_comparison(fold, value.decode("utf-8") if value is not None else None, below == b"t", above == b"t")
-        text = text.replace(fold.token, folded)
-    return text
+        comparisons.append(
+            folded_comparison(fold, value.decode("utf-8") if value is not None else None, below == b"t", above == b"t")
+        )
+    return folding.filled(comparisons)
 
 
 def _check_pattern(plan: AggregateQuery, params: BoundParams, number: int) -> None:

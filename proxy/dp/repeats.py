@@ -41,17 +41,23 @@ class RepeatStore(Protocol[V]):
 
 
 class RepeatCache(Generic[V]):
-    """A bounded, time-limited map from a query's identity to its released answer."""
+    """A bounded, time-limited map from a query's identity to its released answer.
+
+    Keys are kept as their SHA-256 digests (as in ``SharedRepeatCache``): a key holds the
+    statement and its parameter values, up to a protocol message each (16 MiB), and
+    ``max_entries`` of them kept whole could take more memory than the host has.
+    """
 
     def __init__(self, ttl_s: float, max_entries: int, enabled: bool = True):
         self.enabled = enabled
         self.ttl_s = ttl_s
         self.max_entries = max_entries
-        self._entries: OrderedDict[Hashable, tuple[float, V]] = OrderedDict()
+        self._entries: OrderedDict[bytes, tuple[float, V]] = OrderedDict()
 
     def get(self, key: Hashable) -> V | None:
         if not self.enabled:
             return None
+        key = _digest(key)
         entry = self._entries.get(key)
         if entry is None:
             return None
@@ -65,6 +71,7 @@ class RepeatCache(Generic[V]):
     def put(self, key: Hashable, value: V) -> None:
         if not self.enabled:
             return
+        key = _digest(key)
         self._entries[key] = (time.monotonic(), value)
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:

@@ -111,7 +111,7 @@ def timestamp(when: datetime | None = None) -> str:
     return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def fingerprint(text: str) -> str:
+def fingerprint(text: str, scannable: bool = True) -> str:
     """A stable 16-hex-digit hash identifying a statement; literals are kept, so
     ``age > 40`` and ``age > 41`` differ.
 
@@ -119,12 +119,17 @@ def fingerprint(text: str) -> str:
     whitespace between tokens and comments are dropped, keywords and unquoted identifiers
     are ASCII-lowercased (as PostgreSQL folds them), and trailing semicolons are dropped.
     String, numeric and bit constants, quoted identifiers and parameters are kept exactly.
-    Text the scanner rejects (an unterminated quote) is hashed with its whitespace runs
-    collapsed instead.
+    Text the scanner rejects (an unterminated quote), or that the caller says would take too
+    long to scan (``scannable`` False: rewriter.limits.check_text refuses it unparsed), is
+    hashed with its whitespace runs collapsed instead.
     """
-    try:
-        tokens = scan(text)
-    except ParseError:
+    tokens = None
+    if scannable:
+        try:
+            tokens = scan(text)
+        except ParseError:
+            pass
+    if tokens is None:
         normalised = " ".join(text.split())
     else:
         words = []

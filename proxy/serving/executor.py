@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from functools import lru_cache
-from typing import Callable, Protocol
+from functools import partial
+from typing import Any, Callable, Protocol, TypeVar
 
 from sqlglot.errors import SqlglotError
 
@@ -44,9 +45,10 @@ from rewriter.classify import (
     classify,
 )
 from rewriter.dp_query import AggregateQuery
-from rewriter.limits import MAX_NESTING, too_complex
+from rewriter.limits import MAX_NESTING, MAX_OPERATOR_RUN, longest_operator_run, too_complex
 from rewriter.references import RelationRef
 from rewriter.rewrite import backend_sql, partition_seed, seeded
+from rewriter.sized_cache import sized_cache
 from rewriter.statements import Statement, split_statements
 
 from .copy_out import copy_messages
@@ -54,9 +56,23 @@ from .settings import SessionSettings
 
 __all__ = ["Executor", "Plan", "StatementHost"]
 
+_T = TypeVar("_T")
+
 _NO_PARAMS = BoundParams((), (), ())
-_PARSE_IN_THREAD_BYTES = 64 * 1024
+# A statement longer than this, or with a parse tree larger, is parsed and analysed in an
+# analysis thread, not on the event loop that serves every session: analysing takes up to
+# ~3 µs per byte of parse tree (pinning names to pg_catalog builds and prints pglast's tree
+# in Python), so 16 KiB hold the loop for ~50 ms at most; 4 MiB, the limit, took 10 s.
+_ANALYSED_IN_THREAD_BYTES = 16 * 1024
+# Two threads at most, however many sessions send long statements: while they hold the
+# interpreter, the loop waits for it behind two others at most (sys.getswitchinterval()
+# each). pglast's parser and scanner let go of it while they run.
+_ANALYSIS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dpproxy-analysis")
 _AUDITED_PREFIX = 64 * 1024  # an unparsed string is audited by its beginning, not its megabytes
+# How many relation names a session's resolutions remember (Executor._resolve): a statement
+# may name 10,000 relations (~2 MB remembered), so the 1,024 statements' worth was gigabytes.
+_RESOLVED_STATEMENTS = 1024
+_RESOLVED_NAMES = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -71,11 +87,16 @@ class Cost:
 
 @dataclass(frozen=True)
 class Plan:
-    """A statement and its decision, valid while the session's ``generation`` is unchanged."""
+    """A statement and its decision, valid while the session's ``generation`` is unchanged.
+
+    ``fingerprint`` is the statement's audit fingerprint, made with its analysis (in an
+    analysis thread for a long one: scanning 1 MB of text takes up to half a second).
+    """
 
     statement: Statement | None  # None: the empty query
     decision: Decision | None
     generation: int
+    fingerprint: str
 
 
 class StatementHost(Protocol):
@@ -101,6 +122,7 @@ class Executor:
         self.deallocate: Callable[[str | None], bool] = lambda name: name is None
         self.generation = 0  # bumped by anything that may change search_path
         self._resolved: dict[tuple[RelationRef, ...], dict[RelationRef, ResolvedRelation | None]] = {}
+        self._resolved_names = 0  # in all of _resolved's keys
         self._resolved_generation = 0
         self._charged: Cost | None = None  # what the statement running now was charged so far
         # The quantised DP answer being computed now: (its number, when its quantum began, q in s).
@@ -130,11 +152,13 @@ class Executor:
                     f"dpproxy accepts statements of at most {limit} bytes (listen.max_statement_bytes).",
                     "statement-limits",
                 )
-            if size > _PARSE_IN_THREAD_BYTES:
-                return await asyncio.to_thread(split_statements, sql)
+            if size > _ANALYSED_IN_THREAD_BYTES:
+                await self._give_back()  # no backend connection is held while the analysis waits its turn
+                return await _analysed(_split_and_fingerprint, sql)
             return split_statements(sql)
         except Refusal as exc:
-            self._audit_soon(sql[:_AUDITED_PREFIX], "refused", exc.rule, None, started)
+            # Made in the analysis thread already when the string was long: taken from the cache.
+            self._audit_soon(_fingerprint(sql[:_AUDITED_PREFIX]), "refused", exc.rule, None, started)
             raise
 
     async def prepare(self, text: str) -> Plan:
@@ -143,22 +167,40 @@ class Executor:
         if len(statements) > 1:
             raise Refusal(SQLSTATE.SYNTAX_ERROR, "cannot insert multiple commands into a prepared statement")
         if not statements:
-            return Plan(None, None, self.generation)
+            return Plan(None, None, self.generation, _fingerprint(""))
         return await self.plan(statements[0])
 
     def parameter_count(self, plan: Plan) -> int:
         return plan.statement.references.params if plan.statement is not None else 0
 
+    def plan_bytes(self, plan: Plan) -> int:
+        """About the memory ``plan`` keeps: its statement's text and parse tree, which takes
+        some ten times its JSON as Python objects (a 120 KB IN list's, 36 MB)."""
+        statement = plan.statement
+        return 0 if statement is None else len(statement.text) + 10 * statement.tree_bytes
+
     async def plan(self, statement: Statement) -> Plan:
         started = time.perf_counter()
+        long = max(len(statement.text), statement.tree_bytes) > _ANALYSED_IN_THREAD_BYTES
+        if long:
+            await self._give_back()  # no backend connection is held while the analysis waits its turn
+            fingerprint = await _analysed(_fingerprint, statement.text)
+        else:
+            fingerprint = _fingerprint(statement.text)
         try:
             resolved = await self._resolve(statement.references.relations)
         except BackendError as exc:
-            self._audit_soon(statement.text, "error", exc.sqlstate, None, started)
+            self._audit_soon(fingerprint, "error", exc.sqlstate, None, started)
             raise
         try:
             try:
-                decision = classify(statement, resolved, self.server.registry, self.user)
+                if long:
+                    # Resolving the relations took a backend connection: it serves other
+                    # sessions while this analysis takes seconds, or waits for a thread.
+                    await self._give_back()
+                    decision = await _analysed(classify, statement, resolved, self.server.registry, self.user)
+                else:
+                    decision = classify(statement, resolved, self.server.registry, self.user)
             except RecursionError:
                 # A combination of nesting within every single limit can still be too deep.
                 raise too_complex("too deeply nested to analyse", MAX_NESTING, "levels of nesting") from None
@@ -172,9 +214,9 @@ class Executor:
                     "unparsed",
                 ) from exc
         except Refusal as exc:
-            self._audit_soon(statement.text, "refused", exc.rule, None, started)
+            self._audit_soon(fingerprint, "refused", exc.rule, None, started)
             raise
-        return Plan(statement, decision, self.generation)
+        return Plan(statement, decision, self.generation, fingerprint)
 
     async def _resolve(self, refs: tuple[RelationRef, ...]) -> dict[RelationRef, ResolvedRelation | None]:
         """Relation names to backend identities, remembered until search_path may have moved.
@@ -187,13 +229,16 @@ class Executor:
             return {}
         if self._resolved_generation != self.generation:
             self._resolved.clear()
+            self._resolved_names = 0
             self._resolved_generation = self.generation
         resolved = self._resolved.get(refs)
         if resolved is None:
             resolved = await self.backend.resolve(refs)
-            if len(self._resolved) >= 1024:
+            if len(self._resolved) >= _RESOLVED_STATEMENTS or self._resolved_names + len(refs) > _RESOLVED_NAMES:
                 self._resolved.clear()
+                self._resolved_names = 0
             self._resolved[refs] = resolved
+            self._resolved_names += len(refs)
         return resolved
 
     async def _current(self, plan: Plan) -> Plan:
@@ -257,28 +302,28 @@ class Executor:
         """
         started = time.perf_counter()
         plan = await self._current(plan)
-        text = plan.statement.text if plan.statement is not None else ""
+        fingerprint = plan.fingerprint
         self._charged = None
         try:
             result, notices, cost = await self._run(plan, params, result_formats)
         except Refusal as exc:
             if self._charged is not None:
-                self._audit_soon(text, "error", exc.sqlstate, self._charged, started)
+                self._audit_soon(fingerprint, "error", exc.sqlstate, self._charged, started)
             else:
-                self._audit_soon(text, "refused", exc.rule, None, started)
+                self._audit_soon(fingerprint, "refused", exc.rule, None, started)
             raise
         except BackendError as exc:
-            self._audit_soon(text, "error", exc.sqlstate, self._charged, started)
+            self._audit_soon(fingerprint, "error", exc.sqlstate, self._charged, started)
             raise
         except asyncio.CancelledError:  # the session is being ended (shutdown) mid-statement
-            self._audit(text, "error", SQLSTATE.ADMIN_SHUTDOWN, self._charged, time.perf_counter() - started)
+            self._audit(fingerprint, "error", SQLSTATE.ADMIN_SHUTDOWN, self._charged, time.perf_counter() - started)
             raise
         except Exception:  # a bug: the session ends with XX000, but the charge is still accounted for
-            self._audit_soon(text, "error", SQLSTATE.INTERNAL_ERROR, self._charged, started)
+            self._audit_soon(fingerprint, "error", SQLSTATE.INTERNAL_ERROR, self._charged, started)
             raise
         decision = plan.decision.inner if isinstance(plan.decision, CopyOut) else plan.decision
         kind = "dp" if isinstance(decision, (DPQuery, ColumnsOnly)) else "command" if isinstance(decision, DpproxyCommand) else "passthrough"
-        self._audit_soon(text, kind, None, cost, started)
+        self._audit_soon(fingerprint, kind, None, cost, started)
         return result, notices
 
     async def _run(
@@ -296,7 +341,7 @@ class Executor:
                 self._answers += 1
                 self._quantised = (self._answers, started, quantum_ms / 1000) if quantum_ms > 0 else None
                 try:
-                    result, notices, cost = await self._answer_dp(decision, params, plan.statement.text, result_formats)
+                    result, notices, cost = await self._answer_dp(decision, params, plan.fingerprint, result_formats)
                 finally:
                     self._quantised = None
             return _apply_formats(result, result_formats), notices, cost
@@ -373,8 +418,9 @@ class Executor:
         task.add_done_callback(self._deferred.discard)
 
     async def _give_back(self) -> None:
-        """While a DP answer waits for its quantum, its backend connection serves other sessions
-        (outside a transaction block; inside one the session keeps it)."""
+        """While a DP answer waits for its quantum, or a long statement for its analysis, the
+        backend connection serves other sessions (outside a transaction block; inside one the
+        session keeps it)."""
         try:
             await self.backend.release()
         except BackendError:
@@ -389,18 +435,20 @@ class Executor:
         copied = ResultSet([], [], f"COPY {len(result.rows)}", result.notices, copy=copy_messages(result, decision.options))
         return copied, notices, cost
 
-    def _audit_soon(self, text: str, decision: str, reason: str | None, cost: Cost | None, started: float) -> None:
+    def _audit_soon(
+        self, fingerprint: str, decision: str, reason: str | None, cost: Cost | None, started: float
+    ) -> None:
         latency_s = time.perf_counter() - started
-        asyncio.get_running_loop().call_soon(self._audit, text, decision, reason, cost, latency_s)
+        asyncio.get_running_loop().call_soon(self._audit, fingerprint, decision, reason, cost, latency_s)
 
-    def _audit(self, text: str, decision: str, reason: str | None, cost: Cost | None, latency_s: float) -> None:
+    def _audit(self, fingerprint: str, decision: str, reason: str | None, cost: Cost | None, latency_s: float) -> None:
         observe_statement(decision, reason, self.user, cost.epsilon if cost else 0.0, cost.delta if cost else 0.0, latency_s)
         self.server.audit.record(
             AuditEntry(
                 at=time.time(),
                 user=self.user,
                 client=self.client,
-                fingerprint=_fingerprint(text),
+                fingerprint=fingerprint,
                 decision=decision,  # type: ignore[arg-type]
                 reason=reason,
                 epsilon=cost.epsilon if cost else None,
@@ -412,7 +460,7 @@ class Executor:
         )
 
     async def _answer_dp(
-        self, decision: DPQuery, params: BoundParams, text: str, result_formats: tuple[int, ...] = ()
+        self, decision: DPQuery, params: BoundParams, fingerprint: str, result_formats: tuple[int, ...] = ()
     ) -> tuple[ResultSet, list[str], Cost]:
         """Charge, compute exactly on the backend, noise; or replay the answer to a repeat."""
         plan = decision.plan
@@ -455,7 +503,7 @@ class Executor:
         # before it costs anything.
         await self.backend.usable()
         # The ledger's history carries the audit log's fingerprint, so the two can be joined.
-        balance = await self.server.budget.charge(self.user, epsilon, delta, _fingerprint(text))
+        balance = await self.server.budget.charge(self.user, epsilon, delta, fingerprint)
         cost = self._charged = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta)
         try:
             run = backend_sql(plan, seed=partition_seed()) if seeded(plan) else sql
@@ -509,9 +557,24 @@ class Executor:
         return await self.backend.execute(plan.post.sql, release_params(plan, answer), uniform)
 
 
-@lru_cache(maxsize=4096)
+async def _analysed(function: Callable[..., _T], *args: Any) -> _T:
+    """``function(*args)`` run in an analysis thread (see ``_ANALYSIS``)."""
+    return await asyncio.get_running_loop().run_in_executor(_ANALYSIS, partial(function, *args))
+
+
+def _split_and_fingerprint(sql: str) -> tuple[Statement, ...]:
+    """``split_statements(sql)``, with the fingerprint of a refused string's audit line made
+    too (by the same thread: scanning a long text is as slow as parsing it)."""
+    try:
+        return split_statements(sql)
+    except Refusal:
+        _fingerprint(sql[:_AUDITED_PREFIX])
+        raise
+
+
+@sized_cache(4096, 4 * 1024 * 1024, lambda _, text: len(text))
 def _fingerprint(text: str) -> str:
-    return audit_fingerprint(text)
+    return audit_fingerprint(text, scannable=longest_operator_run(text) <= MAX_OPERATOR_RUN)
 
 
 def _may_move_search_path(statement: Statement) -> bool:

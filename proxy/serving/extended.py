@@ -12,7 +12,7 @@ dropped before its end (Close, Sync outside a block, a new unnamed portal) aband
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 from policies.errors import SQLSTATE, Refusal
 from proxy.backend.connection import BackendError, BackendLost, BoundParams, ResultSet
@@ -20,7 +20,14 @@ from proxy.wire import protocol
 from proxy.wire.binary import UnsupportedBinaryType
 from proxy.wire.protocol import Field, ProtocolError
 
-__all__ = ["ExtendedProtocol", "PreparedStatement", "Runner"]
+__all__ = ["MAX_HELD", "MAX_HELD_BYTES", "ExtendedProtocol", "PreparedStatement", "Runner"]
+
+# What one session may keep in prepared statements and portals (their texts, parse trees and
+# bound parameter values) until Close, DEALLOCATE or, for portals, a Sync outside a
+# transaction block. It lives in the process every session shares: unbounded, 100 Binds of 4 MB kept
+# 434 MB. Drivers' statement caches keep a few hundred short statements.
+MAX_HELD = 10_000
+MAX_HELD_BYTES = 64 * 1024 * 1024
 
 # What the runner made of a statement (proxy.executor.Plan); opaque to this module.
 Plan = Any
@@ -28,12 +35,18 @@ Plan = Any
 
 @dataclass
 class PreparedStatement:
-    """A parsed statement: its text, declared parameter types, and what the runner made of it."""
+    """A parsed statement: its text, declared parameter types, and what the runner made of it
+    (``plan_bytes``: about the memory that keeps, Runner.plan_bytes)."""
 
     text: str
     param_types: tuple[int, ...]
     plan: Plan
     description: tuple[list[int], list[Field] | None] | None = None
+    plan_bytes: int = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.text) + self.plan_bytes
 
 
 @dataclass
@@ -47,6 +60,14 @@ class Portal:
     sent: int = 0
     notices: list[str] = field(default_factory=list)
 
+    @property
+    def size(self) -> int:
+        # A parameter keeps its value and some 64 bytes of its own: 65,535 empty ones are 4 MiB.
+        return sum(len(value) for value in self.params.values if value is not None) + 64 * len(self.params.values)
+
+
+_Held = TypeVar("_Held", PreparedStatement, Portal)
+
 
 class Runner(Protocol):
     """What the extended protocol needs from statement execution (proxy.executor)."""
@@ -55,6 +76,10 @@ class Runner(Protocol):
 
     def parameter_count(self, plan: Plan) -> int:
         """The highest ``$n`` the planned statement refers to (0: none)."""
+        ...
+
+    def plan_bytes(self, plan: Plan) -> int:
+        """About the memory ``plan`` keeps (its parse tree): what a prepared statement holds."""
         ...
 
     async def describe(self, plan: Plan, param_types: tuple[int, ...]) -> tuple[list[int], list[Field] | None]: ...
@@ -81,30 +106,60 @@ class ExtendedProtocol:
         self.statements: dict[str, PreparedStatement] = {}
         self.portals: dict[str, Portal] = {}
         self.skipping = False
+        self._held_bytes = 0  # the sizes of everything in statements and portals
 
     def deallocate(self, name: str | None) -> bool:
         """DEALLOCATE name (None: ALL); False if there is no such statement."""
         if name is None:
+            for statement in self.statements.values():
+                self._held_bytes -= statement.size
             self.statements.clear()
             return True
-        return self.statements.pop(name, None) is not None
+        return self._forget(self.statements, name)
 
     def forget_unnamed(self) -> None:
         """A simple Query destroys the unnamed statement and portal, as in PostgreSQL."""
-        self.statements.pop("", None)
-        self._drop_portal("")
+        self._forget(self.statements, "")
+        self._forget(self.portals, "")
 
     def sync(self) -> None:
         """Sync ends error recovery; outside a transaction block the portals end too."""
         self.skipping = False
         if self.runner.transaction_status() == b"I":
             for name in list(self.portals):
-                self._drop_portal(name)
+                self._forget(self.portals, name)
 
-    def _drop_portal(self, name: str) -> None:
-        portal = self.portals.pop(name, None)
-        if portal is not None and portal.result is not None and portal.result.stream is not None:
-            portal.result.stream.abandoned = True  # the rest is read for nothing before the next request
+    def _forget(self, held: dict[str, _Held], name: str) -> bool:
+        """Drop statement or portal ``name``; False if there was none. A portal dropped before
+        its result's end abandons the rest, read for nothing before the next request."""
+        item = held.pop(name, None)
+        if item is None:
+            return False
+        self._held_bytes -= item.size
+        if isinstance(item, Portal) and item.result is not None and item.result.stream is not None:
+            item.result.stream.abandoned = True
+        return True
+
+    def _keep(self, held: dict[str, _Held], name: str, item: _Held) -> None:
+        """Keep ``item`` as ``name`` (replacing the unnamed one); see ``_check_room``."""
+        self._check_room(held, name, item.size)
+        self._forget(held, name)
+        held[name] = item
+        self._held_bytes += item.size
+
+    def _check_room(self, held: dict[str, _Held], name: str, size: int) -> None:
+        """Refuse (54000) keeping an item of ``size`` as ``name`` if the session would then hold
+        more than MAX_HELD statements and portals or MAX_HELD_BYTES."""
+        replaced = held.get(name)
+        count = len(self.statements) + len(self.portals) + (replaced is None)
+        if count > MAX_HELD or self._held_bytes + size - (replaced.size if replaced else 0) > MAX_HELD_BYTES:
+            raise Refusal(
+                SQLSTATE.PROGRAM_LIMIT_EXCEEDED,
+                f"too many prepared statements and portals in this session: at most {MAX_HELD}, holding at most "
+                f"{MAX_HELD_BYTES // (1024 * 1024)} MiB (statement texts and parse trees, parameter values)",
+                "Close (DEALLOCATE) the prepared statements and portals no longer needed; portals end at "
+                "Sync outside a transaction block.",
+            )
 
     async def handle(self, kind: bytes, payload: bytes) -> None:
         """Process one of P, B, D, E, C, H (the session answers Sync with ReadyForQuery)."""
@@ -137,9 +192,9 @@ class ExtendedProtocol:
         elif kind == b"C":
             message = protocol.decode_close(payload)
             if message.kind == b"S":
-                self.statements.pop(message.name, None)
+                self._forget(self.statements, message.name)
             else:
-                self._drop_portal(message.name)
+                self._forget(self.portals, message.name)
             self.out.append(protocol.CLOSE_COMPLETE)
         else:  # pragma: no cover - the session only routes the kinds above here
             raise ProtocolError(f"unexpected message {kind!r}")
@@ -147,8 +202,10 @@ class ExtendedProtocol:
     async def _parse(self, message: protocol.Parse) -> None:
         if message.statement and message.statement in self.statements:
             raise Refusal("42P05", f'prepared statement "{message.statement}" already exists')
+        self._check_room(self.statements, message.statement, len(message.query))  # before the analysis it would cost
         plan = await self.runner.prepare(message.query)
-        self.statements[message.statement] = PreparedStatement(message.query, message.param_types, plan)
+        prepared = PreparedStatement(message.query, message.param_types, plan, plan_bytes=self.runner.plan_bytes(plan))
+        self._keep(self.statements, message.statement, prepared)
         self.out.append(protocol.PARSE_COMPLETE)
 
     def _bind(self, message: protocol.Bind) -> None:
@@ -165,8 +222,7 @@ class ExtendedProtocol:
         formats = protocol.formats_for(message.param_formats, count)
         types = statement.param_types + (0,) * max(0, count - len(statement.param_types))
         params = BoundParams(message.params, formats, types[:count])
-        self._drop_portal(message.portal)  # the unnamed one, replaced
-        self.portals[message.portal] = Portal(statement, params, message.result_formats)
+        self._keep(self.portals, message.portal, Portal(statement, params, message.result_formats))
         self.out.append(protocol.BIND_COMPLETE)
 
     async def _describe(self, message: protocol.Describe) -> None:

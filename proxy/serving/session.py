@@ -36,7 +36,7 @@ from .executor import Executor, StatementHost
 from .extended import ExtendedProtocol
 from .workers import session_pid
 
-__all__ = ["Session", "SessionHost", "SessionTable"]
+__all__ = ["STARTUP_KINDS", "Session", "SessionHost", "SessionTable"]
 
 log = logging.getLogger("dpproxy.session")
 
@@ -56,6 +56,12 @@ _ADMIN_SHUTDOWN = "terminating connection due to administrator command"
 _OUT_FLUSH_BYTES = 256 * 1024
 _FATAL_DRAIN_S = 5.0
 _SLOW_CLIENT_S = 1.0
+# Kinds of startup settings whose ParameterStatus values are remembered (SessionHost.
+# startup_reports), the oldest forgotten first: the key holds the client's values (any
+# search_path), so a client logging in with new ones each time would grow it for good.
+# Clients use a handful of kinds; a forgotten kind's next session borrows a connection at
+# startup, as its first did.
+STARTUP_KINDS = 256
 
 
 class SessionTable:
@@ -250,7 +256,10 @@ class Session:
             # The first session of its kind borrows a connection now: its parameters are
             # needed at once (and a backend that refuses them refuses the session).
             await self.backend.connection()
-            self.server.startup_reports[key] = self.backend.reported_parameters()
+            reports = self.server.startup_reports
+            while len(reports) >= STARTUP_KINDS:
+                del reports[next(iter(reports))]
+            reports[key] = self.backend.reported_parameters()
             await self.backend.release()
         self.executor = Executor(self.server, self.backend, self.user, self.peer)
         self.extended = ExtendedProtocol(self.executor, self._out, self._flush_if_large)
