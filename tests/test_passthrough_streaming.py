@@ -220,3 +220,34 @@ def test_a_cancel_stops_a_stream(proxy: RunningProxy) -> None:
     rows, others = _drain_counting(wire)
     assert 0 < rows < total and _codes(others) == [b"57014"]
     wire.close()
+
+
+def test_suspended_portals_together_hold_no_more_than_one_cap(proxy: RunningProxy) -> None:
+    # Each suspended portal's rest was held up to the cap when the next statement needed the
+    # connection: six portals on a 100 MB result grew the process by 349 MB (availability review).
+    wire = Wire(proxy.host, proxy.port)
+    big = f"SELECT g, '{WIDE}' FROM generate_series(1, 100000) g"  # ~100 MB each
+    wire.send(_query("BEGIN"))
+    wire.read_until(b"Z")
+    _peak_rss_reset()
+    before = _rss_kb("VmRSS")
+    for i in range(4):
+        wire.send(parse(f"s{i}", big), bind(f"p{i}", f"s{i}"), execute(f"p{i}", 1), SYNC)
+        rows, others = _drain_counting(wire)
+        assert rows == 1 and others[-1] == (b"Z", b"T")
+    wire.send(_query("SELECT 1"))  # the last portal's rest is held too, within what is left
+    wire.read_until(b"Z")
+    grown_mb = (_rss_kb("VmHWM") - before) / 1024
+    received = []
+    for i in range(4):
+        wire.send(execute(f"p{i}"), SYNC)
+        rows, others = _drain_counting(wire)
+        received.append((rows, _codes(others)))
+    wire.send(_query("COMMIT"))
+    wire.read_until(b"Z")
+    wire.close()
+    assert grown_mb < HELD_RESULT_BYTES / 2**20 + 40, f"the process grew by {grown_mb:.0f} MB"
+    # What was held is handed out, then 54000 for each rest that did not fit.
+    assert all(codes == [b"54000"] for _, codes in received)
+    # (Each hold may pass the cap by the chunk that crossed it and the rows its portal had.)
+    assert sum(rows for rows, _ in received) * 1000 <= HELD_RESULT_BYTES + 4 * 2048 * 1010

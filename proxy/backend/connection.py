@@ -33,7 +33,7 @@ from .errors import BackendError, BackendLost, BackendUnavailable
 from .policy_fit import column_fit_problems
 from .pool import UNKNOWN, BackendPool, PooledConnection, PoolTimeout, State, open_backend
 from .result_waiter import NotSent
-from .row_stream import RowStream
+from .row_stream import HELD_RESULT_BYTES, RowStream
 
 __all__ = [
     "BackendError", "BackendLost", "BackendSession", "BackendUnavailable", "BoundParams", "ResultSet", "build_registry", "connect",
@@ -224,6 +224,7 @@ class BackendSession:
         self._sent_on_checkout = 0
         self._no_notices: list[str] = []
         self._stream: RowStream | None = None  # the last relayed result read as it arrives
+        self._held_streams: list[RowStream] = []  # results whose rests were held for their portals
 
     # ------------------------------------------------------------ checkout and release
 
@@ -364,6 +365,7 @@ class BackendSession:
         settings marked unknown if they may have changed, so the next holder resets them)."""
         held, self._held = self._held, None
         self._stream = None  # still running, its connection is closed below, not pooled
+        self._held_streams = []
         if held is None:
             return
         if self._dedicated:
@@ -669,8 +671,15 @@ class BackendSession:
 
     async def _settle_stream(self) -> None:
         stream, self._stream = self._stream, None
-        if stream is not None and stream.open:
-            await (stream.discard() if stream.abandoned else stream.hold())
+        if stream is None or not stream.open:
+            return
+        if stream.abandoned:
+            await stream.discard()
+            return
+        # One session holds HELD_RESULT_BYTES at most, over all its suspended portals.
+        held = [s for s in self._held_streams if s.held_bytes]
+        await stream.hold(max(0, HELD_RESULT_BYTES - sum(s.held_bytes for s in held)))
+        self._held_streams = [*held, stream]
 
     def _failure(self, exc: NotSent | psycopg.Error, held: PooledConnection) -> BackendError:
         """A request's failure as the error to raise: the connection lost (before the request

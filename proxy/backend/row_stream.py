@@ -23,8 +23,8 @@ Pull = Callable[[], Awaitable[tuple[list[bytes], str | None]]]
 (None before); raises the statement's error where PostgreSQL raised it."""
 
 HELD_RESULT_BYTES = 64 * 1024 * 1024
-"""How much of a result's rest ``hold`` keeps in memory: for a suspended portal while another
-statement runs, or for a client too slow to take its rows while they arrive."""
+"""How much of results' rests one session keeps in memory (``hold``): for suspended portals
+while other statements run, or for a client too slow to take its rows while they arrive."""
 
 
 class RowStream:
@@ -53,6 +53,17 @@ class RowStream:
     def open(self) -> bool:
         """The statement is still running on the backend connection."""
         return not self._ended
+
+    @property
+    def held_bytes(self) -> int:
+        """The size of the rows arrived and not yet handed out."""
+        return sum(len(row) for row in self._rows)
+
+    def abandon(self) -> None:
+        """Its portal is gone: drop what is held now; the rest is read for nothing (``discard``)."""
+        self.abandoned = True
+        self._rows = []
+        self._error = None
 
     @property
     def exhausted(self) -> bool:

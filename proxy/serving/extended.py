@@ -137,7 +137,7 @@ class ExtendedProtocol:
             return False
         self._held_bytes -= item.size
         if isinstance(item, Portal) and item.result is not None and item.result.stream is not None:
-            item.result.stream.abandoned = True
+            item.result.stream.abandon()
         return True
 
     def _keep(self, held: dict[str, _Held], name: str, item: _Held) -> None:
