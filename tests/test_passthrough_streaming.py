@@ -104,8 +104,12 @@ def test_the_backend_waits_for_a_client_that_does_not_read(proxy: RunningProxy, 
     _peak_rss_reset()
     before = _rss_kb("VmRSS")
     wire.send(_query(f"SELECT g AS {marker}, '{WIDE}' FROM generate_series(1, 2000000) g"))  # ~2 GB
-    time.sleep(0.5)  # within the moment a slow client is given before its rows are held
-    state, wait_event = _backend_wait(admin, marker)
+    deadline = time.monotonic() + 0.8  # within the moment a slow client is given before its rows are held
+    while True:
+        state, wait_event = _backend_wait(admin, marker)
+        if wait_event == "ClientWrite" or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     grown_mb = (_rss_kb("VmHWM") - before) / 1024
     wire.close()
     assert (state, wait_event) == ("active", "ClientWrite")  # PostgreSQL holds the rows ...
