@@ -133,12 +133,17 @@ def test_a_client_that_stops_reading_gets_a_bounded_rest_and_frees_its_connectio
     proxy = one_connection
     hog = Wire(proxy.host, proxy.port)
     total = 2 * HELD_RESULT_BYTES // 1000  # twice what dpproxy holds for it
+    _peak_rss_reset()
+    before = _rss_kb("VmRSS")
     hog.send(_query(f"SELECT g, '{WIDE}' FROM generate_series(1, {total}) g"))
     time.sleep(1.5)
     other = Wire(proxy.host, proxy.port)
     other.send(_query("SELECT 1"))
     assert _codes(other.read_until(b"Z")) == []  # the only pooled connection came back
     rows, others = _drain_counting(hog)
+    grown_mb = (_rss_kb("VmHWM") - before) / 1024
+    # The held rest, and no copy of it: handed out at once, it was joined into one write (3×).
+    assert grown_mb < HELD_RESULT_BYTES / 2**20 + 45, f"the process grew by {grown_mb:.0f} MB"
     # What it took, what was held for it, then 54000: the rest was more than dpproxy holds.
     assert 0 < rows < total
     assert _codes(others) == [b"54000"]

@@ -27,6 +27,9 @@ HELD_RESULT_BYTES = 64 * 1024 * 1024
 while other statements run, or for a client too slow to take its rows while they arrive."""
 
 
+_BATCH_ROWS = 1024  # rows handed out at a time (libpq's chunks are of CHUNK_ROWS, as many)
+
+
 class RowStream:
     """The rows of one running statement, handed out once, in order, as the backend sends them.
 
@@ -82,10 +85,14 @@ class RowStream:
                     return
                 await self._next()
                 continue
-            if left is None or left >= len(self._rows):
+            # Held rows go out a chunk's worth at a time too: all at once, they were joined into
+            # one write beside the list they came from (three times the cap at its peak).
+            size = min(len(self._rows), _BATCH_ROWS if left is None else min(left, _BATCH_ROWS))
+            if size == len(self._rows):
                 batch, self._rows = self._rows, []
             else:
-                batch, self._rows = self._rows[:left], self._rows[left:]
+                batch = self._rows[:size]
+                del self._rows[:size]
             if left is not None:
                 left -= len(batch)
             yield batch
