@@ -51,7 +51,7 @@ from .latency import QUERIES, Probe, measure
 from .pgbench import CATALOG_SCRIPT, find_pgbench, run_pgbench, write_script
 from .postgres import ADMIN
 from .report import Results, machine, render
-from .servers import renew_budget
+from .servers import commit_of, renew_budget
 from .smartnoise import SmartNoiseError, SmartNoiseTimer, default_venv, find_smartnoise, install_smartnoise, metadata
 
 SECTIONS = ("pgbench", "latency", "avg", "histogram", "idle", "smartnoise", "connections", "catalog", "large")
@@ -197,6 +197,8 @@ def _settings(args: argparse.Namespace, env: Environment) -> dict[str, str]:
         "smartnoise": f"{args.smartnoise_iterations} runs per query, through SmartNoise SQL and directly",
         "large": f"{args.large_rows:,} generated rows, {args.rounds} round(s) per endpoint, then one client pausing 3 s",
     }
+    if args.dpproxy_source is not None:
+        settings["dpproxy run from"] = f"{args.dpproxy_source} ({commit_of(args.dpproxy_source)})"
     if BASELINE in env.variants:
         settings[env.variants[BASELINE].label] = (f"dpproxy run from {args.baseline_source.resolve()}, its policy "
                                                   "stating only what differs from this tree's defaults, without "
