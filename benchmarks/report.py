@@ -17,6 +17,7 @@ from .connections import ConnectionCost, Served
 from .environment import VARIANTS
 from .histogram import HistogramComparison
 from .idle import IdleResult
+from .large_result import LargeResult, query
 from .latency import Latency, added_latency
 from .pgbench import CATALOG_STATEMENTS, PgbenchResult
 from .servers import commit_of
@@ -47,6 +48,7 @@ class Results:
     served_max_connections: int = 0
     # (0, clients, mode, endpoint) → one result per round of the catalog script
     catalog: dict[tuple[int, int, str, str], list[PgbenchResult]] = field(default_factory=dict)
+    large: LargeResult | None = None
     pool_size: int | None = None
     dpproxy_source: str | None = None  # the tree dpproxy ran from, when not this one
     # endpoint → its name in the report, where that is not the endpoint's name (dpproxy-base's commit)
@@ -87,7 +89,8 @@ def render(results: Results) -> str:
     out += [f"- **{key}**: {value}" for key, value in results.machine.items()]
     out += [f"- **{key}**: {value}" for key, value in results.settings.items()]
     out += [""]
-    for section in (_targets, _pgbench, _catalog, _latency, _smartnoise, _avg, _histogram, _idle, _connections):
+    for section in (_targets, _pgbench, _catalog, _latency, _smartnoise, _avg, _histogram, _idle, _connections,
+                    _large):
         lines = section(results)
         if lines:
             out += lines + [""]
@@ -397,6 +400,58 @@ def _connections(results: Results) -> list[str]:
     return lines
 
 
+def _large(results: Results) -> list[str]:
+    large = results.large
+    if large is None:
+        return []
+    proxied, direct = large.endpoint_names
+    shown_sql = query(large.rows).replace("x" * 100, "x…x")
+    lines = [
+        f"## A large passthrough result: {large.rows:,} rows through dpproxy vs direct",
+        "",
+        f"`{shown_sql}` (a 100-character literal; no table, so dpproxy forwards it unchanged):",
+        f"{large.wire_bytes / _MB:,.1f} MB of DataRows on the wire. A libpq client (psycopg's `pgconn`, chunked rows",
+        "mode, 1,024 rows a chunk) reads every row and discards it, endpoints alternating by round; seconds from",
+        "sending to the end of the result. dpproxy's RSS before its reads and its peak during them",
+        f"({large.peak_method}); before results were streamed, dpproxy held one whole and its peak grew with it.",
+        "Then a slow client: it reads nothing for the pause, then everything. Since results are streamed, a client",
+        "that stops reading has at most 64 MB of its result held by dpproxy (past a second), and gets 54000 after",
+        "those rows when the rest is more.",
+        "",
+        "| endpoint | rows read per round | p50 s | min / max s | p50 / direct |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name in (proxied, direct):
+        reads = large.reads[name]
+        seconds = [r.seconds for r in reads]
+        got = sorted({r.rows for r in reads})
+        ratio = large.p50(name) / large.p50(direct)
+        lines.append(f"| {results.label(name)} | {', '.join(f'{n:,}' for n in got)} | {_s(large.p50(name))} | "
+                     f"{_s(min(seconds))} / {_s(max(seconds))} | {f'**{_num(ratio)}**' if name == proxied else '1'} |")
+    lines += [
+        "",
+        "| dpproxy RSS MB: before the reads | peak during them | after | result on the wire MB |",
+        "|---:|---:|---:|---:|",
+        f"| {large.rss_before / _MB:,.0f} | **{large.peak_rss / _MB:,.0f}** | {large.rss_after / _MB:,.0f} | "
+        f"{large.wire_bytes / _MB:,.0f} |",
+    ]
+    if large.incomplete():
+        lines += ["", "Reads that did not end with every row and the command tag:", ""]
+        lines += [f"- {text}" for text in large.incomplete()]
+    slow = large.slow
+    if slow is not None:
+        lines += [
+            "",
+            "| slow client: pause s | dpproxy RSS MB before | peak during the pause | peak to the end | rows the client "
+            "got | SQLSTATE | s to read after the pause |",
+            "|---:|---:|---:|---:|---:|---|---:|",
+            f"| {slow.pause_s:g} | {slow.rss_before / _MB:,.0f} | **{slow.peak_during_pause / _MB:,.0f}** | "
+            f"{slow.peak_while_reading / _MB:,.0f} | {slow.read.rows:,} of {large.rows:,} | "
+            f"{slow.read.sqlstate or 'none'} | {_s(slow.read.seconds)} |",
+        ]
+    return lines
+
+
 def _targets(results: Results) -> list[str]:
     """Issue 7's goals next to the measured figures (reported, never asserted)."""
     rows_present = {key[0] for key in results.pgbench}
@@ -440,6 +495,10 @@ def _num(value: float, digits: int = 2) -> str:
 
 
 def _ms(value: float) -> str:
+    return "–" if math.isnan(value) else (f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}")
+
+
+def _s(value: float) -> str:
     return "–" if math.isnan(value) else (f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}")
 
 

@@ -16,7 +16,10 @@ of ``--rows`` sizes, starts ``dpproxy serve`` as a subprocess with a policy over
 6. what a connection costs (connect, SELECT 1, close) and how many of ``--served-clients``
    clients running a DP query at once are answered (benchmarks/connections.py);
 7. pgbench with a script of catalog statements BI tools and psql send (``CATALOG_SCRIPT``),
-   dpproxy against direct PostgreSQL over TCP: the passthrough path's cost.
+   dpproxy against direct PostgreSQL over TCP: the passthrough path's cost;
+8. a large passthrough result (``--large-rows`` generated rows) read through dpproxy and
+   directly, dpproxy's peak memory meanwhile, and a client that pauses before reading
+   (benchmarks/large_result.py).
 
 and prints the ratios as Markdown. Nothing here asserts a timing.
 
@@ -43,14 +46,15 @@ from .connections import clients_served, connection_cost
 from .histogram import compare_histogram
 from .environment import BASELINE, DATABASE, TWO_WORKERS, VARIANTS, Environment, environment, note
 from .idle import idle_connections
+from .large_result import large_result
 from .latency import QUERIES, Probe, measure
 from .pgbench import CATALOG_SCRIPT, find_pgbench, run_pgbench, write_script
 from .postgres import ADMIN
 from .report import Results, machine, render
-from .servers import renew_budget
+from .servers import commit_of, renew_budget
 from .smartnoise import SmartNoiseError, SmartNoiseTimer, default_venv, find_smartnoise, install_smartnoise, metadata
 
-SECTIONS = ("pgbench", "latency", "avg", "histogram", "idle", "smartnoise", "connections", "catalog")
+SECTIONS = ("pgbench", "latency", "avg", "histogram", "idle", "smartnoise", "connections", "catalog", "large")
 BIG_TABLE = 1_000_000
 BIG_DURATION_FACTOR = 2.5
 
@@ -66,12 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         args.idle = args.idle or 50
         args.smartnoise_iterations = args.smartnoise_iterations or 3
         args.targets = args.targets or ["dpproxy", "direct-tcp", "pgbouncer"]
+        args.large_rows = args.large_rows or 20_000
     args.rows = args.rows or [1_000, 48_842, 1_000_000]
     args.duration = args.duration or 8.0
     args.rounds = args.rounds or 3
     args.latency_iterations = args.latency_iterations or 300
     args.idle = args.idle or 1000
     args.smartnoise_iterations = args.smartnoise_iterations or 30
+    args.large_rows = args.large_rows or 1_000_000
     args.targets = args.targets or ["dpproxy", "direct-tcp", "direct-unix", "relay", "pgbouncer"]
     if args.baseline_source is None and BASELINE in args.targets:
         _parser().error(f"--targets {BASELINE} needs --baseline-source DIR (a source tree of the older dpproxy)")
@@ -123,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
             _run_smartnoise(env, results, args)
         if "connections" in args.only:
             _run_connections(env, results, args)
+        if "large" in args.only:  # last: a dpproxy that held a result whole may keep its memory
+            note(f"large: {args.large_rows:,} generated rows × {args.rounds} through dpproxy and direct-tcp")
+            results.large = large_result(env.proxy, env.dpproxy, env.direct_tcp, args.large_rows, args.rounds)
     report = render(results)
     print(report)
     if args.out:
@@ -148,7 +157,8 @@ def _parser() -> argparse.ArgumentParser:
                              f"dpproxy servers {','.join(VARIANTS)} (also in the catalog and connections sections; "
                              f"{BASELINE} is added by --baseline-source)")
     parser.add_argument("--duration", type=float, help="seconds per pgbench run (default 8; --quick 1)")
-    parser.add_argument("--rounds", type=int, help="pgbench rounds, medians reported (default 3; --quick 1)")
+    parser.add_argument("--rounds", type=int, help="rounds of pgbench, the catalog script and the large result, medians reported "
+                                                     "(default 3; --quick 1)")
     parser.add_argument("--latency-iterations", type=int,
                         help="runs of each query per endpoint (default 300, ÷4 on ≥1M rows; --quick 20)")
     parser.add_argument("--idle", type=int, help="idle clients to open (default 1000; --quick 50)")
@@ -164,6 +174,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="connect/SELECT 1/close cycles per thread and round (default 100; --quick 20)")
     parser.add_argument("--served-clients", type=int,
                         help="clients that run a DP query at once, all staying open (default 150; --quick 20)")
+    parser.add_argument("--large-rows", type=int,
+                        help="rows of the large passthrough result (default 1000000; --quick 20000)")
     parser.add_argument("--pool-size", type=int, help="dpproxy's backend.pool.size (default: the policy default)")
     parser.add_argument("--dpproxy-source", type=Path,
                         help="run the dpproxy server from this source tree (e.g. a worktree of an older commit)")
@@ -183,7 +195,10 @@ def _settings(args: argparse.Namespace, env: Environment) -> dict[str, str]:
                    f"modes {args.modes}, -j min(clients, 2), endpoints {args.targets}",
         "latency": f"{args.latency_iterations} runs per query and endpoint (a quarter on ≥ 1M rows)",
         "smartnoise": f"{args.smartnoise_iterations} runs per query, through SmartNoise SQL and directly",
+        "large": f"{args.large_rows:,} generated rows, {args.rounds} round(s) per endpoint, then one client pausing 3 s",
     }
+    if args.dpproxy_source is not None:
+        settings["dpproxy run from"] = f"{args.dpproxy_source} ({commit_of(args.dpproxy_source)})"
     if BASELINE in env.variants:
         settings[env.variants[BASELINE].label] = (f"dpproxy run from {args.baseline_source.resolve()}, its policy "
                                                   "stating only what differs from this tree's defaults, without "

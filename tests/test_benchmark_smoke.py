@@ -50,6 +50,13 @@ def test_quick_benchmark_runs_and_prints_the_ratio_table():
     assert int(idle_rows[0][5]) <= 20, report  # at most backend.pool.size
     # Clients served through the pool: every one of them.
     assert "**20 of 20 answered**" in report, report
+    # The large passthrough result: every row read through dpproxy and directly, and by the client
+    # that paused (20,000 rows are far less than dpproxy holds for it).
+    large = report.split("## A large passthrough result: 20,000 rows through dpproxy vs direct")[1].split("\n## ")[0]
+    for name in ("dpproxy", "direct-tcp"):
+        assert f"| {name} | 20,000 |" in large, report
+    assert "| 20,000 of 20,000 | none |" in large, report
+    assert "did not end with every row" not in large, report
 
 
 def test_quick_benchmark_sets_an_older_and_a_two_worker_dpproxy_beside_this_one():
