@@ -281,3 +281,22 @@ def test_a_client_asking_for_protocol_3_2_is_told_the_connection_speaks_3_0(prox
                          autocommit=True) as conn:
         assert conn.pgconn.protocol_version == 3
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_statement_that_is_not_utf8_fails_and_the_session_goes_on(proxy: RunningProxy):
+    # A LATIN1 client (psql under a latin1 locale sets client_encoding from it) typing
+    # 'Zürich' sent the byte 0xfc: the session ended with FATAL. PostgreSQL fails the
+    # statement (22021) and goes on; so does dpproxy now, with a hint on what to set.
+    wire = Wire(proxy.host, proxy.port)
+    wire.send(message(b"Q", b"SELECT 'Z\xfcrich'\0"))
+    replies = wire.read_until(b"Z")
+    errors = [error_fields(body) for kind, body in replies if kind == b"E"]
+    assert [e[b"C"] for e in errors] == [b"22021"] and errors[0][b"S"] == b"ERROR"
+    assert errors[0][b"M"].startswith(b'invalid byte sequence for encoding "UTF8": 0xfc')
+    assert b"UTF8" in errors[0][b"H"]
+    wire.send(parse("", "SELECT 1"), message(b"P", b"\0SELECT 'Z\xfcrich'\0\0\0"), bind("", ""), execute(""), SYNC)
+    replies = wire.read_until(b"Z")
+    assert _codes(replies) == [b"22021"] and replies[-1] == (b"Z", b"I")  # the rest up to Sync skipped
+    wire.send(_query("SELECT 1"))
+    assert _codes(wire.read_until(b"Z")) == []
+    wire.close()

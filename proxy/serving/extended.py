@@ -175,6 +175,8 @@ class ExtendedProtocol:
             self._fail(exc.sqlstate, exc.message, exc.hint, exc.detail)
         except UnsupportedBinaryType as exc:
             self._fail(SQLSTATE.FEATURE_NOT_SUPPORTED, str(exc), "Request text format for this column.")
+        except protocol.InvalidText as exc:
+            self._fail(exc.sqlstate, exc.message, exc.hint)
 
     def _fail(self, sqlstate: str, message: str, hint: str | None = None, detail: str | None = None) -> None:
         self.out.append(protocol.error_response(sqlstate, message, hint, detail))

@@ -331,7 +331,12 @@ class Session:
             self.busy = True
             if kind == b"Q":
                 self.extended.forget_unnamed()
-                await self._simple_query(protocol.decode_cstring(payload, "Query"))
+                try:
+                    sql = protocol.decode_cstring(payload, "Query")
+                except protocol.InvalidText as exc:
+                    self._error(exc.sqlstate, exc.message, exc.hint)  # the statement fails, the session goes on
+                else:
+                    await self._simple_query(sql)
                 self._ready()
             elif kind == b"S":
                 self.extended.sync()

@@ -17,6 +17,7 @@ __all__ = [
     "PROTOCOL_3_0",
     "SSL_REQUEST",
     "Field",
+    "InvalidText",
     "MessageReader",
     "ProtocolError",
     "Startup",
@@ -43,6 +44,18 @@ class ProtocolError(Exception):
         super().__init__(message)
         self.message = message
         self.sqlstate = sqlstate
+
+
+class InvalidText(ProtocolError):
+    """A string of a well-formed message is not UTF-8 (22021): where the message is a statement
+    (Query, Parse, Bind, Describe …), the statement fails and the session goes on, as on
+    PostgreSQL; elsewhere (authentication) it ends the connection like any ProtocolError."""
+
+    def __init__(self, what: str, data: bytes, exc: UnicodeDecodeError):
+        shown = " ".join(f"0x{b:02x}" for b in data[exc.start:min(exc.end, exc.start + 2)])
+        super().__init__(f'invalid byte sequence for encoding "UTF8": {shown} (in the {what} message)', "22021")
+        self.hint = ("dpproxy reads statements as UTF-8: set the client's encoding to UTF8 "
+                     "(client_encoding, PGCLIENTENCODING, or the driver's character set setting).")
 
 
 @dataclass(frozen=True)
@@ -162,7 +175,7 @@ def decode_cstring(payload: bytes, what: str) -> str:
     try:
         return payload[:-1].decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ProtocolError(f"{what} message is not valid UTF-8", sqlstate="22021") from exc
+        raise InvalidText(what, payload, exc) from exc
 
 
 class _Cursor:
@@ -180,7 +193,7 @@ class _Cursor:
         try:
             text = self.data[self.pos : end].decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ProtocolError(f"{self.what} message is not valid UTF-8", sqlstate="22021") from exc
+            raise InvalidText(self.what, self.data[self.pos : end], exc) from exc
         self.pos = end + 1
         return text
 
