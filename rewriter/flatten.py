@@ -24,6 +24,7 @@ from sqlglot import exp
 from policies.errors import Refusal
 
 from .identifiers import identifier
+from .post_process import default_name
 from .scope import Scope
 
 __all__ = ["flatten"]
@@ -65,10 +66,9 @@ def flatten(tree: exp.Select, scope: Scope) -> tuple[exp.Select, Scope]:
     qualifiers = frozenset({identifier(outer_alias)}) if outer_alias is not None else frozenset()
     tree = tree.copy()
     tree.set("from_", None)
-    order = tree.args.get("order")
-    tree.set("order", None)  # over one aggregate row ORDER BY changes nothing; it may name output aliases
+    outputs = {default_name(item) for item in tree.expressions}
     for column in list(tree.find_all(exp.Column)):
-        if isinstance(column.this, exp.Star):
+        if isinstance(column.this, exp.Star) or _output_name(column, outputs, names):
             continue
         column.replace(_mapped(column, names, qualifiers, scope))
     where = tree.args.get("where")
@@ -77,8 +77,19 @@ def flatten(tree: exp.Select, scope: Scope) -> tuple[exp.Select, Scope]:
         condition = inner_where.this if where is None else exp.and_(exp.paren(inner_where.this), exp.paren(where.this))
         tree.set("where", exp.Where(this=condition))
     tree.set("from_", base.copy())
-    tree.set("order", order)
     return tree, inner_scope
+
+
+def _output_name(column: exp.Column, outputs: set[str], names: dict[str, str]) -> bool:
+    """Whether ``column`` is an unqualified ORDER BY name left as it is: an output column's, which
+    PostgreSQL resolves before input columns, or none the wrapper makes visible.
+
+    A qualified one (Metabase's ``ORDER BY "source"."sex"``) names the wrapper's column.
+    """
+    if column.find_ancestor(exp.Order) is None or column.table:
+        return False
+    name = identifier(column.this)
+    return name in outputs or name not in names
 
 
 def _projection(inner: exp.Select, scope: Scope) -> dict[str, str]:
