@@ -29,6 +29,7 @@ from sqlglot import exp
 
 from policies.errors import Refusal
 
+from .epoch_buckets import epoch_bucket
 from .identifiers import identifier
 from .post_process import default_name
 from .scope import Scope
@@ -130,6 +131,8 @@ def _key_projection(item: exp.Expression) -> bool:
     for (a GROUP BY key, or nothing) is decided there, on the expression, as for any other."""
     if isinstance(item, exp.Cast):
         item = item.this
+    if epoch_bucket(item) is not None:
+        return True
     return isinstance(item, (exp.TimestampTrunc, exp.DateTrunc, exp.WidthBucket)) and isinstance(item.this, exp.Column)
 
 
