@@ -479,7 +479,7 @@ def group_by_hint(scope: Scope) -> str:
                         + (f" and {policy.other!r}" if policy.other is not None else "") + ")")
         elif policy.time_units:
             keys.append(f"DATE_TRUNC('{'|'.join(policy.time_units)}', {column.name})"
-                        + (f" and floor(extract(epoch from {column.name})/N)*N (N whole days in seconds)"
+                        + (f" (also Grafana's floor(extract(epoch from {column.name})/N)*N, N a multiple of 86400)"
                            if "day" in policy.time_units else ""))
         elif policy.bounds is not None:
             keys.append(f"width_bucket({column.name}, lo, hi, n)"
