@@ -386,6 +386,11 @@ def _aggregate(item: exp.Expression, scope: Scope, grouped: bool = False) -> Agg
         if len(order) != 1:
             raise scope.refuse("MODE() takes one ORDER BY column on protected table", "aggregate-argument")
         argument: exp.Expression = order[0].this
+    elif isinstance(item, exp.Sum) and _is_one(item.this):
+        # Tableau's "Number of Records": SUM(1) adds 1 per row, the count of rows (bigint, as
+        # count(*)), so it is released as count(*) is, once, under the name PostgreSQL gives it.
+        return Aggregate("count", None, alias or "sum", aggregate_result_type("count", None),
+                         _mechanism("count", scope, grouped))
     elif type(item) in _SIMPLE_AGGREGATES:
         kind = _SIMPLE_AGGREGATES[type(item)]
         argument = item.this
@@ -408,6 +413,11 @@ def _aggregate(item: exp.Expression, scope: Scope, grouped: bool = False) -> Agg
     column = _aggregate_column(kind, argument, scope)
     result_type = aggregate_result_type(kind, column.type_oid if column else None)
     return Aggregate(kind, column, alias or kind, result_type, _mechanism(kind, scope, grouped, column), distinct)
+
+
+def _is_one(node: exp.Expression | None) -> bool:
+    """Whether ``node`` is the integer literal 1 (SUM(1) is then COUNT(*): both bigint, one per row)."""
+    return isinstance(node, exp.Literal) and not node.is_string and node.this == "1"
 
 
 def _mechanism(kind: AggregateKind, scope: Scope, grouped: bool = False, column: ColumnInfo | None = None) -> Mechanism:

@@ -9,8 +9,14 @@ so the statement releases exactly what one aggregate over the base table with ev
 WHERE ANDed releases. The outer level's column names are mapped through the projections to
 the base table's columns; every WHERE is then validated like any other (``validate_predicate``).
 
+A wrapper may also select a grouping key expression, ``date_trunc(unit, col)`` or
+``width_bucket(col, ...)`` maybe cast (Metabase's ``SELECT "source"."d" AS "d", count(*) FROM
+(SELECT date_trunc('month', "public"."t"."d") AS "d" FROM "public"."t") AS "source" GROUP BY
+"source"."d"``): a reference to it above is replaced by the expression, which is then judged
+where it is used, exactly as if written there (a declared GROUP BY key, or refused).
+
 A wrapper level that does anything else (LIMIT/OFFSET, DISTINCT, GROUP BY, aggregates,
-window functions, computed projections such as ``age + 1 AS a``, joins) is refused: each
+window functions, other computed projections such as ``age + 1 AS a``, joins) is refused: each
 could change which rows are aggregated in a way the plan does not model. An inner ORDER BY
 without LIMIT does not change the set of rows and is dropped.
 """
@@ -23,7 +29,9 @@ from sqlglot import exp
 
 from policies.errors import Refusal
 
+from .epoch_buckets import epoch_bucket
 from .identifiers import identifier
+from .post_process import default_name
 from .scope import Scope
 
 __all__ = ["flatten"]
@@ -65,10 +73,9 @@ def flatten(tree: exp.Select, scope: Scope) -> tuple[exp.Select, Scope]:
     qualifiers = frozenset({identifier(outer_alias)}) if outer_alias is not None else frozenset()
     tree = tree.copy()
     tree.set("from_", None)
-    order = tree.args.get("order")
-    tree.set("order", None)  # over one aggregate row ORDER BY changes nothing; it may name output aliases
+    outputs = {default_name(item) for item in tree.expressions}
     for column in list(tree.find_all(exp.Column)):
-        if isinstance(column.this, exp.Star):
+        if isinstance(column.this, exp.Star) or _output_name(column, outputs, names):
             continue
         column.replace(_mapped(column, names, qualifiers, scope))
     where = tree.args.get("where")
@@ -77,13 +84,25 @@ def flatten(tree: exp.Select, scope: Scope) -> tuple[exp.Select, Scope]:
         condition = inner_where.this if where is None else exp.and_(exp.paren(inner_where.this), exp.paren(where.this))
         tree.set("where", exp.Where(this=condition))
     tree.set("from_", base.copy())
-    tree.set("order", order)
     return tree, inner_scope
 
 
-def _projection(inner: exp.Select, scope: Scope) -> dict[str, str]:
-    """The names a wrapper level makes visible, each mapped to a base-table column's name."""
-    names: dict[str, str] = {}
+def _output_name(column: exp.Column, outputs: set[str], names: dict[str, exp.Expression]) -> bool:
+    """Whether ``column`` is an unqualified ORDER BY name left as it is: an output column's, which
+    PostgreSQL resolves before input columns, or none the wrapper makes visible.
+
+    A qualified one (Metabase's ``ORDER BY "source"."sex"``) names the wrapper's column.
+    """
+    if column.find_ancestor(exp.Order) is None or column.table:
+        return False
+    name = identifier(column.this)
+    return name in outputs or name not in names
+
+
+def _projection(inner: exp.Select, scope: Scope) -> dict[str, exp.Expression]:
+    """The names a wrapper level makes visible, each mapped to what it stands for on the base
+    table: a column (unqualified), or a grouping key expression over columns (:func:`_key_projection`)."""
+    names: dict[str, exp.Expression] = {}
     for item in inner.expressions:
         alias = None
         if isinstance(item, exp.Alias):
@@ -93,16 +112,43 @@ def _projection(inner: exp.Select, scope: Scope) -> dict[str, str]:
             qualifier = item.args.get("table") if isinstance(item, exp.Column) else None
             if qualifier is not None and identifier(qualifier) not in scope.qualifiers:
                 raise scope.refuse(f"{item.sql('postgres')} does not belong to protected table", "column-reference")
-            names.update((name, name) for name in scope.table.columns)
+            names.update((name, _base_column(name)) for name in scope.table.columns)
             continue
-        if not isinstance(item, exp.Column):
+        if isinstance(item, exp.Column):
+            column = scope.column(item)
+            names[alias or column.name] = _base_column(column.name)
+            continue
+        if not _key_projection(item):
             raise _refuse(scope, "computed columns inside a subquery are not allowed on protected table")
-        column = scope.column(item)
-        names[alias or column.name] = column.name
+        names[alias or default_name(item)] = _on_base_columns(item, scope)
     return names
 
 
-def _mapped(column: exp.Column, names: dict[str, str], qualifiers: frozenset[str], scope: Scope) -> exp.Column:
+def _key_projection(item: exp.Expression) -> bool:
+    """Whether a computed wrapper column is written as a grouping key: ``date_trunc(unit, col)``
+    or ``width_bucket(col, lo, hi, n)``, maybe cast (Metabase's ``"source"`` subquery selects its
+    breakouts so). Referring to it above is writing the expression there: what it may be used
+    for (a GROUP BY key, or nothing) is decided there, on the expression, as for any other."""
+    if isinstance(item, exp.Cast):
+        item = item.this
+    if epoch_bucket(item) is not None:
+        return True
+    return isinstance(item, (exp.TimestampTrunc, exp.DateTrunc, exp.WidthBucket)) and isinstance(item.this, exp.Column)
+
+
+def _on_base_columns(item: exp.Expression, scope: Scope) -> exp.Expression:
+    """``item`` with each column reference as the unqualified base-table column it names."""
+    item = item.copy()
+    for column in list(item.find_all(exp.Column)):
+        column.replace(_base_column(scope.column(column).name))
+    return item
+
+
+def _base_column(name: str) -> exp.Column:
+    return exp.column(exp.to_identifier(name, quoted=True))
+
+
+def _mapped(column: exp.Column, names: dict[str, exp.Expression], qualifiers: frozenset[str], scope: Scope) -> exp.Expression:
     """An outer level's column reference as the base-table column it names."""
     if column.args.get("db") or column.args.get("catalog"):
         raise scope.refuse("schema-qualified column references are not allowed on protected table", "column-reference")
@@ -113,7 +159,7 @@ def _mapped(column: exp.Column, names: dict[str, str], qualifiers: frozenset[str
     base = names.get(name)
     if base is None:
         raise Refusal("42703", f'column "{name}" does not exist', "Columns: " + ", ".join(names), "undefined-column")
-    return exp.column(exp.to_identifier(base, quoted=True))
+    return base.copy()
 
 
 def _refuse(scope: Scope, message: str) -> Refusal:

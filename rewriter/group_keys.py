@@ -11,7 +11,10 @@ docs/policy.md), each with a domain known in advance:
 * ``time``: ``DATE_TRUNC('<unit>', col)`` on a date/timestamp column with a declared time
   range; one cell per bucket the range touches, rows outside it (and NULL) in no cell;
 * ``bin``: ``width_bucket(col, lo, hi, n)`` on a bounded numeric column; the n + 2 cells
-  0 … n + 1 that ``width_bucket`` can return for any value, NULL and NaN in no cell.
+  0 … n + 1 that ``width_bucket`` can return for any value, NULL and NaN in no cell;
+* ``epoch``: Grafana's ``floor(extract(epoch from col)/N)*N`` on a time column whose policy opts
+  ``day`` in, N whole days in seconds; one cell per N-second bucket (counted from 1970-01-01
+  UTC) the declared range touches, read in UTC (:mod:`rewriter.epoch_buckets`).
 
 The cells, their keys and their order are a function of the policy and the statement's text
 only, never of the data, so that which rows exist cannot show in which keys come back. Every
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from decimal import Decimal
 from datetime import datetime
 from typing import Literal
 
@@ -40,6 +44,8 @@ from policies.tables import ColumnInfo, quote_identifier
 from policies.time_buckets import TimeUnit, bucket_count, bucket_index, bucket_start, truncate
 
 from .constants import NotFoldable, qualified_constant
+from .epoch_buckets import DAY_SECONDS, bucket_of, epoch_bucket, epoch_seconds
+from .epoch_buckets import bucket_start as epoch_start
 from .scope import Scope
 from .sql_text import literal, operator
 from .types import INT4, INTEGER_TYPES, NUMERIC, NUMERIC_TYPES
@@ -50,7 +56,7 @@ __all__ = ["DATE", "GroupKey", "KeyRange", "TIMESTAMP", "TIMESTAMPTZ", "column_k
 DATE, TIMESTAMP, TIMESTAMPTZ = 1082, 1114, 1184
 TIME_TYPES = frozenset({DATE, TIMESTAMP, TIMESTAMPTZ})
 
-KeyKind = Literal["category", "integer", "time", "bin"]
+KeyKind = Literal["category", "integer", "time", "bin", "epoch"]
 
 # date_trunc's spellings of the units a policy may opt in (PostgreSQL's own abbreviations,
 # as sqlglot reads them), each to its unit.
@@ -74,6 +80,7 @@ class GroupKey:
     ``first``/``count`` are a time key's first bucket and number of buckets; ``bins`` are
     ``width_bucket``'s bounds and bucket count, ``bin_type`` the overload PostgreSQL resolves
     the call to (``double precision`` unless the column or a bound is ``numeric``).
+    An ``epoch`` key's ``first`` is its first bucket's start (UTC) and ``seconds`` its width.
     """
 
     column: ColumnInfo
@@ -84,14 +91,17 @@ class GroupKey:
     count: int = 0
     bins: tuple[float, float, int] | None = None
     bin_type: Literal["double precision", "numeric"] = "double precision"
+    seconds: int = 0
 
     @property
-    def identity(self) -> tuple[str, str, str | None, tuple[float, float, int] | None, str]:
+    def identity(self) -> tuple[str, str, str | None, tuple[float, float, int] | None, str, int]:
         """What the key groups by, whatever part of its domain a query answers."""
-        return (self.column.name, self.kind, self.unit, self.bins, self.bin_type)
+        return (self.column.name, self.kind, self.unit, self.bins, self.bin_type, self.seconds)
 
     def narrowed(self, lo: datetime | None, hi: datetime | None) -> GroupKey:
         """A time key's buckets that meet [lo, hi] (None: unbounded on that side); maybe none."""
+        if self.kind == "epoch":
+            return self._epoch_narrowed(lo, hi)
         assert self.kind == "time" and self.unit is not None and self.first is not None
         first, last = 0, self.count - 1
         if lo is not None:
@@ -101,6 +111,23 @@ class GroupKey:
         if last < first:
             return replace(self, count=0)
         return replace(self, first=bucket_start(self.unit, self.first, first), count=last - first + 1)
+
+    def _epoch_narrowed(self, lo: datetime | None, hi: datetime | None) -> GroupKey:
+        assert self.first is not None
+        base = self._first_index
+        first, last = 0, self.count - 1
+        if lo is not None:
+            first = max(first, bucket_of(lo, self.seconds) - base)
+        if hi is not None:
+            last = min(last, bucket_of(hi, self.seconds) - base)
+        if last < first:
+            return replace(self, count=0)
+        return replace(self, first=epoch_start(base + first, self.seconds), count=last - first + 1)
+
+    @property
+    def _first_index(self) -> int:
+        assert self.first is not None
+        return bucket_of(self.first, self.seconds)
 
     # ------------------------------------------------------------ the cells
 
@@ -115,7 +142,7 @@ class GroupKey:
         if self.kind == "integer":
             assert policy.bounds is not None
             return int(policy.bounds[1]) - int(policy.bounds[0]) + 1
-        if self.kind == "time":
+        if self.kind in ("time", "epoch"):
             return self.count
         assert self.bins is not None
         return self.bins[2] + 2
@@ -132,6 +159,8 @@ class GroupKey:
             return [str(int(policy.bounds[0]) + i) for i in range(self.size)]
         if self.kind == "time":
             return [start.isoformat(sep=" ") for start in self._starts()]
+        if self.kind == "epoch":
+            return [str((self._first_index + i) * self.seconds) for i in range(self.count)]
         return [str(i) for i in range(self.size)]
 
     def _starts(self) -> list[datetime]:
@@ -152,6 +181,12 @@ class GroupKey:
             # A date beyond timestamp's range (year 294277 and later) fails date_trunc's cast;
             # CASE evaluates it only for the rows within the declared range.
             return f"CASE WHEN {within} THEN pg_catalog.date_trunc({literal(self.unit)}, {name}) END"
+        if self.kind == "epoch":
+            assert self.first is not None
+            end = epoch_start(self._first_index + self.count, self.seconds)
+            within = f"{operator(name, '>=', self._utc_literal(self.first))} AND {operator(name, '<', self._utc_literal(end))}"
+            index = f"pg_catalog.floor({operator(f'EXTRACT(EPOCH FROM {name})', '/', str(self.seconds))})"
+            return f"CASE WHEN {within} THEN {index} END"
         assert self.bins is not None
         lo, hi, n = self.bins
         bound = self.bin_type
@@ -166,6 +201,13 @@ class GroupKey:
             return f"CAST({literal(moment.date().isoformat())} AS pg_catalog.date)"
         type_name = "timestamptz" if self.column.type_oid == TIMESTAMPTZ else "timestamp"
         return f"CAST({literal(moment.isoformat(sep=' '))} AS pg_catalog.{type_name})"
+
+    def _utc_literal(self, moment: datetime) -> str:
+        """``moment`` (UTC wall-clock) in the column's type; a timestamptz's with an explicit +00,
+        whatever the session's TimeZone, as extract(epoch ...) reads it."""
+        if self.column.type_oid == TIMESTAMPTZ:
+            return f"CAST({literal(moment.isoformat(sep=' ') + '+00')} AS pg_catalog.timestamptz)"
+        return self._time_literal(moment)
 
     def cell_sql(self) -> str:
         """What the backend reports for a group (a function of :meth:`row_sql`): read by :meth:`cell_of`."""
@@ -199,6 +241,9 @@ class GroupKey:
             assert self.first is not None and self.unit is not None
             index = bucket_index(self.unit, self.first, datetime.fromisoformat(value.decode("ascii")))
             return index if 0 <= index < self.count else None
+        if self.kind == "epoch":
+            index = int(Decimal(value.decode("ascii"))) - self._first_index
+            return index if 0 <= index < self.count else None
         return int(value)
 
 
@@ -225,7 +270,7 @@ def key_ranges(where: exp.Expression | None, keys: tuple[GroupKey, ...], scope: 
     """The top-level AND conjuncts of ``where`` that bound a time key's column by a constant."""
     if where is None:
         return ()
-    columns = {key.column.name: i for i, key in enumerate(keys) if key.kind == "time"}
+    columns = {key.column.name: i for i, key in enumerate(keys) if key.kind in ("time", "epoch")}
     if not columns:
         return ()
     ranges: list[KeyRange] = []
@@ -277,7 +322,7 @@ def key_form(node: exp.Expression) -> bool:
     """Whether ``node`` is written as a grouping key could be (a column, date_trunc, width_bucket)."""
     if isinstance(node, exp.Cast):
         node = node.this
-    return isinstance(node, (exp.Column, exp.TimestampTrunc, exp.DateTrunc, exp.WidthBucket))
+    return isinstance(node, (exp.Column, exp.TimestampTrunc, exp.DateTrunc, exp.WidthBucket)) or epoch_bucket(node) is not None
 
 
 def group_key(node: exp.Expression, scope: Scope) -> GroupKey:
@@ -292,6 +337,9 @@ def group_key(node: exp.Expression, scope: Scope) -> GroupKey:
         return _time_key(node.this, scope)
     if isinstance(node, exp.WidthBucket):
         return _bin_key(node, scope)
+    bucket = epoch_bucket(node)
+    if bucket is not None:
+        return _epoch_key(*bucket, scope)
     raise _refuse(scope, f"GROUP BY {node.sql('postgres')} is not allowed on protected table")
 
 
@@ -337,6 +385,30 @@ def _time_key(node: exp.Expression, scope: Scope) -> GroupKey:
     first = truncate(chosen, lo)
     result = TIMESTAMP if column.type_oid == TIMESTAMP else TIMESTAMPTZ  # date_trunc of a date is timestamptz
     return GroupKey(column, "time", result, unit=chosen, first=first, count=bucket_count(chosen, lo, hi))
+
+
+def _epoch_key(argument: exp.Column, seconds: int, scope: Scope) -> GroupKey:
+    column = scope.column(argument)
+    policy = column.policy
+    what = f"GROUP BY floor(extract(epoch from {column.name})/{seconds})*{seconds}"
+    if policy is None or column.type_oid not in TIME_TYPES or "day" not in policy.time_units:
+        raise _refuse(scope, f"{what} is not allowed on protected table")
+    if seconds % DAY_SECONDS:
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"{what} has buckets of {seconds} seconds, finer than a day, on protected table "
+            f"{scope.table.display_name} (rule: no-group-by)",
+            f"Time buckets on {column.name} are whole days at the finest: use an interval of 1d or more "
+            "(in Grafana, the query's Min interval), or DATE_TRUNC. " + group_by_hint(scope),
+            "no-group-by",
+        )
+    assert policy.time_bounds is not None
+    lo, hi = policy.time_bounds
+    first, last = bucket_of(lo, seconds), bucket_of(hi, seconds)
+    count = last - first + 1
+    if count > scope.table.policy.max_cells:
+        raise _too_many(scope, what, count)
+    return GroupKey(column, "epoch", NUMERIC, first=epoch_start(first, seconds), count=count, seconds=seconds)
 
 
 def _bin_key(node: exp.WidthBucket, scope: Scope) -> GroupKey:
@@ -406,7 +478,9 @@ def group_by_hint(scope: Scope) -> str:
             keys.append(f"{column.name} (its {len(policy.categories)} categories"
                         + (f" and {policy.other!r}" if policy.other is not None else "") + ")")
         elif policy.time_units:
-            keys.append(f"DATE_TRUNC('{'|'.join(policy.time_units)}', {column.name})")
+            keys.append(f"DATE_TRUNC('{'|'.join(policy.time_units)}', {column.name})"
+                        + (f" (also Grafana's floor(extract(epoch from {column.name})/N)*N, N a multiple of 86400)"
+                           if "day" in policy.time_units else ""))
         elif policy.bounds is not None:
             keys.append(f"width_bucket({column.name}, lo, hi, n)"
                         + (f" and {column.name}" if column_key_count(column) is not None else ""))

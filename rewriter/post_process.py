@@ -186,7 +186,7 @@ def _replace_keys(
         if isinstance(child, exp.Column) and output_name(child):
             continue
         # A cast of a key is post-processing of it: the key is what it casts.
-        index = key_of(child) if isinstance(child, (exp.Column, exp.Func)) and not isinstance(child, exp.Cast) else None
+        index = key_of(child) if isinstance(child, (exp.Column, exp.Func, exp.Mul)) and not isinstance(child, exp.Cast) else None
         if index is not None:
             child.replace(exp.column(f"_k{index}", table=RELEASE_ALIAS))
         else:

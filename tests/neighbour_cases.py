@@ -263,9 +263,12 @@ def _fixed_scale(expression: str) -> bool:
 _KEYS = ("t", "v", "i2", "date_trunc('month', d)", "date_trunc('week', d)", "date_trunc('quarter', ts)",
          "date_trunc('month', ts)", "width_bucket(f8, -1, 1, 5)", "width_bucket(n, 0, 100, 3)",
          "width_bucket(f4, 0, 1, 2)", "width_bucket(i8, -10, 10, 4)", "width_bucket(i4, 100, 0, 3)",
-         "CAST(date_trunc('month', d) AS date)")
+         "CAST(date_trunc('month', d) AS date)",
+         # Grafana's $__timeGroup: epoch buckets of whole days (ts opts day in)
+         "floor(extract(epoch from ts)/604800)*604800", "floor(extract(epoch from ts)/2592000)*2592000")
 _REFUSED_KEYS = ("b", "date_trunc('hour', ts)", "width_bucket(f8, 1, 1, 5)", "i4 + 1", "lower(t)",
-                 "date_trunc('year', d)", "f8", "date_trunc('day', ts)", "f4")
+                 "date_trunc('year', d)", "f8", "date_trunc('day', ts)", "f4",
+                 "floor(extract(epoch from ts)/3600)*3600", "floor(extract(epoch from d)/86400)*86400")
 
 
 def _grouped_case(builder: _Builder) -> Case:
@@ -277,11 +280,12 @@ def _grouped_case(builder: _Builder) -> Case:
     numeric = [c.name for c in COLUMNS if c.numeric]
     aggregates = []
     for _ in range(rng.randint(1, 3)):
-        kind = rng.randrange(8)
+        kind = rng.randrange(9)
         aggregates.append(
             ["COUNT(*)", f"COUNT({rng.choice(COLUMNS).name})", f"COUNT(DISTINCT {rng.choice(COLUMNS).name})",
              f"SUM({rng.choice(numeric)})", f"AVG({rng.choice(numeric)})", f"SUM({rng.choice(numeric)})",
-             f"MODE() WITHIN GROUP (ORDER BY {rng.choice(['t', 'v'])})", f"MIN({rng.choice(numeric)})"][kind])
+             f"MODE() WITHIN GROUP (ORDER BY {rng.choice(['t', 'v'])})", f"MIN({rng.choice(numeric)})",
+             "SUM(1)"][kind])
     named = [f"{key} AS k{i}" if rng.random() < 0.4 else key for i, key in enumerate(keys)]
     sql = f"SELECT {', '.join(named + aggregates)} FROM {{table}}"
     if rng.random() < 0.7:

@@ -64,7 +64,10 @@ def _wall_clock(limit: KeyRange, key: GroupKey) -> str:
     # keeps the time: cast to date, `d < '2000-03-01 12:00'` would end before March 1, which
     # that WHERE keeps, and drop March's bucket. A date value reads as its midnight either way.
     type_name = "timestamptz" if key.column.type_oid == TIMESTAMPTZ else "timestamp"
-    return f"pg_catalog.to_char(CAST(({limit.sql}) AS pg_catalog.{type_name}), '{_WALL_CLOCK}')"
+    value = f"CAST(({limit.sql}) AS pg_catalog.{type_name})"
+    if key.kind == "epoch" and key.column.type_oid == TIMESTAMPTZ:
+        value = f"({value} AT TIME ZONE 'UTC')"  # epoch buckets are read in UTC (rewriter/epoch_buckets.py)
+    return f"pg_catalog.to_char({value}, '{_WALL_CLOCK}')"
 
 
 def _moment(value: bytes | None) -> datetime | None:

@@ -1,0 +1,245 @@
+"""Statements BI tools send for aggregate charts, answered as PostgreSQL would shape them.
+
+Each statement is written as its tool generates it (the tool is named in a comment) and run
+through dpproxy and directly on PostgreSQL: the column names and types must match, and the
+rows are the declared keys (docs/bi-tools.md). Variants that would release more stay refused
+with their SQLSTATE, rule and hint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from decimal import Decimal
+
+import psycopg
+import pytest
+from conftest import RunningProxy, TestDatabase, running_proxy
+from test_histograms import POLICY, _TABLE_SQL, _TABLES
+
+from proxy.demo.embedded import SERVICE_ROLE
+
+
+@pytest.fixture(scope="module")
+def bi(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """dpproxy over test_histograms' tables (visits: sex, race, age, visited_at … opted in)."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute(_TABLE_SQL)
+        conn.execute(f"GRANT SELECT ON {', '.join(_TABLES)} TO {SERVICE_ROLE}")
+    with running_proxy(test_db, tmp_path_factory, POLICY) as running:
+        yield running
+
+
+Shape = list[tuple[str, int]]
+
+
+def _run(conn: psycopg.Connection, sql: str) -> tuple[Shape, list[tuple]]:
+    cursor = conn.execute(sql)
+    assert cursor.description is not None
+    return [(c.name, c.type_code) for c in cursor.description], cursor.fetchall()
+
+
+def _both(proxy: RunningProxy, admin: psycopg.Connection, sql: str, timezone: str = "UTC") -> tuple[list[tuple], list[tuple]]:
+    """``sql`` through dpproxy and directly, in one TimeZone; asserts the same names and types."""
+    admin.execute(f"SET TimeZone = '{timezone}'")
+    with proxy.connect() as conn:
+        conn.execute(f"SET TimeZone = '{timezone}'")
+        shape, rows = _run(conn, sql)
+    direct_shape, direct = _run(admin, sql)
+    admin.execute("RESET TimeZone")
+    assert shape == direct_shape
+    return rows, direct
+
+
+def _refused(proxy: RunningProxy, sql: str) -> psycopg.errors.Diagnostic:
+    with proxy.connect() as conn:
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(sql)
+        conn.execute("SELECT 1")  # the session goes on
+    return info.value.diag
+
+
+# ---------------------------------------------------------------- Metabase
+
+
+def test_metabase_time_series_with_qualified_columns_answers_every_month(bi, admin):
+    # Metabase (MBQL → SQL, PostgreSQL driver): count by created_at: Month
+    sql = ('SELECT date_trunc(\'month\', "public"."visits"."visited_at") AS "visited_at", count(*) AS "count" '
+           'FROM "public"."visits" GROUP BY date_trunc(\'month\', "public"."visits"."visited_at") '
+           'ORDER BY date_trunc(\'month\', "public"."visits"."visited_at") ASC')
+    rows, direct = _both(bi, admin, sql)
+    assert [r[0] for r in rows] == [r[0] for r in direct if r[0] is not None]  # the 12 months of 2023
+
+
+def test_metabase_source_wrapper_grouped_by_a_qualified_name_is_answered(bi, admin):
+    # Metabase ≥ 0.50: a breakout over a nested "source" query, grouped and ordered by "source"."sex"
+    sql = ('SELECT "source"."sex" AS "sex", count(*) AS "count" FROM (SELECT "public"."visits"."sex" AS "sex", '
+           '"public"."visits"."age" AS "age" FROM "public"."visits") AS "source" '
+           'GROUP BY "source"."sex" ORDER BY "source"."sex" ASC')
+    rows, _ = _both(bi, admin, sql)
+    assert [r[0] for r in rows] == ["Female", "Male"]  # declared keys, ordered as asked
+
+
+def test_metabase_source_wrapper_selecting_a_date_trunc_key_is_answered(bi, admin):
+    # Metabase: the breakout's date_trunc is computed in the "source" subquery, grouped above it
+    sql = ('SELECT "source"."visited_at" AS "visited_at", count(*) AS "count" FROM (SELECT '
+           'date_trunc(\'month\', "public"."visits"."visited_at") AS "visited_at" FROM "public"."visits") AS "source" '
+           'GROUP BY "source"."visited_at" ORDER BY "source"."visited_at" ASC')
+    rows, direct = _both(bi, admin, sql)
+    assert [r[0] for r in rows] == [r[0] for r in direct if r[0] is not None]
+
+
+def test_metabase_source_wrapper_with_a_cast_key_and_a_category_gives_their_cross_product(bi, admin):
+    # Metabase: a date column's quarter cast back to date, broken out by sex, with an average
+    sql = ('SELECT "source"."visited_at" AS "visited_at", "source"."sex" AS "sex", count(*) AS "count", '
+           'avg("source"."age") AS "avg" FROM (SELECT CAST(date_trunc(\'quarter\', "public"."visits"."visited_at") '
+           'AS date) AS "visited_at", "public"."visits"."sex" AS "sex", "public"."visits"."age" AS "age" '
+           'FROM "public"."visits") AS "source" GROUP BY "source"."visited_at", "source"."sex" '
+           'ORDER BY "source"."visited_at" ASC, "source"."sex" ASC')
+    rows, _ = _both(bi, admin, sql)
+    assert len(rows) == 4 * 2 and [r[1] for r in rows[:2]] == ["Female", "Male"]
+
+
+@pytest.mark.parametrize("sql, rule", [
+    # a computed column that is no key: still not modelled
+    ("SELECT count(*) FROM (SELECT age + 1 AS a FROM visits) AS s", "no-subquery"),
+    # a key the policy does not opt in, through a wrapper: refused as if written above it
+    ("SELECT s.m, count(*) FROM (SELECT date_trunc('hour', visited_at) AS m FROM visits) AS s GROUP BY 1",
+     "no-group-by"),
+    # a wrapper's key selected without GROUP BY would be a row value
+    ("SELECT s.m, count(*) FROM (SELECT date_trunc('month', visited_at) AS m FROM visits) AS s", "no-row-access"),
+    # a wrapper's key as an aggregate's argument is not a column
+    ("SELECT sum(s.b) FROM (SELECT width_bucket(score, 0, 1, 4) AS b FROM visits) AS s", "aggregate-argument"),
+])
+def test_wrapper_columns_that_would_release_more_stay_refused(bi, sql, rule):
+    diag = _refused(bi, sql)
+    assert diag.sqlstate == "DP001" and f"rule: {rule}" in (diag.message_primary or "")
+    assert diag.message_hint
+
+
+# ---------------------------------------------------------------- Tableau
+
+
+def test_tableau_number_of_records_sum_1_is_a_count_per_declared_key(bi, admin):
+    # Tableau (PostgreSQL dialect): a bar of Number of Records by sex
+    sql = ('SELECT "visits"."sex" AS "sex", SUM(1) AS "sum:Number of Records:ok" FROM "public"."visits" "visits" '
+           'GROUP BY 1')
+    rows, _ = _both(bi, admin, sql)
+    assert [r[0] for r in rows] == ["Male", "Female"]
+
+
+def test_tableau_sum_1_is_released_once_with_count(bi, admin):
+    # Tableau: the total of Number of Records, with its HAVING (COUNT(1) > 0)
+    rows, _ = _both(bi, admin, 'SELECT SUM(1) AS "sum:Number of Records:ok" FROM "public"."visits" "visits" '
+                               'HAVING (COUNT(1) > 0)')
+    assert len(rows) == 1
+    # Post-processed, SUM(1) and COUNT(*) are one release: the same noised value.
+    rows, _ = _both(bi, admin, "SELECT SUM(1), count(*) + 0 AS n FROM visits WHERE age > 30")
+    assert rows[0][0] == rows[0][1]
+
+
+def test_tableau_custom_sql_wrapper_with_sum_1_is_answered(bi, admin):
+    # Tableau: a Custom SQL Query data source
+    sql = 'SELECT "Custom SQL Query"."sex" AS "sex", SUM(1) AS "cnt" FROM (SELECT * FROM visits) "Custom SQL Query" GROUP BY 1'
+    rows, _ = _both(bi, admin, sql)
+    assert [r[0] for r in rows] == ["Male", "Female"]
+
+
+@pytest.mark.parametrize("sql", ["SELECT SUM(2) FROM visits", "SELECT SUM(1.0) FROM visits", "SELECT SUM('1') FROM visits"])
+def test_sums_of_other_constants_stay_refused(bi, sql):
+    diag = _refused(bi, sql)
+    assert diag.sqlstate == "DP001" and "rule: aggregate-argument" in (diag.message_primary or "")
+
+
+# ---------------------------------------------------------------- Grafana
+
+
+_GRAFANA_DAILY = ('SELECT floor(extract(epoch from visited_at)/86400)*86400 AS "time", count(*) AS "value" FROM visits '
+                  "WHERE visited_at BETWEEN '2023-03-01T00:00:00Z' AND '2023-03-31T00:00:00Z' GROUP BY 1 ORDER BY 1")
+
+
+def test_grafana_time_group_of_a_day_answers_each_day_of_the_time_filter(bi, admin):
+    # Grafana (PostgreSQL data source): $__timeGroupAlias(visited_at, '1d'), $__timeFilter(visited_at)
+    rows, direct = _both(bi, admin, _GRAFANA_DAILY)
+    assert [r[0] for r in rows] == [r[0] for r in direct]  # 31 days, as epoch seconds (numeric)
+    assert rows[0][0] == Decimal(1677628800)
+    for (_, noised), (_, exact) in zip(rows, direct):
+        assert abs(noised - exact) < 30  # discrete Laplace scale 1: fails by chance with p ≈ 1e-12
+
+
+def test_grafana_time_group_keys_do_not_depend_on_the_data(bi):
+    keys = {}
+    for table in ("visits", "kp_empty", "kp_alien"):
+        with bi.connect() as conn:
+            keys[table] = [r[0] for r in conn.execute(_GRAFANA_DAILY.replace("FROM visits", f"FROM {table}"))]
+    assert keys["visits"] == keys["kp_empty"] == keys["kp_alien"] and len(keys["visits"]) == 31
+
+
+def test_grafana_weekly_buckets_of_a_timestamptz_are_read_in_utc_whatever_the_time_zone(bi, admin):
+    # Grafana: $__timeGroupAlias(logged_at, '1w') on a timestamptz, the session in another time zone
+    sql = ('SELECT floor(extract(epoch from logged_at)/604800)*604800 AS "time", count(*) AS "count" FROM visits '
+           "WHERE logged_at BETWEEN '2023-03-01T00:00:00Z' AND '2023-06-01T00:00:00Z' GROUP BY 1 ORDER BY 1")
+    rows, direct = _both(bi, admin, sql, timezone="America/New_York")
+    assert {r[0] for r in direct} <= {r[0] for r in rows}
+    assert all(r[0] % 604800 == 0 for r in rows) and len(rows) == 15
+
+
+def test_grafana_time_group_with_a_metric_column_is_answered(bi, admin):
+    # Grafana: $__timeGroupAlias(visited_at, '7d'), sex AS metric (one series per sex)
+    sql = ('SELECT floor(extract(epoch from visited_at)/604800)*604800 AS "time", sex AS metric, count(*) FROM visits '
+           "WHERE visited_at BETWEEN '2023-03-01T00:00:00Z' AND '2023-03-31T00:00:00Z' GROUP BY 1, 2 ORDER BY 1")
+    rows, _ = _both(bi, admin, sql)
+    # Epoch weeks start on Thursdays (1970-01-01): six of them meet March 2023.
+    assert [r[1] for r in rows[:2]] == ["Male", "Female"] and len(rows) == 6 * 2
+
+
+def test_grafana_time_group_finer_than_a_day_is_refused_with_a_hint(bi):
+    # Grafana's automatic $__interval on a short range: 1h
+    diag = _refused(bi, 'SELECT floor(extract(epoch from visited_at)/3600)*3600 AS "time", count(*) FROM visits GROUP BY 1')
+    assert diag.sqlstate == "DP001" and "rule: no-group-by" in (diag.message_primary or "")
+    assert "1d" in (diag.message_hint or "")
+
+
+def test_grafana_time_group_on_a_column_without_day_is_refused(bi):
+    # visited_on opts in month, quarter and week only
+    diag = _refused(bi, 'SELECT floor(extract(epoch from visited_on)/86400)*86400 AS "time", count(*) FROM visits GROUP BY 1')
+    assert diag.sqlstate == "DP001" and "rule: no-group-by" in (diag.message_primary or "")
+
+
+@pytest.mark.parametrize("sql", [
+    # different widths in the division and the product: not a bucket
+    'SELECT floor(extract(epoch from visited_at)/86400)*3600 AS "time", count(*) FROM visits GROUP BY 1',
+    # the raw epoch: one group per distinct instant
+    'SELECT extract(epoch from visited_at) AS "time", count(*) FROM visits GROUP BY 1',
+])
+def test_epoch_forms_that_are_not_buckets_stay_refused(bi, sql):
+    diag = _refused(bi, sql)
+    assert diag.sqlstate == "DP001" and "rule: no-group-by" in (diag.message_primary or "")
+
+
+# ---------------------------------------------------------------- Power BI, Superset
+
+
+def test_power_bi_folded_group_by_under_an_outer_filter_is_answered(bi, admin):
+    # Power BI (Npgsql query folding): the grouped rows wrapped in "_" with a not-null filter and a row cap
+    sql = ('select "_"."sex", "_"."a0" from (select "rows"."sex" as "sex", count(1) as "a0" from '
+           '(select "_"."sex" from "public"."visits" "_") "rows" group by "sex") "_" '
+           'where not "_"."a0" is null limit 1000001')
+    rows, _ = _both(bi, admin, sql)
+    assert sorted(r[0] for r in rows) == ["Female", "Male"]
+
+
+@pytest.mark.parametrize("sql, cells", [
+    # Superset: Big Number with Trendline (daily), with a time range
+    ("SELECT DATE_TRUNC('DAY', visited_at) AS __timestamp, COUNT(*) AS count FROM public.visits "
+     "WHERE visited_at >= TO_TIMESTAMP('2023-03-01 00:00:00.000000', 'YYYY-MM-DD HH24:MI:SS.US') "
+     "AND visited_at < TO_TIMESTAMP('2023-04-01 00:00:00.000000', 'YYYY-MM-DD HH24:MI:SS.US') "
+     "GROUP BY DATE_TRUNC('DAY', visited_at) LIMIT 10000", 31),
+    # Superset: Heatmap over two declared keys
+    ("SELECT sex AS sex, race AS race, COUNT(*) AS count FROM public.visits GROUP BY sex, race LIMIT 10000", 6),
+    # Superset: Time-series Table, two metrics, weekly
+    ("SELECT DATE_TRUNC('WEEK', visited_at) AS visited_at, COUNT(*) AS count, SUM(income) AS \"SUM(income)\" "
+     "FROM public.visits GROUP BY DATE_TRUNC('WEEK', visited_at) LIMIT 10000", 53),
+])
+def test_superset_chart_types_draw_every_declared_cell(bi, admin, sql, cells):
+    rows, _ = _both(bi, admin, sql)
+    assert len(rows) == cells
