@@ -29,7 +29,7 @@ from .predicates import plan_predicate
 from .scope import Scope
 from .sqlglot_parse import parse_postgres
 from .statements import split_statements
-from .types import MAX_ABS_BOUND, NUMERIC_TYPES, aggregate_result_type
+from .types import FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, MAX_ABS_BOUND, NUMERIC, NUMERIC_TYPES, aggregate_result_type
 
 __all__ = ["Aggregate", "AggregateQuery", "asks_for_no_row", "plan_aggregate_query"]
 
@@ -202,13 +202,13 @@ def _post_processed(
     if not any(item.find(exp.AggFunc) for item in tree.expressions):
         raise scope.refuse("non-aggregate output is not allowed on protected table", "no-row-access")
     released: list[Aggregate] = []
-    index: dict[tuple[str, str | None, str, bool], int] = {}
+    index: dict[tuple[str, str | None, str, bool, int], int] = {}
     grouped = bool(groups)
 
     def release(node: exp.Expr) -> int:
         assert isinstance(node, exp.Expression)
         agg = _aggregate(node, scope, grouped)
-        key = (agg.kind, agg.column.name if agg.column else None, agg.mechanism, agg.distinct)
+        key = (agg.kind, agg.column.name if agg.column else None, agg.mechanism, agg.distinct, agg.result_type_oid)
         if key not in index:
             released.append(replace(agg, output_name=_sql_name(agg)))
             index[key] = len(released)
@@ -410,9 +410,49 @@ def _aggregate(item: exp.Expression, scope: Scope, grouped: bool = False) -> Agg
         argument = argument.expressions[0]
         if not isinstance(argument, exp.Column):
             raise scope.refuse("COUNT(DISTINCT ...) takes a plain column on protected table", "aggregate-argument")
+    cast = _CAST_TARGETS.get(argument.to.this) if isinstance(argument, exp.Cast) and kind != "mode" else None
+    if isinstance(argument, exp.Cast) and cast is not None and not argument.to.expressions:
+        argument = argument.this
     column = _aggregate_column(kind, argument, scope)
-    result_type = aggregate_result_type(kind, column.type_oid if column else None)
+    argument_type = column.type_oid if column else None
+    if cast is not None and column is not None:
+        _check_widening(kind, column, cast, scope)
+        argument_type = cast
+    result_type = aggregate_result_type(kind, argument_type)
     return Aggregate(kind, column, alias or kind, result_type, _mechanism(kind, scope, grouped, column), distinct)
+
+
+# Casts an aggregate's column may be given (Tableau writes AVG(CAST(col AS DOUBLE PRECISION)),
+# SUM(CAST(col AS BIGINT))): when the cast changes no value (or, numeric to double precision,
+# rounds it to the nearest double, far below any noise), kind(CAST(col AS t)) is kind(col) in
+# t's result type, so it is released as kind(col) is and only its type follows the cast.
+_CAST_TARGETS: dict[object, int] = {
+    exp.DataType.Type.SMALLINT: INT2, exp.DataType.Type.INT: INT4, exp.DataType.Type.BIGINT: INT8,
+    exp.DataType.Type.FLOAT: FLOAT4, exp.DataType.Type.DOUBLE: FLOAT8, exp.DataType.Type.DECIMAL: NUMERIC,
+}
+_EXACT_IN = {FLOAT4: 2.0**24, FLOAT8: 2.0**53}  # integers a float holds exactly, in magnitude
+_WIDER = {INT2: {INT2, INT4, INT8, NUMERIC}, INT4: {INT4, INT8, NUMERIC}, INT8: {INT8, NUMERIC},
+          NUMERIC: {NUMERIC, FLOAT8}, FLOAT4: {FLOAT4, FLOAT8}, FLOAT8: {FLOAT8}}
+
+
+def _check_widening(kind: AggregateKind, column: ColumnInfo, target: int, scope: Scope) -> None:
+    """Refuse a cast of an aggregate's column that could change a value (a narrowing or rounding
+    one, a typmod): the answer would no longer be kind(col)'s. An integer column goes to a float
+    only when its bounds are within the integers the float holds exactly (the clamp keeps every
+    value within them). Nothing here releases more: the release is kind(col)'s either way."""
+    if target in _WIDER.get(column.type_oid, set()):
+        return
+    exact = _EXACT_IN.get(target)
+    bounds = column.policy.bounds if column.policy is not None else None
+    if (exact is not None and column.type_oid in INTEGER_TYPES and bounds is not None
+            and max(abs(float(bounds[0])), abs(float(bounds[1]))) <= exact):
+        return
+    if kind == "count" and exact is not None and column.type_oid in INTEGER_TYPES:
+        return  # COUNT counts non-NULL values, which a cast to a float keeps
+    raise scope.refuse(
+        f"{kind.upper()}(CAST({column.name} AS ...)) with a cast that may change a value is not answered on protected table",
+        "aggregate-argument",
+    )
 
 
 def _is_one(node: exp.Expression | None) -> bool:

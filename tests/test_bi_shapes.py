@@ -150,6 +150,38 @@ def test_sums_of_other_constants_stay_refused(bi, sql):
     assert diag.sqlstate == "DP001" and "rule: aggregate-argument" in (diag.message_primary or "")
 
 
+_WIDENING_CASTS = [
+    # Tableau casts an integer measure before averaging or summing it
+    'SELECT AVG(CAST("visits"."age" AS DOUBLE PRECISION)) AS "avg:age:ok" FROM "public"."visits" "visits"',
+    'SELECT SUM(CAST("visits"."age" AS BIGINT)) AS "sum:age:ok" FROM "public"."visits" "visits"',
+    'SELECT "visits"."sex" AS "sex", SUM(CAST("visits"."age" AS BIGINT)) AS "sum:age:ok" '
+    'FROM "public"."visits" "visits" GROUP BY 1',
+    "SELECT sum(age::numeric), avg(income::float8), count(age::float8), sum(score::float8) FROM visits",
+    "SELECT sum(age::bigint) + 0 AS s, sum(age) AS plain FROM visits WHERE age > 30",
+]
+
+
+@pytest.mark.parametrize("sql", _WIDENING_CASTS)
+def test_an_aggregate_of_a_widening_cast_is_answered_in_the_casts_result_type(bi, admin, sql):
+    # Refused before (aggregate-argument): the cast changes no value, so the release is the
+    # plain aggregate's, in the result type PostgreSQL gives the cast's.
+    rows, _ = _both(bi, admin, sql)  # names and types as PostgreSQL's
+    assert rows and all(value is not None for row in rows for value in row)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT sum(score::int) FROM visits",             # rounds every value
+    "SELECT sum(income::int) FROM visits",            # numeric to integer rounds too
+    "SELECT sum(age::numeric(4, 1)) FROM visits",     # a typmod
+    "SELECT avg(age::smallint) FROM visits",          # narrowing: could fail on a row
+    "SELECT sum(sex::int) FROM visits",               # fails on a row that is not a number
+    "SELECT count(sex::int) FROM visits",
+])
+def test_an_aggregate_of_a_cast_that_may_change_a_value_stays_refused(bi, sql):
+    diag = _refused(bi, sql)
+    assert diag.sqlstate == "DP001" and "rule: aggregate-argument" in (diag.message_primary or "")
+
+
 # ---------------------------------------------------------------- Grafana
 
 

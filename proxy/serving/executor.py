@@ -484,7 +484,8 @@ class Executor:
         # The aggregates too: different ones can share the backend SQL (sum_count AVG is a
         # clamped SUM and a COUNT, so ``sum(x), avg(x)`` runs what ``sum(x), sum(x), count(x)``
         # runs), and a repeat must be the same release, not another's values under these columns.
-        released = tuple((a.kind, a.column.name if a.column else None, a.mechanism, a.distinct) for a in plan.aggregates)
+        released = tuple((a.kind, a.column.name if a.column else None, a.mechanism, a.distinct, a.result_type_oid)
+                         for a in plan.aggregates)
         # And the settings a plain date, time or interval literal is read under (DateStyle,
         # TimeZone, IntervalStyle): the same text can ask another question under others.
         # (Folded values are in ``sql`` already, by value.)
