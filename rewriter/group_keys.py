@@ -68,6 +68,7 @@ _UNIT_SPELLINGS: dict[str, TimeUnit] = {
     **dict.fromkeys(("YEAR", "YEARS", "Y", "YR", "YRS"), "year"),
 }
 _KEY_TEXT = "YYYY-MM-DD"
+_LABEL_CASTS = frozenset({exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR})  # without a typmod: one to one
 _TIME_CASTS = frozenset({exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ})  # to_char's format of a bucket's start: its date, in any DateStyle
 
 
@@ -335,6 +336,13 @@ def group_key(node: exp.Expression, scope: Scope) -> GroupKey:
         # A bucket's start cast to a date or timestamp names the same bucket (the cast is one to
         # one on starts of days and longer units): the key is the bucket, the cast post-processing.
         return _time_key(node.this, scope)
+    if isinstance(node, exp.Cast) and isinstance(node.this, exp.Column) and node.to.this in _LABEL_CASTS \
+            and not node.to.expressions:
+        # Tableau groups a dimension as CAST(col AS TEXT): over a category column the cast is one
+        # to one, so the key is the category and the cast post-processing of its label.
+        key = _column_key(scope.column(node.this), node.this, scope)
+        if key.kind == "category":
+            return key
     if isinstance(node, exp.WidthBucket):
         return _bin_key(node, scope)
     bucket = epoch_bucket(node)

@@ -170,6 +170,29 @@ def test_an_aggregate_of_a_widening_cast_is_answered_in_the_casts_result_type(bi
 
 
 @pytest.mark.parametrize("sql", [
+    # Tableau groups a string dimension as CAST(col AS TEXT)
+    'SELECT CAST("visits"."sex" AS TEXT) AS "sex", SUM(1) AS "sum:Number of Records:ok" '
+    'FROM "public"."visits" "visits" GROUP BY 1',
+    "SELECT race::varchar, count(*) FROM visits GROUP BY race::varchar",
+    "SELECT CAST(sex AS TEXT), count(*) FROM visits GROUP BY sex",
+])
+def test_a_category_cast_to_text_is_the_category_key(bi, admin, sql):
+    rows, _ = _both(bi, admin, sql)  # names and types as PostgreSQL's
+    labels = [r[0] for r in rows]
+    assert labels in (["Male", "Female"], ["White", "Black", "Other"])  # the declared keys, none from the data
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT CAST(age AS TEXT), count(*) FROM visits GROUP BY 1",        # not a category column
+    "SELECT CAST(sex AS varchar(1)), count(*) FROM visits GROUP BY 1",  # a typmod: not one to one
+    "SELECT CAST(device AS TEXT), count(*) FROM visits GROUP BY 1",     # a category not opted in
+])
+def test_other_casts_as_keys_stay_refused(bi, sql):
+    diag = _refused(bi, sql)
+    assert diag.sqlstate == "DP001" and "rule: no-group-by" in (diag.message_primary or "")
+
+
+@pytest.mark.parametrize("sql", [
     "SELECT sum(score::int) FROM visits",             # rounds every value
     "SELECT sum(income::int) FROM visits",            # numeric to integer rounds too
     "SELECT sum(age::numeric(4, 1)) FROM visits",     # a typmod
