@@ -113,6 +113,8 @@ _FUNCTIONS = frozenset(
         "quote_nullable", "split_part", "like_escape", "starts_with", "abs", "round",
         "floor", "ceil", "ceiling", "mod", "now", "current_timestamp", "pg_typeof",
         "pg_size_pretty",
+        # a date part of a value (EXTRACT(YEAR FROM ...) over a released year key's start)
+        "extract", "date_part",
     }
 )
 

@@ -51,7 +51,7 @@ from .sql_text import literal, operator
 from .types import INT4, INTEGER_TYPES, NUMERIC, NUMERIC_TYPES
 
 __all__ = ["DATE", "GroupKey", "KeyRange", "TIMESTAMP", "TIMESTAMPTZ", "column_key_count", "group_key", "key_form",
-           "key_ranges"]
+           "key_ranges", "year_extract"]
 
 DATE, TIMESTAMP, TIMESTAMPTZ = 1082, 1114, 1184
 TIME_TYPES = frozenset({DATE, TIMESTAMP, TIMESTAMPTZ})
@@ -69,6 +69,7 @@ _UNIT_SPELLINGS: dict[str, TimeUnit] = {
 }
 _KEY_TEXT = "YYYY-MM-DD"
 _LABEL_CASTS = frozenset({exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR})  # without a typmod: one to one
+_YEAR_CASTS = frozenset({exp.DataType.Type.INT, exp.DataType.Type.BIGINT, exp.DataType.Type.DECIMAL})
 _TIME_CASTS = frozenset({exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ})  # to_char's format of a bucket's start: its date, in any DateStyle
 
 
@@ -323,7 +324,8 @@ def key_form(node: exp.Expression) -> bool:
     """Whether ``node`` is written as a grouping key could be (a column, date_trunc, width_bucket)."""
     if isinstance(node, exp.Cast):
         node = node.this
-    return isinstance(node, (exp.Column, exp.TimestampTrunc, exp.DateTrunc, exp.WidthBucket)) or epoch_bucket(node) is not None
+    return (isinstance(node, (exp.Column, exp.TimestampTrunc, exp.DateTrunc, exp.WidthBucket))
+            or epoch_bucket(node) is not None or _year_of(node) is not None)
 
 
 def group_key(node: exp.Expression, scope: Scope) -> GroupKey:
@@ -336,6 +338,12 @@ def group_key(node: exp.Expression, scope: Scope) -> GroupKey:
         # A bucket's start cast to a date or timestamp names the same bucket (the cast is one to
         # one on starts of days and longer units): the key is the bucket, the cast post-processing.
         return _time_key(node.this, scope)
+    year = _year_of(node.this if isinstance(node, exp.Cast) and node.to.this in _YEAR_CASTS else node)
+    if year is not None:
+        # EXTRACT(YEAR FROM col) (Tableau's YEAR(date) dimension, maybe cast to an integer) is
+        # one to one with date_trunc('year', col): the key is the year's bucket, and the
+        # EXTRACT (and the cast) post-processing of its start (post_process._replace_keys).
+        return _time_key(exp.TimestampTrunc(this=year, unit=exp.var("YEAR")), scope)
     if isinstance(node, exp.Cast) and isinstance(node.this, exp.Column) and node.to.this in _LABEL_CASTS \
             and not node.to.expressions:
         # Tableau groups a dimension as CAST(col AS TEXT): over a category column the cast is one
@@ -349,6 +357,18 @@ def group_key(node: exp.Expression, scope: Scope) -> GroupKey:
     if bucket is not None:
         return _epoch_key(*bucket, scope)
     raise _refuse(scope, f"GROUP BY {node.sql('postgres')} is not allowed on protected table")
+
+
+def year_extract(node: exp.Expression) -> bool:
+    """Whether ``node`` is ``EXTRACT(YEAR FROM col)``: a year key written as its year's number."""
+    return _year_of(node) is not None
+
+
+def _year_of(node: exp.Expression | None) -> exp.Column | None:
+    if isinstance(node, exp.Extract) and isinstance(node.this, exp.Var) and node.this.name.upper() == "YEAR" \
+            and isinstance(node.expression, exp.Column):
+        return node.expression
+    return None
 
 
 def column_key_count(column: ColumnInfo) -> int | None:

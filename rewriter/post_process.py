@@ -35,6 +35,7 @@ from sqlglot import exp
 from policies.errors import SQLSTATE, Refusal
 
 from .function_check import check_functions
+from .group_keys import year_extract
 from .qualify import qualify
 from .statements import split_statements
 
@@ -185,6 +186,11 @@ def _replace_keys(
             continue
         if isinstance(child, exp.Column) and output_name(child):
             continue
+        if isinstance(child, exp.Extract) and year_extract(child):
+            index = key_of(child)
+            if index is not None:  # EXTRACT(YEAR FROM col): the year of its bucket's start
+                child.set("expression", exp.column(f"_k{index}", table=RELEASE_ALIAS))
+                continue
         # A cast of a key is post-processing of it: the key is what it casts.
         index = key_of(child) if isinstance(child, (exp.Column, exp.Func, exp.Mul)) and not isinstance(child, exp.Cast) else None
         if index is not None:

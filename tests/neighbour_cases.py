@@ -264,12 +264,13 @@ _KEYS = ("t", "v", "i2", "date_trunc('month', d)", "date_trunc('week', d)", "dat
          "date_trunc('month', ts)", "width_bucket(f8, -1, 1, 5)", "width_bucket(n, 0, 100, 3)",
          "width_bucket(f4, 0, 1, 2)", "width_bucket(i8, -10, 10, 4)", "width_bucket(i4, 100, 0, 3)",
          "CAST(date_trunc('month', d) AS date)", "CAST(t AS text)", "v::varchar",
+         "EXTRACT(YEAR FROM ts)", "CAST(EXTRACT(YEAR FROM ts) AS integer)",
          # Grafana's $__timeGroup: epoch buckets of whole days (ts opts day in)
          "floor(extract(epoch from ts)/604800)*604800", "floor(extract(epoch from ts)/2592000)*2592000")
 _REFUSED_KEYS = ("b", "date_trunc('hour', ts)", "width_bucket(f8, 1, 1, 5)", "i4 + 1", "lower(t)",
                  "date_trunc('year', d)", "f8", "date_trunc('day', ts)", "f4",
                  "floor(extract(epoch from ts)/3600)*3600", "floor(extract(epoch from d)/86400)*86400",
-                 "CAST(i4 AS text)", "CAST(t AS varchar(1))")
+                 "CAST(i4 AS text)", "CAST(t AS varchar(1))", "EXTRACT(YEAR FROM d)", "EXTRACT(MONTH FROM ts)")
 
 
 def _grouped_case(builder: _Builder) -> Case:

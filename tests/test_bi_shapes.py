@@ -183,6 +183,29 @@ def test_a_category_cast_to_text_is_the_category_key(bi, admin, sql):
 
 
 @pytest.mark.parametrize("sql", [
+    # Tableau's YEAR(date) dimension
+    'SELECT CAST(EXTRACT(YEAR FROM "visits"."visited_at") AS INTEGER) AS "yr:visited_at:ok", SUM(1) AS "cnt" '
+    'FROM "public"."visits" "visits" GROUP BY 1',
+    "SELECT EXTRACT(YEAR FROM visited_at), count(*) FROM visits GROUP BY EXTRACT(YEAR FROM visited_at)",
+    "SELECT EXTRACT(YEAR FROM visited_at) AS y, sex, count(*) FROM visits "
+    "WHERE visited_at >= '2023-06-01' GROUP BY 1, 2 ORDER BY 1, 2",
+])
+def test_the_year_of_a_time_column_is_its_year_key(bi, admin, sql):
+    rows, _ = _both(bi, admin, sql)  # names and types as PostgreSQL's (numeric, or the cast's)
+    assert {int(r[0]) for r in rows} == {2023}  # the declared range's one year, whatever the data
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT EXTRACT(MONTH FROM visited_at), count(*) FROM visits GROUP BY 1",  # months of every year merged
+    "SELECT EXTRACT(YEAR FROM logged_at), count(*) FROM visits GROUP BY 1",   # the policy opts no year in
+    "SELECT EXTRACT(YEAR FROM visited_at) + 1, count(*) FROM visits GROUP BY 1",
+])
+def test_other_date_parts_as_keys_stay_refused(bi, sql):
+    diag = _refused(bi, sql)
+    assert diag.sqlstate == "DP001" and "rule: no-group-by" in (diag.message_primary or "")
+
+
+@pytest.mark.parametrize("sql", [
     "SELECT CAST(age AS TEXT), count(*) FROM visits GROUP BY 1",        # not a category column
     "SELECT CAST(sex AS varchar(1)), count(*) FROM visits GROUP BY 1",  # a typmod: not one to one
     "SELECT CAST(device AS TEXT), count(*) FROM visits GROUP BY 1",     # a category not opted in
