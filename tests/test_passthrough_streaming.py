@@ -117,7 +117,7 @@ def test_the_backend_waits_for_a_client_that_does_not_read(proxy: RunningProxy, 
 
 
 _SMALL_POOL = TEST_POLICY.replace(
-    "statement_timeout_ms: 20000", "statement_timeout_ms: 20000\n  pool: {{size: 1, checkout_timeout_s: 3}}"
+    "statement_timeout_ms: 20000", "statement_timeout_ms: 20000\n  pool: {{size: 1, checkout_timeout_s: 15}}"
 )
 
 
