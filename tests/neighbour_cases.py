@@ -246,7 +246,10 @@ class _Builder:
             expression = f"MODE() WITHIN GROUP (ORDER BY {rng.choice(categorical).name})"
         else:
             function = ("SUM", "AVG", "MIN", "MAX", "SUM")[kind - 2]
-            expression = f"{function}({rng.choice(numeric).name})"
+            column = rng.choice(numeric).name
+            if rng.random() < 0.2:  # Tableau's casts: answered where they change no value, refused otherwise
+                column = f"CAST({column} AS {rng.choice(_CASTS)})"
+            expression = f"{function}({column})"
         if rng.random() < 0.3:
             expression += rng.choice([" AS a", ' AS "Ünï cödé"', " x", ' AS "a""b"'])
         return expression, _fixed_scale(expression)
@@ -256,7 +259,10 @@ def _fixed_scale(expression: str) -> bool:
     """Whether the schema fixes the numeric scale of an output: SUM of an integer column. ``n`` is
     numeric without a declared scale, so its noised SUM prints as many digits as the value needs
     (repr of a float: a fraction digit once the noise lands below 1e16)."""
-    return expression.startswith("SUM") and not expression.startswith("SUM(n)")
+    return expression.startswith("SUM") and not expression.startswith(("SUM(n)", "SUM(CAST(n "))
+
+
+_CASTS = ("numeric", "double precision", "bigint", "real", "integer", "numeric(6, 1)")
 
 
 # GROUP BY keys the fuzz policy opts in, and forms it does not (refused from the text alone).
@@ -287,7 +293,7 @@ def _grouped_case(builder: _Builder) -> Case:
             ["COUNT(*)", f"COUNT({rng.choice(COLUMNS).name})", f"COUNT(DISTINCT {rng.choice(COLUMNS).name})",
              f"SUM({rng.choice(numeric)})", f"AVG({rng.choice(numeric)})", f"SUM({rng.choice(numeric)})",
              f"MODE() WITHIN GROUP (ORDER BY {rng.choice(['t', 'v'])})", f"MIN({rng.choice(numeric)})",
-             "SUM(1)"][kind])
+             "SUM(1)" if rng.random() < 0.5 else f"AVG(CAST({rng.choice(numeric)} AS {rng.choice(_CASTS)}))"][kind])
     named = [f"{key} AS k{i}" if rng.random() < 0.4 else key for i, key in enumerate(keys)]
     sql = f"SELECT {', '.join(named + aggregates)} FROM {{table}}"
     if rng.random() < 0.7:
