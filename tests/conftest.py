@@ -177,6 +177,19 @@ def running_proxy(
         running.stop()
 
 
+def memory_kb(field: str = "VmRSS") -> int:
+    """This process's memory, in kB, as /proc/self/status reports ``field`` (VmRSS, or VmHWM, the
+    peak since ``reset_peak_memory``): the proxies of RunningProxy run in this process."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/self/status")
+
+
+def reset_peak_memory() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM back to the current VmRSS
+
+
 def spent_epsilon(conn: psycopg.Connection) -> float:
     """The connected user's spent ε, as ``SHOW dpproxy.budget`` reports it."""
     cursor = conn.execute("SHOW dpproxy.budget")

@@ -13,13 +13,13 @@ import asyncio
 import gc
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import psycopg
 import pytest
 
-from conftest import TEST_POLICY, RunningProxy, TestDatabase, running_proxy
+from conftest import TEST_POLICY, RunningProxy, TestDatabase, memory_kb, running_proxy
 from proxy.serving.session import STARTUP_KINDS
 from rewriter.sized_cache import sized_cache
 from wire import SYNC, Wire, bind, cstr, error_fields, execute, message, parse
@@ -119,11 +119,25 @@ def test_operator_runs_of_ordinary_length_are_answered(proxy: RunningProxy) -> N
 
 
 def _rss_mb() -> float:
-    with open("/proc/self/status") as status:  # the proxy runs in this process (conftest.RunningProxy)
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
+    return memory_kb() / 1024
+
+
+def _growth_mb(conn: psycopg.Connection, statement: Callable[[int], str], sqlstate: str, count: int) -> float:
+    """How much the process grows over ``count`` distinct ``statement(i)``, each refused with
+    ``sqlstate`` (one first, so that what every statement needs is in place before measuring)."""
+    def refused(index: int) -> str | None:
+        try:
+            conn.execute(statement(index))  # type: ignore[arg-type]
+        except psycopg.Error as exc:
+            return exc.sqlstate
+        return None
+
+    assert refused(-1) == sqlstate
+    gc.collect()
+    before = _rss_mb()
+    assert {refused(index) for index in range(count)} == {sqlstate}
+    gc.collect()
+    return _rss_mb() - before
 
 
 def test_distinct_long_statements_leave_no_parse_trees_behind(proxy: RunningProxy) -> None:
@@ -131,19 +145,8 @@ def test_distinct_long_statements_leave_no_parse_trees_behind(proxy: RunningProx
     this one's parse tree kept ~18 MB, so a client sending distinct ones grew the process
     without bound (and every garbage collection walked the trees while the loop waited)."""
     with proxy.connect() as conn:
-        def refused(index: int) -> str | None:
-            try:
-                conn.execute(f"DELETE FROM lookup WHERE code IN ('{index}'," + "'x'," * 30_000 + "'y')")  # type: ignore[arg-type]
-            except psycopg.Error as exc:
-                return exc.sqlstate
-            return None
-
-        assert refused(-1) == "25006"
-        gc.collect()
-        before = _rss_mb()
-        assert {refused(index) for index in range(12)} == {"25006"}
-        gc.collect()
-        grown = _rss_mb() - before
+        grown = _growth_mb(conn, lambda index: f"DELETE FROM lookup WHERE code IN ('{index}'," + "'x'," * 30_000 + "'y')",
+                           "25006", 12)
     assert grown < 100, f"the process grew {grown:.0f} MB"
 
 
@@ -379,18 +382,6 @@ def test_a_session_remembers_a_bounded_number_of_relation_names(proxy: RunningPr
     """A session remembers how it resolved each statement's relation names, 1,024 statements'
     worth whatever their size: statements naming 10,000 relations each kept ~2 MB apiece."""
     with proxy.connect() as conn:
-        def refused(index: int) -> str | None:
-            names = ", ".join(f"r{index + 1}_{name}" for name in range(10_000))
-            try:
-                conn.execute(f"SELECT 1 FROM {names}")  # type: ignore[arg-type]
-            except psycopg.Error as exc:
-                return exc.sqlstate
-            return None
-
-        assert refused(-1) == "42P01"
-        gc.collect()
-        before = _rss_mb()
-        assert {refused(index) for index in range(40)} == {"42P01"}
-        gc.collect()
-        grown = _rss_mb() - before
+        grown = _growth_mb(conn, lambda index: "SELECT 1 FROM " + ", ".join(f"r{index + 1}_{name}" for name in range(10_000)),
+                           "42P01", 40)
     assert grown < 40, f"the process grew {grown:.0f} MB"

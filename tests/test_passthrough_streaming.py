@@ -18,12 +18,11 @@ import socket
 import struct
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
 
-from conftest import TEST_POLICY, RunningProxy, TestDatabase, running_proxy
+from conftest import TEST_POLICY, RunningProxy, TestDatabase, memory_kb, reset_peak_memory, running_proxy
 from proxy.backend.row_stream import HELD_RESULT_BYTES
 from wire import SYNC, Wire, bind, cstr, data_row_values, error_fields, execute, message, parse
 
@@ -32,17 +31,6 @@ WIDE = "x" * 1000
 
 def _query(sql: str) -> bytes:
     return message(b"Q", cstr(sql))
-
-
-def _peak_rss_reset() -> None:
-    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
-
-
-def _rss_kb(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise AssertionError(field)
 
 
 def _drain_counting(wire: Wire, until: bytes = b"Z") -> tuple[int, list[tuple[bytes, bytes]]]:
@@ -86,11 +74,11 @@ def test_a_result_larger_than_memory_should_hold_arrives_intact_with_memory_flat
     wire = Wire(proxy.host, proxy.port)
     wire.send(_query("SELECT 1"))
     wire.read_until(b"Z")
-    _peak_rss_reset()
-    before = _rss_kb("VmRSS")
+    reset_peak_memory()
+    before = memory_kb("VmRSS")
     wire.send(_query(f"SELECT g, '{WIDE}' FROM generate_series(1, 300000) g"))  # ~300 MB on the wire
     rows, others = _drain_counting(wire)
-    grown_mb = (_rss_kb("VmHWM") - before) / 1024
+    grown_mb = (memory_kb("VmHWM") - before) / 1024
     wire.close()
     assert rows == 300_000
     assert [k for k, _ in others] == [b"T", b"C", b"Z"]
@@ -101,8 +89,8 @@ def test_a_result_larger_than_memory_should_hold_arrives_intact_with_memory_flat
 def test_the_backend_waits_for_a_client_that_does_not_read(proxy: RunningProxy, admin) -> None:
     wire = Wire(proxy.host, proxy.port)
     marker = "stream_waits_marker"
-    _peak_rss_reset()
-    before = _rss_kb("VmRSS")
+    reset_peak_memory()
+    before = memory_kb("VmRSS")
     wire.send(_query(f"SELECT g AS {marker}, '{WIDE}' FROM generate_series(1, 2000000) g"))  # ~2 GB
     deadline = time.monotonic() + 0.8  # within the moment a slow client is given before its rows are held
     while True:
@@ -110,7 +98,7 @@ def test_the_backend_waits_for_a_client_that_does_not_read(proxy: RunningProxy, 
         if wait_event == "ClientWrite" or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    grown_mb = (_rss_kb("VmHWM") - before) / 1024
+    grown_mb = (memory_kb("VmHWM") - before) / 1024
     wire.close()
     assert (state, wait_event) == ("active", "ClientWrite")  # PostgreSQL holds the rows ...
     assert grown_mb < 60, f"the process grew by {grown_mb:.0f} MB"  # ... not dpproxy
@@ -133,15 +121,15 @@ def test_a_client_that_stops_reading_gets_a_bounded_rest_and_frees_its_connectio
     proxy = one_connection
     hog = Wire(proxy.host, proxy.port)
     total = 2 * HELD_RESULT_BYTES // 1000  # twice what dpproxy holds for it
-    _peak_rss_reset()
-    before = _rss_kb("VmRSS")
+    reset_peak_memory()
+    before = memory_kb("VmRSS")
     hog.send(_query(f"SELECT g, '{WIDE}' FROM generate_series(1, {total}) g"))
     time.sleep(1.5)
     other = Wire(proxy.host, proxy.port)
     other.send(_query("SELECT 1"))
     assert _codes(other.read_until(b"Z")) == []  # the only pooled connection came back
     rows, others = _drain_counting(hog)
-    grown_mb = (_rss_kb("VmHWM") - before) / 1024
+    grown_mb = (memory_kb("VmHWM") - before) / 1024
     # The held rest, and no copy of it: handed out at once, it was joined into one write (3×).
     assert grown_mb < HELD_RESULT_BYTES / 2**20 + 45, f"the process grew by {grown_mb:.0f} MB"
     # What it took, what was held for it, then 54000: the rest was more than dpproxy holds.
@@ -238,15 +226,15 @@ def test_suspended_portals_together_hold_no_more_than_one_cap(proxy: RunningProx
     big = f"SELECT g, '{WIDE}' FROM generate_series(1, 100000) g"  # ~100 MB each
     wire.send(_query("BEGIN"))
     wire.read_until(b"Z")
-    _peak_rss_reset()
-    before = _rss_kb("VmRSS")
+    reset_peak_memory()
+    before = memory_kb("VmRSS")
     for i in range(4):
         wire.send(parse(f"s{i}", big), bind(f"p{i}", f"s{i}"), execute(f"p{i}", 1), SYNC)
         rows, others = _drain_counting(wire)
         assert rows == 1 and others[-1] == (b"Z", b"T")
     wire.send(_query("SELECT 1"))  # the last portal's rest is held too, within what is left
     wire.read_until(b"Z")
-    grown_mb = (_rss_kb("VmHWM") - before) / 1024
+    grown_mb = (memory_kb("VmHWM") - before) / 1024
     received = []
     for i in range(4):
         wire.send(execute(f"p{i}"), SYNC)
