@@ -507,14 +507,10 @@ class BackendSession:
         discards its rest (``RowStream``), and the connection is not released.
         """
         uniform = result_formats[0] if len(result_formats) == 1 else 0
-        query = sql.encode("utf-8")
-        p = params or BoundParams((), (), ())
+        send_statement = _sender(sql, params, uniform, one_statement)
 
         def send(pgconn: PGconn) -> None:
-            if params is None and uniform == 0 and not one_statement:
-                pgconn.send_query(query)
-            else:
-                pgconn.send_query_params(query, p.values, p.types or None, p.formats or None, uniform)
+            send_statement(pgconn)
             pgconn.set_chunked_rows_mode(CHUNK_ROWS)
 
         held = await self._request_connection()
@@ -612,13 +608,7 @@ class BackendSession:
     async def _statement(
         self, sql: str, params: BoundParams | None, result_format: int, one_statement: bool = False
     ) -> PGresult:
-        query = sql.encode("utf-8")
-        if params is None and result_format == 0 and not one_statement:
-            return await self._round_trip(lambda pgconn: pgconn.send_query(query))
-        p = params or BoundParams((), (), ())
-        return await self._round_trip(
-            lambda pgconn: pgconn.send_query_params(query, p.values, p.types or None, p.formats or None, result_format)
-        )
+        return await self._round_trip(_sender(sql, params, result_format, one_statement))
 
     async def describe(self, sql: str, param_types: Sequence[int]) -> tuple[list[int], list[Field]]:
         """Parse ``sql`` on the backend without running it: its parameter types and columns."""
@@ -721,6 +711,16 @@ LEFT JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) pg_catalog.to_re
 LEFT JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
 ORDER BY r.i
 """
+
+
+def _sender(sql: str, params: BoundParams | None, result_format: int, one_statement: bool) -> Callable[[PGconn], None]:
+    """How to send one client statement: a simple Query without parameters, a result format or
+    the one-statement rule; else the extended protocol, the client's values passed on as they came."""
+    query = sql.encode("utf-8")
+    if params is None and result_format == 0 and not one_statement:
+        return lambda pgconn: pgconn.send_query(query)
+    p = params or BoundParams((), (), ())
+    return lambda pgconn: pgconn.send_query_params(query, p.values, p.types or None, p.formats or None, result_format)
 
 
 def _result_error(result: PGresult) -> BackendError:
