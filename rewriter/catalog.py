@@ -140,7 +140,8 @@ SAFE_SETTINGS = frozenset(
 # aliases mskanji, win932, win950 ...): there the second byte of a character can be an ASCII
 # byte, a backslash among them, so the UTF-8 text dpproxy parsed and sends is, for
 # PostgreSQL, another statement (the last byte of "ā" swallows the backslash of ``E'ā\'``
-# and the quote after it ends the string). dpproxy reads every client message as UTF-8.
+# and the quote after it ends the string). dpproxy reads a client's text in its
+# client_encoding (proxy/wire/encodings.py), which must therefore be one of these.
 _ASCII_SAFE_ENCODINGS = frozenset(
     {
         "utf8", "unicode", "sqlascii", "muleinternal",

@@ -64,6 +64,20 @@ tables:
 """
 
 
+ATTACK_POLICY_HEAD = """
+backend: {{dsn: "{dsn}", statement_timeout_ms: 10000}}
+listen: {{host: 127.0.0.1, port: 0}}
+ledger: {{url: "sqlite:///{ledger}"}}
+repeats: {{enabled: true}}
+users:
+  analyst: {{password: analyst, budget: {{epsilon: 1000000, delta: 0.9}}}}
+  plain: {{password: plain, auth: cleartext, budget: {{epsilon: 1000000, delta: 0.9}}}}
+tables:
+"""
+"""The start of a policy for an attack or client test (``running_proxy``'s text): both users
+with a budget that never runs out, repeats on; its ``tables:`` follow."""
+
+
 @pytest.fixture(scope="session")
 def pg_admin_dsn() -> Iterator[str]:
     """A superuser libpq URI of a real PostgreSQL for the whole test session."""

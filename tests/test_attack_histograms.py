@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from tests.conftest import RunningProxy, TestDatabase, running_proxy
+from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy
 
 _DDL = "(id int, x int, f float8, r real, n numeric, t text, d date, ts timestamp, tz timestamptz)"
 _BASE_ROWS = (
@@ -31,15 +31,7 @@ _NEIGHBOURS = {
     "hn5": "(1004, 9, 9, 9, 9.000001, 'b', '2020-12-31', '2020-12-31 23:59:59.999999', '2020-12-31 23:59:59.999999+14')",
 }
 
-_POLICY = """
-backend: {{dsn: "{dsn}", statement_timeout_ms: 10000}}
-listen: {{host: 127.0.0.1, port: 0}}
-ledger: {{url: "sqlite:///{ledger}"}}
-repeats: {{enabled: true}}
-users:
-  analyst: {{password: analyst, budget: {{epsilon: 1000000, delta: 0.9}}}}
-  plain: {{password: plain, auth: cleartext, budget: {{epsilon: 1000000, delta: 0.9}}}}
-tables:
+_POLICY = ATTACK_POLICY_HEAD + """
   public.hn0: &H
     access: protected
     epsilon: 1.0

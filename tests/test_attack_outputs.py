@@ -24,7 +24,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from tests.conftest import RunningProxy, TestDatabase, running_proxy
+from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy
 from tests.wire import SYNC, Wire, bind, describe, error_fields, execute, parse
 
 _TABLES = {
@@ -44,15 +44,7 @@ _NB_ROWS = (
     "FROM generate_series(1, 60) i"
 )
 
-_POLICY = """
-backend: {{dsn: "{dsn}", statement_timeout_ms: 10000}}
-listen: {{host: 127.0.0.1, port: 0}}
-ledger: {{url: "sqlite:///{ledger}"}}
-repeats: {{enabled: true}}
-users:
-  analyst: {{password: analyst, budget: {{epsilon: 1000000, delta: 0.9}}}}
-  plain: {{password: plain, auth: cleartext, budget: {{epsilon: 1000000, delta: 0.9}}}}
-tables:
+_POLICY = ATTACK_POLICY_HEAD + """
   public.arr0: &A
     access: protected
     epsilon: 1.0

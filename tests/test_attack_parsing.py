@@ -1,7 +1,9 @@
 """Parser and encoding differentials: PostgreSQL must read exactly the statement dpproxy analysed.
 
-dpproxy reads every client message as UTF-8 and sends the backend UTF-8 text. PostgreSQL
-reads that text in the session's client_encoding. In its client-only encodings (SJIS,
+A reader that splits a text into characters otherwise than PostgreSQL reads another statement.
+dpproxy reads a client's text in the session's client_encoding, by Python's codec of it
+(proxy/wire/encodings.py; UTF-8 for encodings without one), and PostgreSQL in its own. In its
+client-only encodings (SJIS,
 SHIFT_JIS_2004, BIG5, GBK, GB18030, UHC, JOHAB) the second byte of a character can be an ASCII
 byte — a backslash among them — so the last byte of a UTF-8 character can swallow the
 backslash after it. ``E'ā\\'`` is then, for PostgreSQL, a string that ends at the quote dpproxy

@@ -21,6 +21,7 @@ from policies.model import TablePolicy
 from policies.tables import ColumnInfo, Relation
 from proxy.demo.embedded import SERVICE_ROLE
 from proxy.dp.folding import _folded
+from proxy.wire.encodings import UTF8
 from rewriter.constants import fold_query
 from rewriter.dp_query import plan_aggregate_query
 
@@ -123,7 +124,7 @@ def test_a_folded_comparison_selects_the_rows_postgresql_would(admin, predicate:
     assert plan.folding is not None and plan.folding.folds
     values = [None if v is None else str(v).encode() if not isinstance(v, bool) else (b"t" if v else b"f")
               for v in admin.execute(fold_query(plan.folding.folds)).fetchone()]
-    folded = _folded(plan.folding, values)
+    folded = _folded(plan.folding, values, UTF8)
     expected = admin.execute(f"SELECT array_agg(ctid ORDER BY ctid) FROM fold_probe WHERE {predicate}").fetchone()
     actual = admin.execute(f"SELECT array_agg(ctid ORDER BY ctid) FROM fold_probe WHERE {folded}").fetchone()
     assert actual == expected, folded

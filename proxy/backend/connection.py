@@ -23,6 +23,7 @@ from policies.model import Policy
 from policies.tables import ColumnInfo, Relation, TableRegistry
 from proxy.ops import metrics
 from proxy.ops.metrics import observe_backend
+from proxy.wire.encodings import ClientEncoding, encoding_named, untranslatable
 from proxy.wire.protocol import Field, ProtocolError, data_row, formats_for
 from rewriter.classify import ResolvedRelation
 from rewriter.references import RelationRef
@@ -49,8 +50,9 @@ REPORTED_PARAMETERS = (
     "standard_conforming_strings", "TimeZone",
 )
 
-# The reported settings that change how PostgreSQL reads a literal (BackendSession.literal_settings).
-_LITERAL_SETTINGS = ("DateStyle", "IntervalStyle", "TimeZone")
+# The reported settings that change how PostgreSQL reads a literal, or how the text of an
+# answer is written (BackendSession.literal_settings).
+_LITERAL_SETTINGS = ("DateStyle", "IntervalStyle", "TimeZone", "client_encoding")
 
 
 def _decoded(value: bytes | None) -> str | None:
@@ -287,7 +289,7 @@ class BackendSession:
         results = await self._own_round_trip(held, sql.encode())
         failed = next((r for r in results if r.status == pq.ExecStatus.FATAL_ERROR), None)
         if failed is not None:
-            raise _result_error(failed)
+            raise _result_error(failed, _connection_encoding(held.conn.pgconn))
         stored = _settings_of(results[-1])
         held.state = stored
         if self._state == self._pool.canonical_state(self._given):
@@ -416,14 +418,23 @@ class BackendSession:
 
     @property
     def literal_settings(self) -> tuple[str | None, ...]:
-        """DateStyle, IntervalStyle and TimeZone as the backend last reported them to this
-        session: the settings under which PostgreSQL reads a plain date, time or interval
-        literal. Read from the held connection when there is one (so a SET earlier in the same
+        """DateStyle, IntervalStyle, TimeZone and client_encoding as the backend last reported
+        them to this session: the settings under which PostgreSQL reads a plain date, time or
+        interval literal, and the encoding an answer's text is written in. Read from the held connection when there is one (so a SET earlier in the same
         message counts), else as reported when the session last gave one back."""
         if self._held is None:
             return tuple(self._reported.get(name) for name in _LITERAL_SETTINGS)
         status = self._held.conn.pgconn.parameter_status
         return tuple(_decoded(status(name.encode())) for name in _LITERAL_SETTINGS)
+
+    @property
+    def client_encoding(self) -> ClientEncoding:
+        """The client_encoding this session's text goes to the backend in: the held
+        connection's, else as reported when the session last gave one back (a checkout
+        restores it)."""
+        if self._held is None:
+            return encoding_named(self._reported.get("client_encoding"))
+        return _connection_encoding(self._held.conn.pgconn)
 
     def reported_parameters(self) -> dict[str, str]:
         if self._held is None:
@@ -489,7 +500,7 @@ class BackendSession:
         byte), where PostgreSQL refuses a text that holds more than one statement (42601).
         """
         result = await self._statement(sql, params, result_format, one_statement)
-        return ResultSet(_fields(result), _rows(result), _tag(result), list(self._notices))
+        return ResultSet(_fields(result, self.client_encoding), _rows(result), _tag(result), list(self._notices))
 
     async def relay(
         self, sql: str, params: BoundParams | None = None, result_formats: Sequence[int] = (), *,
@@ -527,7 +538,7 @@ class BackendSession:
                 result = await self._next_result(held)
             finally:
                 observe_backend(time.perf_counter() - started)
-            fields = _fields(result)
+            fields = _fields(result, _connection_encoding(held.conn.pgconn))
             try:
                 formats = formats_for(result_formats, len(fields)) if len(result_formats) > 1 else ()
             except ProtocolError:
@@ -583,7 +594,7 @@ class BackendSession:
         if result is None:  # pragma: no cover - a statement always has a last result
             raise BackendError("XX000", "the backend sent no result", hint=_SEE_LOG)
         if result.status == pq.ExecStatus.FATAL_ERROR:
-            error = _result_error(result)
+            error = _result_error(result, _connection_encoding(held.conn.pgconn))
             if held.conn.pgconn.status != pq.ConnStatus.OK:
                 raise self._lost(error.sqlstate, reached=True, cause=error)
             raise error
@@ -612,10 +623,9 @@ class BackendSession:
 
     async def describe(self, sql: str, param_types: Sequence[int]) -> tuple[list[int], list[Field]]:
         """Parse ``sql`` on the backend without running it: its parameter types and columns."""
-        query = sql.encode("utf-8")
-        await self._round_trip(lambda pgconn: pgconn.send_prepare(b"", query, list(param_types) or None))
+        await self._round_trip(lambda pgconn: pgconn.send_prepare(b"", _encoded(sql, pgconn), list(param_types) or None))
         result = await self._round_trip(lambda pgconn: pgconn.send_describe_prepared(b""))
-        return [result.param_type(i) for i in range(result.nparams)], _fields(result)
+        return [result.param_type(i) for i in range(result.nparams)], _fields(result, self.client_encoding)
 
     async def _round_trip(self, send: Callable[[PGconn], None]) -> PGresult:
         """Send one request with libpq and wait for its single result without blocking the loop."""
@@ -632,7 +642,7 @@ class BackendSession:
                 observe_backend(time.perf_counter() - started)
         result = results[-1]
         if result.status == pq.ExecStatus.FATAL_ERROR:
-            error = _result_error(result)
+            error = _result_error(result, _connection_encoding(conn.pgconn))
             if conn.pgconn.status != pq.ConnStatus.OK:
                 raise self._lost(error.sqlstate, reached=True, cause=error)
             raise error
@@ -716,17 +726,37 @@ ORDER BY r.i
 def _sender(sql: str, params: BoundParams | None, result_format: int, one_statement: bool) -> Callable[[PGconn], None]:
     """How to send one client statement: a simple Query without parameters, a result format or
     the one-statement rule; else the extended protocol, the client's values passed on as they came."""
-    query = sql.encode("utf-8")
     if params is None and result_format == 0 and not one_statement:
-        return lambda pgconn: pgconn.send_query(query)
+        return lambda pgconn: pgconn.send_query(_encoded(sql, pgconn))
     p = params or BoundParams((), (), ())
-    return lambda pgconn: pgconn.send_query_params(query, p.values, p.types or None, p.formats or None, result_format)
+    return lambda pgconn: pgconn.send_query_params(
+        _encoded(sql, pgconn), p.values, p.types or None, p.formats or None, result_format)
 
 
-def _result_error(result: PGresult) -> BackendError:
+def _connection_encoding(pgconn: PGconn) -> ClientEncoding:
+    """The client_encoding the backend reads this connection's text in, and writes its own."""
+    return encoding_named(pgconn.parameter_status(b"client_encoding"))
+
+
+def _encoded(sql: str, pgconn: PGconn) -> bytes:
+    """``sql`` as the connection's session reads it: the text dpproxy analysed, character for character.
+
+    Raises the backend's 22P05 for a character the encoding lacks (a name from the policy, say);
+    nothing is sent then.
+    """
+    encoding = _connection_encoding(pgconn)
+    try:
+        return sql.encode(encoding.codec)
+    except UnicodeEncodeError:
+        refusal = untranslatable(sql, encoding)
+        assert refusal is not None
+        raise BackendError(refusal.sqlstate, refusal.message, hint=refusal.hint) from None
+
+
+def _result_error(result: PGresult, encoding: ClientEncoding) -> BackendError:
     def field(code: pq.DiagnosticField) -> str | None:
         value = result.error_field(code)
-        return value.decode("utf-8", "replace") if value is not None else None
+        return value.decode(encoding.codec, "replace") if value is not None else None
 
     return BackendError(
         field(pq.DiagnosticField.SQLSTATE) or "XX000",
@@ -778,10 +808,10 @@ _CONNECT_TEXTS = (
 )
 
 
-def _fields(result: PGresult) -> list[Field]:
+def _fields(result: PGresult, encoding: ClientEncoding) -> list[Field]:
     return [
         Field(
-            name=(result.fname(i) or b"").decode("utf-8"),
+            name=(result.fname(i) or b"").decode(encoding.codec, "replace"),
             type_oid=result.ftype(i),
             type_size=result.fsize(i),
             type_modifier=result.fmod(i),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from mechanisms.release import Release
 from mechanisms.sum_count import mean_noise
@@ -29,7 +29,7 @@ from rewriter.types import ARRAY_TYPES, FLOAT_TYPES, INTEGER_TYPES, NUMERIC
 
 from .column_release import release_column
 
-__all__ = ["DPAnswer", "query_delta", "release_cells", "release_params", "release_row", "result_fields"]
+__all__ = ["DPAnswer", "query_delta", "release_cells", "release_params", "release_row", "released_labels", "result_fields"]
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,9 @@ def result_fields(plan: AggregateQuery) -> list[Field]:
     ]
 
 
-def release_row(plan: AggregateQuery, exact: Sequence[Any], epsilon: float) -> DPAnswer:
-    """Noise every column of the backend row ``exact`` (``backend_sql(plan)``'s) with ε/k each.
+def release_row(plan: AggregateQuery, exact: Sequence[Any], epsilon: float, codec: str = "utf-8") -> DPAnswer:
+    """Noise every column of the backend row ``exact`` (``backend_sql(plan)``'s) with ε/k each,
+    its text in ``codec`` (the session's client_encoding; see :func:`released_labels`).
 
     The total cost is (ε, Σ δ_column).
     """
@@ -92,25 +93,26 @@ def release_row(plan: AggregateQuery, exact: Sequence[Any], epsilon: float) -> D
     share = epsilon / len(plan.aggregates)
     parts = split_row(plan, exact)
     releases = _released(plan, parts, share)
-    row = _encoded(plan, releases)
+    row = _encoded(plan, releases, codec)
     delta = sum(rel.delta for rel in releases)
     return DPAnswer(ResultSet(fields, [row], "SELECT 1"), epsilon, delta, tuple(releases))
 
 
-def release_cells(plan: AggregateQuery, rows: Sequence[Sequence[Any]], epsilon: float) -> DPAnswer:
-    """Noise every aggregate in every cell of a GROUP BY, each with the column's share ε/k.
+def release_cells(plan: AggregateQuery, rows: Sequence[Sequence[Any]], epsilon: float, codec: str = "utf-8") -> DPAnswer:
+    """Noise every aggregate in every cell of a GROUP BY, each with the column's share ε/k,
+    its keys and text in ``codec`` (the session's client_encoding).
 
     ``rows`` are the grouped backend query's rows, loaded (``backend_sql(plan)``). The cost is
     (ε, 0): every mechanism a cell may use is pure ε-DP.
     """
     share = epsilon / len(plan.aggregates)
-    labels = [[label.encode("utf-8") for label in key.labels()] for key in plan.groups]
+    labels = [[label.encode(codec) for label in key.labels()] for key in plan.groups]
     encoded: list[list[bytes | None]] = []
     first: list[Release[Any]] = []
     for keys, parts in zip(itertools.product(*labels), split_cells(plan, rows)):
         releases = _released(plan, parts, share)
         first = first or releases
-        encoded.append([*keys, *_encoded(plan, releases)])
+        encoded.append([*keys, *_encoded(plan, releases, codec)])
     fields = [Field(f"_k{i}", key.result_type_oid) for i, key in enumerate(plan.groups, 1)]
     fields += [Field(agg.output_name, agg.result_type_oid) for agg in plan.aggregates]
     noise = tuple(_per_cell(agg, share, release) for agg, release in zip(plan.aggregates, first))
@@ -122,8 +124,21 @@ def _released(plan: AggregateQuery, parts: list[tuple[Any, ...]], share: float) 
     return [release_column(agg, agg_parts, share, plan.table.policy) for agg, agg_parts in zip(plan.aggregates, parts)]
 
 
-def _encoded(plan: AggregateQuery, releases: Sequence[Release[Any]]) -> list[bytes | None]:
-    return [encode_text(rel.value, agg.result_type_oid, _numeric_scale(agg)) for agg, rel in zip(plan.aggregates, releases)]
+def _encoded(plan: AggregateQuery, releases: Sequence[Release[Any]], codec: str) -> list[bytes | None]:
+    return [encode_text(rel.value, agg.result_type_oid, _numeric_scale(agg), codec)
+            for agg, rel in zip(plan.aggregates, releases)]
+
+
+def released_labels(plan: AggregateQuery) -> Iterator[str]:
+    """Every text an answer to ``plan`` may release: its cells' keys, and the categories a MODE
+    may name. All come from the policy, so whether the session's encoding can write them is
+    known before the charge."""
+    for key in plan.groups:
+        if key.kind == "category":  # the others' keys are numbers and dates, in ASCII
+            yield from key.labels()
+    for agg in plan.aggregates:
+        if agg.kind == "mode" and agg.column is not None and agg.column.policy is not None:
+            yield from agg.column.policy.categories or ()
 
 
 def _described(name: str, release: Release[Any]) -> str:

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from policies.errors import SQLSTATE, Refusal
 from proxy.backend.connection import BackendSession, BoundParams
+from proxy.wire.encodings import ClientEncoding
 from rewriter.constants import Folding, fold_query, folded_comparison
 from rewriter.dp_query import AggregateQuery
 from rewriter.like_patterns import INVALID_PATTERN_HINT, invalid_pattern_reason
@@ -41,8 +42,9 @@ async def bind_constants(
     folding = plan.folding
     if folding is None:
         return plan, params
+    encoding = backend.client_encoding
     for number in folding.like_parameters:
-        _check_pattern(plan, params, number)
+        _check_pattern(plan, params, number, encoding)
     if not folding.folds:
         return replace(plan, folding=None), params
     if params.values and 0 in params.types:
@@ -51,20 +53,19 @@ async def bind_constants(
         types, _ = await backend.describe(backend_sql(plan, seed=0), params.types)
         params = BoundParams(params.values, params.formats, tuple(types))
     values, _ = await backend.first_row(fold_query(folding.folds), params if params.values else None)
-    return replace(plan, where_sql=_folded(folding, values), folding=None), params
+    return replace(plan, where_sql=_folded(folding, values, backend.client_encoding), folding=None), params
 
 
-def _folded(folding: Folding, values: list[bytes | None]) -> str:
+def _folded(folding: Folding, values: list[bytes | None], encoding: ClientEncoding) -> str:
     comparisons = []
     for index, fold in enumerate(folding.folds):
         value, below, above = values[3 * index : 3 * index + 3]
-        comparisons.append(
-            folded_comparison(fold, value.decode("utf-8") if value is not None else None, below == b"t", above == b"t")
-        )
+        text = value.decode(encoding.codec) if value is not None else None
+        comparisons.append(folded_comparison(fold, text, below == b"t", above == b"t"))
     return folding.filled(comparisons)
 
 
-def _check_pattern(plan: AggregateQuery, params: BoundParams, number: int) -> None:
+def _check_pattern(plan: AggregateQuery, params: BoundParams, number: int, encoding: ClientEncoding) -> None:
     """Refuse the value bound to $``number`` as a LIKE pattern if PostgreSQL could reject it per row."""
     if number > len(params.values):
         return  # the backend refuses the statement for the missing parameter before it reads a row
@@ -81,15 +82,16 @@ def _check_pattern(plan: AggregateQuery, params: BoundParams, number: int) -> No
     if value is None:
         return
     try:
-        # Valid UTF-8 has no byte 0x5C inside a multibyte character, so every backslash seen
-        # here is one in any client encoding PostgreSQL supports.
-        pattern = bytes(value).decode("utf-8")
+        # In the session's client_encoding, as PostgreSQL reads it: every encoding a session
+        # may use has no ASCII byte inside a multibyte character, so every backslash seen here
+        # is one for PostgreSQL too.
+        pattern = bytes(value).decode(encoding.codec)
     except UnicodeDecodeError:
         raise Refusal(
             SQLSTATE.DP_QUERY_SHAPE,
-            f"a LIKE/ILIKE pattern parameter ${number} that is not valid UTF-8 is refused on protected table {table} "
-            "(rule: safe-predicate)",
-            "Send the pattern as UTF-8 text.",
+            f"a LIKE/ILIKE pattern parameter ${number} that is not valid {encoding.name} is refused on protected "
+            f"table {table} (rule: safe-predicate)",
+            f"Send the pattern as {encoding.name} text, the session's client_encoding.",
             "safe-predicate",
         ) from None
     reason = invalid_pattern_reason(pattern)

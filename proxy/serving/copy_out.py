@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from proxy.backend.connection import ResultSet
 from proxy.wire import protocol
+from proxy.wire.encodings import client_encoding
 from rewriter.copy import CopyOptions
 
 __all__ = ["copy_messages"]
@@ -19,23 +20,24 @@ _TEXT_ESCAPES = {"\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r
 
 def copy_messages(result: ResultSet, options: CopyOptions) -> bytes:
     """CopyOutResponse, one CopyData per row (and the header), CopyDone."""
+    codec = client_encoding.get().codec  # the rows' text is in it, and so must the lines be
     out = [protocol.copy_out_response(len(result.fields))]
     if options.header:
-        out.append(protocol.copy_data(_line([f.name for f in result.fields], options)))
+        out.append(protocol.copy_data(_line([f.name for f in result.fields], options, codec)))
     for row in result.rows:
-        values = [None if value is None else value.decode("utf-8") for value in row]
-        out.append(protocol.copy_data(_line(values, options)))
+        values = [None if value is None else value.decode(codec) for value in row]
+        out.append(protocol.copy_data(_line(values, options, codec)))
     out.append(protocol.COPY_DONE)
     return b"".join(out)
 
 
-def _line(values: list[str | None], options: CopyOptions) -> bytes:
+def _line(values: list[str | None], options: CopyOptions, codec: str) -> bytes:
     single = len(values) == 1
     cells = [
         options.null if value is None else _csv(value, options, single) if options.csv else _text(value, options)
         for value in values
     ]
-    return (options.delimiter.join(cells) + "\n").encode("utf-8")
+    return (options.delimiter.join(cells) + "\n").encode(codec, "replace")
 
 
 def _text(value: str, options: CopyOptions) -> str:

@@ -21,7 +21,7 @@ from policies.errors import SQLSTATE, Refusal
 from policies.model import Policy
 from policies.tables import TableRegistry
 from proxy.backend.connection import BackendError, BackendLost, BackendSession, BackendUnavailable, BoundParams, ResultSet
-from proxy.dp.answer import DPAnswer, query_delta, release_cells, release_params, release_row, result_fields
+from proxy.dp.answer import DPAnswer, query_delta, release_cells, release_params, release_row, released_labels, result_fields
 from proxy.dp.answer_time import on_the_quantum, quantum_deadline
 from proxy.dp.budget import BudgetKeeper
 from proxy.dp.folding import bind_constants
@@ -31,6 +31,7 @@ from proxy.ops.audit import AuditEntry, AuditLog
 from proxy.ops.audit import fingerprint as audit_fingerprint
 from proxy.ops.metrics import observe_statement
 from proxy.wire.binary import binary_from_text
+from proxy.wire.encodings import untranslatable
 from proxy.wire.protocol import Field, ProtocolError, formats_for
 from proxy.wire.values import load_text
 from rewriter.classify import (
@@ -481,6 +482,13 @@ class Executor:
         if plan.limit_zero:  # the WHERE leaves no time bucket: nothing to release
             return await self._post_processed(plan, None, result_formats), [], Cost(0.0, 0.0, None, None)
         sql = backend_sql(plan, seed=0)  # names the query; the SQL run gets a fresh seed below
+        encoding = self.backend.client_encoding
+        if encoding.codec != "utf-8":
+            # A name or label the session's encoding lacks would fail the answer after its charge.
+            post = plan.post.sql if plan.post is not None else ""
+            problem = untranslatable("\n".join([sql, post, *released_labels(plan)]), encoding)
+            if problem is not None:
+                raise problem
         # The aggregates too: different ones can share the backend SQL (sum_count AVG is a
         # clamped SUM and a COUNT, so ``sum(x), avg(x)`` runs what ``sum(x), sum(x), count(x)``
         # runs), and a repeat must be the same release, not another's values under these columns.
@@ -508,7 +516,7 @@ class Executor:
         cost = self._charged = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta)
         try:
             run = backend_sql(plan, seed=partition_seed()) if seeded(plan) else sql
-            answer = await self._released(plan, run, params, epsilon)
+            answer = await self._released(plan, run, params, epsilon, encoding.codec)
         except BackendUnavailable:
             # No connection could be had (pool exhausted, backend refusing): never sent, so
             # its failure cannot depend on the data and the charge goes back.
@@ -529,17 +537,17 @@ class Executor:
         result = await self._post_processed(plan, answer, result_formats)
         return result, [f"{notice}; {remaining}"], cost
 
-    async def _released(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float) -> DPAnswer:
+    async def _released(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float, codec: str) -> DPAnswer:
         """Run the plan's exact aggregates on the backend and noise them: one row, or one per cell."""
         bound = params if params.values else None
         if not plan.groups:
             values, type_oids = await self.backend.first_row(sql, bound)
-            return release_row(plan, tuple(load_text(v, t) for v, t in zip(values, type_oids)), epsilon)
+            return release_row(plan, tuple(load_text(v, t) for v, t in zip(values, type_oids)), epsilon, codec)
         result = await self.backend.execute(sql, bound)
         types = [field.type_oid for field in result.fields]
         keys = len(plan.groups)
         rows = [[*row[:keys], *(load_text(v, t) for v, t in zip(row[keys:], types[keys:]))] for row in result.rows]
-        return release_cells(plan, rows, epsilon)
+        return release_cells(plan, rows, epsilon, codec)
 
     async def _post_processed(
         self, plan: AggregateQuery, answer: DPAnswer | None, result_formats: tuple[int, ...] = ()

@@ -26,6 +26,7 @@ from proxy.backend.connection import (
 from proxy.backend.pool import BackendPool
 from proxy.ops import metrics
 from proxy.wire import protocol
+from proxy.wire.encodings import client_encoding, encoding_named
 from proxy.wire.auth import authenticate
 from proxy.wire.protocol import ProtocolError
 from rewriter.catalog import ascii_safe_encoding, exact_floats
@@ -266,6 +267,7 @@ class Session:
         self.executor.deallocate = self.extended.deallocate
         self._reported = self._client_parameters()
         self._out.extend(protocol.parameter_status(k, v) for k, v in self._reported.items())
+        client_encoding.set(encoding_named(self._reported.get("client_encoding")))
         self._out.append(protocol.backend_key_data(self.pid, self.secret))
         self._out.append(protocol.ready_for_query(b"I"))
         self._flush()
@@ -459,6 +461,8 @@ class Session:
                 if self._reported.get(name) != value
             )
             self._reported = current
+            # The client reads and writes in a new client_encoding from here on; so does dpproxy.
+            client_encoding.set(encoding_named(current.get("client_encoding")))
         self._out.append(protocol.ready_for_query(self.executor.transaction_status()))
 
     async def _simple_query(self, sql: str) -> None:

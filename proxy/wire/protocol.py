@@ -11,6 +11,8 @@ import struct
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from .encodings import client_encoding
+
 __all__ = [
     "CANCEL_REQUEST",
     "GSSENC_REQUEST",
@@ -47,15 +49,17 @@ class ProtocolError(Exception):
 
 
 class InvalidText(ProtocolError):
-    """A string of a well-formed message is not UTF-8 (22021): where the message is a statement
-    (Query, Parse, Bind, Describe …), the statement fails and the session goes on, as on
-    PostgreSQL; elsewhere (authentication) it ends the connection like any ProtocolError."""
+    """A string of a well-formed message is not text in the session's client_encoding (22021):
+    where the message is a statement (Query, Parse, Bind, Describe …), the statement fails and
+    the session goes on, as on PostgreSQL; elsewhere (authentication) it ends the connection
+    like any ProtocolError."""
 
-    def __init__(self, what: str, data: bytes, exc: UnicodeDecodeError):
+    def __init__(self, what: str, data: bytes, exc: UnicodeDecodeError, encoding: str = "UTF8"):
         shown = " ".join(f"0x{b:02x}" for b in data[exc.start:min(exc.end, exc.start + 2)])
-        super().__init__(f'invalid byte sequence for encoding "UTF8": {shown} (in the {what} message)', "22021")
-        self.hint = ("dpproxy reads statements as UTF-8: set the client's encoding to UTF8 "
-                     "(client_encoding, PGCLIENTENCODING, or the driver's character set setting).")
+        super().__init__(f'invalid byte sequence for encoding "{encoding}": {shown} (in the {what} message)', "22021")
+        self.hint = (f"dpproxy reads this session's statements in its client_encoding, {encoding}: set the "
+                     "client's encoding to the one its text is in (client_encoding, PGCLIENTENCODING, or the "
+                     "driver's character set setting).")
 
 
 @dataclass(frozen=True)
@@ -169,13 +173,19 @@ def _check_length(length: int, max_bytes: int) -> None:
 
 
 def decode_cstring(payload: bytes, what: str) -> str:
-    """Decode a payload that is exactly one NUL-terminated UTF-8 string (Query, PasswordMessage)."""
+    """Decode a payload that is exactly one NUL-terminated string (Query, PasswordMessage), in
+    the session's client_encoding (UTF-8 before the session has one: during authentication)."""
     if not payload.endswith(b"\0") or b"\0" in payload[:-1]:
         raise ProtocolError(f"malformed {what} message")
+    return _decoded(payload[:-1], what)
+
+
+def _decoded(data: bytes, what: str) -> str:
+    encoding = client_encoding.get()
     try:
-        return payload[:-1].decode("utf-8")
+        return data.decode(encoding.codec)
     except UnicodeDecodeError as exc:
-        raise InvalidText(what, payload, exc) from exc
+        raise InvalidText(what, data, exc, encoding.name) from exc
 
 
 class _Cursor:
@@ -190,10 +200,7 @@ class _Cursor:
         end = self.data.find(b"\0", self.pos)
         if end < 0:
             raise ProtocolError(f"malformed {self.what} message: unterminated string")
-        try:
-            text = self.data[self.pos : end].decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidText(self.what, self.data[self.pos : end], exc) from exc
+        text = _decoded(self.data[self.pos : end], self.what)
         self.pos = end + 1
         return text
 
@@ -339,7 +346,9 @@ def message(kind: bytes, payload: bytes = b"") -> bytes:
 
 
 def _cstr(text: str) -> bytes:
-    return text.encode("utf-8") + b"\0"
+    # In the session's client_encoding; a character it lacks is written as "?": these are
+    # names, tags and messages, never released values (labels are checked before any charge).
+    return text.encode(client_encoding.get().codec, "replace") + b"\0"
 
 
 def authentication(code: int, extra: bytes = b"") -> bytes:

@@ -18,10 +18,11 @@ Value = int | float | Decimal | str | None
 TYPE_SIZES = {INT2: 2, INT4: 4, INT8: 8, FLOAT4: 4, FLOAT8: 8, NUMERIC: -1}
 
 
-def encode_text(value: Value, type_oid: int, scale: int | None = None) -> bytes | None:
+def encode_text(value: Value, type_oid: int, scale: int | None = None, codec: str = "utf-8") -> bytes | None:
     """``value`` as PostgreSQL's output function for ``type_oid`` would print it.
 
-    ``scale`` is the number of fraction digits for numeric results (None: as many as needed).
+    ``scale`` is the number of fraction digits for numeric results (None: as many as needed);
+    ``codec`` is the client_encoding's, for text (a released category).
     """
     if value is None:
         return None
@@ -38,7 +39,7 @@ def encode_text(value: Value, type_oid: int, scale: int | None = None) -> bytes 
         # format() rounds half-even to ``scale`` digits without the decimal context's
         # 28-digit precision limit, which round() would hit on a large scale.
         return format(number, "f" if scale is None else f".{scale}f").encode()
-    return str(value).encode()
+    return str(value).encode(codec)
 
 
 def _float_text(value: float, shortest: Callable[[float], str]) -> str:
