@@ -140,6 +140,8 @@ class ListenConfig(_Strict):
     shutdown_grace_s: float = Field(30.0, ge=0)
     # Serving processes sharing the port (SO_REUSEPORT), the ledger and the repeat store.
     workers: int = Field(1, ge=1, le=64)
+    # Client connections one serving process keeps open at once, in any phase (53300 past it).
+    max_connections: int = Field(10_000, ge=1)
 
 
 class MetricsConfig(_Strict):
@@ -191,6 +193,8 @@ class UserPolicy(_Strict):
     auth: Literal["scram-sha-256", "md5", "cleartext"] = "scram-sha-256"
     budget: BudgetConfig
     max_query_epsilon: float | None = Field(None, gt=0)
+    # Sessions this user may have open at once in one serving process (None: no limit).
+    max_sessions: int | None = Field(None, ge=1)
     _scram: ScramVerifier | None = PrivateAttr(None)
 
     @property

@@ -11,6 +11,7 @@ import itertools
 import logging
 import secrets
 import ssl
+from collections import Counter
 from collections.abc import Iterator
 from typing import Awaitable, Callable, Protocol
 
@@ -78,6 +79,25 @@ class SessionTable:
         self._by_pid: dict[int, Session] = {}
         self.worker = worker
         self.forward = forward
+        self.connections = 0
+        """Client connections open now, in any phase (``listen.max_connections``)."""
+        self._per_user: Counter[str] = Counter()
+
+    def admit(self, user: str, limit: int | None) -> bool:
+        """Count one more session of ``user`` in, unless it has ``limit`` already (None: no limit).
+
+        Counted from authentication to the session's end (``leave``), so that logins racing
+        each other cannot pass the limit together.
+        """
+        if limit is not None and self._per_user[user] >= limit:
+            return False
+        self._per_user[user] += 1
+        return True
+
+    def leave(self, user: str) -> None:
+        self._per_user[user] -= 1
+        if not self._per_user[user]:
+            del self._per_user[user]
 
     def new_pid(self) -> int:
         while True:
@@ -150,11 +170,13 @@ class Session:
         self.busy = False
         self.shutting_down = False
         self._task: asyncio.Task[object] | None = None
+        self._admitted = False  # counted among its user's sessions (SessionTable.admit)
 
     # ------------------------------------------------------------ lifecycle
 
     async def run(self) -> None:
         self._task = asyncio.current_task()
+        self.server.sessions.connections += 1
         try:
             try:
                 async with asyncio.timeout(self.server.policy.listen.startup_timeout_s):
@@ -179,6 +201,7 @@ class Session:
             log.exception("session %s failed", self.peer)
             await self._fatal(SQLSTATE.INTERNAL_ERROR, "internal error in dpproxy")
         finally:
+            self.server.sessions.connections -= 1
             await self._close()
 
     async def _negotiate(self) -> protocol.Startup | None:
@@ -223,13 +246,23 @@ class Session:
         if not self.user:
             raise Refusal(SQLSTATE.INVALID_AUTHORIZATION, "no PostgreSQL user name specified in startup packet")
         policy = self.server.policy
+        if self.server.sessions.connections > policy.listen.max_connections:
+            raise Refusal(SQLSTATE.TOO_MANY_CONNECTIONS, "sorry, too many clients already",
+                          "Try again later; an administrator can raise listen.max_connections.")
         negotiated = protocol.negotiate_protocol_version(startup)
         if negotiated is not None:
             self.writer.write(negotiated)  # before authentication, as PostgreSQL sends it
         # Held in the output buffer, so a refusal below is still preceded by them.
+        account = policy.users.get(self.user)
         self._out.append(await authenticate(
-            self.reader, self.writer, self.user, policy.users.get(self.user), policy.listen.max_message_bytes
+            self.reader, self.writer, self.user, account, policy.listen.max_message_bytes
         ))
+        assert account is not None  # authenticate refuses a user the policy does not name
+        if not self.server.sessions.admit(self.user, account.max_sessions):
+            raise Refusal(SQLSTATE.TOO_MANY_CONNECTIONS, f'too many connections for role "{self.user}"',
+                          f"{self.user} may have {account.max_sessions} sessions open at once "
+                          "(users.<name>.max_sessions): close one first.")
+        self._admitted = True
         database = params.get("database") or self.user
         if database != self.server.database:
             raise Refusal(
@@ -286,6 +319,9 @@ class Session:
     async def _close(self) -> None:
         self.busy = False  # its statements are over: a shutdown need not wait for the close
         self.server.sessions.remove(self)
+        if self._admitted:
+            self._admitted = False
+            self.server.sessions.leave(self.user)
         await self._give_back_backend()
         try:
             self.writer.close()
