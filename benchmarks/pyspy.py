@@ -25,7 +25,7 @@ import psutil
 
 from .environment import environment, note
 from .latency import QUERIES
-from .pgbench import find_pgbench, run_pgbench, write_script
+from .pgbench import CATALOG_SCRIPT, CATALOG_STATEMENTS, find_pgbench, run_pgbench, write_script
 
 COUNT_SCRIPT = """\\set a random(25, 60)
 SELECT COUNT(*) FROM {table} WHERE age > :a AND sex = 'Female';
@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("simple", "extended", "prepared"), default="simple")
     parser.add_argument("--query", choices=sorted(QUERIES), help="profile this fixed query of benchmarks/latency.py "
                         "instead of the COUNT with a pgbench-drawn literal")
+    parser.add_argument("--catalog", action="store_true", help="profile the catalog mix of benchmarks/pgbench.py "
+                        "(passthrough statements; µs are per statement)")
     parser.add_argument("--rows", type=int, default=1000, help="table size (default 1000)")
     parser.add_argument("--clients", type=int, default=1)
     parser.add_argument("--seconds", type=int, default=20)
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
 
     with environment([args.rows], None, 100) as env:
-        template = QUERIES[args.query] + ";\n" if args.query else COUNT_SCRIPT
+        template = CATALOG_SCRIPT if args.catalog else QUERIES[args.query] + ";\n" if args.query else COUNT_SCRIPT
         script = write_script(env.workdir, env.tables[args.rows], template, "profile")
         raw = env.workdir / "profile.txt"
         record = [pyspy, "record", "--pid", str(env.proxy.pid), "--rate", str(args.rate), "--function",
@@ -73,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.raw:
             shutil.copyfile(raw, args.raw)
     cpu = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
-    print(_render(stacks, result.transactions, cpu, env.proxy.pid, args))
+    statements = result.transactions * (CATALOG_STATEMENTS if args.catalog else 1)
+    print(_render(stacks, statements, cpu, env.proxy.pid, args))
     return 0
 
 
@@ -112,7 +115,7 @@ def _render(
 
     head = [
         f"## py-spy: dpproxy, pgbench -M {args.mode}, {args.clients} client(s), {args.rows:,} rows, "
-        f"one DP {args.query or 'COUNT'} per transaction",
+        + ("the catalog mix (passthrough)" if args.catalog else f"one DP {args.query or 'COUNT'} per transaction"),
         "",
         f"{queries:,} queries in {args.seconds} s; {total:,} busy samples at {args.rate}/s → "
         f"{total * per_query:,.0f} µs per query in sampled stacks.",

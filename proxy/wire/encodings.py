@@ -49,7 +49,9 @@ class ClientEncoding:
 
 
 UTF8 = ClientEncoding("UTF8", "utf-8")
-_KNOWN = {name: ClientEncoding(name, codec) for name, codec in _CODECS.items()}
+# By name and by the bytes libpq reports it in (looked up on every statement sent).
+_KNOWN: dict[str | bytes, ClientEncoding] = {name: ClientEncoding(name, codec) for name, codec in _CODECS.items()}
+_KNOWN.update({name.encode(): encoding for name, encoding in list(_KNOWN.items()) if isinstance(name, str)})
 
 client_encoding: ContextVar[ClientEncoding] = ContextVar("client_encoding", default=UTF8)
 """The encoding of the session whose task is running (UTF8 outside any session)."""
@@ -57,15 +59,13 @@ client_encoding: ContextVar[ClientEncoding] = ContextVar("client_encoding", defa
 
 def encoding_named(name: str | bytes | None) -> ClientEncoding:
     """The encoding PostgreSQL reports as ``name`` (its canonical name); UTF8 for None."""
-    if isinstance(name, bytes):
-        name = name.decode("ascii", "replace")
-    if name is None:
-        return UTF8
-    known = _KNOWN.get(name)
+    known = _KNOWN.get(name) if name is not None else UTF8
     if known is not None:
         return known
+    text = name.decode("ascii", "replace") if isinstance(name, bytes) else name
+    assert text is not None
     # Not a name PostgreSQL reports for an encoding dpproxy lets a session use: read as UTF-8.
-    return ClientEncoding(name, "utf-8")
+    return ClientEncoding(text, "utf-8")
 
 
 def untranslatable(text: str, encoding: ClientEncoding) -> Refusal | None:
