@@ -262,6 +262,9 @@ class KeyRange:
     key: int  # index into the plan's keys
     op: str  # >=, >, <=, <, =
     sql: str
+    # A string literal: PostgreSQL reads it as the column's type (a date column's
+    # '5874897-12-31' is a date, beyond what a timestamp holds).
+    untyped: bool = False
 
 
 _RANGE_OPS: dict[type[exp.Expression], str] = {exp.GTE: ">=", exp.GT: ">", exp.LTE: "<=", exp.LT: "<", exp.EQ: "="}
@@ -289,7 +292,7 @@ def key_ranges(where: exp.Expression | None, keys: tuple[GroupKey, ...], scope: 
             index = _key_column(column, columns, scope)
             sql = _constant(value)
             if index is not None and sql is not None:
-                ranges.append(KeyRange(index, op, sql))
+                ranges.append(KeyRange(index, op, sql, _string_literal(value)))
     return tuple(ranges)
 
 
@@ -299,6 +302,12 @@ def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
     if isinstance(node, exp.And):
         return _conjuncts(node.this) + _conjuncts(node.expression)
     return [node]
+
+
+def _string_literal(node: exp.Expression | None) -> bool:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return isinstance(node, exp.Literal) and node.is_string
 
 
 def _key_column(node: exp.Expression, columns: dict[str, int], scope: Scope) -> int | None:

@@ -228,6 +228,45 @@ def test_an_aggregate_of_a_cast_that_may_change_a_value_stays_refused(bi, sql):
     assert diag.sqlstate == "DP001" and "rule: aggregate-argument" in (diag.message_primary or "")
 
 
+# ---------------------------------------------------------------- time ranges beyond timestamp's
+
+
+@pytest.mark.parametrize("where, cells", [
+    # a date past timestamp's range (294276 AD) bounding a date column: typed, untyped, in a BETWEEN
+    ("visited_on >= '5874897-01-01'::date", 0),
+    ("visited_on <= '5874897-12-31'", 12),
+    ("visited_on BETWEEN '2023-01-01' AND '300000-01-01'::date", 12),
+    ("visited_on >= 'infinity'", 0),
+    ("visited_on < '-infinity'", 0),
+    ("visited_on > '4713-01-01 BC' AND visited_on < '20000-01-01'", 12),
+    ("visited_on = '5874897-12-31'::date", 0),
+])
+def test_a_date_bound_beyond_timestamps_range_narrows_without_error(bi, where, cells):
+    # These failed with 22008 (date out of range for timestamp) while narrowing, before any charge.
+    with bi.connect() as conn:
+        before = conn.execute("SHOW dpproxy.budget").fetchone()
+        rows = conn.execute(f"SELECT date_trunc('month', visited_on) AS m, count(*) FROM visits WHERE {where} "
+                            "GROUP BY 1").fetchall()
+        after = conn.execute("SHOW dpproxy.budget").fetchone()
+    assert len(rows) == cells
+    assert (after[1] - before[1] > 0) == (cells > 0)  # no cell: nothing released, nothing charged
+
+
+@pytest.mark.parametrize("sql, cells", [
+    # timestamp and timestamptz columns compared with such a date, as PostgreSQL compares them
+    ("SELECT date_trunc('month', visited_at), count(*) FROM visits WHERE visited_at >= '294277-01-01'::date GROUP BY 1", 0),
+    ("SELECT date_trunc('day', logged_at), count(*) FROM visits WHERE logged_at < '294277-01-01'::date "
+     "AND logged_at >= '2023-12-01' GROUP BY 1", 31),
+    ('SELECT floor(extract(epoch from logged_at)/86400)*86400 AS "time", count(*) FROM visits '
+     "WHERE logged_at BETWEEN '2023-12-01' AND 'infinity' GROUP BY 1", 31),
+    ('SELECT floor(extract(epoch from visited_at)/86400)*86400 AS "time", count(*) FROM visits '
+     "WHERE visited_at >= '5874897-01-01'::date GROUP BY 1", 0),
+])
+def test_time_and_epoch_keys_narrow_by_dates_beyond_timestamps_range(bi, admin, sql, cells):
+    rows, _ = _both(bi, admin, sql)
+    assert len(rows) == cells
+
+
 # ---------------------------------------------------------------- Grafana
 
 
