@@ -71,6 +71,8 @@ _KEY_TEXT = "YYYY-MM-DD"
 _LABEL_CASTS = frozenset({exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR})  # without a typmod: one to one
 _YEAR_CASTS = frozenset({exp.DataType.Type.INT, exp.DataType.Type.BIGINT, exp.DataType.Type.DECIMAL})
 _TIME_CASTS = frozenset({exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ})  # to_char's format of a bucket's start: its date, in any DateStyle
+_CAST_NAMES = {exp.DataType.Type.DATE: "date", exp.DataType.Type.TIMESTAMP: "timestamp",
+               exp.DataType.Type.TIMESTAMPTZ: "timestamptz"}
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,8 @@ class GroupKey:
     ``width_bucket``'s bounds and bucket count, ``bin_type`` the overload PostgreSQL resolves
     the call to (``double precision`` unless the column or a bound is ``numeric``).
     An ``epoch`` key's ``first`` is its first bucket's start (UTC) and ``seconds`` its width.
+    A time key's ``cast`` is the type (``date``, ``timestamp``, ``timestamptz``) the column is
+    cast to inside ``date_trunc`` (Tableau's ``DATE_TRUNC('MONTH', CAST(col AS DATE))``), or None.
     """
 
     column: ColumnInfo
@@ -94,11 +98,12 @@ class GroupKey:
     bins: tuple[float, float, int] | None = None
     bin_type: Literal["double precision", "numeric"] = "double precision"
     seconds: int = 0
+    cast: str | None = None
 
     @property
-    def identity(self) -> tuple[str, str, str | None, tuple[float, float, int] | None, str, int]:
+    def identity(self) -> tuple[str, str, str | None, tuple[float, float, int] | None, str, int, str | None]:
         """What the key groups by, whatever part of its domain a query answers."""
-        return (self.column.name, self.kind, self.unit, self.bins, self.bin_type, self.seconds)
+        return (self.column.name, self.kind, self.unit, self.bins, self.bin_type, self.seconds, self.cast)
 
     def narrowed(self, lo: datetime | None, hi: datetime | None) -> GroupKey:
         """A time key's buckets that meet [lo, hi] (None: unbounded on that side); maybe none."""
@@ -181,8 +186,11 @@ class GroupKey:
             end = bucket_start(self.unit, self.first, self.count)
             within = f"{operator(name, '>=', self._time_literal(self.first))} AND {operator(name, '<', self._time_literal(end))}"
             # A date beyond timestamp's range (year 294277 and later) fails date_trunc's cast;
-            # CASE evaluates it only for the rows within the declared range.
-            return f"CASE WHEN {within} THEN pg_catalog.date_trunc({literal(self.unit)}, {name}) END"
+            # CASE evaluates it only for the rows within the declared range, where no cast
+            # between date, timestamp and timestamptz fails. The bucket is PostgreSQL's own of
+            # the expression the statement groups by, cast included.
+            source = name if self.cast is None else f"CAST({name} AS pg_catalog.{self.cast})"
+            return f"CASE WHEN {within} THEN pg_catalog.date_trunc({literal(self.unit)}, {source}) END"
         if self.kind == "epoch":
             assert self.first is not None
             end = epoch_start(self._first_index + self.count, self.seconds)
@@ -352,7 +360,7 @@ def group_key(node: exp.Expression, scope: Scope) -> GroupKey:
         # EXTRACT(YEAR FROM col) (Tableau's YEAR(date) dimension, maybe cast to an integer) is
         # one to one with date_trunc('year', col): the key is the year's bucket, and the
         # EXTRACT (and the cast) post-processing of its start (post_process._replace_keys).
-        return _time_key(exp.TimestampTrunc(this=year, unit=exp.var("YEAR")), scope)
+        return _time_key(exp.TimestampTrunc(this=year.copy(), unit=exp.var("YEAR")), scope)
     if isinstance(node, exp.Cast) and isinstance(node.this, exp.Column) and node.to.this in _LABEL_CASTS \
             and not node.to.expressions:
         # Tableau groups a dimension as CAST(col AS TEXT): over a category column the cast is one
@@ -373,10 +381,23 @@ def year_extract(node: exp.Expression) -> bool:
     return _year_of(node) is not None
 
 
-def _year_of(node: exp.Expression | None) -> exp.Column | None:
+def _year_of(node: exp.Expression | None) -> exp.Expression | None:
+    """The column (maybe cast to a time type) of ``EXTRACT(YEAR FROM ...)``, or None."""
     if isinstance(node, exp.Extract) and isinstance(node.this, exp.Var) and node.this.name.upper() == "YEAR" \
-            and isinstance(node.expression, exp.Column):
+            and _time_source(node.expression) is not None:
         return node.expression
+    return None
+
+
+def _time_source(node: exp.Expression | None) -> tuple[exp.Column, str | None] | None:
+    """A time key's column and the time type it is cast to (None: not cast), or None if ``node``
+    is neither a column nor one cast to ``date``, ``timestamp`` or ``timestamptz`` (no typmod:
+    ``timestamp(0)`` rounds)."""
+    if isinstance(node, exp.Column):
+        return node, None
+    if isinstance(node, exp.Cast) and isinstance(node.this, exp.Column) and node.to.this in _CAST_NAMES \
+            and not node.to.expressions:
+        return node.this, _CAST_NAMES[node.to.this]
     return None
 
 
@@ -407,11 +428,13 @@ def _column_key(column: ColumnInfo, node: exp.Expression, scope: Scope) -> Group
 
 
 def _time_key(node: exp.Expression, scope: Scope) -> GroupKey:
-    argument = node.this
+    source = _time_source(node.this)
     unit = node.args.get("unit")
     text = unit.name.upper() if isinstance(unit, (exp.Var, exp.Literal)) else None
-    if not isinstance(argument, exp.Column) or node.args.get("zone") is not None or text is None:
-        raise _refuse(scope, "DATE_TRUNC takes a unit literal and a column, without a time zone, on protected table")
+    if source is None or node.args.get("zone") is not None or text is None:
+        raise _refuse(scope, "DATE_TRUNC takes a unit literal and a column (maybe cast to date, timestamp or "
+                             "timestamptz), without a time zone, on protected table")
+    argument, cast = source
     column = scope.column(argument)
     policy = column.policy
     chosen = _UNIT_SPELLINGS.get(text)
@@ -420,8 +443,12 @@ def _time_key(node: exp.Expression, scope: Scope) -> GroupKey:
     assert policy.time_bounds is not None
     lo, hi = policy.time_bounds
     first = truncate(chosen, lo)
-    result = TIMESTAMP if column.type_oid == TIMESTAMP else TIMESTAMPTZ  # date_trunc of a date is timestamptz
-    return GroupKey(column, "time", result, unit=chosen, first=first, count=bucket_count(chosen, lo, hi))
+    # date_trunc of a date is timestamptz (the date's implicit cast); a cast of the column to a
+    # type other than its own is PostgreSQL's, evaluated in the backend's grouping (row_sql).
+    truncated = {"date": DATE, "timestamp": TIMESTAMP, "timestamptz": TIMESTAMPTZ}.get(cast or "", column.type_oid)
+    result = TIMESTAMP if truncated == TIMESTAMP else TIMESTAMPTZ
+    return GroupKey(column, "time", result, unit=chosen, first=first, count=bucket_count(chosen, lo, hi),
+                    cast=cast if truncated != column.type_oid else None)
 
 
 def _epoch_key(argument: exp.Column, seconds: int, scope: Scope) -> GroupKey:

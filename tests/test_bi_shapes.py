@@ -195,6 +195,58 @@ def test_the_year_of_a_time_column_is_its_year_key(bi, admin, sql):
     assert {int(r[0]) for r in rows} == {2023}  # the declared range's one year, whatever the data
 
 
+_TABLEAU_TRUNCATED_CASTS = [
+    # Tableau's month of a date-time field (its cast to date, truncated, cast back to date), in a
+    # session whose TimeZone is not UTC: the date cast of a timestamptz is read in it, as date_trunc is
+    ('SELECT CAST(DATE_TRUNC(\'MONTH\', CAST("visits"."logged_at" AS DATE)) AS DATE) AS "tmn:logged_at:ok", '
+     'SUM(1) AS "sum:Number of Records:ok" FROM "public"."visits" "visits" GROUP BY 1', 12),
+    ('SELECT DATE_TRUNC(\'MONTH\', CAST("visits"."visited_at" AS DATE)) AS "tmn:visited_at:ok", SUM(1) AS "cnt" '
+     'FROM "public"."visits" "visits" GROUP BY 1', 12),
+    ('SELECT CAST(DATE_TRUNC(\'QUARTER\', CAST("visits"."visited_at" AS DATE)) AS DATE) AS "tqr:visited_at:ok", '
+     'COUNT(1) AS "cnt" FROM "public"."visits" "visits" GROUP BY 1', 4),
+    ('SELECT CAST(DATE_TRUNC(\'WEEK\', CAST("visits"."visited_on" AS DATE)) AS DATE) AS "twk:visited_on:ok", '
+     'COUNT(1) AS "cnt" FROM "public"."visits" "visits" WHERE "visits"."visited_on" < \'2024-01-01\' GROUP BY 1', 53),
+    ('SELECT DATE_TRUNC(\'DAY\', CAST("visits"."logged_at" AS DATE)) AS "tdy:logged_at:ok", COUNT(1) AS "cnt" '
+     'FROM "public"."visits" "visits" WHERE "visits"."logged_at" >= \'2023-03-01\' AND "visits"."logged_at" < \'2023-04-01\' '
+     'GROUP BY 1', 31),
+    # Tableau's month through a timestamp cast (its SQL for a date-time field on some versions)
+    ('SELECT DATE_TRUNC( \'MONTH\', CAST("visits"."logged_at" AS TIMESTAMP) ) AS "tmn:logged_at:ok", '
+     'COUNT(1) AS "cnt" FROM "public"."visits" "visits" GROUP BY 1', 12),
+    ("SELECT date_trunc('month', visited_at::timestamptz) AS m, count(*) FROM visits GROUP BY 1 ORDER BY 1", 12),
+    ("SELECT CAST(EXTRACT(YEAR FROM CAST(visited_at AS DATE)) AS INTEGER) AS y, count(*) FROM visits GROUP BY 1", 1),
+]
+
+
+@pytest.mark.parametrize("sql, cells", _TABLEAU_TRUNCATED_CASTS)
+def test_date_trunc_of_a_time_column_cast_to_a_time_type_is_its_time_key(bi, admin, sql, cells):
+    # Refused before (no-group-by): the backend groups by PostgreSQL's own expression, cast
+    # included, so each row is in the cell PostgreSQL would put it in, over the declared range.
+    rows, direct = _both(bi, admin, sql, timezone="America/New_York")  # names and types as PostgreSQL's
+    keys = [r[0] for r in rows]
+    assert len(keys) == cells and keys == sorted(keys)
+    assert set(keys) <= {r[0] for r in direct}  # every cell is one PostgreSQL's groups are named by
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT date_trunc('hour', CAST(logged_at AS DATE)), count(*) FROM visits GROUP BY 1",          # finer than a day
+    "SELECT date_trunc('month', CAST(logged_at AS timestamp(0))), count(*) FROM visits GROUP BY 1",  # a typmod rounds
+    "SELECT date_trunc('quarter', CAST(logged_at AS DATE)), count(*) FROM visits GROUP BY 1",       # quarter not opted in
+    "SELECT date_trunc('month', CAST(device AS DATE)), count(*) FROM visits GROUP BY 1",             # not a time column
+    "SELECT date_trunc('month', CAST(visited_at + interval '1 day' AS DATE)), count(*) FROM visits GROUP BY 1",
+])
+def test_other_truncated_casts_stay_refused(bi, sql):
+    diag = _refused(bi, sql)
+    assert diag.sqlstate == "DP001" and "rule: no-group-by" in (diag.message_primary or "")
+    assert "DATE_TRUNC(" in (diag.message_hint or "")
+
+
+def test_a_truncated_cast_and_the_plain_key_are_different_expressions(bi):
+    # As in PostgreSQL: the select list's DATE_TRUNC of the cast is not the GROUP BY's key.
+    diag = _refused(bi, "SELECT DATE_TRUNC('MONTH', CAST(visited_at AS DATE)) AS m, count(*) FROM visits "
+                        "GROUP BY DATE_TRUNC('MONTH', visited_at)")
+    assert diag.sqlstate == "42803"
+
+
 @pytest.mark.parametrize("sql", [
     "SELECT EXTRACT(MONTH FROM visited_at), count(*) FROM visits GROUP BY 1",  # months of every year merged
     "SELECT EXTRACT(YEAR FROM logged_at), count(*) FROM visits GROUP BY 1",   # the policy opts no year in
