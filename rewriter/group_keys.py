@@ -382,8 +382,9 @@ def year_extract(node: exp.Expression) -> bool:
 
 
 def _year_of(node: exp.Expression | None) -> exp.Expression | None:
-    """The column (maybe cast to a time type) of ``EXTRACT(YEAR FROM ...)``, or None."""
-    if isinstance(node, exp.Extract) and isinstance(node.this, exp.Var) and node.this.name.upper() == "YEAR" \
+    """The column (maybe cast to a time type) of ``EXTRACT(YEAR FROM ...)`` or ``date_part('year', ...)``
+    (a :class:`~rewriter.sqlglot_parse.DatePart`, its field a string), or None."""
+    if isinstance(node, exp.Extract) and isinstance(node.this, (exp.Var, exp.Literal)) and node.this.name.upper() == "YEAR" \
             and _time_source(node.expression) is not None:
         return node.expression
     return None

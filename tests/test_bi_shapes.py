@@ -189,10 +189,39 @@ def test_a_category_cast_to_text_is_the_category_key(bi, admin, sql):
     "SELECT EXTRACT(YEAR FROM visited_at), count(*) FROM visits GROUP BY EXTRACT(YEAR FROM visited_at)",
     "SELECT EXTRACT(YEAR FROM visited_at) AS y, sex, count(*) FROM visits "
     "WHERE visited_at >= '2023-06-01' GROUP BY 1, 2 ORDER BY 1, 2",
+    "SELECT date_part('year', visited_at), count(*) FROM visits WHERE visited_at < '2024-01-01' GROUP BY 1",
+    "SELECT CAST(date_part('year', visited_at) AS INTEGER) AS y, count(*) FROM visits GROUP BY 1",
 ])
 def test_the_year_of_a_time_column_is_its_year_key(bi, admin, sql):
     rows, _ = _both(bi, admin, sql)  # names and types as PostgreSQL's (numeric, or the cast's)
     assert {int(r[0]) for r in rows} == {2023}  # the declared range's one year, whatever the data
+
+
+@pytest.mark.parametrize("sql, type_oid", [
+    # PostgreSQL 14+: EXTRACT is numeric, date_part double precision (PostgreSQL's own
+    # spellings, each kept as written through post-processing)
+    ("SELECT EXTRACT(YEAR FROM visited_at) AS y, count(*) FROM visits GROUP BY 1", 1700),
+    ("SELECT date_part('year', visited_at), count(*) FROM visits GROUP BY 1", 701),
+    ("SELECT date_part('YEAR', visited_at) AS y, count(*) FROM visits GROUP BY date_part('YEAR', visited_at)", 701),
+    ("SELECT date_part('month', date_trunc('month', visited_at)) AS m, count(*) FROM visits "
+     "GROUP BY date_trunc('month', visited_at)", 701),
+    ("SELECT date_part('year', now()) AS y, count(*) FROM visits", 701),
+])
+def test_date_part_and_extract_keys_have_postgresqls_types(bi, admin, sql, type_oid):
+    # date_part('year', col) came back numeric: sqlglot wrote it back as EXTRACT.
+    with bi.connect() as conn:
+        cursor = conn.execute(sql)
+        assert cursor.description is not None and cursor.description[0].type_code == type_oid
+    _both(bi, admin, sql.replace("FROM visits", "FROM visits WHERE visited_at < '2024-01-01'", 1)
+          if "now()" not in sql and "date_trunc" not in sql else sql)
+
+
+def test_grafanas_epoch_group_spelled_with_date_part_is_refused_with_a_hint(bi):
+    # floor(date_part('epoch', col)/N)*N is double precision, not the numeric epoch buckets
+    # extract(epoch from col) gives: the hint names Grafana's own spelling.
+    diag = _refused(bi, "SELECT floor(date_part('epoch', visited_at)/86400)*86400 AS t, count(*) FROM visits GROUP BY 1")
+    assert diag.sqlstate == "DP001" and "rule: no-group-by" in (diag.message_primary or "")
+    assert "floor(extract(epoch from visited_at)/N)*N" in (diag.message_hint or "")
 
 
 _TABLEAU_TRUNCATED_CASTS = [
