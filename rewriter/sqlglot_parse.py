@@ -18,6 +18,7 @@ import sqlglot
 from pglast.parser import ParseError, scan
 from sqlglot import exp
 from sqlglot.dialects.postgres import Postgres
+from sqlglot.parsers.postgres import PostgresParser
 
 __all__ = ["DatePart", "parse_postgres"]
 
@@ -27,8 +28,8 @@ class DatePart(exp.Extract):
     written with, rendered (sqlglot's generic function form) as ``DATE_PART('field', source)``."""
 
 
-class _Parser(Postgres.Parser):
-    FUNCTION_PARSERS = {**Postgres.Parser.FUNCTION_PARSERS, "DATE_PART": lambda self: self._parse_date_part_call()}
+class _Parser(PostgresParser):
+    FUNCTION_PARSERS = {**PostgresParser.FUNCTION_PARSERS, "DATE_PART": lambda self: self._parse_date_part_call()}
 
     def _parse_date_part_call(self) -> exp.Expr:
         extract = self._parse_date_part()
