@@ -342,7 +342,7 @@ def key_form(node: exp.Expression) -> bool:
     if isinstance(node, exp.Cast):
         node = node.this
     return (isinstance(node, (exp.Column, exp.TimestampTrunc, exp.DateTrunc, exp.WidthBucket))
-            or epoch_bucket(node) is not None or _year_of(node) is not None)
+            or epoch_bucket(node) is not None or _year_of(_year_number(node)) is not None)
 
 
 def group_key(node: exp.Expression, scope: Scope) -> GroupKey:
@@ -355,11 +355,11 @@ def group_key(node: exp.Expression, scope: Scope) -> GroupKey:
         # A bucket's start cast to a date or timestamp names the same bucket (the cast is one to
         # one on starts of days and longer units): the key is the bucket, the cast post-processing.
         return _time_key(node.this, scope)
-    year = _year_of(node.this if isinstance(node, exp.Cast) and node.to.this in _YEAR_CASTS else node)
+    year = _year_of(_year_number(node))
     if year is not None:
-        # EXTRACT(YEAR FROM col) (Tableau's YEAR(date) dimension, maybe cast to an integer) is
+        # EXTRACT(YEAR FROM col) (Tableau's YEAR(date) dimension, CAST(TRUNC(...) AS INTEGER)) is
         # one to one with date_trunc('year', col): the key is the year's bucket, and the
-        # EXTRACT (and the cast) post-processing of its start (post_process._replace_keys).
+        # EXTRACT (TRUNC, the cast) post-processing of its start (post_process._replace_keys).
         return _time_key(exp.TimestampTrunc(this=year.copy(), unit=exp.var("YEAR")), scope)
     if isinstance(node, exp.Cast) and isinstance(node.this, exp.Column) and node.to.this in _LABEL_CASTS \
             and not node.to.expressions:
@@ -379,6 +379,16 @@ def group_key(node: exp.Expression, scope: Scope) -> GroupKey:
 def year_extract(node: exp.Expression) -> bool:
     """Whether ``node`` is ``EXTRACT(YEAR FROM col)``: a year key written as its year's number."""
     return _year_of(node) is not None
+
+
+def _year_number(node: exp.Expression) -> exp.Expression:
+    """``node`` without what keeps a year's number as it is: a cast to an integer or numeric (no
+    typmod) and Tableau's TRUNC, in that order."""
+    if isinstance(node, exp.Cast) and node.to.this in _YEAR_CASTS and not node.to.expressions:
+        node = node.this
+    if isinstance(node, exp.Trunc) and node.args.get("decimals") is None:
+        node = node.this
+    return node
 
 
 def _year_of(node: exp.Expression | None) -> exp.Expression | None:

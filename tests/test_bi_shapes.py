@@ -190,6 +190,10 @@ def test_a_category_cast_to_text_is_the_category_key(bi, admin, sql):
     "SELECT EXTRACT(YEAR FROM visited_at) AS y, sex, count(*) FROM visits "
     "WHERE visited_at >= '2023-06-01' GROUP BY 1, 2 ORDER BY 1, 2",
     "SELECT date_part('year', visited_at), count(*) FROM visits WHERE visited_at < '2024-01-01' GROUP BY 1",
+    # Tableau's own YEAR(date): the year's number through TRUNC, cast to an integer
+    'SELECT CAST(TRUNC(EXTRACT(YEAR FROM "visits"."visited_at")) AS INTEGER) AS "yr:visited_at:ok", '
+    'SUM(1) AS "sum:Number of Records:ok" FROM "public"."visits" "visits" GROUP BY 1',
+    "SELECT TRUNC(EXTRACT(YEAR FROM visited_at)) AS y, count(*) FROM visits GROUP BY TRUNC(EXTRACT(YEAR FROM visited_at))",
     "SELECT CAST(date_part('year', visited_at) AS INTEGER) AS y, count(*) FROM visits GROUP BY 1",
 ])
 def test_the_year_of_a_time_column_is_its_year_key(bi, admin, sql):
