@@ -44,6 +44,7 @@ from policies.tables import ColumnInfo, quote_identifier
 from policies.time_buckets import TimeUnit, bucket_count, bucket_index, bucket_start, truncate
 
 from .constants import NotFoldable, qualified_constant
+from .date_hints import date_shape_advice
 from .epoch_buckets import DAY_SECONDS, bucket_of, epoch_bucket, epoch_seconds
 from .epoch_buckets import bucket_start as epoch_start
 from .scope import Scope
@@ -373,7 +374,7 @@ def group_key(node: exp.Expression, scope: Scope) -> GroupKey:
     bucket = epoch_bucket(node)
     if bucket is not None:
         return _epoch_key(*bucket, scope)
-    raise _refuse(scope, f"GROUP BY {node.sql('postgres')} is not allowed on protected table")
+    raise _refuse(scope, f"GROUP BY {node.sql('postgres')} is not allowed on protected table", date_shape_advice(node))
 
 
 def year_extract(node: exp.Expression) -> bool:
@@ -526,9 +527,9 @@ def _number(node: exp.Expression | None, scope: Scope) -> tuple[float, bool]:
     return (-value if negative else value), integer
 
 
-def _refuse(scope: Scope, message: str) -> Refusal:
+def _refuse(scope: Scope, message: str, advice: str | None = None) -> Refusal:
     refusal = scope.refuse(message, "no-group-by")
-    return Refusal(refusal.sqlstate, refusal.message, group_by_hint(scope), "no-group-by")
+    return Refusal(refusal.sqlstate, refusal.message, group_by_hint(scope, advice), "no-group-by")
 
 
 def _too_many(scope: Scope, what: str, cells: int) -> Refusal:
@@ -542,8 +543,11 @@ def _too_many(scope: Scope, what: str, cells: int) -> Refusal:
     )
 
 
-def group_by_hint(scope: Scope) -> str:
-    """What GROUP BY this table answers: the keys its policy opts in, or how to opt one in."""
+def group_by_hint(scope: Scope, advice: str | None = None) -> str:
+    """What GROUP BY this table answers: the keys its policy opts in, or how to opt one in;
+    after ``advice`` on the refused key (:func:`rewriter.date_hints.date_shape_advice`) if any."""
+    if advice is not None:
+        return f"{advice} {group_by_hint(scope)}"
     keys = []
     for column in sorted(scope.table.columns.values(), key=lambda c: c.attnum):
         policy = column.policy

@@ -290,6 +290,42 @@ def test_other_date_parts_as_keys_stay_refused(bi, sql):
     assert diag.sqlstate == "DP001" and "rule: no-group-by" in (diag.message_primary or "")
 
 
+_OF_YEAR = "puts the same {} of every {} in one group"
+_WEEK_START = "weeks that start on a day other than Monday"
+
+
+@pytest.mark.parametrize("sql, advice", [
+    # Metabase: "Month of year", "Quarter of year", "Day of week" breakouts
+    ('SELECT CAST(extract(month from "public"."visits"."visited_at") AS integer) AS "visited_at", count(*) AS "count" '
+     'FROM "public"."visits" GROUP BY CAST(extract(month from "public"."visits"."visited_at") AS integer) '
+     'ORDER BY CAST(extract(month from "public"."visits"."visited_at") AS integer) ASC', _OF_YEAR.format("month", "year")),
+    ('SELECT CAST(extract(quarter from "public"."visits"."visited_at") AS integer) AS "q", count(*) AS "count" '
+     'FROM "public"."visits" GROUP BY 1', _OF_YEAR.format("quarter", "year")),
+    ("SELECT extract(isodow from visited_at) AS d, count(*) FROM visits GROUP BY 1", _OF_YEAR.format("isodow", "week")),
+    # Tableau's discrete QUARTER(date) beside YEAR(date): the quarter merges the years
+    ('SELECT CAST(TRUNC(EXTRACT(QUARTER FROM "visits"."visited_at")) AS INTEGER) AS "qr:visited_at:ok", '
+     'CAST(TRUNC(EXTRACT(YEAR FROM "visits"."visited_at")) AS INTEGER) AS "yr:visited_at:ok" '
+     'FROM "public"."visits" "visits" GROUP BY 1, 2', _OF_YEAR.format("quarter", "year")),
+    ("SELECT date_part('month', visited_at), count(*) FROM visits GROUP BY 1", _OF_YEAR.format("month", "year")),
+    ("SELECT extract(hour from visited_at), count(*) FROM visits GROUP BY 1", "finer than any unit"),
+    # Metabase's default week (Sunday first): the Monday week of the next day, a day earlier
+    ('SELECT (date_trunc(\'week\', ("public"."visits"."visited_at" + INTERVAL \'1 day\')) + INTERVAL \'-1 day\') '
+     'AS "visited_at", count(*) AS "count" FROM "public"."visits" GROUP BY (date_trunc(\'week\', '
+     '("public"."visits"."visited_at" + INTERVAL \'1 day\')) + INTERVAL \'-1 day\') ORDER BY 1 ASC', _WEEK_START),
+    ('SELECT CAST((date_trunc(\'week\', ("public"."visits"."visited_on" + INTERVAL \'1 day\')) + INTERVAL \'-1 day\') '
+     'AS date) AS "visited_on", count(*) AS "count" FROM "public"."visits" GROUP BY 1', _WEEK_START),
+    # Tableau's week (Sunday first): the day minus its day of the week
+    ('SELECT CAST((DATE_TRUNC( \'day\', CAST("visits"."visited_at" AS DATE) ) + (-EXTRACT(DOW FROM '
+     '"visits"."visited_at") * INTERVAL \'1 DAY\')) AS DATE) AS "twk:visited_at:ok", SUM(1) AS "cnt" '
+     'FROM "public"."visits" "visits" GROUP BY 1', _WEEK_START),
+])
+def test_date_groupings_that_are_no_declared_key_are_refused_with_what_to_group_by_instead(bi, sql, advice):
+    diag = _refused(bi, sql)
+    assert diag.sqlstate == "DP001" and "rule: no-group-by" in (diag.message_primary or "")
+    hint = diag.message_hint or ""
+    assert advice in hint and "DATE_TRUNC('" in hint
+
+
 @pytest.mark.parametrize("sql", [
     "SELECT CAST(age AS TEXT), count(*) FROM visits GROUP BY 1",        # not a category column
     "SELECT CAST(sex AS varchar(1)), count(*) FROM visits GROUP BY 1",  # a typmod: not one to one
