@@ -52,7 +52,7 @@ from .sql_text import literal, operator
 from .types import INT4, INTEGER_TYPES, NUMERIC, NUMERIC_TYPES
 
 __all__ = ["DATE", "GroupKey", "KeyRange", "TIMESTAMP", "TIMESTAMPTZ", "column_key_count", "group_key", "key_form",
-           "key_ranges", "year_extract"]
+           "key_over_columns", "key_ranges", "year_extract"]
 
 DATE, TIMESTAMP, TIMESTAMPTZ = 1082, 1114, 1184
 TIME_TYPES = frozenset({DATE, TIMESTAMP, TIMESTAMPTZ})
@@ -344,6 +344,19 @@ def key_form(node: exp.Expression) -> bool:
         node = node.this
     return (isinstance(node, (exp.Column, exp.TimestampTrunc, exp.DateTrunc, exp.WidthBucket))
             or epoch_bucket(node) is not None or _year_of(_year_number(node)) is not None)
+
+
+def key_over_columns(node: exp.Expression) -> bool:
+    """Whether ``node`` is a time or bin key written over a column, as a wrapper subquery may
+    select it (:mod:`rewriter.flatten`): ``date_trunc`` of a column or of its cast to a time type,
+    ``width_bucket`` of a column, Grafana's epoch bucket or the year's ``EXTRACT``; maybe cast."""
+    if _year_of(_year_number(node)) is not None:
+        return True
+    if isinstance(node, exp.Cast):
+        node = node.this
+    if isinstance(node, (exp.TimestampTrunc, exp.DateTrunc)):
+        return _time_source(node.this) is not None
+    return (isinstance(node, exp.WidthBucket) and isinstance(node.this, exp.Column)) or epoch_bucket(node) is not None
 
 
 def group_key(node: exp.Expression, scope: Scope) -> GroupKey:

@@ -99,6 +99,21 @@ def test_metabase_source_wrapper_with_a_cast_key_and_a_category_gives_their_cros
     assert len(rows) == 4 * 2 and [r[1] for r in rows[:2]] == ["Female", "Male"]
 
 
+@pytest.mark.parametrize("sql", [
+    # Metabase: a Year breakout computed in the "source" subquery
+    'SELECT "source"."visited_at" AS "visited_at", count(*) AS "count" FROM (SELECT CAST(extract(year from '
+    '"public"."visits"."visited_at") AS integer) AS "visited_at" FROM "public"."visits") AS "source" '
+    'GROUP BY "source"."visited_at" ORDER BY "source"."visited_at" ASC',
+    # Tableau: a Custom SQL Query that selects a truncated cast, grouped above it
+    'SELECT "Custom SQL Query"."m" AS "m", SUM(1) AS "cnt" FROM (SELECT DATE_TRUNC(\'MONTH\', CAST(logged_at AS DATE)) '
+    'AS m FROM visits) "Custom SQL Query" GROUP BY 1',
+])
+def test_wrappers_selecting_a_year_or_a_truncated_cast_are_answered(bi, admin, sql):
+    # Refused before (no-subquery): the wrapper's column is a year or time key written over a column.
+    rows, direct = _both(bi, admin, sql, timezone="Europe/Berlin")
+    assert {r[0] for r in rows} <= {r[0] for r in direct} and len(rows) in (1, 12)
+
+
 @pytest.mark.parametrize("sql, rule", [
     # a computed column that is no key: still not modelled
     ("SELECT count(*) FROM (SELECT age + 1 AS a FROM visits) AS s", "no-subquery"),
@@ -109,6 +124,10 @@ def test_metabase_source_wrapper_with_a_cast_key_and_a_category_gives_their_cros
     ("SELECT s.m, count(*) FROM (SELECT date_trunc('month', visited_at) AS m FROM visits) AS s", "no-row-access"),
     # a wrapper's key as an aggregate's argument is not a column
     ("SELECT sum(s.b) FROM (SELECT width_bucket(score, 0, 1, 4) AS b FROM visits) AS s", "aggregate-argument"),
+    ("SELECT sum(s.y) FROM (SELECT EXTRACT(YEAR FROM visited_at) AS y FROM visits) AS s", "aggregate-argument"),
+    # a truncated cast of something other than a column is no key
+    ("SELECT s.m, count(*) FROM (SELECT date_trunc('month', CAST(age AS text)::date) AS m FROM visits) AS s GROUP BY 1",
+     "no-subquery"),
 ])
 def test_wrapper_columns_that_would_release_more_stay_refused(bi, sql, rule):
     diag = _refused(bi, sql)
