@@ -69,6 +69,7 @@ _UNIT_SPELLINGS: dict[str, TimeUnit] = {
     **dict.fromkeys(("YEAR", "YEARS", "Y", "YR", "YRS"), "year"),
 }
 _KEY_TEXT = "YYYY-MM-DD"
+_WIDTHS: dict[TimeUnit, str] = {"day": "1 day", "week": "7 days", "month": "1 month", "quarter": "3 months", "year": "1 year"}
 _LABEL_CASTS = frozenset({exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR})  # without a typmod: one to one
 _YEAR_CASTS = frozenset({exp.DataType.Type.INT, exp.DataType.Type.BIGINT, exp.DataType.Type.DECIMAL})
 _TIME_CASTS = frozenset({exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ})  # to_char's format of a bucket's start: its date, in any DateStyle
@@ -184,8 +185,7 @@ class GroupKey:
             return name
         if self.kind == "time":
             assert self.unit is not None and self.first is not None
-            end = bucket_start(self.unit, self.first, self.count)
-            within = f"{operator(name, '>=', self._time_literal(self.first))} AND {operator(name, '<', self._time_literal(end))}"
+            within = f"{operator(name, '>=', self._time_literal(self.first))} AND {operator(name, '<', self._end_sql())}"
             # A date beyond timestamp's range (year 294277 and later) fails date_trunc's cast;
             # CASE evaluates it only for the rows within the declared range, where no cast
             # between date, timestamp and timestamptz fails. The bucket is PostgreSQL's own of
@@ -194,8 +194,7 @@ class GroupKey:
             return f"CASE WHEN {within} THEN pg_catalog.date_trunc({literal(self.unit)}, {source}) END"
         if self.kind == "epoch":
             assert self.first is not None
-            end = epoch_start(self._first_index + self.count, self.seconds)
-            within = f"{operator(name, '>=', self._utc_literal(self.first))} AND {operator(name, '<', self._utc_literal(end))}"
+            within = f"{operator(name, '>=', self._utc_literal(self.first))} AND {operator(name, '<', self._end_sql())}"
             index = f"pg_catalog.floor({operator(f'EXTRACT(EPOCH FROM {name})', '/', str(self.seconds))})"
             return f"CASE WHEN {within} THEN {index} END"
         assert self.bins is not None
@@ -206,6 +205,25 @@ class GroupKey:
             return bucket
         # width_bucket raises for a NaN operand: a NaN row is in no cell.
         return f"CASE WHEN {operator(name, '=', literal('NaN'))} THEN NULL ELSE {bucket} END"
+
+    def _end_sql(self) -> str:
+        """The moment the key's last bucket ends, in the column's type. A range that reaches the
+        year 9999 ends in the year 10000, which ``datetime`` cannot hold: then it is written as
+        the last bucket's start plus its width, for PostgreSQL to add."""
+        assert self.first is not None
+        if self.kind == "epoch":
+            try:
+                return self._utc_literal(epoch_start(self._first_index + self.count, self.seconds))
+            except OverflowError:
+                last, width = self._utc_literal(epoch_start(self._first_index + self.count - 1, self.seconds)), \
+                    f"{self.seconds} seconds"
+        else:
+            assert self.unit is not None
+            try:
+                return self._time_literal(bucket_start(self.unit, self.first, self.count))
+            except (OverflowError, ValueError):
+                last, width = self._time_literal(bucket_start(self.unit, self.first, self.count - 1)), _WIDTHS[self.unit]
+        return operator(last, '+', f"CAST({literal(width)} AS pg_catalog.interval)")
 
     def _time_literal(self, moment: datetime) -> str:
         if self.column.type_oid == DATE:
