@@ -110,7 +110,7 @@ _FUNCTIONS = frozenset(
         "replace", "btrim", "trim", "ltrim", "rtrim", "lower", "upper", "length",
         "char_length", "octet_length", "substr", "substring", "left", "right", "position",
         "strpos", "concat", "concat_ws", "format", "quote_ident", "quote_literal",
-        "quote_nullable", "split_part", "like_escape", "starts_with", "abs", "round",
+        "quote_nullable", "split_part", "like_escape", "starts_with", "abs", "round", "trunc",
         "floor", "ceil", "ceiling", "mod", "now", "current_timestamp", "pg_typeof",
         "pg_size_pretty",
         # a date part of a value (EXTRACT(YEAR FROM ...) over a released year key's start)

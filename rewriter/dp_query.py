@@ -21,6 +21,7 @@ from policies.tables import ColumnInfo, Relation
 
 from .column_names import output_names
 from .constants import Folding
+from .date_hints import date_shape_advice
 from .flatten import flatten
 from .group_keys import GroupKey, KeyRange, group_by_hint, group_key, key_form, key_ranges
 from .identifiers import identifier
@@ -293,7 +294,7 @@ def _group_item(item: exp.Expression, tree: exp.Select, scope: Scope) -> exp.Exp
             SQLSTATE.DP_QUERY_SHAPE,
             f"GROUP BY {item.sql('postgres')} is not allowed on protected table {scope.table.display_name} "
             "(rule: no-group-by)",
-            group_by_hint(scope),
+            group_by_hint(scope, date_shape_advice(item)),
             "no-group-by",
         )
     return item

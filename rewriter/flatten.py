@@ -9,8 +9,8 @@ so the statement releases exactly what one aggregate over the base table with ev
 WHERE ANDed releases. The outer level's column names are mapped through the projections to
 the base table's columns; every WHERE is then validated like any other (``validate_predicate``).
 
-A wrapper may also select a grouping key expression, ``date_trunc(unit, col)`` or
-``width_bucket(col, ...)`` maybe cast (Metabase's ``SELECT "source"."d" AS "d", count(*) FROM
+A wrapper may also select a grouping key expression, ``date_trunc(unit, col)``,
+``width_bucket(col, ...)`` or ``EXTRACT(YEAR FROM col)``, maybe cast (Metabase's ``SELECT "source"."d" AS "d", count(*) FROM
 (SELECT date_trunc('month', "public"."t"."d") AS "d" FROM "public"."t") AS "source" GROUP BY
 "source"."d"``): a reference to it above is replaced by the expression, which is then judged
 where it is used, exactly as if written there (a declared GROUP BY key, or refused).
@@ -29,7 +29,7 @@ from sqlglot import exp
 
 from policies.errors import Refusal
 
-from .epoch_buckets import epoch_bucket
+from .group_keys import key_over_columns
 from .identifiers import identifier
 from .post_process import default_name
 from .scope import Scope
@@ -126,14 +126,12 @@ def _projection(inner: exp.Select, scope: Scope) -> dict[str, exp.Expression]:
 
 def _key_projection(item: exp.Expression) -> bool:
     """Whether a computed wrapper column is written as a grouping key: ``date_trunc(unit, col)``
-    or ``width_bucket(col, lo, hi, n)``, maybe cast (Metabase's ``"source"`` subquery selects its
-    breakouts so). Referring to it above is writing the expression there: what it may be used
-    for (a GROUP BY key, or nothing) is decided there, on the expression, as for any other."""
-    if isinstance(item, exp.Cast):
-        item = item.this
-    if epoch_bucket(item) is not None:
-        return True
-    return isinstance(item, (exp.TimestampTrunc, exp.DateTrunc, exp.WidthBucket)) and isinstance(item.this, exp.Column)
+    (``col`` maybe cast to a time type), ``width_bucket(col, lo, hi, n)``, the year's ``EXTRACT``,
+    maybe cast (Metabase's ``"source"`` subquery selects its breakouts so, Tableau's Custom SQL
+    its dates; :func:`rewriter.group_keys.key_over_columns`). Referring to it above is writing
+    the expression there: what it may be used for (a GROUP BY key, or nothing) is decided
+    there, on the expression, as for any other."""
+    return key_over_columns(item)
 
 
 def _on_base_columns(item: exp.Expression, scope: Scope) -> exp.Expression:

@@ -44,6 +44,7 @@ from policies.tables import ColumnInfo, quote_identifier
 from policies.time_buckets import TimeUnit, bucket_count, bucket_index, bucket_start, truncate
 
 from .constants import NotFoldable, qualified_constant
+from .date_hints import date_shape_advice
 from .epoch_buckets import DAY_SECONDS, bucket_of, epoch_bucket, epoch_seconds
 from .epoch_buckets import bucket_start as epoch_start
 from .scope import Scope
@@ -51,7 +52,7 @@ from .sql_text import literal, operator
 from .types import INT4, INTEGER_TYPES, NUMERIC, NUMERIC_TYPES
 
 __all__ = ["DATE", "GroupKey", "KeyRange", "TIMESTAMP", "TIMESTAMPTZ", "column_key_count", "group_key", "key_form",
-           "key_ranges", "year_extract"]
+           "key_over_columns", "key_ranges", "year_extract"]
 
 DATE, TIMESTAMP, TIMESTAMPTZ = 1082, 1114, 1184
 TIME_TYPES = frozenset({DATE, TIMESTAMP, TIMESTAMPTZ})
@@ -68,9 +69,12 @@ _UNIT_SPELLINGS: dict[str, TimeUnit] = {
     **dict.fromkeys(("YEAR", "YEARS", "Y", "YR", "YRS"), "year"),
 }
 _KEY_TEXT = "YYYY-MM-DD"
+_WIDTHS: dict[TimeUnit, str] = {"day": "1 day", "week": "7 days", "month": "1 month", "quarter": "3 months", "year": "1 year"}
 _LABEL_CASTS = frozenset({exp.DataType.Type.TEXT, exp.DataType.Type.VARCHAR})  # without a typmod: one to one
 _YEAR_CASTS = frozenset({exp.DataType.Type.INT, exp.DataType.Type.BIGINT, exp.DataType.Type.DECIMAL})
 _TIME_CASTS = frozenset({exp.DataType.Type.DATE, exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ})  # to_char's format of a bucket's start: its date, in any DateStyle
+_CAST_NAMES = {exp.DataType.Type.DATE: "date", exp.DataType.Type.TIMESTAMP: "timestamp",
+               exp.DataType.Type.TIMESTAMPTZ: "timestamptz"}
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,8 @@ class GroupKey:
     ``width_bucket``'s bounds and bucket count, ``bin_type`` the overload PostgreSQL resolves
     the call to (``double precision`` unless the column or a bound is ``numeric``).
     An ``epoch`` key's ``first`` is its first bucket's start (UTC) and ``seconds`` its width.
+    A time key's ``cast`` is the type (``date``, ``timestamp``, ``timestamptz``) the column is
+    cast to inside ``date_trunc`` (Tableau's ``DATE_TRUNC('MONTH', CAST(col AS DATE))``), or None.
     """
 
     column: ColumnInfo
@@ -94,11 +100,12 @@ class GroupKey:
     bins: tuple[float, float, int] | None = None
     bin_type: Literal["double precision", "numeric"] = "double precision"
     seconds: int = 0
+    cast: str | None = None
 
     @property
-    def identity(self) -> tuple[str, str, str | None, tuple[float, float, int] | None, str, int]:
+    def identity(self) -> tuple[str, str, str | None, tuple[float, float, int] | None, str, int, str | None]:
         """What the key groups by, whatever part of its domain a query answers."""
-        return (self.column.name, self.kind, self.unit, self.bins, self.bin_type, self.seconds)
+        return (self.column.name, self.kind, self.unit, self.bins, self.bin_type, self.seconds, self.cast)
 
     def narrowed(self, lo: datetime | None, hi: datetime | None) -> GroupKey:
         """A time key's buckets that meet [lo, hi] (None: unbounded on that side); maybe none."""
@@ -178,15 +185,16 @@ class GroupKey:
             return name
         if self.kind == "time":
             assert self.unit is not None and self.first is not None
-            end = bucket_start(self.unit, self.first, self.count)
-            within = f"{operator(name, '>=', self._time_literal(self.first))} AND {operator(name, '<', self._time_literal(end))}"
+            within = f"{operator(name, '>=', self._time_literal(self.first))} AND {operator(name, '<', self._end_sql())}"
             # A date beyond timestamp's range (year 294277 and later) fails date_trunc's cast;
-            # CASE evaluates it only for the rows within the declared range.
-            return f"CASE WHEN {within} THEN pg_catalog.date_trunc({literal(self.unit)}, {name}) END"
+            # CASE evaluates it only for the rows within the declared range, where no cast
+            # between date, timestamp and timestamptz fails. The bucket is PostgreSQL's own of
+            # the expression the statement groups by, cast included.
+            source = name if self.cast is None else f"CAST({name} AS pg_catalog.{self.cast})"
+            return f"CASE WHEN {within} THEN pg_catalog.date_trunc({literal(self.unit)}, {source}) END"
         if self.kind == "epoch":
             assert self.first is not None
-            end = epoch_start(self._first_index + self.count, self.seconds)
-            within = f"{operator(name, '>=', self._utc_literal(self.first))} AND {operator(name, '<', self._utc_literal(end))}"
+            within = f"{operator(name, '>=', self._utc_literal(self.first))} AND {operator(name, '<', self._end_sql())}"
             index = f"pg_catalog.floor({operator(f'EXTRACT(EPOCH FROM {name})', '/', str(self.seconds))})"
             return f"CASE WHEN {within} THEN {index} END"
         assert self.bins is not None
@@ -197,6 +205,25 @@ class GroupKey:
             return bucket
         # width_bucket raises for a NaN operand: a NaN row is in no cell.
         return f"CASE WHEN {operator(name, '=', literal('NaN'))} THEN NULL ELSE {bucket} END"
+
+    def _end_sql(self) -> str:
+        """The moment the key's last bucket ends, in the column's type. A range that reaches the
+        year 9999 ends in the year 10000, which ``datetime`` cannot hold: then it is written as
+        the last bucket's start plus its width, for PostgreSQL to add."""
+        assert self.first is not None
+        if self.kind == "epoch":
+            try:
+                return self._utc_literal(epoch_start(self._first_index + self.count, self.seconds))
+            except OverflowError:
+                last, width = self._utc_literal(epoch_start(self._first_index + self.count - 1, self.seconds)), \
+                    f"{self.seconds} seconds"
+        else:
+            assert self.unit is not None
+            try:
+                return self._time_literal(bucket_start(self.unit, self.first, self.count))
+            except (OverflowError, ValueError):
+                last, width = self._time_literal(bucket_start(self.unit, self.first, self.count - 1)), _WIDTHS[self.unit]
+        return operator(last, '+', f"CAST({literal(width)} AS pg_catalog.interval)")
 
     def _time_literal(self, moment: datetime) -> str:
         if self.column.type_oid == DATE:
@@ -262,6 +289,9 @@ class KeyRange:
     key: int  # index into the plan's keys
     op: str  # >=, >, <=, <, =
     sql: str
+    # A string literal: PostgreSQL reads it as the column's type (a date column's
+    # '5874897-12-31' is a date, beyond what a timestamp holds).
+    untyped: bool = False
 
 
 _RANGE_OPS: dict[type[exp.Expression], str] = {exp.GTE: ">=", exp.GT: ">", exp.LTE: "<=", exp.LT: "<", exp.EQ: "="}
@@ -289,7 +319,7 @@ def key_ranges(where: exp.Expression | None, keys: tuple[GroupKey, ...], scope: 
             index = _key_column(column, columns, scope)
             sql = _constant(value)
             if index is not None and sql is not None:
-                ranges.append(KeyRange(index, op, sql))
+                ranges.append(KeyRange(index, op, sql, _string_literal(value)))
     return tuple(ranges)
 
 
@@ -299,6 +329,12 @@ def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
     if isinstance(node, exp.And):
         return _conjuncts(node.this) + _conjuncts(node.expression)
     return [node]
+
+
+def _string_literal(node: exp.Expression | None) -> bool:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return isinstance(node, exp.Literal) and node.is_string
 
 
 def _key_column(node: exp.Expression, columns: dict[str, int], scope: Scope) -> int | None:
@@ -325,7 +361,20 @@ def key_form(node: exp.Expression) -> bool:
     if isinstance(node, exp.Cast):
         node = node.this
     return (isinstance(node, (exp.Column, exp.TimestampTrunc, exp.DateTrunc, exp.WidthBucket))
-            or epoch_bucket(node) is not None or _year_of(node) is not None)
+            or epoch_bucket(node) is not None or _year_of(_year_number(node)) is not None)
+
+
+def key_over_columns(node: exp.Expression) -> bool:
+    """Whether ``node`` is a time or bin key written over a column, as a wrapper subquery may
+    select it (:mod:`rewriter.flatten`): ``date_trunc`` of a column or of its cast to a time type,
+    ``width_bucket`` of a column, Grafana's epoch bucket or the year's ``EXTRACT``; maybe cast."""
+    if _year_of(_year_number(node)) is not None:
+        return True
+    if isinstance(node, exp.Cast):
+        node = node.this
+    if isinstance(node, (exp.TimestampTrunc, exp.DateTrunc)):
+        return _time_source(node.this) is not None
+    return (isinstance(node, exp.WidthBucket) and isinstance(node.this, exp.Column)) or epoch_bucket(node) is not None
 
 
 def group_key(node: exp.Expression, scope: Scope) -> GroupKey:
@@ -338,12 +387,12 @@ def group_key(node: exp.Expression, scope: Scope) -> GroupKey:
         # A bucket's start cast to a date or timestamp names the same bucket (the cast is one to
         # one on starts of days and longer units): the key is the bucket, the cast post-processing.
         return _time_key(node.this, scope)
-    year = _year_of(node.this if isinstance(node, exp.Cast) and node.to.this in _YEAR_CASTS else node)
+    year = _year_of(_year_number(node))
     if year is not None:
-        # EXTRACT(YEAR FROM col) (Tableau's YEAR(date) dimension, maybe cast to an integer) is
+        # EXTRACT(YEAR FROM col) (Tableau's YEAR(date) dimension, CAST(TRUNC(...) AS INTEGER)) is
         # one to one with date_trunc('year', col): the key is the year's bucket, and the
-        # EXTRACT (and the cast) post-processing of its start (post_process._replace_keys).
-        return _time_key(exp.TimestampTrunc(this=year, unit=exp.var("YEAR")), scope)
+        # EXTRACT (TRUNC, the cast) post-processing of its start (post_process._replace_keys).
+        return _time_key(exp.TimestampTrunc(this=year.copy(), unit=exp.var("YEAR")), scope)
     if isinstance(node, exp.Cast) and isinstance(node.this, exp.Column) and node.to.this in _LABEL_CASTS \
             and not node.to.expressions:
         # Tableau groups a dimension as CAST(col AS TEXT): over a category column the cast is one
@@ -356,7 +405,7 @@ def group_key(node: exp.Expression, scope: Scope) -> GroupKey:
     bucket = epoch_bucket(node)
     if bucket is not None:
         return _epoch_key(*bucket, scope)
-    raise _refuse(scope, f"GROUP BY {node.sql('postgres')} is not allowed on protected table")
+    raise _refuse(scope, f"GROUP BY {node.sql('postgres')} is not allowed on protected table", date_shape_advice(node))
 
 
 def year_extract(node: exp.Expression) -> bool:
@@ -364,10 +413,34 @@ def year_extract(node: exp.Expression) -> bool:
     return _year_of(node) is not None
 
 
-def _year_of(node: exp.Expression | None) -> exp.Column | None:
-    if isinstance(node, exp.Extract) and isinstance(node.this, exp.Var) and node.this.name.upper() == "YEAR" \
-            and isinstance(node.expression, exp.Column):
+def _year_number(node: exp.Expression) -> exp.Expression:
+    """``node`` without what keeps a year's number as it is: a cast to an integer or numeric (no
+    typmod) and Tableau's TRUNC, in that order."""
+    if isinstance(node, exp.Cast) and node.to.this in _YEAR_CASTS and not node.to.expressions:
+        node = node.this
+    if isinstance(node, exp.Trunc) and node.args.get("decimals") is None:
+        node = node.this
+    return node
+
+
+def _year_of(node: exp.Expression | None) -> exp.Expression | None:
+    """The column (maybe cast to a time type) of ``EXTRACT(YEAR FROM ...)`` or ``date_part('year', ...)``
+    (a :class:`~rewriter.sqlglot_parse.DatePart`, its field a string), or None."""
+    if isinstance(node, exp.Extract) and isinstance(node.this, (exp.Var, exp.Literal)) and node.this.name.upper() == "YEAR" \
+            and _time_source(node.expression) is not None:
         return node.expression
+    return None
+
+
+def _time_source(node: exp.Expression | None) -> tuple[exp.Column, str | None] | None:
+    """A time key's column and the time type it is cast to (None: not cast), or None if ``node``
+    is neither a column nor one cast to ``date``, ``timestamp`` or ``timestamptz`` (no typmod:
+    ``timestamp(0)`` rounds)."""
+    if isinstance(node, exp.Column):
+        return node, None
+    if isinstance(node, exp.Cast) and isinstance(node.this, exp.Column) and node.to.this in _CAST_NAMES \
+            and not node.to.expressions:
+        return node.this, _CAST_NAMES[node.to.this]
     return None
 
 
@@ -398,11 +471,13 @@ def _column_key(column: ColumnInfo, node: exp.Expression, scope: Scope) -> Group
 
 
 def _time_key(node: exp.Expression, scope: Scope) -> GroupKey:
-    argument = node.this
+    source = _time_source(node.this)
     unit = node.args.get("unit")
     text = unit.name.upper() if isinstance(unit, (exp.Var, exp.Literal)) else None
-    if not isinstance(argument, exp.Column) or node.args.get("zone") is not None or text is None:
-        raise _refuse(scope, "DATE_TRUNC takes a unit literal and a column, without a time zone, on protected table")
+    if source is None or node.args.get("zone") is not None or text is None:
+        raise _refuse(scope, "DATE_TRUNC takes a unit literal and a column (maybe cast to date, timestamp or "
+                             "timestamptz), without a time zone, on protected table")
+    argument, cast = source
     column = scope.column(argument)
     policy = column.policy
     chosen = _UNIT_SPELLINGS.get(text)
@@ -411,8 +486,12 @@ def _time_key(node: exp.Expression, scope: Scope) -> GroupKey:
     assert policy.time_bounds is not None
     lo, hi = policy.time_bounds
     first = truncate(chosen, lo)
-    result = TIMESTAMP if column.type_oid == TIMESTAMP else TIMESTAMPTZ  # date_trunc of a date is timestamptz
-    return GroupKey(column, "time", result, unit=chosen, first=first, count=bucket_count(chosen, lo, hi))
+    # date_trunc of a date is timestamptz (the date's implicit cast); a cast of the column to a
+    # type other than its own is PostgreSQL's, evaluated in the backend's grouping (row_sql).
+    truncated = {"date": DATE, "timestamp": TIMESTAMP, "timestamptz": TIMESTAMPTZ}.get(cast or "", column.type_oid)
+    result = TIMESTAMP if truncated == TIMESTAMP else TIMESTAMPTZ
+    return GroupKey(column, "time", result, unit=chosen, first=first, count=bucket_count(chosen, lo, hi),
+                    cast=cast if truncated != column.type_oid else None)
 
 
 def _epoch_key(argument: exp.Column, seconds: int, scope: Scope) -> GroupKey:
@@ -479,9 +558,9 @@ def _number(node: exp.Expression | None, scope: Scope) -> tuple[float, bool]:
     return (-value if negative else value), integer
 
 
-def _refuse(scope: Scope, message: str) -> Refusal:
+def _refuse(scope: Scope, message: str, advice: str | None = None) -> Refusal:
     refusal = scope.refuse(message, "no-group-by")
-    return Refusal(refusal.sqlstate, refusal.message, group_by_hint(scope), "no-group-by")
+    return Refusal(refusal.sqlstate, refusal.message, group_by_hint(scope, advice), "no-group-by")
 
 
 def _too_many(scope: Scope, what: str, cells: int) -> Refusal:
@@ -495,8 +574,11 @@ def _too_many(scope: Scope, what: str, cells: int) -> Refusal:
     )
 
 
-def group_by_hint(scope: Scope) -> str:
-    """What GROUP BY this table answers: the keys its policy opts in, or how to opt one in."""
+def group_by_hint(scope: Scope, advice: str | None = None) -> str:
+    """What GROUP BY this table answers: the keys its policy opts in, or how to opt one in;
+    after ``advice`` on the refused key (:func:`rewriter.date_hints.date_shape_advice`) if any."""
+    if advice is not None:
+        return f"{advice} {group_by_hint(scope)}"
     keys = []
     for column in sorted(scope.table.columns.values(), key=lambda c: c.attnum):
         policy = column.policy

@@ -191,8 +191,9 @@ def _replace_keys(
             if index is not None:  # EXTRACT(YEAR FROM col): the year of its bucket's start
                 child.set("expression", exp.column(f"_k{index}", table=RELEASE_ALIAS))
                 continue
-        # A cast of a key is post-processing of it: the key is what it casts.
-        index = key_of(child) if isinstance(child, (exp.Column, exp.Func, exp.Mul)) and not isinstance(child, exp.Cast) else None
+        # A cast or TRUNC of a key is post-processing of it: the key is what it casts or truncates.
+        index = (key_of(child) if isinstance(child, (exp.Column, exp.Func, exp.Mul))
+                 and not isinstance(child, (exp.Cast, exp.Trunc)) else None)
         if index is not None:
             child.replace(exp.column(f"_k{index}", table=RELEASE_ALIAS))
         else:

@@ -5,6 +5,11 @@ tag, scans the rest of the statement; with a ``''`` after a ``$1`` it fails (``a
 ''``) or mis-tokenizes. PostgreSQL's own scanner (pglast) finds the parameters exactly (never
 inside a string or a comment); each is handed to sqlglot as a named placeholder and turned
 back into ``$n`` in the tree, so the DP-query analyser sees what PostgreSQL would.
+
+sqlglot reads ``date_part('year', x)`` as ``EXTRACT(YEAR FROM x)`` and writes it back so; but
+since PostgreSQL 14 the two differ in type (``date_part`` is double precision, ``EXTRACT``
+numeric), and dpproxy runs what it writes back (post-processing, WHERE). The call keeps its
+spelling here: a :class:`DatePart` node, an ``Extract`` written as ``DATE_PART('field', x)``.
 """
 
 from __future__ import annotations
@@ -12,8 +17,32 @@ from __future__ import annotations
 import sqlglot
 from pglast.parser import ParseError, scan
 from sqlglot import exp
+from sqlglot.dialects.postgres import Postgres
+from sqlglot.parsers.postgres import PostgresParser
 
-__all__ = ["parse_postgres"]
+__all__ = ["DatePart", "parse_postgres"]
+
+
+class DatePart(exp.Extract):
+    """``date_part('field', source)``: an ``Extract`` whose field is the string literal it was
+    written with, rendered (sqlglot's generic function form) as ``DATE_PART('field', source)``."""
+
+
+class _Parser(PostgresParser):
+    FUNCTION_PARSERS = {**PostgresParser.FUNCTION_PARSERS, "DATE_PART": lambda self: self._parse_date_part_call()}
+
+    def _parse_date_part_call(self) -> exp.Expr:
+        extract = self._parse_date_part()
+        field = extract.this
+        if isinstance(field, exp.Var):
+            field = exp.Literal.string(field.name.lower())
+        return DatePart(this=field, expression=extract.expression)
+
+
+class _DpproxyPostgres(Postgres):
+    """PostgreSQL as sqlglot reads it, but for ``date_part``'s spelling (:class:`DatePart`)."""
+
+    Parser = _Parser
 
 _PLACEHOLDER = "dpproxy_param_"
 
@@ -21,20 +50,20 @@ _PLACEHOLDER = "dpproxy_param_"
 def parse_postgres(sql: str) -> exp.Expr:
     """The sqlglot tree of ``sql`` (one statement); raises sqlglot's ParseError/TokenError."""
     if "$" not in sql or _PLACEHOLDER in sql:
-        return sqlglot.parse_one(sql, read="postgres")
+        return sqlglot.parse_one(sql, read=_DpproxyPostgres)
     try:
         tokens = scan(sql)
     except ParseError:
-        return sqlglot.parse_one(sql, read="postgres")
+        return sqlglot.parse_one(sql, read=_DpproxyPostgres)
     pieces, position = [], 0
     for token in tokens:
         if token.name == "PARAM":  # start and end are the offsets of its first and last character
             pieces += [sql[position : token.start], f":{_PLACEHOLDER}{sql[token.start + 1 : token.end + 1]}"]
             position = token.end + 1
     if not pieces:
-        return sqlglot.parse_one(sql, read="postgres")
+        return sqlglot.parse_one(sql, read=_DpproxyPostgres)
     pieces.append(sql[position:])
-    tree = sqlglot.parse_one("".join(pieces), read="postgres")
+    tree = sqlglot.parse_one("".join(pieces), read=_DpproxyPostgres)
     return tree.transform(_parameter)
 
 

@@ -272,11 +272,17 @@ _KEYS = ("t", "v", "i2", "date_trunc('month', d)", "date_trunc('week', d)", "dat
          "CAST(date_trunc('month', d) AS date)", "CAST(t AS text)", "v::varchar",
          "EXTRACT(YEAR FROM ts)", "CAST(EXTRACT(YEAR FROM ts) AS integer)",
          # Grafana's $__timeGroup: epoch buckets of whole days (ts opts day in)
-         "floor(extract(epoch from ts)/604800)*604800", "floor(extract(epoch from ts)/2592000)*2592000")
+         "floor(extract(epoch from ts)/604800)*604800", "floor(extract(epoch from ts)/2592000)*2592000",
+         # Tableau's truncated casts and YEAR(date); date_part's double precision year
+         "date_trunc('month', CAST(ts AS date))", "CAST(date_trunc('week', CAST(d AS timestamp)) AS date)",
+         "date_trunc('quarter', ts::timestamptz)", "date_part('year', ts)", "CAST(TRUNC(EXTRACT(YEAR FROM ts)) AS integer)")
 _REFUSED_KEYS = ("b", "date_trunc('hour', ts)", "width_bucket(f8, 1, 1, 5)", "i4 + 1", "lower(t)",
                  "date_trunc('year', d)", "f8", "date_trunc('day', ts)", "f4",
                  "floor(extract(epoch from ts)/3600)*3600", "floor(extract(epoch from d)/86400)*86400",
-                 "CAST(i4 AS text)", "CAST(t AS varchar(1))", "EXTRACT(YEAR FROM d)", "EXTRACT(MONTH FROM ts)")
+                 "CAST(i4 AS text)", "CAST(t AS varchar(1))", "EXTRACT(YEAR FROM d)", "EXTRACT(MONTH FROM ts)",
+                 "date_trunc('month', CAST(ts AS timestamp(0)))", "date_trunc('year', CAST(d AS timestamp))",
+                 "(date_trunc('week', (d + INTERVAL '1 day')) + INTERVAL '-1 day')", "date_part('quarter', ts)",
+                 "floor(date_part('epoch', ts)/604800)*604800")
 
 
 def _grouped_case(builder: _Builder) -> Case:

@@ -144,6 +144,12 @@ _HELD = [
     ("SET TimeZone = 'America/Havana'", "SELECT date_trunc('week', tz)::date AS k, count(*) FROM {t} WHERE tz >= '2020-10-25' GROUP BY 1"),
     ("SET TimeZone = 'America/Santiago'", "SELECT date_trunc('month', d) AS k, sum(x) FROM {t} GROUP BY 1 ORDER BY 2 DESC LIMIT 3"),
     ("SET TimeZone = 'Pacific/Kiritimati'", "SELECT date_trunc('day', tz) AS k, count(*) FROM {t} WHERE tz >= now() - interval '7 years' GROUP BY 1"),
+    # date_trunc of the column cast to another time type (Tableau's), read in the session's time zone
+    ("SET TimeZone = 'America/Havana'", "SELECT CAST(date_trunc('week', CAST(tz AS date)) AS date) AS k, count(*) FROM {t} WHERE tz >= '2020-10-25' GROUP BY 1"),
+    ("SET TimeZone = 'Asia/Beirut'", "SELECT date_trunc('day', CAST(tz AS timestamp)) AS k, count(*) FROM {t} WHERE tz BETWEEN '2020-03-28' AND '2020-03-30' GROUP BY 1"),
+    ("SET TimeZone = 'Asia/Beirut'", "SELECT date_trunc('day', d::timestamp) AS k, count(*) FROM {t} WHERE d >= '2020-03-27' AND d < '2020-04-01' GROUP BY 1"),
+    ("SET TimeZone = 'America/Santiago'", "SELECT date_trunc('month', ts::timestamptz) AS k, sum(x) FROM {t} GROUP BY 1 ORDER BY 2 DESC LIMIT 3"),
+    ("", "SELECT date_trunc('day', d) AS k, count(*) FROM {t} WHERE d >= '5874897-01-01'::date OR d < '-infinity' GROUP BY 1"),
 ]
 
 

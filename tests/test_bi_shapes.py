@@ -99,6 +99,21 @@ def test_metabase_source_wrapper_with_a_cast_key_and_a_category_gives_their_cros
     assert len(rows) == 4 * 2 and [r[1] for r in rows[:2]] == ["Female", "Male"]
 
 
+@pytest.mark.parametrize("sql", [
+    # Metabase: a Year breakout computed in the "source" subquery
+    'SELECT "source"."visited_at" AS "visited_at", count(*) AS "count" FROM (SELECT CAST(extract(year from '
+    '"public"."visits"."visited_at") AS integer) AS "visited_at" FROM "public"."visits") AS "source" '
+    'GROUP BY "source"."visited_at" ORDER BY "source"."visited_at" ASC',
+    # Tableau: a Custom SQL Query that selects a truncated cast, grouped above it
+    'SELECT "Custom SQL Query"."m" AS "m", SUM(1) AS "cnt" FROM (SELECT DATE_TRUNC(\'MONTH\', CAST(logged_at AS DATE)) '
+    'AS m FROM visits) "Custom SQL Query" GROUP BY 1',
+])
+def test_wrappers_selecting_a_year_or_a_truncated_cast_are_answered(bi, admin, sql):
+    # Refused before (no-subquery): the wrapper's column is a year or time key written over a column.
+    rows, direct = _both(bi, admin, sql, timezone="Europe/Berlin")
+    assert {r[0] for r in rows} <= {r[0] for r in direct} and len(rows) in (1, 12)
+
+
 @pytest.mark.parametrize("sql, rule", [
     # a computed column that is no key: still not modelled
     ("SELECT count(*) FROM (SELECT age + 1 AS a FROM visits) AS s", "no-subquery"),
@@ -109,6 +124,10 @@ def test_metabase_source_wrapper_with_a_cast_key_and_a_category_gives_their_cros
     ("SELECT s.m, count(*) FROM (SELECT date_trunc('month', visited_at) AS m FROM visits) AS s", "no-row-access"),
     # a wrapper's key as an aggregate's argument is not a column
     ("SELECT sum(s.b) FROM (SELECT width_bucket(score, 0, 1, 4) AS b FROM visits) AS s", "aggregate-argument"),
+    ("SELECT sum(s.y) FROM (SELECT EXTRACT(YEAR FROM visited_at) AS y FROM visits) AS s", "aggregate-argument"),
+    # a truncated cast of something other than a column is no key
+    ("SELECT s.m, count(*) FROM (SELECT date_trunc('month', CAST(age AS text)::date) AS m FROM visits) AS s GROUP BY 1",
+     "no-subquery"),
 ])
 def test_wrapper_columns_that_would_release_more_stay_refused(bi, sql, rule):
     diag = _refused(bi, sql)
@@ -189,10 +208,97 @@ def test_a_category_cast_to_text_is_the_category_key(bi, admin, sql):
     "SELECT EXTRACT(YEAR FROM visited_at), count(*) FROM visits GROUP BY EXTRACT(YEAR FROM visited_at)",
     "SELECT EXTRACT(YEAR FROM visited_at) AS y, sex, count(*) FROM visits "
     "WHERE visited_at >= '2023-06-01' GROUP BY 1, 2 ORDER BY 1, 2",
+    "SELECT date_part('year', visited_at), count(*) FROM visits WHERE visited_at < '2024-01-01' GROUP BY 1",
+    # Tableau's own YEAR(date): the year's number through TRUNC, cast to an integer
+    'SELECT CAST(TRUNC(EXTRACT(YEAR FROM "visits"."visited_at")) AS INTEGER) AS "yr:visited_at:ok", '
+    'SUM(1) AS "sum:Number of Records:ok" FROM "public"."visits" "visits" GROUP BY 1',
+    "SELECT TRUNC(EXTRACT(YEAR FROM visited_at)) AS y, count(*) FROM visits GROUP BY TRUNC(EXTRACT(YEAR FROM visited_at))",
+    # a date part of a date field cast to a timestamp, as other BI tools derive it
+    "SELECT CAST(EXTRACT(YEAR FROM visited_at::TIMESTAMPTZ) AS INT) AS y, count(*) FROM visits GROUP BY 1 ORDER BY 1",
+    "SELECT CAST(date_part('year', visited_at) AS INTEGER) AS y, count(*) FROM visits GROUP BY 1",
 ])
 def test_the_year_of_a_time_column_is_its_year_key(bi, admin, sql):
     rows, _ = _both(bi, admin, sql)  # names and types as PostgreSQL's (numeric, or the cast's)
     assert {int(r[0]) for r in rows} == {2023}  # the declared range's one year, whatever the data
+
+
+@pytest.mark.parametrize("sql, type_oid", [
+    # PostgreSQL 14+: EXTRACT is numeric, date_part double precision (PostgreSQL's own
+    # spellings, each kept as written through post-processing)
+    ("SELECT EXTRACT(YEAR FROM visited_at) AS y, count(*) FROM visits GROUP BY 1", 1700),
+    ("SELECT date_part('year', visited_at), count(*) FROM visits GROUP BY 1", 701),
+    ("SELECT date_part('YEAR', visited_at) AS y, count(*) FROM visits GROUP BY date_part('YEAR', visited_at)", 701),
+    ("SELECT date_part('month', date_trunc('month', visited_at)) AS m, count(*) FROM visits "
+     "GROUP BY date_trunc('month', visited_at)", 701),
+    ("SELECT date_part('year', now()) AS y, count(*) FROM visits", 701),
+])
+def test_date_part_and_extract_keys_have_postgresqls_types(bi, admin, sql, type_oid):
+    # date_part('year', col) came back numeric: sqlglot wrote it back as EXTRACT.
+    with bi.connect() as conn:
+        cursor = conn.execute(sql)
+        assert cursor.description is not None and cursor.description[0].type_code == type_oid
+    _both(bi, admin, sql.replace("FROM visits", "FROM visits WHERE visited_at < '2024-01-01'", 1)
+          if "now()" not in sql and "date_trunc" not in sql else sql)
+
+
+def test_grafanas_epoch_group_spelled_with_date_part_is_refused_with_a_hint(bi):
+    # floor(date_part('epoch', col)/N)*N is double precision, not the numeric epoch buckets
+    # extract(epoch from col) gives: the hint names Grafana's own spelling.
+    diag = _refused(bi, "SELECT floor(date_part('epoch', visited_at)/86400)*86400 AS t, count(*) FROM visits GROUP BY 1")
+    assert diag.sqlstate == "DP001" and "rule: no-group-by" in (diag.message_primary or "")
+    assert "floor(extract(epoch from visited_at)/N)*N" in (diag.message_hint or "")
+
+
+_TABLEAU_TRUNCATED_CASTS = [
+    # Tableau's month of a date-time field (its cast to date, truncated, cast back to date), in a
+    # session whose TimeZone is not UTC: the date cast of a timestamptz is read in it, as date_trunc is
+    ('SELECT CAST(DATE_TRUNC(\'MONTH\', CAST("visits"."logged_at" AS DATE)) AS DATE) AS "tmn:logged_at:ok", '
+     'SUM(1) AS "sum:Number of Records:ok" FROM "public"."visits" "visits" GROUP BY 1', 12),
+    ('SELECT DATE_TRUNC(\'MONTH\', CAST("visits"."visited_at" AS DATE)) AS "tmn:visited_at:ok", SUM(1) AS "cnt" '
+     'FROM "public"."visits" "visits" GROUP BY 1', 12),
+    ('SELECT CAST(DATE_TRUNC(\'QUARTER\', CAST("visits"."visited_at" AS DATE)) AS DATE) AS "tqr:visited_at:ok", '
+     'COUNT(1) AS "cnt" FROM "public"."visits" "visits" GROUP BY 1', 4),
+    ('SELECT CAST(DATE_TRUNC(\'WEEK\', CAST("visits"."visited_on" AS DATE)) AS DATE) AS "twk:visited_on:ok", '
+     'COUNT(1) AS "cnt" FROM "public"."visits" "visits" WHERE "visits"."visited_on" < \'2024-01-01\' GROUP BY 1', 53),
+    ('SELECT DATE_TRUNC(\'DAY\', CAST("visits"."logged_at" AS DATE)) AS "tdy:logged_at:ok", COUNT(1) AS "cnt" '
+     'FROM "public"."visits" "visits" WHERE "visits"."logged_at" >= \'2023-03-01\' AND "visits"."logged_at" < \'2023-04-01\' '
+     'GROUP BY 1', 31),
+    # Tableau's month through a timestamp cast (its SQL for a date-time field on some versions)
+    ('SELECT DATE_TRUNC( \'MONTH\', CAST("visits"."logged_at" AS TIMESTAMP) ) AS "tmn:logged_at:ok", '
+     'COUNT(1) AS "cnt" FROM "public"."visits" "visits" GROUP BY 1', 12),
+    ("SELECT date_trunc('month', visited_at::timestamptz) AS m, count(*) FROM visits GROUP BY 1 ORDER BY 1", 12),
+    ("SELECT CAST(EXTRACT(YEAR FROM CAST(visited_at AS DATE)) AS INTEGER) AS y, count(*) FROM visits GROUP BY 1", 1),
+]
+
+
+@pytest.mark.parametrize("sql, cells", _TABLEAU_TRUNCATED_CASTS)
+def test_date_trunc_of_a_time_column_cast_to_a_time_type_is_its_time_key(bi, admin, sql, cells):
+    # Refused before (no-group-by): the backend groups by PostgreSQL's own expression, cast
+    # included, so each row is in the cell PostgreSQL would put it in, over the declared range.
+    rows, direct = _both(bi, admin, sql, timezone="America/New_York")  # names and types as PostgreSQL's
+    keys = [r[0] for r in rows]
+    assert len(keys) == cells and keys == sorted(keys)
+    assert set(keys) <= {r[0] for r in direct}  # every cell is one PostgreSQL's groups are named by
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT date_trunc('hour', CAST(logged_at AS DATE)), count(*) FROM visits GROUP BY 1",          # finer than a day
+    "SELECT date_trunc('month', CAST(logged_at AS timestamp(0))), count(*) FROM visits GROUP BY 1",  # a typmod rounds
+    "SELECT date_trunc('quarter', CAST(logged_at AS DATE)), count(*) FROM visits GROUP BY 1",       # quarter not opted in
+    "SELECT date_trunc('month', CAST(device AS DATE)), count(*) FROM visits GROUP BY 1",             # not a time column
+    "SELECT date_trunc('month', CAST(visited_at + interval '1 day' AS DATE)), count(*) FROM visits GROUP BY 1",
+])
+def test_other_truncated_casts_stay_refused(bi, sql):
+    diag = _refused(bi, sql)
+    assert diag.sqlstate == "DP001" and "rule: no-group-by" in (diag.message_primary or "")
+    assert "DATE_TRUNC(" in (diag.message_hint or "")
+
+
+def test_a_truncated_cast_and_the_plain_key_are_different_expressions(bi):
+    # As in PostgreSQL: the select list's DATE_TRUNC of the cast is not the GROUP BY's key.
+    diag = _refused(bi, "SELECT DATE_TRUNC('MONTH', CAST(visited_at AS DATE)) AS m, count(*) FROM visits "
+                        "GROUP BY DATE_TRUNC('MONTH', visited_at)")
+    assert diag.sqlstate == "42803"
 
 
 @pytest.mark.parametrize("sql", [
@@ -203,6 +309,42 @@ def test_the_year_of_a_time_column_is_its_year_key(bi, admin, sql):
 def test_other_date_parts_as_keys_stay_refused(bi, sql):
     diag = _refused(bi, sql)
     assert diag.sqlstate == "DP001" and "rule: no-group-by" in (diag.message_primary or "")
+
+
+_OF_YEAR = "puts the same {} of every {} in one group"
+_WEEK_START = "weeks that start on a day other than Monday"
+
+
+@pytest.mark.parametrize("sql, advice", [
+    # Metabase: "Month of year", "Quarter of year", "Day of week" breakouts
+    ('SELECT CAST(extract(month from "public"."visits"."visited_at") AS integer) AS "visited_at", count(*) AS "count" '
+     'FROM "public"."visits" GROUP BY CAST(extract(month from "public"."visits"."visited_at") AS integer) '
+     'ORDER BY CAST(extract(month from "public"."visits"."visited_at") AS integer) ASC', _OF_YEAR.format("month", "year")),
+    ('SELECT CAST(extract(quarter from "public"."visits"."visited_at") AS integer) AS "q", count(*) AS "count" '
+     'FROM "public"."visits" GROUP BY 1', _OF_YEAR.format("quarter", "year")),
+    ("SELECT extract(isodow from visited_at) AS d, count(*) FROM visits GROUP BY 1", _OF_YEAR.format("isodow", "week")),
+    # Tableau's discrete QUARTER(date) beside YEAR(date): the quarter merges the years
+    ('SELECT CAST(TRUNC(EXTRACT(QUARTER FROM "visits"."visited_at")) AS INTEGER) AS "qr:visited_at:ok", '
+     'CAST(TRUNC(EXTRACT(YEAR FROM "visits"."visited_at")) AS INTEGER) AS "yr:visited_at:ok" '
+     'FROM "public"."visits" "visits" GROUP BY 1, 2', _OF_YEAR.format("quarter", "year")),
+    ("SELECT date_part('month', visited_at), count(*) FROM visits GROUP BY 1", _OF_YEAR.format("month", "year")),
+    ("SELECT extract(hour from visited_at), count(*) FROM visits GROUP BY 1", "finer than any unit"),
+    # Metabase's default week (Sunday first): the Monday week of the next day, a day earlier
+    ('SELECT (date_trunc(\'week\', ("public"."visits"."visited_at" + INTERVAL \'1 day\')) + INTERVAL \'-1 day\') '
+     'AS "visited_at", count(*) AS "count" FROM "public"."visits" GROUP BY (date_trunc(\'week\', '
+     '("public"."visits"."visited_at" + INTERVAL \'1 day\')) + INTERVAL \'-1 day\') ORDER BY 1 ASC', _WEEK_START),
+    ('SELECT CAST((date_trunc(\'week\', ("public"."visits"."visited_on" + INTERVAL \'1 day\')) + INTERVAL \'-1 day\') '
+     'AS date) AS "visited_on", count(*) AS "count" FROM "public"."visits" GROUP BY 1', _WEEK_START),
+    # Tableau's week (Sunday first): the day minus its day of the week
+    ('SELECT CAST((DATE_TRUNC( \'day\', CAST("visits"."visited_at" AS DATE) ) + (-EXTRACT(DOW FROM '
+     '"visits"."visited_at") * INTERVAL \'1 DAY\')) AS DATE) AS "twk:visited_at:ok", SUM(1) AS "cnt" '
+     'FROM "public"."visits" "visits" GROUP BY 1', _WEEK_START),
+])
+def test_date_groupings_that_are_no_declared_key_are_refused_with_what_to_group_by_instead(bi, sql, advice):
+    diag = _refused(bi, sql)
+    assert diag.sqlstate == "DP001" and "rule: no-group-by" in (diag.message_primary or "")
+    hint = diag.message_hint or ""
+    assert advice in hint and "DATE_TRUNC('" in hint
 
 
 @pytest.mark.parametrize("sql", [
@@ -226,6 +368,45 @@ def test_other_casts_as_keys_stay_refused(bi, sql):
 def test_an_aggregate_of_a_cast_that_may_change_a_value_stays_refused(bi, sql):
     diag = _refused(bi, sql)
     assert diag.sqlstate == "DP001" and "rule: aggregate-argument" in (diag.message_primary or "")
+
+
+# ---------------------------------------------------------------- time ranges beyond timestamp's
+
+
+@pytest.mark.parametrize("where, cells", [
+    # a date past timestamp's range (294276 AD) bounding a date column: typed, untyped, in a BETWEEN
+    ("visited_on >= '5874897-01-01'::date", 0),
+    ("visited_on <= '5874897-12-31'", 12),
+    ("visited_on BETWEEN '2023-01-01' AND '300000-01-01'::date", 12),
+    ("visited_on >= 'infinity'", 0),
+    ("visited_on < '-infinity'", 0),
+    ("visited_on > '4713-01-01 BC' AND visited_on < '20000-01-01'", 12),
+    ("visited_on = '5874897-12-31'::date", 0),
+])
+def test_a_date_bound_beyond_timestamps_range_narrows_without_error(bi, where, cells):
+    # These failed with 22008 (date out of range for timestamp) while narrowing, before any charge.
+    with bi.connect() as conn:
+        before = conn.execute("SHOW dpproxy.budget").fetchone()
+        rows = conn.execute(f"SELECT date_trunc('month', visited_on) AS m, count(*) FROM visits WHERE {where} "
+                            "GROUP BY 1").fetchall()
+        after = conn.execute("SHOW dpproxy.budget").fetchone()
+    assert len(rows) == cells
+    assert (after[1] - before[1] > 0) == (cells > 0)  # no cell: nothing released, nothing charged
+
+
+@pytest.mark.parametrize("sql, cells", [
+    # timestamp and timestamptz columns compared with such a date, as PostgreSQL compares them
+    ("SELECT date_trunc('month', visited_at), count(*) FROM visits WHERE visited_at >= '294277-01-01'::date GROUP BY 1", 0),
+    ("SELECT date_trunc('day', logged_at), count(*) FROM visits WHERE logged_at < '294277-01-01'::date "
+     "AND logged_at >= '2023-12-01' GROUP BY 1", 31),
+    ('SELECT floor(extract(epoch from logged_at)/86400)*86400 AS "time", count(*) FROM visits '
+     "WHERE logged_at BETWEEN '2023-12-01' AND 'infinity' GROUP BY 1", 31),
+    ('SELECT floor(extract(epoch from visited_at)/86400)*86400 AS "time", count(*) FROM visits '
+     "WHERE visited_at >= '5874897-01-01'::date GROUP BY 1", 0),
+])
+def test_time_and_epoch_keys_narrow_by_dates_beyond_timestamps_range(bi, admin, sql, cells):
+    rows, _ = _both(bi, admin, sql)
+    assert len(rows) == cells
 
 
 # ---------------------------------------------------------------- Grafana

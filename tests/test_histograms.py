@@ -434,6 +434,26 @@ def test_width_bucket_resolves_to_the_overload_postgresql_picks(admin, bounds, o
     assert f'pg_catalog.width_bucket(CAST("age" AS {overload})' in backend_sql(plan, seed=0)
 
 
+@pytest.mark.parametrize("group_by", [
+    "date_trunc('year', d)", "date_trunc('week', d)", "date_trunc('day', d)",
+    "floor(extract(epoch from d)/604800)*604800",
+])
+def test_a_time_range_ending_in_9999_groups_its_last_bucket(admin, group_by):
+    """The last bucket of a range that ends on 9999-12-31 ends in the year 10000, past what a
+    Python datetime holds: planning failed with ValueError (an internal error). Its end is now
+    PostgreSQL's sum of the bucket's start and width, and the row in it is counted."""
+    admin.execute("CREATE TEMP TABLE far (d date)")
+    admin.execute("INSERT INTO far VALUES ('9999-12-31'), ('9990-01-01'), ('infinity'), ('5874897-12-31')")
+    d = ColumnPolicy(bounds=("9990-01-01", "9999-12-31"), group_by=True)
+    relation = Relation(1, "pg_temp", "far", TablePolicy(epsilon=1.0, max_cells=100_000, columns={"d": d}),
+                        {"d": ColumnInfo("d", 1082, -1, 1, d, array_type_oid=1182)})
+    plan = plan_aggregate_query(f"SELECT {group_by}, count(*) FROM far GROUP BY 1", relation)
+    key = plan.groups[0]
+    rows = admin.execute(backend_sql(plan, seed=0)).fetchall()
+    cells = [key.cell_of(None if row[0] is None else str(row[0]).encode()) for row in rows]
+    assert key.size - 1 in cells and 0 in cells  # the rows of 9999-12-31 and 9990-01-01; the others in no cell
+
+
 _NAMED = [
     "SELECT date_trunc('month', visited_on), count(*) FROM visits GROUP BY 1",
     "SELECT date_trunc('month', visited_on)::date, count(*) FROM visits GROUP BY 1",

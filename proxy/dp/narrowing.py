@@ -17,12 +17,15 @@ from datetime import datetime, timedelta
 
 from proxy.backend.connection import BackendSession, BoundParams
 from rewriter.dp_query import AggregateQuery
-from rewriter.group_keys import TIMESTAMPTZ, GroupKey, KeyRange
+from rewriter.group_keys import DATE, TIMESTAMP, TIMESTAMPTZ, GroupKey, KeyRange
 from rewriter.rewrite import backend_sql
 
 __all__ = ["narrow_keys", "range_query"]
 
 _WALL_CLOCK = "YYYY-MM-DD HH24:MI:SS.US BC"
+_AFTER, _BEFORE = "after", "before"
+_HELD = ("9999-12-31 23:59:59.999999", "0001-01-01 00:00:00")  # what datetime holds
+_COLUMN_TYPES = {DATE: "date", TIMESTAMP: "timestamp", TIMESTAMPTZ: "timestamptz"}
 
 
 async def narrow_keys(plan: AggregateQuery, params: BoundParams, backend: BackendSession) -> tuple[AggregateQuery, BoundParams]:
@@ -55,24 +58,44 @@ async def narrow_keys(plan: AggregateQuery, params: BoundParams, backend: Backen
 
 
 def range_query(plan: AggregateQuery) -> str:
-    """One SELECT of every range value as the wall-clock time it is in the key column's type."""
+    """One SELECT of every range value as the wall-clock time it is in the key column's type.
+
+    A value beyond what ``datetime`` holds (years past 9999, a date past timestamp's range,
+    ``infinity``) is reported as ``after``, one before year 1 (BC, ``-infinity``) as ``before``:
+    compared, not cast, since the cast of a date past 294276 to a timestamp fails (22008) and
+    the comparison (PostgreSQL's cross-type one) does not.
+    """
     return "SELECT " + ", ".join(_wall_clock(limit, plan.groups[limit.key]) for limit in plan.ranges)
 
 
 def _wall_clock(limit: KeyRange, key: GroupKey) -> str:
     # A date column is compared with a time as the timestamp of its midnight, so its bound
-    # keeps the time: cast to date, `d < '2000-03-01 12:00'` would end before March 1, which
-    # that WHERE keeps, and drop March's bucket. A date value reads as its midnight either way.
+    # keeps the time: cast to date, `d < '2000-03-01 12:00'::timestamp` would end before
+    # March 1, which that WHERE keeps, and drop March's bucket. A date value reads as its
+    # midnight either way. A string literal is read as the column's type first, as the WHERE
+    # reads it.
     type_name = "timestamptz" if key.column.type_oid == TIMESTAMPTZ else "timestamp"
-    value = f"CAST(({limit.sql}) AS pg_catalog.{type_name})"
+    value = f"({limit.sql})"
+    if limit.untyped:
+        value = f"CAST({value} AS pg_catalog.{_COLUMN_TYPES.get(key.column.type_oid, type_name)})"
+    moment = f"CAST({value} AS pg_catalog.{type_name})"
     if key.kind == "epoch" and key.column.type_oid == TIMESTAMPTZ:
-        value = f"({value} AT TIME ZONE 'UTC')"  # epoch buckets are read in UTC (rewriter/epoch_buckets.py)
-    return f"pg_catalog.to_char({value}, '{_WALL_CLOCK}')"
+        moment = f"({moment} AT TIME ZONE 'UTC')"  # epoch buckets are read in UTC (rewriter/epoch_buckets.py)
+    last, first = (f"CAST('{bound}' AS pg_catalog.{type_name})" for bound in _HELD)
+    return (f"CASE WHEN {value} OPERATOR(pg_catalog.>) {last} THEN '{_AFTER}' "
+            f"WHEN {value} OPERATOR(pg_catalog.<) {first} THEN '{_BEFORE}' "
+            f"ELSE pg_catalog.to_char({moment}, '{_WALL_CLOCK}') END")
 
 
 def _moment(value: bytes | None) -> datetime | None:
-    """A wall-clock time; None (no narrowing on that side) for NULL, ±infinity, BC and years
-    past 9999, which ``datetime`` cannot hold and no declared range reaches."""
+    """A wall-clock time; None (no narrowing on that side) for NULL. A value past what
+    ``datetime`` holds is ``datetime.max`` (after every declared range), one before it
+    ``datetime.min``; a time that does not parse (a year past 9999 after the epoch keys'
+    shift to UTC) is None."""
+    if value == _AFTER.encode():
+        return datetime.max
+    if value == _BEFORE.encode():
+        return datetime.min
     if value is None or not value.endswith(b" AD"):
         return None
     try:
