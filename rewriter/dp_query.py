@@ -88,6 +88,11 @@ class AggregateQuery:
     ranges: tuple[KeyRange, ...] = ()
 
     @property
+    def keys_only(self) -> bool:
+        """A GROUP BY that asks for no aggregate: its answer is the declared keys, from the policy alone."""
+        return bool(self.groups) and not self.aggregates
+
+    @property
     def cells(self) -> int:
         """How many cells the release has: the product of the keys' domains (1 without GROUP BY)."""
         return math.prod(key.size for key in self.groups)
@@ -108,8 +113,21 @@ def plan_aggregate_query(sql: str, table: Relation, function_names: frozenset[st
     tree, enclosing, depth = _release_level(tree)
     names = (_names(sql, depth), _names(sql, 0) if enclosing is not None else None)
     tree, scope = flatten(tree, scope)
+    distinct = _distinct_as_grouping(tree)
     scope = _check_clauses(tree, scope)
-    groups = _grouping(tree, scope)
+    try:
+        groups = _grouping(tree, scope)
+    except Refusal as refusal:
+        if distinct and refusal.rule == "no-group-by":
+            raise Refusal(
+                refusal.sqlstate,
+                f"SELECT DISTINCT {', '.join(item.sql('postgres') for item in tree.args['group'].expressions)} is not "
+                f"allowed on protected table {scope.table.display_name} (rule: no-distinct)",
+                "SELECT DISTINCT is answered only over declared GROUP BY keys, with every declared key whatever the "
+                "rows hold. " + group_by_hint(scope),
+                "no-distinct",
+            ) from None
+        raise
     post = None
     if enclosing is None and not groups and _plain(tree):
         aggregates = tuple(_aggregate(item, scope) for item in tree.expressions)
@@ -199,7 +217,7 @@ def _post_processed(
     columns, ``rewriter.column_names``)."""
     if tree.find(exp.Filter) is not None:
         raise scope.refuse("aggregate FILTER is not allowed on protected table", "no-filter")
-    if not any(item.find(exp.AggFunc) for item in tree.expressions):
+    if not groups and not any(item.find(exp.AggFunc) for item in tree.expressions):
         raise scope.refuse("non-aggregate output is not allowed on protected table", "no-row-access")
     released: list[Aggregate] = []
     index: dict[tuple[str, str | None, str, bool, int], int] = {}
@@ -229,6 +247,29 @@ def _post_processed(
         names=names[0], top_names=names[1],
     )
     return tuple(released), post
+
+
+def _distinct_as_grouping(tree: exp.Select) -> bool:
+    """Turn ``SELECT DISTINCT`` of plain output expressions into the GROUP BY of them; whether it did.
+
+    With no aggregate, no GROUP BY and no HAVING, ``SELECT DISTINCT a, b`` is ``SELECT a, b
+    GROUP BY a, b`` in PostgreSQL (Superset's column values: ``SELECT DISTINCT sex AS
+    column_values FROM t``). Over declared keys that is answered as their cells' keys, from the
+    policy alone; anything else is refused as the GROUP BY would be. DISTINCT ON, ``*`` and
+    DISTINCT beside aggregates or of a constant are left for the clause check to refuse.
+    """
+    distinct = tree.args.get("distinct")
+    if not isinstance(distinct, exp.Distinct) or distinct.args.get("on") is not None:
+        return False
+    if any(tree.args.get(key) is not None for key in ("group", "having")):
+        return False
+    items = [item.this if isinstance(item, exp.Alias) else item for item in tree.expressions]
+    if any(item.find(exp.AggFunc, exp.Star, exp.WithinGroup) is not None or item.find(exp.Column) is None
+           for item in items):
+        return False  # a constant would be read as a GROUP BY position
+    tree.set("distinct", None)
+    tree.set("group", exp.Group(expressions=[item.copy() for item in items]))
+    return True
 
 
 def _grouping(tree: exp.Select, scope: Scope) -> tuple[GroupKey, ...]:

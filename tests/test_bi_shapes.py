@@ -13,7 +13,7 @@ from decimal import Decimal
 
 import psycopg
 import pytest
-from conftest import RunningProxy, TestDatabase, running_proxy
+from conftest import RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from test_histograms import POLICY, _TABLE_SQL, _TABLES
 
 from proxy.demo.embedded import SERVICE_ROLE
@@ -321,3 +321,130 @@ def test_power_bi_folded_group_by_under_an_outer_filter_is_answered(bi, admin):
 def test_superset_chart_types_draw_every_declared_cell(bi, admin, sql, cells):
     rows, _ = _both(bi, admin, sql)
     assert len(rows) == cells
+
+
+# ---------------------------------------------------------------- filter value lists: keys without aggregates
+
+_MARCH_TO_JUNE = ("visited_at >= TO_TIMESTAMP('2023-03-01 00:00:00.000000', 'YYYY-MM-DD HH24:MI:SS.US') "
+                  "AND visited_at < TO_TIMESTAMP('2023-07-01 00:00:00.000000', 'YYYY-MM-DD HH24:MI:SS.US')")
+
+
+def _answered_free(proxy: RunningProxy, sql: str) -> tuple[list[tuple], list[str]]:
+    """``sql``'s rows and notices through dpproxy, asserting it charged nothing."""
+    with proxy.connect() as conn:
+        notices: list[str] = []
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        before = spent_epsilon(conn)
+        rows = conn.execute(sql).fetchall()
+        assert spent_epsilon(conn) == before, sql
+    return rows, notices
+
+
+@pytest.mark.parametrize("sql, keys", [
+    # Superset: a dashboard's native Value filter (filter_select), sorted ascending
+    ("SELECT sex AS sex FROM public.visits GROUP BY sex ORDER BY sex ASC LIMIT 1000", [("Female",), ("Male",)]),
+    # Superset: the explore view's column values (/api/v1/datasource/table/<id>/column/<col>/values/)
+    ("SELECT DISTINCT sex AS column_values \nFROM public.visits \n LIMIT 10000", [("Male",), ("Female",)]),
+    # Power BI: a slicer over a category, folded
+    ('select "sex" from (select "_"."sex" from "public"."visits" "_") "_" group by "sex" limit 1000001',
+     [("Male",), ("Female",)]),
+    # an `other` key is a key like the categories
+    ("SELECT DISTINCT race FROM visits ORDER BY race DESC", [("White",), ("Other",), ("Black",)]),
+])
+def test_a_filters_value_list_on_an_opted_in_category_is_its_declared_keys_at_no_cost(bi, admin, sql, keys):
+    rows, direct = _both(bi, admin, sql)
+    assert rows == keys
+    assert ("Unknown",) in direct or (None,) in direct  # the rows hold values the policy does not declare
+
+
+def test_a_value_list_says_in_its_notice_that_it_cost_nothing(bi):
+    rows, notices = _answered_free(bi, "SELECT sex FROM visits GROUP BY sex")
+    assert rows == [("Male",), ("Female",)]
+    (notice,) = notices
+    assert notice.startswith("dpproxy: ε charged 0, δ 0 for 2 groups (their declared keys only") and "remaining ε" in notice
+
+
+def test_a_value_list_of_a_time_key_is_its_buckets_in_the_statements_time_range(bi, admin):
+    sql = (f"SELECT DATE_TRUNC('MONTH', visited_at) AS visited_at FROM public.visits WHERE {_MARCH_TO_JUNE} "
+           "GROUP BY DATE_TRUNC('MONTH', visited_at) ORDER BY visited_at LIMIT 10000")
+    rows, direct = _both(bi, admin, sql)
+    assert [r[0].month for r in rows] == [3, 4, 5, 6] and rows == direct
+
+
+@pytest.mark.parametrize("keys, count, where", [
+    ("sex", 1, "age > 40"),
+    ("race, width_bucket(score, 0, 1, 4)", 2, "sex = 'Female'"),
+    ("DATE_TRUNC('week', visited_on), sex", 2, "visited_on BETWEEN '2023-02-01' AND '2023-03-01'"),
+    ("CAST(DATE_TRUNC('month', visited_on) AS date)", 1, "visited_on >= '2023-11-15'"),
+    ("age", 1, "income < 10"),
+])
+def test_a_value_list_is_the_key_columns_of_the_histogram_it_lists(bi, keys, count, where):
+    """Keys without aggregates answer what the same GROUP BY with a count answers in its key
+    columns: the declared keys, narrowed by the statement's own time bounds, nothing else."""
+    listed, _ = _answered_free(bi, f"SELECT {keys} FROM visits WHERE {where} GROUP BY {keys}")
+    with bi.connect() as conn:
+        histogram = conn.execute(f"SELECT {keys}, COUNT(*) FROM visits WHERE {where} GROUP BY {keys}").fetchall()
+    assert listed == [row[:count] for row in histogram] and listed
+
+
+def test_a_value_list_does_not_depend_on_the_rows(bi):
+    lists = {table: _answered_free(bi, f"SELECT DISTINCT race, sex FROM {table} WHERE age > 30")[0]
+             for table in ("visits", "kp_empty", "kp_alien")}
+    assert lists["visits"] == lists["kp_empty"] == lists["kp_alien"] and len(lists["visits"]) == 6
+
+
+def test_a_value_list_never_reads_the_table(bi, admin):
+    """Answered even where dpproxy's service role may not read the table: neither the rows nor
+    the WHERE are ever run, so nothing about them can show in the answer, its errors or its time."""
+    admin.execute(f"REVOKE SELECT ON kp_alien FROM {SERVICE_ROLE}")
+    try:
+        rows, _ = _answered_free(bi, "SELECT sex FROM kp_alien WHERE age > 1 OR sex = 'X' GROUP BY sex")
+        assert rows == [("Male",), ("Female",)]
+        with bi.connect() as conn, pytest.raises(psycopg.Error):
+            conn.execute("SELECT sex, COUNT(*) FROM kp_alien GROUP BY sex")  # a histogram reads it
+    finally:
+        admin.execute(f"GRANT SELECT ON kp_alien TO {SERVICE_ROLE}")
+
+
+def test_a_value_list_with_an_aggregate_in_having_is_a_charged_histogram(bi):
+    with bi.connect() as conn:
+        before = spent_epsilon(conn)
+        rows = conn.execute("SELECT sex FROM visits GROUP BY sex HAVING COUNT(*) > -1000").fetchall()
+        assert spent_epsilon(conn) == before + 1.0
+    assert sorted(rows) == [("Female",), ("Male",)]
+
+
+@pytest.mark.parametrize("sql, rule", [
+    ("SELECT device AS device FROM public.visits GROUP BY device ORDER BY device ASC LIMIT 1000", "no-group-by"),
+    ("SELECT DISTINCT income AS column_values FROM public.visits LIMIT 10000", "no-distinct"),
+    ('select "device" from (select "_"."device" from "public"."visits" "_") "_" group by "device" limit 1000001',
+     "no-group-by"),
+    ("SELECT DISTINCT ON (sex) sex FROM visits", "no-distinct"),
+    ("SELECT DISTINCT 1 FROM visits", "no-distinct"),
+    ("SELECT DISTINCT * FROM visits", "no-distinct"),
+    ("SELECT DISTINCT sex, COUNT(*) FROM visits", "no-distinct"),
+    ("SELECT DISTINCT sex, device FROM visits", "no-distinct"),
+    ("SELECT sex FROM visits", "no-row-access"),
+    ("SELECT DISTINCT lower(sex) FROM visits", "no-distinct"),
+])
+def test_value_lists_of_values_the_policy_does_not_declare_stay_refused(bi, sql, rule):
+    diag = _refused(bi, sql)
+    assert diag.sqlstate == "DP001" and f"(rule: {rule})" in (diag.message_primary or ""), diag.message_primary
+    assert diag.message_hint
+
+
+def test_a_value_list_through_the_extended_protocol_binary_results_and_copy(bi, admin):
+    sql = "SELECT DATE_TRUNC('quarter', visited_on) AS q, sex FROM visits WHERE visited_on >= %s AND visited_on < '2024-01-01' GROUP BY 1, 2 ORDER BY 1, 2"
+    with bi.connect(prepare_threshold=0) as conn:
+        before = spent_epsilon(conn)
+        cursor = conn.cursor(binary=True)
+        rows = cursor.execute(sql, ("2023-07-01",)).fetchall()
+        names = [(c.name, c.type_code) for c in cursor.description or ()]
+        with conn.cursor().copy("COPY (SELECT sex FROM visits GROUP BY sex) TO STDOUT") as copy:
+            copied = b"".join(bytes(chunk) for chunk in copy)
+        assert conn.execute("SELECT sex FROM visits GROUP BY sex LIMIT 0").fetchall() == []
+        assert spent_epsilon(conn) == before
+    direct = admin.execute(sql, ("2023-07-01",))
+    assert names == [(c.name, c.type_code) for c in direct.description or ()]
+    assert [(r[0].month, r[1]) for r in rows] == [(7, "Female"), (7, "Male"), (10, "Female"), (10, "Male")]
+    assert copied == b"Male\nFemale\n"

@@ -21,7 +21,9 @@ from policies.errors import SQLSTATE, Refusal
 from policies.model import Policy
 from policies.tables import TableRegistry
 from proxy.backend.connection import BackendError, BackendLost, BackendSession, BackendUnavailable, BoundParams, ResultSet
-from proxy.dp.answer import DPAnswer, query_delta, release_cells, release_params, release_row, released_labels, result_fields
+from proxy.dp.answer import (
+    DPAnswer, declared_keys, query_delta, release_cells, release_params, release_row, released_labels, result_fields,
+)
 from proxy.dp.answer_time import on_the_quantum, quantum_deadline
 from proxy.dp.budget import BudgetKeeper
 from proxy.dp.folding import bind_constants
@@ -489,6 +491,14 @@ class Executor:
             problem = untranslatable("\n".join([sql, post, *released_labels(plan)]), encoding)
             if problem is not None:
                 raise problem
+        if plan.keys_only:
+            # A GROUP BY without aggregates (a BI filter's list of values): the declared keys,
+            # from the policy and the statement alone. The WHERE never runs on the rows, so
+            # nothing is released and nothing is charged.
+            keys = declared_keys(plan, encoding.codec)
+            balance = await self.server.budget.balance(self.user)
+            notice = f"{keys.notice()}; remaining ε {balance.remaining_epsilon:g}, δ {balance.remaining_delta:g}"
+            return await self._post_processed(plan, keys, result_formats), [notice], Cost(0.0, 0.0, None, None)
         # The aggregates too: different ones can share the backend SQL (sum_count AVG is a
         # clamped SUM and a COUNT, so ``sum(x), avg(x)`` runs what ``sum(x), sum(x), count(x)``
         # runs), and a repeat must be the same release, not another's values under these columns.
