@@ -280,14 +280,18 @@ _REFUSED_KEYS = ("b", "date_trunc('hour', ts)", "width_bucket(f8, 1, 1, 5)", "i4
 
 
 def _grouped_case(builder: _Builder) -> Case:
-    """A GROUP BY over declared keys (issue 19): keys first, then aggregates per cell."""
+    """A GROUP BY over declared keys (issue 19): keys first, then aggregates per cell; or keys only
+    (a filter's list of values), maybe as SELECT DISTINCT."""
     rng = builder.rng
     keys = rng.sample(_KEYS, rng.choice([1, 1, 2]))
     if rng.random() < 0.08:
         keys[0] = rng.choice(_REFUSED_KEYS)
     numeric = [c.name for c in COLUMNS if c.numeric]
     aggregates = []
-    for _ in range(rng.randint(1, 3)):
+    # A filter's list of values: keys without aggregates (answered with the declared keys, ε 0),
+    # also as SELECT DISTINCT of them.
+    keys_only = rng.random() < 0.2
+    for _ in range(0 if keys_only else rng.randint(1, 3)):
         kind = rng.randrange(9)
         aggregates.append(
             ["COUNT(*)", f"COUNT({rng.choice(COLUMNS).name})", f"COUNT(DISTINCT {rng.choice(COLUMNS).name})",
@@ -295,12 +299,14 @@ def _grouped_case(builder: _Builder) -> Case:
              f"MODE() WITHIN GROUP (ORDER BY {rng.choice(['t', 'v'])})", f"MIN({rng.choice(numeric)})",
              "SUM(1)" if rng.random() < 0.5 else f"AVG(CAST({rng.choice(numeric)} AS {rng.choice(_CASTS)}))"][kind])
     named = [f"{key} AS k{i}" if rng.random() < 0.4 else key for i, key in enumerate(keys)]
-    sql = f"SELECT {', '.join(named + aggregates)} FROM {{table}}"
+    distinct = keys_only and rng.random() < 0.4
+    sql = f"SELECT {'DISTINCT ' if distinct else ''}{', '.join(named + aggregates)} FROM {{table}}"
     if rng.random() < 0.7:
         sql += f" WHERE {builder.predicate(rng.randint(0, 2))}"
     positional = rng.random() < 0.4
-    sql += " GROUP BY " + ", ".join(str(i + 1) if positional else key for i, key in enumerate(keys))
-    if rng.random() < 0.1:
+    if not distinct:
+        sql += " GROUP BY " + ", ".join(str(i + 1) if positional else key for i, key in enumerate(keys))
+    if not distinct and rng.random() < 0.1:
         sql += " HAVING COUNT(*) IS NOT NULL"
     if rng.random() < 0.3:
         sql += " ORDER BY 1" + rng.choice(["", " DESC"])
