@@ -426,6 +426,9 @@ def test_a_value_list_with_an_aggregate_in_having_is_a_charged_histogram(bi):
     ("SELECT DISTINCT sex, device FROM visits", "no-distinct"),
     ("SELECT sex FROM visits", "no-row-access"),
     ("SELECT DISTINCT lower(sex) FROM visits", "no-distinct"),
+    # how many values are present would come from the rows
+    ("SELECT count(*) FROM (SELECT sex FROM visits GROUP BY sex) AS t", "no-subquery"),
+    ("SELECT count(*) FROM (SELECT DISTINCT sex FROM visits) AS t", "no-subquery"),
 ])
 def test_value_lists_of_values_the_policy_does_not_declare_stay_refused(bi, sql, rule):
     diag = _refused(bi, sql)
