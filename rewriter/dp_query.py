@@ -31,7 +31,7 @@ from .sqlglot_parse import parse_postgres
 from .statements import split_statements
 from .types import FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, MAX_ABS_BOUND, NUMERIC, NUMERIC_TYPES, aggregate_result_type
 
-__all__ = ["Aggregate", "AggregateQuery", "asks_for_no_row", "plan_aggregate_query"]
+__all__ = ["Aggregate", "AggregateQuery", "SeriesLimit", "asks_for_no_row", "plan_aggregate_query"]
 
 AggregateKind = Literal["count", "sum", "avg", "min", "max", "mode"]
 
@@ -86,6 +86,9 @@ class AggregateQuery:
     # WHERE conjuncts bounding a time key's column: its buckets outside them are left out
     # once the values are known (proxy/dp/narrowing.py), before the charge.
     ranges: tuple[KeyRange, ...] = ()
+    # A GROUP BY joined to a subquery that ranks its series (rewriter/series_limit.py): its
+    # cells are kept where the ranking keeps theirs.
+    series: SeriesLimit | None = None
 
     @property
     def keys_only(self) -> bool:
@@ -98,11 +101,29 @@ class AggregateQuery:
         return math.prod(key.size for key in self.groups)
 
 
-def plan_aggregate_query(sql: str, table: Relation, function_names: frozenset[str] | None = None) -> AggregateQuery:
+@dataclass(frozen=True)
+class SeriesLimit:
+    """The series a GROUP BY keeps: those another GROUP BY over the same table, ``ranking``,
+    keeps after its post-processing (Superset's *Series limit*; rewriter/series_limit.py).
+
+    ``ranking``'s outer statement returns, last, the number of each cell it keeps. ``pairs``
+    match each key of ``ranking`` (second) with the restricted plan's key (first) it is joined
+    to; every key of ``ranking`` is in one pair.
+    """
+
+    ranking: AggregateQuery
+    pairs: tuple[tuple[int, int], ...]
+
+
+def plan_aggregate_query(
+    sql: str, table: Relation, function_names: frozenset[str] | None = None, ranking: bool = False
+) -> AggregateQuery:
     """Validate ``sql`` (one SELECT that references ``table`` and nothing else) into a plan.
 
     ``function_names``: every function name of the backend, for the outer statement's check
-    of attribute-notation calls (``rewriter.function_check``)."""
+    of attribute-notation calls (``rewriter.function_check``). ``ranking``: the statement ranks
+    the series of another (:class:`SeriesLimit`): it must be a GROUP BY, and its outer statement
+    also returns each kept row's cell number."""
     scope = Scope(table, frozenset({table.name}), function_names)
     try:
         tree = parse_postgres(sql)
@@ -129,10 +150,12 @@ def plan_aggregate_query(sql: str, table: Relation, function_names: frozenset[st
             ) from None
         raise
     post = None
+    if ranking and (enclosing is not None or not groups):
+        raise scope.refuse("a subquery that ranks series must be a GROUP BY over declared keys of", "no-subquery")
     if enclosing is None and not groups and _plain(tree):
         aggregates = tuple(_aggregate(item, scope) for item in tree.expressions)
     else:
-        aggregates, post = _post_processed(tree, scope, enclosing, groups, names)
+        aggregates, post = _post_processed(tree, scope, enclosing, groups, names, ordinal=ranking)
     _check_combination(aggregates, groups, scope)
     where = tree.args.get("where")
     predicate = plan_predicate(where.this, scope) if where is not None else None
@@ -211,6 +234,7 @@ def _post_processed(
     enclosing: Callable[[exp.Select], exp.Expression] | None = None,
     groups: tuple[GroupKey, ...] = (),
     names: tuple[list[str | None] | None, list[str | None] | None] = (None, None),
+    ordinal: bool = False,
 ) -> tuple[tuple[Aggregate, ...], PostProcess]:
     """The distinct aggregates the statement uses (the release) and its outer statement
     (``names``: PostgreSQL's names of the aggregate level's and the outermost level's output
@@ -244,7 +268,7 @@ def _post_processed(
     post = outer_statement(
         tree, release, lambda message, rule: scope.refuse(f"{message} protected table", rule), enclosing,
         keys=len(groups), key_of=key_of if groups else None, function_names=scope.function_names,
-        names=names[0], top_names=names[1],
+        names=names[0], top_names=names[1], ordinal=ordinal,
     )
     return tuple(released), post
 

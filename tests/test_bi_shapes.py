@@ -451,3 +451,88 @@ def test_a_value_list_through_the_extended_protocol_binary_results_and_copy(bi, 
     assert names == [(c.name, c.type_code) for c in direct.description or ()]
     assert [(r[0].month, r[1]) for r in rows] == [(7, "Female"), (7, "Male"), (10, "Female"), (10, "Male")]
     assert copied == b"Male\nFemale\n"
+
+
+# ---------------------------------------------------------------- Superset's series limit: a ranked subquery
+
+_VISITS_RANGE = ("visited_at >= TO_TIMESTAMP('2023-03-01 00:00:00.000000', 'YYYY-MM-DD HH24:MI:SS.US') "
+                 "AND visited_at < TO_TIMESTAMP('2023-07-01 00:00:00.000000', 'YYYY-MM-DD HH24:MI:SS.US')")
+
+
+def _series_limited(limit: int, metric: str = "COUNT(*)", ranking_metric: str = "COUNT(*)") -> str:
+    """A line or bar chart over time split by sex with a *Series limit*, as Superset 6.1 sends it."""
+    return (f"SELECT DATE_TRUNC('MONTH', visited_at) AS visited_at, sex AS sex, {metric} AS count "
+            f"FROM public.visits JOIN (SELECT sex AS sex__, {ranking_metric} AS mme_inner__ FROM public.visits "
+            f"WHERE {_VISITS_RANGE} GROUP BY sex ORDER BY {ranking_metric} DESC LIMIT {limit}) AS series_limit "
+            f"ON sex = sex__ WHERE {_VISITS_RANGE} GROUP BY DATE_TRUNC('MONTH', visited_at), sex "
+            "ORDER BY count DESC LIMIT 10000")
+
+
+def test_a_series_limit_keeps_the_series_its_noised_ranking_puts_first(bi, admin):
+    rows, direct = _both(bi, admin, _series_limited(1))
+    # Male has twice Female's rows: its noised count is ahead whatever the noise (scale 2).
+    assert sorted((r[0].month, r[1]) for r in rows) == sorted((r[0].month, r[1]) for r in direct)
+    assert sorted((r[0].month, r[1]) for r in rows) == [(3, "Male"), (4, "Male"), (5, "Male"), (6, "Male")]
+    for row, exact in zip(sorted(rows), sorted(direct)):
+        assert abs(row[2] - exact[2]) < 60  # discrete Laplace scale 2: fails by chance with p < 1e-12
+
+
+def test_a_series_limit_above_the_number_of_series_keeps_every_declared_series(bi, admin):
+    rows, _ = _both(bi, admin, _series_limited(5))
+    assert sorted((r[0].month, r[1]) for r in rows) == sorted((m, s) for m in (3, 4, 5, 6) for s in ("Female", "Male"))
+
+
+def test_a_series_limit_is_charged_once_its_epsilon_split_over_both_releases(bi):
+    with bi.connect() as conn:
+        notices: list[str] = []
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        before = spent_epsilon(conn)
+        conn.execute(_series_limited(1, "SUM(income)")).fetchall()
+        assert spent_epsilon(conn) == pytest.approx(before + 1.0)
+    (notice,) = notices
+    # Two columns (the chart's metric and the ranking's) share ε = 1: each cell's count has scale 2.
+    assert notice.startswith("dpproxy: ε charged 1, δ 0 for 8 groups") and "sum(income): laplace scale 2000" in notice
+    assert "series ranking count(*): laplace scale 2 " in notice, notice
+
+
+def test_a_series_limit_whose_ranking_is_post_processed_to_nothing_answers_no_row(bi):
+    sql = _series_limited(5).replace("ORDER BY COUNT(*) DESC LIMIT 5", "HAVING COUNT(*) < -1000000")
+    with bi.connect() as conn:
+        assert conn.execute(sql).fetchall() == []
+
+
+@pytest.mark.parametrize("sql, rule", [
+    # a LEFT JOIN keeps every series
+    (_series_limited(1).replace("FROM public.visits JOIN", "FROM public.visits LEFT JOIN"), "no-subquery"),
+    # the ranking over another table
+    (_series_limited(1).replace("FROM public.visits WHERE", "FROM public.kp_empty WHERE"), "no-subquery"),
+    # the ranking is no GROUP BY: its rows would be the rows
+    (_series_limited(1).replace("GROUP BY sex ORDER BY COUNT(*) DESC", "ORDER BY age DESC"), "no-subquery"),
+    # joined on a column that is not the ranking's key
+    (_series_limited(1).replace("ON sex = sex__", "ON race = sex__"), "no-subquery"),
+    # a ranking key left out of the join: one row would join several ranked rows
+    (_series_limited(1).replace("SELECT sex AS sex__,", "SELECT sex AS sex__, race AS race__,")
+     .replace("GROUP BY sex ORDER", "GROUP BY sex, race ORDER"), "no-subquery"),
+    # joined on a key the statement does not group by
+    (_series_limited(1).replace("GROUP BY DATE_TRUNC('MONTH', visited_at), sex ORDER", "GROUP BY 1, 2 ORDER")
+     .replace("sex AS sex, COUNT(*) AS count FROM public.visits JOIN", "race AS sex, COUNT(*) AS count FROM "
+              "public.visits JOIN").replace("GROUP BY 1, 2", "GROUP BY 1, race"), "no-subquery"),
+    # anything but an equality of keys
+    (_series_limited(1).replace("ON sex = sex__", "ON sex < sex__"), "no-subquery"),
+    (_series_limited(1).replace("ON sex = sex__", "ON sex = sex__ OR true"), "no-subquery"),
+    # the ranking's metric in the answer is a value per row, not post-processing of the cells
+    (_series_limited(1).replace("COUNT(*) AS count FROM", "mme_inner__ AS count FROM"), "42803"),
+    # the ranking's aggregate must be one a histogram answers
+    (_series_limited(1, ranking_metric="MAX(age)"), "aggregate-not-allowed"),
+    # GROUP BY over a key not opted in, inside
+    (_series_limited(1).replace("SELECT sex AS sex__", "SELECT device AS sex__").replace("GROUP BY sex ORDER", "GROUP BY device ORDER"),
+     "no-group-by"),
+    ("SELECT sex, COUNT(*) FROM visits JOIN LATERAL (SELECT sex AS s FROM visits GROUP BY sex LIMIT 1) AS l "
+     "ON sex = s GROUP BY sex", "no-subquery"),
+    ("SELECT sex, COUNT(*) FROM visits JOIN (SELECT sex AS s FROM visits GROUP BY sex LIMIT 1) AS l USING (sex) "
+     "GROUP BY sex", "no-subquery"),
+])
+def test_other_joins_to_a_subquery_stay_refused(bi, sql, rule):
+    diag = _refused(bi, sql)
+    assert diag.sqlstate == rule or (diag.sqlstate == "DP001" and f"(rule: {rule})" in (diag.message_primary or "")), (
+        diag.sqlstate, diag.message_primary)
