@@ -7,8 +7,8 @@ create a physical dataset on ``people`` and an aggregate virtual dataset, then d
 with ``/api/v1/chart/data`` and run SQL Lab. Each DP chart must come back as numbers near the
 truth: big numbers, a table of aggregates, and — the policy opts ``sex`` and ``signed_up`` in
 to GROUP BY — a pie and a bar chart by sex and a monthly line over a time range, one row per
-declared key; a native filter's list of values of ``sex`` is its declared categories, at no
-cost. A chart grouped by a column not opted in, a filter on one, or samples, must come back as
+declared key, and line and bar charts split by sex with a *Series limit*; a native filter's
+list of values of ``sex`` is its declared categories, at no cost. A chart grouped by a column not opted in, a filter on one, or samples, must come back as
 dpproxy's refusal: its rule and hint shown by Superset, its SQLSTATE (DP001) on the wire, as
 the relay saw it.
 Superset missing is a failure that says how to install it, never a skip.
@@ -41,7 +41,8 @@ TIME_RANGE = ("2023-03-01", "2023-09-01")
 # dpproxy that recorded them did not: the replay then fails until it does.
 MUST_ANSWER = frozenset({"connect", "introspect", "physical-dataset", "big-number", "big-number-time-range",
                          "big-number-filter", "table-of-aggregates", "virtual-dataset", "sql-lab",
-                         "pie-chart", "bar-chart", "time-series-chart", "native-filter", "column-values"})
+                         "pie-chart", "bar-chart", "time-series-chart", "native-filter", "column-values",
+                         "series-limit-line", "series-limit-bar"})
 VIRTUAL_SQL = "SELECT count(*) AS n, avg(age) AS avg_age FROM people WHERE age > 30"
 ROW_LEVEL_SQL = "SELECT * FROM people WHERE age > 30"
 
@@ -342,6 +343,47 @@ def test_superset_column_values_of_an_opted_in_category_are_its_declared_keys(st
     assert status == 200, body
     assert sorted(body["result"]) == ["Female", "Male"], body
     answered = [r for r in stack.relay.statements() if r.phase == "column-values" and "people" in r.sql]
+    assert answered and {r.outcome for r in answered} == {"ok"}, answered
+
+
+def _series_limited(stack: Stack, dataset: int, viz_type: str, limit: int) -> tuple[int, Any]:
+    """A monthly count over a time range split by ``sex`` with a *Series limit* ranked by the count,
+    as the explore view sends a line or bar chart over time with a dimension."""
+    start, end = TIME_RANGE
+    axis = {"timeGrain": "P1M", "columnType": "BASE_AXIS", "sqlExpression": "signed_up", "label": "signed_up",
+            "expressionType": "SQL"}
+    query = {"metrics": ["count"], "columns": [axis, "sex"], "series_columns": ["sex"], "series_limit": limit,
+             "series_limit_metric": "count", "orderby": [["count", False]], "row_limit": 10000,
+             "filters": [{"col": "signed_up", "op": "TEMPORAL_RANGE", "val": f"{start} : {end}"}],
+             "extras": {"having": "", "where": ""}}
+    payload = {"datasource": {"id": dataset, "type": "table"}, "force": True, "queries": [query],
+               "form_data": {"viz_type": viz_type, "datasource": f"{dataset}__table", "limit": limit,
+                             "groupby": ["sex"], "timeseries_limit_metric": "count"},
+               "result_format": "json", "result_type": "full"}
+    return stack.api.post("/api/v1/chart/data", payload)
+
+
+@pytest.mark.parametrize("viz_type, phase", [("echarts_timeseries_line", "series-limit-line"),
+                                             ("echarts_timeseries_bar", "series-limit-bar")])
+def test_superset_series_limit_draws_the_series_its_noised_ranking_puts_first(
+        stack: Stack, physical_dataset: int, admin, viz_type: str, phase: str):
+    """A *Series limit* of 1 joins the chart to a subquery ranking the series by their count:
+    answered as that ranking's histogram and the chart's, charged once. Male has twice Female's
+    rows, so its noised count ranks first whatever the noise."""
+    stack.relay.phase = phase
+    with stack.proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        rows = _rows(*_series_limited(stack, physical_dataset, viz_type, 1))
+        # Charged once; the bar chart sends the line's very statement, a repeat at no cost.
+        assert spent_epsilon(conn) - before == pytest.approx(1.0 if viz_type.endswith("line") else 0.0)
+    assert {row["sex"] for row in rows} == {"Male"} and len(rows) == 6, rows  # March to August 2023
+    start, end = TIME_RANGE
+    exact = dict(admin.execute(
+        f"SELECT extract(epoch FROM date_trunc('month', signed_up))::bigint * 1000, count(*) FROM people "
+        f"WHERE signed_up >= '{start}' AND signed_up < '{end}' AND sex = 'Male' GROUP BY 1").fetchall())
+    for row in rows:
+        assert abs(row["count"] - exact[row["signed_up"]]) < 100, (row, exact)  # two columns share ε: scale 2
+    answered = [r for r in stack.relay.statements() if r.phase == phase and "series_limit" in r.sql]
     assert answered and {r.outcome for r in answered} == {"ok"}, answered
 
 
