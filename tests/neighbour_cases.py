@@ -316,6 +316,29 @@ def _grouped_case(builder: _Builder) -> Case:
     return Case(sql, tuple(builder.params), rng.random() < 0.2, fixed, keys=len(keys))
 
 
+def _series_case(builder: _Builder) -> Case:
+    """A GROUP BY joined to a subquery that ranks its series (Superset's *Series limit*): two
+    releases and a restriction of the first by the second. The ranking keeps series by their keys,
+    or all of them, so which cells come back is the same on every table (a ranking by noised values
+    would make it differ by chance, not by the row)."""
+    rng = builder.rng
+    key = rng.choice(["t", "v", "i2"])
+    keys = [key, *([rng.choice(["date_trunc('month', d)", "width_bucket(f8, -1, 1, 5)"])] if rng.random() < 0.6 else [])]
+    rng.shuffle(keys)
+    metric = rng.choice(["COUNT(*)", "SUM(i4)", "AVG(i2)", "COUNT(DISTINCT t)", "SUM(n)"])
+    ranking = rng.choice(["COUNT(*)", "SUM(i2)", "AVG(n)"])
+    order = rng.choice([f"{key} DESC LIMIT 2", "m DESC LIMIT 50", key, "1 LIMIT 1", "m"])
+    inner = f" WHERE {builder.predicate(rng.randint(0, 2))}" if rng.random() < 0.5 else ""
+    where = f" WHERE {builder.predicate(rng.randint(0, 2))}" if rng.random() < 0.5 else ""
+    sql = (f"SELECT {', '.join(keys)}, {metric} AS metric FROM {{table}} JOIN (SELECT {key} AS {key}__, {ranking} AS m "
+           f"FROM {{table}}{inner} GROUP BY {key} ORDER BY {order}) AS series_limit ON {key} = {key}__{where} "
+           f"GROUP BY {', '.join(keys)}")
+    if rng.random() < 0.3:
+        sql += " ORDER BY 1 LIMIT 10000"  # by a key: an order by noised values would differ by chance
+    fixed = tuple([False] * len(keys) + [_fixed_scale(metric)])
+    return Case(sql, tuple(builder.params), False, fixed, keys=len(keys))
+
+
 def generate_case(rng: random.Random) -> Case:
     """One statement of the DP language with a WHERE clause that usually reaches the neighbour row.
 
@@ -325,6 +348,8 @@ def generate_case(rng: random.Random) -> Case:
     LIMIT/OFFSET/FETCH FIRST on the one row.
     """
     builder = _Builder(rng)
+    if rng.random() < 0.04:
+        return _series_case(builder)
     if rng.random() < 0.25:
         grouped = _grouped_case(builder)
         if not grouped.params and not grouped.binary and rng.random() < 0.1:
