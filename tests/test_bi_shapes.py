@@ -536,3 +536,27 @@ def test_other_joins_to_a_subquery_stay_refused(bi, sql, rule):
     diag = _refused(bi, sql)
     assert diag.sqlstate == rule or (diag.sqlstate == "DP001" and f"(rule: {rule})" in (diag.message_primary or "")), (
         diag.sqlstate, diag.message_primary)
+
+
+def test_a_series_limit_through_the_extended_protocol_binary_results_and_copy(bi, admin):
+    sql = _series_limited(1)
+    with bi.connect(prepare_threshold=0) as conn:
+        cursor = conn.cursor(binary=True)
+        rows = cursor.execute(sql).fetchall()
+        names = [(c.name, c.type_code) for c in cursor.description or ()]
+        with conn.cursor().copy(f"COPY ({sql}) TO STDOUT") as copy:
+            copied = b"".join(bytes(chunk) for chunk in copy).decode().splitlines()
+    direct = admin.execute(sql)
+    assert names == [(c.name, c.type_code) for c in direct.description or ()]
+    assert sorted((r[0].month, r[1]) for r in rows) == [(3, "Male"), (4, "Male"), (5, "Male"), (6, "Male")]
+    assert sorted(line.split("\t")[1] for line in copied) == ["Male"] * 4
+
+
+def test_a_series_limit_with_parameters_is_refused_before_any_charge(bi):
+    with bi.connect() as conn:
+        before = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(_series_limited(1).replace("LIMIT 1)", "LIMIT 1) ").replace(
+                "ON sex = sex__", "ON sex = sex__ AND sex__ <> %s"), ("x",))
+        assert spent_epsilon(conn) == before
+    assert info.value.diag.sqlstate == "DP001"
