@@ -38,7 +38,7 @@ key of the subquery; and no parameters. Anything else is refused (``no-subquery`
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Iterator
 
 import pglast
 import pglast.ast
@@ -127,15 +127,13 @@ def _join(select: Any, table: Relation) -> Any:
 
 
 def _node_kinds(node: Any) -> set[str]:
-    kinds: set[str] = set()
-    for _, child in _walk(node):
-        kinds.add(type(child).__name__)
-    return kinds
+    """The kinds of every node in a pglast tree (``ParamRef`` for a parameter)."""
+    return {type(child).__name__ for child in _walk(node)}
 
 
-def _walk(node: Any) -> Any:
+def _walk(node: Any) -> Iterator[Any]:
     if isinstance(node, pglast.ast.Node):
-        yield None, node
+        yield node
         for name in node:
             yield from _walk(getattr(node, name))
     elif isinstance(node, tuple):
