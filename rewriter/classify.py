@@ -27,6 +27,7 @@ from .dp_query import AggregateQuery, asks_for_no_row, plan_aggregate_query
 from .neutralise import neutralise_pg_class
 from .qualify import qualify
 from .references import RelationRef
+from .series_limit import plan_series_limited, ranks_series
 from .sized_cache import sized_cache
 from .statements import Statement, split_statements
 
@@ -305,6 +306,12 @@ def _means_pg_class(ref: RelationRef, resolved: Mapping[RelationRef, ResolvedRel
 def _protected(statement: Statement, protected: list[Relation], registry: TableRegistry) -> DPQuery | ColumnsOnly:
     relation = protected[0]
     refs = statement.references
+    if len(refs.relations) > 1 and ranks_series(statement.node) and len(protected) == len(refs.relations) and all(
+        other.oid == relation.oid for other in protected
+    ):
+        # The table joined to a subquery over itself: answered only as a series limit.
+        _check_function_names(refs.functions, relation)
+        return DPQuery(plan_series_limited(statement.text, relation, registry.function_names))
     if len(refs.relations) > 1:
         message = "JOIN is not allowed on protected table"
         rule = "no-join"
@@ -319,16 +326,30 @@ def _protected(statement: Statement, protected: list[Relation], registry: TableR
             f"SELECT COUNT(*), SUM(col) FROM {relation.display_name} [WHERE ...].",
             rule,
         )
-    # Functions of folded constants (rewriter.constants) are checked again, with their arguments,
-    # there; other allowed functions can only serve post-processing (rewriter.post_process):
-    # WHERE and aggregate arguments refuse them.
+    _check_function_names(refs.functions, relation)
+    try:
+        return DPQuery(plan_aggregate_query(statement.text, relation, registry.function_names))
+    except Refusal as refusal:
+        if refusal.rule == "no-row-access" and asks_for_no_row(statement.text, relation):
+            check_functions(statement, registry.function_names)
+            return ColumnsOnly(qualify(statement.text))
+        raise
+
+
+def _check_function_names(functions: frozenset[str], relation: Relation) -> None:
+    """Refuse a function no part of a DP query may call (sqlglot would see it too; refusing
+    here keeps both parsers in agreement).
+
+    Functions of folded constants (rewriter.constants) are checked again, with their arguments,
+    there; other allowed functions can only serve post-processing (rewriter.post_process):
+    WHERE and aggregate arguments refuse them.
+    """
     unknown = {
-        name for name in refs.functions - _DP_FUNCTIONS
+        name for name in functions - _DP_FUNCTIONS
         if name in _OTHER_AGGREGATES
         or not (allowed_function(name) or name.removeprefix("pg_catalog.") in FOLDABLE_FUNCTIONS)
     }
     if unknown:
-        # sqlglot would see these too; refusing here keeps both parsers in agreement.
         name = sorted(unknown)[0]
         raise Refusal(
             SQLSTATE.DP_QUERY_SHAPE,
@@ -337,13 +358,6 @@ def _protected(statement: Statement, protected: list[Relation], registry: TableR
             "date/time and arithmetic functions of computed values: " + ", ".join(sorted(FOLDABLE_FUNCTIONS)) + ".",
             "function-allowlist",
         )
-    try:
-        return DPQuery(plan_aggregate_query(statement.text, relation, registry.function_names))
-    except Refusal as refusal:
-        if refusal.rule == "no-row-access" and asks_for_no_row(statement.text, relation):
-            check_functions(statement, registry.function_names)
-            return ColumnsOnly(qualify(statement.text))
-        raise
 
 
 _DP_FUNCTIONS = frozenset({"count", "sum", "avg", "min", "max", "mode", "lower", "upper", "date_trunc", "width_bucket"})

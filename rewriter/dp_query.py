@@ -32,7 +32,7 @@ from .sqlglot_parse import parse_postgres
 from .statements import split_statements
 from .types import FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, MAX_ABS_BOUND, NUMERIC, NUMERIC_TYPES, aggregate_result_type
 
-__all__ = ["Aggregate", "AggregateQuery", "asks_for_no_row", "plan_aggregate_query"]
+__all__ = ["Aggregate", "AggregateQuery", "SeriesLimit", "asks_for_no_row", "plan_aggregate_query"]
 
 AggregateKind = Literal["count", "sum", "avg", "min", "max", "mode"]
 
@@ -87,6 +87,14 @@ class AggregateQuery:
     # WHERE conjuncts bounding a time key's column: its buckets outside them are left out
     # once the values are known (proxy/dp/narrowing.py), before the charge.
     ranges: tuple[KeyRange, ...] = ()
+    # A GROUP BY joined to a subquery that ranks its series (rewriter/series_limit.py): its
+    # cells are kept where the ranking keeps theirs.
+    series: SeriesLimit | None = None
+
+    @property
+    def keys_only(self) -> bool:
+        """A GROUP BY that asks for no aggregate: its answer is the declared keys, from the policy alone."""
+        return bool(self.groups) and not self.aggregates
 
     @property
     def cells(self) -> int:
@@ -94,11 +102,29 @@ class AggregateQuery:
         return math.prod(key.size for key in self.groups)
 
 
-def plan_aggregate_query(sql: str, table: Relation, function_names: frozenset[str] | None = None) -> AggregateQuery:
+@dataclass(frozen=True)
+class SeriesLimit:
+    """The series a GROUP BY keeps: those another GROUP BY over the same table, ``ranking``,
+    keeps after its post-processing (Superset's *Series limit*; rewriter/series_limit.py).
+
+    ``ranking``'s outer statement returns, last, the number of each cell it keeps. ``pairs``
+    match each key of ``ranking`` (second) with the restricted plan's key (first) it is joined
+    to; every key of ``ranking`` is in one pair.
+    """
+
+    ranking: AggregateQuery
+    pairs: tuple[tuple[int, int], ...]
+
+
+def plan_aggregate_query(
+    sql: str, table: Relation, function_names: frozenset[str] | None = None, ranking: bool = False
+) -> AggregateQuery:
     """Validate ``sql`` (one SELECT that references ``table`` and nothing else) into a plan.
 
     ``function_names``: every function name of the backend, for the outer statement's check
-    of attribute-notation calls (``rewriter.function_check``)."""
+    of attribute-notation calls (``rewriter.function_check``). ``ranking``: the statement ranks
+    the series of another (:class:`SeriesLimit`): it must be a GROUP BY, and its outer statement
+    also returns each kept row's cell number."""
     scope = Scope(table, frozenset({table.name}), function_names)
     try:
         tree = parse_postgres(sql)
@@ -109,13 +135,28 @@ def plan_aggregate_query(sql: str, table: Relation, function_names: frozenset[st
     tree, enclosing, depth = _release_level(tree)
     names = (_names(sql, depth), _names(sql, 0) if enclosing is not None else None)
     tree, scope = flatten(tree, scope)
+    distinct = _distinct_as_grouping(tree)
     scope = _check_clauses(tree, scope)
-    groups = _grouping(tree, scope)
+    try:
+        groups = _grouping(tree, scope)
+    except Refusal as refusal:
+        if distinct and refusal.rule == "no-group-by":
+            raise Refusal(
+                refusal.sqlstate,
+                f"SELECT DISTINCT {', '.join(item.sql('postgres') for item in tree.args['group'].expressions)} is not "
+                f"allowed on protected table {scope.table.display_name} (rule: no-distinct)",
+                "SELECT DISTINCT is answered only over declared GROUP BY keys, with every declared key whatever the "
+                "rows hold. " + group_by_hint(scope),
+                "no-distinct",
+            ) from None
+        raise
     post = None
+    if ranking and (enclosing is not None or not groups):
+        raise scope.refuse("a subquery that ranks series must be a GROUP BY over declared keys of", "no-subquery")
     if enclosing is None and not groups and _plain(tree):
         aggregates = tuple(_aggregate(item, scope) for item in tree.expressions)
     else:
-        aggregates, post = _post_processed(tree, scope, enclosing, groups, names)
+        aggregates, post = _post_processed(tree, scope, enclosing, groups, names, ordinal=ranking)
     _check_combination(aggregates, groups, scope)
     where = tree.args.get("where")
     predicate = plan_predicate(where.this, scope) if where is not None else None
@@ -194,13 +235,14 @@ def _post_processed(
     enclosing: Callable[[exp.Select], exp.Expression] | None = None,
     groups: tuple[GroupKey, ...] = (),
     names: tuple[list[str | None] | None, list[str | None] | None] = (None, None),
+    ordinal: bool = False,
 ) -> tuple[tuple[Aggregate, ...], PostProcess]:
     """The distinct aggregates the statement uses (the release) and its outer statement
     (``names``: PostgreSQL's names of the aggregate level's and the outermost level's output
     columns, ``rewriter.column_names``)."""
     if tree.find(exp.Filter) is not None:
         raise scope.refuse("aggregate FILTER is not allowed on protected table", "no-filter")
-    if not any(item.find(exp.AggFunc) for item in tree.expressions):
+    if not groups and not any(item.find(exp.AggFunc) for item in tree.expressions):
         raise scope.refuse("non-aggregate output is not allowed on protected table", "no-row-access")
     released: list[Aggregate] = []
     index: dict[tuple[str, str | None, str, bool, int], int] = {}
@@ -227,9 +269,32 @@ def _post_processed(
     post = outer_statement(
         tree, release, lambda message, rule: scope.refuse(f"{message} protected table", rule), enclosing,
         keys=len(groups), key_of=key_of if groups else None, function_names=scope.function_names,
-        names=names[0], top_names=names[1],
+        names=names[0], top_names=names[1], ordinal=ordinal,
     )
     return tuple(released), post
+
+
+def _distinct_as_grouping(tree: exp.Select) -> bool:
+    """Turn ``SELECT DISTINCT`` of plain output expressions into the GROUP BY of them; whether it did.
+
+    With no aggregate, no GROUP BY and no HAVING, ``SELECT DISTINCT a, b`` is ``SELECT a, b
+    GROUP BY a, b`` in PostgreSQL (Superset's column values: ``SELECT DISTINCT sex AS
+    column_values FROM t``). Over declared keys that is answered as their cells' keys, from the
+    policy alone; anything else is refused as the GROUP BY would be. DISTINCT ON, ``*`` and
+    DISTINCT beside aggregates or of a constant are left for the clause check to refuse.
+    """
+    distinct = tree.args.get("distinct")
+    if not isinstance(distinct, exp.Distinct) or distinct.args.get("on") is not None:
+        return False
+    if any(tree.args.get(key) is not None for key in ("group", "having")):
+        return False
+    items = [item.this if isinstance(item, exp.Alias) else item for item in tree.expressions]
+    if any(item.find(exp.AggFunc, exp.Star, exp.WithinGroup) is not None or item.find(exp.Column) is None
+           for item in items):
+        return False  # a constant would be read as a GROUP BY position
+    tree.set("distinct", None)
+    tree.set("group", exp.Group(expressions=[item.copy() for item in items]))
+    return True
 
 
 def _grouping(tree: exp.Select, scope: Scope) -> tuple[GroupKey, ...]:

@@ -81,6 +81,7 @@ def outer_statement(
     function_names: frozenset[str] | None = None,
     names: Sequence[str | None] | None = None,
     top_names: Sequence[str | None] | None = None,
+    ordinal: bool = False,
 ) -> PostProcess:
     """The outer statement of ``tree`` (one aggregate level over the base table).
 
@@ -102,6 +103,10 @@ def outer_statement(
     outer statement is sqlglot's rendering, whose function names may differ from the
     analyst's (``date_trunc`` is rendered ``DATE_TRUNC`` but named ``timestamp_trunc`` by
     sqlglot; ``now()`` is rendered ``CURRENT_TIMESTAMP``).
+
+    ``ordinal`` (a GROUP BY that ranks the series of another, ``rewriter.series_limit``): one
+    more output column, last, the 1-based number of the cell each row comes from, read from
+    one more array after the aggregates' (its cells' numbers in order).
     """
     outer = tree.copy()
     for key in ("from_", "where", "joins", "group"):
@@ -138,7 +143,9 @@ def outer_statement(
                           "no-row-access")
         raise refuse("selecting column values is not allowed on", "no-row-access")
     count = max(released_count(outer), default=0)
-    outer.set("from_", _release_source(count, keys))
+    if ordinal:
+        outer.append("expressions", exp.alias_(exp.column("_cell", table=RELEASE_ALIAS), "dpproxy_cell"))
+    outer.set("from_", _release_source(count, keys, ordinal))
     return PostProcess(checked(whole.sql("postgres"), function_names))
 
 
@@ -161,9 +168,10 @@ def _named(items: list[exp.Expression], names: Sequence[str | None] | None, *,
     return named
 
 
-def _release_source(count: int, keys: int) -> exp.Expression:
+def _release_source(count: int, keys: int, ordinal: bool = False) -> exp.Expression:
     """``FROM`` the released values: one row of ``$1 … $count``, or one row per cell when grouped
-    (``$1 … $keys`` the cells' keys, then the aggregates, each an array in cell order)."""
+    (``$1 … $keys`` the cells' keys, then the aggregates, each an array in cell order, then with
+    ``ordinal`` the cells' numbers as ``_cell``)."""
     if not keys:
         values = ", ".join(f"${i}" for i in range(1, count + 1))
         columns = ", ".join(f"_dp{i}" for i in range(1, count + 1))
@@ -171,6 +179,7 @@ def _release_source(count: int, keys: int) -> exp.Expression:
     else:
         arrays = [f"pg_catalog.unnest(${i}) AS _k{i}" for i in range(1, keys + 1)]
         arrays += [f"pg_catalog.unnest(${keys + i}) AS _dp{i}" for i in range(1, count + 1)]
+        arrays += [f"pg_catalog.unnest(${keys + count + 1}) AS _cell"] if ordinal else []
         sql = f"SELECT 1 FROM (SELECT {', '.join(arrays)}) AS {RELEASE_ALIAS}"
     source = sqlglot.parse_one(sql, read="postgres").args["from_"]
     assert isinstance(source, exp.Expression)

@@ -286,14 +286,18 @@ _REFUSED_KEYS = ("b", "date_trunc('hour', ts)", "width_bucket(f8, 1, 1, 5)", "i4
 
 
 def _grouped_case(builder: _Builder) -> Case:
-    """A GROUP BY over declared keys (issue 19): keys first, then aggregates per cell."""
+    """A GROUP BY over declared keys (issue 19): keys first, then aggregates per cell; or keys only
+    (a filter's list of values), maybe as SELECT DISTINCT."""
     rng = builder.rng
     keys = rng.sample(_KEYS, rng.choice([1, 1, 2]))
     if rng.random() < 0.08:
         keys[0] = rng.choice(_REFUSED_KEYS)
     numeric = [c.name for c in COLUMNS if c.numeric]
     aggregates = []
-    for _ in range(rng.randint(1, 3)):
+    # A filter's list of values: keys without aggregates (answered with the declared keys, ε 0),
+    # also as SELECT DISTINCT of them.
+    keys_only = rng.random() < 0.2
+    for _ in range(0 if keys_only else rng.randint(1, 3)):
         kind = rng.randrange(9)
         aggregates.append(
             ["COUNT(*)", f"COUNT({rng.choice(COLUMNS).name})", f"COUNT(DISTINCT {rng.choice(COLUMNS).name})",
@@ -301,12 +305,14 @@ def _grouped_case(builder: _Builder) -> Case:
              f"MODE() WITHIN GROUP (ORDER BY {rng.choice(['t', 'v'])})", f"MIN({rng.choice(numeric)})",
              "SUM(1)" if rng.random() < 0.5 else f"AVG(CAST({rng.choice(numeric)} AS {rng.choice(_CASTS)}))"][kind])
     named = [f"{key} AS k{i}" if rng.random() < 0.4 else key for i, key in enumerate(keys)]
-    sql = f"SELECT {', '.join(named + aggregates)} FROM {{table}}"
+    distinct = keys_only and rng.random() < 0.4
+    sql = f"SELECT {'DISTINCT ' if distinct else ''}{', '.join(named + aggregates)} FROM {{table}}"
     if rng.random() < 0.7:
         sql += f" WHERE {builder.predicate(rng.randint(0, 2))}"
     positional = rng.random() < 0.4
-    sql += " GROUP BY " + ", ".join(str(i + 1) if positional else key for i, key in enumerate(keys))
-    if rng.random() < 0.1:
+    if not distinct:
+        sql += " GROUP BY " + ", ".join(str(i + 1) if positional else key for i, key in enumerate(keys))
+    if not distinct and rng.random() < 0.1:
         sql += " HAVING COUNT(*) IS NOT NULL"
     if rng.random() < 0.3:
         sql += " ORDER BY 1" + rng.choice(["", " DESC"])
@@ -314,6 +320,29 @@ def _grouped_case(builder: _Builder) -> Case:
         sql += rng.choice([" LIMIT 0", " LIMIT 3", " LIMIT 1 OFFSET 2", " OFFSET 1"])
     fixed = tuple([False] * len(keys) + [_fixed_scale(a) for a in aggregates])
     return Case(sql, tuple(builder.params), rng.random() < 0.2, fixed, keys=len(keys))
+
+
+def _series_case(builder: _Builder) -> Case:
+    """A GROUP BY joined to a subquery that ranks its series (Superset's *Series limit*): two
+    releases and a restriction of the first by the second. The ranking keeps series by their keys,
+    or all of them, so which cells come back is the same on every table (a ranking by noised values
+    would make it differ by chance, not by the row)."""
+    rng = builder.rng
+    key = rng.choice(["t", "v", "i2"])
+    keys = [key, *([rng.choice(["date_trunc('month', d)", "width_bucket(f8, -1, 1, 5)"])] if rng.random() < 0.6 else [])]
+    rng.shuffle(keys)
+    metric = rng.choice(["COUNT(*)", "SUM(i4)", "AVG(i2)", "COUNT(DISTINCT t)", "SUM(n)"])
+    ranking = rng.choice(["COUNT(*)", "SUM(i2)", "AVG(n)"])
+    order = rng.choice([f"{key} DESC LIMIT 2", "m DESC LIMIT 50", key, "1 LIMIT 1", "m"])
+    inner = f" WHERE {builder.predicate(rng.randint(0, 2))}" if rng.random() < 0.5 else ""
+    where = f" WHERE {builder.predicate(rng.randint(0, 2))}" if rng.random() < 0.5 else ""
+    sql = (f"SELECT {', '.join(keys)}, {metric} AS metric FROM {{table}} JOIN (SELECT {key} AS {key}__, {ranking} AS m "
+           f"FROM {{table}}{inner} GROUP BY {key} ORDER BY {order}) AS series_limit ON {key} = {key}__{where} "
+           f"GROUP BY {', '.join(keys)}")
+    if rng.random() < 0.3:
+        sql += " ORDER BY 1 LIMIT 10000"  # by a key: an order by noised values would differ by chance
+    fixed = tuple([False] * len(keys) + [_fixed_scale(metric)])
+    return Case(sql, tuple(builder.params), False, fixed, keys=len(keys))
 
 
 def generate_case(rng: random.Random) -> Case:
@@ -325,6 +354,8 @@ def generate_case(rng: random.Random) -> Case:
     LIMIT/OFFSET/FETCH FIRST on the one row.
     """
     builder = _Builder(rng)
+    if rng.random() < 0.04:
+        return _series_case(builder)
     if rng.random() < 0.25:
         grouped = _grouped_case(builder)
         if not grouped.params and not grouped.binary and rng.random() < 0.1:

@@ -13,7 +13,7 @@ from decimal import Decimal
 
 import psycopg
 import pytest
-from conftest import RunningProxy, TestDatabase, running_proxy
+from conftest import RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from test_histograms import POLICY, _TABLE_SQL, _TABLES
 
 from proxy.demo.embedded import SERVICE_ROLE
@@ -502,3 +502,242 @@ def test_power_bi_folded_group_by_under_an_outer_filter_is_answered(bi, admin):
 def test_superset_chart_types_draw_every_declared_cell(bi, admin, sql, cells):
     rows, _ = _both(bi, admin, sql)
     assert len(rows) == cells
+
+
+# ---------------------------------------------------------------- filter value lists: keys without aggregates
+
+_MARCH_TO_JUNE = ("visited_at >= TO_TIMESTAMP('2023-03-01 00:00:00.000000', 'YYYY-MM-DD HH24:MI:SS.US') "
+                  "AND visited_at < TO_TIMESTAMP('2023-07-01 00:00:00.000000', 'YYYY-MM-DD HH24:MI:SS.US')")
+
+
+def _answered_free(proxy: RunningProxy, sql: str) -> tuple[list[tuple], list[str]]:
+    """``sql``'s rows and notices through dpproxy, asserting it charged nothing."""
+    with proxy.connect() as conn:
+        notices: list[str] = []
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        before = spent_epsilon(conn)
+        rows = conn.execute(sql).fetchall()
+        assert spent_epsilon(conn) == before, sql
+    return rows, notices
+
+
+@pytest.mark.parametrize("sql, keys", [
+    # Superset: a dashboard's native Value filter (filter_select), sorted ascending
+    ("SELECT sex AS sex FROM public.visits GROUP BY sex ORDER BY sex ASC LIMIT 1000", [("Female",), ("Male",)]),
+    # Superset: the explore view's column values (/api/v1/datasource/table/<id>/column/<col>/values/)
+    ("SELECT DISTINCT sex AS column_values \nFROM public.visits \n LIMIT 10000", [("Male",), ("Female",)]),
+    # Power BI: a slicer over a category, folded
+    ('select "sex" from (select "_"."sex" from "public"."visits" "_") "_" group by "sex" limit 1000001',
+     [("Male",), ("Female",)]),
+    # an `other` key is a key like the categories
+    ("SELECT DISTINCT race FROM visits ORDER BY race DESC", [("White",), ("Other",), ("Black",)]),
+])
+def test_a_filters_value_list_on_an_opted_in_category_is_its_declared_keys_at_no_cost(bi, admin, sql, keys):
+    rows, direct = _both(bi, admin, sql)
+    assert rows == keys
+    assert ("Unknown",) in direct or (None,) in direct  # the rows hold values the policy does not declare
+
+
+def test_a_value_list_says_in_its_notice_that_it_cost_nothing(bi):
+    rows, notices = _answered_free(bi, "SELECT sex FROM visits GROUP BY sex")
+    assert rows == [("Male",), ("Female",)]
+    (notice,) = notices
+    assert notice.startswith("dpproxy: ε charged 0, δ 0 for 2 groups (their declared keys only") and "remaining ε" in notice
+
+
+def test_a_value_list_of_a_time_key_is_its_buckets_in_the_statements_time_range(bi, admin):
+    sql = (f"SELECT DATE_TRUNC('MONTH', visited_at) AS visited_at FROM public.visits WHERE {_MARCH_TO_JUNE} "
+           "GROUP BY DATE_TRUNC('MONTH', visited_at) ORDER BY visited_at LIMIT 10000")
+    rows, direct = _both(bi, admin, sql)
+    assert [r[0].month for r in rows] == [3, 4, 5, 6] and rows == direct
+
+
+@pytest.mark.parametrize("keys, count, where", [
+    ("sex", 1, "age > 40"),
+    ("race, width_bucket(score, 0, 1, 4)", 2, "sex = 'Female'"),
+    ("DATE_TRUNC('week', visited_on), sex", 2, "visited_on BETWEEN '2023-02-01' AND '2023-03-01'"),
+    ("CAST(DATE_TRUNC('month', visited_on) AS date)", 1, "visited_on >= '2023-11-15'"),
+    ("age", 1, "income < 10"),
+])
+def test_a_value_list_is_the_key_columns_of_the_histogram_it_lists(bi, keys, count, where):
+    """Keys without aggregates answer what the same GROUP BY with a count answers in its key
+    columns: the declared keys, narrowed by the statement's own time bounds, nothing else."""
+    listed, _ = _answered_free(bi, f"SELECT {keys} FROM visits WHERE {where} GROUP BY {keys}")
+    with bi.connect() as conn:
+        histogram = conn.execute(f"SELECT {keys}, COUNT(*) FROM visits WHERE {where} GROUP BY {keys}").fetchall()
+    assert listed == [row[:count] for row in histogram] and listed
+
+
+def test_a_value_list_does_not_depend_on_the_rows(bi):
+    lists = {table: _answered_free(bi, f"SELECT DISTINCT race, sex FROM {table} WHERE age > 30")[0]
+             for table in ("visits", "kp_empty", "kp_alien")}
+    assert lists["visits"] == lists["kp_empty"] == lists["kp_alien"] and len(lists["visits"]) == 6
+
+
+def test_a_value_list_never_reads_the_table(bi, admin):
+    """Answered even where dpproxy's service role may not read the table: neither the rows nor
+    the WHERE are ever run, so nothing about them can show in the answer, its errors or its time."""
+    admin.execute(f"REVOKE SELECT ON kp_alien FROM {SERVICE_ROLE}")
+    try:
+        rows, _ = _answered_free(bi, "SELECT sex FROM kp_alien WHERE age > 1 OR sex = 'X' GROUP BY sex")
+        assert rows == [("Male",), ("Female",)]
+        with bi.connect() as conn, pytest.raises(psycopg.Error):
+            conn.execute("SELECT sex, COUNT(*) FROM kp_alien GROUP BY sex")  # a histogram reads it
+    finally:
+        admin.execute(f"GRANT SELECT ON kp_alien TO {SERVICE_ROLE}")
+
+
+def test_a_value_list_with_an_aggregate_in_having_is_a_charged_histogram(bi):
+    with bi.connect() as conn:
+        before = spent_epsilon(conn)
+        rows = conn.execute("SELECT sex FROM visits GROUP BY sex HAVING COUNT(*) > -1000").fetchall()
+        assert spent_epsilon(conn) == before + 1.0
+    assert sorted(rows) == [("Female",), ("Male",)]
+
+
+@pytest.mark.parametrize("sql, rule", [
+    ("SELECT device AS device FROM public.visits GROUP BY device ORDER BY device ASC LIMIT 1000", "no-group-by"),
+    ("SELECT DISTINCT income AS column_values FROM public.visits LIMIT 10000", "no-distinct"),
+    ('select "device" from (select "_"."device" from "public"."visits" "_") "_" group by "device" limit 1000001',
+     "no-group-by"),
+    ("SELECT DISTINCT ON (sex) sex FROM visits", "no-distinct"),
+    ("SELECT DISTINCT 1 FROM visits", "no-distinct"),
+    ("SELECT DISTINCT * FROM visits", "no-distinct"),
+    ("SELECT DISTINCT sex, COUNT(*) FROM visits", "no-distinct"),
+    ("SELECT DISTINCT sex, device FROM visits", "no-distinct"),
+    ("SELECT sex FROM visits", "no-row-access"),
+    ("SELECT DISTINCT lower(sex) FROM visits", "no-distinct"),
+    # how many values are present would come from the rows
+    ("SELECT count(*) FROM (SELECT sex FROM visits GROUP BY sex) AS t", "no-subquery"),
+    ("SELECT count(*) FROM (SELECT DISTINCT sex FROM visits) AS t", "no-subquery"),
+])
+def test_value_lists_of_values_the_policy_does_not_declare_stay_refused(bi, sql, rule):
+    diag = _refused(bi, sql)
+    assert diag.sqlstate == "DP001" and f"(rule: {rule})" in (diag.message_primary or ""), diag.message_primary
+    assert diag.message_hint
+
+
+def test_a_value_list_through_the_extended_protocol_binary_results_and_copy(bi, admin):
+    sql = "SELECT DATE_TRUNC('quarter', visited_on) AS q, sex FROM visits WHERE visited_on >= %s AND visited_on < '2024-01-01' GROUP BY 1, 2 ORDER BY 1, 2"
+    with bi.connect(prepare_threshold=0) as conn:
+        before = spent_epsilon(conn)
+        cursor = conn.cursor(binary=True)
+        rows = cursor.execute(sql, ("2023-07-01",)).fetchall()
+        names = [(c.name, c.type_code) for c in cursor.description or ()]
+        with conn.cursor().copy("COPY (SELECT sex FROM visits GROUP BY sex) TO STDOUT") as copy:
+            copied = b"".join(bytes(chunk) for chunk in copy)
+        assert conn.execute("SELECT sex FROM visits GROUP BY sex LIMIT 0").fetchall() == []
+        assert spent_epsilon(conn) == before
+    direct = admin.execute(sql, ("2023-07-01",))
+    assert names == [(c.name, c.type_code) for c in direct.description or ()]
+    assert [(r[0].month, r[1]) for r in rows] == [(7, "Female"), (7, "Male"), (10, "Female"), (10, "Male")]
+    assert copied == b"Male\nFemale\n"
+
+
+# ---------------------------------------------------------------- Superset's series limit: a ranked subquery
+
+_VISITS_RANGE = ("visited_at >= TO_TIMESTAMP('2023-03-01 00:00:00.000000', 'YYYY-MM-DD HH24:MI:SS.US') "
+                 "AND visited_at < TO_TIMESTAMP('2023-07-01 00:00:00.000000', 'YYYY-MM-DD HH24:MI:SS.US')")
+
+
+def _series_limited(limit: int, metric: str = "COUNT(*)", ranking_metric: str = "COUNT(*)") -> str:
+    """A line or bar chart over time split by sex with a *Series limit*, as Superset 6.1 sends it."""
+    return (f"SELECT DATE_TRUNC('MONTH', visited_at) AS visited_at, sex AS sex, {metric} AS count "
+            f"FROM public.visits JOIN (SELECT sex AS sex__, {ranking_metric} AS mme_inner__ FROM public.visits "
+            f"WHERE {_VISITS_RANGE} GROUP BY sex ORDER BY {ranking_metric} DESC LIMIT {limit}) AS series_limit "
+            f"ON sex = sex__ WHERE {_VISITS_RANGE} GROUP BY DATE_TRUNC('MONTH', visited_at), sex "
+            "ORDER BY count DESC LIMIT 10000")
+
+
+def test_a_series_limit_keeps_the_series_its_noised_ranking_puts_first(bi, admin):
+    rows, direct = _both(bi, admin, _series_limited(1))
+    # Male has twice Female's rows: its noised count is ahead whatever the noise (scale 2).
+    assert sorted((r[0].month, r[1]) for r in rows) == sorted((r[0].month, r[1]) for r in direct)
+    assert sorted((r[0].month, r[1]) for r in rows) == [(3, "Male"), (4, "Male"), (5, "Male"), (6, "Male")]
+    for row, exact in zip(sorted(rows), sorted(direct)):
+        assert abs(row[2] - exact[2]) < 60  # discrete Laplace scale 2: fails by chance with p < 1e-12
+
+
+def test_a_series_limit_above_the_number_of_series_keeps_every_declared_series(bi, admin):
+    rows, _ = _both(bi, admin, _series_limited(5))
+    assert sorted((r[0].month, r[1]) for r in rows) == sorted((m, s) for m in (3, 4, 5, 6) for s in ("Female", "Male"))
+
+
+def test_a_series_limit_is_charged_once_its_epsilon_split_over_both_releases(bi):
+    with bi.connect() as conn:
+        notices: list[str] = []
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        before = spent_epsilon(conn)
+        conn.execute(_series_limited(1, "SUM(income)")).fetchall()
+        assert spent_epsilon(conn) == pytest.approx(before + 1.0)
+    (notice,) = notices
+    # Two columns (the chart's metric and the ranking's) share ε = 1: each cell's count has scale 2.
+    assert notice.startswith("dpproxy: ε charged 1, δ 0 for 8 groups") and "sum(income): laplace scale 2000" in notice
+    assert "series ranking count(*): laplace scale 2 " in notice, notice
+
+
+def test_a_series_limit_whose_ranking_is_post_processed_to_nothing_answers_no_row(bi):
+    sql = _series_limited(5).replace("ORDER BY COUNT(*) DESC LIMIT 5", "HAVING COUNT(*) < -1000000")
+    with bi.connect() as conn:
+        assert conn.execute(sql).fetchall() == []
+
+
+@pytest.mark.parametrize("sql, rule", [
+    # a LEFT JOIN keeps every series
+    (_series_limited(1).replace("FROM public.visits JOIN", "FROM public.visits LEFT JOIN"), "no-subquery"),
+    # the ranking over another table
+    (_series_limited(1).replace("FROM public.visits WHERE", "FROM public.kp_empty WHERE"), "no-subquery"),
+    # the ranking is no GROUP BY: its rows would be the rows
+    (_series_limited(1).replace("GROUP BY sex ORDER BY COUNT(*) DESC", "ORDER BY age DESC"), "no-subquery"),
+    # joined on a column that is not the ranking's key
+    (_series_limited(1).replace("ON sex = sex__", "ON race = sex__"), "no-subquery"),
+    # a ranking key left out of the join: one row would join several ranked rows
+    (_series_limited(1).replace("SELECT sex AS sex__,", "SELECT sex AS sex__, race AS race__,")
+     .replace("GROUP BY sex ORDER", "GROUP BY sex, race ORDER"), "no-subquery"),
+    # joined on a key the statement does not group by
+    (_series_limited(1).replace("GROUP BY DATE_TRUNC('MONTH', visited_at), sex ORDER", "GROUP BY 1, 2 ORDER")
+     .replace("sex AS sex, COUNT(*) AS count FROM public.visits JOIN", "race AS sex, COUNT(*) AS count FROM "
+              "public.visits JOIN").replace("GROUP BY 1, 2", "GROUP BY 1, race"), "no-subquery"),
+    # anything but an equality of keys
+    (_series_limited(1).replace("ON sex = sex__", "ON sex < sex__"), "no-subquery"),
+    (_series_limited(1).replace("ON sex = sex__", "ON sex = sex__ OR true"), "no-subquery"),
+    # the ranking's metric in the answer is a value per row, not post-processing of the cells
+    (_series_limited(1).replace("COUNT(*) AS count FROM", "mme_inner__ AS count FROM"), "42803"),
+    # the ranking's aggregate must be one a histogram answers
+    (_series_limited(1, ranking_metric="MAX(age)"), "aggregate-not-allowed"),
+    # GROUP BY over a key not opted in, inside
+    (_series_limited(1).replace("SELECT sex AS sex__", "SELECT device AS sex__").replace("GROUP BY sex ORDER", "GROUP BY device ORDER"),
+     "no-group-by"),
+    ("SELECT sex, COUNT(*) FROM visits JOIN LATERAL (SELECT sex AS s FROM visits GROUP BY sex LIMIT 1) AS l "
+     "ON sex = s GROUP BY sex", "no-subquery"),
+    ("SELECT sex, COUNT(*) FROM visits JOIN (SELECT sex AS s FROM visits GROUP BY sex LIMIT 1) AS l USING (sex) "
+     "GROUP BY sex", "no-subquery"),
+])
+def test_other_joins_to_a_subquery_stay_refused(bi, sql, rule):
+    diag = _refused(bi, sql)
+    assert diag.sqlstate == rule or (diag.sqlstate == "DP001" and f"(rule: {rule})" in (diag.message_primary or "")), (
+        diag.sqlstate, diag.message_primary)
+
+
+def test_a_series_limit_through_the_extended_protocol_binary_results_and_copy(bi, admin):
+    sql = _series_limited(1)
+    with bi.connect(prepare_threshold=0) as conn:
+        cursor = conn.cursor(binary=True)
+        rows = cursor.execute(sql).fetchall()
+        names = [(c.name, c.type_code) for c in cursor.description or ()]
+        with conn.cursor().copy(f"COPY ({sql}) TO STDOUT") as copy:
+            copied = b"".join(bytes(chunk) for chunk in copy).decode().splitlines()
+    direct = admin.execute(sql)
+    assert names == [(c.name, c.type_code) for c in direct.description or ()]
+    assert sorted((r[0].month, r[1]) for r in rows) == [(3, "Male"), (4, "Male"), (5, "Male"), (6, "Male")]
+    assert sorted(line.split("\t")[1] for line in copied) == ["Male"] * 4
+
+
+def test_a_series_limit_with_parameters_is_refused_before_any_charge(bi):
+    with bi.connect() as conn:
+        before = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(_series_limited(1).replace("LIMIT 1)", "LIMIT 1) ").replace(
+                "ON sex = sex__", "ON sex = sex__ AND sex__ <> %s"), ("x",))
+        assert spent_epsilon(conn) == before
+    assert info.value.diag.sqlstate == "DP001"

@@ -188,3 +188,17 @@ def test_psql_in_latin1_gets_a_histogram_with_its_labels(latin_proxy: RunningPro
     assert result.returncode == 0, result.stderr
     labels = [line.split(b"|")[0].decode("latin-1") for line in result.stdout.splitlines()]
     assert labels == ["Genève", "Köln", "Zürich", "Übrige"]  # every declared key, whatever the WHERE
+
+
+def test_a_value_list_and_a_series_limit_come_back_in_the_clients_encoding(latin_proxy: RunningProxy):
+    """A filter's list of values (the declared keys, ε 0) and a series limit (two releases whose
+    cells are matched by their keys) write their labels in the session's encoding."""
+    with _connect(latin_proxy, "LATIN1") as conn:
+        listed = conn.execute('SELECT DISTINCT stadt FROM "städte" ORDER BY stadt').fetchall()
+        ranked = conn.execute('SELECT stadt, count(*) AS n FROM "städte" JOIN (SELECT stadt AS s, count(*) AS m '
+                              'FROM "städte" GROUP BY stadt ORDER BY stadt DESC LIMIT 2) AS l ON stadt = s '
+                              'GROUP BY stadt ORDER BY stadt').fetchall()
+        with pytest.raises(psycopg.errors.UntranslatableCharacter):
+            conn.execute("SELECT miasto FROM miasta GROUP BY miasto")
+    assert [r[0] for r in listed] == ["Genève", "Köln", "Zürich", "Übrige"]
+    assert {r[0] for r in ranked} == {"Zürich", "Übrige"}  # the last two in any collation

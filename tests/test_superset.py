@@ -7,7 +7,8 @@ create a physical dataset on ``people`` and an aggregate virtual dataset, then d
 with ``/api/v1/chart/data`` and run SQL Lab. Each DP chart must come back as numbers near the
 truth: big numbers, a table of aggregates, and — the policy opts ``sex`` and ``signed_up`` in
 to GROUP BY — a pie and a bar chart by sex and a monthly line over a time range, one row per
-declared key. A chart grouped by a column not opted in, or samples, must come back as
+declared key, and line and bar charts split by sex with a *Series limit*; a native filter's
+list of values of ``sex`` is its declared categories, at no cost. A chart grouped by a column not opted in, a filter on one, or samples, must come back as
 dpproxy's refusal: its rule and hint shown by Superset, its SQLSTATE (DP001) on the wire, as
 the relay saw it.
 Superset missing is a failure that says how to install it, never a skip.
@@ -29,7 +30,7 @@ import pytest
 from bi_data import PEOPLE_POLICY, create_people
 from bi_statements import RECORD_FILE, write_recorded
 from capture_relay import CapturingRelay
-from conftest import TEST_DATABASE, RunningProxy, TestDatabase, make_policy
+from conftest import TEST_DATABASE, RunningProxy, TestDatabase, make_policy, spent_epsilon
 from superset_harness import SupersetApi, SupersetServer
 
 pytestmark = pytest.mark.superset
@@ -40,7 +41,8 @@ TIME_RANGE = ("2023-03-01", "2023-09-01")
 # dpproxy that recorded them did not: the replay then fails until it does.
 MUST_ANSWER = frozenset({"connect", "introspect", "physical-dataset", "big-number", "big-number-time-range",
                          "big-number-filter", "table-of-aggregates", "virtual-dataset", "sql-lab",
-                         "pie-chart", "bar-chart", "time-series-chart"})
+                         "pie-chart", "bar-chart", "time-series-chart", "native-filter", "column-values",
+                         "series-limit-line", "series-limit-bar"})
 VIRTUAL_SQL = "SELECT count(*) AS n, avg(age) AS avg_age FROM people WHERE age > 30"
 ROW_LEVEL_SQL = "SELECT * FROM people WHERE age > 30"
 
@@ -298,6 +300,91 @@ def test_superset_dataset_samples_are_refused(stack: Stack, physical_dataset: in
     assert "(rule: " in str(body) and "HINT:" in str(body), body
     probes = [r for r in stack.relay.statements() if r.phase == "samples" and "people" in r.sql]
     assert probes and {r.outcome for r in probes} == {"DP001"}, probes
+
+
+def _filter_values(stack: Stack, dataset: int, column: str) -> tuple[int, Any]:
+    """POST /api/v1/chart/data as a dashboard's native *Value* filter asks for its column's values
+    (the filter_select plugin's buildQuery: the column, no metric, sorted ascending)."""
+    query = {"columns": [column], "metrics": [], "filters": [], "orderby": [[column, True]], "row_limit": 1000,
+             "extras": {"having": "", "where": ""}}
+    payload = {"datasource": {"id": dataset, "type": "table"}, "force": True, "queries": [query],
+               "form_data": {"viz_type": "filter_select", "datasource": f"{dataset}__table", "groupby": [column],
+                             "sortAscending": True},
+               "result_format": "json", "result_type": "full"}
+    return stack.api.post("/api/v1/chart/data", payload)
+
+
+def test_superset_native_filter_lists_every_declared_category_at_no_cost(stack: Stack, physical_dataset: int):
+    """A native *Value* filter on ``sex`` (opted in) lists its declared categories, from the
+    policy and not the rows, and costs nothing: the same keys a histogram by ``sex`` returns."""
+    stack.relay.phase = "native-filter"
+    with stack.proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        rows = _rows(*_filter_values(stack, physical_dataset, "sex"))
+        assert spent_epsilon(conn) == before
+    assert [row["sex"] for row in rows] == ["Female", "Male"], rows  # ORDER BY sex ASC
+    answered = [r for r in stack.relay.statements() if r.phase == "native-filter" and "people" in r.sql]
+    assert answered and {r.outcome for r in answered} == {"ok"}, answered
+
+
+def test_superset_native_filter_on_a_column_not_opted_in_is_refused(stack: Stack, physical_dataset: int):
+    """``age`` is not opted in: its values would come from the rows, so the filter stays refused."""
+    stack.relay.phase = "native-filter-refused"
+    status, body = _filter_values(stack, physical_dataset, "age")
+    assert status == 400 and "(rule: no-group-by)" in str(body), body
+    refused = [r for r in stack.relay.statements() if r.phase == "native-filter-refused" and "people" in r.sql]
+    assert refused and {r.outcome for r in refused} == {"DP001"}, refused
+
+
+def test_superset_column_values_of_an_opted_in_category_are_its_declared_keys(stack: Stack, physical_dataset: int):
+    """The explore view's filter pop-over asks ``/datasource/.../column/<col>/values/``."""
+    stack.relay.phase = "column-values"
+    status, body = stack.api.get(f"/api/v1/datasource/table/{physical_dataset}/column/sex/values/")
+    assert status == 200, body
+    assert sorted(body["result"]) == ["Female", "Male"], body
+    answered = [r for r in stack.relay.statements() if r.phase == "column-values" and "people" in r.sql]
+    assert answered and {r.outcome for r in answered} == {"ok"}, answered
+
+
+def _series_limited(stack: Stack, dataset: int, viz_type: str, limit: int) -> tuple[int, Any]:
+    """A monthly count over a time range split by ``sex`` with a *Series limit* ranked by the count,
+    as the explore view sends a line or bar chart over time with a dimension."""
+    start, end = TIME_RANGE
+    axis = {"timeGrain": "P1M", "columnType": "BASE_AXIS", "sqlExpression": "signed_up", "label": "signed_up",
+            "expressionType": "SQL"}
+    query = {"metrics": ["count"], "columns": [axis, "sex"], "series_columns": ["sex"], "series_limit": limit,
+             "series_limit_metric": "count", "orderby": [["count", False]], "row_limit": 10000,
+             "filters": [{"col": "signed_up", "op": "TEMPORAL_RANGE", "val": f"{start} : {end}"}],
+             "extras": {"having": "", "where": ""}}
+    payload = {"datasource": {"id": dataset, "type": "table"}, "force": True, "queries": [query],
+               "form_data": {"viz_type": viz_type, "datasource": f"{dataset}__table", "limit": limit,
+                             "groupby": ["sex"], "timeseries_limit_metric": "count"},
+               "result_format": "json", "result_type": "full"}
+    return stack.api.post("/api/v1/chart/data", payload)
+
+
+@pytest.mark.parametrize("viz_type, phase", [("echarts_timeseries_line", "series-limit-line"),
+                                             ("echarts_timeseries_bar", "series-limit-bar")])
+def test_superset_series_limit_draws_the_series_its_noised_ranking_puts_first(
+        stack: Stack, physical_dataset: int, admin, viz_type: str, phase: str):
+    """A *Series limit* of 1 joins the chart to a subquery ranking the series by their count:
+    answered as that ranking's histogram and the chart's, charged once. Male has twice Female's
+    rows, so its noised count ranks first whatever the noise."""
+    stack.relay.phase = phase
+    with stack.proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        rows = _rows(*_series_limited(stack, physical_dataset, viz_type, 1))
+        # Charged once; the bar chart sends the line's very statement, a repeat at no cost.
+        assert spent_epsilon(conn) - before == pytest.approx(1.0 if viz_type.endswith("line") else 0.0)
+    assert {row["sex"] for row in rows} == {"Male"} and len(rows) == 6, rows  # March to August 2023
+    start, end = TIME_RANGE
+    exact = dict(admin.execute(
+        f"SELECT extract(epoch FROM date_trunc('month', signed_up))::bigint * 1000, count(*) FROM people "
+        f"WHERE signed_up >= '{start}' AND signed_up < '{end}' AND sex = 'Male' GROUP BY 1").fetchall())
+    for row in rows:
+        assert abs(row["count"] - exact[row["signed_up"]]) < 100, (row, exact)  # two columns share ε: scale 2
+    answered = [r for r in stack.relay.statements() if r.phase == phase and "series_limit" in r.sql]
+    assert answered and {r.outcome for r in answered} == {"ok"}, answered
 
 
 def test_superset_statements_are_all_in_the_recorded_file(stack: Stack):

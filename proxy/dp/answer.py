@@ -25,11 +25,12 @@ from proxy.wire.protocol import Field
 from proxy.wire.values import TYPE_SIZES, encode_text
 from rewriter.dp_query import Aggregate, AggregateQuery
 from rewriter.rewrite import split_cells, split_row
-from rewriter.types import ARRAY_TYPES, FLOAT_TYPES, INTEGER_TYPES, NUMERIC
+from rewriter.types import ARRAY_TYPES, FLOAT_TYPES, INT4, INTEGER_TYPES, NUMERIC
 
 from .column_release import release_column
 
-__all__ = ["DPAnswer", "query_delta", "release_cells", "release_params", "release_row", "released_labels", "result_fields"]
+__all__ = ["DPAnswer", "declared_keys", "kept_series", "query_delta", "ranking_params", "release_cells", "release_params",
+           "release_row", "released_labels", "result_fields"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,9 @@ class DPAnswer:
     def notice(self, repeat: bool = False) -> str:
         """One line for the analyst: the cost and each column's noise (``repeat``: charged nothing,
         since these are the values an earlier answer released)."""
+        if self.cells and not self.releases and not self.epsilon:
+            return (f"dpproxy: ε charged 0, δ 0 for {self.cells} groups (their declared keys only, from the policy: "
+                    "no row is read and nothing is released)")
         if repeat:
             cost = "ε charged 0, δ 0 (a repeat of an earlier answer: the same noised values)"
         else:
@@ -106,18 +110,65 @@ def release_cells(plan: AggregateQuery, rows: Sequence[Sequence[Any]], epsilon: 
     (ε, 0): every mechanism a cell may use is pure ε-DP.
     """
     share = epsilon / len(plan.aggregates)
-    labels = [[label.encode(codec) for label in key.labels()] for key in plan.groups]
     encoded: list[list[bytes | None]] = []
     first: list[Release[Any]] = []
-    for keys, parts in zip(itertools.product(*labels), split_cells(plan, rows)):
+    for keys, parts in zip(_cell_keys(plan, codec), split_cells(plan, rows)):
         releases = _released(plan, parts, share)
         first = first or releases
         encoded.append([*keys, *_encoded(plan, releases, codec)])
-    fields = [Field(f"_k{i}", key.result_type_oid) for i, key in enumerate(plan.groups, 1)]
-    fields += [Field(agg.output_name, agg.result_type_oid) for agg in plan.aggregates]
+    fields = _key_fields(plan) + [Field(agg.output_name, agg.result_type_oid) for agg in plan.aggregates]
     noise = tuple(_per_cell(agg, share, release) for agg, release in zip(plan.aggregates, first))
     result = ResultSet(fields, encoded, f"SELECT {len(encoded)}")
     return DPAnswer(result, epsilon, 0.0, tuple(first), noise, cells=len(encoded))
+
+
+def declared_keys(plan: AggregateQuery, codec: str = "utf-8") -> DPAnswer:
+    """The cells' keys of a GROUP BY that asks for no aggregate (a filter's list of values), in
+    ``codec`` (the session's client_encoding).
+
+    They are the policy's declared keys, narrowed by the statement's own time bounds: no row is
+    read, nothing is released and nothing is charged (ε 0). They are exactly the key columns
+    :func:`release_cells` returns for the same GROUP BY with aggregates, whatever the rows.
+    """
+    if plan.aggregates or not plan.groups:
+        raise ValueError("declared_keys answers a GROUP BY without aggregates")
+    encoded: list[list[bytes | None]] = [list(keys) for keys in _cell_keys(plan, codec)]
+    return DPAnswer(ResultSet(_key_fields(plan), encoded, f"SELECT {len(encoded)}"), 0.0, 0.0, (), cells=len(encoded))
+
+
+def ranking_params(plan: AggregateQuery, answer: DPAnswer) -> BoundParams:
+    """The values a ranking's outer statement reads (``rewriter.series_limit``): the release's
+    (:func:`release_params`), then the cells' numbers 1 … n, which it returns for each row it keeps."""
+    params = release_params(plan, answer)
+    numbers = _array_literal([str(cell).encode() for cell in range(1, len(answer.result.rows) + 1)])
+    return BoundParams([*params.values, numbers], [*params.formats, 0], [*params.types, ARRAY_TYPES[INT4]])
+
+
+def kept_series(plan: AggregateQuery, answer: DPAnswer, ranked: DPAnswer, kept: Sequence[int],
+                codec: str = "utf-8") -> DPAnswer:
+    """``answer`` (``plan``'s cells, keys in ``codec``) with only the cells whose join keys are those
+    of a ranking cell that was kept (``kept``: their 1-based numbers); post-processing of both releases.
+
+    The cost is both releases' (ε and δ summed); the notice names the ranking's noise too.
+    """
+    assert plan.series is not None
+    pairs = plan.series.pairs
+    labels = list(_cell_keys(plan.series.ranking, codec))
+    series = {tuple(labels[cell - 1][ranked_key] for _, ranked_key in pairs) for cell in kept}
+    rows = [row for row in answer.result.rows if tuple(row[key] for key, _ in pairs) in series]
+    noise = (*answer.noise, *(f"series ranking {line}" for line in ranked.noise))
+    return replace(answer, result=ResultSet(answer.result.fields, rows, f"SELECT {len(rows)}"),
+                   epsilon=answer.epsilon + ranked.epsilon, delta=answer.delta + ranked.delta, noise=noise)
+
+
+def _cell_keys(plan: AggregateQuery, codec: str) -> Iterator[tuple[bytes, ...]]:
+    """Every cell's keys, as text in ``codec``, in cell order (row-major over the keys' declared domains)."""
+    labels = [[label.encode(codec) for label in key.labels()] for key in plan.groups]
+    return itertools.product(*labels)
+
+
+def _key_fields(plan: AggregateQuery) -> list[Field]:
+    return [Field(f"_k{i}", key.result_type_oid) for i, key in enumerate(plan.groups, 1)]
 
 
 def _released(plan: AggregateQuery, parts: list[tuple[Any, ...]], share: float) -> list[Release[Any]]:

@@ -21,7 +21,10 @@ from policies.errors import SQLSTATE, Refusal
 from policies.model import Policy
 from policies.tables import TableRegistry
 from proxy.backend.connection import BackendError, BackendLost, BackendSession, BackendUnavailable, BoundParams, ResultSet
-from proxy.dp.answer import DPAnswer, query_delta, release_cells, release_params, release_row, released_labels, result_fields
+from proxy.dp.answer import (
+    DPAnswer, declared_keys, kept_series, query_delta, ranking_params, release_cells, release_params, release_row,
+    released_labels, result_fields,
+)
 from proxy.dp.answer_time import on_the_quantum, quantum_deadline
 from proxy.dp.budget import BudgetKeeper
 from proxy.dp.folding import bind_constants
@@ -479,26 +482,42 @@ class Executor:
             return await self._post_processed(plan, None, result_formats), [], Cost(0.0, 0.0, None, None)
         plan, params = await bind_constants(plan, params, self.backend)  # before the repeat lookup and the charge
         plan, params = await narrow_keys(plan, params, self.backend)
+        plan = await self._bound_ranking(plan, params)
         if plan.limit_zero:  # the WHERE leaves no time bucket: nothing to release
             return await self._post_processed(plan, None, result_formats), [], Cost(0.0, 0.0, None, None)
         sql = backend_sql(plan, seed=0)  # names the query; the SQL run gets a fresh seed below
+        ranking = plan.series.ranking if plan.series is not None else None
         encoding = self.backend.client_encoding
         if encoding.codec != "utf-8":
             # A name or label the session's encoding lacks would fail the answer after its charge.
-            post = plan.post.sql if plan.post is not None else ""
-            problem = untranslatable("\n".join([sql, post, *released_labels(plan)]), encoding)
+            texts = [sql, plan.post.sql if plan.post is not None else "", *released_labels(plan)]
+            if ranking is not None:
+                texts += [backend_sql(ranking, seed=0), ranking.post.sql if ranking.post is not None else "",
+                          *released_labels(ranking)]
+            problem = untranslatable("\n".join(texts), encoding)
             if problem is not None:
                 raise problem
+        if not plan.aggregates and (ranking is None or not ranking.aggregates):
+            # A GROUP BY without aggregates (a BI filter's list of values): the declared keys,
+            # from the policy and the statement alone. The WHERE never runs on the rows, so
+            # nothing is released and nothing is charged.
+            keys = await self._release(plan, "", params, 0.0, encoding.codec)
+            balance = await self.server.budget.balance(self.user)
+            notice = f"{keys.notice()}; remaining ε {balance.remaining_epsilon:g}, δ {balance.remaining_delta:g}"
+            return await self._post_processed(plan, keys, result_formats), [notice], Cost(0.0, 0.0, None, None)
         # The aggregates too: different ones can share the backend SQL (sum_count AVG is a
         # clamped SUM and a COUNT, so ``sum(x), avg(x)`` runs what ``sum(x), sum(x), count(x)``
         # runs), and a repeat must be the same release, not another's values under these columns.
-        released = tuple((a.kind, a.column.name if a.column else None, a.mechanism, a.distinct, a.result_type_oid)
-                         for a in plan.aggregates)
+        released = _released_aggregates(plan)
         # And the settings a plain date, time or interval literal is read under (DateStyle,
         # TimeZone, IntervalStyle): the same text can ask another question under others.
         # (Folded values are in ``sql`` already, by value.)
         settings = self.backend.literal_settings
-        repeat_key = (self.user, sql, released, settings, tuple(params.values), tuple(params.formats), epsilon)
+        # A series limit's answer keeps the cells its ranking keeps: the ranking is part of it.
+        ranked_by = None if ranking is None or plan.series is None else (
+            backend_sql(ranking, seed=0), _released_aggregates(ranking), ranking.post, plan.series.pairs)
+        repeat_key = (self.user, sql, released, settings, tuple(params.values), tuple(params.formats), epsilon,
+                      ranked_by)
         earlier = self.server.repeats.get(repeat_key)
         if earlier is not None:
             # Only the released values are shared: names come from the statement asked now.
@@ -507,7 +526,7 @@ class Executor:
             notice = (f"{repeat.notice(repeat=True)}; "
                       f"remaining ε {balance.remaining_epsilon:g}, δ {balance.remaining_delta:g}")
             return await self._post_processed(plan, repeat, result_formats), [notice], Cost(0.0, 0.0, None, None)
-        delta = query_delta(plan)
+        delta = query_delta(plan) + (query_delta(ranking) if ranking is not None else 0.0)
         # A connection already known lost (or one that cannot be opened) fails the query
         # before it costs anything.
         await self.backend.usable()
@@ -516,7 +535,7 @@ class Executor:
         cost = self._charged = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta)
         try:
             run = backend_sql(plan, seed=partition_seed()) if seeded(plan) else sql
-            answer = await self._released(plan, run, params, epsilon, encoding.codec)
+            answer = await self._release(plan, run, params, epsilon, encoding.codec)
         except BackendUnavailable:
             # No connection could be had (pool exhausted, backend refusing): never sent, so
             # its failure cannot depend on the data and the charge goes back.
@@ -537,8 +556,35 @@ class Executor:
         result = await self._post_processed(plan, answer, result_formats)
         return result, [f"{notice}; {remaining}"], cost
 
+    async def _bound_ranking(self, plan: AggregateQuery, params: BoundParams) -> AggregateQuery:
+        """``plan`` with its series limit's ranking made final as the plan's own WHERE is (folded,
+        time keys narrowed); a ranking left with no cell leaves no series: no row, nothing released."""
+        if plan.series is None:
+            return plan
+        ranking, _ = await bind_constants(plan.series.ranking, params, self.backend)
+        ranking, _ = await narrow_keys(ranking, params, self.backend)
+        return replace(plan, series=replace(plan.series, ranking=ranking), limit_zero=ranking.limit_zero)
+
+    async def _release(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float, codec: str) -> DPAnswer:
+        """The release of ``plan`` (``sql``: its backend SQL); with a series limit, of the plan and its
+        ranking, ε split evenly over the aggregates of both, and the plan's cells kept where the
+        ranking's outer statement keeps theirs (post-processing of both releases)."""
+        if plan.series is None:
+            return await self._released(plan, sql, params, epsilon, codec)
+        ranking = plan.series.ranking
+        share = epsilon / max(1, len(plan.aggregates) + len(ranking.aggregates))
+        answer = await self._released(plan, sql, params, share * len(plan.aggregates), codec)
+        ranking_sql = backend_sql(ranking, seed=partition_seed() if seeded(ranking) else 0)
+        ranked = await self._released(ranking, ranking_sql, params, share * len(ranking.aggregates), codec)
+        assert ranking.post is not None
+        kept = await self.backend.execute(ranking.post.sql, ranking_params(ranking, ranked))
+        return kept_series(plan, answer, ranked, [int(row[-1]) for row in kept.rows if row[-1] is not None], codec)
+
     async def _released(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float, codec: str) -> DPAnswer:
-        """Run the plan's exact aggregates on the backend and noise them: one row, or one per cell."""
+        """Run the plan's exact aggregates on the backend and noise them: one row, or one per cell.
+        A GROUP BY without aggregates is its declared keys: nothing runs."""
+        if plan.keys_only:
+            return declared_keys(plan, codec)
         bound = params if params.values else None
         if not plan.groups:
             values, type_oids = await self.backend.first_row(sql, bound)
@@ -564,6 +610,12 @@ class Executor:
             return answer.result
         uniform = result_formats[0] if len(result_formats) == 1 else 0
         return await self.backend.execute(plan.post.sql, release_params(plan, answer), uniform)
+
+
+def _released_aggregates(plan: AggregateQuery) -> tuple[tuple[object, ...], ...]:
+    """What tells the plan's released aggregates apart, for the repeat key (more than their SQL)."""
+    return tuple((a.kind, a.column.name if a.column else None, a.mechanism, a.distinct, a.result_type_oid)
+                 for a in plan.aggregates)
 
 
 async def _analysed(function: Callable[..., _T], *args: Any) -> _T:
