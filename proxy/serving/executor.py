@@ -346,8 +346,10 @@ class Executor:
                     self._quantised = None
             return _apply_formats(result, result_formats), notices, cost
         if isinstance(decision, DpproxyCommand):
-            result = await self.settings.run(decision, self.server.policy, self.server.budget, self.server.registry)
-            return _apply_formats(result, result_formats), [], None
+            result, notices = await self.settings.run(
+                decision, self.server.policy, self.server.budget, self.server.registry, self.backend.transaction_status
+            )
+            return _apply_formats(result, result_formats), notices, None
         if isinstance(decision, CopyOut):
             return await self._copy_out(plan, decision, params)
         if isinstance(decision, ColumnsOnly):
@@ -367,6 +369,7 @@ class Executor:
             self.backend.state_may_change()  # read back at release, restored at the next checkout
         uniform = result_formats[0] if len(result_formats) == 1 else 0
         with_params = params if params.values or uniform else None
+        status = self.backend.transaction_status
         # As one statement (the extended protocol): PostgreSQL refuses a text that holds more,
         # so that nothing dpproxy did not split and classify itself can run, whatever reader
         # might one day see the text otherwise (a client encoding once made a SET's value
@@ -383,11 +386,13 @@ class Executor:
         else:
             result = await self.backend.execute(decision.sql, with_params, uniform, one_statement=True)
             result = _apply_formats(result, result_formats)
+        if plan.statement.kind == "TransactionStmt":
+            self.settings.transaction_statement(plan.statement.node, status, self.backend.transaction_status)
         resets, name = _resets(plan.statement)
         if resets:
             await self.backend.restore_startup(name)
             if name is None:
-                self.settings.epsilon = None  # RESET ALL and DISCARD ALL reset dpproxy.* too, as PostgreSQL's custom settings
+                self.settings.reset_all()  # RESET ALL and DISCARD ALL reset dpproxy.* too, as PostgreSQL's custom settings
         return result, result.notices, None
 
     async def cancel(self) -> None:

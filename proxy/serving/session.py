@@ -475,6 +475,7 @@ class Session:
         implicit = len(statements) > 1 and self.executor.transaction_status() == b"I"
         if implicit:
             await self.executor.backend.execute("BEGIN")
+            self.executor.settings.implicit_block(None)
         ok = True
         for statement in statements:
             ends = _ends_transaction(statement)
@@ -490,6 +491,7 @@ class Session:
                 break
         if implicit:
             await self.executor.backend.execute("COMMIT" if ok else "ROLLBACK")
+            self.executor.settings.implicit_block(ok)
             if not ok:
                 self.executor.generation += 1  # the rollback undid any SET in the block
 
