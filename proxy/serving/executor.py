@@ -21,6 +21,7 @@ from policies.errors import SQLSTATE, Refusal
 from policies.model import Policy
 from policies.tables import TableRegistry
 from proxy.backend.connection import BackendError, BackendLost, BackendSession, BackendUnavailable, BoundParams, ResultSet
+from proxy.backend.row_stream import RowStream
 from proxy.dp.answer import DPAnswer, query_delta, release_cells, release_params, release_row, result_fields
 from proxy.dp.answer_time import on_the_quantum, quantum_deadline
 from proxy.dp.budget import BudgetKeeper
@@ -129,6 +130,7 @@ class Executor:
         self._quantised: tuple[int, float, float] | None = None
         self._answers = 0
         self._deferred: set[asyncio.Task[None]] = set()
+        self._streams: set[RowStream] = set()  # results passed on as they arrive, not ended yet
 
     def transaction_status(self) -> bytes:
         return self.backend.transaction_status
@@ -323,8 +325,28 @@ class Executor:
             raise
         decision = plan.decision.inner if isinstance(plan.decision, CopyOut) else plan.decision
         kind = "dp" if isinstance(decision, (DPQuery, ColumnsOnly)) else "command" if isinstance(decision, DpproxyCommand) else "passthrough"
-        self._audit_soon(fingerprint, kind, None, cost, started)
+        if result.stream is not None:
+            self._audit_at_end(result.stream, fingerprint, started)
+        else:
+            self._audit_soon(fingerprint, kind, None, cost, started, _rows(result) if kind == "passthrough" else None)
         return result, notices
+
+    def _audit_at_end(self, stream: RowStream, fingerprint: str, started: float) -> None:
+        """A result passed on as it arrives is audited when it ends for the client, with its
+        outcome and its rows: an error part-way through is the statement's outcome."""
+        self._streams.add(stream)
+
+        def ended(sqlstate: str | None, rows: int) -> None:
+            self._streams.discard(stream)
+            decision = "passthrough" if sqlstate is None else "error"
+            self._audit_soon(fingerprint, decision, sqlstate, None, started, rows)
+
+        stream.when_ended(ended)
+
+    def close(self) -> None:
+        """The session ends: results still being passed on are audited as cut off (08006)."""
+        for stream in list(self._streams):
+            stream.cut_off("08006")
 
     async def _run(
         self, plan: Plan, params: BoundParams, result_formats: tuple[int, ...], relay: bool = True
@@ -441,12 +463,16 @@ class Executor:
         return copied, notices, cost
 
     def _audit_soon(
-        self, fingerprint: str, decision: str, reason: str | None, cost: Cost | None, started: float
+        self, fingerprint: str, decision: str, reason: str | None, cost: Cost | None, started: float,
+        rows: int | None = None,
     ) -> None:
         latency_s = time.perf_counter() - started
-        asyncio.get_running_loop().call_soon(self._audit, fingerprint, decision, reason, cost, latency_s)
+        asyncio.get_running_loop().call_soon(self._audit, fingerprint, decision, reason, cost, latency_s, rows)
 
-    def _audit(self, fingerprint: str, decision: str, reason: str | None, cost: Cost | None, latency_s: float) -> None:
+    def _audit(
+        self, fingerprint: str, decision: str, reason: str | None, cost: Cost | None, latency_s: float,
+        rows: int | None = None,
+    ) -> None:
         observe_statement(decision, reason, self.user, cost.epsilon if cost else 0.0, cost.delta if cost else 0.0, latency_s)
         self.server.audit.record(
             AuditEntry(
@@ -461,6 +487,7 @@ class Executor:
                 remaining_epsilon=cost.remaining_epsilon if cost else None,
                 remaining_delta=cost.remaining_delta if cost else None,
                 latency_ms=round(latency_s * 1000, 3),
+                rows=rows,
             )
         )
 
@@ -623,6 +650,13 @@ def _resets(statement: Statement) -> tuple[bool, str | None]:
         if kind in ("VAR_RESET", "VAR_SET_DEFAULT"):
             return True, str(node.get("name") or "")
     return False, None
+
+
+def _rows(result: ResultSet) -> int:
+    """How many rows a result hands the client (a COPY's, from its tag)."""
+    if result.copy is not None:
+        return int(result.tag.rpartition(" ")[2] or 0)
+    return result.row_count
 
 
 def _apply_formats(result: ResultSet, result_formats: tuple[int, ...]) -> ResultSet:

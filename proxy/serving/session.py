@@ -284,6 +284,8 @@ class Session:
     async def _close(self) -> None:
         self.busy = False  # its statements are over: a shutdown need not wait for the close
         self.server.sessions.remove(self)
+        if self.executor is not None:
+            self.executor.close()
         await self._give_back_backend()
         try:
             self.writer.close()
