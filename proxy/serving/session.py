@@ -389,6 +389,10 @@ class Session:
         return self.executor.transaction_status() if self.executor is not None else b"I"
 
     def _flush(self) -> None:
+        if self.writer.transport.is_closing():
+            # The client has gone (its socket reset or closed under a write): uvloop's write
+            # would raise RuntimeError, ending a routine disconnect as an internal error.
+            raise ConnectionResetError("the client closed its connection")
         self.writer.write(b"".join(self._out))
         self._out.clear()
         self._out_counted = self._out_bytes = 0
