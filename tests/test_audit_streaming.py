@@ -36,10 +36,10 @@ def audited(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def _lines_of(log: Path, sql: str, count: int = 1) -> list[dict[str, Any]]:
-    """The audit lines of ``sql``, once ``count`` of them have been written (or 5 s passed)."""
+    """The audit lines of ``sql``, once ``count`` of them have been written (or 20 s passed)."""
     mark = fingerprint(sql)
     lines: list[dict[str, Any]] = []
-    for _ in range(100):
+    for _ in range(400):
         lines = [line for line in map(json.loads, log.read_text().splitlines()) if line["fingerprint"] == mark]
         if len(lines) >= count:
             break
@@ -108,3 +108,16 @@ def test_a_client_gone_mid_stream_is_an_error_line_and_no_internal_error(audited
     # A client going away is routine: before, uvloop's write to its closed transport raised a
     # RuntimeError that ended the session as an internal error, logged with two tracebacks.
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
+
+
+def test_a_suspended_portal_left_at_terminate_is_a_passthrough_line(audited):
+    proxy, log = audited
+    sql = WHOLE.replace("60000", "60002")
+    wire = Wire(proxy.host, proxy.port)
+    wire.send(message(b"Q", cstr("BEGIN")), parse("", sql), bind("p", ""), execute("p", 5), SYNC)
+    wire.read_until(b"Z")
+    wire.read_until(b"Z")
+    wire.send(message(b"X"))
+    wire.close()
+    (line,) = _lines_of(log, sql)
+    assert line["decision"] == "passthrough" and line["reason"] is None and line["rows"] == 5

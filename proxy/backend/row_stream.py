@@ -64,8 +64,9 @@ class RowStream:
         """Call ``report`` once the client has had all it will get of this result."""
         self._ended_for_client = report
 
-    def cut_off(self, sqlstate: str) -> None:
-        """The session ends before the result did: its end is reported with ``sqlstate``."""
+    def cut_off(self, sqlstate: str | None) -> None:
+        """The session ends before the result did: its end is reported with ``sqlstate``
+        (None: the client said Terminate, closing its portals as it may)."""
         self._report(sqlstate)
 
     def _report(self, sqlstate: str | None) -> None:

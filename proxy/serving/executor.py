@@ -343,10 +343,11 @@ class Executor:
 
         stream.when_ended(ended)
 
-    def close(self) -> None:
-        """The session ends: results still being passed on are audited as cut off (08006)."""
+    def close(self, terminated: bool) -> None:
+        """The session ends: results still being passed on are audited as they were left, as
+        a portal closed when the client said Terminate, else cut off (08006: it went away)."""
         for stream in list(self._streams):
-            stream.cut_off("08006")
+            stream.cut_off(None if terminated else "08006")
 
     async def _run(
         self, plan: Plan, params: BoundParams, result_formats: tuple[int, ...], relay: bool = True

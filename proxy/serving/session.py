@@ -149,6 +149,7 @@ class Session:
         self.busy = False
         self.shutting_down = False
         self._task: asyncio.Task[object] | None = None
+        self._terminated = False  # the client said Terminate
 
     # ------------------------------------------------------------ lifecycle
 
@@ -285,7 +286,7 @@ class Session:
         self.busy = False  # its statements are over: a shutdown need not wait for the close
         self.server.sessions.remove(self)
         if self.executor is not None:
-            self.executor.close()
+            self.executor.close(self._terminated)
         await self._give_back_backend()
         try:
             self.writer.close()
@@ -350,6 +351,7 @@ class Session:
                 await self.extended.handle(kind, payload)
                 await self._flush_if_large()
             elif kind == b"X":
+                self._terminated = True
                 return
             elif kind in (b"d", b"c", b"f"):
                 continue  # stray COPY data outside COPY is ignored, as PostgreSQL does
