@@ -31,7 +31,7 @@ from proxy.dp.repeats import RepeatStore
 from proxy.ops.audit import AuditEntry, AuditLog
 from proxy.ops.audit import fingerprint as audit_fingerprint
 from proxy.ops.metrics import observe_statement
-from proxy.wire.binary import binary_from_text
+from proxy.wire.binary import BINARY_TYPES, UnsupportedBinaryType, binary_from_text
 from proxy.wire.protocol import Field, ProtocolError, formats_for
 from proxy.wire.values import load_text
 from rewriter.classify import (
@@ -502,6 +502,7 @@ class Executor:
             # cost ε for a 25P02 that depends on nothing but the session.
             raise Refusal(SQLSTATE.IN_FAILED_TRANSACTION,
                           "current transaction is aborted, commands ignored until end of transaction block")
+        await self._check_result_formats(plan, result_formats)
         # The plan's WHERE is made final here, before the charge (and before the repeat key).
         epsilon = self.settings.query_epsilon(self.server.policy, plan.table)
         if plan.limit_zero:
@@ -561,6 +562,22 @@ class Executor:
         remaining = f"remaining ε {cost.remaining_epsilon:g}, δ {cost.remaining_delta:g}"
         result = await self._post_processed(plan, answer, result_formats)
         return result, [f"{notice}; {remaining}"], cost
+
+    async def _check_result_formats(self, plan: AggregateQuery, result_formats: tuple[int, ...]) -> None:
+        """Refuse, before anything is charged, result format codes the answer cannot be sent in:
+        not one per column (08P01, as PostgreSQL's Bind), or binary for a column dpproxy would
+        have to convert and cannot (0A000). The statement decides both, never the rows."""
+        if not result_formats or (plan.post is not None and len(result_formats) == 1):
+            return  # all text, or one format for all that the backend itself produces
+        fields = await self._dp_fields(plan)
+        try:
+            formats = formats_for(result_formats, len(fields))
+        except ProtocolError as exc:
+            raise Refusal(SQLSTATE.PROTOCOL_VIOLATION, exc.message) from None
+        for column, fmt in zip(fields, formats):
+            if fmt == 1 and column.format == 0 and column.type_oid not in BINARY_TYPES:
+                raise Refusal(SQLSTATE.FEATURE_NOT_SUPPORTED, str(UnsupportedBinaryType(column.type_oid)),
+                              "Request text format for this column.")
 
     async def _released(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float) -> DPAnswer:
         """Run the plan's exact aggregates on the backend and noise them: one row, or one per cell."""
