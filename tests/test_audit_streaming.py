@@ -40,7 +40,8 @@ def _lines_of(log: Path, sql: str, count: int = 1) -> list[dict[str, Any]]:
     mark = fingerprint(sql)
     lines: list[dict[str, Any]] = []
     for _ in range(400):
-        lines = [line for line in map(json.loads, log.read_text().splitlines()) if line["fingerprint"] == mark]
+        written = log.read_text().split("\n")[:-1]  # whole lines only: the writer may be mid-line
+        lines = [line for line in map(json.loads, written) if line["fingerprint"] == mark]
         if len(lines) >= count:
             break
         time.sleep(0.05)

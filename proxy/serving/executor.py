@@ -343,11 +343,11 @@ class Executor:
 
         stream.when_ended(ended)
 
-    def close(self, terminated: bool) -> None:
-        """The session ends: results still being passed on are audited as they were left, as
-        a portal closed when the client said Terminate, else cut off (08006: it went away)."""
+    def close(self, sqlstate: str | None) -> None:
+        """The session ends: results still being passed on are audited as they were left,
+        with ``sqlstate`` (None: the client said Terminate, closing its portals as it may)."""
         for stream in list(self._streams):
-            stream.cut_off(None if terminated else "08006")
+            stream.cut_off(sqlstate)
 
     async def _run(
         self, plan: Plan, params: BoundParams, result_formats: tuple[int, ...], relay: bool = True

@@ -286,7 +286,10 @@ class Session:
         self.busy = False  # its statements are over: a shutdown need not wait for the close
         self.server.sessions.remove(self)
         if self.executor is not None:
-            self.executor.close(self._terminated)
+            # Results left unfinished: closed by the client's Terminate, else cut off by a
+            # shutdown (57P01) or by the client going away (08006).
+            cut_off = SQLSTATE.ADMIN_SHUTDOWN if self.shutting_down else "08006"
+            self.executor.close(None if self._terminated else cut_off)
         await self._give_back_backend()
         try:
             self.writer.close()
