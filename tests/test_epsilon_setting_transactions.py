@@ -4,12 +4,14 @@ transaction's end, and a DP answer is charged and noised at the ε in force when
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
+import asyncpg
 import psycopg
 import pytest
 
-from conftest import RunningProxy, spent_epsilon
+from conftest import TEST_DATABASE, RunningProxy, spent_epsilon
 
 COUNT = "SELECT COUNT(*) FROM adult WHERE age > 30"
 
@@ -166,3 +168,27 @@ def test_current_setting_and_set_config_of_dpproxy_epsilon_are_refused_not_misre
         conn.execute("SELECT current_setting('dpproxy.epsilon')")
     assert _shown(conn) == "0.25"
     conn.execute("RESET dpproxy.epsilon")
+
+
+def test_dpproxy_epsilon_in_the_startup_packet_is_the_sessions_and_reset_returns_to_it(proxy: RunningProxy):
+    # Before, it was dropped without a word: the client asked for ε 0.25 and paid 1 per query.
+    async def scenario() -> None:
+        conn = await asyncpg.connect(host=proxy.host, port=proxy.port, user="analyst", password="analyst",
+                                     database=TEST_DATABASE, server_settings={"dpproxy.epsilon": "0.25"},
+                                     statement_cache_size=0)  # DISCARD ALL drops prepared statements
+        try:
+            assert await conn.fetchval("SHOW dpproxy.epsilon") == "0.25"
+            await conn.execute("SET dpproxy.epsilon = 0.5")
+            await conn.execute("RESET dpproxy.epsilon")  # back to the startup value, as PostgreSQL's
+            assert await conn.fetchval("SHOW dpproxy.epsilon") == "0.25"
+            await conn.execute("SET dpproxy.epsilon = 0.5")
+            await conn.execute("DISCARD ALL")
+            assert await conn.fetchval("SHOW dpproxy.epsilon") == "0.25"
+        finally:
+            await conn.close()
+        with pytest.raises(asyncpg.PostgresError) as refused:
+            await asyncpg.connect(host=proxy.host, port=proxy.port, user="analyst", password="analyst",
+                                  database=TEST_DATABASE, server_settings={"dpproxy.epsilon": "1000"})
+        assert refused.value.sqlstate == "DP003"
+
+    asyncio.run(scenario())

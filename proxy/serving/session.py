@@ -263,6 +263,7 @@ class Session:
             reports[key] = self.backend.reported_parameters()
             await self.backend.release()
         self.executor = Executor(self.server, self.backend, self.user, self.peer)
+        self.executor.settings.start(params, policy)  # a startup dpproxy.epsilon, checked as SET checks it
         self.extended = ExtendedProtocol(self.executor, self._out, self._flush_if_large)
         self.executor.deallocate = self.extended.deallocate
         self._reported = self._client_parameters()

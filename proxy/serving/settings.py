@@ -47,7 +47,16 @@ class SessionSettings:
 
     def __init__(self, user: str):
         self.user = user
+        self._default: float | None = None  # what RESET gives back: the startup packet's, else none
         self._epsilon = TransactionalValue[float | None](None)
+
+    def start(self, startup: dict[str, str], policy: Policy) -> None:
+        """Take ``dpproxy.epsilon`` from the startup parameters, as PostgreSQL takes a setting
+        there: the session's value and what RESET returns to. Refused as a SET would be."""
+        given = [value for name, value in startup.items() if name.lower() == "dpproxy.epsilon"]
+        if given:
+            self._default = self._checked(given[-1], policy)
+            self._epsilon = TransactionalValue[float | None](self._default)
 
     @property
     def epsilon(self) -> float | None:
@@ -56,7 +65,7 @@ class SessionSettings:
 
     def reset_all(self) -> None:
         """RESET ALL (or DISCARD ALL): dpproxy.* back to their defaults, as PostgreSQL's own."""
-        self._epsilon.set(None)
+        self._epsilon.set(self._default)
 
     def transaction_statement(self, node: dict[str, object], before: bytes, after: bytes) -> None:
         """A transaction statement (its parse tree ``node``) has run on the backend, which was
@@ -138,7 +147,7 @@ class SessionSettings:
             value = "default" if self.epsilon is None else f"{self.epsilon:g}"
             return ResultSet(list(_EPSILON_FIELDS), [[value.encode()]], "SHOW")
         if command.verb == "reset":
-            self._epsilon.set(None, command.local)
+            self._epsilon.set(self._default, command.local)
             return ResultSet([], [], "RESET" if not command.local else "SET")
         if command.verb == "set":
             self._epsilon.set(self._checked(command.value, policy), command.local)
