@@ -104,9 +104,17 @@ def test_dpproxy_epsilon_follows_postgresql_setting_rules_in_transactions(conn, 
 
 def test_set_local_outside_a_block_warns_and_changes_nothing(conn):
     conn.execute("SET LOCAL dpproxy.epsilon = 0.25")
-    # PostgreSQL's is a WARNING; dpproxy passes every notice on as a NOTICE (as the backend's own).
-    assert "SET LOCAL can only be used in transaction blocks" in [text for _, text in conn.notices]  # type: ignore[attr-defined]
+    assert ("WARNING", "SET LOCAL can only be used in transaction blocks") in conn.notices  # type: ignore[attr-defined]
     assert _shown(conn) == "default"
+
+
+def test_a_backend_warning_reaches_the_client_as_a_warning_with_its_sqlstate(conn):
+    # Before, every notice of the backend went on as a NOTICE with SQLSTATE 00000.
+    codes = []
+    conn.add_notice_handler(lambda d: codes.append(d.sqlstate))
+    conn.execute("COMMIT")
+    assert ("WARNING", "there is no transaction in progress") in conn.notices  # type: ignore[attr-defined]
+    assert "25P01" in codes
 
 
 def test_an_error_then_rollback_to_savepoint_undoes_the_set_and_the_block_goes_on(conn):

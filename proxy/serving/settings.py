@@ -21,7 +21,7 @@ from policies.tables import Relation, TableRegistry
 from proxy.backend.connection import ResultSet
 from proxy.dp.budget import BudgetKeeper
 from proxy.wire.binary import TEXT
-from proxy.wire.protocol import Field
+from proxy.wire.protocol import Field, Notice
 from proxy.wire.values import encode_text
 from rewriter.classify import DpproxyCommand
 from rewriter.types import FLOAT8
@@ -125,7 +125,8 @@ class SessionSettings:
 
     def _notices(self, command: DpproxyCommand) -> list[str]:
         if command.local and command.verb != "show" and not self._epsilon.in_block:
-            return ["SET LOCAL can only be used in transaction blocks"]  # and it changed nothing
+            # and it changed nothing, as in PostgreSQL
+            return [Notice("SET LOCAL can only be used in transaction blocks", "WARNING", "25P01")]
         return []
 
     async def _run(
