@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from conftest import TEST_DATABASE, RunningProxy, spent_epsilon
+from proxy.serving import settings as settings_module
 
 COUNT = "SELECT COUNT(*) FROM adult WHERE age > 30"
 
@@ -200,3 +201,16 @@ def test_dpproxy_epsilon_in_the_startup_packet_is_the_sessions_and_reset_returns
         assert refused.value.sqlstate == "DP003"
 
     asyncio.run(scenario())
+
+
+def test_savepoints_beyond_the_limit_are_refused_before_they_reach_the_backend(conn, monkeypatch):
+    # Each open savepoint keeps a frame in dpproxy's memory, shared by every session.
+    monkeypatch.setattr(settings_module, "MAX_SAVEPOINTS", 3)
+    conn.execute("BEGIN")
+    for name in ("a", "b", "c"):
+        conn.execute(f"SAVEPOINT {name}")
+    with pytest.raises(psycopg.errors.ProgramLimitExceeded):
+        conn.execute("SAVEPOINT d")
+    conn.execute("RELEASE c")  # the block goes on: the refusal was dpproxy's, nothing failed on the backend
+    conn.execute("SAVEPOINT d")
+    conn.execute("ROLLBACK")

@@ -393,6 +393,8 @@ class Executor:
         uniform = result_formats[0] if len(result_formats) == 1 else 0
         with_params = params if params.values or uniform else None
         status = self.backend.transaction_status
+        if plan.statement.kind == "TransactionStmt" and plan.statement.node.get("kind") == "TRANS_STMT_SAVEPOINT":
+            self.settings.savepoint_room()
         # As one statement (the extended protocol): PostgreSQL refuses a text that holds more,
         # so that nothing dpproxy did not split and classify itself can run, whatever reader
         # might one day see the text otherwise (a client encoding once made a SET's value

@@ -29,7 +29,12 @@ from rewriter.types import FLOAT8
 from .policy_view import COLUMNS_FIELDS, columns_result
 from .transactional import TransactionalValue
 
-__all__ = ["BUDGET_FIELDS", "SessionSettings"]
+__all__ = ["BUDGET_FIELDS", "MAX_SAVEPOINTS", "SessionSettings"]
+
+# Open savepoints one transaction may have: each keeps a frame here, in the process every
+# session shares, and a client may send SAVEPOINT without end. (PostgreSQL slows every
+# snapshot once a transaction has more than 64 subtransactions: clients nest a few.)
+MAX_SAVEPOINTS = 10_000
 
 BUDGET_FIELDS = [
     Field("user", TEXT),
@@ -89,6 +94,13 @@ class SessionSettings:
             value.release(str(node.get("savepoint_name")))
         elif kind == "TRANS_STMT_ROLLBACK_TO":
             value.rollback_to(str(node.get("savepoint_name")))
+
+    def savepoint_room(self) -> None:
+        """Refuse (54000), before it is sent, a SAVEPOINT beyond ``MAX_SAVEPOINTS`` open ones."""
+        if self._epsilon.savepoints >= MAX_SAVEPOINTS:
+            raise Refusal(SQLSTATE.PROGRAM_LIMIT_EXCEEDED,
+                          f"too many savepoints in this transaction: dpproxy keeps at most {MAX_SAVEPOINTS} open",
+                          "Release savepoints no longer needed (RELEASE SAVEPOINT), or end the transaction.")
 
     def implicit_block(self, ends: bool | None) -> None:
         """The implicit transaction of a query string of several statements began (None),

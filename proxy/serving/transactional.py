@@ -43,6 +43,11 @@ class TransactionalValue(Generic[_T]):
     def in_block(self) -> bool:
         return bool(self._frames)
 
+    @property
+    def savepoints(self) -> int:
+        """How many savepoints of the transaction are open (each keeps a frame)."""
+        return max(0, len(self._frames) - 1)
+
     def set(self, value: _T, local: bool = False) -> bool:
         """SET (or SET LOCAL) the value; False for a SET LOCAL outside a transaction, which
         changes nothing (PostgreSQL warns)."""
