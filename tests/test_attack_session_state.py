@@ -57,3 +57,27 @@ def test_a_cancel_ends_a_statement_waiting_for_a_pooled_connection(one: RunningP
         holder.execute("COMMIT")
         assert spent_epsilon(waiting) == pytest.approx(spent)  # nothing was computed, nothing charged
         assert waiting.execute("SELECT 2").fetchone() == (2,)  # the session goes on
+
+
+def test_a_query_string_that_gets_no_connection_fails_and_the_session_goes_on(one: RunningProxy):
+    # Its implicit BEGIN is where it first needs a connection: a 57014 (or 53300) there ended
+    # the session with FATAL, where a single statement's is an ERROR.
+    with one.connect() as holder, one.connect() as waiting:
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1")
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                waiting.execute("SELECT 1; SELECT 2")
+            except psycopg.Error as exc:
+                outcome["error"] = exc
+
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        time.sleep(0.5)
+        waiting.cancel_safe()
+        worker.join(25)
+        assert isinstance(outcome.get("error"), psycopg.errors.QueryCanceled), outcome
+        holder.execute("COMMIT")
+        assert waiting.execute("SELECT 3").fetchone() == (3,)

@@ -486,7 +486,13 @@ class Session:
         # As in PostgreSQL, several statements in one Query run in one implicit transaction.
         implicit = len(statements) > 1 and self.executor.transaction_status() == b"I"
         if implicit:
-            await self.executor.backend.execute("BEGIN")
+            try:
+                await self.executor.backend.execute("BEGIN")
+            except BackendLost:
+                raise
+            except BackendError as exc:  # no connection came (53300, or a cancel while waiting: 57014)
+                self._error(exc.sqlstate, exc.message, exc.hint, exc.detail)
+                return
             self.executor.settings.implicit_block(None)
         ok = True
         for statement in statements:
