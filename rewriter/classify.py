@@ -82,9 +82,10 @@ class DPQuery:
 class DpproxyCommand:
     """A statement about dpproxy itself: ``SHOW dpproxy.x`` or ``SET dpproxy.x = value``."""
 
-    verb: str  # "show" | "set" | "reset"
+    verb: str  # "show" | "set" | "reset" | "keep" (SET ... FROM CURRENT)
     name: str
     value: str | None = None
+    local: bool = False  # SET LOCAL: until the end of the transaction
 
 
 @dataclass(frozen=True)
@@ -401,9 +402,12 @@ def _set(statement: Statement) -> Decision:
     kind = node.get("kind")
     name = (node.get("name") or "").lower()
     if name.startswith("dpproxy."):
+        local = bool(node.get("is_local"))
         if kind == "VAR_SET_VALUE":
-            return DpproxyCommand("set", name, _set_value(node))
-        return DpproxyCommand("reset", name)
+            return DpproxyCommand("set", name, _set_value(node), local)
+        if kind == "VAR_SET_CURRENT":
+            return DpproxyCommand("keep", name, None, local)
+        return DpproxyCommand("reset", name, None, local)
     if kind in ("VAR_RESET", "VAR_RESET_ALL"):
         return Passthrough(statement.text)  # back to the session defaults dpproxy set
     if name not in SAFE_SETTINGS:

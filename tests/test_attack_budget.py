@@ -11,6 +11,7 @@ import pytest
 
 import proxy.dp.budget as budget_module
 from conftest import TEST_POLICY, TestDatabase, running_proxy, spent_epsilon
+from wire import SYNC, Wire, bind, cstr, data_row_values, error_fields, execute, message, parse
 from mechanisms.laplace import release_sum
 from policies.errors import Refusal
 from policies.ledger import Ledger
@@ -125,3 +126,26 @@ def test_a_statement_prepared_before_set_epsilon_is_charged_and_noised_at_the_ep
             assert spent_epsilon(conn) - before == pytest.approx(epsilon, rel=1e-9, abs=1e-12)
             assert f"ε charged {epsilon:g}," in notices[0]
             assert f"laplace scale {1 / epsilon:.4g} " in notices[0]
+
+
+def _spent_over_the_wire(wire: Wire) -> float:
+    wire.send(message(b"Q", cstr("SHOW dpproxy.budget")))
+    rows = [data_row_values(body) for kind, body in wire.read_until(b"Z") if kind == b"D"]
+    return float(rows[0][1])
+
+
+@pytest.mark.parametrize(("sql", "formats", "sqlstate"), [
+    ("SELECT COUNT(*), SUM(age) FROM adult WHERE age > 37", (1, 0, 1), b"08P01"),  # 3 codes, 2 columns
+    ("SELECT COUNT(*) FROM adult WHERE age > 38", (0, 0), b"08P01"),
+    ("SELECT COUNT(*) * interval '1 day', COUNT(*) FROM adult WHERE age > 34", (1, 0), b"0A000"),  # binary interval
+])
+def test_result_formats_the_answer_cannot_be_sent_in_are_refused_before_the_charge(proxy, sql, formats, sqlstate):
+    # Before, the answer was computed and charged, then the formats were found wrong: ε spent
+    # for an error the statement alone decided.
+    wire = Wire(proxy.host, proxy.port)
+    before = _spent_over_the_wire(wire)
+    wire.send(parse("", sql), bind("", "", result_formats=formats), execute(""), SYNC)
+    errors = [error_fields(body)[b"C"] for kind, body in wire.read_until(b"Z") if kind == b"E"]
+    assert errors == [sqlstate]
+    assert _spent_over_the_wire(wire) == before
+    wire.close()

@@ -17,6 +17,9 @@ one analyst leaves on it is what the next one gets. These tests pin holes found 
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
+import time
 
 import asyncpg
 import psycopg
@@ -25,6 +28,7 @@ import pytest
 from conftest import TEST_DATABASE, RunningProxy
 from proxy.backend.connection import _SESSION_SETTINGS_SQL
 from test_backend_pool import _pid, one  # noqa: F401 - one: the one-connection proxy, a fixture used by name
+from wire import SYNC, Wire, bind, cstr, execute, message, parse
 
 
 def _session_settings(conn: psycopg.Connection) -> dict[str, str]:
@@ -161,3 +165,36 @@ def test_a_session_that_leaves_in_a_failed_transaction_leaves_nothing_behind(one
         assert _session_settings(bob) == {"application_name": "bob"}
         assert bob.execute("SELECT COUNT(*) FROM adult WHERE age > 30").fetchone()[0] > 0
         assert _pid(bob) != pid
+
+
+@pytest.mark.parametrize("ending", ["reset", "terminate"])
+def test_a_session_gone_mid_transaction_with_a_suspended_portal_leaves_nothing_behind(one: RunningProxy, admin, ending):
+    """Alice leaves inside an open block (not a failed one) with SET LOCALs, a session SET and
+    a large result suspended in a portal, by Terminate or by resetting her socket: the next
+    session on the one connection finds no open transaction, no cursor, and its own settings."""
+    with one.connect() as first:
+        pid = _pid(first)
+    alice = Wire(one.host, one.port)
+    big = "SELECT g, repeat('x', 1000) FROM generate_series(1, 200000) g"
+    alice.send(message(b"Q", cstr("BEGIN; SET LOCAL search_path = pg_catalog; SET DateStyle = 'German'; "
+                                  "SET LOCAL application_name = 'alice-in-a-block'")))
+    alice.read_until(b"Z")
+    alice.send(parse("", big), bind("p", ""), execute("p", 10), SYNC)
+    assert alice.read_until(b"Z")[-1] == (b"Z", b"T")
+    if ending == "terminate":
+        alice.send(message(b"X"))
+    else:
+        alice.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    alice.close()
+    with one.connect(application_name="bob") as bob:
+        assert bob.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert bob.execute("SHOW search_path").fetchone() == ('"$user", public',)
+        assert bob.execute("SHOW DateStyle").fetchone() == ("ISO, MDY",)
+        assert _session_settings(bob) == {"application_name": "bob"}
+        assert bob.execute("SELECT count(*) FROM pg_cursors").fetchone() == (1,)  # this query's own
+        assert _pid(bob) != pid  # the connection she held was closed, not pooled
+    left = "SELECT count(*) FROM pg_stat_activity WHERE usename = 'dpproxy_service' AND state <> 'idle'"
+    deadline = time.monotonic() + 5
+    while admin.execute(left).fetchone() != (0,):  # her block and its statement end with the connection
+        assert time.monotonic() < deadline, admin.execute(left.replace("count(*)", "state, query")).fetchall()
+        time.sleep(0.05)

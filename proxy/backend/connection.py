@@ -9,6 +9,7 @@ statement_timeout; the client's credentials never reach the backend.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -226,6 +227,8 @@ class BackendSession:
         self._sent_on_checkout = 0
         self._no_notices: list[str] = []
         self._stream: RowStream | None = None  # the last relayed result read as it arrives
+        self._checkout_wait: asyncio.Task[PooledConnection] | None = None  # waiting for the pool
+        self._checkout_cancelled = False  # a CancelRequest ended that wait
         self._held_streams: list[RowStream] = []  # results whose rests were held for their portals
 
     # ------------------------------------------------------------ checkout and release
@@ -263,9 +266,17 @@ class BackendSession:
         return held
 
     async def _acquire(self) -> PooledConnection:
+        """A connection from the pool; a CancelRequest (``cancel``) ends the wait with 57014,
+        as PostgreSQL's ends a statement waiting for a lock."""
         assert self._pool is not None
+        wait = self._checkout_wait = asyncio.ensure_future(self._pool.acquire(self._state))
         try:
-            return await self._pool.acquire(self._state)
+            return await wait
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not self._checkout_cancelled or (current is not None and current.cancelling()):
+                raise  # the session itself is being ended
+            raise BackendUnavailable("57014", "canceling statement due to user request") from None
         except PoolTimeout as exc:
             raise BackendUnavailable(
                 "53300",
@@ -276,6 +287,9 @@ class BackendSession:
             ) from None
         except psycopg.Error as exc:
             raise _connect_error(exc) from None
+        finally:
+            self._checkout_wait = None
+            self._checkout_cancelled = False
 
     async def _apply_state(self, held: PooledConnection) -> None:
         """Give ``held`` exactly this session's settings, in one round trip, and learn how the
@@ -697,13 +711,19 @@ class BackendSession:
         return BackendLost("57P01" if sqlstate == "57P01" else "08006", reached)
 
     async def cancel(self) -> None:
-        """Cancel what runs on the connection held now (none held: nothing runs, nothing is sent).
+        """Cancel what runs on the connection held now (none held: nothing runs, nothing is
+        sent; a statement waiting for a pooled connection stops waiting, with 57014).
 
         The connection is marked so that it is closed, not pooled, when released: a cancel
         signal arriving late must never hit another session's statement.
         """
         held = self._held
-        if held is None or not held.healthy:
+        if held is None:
+            wait = self._checkout_wait
+            if wait is not None and wait.cancel():  # nothing was sent yet: the wait just ends
+                self._checkout_cancelled = True
+            return
+        if not held.healthy:
             return
         held.cancelled = True
         try:

@@ -42,6 +42,7 @@ from psycopg import pq
 
 from policies.model import BackendConfig
 from proxy.ops import metrics
+from proxy.wire.protocol import Notice
 
 from .result_waiter import ResultWaiter
 
@@ -91,7 +92,8 @@ class PooledConnection:
 
     def __post_init__(self) -> None:
         self.waiter = ResultWaiter(self.conn.pgconn)
-        self.conn.add_notice_handler(lambda diag: self.notices.append(diag.message_primary or ""))
+        self.conn.add_notice_handler(lambda diag: self.notices.append(
+            Notice(diag.message_primary or "", diag.severity_nonlocalized or "NOTICE", diag.sqlstate or "00000")))
 
     @property
     def healthy(self) -> bool:

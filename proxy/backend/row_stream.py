@@ -16,7 +16,12 @@ from typing import Awaitable, Callable
 
 from .errors import BackendError
 
-__all__ = ["HELD_RESULT_BYTES", "Pull", "RowStream"]
+__all__ = ["HELD_RESULT_BYTES", "Ended", "Pull", "RowStream"]
+
+Ended = Callable[[str | None, int], None]
+"""Told once how a result ended for its client: None when it had the whole result or closed
+its portal before the end, else the SQLSTATE of the error that ended it; and how many rows it
+was handed."""
 
 Pull = Callable[[], Awaitable[tuple[list[bytes], str | None]]]
 """The next chunk's DataRow messages, with the command tag once the statement has ended
@@ -41,6 +46,7 @@ class RowStream:
     stream's portal is gone (``abandoned``), ``discard`` reads it to its end for nothing.
     ``status`` is the transaction status byte from before the statement, which it keeps while
     it runs (libpq reports a running statement as neither idle nor in a block).
+    ``when_ended`` learns, once, how the result ended for the client (``Ended``).
     """
 
     def __init__(self, pull: Pull, rows: list[bytes], status: bytes):
@@ -51,6 +57,22 @@ class RowStream:
         self.tag = ""
         self.status = status
         self.abandoned = False
+        self.handed_out = 0  # rows yielded by ``take``
+        self._ended_for_client: Ended | None = None
+
+    def when_ended(self, report: Ended) -> None:
+        """Call ``report`` once the client has had all it will get of this result."""
+        self._ended_for_client = report
+
+    def cut_off(self, sqlstate: str | None) -> None:
+        """The session ends before the result did: its end is reported with ``sqlstate``
+        (None: the client said Terminate, closing its portals as it may)."""
+        self._report(sqlstate)
+
+    def _report(self, sqlstate: str | None) -> None:
+        report, self._ended_for_client = self._ended_for_client, None
+        if report is not None:
+            report(sqlstate, self.handed_out)
 
     @property
     def open(self) -> bool:
@@ -67,6 +89,7 @@ class RowStream:
         self.abandoned = True
         self._rows = []
         self._error = None
+        self._report(None)
 
     @property
     def exhausted(self) -> bool:
@@ -80,10 +103,16 @@ class RowStream:
             if not self._rows:
                 if self._error is not None:
                     error, self._error = self._error, None
+                    self._report(_sqlstate(error))
                     raise error
                 if self._ended:
+                    self._report(None)
                     return
-                await self._next()
+                try:
+                    await self._next()
+                except Exception as exc:
+                    self._report(_sqlstate(exc))
+                    raise
                 continue
             # Held rows go out a chunk's worth at a time too: all at once, they were joined into
             # one write beside the list they came from (three times the cap at its peak).
@@ -95,6 +124,7 @@ class RowStream:
                 del self._rows[:size]
             if left is not None:
                 left -= len(batch)
+            self.handed_out += len(batch)
             yield batch
 
     async def hold(self, limit_bytes: int = HELD_RESULT_BYTES) -> None:
@@ -146,3 +176,9 @@ class RowStream:
                 return
             if tag is not None:
                 self.tag, self._ended = tag, True
+
+
+def _sqlstate(error: BaseException) -> str:
+    """The SQLSTATE an error reaches the client with (XX000 for one that carries none)."""
+    sqlstate = getattr(error, "sqlstate", None)
+    return sqlstate if isinstance(sqlstate, str) else "XX000"

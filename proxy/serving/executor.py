@@ -21,6 +21,7 @@ from policies.errors import SQLSTATE, Refusal
 from policies.model import Policy
 from policies.tables import TableRegistry
 from proxy.backend.connection import BackendError, BackendLost, BackendSession, BackendUnavailable, BoundParams, ResultSet
+from proxy.backend.row_stream import RowStream
 from proxy.dp.answer import (
     DPAnswer, declared_keys, kept_series, query_delta, ranking_params, release_cells, release_params, release_row,
     released_labels, result_fields,
@@ -33,7 +34,7 @@ from proxy.dp.repeats import RepeatStore
 from proxy.ops.audit import AuditEntry, AuditLog
 from proxy.ops.audit import fingerprint as audit_fingerprint
 from proxy.ops.metrics import observe_statement
-from proxy.wire.binary import binary_from_text
+from proxy.wire.binary import BINARY_TYPES, UnsupportedBinaryType, binary_from_text
 from proxy.wire.encodings import untranslatable
 from proxy.wire.protocol import Field, ProtocolError, formats_for
 from proxy.wire.values import load_text
@@ -133,6 +134,7 @@ class Executor:
         self._quantised: tuple[int, float, float] | None = None
         self._answers = 0
         self._deferred: set[asyncio.Task[None]] = set()
+        self._streams: set[RowStream] = set()  # results passed on as they arrive, not ended yet
 
     def transaction_status(self) -> bytes:
         return self.backend.transaction_status
@@ -327,8 +329,29 @@ class Executor:
             raise
         decision = plan.decision.inner if isinstance(plan.decision, CopyOut) else plan.decision
         kind = "dp" if isinstance(decision, (DPQuery, ColumnsOnly)) else "command" if isinstance(decision, DpproxyCommand) else "passthrough"
-        self._audit_soon(fingerprint, kind, None, cost, started)
+        if result.stream is not None:
+            self._audit_at_end(result.stream, fingerprint, started)
+        else:
+            self._audit_soon(fingerprint, kind, None, cost, started, _rows(result) if kind == "passthrough" else None)
         return result, notices
+
+    def _audit_at_end(self, stream: RowStream, fingerprint: str, started: float) -> None:
+        """A result passed on as it arrives is audited when it ends for the client, with its
+        outcome and its rows: an error part-way through is the statement's outcome."""
+        self._streams.add(stream)
+
+        def ended(sqlstate: str | None, rows: int) -> None:
+            self._streams.discard(stream)
+            decision = "passthrough" if sqlstate is None else "error"
+            self._audit_soon(fingerprint, decision, sqlstate, None, started, rows)
+
+        stream.when_ended(ended)
+
+    def close(self, sqlstate: str | None) -> None:
+        """The session ends: results still being passed on are audited as they were left,
+        with ``sqlstate`` (None: the client said Terminate, closing its portals as it may)."""
+        for stream in list(self._streams):
+            stream.cut_off(sqlstate)
 
     async def _run(
         self, plan: Plan, params: BoundParams, result_formats: tuple[int, ...], relay: bool = True
@@ -350,8 +373,10 @@ class Executor:
                     self._quantised = None
             return _apply_formats(result, result_formats), notices, cost
         if isinstance(decision, DpproxyCommand):
-            result = await self.settings.run(decision, self.server.policy, self.server.budget, self.server.registry)
-            return _apply_formats(result, result_formats), [], None
+            result, notices = await self.settings.run(
+                decision, self.server.policy, self.server.budget, self.server.registry, self.backend.transaction_status
+            )
+            return _apply_formats(result, result_formats), notices, None
         if isinstance(decision, CopyOut):
             return await self._copy_out(plan, decision, params)
         if isinstance(decision, ColumnsOnly):
@@ -371,6 +396,9 @@ class Executor:
             self.backend.state_may_change()  # read back at release, restored at the next checkout
         uniform = result_formats[0] if len(result_formats) == 1 else 0
         with_params = params if params.values or uniform else None
+        status = self.backend.transaction_status
+        if plan.statement.kind == "TransactionStmt" and plan.statement.node.get("kind") == "TRANS_STMT_SAVEPOINT":
+            self.settings.savepoint_room()
         # As one statement (the extended protocol): PostgreSQL refuses a text that holds more,
         # so that nothing dpproxy did not split and classify itself can run, whatever reader
         # might one day see the text otherwise (a client encoding once made a SET's value
@@ -387,11 +415,13 @@ class Executor:
         else:
             result = await self.backend.execute(decision.sql, with_params, uniform, one_statement=True)
             result = _apply_formats(result, result_formats)
+        if plan.statement.kind == "TransactionStmt":
+            self.settings.transaction_statement(plan.statement.node, status, self.backend.transaction_status)
         resets, name = _resets(plan.statement)
         if resets:
             await self.backend.restore_startup(name)
             if name is None:
-                self.settings.epsilon = None  # RESET ALL and DISCARD ALL reset dpproxy.* too, as PostgreSQL's custom settings
+                self.settings.reset_all()  # RESET ALL and DISCARD ALL reset dpproxy.* too, as PostgreSQL's custom settings
         return result, result.notices, None
 
     async def cancel(self) -> None:
@@ -440,12 +470,16 @@ class Executor:
         return copied, notices, cost
 
     def _audit_soon(
-        self, fingerprint: str, decision: str, reason: str | None, cost: Cost | None, started: float
+        self, fingerprint: str, decision: str, reason: str | None, cost: Cost | None, started: float,
+        rows: int | None = None,
     ) -> None:
         latency_s = time.perf_counter() - started
-        asyncio.get_running_loop().call_soon(self._audit, fingerprint, decision, reason, cost, latency_s)
+        asyncio.get_running_loop().call_soon(self._audit, fingerprint, decision, reason, cost, latency_s, rows)
 
-    def _audit(self, fingerprint: str, decision: str, reason: str | None, cost: Cost | None, latency_s: float) -> None:
+    def _audit(
+        self, fingerprint: str, decision: str, reason: str | None, cost: Cost | None, latency_s: float,
+        rows: int | None = None,
+    ) -> None:
         observe_statement(decision, reason, self.user, cost.epsilon if cost else 0.0, cost.delta if cost else 0.0, latency_s)
         self.server.audit.record(
             AuditEntry(
@@ -460,6 +494,7 @@ class Executor:
                 remaining_epsilon=cost.remaining_epsilon if cost else None,
                 remaining_delta=cost.remaining_delta if cost else None,
                 latency_ms=round(latency_s * 1000, 3),
+                rows=rows,
             )
         )
 
@@ -473,6 +508,7 @@ class Executor:
             # cost ε for a 25P02 that depends on nothing but the session.
             raise Refusal(SQLSTATE.IN_FAILED_TRANSACTION,
                           "current transaction is aborted, commands ignored until end of transaction block")
+        await self._check_result_formats(plan, result_formats)
         # The plan's WHERE is made final here, before the charge (and before the repeat key).
         epsilon = self.settings.query_epsilon(self.server.policy, plan.table)
         if plan.limit_zero:
@@ -580,6 +616,22 @@ class Executor:
         kept = await self.backend.execute(ranking.post.sql, ranking_params(ranking, ranked))
         return kept_series(plan, answer, ranked, [int(row[-1]) for row in kept.rows if row[-1] is not None], codec)
 
+    async def _check_result_formats(self, plan: AggregateQuery, result_formats: tuple[int, ...]) -> None:
+        """Refuse, before anything is charged, result format codes the answer cannot be sent in:
+        not one per column (08P01, as PostgreSQL's Bind), or binary for a column dpproxy would
+        have to convert and cannot (0A000). The statement decides both, never the rows."""
+        if not result_formats or (plan.post is not None and len(result_formats) == 1):
+            return  # all text, or one format for all that the backend itself produces
+        fields = await self._dp_fields(plan)
+        try:
+            formats = formats_for(result_formats, len(fields))
+        except ProtocolError as exc:
+            raise Refusal(SQLSTATE.PROTOCOL_VIOLATION, exc.message) from None
+        for column, fmt in zip(fields, formats):
+            if fmt == 1 and column.format == 0 and column.type_oid not in BINARY_TYPES:
+                raise Refusal(SQLSTATE.FEATURE_NOT_SUPPORTED, str(UnsupportedBinaryType(column.type_oid)),
+                              "Request text format for this column.")
+
     async def _released(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float, codec: str) -> DPAnswer:
         """Run the plan's exact aggregates on the backend and noise them: one row, or one per cell.
         A GROUP BY without aggregates is its declared keys: nothing runs."""
@@ -678,6 +730,13 @@ def _resets(statement: Statement) -> tuple[bool, str | None]:
         if kind in ("VAR_RESET", "VAR_SET_DEFAULT"):
             return True, str(node.get("name") or "")
     return False, None
+
+
+def _rows(result: ResultSet) -> int:
+    """How many rows a result hands the client (a COPY's, from its tag)."""
+    if result.copy is not None:
+        return int(result.tag.rpartition(" ")[2] or 0)
+    return result.row_count
 
 
 def _apply_formats(result: ResultSet, result_formats: tuple[int, ...]) -> ResultSet:

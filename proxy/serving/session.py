@@ -171,6 +171,7 @@ class Session:
         self.shutting_down = False
         self._task: asyncio.Task[object] | None = None
         self._admitted = False  # counted among its user's sessions (SessionTable.admit)
+        self._terminated = False  # the client said Terminate
 
     # ------------------------------------------------------------ lifecycle
 
@@ -296,6 +297,7 @@ class Session:
             reports[key] = self.backend.reported_parameters()
             await self.backend.release()
         self.executor = Executor(self.server, self.backend, self.user, self.peer)
+        self.executor.settings.start(params, policy)  # a startup dpproxy.epsilon, checked as SET checks it
         self.extended = ExtendedProtocol(self.executor, self._out, self._flush_if_large)
         self.executor.deallocate = self.extended.deallocate
         self._reported = self._client_parameters()
@@ -322,6 +324,11 @@ class Session:
         if self._admitted:
             self._admitted = False
             self.server.sessions.leave(self.user)
+        if self.executor is not None:
+            # Results left unfinished: closed by the client's Terminate, else cut off by a
+            # shutdown (57P01) or by the client going away (08006).
+            cut_off = SQLSTATE.ADMIN_SHUTDOWN if self.shutting_down else "08006"
+            self.executor.close(None if self._terminated else cut_off)
         await self._give_back_backend()
         try:
             self.writer.close()
@@ -386,6 +393,7 @@ class Session:
                 await self.extended.handle(kind, payload)
                 await self._flush_if_large()
             elif kind == b"X":
+                self._terminated = True
                 return
             elif kind in (b"d", b"c", b"f"):
                 continue  # stray COPY data outside COPY is ignored, as PostgreSQL does
@@ -425,6 +433,10 @@ class Session:
         return self.executor.transaction_status() if self.executor is not None else b"I"
 
     def _flush(self) -> None:
+        if self.writer.transport.is_closing():
+            # The client has gone (its socket reset or closed under a write): uvloop's write
+            # would raise RuntimeError, ending a routine disconnect as an internal error.
+            raise ConnectionResetError("the client closed its connection")
         self.writer.write(b"".join(self._out))
         self._out.clear()
         self._out_counted = self._out_bytes = 0
@@ -514,7 +526,14 @@ class Session:
         # As in PostgreSQL, several statements in one Query run in one implicit transaction.
         implicit = len(statements) > 1 and self.executor.transaction_status() == b"I"
         if implicit:
-            await self.executor.backend.execute("BEGIN")
+            try:
+                await self.executor.backend.execute("BEGIN")
+            except BackendLost:
+                raise
+            except BackendError as exc:  # no connection came (53300, or a cancel while waiting: 57014)
+                self._error(exc.sqlstate, exc.message, exc.hint, exc.detail)
+                return
+            self.executor.settings.implicit_block(None)
         ok = True
         for statement in statements:
             ends = _ends_transaction(statement)
@@ -530,6 +549,7 @@ class Session:
                 break
         if implicit:
             await self.executor.backend.execute("COMMIT" if ok else "ROLLBACK")
+            self.executor.settings.implicit_block(ok)
             if not ok:
                 self.executor.generation += 1  # the rollback undid any SET in the block
 

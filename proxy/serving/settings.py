@@ -2,7 +2,11 @@
 
 ``SET dpproxy.epsilon = x`` lowers the ε of the session's DP queries; it is refused (DP003)
 above the most the policy allows this user on any table, and a table's own ε still caps it,
-and refused (22023) below ``MIN_EPSILON``.
+and refused (22023) below ``MIN_EPSILON``. It behaves as a PostgreSQL setting in transactions
+(``TransactionalValue``): undone by ROLLBACK and ROLLBACK TO SAVEPOINT, SET LOCAL until the
+transaction's end; the executor reports each transaction event (``transaction_ended`` & co.).
+In a failed transaction block every dpproxy.* statement is refused (25P02), as PostgreSQL
+refuses SET and SHOW there.
 ``SHOW dpproxy.budget`` returns the caller's spent and remaining ε and δ as a result set;
 ``SHOW dpproxy.columns`` what the policy accepts on each protected column (policy_view.py).
 """
@@ -17,14 +21,20 @@ from policies.tables import Relation, TableRegistry
 from proxy.backend.connection import ResultSet
 from proxy.dp.budget import BudgetKeeper
 from proxy.wire.binary import TEXT
-from proxy.wire.protocol import Field
+from proxy.wire.protocol import Field, Notice
 from proxy.wire.values import encode_text
 from rewriter.classify import DpproxyCommand
 from rewriter.types import FLOAT8
 
 from .policy_view import COLUMNS_FIELDS, columns_result
+from .transactional import TransactionalValue
 
-__all__ = ["BUDGET_FIELDS", "SessionSettings"]
+__all__ = ["BUDGET_FIELDS", "MAX_SAVEPOINTS", "SessionSettings"]
+
+# Open savepoints one transaction may have: each keeps a frame here, in the process every
+# session shares, and a client may send SAVEPOINT without end. (PostgreSQL slows every
+# snapshot once a transaction has more than 64 subtransactions: clients nest a few.)
+MAX_SAVEPOINTS = 10_000
 
 BUDGET_FIELDS = [
     Field("user", TEXT),
@@ -42,7 +52,65 @@ class SessionSettings:
 
     def __init__(self, user: str):
         self.user = user
-        self.epsilon: float | None = None
+        self._default: float | None = None  # what RESET gives back: the startup packet's, else none
+        self._epsilon = TransactionalValue[float | None](None)
+
+    def start(self, startup: dict[str, str], policy: Policy) -> None:
+        """Take ``dpproxy.epsilon`` from the startup parameters, as PostgreSQL takes a setting
+        there: the session's value and what RESET returns to. Refused as a SET would be."""
+        given = [value for name, value in startup.items() if name.lower() == "dpproxy.epsilon"]
+        if given:
+            self._default = self._checked(given[-1], policy)
+            self._epsilon = TransactionalValue[float | None](self._default)
+
+    @property
+    def epsilon(self) -> float | None:
+        """The session's ``SET dpproxy.epsilon`` in force now (None: the policy's)."""
+        return self._epsilon.value
+
+    def reset_all(self) -> None:
+        """RESET ALL (or DISCARD ALL): dpproxy.* back to their defaults, as PostgreSQL's own."""
+        self._epsilon.set(self._default)
+
+    def transaction_statement(self, node: dict[str, object], before: bytes, after: bytes) -> None:
+        """A transaction statement (its parse tree ``node``) has run on the backend, which was
+        in transaction status ``before`` and is now in ``after``: follow what it did."""
+        kind = node.get("kind")
+        value = self._epsilon
+        if kind in ("TRANS_STMT_BEGIN", "TRANS_STMT_START"):
+            if before == b"I":
+                value.begin()
+        elif kind in ("TRANS_STMT_COMMIT", "TRANS_STMT_ROLLBACK"):
+            # COMMIT of a failed block rolls back (PostgreSQL answers it ROLLBACK).
+            if kind == "TRANS_STMT_COMMIT" and before == b"T":
+                value.commit()
+            else:
+                value.rollback()
+            if node.get("chain") and after != b"I":
+                value.begin()
+        elif kind == "TRANS_STMT_SAVEPOINT":
+            value.savepoint(str(node.get("savepoint_name")))
+        elif kind == "TRANS_STMT_RELEASE":
+            value.release(str(node.get("savepoint_name")))
+        elif kind == "TRANS_STMT_ROLLBACK_TO":
+            value.rollback_to(str(node.get("savepoint_name")))
+
+    def savepoint_room(self) -> None:
+        """Refuse (54000), before it is sent, a SAVEPOINT beyond ``MAX_SAVEPOINTS`` open ones."""
+        if self._epsilon.savepoints >= MAX_SAVEPOINTS:
+            raise Refusal(SQLSTATE.PROGRAM_LIMIT_EXCEEDED,
+                          f"too many savepoints in this transaction: dpproxy keeps at most {MAX_SAVEPOINTS} open",
+                          "Release savepoints no longer needed (RELEASE SAVEPOINT), or end the transaction.")
+
+    def implicit_block(self, ends: bool | None) -> None:
+        """The implicit transaction of a query string of several statements began (None),
+        or ended with a commit (True) or a rollback (False)."""
+        if ends is None:
+            self._epsilon.begin()
+        elif ends:
+            self._epsilon.commit()
+        else:
+            self._epsilon.rollback()
 
     def query_epsilon(self, policy: Policy, table: Relation) -> float:
         """ε of one query on ``table``: the table's, capped by the user's maximum and the session's SET."""
@@ -59,6 +127,21 @@ class SessionSettings:
         return {"dpproxy.budget": BUDGET_FIELDS, "dpproxy.columns": COLUMNS_FIELDS}.get(command.name, _EPSILON_FIELDS)
 
     async def run(
+        self, command: DpproxyCommand, policy: Policy, budget: BudgetKeeper, registry: TableRegistry, status: bytes
+    ) -> tuple[ResultSet, list[str]]:
+        """Answer ``command`` with the backend in transaction status ``status``: its result and notices."""
+        if status == b"E":
+            raise Refusal(SQLSTATE.IN_FAILED_TRANSACTION,
+                          "current transaction is aborted, commands ignored until end of transaction block")
+        return await self._run(command, policy, budget, registry), self._notices(command)
+
+    def _notices(self, command: DpproxyCommand) -> list[str]:
+        if command.local and command.verb != "show" and not self._epsilon.in_block:
+            # and it changed nothing, as in PostgreSQL
+            return [Notice("SET LOCAL can only be used in transaction blocks", "WARNING", "25P01")]
+        return []
+
+    async def _run(
         self, command: DpproxyCommand, policy: Policy, budget: BudgetKeeper, registry: TableRegistry
     ) -> ResultSet:
         if command.name == "dpproxy.columns" and command.verb == "show":
@@ -77,9 +160,10 @@ class SessionSettings:
             value = "default" if self.epsilon is None else f"{self.epsilon:g}"
             return ResultSet(list(_EPSILON_FIELDS), [[value.encode()]], "SHOW")
         if command.verb == "reset":
-            self.epsilon = None
-            return ResultSet([], [], "RESET")
-        self.epsilon = self._checked(command.value, policy)
+            self._epsilon.set(self._default, command.local)
+            return ResultSet([], [], "RESET" if not command.local else "SET")
+        if command.verb == "set":
+            self._epsilon.set(self._checked(command.value, policy), command.local)
         return ResultSet([], [], "SET")
 
     def _checked(self, value: str | None, policy: Policy) -> float:

@@ -21,6 +21,7 @@ __all__ = [
     "Field",
     "InvalidText",
     "MessageReader",
+    "Notice",
     "ProtocolError",
     "Startup",
     "read_message",
@@ -443,8 +444,23 @@ def error_response(
     return message(b"E", _fields(severity, sqlstate, text, extra))
 
 
-def notice_response(text: str, detail: str | None = None, severity: str = "NOTICE") -> bytes:
-    return message(b"N", _fields(severity, "00000", text, [(b"D", detail)] if detail else []))
+class Notice(str):
+    """A notice's text, with the severity and SQLSTATE it is sent with (a plain str: NOTICE, 00000)."""
+
+    severity: str
+    sqlstate: str
+
+    def __new__(cls, text: str, severity: str = "NOTICE", sqlstate: str = "00000") -> Notice:
+        notice = super().__new__(cls, text)
+        notice.severity = severity
+        notice.sqlstate = sqlstate
+        return notice
+
+
+def notice_response(text: str, detail: str | None = None) -> bytes:
+    """A NoticeResponse for ``text``; a ``Notice`` keeps its severity (WARNING …) and SQLSTATE."""
+    severity, sqlstate = (text.severity, text.sqlstate) if isinstance(text, Notice) else ("NOTICE", "00000")
+    return message(b"N", _fields(severity, sqlstate, text, [(b"D", detail)] if detail else []))
 
 
 def parameter_description(type_oids: Sequence[int]) -> bytes:
