@@ -63,6 +63,12 @@ COLUMNS: tuple[Column, ...] = (
            ("'-infinity'", "'infinity'", "'4713-01-01 00:00 BC'", "'294276-12-31 23:59:59'", "'2000-02-29 12:00'",
             "'1970-01-01'", "'1999-06-01 00:00'", "'2001-05-31 23:59:59.999999'"),
            "bounds: [1999-06-01, 2001-05-31], group_by: true"),
+    # An instant: its day and year buckets move with the session's TimeZone, epoch buckets do not.
+    Column("tz", "timestamptz", False, None, None,
+           ("'-infinity'", "'infinity'", "'4713-01-01 00:00+00 BC'", "'294276-12-31 23:59:59+00'",
+            "'2000-02-29 23:59:59.999999+14'", "'1999-06-01 00:00+00'", "'1999-05-31 23:59:59.999999+00'",
+            "'2001-05-31 23:00-12'", "'2000-03-26 01:30+00'", "'1970-01-01 00:00+00'"),
+           "bounds: [1999-06-01, 2001-05-31], group_by: [day, month, year]"),
     # Arrays compare element by element, looking up the elements' equality only when two
     # arrays of one shape meet (point has none): a comparison must not depend on the rows.
     Column("pa", "point[]", False, None, None, ("""'{"(0,0)"}'""", "'{}'", """'{"(1,2)","(3,4)"}'""", "'{NULL}'")),
@@ -275,14 +281,21 @@ _KEYS = ("t", "v", "i2", "date_trunc('month', d)", "date_trunc('week', d)", "dat
          "floor(extract(epoch from ts)/604800)*604800", "floor(extract(epoch from ts)/2592000)*2592000",
          # Tableau's truncated casts and YEAR(date); date_part's double precision year
          "date_trunc('month', CAST(ts AS date))", "CAST(date_trunc('week', CAST(d AS timestamp)) AS date)",
-         "date_trunc('quarter', ts::timestamptz)", "date_part('year', ts)", "CAST(TRUNC(EXTRACT(YEAR FROM ts)) AS integer)")
+         "date_trunc('quarter', ts::timestamptz)", "date_part('year', ts)", "CAST(TRUNC(EXTRACT(YEAR FROM ts)) AS integer)",
+         # ... on an instant (read in UTC whatever the TimeZone), and the day and year keys of one
+         "floor(extract(epoch from tz)/86400)*86400", "floor(extract(epoch from tz)/172800)*172800",
+         "(floor((extract(epoch from tz)/(86400)))*(86400))", "date_trunc('day', tz)", "EXTRACT(YEAR FROM tz)",
+         "date_trunc('year', tz)::date", "floor(extract(epoch from ts)/31536000000)*31536000000")
 _REFUSED_KEYS = ("b", "date_trunc('hour', ts)", "width_bucket(f8, 1, 1, 5)", "i4 + 1", "lower(t)",
                  "date_trunc('year', d)", "f8", "date_trunc('day', ts)", "f4",
                  "floor(extract(epoch from ts)/3600)*3600", "floor(extract(epoch from d)/86400)*86400",
                  "CAST(i4 AS text)", "CAST(t AS varchar(1))", "EXTRACT(YEAR FROM d)", "EXTRACT(MONTH FROM ts)",
                  "date_trunc('month', CAST(ts AS timestamp(0)))", "date_trunc('year', CAST(d AS timestamp))",
                  "(date_trunc('week', (d + INTERVAL '1 day')) + INTERVAL '-1 day')", "date_part('quarter', ts)",
-                 "floor(date_part('epoch', ts)/604800)*604800")
+                 "floor(date_part('epoch', ts)/604800)*604800",
+                 "floor(extract(epoch from tz)/3600)*3600", "floor(extract(epoch from tz)/864000000000)*864000000000",
+                 "date_trunc('week', tz)", "floor(extract(epoch from tz)/86400)", "CAST(tz AS date)",
+                 "date_trunc('day', tz, 'UTC')", "extract(epoch from tz)")
 
 
 def _grouped_case(builder: _Builder) -> Case:
