@@ -30,7 +30,7 @@ from rewriter.types import ARRAY_TYPES, FLOAT_TYPES, INT4, INTEGER_TYPES, NUMERI
 from .column_release import release_column
 
 __all__ = ["DPAnswer", "declared_keys", "kept_series", "query_delta", "ranking_params", "release_cells", "release_params",
-           "release_row", "released_labels", "result_fields"]
+           "release_row", "released_labels", "result_fields", "trial_params"]
 
 
 @dataclass(frozen=True)
@@ -222,15 +222,32 @@ def release_params(plan: AggregateQuery, answer: DPAnswer | None) -> BoundParams
     cells of the k-th key, then of each aggregate. ``answer`` None (nothing released, LIMIT 0):
     NULLs of the same types.
     """
+    return _params(plan, answer.result.rows if answer is not None else None)
+
+
+def trial_params(plan: AggregateQuery, codec: str = "utf-8") -> BoundParams:
+    """The outer statement's values before anything is released: every cell's keys (known from
+    the statement and the policy) with NULL for every aggregate.
+
+    Run over them, the outer statement fails only where its keys and its text alone make it
+    fail (``CAST(EXTRACT(YEAR FROM d) AS numeric(3, 0))``, a category's label cast to integer,
+    ``1/0``): an error known before the charge, which therefore costs nothing.
+    """
+    if not plan.groups:
+        return _params(plan, None)
+    nulls = [None] * len(plan.aggregates)
+    return _params(plan, [[*keys, *nulls] for keys in _cell_keys(plan, codec)])
+
+
+def _params(plan: AggregateQuery, rows: Sequence[Sequence[bytes | None]] | None) -> BoundParams:
     if not plan.groups:
         types = [agg.result_type_oid for agg in plan.aggregates]
-        values = list(answer.result.rows[0]) if answer is not None else [None] * len(types)
+        values = list(rows[0]) if rows is not None else [None] * len(types)
         return BoundParams(values, [0] * len(values), types)
     columns = [key.result_type_oid for key in plan.groups] + [agg.result_type_oid for agg in plan.aggregates]
     owners = [key.column for key in plan.groups] + [agg.column for agg in plan.aggregates]
     types = [_array_type(oid, owner) for oid, owner in zip(columns, owners)]
-    rows = answer.result.rows if answer is not None else []
-    arrays: list[bytes | None] = [_array_literal([row[i] for row in rows]) for i in range(len(columns))]
+    arrays: list[bytes | None] = [_array_literal([row[i] for row in rows or []]) for i in range(len(columns))]
     return BoundParams(arrays, [0] * len(arrays), types)
 
 

@@ -24,7 +24,7 @@ from proxy.backend.connection import BackendError, BackendLost, BackendSession, 
 from proxy.backend.row_stream import RowStream
 from proxy.dp.answer import (
     DPAnswer, declared_keys, kept_series, query_delta, ranking_params, release_cells, release_params, release_row,
-    released_labels, result_fields,
+    released_labels, result_fields, trial_params,
 )
 from proxy.dp.answer_time import on_the_quantum, quantum_deadline
 from proxy.dp.budget import BudgetKeeper
@@ -566,6 +566,11 @@ class Executor:
         # A connection already known lost (or one that cannot be opened) fails the query
         # before it costs anything.
         await self.backend.usable()
+        if plan.post is not None:
+            # The outer statement once over the keys and NULL aggregates, reading nothing of
+            # the table: an error it raises there is decided by the statement alone (a key's
+            # label cast to a type that cannot hold it, 1/0), returned before any charge.
+            await self.backend.execute(plan.post.sql, trial_params(plan))
         # The ledger's history carries the audit log's fingerprint, so the two can be joined.
         balance = await self.server.budget.charge(self.user, epsilon, delta, fingerprint)
         cost = self._charged = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta)
@@ -655,7 +660,8 @@ class Executor:
         The plain shape is the released row itself; otherwise the plan's outer statement runs
         on the backend over the released values (rewriter/post_process.py), in the client's
         result format when it asked for one for all columns. Its errors depend on those values
-        alone and reach the client as PostgreSQL raised them; the charge stands.
+        alone and reach the client as PostgreSQL raised them; the charge stands (those its
+        keys and text decide were raised before the charge, over :func:`trial_params`).
         """
         if plan.post is None:
             assert answer is not None
