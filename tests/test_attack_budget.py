@@ -149,3 +149,23 @@ def test_result_formats_the_answer_cannot_be_sent_in_are_refused_before_the_char
     assert errors == [sqlstate]
     assert _spent_over_the_wire(wire) == before
     wire.close()
+
+
+@pytest.mark.parametrize("sql, params, message", [
+    ("SELECT COUNT(*) FROM adult WHERE age = 'abc'", None, 'invalid input syntax for type integer: "abc"'),
+    ("SELECT AVG(hours_per_week) FROM adult WHERE sex = 'Male' AND age > 'x'", None, 'invalid input syntax for type integer: "x"'),
+    ("SELECT COUNT(*) FROM adult WHERE age = %s", ("abc",), 'invalid input syntax for type integer: "abc"'),
+    ("SELECT SUM(age) FROM adult WHERE age < %s", ("99999999999",), 'value "99999999999" is out of range for type integer'),
+])
+def test_a_value_the_column_type_cannot_read_fails_before_the_charge(proxy, sql, params, message):
+    # PostgreSQL rejects such a literal while parsing the statement and such a parameter while
+    # binding it, before any row: the error was charged ε and withheld as DP004 ("could depend on
+    # protected rows"). It now comes first, as PostgreSQL's own, and costs nothing.
+    with psycopg.connect(proxy.dsn(), autocommit=True) as conn:
+        before = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as failed:
+            conn.execute(sql, params)
+        assert failed.value.sqlstate in ("22P02", "22003")
+        assert failed.value.diag.message_primary == message
+        assert spent_epsilon(conn) == before
+        assert conn.execute("SELECT COUNT(*) FROM adult WHERE age = %s", (40,)).fetchone()  # and the session goes on

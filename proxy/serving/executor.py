@@ -9,6 +9,7 @@ set_config) is planned again before it runs.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -566,11 +567,11 @@ class Executor:
         # A connection already known lost (or one that cannot be opened) fails the query
         # before it costs anything.
         await self.backend.usable()
+        for checked in (plan, ranking):
+            if checked is not None and (params.values or (checked.where_sql is not None and "'" in checked.where_sql)):
+                await self._check_values(sql if checked is plan else backend_sql(checked, seed=0), params)
         if plan.post is not None:
-            # The outer statement once over the keys and NULL aggregates, reading nothing of
-            # the table: an error it raises there is decided by the statement alone (a key's
-            # label cast to a type that cannot hold it, 1/0), returned before any charge.
-            await self.backend.execute(plan.post.sql, trial_params(plan))
+            await self._try_post_processing(plan, encoding.codec)
         # The ledger's history carries the audit log's fingerprint, so the two can be joined.
         balance = await self.server.budget.charge(self.user, epsilon, delta, fingerprint)
         cost = self._charged = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta)
@@ -637,6 +638,35 @@ class Executor:
                 raise Refusal(SQLSTATE.FEATURE_NOT_SUPPORTED, str(UnsupportedBinaryType(column.type_oid)),
                               "Request text format for this column.")
 
+    async def _check_values(self, sql: str, params: BoundParams) -> None:
+        """Raise, before the charge, the errors of values the column types cannot read.
+
+        A literal (``age = 'abc'``) fails PostgreSQL's parse analysis of ``sql``, a parameter
+        (``age = $1`` bound to 'abc') its input conversion at Bind: both happen to ``sql`` under a
+        ``LIMIT 0``, which runs no plan node and reads no row, in one round trip. They are decided
+        by the statement and its parameters, never by a row, so they cost nothing, and their
+        messages (the value's own) are PostgreSQL's. A statement without parameters that passed
+        once under the same settings passes again, and is not checked twice.
+        """
+        passed = None if params.values else _digest(sql, self.backend.literal_settings)
+        if passed is not None and passed in _PASSED:
+            return
+        await self.backend.execute(f"SELECT 1 FROM ({sql}) AS checked LIMIT 0", params if params.values else None)
+        if passed is not None:
+            _PASSED.add(passed)
+
+    async def _try_post_processing(self, plan: AggregateQuery, codec: str) -> None:
+        """Run the plan's outer statement once over its keys and NULL aggregates, reading nothing
+        of the table: an error it raises there is decided by the statement alone (a key's label
+        cast to a type that cannot hold it, 1/0), returned before any charge. Passed once under
+        the same settings, it is not tried again."""
+        assert plan.post is not None
+        trial = trial_params(plan, codec)
+        passed = _digest(plan.post.sql, trial.values, self.backend.literal_settings)
+        if passed not in _PASSED:
+            await self.backend.execute(plan.post.sql, trial)
+            _PASSED.add(passed)
+
     async def _released(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float, codec: str) -> DPAnswer:
         """Run the plan's exact aggregates on the backend and noise them: one row, or one per cell.
         A GROUP BY without aggregates is its declared keys: nothing runs."""
@@ -668,6 +698,30 @@ class Executor:
             return answer.result
         uniform = result_formats[0] if len(result_formats) == 1 else 0
         return await self.backend.execute(plan.post.sql, release_params(plan, answer), uniform)
+
+
+class _Passed:
+    """Digests of the statement checks that passed (at most ``size``; the oldest forgotten
+    first): one that passed under the same settings passes again, so it is not asked twice."""
+
+    def __init__(self, size: int) -> None:
+        self._digests: dict[bytes, None] = {}
+        self._size = size
+
+    def __contains__(self, digest: bytes) -> bool:
+        return digest in self._digests
+
+    def add(self, digest: bytes) -> None:
+        self._digests[digest] = None
+        if len(self._digests) > self._size:
+            del self._digests[next(iter(self._digests))]
+
+
+_PASSED = _Passed(16_384)
+
+
+def _digest(*parts: object) -> bytes:
+    return hashlib.sha256(repr(parts).encode("utf-8", "surrogatepass")).digest()
 
 
 def _released_aggregates(plan: AggregateQuery) -> tuple[tuple[object, ...], ...]:
