@@ -139,6 +139,8 @@ class Case:
     fixed_scale: tuple[bool, ...] = ()
     # Leading output columns that are GROUP BY keys: compared by value (keys are never noised).
     keys: int = 0
+    # The session's TimeZone for the statement (day and year keys of an instant move with it).
+    timezone: str = "UTC"
 
 
 _PARAM_VALUES: tuple[object, ...] = (
@@ -317,14 +319,24 @@ def _grouped_case(builder: _Builder) -> Case:
              f"SUM({rng.choice(numeric)})", f"AVG({rng.choice(numeric)})", f"SUM({rng.choice(numeric)})",
              f"MODE() WITHIN GROUP (ORDER BY {rng.choice(['t', 'v'])})", f"MIN({rng.choice(numeric)})",
              "SUM(1)" if rng.random() < 0.5 else f"AVG(CAST({rng.choice(numeric)} AS {rng.choice(_CASTS)}))"][kind])
-    named = [f"{key} AS k{i}" if rng.random() < 0.4 else key for i, key in enumerate(keys)]
-    distinct = keys_only and rng.random() < 0.4
-    sql = f"SELECT {'DISTINCT ' if distinct else ''}{', '.join(named + aggregates)} FROM {{table}}"
-    if rng.random() < 0.7:
-        sql += f" WHERE {builder.predicate(rng.randint(0, 2))}"
     positional = rng.random() < 0.4
-    if not distinct:
-        sql += " GROUP BY " + ", ".join(str(i + 1) if positional else key for i, key in enumerate(keys))
+    distinct = keys_only and rng.random() < 0.4
+    if not distinct and rng.random() < 0.25:
+        # Metabase's "source" wrapper: the keys computed inside it (a WHERE there too), grouped above
+        inner = f" WHERE {builder.predicate(rng.randint(0, 2))}" if rng.random() < 0.5 else ""
+        computed = ", ".join(f'{key} AS "k{i}"' for i, key in enumerate(keys))
+        outputs = [f'"source"."k{i}" AS "k{i}"' for i in range(len(keys))]
+        sql = f'SELECT {", ".join(outputs + aggregates)} FROM (SELECT {computed}, * FROM {{table}}{inner}) AS "source"'
+        if rng.random() < 0.5:
+            sql += " WHERE " + builder.predicate(rng.randint(0, 2)).replace("{table}.", '"source".')
+        sql += " GROUP BY " + ", ".join(str(i + 1) if positional else f'"source"."k{i}"' for i in range(len(keys)))
+    else:
+        named = [f"{key} AS k{i}" if rng.random() < 0.4 else key for i, key in enumerate(keys)]
+        sql = f"SELECT {'DISTINCT ' if distinct else ''}{', '.join(named + aggregates)} FROM {{table}}"
+        if rng.random() < 0.7:
+            sql += f" WHERE {builder.predicate(rng.randint(0, 2))}"
+        if not distinct:
+            sql += " GROUP BY " + ", ".join(str(i + 1) if positional else key for i, key in enumerate(keys))
     if not distinct and rng.random() < 0.1:
         sql += " HAVING COUNT(*) IS NOT NULL"
     if rng.random() < 0.3:
@@ -332,7 +344,11 @@ def _grouped_case(builder: _Builder) -> Case:
     if rng.random() < 0.15:
         sql += rng.choice([" LIMIT 0", " LIMIT 3", " LIMIT 1 OFFSET 2", " OFFSET 1"])
     fixed = tuple([False] * len(keys) + [_fixed_scale(a) for a in aggregates])
-    return Case(sql, tuple(builder.params), rng.random() < 0.2, fixed, keys=len(keys))
+    return Case(sql, tuple(builder.params), rng.random() < 0.2, fixed, keys=len(keys), timezone=rng.choice(_ZONES))
+
+
+# UTC+14 and -12, a DST gap at midnight (Havana, Beirut), a half-hour offset, a POSIX offset
+_ZONES = ("UTC", "UTC", "Pacific/Kiritimati", "Etc/GMT+12", "America/Havana", "Asia/Beirut", "Asia/Kathmandu", "<+0530>-05:30")
 
 
 def _series_case(builder: _Builder) -> Case:

@@ -133,15 +133,20 @@ class Client:
         self.proxy = proxy
         self.notices: list[str] = []
         self.conn = self._connect()
+        self.timezone = "UTC"
 
     def _connect(self) -> psycopg.Connection:
         conn = psycopg.connect(self.proxy.dsn(), autocommit=True, prepare_threshold=None, connect_timeout=10,
                                dbname=TEST_DATABASE, cursor_factory=psycopg.RawCursor)
         conn.add_notice_handler(lambda diag: self.notices.append(diag.message_primary or ""))
+        conn.execute("SET TimeZone = 'UTC'")
         return conn
 
     def run(self, case: Case, table: str) -> Outcome:
         sql = case.sql.replace("{table}", table)
+        if case.timezone != self.timezone:
+            self.conn.execute(f"SET TimeZone = '{case.timezone}'")
+            self.timezone = case.timezone
         self.notices.clear()
         try:
             if sql.startswith("COPY"):
@@ -162,6 +167,7 @@ class Client:
             if self.conn.closed or self.conn.broken:
                 self.conn.close()
                 self.conn = self._connect()
+                self.timezone = "UTC"
                 return Outcome("dropped", outcome.detail)
             return outcome
 
@@ -191,7 +197,7 @@ def test_one_row_never_changes_a_statements_outcome(fuzz_proxy: RunningProxy) ->
             outcomes[on_base.kind if on_base.kind == "answer" else str(on_base.detail[0])] += 1
             if on_base != on_neighbour or _broken(on_base) or _broken(on_neighbour):
                 failures.append(
-                    f"case {index}: {case.sql}\n    params: {case.params!r}, binary: {case.binary}\n"
+                    f"case {index}: {case.sql}\n    params: {case.params!r}, binary: {case.binary}, TimeZone: {case.timezone}\n"
                     f"    neighbour {neighbour} adds row {_row_of(neighbour)}\n"
                     f"    base:      {on_base}\n    neighbour: {on_neighbour}"
                 )
