@@ -77,7 +77,12 @@ def flatten(tree: exp.Select, scope: Scope) -> tuple[exp.Select, Scope]:
     for column in list(tree.find_all(exp.Column)):
         if isinstance(column.this, exp.Star) or _output_name(column, outputs, names):
             continue
-        column.replace(_mapped(column, names, qualifiers, scope))
+        mapped = _mapped(column, names, qualifiers, scope)
+        if column.parent is tree and column.arg_key == "expressions":
+            # An output column keeps its name: a level above may refer to it (a middle wrapper's
+            # "SELECT x FROM (SELECT age AS x ...)" still makes x visible, not age).
+            mapped = exp.alias_(mapped, exp.to_identifier(identifier(column.this), quoted=True))
+        column.replace(mapped)
     where = tree.args.get("where")
     inner_where = inner.args.get("where")
     if inner_where is not None:

@@ -114,6 +114,21 @@ def test_wrappers_selecting_a_year_or_a_truncated_cast_are_answered(bi, admin, s
     assert {r[0] for r in rows} <= {r[0] for r in direct} and len(rows) in (1, 12)
 
 
+@pytest.mark.parametrize("sql", [
+    # a middle wrapper that renames: the name it gives is the one visible above it
+    "SELECT count(*) FROM (SELECT x FROM (SELECT age AS x FROM visits) AS a) AS b WHERE b.x > 30",
+    "SELECT b.m, count(*) FROM (SELECT m FROM (SELECT date_trunc('month', visited_at) AS m FROM visits) AS a) AS b "
+    "GROUP BY 1 ORDER BY b.m",
+    'SELECT "b"."s" AS "s", count(*) FROM (SELECT "a"."s" FROM (SELECT sex AS s, age FROM visits) "a" '
+    'WHERE "a"."age" > 20) "b" GROUP BY "b"."s"',
+])
+def test_nested_wrappers_that_rename_columns_are_answered(bi, admin, sql):
+    # The middle level's own output column lost its name when flattened: 42703 'column "x" does
+    # not exist', where PostgreSQL answers.
+    rows, _ = _both(bi, admin, sql)  # names and types as PostgreSQL's
+    assert rows
+
+
 @pytest.mark.parametrize("sql, rule", [
     # a computed column that is no key: still not modelled
     ("SELECT count(*) FROM (SELECT age + 1 AS a FROM visits) AS s", "no-subquery"),
