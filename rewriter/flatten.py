@@ -81,8 +81,9 @@ def flatten(tree: exp.Select, scope: Scope) -> tuple[exp.Select, Scope]:
         if column.parent is tree and column.arg_key == "expressions":
             # An output column keeps its name: a level above may refer to it (a middle wrapper's
             # "SELECT x FROM (SELECT age AS x ...)" still makes x visible, not age).
-            mapped = exp.alias_(mapped, exp.to_identifier(identifier(column.this), quoted=True))
-        column.replace(mapped)
+            column.replace(exp.alias_(mapped, exp.to_identifier(identifier(column.this), quoted=True)))
+        else:
+            column.replace(mapped)
     where = tree.args.get("where")
     inner_where = inner.args.get("where")
     if inner_where is not None:
