@@ -391,6 +391,9 @@ class _Renderer:
         """
         operands = [left, right]
         for index, (one, other) in enumerate(((left, right), (right, left))):
+            if one.column is not None and one.column.type_oid in _FLOAT_COLUMNS:
+                operands[1 - index] = _float_literal(other)
+                continue
             if one.column is None or one.column.type_oid != NUMERIC:
                 continue
             if other.parameter:
@@ -402,6 +405,24 @@ class _Renderer:
                     "its range; compare with a numeric literal instead.",
                 )
         return operands[0], operands[1]
+
+
+def _float_literal(operand: _Operand) -> _Operand:
+    """A number literal beside a float column, as the double precision PostgreSQL makes of it.
+
+    ``score > 1e400`` converts the numeric 1e400 to double precision while planning, after
+    the charge, and fails (22003; 1e-400 too, an underflow). ``CAST('1e400' AS float8)`` is the
+    same value (numeric to float8 reads the number's text), converted while parsing: its
+    error is found before anything is charged (proxy.serving.executor). Only a number with an
+    exponent or of hundreds of digits can fail so; others are left as written.
+    """
+    text = operand.sql[2:-1] if operand.sql.startswith("(-") else operand.sql
+    if operand.column is not None or operand.cast or operand.parameter or operand.fold or not _NUMBER.fullmatch(text):
+        return operand
+    if "e" not in text.lower() and len(text) < 300:
+        return operand
+    number = f"-{text}" if operand.sql.startswith("(-") else text
+    return _Operand(f"CAST({literal(number)} AS pg_catalog.float8)", cast="float8")
 
 
 def _is_column_side(node: exp.Expression) -> bool:

@@ -156,6 +156,10 @@ def test_result_formats_the_answer_cannot_be_sent_in_are_refused_before_the_char
     ("SELECT AVG(hours_per_week) FROM adult WHERE sex = 'Male' AND age > 'x'", None, 'invalid input syntax for type integer: "x"'),
     ("SELECT COUNT(*) FROM adult WHERE age = %s", ("abc",), 'invalid input syntax for type integer: "abc"'),
     ("SELECT SUM(age) FROM adult WHERE age < %s", ("99999999999",), 'value "99999999999" is out of range for type integer'),
+    # a number beside a float column that double precision cannot hold (it failed while planning)
+    ("SELECT COUNT(*) FROM clamp_test WHERE ratio > 1e400", None, '"1e400" is out of range for type double precision'),
+    ("SELECT SUM(value) FROM clamp_test WHERE ratio IN (0.5, -1e-400)", None,
+     '"-1e-400" is out of range for type double precision'),
 ])
 def test_a_value_the_column_type_cannot_read_fails_before_the_charge(proxy, sql, params, message):
     # PostgreSQL rejects such a literal while parsing the statement and such a parameter while
