@@ -8,7 +8,7 @@ protected table returns nothing but aggregates written by dpproxy.
 from __future__ import annotations
 
 import json
-from typing import Iterator
+from typing import Any, Iterator
 
 import psycopg
 import pytest
@@ -179,10 +179,18 @@ def _reads_protected_rows(sql: str) -> bool:
         select = stmt.get("SelectStmt")
         if select is None:
             return True
+        if _limit_zero(select):
+            continue  # dpproxy's check of a statement's values: no plan node below the Limit runs
         for target in select.get("targetList", []):
             if not _is_aggregate(target["ResTarget"]["val"]):
                 return True
     return False
+
+
+def _limit_zero(select: dict[str, Any]) -> bool:
+    """A SELECT whose LIMIT is the constant 0: it returns no row, whatever it selects."""
+    count = select.get("limitCount", {}).get("A_Const", {})
+    return count.get("ival", {}) == {} and "ival" in count  # pglast's JSON leaves a 0 ival empty
 
 
 @pytest.mark.parametrize("protocol", ["simple", "extended"])
