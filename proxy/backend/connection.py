@@ -54,6 +54,7 @@ REPORTED_PARAMETERS = (
 # The reported settings that change how PostgreSQL reads a literal, or how the text of an
 # answer is written (BackendSession.literal_settings).
 _LITERAL_SETTINGS = ("DateStyle", "IntervalStyle", "TimeZone", "client_encoding")
+_LITERAL_NAMES = tuple(name.encode() for name in _LITERAL_SETTINGS)
 
 
 def _decoded(value: bytes | None) -> str | None:
@@ -439,7 +440,7 @@ class BackendSession:
         if self._held is None:
             return tuple(self._reported.get(name) for name in _LITERAL_SETTINGS)
         status = self._held.conn.pgconn.parameter_status
-        return tuple(_decoded(status(name.encode())) for name in _LITERAL_SETTINGS)
+        return tuple(_decoded(status(name)) for name in _LITERAL_NAMES)
 
     @property
     def client_encoding(self) -> ClientEncoding:
