@@ -270,6 +270,9 @@ class BackendSession:
         """A connection from the pool; a CancelRequest (``cancel``) ends the wait with 57014,
         as PostgreSQL's ends a statement waiting for a lock."""
         assert self._pool is not None
+        idle = self._pool.acquire_idle(self._state)
+        if idle is not None:
+            return idle  # the common case: no wait, so no task a cancel would have to end
         wait = self._checkout_wait = asyncio.ensure_future(self._pool.acquire(self._state))
         try:
             return await wait

@@ -152,6 +152,14 @@ class BackendPool:
             self._canonical.clear()
         self._canonical[given] = stored
 
+    def acquire_idle(self, state: State) -> PooledConnection | None:
+        """An idle connection at once, as ``acquire`` would take it first; None when none is idle."""
+        conn = self._take_idle(state, self._config())
+        if conn is not None:
+            metrics.observe_pool_checkout(0.0)
+            conn.notices.clear()
+        return conn
+
     async def acquire(self, state: State) -> PooledConnection:
         """A connection for one checkout, preferably one whose settings are ``state``.
 
