@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from tests.conftest import RunningProxy, TestDatabase, running_proxy
+from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy
 from tests.test_attack_histograms import _NEIGHBOURS, _outcome, hist_proxy
 
 __all__ = ["hist_proxy"]  # the fixture, used here as it is there
@@ -60,14 +60,7 @@ def test_bi_keys_show_the_same_on_neighbours_in_any_time_zone(hist_proxy: Runnin
 
 # ---------------------------------------------------------------- buckets beyond datetime's years
 
-_FAR_POLICY = """
-backend: {{dsn: "{dsn}", statement_timeout_ms: 10000}}
-listen: {{host: 127.0.0.1, port: 0}}
-ledger: {{url: "sqlite:///{ledger}"}}
-repeats: {{enabled: false}}
-users:
-  analyst: {{password: analyst, budget: {{epsilon: 1000000, delta: 0.9}}}}
-tables:
+_FAR_POLICY = ATTACK_POLICY_HEAD + """
   public.hn0:
     access: protected
     epsilon: 1.0

@@ -56,24 +56,25 @@ def _drain(wire: Wire) -> None:
     wire.buffer = b""
 
 
-def test_a_stream_failing_part_way_is_an_error_line_with_its_sqlstate_and_rows(audited):
+def _streamed_line(audited: tuple[RunningProxy, Path], sql: str) -> dict[str, Any]:
+    """The one audit line of ``sql``, sent as a simple Query and read to its end."""
     proxy, log = audited
     wire = Wire(proxy.host, proxy.port)
-    wire.send(message(b"Q", cstr(FAILING)))
+    wire.send(message(b"Q", cstr(sql)))
     _drain(wire)
     wire.close()
-    (line,) = _lines_of(log, FAILING)
+    (line,) = _lines_of(log, sql)
+    return line
+
+
+def test_a_stream_failing_part_way_is_an_error_line_with_its_sqlstate_and_rows(audited):
+    line = _streamed_line(audited, FAILING)
     assert line["decision"] == "error" and line["reason"] == "22012"
     assert 0 < line["rows"] < 150_000
 
 
 def test_a_stream_read_to_its_end_is_a_passthrough_line_with_all_its_rows(audited):
-    proxy, log = audited
-    wire = Wire(proxy.host, proxy.port)
-    wire.send(message(b"Q", cstr(WHOLE)))
-    _drain(wire)
-    wire.close()
-    (line,) = _lines_of(log, WHOLE)
+    line = _streamed_line(audited, WHOLE)
     assert line["decision"] == "passthrough" and line["reason"] is None and line["rows"] == 60_000
 
 
