@@ -32,7 +32,7 @@ from .sqlglot_parse import parse_postgres
 from .statements import split_statements
 from .types import FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, MAX_ABS_BOUND, NUMERIC, NUMERIC_TYPES, aggregate_result_type
 
-__all__ = ["Aggregate", "AggregateQuery", "SeriesLimit", "asks_for_no_row", "plan_aggregate_query"]
+__all__ = ["Aggregate", "AggregateQuery", "SeriesLimit", "asks_for_no_row", "plan_aggregate_query", "too_many_cells"]
 
 AggregateKind = Literal["count", "sum", "avg", "min", "max", "mode"]
 
@@ -163,8 +163,33 @@ def plan_aggregate_query(
     where_sql = predicate.sql if predicate is not None else None
     folding = predicate.folding if predicate is not None else None
     ranges = key_ranges(where.this if where is not None else None, groups, scope)
-    return AggregateQuery(table, aggregates, where_sql, _no_rows(tree, scope, grouped=bool(groups)), folding=folding,
+    plan = AggregateQuery(table, aggregates, where_sql, _no_rows(tree, scope, grouped=bool(groups)), folding=folding,
                           post=post, groups=groups, ranges=ranges)
+    if not ranges:  # no time bound can narrow a key: the cells are known now
+        too_many = too_many_cells(plan)
+        if too_many is not None:
+            raise too_many
+    return plan
+
+
+def too_many_cells(plan: AggregateQuery) -> Refusal | None:
+    """The refusal (``max-cells``) of a GROUP BY with more cells than its table answers, or None.
+
+    Counted after the WHERE's time bounds narrow the time keys (``proxy.dp.narrowing``): a
+    Grafana panel of daily buckets by category over a week of a years-long declared range asks
+    for a week's cells. The count depends on the statement and the policy only.
+    """
+    limit = plan.table.policy.max_cells
+    if plan.cells <= limit:
+        return None
+    return Refusal(
+        SQLSTATE.DP_QUERY_SHAPE,
+        f"GROUP BY over {len(plan.groups)} keys has {plan.cells} cells, more than the {limit} "
+        f"protected table {plan.table.display_name} answers (rule: max-cells)",
+        "Group by fewer keys or a coarser time unit, narrow the time range in the WHERE, or ask the policy's "
+        "owner to raise max_cells.",
+        "max-cells",
+    )
 
 
 def _is_aggregate(item: exp.Expression) -> bool:
@@ -326,16 +351,7 @@ def _grouping(tree: exp.Select, scope: Scope) -> tuple[GroupKey, ...]:
         key = group_key(node, scope)
         if key.identity not in [known.identity for known in keys]:
             keys.append(key)
-    cells = math.prod(key.size for key in keys)
-    if cells > scope.table.policy.max_cells:
-        raise Refusal(
-            SQLSTATE.DP_QUERY_SHAPE,
-            f"GROUP BY over {len(keys)} keys has {cells} cells, more than the {scope.table.policy.max_cells} "
-            f"protected table {scope.table.display_name} answers (rule: max-cells)",
-            "Group by fewer keys or a coarser time unit, or ask the policy's owner to raise max_cells.",
-            "max-cells",
-        )
-    return tuple(keys)
+    return tuple(keys)  # their cells are counted once the WHERE's time bounds are known (too_many_cells)
 
 
 def _group_item(item: exp.Expression, tree: exp.Select, scope: Scope) -> exp.Expression:

@@ -475,3 +475,23 @@ def test_output_columns_are_named_as_postgresql_names_them(hproxy: RunningProxy,
     with hproxy.connect() as conn:
         got = [d.name for d in conn.execute(sql).description]
     assert got == expected
+
+
+@pytest.mark.parametrize("key", [
+    "date_trunc('day', logged_at)",
+    "floor(extract(epoch from logged_at)/86400)*86400",  # Grafana's $__timeGroup(logged_at, '1d')
+])
+def test_cells_are_counted_after_the_where_narrows_the_time_keys(hproxy, key):
+    # Daily buckets by sex over the declared year are 730 cells, more than visits' max_cells (400);
+    # a week of them (Grafana's $__timeFilter) is 14. Refused before, as the year's 730.
+    week = "logged_at >= '2023-06-01' AND logged_at < '2023-06-08'"
+    with hproxy.connect() as conn:
+        rows = conn.execute(f"SELECT {key} AS t, sex, count(*) FROM visits WHERE {week} GROUP BY 1, 2").fetchall()
+        assert len(rows) == 14
+        before = spent_epsilon(conn)
+        for where in ("", "WHERE logged_at >= '2023-01-01' AND logged_at < '2023-12-01'"):
+            with pytest.raises(psycopg.Error) as refused:
+                conn.execute(f"SELECT {key} AS t, sex, count(*) FROM visits {where} GROUP BY 1, 2")
+            assert refused.value.sqlstate == "DP001" and "rule: max-cells" in str(refused.value)
+            assert "narrow the time range" in (refused.value.diag.message_hint or "")
+        assert spent_epsilon(conn) == before

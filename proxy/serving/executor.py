@@ -49,7 +49,7 @@ from rewriter.classify import (
     ResolvedRelation,
     classify,
 )
-from rewriter.dp_query import AggregateQuery
+from rewriter.dp_query import AggregateQuery, too_many_cells
 from rewriter.limits import MAX_NESTING, MAX_OPERATOR_RUN, longest_operator_run, too_complex
 from rewriter.references import RelationRef
 from rewriter.rewrite import backend_sql, partition_seed, seeded
@@ -519,6 +519,10 @@ class Executor:
         plan, params = await bind_constants(plan, params, self.backend)  # before the repeat lookup and the charge
         plan, params = await narrow_keys(plan, params, self.backend)
         plan = await self._bound_ranking(plan, params)
+        for grouped in (plan, plan.series.ranking if plan.series is not None else None):
+            refusal = too_many_cells(grouped) if grouped is not None else None
+            if refusal is not None:
+                raise refusal
         if plan.limit_zero:  # the WHERE leaves no time bucket: nothing to release
             return await self._post_processed(plan, None, result_formats), [], Cost(0.0, 0.0, None, None)
         sql = backend_sql(plan, seed=0)  # names the query; the SQL run gets a fresh seed below
