@@ -39,7 +39,7 @@ from .row_stream import HELD_RESULT_BYTES, RowStream
 
 __all__ = [
     "BackendError", "BackendLost", "BackendSession", "BackendUnavailable", "BoundParams", "ResultSet", "build_registry", "connect",
-    "function_names",
+    "FORWARDED_STARTUP", "function_names",
     "pooled_session", "startup_key", "startup_settings",
 ]
 
@@ -67,6 +67,9 @@ _FORWARDED_STARTUP = {
     "datestyle": "DateStyle", "timezone": "TimeZone", "intervalstyle": "IntervalStyle",
     "extra_float_digits": "extra_float_digits", "search_path": "search_path",
 }
+
+FORWARDED_STARTUP = frozenset(_FORWARDED_STARTUP)
+"""The startup parameters, by lower-case name, that a backend session takes on."""
 
 log = logging.getLogger("dpproxy.backend")
 

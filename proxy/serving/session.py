@@ -17,6 +17,7 @@ from typing import Awaitable, Callable, Protocol
 
 from policies.errors import SQLSTATE, Refusal
 from proxy.backend.connection import (
+    FORWARDED_STARTUP,
     BackendError,
     BackendLost,
     BackendSession,
@@ -36,6 +37,7 @@ from rewriter.statements import Statement
 
 from .executor import Executor, StatementHost
 from .extended import ExtendedProtocol
+from .startup_options import with_options
 from .workers import session_pid
 
 __all__ = ["STARTUP_KINDS", "Session", "SessionHost", "SessionTable"]
@@ -274,6 +276,7 @@ class Session:
         # By the setting names the backend session takes them under: PostgreSQL reads a
         # startup parameter's name in any case (Extra_Float_Digits), and so does
         # startup_settings, so the checks must see the values that will be applied.
+        params = with_options(params, FORWARDED_STARTUP)
         settings = startup_settings(params)
         if not exact_floats("extra_float_digits", settings.get("extra_float_digits", "1")):
             raise inexact_floats()
