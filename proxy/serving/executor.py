@@ -571,6 +571,8 @@ class Executor:
                 await self._check_values(sql if checked is plan else backend_sql(checked, seed=0), params, settings)
         if plan.post is not None:
             await self._try_post_processing(plan, encoding.codec, settings)
+        if ranking is not None and ranking.post is not None:
+            await self._try_post_processing(ranking, encoding.codec, settings, ranking=True)
         # The ledger's history carries the audit log's fingerprint, so the two can be joined.
         balance = await self.server.budget.charge(self.user, epsilon, delta, fingerprint)
         cost = self._charged = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta)
@@ -654,13 +656,15 @@ class Executor:
         await self.backend.execute(f"SELECT 1 FROM ({sql}) AS checked LIMIT 0", params if params.values else None)
         _PASSED.add(passed)
 
-    async def _try_post_processing(self, plan: AggregateQuery, codec: str, settings: tuple[str | None, ...]) -> None:
+    async def _try_post_processing(self, plan: AggregateQuery, codec: str, settings: tuple[str | None, ...],
+                                   ranking: bool = False) -> None:
         """Run the plan's outer statement once over its keys and NULL aggregates, reading nothing
         of the table: an error it raises there is decided by the statement alone (a key's label
         cast to a type that cannot hold it, 1/0), returned before any charge. Passed once under
-        the same settings, it is not tried again."""
+        the same settings, it is not tried again. ``ranking``: ``plan`` is a series limit's
+        ranking, whose outer statement also reads its cells' numbers."""
         assert plan.post is not None
-        trial = trial_params(plan, codec)
+        trial = trial_params(plan, codec, ranking)
         passed = _digest(plan.post.sql, tuple(trial.values), settings)
         if passed not in _PASSED:
             await self.backend.execute(plan.post.sql, trial)

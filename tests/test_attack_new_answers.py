@@ -1,0 +1,60 @@
+"""The newest answers attacked: keys-only value lists at ε 0, series limits, the pre-charge
+checks. A statement must not fail after its charge for a reason its text and the declared keys
+decide, nor be answered where PostgreSQL would refuse it for such a reason."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from conftest import RunningProxy, TestDatabase, running_proxy, spent_epsilon
+from test_histograms import POLICY, _TABLE_SQL, _TABLES
+
+from proxy.demo.embedded import SERVICE_ROLE
+
+
+@pytest.fixture(scope="module")
+def visits(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """dpproxy over test_histograms' tables (visits: sex, race, age, visited_at … opted in)."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute(_TABLE_SQL)
+        conn.execute(f"GRANT SELECT ON {', '.join(_TABLES)} TO {SERVICE_ROLE}")
+    with running_proxy(test_db, tmp_path_factory, POLICY) as running:
+        yield running
+
+
+def _fails_free(proxy: RunningProxy, sql: str) -> psycopg.Error:
+    """The error ``sql`` fails with through dpproxy, asserting it charged nothing."""
+    with proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as failed:
+            conn.execute(sql)
+        assert spent_epsilon(conn) == before, sql
+    return failed.value
+
+
+_SERIES = ("SELECT sex, count(*) FROM visits JOIN (SELECT sex AS sex__, count(*) AS m FROM visits GROUP BY sex {tail}) "
+           "AS s ON sex = sex__ GROUP BY sex")
+
+
+@pytest.mark.parametrize("tail, sqlstate", [
+    # every ranking cell's label cast to integer
+    ("HAVING sex::int > 0", "22P02"),
+    ("ORDER BY 1/0", "22012"),
+    # an output name inside an expression: PostgreSQL's 42703, from the text alone
+    ("ORDER BY sex__::int LIMIT 1", "42703"),
+])
+def test_a_series_rankings_post_processing_error_the_keys_decide_costs_nothing(visits, tail, sqlstate):
+    # The ranking's outer statement first ran after the charge: ε 1 spent on an error its text
+    # and the declared keys decide, reported as DP004. It is now tried over the keys first.
+    error = _fails_free(visits, _SERIES.format(tail=tail))
+    assert error.sqlstate == sqlstate, str(error)
+
+
+def test_a_series_ranking_error_the_noised_values_decide_is_still_charged(visits):
+    with visits.connect() as conn:
+        before = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error):  # withheld as DP004, as any failure inside the release
+            conn.execute(_SERIES.format(tail="ORDER BY count(*)::numeric(1, 0)"))  # ~1000 per cell
+        assert spent_epsilon(conn) - before == pytest.approx(1.0)
