@@ -4,10 +4,12 @@ decide, nor be answered where PostgreSQL would refuse it for such a reason."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 
 import psycopg
 import pytest
+import wire
 from conftest import RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from test_histograms import POLICY, _TABLE_SQL, _TABLES
 
@@ -58,3 +60,34 @@ def test_a_series_ranking_error_the_noised_values_decide_is_still_charged(visits
         with pytest.raises(psycopg.Error):  # withheld as DP004, as any failure inside the release
             conn.execute(_SERIES.format(tail="ORDER BY count(*)::numeric(1, 0)"))  # ~1000 per cell
         assert spent_epsilon(conn) - before == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("statement", [
+    "SET client_encoding = 'EUC_TW'",
+    "SET NAMES 'euc-tw'",
+    "SELECT set_config('client_encoding', 'EUC_TW', false)",
+])
+def test_euc_tw_which_dpproxy_cannot_read_is_refused_and_the_session_goes_on(visits, statement):
+    # Taken as ASCII-safe before, EUC_TW ended the session with FATAL XX000: the driver dpproxy
+    # reads the backend with has no codec for it (nor has Python), so no text could be read in it.
+    with visits.connect() as conn:
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as refused:
+            conn.execute(statement)
+        assert "rule: client-encoding" in str(refused.value)
+        assert conn.execute("SELECT 1, current_setting('client_encoding')").fetchone() == (1, "UTF8")
+
+
+def test_euc_tw_in_the_startup_packet_is_refused_with_its_sqlstate(visits):
+    conn = wire.Wire.__new__(wire.Wire)
+    conn.sock = socket.create_connection((visits.host, visits.port), timeout=15)
+    conn.buffer = b""
+    try:
+        conn.sock.sendall(wire.startup(user="plain", database="dpproxy_test", client_encoding="EUC_TW"))
+        replies = conn.read_until(b"R")
+        if not [body for kind, body in replies if kind == b"E"]:
+            conn.sock.sendall(wire.message(b"p", wire.cstr("plain")))
+            replies = conn.read_until(b"E")
+        (error,) = [wire.error_fields(body) for kind, body in replies if kind == b"E"]
+    finally:
+        conn.close()
+    assert (error[b"S"], error[b"C"]) == (b"FATAL", b"22023"), error
