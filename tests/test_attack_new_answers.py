@@ -4,8 +4,11 @@ decide, nor be answered where PostgreSQL would refuse it for such a reason."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -13,7 +16,9 @@ import wire
 from conftest import RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from test_histograms import POLICY, _TABLE_SQL, _TABLES
 
+from proxy.backend.connection import BoundParams
 from proxy.demo.embedded import SERVICE_ROLE
+from proxy.serving.executor import Executor
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +96,31 @@ def test_euc_tw_in_the_startup_packet_is_refused_with_its_sqlstate(visits):
     finally:
         conn.close()
     assert (error[b"S"], error[b"C"]) == (b"FATAL", b"22023"), error
+
+
+class _Recording:
+    """A backend that records what it is sent and answers nothing."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    async def execute(self, sql: str, *args: Any) -> None:
+        self.sent.append(sql)
+
+
+def _checks_sent(user: str, sql: str) -> int:
+    """How many statements ``user``'s executor sends to check the values of ``sql``."""
+    backend = _Recording()
+    executor = Executor(None, backend, user)  # type: ignore[arg-type]
+    asyncio.run(executor._check_values(sql, BoundParams([], [], []), ()))
+    return len(backend.sent)
+
+
+def test_a_values_check_one_analyst_passed_is_still_run_for_another():
+    # The checks that passed were remembered for every session of the process: whether a
+    # statement skipped its LIMIT 0 round trip told an analyst (by its time) that another had
+    # sent that exact text and those values before. Remembered per user, it tells only their own.
+    sql = f"SELECT count(*) FROM t WHERE name = '{uuid.uuid4()}'"
+    assert _checks_sent("alice", sql) == 1
+    assert _checks_sent("alice", sql) == 0
+    assert _checks_sent("bob", sql) == 1

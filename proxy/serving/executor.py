@@ -647,9 +647,11 @@ class Executor:
         ``LIMIT 0``, which runs no plan node and reads no row, in one round trip. They are decided
         by the statement and its parameters, never by a row, so they cost nothing, and their
         messages (the value's own) are PostgreSQL's. A statement that passed once with the same
-        parameters under the same settings passes again, and is not checked twice.
+        parameters under the same settings passes again, and is not checked twice for the same
+        user (a check skipped for another analyst's statement would tell, by its time, what
+        that analyst asked).
         """
-        passed = _digest(sql, tuple(params.values), tuple(params.formats), tuple(params.types),
+        passed = _digest(self.user, sql, tuple(params.values), tuple(params.formats), tuple(params.types),
                          settings)
         if passed in _PASSED:
             return
@@ -661,11 +663,12 @@ class Executor:
         """Run the plan's outer statement once over its keys and NULL aggregates, reading nothing
         of the table: an error it raises there is decided by the statement alone (a key's label
         cast to a type that cannot hold it, 1/0), returned before any charge. Passed once under
-        the same settings, it is not tried again. ``ranking``: ``plan`` is a series limit's
-        ranking, whose outer statement also reads its cells' numbers."""
+        the same settings, it is not tried again for the same user (as :meth:`_check_values`).
+        ``ranking``: ``plan`` is a series limit's ranking, whose outer statement also reads its
+        cells' numbers."""
         assert plan.post is not None
         trial = trial_params(plan, codec, ranking)
-        passed = _digest(plan.post.sql, tuple(trial.values), settings)
+        passed = _digest(self.user, plan.post.sql, tuple(trial.values), settings)
         if passed not in _PASSED:
             await self.backend.execute(plan.post.sql, trial)
             _PASSED.add(passed)
