@@ -124,3 +124,17 @@ def test_a_values_check_one_analyst_passed_is_still_run_for_another():
     assert _checks_sent("alice", sql) == 1
     assert _checks_sent("alice", sql) == 0
     assert _checks_sent("bob", sql) == 1
+
+
+@pytest.mark.parametrize("outputs", ["date_trunc('month', visited_at) AS t, sex, count(*)",
+                                     "date_trunc('month', visited_at) AS t, sex"])
+def test_a_series_limit_whose_own_where_leaves_no_time_bucket_costs_nothing(visits, outputs):
+    # The statement's WHERE leaves none of visited_at's declared months (2023): no cell, no row,
+    # as a plain GROUP BY answers at ε 0. Its ranking's cells overrode that, so the empty answer
+    # was charged ε 1 (notice "ε charged 1, δ 0; ; remaining …").
+    sql = (f"SELECT {outputs} FROM visits JOIN (SELECT sex AS sex__, count(*) AS m FROM visits GROUP BY sex "
+           "ORDER BY m DESC LIMIT 1) AS s ON sex = sex__ WHERE visited_at >= '2030-01-01' GROUP BY 1, sex")
+    with visits.connect() as conn:
+        before = spent_epsilon(conn)
+        assert conn.execute(sql).fetchall() == []
+        assert spent_epsilon(conn) == before

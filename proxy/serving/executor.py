@@ -601,12 +601,14 @@ class Executor:
 
     async def _bound_ranking(self, plan: AggregateQuery, params: BoundParams) -> AggregateQuery:
         """``plan`` with its series limit's ranking made final as the plan's own WHERE is (folded,
-        time keys narrowed); a ranking left with no cell leaves no series: no row, nothing released."""
+        time keys narrowed); a ranking left with no cell leaves no series, as the plan left with
+        none leaves no cell: no row either way, nothing released."""
         if plan.series is None:
             return plan
         ranking, _ = await bind_constants(plan.series.ranking, params, self.backend)
         ranking, _ = await narrow_keys(ranking, params, self.backend)
-        return replace(plan, series=replace(plan.series, ranking=ranking), limit_zero=ranking.limit_zero)
+        return replace(plan, series=replace(plan.series, ranking=ranking),
+                       limit_zero=plan.limit_zero or ranking.limit_zero)
 
     async def _release(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float, codec: str) -> DPAnswer:
         """The release of ``plan`` (``sql``: its backend SQL); with a series limit, of the plan and its
