@@ -1,6 +1,7 @@
 """The newest answers attacked: keys-only value lists at ε 0, series limits, the pre-charge
-checks. A statement must not fail after its charge for a reason its text and the declared keys
-decide, nor be answered where PostgreSQL would refuse it for such a reason."""
+checks and client encodings. A statement must not be charged for an error or an empty answer
+that its text and the declared keys decide; a check remembered for one analyst must not tell
+another what was asked; an encoding dpproxy cannot read is refused, not an internal error."""
 
 from __future__ import annotations
 
