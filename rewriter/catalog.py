@@ -145,7 +145,9 @@ SAFE_SETTINGS = frozenset(
 _ASCII_SAFE_ENCODINGS = frozenset(
     {
         "utf8", "unicode", "sqlascii", "muleinternal",
-        "eucjp", "euccn", "euckr", "euctw", "eucjis2004",
+        # Not EUC_TW, ASCII-safe as it is: neither Python nor psycopg has a codec for it, so
+        # dpproxy could read no text in it (its backend connection's parameters included).
+        "eucjp", "euccn", "euckr", "eucjis2004",
         "latin1", "latin2", "latin3", "latin4", "latin5", "latin6", "latin7", "latin8", "latin9", "latin10",
         "iso88591", "iso88592", "iso88593", "iso88594", "iso88595", "iso88596", "iso88597", "iso88598",
         "iso88599", "iso885910", "iso885913", "iso885914", "iso885915", "iso885916",

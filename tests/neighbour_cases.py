@@ -360,17 +360,22 @@ def _series_case(builder: _Builder) -> Case:
     key = rng.choice(["t", "v", "i2"])
     keys = [key, *([rng.choice(["date_trunc('month', d)", "width_bucket(f8, -1, 1, 5)"])] if rng.random() < 0.6 else [])]
     rng.shuffle(keys)
-    metric = rng.choice(["COUNT(*)", "SUM(i4)", "AVG(i2)", "COUNT(DISTINCT t)", "SUM(n)"])
-    ranking = rng.choice(["COUNT(*)", "SUM(i2)", "AVG(n)"])
-    order = rng.choice([f"{key} DESC LIMIT 2", "m DESC LIMIT 50", key, "1 LIMIT 1", "m"])
+    # Either side may ask for keys only (a value list joined to a ranking, or a ranking by keys).
+    metrics = [] if rng.random() < 0.15 else [rng.choice(["COUNT(*)", "SUM(i4)", "AVG(i2)", "COUNT(DISTINCT t)", "SUM(n)"])]
+    ranking = "" if rng.random() < 0.15 else f", {rng.choice(['COUNT(*)', 'SUM(i2)', 'AVG(n)'])} AS m"
+    orders = [f"{key} DESC LIMIT 2", key, "1 LIMIT 1", "1/0", f"{key}__::int"] + (["m DESC LIMIT 50", "m"] if ranking else [])
+    order = rng.choice(orders)
+    # a HAVING the keys decide (always true; or failing on every label, whatever the rows)
+    having = rng.choice(["", "", "", f" HAVING {key} IS NOT NULL", f" HAVING CAST({key} AS text)::int > 0"])
     inner = f" WHERE {builder.predicate(rng.randint(0, 2))}" if rng.random() < 0.5 else ""
     where = f" WHERE {builder.predicate(rng.randint(0, 2))}" if rng.random() < 0.5 else ""
-    sql = (f"SELECT {', '.join(keys)}, {metric} AS metric FROM {{table}} JOIN (SELECT {key} AS {key}__, {ranking} AS m "
-           f"FROM {{table}}{inner} GROUP BY {key} ORDER BY {order}) AS series_limit ON {key} = {key}__{where} "
+    outputs = [*keys, *(f"{metric} AS metric" for metric in metrics)]
+    sql = (f"SELECT {', '.join(outputs)} FROM {{table}} JOIN (SELECT {key} AS {key}__{ranking} "
+           f"FROM {{table}}{inner} GROUP BY {key}{having} ORDER BY {order}) AS series_limit ON {key} = {key}__{where} "
            f"GROUP BY {', '.join(keys)}")
     if rng.random() < 0.3:
         sql += " ORDER BY 1 LIMIT 10000"  # by a key: an order by noised values would differ by chance
-    fixed = tuple([False] * len(keys) + [_fixed_scale(metric)])
+    fixed = tuple([False] * len(keys) + [_fixed_scale(metric) for metric in metrics])
     return Case(sql, tuple(builder.params), False, fixed, keys=len(keys))
 
 

@@ -139,8 +139,12 @@ def declared_keys(plan: AggregateQuery, codec: str = "utf-8") -> DPAnswer:
 def ranking_params(plan: AggregateQuery, answer: DPAnswer) -> BoundParams:
     """The values a ranking's outer statement reads (``rewriter.series_limit``): the release's
     (:func:`release_params`), then the cells' numbers 1 … n, which it returns for each row it keeps."""
-    params = release_params(plan, answer)
-    numbers = _array_literal([str(cell).encode() for cell in range(1, len(answer.result.rows) + 1)])
+    return _numbered(release_params(plan, answer), len(answer.result.rows))
+
+
+def _numbered(params: BoundParams, cells: int) -> BoundParams:
+    """``params`` and, last, the cells' numbers 1 … ``cells`` (a ranking's outer statement reads them)."""
+    numbers = _array_literal([str(cell).encode() for cell in range(1, cells + 1)])
     return BoundParams([*params.values, numbers], [*params.formats, 0], [*params.types, ARRAY_TYPES[INT4]])
 
 
@@ -225,18 +229,21 @@ def release_params(plan: AggregateQuery, answer: DPAnswer | None) -> BoundParams
     return _params(plan, answer.result.rows if answer is not None else None)
 
 
-def trial_params(plan: AggregateQuery, codec: str = "utf-8") -> BoundParams:
+def trial_params(plan: AggregateQuery, codec: str = "utf-8", ranking: bool = False) -> BoundParams:
     """The outer statement's values before anything is released: every cell's keys (known from
     the statement and the policy) with NULL for every aggregate.
 
     Run over them, the outer statement fails only where its keys and its text alone make it
     fail (``CAST(EXTRACT(YEAR FROM d) AS numeric(3, 0))``, a category's label cast to integer,
-    ``1/0``): an error known before the charge, which therefore costs nothing.
+    ``1/0``): an error known before the charge, which therefore costs nothing. ``ranking``: the
+    plan ranks a series limit's series, and its outer statement reads the cells' numbers too.
     """
     if not plan.groups:
         return _params(plan, None)
     nulls = [None] * len(plan.aggregates)
-    return _params(plan, [[*keys, *nulls] for keys in _cell_keys(plan, codec)])
+    rows = [[*keys, *nulls] for keys in _cell_keys(plan, codec)]
+    params = _params(plan, rows)
+    return _numbered(params, len(rows)) if ranking else params
 
 
 def _params(plan: AggregateQuery, rows: Sequence[Sequence[bytes | None]] | None) -> BoundParams:

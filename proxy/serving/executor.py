@@ -575,6 +575,8 @@ class Executor:
                 await self._check_values(sql if checked is plan else backend_sql(checked, seed=0), params, settings)
         if plan.post is not None:
             await self._try_post_processing(plan, encoding.codec, settings)
+        if ranking is not None and ranking.post is not None:
+            await self._try_post_processing(ranking, encoding.codec, settings, ranking=True)
         # The ledger's history carries the audit log's fingerprint, so the two can be joined.
         balance = await self.server.budget.charge(self.user, epsilon, delta, fingerprint)
         cost = self._charged = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta)
@@ -603,12 +605,14 @@ class Executor:
 
     async def _bound_ranking(self, plan: AggregateQuery, params: BoundParams) -> AggregateQuery:
         """``plan`` with its series limit's ranking made final as the plan's own WHERE is (folded,
-        time keys narrowed); a ranking left with no cell leaves no series: no row, nothing released."""
+        time keys narrowed); a ranking left with no cell leaves no series, as the plan left with
+        none leaves no cell: no row either way, nothing released."""
         if plan.series is None:
             return plan
         ranking, _ = await bind_constants(plan.series.ranking, params, self.backend)
         ranking, _ = await narrow_keys(ranking, params, self.backend)
-        return replace(plan, series=replace(plan.series, ranking=ranking), limit_zero=ranking.limit_zero)
+        return replace(plan, series=replace(plan.series, ranking=ranking),
+                       limit_zero=plan.limit_zero or ranking.limit_zero)
 
     async def _release(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float, codec: str) -> DPAnswer:
         """The release of ``plan`` (``sql``: its backend SQL); with a series limit, of the plan and its
@@ -649,23 +653,28 @@ class Executor:
         ``LIMIT 0``, which runs no plan node and reads no row, in one round trip. They are decided
         by the statement and its parameters, never by a row, so they cost nothing, and their
         messages (the value's own) are PostgreSQL's. A statement that passed once with the same
-        parameters under the same settings passes again, and is not checked twice.
+        parameters under the same settings passes again, and is not checked twice for the same
+        user (a check skipped for another analyst's statement would tell, by its time, what
+        that analyst asked).
         """
-        passed = _digest(sql, tuple(params.values), tuple(params.formats), tuple(params.types),
+        passed = _digest(self.user, sql, tuple(params.values), tuple(params.formats), tuple(params.types),
                          settings)
         if passed in _PASSED:
             return
         await self.backend.execute(f"SELECT 1 FROM ({sql}) AS checked LIMIT 0", params if params.values else None)
         _PASSED.add(passed)
 
-    async def _try_post_processing(self, plan: AggregateQuery, codec: str, settings: tuple[str | None, ...]) -> None:
+    async def _try_post_processing(self, plan: AggregateQuery, codec: str, settings: tuple[str | None, ...],
+                                   ranking: bool = False) -> None:
         """Run the plan's outer statement once over its keys and NULL aggregates, reading nothing
         of the table: an error it raises there is decided by the statement alone (a key's label
         cast to a type that cannot hold it, 1/0), returned before any charge. Passed once under
-        the same settings, it is not tried again."""
+        the same settings, it is not tried again for the same user (as :meth:`_check_values`).
+        ``ranking``: ``plan`` is a series limit's ranking, whose outer statement also reads its
+        cells' numbers."""
         assert plan.post is not None
-        trial = trial_params(plan, codec)
-        passed = _digest(plan.post.sql, tuple(trial.values), settings)
+        trial = trial_params(plan, codec, ranking)
+        passed = _digest(self.user, plan.post.sql, tuple(trial.values), settings)
         if passed not in _PASSED:
             await self.backend.execute(plan.post.sql, trial)
             _PASSED.add(passed)

@@ -24,10 +24,11 @@ __all__ = ["ClientEncoding", "UTF8", "client_encoding", "encoding_named", "untra
 # PostgreSQL's name of an encoding, as it reports client_encoding (encnames.c), and Python's
 # codec with the same table (PostgreSQL's documentation, "Available Character Sets"; the
 # mapping psycopg uses for its own text). SQL_ASCII is no conversion at all, read here as
-# UTF-8 (the server encoding dpproxy's databases use); MULE_INTERNAL and EUC_TW have no
-# Python codec and are read as UTF-8 too, which leaves their ASCII exactly as PostgreSQL's.
+# UTF-8 (the server encoding dpproxy's databases use); MULE_INTERNAL has no Python codec and
+# is read as UTF-8 too (PostgreSQL converts no UTF8 database's text to it). EUC_TW, which no
+# codec reads either, is refused (``rewriter.catalog.ascii_safe_encoding``).
 _CODECS = {
-    "UTF8": "utf-8", "SQL_ASCII": "utf-8", "MULE_INTERNAL": "utf-8", "EUC_TW": "utf-8",
+    "UTF8": "utf-8", "SQL_ASCII": "utf-8", "MULE_INTERNAL": "utf-8",
     "EUC_CN": "gb2312", "EUC_JIS_2004": "euc_jis_2004", "EUC_JP": "euc_jp", "EUC_KR": "euc_kr",
     "ISO_8859_5": "iso8859-5", "ISO_8859_6": "iso8859-6", "ISO_8859_7": "iso8859-7", "ISO_8859_8": "iso8859-8",
     "KOI8R": "koi8-r", "KOI8U": "koi8-u",
