@@ -276,7 +276,7 @@ class Session:
         # By the setting names the backend session takes them under: PostgreSQL reads a
         # startup parameter's name in any case (Extra_Float_Digits), and so does
         # startup_settings, so the checks must see the values that will be applied.
-        params = with_options(params, FORWARDED_STARTUP)
+        params, ignored = with_options(params, FORWARDED_STARTUP)
         settings = startup_settings(params)
         if not exact_floats("extra_float_digits", settings.get("extra_float_digits", "1")):
             raise inexact_floats()
@@ -307,6 +307,7 @@ class Session:
         self._out.extend(protocol.parameter_status(k, v) for k, v in self._reported.items())
         client_encoding.set(encoding_named(self._reported.get("client_encoding")))
         self._out.append(protocol.backend_key_data(self.pid, self.secret))
+        self._out.extend(protocol.notice_response(protocol.Notice(text, "WARNING", "01000")) for text in ignored)
         self._out.append(protocol.ready_for_query(b"I"))
         self._flush()
         await self.writer.drain()

@@ -3,40 +3,39 @@ PostgreSQL reads it: settings given as ``-c name=value`` or ``--name=value``.
 
 PostgreSQL applies them as if each were a startup parameter of its own, below the startup
 parameters the client names itself. dpproxy takes those it passes on from any startup
-parameter (``connection.startup_settings``) and ``dpproxy.epsilon``; any other is refused with
-a hint to SET it after connecting, where the statement's own rules apply, rather than dropped
-without a word.
+parameter (``connection.startup_settings``) and ``dpproxy.epsilon``. Any other is not applied,
+and the session is told so in a WARNING (rather than refused: clients put settings there
+that dpproxy sets itself, such as ``statement_timeout``), never dropped without a word.
 """
 
 from __future__ import annotations
 
-from policies.errors import SQLSTATE, Refusal
-
 __all__ = ["with_options"]
 
 
-def with_options(params: dict[str, str], forwarded: frozenset[str]) -> dict[str, str]:
-    """``params`` with the settings of its ``options`` added (a parameter named outright wins).
+def with_options(params: dict[str, str], forwarded: frozenset[str]) -> tuple[dict[str, str], list[str]]:
+    """``params`` with the settings of its ``options`` added (a parameter named outright wins),
+    and a warning for each part of ``options`` that is not applied.
 
-    ``forwarded`` are the lower-case names dpproxy takes from the startup packet. Raises
-    Refusal for an argument that is not a setting, or for a setting dpproxy does not take there.
+    ``forwarded`` are the lower-case names dpproxy takes from the startup packet.
     """
     text = params.get("options")
     if not text:
-        return params
+        return params, []
     named = {name.lower() for name in params}
     merged = dict(params)
-    for name, value in _settings(_split(text)):
+    warnings = []
+    settings, others = _settings(_split(text))
+    for word in others:
+        warnings.append(f'the startup option "{word}" is not a setting (-c name=value); dpproxy ignores it')
+    for name, value in settings:
         if name.lower() not in forwarded and name.lower() != "dpproxy.epsilon":
-            raise Refusal(
-                SQLSTATE.FEATURE_NOT_SUPPORTED,
-                f'setting "{name}" in the startup options is not passed through dpproxy',
-                "From options, dpproxy takes " + ", ".join(sorted(forwarded)) + " and dpproxy.epsilon; "
-                f"run SET {name} = ... after connecting instead.",
-            )
-        if name.lower() not in named:
+            warnings.append(f'the setting "{name}" in the startup options is not applied by dpproxy; '
+                            f"SET it after connecting (dpproxy takes {', '.join(sorted(forwarded))} and "
+                            "dpproxy.epsilon from options)")
+        elif name.lower() not in named:
             merged[name] = value
-    return merged
+    return merged, warnings
 
 
 def _split(text: str) -> list[str]:
@@ -63,10 +62,10 @@ def _split(text: str) -> list[str]:
     return words
 
 
-def _settings(words: list[str]) -> list[tuple[str, str]]:
-    """(name, value) of each ``-c name=value``, ``-cname=value`` or ``--name=value``; a dash in
-    a name is an underscore, as PostgreSQL reads it."""
-    settings = []
+def _settings(words: list[str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """(name, value) of each ``-c name=value``, ``-cname=value`` or ``--name=value`` (a dash in a
+    name is an underscore, as PostgreSQL reads it), and the words that are no such setting."""
+    settings, others = [], []
     position = 0
     while position < len(words):
         word = words[position]
@@ -77,14 +76,12 @@ def _settings(words: list[str]) -> list[tuple[str, str]]:
         elif word.startswith("--") and len(word) > 2:
             setting, position = word[2:], position + 1
         else:
-            raise Refusal(
-                SQLSTATE.FEATURE_NOT_SUPPORTED,
-                f'invalid command-line argument in the startup options: "{word}"',
-                "dpproxy reads settings from options, as -c name=value or --name=value.",
-            )
+            others.append(word)
+            position += 1
+            continue
         name, equals, value = setting.partition("=")
-        if not equals or not name:
-            raise Refusal(SQLSTATE.SYNTAX_ERROR, f'--{setting} requires a value',
-                          "Give each setting in options as -c name=value.")
-        settings.append((name.replace("-", "_"), value))
-    return settings
+        if equals and name:
+            settings.append((name.replace("-", "_"), value))
+        else:
+            others.append(setting)
+    return settings, others
