@@ -385,3 +385,17 @@ def test_a_session_remembers_a_bounded_number_of_relation_names(proxy: RunningPr
         grown = _growth_mb(conn, lambda index: "SELECT 1 FROM " + ", ".join(f"r{index + 1}_{name}" for name in range(10_000)),
                            "42P01", 40)
     assert grown < 40, f"the process grew {grown:.0f} MB"
+
+
+def test_a_cancel_ends_the_wait_for_a_long_statements_analysis(proxy: RunningProxy) -> None:
+    """A CancelRequest found no backend statement to cancel while a long statement was being
+    analysed (seconds, in an analysis thread): psql's Ctrl-C did nothing until the analysis
+    ended. The wait now ends at once with 57014, and the session goes on."""
+    long = LONG_IN_LISTS["passthrough"][0]  # ~2.7 s of analysis
+    with proxy.connect() as conn:
+        threading.Timer(0.8, conn.cancel_safe).start()  # cancel() would hold the GIL the in-process server needs
+        started = time.monotonic()
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            conn.execute(long)
+        assert time.monotonic() - started < 2.0  # the analysis alone takes ~2.7 s
+        assert conn.execute("SELECT count(*) FROM lookup").fetchone() == (2,)

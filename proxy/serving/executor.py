@@ -134,6 +134,8 @@ class Executor:
         self._quantised: tuple[int, float, float] | None = None
         self._answers = 0
         self._deferred: set[asyncio.Task[None]] = set()
+        self._analysis: asyncio.Future[Any] | None = None  # a long statement's analysis, awaited now
+        self._analysis_cancelled = False  # a CancelRequest ended that wait
         self._streams: set[RowStream] = set()  # results passed on as they arrive, not ended yet
 
     def transaction_status(self) -> bytes:
@@ -160,7 +162,7 @@ class Executor:
                 )
             if size > _ANALYSED_IN_THREAD_BYTES:
                 await self._give_back()  # no backend connection is held while the analysis waits its turn
-                return await _analysed(_split_and_fingerprint, sql)
+                return await self._analysed(_split_and_fingerprint, sql)
             return split_statements(sql)
         except Refusal as exc:
             # Made in the analysis thread already when the string was long: taken from the cache.
@@ -190,7 +192,7 @@ class Executor:
         long = max(len(statement.text), statement.tree_bytes) > _ANALYSED_IN_THREAD_BYTES
         if long:
             await self._give_back()  # no backend connection is held while the analysis waits its turn
-            fingerprint = await _analysed(_fingerprint, statement.text)
+            fingerprint = await self._analysed(_fingerprint, statement.text)
         else:
             fingerprint = _fingerprint(statement.text)
         try:
@@ -204,7 +206,7 @@ class Executor:
                     # Resolving the relations took a backend connection: it serves other
                     # sessions while this analysis takes seconds, or waits for a thread.
                     await self._give_back()
-                    decision = await _analysed(classify, statement, resolved, self.server.registry, self.user)
+                    decision = await self._analysed(classify, statement, resolved, self.server.registry, self.user)
                 else:
                     decision = classify(statement, resolved, self.server.registry, self.user)
             except RecursionError:
@@ -424,9 +426,26 @@ class Executor:
                 self.settings.reset_all()  # RESET ALL and DISCARD ALL reset dpproxy.* too, as PostgreSQL's custom settings
         return result, result.notices, None
 
+    async def _analysed(self, function: Callable[..., _T], *args: Any) -> _T:
+        """``function(*args)`` run in an analysis thread (see ``_ANALYSIS``). A CancelRequest
+        ends the wait with 57014, as PostgreSQL's ends a statement's parse: the statement was
+        not sent, and an analysis still queued for a thread never runs."""
+        analysis = self._analysis = asyncio.get_running_loop().run_in_executor(_ANALYSIS, partial(function, *args))
+        try:
+            return await analysis
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not self._analysis_cancelled or (current is not None and current.cancelling()):
+                raise  # the session itself is being ended
+            raise Refusal(SQLSTATE.QUERY_CANCELED, "canceling statement due to user request") from None
+        finally:
+            self._analysis = None
+            self._analysis_cancelled = False
+
     async def cancel(self) -> None:
-        """A CancelRequest for this session: cancel what runs on its backend connection now,
-        or, while a quantised DP answer is being computed, at its next quantum boundary.
+        """A CancelRequest for this session: a long statement's analysis stops being waited for;
+        else what runs on its backend connection is cancelled now or, while a quantised DP
+        answer is being computed, at its next quantum boundary.
 
         Whether a cancel sent t into a DP answer stops it says whether the backend was still
         computing at t, which the rows decide: sent at once, a cancel 50 ms in would fail an
@@ -435,6 +454,10 @@ class Executor:
         what its arrival says already. A cancel that comes after the computation (during the
         wait) finds nothing to cancel, as in PostgreSQL.
         """
+        analysis = self._analysis
+        if analysis is not None and analysis.cancel():  # nothing was sent yet: the wait just ends
+            self._analysis_cancelled = True
+            return
         quantised = self._quantised
         if quantised is None:
             await self.backend.cancel()
@@ -746,9 +769,6 @@ def _released_aggregates(plan: AggregateQuery) -> tuple[tuple[object, ...], ...]
                  for a in plan.aggregates)
 
 
-async def _analysed(function: Callable[..., _T], *args: Any) -> _T:
-    """``function(*args)`` run in an analysis thread (see ``_ANALYSIS``)."""
-    return await asyncio.get_running_loop().run_in_executor(_ANALYSIS, partial(function, *args))
 
 
 def _split_and_fingerprint(sql: str) -> tuple[Statement, ...]:
