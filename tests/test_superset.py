@@ -8,7 +8,10 @@ with ``/api/v1/chart/data`` and run SQL Lab. Each DP chart must come back as num
 truth: big numbers, a table of aggregates, and — the policy opts ``sex`` and ``signed_up`` in
 to GROUP BY — a pie and a bar chart by sex and a monthly line over a time range, one row per
 declared key, and line and bar charts split by sex with a *Series limit*; a native filter's
-list of values of ``sex`` is its declared categories, at no cost. A chart grouped by a column not opted in, a filter on one, or samples, must come back as
+list of values of ``sex`` is its declared categories, at no cost. More chart types draw from
+the same histograms: a Big Number with time comparison, a Pivot Table (its totals summed by
+Superset), a Table with dimensions and a row limit, a Mixed Chart, a Treemap, a Sunburst and a
+Box Plot distributed across months; a Box Plot across rows and the Histogram chart are refused. A chart grouped by a column not opted in, a filter on one, or samples, must come back as
 dpproxy's refusal: its rule and hint shown by Superset, its SQLSTATE (DP001) on the wire, as
 the relay saw it.
 Superset missing is a failure that says how to install it, never a skip.
@@ -42,7 +45,8 @@ TIME_RANGE = ("2023-03-01", "2023-09-01")
 MUST_ANSWER = frozenset({"connect", "introspect", "physical-dataset", "big-number", "big-number-time-range",
                          "big-number-filter", "table-of-aggregates", "virtual-dataset", "sql-lab",
                          "pie-chart", "bar-chart", "time-series-chart", "native-filter", "column-values",
-                         "series-limit-line", "series-limit-bar"})
+                         "series-limit-line", "series-limit-bar", "big-number-time-comparison", "pivot-table",
+                         "table-with-dimensions", "mixed-chart", "treemap", "sunburst", "box-plot"})
 VIRTUAL_SQL = "SELECT count(*) AS n, avg(age) AS avg_age FROM people WHERE age > 30"
 ROW_LEVEL_SQL = "SELECT * FROM people WHERE age > 30"
 
@@ -97,12 +101,27 @@ def physical_dataset(stack: Stack) -> int:
 def _chart_data(stack: Stack, dataset: int, viz_type: str, metrics: list[Any], columns: list[Any] | None = None,
                 filters: list[dict[str, Any]] | None = None) -> tuple[int, Any]:
     """POST /api/v1/chart/data as Superset's explore view sends it for one chart (no cache)."""
-    query = {"metrics": metrics, "columns": columns or [], "filters": filters or [], "row_limit": 10000,
-             "orderby": [], "extras": {"having": "", "where": ""}}
+    query = _query(metrics, columns, filters)
     if viz_type == "table":
         query["orderby"] = [[metrics[0], False]]
-    payload = {"datasource": {"id": dataset, "type": "table"}, "force": True, "queries": [query],
-               "form_data": {"viz_type": viz_type, "datasource": f"{dataset}__table"},
+    return _post_chart(stack, dataset, viz_type, [query])
+
+
+def _query(metrics: list[Any] | None, columns: list[Any] | None = None, filters: list[dict[str, Any]] | None = None,
+           **extra: Any) -> dict[str, Any]:
+    """One query object of a chart's query context; ``metrics=None`` is a raw-records query."""
+    query = {"columns": columns or [], "filters": filters or [], "row_limit": 10000, "orderby": [],
+             "extras": {"having": "", "where": ""}, **extra}
+    if metrics is not None:
+        query["metrics"] = metrics
+    return query
+
+
+def _post_chart(stack: Stack, dataset: int, viz_type: str, queries: list[dict[str, Any]],
+                form_data: dict[str, Any] | None = None) -> tuple[int, Any]:
+    """POST /api/v1/chart/data with the query objects a chart's buildQuery makes (no cache)."""
+    payload = {"datasource": {"id": dataset, "type": "table"}, "force": True, "queries": queries,
+               "form_data": {"viz_type": viz_type, "datasource": f"{dataset}__table", **(form_data or {})},
                "result_format": "json", "result_type": "full"}
     return stack.api.post("/api/v1/chart/data", payload)
 
@@ -385,6 +404,170 @@ def test_superset_series_limit_draws_the_series_its_noised_ranking_puts_first(
         assert abs(row["count"] - exact[row["signed_up"]]) < 100, (row, exact)  # two columns share ε: scale 2
     answered = [r for r in stack.relay.statements() if r.phase == phase and "series_limit" in r.sql]
     assert answered and {r.outcome for r in answered} == {"ok"}, answered
+
+
+MONTHLY = {"timeGrain": "P1M", "columnType": "BASE_AXIS", "sqlExpression": "signed_up", "label": "signed_up",
+           "expressionType": "SQL"}
+
+
+def _in_time_range(start: str = TIME_RANGE[0], end: str = TIME_RANGE[1]) -> dict[str, Any]:
+    return {"col": "signed_up", "op": "TEMPORAL_RANGE", "val": f"{start} : {end}"}
+
+
+def _exact_cells(admin: psycopg.Connection, keys: str, where: str = "") -> dict[tuple[Any, ...], float]:
+    """Exact counts per cell of ``keys`` (SQL expressions, timestamps as Superset's epoch ms)."""
+    rows = admin.execute(f"SELECT {keys}, count(*) FROM people {where} GROUP BY {keys}").fetchall()
+    return {tuple(row[:-1]): float(row[-1]) for row in rows}
+
+
+_EPOCH_MS = "extract(epoch FROM date_trunc('{grain}', signed_up))::bigint * 1000"
+_IN_TIME_RANGE_SQL = f"WHERE signed_up >= '{TIME_RANGE[0]}' AND signed_up < '{TIME_RANGE[1]}'"
+
+
+def _answered(stack: Stack, phase: str) -> None:
+    sent = [r for r in stack.relay.statements() if r.phase == phase and "people" in r.sql]
+    assert sent and {r.outcome for r in sent} == {"ok"}, sent
+
+
+def test_superset_big_number_with_time_comparison_is_two_noised_counts(stack: Stack, physical_dataset: int, admin):
+    """*Time comparison* (``time_offsets``) runs the Big Number's query again over the shifted
+    range: two DP counts, each charged as typed in psql; Superset compares them itself."""
+    stack.relay.phase = "big-number-time-comparison"
+    query = _query(["count"], filters=[_in_time_range("2024-03-01", "2024-09-01")], time_offsets=["1 year ago"])
+    row = _single_row(*_post_chart(stack, physical_dataset, "big_number_total", [query]))
+    now = _exact(admin, "SELECT count(*) FROM people WHERE signed_up >= '2024-03-01' AND signed_up < '2024-09-01'")
+    before = _exact(admin, "SELECT count(*) FROM people WHERE signed_up >= '2023-03-01' AND signed_up < '2023-09-01'")
+    assert abs(row["count"] - now) < 50 and abs(row["count__1 year ago"] - before) < 50, (row, now, before)
+    _answered(stack, "big-number-time-comparison")
+
+
+def test_superset_pivot_table_by_month_and_category_draws_every_cell_totals_at_no_cost(
+        stack: Stack, physical_dataset: int, admin):
+    """Pivot Table v2 with a month grain and ``sex``: one noised histogram over their cells; its
+    row and column totals are summed by Superset from those cells, so they send nothing new."""
+    stack.relay.phase = "pivot-table"
+    query = _query(["count"], [MONTHLY, "sex"], [_in_time_range()], orderby=[["count", False]])
+    rows = _rows(*_post_chart(stack, physical_dataset, "pivot_table_v2", [query],
+                              {"groupbyColumns": ["signed_up"], "groupbyRows": ["sex"]}))
+    exact = _exact_cells(admin, f"{_EPOCH_MS.format(grain='month')}, sex", _IN_TIME_RANGE_SQL)
+    assert sorted((row["signed_up"], row["sex"]) for row in rows) == sorted(exact), rows  # 6 months x 2
+    for row in rows:
+        assert abs(row["count"] - exact[row["signed_up"], row["sex"]]) < 50, (row, exact)
+    with stack.proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        totals = _rows(*_post_chart(stack, physical_dataset, "pivot_table_v2", [query],
+                                    {"groupbyColumns": ["signed_up"], "groupbyRows": ["sex"],
+                                     "rowTotals": True, "colTotals": True}))
+        assert spent_epsilon(conn) == before
+    assert totals == rows
+    _answered(stack, "pivot-table")
+
+
+def test_superset_table_with_dimensions_and_row_limit_keeps_the_noised_top_rows(
+        stack: Stack, physical_dataset: int, admin):
+    """Table in *Aggregate* mode with *Dimensions* ``sex``, a row limit of 1 and *Show totals*: the
+    histogram is released, ORDER BY and LIMIT pick from its noised rows; the totals row is its
+    own DP count. Male has twice Female's rows, so it ranks first whatever the noise."""
+    stack.relay.phase = "table-with-dimensions"
+    metrics = ["count", _metric("AVG", "age")]
+    rows_query = _query(metrics, ["sex"], orderby=[["count", False]], row_limit=1)
+    totals_query = _query(["count"], row_limit=0)
+    status, body = _post_chart(stack, physical_dataset, "table", [rows_query, totals_query],
+                               {"query_mode": "aggregate", "show_totals": True})
+    assert status == 200, body
+    first, totals = body["result"]
+    (row,) = first["data"]
+    assert row["sex"] == "Male", row
+    assert abs(row["count"] - _exact(admin, "SELECT count(*) FROM people WHERE sex = 'Male'")) < 100, row  # scale 2
+    assert abs(totals["data"][0]["count"] - _exact(admin, "SELECT count(*) FROM people")) < 50, totals
+    _answered(stack, "table-with-dimensions")
+
+
+def test_superset_mixed_chart_draws_both_monthly_series(stack: Stack, physical_dataset: int, admin):
+    """Mixed Chart: one query per side, each a monthly histogram as a line chart sends it."""
+    stack.relay.phase = "mixed-chart"
+    status, body = _post_chart(stack, physical_dataset, "mixed_timeseries", [
+        _query(["count"], [MONTHLY], [_in_time_range()]),
+        _query([_metric("SUM", "income")], [MONTHLY], [_in_time_range()])])
+    assert status == 200, body
+    counts, sums = ({row["signed_up"]: row for row in result["data"]} for result in body["result"])
+    month = _EPOCH_MS.format(grain="month")
+    exact = dict(admin.execute(f"SELECT {month}, count(*) FROM people {_IN_TIME_RANGE_SQL} GROUP BY 1").fetchall())
+    exact_sums = dict(admin.execute(
+        f"SELECT {month}, sum(income) FROM people {_IN_TIME_RANGE_SQL} GROUP BY 1").fetchall())
+    assert sorted(counts) == sorted(sums) == sorted(exact), (counts, sums)
+    for key, row in counts.items():
+        assert abs(row["count"] - exact[key]) < 50, (row, exact)
+        # SUM's noise scale is income's bound, 100,000: ±2,000,000 fails by chance with p ≈ 2e-9.
+        assert abs(sums[key]["SUM(income)"] - float(exact_sums[key])) < 2_000_000, (sums[key], exact_sums)
+    _answered(stack, "mixed-chart")
+
+
+def test_superset_treemap_by_an_opted_in_category_draws(stack: Stack, physical_dataset: int, admin):
+    stack.relay.phase = "treemap"
+    rows = _rows(*_post_chart(stack, physical_dataset, "treemap_v2",
+                              [_query(["count"], ["sex"], orderby=[["count", False]])]))
+    assert [row["sex"] for row in rows] == ["Male", "Female"], rows  # ORDER BY the noised count
+    for row in rows:
+        exact = _exact(admin, f"SELECT count(*) FROM people WHERE sex = '{row['sex']}'")
+        assert abs(row["count"] - exact) < 50, (row, exact)
+    _answered(stack, "treemap")
+
+
+def test_superset_sunburst_over_a_category_and_a_quarter_draws_every_cell(
+        stack: Stack, physical_dataset: int, admin):
+    """Sunburst's hierarchy columns carry no time grain: a custom SQL column
+    ``DATE_TRUNC('QUARTER', signed_up)`` is the declared quarter key (a bare ``signed_up`` is not)."""
+    stack.relay.phase = "sunburst"
+    quarter = {"sqlExpression": "DATE_TRUNC('QUARTER', signed_up)", "label": "quarter", "expressionType": "SQL"}
+    rows = _rows(*_post_chart(stack, physical_dataset, "sunburst_v2",
+                              [_query(["count"], ["sex", quarter], [_in_time_range()])]))
+    exact = _exact_cells(admin, f"sex, {_EPOCH_MS.format(grain='quarter')}", _IN_TIME_RANGE_SQL)
+    assert sorted((row["sex"], row["quarter"]) for row in rows) == sorted(exact), rows  # 2 x 3 quarters
+    for row in rows:
+        assert abs(row["count"] - exact[row["sex"], row["quarter"]]) < 50, (row, exact)
+    _answered(stack, "sunburst")
+
+
+def _box_plot(stack: Stack, dataset: int, distribute_across: Any, filters: list[dict[str, Any]]) -> tuple[int, Any]:
+    """Box Plot of the count by ``sex``, distributed across a column (its buildQuery's shape)."""
+    boxplot = {"operation": "boxplot", "options": {"groupby": ["sex"], "metrics": ["count"], "whisker_type": "tukey"}}
+    query = _query(["count"], [distribute_across, "sex"], filters, series_columns=["sex"], post_processing=[boxplot])
+    return _post_chart(stack, dataset, "box_plot", [query])
+
+
+def test_superset_box_plot_distributed_across_a_declared_grain_draws(stack: Stack, physical_dataset: int, admin):
+    """Distributed across months, a box plot's SQL is the (month, sex) histogram; Superset
+    computes the quartiles from its released noised cells."""
+    stack.relay.phase = "box-plot"
+    rows = _rows(*_box_plot(stack, physical_dataset, MONTHLY, [_in_time_range()]))
+    exact = _exact_cells(admin, f"sex, {_EPOCH_MS.format(grain='month')}", _IN_TIME_RANGE_SQL)
+    assert sorted(row["sex"] for row in rows) == ["Female", "Male"], rows
+    for row in rows:
+        monthly = sorted(n for (sex, _), n in exact.items() if sex == row["sex"])
+        assert row["count__count"] == len(monthly) == 6, row
+        assert abs(row["count__median"] - (monthly[2] + monthly[3]) / 2) < 50, (row, monthly)
+    _answered(stack, "box-plot")
+
+
+def test_superset_box_plot_across_rows_is_refused(stack: Stack, physical_dataset: int):
+    """Distributed across ``id`` (a value per row): GROUP BY on a column not opted in, DP001."""
+    stack.relay.phase = "box-plot-refused"
+    status, body = _box_plot(stack, physical_dataset, "id", [])
+    assert status == 400 and "(rule: no-group-by)" in str(body) and "HINT:" in str(body), body
+    refused = [r for r in stack.relay.statements() if r.phase == "box-plot-refused" and "people" in r.sql]
+    assert refused and {r.outcome for r in refused} == {"DP001"}, refused
+
+
+def test_superset_histogram_chart_is_refused_it_reads_rows(stack: Stack, physical_dataset: int):
+    """The Histogram chart bins raw values in Superset (no metric: ``SELECT age FROM people``)."""
+    stack.relay.phase = "histogram-refused"
+    histogram = {"operation": "histogram", "options": {"column": "age", "groupby": [], "bins": 5}}
+    status, body = _post_chart(stack, physical_dataset, "histogram_v2",
+                               [_query(None, ["age"], post_processing=[histogram])])
+    assert status == 400 and "(rule: no-row-access)" in str(body) and "HINT:" in str(body), body
+    refused = [r for r in stack.relay.statements() if r.phase == "histogram-refused" and "people" in r.sql]
+    assert refused and {r.outcome for r in refused} == {"DP001"}, refused
 
 
 def test_superset_statements_are_all_in_the_recorded_file(stack: Stack):
