@@ -9,7 +9,6 @@ statement_timeout; the client's credentials never reach the backend.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -31,6 +30,7 @@ from rewriter.references import RelationRef
 from rewriter.rewrite import hashed_columns
 
 from .data_rows import data_rows
+from .cancellable import CancellableWait
 from .errors import BackendError, BackendLost, BackendUnavailable
 from .policy_fit import column_fit_problems
 from .pool import UNKNOWN, BackendPool, PooledConnection, PoolTimeout, State, open_backend
@@ -231,8 +231,7 @@ class BackendSession:
         self._sent_on_checkout = 0
         self._no_notices: list[str] = []
         self._stream: RowStream | None = None  # the last relayed result read as it arrives
-        self._checkout_wait: asyncio.Task[PooledConnection] | None = None  # waiting for the pool
-        self._checkout_cancelled = False  # a CancelRequest ended that wait
+        self._checkout_wait = CancellableWait()  # waiting for the pool, until a CancelRequest
         self._held_streams: list[RowStream] = []  # results whose rests were held for their portals
 
     # ------------------------------------------------------------ checkout and release
@@ -276,14 +275,10 @@ class BackendSession:
         idle = self._pool.acquire_idle(self._state)
         if idle is not None:
             return idle  # the common case: no wait, so no task a cancel would have to end
-        wait = self._checkout_wait = asyncio.ensure_future(self._pool.acquire(self._state))
         try:
-            return await wait
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if not self._checkout_cancelled or (current is not None and current.cancelling()):
-                raise  # the session itself is being ended
-            raise BackendUnavailable("57014", "canceling statement due to user request") from None
+            return await self._checkout_wait.wait(
+                self._pool.acquire(self._state),
+                lambda: BackendUnavailable("57014", "canceling statement due to user request"))
         except PoolTimeout as exc:
             raise BackendUnavailable(
                 "53300",
@@ -294,9 +289,6 @@ class BackendSession:
             ) from None
         except psycopg.Error as exc:
             raise _connect_error(exc) from None
-        finally:
-            self._checkout_wait = None
-            self._checkout_cancelled = False
 
     async def _apply_state(self, held: PooledConnection) -> None:
         """Give ``held`` exactly this session's settings, in one round trip, and learn how the
@@ -726,9 +718,7 @@ class BackendSession:
         """
         held = self._held
         if held is None:
-            wait = self._checkout_wait
-            if wait is not None and wait.cancel():  # nothing was sent yet: the wait just ends
-                self._checkout_cancelled = True
+            self._checkout_wait.cancel()  # nothing was sent yet: the wait just ends
             return
         if not held.healthy:
             return

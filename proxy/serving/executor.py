@@ -20,6 +20,7 @@ from sqlglot.errors import SqlglotError
 from policies.errors import SQLSTATE, Refusal
 from policies.model import Policy
 from policies.tables import TableRegistry
+from proxy.backend.cancellable import CancellableWait
 from proxy.backend.connection import BackendError, BackendLost, BackendSession, BackendUnavailable, BoundParams, ResultSet
 from proxy.backend.row_stream import RowStream
 from proxy.dp.answer import (
@@ -134,8 +135,7 @@ class Executor:
         self._quantised: tuple[int, float, float] | None = None
         self._answers = 0
         self._deferred: set[asyncio.Task[None]] = set()
-        self._analysis: asyncio.Future[Any] | None = None  # a long statement's analysis, awaited now
-        self._analysis_cancelled = False  # a CancelRequest ended that wait
+        self._analysis = CancellableWait()  # a long statement's analysis, until a CancelRequest
         self._streams: set[RowStream] = set()  # results passed on as they arrive, not ended yet
 
     def transaction_status(self) -> bytes:
@@ -430,17 +430,9 @@ class Executor:
         """``function(*args)`` run in an analysis thread (see ``_ANALYSIS``). A CancelRequest
         ends the wait with 57014, as PostgreSQL's ends a statement's parse: the statement was
         not sent, and an analysis still queued for a thread never runs."""
-        analysis = self._analysis = asyncio.get_running_loop().run_in_executor(_ANALYSIS, partial(function, *args))
-        try:
-            return await analysis
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if not self._analysis_cancelled or (current is not None and current.cancelling()):
-                raise  # the session itself is being ended
-            raise Refusal(SQLSTATE.QUERY_CANCELED, "canceling statement due to user request") from None
-        finally:
-            self._analysis = None
-            self._analysis_cancelled = False
+        return await self._analysis.wait(
+            asyncio.get_running_loop().run_in_executor(_ANALYSIS, partial(function, *args)),
+            lambda: Refusal(SQLSTATE.QUERY_CANCELED, "canceling statement due to user request"))
 
     async def cancel(self) -> None:
         """A CancelRequest for this session: a long statement's analysis stops being waited for;
@@ -454,9 +446,7 @@ class Executor:
         what its arrival says already. A cancel that comes after the computation (during the
         wait) finds nothing to cancel, as in PostgreSQL.
         """
-        analysis = self._analysis
-        if analysis is not None and analysis.cancel():  # nothing was sent yet: the wait just ends
-            self._analysis_cancelled = True
+        if self._analysis.cancel():  # nothing was sent yet: the wait just ends
             return
         quantised = self._quantised
         if quantised is None:
@@ -696,10 +686,12 @@ class Executor:
         ``ranking``: ``plan`` is a series limit's ranking, whose outer statement also reads its
         cells' numbers."""
         assert plan.post is not None
-        trial = trial_params(plan, codec, ranking)
-        passed = _digest(self.user, plan.post.sql, tuple(trial.values), settings)
+        # The trial's values are the cells' keys: named by the keys' domains, not built to be
+        # hashed (a histogram's labels, on every answer).
+        domains = tuple((*key.identity, key.first, key.count) for key in plan.groups)
+        passed = _digest(self.user, plan.post.sql, domains, _released_aggregates(plan), ranking, settings)
         if passed not in _PASSED:
-            await self.backend.execute(plan.post.sql, trial)
+            await self.backend.execute(plan.post.sql, trial_params(plan, codec, ranking))
             _PASSED.add(passed)
 
     async def _released(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float, codec: str) -> DPAnswer:
