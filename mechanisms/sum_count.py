@@ -24,11 +24,15 @@ Choices:
 * A noisy count ≤ 0 (an empty or tiny filter) is replaced by 1: the answer is then the
   midpoint plus sum noise, clamped. The same formula runs whatever the data, so nothing
   reveals that the filter was empty.
-* The centred sum is computed exactly (in rationals) from the backend's total, and rounded
-  to a double once, relative to its own size (at most n·h). ``float(total) − mid·count``
-  rounded the total and the product relative to n·|mid| instead, an error one row does not
-  bound: with bounds [1e15, 1e15 + 2] (h = 1) over 100 rows it moved the centred sum by 16
-  between two neighbours whose exact centred sums are equal (tests/test_attack_mechanisms.py).
+* Nothing is rounded before the noise but what the sensitivity counts. The centred sum is
+  noised as an integer number of points of the grid of ``mechanisms.fixed_point`` (step
+  2^-k, about 2^-52 of the largest bound): for float columns the backend sums the clamped
+  values on that grid exactly, for integer and numeric columns the exact centred sum is
+  computed in rationals and rounded to the grid once (one more point of sensitivity).
+  ``float(total) − mid·count`` rounded relative to n·|mid| instead, an error one row does
+  not bound: with bounds [1e15, 1e15 + 2] (h = 1) over 100 rows it moved the centred sum by
+  16 between two neighbours whose exact centred sums are equal; a float column's sum of
+  doubles is rounded at every addition (tests/test_attack_mechanisms.py).
 """
 
 from __future__ import annotations
@@ -37,11 +41,12 @@ import math
 from decimal import Decimal
 from fractions import Fraction
 
-from .laplace import _check_epsilon
+from .fixed_point import Grid
+from .laplace import _check_epsilon, integer_noise_scale, laplace_integer_sum
 from .release import Release
-from .samplers import laplace_float, laplace_int
+from .samplers import laplace_int
 
-__all__ = ["centre", "mean_noise", "release_mean", "row_bound"]
+__all__ = ["centre", "mean_noise", "release_mean"]
 
 # P(|Lap(b)| > b·ln 40) = 1/40: two such bounds hold together with probability ≥ 0.95.
 _LN40 = math.log(40.0)
@@ -57,40 +62,45 @@ def centre(lo: float, hi: float) -> float:
     return lo + (hi - lo) / 2.0
 
 
-def row_bound(lo: float, hi: float, backend_centred: bool = False) -> float:
-    """The most one row moves the centred sum: max(hi − c, c − lo) for c = :func:`centre`.
+def _centred_points(lo: float, hi: float, on_grid: bool) -> tuple[Grid, int, int]:
+    """The grid the centred sum is noised on, the centre as a grid point C, and the most one
+    row moves the centred sum in points.
 
-    ``backend_centred``: the backend summed fl(x − c) in ``double precision`` (float columns);
-    rounding is monotone, so each term lies in [fl(lo − c), fl(hi − c)] and the bound is those
-    two doubles. Otherwise the centred sum is exact and the bound is the exact value rounded up.
+    ``on_grid`` (float columns): the backend's total is Σ rint(x·2^k) (``mechanisms.fixed_point``)
+    and the centred sum Σ (rint(x·2^k) − C) exactly, each term in [L − C, H − C]. Otherwise
+    (integer and numeric columns) the total is exact, the centred sum Σ x − n·c is computed in
+    rationals and rounded to the grid once, which adds at most one point to the h·2^k one row
+    moves it by.
     """
-    lo, hi = float(lo), float(hi)
+    grid = Grid.for_bounds(lo, hi)
     c = centre(lo, hi)
-    if backend_centred:
-        return max(hi - c, c - lo)
-    exact = max(Fraction(hi) - Fraction(c), Fraction(c) - Fraction(lo))
-    bound = float(exact)
-    return bound if Fraction(bound) >= exact else math.nextafter(bound, math.inf)
+    if on_grid:
+        point = grid.point(c)
+        return grid, point, max(grid.point(hi) - point, point - grid.point(lo))
+    half = max(Fraction(hi) - Fraction(c), Fraction(c) - Fraction(lo)) * Fraction(2) ** grid.exponent
+    return grid, grid.point(c), math.ceil(half) + 1
 
 
-def mean_noise(lo: float, hi: float, epsilon: float, backend_centred: bool = False) -> tuple[float, float, float]:
+def mean_noise(lo: float, hi: float, epsilon: float, on_grid: bool = False) -> tuple[float, float, float]:
     """What :func:`release_mean` adds, before the data: the noisy sum's and the noisy count's
     Laplace scales, and the 95% error bound times the noisy count (divide by ñ for the bound)."""
-    half, share = row_bound(lo, hi, backend_centred), epsilon / 2.0
-    return half / share, 1.0 / share, 2.0 * half / share * _LN40
+    grid, _, points = _centred_points(lo, hi, on_grid)
+    share = epsilon / 2.0
+    scale = integer_noise_scale(points, share) * grid.step
+    return scale, 1.0 / share, 2.0 * scale * _LN40
 
 
 def release_mean(
-    total: int | Decimal | float, count: int, lo: float, hi: float, epsilon: float, backend_centred: bool = False
+    total: int | Decimal, count: int, lo: float, hi: float, epsilon: float, on_grid: bool = False
 ) -> Release[float]:
     """ε-DP mean of ``count`` values clamped into [lo, hi] whose exact sum is ``total``.
 
-    ``total`` is the backend's sum as loaded: an ``int`` or a ``Decimal`` for integer and
-    numeric columns (exact); pass it unconverted, the centred sum is computed from it exactly.
-    With ``backend_centred`` (float columns) ``total`` is already the centred sum Σ fl(x − c),
-    c = :func:`centre`, summed by the backend in ``double precision``: the sum of the values
-    themselves would be rounded relative to n·|c|, and the centred one is rounded relative to
-    n·h only (what remains is floating-point summation's error, about n²·h·2^-53).
+    ``total`` is the backend's sum as loaded, exact: an ``int`` or a ``Decimal`` for integer
+    and numeric columns; with ``on_grid`` (float columns) the integer Σ rint(x·2^k) of
+    ``mechanisms.fixed_point``, since a sum of doubles is rounded relative to the running
+    total. Either way the centred sum is noised as an integer number of grid points, with
+    nothing rounded before the noise but the one rounding to the grid that its sensitivity
+    counts (see :func:`_centred_points`).
 
     Release.scale is the sum noise's scale divided by the noisy count, and error95 the
     bound (h/ε_s + h/ε_c)·ln 40 / max(ñ, 1) (at most hi − lo) that |release − mean| stays
@@ -107,12 +117,16 @@ def release_mean(
         raise ValueError("count must be non-negative")
     if lo == hi:
         return Release(lo, epsilon, 0.0, 0.0, 0.0, "sum_count")
-    mid, half = centre(lo, hi), row_bound(lo, hi, backend_centred)
+    grid, middle, points = _centred_points(lo, hi, on_grid)
     share = epsilon / 2.0
-    centred = float(total) if backend_centred else float(Fraction(total) - Fraction(mid) * count)
-    noisy_sum = laplace_float(centred, half / share)
+    if on_grid:
+        centred = int(total) - middle * count
+    else:
+        centred = grid.rounded(Fraction(total) - Fraction(centre(lo, hi)) * count)
+    noisy, sum_scale = laplace_integer_sum(centred, points, share)
     denominator = max(laplace_int(count, 1.0 / share), 1)
-    value = min(max(mid + noisy_sum / denominator, lo), hi)
-    scale = half / share / denominator
-    error95 = min(2.0 * half / share * _LN40 / denominator, hi - lo)
+    mid = grid.value(middle) if on_grid else centre(lo, hi)
+    value = min(max(mid + grid.value(noisy) / denominator, lo), hi)
+    scale = sum_scale * grid.step / denominator
+    error95 = min(2.0 * sum_scale * grid.step * _LN40 / denominator, hi - lo)
     return Release(value, epsilon, 0.0, scale, error95, "sum_count")

@@ -14,7 +14,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from mechanisms.breach import epsilon_from_breach
-from mechanisms.sum_count import centre
+from mechanisms.fixed_point import Grid
 
 from .credentials import ScramVerifier, derive_scram_verifier, parse_scram_verifier
 from .dsn import check_dsn
@@ -318,11 +318,11 @@ class ColumnPolicy(_Strict):
         return max(abs(self.bounds[0]), abs(self.bounds[1]))
 
     @property
-    def centre(self) -> float:
-        """The value a ``sum_count`` AVG centres its sum on (``mechanisms.sum_count.centre``):
-        the backend subtracts this very double from a float column's values."""
+    def sum_grid(self) -> Grid:
+        """The fixed-point grid a float column's clamped values are summed on
+        (``mechanisms.fixed_point``): the backend adds rint(x·2^k), exactly."""
         assert self.bounds is not None
-        return centre(*self.bounds)
+        return Grid.for_bounds(*self.bounds)
 
     @property
     def time_units(self) -> tuple[TimeUnit, ...]:

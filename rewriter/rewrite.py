@@ -112,7 +112,7 @@ from .sql_text import literal, operator
 from .types import FLOAT4, FLOAT8, FLOAT_TYPES, INT2, INT4, INT8, INTEGER_TYPES, NUMERIC
 
 __all__ = [
-    "HASH_FUNCTIONS", "Part", "aggregate_parts", "backend_sql", "centred_sum", "clamped", "clamped_sum", "collected", "hashable", "hashed_columns", "literal",
+    "HASH_FUNCTIONS", "Part", "aggregate_parts", "backend_sql", "clamped", "clamped_sum", "collected", "hashable", "hashed_columns", "literal",
     "partition_key", "partition_seed", "partition_values", "per_partition", "row_hash_key", "seeded", "split_cells", "split_row",
 ]
 
@@ -142,7 +142,7 @@ def aggregate_parts(agg: Aggregate) -> tuple[Part, ...]:
     if agg.kind == "sum":
         return (Part(clamped_sum(agg.column)),)
     if agg.mechanism == "sum_count":
-        return (Part(centred_sum(agg.column)), Part(f"pg_catalog.count({column})"))
+        return (Part(clamped_sum(agg.column)), Part(f"pg_catalog.count({column})"))
     if agg.mechanism == "sample_aggregate":
         return (Part(per_partition(agg.kind, agg.column), additive=False),)
     if agg.kind == "mode":
@@ -439,39 +439,28 @@ def partition_values(text: str | bytes | None) -> np.ndarray:
 
 
 def clamped_sum(column: ColumnInfo) -> str:
-    """The exact sum of the column's clamped values: of the type ``sum()`` gives the column,
-    except that a ``real`` column's is ``double precision``.
+    """The exact sum of the column's clamped values, for SUM and for a ``sum_count`` AVG.
 
-    ``sum(real)`` adds up in ``real``, whose addition raises "value out of range: overflow"
-    once the running total passes 3.4e38: whether it does would depend on the rows. A
-    ``real`` column is therefore summed in ``double precision``; with the bounds limit of
-    :data:`rewriter.types.MAX_ABS_BOUND` the sum cannot overflow. The total is *not* cast
-    back to ``real``: that rounds it to 24 bits, an error of up to 2^-25·|sum| that one row
-    does not bound, before the noise (a ``sum_count`` AVG with bounds [999999, 1000001] over
-    1,099 rows moved its centred sum by 100 for one added row, where the noise covers h = 1).
-    The release is cast to ``real`` after the noise, as the result type says.
-    """
-    return f"pg_catalog.sum({clamped(column)})"  # a real column's clamped values are double precision
-
-
-def centred_sum(column: ColumnInfo) -> str:
-    """The total a ``sum_count`` AVG is released from: for a float column, Σ (clamp(x) − c)
-    in ``double precision``, c = the policy's ``centre`` (``mechanisms.sum_count.centre``);
-    else the exact clamped sum, which dpproxy centres exactly.
-
-    The backend adds floats one by one, each addition rounded relative to the running total.
-    Summing the values themselves rounds relative to n·|c|, which one row does not bound where
-    |c| is large against h = (hi − lo)/2 (bounds [1e15, 1e15 + 2]: 100 rows of a
-    ``double precision`` column moved the sum by 16 for one added row, against h = 1);
-    summing x − c rounds relative to n·h. Each term fl(x − c) is a function of its row alone
-    and lies within the bound ``mechanisms.sum_count.row_bound`` states.
+    Integer and numeric columns: ``sum()`` of the clamped values, exact in PostgreSQL. Float
+    columns: Σ rint(x·2^k) over the clamped values x, each term a ``bigint`` and the sum
+    ``numeric``, exact too (``mechanisms.fixed_point``, the column's ``sum_grid``). A sum of
+    doubles is rounded at every addition, relative to the running total and in an order a
+    parallel plan varies, by more in all than one row's bound once the rows are many; and
+    ``sum(real)`` would add up in ``real``, whose total overflows past 3.4e38. The scaled
+    terms cannot fail: a clamped value times 2^k is below 2^52 in magnitude, and for k < 0 a
+    value that the product would underflow is taken as 0, its grid point anyway.
     """
     if column.type_oid not in FLOAT_TYPES:
-        return clamped_sum(column)
-    assert column.policy is not None and column.policy.bounds is not None
-    mid = repr(column.policy.centre)
-    value = f"CAST({clamped(column)} AS double precision)"
-    return f"pg_catalog.sum({operator(value, '-', f'CAST({literal(mid)} AS double precision)')})"
+        return f"pg_catalog.sum({clamped(column)})"
+    assert column.policy is not None
+    grid = column.policy.sum_grid
+    value = clamped(column)  # double precision, a real column's values converted exactly
+    scaled = operator(value, "*", f"CAST('{grid.factor!r}' AS double precision)")
+    tiny = grid.rounds_to_zero_below
+    if tiny is not None:
+        small = operator(f"pg_catalog.abs({value})", "<", f"CAST('{tiny!r}' AS double precision)")
+        scaled = f"CASE WHEN {small} THEN CAST(0 AS double precision) ELSE {scaled} END"
+    return f"pg_catalog.sum(CAST({scaled} AS bigint))"
 
 
 def clamped(column: ColumnInfo, value: str | None = None) -> str:

@@ -41,12 +41,12 @@ def test_integer_sum_noise_wider_than_i64_is_not_saturated_into_the_exact_answer
     # OpenDP's integer Laplace works in i64 and saturates: at scale 1e19 about 40% of its
     # draws came out as exactly ±(2^63 - 1), so answer - (2^63 - 1) was the exact sum.
     exact, scale = 51_275, 1e19
-    noise = [release_sum(exact, 1e-6, 1e13, True).value - exact for _ in range(400)]
+    noise = [release_sum(exact, 1e-6, 10**13).value - exact for _ in range(400)]
     assert not set(noise) & {2**63 - 1, -(2**63)}
     # Laplace(1e19) exceeds 2^63 in magnitude with probability e^-0.92 ≈ 0.40: a saturating
     # sampler never does. Fewer than 100 of 400 fails by chance with p < 1e-12.
     assert sum(abs(n) > 2**63 for n in noise) >= 100
-    assert release_sum(exact, 1e-6, 1e13, True).scale >= scale
+    assert release_sum(exact, 1e-6, 10**13).scale >= scale
 
 
 def test_a_bigint_sum_at_the_minimum_epsilon_never_answers_the_exact_sum_plus_an_i64_limit(

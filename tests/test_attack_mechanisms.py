@@ -7,7 +7,7 @@ value the noise is added to is first *rounded* in a way that depends on the data
 53 bits, or of 24 bits for ``real``), one row can move it by more than the mechanism's
 sensitivity, and the release is no longer ε-DP at the ε it is charged.
 
-Two such roundings were found:
+Three such roundings were found:
 
 * ``release_mean`` computed the centred sum as ``float(total) − mid·count``: the exact integer
   or numeric total rounded to a double, minus a rounded product. When |mid|·n is beyond 2^53·h
@@ -17,21 +17,27 @@ Two such roundings were found:
 * ``SUM``/``AVG`` of a ``real`` column was summed in ``double precision`` and cast back to
   ``real`` in the backend, i.e. rounded to 24 bits before the noise: with bounds
   [999999, 1000001] (h = 1), 1099 rows and one more move the centred sum by 64.
+* A float column's SUM and AVG were PostgreSQL's sum of doubles, rounded at every addition
+  relative to the running total: about n²·2^-53 of the largest bound over n rows, which one
+  row does not bound past ~10^7 rows (Casacuberta, Shoemate, Vadhan and Wagaman 2022). They
+  are now exact sums on a fixed-point grid (``mechanisms.fixed_point``).
 
-The tests capture the exact value each mechanism hands to its float Laplace sampler, for parts
-computed by PostgreSQL on two neighbouring tables, and check it moves by at most the sensitivity.
+The tests capture the exact value each mechanism hands to its sampler (integer points of that
+grid, read back in the column's units), for parts computed by PostgreSQL on two neighbouring
+tables, and check it moves by at most the sensitivity.
 """
 
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any
+from fractions import Fraction
 
 import psycopg
 import pytest
 
 import mechanisms.laplace as laplace_module
 import mechanisms.sum_count as sum_count_module
+from mechanisms.fixed_point import Grid
 from policies.model import ColumnPolicy, TablePolicy
 from policies.tables import ColumnInfo, Relation
 from proxy.dp.column_release import release_column
@@ -47,20 +53,23 @@ def _relation(table: str, type_oid: int, bounds: tuple[float, float]) -> Relatio
     return Relation(0, "public", table, table_policy, {"y": ColumnInfo("y", type_oid, -1, 1, column_policy)}, "ctid")
 
 
-def _noised_value(admin: psycopg.Connection, sql: str, relation: Relation, module: Any, monkeypatch) -> float:
-    """The exact value the column's mechanism adds float Laplace noise to (its first draw)."""
+def _noised_value(admin: psycopg.Connection, sql: str, relation: Relation, monkeypatch) -> float:
+    """The exact value the column's mechanism adds noise to (its first draw), in the column's
+    units: the sum noise is drawn on the grid of ``mechanisms.fixed_point``, in integer points."""
     plan = plan_aggregate_query(sql, relation)
     (parts,) = split_row(plan, admin.execute(backend_sql(plan, seed=3)).fetchone())
-    seen: list[float] = []
+    seen: list[int] = []
 
-    def capture(value: float, scale: float) -> float:
+    def capture(value: int, scale: float) -> int:
         seen.append(value)
         return value
 
-    monkeypatch.setattr(module, "laplace_float", capture)
+    monkeypatch.setattr(laplace_module, "laplace_int", capture)
     release_column(plan.aggregates[0], parts, 1.0, relation.policy)
     monkeypatch.undo()
-    return seen[0]
+    column = relation.columns["y"].policy
+    assert column is not None
+    return float(Fraction(seen[0]) * Fraction(column.sum_grid.step))
 
 
 @pytest.fixture
@@ -94,7 +103,7 @@ def test_sum_count_avg_centred_sum_moves_by_at_most_h_between_neighbours(
     admin.execute("CREATE TABLE atk_mech_d1 AS SELECT * FROM atk_mech_d")
     admin.execute("INSERT INTO atk_mech_d1 VALUES (%s)", (extra,))
     centred = [
-        _noised_value(admin, f"SELECT AVG(y) FROM {table}", _relation(table, oid, bounds), sum_count_module, monkeypatch)
+        _noised_value(admin, f"SELECT AVG(y) FROM {table}", _relation(table, oid, bounds), monkeypatch)
         for table in ("atk_mech_d", "atk_mech_d1")
     ]
     half = (bounds[1] - bounds[0]) / 2
@@ -114,20 +123,64 @@ def test_sum_of_a_real_column_reaches_the_noise_unrounded(tables, monkeypatch):
     admin.execute("CREATE TABLE atk_mech_d (y real)")
     admin.execute("INSERT INTO atk_mech_d VALUES (16777216), (1)")
     exact = _noised_value(admin, "SELECT SUM(y) FROM atk_mech_d", _relation("atk_mech_d", _FLOAT4, (0.0, 16777216.0)),
-                          laplace_module, monkeypatch)
+                          monkeypatch)
     assert exact == 16777217.0
 
 
+@pytest.mark.parametrize("type_name,oid", [("double precision", _FLOAT8), ("real", _FLOAT4)])
+def test_sum_of_a_float_column_reaches_the_noise_exact_not_rounded_at_each_addition(tables, monkeypatch, type_name, oid):
+    """A float column's SUM is noised on the exact sum of its clamped values, not on PostgreSQL's
+    sum of doubles, which rounds each addition relative to the running total.
+
+    Over n rows those roundings add up to about n²·2^-53 of the largest bound, which one row
+    does not bound (Casacuberta et al. 2022): past ~10^7 rows one added row can move the sum of
+    doubles by more than the noise covers. Here a smaller case shows the rounding: after
+    4·2^40, each added 2^-11 is half a unit in the last place of the running total, and
+    ``sum()`` drops all 1,000 of them; the exact sum keeps them.
+    """
+    admin = tables
+    admin.execute(f"CREATE TABLE atk_mech_d (y {type_name})")
+    admin.execute(f"INSERT INTO atk_mech_d SELECT CAST(2 AS {type_name}) ^ 40 FROM generate_series(1, 4)")
+    admin.execute(f"INSERT INTO atk_mech_d SELECT CAST(2 AS {type_name}) ^ -11 FROM generate_series(1, 1000)")
+    (rounded,) = admin.execute("SELECT CAST(sum(CAST(y AS double precision)) AS double precision) FROM atk_mech_d").fetchone()
+    assert rounded == 2.0**42  # the backend's own sum, which the mechanism used to be handed
+    relation = _relation("atk_mech_d", oid, (-(2.0**40), 2.0**40))
+    exact = float(Fraction(2**42) + 1000 * Fraction(1, 2**11))
+    assert _noised_value(admin, "SELECT SUM(y) FROM atk_mech_d", relation, monkeypatch) == exact
+    # AVG's sum, centred on the middle of the bounds, 0 here
+    assert _noised_value(admin, "SELECT AVG(y) FROM atk_mech_d", relation, monkeypatch) == exact
+
+
+def test_float_sum_on_a_coarse_grid_never_fails_on_a_tiny_value(tables, monkeypatch):
+    """Bounds beyond 2^52 give a grid step above 1 (k < 0): multiplying a subnormal value by 2^k
+    in ``double precision`` gives 0, which PostgreSQL raises as "value out of range:
+    underflow", so whether a row held such a value would decide whether the query fails. Such
+    values are taken as 0 (their grid point) without multiplying; the sum stays exact."""
+    admin = tables
+    admin.execute("CREATE TABLE atk_mech_d (y double precision)")
+    values = ["5e-324", "-1e-300", "1e14", "2e14", "1e30", "'NaN'", "'-Infinity'"]
+    admin.execute("INSERT INTO atk_mech_d VALUES " + ", ".join(f"(CAST({v} AS double precision))" for v in values))
+    bounds = (-1e30, 1e30)
+    grid = Grid.for_bounds(*bounds)
+    assert grid.exponent < 0 and grid.rounds_to_zero_below is not None
+    clamped = [5e-324, -1e-300, 1e14, 2e14, 1e30, 1e30, -1e30]  # NaN clamps to hi, -Infinity to lo
+    exact = float(Fraction(sum(grid.point(v) for v in clamped)) * Fraction(grid.step))
+    relation = _relation("atk_mech_d", _FLOAT8, bounds)
+    assert _noised_value(admin, "SELECT SUM(y) FROM atk_mech_d", relation, monkeypatch) == exact
+
+
 def test_sum_count_centred_sum_is_exact_for_exact_totals(monkeypatch):
-    """The mechanism alone: an integer or numeric total far beyond 2^53 still gives the exact centred sum."""
-    seen: list[float] = []
-    monkeypatch.setattr(sum_count_module, "laplace_float", lambda value, scale: seen.append(value) or value)
+    """The mechanism alone: an integer or numeric total far beyond 2^53 still gives the exact
+    centred sum, rounded once to the grid (here a step of 2^11)."""
+    seen: list[int] = []
+    monkeypatch.setattr(laplace_module, "laplace_int", lambda value, scale: seen.append(value) or value)
     lo, hi = 2.0**62, 2.0**62 + 2048  # doubles; mid 2^62 + 1024, h = 1024
+    assert Grid.for_bounds(lo, hi).step == 2.0**11
     for count in (1, 3, 1001):
-        total = count * (2**62 + 1024) + 7  # centred sum 7 whatever the count
+        total = count * (2**62 + 1024) + 7 * 2**11 + 5  # centred sum 7 points and 5/2048 whatever the count
         sum_count_module.release_mean(total, count, lo, hi, 1.0)
         sum_count_module.release_mean(Decimal(total), count, lo, hi, 1.0)
-    assert seen == [7.0] * 6
+    assert seen == [7] * 6
 
 
 # The bounds the SQL clamps to must be the bounds the noise is scaled to. A numeric column's bound

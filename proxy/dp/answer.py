@@ -214,7 +214,7 @@ def _per_cell(agg: Aggregate, share: float, release: Release[Any]) -> str:
         return _described(agg.output_name, release)  # Laplace and exponential: the same in every cell
     assert agg.column is not None and agg.column.policy is not None and agg.column.policy.bounds is not None
     sum_scale, count_scale, bound = mean_noise(*agg.column.policy.bounds, share,
-                                               backend_centred=agg.column.type_oid in FLOAT_TYPES)
+                                               on_grid=agg.column.type_oid in FLOAT_TYPES)
     return (f"{agg.output_name}: noisy sum / noisy count, scales {sum_scale:.4g} and {count_scale:.4g} "
             f"(95% within ±{bound:.5g}/n in a group of n rows)")
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from mechanisms.exponential import release_mode
-from mechanisms.laplace import release_count, release_sum
+from mechanisms.laplace import release_count, release_grid_sum, release_sum
 from mechanisms.release import Release
 from mechanisms.smooth_median import release_sample_and_aggregate
 from mechanisms.sum_count import release_mean
@@ -45,14 +45,19 @@ def release_column(agg: Aggregate, parts: Sequence[Any], epsilon: float, table: 
     if agg.kind == "sum":
         # SUM over no rows is NULL in SQL; releasing 0 + noise hides that the filter was empty.
         total = parts[0] if parts[0] is not None else 0
-        return release_sum(int(total) if integer else float(total), epsilon, column.policy.sensitivity, integer)
+        if integer:
+            return release_sum(int(total), epsilon, int(column.policy.sensitivity))
+        grid = column.policy.sum_grid
+        if column.type_oid in FLOAT_TYPES:  # the backend summed grid points (rewriter.rewrite.clamped_sum)
+            return release_grid_sum(int(total), grid.sensitivity(lo, hi), grid, epsilon)
+        # numeric: the exact total rounded to the grid once, which adds one point to what a row moves it by
+        return release_grid_sum(grid.rounded(total), grid.sensitivity(lo, hi) + 1, grid, epsilon)
     if agg.mechanism == "sum_count":
         total, count = parts
-        # The total unconverted (int or Decimal for integer and numeric columns): the centred
-        # sum is computed from it exactly, never from a double rounded relative to n·|mid|. A
-        # float column's total is already centred by the backend (rewriter.rewrite.centred_sum).
+        # The total unconverted, exact (an int or Decimal; a float column's in grid points): the
+        # centred sum is computed from it exactly, never from a double rounded relative to n·|mid|.
         return release_mean(total if total is not None else 0, int(count or 0), lo, hi, epsilon,
-                            backend_centred=column.type_oid in FLOAT_TYPES)
+                            on_grid=column.type_oid in FLOAT_TYPES)
     if agg.mechanism == "sample_aggregate":
         present = parts[0]
         if len(present) > table.partitions:
