@@ -373,6 +373,21 @@ def test_group_by_without_opt_in_hint_names_the_keys_the_table_has(hproxy):
     assert "sex (its 2 categories)" in hint and "DATE_TRUNC('month|quarter|week', visited_on)" in hint, hint
 
 
+def test_selecting_a_declared_key_values_hints_at_counting_rows_per_key(hproxy):
+    """A chart that bins raw values itself (Superset's Histogram chart: ``SELECT age AS age FROM
+    t``) reads rows; on a column opted in to GROUP BY the hint says how to ask for its histogram."""
+    error = _refusal(hproxy, "SELECT age AS age FROM visits LIMIT 10000")
+    assert error.sqlstate == "DP001" and "rule: no-row-access" in str(error)
+    hint = error.diag.message_hint or ""
+    assert "SELECT age, COUNT(*) FROM visits GROUP BY age" in hint and "width_bucket(age, lo, hi, n)" in hint, hint
+
+
+def test_selecting_values_of_a_column_not_opted_in_keeps_the_aggregate_hint(hproxy):
+    error = _refusal(hproxy, "SELECT device FROM visits")
+    assert "rule: no-row-access" in str(error)
+    assert (error.diag.message_hint or "").startswith("Protected tables answer only aggregates"), error
+
+
 def test_a_table_without_opt_in_still_refuses_group_by(hproxy):
     error = _refusal(hproxy, "SELECT sex, count(*) FROM adult GROUP BY sex")
     assert error.sqlstate == "DP001" and "rule: no-group-by" in str(error)
