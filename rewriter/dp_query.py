@@ -467,8 +467,8 @@ def _column_values_refusal(item: exp.Column, scope: Scope) -> Refusal:
     example = (f": SELECT {column.name}, COUNT(*) FROM {table} GROUP BY {column.name}"
                if column_key_count(column) is not None else "")
     advice = (f"To count rows per value of {column.name}, group by one of its declared keys instead of reading "
-              f"the values{example} (in a BI tool, a bar chart with the key as its dimension rather than a chart "
-              "that bins raw values).")
+              f"the values{example} (in a BI tool: a chart with the key as a dimension and a COUNT metric, such as "
+              "a bar chart, rather than raw records or a chart that bins them itself, such as Superset's Histogram).")
     return Refusal(refusal.sqlstate, refusal.message, group_by_hint(scope, advice), refusal.rule)
 
 

@@ -60,7 +60,8 @@ MUST_ANSWER = frozenset({"connect", "introspect", "physical-dataset", "big-numbe
         "echarts_timeseries", "echarts_area", "echarts_timeseries_scatter", "echarts_timeseries_smooth",
         "echarts_timeseries_step", "waterfall", "heatmap_v2", "sankey_v2", "graph_chart", "big_number", "pop_kpi",
         "bullet", "bar-by-age", "bar-by-width-bucket", "cal_heatmap", "time_table", "time_pivot", "compare", "rose",
-        "horizon", "paired_ttest", "partition", "chord", "para", "bubble", "world_map", "country_map"))
+        "horizon", "paired_ttest", "partition", "chord", "para", "bubble", "world_map", "country_map",
+        "table-server-pagination", "line-time-comparison"))
 VIRTUAL_SQL = "SELECT count(*) AS n, avg(age) AS avg_age FROM people WHERE age > 30"
 ROW_LEVEL_SQL = "SELECT * FROM people WHERE age > 30"
 
@@ -736,6 +737,55 @@ def test_superset_bar_chart_over_width_bucket_bins_draws_every_bin(stack: Stack,
     for row in rows:
         assert abs(row["count"] - exact.get(row["age_bin"], 0.0)) < 50, row
     _answered(stack, "chart-bar-by-width-bucket")
+
+
+def test_superset_table_with_server_pagination_counts_the_released_rows_at_no_extra_cost(
+        stack: Stack, physical_dataset: int):
+    """*Server pagination* adds a row count of the page's query, ``SELECT COUNT(*) AS rowcount
+    FROM (<the histogram> LIMIT 10) AS rowcount_qry``: a count of the released rows (one per
+    declared category, whatever the data), post-processing of the same histogram, so the chart
+    is charged once."""
+    stack.relay.phase = "chart-table-server-pagination"
+    page = dict(row_limit=10, row_offset=0)
+    queries = [_query(["count"], ["sex", MONTHLY], [_in_time_range()], orderby=[["count", False]], **page),
+               _query(["count"], ["sex", MONTHLY], [_in_time_range()], is_rowcount=True, **page)]
+    with stack.proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        status, body = _post_chart(stack, physical_dataset, "table", queries,
+                                   {"query_mode": "aggregate", "server_pagination": True})
+        assert spent_epsilon(conn) - before == pytest.approx(1.0)
+    assert status == 200, body
+    rows, count = (result["data"] for result in body["result"])
+    assert len(rows) == 10 and count == [{"rowcount": 10}], (rows, count)  # 12 cells, a page of 10
+    _answered(stack, "chart-table-server-pagination")
+
+
+def test_superset_line_with_time_comparison_draws_both_ranges_month_by_month(
+        stack: Stack, physical_dataset: int, admin):
+    """*Advanced analytics → Time comparison* on a monthly line: the histogram over the range and
+    over the range a year before, two DP queries; Superset joins them by month."""
+    stack.relay.phase = "chart-line-time-comparison"
+    query = _query(["count"], [MONTHLY], [_in_time_range("2024-03-01", "2024-09-01")], time_offsets=["1 year ago"])
+    rows = _rows(*_post_chart(stack, physical_dataset, "echarts_timeseries_line", [query]))
+    month = _EPOCH_MS.format(grain="month")
+    now = dict(admin.execute(f"SELECT {month}, count(*) FROM people WHERE signed_up >= '2024-03-01' "
+                             "AND signed_up < '2024-09-01' GROUP BY 1").fetchall())
+    assert sorted(row["signed_up"] for row in rows) == sorted(now), rows
+    year_ago = _monthly_exact(admin)  # March to August 2023, by the same months' order
+    for row, before in zip(sorted(rows, key=lambda r: r["signed_up"]), [year_ago[k] for k in sorted(year_ago)]):
+        assert abs(row["count"] - now[row["signed_up"]]) < 50 and abs(row["count__1 year ago"] - before) < 50, row
+    _answered(stack, "chart-line-time-comparison")
+
+
+def test_superset_raw_records_table_is_refused_and_hints_at_aggregate_mode(stack: Stack, physical_dataset: int):
+    """Table in *Raw records* mode reads rows: refused; the hint names the declared keys to
+    group by (the Table's *Aggregate* mode with them as dimensions)."""
+    stack.relay.phase = "chart-table-raw-refused"
+    status, body = _post_chart(stack, physical_dataset, "table", [_query(None, ["sex", "age"], row_limit=100)],
+                               {"query_mode": "raw"})
+    assert status == 400 and "(rule: no-row-access)" in str(body) and "GROUP BY sex" in str(body), body
+    refused = [r for r in stack.relay.statements() if r.phase == "chart-table-raw-refused" and "people" in r.sql]
+    assert refused and {r.outcome for r in refused} == {"DP001"}, refused
 
 
 def _legacy(stack: Stack, dataset: int, viz_type: str, **form: Any) -> tuple[int, Any]:
