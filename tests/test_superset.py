@@ -689,14 +689,13 @@ def test_superset_big_number_with_trendline_draws_a_noised_count_per_day(stack: 
 
 
 def test_superset_big_number_period_over_period_is_two_noised_counts(stack: Stack, physical_dataset: int, admin):
-    """Big Number Period over Period (``pop_kpi``): the count over the range and over the range
-    before it, two DP counts; Superset computes the change from the two noised values."""
+    """Big Number Period over Period (``pop_kpi``), *Range for comparison: Inherit range from time
+    filter*: the count over the range and (``time_offsets: ["inherit"]``) over the range of the
+    same length before it, two DP counts; Superset computes the change from the noised values."""
     stack.relay.phase = "chart-pop_kpi"
-    status, body = _post_chart(stack, physical_dataset, "pop_kpi", [
-        _query(["count"], filters=[_in_time_range("2024-03-01", "2024-09-01")]),
-        _query(["count"], filters=[_in_time_range("2023-09-01", "2024-03-01")])])
-    assert status == 200, body
-    now, before = (result["data"][0]["count"] for result in body["result"])
+    query = _query(["count"], filters=[_in_time_range("2024-03-01", "2024-09-01")], time_offsets=["inherit"])
+    row = _single_row(*_post_chart(stack, physical_dataset, "pop_kpi", [query]))
+    now, before = row["count"], row["count__inherit"]
     for value, (start, end) in ((now, ("2024-03-01", "2024-09-01")), (before, ("2023-09-01", "2024-03-01"))):
         exact = _exact(admin, f"SELECT count(*) FROM people WHERE signed_up >= '{start}' AND signed_up < '{end}'")
         assert abs(value - exact) < 50, (value, exact)
@@ -741,14 +740,15 @@ def test_superset_bar_chart_over_width_bucket_bins_draws_every_bin(stack: Stack,
 
 def test_superset_table_with_server_pagination_counts_the_released_rows_at_no_extra_cost(
         stack: Stack, physical_dataset: int):
-    """*Server pagination* adds a row count of the page's query, ``SELECT COUNT(*) AS rowcount
-    FROM (<the histogram> LIMIT 10) AS rowcount_qry``: a count of the released rows (one per
-    declared category, whatever the data), post-processing of the same histogram, so the chart
-    is charged once."""
+    """*Server pagination*: the page (``LIMIT 10``) and a row count of the chart's query,
+    ``SELECT COUNT(*) AS rowcount FROM (<the histogram> LIMIT 1000) AS rowcount_qry``: a count
+    of the released rows (one per declared cell, whatever the data), post-processing of the same
+    histogram, which the page's statement released: the chart is charged once."""
     stack.relay.phase = "chart-table-server-pagination"
-    page = dict(row_limit=10, row_offset=0)
-    queries = [_query(["count"], ["sex", MONTHLY], [_in_time_range()], orderby=[["count", False]], **page),
-               _query(["count"], ["sex", MONTHLY], [_in_time_range()], is_rowcount=True, **page)]
+    queries = [_query(["count"], ["sex", MONTHLY], [_in_time_range()], orderby=[["count", False]], row_limit=10,
+                      row_offset=0),  # the first page of 10
+               _query(["count"], ["sex", MONTHLY], [_in_time_range()], orderby=[["count", False]], row_limit=1000,
+                      row_offset=0, is_rowcount=True)]  # the chart's row limit
     with stack.proxy.connect() as conn:
         before = spent_epsilon(conn)
         status, body = _post_chart(stack, physical_dataset, "table", queries,
@@ -756,7 +756,7 @@ def test_superset_table_with_server_pagination_counts_the_released_rows_at_no_ex
         assert spent_epsilon(conn) - before == pytest.approx(1.0)
     assert status == 200, body
     rows, count = (result["data"] for result in body["result"])
-    assert len(rows) == 10 and count == [{"rowcount": 10}], (rows, count)  # 12 cells, a page of 10
+    assert len(rows) == 10 and count == [{"rowcount": 12}], (rows, count)  # a page of the 6 x 2 cells
     _answered(stack, "chart-table-server-pagination")
 
 
