@@ -837,6 +837,20 @@ def test_superset_tree_chart_is_refused_its_nodes_are_rows(stack: Stack, physica
     assert refused and {r.outcome for r in refused} == {"DP001"}, refused
 
 
+def test_superset_temporal_dimension_without_a_time_grain_is_refused_with_the_grains_to_pick(
+        stack: Stack, physical_dataset: int):
+    """A Table's dimension ``signed_up`` with no time grain groups by raw timestamps (a group per
+    value in the rows): refused, and the hint says to pick one of the declared time grains."""
+    stack.relay.phase = "chart-table-raw-time-refused"
+    status, body = _post_chart(stack, physical_dataset, "table", [_query(["count"], ["signed_up"])],
+                               {"query_mode": "aggregate"})
+    text = str(body)
+    assert status == 400 and "(rule: no-group-by)" in text, body
+    assert "declared time units only: day, week, month, quarter or year" in text and "Time grain" in text, body
+    refused = [r for r in stack.relay.statements() if r.phase == "chart-table-raw-time-refused" and "people" in r.sql]
+    assert refused and {r.outcome for r in refused} == {"DP001"}, refused
+
+
 @pytest.mark.parametrize("viz_type, columns", [("gantt_chart", ["signed_up", "sex"]),
                                                ("deck_scatter", ["age", "income"])])
 def test_superset_row_level_chart_is_refused(stack: Stack, physical_dataset: int, viz_type: str,
