@@ -23,7 +23,7 @@ from .column_names import output_names
 from .constants import Folding
 from .date_hints import date_shape_advice
 from .flatten import flatten
-from .group_keys import GroupKey, KeyRange, group_by_hint, group_key, key_form, key_ranges
+from .group_keys import GroupKey, KeyRange, column_key_count, group_by_hint, group_key, key_form, key_ranges
 from .identifiers import identifier
 from .post_process import PostProcess, outer_statement
 from .predicates import plan_predicate
@@ -452,6 +452,26 @@ def _check_clauses(tree: exp.Select, scope: Scope) -> Scope:
     return scope
 
 
+def _column_values_refusal(item: exp.Column, scope: Scope) -> Refusal:
+    """The refusal of a column's values as an output (``no-row-access``), whatever the policy.
+
+    A chart that bins or lists raw values itself (Superset's Histogram chart sends ``SELECT age
+    AS age FROM t``) gets, on a column opted in to GROUP BY, a hint at the histogram dpproxy does
+    answer: the noised count per declared key. The hint reads the policy only, never the rows.
+    """
+    refusal = scope.refuse("selecting column values is not allowed on protected table", "no-row-access")
+    column = scope.table.columns.get(identifier(item.this))
+    if column is None or column.policy is None or not column.policy.group_by:
+        return refusal
+    table = scope.table.display_name
+    example = (f": SELECT {column.name}, COUNT(*) FROM {table} GROUP BY {column.name}"
+               if column_key_count(column) is not None else "")
+    advice = (f"To count rows per value of {column.name}, group by one of its declared keys instead of reading "
+              f"the values{example} (in a BI tool: a chart with the key as a dimension and a COUNT metric, such as "
+              "a bar chart, rather than raw records or a chart that bins them itself, such as Superset's Histogram).")
+    return Refusal(refusal.sqlstate, refusal.message, group_by_hint(scope, advice), refusal.rule)
+
+
 def _aggregate(item: exp.Expression, scope: Scope, grouped: bool = False) -> Aggregate:
     """The aggregate ``item`` asks for, with its mechanism; per cell of a GROUP BY when ``grouped``."""
     alias: str | None = None
@@ -479,7 +499,7 @@ def _aggregate(item: exp.Expression, scope: Scope, grouped: bool = False) -> Agg
     elif isinstance(item, exp.AggFunc):
         raise scope.refuse(f"aggregate {item.sql_name().lower()}() is not allowed on protected table", "aggregate-not-allowed")
     elif isinstance(item, exp.Column):
-        raise scope.refuse("selecting column values is not allowed on protected table", "no-row-access")
+        raise _column_values_refusal(item, scope)
     elif item.find(exp.AggFunc) is not None:
         raise scope.refuse("expressions on or around aggregates are not allowed on protected table", "aggregate-expression")
     else:

@@ -462,12 +462,27 @@ def _column_key(column: ColumnInfo, node: exp.Expression, scope: Scope) -> Group
     policy = column.policy
     count = column_key_count(column)
     if policy is None or count is None:
-        raise _refuse(scope, f"GROUP BY {column.name} is not allowed on protected table")
+        raise _refuse(scope, f"GROUP BY {column.name} is not allowed on protected table", _time_grain_advice(column))
     if policy.categories is not None:
         return GroupKey(column, "category", column.type_oid)
     if count > scope.table.policy.max_cells:
         raise _too_many(scope, f"GROUP BY {column.name}", count)
     return GroupKey(column, "integer", column.type_oid)
+
+
+def _time_grain_advice(column: ColumnInfo) -> str | None:
+    """What to group a time column opted in by units by, when a statement groups it by its raw
+    values or by a unit the policy does not list (a BI tool's temporal dimension without a time
+    grain, or with *Hour*); None for any other column. From the policy alone."""
+    policy = column.policy
+    if policy is None or column.type_oid not in TIME_TYPES or not policy.time_units:
+        return None
+    units = list(policy.time_units)
+    listed = units[0] if len(units) == 1 else f"{', '.join(units[:-1])} or {units[-1]}"
+    example = f"DATE_TRUNC('{'month' if 'month' in units else units[0]}', {column.name})"
+    return (f"{column.name} is grouped by its declared time units only: {listed}. Group by {example} (a BI tool's "
+            f"time grain: in Superset, the x axis' or the dimension's Time grain; in a chart whose columns carry none, "
+            f"such as Sunburst or Sankey, a custom SQL column {example}).")
 
 
 def _time_key(node: exp.Expression, scope: Scope) -> GroupKey:
@@ -482,7 +497,8 @@ def _time_key(node: exp.Expression, scope: Scope) -> GroupKey:
     policy = column.policy
     chosen = _UNIT_SPELLINGS.get(text)
     if policy is None or column.type_oid not in TIME_TYPES or chosen is None or chosen not in policy.time_units:
-        raise _refuse(scope, f"GROUP BY DATE_TRUNC('{text.lower()}', {column.name}) is not allowed on protected table")
+        raise _refuse(scope, f"GROUP BY DATE_TRUNC('{text.lower()}', {column.name}) is not allowed on protected table",
+                      _time_grain_advice(column))
     assert policy.time_bounds is not None
     lo, hi = policy.time_bounds
     first = truncate(chosen, lo)

@@ -3,8 +3,9 @@
 ``people`` (2,000 rows, deterministic) has what a BI tool's charts need: numbers to
 aggregate (``age``, ``income``), a category (``sex``, opted in to GROUP BY) and a time column
 (``signed_up``, one row a day from 2023-01-01, cycling every 730 days; opted in to GROUP BY by
-day, week, month, quarter and year) for time ranges and time series. ``age`` and ``income`` are
-not opted in: a chart grouped by them stays refused. The recorded
+day, week, month, quarter and year) for time ranges and time series. ``age`` is opted in too (its
+74 integers, or ``width_bucket`` bins: a numeric axis); ``income`` is not, so a chart grouped by
+it stays refused. The recorded
 Superset statements (tests/data/superset-statements.md) refer to it by these names.
 """
 
@@ -26,7 +27,7 @@ PEOPLE_POLICY = TEST_POLICY.replace("repeats: {{enabled: false}}", "repeats: {{e
     epsilon: 1.0
     delta: 1.0e-6
     columns:
-      age: {{bounds: [17, 90]}}
+      age: {{bounds: [17, 90], group_by: true}}       # a numeric axis: a bar chart as a histogram
       income: {{bounds: [0, 100000]}}
       sex: {{categories: [Male, Female], group_by: true}}       # pie and bar charts by sex
       signed_up: {{bounds: [2023-01-01, 2024-12-31], group_by: [day, week, month, quarter, year]}}  # time series

@@ -12,12 +12,14 @@ from __future__ import annotations
 import http.cookiejar
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -116,6 +118,8 @@ class SupersetApi:
         self.base_url = base_url
         self._opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
         self._headers: dict[str, str] = {}
+        self._credentials = (username, password)
+        self._web_session = False
         status, body = self.request("POST", "/api/v1/security/login",
                                     {"username": username, "password": password, "provider": "db", "refresh": True})
         assert status == 200, body
@@ -128,7 +132,32 @@ class SupersetApi:
     def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         """The HTTP status and the decoded JSON body (the raw text when it is not JSON)."""
         data = None if body is None else json.dumps(body).encode()
-        headers = {**self._headers, **({"Content-Type": "application/json"} if data is not None else {})}
+        return self._send(method, path, data, "application/json")
+
+    def explore_json(self, form_data: dict[str, Any]) -> tuple[int, Any]:
+        """POST /superset/explore_json/ as the legacy chart plugins (``useLegacyApi``: Calendar
+        Heatmap, Time-series Table, Period Pivot, Rose, Partition, World Map …) fetch their data:
+        ``form_data`` in a form field, under the web session's login (no cache)."""
+        self._log_in_web_session()
+        data = urllib.parse.urlencode({"form_data": json.dumps(form_data)}).encode()
+        return self._send("POST", "/superset/explore_json/?force=true", data, "application/x-www-form-urlencoded")
+
+    def _log_in_web_session(self) -> None:
+        """The legacy endpoints check Flask-Login's session cookie, not the API's bearer token."""
+        if self._web_session:
+            return
+        # Flask-WTF takes the CSRF token from the X-CSRFToken header when the form has none.
+        _, page = self._send("GET", "/login/", None, None)
+        token = re.search(r'name="csrf_token"[^>]*value="([^"]+)"', str(page))
+        form = {"username": self._credentials[0], "password": self._credentials[1],
+                **({"csrf_token": token.group(1)} if token else {})}
+        status, _ = self._send("POST", "/login/", urllib.parse.urlencode(form).encode(),
+                               "application/x-www-form-urlencoded")
+        assert status < 400, f"logging in to Superset's web session failed: HTTP {status}"
+        self._web_session = True
+
+    def _send(self, method: str, path: str, data: bytes | None, content_type: str | None) -> tuple[int, Any]:
+        headers = {**self._headers, **({"Content-Type": content_type} if content_type is not None else {})}
         req = urllib.request.Request(self.base_url + path, data=data, headers=headers, method=method)
         try:
             with self._opener.open(req, timeout=REQUEST_TIMEOUT_S) as reply:

@@ -37,7 +37,11 @@ def test_recording_covers_connect_introspection_datasets_and_charts():
     for phase in ("pie-chart", "bar-chart", "time-series-chart", "pivot-table", "table-with-dimensions", "treemap",
                   "sunburst", "box-plot"):
         assert {e.outcome for e in RECORDED if e.phase == phase and "GROUP BY" in e.sql} == {"ok"}, phase
-    for phase in ("group-by-chart", "box-plot-refused", "histogram-refused"):  # a value per row, or the rows
+    for phase in ("chart-radar", "chart-bubble_v2", "chart-waterfall", "chart-bar-by-age", "chart-bar-by-width-bucket",
+                  "chart-cal_heatmap", "chart-rose", "chart-chord"):
+        assert {e.outcome for e in RECORDED if e.phase == phase and "people" in e.sql} == {"ok"}, phase
+    for phase in ("group-by-chart", "box-plot-refused", "histogram-refused", "chart-tree_chart-refused",
+                  "chart-gantt_chart-refused", "chart-deck_scatter-refused"):  # a value per row, or the rows
         assert {e.outcome for e in RECORDED if e.phase == phase and "people" in e.sql} == {"DP001"}, phase
 
 

@@ -373,6 +373,33 @@ def test_group_by_without_opt_in_hint_names_the_keys_the_table_has(hproxy):
     assert "sex (its 2 categories)" in hint and "DATE_TRUNC('month|quarter|week', visited_on)" in hint, hint
 
 
+def test_selecting_a_declared_key_values_hints_at_counting_rows_per_key(hproxy):
+    """A chart that bins raw values itself (Superset's Histogram chart: ``SELECT age AS age FROM
+    t``) reads rows; on a column opted in to GROUP BY the hint says how to ask for its histogram."""
+    error = _refusal(hproxy, "SELECT age AS age FROM visits LIMIT 10000")
+    assert error.sqlstate == "DP001" and "rule: no-row-access" in str(error)
+    hint = error.diag.message_hint or ""
+    assert "SELECT age, COUNT(*) FROM visits GROUP BY age" in hint and "width_bucket(age, lo, hi, n)" in hint, hint
+
+
+def test_selecting_values_of_a_column_not_opted_in_keeps_the_aggregate_hint(hproxy):
+    error = _refusal(hproxy, "SELECT device FROM visits")
+    assert "rule: no-row-access" in str(error)
+    assert (error.diag.message_hint or "").startswith("Protected tables answer only aggregates"), error
+
+
+@pytest.mark.parametrize("key", ["visited_on", "DATE_TRUNC('hour', visited_on)"])
+def test_group_by_a_time_column_without_a_declared_unit_hints_at_a_time_grain(hproxy, key):
+    """A BI tool's temporal dimension without a time grain (Superset's Table or Sunburst on a
+    timestamp: ``GROUP BY signed_up``), or with one the policy does not list (*Hour*): the hint
+    names the units to pick, and where a chart's column carries no grain, the DATE_TRUNC to write."""
+    error = _refusal(hproxy, f"SELECT {key} AS k, count(*) FROM visits GROUP BY {key}")
+    assert "rule: no-group-by" in str(error)
+    hint = error.diag.message_hint or ""
+    assert hint.startswith("visited_on is grouped by its declared time units only: month, quarter or week"), hint
+    assert "DATE_TRUNC('month', visited_on)" in hint and "Time grain" in hint, hint
+
+
 def test_a_table_without_opt_in_still_refuses_group_by(hproxy):
     error = _refusal(hproxy, "SELECT sex, count(*) FROM adult GROUP BY sex")
     assert error.sqlstate == "DP001" and "rule: no-group-by" in str(error)

@@ -11,9 +11,17 @@ declared key, and line and bar charts split by sex with a *Series limit*; a nati
 list of values of ``sex`` is its declared categories, at no cost. More chart types draw from
 the same histograms: a Big Number with time comparison, a Pivot Table (its totals summed by
 Superset), a Table with dimensions and a row limit, a Mixed Chart, a Treemap, a Sunburst and a
-Box Plot distributed across months; a Box Plot across rows and the Histogram chart are refused. A chart grouped by a column not opted in, a filter on one, or samples, must come back as
-dpproxy's refusal: its rule and hint shown by Superset, its SQLSTATE (DP001) on the wire, as
-the relay saw it.
+Box Plot distributed across months; a Box Plot across rows and the Histogram chart are refused.
+Then every other chart type of Superset 6.1's registry, as a user first configures it: Funnel,
+Gauge, Word Cloud, Radar, Bubble, AG Grid Table, Handlebars by ``sex``; Generic, Area, Scatter,
+Smooth, Step and Waterfall by month; Heatmap, Sankey and Graph over two declared keys; Big Number
+with Trendline, Period over Period, Bullet; a Bar Chart over ``age`` (opted in: the histogram the
+Histogram chart cannot be) and over ``width_bucket`` bins; the legacy-API charts (Calendar
+Heatmap, Time-series Table, Period Pivot, Percent Change, Rose, Horizon, Paired t-test,
+Partition, Chord, Parallel Coordinates, Bubble (legacy), World and Country Map) — all drawn; Tree,
+Gantt and deck.gl layers read rows and are refused. A chart grouped by a column not opted in, a
+filter on one, or samples, must come back as dpproxy's refusal: its rule and hint shown by
+Superset, its SQLSTATE (DP001) on the wire, as the relay saw it.
 Superset missing is a failure that says how to install it, never a skip.
 
 ``DPPROXY_RECORD_SUPERSET=1`` rewrites tests/data/superset-statements.md from this run (the
@@ -46,7 +54,14 @@ MUST_ANSWER = frozenset({"connect", "introspect", "physical-dataset", "big-numbe
                          "big-number-filter", "table-of-aggregates", "virtual-dataset", "sql-lab",
                          "pie-chart", "bar-chart", "time-series-chart", "native-filter", "column-values",
                          "series-limit-line", "series-limit-bar", "big-number-time-comparison", "pivot-table",
-                         "table-with-dimensions", "mixed-chart", "treemap", "sunburst", "box-plot"})
+                         "table-with-dimensions", "mixed-chart", "treemap", "sunburst", "box-plot"}) | frozenset(
+    f"chart-{viz_type}" for viz_type in (
+        "funnel", "gauge_chart", "word_cloud", "radar", "bubble_v2", "ag-grid-table", "handlebars",
+        "echarts_timeseries", "echarts_area", "echarts_timeseries_scatter", "echarts_timeseries_smooth",
+        "echarts_timeseries_step", "waterfall", "heatmap_v2", "sankey_v2", "graph_chart", "big_number", "pop_kpi",
+        "bullet", "bar-by-age", "bar-by-width-bucket", "cal_heatmap", "time_table", "time_pivot", "compare", "rose",
+        "horizon", "paired_ttest", "partition", "chord", "para", "bubble", "world_map", "country_map",
+        "table-server-pagination", "line-time-comparison"))
 VIRTUAL_SQL = "SELECT count(*) AS n, avg(age) AS avg_age FROM people WHERE age > 30"
 ROW_LEVEL_SQL = "SELECT * FROM people WHERE age > 30"
 
@@ -279,9 +294,9 @@ def test_superset_monthly_line_draws_every_month_of_the_time_range(stack: Stack,
 
 
 def test_superset_chart_grouped_by_a_column_not_opted_in_is_refused(stack: Stack, physical_dataset: int):
-    """``age`` is not opted in to GROUP BY: Superset shows dpproxy's refusal, DP001 on the wire."""
+    """``income`` is not opted in to GROUP BY: Superset shows dpproxy's refusal, DP001 on the wire."""
     stack.relay.phase = "group-by-chart"
-    status, body = _chart_data(stack, physical_dataset, "pie", ["count"], columns=["age"])
+    status, body = _chart_data(stack, physical_dataset, "pie", ["count"], columns=["income"])
     assert status == 400, body
     text = str(body)
     # Superset shows the message and hint (psycopg2's text); the SQLSTATE is on the wire.
@@ -347,9 +362,9 @@ def test_superset_native_filter_lists_every_declared_category_at_no_cost(stack: 
 
 
 def test_superset_native_filter_on_a_column_not_opted_in_is_refused(stack: Stack, physical_dataset: int):
-    """``age`` is not opted in: its values would come from the rows, so the filter stays refused."""
+    """``income`` is not opted in: its values would come from the rows, so the filter stays refused."""
     stack.relay.phase = "native-filter-refused"
-    status, body = _filter_values(stack, physical_dataset, "age")
+    status, body = _filter_values(stack, physical_dataset, "income")
     assert status == 400 and "(rule: no-group-by)" in str(body), body
     refused = [r for r in stack.relay.statements() if r.phase == "native-filter-refused" and "people" in r.sql]
     assert refused and {r.outcome for r in refused} == {"DP001"}, refused
@@ -559,14 +574,293 @@ def test_superset_box_plot_across_rows_is_refused(stack: Stack, physical_dataset
     assert refused and {r.outcome for r in refused} == {"DP001"}, refused
 
 
-def test_superset_histogram_chart_is_refused_it_reads_rows(stack: Stack, physical_dataset: int):
-    """The Histogram chart bins raw values in Superset (no metric: ``SELECT age FROM people``)."""
+def test_superset_histogram_chart_is_refused_and_hints_at_the_bar_chart_histogram(stack: Stack, physical_dataset: int):
+    """The Histogram chart bins raw values in Superset (no metric: ``SELECT age FROM people``):
+    refused whatever the policy; on ``age``, opted in, the hint names the GROUP BY that dpproxy
+    does answer (a Bar Chart with ``age`` on its x axis, below)."""
     stack.relay.phase = "histogram-refused"
     histogram = {"operation": "histogram", "options": {"column": "age", "groupby": [], "bins": 5}}
     status, body = _post_chart(stack, physical_dataset, "histogram_v2",
                                [_query(None, ["age"], post_processing=[histogram])])
     assert status == 400 and "(rule: no-row-access)" in str(body) and "HINT:" in str(body), body
+    assert "GROUP BY age" in str(body) and "bar chart" in str(body), body
     refused = [r for r in stack.relay.statements() if r.phase == "histogram-refused" and "people" in r.sql]
+    assert refused and {r.outcome for r in refused} == {"DP001"}, refused
+
+
+# ---------------------------------------------------------------- every chart type of Superset 6.1
+#
+# Each chart type in the configuration a user picks first: a COUNT (or SUM) metric, the declared
+# category and/or a time grain as dimensions, a time range, sort by the metric. Several send the
+# same statement as a chart above: dpproxy answers it from its repeat store, at no cost.
+
+QUARTERLY = {"sqlExpression": "DATE_TRUNC('QUARTER', signed_up)", "label": "quarter", "expressionType": "SQL"}
+SUM_INCOME = _metric("SUM", "income")
+
+
+def _by_sex_exact(admin: psycopg.Connection) -> dict[str, float]:
+    return {sex: float(n) for sex, n in admin.execute("SELECT sex, count(*) FROM people GROUP BY sex").fetchall()}
+
+
+@pytest.mark.parametrize("viz_type, metrics, form_data", [
+    ("funnel", ["count"], {}),
+    ("gauge_chart", ["count"], {}),
+    ("word_cloud", ["count"], {}),
+    ("radar", ["count", SUM_INCOME], {}),
+    ("bubble_v2", ["count", SUM_INCOME, _metric("AVG", "age")], {}),
+    ("ag-grid-table", ["count"], {"query_mode": "aggregate"}),
+    ("handlebars", ["count"], {"query_mode": "aggregate"}),
+])
+def test_superset_chart_by_a_declared_category_draws_one_noised_row_per_category(
+        stack: Stack, physical_dataset: int, admin, viz_type: str, metrics: list[Any], form_data: dict[str, Any]):
+    """Funnel, Gauge, Word Cloud, Radar, Bubble (entity ``sex``), AG Grid Table and Handlebars in
+    aggregate mode: ``GROUP BY sex ORDER BY count DESC``, the histogram over sex's categories."""
+    stack.relay.phase = f"chart-{viz_type}"
+    rows = _rows(*_post_chart(stack, physical_dataset, viz_type,
+                              [_query(metrics, ["sex"], orderby=[["count", False]])], form_data))
+    exact = _by_sex_exact(admin)
+    assert [row["sex"] for row in rows] == ["Male", "Female"], rows  # ORDER BY the noised count
+    for row in rows:
+        assert abs(row["count"] - exact[row["sex"]]) < 100, (row, exact)  # up to 3 metrics share ε: scale 3
+    _answered(stack, f"chart-{viz_type}")
+
+
+def _monthly_exact(admin: psycopg.Connection) -> dict[int, float]:
+    month = _EPOCH_MS.format(grain="month")
+    return {k: float(n) for k, n in admin.execute(
+        f"SELECT {month}, count(*) FROM people {_IN_TIME_RANGE_SQL} GROUP BY 1").fetchall()}
+
+
+@pytest.mark.parametrize("viz_type", ["echarts_timeseries", "echarts_area", "echarts_timeseries_scatter",
+                                      "echarts_timeseries_smooth", "echarts_timeseries_step", "waterfall"])
+def test_superset_monthly_chart_draws_every_month_of_the_time_range(
+        stack: Stack, physical_dataset: int, admin, viz_type: str):
+    """Generic, Area, Scatter, Smooth Line, Stepped Line and Waterfall over a month grain: the
+    line chart's monthly histogram (Waterfall orders it by month, post-processing)."""
+    stack.relay.phase = f"chart-{viz_type}"
+    extra = {"orderby": [[MONTHLY, True]]} if viz_type == "waterfall" else {}
+    rows = _rows(*_post_chart(stack, physical_dataset, viz_type,
+                              [_query(["count"], [MONTHLY], [_in_time_range()], **extra)]))
+    exact = _monthly_exact(admin)
+    assert sorted(row["signed_up"] for row in rows) == sorted(exact), rows  # March to August 2023
+    for row in rows:
+        assert abs(row["count"] - exact[row["signed_up"]]) < 50, (row, exact)
+    _answered(stack, f"chart-{viz_type}")
+
+
+def test_superset_heatmap_by_month_and_category_draws_every_cell(stack: Stack, physical_dataset: int, admin):
+    """Heatmap: x axis a month grain, y axis ``sex``, one noised cell each (6 x 2)."""
+    stack.relay.phase = "chart-heatmap_v2"
+    rows = _rows(*_post_chart(stack, physical_dataset, "heatmap_v2",
+                              [_query(["count"], [MONTHLY, "sex"], [_in_time_range()], orderby=[["count", False]])]))
+    exact = _exact_cells(admin, f"{_EPOCH_MS.format(grain='month')}, sex", _IN_TIME_RANGE_SQL)
+    assert sorted((row["signed_up"], row["sex"]) for row in rows) == sorted(exact), rows
+    for row in rows:
+        assert abs(row["count"] - exact[row["signed_up"], row["sex"]]) < 50, (row, exact)
+    _answered(stack, "chart-heatmap_v2")
+
+
+@pytest.mark.parametrize("viz_type", ["sankey_v2", "graph_chart"])
+def test_superset_flow_chart_between_two_declared_keys_draws_every_link(
+        stack: Stack, physical_dataset: int, admin, viz_type: str):
+    """Sankey and Graph: source ``sex``, target the quarter (a custom SQL column, as for the
+    Sunburst): one noised link per (category, quarter) cell."""
+    stack.relay.phase = f"chart-{viz_type}"
+    rows = _rows(*_post_chart(stack, physical_dataset, viz_type,
+                              [_query(["count"], ["sex", QUARTERLY], [_in_time_range()])]))
+    exact = _exact_cells(admin, f"sex, {_EPOCH_MS.format(grain='quarter')}", _IN_TIME_RANGE_SQL)
+    assert sorted((row["sex"], row["quarter"]) for row in rows) == sorted(exact), rows
+    for row in rows:
+        assert abs(row["count"] - exact[row["sex"], row["quarter"]]) < 50, (row, exact)
+    _answered(stack, f"chart-{viz_type}")
+
+
+def test_superset_big_number_with_trendline_draws_a_noised_count_per_day(stack: Stack, physical_dataset: int, admin):
+    """Big Number with Trendline: a daily histogram over the time range (184 cells); Superset
+    shows the last day's noised count and draws the others."""
+    stack.relay.phase = "chart-big_number"
+    daily = dict(MONTHLY, timeGrain="P1D")
+    rows = _rows(*_post_chart(stack, physical_dataset, "big_number", [_query(["count"], [daily], [_in_time_range()])]))
+    exact = _exact_cells(admin, _EPOCH_MS.format(grain="day"), _IN_TIME_RANGE_SQL)
+    assert len(rows) == 184 and {(row["signed_up"],) for row in rows} == set(exact), len(rows)
+    for row in rows:
+        assert abs(row["count"] - exact[(row["signed_up"],)]) < 50, row
+    _answered(stack, "chart-big_number")
+
+
+def test_superset_big_number_period_over_period_is_two_noised_counts(stack: Stack, physical_dataset: int, admin):
+    """Big Number Period over Period (``pop_kpi``), *Range for comparison: Inherit range from time
+    filter*: the count over the range and (``time_offsets: ["inherit"]``) over the range of the
+    same length before it, two DP counts; Superset computes the change from the noised values."""
+    stack.relay.phase = "chart-pop_kpi"
+    query = _query(["count"], filters=[_in_time_range("2024-03-01", "2024-09-01")], time_offsets=["inherit"])
+    row = _single_row(*_post_chart(stack, physical_dataset, "pop_kpi", [query]))
+    now, before = row["count"], row["count__inherit"]
+    for value, (start, end) in ((now, ("2024-03-01", "2024-09-01")), (before, ("2023-09-01", "2024-03-01"))):
+        exact = _exact(admin, f"SELECT count(*) FROM people WHERE signed_up >= '{start}' AND signed_up < '{end}'")
+        assert abs(value - exact) < 50, (value, exact)
+    _answered(stack, "chart-pop_kpi")
+
+
+def test_superset_bullet_chart_is_a_noised_count(stack: Stack, physical_dataset: int, admin):
+    stack.relay.phase = "chart-bullet"
+    row = _single_row(*_post_chart(stack, physical_dataset, "bullet", [_query(["count"])]))
+    assert abs(row["count"] - _exact(admin, "SELECT count(*) FROM people")) < 50, row
+    _answered(stack, "chart-bullet")
+
+
+def test_superset_bar_chart_over_an_integer_key_is_a_histogram_of_age(stack: Stack, physical_dataset: int, admin):
+    """What the Histogram chart cannot be: a Bar Chart with ``age`` (opted in, bounds [17, 90]) on
+    its x axis, one noised bar per integer of the bounds, whatever ages the rows hold."""
+    stack.relay.phase = "chart-bar-by-age"
+    axis = {"columnType": "BASE_AXIS", "sqlExpression": "age", "label": "age", "expressionType": "SQL"}
+    rows = _rows(*_post_chart(stack, physical_dataset, "echarts_timeseries_bar", [_query(["count"], [axis])]))
+    assert sorted(row["age"] for row in rows) == list(range(17, 91)), rows  # 17 and 90 hold no row
+    exact = {age: float(n) for age, n in admin.execute("SELECT age, count(*) FROM people GROUP BY age").fetchall()}
+    for row in rows:
+        assert abs(row["count"] - exact.get(row["age"], 0.0)) < 50, row
+    _answered(stack, "chart-bar-by-age")
+
+
+def test_superset_bar_chart_over_width_bucket_bins_draws_every_bin(stack: Stack, physical_dataset: int, admin):
+    """A custom SQL x axis ``width_bucket(age, 10, 90, 8)``: the 10 bins width_bucket can return
+    (0 and 9 for below and above), each a noised count."""
+    stack.relay.phase = "chart-bar-by-width-bucket"
+    axis = {"columnType": "BASE_AXIS", "sqlExpression": "width_bucket(age, 10, 90, 8)", "label": "age_bin",
+            "expressionType": "SQL"}
+    rows = _rows(*_post_chart(stack, physical_dataset, "echarts_timeseries_bar",
+                              [_query(["count"], [axis], orderby=[[axis, True]])]))
+    assert [row["age_bin"] for row in rows] == list(range(10)), rows
+    exact = {b: float(n) for b, n in admin.execute(
+        "SELECT width_bucket(age, 10, 90, 8), count(*) FROM people GROUP BY 1").fetchall()}
+    for row in rows:
+        assert abs(row["count"] - exact.get(row["age_bin"], 0.0)) < 50, row
+    _answered(stack, "chart-bar-by-width-bucket")
+
+
+def test_superset_table_with_server_pagination_counts_the_released_rows_at_no_extra_cost(
+        stack: Stack, physical_dataset: int):
+    """*Server pagination*: the page (``LIMIT 10``) and a row count of the chart's query,
+    ``SELECT COUNT(*) AS rowcount FROM (<the histogram> LIMIT 1000) AS rowcount_qry``: a count
+    of the released rows (one per declared cell, whatever the data), post-processing of the same
+    histogram, which the page's statement released: the chart is charged once."""
+    stack.relay.phase = "chart-table-server-pagination"
+    queries = [_query(["count"], ["sex", MONTHLY], [_in_time_range()], orderby=[["count", False]], row_limit=10,
+                      row_offset=0),  # the first page of 10
+               _query(["count"], ["sex", MONTHLY], [_in_time_range()], orderby=[["count", False]], row_limit=1000,
+                      row_offset=0, is_rowcount=True)]  # the chart's row limit
+    with stack.proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        status, body = _post_chart(stack, physical_dataset, "table", queries,
+                                   {"query_mode": "aggregate", "server_pagination": True})
+        assert spent_epsilon(conn) - before == pytest.approx(1.0)
+    assert status == 200, body
+    rows, count = (result["data"] for result in body["result"])
+    assert len(rows) == 10 and count == [{"rowcount": 12}], (rows, count)  # a page of the 6 x 2 cells
+    _answered(stack, "chart-table-server-pagination")
+
+
+def test_superset_line_with_time_comparison_draws_both_ranges_month_by_month(
+        stack: Stack, physical_dataset: int, admin):
+    """*Advanced analytics → Time comparison* on a monthly line: the histogram over the range and
+    over the range a year before, two DP queries; Superset joins them by month."""
+    stack.relay.phase = "chart-line-time-comparison"
+    query = _query(["count"], [MONTHLY], [_in_time_range("2024-03-01", "2024-09-01")], time_offsets=["1 year ago"])
+    rows = _rows(*_post_chart(stack, physical_dataset, "echarts_timeseries_line", [query]))
+    month = _EPOCH_MS.format(grain="month")
+    now = dict(admin.execute(f"SELECT {month}, count(*) FROM people WHERE signed_up >= '2024-03-01' "
+                             "AND signed_up < '2024-09-01' GROUP BY 1").fetchall())
+    assert sorted(row["signed_up"] for row in rows) == sorted(now), rows
+    year_ago = _monthly_exact(admin)  # March to August 2023, by the same months' order
+    for row, before in zip(sorted(rows, key=lambda r: r["signed_up"]), [year_ago[k] for k in sorted(year_ago)]):
+        assert abs(row["count"] - now[row["signed_up"]]) < 50 and abs(row["count__1 year ago"] - before) < 50, row
+    _answered(stack, "chart-line-time-comparison")
+
+
+def test_superset_raw_records_table_is_refused_and_hints_at_aggregate_mode(stack: Stack, physical_dataset: int):
+    """Table in *Raw records* mode reads rows: refused; the hint names the declared keys to
+    group by (the Table's *Aggregate* mode with them as dimensions)."""
+    stack.relay.phase = "chart-table-raw-refused"
+    status, body = _post_chart(stack, physical_dataset, "table", [_query(None, ["sex", "age"], row_limit=100)],
+                               {"query_mode": "raw"})
+    assert status == 400 and "(rule: no-row-access)" in str(body) and "GROUP BY sex" in str(body), body
+    refused = [r for r in stack.relay.statements() if r.phase == "chart-table-raw-refused" and "people" in r.sql]
+    assert refused and {r.outcome for r in refused} == {"DP001"}, refused
+
+
+def _legacy(stack: Stack, dataset: int, viz_type: str, **form: Any) -> tuple[int, Any]:
+    """A legacy chart's data request, over the time range on ``signed_up``."""
+    return stack.api.explore_json({"viz_type": viz_type, "datasource": f"{dataset}__table", "granularity_sqla":
+                                   "signed_up", "time_range": f"{TIME_RANGE[0]} : {TIME_RANGE[1]}",
+                                   "adhoc_filters": [], **form})
+
+
+LEGACY_CHARTS = {
+    "cal_heatmap": {"metrics": ["count"], "domain_granularity": "month", "subdomain_granularity": "day"},
+    "time_table": {"metrics": ["count"], "time_grain_sqla": "P1M", "column_collection": []},
+    "time_pivot": {"metric": "count", "freq": "W-MON", "time_grain_sqla": "P1D"},
+    "compare": {"metrics": ["count"], "time_grain_sqla": "P1M"},
+    "rose": {"metrics": ["count"], "time_grain_sqla": "P1M", "groupby": ["sex"]},
+    "horizon": {"metrics": ["count"], "time_grain_sqla": "P1M"},
+    "paired_ttest": {"metrics": ["count"], "groupby": ["sex"], "time_grain_sqla": "P1M"},
+    "partition": {"metrics": ["count"], "groupby": ["sex"], "time_series_option": "not_time"},
+    "chord": {"metric": "count", "groupby": "sex", "columns": QUARTERLY},
+    "para": {"metrics": ["count", SUM_INCOME], "series": "sex"},
+    "bubble": {"entity": "sex", "x": SUM_INCOME, "y": _metric("AVG", "age"), "size": "count", "limit": 100},
+    "world_map": {"entity": "sex", "metric": "count", "country_fieldtype": "cca2"},
+    "country_map": {"entity": "sex", "metric": "count", "select_country": "france"},
+}
+
+
+@pytest.mark.parametrize("viz_type", list(LEGACY_CHARTS))
+def test_superset_legacy_chart_over_declared_keys_draws(stack: Stack, physical_dataset: int, viz_type: str):
+    """The charts still on Superset's legacy API (``/superset/explore_json/``): Calendar Heatmap
+    (days), Time-series Table, Period Pivot, Percent Change, Rose, Horizon, Paired t-test (month
+    grain, by ``sex``), Partition, Chord (``sex`` x quarter), Parallel Coordinates, Bubble (legacy),
+    World Map and Country Map (entity ``sex``: on a real table, an opted-in column of country
+    codes). Each sends one histogram over declared keys (or a day/month grain), answered; Superset
+    draws from the noised cells. Their values are checked by the charts above that send the same
+    GROUP BY; here, that every statement is answered and the chart comes back."""
+    stack.relay.phase = f"chart-{viz_type}"
+    status, body = _legacy(stack, physical_dataset, viz_type, **LEGACY_CHARTS[viz_type])
+    assert status == 200 and not body.get("error") and body.get("data") is not None, body
+    _answered(stack, f"chart-{viz_type}")
+
+
+def test_superset_tree_chart_is_refused_its_nodes_are_rows(stack: Stack, physical_dataset: int):
+    """Tree: an id and a parent column per node, a value per row (``GROUP BY id, ...``): refused,
+    and the hint names the keys a chart may group by."""
+    stack.relay.phase = "chart-tree_chart-refused"
+    status, body = _post_chart(stack, physical_dataset, "tree_chart", [_query(["count"], ["id", "income", "sex"])])
+    assert status == 400 and "(rule: no-group-by)" in str(body) and "sex (its 2 categories)" in str(body), body
+    refused = [r for r in stack.relay.statements() if r.phase == "chart-tree_chart-refused" and "people" in r.sql]
+    assert refused and {r.outcome for r in refused} == {"DP001"}, refused
+
+
+def test_superset_temporal_dimension_without_a_time_grain_is_refused_with_the_grains_to_pick(
+        stack: Stack, physical_dataset: int):
+    """A Table's dimension ``signed_up`` with no time grain groups by raw timestamps (a group per
+    value in the rows): refused, and the hint says to pick one of the declared time grains."""
+    stack.relay.phase = "chart-table-raw-time-refused"
+    status, body = _post_chart(stack, physical_dataset, "table", [_query(["count"], ["signed_up"])],
+                               {"query_mode": "aggregate"})
+    text = str(body)
+    assert status == 400 and "(rule: no-group-by)" in text, body
+    assert "declared time units only: day, week, month, quarter or year" in text and "Time grain" in text, body
+    refused = [r for r in stack.relay.statements() if r.phase == "chart-table-raw-time-refused" and "people" in r.sql]
+    assert refused and {r.outcome for r in refused} == {"DP001"}, refused
+
+
+@pytest.mark.parametrize("viz_type, columns", [("gantt_chart", ["signed_up", "sex"]),
+                                               ("deck_scatter", ["age", "income"])])
+def test_superset_row_level_chart_is_refused(stack: Stack, physical_dataset: int, viz_type: str,
+                                            columns: list[str]):
+    """Gantt (a bar per row from its start and end times) and the deck.gl / MapBox layers (a point
+    per row from its coordinates) ask for rows with no metric: refused (``no-row-access``)."""
+    stack.relay.phase = f"chart-{viz_type}-refused"
+    status, body = _post_chart(stack, physical_dataset, viz_type, [_query(None, columns)])
+    assert status == 400 and "(rule: no-row-access)" in str(body) and "HINT:" in str(body), body
+    refused = [r for r in stack.relay.statements() if r.phase == f"chart-{viz_type}-refused" and "people" in r.sql]
     assert refused and {r.outcome for r in refused} == {"DP001"}, refused
 
 
