@@ -1,0 +1,191 @@
+"""Whether dpproxy and PostgreSQL agree on which object a name denotes.
+
+Attacks found: dpproxy folded an unquoted column name with Python's ``str.lower``, which
+lowers ``É``; PostgreSQL (UTF8) lowers ASCII letters only, so ``sum(ÉX)`` was answered for
+column ``"éx"`` while the analyst, and PostgreSQL, meant ``"Éx"``. And a relation the policy
+marks public that is a view of a protected table, or its inheritance or partition parent,
+passed the protected rows through exactly: such a policy is now refused at load.
+
+Probes that held: relation names (non-ASCII, quoted, ``U&""``, NFD, longer than 63 bytes)
+are resolved by PostgreSQL's own parser and ``to_regclass``, under the session's search_path,
+again after anything that may move it; analysts cannot create temporary tables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import unicodedata
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, make_policy, running_proxy
+
+from policies.loader import PolicyError
+from proxy.demo.embedded import SERVICE_ROLE
+from proxy.serving.server import Server
+
+_LONG = "p" * 60 + "éé"  # 64 bytes: PostgreSQL keeps 62, "p"*60 + "é", cutting at a character boundary
+
+_SETUP = f"""
+DROP SCHEMA IF EXISTS id_hr CASCADE;
+DROP TABLE IF EXISTS "Émp", "émp", id_cols, id_emp, "{_LONG}", id_parent, id_part CASCADE;
+DROP VIEW IF EXISTS id_view;
+CREATE SCHEMA id_hr;
+CREATE TABLE "Émp" (salary integer);
+INSERT INTO "Émp" SELECT 50 FROM generate_series(1, 100);
+CREATE TABLE "émp" (salary integer);
+INSERT INTO "émp" VALUES (1);
+CREATE TABLE id_cols ("éx" integer, "Éx" integer);
+INSERT INTO id_cols SELECT 1, 9 FROM generate_series(1, 1000);
+CREATE TABLE id_hr.id_emp (salary integer);
+INSERT INTO id_hr.id_emp SELECT 77 FROM generate_series(1, 100);
+CREATE TABLE public.id_emp (salary integer);
+INSERT INTO public.id_emp VALUES (1);
+CREATE TABLE "{_LONG}" (salary integer);
+CREATE TABLE id_parent (salary integer);
+CREATE TABLE id_child (extra integer) INHERITS (id_parent);
+INSERT INTO id_child SELECT 66, 1 FROM generate_series(1, 100);
+CREATE VIEW id_view AS SELECT salary FROM id_hr.id_emp;
+CREATE VIEW id_view_of_view AS SELECT * FROM id_view;
+CREATE TABLE id_part (salary integer) PARTITION BY RANGE (salary);
+CREATE TABLE id_part_hi PARTITION OF id_part FOR VALUES FROM (0) TO (1000);
+INSERT INTO id_part SELECT 55 FROM generate_series(1, 100);
+GRANT USAGE ON SCHEMA id_hr TO {SERVICE_ROLE};
+GRANT SELECT ON ALL TABLES IN SCHEMA public, id_hr TO {SERVICE_ROLE};
+"""
+
+_PROTECTED = "{{access: protected, epsilon: 1.0, columns: {{salary: {{bounds: [0, 100]}}}}}}"
+POLICY = ATTACK_POLICY_HEAD + f"""\
+  public.Émp: {_PROTECTED}
+  public.émp: {{{{access: public}}}}
+  public.id_cols: {{{{access: protected, epsilon: 1.0, columns: {{{{"éx": {{{{bounds: [0, 10]}}}}, "Éx": {{{{bounds: [0, 10]}}}}}}}}}}}}
+  id_hr.id_emp: {_PROTECTED}
+  public.id_emp: {{{{access: public}}}}
+  public.{"p" * 60 + "é"}: {_PROTECTED}
+"""
+
+
+@pytest.fixture(scope="module")
+def setup(test_db: TestDatabase) -> None:
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute(_SETUP)
+
+
+@pytest.fixture(scope="module")
+def colliding(setup: None, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    with running_proxy(test_db, tmp_path_factory, POLICY) as running:
+        yield running
+
+
+def _one(proxy: RunningProxy, *statements: str) -> tuple:
+    """The one row the last of ``statements`` answers, all sent on one connection."""
+    with proxy.connect() as conn:
+        for sql in statements[:-1]:
+            conn.execute(sql)
+        row = conn.execute(statements[-1]).fetchone()
+    assert row is not None
+    return row
+
+
+# ---------------------------------------------------------------- columns: ASCII-only folding
+
+def test_an_unquoted_non_ascii_column_is_the_one_postgresql_folds_it_to(colliding):
+    # "éx" holds 1, "Éx" 9 on each of 1000 rows; ÉX is "Éx" for PostgreSQL. Was ~1000 ("éx").
+    (unquoted, quoted) = _one(colliding, 'SELECT sum(ÉX), sum("Éx") FROM id_cols')
+    assert unquoted > 6000 and quoted > 6000
+
+
+def test_an_unquoted_non_ascii_name_in_where_is_the_one_postgresql_folds_it_to(colliding):
+    (count,) = _one(colliding, "SELECT count(*) FROM id_cols WHERE ÉX = 9")
+    assert count > 700  # every row; "éx" = 9 holds on none
+
+
+def test_a_subquerys_non_ascii_output_name_is_matched_as_postgresql_folds_it(colliding):
+    (total,) = _one(colliding, 'SELECT sum(É) FROM (SELECT "Éx" AS "É", "éx" AS "é" FROM id_cols) AS s')
+    assert total > 6000  # "É" is "Éx"; was the sum of "é"
+
+
+# ---------------------------------------------------------------- relations: PostgreSQL's own resolution
+
+def test_an_unquoted_non_ascii_relation_is_the_protected_one_postgresql_reads(colliding):
+    with colliding.connect() as conn:
+        with pytest.raises(psycopg.Error, match="no-row-access"):
+            conn.execute("SELECT * FROM ÉMP")  # "Émp", protected; "émp" is public
+        with pytest.raises(psycopg.Error, match="protected table Émp"):  # sqlglot cannot read U&"": refused
+            conn.execute('SELECT * FROM U&"\\00C9mp"')
+        assert conn.execute("SELECT * FROM émp").fetchall() == [(1,)]
+        assert conn.execute("SELECT count(*) FROM ÉMP").fetchone()[0] > 50  # noised, ~100
+
+
+def test_a_quoted_or_decomposed_name_denotes_no_other_relation(colliding):
+    nfd = unicodedata.normalize("NFD", "Émp")
+    with colliding.connect() as conn:
+        for name in ('"ÉMP"', f'"{nfd}"'):
+            with pytest.raises(psycopg.errors.UndefinedTable):
+                conn.execute(f"SELECT * FROM {name}")
+
+
+def test_a_name_past_63_bytes_is_truncated_as_postgresql_truncates_it(colliding):
+    with colliding.connect() as conn:
+        for tail in ("", "é", "zzzz"):
+            with pytest.raises(psycopg.Error, match="no-row-access"):
+                conn.execute(f'SELECT * FROM "{_LONG}{tail}"')
+
+
+@pytest.mark.parametrize("statements", [
+    ("SET search_path TO id_hr, public; SELECT * FROM id_emp",),
+    ("SELECT * FROM id_emp; SET search_path TO id_hr, public; SELECT * FROM id_emp",),
+    ("SELECT * FROM id_emp", "SET search_path TO id_hr, public", "SELECT * FROM id_emp"),
+    ("BEGIN", "SET LOCAL search_path TO id_hr, public", "SELECT * FROM id_emp"),
+    ("SELECT set_config('search_path', 'id_hr, public', false)", "SELECT * FROM id_emp"),
+])
+def test_a_name_is_resolved_under_the_search_path_it_runs_with(colliding, statements):
+    with colliding.connect() as conn:
+        with pytest.raises(psycopg.Error, match="no-row-access"):
+            for sql in statements:
+                conn.execute(sql)
+
+
+def test_a_name_planned_before_a_search_path_change_is_planned_again_before_it_runs(colliding):
+    with colliding.connect(prepare_threshold=0) as conn:  # server-side prepared statements
+        assert conn.execute("SELECT * FROM id_emp").fetchall() == [(1,)]
+        assert conn.execute("SELECT * FROM id_emp").fetchall() == [(1,)]
+        conn.execute("SET search_path TO id_hr, public")
+        with pytest.raises(psycopg.Error, match="no-row-access"):
+            conn.execute("SELECT * FROM id_emp")
+        conn.execute("RESET search_path")
+        assert conn.execute("SELECT * FROM id_emp").fetchall() == [(1,)]
+
+
+def test_an_analyst_cannot_create_a_temporary_table_to_shadow_a_name(colliding):
+    with colliding.connect() as conn:
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+            conn.execute("CREATE TEMP TABLE id_emp (salary integer)")
+        conn.execute("SET search_path TO pg_temp, id_hr, public")
+        with pytest.raises(psycopg.Error, match="no-row-access"):
+            conn.execute("SELECT * FROM id_emp")
+
+
+# ---------------------------------------------------------------- public relations reading protected ones
+
+@pytest.mark.parametrize("public, protected", [
+    ("public.id_parent", "public.id_child"),      # inheritance: SELECT * FROM id_parent reads id_child's rows
+    ("public.id_part", "public.id_part_hi"),      # a partitioned table reads its partitions
+    ("public.id_view", "id_hr.id_emp"),           # a view of a protected table
+    ("public.id_view_of_view", "id_hr.id_emp"),   # ... through another view
+])
+def test_a_policy_whose_public_relation_reads_a_protected_one_is_refused(setup, test_db, tmp_path, public, protected):
+    # Passed through before: SELECT count(*), sum(salary) FROM id_parent answered (100, 6600), exactly.
+    text = ATTACK_POLICY_HEAD + f"  {protected}: {_PROTECTED}\n  {public}: {{{{access: public}}}}\n"
+    with pytest.raises(PolicyError) as refused:
+        asyncio.run(Server.create(make_policy(test_db, tmp_path / "ledger.sqlite3", text)))
+    (problem,) = refused.value.problems
+    assert problem.startswith(f"tables.{public}: a public relation that reads protected table {protected}"), problem
+
+
+def test_a_public_relation_beside_a_protected_one_it_does_not_read_is_accepted(setup, test_db, tmp_path_factory):
+    text = ATTACK_POLICY_HEAD + f"  public.id_child: {_PROTECTED}\n  public.id_emp: {{{{access: public}}}}\n" \
+        "  public.id_view: {{access: protected, epsilon: 1.0, columns: {{salary: {{bounds: [0, 100]}}}}}}\n"
+    with running_proxy(test_db, tmp_path_factory, text) as running:
+        assert _one(running, "SELECT * FROM id_emp") == (1,)
