@@ -14,11 +14,13 @@ again after anything that may move it; analysts cannot create temporary tables.
 from __future__ import annotations
 
 import asyncio
+import socket
 import unicodedata
 from collections.abc import Iterator
 
 import psycopg
 import pytest
+import wire
 from conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, make_policy, running_proxy
 
 from policies.loader import PolicyError
@@ -189,3 +191,131 @@ def test_a_public_relation_beside_a_protected_one_it_does_not_read_is_accepted(s
         "  public.id_view: {{access: protected, epsilon: 1.0, columns: {{salary: {{bounds: [0, 100]}}}}}}\n"
     with running_proxy(test_db, tmp_path_factory, text) as running:
         assert _one(running, "SELECT * FROM id_emp") == (1,)
+
+
+
+def _replies(conn: wire.Wire, *messages: bytes) -> list[tuple[str, object]]:
+    """Commands, rows and errors (SQLSTATE) until ReadyForQuery."""
+    conn.send(*messages)
+    shown: list[tuple[str, object]] = []
+    for kind, body in conn.read_until(b"Z"):
+        if kind == b"E":
+            shown.append(("E", wire.error_fields(body)[b"C"].decode()))
+        elif kind == b"D":
+            shown.append(("D", wire.data_row_values(body)))
+    return shown
+
+
+def _query(sql: str) -> bytes:
+    return wire.message(b"Q", wire.cstr(sql))
+
+
+def _extended(sql: str) -> tuple[bytes, ...]:
+    return wire.parse("", sql), wire.bind("", ""), wire.execute("")
+
+
+@pytest.mark.parametrize("failing", [
+    (_query("SET search_path TO public; SELECT * FROM id_emp; SELECT 1/0"),),
+    (*_extended("SET search_path TO public"), *_extended("SELECT * FROM id_emp"), *_extended("SELECT 1/0"),
+     wire.message(b"S")),
+])
+def test_a_search_path_an_error_rolls_back_leaves_no_stale_resolution(colliding, failing):
+    # The SET and the public id_emp's resolution happen in one implicit transaction that the
+    # error ends: whichever search_path the session is left with, id_emp is resolved under it.
+    conn = wire.Wire(colliding.host, colliding.port)
+    try:
+        assert _replies(conn, _query("SET search_path TO id_hr, public")) == []
+        assert _replies(conn, *failing) == [("D", [b"1"]), ("E", "22012")]
+        (_, (path,)), = _replies(conn, _query("SHOW search_path"))
+        expected = [("D", [b"1"])] if path == b"public" else [("E", "DP001")]
+        assert _replies(conn, _query("SELECT * FROM id_emp")) == expected
+    finally:
+        conn.close()
+
+
+
+
+# ---------------------------------------------------------------- client encodings whose codecs misread
+
+# A protected table whose two columns differ only in the character EUC_JP's A1C1 is for
+# Python (U+301C) and for PostgreSQL (U+FF5E); only the first has a policy.
+_JP_SETUP = f"""
+DROP TABLE IF EXISTS id_jp;
+CREATE TABLE id_jp ("\u301cx" double precision, "\uff5ex" numeric);
+INSERT INTO id_jp SELECT 1, 5 FROM generate_series(1, 100);
+GRANT SELECT ON id_jp TO {SERVICE_ROLE};
+"""
+_JP_POLICY = ATTACK_POLICY_HEAD + \
+    '  public.id_jp: {{access: protected, epsilon: 1.0, columns: {{"\u301cx": {{bounds: [0, 10]}}}}}}\n'
+
+
+@pytest.fixture(scope="module")
+def misread(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute(_JP_SETUP)
+    with running_proxy(test_db, tmp_path_factory, _JP_POLICY) as running:
+        yield running
+
+
+@pytest.mark.parametrize("encoding", ["EUC_JP", "EUC_JIS_2004", "EUC_KR", "eucjp"])
+def test_an_encoding_whose_codec_misreads_characters_is_refused(misread, encoding):
+    # In EUC_JP, sum("<A1C1>x") was judged as "〜x" (bounds [0, 10], double precision) and run by
+    # PostgreSQL on "～x" (numeric): ~500, not ~100; one row with "～x" = 1e400 then made the
+    # charged statement fail (its numeric compared as a double), an oracle on that row.
+    conn = wire.Wire(misread.host, misread.port)
+    try:
+        assert _replies(conn, _query(f"SET client_encoding TO {encoding}")) == [("E", "22023")]
+        assert _replies(conn, _query("SHOW client_encoding")) == [("D", [b"UTF8"])]
+    finally:
+        conn.close()
+
+
+def test_a_misreading_encoding_in_the_startup_packet_is_refused(misread):
+    conn = wire.Wire.__new__(wire.Wire)
+    conn.sock = socket.create_connection((misread.host, misread.port), timeout=15)
+    conn.buffer = b""
+    try:
+        conn.sock.sendall(wire.startup(user="plain", database="dpproxy_test", client_encoding="EUC_JP"))
+        replies = conn.read_until(b"R")
+        if not [body for kind, body in replies if kind == b"E"]:
+            conn.sock.sendall(wire.message(b"p", wire.cstr("plain")))
+            replies = conn.read_until(b"E")
+        (error,) = [wire.error_fields(body) for kind, body in replies if kind == b"E"]
+    finally:
+        conn.close()
+    assert (error[b"S"], error[b"C"]) == (b"FATAL", b"22023"), error
+
+
+def test_euc_cn_whose_codec_agrees_with_postgresql_is_still_read(misread):
+    conn = wire.Wire(misread.host, misread.port)
+    try:
+        assert _replies(conn, _query("SET client_encoding TO EUC_CN")) == []
+        (_, (value,)), = _replies(conn, wire.message(b"Q", "SELECT '中文' AS v".encode("gb2312") + b"\0"))
+        assert value.decode("gb2312") == "中文"
+    finally:
+        conn.close()
+
+
+def test_every_accepted_encodings_codec_reads_each_character_as_postgresql_does(admin):
+    # Each character dpproxy writes in the session's encoding must be that character for
+    # PostgreSQL (so is each it reads: its codecs read back what they write).
+    from proxy.wire.encodings import _CODECS
+    from rewriter.catalog import ascii_safe_encoding
+
+    admin.execute("""CREATE OR REPLACE FUNCTION pg_temp.read_as(b bytea, e name) RETURNS text LANGUAGE plpgsql AS $$
+        BEGIN RETURN convert_from(b, e); EXCEPTION WHEN others THEN RETURN NULL; END $$""")
+    misread = {}
+    for name, codec in _CODECS.items():
+        if codec == "utf-8" or not ascii_safe_encoding(name):
+            continue
+        written = {}
+        for point in [*range(0x80, 0xD800), *range(0xE000, 0x10000)]:
+            try:
+                written[chr(point)] = chr(point).encode(codec)
+            except UnicodeEncodeError:
+                pass
+        rows = admin.execute("SELECT pg_temp.read_as(b, %s) FROM unnest(%s::bytea[]) AS b", (name, list(written.values())))
+        wrong = [char for char, (read,) in zip(written, rows) if read is not None and read != char]
+        if wrong:
+            misread[name] = wrong[:5]
+    assert misread == {}
