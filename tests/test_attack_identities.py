@@ -319,3 +319,24 @@ def test_every_accepted_encodings_codec_reads_each_character_as_postgresql_does(
         if wrong:
             misread[name] = wrong[:5]
     assert misread == {}
+
+
+
+# ---------------------------------------------------------------- startup parameters and options
+
+@pytest.mark.parametrize("params", [
+    {"application_name": "x\t-c\textra_float_digits=-15\t-c\tdefault_transaction_read_only=off"},
+    {"options": "-c application_name=y\\\t-c\\\textra_float_digits=-15"},  # an escaped tab inside the value
+    {"options": "-c application_name=y\\ -c\\ statement_timeout=1"},
+])
+def test_whitespace_in_a_startup_value_adds_no_backend_setting(colliding, params):
+    # PostgreSQL splits a connection's options at any ASCII space (pg_split_opts): a client's
+    # value written into them unescaped would set what dpproxy refuses. They are applied with
+    # set_config on a pooled connection instead, a value being one value whatever it holds.
+    conn = wire.Wire(colliding.host, colliding.port, startup_params=params)
+    try:
+        assert _replies(conn, _query("SELECT current_setting('extra_float_digits'), "
+                                     "current_setting('default_transaction_read_only'), "
+                                     "current_setting('statement_timeout')")) == [("D", [b"1", b"on", b"10s"])]
+    finally:
+        conn.close()
