@@ -340,3 +340,29 @@ def test_whitespace_in_a_startup_value_adds_no_backend_setting(colliding, params
                                      "current_setting('statement_timeout')")) == [("D", [b"1", b"on", b"10s"])]
     finally:
         conn.close()
+
+
+
+def test_a_remembered_resolution_cannot_let_a_relation_created_since_be_read(colliding, admin):
+    # The session resolves id_emp to public.id_emp and remembers it; an administrator then
+    # creates id_new.id_emp, earlier on the session's search_path and in no policy. Sent as
+    # written, the remembered passthrough read it: [(99,)]. It now names public.id_emp.
+    admin.execute(f"DROP SCHEMA IF EXISTS id_new CASCADE; CREATE SCHEMA id_new; GRANT USAGE ON SCHEMA id_new TO {SERVICE_ROLE}")
+    try:
+        with colliding.connect() as conn:
+            conn.execute("SET search_path TO id_new, public")
+            assert conn.execute("SELECT * FROM id_emp").fetchall() == [(1,)]
+            admin.execute(f"CREATE TABLE id_new.id_emp AS SELECT 99 AS salary; GRANT SELECT ON id_new.id_emp TO {SERVICE_ROLE}")
+            assert conn.execute("SELECT * FROM id_emp").fetchall() == [(1,)]
+            conn.execute("SET search_path TO id_new, public")  # looked up again: not in the policy
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="default-deny"):
+                conn.execute("SELECT * FROM id_emp")
+    finally:
+        admin.execute("DROP SCHEMA id_new CASCADE")
+
+
+def test_pinned_relations_keep_pg_class_neutralised_and_ctes_unqualified(colliding):
+    with colliding.connect() as conn:
+        (reltuples,) = conn.execute("SELECT reltuples FROM pg_class WHERE relname = 'Émp'").fetchone()
+        assert reltuples == -1  # neutralised, also when pinned to pg_catalog.pg_class
+        assert conn.execute("WITH id_emp_cte AS (SELECT 2 AS s) SELECT * FROM id_emp_cte, id_emp").fetchall() == [(2, 1)]

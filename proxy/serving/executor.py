@@ -231,7 +231,9 @@ class Executor:
 
         Only dpproxy's own sessions could move it, and every such statement bumps the
         generation; relations created or dropped meanwhile by an administrator are seen
-        after the next generation change (analysts cannot create relations).
+        after the next generation change (a reload is one; analysts cannot create
+        relations). Until then a passthrough statement still reads the relations it was
+        judged by: it names each with the schema it was resolved in (rewriter.qualify).
         """
         if not refs:
             return {}
