@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 import wire
-from conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, make_policy, running_proxy
+from conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, make_policy, running_proxy, spent_epsilon
 
 from policies.loader import PolicyError
 from proxy.demo.embedded import SERVICE_ROLE
@@ -366,3 +366,34 @@ def test_pinned_relations_keep_pg_class_neutralised_and_ctes_unqualified(collidi
         (reltuples,) = conn.execute("SELECT reltuples FROM pg_class WHERE relname = 'Émp'").fetchone()
         assert reltuples == -1  # neutralised, also when pinned to pg_catalog.pg_class
         assert conn.execute("WITH id_emp_cte AS (SELECT 2 AS s) SELECT * FROM id_emp_cte, id_emp").fetchall() == [(2, 1)]
+
+
+# ---------------------------------------------------------------- the pre-charge checks' memory
+
+def test_a_values_check_passed_before_a_reload_is_run_again_after_it(test_db, tmp_path):
+    # x was text when "x = 'abc'" passed its check; an administrator makes it an integer and
+    # reloads. The backend SQL is the same text, so the remembered pass skipped the check:
+    # ε charged, then 22P02 from the literal alone (reported as DP004).
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS id_retype; CREATE TABLE id_retype (x text, v integer);"
+                     "INSERT INTO id_retype SELECT 'a', 1 FROM generate_series(1, 100);"
+                     f"GRANT SELECT ON id_retype TO {SERVICE_ROLE}")
+    text = (ATTACK_POLICY_HEAD.replace("repeats: {{enabled: true}}", "repeats: {{enabled: false}}")
+            + "  public.id_retype: {{access: protected, epsilon: 1.0, columns: {{v: {{bounds: [0, 10]}}}}}}\n")
+    ledger = tmp_path / "ledger.sqlite3"
+    path = tmp_path / "policy.yaml"
+    path.write_text(text.format(dsn=test_db.service_dsn, ledger=ledger))
+    proxy = RunningProxy(make_policy(test_db, ledger, text))
+    try:
+        with proxy.connect() as conn:
+            conn.execute("SELECT count(*) FROM id_retype WHERE x = 'abc'").fetchone()
+        with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin_conn:
+            admin_conn.execute("ALTER TABLE id_retype ALTER x TYPE integer USING 0")
+        assert proxy._call(proxy.server.reload(path))
+        with proxy.connect() as conn:
+            before = spent_epsilon(conn)
+            with pytest.raises(psycopg.errors.InvalidTextRepresentation):
+                conn.execute("SELECT count(*) FROM id_retype WHERE x = 'abc'")
+            assert spent_epsilon(conn) == before
+    finally:
+        proxy.stop()
