@@ -32,7 +32,8 @@ _LONG = "p" * 60 + "éé"  # 64 bytes: PostgreSQL keeps 62, "p"*60 + "é", cutti
 _SETUP = f"""
 DROP SCHEMA IF EXISTS id_hr CASCADE;
 DROP TABLE IF EXISTS "Émp", "émp", id_cols, id_emp, "{_LONG}", id_parent, id_part CASCADE;
-DROP VIEW IF EXISTS id_view;
+DROP VIEW IF EXISTS id_view CASCADE;
+DROP MATERIALIZED VIEW IF EXISTS id_matview;
 CREATE SCHEMA id_hr;
 CREATE TABLE "Émp" (salary integer);
 INSERT INTO "Émp" SELECT 50 FROM generate_series(1, 100);
@@ -50,6 +51,7 @@ CREATE TABLE id_child (extra integer) INHERITS (id_parent);
 INSERT INTO id_child SELECT 66, 1 FROM generate_series(1, 100);
 CREATE VIEW id_view AS SELECT salary FROM id_hr.id_emp;
 CREATE VIEW id_view_of_view AS SELECT * FROM id_view;
+CREATE MATERIALIZED VIEW id_matview AS SELECT salary FROM id_hr.id_emp;
 CREATE TABLE id_part (salary integer) PARTITION BY RANGE (salary);
 CREATE TABLE id_part_hi PARTITION OF id_part FOR VALUES FROM (0) TO (1000);
 INSERT INTO id_part SELECT 55 FROM generate_series(1, 100);
@@ -176,6 +178,7 @@ def test_an_analyst_cannot_create_a_temporary_table_to_shadow_a_name(colliding):
     ("public.id_part", "public.id_part_hi"),      # a partitioned table reads its partitions
     ("public.id_view", "id_hr.id_emp"),           # a view of a protected table
     ("public.id_view_of_view", "id_hr.id_emp"),   # ... through another view
+    ("public.id_matview", "id_hr.id_emp"),        # a materialized view of it
 ])
 def test_a_policy_whose_public_relation_reads_a_protected_one_is_refused(setup, test_db, tmp_path, public, protected):
     # Passed through before: SELECT count(*), sum(salary) FROM id_parent answered (100, 6600), exactly.
@@ -184,6 +187,19 @@ def test_a_policy_whose_public_relation_reads_a_protected_one_is_refused(setup, 
         asyncio.run(Server.create(make_policy(test_db, tmp_path / "ledger.sqlite3", text)))
     (problem,) = refused.value.problems
     assert problem.startswith(f"tables.{public}: a public relation that reads protected table {protected}"), problem
+
+
+@pytest.mark.parametrize("protected, public", [
+    ("public.id_parent", "public.id_child"),      # the child's rows are rows of the parent
+    ("public.id_part", "public.id_part_hi"),      # a partition's rows are rows of the partitioned table
+])
+def test_a_policy_whose_public_relation_holds_rows_of_a_protected_one_is_refused(setup, test_db, tmp_path,
+                                                                                  protected, public):
+    text = ATTACK_POLICY_HEAD + f"  {protected}: {_PROTECTED}\n  {public}: {{{{access: public}}}}\n"
+    with pytest.raises(PolicyError) as refused:
+        asyncio.run(Server.create(make_policy(test_db, tmp_path / "ledger.sqlite3", text)))
+    (problem,) = refused.value.problems
+    assert problem.startswith(f"tables.{public}: a public inheritance child or partition of protected table {protected}")
 
 
 def test_a_public_relation_beside_a_protected_one_it_does_not_read_is_accepted(setup, test_db, tmp_path_factory):

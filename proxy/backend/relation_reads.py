@@ -4,8 +4,11 @@ A passthrough statement on a public relation returns its rows as they are. Postg
 more than the named relation when it is a view or materialized view (the relations its rules
 read) or an inheritance or partitioned parent (every child's rows, unless the statement says
 ``ONLY``). ``serve``, a reload and ``check-config`` refuse a policy in which a relation marked
-``public`` reads, so, a protected one: the name would denote the protected rows, exactly.
-A function a view calls is not followed (its body names no dependency); see threat-model.md.
+``public`` reads, so, a protected one: the name would denote the protected rows, exactly. And
+one in which a public relation is an inheritance child or partition of a protected one: its
+rows are rows of the protected table. (A public table a protected view reads, a lookup table
+joined in, stays public: its rows are not the view's.) A function a view calls is not followed
+(its body names no dependency); see threat-model.md.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ WITH RECURSIVE edges(parent, child) AS (
      AND d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_rewrite'::pg_catalog.regclass
      AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
      AND d.refobjid OPERATOR(pg_catalog.<>) w.ev_class
+    WHERE %s
 ), reads(root, rel) AS (
     SELECT r, r FROM pg_catalog.unnest(%s::pg_catalog.oid[]) AS r
     UNION
@@ -43,16 +47,22 @@ class _Fetches(Protocol):
 
 async def public_reads_protected(session: _Fetches, relations: Mapping[int, Relation],
                                  names: Mapping[int, str]) -> list[str]:
-    """A problem for each public relation of ``relations`` that reads a protected one.
+    """A problem for each public relation of ``relations`` that reads a protected one, or is
+    its inheritance child or partition.
 
     ``names`` gives each relation's name as the policy writes it (``tables.<name>``)."""
     public = [oid for oid, relation in relations.items() if relation.access == "public"]
     protected = [oid for oid, relation in relations.items() if relation.access == "protected"]
     if not public or not protected:
         return []
-    rows = await session.fetch_all(_READS_SQL, (public, protected))
+    reads = await session.fetch_all(_READS_SQL, (True, public, protected))
+    rows_of = await session.fetch_all(_READS_SQL, (False, protected, public))
     return [
         f"tables.{names[int(root)]}: a public relation that reads protected table {names[int(rel)]} (a view of it, "
         "or its inheritance or partition parent) would hand out its rows exactly; make it protected or remove it"
-        for root, rel in rows
+        for root, rel in reads
+    ] + [
+        f"tables.{names[int(rel)]}: a public inheritance child or partition of protected table {names[int(root)]} "
+        "would hand out rows of that table exactly; make it protected or remove it"
+        for root, rel in rows_of
     ]
