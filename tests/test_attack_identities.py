@@ -413,3 +413,20 @@ def test_a_values_check_passed_before_a_reload_is_run_again_after_it(test_db, tm
             assert spent_epsilon(conn) == before
     finally:
         proxy.stop()
+
+
+
+@pytest.mark.parametrize("statements", [
+    ("BEGIN", "SET client_encoding TO LATIN1", "ROLLBACK"),
+    ("BEGIN", "SET LOCAL client_encoding TO LATIN1", "COMMIT"),
+    ("BEGIN", "SELECT set_config('client_encoding', 'LATIN1', true)", "COMMIT"),
+])
+def test_a_client_encoding_a_transaction_undoes_is_undone_for_dpproxy_too(colliding, statements):
+    conn = wire.Wire(colliding.host, colliding.port)
+    try:
+        for sql in statements:
+            _replies(conn, _query(sql))
+        assert _replies(conn, _query("SHOW client_encoding")) == [("D", [b"UTF8"])]
+        assert _replies(conn, wire.message(b"Q", "SELECT 'é' AS v".encode() + b"\0")) == [("D", ["é".encode()])]
+    finally:
+        conn.close()
