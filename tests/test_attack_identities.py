@@ -39,8 +39,8 @@ CREATE TABLE "Émp" (salary integer);
 INSERT INTO "Émp" SELECT 50 FROM generate_series(1, 100);
 CREATE TABLE "émp" (salary integer);
 INSERT INTO "émp" VALUES (1);
-CREATE TABLE id_cols ("éx" integer, "Éx" integer);
-INSERT INTO id_cols SELECT 1, 9 FROM generate_series(1, 1000);
+CREATE TABLE id_cols ("éx" integer, "Éx" integer, "{"l" * 62 + "é"}" integer);
+INSERT INTO id_cols SELECT 1, 9, 5 FROM generate_series(1, 1000);
 CREATE TABLE id_hr.id_emp (salary integer);
 INSERT INTO id_hr.id_emp SELECT 77 FROM generate_series(1, 100);
 CREATE TABLE public.id_emp (salary integer);
@@ -63,7 +63,7 @@ _PROTECTED = "{{access: protected, epsilon: 1.0, columns: {{salary: {{bounds: [0
 POLICY = ATTACK_POLICY_HEAD + f"""\
   public.Émp: {_PROTECTED}
   public.émp: {{{{access: public}}}}
-  public.id_cols: {{{{access: protected, epsilon: 1.0, columns: {{{{"éx": {{{{bounds: [0, 10]}}}}, "Éx": {{{{bounds: [0, 10]}}}}}}}}}}}}
+  public.id_cols: {{{{access: protected, epsilon: 1.0, columns: {{{{"éx": {{{{bounds: [0, 10]}}}}, "Éx": {{{{bounds: [0, 10]}}}}, "{"l" * 62}": {{{{bounds: [0, 10]}}}}}}}}}}}}
   id_hr.id_emp: {_PROTECTED}
   public.id_emp: {{{{access: public}}}}
   public.{"p" * 60 + "é"}: {_PROTECTED}
@@ -108,6 +108,14 @@ def test_an_unquoted_non_ascii_name_in_where_is_the_one_postgresql_folds_it_to(c
 def test_a_subquerys_non_ascii_output_name_is_matched_as_postgresql_folds_it(colliding):
     (total,) = _one(colliding, 'SELECT sum(É) FROM (SELECT "Éx" AS "É", "éx" AS "é" FROM id_cols) AS s')
     assert total > 6000  # "É" is "Éx"; was the sum of "é"
+
+
+def test_a_column_name_past_63_bytes_is_truncated_as_postgresql_truncates_it(colliding):
+    # The column is "l"*62 (the é did not fit in 63 bytes); PostgreSQL reads any longer name
+    # starting so as that column. Was 42703: dpproxy compared the whole name.
+    for name in ("l" * 62 + "é", "l" * 62 + "éxyz", '"' + "l" * 62 + 'éé"'):
+        (total,) = _one(colliding, f"SELECT sum({name}) FROM id_cols WHERE {name} = 5")
+        assert total > 3000, name
 
 
 # ---------------------------------------------------------------- relations: PostgreSQL's own resolution
