@@ -274,13 +274,19 @@ def _select(
     if protected:
         return _protected(statement, protected, registry)
     check_functions(statement, registry.function_names)
-    text = qualify(statement.text, user)
+    # Each relation is written as the one resolved and judged here: a resolution remembered
+    # since (Executor._resolve) must not let the search_path find another when it runs, one
+    # an administrator created meanwhile in an earlier schema.
+    pinned = {(ref.name, target.schema): target for ref, target in resolved.items()
+              if ref.schema is None and target is not None and ref.name not in refs.cte_names}
+    text = qualify(statement.text, user, tuple(sorted(pinned)))
     if references_pg_class:
         # Its subquery names only pg_catalog.pg_class, keyword types and constants.
         text = neutralise_pg_class(
             text,
             registry.pg_class_columns,
-            lambda schema, name: _means_pg_class(RelationRef(schema, name), resolved),
+            lambda schema, name: _means_pg_class(RelationRef(schema, name), resolved)
+            or (schema is not None and pinned.get((name, schema), _NOT_PINNED).oid == PG_CLASS_OID),
         )
     return Passthrough(text)
 
@@ -297,6 +303,9 @@ def _copy(
     inner = _select(query, resolved, registry, user)
     assert isinstance(inner, (Passthrough, DPQuery))
     return CopyOut(inner, options)
+
+
+_NOT_PINNED = ResolvedRelation(0, "", "")
 
 
 def _means_pg_class(ref: RelationRef, resolved: Mapping[RelationRef, ResolvedRelation | None]) -> bool:

@@ -128,6 +128,7 @@ def unsafe_client_encoding(value: str | None) -> Refusal:
         f"client_encoding {shown} is not allowed through dpproxy (rule: client-encoding)",
         "dpproxy reads queries as UTF-8; use UTF8. In SJIS, BIG5, GBK, GB18030, UHC and JOHAB a "
         "character can end in an ASCII byte, so PostgreSQL would read another statement; EUC_TW has no "
-        "codec dpproxy could read it with.",
+        "codec dpproxy could read it with; in EUC_JP, EUC_JIS_2004 and EUC_KR dpproxy's codecs read some "
+        "characters as others than PostgreSQL does.",
         "client-encoding",
     )

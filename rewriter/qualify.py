@@ -14,8 +14,10 @@ SIMILAR TO become their operators, IN lists OR/AND chains, BETWEEN comparisons, 
 ``CASE x WHEN`` searched CASEs, IS [NOT] DISTINCT FROM a NULL-aware comparison, JOIN ... USING
 an ON clause. What cannot be rewritten safely (ORDER BY ... USING, NATURAL JOIN, a USING join
 whose merged column is used unqualified, IS DISTINCT FROM on rows, ``%TYPE``, a name qualified
-with another schema) is refused with 0A000 / 42501. Relations need none of this: they are
-resolved to OIDs before classification, and catalog views are bound to OIDs at creation.
+with another schema) is refused with 0A000 / 42501. Relations are resolved to OIDs before
+classification (catalog views are bound to OIDs at creation); given their schemas, each
+unqualified one is written with the schema it was resolved in, so that a resolution the
+session remembers still names the relation judged when the statement runs.
 """
 
 from __future__ import annotations
@@ -41,24 +43,28 @@ _CATALOG_ONLY = frozenset({PG_CATALOG})
 _OWN_SCHEMA_ONLY = "Write the name without a schema (dpproxy pins it to pg_catalog) or with pg_catalog."
 
 
-def qualify(sql: str, user: str | None = None) -> str:
+def qualify(sql: str, user: str | None = None, schemas: tuple[tuple[str, str], ...] = ()) -> str:
     """``sql`` (one statement) with its functions, operators, types and collations in pg_catalog.
 
     Raises Refusal for forms that cannot be pinned; the result means the same as ``sql``
     with the default search_path, whatever search_path the session has, except that size
     functions answer NULL and, with ``user``, current_user & co. answer ``user``
-    (neutralise.neutralise_calls).
+    (neutralise.neutralise_calls). ``schemas`` pins relations: each unqualified relation
+    named ``name`` of a ``(name, schema)`` pair is written ``schema.name``, the relation
+    dpproxy resolved and judged, whatever the search_path finds when the statement runs.
     """
-    return _qualify(sql, user)
+    return _qualify(sql, user, schemas)
 
 
-@sized_cache(4096, 4 * 1024 * 1024, lambda text, sql, user: len(sql) + len(text))
-def _qualify(sql: str, user: str | None) -> str:
+@sized_cache(4096, 4 * 1024 * 1024, lambda text, sql, user, schemas: len(sql) + len(text))
+def _qualify(sql: str, user: str | None, schemas: tuple[tuple[str, str], ...]) -> str:
     try:
         (raw,) = parse_sql(sql)
     except ParseError as exc:
         raise Refusal(SQLSTATE.SYNTAX_ERROR, str(exc.args[0]), rule="syntax") from exc
     tree = _walk(neutralise_calls(raw.stmt, user))
+    if schemas:
+        _pin_relations(tree, dict(schemas))
     # The deparser's parentheses decide what the text means; read it back to be sure it
     # means the tree we built. Whatever the deparser cannot print, or prints so that it
     # means something else, is refused, never sent.
@@ -70,6 +76,22 @@ def _qualify(sql: str, user: str | None) -> str:
     if not same:
         raise _refuse("this statement's form", "Add parentheses or write the expression more simply.")
     return text
+
+
+def _pin_relations(node: Any, schemas: dict[str, str]) -> None:
+    """Qualify each unqualified RangeVar under ``node`` whose name ``schemas`` maps."""
+    if isinstance(node, tuple):
+        for item in node:
+            _pin_relations(item, schemas)
+        return
+    if not isinstance(node, ast.Node):
+        return
+    if isinstance(node, ast.RangeVar) and node.schemaname is None and node.relname in schemas:
+        node.schemaname = schemas[node.relname]
+    for attr in node:
+        value = getattr(node, attr)
+        if isinstance(value, (ast.Node, tuple)):
+            _pin_relations(value, schemas)
 
 
 def _walk(node: Any) -> Any:

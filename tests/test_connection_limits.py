@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
+import time
 from collections.abc import Iterator
 
 import psycopg
@@ -98,3 +100,60 @@ def test_a_client_past_max_connections_is_refused_before_authentication(limited:
             asyncio.run(asyncio.sleep(0.1))
     else:
         pytest.fail("no slot came back after the held connections closed")
+
+
+def _wrong_password(proxy: RunningProxy) -> None:
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        psycopg.connect(proxy.dsn(password="wrong"), autocommit=True)
+
+
+def _wrong_database(proxy: RunningProxy) -> None:
+    with pytest.raises(psycopg.OperationalError, match="does not exist"):
+        psycopg.connect(proxy.dsn(database="no_such_db"), autocommit=True)
+
+
+def _unsafe_encoding(proxy: RunningProxy) -> None:
+    with pytest.raises(psycopg.OperationalError, match="client-encoding"):
+        psycopg.connect(proxy.dsn(), autocommit=True, client_encoding="SJIS")
+
+
+def _cancel_request(proxy: RunningProxy) -> None:
+    with socket.create_connection((proxy.host, proxy.port), timeout=15) as sock:
+        sock.sendall(struct.pack("!iiii", 16, 80877102, 12345, 678))
+        assert sock.recv(1) == b""  # answered by closing
+
+
+def _ssl_request_abandoned(proxy: RunningProxy) -> None:
+    with socket.create_connection((proxy.host, proxy.port), timeout=15) as sock:
+        sock.sendall(struct.pack("!ii", 8, 80877103))
+        assert sock.recv(1) == b"N"
+
+
+def _startup_cut_off(proxy: RunningProxy) -> None:
+    with socket.create_connection((proxy.host, proxy.port), timeout=15) as sock:
+        sock.sendall(wire.startup(user="analyst", database="dpproxy_test"))
+        sock.recv(1)  # the authentication request; the client goes away without answering
+
+
+@pytest.mark.parametrize("attempt", [_wrong_password, _wrong_database, _unsafe_encoding, _cancel_request,
+                                     _ssl_request_abandoned, _startup_cut_off])
+def test_a_failed_or_abandoned_connection_gives_its_slots_back(limited: RunningProxy, attempt):
+    for _ in range(10):  # more than both limits
+        attempt(limited)
+    deadline = time.monotonic() + 10
+    while True:  # the server sees an abandoned socket end a moment later
+        sessions: list[psycopg.Connection] = []
+        try:
+            for _ in range(3):
+                sessions.append(_analyst(limited))
+            break
+        except psycopg.OperationalError:
+            for conn in sessions:
+                conn.close()
+            assert time.monotonic() < deadline, "a slot was never given back"
+            time.sleep(0.1)
+    try:
+        assert [conn.execute("SELECT 1").fetchone() for conn in sessions] == [(1,)] * 3
+    finally:
+        for conn in sessions:
+            conn.close()

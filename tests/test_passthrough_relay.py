@@ -155,7 +155,7 @@ def test_fast_path_only_for_passthrough(proxy: RunningProxy, relayed: list[str])
             assert len(list(copy.rows())) == 3  # COPY reads the decoded rows
         assert relayed == []
         conn.execute("SELECT typname FROM pg_type LIMIT 1").fetchall()
-        assert relayed == ["SELECT typname FROM pg_type LIMIT 1"]
+        assert relayed == ["SELECT typname FROM pg_catalog.pg_type LIMIT 1"]  # pinned to the relation resolved
 
 
 def test_fast_path_runs_the_neutralised_sql(proxy: RunningProxy, admin, relayed: list[str]) -> None:

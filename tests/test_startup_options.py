@@ -20,6 +20,13 @@ def test_options_split_as_postgresql_splits_them():
     assert _split("") == [] and _split(r"\ ") == [" "]
 
 
+@pytest.mark.parametrize("space", ["\u00a0", "\u2003", "\x1c", "\x85"])
+def test_options_split_only_at_the_spaces_postgresql_splits_at(space):
+    # Python's isspace split "-c<NBSP>search_path=x" into a setting PostgreSQL reads as one
+    # word, a parameter named "<NBSP>search_path" that does not exist.
+    assert _split(f"-c{space}search_path=x\t-cTimeZone=UTC") == [f"-c{space}search_path=x", "-cTimeZone=UTC"]
+
+
 def test_settings_in_options_are_the_sessions(proxy: RunningProxy):
     options = r"-c search_path=pg_catalog,public --TimeZone=Asia/Kathmandu -cdpproxy.epsilon=0.25"
     with psycopg.connect(proxy.dsn(), autocommit=True, options=options) as conn:

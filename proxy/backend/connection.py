@@ -33,6 +33,7 @@ from .data_rows import data_rows
 from .cancellable import CancellableWait
 from .errors import BackendError, BackendLost, BackendUnavailable
 from .policy_fit import column_fit_problems
+from .relation_reads import public_reads_protected
 from .pool import UNKNOWN, BackendPool, PooledConnection, PoolTimeout, State, open_backend
 from .result_waiter import NotSent
 from .row_stream import HELD_RESULT_BYTES, RowStream
@@ -866,6 +867,7 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
     hashable = await _ctid_hashable(session, [target.oid for target in resolved.values() if target is not None])
     primary_keys = await _primary_keys(session, [target.oid for target in resolved.values() if target is not None])
     relations: dict[int, Relation] = {}
+    names: dict[int, str] = {}
     problems: list[str] = []
     for name, table_policy in policy.tables.items():
         target = resolved.get(refs[name])
@@ -895,6 +897,8 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
         relations[target.oid] = Relation(
             target.oid, target.schema, target.name, table_policy, columns, partition_key=key, hashed_columns=row_columns,
         )
+        names[target.oid] = name
+    problems += await public_reads_protected(session, relations, names)
     if problems:
         raise PolicyError(problems)
     pg_class = await session.fetch_row(

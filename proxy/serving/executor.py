@@ -231,7 +231,9 @@ class Executor:
 
         Only dpproxy's own sessions could move it, and every such statement bumps the
         generation; relations created or dropped meanwhile by an administrator are seen
-        after the next generation change (analysts cannot create relations).
+        after the next generation change (a reload is one; analysts cannot create
+        relations). Until then a passthrough statement still reads the relations it was
+        judged by: it names each with the schema it was resolved in (rewriter.qualify).
         """
         if not refs:
             return {}
@@ -583,13 +585,16 @@ class Executor:
         # A connection already known lost (or one that cannot be opened) fails the query
         # before it costs anything.
         await self.backend.usable()
+        # A check passed is remembered under these settings and the table registry in force:
+        # after a reload the same text can read a column of another type.
+        checked_under = (*settings, self.server.registry)
         for checked in (plan, ranking):
             if checked is not None and (params.values or (checked.where_sql is not None and "'" in checked.where_sql)):
-                await self._check_values(sql if checked is plan else backend_sql(checked, seed=0), params, settings)
+                await self._check_values(sql if checked is plan else backend_sql(checked, seed=0), params, checked_under)
         if plan.post is not None:
-            await self._try_post_processing(plan, encoding.codec, settings)
+            await self._try_post_processing(plan, encoding.codec, checked_under)
         if ranking is not None and ranking.post is not None:
-            await self._try_post_processing(ranking, encoding.codec, settings, ranking=True)
+            await self._try_post_processing(ranking, encoding.codec, checked_under, ranking=True)
         # The ledger's history carries the audit log's fingerprint, so the two can be joined.
         balance = await self.server.budget.charge(self.user, epsilon, delta, fingerprint)
         cost = self._charged = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta)
@@ -658,7 +663,7 @@ class Executor:
                 raise Refusal(SQLSTATE.FEATURE_NOT_SUPPORTED, str(UnsupportedBinaryType(column.type_oid)),
                               "Request text format for this column.")
 
-    async def _check_values(self, sql: str, params: BoundParams, settings: tuple[str | None, ...]) -> None:
+    async def _check_values(self, sql: str, params: BoundParams, settings: tuple[object, ...]) -> None:
         """Raise, before the charge, the errors of values the column types cannot read.
 
         A literal (``age = 'abc'``) fails PostgreSQL's parse analysis of ``sql``, a parameter
@@ -677,7 +682,7 @@ class Executor:
         await self.backend.execute(f"SELECT 1 FROM ({sql}) AS checked LIMIT 0", params if params.values else None)
         _PASSED.add(passed)
 
-    async def _try_post_processing(self, plan: AggregateQuery, codec: str, settings: tuple[str | None, ...],
+    async def _try_post_processing(self, plan: AggregateQuery, codec: str, settings: tuple[object, ...],
                                    ranking: bool = False) -> None:
         """Run the plan's outer statement once over its keys and NULL aggregates, reading nothing
         of the table: an error it raises there is decided by the statement alone (a key's label

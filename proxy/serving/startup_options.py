@@ -38,6 +38,11 @@ def with_options(params: dict[str, str], forwarded: frozenset[str]) -> tuple[dic
     return merged, warnings
 
 
+# What pg_split_opts splits at: C's isspace, ASCII only (not U+00A0, U+2003, U+001C ... which
+# Python's str.isspace also counts).
+_SPACE = frozenset(" \t\n\v\f\r")
+
+
 def _split(text: str) -> list[str]:
     """``options`` split at whitespace, a backslash taking the next character as it is
     (PostgreSQL's pg_split_opts)."""
@@ -50,7 +55,7 @@ def _split(text: str) -> list[str]:
             escaped = False
         elif character == "\\":
             started = escaped = True
-        elif character.isspace():
+        elif character in _SPACE:
             if started:
                 words.append("".join(current))
                 current, started = [], False

@@ -1,0 +1,68 @@
+"""Which rows a public relation hands out: a policy must not publish a protected table's rows.
+
+A passthrough statement on a public relation returns its rows as they are. PostgreSQL reads
+more than the named relation when it is a view or materialized view (the relations its rules
+read) or an inheritance or partitioned parent (every child's rows, unless the statement says
+``ONLY``). ``serve``, a reload and ``check-config`` refuse a policy in which a relation marked
+``public`` reads, so, a protected one: the name would denote the protected rows, exactly. And
+one in which a public relation is an inheritance child or partition of a protected one: its
+rows are rows of the protected table. (A public table a protected view reads, a lookup table
+joined in, stays public: its rows are not the view's.) A function a view calls is not followed
+(its body names no dependency); see threat-model.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, Sequence
+
+from policies.tables import Relation
+
+__all__ = ["public_reads_protected"]
+
+# Every relation each root reads, transitively: inheritance and partition children, and the
+# relations a view's or materialized view's rewrite rules depend on.
+_READS_SQL = """
+WITH RECURSIVE edges(parent, child) AS (
+    SELECT i.inhparent, i.inhrelid FROM pg_catalog.pg_inherits i
+    UNION ALL
+    SELECT w.ev_class, d.refobjid
+    FROM pg_catalog.pg_rewrite w
+    JOIN pg_catalog.pg_depend d ON d.objid OPERATOR(pg_catalog.=) w.oid
+     AND d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_rewrite'::pg_catalog.regclass
+     AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+     AND d.refobjid OPERATOR(pg_catalog.<>) w.ev_class
+    WHERE %s
+), reads(root, rel) AS (
+    SELECT r, r FROM pg_catalog.unnest(%s::pg_catalog.oid[]) AS r
+    UNION
+    SELECT reads.root, edges.child FROM reads JOIN edges ON edges.parent OPERATOR(pg_catalog.=) reads.rel
+)
+SELECT root, rel FROM reads WHERE rel OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[]) ORDER BY root, rel
+"""
+
+
+class _Fetches(Protocol):
+    async def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+
+async def public_reads_protected(session: _Fetches, relations: Mapping[int, Relation],
+                                 names: Mapping[int, str]) -> list[str]:
+    """A problem for each public relation of ``relations`` that reads a protected one, or is
+    its inheritance child or partition.
+
+    ``names`` gives each relation's name as the policy writes it (``tables.<name>``)."""
+    public = [oid for oid, relation in relations.items() if relation.access == "public"]
+    protected = [oid for oid, relation in relations.items() if relation.access == "protected"]
+    if not public or not protected:
+        return []
+    reads = await session.fetch_all(_READS_SQL, (True, public, protected))
+    rows_of = await session.fetch_all(_READS_SQL, (False, protected, public))
+    return [
+        f"tables.{names[int(root)]}: a public relation that reads protected table {names[int(rel)]} (a view of it, "
+        "or its inheritance or partition parent) would hand out its rows exactly; make it protected or remove it"
+        for root, rel in reads
+    ] + [
+        f"tables.{names[int(rel)]}: a public inheritance child or partition of protected table {names[int(root)]} "
+        "would hand out rows of that table exactly; make it protected or remove it"
+        for root, rel in rows_of
+    ]
