@@ -14,7 +14,6 @@ docs/mechanisms.md). The cells' keys come from the policy, not from the rows.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Sequence
 
@@ -166,9 +165,8 @@ def kept_series(plan: AggregateQuery, answer: DPAnswer, ranked: DPAnswer, kept: 
 
 
 def _cell_keys(plan: AggregateQuery, codec: str) -> Iterator[tuple[bytes, ...]]:
-    """Every cell's keys, as text in ``codec``, in cell order (row-major over the keys' declared domains)."""
-    labels = [[label.encode(codec) for label in key.labels()] for key in plan.groups]
-    return itertools.product(*labels)
+    """Every cell's keys, as text in ``codec``, in cell order (``plan.domain``'s)."""
+    return (tuple(label.encode(codec) for label in labels) for labels in plan.domain.labels())
 
 
 def _key_fields(plan: AggregateQuery) -> list[Field]:

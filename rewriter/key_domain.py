@@ -1,0 +1,200 @@
+"""The cells of a GROUP BY over declared keys: their order, their labels, and a group's cell.
+
+Keys over different columns (and any key that is not a date key) give the product of their
+domains, as each key's cells are (:class:`rewriter.group_keys.GroupKey`). Date keys over one
+time column, when one of them is a function of a bucket (a ``part``: month of year, day of week,
+a Sunday week, ``rewriter.date_parts``), are taken together: their cells are the distinct tuples
+of values the times of the column's buckets give, not their product (a Power BI hierarchy's
+year, quarter and month has no "2023, Q1, July" cell), and a date part alone has one cell per
+value it takes (month of year over three months of a range: three cells).
+
+Those tuples are computed from the keys' buckets, each narrowed to the WHERE's time bounds,
+never from the rows: every time the keys' buckets all hold is walked through, one day (or one
+bucket of the finest unit, when the keys' units nest) at a time, and each new tuple is a cell,
+named by the first such time (its representative: the outer statement computes each key from
+it, as PostgreSQL computes the key from a row, so types and labels are PostgreSQL's). Cells are
+in the order of their tuples. Each row is in the cell of its buckets' tuple, so the cells still
+partition the rows and each is a union of cells of the ``DATE_TRUNC`` keys of the same units.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+
+from policies.time_buckets import TimeUnit, bucket_start, truncate
+
+from .date_parts import DatePart, part_value
+from .group_keys import GroupKey
+
+__all__ = ["KeyDomain", "key_domain"]
+
+_ORDER: dict[TimeUnit, int] = {"day": 0, "week": 1, "month": 2, "quarter": 3, "year": 4}
+# Parts whose values repeat every 400 years (146097 days, a whole number of weeks): a walk of
+# 400 years from the start meets every tuple of them.
+_PERIODIC: frozenset[DatePart | None] = frozenset({"month", "quarter", "day", "dow", "isodow", "doy", "week"})
+_CYCLE_YEARS = 400
+_Value = int | datetime
+
+
+@dataclass(frozen=True)
+class _Factor:
+    """One factor of the product: a single key's own cells, or date keys over one column taken
+    together (``joint``: each cell's values, one per key; ``starts``: each cell's representative)."""
+
+    keys: tuple[int, ...]
+    size: int
+    joint: tuple[tuple[_Value, ...], ...] = ()
+    starts: tuple[datetime, ...] = ()
+
+
+@dataclass(frozen=True)
+class KeyDomain:
+    """The cells of a plan's keys: ``size`` of them (more than the limit when ``exceeded``)."""
+
+    groups: tuple[GroupKey, ...]
+    factors: tuple[_Factor, ...]
+    exceeded: bool = False
+
+    @property
+    def size(self) -> int:
+        size = 1
+        for factor in self.factors:
+            size *= factor.size
+        return size if self.groups else 1
+
+    def labels(self) -> Iterator[tuple[str, ...]]:
+        """Every cell's keys as text their types read back, in key order, in cell order."""
+        per_factor = [self._factor_labels(factor) for factor in self.factors]
+        for combination in itertools.product(*per_factor):
+            labels: list[str] = [""] * len(self.groups)
+            for factor, cell in zip(self.factors, combination):
+                for key, label in zip(factor.keys, cell):
+                    labels[key] = label
+            yield tuple(labels)
+
+    def _factor_labels(self, factor: _Factor) -> list[tuple[str, ...]]:
+        if not factor.joint:
+            return [(label,) for label in self.groups[factor.keys[0]].labels()]
+        keys = [self.groups[i] for i in factor.keys]
+        return [tuple(key.label_at(start if key.part is not None else truncate(_unit(key), start)) for key in keys)
+                for start in factor.starts]
+
+    def cell(self, coordinates: Sequence[int | None]) -> int | None:
+        """The cell of a group whose keys' cells are ``coordinates`` (each key's ``cell_of``: a
+        time key's bucket), or None if it is in none."""
+        if any(coordinate is None for coordinate in coordinates):
+            return None
+        cell = 0
+        for factor in self.factors:
+            if not factor.joint:
+                coordinate = coordinates[factor.keys[0]]
+                assert coordinate is not None
+                cell = cell * factor.size + coordinate
+                continue
+            values = []
+            for i in factor.keys:
+                key, index = self.groups[i], coordinates[i]
+                assert key.first is not None and index is not None
+                values.append(key.value_at(bucket_start(_unit(key), key.first, index)))
+            found = _position(factor.joint, tuple(values))
+            if found is None:
+                return None
+            cell = cell * factor.size + found
+        return cell
+
+
+def key_domain(groups: tuple[GroupKey, ...], limit: int) -> KeyDomain:
+    """The cells of ``groups`` (module docstring); a joint factor stops counting past ``limit``."""
+    factors: list[_Factor] = []
+    joined: dict[str, list[int]] = {}
+    for key in groups:
+        if key.part is not None:
+            joined.setdefault(key.column.name, [])
+    for i, key in enumerate(groups):
+        if key.kind == "time" and key.column.name in joined:
+            joined[key.column.name].append(i)
+    exceeded = False
+    placed: set[int] = set()
+    for i, key in enumerate(groups):
+        if i in placed:
+            continue
+        members = joined.get(key.column.name) if key.kind == "time" else None
+        if members is None:
+            factors.append(_Factor((i,), key.size))
+            continue
+        placed.update(members)
+        values, starts, over = _walk(tuple(_spec(groups[j]) for j in members), limit)
+        exceeded = exceeded or over
+        factors.append(_Factor(tuple(members), len(values), values, starts))
+    return KeyDomain(groups, tuple(factors), exceeded)
+
+
+def _spec(key: GroupKey) -> tuple[TimeUnit, datetime, int, DatePart | None]:
+    assert key.unit is not None and key.first is not None
+    return key.unit, key.first, key.count, key.part
+
+
+def _unit(key: GroupKey) -> TimeUnit:
+    assert key.unit is not None
+    return key.unit
+
+
+@lru_cache(maxsize=256)
+def _walk(specs: tuple[tuple[TimeUnit, datetime, int, DatePart | None], ...],
+          limit: int) -> tuple[tuple[tuple[_Value, ...], ...], tuple[datetime, ...], bool]:
+    """The distinct tuples of the keys' values over the times all their buckets hold, in order,
+    each with the first time that gives it; and whether there are more than ``limit``."""
+    if any(count <= 0 for _, _, count, _ in specs):
+        return (), (), False
+    units = {unit for unit, _, _, _ in specs}
+    finest = min(units, key=_ORDER.__getitem__)
+    # Weeks do not nest in months: walk days unless the units nest.
+    step: TimeUnit = "day" if "week" in units and len(units) > 1 else finest
+    start = max(first for _, first, _, _ in specs)
+    end = min(_end(unit, first, count) for unit, first, count, _ in specs)
+    if all(part in _PERIODIC for _, _, _, part in specs):
+        try:
+            end = min(end, start.replace(year=start.year + _CYCLE_YEARS))
+        except ValueError:
+            pass
+    seen: dict[tuple[_Value, ...], datetime] = {}
+    moment = truncate(step, start)
+    while moment < end:
+        if moment >= start:
+            values = tuple(_value(unit, part, moment) for unit, _, _, part in specs)
+            if values not in seen:
+                seen[values] = moment
+                if len(seen) > limit:
+                    break
+        try:
+            moment = bucket_start(step, moment, 1)
+        except (OverflowError, ValueError):
+            break
+    ordered = sorted(seen)
+    return tuple(ordered), tuple(seen[values] for values in ordered), len(seen) > limit
+
+
+def _value(unit: TimeUnit, part: DatePart | None, moment: datetime) -> _Value:
+    """A key's value at ``moment``: its part of its bucket's start, or that start (``GroupKey.value_at``)."""
+    start = truncate(unit, moment)
+    return start if part is None else part_value(part, start)
+
+
+def _end(unit: TimeUnit, first: datetime, count: int) -> datetime:
+    try:
+        return bucket_start(unit, first, count)
+    except (OverflowError, ValueError):
+        return datetime.max
+
+
+@lru_cache(maxsize=256)
+def _positions(joint: tuple[tuple[_Value, ...], ...]) -> dict[tuple[_Value, ...], int]:
+    return {values: i for i, values in enumerate(joint)}
+
+
+def _position(joint: tuple[tuple[_Value, ...], ...], values: tuple[_Value, ...]) -> int | None:
+    return _positions(joint).get(values)
