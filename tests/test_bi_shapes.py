@@ -797,6 +797,19 @@ def test_a_series_limit_above_the_number_of_series_keeps_every_declared_series(b
     assert sorted((r[0].month, r[1]) for r in rows) == sorted((m, s) for m in (3, 4, 5, 6) for s in ("Female", "Male"))
 
 
+def test_a_series_limit_over_a_date_part_keeps_its_series_in_every_month(bi, admin):
+    # Each plan names a day of week's cells by a day of its own (the outer one a day of each
+    # month): a series is kept by its day of week, not by that day. Before, only March's rows came back.
+    sql = (f"SELECT DATE_TRUNC('MONTH', visited_at) AS m, EXTRACT(DOW FROM visited_at) AS d, COUNT(*) AS count "
+           f"FROM public.visits JOIN (SELECT EXTRACT(DOW FROM visited_at) AS d__, COUNT(*) AS mme_inner__ "
+           f"FROM public.visits WHERE {_VISITS_RANGE} GROUP BY EXTRACT(DOW FROM visited_at) "
+           f"ORDER BY COUNT(*) DESC LIMIT 7) AS series_limit ON EXTRACT(DOW FROM visited_at) = d__ "
+           f"WHERE {_VISITS_RANGE} GROUP BY DATE_TRUNC('MONTH', visited_at), EXTRACT(DOW FROM visited_at)")
+    rows, direct = _both(bi, admin, sql)
+    assert sorted((r[0], r[1]) for r in rows) == sorted((r[0], r[1]) for r in direct)
+    assert len(rows) == 4 * 7
+
+
 def test_a_series_limit_is_charged_once_its_epsilon_split_over_both_releases(bi):
     with bi.connect() as conn:
         notices: list[str] = []
