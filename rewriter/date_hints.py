@@ -47,7 +47,9 @@ def date_shape_advice(node: exp.Expression) -> str | None:
     unit = _OF_PERIOD.get(field)
     if unit is None:
         return None
-    return f"EXTRACT({field.upper()} FROM col) is answered over a column whose policy opts '{unit}' in."
+    return (f"EXTRACT({field.upper()} FROM col) itself (maybe cast to an integer, in TRUNC, plus an integer) is a "
+            f"key of a column whose policy opts '{unit}' in, other expressions of it are not: group by it and compute "
+            "the rest in the select list.")
 
 
 def part_advice(part: str, column: str, units: tuple[str, ...]) -> str:

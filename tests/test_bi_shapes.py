@@ -348,6 +348,8 @@ _DATE_PARTS = [
     ("SELECT date_part('quarter', visited_at) AS q, count(*) FROM visits GROUP BY 1", 4),
     ("SELECT date_part('month', visited_at) AS m, count(*) FROM visits GROUP BY date_part('month', visited_at)", 12),
     ("SELECT date_part('day', visited_at) AS d, count(*) FROM visits GROUP BY 1", 31),
+    # an expression of the key in the select list is computed over it, as in PostgreSQL
+    ("SELECT EXTRACT(MONTH FROM visited_at) * 2 AS m2, count(*) FROM visits GROUP BY EXTRACT(MONTH FROM visited_at)", 12),
     # timestamptz: parts in the session's TimeZone; the quarter over 'month', the ISO week over 'day'
     ("SELECT EXTRACT(ISODOW FROM logged_at) AS d, count(*) FROM visits GROUP BY 1", 7),
     ("SELECT date_part('quarter', logged_at) AS q, count(*) FROM visits GROUP BY 1", 4),
@@ -402,6 +404,24 @@ def test_date_keys_over_one_column_beside_a_category_are_their_tuples_times_the_
     assert [(r[0], r[2]) for r in rows] == [(s, float(m)) for s in ("Male", "Female") for m in range(1, 13)]
 
 
+@pytest.mark.parametrize("sql, cells", [
+    # a filter's list of values: the values the declared range gives, at ε 0
+    ("SELECT DISTINCT EXTRACT(MONTH FROM visited_at) AS m FROM visits", 12),
+    ("SELECT date_part('dow', logged_at) FROM visits GROUP BY 1 ORDER BY 1", 7),
+    # Metabase ≥ 0.50: the breakout computed in its "source" subquery, grouped above it
+    (f'SELECT "source"."m" AS "m", count(*) AS "count" FROM (SELECT CAST(extract(month from {_V}) AS integer) '
+     'AS "m" FROM "public"."visits") AS "source" GROUP BY "source"."m" ORDER BY "source"."m" ASC', 12),
+])
+def test_date_parts_as_a_list_of_values_or_under_a_wrapper_are_answered(bi, admin, sql, cells):
+    with bi.connect() as conn:
+        before = conn.execute("SHOW dpproxy.budget").fetchone()
+    rows, direct = _both(bi, admin, sql)
+    assert [r[0] for r in rows] == sorted(r[0] for r in direct if r[0] is not None) and len(rows) == cells
+    with bi.connect() as conn:
+        after = conn.execute("SHOW dpproxy.budget").fetchone()
+    assert (after[1] == before[1]) == ("count" not in sql)  # keys alone are the policy's: nothing charged
+
+
 _SUNDAY_WEEKS = [
     # Metabase's week (its default first day of the week, Sunday): the Monday week of the next day, a day earlier
     (f"SELECT (date_trunc('week', ({_V} + INTERVAL '1 day')) + INTERVAL '-1 day') AS \"visited_at\", count(*) AS "
@@ -452,6 +472,7 @@ def test_a_date_column_grouped_by_itself_is_its_day_bucket(test_db, tmp_path_fac
     ("SELECT visited_on, count(*) FROM visits GROUP BY 1", "opts 'day' in"),
     ("SELECT visited_at, count(*) FROM visits GROUP BY 1", "CAST(visited_at AS DATE)"),
     ("SELECT extract(hour from visited_at), count(*) FROM visits GROUP BY 1", "finer than any unit"),
+    ("SELECT EXTRACT(MONTH FROM visited_at) * 2, count(*) FROM visits GROUP BY 1", "group by it and compute"),
     # Metabase's Sunday weeks over a column that opts 'week' in but not 'day'
     ('SELECT CAST((date_trunc(\'week\', ("public"."visits"."visited_on" + INTERVAL \'1 day\')) + INTERVAL \'-1 day\') '
      'AS date) AS "visited_on", count(*) AS "count" FROM "public"."visits" GROUP BY 1', "opts 'day' in also answers"),
