@@ -632,9 +632,13 @@ def group_by_hint(scope: Scope, advice: str | None = None) -> str:
             keys.append(f"{column.name} (its {len(policy.categories)} categories"
                         + (f" and {policy.other!r}" if policy.other is not None else "") + ")")
         elif policy.time_units:
+            parts = [part for part, units in PART_UNITS.items()
+                     if part not in ("sunday_week", "date") and set(units) & set(policy.time_units)]
             keys.append(f"DATE_TRUNC('{'|'.join(policy.time_units)}', {column.name})"
                         + (f" (also Grafana's floor(extract(epoch from {column.name})/N)*N, N a multiple of 86400)"
-                           if "day" in policy.time_units else ""))
+                           if "day" in policy.time_units else "")
+                        + (f", EXTRACT({'|'.join(part.upper() for part in parts)} FROM {column.name})" if parts else "")
+                        + (f", CAST({column.name} AS DATE) and Sunday weeks" if "day" in policy.time_units else ""))
         elif policy.bounds is not None:
             keys.append(f"width_bucket({column.name}, lo, hi, n)"
                         + (f" and {column.name}" if column_key_count(column) is not None else ""))

@@ -486,6 +486,12 @@ def test_date_keys_no_opted_in_unit_decides_stay_refused_with_what_to_do(bi, sql
     assert advice in (diag.message_hint or "")
 
 
+def test_the_group_by_hint_lists_the_date_parts_each_time_column_answers(bi):
+    hint = _refused(bi, "SELECT device, count(*) FROM visits GROUP BY 1").message_hint or ""
+    assert "EXTRACT(MONTH|QUARTER|WEEK FROM visited_on)" in hint  # month, quarter, week opted in
+    assert "EXTRACT(MONTH|QUARTER|DAY|DOW|ISODOW|DOY|WEEK FROM logged_at), CAST(logged_at AS DATE)" in hint
+
+
 @pytest.mark.parametrize("sql", [
     "SELECT EXTRACT(YEAR FROM logged_at), count(*) FROM visits GROUP BY 1",   # the policy opts no year in
     "SELECT EXTRACT(YEAR FROM visited_at) + 1, count(*) FROM visits GROUP BY 1",
