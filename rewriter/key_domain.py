@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import lru_cache
 
 from policies.time_buckets import TimeUnit, bucket_start, truncate
@@ -36,7 +36,7 @@ _ORDER: dict[TimeUnit, int] = {"day": 0, "week": 1, "month": 2, "quarter": 3, "y
 # Parts whose values repeat every 400 years (146097 days, a whole number of weeks): a walk of
 # 400 years from the start meets every tuple of them.
 _PERIODIC: frozenset[DatePart | None] = frozenset({"month", "quarter", "day", "dow", "isodow", "doy", "week"})
-_CYCLE_YEARS = 400
+_CYCLE = timedelta(days=146097)
 _Value = int | datetime
 
 
@@ -156,11 +156,8 @@ def _walk(specs: tuple[tuple[TimeUnit, datetime, int, DatePart | None], ...],
     step: TimeUnit = "day" if "week" in units and len(units) > 1 else finest
     start = max(first for _, first, _, _ in specs)
     end = min(_end(unit, first, count) for unit, first, count, _ in specs)
-    if all(part in _PERIODIC for _, _, _, part in specs):
-        try:
-            end = min(end, start.replace(year=start.year + _CYCLE_YEARS))
-        except ValueError:
-            pass
+    if all(part in _PERIODIC for _, _, _, part in specs) and end - start > _CYCLE:
+        end = start + _CYCLE
     seen: dict[tuple[_Value, ...], datetime] = {}
     moment = truncate(step, start)
     while moment < end:
