@@ -28,7 +28,7 @@ _WEEK_START = (
 )
 # A date part to the unit whose DATE_TRUNC keeps it apart in every year (or week).
 _OF_PERIOD = {"month": "month", "quarter": "quarter", "week": "week", "day": "day", "doy": "day",
-              "dow": "day", "isodow": "day"}
+              "dow": "day", "isodow": "day", "weekday": "day"}
 _FINER = frozenset({"hour", "minute", "second", "milliseconds", "microseconds", "epoch"})
 
 

@@ -11,7 +11,9 @@ whose bucket decides it (the first one the column opts in is used):
   wrapped in Tableau's ``TRUNC(...)``, a cast to an integer or numeric type, and (Metabase's day
   of week, ``CAST(extract(dow from col) AS integer) + 1``) plus or minus an integer literal:
   ``month`` (month), ``quarter`` (quarter, month), ``day``/``dow``/``isodow``/``doy`` (day),
-  ``week``, the ISO week number (week, day);
+  ``week``, the ISO week number (week, day); and Metabase's day of week counted from a first
+  day other than Sunday, ``CASE WHEN mod(E, 7) = 0 THEN 7 ELSE mod(E, 7) END`` with ``E`` the
+  day of week plus an integer (``weekday``: day);
 * weeks that start on Sunday, a function of the day: Metabase's ``date_trunc('week', col +
   INTERVAL '1 day') + INTERVAL '-1 day'`` and Tableau's ``DATE_TRUNC('day', CAST(col AS DATE)) +
   (-EXTRACT(DOW FROM col) * INTERVAL '1 DAY')``, maybe cast to a date;
@@ -38,12 +40,12 @@ from policies.time_buckets import TimeUnit
 
 __all__ = ["DatePart", "PART_UNITS", "PartShape", "date_part_shape", "part_value", "time_source"]
 
-DatePart = Literal["month", "quarter", "day", "dow", "isodow", "doy", "week", "sunday_week", "date"]
+DatePart = Literal["month", "quarter", "day", "dow", "isodow", "doy", "week", "weekday", "sunday_week", "date"]
 
 # The units whose bucket decides each part, preferred first.
 PART_UNITS: dict[DatePart, tuple[TimeUnit, ...]] = {
     "month": ("month",), "quarter": ("quarter", "month"), "day": ("day",), "dow": ("day",), "isodow": ("day",),
-    "doy": ("day",), "week": ("week", "day"), "sunday_week": ("day",), "date": ("day",),
+    "doy": ("day",), "week": ("week", "day"), "weekday": ("day",), "sunday_week": ("day",), "date": ("day",),
 }
 # EXTRACT's (and date_part's) spellings of the parts above (PostgreSQL's own abbreviations).
 _FIELDS: dict[str, DatePart] = {
@@ -95,6 +97,9 @@ def date_part_shape(item: exp.Expression) -> PartShape | None:
         source = time_source(node.this)
         if source is not None and source[1] is None:
             return PartShape(source[0], None, "date")
+    weekday = _weekday(node)
+    if weekday is not None:
+        return weekday
     node, shift = _shifted(node)
     if isinstance(node, exp.Cast) and node.to.this in _NUMBER_CASTS and not node.to.expressions:
         node = _bare(node.this)
@@ -117,7 +122,7 @@ def part_value(part: DatePart, start: datetime) -> int | datetime:
         return (start.month - 1) // 3 + 1
     if part == "day":
         return start.day
-    if part == "dow":
+    if part in ("dow", "weekday"):
         return start.isoweekday() % 7
     if part == "isodow":
         return start.isoweekday()
@@ -143,12 +148,33 @@ def _extracted(node: exp.Expression | None) -> DatePart | None:
 
 
 def _shifted(node: exp.Expression | None) -> tuple[exp.Expression | None, int]:
-    """``node`` without an integer literal added to it or subtracted from it, and that integer."""
-    if isinstance(node, (exp.Add, exp.Sub)):
+    """``node`` without the integer literals added to it or subtracted from it, and their sum."""
+    total = 0
+    while isinstance(node, (exp.Add, exp.Sub)):
         amount = _integer(node.expression)
-        if amount is not None:
-            return _bare(node.this), amount if isinstance(node, exp.Add) else -amount
-    return node, 0
+        if amount is None:
+            break
+        total += amount if isinstance(node, exp.Add) else -amount
+        node = _bare(node.this)
+    return node, total
+
+
+def _weekday(node: exp.Expression | None) -> PartShape | None:
+    """Metabase's day of week from another first day (module docstring): a bijection of the day of week."""
+    if not isinstance(node, exp.Case) or node.this is not None or len(node.args.get("ifs") or []) != 1:
+        return None
+    branch = node.args["ifs"][0]
+    condition, then, otherwise = _bare(branch.this), _bare(branch.args.get("true")), _bare(node.args.get("default"))
+    if not (isinstance(condition, exp.EQ) and _integer(condition.expression) == 0 and _integer(then) == 7):
+        return None
+    remainder = _bare(condition.this)
+    if not (isinstance(remainder, exp.Mod) and isinstance(otherwise, exp.Mod) and remainder == otherwise
+            and _integer(remainder.expression) == 7):
+        return None
+    inner = date_part_shape(remainder.this)
+    if inner is None or inner.part != "dow":
+        return None
+    return PartShape(inner.column, inner.cast, "weekday", inner.shift)
 
 
 def _integer(node: exp.Expression | None) -> int | None:

@@ -633,7 +633,7 @@ def group_by_hint(scope: Scope, advice: str | None = None) -> str:
                         + (f" and {policy.other!r}" if policy.other is not None else "") + ")")
         elif policy.time_units:
             parts = [part for part, units in PART_UNITS.items()
-                     if part not in ("sunday_week", "date") and set(units) & set(policy.time_units)]
+                     if part not in ("weekday", "sunday_week", "date") and set(units) & set(policy.time_units)]
             keys.append(f"DATE_TRUNC('{'|'.join(policy.time_units)}', {column.name})"
                         + (f" (also Grafana's floor(extract(epoch from {column.name})/N)*N, N a multiple of 86400)"
                            if "day" in policy.time_units else "")

@@ -35,7 +35,8 @@ __all__ = ["KeyDomain", "key_domain"]
 _ORDER: dict[TimeUnit, int] = {"day": 0, "week": 1, "month": 2, "quarter": 3, "year": 4}
 # Parts whose values repeat every 400 years (146097 days, a whole number of weeks): a walk of
 # 400 years from the start meets every tuple of them.
-_PERIODIC: frozenset[DatePart | None] = frozenset({"month", "quarter", "day", "dow", "isodow", "doy", "week"})
+_PERIODIC: frozenset[DatePart | None] = frozenset({"month", "quarter", "day", "dow", "isodow", "doy", "week",
+                                                   "weekday"})
 _CYCLE = timedelta(days=146097)
 _Value = int | datetime
 

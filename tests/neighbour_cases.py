@@ -296,7 +296,9 @@ _KEYS = ("t", "v", "i2", "date_trunc('month', d)", "date_trunc('week', d)", "dat
          "CAST(extract(month from CAST(d AS timestamp)) AS integer)", "EXTRACT(WEEK FROM tz)",
          "(date_trunc('week', (ts + INTERVAL '1 day')) + INTERVAL '-1 day')",
          "CAST((DATE_TRUNC('day', CAST(tz AS DATE)) + (-EXTRACT(DOW FROM tz) * INTERVAL '1 DAY')) AS DATE)",
-         "CAST(tz AS date)", "CAST(ts AS date)")
+         "CAST(tz AS date)", "CAST(ts AS date)",
+         "CASE WHEN mod(((CAST(extract(dow from tz) AS integer) + 1) + 6), 7) = 0 THEN 7 "
+         "ELSE mod(((CAST(extract(dow from tz) AS integer) + 1) + 6), 7) END")
 _REFUSED_KEYS = ("b", "date_trunc('hour', ts)", "width_bucket(f8, 1, 1, 5)", "i4 + 1", "lower(t)",
                  "date_trunc('year', d)", "f8", "date_trunc('day', ts)", "f4",
                  "floor(extract(epoch from ts)/3600)*3600", "floor(extract(epoch from d)/86400)*86400",

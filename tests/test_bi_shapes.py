@@ -331,6 +331,10 @@ _DATE_PARTS = [
     # Metabase's Day of week (first day of the week: Sunday, its default): 1 … 7
     (f'SELECT (CAST(extract(dow from {_V}) AS integer) + 1) AS "visited_at", count(*) AS "count" '
      f'FROM "public"."visits" GROUP BY (CAST(extract(dow from {_V}) AS integer) + 1) ORDER BY 1 ASC', 7),
+    # … and with another first day of the week (Monday: the day's number moved by 6, modulo 7, 1 … 7)
+    (f'SELECT CASE WHEN mod(((CAST(extract(dow from {_V}) AS integer) + 1) + 6), 7) = 0 THEN 7 ELSE '
+     f'mod(((CAST(extract(dow from {_V}) AS integer) + 1) + 6), 7) END AS "visited_at", count(*) AS "count" '
+     'FROM "public"."visits" GROUP BY 1 ORDER BY 1 ASC', 7),
     # Metabase over a date column: the part of its cast to a timestamp ('week' opted in answers the week
     # number). Directly, the cast fails on the year-5000000 row; dpproxy casts only the rows in the range.
     (f'SELECT CAST(extract(month from CAST({_D} AS timestamp)) AS integer) AS "m", count(*) AS "count" '
