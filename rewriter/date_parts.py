@@ -21,7 +21,9 @@ whose bucket decides it (the first one the column opts in is used):
 
 ``col`` is a column, maybe cast to ``date``, ``timestamp`` or ``timestamptz`` (:func:`time_source`).
 The year (``EXTRACT(YEAR FROM col)``) is one to one with the year's bucket and is a plain time
-key (:mod:`rewriter.group_keys`).
+key (:mod:`rewriter.group_keys`) on a column that opts ``year`` in; on one that opts only finer
+units in, it is the ``year`` part of their bucket (quarter, month, day; not week, whose buckets
+straddle years).
 
 :func:`part_value` computes a part from a bucket's start (a wall-clock time, as ``date_trunc``
 gives it in the session's TimeZone) as PostgreSQL computes it from any time in that bucket:
@@ -40,11 +42,11 @@ from policies.time_buckets import TimeUnit
 
 __all__ = ["DatePart", "PART_UNITS", "PartShape", "date_part_shape", "part_value", "time_source"]
 
-DatePart = Literal["month", "quarter", "day", "dow", "isodow", "doy", "week", "weekday", "sunday_week", "date"]
+DatePart = Literal["year", "month", "quarter", "day", "dow", "isodow", "doy", "week", "weekday", "sunday_week", "date"]
 
 # The units whose bucket decides each part, preferred first.
 PART_UNITS: dict[DatePart, tuple[TimeUnit, ...]] = {
-    "month": ("month",), "quarter": ("quarter", "month"), "day": ("day",), "dow": ("day",), "isodow": ("day",),
+    "year": ("year", "quarter", "month", "day"), "month": ("month",), "quarter": ("quarter", "month"), "day": ("day",), "dow": ("day",), "isodow": ("day",),
     "doy": ("day",), "week": ("week", "day"), "weekday": ("day",), "sunday_week": ("day",), "date": ("day",),
 }
 # EXTRACT's (and date_part's) spellings of the parts above (PostgreSQL's own abbreviations).
@@ -116,6 +118,8 @@ def part_value(part: DatePart, start: datetime) -> int | datetime:
     """The value of ``part`` for every time in the bucket that starts at ``start`` (a day's start
     or a longer unit's), as PostgreSQL's EXTRACT gives it; a Sunday week as the Sunday it starts
     on, a date as its day."""
+    if part == "year":
+        return start.year
     if part == "month":
         return start.month
     if part == "quarter":

@@ -419,6 +419,12 @@ def group_key(node: exp.Expression, scope: Scope) -> GroupKey:
         # EXTRACT(YEAR FROM col) (Tableau's YEAR(date) dimension, CAST(TRUNC(...) AS INTEGER)) is
         # one to one with date_trunc('year', col): the key is the year's bucket, and the
         # EXTRACT (TRUNC, the cast) post-processing of its start (post_process._replace_keys).
+        # Without 'year' opted in, the year is a function of a finer unit's bucket (a date part).
+        source = time_source(year)
+        assert source is not None
+        policy = scope.column(source[0]).policy
+        if policy is not None and policy.time_units and "year" not in policy.time_units:
+            return _part_key(PartShape(source[0], source[1], "year"), node, scope)
         return _time_key(exp.TimestampTrunc(this=year.copy(), unit=exp.var("YEAR")), scope)
     if isinstance(node, exp.Cast) and isinstance(node.this, exp.Column) and node.to.this in _LABEL_CASTS \
             and not node.to.expressions:
@@ -633,7 +639,7 @@ def group_by_hint(scope: Scope, advice: str | None = None) -> str:
                         + (f" and {policy.other!r}" if policy.other is not None else "") + ")")
         elif policy.time_units:
             parts = [part for part, units in PART_UNITS.items()
-                     if part not in ("weekday", "sunday_week", "date") and set(units) & set(policy.time_units)]
+                     if part not in ("year", "weekday", "sunday_week", "date") and set(units) & set(policy.time_units)]
             keys.append(f"DATE_TRUNC('{'|'.join(policy.time_units)}', {column.name})"
                         + (f" (also Grafana's floor(extract(epoch from {column.name})/N)*N, N a multiple of 86400)"
                            if "day" in policy.time_units else "")

@@ -296,13 +296,13 @@ _KEYS = ("t", "v", "i2", "date_trunc('month', d)", "date_trunc('week', d)", "dat
          "CAST(extract(month from CAST(d AS timestamp)) AS integer)", "EXTRACT(WEEK FROM tz)",
          "(date_trunc('week', (ts + INTERVAL '1 day')) + INTERVAL '-1 day')",
          "CAST((DATE_TRUNC('day', CAST(tz AS DATE)) + (-EXTRACT(DOW FROM tz) * INTERVAL '1 DAY')) AS DATE)",
-         "CAST(tz AS date)", "CAST(ts AS date)",
+         "CAST(tz AS date)", "CAST(ts AS date)", "EXTRACT(YEAR FROM d)",
          "CASE WHEN mod(((CAST(extract(dow from tz) AS integer) + 1) + 6), 7) = 0 THEN 7 "
          "ELSE mod(((CAST(extract(dow from tz) AS integer) + 1) + 6), 7) END")
 _REFUSED_KEYS = ("b", "date_trunc('hour', ts)", "width_bucket(f8, 1, 1, 5)", "i4 + 1", "lower(t)",
                  "date_trunc('year', d)", "f8", "date_trunc('day', ts)", "f4",
                  "floor(extract(epoch from ts)/3600)*3600", "floor(extract(epoch from d)/86400)*86400",
-                 "CAST(i4 AS text)", "CAST(t AS varchar(1))", "EXTRACT(YEAR FROM d)", "EXTRACT(DAY FROM d)",
+                 "CAST(i4 AS text)", "CAST(t AS varchar(1))", "EXTRACT(DAY FROM d)",
                  "date_trunc('month', CAST(ts AS timestamp(0)))", "date_trunc('year', CAST(d AS timestamp))",
                  "(date_trunc('week', (d + INTERVAL '1 day')) + INTERVAL '-1 day')", "EXTRACT(HOUR FROM tz)",
                  "ts", "d", "EXTRACT(DOW FROM d) + 1", "date_trunc('week', ts + INTERVAL '2 day') - INTERVAL '2 day'",
