@@ -25,12 +25,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import lru_cache
 
-from policies.time_buckets import TimeUnit, bucket_start, truncate
+from policies.tables import ColumnInfo
+from policies.time_buckets import TimeUnit, bucket_count, bucket_start, truncate
 
-from .date_parts import DatePart, part_value
-from .group_keys import GroupKey
+from .date_parts import PART_UNITS, DatePart, part_value
+from .group_keys import DATE, GroupKey
 
-__all__ = ["KeyDomain", "key_domain"]
+__all__ = ["KeyDomain", "key_domain", "part_keys"]
 
 _ORDER: dict[TimeUnit, int] = {"day": 0, "week": 1, "month": 2, "quarter": 3, "year": 4}
 # Parts whose values repeat every 400 years (146097 days, a whole number of weeks): a walk of
@@ -132,6 +133,31 @@ def key_domain(groups: tuple[GroupKey, ...], limit: int) -> KeyDomain:
         exceeded = exceeded or over
         factors.append(_Factor(tuple(members), len(values), values, starts))
     return KeyDomain(groups, tuple(factors), exceeded)
+
+
+def part_keys(column: ColumnInfo, limit: int) -> list[tuple[str, int]]:
+    """The date parts ``column`` answers as a GROUP BY of their own (docs/policy.md), each written as
+    an analyst may write it, with its number of cells over the declared range (at most ``limit``)."""
+    policy = column.policy
+    if policy is None or not policy.time_units or policy.time_bounds is None:
+        return []
+    lo, hi = policy.time_bounds
+    keys = []
+    for part, units in PART_UNITS.items():
+        unit = next((unit for unit in units if unit in policy.time_units), None)
+        if unit is None or part == "weekday" or (part == "year" and "year" in policy.time_units):
+            continue
+        key = GroupKey(column, "time", column.type_oid, unit=unit, first=truncate(unit, lo),
+                       count=bucket_count(unit, lo, hi), part=part)
+        domain = key_domain((key,), limit)
+        if domain.exceeded:
+            continue
+        name = column.name
+        written = {"sunday_week": f"Sunday weeks of {name}",
+                   "date": name if column.type_oid == DATE else f"CAST({name} AS DATE)"}.get(
+            part, f"EXTRACT({part.upper()} FROM {name})")
+        keys.append((written, domain.size))
+    return keys
 
 
 def _spec(key: GroupKey) -> tuple[TimeUnit, datetime, int, DatePart | None]:

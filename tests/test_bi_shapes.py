@@ -490,6 +490,16 @@ def test_date_keys_no_opted_in_unit_decides_stay_refused_with_what_to_do(bi, sql
     assert advice in (diag.message_hint or "")
 
 
+def test_show_columns_lists_each_date_part_with_its_cells(bi):
+    with bi.connect() as conn:
+        keys = {r[1]: r[6] for r in conn.execute("SHOW dpproxy.columns").fetchall() if r[0] == "visits"}
+    assert ("EXTRACT(MONTH FROM logged_at) (12 cells), EXTRACT(QUARTER FROM logged_at) (4 cells), "
+            "EXTRACT(DAY FROM logged_at) (31 cells), EXTRACT(DOW FROM logged_at) (7 cells)") in keys["logged_at"]
+    assert "EXTRACT(YEAR FROM logged_at) (1 cells)" in keys["logged_at"]  # logged_at opts no year in
+    assert "Sunday weeks of logged_at (53 cells), CAST(logged_at AS DATE) (365 cells)" in keys["logged_at"]
+    assert "EXTRACT(WEEK FROM visited_on) (52 cells)" in keys["visited_on"] and "DOW" not in keys["visited_on"]
+
+
 def test_the_group_by_hint_lists_the_date_parts_each_time_column_answers(bi):
     hint = _refused(bi, "SELECT device, count(*) FROM visits GROUP BY 1").message_hint or ""
     assert "EXTRACT(MONTH|QUARTER|WEEK FROM visited_on)" in hint  # month, quarter, week opted in
