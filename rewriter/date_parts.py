@@ -117,7 +117,8 @@ def date_part_shape(item: exp.Expression) -> PartShape | None:
 def part_value(part: DatePart, start: datetime) -> int | datetime:
     """The value of ``part`` for every time in the bucket that starts at ``start`` (a day's start
     or a longer unit's), as PostgreSQL's EXTRACT gives it; a Sunday week as the Sunday it starts
-    on, a date as its day."""
+    on, a date as its day. The Sunday week of 0001-01-01 … 06 starts in 1 BC, which ``datetime``
+    cannot hold: it is named by 0001-01-01 (no other Sunday week is), not an error for a row."""
     if part == "year":
         return start.year
     if part == "month":
@@ -135,7 +136,7 @@ def part_value(part: DatePart, start: datetime) -> int | datetime:
     if part == "week":
         return start.isocalendar()[1]
     if part == "sunday_week":
-        return start - timedelta(days=start.isoweekday() % 7)
+        return start - timedelta(days=min(start.isoweekday() % 7, start.toordinal() - 1))
     return start
 
 

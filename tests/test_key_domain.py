@@ -74,3 +74,10 @@ def test_a_periodic_part_over_thousands_of_years_walks_one_cycle():
     domain = key_domain((_key("day", "dow", lo, hi),), 1000)
     assert domain.size == 7 and [c[0] for c in domain.labels()][0] == "2000-03-05 00:00:00"  # a Sunday
     assert date(2000, 3, 5).isoweekday() == 7
+
+
+def test_sunday_weeks_from_the_first_day_of_year_1_have_cells_and_each_row_finds_one():
+    key = _key("day", "sunday_week", datetime(1, 1, 1), datetime(1, 2, 1))
+    domain = key_domain((key,), 1000)
+    assert [c[0] for c in domain.labels()][:2] == ["0001-01-01 00:00:00", "0001-01-07 00:00:00"]
+    assert domain.cell([key.cell_of(b"0001-01-03 00:00:00")]) == 0
