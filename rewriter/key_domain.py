@@ -9,11 +9,11 @@ year, quarter and month has no "2023, Q1, July" cell), and a date part alone has
 value it takes (month of year over three months of a range: three cells).
 
 Those tuples are computed from the keys' buckets, each narrowed to the WHERE's time bounds,
-never from the rows: every time the keys' buckets all hold is walked through, one day (or one
-bucket of the finest unit, when the keys' units nest) at a time, and each new tuple is a cell,
-named by the first such time (its representative: the outer statement computes each key from
+never from the rows: each distinct tuple the days the keys' buckets all hold give is a cell,
+named by the first such day (its representative: the outer statement computes each key from
 it, as PostgreSQL computes the key from a row, so types and labels are PostgreSQL's). Cells are
-in the order of their tuples. Each row is in the cell of its buckets' tuple, so the cells still
+in the order of their tuples. :mod:`rewriter.joint_cells` finds them with work bounded by the
+cells and one 400-year cycle, not by the range, which the WHERE chooses. Each row is in the cell of its buckets' tuple, so the cells still
 partition the rows and each is a union of cells of the ``DATE_TRUNC`` keys of the same units.
 """
 
@@ -22,35 +22,26 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from functools import lru_cache
 
 from policies.tables import ColumnInfo
 from policies.time_buckets import TimeUnit, bucket_count, bucket_start, truncate
 
-from .date_parts import PART_UNITS, DatePart, part_value
+from .date_parts import PART_UNITS
 from .group_keys import DATE, GroupKey
+from .joint_cells import JointCells, KeySpec, joint_cells
 
 __all__ = ["KeyDomain", "key_domain", "part_keys"]
 
-_ORDER: dict[TimeUnit, int] = {"day": 0, "week": 1, "month": 2, "quarter": 3, "year": 4}
-# Parts whose values repeat every 400 years (146097 days, a whole number of weeks): a walk of
-# 400 years from the start meets every tuple of them.
-_PERIODIC: frozenset[DatePart | None] = frozenset({"month", "quarter", "day", "dow", "isodow", "doy", "week",
-                                                   "weekday"})
-_CYCLE = timedelta(days=146097)
-_Value = int | datetime
 
 
 @dataclass(frozen=True)
 class _Factor:
     """One factor of the product: a single key's own cells, or date keys over one column taken
-    together (``joint``: each cell's values, one per key; ``starts``: each cell's representative)."""
+    together (``cells``: each cell's values, one per key, and its representative)."""
 
     keys: tuple[int, ...]
     size: int
-    joint: tuple[tuple[_Value, ...], ...] = ()
-    starts: tuple[datetime, ...] = ()
+    cells: JointCells | None = None
 
 
 @dataclass(frozen=True)
@@ -79,11 +70,11 @@ class KeyDomain:
             yield tuple(labels)
 
     def _factor_labels(self, factor: _Factor) -> list[tuple[str, ...]]:
-        if not factor.joint:
+        if factor.cells is None:
             return [(label,) for label in self.groups[factor.keys[0]].labels()]
         keys = [self.groups[i] for i in factor.keys]
         return [tuple(key.label_at(start if key.part is not None else truncate(_unit(key), start)) for key in keys)
-                for start in factor.starts]
+                for start in factor.cells.starts]
 
     def cell(self, coordinates: Sequence[int | None]) -> int | None:
         """The cell of a group whose keys' cells are ``coordinates`` (each key's ``cell_of``: a
@@ -92,7 +83,7 @@ class KeyDomain:
             return None
         cell = 0
         for factor in self.factors:
-            if not factor.joint:
+            if factor.cells is None:
                 coordinate = coordinates[factor.keys[0]]
                 assert coordinate is not None
                 cell = cell * factor.size + coordinate
@@ -102,7 +93,7 @@ class KeyDomain:
                 key, index = self.groups[i], coordinates[i]
                 assert key.first is not None and index is not None
                 values.append(key.value_at(bucket_start(_unit(key), key.first, index)))
-            found = _position(factor.joint, tuple(values))
+            found = factor.cells.positions.get(tuple(values))
             if found is None:
                 return None
             cell = cell * factor.size + found
@@ -129,9 +120,9 @@ def key_domain(groups: tuple[GroupKey, ...], limit: int) -> KeyDomain:
             factors.append(_Factor((i,), key.size))
             continue
         placed.update(members)
-        values, starts, over = _walk(tuple(_spec(groups[j]) for j in members), limit)
-        exceeded = exceeded or over
-        factors.append(_Factor(tuple(members), len(values), values, starts))
+        cells = joint_cells(tuple(_spec(groups[j]) for j in members), limit)
+        exceeded = exceeded or cells.exceeded
+        factors.append(_Factor(tuple(members), cells.size, cells))
     return KeyDomain(groups, tuple(factors), exceeded)
 
 
@@ -160,7 +151,7 @@ def part_keys(column: ColumnInfo, limit: int) -> list[tuple[str, int]]:
     return keys
 
 
-def _spec(key: GroupKey) -> tuple[TimeUnit, datetime, int, DatePart | None]:
+def _spec(key: GroupKey) -> KeySpec:
     assert key.unit is not None and key.first is not None
     return key.unit, key.first, key.count, key.part
 
@@ -168,57 +159,3 @@ def _spec(key: GroupKey) -> tuple[TimeUnit, datetime, int, DatePart | None]:
 def _unit(key: GroupKey) -> TimeUnit:
     assert key.unit is not None
     return key.unit
-
-
-@lru_cache(maxsize=256)
-def _walk(specs: tuple[tuple[TimeUnit, datetime, int, DatePart | None], ...],
-          limit: int) -> tuple[tuple[tuple[_Value, ...], ...], tuple[datetime, ...], bool]:
-    """The distinct tuples of the keys' values over the times all their buckets hold, in order,
-    each with the first time that gives it; and whether there are more than ``limit``."""
-    if any(count <= 0 for _, _, count, _ in specs):
-        return (), (), False
-    units = {unit for unit, _, _, _ in specs}
-    finest = min(units, key=_ORDER.__getitem__)
-    # Weeks do not nest in months: walk days unless the units nest.
-    step: TimeUnit = "day" if "week" in units and len(units) > 1 else finest
-    start = max(first for _, first, _, _ in specs)
-    end = min(_end(unit, first, count) for unit, first, count, _ in specs)
-    if all(part in _PERIODIC for _, _, _, part in specs) and end - start > _CYCLE:
-        end = start + _CYCLE
-    seen: dict[tuple[_Value, ...], datetime] = {}
-    moment = truncate(step, start)
-    while moment < end:
-        if moment >= start:
-            values = tuple(_value(unit, part, moment) for unit, _, _, part in specs)
-            if values not in seen:
-                seen[values] = moment
-                if len(seen) > limit:
-                    break
-        try:
-            moment = bucket_start(step, moment, 1)
-        except (OverflowError, ValueError):
-            break
-    ordered = sorted(seen)
-    return tuple(ordered), tuple(seen[values] for values in ordered), len(seen) > limit
-
-
-def _value(unit: TimeUnit, part: DatePart | None, moment: datetime) -> _Value:
-    """A key's value at ``moment``: its part of its bucket's start, or that start (``GroupKey.value_at``)."""
-    start = truncate(unit, moment)
-    return start if part is None else part_value(part, start)
-
-
-def _end(unit: TimeUnit, first: datetime, count: int) -> datetime:
-    try:
-        return bucket_start(unit, first, count)
-    except (OverflowError, ValueError):
-        return datetime.max
-
-
-@lru_cache(maxsize=256)
-def _positions(joint: tuple[tuple[_Value, ...], ...]) -> dict[tuple[_Value, ...], int]:
-    return {values: i for i, values in enumerate(joint)}
-
-
-def _position(joint: tuple[tuple[_Value, ...], ...], values: tuple[_Value, ...]) -> int | None:
-    return _positions(joint).get(values)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from datetime import date, datetime
+import random
+import time
+from datetime import date, datetime, timedelta
 
 import pytest
 
 from policies.model import ColumnPolicy
 from policies.tables import ColumnInfo
-from policies.time_buckets import TimeUnit, bucket_count, truncate
+from policies.time_buckets import TimeUnit, bucket_count, bucket_start, truncate
 from rewriter.date_parts import DatePart, part_value
 from rewriter.group_keys import TIMESTAMP, GroupKey
+from rewriter.joint_cells import CYCLE, KeySpec, joint_cells
 from rewriter.key_domain import key_domain
 
 _COLUMN = ColumnInfo("ts", TIMESTAMP, -1, 1, ColumnPolicy(bounds=("2022-11-15", "2024-02-10"), group_by=True))
@@ -76,8 +79,98 @@ def test_a_periodic_part_over_thousands_of_years_walks_one_cycle():
     assert date(2000, 3, 5).isoweekday() == 7
 
 
+# ---------------------------------------------------------------- the work, bounded by the cells
+
+def _spec(unit: TimeUnit, part: DatePart | None, lo: datetime, hi: datetime) -> KeySpec:
+    return unit, truncate(unit, lo), bucket_count(unit, lo, hi), part
+
+
+def _end(unit: TimeUnit, first: datetime, count: int) -> datetime:
+    try:
+        return bucket_start(unit, first, count)
+    except (OverflowError, ValueError):  # past 9999
+        return datetime.max
+
+
+def _walked(specs: tuple[KeySpec, ...], limit: int) -> tuple[list[tuple[object, ...]], list[datetime], bool]:
+    """The definition, day by day in Python: each new tuple of the keys' values is a cell, named by its first day."""
+    start = max(first for _, first, _, _ in specs)
+    end = min(_end(unit, first, count) for unit, first, count, _ in specs)
+    seen: dict[tuple[object, ...], datetime] = {}
+    day = start
+    while day < end and len(seen) <= limit:
+        values = tuple(part_value(part, truncate(unit, day)) if part else truncate(unit, day)
+                       for unit, _, _, part in specs)
+        seen.setdefault(values, day)
+        if day.date() == date.max:
+            break
+        day += timedelta(days=1)
+    ordered = sorted(seen)
+    return ordered, [seen[values] for values in ordered], len(seen) > limit
+
+
+_SHAPES: list[tuple[tuple[TimeUnit, DatePart | None], ...]] = [
+    (("day", "dow"),), (("day", "doy"),), (("week", "week"),), (("day", "sunday_week"),), (("day", "year"),),
+    (("month", "year"), ("month", "month")), (("year", None), ("quarter", "quarter"), ("month", "month")),
+    (("day", "year"), ("day", "dow")), (("month", "month"), ("week", "week")), (("day", "year"), ("day", "week")),
+    (("quarter", None), ("day", "dow")), (("week", None), ("day", "sunday_week"), ("day", "isodow")),
+    (("day", "date"), ("month", "month")), (("month", None), ("day", "day"), ("day", "weekday")),
+    (("day", "year"), ("day", "doy"), ("week", "week")),
+]
+
+
+@pytest.mark.parametrize("shape", _SHAPES, ids=lambda shape: ",".join(f"{part}-{unit}" for unit, part in shape))
+def test_the_cells_are_the_day_by_day_walk_s_tuples_and_first_days(shape):
+    rng = random.Random(str(shape))
+    for i in range(16):
+        lo = datetime.fromordinal(rng.choice([1, 1000, 700_000, 3_640_000]) + rng.randrange(6000))
+        hi = min(lo + timedelta(days=rng.choice([0, 5, 40, 400, 3000])), datetime(9999, 12, 31))
+        if i < 2:  # the ends of the datetime range
+            lo, hi = (datetime(1, 1, 1), datetime(1, 1, 1) + timedelta(days=rng.randrange(2000))) if i == 0 \
+                else (datetime(9999, 12, 31) - timedelta(days=rng.randrange(2000)), datetime(9999, 12, 31))
+        specs = tuple(_spec(unit, part, lo, hi) for unit, part in shape)
+        limit = rng.choice([3, 50, 1000, 100_000])
+        values, starts, exceeded = _walked(specs, limit)
+        cells = joint_cells(specs, limit)
+        assert cells.exceeded == exceeded and cells.size == len(values)
+        if not exceeded:
+            assert list(cells.values) == values and list(cells.starts) == starts
+
+
+@pytest.mark.parametrize("shape, lo, hi, limit, size", [
+    ((("day", "doy"),), datetime(1, 1, 1), datetime(9999, 12, 31), 100_000, 366),
+    ((("day", "year"), ("day", "dow")), datetime(1, 1, 1), datetime(9999, 12, 31), 100_000, 7 * 9999),
+    ((("month", "month"), ("week", "week")), datetime(2000, 1, 1), datetime(2399, 12, 31), 100_000, None),
+    ((("day", "sunday_week"),), datetime(1, 1, 1), datetime(9999, 12, 31), 100_000, 100_001),
+    ((("day", "date"),), datetime(1, 1, 1), datetime(9999, 12, 31), 100_000, 100_001),
+    ((("quarter", None), ("day", "dow")), datetime(1, 1, 1), datetime(9999, 12, 31), 100_000, 100_001),
+])
+def test_the_work_is_bounded_by_the_cells_and_one_cycle_not_by_the_range(shape, lo, hi, limit, size):
+    cells = joint_cells(tuple(_spec(unit, part, lo, hi) for unit, part in shape), limit)
+    assert size is None or cells.size == size
+    # Days read: one 400-year cycle, and the two runs the range's ends clip; runs: no more than the cells.
+    assert cells.looked_at <= CYCLE + 2 * 366 and cells.runs <= limit + 1
+
+
+def test_a_statement_over_more_cells_than_the_limit_builds_none_of_them():
+    cells = joint_cells((_spec("day", "date", datetime(1, 1, 1), datetime(9999, 12, 31)),), 100_000)
+    assert cells.exceeded and cells.size == 100_001 and cells.values == () == cells.starts
+
+
 def test_sunday_weeks_from_the_first_day_of_year_1_have_cells_and_each_row_finds_one():
     key = _key("day", "sunday_week", datetime(1, 1, 1), datetime(1, 2, 1))
     domain = key_domain((key,), 1000)
     assert [c[0] for c in domain.labels()][:2] == ["0001-01-01 00:00:00", "0001-01-07 00:00:00"]
     assert domain.cell([key.cell_of(b"0001-01-03 00:00:00")]) == 0
+
+
+def test_finding_a_group_s_cell_does_not_scale_with_the_cells():
+    keys = (_key("day", "year", datetime(1, 1, 1), datetime(9999, 12, 31)),
+            _key("day", "dow", datetime(1, 1, 1), datetime(9999, 12, 31)))
+    domain = key_domain(keys, 100_000)
+    assert domain.size == 7 * 9999
+    days = [f"{year:04d}-03-{day:02d}".encode() for year in range(1, 9999, 10) for day in range(1, 11)]
+    began = time.perf_counter()
+    found = [domain.cell([key.cell_of(day) for key in keys]) for day in days]
+    assert time.perf_counter() - began < 1.0  # hashing the 69993 tuples for each group: ~1 ms a group
+    assert None not in found and len(set(found)) == 1000 * 7
