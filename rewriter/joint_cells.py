@@ -79,7 +79,8 @@ def _cells(specs: tuple[KeySpec, ...], limit: int) -> JointCells:
     hi = min(_end(unit, first, count) for unit, first, count, _ in specs)
     if hi <= lo:
         return _EMPTY
-    periodic = tuple((unit, part) for unit, _, _, part in specs if part in _PERIODIC)
+    # Any injective numbering of their tuples will do: one table per set of keys, whatever their order.
+    periodic = tuple(sorted({(unit, part) for unit, _, _, part in specs if part in _PERIODIC}))
     monotone = [(unit, part) for unit, _, _, part in specs if part not in _PERIODIC]
     if monotone:
         begins, ends = _runs(monotone, lo, hi, limit)
@@ -162,6 +163,10 @@ def _cycle_codes(keys: tuple[tuple[TimeUnit, DatePart | None], ...]) -> tuple[Da
     number, and how many numbers there are: computed once per set of keys, whatever the range."""
     code = np.zeros(CYCLE, dtype=np.int64)
     for unit, part in keys:
-        values = key_values(unit, part, np.arange(1, CYCLE + 1, dtype=np.int64))
-        _, code = np.unique(code * (int(values.max()) + 1) + values, return_inverse=True)
-    return code.astype(np.int64), int(code.max()) + 1
+        values = key_values(unit, part, np.arange(1, CYCLE + 1, dtype=np.int64))  # each below 367
+        if code.max() >= 1 << 40:  # renumber densely before the mixed radix could overflow
+            _, code = np.unique(code, return_inverse=True)
+        code = code * (int(values.max()) + 1) + values
+    if code.max() >= 1 << 40:  # a run's shape times it must stay within int64
+        _, code = np.unique(code, return_inverse=True)
+    return code, int(code.max()) + 1

@@ -11,7 +11,7 @@ import pytest
 from policies.model import ColumnPolicy
 from policies.tables import ColumnInfo
 from policies.time_buckets import TimeUnit, bucket_count, bucket_start, truncate
-from rewriter.date_parts import DatePart, part_value
+from rewriter.date_parts import PART_UNITS, DatePart, part_value
 from rewriter.group_keys import TIMESTAMP, GroupKey
 from rewriter.joint_cells import CYCLE, KeySpec, joint_cells
 from rewriter.key_domain import key_domain
@@ -116,6 +116,8 @@ _SHAPES: list[tuple[tuple[TimeUnit, DatePart | None], ...]] = [
     (("quarter", None), ("day", "dow")), (("week", None), ("day", "sunday_week"), ("day", "isodow")),
     (("day", "date"), ("month", "month")), (("month", None), ("day", "day"), ("day", "weekday")),
     (("day", "year"), ("day", "doy"), ("week", "week")),
+    tuple((unit, part) for part, units in PART_UNITS.items() for unit in units
+          if part not in ("year", "sunday_week", "date")),  # every periodic key at once
 ]
 
 
