@@ -113,8 +113,9 @@ _FUNCTIONS = frozenset(
         "quote_nullable", "split_part", "like_escape", "starts_with", "abs", "round", "trunc",
         "floor", "ceil", "ceiling", "mod", "now", "current_timestamp", "pg_typeof",
         "pg_size_pretty",
-        # a date part of a value (EXTRACT(YEAR FROM ...) over a released year key's start)
-        "extract", "date_part",
+        # a date part of a value (EXTRACT(YEAR FROM ...) over a released year key's start) and
+        # a Sunday week's start computed from a released day (rewriter/date_parts.py)
+        "extract", "date_part", "date_trunc",
     }
 )
 

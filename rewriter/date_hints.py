@@ -1,34 +1,34 @@
-"""What to group by instead: advice for the date groupings BI tools send that no declared key answers.
+"""What to group by instead: advice for the date groupings BI tools send that no opted-in unit answers.
 
 A policy's time keys are ``DATE_TRUNC(unit, col)`` buckets of a declared range (weeks start on
-Monday, as PostgreSQL's) and, one to one with the year's buckets, ``EXTRACT(YEAR FROM col)``.
-BI tools also send groupings that are none of these, and stay refused:
+Monday, as PostgreSQL's) and the date keys that are functions of them (:mod:`rewriter.date_parts`:
+``EXTRACT(MONTH FROM col)``, Sunday weeks, ``CAST(col AS DATE)`` …), each answered only when the
+column opts in a unit whose bucket decides it. What stays refused, and why the refusal says:
 
-* a date part "of year" (Metabase's *Month of year*, Tableau's discrete *QUARTER(date)*:
-  ``EXTRACT(MONTH FROM col)``, ``date_part('quarter', col)``), which puts the same month of
-  every year in one group;
-* weeks that start on Sunday (Metabase's default, ``date_trunc('week', (col + INTERVAL '1 day'))
-  + INTERVAL '-1 day'``; Tableau's, ``DATE_TRUNC('day', CAST(col AS DATE)) + (-EXTRACT(DOW FROM
-  col) * INTERVAL '1 DAY')``), none of them a Monday week.
+* a date part whose unit the column does not opt in (:func:`part_advice`: which unit to opt in);
+* a part finer than a day (``EXTRACT(HOUR FROM col)``), finer than any unit;
+* weeks that start on a day other than Monday written otherwise than Metabase's and Tableau's
+  Sunday weeks (and those when ``day`` is not opted in).
 
-:func:`date_shape_advice` recognises them so that the refusal says what to do instead.
+:func:`date_shape_advice` recognises the unrecognised ones so that the refusal says what to do instead.
 """
 
 from __future__ import annotations
 
 from sqlglot import exp
 
-__all__ = ["date_shape_advice"]
+__all__ = ["date_shape_advice", "part_advice"]
 
 _WEEK_START = (
     "This groups by weeks that start on a day other than Monday (Metabase's and Tableau's default "
     "Sunday weeks); the week cells are PostgreSQL's DATE_TRUNC('week', col), which start on Monday. Group "
     "by DATE_TRUNC('week', col) (in Metabase: Admin settings → Localization → First day of the week: "
-    "Monday), or by day or month."
+    "Monday), or by day or month; a column whose policy opts 'day' in also answers Metabase's and "
+    "Tableau's Sunday weeks."
 )
 # A date part to the unit whose DATE_TRUNC keeps it apart in every year (or week).
 _OF_PERIOD = {"month": "month", "quarter": "quarter", "week": "week", "day": "day", "doy": "day",
-              "dow": "day", "isodow": "day"}
+              "dow": "day", "isodow": "day", "weekday": "day"}
 _FINER = frozenset({"hour", "minute", "second", "milliseconds", "microseconds", "epoch"})
 
 
@@ -47,10 +47,25 @@ def date_shape_advice(node: exp.Expression) -> str | None:
     unit = _OF_PERIOD.get(field)
     if unit is None:
         return None
-    period = "week" if field in ("dow", "isodow") else "year"
-    return (f"EXTRACT({field.upper()} FROM col) puts the same {field} of every {period} in one group, which is no "
-            f"declared key: group by DATE_TRUNC('{unit}', col) instead, one cell per {unit} of the declared range "
-            f"(in Tableau a continuous date, in Metabase 'by {unit}' rather than '{unit.capitalize()} of {period}').")
+    return (f"EXTRACT({field.upper()} FROM col) itself (maybe cast to an integer, in TRUNC, plus an integer) is a "
+            f"key of a column whose policy opts '{unit}' in, other expressions of it are not: group by it and compute "
+            "the rest in the select list.")
+
+
+def part_advice(part: str, column: str, units: tuple[str, ...]) -> str:
+    """Advice for a date key (``rewriter.date_parts``) over ``column``, which opts ``units`` in,
+    none of them one whose bucket decides ``part``."""
+    if part == "sunday_week":
+        return _WEEK_START
+    opted = ", ".join(units)
+    if part == "date":
+        return (f"The date of {column} is its day's bucket: it is answered when the policy opts 'day' in "
+                f"({column} opts in {opted}); group by DATE_TRUNC('<unit>', {column}) with one of those instead.")
+    needed = {"quarter": "'quarter' or 'month'", "week": "'week' or 'day'",
+              "year": "'year', 'quarter', 'month' or 'day'"}.get(part, f"'{_OF_PERIOD[part]}'")
+    return (f"The {part.upper()} part of {column} is answered when the policy opts {needed} in ({column} opts in "
+            f"{opted}): ask the policy's owner to opt it in, or group by DATE_TRUNC('<unit>', {column}) with one "
+            "of those units.")
 
 
 def _field(node: exp.Extract) -> str | None:

@@ -9,7 +9,6 @@ the rule it breaks. The plan, not the client's text, is what later reaches the b
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Callable, Literal
 
@@ -25,6 +24,7 @@ from .date_hints import date_shape_advice
 from .flatten import flatten
 from .group_keys import GroupKey, KeyRange, column_key_count, group_by_hint, group_key, key_form, key_ranges
 from .identifiers import identifier
+from .key_domain import KeyDomain, key_domain
 from .post_process import PostProcess, outer_statement
 from .predicates import plan_predicate
 from .scope import Scope
@@ -97,9 +97,15 @@ class AggregateQuery:
         return bool(self.groups) and not self.aggregates
 
     @property
+    def domain(self) -> KeyDomain:
+        """The release's cells (:mod:`rewriter.key_domain`)."""
+        return key_domain(self.groups, self.table.policy.max_cells)
+
+    @property
     def cells(self) -> int:
-        """How many cells the release has: the product of the keys' domains (1 without GROUP BY)."""
-        return math.prod(key.size for key in self.groups)
+        """How many cells the release has: the product of the keys' domains, date keys over one
+        column taken together (1 without GROUP BY)."""
+        return self.domain.size if self.groups else 1
 
 
 @dataclass(frozen=True)
@@ -182,9 +188,10 @@ def too_many_cells(plan: AggregateQuery) -> Refusal | None:
     limit = plan.table.policy.max_cells
     if plan.cells <= limit:
         return None
+    cells = f"more than {limit}" if plan.groups and plan.domain.exceeded else str(plan.cells)
     return Refusal(
         SQLSTATE.DP_QUERY_SHAPE,
-        f"GROUP BY over {len(plan.groups)} keys has {plan.cells} cells, more than the {limit} "
+        f"GROUP BY over {len(plan.groups)} keys has {cells} cells, more than the {limit} "
         f"protected table {plan.table.display_name} answers (rule: max-cells)",
         "Group by fewer keys or a coarser time unit, narrow the time range in the WHERE, or ask the policy's "
         "owner to raise max_cells.",

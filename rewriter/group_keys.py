@@ -44,7 +44,8 @@ from policies.tables import ColumnInfo, quote_identifier
 from policies.time_buckets import TimeUnit, bucket_count, bucket_index, bucket_start, truncate
 
 from .constants import NotFoldable, qualified_constant
-from .date_hints import date_shape_advice
+from .date_hints import date_shape_advice, part_advice
+from .date_parts import PART_UNITS, DatePart, PartShape, date_part_shape, part_value, time_source
 from .epoch_buckets import DAY_SECONDS, bucket_of, epoch_bucket, epoch_seconds
 from .epoch_buckets import bucket_start as epoch_start
 from .scope import Scope
@@ -89,6 +90,11 @@ class GroupKey:
     An ``epoch`` key's ``first`` is its first bucket's start (UTC) and ``seconds`` its width.
     A time key's ``cast`` is the type (``date``, ``timestamp``, ``timestamptz``) the column is
     cast to inside ``date_trunc`` (Tableau's ``DATE_TRUNC('MONTH', CAST(col AS DATE))``), or None.
+    A time key with a ``part`` is a function of its buckets (:mod:`rewriter.date_parts`): the
+    backend still reports a row's bucket, and its cells are the distinct values the part takes
+    (:mod:`rewriter.key_domain`); ``shift`` is the integer added to the part (Metabase's day of
+    week, ``+ 1``). Its ``result_type_oid`` is the column's own type: each cell is released as a
+    time of its buckets (its representative), of which the outer statement computes the part.
     """
 
     column: ColumnInfo
@@ -101,11 +107,15 @@ class GroupKey:
     bin_type: Literal["double precision", "numeric"] = "double precision"
     seconds: int = 0
     cast: str | None = None
+    part: DatePart | None = None
+    shift: int = 0
 
     @property
-    def identity(self) -> tuple[str, str, str | None, tuple[float, float, int] | None, str, int, str | None]:
+    def identity(self) -> tuple[str, str, str | None, tuple[float, float, int] | None, str, int, str | None,
+                                str | None, int]:
         """What the key groups by, whatever part of its domain a query answers."""
-        return (self.column.name, self.kind, self.unit, self.bins, self.bin_type, self.seconds, self.cast)
+        return (self.column.name, self.kind, self.unit, self.bins, self.bin_type, self.seconds, self.cast,
+                self.part, self.shift)
 
     def narrowed(self, lo: datetime | None, hi: datetime | None) -> GroupKey:
         """A time key's buckets that meet [lo, hi] (None: unbounded on that side); maybe none."""
@@ -171,6 +181,18 @@ class GroupKey:
         if self.kind == "epoch":
             return [str((self._first_index + i) * self.seconds) for i in range(self.count)]
         return [str(i) for i in range(self.size)]
+
+    def value_at(self, start: datetime) -> int | datetime:
+        """A time key's value for its bucket that starts at ``start``: its part of it (a key with a
+        ``part``), else the start itself."""
+        return start if self.part is None else part_value(self.part, start)
+
+    def label_at(self, start: datetime) -> str:
+        """A time key's label for a time ``start`` (midnight) in its bucket: the bucket's start as
+        ``date_trunc`` names it, or for a key with a ``part`` that time in the column's type."""
+        if self.part is not None and self.column.type_oid == DATE:
+            return start.date().isoformat()
+        return start.isoformat(sep=" ")
 
     def _starts(self) -> list[datetime]:
         assert self.unit is not None and self.first is not None
@@ -358,6 +380,8 @@ def _constant(node: exp.Expression | None) -> str | None:
 
 def key_form(node: exp.Expression) -> bool:
     """Whether ``node`` is written as a grouping key could be (a column, date_trunc, width_bucket)."""
+    if date_part_shape(node) is not None:
+        return True
     if isinstance(node, exp.Cast):
         node = node.this
     return (isinstance(node, (exp.Column, exp.TimestampTrunc, exp.DateTrunc, exp.WidthBucket))
@@ -368,12 +392,12 @@ def key_over_columns(node: exp.Expression) -> bool:
     """Whether ``node`` is a time or bin key written over a column, as a wrapper subquery may
     select it (:mod:`rewriter.flatten`): ``date_trunc`` of a column or of its cast to a time type,
     ``width_bucket`` of a column, Grafana's epoch bucket or the year's ``EXTRACT``; maybe cast."""
-    if _year_of(_year_number(node)) is not None:
+    if _year_of(_year_number(node)) is not None or date_part_shape(node) is not None:
         return True
     if isinstance(node, exp.Cast):
         node = node.this
     if isinstance(node, (exp.TimestampTrunc, exp.DateTrunc)):
-        return _time_source(node.this) is not None
+        return time_source(node.this) is not None
     return (isinstance(node, exp.WidthBucket) and isinstance(node.this, exp.Column)) or epoch_bucket(node) is not None
 
 
@@ -381,6 +405,9 @@ def group_key(node: exp.Expression, scope: Scope) -> GroupKey:
     """The key ``node`` (a GROUP BY item, resolved) groups by; refused unless the policy opts it in."""
     if isinstance(node, exp.Column):
         return _column_key(scope.column(node), node, scope)
+    shape = date_part_shape(node)
+    if shape is not None:
+        return _part_key(shape, node, scope)
     if isinstance(node, (exp.TimestampTrunc, exp.DateTrunc)):
         return _time_key(node, scope)
     if isinstance(node, exp.Cast) and isinstance(node.this, (exp.TimestampTrunc, exp.DateTrunc)) and node.to.this in _TIME_CASTS:
@@ -392,6 +419,12 @@ def group_key(node: exp.Expression, scope: Scope) -> GroupKey:
         # EXTRACT(YEAR FROM col) (Tableau's YEAR(date) dimension, CAST(TRUNC(...) AS INTEGER)) is
         # one to one with date_trunc('year', col): the key is the year's bucket, and the
         # EXTRACT (TRUNC, the cast) post-processing of its start (post_process._replace_keys).
+        # Without 'year' opted in, the year is a function of a finer unit's bucket (a date part).
+        source = time_source(year)
+        assert source is not None
+        policy = scope.column(source[0]).policy
+        if policy is not None and policy.time_units and "year" not in policy.time_units:
+            return _part_key(PartShape(source[0], source[1], "year"), node, scope)
         return _time_key(exp.TimestampTrunc(this=year.copy(), unit=exp.var("YEAR")), scope)
     if isinstance(node, exp.Cast) and isinstance(node.this, exp.Column) and node.to.this in _LABEL_CASTS \
             and not node.to.expressions:
@@ -427,20 +460,8 @@ def _year_of(node: exp.Expression | None) -> exp.Expression | None:
     """The column (maybe cast to a time type) of ``EXTRACT(YEAR FROM ...)`` or ``date_part('year', ...)``
     (a :class:`~rewriter.sqlglot_parse.DatePart`, its field a string), or None."""
     if isinstance(node, exp.Extract) and isinstance(node.this, (exp.Var, exp.Literal)) and node.this.name.upper() == "YEAR" \
-            and _time_source(node.expression) is not None:
+            and time_source(node.expression) is not None:
         return node.expression
-    return None
-
-
-def _time_source(node: exp.Expression | None) -> tuple[exp.Column, str | None] | None:
-    """A time key's column and the time type it is cast to (None: not cast), or None if ``node``
-    is neither a column nor one cast to ``date``, ``timestamp`` or ``timestamptz`` (no typmod:
-    ``timestamp(0)`` rounds)."""
-    if isinstance(node, exp.Column):
-        return node, None
-    if isinstance(node, exp.Cast) and isinstance(node.this, exp.Column) and node.to.this in _CAST_NAMES \
-            and not node.to.expressions:
-        return node.this, _CAST_NAMES[node.to.this]
     return None
 
 
@@ -461,6 +482,10 @@ def column_key_count(column: ColumnInfo) -> int | None:
 def _column_key(column: ColumnInfo, node: exp.Expression, scope: Scope) -> GroupKey:
     policy = column.policy
     count = column_key_count(column)
+    if column.type_oid == DATE and policy is not None and policy.time_units:
+        # A date is its day's bucket (a timestamp, finer than a day, is not: CAST(col AS DATE) is).
+        assert isinstance(node, exp.Column)
+        return _part_key(PartShape(node, None, "date"), node, scope)
     if policy is None or count is None:
         raise _refuse(scope, f"GROUP BY {column.name} is not allowed on protected table", _time_grain_advice(column))
     if policy.categories is not None:
@@ -480,13 +505,14 @@ def _time_grain_advice(column: ColumnInfo) -> str | None:
     units = list(policy.time_units)
     listed = units[0] if len(units) == 1 else f"{', '.join(units[:-1])} or {units[-1]}"
     example = f"DATE_TRUNC('{'month' if 'month' in units else units[0]}', {column.name})"
-    return (f"{column.name} is grouped by its declared time units only: {listed}. Group by {example} (a BI tool's "
-            f"time grain: in Superset, the x axis' or the dimension's Time grain; in a chart whose columns carry none, "
-            f"such as Sunburst or Sankey, a custom SQL column {example}).")
+    day = f" or CAST({column.name} AS DATE), its day," if "day" in units and column.type_oid != DATE else ""
+    return (f"{column.name} is grouped by its declared time units only: {listed}. Group by {example}{day} (a BI "
+            f"tool's time grain: in Superset, the x axis' or the dimension's Time grain; in a chart whose columns "
+            f"carry none, such as Sunburst or Sankey, a custom SQL column {example}).")
 
 
 def _time_key(node: exp.Expression, scope: Scope) -> GroupKey:
-    source = _time_source(node.this)
+    source = time_source(node.this)
     unit = node.args.get("unit")
     text = unit.name.upper() if isinstance(unit, (exp.Var, exp.Literal)) else None
     if source is None or node.args.get("zone") is not None or text is None:
@@ -508,6 +534,30 @@ def _time_key(node: exp.Expression, scope: Scope) -> GroupKey:
     result = TIMESTAMP if truncated == TIMESTAMP else TIMESTAMPTZ
     return GroupKey(column, "time", result, unit=chosen, first=first, count=bucket_count(chosen, lo, hi),
                     cast=cast if truncated != column.type_oid else None)
+
+
+def _part_key(shape: PartShape, node: exp.Expression, scope: Scope) -> GroupKey:
+    """A date key that is a function of a time bucket (:mod:`rewriter.date_parts`), over the
+    first unit that decides it the column opts in."""
+    column = scope.column(shape.column)
+    policy = column.policy
+    units = PART_UNITS[shape.part]
+    what = f"GROUP BY {node.sql('postgres')} is not allowed on protected table"
+    if policy is None or column.type_oid not in TIME_TYPES or not policy.time_units:
+        raise _refuse(scope, what)
+    chosen = next((unit for unit in units if unit in policy.time_units), None)
+    if chosen is None:
+        if shape.part == "date" and isinstance(node, exp.Column):  # a date column by its raw values
+            raise _refuse(scope, what, f"{_time_grain_advice(column)} Grouped by itself, {column.name} is answered "
+                                       "where the policy opts 'day' in.")
+        raise _refuse(scope, what, part_advice(shape.part, column.name, policy.time_units))
+    assert policy.time_bounds is not None
+    lo, hi = policy.time_bounds
+    cast = shape.cast
+    truncated = {"date": DATE, "timestamp": TIMESTAMP, "timestamptz": TIMESTAMPTZ}.get(cast or "", column.type_oid)
+    return GroupKey(column, "time", column.type_oid, unit=chosen, first=truncate(chosen, lo),
+                    count=bucket_count(chosen, lo, hi), cast=cast if truncated != column.type_oid else None,
+                    part=shape.part, shift=shape.shift)
 
 
 def _epoch_key(argument: exp.Column, seconds: int, scope: Scope) -> GroupKey:
@@ -604,9 +654,13 @@ def group_by_hint(scope: Scope, advice: str | None = None) -> str:
             keys.append(f"{column.name} (its {len(policy.categories)} categories"
                         + (f" and {policy.other!r}" if policy.other is not None else "") + ")")
         elif policy.time_units:
+            parts = [part for part, units in PART_UNITS.items()
+                     if part not in ("year", "weekday", "sunday_week", "date") and set(units) & set(policy.time_units)]
             keys.append(f"DATE_TRUNC('{'|'.join(policy.time_units)}', {column.name})"
                         + (f" (also Grafana's floor(extract(epoch from {column.name})/N)*N, N a multiple of 86400)"
-                           if "day" in policy.time_units else ""))
+                           if "day" in policy.time_units else "")
+                        + (f", EXTRACT({'|'.join(part.upper() for part in parts)} FROM {column.name})" if parts else "")
+                        + (f", CAST({column.name} AS DATE) and Sunday weeks" if "day" in policy.time_units else ""))
         elif policy.bounds is not None:
             keys.append(f"width_bucket({column.name}, lo, hi, n)"
                         + (f" and {column.name}" if column_key_count(column) is not None else ""))

@@ -34,6 +34,7 @@ from sqlglot import exp
 
 from policies.errors import SQLSTATE, Refusal
 
+from .date_parts import date_part_shape
 from .function_check import check_functions
 from .group_keys import year_extract
 from .qualify import qualify
@@ -195,6 +196,12 @@ def _replace_keys(
             continue
         if isinstance(child, exp.Column) and output_name(child):
             continue
+        if date_part_shape(child) is not None and not isinstance(child, exp.Column):
+            index = key_of(child)
+            if index is not None:  # a date key computed from its cell's representative time (rewriter.key_domain)
+                for column in list(child.find_all(exp.Column)):
+                    column.replace(exp.column(f"_k{index}", table=RELEASE_ALIAS))
+                continue
         if isinstance(child, exp.Extract) and year_extract(child):
             index = key_of(child)
             if index is not None:  # EXTRACT(YEAR FROM col): the year of its bucket's start

@@ -386,20 +386,17 @@ def split_cells(query: AggregateQuery, rows: Sequence[Sequence[Any]]) -> list[li
     """The rows of a grouped :func:`backend_sql` as every cell's aggregates' parts, in cell order.
 
     ``rows`` hold each group's cell values (one per key, as the backend printed them) and its
-    parts, loaded. Cells are numbered row-major over the keys; a cell no row reached gets
+    parts, loaded. Cells are numbered as ``query.domain`` numbers them; a cell no row reached gets
     parts of None (what SQL gives an empty set: the mechanisms read None as 0), and groups in
     the same cell are added up.
     """
     keys = query.groups
-    totals: list[list[Any] | None] = [None] * query.cells
+    domain = query.domain
+    totals: list[list[Any] | None] = [None] * domain.size
     for row in rows:
-        coordinates = [key.cell_of(value) for key, value in zip(keys, row)]
-        if any(coordinate is None for coordinate in coordinates):
+        cell = domain.cell([key.cell_of(value) for key, value in zip(keys, row)])
+        if cell is None:
             continue
-        cell = 0
-        for key, coordinate in zip(keys, coordinates):
-            assert coordinate is not None
-            cell = cell * key.size + coordinate
         values = list(row[len(keys):])
         earlier = totals[cell]
         totals[cell] = values if earlier is None else [_added(a, b) for a, b in zip(earlier, values)]

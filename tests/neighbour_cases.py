@@ -287,16 +287,28 @@ _KEYS = ("t", "v", "i2", "date_trunc('month', d)", "date_trunc('week', d)", "dat
          # ... on an instant (read in UTC whatever the TimeZone), and the day and year keys of one
          "floor(extract(epoch from tz)/86400)*86400", "floor(extract(epoch from tz)/172800)*172800",
          "(floor((extract(epoch from tz)/(86400)))*(86400))", "date_trunc('day', tz)", "EXTRACT(YEAR FROM tz)",
-         "date_trunc('year', tz)::date", "floor(extract(epoch from ts)/31536000000)*31536000000")
+         "date_trunc('year', tz)::date", "floor(extract(epoch from ts)/31536000000)*31536000000",
+         # date keys that are functions of an opted-in bucket (rewriter/date_parts.py), alone or
+         # beside another key over the same column (their cells are the tuples the range gives)
+         "EXTRACT(MONTH FROM ts)", "date_part('quarter', ts)", "CAST(extract(dow from ts) AS integer) + 1",
+         "EXTRACT(ISODOW FROM tz)", "date_part('quarter', tz)", "EXTRACT(DOY FROM tz)", "EXTRACT(DAY FROM tz)",
+         "EXTRACT(WEEK FROM d)", "CAST(TRUNC(EXTRACT(MONTH FROM d)) AS INTEGER)", "EXTRACT(QUARTER FROM d)",
+         "CAST(extract(month from CAST(d AS timestamp)) AS integer)", "EXTRACT(WEEK FROM tz)",
+         "(date_trunc('week', (ts + INTERVAL '1 day')) + INTERVAL '-1 day')",
+         "CAST((DATE_TRUNC('day', CAST(tz AS DATE)) + (-EXTRACT(DOW FROM tz) * INTERVAL '1 DAY')) AS DATE)",
+         "CAST(tz AS date)", "CAST(ts AS date)", "EXTRACT(YEAR FROM d)",
+         "CASE WHEN mod(((CAST(extract(dow from tz) AS integer) + 1) + 6), 7) = 0 THEN 7 "
+         "ELSE mod(((CAST(extract(dow from tz) AS integer) + 1) + 6), 7) END")
 _REFUSED_KEYS = ("b", "date_trunc('hour', ts)", "width_bucket(f8, 1, 1, 5)", "i4 + 1", "lower(t)",
                  "date_trunc('year', d)", "f8", "date_trunc('day', ts)", "f4",
                  "floor(extract(epoch from ts)/3600)*3600", "floor(extract(epoch from d)/86400)*86400",
-                 "CAST(i4 AS text)", "CAST(t AS varchar(1))", "EXTRACT(YEAR FROM d)", "EXTRACT(MONTH FROM ts)",
+                 "CAST(i4 AS text)", "CAST(t AS varchar(1))", "EXTRACT(DAY FROM d)",
                  "date_trunc('month', CAST(ts AS timestamp(0)))", "date_trunc('year', CAST(d AS timestamp))",
-                 "(date_trunc('week', (d + INTERVAL '1 day')) + INTERVAL '-1 day')", "date_part('quarter', ts)",
+                 "(date_trunc('week', (d + INTERVAL '1 day')) + INTERVAL '-1 day')", "EXTRACT(HOUR FROM tz)",
+                 "ts", "d", "EXTRACT(DOW FROM d) + 1", "date_trunc('week', ts + INTERVAL '2 day') - INTERVAL '2 day'",
                  "floor(date_part('epoch', ts)/604800)*604800",
                  "floor(extract(epoch from tz)/3600)*3600", "floor(extract(epoch from tz)/864000000000)*864000000000",
-                 "date_trunc('week', tz)", "floor(extract(epoch from tz)/86400)", "CAST(tz AS date)",
+                 "date_trunc('week', tz)", "floor(extract(epoch from tz)/86400)",
                  "date_trunc('day', tz, 'UTC')", "extract(epoch from tz)")
 
 

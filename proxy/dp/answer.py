@@ -14,8 +14,8 @@ docs/mechanisms.md). The cells' keys come from the policy, not from the rows.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any, Iterator, Sequence
 
 from mechanisms.release import Release
@@ -23,7 +23,9 @@ from mechanisms.sum_count import mean_noise
 from proxy.backend.connection import BoundParams, ResultSet
 from proxy.wire.protocol import Field
 from proxy.wire.values import TYPE_SIZES, encode_text
+from policies.time_buckets import truncate
 from rewriter.dp_query import Aggregate, AggregateQuery
+from rewriter.group_keys import GroupKey
 from rewriter.rewrite import split_cells, split_row
 from rewriter.types import ARRAY_TYPES, FLOAT_TYPES, INT4, INTEGER_TYPES, NUMERIC
 
@@ -157,18 +159,28 @@ def kept_series(plan: AggregateQuery, answer: DPAnswer, ranked: DPAnswer, kept: 
     """
     assert plan.series is not None
     pairs = plan.series.pairs
-    labels = list(_cell_keys(plan.series.ranking, codec))
-    series = {tuple(labels[cell - 1][ranked_key] for _, ranked_key in pairs) for cell in kept}
-    rows = [row for row in answer.result.rows if tuple(row[key] for key, _ in pairs) in series]
+    ranking = plan.series.ranking
+    labels = list(_cell_keys(ranking, codec))
+    series = {tuple(_series_value(ranking.groups[ranked], labels[cell - 1][ranked]) for _, ranked in pairs)
+              for cell in kept}
+    rows = [row for row in answer.result.rows
+            if tuple(_series_value(plan.groups[key], row[key]) for key, _ in pairs) in series]
     noise = (*answer.noise, *(f"series ranking {line}" for line in ranked.noise))
     return replace(answer, result=ResultSet(answer.result.fields, rows, f"SELECT {len(rows)}"),
                    epsilon=answer.epsilon + ranked.epsilon, delta=answer.delta + ranked.delta, noise=noise)
 
 
+def _series_value(key: GroupKey, label: bytes | None) -> object:
+    """What a series is kept by: a key's label, or for a date part (whose cells each plan names by
+    a time of its own, ``rewriter.key_domain``) the part's value at that time."""
+    if key.part is None or key.unit is None or label is None:
+        return label
+    return key.value_at(truncate(key.unit, datetime.fromisoformat(label.decode("ascii"))))
+
+
 def _cell_keys(plan: AggregateQuery, codec: str) -> Iterator[tuple[bytes, ...]]:
-    """Every cell's keys, as text in ``codec``, in cell order (row-major over the keys' declared domains)."""
-    labels = [[label.encode(codec) for label in key.labels()] for key in plan.groups]
-    return itertools.product(*labels)
+    """Every cell's keys, as text in ``codec``, in cell order (``plan.domain``'s)."""
+    return (tuple(label.encode(codec) for label in labels) for labels in plan.domain.labels())
 
 
 def _key_fields(plan: AggregateQuery) -> list[Field]:

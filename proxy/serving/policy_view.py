@@ -20,6 +20,7 @@ from proxy.wire.binary import TEXT
 from proxy.wire.protocol import Field
 from proxy.wire.values import encode_text
 from rewriter.group_keys import column_key_count
+from rewriter.key_domain import part_keys
 from rewriter.types import FLOAT8, MAX_ABS_BOUND, NUMERIC_TYPES
 
 __all__ = ["COLUMNS_FIELDS", "columns_result"]
@@ -77,13 +78,15 @@ def _declared(column: ColumnInfo) -> list[bytes | None]:
 
 
 def _group_keys(table: Relation, column: ColumnInfo) -> str | None:
-    """The GROUP BY keys the column gives (rewriter/group_keys.py), with their number of cells."""
+    """The GROUP BY keys the column gives (rewriter/group_keys.py, its date parts
+    rewriter/key_domain.py), with their number of cells."""
     policy = column.policy
     if policy is None or policy.group_by is False:
         return None
     if policy.time_units:
-        return ", ".join(f"DATE_TRUNC('{unit}', {column.name}) ({policy.bucket_count(unit)} cells)"
-                         for unit in policy.time_units)
+        parts = [f"{written} ({cells} cells)" for written, cells in part_keys(column, table.policy.max_cells)]
+        return ", ".join([f"DATE_TRUNC('{unit}', {column.name}) ({policy.bucket_count(unit)} cells)"
+                          for unit in policy.time_units] + parts)
     keys = []
     count = column_key_count(column)
     if count is not None and count <= table.policy.max_cells:
