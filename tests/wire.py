@@ -84,6 +84,23 @@ class Wire:
         self.sock.close()
 
 
+def startup_error(host: str, port: int, **params: str) -> dict[bytes, bytes]:
+    """The error fields of a startup that is refused, before or after the password ("plain")."""
+    conn = Wire.__new__(Wire)
+    conn.sock = socket.create_connection((host, port), timeout=15)
+    conn.buffer = b""
+    try:
+        conn.sock.sendall(startup(user="plain", database="dpproxy_test", **params))
+        replies = conn.read_until(b"R")
+        if not [body for kind, body in replies if kind == b"E"]:
+            conn.sock.sendall(message(b"p", cstr("plain")))
+            replies = conn.read_until(b"E")
+        (error,) = [error_fields(body) for kind, body in replies if kind == b"E"]
+    finally:
+        conn.close()
+    return error
+
+
 def error_fields(body: bytes) -> dict[bytes, bytes]:
     return {f[:1]: f[1:] for f in body.split(b"\0") if f}
 
