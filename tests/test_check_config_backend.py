@@ -68,6 +68,25 @@ def test_what_serve_would_refuse_is_reported_at_its_line(test_db: TestDatabase, 
     assert len(lines) == 4
 
 
+def test_a_database_not_in_utf8_is_refused_for_how_it_folds_names(test_db: TestDatabase, tmp_path: Path):
+    """In LATIN1 PostgreSQL lowers the non-ASCII letters of an unquoted name (ÉX is éx), where
+    dpproxy, as PostgreSQL in UTF8, lowers only ASCII ones (Éx): a name judged as one column
+    could denote another. Such a database is refused, at its policy's backend line."""
+    import psycopg
+
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute("DROP DATABASE IF EXISTS dpproxy_latin1")
+        admin.execute("CREATE DATABASE dpproxy_latin1 ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+    try:
+        dsn = psycopg.conninfo.make_conninfo(test_db.service_dsn, dbname="dpproxy_latin1")
+        run = _check(tmp_path, POLICY.format(dsn=dsn))
+        assert run.returncode == 1
+        assert f"{tmp_path / 'policy.yaml'}:2: backend.dsn: the database's encoding is LATIN1" in run.stderr, run.stderr
+    finally:
+        with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+            admin.execute("DROP DATABASE IF EXISTS dpproxy_latin1")
+
+
 def test_an_unreachable_backend_leaves_the_check_at_the_file(tmp_path: Path):
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))

@@ -33,6 +33,7 @@ from .data_rows import data_rows
 from .cancellable import CancellableWait
 from .errors import BackendError, BackendLost, BackendUnavailable
 from .policy_fit import column_fit_problems
+from .database_encoding import database_encoding_problems
 from .relation_reads import public_reads_protected
 from .pool import UNKNOWN, BackendPool, PooledConnection, PoolTimeout, State, open_backend
 from .result_waiter import NotSent
@@ -868,7 +869,7 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
     primary_keys = await _primary_keys(session, [target.oid for target in resolved.values() if target is not None])
     relations: dict[int, Relation] = {}
     names: dict[int, str] = {}
-    problems: list[str] = []
+    problems: list[str] = await database_encoding_problems(session)
     for name, table_policy in policy.tables.items():
         target = resolved.get(refs[name])
         if target is None:

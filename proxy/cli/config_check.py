@@ -66,7 +66,8 @@ async def _problems(policy: Policy) -> tuple[list[str], list[str]]:
 
 
 def _keys(problem: str, policy: Policy) -> list[str]:
-    """The policy keys a ``tables.<name>[.columns.<column>|.<key>]: ...`` problem is about."""
+    """The policy keys a ``tables.<name>[.columns.<column>|.<key>]: ...`` or ``backend.<key>: ...``
+    problem is about."""
     dotted = problem.split(": ", 1)[0]
     for name in sorted(policy.tables, key=len, reverse=True):
         prefix = f"tables.{name}"
@@ -75,4 +76,4 @@ def _keys(problem: str, policy: Policy) -> list[str]:
             if rest.startswith("columns."):
                 return ["tables", name, "columns", rest.removeprefix("columns.")]
             return ["tables", name, *([rest] if rest else [])]
-    return []
+    return dotted.split(".") if dotted.startswith("backend.") else []
