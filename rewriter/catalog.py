@@ -121,12 +121,14 @@ _FUNCTIONS = frozenset(
 
 # Settings a client may SET or set_config(): presentation and session plumbing only.
 # Not standard_conforming_strings: it changes how literals parse, and the classifier
-# parses with it on.
+# parses with it on. Not lc_monetary: it changes what a money literal in a DP query's WHERE
+# means ('1,000.00'), which neither a repeat's key nor the pre-charge check's memory carry
+# (they carry the reported DateStyle, IntervalStyle, TimeZone and client_encoding).
 SAFE_SETTINGS = frozenset(
     {
         "application_name", "client_encoding", "names", "datestyle", "intervalstyle",
         "timezone", "time zone", "extra_float_digits", "search_path", "bytea_output",
-        "client_min_messages", "lc_monetary", "lc_numeric", "lc_time", "jit",
+        "client_min_messages", "lc_numeric", "lc_time", "jit",
         "lock_timeout", "idle_in_transaction_session_timeout", "transaction_isolation",
         "default_transaction_isolation", "xmloption",
         "transaction", "session characteristics",

@@ -173,3 +173,17 @@ def test_a_value_the_column_type_cannot_read_fails_before_the_charge(proxy, sql,
         assert failed.value.diag.message_primary == message
         assert spent_epsilon(conn) == before
         assert conn.execute("SELECT COUNT(*) FROM adult WHERE age = %s", (40,)).fetchone()  # and the session goes on
+
+
+@pytest.mark.parametrize("statement", ["SET lc_monetary = 'C'", "SELECT set_config('lc_monetary', 'C', false)",
+                                       "SET LOCAL lc_monetary TO DEFAULT"])
+def test_lc_monetary_which_changes_what_a_money_literal_means_cannot_be_set(proxy, statement):
+    # A money literal in a DP query's WHERE ('1,000.00') reads as another amount under another
+    # lc_monetary, while a repeat's key and the pre-charge check's memory carry only DateStyle,
+    # IntervalStyle, TimeZone and client_encoding: a repeat would answer another question, and a
+    # check passed under one setting would be skipped under another, charged, then fail.
+    with psycopg.connect(proxy.dsn(), autocommit=True) as conn:
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute(statement)
+        assert "lc_monetary" in str(refused.value)
+        assert conn.execute("SELECT current_setting('lc_monetary')").fetchone()  # the session goes on
