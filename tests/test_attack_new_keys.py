@@ -1,0 +1,117 @@
+"""Date-part keys, exact float sums, passthrough pinning and refusal hints, attacked (draft)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy
+
+_DDL = "(id int, c text, d date, ts timestamp, tz timestamptz, f float8, r real)"
+_BASE_ROWS = (
+    "SELECT i, (ARRAY['a', 'b'])[1 + i % 2], DATE '2020-01-01' + (i % 366), "
+    "TIMESTAMP '2020-01-01 06:00' + (i % 366) * interval '1 day', "
+    "TIMESTAMPTZ '2020-01-01 12:00+00' + (i % 366) * interval '1 day', (i % 10)::float8, (i % 10)::real "
+    "FROM generate_series(1, 400) i"
+)
+_NEIGHBOURS = {
+    "kn1": "(1001, 'a', '2020-12-31', '2020-12-31 23:59:59.999999', '2020-12-31 23:59:59.999999+14', 9.999999999, 9.99)",
+    "kn2": "(1002, 'b', '2020-01-01', '2020-01-01 00:00', '2020-01-01 00:00-12', -0.0, -0.0)",
+    "kn3": "(1003, NULL, 'infinity', 'infinity', 'infinity', 'NaN', 'NaN')",
+    "kn4": "(1004, 'zz', '-infinity', '-infinity', '-infinity', 'Infinity', '-Infinity')",
+    "kn5": "(1005, 'a', '5874897-12-31', '294276-12-31 23:59:59', '294276-12-31 23:59:59+00', 1e308, 3.4e38)",
+    "kn6": "(1006, 'b', '4713-01-01 BC', '4713-01-01 00:00 BC', '4713-01-01 00:00+00 BC', 5e-324, 1e-45)",
+    "kn7": "(1007, 'a', '2019-12-31', '2019-12-31 23:59:59.999999', '2019-12-31 10:00:00-12', -1e308, -3.4e38)",
+    "kn8": "(1008, 'a', '2021-01-01', '2021-01-01 00:00', '2021-01-01 00:00+14', 2.2250738585072014e-308, 1.2e-38)",
+    "kn9": "(1009, NULL, NULL, NULL, NULL, NULL, NULL)",
+}
+
+_POLICY = ATTACK_POLICY_HEAD + """
+  public.kn0: &K
+    access: protected
+    epsilon: 1.0
+    delta: 1.0e-6
+    max_cells: 2000
+    columns:
+      c: {{categories: [a, b], group_by: true}}
+      d: {{bounds: [2020-01-01, 2020-12-31], group_by: [day, week, month, quarter, year]}}
+      ts: {{bounds: [2020-01-01, 2020-12-31], group_by: [day, week, month, quarter]}}
+      tz: {{bounds: [2020-01-01, 2020-12-31], group_by: [day, month]}}
+      f: {{bounds: [-5, 10]}}
+      r: {{bounds: [0.001, 10]}}
+""" + "".join(f"  public.{name}: *K\n" for name in _NEIGHBOURS)
+
+
+@pytest.fixture(scope="module")
+def keys_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        for name in ("kn0", *_NEIGHBOURS):
+            conn.execute(f"DROP TABLE IF EXISTS {name}")
+            conn.execute(f"CREATE TABLE {name} {_DDL}")
+            conn.execute(f"INSERT INTO {name} {_BASE_ROWS}")
+            conn.execute(f"GRANT SELECT ON {name} TO dpproxy_service")
+        for name, row in _NEIGHBOURS.items():
+            conn.execute(f"INSERT INTO {name} VALUES {row}")
+    with running_proxy(test_db, tmp_path_factory, _POLICY) as running:
+        yield running
+
+
+_NUMBER = re.compile(r"-?\d+(\.\d+)?(e[+-]?\d+)?", re.IGNORECASE)
+
+
+def _outcome(conn: psycopg.Connection, sql: str, table: str, keys: int = 0) -> tuple[object, ...]:
+    notices: list[str] = []
+
+    def handler(diag: psycopg.errors.Diagnostic) -> None:
+        notices.append(diag.message_primary or "")
+
+    conn.add_notice_handler(handler)
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute(sql.replace("{t}", table))
+            columns = tuple((c.name, c.type_code) for c in cursor.description or ())
+            rows = cursor.fetchall() if cursor.description else []
+            return ("answer", columns, len(rows), tuple(tuple(map(str, row[:keys])) for row in rows),
+                    cursor.statusmessage, tuple(_NUMBER.sub("#", n.replace(table, "T")) for n in notices))
+    except psycopg.Error as exc:
+        return ("error", exc.sqlstate, (exc.diag.message_primary or "").replace(table, "T"),
+                (exc.diag.message_hint or "").replace(table, "T"))
+    finally:
+        conn.remove_notice_handler(handler)
+
+
+def _same_on_neighbours(proxy: RunningProxy, sql: str, keys: int = 0, setup: tuple[str, ...] = ()) -> tuple[object, ...]:
+    with proxy.connect() as conn:
+        for statement in setup:
+            conn.execute(statement)
+        base = _outcome(conn, sql, "kn0", keys)
+        for name in _NEIGHBOURS:
+            assert _outcome(conn, sql, name, keys) == base, (name, sql, setup)
+    return base
+
+
+# ---------------------------------------------------------------- repeats of date parts
+
+
+def test_a_date_part_is_not_answered_with_another_parts_release_over_the_same_buckets(keys_proxy: RunningProxy) -> None:
+    # The day of month and the day of week both group the backend's rows by date_trunc('day', d):
+    # the same backend SQL. The repeat store keyed on it answered the day of month with the day
+    # of week's seven stored cells (labels 5, 6, 7, 1, 2, 3, 4), uncharged.
+    with keys_proxy.connect() as conn:
+        conn.execute("SELECT EXTRACT(DOW FROM d) AS k, count(*) FROM kn0 GROUP BY 1").fetchall()
+        days = conn.execute("SELECT EXTRACT(DAY FROM d) AS k, count(*) FROM kn0 GROUP BY 1").fetchall()
+        months = conn.execute("SELECT EXTRACT(MONTH FROM d) AS k, count(*) FROM kn0 GROUP BY 1").fetchall()
+        quarters = conn.execute("SELECT EXTRACT(QUARTER FROM d) AS k, count(*) FROM kn0 GROUP BY 1").fetchall()
+    assert [int(k) for k, _ in days] == list(range(1, 32))
+    assert [int(k) for k, _ in months] == list(range(1, 13))
+    assert [int(k) for k, _ in quarters] == [1, 2, 3, 4]
+
+
+def test_a_repeat_of_a_date_part_is_still_the_stored_release(keys_proxy: RunningProxy) -> None:
+    sql = "SELECT EXTRACT(ISODOW FROM ts) AS k, count(*) FROM kn0 GROUP BY 1"
+    with keys_proxy.connect() as conn:
+        first = conn.execute(sql).fetchall()
+        assert conn.execute(sql).fetchall() == first
