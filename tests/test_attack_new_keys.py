@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy
+from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 
 _DDL = "(id int, c text, d date, ts timestamp, tz timestamptz, f float8, r real)"
 _BASE_ROWS = (
@@ -115,3 +115,32 @@ def test_a_repeat_of_a_date_part_is_still_the_stored_release(keys_proxy: Running
     with keys_proxy.connect() as conn:
         first = conn.execute(sql).fetchall()
         assert conn.execute(sql).fetchall() == first
+
+
+# ---------------------------------------------------------------- COUNT(DISTINCT) per date part
+
+
+def _error(proxy: RunningProxy, sql: str) -> psycopg.Error:
+    with proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as caught:
+            conn.execute(sql)
+        assert spent_epsilon(conn) == before
+    return caught.value
+
+
+@pytest.mark.parametrize("key", ["EXTRACT(YEAR FROM ts)", "EXTRACT(MONTH FROM d)", "EXTRACT(DOW FROM tz)",
+                                 "date_trunc('week', ts + INTERVAL '1 day') + INTERVAL '-1 day'"])
+def test_count_distinct_per_date_part_is_refused_for_its_cells_add_up_buckets(keys_proxy: RunningProxy, key: str) -> None:
+    # The year of ts (which opts quarters in, not years) collects four quarter buckets; the
+    # backend counted c's 2 distinct values in each and dpproxy added them up: ~8, not 2.
+    error = _error(keys_proxy, f"SELECT {key} AS k, count(DISTINCT c) FROM kn0 GROUP BY 1")
+    assert error.sqlstate == "DP001" and "aggregate-combination" in str(error)
+    assert "DATE_TRUNC" in (error.diag.message_hint or "")
+
+
+@pytest.mark.parametrize("key", ["CAST(ts AS DATE)", "d", "date_trunc('quarter', ts)"])
+def test_count_distinct_per_one_bucket_cell_is_answered(keys_proxy: RunningProxy, key: str) -> None:
+    with keys_proxy.connect() as conn:
+        rows = conn.execute(f"SELECT {key} AS k, count(DISTINCT c) FROM kn0 GROUP BY 1").fetchall()
+    assert rows
