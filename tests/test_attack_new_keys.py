@@ -10,23 +10,23 @@ import pytest
 
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 
-_DDL = "(id int, c text, d date, ts timestamp, tz timestamptz, f float8, r real)"
+_DDL = "(id int, c text, d date, ts timestamp, tz timestamptz, f float8, r real, z float8)"
 _BASE_ROWS = (
     "SELECT i, (ARRAY['a', 'b'])[1 + i % 2], DATE '2020-01-01' + (i % 366), "
     "TIMESTAMP '2020-01-01 06:00' + (i % 366) * interval '1 day', "
-    "TIMESTAMPTZ '2020-01-01 12:00+00' + (i % 366) * interval '1 day', (i % 10)::float8, (i % 10)::real "
-    "FROM generate_series(1, 400) i"
+    "TIMESTAMPTZ '2020-01-01 12:00+00' + (i % 366) * interval '1 day', (i % 10)::float8, (i % 10)::real, "
+    "(i % 3) * 5e-311 FROM generate_series(1, 400) i"
 )
 _NEIGHBOURS = {
-    "kn1": "(1001, 'a', '2020-12-31', '2020-12-31 23:59:59.999999', '2020-12-31 23:59:59.999999+14', 9.999999999, 9.99)",
-    "kn2": "(1002, 'b', '2020-01-01', '2020-01-01 00:00', '2020-01-01 00:00-12', -0.0, -0.0)",
-    "kn3": "(1003, NULL, 'infinity', 'infinity', 'infinity', 'NaN', 'NaN')",
-    "kn4": "(1004, 'zz', '-infinity', '-infinity', '-infinity', 'Infinity', '-Infinity')",
-    "kn5": "(1005, 'a', '5874897-12-31', '294276-12-31 23:59:59', '294276-12-31 23:59:59+00', 1e308, 3.4e38)",
-    "kn6": "(1006, 'b', '4713-01-01 BC', '4713-01-01 00:00 BC', '4713-01-01 00:00+00 BC', 5e-324, 1e-45)",
-    "kn7": "(1007, 'a', '2019-12-31', '2019-12-31 23:59:59.999999', '2019-12-31 10:00:00-12', -1e308, -3.4e38)",
-    "kn8": "(1008, 'a', '2021-01-01', '2021-01-01 00:00', '2021-01-01 00:00+14', 2.2250738585072014e-308, 1.2e-38)",
-    "kn9": "(1009, NULL, NULL, NULL, NULL, NULL, NULL)",
+    "kn1": "(1001, 'a', '2020-12-31', '2020-12-31 23:59:59.999999', '2020-12-31 23:59:59.999999+14', 9.999999999, 9.99, 1e-310)",
+    "kn2": "(1002, 'b', '2020-01-01', '2020-01-01 00:00', '2020-01-01 00:00-12', -0.0, -0.0, -0.0)",
+    "kn3": "(1003, NULL, 'infinity', 'infinity', 'infinity', 'NaN', 'NaN', 'NaN')",
+    "kn4": "(1004, 'zz', '-infinity', '-infinity', '-infinity', 'Infinity', '-Infinity', '-Infinity')",
+    "kn5": "(1005, 'a', '5874897-12-31', '294276-12-31 23:59:59', '294276-12-31 23:59:59+00', 1e308, 3.4e38, 1e308)",
+    "kn6": "(1006, 'b', '4713-01-01 BC', '4713-01-01 00:00 BC', '4713-01-01 00:00+00 BC', 5e-324, 1e-45, 5e-324)",
+    "kn7": "(1007, 'a', '2019-12-31', '2019-12-31 23:59:59.999999', '2019-12-31 10:00:00-12', -1e308, -3.4e38, -5e-324)",
+    "kn8": "(1008, 'a', '2021-01-01', '2021-01-01 00:00', '2021-01-01 00:00+14', 2.2250738585072014e-308, 1.2e-38, 2.2250738585072014e-308)",
+    "kn9": "(1009, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
 }
 
 _POLICY = ATTACK_POLICY_HEAD + """
@@ -42,6 +42,7 @@ _POLICY = ATTACK_POLICY_HEAD + """
       tz: {{bounds: [2020-01-01, 2020-12-31], group_by: [day, month]}}
       f: {{bounds: [-5, 10]}}
       r: {{bounds: [0.001, 10]}}
+      z: {{bounds: [0, 1.0e-310]}}
 """ + "".join(f"  public.{name}: *K\n" for name in _NEIGHBOURS)
 
 
@@ -144,3 +145,17 @@ def test_count_distinct_per_one_bucket_cell_is_answered(keys_proxy: RunningProxy
     with keys_proxy.connect() as conn:
         rows = conn.execute(f"SELECT {key} AS k, count(DISTINCT c) FROM kn0 GROUP BY 1").fetchall()
     assert rows
+
+
+# ---------------------------------------------------------------- exact float sums on the grid
+
+
+def test_avg_of_a_float_column_with_subnormal_bounds_is_answered(keys_proxy: RunningProxy) -> None:
+    # z's bounds [0, 1e-310] put every value on grid point 0 (the grid's 2^1023 is the finest a
+    # double holds): the centred sum's sensitivity is 0 points, and noise of scale 0 raised
+    # after the charge, an internal error that closed the session.
+    with keys_proxy.connect() as conn:
+        (mean,) = conn.execute("SELECT avg(z) FROM kn0").fetchone()
+        assert 0.0 <= mean <= 1e-310
+        rows = conn.execute("SELECT EXTRACT(MONTH FROM d) AS m, avg(z), sum(z) FROM kn0 GROUP BY 1").fetchall()
+        assert len(rows) == 12
