@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 
 import psycopg
@@ -159,3 +160,62 @@ def test_avg_of_a_float_column_with_subnormal_bounds_is_answered(keys_proxy: Run
         assert 0.0 <= mean <= 1e-310
         rows = conn.execute("SELECT EXTRACT(MONTH FROM d) AS m, avg(z), sum(z) FROM kn0 GROUP BY 1").fetchall()
         assert len(rows) == 12
+
+
+# ---------------------------------------------------------------- public relations that start reading protected rows
+
+_PASS_POLICY = ATTACK_POLICY_HEAD + """
+  public.kp_secret: {{access: protected, epsilon: 1.0, columns: {{v: {{bounds: [0, 100]}}}}}}
+  public.kp_pub: {{access: public}}
+  public.kp_view: {{access: public}}
+  public.kp_parent: {{access: public}}
+"""
+
+
+@pytest.fixture
+def watched_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory,
+                  monkeypatch: pytest.MonkeyPatch) -> Iterator[RunningProxy]:
+    monkeypatch.setattr("proxy.serving.server.FUNCTION_NAMES_REFRESH_S", 0.2)
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS kp_secret, kp_pub, kp_parent CASCADE")
+        conn.execute("CREATE TABLE kp_secret (v int); INSERT INTO kp_secret VALUES (42)")
+        conn.execute("CREATE TABLE kp_pub (v int); INSERT INTO kp_pub VALUES (1)")
+        conn.execute("CREATE TABLE kp_parent (v int)")
+        conn.execute("CREATE VIEW kp_view AS SELECT v FROM kp_pub")
+        conn.execute("GRANT SELECT ON kp_secret, kp_pub, kp_parent, kp_view TO dpproxy_service")
+    with running_proxy(test_db, tmp_path_factory, _PASS_POLICY) as running:
+        yield running
+
+
+def _refused_within(proxy: RunningProxy, sql: str, seconds: float = 10.0) -> psycopg.Error:
+    deadline = time.monotonic() + seconds
+    with proxy.connect() as conn:
+        while True:
+            try:
+                rows = conn.execute(sql).fetchall()
+            except psycopg.Error as exc:
+                return exc
+            assert (42,) not in rows or time.monotonic() < deadline, f"{sql} still passes protected rows: {rows}"
+            time.sleep(0.1)
+
+
+@pytest.mark.parametrize("ddl", ["CREATE OR REPLACE VIEW kp_view AS SELECT v FROM kp_secret",
+                                 "ALTER TABLE kp_secret INHERIT kp_parent"])
+def test_a_public_relation_that_starts_reading_a_protected_table_is_refused(
+        watched_proxy: RunningProxy, test_db: TestDatabase, ddl: str) -> None:
+    # A view redefined after start, or a protected table made an inheritance child of a public
+    # one, passed the protected rows (42) through exactly until the next reload.
+    relation = "kp_view" if "VIEW" in ddl else "kp_parent"
+    with watched_proxy.connect() as conn:
+        assert (42,) not in conn.execute(f"SELECT * FROM {relation}").fetchall()
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute(ddl)
+    try:
+        error = _refused_within(watched_proxy, f"SELECT * FROM {relation}")
+        assert error.sqlstate == "42501" and "default-deny" in str(error)
+        with watched_proxy.connect() as conn:  # the other public relation still answers
+            assert conn.execute("SELECT * FROM kp_pub").fetchall() == [(1,)]
+    finally:
+        with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+            conn.execute("ALTER TABLE kp_secret NO INHERIT kp_parent" if "INHERIT" in ddl
+                         else "CREATE OR REPLACE VIEW kp_view AS SELECT v FROM kp_pub")

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 from policies.tables import Relation
 
-__all__ = ["public_reads_protected"]
+__all__ = ["public_reads_protected", "public_leaking"]
 
 # Every relation each root reads, transitively: inheritance and partition children, and the
 # relations a view's or materialized view's rewrite rules depend on.
@@ -45,18 +45,33 @@ class _Fetches(Protocol):
     async def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
 
 
+async def _leaks(session: _Fetches, relations: Mapping[int, Relation]
+                 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """(public root, protected relation it reads) and (protected root, public child) pairs."""
+    public = [oid for oid, relation in relations.items() if relation.access == "public"]
+    protected = [oid for oid, relation in relations.items() if relation.access == "protected"]
+    if not public or not protected:
+        return [], []
+    reads = await session.fetch_all(_READS_SQL, (True, public, protected))
+    rows_of = await session.fetch_all(_READS_SQL, (False, protected, public))
+    return reads, rows_of
+
+
+async def public_leaking(session: _Fetches, relations: Mapping[int, Relation]) -> frozenset[int]:
+    """The OIDs of the public relations of ``relations`` that now read a protected one or are
+    its inheritance child or partition: what :func:`public_reads_protected` refuses at load,
+    found again after DDL since (``CREATE OR REPLACE VIEW``, ``ALTER TABLE ... INHERIT``)."""
+    reads, rows_of = await _leaks(session, relations)
+    return frozenset(int(root) for root, _ in reads) | frozenset(int(rel) for _, rel in rows_of)
+
+
 async def public_reads_protected(session: _Fetches, relations: Mapping[int, Relation],
                                  names: Mapping[int, str]) -> list[str]:
     """A problem for each public relation of ``relations`` that reads a protected one, or is
     its inheritance child or partition.
 
     ``names`` gives each relation's name as the policy writes it (``tables.<name>``)."""
-    public = [oid for oid, relation in relations.items() if relation.access == "public"]
-    protected = [oid for oid, relation in relations.items() if relation.access == "protected"]
-    if not public or not protected:
-        return []
-    reads = await session.fetch_all(_READS_SQL, (True, public, protected))
-    rows_of = await session.fetch_all(_READS_SQL, (False, protected, public))
+    reads, rows_of = await _leaks(session, relations)
     return [
         f"tables.{names[int(root)]}: a public relation that reads protected table {names[int(rel)]} (a view of it, "
         "or its inheritance or partition parent) would hand out its rows exactly; make it protected or remove it"
