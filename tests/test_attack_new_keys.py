@@ -219,3 +219,76 @@ def test_a_public_relation_that_starts_reading_a_protected_table_is_refused(
         with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
             conn.execute("ALTER TABLE kp_secret NO INHERIT kp_parent" if "INHERIT" in ddl
                          else "CREATE OR REPLACE VIEW kp_view AS SELECT v FROM kp_pub")
+
+
+# ---------------------------------------------------------------- probes that held: date parts on neighbours
+
+_ZONES = ("UTC", "Pacific/Kiritimati", "Etc/GMT+12", "America/Havana", "<+14>-14", "America/Santiago")
+_PART_KEYS = (
+    "EXTRACT(MONTH FROM {c})", "date_part('quarter', {c})", "EXTRACT(DAY FROM {c})", "EXTRACT(DOW FROM {c})",
+    "EXTRACT(ISODOW FROM {c})", "EXTRACT(DOY FROM {c})", "EXTRACT(WEEK FROM {c})", "CAST({c} AS DATE)",
+    "CAST(extract(dow from {c}) AS integer) + 1",
+    "CASE WHEN mod(CAST(extract(dow from {c}) AS integer) + 1 + 5, 7) = 0 THEN 7 "
+    "ELSE mod(CAST(extract(dow from {c}) AS integer) + 1 + 5, 7) END",
+    "date_trunc('week', {c} + INTERVAL '1 day') + INTERVAL '-1 day'",
+    "DATE_TRUNC('day', CAST({c} AS DATE)) + (-EXTRACT(DOW FROM {c}) * INTERVAL '1 DAY')",
+    "EXTRACT(DOW FROM CAST({c} AS timestamptz))", "EXTRACT(DAY FROM CAST({c} AS date))",
+)
+_SHAPES = (  # each with its number of leading key columns (compared value for value)
+    ("SELECT {k} AS k, count(*), sum(f), avg(r) FROM {t} GROUP BY 1", 1),
+    ("SELECT {k} AS k FROM {t} GROUP BY 1 ORDER BY 1 DESC", 1),
+    ("SELECT {k} AS k, c, count(*) FROM {t} WHERE {c} >= '2020-02-27' AND {c} < '2020-03-02 12:00' GROUP BY 1, 2", 2),
+    ('SELECT "source"."k" AS "k", count(*) AS "count" FROM (SELECT {k} AS "k" FROM {t}) AS "source" '
+     'GROUP BY "source"."k" ORDER BY "source"."k" ASC', 1),
+    ("SELECT {k} AS k, c, count(*) FROM {t} JOIN (SELECT c AS c__ FROM {t} GROUP BY c ORDER BY c LIMIT 1) "
+     "AS series_limit ON c = c__ GROUP BY 1, 2", 0),
+    ("SELECT {k} AS k, EXTRACT(YEAR FROM {c}), EXTRACT(MONTH FROM {c}), count(*) FROM {t} GROUP BY 1, 2, 3 "
+     "HAVING {k} IS NOT NULL ORDER BY 1, 2, 3 LIMIT 40", 3),
+)
+
+
+@pytest.mark.parametrize("shape", _SHAPES)
+@pytest.mark.parametrize("key", _PART_KEYS)
+def test_a_date_parts_outcome_keys_and_notices_are_the_same_on_neighbouring_tables(
+        keys_proxy: RunningProxy, key: str, shape: tuple[str, int]) -> None:
+    # Rows at the declared range's edges in UTC+14 and -12, at the types' limits, BC, NULL;
+    # a different column and TimeZone per case (all would take minutes).
+    index = _PART_KEYS.index(key) + _SHAPES.index(shape)
+    column, zone = ("d", "ts", "tz")[index % 3], _ZONES[index % len(_ZONES)]
+    sql = shape[0].replace("{k}", key).replace("{c}", column)
+    _same_on_neighbours(keys_proxy, sql, shape[1], (f"SET TimeZone = '{zone}'",))
+
+
+@pytest.mark.parametrize("sql, sqlstate", [
+    ("SELECT CAST(EXTRACT(DOY FROM ts) AS numeric(2, 0)) AS k, count(*) FROM kn0 GROUP BY EXTRACT(DOY FROM ts)", "22003"),
+    ("SELECT 100 / (EXTRACT(DOW FROM tz) - 3) AS k, count(*) FROM kn0 GROUP BY EXTRACT(DOW FROM tz)", "22012"),
+    ("SELECT CAST(date_trunc('week', d + INTERVAL '1 day') + INTERVAL '-1 day' AS date) - DATE '2020-01-05' + 1 / 0 "
+     "AS k, count(*) FROM kn0 GROUP BY date_trunc('week', d + INTERVAL '1 day') + INTERVAL '-1 day'", "22012"),
+])
+def test_post_processing_a_date_parts_labels_cannot_do_fails_before_the_charge(
+        keys_proxy: RunningProxy, sql: str, sqlstate: str) -> None:
+    error = _error(keys_proxy, sql)
+    assert error.sqlstate == sqlstate
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT sum(f), avg(f), sum(r), avg(r), sum(z), avg(z) FROM {t}",
+    "SELECT EXTRACT(MONTH FROM d) AS m, sum(f), avg(r), sum(z) FROM {t} GROUP BY 1",
+    "SELECT c, sum(f), avg(r) FROM {t} WHERE f <> 3 GROUP BY c",
+    "SELECT date_trunc('month', ts) AS m, c, sum(f) AS s FROM {t} JOIN (SELECT c AS c__, avg(r) AS mme FROM {t} "
+    "GROUP BY c ORDER BY c LIMIT 1) AS series_limit ON c = c__ GROUP BY 1, 2",
+    "SELECT round(CAST(sum(f) AS numeric), 2), pg_typeof(sum(r)), pg_typeof(avg(r)) FROM {t}",
+])
+def test_a_float_sums_outcome_and_type_are_the_same_on_neighbouring_tables(keys_proxy: RunningProxy, sql: str) -> None:
+    # NaN, ±Infinity, ±1e308, ±3.4e38 in a real, subnormals, -0.0: summed exactly on the grid.
+    _same_on_neighbours(keys_proxy, sql)
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Pacific/Kiritimati", "Etc/GMT+12"])
+def test_a_refusal_hint_is_the_same_on_neighbouring_tables(keys_proxy: RunningProxy, zone: str) -> None:
+    for sql in ("SELECT ts, count(*) FROM {t} GROUP BY ts", "SELECT d FROM {t}", "SELECT c FROM {t}",
+                "SELECT EXTRACT(HOUR FROM tz), count(*) FROM {t} GROUP BY 1",
+                "SELECT date_trunc('week', tz), count(*) FROM {t} GROUP BY 1",
+                "SELECT date_trunc('quarter', tz), count(*) FROM {t} GROUP BY 1"):
+        outcome = _same_on_neighbours(keys_proxy, sql, 0, (f"SET TimeZone = '{zone}'",))
+        assert outcome[0] == "error" and outcome[3], sql
