@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 
-from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
+from policies.loader import PolicyError
+from proxy.serving.server import Server
+from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, make_policy, running_proxy, spent_epsilon
 
 _DDL = "(id int, c text, d date, ts timestamp, tz timestamptz, f float8, r real, z float8)"
 _BASE_ROWS = (
@@ -292,3 +296,24 @@ def test_a_refusal_hint_is_the_same_on_neighbouring_tables(keys_proxy: RunningPr
                 "SELECT date_trunc('quarter', tz), count(*) FROM {t} GROUP BY 1"):
         outcome = _same_on_neighbours(keys_proxy, sql, 0, (f"SET TimeZone = '{zone}'",))
         assert outcome[0] == "error" and outcome[3], sql
+
+
+def test_a_policy_whose_public_table_has_a_row_security_policy_reading_a_protected_one_is_refused(
+        test_db: TestDatabase, tmp_path: Path) -> None:
+    # Passed through before: SELECT * FROM kr_pub answered [(42,)], the one value of kr_secret
+    # among 0 … 100 (the policy's USING keeps the rows whose v is in kr_secret).
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS kr_secret, kr_pub CASCADE")
+        conn.execute("CREATE TABLE kr_secret (v int); INSERT INTO kr_secret VALUES (42)")
+        conn.execute("CREATE TABLE kr_pub (v int); INSERT INTO kr_pub SELECT generate_series(0, 100)")
+        conn.execute("GRANT SELECT ON kr_secret, kr_pub TO dpproxy_service")
+        conn.execute("ALTER TABLE kr_pub ENABLE ROW LEVEL SECURITY")
+        conn.execute("CREATE POLICY leak ON kr_pub FOR SELECT USING (v IN (SELECT v FROM kr_secret))")
+    text = ATTACK_POLICY_HEAD + """
+  public.kr_secret: {{access: protected, epsilon: 1.0, columns: {{v: {{bounds: [0, 100]}}}}}}
+  public.kr_pub: {{access: public}}
+"""
+    with pytest.raises(PolicyError) as refused:
+        asyncio.run(Server.create(make_policy(test_db, tmp_path / "ledger.sqlite3", text)))
+    (problem,) = refused.value.problems
+    assert problem.startswith("tables.public.kr_pub: a public relation that reads protected table public.kr_secret")
