@@ -237,6 +237,7 @@ _PART_KEYS = (
     "date_trunc('week', {c} + INTERVAL '1 day') + INTERVAL '-1 day'",
     "DATE_TRUNC('day', CAST({c} AS DATE)) + (-EXTRACT(DOW FROM {c}) * INTERVAL '1 DAY')",
     "EXTRACT(DOW FROM CAST({c} AS timestamptz))", "EXTRACT(DAY FROM CAST({c} AS date))",
+    "{c}",  # a date column by itself is its day's bucket; a timestamp's raw values are refused
 )
 _SHAPES = (  # each with its number of leading key columns (compared value for value)
     ("SELECT {k} AS k, count(*), sum(f), avg(r) FROM {t} GROUP BY 1", 1),
