@@ -1,4 +1,18 @@
-"""Date-part keys, exact float sums, passthrough pinning and refusal hints, attacked (draft)."""
+"""Date-part keys, exact float sums, public relations and refusal hints, attacked.
+
+Found and fixed, each pinned here with the probe that found it: a repeat keyed on the backend
+SQL alone answered one date part with another's release over the same ``date_trunc`` buckets;
+COUNT(DISTINCT) per date part added up per-bucket distinct counts; a float AVG whose bounds are
+subnormal (every grid point 0) was noised at scale 0, an internal error after its charge; a
+public view redefined, or a public table made a protected one's inheritance parent, after start
+passed the protected rows until a reload; a public table whose row-level security policy reads
+a protected one passed its values (which rows come back).
+
+Probes that held (regression tests): date parts on ``kn0`` and neighbours that each hold one
+adversarial row (the declared range's edges in UTC+14 and -12, the types' limits, BC, NULL,
+NaN, ±Infinity, subnormals) give the same outcome, keys, types and notices in odd TimeZones;
+post-processing that the labels decide fails before the charge; refusal hints read the policy.
+"""
 
 from __future__ import annotations
 
