@@ -66,7 +66,12 @@ def laplace_integer_sum(exact: int, sensitivity: int, epsilon: float) -> tuple[i
     saturate, so the sum is released at a granularity g = 2^j instead:
     g·(⌊exact/g⌋ + DLap(⌈Δ/g⌉/ε)). ⌊x/g⌋ moves by at most ⌈Δ/g⌉ when x moves by Δ, so this is
     ε-DP too, with a noise scale g·⌈Δ/g⌉/ε ≥ Δ/ε (a little more noise, never less).
+
+    A sensitivity of 0 (no row can move ``exact``: a float column whose bounds are subnormal
+    has every value's grid point 0) releases ``exact`` as it is, with scale 0.
     """
+    if sensitivity == 0:
+        return exact, 0.0
     g = _granularity(sensitivity, epsilon)
     if g == 1:
         return laplace_int(exact, sensitivity / epsilon), sensitivity / epsilon

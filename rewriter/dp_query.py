@@ -399,6 +399,14 @@ def _check_combination(aggregates: tuple[Aggregate, ...], groups: tuple[GroupKey
            for key in groups):
         raise scope.refuse("COUNT(DISTINCT ...) per group with a catch-all (other) key is not allowed on "
                            "protected table", "aggregate-combination")
+    if any(key.part not in (None, "date") for key in groups):
+        # A date part's cell collects several buckets (month of year: one per year), each of
+        # which the backend counts distinct values in: their sum is not the cell's count.
+        refusal = scope.refuse("COUNT(DISTINCT ...) per date part (month of year, day of week, a Sunday week, "
+                               "a year of finer buckets) is not allowed on protected table", "aggregate-combination")
+        raise Refusal(refusal.sqlstate, refusal.message,
+                      "Group COUNT(DISTINCT ...) by DATE_TRUNC of a declared unit, or by CAST(col AS DATE), "
+                      "whose cells are one time bucket each. " + scope.hint, refusal.rule)
 
 
 def _sql_name(agg: Aggregate) -> str:

@@ -50,6 +50,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("f8", "float8", True, (-1e280, 1e280), None,  # the largest bounds a float8 column may have
            ("'NaN'", "'Infinity'", "'-Infinity'", "1.7976931348623157e308", "5e-324", "1e300", "1e280", "-1e301", "0"),
            "group_by: true, avg: sample_aggregate"),  # a subnormal partition sum over 2 rows underflows a division
+    # Subnormal, asymmetric bounds: every value's exact-sum grid point is 0 (mechanisms/fixed_point.py)
+    Column("fz", "float8", True, (-1e-310, 3e-310), None,
+           ("'NaN'", "'-Infinity'", "5e-324", "-5e-324", "-0.0", "2.2250738585072014e-308", "1e308", "3e-310")),
     Column("n", "numeric", True, (0, 1e20), None,
            # 1e-400: closer to 0 than double precision reaches, where a cast to it fails
            ("'NaN'", "'Infinity'", "1e-400", "'-Infinity'", "1e100", "-1e100", "0.000000000000000000001", "1e20",
@@ -351,8 +354,13 @@ def _grouped_case(builder: _Builder) -> Case:
             sql += " GROUP BY " + ", ".join(str(i + 1) if positional else key for i, key in enumerate(keys))
     if not distinct and rng.random() < 0.1:
         sql += " HAVING COUNT(*) IS NOT NULL"
+    elif not distinct and '"source"' not in sql and rng.random() < 0.1:
+        # post-processing over the keys only (a date part computed from its cells' representatives)
+        sql += f" HAVING {rng.choice(keys)} IS NOT NULL"
     if rng.random() < 0.3:
         sql += " ORDER BY 1" + rng.choice(["", " DESC"])
+    elif not distinct and '"source"' not in sql and rng.random() < 0.1:
+        sql += f" ORDER BY {rng.choice(keys)} DESC"
     if rng.random() < 0.15:
         sql += rng.choice([" LIMIT 0", " LIMIT 3", " LIMIT 1 OFFSET 2", " OFFSET 1"])
     fixed = tuple([False] * len(keys) + [_fixed_scale(a) for a in aggregates])
@@ -370,10 +378,13 @@ def _series_case(builder: _Builder) -> Case:
     would make it differ by chance, not by the row)."""
     rng = builder.rng
     key = rng.choice(["t", "v", "i2"])
-    keys = [key, *([rng.choice(["date_trunc('month', d)", "width_bucket(f8, -1, 1, 5)"])] if rng.random() < 0.6 else [])]
+    # The other key may be a date part (rewriter/date_parts.py): its cells are the values the range gives.
+    keys = [key, *([rng.choice(["date_trunc('month', d)", "width_bucket(f8, -1, 1, 5)", "EXTRACT(MONTH FROM ts)",
+                                "EXTRACT(ISODOW FROM tz)", "EXTRACT(QUARTER FROM d)"])] if rng.random() < 0.6 else [])]
     rng.shuffle(keys)
     # Either side may ask for keys only (a value list joined to a ranking, or a ranking by keys).
-    metrics = [] if rng.random() < 0.15 else [rng.choice(["COUNT(*)", "SUM(i4)", "AVG(i2)", "COUNT(DISTINCT t)", "SUM(n)"])]
+    metrics = [] if rng.random() < 0.15 else [rng.choice(["COUNT(*)", "SUM(i4)", "AVG(i2)", "COUNT(DISTINCT t)", "SUM(n)",
+                                                          "SUM(f8)", "AVG(f4)", "AVG(fz)"])]
     ranking = "" if rng.random() < 0.15 else f", {rng.choice(['COUNT(*)', 'SUM(i2)', 'AVG(n)'])} AS m"
     orders = [f"{key} DESC LIMIT 2", key, "1 LIMIT 1", "1/0", f"{key}__::int"] + (["m DESC LIMIT 50", "m"] if ranking else [])
     order = rng.choice(orders)
@@ -388,7 +399,7 @@ def _series_case(builder: _Builder) -> Case:
     if rng.random() < 0.3:
         sql += " ORDER BY 1 LIMIT 10000"  # by a key: an order by noised values would differ by chance
     fixed = tuple([False] * len(keys) + [_fixed_scale(metric) for metric in metrics])
-    return Case(sql, tuple(builder.params), False, fixed, keys=len(keys))
+    return Case(sql, tuple(builder.params), False, fixed, keys=len(keys), timezone=rng.choice(_ZONES))
 
 
 def generate_case(rng: random.Random) -> Case:

@@ -36,8 +36,8 @@ TIME_LIMIT_S = 240  # a bound, not a target: a run takes well under a minute
 # so that the adversarial row of a neighbour is often the only row a predicate reaches.
 # "base" also has a row of zeros, which a tiny adversarial value may share a partition with.
 BASES = {"base": ["(" + ", ".join("NULL" for _ in COLUMNS) + ")",
-                  "(NULL, NULL, 1, 50, 7, 0.5, 2.5, 3, NULL, NULL, NULL, '2000-01-01 00:00+00', '{\"(0,0)\"}')",
-                  "(NULL, NULL, 0, 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL)"],
+                  "(NULL, NULL, 1, 50, 7, 0.5, 2.5, 1e-310, 3, NULL, NULL, NULL, '2000-01-01 00:00+00', '{\"(0,0)\"}')",
+                  "(NULL, NULL, 0, 0, 0, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL)"],
          "empty": []}
 
 _POLICY = """

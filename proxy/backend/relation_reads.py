@@ -2,8 +2,9 @@
 
 A passthrough statement on a public relation returns its rows as they are. PostgreSQL reads
 more than the named relation when it is a view or materialized view (the relations its rules
-read) or an inheritance or partitioned parent (every child's rows, unless the statement says
-``ONLY``). ``serve``, a reload and ``check-config`` refuse a policy in which a relation marked
+read), an inheritance or partitioned parent (every child's rows, unless the statement says
+``ONLY``) or a table whose row-level security policy reads another (which of its rows come
+back says what that one holds). ``serve``, a reload and ``check-config`` refuse a policy in which a relation marked
 ``public`` reads, so, a protected one: the name would denote the protected rows, exactly. And
 one in which a public relation is an inheritance child or partition of a protected one: its
 rows are rows of the protected table. (A public table a protected view reads, a lookup table
@@ -17,10 +18,11 @@ from typing import Any, Mapping, Protocol, Sequence
 
 from policies.tables import Relation
 
-__all__ = ["public_reads_protected"]
+__all__ = ["public_reads_protected", "public_leaking"]
 
-# Every relation each root reads, transitively: inheritance and partition children, and the
-# relations a view's or materialized view's rewrite rules depend on.
+# Every relation each root reads, transitively: inheritance and partition children, the
+# relations a view's or materialized view's rewrite rules depend on, and those a row-level
+# security policy's expressions read (its USING decides which rows come back).
 _READS_SQL = """
 WITH RECURSIVE edges(parent, child) AS (
     SELECT i.inhparent, i.inhrelid FROM pg_catalog.pg_inherits i
@@ -31,6 +33,14 @@ WITH RECURSIVE edges(parent, child) AS (
      AND d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_rewrite'::pg_catalog.regclass
      AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
      AND d.refobjid OPERATOR(pg_catalog.<>) w.ev_class
+    WHERE %s
+    UNION ALL
+    SELECT p.polrelid, d.refobjid
+    FROM pg_catalog.pg_policy p
+    JOIN pg_catalog.pg_depend d ON d.objid OPERATOR(pg_catalog.=) p.oid
+     AND d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_policy'::pg_catalog.regclass
+     AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+     AND d.refobjid OPERATOR(pg_catalog.<>) p.polrelid
     WHERE %s
 ), reads(root, rel) AS (
     SELECT r, r FROM pg_catalog.unnest(%s::pg_catalog.oid[]) AS r
@@ -45,21 +55,37 @@ class _Fetches(Protocol):
     async def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
 
 
+async def _leaks(session: _Fetches, relations: Mapping[int, Relation]
+                 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """(public root, protected relation it reads) and (protected root, public child) pairs."""
+    public = [oid for oid, relation in relations.items() if relation.access == "public"]
+    protected = [oid for oid, relation in relations.items() if relation.access == "protected"]
+    if not public or not protected:
+        return [], []
+    reads = await session.fetch_all(_READS_SQL, (True, True, public, protected))
+    rows_of = await session.fetch_all(_READS_SQL, (False, False, protected, public))
+    return reads, rows_of
+
+
+async def public_leaking(session: _Fetches, relations: Mapping[int, Relation]) -> frozenset[int]:
+    """The OIDs of the public relations of ``relations`` that now read a protected one or are
+    its inheritance child or partition: what :func:`public_reads_protected` refuses at load,
+    found again after DDL since (``CREATE OR REPLACE VIEW``, ``ALTER TABLE ... INHERIT``)."""
+    reads, rows_of = await _leaks(session, relations)
+    return frozenset(int(root) for root, _ in reads) | frozenset(int(rel) for _, rel in rows_of)
+
+
 async def public_reads_protected(session: _Fetches, relations: Mapping[int, Relation],
                                  names: Mapping[int, str]) -> list[str]:
     """A problem for each public relation of ``relations`` that reads a protected one, or is
     its inheritance child or partition.
 
     ``names`` gives each relation's name as the policy writes it (``tables.<name>``)."""
-    public = [oid for oid, relation in relations.items() if relation.access == "public"]
-    protected = [oid for oid, relation in relations.items() if relation.access == "protected"]
-    if not public or not protected:
-        return []
-    reads = await session.fetch_all(_READS_SQL, (True, public, protected))
-    rows_of = await session.fetch_all(_READS_SQL, (False, protected, public))
+    reads, rows_of = await _leaks(session, relations)
     return [
         f"tables.{names[int(root)]}: a public relation that reads protected table {names[int(rel)]} (a view of it, "
-        "or its inheritance or partition parent) would hand out its rows exactly; make it protected or remove it"
+        "its inheritance or partition parent, or a table whose row-level security policy reads it) would hand "
+        "out its rows exactly; make it protected or remove it"
         for root, rel in reads
     ] + [
         f"tables.{names[int(rel)]}: a public inheritance child or partition of protected table {names[int(root)]} "

@@ -70,8 +70,9 @@ class DPAnswer:
     def named_for(self, plan: AggregateQuery) -> DPAnswer:
         """The same released values headed as ``plan`` (a repeat) names its columns.
 
-        A repeat has the same backend SQL, hence the same aggregates, keys and types; only the
-        names the statement gives them may differ (a GROUP BY's names come from its outer statement).
+        A repeat has the same backend SQL, aggregates and keys' cells (the repeat key holds all
+        three), hence the same types; only the names the statement gives them may differ (a
+        GROUP BY's names come from its outer statement).
         """
         if plan.groups:
             return self

@@ -570,9 +570,12 @@ class Executor:
         settings = self.backend.literal_settings
         # A series limit's answer keeps the cells its ranking keeps: the ranking is part of it.
         ranked_by = None if ranking is None or plan.series is None else (
-            backend_sql(ranking, seed=0), _released_aggregates(ranking), ranking.post, plan.series.pairs)
-        repeat_key = (self.user, sql, released, settings, tuple(params.values), tuple(params.formats), epsilon,
-                      ranked_by)
+            backend_sql(ranking, seed=0), _released_aggregates(ranking), _key_domains(ranking), ranking.post,
+            plan.series.pairs)
+        # And the keys' cells: date parts of one bucket (month of year, day of month, day of week)
+        # group the backend's rows by the same date_trunc, but into other cells.
+        repeat_key = (self.user, sql, released, _key_domains(plan), settings, tuple(params.values),
+                      tuple(params.formats), epsilon, ranked_by)
         earlier = self.server.repeats.get(repeat_key)
         if earlier is not None:
             # Only the released values are shared: names come from the statement asked now.
@@ -693,8 +696,7 @@ class Executor:
         assert plan.post is not None
         # The trial's values are the cells' keys: named by the keys' domains, not built to be
         # hashed (a histogram's labels, on every answer).
-        domains = tuple((*key.identity, key.first, key.count) for key in plan.groups)
-        passed = _digest(self.user, plan.post.sql, domains, _released_aggregates(plan), ranking, settings)
+        passed = _digest(self.user, plan.post.sql, _key_domains(plan), _released_aggregates(plan), ranking, settings)
         if passed not in _PASSED:
             await self.backend.execute(plan.post.sql, trial_params(plan, codec, ranking))
             _PASSED.add(passed)
@@ -758,6 +760,11 @@ _PASSED = _Passed(16_384)
 
 def _digest(*parts: Hashable) -> int:
     return hash(parts)
+
+
+def _key_domains(plan: AggregateQuery) -> tuple[tuple[object, ...], ...]:
+    """What decides the plan's cells and their keys: each key's identity and buckets."""
+    return tuple((*key.identity, key.first, key.count) for key in plan.groups)
 
 
 def _released_aggregates(plan: AggregateQuery) -> tuple[tuple[object, ...], ...]:

@@ -23,6 +23,7 @@ from policies.model import Policy
 from policies.tables import TableRegistry
 from proxy.backend.connection import BackendError, build_registry, connect, function_names
 from proxy.backend.partition_fit import usefulness_warnings
+from proxy.backend.relation_reads import public_leaking
 from proxy.backend.pool import BackendPool
 from proxy.dp.answer import DPAnswer
 from proxy.dp.budget import BudgetKeeper
@@ -39,7 +40,8 @@ __all__ = ["Server"]
 log = logging.getLogger("dpproxy.server")
 
 FUNCTION_NAMES_REFRESH_S: Final = 10.0
-"""How often each process reads the backend's function names again (Server._watch_function_names)."""
+"""How often each process reads the backend's function names again, and checks again that no
+public relation reads a protected one (Server._watch_function_names)."""
 
 
 class Server:
@@ -150,20 +152,39 @@ class Server:
         a name after a dot is checked against the allowlist when it is a function's name
         (rewriter.function_check). A function created after startup (an extension installed,
         ``pgstattuple`` say) would otherwise pass as a field name until the next reload.
+
+        The same look checks again what start and reload check of public relations: a view
+        redefined to read a protected table (``CREATE OR REPLACE VIEW``), a protected table made
+        an inheritance child of a public one (``ALTER TABLE ... INHERIT``) or a partition of it
+        attached since would pass its rows through, exactly. Such a public relation leaves the
+        registry (default-deny) until a reload puts a policy in force that the backend fits.
         """
         while True:
             await asyncio.sleep(FUNCTION_NAMES_REFRESH_S)
+            registry = self.registry
             try:
                 backend = await connect(self.policy, report=False)  # of its own for a moment: no pool slot kept
                 try:
                     names = await function_names(backend)
+                    leaking = await public_leaking(backend, registry.by_oid)
                 finally:
                     await backend.close()
             except (BackendError, psycopg.Error) as exc:
                 log.debug("reading the backend's function names failed: %s", exc)
                 continue
-            if names != self.registry.function_names:
-                self.registry = replace(self.registry, function_names=names)
+            if registry is not self.registry:
+                continue  # a reload put another registry in force meanwhile: it was checked itself
+            for oid in sorted(leaking):
+                relation = registry.by_oid[oid]
+                log.error("public relation %s.%s now reads a protected table (or is its inheritance child or "
+                          "partition): refused until a reload with a policy the backend fits", relation.schema,
+                          relation.name)
+            if leaking:
+                registry = replace(registry, by_oid={oid: relation for oid, relation in registry.by_oid.items()
+                                                     if oid not in leaking})
+            if names != registry.function_names:
+                registry = replace(registry, function_names=names)
+            self.registry = registry
 
     async def reload(self, path: str | Path) -> bool:
         """Put the policy at ``path`` in force; True if it was, False if it was refused.
