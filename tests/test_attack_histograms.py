@@ -6,12 +6,12 @@ and one adversarial row more); each test pins one behaviour.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 import psycopg
 import pytest
 
+from tests.neighbour_outcome import create_neighbours, masked_outcome
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy
 
 _DDL = "(id int, x int, f float8, r real, n numeric, t text, d date, ts timestamp, tz timestamptz)"
@@ -55,50 +55,17 @@ _POLICY = ATTACK_POLICY_HEAD + """
 
 @pytest.fixture(scope="module")
 def hist_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
-    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
-        for name in ("hn0", *_NEIGHBOURS):
-            conn.execute(f"DROP TABLE IF EXISTS {name}")
-            conn.execute(f"CREATE TABLE {name} {_DDL}")
-            conn.execute(f"INSERT INTO {name} {_BASE_ROWS}")
-            conn.execute(f"GRANT SELECT ON {name} TO dpproxy_service")
-        for name, row in _NEIGHBOURS.items():
-            conn.execute(f"INSERT INTO {name} VALUES {row}")
+    create_neighbours(test_db.admin_dsn, "hn0", _NEIGHBOURS, _DDL, _BASE_ROWS)
     with running_proxy(test_db, tmp_path_factory, _POLICY) as running:
         yield running
-
-
-_NUMBER = re.compile(r"-?\d+(\.\d+)?(e[+-]?\d+)?", re.IGNORECASE)
-
-
-def _outcome(conn: psycopg.Connection, sql: str, table: str) -> tuple[object, ...]:
-    """What the analyst sees of ``sql`` on ``table`` but the noised values: an error's SQLSTATE and
-    message, or the columns, the keys (every column before the first aggregate), the tag and the
-    notices with numbers masked."""
-    notices: list[str] = []
-
-    def handler(diag: psycopg.errors.Diagnostic) -> None:
-        notices.append(diag.message_primary or "")
-
-    conn.add_notice_handler(handler)
-    try:
-        with conn.cursor() as cursor:
-            cursor.execute(sql.replace("{t}", table))
-            columns = tuple((c.name, c.type_code) for c in cursor.description or ())
-            rows = cursor.fetchall() if cursor.description else []
-            return ("answer", columns, len(rows), cursor.statusmessage,
-                    tuple(_NUMBER.sub("#", n.replace(table, "T")) for n in notices))
-    except psycopg.Error as exc:
-        return ("error", exc.sqlstate, (exc.diag.message_primary or "").replace(table, "T"))
-    finally:
-        conn.remove_notice_handler(handler)
 
 
 def _same_on_neighbours(proxy: RunningProxy, sql: str) -> tuple[object, ...]:
     """The outcome of ``sql`` on hn0, after checking that every neighbour shows the same."""
     with proxy.connect() as conn:
-        base = _outcome(conn, sql, "hn0")
+        base = masked_outcome(conn, sql, "hn0")
         for name in _NEIGHBOURS:
-            assert _outcome(conn, sql, name) == base, name
+            assert masked_outcome(conn, sql, name) == base, name
     return base
 
 
@@ -158,9 +125,9 @@ def test_a_histogram_shows_the_same_on_neighbours_in_any_time_zone(hist_proxy: R
     with hist_proxy.connect() as conn:
         if setup:
             conn.execute(setup)
-        base = _outcome(conn, sql, "hn0")
+        base = masked_outcome(conn, sql, "hn0")
         for name in _NEIGHBOURS:
-            assert _outcome(conn, sql, name) == base, name
+            assert masked_outcome(conn, sql, name) == base, name
     assert base[0] == "answer"
 
 

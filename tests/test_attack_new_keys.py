@@ -17,7 +17,6 @@ post-processing that the labels decide fails before the charge; refusal hints re
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ import pytest
 
 from policies.loader import PolicyError
 from proxy.serving.server import Server
+from tests.neighbour_outcome import create_neighbours, masked_outcome
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, make_policy, running_proxy, spent_epsilon
 
 _DDL = "(id int, c text, d date, ts timestamp, tz timestamptz, f float8, r real, z float8)"
@@ -67,49 +67,18 @@ _POLICY = ATTACK_POLICY_HEAD + """
 
 @pytest.fixture(scope="module")
 def keys_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
-    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
-        for name in ("kn0", *_NEIGHBOURS):
-            conn.execute(f"DROP TABLE IF EXISTS {name}")
-            conn.execute(f"CREATE TABLE {name} {_DDL}")
-            conn.execute(f"INSERT INTO {name} {_BASE_ROWS}")
-            conn.execute(f"GRANT SELECT ON {name} TO dpproxy_service")
-        for name, row in _NEIGHBOURS.items():
-            conn.execute(f"INSERT INTO {name} VALUES {row}")
+    create_neighbours(test_db.admin_dsn, "kn0", _NEIGHBOURS, _DDL, _BASE_ROWS)
     with running_proxy(test_db, tmp_path_factory, _POLICY) as running:
         yield running
-
-
-_NUMBER = re.compile(r"-?\d+(\.\d+)?(e[+-]?\d+)?", re.IGNORECASE)
-
-
-def _outcome(conn: psycopg.Connection, sql: str, table: str, keys: int = 0) -> tuple[object, ...]:
-    notices: list[str] = []
-
-    def handler(diag: psycopg.errors.Diagnostic) -> None:
-        notices.append(diag.message_primary or "")
-
-    conn.add_notice_handler(handler)
-    try:
-        with conn.cursor() as cursor:
-            cursor.execute(sql.replace("{t}", table))
-            columns = tuple((c.name, c.type_code) for c in cursor.description or ())
-            rows = cursor.fetchall() if cursor.description else []
-            return ("answer", columns, len(rows), tuple(tuple(map(str, row[:keys])) for row in rows),
-                    cursor.statusmessage, tuple(_NUMBER.sub("#", n.replace(table, "T")) for n in notices))
-    except psycopg.Error as exc:
-        return ("error", exc.sqlstate, (exc.diag.message_primary or "").replace(table, "T"),
-                (exc.diag.message_hint or "").replace(table, "T"))
-    finally:
-        conn.remove_notice_handler(handler)
 
 
 def _same_on_neighbours(proxy: RunningProxy, sql: str, keys: int = 0, setup: tuple[str, ...] = ()) -> tuple[object, ...]:
     with proxy.connect() as conn:
         for statement in setup:
             conn.execute(statement)
-        base = _outcome(conn, sql, "kn0", keys)
+        base = masked_outcome(conn, sql, "kn0", keys=keys)
         for name in _NEIGHBOURS:
-            assert _outcome(conn, sql, name, keys) == base, (name, sql, setup)
+            assert masked_outcome(conn, sql, name, keys=keys) == base, (name, sql, setup)
     return base
 
 

@@ -17,13 +17,13 @@ COPY, histograms) on neighbouring tables that differ in one row; each test pins 
 
 from __future__ import annotations
 
-import re
 import struct
 from collections.abc import Iterator
 
 import psycopg
 import pytest
 
+from tests.neighbour_outcome import NUMBER, masked_outcome
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy
 from tests.wire import SYNC, Wire, bind, describe, error_fields, execute, parse
 
@@ -98,30 +98,6 @@ def attack_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory
         yield running
 
 
-_NUMBER = re.compile(r"-?\d+(\.\d+)?(e[+-]?\d+)?", re.IGNORECASE)
-
-
-def _outcome(conn: psycopg.Connection, sql: str, table: str, params: tuple[object, ...] | None = None) -> tuple[object, ...]:
-    """What the analyst sees of ``sql`` on ``table`` without the noised values: an error's
-    SQLSTATE and message, or the columns, the number of rows, the tag and the masked notices."""
-    notices: list[str] = []
-
-    def handler(diag: psycopg.errors.Diagnostic) -> None:
-        notices.append(diag.message_primary or "")
-
-    conn.add_notice_handler(handler)
-    try:
-        with conn.cursor() as cursor:
-            cursor.execute(sql.replace("{t}", table), params)
-            columns = tuple((c.name, c.type_code) for c in cursor.description or ())
-            rows = cursor.fetchall() if cursor.description else []
-            widths = {len(row) for row in rows}
-            return ("answer", columns, len(rows), widths, cursor.statusmessage,
-                    tuple(_NUMBER.sub("#", n.replace(table, "T")) for n in notices))
-    except psycopg.Error as exc:
-        return ("error", exc.sqlstate, (exc.diag.message_primary or "").replace(table, "T"))
-    finally:
-        conn.remove_notice_handler(handler)
 
 
 @pytest.mark.parametrize("predicate", [
@@ -139,7 +115,7 @@ def test_a_comparison_on_an_array_column_fails_or_not_whatever_the_rows(
     compares a row's array of the literal's shape. One row must not decide that."""
     sql = f"SELECT count(*) FROM {{t}} WHERE {predicate}"
     with attack_proxy.connect() as conn:
-        empty, neighbour = _outcome(conn, sql, "arr0"), _outcome(conn, sql, "arr1")
+        empty, neighbour = masked_outcome(conn, sql, "arr0"), masked_outcome(conn, sql, "arr1")
     assert empty == neighbour, f"{sql}: {empty} on the empty table, {neighbour} with one row"
 
 
@@ -209,7 +185,7 @@ def test_sample_and_aggregate_never_fails_on_values_too_close_to_zero(attack_pro
     5e-324 by a count of 2, raised "out of range" on the backend (DP004 for the analyst) on the
     table that holds such a row, and only there."""
     with attack_proxy.connect() as conn:
-        base, neighbour = _outcome(conn, sql, "tiny0"), _outcome(conn, sql, "tiny1")
+        base, neighbour = masked_outcome(conn, sql, "tiny0"), masked_outcome(conn, sql, "tiny1")
     assert base == neighbour
     assert base[0] == "answer"
 
@@ -256,7 +232,7 @@ _NEIGHBOUR_STATEMENTS = [
 @pytest.mark.parametrize("sql", _NEIGHBOUR_STATEMENTS)
 def test_post_processing_and_histograms_have_the_same_shape_on_neighbours(attack_proxy: RunningProxy, sql: str) -> None:
     with attack_proxy.connect() as conn:
-        base, neighbour = _outcome(conn, sql, "nb0"), _outcome(conn, sql, "nb1")
+        base, neighbour = masked_outcome(conn, sql, "nb0"), masked_outcome(conn, sql, "nb1")
     assert base == neighbour
     assert base[0] == "answer" or base[1] == "22012"
 
@@ -274,7 +250,7 @@ def _extended(proxy: RunningProxy, sql: str, params: tuple[bytes, ...], formats:
                 shown.append((kind, struct.unpack("!h", body[:2])[0]))
             elif kind in (b"N", b"E"):
                 fields = error_fields(body)
-                shown.append((kind, fields.get(b"C"), _NUMBER.sub("#", (fields.get(b"M") or b"").decode())))
+                shown.append((kind, fields.get(b"C"), NUMBER.sub("#", (fields.get(b"M") or b"").decode())))
             elif kind == b"d":
                 shown.append((kind, body.count(b"\t")))
             else:

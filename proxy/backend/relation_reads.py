@@ -23,25 +23,24 @@ __all__ = ["public_reads_protected", "public_leaking"]
 # Every relation each root reads, transitively: inheritance and partition children, the
 # relations a view's or materialized view's rewrite rules depend on, and those a row-level
 # security policy's expressions read (its USING decides which rows come back).
-_READS_SQL = """
+def _depends(catalog: str, relation: str) -> str:
+    """The (relation, relation it reads) edges of the objects of ``catalog`` (rules, policies):
+    what ``pg_depend`` records they refer to, other than their own relation ``relation``."""
+    return f"""
+    SELECT o.{relation}, d.refobjid
+    FROM pg_catalog.{catalog} o
+    JOIN pg_catalog.pg_depend d ON d.objid OPERATOR(pg_catalog.=) o.oid
+     AND d.classid OPERATOR(pg_catalog.=) 'pg_catalog.{catalog}'::pg_catalog.regclass
+     AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+     AND d.refobjid OPERATOR(pg_catalog.<>) o.{relation}
+    WHERE %s"""
+
+
+_READS_SQL = f"""
 WITH RECURSIVE edges(parent, child) AS (
     SELECT i.inhparent, i.inhrelid FROM pg_catalog.pg_inherits i
-    UNION ALL
-    SELECT w.ev_class, d.refobjid
-    FROM pg_catalog.pg_rewrite w
-    JOIN pg_catalog.pg_depend d ON d.objid OPERATOR(pg_catalog.=) w.oid
-     AND d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_rewrite'::pg_catalog.regclass
-     AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
-     AND d.refobjid OPERATOR(pg_catalog.<>) w.ev_class
-    WHERE %s
-    UNION ALL
-    SELECT p.polrelid, d.refobjid
-    FROM pg_catalog.pg_policy p
-    JOIN pg_catalog.pg_depend d ON d.objid OPERATOR(pg_catalog.=) p.oid
-     AND d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_policy'::pg_catalog.regclass
-     AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
-     AND d.refobjid OPERATOR(pg_catalog.<>) p.polrelid
-    WHERE %s
+    UNION ALL{_depends("pg_rewrite", "ev_class")}
+    UNION ALL{_depends("pg_policy", "polrelid")}
 ), reads(root, rel) AS (
     SELECT r, r FROM pg_catalog.unnest(%s::pg_catalog.oid[]) AS r
     UNION

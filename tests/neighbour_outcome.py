@@ -1,0 +1,48 @@
+"""What an analyst sees of a statement on one table but the noised values, and neighbouring
+tables to compare it on: the attack tests' check that one row changes none of it."""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+
+NUMBER = re.compile(r"-?\d+(\.\d+)?(e[+-]?\d+)?", re.IGNORECASE)
+
+
+def masked_outcome(conn: psycopg.Connection, sql: str, table: str, params: tuple[object, ...] | None = None,
+                   keys: int = 0) -> tuple[object, ...]:
+    """``sql`` (``{t}`` standing for ``table``) run on ``conn``: an error's ("error", SQLSTATE,
+    message, hint), or ("answer", the columns, the number of rows, their widths, the first
+    ``keys`` values of each row as text, the tag, the notices with numbers masked)."""
+    notices: list[str] = []
+
+    def handler(diag: psycopg.errors.Diagnostic) -> None:
+        notices.append(diag.message_primary or "")
+
+    conn.add_notice_handler(handler)
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute(sql.replace("{t}", table), params)
+            columns = tuple((c.name, c.type_code) for c in cursor.description or ())
+            rows = cursor.fetchall() if cursor.description else []
+            return ("answer", columns, len(rows), frozenset(len(row) for row in rows),
+                    tuple(tuple(map(str, row[:keys])) for row in rows), cursor.statusmessage,
+                    tuple(NUMBER.sub("#", n.replace(table, "T")) for n in notices))
+    except psycopg.Error as exc:
+        return ("error", exc.sqlstate, (exc.diag.message_primary or "").replace(table, "T"),
+                (exc.diag.message_hint or "").replace(table, "T"))
+    finally:
+        conn.remove_notice_handler(handler)
+
+
+def create_neighbours(admin_dsn: str, base: str, neighbours: dict[str, str], ddl: str, rows: str) -> None:
+    """Table ``base`` with ``rows``, and each of ``neighbours`` with the same rows plus its own one."""
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        for name in (base, *neighbours):
+            conn.execute(f"DROP TABLE IF EXISTS {name}")
+            conn.execute(f"CREATE TABLE {name} {ddl}")
+            conn.execute(f"INSERT INTO {name} {rows}")
+            conn.execute(f"GRANT SELECT ON {name} TO dpproxy_service")
+        for name, row in neighbours.items():
+            conn.execute(f"INSERT INTO {name} VALUES {row}")
