@@ -10,6 +10,10 @@ that held. Holes:
   partition but the one the extra row joins to keep its value, so the m partition values of two
   neighbouring tables could differ in every coordinate. The partition sums are now exact, on
   the column's fixed-point grid (``mechanisms.fixed_point``), as SUM's and ``sum_count``'s are.
+* Integer bounds outside the column type's range (``bounds: [0, 100000]`` on a ``smallint``, or
+  ``9223372036854775807`` on a ``bigint``, which a double reads as 2^63) loaded, and then every
+  SUM, AVG, MIN or MAX of the column failed in the backend's cast of the bound, after the
+  charge: ε spent on an error the statement alone decides. The policy is now refused at load.
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ import pytest
 
 from policies.model import ColumnPolicy, TablePolicy
 from policies.tables import ColumnInfo, Relation
+from proxy.backend.policy_fit import column_fit_problems
 from proxy.dp.column_release import release_column
 from rewriter.dp_query import plan_aggregate_query
-from rewriter.rewrite import backend_sql, split_row
+from rewriter.rewrite import backend_sql, clamped, split_row
 
-_INT4, _FLOAT4, _FLOAT8 = 23, 700, 701
+_INT2, _INT4, _INT8, _FLOAT4, _FLOAT8 = 21, 23, 20, 700, 701
 
 
 def _hashed_relation(table: str, type_oid: int, bounds: tuple[float, float], partitions: int) -> Relation:
@@ -86,3 +91,37 @@ def test_sampled_float_avg_is_released_in_the_column_units(
     release = release_column(plan.aggregates[0], parts, 1e4, relation.policy)
     assert 2.5 <= release.value <= 2.75
     assert abs(release.value - 2.625) < 0.1
+
+
+_OUT_OF_RANGE = [
+    pytest.param("smallint", _INT2, (0.0, 100000.0), id="smallint"),
+    pytest.param("integer", _INT4, (-3e9, 0.0), id="integer"),
+    pytest.param("bigint", _INT8, (0.0, float(2**63 - 1)), id="bigint-max-as-double"),
+]
+
+
+@pytest.mark.parametrize("type_name,oid,bounds", _OUT_OF_RANGE)
+def test_integer_bounds_outside_the_type_are_refused_at_load(
+    admin: psycopg.Connection, type_name: str, oid: int, bounds: tuple[float, float]
+) -> None:
+    """Such a bound makes the clamp fail on every query, rows or none: refused before any query."""
+    policy = ColumnPolicy(bounds=bounds)
+    column = ColumnInfo("y", oid, -1, 1, policy)
+    with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+        admin.execute(f"SELECT {clamped(column)} FROM (SELECT CAST(NULL AS {type_name}) AS y) AS t WHERE false")
+    problems = column_fit_problems("t", "y", policy, column)
+    assert len(problems) == 1 and "range" in problems[0], problems
+
+
+@pytest.mark.parametrize("type_name,oid,bounds", [
+    pytest.param("smallint", _INT2, (-32768.0, 32767.0), id="smallint"),
+    pytest.param("bigint", _INT8, (-(2.0**63), 9223372036854774784.0), id="bigint"),
+])
+def test_integer_bounds_at_the_ends_of_the_type_load_and_clamp(
+    admin: psycopg.Connection, type_name: str, oid: int, bounds: tuple[float, float]
+) -> None:
+    policy = ColumnPolicy(bounds=bounds)
+    column = ColumnInfo("y", oid, -1, 1, policy)
+    assert column_fit_problems("t", "y", policy, column) == []
+    (value,) = admin.execute(f"SELECT {clamped(column)} FROM (SELECT CAST(7 AS {type_name}) AS y) AS t").fetchone()
+    assert value == 7
