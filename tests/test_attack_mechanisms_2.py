@@ -18,16 +18,20 @@ that held. Holes:
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import psycopg
 import pytest
 
+from mechanisms.smooth_median import prepare_partition_values, smooth_sensitivity_median, smoothing_beta
 from policies.model import ColumnPolicy, TablePolicy
 from policies.tables import ColumnInfo, Relation
 from proxy.backend.policy_fit import column_fit_problems
 from proxy.dp.column_release import release_column
 from rewriter.dp_query import plan_aggregate_query
 from rewriter.rewrite import backend_sql, clamped, split_row
+from tests.test_smooth_median import vectorised_definition
 
 _INT2, _INT4, _INT8, _FLOAT4, _FLOAT8 = 21, 23, 20, 700, 701
 
@@ -125,3 +129,29 @@ def test_integer_bounds_at_the_ends_of_the_type_load_and_clamp(
     assert column_fit_problems("t", "y", policy, column) == []
     (value,) = admin.execute(f"SELECT {clamped(column)} FROM (SELECT CAST(7 AS {type_name}) AS y) AS t").fetchone()
     assert value == 7
+
+
+# Probes that held: the smooth sensitivity is exactly NRS07's at the policy's extremes.
+
+
+@pytest.mark.parametrize("epsilon", [1e-6 / 8, 0.3, 50.0])  # the policy's minimum ε over 8 columns, …, a large ε
+@pytest.mark.parametrize("shape", ["atoms-at-lo-mid-hi", "u-shaped"])
+def test_smooth_sensitivity_at_the_largest_partition_counts_is_the_definition(shape: str, epsilon: float) -> None:
+    """m = 6,000 (the search's bracketing passes all run) equals the O(m²) definition bit for bit."""
+    rng = np.random.default_rng([len(shape), int(epsilon * 1e7)])
+    m = 6000
+    if shape == "atoms-at-lo-mid-hi":
+        values = rng.choice([0.0, 0.5, 1.0, 0.25], m)
+    else:
+        values = rng.beta(0.05, 0.05, m)
+    sorted_values = prepare_partition_values(values.tolist(), 0.0, 1.0)
+    beta = smoothing_beta(epsilon, 1e-9)
+    assert smooth_sensitivity_median(sorted_values, 0.0, 1.0, beta) == vectorised_definition(sorted_values, 0.0, 1.0, beta)
+
+
+@pytest.mark.parametrize("value", [0.0, 0.1, 0.5, 1.0])
+def test_smooth_sensitivity_of_one_partition_is_the_closed_form(value: float) -> None:
+    """m = 1: the median is the value; S* = max(x − lo, hi − x, (hi − lo)·e^{−β})."""
+    beta = smoothing_beta(1.0, 1e-6)
+    expected = max(value, 1.0 - value, math.exp(-beta))
+    assert smooth_sensitivity_median([value], 0.0, 1.0, beta) == pytest.approx(expected, rel=1e-15)
