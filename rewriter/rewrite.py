@@ -162,22 +162,27 @@ def per_partition(kind: str, column: ColumnInfo) -> str:
     less text for PostgreSQL to format, send and for dpproxy to read and parse per query.
     AVG is the clamped sum over the count of values, which also spares ``avg()``'s numeric
     division per partition; a partition whose values are all NULL gives NULL (a strict
-    division by a count of 0 is not evaluated), as ``avg()`` does.
+    division by a count of 0 is not evaluated), as ``avg()`` does. For a ``real`` or ``double
+    precision`` column that sum is :func:`clamped_sum`'s, exact in points of the column's grid,
+    and the value is the mean in points (``proxy.dp.column_release`` scales it back): a
+    partition's value must be a function of its rows, not of the order they are read in.
 
     Neither step may fail on any rows: PostgreSQL raises "out of range" when a ``numeric``
     too close to 0 for ``double precision`` (1e-400) is cast to it, and "value out of range:
     underflow" when a float division gives 0 from a non-zero dividend (a partition whose sum
     is 5e-324 over two rows). Whether a partition held such a value would show as an error.
     So a numeric value below the smallest normal double in magnitude is taken as 0 before
-    the cast (:func:`_to_double`), and a mean of a float or numeric column below it is 0
+    the cast (:func:`_to_double`), and a mean of a numeric column below it is 0
     without dividing (:func:`_mean`): at most 2.3e-308 off, in one partition's value.
     """
     if kind == "avg":
-        value = clamped(column)
-        if column.type_oid == FLOAT4:
-            value = f"CAST({value} AS double precision)"  # sum(real) would add up in real
-        total = _to_double(f"pg_catalog.sum({value})", column)
         count = f"pg_catalog.count({quote_identifier(column.name)})"
+        if column.type_oid in FLOAT_TYPES:
+            # In grid points: a sum of doubles is rounded in the order the rows are read, so the
+            # same partition read in another order (another load order, a parallel plan) would
+            # have another value. A non-zero sum of points is ≥ 1 in magnitude: no underflow.
+            return operator(f"CAST({clamped_sum(column)} AS double precision)", "/", count)
+        total = _to_double(f"pg_catalog.sum({clamped(column)})", column)
         if column.type_oid in INTEGER_TYPES:
             return operator(total, "/", count)  # a non-zero integer sum over a count never underflows
         return _mean(total, count)

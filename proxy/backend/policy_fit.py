@@ -5,7 +5,8 @@ whose column entries cannot work: bounds need a number to clamp; categories are 
 ``column = 'category'``, which on a numeric column fails at query time for a category that is
 not a number (and a numeric column wants bounds). Text, enum, boolean … columns take categories.
 Bounds of float-valued columns are limited (``rewriter.types.MAX_ABS_BOUND``) so that the
-backend's sums cannot overflow.
+backend's sums cannot overflow; bounds of integer columns must be values of the column's type,
+since the clamp casts them to it (``CAST(100000 AS smallint)`` fails every query, after its charge).
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ import math
 from policies.model import ColumnPolicy
 from policies.tables import ColumnInfo
 from rewriter.group_keys import TIME_TYPES
-from rewriter.types import ARRAY_TYPES, INTEGER_TYPES, MAX_ABS_BOUND, NUMERIC_TYPES
+from rewriter.types import ARRAY_TYPES, INT2, INT4, INT8, INTEGER_TYPES, MAX_ABS_BOUND, NUMERIC_TYPES
 
 __all__ = ["column_fit_problems"]
+
+# The values each integer type holds: a bound outside them cannot be cast to the type.
+_INTEGER_RANGES = {INT2: (-(2**15), 2**15 - 1), INT4: (-(2**31), 2**31 - 1), INT8: (-(2**63), 2**63 - 1)}
 
 
 def column_fit_problems(table: str, column: str, policy: ColumnPolicy, info: ColumnInfo) -> list[str]:
@@ -34,6 +38,14 @@ def column_fit_problems(table: str, column: str, policy: ColumnPolicy, info: Col
                     "or numeric); on the backend it is not one (use categories for a text column)"]
         if type_oid in INTEGER_TYPES and not all(float(b).is_integer() for b in policy.bounds):
             return [f"{key}: integer column needs integer bounds"]
+        if type_oid in INTEGER_TYPES and not all(
+            _INTEGER_RANGES[type_oid][0] <= int(b) <= _INTEGER_RANGES[type_oid][1] for b in policy.bounds
+        ):
+            low, high = _INTEGER_RANGES[type_oid]
+            # Bounds are doubles: 2^63 - 1 reads as 2^63, so a bigint's largest usable bound is below it.
+            largest = " (bounds are read as doubles: at most 9223372036854774784)" if type_oid == INT8 else ""
+            return [f"{key}: bounds of this integer column must lie within its type's range "
+                    f"[{low}, {high}]{largest}; the clamp casts them to the column's type"]
         if policy.sensitivity > MAX_ABS_BOUND.get(type_oid, math.inf):
             return [f"{key}: bounds of this column type may be at most {MAX_ABS_BOUND[type_oid]:g} in magnitude "
                     "(a larger SUM could overflow on the backend, depending on the rows)"]

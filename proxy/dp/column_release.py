@@ -60,6 +60,10 @@ def release_column(agg: Aggregate, parts: Sequence[Any], epsilon: float, table: 
                             on_grid=column.type_oid in FLOAT_TYPES)
     if agg.mechanism == "sample_aggregate":
         present = parts[0]
+        if agg.kind == "avg" and column.type_oid in FLOAT_TYPES:
+            # The backend's partition means are in points of the column's grid (exact sums:
+            # rewriter.rewrite.per_partition); back to the column's units, by a power of two.
+            present = present * column.policy.sum_grid.step
         if len(present) > table.partitions:
             raise ValueError(f"backend returned {len(present)} partitions, the policy has {table.partitions}")
         release = release_sample_and_aggregate(
