@@ -13,7 +13,8 @@ import psycopg
 import pytest
 
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy
-from tests.test_attack_histograms import _NEIGHBOURS, _outcome, hist_proxy
+from tests.neighbour_outcome import masked_outcome
+from tests.test_attack_histograms import _NEIGHBOURS, hist_proxy
 
 __all__ = ["hist_proxy"]  # the fixture, used here as it is there
 
@@ -52,9 +53,9 @@ _HELD = [
 def test_bi_keys_show_the_same_on_neighbours_in_any_time_zone(hist_proxy: RunningProxy, sql: str, zone: str) -> None:
     with hist_proxy.connect() as conn:
         conn.execute(f"SET TimeZone = '{zone}'")
-        base = _outcome(conn, sql, "hn0")
+        base = masked_outcome(conn, sql, "hn0")
         for name in _NEIGHBOURS:
-            assert _outcome(conn, sql, name) == base, name
+            assert masked_outcome(conn, sql, name) == base, name
     assert base[0] == "answer", base
 
 
