@@ -61,7 +61,8 @@ def part_advice(part: str, column: str, units: tuple[str, ...]) -> str:
     if part == "date":
         return (f"The date of {column} is its day's bucket: it is answered when the policy opts 'day' in "
                 f"({column} opts in {opted}); group by DATE_TRUNC('<unit>', {column}) with one of those instead.")
-    needed = {"quarter": "'quarter' or 'month'", "week": "'week' or 'day'",
+    # The unit whose bucket decides the part, or a finer one it is nested in (policies.time_buckets).
+    needed = {"month": "'month' or 'day'", "quarter": "'quarter', 'month' or 'day'", "week": "'week' or 'day'",
               "year": "'year', 'quarter', 'month' or 'day'"}.get(part, f"'{_OF_PERIOD[part]}'")
     return (f"The {part.upper()} part of {column} is answered when the policy opts {needed} in ({column} opts in "
             f"{opted}): ask the policy's owner to opt it in, or group by DATE_TRUNC('<unit>', {column}) with one "
