@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from policies.loader import PolicyError, load_policy, parse_policy
+from policies.time_buckets import answered_units
 
 GOOD = """\
 backend:
@@ -184,6 +185,18 @@ def test_a_group_by_domain_over_the_cell_cap_is_refused(entry: str, over: str):
     (problem,) = _problems(GOOD.replace("{categories: [Male, Female]}", entry))
     assert "group_by has more cells than max_cells 1000" in problem and over in problem, problem
     assert "raise max_cells or narrow the domain" in problem
+    assert ("or list a coarser unit" in problem) == ("categories" not in over)
+
+
+@pytest.mark.parametrize("listed, answered", [
+    (("month",), ("month", "quarter", "year")),
+    (("quarter",), ("quarter", "year")),
+    (("week",), ("week",)),  # a week straddles months, quarters and years
+    (("day",), ("day", "week", "month", "quarter", "year")),
+    (("year", "week"), ("week", "year")),
+])
+def test_a_listed_unit_answers_the_coarser_units_nested_in_it(listed, answered):
+    assert answered_units(listed) == answered
 
 
 def test_max_cells_raises_the_cap_and_is_itself_bounded():
