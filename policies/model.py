@@ -18,7 +18,7 @@ from mechanisms.fixed_point import Grid
 
 from .credentials import ScramVerifier, derive_scram_verifier, parse_scram_verifier
 from .dsn import check_dsn
-from .time_buckets import TIME_UNITS, TimeUnit, bucket_count
+from .time_buckets import TIME_UNITS, TimeUnit, answered_units, bucket_count
 
 __all__ = [
     "Access",
@@ -234,8 +234,9 @@ class ColumnPolicy(_Strict):
     over its declared domain (docs/policy.md): ``true`` for categories (every declared category
     is a key, plus ``other`` if named: the key of every row whose value is not declared) and
     for an integer column's bounds (every integer in them, and ``width_bucket`` bins of any
-    bounded column); for a time range, the ``DATE_TRUNC`` units it may be grouped by
-    (``[month, year]``; ``true`` for all of them). ``avg`` overrides the table's AVG method for
+    bounded column); for a time range, the finest ``DATE_TRUNC`` units it may be grouped by
+    (``[month]``; ``true`` for all of them): the coarser units nested in a listed one follow
+    (``policies.time_buckets.answered_units``: quarter and year from month, every unit from day). ``avg`` overrides the table's AVG method for
     this column (None: the table's).
     """
 
@@ -267,10 +268,12 @@ class ColumnPolicy(_Strict):
         if isinstance(value, bool):
             return value
         if not isinstance(value, (list, tuple)):
-            raise ValueError("give true, false or a list of time units, e.g. group_by: [month, year]")
+            raise ValueError("give true, false or a list of time units, the finest to answer, e.g. group_by: [month] "
+                             "(month, and quarter and year nested in it)")
         unknown = [unit for unit in value if unit not in TIME_UNITS]
         if unknown:
-            raise ValueError(f"unknown time unit {unknown[0]!r} (one of {', '.join(TIME_UNITS)})")
+            raise ValueError(f"unknown time unit {unknown[0]!r} (one of {', '.join(TIME_UNITS)}; a day is the finest: "
+                             "list day to answer every unit)")
         return tuple(value)
 
     @model_validator(mode="after")
@@ -326,7 +329,13 @@ class ColumnPolicy(_Strict):
 
     @property
     def time_units(self) -> tuple[TimeUnit, ...]:
-        """The DATE_TRUNC units this column may be grouped by (none unless opted in)."""
+        """The DATE_TRUNC units this column may be grouped by, finest first: the units listed and
+        the coarser ones nested in them (none unless opted in)."""
+        return answered_units(self.listed_units)
+
+    @property
+    def listed_units(self) -> tuple[TimeUnit, ...]:
+        """The time units ``group_by`` lists (all of them for ``true``; none unless opted in)."""
         if self.time_bounds is None or self.group_by is False:
             return ()
         return TIME_UNITS if self.group_by is True else self.group_by
@@ -408,13 +417,15 @@ class TablePolicy(_Strict):
     def _cells_within_cap(self) -> "TablePolicy":
         """A declared GROUP BY domain of more cells than ``max_cells`` could never be answered."""
         for name, column in self.columns.items():
-            over = [f"{unit} ({column.bucket_count(unit)})" for unit in column.time_units
+            # A nested unit has no more buckets than the listed unit it is nested in.
+            over = [f"{unit} ({column.bucket_count(unit)})" for unit in column.listed_units
                     if column.bucket_count(unit) > self.max_cells]
+            coarser = " or list a coarser unit (a listed unit answers the units nested in it too)" if over else ""
             if column.categories is not None and (column.key_count or 0) > self.max_cells:
                 over.append(f"categories ({column.key_count})")
             if over:
                 raise ValueError(f"columns.{name}: group_by has more cells than max_cells {self.max_cells}: "
-                                 f"{', '.join(over)}; raise max_cells or narrow the domain")
+                                 f"{', '.join(over)}; raise max_cells or narrow the domain{coarser}")
         return self
 
     @model_validator(mode="after")

@@ -5,6 +5,10 @@ time range spans, generated from the range and never from the data. Bounds are w
 times (no time zone): a bucket is named by the wall-clock time it starts at, which is what
 ``date_trunc`` gives in any session time zone, so the buckets, their number and their order
 do not depend on the time zone either. Weeks start on Monday, as in PostgreSQL.
+
+A unit is *nested* in a finer one when each of its buckets is a union of the finer one's:
+quarter and year in month, year in quarter, and every other unit in day. Week is nested only
+in day: a week straddles months, quarters and years.
 """
 
 from __future__ import annotations
@@ -12,13 +16,24 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Final, Literal, get_args
 
-__all__ = ["TIME_UNITS", "TimeUnit", "bucket_count", "bucket_index", "bucket_start", "bucket_starts", "truncate"]
+__all__ = ["NESTED", "TIME_UNITS", "TimeUnit", "answered_units", "bucket_count", "bucket_index", "bucket_start", "bucket_starts", "truncate"]
 
 TimeUnit = Literal["day", "week", "month", "quarter", "year"]
 TIME_UNITS: Final[tuple[TimeUnit, ...]] = get_args(TimeUnit)
 
+# Each unit to the coarser units nested in it (module docstring).
+NESTED: Final[dict[TimeUnit, tuple[TimeUnit, ...]]] = {
+    "day": ("week", "month", "quarter", "year"), "week": (), "month": ("quarter", "year"), "quarter": ("year",),
+    "year": (),
+}
 _MONTHS: Final = {"month": 1, "quarter": 3, "year": 12}
 _DAYS: Final = {"day": 1, "week": 7}
+
+
+def answered_units(listed: tuple[TimeUnit, ...]) -> tuple[TimeUnit, ...]:
+    """The units ``listed`` and every unit nested in one of them, finest first (TIME_UNITS' order)."""
+    answered = {nested for unit in listed for nested in (unit, *NESTED[unit])}
+    return tuple(unit for unit in TIME_UNITS if unit in answered)
 
 
 def truncate(unit: TimeUnit, moment: datetime) -> datetime:

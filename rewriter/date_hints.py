@@ -3,7 +3,8 @@
 A policy's time keys are ``DATE_TRUNC(unit, col)`` buckets of a declared range (weeks start on
 Monday, as PostgreSQL's) and the date keys that are functions of them (:mod:`rewriter.date_parts`:
 ``EXTRACT(MONTH FROM col)``, Sunday weeks, ``CAST(col AS DATE)`` …), each answered only when the
-column opts in a unit whose bucket decides it. What stays refused, and why the refusal says:
+column answers a unit whose bucket decides it (one its policy lists, or one nested in a listed
+unit: ``policies.time_buckets``). What stays refused, and why the refusal says:
 
 * a date part whose unit the column does not opt in (:func:`part_advice`: which unit to opt in);
 * a part finer than a day (``EXTRACT(HOUR FROM col)``), finer than any unit;
@@ -53,17 +54,18 @@ def date_shape_advice(node: exp.Expression) -> str | None:
 
 
 def part_advice(part: str, column: str, units: tuple[str, ...]) -> str:
-    """Advice for a date key (``rewriter.date_parts``) over ``column``, which opts ``units`` in,
-    none of them one whose bucket decides ``part``."""
+    """Advice for a date key (``rewriter.date_parts``) over ``column``, which answers ``units``
+    (listed or nested), none of them one whose bucket decides ``part``."""
     if part == "sunday_week":
         return _WEEK_START
     opted = ", ".join(units)
     if part == "date":
         return (f"The date of {column} is its day's bucket: it is answered when the policy opts 'day' in "
-                f"({column} opts in {opted}); group by DATE_TRUNC('<unit>', {column}) with one of those instead.")
-    needed = {"quarter": "'quarter' or 'month'", "week": "'week' or 'day'",
+                f"({column} answers {opted}); group by DATE_TRUNC('<unit>', {column}) with one of those instead.")
+    # The unit whose bucket decides the part, or a finer one it is nested in (policies.time_buckets).
+    needed = {"month": "'month' or 'day'", "quarter": "'quarter', 'month' or 'day'", "week": "'week' or 'day'",
               "year": "'year', 'quarter', 'month' or 'day'"}.get(part, f"'{_OF_PERIOD[part]}'")
-    return (f"The {part.upper()} part of {column} is answered when the policy opts {needed} in ({column} opts in "
+    return (f"The {part.upper()} part of {column} is answered when the policy opts {needed} in ({column} answers "
             f"{opted}): ask the policy's owner to opt it in, or group by DATE_TRUNC('<unit>', {column}) with one "
             "of those units.")
 

@@ -21,9 +21,9 @@ whose bucket decides it (the first one the column opts in is used):
 
 ``col`` is a column, maybe cast to ``date``, ``timestamp`` or ``timestamptz`` (:func:`time_source`).
 The year (``EXTRACT(YEAR FROM col)``) is one to one with the year's bucket and is a plain time
-key (:mod:`rewriter.group_keys`) on a column that opts ``year`` in; on one that opts only finer
-units in, it is the ``year`` part of their bucket (quarter, month, day; not week, whose buckets
-straddle years).
+key (:mod:`rewriter.group_keys`) on a column that answers ``year``: one that lists it, or a unit
+it is nested in (quarter, month, day; ``policies.time_buckets``). On a column that lists only
+``week`` (whose buckets straddle years) the ``year`` part is refused with advice.
 
 :func:`part_value` computes a part from a bucket's start (a wall-clock time, as ``date_trunc``
 gives it in the session's TimeZone) as PostgreSQL computes it from any time in that bucket:

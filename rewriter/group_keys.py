@@ -9,7 +9,8 @@ docs/policy.md), each with a domain known in advance:
 * ``integer``: ``GROUP BY col`` on an integer column with bounds [lo, hi]; one cell per
   integer in them, rows outside (and NULL) in no cell;
 * ``time``: ``DATE_TRUNC('<unit>', col)`` on a date/timestamp column with a declared time
-  range; one cell per bucket the range touches, rows outside it (and NULL) in no cell;
+  range, the unit listed or nested in a listed one (``policies.time_buckets``: a quarter is
+  three months); one cell per bucket the range touches, rows outside it (and NULL) in no cell;
 * ``bin``: ``width_bucket(col, lo, hi, n)`` on a bounded numeric column; the n + 2 cells
   0 … n + 1 that ``width_bucket`` can return for any value, NULL and NaN in no cell;
 * ``epoch``: Grafana's ``floor(extract(epoch from col)/N)*N`` on a time column whose policy opts
@@ -419,7 +420,8 @@ def group_key(node: exp.Expression, scope: Scope) -> GroupKey:
         # EXTRACT(YEAR FROM col) (Tableau's YEAR(date) dimension, CAST(TRUNC(...) AS INTEGER)) is
         # one to one with date_trunc('year', col): the key is the year's bucket, and the
         # EXTRACT (TRUNC, the cast) post-processing of its start (post_process._replace_keys).
-        # Without 'year' opted in, the year is a function of a finer unit's bucket (a date part).
+        # 'year' is answered wherever a unit it is nested in is; without it (weeks only) the year
+        # part is refused with what to opt in.
         source = time_source(year)
         assert source is not None
         policy = scope.column(source[0]).policy
@@ -497,7 +499,7 @@ def _column_key(column: ColumnInfo, node: exp.Expression, scope: Scope) -> Group
 
 def _time_grain_advice(column: ColumnInfo) -> str | None:
     """What to group a time column opted in by units by, when a statement groups it by its raw
-    values or by a unit the policy does not list (a BI tool's temporal dimension without a time
+    values or by a unit the policy does not answer (a BI tool's temporal dimension without a time
     grain, or with *Hour*); None for any other column. From the policy alone."""
     policy = column.policy
     if policy is None or column.type_oid not in TIME_TYPES or not policy.time_units:
@@ -506,7 +508,8 @@ def _time_grain_advice(column: ColumnInfo) -> str | None:
     listed = units[0] if len(units) == 1 else f"{', '.join(units[:-1])} or {units[-1]}"
     example = f"DATE_TRUNC('{'month' if 'month' in units else units[0]}', {column.name})"
     day = f" or CAST({column.name} AS DATE), its day," if "day" in units and column.type_oid != DATE else ""
-    return (f"{column.name} is grouped by its declared time units only: {listed}. Group by {example}{day} (a BI "
+    return (f"{column.name} is grouped by its declared time units (and the coarser ones nested in them) only: "
+            f"{listed}. Group by {example}{day} (a BI "
             f"tool's time grain: in Superset, the x axis' or the dimension's Time grain; in a chart whose columns "
             f"carry none, such as Sunburst or Sankey, a custom SQL column {example}).")
 

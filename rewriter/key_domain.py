@@ -2,11 +2,13 @@
 
 Keys over different columns (and any key that is not a date key) give the product of their
 domains, as each key's cells are (:class:`rewriter.group_keys.GroupKey`). Date keys over one
-time column, when one of them is a function of a bucket (a ``part``: month of year, day of week,
-a Sunday week, ``rewriter.date_parts``), are taken together: their cells are the distinct tuples
+time column, when there are several (``DATE_TRUNC`` of two units: Superset's pivot of years by
+months) or one of them is a function of a bucket (a ``part``: month of year, day of week, a
+Sunday week, ``rewriter.date_parts``), are taken together: their cells are the distinct tuples
 of values the times of the column's buckets give, not their product (a Power BI hierarchy's
-year, quarter and month has no "2023, Q1, July" cell), and a date part alone has one cell per
-value it takes (month of year over three months of a range: three cells).
+year, quarter and month has no "2023, Q1, July" cell, years by months no "2023, 2024-07"), and a
+date part alone has one cell per value it takes (month of year over three months of a range:
+three cells).
 
 Those tuples are computed from the keys' buckets, each narrowed to the WHERE's time bounds,
 never from the rows: each distinct tuple the days the keys' buckets all hold give is a cell,
@@ -104,12 +106,12 @@ def key_domain(groups: tuple[GroupKey, ...], limit: int) -> KeyDomain:
     """The cells of ``groups`` (module docstring); a joint factor stops counting past ``limit``."""
     factors: list[_Factor] = []
     joined: dict[str, list[int]] = {}
-    for key in groups:
-        if key.part is not None:
-            joined.setdefault(key.column.name, [])
     for i, key in enumerate(groups):
-        if key.kind == "time" and key.column.name in joined:
-            joined[key.column.name].append(i)
+        if key.kind == "time":
+            joined.setdefault(key.column.name, []).append(i)
+    # A DATE_TRUNC key alone is its buckets; any other time key, or several over one column, a joint factor.
+    joined = {name: members for name, members in joined.items()
+              if len(members) > 1 or groups[members[0]].part is not None}
     exceeded = False
     placed: set[int] = set()
     for i, key in enumerate(groups):

@@ -301,17 +301,26 @@ _KEYS = ("t", "v", "i2", "date_trunc('month', d)", "date_trunc('week', d)", "dat
          "CAST((DATE_TRUNC('day', CAST(tz AS DATE)) + (-EXTRACT(DOW FROM tz) * INTERVAL '1 DAY')) AS DATE)",
          "CAST(tz AS date)", "CAST(ts AS date)", "EXTRACT(YEAR FROM d)",
          "CASE WHEN mod(((CAST(extract(dow from tz) AS integer) + 1) + 6), 7) = 0 THEN 7 "
-         "ELSE mod(((CAST(extract(dow from tz) AS integer) + 1) + 6), 7) END")
+         "ELSE mod(((CAST(extract(dow from tz) AS integer) + 1) + 6), 7) END",
+         # units nested in a listed one (d lists month and week: year; tz day and month: week, quarter)
+         "date_trunc('year', d)", "date_trunc('quarter', d)", "date_trunc('year', CAST(d AS timestamp))",
+         "CAST(date_trunc('quarter', d) AS date)", "date_trunc('week', tz)", "date_trunc('quarter', tz)",
+         "DATE_TRUNC('QUARTER', CAST(tz AS DATE))")
+# Several DATE_TRUNC keys over one column: one joint factor, the tuples the range gives.
+_JOINT_KEYS = (("date_trunc('year', d)", "date_trunc('month', d)"), ("date_trunc('month', d)", "date_trunc('week', d)"),
+               ("EXTRACT(YEAR FROM ts)", "date_trunc('month', ts)"), ("date_trunc('quarter', ts)", "date_trunc('week', ts)"),
+               ("date_trunc('year', tz)", "date_trunc('quarter', tz)", "date_trunc('week', tz)"),
+               ("date_trunc('month', tz)", "date_trunc('day', tz)"))
 _REFUSED_KEYS = ("b", "date_trunc('hour', ts)", "width_bucket(f8, 1, 1, 5)", "i4 + 1", "lower(t)",
-                 "date_trunc('year', d)", "f8", "date_trunc('day', ts)", "f4",
+                 "date_trunc('day', d)", "f8", "date_trunc('day', ts)", "f4",
                  "floor(extract(epoch from ts)/3600)*3600", "floor(extract(epoch from d)/86400)*86400",
                  "CAST(i4 AS text)", "CAST(t AS varchar(1))", "EXTRACT(DAY FROM d)",
-                 "date_trunc('month', CAST(ts AS timestamp(0)))", "date_trunc('year', CAST(d AS timestamp))",
+                 "date_trunc('month', CAST(ts AS timestamp(0)))", "date_trunc('day', CAST(d AS timestamp))",
                  "(date_trunc('week', (d + INTERVAL '1 day')) + INTERVAL '-1 day')", "EXTRACT(HOUR FROM tz)",
                  "ts", "d", "EXTRACT(DOW FROM d) + 1", "date_trunc('week', ts + INTERVAL '2 day') - INTERVAL '2 day'",
                  "floor(date_part('epoch', ts)/604800)*604800",
                  "floor(extract(epoch from tz)/3600)*3600", "floor(extract(epoch from tz)/864000000000)*864000000000",
-                 "date_trunc('week', tz)", "floor(extract(epoch from tz)/86400)",
+                 "date_trunc('hour', tz)", "floor(extract(epoch from tz)/86400)",
                  "date_trunc('day', tz, 'UTC')", "extract(epoch from tz)")
 
 
@@ -319,7 +328,7 @@ def _grouped_case(builder: _Builder) -> Case:
     """A GROUP BY over declared keys (issue 19): keys first, then aggregates per cell; or keys only
     (a filter's list of values), maybe as SELECT DISTINCT."""
     rng = builder.rng
-    keys = rng.sample(_KEYS, rng.choice([1, 1, 2]))
+    keys = list(rng.choice(_JOINT_KEYS)) if rng.random() < 0.08 else rng.sample(_KEYS, rng.choice([1, 1, 2]))
     if rng.random() < 0.08:
         keys[0] = rng.choice(_REFUSED_KEYS)
     numeric = [c.name for c in COLUMNS if c.numeric]

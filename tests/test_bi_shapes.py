@@ -299,7 +299,7 @@ def test_date_trunc_of_a_time_column_cast_to_a_time_type_is_its_time_key(bi, adm
 @pytest.mark.parametrize("sql", [
     "SELECT date_trunc('hour', CAST(logged_at AS DATE)), count(*) FROM visits GROUP BY 1",          # finer than a day
     "SELECT date_trunc('month', CAST(logged_at AS timestamp(0))), count(*) FROM visits GROUP BY 1",  # a typmod rounds
-    "SELECT date_trunc('quarter', CAST(logged_at AS DATE)), count(*) FROM visits GROUP BY 1",       # quarter not opted in
+    "SELECT date_trunc('day', CAST(visited_on AS timestamp)), count(*) FROM visits GROUP BY 1",     # finer than declared
     "SELECT date_trunc('month', CAST(device AS DATE)), count(*) FROM visits GROUP BY 1",             # not a time column
     "SELECT date_trunc('month', CAST(visited_at + interval '1 day' AS DATE)), count(*) FROM visits GROUP BY 1",
 ])
@@ -401,6 +401,122 @@ def test_date_keys_over_one_column_are_the_tuples_the_range_gives_not_their_prod
     assert set(keys) == {tuple(r[:-1]) for r in direct if None not in r[:-1] and r[0] in {k[0] for k in keys}}
 
 
+# ---------------------------------------------------------------- units nested in a declared one
+
+_NESTED_UNITS = [
+    # visited_on lists month, quarter and week: the year is nested in month (Superset's Time grain: Year)
+    ("SELECT DATE_TRUNC('year', visited_on) AS visited_on, COUNT(*) AS count FROM visits "
+     "WHERE visited_on < '2024-01-01' GROUP BY DATE_TRUNC('year', visited_on) ORDER BY count DESC LIMIT 10000", 1),
+    # logged_at lists month and day: week, quarter and year are nested in day
+    ("SELECT date_trunc('week', logged_at) AS w, count(*) FROM visits GROUP BY 1", 53),
+    # Tableau's continuous QUARTER(date); Metabase's Quarter, cast back to a date
+    ('SELECT DATE_TRUNC(\'QUARTER\', CAST("visits"."logged_at" AS DATE)) AS "tqr:logged_at:ok", SUM(1) AS "cnt" '
+     'FROM "public"."visits" "visits" GROUP BY 1', 4),
+    (f'SELECT CAST(date_trunc(\'quarter\', {_L}) AS date) AS "logged_at", count(*) AS "count" '
+     f'FROM "public"."visits" GROUP BY CAST(date_trunc(\'quarter\', {_L}) AS date) ORDER BY 1 ASC', 4),
+    ("SELECT EXTRACT(YEAR FROM logged_at) AS y, count(*) FROM visits GROUP BY 1", 1),
+]
+
+
+@pytest.mark.parametrize("sql, cells", _NESTED_UNITS)
+def test_a_unit_nested_in_a_declared_one_is_answered_as_if_it_were_declared(bi, admin, sql, cells):
+    # Refused before (no-group-by): each bucket of the coarser unit is a union of the declared
+    # unit's buckets, so its cells come from the declared range and each row is in one of them.
+    rows, direct = _both(bi, admin, sql, timezone="America/New_York")
+    keys = [r[0] for r in rows]
+    assert len(keys) == cells and sorted(keys) == sorted(set(keys))
+    assert set(keys) >= {r[0] for r in direct if r[0] is not None}
+
+
+_PAIRS = [
+    # Superset's pivot table: rows by quarter, columns by month (12 cells, not 4 × 12)
+    ("SELECT DATE_TRUNC('quarter', visited_at) AS q, DATE_TRUNC('month', visited_at) AS m, COUNT(*) AS count "
+     "FROM visits GROUP BY DATE_TRUNC('quarter', visited_at), DATE_TRUNC('month', visited_at)", 12),
+    # Tableau: YEAR(date) discrete beside MONTH(date) continuous
+    ('SELECT CAST(TRUNC(EXTRACT(YEAR FROM "visits"."visited_at")) AS INTEGER) AS "yr:visited_at:ok", '
+     'DATE_TRUNC(\'MONTH\', CAST("visits"."visited_at" AS DATE)) AS "tmn:visited_at:ok", SUM(1) AS "cnt" '
+     'FROM "public"."visits" "visits" GROUP BY 1, 2', 12),
+    # weeks by month: a week that straddles two months is in two cells, each of its days in one
+    ("SELECT date_trunc('month', logged_at) AS m, date_trunc('week', logged_at) AS w, count(*) FROM visits "
+     "GROUP BY 1, 2", 53 + 10),  # ten months of 2023 start in the middle of a week (not May)
+]
+
+
+@pytest.mark.parametrize("sql, cells", _PAIRS)
+def test_date_truncs_over_one_column_are_the_tuples_the_range_gives_not_their_product(bi, admin, sql, cells):
+    # A cross product before: 48 cells for quarters by months, 36 of them impossible.
+    rows, direct = _both(bi, admin, sql, timezone="UTC")
+    keys = [tuple(r[:-1]) for r in rows]
+    assert len(keys) == cells and keys == sorted(keys)
+    assert set(keys) == {tuple(r[:-1]) for r in direct if None not in r[:-1]}
+
+
+def test_date_truncs_over_different_columns_stay_their_product(bi, admin):
+    sql = ("SELECT date_trunc('quarter', visited_at) AS a, date_trunc('quarter', logged_at) AS b, count(*) "
+           "FROM visits GROUP BY 1, 2")
+    rows, _ = _both(bi, admin, sql)
+    assert len(rows) == 16
+
+
+@pytest.fixture(scope="module")
+def month_only(bi: RunningProxy, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """dpproxy over the same tables, visited_on declared over two years by month only."""
+    policy = POLICY.replace("visited_on: {{bounds: [2023-01-01, 2023-12-31], group_by: [month, quarter, week]}}",
+                            "visited_on: {{bounds: [2022-07-01, 2024-06-30], group_by: [month]}}")
+    with running_proxy(test_db, tmp_path_factory, policy) as running:
+        yield running
+
+
+def test_superset_quarters_of_a_column_declared_by_month_are_answered(month_only, admin):
+    sql = ("SELECT DATE_TRUNC('quarter', visited_on) AS visited_on, COUNT(*) AS count FROM visits "
+           "WHERE visited_on < '2024-01-01' GROUP BY DATE_TRUNC('quarter', visited_on) LIMIT 10000")
+    rows, direct = _both(month_only, admin, sql)
+    keys = sorted(r[0] for r in rows)
+    assert [(k.year, k.month) for k in keys] == [(2022, 7), (2022, 10), (2023, 1), (2023, 4), (2023, 7), (2023, 10)]
+    assert set(keys) >= {r[0] for r in direct}
+
+
+def test_a_nested_unit_is_answered_where_the_columns_own_date_trunc_would_raise(month_only):
+    # visits holds a date in the year 5000000, past what date_trunc casts: directly this raises;
+    # dpproxy truncates only the times within the declared range.
+    with month_only.connect() as conn:
+        rows = conn.execute("SELECT date_trunc('year', visited_on) AS y, count(*) FROM visits GROUP BY 1").fetchall()
+    assert [r[0].year for r in rows] == [2022, 2023, 2024]
+
+
+@pytest.mark.parametrize("sql", [
+    # Superset's pivot table: rows by year, columns by month
+    "SELECT date_trunc('year', visited_on) AS y, date_trunc('month', visited_on) AS m, count(*) FROM visits "
+    "WHERE visited_on < '2024-01-01' GROUP BY 1, 2 ORDER BY 1, 2",
+    # Tableau: YEAR(date) discrete beside MONTH(date) continuous
+    'SELECT CAST(TRUNC(EXTRACT(YEAR FROM "visits"."visited_on")) AS INTEGER) AS "yr:visited_on:ok", '
+    'DATE_TRUNC(\'MONTH\', CAST("visits"."visited_on" AS DATE)) AS "tmn:visited_on:ok", SUM(1) AS "cnt" '
+    'FROM "public"."visits" "visits" WHERE "visits"."visited_on" < \'2024-01-01\' GROUP BY 1, 2 ORDER BY 1, 2',
+    # Tableau: YEAR(date) and MONTH(date), both continuous
+    'SELECT DATE_TRUNC(\'YEAR\', CAST("visits"."visited_on" AS DATE)) AS "tyr:visited_on:ok", '
+    'DATE_TRUNC(\'MONTH\', CAST("visits"."visited_on" AS DATE)) AS "tmn:visited_on:ok", SUM(1) AS "cnt" '
+    'FROM "public"."visits" "visits" WHERE "visits"."visited_on" < \'2024-01-01\' GROUP BY 1, 2 ORDER BY 1, 2',
+])
+def test_years_by_months_of_a_column_declared_by_month_are_its_months(month_only, admin, sql):
+    rows, direct = _both(month_only, admin, sql)
+    # not 2 × 18 cells: no "2022, 2023-07"
+    assert len(rows) == 18 and all(getattr(y, "year", y) == m.year for y, m, _ in rows)
+    assert {(y, m) for y, m, _ in rows} >= {(y, m) for y, m, _ in direct}
+
+
+@pytest.mark.parametrize("sql, advice", [
+    ("SELECT date_trunc('week', visited_on), count(*) FROM visits GROUP BY 1", "month, quarter or year"),  # straddles months
+    ("SELECT date_trunc('day', visited_on), count(*) FROM visits GROUP BY 1", "month, quarter or year"),   # finer than month
+    ("SELECT EXTRACT(WEEK FROM visited_on), count(*) FROM visits GROUP BY 1", "'week' or 'day'"),
+    ("SELECT EXTRACT(DOW FROM visited_on), count(*) FROM visits GROUP BY 1",
+     "opts 'day' in (visited_on answers month, quarter, year)"),
+])
+def test_units_not_nested_in_a_declared_one_stay_refused(month_only, sql, advice):
+    diag = _refused(month_only, sql)
+    assert diag.sqlstate == "DP001" and "rule: no-group-by" in (diag.message_primary or "")
+    assert advice in (diag.message_hint or "")
+
+
 def test_date_keys_over_one_column_beside_a_category_are_their_tuples_times_the_categories(bi, admin):
     sql = ("SELECT sex, date_part('year', visited_at) AS y, date_part('month', visited_at) AS m, count(*) "
            "FROM visits GROUP BY 1, 2, 3")
@@ -495,7 +611,10 @@ def test_show_columns_lists_each_date_part_with_its_cells(bi):
         keys = {r[1]: r[6] for r in conn.execute("SHOW dpproxy.columns").fetchall() if r[0] == "visits"}
     assert ("EXTRACT(MONTH FROM logged_at) (12 cells), EXTRACT(QUARTER FROM logged_at) (4 cells), "
             "EXTRACT(DAY FROM logged_at) (31 cells), EXTRACT(DOW FROM logged_at) (7 cells)") in keys["logged_at"]
-    assert "EXTRACT(YEAR FROM logged_at) (1 cells)" in keys["logged_at"]  # logged_at opts no year in
+    # logged_at opts month and day in: year, quarter and week are nested in them, each its own DATE_TRUNC
+    assert ("DATE_TRUNC('week', logged_at) (53 cells), DATE_TRUNC('month', logged_at) (12 cells), "
+            "DATE_TRUNC('quarter', logged_at) (4 cells), DATE_TRUNC('year', logged_at) (1 cells)") in keys["logged_at"]
+    assert "EXTRACT(YEAR FROM logged_at)" not in keys["logged_at"]
     assert "Sunday weeks of logged_at (53 cells), CAST(logged_at AS DATE) (365 cells)" in keys["logged_at"]
     assert "EXTRACT(WEEK FROM visited_on) (52 cells)" in keys["visited_on"] and "DOW" not in keys["visited_on"]
 

@@ -176,3 +176,32 @@ def test_finding_a_group_s_cell_does_not_scale_with_the_cells():
     found = [domain.cell([key.cell_of(day) for key in keys]) for day in days]
     assert time.perf_counter() - began < 1.0  # hashing the 69993 tuples for each group: ~1 ms a group
     assert None not in found and len(set(found)) == 1000 * 7
+
+
+def test_date_truncs_over_one_column_are_their_tuples_and_each_bucket_pair_finds_its_cell():
+    keys = (_key("year"), _key("month"))
+    domain = key_domain(keys, 1000)
+    cells = [tuple(datetime.fromisoformat(label) for label in cell) for cell in domain.labels()]
+    assert len(cells) == 16 and all(year == truncate("year", month) for year, month in cells)  # not 3 × 16
+    for i, (year, month) in enumerate(cells):
+        assert domain.cell([keys[0].cell_of(year.date().isoformat().encode()),
+                            keys[1].cell_of(month.date().isoformat().encode())]) == i
+    impossible = [keys[0].cell_of(b"2022-01-01"), keys[1].cell_of(b"2023-07-01")]
+    assert domain.cell(impossible) is None
+
+
+def test_weeks_by_months_have_a_cell_per_week_and_month_it_meets():
+    keys = (_key("month"), _key("week"))
+    domain = key_domain(keys, 1000)
+    cells = [tuple(datetime.fromisoformat(label) for label in cell) for cell in domain.labels()]
+    # the days both keys' buckets hold: the week of Nov 15, 2022 … the end of the week of Feb 10, 2024
+    first, end = truncate("week", _LO), truncate("week", _HI) + timedelta(days=7)
+    days = [first + timedelta(days=n) for n in range((end - first).days)]
+    assert cells == sorted({(truncate("month", day), truncate("week", day)) for day in days})
+
+
+def test_date_truncs_over_different_columns_stay_their_product():
+    other = ColumnInfo("ts2", TIMESTAMP, -1, 2, _COLUMN.policy)
+    month = _key("month")
+    keys = (_key("quarter"), GroupKey(other, "time", TIMESTAMP, unit="month", first=month.first, count=month.count))
+    assert key_domain(keys, 1000).size == 6 * 16

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from policies.loader import PolicyError, load_policy, parse_policy
+from policies.time_buckets import answered_units
 
 GOOD = """\
 backend:
@@ -164,7 +165,7 @@ def test_check_config_refuses_a_duplicate_key(tmp_path: Path):
     ("{bounds: [2024-12-31, 2021-01-01], group_by: [month]}", "time bounds must have lo <= hi"),
     ("{bounds: [0, 9], group_by: [month]}", "group_by: [units] is for a time range"),
     ("{bounds: [2021-01-01, 2024-12-31], group_by: [month, month]}", "without repeats"),
-    ("{bounds: [2021-01-01, 2024-12-31], group_by: [hour]}", "unknown time unit 'hour' (one of day, week, month, quarter, year)"),
+    ("{bounds: [2021-01-01, 2024-12-31], group_by: [hour]}", "unknown time unit 'hour' (one of day, week, month, quarter, year; a day is the finest"),
     ("{categories: [a, b], group_by: yes please}", "group_by: give true, false or a list of time units"),
     ("{categories: [a, b], other: z}", "other names the GROUP BY key of undeclared values"),
     ("{categories: [a, b], group_by: true, other: a}", "must not be one of the declared categories"),
@@ -184,6 +185,18 @@ def test_a_group_by_domain_over_the_cell_cap_is_refused(entry: str, over: str):
     (problem,) = _problems(GOOD.replace("{categories: [Male, Female]}", entry))
     assert "group_by has more cells than max_cells 1000" in problem and over in problem, problem
     assert "raise max_cells or narrow the domain" in problem
+    assert ("or list a coarser unit" in problem) == ("categories" not in over)
+
+
+@pytest.mark.parametrize("listed, answered", [
+    (("month",), ("month", "quarter", "year")),
+    (("quarter",), ("quarter", "year")),
+    (("week",), ("week",)),  # a week straddles months, quarters and years
+    (("day",), ("day", "week", "month", "quarter", "year")),
+    (("year", "week"), ("week", "year")),
+])
+def test_a_listed_unit_answers_the_coarser_units_nested_in_it(listed, answered):
+    assert answered_units(listed) == answered
 
 
 def test_max_cells_raises_the_cap_and_is_itself_bounded():
@@ -202,7 +215,8 @@ def test_a_time_range_and_its_units_load():
     column = policy.tables["public.adult"].columns["sex"]
     assert column.bounds is None and column.time_bounds is not None
     assert column.time_bounds[1].isoformat() == "2024-12-31T23:59:59"
-    assert column.time_units == ("month", "year") and column.bucket_count("month") == 48
+    assert column.listed_units == ("month", "year") and column.bucket_count("month") == 48
+    assert column.time_units == ("month", "quarter", "year")  # quarter is nested in month
 
 
 def test_backend_pool_keys_have_documented_defaults_and_are_checked_at_their_line():

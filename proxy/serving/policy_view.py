@@ -79,7 +79,8 @@ def _declared(column: ColumnInfo) -> list[bytes | None]:
 
 def _group_keys(table: Relation, column: ColumnInfo) -> str | None:
     """The GROUP BY keys the column gives (rewriter/group_keys.py, its date parts
-    rewriter/key_domain.py), with their number of cells."""
+    rewriter/key_domain.py), with their number of cells: a DATE_TRUNC per unit answered, those
+    nested in a listed unit included (policies/time_buckets.py)."""
     policy = column.policy
     if policy is None or policy.group_by is False:
         return None
