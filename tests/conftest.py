@@ -191,6 +191,16 @@ def running_proxy(
         running.stop()
 
 
+@contextmanager
+def dropped_around(admin: psycopg.Connection, *names: str) -> Iterator[psycopg.Connection]:
+    """``admin``, with the tables ``names`` dropped before and after (a test creates them)."""
+    admin.execute(f"DROP TABLE IF EXISTS {', '.join(names)}")
+    try:
+        yield admin
+    finally:
+        admin.execute(f"DROP TABLE IF EXISTS {', '.join(names)}")
+
+
 def memory_kb(field: str = "VmRSS") -> int:
     """This process's memory, in kB, as /proc/self/status reports ``field`` (VmRSS, or VmHWM, the
     peak since ``reset_peak_memory``): the proxies of RunningProxy run in this process."""

@@ -35,6 +35,8 @@ from fractions import Fraction
 import psycopg
 import pytest
 
+from tests.conftest import dropped_around
+
 import mechanisms.laplace as laplace_module
 import mechanisms.sum_count as sum_count_module
 from mechanisms.fixed_point import Grid
@@ -74,10 +76,8 @@ def _noised_value(admin: psycopg.Connection, sql: str, relation: Relation, monke
 
 @pytest.fixture
 def tables(admin: psycopg.Connection):
-    names = ("atk_mech_d", "atk_mech_d1")
-    admin.execute(f"DROP TABLE IF EXISTS {', '.join(names)}")
-    yield admin
-    admin.execute(f"DROP TABLE IF EXISTS {', '.join(names)}")
+    with dropped_around(admin, *("atk_mech_d", "atk_mech_d1")) as conn:
+        yield conn
 
 
 # (column type, OID, bounds, rows of D, the extra row of D′): D′ = D plus one row.

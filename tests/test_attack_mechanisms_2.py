@@ -24,6 +24,8 @@ import numpy as np
 import psycopg
 import pytest
 
+from tests.conftest import dropped_around
+
 from mechanisms.smooth_median import prepare_partition_values, smooth_sensitivity_median, smoothing_beta
 from policies.model import ColumnPolicy, TablePolicy
 from policies.tables import ColumnInfo, Relation
@@ -47,10 +49,8 @@ def _hashed_relation(table: str, type_oid: int, bounds: tuple[float, float], par
 
 @pytest.fixture
 def ordered_tables(admin: psycopg.Connection):
-    names = ("atk_mech2_a", "atk_mech2_b")
-    admin.execute(f"DROP TABLE IF EXISTS {', '.join(names)}")
-    yield admin
-    admin.execute(f"DROP TABLE IF EXISTS {', '.join(names)}")
+    with dropped_around(admin, *("atk_mech2_a", "atk_mech2_b")) as conn:
+        yield conn
 
 
 @pytest.mark.parametrize("type_name,oid", [("double precision", _FLOAT8), ("real", _FLOAT4)])

@@ -58,6 +58,13 @@ def _refused(proxy: RunningProxy, sql: str) -> psycopg.errors.Diagnostic:
     return info.value.diag
 
 
+def _refused_with(proxy: RunningProxy, sql: str, advice: str) -> None:
+    """``sql`` is refused (``no-group-by``) with a hint that says ``advice``."""
+    diag = _refused(proxy, sql)
+    assert diag.sqlstate == "DP001" and "rule: no-group-by" in (diag.message_primary or "")
+    assert advice in (diag.message_hint or "")
+
+
 # ---------------------------------------------------------------- Metabase
 
 
@@ -512,9 +519,7 @@ def test_years_by_months_of_a_column_declared_by_month_are_its_months(month_only
      "opts 'day' in (visited_on answers month, quarter, year)"),
 ])
 def test_units_not_nested_in_a_declared_one_stay_refused(month_only, sql, advice):
-    diag = _refused(month_only, sql)
-    assert diag.sqlstate == "DP001" and "rule: no-group-by" in (diag.message_primary or "")
-    assert advice in (diag.message_hint or "")
+    _refused_with(month_only, sql, advice)
 
 
 def test_date_keys_over_one_column_beside_a_category_are_their_tuples_times_the_categories(bi, admin):
@@ -601,9 +606,7 @@ def test_a_date_column_grouped_by_itself_is_its_day_bucket(test_db, tmp_path_fac
      "weeks that start on a day other than Monday"),
 ])
 def test_date_keys_no_opted_in_unit_decides_stay_refused_with_what_to_do(bi, sql, advice):
-    diag = _refused(bi, sql)
-    assert diag.sqlstate == "DP001" and "rule: no-group-by" in (diag.message_primary or "")
-    assert advice in (diag.message_hint or "")
+    _refused_with(bi, sql, advice)
 
 
 def test_show_columns_lists_each_date_part_with_its_cells(bi):
