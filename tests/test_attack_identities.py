@@ -31,8 +31,9 @@ _LONG = "p" * 60 + "éé"  # 64 bytes: PostgreSQL keeps 62, "p"*60 + "é", cutti
 _SETUP = f"""
 DROP SCHEMA IF EXISTS id_hr CASCADE;
 DROP TABLE IF EXISTS "Émp", "émp", id_cols, id_emp, "{_LONG}", id_parent, id_part CASCADE;
-DROP VIEW IF EXISTS id_view CASCADE;
+DROP VIEW IF EXISTS id_view, id_calls, id_builtin CASCADE;
 DROP MATERIALIZED VIEW IF EXISTS id_matview;
+DROP FUNCTION IF EXISTS id_leak();
 CREATE SCHEMA id_hr;
 CREATE TABLE "Émp" (salary integer);
 INSERT INTO "Émp" SELECT 50 FROM generate_series(1, 100);
@@ -51,6 +52,9 @@ INSERT INTO id_child SELECT 66, 1 FROM generate_series(1, 100);
 CREATE VIEW id_view AS SELECT salary FROM id_hr.id_emp;
 CREATE VIEW id_view_of_view AS SELECT * FROM id_view;
 CREATE MATERIALIZED VIEW id_matview AS SELECT salary FROM id_hr.id_emp;
+CREATE FUNCTION id_leak() RETURNS bigint LANGUAGE sql STABLE AS 'SELECT sum(salary) FROM id_hr.id_emp';
+CREATE VIEW id_calls AS SELECT id_leak() AS salary;
+CREATE VIEW id_builtin AS SELECT pg_catalog.upper('x') AS label;
 CREATE TABLE id_part (salary integer) PARTITION BY RANGE (salary);
 CREATE TABLE id_part_hi PARTITION OF id_part FOR VALUES FROM (0) TO (1000);
 INSERT INTO id_part SELECT 55 FROM generate_series(1, 100);
@@ -207,6 +211,24 @@ def test_a_policy_whose_public_relation_holds_rows_of_a_protected_one_is_refused
         asyncio.run(Server.create(make_policy(test_db, tmp_path / "ledger.sqlite3", text)))
     (problem,) = refused.value.problems
     assert problem.startswith(f"tables.{public}: a public inheritance child or partition of protected table {protected}")
+
+
+def test_a_public_view_that_calls_a_function_dpproxy_cannot_follow_is_refused(setup, test_db, tmp_path):
+    # pg_depend names the functions a view calls, not what their bodies read: id_leak() returns
+    # the protected table's exact sum, so a public view calling a function outside pg_catalog is
+    # refused whatever the function reads. Passed through before: SELECT * FROM id_calls → 7700.
+    text = ATTACK_POLICY_HEAD + f"  id_hr.id_emp: {_PROTECTED}\n  public.id_calls: {{{{access: public}}}}\n"
+    with pytest.raises(PolicyError) as refused:
+        asyncio.run(Server.create(make_policy(test_db, tmp_path / "ledger.sqlite3", text)))
+    (problem,) = refused.value.problems
+    assert problem.startswith("tables.public.id_calls: a public relation whose view or row-level security "
+                              "policy calls id_leak(), whose body dpproxy cannot follow"), problem
+
+
+def test_a_public_view_that_calls_only_built_in_functions_is_accepted(setup, test_db, tmp_path_factory):
+    text = ATTACK_POLICY_HEAD + f"  id_hr.id_emp: {_PROTECTED}\n  public.id_builtin: {{{{access: public}}}}\n"
+    with running_proxy(test_db, tmp_path_factory, text) as running:
+        assert _one(running, "SELECT * FROM id_builtin") == ("X",)
 
 
 def test_a_public_relation_beside_a_protected_one_it_does_not_read_is_accepted(setup, test_db, tmp_path_factory):

@@ -8,8 +8,9 @@ back says what that one holds). ``serve``, a reload and ``check-config`` refuse 
 ``public`` reads, so, a protected one: the name would denote the protected rows, exactly. And
 one in which a public relation is an inheritance child or partition of a protected one: its
 rows are rows of the protected table. (A public table a protected view reads, a lookup table
-joined in, stays public: its rows are not the view's.) A function a view calls is not followed
-(its body names no dependency); see threat-model.md.
+joined in, stays public: its rows are not the view's.) A function outside pg_catalog that such
+a view or policy calls cannot be followed (its body names no dependency), so a public relation
+that calls one is refused too, whatever the function reads.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _depends(catalog: str, relation: str) -> str:
     WHERE %s"""
 
 
-_READS_SQL = f"""
+_EDGES = f"""
 WITH RECURSIVE edges(parent, child) AS (
     SELECT i.inhparent, i.inhrelid FROM pg_catalog.pg_inherits i
     UNION ALL{_depends("pg_rewrite", "ev_class")}
@@ -45,8 +46,27 @@ WITH RECURSIVE edges(parent, child) AS (
     SELECT r, r FROM pg_catalog.unnest(%s::pg_catalog.oid[]) AS r
     UNION
     SELECT reads.root, edges.child FROM reads JOIN edges ON edges.parent OPERATOR(pg_catalog.=) reads.rel
-)
+)"""
+
+_READS_SQL = _EDGES + """
 SELECT root, rel FROM reads WHERE rel OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[]) ORDER BY root, rel
+"""
+
+# The functions outside pg_catalog that the rules and row-level security policies of what each
+# root reads call: a function's body names no dependency, so what it reads cannot be followed.
+_CALLS_SQL = _EDGES + """
+SELECT DISTINCT reads.root, f.oid::pg_catalog.regprocedure::pg_catalog.text
+FROM reads
+JOIN (SELECT ev_class AS rel, oid, 'pg_catalog.pg_rewrite'::pg_catalog.regclass AS catalog FROM pg_catalog.pg_rewrite
+      UNION ALL
+      SELECT polrelid, oid, 'pg_catalog.pg_policy'::pg_catalog.regclass FROM pg_catalog.pg_policy) o
+  ON o.rel OPERATOR(pg_catalog.=) reads.rel
+JOIN pg_catalog.pg_depend d ON d.objid OPERATOR(pg_catalog.=) o.oid AND d.classid OPERATOR(pg_catalog.=) o.catalog
+ AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+JOIN pg_catalog.pg_proc f ON f.oid OPERATOR(pg_catalog.=) d.refobjid
+JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) f.pronamespace
+WHERE n.nspname OPERATOR(pg_catalog.<>) ALL (ARRAY['pg_catalog', 'information_schema']::pg_catalog.name[])
+ORDER BY 1, 2
 """
 
 
@@ -55,23 +75,26 @@ class _Fetches(Protocol):
 
 
 async def _leaks(session: _Fetches, relations: Mapping[int, Relation]
-                 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """(public root, protected relation it reads) and (protected root, public child) pairs."""
+                 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """(public root, protected relation it reads), (protected root, public child) and (public
+    root, a function outside pg_catalog that what it reads calls) pairs."""
     public = [oid for oid, relation in relations.items() if relation.access == "public"]
     protected = [oid for oid, relation in relations.items() if relation.access == "protected"]
     if not public or not protected:
-        return [], []
+        return [], [], []
     reads = await session.fetch_all(_READS_SQL, (True, True, public, protected))
     rows_of = await session.fetch_all(_READS_SQL, (False, False, protected, public))
-    return reads, rows_of
+    calls = await session.fetch_all(_CALLS_SQL, (True, True, public))
+    return reads, rows_of, calls
 
 
 async def public_leaking(session: _Fetches, relations: Mapping[int, Relation]) -> frozenset[int]:
     """The OIDs of the public relations of ``relations`` that now read a protected one or are
     its inheritance child or partition: what :func:`public_reads_protected` refuses at load,
     found again after DDL since (``CREATE OR REPLACE VIEW``, ``ALTER TABLE ... INHERIT``)."""
-    reads, rows_of = await _leaks(session, relations)
-    return frozenset(int(root) for root, _ in reads) | frozenset(int(rel) for _, rel in rows_of)
+    reads, rows_of, calls = await _leaks(session, relations)
+    return (frozenset(int(root) for root, _ in reads) | frozenset(int(rel) for _, rel in rows_of)
+            | frozenset(int(root) for root, _ in calls))
 
 
 async def public_reads_protected(session: _Fetches, relations: Mapping[int, Relation],
@@ -80,7 +103,7 @@ async def public_reads_protected(session: _Fetches, relations: Mapping[int, Rela
     its inheritance child or partition.
 
     ``names`` gives each relation's name as the policy writes it (``tables.<name>``)."""
-    reads, rows_of = await _leaks(session, relations)
+    reads, rows_of, calls = await _leaks(session, relations)
     return [
         f"tables.{names[int(root)]}: a public relation that reads protected table {names[int(rel)]} (a view of it, "
         "its inheritance or partition parent, or a table whose row-level security policy reads it) would hand "
@@ -90,4 +113,8 @@ async def public_reads_protected(session: _Fetches, relations: Mapping[int, Rela
         f"tables.{names[int(rel)]}: a public inheritance child or partition of protected table {names[int(root)]} "
         "would hand out rows of that table exactly; make it protected or remove it"
         for root, rel in rows_of
+    ] + [
+        f"tables.{names[int(root)]}: a public relation whose view or row-level security policy calls {function}, "
+        "whose body dpproxy cannot follow, could read a protected table; make it protected or remove it"
+        for root, function in calls
     ]
