@@ -34,6 +34,7 @@ DROP TABLE IF EXISTS "Émp", "émp", id_cols, id_emp, "{_LONG}", id_parent, id_p
 DROP VIEW IF EXISTS id_view, id_calls, id_builtin CASCADE;
 DROP MATERIALIZED VIEW IF EXISTS id_matview;
 DROP FUNCTION IF EXISTS id_leak();
+DROP FOREIGN DATA WRAPPER IF EXISTS id_wrapper CASCADE;
 CREATE SCHEMA id_hr;
 CREATE TABLE "Émp" (salary integer);
 INSERT INTO "Émp" SELECT 50 FROM generate_series(1, 100);
@@ -55,6 +56,10 @@ CREATE MATERIALIZED VIEW id_matview AS SELECT salary FROM id_hr.id_emp;
 CREATE FUNCTION id_leak() RETURNS bigint LANGUAGE sql STABLE AS 'SELECT sum(salary) FROM id_hr.id_emp';
 CREATE VIEW id_calls AS SELECT id_leak() AS salary;
 CREATE VIEW id_builtin AS SELECT pg_catalog.upper('x') AS label;
+CREATE FOREIGN DATA WRAPPER id_wrapper;
+CREATE SERVER id_elsewhere FOREIGN DATA WRAPPER id_wrapper;
+CREATE FOREIGN TABLE id_foreign (salary integer) SERVER id_elsewhere;
+CREATE VIEW id_view_of_foreign AS SELECT salary FROM id_foreign;
 CREATE TABLE id_part (salary integer) PARTITION BY RANGE (salary);
 CREATE TABLE id_part_hi PARTITION OF id_part FOR VALUES FROM (0) TO (1000);
 INSERT INTO id_part SELECT 55 FROM generate_series(1, 100);
@@ -221,8 +226,19 @@ def test_a_public_view_that_calls_a_function_dpproxy_cannot_follow_is_refused(se
     with pytest.raises(PolicyError) as refused:
         asyncio.run(Server.create(make_policy(test_db, tmp_path / "ledger.sqlite3", text)))
     (problem,) = refused.value.problems
-    assert problem.startswith("tables.public.id_calls: a public relation whose view or row-level security "
-                              "policy calls id_leak(), whose body dpproxy cannot follow"), problem
+    assert problem.startswith("tables.public.id_calls: a public relation that reads through function id_leak(), "
+                              "which dpproxy cannot follow"), problem
+
+
+@pytest.mark.parametrize("public", ["public.id_foreign", "public.id_view_of_foreign"])
+def test_a_public_foreign_table_or_a_view_of_one_is_refused(setup, test_db, tmp_path, public):
+    # A foreign table's rows come from its server, which may be this database (postgres_fdw
+    # pointing back at the protected table): dpproxy cannot follow it, so it is not published.
+    text = ATTACK_POLICY_HEAD + f"  id_hr.id_emp: {_PROTECTED}\n  {public}: {{{{access: public}}}}\n"
+    with pytest.raises(PolicyError) as refused:
+        asyncio.run(Server.create(make_policy(test_db, tmp_path / "ledger.sqlite3", text)))
+    (problem,) = refused.value.problems
+    assert problem.startswith(f"tables.{public}: a public relation that reads through foreign table id_foreign"), problem
 
 
 def test_a_public_view_that_calls_only_built_in_functions_is_accepted(setup, test_db, tmp_path_factory):
