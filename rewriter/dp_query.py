@@ -10,6 +10,7 @@ the rule it breaks. The plan, not the client's text, is what later reaches the b
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Callable, Literal
 
 from sqlglot import exp
@@ -96,9 +97,10 @@ class AggregateQuery:
         """A GROUP BY that asks for no aggregate: its answer is the declared keys, from the policy alone."""
         return bool(self.groups) and not self.aggregates
 
-    @property
+    @cached_property
     def domain(self) -> KeyDomain:
-        """The release's cells (:mod:`rewriter.key_domain`)."""
+        """The release's cells (:mod:`rewriter.key_domain`), worked out once per plan: the cell
+        count, the backend rows' cells and the labels all read it."""
         return key_domain(self.groups, self.table.policy.max_cells)
 
     @property
