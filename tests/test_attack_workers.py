@@ -83,3 +83,45 @@ def test_a_quantised_answer_in_a_block_keeps_its_backend_whatever_the_backends_i
             conn.execute("COMMIT")
     finally:
         proxy.stop()
+
+
+# ------------------------------------------------------------------ cancel requests
+
+
+class _SlowToCancel:
+    """A session whose cancel takes as long as a backend's cancel round trip, and more."""
+
+    def __init__(self, pid: int, secret: int):
+        self.pid, self.secret = pid, secret
+        self.cancelled = asyncio.Event()
+
+    async def cancel(self) -> None:
+        await asyncio.sleep(0.3)
+        self.cancelled.set()
+
+
+@pytest.mark.parametrize("secret", [4242, 4243], ids=["right secret", "wrong secret"])
+def test_a_cancel_request_is_done_with_at_once_whatever_the_key_finds(secret: int):
+    """Sending a cancel on to the backend takes a round trip when the session's connection is
+    held (inside a block, while a quantised answer waits) and none while the cancel is put off
+    to the quantum's boundary (while the backend computes): had the CancelRequest's connection
+    stayed open until it was done, its closing time would tell which, as it told a right secret
+    from a wrong one."""
+    from proxy.serving.session import SessionTable
+
+    async def probe() -> tuple[float, bool]:
+        table = SessionTable()
+        session = _SlowToCancel(1234, 4242)
+        table._by_pid[session.pid] = session  # type: ignore[assignment]
+        started = time.monotonic()
+        await table.cancel(1234, secret)
+        took = time.monotonic() - started
+        try:
+            await asyncio.wait_for(session.cancelled.wait(), 1.0)
+        except TimeoutError:
+            pass
+        return took, session.cancelled.is_set()
+
+    took, cancelled = asyncio.run(probe())
+    assert took < 0.05, took
+    assert cancelled == (secret == 4242)
