@@ -125,3 +125,36 @@ def test_a_cancel_request_is_done_with_at_once_whatever_the_key_finds(secret: in
     took, cancelled = asyncio.run(probe())
     assert took < 0.05, took
     assert cancelled == (secret == 4242)
+
+
+# ------------------------------------------------------------------ a backend lost while an answer waits
+
+
+def test_a_block_whose_backend_is_lost_while_an_answer_waits_is_not_reported_idle(
+    quantised: RunningProxy, test_db: TestDatabase
+):
+    """A connection lost inside a block ends the session (docs/deployment.md). Lost while a
+    quantised answer waited for its boundary, libpq's status of the dead connection (unknown)
+    was read as idle: the answer came with ReadyForQuery 'I' and the next statements ran on a
+    new connection, outside the block the client had opened."""
+    import threading
+
+    with quantised.connect() as conn, psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        conn.execute("BEGIN")
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()
+
+        def terminate() -> None:
+            time.sleep(QUANTUM_S / 3)  # the answer was computed long ago; it waits for its boundary
+            admin.execute("SELECT pg_terminate_backend(%s)", pid)
+
+        killer = threading.Thread(target=terminate)
+        killer.start()
+        try:
+            conn.execute("SELECT COUNT(*) FROM adult WHERE age > 200").fetchall()
+        except psycopg.OperationalError:
+            return  # the session ended with the block: as documented
+        finally:
+            killer.join()
+        assert conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+        with pytest.raises(psycopg.OperationalError):
+            conn.execute("SELECT 1")
