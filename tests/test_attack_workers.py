@@ -9,8 +9,9 @@ here with the probe that found it; the probes that held stay as regression tests
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
@@ -158,3 +159,72 @@ def test_a_block_whose_backend_is_lost_while_an_answer_waits_is_not_reported_idl
         assert conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
         with pytest.raises(psycopg.OperationalError):
             conn.execute("SELECT 1")
+
+
+# ------------------------------------------------------------------ what other sessions see of an answer's computation
+
+
+def _after(delay_s: float, run: Callable[[], object]) -> threading.Thread:
+    def later() -> None:
+        time.sleep(delay_s)
+        run()
+
+    thread = threading.Thread(target=later)
+    thread.start()
+    return thread
+
+
+@pytest.fixture(scope="module")
+def one_connection(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """The quantised policy with a pool of one backend connection."""
+    text = QUANTISED.replace("statement_timeout_ms: 20000\n", "statement_timeout_ms: 20000\n  pool: {{size: 1}}\n")
+    assert "pool: {size: 1}" in text.format(dsn="", ledger="")
+    proxy = RunningProxy(make_policy(test_db, tmp_path_factory.mktemp("one") / "l.sqlite3", text))
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture(scope="module")
+def repeating(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """The quantised policy with repeats on."""
+    text = QUANTISED.replace("repeats: {{enabled: false}}", "repeats: {{enabled: true}}")
+    assert text != QUANTISED
+    proxy = RunningProxy(make_policy(test_db, tmp_path_factory.mktemp("repeating") / "l.sqlite3", text))
+    yield proxy
+    proxy.stop()
+
+
+def test_another_session_waiting_for_the_connection_gets_it_only_at_the_answers_boundary(one_connection: RunningProxy):
+    """With every pooled connection taken (one here; an analyst can pin them all with BEGIN),
+    another session's statement waits for the quantised answer's connection. Given back when
+    the backend was done, it told that session when the rows were computed, to the millisecond."""
+    with one_connection.connect() as answering, one_connection.connect() as waiting:
+        answering.execute("SELECT 1")
+        waiting.execute("SELECT 1")
+        took: list[float] = []
+
+        def wait_for_the_connection() -> None:
+            started = time.monotonic()
+            waiting.execute("SELECT 1").fetchall()
+            took.append(time.monotonic() - started)
+
+        thread = _after(0.05, wait_for_the_connection)  # the answer has its connection by then
+        answering.execute("SELECT COUNT(*) FROM adult WHERE age > 200").fetchall()  # computed in a few ms
+        thread.join()
+    assert took and took[0] >= QUANTUM_S * 0.75, took
+
+
+def test_a_repeat_is_not_answered_from_an_answer_before_its_boundary(repeating: RunningProxy):
+    """A second session asking the same statement τ after the first found it stored (a free
+    repeat) exactly when the first's rows had been computed before τ: stored at the boundary,
+    the repeat says nothing the first answer's arrival does not."""
+    sql = "SELECT COUNT(*) FROM adult WHERE age > 77 AND capital_gain < 99999"
+    with repeating.connect() as first, repeating.connect() as second:
+        first.execute("SELECT 1")
+        second.execute("SELECT 1")
+        notices: list[str] = []
+        second.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary or ""))
+        thread = _after(QUANTUM_S / 2, lambda: second.execute(sql).fetchall())
+        first.execute(sql).fetchall()
+        thread.join()
+    assert notices and "a repeat" not in notices[0], notices

@@ -135,6 +135,7 @@ class Executor:
         self._quantised: tuple[int, float, float] | None = None
         self._answers = 0
         self._deferred: set[asyncio.Task[None]] = set()
+        self._unstored: tuple[Hashable, DPAnswer] | None = None  # a fresh answer not sent yet
         self._analysis = CancellableWait()  # a long statement's analysis, until a CancelRequest
         self._streams: set[RowStream] = set()  # results passed on as they arrive, not ended yet
 
@@ -368,13 +369,21 @@ class Executor:
         if isinstance(decision, DPQuery):
             assert plan.statement is not None
             quantum_ms = decision.plan.table.policy.answer_quantum_ms
-            async with on_the_quantum(quantum_ms, self._give_back) as started:
-                self._answers += 1
-                self._quantised = (self._answers, started, quantum_ms / 1000) if quantum_ms > 0 else None
-                try:
-                    result, notices, cost = await self._answer_dp(decision, params, plan.fingerprint, result_formats)
-                finally:
-                    self._quantised = None
+            # What other sessions can see of this answer changes only at its boundary: its
+            # backend connection is kept through the wait (another session waiting for it would
+            # otherwise learn when the rows were computed) and a fresh answer is stored for
+            # repeats then (a repeat found before would tell the same).
+            try:
+                async with on_the_quantum(quantum_ms) as started:
+                    self._answers += 1
+                    self._quantised = (self._answers, started, quantum_ms / 1000) if quantum_ms > 0 else None
+                    try:
+                        result, notices, cost = await self._answer_dp(decision, params, plan.fingerprint,
+                                                                      result_formats)
+                    finally:
+                        self._quantised = None
+            finally:
+                self._store_for_repeats()
             return _apply_formats(result, result_formats), notices, cost
         if isinstance(decision, DpproxyCommand):
             result, notices = await self.settings.run(
@@ -465,6 +474,13 @@ class Executor:
         task = asyncio.ensure_future(at_the_boundary())
         self._deferred.add(task)  # a reference, until it is done
         task.add_done_callback(self._deferred.discard)
+
+    def _store_for_repeats(self) -> None:
+        """Store the fresh answer just sent (or failed after its charge) for its repeats."""
+        if self._unstored is not None:
+            key, answer = self._unstored
+            self._unstored = None
+            self.server.repeats.put(key, answer)
 
     async def _give_back(self) -> None:
         """While a DP answer waits for its quantum, or a long statement for its analysis, the
@@ -619,7 +635,7 @@ class Executor:
         except BackendError as exc:
             raise _sanitised(exc) from None
         notice = answer.notice()
-        self.server.repeats.put(repeat_key, answer)
+        self._unstored = (repeat_key, answer)  # stored when it is sent (_store_for_repeats)
         remaining = f"remaining ε {cost.remaining_epsilon:g}, δ {cost.remaining_delta:g}"
         result = await self._post_processed(plan, answer, result_formats)
         return result, [f"{notice}; {remaining}"], cost
