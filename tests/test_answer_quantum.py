@@ -76,10 +76,12 @@ def test_a_waiting_answer_keeps_its_backend_connection_until_its_boundary(test_d
     proxy = RunningProxy(make_policy(test_db, tmp_path_factory.mktemp("q1") / "l.sqlite3", text))
     try:
         took: list[float] = []
+        connected = threading.Barrier(3)
 
         def client(age: int) -> None:
             with proxy.connect() as conn:
                 conn.execute("SELECT 1").fetchall()
+                connected.wait(timeout=10)  # all three ask at once
                 took.append(_seconds(lambda: conn.execute(f"SELECT COUNT(*) FROM adult WHERE age > {age}").fetchall()))
 
         threads = [threading.Thread(target=client, args=(age,)) for age in (30, 40, 50)]

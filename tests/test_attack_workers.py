@@ -9,6 +9,8 @@ here with the probe that found it; the probes that held stay as regression tests
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -138,8 +140,6 @@ def test_a_block_whose_backend_is_lost_while_an_answer_waits_is_not_reported_idl
     quantised answer waited for its boundary, libpq's status of the dead connection (unknown)
     was read as idle: the answer came with ReadyForQuery 'I' and the next statements ran on a
     new connection, outside the block the client had opened."""
-    import threading
-
     with quantised.connect() as conn, psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
         conn.execute("BEGIN")
         pid = conn.execute("SELECT pg_backend_pid()").fetchone()
@@ -228,3 +228,28 @@ def test_a_repeat_is_not_answered_from_an_answer_before_its_boundary(repeating: 
         first.execute(sql).fetchall()
         thread.join()
     assert notices and "a repeat" not in notices[0], notices
+
+
+def _cancel(proxy: RunningProxy, conn: psycopg.Connection) -> None:
+    """Send ``conn``'s CancelRequest, its key as the session has it."""
+    pid = conn.info.backend_pid
+    secret = next(session.secret for session in proxy.server.sessions if session.pid == pid)
+    with socket.create_connection((proxy.host, proxy.port), timeout=5) as sock:
+        sock.sendall(struct.pack("!iiii", 16, 80877102, pid, secret))
+        sock.recv(1)  # closed once the request is read
+
+
+def test_a_cancel_while_an_answer_waits_for_its_boundary_changes_nothing_the_client_can_see(
+    one_connection: RunningProxy,
+):
+    """Sent at once while the answer waited (and put off to the boundary while the backend
+    computed), a cancel marked the connection to be closed rather than pooled only when the rows
+    had been computed before it came: the session's next statement then ran on a new backend."""
+    with one_connection.connect() as conn:
+        before = conn.execute("SELECT pg_backend_pid()").fetchone()
+        thread = _after(QUANTUM_S / 2, lambda: _cancel(one_connection, conn))  # computed in a few ms
+        started = time.monotonic()
+        assert conn.execute("SELECT COUNT(*) FROM adult WHERE age > 200").fetchall()
+        assert QUANTUM_S <= time.monotonic() - started < 1.5 * QUANTUM_S
+        thread.join()
+        assert conn.execute("SELECT pg_backend_pid()").fetchone() == before

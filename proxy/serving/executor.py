@@ -131,8 +131,10 @@ class Executor:
         self._resolved_names = 0  # in all of _resolved's keys
         self._resolved_generation = 0
         self._charged: Cost | None = None  # what the statement running now was charged so far
-        # The quantised DP answer being computed now: (its number, when its quantum began, q in s).
+        # The quantised DP answer being computed or waiting for its boundary now: (its number,
+        # when its quantum began, q in s); and the number of the DP answer being computed.
         self._quantised: tuple[int, float, float] | None = None
+        self._computing: int | None = None
         self._answers = 0
         self._deferred: set[asyncio.Task[None]] = set()
         self._unstored: tuple[Hashable, DPAnswer] | None = None  # a fresh answer not sent yet
@@ -373,16 +375,19 @@ class Executor:
             # backend connection is kept through the wait (another session waiting for it would
             # otherwise learn when the rows were computed) and a fresh answer is stored for
             # repeats then (a repeat found before would tell the same).
+            self._answers += 1
+            answer = self._answers
             try:
                 async with on_the_quantum(quantum_ms) as started:
-                    self._answers += 1
-                    self._quantised = (self._answers, started, quantum_ms / 1000) if quantum_ms > 0 else None
+                    self._quantised = (answer, started, quantum_ms / 1000) if quantum_ms > 0 else None
+                    self._computing = answer
                     try:
                         result, notices, cost = await self._answer_dp(decision, params, plan.fingerprint,
                                                                       result_formats)
                     finally:
-                        self._quantised = None
+                        self._computing = None
             finally:
+                self._quantised = None  # through the wait: a cancel then is put off to the boundary too
                 self._store_for_repeats()
             return _apply_formats(result, result_formats), notices, cost
         if isinstance(decision, DpproxyCommand):
@@ -455,7 +460,10 @@ class Executor:
         answer that needed 60 ms and not one that needed 40, both arriving at one quantum.
         Deferred to the boundary, it says only which multiple of the quantum the answer needed,
         what its arrival says already. A cancel that comes after the computation (during the
-        wait) finds nothing to cancel, as in PostgreSQL.
+        wait) is put off alike and then finds nothing to cancel, as in PostgreSQL: sent at once,
+        it would have marked the connection to be closed rather than pooled, which the
+        session's next statement sees (another backend), only when the rows had been computed
+        before it came.
         """
         if self._analysis.cancel():  # nothing was sent yet: the wait just ends
             return
@@ -468,7 +476,7 @@ class Executor:
 
         async def at_the_boundary() -> None:
             await asyncio.sleep(max(0.0, deadline - time.monotonic()))
-            if self._quantised is not None and self._quantised[0] == answer:
+            if self._computing == answer:
                 await self.backend.cancel()
 
         task = asyncio.ensure_future(at_the_boundary())
