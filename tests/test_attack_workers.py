@@ -14,6 +14,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -253,3 +254,43 @@ def test_a_cancel_while_an_answer_waits_for_its_boundary_changes_nothing_the_cli
         assert QUANTUM_S <= time.monotonic() - started < 1.5 * QUANTUM_S
         thread.join()
         assert conn.execute("SELECT pg_backend_pid()").fetchone() == before
+
+
+# ------------------------------------------------------------------ reload
+
+
+def test_a_statement_under_way_when_a_reload_drops_its_user_ends_with_57p01_not_an_internal_error(
+    test_db: TestDatabase, tmp_path: Path
+):
+    """The statement read the user's limits from the policy in force after waiting (for a pooled
+    connection here) and found none: XX000. Their session is to end after the statement, with
+    nothing charged for it."""
+    text = TEST_POLICY.replace("statement_timeout_ms: 20000\n", "statement_timeout_ms: 20000\n  pool: {{size: 1}}\n")
+    plain = ("  plain:\n    password: plain\n    auth: cleartext       # for the raw-protocol tests, which speak "
+             "only cleartext\n    budget: {{epsilon: 1000000, delta: 0.5}}\n")
+    assert plain in text
+    ledger = tmp_path / "l.sqlite3"
+    proxy = RunningProxy(make_policy(test_db, ledger, text))
+    try:
+        reloaded = tmp_path / "policy.yaml"
+        reloaded.write_text(text.replace(plain, "").format(dsn=test_db.service_dsn, ledger=ledger))
+        with proxy.connect() as holder, psycopg.connect(proxy.dsn("plain", "plain"), autocommit=True) as conn:
+            holder.execute("BEGIN")
+            holder.execute("SELECT 1")  # the one connection, until COMMIT
+            outcome: list[BaseException | None] = []
+
+            def ask() -> None:
+                try:
+                    conn.execute("SELECT COUNT(*) FROM adult WHERE sex = 'Male'").fetchall()
+                    outcome.append(None)
+                except psycopg.Error as exc:
+                    outcome.append(exc)
+
+            thread = _after(0, ask)
+            time.sleep(0.3)  # waiting for the connection
+            assert proxy._call(proxy.server.reload(reloaded))
+            holder.execute("COMMIT")
+            thread.join(timeout=10)
+        assert len(outcome) == 1 and isinstance(outcome[0], psycopg.errors.AdminShutdown), outcome
+    finally:
+        proxy.stop()
