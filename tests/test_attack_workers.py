@@ -20,8 +20,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from conftest import TEST_DATABASE, TEST_POLICY, RunningProxy, TestDatabase, make_policy
+from conftest import TEST_DATABASE, TEST_POLICY, RunningProxy, TestDatabase, make_policy, spent_epsilon
 from proxy.demo.embedded import SERVICE_ROLE
+from test_workers import Group, _write_policy
 
 QUANTUM_S = 0.4
 QUANTISED = TEST_POLICY.replace(
@@ -121,7 +122,7 @@ def test_a_cancel_request_is_done_with_at_once_whatever_the_key_finds(secret: in
         await table.cancel(1234, secret)
         took = time.monotonic() - started
         try:
-            await asyncio.wait_for(session.cancelled.wait(), 1.0)
+            await asyncio.wait_for(session.cancelled.wait(), 0.5)
         except TimeoutError:
             pass
         return took, session.cancelled.is_set()
@@ -294,3 +295,122 @@ def test_a_statement_under_way_when_a_reload_drops_its_user_ends_with_57p01_not_
         assert len(outcome) == 1 and isinstance(outcome[0], psycopg.errors.AdminShutdown), outcome
     finally:
         proxy.stop()
+
+
+# ------------------------------------------------------------------ several workers
+
+
+@pytest.fixture(scope="module")
+def group(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
+    """``listen.workers: 2`` (tests/test_workers.py's policy: ledger reserve 1, repeats on), with
+    users of their own: ``racer`` (ε 4) and ``crashed``."""
+    config = tmp_path_factory.mktemp("workers") / "policy.yaml"
+    ports = _write_policy(config, test_db)
+    text = config.read_text()
+    users = "users:\n" + "".join(f"  {name}:\n    password: {name}\n    budget: {{epsilon: {eps}, delta: 0.001}}\n"
+                                 for name, eps in (("racer", 4), ("crashed", 100)))
+    config.write_text(text.replace("users:\n", users, 1))
+    running = Group(config, *ports)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def test_charges_racing_on_both_workers_never_pass_the_budget(group: Group):
+    """Eight statements at once, four on each worker, for a budget of four: the ledger's
+    conditional charge lets four through whichever worker asks, never more."""
+    conns = [group.connect_to(i % 2, "racer") for i in range(8)]
+    start = threading.Barrier(len(conns))
+    outcomes: list[str] = []
+
+    def ask(conn: psycopg.Connection, i: int) -> None:
+        start.wait(timeout=10)
+        try:
+            conn.execute(f"SELECT COUNT(*) FROM adult WHERE age > {30 + i}").fetchall()
+            outcomes.append("answered")
+        except psycopg.Error as exc:
+            outcomes.append(exc.sqlstate or "")
+
+    try:
+        threads = [_after(0, lambda c=conn, i=i: ask(c, i)) for i, conn in enumerate(conns)]  # type: ignore[misc]
+        for thread in threads:
+            thread.join(timeout=30)
+        assert sorted(outcomes) == ["DP002"] * 4 + ["answered"] * 4, outcomes
+        assert spent_epsilon(conns[0]) == spent_epsilon(conns[1]) == 4
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+def test_one_statement_asked_at_once_on_both_workers_is_charged_for_every_fresh_answer(group: Group):
+    """Both workers may miss the shared repeat store at once and answer afresh: then both
+    answers are charged. No fresh noise is handed out for nothing."""
+    sql = "SELECT COUNT(*) FROM adult WHERE age > 41 AND hours_per_week < 37"
+    conns = [group.connect_to(worker) for worker in (0, 1, 0, 1)]
+    start = threading.Barrier(len(conns))
+    answers: list[tuple[float, str]] = []
+
+    def ask(conn: psycopg.Connection) -> None:
+        notices: list[str] = []
+        conn.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary or ""))
+        start.wait(timeout=10)
+        row = conn.execute(sql).fetchone()
+        assert row is not None
+        answers.append((row[0], notices[0]))
+
+    try:
+        threads = [_after(0, lambda c=conn: ask(c)) for conn in conns]  # type: ignore[misc]
+        for thread in threads:
+            thread.join(timeout=30)
+    finally:
+        for conn in conns:
+            conn.close()
+    assert len(answers) == 4
+    charged = {value for value, notice in answers if "ε charged 1" in notice}
+    repeated = {value for value, notice in answers if "a repeat" in notice}
+    assert charged and repeated <= charged, answers
+
+
+def test_a_cancel_request_naming_no_worker_is_ignored(group: Group):
+    """The pid's top bits name the worker a CancelRequest is passed on to; one naming a worker
+    the group does not have (63 of 2) finds no socket, closes like any other and cancels nothing."""
+    with group.connect_to(0) as conn:
+        for pid in (63 << 24 | conn.info.backend_pid & 0xFFFFFF, 2**31 - 1, 0):
+            with socket.create_connection(("127.0.0.1", group.port), timeout=5) as bogus:
+                bogus.sendall(struct.pack("!iiii", 16, 80877102, pid, 12345))
+                assert bogus.recv(1) == b""
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert "Traceback" not in group.output()
+
+
+def test_a_worker_killed_during_a_charged_statement_keeps_that_charge_once(group: Group, test_db: TestDatabase):
+    """kill -9 of the worker while its DP statement waits on the backend (after the charge):
+    the statement stays charged, once; the other worker sees exactly that spend."""
+    with group.connect_to(0, "crashed") as witness:
+        before = spent_epsilon(witness)
+    victim_conn = group.connect_to(1, "crashed")
+    victim = next(p for p in group.workers() if p.cmdline()[p.cmdline().index("--index") + 1] == "1")
+    serving_again = group.count("is serving again")
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute("BEGIN")
+        admin.execute("LOCK TABLE adult IN ACCESS EXCLUSIVE MODE")  # the DP query waits for it
+        outcome: list[BaseException | None] = []
+
+        def ask() -> None:
+            try:
+                victim_conn.execute("SELECT COUNT(*) FROM adult WHERE age > 25").fetchall()
+                outcome.append(None)
+            except psycopg.Error as exc:
+                outcome.append(exc)
+
+        thread = _after(0, ask)
+        time.sleep(0.5)
+        victim.kill()
+        thread.join(timeout=10)
+        admin.execute("ROLLBACK")
+    victim_conn.close()
+    assert len(outcome) == 1 and isinstance(outcome[0], psycopg.OperationalError), outcome
+    with group.connect_to(0, "crashed") as witness:
+        assert spent_epsilon(witness) == before + 1
+    group.wait_for("is serving again", serving_again + 1, timeout=60)
