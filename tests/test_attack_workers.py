@@ -132,6 +132,49 @@ def test_a_cancel_request_is_done_with_at_once_whatever_the_key_finds(secret: in
     assert cancelled == (secret == 4242)
 
 
+def test_the_backends_statement_timeout_during_a_quantised_answer_comes_at_the_boundary_and_stays_charged(
+    test_db: TestDatabase, tmp_path: Path
+):
+    """backend.statement_timeout_ms below the quantum: the 57014 (a DP query that ran long,
+    as documented) leaves at the quantum like an answer would, and is charged: whether it
+    times out can depend on the rows."""
+    text = QUANTISED.replace("statement_timeout_ms: 20000\n", "statement_timeout_ms: 150\n")
+    assert text != QUANTISED
+    proxy = RunningProxy(make_policy(test_db, tmp_path / "l.sqlite3", text))
+    try:
+        with proxy.connect() as conn, psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+            before = spent_epsilon(conn)
+            admin.execute("BEGIN")
+            admin.execute("LOCK TABLE adult IN ACCESS EXCLUSIVE MODE")  # the DP query waits past its timeout
+            try:
+                started = time.monotonic()
+                with pytest.raises(psycopg.Error) as failed:
+                    conn.execute("SELECT COUNT(*) FROM adult WHERE age > 30").fetchall()
+                took = time.monotonic() - started
+            finally:
+                admin.execute("ROLLBACK")
+            assert failed.value.sqlstate in ("57014", "DP004"), failed.value
+            assert QUANTUM_S <= took < 1.5 * QUANTUM_S, took
+            assert spent_epsilon(conn) == before + 1
+    finally:
+        proxy.stop()
+
+
+def test_a_pipeline_of_quantised_answers_in_a_block_leaves_each_on_its_own_boundary(quantised: RunningProxy):
+    """Extended protocol, two Executes before one Sync, inside BEGIN: each answer is held to its
+    own quantum (two in all), and the block goes on."""
+    with quantised.connect() as conn:
+        conn.execute("BEGIN")
+        started = time.monotonic()
+        with conn.pipeline():
+            first = conn.execute("SELECT COUNT(*) FROM adult WHERE age > 200")
+            second = conn.execute("SELECT SUM(capital_gain) FROM adult WHERE sex = 'Female'")
+        assert first.fetchall() and second.fetchall()
+        assert 2 * QUANTUM_S <= time.monotonic() - started < 3 * QUANTUM_S
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        conn.execute("COMMIT")
+
+
 # ------------------------------------------------------------------ a backend lost while an answer waits
 
 
