@@ -9,6 +9,8 @@ here with the probe that found it; the probes that held stay as regression tests
 from __future__ import annotations
 
 import asyncio
+import re
+import signal
 import socket
 import struct
 import threading
@@ -351,7 +353,7 @@ def group(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> It
     ports = _write_policy(config, test_db)
     text = config.read_text()
     users = "users:\n" + "".join(f"  {name}:\n    password: {name}\n    budget: {{epsilon: {eps}, delta: 0.001}}\n"
-                                 for name, eps in (("racer", 4), ("crashed", 100)))
+                                 for name, eps in (("racer", 4), ("reloaded", 1000), ("crashed", 100)))
     config.write_text(text.replace("users:\n", users, 1))
     running = Group(config, *ports)
     try:
@@ -427,6 +429,60 @@ def test_a_cancel_request_naming_no_worker_is_ignored(group: Group):
     assert "Traceback" not in group.output()
 
 
+def test_answers_while_every_worker_reloads_are_noised_at_the_epsilon_they_are_charged(group: Group):
+    """SIGHUP halving the table's ε and back while both workers answer: a statement planned under
+    one policy and charged under the other would be noised for one ε and charged another. Each
+    answer's notice pairs its charge with its noise (a COUNT's Laplace scale is 1/ε), and the
+    spend adds up to the charges."""
+    conns = [group.connect_to(worker, "reloaded") for worker in (0, 1)]
+    before = spent_epsilon(conns[0])
+    notices: list[str] = []
+    stop = threading.Event()
+
+    def ask(conn: psycopg.Connection, worker: int) -> None:
+        conn.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary or ""))
+        for i in range(10_000):
+            if stop.is_set():
+                return
+            conn.execute(f"SELECT COUNT(*) FROM adult WHERE age > {i % 70} AND hours_per_week > {worker}").fetchall()
+
+    text = group.config.read_text()
+    threads = [_after(0, lambda c=conn, w=worker: ask(c, w)) for worker, conn in enumerate(conns)]  # type: ignore[misc]
+    try:
+        for epsilon in ("0.5", "1.0"):
+            group.config.write_text(text.replace("epsilon: 1.0\n    delta: 1.0e-6", f"epsilon: {epsilon}\n    delta: 1.0e-6"))
+            reloaded = group.count("reloaded:")
+            group.process.send_signal(signal.SIGHUP)
+            group.wait_for("reloaded:", reloaded + 2)
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+        group.config.write_text(text)
+    pairs = [re.search(r"ε charged ([0-9.]+), .*laplace scale ([0-9.]+)", notice) for notice in notices]
+    assert all(pairs), notices
+    charged = [(float(m.group(1)), float(m.group(2))) for m in pairs if m is not None]
+    assert {epsilon for epsilon, _ in charged} == {0.5, 1.0}, "answers under both policies"
+    assert all(scale == pytest.approx(1 / epsilon) for epsilon, scale in charged), charged
+    assert spent_epsilon(conns[0]) == pytest.approx(before + sum(epsilon for epsilon, _ in charged))
+    for conn in conns:
+        conn.close()
+
+
+def _wait_for_a_lock_wait(test_db: TestDatabase) -> None:
+    """Until a backend waits for a lock on adult (seen from a connection of its own: a transaction
+    sees pg_stat_activity as it was when it first looked)."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as observer:
+        for _ in range(200):
+            waiting = observer.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                       "AND query LIKE '%adult%'").fetchone()
+            if waiting and waiting[0]:
+                return
+            time.sleep(0.05)
+    raise AssertionError("no statement waited for the lock on adult")
+
+
 def test_a_worker_killed_during_a_charged_statement_keeps_that_charge_once(group: Group, test_db: TestDatabase):
     """kill -9 of the worker while its DP statement waits on the backend (after the charge):
     the statement stays charged, once; the other worker sees exactly that spend."""
@@ -448,7 +504,7 @@ def test_a_worker_killed_during_a_charged_statement_keeps_that_charge_once(group
                 outcome.append(exc)
 
         thread = _after(0, ask)
-        time.sleep(0.5)
+        _wait_for_a_lock_wait(test_db)  # charged, and sent: it waits for the lock
         victim.kill()
         thread.join(timeout=10)
         admin.execute("ROLLBACK")
