@@ -513,3 +513,86 @@ def test_a_worker_killed_during_a_charged_statement_keeps_that_charge_once(group
     with group.connect_to(0, "crashed") as witness:
         assert spent_epsilon(witness) == before + 1
     group.wait_for("is serving again", serving_again + 1, timeout=60)
+
+
+def test_a_passthrough_waiting_for_a_connection_when_a_reload_protects_its_table_is_judged_again(
+    test_db: TestDatabase, tmp_path: Path
+):
+    """Judged under the policy in force when it arrived (lookup public), the statement then
+    waited for a pooled connection (an analyst can pin them all with BEGIN) while a reload made
+    lookup protected, and passed its rows through under the new policy."""
+    text = TEST_POLICY.replace("statement_timeout_ms: 20000\n", "statement_timeout_ms: 20000\n  pool: {{size: 1}}\n")
+    protected = text.replace("  public.lookup:\n    access: public\n",
+                             "  public.lookup:\n    access: protected\n    epsilon: 1.0\n"
+                             "    columns:\n      code: {{categories: [M, F]}}\n")
+    assert protected != text
+    ledger = tmp_path / "l.sqlite3"
+    proxy = RunningProxy(make_policy(test_db, ledger, text))
+    try:
+        reloaded = tmp_path / "policy.yaml"
+        reloaded.write_text(protected.format(dsn=test_db.service_dsn, ledger=ledger))
+        with proxy.connect() as conn, proxy.connect() as holder:
+            assert conn.execute("SELECT * FROM lookup").fetchall()  # public: its rows, as they are
+            holder.execute("BEGIN")
+            holder.execute("SELECT 1")  # the one connection, until COMMIT
+            outcome: list[object] = []
+
+            def ask() -> None:
+                try:
+                    outcome.append(conn.execute("SELECT * FROM lookup").fetchall())
+                except psycopg.Error as exc:
+                    outcome.append(exc.sqlstate)
+
+            thread = _after(0, ask)
+            time.sleep(0.3)  # waiting for the connection
+            assert proxy._call(proxy.server.reload(reloaded))
+            holder.execute("COMMIT")
+            thread.join(timeout=10)
+        assert outcome == ["DP001"], outcome
+    finally:
+        proxy.stop()
+
+
+_WATCHED_POLICY = TEST_POLICY.replace("  public.lookup:\n    access: public\n", """  public.lookup:
+    access: public
+  public.kw_secret: {{access: protected, epsilon: 1.0, columns: {{v: {{bounds: [0, 100]}}}}}}
+  public.kw_view: {{access: public}}
+""")
+
+
+def test_a_statement_prepared_before_a_public_view_starts_reading_a_protected_table_is_refused_too(
+    test_db: TestDatabase, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The check run every few seconds takes a public view that DDL made read a protected table
+    out of the registry; a statement prepared before kept its plan (a passthrough of the view)
+    and passed the protected row (42) on at every Execute, until a reload."""
+    monkeypatch.setattr("proxy.serving.server.FUNCTION_NAMES_REFRESH_S", 0.2)
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute("DROP TABLE IF EXISTS kw_secret CASCADE")
+        admin.execute("DROP VIEW IF EXISTS kw_view")
+        admin.execute("CREATE TABLE kw_secret (v int); INSERT INTO kw_secret VALUES (42)")
+        admin.execute("CREATE VIEW kw_view AS SELECT 1 AS v")
+        admin.execute(f"GRANT SELECT ON kw_secret, kw_view TO {SERVICE_ROLE}")
+        proxy = RunningProxy(make_policy(test_db, tmp_path / "l.sqlite3", _WATCHED_POLICY))
+        try:
+            with proxy.connect() as conn:
+                pgconn = conn.pgconn  # Parse once, then Bind/Execute only, as drivers do
+                assert pgconn.prepare(b"s1", b"SELECT v FROM kw_view").status == psycopg.pq.ExecStatus.COMMAND_OK
+                assert pgconn.exec_prepared(b"s1", []).get_value(0, 0) == b"1"
+                admin.execute("CREATE OR REPLACE VIEW kw_view AS SELECT v FROM kw_secret")
+                deadline = time.monotonic() + 10
+                while True:  # until the check has found it
+                    try:
+                        with proxy.connect() as other:
+                            other.execute("SELECT v FROM kw_view").fetchall()
+                    except psycopg.errors.InsufficientPrivilege:
+                        break
+                    assert time.monotonic() < deadline
+                    time.sleep(0.1)
+                result = pgconn.exec_prepared(b"s1", [])
+                assert result.status == psycopg.pq.ExecStatus.FATAL_ERROR, result.get_value(0, 0)
+                assert b"default-deny" in (result.error_message or b"")
+        finally:
+            proxy.stop()
+            admin.execute("DROP VIEW IF EXISTS kw_view")
+            admin.execute("DROP TABLE IF EXISTS kw_secret")

@@ -315,6 +315,16 @@ class Executor:
         """
         started = time.perf_counter()
         plan = await self._current(plan)
+        if isinstance(plan.decision, (Passthrough, CopyOut)) and not self.backend.holds_connection:
+            # Its rows come as they are: judged again if a reload (or the registry's own check)
+            # came while it waited for a pooled connection, which an analyst can make it do
+            # for as long as they like by holding every connection in a transaction block.
+            try:
+                await self.backend.connection()
+            except BackendError as exc:
+                self._audit_soon(plan.fingerprint, "error", exc.sqlstate, None, started)
+                raise
+            plan = await self._current(plan)
         fingerprint = plan.fingerprint
         self._charged = None
         try:
