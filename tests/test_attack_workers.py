@@ -58,6 +58,19 @@ def test_the_backends_idle_in_transaction_timeout_cannot_be_set(quantised: Runni
             conn.execute(statement)
 
 
+@pytest.mark.parametrize("statement", [
+    "SET statement_timeout = 1", "SET LOCAL statement_timeout = '5ms'",
+    "SELECT set_config('statement_timeout', '1', false)", "SET idle_session_timeout = 1",
+    "SET transaction_timeout = 1", "SET SESSION statement_timeout TO 1",
+])
+def test_no_other_timeout_of_the_backend_can_be_set(quantised: RunningProxy, statement: str):
+    """A statement timeout of the analyst's choosing would turn the time the rows take into an
+    answer or an error inside one quantum (held: these were refused already)."""
+    with quantised.connect() as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="safe-settings"):
+            conn.execute(statement)
+
+
 @pytest.fixture
 def role_idle_timeout(test_db: TestDatabase) -> Iterator[None]:
     """The service role with an idle_in_transaction_session_timeout of 100 ms in the test
