@@ -501,9 +501,10 @@ class Executor:
             self.server.repeats.put(key, answer)
 
     async def _give_back(self) -> None:
-        """While a DP answer waits for its quantum, or a long statement for its analysis, the
-        backend connection serves other sessions (outside a transaction block; inside one the
-        session keeps it)."""
+        """While a long statement waits for its analysis, the backend connection serves other
+        sessions (outside a transaction block; inside one the session keeps it). Not while a
+        DP answer waits for its quantum: given back then, it would tell a session waiting for
+        it when the rows had been computed."""
         try:
             await self.backend.release()
         except BackendError:
