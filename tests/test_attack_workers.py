@@ -190,6 +190,57 @@ def test_a_pipeline_of_quantised_answers_in_a_block_leaves_each_on_its_own_bound
         conn.execute("COMMIT")
 
 
+def test_a_backend_lost_mid_computation_ends_the_session_at_the_quantum_and_stays_charged(
+    quantised: RunningProxy, test_db: TestDatabase
+):
+    """A backend failure is an outcome like the others: its FATAL leaves at the boundary."""
+    with quantised.connect() as conn, psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        with quantised.connect() as witness:
+            before = spent_epsilon(witness)
+        admin.execute("BEGIN")
+        admin.execute("LOCK TABLE adult IN ACCESS EXCLUSIVE MODE")  # the DP query waits for it
+        try:
+            def terminate() -> None:
+                _wait_for_a_lock_wait(test_db)
+                with psycopg.connect(test_db.admin_dsn, autocommit=True) as killer:
+                    killer.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                   "WHERE wait_event_type = 'Lock' AND query LIKE '%adult%'")
+
+            thread = _after(0, terminate)
+            started = time.monotonic()
+            with pytest.raises(psycopg.OperationalError):
+                conn.execute("SELECT COUNT(*) FROM adult WHERE age > 30").fetchall()
+            took = time.monotonic() - started
+            thread.join()
+        finally:
+            admin.execute("ROLLBACK")
+        assert QUANTUM_S <= took < 1.5 * QUANTUM_S, took
+        with quantised.connect() as witness:
+            assert spent_epsilon(witness) == before + 1
+
+
+def test_a_shutdown_lets_a_quantised_answer_leave_at_its_boundary(test_db: TestDatabase, tmp_path: Path):
+    """SIGTERM while an answer waits for its boundary: answered there (not cut short, which
+    would tell when the rows were computed), then the session ends with 57P01."""
+    proxy = RunningProxy(make_policy(test_db, tmp_path / "l.sqlite3", QUANTISED))
+    stopping: threading.Thread | None = None
+    try:
+        with proxy.connect() as conn:
+            conn.execute("SELECT 1")
+            started = time.monotonic()
+            stopping = _after(QUANTUM_S / 4, lambda: proxy._call(proxy.server.close(grace_s=5)))
+            assert conn.execute("SELECT COUNT(*) FROM adult WHERE age > 200").fetchall()
+            assert QUANTUM_S <= time.monotonic() - started < 1.5 * QUANTUM_S
+            with pytest.raises(psycopg.OperationalError):
+                conn.execute("SELECT 1")
+    finally:
+        if stopping is None:
+            proxy.stop()
+        else:
+            stopping.join()
+            proxy.loop.call_soon_threadsafe(proxy.loop.stop)
+
+
 # ------------------------------------------------------------------ a backend lost while an answer waits
 
 
