@@ -18,6 +18,7 @@ from mechanisms.fixed_point import Grid
 
 from .credentials import ScramVerifier, derive_scram_verifier, parse_scram_verifier
 from .dsn import check_dsn
+from .errors import SQLSTATE, Refusal
 from .time_buckets import TIME_UNITS, TimeUnit, answered_units, bucket_count
 
 __all__ = [
@@ -476,6 +477,16 @@ class Policy(_Strict):
     metrics: MetricsConfig | None = None
     users: dict[str, UserPolicy]
     tables: dict[str, TablePolicy]
+
+    def user(self, name: str) -> UserPolicy:
+        """The user ``name``; Refusal 57P01 when this policy does not list them: a reload
+        dropped them while a statement of theirs was under way (their session ends after it)."""
+        account = self.users.get(name)
+        if account is None:
+            raise Refusal(SQLSTATE.ADMIN_SHUTDOWN,
+                          f'terminating connection: the policy reloaded no longer lists user "{name}"',
+                          "An administrator removed this login from the policy.")
+        return account
 
     @field_validator("users")
     @classmethod

@@ -123,13 +123,17 @@ _FUNCTIONS = frozenset(
 # Not standard_conforming_strings: it changes how literals parse, and the classifier
 # parses with it on. Not lc_monetary: it changes what a money literal in a DP query's WHERE
 # means ('1,000.00'), which neither a repeat's key nor the pre-charge check's memory carry
-# (they carry the reported DateStyle, IntervalStyle, TimeZone and client_encoding).
+# (they carry the reported DateStyle, IntervalStyle, TimeZone and client_encoding). Not
+# idle_in_transaction_session_timeout: inside a block the backend sits idle while a quantised
+# DP answer waits for its boundary, for the quantum minus the time the rows took, so whether
+# that timer ended the connection said how long they took (dpproxy's own
+# listen.idle_in_transaction_timeout_s times the client instead).
 SAFE_SETTINGS = frozenset(
     {
         "application_name", "client_encoding", "names", "datestyle", "intervalstyle",
         "timezone", "time zone", "extra_float_digits", "search_path", "bytea_output",
         "client_min_messages", "lc_numeric", "lc_time", "jit",
-        "lock_timeout", "idle_in_transaction_session_timeout", "transaction_isolation",
+        "lock_timeout", "transaction_isolation",
         "default_transaction_isolation", "xmloption",
         "transaction", "session characteristics",
     }

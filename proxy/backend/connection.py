@@ -77,6 +77,7 @@ log = logging.getLogger("dpproxy.backend")
 
 # libpq's transaction status → ReadyForQuery's status byte (idle, and anything else, is b"I").
 _STATUS_BYTE: dict[int, bytes] = {pq.TransactionStatus.INTRANS: b"T", pq.TransactionStatus.INERROR: b"E"}
+_UNKNOWN = pq.TransactionStatus.UNKNOWN  # libpq's status of a connection that is gone
 _TUPLES_CHUNK = pq.ExecStatus.TUPLES_CHUNK
 
 CHUNK_ROWS = 1024
@@ -235,6 +236,7 @@ class BackendSession:
         self._stream: RowStream | None = None  # the last relayed result read as it arrives
         self._checkout_wait = CancellableWait()  # waiting for the pool, until a CancelRequest
         self._held_streams: list[RowStream] = []  # results whose rests were held for their portals
+        self._last_status = b"I"  # the held connection's status as last read (transaction_status)
 
     # ------------------------------------------------------------ checkout and release
 
@@ -420,7 +422,14 @@ class BackendSession:
             return self._stream.status  # libpq's is "active" while the statement runs
         # libpq's status as a plain int: conn.info would build a ConnectionInfo and an enum
         # on every call, and this runs for every ReadyForQuery.
-        return _STATUS_BYTE.get(self._held.conn.pgconn.transaction_status, b"I")
+        status = self._held.conn.pgconn.transaction_status
+        if status == _UNKNOWN:
+            # Lost since it was last read (while a quantised answer waited, say): the status
+            # the client was last told, so that a block is not taken for idle and its
+            # connection swapped for another under it; its next request ends the session.
+            return self._last_status
+        self._last_status = _STATUS_BYTE.get(status, b"I")
+        return self._last_status
 
     @property
     def holds_connection(self) -> bool:

@@ -62,8 +62,15 @@ def _opened_with(config: BackendConfig) -> tuple[object, ...]:
 
 
 async def open_backend(config: BackendConfig, settings: Mapping[str, str] | None = None) -> psycopg.AsyncConnection[Any]:
-    """A read-only backend connection with a statement_timeout, plus ``settings`` as startup options."""
-    options = {"default_transaction_read_only": "on", "statement_timeout": str(config.statement_timeout_ms)}
+    """A read-only backend connection with a statement_timeout and no idle-in-transaction
+    timeout, plus ``settings`` as startup options.
+
+    Inside a block the backend is idle while a quantised DP answer waits for its boundary, for
+    the quantum minus the time the rows took: a timeout of the role's, the database's or
+    postgresql.conf ending the connection then would tell how long the rows took.
+    """
+    options = {"default_transaction_read_only": "on", "statement_timeout": str(config.statement_timeout_ms),
+               "idle_in_transaction_session_timeout": "0"}
     options.update(settings or {})
     return await psycopg.AsyncConnection.connect(
         config.dsn or "",

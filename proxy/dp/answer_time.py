@@ -16,7 +16,7 @@ import asyncio
 import math
 import time
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator
 
 __all__ = ["on_the_quantum", "quantum_deadline"]
 
@@ -28,12 +28,13 @@ def quantum_deadline(started: float, now: float, quantum_s: float) -> float:
 
 
 @asynccontextmanager
-async def on_the_quantum(
-    quantum_ms: int, before_waiting: Callable[[], Awaitable[None]] | None = None
-) -> AsyncIterator[float]:
-    """Hold whatever the block returns or raises until :func:`quantum_deadline` (0: no wait),
-    awaiting ``before_waiting`` first (to give back what the wait need not hold). The block
-    gets the time the quantum counts from (``time.monotonic()``).
+async def on_the_quantum(quantum_ms: int) -> AsyncIterator[float]:
+    """Hold whatever the block returns or raises until :func:`quantum_deadline` (0: no wait).
+    The block gets the time the quantum counts from (``time.monotonic()``).
+
+    What the wait holds stays held: the caller keeps its backend connection and stores its
+    answer for repeats only once the wait is over, since another session could see either
+    change as soon as it happened, and so when the rows had been computed.
 
     A cancellation (the session ending) is not held.
     """
@@ -44,12 +45,10 @@ async def on_the_quantum(
     try:
         yield started
     except Exception:
-        await _until(quantum_deadline(started, time.monotonic(), quantum_ms / 1000), before_waiting)
+        await _until(quantum_deadline(started, time.monotonic(), quantum_ms / 1000))
         raise
-    await _until(quantum_deadline(started, time.monotonic(), quantum_ms / 1000), before_waiting)
+    await _until(quantum_deadline(started, time.monotonic(), quantum_ms / 1000))
 
 
-async def _until(deadline: float, before_waiting: Callable[[], Awaitable[None]] | None) -> None:
-    if before_waiting is not None:
-        await before_waiting()
+async def _until(deadline: float) -> None:
     await asyncio.sleep(max(0.0, deadline - time.monotonic()))

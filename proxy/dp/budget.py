@@ -107,7 +107,7 @@ class BudgetKeeper:
         reload changed them: a reservation is spendable only under the object it was
         charged under.
         """
-        config = self.policy.users[user].budget
+        config = self.policy.user(user).budget
         cached = self._budgets.get(user)
         if cached is None or cached[0] is not config:
             if cached is None or cached[0] != config:
@@ -282,6 +282,8 @@ class BudgetKeeper:
         async with self._locks.setdefault(user, asyncio.Lock()):
             period = period_key(budget.period, now)
             held = self._reserved.get(user)
+            if user not in self.policy.users:
+                return  # a reload dropped the user: the reservation goes back when dpproxy stops
             if held is None or held.budget is not self.budget(user) or held.period != period or not held.refill:
                 return  # a reload changed the budget: the next answer releases the reservation
             try:

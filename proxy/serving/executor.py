@@ -131,10 +131,13 @@ class Executor:
         self._resolved_names = 0  # in all of _resolved's keys
         self._resolved_generation = 0
         self._charged: Cost | None = None  # what the statement running now was charged so far
-        # The quantised DP answer being computed now: (its number, when its quantum began, q in s).
+        # The quantised DP answer being computed or waiting for its boundary now: (its number,
+        # when its quantum began, q in s); and the number of the DP answer being computed.
         self._quantised: tuple[int, float, float] | None = None
+        self._computing: int | None = None
         self._answers = 0
         self._deferred: set[asyncio.Task[None]] = set()
+        self._unstored: tuple[Hashable, DPAnswer] | None = None  # a fresh answer not sent yet
         self._analysis = CancellableWait()  # a long statement's analysis, until a CancelRequest
         self._streams: set[RowStream] = set()  # results passed on as they arrive, not ended yet
 
@@ -312,6 +315,16 @@ class Executor:
         """
         started = time.perf_counter()
         plan = await self._current(plan)
+        if isinstance(plan.decision, (Passthrough, CopyOut)) and not self.backend.holds_connection:
+            # Its rows come as they are: judged again if a reload (or the registry's own check)
+            # came while it waited for a pooled connection, which an analyst can make it do
+            # for as long as they like by holding every connection in a transaction block.
+            try:
+                await self.backend.connection()
+            except BackendError as exc:
+                self._audit_soon(plan.fingerprint, "error", exc.sqlstate, None, started)
+                raise
+            plan = await self._current(plan)
         fingerprint = plan.fingerprint
         self._charged = None
         try:
@@ -368,13 +381,24 @@ class Executor:
         if isinstance(decision, DPQuery):
             assert plan.statement is not None
             quantum_ms = decision.plan.table.policy.answer_quantum_ms
-            async with on_the_quantum(quantum_ms, self._give_back) as started:
-                self._answers += 1
-                self._quantised = (self._answers, started, quantum_ms / 1000) if quantum_ms > 0 else None
-                try:
-                    result, notices, cost = await self._answer_dp(decision, params, plan.fingerprint, result_formats)
-                finally:
-                    self._quantised = None
+            # What other sessions can see of this answer changes only at its boundary: its
+            # backend connection is kept through the wait (another session waiting for it would
+            # otherwise learn when the rows were computed) and a fresh answer is stored for
+            # repeats then (a repeat found before would tell the same).
+            self._answers += 1
+            answer = self._answers
+            try:
+                async with on_the_quantum(quantum_ms) as started:
+                    self._quantised = (answer, started, quantum_ms / 1000) if quantum_ms > 0 else None
+                    self._computing = answer
+                    try:
+                        result, notices, cost = await self._answer_dp(decision, params, plan.fingerprint,
+                                                                      result_formats)
+                    finally:
+                        self._computing = None
+            finally:
+                self._quantised = None  # through the wait: a cancel then is put off to the boundary too
+                self._store_for_repeats()
             return _apply_formats(result, result_formats), notices, cost
         if isinstance(decision, DpproxyCommand):
             result, notices = await self.settings.run(
@@ -446,7 +470,10 @@ class Executor:
         answer that needed 60 ms and not one that needed 40, both arriving at one quantum.
         Deferred to the boundary, it says only which multiple of the quantum the answer needed,
         what its arrival says already. A cancel that comes after the computation (during the
-        wait) finds nothing to cancel, as in PostgreSQL.
+        wait) is put off alike and then finds nothing to cancel, as in PostgreSQL: sent at once,
+        it would have marked the connection to be closed rather than pooled, which the
+        session's next statement sees (another backend), only when the rows had been computed
+        before it came.
         """
         if self._analysis.cancel():  # nothing was sent yet: the wait just ends
             return
@@ -459,17 +486,25 @@ class Executor:
 
         async def at_the_boundary() -> None:
             await asyncio.sleep(max(0.0, deadline - time.monotonic()))
-            if self._quantised is not None and self._quantised[0] == answer:
+            if self._computing == answer:
                 await self.backend.cancel()
 
         task = asyncio.ensure_future(at_the_boundary())
         self._deferred.add(task)  # a reference, until it is done
         task.add_done_callback(self._deferred.discard)
 
+    def _store_for_repeats(self) -> None:
+        """Store the fresh answer just sent (or failed after its charge) for its repeats."""
+        if self._unstored is not None:
+            key, answer = self._unstored
+            self._unstored = None
+            self.server.repeats.put(key, answer)
+
     async def _give_back(self) -> None:
-        """While a DP answer waits for its quantum, or a long statement for its analysis, the
-        backend connection serves other sessions (outside a transaction block; inside one the
-        session keeps it)."""
+        """While a long statement waits for its analysis, the backend connection serves other
+        sessions (outside a transaction block; inside one the session keeps it). Not while a
+        DP answer waits for its quantum: given back then, it would tell a session waiting for
+        it when the rows had been computed."""
         try:
             await self.backend.release()
         except BackendError:
@@ -619,7 +654,7 @@ class Executor:
         except BackendError as exc:
             raise _sanitised(exc) from None
         notice = answer.notice()
-        self.server.repeats.put(repeat_key, answer)
+        self._unstored = (repeat_key, answer)  # stored when it is sent (_store_for_repeats)
         remaining = f"remaining ε {cost.remaining_epsilon:g}, δ {cost.remaining_delta:g}"
         result = await self._post_processed(plan, answer, result_formats)
         return result, [f"{notice}; {remaining}"], cost

@@ -184,7 +184,9 @@ class Server:
                                                      if oid not in leaking})
             if names != registry.function_names:
                 registry = replace(registry, function_names=names)
-            self.registry = registry
+            if registry is not self.registry:
+                self.registry = registry
+                self._plans_stale()  # a statement prepared before would run as it was judged
 
     async def reload(self, path: str | Path) -> bool:
         """Put the policy at ``path`` in force; True if it was, False if it was refused.
@@ -246,11 +248,17 @@ class Server:
         else:
             self.audit, old_audit = audit, self.audit
             old_audit.close()
+        self._plans_stale()
         for session in self.sessions:
-            if session.executor is not None:
-                session.executor.generation += 1  # plans made under the old policy are stale
             if session.user not in policy.users:
                 session.shut_down()
+
+    def _plans_stale(self) -> None:
+        """Every session plans its statements again: those made under the registry (or policy)
+        that was in force until now may be judged otherwise under the one in force now."""
+        for session in self.sessions:
+            if session.executor is not None:
+                session.executor.generation += 1
 
     async def serve_forever(self) -> None:
         assert self._server is not None

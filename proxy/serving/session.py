@@ -84,6 +84,7 @@ class SessionTable:
         self.connections = 0
         """Client connections open now, in any phase (``listen.max_connections``)."""
         self._per_user: Counter[str] = Counter()
+        self._cancelling: set[asyncio.Task[None]] = set()
 
     def admit(self, user: str, limit: int | None) -> bool:
         """Count one more session of ``user`` in, unless it has ``limit`` already (None: no limit).
@@ -117,7 +118,20 @@ class SessionTable:
             metrics.connection_closed()
 
     async def cancel(self, pid: int, secret: int) -> None:
-        """Cancel the backend query of the session with this key, here or at its worker."""
+        """Cancel the backend query of the session with this key, here or at its worker.
+
+        Returns at once, the cancel running apart: the CancelRequest's connection closes at the
+        same time whatever the key found. Passing a cancel on to the backend takes a round trip
+        when the session holds its connection (inside a block, while a quantised DP answer
+        waits for its boundary) and none when it is put off to that boundary (while the backend
+        computes); a connection left open until then would say which, and whether a guessed
+        secret was right.
+        """
+        task = asyncio.ensure_future(self._route(pid, secret))
+        self._cancelling.add(task)  # a reference, until it is done
+        task.add_done_callback(self._cancelling.discard)
+
+    async def _route(self, pid: int, secret: int) -> None:
         if pid in self._by_pid or self.forward is None:
             await self.cancel_here(pid, secret)
         else:

@@ -116,7 +116,7 @@ class SessionSettings:
         """ε of one query on ``table``: the table's, capped by the user's maximum and the session's SET."""
         epsilon = table.policy.epsilon
         assert epsilon is not None
-        for cap in (policy.users[self.user].max_query_epsilon, self.epsilon):
+        for cap in (policy.user(self.user).max_query_epsilon, self.epsilon):
             if cap is not None:
                 epsilon = min(epsilon, cap)
         return epsilon
@@ -194,7 +194,7 @@ class SessionSettings:
 
     def _maximum(self, policy: Policy) -> tuple[float, str]:
         """The largest per-query ε this user may set, and which limit of the policy sets it."""
-        user_cap = policy.users[self.user].max_query_epsilon
+        user_cap = policy.user(self.user).max_query_epsilon
         tables = {name: t.epsilon for name, t in policy.tables.items() if t.access == "protected" and t.epsilon}
         highest = max(tables.values(), default=0.0)
         if user_cap is not None and user_cap < highest:
