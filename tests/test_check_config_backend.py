@@ -161,3 +161,38 @@ def test_a_category_the_columns_type_cannot_read_is_reported(test_db: TestDataba
     fitting = table.format(other="x", mood="happy").replace(", other: x", "")
     run = _check(tmp_path, POLICY.format(dsn=test_db.service_dsn) + fitting)
     assert run.returncode == 0, run.stderr
+
+
+def test_a_backend_that_refuses_the_login_fails_the_check_at_the_dsn_line(test_db: TestDatabase, tmp_path: Path):
+    # serve stops on this DSN; the check said "OK; checked the file only" and exited 0.
+    import psycopg
+
+    dsn = psycopg.conninfo.make_conninfo(test_db.service_dsn, dbname="dpproxy_no_such_database")
+    run = _check(tmp_path, POLICY.format(dsn=dsn))
+    assert run.returncode == 1, run.stdout
+    assert run.stderr.startswith(f"{tmp_path / 'policy.yaml'}:2: backend.dsn: the backend at ")
+    assert 'refused the connection: database "dpproxy_no_such_database" does not exist' in run.stderr
+
+
+def test_a_protected_table_the_service_role_cannot_read_is_reported_with_the_grant(test_db: TestDatabase,
+                                                                                   tmp_path: Path):
+    # Each DP query on it was charged, then failed with "permission denied": budget for nothing.
+    import psycopg
+
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS ungranted")
+        conn.execute("CREATE TABLE ungranted (a integer, b text)")
+    table = "  ungranted:\n    epsilon: 1\n"  # line 16
+    run = _check(tmp_path, POLICY.format(dsn=test_db.service_dsn) + table)
+    assert run.returncode == 1
+    assert run.stderr.strip() == (
+        f'{tmp_path / "policy.yaml"}:16: tables.ungranted: the service role cannot read "public"."ungranted" on the '
+        'backend, so every DP query on it would be charged and then fail; '
+        'GRANT SELECT ON "public"."ungranted" TO "dpproxy_service"')
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("GRANT SELECT (a) ON ungranted TO dpproxy_service")  # one column of two: still not readable
+    assert _check(tmp_path, POLICY.format(dsn=test_db.service_dsn) + table).returncode == 1
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("GRANT SELECT (b) ON ungranted TO dpproxy_service")  # every column: readable
+    run = _check(tmp_path, POLICY.format(dsn=test_db.service_dsn) + table)
+    assert run.returncode == 0, run.stderr
