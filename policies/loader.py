@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from .key_names import nearest_key
 from .model import Policy
 
 __all__ = ["PolicyError", "key_line", "load_policy", "parse_policy"]
@@ -121,7 +122,9 @@ def _describe(err: Any, root: yaml.Node | None, source: str) -> str:
     if err["type"] == "missing":
         message = "required key is missing"
     elif err["type"] == "extra_forbidden":
-        message = "unknown key (check the spelling; see docs/policy.md)"
+        meant = nearest_key(loc)
+        advice = f"did you mean {meant}?" if meant is not None else "check the spelling;"
+        message = f"unknown key ({advice} see docs/policy.md)"
     return f"{source}:{line}: {key}: {message}"
 
 

@@ -46,7 +46,28 @@ def test_a_valid_policy_loads_with_defaults():
 
 def test_unknown_key_is_named_with_its_line():
     problems = _problems(GOOD.replace("    epsilon: 0.5", "    epsilon: 0.5\n    epsilom: 3"))
-    assert problems == ["p.yaml:10: tables.public.adult.epsilom: unknown key (check the spelling; see docs/policy.md)"]
+    assert problems == ["p.yaml:10: tables.public.adult.epsilom: unknown key (did you mean epsilon? see docs/policy.md)"]
+
+
+@pytest.mark.parametrize("typo, meant", [
+    ("  schma: s", "schema"),                  # ledger: a key under its alias
+    ("  ur1: sqlite:///x", "url"),
+    ("  totally_else: 1", None),               # nothing close: no guess
+])
+def test_a_mistyped_key_is_answered_with_the_key_it_meant(typo: str, meant: str | None):
+    problems = _problems(GOOD + "ledger:\n" + typo + "\n")
+    advice = f"did you mean {meant}?" if meant else "check the spelling;"
+    assert problems == [f"p.yaml:{GOOD.count(chr(10)) + 2}: ledger.{typo.split(':')[0].strip()}: "
+                        f"unknown key ({advice} see docs/policy.md)"]
+
+
+def test_a_mistyped_key_in_a_named_entry_is_matched_against_that_entrys_keys():
+    text = (GOOD.replace("      age: {bounds: [17, 90]}", "      age: {bound: [17, 90]}")
+                .replace("    password: secret", "    pasword: secret"))
+    assert [problem.split(": ", 1)[1] for problem in _problems(text)] == [
+        "users.analyst.pasword: unknown key (did you mean password? see docs/policy.md)",
+        "tables.public.adult.columns.age.bound: unknown key (did you mean bounds? see docs/policy.md)",
+    ]
 
 
 def test_inverted_bounds_are_refused_at_their_line():
@@ -226,7 +247,7 @@ def test_backend_pool_keys_have_documented_defaults_and_are_checked_at_their_lin
                         "  dsn: postgresql://svc@localhost/db\n  pool:\n    size: 0\n    checkout_timout_s: 5\n")
     assert _problems(text) == [
         "p.yaml:4: backend.pool.size: Input should be greater than or equal to 1",
-        "p.yaml:5: backend.pool.checkout_timout_s: unknown key (check the spelling; see docs/policy.md)",
+        "p.yaml:5: backend.pool.checkout_timout_s: unknown key (did you mean checkout_timeout_s? see docs/policy.md)",
     ]
 
 
