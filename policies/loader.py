@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from .key_names import nearest_key
 from .model import Policy
+from .shape_messages import reworded
 
 __all__ = ["PolicyError", "key_line", "load_policy", "parse_policy"]
 
@@ -116,16 +117,19 @@ def key_line(text: str, keys: list[str]) -> int:
 
 def _describe(err: Any, root: yaml.Node | None, source: str) -> str:
     loc = [part for part in err["loc"] if not _is_validator_tag(part)]
-    key = ".".join(str(part) for part in loc) or "(top level)"
-    line = _line_of(root, loc)
-    message = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "missing":
+    plain = reworded(err["type"], loc, err.get("input"))
+    if plain is not None:
+        loc, message = list(plain[0]), plain[1]
+    elif err["type"] == "missing":
         message = "required key is missing"
     elif err["type"] == "extra_forbidden":
         meant = nearest_key(loc)
         advice = f"did you mean {meant}?" if meant is not None else "check the spelling;"
         message = f"unknown key ({advice} see docs/policy.md)"
-    return f"{source}:{line}: {key}: {message}"
+    else:
+        message = err["msg"].removeprefix("Value error, ")
+    key = ".".join(str(part) for part in loc) or "(top level)"
+    return f"{source}:{_line_of(root, loc)}: {key}: {message}"
 
 
 def _is_validator_tag(part: Any) -> bool:

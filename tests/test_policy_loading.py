@@ -275,3 +275,28 @@ def test_a_column_avg_that_cannot_be_answered_is_refused_at_its_line(old: str, n
     (problem,) = _problems(GOOD.replace(old, new))
     assert problem.startswith(where), problem
     assert message in problem, problem
+
+
+@pytest.mark.parametrize("before, after, expected", [
+    ("age: {bounds: [17, 90]}", "age: {bounds: [17]}",
+     "tables.public.adult.columns.age.bounds: too few values: got [17]; give bounds: [lo, hi]"),
+    ("age: {bounds: [17, 90]}", "age: {bounds: [17, 90, 99]}",
+     "tables.public.adult.columns.age.bounds: too many values: got [17, 90, 99]; give bounds: [lo, hi]"),
+    ("age: {bounds: [17, 90]}", "age: {bounds: 90}",
+     "tables.public.adult.columns.age.bounds: give a list in brackets (bounds: [lo, hi]); got a number"),
+    ("sex: {categories: [Male, Female]}", "sex: {categories: Male}",
+     "tables.public.adult.columns.sex.categories: give a list in brackets (categories: [a, b, c]); got a single value"),
+    ("  lookup:\n    access: public\n", "  lookup:\n", "tables.lookup: give its entries as indented key: value lines "
+                                                     "under it; got nothing"),
+])
+def test_a_value_of_the_wrong_shape_is_told_in_plain_words(before: str, after: str, expected: str):
+    # pydantic said "bounds.1: required key is missing", "Input should be a valid tuple",
+    # "Input should be a valid dictionary".
+    assert [problem.split(": ", 1)[1] for problem in _problems(GOOD.replace(before, after))] == [expected]
+
+
+def test_a_password_yaml_reads_as_a_number_is_told_to_be_quoted_and_never_shown():
+    problems = _problems(GOOD.replace("    password: secret", "    password: 904517"))
+    assert problems == ["p.yaml:5: users.analyst.password: give text; YAML read this value as a number: "
+                        "put it in quotes"]
+    assert "904517" not in problems[0]
