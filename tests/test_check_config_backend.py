@@ -196,3 +196,27 @@ def test_a_protected_table_the_service_role_cannot_read_is_reported_with_the_gra
         conn.execute("GRANT SELECT (b) ON ungranted TO dpproxy_service")  # every column: readable
     run = _check(tmp_path, POLICY.format(dsn=test_db.service_dsn) + table)
     assert run.returncode == 0, run.stderr
+
+
+def test_the_example_policy_fits_the_table_it_describes(test_db: TestDatabase):
+    # examples/policy.yaml is where a data engineer starts: it must pass as it stands.
+    import os
+
+    import psycopg
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "policy.yaml"
+    table = "\n".join(line.removeprefix("#  ").strip() for line in example.read_text().splitlines()
+                      if line.startswith("#  ") and not line.startswith("#   dpproxy"))
+    assert table.startswith("CREATE TABLE public.orders")
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS public.orders")
+        conn.execute(table)
+    try:
+        env = {**os.environ, "DPPROXY_BACKEND_DSN": test_db.service_dsn, "ANALYST_PASSWORD": "secret"}
+        run = subprocess.run([sys.executable, "-m", "proxy.cli", "check-config", str(example)],
+                             capture_output=True, text=True, timeout=120, env=env)
+    finally:
+        with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+            conn.execute("DROP TABLE IF EXISTS public.orders")
+    assert run.returncode == 0, run.stderr
+    assert "OK (1 user, 1 protected and 0 public tables; checked against the backend" in run.stdout
