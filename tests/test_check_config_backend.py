@@ -220,3 +220,32 @@ def test_the_example_policy_fits_the_table_it_describes(test_db: TestDatabase):
             conn.execute("DROP TABLE IF EXISTS public.orders")
     assert run.returncode == 0, run.stderr
     assert "OK (1 user, 1 protected and 0 public tables; checked against the backend" in run.stdout
+
+
+_AT = 'connection failed: connection to server at "10.0.0.5", port 5432 failed: '
+
+
+@pytest.mark.parametrize("error, rejects", [
+    (_AT + 'FATAL:  password authentication failed for user "svc"', True),
+    (_AT + 'FATAL:  no pg_hba.conf entry for host "10.0.0.9", user "svc", database "db", no encryption', True),
+    (_AT + 'FATAL:  database "db" does not exist', True),
+    (_AT + "FATAL:  the database system is starting up", False),   # comes back by itself
+    (_AT + "FATAL:  sorry, too many clients already", False),
+    (_AT + "Connection refused\n\tIs the server running on that host and accepting TCP/IP connections?", False),
+    (_AT + "timeout expired", False),
+])
+def test_only_a_backend_that_answers_no_to_the_login_fails_the_check(error: str, rejects: bool):
+    import psycopg
+
+    from proxy.serving.startup import backend_rejects_policy
+
+    assert backend_rejects_policy(psycopg.OperationalError(error)) is rejects
+
+
+@pytest.mark.parametrize("sqlstate, rejects", [("42501", True), ("57014", False), ("08006", False), ("53300", False)])
+def test_a_catalog_query_that_fails_for_the_role_fails_the_check_and_one_cut_short_does_not(sqlstate: str,
+                                                                                             rejects: bool):
+    from proxy.backend.errors import BackendError
+    from proxy.serving.startup import backend_rejects_policy
+
+    assert backend_rejects_policy(BackendError(sqlstate, "x")) is rejects

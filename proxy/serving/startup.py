@@ -122,6 +122,7 @@ def backend_reason(backend: BackendConfig, exc: BaseException) -> str:
 
 # What a server says when it is there but cannot take the connection now: passing, not the DSN's fault.
 _PASSING = re.compile(r"starting up|shutting down|in recovery|too many (clients|connections)|not yet accepting")
+_PASSING_CLASSES = ("08", "40", "53", "57")
 
 
 def backend_rejects_policy(exc: BaseException) -> bool:
@@ -129,12 +130,11 @@ def backend_rejects_policy(exc: BaseException) -> bool:
     answering that the policy's connection is wrong (no such database or role, a wrong password,
     no ``pg_hba.conf`` entry, a catalog query the role may not run), as opposed to no backend
     there (refused, unresolved, timed out) or one that cannot take connections for the moment."""
-    from proxy.backend.connection import BackendError
-
-    if isinstance(exc, BackendError):
-        return True
-    if getattr(exc, "sqlstate", None) is not None:
-        return True
+    sqlstate = getattr(exc, "sqlstate", None)  # BackendError's, or psycopg's once connected
+    if sqlstate is not None:
+        # Cancelled or timed out, out of resources, connection lost, a serialization failure:
+        # the check did not finish, which says nothing about the policy.
+        return not str(sqlstate).startswith(_PASSING_CLASSES)
     why, refused = _libpq_failure(str(exc), "")[1:]
     return refused and not _PASSING.search(why)
 
