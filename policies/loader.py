@@ -6,6 +6,7 @@ Errors name the file, the line and the dotted key path, and what is wrong, e.g.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,10 @@ def key_line(text: str, keys: list[str]) -> int:
     return _line_of(root, list(keys))
 
 
+# "columns.<name>: ..." from a table's validator (policies.model.TablePolicy).
+_COLUMN_PROBLEM = re.compile(r"columns\.(?P<name>[^:]+): (?P<what>.*)", re.DOTALL)
+
+
 def _describe(err: Any, root: yaml.Node | None, source: str) -> str:
     loc = [part for part in err["loc"] if not _is_validator_tag(part)]
     plain = reworded(err["type"], loc, err.get("input"))
@@ -128,6 +133,9 @@ def _describe(err: Any, root: yaml.Node | None, source: str) -> str:
         message = f"unknown key ({advice} see docs/policy.md)"
     else:
         message = err["msg"].removeprefix("Value error, ")
+        column = _COLUMN_PROBLEM.match(message)
+        if column is not None:  # a table's check about one of its columns: at that column's line
+            loc, message = [*loc, "columns", column["name"]], column["what"]
     key = ".".join(str(part) for part in loc) or "(top level)"
     return f"{source}:{_line_of(root, loc)}: {key}: {message}"
 

@@ -249,3 +249,14 @@ def test_a_catalog_query_that_fails_for_the_role_fails_the_check_and_one_cut_sho
     from proxy.serving.startup import backend_rejects_policy
 
     assert backend_rejects_policy(BackendError(sqlstate, "x")) is rejects
+
+
+def test_numeric_bounds_on_a_time_column_are_told_to_be_a_time_range(test_db: TestDatabase, tmp_path: Path):
+    # "bounds need a numeric column ... (use categories for a text column)" was no help on a date.
+    text = POLICY.format(dsn=test_db.service_dsn).replace("      sex: {categories: [Male, Female]}",
+                                                          "      interview_date: {bounds: [0, 100]}")
+    run = _check(tmp_path, text)
+    assert run.returncode == 1
+    assert run.stderr.strip() == (f"{tmp_path / 'policy.yaml'}:13: tables.public.adult.columns.interview_date: bounds "
+                                  "of numbers on a date or timestamp column; give it a time range, e.g. bounds: "
+                                  "[2021-01-01, 2024-12-31]")

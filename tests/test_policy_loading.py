@@ -204,7 +204,9 @@ def test_a_group_by_opt_in_without_a_usable_domain_is_refused_at_its_line(entry:
 ])
 def test_a_group_by_domain_over_the_cell_cap_is_refused(entry: str, over: str):
     (problem,) = _problems(GOOD.replace("{categories: [Male, Female]}", entry))
-    assert "group_by has more cells than max_cells 1000" in problem and over in problem, problem
+    # At the column's line and key; it was the table's line, "tables.public.adult: columns.sex: ...".
+    assert problem.startswith("p.yaml:12: tables.public.adult.columns.sex: group_by has more cells than max_cells 1000")
+    assert over in problem, problem
     assert "raise max_cells or narrow the domain" in problem
     assert ("or list a coarser unit" in problem) == ("categories" not in over)
 
@@ -268,8 +270,8 @@ def test_avg_defaults_to_sum_count_and_a_column_may_override_the_table():
      "Input should be 'sample_aggregate' or 'sum_count'"),
     ("    epsilon: 0.5\n    columns:\n      age: {bounds: [17, 90]}",
      "    epsilon: 0.5\n    delta: 0\n    columns:\n      age: {bounds: [17, 90], avg: sample_aggregate}",
-     "p.yaml:8: tables.public.adult",
-     "columns.age: avg: sample_aggregate is (ε, δ)-DP and needs the table's delta > 0"),
+     "p.yaml:12: tables.public.adult.columns.age: ",  # the column's line, not the table's
+     "avg: sample_aggregate is (ε, δ)-DP and needs the table's delta > 0"),
 ])
 def test_a_column_avg_that_cannot_be_answered_is_refused_at_its_line(old: str, new: str, where: str, message: str):
     (problem,) = _problems(GOOD.replace(old, new))
