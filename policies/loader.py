@@ -6,13 +6,16 @@ Errors name the file, the line and the dotted key path, and what is wrong, e.g.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
+from .key_names import nearest_key
 from .model import Policy
+from .shape_messages import reworded
 
 __all__ = ["PolicyError", "key_line", "load_policy", "parse_policy"]
 
@@ -113,16 +116,28 @@ def key_line(text: str, keys: list[str]) -> int:
     return _line_of(root, list(keys))
 
 
+# "columns.<name>: ..." from a table's validator (policies.model.TablePolicy).
+_COLUMN_PROBLEM = re.compile(r"columns\.(?P<name>[^:]+): (?P<what>.*)", re.DOTALL)
+
+
 def _describe(err: Any, root: yaml.Node | None, source: str) -> str:
     loc = [part for part in err["loc"] if not _is_validator_tag(part)]
-    key = ".".join(str(part) for part in loc) or "(top level)"
-    line = _line_of(root, loc)
-    message = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "missing":
+    plain = reworded(err["type"], loc, err.get("input"))
+    if plain is not None:
+        loc, message = list(plain[0]), plain[1]
+    elif err["type"] == "missing":
         message = "required key is missing"
     elif err["type"] == "extra_forbidden":
-        message = "unknown key (check the spelling; see docs/policy.md)"
-    return f"{source}:{line}: {key}: {message}"
+        meant = nearest_key(loc)
+        advice = f"did you mean {meant}?" if meant is not None else "check the spelling;"
+        message = f"unknown key ({advice} see docs/policy.md)"
+    else:
+        message = err["msg"].removeprefix("Value error, ")
+        column = _COLUMN_PROBLEM.match(message)
+        if column is not None:  # a table's check about one of its columns: at that column's line
+            loc, message = [*loc, "columns", column["name"]], column["what"]
+    key = ".".join(str(part) for part in loc) or "(top level)"
+    return f"{source}:{_line_of(root, loc)}: {key}: {message}"
 
 
 def _is_validator_tag(part: Any) -> bool:

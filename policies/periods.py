@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Final
 
-__all__ = ["PERIODS", "check_period", "period_key", "period_start", "to_utc"]
+__all__ = ["PERIODS", "check_period", "next_period_start", "period_key", "period_start", "to_utc"]
 
 #: The accepted values of ``Budget.period``; ``None`` means one budget for all time.
 PERIODS: Final = (None, "day", "week", "month")
@@ -42,6 +42,19 @@ def period_start(period: str | None, now: datetime) -> datetime | None:
     if period == "week":
         return day - timedelta(days=day.weekday())
     return day.replace(day=1)
+
+
+def next_period_start(period: str | None, now: datetime) -> datetime | None:
+    """The UTC start of the period after the one containing ``now`` (when the budget renews),
+    or ``None`` without a period."""
+    start = period_start(period, now)
+    if start is None:
+        return None
+    if period == "day":
+        return start + timedelta(days=1)
+    if period == "week":
+        return start + timedelta(days=7)
+    return (start + timedelta(days=32)).replace(day=1)
 
 
 def period_key(period: str | None, now: datetime) -> str:

@@ -23,7 +23,7 @@ from .column_names import output_names
 from .constants import Folding
 from .date_hints import date_shape_advice
 from .flatten import flatten
-from .group_keys import GroupKey, KeyRange, column_key_count, group_by_hint, group_key, key_form, key_ranges
+from .group_keys import TIME_TYPES, GroupKey, KeyRange, column_key_count, group_by_hint, group_key, key_form, key_ranges
 from .identifiers import identifier
 from .key_domain import KeyDomain, key_domain
 from .post_process import PostProcess, outer_statement
@@ -628,7 +628,10 @@ def _aggregate_column(kind: AggregateKind, argument: exp.Expression | None, scop
     if kind == "mode":
         return _categorical(column, scope)
     if column.type_oid not in NUMERIC_TYPES:
-        raise scope.refuse(f"{kind.upper()} needs a numeric column; {column.name} is not numeric on", "aggregate-argument")
+        refusal = scope.refuse(f"{kind.upper()} needs a numeric column; {column.name} is not numeric on",
+                               "aggregate-argument")
+        refusal.hint = _not_numeric_hint(column, scope.table.display_name)
+        raise refusal
     if column.policy is None or column.policy.bounds is None:
         raise Refusal(
             SQLSTATE.DP_QUERY_SHAPE,
@@ -647,6 +650,22 @@ def _aggregate_column(kind: AggregateKind, argument: exp.Expression | None, scop
             "bounds-too-large",
         )
     return column
+
+
+def _not_numeric_hint(column: ColumnInfo, table: str) -> str:
+    """What a column that is not numeric answers instead of SUM, AVG, MIN and MAX, by its policy."""
+    policy = column.policy
+    name = column.name
+    rest = f"SUM, AVG, MIN and MAX take a numeric column of {table} that has bounds in the policy."
+    if column.type_oid in TIME_TYPES:
+        grouped = (f" and GROUP BY DATE_TRUNC('month', {name})" if policy is not None and policy.time_units else "")
+        return f"A date or time column answers COUNT({name}){grouped}; its earliest or latest time is not answered. {rest}"
+    answers = [f"COUNT({name})", f"COUNT(DISTINCT {name})"]
+    if policy is not None and policy.categories is not None:
+        answers.append(f"MODE() WITHIN GROUP (ORDER BY {name})")
+        if policy.group_by is True:
+            answers.append(f"GROUP BY {name}")
+    return f"{name} answers {', '.join(answers)}. {rest}"
 
 
 def _categorical(column: ColumnInfo, scope: Scope) -> ColumnInfo:

@@ -174,3 +174,33 @@ def test_one_ledger_write_reserves_ten_answers_and_a_clean_stop_returns_the_rest
         assert ledger.balance("analyst", Budget(1000, 0.5)).spent_epsilon == pytest.approx(25.0)
     finally:
         ledger.close()
+
+
+def test_an_exhausted_budget_s_hint_offers_only_what_can_help_and_when_it_renews(test_db, tmp_path):
+    # The hint said "Lower the cost with SET dpproxy.epsilon" with ε=0 left, and "It renews every
+    # week" without saying when.
+    from datetime import datetime, timedelta, timezone
+
+    weekly = TEST_POLICY.replace(
+        "users:\n", "users:\n  weekly:\n    password: weekly\n    budget: {{epsilon: 2, delta: 1.0e-7, period: week}}\n")
+    proxy = _tight_proxy(test_db, f"sqlite:///{tmp_path / 'l.sqlite3'}", weekly)
+    hints = []
+    try:
+        with psycopg.connect(proxy.dsn(user="weekly", password="weekly"), autocommit=True,
+                             prepare_threshold=None) as conn:
+            for sql in ("SELECT MIN(age) FROM adult", "SELECT COUNT(*) FROM adult WHERE age > 1",
+                        "SELECT COUNT(*) FROM adult WHERE age > 2", "SELECT COUNT(*) FROM adult WHERE age > 3"):
+                try:
+                    conn.execute(sql)
+                except psycopg.Error as exc:
+                    assert exc.sqlstate == "DP002"
+                    hints.append(exc.diag.message_hint)
+    finally:
+        proxy.stop()
+    today = datetime.now(timezone.utc).date()
+    renewal = f"It renews every week, next at {today + timedelta(days=7 - today.weekday()):%Y-%m-%d} 00:00 UTC."
+    assert hints == [
+        "Either leave out MIN, MAX and AVG by sample and aggregate, the only aggregates that cost δ, or ask an "
+        "administrator for more (dpproxy budget grant). " + renewal,
+        "Ask an administrator for more (dpproxy budget grant). " + renewal,
+    ]

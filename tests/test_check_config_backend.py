@@ -46,7 +46,7 @@ def _check(tmp_path: Path, text: str, *args: str) -> subprocess.CompletedProcess
 def test_a_policy_that_fits_the_backend_is_checked_against_it(test_db: TestDatabase, tmp_path: Path):
     run = _check(tmp_path, POLICY.format(dsn=test_db.service_dsn))
     assert run.returncode == 0, run.stderr
-    assert "OK" in run.stdout and "checked against the backend" in run.stdout
+    assert "OK (1 user, 1 protected and 1 public tables;" in run.stdout and "checked against the backend" in run.stdout
 
 
 def test_what_serve_would_refuse_is_reported_at_its_line(test_db: TestDatabase, tmp_path: Path):
@@ -161,3 +161,102 @@ def test_a_category_the_columns_type_cannot_read_is_reported(test_db: TestDataba
     fitting = table.format(other="x", mood="happy").replace(", other: x", "")
     run = _check(tmp_path, POLICY.format(dsn=test_db.service_dsn) + fitting)
     assert run.returncode == 0, run.stderr
+
+
+def test_a_backend_that_refuses_the_login_fails_the_check_at_the_dsn_line(test_db: TestDatabase, tmp_path: Path):
+    # serve stops on this DSN; the check said "OK; checked the file only" and exited 0.
+    import psycopg
+
+    dsn = psycopg.conninfo.make_conninfo(test_db.service_dsn, dbname="dpproxy_no_such_database")
+    run = _check(tmp_path, POLICY.format(dsn=dsn))
+    assert run.returncode == 1, run.stdout
+    assert run.stderr.startswith(f"{tmp_path / 'policy.yaml'}:2: backend.dsn: the backend at ")
+    assert 'refused the connection: database "dpproxy_no_such_database" does not exist' in run.stderr
+
+
+def test_a_protected_table_the_service_role_cannot_read_is_reported_with_the_grant(test_db: TestDatabase,
+                                                                                   tmp_path: Path):
+    # Each DP query on it was charged, then failed with "permission denied": budget for nothing.
+    import psycopg
+
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS ungranted")
+        conn.execute("CREATE TABLE ungranted (a integer, b text)")
+    table = "  ungranted:\n    epsilon: 1\n"  # line 16
+    run = _check(tmp_path, POLICY.format(dsn=test_db.service_dsn) + table)
+    assert run.returncode == 1
+    assert run.stderr.strip() == (
+        f'{tmp_path / "policy.yaml"}:16: tables.ungranted: the service role cannot read "public"."ungranted" on the '
+        'backend, so every DP query on it would be charged and then fail; '
+        'GRANT SELECT ON "public"."ungranted" TO "dpproxy_service"')
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("GRANT SELECT (a) ON ungranted TO dpproxy_service")  # one column of two: still not readable
+    assert _check(tmp_path, POLICY.format(dsn=test_db.service_dsn) + table).returncode == 1
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("GRANT SELECT (b) ON ungranted TO dpproxy_service")  # every column: readable
+    run = _check(tmp_path, POLICY.format(dsn=test_db.service_dsn) + table)
+    assert run.returncode == 0, run.stderr
+
+
+def test_the_example_policy_fits_the_table_it_describes(test_db: TestDatabase):
+    # examples/policy.yaml is where a data engineer starts: it must pass as it stands.
+    import os
+
+    import psycopg
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "policy.yaml"
+    table = "\n".join(line.removeprefix("#  ").strip() for line in example.read_text().splitlines()
+                      if line.startswith("#  ") and not line.startswith("#   dpproxy"))
+    assert table.startswith("CREATE TABLE public.orders")
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS public.orders")
+        conn.execute(table)
+    try:
+        env = {**os.environ, "DPPROXY_BACKEND_DSN": test_db.service_dsn, "ANALYST_PASSWORD": "secret"}
+        run = subprocess.run([sys.executable, "-m", "proxy.cli", "check-config", str(example)],
+                             capture_output=True, text=True, timeout=120, env=env)
+    finally:
+        with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+            conn.execute("DROP TABLE IF EXISTS public.orders")
+    assert run.returncode == 0, run.stderr
+    assert "OK (1 user, 1 protected and 0 public tables; checked against the backend" in run.stdout
+
+
+_AT = 'connection failed: connection to server at "10.0.0.5", port 5432 failed: '
+
+
+@pytest.mark.parametrize("error, rejects", [
+    (_AT + 'FATAL:  password authentication failed for user "svc"', True),
+    (_AT + 'FATAL:  no pg_hba.conf entry for host "10.0.0.9", user "svc", database "db", no encryption', True),
+    (_AT + 'FATAL:  database "db" does not exist', True),
+    (_AT + "FATAL:  the database system is starting up", False),   # comes back by itself
+    (_AT + "FATAL:  sorry, too many clients already", False),
+    (_AT + "Connection refused\n\tIs the server running on that host and accepting TCP/IP connections?", False),
+    (_AT + "timeout expired", False),
+])
+def test_only_a_backend_that_answers_no_to_the_login_fails_the_check(error: str, rejects: bool):
+    import psycopg
+
+    from proxy.serving.startup import backend_rejects_policy
+
+    assert backend_rejects_policy(psycopg.OperationalError(error)) is rejects
+
+
+@pytest.mark.parametrize("sqlstate, rejects", [("42501", True), ("57014", False), ("08006", False), ("53300", False)])
+def test_a_catalog_query_that_fails_for_the_role_fails_the_check_and_one_cut_short_does_not(sqlstate: str,
+                                                                                             rejects: bool):
+    from proxy.backend.errors import BackendError
+    from proxy.serving.startup import backend_rejects_policy
+
+    assert backend_rejects_policy(BackendError(sqlstate, "x")) is rejects
+
+
+def test_numeric_bounds_on_a_time_column_are_told_to_be_a_time_range(test_db: TestDatabase, tmp_path: Path):
+    # "bounds need a numeric column ... (use categories for a text column)" was no help on a date.
+    text = POLICY.format(dsn=test_db.service_dsn).replace("      sex: {categories: [Male, Female]}",
+                                                          "      interview_date: {bounds: [0, 100]}")
+    run = _check(tmp_path, text)
+    assert run.returncode == 1
+    assert run.stderr.strip() == (f"{tmp_path / 'policy.yaml'}:13: tables.public.adult.columns.interview_date: bounds "
+                                  "of numbers on a date or timestamp column; give it a time range, e.g. bounds: "
+                                  "[2021-01-01, 2024-12-31]")

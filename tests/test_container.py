@@ -170,3 +170,11 @@ def test_compose_file_is_valid_for_the_compose_cli():
     result = subprocess.run([*cli, "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, f"{shlex.join(cli)} config: {result.stderr}"
+
+
+def test_the_license_is_an_spdx_expression_so_installs_print_no_deprecation_wall():
+    # `license = {text = ...}` made every `pip install -e .` (the README's first command, and each
+    # ./run-tests) print setuptools' deprecation notice three times over.
+    project = _pyproject()
+    assert project["project"]["license"] == "Apache-2.0"
+    assert "setuptools>=77" in project["build-system"]["requires"]  # the first to read an SPDX string

@@ -397,3 +397,16 @@ def test_a_committed_charge_survives_kill_9(store: Store) -> None:
         balance = reopened.balance("ann", Budget(epsilon=1.0, delta=1e-5))
         assert (balance.spent_epsilon, balance.spent_delta) == (0.25, 1e-6)
         assert len(reopened.history("ann")) == 1
+
+
+def test_the_next_renewal_is_the_start_of_the_following_utc_period():
+    from datetime import datetime, timezone
+
+    from policies.periods import next_period_start
+
+    now = datetime(2024, 12, 31, 23, 59, tzinfo=timezone.utc)  # a Tuesday
+    assert next_period_start("day", now) == datetime(2025, 1, 1, tzinfo=timezone.utc)
+    assert next_period_start("week", now) == datetime(2025, 1, 6, tzinfo=timezone.utc)
+    assert next_period_start("month", now) == datetime(2025, 1, 1, tzinfo=timezone.utc)
+    assert next_period_start("month", datetime(2024, 1, 31, tzinfo=timezone.utc)) == datetime(2024, 2, 1, tzinfo=timezone.utc)
+    assert next_period_start(None, now) is None

@@ -46,7 +46,28 @@ def test_a_valid_policy_loads_with_defaults():
 
 def test_unknown_key_is_named_with_its_line():
     problems = _problems(GOOD.replace("    epsilon: 0.5", "    epsilon: 0.5\n    epsilom: 3"))
-    assert problems == ["p.yaml:10: tables.public.adult.epsilom: unknown key (check the spelling; see docs/policy.md)"]
+    assert problems == ["p.yaml:10: tables.public.adult.epsilom: unknown key (did you mean epsilon? see docs/policy.md)"]
+
+
+@pytest.mark.parametrize("typo, meant", [
+    ("  schma: s", "schema"),                  # ledger: a key under its alias
+    ("  ur1: sqlite:///x", "url"),
+    ("  totally_else: 1", None),               # nothing close: no guess
+])
+def test_a_mistyped_key_is_answered_with_the_key_it_meant(typo: str, meant: str | None):
+    problems = _problems(GOOD + "ledger:\n" + typo + "\n")
+    advice = f"did you mean {meant}?" if meant else "check the spelling;"
+    assert problems == [f"p.yaml:{GOOD.count(chr(10)) + 2}: ledger.{typo.split(':')[0].strip()}: "
+                        f"unknown key ({advice} see docs/policy.md)"]
+
+
+def test_a_mistyped_key_in_a_named_entry_is_matched_against_that_entrys_keys():
+    text = (GOOD.replace("      age: {bounds: [17, 90]}", "      age: {bound: [17, 90]}")
+                .replace("    password: secret", "    pasword: secret"))
+    assert [problem.split(": ", 1)[1] for problem in _problems(text)] == [
+        "users.analyst.pasword: unknown key (did you mean password? see docs/policy.md)",
+        "tables.public.adult.columns.age.bound: unknown key (did you mean bounds? see docs/policy.md)",
+    ]
 
 
 def test_inverted_bounds_are_refused_at_their_line():
@@ -183,7 +204,9 @@ def test_a_group_by_opt_in_without_a_usable_domain_is_refused_at_its_line(entry:
 ])
 def test_a_group_by_domain_over_the_cell_cap_is_refused(entry: str, over: str):
     (problem,) = _problems(GOOD.replace("{categories: [Male, Female]}", entry))
-    assert "group_by has more cells than max_cells 1000" in problem and over in problem, problem
+    # At the column's line and key; it was the table's line, "tables.public.adult: columns.sex: ...".
+    assert problem.startswith("p.yaml:12: tables.public.adult.columns.sex: group_by has more cells than max_cells 1000")
+    assert over in problem, problem
     assert "raise max_cells or narrow the domain" in problem
     assert ("or list a coarser unit" in problem) == ("categories" not in over)
 
@@ -226,7 +249,7 @@ def test_backend_pool_keys_have_documented_defaults_and_are_checked_at_their_lin
                         "  dsn: postgresql://svc@localhost/db\n  pool:\n    size: 0\n    checkout_timout_s: 5\n")
     assert _problems(text) == [
         "p.yaml:4: backend.pool.size: Input should be greater than or equal to 1",
-        "p.yaml:5: backend.pool.checkout_timout_s: unknown key (check the spelling; see docs/policy.md)",
+        "p.yaml:5: backend.pool.checkout_timout_s: unknown key (did you mean checkout_timeout_s? see docs/policy.md)",
     ]
 
 
@@ -247,10 +270,35 @@ def test_avg_defaults_to_sum_count_and_a_column_may_override_the_table():
      "Input should be 'sample_aggregate' or 'sum_count'"),
     ("    epsilon: 0.5\n    columns:\n      age: {bounds: [17, 90]}",
      "    epsilon: 0.5\n    delta: 0\n    columns:\n      age: {bounds: [17, 90], avg: sample_aggregate}",
-     "p.yaml:8: tables.public.adult",
-     "columns.age: avg: sample_aggregate is (ε, δ)-DP and needs the table's delta > 0"),
+     "p.yaml:12: tables.public.adult.columns.age: ",  # the column's line, not the table's
+     "avg: sample_aggregate is (ε, δ)-DP and needs the table's delta > 0"),
 ])
 def test_a_column_avg_that_cannot_be_answered_is_refused_at_its_line(old: str, new: str, where: str, message: str):
     (problem,) = _problems(GOOD.replace(old, new))
     assert problem.startswith(where), problem
     assert message in problem, problem
+
+
+@pytest.mark.parametrize("before, after, expected", [
+    ("age: {bounds: [17, 90]}", "age: {bounds: [17]}",
+     "tables.public.adult.columns.age.bounds: too few values: got [17]; give bounds: [lo, hi]"),
+    ("age: {bounds: [17, 90]}", "age: {bounds: [17, 90, 99]}",
+     "tables.public.adult.columns.age.bounds: too many values: got [17, 90, 99]; give bounds: [lo, hi]"),
+    ("age: {bounds: [17, 90]}", "age: {bounds: 90}",
+     "tables.public.adult.columns.age.bounds: give a list in brackets (bounds: [lo, hi]); got a number"),
+    ("sex: {categories: [Male, Female]}", "sex: {categories: Male}",
+     "tables.public.adult.columns.sex.categories: give a list in brackets (categories: [a, b, c]); got a single value"),
+    ("  lookup:\n    access: public\n", "  lookup:\n", "tables.lookup: give its entries as indented key: value lines "
+                                                     "under it; got nothing"),
+])
+def test_a_value_of_the_wrong_shape_is_told_in_plain_words(before: str, after: str, expected: str):
+    # pydantic said "bounds.1: required key is missing", "Input should be a valid tuple",
+    # "Input should be a valid dictionary".
+    assert [problem.split(": ", 1)[1] for problem in _problems(GOOD.replace(before, after))] == [expected]
+
+
+def test_a_password_yaml_reads_as_a_number_is_told_to_be_quoted_and_never_shown():
+    problems = _problems(GOOD.replace("    password: secret", "    password: 904517"))
+    assert problems == ["p.yaml:5: users.analyst.password: give text; YAML read this value as a number: "
+                        "put it in quotes"]
+    assert "904517" not in problems[0]

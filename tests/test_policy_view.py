@@ -48,3 +48,17 @@ def test_psql_shows_the_policy_columns(proxy: RunningProxy):
     )
     assert result.returncode == 0, result.stderr
     assert "MODE exponential" in result.stdout and "[17, 90]" in result.stdout
+
+
+def test_show_columns_shows_bounds_exactly_as_declared():
+    # ``:g`` showed [0, 1.23457e+06] for bounds [0, 1234567]: a bound the policy does not have.
+    from policies.model import ColumnPolicy, TablePolicy
+    from policies.tables import ColumnInfo, Relation, TableRegistry
+    from proxy.serving.policy_view import columns_result
+
+    declared = {"n": (0, 1234567), "x": (-0.1, 2.5e-7), "big": (-1e20, 1e20)}
+    columns = {name: ColumnInfo(name, 701, -1, i + 1, ColumnPolicy(bounds=bounds))
+               for i, (name, bounds) in enumerate(declared.items())}
+    registry = TableRegistry({1: Relation(1, "public", "t", TablePolicy(epsilon=1.0), columns)})
+    shown = {row[1].decode(): row[3].decode() for row in columns_result(registry, lambda _: 1.0).rows[1:]}
+    assert shown == {"n": "[0, 1234567]", "x": "[-0.1, 2.5e-07]", "big": "[-1e+20, 1e+20]"}

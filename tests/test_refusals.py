@@ -89,6 +89,26 @@ def test_refusals_name_the_construct_as_the_analyst_wrote_it(proxy: RunningProxy
     assert info.value.diag.message_primary == message
 
 
+@pytest.mark.parametrize("sql,hint", [
+    ("SELECT AVG(sex) FROM adult",
+     "sex answers COUNT(sex), COUNT(DISTINCT sex), MODE() WITHIN GROUP (ORDER BY sex). SUM, AVG, MIN and MAX "
+     "take a numeric column of adult that has bounds in the policy."),
+    ("SELECT SUM(education) FROM adult",
+     "education answers COUNT(education), COUNT(DISTINCT education). SUM, AVG, MIN and MAX "
+     "take a numeric column of adult that has bounds in the policy."),
+    ("SELECT MAX(interview_date) FROM adult",
+     "A date or time column answers COUNT(interview_date); its earliest or latest time is not answered. SUM, AVG, "
+     "MIN and MAX take a numeric column of adult that has bounds in the policy."),
+])
+def test_an_aggregate_of_a_column_that_is_not_numeric_says_what_that_column_answers(proxy: RunningProxy, sql: str,
+                                                                                    hint: str):
+    # The hint was the generic list of aggregates, which names SUM(col) and MAX(col) as allowed.
+    with proxy.connect() as conn:
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(sql)
+    assert info.value.sqlstate == "DP001" and info.value.diag.message_hint == hint
+
+
 def test_union_names_its_rule(proxy: RunningProxy):
     with proxy.connect() as conn:
         with pytest.raises(psycopg.Error) as info:

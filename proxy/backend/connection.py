@@ -35,6 +35,7 @@ from .errors import BackendError, BackendLost, BackendUnavailable
 from .policy_fit import column_fit_problems
 from .database_encoding import database_encoding_problems
 from .relation_reads import public_reads_protected
+from .grants import unreadable_protected
 from .pool import UNKNOWN, BackendPool, PooledConnection, PoolTimeout, State, open_backend
 from .result_waiter import NotSent
 from .row_stream import HELD_RESULT_BYTES, RowStream
@@ -909,6 +910,7 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
         )
         names[target.oid] = name
     problems += await public_reads_protected(session, relations, names)
+    problems += await unreadable_protected(session, relations, names)
     if problems:
         raise PolicyError(problems)
     pg_class = await session.fetch_row(

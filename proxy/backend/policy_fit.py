@@ -33,6 +33,9 @@ def column_fit_problems(table: str, column: str, policy: ColumnPolicy, info: Col
     if policy.group_by is True and policy.categories is not None and not (info.array_type_oid or type_oid in ARRAY_TYPES):
         return [f"{key}: group_by needs a column type with an array type (its keys are sent as one); this one has none"]
     if policy.bounds is not None:
+        if type_oid in TIME_TYPES:
+            return [f"{key}: bounds of numbers on a date or timestamp column; give it a time range, "
+                    "e.g. bounds: [2021-01-01, 2024-12-31]"]
         if type_oid not in NUMERIC_TYPES:
             return [f"{key}: bounds need a numeric column (smallint, integer, bigint, real, double precision "
                     "or numeric); on the backend it is not one (use categories for a text column)"]

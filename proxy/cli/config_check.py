@@ -3,7 +3,10 @@
 The file is validated first (``policies.loader``). Then, if the policy's backend answers, the
 same check ``serve`` and a reload make runs on it (``proxy.backend.build_registry``): every
 table and column must exist, bounds need a numeric column and categories a text one, integer
-columns integer bounds, ``ctid_hash`` a relation that has a stable ctid. Each problem is
+columns integer bounds, ``ctid_hash`` a relation that has a stable ctid, the service role may
+read each protected table. A backend that answers but refuses the policy's login (no such
+database or role, a wrong password) is a problem at ``backend.dsn``'s line, as ``serve`` would
+stop there; only when no backend answers is the check left at the file. Each problem is
 reported at the line of its key in the file.
 """
 
@@ -18,14 +21,16 @@ from policies.loader import PolicyError, key_line
 from policies.model import Policy
 from proxy.backend.connection import BackendError, build_registry, connect
 from proxy.backend.partition_fit import usefulness_warnings
-from proxy.serving.startup import backend_reason
+from proxy.serving.startup import backend_reason, backend_rejects_policy
 
 __all__ = ["BackendCheck", "check_against_backend", "locate"]
 
 
 @dataclass(frozen=True)
 class BackendCheck:
-    """The outcome: ``reached`` False (with ``reason``) means only the file was checked."""
+    """The outcome: ``reached`` False (with ``reason``) means only the file was checked: no
+    backend answered, or one answered that it cannot take connections for the moment. A backend
+    that refuses the policy's login (no such database or role, a wrong password) is a problem."""
 
     reached: bool
     problems: list[str] = field(default_factory=list)
@@ -40,7 +45,11 @@ async def check_against_backend(policy: Policy, text: str, source: str) -> Backe
     try:
         problems, warnings = await asyncio.wait_for(_problems(policy), timeout)
     except (BackendError, psycopg.Error) as exc:
-        return BackendCheck(False, reason=backend_reason(policy.backend, exc))
+        reason = backend_reason(policy.backend, exc)
+        if backend_rejects_policy(exc):  # the backend is there and says the DSN is wrong: serve would stop
+            key = "dsn_env" if policy.backend.dsn_env else "dsn"
+            return BackendCheck(True, [locate(f"backend.{key}: {reason}", policy, text, source)])
+        return BackendCheck(False, reason=reason)
     except (OSError, asyncio.TimeoutError) as exc:
         reason = str(exc).strip() or f"no answer within {timeout:g}s"
         return BackendCheck(False, reason=reason.splitlines()[0])

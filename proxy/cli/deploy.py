@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from proxy.serving.startup import port_number
+from proxy.serving.startup import os_reason, port_number
 
 __all__ = ["add_deploy_commands"]
 
@@ -22,8 +22,8 @@ __all__ = ["add_deploy_commands"]
 def add_deploy_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``health`` and ``demo-load`` on the ``dpproxy`` sub-command parser."""
     health = commands.add_parser("health", help="exit 0 if a dpproxy answers on host:port (container HEALTHCHECK)")
-    health.add_argument("--host", default="127.0.0.1")
-    health.add_argument("--port", type=port_number, default=6432)
+    health.add_argument("--host", default="127.0.0.1", help="where dpproxy listens (default 127.0.0.1)")
+    health.add_argument("--port", type=port_number, default=6432, help="its port, listen.port (default 6432)")
     health.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
     health.set_defaults(run=_health)
 
@@ -48,7 +48,8 @@ def _health(args: argparse.Namespace) -> int:
     try:
         mode = probe(args.host, args.port, args.timeout)
     except (OSError, HealthError) as exc:
-        print(f"dpproxy health: {args.host}:{args.port}: {exc}", file=sys.stderr)
+        why = os_reason(exc) if isinstance(exc, OSError) else exc
+        print(f"dpproxy health: {args.host}:{args.port}: {why} — check --host and --port", file=sys.stderr)
         return 1
     print(f"dpproxy health: {args.host}:{args.port} answers ({mode})")
     return 0
@@ -59,7 +60,7 @@ def _demo_load(args: argparse.Namespace) -> int:
 
     from policies.loader import PolicyError
     from proxy.demo.load import load_demo
-    from proxy.serving.startup import connection_failure, os_reason
+    from proxy.serving.startup import connection_failure
 
     password = None
     if args.service_password_env:

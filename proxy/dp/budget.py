@@ -40,8 +40,8 @@ from typing import Any, Callable, TypeVar
 
 from policies.errors import SQLSTATE, Refusal
 from policies.ledger import MAX_CHARGE_DELTA, MAX_CHARGE_EPSILON, Balance, Budget, ChargeResult, Ledger
-from policies.model import Policy
-from policies.periods import period_key
+from policies.model import MIN_EPSILON, Policy
+from policies.periods import next_period_start, period_key
 
 __all__ = ["BudgetKeeper", "Charged"]
 
@@ -227,13 +227,11 @@ class BudgetKeeper:
         held = self._add(user, budget, period, now, have_eps, have_dlt, result.balance)
         held.refill = False
         left = held.balance()
-        again = f" It renews every {budget.period} (UTC)." if budget.period else ""
         raise Refusal(
             SQLSTATE.DP_BUDGET_EXHAUSTED,
             f"privacy budget exhausted: this query costs ε={float(eps):g}, δ={float(dlt):g}; "
             f"{user} has ε={left.remaining_epsilon:g}, δ={left.remaining_delta:g} left (rule: budget)",
-            "Lower the cost with SET dpproxy.epsilon = <smaller value>, or ask an administrator "
-            "for more (dpproxy budget grant)." + again,
+            _exhausted_hint(float(eps), float(dlt), left, budget.period, now),
             "budget",
         )
 
@@ -376,6 +374,23 @@ class BudgetKeeper:
 def _exact(value: float) -> Decimal:
     """A float as the decimal it prints as (the ledger reads amounts the same way)."""
     return Decimal(repr(float(value)))
+
+
+def _exhausted_hint(epsilon: float, delta: float, left: Balance, period: str | None, now: datetime) -> str:
+    """What an analyst whose budget cannot pay for a query can do: lower ε only where what is
+    left could pay for some query, drop MIN/MAX where δ is short, ask for more, or wait for the
+    renewal, whose time the policy and the clock decide."""
+    ways = []
+    if epsilon > left.remaining_epsilon >= MIN_EPSILON:
+        ways.append("lower the cost with SET dpproxy.epsilon (no more than what is left)")
+    if delta > left.remaining_delta:
+        ways.append("leave out MIN, MAX and AVG by sample and aggregate, the only aggregates that cost δ")
+    ways.append("ask an administrator for more (dpproxy budget grant)")
+    hint = "Either " + ", or ".join(ways) + "." if len(ways) > 1 else ways[0][0].upper() + ways[0][1:] + "."
+    renewal = next_period_start(period, now)
+    if renewal is not None:
+        hint += f" It renews every {period}, next at {renewal:%Y-%m-%d %H:%M} UTC."
+    return hint
 
 
 def _ledger_unavailable() -> Refusal:

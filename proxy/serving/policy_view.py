@@ -70,11 +70,18 @@ def _type_name(oid: int) -> str:
 def _declared(column: ColumnInfo) -> list[bytes | None]:
     """Bounds as ``[lo, hi]`` (a time range's as ISO times) and categories as a JSON array, as declared."""
     policy = column.policy
-    bounds = f"[{policy.bounds[0]:g}, {policy.bounds[1]:g}]".encode() if policy and policy.bounds else None
+    bounds = f"[{_number(policy.bounds[0])}, {_number(policy.bounds[1])}]".encode() if policy and policy.bounds else None
     if policy and policy.time_bounds:
         bounds = "[{}, {}]".format(*(moment.isoformat(sep=" ") for moment in policy.time_bounds)).encode()
     categories = json.dumps(list(policy.categories)).encode() if policy and policy.categories else None
     return [bounds, categories]
+
+
+def _number(bound: float) -> str:
+    """A bound exactly as its value: a whole number up to 2^53 without a fraction or exponent
+    (1500000, not ``:g``'s 1.5e+06, which also rounded 1234567 to 1.23457e+06), else the
+    shortest text that reads back as the same double (1e+20, 0.1)."""
+    return str(int(bound)) if bound.is_integer() and abs(bound) <= 2**53 else repr(bound)
 
 
 def _group_keys(table: Relation, column: ColumnInfo) -> str | None:

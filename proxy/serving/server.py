@@ -210,7 +210,7 @@ class Server:
                 return False
             self._apply(*prepared)
         metrics.policy_reloaded(True)
-        log.info("policy %s reloaded: %d users, %d tables", path, len(self.policy.users), len(self.policy.tables))
+        log.info("policy %s reloaded: %d user(s), %d table(s)", path, len(self.policy.users), len(self.policy.tables))
         return True
 
     async def _prepare(self, path: Path) -> tuple[Policy, TableRegistry, ssl.SSLContext | None, AuditLog | None]:

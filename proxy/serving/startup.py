@@ -32,7 +32,8 @@ from policies.loader import key_line
 from policies.model import BackendConfig, LedgerConfig, TLSConfig
 
 __all__ = [
-    "StartupError", "audit_failure", "backend_failure", "backend_reason", "connection_failure", "ledger_failure",
+    "StartupError", "audit_failure", "backend_failure", "backend_reason", "backend_rejects_policy", "connection_failure",
+    "ledger_failure",
     "listen_failure", "metrics_failure", "os_reason", "port_free", "port_number", "tls_failure",
 ]
 
@@ -117,6 +118,25 @@ def connection_failure(server: str, dsn: str, exc: BaseException) -> str:
 def backend_reason(backend: BackendConfig, exc: BaseException) -> str:
     """``backend_failure``'s message alone, for ``check-config``'s "not checked because ..."."""
     return backend_failure(backend, exc).message
+
+
+# What a server says when it is there but cannot take the connection now: passing, not the DSN's fault.
+_PASSING = re.compile(r"starting up|shutting down|in recovery|too many (clients|connections)|not yet accepting")
+_PASSING_CLASSES = ("08", "40", "53", "57")
+
+
+def backend_rejects_policy(exc: BaseException) -> bool:
+    """Whether ``exc``, from connecting to the backend and reading its catalog, is the backend
+    answering that the policy's connection is wrong (no such database or role, a wrong password,
+    no ``pg_hba.conf`` entry, a catalog query the role may not run), as opposed to no backend
+    there (refused, unresolved, timed out) or one that cannot take connections for the moment."""
+    sqlstate = getattr(exc, "sqlstate", None)  # BackendError's, or psycopg's once connected
+    if sqlstate is not None:
+        # Cancelled or timed out, out of resources, connection lost, a serialization failure:
+        # the check did not finish, which says nothing about the policy.
+        return not str(sqlstate).startswith(_PASSING_CLASSES)
+    why, refused = _libpq_failure(str(exc), "")[1:]
+    return refused and not _PASSING.search(why)
 
 
 def _libpq_failure(text: str, dsn: str) -> tuple[str, str, bool]:

@@ -1,0 +1,48 @@
+"""Whether the service role may read the policy's protected tables.
+
+A DP query is charged before the backend runs it, so a protected table the service role
+cannot read would charge every query on it and then fail with ``permission denied``: budget
+spent on answers that were never given, for a reason no row decides. ``serve``, a reload and
+``check-config`` refuse such a policy instead, naming the GRANT that is missing. A role reads
+a relation when it has SELECT on it, or on every one of its columns (column privileges).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, Sequence
+
+from policies.tables import Relation, quote_identifier
+
+__all__ = ["unreadable_protected"]
+
+# has_table_privilege and has_column_privilege as the session's role (the service role).
+_UNREADABLE_SQL = """
+SELECT c.oid, CURRENT_USER::pg_catalog.text FROM pg_catalog.pg_class c
+WHERE c.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])
+  AND NOT pg_catalog.has_table_privilege(c.oid, 'SELECT')
+  AND EXISTS (SELECT FROM pg_catalog.pg_attribute a
+              WHERE a.attrelid OPERATOR(pg_catalog.=) c.oid AND a.attnum OPERATOR(pg_catalog.>) 0
+                AND NOT a.attisdropped
+                AND NOT pg_catalog.has_column_privilege(c.oid, a.attnum, 'SELECT'))
+ORDER BY c.oid
+"""
+
+
+class _Fetches(Protocol):
+    async def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+
+async def unreadable_protected(session: _Fetches, relations: Mapping[int, Relation],
+                               names: Mapping[int, str]) -> list[str]:
+    """A problem (``tables.<name>: ...``) for each protected relation of ``relations`` the
+    session's role has no SELECT on; ``names`` gives each as the policy writes it."""
+    protected = [oid for oid, relation in relations.items() if relation.access == "protected"]
+    if not protected:
+        return []
+    rows = await session.fetch_all(_UNREADABLE_SQL, (protected,))
+    return [
+        f"tables.{names[int(oid)]}: the service role cannot read {relations[int(oid)].qualified_name} "
+        f"on the backend, so every DP query on it would be charged and then fail; "
+        f"GRANT SELECT ON {relations[int(oid)].qualified_name} TO {quote_identifier(role)}"
+        for oid, role in rows
+    ]
