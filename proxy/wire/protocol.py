@@ -201,6 +201,9 @@ class _Cursor:
         end = self.data.find(b"\0", self.pos)
         if end < 0:
             raise ProtocolError(f"malformed {self.what} message: unterminated string")
+        if end == self.pos:  # the unnamed statement or portal: "" in every encoding
+            self.pos = end + 1
+            return ""
         text = _decoded(self.data[self.pos : end], self.what)
         self.pos = end + 1
         return text
