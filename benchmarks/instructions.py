@@ -60,7 +60,7 @@ from .postgres import BenchPostgres, Endpoint, free_port
 from .servers import ANALYST, ServerProcess, commit_of, write_policy
 from .tables import prepare_database, table_name
 
-__all__ = ["WORKLOADS", "Workload", "main"]
+__all__ = ["PROTOCOLS", "ROWS", "WORKLOADS", "Client", "Workload", "benchmark_policy", "chosen_workloads", "main"]
 
 ROWS = 1000
 
@@ -254,11 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, help="keep the callgrind files (and dpproxy's logs) here")
     parser.add_argument("--top", type=int, default=0, help="print each workload's N costliest C functions")
     args = parser.parse_args(argv)
-    by_name = {w.name.lower(): w for w in WORKLOADS}
-    unknown = [n for n in args.workloads.split(",") if n.lower() not in by_name]
-    if unknown:
-        parser.error(f"no workload {', '.join(unknown)} (there are {', '.join(by_name)})")
-    workloads = [by_name[n.lower()] for n in args.workloads.split(",")]
+    workloads = chosen_workloads(parser, args.workloads)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         note("valgrind is not installed (apt install valgrind)")
         return 1
@@ -276,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             targets.append((f"dpproxy-base ({commit_of(args.baseline_source)})", args.baseline_source.resolve()))
         for index, (name, source) in enumerate(targets):
             port = free_port()
-            policy = _policy(workdir / f"target{index}", backend, port, portable=source is not None)
+            policy = benchmark_policy(workdir / f"target{index}", backend, port, portable=source is not None)
             servers.append(CallgrindServer(policy, port, source, keep / f"target{index}", name))
             note(f"{name} under callgrind on port {port}")
         results = {server.name: measure(server, workloads, args.warmup, args.statements) for server in servers}
@@ -301,7 +297,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _policy(directory: Path, backend: Endpoint, port: int, portable: bool) -> Path:
+def chosen_workloads(parser: argparse.ArgumentParser, names: str) -> list[Workload]:
+    """The WORKLOADS named in ``names`` (comma-separated, any case); a parser error for others."""
+    by_name = {w.name.lower(): w for w in WORKLOADS}
+    unknown = [n for n in names.split(",") if n.lower() not in by_name]
+    if unknown:
+        parser.error(f"no workload {', '.join(unknown)} (there are {', '.join(w.name for w in WORKLOADS)})")
+    return [by_name[n.lower()] for n in names.split(",")]
+
+
+def benchmark_policy(directory: Path, backend: Endpoint, port: int, portable: bool) -> Path:
     """The benchmark policy, with AVG by the policy's default and reservations kept while idle."""
     directory.mkdir(parents=True)
     path = write_policy(directory / "policy.yaml", backend, port, {ROWS: table_name(ROWS)}, portable=portable)
