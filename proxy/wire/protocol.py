@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 from .encodings import client_encoding
 
@@ -249,15 +249,16 @@ class _Cursor:
         return value
 
 
-@dataclass(frozen=True)
-class Parse:
+# The decoded messages are NamedTuples, immutable as frozen dataclasses are but built in one
+# call: a frozen dataclass sets each field through object.__setattr__, twelve calls for the
+# Parse, Bind, Describe and Execute of every extended-protocol statement.
+class Parse(NamedTuple):
     statement: str
     query: str
     param_types: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class Bind:
+class Bind(NamedTuple):
     portal: str
     statement: str
     param_formats: tuple[int, ...]
@@ -265,20 +266,17 @@ class Bind:
     result_formats: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class Describe:
+class Describe(NamedTuple):
     kind: bytes  # b"S" statement, b"P" portal
     name: str
 
 
-@dataclass(frozen=True)
-class Execute:
+class Execute(NamedTuple):
     portal: str
     max_rows: int
 
 
-@dataclass(frozen=True)
-class Close:
+class Close(NamedTuple):
     kind: bytes
     name: str
 
