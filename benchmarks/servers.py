@@ -169,12 +169,13 @@ class ServerProcess:
 
     ``user`` runs it as that system user (the caller must be root). ``listeners``: how many
     processes of its tree listen on the port once it has started (a ``listen.workers`` group's
-    workers, which start one after another); the constructor waits for them all.
+    workers, which start one after another); the constructor waits for them all, at most
+    ``startup_timeout`` seconds.
     """
 
     def __init__(
         self, command: list[str], port: int, log_path: Path, user: str | None = None, cwd: Path | None = None,
-        listeners: int = 1,
+        listeners: int = 1, startup_timeout: float = 60,
     ):
         self.port = port
         self.log_path = log_path
@@ -183,7 +184,7 @@ class ServerProcess:
             self._process = subprocess.Popen(
                 command, cwd=cwd or _ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, user=user
             )
-        self._wait_listening(timeout=60)
+        self._wait_listening(timeout=startup_timeout)
 
     @property
     def pid(self) -> int:

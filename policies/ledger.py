@@ -62,6 +62,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from functools import lru_cache
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Sequence
@@ -84,6 +85,7 @@ __all__ = [
     "Ledger",
     "MAX_CHARGE_DELTA",
     "MAX_CHARGE_EPSILON",
+    "exact_decimal",
 ]
 
 #: Stored units per 1 ε and per 1 δ.
@@ -659,8 +661,8 @@ def _balance(
         user=user,
         spent_epsilon=spent_eps / EPSILON_SCALE,
         spent_delta=spent_dlt / DELTA_SCALE,
-        limit_epsilon=float(_decimal(budget.epsilon) + Decimal(granted_eps) / EPSILON_SCALE),
-        limit_delta=float(_decimal(budget.delta) + Decimal(granted_dlt) / DELTA_SCALE),
+        limit_epsilon=float(exact_decimal(budget.epsilon) + Decimal(granted_eps) / EPSILON_SCALE),
+        limit_delta=float(exact_decimal(budget.delta) + Decimal(granted_dlt) / DELTA_SCALE),
         period_start=period_start(budget.period, now),
         granted_epsilon=granted_eps / EPSILON_SCALE,
         granted_delta=granted_dlt / DELTA_SCALE,
@@ -680,19 +682,25 @@ def _check_amount(name: str, value: float, *, allow_inf: bool) -> None:
         raise ValueError(f"{name} must be {bound} >= 0, got {value!r}")
 
 
-def _decimal(value: float) -> Decimal:
-    """``value`` as the decimal it was written as: its shortest round-tripping form."""
+@lru_cache(maxsize=1024)
+def exact_decimal(value: float) -> Decimal:
+    """``value`` as the decimal it was written as: its shortest round-tripping form.
+
+    Remembered by value: a charge reads the same ε, δ and limits on every answer, and
+    ``repr`` plus ``Decimal`` cost a few µs each. Only 0.0 and -0.0 are equal floats with
+    other forms; their decimals are equal too and no amount here is negative.
+    """
     return Decimal(repr(float(value)))
 
 
 def _exact_difference(limit: float, spent: float) -> float:
     # Decimal, so that 1.0 - 0.7 reads 0.3 and not 0.30000000000000004.
-    return max(0.0, float(_decimal(limit) - _decimal(spent)))
+    return max(0.0, float(exact_decimal(limit) - exact_decimal(spent)))
 
 
 def _units(value: float, scale: int, *, round_up: bool) -> int:
     """``value`` in units of 1/scale, from its shortest decimal form, rounded as asked."""
-    exact = _decimal(value) * scale
+    exact = exact_decimal(value) * scale
     return math.ceil(exact) if round_up else math.floor(exact)
 
 

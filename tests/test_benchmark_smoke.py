@@ -9,9 +9,12 @@ reports (benchmarks/README.md), never a test's pass condition.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from benchmarks.servers import commit_of, find_pgbouncer
 from benchmarks.smartnoise import default_venv, find_smartnoise
@@ -82,3 +85,29 @@ def test_quick_benchmark_sets_an_older_and_a_two_worker_dpproxy_beside_this_one(
         row = next(line for line in connections.splitlines() if line.startswith(f"| 8 | {name} |"))
         assert row.endswith("| 0 |"), report  # no connection failed
     assert "Errors:" not in report, report
+
+
+def test_bytecode_counts_run_and_name_the_python_functions():
+    """``python -m benchmarks.bytecodes``: a few statements, a counted table per workload."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bytecodes", "--workloads", "COUNT", "--statements", "5", "--warmup", "3",
+         "--top", "5"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for protocol in ("simple", "extended"):
+        assert f"### COUNT {protocol}: " in done.stdout
+    assert "proxy/serving/executor.py:Executor._answer_dp" in done.stdout
+
+
+def test_instruction_counts_run_under_callgrind():
+    """``python -m benchmarks.instructions`` with a handful of statements (skipped without valgrind)."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        pytest.skip("valgrind is not installed")
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.instructions", "--workloads", "catalog", "--statements", "8",
+         "--warmup", "8"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "| catalog | simple | " in done.stdout and "| catalog | extended | " in done.stdout

@@ -204,3 +204,32 @@ def test_an_idle_reservation_the_ledger_cannot_take_back_stays_held_and_is_retri
         assert _spent(ledger, 1000) == pytest.approx(10.0)  # never less than the spend
     finally:
         ledger.close()
+
+
+def test_an_answer_from_the_reservation_reports_every_field_of_the_ledgers_balance_with_its_spend():
+    """The charge builds its ``Charged`` field by field (no ``dataclasses.replace``): every
+    field of the ledger's balance must come through, the spend net of what is still held."""
+    from dataclasses import fields, replace
+    from decimal import Decimal
+
+    from policies.ledger import Balance
+    from proxy.dp.budget import Charged, _Reservation
+
+    at = datetime(2026, 1, 5)
+    ledger = Balance("analyst", 3.3, 0.25, 10.5, 0.75, at, granted_epsilon=0.5, granted_delta=0.125)
+    held = _Reservation("week:2026-01-05", at, Decimal("1.1"), Decimal("0.05"), ledger,
+                        Budget(10.0, 0.5, "week"))
+    expected = replace(ledger, spent_epsilon=2.2, spent_delta=0.2)
+    assert held.balance() == expected
+    charged = held.charged("week:2026-01-05")
+    assert type(charged) is Charged and charged.period == "week:2026-01-05"
+    assert {f.name: getattr(charged, f.name) for f in fields(Balance)} == vars(expected)
+
+
+def test_a_float_amount_is_read_as_its_decimal_once():
+    from decimal import Decimal
+
+    from policies.ledger import exact_decimal
+
+    assert exact_decimal(0.1) == Decimal("0.1")
+    assert exact_decimal(0.1) is exact_decimal(0.1)

@@ -33,6 +33,19 @@ def test_message_decoders_raise_only_protocol_errors(decoder, payload: bytes):
         pass
 
 
+def test_the_unnamed_statement_and_portal_are_read_without_decoding(monkeypatch):
+    """pgbench, libpq and most drivers name neither: five of a Parse-Bind-Describe-Execute's six
+    strings are empty, "" in every encoding, so only the others pay for the session's decoder."""
+    decoded: list[bytes] = []
+    real = protocol._decoded
+    monkeypatch.setattr(protocol, "_decoded", lambda data, what: decoded.append(data) or real(data, what))
+    parse = protocol.decode_parse(b"\0SELECT 1\0\0\0")
+    bind = protocol.decode_bind(b"\0\0" + b"\0\0" * 3)
+    execute = protocol.decode_execute(b"\0" + struct.pack("!i", 0))
+    assert (parse.statement, parse.query, bind.portal, bind.statement, execute.portal) == ("", "SELECT 1", "", "", "")
+    assert decoded == [b"SELECT 1"]
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=80))
 def test_startup_and_message_readers_raise_only_protocol_or_eof_errors(data: bytes):

@@ -39,15 +39,19 @@ from decimal import Decimal
 from typing import Any, Callable, TypeVar
 
 from policies.errors import SQLSTATE, Refusal
-from policies.ledger import MAX_CHARGE_DELTA, MAX_CHARGE_EPSILON, Balance, Budget, ChargeResult, Ledger
+from policies.ledger import (
+    MAX_CHARGE_DELTA, MAX_CHARGE_EPSILON, Balance, Budget, ChargeResult, Ledger, exact_decimal as _exact,
+)
 from policies.model import MIN_EPSILON, Policy
 from policies.periods import next_period_start, period_key
 
 __all__ = ["BudgetKeeper", "Charged"]
 
 T = TypeVar("T")
+B = TypeVar("B", bound=Balance)
 
 _MAX_EPS, _MAX_DLT = Decimal(MAX_CHARGE_EPSILON), Decimal(MAX_CHARGE_DELTA)
+_ZERO = Decimal(0)
 
 log = logging.getLogger("dpproxy.budget")
 
@@ -70,10 +74,22 @@ class _Reservation:
 
     def balance(self) -> Balance:
         """The user's balance as it really is: the unused reservation is not spent yet."""
-        return replace(
-            self.ledger,
-            spent_epsilon=float(max(Decimal(0), _exact(self.ledger.spent_epsilon) - self.epsilon)),
-            spent_delta=float(max(Decimal(0), _exact(self.ledger.spent_delta) - self.delta)),
+        return self._unspent(Balance)
+
+    def charged(self, period: str) -> Charged:
+        """``balance()`` as the answer spending from it in ``period`` reports it."""
+        return self._unspent(Charged, period)
+
+    def _unspent(self, kind: Callable[..., B], *more: str) -> B:
+        # Built field by field: ``dataclasses.replace`` and a copy into ``Charged`` cost an
+        # answer more than the rest of its charge (tests/test_budget_refill.py pins the fields).
+        ledger = self.ledger
+        return kind(
+            ledger.user,
+            float(max(_ZERO, _exact(ledger.spent_epsilon) - self.epsilon)),
+            float(max(_ZERO, _exact(ledger.spent_delta) - self.delta)),
+            ledger.limit_epsilon, ledger.limit_delta, ledger.period_start, ledger.granted_epsilon,
+            ledger.granted_delta, *more,
         )
 
 
@@ -123,19 +139,24 @@ class BudgetKeeper:
         budget = self.budget(user)
         now = datetime.now(timezone.utc)
         period = period_key(budget.period, now)
-        balance = self._spend(user, budget, period, eps, dlt)  # no await: nothing can interleave
-        if balance is None:
+        held = self._spend(user, budget, period, eps, dlt)  # no await: nothing can interleave
+        if held is not None:
+            charged = held.charged(period)
+        else:
             async with self._locks.setdefault(user, asyncio.Lock()):
                 # A refill or another charge may have topped the reservation up meanwhile,
                 # or a reload may have changed the budget.
                 budget = self.budget(user)
                 period = period_key(budget.period, now)
-                balance = self._spend(user, budget, period, eps, dlt)
-                if balance is None:
+                held = self._spend(user, budget, period, eps, dlt)
+                if held is not None:
+                    charged = held.charged(period)
+                else:
                     await self._release_stale(user, budget)
                     balance = await self._charge_ledger(user, eps, dlt, budget, now, fingerprint)
+                    charged = Charged(**vars(balance), period=period)  # the balance's fields, and the period
         self._refill_if_low(user, eps, dlt, budget, now, fingerprint)
-        return Charged(**vars(balance), period=period)  # the balance's fields, and the period
+        return charged
 
     def refund(self, user: str, epsilon: float, delta: float, charged: Charged) -> None:
         """Give back a charge whose query was never sent to the backend (so nothing about it
@@ -150,16 +171,16 @@ class BudgetKeeper:
         held.epsilon += _exact(epsilon)
         held.delta += _exact(delta)
 
-    def _spend(self, user: str, budget: Budget, period: str, eps: Decimal, dlt: Decimal) -> Balance | None:
-        """Spend from this process's reservation; None when it does not cover the charge
-        or was charged under other limits than ``budget``, the ones in force."""
+    def _spend(self, user: str, budget: Budget, period: str, eps: Decimal, dlt: Decimal) -> _Reservation | None:
+        """Spend from this process's reservation and return it; None when it does not cover
+        the charge or was charged under other limits than ``budget``, the ones in force."""
         held = self._reserved.get(user)
         if held is None or held.budget is not budget or held.period != period or not held.covers(eps, dlt):
             return None
         held.epsilon -= eps
         held.delta -= dlt
         held.used = time.monotonic()
-        return held.balance()
+        return held
 
     async def _release_stale(self, user: str, budget: Budget) -> None:
         """Give back a reservation charged under limits no longer in force; with the user's lock held.
@@ -369,11 +390,6 @@ class BudgetKeeper:
     def close(self) -> None:
         self.release_all()
         self.ledger.close()
-
-
-def _exact(value: float) -> Decimal:
-    """A float as the decimal it prints as (the ledger reads amounts the same way)."""
-    return Decimal(repr(float(value)))
 
 
 def _exhausted_hint(epsilon: float, delta: float, left: Balance, period: str | None, now: datetime) -> str:

@@ -464,7 +464,7 @@ class Session:
         out = self._out
         if len(out) < self._out_counted:  # pragma: no cover - only _flush empties it
             self._out_counted = self._out_bytes = 0
-        self._out_bytes += sum(len(m) for m in itertools.islice(out, self._out_counted, None))
+        self._out_bytes += sum(map(len, itertools.islice(out, self._out_counted, None)))
         self._out_counted = len(out)
         if self._out_bytes > _OUT_FLUSH_BYTES:
             self._flush()

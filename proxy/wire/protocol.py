@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 from .encodings import client_encoding
 
@@ -201,6 +201,9 @@ class _Cursor:
         end = self.data.find(b"\0", self.pos)
         if end < 0:
             raise ProtocolError(f"malformed {self.what} message: unterminated string")
+        if end == self.pos:  # the unnamed statement or portal: "" in every encoding
+            self.pos = end + 1
+            return ""
         text = _decoded(self.data[self.pos : end], self.what)
         self.pos = end + 1
         return text
@@ -246,15 +249,16 @@ class _Cursor:
         return value
 
 
-@dataclass(frozen=True)
-class Parse:
+# The decoded messages are NamedTuples, immutable as frozen dataclasses are but built in one
+# call: a frozen dataclass sets each field through object.__setattr__, twelve calls for the
+# Parse, Bind, Describe and Execute of every extended-protocol statement.
+class Parse(NamedTuple):
     statement: str
     query: str
     param_types: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class Bind:
+class Bind(NamedTuple):
     portal: str
     statement: str
     param_formats: tuple[int, ...]
@@ -262,20 +266,17 @@ class Bind:
     result_formats: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class Describe:
+class Describe(NamedTuple):
     kind: bytes  # b"S" statement, b"P" portal
     name: str
 
 
-@dataclass(frozen=True)
-class Execute:
+class Execute(NamedTuple):
     portal: str
     max_rows: int
 
 
-@dataclass(frozen=True)
-class Close:
+class Close(NamedTuple):
     kind: bytes
     name: str
 
