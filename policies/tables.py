@@ -25,6 +25,9 @@ class ColumnInfo:
     such values looks up the element or field types' equality and ordering only when two
     values meet, so ``pa = '{"(0,0)"}'`` on a ``point[]`` column fails only on a table that
     holds an array of that shape (rewriter/predicates.py refuses comparisons on them).
+    ``distinct_countable`` is False when PostgreSQL has no ordering to sort the type's values
+    by for ``count(DISTINCT ...)`` (json, point, box ...): it fails such a statement on every
+    table, and dpproxy refuses it before the charge (asked of the backend at load).
     """
 
     name: str
@@ -35,6 +38,7 @@ class ColumnInfo:
     deterministic_collation: bool = True
     array_type_oid: int = 0
     container: bool = False
+    distinct_countable: bool = True
 
 
 @dataclass(frozen=True)

@@ -529,6 +529,15 @@ def _aggregate(item: exp.Expression, scope: Scope, grouped: bool = False) -> Agg
         argument = argument.expressions[0]
         if not isinstance(argument, exp.Column):
             raise scope.refuse("COUNT(DISTINCT ...) takes a plain column on protected table", "aggregate-argument")
+        counted = scope.column(argument)
+        if not counted.distinct_countable:
+            raise Refusal(
+                SQLSTATE.DP_QUERY_SHAPE,
+                f"COUNT(DISTINCT {counted.name}) is not answered on protected table {scope.table.display_name}: "
+                "PostgreSQL cannot sort the column's type to count its distinct values (rule: aggregate-argument)",
+                f"Such a statement fails on the backend whatever the rows; COUNT({counted.name}) counts its non-NULL values.",
+                "aggregate-argument",
+            )
     cast = _CAST_TARGETS.get(argument.to.this) if isinstance(argument, exp.Cast) and kind != "mode" else None
     if isinstance(argument, exp.Cast) and cast is not None and not argument.to.expressions:
         argument = argument.this

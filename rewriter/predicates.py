@@ -2,7 +2,7 @@
 
 A predicate may compare columns with literals, parameters or row-independent computed
 values (=, <>, <, <=, >, >=, BETWEEN, IN (...), IS [NOT] NULL, [NOT] LIKE/ILIKE 'pattern'
-or a parameter), combine them with AND/OR/NOT, and apply lower()/upper() to a column.
+or a parameter), combine them with AND/OR/NOT, and apply lower()/upper() to a text column.
 Nothing else: no arithmetic, casts or other functions on columns (each is an error or
 timing oracle on single rows), no subqueries, no system columns.
 
@@ -30,6 +30,9 @@ planning) must be unable to fail. Hence refused, from the text alone:
 * a comparison that makes PostgreSQL convert a ``numeric`` column to ``real``/``double
   precision`` (a float column or a float-typed value on the other side): the conversion
   fails per row for values beyond the float range;
+* ``lower()``/``upper()`` of a column that is not text, varchar or char: on a range column
+  they are its bounds, values of the range's subtype, which a comparison may convert per row
+  (``lower(nr) < CAST(1.5 AS double precision)`` fails on a ``numrange`` row bounded by 1e400);
 * a comparison (=, <>, <, ..., BETWEEN, IN) on an array or composite column: PostgreSQL
   looks up the elements' (fields') equality or ordering only when it compares two values of
   the same shape, so on ``point[]`` or ``json[]`` it raises 42883 only on a table holding
@@ -271,6 +274,13 @@ class _Renderer:
         if not isinstance(target, exp.Column) or isinstance(target.this, exp.Star):
             raise self.refuse(f"{_describe(target)} is not allowed in WHERE on protected table")
         column = self.scope.column(target)
+        if function and column.type_oid not in _TEXT_TYPES:
+            raise self.refuse(
+                f"{function}() of column {column.name}, which is not of a text type, is not allowed in WHERE on protected table",
+                f"{function}() is allowed on text, varchar and char columns. On a range column it is the range's "
+                f"{function} bound, a value of another type that PostgreSQL may convert per row (a numrange bound of "
+                "1e400 fails a comparison with a double precision only when a row holds it).",
+            )
         sql = quote_identifier(column.name)
         return _Operand(f"pg_catalog.{function}({sql})" if function else sql, column=column)
 

@@ -310,3 +310,20 @@ def test_a_policy_whose_float_bounds_could_overflow_a_sum_is_refused_at_load(tes
     finally:
         loop.close()
     assert "tables.public.clamp_test.columns.ratio: bounds of this column type may be at most 1e+280" in str(refused.value)
+
+
+@pytest.mark.parametrize("predicate", ["lower(nr) < CAST(1.5 AS double precision)", "upper(nr) = 2",
+                                       "lower(n) = 'x'", "upper(d) LIKE '2%'"])
+def test_lower_and_upper_of_a_column_that_is_not_text_are_refused(admin, predicate: str) -> None:
+    """On a range column lower()/upper() are its bounds: a numrange bound of 1e400 compared with a
+    double precision is converted per row, and fails only on a table that holds such a row."""
+    columns = {"nr": ColumnInfo("nr", 3906, -1, 1, None), "n": ColumnInfo("n", 1700, -1, 2, None),
+               "d": ColumnInfo("d", 1082, -1, 3, None)}
+    table = Relation(1, "public", "t", TablePolicy(epsilon=1.0), columns)
+    with pytest.raises(Refusal) as refused:
+        plan_aggregate_query(f"SELECT COUNT(*) FROM t WHERE {predicate}", table)
+    assert refused.value.rule == "safe-predicate" and "not of a text type" in refused.value.message
+    # Shown on the real server: the comparison fails only when such a row is reached.
+    with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+        admin.execute("SELECT count(*) FROM (VALUES ('[1e400,1e401)'::numrange)) AS t(nr) "
+                      "WHERE lower(nr) < CAST(1.5 AS double precision)")

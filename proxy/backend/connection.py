@@ -33,6 +33,7 @@ from .data_rows import data_rows
 from .cancellable import CancellableWait
 from .errors import BackendError, BackendLost, BackendUnavailable
 from .policy_fit import column_fit_problems
+from .type_support import distinct_countable, label_comparison_problem
 from .database_encoding import database_encoding_problems
 from .relation_reads import public_reads_protected
 from .grants import unreadable_protected
@@ -930,7 +931,7 @@ async def function_names(session: BackendSession) -> frozenset[str]:
 
 
 async def _unreadable_labels(session: BackendSession, table: str, column: ColumnInfo) -> list[str]:
-    """The column's categories (and ``other`` label) its type cannot read.
+    """The column's categories (and ``other`` label) its type cannot read, or cannot compare.
 
     A query compares the column with each category, and a histogram sends its keys as values
     of the column's type: with one label the type cannot read (``unknown`` for a boolean, a
@@ -944,9 +945,15 @@ async def _unreadable_labels(session: BackendSession, table: str, column: Column
     cast = f"SELECT CAST(v AS {type_name}) FROM pg_catalog.unnest(%s::pg_catalog.text[]) AS v"
     try:
         await session.fetch_all(cast, (labels,))
-        return []
     except BackendError:
         pass
+    else:
+        problem = await label_comparison_problem(session, type_name, labels[0], bool(policy.group_by))
+        if problem is None:
+            return []
+        return [f"tables.{table}.columns.{column.name}: categories need a type PostgreSQL can compare with a label "
+                f"(MODE and a GROUP BY compare the column with each category{' and group by it' if policy.group_by else ''}); "
+                f"{type_name} cannot be ({problem}), so every such query would fail after its charge"]
     unreadable = []
     for label in labels:
         try:
@@ -1008,8 +1015,9 @@ async def _columns(session: BackendSession, oid: int, policies: Mapping[str, Any
         "AND NOT a.attisdropped ORDER BY a.attnum",
         (oid,),
     )
+    countable = await distinct_countable(session, [(int(row[1]), int(row[2])) for row in rows])
     return {
         name: ColumnInfo(name, int(typ), int(mod), int(num), policies.get(name), bool(deterministic), int(array),
-                         bool(container))
+                         bool(container), (int(typ), int(mod)) in countable)
         for name, typ, mod, num, deterministic, array, container in rows
     }
