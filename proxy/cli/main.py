@@ -265,7 +265,8 @@ async def serve_until_signal(
 
         text = config.read_text(encoding="utf-8") if config.is_file() else ""
         for problem in exc.problems:
-            print(f"policy does not match the backend: {locate(problem, policy, text, str(config))}", file=sys.stderr)
+            where = locate(problem, policy, text, str(config))
+            print(f"dpproxy: policy does not match the backend: {where}", file=sys.stderr)
         return 1
     try:
         await server.start(host, port)
