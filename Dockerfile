@@ -20,7 +20,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends binutils \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY proxy proxy
 COPY policies policies
 COPY rewriter rewriter

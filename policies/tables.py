@@ -89,6 +89,10 @@ class TableRegistry:
     # Every function name on the backend (pg_proc.proname): a name after a dot that is one of
     # them may be an attribute-notation call (rewriter.function_check). None: not known.
     function_names: frozenset[str] | None = None
+    # The protected relations the service role could not read at the last check, by OID, each
+    # with that role's name: a statement on one is refused before its charge, not charged and
+    # then failed with "permission denied" (proxy.backend.grants; rewriter.classify).
+    unreadable: Mapping[int, str] = field(default_factory=dict)
 
     def get(self, oid: int) -> Relation | None:
         return self.by_oid.get(oid)

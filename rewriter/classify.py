@@ -15,7 +15,7 @@ import pglast.ast
 from pglast.stream import RawStream
 
 from policies.errors import SQLSTATE, Refusal
-from policies.tables import Relation, TableRegistry
+from policies.tables import Relation, TableRegistry, quote_identifier
 
 from .catalog import (
     CATALOG_SCHEMAS, SAFE_SETTINGS, allowed_catalog_relation, allowed_function, ascii_safe_encoding, exact_floats,
@@ -308,12 +308,30 @@ def _copy(
 _NOT_PINNED = ResolvedRelation(0, "", "")
 
 
+def _unreadable(table: Relation, role: str) -> Refusal:
+    """The refusal of a statement on a protected table the service role lost SELECT on: refused
+    from the catalog's privileges alone, before any charge (charged, it would fail with
+    "permission denied" for a reason no row decides)."""
+    return Refusal(
+        SQLSTATE.INSUFFICIENT_PRIVILEGE,
+        f"dpproxy's service role {quote_identifier(role)} has lost its SELECT privilege on protected table "
+        f"{table.display_name} (rule: service-role-grant)",
+        f"An administrator must run GRANT SELECT ON {table.qualified_name} TO {quote_identifier(role)}; "
+        "dpproxy checks again every few seconds and answers again once it is back. Nothing was charged.",
+        "service-role-grant",
+    )
+
+
 def _means_pg_class(ref: RelationRef, resolved: Mapping[RelationRef, ResolvedRelation | None]) -> bool:
     target = resolved.get(ref)
     return target is not None and target.oid == PG_CLASS_OID
 
 
 def _protected(statement: Statement, protected: list[Relation], registry: TableRegistry) -> DPQuery | ColumnsOnly:
+    for table in protected:
+        role = registry.unreadable.get(table.oid)
+        if role is not None:
+            raise _unreadable(table, role)
     relation = protected[0]
     refs = statement.references
     if len(refs.relations) > 1 and ranks_series(statement.node) and len(protected) == len(refs.relations) and all(

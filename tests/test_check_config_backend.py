@@ -114,7 +114,9 @@ def test_serve_refuses_a_column_entry_that_does_not_fit_its_type(test_db: TestDa
                            capture_output=True, text=True, timeout=60)  # a serve that starts fails here
     assert serve.returncode == 1
     column = entry.split(":")[0].strip()
-    assert f"policy does not match the backend: {path}:{number}: tables.public.adult.columns.{column}:" in serve.stderr
+    # The "dpproxy: " prefix every other start-up failure has (it was missing here).
+    assert (f"dpproxy: policy does not match the backend: {path}:{number}: tables.public.adult.columns.{column}:"
+            in serve.stderr)
 
 
 def test_a_time_range_on_a_column_that_is_not_a_date_is_reported(test_db: TestDatabase, tmp_path: Path):

@@ -127,3 +127,22 @@ def test_demo_contract_ctrl_c_and_restart_after_a_crash(demo_dir: Path):
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=30) == 0
     assert not _postgres_running_in(data_dir)
+
+
+def test_a_second_demo_on_the_data_directory_of_a_running_one_is_refused(demo_dir: Path):
+    # It rewrote the running demo's policy.yaml with its own port, and shared (then stopped) its PostgreSQL.
+    port = _free_port()
+    process, _ = _start(["demo", "--data-dir", str(demo_dir), "--port", str(port)], "Press Ctrl-C")
+    try:
+        policy = (demo_dir / "policy.yaml").read_text()
+        second = subprocess.run([sys.executable, "-m", "proxy.cli", "demo", "--data-dir", str(demo_dir),
+                                 "--port", str(_free_port())], capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1
+        assert second.stderr == (f"dpproxy: a dpproxy demo is already running on the data directory {demo_dir} "
+                                 f"(pid {process.pid}) — stop that demo first, or choose another --data-dir\n")
+        assert (demo_dir / "policy.yaml").read_text() == policy
+        assert _psql(port, "demo", "SELECT COUNT(*) FROM adult").returncode == 0  # the first serves on
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    assert not _postgres_running_in(demo_dir)

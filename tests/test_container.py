@@ -79,7 +79,7 @@ def test_image_is_built_from_this_project_with_pip_in_two_slim_stages():
     assert tuple(map(int, base.split(":")[1].split("-")[0].split("."))) >= tuple(map(int, required.split(".")))
 
     copied = {source for keyword, rest in build if keyword == "COPY" for source in rest.split()[:-1]}
-    assert {"pyproject.toml", "README.md"} <= copied  # README.md: pyproject's readme
+    assert {"pyproject.toml", "README.md", "LICENSE"} <= copied  # pyproject's readme and license-files
     assert _packages() <= copied
 
     runs = " ".join(rest for keyword, rest in build if keyword == "RUN")
@@ -112,7 +112,7 @@ def test_dockerignore_sends_only_what_the_image_copies():
     lines = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
     assert lines[0] == "**"
     allowed = {line.lstrip("!").rstrip("/") for line in lines if line.startswith("!")}
-    assert allowed == {"pyproject.toml", "README.md", *_packages()}
+    assert allowed == {"pyproject.toml", "README.md", "LICENSE", *_packages()}
 
 
 def _compose() -> dict:
@@ -178,3 +178,11 @@ def test_the_license_is_an_spdx_expression_so_installs_print_no_deprecation_wall
     project = _pyproject()
     assert project["project"]["license"] == "Apache-2.0"
     assert "setuptools>=77" in project["build-system"]["requires"]  # the first to read an SPDX string
+
+
+def test_the_apache_license_text_ships_in_the_repository_and_the_package():
+    # pyproject.toml declared Apache-2.0 while the repository held no license text to go with it.
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert text.lstrip().startswith("Apache License\n                           Version 2.0, January 2004")
+    assert "END OF TERMS AND CONDITIONS" in text and "APPENDIX: How to apply the Apache License" in text
+    assert _pyproject()["project"]["license-files"] == ["LICENSE"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import TEST_DATABASE, RunningProxy, TestDatabase
+from conftest import TEST_DATABASE, TEST_POLICY, RunningProxy, TestDatabase
 from test_auth_tls_cancel import _tls_proxy, certificate  # noqa: F401 - a fixture, used by name
 from test_cli import _free_port
 
@@ -107,3 +107,22 @@ def test_demo_load_fails_cleanly_without_a_server_or_a_password(tmp_path: Path):
                            "--policy-out", str(out), "--service-password-env", "DPPROXY_TEST_UNSET_VARIABLE")
     assert no_password.returncode == 1 and "DPPROXY_TEST_UNSET_VARIABLE is not set" in no_password.stderr
     assert not out.exists()
+
+
+def test_health_reads_host_and_port_from_the_policy_and_the_options_still_win(proxy: RunningProxy, tmp_path: Path):
+    # `health -c policy.yaml` was a usage error, though every other command takes the policy so.
+    config = tmp_path / "policy.yaml"
+    policy = TEST_POLICY.format(dsn="host=127.0.0.1", ledger=tmp_path / "l.sqlite3")
+    config.write_text(policy.replace("listen: {host: 127.0.0.1, port: 0}",
+                                     f"listen: {{host: 0.0.0.0, port: {proxy.port}}}"))
+    answered = _dpproxy("health", "-c", str(config))
+    assert answered.returncode == 0, answered.stderr
+    assert answered.stdout == f"dpproxy health: 127.0.0.1:{proxy.port} answers (plain)\n"  # the wildcard on loopback
+    elsewhere = _free_port()
+    refused = _dpproxy("health", "--config", str(config), "--port", str(elsewhere), "--timeout", "2")
+    assert refused.returncode == 1
+    assert refused.stderr.startswith(f"dpproxy health: 127.0.0.1:{elsewhere}: connection refused — check "), \
+        refused.stderr
+    config.write_text(policy.replace("port: 0}", f"port: {elsewhere}}}"))
+    unanswered = _dpproxy("health", "-c", str(config), "--port", str(proxy.port), "--host", "localhost")
+    assert unanswered.returncode == 0 and f"localhost:{proxy.port} answers" in unanswered.stdout

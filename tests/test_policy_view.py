@@ -62,3 +62,18 @@ def test_show_columns_shows_bounds_exactly_as_declared():
     registry = TableRegistry({1: Relation(1, "public", "t", TablePolicy(epsilon=1.0), columns)})
     shown = {row[1].decode(): row[3].decode() for row in columns_result(registry, lambda _: 1.0).rows[1:]}
     assert shown == {"n": "[0, 1234567]", "x": "[-0.1, 2.5e-07]", "big": "[-1e+20, 1e+20]"}
+
+
+def test_show_columns_shows_a_date_range_as_dates_and_a_timestamp_range_as_times():
+    # A date column's [2021-01-01, 2024-12-31] was shown as [2021-01-01 00:00:00, 2024-12-31 00:00:00].
+    from policies.model import ColumnPolicy, TablePolicy
+    from policies.tables import ColumnInfo, Relation, TableRegistry
+    from proxy.serving.policy_view import columns_result
+
+    declared = {"d": 1082, "ts": 1114, "tz": 1184}
+    columns = {name: ColumnInfo(name, oid, -1, i + 1, ColumnPolicy(bounds=("2021-01-01", "2024-12-31")))
+               for i, (name, oid) in enumerate(declared.items())}
+    registry = TableRegistry({1: Relation(1, "public", "t", TablePolicy(epsilon=1.0), columns)})
+    shown = {row[1].decode(): row[3].decode() for row in columns_result(registry, lambda _: 1.0).rows[1:]}
+    assert shown == {"d": "[2021-01-01, 2024-12-31]", "ts": "[2021-01-01 00:00:00, 2024-12-31 00:00:00]",
+                     "tz": "[2021-01-01 00:00:00, 2024-12-31 00:00:00]"}

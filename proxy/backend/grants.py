@@ -5,6 +5,10 @@ cannot read would charge every query on it and then fail with ``permission denie
 spent on answers that were never given, for a reason no row decides. ``serve``, a reload and
 ``check-config`` refuse such a policy instead, naming the GRANT that is missing. A role reads
 a relation when it has SELECT on it, or on every one of its columns (column privileges).
+
+A privilege revoked while dpproxy runs is found by the periodic re-check (``unreadable``, from
+``proxy.serving.server``): statements on such a table are refused before the charge until a
+re-check finds the privilege back.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 from policies.tables import Relation, quote_identifier
 
-__all__ = ["unreadable_protected"]
+__all__ = ["unreadable", "unreadable_protected"]
 
 # has_table_privilege and has_column_privilege as the session's role (the service role).
 _UNREADABLE_SQL = """
@@ -32,17 +36,22 @@ class _Fetches(Protocol):
     async def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
 
 
+async def unreadable(session: _Fetches, relations: Mapping[int, Relation]) -> dict[int, str]:
+    """The protected relations of ``relations`` the session's role has no SELECT on, by OID,
+    each with that role's name (the one a GRANT must name)."""
+    protected = [oid for oid, relation in relations.items() if relation.access == "protected"]
+    if not protected:
+        return {}
+    return {int(oid): str(role) for oid, role in await session.fetch_all(_UNREADABLE_SQL, (protected,))}
+
+
 async def unreadable_protected(session: _Fetches, relations: Mapping[int, Relation],
                                names: Mapping[int, str]) -> list[str]:
     """A problem (``tables.<name>: ...``) for each protected relation of ``relations`` the
     session's role has no SELECT on; ``names`` gives each as the policy writes it."""
-    protected = [oid for oid, relation in relations.items() if relation.access == "protected"]
-    if not protected:
-        return []
-    rows = await session.fetch_all(_UNREADABLE_SQL, (protected,))
     return [
-        f"tables.{names[int(oid)]}: the service role cannot read {relations[int(oid)].qualified_name} "
+        f"tables.{names[oid]}: the service role cannot read {relations[oid].qualified_name} "
         f"on the backend, so every DP query on it would be charged and then fail; "
-        f"GRANT SELECT ON {relations[int(oid)].qualified_name} TO {quote_identifier(role)}"
-        for oid, role in rows
+        f"GRANT SELECT ON {relations[oid].qualified_name} TO {quote_identifier(role)}"
+        for oid, role in (await unreadable(session, relations)).items()
     ]

@@ -1,10 +1,12 @@
 """``dpproxy health`` and ``dpproxy demo-load``: the commands the container image runs.
 
 ``health`` is the image's HEALTHCHECK: exit 0 when dpproxy answers on host:port, 1 when
-not (the reason on stderr). ``demo-load`` is docker-compose.yml's one-shot loader: the
-demo database, service role and policy on a PostgreSQL server of your own; exit 0 when
-the policy is written and valid, 1 when the server cannot be reached or a password
-variable is missing.
+not (the reason on stderr). With ``-c policy.yaml`` host and port are the policy's
+``listen`` section's (a wildcard host probed on loopback); ``--host``/``--port`` still win.
+
+``demo-load`` is docker-compose.yml's one-shot loader: the demo database, service role and
+policy on a PostgreSQL server of your own; exit 0 when the policy is written and valid, 1
+when the server cannot be reached or a password variable is missing.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ __all__ = ["add_deploy_commands"]
 def add_deploy_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``health`` and ``demo-load`` on the ``dpproxy`` sub-command parser."""
     health = commands.add_parser("health", help="exit 0 if a dpproxy answers on host:port (container HEALTHCHECK)")
-    health.add_argument("--host", default="127.0.0.1", help="where dpproxy listens (default 127.0.0.1)")
-    health.add_argument("--port", type=port_number, default=6432, help="its port, listen.port (default 6432)")
+    health.add_argument("-c", "--config", type=Path, help="policy file (YAML): probe its listen.host and listen.port")
+    health.add_argument("--host", help="where dpproxy listens (default: listen.host of -c, else 127.0.0.1)")
+    health.add_argument("--port", type=port_number, help="its port (default: listen.port of -c, else 6432)")
     health.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
     health.set_defaults(run=_health)
 
@@ -45,14 +48,34 @@ def add_deploy_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
 def _health(args: argparse.Namespace) -> int:
     from proxy.ops.health import HealthError, probe
 
+    host, port, check = _health_target(args)
     try:
-        mode = probe(args.host, args.port, args.timeout)
+        mode = probe(host, port, args.timeout)
     except (OSError, HealthError) as exc:
         why = os_reason(exc) if isinstance(exc, OSError) else exc
-        print(f"dpproxy health: {args.host}:{args.port}: {why} — check --host and --port", file=sys.stderr)
+        print(f"dpproxy health: {host}:{port}: {why} — check {check}", file=sys.stderr)
         return 1
-    print(f"dpproxy health: {args.host}:{args.port} answers ({mode})")
+    print(f"dpproxy health: {host}:{port} answers ({mode})")
     return 0
+
+
+# A policy listening on every address answers on loopback; a wildcard is no address to connect to.
+_LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "*": "127.0.0.1", "::": "::1"}
+
+
+def _health_target(args: argparse.Namespace) -> tuple[str, int, str]:
+    """The host and port ``health`` probes, and what to check when nothing answers there:
+    ``--host``/``--port`` if given, else the ``listen`` section of ``-c`` (PolicyError if that
+    file is not a valid policy), else 127.0.0.1:6432."""
+    host, port = "127.0.0.1", 6432
+    check = "--host and --port"
+    if args.config is not None:
+        from policies.loader import load_policy
+
+        listen = load_policy(args.config).listen
+        host, port = _LOOPBACK.get(listen.host, listen.host), listen.port
+        check = f"listen.host and listen.port in {args.config} (or --host and --port)"
+    return args.host or host, port if args.port is None else args.port, check
 
 
 def _demo_load(args: argparse.Namespace) -> int:

@@ -168,7 +168,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from proxy.demo.embedded import EmbeddedPostgres, default_data_dir, prepare_demo_database, write_demo_policy
+    from proxy.demo.embedded import default_data_dir
+    from proxy.demo.lock import DemoLock
 
     data_dir: Path = args.data_dir or default_data_dir()
     other = "choose another --data-dir" if args.data_dir else "choose a directory with --data-dir"
@@ -177,23 +178,34 @@ def _demo(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise StartupError(f"cannot create the demo's data directory {data_dir}: {os_reason(exc)}",
                            hint=other) from exc
-    port_free("127.0.0.1", args.port, hint="choose another --port")  # before PostgreSQL and the data load
+    lock = DemoLock(data_dir)  # before anything in the directory is touched: its policy, its PostgreSQL
+    try:
+        return _demo_in(data_dir, args.port, bool(args.verbose))
+    finally:
+        lock.release()
+
+
+def _demo_in(data_dir: Path, port: int, verbose: bool) -> int:
+    """The demo on ``data_dir``, which this process holds (``DemoLock``), serving on ``port``."""
+    from proxy.demo.embedded import EmbeddedPostgres, prepare_demo_database, write_demo_policy
+
+    port_free("127.0.0.1", port, hint="choose another --port")  # before PostgreSQL and the data load
     # pgserver logs a failed start whole (pg_ctl's output and the server log); the one line
     # dpproxy prints names the log file instead, unless -v asks for everything.
-    logging.getLogger("pgserver").setLevel(logging.WARNING if args.verbose else logging.CRITICAL)
+    logging.getLogger("pgserver").setLevel(logging.WARNING if verbose else logging.CRITICAL)
     print(f"dpproxy demo: starting an embedded PostgreSQL in {data_dir / 'pgdata'} ...", flush=True)
     postgres = EmbeddedPostgres(data_dir / "pgdata")
     try:
         dsn = prepare_demo_database(postgres.uri("postgres"))
-        policy_path = write_demo_policy(data_dir / "policy.yaml", dsn, args.port, data_dir / "ledger.sqlite3")
+        policy_path = write_demo_policy(data_dir / "policy.yaml", dsn, port, data_dir / "ledger.sqlite3")
         policy = load_policy(policy_path)
         banner = (
-            f"dpproxy demo is serving the adult table on 127.0.0.1:{args.port} (policy: {policy_path}).\n"
+            f"dpproxy demo is serving the adult table on 127.0.0.1:{port} (policy: {policy_path}).\n"
             "Connect with:\n\n"
-            f'    PGPASSWORD=analyst psql "host=127.0.0.1 port={args.port} dbname=demo user=analyst"\n\n'
+            f'    PGPASSWORD=analyst psql "host=127.0.0.1 port={port} dbname=demo user=analyst"\n\n'
             "Try: SELECT COUNT(*) FROM adult WHERE age > 40;   Press Ctrl-C to stop."
         )
-        return _run(policy, policy_path, "127.0.0.1", args.port, banner)
+        return _run(policy, policy_path, "127.0.0.1", port, banner)
     finally:
         postgres.stop()
         print("dpproxy demo: stopped.", flush=True)
@@ -265,7 +277,8 @@ async def serve_until_signal(
 
         text = config.read_text(encoding="utf-8") if config.is_file() else ""
         for problem in exc.problems:
-            print(f"policy does not match the backend: {locate(problem, policy, text, str(config))}", file=sys.stderr)
+            where = locate(problem, policy, text, str(config))
+            print(f"dpproxy: policy does not match the backend: {where}", file=sys.stderr)
         return 1
     try:
         await server.start(host, port)

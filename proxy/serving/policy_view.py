@@ -12,6 +12,7 @@ are passed through as they are.
 from __future__ import annotations
 
 import json
+from datetime import datetime, time
 from typing import Callable
 
 from policies.tables import ColumnInfo, Relation, TableRegistry
@@ -19,7 +20,7 @@ from proxy.backend.connection import ResultSet
 from proxy.wire.binary import TEXT
 from proxy.wire.protocol import Field
 from proxy.wire.values import encode_text
-from rewriter.group_keys import column_key_count
+from rewriter.group_keys import DATE, column_key_count
 from rewriter.key_domain import part_keys
 from rewriter.types import FLOAT8, MAX_ABS_BOUND, NUMERIC_TYPES
 
@@ -68,13 +69,21 @@ def _type_name(oid: int) -> str:
 
 
 def _declared(column: ColumnInfo) -> list[bytes | None]:
-    """Bounds as ``[lo, hi]`` (a time range's as ISO times) and categories as a JSON array, as declared."""
+    """Bounds as ``[lo, hi]`` (a time range's as ISO dates or times) and categories as a JSON array, as declared."""
     policy = column.policy
     bounds = f"[{_number(policy.bounds[0])}, {_number(policy.bounds[1])}]".encode() if policy and policy.bounds else None
     if policy and policy.time_bounds:
-        bounds = "[{}, {}]".format(*(moment.isoformat(sep=" ") for moment in policy.time_bounds)).encode()
+        bounds = "[{}, {}]".format(*(_moment(moment, column.type_oid) for moment in policy.time_bounds)).encode()
     categories = json.dumps(list(policy.categories)).encode() if policy and policy.categories else None
     return [bounds, categories]
+
+
+def _moment(moment: datetime, type_oid: int) -> str:
+    """A time bound as the column's type writes it: a ``date`` column's midnight as the date alone
+    (the policy's ``2021-01-01``, not ``2021-01-01 00:00:00``), anything else as an ISO time."""
+    if type_oid == DATE and moment.time() == time():
+        return moment.date().isoformat()
+    return moment.isoformat(sep=" ")
 
 
 def _number(bound: float) -> str:

@@ -20,8 +20,9 @@ import sqlalchemy as sa
 
 from policies.loader import PolicyError, load_policy
 from policies.model import Policy
-from policies.tables import TableRegistry
+from policies.tables import TableRegistry, quote_identifier
 from proxy.backend.connection import BackendError, build_registry, connect, function_names
+from proxy.backend.grants import unreadable
 from proxy.backend.partition_fit import usefulness_warnings
 from proxy.backend.relation_reads import public_leaking
 from proxy.backend.pool import BackendPool
@@ -41,7 +42,8 @@ log = logging.getLogger("dpproxy.server")
 
 FUNCTION_NAMES_REFRESH_S: Final = 10.0
 """How often each process reads the backend's function names again, and checks again that no
-public relation reads a protected one (Server._watch_function_names)."""
+public relation reads a protected one and that the service role still reads every protected
+one (Server._watch_function_names)."""
 
 
 class Server:
@@ -158,6 +160,11 @@ class Server:
         an inheritance child of a public one (``ALTER TABLE ... INHERIT``) or a partition of it
         attached since would pass its rows through, exactly. Such a public relation leaves the
         registry (default-deny) until a reload puts a policy in force that the backend fits.
+
+        And that the service role still reads every protected table: with its SELECT revoked,
+        each DP query on the table would be charged and then fail with 42501. Such a table is
+        marked unreadable in the registry (statements on it are refused before the charge,
+        rewriter.classify) until a look finds the privilege back.
         """
         while True:
             await asyncio.sleep(FUNCTION_NAMES_REFRESH_S)
@@ -167,6 +174,7 @@ class Server:
                 try:
                     names = await function_names(backend)
                     leaking = await public_leaking(backend, registry.by_oid)
+                    lost = await unreadable(backend, registry.by_oid)
                 finally:
                     await backend.close()
             except (BackendError, psycopg.Error) as exc:
@@ -184,6 +192,9 @@ class Server:
                                                      if oid not in leaking})
             if names != registry.function_names:
                 registry = replace(registry, function_names=names)
+            if lost != registry.unreadable:
+                _log_grant_changes(registry, lost)
+                registry = replace(registry, unreadable=lost)
             if registry is not self.registry:
                 self.registry = registry
                 self._plans_stale()  # a statement prepared before would run as it was judged
@@ -337,6 +348,19 @@ class Server:
     @property
     def session_count(self) -> int:
         return len(self.sessions)
+
+
+def _log_grant_changes(registry: TableRegistry, lost: dict[int, str]) -> None:
+    """Log each protected table the service role lost SELECT on since the last look, or has back."""
+    for oid, role in lost.items():
+        if oid not in registry.unreadable:
+            table, grantee = registry.by_oid[oid], quote_identifier(role)
+            log.error("the service role %s lost SELECT on protected table %s: statements on it are refused "
+                      "until GRANT SELECT ON %s TO %s", grantee, table.display_name, table.qualified_name, grantee)
+    for oid in registry.unreadable:
+        if oid not in lost:
+            log.info("the service role reads protected table %s again: answering it again",
+                     registry.by_oid[oid].display_name)
 
 
 async def _write_gauges() -> None:
