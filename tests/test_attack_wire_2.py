@@ -1,0 +1,145 @@
+"""Attacks on the wire protocol's result formats, with raw protocol messages.
+
+dpproxy converts to binary itself the columns it has as text (a DP answer's, and any column
+asked in binary when others are asked in text): a date or time only from DateStyle ISO text.
+Pinned here: a DP answer is never charged and then lost to a conversion that fails (XX000,
+the session ended), whatever DateStyle the session set and whatever year post-processing
+reaches; a passthrough conversion that cannot be made is a clean 0A000.
+""" 
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
+from proxy.wire.binary import binary_from_text
+from tests.wire import SYNC, Wire, bind, cstr, data_row_values, error_fields, execute, message, parse
+
+_POLICY = ATTACK_POLICY_HEAD + """
+  public.aw0: &W
+    access: protected
+    epsilon: 1.0
+    delta: 1.0e-6
+    columns:
+      x: {{bounds: [0, 100], group_by: true}}
+      n: {{bounds: [0, 100]}}
+      f: {{bounds: [-1.0, 1.0]}}
+      t: {{categories: [a, b], group_by: true, other: zz}}
+      d: {{bounds: [2000-01-01, 2000-12-31], group_by: true}}
+      ts: {{bounds: [2000-01-01, 2000-12-31], group_by: [month]}}
+  public.aw1: *W
+"""
+
+
+@pytest.fixture(scope="module")
+def wproxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS aw0, aw1")
+        for name in ("aw0", "aw1"):
+            conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, x int, n numeric(10, 2), f float8, t text, "
+                         "d date, ts timestamp)")
+            conn.execute(f"INSERT INTO {name} SELECT i, i % 50, (i % 13) * 1.25, (i % 7) / 10.0, "
+                         "(ARRAY['a', 'b'])[1 + i % 2], DATE '2000-01-01' + (i % 300), "
+                         "TIMESTAMP '2000-01-01' + (i % 300) * interval '1 day' FROM generate_series(1, 60) i")
+            conn.execute(f"GRANT SELECT ON {name} TO dpproxy_service")
+        conn.execute("INSERT INTO aw1 VALUES (1000, 2147483647, 99999999.99, 'NaN', 'zzz', '5874897-12-31', 'infinity')")
+    with running_proxy(test_db, tmp_path_factory, _POLICY) as running:
+        yield running
+
+
+def _codes(replies: list[tuple[bytes, bytes]]) -> list[bytes]:
+    return [error_fields(body)[b"C"] for kind, body in replies if kind == b"E"]
+
+
+def _query(sql: str) -> bytes:
+    return message(b"Q", cstr(sql))
+
+
+def _extended(wire: Wire, sql: str, formats: tuple[int, ...]) -> list[tuple[bytes, bytes]]:
+    wire.send(parse("", sql), bind("", "", (), (), formats), execute(""), SYNC)
+    return wire.read_until(b"Z")
+
+
+def _plain(proxy: RunningProxy) -> psycopg.Connection:
+    return psycopg.connect(proxy.dsn(user="plain", password="plain"), autocommit=True)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT date_trunc('month', ts) AS k, count(*) FROM {t} WHERE x > 3 GROUP BY 1",
+    "SELECT d, count(*) FROM {t} WHERE x > 4 GROUP BY d ORDER BY 2 DESC LIMIT 2",
+    "SELECT k + 1, c FROM (SELECT d AS k, count(*) AS c FROM {t} WHERE x > 5 GROUP BY d) s",
+])
+@pytest.mark.parametrize("style", ["German", "SQL, DMY", "Postgres, MDY"])
+def test_a_binary_date_under_another_datestyle_is_refused_before_the_charge(wproxy: RunningProxy, sql: str,
+                                                                            style: str) -> None:
+    """A date column asked in binary next to one in text: dpproxy converted the German text
+    after the charge, failed, and ended the session with XX000; ε spent for nothing."""
+    with _plain(wproxy) as conn:
+        for table in ("aw0", "aw1"):
+            wire = Wire(wproxy.host, wproxy.port)
+            wire.send(_query(f"SET DateStyle = '{style}'"))
+            wire.read_until(b"Z")
+            before = spent_epsilon(conn)
+            replies = _extended(wire, sql.replace("{t}", table), (1, 0))
+            assert spent_epsilon(conn) == before
+            errors = [error_fields(body) for kind, body in replies if kind == b"E"]
+            assert [e[b"C"] for e in errors] == [b"0A000"] and errors[0][b"S"] == b"ERROR"
+            assert b"DateStyle" in errors[0][b"H"] and replies[-1] == (b"Z", b"I")
+            # Text, or binary for every column (the backend's own), is answered.
+            for formats in ((0,), (1,)) if "ORDER" in sql or "k + 1" in sql else ((0,),):
+                assert _codes(_extended(wire, sql.replace("{t}", table), formats)) == []
+            wire.close()
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT k + 3000000, c FROM (SELECT d AS k, count(*) AS c FROM {t} WHERE x > 6 GROUP BY d) s",
+    "SELECT k - 800000, c FROM (SELECT d AS k, count(*) AS c FROM {t} WHERE x > 7 GROUP BY d) s",
+    "SELECT k + interval '9000 years', c FROM (SELECT date_trunc('month', ts) AS k, count(*) AS c FROM {t} "
+    "WHERE x > 8 GROUP BY 1) s",
+])
+def test_post_processing_past_year_9999_or_before_year_1_converts_to_binary(wproxy: RunningProxy, sql: str) -> None:
+    """ISO prints such years as 10213-… and 0191-… BC, which Python's date cannot hold: the
+    conversion failed after the charge and ended the session (XX000)."""
+    with _plain(wproxy) as conn:
+        wire = Wire(wproxy.host, wproxy.port)
+        before = spent_epsilon(conn)
+        replies = _extended(wire, sql.replace("{t}", "aw0"), (1, 0))
+        assert _codes(replies) == [] and spent_epsilon(conn) == before + 1
+        rows = [data_row_values(body) for kind, body in replies if kind == b"D"]
+        assert rows and all(len(row[0] or b"") in (4, 8) for row in rows)
+        wire.close()
+
+
+@pytest.mark.parametrize(("type_name", "text"), [
+    ("date", "10000-01-01"), ("date", "5874897-12-31"), ("date", "0044-03-15 BC"), ("date", "4713-11-24 BC"),
+    ("timestamp", "10000-01-01 00:00:00.5"), ("timestamp", "0001-01-01 00:00:00 BC"),
+    ("timestamp", "294276-12-31 23:59:59.999999"), ("timestamptz", "1900-01-01 00:00:00-04:56:02"),
+    ("timestamptz", "10000-06-30 12:00:00+05:30"), ("timestamptz", "0100-02-28 23:00:00+01 BC"),
+])
+def test_dates_and_times_outside_python_s_range_convert_like_postgres(admin: psycopg.Connection, type_name: str,
+                                                                      text: str) -> None:
+    send = {"date": "date_send", "timestamp": "timestamp_send", "timestamptz": "timestamptz_send"}[type_name]
+    admin.execute("SET TimeZone = 'America/New_York'")
+    admin.execute("SET DateStyle = 'ISO, MDY'")
+    oid, out, sent = admin.execute(f"SELECT pg_typeof(%s::{type_name})::oid, %s::{type_name}::text, "
+                                   f"{send}(%s::{type_name})", (text, text, text)).fetchone()
+    assert binary_from_text(out.encode(), oid) == bytes(sent), (text, out)
+
+
+def test_a_passthrough_date_that_cannot_be_converted_fails_cleanly(wproxy: RunningProxy) -> None:
+    """Catalog and other passthrough results too: 0A000, and the session goes on (was XX000)."""
+    wire = Wire(wproxy.host, wproxy.port)
+    wire.send(_query("SET DateStyle = 'German'"))
+    wire.read_until(b"Z")
+    replies = _extended(wire, "SELECT DATE '2000-01-02' AS d, 1 AS n", (1, 0))
+    assert _codes(replies) == [b"0A000"] and replies[-1] == (b"Z", b"I")
+    wire.send(_query("SET DateStyle = ISO"))
+    wire.read_until(b"Z")
+    replies = _extended(wire, "SELECT DATE '2000-01-02' AS d, 1 AS n", (1, 0))
+    (row,) = [data_row_values(body) for kind, body in replies if kind == b"D"]
+    assert row == [struct.pack("!i", 1), b"1"]
+    wire.close()
