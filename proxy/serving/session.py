@@ -392,6 +392,10 @@ class Session:
                 return
             kind, payload = await self._next_message(messages)
             self.busy = True
+            if kind in (b"Q", b"F") and self.extended.skipping:
+                # As PostgreSQL: after an extended-protocol error every message up to Sync is
+                # ignored, a Query too (run, a DP one was charged for a statement never run there).
+                continue
             if kind == b"Q":
                 self.extended.forget_unnamed()
                 try:
