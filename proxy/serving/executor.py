@@ -296,7 +296,10 @@ class Executor:
             fields = self.settings.fields(plan.decision) or []
         else:
             return None
-        formats = formats_for(result_formats, len(fields))
+        try:
+            formats = formats_for(result_formats, len(fields))
+        except ProtocolError as exc:  # the statement fails, as at Execute; the session goes on
+            raise Refusal(SQLSTATE.PROTOCOL_VIOLATION, exc.message) from None
         return [f if f.format == fmt else replace(f, format=fmt) for f, fmt in zip(fields, formats)]
 
     # ------------------------------------------------------------ running
