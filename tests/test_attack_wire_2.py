@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from proxy.wire.binary import binary_from_text
-from tests.wire import SYNC, Wire, bind, cstr, data_row_values, error_fields, execute, message, parse
+from tests.wire import SYNC, Wire, bind, cstr, data_row_values, describe, error_fields, execute, message, parse
 
 _POLICY = ATTACK_POLICY_HEAD + """
   public.aw0: &W
@@ -142,4 +142,38 @@ def test_a_passthrough_date_that_cannot_be_converted_fails_cleanly(wproxy: Runni
     replies = _extended(wire, "SELECT DATE '2000-01-02' AS d, 1 AS n", (1, 0))
     (row,) = [data_row_values(body) for kind, body in replies if kind == b"D"]
     assert row == [struct.pack("!i", 1), b"1"]
+    wire.close()
+
+
+def test_a_query_or_function_call_after_an_extended_error_is_ignored_until_sync(wproxy: RunningProxy) -> None:
+    """PostgreSQL ignores every message up to Sync after an extended-protocol error, a Query
+    and a FunctionCall too (no reply at all). dpproxy ran the Query: a DP one was answered and
+    charged though PostgreSQL would never have run it."""
+    wire = Wire(wproxy.host, wproxy.port)
+    with _plain(wproxy) as conn:
+        before = spent_epsilon(conn)
+        wire.send(parse("", "SELECT * FROM aw0"), bind("", ""), execute(""),
+                  _query("SELECT count(*) FROM aw0 WHERE x > 2"),
+                  message(b"F", struct.pack("!I", 1) + b"\0\0\0\0\0\0"), SYNC)
+        replies = wire.read_until(b"Z")
+        assert spent_epsilon(conn) == before
+    assert [kind for kind, _ in replies] == [b"E", b"Z"] and _codes(replies) == [b"DP001"]
+    wire.send(_query("SELECT count(*) FROM aw0 WHERE x > 2"))  # after Sync, it runs
+    assert [kind for kind, _ in wire.read_until(b"Z") if kind != b"N"] == [b"T", b"D", b"C", b"Z"]
+    wire.close()
+
+
+def test_describing_a_dp_portal_bound_with_too_many_result_formats_fails_the_statement_only(
+    wproxy: RunningProxy
+) -> None:
+    """Three result format codes for two columns: Execute failed with an ERROR, Describe of the
+    portal ended the session (FATAL 08P01). PostgreSQL fails the Bind with an ERROR."""
+    wire = Wire(wproxy.host, wproxy.port)
+    wire.send(parse("", "SELECT count(*), sum(n) FROM aw0 WHERE x > 1"), bind("", "", (), (), (1, 0, 1)),
+              describe(b"P", ""), execute(""), SYNC)
+    replies = wire.read_until(b"Z")
+    errors = [error_fields(body) for kind, body in replies if kind == b"E"]
+    assert [(e[b"C"], e[b"S"]) for e in errors] == [(b"08P01", b"ERROR")] and replies[-1] == (b"Z", b"I")
+    wire.send(_query("SELECT 1"))
+    assert _codes(wire.read_until(b"Z")) == []
     wire.close()
