@@ -123,7 +123,8 @@ class ExtendedProtocol:
         self._forget(self.portals, "")
 
     def sync(self) -> None:
-        """Sync ends error recovery; outside a transaction block the portals end too."""
+        """Sync ends error recovery; outside a transaction block the portals end too (after a
+        simple Query as well: a COMMIT or ROLLBACK in it ends the block's portals)."""
         self.skipping = False
         if self.runner.transaction_status() == b"I":
             for name in list(self.portals):
@@ -246,6 +247,10 @@ class ExtendedProtocol:
 
     async def _execute(self, message: protocol.Execute) -> None:
         portal = self._portal(message.portal)
+        if portal.result is not None and self.runner.transaction_status() == b"E":
+            # As PostgreSQL: a suspended portal hands out nothing more once its block has failed.
+            raise Refusal(SQLSTATE.IN_FAILED_TRANSACTION,
+                          "current transaction is aborted, commands ignored until end of transaction block")
         result = await self._result(portal)
         self.out.extend(protocol.notice_response(text) for text in portal.notices)
         portal.notices.clear()

@@ -404,6 +404,7 @@ class Session:
                     self._error(exc.sqlstate, exc.message, exc.hint)  # the statement fails, the session goes on
                 else:
                     await self._simple_query(sql)
+                self.extended.sync()  # a COMMIT or ROLLBACK in it ended the block's portals
                 self._ready()
             elif kind == b"S":
                 self.extended.sync()
