@@ -177,3 +177,28 @@ def test_describing_a_dp_portal_bound_with_too_many_result_formats_fails_the_sta
     wire.send(_query("SELECT 1"))
     assert _codes(wire.read_until(b"Z")) == []
     wire.close()
+
+
+@pytest.mark.parametrize("sql", ["SELECT t, count(*) FROM aw0 GROUP BY t", "SELECT * FROM generate_series(1, 100000)"],
+                         ids=["histogram", "passthrough-stream"])
+def test_a_suspended_portal_ends_with_its_block_and_hands_out_nothing_once_it_failed(wproxy: RunningProxy,
+                                                                                    sql: str) -> None:
+    """As PostgreSQL: a portal of a transaction block is gone after its COMMIT (34000), and a
+    suspended one hands out no more rows in a failed block (25P02); dpproxy kept handing out
+    both until a Sync outside a block."""
+    wire = Wire(wproxy.host, wproxy.port)
+    wire.send(_query("BEGIN"), parse("s", sql), bind("p", "s"), execute("p", 1), SYNC)
+    wire.read_until(b"Z")
+    assert [kind for kind, _ in wire.read_until(b"Z") if kind != b"N"] == [b"1", b"2", b"D", b"s", b"Z"]
+    wire.send(_query("COMMIT"))
+    wire.read_until(b"Z")
+    wire.send(execute("p", 1), SYNC)
+    assert _codes(wire.read_until(b"Z")) == [b"34000"]
+    wire.send(_query("BEGIN"), bind("q", "s"), execute("q", 1), SYNC, _query("SELECT 1/0"), execute("q", 1), SYNC)
+    for _ in range(4):
+        replies = wire.read_until(b"Z")
+    assert _codes(replies) == [b"25P02"] and replies[-1] == (b"Z", b"E")
+    wire.send(_query("ROLLBACK"), _query("SELECT 5"))
+    wire.read_until(b"Z")
+    assert [kind for kind, _ in wire.read_until(b"Z")] == [b"T", b"D", b"C", b"Z"]
+    wire.close()
