@@ -390,6 +390,12 @@ class Session:
             if self.shutting_down:
                 await self._fatal(SQLSTATE.ADMIN_SHUTDOWN, _ADMIN_SHUTDOWN)
                 return
+            if not messages.has_message():
+                # About to wait for the client, who may send no Sync or Flush for as long as it
+                # likes after a Parse (which resolves names on the backend), Bind or Execute:
+                # outside a block the connection goes back to the pool first, or pool.size
+                # such clients would leave every other session with 53300.
+                await self.executor.backend.release()
             kind, payload = await self._next_message(messages)
             self.busy = True
             if kind in (b"Q", b"F") and self.extended.skipping:
