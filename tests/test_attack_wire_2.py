@@ -10,6 +10,7 @@ reaches; a passthrough conversion that cannot be made is a clean 0A000.
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Iterator
 
 import psycopg
@@ -202,3 +203,32 @@ def test_a_suspended_portal_ends_with_its_block_and_hands_out_nothing_once_it_fa
     wire.read_until(b"Z")
     assert [kind for kind, _ in wire.read_until(b"Z")] == [b"T", b"D", b"C", b"Z"]
     wire.close()
+
+
+_ONE_CONNECTION = ATTACK_POLICY_HEAD.replace(
+    "statement_timeout_ms: 10000}}", "statement_timeout_ms: 10000, pool: {{size: 1, checkout_timeout_s: 2}}}}"
+) + _POLICY[len(ATTACK_POLICY_HEAD):]
+
+
+def test_a_client_that_never_sends_sync_keeps_no_pooled_connection(
+    wproxy: RunningProxy, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The connection went back to the pool only after Sync, Flush or a Query: a Parse (which
+    resolves its names on the backend), Describe or Execute followed by nothing kept it for
+    as long as the client liked, and pool.size such clients left every other session 53300."""
+    assert _ONE_CONNECTION != _POLICY  # (wproxy: its tables)
+    with running_proxy(test_db, tmp_path_factory, _ONE_CONNECTION) as proxy:
+        for messages in ([parse("", "SELECT relname FROM pg_class WHERE oid > 5")],
+                         [parse("s", "SELECT count(*) FROM aw0 WHERE x > 30"), describe(b"S", "s")],
+                         [parse("", "SELECT count(*) FROM aw0 WHERE x > 31"), bind("", ""), execute("")],
+                         [parse("", "SELECT 1"), bind("", ""), execute("")]):
+            hog = Wire(proxy.host, proxy.port)
+            hog.send(*messages)
+            time.sleep(0.3)
+            other = Wire(proxy.host, proxy.port)
+            other.send(_query("SELECT 1"))
+            assert _codes(other.read_until(b"Z")) == [], messages
+            hog.send(SYNC)  # and the pipeline still completes
+            assert _codes(hog.read_until(b"Z")) == []
+            for wire in (hog, other):
+                wire.close()
