@@ -290,6 +290,10 @@ class Executor:
         return fields
 
     async def known_fields(self, plan: Plan, result_formats: tuple[int, ...]) -> list[Field] | None:
+        if isinstance(plan.decision, CopyOut):
+            # NoData, as PostgreSQL describes a COPY: run here, a DP one was charged at
+            # Describe, for an answer a Close could then throw away.
+            return []
         if isinstance(plan.decision, DPQuery):
             fields = await self._dp_fields(plan.decision.plan)
         elif isinstance(plan.decision, DpproxyCommand):
