@@ -232,3 +232,20 @@ def test_a_client_that_never_sends_sync_keeps_no_pooled_connection(
             assert _codes(hog.read_until(b"Z")) == []
             for wire in (hog, other):
                 wire.close()
+
+
+def test_describing_a_copy_portal_runs_and_charges_nothing(wproxy: RunningProxy) -> None:
+    """Describe of a COPY portal is NoData, as on PostgreSQL, without running it: dpproxy ran
+    a DP COPY there, charging ε for an answer that a Close then threw away."""
+    sql = "COPY (SELECT count(*) FROM aw0 WHERE x > 9) TO STDOUT"
+    wire = Wire(wproxy.host, wproxy.port)
+    with _plain(wproxy) as conn:
+        before = spent_epsilon(conn)
+        wire.send(parse("", sql), bind("", ""), describe(b"P", ""), message(b"C", b"P\0"), SYNC)
+        assert [kind for kind, _ in wire.read_until(b"Z")] == [b"1", b"2", b"n", b"3", b"Z"]
+        assert spent_epsilon(conn) == before
+        wire.send(parse("", sql), bind("", ""), describe(b"P", ""), execute(""), SYNC)
+        kinds = [kind for kind, _ in wire.read_until(b"Z") if kind != b"N"]
+        assert kinds == [b"1", b"2", b"n", b"H", b"d", b"c", b"C", b"Z"]
+        assert spent_epsilon(conn) == before + 1
+    wire.close()
