@@ -1,11 +1,23 @@
-"""Attacks on the wire protocol's result formats, with raw protocol messages.
+"""Attacks on the wire protocol with raw protocol messages: result formats, pipelines,
+portals, COPY and the pool.
 
-dpproxy converts to binary itself the columns it has as text (a DP answer's, and any column
-asked in binary when others are asked in text): a date or time only from DateStyle ISO text.
-Pinned here: a DP answer is never charged and then lost to a conversion that fails (XX000,
-the session ended), whatever DateStyle the session set and whatever year post-processing
-reaches; a passthrough conversion that cannot be made is a clean 0A000.
-""" 
+Pinned here, each found as a hole:
+
+* dpproxy converts to binary itself the columns it has as text (a DP answer's, and any column
+  asked in binary when others are asked in text), a date or time only from DateStyle ISO
+  text: a DP answer is never charged and then lost to a conversion that fails (XX000, the
+  session ended), whatever DateStyle the session set and whatever year post-processing
+  reaches; a passthrough conversion that cannot be made is a clean 0A000;
+* after an extended-protocol error a simple Query (and a FunctionCall) up to Sync is ignored,
+  as PostgreSQL ignores it, never run and charged;
+* Describe of a portal bound with the wrong number of result formats fails the statement,
+  not the session; Describe of a COPY portal is NoData and charges nothing;
+* a portal ends with its transaction block, and hands out nothing in a failed one;
+* a client that never sends Sync keeps no pooled backend connection from the others.
+
+And probes that held: a bad binary parameter fails alike on neighbouring tables, before the
+charge.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +28,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from proxy.wire.binary import binary_from_text
+from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from tests.wire import SYNC, Wire, bind, cstr, data_row_values, describe, error_fields, execute, message, parse
 
 _POLICY = ATTACK_POLICY_HEAD + """
@@ -249,3 +261,25 @@ def test_describing_a_copy_portal_runs_and_charges_nothing(wproxy: RunningProxy)
         assert kinds == [b"1", b"2", b"n", b"H", b"d", b"c", b"C", b"Z"]
         assert spent_epsilon(conn) == before + 1
     wire.close()
+
+
+@pytest.mark.parametrize(("sql", "types", "value", "sqlstate"), [
+    ("SELECT count(*) FROM {t} WHERE x > $1", (23,), b"\x00\x00\x01", b"08P01"),
+    ("SELECT count(*) FROM {t} WHERE n > $1", (1700,), b"\x00\x01\x00\x00\x00\x00\x00\x00\xff\xff", b"22P03"),
+    ("SELECT count(*) FROM {t} WHERE t = $1", (25,), b"\xff\xfe", b"22021"),
+    ("SELECT count(*) FROM {t} WHERE d > $1", (1082,), b"\x7f\xff\xff\xfe", b"22008"),
+    ("SELECT date_trunc('month', ts), count(*) FROM {t} WHERE ts > $1 GROUP BY 1", (1114,),
+     struct.pack("!q", 0x7FFFFFFFFFFFFFF0), b"22008"),
+], ids=["int4-of-3-bytes", "numeric-bad-digit", "text-not-utf8", "date-out-of-range", "timestamp-out-of-range"])
+def test_a_bad_binary_parameter_fails_alike_on_neighbours_before_the_charge(
+    wproxy: RunningProxy, sql: str, types: tuple[int, ...], value: bytes, sqlstate: bytes
+) -> None:
+    """Held: PostgreSQL's own error for the value, before the charge, whatever the rows."""
+    with _plain(wproxy) as conn:
+        for table in ("aw0", "aw1"):
+            wire = Wire(wproxy.host, wproxy.port)
+            before = spent_epsilon(conn)
+            wire.send(parse("", sql.replace("{t}", table), types), bind("", "", (value,), (1,)), execute(""), SYNC)
+            replies = wire.read_until(b"Z")
+            assert _codes(replies) == [sqlstate] and spent_epsilon(conn) == before
+            wire.close()
