@@ -178,6 +178,10 @@ class ExtendedProtocol:
             self._fail(SQLSTATE.FEATURE_NOT_SUPPORTED, str(exc), "Request text format for this column.")
         except protocol.InvalidText as exc:
             self._fail(exc.sqlstate, exc.message, exc.hint)
+        except ProtocolError as exc:
+            # A malformed message whose length was right (a bad Describe target, a truncated
+            # Bind): as PostgreSQL, the statement fails (08P01) and the session goes on.
+            self._fail(exc.sqlstate, exc.message)
 
     def _fail(self, sqlstate: str, message: str, hint: str | None = None, detail: str | None = None) -> None:
         self.out.append(protocol.error_response(sqlstate, message, hint, detail))
