@@ -283,3 +283,21 @@ def test_a_bad_binary_parameter_fails_alike_on_neighbours_before_the_charge(
             replies = wire.read_until(b"Z")
             assert _codes(replies) == [sqlstate] and spent_epsilon(conn) == before
             wire.close()
+
+
+@pytest.mark.parametrize("malformed", [
+    describe(b"X", ""), message(b"C", b"X\0"), message(b"B", b"\0\0\0\x01"), message(b"E", b"\0\0\0\0\0zz"),
+    message(b"P", b"\0SELECT 1"),
+], ids=["describe-target", "close-target", "truncated-bind", "execute-trailing-bytes", "unterminated-parse"])
+def test_a_malformed_extended_message_fails_the_statement_not_the_session(wproxy: RunningProxy,
+                                                                          malformed: bytes) -> None:
+    """Its length right, its content not: PostgreSQL answers ERROR 08P01, skips to Sync and
+    goes on; dpproxy ended the session with FATAL."""
+    wire = Wire(wproxy.host, wproxy.port)
+    wire.send(parse("", "SELECT 1"), malformed, bind("", ""), execute(""), SYNC)
+    replies = wire.read_until(b"Z")
+    errors = [error_fields(body) for kind, body in replies if kind == b"E"]
+    assert [(e[b"C"], e[b"S"]) for e in errors] == [(b"08P01", b"ERROR")] and replies[-1] == (b"Z", b"I")
+    wire.send(_query("SELECT 2"))
+    assert [kind for kind, _ in wire.read_until(b"Z")] == [b"T", b"D", b"C", b"Z"]
+    wire.close()
