@@ -301,3 +301,28 @@ def test_a_malformed_extended_message_fails_the_statement_not_the_session(wproxy
     wire.send(_query("SELECT 2"))
     assert [kind for kind, _ in wire.read_until(b"Z")] == [b"T", b"D", b"C", b"Z"]
     wire.close()
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT count(*), sum(n), avg(n), sum(f), avg(x), sum(x) FROM {t}",
+    "SELECT t, count(*), sum(n) FROM {t} GROUP BY t",
+    "SELECT round(avg(n), 1) AS r, sum(n)::numeric(12,3) AS s, count(*)::text AS c FROM {t}",
+    "SELECT d, count(*) FROM {t} GROUP BY d ORDER BY 2 DESC LIMIT 3",
+    "SELECT CASE WHEN count(*) > 30 THEN 'many' ELSE 'few' END AS k FROM {t}",
+])
+def test_describe_of_statement_and_portal_and_the_query_s_row_description_agree_on_neighbours(
+    wproxy: RunningProxy, sql: str
+) -> None:
+    """Held: types, sizes and typmods come from the statement; Describe (statement and portal,
+    neither charged) shows what the simple protocol sends, on both tables."""
+    seen = []
+    for table in ("aw0", "aw1"):
+        wire = Wire(wproxy.host, wproxy.port)
+        text = sql.replace("{t}", table)
+        wire.send(parse("s", text), describe(b"S", "s"), bind("p", "s"), describe(b"P", "p"), SYNC, _query(text))
+        described = [body.replace(table.encode(), b"T") for kind, body in wire.read_until(b"Z") if kind == b"T"]
+        sent = [body.replace(table.encode(), b"T") for kind, body in wire.read_until(b"Z") if kind == b"T"]
+        assert len(described) == 2 and described[0] == described[1] == sent[0]
+        seen.append(sent[0])
+        wire.close()
+    assert seen[0] == seen[1]
