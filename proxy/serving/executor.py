@@ -35,7 +35,7 @@ from proxy.dp.repeats import RepeatStore
 from proxy.ops.audit import AuditEntry, AuditLog
 from proxy.ops.audit import fingerprint as audit_fingerprint
 from proxy.ops.metrics import observe_statement
-from proxy.wire.binary import BINARY_TYPES, UnsupportedBinaryType, binary_from_text
+from proxy.wire.binary import BINARY_TYPES, DATE_TIME_TYPES, NOT_ISO, UnsupportedBinaryType, binary_from_text
 from proxy.wire.encodings import untranslatable
 from proxy.wire.protocol import Field, ProtocolError, formats_for
 from proxy.wire.values import load_text
@@ -290,13 +290,20 @@ class Executor:
         return fields
 
     async def known_fields(self, plan: Plan, result_formats: tuple[int, ...]) -> list[Field] | None:
+        if isinstance(plan.decision, CopyOut):
+            # NoData, as PostgreSQL describes a COPY: run here, a DP one was charged at
+            # Describe, for an answer a Close could then throw away.
+            return []
         if isinstance(plan.decision, DPQuery):
             fields = await self._dp_fields(plan.decision.plan)
         elif isinstance(plan.decision, DpproxyCommand):
             fields = self.settings.fields(plan.decision) or []
         else:
             return None
-        formats = formats_for(result_formats, len(fields))
+        try:
+            formats = formats_for(result_formats, len(fields))
+        except ProtocolError as exc:  # the statement fails, as at Execute; the session goes on
+            raise Refusal(SQLSTATE.PROTOCOL_VIOLATION, exc.message) from None
         return [f if f.format == fmt else replace(f, format=fmt) for f, fmt in zip(fields, formats)]
 
     # ------------------------------------------------------------ running
@@ -696,10 +703,19 @@ class Executor:
             formats = formats_for(result_formats, len(fields))
         except ProtocolError as exc:
             raise Refusal(SQLSTATE.PROTOCOL_VIOLATION, exc.message) from None
+        # dpproxy converts a date or time from its text only as DateStyle ISO prints it: under
+        # another DateStyle the conversion would fail after the charge, ending the session.
+        iso = (self.backend.literal_settings[0] or "ISO").upper().startswith("ISO")
         for column, fmt in zip(fields, formats):
-            if fmt == 1 and column.format == 0 and column.type_oid not in BINARY_TYPES:
+            if fmt != 1 or column.format != 0:
+                continue
+            if column.type_oid not in BINARY_TYPES:
                 raise Refusal(SQLSTATE.FEATURE_NOT_SUPPORTED, str(UnsupportedBinaryType(column.type_oid)),
                               "Request text format for this column.")
+            if column.type_oid in DATE_TIME_TYPES and not iso:
+                raise Refusal(SQLSTATE.FEATURE_NOT_SUPPORTED, str(UnsupportedBinaryType(column.type_oid, NOT_ISO)),
+                              "Request text format for this column (or binary for every column), or SET "
+                              "DateStyle = ISO.")
 
     async def _check_values(self, sql: str, params: BoundParams, settings: tuple[object, ...]) -> None:
         """Raise, before the charge, the errors of values the column types cannot read.

@@ -123,7 +123,8 @@ class ExtendedProtocol:
         self._forget(self.portals, "")
 
     def sync(self) -> None:
-        """Sync ends error recovery; outside a transaction block the portals end too."""
+        """Sync ends error recovery; outside a transaction block the portals end too (after a
+        simple Query as well: a COMMIT or ROLLBACK in it ends the block's portals)."""
         self.skipping = False
         if self.runner.transaction_status() == b"I":
             for name in list(self.portals):
@@ -177,6 +178,10 @@ class ExtendedProtocol:
             self._fail(SQLSTATE.FEATURE_NOT_SUPPORTED, str(exc), "Request text format for this column.")
         except protocol.InvalidText as exc:
             self._fail(exc.sqlstate, exc.message, exc.hint)
+        except ProtocolError as exc:
+            # A malformed message whose length was right (a bad Describe target, a truncated
+            # Bind): as PostgreSQL, the statement fails (08P01) and the session goes on.
+            self._fail(exc.sqlstate, exc.message)
 
     def _fail(self, sqlstate: str, message: str, hint: str | None = None, detail: str | None = None) -> None:
         self.out.append(protocol.error_response(sqlstate, message, hint, detail))
@@ -246,6 +251,10 @@ class ExtendedProtocol:
 
     async def _execute(self, message: protocol.Execute) -> None:
         portal = self._portal(message.portal)
+        if portal.result is not None and self.runner.transaction_status() == b"E":
+            # As PostgreSQL: a suspended portal hands out nothing more once its block has failed.
+            raise Refusal(SQLSTATE.IN_FAILED_TRANSACTION,
+                          "current transaction is aborted, commands ignored until end of transaction block")
         result = await self._result(portal)
         self.out.extend(protocol.notice_response(text) for text in portal.notices)
         portal.notices.clear()

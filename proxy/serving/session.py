@@ -390,8 +390,18 @@ class Session:
             if self.shutting_down:
                 await self._fatal(SQLSTATE.ADMIN_SHUTDOWN, _ADMIN_SHUTDOWN)
                 return
+            if not messages.has_message():
+                # About to wait for the client, who may send no Sync or Flush for as long as it
+                # likes after a Parse (which resolves names on the backend), Bind or Execute:
+                # outside a block the connection goes back to the pool first, or pool.size
+                # such clients would leave every other session with 53300.
+                await self.executor.backend.release()
             kind, payload = await self._next_message(messages)
             self.busy = True
+            if kind in (b"Q", b"F") and self.extended.skipping:
+                # As PostgreSQL: after an extended-protocol error every message up to Sync is
+                # ignored, a Query too (run, a DP one was charged for a statement never run there).
+                continue
             if kind == b"Q":
                 self.extended.forget_unnamed()
                 try:
@@ -400,6 +410,7 @@ class Session:
                     self._error(exc.sqlstate, exc.message, exc.hint)  # the statement fails, the session goes on
                 else:
                     await self._simple_query(sql)
+                self.extended.sync()  # a COMMIT or ROLLBACK in it ended the block's portals
                 self._ready()
             elif kind == b"S":
                 self.extended.sync()

@@ -8,30 +8,30 @@ Types outside this table are refused with a clear error rather than guessed.
 
 from __future__ import annotations
 
+import re
 import struct
 import uuid
-from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal, InvalidOperation
 
-__all__ = ["BINARY_TYPES", "UnsupportedBinaryType", "binary_from_text", "binary_from_value"]
+__all__ = ["BINARY_TYPES", "DATE_TIME_TYPES", "NOT_ISO", "UnsupportedBinaryType", "binary_from_text", "binary_from_value"]
 
 BOOL, BYTEA, CHAR, NAME, INT8, INT2, INT4, TEXT, OID = 16, 17, 18, 19, 20, 21, 23, 25, 26
 XID, FLOAT4, FLOAT8, BPCHAR, VARCHAR, DATE, TIMESTAMP, TIMESTAMPTZ, NUMERIC, UUID = (
     28, 700, 701, 1042, 1043, 1082, 1114, 1184, 1700, 2950,
 )
 UNKNOWN = 705
+DATE_TIME_TYPES = frozenset({DATE, TIMESTAMP, TIMESTAMPTZ})
+"""Converted to binary from their text only as DateStyle ISO prints them."""
+NOT_ISO = " from text in a DateStyle other than ISO"
 
-_EPOCH_DATE = date(2000, 1, 1)
-_EPOCH = datetime(2000, 1, 1)
-_EPOCH_TZ = datetime(2000, 1, 1, tzinfo=timezone.utc)
 _TEXT_LIKE = {TEXT, NAME, BPCHAR, VARCHAR, CHAR, UNKNOWN}
 
 
 class UnsupportedBinaryType(Exception):
     """The client asked for binary output of a type dpproxy cannot encode."""
 
-    def __init__(self, type_oid: int):
-        super().__init__(f"binary output of type oid {type_oid} is not supported by dpproxy")
+    def __init__(self, type_oid: int, reason: str = ""):
+        super().__init__(f"binary output of type oid {type_oid} is not supported by dpproxy{reason}")
         self.type_oid = type_oid
 
 
@@ -80,12 +80,11 @@ def binary_from_text(text: bytes, type_oid: int) -> bytes:
         return bytes.fromhex(s[2:])
     if type_oid == UUID:
         return uuid.UUID(s).bytes
-    if type_oid == DATE:
-        return _date(s)
-    if type_oid == TIMESTAMP:
-        return _timestamp(s, tz=False)
-    if type_oid == TIMESTAMPTZ:
-        return _timestamp(s, tz=True)
+    if type_oid in DATE_TIME_TYPES:
+        try:
+            return _date(s) if type_oid == DATE else _timestamp(s, tz=type_oid == TIMESTAMPTZ)
+        except ValueError:
+            raise UnsupportedBinaryType(type_oid, NOT_ISO) from None
     raise UnsupportedBinaryType(type_oid)
 
 
@@ -118,21 +117,63 @@ def _numeric(value: Decimal) -> bytes:
     return header + b"".join(struct.pack("!H", g) for g in groups)
 
 
+# PostgreSQL's ISO (DateStyle ISO) output of a date, timestamp or timestamptz: a year of four
+# digits or more, " BC" for the years before 1 (year 1 BC is year 0), an offset of hours,
+# minutes and seconds (a zone's local mean time before its standard time).
+_ISO_MOMENT = re.compile(
+    r"(\d{4,})-(\d\d)-(\d\d)"
+    r"(?: (\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?)?"
+    r"(?:([+-])(\d\d)(?::(\d\d))?(?::(\d\d))?)?"
+    r"( BC)?"
+)
+_DAY_US = 86_400_000_000
+
+
+def _days_from_civil(year: int, month: int, day: int) -> int:
+    """Days from 1970-01-01 to a proleptic Gregorian date (astronomical year: 0 is 1 BC)."""
+    year -= month <= 2
+    era = year // 400
+    yoe = year - era * 400
+    doy = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146_097 + doe - 719_468
+
+
+_EPOCH_DAYS = _days_from_civil(2000, 1, 1)
+
+
+def _moment(s: str, with_time: bool) -> tuple[int, int]:
+    """(days since 2000-01-01, microseconds since midnight UTC-adjusted) of an ISO value;
+    ValueError for any other text (DateStyle other than ISO)."""
+    match = _ISO_MOMENT.fullmatch(s)
+    if match is None or (match[4] is None) == with_time:
+        raise ValueError(f"not a DateStyle ISO value: {s!r}")
+    year, month, day = int(match[1]), int(match[2]), int(match[3])
+    if match[12]:
+        year = 1 - year
+    days = _days_from_civil(year, month, day) - _EPOCH_DAYS
+    micros = 0
+    if match[4] is not None:
+        micros = ((int(match[4]) * 60 + int(match[5])) * 60 + int(match[6])) * 1_000_000
+        micros += int((match[7] or "").ljust(6, "0") or 0)
+    if match[8]:
+        offset = ((int(match[9]) * 60 + int(match[10] or 0)) * 60 + int(match[11] or 0)) * 1_000_000
+        micros -= offset if match[8] == "+" else -offset
+    return days, micros
+
+
 def _date(s: str) -> bytes:
     if s in ("infinity", "-infinity"):
         return struct.pack("!i", 0x7FFFFFFF if s == "infinity" else -0x80000000)
-    return struct.pack("!i", (date.fromisoformat(s) - _EPOCH_DATE).days)
+    days, _ = _moment(s, with_time=False)
+    return struct.pack("!i", days)
 
 
 def _timestamp(s: str, tz: bool) -> bytes:
     if s in ("infinity", "-infinity"):
         return struct.pack("!q", 0x7FFFFFFFFFFFFFFF if s == "infinity" else -0x8000000000000000)
-    if tz and len(s) >= 3 and s[-3] in "+-" and s[-2:].isdigit():
-        s += ":00"  # PostgreSQL prints +02; fromisoformat wants +02:00
-    moment = datetime.fromisoformat(s)
-    delta: timedelta = moment - (_EPOCH_TZ if tz else _EPOCH)
-    micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-    return struct.pack("!q", micros)
+    days, micros = _moment(s, with_time=True)
+    return struct.pack("!q", days * _DAY_US + micros)
 
 
 BINARY_TYPES = frozenset(

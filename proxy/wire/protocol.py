@@ -158,6 +158,15 @@ class MessageReader:
             self._pos = end
         return kind, buffer[pos + 5 : end]
 
+    def has_message(self) -> bool:
+        """Whether a whole message is buffered already: ``next`` returns it without waiting
+        (False may still find one in the stream's own buffer)."""
+        available = len(self._buffer) - self._pos
+        if available < 5:
+            return False
+        _, length = _HEADER.unpack_from(self._buffer, self._pos)
+        return available >= 1 + length
+
     async def _fill(self) -> None:
         chunk = await self._reader.read(self._CHUNK)
         if not chunk:
