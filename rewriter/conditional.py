@@ -81,9 +81,9 @@ def unconditional(item: exp.Expression, scope: Scope) -> Unconditional:
         case = order[0].this if len(order) == 1 and isinstance(order[0].this, exp.Case) else None
         if case is None:
             return Unconditional(item, filtered)
-        condition, then = _case(case, scope, "MODE()", else_values=())
+        condition, then, _ = _case(case, scope, "MODE() WITHIN GROUP (ORDER BY CASE ...)", zero=False)
         mode = item.copy()
-        mode.expression.expressions[0].set("this", _column(then, case, scope, "MODE()"))
+        mode.expression.expressions[0].set("this", _column(then, scope, "MODE() WITHIN GROUP (ORDER BY CASE ...)"))
         return Unconditional(mode, _both(filtered, condition))
     if not isinstance(item, exp.AggFunc):
         return Unconditional(item, filtered)
@@ -92,54 +92,57 @@ def unconditional(item: exp.Expression, scope: Scope) -> Unconditional:
     if distinct:
         assert isinstance(argument, exp.Distinct)
         argument = argument.expressions[0]
+    argument = _unparenthesised(argument)  # Tableau wraps its CASE in parentheses
     if not isinstance(argument, exp.Case):
         return Unconditional(item, filtered)
     name = f"{item.sql_name().upper()}({'DISTINCT ' if distinct else ''}CASE ...)"
+    summed = isinstance(item, exp.Sum) and not distinct
+    condition, then, zero = _case(argument, scope, name, zero=summed)
     plain = item.copy()
-    if isinstance(item, exp.Sum) and not distinct:
-        condition, then = _case(argument, scope, name, else_values=("0",))
-        default = argument.args.get("default")
-        otherwise = _unparenthesised(default) if default is not None else None
-        if _constant_is(then, _ONE):
-            constants = [then] + ([otherwise] if otherwise is not None and _constant_is(otherwise, _ZERO) else [])
-            counted = NUMERIC if any(not c.this.isdigit() for c in constants) else None
-            plain.set("this", exp.Literal.number(1))
-            return Unconditional(plain, _both(filtered, condition), counted)
-        column = _column(then, argument, scope, name)
-        if otherwise is not None and _constant_is(otherwise, _ZERO):
-            column = _widened(column, otherwise, scope)
-        plain.set("this", column)
-        return Unconditional(plain, _both(filtered, condition))
-    condition, then = _case(argument, scope, name, else_values=())
+    if summed and _constant_is(then, _ONE):
+        counted = NUMERIC if any(not c.this.isdigit() for c in (then, zero) if c is not None) else None
+        plain.set("this", exp.Literal.number(1))
+        return Unconditional(plain, _both(filtered, condition), counted)
     if isinstance(item, exp.Count) and not distinct and _non_null_constant(then):
         plain.set("this", exp.Star())
         return Unconditional(plain, _both(filtered, condition))
-    column = _column(then, argument, scope, name)
+    column: exp.Expression = _column(then, scope, name)
+    if zero is not None:
+        column = _widened(column, zero, scope)
     plain.set("this", exp.Distinct(expressions=[column]) if distinct else column)
     return Unconditional(plain, _both(filtered, condition))
 
 
-def _case(case: exp.Case, scope: Scope, name: str, else_values: tuple[str, ...]) -> tuple[exp.Expression, exp.Expression]:
-    """The condition and the THEN value of ``CASE WHEN p THEN v [ELSE e] END``; e must be NULL
-    or, where ``else_values`` allows one, a zero constant."""
+def _case(case: exp.Case, scope: Scope, name: str, zero: bool) -> tuple[exp.Expression, exp.Expression, exp.Literal | None]:
+    """The condition p, the THEN value and the zero constant (None for NULL) of ``CASE WHEN p
+    THEN v [ELSE e] END`` or ``CASE WHEN p THEN v WHEN NOT p THEN e [ELSE NULL] END`` (Tableau's
+    IIF). e must be NULL or, where ``zero`` allows one, a zero constant (0, 0.0)."""
     ifs = case.args.get("ifs") or []
     otherwise = case.args.get("default")
+    otherwise = _unparenthesised(otherwise) if otherwise is not None else None
+    if (len(ifs) == 2 and isinstance(_unparenthesised(ifs[1].this), exp.Not)
+            and _unparenthesised(_unparenthesised(ifs[1].this).this) == _unparenthesised(ifs[0].this)
+            and (otherwise is None or isinstance(otherwise, exp.Null))):
+        otherwise = _unparenthesised(ifs[1].args["true"])  # IIF(p, v, e): p NULL gives NULL, as ELSE NULL
+        ifs = ifs[:1]
     if case.this is not None or len(ifs) != 1:
         raise _refusal(scope, f"{name} with {'CASE x WHEN' if case.this is not None else 'several WHENs'}")
-    if not (otherwise is None or isinstance(otherwise, exp.Null) or (else_values and _constant_is(otherwise, _ZERO))):
+    if otherwise is not None and not isinstance(otherwise, exp.Null) and not (zero and _constant_is(otherwise, _ZERO)):
         raise _refusal(scope, f"{name} with ELSE {otherwise.sql('postgres')[:40]}")
     (when,) = ifs
-    return when.this, _unparenthesised(when.args["true"])
+    constant = otherwise if isinstance(otherwise, exp.Literal) else None
+    return when.this, _unparenthesised(when.args["true"]), constant
 
 
-def _column(then: exp.Expression, case: exp.Case, scope: Scope, name: str) -> exp.Column:
+def _column(then: exp.Expression, scope: Scope, name: str) -> exp.Column:
     if not isinstance(then, exp.Column) or isinstance(then.this, exp.Star):
         raise _refusal(scope, f"{name} with THEN {then.sql('postgres')[:40]}")
     return then.copy()
 
 
-def _widened(column: exp.Column, zero: exp.Expression, scope: Scope) -> exp.Expression:
+def _widened(column: exp.Expression, zero: exp.Literal, scope: Scope) -> exp.Expression:
     """``column`` cast to the type PostgreSQL gives ``CASE ... THEN column ELSE zero END``."""
+    assert isinstance(column, exp.Column)
     own = scope.column(column).type_oid
     if own not in _WIDENING:
         return column  # SUM refuses a column that is not numeric

@@ -46,6 +46,15 @@ ANSWERED = [
      "SELECT MODE() WITHIN GROUP (ORDER BY sex) FROM adult WHERE age BETWEEN 20 AND 60"),
     ("SELECT COUNT(*) FILTER (WHERE sex = 'Male') AS men FROM adult WHERE age > 30",
      "SELECT COUNT(*) AS men FROM adult WHERE age > 30 AND sex = 'Male'"),
+    # Metabase's SumIf over its qualified columns, and Tableau's IIF(p, x, 0) / IIF(p, 1, NULL)
+    ('SELECT SUM(CASE WHEN "public"."adult"."sex" = \'Male\' THEN "public"."adult"."age" ELSE 0.0 END) FROM adult',
+     "SELECT SUM(age) FROM adult WHERE sex = 'Male'"),
+    ("SELECT SUM((CASE WHEN (age > 40) THEN 1 WHEN NOT (age > 40) THEN 0 ELSE NULL END)) FROM adult",
+     "SELECT COUNT(*) FROM adult WHERE age > 40"),
+    ("SELECT COUNT((CASE WHEN (sex = 'Male') THEN 1 WHEN NOT (sex = 'Male') THEN NULL ELSE NULL END)) FROM adult",
+     "SELECT COUNT(*) FROM adult WHERE sex = 'Male'"),
+    ("SELECT SUM((CASE WHEN (sex = 'Male') THEN age WHEN NOT (sex = 'Male') THEN 0 ELSE NULL END)) FROM adult",
+     "SELECT SUM(age) FROM adult WHERE sex = 'Male'"),
 ]
 # Each column's allowed distance from the exact value (noise at ε = 1 split over the columns).
 _TOLERANCE = {"count": 60, "sum": 3000, "avg": 3, "max": 30, "mode": 0, "men": 60}
@@ -157,6 +166,9 @@ REFUSED = [
     ("SELECT COUNT(*) FILTER (WHERE age > (SELECT 1)) FROM adult", "no-subquery"),
     ("SELECT COUNT(*) FILTER (WHERE age > AVG(age)) FROM adult", "safe-predicate"),
     ("SELECT COUNT(*) FILTER (WHERE ctid > '(0,1)') FROM adult", "no-row-access"),
+    ("SELECT SUM(CASE WHEN age > 40 THEN 1 WHEN NOT (age > 30) THEN 0 END) FROM adult", "aggregate-argument"),
+    ("SELECT COUNT(CASE WHEN age > 40 THEN 1 WHEN NOT (age > 40) THEN 0 END) FROM adult", "aggregate-argument"),
+    ("SELECT SUM(CASE WHEN age > 40 THEN 'x' END) FROM adult", "aggregate-argument"),
 ]
 
 
@@ -188,3 +200,23 @@ def test_min_with_a_filter_per_group_is_refused_as_min_per_group_is(grouping: Ru
         with pytest.raises(psycopg.Error) as info:
             conn.execute("SELECT sex, MIN(age) FILTER (WHERE age > 30) FROM adult GROUP BY sex")
     assert "rule: aggregate-not-allowed" in (info.value.diag.message_primary or "")
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT SUM(CASE WHEN value > 3 THEN ratio ELSE 0 END) FROM clamp_test",
+    "SELECT SUM(CASE WHEN value > 3 THEN value ELSE 0.0 END) FROM clamp_test",
+    "SELECT SUM(CASE WHEN value > 3 THEN value ELSE 0 END), AVG(CASE WHEN ratio > 0 THEN value END) FROM clamp_test",
+])
+def test_sum_of_a_column_or_zero_has_the_type_postgresql_gives_the_case(proxy: RunningProxy, admin: psycopg.Connection,
+                                                                        sql: str):
+    with proxy.connect(autocommit=True) as conn:
+        assert _shape(_simple(conn, sql)) == _shape(_simple(admin, sql))
+
+
+def test_metabase_share_is_post_processing_of_two_released_counts(proxy: RunningProxy):
+    with proxy.connect(autocommit=True) as conn:
+        before = spent_epsilon(conn)
+        (share,) = conn.execute('SELECT SUM(CASE WHEN "public"."adult"."sex" = \'Female\' THEN 1 ELSE 0.0 END) '
+                                '/ COUNT(*) AS "share" FROM "public"."adult"').fetchone() or (None,)
+        assert spent_epsilon(conn) - before == pytest.approx(1.0)
+    assert share is not None and 0.30 < float(share) < 0.36
