@@ -20,6 +20,9 @@ aggregate's ``FILTER (WHERE p)``. Accepted, and what each means in PostgreSQL:
   the FILTER only by being 0, not NULL, when rows fail p and none holds a value under p:
   whether any row does is what a DP release never tells, so both are released alike.
 
+Each CASE may also be written ``CASE WHEN p THEN v WHEN NOT p THEN e ELSE NULL END`` (Tableau's
+``IIF(p, v, e)``; a NULL p gives NULL, as ``ELSE NULL`` does), and in parentheses.
+
 Anything else in a CASE inside an aggregate (several WHENs, a simple ``CASE x WHEN``, other
 THEN/ELSE values, arithmetic) is refused with a hint naming the FILTER form.
 """

@@ -3,7 +3,8 @@
 Accepted shape (docs/query-shapes.md):
 ``SELECT agg [AS alias] [, ...] FROM <protected table> [AS t] [WHERE <safe predicate>]
 [ORDER BY ...] [LIMIT n]`` where ``agg`` is COUNT(*), COUNT(col), SUM(col), AVG(col),
-MIN(col), MAX(col) or MODE() WITHIN GROUP (ORDER BY col). Everything else is refused with
+MIN(col), MAX(col) or MODE() WITHIN GROUP (ORDER BY col), each maybe restricted by a safe
+predicate (``FILTER (WHERE p)`` or a CASE form that means it, :mod:`rewriter.conditional`). Everything else is refused with
 the rule it breaks. The plan, not the client's text, is what later reaches the backend.
 """
 
