@@ -269,3 +269,15 @@ def test_a_filter_in_a_window_is_refused_as_the_window_is(proxy: RunningProxy):
         with pytest.raises(psycopg.Error) as info:
             conn.execute("SELECT COUNT(*) FILTER (WHERE age > 40) OVER () FROM adult")
     assert info.value.diag.sqlstate == "DP001"
+
+
+def test_a_prepared_filter_with_computed_values_is_described_then_folded_per_execution(proxy: RunningProxy,
+                                                                                      admin: psycopg.Connection):
+    (older,) = admin.execute("SELECT COUNT(*) FROM adult WHERE age > 40").fetchone() or (0,)
+    sql = "SELECT COUNT(*) FILTER (WHERE age > %s + 0) AS a, AVG(CASE WHEN age > 30 + 10 THEN age END) AS b FROM adult"
+    with proxy.connect(autocommit=True) as conn:
+        for _ in range(2):
+            cur = conn.execute(sql, (40,), prepare=True)
+            row = cur.fetchone()
+            assert [(c.name, c.type_code) for c in cur.description or []] == [("a", 20), ("b", 1700)]
+            assert row is not None and abs(row[0] - older) < 100 and 45 < float(row[1]) < 55
