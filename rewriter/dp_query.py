@@ -302,11 +302,13 @@ def _post_processed(
     def release(node: exp.Expr) -> int:
         assert isinstance(node, exp.Expression)
         agg = _aggregate(node, scope, conditions, grouped)
+        condition = unconditional(node, scope).condition if agg.filter_sql is not None else None
+        # By the condition as written: a folded one's template differs at each use (its tokens).
+        written = condition.sql("postgres") if condition is not None else None
         key = (agg.kind, agg.column.name if agg.column else None, agg.mechanism, agg.distinct, agg.result_type_oid,
-               agg.filter_sql)
+               written)
         if key not in index:
-            condition = unconditional(node, scope).condition if agg.filter_sql is not None else None
-            name = _sql_name(agg) + (f" filter (where {condition.sql('postgres')})" if condition is not None else "")
+            name = _sql_name(agg) + (f" filter (where {written})" if written is not None else "")
             released.append(replace(agg, output_name=name))
             index[key] = len(released)
         return index[key]

@@ -241,6 +241,8 @@ def test_metabase_share_is_post_processing_of_two_released_counts(proxy: Running
 @pytest.mark.parametrize("sql", [
     "SELECT COUNT(*) FILTER (WHERE w.age > 40) AS c FROM (SELECT * FROM adult WHERE sex = 'Male') AS w",
     "SELECT COUNT(*) FILTER (WHERE age > 40) AS c FROM adult HAVING COUNT(*) FILTER (WHERE age > 40) IS NOT NULL",
+    "SELECT MAX(x) FILTER (WHERE s = 'Male') AS c FROM (SELECT age AS x, sex AS s FROM adult) AS w",
+    "SELECT SUM(CASE WHEN s = 'Male' THEN x ELSE 0 END) AS c FROM (SELECT age AS x, sex AS s FROM adult) AS w",
 ])
 def test_a_filter_in_a_wrapper_or_a_having_is_answered(proxy: RunningProxy, sql: str):
     with proxy.connect(autocommit=True) as conn:
@@ -281,3 +283,12 @@ def test_a_prepared_filter_with_computed_values_is_described_then_folded_per_exe
             row = cur.fetchone()
             assert [(c.name, c.type_code) for c in cur.description or []] == [("a", 20), ("b", 1700)]
             assert row is not None and abs(row[0] - older) < 100 and 45 < float(row[1]) < 55
+
+
+def test_one_folded_filter_used_twice_is_one_released_column(proxy: RunningProxy):
+    with proxy.connect(autocommit=True) as conn:
+        notices: list[str] = []
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        row = conn.execute("SELECT COUNT(*) FILTER (WHERE age > 30 + 10) * 2 - COUNT(*) FILTER (WHERE age > 30 + 10) "
+                           "AS c FROM adult").fetchone()
+    assert row is not None and notices and notices[0].count("filter (where") == 1, notices
