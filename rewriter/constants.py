@@ -123,23 +123,36 @@ class Folding:
     patterns, whose values are checked when they are bound (:mod:`rewriter.like_patterns`).
     """
 
-    template: str
+    template: str | None
     folds: tuple[Fold, ...]
     like_parameters: tuple[int, ...]
+    # The templates of the plan's aggregates' FILTERs (rewriter.conditional), one per aggregate
+    # (None for one without); their tokens are numbered with the WHERE's.
+    filters: tuple[str | None, ...] = ()
 
     @property
     def inline(self) -> str:
         """The predicate with every expression left in place: valid SQL to describe, never to run."""
-        return self.filled([fold.inline for fold in self.folds])
+        return self.fill(self.template or "", [fold.inline for fold in self.folds])
+
+    def inline_filters(self) -> tuple[str | None, ...]:
+        """The FILTERs with every expression left in place, as :attr:`inline`."""
+        comparisons = [fold.inline for fold in self.folds]
+        return tuple(None if text is None else self.fill(text, comparisons) for text in self.filters)
 
     def filled(self, comparisons: Sequence[str]) -> str:
-        """The template with each fold's token replaced by the comparison at its index in ``folds``.
+        """The template with each fold's token replaced by the comparison at its index in ``folds``."""
+        return self.fill(self.template or "", comparisons)
+
+    def fill(self, text: str, comparisons: Sequence[str]) -> str:
+        """``text`` (a template of this folding) with each fold's token replaced by the comparison
+        at its index in ``folds``.
 
         In one pass: replacing token by token read the whole template once per fold, and a
         long IN list beside 500 folds took 1.3 s (at bind time, on the event loop).
         """
         by_token = {fold.token: comparison for fold, comparison in zip(self.folds, comparisons, strict=True)}
-        return _TOKEN.sub(lambda match: by_token[match.group()], self.template)
+        return _TOKEN.sub(lambda match: by_token[match.group()], text)
 
 
 def fold_type(type_oid: int) -> str | None:

@@ -3,7 +3,8 @@
 Accepted shape (docs/query-shapes.md):
 ``SELECT agg [AS alias] [, ...] FROM <protected table> [AS t] [WHERE <safe predicate>]
 [ORDER BY ...] [LIMIT n]`` where ``agg`` is COUNT(*), COUNT(col), SUM(col), AVG(col),
-MIN(col), MAX(col) or MODE() WITHIN GROUP (ORDER BY col). Everything else is refused with
+MIN(col), MAX(col) or MODE() WITHIN GROUP (ORDER BY col), each maybe restricted by a safe
+predicate (``FILTER (WHERE p)`` or a CASE form that means it, :mod:`rewriter.conditional`). Everything else is refused with
 the rule it breaks. The plan, not the client's text, is what later reaches the backend.
 """
 
@@ -20,6 +21,7 @@ from policies.errors import SQLSTATE, Refusal
 from policies.tables import ColumnInfo, Relation
 
 from .column_names import output_names
+from .conditional import unconditional
 from .constants import Folding
 from .date_hints import date_shape_advice
 from .flatten import flatten
@@ -27,7 +29,7 @@ from .group_keys import TIME_TYPES, GroupKey, KeyRange, column_key_count, group_
 from .identifiers import identifier
 from .key_domain import KeyDomain, key_domain
 from .post_process import PostProcess, outer_statement
-from .predicates import plan_predicate
+from .predicates import PredicateRenderer
 from .scope import Scope
 from .sqlglot_parse import parse_postgres
 from .statements import split_statements
@@ -63,6 +65,11 @@ class Aggregate:
     result_type_oid: int
     mechanism: Mechanism = "laplace"
     distinct: bool = False  # COUNT(DISTINCT column): Δ = 1 as for COUNT
+    # FILTER (WHERE p) (rewriter.conditional): the aggregate is over the rows where p holds, p
+    # rendered in WHERE's safe language (a template of the plan's folding until it is bound),
+    # and the columns p reads.
+    filter_sql: str | None = None
+    filter_columns: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,12 @@ class AggregateQuery:
     # A GROUP BY joined to a subquery that ranks its series (rewriter/series_limit.py): its
     # cells are kept where the ranking keeps theirs.
     series: SeriesLimit | None = None
+
+    @property
+    def predicates(self) -> tuple[str, ...]:
+        """Every predicate the backend evaluates per row: the WHERE and the aggregates' FILTERs."""
+        filters = tuple(agg.filter_sql for agg in self.aggregates if agg.filter_sql is not None)
+        return ((self.where_sql,) if self.where_sql is not None else ()) + filters
 
     @property
     def keys_only(self) -> bool:
@@ -161,15 +174,18 @@ def plan_aggregate_query(
     post = None
     if ranking and (enclosing is not None or not groups):
         raise scope.refuse("a subquery that ranks series must be a GROUP BY over declared keys of", "no-subquery")
+    conditions = PredicateRenderer(scope)
     if enclosing is None and not groups and _plain(tree):
-        aggregates = tuple(_aggregate(item, scope) for item in tree.expressions)
+        aggregates = tuple(_aggregate(item, scope, conditions) for item in tree.expressions)
     else:
-        aggregates, post = _post_processed(tree, scope, enclosing, groups, names, ordinal=ranking)
+        aggregates, post = _post_processed(tree, scope, conditions, enclosing, groups, names, ordinal=ranking)
     _check_combination(aggregates, groups, scope)
     where = tree.args.get("where")
-    predicate = plan_predicate(where.this, scope) if where is not None else None
-    where_sql = predicate.sql if predicate is not None else None
-    folding = predicate.folding if predicate is not None else None
+    where_sql = conditions.template(where.this) if where is not None else None
+    folding = conditions.folding(where_sql, tuple(agg.filter_sql for agg in aggregates))
+    if folding is not None:  # the plan holds the expressions in place (to describe); execution folds them
+        where_sql = folding.inline if where_sql is not None else None
+        aggregates = tuple(replace(agg, filter_sql=text) for agg, text in zip(aggregates, folding.inline_filters()))
     ranges = key_ranges(where.this if where is not None else None, groups, scope)
     plan = AggregateQuery(table, aggregates, where_sql, _no_rows(tree, scope, grouped=bool(groups)), folding=folding,
                           post=post, groups=groups, ranges=ranges)
@@ -202,6 +218,8 @@ def too_many_cells(plan: AggregateQuery) -> Refusal | None:
 
 
 def _is_aggregate(item: exp.Expression) -> bool:
+    if isinstance(item, exp.Filter):
+        item = item.this
     return isinstance(item, exp.AggFunc) or (isinstance(item, exp.WithinGroup) and isinstance(item.this, exp.Mode))
 
 
@@ -266,6 +284,7 @@ def _release_level(tree: exp.Select) -> tuple[exp.Select, Callable[[exp.Select],
 def _post_processed(
     tree: exp.Select,
     scope: Scope,
+    conditions: PredicateRenderer,
     enclosing: Callable[[exp.Select], exp.Expression] | None = None,
     groups: tuple[GroupKey, ...] = (),
     names: tuple[list[str | None] | None, list[str | None] | None] = (None, None),
@@ -274,20 +293,23 @@ def _post_processed(
     """The distinct aggregates the statement uses (the release) and its outer statement
     (``names``: PostgreSQL's names of the aggregate level's and the outermost level's output
     columns, ``rewriter.column_names``)."""
-    if tree.find(exp.Filter) is not None:
-        raise scope.refuse("aggregate FILTER is not allowed on protected table", "no-filter")
     if not groups and not any(item.find(exp.AggFunc) for item in tree.expressions):
         raise scope.refuse("non-aggregate output is not allowed on protected table", "no-row-access")
     released: list[Aggregate] = []
-    index: dict[tuple[str, str | None, str, bool, int], int] = {}
+    index: dict[tuple[str, str | None, str, bool, int, str | None], int] = {}
     grouped = bool(groups)
 
     def release(node: exp.Expr) -> int:
         assert isinstance(node, exp.Expression)
-        agg = _aggregate(node, scope, grouped)
-        key = (agg.kind, agg.column.name if agg.column else None, agg.mechanism, agg.distinct, agg.result_type_oid)
+        agg = _aggregate(node, scope, conditions, grouped)
+        condition = unconditional(node, scope).condition if agg.filter_sql is not None else None
+        # By the condition as written: a folded one's template differs at each use (its tokens).
+        written = condition.sql("postgres") if condition is not None else None
+        key = (agg.kind, agg.column.name if agg.column else None, agg.mechanism, agg.distinct, agg.result_type_oid,
+               written)
         if key not in index:
-            released.append(replace(agg, output_name=_sql_name(agg)))
+            name = _sql_name(agg) + (f" filter (where {written})" if written is not None else "")
+            released.append(replace(agg, output_name=name))
             index[key] = len(released)
         return index[key]
 
@@ -489,16 +511,31 @@ def _column_values_refusal(item: exp.Column, scope: Scope) -> Refusal:
     return Refusal(refusal.sqlstate, refusal.message, group_by_hint(scope, advice), refusal.rule)
 
 
-def _aggregate(item: exp.Expression, scope: Scope, grouped: bool = False) -> Aggregate:
-    """The aggregate ``item`` asks for, with its mechanism; per cell of a GROUP BY when ``grouped``."""
+def _aggregate(item: exp.Expression, scope: Scope, conditions: PredicateRenderer, grouped: bool = False) -> Aggregate:
+    """The aggregate ``item`` asks for, with its mechanism; per cell of a GROUP BY when ``grouped``.
+
+    A conditional aggregate (``rewriter.conditional``) is its plain aggregate restricted to the
+    rows where its condition holds, rendered by ``conditions`` as the statement's WHERE is.
+    """
     alias: str | None = None
     if isinstance(item, exp.Alias):
         alias = identifier(item.args["alias"])
         item = item.this
+    read = unconditional(item, scope)
+    agg = _plain_aggregate(read.aggregate, scope, grouped, alias)
+    if read.counted_type is not None:
+        agg = replace(agg, result_type_oid=read.counted_type)
+    if read.condition is None:
+        return agg
+    template = conditions.template(read.condition)
+    columns = dict.fromkeys(scope.column(column).name for column in read.condition.find_all(exp.Column))
+    return replace(agg, filter_sql=template, filter_columns=tuple(columns))
+
+
+def _plain_aggregate(item: exp.Expression, scope: Scope, grouped: bool, alias: str | None) -> Aggregate:
+    """The aggregate ``item`` (unaliased, without a condition) asks for."""
     if isinstance(item, exp.Star) or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star)):
         raise scope.refuse("SELECT * is not allowed on protected table", "no-row-access")
-    if isinstance(item, exp.Filter):
-        raise scope.refuse("aggregate FILTER is not allowed on protected table", "no-filter")
     if isinstance(item, exp.WithinGroup) and isinstance(item.this, exp.Mode):
         kind: AggregateKind = "mode"
         order = item.expression.expressions

@@ -58,7 +58,7 @@ def default_name(item: exp.Expression) -> str:
         return item.alias_or_name
     if isinstance(item, exp.Column):
         return item.name
-    if isinstance(item, exp.WithinGroup):
+    if isinstance(item, (exp.WithinGroup, exp.Filter)):
         return default_name(item.this)
     if isinstance(item, exp.Cast):
         inner = default_name(item.this)
@@ -192,7 +192,7 @@ def _replace_keys(
 ) -> None:
     """Replace each grouping expression outside aggregates by its key column, outermost first."""
     for child in list(node.iter_expressions()):
-        if isinstance(child, (exp.AggFunc, exp.WithinGroup)):
+        if isinstance(child, (exp.AggFunc, exp.WithinGroup, exp.Filter)):
             continue
         if isinstance(child, exp.Column) and output_name(child):
             continue
@@ -222,6 +222,11 @@ def _replace_aggregates(outer: exp.Select, released: Callable[[exp.Expr], int]) 
             continue
         if node.find_ancestor(exp.AggFunc, exp.WithinGroup) is not None:
             continue
+        enclosing_filter = node.find_ancestor(exp.Filter)
+        if enclosing_filter is not None and enclosing_filter.this is not node:
+            continue  # inside a FILTER's condition, which the release refuses
+        if isinstance(node.parent, exp.Filter):  # agg(...) FILTER (WHERE p) is released as one
+            node = node.parent
         index = released(node)
         node.replace(exp.column(f"_dp{index}", table=RELEASE_ALIAS))
 

@@ -65,7 +65,7 @@ from .scope import Scope
 from .sql_text import literal, operator
 from .types import FLOAT4, FLOAT8, NUMERIC
 
-__all__ = ["Predicate", "plan_predicate", "validate_predicate"]
+__all__ = ["Predicate", "PredicateRenderer", "plan_predicate", "validate_predicate"]
 
 _COMPARISONS: dict[type[exp.Expression], str] = {
     exp.EQ: "=", exp.NEQ: "<>", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<=",
@@ -119,12 +119,28 @@ class Predicate:
 
 def plan_predicate(predicate: exp.Expression, scope: Scope) -> Predicate:
     """Check ``predicate`` against the safe language; return its SQL and what execution must fold."""
-    renderer = _Renderer(scope)
-    template = renderer.predicate(predicate)
-    if not renderer.folds and not renderer.like_parameters:
-        return Predicate(template, None)
-    folding = Folding(template, tuple(renderer.folds), tuple(renderer.like_parameters))
-    return Predicate(folding.inline, folding)
+    renderer = PredicateRenderer(scope)
+    template = renderer.template(predicate)
+    folding = renderer.folding(template)
+    return Predicate(template if folding is None else folding.inline, folding)
+
+
+class PredicateRenderer:
+    """Renders the predicates of one statement, its WHERE and its aggregates' FILTERs, in the
+    safe language, into templates whose folded comparisons share one :class:`Folding`."""
+
+    def __init__(self, scope: Scope):
+        self._renderer = _Renderer(scope)
+
+    def template(self, predicate: exp.Expression) -> str:
+        """``predicate`` checked and rendered, each folded comparison a token of :meth:`folding`."""
+        return self._renderer.predicate(predicate)
+
+    def folding(self, where: str | None, filters: tuple[str | None, ...] = ()) -> Folding | None:
+        """What execution must fold in the templates ``where`` and ``filters`` (None: nothing)."""
+        if not self._renderer.folds and not self._renderer.like_parameters:
+            return None
+        return Folding(where, tuple(self._renderer.folds), tuple(self._renderer.like_parameters), filters)
 
 
 def validate_predicate(predicate: exp.Expression, scope: Scope) -> str:

@@ -112,7 +112,7 @@ from .sql_text import literal, operator
 from .types import FLOAT4, FLOAT8, FLOAT_TYPES, INT2, INT4, INT8, INTEGER_TYPES, NUMERIC
 
 __all__ = [
-    "HASH_FUNCTIONS", "Part", "aggregate_parts", "backend_sql", "clamped", "clamped_sum", "collected", "hashable", "hashed_columns", "literal",
+    "HASH_FUNCTIONS", "Part", "aggregate_parts", "backend_sql", "clamped", "clamped_sum", "collected", "filtered", "hashable", "hashed_columns", "literal",
     "partition_key", "partition_seed", "partition_values", "per_partition", "row_hash_key", "seeded", "split_cells", "split_row",
 ]
 
@@ -134,27 +134,39 @@ def aggregate_parts(agg: Aggregate) -> tuple[Part, ...]:
     sample-and-aggregate AVG/MIN/MAX → (per-partition aggregate of clamped values,);
     MODE → (count of each declared category, in the policy's order).
     """
+    condition = agg.filter_sql
     if agg.column is None:
-        return (Part("pg_catalog.count(*)"),)
+        return (Part(filtered("pg_catalog.count(*)", condition)),)
     column = quote_identifier(agg.column.name)
     if agg.kind == "count":
-        return (Part(f"pg_catalog.count({'DISTINCT ' if agg.distinct else ''}{column})"),)
+        return (Part(filtered(f"pg_catalog.count({'DISTINCT ' if agg.distinct else ''}{column})", condition)),)
     if agg.kind == "sum":
-        return (Part(clamped_sum(agg.column)),)
+        return (Part(filtered(clamped_sum(agg.column), condition)),)
     if agg.mechanism == "sum_count":
-        return (Part(clamped_sum(agg.column)), Part(f"pg_catalog.count({column})"))
+        return (Part(filtered(clamped_sum(agg.column), condition)),
+                Part(filtered(f"pg_catalog.count({column})", condition)))
     if agg.mechanism == "sample_aggregate":
-        return (Part(per_partition(agg.kind, agg.column), additive=False),)
+        return (Part(per_partition(agg.kind, agg.column, condition), additive=False),)
     if agg.kind == "mode":
         assert agg.column.policy is not None and agg.column.policy.categories is not None
+        restricted = f"({condition}) AND " if condition is not None else ""
         return tuple(
-            Part(f"pg_catalog.count(*) FILTER (WHERE {operator(column, '=', literal(category))})")
+            Part(f"pg_catalog.count(*) FILTER (WHERE {restricted}{operator(column, '=', literal(category))})")
             for category in agg.column.policy.categories
         )
     raise ValueError(f"no backend SQL for {agg.kind} by {agg.mechanism}")
 
 
-def per_partition(kind: str, column: ColumnInfo) -> str:
+def filtered(call: str, condition: str | None) -> str:
+    """``call`` (one aggregate call) over the rows where ``condition`` holds: its FILTER clause.
+
+    ``condition`` is a predicate rendered in WHERE's safe language (``Aggregate.filter_sql``):
+    PostgreSQL evaluates it per row as it does the WHERE, and it cannot fail on any row.
+    """
+    return call if condition is None else f"{call} FILTER (WHERE {condition})"
+
+
+def per_partition(kind: str, column: ColumnInfo, condition: str | None = None) -> str:
     """One partition's value of a sample-and-aggregate AVG, MIN or MAX, as ``double precision``.
 
     The mechanism works in floats, and ``float8`` prints the shortest text that reads back
@@ -174,15 +186,17 @@ def per_partition(kind: str, column: ColumnInfo) -> str:
     So a numeric value below the smallest normal double in magnitude is taken as 0 before
     the cast (:func:`_to_double`), and a mean of a numeric column below it is 0
     without dividing (:func:`_mean`): at most 2.3e-308 off, in one partition's value.
+
+    ``condition``: each aggregate call is over the partition's rows where it holds (a FILTER).
     """
     if kind == "avg":
-        count = f"pg_catalog.count({quote_identifier(column.name)})"
+        count = filtered(f"pg_catalog.count({quote_identifier(column.name)})", condition)
         if column.type_oid in FLOAT_TYPES:
             # In grid points: a sum of doubles is rounded in the order the rows are read, so the
             # same partition read in another order (another load order, a parallel plan) would
             # have another value. A non-zero sum of points is ≥ 1 in magnitude: no underflow.
-            return operator(f"CAST({clamped_sum(column)} AS double precision)", "/", count)
-        total = _to_double(f"pg_catalog.sum({clamped(column)})", column)
+            return operator(f"CAST({filtered(clamped_sum(column), condition)} AS double precision)", "/", count)
+        total = _to_double(filtered(f"pg_catalog.sum({clamped(column)})", condition), column)
         if column.type_oid in INTEGER_TYPES:
             return operator(total, "/", count)  # a non-zero integer sum over a count never underflows
         return _mean(total, count)
@@ -191,7 +205,7 @@ def per_partition(kind: str, column: ColumnInfo) -> str:
     # Clamping is non-decreasing in the type's order (NULL stays NULL, NaN sorts last), so
     # the clamped MIN/MAX is the MIN/MAX of the clamped values, at two calls per partition
     # instead of two per row.
-    return _to_double(clamped(column, f"pg_catalog.{kind}({quote_identifier(column.name)})"), column)
+    return _to_double(clamped(column, filtered(f"pg_catalog.{kind}({quote_identifier(column.name)})", condition)), column)
 
 
 _SMALLEST_NORMAL = "2.2250738585072014e-308"  # double precision's smallest normal magnitude
@@ -233,7 +247,8 @@ def backend_sql(query: AggregateQuery, seed: int) -> str:
         return f"SELECT {', '.join(part.sql for part in parts)} FROM {source}"
     inner = ", ".join(f"{part.sql} AS p{i}" for i, part in enumerate(parts))
     outer = ", ".join(f"pg_catalog.sum(p{i})" if part.additive else collected(f"p{i}") for i, part in enumerate(parts))
-    used = list(dict.fromkeys(agg.column.name for agg in query.aggregates if agg.column is not None))
+    used = list(dict.fromkeys(name for agg in query.aggregates
+                              for name in ((agg.column.name,) if agg.column is not None else ()) + agg.filter_columns))
     key, fence = (quote_identifier(_unused_name(query.table, name)) for name in ("partition", "fence"))
     rows = ", ".join([
         *map(quote_identifier, used),

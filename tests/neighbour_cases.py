@@ -246,6 +246,46 @@ class _Builder:
     def aggregate(self) -> tuple[str, bool]:
         """An output column, and whether its scale is fixed by the data (SUM) rather than the noise."""
         rng = self.rng
+        if rng.random() < 0.25:
+            expression, fixed = self.conditional()
+        else:
+            expression, fixed = self._plain_aggregate()
+        if rng.random() < 0.3:
+            expression += rng.choice([" AS a", ' AS "Ünï cödé"', " x", ' AS "a""b"'])
+        return expression, fixed
+
+    def conditional(self) -> tuple[str, bool]:
+        """A conditional aggregate (rewriter/conditional.py): a FILTER, one of the CASE forms BI
+        tools send, or a near miss that is refused from the text alone; and whether its scale is fixed."""
+        rng = self.rng
+        p = self.predicate(rng.randint(0, 2))
+        numeric = rng.choice([c for c in COLUMNS if c.numeric]).name
+        zero, one = rng.choice(["0", "0.0"]), rng.choice(["1", "1.0"])
+        forms = [
+            (f"COUNT(CASE WHEN {p} THEN {rng.choice(['1', chr(39) + 'x' + chr(39), 'TRUE'])} END)", False),
+            (f"COUNT(CASE WHEN {p} THEN 1 ELSE NULL END)", False),
+            (f"COUNT({rng.choice(['', 'DISTINCT '])}CASE WHEN {p} THEN {rng.choice(COLUMNS).name} END)", False),
+            (f"SUM(CASE WHEN {p} THEN {one} ELSE {zero} END)", False),
+            (f"SUM(CASE WHEN {p} THEN {one} END)", False),
+            (f"SUM(CASE WHEN {p} THEN {numeric} ELSE {zero} END)", numeric != "n"),
+            (f"{rng.choice(['SUM', 'AVG', 'MIN', 'MAX'])}(CASE WHEN {p} THEN {numeric} END)", False),
+            (f"MODE() WITHIN GROUP (ORDER BY CASE WHEN {p} THEN {rng.choice(['t', 'v'])} END)", False),
+            # Tableau's IIF(p, v, e): CASE WHEN p THEN v WHEN NOT p THEN e ELSE NULL END
+            (f"SUM((CASE WHEN ({p}) THEN {rng.choice([one, numeric])} WHEN NOT ({p}) THEN {zero} ELSE NULL END))", False),
+            (f"COUNT((CASE WHEN ({p}) THEN 1 WHEN NOT ({p}) THEN NULL ELSE NULL END))", False),
+            # near misses: other THEN/ELSE values, several WHENs, arithmetic
+            (rng.choice([f"SUM(CASE WHEN {p} THEN 2 ELSE 0 END)", f"COUNT(CASE WHEN {p} THEN 1 ELSE 0 END)",
+                         f"SUM(CASE WHEN {p} THEN {numeric} + 1 END)", f"AVG(CASE WHEN {p} THEN {numeric} ELSE 0 END)",
+                         f"SUM(CASE WHEN {p} THEN 1 WHEN {numeric} > 0 THEN 2 END)",
+                         f"COUNT(CASE {numeric} WHEN 1 THEN 1 END)"]), False),
+        ]
+        if rng.random() < 0.4:
+            expression, fixed = self._plain_aggregate()
+            return f"{expression} FILTER (WHERE {p})", fixed
+        return rng.choice(forms)
+
+    def _plain_aggregate(self) -> tuple[str, bool]:
+        rng = self.rng
         kind = rng.randrange(7)
         numeric = [c for c in COLUMNS if c.numeric]
         if kind == 0:
@@ -261,8 +301,6 @@ class _Builder:
             if rng.random() < 0.2:  # Tableau's casts: answered where they change no value, refused otherwise
                 column = f"CAST({column} AS {rng.choice(_CASTS)})"
             expression = f"{function}({column})"
-        if rng.random() < 0.3:
-            expression += rng.choice([" AS a", ' AS "Ünï cödé"', " x", ' AS "a""b"'])
         return expression, _fixed_scale(expression)
 
 
@@ -270,7 +308,7 @@ def _fixed_scale(expression: str) -> bool:
     """Whether the schema fixes the numeric scale of an output: SUM of an integer column. ``n`` is
     numeric without a declared scale, so its noised SUM prints as many digits as the value needs
     (repr of a float: a fraction digit once the noise lands below 1e16)."""
-    return expression.startswith("SUM") and not expression.startswith(("SUM(n)", "SUM(CAST(n "))
+    return expression.startswith("SUM") and not expression.startswith(("SUM(n)", "SUM(CAST(n ")) and " THEN n " not in expression
 
 
 _CASTS = ("numeric", "double precision", "bigint", "real", "integer", "numeric(6, 1)")
@@ -343,6 +381,9 @@ def _grouped_case(builder: _Builder) -> Case:
              f"SUM({rng.choice(numeric)})", f"AVG({rng.choice(numeric)})", f"SUM({rng.choice(numeric)})",
              f"MODE() WITHIN GROUP (ORDER BY {rng.choice(['t', 'v'])})", f"MIN({rng.choice(numeric)})",
              "SUM(1)" if rng.random() < 0.5 else f"AVG(CAST({rng.choice(numeric)} AS {rng.choice(_CASTS)}))"][kind])
+        if rng.random() < 0.2:  # a conditional metric per cell (rewriter/conditional.py)
+            aggregates[-1] = (f"{aggregates[-1]} FILTER (WHERE {builder.predicate(rng.randint(0, 1))})"
+                              if rng.random() < 0.5 else builder.conditional()[0])
     positional = rng.random() < 0.4
     distinct = keys_only and rng.random() < 0.4
     if not distinct and rng.random() < 0.25:
@@ -440,6 +481,8 @@ def generate_case(rng: random.Random) -> Case:
     else:
         inner = f" WHERE {builder.predicate(rng.randint(0, 2))}" if rng.random() < 0.6 else ""
         source, qualifier = f"(SELECT * FROM {{table}}{inner}) AS w", "w."
+    if qualifier is not None:
+        items = items.replace("{table}.", qualifier)
     sql = f"SELECT {items} FROM {source}"
     if rng.random() < 0.9:
         where = builder.predicate(rng.randint(0, 3))

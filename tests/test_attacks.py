@@ -58,7 +58,9 @@ ATTACKS: dict[str, list[str]] = {
         "SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY age) FROM adult",
         "SELECT SUM(DISTINCT age) FROM adult", "SELECT MIN(sex) FROM adult", "SELECT MAX(workclass) FROM adult",
         "SELECT SUM(age * 2) FROM adult", 
-        "SELECT COUNT(*) FILTER (WHERE age = 40) FROM adult", "SELECT SUM(CASE WHEN age = 40 THEN 1 ELSE 0 END) FROM adult",
+        "SELECT COUNT(*) FILTER (WHERE age::text = '40') FROM adult", "SELECT SUM(CASE WHEN age = 40 THEN 1000 ELSE 0 END) FROM adult",
+        "SELECT COUNT(CASE WHEN age = 40 THEN 1 ELSE 0 END) FROM adult", "SELECT SUM(CASE WHEN age = 40 THEN age * 2 END) FROM adult",
+        "SELECT COUNT(*) FILTER (WHERE pg_sleep(1) IS NULL) FROM adult", "SELECT MAX(age) FILTER (WHERE age > (SELECT 39)) FROM adult",
         "SELECT stddev(age) FROM adult", "SELECT variance(age) FROM adult", "SELECT corr(age, hours_per_week) FROM adult",
         "SELECT regr_slope(age, hours_per_week) FROM adult",
         "SELECT MODE() WITHIN GROUP (ORDER BY native_country) FROM adult", "SELECT COUNT(*), age FROM adult",
@@ -117,6 +119,8 @@ NOISED = [
     "SELECT COUNT(*) FROM adult HAVING COUNT(*) > 1",
     # One added or removed row changes a count of distinct values by at most one: Laplace, Δ = 1.
     "SELECT COUNT(DISTINCT age) FROM adult",
+    # Conditional aggregates (rewriter/conditional.py): the aggregate over (WHERE) AND p, same noise.
+    "SELECT COUNT(*) FILTER (WHERE age = 40) FROM adult", "SELECT SUM(CASE WHEN age = 40 THEN 1 ELSE 0 END) FROM adult",
 ]
 
 

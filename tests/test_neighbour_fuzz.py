@@ -195,6 +195,8 @@ def test_one_row_never_changes_a_statements_outcome(fuzz_proxy: RunningProxy) ->
             on_neighbour = client.run(case, neighbour)
             ran += 1
             outcomes[on_base.kind if on_base.kind == "answer" else str(on_base.detail[0])] += 1
+            if on_base.kind == "answer" and _CONDITIONAL.search(case.sql):
+                outcomes["conditional answer"] += 1
             if on_base != on_neighbour or _broken(on_base) or _broken(on_neighbour):
                 failures.append(
                     f"case {index}: {case.sql}\n    params: {case.params!r}, binary: {case.binary}, TimeZone: {case.timezone}\n"
@@ -210,6 +212,11 @@ def test_one_row_never_changes_a_statements_outcome(fuzz_proxy: RunningProxy) ->
     # The run must exercise answers as well as refusals, or it proves nothing.
     assert ran >= min(CASES, 500), f"only {ran} cases ran within {TIME_LIMIT_S} s"
     assert outcomes["answer"] >= ran // 5, f"too few answered statements: {outcomes}"
+    assert outcomes["conditional answer"] >= ran // 50, f"too few answered conditional aggregates: {outcomes}"
+
+
+# A conditional aggregate (rewriter/conditional.py): a FILTER or a CASE inside an aggregate.
+_CONDITIONAL = re.compile(r"FILTER \(WHERE|\((?:DISTINCT )?CASE |ORDER BY CASE ")
 
 
 def _broken(outcome: Outcome) -> bool:

@@ -23,7 +23,7 @@ REFUSED = [
     ("SELECT COUNT(*) FROM adult UNION SELECT COUNT(*) FROM adult", "DP001", "no-join"),
     ("SELECT SUM(DISTINCT age) FROM adult", "DP001", "no-distinct"),
     ("SELECT DISTINCT COUNT(*) FROM adult", "DP001", "no-distinct"),
-    ("SELECT COUNT(*) FILTER (WHERE age > 3) FROM adult", "DP001", "no-filter"),
+    ("SELECT COUNT(*) FILTER (WHERE age + 1 > 3) FROM adult", "DP001", "safe-predicate"),
     ("SELECT COUNT(*) + age FROM adult", "DP001", "no-row-access"),
     ("SELECT string_agg(sex, ',') FROM adult", "DP001", "function-allowlist"),
     ("SELECT COUNT(*) FROM adult WHERE age / 0 = 1", "DP001", "safe-predicate"),

@@ -33,7 +33,7 @@ _PATTERN_TYPES = frozenset({0, 25, 1043})
 async def bind_constants(
     plan: AggregateQuery, params: BoundParams, backend: BackendSession
 ) -> tuple[AggregateQuery, BoundParams]:
-    """The plan with its WHERE folded for ``params``, and the parameters to run it with.
+    """The plan with its WHERE and FILTERs folded for ``params``, and the parameters to run it with.
 
     A plan without ``folding`` comes back as it is, with no round trip. Raises Refusal
     (DP001) for a pattern parameter PostgreSQL could reject per row, and BackendError for
@@ -53,16 +53,28 @@ async def bind_constants(
         types, _ = await backend.describe(backend_sql(plan, seed=0), params.types)
         params = BoundParams(params.values, params.formats, tuple(types))
     values, _ = await backend.first_row(fold_query(folding.folds), params if params.values else None)
-    return replace(plan, where_sql=_folded(folding, values, backend.client_encoding), folding=None), params
+    comparisons = _comparisons(folding, values, backend.client_encoding)
+    where_sql = folding.filled(comparisons) if folding.template is not None else None
+    aggregates = plan.aggregates
+    if folding.filters:  # the aggregates' FILTERs (rewriter.conditional), folded with the WHERE
+        aggregates = tuple(agg if text is None else replace(agg, filter_sql=folding.fill(text, comparisons))
+                           for agg, text in zip(plan.aggregates, folding.filters, strict=True))
+    return replace(plan, where_sql=where_sql, aggregates=aggregates, folding=None), params
 
 
 def _folded(folding: Folding, values: list[bytes | None], encoding: ClientEncoding) -> str:
+    """The WHERE with each fold's comparison in place (``values``: :func:`fold_query`'s row)."""
+    return folding.filled(_comparisons(folding, values, encoding))
+
+
+def _comparisons(folding: Folding, values: list[bytes | None], encoding: ClientEncoding) -> list[str]:
+    """Each fold's comparison with its value, in the order of ``folding.folds``."""
     comparisons = []
     for index, fold in enumerate(folding.folds):
         value, below, above = values[3 * index : 3 * index + 3]
         text = value.decode(encoding.codec) if value is not None else None
         comparisons.append(folded_comparison(fold, text, below == b"t", above == b"t"))
-    return folding.filled(comparisons)
+    return comparisons
 
 
 def _check_pattern(plan: AggregateQuery, params: BoundParams, number: int, encoding: ClientEncoding) -> None:

@@ -634,7 +634,7 @@ class Executor:
         # after a reload the same text can read a column of another type.
         checked_under = (*settings, self.server.registry)
         for checked in (plan, ranking):
-            if checked is not None and (params.values or (checked.where_sql is not None and "'" in checked.where_sql)):
+            if checked is not None and (params.values or any("'" in predicate for predicate in checked.predicates)):
                 await self._check_values(sql if checked is plan else backend_sql(checked, seed=0), params, checked_under)
         if plan.post is not None:
             await self._try_post_processing(plan, encoding.codec, checked_under)
@@ -820,8 +820,8 @@ def _key_domains(plan: AggregateQuery) -> tuple[tuple[object, ...], ...]:
 
 def _released_aggregates(plan: AggregateQuery) -> tuple[tuple[object, ...], ...]:
     """What tells the plan's released aggregates apart, for the repeat key (more than their SQL)."""
-    return tuple((a.kind, a.column.name if a.column else None, a.mechanism, a.distinct, a.result_type_oid)
-                 for a in plan.aggregates)
+    return tuple((a.kind, a.column.name if a.column else None, a.mechanism, a.distinct, a.result_type_oid,
+                  a.filter_sql) for a in plan.aggregates)
 
 
 
