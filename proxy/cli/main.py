@@ -313,6 +313,7 @@ async def serve_until_signal(
     loop.add_signal_handler(signal.SIGHUP, on_hangup)
     await stop.wait()
     grace = server.policy.listen.shutdown_grace_s
+    server.stop_accepting()  # before the line that says so: a client reading the log may try at once
     log.info("shutting down: no new connections; running statements have %gs to finish", grace)
     await server.close(grace)
     log.info("dpproxy stopped")

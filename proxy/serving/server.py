@@ -276,6 +276,12 @@ class Server:
         async with self._server:
             await self._server.serve_forever()
 
+    def stop_accepting(self) -> None:
+        """Refuse new connections from now on (the first step of :meth:`close`)."""
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+
     async def close(self, grace_s: float = 0.0) -> None:
         """Shut down: stop accepting, let running statements finish, end every session.
 
@@ -285,9 +291,7 @@ class Server:
         backend and their sessions end with 57P01. Then the ledger, the audit log and the
         metrics endpoint are closed.
         """
-        self._closing = True
-        if self._server is not None:
-            self._server.close()
+        self.stop_accepting()
         for session in list(self._connections.values()):
             session.shut_down()
         if self._connections:
