@@ -121,7 +121,7 @@ def outer_statement(
     whole = enclosing(outer) if enclosing is not None else outer
     if top_names is not None and isinstance(whole, exp.Select):
         whole.set("expressions", _named(whole.expressions, top_names, every=False))
-    if whole.find(exp.Placeholder, exp.Parameter) is not None:
+    if any(_after_aggregates(parameter) for parameter in whole.find_all(exp.Placeholder, exp.Parameter)):
         raise refuse("parameters after the aggregates (HAVING, LIMIT, output expressions, outer queries) "
                      "are not supported on", "parameters")
     if any(column.table == RELEASE_ALIAS for column in whole.find_all(exp.Column)):
@@ -214,6 +214,15 @@ def _replace_keys(
             child.replace(exp.column(f"_k{index}", table=RELEASE_ALIAS))
         else:
             _replace_keys(child, key_of, output_name)
+
+
+def _after_aggregates(parameter: exp.Expression) -> bool:
+    """Whether ``parameter`` is outside every aggregate call: in the statement run over the release.
+
+    One in an aggregate's ``FILTER (WHERE p)`` is p's, bound and folded with the WHERE's
+    (``rewriter.conditional``); the aggregate is then one released column of the outer statement.
+    """
+    return parameter.find_ancestor(exp.AggFunc, exp.WithinGroup, exp.Filter) is None
 
 
 def _replace_aggregates(outer: exp.Select, released: Callable[[exp.Expr], int]) -> None:
