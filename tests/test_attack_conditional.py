@@ -4,7 +4,8 @@ Found and fixed, pinned here with the probe that found it: a parameter in an agg
 FILTER was refused as "a parameter after the aggregates" whenever the statement went through
 post-processing (GROUP BY over declared keys, HAVING, an expression over aggregates, a
 subquery wrapper), though the FILTER is the release's, bound and folded with the WHERE's; the
-same FILTER without GROUP BY was answered (compatibility, not a leak).
+same FILTER without GROUP BY was answered (compatibility, not a leak). A parameter in an
+aggregate of an outer query over the release is the outer statement's and stays refused.
 
 Probes that held (regression tests): on ``cn0`` and neighbours that each hold one adversarial
 row (NULLs, NaN, ±Infinity, numeric 1e400 beyond double precision, dates and timestamps at
@@ -145,11 +146,20 @@ def test_a_parameter_in_a_filter_is_answered_also_with_post_processing(cond_prox
         assert _charged(conn, sql, params) == pytest.approx(1.0)
 
 
-def test_a_parameter_after_the_aggregates_is_still_refused(cond_proxy: RunningProxy) -> None:
+@pytest.mark.parametrize("sql, params", [
+    ("SELECT s, COUNT(*) FILTER (WHERE i > %s) FROM cn0 GROUP BY s HAVING COUNT(*) > %s", (5, 3)),
+    ("SELECT s, COUNT(*) FILTER (WHERE i > %s) FROM cn0 GROUP BY s LIMIT %s", (5, 1)),
+    # An aggregate of the outer query over the release: its FILTER is the outer statement's,
+    # whose $1 would be the release's first array (bigint > text[] when first tried this way).
+    ("SELECT COUNT(*) FILTER (WHERE c > %s) FROM (SELECT s, COUNT(*) AS c FROM cn0 GROUP BY s) q", (5,)),
+    ("SELECT SUM(c) FILTER (WHERE c > %s) FROM (SELECT COUNT(*) FILTER (WHERE i > %s) AS c FROM cn0) q", (5, 5)),
+])
+def test_a_parameter_after_the_aggregates_is_still_refused(cond_proxy: RunningProxy, sql: str,
+                                                           params: tuple[object, ...]) -> None:
     with cond_proxy.connect(autocommit=True) as conn:
         before = spent_epsilon(conn)
         with pytest.raises(psycopg.Error) as caught:
-            conn.execute("SELECT s, COUNT(*) FILTER (WHERE i > %s) FROM cn0 GROUP BY s HAVING COUNT(*) > %s", (5, 3))
+            conn.execute(sql, params)
         assert caught.value.sqlstate == "DP001" and "rule: parameters" in str(caught.value)
         assert spent_epsilon(conn) == before
 
