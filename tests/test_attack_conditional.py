@@ -112,12 +112,16 @@ HELD_ON_NEIGHBOURS = [
     "SELECT SUM(i) FILTER (WHERE i > 1000) IS NULL, AVG(f) FILTER (WHERE i > 1000) IS NULL, "
     "MIN(f) FILTER (WHERE i > 1000) IS NULL FROM {t} WHERE id > 1000",
     "SELECT COALESCE(SUM(i) FILTER (WHERE i > 1000), -1), COALESCE(AVG(f) FILTER (WHERE id > 1000), -1) FROM {t}",
+    # A series limit whose ranking and statement count under FILTERs only the added rows pass.
+    "SELECT DATE_TRUNC('MONTH', d) AS m, s AS s, COUNT(*) FILTER (WHERE i > 1000) AS c FROM public.{t} "
+    "JOIN (SELECT s AS s__, SUM(CASE WHEN i > 1000 THEN 1 ELSE 0 END) AS mme_inner__ FROM public.{t} "
+    "GROUP BY s ORDER BY 2 DESC LIMIT 1) AS series_limit ON s = s__ GROUP BY DATE_TRUNC('MONTH', d), s",
 ]
 
 
 @pytest.mark.parametrize("sql", HELD_ON_NEIGHBOURS)
 def test_one_row_changes_nothing_of_a_conditional_aggregate_but_its_noised_values(cond_proxy: RunningProxy, sql: str) -> None:
-    _same_on_neighbours(cond_proxy, sql, keys=1 if "GROUP BY" in sql else 0)
+    _same_on_neighbours(cond_proxy, sql, keys=1 if "GROUP BY" in sql and "LIMIT" not in sql else 0)
 
 
 def _charged(conn: psycopg.Connection, sql: str, params: tuple[object, ...] | None = None) -> float:
