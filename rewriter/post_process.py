@@ -121,9 +121,6 @@ def outer_statement(
     whole = enclosing(outer) if enclosing is not None else outer
     if top_names is not None and isinstance(whole, exp.Select):
         whole.set("expressions", _named(whole.expressions, top_names, every=False))
-    if whole.find(exp.Placeholder, exp.Parameter) is not None:
-        raise refuse("parameters after the aggregates (HAVING, LIMIT, output expressions, outer queries) "
-                     "are not supported on", "parameters")
     if any(column.table == RELEASE_ALIAS for column in whole.find_all(exp.Column)):
         raise refuse(f"the name {RELEASE_ALIAS} is reserved on", "column-reference")
     order = outer.args.get("order")
@@ -135,6 +132,12 @@ def outer_statement(
     if key_of is not None:
         _replace_keys(outer, key_of, output_name)
     _replace_aggregates(outer, released)
+    # After the released aggregates are replaced by their columns: a parameter in one's FILTER
+    # is the release's (bound and folded with the WHERE's), any other one is the outer
+    # statement's, which runs with the release's arrays as its parameters.
+    if whole.find(exp.Placeholder, exp.Parameter) is not None:
+        raise refuse("parameters after the aggregates (HAVING, LIMIT, output expressions, outer queries) "
+                     "are not supported on", "parameters")
     for column in list(outer.find_all(exp.Column)):
         if column.table == RELEASE_ALIAS or output_name(column):
             continue
