@@ -61,7 +61,8 @@ MUST_ANSWER = frozenset({"connect", "introspect", "physical-dataset", "big-numbe
         "echarts_timeseries_step", "waterfall", "heatmap_v2", "sankey_v2", "graph_chart", "big_number", "pop_kpi",
         "bullet", "bar-by-age", "bar-by-width-bucket", "cal_heatmap", "time_table", "time_pivot", "compare", "rose",
         "horizon", "paired_ttest", "partition", "chord", "para", "bubble", "world_map", "country_map",
-        "table-server-pagination", "line-time-comparison"))
+        "table-server-pagination", "line-time-comparison")) | frozenset(
+    {"conditional-big-number", "conditional-bar-chart", "conditional-table", "conditional-share"})
 VIRTUAL_SQL = "SELECT count(*) AS n, avg(age) AS avg_age FROM people WHERE age > 30"
 ROW_LEVEL_SQL = "SELECT * FROM people WHERE age > 30"
 
@@ -271,6 +272,81 @@ def test_superset_bar_chart_by_an_opted_in_category_draws(stack: Stack, physical
     for row in rows:
         exact = _exact(admin, f"SELECT count(*) FROM people WHERE sex = '{row['sex']}'")
         assert abs(row["count"] - exact) < 100, (row, exact)  # ε split over two columns: scale 2
+
+
+def _sql_metric(expression: str, label: str) -> dict[str, Any]:
+    """A *Custom SQL* metric, as the explore view's metric pop-over sends it."""
+    return {"expressionType": "SQL", "sqlExpression": expression, "label": label}
+
+
+# Custom SQL metrics a user types in Superset's metric pop-over: dpproxy answers each as the
+# count over (WHERE) AND p (docs/query-shapes.md, *Conditional aggregates*).
+OLDER_CASE = _sql_metric("SUM(CASE WHEN age > 40 THEN 1 ELSE 0 END)", "older")
+FEMALE_FILTER = _sql_metric("COUNT(*) FILTER (WHERE sex = 'Female')", "women")
+OLDER_FILTER = _sql_metric("COUNT(*) FILTER (WHERE age > 40)", "older_f")
+RICH_CASE = _sql_metric("SUM(CASE WHEN income >= 50000 THEN 1 ELSE 0 END)", "rich")
+OLDER_SHARE = _sql_metric("SUM(CASE WHEN age > 40 THEN 1 ELSE 0 END) * 1.0 / COUNT(*)", "older_share")
+
+
+@pytest.mark.parametrize("metric, condition", [(OLDER_CASE, "age > 40"), (FEMALE_FILTER, "sex = 'Female'")],
+                         ids=["sum-case", "count-filter"])
+def test_superset_big_number_of_a_custom_sql_conditional_count_is_noised(
+        stack: Stack, physical_dataset: int, admin, metric: dict[str, Any], condition: str):
+    stack.relay.phase = "conditional-big-number"
+    row = _single_row(*_chart_data(stack, physical_dataset, "big_number_total", [metric]))
+    exact = _exact(admin, f"SELECT count(*) FROM people WHERE {condition}")
+    assert abs(row[metric["label"]] - exact) < 50, (row, exact)  # one column, ε = 1: Laplace scale 1
+
+
+def _conditional_bars(stack: Stack, dataset: int, metric: dict[str, Any]) -> dict[str, float]:
+    """A Bar Chart of ``metric`` by ``sex`` (a declared key): each category's value."""
+    rows = _rows(*_chart_data(stack, dataset, "echarts_timeseries_bar", [metric],
+                              columns=[{"columnType": "BASE_AXIS", "sqlExpression": "sex", "label": "sex",
+                                        "expressionType": "SQL"}]))
+    assert sorted(row["sex"] for row in rows) == ["Female", "Male"], rows
+    return {row["sex"]: row[metric["label"]] for row in rows}
+
+
+def test_superset_bar_chart_of_a_custom_sql_conditional_count_by_a_declared_key_draws(
+        stack: Stack, physical_dataset: int, admin):
+    """A conditional count per declared key: the histogram's cells, each restricted to p. The
+    same count written as a FILTER is the same release, a repeat at no cost."""
+    stack.relay.phase = "conditional-bar-chart"
+    bars = _conditional_bars(stack, physical_dataset, OLDER_CASE)
+    for sex, value in bars.items():
+        exact = _exact(admin, f"SELECT count(*) FROM people WHERE sex = '{sex}' AND age > 40")
+        assert abs(value - exact) < 50, (sex, value, exact)
+    with stack.proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        assert _conditional_bars(stack, physical_dataset, OLDER_FILTER) == bars
+        assert spent_epsilon(conn) == before
+
+
+def test_superset_table_of_two_conditional_metrics_side_by_side_is_noised(stack: Stack, physical_dataset: int,
+                                                                         admin):
+    """Two custom SQL metrics with different conditions: two releases, ε split between them."""
+    stack.relay.phase = "conditional-table"
+    with stack.proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        row = _single_row(*_chart_data(stack, physical_dataset, "table", [FEMALE_FILTER, RICH_CASE]))
+        assert spent_epsilon(conn) - before == pytest.approx(1.0)  # one statement: ε = 1, split
+    assert set(row) == {"women", "rich"}, row
+    women = _exact(admin, "SELECT count(*) FROM people WHERE sex = 'Female'")
+    rich = _exact(admin, "SELECT count(*) FROM people WHERE income >= 50000")
+    assert abs(row["women"] - women) < 100 and abs(row["rich"] - rich) < 100, (row, women, rich)  # scale 2
+
+
+def test_superset_custom_sql_share_of_a_condition_is_a_ratio_of_noised_counts(stack: Stack, physical_dataset: int,
+                                                                              admin):
+    """``SUM(CASE ...) * 1.0 / COUNT(*)``: the quotient of two released counts (scale 2 each over
+    ~2,000 rows, so the share is within 0.05 of the truth but with negligible probability)."""
+    stack.relay.phase = "conditional-share"
+    with stack.proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        row = _single_row(*_chart_data(stack, physical_dataset, "big_number_total", [OLDER_SHARE]))
+        assert spent_epsilon(conn) - before == pytest.approx(1.0)  # both counts: one statement's ε
+    exact = _exact(admin, "SELECT count(*) FILTER (WHERE age > 40) * 1.0 / count(*) FROM people")
+    assert abs(row["older_share"] - exact) < 0.05, (row, exact)
 
 
 def test_superset_monthly_line_draws_every_month_of_the_time_range(stack: Stack, physical_dataset: int, admin):
