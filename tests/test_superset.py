@@ -7,7 +7,9 @@ create a physical dataset on ``people`` and an aggregate virtual dataset, then d
 with ``/api/v1/chart/data`` and run SQL Lab. Each DP chart must come back as numbers near the
 truth: big numbers, a table of aggregates, and — the policy opts ``sex`` and ``signed_up`` in
 to GROUP BY — a pie and a bar chart by sex and a monthly line over a time range, one row per
-declared key, and line and bar charts split by sex with a *Series limit*; a native filter's
+declared key, and line and bar charts split by sex with a *Series limit*; custom SQL metrics
+restricted by a condition (``SUM(CASE WHEN p THEN 1 ELSE 0 END)``, ``COUNT(*) FILTER (WHERE p)``,
+their share of ``COUNT(*)``) in a Big Number, a Bar Chart by sex and a Table; a native filter's
 list of values of ``sex`` is its declared categories, at no cost. More chart types draw from
 the same histograms: a Big Number with time comparison, a Pivot Table (its totals summed by
 Superset), a Table with dimensions and a row limit, a Mixed Chart, a Treemap, a Sunburst and a
