@@ -64,7 +64,8 @@ MUST_ANSWER = frozenset({"connect", "introspect", "physical-dataset", "big-numbe
         "bullet", "bar-by-age", "bar-by-width-bucket", "cal_heatmap", "time_table", "time_pivot", "compare", "rose",
         "horizon", "paired_ttest", "partition", "chord", "para", "bubble", "world_map", "country_map",
         "table-server-pagination", "line-time-comparison")) | frozenset(
-    {"conditional-big-number", "conditional-bar-chart", "conditional-table", "conditional-share"})
+    {"conditional-big-number", "conditional-bar-chart", "conditional-table", "conditional-share",
+     "conditional-series-limit"})
 VIRTUAL_SQL = "SELECT count(*) AS n, avg(age) AS avg_age FROM people WHERE age > 30"
 ROW_LEVEL_SQL = "SELECT * FROM people WHERE age > 30"
 
@@ -288,6 +289,8 @@ FEMALE_FILTER = _sql_metric("COUNT(*) FILTER (WHERE sex = 'Female')", "women")
 OLDER_FILTER = _sql_metric("COUNT(*) FILTER (WHERE age > 40)", "older_f")
 RICH_CASE = _sql_metric("SUM(CASE WHEN income >= 50000 THEN 1 ELSE 0 END)", "rich")
 OLDER_SHARE = _sql_metric("SUM(CASE WHEN age > 40 THEN 1 ELSE 0 END) * 1.0 / COUNT(*)", "older_share")
+OLDER_SHARE_NULLIF = _sql_metric("SUM(CASE WHEN age > 40 THEN 1 ELSE 0 END) * 1.0 / NULLIF(COUNT(*), 0)",
+                                 "older_share_guarded")
 
 
 @pytest.mark.parametrize("metric, condition", [(OLDER_CASE, "age > 40"), (FEMALE_FILTER, "sex = 'Female'")],
@@ -338,17 +341,45 @@ def test_superset_table_of_two_conditional_metrics_side_by_side_is_noised(stack:
     assert abs(row["women"] - women) < 100 and abs(row["rich"] - rich) < 100, (row, women, rich)  # scale 2
 
 
-def test_superset_custom_sql_share_of_a_condition_is_a_ratio_of_noised_counts(stack: Stack, physical_dataset: int,
-                                                                              admin):
-    """``SUM(CASE ...) * 1.0 / COUNT(*)``: the quotient of two released counts (scale 2 each over
-    ~2,000 rows, so the share is within 0.05 of the truth but with negligible probability)."""
+@pytest.mark.parametrize("metric", [OLDER_SHARE, OLDER_SHARE_NULLIF], ids=["ratio", "nullif-guarded"])
+def test_superset_custom_sql_share_of_a_condition_is_a_ratio_of_noised_counts(
+        stack: Stack, physical_dataset: int, admin, metric: dict[str, Any]):
+    """``SUM(CASE ...) * 1.0 / COUNT(*)``, or over ``NULLIF(COUNT(*), 0)``: the quotient of two
+    released counts, charged one statement's ε (scale 2 each over ~2,000 rows, so the share is
+    within 0.05 of the truth but with negligible probability)."""
     stack.relay.phase = "conditional-share"
     with stack.proxy.connect() as conn:
         before = spent_epsilon(conn)
-        row = _single_row(*_chart_data(stack, physical_dataset, "big_number_total", [OLDER_SHARE]))
-        assert spent_epsilon(conn) - before == pytest.approx(1.0)  # both counts: one statement's ε
+        row = _single_row(*_chart_data(stack, physical_dataset, "big_number_total", [metric]))
+        assert spent_epsilon(conn) - before == pytest.approx(1.0)
     exact = _exact(admin, "SELECT count(*) FILTER (WHERE age > 40) * 1.0 / count(*) FROM people")
-    assert abs(row["older_share"] - exact) < 0.05, (row, exact)
+    assert abs(row[metric["label"]] - exact) < 0.05, (row, exact)
+
+
+def test_superset_series_limit_ranked_by_a_conditional_metric_draws_the_series_it_puts_first(
+        stack: Stack, physical_dataset: int, admin):
+    """A monthly line split by ``sex`` with a *Series limit* of 1 ranked by the conditional metric
+    itself: the ranking subquery orders by ``SUM(CASE ...)``. Male has twice Female's rows over
+    40, so its noised conditional count ranks first whatever the noise."""
+    stack.relay.phase = "conditional-series-limit"
+    start, end = TIME_RANGE
+    axis = {"timeGrain": "P1M", "columnType": "BASE_AXIS", "sqlExpression": "signed_up", "label": "signed_up",
+            "expressionType": "SQL"}
+    time_filter = {"col": "signed_up", "op": "TEMPORAL_RANGE", "val": f"{start} : {end}"}
+    query = _query([OLDER_CASE], [axis, "sex"], [time_filter], series_columns=["sex"], series_limit=1,
+                   series_limit_metric=OLDER_CASE)
+    query["orderby"] = [[OLDER_CASE, False]]
+    with stack.proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        rows = _rows(*_post_chart(stack, physical_dataset, "echarts_timeseries_line", [query],
+                                  {"limit": 1, "groupby": ["sex"], "timeseries_limit_metric": OLDER_CASE}))
+        assert spent_epsilon(conn) - before == pytest.approx(1.0)  # the ranking and the chart: charged once
+    assert {row["sex"] for row in rows} == {"Male"} and len(rows) == 6, rows  # March to August 2023
+    exact = dict(admin.execute(
+        f"SELECT extract(epoch FROM date_trunc('month', signed_up))::bigint * 1000, count(*) FROM people "
+        f"WHERE signed_up >= '{start}' AND signed_up < '{end}' AND sex = 'Male' AND age > 40 GROUP BY 1").fetchall())
+    for row in rows:
+        assert abs(row["older"] - exact[row["signed_up"]]) < 100, (row, exact)  # two columns share ε: scale 2
 
 
 def test_superset_monthly_line_draws_every_month_of_the_time_range(stack: Stack, physical_dataset: int, admin):
