@@ -44,7 +44,7 @@ def test_recording_covers_connect_introspection_datasets_and_charts():
                   "conditional-bar-chart", "conditional-table", "conditional-share", "conditional-series-limit"):
         assert {e.outcome for e in RECORDED if e.phase == phase and "people" in e.sql} == {"ok"}, phase
     for phase in ("group-by-chart", "box-plot-refused", "histogram-refused", "chart-tree_chart-refused",
-                  "chart-gantt_chart-refused", "chart-deck_scatter-refused"):  # a value per row, or the rows
+                  "chart-gantt_chart-refused", "chart-deck_scatter-refused", "conditional-refused"):  # a value per row, or the rows
         assert {e.outcome for e in RECORDED if e.phase == phase and "people" in e.sql} == {"DP001"}, phase
 
 

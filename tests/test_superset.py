@@ -382,6 +382,20 @@ def test_superset_series_limit_ranked_by_a_conditional_metric_draws_the_series_i
         assert abs(row["older"] - exact[row["signed_up"]]) < 100, (row, exact)  # two columns share ε: scale 2
 
 
+@pytest.mark.parametrize("expression, shown", [
+    ("AVG(CASE WHEN age > 40 THEN 1 ELSE 0 END)", "COUNT(*) FILTER (WHERE p) * 1.0 / COUNT(*)"),
+    ("SUM((age > 40)::int)", "SUM(col)")], ids=["avg-of-one-or-zero", "sum-of-a-cast-condition"])
+def test_superset_rate_idioms_outside_the_conditional_forms_are_refused_with_a_hint(
+        stack: Stack, physical_dataset: int, expression: str, shown: str):
+    """Two rate idioms a user may type as a custom SQL metric are not conditional forms: refused
+    (DP001, ``aggregate-argument``) and Superset shows the hint, which names what is answered."""
+    stack.relay.phase = "conditional-refused"
+    status, body = _chart_data(stack, physical_dataset, "big_number_total", [_sql_metric(expression, "rate")])
+    assert status == 400 and "(rule: aggregate-argument)" in str(body) and shown in str(body), body
+    refused = [r for r in stack.relay.statements() if r.phase == "conditional-refused" and "AS rate" in r.sql]
+    assert refused and {r.outcome for r in refused} == {"DP001"}, refused
+
+
 def test_superset_monthly_line_draws_every_month_of_the_time_range(stack: Stack, physical_dataset: int, admin):
     """One value per month (time grain P1M) over a time range: every month the range reaches, from
     the policy's declared time range, never from the data."""
