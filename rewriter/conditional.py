@@ -51,7 +51,8 @@ _CAST_TO: dict[int, str] = {INT2: "SMALLINT", INT4: "INT", INT8: "BIGINT", NUMER
 HINT = ("Write the condition as a FILTER: COUNT(*) FILTER (WHERE p), SUM(col) FILTER (WHERE p), AVG(col) FILTER "
         "(WHERE p). The CASE forms answered are COUNT(CASE WHEN p THEN 1 END), COUNT(CASE WHEN p THEN col END), "
         "SUM(CASE WHEN p THEN 1 ELSE 0 END), SUM(CASE WHEN p THEN col ELSE 0 END) and "
-        "AVG/MIN/MAX(CASE WHEN p THEN col END), with p as in WHERE.")
+        "AVG/MIN/MAX(CASE WHEN p THEN col END), with p as in WHERE. A share of rows (AVG(CASE WHEN p THEN 1 "
+        "ELSE 0 END)) is COUNT(*) FILTER (WHERE p) * 1.0 / COUNT(*).")
 
 
 @dataclass(frozen=True)

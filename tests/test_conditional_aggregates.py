@@ -202,6 +202,19 @@ def test_a_near_miss_is_refused_with_a_hint_and_costs_nothing(proxy: RunningProx
         assert "FILTER (WHERE p)" in diag.message_hint
 
 
+@pytest.mark.parametrize("sql", ["SELECT AVG(CASE WHEN age > 40 THEN 1 ELSE 0 END) FROM adult",
+                                 "SELECT AVG(CASE WHEN age > 40 THEN 1.0 ELSE 0 END) FROM adult"])
+def test_an_average_of_one_or_zero_is_refused_with_the_share_form_in_the_hint(proxy: RunningProxy, sql: str):
+    """The rate idiom a Superset user types as a custom SQL metric; the hint gives the answered
+    form of the same share, two released counts divided."""
+    with proxy.connect(autocommit=True) as conn:
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(sql)
+        conn.execute("SELECT COUNT(*) FILTER (WHERE age > 40) * 1.0 / COUNT(*) FROM adult")
+    assert "rule: aggregate-argument" in (info.value.diag.message_primary or "")
+    assert "COUNT(*) FILTER (WHERE p) * 1.0 / COUNT(*)" in (info.value.diag.message_hint or "")
+
+
 def test_a_filter_whose_literal_the_column_cannot_read_fails_before_the_charge(proxy: RunningProxy):
     with proxy.connect(autocommit=True) as conn:
         before = spent_epsilon(conn)

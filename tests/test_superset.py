@@ -7,7 +7,9 @@ create a physical dataset on ``people`` and an aggregate virtual dataset, then d
 with ``/api/v1/chart/data`` and run SQL Lab. Each DP chart must come back as numbers near the
 truth: big numbers, a table of aggregates, and — the policy opts ``sex`` and ``signed_up`` in
 to GROUP BY — a pie and a bar chart by sex and a monthly line over a time range, one row per
-declared key, and line and bar charts split by sex with a *Series limit*; a native filter's
+declared key, and line and bar charts split by sex with a *Series limit*; custom SQL metrics
+restricted by a condition (``SUM(CASE WHEN p THEN 1 ELSE 0 END)``, ``COUNT(*) FILTER (WHERE p)``,
+their share of ``COUNT(*)``) in a Big Number, a Bar Chart by sex and a Table; a native filter's
 list of values of ``sex`` is its declared categories, at no cost. More chart types draw from
 the same histograms: a Big Number with time comparison, a Pivot Table (its totals summed by
 Superset), a Table with dimensions and a row limit, a Mixed Chart, a Treemap, a Sunburst and a
@@ -61,7 +63,9 @@ MUST_ANSWER = frozenset({"connect", "introspect", "physical-dataset", "big-numbe
         "echarts_timeseries_step", "waterfall", "heatmap_v2", "sankey_v2", "graph_chart", "big_number", "pop_kpi",
         "bullet", "bar-by-age", "bar-by-width-bucket", "cal_heatmap", "time_table", "time_pivot", "compare", "rose",
         "horizon", "paired_ttest", "partition", "chord", "para", "bubble", "world_map", "country_map",
-        "table-server-pagination", "line-time-comparison"))
+        "table-server-pagination", "line-time-comparison")) | frozenset(
+    {"conditional-big-number", "conditional-bar-chart", "conditional-table", "conditional-share",
+     "conditional-series-limit"})
 VIRTUAL_SQL = "SELECT count(*) AS n, avg(age) AS avg_age FROM people WHERE age > 30"
 ROW_LEVEL_SQL = "SELECT * FROM people WHERE age > 30"
 
@@ -271,6 +275,125 @@ def test_superset_bar_chart_by_an_opted_in_category_draws(stack: Stack, physical
     for row in rows:
         exact = _exact(admin, f"SELECT count(*) FROM people WHERE sex = '{row['sex']}'")
         assert abs(row["count"] - exact) < 100, (row, exact)  # ε split over two columns: scale 2
+
+
+def _sql_metric(expression: str, label: str) -> dict[str, Any]:
+    """A *Custom SQL* metric, as the explore view's metric pop-over sends it."""
+    return {"expressionType": "SQL", "sqlExpression": expression, "label": label}
+
+
+# Custom SQL metrics a user types in Superset's metric pop-over: dpproxy answers each as the
+# count over (WHERE) AND p (docs/query-shapes.md, *Conditional aggregates*).
+OLDER_CASE = _sql_metric("SUM(CASE WHEN age > 40 THEN 1 ELSE 0 END)", "older")
+FEMALE_FILTER = _sql_metric("COUNT(*) FILTER (WHERE sex = 'Female')", "women")
+OLDER_FILTER = _sql_metric("COUNT(*) FILTER (WHERE age > 40)", "older_f")
+RICH_CASE = _sql_metric("SUM(CASE WHEN income >= 50000 THEN 1 ELSE 0 END)", "rich")
+OLDER_SHARE = _sql_metric("SUM(CASE WHEN age > 40 THEN 1 ELSE 0 END) * 1.0 / COUNT(*)", "older_share")
+OLDER_SHARE_NULLIF = _sql_metric("SUM(CASE WHEN age > 40 THEN 1 ELSE 0 END) * 1.0 / NULLIF(COUNT(*), 0)",
+                                 "older_share_guarded")
+
+
+@pytest.mark.parametrize("metric, condition", [(OLDER_CASE, "age > 40"), (FEMALE_FILTER, "sex = 'Female'")],
+                         ids=["sum-case", "count-filter"])
+def test_superset_big_number_of_a_custom_sql_conditional_count_is_noised(
+        stack: Stack, physical_dataset: int, admin, metric: dict[str, Any], condition: str):
+    stack.relay.phase = "conditional-big-number"
+    row = _single_row(*_chart_data(stack, physical_dataset, "big_number_total", [metric]))
+    exact = _exact(admin, f"SELECT count(*) FROM people WHERE {condition}")
+    assert abs(row[metric["label"]] - exact) < 50, (row, exact)  # one column, ε = 1: Laplace scale 1
+
+
+def _conditional_bars(stack: Stack, dataset: int, metric: dict[str, Any]) -> dict[str, float]:
+    """A Bar Chart of ``metric`` by ``sex`` (a declared key): each category's value."""
+    rows = _rows(*_chart_data(stack, dataset, "echarts_timeseries_bar", [metric],
+                              columns=[{"columnType": "BASE_AXIS", "sqlExpression": "sex", "label": "sex",
+                                        "expressionType": "SQL"}]))
+    assert sorted(row["sex"] for row in rows) == ["Female", "Male"], rows
+    return {row["sex"]: row[metric["label"]] for row in rows}
+
+
+def test_superset_bar_chart_of_a_custom_sql_conditional_count_by_a_declared_key_draws(
+        stack: Stack, physical_dataset: int, admin):
+    """A conditional count per declared key: the histogram's cells, each restricted to p. The
+    same count written as a FILTER is the same release, a repeat at no cost."""
+    stack.relay.phase = "conditional-bar-chart"
+    bars = _conditional_bars(stack, physical_dataset, OLDER_CASE)
+    for sex, value in bars.items():
+        exact = _exact(admin, f"SELECT count(*) FROM people WHERE sex = '{sex}' AND age > 40")
+        assert abs(value - exact) < 50, (sex, value, exact)
+    with stack.proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        assert _conditional_bars(stack, physical_dataset, OLDER_FILTER) == bars
+        assert spent_epsilon(conn) == before
+
+
+def test_superset_table_of_two_conditional_metrics_side_by_side_is_noised(stack: Stack, physical_dataset: int,
+                                                                         admin):
+    """Two custom SQL metrics with different conditions: two releases, ε split between them."""
+    stack.relay.phase = "conditional-table"
+    with stack.proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        row = _single_row(*_chart_data(stack, physical_dataset, "table", [FEMALE_FILTER, RICH_CASE]))
+        assert spent_epsilon(conn) - before == pytest.approx(1.0)  # one statement: ε = 1, split
+    assert set(row) == {"women", "rich"}, row
+    women = _exact(admin, "SELECT count(*) FROM people WHERE sex = 'Female'")
+    rich = _exact(admin, "SELECT count(*) FROM people WHERE income >= 50000")
+    assert abs(row["women"] - women) < 100 and abs(row["rich"] - rich) < 100, (row, women, rich)  # scale 2
+
+
+@pytest.mark.parametrize("metric", [OLDER_SHARE, OLDER_SHARE_NULLIF], ids=["ratio", "nullif-guarded"])
+def test_superset_custom_sql_share_of_a_condition_is_a_ratio_of_noised_counts(
+        stack: Stack, physical_dataset: int, admin, metric: dict[str, Any]):
+    """``SUM(CASE ...) * 1.0 / COUNT(*)``, or over ``NULLIF(COUNT(*), 0)``: the quotient of two
+    released counts, charged one statement's ε (scale 2 each over ~2,000 rows, so the share is
+    within 0.05 of the truth but with negligible probability)."""
+    stack.relay.phase = "conditional-share"
+    with stack.proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        row = _single_row(*_chart_data(stack, physical_dataset, "big_number_total", [metric]))
+        assert spent_epsilon(conn) - before == pytest.approx(1.0)
+    exact = _exact(admin, "SELECT count(*) FILTER (WHERE age > 40) * 1.0 / count(*) FROM people")
+    assert abs(row[metric["label"]] - exact) < 0.05, (row, exact)
+
+
+def test_superset_series_limit_ranked_by_a_conditional_metric_draws_the_series_it_puts_first(
+        stack: Stack, physical_dataset: int, admin):
+    """A monthly line split by ``sex`` with a *Series limit* of 1 ranked by the conditional metric
+    itself: the ranking subquery orders by ``SUM(CASE ...)``. Male has twice Female's rows over
+    40, so its noised conditional count ranks first whatever the noise."""
+    stack.relay.phase = "conditional-series-limit"
+    start, end = TIME_RANGE
+    axis = {"timeGrain": "P1M", "columnType": "BASE_AXIS", "sqlExpression": "signed_up", "label": "signed_up",
+            "expressionType": "SQL"}
+    time_filter = {"col": "signed_up", "op": "TEMPORAL_RANGE", "val": f"{start} : {end}"}
+    query = _query([OLDER_CASE], [axis, "sex"], [time_filter], series_columns=["sex"], series_limit=1,
+                   series_limit_metric=OLDER_CASE)
+    query["orderby"] = [[OLDER_CASE, False]]
+    with stack.proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        rows = _rows(*_post_chart(stack, physical_dataset, "echarts_timeseries_line", [query],
+                                  {"limit": 1, "groupby": ["sex"], "timeseries_limit_metric": OLDER_CASE}))
+        assert spent_epsilon(conn) - before == pytest.approx(1.0)  # the ranking and the chart: charged once
+    assert {row["sex"] for row in rows} == {"Male"} and len(rows) == 6, rows  # March to August 2023
+    exact = dict(admin.execute(
+        f"SELECT extract(epoch FROM date_trunc('month', signed_up))::bigint * 1000, count(*) FROM people "
+        f"WHERE signed_up >= '{start}' AND signed_up < '{end}' AND sex = 'Male' AND age > 40 GROUP BY 1").fetchall())
+    for row in rows:
+        assert abs(row["older"] - exact[row["signed_up"]]) < 100, (row, exact)  # two columns share ε: scale 2
+
+
+@pytest.mark.parametrize("expression, shown", [
+    ("AVG(CASE WHEN age > 40 THEN 1 ELSE 0 END)", "COUNT(*) FILTER (WHERE p) * 1.0 / COUNT(*)"),
+    ("SUM((age > 40)::int)", "SUM(col)")], ids=["avg-of-one-or-zero", "sum-of-a-cast-condition"])
+def test_superset_rate_idioms_outside_the_conditional_forms_are_refused_with_a_hint(
+        stack: Stack, physical_dataset: int, expression: str, shown: str):
+    """Two rate idioms a user may type as a custom SQL metric are not conditional forms: refused
+    (DP001, ``aggregate-argument``) and Superset shows the hint, which names what is answered."""
+    stack.relay.phase = "conditional-refused"
+    status, body = _chart_data(stack, physical_dataset, "big_number_total", [_sql_metric(expression, "rate")])
+    assert status == 400 and "(rule: aggregate-argument)" in str(body) and shown in str(body), body
+    refused = [r for r in stack.relay.statements() if r.phase == "conditional-refused" and "AS rate" in r.sql]
+    assert refused and {r.outcome for r in refused} == {"DP001"}, refused
 
 
 def test_superset_monthly_line_draws_every_month_of_the_time_range(stack: Stack, physical_dataset: int, admin):
