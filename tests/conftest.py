@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 import psycopg
 import pytest
 
-from policies.loader import parse_policy
+from policies.loader import PolicyError, parse_policy
 from policies.model import Policy
 from proxy.demo.embedded import SERVICE_ROLE, prepare_demo_database
 from proxy.serving.event_loop import new_event_loop
@@ -177,6 +177,17 @@ class RunningProxy:
         self._call(self.server.close())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
+
+
+def refused_at_load(policy: Policy) -> list[str]:
+    """The problems dpproxy's start (which checks the policy against the backend) refuses ``policy`` with."""
+    loop = new_event_loop()
+    try:
+        with pytest.raises(PolicyError) as refused:
+            loop.run_until_complete(asyncio.wait_for(Server.create(policy), 60))
+    finally:
+        loop.close()
+    return list(refused.value.problems)
 
 
 @contextmanager

@@ -9,20 +9,16 @@ dpproxy.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections.abc import Iterator
 
 import psycopg
 import pytest
-from conftest import TEST_POLICY, make_policy
+from conftest import TEST_POLICY, make_policy, refused_at_load
 
 from policies.errors import Refusal
-from policies.loader import PolicyError
 from policies.model import ColumnPolicy, TablePolicy
 from policies.tables import ColumnInfo, Relation
-from proxy.serving.event_loop import new_event_loop
-from proxy.serving.server import Server
 from rewriter.dp_query import plan_aggregate_query
 from rewriter.like_patterns import invalid_pattern_reason
 from rewriter.rewrite import backend_sql
@@ -303,13 +299,8 @@ def test_a_dp_query_runs_only_pg_catalog_objects_whatever_the_search_path(plante
 
 def test_a_policy_whose_float_bounds_could_overflow_a_sum_is_refused_at_load(test_db, tmp_path) -> None:
     policy = make_policy(test_db, tmp_path / "ledger.sqlite3", TEST_POLICY.replace("[-2.5, 2.5]", "[-1e300, 1e300]"))
-    loop = new_event_loop()
-    try:
-        with pytest.raises(PolicyError) as refused:
-            loop.run_until_complete(asyncio.wait_for(Server.create(policy), 60))
-    finally:
-        loop.close()
-    assert "tables.public.clamp_test.columns.ratio: bounds of this column type may be at most 1e+280" in str(refused.value)
+    assert "tables.public.clamp_test.columns.ratio: bounds of this column type may be at most 1e+280" in "\n".join(
+        refused_at_load(policy))
 
 
 @pytest.mark.parametrize("predicate", ["lower(nr) < CAST(1.5 AS double precision)", "upper(nr) = 2",

@@ -7,16 +7,14 @@ statement failed on the backend after ε was charged (found by tests/test_type_m
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 
 import psycopg
 import pytest
 
-from policies.loader import PolicyError
-from proxy.serving.event_loop import new_event_loop
-from proxy.serving.server import Server
-from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, make_policy, running_proxy, spent_epsilon
+from tests.conftest import (
+    ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, make_policy, refused_at_load, running_proxy, spent_epsilon,
+)
 
 _TABLE = "  public.typed_probe: {{access: protected, epsilon: 1.0, columns: {{t: {{categories: [a, b], group_by: true}}}}}}\n"
 
@@ -49,12 +47,6 @@ def test_count_distinct_of_a_type_postgresql_cannot_sort_is_refused_before_the_c
 def test_categories_on_a_type_without_an_equality_are_a_policy_error(test_db: TestDatabase, tmp_path) -> None:
     table = "  public.typed_probe: {{access: protected, epsilon: 1.0, columns: {{j: {{categories: ['{{}}', '[]']}}}}}}\n"
     policy = make_policy(test_db, tmp_path / "ledger.sqlite3", ATTACK_POLICY_HEAD + table)
-    loop = new_event_loop()
-    try:
-        with pytest.raises(PolicyError) as refused:
-            loop.run_until_complete(asyncio.wait_for(Server.create(policy), 60))
-    finally:
-        loop.close()
-    (problem,) = refused.value.problems
+    (problem,) = refused_at_load(policy)
     assert problem.startswith("tables.public.typed_probe.columns.j: categories need a type PostgreSQL can compare")
     assert "json" in problem
