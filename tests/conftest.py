@@ -258,7 +258,7 @@ def psql_path() -> str:
 # `clients`, so `./run-tests -m "not clients"` needs nothing but Python. A whole module, or the
 # named tests of a module where the others need no such program.
 _CLIENT_MODULES = {
-    "test_benchmark_smoke",  # pgbench (and pgbouncer)
+    "test_benchmark_smoke",  # pgbench (and pgbouncer), valgrind
     "test_client_jdbc", "test_client_node", "test_client_odbc", "test_client_pgbench",
     "test_psql_client", "test_superset",
 }

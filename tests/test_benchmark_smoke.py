@@ -9,12 +9,10 @@ reports (benchmarks/README.md), never a test's pass condition.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from benchmarks.servers import commit_of, find_pgbouncer
 from benchmarks.smartnoise import default_venv, find_smartnoise
@@ -101,9 +99,7 @@ def test_bytecode_counts_run_and_name_the_python_functions():
 
 
 def test_instruction_counts_run_under_callgrind():
-    """``python -m benchmarks.instructions`` with a handful of statements (skipped without valgrind)."""
-    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
-        pytest.skip("valgrind is not installed")
+    """``python -m benchmarks.instructions`` with a handful of statements (valgrind, which ./run-tests installs)."""
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.instructions", "--workloads", "catalog", "--statements", "8",
          "--warmup", "8"],

@@ -54,9 +54,9 @@ def test_whole_suite_without_clients_prints_one_apt_line_with_every_missing_clie
     packages = line.removeprefix(_PREFIX).split()
     # Found by their programs, all absent from this PATH; the rest are files that may be installed here.
     assert {"python3", "python3-venv", "postgresql-client", "postgresql", "default-jdk-headless", "nodejs", "npm",
-            "unixodbc", "docker-compose", "openssl"} <= set(packages)
+            "unixodbc", "docker-compose", "openssl", "valgrind"} <= set(packages)
     assert set(packages) <= {"python3", "python3-venv", "postgresql-client", "postgresql", "pgbouncer",
                              "default-jdk-headless", "libpostgresql-jdbc-java", "nodejs", "npm", "unixodbc",
-                             "odbc-postgresql", "docker-compose", "openssl"}
+                             "odbc-postgresql", "docker-compose", "openssl", "valgrind"}
     assert './run-tests -m "not clients"' in result.stderr
     assert _ran_nothing(tmp_path)
