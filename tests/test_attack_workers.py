@@ -508,7 +508,9 @@ def test_answers_while_every_worker_reloads_are_noised_at_the_epsilon_they_are_c
         for i in range(10_000):
             if stop.is_set():
                 return
-            conn.execute(f"SELECT COUNT(*) FROM adult WHERE age > {i % 70} AND hours_per_week > {worker}").fetchall()
+            # Never the same statement twice: a repeat is charged 0 and noised as its first answer was.
+            conn.execute(f"SELECT COUNT(*) FROM adult WHERE age > {i % 70} AND hours_per_week > {worker + 2 * (i // 70)}"
+                         ).fetchall()
 
     text = group.config.read_text()
     threads = [_after(0, lambda c=conn, w=worker: ask(c, w)) for worker, conn in enumerate(conns)]  # type: ignore[misc]
