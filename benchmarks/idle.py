@@ -1,8 +1,9 @@
 """Memory of dpproxy with many idle clients: each logged in (SCRAM) and then left alone.
 
 Connections are opened in batches up to each checkpoint; at each one the proxy's RSS, the
-number of backend sessions dpproxy holds on PostgreSQL (``pg_stat_activity`` for the
-service role) and those backends' private memory (USS) are read. A client dpproxy cannot
+number of backend sessions dpproxy holds on PostgreSQL for clients (``pg_stat_activity`` for
+the service role, less the connection dpproxy opens for a moment every 10 s for its own
+re-check, named OWN_APPLICATION_NAME) and those backends' private memory (USS) are read. A client dpproxy cannot
 serve (e.g. PostgreSQL's ``max_connections`` reached, before dpproxy pooled its backend
 connections) is counted with its error, and the run goes on to the next checkpoint.
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 import psutil
 import psycopg
 
+from proxy.backend.connection import OWN_APPLICATION_NAME
 from proxy.demo.embedded import SERVICE_ROLE
 
 from .postgres import Endpoint
@@ -81,8 +83,9 @@ async def _idle(proxy: ServerProcess, endpoint: Endpoint, admin: Endpoint, check
 
 
 async def _backends(monitor: psycopg.AsyncConnection) -> tuple[int, int]:
-    """How many backend sessions the service role holds, and their summed private memory."""
-    cur = await monitor.execute("SELECT pid FROM pg_stat_activity WHERE usename = %s", (SERVICE_ROLE,))
+    """How many backend sessions the service role holds for clients, and their summed private memory."""
+    cur = await monitor.execute("SELECT pid FROM pg_stat_activity WHERE usename = %s AND application_name <> %s",
+                                (SERVICE_ROLE, OWN_APPLICATION_NAME))
     pids = [pid for (pid,) in await cur.fetchall()]
     uss = 0
     for pid in pids:

@@ -61,3 +61,27 @@ def test_a_protected_table_whose_select_is_revoked_is_refused_before_the_charge_
             assert conn.execute("SELECT COUNT(*) FROM regranted WHERE a > 2").fetchone() is not None
             assert _remaining(proxy) == before - 1
             prepared.close()
+
+
+def test_the_periodic_recheck_connection_is_named_dpproxy_so_it_is_not_taken_for_a_clients(
+    test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The re-check opens a connection of its own for a moment; pg_stat_activity names it, so an
+    operator (and benchmarks/idle.py, counting the backends idle clients hold) can tell it apart."""
+    from proxy.backend.connection import OWN_APPLICATION_NAME
+    from proxy.serving import server
+
+    monkeypatch.setattr(server, "FUNCTION_NAMES_REFRESH_S", 0.01)
+    names = "SELECT application_name FROM pg_stat_activity WHERE usename = 'dpproxy_service'"
+    seen: set[str] = set()
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin, dropped_around(admin, "regranted"):
+        admin.execute("CREATE TABLE regranted (a int)")
+        admin.execute("GRANT SELECT ON regranted TO dpproxy_service")
+        with running_proxy(test_db, tmp_path_factory, _POLICY) as proxy:
+            deadline = time.monotonic() + 10
+            while OWN_APPLICATION_NAME not in seen and time.monotonic() < deadline:
+                seen.update(name for (name,) in admin.execute(names))
+            with proxy.connect(application_name="a client") as conn:
+                conn.execute("SELECT 1")
+                seen.update(name for (name,) in admin.execute(names))
+    assert {OWN_APPLICATION_NAME, "a client"} <= seen, seen

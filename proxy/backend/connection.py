@@ -43,7 +43,7 @@ from .row_stream import HELD_RESULT_BYTES, RowStream
 
 __all__ = [
     "BackendError", "BackendLost", "BackendSession", "BackendUnavailable", "BoundParams", "ResultSet", "build_registry", "connect",
-    "FORWARDED_STARTUP", "function_names",
+    "FORWARDED_STARTUP", "function_names", "OWN_APPLICATION_NAME",
     "pooled_session", "startup_key", "startup_settings",
 ]
 
@@ -134,11 +134,17 @@ def startup_settings(startup: Mapping[str, str] | None) -> dict[str, str]:
     return settings
 
 
+OWN_APPLICATION_NAME = "dpproxy"
+"""The application_name of the connections dpproxy opens for its own work, so that an operator
+reading pg_stat_activity can tell them from the ones it holds for clients."""
+
+
 async def connect(
     policy: Policy, startup: Mapping[str, str] | None = None, *, report: bool = True
 ) -> "BackendSession":
     """A backend session on a connection of its own, open now, outside the pool (dpproxy's own
-    work: resolving the policy at startup and reload, ``check-config``, tests).
+    work: resolving the policy at startup and reload, ``check-config``, the periodic re-check,
+    tests). Without ``startup`` its application_name is OWN_APPLICATION_NAME.
 
     A failure to connect (PostgreSQL down, too many clients …) is logged and raises
     BackendError with PostgreSQL's SQLSTATE, or 08006 when none came back. With
@@ -146,7 +152,8 @@ async def connect(
     operator itself (startup, ``check-config``: ``proxy.startup.backend_failure``).
     """
     try:
-        conn = await open_backend(policy.backend, startup_settings(startup))
+        settings = startup_settings(startup) if startup is not None else {"application_name": OWN_APPLICATION_NAME}
+        conn = await open_backend(policy.backend, settings)
     except psycopg.Error as exc:
         if not report:
             raise
