@@ -93,6 +93,10 @@ class TableRegistry:
     # with that role's name: a statement on one is refused before its charge, not charged and
     # then failed with "permission denied" (proxy.backend.grants; rewriter.classify).
     unreadable: Mapping[int, str] = field(default_factory=dict)
+    # The protected relations that read through an expression that can fail on a row (a view
+    # redefined since the policy was loaded), by OID, each with that expression: a statement on
+    # one is refused before its charge until a reload (proxy.backend.row_failures).
+    fallible: Mapping[int, str] = field(default_factory=dict)
 
     def get(self, oid: int) -> Relation | None:
         return self.by_oid.get(oid)

@@ -322,6 +322,20 @@ def _unreadable(table: Relation, role: str) -> Refusal:
     )
 
 
+def _fallible(table: Relation, expression: str) -> Refusal:
+    """The refusal of a statement on a protected relation redefined, since the policy was loaded,
+    to read through an expression that can fail on a row: charged, whether it failed would say
+    whether the statement's rows hold such a row."""
+    return Refusal(
+        SQLSTATE.OBJECT_NOT_IN_PREREQUISITE_STATE,
+        f"protected relation {table.display_name} now reads through an expression that can fail on a row: "
+        f"{expression} (rule: row-failure)",
+        "An administrator must compute that column into a table or a materialized view, or leave it out of "
+        "the view; dpproxy checks again every few seconds and answers again once it is gone. Nothing was charged.",
+        "row-failure",
+    )
+
+
 def _means_pg_class(ref: RelationRef, resolved: Mapping[RelationRef, ResolvedRelation | None]) -> bool:
     target = resolved.get(ref)
     return target is not None and target.oid == PG_CLASS_OID
@@ -332,6 +346,9 @@ def _protected(statement: Statement, protected: list[Relation], registry: TableR
         role = registry.unreadable.get(table.oid)
         if role is not None:
             raise _unreadable(table, role)
+        expression = registry.fallible.get(table.oid)
+        if expression is not None:
+            raise _fallible(table, expression)
     relation = protected[0]
     refs = statement.references
     if len(refs.relations) > 1 and ranks_series(statement.node) and len(protected) == len(refs.relations) and all(

@@ -37,6 +37,7 @@ from .type_support import distinct_countable, label_comparison_problem
 from .database_encoding import database_encoding_problems
 from .relation_reads import public_reads_protected
 from .grants import unreadable_protected
+from .row_failures import failing_protected
 from .pool import UNKNOWN, BackendPool, PooledConnection, PoolTimeout, State, open_backend
 from .result_waiter import NotSent
 from .row_stream import HELD_RESULT_BYTES, RowStream
@@ -919,6 +920,7 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
         names[target.oid] = name
     problems += await public_reads_protected(session, relations, names)
     problems += await unreadable_protected(session, relations, names)
+    problems += await failing_protected(session, relations, names)
     if problems:
         raise PolicyError(problems)
     pg_class = await session.fetch_row(

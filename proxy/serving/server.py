@@ -23,6 +23,7 @@ from policies.model import Policy
 from policies.tables import TableRegistry, quote_identifier
 from proxy.backend.connection import BackendError, build_registry, connect, function_names
 from proxy.backend.grants import unreadable
+from proxy.backend.row_failures import fallible_protected
 from proxy.backend.partition_fit import usefulness_warnings
 from proxy.backend.relation_reads import public_leaking
 from proxy.backend.pool import BackendPool
@@ -165,6 +166,10 @@ class Server:
         each DP query on the table would be charged and then fail with 42501. Such a table is
         marked unreadable in the registry (statements on it are refused before the charge,
         rewriter.classify) until a look finds the privilege back.
+
+        And that no protected view has been redefined to compute something that can fail on a
+        row (proxy.backend.row_failures): its statements are refused before the charge until a
+        look finds the view total again.
         """
         while True:
             await asyncio.sleep(FUNCTION_NAMES_REFRESH_S)
@@ -175,6 +180,7 @@ class Server:
                     names = await function_names(backend)
                     leaking = await public_leaking(backend, registry.by_oid)
                     lost = await unreadable(backend, registry.by_oid)
+                    fallible = await fallible_protected(backend, registry.by_oid)
                 finally:
                     await backend.close()
             except (BackendError, psycopg.Error) as exc:
@@ -195,6 +201,11 @@ class Server:
             if lost != registry.unreadable:
                 _log_grant_changes(registry, lost)
                 registry = replace(registry, unreadable=lost)
+            if fallible != registry.fallible:
+                for oid in fallible.keys() - registry.fallible.keys():
+                    log.error("protected relation %s now reads through an expression that can fail on a row (%s): "
+                              "refused until it is gone", registry.by_oid[oid].display_name, fallible[oid])
+                registry = replace(registry, fallible=fallible)
             if registry is not self.registry:
                 self.registry = registry
                 self._plans_stale()  # a statement prepared before would run as it was judged

@@ -1,0 +1,227 @@
+"""Whether reading a protected relation can fail on some row's values.
+
+A protected *view* computes its columns and filters its rows while the backend reads them, and so
+does a row-level security policy's ``USING`` expression. If such an expression can raise on a
+row's values (``income / hours`` on a row whose hours are 0, an integer overflow, ``t::int`` of a
+text that is no number, a scalar subquery that finds two rows, a ``LIKE`` pattern), every DP query
+that reaches such a row fails: whether ``SELECT SUM(hourly) FROM v WHERE id = 7`` fails tells,
+exactly and whatever the noise, whether row 7 holds hours 0. The analyst's WHERE is no shield:
+PostgreSQL evaluates a view's expressions only on the rows it reads and orders quals as it likes.
+
+``serve``, a reload and ``check-config`` therefore refuse a protected relation that reads through
+an expression dpproxy cannot show to be total, naming it; the periodic re-check finds a view
+redefined since (``CREATE OR REPLACE VIEW``) and its statements are refused before the charge
+until a reload. The check reads PostgreSQL's own stored parse trees (``pg_rewrite.ev_action``,
+``pg_policy.polqual``: the planner's input, not the view's text) of every view and policy the
+relation reads through, transitively (a view of a view, an inheritance child's policies); a
+materialized view's expressions ran when it was refreshed, not when it is read. Every node must
+be one that cannot raise, and every function one of:
+
+* a comparison of a built-in btree operator family (=, <, <=, >, >=) or its negator (<>): such
+  comparisons define a total order and never fail on a value of their types;
+* a function in ``TOTAL_FUNCTIONS`` below, each total on every value of its argument types;
+* an aggregate in ``TOTAL_AGGREGATES`` (a per-person view such as ``SELECT id, COUNT(*) ...
+  GROUP BY id`` is how a policy protects people with several rows), ``min``/``max`` of any type.
+
+Anything else (arithmetic, which overflows; casts from text; functions outside ``pg_catalog``,
+whose bodies dpproxy cannot read) is a problem, with the fix: compute the column into a table or
+a materialized view (which fails at refresh, before any analyst asks), or leave it out.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Protocol, Sequence
+
+from policies.tables import Relation
+
+__all__ = ["TOTAL_FUNCTIONS", "TOTAL_AGGREGATES", "failing_protected", "fallible_protected"]
+
+# Nodes that compute nothing that can fail themselves (their children are checked on their own).
+_STRUCTURAL = frozenset({
+    "QUERY", "RANGETBLENTRY", "RTEPERMISSIONINFO", "ALIAS", "FROMEXPR", "JOINEXPR", "RANGETBLREF", "TARGETENTRY",
+    "VAR", "CONST", "PARAM", "RELABELTYPE", "BOOLEXPR", "NULLTEST", "BOOLEANTEST", "CASEEXPR", "CASEWHEN",
+    "CASETESTEXPR", "COALESCEEXPR", "ROWEXPR", "SORTGROUPCLAUSE", "SETOPERATIONSTMT", "COMMONTABLEEXPR",
+    "WINDOWCLAUSE", "FIELDSELECT", "SQLVALUEFUNCTION", "RANGETBLFUNCTION", "GROUPINGSET", "GROUPINGFUNC",
+    "NAMEDARGEXPR", "COLLATEEXPR", "CONVERTROWTYPEEXPR", "ARRAYCOERCEEXPR",
+    # GREATEST/LEAST compare with the type's btree comparison, which is total.
+    "MINMAXEXPR",
+})
+# Nodes that call a function: the field that names it.
+_CALLS = {"OPEXPR": "opfuncid", "DISTINCTEXPR": "opfuncid", "NULLIFEXPR": "opfuncid",
+          "SCALARARRAYOPEXPR": "opfuncid", "FUNCEXPR": "funcid", "AGGREF": "aggfnoid", "WINDOWFUNC": "winfnoid"}
+# EXISTS, ALL and ANY subqueries: a scalar subquery (EXPR) fails when it finds two rows.
+_TOTAL_SUBLINKS = frozenset({"0", "1", "2"})
+# A conversion through text output is total when its result is text; from text, an input function is not.
+_TEXT_TYPES = frozenset({"25", "1043"})
+
+TOTAL_FUNCTIONS = frozenset({
+    # Widening casts: every value of the argument type is a value of the result type.
+    "int4(smallint)", "int8(smallint)", "int8(integer)",
+    "numeric(smallint)", "numeric(integer)", "numeric(bigint)",
+    "float8(smallint)", "float8(integer)", "float8(bigint)", "float8(real)",
+    "float4(smallint)", "float4(integer)", "float4(bigint)",  # rounded, never out of range
+    "text(character)", "text(boolean)", "text(name)",
+    "date(timestamp without time zone)", "date(timestamp with time zone)",  # a timestamp's day is a date
+    # Text functions that read any text.
+    "lower(text)", "upper(text)", "length(text)", "char_length(text)", "octet_length(text)",
+    "btrim(text)", "ltrim(text)", "rtrim(text)",
+    # Magnitudes and rounding that cannot leave their type (abs(integer) can: abs of its minimum).
+    "abs(numeric)", "abs(double precision)", "abs(real)", "floor(numeric)", "ceil(numeric)",
+    "floor(double precision)", "ceil(double precision)", "round(numeric)", "round(double precision)",
+    "numeric_uminus(numeric)", "float8um(double precision)", "float4um(real)",
+    # Window functions of row positions.
+    "row_number()", "rank()", "dense_rank()", "percent_rank()", "cume_dist()",
+})
+TOTAL_AGGREGATES = frozenset({
+    "count()", 'count("any")', "sum(smallint)", "sum(integer)", "sum(bigint)", "sum(numeric)",
+    "avg(smallint)", "avg(integer)", "avg(bigint)", "avg(numeric)", "bool_and(boolean)", "bool_or(boolean)",
+    "every(boolean)",
+})
+
+_TOKEN = re.compile(r'\{[A-Z_]+|[}()]|:[A-Za-z_]+|"(?:[^"\\]|\\.)*"|(?:[^\s(){}"\\]|\\.)+')
+
+# Each protected root with every relation it reads at query time: inheritance children, what a
+# (plain) view's rule reads and what a row-level security policy reads. A materialized view is
+# read as stored.
+_READS = """
+WITH RECURSIVE edges(parent, child) AS (
+    SELECT i.inhparent, i.inhrelid FROM pg_catalog.pg_inherits i
+    UNION ALL
+    SELECT r.ev_class, d.refobjid FROM pg_catalog.pg_rewrite r
+    JOIN pg_catalog.pg_class v ON v.oid OPERATOR(pg_catalog.=) r.ev_class AND v.relkind OPERATOR(pg_catalog.=) 'v'
+    JOIN pg_catalog.pg_depend d ON d.objid OPERATOR(pg_catalog.=) r.oid
+     AND d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_rewrite'::pg_catalog.regclass
+     AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+     AND d.refobjid OPERATOR(pg_catalog.<>) r.ev_class
+    UNION ALL
+    SELECT p.polrelid, d.refobjid FROM pg_catalog.pg_policy p
+    JOIN pg_catalog.pg_depend d ON d.objid OPERATOR(pg_catalog.=) p.oid
+     AND d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_policy'::pg_catalog.regclass
+     AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+     AND d.refobjid OPERATOR(pg_catalog.<>) p.polrelid
+), reads(root, rel) AS (
+    SELECT r, r FROM pg_catalog.unnest(%s::pg_catalog.oid[]) AS r
+    UNION
+    SELECT reads.root, edges.child FROM reads JOIN edges ON edges.parent OPERATOR(pg_catalog.=) reads.rel
+)
+SELECT reads.root, 'view ' OPERATOR(pg_catalog.||) c.oid::pg_catalog.regclass::pg_catalog.text, r.ev_action::pg_catalog.text
+FROM reads JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) reads.rel AND c.relkind OPERATOR(pg_catalog.=) 'v'
+JOIN pg_catalog.pg_rewrite r ON r.ev_class OPERATOR(pg_catalog.=) c.oid
+UNION ALL
+SELECT reads.root, 'row-level security policy ' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(p.polname::pg_catalog.text)
+       OPERATOR(pg_catalog.||) ' on ' OPERATOR(pg_catalog.||) c.oid::pg_catalog.regclass::pg_catalog.text,
+       p.polqual::pg_catalog.text
+FROM reads JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) reads.rel AND c.relrowsecurity
+JOIN pg_catalog.pg_policy p ON p.polrelid OPERATOR(pg_catalog.=) c.oid
+ AND p.polcmd OPERATOR(pg_catalog.=) ANY('{r,*}'::pg_catalog."char"[]) AND p.polqual IS NOT NULL
+ORDER BY 1, 2
+"""
+
+# For each function: its signature, whether it is a built-in btree comparison (or the negator
+# of one), and whether it is a built-in min/max aggregate.
+_FUNCTIONS = """
+SELECT f.oid, f.proname::pg_catalog.text OPERATOR(pg_catalog.||) '(' OPERATOR(pg_catalog.||)
+       pg_catalog.pg_get_function_identity_arguments(f.oid) OPERATOR(pg_catalog.||) ')',
+       n.nspname OPERATOR(pg_catalog.=) 'pg_catalog' AND EXISTS (
+           SELECT FROM pg_catalog.pg_operator o
+           JOIN pg_catalog.pg_amop a ON a.amopopr OPERATOR(pg_catalog.=) ANY(ARRAY[o.oid, o.oprnegate])
+           JOIN pg_catalog.pg_am m ON m.oid OPERATOR(pg_catalog.=) a.amopmethod AND m.amname OPERATOR(pg_catalog.=) 'btree'
+           WHERE o.oprcode OPERATOR(pg_catalog.=) f.oid),
+       n.nspname OPERATOR(pg_catalog.=) 'pg_catalog' AND f.prokind OPERATOR(pg_catalog.=) 'a'
+           AND f.proname OPERATOR(pg_catalog.=) ANY('{min,max}'::pg_catalog.name[])
+FROM pg_catalog.pg_proc f JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) f.pronamespace
+WHERE f.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])
+"""
+
+
+class _Fetches(Protocol):
+    async def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+
+@dataclass(frozen=True)
+class _Scan:
+    """What one stored parse tree computes: the functions it calls (by OID) and the nodes that can fail."""
+
+    functions: frozenset[int]
+    nodes: tuple[str, ...]
+
+
+def _scan(tree: str) -> _Scan:
+    """The function OIDs a pg_node_tree's text calls, and a description of each node in it that can
+    fail whatever it calls (an unknown kind of node, a scalar subquery, a cast from text ...)."""
+    functions: set[int] = set()
+    failing: list[str] = []
+    stack: list[tuple[str, dict[str, str]]] = []
+    tokens = _TOKEN.findall(tree)
+    for index, token in enumerate(tokens):
+        if token.startswith("{"):
+            stack.append((token[1:], {}))
+        elif token == "}" and stack:
+            failing += _node_failure(*stack.pop(), functions)
+        elif token.startswith(":") and stack and index + 1 < len(tokens):
+            stack[-1][1][token[1:]] = tokens[index + 1]
+    return _Scan(frozenset(functions), tuple(dict.fromkeys(failing)))
+
+
+def _node_failure(tag: str, fields: Mapping[str, str], functions: set[int]) -> Iterator[str]:
+    if tag in _CALLS:
+        oid = fields.get(_CALLS[tag], "0")
+        if oid.isdigit() and int(oid) != 0:
+            functions.add(int(oid))
+        else:
+            yield f"an operator whose function is not recorded ({tag.lower()})"
+    elif tag == "SUBLINK":
+        if fields.get("subLinkType") not in _TOTAL_SUBLINKS:
+            yield "a scalar subquery (it fails when it finds more than one row)"
+    elif tag == "COERCEVIAIO":
+        if fields.get("resulttype") not in _TEXT_TYPES:
+            yield "a cast through text (a value's text may not be a value of the result type)"
+    elif tag == "ARRAYEXPR":
+        if fields.get("multidims") != "false":
+            yield "a multidimensional ARRAY[...] (it fails when the rows' arrays differ in size)"
+    elif tag not in _STRUCTURAL:
+        yield f"{tag.lower()} (dpproxy cannot show that it never fails on a row)"
+
+
+async def _findings(session: _Fetches, relations: Mapping[int, Relation]) -> dict[int, list[str]]:
+    """For each protected relation of ``relations`` that reads through something that can fail on a
+    row, a description of each such thing: what it is and where (the view or policy)."""
+    protected = [oid for oid, relation in relations.items() if relation.access == "protected"]
+    if not protected:
+        return {}
+    trees = await session.fetch_all(_READS, (protected,))
+    scans = [(int(root), where, _scan(text or "")) for root, where, text in trees]
+    called = sorted({oid for _, _, scan in scans for oid in scan.functions})
+    known = {int(oid): (str(name), bool(comparison), bool(min_max))
+             for oid, name, comparison, min_max in await session.fetch_all(_FUNCTIONS, (called,))} if called else {}
+    found: dict[int, list[str]] = {}
+    for root, where, scan in scans:
+        problems = [f"{where} computes {node}" for node in scan.nodes]
+        for oid in sorted(scan.functions):
+            name, comparison, min_max = known.get(oid, (f"function {oid}", False, False))
+            if not (comparison or min_max or name in TOTAL_FUNCTIONS or name in TOTAL_AGGREGATES):
+                problems.append(f"{where} calls {name}")
+        if problems:
+            found.setdefault(root, []).extend(problems)
+    return found
+
+
+async def fallible_protected(session: _Fetches, relations: Mapping[int, Relation]) -> dict[int, str]:
+    """The protected relations of ``relations`` that read through an expression that can fail on a
+    row, by OID, each with the first such expression (the periodic re-check's question)."""
+    return {oid: problems[0] for oid, problems in (await _findings(session, relations)).items()}
+
+
+async def failing_protected(session: _Fetches, relations: Mapping[int, Relation],
+                            names: Mapping[int, str]) -> list[str]:
+    """A problem (``tables.<name>: ...``) for each protected relation of ``relations`` that reads
+    through an expression that can fail on a row; ``names`` gives each as the policy writes it."""
+    return [
+        f"tables.{names[oid]}: {'; '.join(problems[:3])}{' …' if len(problems) > 3 else ''}, which can fail on "
+        "some row's values. A DP query reaching a row on which that fails would fail, which tells whether the query's rows hold such a "
+        "row, exactly; compute the column into a table or a materialized view (it then fails at refresh, "
+        "before any analyst asks), or leave it out of the view"
+        for oid, problems in (await _findings(session, relations)).items()
+    ]

@@ -1,0 +1,144 @@
+"""A protected view (or row-level security policy) that computes something that can fail on a row.
+
+Found: a policy could protect a view such as ``SELECT id, income / hours AS hourly FROM t``. The
+backend computes a view's expressions on the rows it reads, so ``SELECT SUM(hourly) FROM v WHERE
+id = 7`` failed exactly when row 7 held hours 0, and every accepted statement on the view was an
+exact error oracle, whatever the noise. Such a policy is now refused at start, reload and
+``check-config`` (proxy.backend.row_failures, which reads the backend's stored parse trees), and a
+view redefined so while dpproxy runs is refused before the charge until it is total again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, make_policy, refused_at_load, running_proxy
+
+_POLICY = ATTACK_POLICY_HEAD + """\
+  public.rf_view:
+    access: protected
+    epsilon: 1.0
+    columns:
+      id: {{bounds: [0, 1000]}}
+"""
+_TOTAL = "SELECT id, hours FROM rf_base"
+_HOURLY_POLICY = _POLICY + "      hourly: {{bounds: [0, 1000]}}\n"
+
+
+@contextmanager
+def _base(test_db: TestDatabase, view: str = _TOTAL, *setup: str) -> Iterator[psycopg.Connection]:
+    """rf_base (id, hours, income, note; row 7 has hours 0) and the view rf_view over it."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute("DROP TABLE IF EXISTS rf_base CASCADE")
+        admin.execute("CREATE TABLE rf_base AS SELECT g AS id, CASE WHEN g = 7 THEN 0 ELSE g % 5 + 1 END AS hours, "
+                      "g * 10 AS income, g::text AS note FROM generate_series(1, 200) g")
+        for statement in setup:
+            admin.execute(statement)
+        admin.execute(f"CREATE VIEW rf_view AS {view}")
+        admin.execute("GRANT SELECT ON rf_base, rf_view TO dpproxy_service")
+        try:
+            yield admin
+        finally:
+            admin.execute("DROP TABLE IF EXISTS rf_base CASCADE")
+            admin.execute("DROP FUNCTION IF EXISTS rf_half(integer)")
+
+
+@pytest.mark.parametrize(("view", "named"), [
+    ("SELECT id, income / hours AS hourly FROM rf_base", "int4div(integer, integer)"),
+    ("SELECT id, income + hours AS total FROM rf_base", "int4pl(integer, integer)"),  # overflows
+    ("SELECT id, abs(hours) AS h FROM rf_base", "abs(integer)"),  # abs of the minimum overflows
+    ("SELECT id, note::int AS n FROM rf_base", "a cast through text"),
+    ("SELECT id FROM rf_base WHERE note LIKE '1%'", "textlike(text, text)"),
+    ("SELECT id, (SELECT b.id FROM rf_base b WHERE b.hours = rf_base.hours) AS twin FROM rf_base",
+     "a scalar subquery"),
+    ("SELECT id FROM rf_base WHERE 100 / hours > 1", "int4div(integer, integer)"),
+    ("SELECT id, rf_half(hours) AS h FROM rf_base", "rf_half(integer)"),  # a body dpproxy cannot read
+], ids=["division", "addition", "abs", "text-cast", "like", "scalar-subquery", "where", "user-function"])
+def test_a_protected_view_computing_what_can_fail_on_a_row_is_refused_at_load(
+    test_db: TestDatabase, tmp_path: Path, view: str, named: str
+) -> None:
+    function = "CREATE FUNCTION rf_half(integer) RETURNS integer LANGUAGE sql IMMUTABLE AS 'SELECT $1 / 2'"
+    with _base(test_db, view, function):
+        problems = refused_at_load(make_policy(test_db, tmp_path / "ledger.sqlite3", _POLICY))
+    assert len(problems) == 1 and problems[0].startswith("tables.public.rf_view: view rf_view "), problems
+    assert named in problems[0] and "materialized view" in problems[0], problems
+
+
+def test_a_view_of_a_failing_view_and_a_failing_row_level_security_policy_are_refused_too(
+    test_db: TestDatabase, tmp_path: Path
+) -> None:
+    policy = make_policy(test_db, tmp_path / "ledger.sqlite3", _POLICY)
+    inner = "CREATE VIEW rf_inner AS SELECT id, income / hours AS hourly FROM rf_base"
+    with _base(test_db, "SELECT id, hourly FROM rf_inner", inner) as admin:
+        admin.execute("GRANT SELECT ON rf_inner TO dpproxy_service")
+        (problem,) = refused_at_load(policy)
+        assert "view rf_inner calls int4div(integer, integer)" in problem, problem
+    rls = ("ALTER TABLE rf_base ENABLE ROW LEVEL SECURITY",
+           "CREATE POLICY rf_some ON rf_base FOR SELECT USING (income / hours > 5)")
+    with _base(test_db, _TOTAL, *rls):
+        (problem,) = refused_at_load(policy)
+        assert "row-level security policy rf_some on rf_base calls int4div(integer, integer)" in problem, problem
+
+
+@pytest.mark.parametrize("view", [
+    "SELECT id, hours AS h FROM rf_base",
+    "SELECT id, note, lower(note) AS l, GREATEST(hours, 2) AS g, COALESCE(hours, 0) AS c, hours::bigint AS b, "
+    "hours::numeric AS n, id::text AS t, CASE WHEN hours > 2 THEN 'many' ELSE 'few' END AS k FROM rf_base "
+    "WHERE id IN (1, 2, 3, 7) AND note <> 'x' AND hours IS NOT NULL "
+    "AND EXISTS (SELECT 1 FROM rf_base b WHERE b.id = rf_base.id)",
+    "SELECT hours AS id, COUNT(*) AS rows, SUM(income) AS income, MAX(note) AS last FROM rf_base GROUP BY hours",
+], ids=["rename", "comparisons-and-widening-casts", "per-person-aggregates"])
+def test_a_protected_view_of_total_expressions_is_answered(
+    test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, view: str
+) -> None:
+    with _base(test_db, view), running_proxy(test_db, tmp_path_factory, _POLICY) as proxy, proxy.connect() as conn:
+        assert conn.execute("SELECT COUNT(*) FROM rf_view WHERE id > 2").fetchone() is not None
+
+
+def test_a_materialized_view_is_read_as_stored_so_its_division_ran_at_refresh(
+    test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    policy = _POLICY.replace("public.rf_view:", "public.rf_stored:")
+    with _base(test_db) as admin:
+        admin.execute("CREATE MATERIALIZED VIEW rf_stored AS SELECT id, income / NULLIF(hours, 0) AS hourly FROM rf_base")
+        admin.execute("GRANT SELECT ON rf_stored TO dpproxy_service")
+        with running_proxy(test_db, tmp_path_factory, policy) as proxy, proxy.connect() as conn:
+            assert conn.execute("SELECT COUNT(*) FROM rf_stored WHERE id = 7").fetchone() is not None
+
+
+def _remaining(proxy: RunningProxy) -> float:
+    return float(proxy._call(proxy.server.budget.balance("analyst")).remaining_epsilon)
+
+
+def test_a_view_redefined_to_fail_on_a_row_is_refused_before_the_charge_until_it_is_total_again(
+    test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the code before, ``SUM(hourly) ... WHERE id = 7`` failed (charged) and ``id = 8`` was
+    answered: the error told row 7's hours exactly."""
+    from proxy.serving import server
+
+    monkeypatch.setattr(server, "FUNCTION_NAMES_REFRESH_S", 0.2)
+    with _base(test_db, "SELECT id, hours AS hourly FROM rf_base") as admin, \
+            running_proxy(test_db, tmp_path_factory, _HOURLY_POLICY) as proxy, proxy.connect() as conn:
+        conn.execute("SELECT SUM(hourly) FROM rf_view WHERE id = 7")
+        admin.execute("CREATE OR REPLACE VIEW rf_view AS SELECT id, income / hours AS hourly FROM rf_base")
+        time.sleep(1.0)  # a few re-checks
+        before = _remaining(proxy)
+        for row in (7, 8):
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as refused:
+                conn.execute(f"SELECT SUM(hourly) FROM rf_view WHERE id = {row}")
+            assert "can fail on a row: view rf_view calls int4div(integer, integer) (rule: row-failure)" \
+                in str(refused.value), str(refused.value)
+            assert "materialized view" in (refused.value.diag.message_hint or "")
+        assert _remaining(proxy) == before  # nothing charged
+
+        admin.execute("CREATE OR REPLACE VIEW rf_view AS SELECT id, hours AS hourly FROM rf_base")
+        time.sleep(1.0)
+        assert conn.execute("SELECT SUM(hourly) FROM rf_view WHERE id > 7").fetchone() is not None
+        assert _remaining(proxy) == before - 1
