@@ -245,6 +245,9 @@ def test_an_average_of_an_indicator_is_the_share_of_two_released_counts(proxy: R
         before = spent_epsilon(conn)
         conn.execute("SELECT COUNT(*) FILTER (WHERE age > 40) * 1.0 / COUNT(*) FROM adult").fetchone()
         assert charged == pytest.approx(spent_epsilon(conn) - before) == pytest.approx(1.0)
+        cur = conn.execute(sql, prepare=True)  # described, then executed, over the extended protocol
+        assert [(c.name, c.type_code) for c in cur.description or []] == [("avg", 1700)]
+        assert 0 <= (cur.fetchone() or (-1,))[0] <= 1
     assert _shape(result) == _shape(_simple(admin, sql)) == [(b"avg", 1700)]
     value = result.get_value(0, 0)
     assert value is not None and abs(float(value) - float(exact)) < _SHARE_TOLERANCE
