@@ -227,6 +227,8 @@ SHARES = [
     "SELECT AVG(CAST(age > 40 AS INT)) FROM adult",
     "SELECT AVG((age > 40)::int) FROM adult",
     "SELECT AVG((CASE WHEN (age > 40) THEN 1 WHEN NOT (age > 40) THEN 0 ELSE NULL END)) FROM adult",  # Tableau
+    "SELECT AVG(CASE WHEN age > 40 THEN 1 ELSE 0 END) FILTER (WHERE sex = 'Male') FROM adult",
+    "SELECT AVG((age > 40)::int) FILTER (WHERE sex = 'Female') FROM adult WHERE age < 80",
 ]
 
 
