@@ -37,8 +37,8 @@ __all__ = ["counted_shares"]
 def counted_shares(tree: exp.Select, scope: Scope) -> exp.Select:
     """``tree`` (an aggregate level) with each share of rows among its outputs, HAVING and ORDER BY
     replaced by the division of two counts; ``tree`` itself when it has none."""
-    if not _averages(tree):
-        return tree
+    if all(share(node, scope) is None for node in _averages(tree)):
+        return tree  # most statements: left as they are, uncopied
     rewritten = tree.copy()
     for node in _averages(rewritten):
         read = share(node, scope)
