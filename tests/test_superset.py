@@ -56,7 +56,8 @@ MUST_ANSWER = frozenset({"connect", "introspect", "physical-dataset", "big-numbe
                          "big-number-filter", "table-of-aggregates", "virtual-dataset", "sql-lab",
                          "pie-chart", "bar-chart", "time-series-chart", "native-filter", "column-values",
                          "series-limit-line", "series-limit-bar", "big-number-time-comparison", "pivot-table",
-                         "table-with-dimensions", "mixed-chart", "treemap", "sunburst", "box-plot"}) | frozenset(
+                         "table-with-dimensions", "mixed-chart", "treemap", "sunburst", "box-plot",
+                         "conditional-indicator"}) | frozenset(
     f"chart-{viz_type}" for viz_type in (
         "funnel", "gauge_chart", "word_cloud", "radar", "bubble_v2", "ag-grid-table", "handlebars",
         "echarts_timeseries", "echarts_area", "echarts_timeseries_scatter", "echarts_timeseries_smooth",
