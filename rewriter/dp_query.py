@@ -29,6 +29,7 @@ from .group_keys import TIME_TYPES, GroupKey, KeyRange, column_key_count, group_
 from .identifiers import identifier
 from .key_domain import KeyDomain, key_domain
 from .post_process import PostProcess, outer_statement
+from .shares import counted_shares
 from .predicates import PredicateRenderer
 from .scope import Scope
 from .sqlglot_parse import parse_postgres
@@ -70,6 +71,9 @@ class Aggregate:
     # and the columns p reads.
     filter_sql: str | None = None
     filter_columns: tuple[str, ...] = ()
+    # Fraction digits the statement's constants give a numeric result (``SUM(CASE WHEN p THEN
+    # col ELSE 0.0 END)``: 1), which the printed value has at least; None when they give none.
+    scale: int | None = None
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,7 @@ def plan_aggregate_query(
     post = None
     if ranking and (enclosing is not None or not groups):
         raise scope.refuse("a subquery that ranks series must be a GROUP BY over declared keys of", "no-subquery")
+    tree = counted_shares(tree, scope)
     conditions = PredicateRenderer(scope)
     if enclosing is None and not groups and _plain(tree):
         aggregates = tuple(_aggregate(item, scope, conditions) for item in tree.expressions)
@@ -296,7 +301,7 @@ def _post_processed(
     if not groups and not any(item.find(exp.AggFunc) for item in tree.expressions):
         raise scope.refuse("non-aggregate output is not allowed on protected table", "no-row-access")
     released: list[Aggregate] = []
-    index: dict[tuple[str, str | None, str, bool, int, str | None], int] = {}
+    index: dict[tuple[str, str | None, str, bool, int, str | None, int | None], int] = {}
     grouped = bool(groups)
 
     def release(node: exp.Expr) -> int:
@@ -306,7 +311,7 @@ def _post_processed(
         # By the condition as written: a folded one's template differs at each use (its tokens).
         written = condition.sql("postgres") if condition is not None else None
         key = (agg.kind, agg.column.name if agg.column else None, agg.mechanism, agg.distinct, agg.result_type_oid,
-               written)
+               written, agg.scale)
         if key not in index:
             name = _sql_name(agg) + (f" filter (where {written})" if written is not None else "")
             released.append(replace(agg, output_name=name))
@@ -525,6 +530,8 @@ def _aggregate(item: exp.Expression, scope: Scope, conditions: PredicateRenderer
     agg = _plain_aggregate(read.aggregate, scope, grouped, alias)
     if read.counted_type is not None:
         agg = replace(agg, result_type_oid=read.counted_type)
+    if read.scale is not None:
+        agg = replace(agg, scale=read.scale)
     if read.condition is None:
         return agg
     template = conditions.template(read.condition)

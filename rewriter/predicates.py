@@ -3,6 +3,8 @@
 A predicate may compare columns with literals, parameters or row-independent computed
 values (=, <>, <, <=, >, >=, BETWEEN, IN (...), IS [NOT] NULL, [NOT] LIKE/ILIKE 'pattern'
 or a parameter), combine them with AND/OR/NOT, and apply lower()/upper() to a text column.
+A boolean column is a predicate itself (``WHERE b``, ``NOT b``, ``b IS [NOT] TRUE/FALSE``):
+reading a bool value cannot fail, and ``WHERE b`` is ``WHERE b = TRUE`` in every row.
 Nothing else: no arithmetic, casts or other functions on columns (each is an error or
 timing oracle on single rows), no subqueries, no system columns.
 
@@ -63,7 +65,7 @@ from .constants import Fold, Folding, NotFoldable, fold_type, qualified_constant
 from .like_patterns import INVALID_PATTERN_HINT, invalid_pattern_reason
 from .scope import Scope
 from .sql_text import literal, operator
-from .types import FLOAT4, FLOAT8, NUMERIC
+from .types import BOOL, FLOAT4, FLOAT8, NUMERIC
 
 __all__ = ["Predicate", "PredicateRenderer", "plan_predicate", "validate_predicate"]
 
@@ -198,6 +200,7 @@ class _Renderer:
             exp.Like: lambda n: self._like(n, "~~"),
             exp.ILike: lambda n: self._like(n, "~~*"),
             exp.Boolean: lambda n: "TRUE" if n.this else "FALSE",
+            exp.Column: self._boolean_column,
         }
         if type(node) in _COMPARISONS:
             return self._comparison(node)
@@ -244,9 +247,23 @@ class _Renderer:
         return "(" + " OR ".join(terms) + ")"
 
     def _is(self, node: exp.Expression) -> str:
+        if isinstance(node.expression, exp.Boolean):  # b IS TRUE, (age > 40) IS FALSE: cannot fail
+            return f"({self.predicate(node.this)} IS {'TRUE' if node.expression.this else 'FALSE'})"
         if not isinstance(node.expression, exp.Null):
-            raise self.refuse("only IS [NOT] NULL is allowed in WHERE on protected table")
+            raise self.refuse("only IS [NOT] NULL and IS [NOT] TRUE/FALSE are allowed in WHERE on protected table")
         return f"({self._column_side(node.this).sql} IS NULL)"
+
+    def _boolean_column(self, node: exp.Expression) -> str:
+        """A column standing as a condition (``WHERE b``): a boolean column only, as its own value."""
+        side = self._column_side(node)
+        assert side.column is not None
+        if side.column.type_oid != BOOL:
+            raise self.refuse(
+                f"column {side.column.name}, which is not boolean, is not a condition in WHERE on protected table",
+                "Only a boolean column stands as a condition by itself (WHERE b); compare any other column with a "
+                "value (WHERE col = 1, WHERE col IS NOT NULL).",
+            )
+        return side.sql
 
     def _like(self, node: exp.Expression, symbol: str) -> str:
         column = self._column_side(node.this)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ["ARRAY_TYPES", "FLOAT_TYPES", "INTEGER_TYPES", "MAX_ABS_BOUND", "NUMERIC_TYPES", "aggregate_result_type"]
+__all__ = ["ARRAY_TYPES", "BOOL", "FLOAT_TYPES", "INTEGER_TYPES", "MAX_ABS_BOUND", "NUMERIC_TYPES", "aggregate_result_type"]
 
 INT2, INT4, INT8, FLOAT4, FLOAT8, NUMERIC = 21, 23, 20, 700, 701, 1700
+BOOL = 16
 
 INTEGER_TYPES = frozenset({INT2, INT4, INT8})
 FLOAT_TYPES = frozenset({FLOAT4, FLOAT8})

@@ -229,6 +229,9 @@ class _Builder:
                                f"{left} COLLATE \"C\" < 'b'", f"{left} < 'b' COLLATE \"POSIX\"",
                                f"{left} LIKE {self.pattern()} ESCAPE ''", f"{left} + 1 > 0",
                                f"{left}::text = ''", f"length({left}) > 1"])
+        if rng.random() < 0.5:  # a boolean column as a condition; another column is refused from the text
+            return rng.choice(["b", "NOT b", "{table}.b", "b IS TRUE", "b IS NOT TRUE", "b IS FALSE", "NOT b IS NOT FALSE",
+                               "(i4 > 0) IS TRUE", "i4", "t IS TRUE"])
         return rng.choice(["TRUE", "FALSE"])
 
     def predicate(self, depth: int) -> str:
@@ -265,14 +268,23 @@ class _Builder:
             (f"COUNT(CASE WHEN {p} THEN {rng.choice(['1', chr(39) + 'x' + chr(39), 'TRUE'])} END)", False),
             (f"COUNT(CASE WHEN {p} THEN 1 ELSE NULL END)", False),
             (f"COUNT({rng.choice(['', 'DISTINCT '])}CASE WHEN {p} THEN {rng.choice(COLUMNS).name} END)", False),
-            (f"SUM(CASE WHEN {p} THEN {one} ELSE {zero} END)", False),
-            (f"SUM(CASE WHEN {p} THEN {one} END)", False),
+            # a numeric count prints the fraction digits of its constants, whatever the rows
+            (f"SUM(CASE WHEN {p} THEN {one} ELSE {zero} END)", True),
+            (f"SUM(CASE WHEN {p} THEN {one} END)", True),
             (f"SUM(CASE WHEN {p} THEN {numeric} ELSE {zero} END)", numeric != "n"),
             (f"{rng.choice(['SUM', 'AVG', 'MIN', 'MAX'])}(CASE WHEN {p} THEN {numeric} END)", False),
             (f"MODE() WITHIN GROUP (ORDER BY CASE WHEN {p} THEN {rng.choice(['t', 'v'])} END)", False),
             # Tableau's IIF(p, v, e): CASE WHEN p THEN v WHEN NOT p THEN e ELSE NULL END
             (f"SUM((CASE WHEN ({p}) THEN {rng.choice([one, numeric])} WHEN NOT ({p}) THEN {zero} ELSE NULL END))", False),
             (f"COUNT((CASE WHEN ({p}) THEN 1 WHEN NOT ({p}) THEN NULL ELSE NULL END))", False),
+            # indicator sums and shares (Superset, Metabase, Looker): SUM(CAST(p AS INT)), AVG(CASE ... 1 ELSE 0)
+            (f"SUM({rng.choice([f'CAST(({p}) AS INT)', f'({p})::int', f'({p})::integer', 'b::int', 'CAST(b AS int4)'])})",
+             False),
+            (f"AVG(CASE WHEN {p} THEN {one} ELSE {zero} END)", False),
+            (f"AVG({rng.choice([f'CAST(({p}) AS INT)', f'({p})::int', 'b::int'])})", False),
+            (f"AVG((CASE WHEN ({p}) THEN {one} WHEN NOT ({p}) THEN {zero} ELSE NULL END))", False),
+            (rng.choice([f"SUM(CAST(({p}) AS BIGINT))", f"SUM(({p})::numeric)", f"MAX(({p})::int)", "COUNT(DISTINCT b::int)",
+                         f"AVG(CASE WHEN {p} THEN 1 END)", f"AVG(CASE WHEN {p} THEN 0 ELSE 1 END)"]), False),
             # near misses: other THEN/ELSE values, several WHENs, arithmetic
             (rng.choice([f"SUM(CASE WHEN {p} THEN 2 ELSE 0 END)", f"COUNT(CASE WHEN {p} THEN 1 ELSE 0 END)",
                          f"SUM(CASE WHEN {p} THEN {numeric} + 1 END)", f"AVG(CASE WHEN {p} THEN {numeric} ELSE 0 END)",

@@ -112,6 +112,15 @@ HELD_ON_NEIGHBOURS = [
     "SELECT SUM(i) FILTER (WHERE i > 1000) IS NULL, AVG(f) FILTER (WHERE i > 1000) IS NULL, "
     "MIN(f) FILTER (WHERE i > 1000) IS NULL FROM {t} WHERE id > 1000",
     "SELECT COALESCE(SUM(i) FILTER (WHERE i > 1000), -1), COALESCE(AVG(f) FILTER (WHERE id > 1000), -1) FROM {t}",
+    # Indicators (Superset, Metabase, Looker) and a boolean column as a condition: the added rows hold
+    # NULL, true and false flags, NaN and infinities the conditions meet.
+    "SELECT SUM(CAST(f > 1 AS INT)), SUM((n = 'NaN')::int), SUM(b::int) FROM {t}",
+    "SELECT AVG(CASE WHEN f > 1 THEN 1 ELSE 0 END), AVG((n > 1e50)::int), AVG(b::int) FROM {t}",
+    "SELECT AVG((CASE WHEN (b) THEN 1.0 WHEN NOT (b) THEN 0 ELSE NULL END)) FROM {t} WHERE i > 1000",
+    "SELECT COUNT(*) FILTER (WHERE b), COUNT(*) FILTER (WHERE b IS NOT TRUE) FROM {t} WHERE NOT b OR id > 1000",
+    "SELECT s, AVG(CAST(b AS INT)), SUM(CASE WHEN b IS FALSE THEN i ELSE 0.0 END) FROM {t} WHERE id > 1000 GROUP BY s",
+    "SELECT SUM(CASE WHEN i > 1000 THEN n ELSE 0.00 END), SUM(CASE WHEN b THEN 1 ELSE 0.0 END) FROM {t}",
+    "SELECT SUM(CAST(f > 1 AS BIGINT)) FROM {t}",
     # A series limit whose ranking and statement count under FILTERs only the added rows pass.
     "SELECT DATE_TRUNC('MONTH', d) AS m, s AS s, COUNT(*) FILTER (WHERE i > 1000) AS c FROM public.{t} "
     "JOIN (SELECT s AS s__, SUM(CASE WHEN i > 1000 THEN 1 ELSE 0 END) AS mme_inner__ FROM public.{t} "

@@ -197,6 +197,8 @@ def test_one_row_never_changes_a_statements_outcome(fuzz_proxy: RunningProxy) ->
             outcomes[on_base.kind if on_base.kind == "answer" else str(on_base.detail[0])] += 1
             if on_base.kind == "answer" and _CONDITIONAL.search(case.sql):
                 outcomes["conditional answer"] += 1
+            if on_base.kind == "answer" and _INDICATOR.search(case.sql):
+                outcomes["indicator answer"] += 1
             if on_base != on_neighbour or _broken(on_base) or _broken(on_neighbour):
                 failures.append(
                     f"case {index}: {case.sql}\n    params: {case.params!r}, binary: {case.binary}, TimeZone: {case.timezone}\n"
@@ -213,10 +215,15 @@ def test_one_row_never_changes_a_statements_outcome(fuzz_proxy: RunningProxy) ->
     assert ran >= min(CASES, 500), f"only {ran} cases ran within {TIME_LIMIT_S} s"
     assert outcomes["answer"] >= ran // 5, f"too few answered statements: {outcomes}"
     assert outcomes["conditional answer"] >= ran // 50, f"too few answered conditional aggregates: {outcomes}"
+    assert outcomes["indicator answer"] >= ran // 200, f"too few answered indicator sums and shares: {outcomes}"
 
 
-# A conditional aggregate (rewriter/conditional.py): a FILTER or a CASE inside an aggregate.
-_CONDITIONAL = re.compile(r"FILTER \(WHERE|\((?:DISTINCT )?CASE |ORDER BY CASE ")
+# A conditional aggregate (rewriter/conditional.py): a FILTER, a CASE or a cast condition inside an aggregate.
+_CONDITIONAL = re.compile(r"FILTER \(WHERE|\((?:DISTINCT )?CASE |ORDER BY CASE |\(CAST\(\(|\)::int|\(b::int")
+
+# An indicator sum or share: SUM/AVG(CAST(p AS INT)), AVG(CASE WHEN p THEN 1 ELSE 0 END).
+_INDICATOR = re.compile(r"(?:SUM|AVG)\((?:CAST\(\(|\(.*\)::int|b::int|CAST\(b AS int4\))"
+                        r"|AVG\(\(?CASE WHEN .* THEN 1(?:\.0)? (?:ELSE|WHEN NOT)")
 
 
 def _broken(outcome: Outcome) -> bool:

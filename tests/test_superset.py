@@ -56,7 +56,8 @@ MUST_ANSWER = frozenset({"connect", "introspect", "physical-dataset", "big-numbe
                          "big-number-filter", "table-of-aggregates", "virtual-dataset", "sql-lab",
                          "pie-chart", "bar-chart", "time-series-chart", "native-filter", "column-values",
                          "series-limit-line", "series-limit-bar", "big-number-time-comparison", "pivot-table",
-                         "table-with-dimensions", "mixed-chart", "treemap", "sunburst", "box-plot"}) | frozenset(
+                         "table-with-dimensions", "mixed-chart", "treemap", "sunburst", "box-plot",
+                         "conditional-indicator"}) | frozenset(
     f"chart-{viz_type}" for viz_type in (
         "funnel", "gauge_chart", "word_cloud", "radar", "bubble_v2", "ag-grid-table", "handlebars",
         "echarts_timeseries", "echarts_area", "echarts_timeseries_scatter", "echarts_timeseries_smooth",
@@ -382,18 +383,24 @@ def test_superset_series_limit_ranked_by_a_conditional_metric_draws_the_series_i
         assert abs(row["older"] - exact[row["signed_up"]]) < 100, (row, exact)  # two columns share ε: scale 2
 
 
-@pytest.mark.parametrize("expression, shown", [
-    ("AVG(CASE WHEN age > 40 THEN 1 ELSE 0 END)", "COUNT(*) FILTER (WHERE p) * 1.0 / COUNT(*)"),
-    ("SUM((age > 40)::int)", "SUM(col)")], ids=["avg-of-one-or-zero", "sum-of-a-cast-condition"])
-def test_superset_rate_idioms_outside_the_conditional_forms_are_refused_with_a_hint(
-        stack: Stack, physical_dataset: int, expression: str, shown: str):
-    """Two rate idioms a user may type as a custom SQL metric are not conditional forms: refused
-    (DP001, ``aggregate-argument``) and Superset shows the hint, which names what is answered."""
-    stack.relay.phase = "conditional-refused"
-    status, body = _chart_data(stack, physical_dataset, "big_number_total", [_sql_metric(expression, "rate")])
-    assert status == 400 and "(rule: aggregate-argument)" in str(body) and shown in str(body), body
-    refused = [r for r in stack.relay.statements() if r.phase == "conditional-refused" and "AS rate" in r.sql]
-    assert refused and {r.outcome for r in refused} == {"DP001"}, refused
+@pytest.mark.parametrize("expression, exact_sql, tolerance", [
+    ("AVG(CASE WHEN age > 41 THEN 1 ELSE 0 END)",
+     "SELECT count(*) FILTER (WHERE age > 41) * 1.0 / count(*) FROM people", 0.05),
+    ("SUM((age > 42)::int)", "SELECT count(*) FROM people WHERE age > 42", 50)],
+    ids=["avg-of-one-or-zero", "sum-of-a-cast-condition"])
+def test_superset_indicator_metrics_are_answered_as_counts_and_their_share(
+        stack: Stack, physical_dataset: int, admin, expression: str, exact_sql: str, tolerance: float):
+    """Two rate idioms a user types as a custom SQL metric (Superset sends the second as
+    ``SUM(CAST((age > 42) AS INT))``): the share of two released counts, and the count where the
+    condition holds; each charged one statement's ε."""
+    stack.relay.phase = "conditional-indicator"
+    metric = _sql_metric(expression, "rate")
+    with stack.proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        row = _single_row(*_chart_data(stack, physical_dataset, "big_number_total", [metric]))
+        assert spent_epsilon(conn) - before == pytest.approx(1.0)
+    exact = _exact(admin, exact_sql)
+    assert abs(float(row["rate"]) - float(exact)) < tolerance, (row, exact)
 
 
 def test_superset_monthly_line_draws_every_month_of_the_time_range(stack: Stack, physical_dataset: int, admin):

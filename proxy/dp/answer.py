@@ -289,18 +289,27 @@ def _array_literal(values: Sequence[bytes | None]) -> bytes:
 def _numeric_scale(agg: Aggregate) -> int | None:
     """Fraction digits of a numeric SUM/MIN/MAX result (None: as many as the value needs).
 
-    A function of the schema alone: a numeric(p, s) column's s, 0 for SUM of an integer
-    column. The exact sum's own scale would say how many fraction digits the rows hold (one
-    row with a longer fraction, or NaN, changes it), so it is never used.
+    A function of the schema and the statement's text alone: a numeric(p, s) column's s, 0 for
+    SUM of an integer column, at least the fraction digits of a CASE's constant (``ELSE 0.0``).
+    The exact sum's own scale would say how many fraction digits the rows hold (one row with a
+    longer fraction, or NaN, changes it), so it is never used.
     """
-    if agg.result_type_oid != NUMERIC or agg.kind not in ("sum", "min", "max"):
+    if agg.result_type_oid != NUMERIC:
         return None
+    if agg.kind == "count":  # a counted SUM(CASE WHEN p THEN 1 ELSE 0.0 END): the constants' digits
+        return agg.scale
     column = agg.column
-    if column is None:
+    if column is None or agg.kind not in ("sum", "min", "max"):
         return None
     if column.type_modifier >= 4:
-        return (column.type_modifier - 4) & 0xFFFF
-    return 0 if agg.kind == "sum" and column.type_oid in INTEGER_TYPES else None
+        own = (column.type_modifier - 4) & 0xFFFF
+    elif agg.kind == "sum" and column.type_oid in INTEGER_TYPES:
+        own = 0
+    else:
+        return None
+    # SUM(CASE WHEN p THEN col ELSE 0.0 END): PostgreSQL adds a 0.0 for each row that fails p, and
+    # prints the wider scale when any row does; that it does is assumed, never looked up.
+    return max(own, agg.scale or 0)
 
 
 def query_delta(plan: AggregateQuery) -> float:

@@ -33,8 +33,8 @@ def encode_text(value: Value, type_oid: int, scale: int | None = None, codec: st
     if type_oid == FLOAT4:
         return _float_text(float(value), lambda v: str(np.float32(v))).encode()
     if type_oid == NUMERIC:
-        if isinstance(value, int):
-            return str(value).encode()
+        if isinstance(value, int):  # a count or an integer sum: its digits, then the scale's zeros
+            return (str(value) + ("." + "0" * scale if scale else "")).encode()
         number = Decimal(repr(float(value))) if isinstance(value, float) else Decimal(value)
         # format() rounds half-even to ``scale`` digits without the decimal context's
         # 28-digit precision limit, which round() would hit on a large scale.
