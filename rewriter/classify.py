@@ -357,7 +357,9 @@ def _protected(statement: Statement, protected: list[Relation], registry: TableR
         # The table joined to a subquery over itself: answered only as a series limit.
         _check_function_names(refs.functions, relation)
         return DPQuery(plan_series_limited(statement.text, relation, registry.function_names))
-    if len(refs.relations) > 1:
+    # A CTE's name is no relation: one read once is the derived table it names (rewriter.ctes).
+    read = [ref for ref in refs.relations if not (ref.schema is None and ref.name in refs.cte_names)]
+    if len(read) > 1:
         message = "JOIN is not allowed on protected table"
         rule = "no-join"
         if refs.node_kinds & {"SubLink", "RangeSubselect", "CommonTableExpr"}:

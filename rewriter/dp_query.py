@@ -26,6 +26,7 @@ from .constants import Folding
 from .date_hints import date_shape_advice
 from .flatten import flatten
 from .group_keys import TIME_TYPES, GroupKey, KeyRange, column_key_count, group_by_hint, group_key, key_form, key_ranges
+from .ctes import inline_ctes
 from .identifiers import identifier
 from .key_domain import KeyDomain, key_domain
 from .post_process import PostProcess, outer_statement
@@ -157,6 +158,9 @@ def plan_aggregate_query(
         raise scope.refuse("cannot analyse this query on protected table", "unparsed") from exc
     if not isinstance(tree, exp.Select):
         raise scope.refuse(*_set_operation_refusal(tree))
+    inlined = inline_ctes(tree, scope)
+    if inlined is not tree:  # PostgreSQL's output names are read from the text (_names): the inlined one
+        tree, sql = inlined, inlined.sql(dialect="postgres")
     tree, enclosing, depth = _release_level(tree)
     names = (_names(sql, depth), _names(sql, 0) if enclosing is not None else None)
     tree, scope = flatten(tree, scope)

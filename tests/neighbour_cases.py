@@ -486,6 +486,7 @@ def generate_case(rng: random.Random) -> Case:
                                    ("COALESCE(COUNT(*), 0) AS c", False), ("COUNT(1) AS one", False)]))
     items = ", ".join(text for text, _ in outputs)
     shape = rng.random()
+    with_ = ""
     if shape < 0.7:
         source, qualifier = "{table}", None
     elif shape < 0.8:
@@ -493,9 +494,11 @@ def generate_case(rng: random.Random) -> Case:
     else:
         inner = f" WHERE {builder.predicate(rng.randint(0, 2))}" if rng.random() < 0.6 else ""
         source, qualifier = f"(SELECT * FROM {{table}}{inner}) AS w", "w."
+        if rng.random() < 0.3:  # the same wrapper as a CTE read once (dbt, custom SQL)
+            with_, source = f"WITH w AS (SELECT * FROM {{table}}{inner}) ", "w"
     if qualifier is not None:
         items = items.replace("{table}.", qualifier)
-    sql = f"SELECT {items} FROM {source}"
+    sql = f"{with_}SELECT {items} FROM {source}"
     if rng.random() < 0.9:
         where = builder.predicate(rng.randint(0, 3))
         if qualifier is not None:
@@ -509,8 +512,8 @@ def generate_case(rng: random.Random) -> Case:
         sql += " " + rng.choice(["LIMIT 0", "LIMIT 1", "LIMIT 5", "LIMIT ALL", "OFFSET 0", "OFFSET 1",
                                  "FETCH FIRST ROW ONLY", "LIMIT 1 OFFSET 0"])
     fixed = tuple(flag for _, flag in outputs)
-    if rng.random() < 0.1:
-        sql = f"SELECT * FROM ({sql}) AS released"  # an outer query over the one released row
+    if rng.random() < 0.1:  # an outer query over the one released row, maybe through a CTE
+        sql = rng.choice([f"SELECT * FROM ({sql}) AS released", f"WITH released AS ({sql}) SELECT * FROM released"])
     case = Case(sql, tuple(builder.params), rng.random() < 0.2, fixed)
     if not case.params and not case.binary and rng.random() < 0.1:
         # The same release in COPY's framing (psql's \copy (SELECT ...) TO 'file').

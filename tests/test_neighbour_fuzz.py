@@ -199,6 +199,8 @@ def test_one_row_never_changes_a_statements_outcome(fuzz_proxy: RunningProxy) ->
                 outcomes["conditional answer"] += 1
             if on_base.kind == "answer" and _INDICATOR.search(case.sql):
                 outcomes["indicator answer"] += 1
+            if on_base.kind == "answer" and _CTE.search(case.sql):
+                outcomes["cte answer"] += 1
             if on_base != on_neighbour or _broken(on_base) or _broken(on_neighbour):
                 failures.append(
                     f"case {index}: {case.sql}\n    params: {case.params!r}, binary: {case.binary}, TimeZone: {case.timezone}\n"
@@ -216,6 +218,7 @@ def test_one_row_never_changes_a_statements_outcome(fuzz_proxy: RunningProxy) ->
     assert outcomes["answer"] >= ran // 5, f"too few answered statements: {outcomes}"
     assert outcomes["conditional answer"] >= ran // 50, f"too few answered conditional aggregates: {outcomes}"
     assert outcomes["indicator answer"] >= ran // 200, f"too few answered indicator sums and shares: {outcomes}"
+    assert outcomes["cte answer"] >= ran // 100, f"too few answered statements through a CTE: {outcomes}"
 
 
 # A conditional aggregate (rewriter/conditional.py): a FILTER, a CASE or a cast condition inside an aggregate.
@@ -224,6 +227,10 @@ _CONDITIONAL = re.compile(r"FILTER \(WHERE|\((?:DISTINCT )?CASE |ORDER BY CASE |
 # An indicator sum or share: SUM/AVG(CAST(p AS INT)), AVG(CASE WHEN p THEN 1 ELSE 0 END).
 _INDICATOR = re.compile(r"(?:SUM|AVG)\((?:CAST\(\(|\(.*\)::int|b::int|CAST\(b AS int4\))"
                         r"|AVG\(\(?CASE WHEN .* THEN 1(?:\.0)? (?:ELSE|WHEN NOT)")
+
+
+# A statement that reads its table through a CTE (rewriter/ctes.py).
+_CTE = re.compile(r"\bWITH (?:w|released) AS \(")
 
 
 def _broken(outcome: Outcome) -> bool:

@@ -15,7 +15,7 @@ REFUSED = [
     ("SELECT COUNT(*) FROM adult, lookup", "DP001", "no-join"),
     ("SELECT COUNT(*) FROM adult WHERE age > (SELECT 1)", "DP001", "no-subquery"),
     ("SELECT COUNT(*) FROM (SELECT age + 1 AS a FROM adult) s", "DP001", "no-subquery"),
-    ("WITH s AS (SELECT * FROM adult) SELECT COUNT(*) FROM s", "DP001", "no-subquery"),
+    ("WITH s AS (SELECT * FROM adult) SELECT COUNT(*) FROM s a, s b", "DP001", "no-subquery"),
     ("SELECT COUNT(*) FROM adult TABLESAMPLE SYSTEM (1)", "DP001", "no-subquery"),  # was answered for the whole table
     ("SELECT COUNT(*) FROM (SELECT * FROM adult TABLESAMPLE BERNOULLI (50)) AS t", "DP001", "no-subquery"),
     ("SELECT AVG(age) OVER () FROM adult", "DP001", "no-window"),
