@@ -36,7 +36,11 @@ planning) must be unable to fail. Hence refused, from the text alone:
 * a comparison (=, <>, <, ..., BETWEEN, IN) on an array or composite column: PostgreSQL
   looks up the elements' (fields') equality or ordering only when it compares two values of
   the same shape, so on ``point[]`` or ``json[]`` it raises 42883 only on a table holding
-  such a row (``ColumnInfo.container``).
+  such a row (``ColumnInfo.container``);
+* a comparison of two columns whose types are not in one of :data:`_COLUMN_FAMILIES`: with
+  no operator for the pair PostgreSQL casts one column per row where an implicit cast exists
+  (a ``bigint`` to ``oid`` fails for a negative value) and fails the statement after its
+  charge where none does (``integer < text``).
 
 The validated predicate is rendered here, not by sqlglot, and every operator, function
 and type in it is PostgreSQL's own (``OPERATOR(pg_catalog.=)``, ``pg_catalog.lower``,
@@ -63,7 +67,7 @@ from .constants import Fold, Folding, NotFoldable, fold_type, qualified_constant
 from .like_patterns import INVALID_PATTERN_HINT, invalid_pattern_reason
 from .scope import Scope
 from .sql_text import literal, operator
-from .types import FLOAT4, FLOAT8, NUMERIC
+from .types import FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
 
 __all__ = ["Predicate", "PredicateRenderer", "plan_predicate", "validate_predicate"]
 
@@ -103,6 +107,16 @@ _FLOAT_CASTS = frozenset({"float4", "float8"})
 _FLOAT_COLUMNS = frozenset({FLOAT4, FLOAT8})
 # text, varchar, bpchar: LIKE compares the pattern exactly as the validated string.
 _TEXT_TYPES = frozenset({25, 1043, 1042})
+# Column types two columns of which may be compared: a pair inside one family has an operator
+# that converts nothing, or converts totally (an integer to numeric or a float, real to double
+# precision, bpchar to text, a date or timestamp to timestamptz, saturating since PostgreSQL 13).
+# A numeric column beside a float one stays refused (_compatible): that conversion fails.
+_COLUMN_FAMILIES = (
+    frozenset({INT2, INT4, INT8, NUMERIC, FLOAT4, FLOAT8}),
+    _TEXT_TYPES,
+    frozenset({1082, 1114, 1184}),  # date, timestamp, timestamptz
+    *(frozenset({oid}) for oid in (16, 17, 1083, 1186, 1266, 2950)),  # bool, bytea, time, interval, timetz, uuid
+)
 
 
 class Predicate:
@@ -222,8 +236,22 @@ class _Renderer:
         left, right = self._operand(node.this), self._operand(node.expression)
         if left.column is None and right.column is None:
             raise self.refuse(f"{_describe(node)} compares no column; it is not allowed in WHERE on protected table")
+        if left.column is not None and right.column is not None:
+            self._check_column_pair(left.column, right.column)
         left, right = self._compatible(left, right)
         return self._compare(left, _COMPARISONS[type(node)], right)
+
+    def _check_column_pair(self, left: ColumnInfo, right: ColumnInfo) -> None:
+        """Refuse comparing two columns whose types are not in one of :data:`_COLUMN_FAMILIES`."""
+        if any({left.type_oid, right.type_oid} <= family for family in _COLUMN_FAMILIES):
+            return
+        raise self.refuse(
+            f"comparing column {left.name} with column {right.name}, of types PostgreSQL would convert or cannot "
+            "compare, is not allowed in WHERE on protected table",
+            "Two columns may be compared when both are numbers, both text, both dates or timestamps, or both of one "
+            "boolean, bytea, time, interval or uuid type; otherwise PostgreSQL converts one of them per row (a "
+            "bigint to oid fails for a negative value) or has no operator for them.",
+        )
 
     def _between(self, node: exp.Expression) -> str:
         if node.args.get("symmetric"):
