@@ -115,8 +115,13 @@ _COLUMN_FAMILIES = (
     frozenset({INT2, INT4, INT8, NUMERIC, FLOAT4, FLOAT8}),
     _TEXT_TYPES,
     frozenset({1082, 1114, 1184}),  # date, timestamp, timestamptz
-    *(frozenset({oid}) for oid in (16, 17, 1083, 1186, 1266, 2950)),  # bool, bytea, time, interval, timetz, uuid
+    frozenset({1083, 1266}),  # time, timetz (time to timetz takes the session's zone; it cannot fail)
+    *(frozenset({oid}) for oid in (16, 17, 1186, 2950)),  # bool, bytea, interval, uuid
 )
+# The types of the constants _Operand renders: a cast's pg_catalog name, TRUE/FALSE, a number.
+_CAST_OIDS = {"int2": INT2, "int4": INT4, "int8": INT8, "float4": FLOAT4, "float8": FLOAT8, "numeric": NUMERIC,
+              "text": 25, "varchar": 1043, "bpchar": 1042, "bool": 16, "uuid": 2950, "bytea": 17, "date": 1082,
+              "time": 1083, "timestamp": 1114, "timestamptz": 1184}
 
 
 class Predicate:
@@ -236,22 +241,38 @@ class _Renderer:
         left, right = self._operand(node.this), self._operand(node.expression)
         if left.column is None and right.column is None:
             raise self.refuse(f"{_describe(node)} compares no column; it is not allowed in WHERE on protected table")
-        if left.column is not None and right.column is not None:
-            self._check_column_pair(left.column, right.column)
         left, right = self._compatible(left, right)
         return self._compare(left, _COMPARISONS[type(node)], right)
 
-    def _check_column_pair(self, left: ColumnInfo, right: ColumnInfo) -> None:
-        """Refuse comparing two columns whose types are not in one of :data:`_COLUMN_FAMILIES`."""
-        if any({left.type_oid, right.type_oid} <= family for family in _COLUMN_FAMILIES):
+    def _check_family(self, column: ColumnInfo, other: _Operand) -> None:
+        """Refuse comparing ``column`` with another column, or with a typed constant (a number,
+        TRUE/FALSE, a cast), whose type is not in the column's family (:data:`_COLUMN_FAMILIES`).
+
+        Two columns outside one family are refused whatever their types: PostgreSQL would
+        convert one per row (a bigint to oid fails for a negative value) or has no operator.
+        A typed constant is checked only against a column of a family: PostgreSQL has no
+        operator for the pair (``ts > 5``, ``s <> FALSE``), and its 42883 would come after
+        the charge when nothing else in the statement asks for the pre-charge parse check.
+        """
+        if other.column is not None:
+            if not any({column.type_oid, other.column.type_oid} <= family for family in _COLUMN_FAMILIES):
+                raise self.refuse(
+                    f"comparing column {column.name} with column {other.column.name}, of types PostgreSQL would "
+                    "convert or cannot compare, is not allowed in WHERE on protected table",
+                    "Two columns may be compared when both are numbers, both text, both dates or timestamps, both "
+                    "times, or both of one boolean, bytea, interval or uuid type; otherwise PostgreSQL converts one "
+                    "of them per row (a bigint to oid fails for a negative value) or has no operator for them.",
+                )
             return
-        raise self.refuse(
-            f"comparing column {left.name} with column {right.name}, of types PostgreSQL would convert or cannot "
-            "compare, is not allowed in WHERE on protected table",
-            "Two columns may be compared when both are numbers, both text, both dates or timestamps, or both of one "
-            "boolean, bytea, time, interval or uuid type; otherwise PostgreSQL converts one of them per row (a "
-            "bigint to oid fails for a negative value) or has no operator for them.",
-        )
+        kind = _constant_type(other)
+        family = next((family for family in _COLUMN_FAMILIES if column.type_oid in family), None)
+        if kind is not None and family is not None and kind not in family:
+            raise self.refuse(
+                f"comparing column {column.name} with {other.sql}, a constant of a type PostgreSQL has no comparison "
+                "with, is not allowed in WHERE on protected table",
+                "Compare the column with a value of its own kind: a number with a number, text with a quoted string, "
+                "a date or timestamp with a quoted date or time.",
+            )
 
     def _between(self, node: exp.Expression) -> str:
         if node.args.get("symmetric"):
@@ -443,6 +464,9 @@ class _Renderer:
         is cast to numeric, so that a parameter sent as ``double precision`` is converted once
         (while planning; it cannot fail) instead of each row's value.
         """
+        for one, other in ((left, right), (right, left)):
+            if one.column is not None and (other.column is None or one is left):
+                self._check_family(one.column, other)
         operands = [left, right]
         for index, (one, other) in enumerate(((left, right), (right, left))):
             if one.column is not None and one.column.type_oid in _FLOAT_COLUMNS:
@@ -477,6 +501,19 @@ def _float_literal(operand: _Operand) -> _Operand:
         return operand
     number = f"-{text}" if operand.sql.startswith("(-") else text
     return _Operand(f"CAST({literal(number)} AS pg_catalog.float8)", cast="float8")
+
+
+def _constant_type(operand: _Operand) -> int | None:
+    """The type OID of a typed constant (a cast, TRUE/FALSE, a number); None for a string, NULL,
+    a parameter or a folded value, which PostgreSQL reads as the column's type."""
+    if operand.column is not None or operand.parameter or operand.fold:
+        return None
+    if operand.cast is not None:
+        return _CAST_OIDS.get(operand.cast)
+    if operand.sql in ("TRUE", "FALSE"):
+        return 16
+    text = operand.sql[2:-1] if operand.sql.startswith("(-") else operand.sql
+    return NUMERIC if _NUMBER.fullmatch(text) else None
 
 
 def _is_column_side(node: exp.Expression) -> bool:

@@ -8,7 +8,10 @@ Found and fixed: a bigint column compared with a parameter the client declared a
 ``regclass`` ...), or with an ``oid`` column, made PostgreSQL convert every row's value to
 ``oid``, which fails with "OID out of range" only on a row holding a negative or too large
 value (privacy); two columns of types with no operator between them (``integer < text``)
-were charged and then failed with 42883 (budget).
+were charged and then failed with 42883 (budget), as was a column compared with a constant of a
+type it has no operator for (``s <> FALSE``, ``ts > 5``): the pre-charge parse check ran only
+for predicates holding a quoted literal or parameters; such comparisons are now refused from
+the text (``rewriter/predicates.py``).
 """
 
 from __future__ import annotations
@@ -77,6 +80,13 @@ def test_two_columns_that_postgresql_would_convert_or_cannot_compare_are_refused
         audit_proxy: RunningProxy, predicate: str) -> None:
     with audit_proxy.connect() as conn:
         assert _same_on_neighbours(conn, f"SELECT COUNT(*) FROM {{t}} WHERE {predicate}", [], []) == ("error", b"DP001")
+
+
+@pytest.mark.parametrize("predicate", ["s <> FALSE", "v = TRUE", "s > 5", "s = 1e400"])
+def test_a_column_compared_with_a_constant_it_has_no_operator_for_is_refused_uncharged(
+        audit_proxy: RunningProxy, predicate: str) -> None:
+    with audit_proxy.connect() as conn:
+        assert _same_on_neighbours(conn, f"SELECT COUNT(*) FROM {{t}} WHERE {predicate}", [], [])[0] == "error"
 
 
 @pytest.mark.parametrize("predicate", ["id = v", "v < id", "s = s", "id <> o::int8"])
