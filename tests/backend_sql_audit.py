@@ -20,7 +20,9 @@ The audit is conservative: facts it tracks (a float's range after a clamp, NaN e
 CASE branch that tested for it, a date bounded by constants in the THEN of its range test)
 only ever make it accept more when a reason on the table says why. It reads the SQL and the
 column types, not the parameters' types: a ``$n`` is taken as coerced to its column's type,
-as the rewriter casts a parameter where PostgreSQL would not (``rewriter.predicates._compatible``).
+which holds because a DP statement's parameters are unspecified or of a closed list of built-in
+scalar types (``proxy.dp.parameter_types``) and the rewriter casts one beside a numeric column
+(``rewriter.predicates._compatible``).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ TOTAL: dict[str, str] = {
                      "float column is converted once, while planning",
     "compare-datetime": "date, timestamp and timestamptz compare across types without error since PostgreSQL 13 "
                         "(the conversion saturates at ±infinity; tests/test_backend_sql_audit.py asks the backend)",
+    "compare-text": "text, varchar and char compare as text (char's trailing spaces dropped), converting nothing that can fail",
     "compare-enum": "an enum compares by its labels' sort order; every stored value is a label",
     "collate": "COLLATE \"C\" on a text value changes how it compares, not the value",
     "time-cast": "a date or time bounded by constants of the years 1..200000 converts to date, timestamp or "
@@ -114,7 +117,7 @@ _NUMERIC = 1700
 _TEXT_TYPES = {25, 1043, 1042}
 _TIME_TYPES = {1082: "date", 1114: "timestamp", 1184: "timestamptz"}
 _FIRST_USER_OID = 16384  # FirstNormalObjectId: lower OIDs are built into PostgreSQL
-_BOOL, _INT4, _INT8, _FLOAT8, _TEXT, _BYTEA = 16, 23, 20, 701, 25, 17
+_BOOL, _INT4, _INT8, _FLOAT8, _TEXT = 16, 23, 20, 701, 25
 _TYPE_NAMES: dict[str, int] = {
     "int2": 21, "smallint": 21, "int4": 23, "integer": 23, "int": 23, "int8": 20, "bigint": 20,
     "float4": 700, "real": 700, "float8": 701, "double precision": 701, "numeric": 1700, "text": 25,
@@ -257,23 +260,23 @@ def _finding(node: ast.Node, context: _Context, reason: str) -> _Value:
 
 def _checked(node: ast.Node, context: _Context) -> _Value:
     if isinstance(node, ast.ColumnRef):
-        return _column(node, context)
+        return _column(node, context)  # "column"
     if isinstance(node, (ast.A_Const, ast.ParamRef)):
-        return _constant(node)
+        return _constant(node)  # "constant"
     if isinstance(node, ast.TypeCast):
         return _cast(node, context)
     if isinstance(node, ast.BoolExpr):
         for arg in node.args:
             _check(arg, context)
-        return _Value(_BOOL)
+        return _Value(_BOOL)  # "bool"
     if isinstance(node, ast.NullTest):
         _check(node.arg, context)
-        return _Value(_BOOL)
+        return _Value(_BOOL)  # "bool"
     if isinstance(node, ast.CaseExpr):
-        return _case(node, context)
+        return _case(node, context)  # "case"
     if isinstance(node, ast.CoalesceExpr):
         values = [_check(arg, context) for arg in node.args]
-        return replace(values[0], constant=False, text=None)
+        return replace(values[0], constant=False, text=None)  # "coalesce"
     if isinstance(node, ast.CollateClause):
         value = _check(node.arg, context)
         if value.type_oid in _TEXT_TYPES:
@@ -332,7 +335,7 @@ def _cast(node: ast.TypeCast, context: _Context) -> _Value:
         number = _number(text) if target in _FLOATS else None
         if number is not None and not math.isnan(number):
             return _Value(target, constant=True, text=text, nan=False, low=number, high=number)
-        return _Value(target, constant=True, text=text)  # "constant"
+        return _Value(target, constant=True, text=text)
     value = _check(node.arg, context)
     if value.type_oid == target:
         return value
@@ -460,8 +463,11 @@ def _comparison(node: ast.A_Expr, left: _Value, right: _Value, context: _Context
         return _Value(_BOOL)  # "compare-integers"
     if pair <= {*_INTEGERS, _NUMERIC}:
         return _Value(_BOOL)  # "compare-integer-numeric"
-    if pair & set(_FLOATS) and pair <= {*_INTEGERS, *_FLOATS} | ({_NUMERIC} if other.constant else set()):
+    numeric_rows = any(side.type_oid == _NUMERIC and not side.constant for side in (left, right))
+    if pair & set(_FLOATS) and pair <= {*_INTEGERS, *_FLOATS, _NUMERIC} and not numeric_rows:
         return _Value(_BOOL)  # "compare-float" (a numeric beside a float only as a constant, converted once)
+    if pair <= _TEXT_TYPES:
+        return _Value(_BOOL)  # "compare-text"
     if pair <= set(_TIME_TYPES):
         return _Value(_BOOL)  # "compare-datetime"
     return _finding(node, context, f"a comparison of types {row.type_oid} and {other.type_oid}")
@@ -523,7 +529,7 @@ def _function(node: ast.FuncCall, context: _Context) -> _Value:
     if name == "random" and not args:
         return _Value(_FLOAT8, nan=False, low=0.0, high=1.0)  # "random"
     if name == "floor" and len(args) == 1 and args[0].type_oid in (_FLOAT8, _NUMERIC):
-        return replace(args[0], constant=False)  # "random" / "extract-epoch"
+        return replace(args[0], constant=False)  # "extract-epoch", and "random"'s floor
     if name == "pg_is_in_recovery" and not args:
         return _Value(_BOOL)  # "fence"
     if name == "width_bucket":
