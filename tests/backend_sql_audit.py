@@ -82,6 +82,9 @@ TOTAL: dict[str, str] = {
     "compare-text": "text, varchar and char compare as text (char's trailing spaces dropped), converting nothing that can fail",
     "compare-enum": "an enum compares by its labels' sort order; every stored value is a label",
     "collate": "COLLATE \"C\" on a text value changes how it compares, not the value",
+    "constant-shift": "a date or time literal of a year up to 10000 plus an interval literal of at most 10^12 "
+                      "seconds or one calendar unit stays below the year 42000, inside every date/time type's "
+                      "range: it cannot raise, though PostgreSQL evaluates timestamptz + interval (STABLE) per row",
     "time-cast": "a date or time bounded by constants of the years 1..200000 converts to date, timestamp or "
                  "timestamptz (all of them hold those years, in every time zone)",
     "like": "LIKE/ILIKE on a text column with a deterministic collation and a pattern dpproxy validated "
@@ -122,7 +125,7 @@ _TYPE_NAMES: dict[str, int] = {
     "int2": 21, "smallint": 21, "int4": 23, "integer": 23, "int": 23, "int8": 20, "bigint": 20,
     "float4": 700, "real": 700, "float8": 701, "double precision": 701, "numeric": 1700, "text": 25,
     "varchar": 1043, "bpchar": 1042, "bool": 16, "boolean": 16, "date": 1082, "timestamp": 1114,
-    "timestamptz": 1184, "bytea": 17, "uuid": 2950, "time": 1083,
+    "timestamptz": 1184, "bytea": 17, "uuid": 2950, "time": 1083, "interval": 1186,
 }
 _UNKNOWN = 705  # an untyped literal or parameter: coerced to the other side's type
 _NULL = -1
@@ -382,10 +385,13 @@ def _facts_if_true(condition: ast.Node, context: _Context) -> dict[str, _Value]:
     upper: dict[str, bool] = {}
     for term in terms:
         if not (isinstance(term, ast.A_Expr) and term.kind == A_Expr_Kind.AEXPR_OP and isinstance(term.lexpr, ast.ColumnRef)
-                and isinstance(term.rexpr, ast.TypeCast)):
+                and isinstance(term.rexpr, (ast.TypeCast, ast.A_Expr))):
             continue
         symbol = _operator_name(term)
-        year = _year(_constant_text(term.rexpr))
+        bound = term.rexpr
+        if isinstance(bound, ast.A_Expr):  # a shift: the literal it starts from, checked by _shift
+            bound = bound.lexpr if _operator_name(bound) == "+" else None
+        year = _year(_constant_text(bound))
         if year is None or not 1 <= year <= 200000:
             continue
         key = _sql(term.lexpr)
@@ -423,6 +429,8 @@ def _operator(node: ast.A_Expr, context: _Context) -> _Value:
             return _constant(node.rexpr)
         return _finding(node, context, f"prefix operator {symbol}")
     left, right = _check(node.lexpr, context), _check(node.rexpr, context)
+    if symbol == "+" and left.constant and right.constant:
+        return _shift(node, left, right, context)
     if symbol in _COMPARISONS:
         return _comparison(node, left, right, context)
     if symbol in _LIKES:
@@ -439,6 +447,26 @@ def _operator(node: ast.A_Expr, context: _Context) -> _Value:
     if symbol == "/" and left.type_oid == _NUMERIC and right.constant and abs(_number(right.text) or 0) >= 1:
         return _Value(_NUMERIC, nan=left.nan)  # "extract-epoch"
     return _finding(node, context, f"operator {symbol} on types {left.type_oid}, {right.type_oid}")
+
+
+def _shift(node: ast.A_Expr, left: _Value, right: _Value, context: _Context) -> _Value:
+    year, years = _year(left.text), _interval_years(right.text)
+    if left.type_oid in _TIME_TYPES and right.type_oid == 1186 and year is not None and years is not None \
+            and year + years < 42000:
+        return _Value(1114 if left.type_oid == 1082 else left.type_oid, constant=True,
+                      text=f"{year + math.ceil(years)}-")  # "constant-shift"
+    return _finding(node, context, "a constant expression that may overflow, evaluated per row when STABLE")
+
+
+def _interval_years(text: str | None) -> float | None:
+    """The length of a one-unit interval literal, or of one of whole seconds, in years (at most)."""
+    match = re.fullmatch(r"(\d{1,13}) (seconds|days?|months?|years?)", text or "")
+    if match is None:
+        return None
+    count, unit = int(match.group(1)), match.group(2)
+    if unit == "seconds":
+        return count / 31_556_952 if count <= 10**12 else None
+    return count / {"d": 365, "m": 12, "y": 1}[unit[0]] if count <= 12 else None
 
 
 def _comparison(node: ast.A_Expr, left: _Value, right: _Value, context: _Context) -> _Value:

@@ -205,6 +205,22 @@ def test_the_audit_accepts_a_guarded_fixed_point_sum_and_a_nan_guarded_bucket() 
     assert audit_backend_sql(unguarded, ("public", "x"), _COLUMNS), "a product that can underflow"
 
 
+@pytest.mark.parametrize("end, total", [
+    ("CAST('9999-12-31 00:00:00+00' AS pg_catalog.timestamptz) OPERATOR(pg_catalog.+) "
+     "CAST('864000000000 seconds' AS pg_catalog.interval)", True),
+    ("CAST('294276-01-01 00:00:00+00' AS pg_catalog.timestamptz) OPERATOR(pg_catalog.+) "
+     "CAST('1 year' AS pg_catalog.interval)", False),  # past timestamptz's range, on the first row it meets
+])
+def test_the_audit_accepts_an_epoch_bucket_whose_range_end_cannot_overflow(end: str, total: bool) -> None:
+    columns = {"tz": AuditColumn(1184)}
+    key = (f"CASE WHEN (tz OPERATOR(pg_catalog.>=) CAST('1970-01-01 00:00:00+00' AS pg_catalog.timestamptz)) AND "
+           f"(tz OPERATOR(pg_catalog.<) ({end})) THEN pg_catalog.floor((EXTRACT(EPOCH FROM tz) "
+           f"OPERATOR(pg_catalog./) 864000000000)) END")
+    sql = (f"SELECT k0, p0 FROM (SELECT {key} AS k0, pg_catalog.count(*) AS p0 FROM {_T} GROUP BY {key} OFFSET 0) "
+           "AS cells WHERE k0 IS NOT NULL")
+    assert (audit_backend_sql(sql, ("public", "x"), columns) == []) == total
+
+
 def test_the_audit_reads_a_table_through_a_join_as_a_finding() -> None:
     sql = f'SELECT pg_catalog.count(*) FROM {_T} JOIN "public"."y" ON TRUE'
     assert audit_backend_sql(sql, ("public", "x"), _COLUMNS)
