@@ -40,7 +40,9 @@ planning) must be unable to fail. Hence refused, from the text alone:
 * a comparison of two columns whose types are not in one of :data:`_COLUMN_FAMILIES`: with
   no operator for the pair PostgreSQL casts one column per row where an implicit cast exists
   (a ``bigint`` to ``oid`` fails for a negative value) and fails the statement after its
-  charge where none does (``integer < text``).
+  charge where none does (``integer < text``); and, for the same 42883 after the charge, a
+  number, TRUE/FALSE or a cast compared with a built-in column of another family
+  (``ts > 5``, ``s <> FALSE``, ``money > 0.5``).
 
 The validated predicate is rendered here, not by sqlglot, and every operator, function
 and type in it is PostgreSQL's own (``OPERATOR(pg_catalog.=)``, ``pg_catalog.lower``,
@@ -118,6 +120,9 @@ _COLUMN_FAMILIES = (
     frozenset({1083, 1266}),  # time, timetz (time to timetz takes the session's zone; it cannot fail)
     *(frozenset({oid}) for oid in (16, 17, 1186, 2950)),  # bool, bytea, interval, uuid
 )
+_FIRST_USER_OID = 16384  # FirstNormalObjectId: domains and enums are the analysts' schema's
+# oid and the reg* types: a whole-number constant converts to them (once, while planning).
+_OID_TYPES = frozenset({26, 24, 2202, 2203, 2204, 2205, 2206, 3734, 3769, 4089, 4096, 4191})
 # The types of the constants _Operand renders: a cast's pg_catalog name, TRUE/FALSE, a number.
 _CAST_OIDS = {"int2": INT2, "int4": INT4, "int8": INT8, "float4": FLOAT4, "float8": FLOAT8, "numeric": NUMERIC,
               "text": 25, "varchar": 1043, "bpchar": 1042, "bool": 16, "uuid": 2950, "bytea": 17, "date": 1082,
@@ -250,9 +255,11 @@ class _Renderer:
 
         Two columns outside one family are refused whatever their types: PostgreSQL would
         convert one per row (a bigint to oid fails for a negative value) or has no operator.
-        A typed constant is checked only against a column of a family: PostgreSQL has no
-        operator for the pair (``ts > 5``, ``s <> FALSE``), and its 42883 would come after
-        the charge when nothing else in the statement asks for the pre-charge parse check.
+        A typed constant outside the family of a built-in column type (any typed constant, for a
+        type of no family, but ``oid`` and the ``reg*`` types, which whole numbers convert to):
+        PostgreSQL has no operator for the pair (``ts > 5``, ``s <> FALSE``, ``money > 0.5``),
+        and its 42883 would come after the charge when nothing else in the statement asks for
+        the pre-charge parse check.
         """
         if other.column is not None:
             if not any({column.type_oid, other.column.type_oid} <= family for family in _COLUMN_FAMILIES):
@@ -266,7 +273,9 @@ class _Renderer:
             return
         kind = _constant_type(other)
         family = next((family for family in _COLUMN_FAMILIES if column.type_oid in family), None)
-        if kind is not None and family is not None and kind not in family:
+        if family is None and (column.type_oid >= _FIRST_USER_OID or column.type_oid in _OID_TYPES):
+            return  # a domain or enum, or an oid that a whole number converts to: left to PostgreSQL
+        if kind is not None and kind not in (family or ()):
             raise self.refuse(
                 f"comparing column {column.name} with {other.sql}, a constant of a type PostgreSQL has no comparison "
                 "with, is not allowed in WHERE on protected table",
