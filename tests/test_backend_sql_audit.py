@@ -10,10 +10,11 @@ past holes are findings, the shapes the rewriter writes are not.
 
 from __future__ import annotations
 
+import os
 import random
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from tests.test_neighbour_fuzz import BASES, Client
 from tests.type_matrix import CURATED, roles, where_roles
 
 CASES = 600
+REPORTED = int(os.environ.get("DPPROXY_AUDIT_REPORT", "5"))
 SEED = 23
 _TABLE = "bsa_fuzz"
 _PARTNERS = {"integer": "i4", "numeric": "n", "float8": "f8", "real": "f4", "date": "d", "timestamp": "ts",
@@ -86,15 +88,19 @@ def fuzz_table_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFac
         yield running
 
 
-def _assert_total(captured: list[Captured], at_least: int) -> None:
+def _assert_total(captured: list[Captured], at_least: int, unparsed: Callable[[str], bool] | None = None) -> None:
+    """No captured statement evaluates a per-row operation off the table. With ``unparsed``, a
+    statement it says fails PostgreSQL's parse analysis is let through: it runs on no row."""
     statements = {c.sql: c for c in captured}
     assert len(statements) >= at_least, f"only {len(statements)} backend statements captured"
     problems: list[str] = []
     for sql, capture in statements.items():
         findings = audit_backend_sql(sql, capture.table, capture.columns)
+        if findings and unparsed is not None and unparsed(sql):
+            continue
         problems += [f"{finding}\n    in: {sql}" for finding in findings]
-    assert not problems, f"{len(problems)} per-row operations not on the table of total ones; the first 5:\n" + (
-        "\n".join(problems[:5]))
+    assert not problems, f"{len(problems)} per-row operations not on the table of total ones; the first {REPORTED}:\n" + (
+        "\n".join(problems[:REPORTED]))
 
 
 def test_every_backend_sql_of_the_fuzzers_statements_is_total(fuzz_table_proxy: RunningProxy,
@@ -138,6 +144,68 @@ def test_every_backend_sql_of_the_recorded_superset_statements_is_total(
     finally:
         proxy.stop()
     _assert_total(captured, 25)
+
+
+_USER_TYPES = ("money", "interval", "uuid", "inet", "int4range", "numrange", "tm_mood", "tm_positive", "bit(3)", "jsonb",
+               "time", "bytea")
+
+
+def test_every_backend_sql_of_the_type_matrix_forms_on_other_types_is_total(
+        test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, captured: list[Captured]) -> None:
+    """Curated types outside the fuzz table (enums and domains among them) in WHERE, as
+    aggregates and as keys, beside a declared category key."""
+    captured.clear()
+    cases = {case.sql_type: case for case in CURATED if case.sql_type in _USER_TYPES}
+    names = {sql_type: f"c{index}" for index, sql_type in enumerate(cases)}
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        for case in cases.values():
+            if case.setup:
+                conn.execute(case.setup)
+        conn.execute("DROP TABLE IF EXISTS bsa_types")
+        conn.execute("CREATE TABLE bsa_types (k text, " + ", ".join(f"{names[t]} {t}" for t in cases) + ")")
+        for values in ([f"'{case.ordinary[0]}'" for case in cases.values()],
+                       [f"'{case.ordinary[1]}'" for case in cases.values()]):
+            conn.execute(f"INSERT INTO bsa_types VALUES ('a', {', '.join(values)})")
+        conn.execute("GRANT SELECT ON bsa_types TO dpproxy_service")
+        policy = ATTACK_POLICY_HEAD + ("  public.bsa_types: {{access: protected, epsilon: 1.0, delta: 1.0e-6, "
+                                       "columns: {{k: {{categories: [a, b], group_by: true}}}}}}\n")
+        with running_proxy(test_db, tmp_path_factory, policy) as proxy, proxy.connect() as client:
+            partners = {sql_type: name for sql_type, name in names.items()}
+            for sql_type, case in cases.items():
+                probes = where_roles(case, names[sql_type], partners)
+                probes += [probe for group in roles(names[sql_type], "k", full=False) for probe in group]
+                for probe in probes:
+                    try:
+                        client.execute(probe.sql.replace("{t}", "bsa_types"), probe.params or None)
+                    except psycopg.Error:
+                        pass
+        # An enum compared with a number (enum_col > 0) has no operator: it fails parse analysis, on
+        # no row, after its charge (rewriter.predicates cannot tell an enum from a domain over a
+        # number, which may be compared with one). Such statements run nothing per row.
+        _assert_total([replace(c, columns=_resolved(conn, c.columns)) for c in captured], 30,
+                      unparsed=lambda sql: _fails_parse_analysis(conn, sql))
+
+
+def _fails_parse_analysis(conn: psycopg.Connection, sql: str) -> bool:
+    try:
+        conn.execute(f"SELECT 1 FROM ({sql}) AS parsed LIMIT 0")
+    except psycopg.errors.UndefinedFunction:
+        return True
+    return False
+
+
+def _resolved(conn: psycopg.Connection, columns: dict[str, AuditColumn]) -> dict[str, AuditColumn]:
+    """``columns`` with a domain read as its base type and an enum marked, as the backend's catalog says."""
+    resolved = {}
+    for name, column in columns.items():
+        row = conn.execute("SELECT typtype, typbasetype FROM pg_catalog.pg_type WHERE oid = %s",
+                           (column.type_oid,)).fetchone()
+        if row is not None and row[0] == "d":
+            column = replace(column, type_oid=int(row[1]))
+        elif row is not None and row[0] == "e":
+            column = replace(column, enum=True)
+        resolved[name] = column
+    return resolved
 
 
 # The audit itself: the past holes are findings, the shapes the rewriter writes are not.
