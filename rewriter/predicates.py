@@ -38,7 +38,13 @@ planning) must be unable to fail. Hence refused, from the text alone:
 * a comparison (=, <>, <, ..., BETWEEN, IN) on an array or composite column: PostgreSQL
   looks up the elements' (fields') equality or ordering only when it compares two values of
   the same shape, so on ``point[]`` or ``json[]`` it raises 42883 only on a table holding
-  such a row (``ColumnInfo.container``).
+  such a row (``ColumnInfo.container``);
+* a comparison of two columns whose types are not in one of :data:`_COLUMN_FAMILIES`: with
+  no operator for the pair PostgreSQL casts one column per row where an implicit cast exists
+  (a ``bigint`` to ``oid`` fails for a negative value) and fails the statement after its
+  charge where none does (``integer < text``); and, for the same 42883 after the charge, a
+  number, TRUE/FALSE or a cast compared with a built-in column of another family
+  (``ts > 5``, ``s <> FALSE``, ``money > 0.5``).
 
 The validated predicate is rendered here, not by sqlglot, and every operator, function
 and type in it is PostgreSQL's own (``OPERATOR(pg_catalog.=)``, ``pg_catalog.lower``,
@@ -65,7 +71,7 @@ from .constants import Fold, Folding, NotFoldable, fold_type, qualified_constant
 from .like_patterns import INVALID_PATTERN_HINT, invalid_pattern_reason
 from .scope import Scope
 from .sql_text import literal, operator
-from .types import BOOL, FLOAT4, FLOAT8, NUMERIC
+from .types import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
 
 __all__ = ["Predicate", "PredicateRenderer", "plan_predicate", "validate_predicate"]
 
@@ -105,6 +111,24 @@ _FLOAT_CASTS = frozenset({"float4", "float8"})
 _FLOAT_COLUMNS = frozenset({FLOAT4, FLOAT8})
 # text, varchar, bpchar: LIKE compares the pattern exactly as the validated string.
 _TEXT_TYPES = frozenset({25, 1043, 1042})
+# Column types two columns of which may be compared: a pair inside one family has an operator
+# that converts nothing, or converts totally (an integer to numeric or a float, real to double
+# precision, bpchar to text, a date or timestamp to timestamptz, saturating since PostgreSQL 13).
+# A numeric column beside a float one stays refused (_compatible): that conversion fails.
+_COLUMN_FAMILIES = (
+    frozenset({INT2, INT4, INT8, NUMERIC, FLOAT4, FLOAT8}),
+    _TEXT_TYPES,
+    frozenset({1082, 1114, 1184}),  # date, timestamp, timestamptz
+    frozenset({1083, 1266}),  # time, timetz (time to timetz takes the session's zone; it cannot fail)
+    *(frozenset({oid}) for oid in (16, 17, 1186, 2950)),  # bool, bytea, interval, uuid
+)
+_FIRST_USER_OID = 16384  # FirstNormalObjectId: domains and enums are the analysts' schema's
+# oid and the reg* types: a whole-number constant converts to them (once, while planning).
+_OID_TYPES = frozenset({26, 24, 2202, 2203, 2204, 2205, 2206, 3734, 3769, 4089, 4096, 4191})
+# The types of the constants _Operand renders: a cast's pg_catalog name, TRUE/FALSE, a number.
+_CAST_OIDS = {"int2": INT2, "int4": INT4, "int8": INT8, "float4": FLOAT4, "float8": FLOAT8, "numeric": NUMERIC,
+              "text": 25, "varchar": 1043, "bpchar": 1042, "bool": 16, "uuid": 2950, "bytea": 17, "date": 1082,
+              "time": 1083, "timestamp": 1114, "timestamptz": 1184}
 
 
 class Predicate:
@@ -227,6 +251,40 @@ class _Renderer:
             raise self.refuse(f"{_describe(node)} compares no column; it is not allowed in WHERE on protected table")
         left, right = self._compatible(left, right)
         return self._compare(left, _COMPARISONS[type(node)], right)
+
+    def _check_family(self, column: ColumnInfo, other: _Operand) -> None:
+        """Refuse comparing ``column`` with another column, or with a typed constant (a number,
+        TRUE/FALSE, a cast), whose type is not in the column's family (:data:`_COLUMN_FAMILIES`).
+
+        Two columns outside one family are refused whatever their types: PostgreSQL would
+        convert one per row (a bigint to oid fails for a negative value) or has no operator.
+        A typed constant outside the family of a built-in column type (any typed constant, for a
+        type of no family, but ``oid`` and the ``reg*`` types, which whole numbers convert to):
+        PostgreSQL has no operator for the pair (``ts > 5``, ``s <> FALSE``, ``money > 0.5``),
+        and its 42883 would come after the charge when nothing else in the statement asks for
+        the pre-charge parse check.
+        """
+        if other.column is not None:
+            if not any({column.type_oid, other.column.type_oid} <= family for family in _COLUMN_FAMILIES):
+                raise self.refuse(
+                    f"comparing column {column.name} with column {other.column.name}, of types PostgreSQL would "
+                    "convert or cannot compare, is not allowed in WHERE on protected table",
+                    "Two columns may be compared when both are numbers, both text, both dates or timestamps, both "
+                    "times, or both of one boolean, bytea, interval or uuid type; otherwise PostgreSQL converts one "
+                    "of them per row (a bigint to oid fails for a negative value) or has no operator for them.",
+                )
+            return
+        kind = _constant_type(other)
+        family = next((family for family in _COLUMN_FAMILIES if column.type_oid in family), None)
+        if family is None and (column.type_oid >= _FIRST_USER_OID or column.type_oid in _OID_TYPES):
+            return  # a domain or enum, or an oid that a whole number converts to: left to PostgreSQL
+        if kind is not None and kind not in (family or ()):
+            raise self.refuse(
+                f"comparing column {column.name} with {other.sql}, a constant of a type PostgreSQL has no comparison "
+                "with, is not allowed in WHERE on protected table",
+                "Compare the column with a value of its own kind: a number with a number, text with a quoted string, "
+                "a date or timestamp with a quoted date or time.",
+            )
 
     def _between(self, node: exp.Expression) -> str:
         if node.args.get("symmetric"):
@@ -432,6 +490,9 @@ class _Renderer:
         is cast to numeric, so that a parameter sent as ``double precision`` is converted once
         (while planning; it cannot fail) instead of each row's value.
         """
+        for one, other in ((left, right), (right, left)):
+            if one.column is not None and (other.column is None or one is left):
+                self._check_family(one.column, other)
         operands = [left, right]
         for index, (one, other) in enumerate(((left, right), (right, left))):
             if one.column is not None and one.column.type_oid in _FLOAT_COLUMNS:
@@ -466,6 +527,19 @@ def _float_literal(operand: _Operand) -> _Operand:
         return operand
     number = f"-{text}" if operand.sql.startswith("(-") else text
     return _Operand(f"CAST({literal(number)} AS pg_catalog.float8)", cast="float8")
+
+
+def _constant_type(operand: _Operand) -> int | None:
+    """The type OID of a typed constant (a cast, TRUE/FALSE, a number); None for a string, NULL,
+    a parameter or a folded value, which PostgreSQL reads as the column's type."""
+    if operand.column is not None or operand.parameter or operand.fold:
+        return None
+    if operand.cast is not None:
+        return _CAST_OIDS.get(operand.cast)
+    if operand.sql in ("TRUE", "FALSE"):
+        return 16
+    text = operand.sql[2:-1] if operand.sql.startswith("(-") else operand.sql
+    return NUMERIC if _NUMBER.fullmatch(text) else None
 
 
 def _is_column_side(node: exp.Expression) -> bool:

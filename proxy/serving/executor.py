@@ -31,6 +31,7 @@ from proxy.dp.answer_time import on_the_quantum, quantum_deadline
 from proxy.dp.budget import BudgetKeeper
 from proxy.dp.folding import bind_constants
 from proxy.dp.narrowing import narrow_keys
+from proxy.dp.parameter_types import check_parameter_types
 from proxy.dp.repeats import RepeatStore
 from proxy.ops.audit import AuditEntry, AuditLog
 from proxy.ops.audit import fingerprint as audit_fingerprint
@@ -566,6 +567,7 @@ class Executor:
             raise Refusal(SQLSTATE.IN_FAILED_TRANSACTION,
                           "current transaction is aborted, commands ignored until end of transaction block")
         await self._check_result_formats(plan, result_formats)
+        check_parameter_types(plan, params)
         # The plan's WHERE is made final here, before the charge (and before the repeat key).
         epsilon = self.settings.query_epsilon(self.server.policy, plan.table)
         if plan.limit_zero:

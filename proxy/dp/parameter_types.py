@@ -1,0 +1,51 @@
+"""The types a DP statement's parameters may be declared with (Parse), checked before any charge.
+
+A parameter declared with a type makes PostgreSQL choose the comparison's operator for that
+type, and where there is none for the column's type and the parameter's, it converts one side
+by an implicit cast. Converting the parameter happens once, while planning: its error is the
+same on every table. Converting the *column* happens per row: ``id = $1`` with a bigint ``id``
+and ``$1`` declared ``oid`` (or ``regclass``, any ``reg*`` type) casts every row's id to
+``oid``, which fails with "OID out of range" only on a row holding a negative or too large id.
+
+So a parameter must be unspecified (PostgreSQL gives it the column's type) or declared with one
+of the built-in scalar types below, the ones client drivers send. None of them makes PostgreSQL
+convert a column per row in a way that can fail: for each, either an operator with the column's
+type exists, or the parameter is the side converted, or the column's conversion is total
+(integers to numeric or a float, ``real`` to ``double precision``, ``date``/``time`` to the wider
+time types with overflow-safe cross-type operators); a numeric column's parameter is cast to
+numeric by the rewriter (``rewriter.predicates``). Any other type is refused, whatever its value.
+"""
+
+from __future__ import annotations
+
+from policies.errors import SQLSTATE, Refusal
+from proxy.backend.connection import BoundParams
+from rewriter.dp_query import AggregateQuery
+
+__all__ = ["PARAMETER_TYPES", "check_parameter_types"]
+
+PARAMETER_TYPES = frozenset({
+    0,  # unspecified: PostgreSQL infers the column's type
+    16, 17, 18, 19,  # bool, bytea, "char", name
+    20, 21, 23,  # int8, int2, int4
+    25, 705, 1042, 1043,  # text, unknown, bpchar, varchar
+    700, 701, 1700,  # real, double precision, numeric
+    1082, 1083, 1114, 1184, 1186, 1266,  # date, time, timestamp, timestamptz, interval, timetz
+    2950,  # uuid
+})
+
+
+def check_parameter_types(plan: AggregateQuery, params: BoundParams) -> None:
+    """Refuse (DP001) a parameter declared with a type outside :data:`PARAMETER_TYPES`: the
+    statement decides it, not the rows, and nothing has been charged."""
+    for number, type_oid in enumerate(params.types, start=1):
+        if type_oid not in PARAMETER_TYPES:
+            raise Refusal(
+                SQLSTATE.DP_QUERY_SHAPE,
+                f"parameter ${number} declared with type OID {type_oid} is not allowed on protected table "
+                f"{plan.table.display_name} (rule: safe-predicate)",
+                "Send the parameter unspecified (type 0) or as a built-in number, text, boolean, bytea, uuid or "
+                "date/time type: PostgreSQL could convert every row's value to the declared type, which fails "
+                "for some values only.",
+                "safe-predicate",
+            )
