@@ -15,8 +15,8 @@ depend on what else the machine is doing, so this measures dpproxy by that count
    so that set and dict orders, and so the instructions, are the same every run). Its periodic
    work runs on the wall clock, which callgrind slows ~50×: the function-name refresh (a
    catalog read every 10 s) and the result waiters' watchdog are pushed out of the run, and
-   the audit writer's 20 ms batching is stretched to 1 s so that a batch holds about as many
-   lines as it does at full speed.
+   the audit writer's and the metrics thread's 20 ms batching is stretched to 1 s so that a
+   batch holds about as many lines or observations as it does at full speed.
 3. One libpq client (psycopg's ``pq`` layer, C) sends each workload: DP ``COUNT``, ``SUM`` and
    ``AVG`` with a two-column or one-column WHERE, and the eight statements of the catalog mix
    (benchmarks/pgbench.py), each by the simple protocol (the parameter inlined, as ``pgbench -M
@@ -72,7 +72,8 @@ import sys
 from importlib import import_module
 for module, name, value in (("proxy.serving.server", "FUNCTION_NAMES_REFRESH_S", 1e9),
                             ("proxy.backend.result_waiter", "RECHECK_S", 1e9),
-                            ("proxy.ops.audit", "BATCH_S", 1.0)):
+                            ("proxy.ops.audit", "BATCH_S", 1.0),
+                            ("proxy.ops.metrics", "BATCH_S", 1.0)):
     try:
         target = import_module(module)
     except ImportError:

@@ -18,6 +18,7 @@ from prometheus_client import REGISTRY
 
 from conftest import RunningProxy
 from policies.ledger import Budget, Ledger
+from proxy.ops import metrics
 
 __all__ = ["Spend", "audit_lines", "charged_metric", "spend_while_running", "assert_reconciled"]
 
@@ -33,7 +34,9 @@ class Spend:
 
 
 def charged_metric(user: str) -> float:
-    """``dpproxy_epsilon_charged_total`` for ``user`` in this process (0 before any charge)."""
+    """``dpproxy_epsilon_charged_total`` for ``user`` in this process (0 before any charge),
+    with every observation queued so far applied (as a scrape does)."""
+    metrics.flush()
     return REGISTRY.get_sample_value("dpproxy_epsilon_charged_total", {"user": user}) or 0.0
 
 

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+from prometheus_client import Counter, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import TEST_POLICY, RunningProxy, TestDatabase, make_policy
+from proxy.ops import metrics
 
 METRICS_POLICY = TEST_POLICY.replace(
     "users:\n",
@@ -97,6 +99,40 @@ def test_latency_histograms_have_buckets_end_to_end_and_for_the_backend(metered:
     assert change(before, after, "dpproxy_backend_duration_seconds_count") >= 1
     assert ("dpproxy_backend_duration_seconds_bucket", (("le", "0.001"),)) in after
     assert change(before, after, "dpproxy_statement_duration_seconds_sum", decision="dp") > 0
+
+
+def test_statements_are_counted_and_timed_off_the_event_loop(metered: RunningProxy, monkeypatch: pytest.MonkeyPatch):
+    threads: set[str] = set()
+
+    def spy(original: Callable[..., None]) -> Callable[..., None]:
+        def recorded(self: object, *args: float) -> None:
+            threads.add(threading.current_thread().name)
+            original(self, *args)
+        return recorded
+
+    monkeypatch.setattr(Histogram, "observe", spy(Histogram.observe))
+    monkeypatch.setattr(Counter, "inc", spy(Counter.inc))
+    before = scrape(metered)
+    with metered.connect() as conn:
+        conn.execute("SELECT COUNT(*) FROM adult WHERE age > 40")
+    after = scrape(metered)
+    assert change(before, after, "dpproxy_statements_total", decision="dp", reason="") == 1
+    assert change(before, after, "dpproxy_epsilon_charged_total", user="analyst") == pytest.approx(1.0)
+    assert change(before, after, "dpproxy_backend_pool_checkout_wait_seconds_count") >= 1
+    assert threads and metered._thread.name not in threads  # the metrics thread's, or the scrape's
+
+
+def test_a_scrape_shows_statements_the_metrics_thread_has_not_applied(metered: RunningProxy,
+                                                                      monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(metrics, "_wake_up", lambda: None)  # the thread is not woken by these statements
+    before = scrape(metered)
+    with metered.connect() as conn:
+        for _ in range(3):
+            conn.execute("SELECT COUNT(*) FROM adult WHERE age > 40")
+    after = scrape(metered)
+    assert change(before, after, "dpproxy_statements_total", decision="dp", reason="") == 3
+    assert change(before, after, "dpproxy_statement_duration_seconds_count", decision="dp") == 3
+    assert change(before, after, "dpproxy_backend_duration_seconds_count") >= 3
 
 
 def test_open_connections_gauge_follows_sessions(metered: RunningProxy):

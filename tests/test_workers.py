@@ -283,13 +283,23 @@ def test_metrics_add_up_over_the_workers(group: Group):
         return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
                 for line in text.splitlines() if line and not line.startswith("#")}
 
-    before = scrape().get('dpproxy_statements_total{decision="dp",reason=""}', 0.0)
+    counted = ('dpproxy_statements_total{decision="dp",reason=""}',
+               'dpproxy_statement_duration_seconds_count{decision="dp"}',
+               'dpproxy_epsilon_charged_total{user="analyst"}')
+    first = scrape()
+    before = {name: first.get(name, 0.0) for name in counted}
     held = [group.connect_to(0), group.connect_to(1)]
     try:
         for conn in held:
             conn.execute("SELECT COUNT(*) FROM adult WHERE age > 50")
-        after = scrape()
-        assert after['dpproxy_statements_total{decision="dp",reason=""}'] == before + 2
+        for _ in range(50):  # each worker applies its observations in batches of 20 ms
+            after = scrape()
+            if after.get(counted[0], 0.0) == before[counted[0]] + 2:
+                break
+            time.sleep(0.1)
+        for name in counted[:2]:
+            assert after[name] == before[name] + 2, name
+        assert after[counted[2]] > before[counted[2]]  # both charges, whatever ε a COUNT costs
         assert after["dpproxy_open_connections"] == 2
         time.sleep(1.2)  # the pool gauges are written every second
         scraped = scrape()

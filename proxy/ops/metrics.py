@@ -6,7 +6,13 @@ Contract
   and Python collectors come along). Callers use the ``observe_*`` functions and the
   connection gauge helpers, never the objects.
 * ``observe_statement`` is called once per statement, where its outcome is known (the
-  executor's audit hook). Labels are bounded sets: the decision (``dp``, ``passthrough``,
+  executor's audit hook). It, ``observe_backend`` and ``observe_pool_checkout`` only append
+  their numbers to a queue (the event loop's whole per-statement cost); a daemon thread,
+  ``dpproxy-metrics``, applies them to the metric objects in batches (``BATCH_S`` after the
+  first one), and ``/metrics`` applies what is still queued before it collects. So a scrape
+  of one process shows every statement answered before it; under ``listen.workers`` the
+  supervisor's scrape may lag a worker's last ``BATCH_S`` of observations. ``flush`` applies
+  the queue now (at shutdown). Labels are bounded sets: the decision (``dp``, ``passthrough``,
   ``command``, ``refused``, ``error``), the reason (a refusal rule or a SQLSTATE, empty
   when answered) and the login name (users come from the policy).
 * No metric carries a result, an exact value or statement text. Latencies of DP queries
@@ -29,14 +35,18 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
+import time
+from collections import deque
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Final, Iterator, Mapping
+from typing import Any, Callable, Final, Iterable, Iterator, Mapping
 
 import psutil
 from prometheus_client import (
-    CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, multiprocess, start_http_server,
+    REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, multiprocess, start_http_server,
 )
+from prometheus_client.registry import RestrictedRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 __all__ = [
@@ -50,6 +60,7 @@ __all__ = [
     "pool_reset",
     "watch_pool",
     "worker_gone",
+    "flush",
     "write_watched",
     "pool_timed_out",
     "observe_statement",
@@ -119,10 +130,32 @@ POOL_DISCARDS = Counter(
 RELOADS = Counter("dpproxy_policy_reloads", "Policy reloads (SIGHUP) by outcome: applied or refused.", ["outcome"])
 
 
+BATCH_S: Final = 0.02
+"""How long the metrics thread lets observations gather after the first one before applying them."""
+_IDLE_S: Final = 1.0
+"""How often the metrics thread looks at the queue without being woken."""
+
+# Observations waiting for the metrics thread: (function, arguments). The event loop only
+# appends (atomic under the GIL) and wakes the thread when it may be asleep. Unbounded: the
+# thread does no I/O (multiprocess values are memory-mapped), so it cannot stall behind a disk.
+_pending: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
+_wake = threading.Event()
+_thread: threading.Thread | None = None
+_start_lock = threading.Lock()
+
+
 def observe_statement(
     decision: str, reason: str | None, user: str, epsilon: float, delta: float, latency_s: float
 ) -> None:
     """Count one statement with its decision and reason, its latency, and what it charged."""
+    _pending.append((_count_statement, (decision, reason, user, epsilon, delta, latency_s)))
+    if not _wake.is_set():
+        _wake_up()
+
+
+def _count_statement(
+    decision: str, reason: str | None, user: str, epsilon: float, delta: float, latency_s: float
+) -> None:
     count, seconds = _statement_series(decision, reason or "")
     count.inc()
     seconds.observe(latency_s)
@@ -147,7 +180,64 @@ def _user_series(metric: Counter, user: str) -> Any:
 
 def observe_backend(latency_s: float) -> None:
     """Record one backend round trip."""
-    BACKEND_SECONDS.observe(latency_s)
+    _pending.append((BACKEND_SECONDS.observe, (latency_s,)))
+    if not _wake.is_set():
+        _wake_up()
+
+
+def flush() -> None:
+    """Apply every queued observation now, in the calling thread."""
+    while True:
+        try:
+            function, arguments = _pending.popleft()
+        except IndexError:
+            return
+        try:
+            function(*arguments)
+        except Exception:  # a metric must never take the thread (or a scrape) down
+            log.exception("metrics: recording an observation failed")
+
+
+def _wake_up() -> None:
+    """Wake the metrics thread, starting it in this process first if it is not running."""
+    global _thread
+    if _thread is None:
+        with _start_lock:
+            if _thread is None:
+                _thread = threading.Thread(target=_apply_batches, name="dpproxy-metrics", daemon=True)
+                _thread.start()
+    _wake.set()
+
+
+def _apply_batches() -> None:
+    while True:
+        if _wake.wait(_IDLE_S):
+            # Let a batch gather: one wake-up and GIL hand-off per batch, not per statement.
+            time.sleep(BATCH_S)
+        _wake.clear()  # before draining, so an observation appended meanwhile wakes us again
+        flush()
+
+
+def _forget_thread() -> None:
+    global _thread, _start_lock
+    _thread, _start_lock = None, threading.Lock()
+    _wake.clear()
+
+
+os.register_at_fork(after_in_child=_forget_thread)  # a forked child has no metrics thread
+
+
+class _FlushingRegistry(CollectorRegistry):
+    """The default registry, collected after the queued observations are applied: a scrape
+    shows every observation made before it."""
+
+    def collect(self) -> Iterator[Metric]:
+        flush()
+        yield from REGISTRY.collect()
+
+    def restricted_registry(self, names: Iterable[str]) -> RestrictedRegistry:
+        flush()
+        return REGISTRY.restricted_registry(names)
 
 
 _watched: list[tuple[Any, Callable[[], float]]] = []
@@ -169,7 +259,10 @@ def write_watched() -> None:
 
 
 def observe_pool_checkout(wait_s: float) -> None:
-    POOL_WAIT_SECONDS.observe(wait_s)
+    """Record how long a checkout waited for a backend connection."""
+    _pending.append((POOL_WAIT_SECONDS.observe, (wait_s,)))
+    if not _wake.is_set():
+        _wake_up()
 
 
 def pool_timed_out() -> None:
@@ -244,7 +337,7 @@ class MetricsEndpoint:
                  processes: Callable[[], Mapping[str, int]] | None = None):
         """Bind and start serving; raise OSError if the address cannot be bound."""
         if directory is None:
-            self._server, self._thread = start_http_server(port, host)
+            self._server, self._thread = start_http_server(port, host, registry=_FlushingRegistry())
         else:
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry, path=str(directory))

@@ -300,7 +300,7 @@ class Server:
         FATAL 57P01; a session handling a message answers it first, then gets 57P01. After
         ``grace_s`` seconds (or ``hurry``) the statements still running are cancelled on the
         backend and their sessions end with 57P01. Then the ledger, the audit log and the
-        metrics endpoint are closed.
+        metrics endpoint are closed, and the queued metric observations applied.
         """
         self.stop_accepting()
         for session in list(self._connections.values()):
@@ -325,6 +325,7 @@ class Server:
         await self.budget.settle()
         self.budget.close()
         self.audit.close()
+        metrics.flush()  # a worker's last observations, for its supervisor's /metrics
 
     def hurry(self) -> None:
         """End the grace period of a running ``close`` now (a second SIGTERM or Ctrl-C)."""
