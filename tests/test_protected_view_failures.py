@@ -93,7 +93,9 @@ def test_a_view_of_a_failing_view_and_a_failing_row_level_security_policy_are_re
     "WHERE id IN (1, 2, 3, 7) AND note <> 'x' AND hours IS NOT NULL "
     "AND EXISTS (SELECT 1 FROM rf_base b WHERE b.id = rf_base.id)",
     "SELECT hours AS id, COUNT(*) AS rows, SUM(income) AS income, MAX(note) AS last FROM rf_base GROUP BY hours",
-], ids=["rename", "comparisons-and-widening-casts", "per-person-aggregates"])
+    "WITH c AS (SELECT DISTINCT id, hours, note FROM rf_base ORDER BY note) SELECT id, count(*) OVER "
+    "(ORDER BY hours RANGE BETWEEN 1 PRECEDING AND CURRENT ROW) AS near FROM c UNION SELECT 0, 0",
+], ids=["rename", "comparisons-and-widening-casts", "per-person-aggregates", "sorts-and-integer-windows"])
 def test_a_protected_view_of_total_expressions_is_answered(
     test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, view: str
 ) -> None:
@@ -142,3 +144,58 @@ def test_a_view_redefined_to_fail_on_a_row_is_refused_before_the_charge_until_it
         time.sleep(1.0)
         assert conn.execute("SELECT SUM(hourly) FROM rf_view WHERE id > 7").fetchone() is not None
         assert _remaining(proxy) == before - 1
+
+
+# Each passed the check before and failed on a row its neighbouring table lacks (the setup's last
+# statement adds that row): a row-valued <> of (k, point) pairs with equal k, GREATEST of such
+# anonymous rows, a point[] = of equal
+# size, max of point[] over two rows, a DISTINCT of (k, point) rows with a repeated k, a RANGE
+# window reaching past the last timestamp, a recursive WITH over a cycle, and a division hidden
+# behind two column names holding a double quote.
+_NEIGHBOURS = {
+    "row-comparison": (("CREATE TYPE rf_pair AS (k int, p point)", "ALTER TABLE rf_base ADD a rf_pair, ADD b rf_pair",
+                        "UPDATE rf_base SET a = ROW(1, point(0, 0)), b = ROW(2, point(0, 0))",
+                        "UPDATE rf_base SET b = ROW(1, point(1, 1)) WHERE id = 7"),
+                       "SELECT id FROM rf_base WHERE a <> b", "record_ne(record, record)"),
+    "greatest-of-rows": (("ALTER TABLE rf_base ADD p point", "UPDATE rf_base SET p = point(0, 0), hours = 1",
+                          "UPDATE rf_base SET hours = 2 WHERE id = 7"),
+                         "SELECT id FROM rf_base WHERE GREATEST(ROW(hours, p), ROW(2, p)) IS NOT NULL", "GREATEST/LEAST"),
+    "array-comparison": (("ALTER TABLE rf_base ADD a point[], ADD b point[]",
+                          "UPDATE rf_base SET a = ARRAY[point(0, 0)], b = ARRAY[point(0, 0), point(1, 1)]",
+                          "UPDATE rf_base SET b = ARRAY[point(1, 1)] WHERE id = 7"),
+                         "SELECT id FROM rf_base WHERE a = b", "array_eq(anyarray, anyarray)"),
+    "array-max": (("ALTER TABLE rf_base ADD a point[]", "UPDATE rf_base SET a = ARRAY[point(0, 0)] WHERE id = 7",
+                   "UPDATE rf_base SET a = ARRAY[point(1, 0)], hours = 0 WHERE id = 8"),
+                  "SELECT hours AS id, max(a) AS a FROM rf_base GROUP BY hours", "max(anyarray)"),
+    "distinct-rows": (("ALTER TABLE rf_base ADD p point", "UPDATE rf_base SET p = point(0, 0)",
+                       "UPDATE rf_base SET id = 8 WHERE id = 7"),
+                      "SELECT count(*) AS id FROM (SELECT DISTINCT ROW(id, p) FROM rf_base) s", "record_eq(record, record)"),
+    "range-window": (("ALTER TABLE rf_base ADD at timestamp", "UPDATE rf_base SET at = '2020-01-01'::timestamp + id * interval '1 day'",
+                      "UPDATE rf_base SET at = '294276-12-30' WHERE id = 7"),
+                     "SELECT id, count(*) OVER (ORDER BY at RANGE BETWEEN '7 days' PRECEDING AND '7 days' FOLLOWING) AS near "
+                     "FROM rf_base", "in_range(timestamp without time zone, timestamp without time zone, interval"),
+    "recursive-with": (("ALTER TABLE rf_base ADD boss int", "UPDATE rf_base SET boss = id - 1",
+                        "UPDATE rf_base SET boss = 7 WHERE id = 1"),
+                       "WITH RECURSIVE up(id, boss) AS (SELECT id, boss FROM rf_base UNION ALL SELECT up.id, b.boss FROM up "
+                       "JOIN rf_base b ON b.id = up.boss) SELECT id, count(*) AS depth FROM up GROUP BY id", "a recursive WITH"),
+    "quoted-names": (("UPDATE rf_base SET hours = 1", "UPDATE rf_base SET hours = 0 WHERE id = 7"),
+                     'SELECT id, income AS "a""", income / hours AS "b""" FROM rf_base', "int4div(integer, integer)"),
+}
+
+
+@pytest.mark.parametrize("case", list(_NEIGHBOURS))
+def test_a_view_failing_on_one_neighbours_row_through_a_lazy_comparison_a_window_recursion_or_a_quoted_name_is_refused(
+    test_db: TestDatabase, tmp_path: Path, case: str
+) -> None:
+    (*setup, failing_row), view, named = _NEIGHBOURS[case]
+    with _base(test_db, view, *setup) as admin:
+        admin.execute("SET statement_timeout = '2s'")
+        every_column = "SELECT count(*), sum(hashtext(rf_view::text)) FROM rf_view"
+        admin.execute(every_column).fetchone()  # the table without the row: answered
+        problems = refused_at_load(make_policy(test_db, tmp_path / "ledger.sqlite3", _POLICY))
+        admin.execute(failing_row)
+        with pytest.raises(psycopg.errors.DatabaseError):  # its neighbour with the row: fails
+            admin.execute(every_column).fetchone()
+        admin.execute("DROP TYPE IF EXISTS rf_pair CASCADE")
+    assert len(problems) == 1 and problems[0].startswith("tables.public.rf_view: view rf_view "), problems
+    assert named in problems[0], problems

@@ -18,13 +18,21 @@ materialized view's expressions ran when it was refreshed, not when it is read. 
 be one that cannot raise, and every function one of:
 
 * a comparison of a built-in btree operator family (=, <, <=, >, >=) or its negator (<>): such
-  comparisons define a total order and never fail on a value of their types;
+  comparisons define a total order and never fail on a value of their types. Not the polymorphic
+  ones of arrays and rows (``anyarray``, ``record``): they look up their elements' comparison only
+  when the values come to need it, so ``a <> b`` of two ``(k int, p point)`` values fails exactly
+  when their ``k`` are equal, and ``a = b`` of two ``point[]`` when their sizes are. The same holds
+  of the operators a sort, ``DISTINCT``, ``GROUP BY`` or ``UNION`` use (``SortGroupClause``), and
+  of a window's ``RANGE`` offset (its ``in_range`` function adds the offset to a row's value, and
+  ``timestamp + '7 days'`` overflows);
 * a function in ``TOTAL_FUNCTIONS`` below, each total on every value of its argument types;
 * an aggregate in ``TOTAL_AGGREGATES`` (a per-person view such as ``SELECT id, COUNT(*) ...
-  GROUP BY id`` is how a policy protects people with several rows), ``min``/``max`` of any type.
+  GROUP BY id`` is how a policy protects people with several rows), ``min``/``max`` of any type
+  but an array.
 
 Anything else (arithmetic, which overflows; casts from text; functions outside ``pg_catalog``,
-whose bodies dpproxy cannot read) is a problem, with the fix: compute the column into a table or
+whose bodies dpproxy cannot read; a recursive ``WITH``, which runs as long as the rows' chains are
+and forever on a cycle) is a problem, with the fix: compute the column into a table or
 a materialized view (which fails at refresh, before any analyst asks), or leave it out.
 """
 
@@ -42,15 +50,20 @@ __all__ = ["TOTAL_FUNCTIONS", "TOTAL_AGGREGATES", "failing_protected", "fallible
 _STRUCTURAL = frozenset({
     "QUERY", "RANGETBLENTRY", "RTEPERMISSIONINFO", "ALIAS", "FROMEXPR", "JOINEXPR", "RANGETBLREF", "TARGETENTRY",
     "VAR", "CONST", "PARAM", "RELABELTYPE", "BOOLEXPR", "NULLTEST", "BOOLEANTEST", "CASEEXPR", "CASEWHEN",
-    "CASETESTEXPR", "COALESCEEXPR", "ROWEXPR", "SORTGROUPCLAUSE", "SETOPERATIONSTMT", "COMMONTABLEEXPR",
-    "WINDOWCLAUSE", "FIELDSELECT", "SQLVALUEFUNCTION", "RANGETBLFUNCTION", "GROUPINGSET", "GROUPINGFUNC",
-    "NAMEDARGEXPR", "COLLATEEXPR", "CONVERTROWTYPEEXPR", "ARRAYCOERCEEXPR",
-    # GREATEST/LEAST compare with the type's btree comparison, which is total.
-    "MINMAXEXPR",
+    "CASETESTEXPR", "COALESCEEXPR", "ROWEXPR", "SETOPERATIONSTMT", "FIELDSELECT", "SQLVALUEFUNCTION",
+    "RANGETBLFUNCTION", "GROUPINGSET", "GROUPINGFUNC", "NAMEDARGEXPR", "COLLATEEXPR", "CONVERTROWTYPEEXPR",
+    "ARRAYCOERCEEXPR",
 })
+# GREATEST/LEAST compare with their type's btree comparison, total but for an anonymous row's
+# (record, record[]): PostgreSQL checks its fields' comparisons only when two rows need them.
+_RECORD_TYPES = frozenset({"2249", "2287"})
 # Nodes that call a function: the field that names it.
 _CALLS = {"OPEXPR": "opfuncid", "DISTINCTEXPR": "opfuncid", "NULLIFEXPR": "opfuncid",
           "SCALARARRAYOPEXPR": "opfuncid", "FUNCEXPR": "funcid", "AGGREF": "aggfnoid", "WINDOWFUNC": "winfnoid"}
+# Nodes that may call a function or an operator (a sort's, a window RANGE offset's) besides what
+# their children call: the fields that name them, 0 when none.
+_OPTIONAL_CALLS = {"WINDOWCLAUSE": ("startInRangeFunc", "endInRangeFunc")}
+_OPTIONAL_OPERATORS = {"SORTGROUPCLAUSE": ("eqop", "sortop")}
 # EXISTS, ALL and ANY subqueries: a scalar subquery (EXPR) fails when it finds two rows.
 _TOTAL_SUBLINKS = frozenset({"0", "1", "2"})
 # A conversion through text output is total when its result is text; from text, an input function is not.
@@ -73,6 +86,9 @@ TOTAL_FUNCTIONS = frozenset({
     "numeric_uminus(numeric)", "float8um(double precision)", "float4um(real)",
     # Window functions of row positions.
     "row_number()", "rank()", "dense_rank()", "percent_rank()", "cume_dist()",
+    # A window's RANGE offset of an integer column: computed in a wider type, never out of range.
+    "in_range(smallint, smallint, smallint, boolean, boolean)", "in_range(integer, integer, integer, boolean, boolean)",
+    "in_range(bigint, bigint, bigint, boolean, boolean)",
 })
 TOTAL_AGGREGATES = frozenset({
     "count()", 'count("any")', "sum(smallint)", "sum(integer)", "sum(bigint)", "sum(numeric)",
@@ -80,7 +96,15 @@ TOTAL_AGGREGATES = frozenset({
     "every(boolean)",
 })
 
-_TOKEN = re.compile(r'\{[A-Z_]+|[}()]|:[A-Za-z_]+|"(?:[^"\\]|\\.)*"|(?:[^\s(){}"\\]|\\.)+')
+# A pg_node_tree's tokens as PostgreSQL's own reader (pg_strtok) splits them: a brace or
+# parenthesis, or a run of other characters where a backslash escapes the next one. A double
+# quote is no delimiter: only a string's first character is escaped, so a name such as a"
+# prints as `a"` (a field) or `"a""` (in a list) and must not open a string.
+_TOKEN = re.compile(r'[{}()]|(?:[^\s{}()\\]|\\.)+')
+_BRACKETS = frozenset("{}()")
+# Comparisons (and min/max) of arrays and rows: they find their elements' comparison only when a
+# value needs it, so whether they fail depends on the values.
+_POLYMORPHIC = re.compile(r"\((?:anyarray|record)\b")
 
 # Each protected root with every relation it reads at query time: inheritance children, what a
 # (plain) view's rule reads and what a row-level security policy reads. A materialized view is
@@ -136,36 +160,54 @@ WHERE f.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])
 """
 
 
+# The function of each operator a sort, DISTINCT, GROUP BY or UNION uses.
+_OPERATOR_FUNCTIONS = """
+SELECT o.oid, o.oprcode::pg_catalog.oid FROM pg_catalog.pg_operator o
+WHERE o.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])
+"""
+
+
 class _Fetches(Protocol):
     async def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
 
 
 @dataclass(frozen=True)
 class _Scan:
-    """What one stored parse tree computes: the functions it calls (by OID) and the nodes that can fail."""
+    """What one stored parse tree computes: the functions it calls and the operators it sorts or
+    groups with (by OID), and the nodes that can fail."""
 
     functions: frozenset[int]
+    operators: frozenset[int]
     nodes: tuple[str, ...]
 
 
 def _scan(tree: str) -> _Scan:
-    """The function OIDs a pg_node_tree's text calls, and a description of each node in it that can
-    fail whatever it calls (an unknown kind of node, a scalar subquery, a cast from text ...)."""
+    """The function and operator OIDs a pg_node_tree's text calls, and a description of each node
+    in it that can fail whatever it calls (an unknown kind of node, a scalar subquery, a cast from
+    text ...)."""
     functions: set[int] = set()
+    operators: set[int] = set()
     failing: list[str] = []
     stack: list[tuple[str, dict[str, str]]] = []
     tokens = _TOKEN.findall(tree)
-    for index, token in enumerate(tokens):
-        if token.startswith("{"):
-            stack.append((token[1:], {}))
+    index = 0
+    while index < len(tokens):
+        token = tokens[index]
+        index += 1
+        if token == "{" and index < len(tokens):
+            stack.append((tokens[index], {}))
+            index += 1
         elif token == "}" and stack:
-            failing += _node_failure(*stack.pop(), functions)
-        elif token.startswith(":") and stack and index + 1 < len(tokens):
-            stack[-1][1][token[1:]] = tokens[index + 1]
-    return _Scan(frozenset(functions), tuple(dict.fromkeys(failing)))
+            failing += _node_failure(*stack.pop(), functions, operators)
+        elif token.startswith(":") and stack and index < len(tokens) and tokens[index] not in _BRACKETS:
+            stack[-1][1][token[1:]] = tokens[index]  # a scalar value: never read as a field name itself
+            index += 1
+        elif token.startswith(":") and stack:
+            stack[-1][1][token[1:]] = ""  # a node or a list follows
+    return _Scan(frozenset(functions), frozenset(operators), tuple(dict.fromkeys(failing)))
 
 
-def _node_failure(tag: str, fields: Mapping[str, str], functions: set[int]) -> Iterator[str]:
+def _node_failure(tag: str, fields: Mapping[str, str], functions: set[int], operators: set[int]) -> Iterator[str]:
     if tag in _CALLS:
         oid = fields.get(_CALLS[tag], "0")
         if oid.isdigit() and int(oid) != 0:
@@ -181,6 +223,20 @@ def _node_failure(tag: str, fields: Mapping[str, str], functions: set[int]) -> I
     elif tag == "ARRAYEXPR":
         if fields.get("multidims") != "false":
             yield "a multidimensional ARRAY[...] (it fails when the rows' arrays differ in size)"
+    elif tag == "COMMONTABLEEXPR":
+        if fields.get("cterecursive") != "false":
+            yield "a recursive WITH (it runs as long as the rows' chains are, and forever on a cycle)"
+    elif tag == "MINMAXEXPR":
+        if fields.get("minmaxtype") in _RECORD_TYPES or not fields.get("minmaxtype", "").isdigit():
+            yield "GREATEST/LEAST of anonymous rows (their fields' comparison is found only when two rows need it)"
+    elif tag in _OPTIONAL_CALLS or tag in _OPTIONAL_OPERATORS:
+        for field, into in [(f, functions) for f in _OPTIONAL_CALLS.get(tag, ())] + \
+                [(f, operators) for f in _OPTIONAL_OPERATORS.get(tag, ())]:
+            oid = fields.get(field, "")
+            if not oid.isdigit():
+                yield f"{tag.lower()} with a {field} dpproxy cannot read"
+            elif int(oid) != 0:
+                into.add(int(oid))
     elif tag not in _STRUCTURAL:
         yield f"{tag.lower()} (dpproxy cannot show that it never fails on a row)"
 
@@ -193,15 +249,20 @@ async def _findings(session: _Fetches, relations: Mapping[int, Relation]) -> dic
         return {}
     trees = await session.fetch_all(_READS, (protected,))
     scans = [(int(root), where, _scan(text or "")) for root, where, text in trees]
-    called = sorted({oid for _, _, scan in scans for oid in scan.functions})
+    operators = sorted({oid for _, _, scan in scans for oid in scan.operators})
+    code = {int(oid): int(function) for oid, function in await session.fetch_all(_OPERATOR_FUNCTIONS, (operators,))
+            } if operators else {}
+    calls = [(root, where, scan, scan.functions | {code.get(oid, 0) for oid in scan.operators}) for root, where, scan in scans]
+    called = sorted({oid for _, _, _, functions in calls for oid in functions})
     known = {int(oid): (str(name), bool(comparison), bool(min_max))
              for oid, name, comparison, min_max in await session.fetch_all(_FUNCTIONS, (called,))} if called else {}
     found: dict[int, list[str]] = {}
-    for root, where, scan in scans:
+    for root, where, scan, functions in calls:
         problems = [f"{where} computes {node}" for node in scan.nodes]
-        for oid in sorted(scan.functions):
+        for oid in sorted(functions):
             name, comparison, min_max = known.get(oid, (f"function {oid}", False, False))
-            if not (comparison or min_max or name in TOTAL_FUNCTIONS or name in TOTAL_AGGREGATES):
+            if _POLYMORPHIC.search(name) or not (comparison or min_max or name in TOTAL_FUNCTIONS
+                                                 or name in TOTAL_AGGREGATES):
                 problems.append(f"{where} calls {name}")
         if problems:
             found.setdefault(root, []).extend(problems)
