@@ -15,7 +15,8 @@ until a reload. The check reads PostgreSQL's own stored parse trees (``pg_rewrit
 ``pg_policy.polqual``: the planner's input, not the view's text) of every view and policy the
 relation reads through, transitively (a view of a view, an inheritance child's policies); a
 materialized view's expressions ran when it was refreshed, not when it is read. Every node must
-be one that cannot raise, and every function one of:
+be one that cannot raise, and every function a built-in one (initdb's: a user's ``abs(numeric)``
+in a schema of its own, or an operator a user declares the negator of ``=``, is not) and one of:
 
 * a comparison of a built-in btree operator family (=, <, <=, >, >=) or its negator (<>): such
   comparisons define a total order and never fail on a value of their types. Not the polymorphic
@@ -30,8 +31,8 @@ be one that cannot raise, and every function one of:
   GROUP BY id`` is how a policy protects people with several rows), ``min``/``max`` of any type
   but an array.
 
-Anything else (arithmetic, which overflows; casts from text; functions outside ``pg_catalog``,
-whose bodies dpproxy cannot read; a recursive ``WITH``, which runs as long as the rows' chains are
+Anything else (arithmetic, which overflows; casts from text; functions not built in, whose
+bodies dpproxy cannot read; a recursive ``WITH``, which runs as long as the rows' chains are
 and forever on a cycle) is a problem, with the fix: compute the column into a table or
 a materialized view (which fails at refresh, before any analyst asks), or leave it out.
 """
@@ -143,17 +144,22 @@ JOIN pg_catalog.pg_policy p ON p.polrelid OPERATOR(pg_catalog.=) c.oid
 ORDER BY 1, 2
 """
 
-# For each function: its signature, whether it is a built-in btree comparison (or the negator
-# of one), and whether it is a built-in min/max aggregate.
+# For each function: its signature (schema-qualified unless built in), whether it is built in
+# (an OID below FirstNormalObjectId: initdb's, not an extension's or a user's, whatever its schema
+# or name), whether it is a built-in btree comparison (or the negator of one; the operator built
+# in too, as a user's operator may name any function and any negator), and whether it is a
+# built-in min/max aggregate.
 _FUNCTIONS = """
-SELECT f.oid, f.proname::pg_catalog.text OPERATOR(pg_catalog.||) '(' OPERATOR(pg_catalog.||)
-       pg_catalog.pg_get_function_identity_arguments(f.oid) OPERATOR(pg_catalog.||) ')',
-       n.nspname OPERATOR(pg_catalog.=) 'pg_catalog' AND EXISTS (
+SELECT f.oid, CASE WHEN f.oid OPERATOR(pg_catalog.<) 16384 THEN '' ELSE pg_catalog.quote_ident(n.nspname)
+       OPERATOR(pg_catalog.||) '.' END OPERATOR(pg_catalog.||) f.proname::pg_catalog.text OPERATOR(pg_catalog.||) '('
+       OPERATOR(pg_catalog.||) pg_catalog.pg_get_function_identity_arguments(f.oid) OPERATOR(pg_catalog.||) ')',
+       f.oid OPERATOR(pg_catalog.<) 16384,
+       f.oid OPERATOR(pg_catalog.<) 16384 AND EXISTS (
            SELECT FROM pg_catalog.pg_operator o
            JOIN pg_catalog.pg_amop a ON a.amopopr OPERATOR(pg_catalog.=) ANY(ARRAY[o.oid, o.oprnegate])
            JOIN pg_catalog.pg_am m ON m.oid OPERATOR(pg_catalog.=) a.amopmethod AND m.amname OPERATOR(pg_catalog.=) 'btree'
-           WHERE o.oprcode OPERATOR(pg_catalog.=) f.oid),
-       n.nspname OPERATOR(pg_catalog.=) 'pg_catalog' AND f.prokind OPERATOR(pg_catalog.=) 'a'
+           WHERE o.oprcode OPERATOR(pg_catalog.=) f.oid AND o.oid OPERATOR(pg_catalog.<) 16384),
+       f.oid OPERATOR(pg_catalog.<) 16384 AND f.prokind OPERATOR(pg_catalog.=) 'a'
            AND f.proname OPERATOR(pg_catalog.=) ANY('{min,max}'::pg_catalog.name[])
 FROM pg_catalog.pg_proc f JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) f.pronamespace
 WHERE f.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])
@@ -254,15 +260,16 @@ async def _findings(session: _Fetches, relations: Mapping[int, Relation]) -> dic
             } if operators else {}
     calls = [(root, where, scan, scan.functions | {code.get(oid, 0) for oid in scan.operators}) for root, where, scan in scans]
     called = sorted({oid for _, _, _, functions in calls for oid in functions})
-    known = {int(oid): (str(name), bool(comparison), bool(min_max))
-             for oid, name, comparison, min_max in await session.fetch_all(_FUNCTIONS, (called,))} if called else {}
+    known = {int(oid): (str(name), bool(builtin), bool(comparison), bool(min_max))
+             for oid, name, builtin, comparison, min_max in await session.fetch_all(_FUNCTIONS, (called,))
+             } if called else {}
     found: dict[int, list[str]] = {}
     for root, where, scan, functions in calls:
         problems = [f"{where} computes {node}" for node in scan.nodes]
         for oid in sorted(functions):
-            name, comparison, min_max = known.get(oid, (f"function {oid}", False, False))
-            if _POLYMORPHIC.search(name) or not (comparison or min_max or name in TOTAL_FUNCTIONS
-                                                 or name in TOTAL_AGGREGATES):
+            name, builtin, comparison, min_max = known.get(oid, (f"function {oid}", False, False, False))
+            total = comparison or min_max or name in TOTAL_FUNCTIONS or name in TOTAL_AGGREGATES
+            if not builtin or _POLYMORPHIC.search(name) or not total:
                 problems.append(f"{where} calls {name}")
         if problems:
             found.setdefault(root, []).extend(problems)
