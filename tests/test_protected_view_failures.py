@@ -152,7 +152,8 @@ def test_a_view_redefined_to_fail_on_a_row_is_refused_before_the_charge_until_it
 # statement adds that row): a row-valued <> of (k, point) pairs with equal k, GREATEST of such
 # anonymous rows, a point[] = of equal
 # size, max of point[] over two rows, a DISTINCT of (k, point) rows with a repeated k, a RANGE
-# window reaching past the last timestamp, a recursive WITH over a cycle, a function of a user's
+# window reaching past the last timestamp, a recursive WITH over a cycle, SUM and round of a
+# numeric of 131072 nines (past the numeric format), a function of a user's
 # named as a built-in one, LIKE through an operator a user declared the negator of =, and a
 # division hidden behind two column names holding a double quote.
 _NEIGHBOURS = {
@@ -187,6 +188,13 @@ _NEIGHBOURS = {
     "own-negator": (("CREATE SCHEMA rf_own", "CREATE OPERATOR rf_own.@@@ (function = pg_catalog.textlike, leftarg = text, "
                      "rightarg = text, negator = OPERATOR(pg_catalog.=))", "UPDATE rf_base SET note = '\\' WHERE id = 7"),
                     "SELECT id FROM rf_base WHERE 'x' LIKE note", "textlike(text, text)"),
+    "numeric-sum": (("ALTER TABLE rf_base ADD amount numeric", "UPDATE rf_base SET amount = repeat('9', 131072)::numeric",
+                     "UPDATE rf_base SET hours = 4 WHERE id = 7"),
+                    "SELECT hours AS id, sum(amount) AS total FROM rf_base WHERE id IN (3, 7) GROUP BY hours",
+                    "sum(numeric)"),
+    "numeric-round": (("ALTER TABLE rf_base ADD amount numeric", "UPDATE rf_base SET amount = id + 0.5",
+                       "UPDATE rf_base SET amount = repeat('9', 131072)::numeric + 0.5 WHERE id = 7"),
+                      "SELECT id, round(amount) AS r FROM rf_base", "round(numeric)"),
     "quoted-names": (("UPDATE rf_base SET hours = 1", "UPDATE rf_base SET hours = 0 WHERE id = 7"),
                      'SELECT id, income AS "a""", income / hours AS "b""" FROM rf_base', "int4div(integer, integer)"),
 }
