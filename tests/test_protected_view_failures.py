@@ -215,3 +215,18 @@ def test_a_view_that_passed_the_check_and_failed_on_one_neighbours_row_is_refuse
             admin.execute(every_column).fetchone()
     assert len(problems) == 1 and problems[0].startswith("tables.public.rf_view: view rf_view "), problems
     assert named in problems[0], problems
+
+
+def test_a_protected_view_of_a_foreign_table_is_refused_as_its_server_computes_the_rows(
+    test_db: TestDatabase, tmp_path: Path
+) -> None:
+    """A foreign table's rows are computed where dpproxy cannot look: file_fdw fails on a
+    malformed line, postgres_fdw on a remote view's division, each on one row."""
+    remote = ("CREATE FOREIGN DATA WRAPPER rf_wrapper", "CREATE SERVER rf_elsewhere FOREIGN DATA WRAPPER rf_wrapper",
+              "CREATE FOREIGN TABLE rf_remote (id integer) SERVER rf_elsewhere")
+    with _base(test_db, "SELECT id FROM rf_remote UNION ALL SELECT id FROM rf_base", *remote) as admin:
+        try:
+            (problem,) = refused_at_load(make_policy(test_db, tmp_path / "ledger.sqlite3", _POLICY))
+        finally:
+            admin.execute("DROP FOREIGN DATA WRAPPER rf_wrapper CASCADE")
+    assert "foreign table rf_remote computes its rows on its server" in problem, problem

@@ -110,7 +110,7 @@ _POLYMORPHIC = re.compile(r"\((?:anyarray|record)\b")
 
 # Each protected root with every relation it reads at query time: inheritance children, what a
 # (plain) view's rule reads and what a row-level security policy reads. A materialized view is
-# read as stored.
+# read as stored; a foreign table (tree NULL) is computed by its server, out of dpproxy's sight.
 _READS = """
 WITH RECURSIVE edges(parent, child) AS (
     SELECT i.inhparent, i.inhrelid FROM pg_catalog.pg_inherits i
@@ -142,6 +142,9 @@ SELECT reads.root, 'row-level security policy ' OPERATOR(pg_catalog.||) pg_catal
 FROM reads JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) reads.rel AND c.relrowsecurity
 JOIN pg_catalog.pg_policy p ON p.polrelid OPERATOR(pg_catalog.=) c.oid
  AND p.polcmd OPERATOR(pg_catalog.=) ANY('{r,*}'::pg_catalog."char"[]) AND p.polqual IS NOT NULL
+UNION ALL
+SELECT reads.root, 'foreign table ' OPERATOR(pg_catalog.||) c.oid::pg_catalog.regclass::pg_catalog.text, NULL
+FROM reads JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) reads.rel AND c.relkind OPERATOR(pg_catalog.=) 'f'
 ORDER BY 1, 2
 """
 
@@ -186,6 +189,11 @@ class _Scan:
     functions: frozenset[int]
     operators: frozenset[int]
     nodes: tuple[str, ...]
+
+
+# A foreign table's rows: a file's malformed line, a remote view's division fail on a row.
+_FOREIGN = _Scan(frozenset(), frozenset(), ("its rows on its server (a remote view's division, a file's malformed line), "
+                                            "out of dpproxy's sight",))
 
 
 def _scan(tree: str) -> _Scan:
@@ -255,7 +263,7 @@ async def _findings(session: _Fetches, relations: Mapping[int, Relation]) -> dic
     if not protected:
         return {}
     trees = await session.fetch_all(_READS, (protected,))
-    scans = [(int(root), where, _scan(text or "")) for root, where, text in trees]
+    scans = [(int(root), where, _FOREIGN if text is None else _scan(text)) for root, where, text in trees]
     operators = sorted({oid for _, _, scan in scans for oid in scan.operators})
     code = {int(oid): int(function) for oid, function in await session.fetch_all(_OPERATOR_FUNCTIONS, (operators,))
             } if operators else {}
