@@ -14,7 +14,8 @@ redefined since (``CREATE OR REPLACE VIEW``) and its statements are refused befo
 until a reload. The check reads PostgreSQL's own stored parse trees (``pg_rewrite.ev_action``,
 ``pg_policy.polqual``: the planner's input, not the view's text) of every view and policy the
 relation reads through, transitively (a view of a view, an inheritance child's policies); a
-materialized view's expressions ran when it was refreshed, not when it is read. Every node must
+materialized view's expressions ran when it was refreshed, not when it is read, and a foreign
+table's rows are computed by its server, out of sight (refused). Every node must
 be one that cannot raise, and every function a built-in one (initdb's: a user's ``abs(numeric)``
 in a schema of its own, or an operator a user declares the negator of ``=``, is not) and one of:
 
