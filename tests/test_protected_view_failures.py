@@ -61,7 +61,10 @@ def _base(test_db: TestDatabase, view: str = _TOTAL, *setup: str) -> Iterator[ps
      "a scalar subquery"),
     ("SELECT id FROM rf_base WHERE 100 / hours > 1", "int4div(integer, integer)"),
     ("SELECT id, rf_half(hours) AS h FROM rf_base", "rf_half(integer)"),  # a body dpproxy cannot read
-], ids=["division", "addition", "abs", "text-cast", "like", "scalar-subquery", "where", "user-function"])
+    # Names the stored tree prints unquoted or escaped: a field's name, braces, a backslash, a quote.
+    ('WITH ":opfuncid" AS (SELECT id AS "}{", hours FROM rf_base) SELECT "}{" AS id, hours AS "a\\", 1 / hours AS """x"'
+     ' FROM ":opfuncid"', "int4div(integer, integer)"),
+], ids=["division", "addition", "abs", "text-cast", "like", "scalar-subquery", "where", "user-function", "odd-names"])
 def test_a_protected_view_computing_what_can_fail_on_a_row_is_refused_at_load(
     test_db: TestDatabase, tmp_path: Path, view: str, named: str
 ) -> None:
