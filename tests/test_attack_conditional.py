@@ -240,3 +240,14 @@ def test_a_wrapper_that_renames_columns_is_filtered_by_what_the_names_denote(con
     with cond_proxy.connect(autocommit=True) as conn:
         (answered,) = conn.execute(sql).fetchone() or (0,)
     assert exact == 20 and abs(answered - exact) < 40
+
+
+def test_a_repeat_is_printed_with_the_fraction_digits_its_own_constants_give(cond_proxy: RunningProxy) -> None:
+    """Found: the repeat key left the scale out, so ``THEN 1.00 ELSE 0`` after ``THEN 1 ELSE 0.0``
+    (the same count) was sent as the first one's text, one fraction digit where PostgreSQL prints two."""
+    with cond_proxy.connect(autocommit=True) as conn:
+        conn.execute("SELECT SUM(CASE WHEN i > 44 THEN 1 ELSE 0.0 END) FROM cn0").fetchall()
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT SUM(CASE WHEN i > 44 THEN 1.00 ELSE 0 END)::text FROM cn0")
+            (text,) = cursor.fetchone() or ("",)
+    assert len(text.partition(".")[2]) == 2, text

@@ -47,6 +47,8 @@ def _base(test_db: TestDatabase, view: str = _TOTAL, *setup: str) -> Iterator[ps
         finally:
             admin.execute("DROP TABLE IF EXISTS rf_base CASCADE")
             admin.execute("DROP FUNCTION IF EXISTS rf_half(integer)")
+            admin.execute("DROP TYPE IF EXISTS rf_pair")
+            admin.execute("DROP SCHEMA IF EXISTS rf_own CASCADE")
 
 
 @pytest.mark.parametrize(("view", "named"), [
@@ -59,7 +61,10 @@ def _base(test_db: TestDatabase, view: str = _TOTAL, *setup: str) -> Iterator[ps
      "a scalar subquery"),
     ("SELECT id FROM rf_base WHERE 100 / hours > 1", "int4div(integer, integer)"),
     ("SELECT id, rf_half(hours) AS h FROM rf_base", "rf_half(integer)"),  # a body dpproxy cannot read
-], ids=["division", "addition", "abs", "text-cast", "like", "scalar-subquery", "where", "user-function"])
+    # Names the stored tree prints unquoted or escaped: a field's name, braces, a backslash, a quote.
+    ('WITH ":opfuncid" AS (SELECT id AS "}{", hours FROM rf_base) SELECT "}{" AS id, hours AS "a\\", 1 / hours AS """x"'
+     ' FROM ":opfuncid"', "int4div(integer, integer)"),
+], ids=["division", "addition", "abs", "text-cast", "like", "scalar-subquery", "where", "user-function", "odd-names"])
 def test_a_protected_view_computing_what_can_fail_on_a_row_is_refused_at_load(
     test_db: TestDatabase, tmp_path: Path, view: str, named: str
 ) -> None:
@@ -93,7 +98,9 @@ def test_a_view_of_a_failing_view_and_a_failing_row_level_security_policy_are_re
     "WHERE id IN (1, 2, 3, 7) AND note <> 'x' AND hours IS NOT NULL "
     "AND EXISTS (SELECT 1 FROM rf_base b WHERE b.id = rf_base.id)",
     "SELECT hours AS id, COUNT(*) AS rows, SUM(income) AS income, MAX(note) AS last FROM rf_base GROUP BY hours",
-], ids=["rename", "comparisons-and-widening-casts", "per-person-aggregates"])
+    "WITH c AS (SELECT DISTINCT id, hours, note FROM rf_base ORDER BY note) SELECT id, count(*) OVER "
+    "(ORDER BY hours RANGE BETWEEN 1 PRECEDING AND CURRENT ROW) AS near FROM c UNION SELECT 0, 0",
+], ids=["rename", "comparisons-and-widening-casts", "per-person-aggregates", "sorts-and-integer-windows"])
 def test_a_protected_view_of_total_expressions_is_answered(
     test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, view: str
 ) -> None:
@@ -142,3 +149,87 @@ def test_a_view_redefined_to_fail_on_a_row_is_refused_before_the_charge_until_it
         time.sleep(1.0)
         assert conn.execute("SELECT SUM(hourly) FROM rf_view WHERE id > 7").fetchone() is not None
         assert _remaining(proxy) == before - 1
+
+
+# Each passed the check before and failed on a row its neighbouring table lacks (the setup's last
+# statement adds that row): a row-valued <> of (k, point) pairs with equal k, GREATEST of such
+# anonymous rows, a point[] = of equal
+# size, max of point[] over two rows, a DISTINCT of (k, point) rows with a repeated k, a RANGE
+# window reaching past the last timestamp, a recursive WITH over a cycle, SUM and round of a
+# numeric of 131072 nines (past the numeric format), a function of a user's
+# named as a built-in one, LIKE through an operator a user declared the negator of =, and a
+# division hidden behind two column names holding a double quote.
+_NEIGHBOURS = {
+    "row-comparison": (("CREATE TYPE rf_pair AS (k int, p point)", "ALTER TABLE rf_base ADD a rf_pair, ADD b rf_pair",
+                        "UPDATE rf_base SET a = ROW(1, point(0, 0)), b = ROW(2, point(0, 0))",
+                        "UPDATE rf_base SET b = ROW(1, point(1, 1)) WHERE id = 7"),
+                       "SELECT id FROM rf_base WHERE a <> b", "record_ne(record, record)"),
+    "greatest-of-rows": (("ALTER TABLE rf_base ADD p point", "UPDATE rf_base SET p = point(0, 0), hours = 1",
+                          "UPDATE rf_base SET hours = 2 WHERE id = 7"),
+                         "SELECT id FROM rf_base WHERE GREATEST(ROW(hours, p), ROW(2, p)) IS NOT NULL", "GREATEST/LEAST"),
+    "array-comparison": (("ALTER TABLE rf_base ADD a point[], ADD b point[]",
+                          "UPDATE rf_base SET a = ARRAY[point(0, 0)], b = ARRAY[point(0, 0), point(1, 1)]",
+                          "UPDATE rf_base SET b = ARRAY[point(1, 1)] WHERE id = 7"),
+                         "SELECT id FROM rf_base WHERE a = b", "array_eq(anyarray, anyarray)"),
+    "array-max": (("ALTER TABLE rf_base ADD a point[]", "UPDATE rf_base SET a = ARRAY[point(0, 0)] WHERE id = 7",
+                   "UPDATE rf_base SET a = ARRAY[point(1, 0)], hours = 0 WHERE id = 8"),
+                  "SELECT hours AS id, max(a) AS a FROM rf_base GROUP BY hours", "max(anyarray)"),
+    "distinct-rows": (("ALTER TABLE rf_base ADD p point", "UPDATE rf_base SET p = point(0, 0)",
+                       "UPDATE rf_base SET id = 8 WHERE id = 7"),
+                      "SELECT count(*) AS id FROM (SELECT DISTINCT ROW(id, p) FROM rf_base) s", "record_eq(record, record)"),
+    "range-window": (("ALTER TABLE rf_base ADD at timestamp", "UPDATE rf_base SET at = '2020-01-01'::timestamp + id * interval '1 day'",
+                      "UPDATE rf_base SET at = '294276-12-30' WHERE id = 7"),
+                     "SELECT id, count(*) OVER (ORDER BY at RANGE BETWEEN '7 days' PRECEDING AND '7 days' FOLLOWING) AS near "
+                     "FROM rf_base", "in_range(timestamp without time zone, timestamp without time zone, interval"),
+    "recursive-with": (("ALTER TABLE rf_base ADD boss int", "UPDATE rf_base SET boss = id - 1",
+                        "UPDATE rf_base SET boss = 7 WHERE id = 1"),
+                       "WITH RECURSIVE up(id, boss) AS (SELECT id, boss FROM rf_base UNION ALL SELECT up.id, b.boss FROM up "
+                       "JOIN rf_base b ON b.id = up.boss) SELECT id, count(*) AS depth FROM up GROUP BY id", "a recursive WITH"),
+    "own-abs": (("CREATE SCHEMA rf_own", "CREATE FUNCTION rf_own.abs(integer) RETURNS integer LANGUAGE sql "
+                 "IMMUTABLE AS 'SELECT 10 / $1'", "UPDATE rf_base SET hours = 1", "UPDATE rf_base SET hours = 0 WHERE id = 7"),
+                "SELECT id, rf_own.abs(hours) AS h FROM rf_base", "rf_own.abs(integer)"),
+    "own-negator": (("CREATE SCHEMA rf_own", "CREATE OPERATOR rf_own.@@@ (function = pg_catalog.textlike, leftarg = text, "
+                     "rightarg = text, negator = OPERATOR(pg_catalog.=))", "UPDATE rf_base SET note = '\\' WHERE id = 7"),
+                    "SELECT id FROM rf_base WHERE 'x' LIKE note", "textlike(text, text)"),
+    "numeric-sum": (("ALTER TABLE rf_base ADD amount numeric", "UPDATE rf_base SET amount = repeat('9', 131072)::numeric",
+                     "UPDATE rf_base SET hours = 4 WHERE id = 7"),
+                    "SELECT hours AS id, sum(amount) AS total FROM rf_base WHERE id IN (3, 7) GROUP BY hours",
+                    "sum(numeric)"),
+    "numeric-round": (("ALTER TABLE rf_base ADD amount numeric", "UPDATE rf_base SET amount = id + 0.5",
+                       "UPDATE rf_base SET amount = repeat('9', 131072)::numeric + 0.5 WHERE id = 7"),
+                      "SELECT id, round(amount) AS r FROM rf_base", "round(numeric)"),
+    "quoted-names": (("UPDATE rf_base SET hours = 1", "UPDATE rf_base SET hours = 0 WHERE id = 7"),
+                     'SELECT id, income AS "a""", income / hours AS "b""" FROM rf_base', "int4div(integer, integer)"),
+}
+
+
+@pytest.mark.parametrize("case", list(_NEIGHBOURS))
+def test_a_view_that_passed_the_check_and_failed_on_one_neighbours_row_is_refused(
+    test_db: TestDatabase, tmp_path: Path, case: str
+) -> None:
+    (*setup, failing_row), view, named = _NEIGHBOURS[case]
+    with _base(test_db, view, *setup) as admin:
+        admin.execute("SET statement_timeout = '2s'")
+        every_column = "SELECT count(*), sum(hashtext(rf_view::text)) FROM rf_view"
+        admin.execute(every_column).fetchone()  # the table without the row: answered
+        problems = refused_at_load(make_policy(test_db, tmp_path / "ledger.sqlite3", _POLICY))
+        admin.execute(failing_row)
+        with pytest.raises(psycopg.errors.DatabaseError):  # its neighbour with the row: fails
+            admin.execute(every_column).fetchone()
+    assert len(problems) == 1 and problems[0].startswith("tables.public.rf_view: view rf_view "), problems
+    assert named in problems[0], problems
+
+
+def test_a_protected_view_of_a_foreign_table_is_refused_as_its_server_computes_the_rows(
+    test_db: TestDatabase, tmp_path: Path
+) -> None:
+    """A foreign table's rows are computed where dpproxy cannot look: file_fdw fails on a
+    malformed line, postgres_fdw on a remote view's division, each on one row."""
+    remote = ("CREATE FOREIGN DATA WRAPPER rf_wrapper", "CREATE SERVER rf_elsewhere FOREIGN DATA WRAPPER rf_wrapper",
+              "CREATE FOREIGN TABLE rf_remote (id integer) SERVER rf_elsewhere")
+    with _base(test_db, "SELECT id FROM rf_remote UNION ALL SELECT id FROM rf_base", *remote) as admin:
+        try:
+            (problem,) = refused_at_load(make_policy(test_db, tmp_path / "ledger.sqlite3", _POLICY))
+        finally:
+            admin.execute("DROP FOREIGN DATA WRAPPER rf_wrapper CASCADE")
+    assert "foreign table rf_remote computes its rows on its server" in problem, problem

@@ -14,17 +14,27 @@ redefined since (``CREATE OR REPLACE VIEW``) and its statements are refused befo
 until a reload. The check reads PostgreSQL's own stored parse trees (``pg_rewrite.ev_action``,
 ``pg_policy.polqual``: the planner's input, not the view's text) of every view and policy the
 relation reads through, transitively (a view of a view, an inheritance child's policies); a
-materialized view's expressions ran when it was refreshed, not when it is read. Every node must
-be one that cannot raise, and every function one of:
+materialized view's expressions ran when it was refreshed, not when it is read, and a foreign
+table's rows are computed by its server, out of sight (refused). Every node must
+be one that cannot raise, and every function a built-in one (initdb's: a user's ``abs(numeric)``
+in a schema of its own, or an operator a user declares the negator of ``=``, is not) and one of:
 
 * a comparison of a built-in btree operator family (=, <, <=, >, >=) or its negator (<>): such
-  comparisons define a total order and never fail on a value of their types;
+  comparisons define a total order and never fail on a value of their types. Not the polymorphic
+  ones of arrays and rows (``anyarray``, ``record``): they look up their elements' comparison only
+  when the values come to need it, so ``a <> b`` of two ``(k int, p point)`` values fails exactly
+  when their ``k`` are equal, and ``a = b`` of two ``point[]`` when their sizes are. The same holds
+  of the operators a sort, ``DISTINCT``, ``GROUP BY`` or ``UNION`` use (``SortGroupClause``), and
+  of a window's ``RANGE`` offset (its ``in_range`` function adds the offset to a row's value, and
+  ``timestamp + '7 days'`` overflows);
 * a function in ``TOTAL_FUNCTIONS`` below, each total on every value of its argument types;
 * an aggregate in ``TOTAL_AGGREGATES`` (a per-person view such as ``SELECT id, COUNT(*) ...
-  GROUP BY id`` is how a policy protects people with several rows), ``min``/``max`` of any type.
+  GROUP BY id`` is how a policy protects people with several rows), ``min``/``max`` of any type
+  but an array.
 
-Anything else (arithmetic, which overflows; casts from text; functions outside ``pg_catalog``,
-whose bodies dpproxy cannot read) is a problem, with the fix: compute the column into a table or
+Anything else (arithmetic, which overflows; casts from text; functions not built in, whose
+bodies dpproxy cannot read; a recursive ``WITH``, which runs as long as the rows' chains are
+and forever on a cycle) is a problem, with the fix: compute the column into a table or
 a materialized view (which fails at refresh, before any analyst asks), or leave it out.
 """
 
@@ -42,15 +52,20 @@ __all__ = ["TOTAL_FUNCTIONS", "TOTAL_AGGREGATES", "failing_protected", "fallible
 _STRUCTURAL = frozenset({
     "QUERY", "RANGETBLENTRY", "RTEPERMISSIONINFO", "ALIAS", "FROMEXPR", "JOINEXPR", "RANGETBLREF", "TARGETENTRY",
     "VAR", "CONST", "PARAM", "RELABELTYPE", "BOOLEXPR", "NULLTEST", "BOOLEANTEST", "CASEEXPR", "CASEWHEN",
-    "CASETESTEXPR", "COALESCEEXPR", "ROWEXPR", "SORTGROUPCLAUSE", "SETOPERATIONSTMT", "COMMONTABLEEXPR",
-    "WINDOWCLAUSE", "FIELDSELECT", "SQLVALUEFUNCTION", "RANGETBLFUNCTION", "GROUPINGSET", "GROUPINGFUNC",
-    "NAMEDARGEXPR", "COLLATEEXPR", "CONVERTROWTYPEEXPR", "ARRAYCOERCEEXPR",
-    # GREATEST/LEAST compare with the type's btree comparison, which is total.
-    "MINMAXEXPR",
+    "CASETESTEXPR", "COALESCEEXPR", "ROWEXPR", "SETOPERATIONSTMT", "FIELDSELECT", "SQLVALUEFUNCTION",
+    "RANGETBLFUNCTION", "GROUPINGSET", "GROUPINGFUNC", "NAMEDARGEXPR", "COLLATEEXPR", "CONVERTROWTYPEEXPR",
+    "ARRAYCOERCEEXPR",
 })
+# GREATEST/LEAST compare with their type's btree comparison, total but for an anonymous row's
+# (record, record[]): PostgreSQL checks its fields' comparisons only when two rows need them.
+_RECORD_TYPES = frozenset({"2249", "2287"})
 # Nodes that call a function: the field that names it.
 _CALLS = {"OPEXPR": "opfuncid", "DISTINCTEXPR": "opfuncid", "NULLIFEXPR": "opfuncid",
           "SCALARARRAYOPEXPR": "opfuncid", "FUNCEXPR": "funcid", "AGGREF": "aggfnoid", "WINDOWFUNC": "winfnoid"}
+# Nodes that may call a function or an operator (a sort's, a window RANGE offset's) besides what
+# their children call: the fields that name them, 0 when none.
+_OPTIONAL_CALLS = {"WINDOWCLAUSE": ("startInRangeFunc", "endInRangeFunc")}
+_OPTIONAL_OPERATORS = {"SORTGROUPCLAUSE": ("eqop", "sortop")}
 # EXISTS, ALL and ANY subqueries: a scalar subquery (EXPR) fails when it finds two rows.
 _TOTAL_SUBLINKS = frozenset({"0", "1", "2"})
 # A conversion through text output is total when its result is text; from text, an input function is not.
@@ -67,24 +82,36 @@ TOTAL_FUNCTIONS = frozenset({
     # Text functions that read any text.
     "lower(text)", "upper(text)", "length(text)", "char_length(text)", "octet_length(text)",
     "btrim(text)", "ltrim(text)", "rtrim(text)",
-    # Magnitudes and rounding that cannot leave their type (abs(integer) can: abs of its minimum).
-    "abs(numeric)", "abs(double precision)", "abs(real)", "floor(numeric)", "ceil(numeric)",
-    "floor(double precision)", "ceil(double precision)", "round(numeric)", "round(double precision)",
+    # Magnitudes and rounding that cannot leave their type (abs(integer) can: abs of its minimum;
+    # round, ceil and floor of a numeric can: of 131072 nines and .5, one digit past its maximum).
+    "abs(numeric)", "abs(double precision)", "abs(real)",
+    "floor(double precision)", "ceil(double precision)", "round(double precision)",
     "numeric_uminus(numeric)", "float8um(double precision)", "float4um(real)",
     # Window functions of row positions.
     "row_number()", "rank()", "dense_rank()", "percent_rank()", "cume_dist()",
+    # A window's RANGE offset of an integer column: computed in a wider type, never out of range.
+    "in_range(smallint, smallint, smallint, boolean, boolean)", "in_range(integer, integer, integer, boolean, boolean)",
+    "in_range(bigint, bigint, bigint, boolean, boolean)",
 })
+# Not sum/avg of numeric: two values of 131072 nines overflow the numeric format.
 TOTAL_AGGREGATES = frozenset({
-    "count()", 'count("any")', "sum(smallint)", "sum(integer)", "sum(bigint)", "sum(numeric)",
-    "avg(smallint)", "avg(integer)", "avg(bigint)", "avg(numeric)", "bool_and(boolean)", "bool_or(boolean)",
-    "every(boolean)",
+    "count()", 'count("any")', "sum(smallint)", "sum(integer)", "sum(bigint)",
+    "avg(smallint)", "avg(integer)", "avg(bigint)", "bool_and(boolean)", "bool_or(boolean)", "every(boolean)",
 })
 
-_TOKEN = re.compile(r'\{[A-Z_]+|[}()]|:[A-Za-z_]+|"(?:[^"\\]|\\.)*"|(?:[^\s(){}"\\]|\\.)+')
+# A pg_node_tree's tokens as PostgreSQL's own reader (pg_strtok) splits them: a brace or
+# parenthesis, or a run of other characters where a backslash escapes the next one. A double
+# quote is no delimiter: only a string's first character is escaped, so a name such as a"
+# prints as `a"` (a field) or `"a""` (in a list) and must not open a string.
+_TOKEN = re.compile(r'[{}()]|(?:[^\s{}()\\]|\\.)+')
+_BRACKETS = frozenset("{}()")
+# Comparisons (and min/max) of arrays and rows: they find their elements' comparison only when a
+# value needs it, so whether they fail depends on the values.
+_POLYMORPHIC = re.compile(r"\((?:anyarray|record)\b")
 
 # Each protected root with every relation it reads at query time: inheritance children, what a
 # (plain) view's rule reads and what a row-level security policy reads. A materialized view is
-# read as stored.
+# read as stored; a foreign table (tree NULL) is computed by its server, out of dpproxy's sight.
 _READS = """
 WITH RECURSIVE edges(parent, child) AS (
     SELECT i.inhparent, i.inhrelid FROM pg_catalog.pg_inherits i
@@ -116,23 +143,38 @@ SELECT reads.root, 'row-level security policy ' OPERATOR(pg_catalog.||) pg_catal
 FROM reads JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) reads.rel AND c.relrowsecurity
 JOIN pg_catalog.pg_policy p ON p.polrelid OPERATOR(pg_catalog.=) c.oid
  AND p.polcmd OPERATOR(pg_catalog.=) ANY('{r,*}'::pg_catalog."char"[]) AND p.polqual IS NOT NULL
+UNION ALL
+SELECT reads.root, 'foreign table ' OPERATOR(pg_catalog.||) c.oid::pg_catalog.regclass::pg_catalog.text, NULL
+FROM reads JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) reads.rel AND c.relkind OPERATOR(pg_catalog.=) 'f'
 ORDER BY 1, 2
 """
 
-# For each function: its signature, whether it is a built-in btree comparison (or the negator
-# of one), and whether it is a built-in min/max aggregate.
+# For each function: its signature (schema-qualified unless built in), whether it is built in
+# (an OID below FirstNormalObjectId: initdb's, not an extension's or a user's, whatever its schema
+# or name), whether it is a built-in btree comparison (or the negator of one; the operator built
+# in too, as a user's operator may name any function and any negator), and whether it is a
+# built-in min/max aggregate.
 _FUNCTIONS = """
-SELECT f.oid, f.proname::pg_catalog.text OPERATOR(pg_catalog.||) '(' OPERATOR(pg_catalog.||)
-       pg_catalog.pg_get_function_identity_arguments(f.oid) OPERATOR(pg_catalog.||) ')',
-       n.nspname OPERATOR(pg_catalog.=) 'pg_catalog' AND EXISTS (
+SELECT f.oid, CASE WHEN f.oid OPERATOR(pg_catalog.<) 16384 THEN '' ELSE pg_catalog.quote_ident(n.nspname)
+       OPERATOR(pg_catalog.||) '.' END OPERATOR(pg_catalog.||) f.proname::pg_catalog.text OPERATOR(pg_catalog.||) '('
+       OPERATOR(pg_catalog.||) pg_catalog.pg_get_function_identity_arguments(f.oid) OPERATOR(pg_catalog.||) ')',
+       f.oid OPERATOR(pg_catalog.<) 16384,
+       f.oid OPERATOR(pg_catalog.<) 16384 AND EXISTS (
            SELECT FROM pg_catalog.pg_operator o
            JOIN pg_catalog.pg_amop a ON a.amopopr OPERATOR(pg_catalog.=) ANY(ARRAY[o.oid, o.oprnegate])
            JOIN pg_catalog.pg_am m ON m.oid OPERATOR(pg_catalog.=) a.amopmethod AND m.amname OPERATOR(pg_catalog.=) 'btree'
-           WHERE o.oprcode OPERATOR(pg_catalog.=) f.oid),
-       n.nspname OPERATOR(pg_catalog.=) 'pg_catalog' AND f.prokind OPERATOR(pg_catalog.=) 'a'
+           WHERE o.oprcode OPERATOR(pg_catalog.=) f.oid AND o.oid OPERATOR(pg_catalog.<) 16384),
+       f.oid OPERATOR(pg_catalog.<) 16384 AND f.prokind OPERATOR(pg_catalog.=) 'a'
            AND f.proname OPERATOR(pg_catalog.=) ANY('{min,max}'::pg_catalog.name[])
 FROM pg_catalog.pg_proc f JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) f.pronamespace
 WHERE f.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])
+"""
+
+
+# The function of each operator a sort, DISTINCT, GROUP BY or UNION uses.
+_OPERATOR_FUNCTIONS = """
+SELECT o.oid, o.oprcode::pg_catalog.oid FROM pg_catalog.pg_operator o
+WHERE o.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])
 """
 
 
@@ -142,30 +184,46 @@ class _Fetches(Protocol):
 
 @dataclass(frozen=True)
 class _Scan:
-    """What one stored parse tree computes: the functions it calls (by OID) and the nodes that can fail."""
+    """What one stored parse tree computes: the functions it calls and the operators it sorts or
+    groups with (by OID), and the nodes that can fail."""
 
     functions: frozenset[int]
+    operators: frozenset[int]
     nodes: tuple[str, ...]
 
 
+# A foreign table's rows: a file's malformed line, a remote view's division fail on a row.
+_FOREIGN = _Scan(frozenset(), frozenset(), ("its rows on its server (a remote view's division, a file's malformed line), "
+                                            "out of dpproxy's sight",))
+
+
 def _scan(tree: str) -> _Scan:
-    """The function OIDs a pg_node_tree's text calls, and a description of each node in it that can
-    fail whatever it calls (an unknown kind of node, a scalar subquery, a cast from text ...)."""
+    """The function and operator OIDs a pg_node_tree's text calls, and a description of each node
+    in it that can fail whatever it calls (an unknown kind of node, a scalar subquery, a cast from
+    text ...)."""
     functions: set[int] = set()
+    operators: set[int] = set()
     failing: list[str] = []
     stack: list[tuple[str, dict[str, str]]] = []
     tokens = _TOKEN.findall(tree)
-    for index, token in enumerate(tokens):
-        if token.startswith("{"):
-            stack.append((token[1:], {}))
+    index = 0
+    while index < len(tokens):
+        token = tokens[index]
+        index += 1
+        if token == "{" and index < len(tokens):
+            stack.append((tokens[index], {}))
+            index += 1
         elif token == "}" and stack:
-            failing += _node_failure(*stack.pop(), functions)
-        elif token.startswith(":") and stack and index + 1 < len(tokens):
-            stack[-1][1][token[1:]] = tokens[index + 1]
-    return _Scan(frozenset(functions), tuple(dict.fromkeys(failing)))
+            failing += _node_failure(*stack.pop(), functions, operators)
+        elif token.startswith(":") and stack and index < len(tokens) and tokens[index] not in _BRACKETS:
+            stack[-1][1][token[1:]] = tokens[index]  # a scalar value: never read as a field name itself
+            index += 1
+        elif token.startswith(":") and stack:
+            stack[-1][1][token[1:]] = ""  # a node or a list follows
+    return _Scan(frozenset(functions), frozenset(operators), tuple(dict.fromkeys(failing)))
 
 
-def _node_failure(tag: str, fields: Mapping[str, str], functions: set[int]) -> Iterator[str]:
+def _node_failure(tag: str, fields: Mapping[str, str], functions: set[int], operators: set[int]) -> Iterator[str]:
     if tag in _CALLS:
         oid = fields.get(_CALLS[tag], "0")
         if oid.isdigit() and int(oid) != 0:
@@ -181,6 +239,20 @@ def _node_failure(tag: str, fields: Mapping[str, str], functions: set[int]) -> I
     elif tag == "ARRAYEXPR":
         if fields.get("multidims") != "false":
             yield "a multidimensional ARRAY[...] (it fails when the rows' arrays differ in size)"
+    elif tag == "COMMONTABLEEXPR":
+        if fields.get("cterecursive") != "false":
+            yield "a recursive WITH (it runs as long as the rows' chains are, and forever on a cycle)"
+    elif tag == "MINMAXEXPR":
+        if fields.get("minmaxtype") in _RECORD_TYPES or not fields.get("minmaxtype", "").isdigit():
+            yield "GREATEST/LEAST of anonymous rows (their fields' comparison is found only when two rows need it)"
+    elif tag in _OPTIONAL_CALLS or tag in _OPTIONAL_OPERATORS:
+        for field, into in [(f, functions) for f in _OPTIONAL_CALLS.get(tag, ())] + \
+                [(f, operators) for f in _OPTIONAL_OPERATORS.get(tag, ())]:
+            oid = fields.get(field, "")
+            if not oid.isdigit():
+                yield f"{tag.lower()} with a {field} dpproxy cannot read"
+            elif int(oid) != 0:
+                into.add(int(oid))
     elif tag not in _STRUCTURAL:
         yield f"{tag.lower()} (dpproxy cannot show that it never fails on a row)"
 
@@ -192,16 +264,22 @@ async def _findings(session: _Fetches, relations: Mapping[int, Relation]) -> dic
     if not protected:
         return {}
     trees = await session.fetch_all(_READS, (protected,))
-    scans = [(int(root), where, _scan(text or "")) for root, where, text in trees]
-    called = sorted({oid for _, _, scan in scans for oid in scan.functions})
-    known = {int(oid): (str(name), bool(comparison), bool(min_max))
-             for oid, name, comparison, min_max in await session.fetch_all(_FUNCTIONS, (called,))} if called else {}
+    scans = [(int(root), where, _FOREIGN if text is None else _scan(text)) for root, where, text in trees]
+    operators = sorted({oid for _, _, scan in scans for oid in scan.operators})
+    code = {int(oid): int(function) for oid, function in await session.fetch_all(_OPERATOR_FUNCTIONS, (operators,))
+            } if operators else {}
+    calls = [(root, where, scan, scan.functions | {code.get(oid, 0) for oid in scan.operators}) for root, where, scan in scans]
+    called = sorted({oid for _, _, _, functions in calls for oid in functions})
+    known = {int(oid): (str(name), bool(builtin), bool(comparison), bool(min_max))
+             for oid, name, builtin, comparison, min_max in await session.fetch_all(_FUNCTIONS, (called,))
+             } if called else {}
     found: dict[int, list[str]] = {}
-    for root, where, scan in scans:
+    for root, where, scan, functions in calls:
         problems = [f"{where} computes {node}" for node in scan.nodes]
-        for oid in sorted(scan.functions):
-            name, comparison, min_max = known.get(oid, (f"function {oid}", False, False))
-            if not (comparison or min_max or name in TOTAL_FUNCTIONS or name in TOTAL_AGGREGATES):
+        for oid in sorted(functions):
+            name, builtin, comparison, min_max = known.get(oid, (f"function {oid}", False, False, False))
+            total = comparison or min_max or name in TOTAL_FUNCTIONS or name in TOTAL_AGGREGATES
+            if not builtin or _POLYMORPHIC.search(name) or not total:
                 problems.append(f"{where} calls {name}")
         if problems:
             found.setdefault(root, []).extend(problems)

@@ -31,8 +31,8 @@ from rewriter.types import ARRAY_TYPES, FLOAT_TYPES, INT4, INTEGER_TYPES, NUMERI
 
 from .column_release import release_column
 
-__all__ = ["DPAnswer", "declared_keys", "kept_series", "query_delta", "ranking_params", "release_cells", "release_params",
-           "release_row", "released_labels", "result_fields", "trial_params"]
+__all__ = ["DPAnswer", "declared_keys", "kept_series", "numeric_scale", "query_delta", "ranking_params", "release_cells",
+           "release_params", "release_row", "released_labels", "result_fields", "trial_params"]
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ def _released(plan: AggregateQuery, parts: list[tuple[Any, ...]], share: float) 
 
 
 def _encoded(plan: AggregateQuery, releases: Sequence[Release[Any]], codec: str) -> list[bytes | None]:
-    return [encode_text(rel.value, agg.result_type_oid, _numeric_scale(agg), codec)
+    return [encode_text(rel.value, agg.result_type_oid, numeric_scale(agg), codec)
             for agg, rel in zip(plan.aggregates, releases)]
 
 
@@ -286,7 +286,7 @@ def _array_literal(values: Sequence[bytes | None]) -> bytes:
     return b"{" + b",".join(elements) + b"}"
 
 
-def _numeric_scale(agg: Aggregate) -> int | None:
+def numeric_scale(agg: Aggregate) -> int | None:
     """Fraction digits of a numeric SUM/MIN/MAX result (None: as many as the value needs).
 
     A function of the schema and the statement's text alone: a numeric(p, s) column's s, 0 for

@@ -24,8 +24,8 @@ from proxy.backend.cancellable import CancellableWait
 from proxy.backend.connection import BackendError, BackendLost, BackendSession, BackendUnavailable, BoundParams, ResultSet
 from proxy.backend.row_stream import RowStream
 from proxy.dp.answer import (
-    DPAnswer, declared_keys, kept_series, query_delta, ranking_params, release_cells, release_params, release_row,
-    released_labels, result_fields, trial_params,
+    DPAnswer, declared_keys, kept_series, numeric_scale, query_delta, ranking_params, release_cells, release_params,
+    release_row, released_labels, result_fields, trial_params,
 )
 from proxy.dp.answer_time import on_the_quantum, quantum_deadline
 from proxy.dp.budget import BudgetKeeper
@@ -821,9 +821,12 @@ def _key_domains(plan: AggregateQuery) -> tuple[tuple[object, ...], ...]:
 
 
 def _released_aggregates(plan: AggregateQuery) -> tuple[tuple[object, ...], ...]:
-    """What tells the plan's released aggregates apart, for the repeat key (more than their SQL)."""
+    """What tells the plan's released aggregates apart, for the repeat key (more than their SQL).
+
+    The numeric scale too: a release is stored as text, printed with the fraction digits the
+    statement's constants give it (``ELSE 0.0`` or ``THEN 1.00``), which a repeat must not borrow."""
     return tuple((a.kind, a.column.name if a.column else None, a.mechanism, a.distinct, a.result_type_oid,
-                  a.filter_sql) for a in plan.aggregates)
+                  a.filter_sql, numeric_scale(a)) for a in plan.aggregates)
 
 
 
