@@ -27,7 +27,9 @@ class ColumnInfo:
     holds an array of that shape (rewriter/predicates.py refuses comparisons on them).
     ``distinct_countable`` is False when PostgreSQL has no ordering to sort the type's values
     by for ``count(DISTINCT ...)`` (json, point, box ...): it fails such a statement on every
-    table, and dpproxy refuses it before the charge (asked of the backend at load).
+    table, and dpproxy refuses it before the charge (asked of the backend at load). ``enum``:
+    PostgreSQL has no operator comparing the column with a number or a boolean (42883, on every
+    table: refused before the charge).
     """
 
     name: str
@@ -39,6 +41,7 @@ class ColumnInfo:
     array_type_oid: int = 0
     container: bool = False
     distinct_countable: bool = True
+    enum: bool = False  # an enum (or a domain over one): compared only with its labels
 
 
 @dataclass(frozen=True)

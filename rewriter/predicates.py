@@ -276,8 +276,10 @@ class _Renderer:
             return
         kind = _constant_type(other)
         family = next((family for family in _COLUMN_FAMILIES if column.type_oid in family), None)
-        if family is None and (column.type_oid >= _FIRST_USER_OID or column.type_oid in _OID_TYPES):
-            return  # a domain or enum, or an oid that a whole number converts to: left to PostgreSQL
+        if column.enum:
+            family = frozenset()  # compared with its labels (quoted strings) only
+        elif family is None and (column.type_oid >= _FIRST_USER_OID or column.type_oid in _OID_TYPES):
+            return  # a domain, or an oid that a whole number converts to: left to PostgreSQL
         if kind is not None and kind not in (family or ()):
             raise self.refuse(
                 f"comparing column {column.name} with {other.sql}, a constant of a type PostgreSQL has no comparison "

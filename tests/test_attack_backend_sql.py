@@ -24,11 +24,11 @@ import pytest
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from tests.neighbour_outcome import create_neighbours
 
-_DDL = "(id int8, v int4, s text, o oid, m money)"
-_BASE_ROWS = "SELECT g, g % 50, 'a', g::oid, g::numeric::money FROM generate_series(1, 200) g"
+_DDL = "(id int8, v int4, s text, o oid, m money, e ab_mood)"
+_BASE_ROWS = "SELECT g, g % 50, 'a', g::oid, g::numeric::money, 'sad' FROM generate_series(1, 200) g"
 _NEIGHBOURS = {
-    "ab1": "(-1, 1, 'a', 1, '-92233720368547758.08')",
-    "ab2": "(9223372036854775807, 1, 'a', 4294967295, '92233720368547758.07')",
+    "ab1": "(-1, 1, 'a', 1, '-92233720368547758.08', 'happy')",
+    "ab2": "(9223372036854775807, 1, 'a', 4294967295, '92233720368547758.07', NULL)",
 }
 _POLICY = ATTACK_POLICY_HEAD + """
   public.ab0: &T
@@ -44,6 +44,10 @@ _OID, _REGCLASS = 26, 2205
 
 @pytest.fixture(scope="module")
 def audit_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute("DROP TABLE IF EXISTS ab0, ab1, ab2")
+        admin.execute("DROP TYPE IF EXISTS ab_mood")
+        admin.execute("CREATE TYPE ab_mood AS ENUM ('sad', 'happy')")
     create_neighbours(test_db.admin_dsn, "ab0", _NEIGHBOURS, _DDL, _BASE_ROWS)
     with running_proxy(test_db, tmp_path_factory, _POLICY) as running:
         yield running
@@ -82,14 +86,15 @@ def test_two_columns_that_postgresql_would_convert_or_cannot_compare_are_refused
         assert _same_on_neighbours(conn, f"SELECT COUNT(*) FROM {{t}} WHERE {predicate}", [], []) == ("error", b"DP001")
 
 
-@pytest.mark.parametrize("predicate", ["s <> FALSE", "v = TRUE", "s > 5", "s = 1e400", "m > 0.5"])
+@pytest.mark.parametrize("predicate", ["s <> FALSE", "v = TRUE", "s > 5", "s = 1e400", "m > 0.5", "e > 0", "e = TRUE",
+                                       "e = CAST('sad' AS text)"])
 def test_a_column_compared_with_a_constant_it_has_no_operator_for_is_refused_uncharged(
         audit_proxy: RunningProxy, predicate: str) -> None:
     with audit_proxy.connect() as conn:
         assert _same_on_neighbours(conn, f"SELECT COUNT(*) FROM {{t}} WHERE {predicate}", [], [])[0] == "error"
 
 
-@pytest.mark.parametrize("predicate", ["id = v", "v < id", "s = s", "id <> o::int8", "o = 5", "m > '0.5'"])
+@pytest.mark.parametrize("predicate", ["id = v", "v < id", "s = s", "id <> o::int8", "o = 5", "m > '0.5'", "e = 'sad'"])
 def test_two_columns_of_one_family_are_compared(audit_proxy: RunningProxy, predicate: str) -> None:
     with audit_proxy.connect() as conn:
         outcome = _same_on_neighbours(conn, f"SELECT COUNT(*) FROM {{t}} WHERE {predicate}", [], [])

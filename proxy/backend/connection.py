@@ -1016,7 +1016,8 @@ async def _columns(session: BackendSession, oid: int, policies: Mapping[str, Any
         "SELECT a.attname, a.atttypid, a.atttypmod, a.attnum, COALESCE(c.collisdeterministic, true), "
         "COALESCE(t.typarray, 0), "
         # Arrays and composites, and domains over them (a domain has its base type's category).
-        "COALESCE(t.typcategory OPERATOR(pg_catalog.=) 'A' OR t.typcategory OPERATOR(pg_catalog.=) 'C', false) "
+        "COALESCE(t.typcategory OPERATOR(pg_catalog.=) 'A' OR t.typcategory OPERATOR(pg_catalog.=) 'C', false), "
+        "COALESCE(t.typcategory OPERATOR(pg_catalog.=) 'E', false) "
         "FROM pg_catalog.pg_attribute a "
         "LEFT JOIN pg_catalog.pg_collation c ON c.oid OPERATOR(pg_catalog.=) a.attcollation "
         "LEFT JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid "
@@ -1027,6 +1028,6 @@ async def _columns(session: BackendSession, oid: int, policies: Mapping[str, Any
     countable = await distinct_countable(session, [(int(row[1]), int(row[2])) for row in rows])
     return {
         name: ColumnInfo(name, int(typ), int(mod), int(num), policies.get(name), bool(deterministic), int(array),
-                         bool(container), (int(typ), int(mod)) in countable)
-        for name, typ, mod, num, deterministic, array, container in rows
+                         bool(container), (int(typ), int(mod)) in countable, bool(enum))
+        for name, typ, mod, num, deterministic, array, container, enum in rows
     }
