@@ -15,7 +15,10 @@ until a reload. The check reads PostgreSQL's own stored parse trees (``pg_rewrit
 ``pg_policy.polqual``: the planner's input, not the view's text) of every view and policy the
 relation reads through, transitively (a view of a view, an inheritance child's policies); a
 materialized view's expressions ran when it was refreshed, not when it is read, and a foreign
-table's rows are computed by its server, out of sight (refused). Every node must
+table's rows are computed by its server, out of sight (refused). PostgreSQL 18's virtual
+generated columns are computed when read too: their stored expressions (``pg_attrdef.adbin``)
+are checked like a view's (not exercised by the tests, whose server is PostgreSQL 16, where no
+column is virtual). Every node must
 be one that cannot raise, and every function a built-in one (initdb's: a user's ``abs(numeric)``
 in a schema of its own, or an operator a user declares the negator of ``=``, is not) and one of:
 
@@ -143,6 +146,13 @@ SELECT reads.root, 'row-level security policy ' OPERATOR(pg_catalog.||) pg_catal
 FROM reads JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) reads.rel AND c.relrowsecurity
 JOIN pg_catalog.pg_policy p ON p.polrelid OPERATOR(pg_catalog.=) c.oid
  AND p.polcmd OPERATOR(pg_catalog.=) ANY('{r,*}'::pg_catalog."char"[]) AND p.polqual IS NOT NULL
+UNION ALL
+SELECT reads.root, 'virtual generated column ' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(a.attname::pg_catalog.text)
+       OPERATOR(pg_catalog.||) ' of ' OPERATOR(pg_catalog.||) a.attrelid::pg_catalog.regclass::pg_catalog.text,
+       d.adbin::pg_catalog.text
+FROM reads JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) reads.rel
+ AND a.attgenerated OPERATOR(pg_catalog.=) 'v' AND NOT a.attisdropped
+JOIN pg_catalog.pg_attrdef d ON d.adrelid OPERATOR(pg_catalog.=) a.attrelid AND d.adnum OPERATOR(pg_catalog.=) a.attnum
 UNION ALL
 SELECT reads.root, 'foreign table ' OPERATOR(pg_catalog.||) c.oid::pg_catalog.regclass::pg_catalog.text, NULL
 FROM reads JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) reads.rel AND c.relkind OPERATOR(pg_catalog.=) 'f'
