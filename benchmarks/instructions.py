@@ -12,7 +12,12 @@ depend on what else the machine is doing, so this measures dpproxy by that count
    AVG by the policy default, the noisy sum over a noisy count; reservations never handed back
    for idleness) as in the other benchmarks.
 2. dpproxy runs under ``valgrind --tool=callgrind --separate-threads=yes`` (``PYTHONHASHSEED=0``,
-   so that set and dict orders, and so the instructions, are the same every run). Its periodic
+   so that set and dict orders, and so the instructions, are the same every run). With
+   ``--uninstrumented-start`` it starts without instrumentation (``--instr-atstart=no``, about
+   5× quicker: instrumenting the imports is most of a short run) and instrumentation is switched
+   on once it listens, before the warm-up. The counts then differ from a default run's (by up to
+   40 % for the first workload at 100 statements; why is not known): compare only runs made
+   the same way. Its periodic
    work runs on the wall clock, which callgrind slows ~50×: the function-name refresh (a
    catalog read every 10 s) and the result waiters' watchdog are pushed out of the run, and
    the audit writer's and the metrics thread's 20 ms batching is stretched to 1 s so that a
@@ -127,11 +132,13 @@ class Count:
 class CallgrindServer:
     """dpproxy from ``source`` (None: this tree) under callgrind, its profiles dumped in ``out``."""
 
-    def __init__(self, policy: Path, port: int, source: Path | None, out: Path, name: str):
+    def __init__(self, policy: Path, port: int, source: Path | None, out: Path, name: str,
+                 uninstrumented_start: bool = False):
         self.out = out
         self.name = name
         out.mkdir(parents=True, exist_ok=True)
         valgrind = ["valgrind", "--tool=callgrind", "--separate-threads=yes", "--dump-instr=no",
+                    f"--instr-atstart={'no' if uninstrumented_start else 'yes'}",
                     f"--callgrind-out-file={out}/callgrind.out.%p"]
         os.environ["PYTHONHASHSEED"] = "0"  # inherited by the server; restored in main
         self.process = ServerProcess(valgrind + [sys.executable, "-c", _LAUNCH, str(policy)], port,
@@ -139,6 +146,8 @@ class CallgrindServer:
         user, password = ANALYST
         self.endpoint = Endpoint(name, "127.0.0.1", port, user, DATABASE, password)
         self._dumps = 0
+        if uninstrumented_start:
+            self.control("--instr=on")  # listening: the start is over
 
     def control(self, option: str) -> None:
         subprocess.run(["callgrind_control", option, str(self.process.pid)], check=True, capture_output=True,
@@ -254,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-source", type=Path, help="also measure dpproxy from this source tree")
     parser.add_argument("--keep", type=Path, help="keep the callgrind files (and dpproxy's logs) here")
     parser.add_argument("--top", type=int, default=0, help="print each workload's N costliest C functions")
+    parser.add_argument("--uninstrumented-start", action="store_true",
+                        help="start dpproxy uninstrumented, ~5x quicker; counts comparable only with runs made so")
     args = parser.parse_args(argv)
     workloads = chosen_workloads(parser, args.workloads)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
@@ -274,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         for index, (name, source) in enumerate(targets):
             port = free_port()
             policy = benchmark_policy(workdir / f"target{index}", backend, port, portable=source is not None)
-            servers.append(CallgrindServer(policy, port, source, keep / f"target{index}", name))
+            servers.append(CallgrindServer(policy, port, source, keep / f"target{index}", name,
+                                           args.uninstrumented_start))
             note(f"{name} under callgrind on port {port}")
         results = {server.name: measure(server, workloads, args.warmup, args.statements) for server in servers}
         print(render(results, workloads, args.statements))
