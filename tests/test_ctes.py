@@ -14,7 +14,9 @@ _POLICY = ATTACK_POLICY_HEAD + """\
     columns:
       age: {{bounds: [17, 90]}}
       capital_gain: {{bounds: [0, 100000]}}
-      sex: {{categories: [Male, Female]}}
+      sex: {{categories: [Male, Female], group_by: true}}
+  public.lookup:
+    access: public
 """
 
 
@@ -73,6 +75,16 @@ def test_post_processing_through_a_cte_and_the_extended_protocol(proxy: RunningP
     ("WITH w AS (SELECT * FROM adult LIMIT 10) SELECT COUNT(*) FROM w", "LIMIT"),
     ("WITH w AS (SELECT * FROM adult) SELECT COUNT(*) FROM (WITH w AS (SELECT * FROM adult) SELECT * FROM w) t",
      "subqueries are not allowed"),  # the table read twice
+    # PostgreSQL reads the catalog's pg_class in a's body (a CTE sees only those before it): the
+    # statement counts catalog rows there, and dpproxy must not answer it as a count of adult.
+    ("WITH a AS (SELECT * FROM pg_class), pg_class AS (SELECT * FROM adult WHERE age > 30) SELECT COUNT(*) FROM a",
+     "a CTE named before it is defined"),
+    ("WITH a AS (SELECT * FROM b), b AS (SELECT * FROM adult) SELECT COUNT(*) FROM a",
+     "a CTE named before it is defined"),  # PostgreSQL: relation "b" does not exist
+    ("WITH w AS (SELECT * FROM adult) SEARCH DEPTH FIRST BY age SET o SELECT COUNT(*) FROM w", "SEARCH/CYCLE"),
+    ("WITH w AS (SELECT * FROM adult) SELECT COUNT(*) FROM w TABLESAMPLE SYSTEM (1)", "TABLESAMPLE"),
+    # The alias's column list renames by position: age here is PostgreSQL's workclass.
+    ("WITH w AS (SELECT * FROM adult) SELECT SUM(age) FROM w AS x(capital_gain, age)", "column list"),
 ])
 def test_a_cte_that_is_no_plain_wrapper_read_once_is_refused_before_the_charge(
     proxy: RunningProxy, sql: str, what: str
@@ -84,3 +96,4 @@ def test_a_cte_that_is_no_plain_wrapper_read_once_is_refused_before_the_charge(
         assert refused.value.sqlstate == "DP001", refused.value
         assert what in str(refused.value) and "(rule: no-" in str(refused.value), str(refused.value)
         assert _spent(proxy) == before
+
