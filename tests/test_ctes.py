@@ -85,6 +85,8 @@ def test_post_processing_through_a_cte_and_the_extended_protocol(proxy: RunningP
     ("WITH w AS (SELECT * FROM adult) SELECT COUNT(*) FROM w TABLESAMPLE SYSTEM (1)", "TABLESAMPLE"),
     # The alias's column list renames by position: age here is PostgreSQL's workclass.
     ("WITH w AS (SELECT * FROM adult) SELECT SUM(age) FROM w AS x(capital_gain, age)", "column list"),
+    ("SELECT SUM(age) FROM (SELECT * FROM adult) AS x(capital_gain, age)", "column list"),
+    ("SELECT SUM(age) FROM adult AS a(fnlwgt, workclass, age)", "column list"),  # SUM of fnlwgt to PostgreSQL
 ])
 def test_a_cte_that_is_no_plain_wrapper_read_once_is_refused_before_the_charge(
     proxy: RunningProxy, sql: str, what: str
@@ -97,3 +99,15 @@ def test_a_cte_that_is_no_plain_wrapper_read_once_is_refused_before_the_charge(
         assert what in str(refused.value) and "(rule: no-" in str(refused.value), str(refused.value)
         assert _spent(proxy) == before
 
+
+@pytest.mark.parametrize("sql", [
+    "WITH w AS (SELECT *, age FROM adult) SELECT SUM(age) FROM w",
+    "SELECT SUM(x) FROM (SELECT age AS x, capital_gain AS x FROM adult) AS t",
+])
+def test_a_name_a_wrapper_makes_visible_twice_is_ambiguous_as_in_postgresql(proxy: RunningProxy, sql: str) -> None:
+    with proxy.connect() as conn:
+        before = _spent(proxy)
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute(sql)
+        assert refused.value.sqlstate == "42702", refused.value
+        assert _spent(proxy) == before
