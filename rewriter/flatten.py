@@ -18,7 +18,9 @@ where it is used, exactly as if written there (a declared GROUP BY key, or refus
 A wrapper level that does anything else (LIMIT/OFFSET, DISTINCT, GROUP BY, aggregates,
 window functions, other computed projections such as ``age + 1 AS a``, joins) is refused: each
 could change which rows are aggregated in a way the plan does not model. An inner ORDER BY
-without LIMIT does not change the set of rows and is dropped.
+without LIMIT does not change the set of rows and is dropped. So is refused a column list after
+the table's or a wrapper's alias (``AS t(a, b)``): it renames columns by position, which the
+names here are not mapped by.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ def flatten(tree: exp.Select, scope: Scope) -> tuple[exp.Select, Scope]:
     the base table's own level are unqualified names of base-table columns.
     """
     source = tree.args.get("from_")
+    alias = source.this.args.get("alias") if source is not None else None
+    if isinstance(alias, exp.TableAlias) and alias.args.get("columns"):
+        raise _refuse(scope, f"a column list after an alias ({alias.sql(dialect='postgres')}) is not allowed on "
+                             "protected table")
     if source is None or not isinstance(source.this, exp.Subquery) or tree.args.get("joins"):
         return tree, scope
     subquery = source.this
@@ -68,7 +74,7 @@ def flatten(tree: exp.Select, scope: Scope) -> tuple[exp.Select, Scope]:
     alias = base.this.args.get("alias")
     if alias is not None:
         inner_scope = replace(inner_scope, qualifiers=frozenset({identifier(alias)}))
-    names = _projection(inner, inner_scope)
+    names, ambiguous = _projection(inner, inner_scope)
     outer_alias = subquery.args.get("alias")
     qualifiers = frozenset({identifier(outer_alias)}) if outer_alias is not None else frozenset()
     tree = tree.copy()
@@ -77,7 +83,7 @@ def flatten(tree: exp.Select, scope: Scope) -> tuple[exp.Select, Scope]:
     for column in list(tree.find_all(exp.Column)):
         if isinstance(column.this, exp.Star) or _output_name(column, outputs, names):
             continue
-        mapped = _mapped(column, names, qualifiers, scope)
+        mapped = _mapped(column, names, ambiguous, qualifiers, scope)
         if column.parent is tree and column.arg_key == "expressions":
             # An output column keeps its name: a level above may refer to it (a middle wrapper's
             # "SELECT x FROM (SELECT age AS x ...)" still makes x visible, not age).
@@ -105,10 +111,18 @@ def _output_name(column: exp.Column, outputs: set[str], names: dict[str, exp.Exp
     return name in outputs or name not in names
 
 
-def _projection(inner: exp.Select, scope: Scope) -> dict[str, exp.Expression]:
+def _projection(inner: exp.Select, scope: Scope) -> tuple[dict[str, exp.Expression], frozenset[str]]:
     """The names a wrapper level makes visible, each mapped to what it stands for on the base
-    table: a column (unqualified), or a grouping key expression over columns (:func:`_key_projection`)."""
+    table: a column (unqualified), or a grouping key expression over columns (:func:`_key_projection`);
+    and those it makes visible twice (``SELECT *, age``), which PostgreSQL finds ambiguous."""
     names: dict[str, exp.Expression] = {}
+    ambiguous: set[str] = set()
+
+    def visible(name: str, meaning: exp.Expression) -> None:
+        if name in names:
+            ambiguous.add(name)
+        names[name] = meaning
+
     for item in inner.expressions:
         alias = None
         if isinstance(item, exp.Alias):
@@ -118,16 +132,17 @@ def _projection(inner: exp.Select, scope: Scope) -> dict[str, exp.Expression]:
             qualifier = item.args.get("table") if isinstance(item, exp.Column) else None
             if qualifier is not None and identifier(qualifier) not in scope.qualifiers:
                 raise scope.refuse(f"{item.sql('postgres')} does not belong to protected table", "column-reference")
-            names.update((name, _base_column(name)) for name in scope.table.columns)
+            for name in scope.table.columns:
+                visible(name, _base_column(name))
             continue
         if isinstance(item, exp.Column):
             column = scope.column(item)
-            names[alias or column.name] = _base_column(column.name)
+            visible(alias or column.name, _base_column(column.name))
             continue
         if not _key_projection(item):
             raise _refuse(scope, "computed columns inside a subquery are not allowed on protected table")
-        names[alias or default_name(item)] = _on_base_columns(item, scope)
-    return names
+        visible(alias or default_name(item), _on_base_columns(item, scope))
+    return names, frozenset(ambiguous)
 
 
 def _key_projection(item: exp.Expression) -> bool:
@@ -152,14 +167,20 @@ def _base_column(name: str) -> exp.Column:
     return exp.column(exp.to_identifier(name, quoted=True))
 
 
-def _mapped(column: exp.Column, names: dict[str, exp.Expression], qualifiers: frozenset[str], scope: Scope) -> exp.Expression:
-    """An outer level's column reference as the base-table column it names."""
+def _mapped(
+    column: exp.Column, names: dict[str, exp.Expression], ambiguous: frozenset[str], qualifiers: frozenset[str],
+    scope: Scope,
+) -> exp.Expression:
+    """An outer level's column reference as the base-table column it names (refused, as
+    PostgreSQL refuses it, when the level below makes two columns of that name visible)."""
     if column.args.get("db") or column.args.get("catalog"):
         raise scope.refuse("schema-qualified column references are not allowed on protected table", "column-reference")
     qualifier = column.args.get("table")
     if qualifier is not None and identifier(qualifier) not in qualifiers:
         raise scope.refuse(f"column {column.sql('postgres')} does not belong to protected table", "column-reference")
     name = identifier(column.this)
+    if name in ambiguous:
+        raise Refusal("42702", f'column reference "{name}" is ambiguous', rule="ambiguous-column")
     base = names.get(name)
     if base is None:
         raise Refusal("42703", f'column "{name}" does not exist', "Columns: " + ", ".join(names), "undefined-column")
