@@ -427,16 +427,22 @@ def test_superset_row_level_cte_virtual_dataset_is_not_created(stack: Stack):
 
 @pytest.fixture(scope="module")
 def cte_dataset(stack: Stack) -> int:
-    """A virtual dataset whose SQL is a row-level CTE over ``people``, with people's columns: saved
-    as the aggregate CTE (its probe is a DP count), then edited as *Edit dataset* does (PUT the SQL
-    and the columns; no column sync, so no probe)."""
+    """A virtual dataset whose SQL is a row-level CTE over ``people``, with people's columns, made
+    as a user can: saved in its aggregate form (its probe is a DP count), then edited in *Edit
+    dataset* (source unlocked: ``override_columns=true``). Superset saves the SQL and columns, then
+    syncs the columns by probing the new SQL with LIMIT 1: refused, and shown as dpproxy's error."""
     stack.relay.phase = "cte-virtual-dataset"
     status, body = stack.api.post("/api/v1/dataset/", {"database": stack.database_id, "schema": "public",
                                                         "table_name": "adults", "sql": CTE_AGGREGATE_SQL})
     assert status == 201, body
     dataset = int(body["id"])
-    status, body = stack.api.request("PUT", f"/api/v1/dataset/{dataset}", {"sql": CTE_SQL, "columns": PEOPLE_COLUMNS})
-    assert status == 200, body
+    stack.relay.phase = "cte-virtual-dataset-edit"
+    status, body = stack.api.request("PUT", f"/api/v1/dataset/{dataset}?override_columns=true",
+                                     {"sql": CTE_SQL, "columns": PEOPLE_COLUMNS})
+    assert status == 400 and "(rule: no-row-access)" in str(body) and "HINT:" in str(body), body
+    # The same statement as the row-level dataset's probe: recorded under that phase.
+    probes = [r for r in stack.relay.statements() if r.phase == "cte-virtual-dataset-edit" and "people" in r.sql]
+    assert probes and {r.outcome for r in probes} == {"DP001"}, probes
     status, body = stack.api.get(f"/api/v1/dataset/{dataset}")
     assert status == 200 and body["result"]["sql"] == CTE_SQL, body
     assert {c["column_name"] for c in body["result"]["columns"]} == {c["column_name"] for c in PEOPLE_COLUMNS}
