@@ -10,7 +10,9 @@ to GROUP BY — a pie and a bar chart by sex and a monthly line over a time rang
 declared key, and line and bar charts split by sex with a *Series limit*; custom SQL metrics
 restricted by a condition (``SUM(CASE WHEN p THEN 1 ELSE 0 END)``, ``COUNT(*) FILTER (WHERE p)``,
 their share of ``COUNT(*)``) in a Big Number, a Bar Chart by sex and a Table; a native filter's
-list of values of ``sex`` is its declared categories, at no cost. More chart types draw from
+list of values of ``sex`` is its declared categories, at no cost. A virtual dataset written
+as a CTE over ``people`` (Superset keeps the CTE inside ``virtual_table``) draws a Big Number,
+a Bar Chart by ``sex`` and an indicator rate; its row-level probe is refused. More chart types draw from
 the same histograms: a Big Number with time comparison, a Pivot Table (its totals summed by
 Superset), a Table with dimensions and a row limit, a Mixed Chart, a Treemap, a Sunburst and a
 Box Plot distributed across months; a Box Plot across rows and the Histogram chart are refused.
