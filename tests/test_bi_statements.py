@@ -34,7 +34,8 @@ def test_recording_covers_connect_introspection_datasets_and_charts():
             "group-by-chart", "big-number-time-comparison", "pivot-table", "table-with-dimensions", "mixed-chart",
             "treemap", "sunburst", "box-plot", "box-plot-refused", "histogram-refused", "conditional-big-number",
             "conditional-bar-chart", "conditional-table", "conditional-share",
-            "conditional-series-limit", "conditional-indicator"} <= phases, phases
+            "conditional-series-limit", "conditional-indicator", "cte-virtual-dataset", "cte-big-number",
+            "cte-bar-chart", "cte-indicator", "cte-row-level-virtual-dataset", "cte-group-by-refused"} <= phases, phases
     # Histograms over keys the policy opts in are answered; a GROUP BY on any other column is not.
     for phase in ("pie-chart", "bar-chart", "time-series-chart", "pivot-table", "table-with-dimensions", "treemap",
                   "sunburst", "box-plot"):
@@ -42,10 +43,11 @@ def test_recording_covers_connect_introspection_datasets_and_charts():
     for phase in ("chart-radar", "chart-bubble_v2", "chart-waterfall", "chart-bar-by-age", "chart-bar-by-width-bucket",
                   "chart-cal_heatmap", "chart-rose", "chart-chord", "conditional-big-number",
                   "conditional-bar-chart", "conditional-table", "conditional-share", "conditional-series-limit",
-                  "conditional-indicator"):
+                  "conditional-indicator", "cte-virtual-dataset", "cte-big-number", "cte-bar-chart", "cte-indicator"):
         assert {e.outcome for e in RECORDED if e.phase == phase and "people" in e.sql} == {"ok"}, phase
     for phase in ("group-by-chart", "box-plot-refused", "histogram-refused", "chart-tree_chart-refused",
-                  "chart-gantt_chart-refused", "chart-deck_scatter-refused"):  # a value per row, or the rows
+                  "chart-gantt_chart-refused", "chart-deck_scatter-refused", "cte-row-level-virtual-dataset",
+                  "cte-group-by-refused"):  # a value per row, or the rows
         assert {e.outcome for e in RECORDED if e.phase == phase and "people" in e.sql} == {"DP001"}, phase
 
 

@@ -40,7 +40,15 @@ def _spent(proxy: RunningProxy) -> float:
      "SELECT COUNT(*) FROM adult WHERE age > 40", ["count"]),
     ("WITH w AS MATERIALIZED (SELECT * FROM adult WHERE sex = 'Female') SELECT SUM(w.age) AS total FROM w",
      "SELECT SUM(age) AS total FROM adult WHERE sex = 'Female'", ["total"]),
-], ids=["wrapper", "chain", "inside-a-derived-table", "materialized"])
+    # Superset 6.1's virtual dataset on PostgreSQL keeps its CTE inside the virtual_table subquery
+    # (tests/data/superset-statements.md, cte-*); on engines without CTEs in subqueries it hoists it.
+    ("SELECT AVG(CASE WHEN age > 41 THEN 1 ELSE 0 END) AS rate FROM (WITH adults AS (SELECT * FROM adult "
+     "WHERE age >= 30) SELECT * FROM adults) AS virtual_table LIMIT 10000",
+     "SELECT AVG(CASE WHEN age > 41 THEN 1 ELSE 0 END) AS rate FROM adult WHERE age >= 30 LIMIT 10000", ["rate"]),
+    ("WITH adults AS (SELECT * FROM adult WHERE age >= 32) SELECT COUNT(*) AS count FROM (SELECT * FROM adults) "
+     "AS virtual_table LIMIT 10000", "SELECT COUNT(*) AS count FROM adult WHERE age >= 32 LIMIT 10000", ["count"]),
+], ids=["wrapper", "chain", "inside-a-derived-table", "materialized", "superset-virtual-table-indicator",
+        "superset-hoisted"])
 def test_a_cte_read_once_is_answered_as_the_same_release_as_the_flat_statement(
     proxy: RunningProxy, sql: str, flat: str, names: list[str]
 ) -> None:

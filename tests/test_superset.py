@@ -10,7 +10,9 @@ to GROUP BY — a pie and a bar chart by sex and a monthly line over a time rang
 declared key, and line and bar charts split by sex with a *Series limit*; custom SQL metrics
 restricted by a condition (``SUM(CASE WHEN p THEN 1 ELSE 0 END)``, ``COUNT(*) FILTER (WHERE p)``,
 their share of ``COUNT(*)``) in a Big Number, a Bar Chart by sex and a Table; a native filter's
-list of values of ``sex`` is its declared categories, at no cost. More chart types draw from
+list of values of ``sex`` is its declared categories, at no cost. A virtual dataset written
+as a CTE over ``people`` (Superset keeps the CTE inside ``virtual_table``) draws a Big Number,
+a Bar Chart by ``sex`` and an indicator rate; its row-level probe is refused. More chart types draw from
 the same histograms: a Big Number with time comparison, a Pivot Table (its totals summed by
 Superset), a Table with dimensions and a row limit, a Mixed Chart, a Treemap, a Sunburst and a
 Box Plot distributed across months; a Box Plot across rows and the Histogram chart are refused.
@@ -57,7 +59,8 @@ MUST_ANSWER = frozenset({"connect", "introspect", "physical-dataset", "big-numbe
                          "pie-chart", "bar-chart", "time-series-chart", "native-filter", "column-values",
                          "series-limit-line", "series-limit-bar", "big-number-time-comparison", "pivot-table",
                          "table-with-dimensions", "mixed-chart", "treemap", "sunburst", "box-plot",
-                         "conditional-indicator"}) | frozenset(
+                         "conditional-indicator", "cte-virtual-dataset", "cte-big-number", "cte-bar-chart",
+                         "cte-indicator"}) | frozenset(
     f"chart-{viz_type}" for viz_type in (
         "funnel", "gauge_chart", "word_cloud", "radar", "bubble_v2", "ag-grid-table", "handlebars",
         "echarts_timeseries", "echarts_area", "echarts_timeseries_scatter", "echarts_timeseries_smooth",
@@ -401,6 +404,95 @@ def test_superset_indicator_metrics_are_answered_as_counts_and_their_share(
         assert spent_epsilon(conn) - before == pytest.approx(1.0)
     exact = _exact(admin, exact_sql)
     assert abs(float(row["rate"]) - float(exact)) < tolerance, (row, exact)
+
+
+# A virtual dataset written as a CTE read once (docs/query-shapes.md §2): the row-level form is
+# what a user means; the aggregate form is what Superset can create, since it probes with LIMIT 1.
+CTE_CONDITION = "age >= 30"
+CTE_SQL = f"WITH adults AS (SELECT * FROM people WHERE {CTE_CONDITION}) SELECT * FROM adults"
+CTE_AGGREGATE_SQL = f"WITH adults AS (SELECT * FROM people WHERE {CTE_CONDITION}) SELECT COUNT(*) AS n FROM adults"
+PEOPLE_COLUMNS = [{"column_name": "id", "type": "INTEGER"}, {"column_name": "age", "type": "INTEGER"},
+                  {"column_name": "income", "type": "INTEGER"}, {"column_name": "sex", "type": "TEXT"},
+                  {"column_name": "signed_up", "type": "TIMESTAMP WITHOUT TIME ZONE", "is_dttm": True}]
+
+
+def test_superset_row_level_cte_virtual_dataset_is_not_created(stack: Stack):
+    """Saving ``WITH adults AS (...) SELECT * FROM adults`` as a dataset probes it with LIMIT 1,
+    one row of people: refused (DP001) as the plain row-level virtual dataset is."""
+    stack.relay.phase = "cte-row-level-virtual-dataset"
+    status, body = stack.api.post("/api/v1/dataset/", {"database": stack.database_id, "schema": "public",
+                                                        "table_name": "adults_rows", "sql": CTE_SQL})
+    assert status >= 400, body
+    probes = [r for r in stack.relay.statements() if r.phase == "cte-row-level-virtual-dataset" and "people" in r.sql]
+    assert probes and {r.outcome for r in probes} == {"DP001"}, probes
+
+
+@pytest.fixture(scope="module")
+def cte_dataset(stack: Stack) -> int:
+    """A virtual dataset whose SQL is a row-level CTE over ``people``, with people's columns, made
+    as a user can: saved in its aggregate form (its probe is a DP count), then edited in *Edit
+    dataset* (source unlocked: ``override_columns=true``). Superset saves the SQL and columns, then
+    syncs the columns by probing the new SQL with LIMIT 1: refused, and shown as dpproxy's error."""
+    stack.relay.phase = "cte-virtual-dataset"
+    status, body = stack.api.post("/api/v1/dataset/", {"database": stack.database_id, "schema": "public",
+                                                        "table_name": "adults", "sql": CTE_AGGREGATE_SQL})
+    assert status == 201, body
+    dataset = int(body["id"])
+    stack.relay.phase = "cte-virtual-dataset-edit"
+    status, body = stack.api.request("PUT", f"/api/v1/dataset/{dataset}?override_columns=true",
+                                     {"sql": CTE_SQL, "columns": PEOPLE_COLUMNS})
+    assert status == 400 and "(rule: no-row-access)" in str(body) and "HINT:" in str(body), body
+    # The same statement as the row-level dataset's probe: recorded under that phase.
+    probes = [r for r in stack.relay.statements() if r.phase == "cte-virtual-dataset-edit" and "people" in r.sql]
+    assert probes and {r.outcome for r in probes} == {"DP001"}, probes
+    status, body = stack.api.get(f"/api/v1/dataset/{dataset}")
+    assert status == 200 and body["result"]["sql"] == CTE_SQL, body
+    assert {c["column_name"] for c in body["result"]["columns"]} == {c["column_name"] for c in PEOPLE_COLUMNS}
+    return dataset
+
+
+COUNT_STAR = _sql_metric("COUNT(*)", "count")
+
+
+def test_superset_big_number_on_a_cte_virtual_dataset_is_a_noised_count(stack: Stack, cte_dataset: int, admin):
+    stack.relay.phase = "cte-big-number"
+    row = _single_row(*_chart_data(stack, cte_dataset, "big_number_total", [COUNT_STAR]))
+    exact = _exact(admin, f"SELECT count(*) FROM people WHERE {CTE_CONDITION}")
+    assert abs(row["count"] - exact) < 50, (row, exact)  # one column, ε = 1: Laplace scale 1
+
+
+def test_superset_bar_chart_on_a_cte_virtual_dataset_by_a_declared_key_draws(stack: Stack, cte_dataset: int, admin):
+    stack.relay.phase = "cte-bar-chart"
+    rows = _rows(*_chart_data(stack, cte_dataset, "echarts_timeseries_bar", [COUNT_STAR],
+                              columns=[{"columnType": "BASE_AXIS", "sqlExpression": "sex", "label": "sex",
+                                        "expressionType": "SQL"}]))
+    assert sorted(row["sex"] for row in rows) == ["Female", "Male"], rows
+    for row in rows:
+        exact = _exact(admin, f"SELECT count(*) FROM people WHERE {CTE_CONDITION} AND sex = '{row['sex']}'")
+        assert abs(row["count"] - exact) < 50, (row, exact)
+
+
+def test_superset_indicator_average_on_a_cte_virtual_dataset_is_a_noised_share(stack: Stack, cte_dataset: int,
+                                                                               admin):
+    stack.relay.phase = "cte-indicator"
+    metric = _sql_metric("AVG(CASE WHEN age > 41 THEN 1 ELSE 0 END)", "rate")
+    with stack.proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        row = _single_row(*_chart_data(stack, cte_dataset, "big_number_total", [metric]))
+        assert spent_epsilon(conn) - before == pytest.approx(1.0)
+    exact = _exact(admin, f"SELECT count(*) FILTER (WHERE age > 41) * 1.0 / count(*) FROM people "
+                          f"WHERE {CTE_CONDITION}")
+    assert abs(float(row["rate"]) - float(exact)) < 0.05, (row, exact)  # two counts of ~1,200 rows, scale 2
+
+
+def test_superset_chart_on_a_cte_virtual_dataset_grouped_by_a_column_not_opted_in_is_refused(
+        stack: Stack, cte_dataset: int):
+    """The CTE is the wrapper it names: grouping it by ``income`` is the GROUP BY on people it is."""
+    stack.relay.phase = "cte-group-by-refused"
+    status, body = _chart_data(stack, cte_dataset, "pie", [COUNT_STAR], columns=["income"])
+    assert status == 400 and "(rule: no-group-by)" in str(body) and "HINT:" in str(body), body
+    refused = [r for r in stack.relay.statements() if r.phase == "cte-group-by-refused" and "people" in r.sql]
+    assert refused and {r.outcome for r in refused} == {"DP001"}, refused
 
 
 def test_superset_monthly_line_draws_every_month_of_the_time_range(stack: Stack, physical_dataset: int, admin):
