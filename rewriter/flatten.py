@@ -180,7 +180,9 @@ def _mapped(
         raise scope.refuse(f"column {column.sql('postgres')} does not belong to protected table", "column-reference")
     name = identifier(column.this)
     if name in ambiguous:
-        raise Refusal("42702", f'column reference "{name}" is ambiguous', rule="ambiguous-column")
+        raise Refusal("42702", f'column reference "{name}" is ambiguous',
+                      f"The subquery or CTE makes two columns named {name} visible; give them different names.",
+                      "ambiguous-column")
     base = names.get(name)
     if base is None:
         raise Refusal("42703", f'column "{name}" does not exist', "Columns: " + ", ".join(names), "undefined-column")
