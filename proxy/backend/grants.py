@@ -13,9 +13,11 @@ re-check finds the privilege back.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Mapping
 
 from policies.tables import Relation, quote_identifier
+
+from .fetches import Fetches
 
 __all__ = ["unreadable", "unreadable_protected"]
 
@@ -32,11 +34,8 @@ ORDER BY c.oid
 """
 
 
-class _Fetches(Protocol):
-    async def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
 
-
-async def unreadable(session: _Fetches, relations: Mapping[int, Relation]) -> dict[int, str]:
+async def unreadable(session: Fetches, relations: Mapping[int, Relation]) -> dict[int, str]:
     """The protected relations of ``relations`` the session's role has no SELECT on, by OID,
     each with that role's name (the one a GRANT must name)."""
     protected = [oid for oid, relation in relations.items() if relation.access == "protected"]
@@ -45,7 +44,7 @@ async def unreadable(session: _Fetches, relations: Mapping[int, Relation]) -> di
     return {int(oid): str(role) for oid, role in await session.fetch_all(_UNREADABLE_SQL, (protected,))}
 
 
-async def unreadable_protected(session: _Fetches, relations: Mapping[int, Relation],
+async def unreadable_protected(session: Fetches, relations: Mapping[int, Relation],
                                names: Mapping[int, str]) -> list[str]:
     """A problem (``tables.<name>: ...``) for each protected relation of ``relations`` the
     session's role has no SELECT on; ``names`` gives each as the policy writes it."""

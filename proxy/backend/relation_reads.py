@@ -16,9 +16,11 @@ relation that reads through either is refused too, whatever it reads.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Mapping
 
 from policies.tables import Relation
+
+from .fetches import Fetches
 
 __all__ = ["public_reads_protected", "public_leaking"]
 
@@ -78,11 +80,8 @@ ORDER BY 1, 2
 """
 
 
-class _Fetches(Protocol):
-    async def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
 
-
-async def _leaks(session: _Fetches, relations: Mapping[int, Relation]
+async def _leaks(session: Fetches, relations: Mapping[int, Relation]
                  ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """(public root, protected relation it reads), (protected root, public child) and (public
     root, what it reads that cannot be followed: a function, a foreign table) pairs."""
@@ -96,7 +95,7 @@ async def _leaks(session: _Fetches, relations: Mapping[int, Relation]
     return reads, rows_of, opaque
 
 
-async def public_leaking(session: _Fetches, relations: Mapping[int, Relation]) -> frozenset[int]:
+async def public_leaking(session: Fetches, relations: Mapping[int, Relation]) -> frozenset[int]:
     """The OIDs of the public relations of ``relations`` that now read a protected one or are
     its inheritance child or partition: what :func:`public_reads_protected` refuses at load,
     found again after DDL since (``CREATE OR REPLACE VIEW``, ``ALTER TABLE ... INHERIT``)."""
@@ -105,7 +104,7 @@ async def public_leaking(session: _Fetches, relations: Mapping[int, Relation]) -
             | frozenset(int(root) for root, _ in opaque))
 
 
-async def public_reads_protected(session: _Fetches, relations: Mapping[int, Relation],
+async def public_reads_protected(session: Fetches, relations: Mapping[int, Relation],
                                  names: Mapping[int, str]) -> list[str]:
     """A problem for each public relation of ``relations`` that reads a protected one, or is
     its inheritance child or partition.

@@ -45,9 +45,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Protocol, Sequence
+from typing import Iterator, Mapping
 
 from policies.tables import Relation
+
+from .fetches import Fetches
 
 __all__ = ["TOTAL_FUNCTIONS", "TOTAL_AGGREGATES", "failing_protected", "fallible_protected"]
 
@@ -188,9 +190,6 @@ WHERE o.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])
 """
 
 
-class _Fetches(Protocol):
-    async def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
-
 
 @dataclass(frozen=True)
 class _Scan:
@@ -267,7 +266,7 @@ def _node_failure(tag: str, fields: Mapping[str, str], functions: set[int], oper
         yield f"{tag.lower()} (dpproxy cannot show that it never fails on a row)"
 
 
-async def _findings(session: _Fetches, relations: Mapping[int, Relation]) -> dict[int, list[str]]:
+async def _findings(session: Fetches, relations: Mapping[int, Relation]) -> dict[int, list[str]]:
     """For each protected relation of ``relations`` that reads through something that can fail on a
     row, a description of each such thing: what it is and where (the view or policy)."""
     protected = [oid for oid, relation in relations.items() if relation.access == "protected"]
@@ -296,13 +295,13 @@ async def _findings(session: _Fetches, relations: Mapping[int, Relation]) -> dic
     return found
 
 
-async def fallible_protected(session: _Fetches, relations: Mapping[int, Relation]) -> dict[int, str]:
+async def fallible_protected(session: Fetches, relations: Mapping[int, Relation]) -> dict[int, str]:
     """The protected relations of ``relations`` that read through an expression that can fail on a
     row, by OID, each with the first such expression (the periodic re-check's question)."""
     return {oid: problems[0] for oid, problems in (await _findings(session, relations)).items()}
 
 
-async def failing_protected(session: _Fetches, relations: Mapping[int, Relation],
+async def failing_protected(session: Fetches, relations: Mapping[int, Relation],
                             names: Mapping[int, str]) -> list[str]:
     """A problem (``tables.<name>: ...``) for each protected relation of ``relations`` that reads
     through an expression that can fail on a row; ``names`` gives each as the policy writes it."""
