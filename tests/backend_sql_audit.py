@@ -1,24 +1,31 @@
 """An independent check of the backend SQL dpproxy writes: every expression the backend
-evaluates on a row of the protected table must be *total*, unable to raise on any value of
-its column's type (docs/threat-model.md, error oracles).
+evaluates on a row of the protected table, or on a group of its rows, must be *total*, unable
+to raise on any value of its operands' types (docs/threat-model.md, error oracles).
 
 The rewriter keeps its predicates, keys and aggregates total by allowlists of its own
 (:mod:`rewriter.predicates`, :mod:`rewriter.group_keys`, :mod:`rewriter.rewrite` ...). This
 module checks what comes out instead of how it was made: it parses the backend SQL with
 pglast (PostgreSQL's own parser), finds every expression evaluated per row of the protected
-relation, and accepts a node only when :data:`TOTAL` lists it for its operands' types. Each
+relation or per group of its rows, and accepts a node only when :data:`TOTAL` lists it for its operands' types. Each
 entry states why the node cannot raise. Anything else is a :class:`Finding`.
 
 Per row means: the WHERE and GROUP BY of a SELECT reading the protected table (or a
 projection of it, as sample and aggregate's ``filtered`` subquery), the whole target list of
 such a projection, and in an aggregating SELECT the aggregates' arguments, FILTERs and
-ORDER BY, and every target or HAVING expression that reads a column outside an aggregate (a
-grouped key's value is a row's value). Expressions over aggregate results only (the casts of
-a partition's value) are per group of rows and out of scope here.
+ORDER BY. Per group means everything else such a SELECT evaluates: its targets and HAVING over
+aggregate results (a partition's mean, its value cast to double precision, a histogram
+cell's key of the grouped value), its ORDER BY, LIMIT and OFFSET, and every expression of the
+SELECTs above it (the partitions' ``encode(string_agg(float8send(p)))``, the cells' ``k IS NOT
+NULL``). An error there is decided by the rows as much as one on a row, so both are checked
+alike: an aggregate is a node whose result is known per group (a count's range, a clamped
+sum's bounds, NULL where no row has a value) and an expression over it is accepted only with
+a reason on the table.
 
-The audit is conservative: facts it tracks (a float's range after a clamp, NaN excluded in a
-CASE branch that tested for it, a date bounded by constants in the THEN of its range test)
-only ever make it accept more when a reason on the table says why. It reads the SQL and the
+The audit is conservative: facts it tracks (a value's range after a clamp and through a sum,
+NaN excluded in a CASE branch that tested for it, a date bounded by constants in the THEN of
+its range test, the least nonzero magnitude past an ``abs(x) < c`` test, what makes a value
+NULL, how many groups a GROUP BY on bounded integer keys makes) only ever make it accept more
+when a reason on the table says why. It reads the SQL and the
 column types, not the parameters' types: a ``$n`` is taken as coerced to its column's type,
 which holds because a DP statement's parameters are unspecified or of a closed list of built-in
 scalar types (``proxy.dp.parameter_types``) and the rewriter casts one beside a numeric column
@@ -53,7 +60,7 @@ class AuditColumn:
 
 @dataclass(frozen=True)
 class Finding:
-    """A per-row node the table of total operations does not list."""
+    """A node evaluated per row or per group that the table of total operations does not list."""
 
     node: str
     reason: str
@@ -62,7 +69,7 @@ class Finding:
         return f"{self.reason}: {self.node}"
 
 
-# Why each accepted node cannot raise on a row. The checks below cite these keys; a test pins
+# Why each accepted node cannot raise on a row or a group. The checks below cite these keys; a test pins
 # that every key is cited and every citation is a key.
 TOTAL: dict[str, str] = {
     "column": "reading a column's value never fails; NULL is a value like any other",
@@ -149,7 +156,7 @@ _TYPE_NAMES: dict[str, int] = {
 }
 _UNKNOWN = 705  # an untyped literal or parameter: coerced to the other side's type
 _NULL = -1
-_OPAQUE = -2  # an aggregate's result where a per-row value is expected
+_OPAQUE = -2  # the value of a node that is a finding: nothing is known of it
 _MIN_SUBNORMAL = 5e-324
 _SMALLEST_NORMAL = 2.2250738585072014e-308
 _MAX_FLOAT8 = 1.7976931348623157e308
@@ -214,7 +221,7 @@ class _Context:
 
 
 def audit_backend_sql(sql: str, table: tuple[str, str], columns: Mapping[str, AuditColumn]) -> list[Finding]:
-    """The per-row nodes of ``sql`` that :data:`TOTAL` does not list.
+    """The nodes of ``sql`` evaluated per row or per group that :data:`TOTAL` does not list.
 
     ``table`` is the protected relation as (schema, name), ``columns`` its columns by name.
     A statement that does not parse, or reads the table in a shape this audit does not know
@@ -310,7 +317,7 @@ def _groups(keys: list[_Value]) -> float:
 
 
 def _check(node: ast.Node, context: _Context) -> _Value:
-    """Check ``node`` evaluated per row; return what is known of its value."""
+    """Check ``node`` evaluated per row or per group; return what is known of its value."""
     value = _checked(node, context)
     for known, fact in context.facts:  # pglast compares nodes by their fields, locations aside
         if known != node:

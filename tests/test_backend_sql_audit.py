@@ -1,9 +1,10 @@
-"""Every backend SQL dpproxy writes evaluates only total operations per row (tests/backend_sql_audit.py).
+"""Every backend SQL dpproxy writes evaluates only total operations per row and per group (tests/backend_sql_audit.py).
 
 A real dpproxy answers a representative corpus (the neighbour fuzzer's generator with a fixed
-seed, the type matrix's WHERE forms, aggregates and keys on four column types, and every
-recorded Superset statement); the backend SQL of each answer is captured where the executor
-sends it and audited. Any per-row node that the table of total operations does not list fails
+seed, the type matrix's WHERE forms, aggregates and keys on four column types, sample and
+aggregate at each numeric type's widest bounds with each partitioning, and every recorded
+Superset statement); the backend SQL of each answer is captured where the executor sends it
+and audited. Any node that the table of total operations does not list fails
 the test with the statement and the node. The audit's own table is pinned by unit cases: the
 past holes are findings, the shapes the rewriter writes are not.
 """
@@ -89,7 +90,7 @@ def fuzz_table_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFac
 
 
 def _assert_total(captured: list[Captured], at_least: int, unparsed: Callable[[str], bool] | None = None) -> None:
-    """No captured statement evaluates a per-row operation off the table. With ``unparsed``, a
+    """No captured statement evaluates an operation off the table, per row or per group. With ``unparsed``, a
     statement it says fails PostgreSQL's parse analysis is let through: it runs on no row."""
     statements = {c.sql: c for c in captured}
     assert len(statements) >= at_least, f"only {len(statements)} backend statements captured"
@@ -99,7 +100,7 @@ def _assert_total(captured: list[Captured], at_least: int, unparsed: Callable[[s
         if findings and unparsed is not None and unparsed(sql):
             continue
         problems += [f"{finding}\n    in: {sql}" for finding in findings]
-    assert not problems, f"{len(problems)} per-row operations not on the table of total ones; the first {REPORTED}:\n" + (
+    assert not problems, f"{len(problems)} operations not on the table of total ones; the first {REPORTED}:\n" + (
         "\n".join(problems[:REPORTED]))
 
 
