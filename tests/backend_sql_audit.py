@@ -235,7 +235,9 @@ def audit_backend_sql(sql: str, table: tuple[str, str], columns: Mapping[str, Au
     findings: list[Finding] = []
     for raw in statements:
         if isinstance(raw.stmt, ast.SelectStmt):
-            _select(raw.stmt, table, values, findings)
+            if _select(raw.stmt, table, values, findings) is None and not findings and _reads(raw.stmt, table):
+                findings.append(Finding(_sql(raw.stmt), "the protected table read where the audit does not follow "
+                                                        "it (a CTE, a subquery in an expression)"))
         else:
             findings.append(Finding(_sql(raw.stmt), "not a SELECT"))
     return findings
@@ -260,6 +262,9 @@ def _select(node: ast.SelectStmt, table: tuple[str, str], columns: Mapping[str, 
         for side in (node.larg, node.rarg):
             if side is not None and _reads(side, table):
                 findings.append(Finding(_sql(node), "a set operation over the protected table"))
+        return None
+    if node.withClause is not None and _reads(node.withClause, table):
+        findings.append(Finding(_sql(node), "the protected table read in a WITH query"))
         return None
     sources = list(node.fromClause or ())
     rows: _Relation | None = None

@@ -381,8 +381,13 @@ def test_the_grounds_of_the_per_group_reasons_hold_on_the_backend(test_db: TestD
             conn.execute("SELECT CAST(1e-400::numeric AS double precision)")  # why the cast needs its guard
 
 
-def test_the_audit_reads_a_table_through_a_join_as_a_finding() -> None:
-    sql = f'SELECT pg_catalog.count(*) FROM {_T} JOIN "public"."y" ON TRUE'
+@pytest.mark.parametrize("sql", [
+    f'SELECT pg_catalog.count(*) FROM {_T} JOIN "public"."y" ON TRUE',
+    f"WITH c AS (SELECT CAST(i AS pg_catalog.int2) AS s FROM {_T}) SELECT pg_catalog.count(*) FROM c",
+    f"SELECT (SELECT pg_catalog.sum(i) FROM {_T}) OPERATOR(pg_catalog.+) 1",
+])
+def test_the_audit_reads_a_table_it_does_not_follow_as_a_finding(sql: str) -> None:
+    """A join, a CTE or a scalar subquery: the audit would not see what they evaluate."""
     assert audit_backend_sql(sql, ("public", "x"), _COLUMNS)
 
 
