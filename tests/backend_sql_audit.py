@@ -1,24 +1,31 @@
 """An independent check of the backend SQL dpproxy writes: every expression the backend
-evaluates on a row of the protected table must be *total*, unable to raise on any value of
-its column's type (docs/threat-model.md, error oracles).
+evaluates on a row of the protected table, or on a group of its rows, must be *total*, unable
+to raise on any value of its operands' types (docs/threat-model.md, error oracles).
 
 The rewriter keeps its predicates, keys and aggregates total by allowlists of its own
 (:mod:`rewriter.predicates`, :mod:`rewriter.group_keys`, :mod:`rewriter.rewrite` ...). This
 module checks what comes out instead of how it was made: it parses the backend SQL with
 pglast (PostgreSQL's own parser), finds every expression evaluated per row of the protected
-relation, and accepts a node only when :data:`TOTAL` lists it for its operands' types. Each
+relation or per group of its rows, and accepts a node only when :data:`TOTAL` lists it for its operands' types. Each
 entry states why the node cannot raise. Anything else is a :class:`Finding`.
 
 Per row means: the WHERE and GROUP BY of a SELECT reading the protected table (or a
 projection of it, as sample and aggregate's ``filtered`` subquery), the whole target list of
 such a projection, and in an aggregating SELECT the aggregates' arguments, FILTERs and
-ORDER BY, and every target or HAVING expression that reads a column outside an aggregate (a
-grouped key's value is a row's value). Expressions over aggregate results only (the casts of
-a partition's value) are per group of rows and out of scope here.
+ORDER BY. Per group means everything else such a SELECT evaluates: its targets and HAVING over
+aggregate results (a partition's mean, its value cast to double precision, a histogram
+cell's key of the grouped value), its ORDER BY, LIMIT and OFFSET, and every expression of the
+SELECTs above it (the partitions' ``encode(string_agg(float8send(p)))``, the cells' ``k IS NOT
+NULL``). An error there is decided by the rows as much as one on a row, so both are checked
+alike: an aggregate is a node whose result is known per group (a count's range, a clamped
+sum's bounds, NULL where no row has a value) and an expression over it is accepted only with
+a reason on the table.
 
-The audit is conservative: facts it tracks (a float's range after a clamp, NaN excluded in a
-CASE branch that tested for it, a date bounded by constants in the THEN of its range test)
-only ever make it accept more when a reason on the table says why. It reads the SQL and the
+The audit is conservative: facts it tracks (a value's range after a clamp and through a sum,
+NaN excluded in a CASE branch that tested for it, a date bounded by constants in the THEN of
+its range test, the least nonzero magnitude past an ``abs(x) < c`` test, what makes a value
+NULL, how many groups a GROUP BY on bounded integer keys makes) only ever make it accept more
+when a reason on the table says why. It reads the SQL and the
 column types, not the parameters' types: a ``$n`` is taken as coerced to its column's type,
 which holds because a DP statement's parameters are unspecified or of a closed list of built-in
 scalar types (``proxy.dp.parameter_types``) and the rewriter casts one beside a numeric column
@@ -53,7 +60,7 @@ class AuditColumn:
 
 @dataclass(frozen=True)
 class Finding:
-    """A per-row node the table of total operations does not list."""
+    """A node evaluated per row or per group that the table of total operations does not list."""
 
     node: str
     reason: str
@@ -62,7 +69,7 @@ class Finding:
         return f"{self.reason}: {self.node}"
 
 
-# Why each accepted node cannot raise on a row. The checks below cite these keys; a test pins
+# Why each accepted node cannot raise on a row or a group. The checks below cite these keys; a test pins
 # that every key is cited and every citation is a key.
 TOTAL: dict[str, str] = {
     "column": "reading a column's value never fails; NULL is a value like any other",
@@ -111,7 +118,27 @@ TOTAL: dict[str, str] = {
                      "≥ 1 in magnitude and floor() of a numeric cannot fail",
     "aggregate": "count/sum/min/max over per-row values already checked: count counts, sum of integers "
                  "or numerics accumulates in numeric (int2/int4 in bigint: 2^32 rows to overflow), "
-                 "min/max compare values of one built-in type",
+                 "min/max compare values of one built-in type. Per group, what they return is known: a count "
+                 "is a bigint in [0, 2^63); a sum of n ≤ 2^63 values in [lo, hi] lies in [n·lo, n·hi] "
+                 "(numeric holds 10^131072) and of integers is an integer, so nonzero is at least 1 in "
+                 "magnitude; a min/max is one of the values; sum/min/max are NULL exactly where no row of "
+                 "the group (under the same FILTER) has a non-NULL argument",
+    "numeric-to-double": "a numeric known not NaN, of magnitude at most 1.7976931348623157e308 (the largest "
+                         "double) and, when nonzero, at least 2.2250738585072014e-308 (the smallest normal "
+                         "one), converts to double precision without overflow or underflow",
+    "divide-by-count": "a double precision over count(c) FILTER (WHERE f), where the dividend is NULL whenever "
+                       "no row has c non-NULL under f (a strict function of such a sum/min/max): a count of 0 "
+                       "meets a NULL dividend, which a strict division never divides; else the count is in "
+                       "[1, 2^63), so the quotient is no larger than the dividend (no overflow; ±Infinity and "
+                       "NaN divide without error) and, the dividend being 0 or at least s in magnitude (or "
+                       "checked ≥ count·s by the CASE it is in), at least s/2^63 or s (no underflow when ≥ 5e-324)",
+    "float-send": "float8send() of a double precision returns its 8 bytes, NaN and ±Infinity included",
+    "string-agg": "string_agg() of bytea values of at most w bytes with a constant delimiter, over a relation "
+                  "of at most r rows with w·r below 512 MB, stays under bytea's 1 GB limit",
+    "encode-hex": "encode(x, 'hex') of a bytea below 512 MB is text of twice its length, below 1 GB",
+    "integer-groups": "a GROUP BY on integer-valued keys bounded to [lo, hi] (a partition number "
+                      "(h & mask) % m in [0, m), or floor(random() * m) in [0, m]) makes at most "
+                      "∏(hi − lo + 2) groups, NULL included",
 }
 
 _INTEGERS = {21: "int2", 23: "int4", 20: "int8"}
@@ -129,8 +156,13 @@ _TYPE_NAMES: dict[str, int] = {
 }
 _UNKNOWN = 705  # an untyped literal or parameter: coerced to the other side's type
 _NULL = -1
-_OPAQUE = -2  # an aggregate's result where a per-row value is expected
+_OPAQUE = -2  # the value of a node that is a finding: nothing is known of it
 _MIN_SUBNORMAL = 5e-324
+_SMALLEST_NORMAL = 2.2250738585072014e-308
+_MAX_FLOAT8 = 1.7976931348623157e308
+_ROWS = 2.0**63  # no relation has more rows (a count is a bigint)
+_BYTEA = 17
+_MAX_BYTES = 2**29  # below bytea's 1 GB limit, with room for encode()'s hex doubling
 _HASHES = {
     "hashint2extended": {21}, "hashint4extended": {23}, "hashint8extended": {20},
     "hashfloat4extended": {700}, "hashfloat8extended": {701}, "hash_numeric_extended": {1700},
@@ -142,7 +174,7 @@ _CLAMPS = {
     "int8smaller": 20, "float8larger": 701, "float8smaller": 701, "numeric_larger": 1700, "numeric_smaller": 1700,
 }
 _DATE_UNITS = {"year", "quarter", "month", "week", "day", "hour", "minute", "second"}
-_AGGREGATES = {"count", "sum", "min", "max"}
+_AGGREGATES = {"count", "sum", "min", "max", "string_agg"}
 _COMPARISONS = {"=", "<>", "<", "<=", ">", ">="}
 _LIKES = {"~~", "~~*", "!~~", "!~~*"}
 _YEAR = re.compile(r"^\s*(\d{1,7})-")
@@ -160,20 +192,36 @@ class _Value:
     high: float = math.inf
     smallest: float = _MIN_SUBNORMAL  # the smallest magnitude a nonzero value can have
     bounded: bool = False  # a date/time inside constants of safe years
+    integral: bool = False  # a float or numeric known to hold whole numbers (floor's)
     column: AuditColumn | None = None
+    # What makes the value NULL: a column's name (NULL there makes it NULL), or for an aggregate
+    # of such a value "empty:<column>|<filter>" (NULL where no row has that column non-NULL).
+    null_with: frozenset[str] = frozenset()
+    counts: str | None = None  # a count(column)'s "<column>|<filter>"
+    per: tuple[ast.Node, float] | None = None  # (a divisor, the least nonzero |value| / divisor)
+
+
+@dataclass(frozen=True)
+class _Relation:
+    """What a SELECT's FROM gives its expressions: its columns' values, and at most how many
+    rows it holds (a GROUP BY on bounded integer keys has at most so many groups)."""
+
+    columns: Mapping[str, _Value]
+    rows: float = math.inf
 
 
 @dataclass
 class _Context:
-    """The relation's columns by name, and facts that hold in the CASE branch being checked."""
+    """The relation read, and facts that hold in the CASE branch being checked."""
 
     columns: Mapping[str, _Value]
-    facts: dict[str, _Value] = field(default_factory=dict)
+    rows: float = math.inf
+    facts: list[tuple[ast.Node, _Value]] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
 
 
 def audit_backend_sql(sql: str, table: tuple[str, str], columns: Mapping[str, AuditColumn]) -> list[Finding]:
-    """The per-row nodes of ``sql`` that :data:`TOTAL` does not list.
+    """The nodes of ``sql`` evaluated per row or per group that :data:`TOTAL` does not list.
 
     ``table`` is the protected relation as (schema, name), ``columns`` its columns by name.
     A statement that does not parse, or reads the table in a shape this audit does not know
@@ -183,35 +231,46 @@ def audit_backend_sql(sql: str, table: tuple[str, str], columns: Mapping[str, Au
         statements = parse_sql(sql)
     except Exception as exc:  # pglast raises its own ParseError; anything else is as bad
         return [Finding(sql[:200], f"does not parse: {exc}")]
-    values = {name: _column_value(column) for name, column in columns.items()}
+    values = {name: _column_value(name, column) for name, column in columns.items()}
     findings: list[Finding] = []
     for raw in statements:
         if isinstance(raw.stmt, ast.SelectStmt):
-            _select(raw.stmt, table, values, findings)
+            if _select(raw.stmt, table, values, findings) is None and not findings and _reads(raw.stmt, table):
+                findings.append(Finding(_sql(raw.stmt), "the protected table read where the audit does not follow "
+                                                        "it (a CTE, a subquery in an expression)"))
         else:
             findings.append(Finding(_sql(raw.stmt), "not a SELECT"))
     return findings
 
 
-def _column_value(column: AuditColumn) -> _Value:
+def _column_value(name: str, column: AuditColumn) -> _Value:
     nan = column.type_oid in _FLOATS or column.type_oid == _NUMERIC
-    return _Value(column.type_oid, nan=nan, column=column)
+    smallest = 1.0 if column.type_oid in _INTEGERS else 0.0 if column.type_oid == _NUMERIC else _MIN_SUBNORMAL
+    return _Value(column.type_oid, nan=nan, smallest=smallest, column=column, null_with=frozenset((name,)))
 
 
 def _select(node: ast.SelectStmt, table: tuple[str, str], columns: Mapping[str, _Value],
-            findings: list[Finding]) -> Mapping[str, _Value] | None:
-    """Check one SELECT; return its output columns' values when it is a per-row projection
-    of the protected table (so a SELECT over it reads rows too), else None."""
+            findings: list[Finding]) -> _Relation | None:
+    """Check one SELECT that reads the protected table, directly or through SELECTs in its FROM;
+    return its output columns' values (so a SELECT over it is checked too), else None.
+
+    Every expression such a SELECT evaluates is checked: per row (WHERE, GROUP BY, a
+    projection's targets, aggregates' arguments and FILTERs) or per group of rows (targets and
+    HAVING over aggregate results, ORDER BY, LIMIT), and in every SELECT above it, whose
+    "rows" are groups: an error there is decided by the rows as much as one on a row."""
     if node.op is not None and node.op.name != "SETOP_NONE":
         for side in (node.larg, node.rarg):
             if side is not None and _reads(side, table):
                 findings.append(Finding(_sql(node), "a set operation over the protected table"))
         return None
+    if node.withClause is not None and _reads(node.withClause, table):
+        findings.append(Finding(_sql(node), "the protected table read in a WITH query"))
+        return None
     sources = list(node.fromClause or ())
-    rows: Mapping[str, _Value] | None = None
+    rows: _Relation | None = None
     for source in sources:
         if isinstance(source, ast.RangeVar) and (source.schemaname, source.relname) == table:
-            rows = columns
+            rows = _Relation(columns)
         elif isinstance(source, ast.RangeSubselect):
             projected = _select(source.subquery, table, columns, findings)
             if projected is not None:
@@ -223,36 +282,54 @@ def _select(node: ast.SelectStmt, table: tuple[str, str], columns: Mapping[str, 
     if len(sources) != 1:
         findings.append(Finding(_sql(node), "the protected table read beside another relation"))
         return None
-    context = _Context(rows)
+    context = _Context(rows.columns, rows.rows)
     if node.whereClause is not None:
         _check(node.whereClause, context)
-    for item in node.groupClause or ():
-        _check(item, context)
-    aggregating = bool(node.groupClause) or any(_has_aggregate(t.val) for t in node.targetList or ())
+    keys = [_check(item, context) for item in node.groupClause or ()]
     outputs: dict[str, _Value] = {}
     for target in node.targetList or ():
-        if aggregating and not _reads_column_outside_aggregates(target.val):
-            for aggregate in _aggregates(target.val):
-                _check(aggregate, context)
-        else:
-            value = _check(target.val, context)
-            name = target.name or _output_name(target.val)
-            if name is not None:
-                outputs[name] = value
-    if node.havingClause is not None:
-        for aggregate in _aggregates(node.havingClause):
-            _check(aggregate, context)
+        value = _check(target.val, context)
+        name = target.name or _output_name(target.val)
+        if name is not None:  # NULL-ness is named afresh at each level: by the output's own name
+            outputs[name] = replace(value, null_with=frozenset((name,)), counts=None, per=None)
+    for clause in (node.havingClause, node.limitCount, node.limitOffset):
+        if clause is not None:
+            _check(clause, context)
+    for item in [*(node.sortClause or ()), *(node.distinctClause or ())]:
+        sorted_by = item.node if isinstance(item, ast.SortBy) else item
+        if isinstance(sorted_by, ast.ColumnRef) and _column_name(sorted_by) in outputs:
+            continue  # an output column's name: its value, checked above
+        if sorted_by is not None:
+            _check(sorted_by, context)
     findings.extend(context.findings)
-    return None if aggregating else outputs
+    if keys:
+        return _Relation(outputs, _groups(keys))
+    if any(_has_aggregate(t.val) for t in node.targetList or ()):
+        return _Relation(outputs, 1)
+    return _Relation(outputs, rows.rows)
+
+
+def _groups(keys: list[_Value]) -> float:
+    """At most how many groups a GROUP BY on ``keys`` makes: the product of each key's number of
+    integer values in its bounds and NULL ("integer-groups"); unbounded otherwise."""
+    groups = 1.0
+    for value in keys:
+        integral = value.type_oid in _INTEGERS or value.integral and not value.nan
+        if not (integral and math.isfinite(value.low) and math.isfinite(value.high)):
+            return math.inf
+        groups *= math.floor(value.high) - math.ceil(value.low) + 2
+    return groups  # "integer-groups"
 
 
 def _check(node: ast.Node, context: _Context) -> _Value:
-    """Check ``node`` evaluated per row; return what is known of its value."""
-    fact = context.facts.get(_sql(node)) if context.facts else None  # deparsing is most of the audit's time
+    """Check ``node`` evaluated per row or per group; return what is known of its value."""
     value = _checked(node, context)
-    if fact is not None:
+    for known, fact in context.facts:  # pglast compares nodes by their fields, locations aside
+        if known != node:
+            continue
         value = replace(value, nan=value.nan and fact.nan, low=max(value.low, fact.low), high=min(value.high, fact.high),
-                        smallest=max(value.smallest, fact.smallest), bounded=value.bounded or fact.bounded)
+                        smallest=max(value.smallest, fact.smallest), bounded=value.bounded or fact.bounded,
+                        per=fact.per or value.per)
     return value
 
 
@@ -279,7 +356,8 @@ def _checked(node: ast.Node, context: _Context) -> _Value:
         return _case(node, context)  # "case"
     if isinstance(node, ast.CoalesceExpr):
         values = [_check(arg, context) for arg in node.args]
-        return replace(values[0], constant=False, text=None)  # "coalesce"
+        null_with = frozenset.intersection(*(v.null_with for v in values))
+        return replace(values[0], constant=False, text=None, null_with=null_with, counts=None)  # "coalesce"
     if isinstance(node, ast.CollateClause):
         value = _check(node.arg, context)
         if value.type_oid in _TEXT_TYPES:
@@ -335,54 +413,74 @@ def _cast(node: ast.TypeCast, context: _Context) -> _Value:
     if isinstance(argument, (ast.A_Const, ast.ParamRef)):
         text = _constant(argument).text
         text = sign + text if text is not None else None
-        number = _number(text) if target in _FLOATS else None
+        number = _number(text) if target in _FLOATS or target == _NUMERIC or target in _INTEGERS else None
         if number is not None and not math.isnan(number):
-            return _Value(target, constant=True, text=text, nan=False, low=number, high=number)
+            low, high = (number, number) if target != _NUMERIC else (_outward(number, -1), _outward(number, 1))
+            return _Value(target, constant=True, text=text, nan=False, low=low, high=high,
+                          smallest=min(abs(low), abs(high)) if low * high > 0 else math.inf)
         return _Value(target, constant=True, text=text)
     value = _check(node.arg, context)
+    strict = value.null_with
     if value.type_oid == target:
         return value
     if target == _FLOAT8 and (value.type_oid in _INTEGERS or value.type_oid in _FLOATS):
         return replace(value, type_oid=_FLOAT8, nan=value.nan and value.type_oid in _FLOATS)  # "widen"
     if target == _NUMERIC and value.type_oid in _INTEGERS:
-        return _Value(_NUMERIC, nan=False)  # "widen"
+        return replace(value, type_oid=_NUMERIC, nan=False, column=None)  # "widen"
     if target == _INT4 and value.type_oid == _BOOL:
-        return _Value(_INT4)  # "widen"
+        return _Value(_INT4, nan=False, low=0, high=1, smallest=1, null_with=strict)  # "widen"
     if target in _TIME_TYPES and value.type_oid in _TIME_TYPES and value.bounded:
-        return _Value(target, bounded=True)  # "time-cast"
+        return _Value(target, bounded=True, null_with=strict)  # "time-cast"
     if target == _INT8 and value.type_oid == _FLOAT8 and not value.nan and -2.0**63 < value.low and value.high < 2.0**63:
-        return _Value(_INT8)  # "float-to-bigint"
-    return _finding(node, context, f"a per-row cast from type {value.type_oid} to {target} that may fail")
+        return _Value(_INT8, nan=False, low=math.floor(value.low), high=math.ceil(value.high), smallest=1,
+                      null_with=strict)  # "float-to-bigint"
+    if target == _FLOAT8 and value.type_oid == _NUMERIC and not value.nan and -_MAX_FLOAT8 <= value.low \
+            and value.high <= _MAX_FLOAT8 and value.smallest >= _SMALLEST_NORMAL:
+        return replace(value, type_oid=_FLOAT8, column=None)  # "numeric-to-double"
+    return _finding(node, context, f"a cast from type {value.type_oid} to {target} that may fail")
+
+
+def _outward(number: float, direction: int) -> float:
+    """A numeric literal's value read as a double, moved one step outward: the double nearest a
+    long decimal may lie inside it."""
+    return math.nextafter(number, direction * math.inf)
 
 
 def _case(node: ast.CaseExpr, context: _Context) -> _Value:
     if node.arg is not None:
         return _finding(node, context, "CASE x WHEN ... (the audit reads only searched CASE)")
     results: list[_Value] = []
-    saved = dict(context.facts)
+    # A branch is taken only where its WHEN holds, so not where a NULL makes that WHEN NULL.
+    nulls: list[frozenset[str]] = []
+    saved = list(context.facts)
     for when in node.args:
-        _check(when.expr, context)
-        context.facts.update(_facts_if_true(when.expr, context))
+        condition = _check(when.expr, context)
+        context.facts += _facts_if_true(when.expr)
         results.append(_check(when.result, context))
-        context.facts = dict(saved)
-        context.facts.update(_facts_if_false_all(node.args[: node.args.index(when) + 1], context))
+        nulls.append(condition.null_with | results[-1].null_with)
+        context.facts = saved + _facts_if_false_all(node.args[: node.args.index(when) + 1])
     if node.defresult is not None:
         results.append(_check(node.defresult, context))
+        nulls.append(results[-1].null_with)
     context.facts = saved
     typed = [r for r in results if r.type_oid != _NULL]
     if not typed:
         return _Value(_NULL)
     first = typed[0]
+    # Without an ELSE, and in a branch of NULL, the CASE is NULL whatever is NULL.
+    sets = [n for n, r in zip(nulls, results) if r.type_oid != _NULL]
+    null_with = frozenset.intersection(*sets) if sets else frozenset()
     return replace(first, constant=False, text=None, nan=any(r.nan for r in typed),
                    low=min(r.low for r in typed), high=max(r.high for r in typed),
-                   smallest=min(r.smallest for r in typed), bounded=all(r.bounded for r in typed))
+                   smallest=min(r.smallest for r in typed), bounded=all(r.bounded for r in typed),
+                   null_with=null_with, counts=None, per=None)
 
 
-def _facts_if_true(condition: ast.Node, context: _Context) -> dict[str, _Value]:
+def _facts_if_true(condition: ast.Node) -> list[tuple[ast.Node, _Value]]:
     """What holds in a THEN: a date/time column between constants of safe years."""
     terms = condition.args if isinstance(condition, ast.BoolExpr) and condition.boolop == BoolExprType.AND_EXPR else [condition]
-    lower: dict[str, bool] = {}
-    upper: dict[str, bool] = {}
+    lower: dict[str, ast.Node] = {}
+    upper: dict[str, ast.Node] = {}
     for term in terms:
         if not (isinstance(term, ast.A_Expr) and term.kind == A_Expr_Kind.AEXPR_OP and isinstance(term.lexpr, ast.ColumnRef)
                 and isinstance(term.rexpr, (ast.TypeCast, ast.A_Expr))):
@@ -394,30 +492,43 @@ def _facts_if_true(condition: ast.Node, context: _Context) -> dict[str, _Value]:
         year = _year(_constant_text(bound))
         if year is None or not 1 <= year <= 200000:
             continue
-        key = _sql(term.lexpr)
+        key = _column_name(term.lexpr)
         if symbol in (">=", ">"):
-            lower[key] = True
+            lower[key] = term.lexpr
         elif symbol in ("<", "<="):
-            upper[key] = True
-    return {key: _Value(0, bounded=True) for key in lower if key in upper}
+            upper[key] = term.lexpr
+    return [(column, _Value(0, bounded=True)) for key, column in lower.items() if key in upper]
 
 
-def _facts_if_false_all(whens: Iterable[ast.CaseWhen], context: _Context) -> dict[str, _Value]:
+def _facts_if_false_all(whens: Iterable[ast.CaseWhen]) -> list[tuple[ast.Node, _Value]]:
     """What holds past WHENs that did not hold: ``x = 'NaN'`` false leaves x not NaN, and
     ``abs(x) < c`` false leaves x of magnitude ≥ c (or NaN)."""
-    facts: dict[str, _Value] = {}
+    facts: list[tuple[ast.Node, _Value]] = []
     for when in whens:
         condition = when.expr
         if not (isinstance(condition, ast.A_Expr) and condition.kind == A_Expr_Kind.AEXPR_OP):
             continue
         symbol = _operator_name(condition)
         if symbol == "=" and _constant_text(condition.rexpr) == "NaN":
-            facts[_sql(condition.lexpr)] = _Value(0, nan=False)
+            facts.append((condition.lexpr, _Value(0, nan=False)))
         if (symbol == "<" and isinstance(condition.lexpr, ast.FuncCall) and _function_name(condition.lexpr) == "abs"):
             bound = _number(_constant_text(condition.rexpr))
             if bound is not None and bound > 0:
-                facts[_sql(condition.lexpr.args[0])] = _Value(0, smallest=bound)
+                facts.append((condition.lexpr.args[0], _Value(0, smallest=bound)))
+            per = _per_count(condition.rexpr)
+            if per is not None:
+                facts.append((condition.lexpr.args[0], _Value(0, per=per)))
     return facts
+
+
+def _per_count(node: ast.Node) -> tuple[ast.Node, float] | None:
+    """``CAST(n AS double precision) * c`` as (n, c): ``abs(x) < n·c`` false leaves
+    |x| ≥ n·c, so x / n, where n > 0, is at least c in magnitude ("divide-by-count")."""
+    if not (isinstance(node, ast.A_Expr) and node.kind == A_Expr_Kind.AEXPR_OP and _operator_name(node) == "*"
+            and isinstance(node.lexpr, ast.TypeCast) and _type_oid(node.lexpr.typeName) == _FLOAT8):
+        return None
+    bound = _number(_constant_text(node.rexpr))
+    return (node.lexpr.arg, bound) if bound is not None and bound > 0 else None
 
 
 def _operator(node: ast.A_Expr, context: _Context) -> _Value:
@@ -429,24 +540,48 @@ def _operator(node: ast.A_Expr, context: _Context) -> _Value:
             return _constant(node.rexpr)
         return _finding(node, context, f"prefix operator {symbol}")
     left, right = _check(node.lexpr, context), _check(node.rexpr, context)
+    value = _binary(node, symbol, left, right, context)
+    return replace(value, null_with=value.null_with | left.null_with | right.null_with)  # these operators are strict
+
+
+def _binary(node: ast.A_Expr, symbol: str, left: _Value, right: _Value, context: _Context) -> _Value:
     if symbol == "+" and left.constant and right.constant:
         return _shift(node, left, right, context)
     if symbol in _COMPARISONS:
         return _comparison(node, left, right, context)
     if symbol in _LIKES:
         return _like(node, left, right, context)
-    if symbol in ("#", "&") and left.type_oid == right.type_oid == _INT8 or (
-            symbol == "&" and left.type_oid == _INT8 and right.constant):
+    if symbol == "#" and left.type_oid == right.type_oid == _INT8:
         return _Value(_INT8)  # "bit-ops"
+    if symbol == "&" and left.type_oid == _INT8 and (right.type_oid == _INT8 or right.constant):
+        mask = _number(right.text) if right.constant else None
+        return _Value(_INT8, low=0, high=mask) if mask is not None and mask >= 0 else _Value(_INT8)  # "bit-ops"
     if symbol == "%" and left.type_oid == _INT8 and right.constant and (_number(right.text) or 0) > 0:
-        return _Value(_INT8)  # "bit-ops"
+        modulus = (_number(right.text) or 1) - 1
+        return _Value(_INT8, low=0 if left.low >= 0 else -modulus, high=modulus)  # "bit-ops"
     if symbol == "*" and left.type_oid == _FLOAT8 and right.constant and right.type_oid == _FLOAT8:
         return _float_product(node, left, right, context)
     if symbol == "*" and _is_random(node.lexpr) and right.constant:
-        return _Value(_FLOAT8, nan=False)  # "random"
+        return _Value(_FLOAT8, nan=False, low=0.0, high=abs(_number(right.text) or math.inf))  # "random"
     if symbol == "/" and left.type_oid == _NUMERIC and right.constant and abs(_number(right.text) or 0) >= 1:
         return _Value(_NUMERIC, nan=left.nan)  # "extract-epoch"
+    if symbol == "/" and left.type_oid == _FLOAT8 and not left.constant and right.counts is not None:
+        return _mean(node, left, right, context)
     return _finding(node, context, f"operator {symbol} on types {left.type_oid}, {right.type_oid}")
+
+
+def _mean(node: ast.A_Expr, total: _Value, count: _Value, context: _Context) -> _Value:
+    """A double precision over count(c) FILTER (WHERE f) of the rows it aggregates (a partition's mean)."""
+    if count.low < 1 and f"empty:{count.counts}" not in total.null_with:
+        return _finding(node, context, "a division by a count that may be 0 while the dividend is not NULL")
+    if total.per is not None and total.per[0] == node.rexpr and total.per[1] >= _SMALLEST_NORMAL:
+        smallest = total.per[1]
+    elif total.smallest / count.high >= _MIN_SUBNORMAL:
+        smallest = total.smallest / count.high
+    else:
+        return _finding(node, context, "a division that may underflow to 0 from a nonzero dividend")
+    return replace(total, low=min(total.low, 0.0), high=max(total.high, 0.0), smallest=smallest, column=None,
+                   counts=None, per=None)  # "divide-by-count"
 
 
 def _shift(node: ast.A_Expr, left: _Value, right: _Value, context: _Context) -> _Value:
@@ -544,6 +679,11 @@ def _function(node: ast.FuncCall, context: _Context) -> _Value:
         return _aggregate(node, name, args, context)
     if node.agg_filter is not None or node.agg_distinct or node.agg_star:
         return _finding(node, context, f"{name}() used as an aggregate")
+    value = _scalar(node, name, args, context)
+    return replace(value, null_with=value.null_with.union(*(a.null_with for a in args)))  # these functions are strict
+
+
+def _scalar(node: ast.FuncCall, name: str, args: list[_Value], context: _Context) -> _Value:
     if name in _HASHES and len(args) == 2 and args[0].type_oid in _HASHES[name] and args[1].constant:
         return _Value(_INT8)  # "hash"
     if name == "hashtidextended" and len(args) == 2 and args[0].type_oid == 27 and args[1].constant:
@@ -557,9 +697,14 @@ def _function(node: ast.FuncCall, context: _Context) -> _Value:
     if name == "random" and not args:
         return _Value(_FLOAT8, nan=False, low=0.0, high=1.0)  # "random"
     if name == "floor" and len(args) == 1 and args[0].type_oid in (_FLOAT8, _NUMERIC):
-        return replace(args[0], constant=False)  # "extract-epoch", and "random"'s floor
+        return replace(args[0], constant=False, integral=True)  # "extract-epoch", and "random"'s floor
     if name == "pg_is_in_recovery" and not args:
         return _Value(_BOOL)  # "fence"
+    if name == "float8send" and len(args) == 1 and args[0].type_oid == _FLOAT8:
+        return _Value(_BYTEA, low=8.0, high=8.0)  # "float-send"
+    if name == "encode" and len(args) == 2 and args[0].type_oid == _BYTEA and args[0].high <= _MAX_BYTES \
+            and args[1].constant and args[1].text == "hex":
+        return _Value(_TEXT)  # "encode-hex"
     if name == "width_bucket":
         return _width_bucket(node, args, context)
     if name == "date_trunc" and len(args) == 2 and args[0].constant and args[0].text in _DATE_UNITS \
@@ -575,24 +720,40 @@ def _function(node: ast.FuncCall, context: _Context) -> _Value:
 
 
 def _aggregate(node: ast.FuncCall, name: str, args: list[_Value], context: _Context) -> _Value:
+    """An aggregate call over values already checked, and what is known of its result per group
+    ("aggregate-bounds"): each is NULL where no row of the group has its argument non-NULL."""
+    where = _sql(node.agg_filter) if node.agg_filter is not None else ""
     if name == "count":
-        return _Value(_INT8)  # "aggregate"
-    if len(args) != 1:
+        counted = node.args[0] if len(node.args or ()) == 1 else None
+        counts = f"{_column_name(counted)}|{where}" if isinstance(counted, ast.ColumnRef) else None
+        return _Value(_INT8, nan=False, low=0.0, high=_ROWS, smallest=1.0, counts=counts)  # "aggregate"
+    if len(args) != 1 and name != "string_agg":
         return _finding(node, context, f"{name}() of {len(args)} arguments")
     value = args[0]
+    empty = frozenset(f"empty:{c}|{where}" for c in value.null_with if not c.startswith("empty:"))
     if name == "sum" and (value.type_oid in _INTEGERS or value.type_oid == _NUMERIC):
-        return _Value(_OPAQUE)  # "aggregate"
+        # n ≤ 2^63 values in [lo, hi] add up to a value in [n·lo, n·hi]
+        low, high = min(value.low, value.low * _ROWS), max(value.high, value.high * _ROWS)
+        numeric = value.type_oid in (_INT8, _NUMERIC)
+        return _Value(_NUMERIC if numeric else _INT8, nan=value.nan or math.isinf(low) and math.isinf(high),
+                      low=low, high=high, smallest=0.0 if value.type_oid == _NUMERIC else 1.0,
+                      null_with=empty)  # "aggregate"
     if name in ("min", "max") and 0 < value.type_oid < _FIRST_USER_OID and not (value.column and value.column.container):
-        return _Value(_OPAQUE)  # "aggregate"
+        return replace(value, constant=False, text=None, column=None, null_with=empty, counts=None,
+                       per=None)  # "aggregate"
+    if name == "string_agg" and len(args) == 2 and value.type_oid == _BYTEA and args[1].constant \
+            and value.high * context.rows <= _MAX_BYTES:
+        return _Value(_BYTEA, low=0.0, high=value.high * context.rows)  # "string-agg"
     return _finding(node, context, f"{name}() of type {value.type_oid}, which may overflow or fail to compare")
 
 
 def _clamp(name: str, value: _Value, bound: _Value) -> _Value:
-    if value.type_oid != _FLOAT8:
-        return replace(value, constant=False, column=None)  # "clamp"
+    smallest = min(value.smallest, abs(bound.low) or math.inf, abs(bound.high) or math.inf)
     if name.endswith("larger"):  # NaN stays NaN (it sorts above every number)
-        return replace(value, low=max(value.low, bound.low), high=max(value.high, bound.low), column=None)
-    return replace(value, nan=False, low=min(value.low, bound.high), high=min(value.high, bound.high), column=None)
+        return replace(value, constant=False, low=max(value.low, bound.low), high=max(value.high, bound.low),
+                       smallest=smallest, column=None)  # "clamp"
+    return replace(value, constant=False, nan=False, low=min(value.low, bound.high), high=min(value.high, bound.high),
+                   smallest=smallest, column=None)
 
 
 def _width_bucket(node: ast.FuncCall, args: list[_Value], context: _Context) -> _Value:
@@ -675,16 +836,12 @@ def _has_aggregate(node: ast.Node) -> bool:
     return any(_is_aggregate(n) for n in _walk(node, _is_aggregate))
 
 
-def _aggregates(node: ast.Node) -> list[ast.Node]:
-    return [n for n in _walk(node, _is_aggregate) if _is_aggregate(n)]
-
-
-def _reads_column_outside_aggregates(node: ast.Node) -> bool:
-    return any(isinstance(n, ast.ColumnRef) for n in _walk(node, _is_aggregate))
-
-
 def _reads(node: ast.Node, table: tuple[str, str]) -> bool:
     return any(isinstance(n, ast.RangeVar) and (n.schemaname, n.relname) == table for n in _walk(node, lambda _: False))
+
+
+def _column_name(node: ast.ColumnRef) -> str:
+    return ".".join(f.sval for f in node.fields if isinstance(f, ast.String))
 
 
 def _output_name(node: ast.Node) -> str | None:

@@ -1,9 +1,10 @@
-"""Every backend SQL dpproxy writes evaluates only total operations per row (tests/backend_sql_audit.py).
+"""Every backend SQL dpproxy writes evaluates only total operations per row and per group (tests/backend_sql_audit.py).
 
 A real dpproxy answers a representative corpus (the neighbour fuzzer's generator with a fixed
-seed, the type matrix's WHERE forms, aggregates and keys on four column types, and every
-recorded Superset statement); the backend SQL of each answer is captured where the executor
-sends it and audited. Any per-row node that the table of total operations does not list fails
+seed, the type matrix's WHERE forms, aggregates and keys on four column types, sample and
+aggregate at each numeric type's widest bounds with each partitioning, and every recorded
+Superset statement); the backend SQL of each answer is captured where the executor sends it
+and audited. Any node that the table of total operations does not list fails
 the test with the statement and the node. The audit's own table is pinned by unit cases: the
 past holes are findings, the shapes the rewriter writes are not.
 """
@@ -89,7 +90,7 @@ def fuzz_table_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFac
 
 
 def _assert_total(captured: list[Captured], at_least: int, unparsed: Callable[[str], bool] | None = None) -> None:
-    """No captured statement evaluates a per-row operation off the table. With ``unparsed``, a
+    """No captured statement evaluates an operation off the table, per row or per group. With ``unparsed``, a
     statement it says fails PostgreSQL's parse analysis is let through: it runs on no row."""
     statements = {c.sql: c for c in captured}
     assert len(statements) >= at_least, f"only {len(statements)} backend statements captured"
@@ -99,7 +100,7 @@ def _assert_total(captured: list[Captured], at_least: int, unparsed: Callable[[s
         if findings and unparsed is not None and unparsed(sql):
             continue
         problems += [f"{finding}\n    in: {sql}" for finding in findings]
-    assert not problems, f"{len(problems)} per-row operations not on the table of total ones; the first {REPORTED}:\n" + (
+    assert not problems, f"{len(problems)} operations not on the table of total ones; the first {REPORTED}:\n" + (
         "\n".join(problems[:REPORTED]))
 
 
@@ -289,8 +290,104 @@ def test_the_audit_accepts_an_epoch_bucket_whose_range_end_cannot_overflow(end: 
     assert (audit_backend_sql(sql, ("public", "x"), columns) == []) == total
 
 
-def test_the_audit_reads_a_table_through_a_join_as_a_finding() -> None:
-    sql = f'SELECT pg_catalog.count(*) FROM {_T} JOIN "public"."y" ON TRUE'
+# Per group: sample and aggregate's partition values, as the rewriter writes them (rewriter/rewrite.py).
+_CLAMP_N = ("pg_catalog.numeric_smaller(pg_catalog.numeric_larger({v}, CAST(-1e+280 AS numeric)), "
+            "CAST(1e+280 AS numeric))")
+_CLAMP_I = "pg_catalog.int4smaller(pg_catalog.int4larger({v}, CAST(0 AS integer)), CAST(100 AS integer))"
+_TINY = "CAST('2.2250738585072014e-308' AS pg_catalog.numeric)"
+
+
+def _to_double(value: str) -> str:
+    return (f"CAST(CASE WHEN (pg_catalog.abs({value}) OPERATOR(pg_catalog.<) {_TINY}) THEN CAST(0 AS pg_catalog.numeric) "
+            f"ELSE {value} END AS double precision)")
+
+
+def _numeric_mean(filter_: str = "") -> str:
+    total = _to_double(f"pg_catalog.sum({_CLAMP_N.format(v='n')}){filter_}")
+    count = f"pg_catalog.count(n){filter_}"
+    floor = f"(CAST({count} AS double precision) OPERATOR(pg_catalog.*) CAST('2.2250738585072014e-308' AS double precision))"
+    return (f"CASE WHEN (pg_catalog.abs({total}) OPERATOR(pg_catalog.<) {floor}) THEN CAST(0 AS double precision) "
+            f"ELSE ({total} OPERATOR(pg_catalog./) {count}) END")
+
+
+def _partitions(*parts: str, key: str = "pg_catalog.floor((pg_catalog.random() OPERATOR(pg_catalog.*) 3))") -> str:
+    inner = ", ".join(f"{part} AS p{i}" for i, part in enumerate(parts))
+    outer = ", ".join(f"pg_catalog.encode(pg_catalog.string_agg(pg_catalog.float8send(p{i}), CAST('' AS pg_catalog.bytea)), "
+                      f"'hex')" for i in range(len(parts)))
+    return (f'SELECT {outer} FROM (SELECT {inner} FROM (SELECT "i", "n", "t", {key} AS "partition" FROM {_T}) AS filtered '
+            f'GROUP BY "partition") AS partitions')
+
+
+_HASH_KEY = ("((COALESCE(pg_catalog.hashint4extended(\"i\", 7), 0) OPERATOR(pg_catalog.&) 9223372036854775807) "
+             "OPERATOR(pg_catalog.%) 512)")
+_FILTER = " FILTER (WHERE (t OPERATOR(pg_catalog.=) 'a'))"
+
+
+@pytest.mark.parametrize("sql", [
+    _partitions(_numeric_mean(), _numeric_mean(_FILTER)),
+    _partitions(f"(CAST(pg_catalog.sum({_CLAMP_I.format(v='i')}){_FILTER} AS double precision) OPERATOR(pg_catalog./) "
+                f"pg_catalog.count(i){_FILTER})", key=_HASH_KEY),
+    _partitions(_to_double(_CLAMP_N.format(v="pg_catalog.min(n)")), f"CAST({_CLAMP_I.format(v='pg_catalog.max(i)')} "
+                "AS double precision)"),
+    f"SELECT pg_catalog.sum(p0) FROM (SELECT pg_catalog.count(*) AS p0 FROM {_T} GROUP BY t) AS partitions",
+    f"SELECT k0, p0 FROM (SELECT t AS k0, pg_catalog.count(*) AS p0 FROM {_T} GROUP BY t OFFSET 0) AS cells "
+    "WHERE k0 IS NOT NULL ORDER BY p0",
+])
+def test_the_audit_accepts_the_expressions_sample_and_aggregate_writes_over_aggregates(sql: str) -> None:
+    assert audit_backend_sql(sql, ("public", "x"), _COLUMNS) == []
+
+
+@pytest.mark.parametrize("sql", [
+    # a sum of values up to 1e300 overflows double precision from the second row on
+    _partitions(_to_double(f"pg_catalog.sum({_CLAMP_N.format(v='n').replace('280', '300')})")),
+    _partitions(_to_double("pg_catalog.sum(n)")),  # unclamped: NaN, Infinity, any size
+    _partitions(f"CAST(pg_catalog.sum(n) AS double precision)"),  # 1e-400 underflows the cast
+    # a count of another column, or under another FILTER, may be 0 where the sum is not NULL
+    _partitions(f"(CAST(pg_catalog.sum({_CLAMP_I.format(v='i')}) AS double precision) OPERATOR(pg_catalog./) "
+                "pg_catalog.count(n))"),
+    _partitions(f"(CAST(pg_catalog.sum({_CLAMP_I.format(v='i')}){_FILTER} AS double precision) OPERATOR(pg_catalog./) "
+                "pg_catalog.count(i))"),
+    _partitions("(CAST(pg_catalog.sum(COALESCE(i, 0)) AS double precision) OPERATOR(pg_catalog./) pg_catalog.count(i))"),
+    # a numeric mean without its floor: a partition's 2.2e-308 over two rows underflows
+    _partitions(f"({_to_double(f'pg_catalog.sum({_CLAMP_N.format(v=chr(110))})')} OPERATOR(pg_catalog./) "
+                "pg_catalog.count(n))"),
+    # one value's bytes per group of an unbounded key: no limit on the text
+    f"SELECT pg_catalog.encode(pg_catalog.string_agg(pg_catalog.float8send(p0), CAST('' AS pg_catalog.bytea)), 'hex') "
+    f"FROM (SELECT CAST(pg_catalog.count(*) AS double precision) AS p0 FROM {_T} GROUP BY t) AS partitions",
+    f"SELECT pg_catalog.count(*) FROM {_T} GROUP BY t HAVING (pg_catalog.sum(i) OPERATOR(pg_catalog./) "
+    "pg_catalog.count(*)) OPERATOR(pg_catalog.>) 1",
+    f"SELECT pg_catalog.count(*) FROM {_T} GROUP BY t ORDER BY CAST(pg_catalog.sum(n) AS double precision)",
+    f"SELECT p0 OPERATOR(pg_catalog.+) 1 FROM (SELECT pg_catalog.count(*) AS p0 FROM {_T} GROUP BY t) AS cells",
+    f"SELECT k0 FROM (SELECT t AS k0, pg_catalog.sum(i) AS p0 FROM {_T} GROUP BY t) AS cells "
+    "WHERE CAST(p0 AS integer) OPERATOR(pg_catalog.>) 0",
+])
+def test_the_audit_finds_expressions_over_aggregates_that_can_raise(sql: str) -> None:
+    assert audit_backend_sql(sql, ("public", "x"), _COLUMNS), sql
+
+
+def test_the_grounds_of_the_per_group_reasons_hold_on_the_backend(test_db: TestDatabase) -> None:
+    """"numeric-to-double" at its limits, "divide-by-count" of ±Infinity, NaN, the least nonzero
+    dividend over the largest count, and NULL over a count of 0: none raises."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("SELECT CAST(1.7976931348623157e308::numeric AS double precision), "
+                     "CAST(-1.7976931348623157e308::numeric AS double precision), "
+                     "CAST(2.2250738585072014e-308::numeric AS double precision), "
+                     "CAST(-2.2250738585072014e-308::numeric AS double precision), "
+                     "'Infinity'::float8 / 1::bigint, '-Infinity'::float8 / 1::bigint, 'NaN'::float8 / 1::bigint, "
+                     "1::float8 / 9223372036854775807::bigint, "
+                     "(2.2250738585072014e-308::float8 * 9223372036854775807::bigint) / 9223372036854775807::bigint, "
+                     "NULL::float8 / 0::bigint").fetchone()
+        with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+            conn.execute("SELECT CAST(1e-400::numeric AS double precision)")  # why the cast needs its guard
+
+
+@pytest.mark.parametrize("sql", [
+    f'SELECT pg_catalog.count(*) FROM {_T} JOIN "public"."y" ON TRUE',
+    f"WITH c AS (SELECT CAST(i AS pg_catalog.int2) AS s FROM {_T}) SELECT pg_catalog.count(*) FROM c",
+    f"SELECT (SELECT pg_catalog.sum(i) FROM {_T}) OPERATOR(pg_catalog.+) 1",
+])
+def test_the_audit_reads_a_table_it_does_not_follow_as_a_finding(sql: str) -> None:
+    """A join, a CTE or a scalar subquery: the audit would not see what they evaluate."""
     assert audit_backend_sql(sql, ("public", "x"), _COLUMNS)
 
 
