@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import re
 import socket
+import struct
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -159,6 +161,61 @@ def test_a_backend_that_refuses_the_service_role(test_db: TestDatabase, tmp_path
     assert re.fullmatch(f"dpproxy: the backend at {where} refused the connection: {why} "
                         f"— check backend.dsn in {re.escape(str(path))}:2\n", run.stderr), run.stderr
     assert PASSWORD not in run.stderr
+
+
+@pytest.fixture
+def password_asking_backend() -> Iterator[int]:
+    """A port where a server answers every startup with AuthenticationCleartextPassword, as a
+    PostgreSQL whose pg_hba.conf wants a password does (SSLRequest answered N)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                try:
+                    while True:
+                        length = struct.unpack("!i", conn.recv(4))[0]
+                        code = struct.unpack("!i", conn.recv(length - 4)[:4])[0]
+                        if code != 80877103:  # not an SSLRequest: the StartupMessage
+                            break
+                        conn.sendall(b"N")
+                    conn.sendall(b"R" + struct.pack("!ii", 8, 3))
+                    conn.recv(1024)
+                except (OSError, struct.error):
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield int(server.getsockname()[1])
+    stop.set()
+    thread.join()
+    server.close()
+
+
+def test_a_dsn_without_the_password_the_backend_asks_for(tmp_path: Path, password_asking_backend: int,
+                                                         monkeypatch: pytest.MonkeyPatch):
+    # Was "cannot reach the backend ...: fe_sendauth: no password supplied", and check-config
+    # said OK (not checked against the backend) although serve could never start.
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    monkeypatch.setenv("PGPASSFILE", str(tmp_path / "no-such-pgpass"))
+    path, _ = _policy(tmp_path, f"postgresql://svc@127.0.0.1:{password_asking_backend}/db")
+    why = "it asks for a password and none was given (in the DSN, PGPASSWORD or PGPASSFILE)"
+    _fails(["serve", "-c", str(path)],
+           f"dpproxy: the backend at 127.0.0.1:{password_asking_backend} refused the connection: {why} "
+           f"— check backend.dsn in {path}:2", verbose=False)
+    run = _dpproxy("check-config", str(path))
+    assert (run.returncode, run.stderr) == (
+        1, f"{path}:2: backend.dsn: the backend at 127.0.0.1:{password_asking_backend} refused the connection: "
+           f"{why}\n"), run.stdout
 
 
 def test_check_config_says_why_the_backend_was_not_checked(tmp_path: Path):

@@ -84,6 +84,9 @@ _AT = re.compile(r'connection to server at "(?P<host>[^"]*)"(?: \([^)]*\))?, por
 _SOCKET = re.compile(r'connection to server on socket "(?P<socket>[^"]*)" failed: (?P<why>.*)')
 _RESOLVE = re.compile(r"failed to resolve host '(?P<host>[^']*)': (?:\[Errno -?\d+\] )?(?P<why>.*)")
 _SERVER_SAID = re.compile(r"^(?:FATAL|ERROR): +")
+# libpq's own words when the server asked for a password and the DSN, PGPASSWORD and
+# PGPASSFILE gave none: the server answered, and said no to this login.
+_NO_PASSWORD = re.compile(r"^fe_sendauth: no password supplied")
 
 
 def backend_failure(backend: BackendConfig, exc: BaseException) -> StartupError:
@@ -151,6 +154,8 @@ def _libpq_failure(text: str, dsn: str) -> tuple[str, str, bool]:
     if found is None:
         found = _RESOLVE.search(line)
     why = found["why"] if found else line
+    if _NO_PASSWORD.match(why):
+        return where, "it asks for a password and none was given (in the DSN, PGPASSWORD or PGPASSFILE)", True
     refused = bool(_SERVER_SAID.match(why))
     return where, _sentence(_SERVER_SAID.sub("", why)), refused
 
