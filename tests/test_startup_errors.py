@@ -239,6 +239,17 @@ def test_a_ledger_in_a_missing_directory(test_db: TestDatabase, tmp_path: Path):
     _fails(["budget", "show", "-c", str(path)], line)
 
 
+def test_a_relative_ledger_path_names_the_directory_it_was_looked_for_in(test_db: TestDatabase, tmp_path: Path):
+    # examples/policy.yaml's ledger is relative; under systemd (working directory /) it said only
+    # "unable to open database file" or "the directory missing does not exist", not where.
+    path, _ = _policy(tmp_path, test_db.service_dsn, ledger="sqlite:///missing/ledger.sqlite3")
+    run = subprocess.run([sys.executable, "-m", "proxy.cli", "budget", "show", "-c", str(path)],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert (run.returncode, run.stderr) == (
+        1, f"dpproxy: cannot open the ledger sqlite:///missing/ledger.sqlite3: the directory {tmp_path}/missing "
+           f"does not exist (a relative path is read from the working directory) — check ledger.url in {path}:8\n")
+
+
 def test_an_unreachable_postgresql_ledger_is_shown_without_its_password(tmp_path: Path):
     port = _free_port()
     path, _ = _policy(tmp_path, _refused_dsn(), ledger=f"postgresql://ledger:{PASSWORD}@127.0.0.1:{port}/ledger")
@@ -350,6 +361,16 @@ def test_an_audit_log_that_cannot_be_opened(test_db: TestDatabase, tmp_path: Pat
     _fails(["serve", "-c", str(path)],
            f"dpproxy: cannot open the audit log {audit}: no such file or directory "
            f"— check audit.path in {path}:{_line(text, '  path: ')}")
+
+
+def test_a_relative_audit_log_path_names_the_working_directory(test_db: TestDatabase, tmp_path: Path):
+    # Under systemd the working directory is /, where examples/policy.yaml's audit.jsonl cannot be made.
+    path, text = _policy(tmp_path, test_db.service_dsn, extra="audit:\n  path: missing/audit.jsonl\n")
+    run = subprocess.run([sys.executable, "-m", "proxy.cli", "serve", "-c", str(path)],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert (run.returncode, run.stderr) == (
+        1, f"dpproxy: cannot open the audit log missing/audit.jsonl (in the working directory {tmp_path}): "
+           f"no such file or directory — check audit.path in {path}:{_line(text, '  path: ')}\n")
 
 
 # ------------------------------------------------------------------ the demo

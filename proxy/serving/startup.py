@@ -187,16 +187,31 @@ def ledger_failure(ledger: LedgerConfig, exc: BaseException) -> StartupError:
     elif url.split("://", 1)[0] in ("postgresql", "postgres", "postgresql+psycopg"):
         text = _libpq_failure(text, "")[1]
     elif "unable to open database file" in text:
-        directory = Path(_sqlite_path(url)).parent
-        if not directory.is_dir():
-            text = f"the directory {directory} does not exist"
+        text = _sqlite_directory_problem(Path(_sqlite_path(url))) or text
     why = without_passwords(_sentence(text), url)
     return StartupError(f"cannot open the ledger {shown}: {why}", key)
 
 
+def _sqlite_directory_problem(path: Path) -> str | None:
+    """Why SQLite could not open ``path`` in its directory, or None if the directory looks usable.
+
+    A relative path is read from the working directory, which under systemd is ``/``: the
+    directory is named absolute then, so that the operator sees where it was looked for.
+    """
+    directory = path.parent.absolute() if not path.is_absolute() else path.parent
+    relative = "" if path.is_absolute() else " (a relative path is read from the working directory)"
+    if not directory.is_dir():
+        return f"the directory {directory} does not exist{relative}"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"this user cannot create files in the directory {directory}{relative}"
+    return None
+
+
 def audit_failure(path: str, exc: OSError) -> StartupError:
-    """The audit log file could not be opened for appending."""
-    return StartupError(f"cannot open the audit log {path}: {os_reason(exc)}", ("audit", "path"))
+    """The audit log file could not be opened for appending (a relative ``path`` is shown with
+    the working directory it was read from)."""
+    where = path if Path(path).is_absolute() else f"{path} (in the working directory {Path.cwd()})"
+    return StartupError(f"cannot open the audit log {where}: {os_reason(exc)}", ("audit", "path"))
 
 
 # ------------------------------------------------------------------ TLS
