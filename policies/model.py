@@ -86,6 +86,8 @@ def _from_env(value: str | None, env: str | None, what: str, info: ValidationInf
         return None
     if env not in os.environ:
         raise ValueError(f"environment variable {env} (named by {what}_env) is not set")
+    if not os.environ[env]:
+        raise ValueError(f"environment variable {env} (named by {what}_env) is empty")
     return os.environ[env]
 
 
