@@ -293,3 +293,12 @@ def test_a_table_in_a_schema_the_service_role_cannot_use_is_reported_with_the_gr
     finally:
         with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
             conn.execute("DROP SCHEMA IF EXISTS unusable CASCADE")
+
+
+def test_a_mistyped_column_is_told_the_column_it_may_mean(test_db: TestDatabase, tmp_path: Path):
+    text = POLICY.format(dsn=test_db.service_dsn).replace("      sex: {categories: [Male, Female]}",
+                                                          "      sxe: {categories: [Male, Female]}")
+    run = _check(tmp_path, text)
+    assert run.returncode == 1
+    assert run.stderr.strip() == (f"{tmp_path / 'policy.yaml'}:13: tables.public.adult.columns.sxe: "
+                                  "no such column on the backend (did you mean sex?)")

@@ -9,6 +9,7 @@ statement_timeout; the client's credentials never reach the backend.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -903,7 +904,9 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
         for column_name, column_policy in table_policy.columns.items():
             info = columns.get(column_name)
             if info is None:
-                problems.append(f"tables.{name}.columns.{column_name}: no such column on the backend")
+                close = difflib.get_close_matches(column_name, list(columns), n=1, cutoff=0.6)
+                meant = f" (did you mean {close[0]}?)" if close else ""
+                problems.append(f"tables.{name}.columns.{column_name}: no such column on the backend{meant}")
             else:
                 fit = column_fit_problems(name, column_name, column_policy, info)
                 problems += fit or await _unreadable_labels(session, name, info)
