@@ -7,7 +7,7 @@ import binascii
 
 from scramp import ScramMechanism
 
-__all__ = ["ScramVerifier", "derive_scram_verifier", "parse_scram_verifier"]
+__all__ = ["ScramVerifier", "derive_scram_verifier", "format_scram_verifier", "parse_scram_verifier"]
 
 ScramVerifier = tuple[bytes, bytes, bytes, int]  # salt, StoredKey, ServerKey, iterations
 
@@ -37,3 +37,10 @@ def parse_scram_verifier(verifier: str) -> ScramVerifier:
     if len(decoded[1]) != 32 or len(decoded[2]) != 32:
         raise ValueError("scram_verifier keys must be 32 bytes (SHA-256)")
     return decoded[0], decoded[1], decoded[2], int(iterations)
+
+
+def format_scram_verifier(verifier: ScramVerifier) -> str:
+    """``verifier`` as PostgreSQL stores it, the text ``parse_scram_verifier`` reads back."""
+    salt, stored, server, iterations = verifier
+    salt_b64, stored_b64, server_b64 = (base64.b64encode(part).decode("ascii") for part in (salt, stored, server))
+    return f"SCRAM-SHA-256${iterations}:{salt_b64}${stored_b64}:{server_b64}"

@@ -14,7 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from .key_names import nearest_key
-from .model import Policy
+from .model import WITHOUT_SECRETS, Policy
 from .shape_messages import reworded
 
 __all__ = ["PolicyError", "key_line", "load_policy", "parse_policy"]
@@ -28,8 +28,13 @@ class PolicyError(Exception):
         self.problems = problems
 
 
-def load_policy(path: str | Path) -> Policy:
-    """Read, parse and validate the policy at ``path``; raise PolicyError with every problem."""
+def load_policy(path: str | Path, *, secrets: bool = True) -> Policy:
+    """Read, parse and validate the policy at ``path``; raise PolicyError with every problem.
+
+    ``secrets=False`` leaves the environment variables of ``dsn_env`` and ``password_env``
+    unread and users' SCRAM keys underived: for commands that neither connect to the backend
+    nor authenticate anyone (``dpproxy budget``, ``dpproxy health``), so that they run where
+    those secrets are not set."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -39,11 +44,12 @@ def load_policy(path: str | Path) -> Policy:
         line = exc.object[: exc.start].count(b"\n") + 1
         raise PolicyError([f"{path}:{line}: the policy file is not UTF-8 text "
                            f"(byte 0x{exc.object[exc.start]:02x}); save it as UTF-8"]) from exc
-    return parse_policy(text, str(path))
+    return parse_policy(text, str(path), secrets=secrets)
 
 
-def parse_policy(text: str, source: str = "<policy>") -> Policy:
-    """Validate policy YAML given as text; ``source`` names it in error messages."""
+def parse_policy(text: str, source: str = "<policy>", *, secrets: bool = True) -> Policy:
+    """Validate policy YAML given as text; ``source`` names it in error messages
+    (``secrets``: as ``load_policy``'s)."""
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -58,7 +64,7 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
     if not isinstance(data, dict):
         raise PolicyError([f"{source}:1: the policy must be a mapping with backend, users and tables"])
     try:
-        return Policy.model_validate(data)
+        return Policy.model_validate(data, context=None if secrets else WITHOUT_SECRETS)
     except ValidationError as exc:
         # Not chained: pydantic's own text quotes the input, passwords included.
         raise PolicyError([_describe(err, root, source) for err in exc.errors()]) from None

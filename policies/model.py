@@ -11,7 +11,7 @@ import os
 from datetime import date, datetime
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from mechanisms.breach import epsilon_from_breach
 from mechanisms.fixed_point import Grid
@@ -38,6 +38,7 @@ __all__ = [
     "TablePolicy",
     "TLSConfig",
     "UserPolicy",
+    "WITHOUT_SECRETS",
 ]
 
 #: The largest budget ε a policy may give: the ledger counts in integer units of 1e-12 ε
@@ -66,13 +67,27 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _from_env(value: str | None, env: str | None, what: str) -> str | None:
+#: The validation context that loads a policy without its secrets (``parse_policy(...,
+#: secrets=False)``): environment variables named by ``*_env`` are not read and users' SCRAM
+#: keys not derived, for commands that never connect to the backend nor authenticate anyone.
+WITHOUT_SECRETS: Final = {"secrets": False}
+
+
+def _reads_secrets(info: ValidationInfo) -> bool:
+    return not (isinstance(info.context, dict) and info.context.get("secrets") is False)
+
+
+def _from_env(value: str | None, env: str | None, what: str, info: ValidationInfo) -> str | None:
     if env is None:
         return value
     if value is not None:
         raise ValueError(f"give either {what} or {what}_env, not both")
+    if not _reads_secrets(info):
+        return None
     if env not in os.environ:
         raise ValueError(f"environment variable {env} (named by {what}_env) is not set")
+    if not os.environ[env]:
+        raise ValueError(f"environment variable {env} (named by {what}_env) is empty")
     return os.environ[env]
 
 
@@ -104,10 +119,12 @@ class BackendConfig(_Strict):
         return dsn
 
     @model_validator(mode="after")
-    def _resolve_dsn(self) -> "BackendConfig":
-        dsn = _from_env(self.dsn, self.dsn_env, "dsn")
-        if not dsn:
+    def _resolve_dsn(self, info: ValidationInfo) -> "BackendConfig":
+        dsn = _from_env(self.dsn, self.dsn_env, "dsn", info)
+        if not dsn and not (self.dsn_env and not _reads_secrets(info)):
             raise ValueError("backend needs dsn or dsn_env")
+        if not dsn:
+            return self  # loaded without secrets: dsn_env is not read
         if self.dsn_env is not None:
             try:
                 check_dsn(dsn)
@@ -210,9 +227,13 @@ class UserPolicy(_Strict):
         return _at_least_min_epsilon(value, "max_query_epsilon")
 
     @model_validator(mode="after")
-    def _resolve_password(self) -> "UserPolicy":
-        password = _from_env(self.password, self.password_env, "password")
+    def _resolve_password(self, info: ValidationInfo) -> "UserPolicy":
+        password = _from_env(self.password, self.password_env, "password", info)
         object.__setattr__(self, "password", password or None)
+        if not _reads_secrets(info):
+            if self.password is None and self.password_env is None and self.scram_verifier is None:
+                raise ValueError("a user needs password, password_env or scram_verifier")
+            return self  # no keys: nobody authenticates against a policy loaded without secrets
         if self.scram_verifier is not None:
             if self.auth != "scram-sha-256":
                 raise ValueError(f"scram_verifier only works with auth: scram-sha-256, not {self.auth}")

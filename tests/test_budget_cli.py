@@ -146,3 +146,28 @@ def test_budget_commands_never_connect_to_the_backend(
     capsys.readouterr()
     assert main(["budget", "show", "-c", str(config)]) == 0
     assert _table(capsys.readouterr().out)["bob"]["limit ε"] == "11"
+
+
+def test_budget_commands_run_without_the_backend_dsn_or_the_passwords_in_the_environment(tmp_path: Path) -> None:
+    # The policy an operator deploys keeps its secrets in the environment of `serve`; on the
+    # host where they run `dpproxy budget` those variables are not set, and they are not needed.
+    config = tmp_path / "policy.yaml"
+    config.write_text(
+        "backend: {dsn_env: DPPROXY_TEST_UNSET_DSN}\n"
+        f'ledger: {{url: "sqlite:///{tmp_path / "ledger.sqlite3"}"}}\n'
+        "users:\n"
+        "  analyst: {password_env: DPPROXY_TEST_UNSET_PASSWORD, budget: {epsilon: 100}}\n"
+        "tables: {}\n", encoding="utf-8")
+    result = _budget("show", "-c", str(config))
+    assert result.returncode == 0, result.stderr
+    assert _table(result.stdout)["analyst"]["remaining ε"] == "100"
+    assert _budget("grant", "analyst", "--epsilon", "1", "-c", str(config)).returncode == 0
+
+
+def test_a_policy_loaded_without_secrets_still_needs_each_users_credential_named(tmp_path: Path) -> None:
+    config = tmp_path / "policy.yaml"
+    config.write_text("backend: {dsn_env: DPPROXY_TEST_UNSET_DSN}\n"
+                      "users:\n  analyst: {budget: {epsilon: 100}}\ntables: {}\n", encoding="utf-8")
+    result = _budget("show", "-c", str(config))
+    assert result.returncode == 1
+    assert f"{config}:3: users.analyst: a user needs password, password_env or scram_verifier" in result.stderr

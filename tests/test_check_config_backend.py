@@ -262,3 +262,43 @@ def test_numeric_bounds_on_a_time_column_are_told_to_be_a_time_range(test_db: Te
     assert run.stderr.strip() == (f"{tmp_path / 'policy.yaml'}:13: tables.public.adult.columns.interview_date: bounds "
                                   "of numbers on a date or timestamp column; give it a time range, e.g. bounds: "
                                   "[2021-01-01, 2024-12-31]")
+
+
+def test_a_table_in_a_schema_the_service_role_cannot_use_is_reported_with_the_grant(test_db: TestDatabase,
+                                                                                   tmp_path: Path):
+    # Was one line at backend.dsn, "the backend failed a catalog query as the service role:
+    # permission denied for schema ...", naming neither the table nor the GRANT.
+    import psycopg
+
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA IF EXISTS unusable CASCADE")
+        conn.execute("CREATE SCHEMA unusable")
+        conn.execute("CREATE TABLE unusable.visits (n integer)")
+        conn.execute("GRANT SELECT ON unusable.visits TO dpproxy_service")
+    try:
+        tables = ("  unusable.visits:\n    epsilon: 1\n"        # line 16
+                  "  no_such_schema.visits:\n    epsilon: 1\n")  # line 18
+        run = _check(tmp_path, POLICY.format(dsn=test_db.service_dsn) + tables)
+        assert run.returncode == 1
+        path = tmp_path / "policy.yaml"
+        assert run.stderr.splitlines() == [
+            f'{path}:16: tables.unusable.visits: the service role cannot use the schema "unusable" on the backend, '
+            'so it can read no table in it; GRANT USAGE ON SCHEMA "unusable" TO "dpproxy_service"',
+            f"{path}:18: tables.no_such_schema.visits: no such relation on the backend",
+        ]
+        with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+            conn.execute("GRANT USAGE ON SCHEMA unusable TO dpproxy_service")
+        run = _check(tmp_path, POLICY.format(dsn=test_db.service_dsn) + tables.split("  no_such_schema")[0])
+        assert run.returncode == 0, run.stderr
+    finally:
+        with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+            conn.execute("DROP SCHEMA IF EXISTS unusable CASCADE")
+
+
+def test_a_mistyped_column_is_told_the_column_it_may_mean(test_db: TestDatabase, tmp_path: Path):
+    text = POLICY.format(dsn=test_db.service_dsn).replace("      sex: {categories: [Male, Female]}",
+                                                          "      sxe: {categories: [Male, Female]}")
+    run = _check(tmp_path, text)
+    assert run.returncode == 1
+    assert run.stderr.strip() == (f"{tmp_path / 'policy.yaml'}:13: tables.public.adult.columns.sxe: "
+                                  "no such column on the backend (did you mean sex?)")

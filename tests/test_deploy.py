@@ -126,3 +126,15 @@ def test_health_reads_host_and_port_from_the_policy_and_the_options_still_win(pr
     config.write_text(policy.replace("port: 0}", f"port: {elsewhere}}}"))
     unanswered = _dpproxy("health", "-c", str(config), "--port", str(proxy.port), "--host", "localhost")
     assert unanswered.returncode == 0 and f"localhost:{proxy.port} answers" in unanswered.stdout
+
+
+def test_health_with_the_policy_needs_none_of_its_secrets(proxy: RunningProxy, tmp_path: Path):
+    # A HEALTHCHECK's environment may not carry the DSN or the analysts' passwords, and a probe
+    # every 10 s should not derive every user's SCRAM keys.
+    config = tmp_path / "policy.yaml"
+    config.write_text("backend: {dsn_env: DPPROXY_TEST_UNSET_DSN}\n"
+                      f"listen: {{host: 127.0.0.1, port: {proxy.port}}}\n"
+                      "users:\n  analyst: {password_env: DPPROXY_TEST_UNSET_PASSWORD, budget: {epsilon: 1}}\n"
+                      "tables: {}\n")
+    answered = _dpproxy("health", "-c", str(config))
+    assert answered.returncode == 0, answered.stderr

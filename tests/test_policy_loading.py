@@ -125,6 +125,16 @@ def test_password_from_environment(monkeypatch: pytest.MonkeyPatch):
     assert "ANALYST_PW" in problem and "users.analyst" in problem
 
 
+def test_an_empty_variable_is_named_as_empty_not_as_a_missing_key(monkeypatch: pytest.MonkeyPatch):
+    # Was "a user needs password, password_env or scram_verifier" of a user that names password_env.
+    monkeypatch.setenv("ANALYST_PW", "")
+    (problem,) = _problems(GOOD.replace("password: secret", "password_env: ANALYST_PW"))
+    assert problem == "p.yaml:4: users.analyst: environment variable ANALYST_PW (named by password_env) is empty"
+    monkeypatch.setenv("DPPROXY_TEST_DSN_ENV", "")
+    (problem,) = _problems(GOOD.replace("  dsn: postgresql://svc@localhost/db", "  dsn_env: DPPROXY_TEST_DSN_ENV"))
+    assert problem == "p.yaml:1: backend: environment variable DPPROXY_TEST_DSN_ENV (named by dsn_env) is empty"
+
+
 def test_invalid_yaml_names_the_line():
     (problem,) = _problems(GOOD.replace("budget: {epsilon: 10}", "budget: {epsilon: 10"))
     assert problem.startswith("p.yaml:") and "not valid YAML" in problem

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import re
 import socket
+import struct
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -161,6 +163,61 @@ def test_a_backend_that_refuses_the_service_role(test_db: TestDatabase, tmp_path
     assert PASSWORD not in run.stderr
 
 
+@pytest.fixture
+def password_asking_backend() -> Iterator[int]:
+    """A port where a server answers every startup with AuthenticationCleartextPassword, as a
+    PostgreSQL whose pg_hba.conf wants a password does (SSLRequest answered N)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                try:
+                    while True:
+                        length = struct.unpack("!i", conn.recv(4))[0]
+                        code = struct.unpack("!i", conn.recv(length - 4)[:4])[0]
+                        if code != 80877103:  # not an SSLRequest: the StartupMessage
+                            break
+                        conn.sendall(b"N")
+                    conn.sendall(b"R" + struct.pack("!ii", 8, 3))
+                    conn.recv(1024)
+                except (OSError, struct.error):
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield int(server.getsockname()[1])
+    stop.set()
+    thread.join()
+    server.close()
+
+
+def test_a_dsn_without_the_password_the_backend_asks_for(tmp_path: Path, password_asking_backend: int,
+                                                         monkeypatch: pytest.MonkeyPatch):
+    # Was "cannot reach the backend ...: fe_sendauth: no password supplied", and check-config
+    # said OK (not checked against the backend) although serve could never start.
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    monkeypatch.setenv("PGPASSFILE", str(tmp_path / "no-such-pgpass"))
+    path, _ = _policy(tmp_path, f"postgresql://svc@127.0.0.1:{password_asking_backend}/db")
+    why = "it asks for a password and none was given (in the DSN, PGPASSWORD or PGPASSFILE)"
+    _fails(["serve", "-c", str(path)],
+           f"dpproxy: the backend at 127.0.0.1:{password_asking_backend} refused the connection: {why} "
+           f"— check backend.dsn in {path}:2", verbose=False)
+    run = _dpproxy("check-config", str(path))
+    assert (run.returncode, run.stderr) == (
+        1, f"{path}:2: backend.dsn: the backend at 127.0.0.1:{password_asking_backend} refused the connection: "
+           f"{why}\n"), run.stdout
+
+
 def test_check_config_says_why_the_backend_was_not_checked(tmp_path: Path):
     dsn = _refused_dsn()
     path, _ = _policy(tmp_path, dsn)
@@ -180,6 +237,17 @@ def test_a_ledger_in_a_missing_directory(test_db: TestDatabase, tmp_path: Path):
             f"— check ledger.url in {path}:8")
     _fails(["serve", "-c", str(path)], line)
     _fails(["budget", "show", "-c", str(path)], line)
+
+
+def test_a_relative_ledger_path_names_the_directory_it_was_looked_for_in(test_db: TestDatabase, tmp_path: Path):
+    # examples/policy.yaml's ledger is relative; under systemd (working directory /) it said only
+    # "unable to open database file" or "the directory missing does not exist", not where.
+    path, _ = _policy(tmp_path, test_db.service_dsn, ledger="sqlite:///missing/ledger.sqlite3")
+    run = subprocess.run([sys.executable, "-m", "proxy.cli", "budget", "show", "-c", str(path)],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert (run.returncode, run.stderr) == (
+        1, f"dpproxy: cannot open the ledger sqlite:///missing/ledger.sqlite3: the directory {tmp_path}/missing "
+           f"does not exist (a relative path is read from the working directory) — check ledger.url in {path}:8\n")
 
 
 def test_an_unreachable_postgresql_ledger_is_shown_without_its_password(tmp_path: Path):
@@ -293,6 +361,16 @@ def test_an_audit_log_that_cannot_be_opened(test_db: TestDatabase, tmp_path: Pat
     _fails(["serve", "-c", str(path)],
            f"dpproxy: cannot open the audit log {audit}: no such file or directory "
            f"— check audit.path in {path}:{_line(text, '  path: ')}")
+
+
+def test_a_relative_audit_log_path_names_the_working_directory(test_db: TestDatabase, tmp_path: Path):
+    # Under systemd the working directory is /, where examples/policy.yaml's audit.jsonl cannot be made.
+    path, text = _policy(tmp_path, test_db.service_dsn, extra="audit:\n  path: missing/audit.jsonl\n")
+    run = subprocess.run([sys.executable, "-m", "proxy.cli", "serve", "-c", str(path)],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert (run.returncode, run.stderr) == (
+        1, f"dpproxy: cannot open the audit log missing/audit.jsonl (in the working directory {tmp_path}): "
+           f"no such file or directory — check audit.path in {path}:{_line(text, '  path: ')}\n")
 
 
 # ------------------------------------------------------------------ the demo

@@ -9,6 +9,7 @@ statement_timeout; the client's credentials never reach the backend.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -36,7 +37,7 @@ from .policy_fit import column_fit_problems
 from .type_support import distinct_countable, label_comparison_problem
 from .database_encoding import database_encoding_problems
 from .relation_reads import public_reads_protected
-from .grants import unreadable_protected
+from .grants import schemas_without_usage, unreadable_protected
 from .row_failures import failing_protected
 from .pool import UNKNOWN, BackendPool, PooledConnection, PoolTimeout, State, open_backend
 from .result_waiter import NotSent
@@ -883,13 +884,18 @@ def _settings_of(result: PGresult) -> State:
 async def build_registry(session: BackendSession, policy: Policy) -> TableRegistry:
     """Resolve the policy's tables on the backend: OIDs, columns, types; check the policy fits."""
     refs = {name: _policy_ref(name) for name in policy.tables}
+    no_usage = await schemas_without_usage(session, {name: ref.schema for name, ref in refs.items()})
+    for name, _ in no_usage:
+        del refs[name]
     resolved = await session.resolve(refs.values())
     hashable = await _ctid_hashable(session, [target.oid for target in resolved.values() if target is not None])
     primary_keys = await _primary_keys(session, [target.oid for target in resolved.values() if target is not None])
     relations: dict[int, Relation] = {}
     names: dict[int, str] = {}
-    problems: list[str] = await database_encoding_problems(session)
+    problems: list[str] = await database_encoding_problems(session) + [problem for _, problem in no_usage]
     for name, table_policy in policy.tables.items():
+        if name not in refs:
+            continue  # in a schema the role cannot use: told above
         target = resolved.get(refs[name])
         if target is None:
             problems.append(f"tables.{name}: no such relation on the backend")
@@ -898,7 +904,9 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
         for column_name, column_policy in table_policy.columns.items():
             info = columns.get(column_name)
             if info is None:
-                problems.append(f"tables.{name}.columns.{column_name}: no such column on the backend")
+                close = difflib.get_close_matches(column_name, list(columns), n=1, cutoff=0.6)
+                meant = f" (did you mean {close[0]}?)" if close else ""
+                problems.append(f"tables.{name}.columns.{column_name}: no such column on the backend{meant}")
             else:
                 fit = column_fit_problems(name, column_name, column_policy, info)
                 problems += fit or await _unreadable_labels(session, name, info)

@@ -19,7 +19,7 @@ from policies.tables import Relation, quote_identifier
 
 from .fetches import Fetches
 
-__all__ = ["unreadable", "unreadable_protected"]
+__all__ = ["schemas_without_usage", "unreadable", "unreadable_protected"]
 
 # has_table_privilege and has_column_privilege as the session's role (the service role).
 _UNREADABLE_SQL = """
@@ -33,6 +33,30 @@ WHERE c.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])
 ORDER BY c.oid
 """
 
+
+# A schema the role has no USAGE on: PostgreSQL refuses to look a qualified name up in it
+# ("permission denied for schema"), for every table of it, before any SELECT privilege counts.
+_NO_USAGE_SQL = """
+SELECT n.nspname::pg_catalog.text, CURRENT_USER::pg_catalog.text FROM pg_catalog.pg_namespace n
+WHERE n.nspname OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.text[])
+  AND NOT pg_catalog.has_schema_privilege(n.oid, 'USAGE')
+"""
+
+
+async def schemas_without_usage(session: Fetches, tables: Mapping[str, str | None]) -> list[tuple[str, str]]:
+    """(policy table name, problem) for each of ``tables`` (policy name: its schema, None when
+    unqualified) in a schema the session's role has no USAGE on, with the GRANT that is missing.
+    Those names cannot even be resolved: the caller leaves them out of the resolution."""
+    schemas = sorted({schema for schema in tables.values() if schema is not None})
+    if not schemas:
+        return []
+    blocked = {str(schema): str(role) for schema, role in await session.fetch_all(_NO_USAGE_SQL, (schemas,))}
+    return [
+        (name, f"tables.{name}: the service role cannot use the schema {quote_identifier(schema)} on the backend, "
+               f"so it can read no table in it; GRANT USAGE ON SCHEMA {quote_identifier(schema)} "
+               f"TO {quote_identifier(blocked[schema])}")
+        for name, schema in tables.items() if schema in blocked
+    ]
 
 
 async def unreadable(session: Fetches, relations: Mapping[int, Relation]) -> dict[int, str]:

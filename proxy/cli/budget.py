@@ -106,7 +106,8 @@ def balance_table(balances: Sequence[Balance]) -> str:
 def _with_ledger(args: argparse.Namespace, run: Callable[[Policy, Ledger], list[Balance]]) -> int:
     """Load the policy, open its ledger, ``run``, print the balances it returns; an exit code."""
     command = f"dpproxy budget {args.action}"
-    policy = load_policy(args.config)  # PolicyError: dpproxy's main prints each problem at its line
+    # Without secrets: budgets need neither the backend's DSN nor the analysts' passwords.
+    policy = load_policy(args.config, secrets=False)  # PolicyError: main prints each problem at its line
     if args.user is not None and args.user not in policy.users:
         print(f"{command}: unknown user {args.user!r}; the users of {args.config} are "
               f"{', '.join(sorted(policy.users))}", file=sys.stderr)

@@ -72,7 +72,7 @@ def _health_target(args: argparse.Namespace) -> tuple[str, int, str]:
     if args.config is not None:
         from policies.loader import load_policy
 
-        listen = load_policy(args.config).listen
+        listen = load_policy(args.config, secrets=False).listen  # a probe needs no password
         host, port = _LOOPBACK.get(listen.host, listen.host), listen.port
         check = f"listen.host and listen.port in {args.config} (or --host and --port)"
     return args.host or host, port if args.port is None else args.port, check

@@ -1,4 +1,5 @@
-"""The ``dpproxy`` command: serve, demo, check-config, epsilon, risk, budget, health, demo-load.
+"""The ``dpproxy`` command: serve, demo, check-config, epsilon, risk, budget, health, demo-load,
+scram-verifier.
 
 ``serve`` and ``demo`` run until SIGTERM or SIGINT (a graceful shutdown: running statements
 get ``listen.shutdown_grace_s`` to finish; a second signal cuts that short) and reload
@@ -31,6 +32,7 @@ from proxy.serving.startup import StartupError, os_reason, port_free, port_numbe
 from proxy.serving.workers import SupervisorLink, WorkerRole
 
 from .budget import add_budget_commands
+from .credentials import add_credential_commands
 from .deploy import add_deploy_commands
 from .privacy import add_privacy_commands
 
@@ -130,6 +132,7 @@ def _parser() -> argparse.ArgumentParser:
     add_privacy_commands(commands)
     add_budget_commands(commands)
     add_deploy_commands(commands)
+    add_credential_commands(commands)
     return parser
 
 

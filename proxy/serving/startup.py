@@ -84,6 +84,9 @@ _AT = re.compile(r'connection to server at "(?P<host>[^"]*)"(?: \([^)]*\))?, por
 _SOCKET = re.compile(r'connection to server on socket "(?P<socket>[^"]*)" failed: (?P<why>.*)')
 _RESOLVE = re.compile(r"failed to resolve host '(?P<host>[^']*)': (?:\[Errno -?\d+\] )?(?P<why>.*)")
 _SERVER_SAID = re.compile(r"^(?:FATAL|ERROR): +")
+# libpq's own words when the server asked for a password and the DSN, PGPASSWORD and
+# PGPASSFILE gave none: the server answered, and said no to this login.
+_NO_PASSWORD = re.compile(r"^fe_sendauth: no password supplied")
 
 
 def backend_failure(backend: BackendConfig, exc: BaseException) -> StartupError:
@@ -151,6 +154,8 @@ def _libpq_failure(text: str, dsn: str) -> tuple[str, str, bool]:
     if found is None:
         found = _RESOLVE.search(line)
     why = found["why"] if found else line
+    if _NO_PASSWORD.match(why):
+        return where, "it asks for a password and none was given (in the DSN, PGPASSWORD or PGPASSFILE)", True
     refused = bool(_SERVER_SAID.match(why))
     return where, _sentence(_SERVER_SAID.sub("", why)), refused
 
@@ -182,16 +187,31 @@ def ledger_failure(ledger: LedgerConfig, exc: BaseException) -> StartupError:
     elif url.split("://", 1)[0] in ("postgresql", "postgres", "postgresql+psycopg"):
         text = _libpq_failure(text, "")[1]
     elif "unable to open database file" in text:
-        directory = Path(_sqlite_path(url)).parent
-        if not directory.is_dir():
-            text = f"the directory {directory} does not exist"
+        text = _sqlite_directory_problem(Path(_sqlite_path(url))) or text
     why = without_passwords(_sentence(text), url)
     return StartupError(f"cannot open the ledger {shown}: {why}", key)
 
 
+def _sqlite_directory_problem(path: Path) -> str | None:
+    """Why SQLite could not open ``path`` in its directory, or None if the directory looks usable.
+
+    A relative path is read from the working directory, which under systemd is ``/``: the
+    directory is named absolute then, so that the operator sees where it was looked for.
+    """
+    directory = path.parent.absolute() if not path.is_absolute() else path.parent
+    relative = "" if path.is_absolute() else " (a relative path is read from the working directory)"
+    if not directory.is_dir():
+        return f"the directory {directory} does not exist{relative}"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"this user cannot create files in the directory {directory}{relative}"
+    return None
+
+
 def audit_failure(path: str, exc: OSError) -> StartupError:
-    """The audit log file could not be opened for appending."""
-    return StartupError(f"cannot open the audit log {path}: {os_reason(exc)}", ("audit", "path"))
+    """The audit log file could not be opened for appending (a relative ``path`` is shown with
+    the working directory it was read from)."""
+    where = path if Path(path).is_absolute() else f"{path} (in the working directory {Path.cwd()})"
+    return StartupError(f"cannot open the audit log {where}: {os_reason(exc)}", ("audit", "path"))
 
 
 # ------------------------------------------------------------------ TLS
