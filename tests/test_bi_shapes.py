@@ -616,7 +616,7 @@ def test_show_columns_lists_each_date_part_with_its_cells(bi):
             "EXTRACT(DAY FROM logged_at) (31 cells), EXTRACT(DOW FROM logged_at) (7 cells)") in keys["logged_at"]
     # logged_at opts month and day in: year, quarter and week are nested in them, each its own DATE_TRUNC
     assert ("DATE_TRUNC('week', logged_at) (53 cells), DATE_TRUNC('month', logged_at) (12 cells), "
-            "DATE_TRUNC('quarter', logged_at) (4 cells), DATE_TRUNC('year', logged_at) (1 cells)") in keys["logged_at"]
+            "DATE_TRUNC('quarter', logged_at) (4 cells), DATE_TRUNC('year', logged_at) (1 cell)") in keys["logged_at"]
     assert "EXTRACT(YEAR FROM logged_at)" not in keys["logged_at"]
     assert "Sunday weeks of logged_at (53 cells), CAST(logged_at AS DATE) (365 cells)" in keys["logged_at"]
     assert "EXTRACT(WEEK FROM visited_on) (52 cells)" in keys["visited_on"] and "DOW" not in keys["visited_on"]

@@ -46,7 +46,7 @@ def _check(tmp_path: Path, text: str, *args: str) -> subprocess.CompletedProcess
 def test_a_policy_that_fits_the_backend_is_checked_against_it(test_db: TestDatabase, tmp_path: Path):
     run = _check(tmp_path, POLICY.format(dsn=test_db.service_dsn))
     assert run.returncode == 0, run.stderr
-    assert "OK (1 user, 1 protected and 1 public tables;" in run.stdout and "checked against the backend" in run.stdout
+    assert "OK (1 user; tables: 1 protected, 1 public;" in run.stdout and "checked against the backend" in run.stdout
 
 
 def test_what_serve_would_refuse_is_reported_at_its_line(test_db: TestDatabase, tmp_path: Path):
@@ -221,7 +221,7 @@ def test_the_example_policy_fits_the_table_it_describes(test_db: TestDatabase):
         with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
             conn.execute("DROP TABLE IF EXISTS public.orders")
     assert run.returncode == 0, run.stderr
-    assert "OK (1 user, 1 protected and 0 public tables; checked against the backend" in run.stdout
+    assert "OK (1 user; tables: 1 protected, 0 public; checked against the backend" in run.stdout
 
 
 _AT = 'connection failed: connection to server at "10.0.0.5", port 5432 failed: '

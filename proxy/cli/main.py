@@ -143,8 +143,8 @@ def _check_config(args: argparse.Namespace) -> int:
     policy = load_policy(args.config)  # PolicyError: main prints each problem at its line
     protected = sum(1 for t in policy.tables.values() if t.access == "protected")
     users = len(policy.users)
-    summary = (f"{users} user{'' if users == 1 else 's'}, {protected} protected and "
-               f"{len(policy.tables) - protected} public tables")
+    summary = (f"{users} user{'' if users == 1 else 's'}; tables: {protected} protected, "
+               f"{len(policy.tables) - protected} public")
     if args.file_only:
         checked = BackendCheck(False, reason="--file-only")
     else:

@@ -55,7 +55,7 @@ class DPAnswer:
         """One line for the analyst: the cost and each column's noise (``repeat``: charged nothing,
         since these are the values an earlier answer released)."""
         if self.cells and not self.releases and not self.epsilon:
-            return (f"dpproxy: ε charged 0, δ 0 for {self.cells} groups (their declared keys only, from the policy: "
+            return (f"dpproxy: ε charged 0, δ 0 for {self._groups()} (their declared keys only, from the policy: "
                     "no row is read and nothing is released)")
         if repeat:
             cost = "ε charged 0, δ 0 (a repeat of an earlier answer: the same noised values)"
@@ -65,7 +65,10 @@ class DPAnswer:
             columns = ", ".join(_described(f.name, rel) for f, rel in zip(self.result.fields, self.releases))
             return f"dpproxy: {cost}; {columns}"
         shared = "" if repeat else " (each row is in one group, so the groups share that ε)"
-        return f"dpproxy: {cost} for {self.cells} groups{shared}; per group: {', '.join(self.noise)}"
+        return f"dpproxy: {cost} for {self._groups()}{shared}; per group: {', '.join(self.noise)}"
+
+    def _groups(self) -> str:
+        return f"{self.cells} group{'' if self.cells == 1 else 's'}"
 
     def named_for(self, plan: AggregateQuery) -> DPAnswer:
         """The same released values headed as ``plan`` (a repeat) names its columns.

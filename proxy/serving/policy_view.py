@@ -101,13 +101,13 @@ def _group_keys(table: Relation, column: ColumnInfo) -> str | None:
     if policy is None or policy.group_by is False:
         return None
     if policy.time_units:
-        parts = [f"{written} ({cells} cells)" for written, cells in part_keys(column, table.policy.max_cells)]
-        return ", ".join([f"DATE_TRUNC('{unit}', {column.name}) ({policy.bucket_count(unit)} cells)"
+        parts = [f"{written} ({_cells(cells)})" for written, cells in part_keys(column, table.policy.max_cells)]
+        return ", ".join([f"DATE_TRUNC('{unit}', {column.name}) ({_cells(policy.bucket_count(unit))})"
                           for unit in policy.time_units] + parts)
     keys = []
     count = column_key_count(column)
     if count is not None and count <= table.policy.max_cells:
-        keys.append(f"{column.name} ({count} cells)")
+        keys.append(f"{column.name} ({_cells(count)})")
     if policy.bounds is not None:
         keys.append(f"width_bucket({column.name}, lo, hi, n) (n + 2 cells)")
     return ", ".join(keys) or None
@@ -131,3 +131,7 @@ def _aggregates(table: Relation, column: ColumnInfo) -> list[str]:
     if policy is not None and policy.categories is not None:
         accepted.append("MODE exponential")
     return accepted
+
+
+def _cells(count: int) -> str:
+    return f"{count} cell{'' if count == 1 else 's'}"
