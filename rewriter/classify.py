@@ -425,22 +425,35 @@ def _transaction(statement: Statement) -> Passthrough:
             "Use BEGIN, COMMIT, ROLLBACK, SAVEPOINT and RELEASE.",
             "statement-not-allowed",
         )
-    _refuse_read_write(node.get("options") or [])
+    _refuse_transaction_modes(node.get("options") or [])
     return Passthrough(statement.text)
 
 
-def _refuse_read_write(options: list[dict[str, Any]]) -> None:
+def _refuse_transaction_modes(options: list[dict[str, Any]]) -> None:
+    """Refuse READ WRITE and NOT DEFERRABLE among a BEGIN's or SET TRANSACTION's modes.
+
+    Backend transactions are read-only and deferrable (proxy/backend/pool.py): a serializable
+    one that is not deferrable can fail with 40001 because a concurrent writer changed a row it
+    reads, which would make an accepted DP query's failure say which rows were being written.
+    """
     for option in options:
         element = option.get("DefElem", {})
-        if element.get("defname") == "transaction_read_only":
-            value = element.get("arg", {}).get("A_Const", {}).get("ival", {}).get("ival", 0)
-            if not value:
-                raise Refusal(
-                    SQLSTATE.READ_ONLY_SQL_TRANSACTION,
-                    "dpproxy sessions are read-only: READ WRITE is not allowed (rule: read-only)",
-                    "Leave out READ WRITE; transactions through dpproxy are read-only.",
-                    "read-only",
-                )
+        value = element.get("arg", {}).get("A_Const", {}).get("ival", {}).get("ival", 0)
+        if element.get("defname") == "transaction_read_only" and not value:
+            raise Refusal(
+                SQLSTATE.READ_ONLY_SQL_TRANSACTION,
+                "dpproxy sessions are read-only: READ WRITE is not allowed (rule: read-only)",
+                "Leave out READ WRITE; transactions through dpproxy are read-only.",
+                "read-only",
+            )
+        if element.get("defname") == "transaction_deferrable" and not value:
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                "transactions through dpproxy are DEFERRABLE: NOT DEFERRABLE is not allowed (rule: deferrable)",
+                "Leave out NOT DEFERRABLE. A SERIALIZABLE transaction then waits for a safe snapshot and "
+                "never fails because of concurrent writers.",
+                "deferrable",
+            )
 
 
 def _set(statement: Statement) -> Decision:
@@ -463,7 +476,7 @@ def _set(statement: Statement) -> Decision:
             "Only presentation and session settings may be changed: " + ", ".join(sorted(SAFE_SETTINGS)),
             "safe-settings",
         )
-    _refuse_read_write(node.get("args") or [])
+    _refuse_transaction_modes(node.get("args") or [])
     if kind != "VAR_SET_DEFAULT" and not exact_floats(name, _set_value(node)):
         raise inexact_floats()
     if name in ("client_encoding", "names") and kind != "VAR_SET_DEFAULT" and not ascii_safe_encoding(_set_value(node)):

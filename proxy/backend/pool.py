@@ -68,9 +68,17 @@ async def open_backend(config: BackendConfig, settings: Mapping[str, str] | None
     Inside a block the backend is idle while a quantised DP answer waits for its boundary, for
     the quantum minus the time the rows took: a timeout of the role's, the database's or
     postgresql.conf ending the connection then would tell how long the rows took.
+
+    Its transactions are DEFERRABLE by default (``rewriter.classify`` refuses NOT DEFERRABLE),
+    which changes only SERIALIZABLE ones: a read-only serializable transaction that is not
+    deferrable fails with 40001 when a concurrent serializable writer of the operator's changed
+    a row it reads (PostgreSQL's read-only anomaly), so whether a DP query over ``id = 42``
+    failed said whether row 42 was being written; and its predicate locks made the writers fail
+    instead. A deferrable one waits for a snapshot no writer can make unsafe, then takes no
+    predicate locks and cannot fail so.
     """
-    options = {"default_transaction_read_only": "on", "statement_timeout": str(config.statement_timeout_ms),
-               "idle_in_transaction_session_timeout": "0"}
+    options = {"default_transaction_read_only": "on", "default_transaction_deferrable": "on",
+               "statement_timeout": str(config.statement_timeout_ms), "idle_in_transaction_session_timeout": "0"}
     options.update(settings or {})
     return await psycopg.AsyncConnection.connect(
         config.dsn or "",

@@ -1,0 +1,405 @@
+"""Session and transaction state an analyst controls, attacked on neighbouring tables.
+
+The analyst may change what dpproxy lets through to the backend: the safe SET list
+(``rewriter.catalog.SAFE_SETTINGS``), ``set_config(…, false/true)``, ``SET SESSION
+CHARACTERISTICS``, ``SET TRANSACTION`` (sent as SET LOCAL), the startup parameters and ``-c``
+options dpproxy forwards, transaction blocks, isolation levels, savepoints and ``DISCARD``. Each
+probe here asks whether such state lets one row decide whether an accepted DP statement fails,
+what it returns beyond the noised values (columns, types, rows, keys, notices) or whether it is
+charged for a failure.
+
+Found and fixed: a ``SERIALIZABLE`` transaction (``BEGIN ISOLATION LEVEL SERIALIZABLE``, ``SET
+SESSION CHARACTERISTICS``, ``default_transaction_isolation``) made a DP query fail (DP004, after
+its charge) exactly when a concurrent serializable writer of the operator's had changed a row
+the query's WHERE selects, and committed after a transaction it depended on (PostgreSQL's
+read-only anomaly: a read-only serializable transaction that is not deferrable is aborted with
+40001 to keep the writers serializable). ``SELECT COUNT(*) … WHERE id = 42`` failed, ``… WHERE
+id = 43`` was answered: a per-row oracle of what is being written (privacy); and the analyst's
+predicate locks made those writers fail instead (availability of the operator's application).
+Backend connections now open with ``default_transaction_deferrable = on`` and ``NOT
+DEFERRABLE`` is refused (``0A000``, rule ``deferrable``): a serializable transaction waits for
+a safe snapshot, then takes no predicate locks and cannot fail so.
+
+Held (regression tests): on ``st0`` and neighbours that each add one adversarial row (NULLs,
+±Infinity, NaN, numeric 1e100 and 1e-400, float extremes and subnormals, a 5,000-emoji text,
+dates and timestamps at their types' limits, a timestamptz whose UTC day differs from its day
+east of UTC, the declared range's first and last microsecond, bytea with a backslash and a
+quote), every accepted form — COUNT/SUM/AVG (noisy sum and count, sample and aggregate),
+MIN/MAX, COUNT(DISTINCT), MODE, shares, post-processing, histograms over categories, integers,
+``width_bucket`` bins, ``DATE_TRUNC`` day/week/month/year of date, timestamp and timestamptz,
+date parts, ``CAST(… AS DATE)`` and Grafana's epoch buckets, folded ``now()``/``CURRENT_DATE``/
+``TO_TIMESTAMP`` values, DateStyle-dependent literals with two-digit years, typed time parameters
+across date/timestamp/timestamptz — gives the same outcome under TimeZone far east, far west and
+POSIX offsets of ±15:59, every DateStyle and IntervalStyle, extra_float_digits 1 and 3,
+lc_numeric, lc_time, bytea_output, client_min_messages from debug5 to error, jit, lock_timeout,
+xmloption, search_path, LATIN1, repeatable read, serializable deferrable and set_config. The
+reasons it holds: every function, operator and type of a DP query's backend SQL is
+``pg_catalog``'s; literals and folded values are read back in the analyst's own session before
+the charge (so a DateStyle or TimeZone reading is the one the DP query uses); keys are cell
+numbers or ``to_char`` of buckets inside the declared range; partition values are hashed, not
+printed; no backend notice of a DP statement reaches the client (not even the LOG lines
+``log_min_duration_statement`` writes, which ``client_min_messages = log`` sends to clients).
+``set_config`` inside a DP statement is refused (or, in the ORDER BY of a one-row answer,
+never run); startup ``options`` apply only the settings dpproxy forwards; every safe setting,
+SET LOCAL after a savepoint's rollback included, is reset for the next client of a pooled
+connection.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg.types.string import TextLoader
+
+from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
+from tests.neighbour_outcome import create_neighbours, masked_outcome
+
+_DDL = "(id int8 PRIMARY KEY, i int4, n numeric, f float8, s text, d date, tz timestamptz, ts timestamp, b bytea)"
+_BASE_ROWS = (
+    "SELECT g, g % 90, (g % 700)::numeric / 7, (g % 13)::float8 - 4, (ARRAY['a', 'b'])[1 + g % 2], "
+    "DATE '2020-01-01' + (g % 366), TIMESTAMPTZ '2020-01-01 12:00+00' + (g % 366) * interval '1 day', "
+    "TIMESTAMP '2020-01-01 12:00' + (g % 366) * interval '1 day', '\\x00ff'::bytea FROM generate_series(1, 300) g"
+)
+_NEIGHBOURS = {
+    "st1": "(1001, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
+    "st2": "(1002, 2147483647, 'NaN', 'Infinity', 'zz', 'infinity', 'infinity', '-infinity', '\\xff')",
+    "st3": "(1003, -2147483648, 1e100, 'NaN', repeat('😀', 5000), '4713-01-01 BC', '4713-01-01 00:00+00 BC', "
+           "'294276-12-31 23:59:59', '\\x5c27')",
+    "st4": "(1004, 0, '-Infinity', -1.7976931348623157e308, E'a\\\\', '5874897-12-31', '294276-12-31 23:59:59+00', "
+           "'4713-01-01 BC', '')",
+    "st5": "(1005, 89, 1e-400, 5e-324, 'b', '2020-12-31', '2020-12-31 23:59:59.999999+00', '2020-12-31 23:59:59.999999', "
+           "NULL)",
+    "st6": "(1006, 1, -1e-100, '-Infinity', 'a', '2020-01-01', '2019-12-31 10:00+00', '2020-01-01 00:00', '\\x00')",
+    "st7": "(1007, 1, 0, 1e308, 'a', '2000-01-01', '2020-01-01 00:00+14', '1999-12-31 23:59:59', '\\x00')",
+}
+_POLICY = ATTACK_POLICY_HEAD.replace("repeats: {{enabled: true}}", "repeats: {{enabled: false}}") + """
+  public.sr0:
+    access: protected
+    epsilon: 1.0
+    columns:
+      v: {{bounds: [0, 100]}}
+  public.st0: &T
+    access: protected
+    epsilon: 1.0
+    delta: 1.0e-6
+    columns:
+      i: {{bounds: [0, 100], group_by: true}}
+      n: {{bounds: [0, 1000]}}
+      f: {{bounds: [-5, 10], avg: sample_aggregate, group_by: true}}
+      s: {{categories: [a, b], group_by: true}}
+      d: {{bounds: [2020-01-01, 2020-12-31], group_by: [month, week]}}
+      tz: {{bounds: [2020-01-01, 2020-12-31], group_by: [day]}}
+      ts: {{bounds: [2020-01-01, 2020-12-31], group_by: [day]}}
+""" + "".join(f"  public.{name}: *T\n" for name in _NEIGHBOURS)
+
+
+@pytest.fixture(scope="module")
+def settings_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    create_neighbours(test_db.admin_dsn, "st0", _NEIGHBOURS, _DDL, _BASE_ROWS)
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        # sr0: large enough that WHERE id = k is an index scan, whose predicate locks cover row k only.
+        admin.execute("DROP TABLE IF EXISTS sr0, srx")
+        admin.execute("CREATE TABLE sr0 (id int8 PRIMARY KEY, v int4)")
+        admin.execute("INSERT INTO sr0 SELECT g, g % 100 FROM generate_series(1, 20000) g")
+        admin.execute("CREATE TABLE srx (id int PRIMARY KEY, v int)")
+        admin.execute("INSERT INTO srx VALUES (1, 0)")
+        admin.execute("GRANT SELECT ON sr0, srx TO dpproxy_service")
+        admin.execute("ANALYZE sr0, srx")
+    with running_proxy(test_db, tmp_path_factory, _POLICY) as running:
+        yield running
+
+
+def _dates_as_text(conn: psycopg.Connection) -> None:
+    """Read dates and times as their text: psycopg parses only some DateStyles."""
+    for name in ("date", "timestamp", "timestamptz", "interval"):
+        conn.adapters.register_loader(name, TextLoader)
+
+
+def _same_on_neighbours(conn: psycopg.Connection, sql: str) -> tuple[object, ...]:
+    """``sql``'s one outcome on ``st0`` and every neighbour (keys compared value for value), an
+    error uncharged."""
+    keys = 1 if "GROUP BY" in sql else 0
+    base: tuple[object, ...] = ()
+    for name in ("st0", *_NEIGHBOURS):
+        before = spent_epsilon(conn)
+        outcome = masked_outcome(conn, sql, name, keys=keys)
+        base = base or outcome
+        assert outcome == base, (name, sql, base)
+        assert outcome[0] == "answer" or spent_epsilon(conn) == before, (name, sql, outcome)
+    return base
+
+
+# ---------------------------------------------------------------- every accepted form under every state
+
+ACCEPTED_FORMS = [
+    "SELECT COUNT(*) FROM {t} WHERE i > 50",
+    "SELECT SUM(i), SUM(n), SUM(f) FROM {t}",
+    "SELECT AVG(i), AVG(n) FROM {t} WHERE f > 0",
+    "SELECT AVG(f), MIN(f), MAX(f) FROM {t}",
+    "SELECT COUNT(DISTINCT s), MODE() WITHIN GROUP (ORDER BY s) FROM {t}",
+    "SELECT s, COUNT(*), SUM(i) FROM {t} GROUP BY s",
+    "SELECT i, COUNT(*) FROM {t} GROUP BY i",
+    "SELECT width_bucket(f, -5, 10, 5) AS w, COUNT(*) FROM {t} GROUP BY 1",
+    "SELECT DATE_TRUNC('month', d) AS m, COUNT(*), AVG(f) FROM {t} GROUP BY 1",
+    "SELECT DATE_TRUNC('week', d) AS m, COUNT(*) FROM {t} GROUP BY 1",
+    "SELECT DATE_TRUNC('day', tz) AS m, COUNT(*) FROM {t} WHERE tz >= '2020-03-01' AND tz < '2020-03-05' GROUP BY 1",
+    "SELECT DATE_TRUNC('month', tz) AS m, COUNT(*) FROM {t} GROUP BY 1",
+    "SELECT DATE_TRUNC('year', ts) AS m, COUNT(*) FROM {t} GROUP BY 1",
+    "SELECT EXTRACT(MONTH FROM tz) AS m, COUNT(*) FROM {t} GROUP BY 1",
+    "SELECT CAST(tz AS DATE) AS m, COUNT(*) FROM {t} WHERE tz < '2020-01-05' GROUP BY 1",
+    "SELECT floor(extract(epoch from tz)/86400)*86400 AS t, COUNT(*) FROM {t} WHERE tz < '2020-01-05' GROUP BY 1",
+    "SELECT COUNT(*) FROM {t} WHERE tz > now() - interval '30 days'",
+    "SELECT COUNT(*) FROM {t} WHERE ts > now() - interval '3000 days' AND d < current_date - 10",
+    "SELECT COUNT(*) FROM {t} WHERE tz >= TO_TIMESTAMP('2020-03-01 00:00:00', 'YYYY-MM-DD HH24:MI:SS')",
+    "SELECT COUNT(*) FROM {t} WHERE d > '01/02/03' AND ts < '03/04/20 10:00'",
+    "SELECT COUNT(*) FROM {t} WHERE ts > '2020-06-01 12:00' AND tz < '2020-06-01 12:00'",
+    "SELECT COUNT(*) FROM {t} WHERE ts > LOCALTIMESTAMP - interval '1 year' OR tz < CURRENT_TIMESTAMP",
+    "SELECT COUNT(*) FROM {t} WHERE d < TIMESTAMPTZ '2020-06-01 00:00+00' AND ts <> TIMESTAMPTZ '2020-06-01 00:00+14'",
+    "SELECT 100.0 * COUNT(*) FILTER (WHERE i > 50) / COUNT(*) AS share FROM {t}",
+    "SELECT ROUND(AVG(f)::numeric, 2), SUM(n) / 7 FROM {t}",
+    "SELECT s, COUNT(*) FROM {t} WHERE b = '\\x00ff' GROUP BY s",
+    "SELECT COUNT(*) FROM {t} WHERE s = 'a' AND n < 1e-50",
+]
+
+SESSION_STATES = {
+    "default": (),
+    "time zone far east": ("SET TimeZone = 'Pacific/Kiritimati'",),
+    "time zone far west": ("SET TIME ZONE 'Etc/GMT+12'",),
+    "posix offsets": ("SET TimeZone = '<-1559>+15:59'",),
+    "interval offset": ("SET TIME ZONE INTERVAL '-15:59' HOUR TO MINUTE",),
+    "SQL DMY": ("SET DateStyle = 'SQL, DMY'",),
+    "German": ("SET DateStyle = German",),
+    "Postgres YMD": ("SET datestyle TO 'Postgres, YMD'",),
+    "interval styles": ("SET IntervalStyle = sql_standard", "SET intervalstyle = iso_8601"),
+    "verbose intervals": ("SET intervalstyle = postgres_verbose",),
+    "float digits": ("SET extra_float_digits = 3",),
+    "locale and bytes": ("SET lc_numeric = 'C'", "SET lc_time = 'C'", "SET bytea_output = escape", "SET xmloption = document"),
+    "debug messages": ("SET client_min_messages = debug5",),
+    "errors only": ("SET client_min_messages = error",),
+    "planner": ("SET jit = on", "SET lock_timeout = 1"),
+    "search path": ("SET search_path = pg_temp, public, pg_catalog",),
+    "latin1": ("SET client_encoding = 'LATIN1'",),
+    "repeatable read": ("SET default_transaction_isolation = 'repeatable read'",),
+    "serializable": ("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE, READ ONLY, DEFERRABLE",),
+    "set_config": ("SELECT set_config('TimeZone', 'America/Caracas', false), set_config('DateStyle', 'SQL, MDY', false)",),
+}
+
+
+@pytest.mark.parametrize("state", SESSION_STATES)
+def test_no_session_state_lets_one_row_decide_an_outcome(settings_proxy: RunningProxy, state: str) -> None:
+    with settings_proxy.connect() as conn:
+        _dates_as_text(conn)
+        for statement in SESSION_STATES[state]:
+            conn.execute(statement)
+        for sql in ACCEPTED_FORMS:
+            _same_on_neighbours(conn, sql)
+
+
+_TYPED_TIMES = [  # (statement, parameter values, their declared types: timestamptz, timestamp, date)
+    ("SELECT COUNT(*) FROM {t} WHERE ts > $1", [b"2020-06-01 00:00+14"], [1184]),
+    ("SELECT COUNT(*) FROM {t} WHERE d = $1", [b"2020-06-01 00:00-12"], [1184]),
+    ("SELECT COUNT(*) FROM {t} WHERE tz > $1", [b"2020-06-01 00:00"], [1114]),
+    ("SELECT COUNT(*) FROM {t} WHERE tz > $1", [b"2020-06-01"], [1082]),
+    ("SELECT COUNT(*) FROM {t} WHERE ts BETWEEN $1 AND $2", [b"2020-06-01 00:00+14", b"2020-07-01 00:00-12"], [1184, 1184]),
+    ("SELECT COUNT(*) FROM {t} WHERE d IN ($1, $2)", [b"2020-06-01 00:00+14", b"2020-07-01 00:00-12"], [1184, 1184]),
+]
+
+
+@pytest.mark.parametrize("zone", ["Etc/GMT+12", "Pacific/Kiritimati", "<-1559>+15:59", "<+1559>-15:59"])
+def test_a_time_parameter_of_another_time_type_is_no_oracle_in_any_time_zone(settings_proxy: RunningProxy,
+                                                                              zone: str) -> None:
+    # A timestamp at its type's limit converted per row to timestamptz far west fails; the
+    # comparisons across time types convert without failing (PostgreSQL's *_opt_overflow).
+    with settings_proxy.connect() as conn:
+        conn.execute(f"SET TimeZone = '{zone}'")
+        for sql, values, types in _TYPED_TIMES:
+            outcomes = set()
+            for table in ("st0", *_NEIGHBOURS):
+                result = conn.pgconn.exec_params(sql.replace("{t}", table).encode(), values, types)
+                outcomes.add((result.status, result.error_field(psycopg.pq.DiagnosticField.SQLSTATE)))
+            assert outcomes == {(psycopg.pq.ExecStatus.TUPLES_OK, None)}, (sql, outcomes)
+
+
+# ---------------------------------------------------------------- serializable transactions and concurrent writers
+
+def _dp_query_beside_a_serializable_writer(proxy: RunningProxy, admin_dsn: str, row: int) -> tuple[str, object]:
+    """PostgreSQL's read-only anomaly: the operator's serializable writer W2 reads what W3 then
+    changes and commits; the analyst's serializable block takes its snapshot; W2 changes row 42
+    of sr0 and commits; the analyst counts row ``row``. The outcome of that DP query."""
+    with psycopg.connect(admin_dsn) as w2, psycopg.connect(admin_dsn) as w3, proxy.connect() as analyst:
+        for writer in (w2, w3):
+            writer.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+        w2.execute("SELECT v FROM srx WHERE id = 1").fetchall()
+        w3.execute("UPDATE srx SET v = v + 1 WHERE id = 1")
+        w3.commit()
+        snapshot_taken = threading.Event()
+
+        def begin() -> None:
+            analyst.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
+            analyst.execute("SELECT 1")  # a deferrable block waits here until W2 is done
+            snapshot_taken.set()
+
+        beginning = threading.Thread(target=begin, daemon=True)
+        beginning.start()
+        snapshot_taken.wait(0.5)
+        w2.execute("UPDATE sr0 SET v = v WHERE id = 42")
+        w2.commit()
+        beginning.join(10)
+        assert snapshot_taken.is_set()
+        try:
+            return "answer", analyst.execute(f"SELECT COUNT(*) FROM sr0 WHERE id = {row}").fetchall()[0][0] is not None
+        except psycopg.Error as exc:
+            return "error", exc.sqlstate
+
+
+@pytest.mark.parametrize("row", [42, 43])
+def test_a_concurrent_serializable_writer_does_not_decide_whether_a_dp_query_fails(
+        settings_proxy: RunningProxy, test_db: TestDatabase, row: int) -> None:
+    # Before, the block was not deferrable: the count of row 42 (the one W2 wrote) failed with
+    # DP004 (40001 on the backend), the count of row 43 was answered.
+    assert _dp_query_beside_a_serializable_writer(settings_proxy, test_db.admin_dsn, row) == ("answer", True)
+
+
+@pytest.mark.parametrize("statement", [
+    "BEGIN ISOLATION LEVEL SERIALIZABLE, NOT DEFERRABLE",
+    "START TRANSACTION READ ONLY NOT DEFERRABLE",
+    "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE NOT DEFERRABLE",
+])
+def test_not_deferrable_is_refused(settings_proxy: RunningProxy, statement: str) -> None:
+    with settings_proxy.connect() as conn:
+        with pytest.raises(psycopg.errors.FeatureNotSupported, match=r"rule: deferrable") as refused:
+            conn.execute(statement)
+        assert refused.value.diag.message_hint
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_set_transaction_not_deferrable_is_refused_inside_a_block(settings_proxy: RunningProxy) -> None:
+    with settings_proxy.connect() as conn:
+        conn.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
+        with pytest.raises(psycopg.errors.FeatureNotSupported, match=r"rule: deferrable"):
+            conn.execute("SET TRANSACTION NOT DEFERRABLE")
+        conn.execute("ROLLBACK")
+
+
+@pytest.mark.parametrize("setup", [(), ("RESET ALL",), ("DISCARD ALL",),
+                                   ("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE",)])
+def test_backend_transactions_stay_deferrable(settings_proxy: RunningProxy, setup: tuple[str, ...]) -> None:
+    with settings_proxy.connect() as conn:
+        for statement in setup:
+            conn.execute(statement)
+        conn.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
+        assert conn.execute("SHOW transaction_deferrable").fetchone() == ("on",)
+        conn.execute("SELECT COUNT(*) FROM st0")
+        conn.execute("COMMIT")
+
+
+# ---------------------------------------------------------------- other paths a setting could take
+
+@pytest.mark.parametrize("sql", [
+    "SELECT COUNT(*), set_config('jit', 'on', false) FROM st0",
+    "SELECT COUNT(*) FROM st0 WHERE tz > CAST(set_config('TimeZone', 'UTC', false) AS timestamptz)",
+    "SELECT COUNT(*) FILTER (WHERE set_config('jit', 'on', false) = 'on') FROM st0",
+    "SELECT c FROM (SELECT COUNT(*) AS c FROM st0) q WHERE set_config('jit', 'on', false) = 'on'",
+    "SELECT COUNT(*) FROM st0 HAVING set_config('jit', 'on', false) = 'on'",
+    "SELECT s, COUNT(*) FROM st0 GROUP BY s ORDER BY set_config('extra_float_digits', '-15', false)",
+    "WITH x AS (SELECT set_config('jit', 'on', false)) SELECT COUNT(*) FROM st0",
+])
+def test_set_config_is_refused_inside_a_dp_statement(settings_proxy: RunningProxy, sql: str) -> None:
+    with settings_proxy.connect() as conn:
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute(sql)
+        assert refused.value.sqlstate == "DP001"
+
+
+def test_set_config_in_the_order_by_of_a_one_row_answer_never_runs(settings_proxy: RunningProxy) -> None:
+    with settings_proxy.connect() as conn:
+        conn.execute("SELECT COUNT(*) FROM st0 ORDER BY set_config('extra_float_digits', '-15', false)")
+        assert conn.execute("SHOW extra_float_digits").fetchone() == ("1",)
+
+
+@pytest.mark.parametrize("options", [
+    "-c work_mem=64kB -c jit_above_cost=0", "--enable-seqscan=off", "-c default_transaction_read_only=off",
+    "-c default_transaction_deferrable=off", "-c default_transaction_isolation=serializable",
+    "-c idle_in_transaction_session_timeout=1 -c statement_timeout=1", "-c row_security=off -c lc_monetary=C",
+])
+def test_startup_options_apply_only_the_settings_dpproxy_forwards(settings_proxy: RunningProxy, options: str) -> None:
+    names = ("work_mem", "jit_above_cost", "enable_seqscan", "default_transaction_read_only",
+             "default_transaction_deferrable", "default_transaction_isolation", "idle_in_transaction_session_timeout",
+             "statement_timeout", "row_security", "lc_monetary")
+    query = "SELECT " + ", ".join(f"current_setting('{name}')" for name in names)
+    with settings_proxy.connect() as plain, psycopg.connect(settings_proxy.dsn(), options=options, autocommit=True) as conn:
+        assert conn.execute(query).fetchone() == plain.execute(query).fetchone()
+
+
+def test_no_backend_log_line_reaches_the_client_during_a_dp_statement(
+        settings_proxy: RunningProxy, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # client_min_messages = log sends the backend's LOG lines to the client: with the operator's
+    # log_min_duration_statement they carry the DP query's backend SQL (its partition seed) and
+    # how long the rows took.
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute("ALTER ROLE dpproxy_service SET log_min_duration_statement = 0")
+        try:
+            with running_proxy(test_db, tmp_path_factory, _POLICY) as logged, logged.connect() as conn:
+                conn.execute("SET client_min_messages = log")
+                for sql in ("SELECT COUNT(*) FROM {t} WHERE i > 50", "SELECT s, AVG(f) FROM {t} GROUP BY s"):
+                    assert _same_on_neighbours(conn, sql)[-1] != ()  # dpproxy's own notice ...
+                    assert not any("duration" in notice for notice in _same_on_neighbours(conn, sql)[-1])  # ... alone
+        finally:
+            admin.execute("ALTER ROLE dpproxy_service RESET log_min_duration_statement")
+
+
+_SAFE_VALUES = [
+    "SET application_name = 'x'", "SET client_encoding = 'LATIN1'", "SET DateStyle = 'German'",
+    "SET IntervalStyle = 'iso_8601'", "SET TimeZone = 'Pacific/Kiritimati'", "SET extra_float_digits = 3",
+    "SET search_path = pg_temp", "SET bytea_output = escape", "SET client_min_messages = debug5",
+    "SET lc_numeric = 'C'", "SET lc_time = 'C'", "SET jit = off", "SET lock_timeout = 7", "SET xmloption = document",
+    "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+]
+_SHOWN = ("application_name", "client_encoding", "DateStyle", "IntervalStyle", "TimeZone", "extra_float_digits",
+          "search_path", "bytea_output", "client_min_messages", "lc_numeric", "lc_time", "jit", "lock_timeout",
+          "xmloption", "default_transaction_isolation", "default_transaction_deferrable")
+
+
+def test_every_safe_setting_is_reset_for_the_next_client_of_a_pooled_connection(
+        settings_proxy: RunningProxy, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
+    one = _POLICY.replace("statement_timeout_ms: 10000}}", "statement_timeout_ms: 10000, pool: {{size: 1}}}}")
+    shown = "SELECT " + ", ".join(f"pg_catalog.current_setting('{name}')" for name in _SHOWN)
+    with running_proxy(test_db, tmp_path_factory, one) as pooled:
+        with pooled.connect() as fresh:
+            defaults = fresh.execute(shown).fetchone()
+        with pooled.connect() as first:
+            for statement in _SAFE_VALUES:
+                first.execute(statement)
+            first.execute("BEGIN")
+            first.execute("SET LOCAL TimeZone = 'Etc/GMT+12'")
+            first.execute("SAVEPOINT p")
+            first.execute("SET LOCAL DateStyle = 'SQL'")
+            first.execute("ROLLBACK TO SAVEPOINT p")
+            assert first.info.parameter_status("DateStyle") == "German, DMY"
+            first.execute("COMMIT")
+            assert first.info.parameter_status("TimeZone") == "Pacific/Kiritimati"
+            changed = first.execute(shown).fetchone()
+            assert changed is not None and defaults is not None
+            assert [name for name, a, b in zip(_SHOWN, defaults, changed) if a == b] == ["default_transaction_deferrable"]
+            with pooled.connect() as second:  # on the pool's one connection, in turn
+                assert second.execute(shown).fetchone() == defaults
+            assert first.execute(shown).fetchone() == changed
+        with pooled.connect() as third:
+            assert third.execute(shown).fetchone() == defaults
+
+
+def test_a_statement_waits_no_longer_for_lock_timeout(settings_proxy: RunningProxy) -> None:
+    # lock_timeout can end only a wait for a lock; an analyst's sessions take none that a DP
+    # query waits for (read-only, no LOCK, no FOR UPDATE), so it changes no outcome.
+    with settings_proxy.connect() as holder, settings_proxy.connect() as conn:
+        holder.execute("BEGIN")
+        holder.execute("SELECT COUNT(*) FROM st0")
+        conn.execute("SET lock_timeout = 1")
+        started = time.monotonic()
+        _same_on_neighbours(conn, "SELECT COUNT(*) FROM {t} WHERE i > 50")
+        assert time.monotonic() - started < 10
+        holder.execute("COMMIT")
