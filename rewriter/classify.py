@@ -18,7 +18,8 @@ from policies.errors import SQLSTATE, Refusal
 from policies.tables import Relation, TableRegistry, quote_identifier
 
 from .catalog import (
-    CATALOG_SCHEMAS, SAFE_SETTINGS, allowed_catalog_relation, allowed_function, ascii_safe_encoding, exact_floats,
+    CATALOG_SCHEMAS, SAFE_SETTINGS, SESSION_EFFECT_FUNCTIONS, allowed_catalog_relation, allowed_function,
+    ascii_safe_encoding, exact_floats,
 )
 from .constants import FUNCTIONS as FOLDABLE_FUNCTIONS
 from .copy import CopyOptions, copy_query
@@ -391,6 +392,17 @@ def _check_function_names(functions: frozenset[str], relation: Relation) -> None
     there; other allowed functions can only serve post-processing (rewriter.post_process):
     WHERE and aggregate arguments refuse them.
     """
+    effects = sorted(name for name in functions if name.removeprefix("pg_catalog.") in SESSION_EFFECT_FUNCTIONS)
+    if effects:
+        # Wherever it stands (a one-row answer's ORDER BY is dropped unrun), it would be a
+        # setting the client asked for and the backend never made.
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"function {effects[0]}() changes the session; it is not allowed in a statement on protected table "
+            f"{relation.display_name} (rule: function-allowlist)",
+            "Run set_config() as a statement of its own.",
+            "function-allowlist",
+        )
     unknown = {
         name for name in functions - _DP_FUNCTIONS
         if name in _OTHER_AGGREGATES

@@ -18,7 +18,10 @@ id = 43`` was answered: a per-row oracle of what is being written (privacy); and
 predicate locks made those writers fail instead (availability of the operator's application).
 Backend connections now open with ``default_transaction_deferrable = on`` and ``NOT
 DEFERRABLE`` is refused (``0A000``, rule ``deferrable``): a serializable transaction waits for
-a safe snapshot, then takes no predicate locks and cannot fail so.
+a safe snapshot, then takes no predicate locks and cannot fail so. Also fixed
+(compatibility): ``set_config()`` in the ORDER BY of a one-row DP answer was accepted and never
+run (the ORDER BY is dropped), so a setting the client asked for was silently not made; a
+function that changes the session is now refused anywhere in a statement on a protected table.
 
 Held (regression tests): on ``st0`` and neighbours that each add one adversarial row (NULLs,
 ±Infinity, NaN, numeric 1e100 and 1e-400, float extremes and subnormals, a 5,000-emoji text,
@@ -39,8 +42,7 @@ the charge (so a DateStyle or TimeZone reading is the one the DP query uses); ke
 numbers or ``to_char`` of buckets inside the declared range; partition values are hashed, not
 printed; no backend notice of a DP statement reaches the client (not even the LOG lines
 ``log_min_duration_statement`` writes, which ``client_min_messages = log`` sends to clients).
-``set_config`` inside a DP statement is refused (or, in the ORDER BY of a one-row answer,
-never run); startup ``options`` apply only the settings dpproxy forwards; every safe setting,
+``set_config`` inside a DP statement is refused; startup ``options`` apply only the settings dpproxy forwards; every safe setting,
 SET LOCAL after a savepoint's rollback included, is reset for the next client of a pooled
 connection.
 """
@@ -315,9 +317,17 @@ def test_set_config_is_refused_inside_a_dp_statement(settings_proxy: RunningProx
         assert refused.value.sqlstate == "DP001"
 
 
-def test_set_config_in_the_order_by_of_a_one_row_answer_never_runs(settings_proxy: RunningProxy) -> None:
+@pytest.mark.parametrize("sql", [
+    "SELECT COUNT(*) FROM st0 ORDER BY set_config('extra_float_digits', '3', false)",
+    "SELECT COUNT(*) FROM st0 ORDER BY pg_catalog.pg_advisory_unlock_all()",
+])
+def test_a_session_changing_function_in_a_dropped_order_by_is_refused(settings_proxy: RunningProxy, sql: str) -> None:
+    # A one-row answer's ORDER BY is dropped unrun: answered, the setting the client asked for
+    # was silently never made.
     with settings_proxy.connect() as conn:
-        conn.execute("SELECT COUNT(*) FROM st0 ORDER BY set_config('extra_float_digits', '-15', false)")
+        with pytest.raises(psycopg.Error, match=r"changes the session.*rule: function-allowlist") as refused:
+            conn.execute(sql)
+        assert refused.value.sqlstate == "DP001"
         assert conn.execute("SHOW extra_float_digits").fetchone() == ("1",)
 
 
