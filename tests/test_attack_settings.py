@@ -413,3 +413,27 @@ def test_a_statement_waits_no_longer_for_lock_timeout(settings_proxy: RunningPro
         _same_on_neighbours(conn, "SELECT COUNT(*) FROM {t} WHERE i > 50")
         assert time.monotonic() - started < 10
         holder.execute("COMMIT")
+
+
+# ---------------------------------------------------------------- settings the parser depends on, pinned
+
+_SMUGGLED = "SELECT relname::text FROM pg_catalog.pg_class WHERE relname = '\\'' UNION ALL SELECT s FROM st0 --'"
+
+
+def test_a_backend_default_of_non_standard_strings_does_not_change_how_a_statement_reads(
+        settings_proxy: RunningProxy, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # dpproxy reads '\'' UNION ALL … --' as one string literal (a catalog query); with
+    # standard_conforming_strings off PostgreSQL read \' as a quote, ended the literal there and
+    # ran the UNION: all 300 values of the protected column came back.
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute("ALTER ROLE dpproxy_service SET standard_conforming_strings = off")
+        try:
+            with running_proxy(test_db, tmp_path_factory, _POLICY) as legacy, legacy.connect() as conn:
+                for reset in ((), ("RESET standard_conforming_strings",), ("RESET ALL",), ("DISCARD ALL",)):
+                    for statement in reset:
+                        conn.execute(statement)
+                    assert conn.execute(_SMUGGLED).fetchall() == []
+                    assert conn.execute("SHOW standard_conforming_strings").fetchone() == ("on",)
+                    assert conn.info.parameter_status("standard_conforming_strings") == "on"
+        finally:
+            admin.execute("ALTER ROLE dpproxy_service RESET standard_conforming_strings")

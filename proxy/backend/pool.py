@@ -76,9 +76,16 @@ async def open_backend(config: BackendConfig, settings: Mapping[str, str] | None
     failed said whether row 42 was being written; and its predicate locks made the writers fail
     instead. A deferrable one waits for a snapshot no writer can make unsafe, then takes no
     predicate locks and cannot fail so.
+
+    Its ``standard_conforming_strings`` is on, as dpproxy's parser reads every statement: off
+    (a legacy role, database or postgresql.conf setting), PostgreSQL read ``'\\'' UNION ALL
+    SELECT s FROM protected --'``, one string literal to dpproxy, as a query of the protected
+    rows, passed through as catalog text. A client can neither SET it nor forward it, and RESET
+    returns to this value.
     """
     options = {"default_transaction_read_only": "on", "default_transaction_deferrable": "on",
-               "statement_timeout": str(config.statement_timeout_ms), "idle_in_transaction_session_timeout": "0"}
+               "standard_conforming_strings": "on", "statement_timeout": str(config.statement_timeout_ms),
+               "idle_in_transaction_session_timeout": "0"}
     options.update(settings or {})
     return await psycopg.AsyncConnection.connect(
         config.dsn or "",
