@@ -437,3 +437,24 @@ def test_a_backend_default_of_non_standard_strings_does_not_change_how_a_stateme
                     assert conn.info.parameter_status("standard_conforming_strings") == "on"
         finally:
             admin.execute("ALTER ROLE dpproxy_service RESET standard_conforming_strings")
+
+
+def test_a_backend_default_of_rounded_floats_is_not_what_reset_returns_to(
+        settings_proxy: RunningProxy, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # SET extra_float_digits below 1 is refused (rule: exact-floats); RESET went back to the
+    # role's default, -15 here. (Defence in depth: today's DP answers read float partition values
+    # in binary and float sums as numeric, so no exact aggregate dpproxy reads was rounded.)
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute("ALTER ROLE dpproxy_service SET extra_float_digits = -15")
+        try:
+            with running_proxy(test_db, tmp_path_factory, _POLICY) as legacy:
+                with legacy.connect() as conn:
+                    for reset in ((), ("RESET extra_float_digits",), ("RESET ALL",), ("DISCARD ALL",)):
+                        for statement in reset:
+                            conn.execute(statement)
+                        assert conn.execute("SHOW extra_float_digits").fetchone() == ("1",)
+                with psycopg.connect(legacy.dsn(), options="-c extra_float_digits=3", autocommit=True) as given:
+                    given.execute("RESET extra_float_digits")
+                    assert given.execute("SHOW extra_float_digits").fetchone() == ("3",)
+        finally:
+            admin.execute("ALTER ROLE dpproxy_service RESET extra_float_digits")

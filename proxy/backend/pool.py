@@ -82,10 +82,15 @@ async def open_backend(config: BackendConfig, settings: Mapping[str, str] | None
     SELECT s FROM protected --'``, one string literal to dpproxy, as a query of the protected
     rows, passed through as catalog text. A client can neither SET it nor forward it, and RESET
     returns to this value.
+
+    Its ``extra_float_digits`` is 1 unless the client's startup packet names another (dpproxy
+    refuses one below 1 there, in SET and in set_config): ``RESET extra_float_digits`` returned
+    to a default below 1 of the role's, the database's or postgresql.conf, the rounded float
+    text the exact-floats rule keeps out of every exact aggregate dpproxy reads as text.
     """
     options = {"default_transaction_read_only": "on", "default_transaction_deferrable": "on",
-               "standard_conforming_strings": "on", "statement_timeout": str(config.statement_timeout_ms),
-               "idle_in_transaction_session_timeout": "0"}
+               "standard_conforming_strings": "on", "extra_float_digits": "1",
+               "statement_timeout": str(config.statement_timeout_ms), "idle_in_transaction_session_timeout": "0"}
     options.update(settings or {})
     return await psycopg.AsyncConnection.connect(
         config.dsn or "",
