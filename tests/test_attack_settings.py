@@ -22,6 +22,18 @@ a safe snapshot, then takes no predicate locks and cannot fail so. Also fixed
 (compatibility): ``set_config()`` in the ORDER BY of a one-row DP answer was accepted and never
 run (the ORDER BY is dropped), so a setting the client asked for was silently not made; a
 function that changes the session is now refused anywhere in a statement on a protected table.
+A folded time value (``current_date - 10``, ``now() - interval '3000 days'``) went to the DP query
+as PostgreSQL's text of it in the session's DateStyle, which some DateStyles cannot read back:
+under 'SQL, YMD', 'Postgres, YMD' and 'German, YMD' it failed with 22008 (uncharged) where
+PostgreSQL compares without a round trip, and under 'German, MDY' 02.01.0099 (2 January) read
+back as 1 February, taken for a rounded value (``=`` matched no row, ``>=`` started a month
+late; compatibility, not a leak: the value depends on the statement and settings only). Folded
+times are now written in ISO's field order with the era, a timestamptz in UTC, which every
+DateStyle and TimeZone reads back as the same value. dpproxy's backend connections also pin
+``standard_conforming_strings`` on (with a legacy backend default of off, PostgreSQL read
+``'\\'' UNION ALL SELECT s FROM st0 --'``, one literal to dpproxy, as a UNION returning every
+protected value: privacy, given that configuration) and default ``extra_float_digits`` to 1
+(``RESET extra_float_digits`` went back to a backend default below 1; defence in depth).
 
 Held (regression tests): on ``st0`` and neighbours that each add one adversarial row (NULLs,
 ±Infinity, NaN, numeric 1e100 and 1e-400, float extremes and subnormals, a 5,000-emoji text,
@@ -57,6 +69,7 @@ import psycopg
 import pytest
 from psycopg.types.string import TextLoader
 
+from rewriter.constants import Fold, fold_query
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from tests.neighbour_outcome import create_neighbours, masked_outcome
 
@@ -199,6 +212,42 @@ def test_no_session_state_lets_one_row_decide_an_outcome(settings_proxy: Running
             conn.execute(statement)
         for sql in ACCEPTED_FORMS:
             _same_on_neighbours(conn, sql)
+
+
+def _answer_form(conn: psycopg.Connection, sql: str) -> tuple[object, ...]:
+    """``sql`` asked with every result column in binary (or, for COPY, its data): an error's
+    SQLSTATE and whether it went uncharged, or the columns, the row count and the first column
+    of each row when that is a key."""
+    before = spent_epsilon(conn)
+    try:
+        if sql.startswith("COPY"):
+            with conn.cursor().copy(sql) as copy:
+                lines = b"".join(bytes(block) for block in copy).split(b"\n")
+            return "copy", len(lines), tuple(line.split(b"\t")[0] for line in lines if b"\t" in line)
+        cursor = conn.cursor(binary=True)
+        cursor.execute(sql)
+        rows = cursor.fetchall()
+        keys = tuple(row[0] for row in rows) if "GROUP BY" in sql else ()
+        return "answer", tuple((c.name, c.type_code) for c in cursor.description or ()), len(rows), keys
+    except psycopg.Error as exc:
+        return "error", exc.sqlstate, spent_epsilon(conn) == before
+
+
+_BINARY_AND_COPY = [sql for sql in ACCEPTED_FORMS if "GROUP BY" in sql or "now()" in sql or "AVG(f)" in sql] + [
+    "COPY (SELECT DATE_TRUNC('day', tz) AS m, COUNT(*) FROM {t} WHERE tz < '2020-01-05' GROUP BY 1) TO STDOUT",
+    "COPY (SELECT s, AVG(f), SUM(n) FROM {t} GROUP BY s) TO STDOUT WITH (FORMAT csv, HEADER)",
+]
+
+
+@pytest.mark.parametrize("state", SESSION_STATES)
+def test_no_session_state_lets_one_row_decide_a_binary_or_copy_answer(settings_proxy: RunningProxy,
+                                                                       state: str) -> None:
+    with settings_proxy.connect() as conn:
+        for statement in SESSION_STATES[state]:
+            conn.execute(statement)
+        for sql in _BINARY_AND_COPY:
+            outcomes = {table: _answer_form(conn, sql.replace("{t}", table)) for table in ("st0", *_NEIGHBOURS)}
+            assert len(set(outcomes.values())) == 1, (sql, outcomes)
 
 
 _TYPED_TIMES = [  # (statement, parameter values, their declared types: timestamptz, timestamp, date)
@@ -458,3 +507,55 @@ def test_a_backend_default_of_rounded_floats_is_not_what_reset_returns_to(
                     assert given.execute("SHOW extra_float_digits").fetchone() == ("3",)
         finally:
             admin.execute("ALTER ROLE dpproxy_service RESET extra_float_digits")
+
+
+
+# ---------------------------------------------------------------- folded values under every DateStyle
+
+_DATE_STYLES = ["ISO, MDY", "ISO, DMY", "ISO, YMD", "SQL, MDY", "SQL, DMY", "SQL, YMD", "Postgres, MDY",
+                "Postgres, DMY", "Postgres, YMD", "German, DMY", "German, MDY", "German, YMD"]
+_FOLDED_TIMES = [  # (the type a fold takes, its expression, the text every style must read back)
+    ("date", "CAST('2026-11-26' AS pg_catalog.date) - 10", "2026-11-16 AD"),
+    ("date", "CAST('0044-03-15 BC' AS pg_catalog.date) + 0", "0044-03-15 BC"),
+    ("date", "CAST('5874897-12-31' AS pg_catalog.date) - 0", "5874897-12-31 AD"),
+    ("date", "CAST('infinity' AS pg_catalog.date) - 0", "infinity"),
+    ("timestamp", "CAST('0099-01-02 03:04' AS pg_catalog.timestamp) + CAST('0 days' AS pg_catalog.interval)",
+     "0099-01-02 03:04:00.000000 AD"),
+    ("timestamp", "CAST('294276-12-31 23:59:59.999999' AS pg_catalog.timestamp) + CAST('0 days' AS pg_catalog.interval)",
+     "294276-12-31 23:59:59.999999 AD"),
+    ("timestamptz", "CAST('2026-11-26 20:06:53.5+00' AS pg_catalog.timestamptz) - CAST('1 day' AS pg_catalog.interval)",
+     "2026-11-25 20:06:53.500000+00 AD"),
+    ("timestamptz", "CAST('4713-11-24 00:00+00 BC' AS pg_catalog.timestamptz) + CAST('0 days' AS pg_catalog.interval)",
+     "4713-11-24 00:00:00.000000+00 BC"),
+    ("timestamptz", "CAST('-infinity' AS pg_catalog.timestamptz) + CAST('0 days' AS pg_catalog.interval)", "-infinity"),
+]
+
+
+@pytest.mark.parametrize("style", _DATE_STYLES)
+def test_a_folded_time_value_reads_back_as_itself_in_every_date_style(test_db: TestDatabase, style: str) -> None:
+    # PostgreSQL's own text of a date under 'SQL, YMD' (11/26/2026) is the 26th month to YMD:
+    # the fold failed with 22008 where PostgreSQL compares without a round trip; under 'German,
+    # MDY' 02.01.0099 (2 January) read back as 1 February, and the fold was taken for a rounded
+    # value, so `= value` matched no row and `>= value` the rows from 1 February.
+    folds = tuple(Fold("c", ">=", expression, type_name, f"\x00{i}\x00")
+                  for i, (type_name, expression, _) in enumerate(_FOLDED_TIMES))
+    with psycopg.connect(test_db.service_dsn, autocommit=True) as conn:
+        for zone in ("Pacific/Kiritimati", "Europe/Paris"):
+            conn.execute(f"SET DateStyle = '{style}'")
+            conn.execute(f"SET TimeZone = '{zone}'")
+            row = conn.execute(fold_query(folds)).fetchone()
+            assert row is not None
+            for i, (_, _, text) in enumerate(_FOLDED_TIMES):
+                assert row[3 * i] == text, (style, zone, _FOLDED_TIMES[i])
+                assert row[3 * i + 1:3 * i + 3] == (False, False), (style, zone, _FOLDED_TIMES[i])
+
+
+@pytest.mark.parametrize("style", ["SQL, YMD", "Postgres, YMD", "German, YMD", "German, MDY"])
+def test_folded_time_values_are_answered_in_date_styles_whose_output_their_field_order_misreads(
+        settings_proxy: RunningProxy, style: str) -> None:
+    with settings_proxy.connect() as conn:
+        _dates_as_text(conn)
+        conn.execute(f"SET DateStyle = '{style}'")
+        for sql in ("SELECT COUNT(*) FROM {t} WHERE ts > now() - interval '3000 days' AND d < current_date - 10",
+                    "SELECT COUNT(*) FROM {t} WHERE tz >= TO_TIMESTAMP('2020-03-01 00:00:00', 'YYYY-MM-DD HH24:MI:SS')"):
+            assert _same_on_neighbours(conn, sql)[0] == "answer"
