@@ -200,6 +200,10 @@ SESSION_STATES = {
     "latin1": ("SET client_encoding = 'LATIN1'",),
     "repeatable read": ("SET default_transaction_isolation = 'repeatable read'",),
     "serializable": ("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE, READ ONLY, DEFERRABLE",),
+    "repeatable read block": ("BEGIN ISOLATION LEVEL REPEATABLE READ", "SAVEPOINT p", "SET LOCAL TimeZone = 'Etc/GMT+12'",
+                              "ROLLBACK TO SAVEPOINT p", "SET LOCAL DateStyle = 'SQL, DMY'"),
+    "serializable block": ("BEGIN ISOLATION LEVEL SERIALIZABLE", "SET TRANSACTION READ ONLY",
+                           "SELECT set_config('TimeZone', 'Pacific/Kiritimati', true)"),
     "set_config": ("SELECT set_config('TimeZone', 'America/Caracas', false), set_config('DateStyle', 'SQL, MDY', false)",),
 }
 
