@@ -47,7 +47,9 @@ date parts, ``CAST(… AS DATE)`` and Grafana's epoch buckets, folded ``now()``/
 across date/timestamp/timestamptz — gives the same outcome under TimeZone far east, far west and
 POSIX offsets of ±15:59, every DateStyle and IntervalStyle, extra_float_digits 1 and 3,
 lc_numeric, lc_time, bytea_output, client_min_messages from debug5 to error, jit, lock_timeout,
-xmloption, search_path, LATIN1, repeatable read, serializable deferrable and set_config. The
+xmloption, search_path, LATIN1, repeatable read and serializable blocks with SET LOCAL and a
+savepoint rolled back, and set_config, in text, in binary and in COPY; a histogram's portal
+executed a few rows at a time holds one release whatever is SET between its Executes. The
 reasons it holds: every function, operator and type of a DP query's backend SQL is
 ``pg_catalog``'s; literals and folded values are read back in the analyst's own session before
 the charge (so a DateStyle or TimeZone reading is the one the DP query uses); keys are cell
@@ -72,6 +74,7 @@ from psycopg.types.string import TextLoader
 from rewriter.constants import Fold, fold_query
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from tests.neighbour_outcome import create_neighbours, masked_outcome
+from tests.wire import SYNC, Wire, bind, data_row_values, error_fields, execute, parse
 
 _DDL = "(id int8 PRIMARY KEY, i int4, n numeric, f float8, s text, d date, tz timestamptz, ts timestamp, b bytea)"
 _BASE_ROWS = (
@@ -563,3 +566,33 @@ def test_folded_time_values_are_answered_in_date_styles_whose_output_their_field
         for sql in ("SELECT COUNT(*) FROM {t} WHERE ts > now() - interval '3000 days' AND d < current_date - 10",
                     "SELECT COUNT(*) FROM {t} WHERE tz >= TO_TIMESTAMP('2020-03-01 00:00:00', 'YYYY-MM-DD HH24:MI:SS')"):
             assert _same_on_neighbours(conn, sql)[0] == "answer"
+
+
+
+def _suspended_histogram(proxy: RunningProxy, table: str) -> list[tuple[bytes, ...]]:
+    """A pipeline: SET TimeZone, a histogram's portal in binary executed two rows at a time, SET
+    DateStyle = German between its Executes, one Sync. The messages, a DataRow by its key."""
+    wire = Wire(proxy.host, proxy.port)
+    wire.send(parse("", "SET TimeZone = 'Etc/GMT+12'"), bind("", ""), execute(""),
+              parse("q", f"SELECT DATE_TRUNC('day', tz) AS m, COUNT(*) FROM {table} WHERE tz < '2020-01-08' GROUP BY 1"),
+              bind("p", "q", result_formats=(1, 1)), execute("p", 2),
+              parse("", "SET DateStyle = German"), bind("", ""), execute(""), execute("p", 3), execute("p", 0), SYNC)
+    replies = wire.read_until(b"Z")
+    wire.close()
+    seen: list[tuple[bytes, ...]] = []
+    for kind, body in replies:
+        if kind == b"D":
+            seen.append((kind, data_row_values(body)[0] or b""))
+        elif kind == b"E":
+            seen.append((kind, error_fields(body).get(b"C", b"")))
+        elif kind != b"N":
+            seen.append((kind,))
+    return seen
+
+
+def test_a_suspended_histogram_portal_is_one_release_whatever_is_set_between_its_executes(
+        settings_proxy: RunningProxy) -> None:
+    outcomes = {table: _suspended_histogram(settings_proxy, table) for table in ("st0", *_NEIGHBOURS)}
+    assert len({tuple(seen) for seen in outcomes.values()}) == 1, outcomes
+    kinds = [seen[0] for seen in outcomes["st0"]]
+    assert kinds.count(b"D") == 7 and kinds.count(b"s") == 2 and b"E" not in kinds
