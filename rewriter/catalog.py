@@ -22,6 +22,7 @@ __all__ = [
     "NEUTRALISED_FUNCTIONS",
     "NEUTRALISED_PG_CLASS_COLUMNS",
     "SAFE_SETTINGS",
+    "SESSION_EFFECT_FUNCTIONS",
     "ascii_safe_encoding",
     "allowed_catalog_relation",
     "allowed_function",
@@ -118,6 +119,10 @@ _FUNCTIONS = frozenset(
         "extract", "date_part", "date_trunc",
     }
 )
+
+# Allowlisted functions that change the session: catalog statements may call them, no
+# statement on a protected table may (a DP statement's functions are pure).
+SESSION_EFFECT_FUNCTIONS = frozenset({"set_config", "pg_advisory_unlock_all"})
 
 # Settings a client may SET or set_config(): presentation and session plumbing only.
 # Not standard_conforming_strings: it changes how literals parse, and the classifier

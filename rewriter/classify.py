@@ -18,7 +18,8 @@ from policies.errors import SQLSTATE, Refusal
 from policies.tables import Relation, TableRegistry, quote_identifier
 
 from .catalog import (
-    CATALOG_SCHEMAS, SAFE_SETTINGS, allowed_catalog_relation, allowed_function, ascii_safe_encoding, exact_floats,
+    CATALOG_SCHEMAS, SAFE_SETTINGS, SESSION_EFFECT_FUNCTIONS, allowed_catalog_relation, allowed_function,
+    ascii_safe_encoding, exact_floats,
 )
 from .constants import FUNCTIONS as FOLDABLE_FUNCTIONS
 from .copy import CopyOptions, copy_query
@@ -391,6 +392,17 @@ def _check_function_names(functions: frozenset[str], relation: Relation) -> None
     there; other allowed functions can only serve post-processing (rewriter.post_process):
     WHERE and aggregate arguments refuse them.
     """
+    effects = sorted(name for name in functions if name.removeprefix("pg_catalog.") in SESSION_EFFECT_FUNCTIONS)
+    if effects:
+        # Wherever it stands (a one-row answer's ORDER BY is dropped unrun), it would be a
+        # setting the client asked for and the backend never made.
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"function {effects[0]}() changes the session; it is not allowed in a statement on protected table "
+            f"{relation.display_name} (rule: function-allowlist)",
+            "Run set_config() as a statement of its own.",
+            "function-allowlist",
+        )
     unknown = {
         name for name in functions - _DP_FUNCTIONS
         if name in _OTHER_AGGREGATES
@@ -425,22 +437,35 @@ def _transaction(statement: Statement) -> Passthrough:
             "Use BEGIN, COMMIT, ROLLBACK, SAVEPOINT and RELEASE.",
             "statement-not-allowed",
         )
-    _refuse_read_write(node.get("options") or [])
+    _refuse_transaction_modes(node.get("options") or [])
     return Passthrough(statement.text)
 
 
-def _refuse_read_write(options: list[dict[str, Any]]) -> None:
+def _refuse_transaction_modes(options: list[dict[str, Any]]) -> None:
+    """Refuse READ WRITE and NOT DEFERRABLE among a BEGIN's or SET TRANSACTION's modes.
+
+    Backend transactions are read-only and deferrable (proxy/backend/pool.py): a serializable
+    one that is not deferrable can fail with 40001 because a concurrent writer changed a row it
+    reads, which would make an accepted DP query's failure say which rows were being written.
+    """
     for option in options:
         element = option.get("DefElem", {})
-        if element.get("defname") == "transaction_read_only":
-            value = element.get("arg", {}).get("A_Const", {}).get("ival", {}).get("ival", 0)
-            if not value:
-                raise Refusal(
-                    SQLSTATE.READ_ONLY_SQL_TRANSACTION,
-                    "dpproxy sessions are read-only: READ WRITE is not allowed (rule: read-only)",
-                    "Leave out READ WRITE; transactions through dpproxy are read-only.",
-                    "read-only",
-                )
+        value = element.get("arg", {}).get("A_Const", {}).get("ival", {}).get("ival", 0)
+        if element.get("defname") == "transaction_read_only" and not value:
+            raise Refusal(
+                SQLSTATE.READ_ONLY_SQL_TRANSACTION,
+                "dpproxy sessions are read-only: READ WRITE is not allowed (rule: read-only)",
+                "Leave out READ WRITE; transactions through dpproxy are read-only.",
+                "read-only",
+            )
+        if element.get("defname") == "transaction_deferrable" and not value:
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                "transactions through dpproxy are DEFERRABLE: NOT DEFERRABLE is not allowed (rule: deferrable)",
+                "Leave out NOT DEFERRABLE. A SERIALIZABLE transaction then waits for a safe snapshot and "
+                "never fails because of concurrent writers.",
+                "deferrable",
+            )
 
 
 def _set(statement: Statement) -> Decision:
@@ -463,7 +488,7 @@ def _set(statement: Statement) -> Decision:
             "Only presentation and session settings may be changed: " + ", ".join(sorted(SAFE_SETTINGS)),
             "safe-settings",
         )
-    _refuse_read_write(node.get("args") or [])
+    _refuse_transaction_modes(node.get("args") or [])
     if kind != "VAR_SET_DEFAULT" and not exact_floats(name, _set_value(node)):
         raise inexact_floats()
     if name in ("client_encoding", "names") and kind != "VAR_SET_DEFAULT" and not ascii_safe_encoding(_set_value(node)):

@@ -188,11 +188,33 @@ def fold_query(folds: tuple[Fold, ...]) -> str:
     """
     inner, outer = [], []
     for index, fold in enumerate(folds):
-        inner.append(f"CAST(CAST(({fold.expression}) AS pg_catalog.{fold.type_name}) AS pg_catalog.text) AS v{index}")
+        inner.append(f"CAST(({fold.expression}) AS pg_catalog.{fold.type_name}) AS v{index}")
         inner.append(f"({fold.expression}) AS e{index}")
-        back = f"CAST(f.v{index} AS pg_catalog.{fold.type_name})"
-        outer.extend([f"f.v{index}", operator(back, "<", f"f.e{index}"), operator(back, ">", f"f.e{index}")])
+        text = _TEXT.get(fold.type_name, "CAST({v} AS pg_catalog.text)").format(v=f"f.v{index}")
+        back = f"CAST({text} AS pg_catalog.{fold.type_name})"
+        outer.extend([text, operator(back, "<", f"f.e{index}"), operator(back, ">", f"f.e{index}")])
     return f"SELECT {', '.join(outer)} FROM (SELECT {', '.join(inner)}) AS f"
+
+
+# A folded time value's text, written so that every DateStyle and TimeZone reads it back as the
+# same value: ISO's field order, the era spelled out, a timestamptz in UTC. PostgreSQL's own
+# output is not always so: under 'SQL, YMD' a date prints 11/26/2026, which YMD reads as the
+# 26th month (22008), and under 'German, MDY' 02.01.0099 (2 January), which MDY reads as
+# 1 February. Infinite values print the same in every style. A date is written from its parts
+# (extract of a date does not convert it to a timestamp, whose range is 20 times shorter).
+_ISO = "YYYY-MM-DD HH24:MI:SS.US"
+_TEXT = {
+    "timestamp": f"CASE WHEN pg_catalog.isfinite({{v}}) THEN pg_catalog.to_char({{v}}, '{_ISO} BC') "
+                 "ELSE CAST({v} AS pg_catalog.text) END",
+    "timestamptz": f"CASE WHEN pg_catalog.isfinite({{v}}) THEN pg_catalog.to_char(pg_catalog.timezone('UTC', {{v}}), "
+                   f"'{_ISO}\"+00\" BC') ELSE CAST({{v}} AS pg_catalog.text) END",
+    "date": "CASE WHEN pg_catalog.isfinite({v}) THEN "
+            "pg_catalog.to_char(pg_catalog.abs(pg_catalog.extract('year', {v})), 'FM9990000') || '-' || "
+            "pg_catalog.to_char(pg_catalog.extract('month', {v}), 'FM00') || '-' || "
+            "pg_catalog.to_char(pg_catalog.extract('day', {v}), 'FM00') || "
+            "CASE WHEN " + operator("pg_catalog.extract('year', {v})", "<", "0") + " THEN ' BC' ELSE ' AD' END "
+            "ELSE CAST({v} AS pg_catalog.text) END",
+}
 
 
 def folded_comparison(fold: Fold, value: str | None, below: bool, above: bool) -> str:

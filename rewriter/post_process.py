@@ -34,6 +34,7 @@ from sqlglot import exp
 
 from policies.errors import SQLSTATE, Refusal
 
+from .catalog import SESSION_EFFECT_FUNCTIONS
 from .date_parts import date_part_shape
 from .function_check import check_functions
 from .group_keys import year_extract
@@ -247,7 +248,7 @@ def checked(sql: str, function_names: frozenset[str] | None = None) -> str:
     if statement.references.relations or kinds & {"RangeVar", "SubLink", "RangeFunction", "JoinExpr"}:
         raise Refusal(SQLSTATE.DP_QUERY_SHAPE, "post-processing may not read a relation (rule: no-subquery)",
                       "Expressions over the aggregates may use constants and functions only.", "no-subquery")
-    effects = {name.removeprefix("pg_catalog.") for name in statement.references.functions} & _SESSION_EFFECTS
+    effects = {name.removeprefix("pg_catalog.") for name in statement.references.functions} & SESSION_EFFECT_FUNCTIONS
     if effects:
         # set_config() would move search_path behind the executor's back (its relation cache
         # is keyed by what may move it), and a pure function of the released row has no effects.
@@ -262,6 +263,4 @@ def checked(sql: str, function_names: frozenset[str] | None = None) -> str:
     return qualify(sql)
 
 
-# Allowlisted functions that change the session: allowed as catalog statements, not here.
-_SESSION_EFFECTS = frozenset({"set_config", "pg_advisory_unlock_all"})
 

@@ -68,9 +68,29 @@ async def open_backend(config: BackendConfig, settings: Mapping[str, str] | None
     Inside a block the backend is idle while a quantised DP answer waits for its boundary, for
     the quantum minus the time the rows took: a timeout of the role's, the database's or
     postgresql.conf ending the connection then would tell how long the rows took.
+
+    Its transactions are DEFERRABLE by default (``rewriter.classify`` refuses NOT DEFERRABLE),
+    which changes only SERIALIZABLE ones: a read-only serializable transaction that is not
+    deferrable fails with 40001 when a concurrent serializable writer of the operator's changed
+    a row it reads (PostgreSQL's read-only anomaly), so whether a DP query over ``id = 42``
+    failed said whether row 42 was being written; and its predicate locks made the writers fail
+    instead. A deferrable one waits for a snapshot no writer can make unsafe, then takes no
+    predicate locks and cannot fail so.
+
+    Its ``standard_conforming_strings`` is on, as dpproxy's parser reads every statement: off
+    (a legacy role, database or postgresql.conf setting), PostgreSQL read ``'\\'' UNION ALL
+    SELECT s FROM protected --'``, one string literal to dpproxy, as a query of the protected
+    rows, passed through as catalog text. A client can neither SET it nor forward it, and RESET
+    returns to this value.
+
+    Its ``extra_float_digits`` is 1 unless the client's startup packet names another (dpproxy
+    refuses one below 1 there, in SET and in set_config): ``RESET extra_float_digits`` returned
+    to a default below 1 of the role's, the database's or postgresql.conf, the rounded float
+    text the exact-floats rule keeps out of every exact aggregate dpproxy reads as text.
     """
-    options = {"default_transaction_read_only": "on", "statement_timeout": str(config.statement_timeout_ms),
-               "idle_in_transaction_session_timeout": "0"}
+    options = {"default_transaction_read_only": "on", "default_transaction_deferrable": "on",
+               "standard_conforming_strings": "on", "extra_float_digits": "1",
+               "statement_timeout": str(config.statement_timeout_ms), "idle_in_transaction_session_timeout": "0"}
     options.update(settings or {})
     return await psycopg.AsyncConnection.connect(
         config.dsn or "",
