@@ -61,11 +61,12 @@ async def label_comparison_problem(session: _Session, type_name: str, label: str
     return await _parses(session, f"SELECT 1 FROM (SELECT CAST(NULL AS {type_name}) AS x) AS s WHERE {comparison}{group}")
 
 
-
 # Each type with every type its values hold, recursively: a domain's base type, an array's element,
 # a composite's fields, a range's subtype, a multirange's range. A part is foreign when its OID is
-# not initdb's (FirstNormalObjectId, 16384) and it is neither a domain (its base type is a part of
-# its own), an enum (compared by its labels' built-in sort order) nor an array (its element is).
+# not initdb's (FirstNormalObjectId, 16384), whatever its schema (an extension created in
+# pg_catalog has its operators found by OPERATOR(pg_catalog.=)), and it is neither a domain (its
+# base type is a part of its own), an enum (compared by its labels' built-in sort order) nor an
+# array (its element is).
 _FOREIGN = """
 WITH RECURSIVE parts(root, part) AS (
     SELECT t, t FROM pg_catalog.unnest(%s::pg_catalog.oid[]) AS t
