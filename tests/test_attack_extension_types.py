@@ -81,12 +81,15 @@ _REFUSED = (
     "SELECT MODE() WITHIN GROUP (ORDER BY {c}) FROM {t}",
     "SELECT MIN({c}) FROM {t}",
     "SELECT COUNT(*) FROM {t} GROUP BY {c}",
+    "SELECT COUNT(*) FROM {t} WHERE {c} = ANY(ARRAY[{x}])",
+    "SELECT COUNT(*) FROM {t} WHERE ({c} = {x}) IS TRUE",
 )
 _ANSWERED = (
     "SELECT COUNT({c}) FROM {t}",
     "SELECT COUNT(*) FROM {t} WHERE {c} IS NULL",
     "SELECT COUNT(*) FROM {t} WHERE {c} IS NOT NULL AND v < 10",
     "SELECT COUNT(*) FROM {t} WHERE id = 7 AND {c} IS NOT NULL",
+    "SELECT COUNT(*) FROM {t} ORDER BY {c}",  # the one answer row is sorted by nothing: not sent to the backend
 )
 
 
