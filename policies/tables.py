@@ -29,7 +29,12 @@ class ColumnInfo:
     by for ``count(DISTINCT ...)`` (json, point, box ...): it fails such a statement on every
     table, and dpproxy refuses it before the charge (asked of the backend at load). ``enum``:
     PostgreSQL has no operator comparing the column with a number or a boolean (42883, on every
-    table: refused before the charge).
+    table: refused before the charge). ``builtin`` is False when the column's values are, or hold
+    (through a domain, as an array's elements, a composite's fields or a range's bounds), values of
+    a type not built into PostgreSQL: an extension's (pgvector's ``vector``) or a user's base,
+    range or composite type. Its comparison, equality and hash functions are code dpproxy cannot
+    vouch for, which may raise on some pairs of values only (``vector``'s on two of different
+    dimensions): such a column is counted and tested for NULL, and nothing else.
     """
 
     name: str
@@ -42,6 +47,7 @@ class ColumnInfo:
     container: bool = False
     distinct_countable: bool = True
     enum: bool = False  # an enum (or a domain over one): compared only with its labels
+    builtin: bool = True
 
 
 @dataclass(frozen=True)

@@ -578,6 +578,16 @@ def _plain_aggregate(item: exp.Expression, scope: Scope, grouped: bool, alias: s
         if not isinstance(argument, exp.Column):
             raise scope.refuse("COUNT(DISTINCT ...) takes a plain column on protected table", "aggregate-argument")
         counted = scope.column(argument)
+        if not counted.builtin:
+            raise Refusal(
+                SQLSTATE.DP_QUERY_SHAPE,
+                f"COUNT(DISTINCT {counted.name}) is not answered on protected table {scope.table.display_name}: "
+                "the column's type is not built into PostgreSQL (rule: aggregate-argument)",
+                f"Counting distinct values sorts them with the type's own comparison, which may fail on some values "
+                f"only (pgvector's vector on two of different dimensions); COUNT({counted.name}) counts its non-NULL "
+                "values.",
+                "aggregate-argument",
+            )
         if not counted.distinct_countable:
             raise Refusal(
                 SQLSTATE.DP_QUERY_SHAPE,

@@ -39,6 +39,10 @@ planning) must be unable to fail. Hence refused, from the text alone:
   looks up the elements' (fields') equality or ordering only when it compares two values of
   the same shape, so on ``point[]`` or ``json[]`` it raises 42883 only on a table holding
   such a row (``ColumnInfo.container``);
+* a comparison on a column of a type not built into PostgreSQL (an extension's, a user's
+  base, range or composite type, or an array or domain of one): its comparison functions are
+  code of its own, which may raise on some values only (pgvector's ``vector`` on two of
+  different dimensions; ``ColumnInfo.builtin``);
 * a comparison of two columns whose types are not in one of :data:`_COLUMN_FAMILIES`: with
   no operator for the pair PostgreSQL casts one column per row where an implicit cast exists
   (a ``bigint`` to ``oid`` fails for a negative value) and fails the statement after its
@@ -279,7 +283,7 @@ class _Renderer:
         if column.enum:
             family = frozenset()  # compared with its labels (quoted strings) only
         elif family is None and (column.type_oid >= _FIRST_USER_OID or column.type_oid in _OID_TYPES):
-            return  # a domain, or an oid that a whole number converts to: left to PostgreSQL
+            return  # a domain, or an oid that a whole number converts to (any other type is refused by _compare)
         if kind is not None and kind not in (family or ()):
             raise self.refuse(
                 f"comparing column {column.name} with {other.sql}, a constant of a type PostgreSQL has no comparison "
@@ -392,6 +396,14 @@ class _Renderer:
     def _compare(self, left: _Operand, symbol: str, right: _Operand) -> str:
         """``left symbol right``; a folded side is replaced by a token in the template."""
         for side in (left, right):
+            if side.column is not None and not side.column.builtin:
+                raise self.refuse(
+                    f"comparing column {side.column.name}, of a type not built into PostgreSQL, is not allowed in "
+                    "WHERE on protected table",
+                    "An extension's or a user's type compares by code of its own, which may fail on some values "
+                    "only (pgvector's vector on two of different dimensions); test such a column with IS [NOT] NULL "
+                    "or count it.",
+                )
             if side.column is not None and side.column.container:
                 raise self.refuse(
                     f"comparing column {side.column.name}, an array or composite, is not allowed in WHERE on protected table",

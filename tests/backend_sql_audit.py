@@ -285,10 +285,13 @@ def _select(node: ast.SelectStmt, table: tuple[str, str], columns: Mapping[str, 
     context = _Context(rows.columns, rows.rows)
     if node.whereClause is not None:
         _check(node.whereClause, context)
-    keys = [_check(item, context) for item in node.groupClause or ()]
+    keys = [_compared(item, _check(item, context), context, "GROUP BY") for item in node.groupClause or ()]
     outputs: dict[str, _Value] = {}
+    plain_distinct = node.distinctClause is not None and all(item is None for item in node.distinctClause)
     for target in node.targetList or ():
         value = _check(target.val, context)
+        if plain_distinct:  # DISTINCT tells the whole output rows apart
+            _compared(target.val, value, context, "DISTINCT")
         name = target.name or _output_name(target.val)
         if name is not None:  # NULL-ness is named afresh at each level: by the output's own name
             outputs[name] = replace(value, null_with=frozenset((name,)), counts=None, per=None)
@@ -298,9 +301,11 @@ def _select(node: ast.SelectStmt, table: tuple[str, str], columns: Mapping[str, 
     for item in [*(node.sortClause or ()), *(node.distinctClause or ())]:
         sorted_by = item.node if isinstance(item, ast.SortBy) else item
         if isinstance(sorted_by, ast.ColumnRef) and _column_name(sorted_by) in outputs:
-            continue  # an output column's name: its value, checked above
+            # An output column's name: its value, checked above, now compared with the others'.
+            _compared(sorted_by, outputs[_column_name(sorted_by)], context, "ORDER BY or DISTINCT")
+            continue
         if sorted_by is not None:
-            _check(sorted_by, context)
+            _compared(sorted_by, _check(sorted_by, context), context, "ORDER BY or DISTINCT")
     findings.extend(context.findings)
     if keys:
         return _Relation(outputs, _groups(keys))
@@ -330,6 +335,15 @@ def _check(node: ast.Node, context: _Context) -> _Value:
         value = replace(value, nan=value.nan and fact.nan, low=max(value.low, fact.low), high=min(value.high, fact.high),
                         smallest=max(value.smallest, fact.smallest), bounded=value.bounded or fact.bounded,
                         per=fact.per or value.per)
+    return value
+
+
+def _compared(node: ast.Node, value: _Value, context: _Context, clause: str) -> _Value:
+    """``value`` that ``clause`` sorts, groups or tells apart from the others of its column: a
+    finding when it is a column of a type not built in ("compare-own-type" holds of built-in types
+    only), whose comparison, equality and hash are the type's own code."""
+    if value.column is not None and value.type_oid >= _FIRST_USER_OID and not value.column.enum:
+        return _finding(node, context, f"{clause} by the comparison of type {value.type_oid}, not built in")
     return value
 
 
@@ -675,7 +689,9 @@ def _function(node: ast.FuncCall, context: _Context) -> _Value:
         if node.agg_filter is not None:
             _check(node.agg_filter, context)
         for item in node.agg_order or ():
-            _check(item.node, context)
+            _compared(item.node, _check(item.node, context), context, f"{name}(... ORDER BY)")
+        if node.agg_distinct:
+            args = [_compared(arg, value, context, f"{name}(DISTINCT)") for arg, value in zip(node.args or (), args)]
         return _aggregate(node, name, args, context)
     if node.agg_filter is not None or node.agg_distinct or node.agg_star:
         return _finding(node, context, f"{name}() used as an aggregate")

@@ -148,7 +148,7 @@ def test_every_backend_sql_of_the_recorded_superset_statements_is_total(
 
 
 _USER_TYPES = ("money", "interval", "uuid", "inet", "int4range", "numrange", "tm_mood", "tm_positive", "bit(3)", "jsonb",
-               "time", "bytea")
+               "time", "bytea", "vector", "tm_vrange")
 
 
 def test_every_backend_sql_of_the_type_matrix_forms_on_other_types_is_total(
@@ -212,7 +212,8 @@ def _resolved(conn: psycopg.Connection, columns: dict[str, AuditColumn]) -> dict
 # The audit itself: the past holes are findings, the shapes the rewriter writes are not.
 _COLUMNS = {"i": AuditColumn(23), "b8": AuditColumn(20), "n": AuditColumn(1700), "f": AuditColumn(701), "t": AuditColumn(25),
             "d": AuditColumn(1082), "ts": AuditColumn(1114), "o": AuditColumn(26), "nr": AuditColumn(3906),
-            "pa": AuditColumn(1017, container=True), "ci": AuditColumn(25, deterministic_collation=False)}
+            "pa": AuditColumn(1017, container=True), "ci": AuditColumn(25, deterministic_collation=False),
+            "e": AuditColumn(16385), "m": AuditColumn(16390, enum=True)}
 _T = '"public"."x"'
 
 
@@ -233,6 +234,7 @@ def _findings(where: str, select: str = "pg_catalog.count(*)") -> list[Finding]:
     "pg_catalog.date_trunc('month', d) OPERATOR(pg_catalog.>) '2000-01-01'",  # unbounded date_trunc
     "pg_catalog.pg_sleep(1) IS NULL",
     "x.i OPERATOR(pg_catalog.>) 0",
+    "e OPERATOR(pg_catalog.=) '[1,2,3]'",  # an extension's comparison (pgvector's: different dimensions)
 ])
 def test_the_audit_finds_operations_that_can_raise_on_a_row(where: str) -> None:
     assert _findings(where), where
@@ -247,6 +249,25 @@ def test_the_audit_finds_operations_that_can_raise_on_a_row(where: str) -> None:
 ])
 def test_the_audit_finds_aggregate_arguments_that_can_raise(select: str) -> None:
     assert _findings("TRUE", select), select
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT pg_catalog.count(DISTINCT e) FROM {t}",
+    "SELECT e, pg_catalog.count(*) FROM {t} GROUP BY e",
+    "SELECT DISTINCT e FROM {t}",
+    "SELECT pg_catalog.count(*) FROM (SELECT e FROM {t} ORDER BY e) AS s",
+    "SELECT pg_catalog.min(e) FROM {t}",
+])
+def test_the_audit_finds_rows_sorted_grouped_or_told_apart_by_a_type_not_built_in(sql: str) -> None:
+    assert audit_backend_sql(sql.format(t=_T), ("public", "x"), _COLUMNS), sql
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT pg_catalog.count(DISTINCT m), pg_catalog.count(DISTINCT t), pg_catalog.count(e) FROM {t} WHERE e IS NULL",
+    "SELECT i, pg_catalog.count(*) FROM {t} GROUP BY i",
+])
+def test_the_audit_accepts_counting_a_type_not_built_in_and_sorting_built_in_ones(sql: str) -> None:
+    assert audit_backend_sql(sql.format(t=_T), ("public", "x"), _COLUMNS) == [], sql
 
 
 @pytest.mark.parametrize("where", [

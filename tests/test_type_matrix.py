@@ -261,6 +261,10 @@ def test_the_policy_loader_refuses_unsafe_type_role_pairs_with_a_clear_error(mat
         assert (text, "categories") in accepted
     for container in ("int4_array", "point_array", "composite", "json"):
         assert (container, "categories") not in accepted
+    # A type not built in is only counted: the loader refuses any domain declared on it.
+    foreign = {"vector", "vector_array", "halfvec", "sparsevec", "vector_range", "user_range"}
+    assert {"vector", "vector_array", "vector_range", "user_range"} <= {case.name for case in matrix.types}
+    assert not {(name, variant) for name, variant in accepted if name in foreign and variant != "plain"}
     # The catalog's other base types join by themselves (regclass, tsvector, pg_lsn ...).
     assert len([case for case in matrix.types if case.name not in CURATED_NAMES]) >= 20
 

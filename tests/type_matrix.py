@@ -5,9 +5,10 @@ holding an extreme value of that type (tests/test_type_matrix.py runs it).
 Generated, not listed case by case, so that a type or a construct dpproxy starts to accept
 joins the check by itself:
 
-* **types** are :data:`CURATED` (the types past holes came from, with their extreme values)
-  plus every other base type of the backend's ``pg_catalog`` whose input function reads one of
-  :data:`GENERIC_LITERALS` (:func:`catalog_types`);
+* **types** are :data:`CURATED` (the types past holes came from, with their extreme values;
+  among them the extensions' and users' types the backend can create, pgvector's with values of
+  mixed dimensions) plus every other base type of the backend's ``pg_catalog`` whose input
+  function reads one of :data:`GENERIC_LITERALS` (:func:`catalog_types`);
 * **policies**: each type gets a column per policy variant (:data:`VARIANTS`: bounds with
   GROUP BY and sample and aggregate, categories with GROUP BY, a declared time range with every
   unit); the variants the policy loader refuses are the type/role pairs dpproxy declares unsafe;
@@ -51,6 +52,7 @@ class TypeCase:
 
 
 _LONG = "x" * 3000
+_VECTOR = "CREATE EXTENSION IF NOT EXISTS vector"
 _TEXTS = ("", "\\", _LONG, "😀", "İı ß", "O'Brien", "a\\%_", " ")
 CURATED: tuple[TypeCase, ...] = (
     TypeCase("smallint", ("-32768", "32767", "0", "-1"), ("3", "7")),
@@ -107,6 +109,21 @@ CURATED: tuple[TypeCase, ...] = (
              ("[2000-01-01,2000-02-01)", "[2000-02-01,2000-03-01)")),
     TypeCase("tm_pair", ("(,)", '(2147483647,"(1e308,NaN)")'), ('(1,"(1,1)")', '(2,"(2,2)")'), key="composite",
              setup="DO $$ BEGIN CREATE TYPE tm_pair AS (n integer, p point); "
+                   "EXCEPTION WHEN duplicate_object THEN NULL; END $$"),
+    # Types not built in: pgvector's (those of its version on the server; a type it lacks reads no
+    # value and is left out), whose comparisons raise on two values of different dimensions, and
+    # a user's range types. Each one's values mix dimensions.
+    TypeCase("vector", ("[1,2]", "[1,2,3,4]", "[0]", "[3e38,-3e38,0]"), ("[1,2,3]", "[1,2,4]"), setup=_VECTOR),
+    TypeCase("vector[]", ('{"[1,2]"}', '{"[1,2,3]","[1]"}', "{}"), ('{"[1,2,3]"}', '{"[1,2,4]"}'), key="vector_array",
+             setup=_VECTOR),
+    TypeCase("halfvec", ("[1,2]", "[1,2,3,4]", "[65504,-65504,0]"), ("[1,2,3]", "[1,2,4]"), setup=_VECTOR),
+    TypeCase("sparsevec", ("{1:1}/2", "{1:1,4:2}/4", "{}/1"), ("{1:1}/3", "{2:1}/3"), setup=_VECTOR),
+    TypeCase("tm_vrange", ('["[1,2]","[1,3]"]', '["[1,2,3,4]","[1,2,3,5]"]', "empty"),
+             ('["[1,2,3]","[1,2,4]"]', '["[0,0,0]","[1,2,3]"]'), key="vector_range",
+             setup=_VECTOR + "; DO $$ BEGIN CREATE TYPE tm_vrange AS RANGE (subtype = vector); "
+                             "EXCEPTION WHEN duplicate_object THEN NULL; END $$"),
+    TypeCase("tm_irange", ("empty", "(,)", "[-2147483648,2147483647)"), ("[1,2)", "[2,3)"), key="user_range",
+             setup="DO $$ BEGIN CREATE TYPE tm_irange AS RANGE (subtype = integer); "
                    "EXCEPTION WHEN duplicate_object THEN NULL; END $$"),
 )
 

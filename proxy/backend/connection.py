@@ -34,7 +34,7 @@ from .data_rows import data_rows
 from .cancellable import CancellableWait
 from .errors import BackendError, BackendLost, BackendUnavailable
 from .policy_fit import column_fit_problems
-from .type_support import distinct_countable, label_comparison_problem
+from .type_support import builtin_types, distinct_countable, label_comparison_problem
 from .database_encoding import database_encoding_problems
 from .relation_reads import public_reads_protected
 from .grants import schemas_without_usage, unreadable_protected
@@ -1033,9 +1033,11 @@ async def _columns(session: BackendSession, oid: int, policies: Mapping[str, Any
         "AND NOT a.attisdropped ORDER BY a.attnum",
         (oid,),
     )
-    countable = await distinct_countable(session, [(int(row[1]), int(row[2])) for row in rows])
+    builtin = await builtin_types(session, [int(row[1]) for row in rows])
+    # A foreign type's comparison parses and runs on a NULL, and may still fail on two values.
+    countable = await distinct_countable(session, [(int(row[1]), int(row[2])) for row in rows if int(row[1]) in builtin])
     return {
         name: ColumnInfo(name, int(typ), int(mod), int(num), policies.get(name), bool(deterministic), int(array),
-                         bool(container), (int(typ), int(mod)) in countable, bool(enum))
+                         bool(container), (int(typ), int(mod)) in countable, bool(enum), int(typ) in builtin)
         for name, typ, mod, num, deterministic, array, container, enum in rows
     }

@@ -28,6 +28,14 @@ def column_fit_problems(table: str, column: str, policy: ColumnPolicy, info: Col
     """The problems of ``policy`` for the backend column ``info``, as ``tables.t.columns.c: ...``."""
     key = f"tables.{table}.columns.{column}"
     type_oid = info.type_oid
+    declared = [name for name, given in (("categories", policy.categories is not None), ("bounds", policy.bounds is not None),
+                                         ("a time range", policy.time_bounds is not None), ("group_by", bool(policy.group_by)))
+                if given]
+    if not info.builtin and declared:
+        return [f"{key}: {' and '.join(declared)} on a column of a type not built into PostgreSQL (an extension's or "
+                "a user's): its comparisons are code of its own, which may fail on some values only (pgvector's "
+                "vector on two of different dimensions), so such a column is only counted and tested for NULL, which "
+                "needs no entry: leave it out of the policy's columns"]
     if policy.time_bounds is not None and type_oid not in TIME_TYPES:
         return [f"{key}: a time range (bounds of dates) needs a date or timestamp column; on the backend it is not one"]
     if policy.group_by is True and policy.categories is not None and not (info.array_type_oid or type_oid in ARRAY_TYPES):

@@ -7,6 +7,13 @@ column. On a type without them (``json``, ``point``, ``box``, ``xid``; an array 
 such a type) every such statement fails, whatever the rows, but only on the backend: after its
 charge. So they are asked here, when the policy is loaded, by parsing each shape over a typed
 NULL that reads no table; the answers depend on the schema alone.
+
+A type that is not built into PostgreSQL (an extension's, such as pgvector's ``vector``, or a
+user's base, range or composite type) is another matter: its comparison, equality and hash
+functions are arbitrary code that parses and runs on a NULL and may still raise on some pairs of
+values (``vector``'s on two of different dimensions). :func:`builtin_types` tells the columns whose
+values reach such a type, through domains, array elements, composite fields and range subtypes;
+they are counted and tested for NULL, nothing else (``ColumnInfo.builtin``).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from rewriter.sql_text import literal, operator
 
 from .errors import BackendError, BackendLost, BackendUnavailable
 
-__all__ = ["distinct_countable", "label_comparison_problem"]
+__all__ = ["builtin_types", "distinct_countable", "label_comparison_problem"]
 
 
 class _Session(Protocol):
@@ -52,3 +59,40 @@ async def label_comparison_problem(session: _Session, type_name: str, label: str
     comparison = operator("x", "=", literal(label))
     group = " GROUP BY x" if grouped else ""
     return await _parses(session, f"SELECT 1 FROM (SELECT CAST(NULL AS {type_name}) AS x) AS s WHERE {comparison}{group}")
+
+
+# Each type with every type its values hold, recursively: a domain's base type, an array's element,
+# a composite's fields, a range's subtype, a multirange's range. A part is foreign when its OID is
+# not initdb's (FirstNormalObjectId, 16384), whatever its schema (an extension created in
+# pg_catalog has its operators found by OPERATOR(pg_catalog.=)), and it is neither a domain (its
+# base type is a part of its own), an enum (compared by its labels' built-in sort order) nor an
+# array (its element is).
+_FOREIGN = """
+WITH RECURSIVE parts(root, part) AS (
+    SELECT t, t FROM pg_catalog.unnest(%s::pg_catalog.oid[]) AS t
+    UNION
+    SELECT p.root, c.child FROM parts p JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) p.part
+    CROSS JOIN LATERAL (
+        SELECT t.typbasetype WHERE t.typtype OPERATOR(pg_catalog.=) 'd'
+        UNION ALL SELECT e.oid FROM pg_catalog.pg_type e WHERE e.typarray OPERATOR(pg_catalog.=) t.oid
+        UNION ALL SELECT a.atttypid FROM pg_catalog.pg_attribute a
+            WHERE t.typtype OPERATOR(pg_catalog.=) 'c' AND a.attrelid OPERATOR(pg_catalog.=) t.typrelid
+            AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
+        UNION ALL SELECT r.rngsubtype FROM pg_catalog.pg_range r WHERE r.rngtypid OPERATOR(pg_catalog.=) t.oid
+        UNION ALL SELECT r.rngtypid FROM pg_catalog.pg_range r WHERE r.rngmultitypid OPERATOR(pg_catalog.=) t.oid
+    ) AS c(child)
+)
+SELECT p.root FROM parts p JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) p.part
+WHERE p.part OPERATOR(pg_catalog.>=) 16384 AND t.typtype OPERATOR(pg_catalog.<>) ALL ('{d,e}'::pg_catalog."char"[])
+  AND NOT EXISTS (SELECT FROM pg_catalog.pg_type e WHERE e.typarray OPERATOR(pg_catalog.=) t.oid)
+"""
+
+
+async def builtin_types(session: _Session, type_oids: Iterable[int]) -> frozenset[int]:
+    """The types of ``type_oids`` whose values are built into PostgreSQL through and through: no
+    part of them (``_FOREIGN``) is an extension's or a user's type. A type the catalog lacks is not."""
+    oids = sorted(set(type_oids))
+    foreign = {int(oid) for (oid,) in await session.fetch_all(_FOREIGN, (oids,))}
+    known = {int(oid) for (oid,) in await session.fetch_all(
+        "SELECT oid FROM pg_catalog.pg_type WHERE oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])", (oids,))}
+    return frozenset(known - foreign)
