@@ -233,8 +233,15 @@ def _is_aggregate(item: exp.Expression) -> bool:
 
 
 def _plain(tree: exp.Select) -> bool:
-    """Whether the statement is its released row as it is: only (aliased) aggregates, no HAVING."""
+    """Whether the statement is its released row as it is: only (aliased) aggregates, no HAVING,
+    and an ORDER BY, if any, of aggregates only (over one row it orders nothing). Any other
+    ORDER BY goes to post-processing, where PostgreSQL judges it as it would the statement
+    (``ORDER BY 5`` is 42P10, ``ORDER BY 1/0`` 22012, both before the charge) and a column
+    outside an aggregate is refused: dropped, it was answered where PostgreSQL fails."""
     if tree.args.get("having") is not None:
+        return False
+    order = tree.args.get("order")
+    if order is not None and not all(_is_aggregate(key.this) for key in order.expressions):
         return False
     items = [item.this if isinstance(item, exp.Alias) else item for item in tree.expressions]
     return all(_is_aggregate(item) or item.find(exp.AggFunc) is None for item in items) and all(

@@ -303,6 +303,31 @@ def test_a_superset_chart_on_an_aggregate_virtual_dataset_is_a_repeat_of_its_pro
     assert any("repeat" in n for n in notices)
 
 
+@pytest.mark.parametrize("tail, sqlstate, rule", [
+    ("ORDER BY age", "DP001", "no-row-access"),
+    ("ORDER BY age + 1 DESC", "DP001", "no-row-access"),
+    ("ORDER BY 5", "42P10", None),
+    ("ORDER BY 1 / 0", "22012", None),
+])
+def test_an_order_by_postgresql_would_reject_is_rejected_not_dropped_and_costs_nothing(
+        proxy: RunningProxy, tail: str, sqlstate: str, rule: str | None):
+    # Over one row an ORDER BY orders nothing, so it used to be dropped: answered where
+    # PostgreSQL fails (a column outside an aggregate is 42803 there).
+    with proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(f"SELECT count(*) FROM adult WHERE age > 30 {tail}")
+        assert info.value.diag.sqlstate == sqlstate
+        assert rule is None or f"rule: {rule}" in (info.value.diag.message_primary or "")
+        assert spent_epsilon(conn) == before
+
+
+@pytest.mark.parametrize("tail", ["ORDER BY count(*) DESC", "ORDER BY 1", "ORDER BY n"])
+def test_an_order_by_of_the_answer_itself_is_answered(proxy: RunningProxy, tail: str):
+    with proxy.connect() as conn:
+        assert len(conn.execute(f"SELECT count(*) AS n FROM adult WHERE age > 31 {tail}").fetchall()) == 1
+
+
 @pytest.mark.parametrize("call", ["set_config('search_path', 'nowhere', false)", "pg_advisory_unlock_all()"])
 def test_post_processing_cannot_change_the_session(proxy: RunningProxy, call: str):
     # set_config() over a DP answer would move search_path behind dpproxy's relation cache.
