@@ -7,15 +7,14 @@ the mechanisms read it. Relations are matched by OID, never by name.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import Literal, Mapping, NamedTuple
 
 from .model import Access, ColumnPolicy, TablePolicy
 
 __all__ = ["ColumnFacts", "ColumnInfo", "Definition", "Relation", "TableRegistry", "quote_identifier"]
 
 
-@dataclass(frozen=True)
-class ColumnFacts:
+class ColumnFacts(NamedTuple):
     """What the catalog says of a column, as dpproxy judges statements by it (the facts a
     ``ColumnInfo`` is made of, read by proxy.backend.column_facts).
 
@@ -23,6 +22,7 @@ class ColumnFacts:
     element, a composite's fields, a range's subtype, recursively) and ``domain_constraints`` the
     constraints of the domains among them, by OID: a composite type altered or a domain constraint
     added changes what a statement on the column may raise, though the column's own type is the same.
+    A named tuple: the periodic re-check makes one of each protected column's catalog row.
     """
 
     name: str

@@ -25,25 +25,30 @@ from .type_support import type_parts
 __all__ = ["column_facts", "definition_change", "redefined"]
 
 # One round trip for all relations. The collation and the type are the column's own; the parts
-# (type_parts) and their domains' constraints are what its type holds.
+# (type_parts) and their domains' constraints are what its type holds, gathered once per type.
 _FACTS_SQL = "WITH RECURSIVE columns AS (" + """
-    SELECT a.attrelid, a.attname, a.atttypid, a.atttypmod, a.attnum, a.attcollation FROM pg_catalog.pg_attribute a
-    WHERE a.attrelid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[]) AND a.attnum OPERATOR(pg_catalog.>) 0
+    -- A relation without columns is a row of NULLs: it exists.
+    SELECT r.oid AS relation, a.attname, a.atttypid, a.atttypmod, a.attnum, a.attcollation FROM pg_catalog.pg_class r
+    LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) r.oid AND a.attnum OPERATOR(pg_catalog.>) 0
       AND NOT a.attisdropped
-), """ + type_parts("SELECT DISTINCT atttypid FROM columns") + """
-SELECT r.oid, a.attname::pg_catalog.text, a.atttypid, a.atttypmod, a.attnum, COALESCE(c.collisdeterministic, true),
+    WHERE r.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])
+), """ + type_parts("SELECT DISTINCT atttypid FROM columns WHERE atttypid IS NOT NULL") + """, held AS (
+    SELECT p.root, pg_catalog.array_agg(DISTINCT p.part ORDER BY p.part) AS parts,
+           pg_catalog.array_agg(DISTINCT k.oid ORDER BY k.oid) FILTER (WHERE k.oid IS NOT NULL) AS checks
+    FROM parts p LEFT JOIN pg_catalog.pg_constraint k ON k.contypid OPERATOR(pg_catalog.=) p.part
+    GROUP BY p.root
+)
+SELECT a.relation, a.attname::pg_catalog.text, a.atttypid, a.atttypmod, a.attnum, COALESCE(c.collisdeterministic, true),
        COALESCE(t.typarray, 0),
        -- Arrays and composites, and domains over them (a domain has its base type's category).
        COALESCE(t.typcategory OPERATOR(pg_catalog.=) 'A' OR t.typcategory OPERATOR(pg_catalog.=) 'C', false),
        COALESCE(t.typcategory OPERATOR(pg_catalog.=) 'E', false),
-       ARRAY(SELECT p.part FROM parts p WHERE p.root OPERATOR(pg_catalog.=) a.atttypid ORDER BY 1),
-       ARRAY(SELECT k.oid FROM parts p JOIN pg_catalog.pg_constraint k ON k.contypid OPERATOR(pg_catalog.=) p.part
-             WHERE p.root OPERATOR(pg_catalog.=) a.atttypid ORDER BY 1)
-FROM pg_catalog.pg_class r LEFT JOIN columns a ON a.attrelid OPERATOR(pg_catalog.=) r.oid
+       COALESCE(h.parts, '{}'::pg_catalog.oid[]), COALESCE(h.checks, '{}'::pg_catalog.oid[])
+FROM columns a
 LEFT JOIN pg_catalog.pg_collation c ON c.oid OPERATOR(pg_catalog.=) a.attcollation
 LEFT JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid
-WHERE r.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])
-ORDER BY r.oid, a.attnum
+LEFT JOIN held h ON h.root OPERATOR(pg_catalog.=) a.atttypid
+ORDER BY a.relation, a.attnum
 """
 
 
@@ -53,14 +58,13 @@ async def column_facts(session: Fetches, oids: Sequence[int]) -> dict[int, Defin
     if not oids:
         return {}
     found: dict[int, list[ColumnFacts]] = {}
+    # psycopg gives each value as the Python type ColumnFacts holds (oid, int2, int4: int).
     for relation, name, typ, mod, num, deterministic, array, container, enum, parts, checks \
-            in await session.fetch_all(_FACTS_SQL, (list(oids), list(oids))):
-        columns = found.setdefault(int(relation), [])
-        if name is None:
-            continue  # a relation without columns
-        columns.append(ColumnFacts(
-            str(name), int(typ), int(mod), int(num), bool(deterministic), int(array), bool(container), bool(enum),
-            tuple(int(part) for part in parts), tuple(int(check) for check in checks)))
+            in await session.fetch_all(_FACTS_SQL, (list(oids),)):
+        columns = found.setdefault(relation, [])
+        if name is not None:  # else a relation without columns
+            columns.append(ColumnFacts(name, typ, mod, num, deterministic, array, container, enum, tuple(parts),
+                                       tuple(checks)))
     return {oid: tuple(columns) for oid, columns in found.items()}
 
 
