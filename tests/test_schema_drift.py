@@ -221,3 +221,19 @@ def test_an_unchanged_table_of_every_kind_of_column_is_never_taken_for_changed(
         time.sleep(1.0)
         assert not proxy.server.registry.redefined
         assert conn.execute("SELECT SUM(a) FROM drifted").fetchone() is not None
+
+
+def test_each_fact_of_a_column_counts_and_nothing_else_does() -> None:
+    """Without ICU in the test server, a collation made nondeterministic is checked here."""
+    from policies.tables import ColumnFacts
+    from proxy.backend.column_facts import definition_change
+
+    text = ColumnFacts("s", 25, -1, 2, True, 1009, False, False, (25,), ())
+    loaded = (ColumnFacts("a", 23, -1, 1, True, 1007, False, False, (23,), ()), text)
+    assert definition_change(loaded, loaded) is None
+    assert definition_change((), ()) is None  # a relation without columns, still there
+    assert definition_change(loaded, (loaded[0], text._replace(deterministic_collation=False))) \
+        == "column s was altered (its collation)"
+    assert definition_change(loaded, (loaded[0], text._replace(type_modifier=12))) == "column s was altered (its type)"
+    assert definition_change(loaded, None) == \
+        "it was dropped (a table created under its name since is another relation)"
