@@ -7,11 +7,38 @@ the mechanisms read it. Relations are matched by OID, never by name.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import Literal, Mapping, NamedTuple
 
 from .model import Access, ColumnPolicy, TablePolicy
 
-__all__ = ["ColumnInfo", "Relation", "TableRegistry", "quote_identifier"]
+__all__ = ["ColumnFacts", "ColumnInfo", "Definition", "Relation", "TableRegistry", "quote_identifier"]
+
+
+class ColumnFacts(NamedTuple):
+    """What the catalog says of a column, as dpproxy judges statements by it (the facts a
+    ``ColumnInfo`` is made of, read by proxy.backend.column_facts).
+
+    ``parts`` is every type the column's values hold (itself, a domain's base type, an array's
+    element, a composite's fields, a range's subtype, recursively) and ``domain_constraints`` the
+    constraints of the domains among them, by OID: a composite type altered or a domain constraint
+    added changes what a statement on the column may raise, though the column's own type is the same.
+    A named tuple: the periodic re-check makes one of each protected column's catalog row.
+    """
+
+    name: str
+    type_oid: int
+    type_modifier: int
+    attnum: int
+    deterministic_collation: bool
+    array_type_oid: int
+    container: bool
+    enum: bool
+    parts: tuple[int, ...]
+    domain_constraints: tuple[int, ...]
+
+
+Definition = tuple[ColumnFacts, ...]
+"""A relation's columns' facts, in column order."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +133,13 @@ class TableRegistry:
     # redefined since the policy was loaded), by OID, each with that expression: a statement on
     # one is refused before its charge until a reload (proxy.backend.row_failures).
     fallible: Mapping[int, str] = field(default_factory=dict)
+    # Each protected relation's columns as the catalog described them when this registry was
+    # built, by OID: what ``by_oid``'s column facts were made of (proxy.backend.column_facts).
+    definitions: Mapping[int, Definition] = field(default_factory=dict)
+    # The protected relations whose definition differs from ``definitions`` at the last check (a
+    # column's type, collation or domain changed, a column dropped or added, the table dropped), by
+    # OID, each with what changed: a statement on one is refused before its charge until a reload.
+    redefined: Mapping[int, str] = field(default_factory=dict)
 
     def get(self, oid: int) -> Relation | None:
         return self.by_oid.get(oid)

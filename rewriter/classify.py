@@ -337,6 +337,21 @@ def _fallible(table: Relation, expression: str) -> Refusal:
     )
 
 
+def _redefined(table: Relation, change: str) -> Refusal:
+    """The refusal of a statement on a protected relation whose definition changed since the policy
+    was loaded: judged by column facts that are no longer true, it could be charged and then fail
+    on the backend, on some rows only."""
+    return Refusal(
+        SQLSTATE.OBJECT_NOT_IN_PREREQUISITE_STATE,
+        f"protected relation {table.display_name} changed since dpproxy loaded its policy: {change} "
+        "(rule: schema-changed)",
+        "The table's definition changed since the policy was loaded: an administrator must reload dpproxy "
+        "(SIGHUP) so that it judges statements by the definition in force; dpproxy also answers again if "
+        "the definition is put back as it was. Nothing was charged.",
+        "schema-changed",
+    )
+
+
 def _means_pg_class(ref: RelationRef, resolved: Mapping[RelationRef, ResolvedRelation | None]) -> bool:
     target = resolved.get(ref)
     return target is not None and target.oid == PG_CLASS_OID
@@ -350,6 +365,9 @@ def _protected(statement: Statement, protected: list[Relation], registry: TableR
         expression = registry.fallible.get(table.oid)
         if expression is not None:
             raise _fallible(table, expression)
+        change = registry.redefined.get(table.oid)
+        if change is not None:
+            raise _redefined(table, change)
     relation = protected[0]
     refs = statement.references
     if len(refs.relations) > 1 and ranks_series(statement.node) and len(protected) == len(refs.relations) and all(

@@ -21,7 +21,7 @@ from psycopg.pq.abc import PGconn, PGresult
 
 from policies.loader import PolicyError
 from policies.model import Policy
-from policies.tables import ColumnInfo, Relation, TableRegistry
+from policies.tables import ColumnInfo, Definition, Relation, TableRegistry
 from proxy.ops import metrics
 from proxy.ops.metrics import observe_backend
 from proxy.wire.encodings import ClientEncoding, encoding_named, untranslatable
@@ -33,6 +33,7 @@ from rewriter.rewrite import hashed_columns
 from .data_rows import data_rows
 from .cancellable import CancellableWait
 from .errors import BackendError, BackendLost, BackendUnavailable
+from .column_facts import column_facts
 from .policy_fit import column_fit_problems
 from .type_support import builtin_types, distinct_countable, label_comparison_problem
 from .database_encoding import database_encoding_problems
@@ -890,6 +891,7 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
     resolved = await session.resolve(refs.values())
     hashable = await _ctid_hashable(session, [target.oid for target in resolved.values() if target is not None])
     primary_keys = await _primary_keys(session, [target.oid for target in resolved.values() if target is not None])
+    definitions = await column_facts(session, [target.oid for target in resolved.values() if target is not None])
     relations: dict[int, Relation] = {}
     names: dict[int, str] = {}
     problems: list[str] = await database_encoding_problems(session) + [problem for _, problem in no_usage]
@@ -900,7 +902,7 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
         if target is None:
             problems.append(f"tables.{name}: no such relation on the backend")
             continue
-        columns = await _columns(session, target.oid, table_policy.columns)
+        columns = await _columns(session, definitions.get(target.oid, ()), table_policy.columns)
         for column_name, column_policy in table_policy.columns.items():
             info = columns.get(column_name)
             if info is None:
@@ -936,7 +938,8 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
         "WHERE attrelid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass "
         "AND attnum OPERATOR(pg_catalog.>) 0 AND NOT attisdropped"
     )
-    return TableRegistry(relations, tuple(pg_class[0]), await function_names(session))
+    protected = {oid: definitions.get(oid, ()) for oid, relation in relations.items() if relation.access == "protected"}
+    return TableRegistry(relations, tuple(pg_class[0]), await function_names(session), definitions=protected)
 
 
 async def function_names(session: BackendSession) -> frozenset[str]:
@@ -1019,25 +1022,16 @@ def _policy_ref(name: str) -> RelationRef:
     return RelationRef(schema or None, table)
 
 
-async def _columns(session: BackendSession, oid: int, policies: Mapping[str, Any]) -> dict[str, ColumnInfo]:
-    rows = await session.fetch_all(
-        "SELECT a.attname, a.atttypid, a.atttypmod, a.attnum, COALESCE(c.collisdeterministic, true), "
-        "COALESCE(t.typarray, 0), "
-        # Arrays and composites, and domains over them (a domain has its base type's category).
-        "COALESCE(t.typcategory OPERATOR(pg_catalog.=) 'A' OR t.typcategory OPERATOR(pg_catalog.=) 'C', false), "
-        "COALESCE(t.typcategory OPERATOR(pg_catalog.=) 'E', false) "
-        "FROM pg_catalog.pg_attribute a "
-        "LEFT JOIN pg_catalog.pg_collation c ON c.oid OPERATOR(pg_catalog.=) a.attcollation "
-        "LEFT JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid "
-        "WHERE a.attrelid OPERATOR(pg_catalog.=) %s::pg_catalog.oid AND a.attnum OPERATOR(pg_catalog.>) 0 "
-        "AND NOT a.attisdropped ORDER BY a.attnum",
-        (oid,),
-    )
-    builtin = await builtin_types(session, [int(row[1]) for row in rows])
+async def _columns(session: BackendSession, definition: Definition, policies: Mapping[str, Any]) -> dict[str, ColumnInfo]:
+    """A relation's columns as the rewriter judges them: its catalog facts, with what the backend
+    says of their types (built in, countable by ``count(DISTINCT ...)``) and the policy's."""
+    builtin = await builtin_types(session, [column.type_oid for column in definition])
     # A foreign type's comparison parses and runs on a NULL, and may still fail on two values.
-    countable = await distinct_countable(session, [(int(row[1]), int(row[2])) for row in rows if int(row[1]) in builtin])
+    countable = await distinct_countable(
+        session, [(column.type_oid, column.type_modifier) for column in definition if column.type_oid in builtin])
     return {
-        name: ColumnInfo(name, int(typ), int(mod), int(num), policies.get(name), bool(deterministic), int(array),
-                         bool(container), (int(typ), int(mod)) in countable, bool(enum), int(typ) in builtin)
-        for name, typ, mod, num, deterministic, array, container, enum in rows
+        c.name: ColumnInfo(c.name, c.type_oid, c.type_modifier, c.attnum, policies.get(c.name), c.deterministic_collation,
+                           c.array_type_oid, c.container, (c.type_oid, c.type_modifier) in countable, c.enum,
+                           c.type_oid in builtin)
+        for c in definition
     }

@@ -24,7 +24,7 @@ from rewriter.sql_text import literal, operator
 
 from .errors import BackendError, BackendLost, BackendUnavailable
 
-__all__ = ["builtin_types", "distinct_countable", "label_comparison_problem"]
+__all__ = ["builtin_types", "distinct_countable", "label_comparison_problem", "type_parts"]
 
 
 class _Session(Protocol):
@@ -61,15 +61,13 @@ async def label_comparison_problem(session: _Session, type_name: str, label: str
     return await _parses(session, f"SELECT 1 FROM (SELECT CAST(NULL AS {type_name}) AS x) AS s WHERE {comparison}{group}")
 
 
-# Each type with every type its values hold, recursively: a domain's base type, an array's element,
-# a composite's fields, a range's subtype, a multirange's range. A part is foreign when its OID is
-# not initdb's (FirstNormalObjectId, 16384), whatever its schema (an extension created in
-# pg_catalog has its operators found by OPERATOR(pg_catalog.=)), and it is neither a domain (its
-# base type is a part of its own), an enum (compared by its labels' built-in sort order) nor an
-# array (its element is).
-_FOREIGN = """
-WITH RECURSIVE parts(root, part) AS (
-    SELECT t, t FROM pg_catalog.unnest(%s::pg_catalog.oid[]) AS t
+def type_parts(roots: str) -> str:
+    """A recursive CTE ``parts(root, part)`` (for a ``WITH RECURSIVE``): each type of ``roots`` (a
+    query of one column of type OIDs) with every type its values hold, recursively and itself
+    included: a domain's base type, an array's element, a composite's fields, a range's subtype, a
+    multirange's range."""
+    return f"""parts(root, part) AS (
+    SELECT t, t FROM ({roots}) AS roots(t)
     UNION
     SELECT p.root, c.child FROM parts p JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) p.part
     CROSS JOIN LATERAL (
@@ -81,7 +79,15 @@ WITH RECURSIVE parts(root, part) AS (
         UNION ALL SELECT r.rngsubtype FROM pg_catalog.pg_range r WHERE r.rngtypid OPERATOR(pg_catalog.=) t.oid
         UNION ALL SELECT r.rngtypid FROM pg_catalog.pg_range r WHERE r.rngmultitypid OPERATOR(pg_catalog.=) t.oid
     ) AS c(child)
-)
+)"""
+
+
+# Each type whose parts (type_parts) hold a foreign one: a part whose OID is not initdb's
+# (FirstNormalObjectId, 16384), whatever its schema (an extension created in pg_catalog has its
+# operators found by OPERATOR(pg_catalog.=)), and that is neither a domain (its base type is a
+# part of its own), an enum (compared by its labels' built-in sort order) nor an array (its
+# element is).
+_FOREIGN = "WITH RECURSIVE " + type_parts("SELECT pg_catalog.unnest(%s::pg_catalog.oid[])") + """
 SELECT p.root FROM parts p JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) p.part
 WHERE p.part OPERATOR(pg_catalog.>=) 16384 AND t.typtype OPERATOR(pg_catalog.<>) ALL ('{d,e}'::pg_catalog."char"[])
   AND NOT EXISTS (SELECT FROM pg_catalog.pg_type e WHERE e.typarray OPERATOR(pg_catalog.=) t.oid)

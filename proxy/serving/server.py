@@ -22,6 +22,7 @@ from policies.loader import PolicyError, load_policy
 from policies.model import Policy
 from policies.tables import TableRegistry, quote_identifier
 from proxy.backend.connection import BackendError, build_registry, connect, function_names
+from proxy.backend.column_facts import redefined
 from proxy.backend.grants import unreadable
 from proxy.backend.row_failures import fallible_protected
 from proxy.backend.partition_fit import usefulness_warnings
@@ -43,8 +44,8 @@ log = logging.getLogger("dpproxy.server")
 
 FUNCTION_NAMES_REFRESH_S: Final = 10.0
 """How often each process reads the backend's function names again, and checks again that no
-public relation reads a protected one and that the service role still reads every protected
-one (Server._watch_function_names)."""
+public relation reads a protected one, that the service role still reads every protected one
+and that every protected one is defined as when the policy was loaded (Server._watch_function_names)."""
 
 
 class Server:
@@ -170,6 +171,11 @@ class Server:
         And that no protected view has been redefined to compute something that can fail on a
         row (proxy.backend.row_failures): its statements are refused before the charge until a
         look finds the view total again.
+
+        And that every protected table's columns are as the registry was built from
+        (proxy.backend.column_facts): a table altered or dropped since is judged by facts no longer
+        true, so its statements are refused before the charge until a reload (or a look finds the
+        definition back as loaded).
         """
         while True:
             await asyncio.sleep(FUNCTION_NAMES_REFRESH_S)
@@ -181,6 +187,7 @@ class Server:
                     leaking = await public_leaking(backend, registry.by_oid)
                     lost = await unreadable(backend, registry.by_oid)
                     fallible = await fallible_protected(backend, registry.by_oid)
+                    changed = await redefined(backend, registry.definitions)
                 finally:
                     await backend.close()
             except (BackendError, psycopg.Error) as exc:
@@ -206,6 +213,10 @@ class Server:
                     log.error("protected relation %s now reads through an expression that can fail on a row (%s): "
                               "refused until it is gone", registry.by_oid[oid].display_name, fallible[oid])
                 registry = replace(registry, fallible=fallible)
+            changed = {oid: change for oid, change in changed.items() if oid in registry.by_oid}
+            if changed != registry.redefined:
+                _log_definition_changes(registry, changed)
+                registry = replace(registry, redefined=changed)
             if registry is not self.registry:
                 self.registry = registry
                 self._plans_stale()  # a statement prepared before would run as it was judged
@@ -376,6 +387,18 @@ def _log_grant_changes(registry: TableRegistry, lost: dict[int, str]) -> None:
     for oid in registry.unreadable:
         if oid not in lost:
             log.info("the service role reads protected table %s again: answering it again",
+                     registry.by_oid[oid].display_name)
+
+
+def _log_definition_changes(registry: TableRegistry, changed: dict[int, str]) -> None:
+    """Log each protected table whose definition changed since the last look, or is back as loaded."""
+    for oid, change in changed.items():
+        if registry.redefined.get(oid) != change:
+            log.error("protected table %s changed since the policy was loaded: %s; its statements are refused "
+                      "until dpproxy is reloaded (SIGHUP)", registry.by_oid[oid].display_name, change)
+    for oid in registry.redefined:
+        if oid not in changed:
+            log.info("protected table %s is defined as when the policy was loaded again: answering it again",
                      registry.by_oid[oid].display_name)
 
 
