@@ -83,13 +83,13 @@ _REFUSED = (
     "SELECT COUNT(*) FROM {t} GROUP BY {c}",
     "SELECT COUNT(*) FROM {t} WHERE {c} = ANY(ARRAY[{x}])",
     "SELECT COUNT(*) FROM {t} WHERE ({c} = {x}) IS TRUE",
+    "SELECT COUNT(*) FROM {t} ORDER BY {c}",  # a column outside an aggregate, as PostgreSQL's 42803
 )
 _ANSWERED = (
     "SELECT COUNT({c}) FROM {t}",
     "SELECT COUNT(*) FROM {t} WHERE {c} IS NULL",
     "SELECT COUNT(*) FROM {t} WHERE {c} IS NOT NULL AND v < 10",
     "SELECT COUNT(*) FROM {t} WHERE id = 7 AND {c} IS NOT NULL",
-    "SELECT COUNT(*) FROM {t} ORDER BY {c}",  # the one answer row is sorted by nothing: not sent to the backend
 )
 
 
