@@ -138,7 +138,8 @@ class TableRegistry:
     definitions: Mapping[int, Definition] = field(default_factory=dict)
     # The protected relations whose definition differs from ``definitions`` at the last check (a
     # column's type, collation or domain changed, a column dropped or added, the table dropped), by
-    # OID, each with what changed: a statement on one is refused before its charge until a reload.
+    # OID, each with what changed, when the policy in force no longer fits it (proxy.serving.server
+    # resolves the policy again first): a statement on one is refused before its charge until a reload.
     redefined: Mapping[int, str] = field(default_factory=dict)
 
     def get(self, oid: int) -> Relation | None:

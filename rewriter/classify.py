@@ -345,9 +345,9 @@ def _redefined(table: Relation, change: str) -> Refusal:
         SQLSTATE.OBJECT_NOT_IN_PREREQUISITE_STATE,
         f"protected relation {table.display_name} changed since dpproxy loaded its policy: {change} "
         "(rule: schema-changed)",
-        "The table's definition changed since the policy was loaded: an administrator must reload dpproxy "
-        "(SIGHUP) so that it judges statements by the definition in force; dpproxy also answers again if "
-        "the definition is put back as it was. Nothing was charged.",
+        "The table's definition changed since the policy was loaded and the policy in force no longer fits it "
+        "(dpproxy's log says why): an administrator must fix the policy and reload dpproxy (SIGHUP); dpproxy "
+        "also answers again if the definition is put back as it was. Nothing was charged.",
         "schema-changed",
     )
 

@@ -173,9 +173,10 @@ class Server:
         look finds the view total again.
 
         And that every protected table's columns are as the registry was built from
-        (proxy.backend.column_facts): a table altered or dropped since is judged by facts no longer
-        true, so its statements are refused before the charge until a reload (or a look finds the
-        definition back as loaded).
+        (proxy.backend.column_facts): a table altered or dropped since would be judged by facts no
+        longer true, so the policy in force is resolved again (``_resolve_again``); where it no longer
+        fits, the table's statements are refused before the charge until a reload (or a look finds
+        the definition back as loaded).
         """
         while True:
             await asyncio.sleep(FUNCTION_NAMES_REFRESH_S)
@@ -195,6 +196,9 @@ class Server:
                 continue
             if registry is not self.registry:
                 continue  # a reload put another registry in force meanwhile: it was checked itself
+            changed = {oid: change for oid, change in changed.items() if oid in registry.by_oid}
+            if changed and changed != registry.redefined and await self._resolve_again(registry, changed):
+                continue
             for oid in sorted(leaking):
                 relation = registry.by_oid[oid]
                 log.error("public relation %s.%s now reads a protected table (or is its inheritance child or "
@@ -213,13 +217,40 @@ class Server:
                     log.error("protected relation %s now reads through an expression that can fail on a row (%s): "
                               "refused until it is gone", registry.by_oid[oid].display_name, fallible[oid])
                 registry = replace(registry, fallible=fallible)
-            changed = {oid: change for oid, change in changed.items() if oid in registry.by_oid}
             if changed != registry.redefined:
                 _log_definition_changes(registry, changed)
                 registry = replace(registry, redefined=changed)
             if registry is not self.registry:
                 self.registry = registry
                 self._plans_stale()  # a statement prepared before would run as it was judged
+
+    async def _resolve_again(self, registry: TableRegistry, changed: dict[int, str]) -> bool:
+        """After DDL changed protected tables (``changed``), resolve the policy in force against the
+        backend again, as a reload of the same file would: True if it still fits and the new
+        registry is in force, so that a migration (``ADD COLUMN``, ``integer`` made ``bigint``)
+        needs no signal; False, with the reason logged, if it no longer fits (``bounds`` on a
+        column made text), and the tables stay refused until a reload of a policy that fits."""
+        async with self._reloading:
+            if registry is not self.registry:
+                return True  # a reload put another registry in force meanwhile
+            try:
+                fresh, database = await _resolve(self.policy, report=False)
+            except PolicyError as exc:
+                for problem in exc.problems:
+                    log.error("after a change of a protected table, the policy in force no longer fits: %s", problem)
+                return False
+            except (psycopg.Error, BackendError) as exc:
+                log.debug("resolving the policy again failed: %s", exc)
+                return False
+            if database != self.database:
+                return False
+            for oid, change in changed.items():
+                log.warning("protected table %s changed (%s): the policy in force was resolved against it "
+                            "again and still fits; answering by its new definition", registry.by_oid[oid].display_name,
+                            change)
+            self.registry = fresh
+            self._plans_stale()
+            return True
 
     async def reload(self, path: str | Path) -> bool:
         """Put the policy at ``path`` in force; True if it was, False if it was refused.
@@ -395,7 +426,7 @@ def _log_definition_changes(registry: TableRegistry, changed: dict[int, str]) ->
     for oid, change in changed.items():
         if registry.redefined.get(oid) != change:
             log.error("protected table %s changed since the policy was loaded: %s; its statements are refused "
-                      "until dpproxy is reloaded (SIGHUP)", registry.by_oid[oid].display_name, change)
+                      "until a reload (SIGHUP) of a policy that fits it", registry.by_oid[oid].display_name, change)
     for oid in registry.redefined:
         if oid not in changed:
             log.info("protected table %s is defined as when the policy was loaded again: answering it again",
