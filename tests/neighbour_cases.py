@@ -97,7 +97,7 @@ _WILD = (
 # Row-independent expressions that dpproxy folds before the query runs (rewriter/constants.py), by
 # the kind of column they are compared with; some fail (a date out of range, a division by zero),
 # which must fail the same way whatever the rows. "$" is replaced by a fresh parameter.
-_FOLDED_NUMBERS = ("1 + 1", "0.5 * 3", "10 / 3.0", "1 / 0", "2147483647 + 1", "1e300 * 1e300", "- 5 + 0",
+_FOLDED_NUMBERS = ("1 + 1", "0.5 * 3", "10 / 3.0", "1 / 0", "1 / 3.0", "CAST(NULL AS integer) + 1", "2147483647 + 1", "1e300 * 1e300", "- 5 + 0",
                    "round(2.5)", "abs(-3)", "$ + 1", "CAST($ AS numeric) * 2", "mod(7, 3)")
 _FOLDED_TIMES = (
     "now()", "now() - interval '1 year'", "current_date - 30", "DATE '2000-02-29' + 1", "date_trunc('month', now())",
@@ -158,6 +158,8 @@ class Case:
     prepared: bool = False
     # > 0: sent as raw extended-protocol messages, each Execute fetching at most this many rows.
     row_limit: int = 0
+    # Run twice on each table: the second is a repeat, answered from the store (proxy/dp/repeats.py).
+    repeat: bool = False
 
 
 _ALIASES = (" AS a", ' AS "Ünï cödé"', " x", ' AS "a""b"')
@@ -332,6 +334,8 @@ class _Builder:
             expression = "COUNT(*)"
         elif kind == 1:
             expression = f"COUNT({rng.choice(COLUMNS).name})"
+            if rng.random() < 0.2:  # a count of a cast: answered where the cast keeps every non-NULL value
+                expression = f"COUNT(CAST({rng.choice(numeric).name} AS {rng.choice(_CASTS)}))"
         elif kind == 6:
             categorical = [c for c in COLUMNS if c.categories]
             expression = f"MODE() WITHIN GROUP (ORDER BY {rng.choice(categorical).name})"
@@ -573,14 +577,18 @@ def generate_case(rng: random.Random) -> Case:
     (flattened), post-processing of the released row (a constant label, an expression over an
     aggregate, an always-true HAVING, ORDER BY, an outer query over the aggregate query) and
     LIMIT/OFFSET/FETCH FIRST on the one row; each maybe prepared and described first, under a
-    client encoding other than UTF8, or in COPY's framing.
+    client encoding other than UTF8, in COPY's framing, run twice (a repeat) or through raw
+    extended-protocol messages with a row limit.
     """
     case = _statement(_Builder(rng))
     if rng.random() < 0.08 and not case.sql.startswith("COPY"):
         case = replace(case, prepared=True)
     if rng.random() < 0.05:
         case = replace(case, encoding=rng.choice(["LATIN1", "WIN1252", "SQL_ASCII", "WIN1251"]))
-    elif not case.params and not case.prepared and case.timezone == "UTC" and rng.random() < 0.06:
+    if rng.random() < 0.05:
+        case = replace(case, repeat=True)
+    elif (not case.params and not case.prepared and case.timezone == "UTC" and case.encoding == "UTF8"
+          and rng.random() < 0.06):
         # Execute with a row limit (PortalSuspended), COPY in the extended protocol
         case = replace(case, row_limit=rng.choice([1, 2]))
     return case
@@ -613,9 +621,13 @@ def _statement(builder: _Builder) -> Case:
         source, qualifier = "{table} AS q", "q."
     else:
         inner = f" WHERE {builder.predicate(rng.randint(0, 2))}" if rng.random() < 0.6 else ""
-        source, qualifier = f"(SELECT * FROM {{table}}{inner}) AS w", "w."
+        # the wrapped table maybe aliased, or wrapped twice (rewriter/flatten.py)
+        read = rng.choice(["{table}", "{table}", "{table}", "{table} AS x", "(SELECT * FROM {table}) AS v"])
+        if read != "{table}":
+            inner = inner.replace("{table}.", "x." if "x" in read else "v.")
+        source, qualifier = f"(SELECT * FROM {read}{inner}) AS w", "w."
         if rng.random() < 0.3:  # the same wrapper as a CTE read once (dbt, custom SQL)
-            with_, source = f"WITH w AS (SELECT * FROM {{table}}{inner}) ", "w"
+            with_, source = f"WITH w AS (SELECT * FROM {read}{inner}) ", "w"
     if qualifier is not None:
         items = items.replace("{table}.", qualifier)
     sql = f"{with_}SELECT {items} FROM {source}"
