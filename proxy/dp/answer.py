@@ -271,7 +271,8 @@ def _trial_picks(plan: AggregateQuery, codec: str) -> list[list[bytes | None]]:
               if agg.kind == "mode" and agg.column is not None and agg.column.policy is not None else []
               for agg in plan.aggregates]
     count = max((len(own) for own in labels), default=0)
-    return [[None] * len(labels)] + [[own[i] if i < len(own) else None for own in labels] for i in range(count)]
+    nulls: list[bytes | None] = [None] * len(labels)
+    return [nulls] + [[own[i] if i < len(own) else None for own in labels] for i in range(count)]
 
 
 def _params(plan: AggregateQuery, rows: Sequence[Sequence[bytes | None]] | None) -> BoundParams:
