@@ -106,7 +106,7 @@ def fuzz_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) 
 class Outcome:
     """Everything a client sees of one statement, except the noised values themselves."""
 
-    kind: str  # "answer" | "error" | "dropped" (an error that ended the session)
+    kind: str  # "answer" | "error" | "dropped" (an error that ended the session) | "client" | "misdescribed"
     detail: tuple[object, ...]
 
 
@@ -211,6 +211,8 @@ class Client:
                 forms = tuple(tuple(v if i < case.keys else _form(v, flag)
                                     for i, (v, flag) in enumerate(zip(row, fixed, strict=True))) for row in rows)
                 notices = tuple(_mask(n, table) for n in self.notices)
+                if described is not None and described[0] != "error" and columns != described[1]:
+                    return Outcome("misdescribed", (described, columns))
                 return Outcome("answer", (described, columns, forms, cursor.statusmessage, notices))
         except UnicodeError as exc:  # the client could not encode the statement, or decode its answer
             return Outcome("client", (type(exc).__name__,))
@@ -268,7 +270,8 @@ class Client:
                                                       psycopg.pq.DiagnosticField.MESSAGE_PRIMARY)))
                 break
             described = (tuple(result.param_type(i) for i in range(result.nparams)),
-                         tuple((result.fname(i), result.ftype(i)) for i in range(result.nfields)))
+                         tuple(((result.fname(i) or b"").decode(self.conn.info.encoding), result.ftype(i))
+                               for i in range(result.nfields)))
         self.conn.execute("DEALLOCATE ALL")
         return described
 
@@ -339,8 +342,9 @@ _CTE = re.compile(r"\bWITH (?:w|released) AS \(")
 
 
 def _broken(outcome: Outcome) -> bool:
-    """An internal error or a dropped session is a failure even when both tables agree."""
-    return outcome.kind == "dropped" or (outcome.kind == "error" and outcome.detail[0] == "XX000")
+    """An internal error, a dropped session, or a Describe that names other columns than the
+    answer has, is a failure even when both tables agree."""
+    return outcome.kind in ("dropped", "misdescribed") or (outcome.kind == "error" and outcome.detail[0] == "XX000")
 
 
 def _row_of(table: str) -> str:
