@@ -564,10 +564,13 @@ COPY_OPTIONS: dict[str, tuple[bool, str, str]] = {
 }
 
 # Post-processing of the released row by an outer query (rewriter/post_process.py): the row's
-# first column is named "a"; each form with its number of output columns.
-_OUTER = (("*", 0), ("a", 1), ("a * 2", 1), ("CAST(a AS float8)", 1), ("CASE WHEN a IS NULL THEN 0 ELSE 1 END", 1),
-          ("round(a)", 1), ("abs(a) AS m", 1), ("a, a", 2), ("COALESCE(a, 0)", 1), ("a::text", 1), ("released.a", 1),
-          ("a + 1 AS b, 'label'", 2), ("upper('x')", 1), ("a, $1::int", 2))
+# first column is named "a"; each form with its number of output columns. None overflows on a
+# value of the released type (a * 2 of a noised bigint MAX near its bounds would fail by the
+# noise, which the comparison cannot tell from the row); a cast of a MODE's label fails on
+# every label, before the charge.
+_OUTER = (("*", 0), ("a", 1), ("a * 1", 1), ("CAST(a AS float8)", 1), ("CASE WHEN a IS NULL THEN 0 ELSE 1 END", 1),
+          ("round(a)", 1), ("a, a", 2), ("COALESCE(a, 0)", 1), ("a::text", 1), ("released.a", 1),
+          ("a - 0 AS b, 'label'", 2), ("upper('x')", 1), ("a, $1::int", 2))
 
 
 def generate_case(rng: random.Random) -> Case:
