@@ -48,9 +48,16 @@ RELEASE_ALIAS = "dpproxy_release"
 
 @dataclass(frozen=True)
 class PostProcess:
-    """The outer statement over the released row: ``$k`` is the k-th released aggregate."""
+    """The outer statement over the released row: ``$k`` is the k-th released aggregate.
+
+    ``trial_sql`` is the same statement without its WHERE, HAVING, LIMIT and OFFSET, tried
+    besides ``sql`` before the charge (proxy.dp.answer.trial_params): over NULL aggregates a
+    filter on them (``HAVING count(*) > 0``) keeps no row, and an output that fails on a key or
+    a MODE's label would then fail only after the charge, on the rows the noise lets through.
+    """
 
     sql: str
+    trial_sql: str
 
 
 def default_name(item: exp.Expression) -> str:
@@ -151,7 +158,11 @@ def outer_statement(
     if ordinal:
         outer.append("expressions", exp.alias_(exp.column("_cell", table=RELEASE_ALIAS), "dpproxy_cell"))
     outer.set("from_", _release_source(count, keys, ordinal))
-    return PostProcess(checked(whole.sql("postgres"), function_names))
+    trial = whole.copy()
+    for select in trial.find_all(exp.Select):
+        for key in ("where", "having", "limit", "offset"):
+            select.set(key, None)
+    return PostProcess(checked(whole.sql("postgres"), function_names), checked(trial.sql("postgres"), function_names))
 
 
 def _named(items: list[exp.Expression], names: Sequence[str | None] | None, *,

@@ -9,7 +9,10 @@ extended-protocol parameters. Everything is a pure function of a ``random.Random
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 
 __all__ = ["COLUMNS", "Case", "Column", "adversarial_rows", "generate_case", "policy_columns", "TABLE_DDL"]
 
@@ -36,13 +39,15 @@ _TEXTS = (
     "E'\\\\'", "'NaN'", "'1e400'", "'-0'",
 )
 COLUMNS: tuple[Column, ...] = (
-    Column("t", "text", False, None, ("Male", "Female", "", "\\"), _TEXTS, "group_by: true"),
+    # "Ω" has no LATIN1 form: under that client encoding a release that names it is refused
+    Column("t", "text", False, None, ("Male", "Female", "", "\\", "Ω"), _TEXTS, "group_by: true"),
     Column("v", "varchar(8)", False, None, ("a", "b"), tuple(v for v in _TEXTS if len(v) <= 10),
            "group_by: true, other: zz"),
     Column("i2", "int2", True, (-5, 5), None,
            ("-32768", "32767", "0", "-5", "5", "6", "-6", "1"), "group_by: true"),
     Column("i4", "int4", True, (0, 100), None,
-           ("-2147483648", "2147483647", "0", "100", "101", "-1", "42")),
+           ("-2147483648", "2147483647", "0", "100", "101", "-1", "42"),
+           "avg: sample_aggregate"),  # an integer column's per-partition mean (rewriter/rewrite.py)
     Column("i8", "int8", True, (-9.2e18, 9.2e18), None,
            ("-9223372036854775808", "9223372036854775807", "0", "9200000000000000000", "-1")),
     Column("f4", "float4", True, (-1.0, 1.0), None,  # integer bounds, but no integer key: GROUP BY f4 is refused
@@ -61,20 +66,23 @@ COLUMNS: tuple[Column, ...] = (
     Column("b", "bool", False, None, None, ("true", "false")),
     Column("d", "date", False, None, None,
            ("'-infinity'", "'infinity'", "'4713-01-01 BC'", "'5874897-12-31'", "'2000-02-29'", "'1970-01-01'",
-            "'2000-12-31'", "'2001-01-01'"), "bounds: [2000-01-01, 2000-12-31], group_by: [month, week]"),
+            "'2000-12-31'", "'2001-01-01'", "'2000-06-15'"), "bounds: [2000-01-01, 2000-12-31], group_by: [month, week]"),
     Column("ts", "timestamp", False, None, None,
            ("'-infinity'", "'infinity'", "'4713-01-01 00:00 BC'", "'294276-12-31 23:59:59'", "'2000-02-29 12:00'",
-            "'1970-01-01'", "'1999-06-01 00:00'", "'2001-05-31 23:59:59.999999'"),
+            "'1970-01-01'", "'1999-06-01 00:00'", "'2001-05-31 23:59:59.999999'", "'2000-07-04 08:00'"),
            "bounds: [1999-06-01, 2001-05-31], group_by: true"),
     # An instant: its day and year buckets move with the session's TimeZone, epoch buckets do not.
     Column("tz", "timestamptz", False, None, None,
            ("'-infinity'", "'infinity'", "'4713-01-01 00:00+00 BC'", "'294276-12-31 23:59:59+00'",
             "'2000-02-29 23:59:59.999999+14'", "'1999-06-01 00:00+00'", "'1999-05-31 23:59:59.999999+00'",
-            "'2001-05-31 23:00-12'", "'2000-03-26 01:30+00'", "'1970-01-01 00:00+00'"),
+            "'2001-05-31 23:00-12'", "'2000-03-26 01:30+00'", "'1970-01-01 00:00+00'", "'2000-10-29 01:30+00'"),
            "bounds: [1999-06-01, 2001-05-31], group_by: [day, month, year]"),
     # Arrays compare element by element, looking up the elements' equality only when two
     # arrays of one shape meet (point has none): a comparison must not depend on the rows.
     Column("pa", "point[]", False, None, None, ("""'{"(0,0)"}'""", "'{}'", """'{"(1,2)","(3,4)"}'""", "'{NULL}'")),
+    # A declared scale: its SUM, MIN and MAX print two fraction digits whatever the rows (proxy/dp/answer.py)
+    Column("nm", "numeric(8,2)", True, (-1000, 1000), None,
+           ("'NaN'", "999999.99", "-0.005", "0.01", "1000", "12.345", "-1000.004"), "group_by: true"),
 )
 _BY_NAME = {c.name: c for c in COLUMNS}
 TABLE_DDL = ", ".join(f"{c.name} {c.sql_type}" for c in COLUMNS)
@@ -89,7 +97,7 @@ _WILD = (
 # Row-independent expressions that dpproxy folds before the query runs (rewriter/constants.py), by
 # the kind of column they are compared with; some fail (a date out of range, a division by zero),
 # which must fail the same way whatever the rows. "$" is replaced by a fresh parameter.
-_FOLDED_NUMBERS = ("1 + 1", "0.5 * 3", "10 / 3.0", "1 / 0", "2147483647 + 1", "1e300 * 1e300", "- 5 + 0",
+_FOLDED_NUMBERS = ("1 + 1", "0.5 * 3", "10 / 3.0", "1 / 0", "1 / 3.0", "CAST(NULL AS integer) + 1", "2147483647 + 1", "1e300 * 1e300", "- 5 + 0",
                    "round(2.5)", "abs(-3)", "$ + 1", "CAST($ AS numeric) * 2", "mod(7, 3)")
 _FOLDED_TIMES = (
     "now()", "now() - interval '1 year'", "current_date - 30", "DATE '2000-02-29' + 1", "date_trunc('month', now())",
@@ -144,11 +152,32 @@ class Case:
     keys: int = 0
     # The session's TimeZone for the statement (day and year keys of an instant move with it).
     timezone: str = "UTC"
+    # The session's client_encoding: a release whose labels the encoding lacks is refused.
+    encoding: str = "UTF8"
+    # Parsed as a named statement and described (ParameterDescription, RowDescription) first.
+    prepared: bool = False
+    # > 0: sent as raw extended-protocol messages, each Execute fetching at most this many rows.
+    row_limit: int = 0
+    # Run twice on each table: the second is a repeat, answered from the store (proxy/dp/repeats.py).
+    repeat: bool = False
+
+
+_ALIASES = (" AS a", ' AS "Ünï cödé"', " x", ' AS "a""b"')
+
+
+def _named_a(output: str) -> str:
+    """``output`` (an aggregate, maybe with one of :data:`_ALIASES`) named ``a``."""
+    for alias in _ALIASES:
+        output = output.removesuffix(alias)
+    return f"{output} AS a"
 
 
 _PARAM_VALUES: tuple[object, ...] = (
     "\\", "abc\\", "", "%", "NaN", "Infinity", "-Infinity", 0, -1, 32768, 2**31, 2**63 - 1, -(2**63), 10**30,
     float("nan"), float("inf"), float("-inf"), 1e-320, 1.5, "😀", "Male", "2000-02-29", True, None,
+    # each type psycopg binds: numeric, date, timestamp, timestamptz, interval, bytea, an array
+    Decimal("12.345"), Decimal("NaN"), date(2000, 2, 29), datetime(2000, 7, 4, 8), datetime(2000, 7, 4, 8, tzinfo=UTC),
+    timedelta(days=1), b"ab", [1, 2],
 )
 
 
@@ -193,7 +222,8 @@ class _Builder:
     def pattern(self) -> str:
         rng = self.rng
         if rng.random() < 0.1:
-            self.params.append(rng.choice(["\\", "a%\\", "%", "_", ""]))
+            # a NULL pattern, and one of a type LIKE does not take (proxy/dp/folding.py)
+            self.params.append(rng.choice(["\\", "a%\\", "%", "_", "", None, 5]))
             return f"${len(self.params)}"
         body = rng.choice(["", "a", "%", "_", "Ma%", "%le", "\\%", "\\_", "ß", "İ", "%Ü%", "O''B%", "\\\\"])
         tail = rng.choice(["", "", "\\", "%\\", "%"])
@@ -254,7 +284,7 @@ class _Builder:
         else:
             expression, fixed = self._plain_aggregate()
         if rng.random() < 0.3:
-            expression += rng.choice([" AS a", ' AS "Ünï cödé"', " x", ' AS "a""b"'])
+            expression += rng.choice(_ALIASES)
         return expression, fixed
 
     def conditional(self) -> tuple[str, bool]:
@@ -304,6 +334,8 @@ class _Builder:
             expression = "COUNT(*)"
         elif kind == 1:
             expression = f"COUNT({rng.choice(COLUMNS).name})"
+            if rng.random() < 0.2:  # a count of a cast: answered where the cast keeps every non-NULL value
+                expression = f"COUNT(CAST({rng.choice(numeric).name} AS {rng.choice(_CASTS)}))"
         elif kind == 6:
             categorical = [c for c in COLUMNS if c.categories]
             expression = f"MODE() WITHIN GROUP (ORDER BY {rng.choice(categorical).name})"
@@ -317,9 +349,12 @@ class _Builder:
 
 
 def _fixed_scale(expression: str) -> bool:
-    """Whether the schema fixes the numeric scale of an output: SUM of an integer column. ``n`` is
-    numeric without a declared scale, so its noised SUM prints as many digits as the value needs
-    (repr of a float: a fraction digit once the noise lands below 1e16)."""
+    """Whether the schema fixes the numeric scale of an output: SUM of an integer column, SUM,
+    MIN or MAX of ``nm`` (numeric(8,2)). ``n`` is numeric without a declared scale, so its noised
+    SUM prints as many digits as the value needs (repr of a float: a fraction digit once the
+    noise lands below 1e16)."""
+    if expression.startswith(("SUM(nm)", "MIN(nm)", "MAX(nm)")):
+        return True
     return expression.startswith("SUM") and not expression.startswith(("SUM(n)", "SUM(CAST(n ")) and " THEN n " not in expression
 
 
@@ -330,6 +365,7 @@ _CASTS = ("numeric", "double precision", "bigint", "real", "integer", "numeric(6
 _KEYS = ("t", "v", "i2", "date_trunc('month', d)", "date_trunc('week', d)", "date_trunc('quarter', ts)",
          "date_trunc('month', ts)", "width_bucket(f8, -1, 1, 5)", "width_bucket(n, 0, 100, 3)",
          "width_bucket(f4, 0, 1, 2)", "width_bucket(i8, -10, 10, 4)", "width_bucket(i4, 100, 0, 3)",
+         "width_bucket(nm, -1000, 1000, 4)", "width_bucket(nm, 0.5, -0.5, 2)",
          "CAST(date_trunc('month', d) AS date)", "CAST(t AS text)", "v::varchar",
          "EXTRACT(YEAR FROM ts)", "CAST(EXTRACT(YEAR FROM ts) AS integer)",
          # Grafana's $__timeGroup: epoch buckets of whole days (ts opts day in)
@@ -408,12 +444,19 @@ def _grouped_case(builder: _Builder) -> Case:
             sql += " WHERE " + builder.predicate(rng.randint(0, 2)).replace("{table}.", '"source".')
         sql += " GROUP BY " + ", ".join(str(i + 1) if positional else f'"source"."k{i}"' for i in range(len(keys)))
     else:
-        named = [f"{key} AS k{i}" if rng.random() < 0.4 else key for i, key in enumerate(keys)]
+        aliased = [rng.random() < 0.4 for _ in keys]
+        named = [f"{key} AS k{i}" if alias else key for i, (key, alias) in enumerate(zip(keys, aliased))]
         sql = f"SELECT {'DISTINCT ' if distinct else ''}{', '.join(named + aggregates)} FROM {{table}}"
-        if rng.random() < 0.7:
+        narrowing = _narrowing(builder, keys)
+        if narrowing:
+            sql += f" WHERE {narrowing}"
+        elif rng.random() < 0.7:
             sql += f" WHERE {builder.predicate(rng.randint(0, 2))}"
         if not distinct:
-            sql += " GROUP BY " + ", ".join(str(i + 1) if positional else key for i, key in enumerate(keys))
+            by_alias = rng.random() < 0.3  # GROUP BY an output's name (dp_query.py)
+            sql += " GROUP BY " + ", ".join(
+                str(i + 1) if positional else f"k{i}" if by_alias and alias else key
+                for i, (key, alias) in enumerate(zip(keys, aliased)))
     if not distinct and rng.random() < 0.1:
         sql += " HAVING COUNT(*) IS NOT NULL"
     elif not distinct and '"source"' not in sql and rng.random() < 0.1:
@@ -427,6 +470,38 @@ def _grouped_case(builder: _Builder) -> Case:
         sql += rng.choice([" LIMIT 0", " LIMIT 3", " LIMIT 1 OFFSET 2", " OFFSET 1"])
     fixed = tuple([False] * len(keys) + [_fixed_scale(a) for a in aggregates])
     return Case(sql, tuple(builder.params), rng.random() < 0.2, fixed, keys=len(keys), timezone=rng.choice(_ZONES))
+
+
+# Times inside the columns' declared ranges, and folded ones: a WHERE of them on a time key's
+# column narrows its cells to the buckets the range touches (proxy/dp/narrowing.py).
+_IN_RANGE = {
+    "d": ("'2000-03-15'", "DATE '2000-07-01'", "'2000-12-31'", "'2000-01-01 12:00'", "now() - interval '30 years'", "'1999-01-01'"),
+    "ts": ("'2000-02-29 12:00'", "TIMESTAMP '2000-07-04 08:00'", "'2001-05-31'", "'1999-05-01'", "to_timestamp(0)",
+           "'infinity'"),
+    "tz": ("'2000-02-29 23:00+14'", "TIMESTAMPTZ '2000-10-29 01:30+00'", "'1999-06-01 00:00-12'", "'2001-05-31 23:59+00'",
+           "make_date(2000, 3, 26)", "'-infinity'"),
+}
+
+
+def _narrowing(builder: _Builder, keys: list[str]) -> str:
+    """Sometimes a range on the column of the first time key among ``keys``: ``col >= a AND col < b``,
+    maybe with another condition, a parameter, or one side only; "" when there is none."""
+    rng = builder.rng
+    columns = [name for key in keys for name in _IN_RANGE if re.search(rf"\b{name}\b", key)]
+    if not columns or rng.random() < 0.5:
+        return ""
+    column = columns[0]
+    lo, hi = rng.choice(_IN_RANGE[column]), rng.choice(_IN_RANGE[column])
+    if rng.random() < 0.15:
+        builder.params.append(rng.choice([date(2000, 6, 1), datetime(2000, 7, 4, 8), datetime(2000, 7, 4, 8, tzinfo=UTC),
+                                          "2000-06-01", None]))
+        lo = f"${len(builder.params)}"
+    parts = rng.choice([[f"{column} >= {lo}", f"{column} < {hi}"], [f"{column} > {lo}"], [f"{column} <= {hi}"],
+                        [f"{column} BETWEEN {lo} AND {hi}"], [f"{column} >= {lo}", f"{column} <= {hi}", f"{column} < {hi}"]])
+    if rng.random() < 0.3:
+        parts.append(builder.predicate(0))
+    rng.shuffle(parts)
+    return " AND ".join(parts)
 
 
 # UTC+14 and -12, a DST gap at midnight (Havana, Beirut), a half-hour offset, a POSIX offset
@@ -455,8 +530,11 @@ def _series_case(builder: _Builder) -> Case:
     inner = f" WHERE {builder.predicate(rng.randint(0, 2))}" if rng.random() < 0.5 else ""
     where = f" WHERE {builder.predicate(rng.randint(0, 2))}" if rng.random() < 0.5 else ""
     outputs = [*keys, *(f"{metric} AS metric" for metric in metrics)]
+    # the join's sides maybe qualified, either way round (rewriter/series_limit.py)
+    on = rng.choice([f"{key} = {key}__", f"{{table}}.{key} = series_limit.{key}__", f"series_limit.{key}__ = {key}",
+                     f"({key} = {key}__)", f"{key} = series_limit.{key}", f"{key} = {key}__ AND {key}__ = {key}"])
     sql = (f"SELECT {', '.join(outputs)} FROM {{table}} JOIN (SELECT {key} AS {key}__{ranking} "
-           f"FROM {{table}}{inner} GROUP BY {key}{having} ORDER BY {order}) AS series_limit ON {key} = {key}__{where} "
+           f"FROM {{table}}{inner} GROUP BY {key}{having} ORDER BY {order}) AS series_limit ON {on}{where} "
            f"GROUP BY {', '.join(keys)}")
     if rng.random() < 0.3:
         sql += " ORDER BY 1 LIMIT 10000"  # by a key: an order by noised values would differ by chance
@@ -464,26 +542,79 @@ def _series_case(builder: _Builder) -> Case:
     return Case(sql, tuple(builder.params), False, fixed, keys=len(keys), timezone=rng.choice(_ZONES))
 
 
+# COPY (query) TO STDOUT options: the clause, and how its output reads (csv or text, the
+# delimiter, the NULL string); the last ones are refused from the text alone (rewriter/copy.py).
+COPY_OPTIONS: dict[str, tuple[bool, str, str]] = {
+    "": (False, "\t", "\\N"),
+    " WITH (FORMAT csv, HEADER)": (True, ",", ""),
+    " (DELIMITER ';', NULL 'none')": (False, ";", "none"),
+    " (FORMAT csv, HEADER true, DELIMITER '|')": (True, "|", ""),
+    " (FORMAT 'csv', HEADER 1, NULL 'n/a', FORCE_QUOTE *)": (True, ",", "n/a"),
+    # (NULL '' would read a MODE's noised pick of the category '' as NULL)
+    " (FORMAT text, HEADER false, NULL '-')": (False, "\t", "-"),
+    " WITH CSV HEADER": (True, ",", ""),
+    " CSV DELIMITER ','": (True, ",", ""),
+    " (FORMAT binary)": (False, "", ""),
+    " (HEADER 'match')": (False, "", ""),
+    " (FORMAT csv, DELIMITER '\"')": (True, "", ""),
+    " (DELIMITER 'ab')": (False, "", ""),
+    " (HEADER, HEADER)": (False, "", ""),
+    " (FORMAT csv, NULL 'a\"b')": (True, "", ""),
+    " (HEADER 2)": (False, "", ""),
+}
+
+# Post-processing of the released row by an outer query (rewriter/post_process.py): the row's
+# first column is named "a"; each form with its number of output columns. None overflows on a
+# value of the released type (a * 2 of a noised bigint MAX near its bounds would fail by the
+# noise, which the comparison cannot tell from the row); a cast of a MODE's label fails on
+# every label, before the charge.
+_OUTER = (("*", 0), ("a", 1), ("a * 1", 1), ("CAST(a AS float8)", 1), ("CASE WHEN a IS NULL THEN 0 ELSE 1 END", 1),
+          ("round(a)", 1), ("a, a", 2), ("COALESCE(a, 0)", 1), ("a::text", 1), ("released.a", 1),
+          ("a - 0 AS b, 'label'", 2), ("upper('x')", 1), ("a, $1::int", 2))
+
+
 def generate_case(rng: random.Random) -> Case:
     """One statement of the DP language with a WHERE clause that usually reaches the neighbour row.
 
     Besides the plain shape (issue 18): a wrapper subquery that only projects and filters
     (flattened), post-processing of the released row (a constant label, an expression over an
-    aggregate, an always-true HAVING, ORDER BY, an outer SELECT * over the aggregate query) and
-    LIMIT/OFFSET/FETCH FIRST on the one row.
+    aggregate, an always-true HAVING, ORDER BY, an outer query over the aggregate query) and
+    LIMIT/OFFSET/FETCH FIRST on the one row; each maybe prepared and described first, under a
+    client encoding other than UTF8, in COPY's framing, run twice (a repeat) or through raw
+    extended-protocol messages with a row limit.
     """
-    builder = _Builder(rng)
+    case = _statement(_Builder(rng))
+    if rng.random() < 0.08 and not case.sql.startswith("COPY"):
+        case = replace(case, prepared=True)
+    if rng.random() < 0.05:
+        case = replace(case, encoding=rng.choice(["LATIN1", "WIN1252", "SQL_ASCII", "WIN1251"]))
+    if rng.random() < 0.05:
+        case = replace(case, repeat=True)
+    elif (not case.params and not case.prepared and case.timezone == "UTC" and case.encoding == "UTF8"
+          and rng.random() < 0.06):
+        # Execute with a row limit (PortalSuspended), COPY in the extended protocol
+        case = replace(case, row_limit=rng.choice([1, 2]))
+    return case
+
+
+def _statement(builder: _Builder) -> Case:
+    rng = builder.rng
     if rng.random() < 0.04:
         return _series_case(builder)
     if rng.random() < 0.25:
         grouped = _grouped_case(builder)
         if not grouped.params and not grouped.binary and rng.random() < 0.1:
-            return Case(f"COPY ({grouped.sql}) TO STDOUT WITH (FORMAT csv, HEADER)", (), False, grouped.fixed_scale)
+            return _copy(grouped, rng)
         return grouped
+    if rng.random() < 0.03:
+        return _columns_only(builder)
     outputs = [builder.aggregate() for _ in range(rng.randint(1, 3))]
     if rng.random() < 0.2:
         outputs.append(rng.choice([("'total' AS label", False), ("COUNT(*) * 1.0 AS scaled", False),
                                    ("COALESCE(COUNT(*), 0) AS c", False), ("COUNT(1) AS one", False)]))
+    outer = rng.random() < 0.12  # an outer query over the one released row, maybe through a CTE
+    if outer:
+        outputs = [(_named_a(text) if i == 0 else text.replace(" AS a", " AS a2"), flag) for i, (text, flag) in enumerate(outputs)]
     items = ", ".join(text for text, _ in outputs)
     shape = rng.random()
     with_ = ""
@@ -493,14 +624,20 @@ def generate_case(rng: random.Random) -> Case:
         source, qualifier = "{table} AS q", "q."
     else:
         inner = f" WHERE {builder.predicate(rng.randint(0, 2))}" if rng.random() < 0.6 else ""
-        source, qualifier = f"(SELECT * FROM {{table}}{inner}) AS w", "w."
+        # the wrapped table maybe aliased, or wrapped twice (rewriter/flatten.py)
+        read = rng.choice(["{table}", "{table}", "{table}", "{table} AS x", "(SELECT * FROM {table}) AS v"])
+        if read != "{table}":
+            inner = inner.replace("{table}.", "x." if "x" in read else "v.")
+        source, qualifier = f"(SELECT * FROM {read}{inner}) AS w", "w."
         if rng.random() < 0.3:  # the same wrapper as a CTE read once (dbt, custom SQL)
-            with_, source = f"WITH w AS (SELECT * FROM {{table}}{inner}) ", "w"
+            with_, source = f"WITH w AS (SELECT * FROM {read}{inner}) ", "w"
     if qualifier is not None:
         items = items.replace("{table}.", qualifier)
     sql = f"{with_}SELECT {items} FROM {source}"
     if rng.random() < 0.9:
         where = builder.predicate(rng.randint(0, 3))
+        if rng.random() < 0.005:  # a statement long enough to be analysed in a worker thread
+            where = f"i4 IN ({', '.join(map(str, range(3000)))}) OR ({where})"
         if qualifier is not None:
             where = where.replace("{table}.", qualifier)
         sql += f" WHERE {where}"
@@ -512,15 +649,38 @@ def generate_case(rng: random.Random) -> Case:
         sql += " " + rng.choice(["LIMIT 0", "LIMIT 1", "LIMIT 5", "LIMIT ALL", "OFFSET 0", "OFFSET 1",
                                  "FETCH FIRST ROW ONLY", "LIMIT 1 OFFSET 0"])
     fixed = tuple(flag for _, flag in outputs)
-    if rng.random() < 0.1:  # an outer query over the one released row, maybe through a CTE
-        sql = rng.choice([f"SELECT * FROM ({sql}) AS released", f"WITH released AS ({sql}) SELECT * FROM released"])
+    if outer:
+        projection, width = rng.choice(_OUTER)
+        if "$1" in projection:
+            builder.params.insert(0, rng.choice([1, None, "x"]))
+            sql = re.sub(r"\$(\d+)", lambda m: f"${int(m.group(1)) + 1}", sql)
+        if width:
+            fixed = (fixed[0],) * width if projection.startswith(("a,", "a ")) else (False,) * width
+        sql = rng.choice([f"SELECT {projection} FROM ({sql}) AS released",
+                          f"WITH released AS ({sql}) SELECT {projection} FROM released"])
     case = Case(sql, tuple(builder.params), rng.random() < 0.2, fixed)
     if not case.params and not case.binary and rng.random() < 0.1:
-        # The same release in COPY's framing (psql's \copy (SELECT ...) TO 'file').
-        options = rng.choice(["", " WITH (FORMAT csv, HEADER)", " (DELIMITER ';', NULL 'none')"])
-        return Case(f"COPY ({sql}) TO STDOUT{options}", (), False, case.fixed_scale)
+        return _copy(case, rng)  # the same release in COPY's framing (psql's \copy (SELECT ...) TO 'file')
     if rng.random() < 0.03:
         # Sizes reveal row counts: a catalog query answers NULL for them (psql's \dt+).
         function = rng.choice(["pg_table_size", "pg_relation_size", "pg_total_relation_size", "pg_indexes_size"])
-        return Case(f"SELECT pg_size_pretty({function}('{{table}}')), {function}('{{table}}'::regclass) AS s", ())
+        return Case(f"SELECT pg_size_pretty({function}('{{table}}')), {function}('{{table}}'::regclass) AS s", (),
+                    fixed_scale=(False, False))
     return case
+
+
+def _copy(case: Case, rng: random.Random) -> Case:
+    """``case`` (without parameters) as COPY (query) TO STDOUT with one of :data:`COPY_OPTIONS`."""
+    return replace(case, sql=f"COPY ({case.sql}) TO STDOUT{rng.choice(list(COPY_OPTIONS))}", binary=False)
+
+
+def _columns_only(builder: _Builder) -> Case:
+    """A SELECT of columns whose own LIMIT leaves no row (a BI tool reading a table's columns):
+    answered with the columns and no row, nothing charged (rewriter/classify.py's ColumnsOnly)."""
+    rng = builder.rng
+    columns = rng.choice(["*", "t, i4", "{table}.*", "d, ts, tz AS instant", "nm, pa"])
+    sql = f"SELECT {columns} FROM {{table}}"
+    if rng.random() < 0.5:
+        sql += f" WHERE {builder.predicate(rng.randint(0, 1))}"
+    sql += " " + rng.choice(["LIMIT 0", "LIMIT 0 OFFSET 5", "FETCH FIRST 0 ROWS ONLY", "LIMIT 0 -- probe"])
+    return Case(sql, tuple(builder.params), rng.random() < 0.2)

@@ -245,21 +245,37 @@ def release_params(plan: AggregateQuery, answer: DPAnswer | None) -> BoundParams
     return _params(plan, answer.result.rows if answer is not None else None)
 
 
-def trial_params(plan: AggregateQuery, codec: str = "utf-8", ranking: bool = False) -> BoundParams:
+def trial_params(plan: AggregateQuery, codec: str = "utf-8", ranking: bool = False) -> list[BoundParams]:
     """The outer statement's values before anything is released: every cell's keys (known from
-    the statement and the policy) with NULL for every aggregate.
+    the statement and the policy) with NULL for every aggregate, and with each category a MODE
+    may name in its place (the exponential mechanism picks one of the policy's labels).
 
     Run over them, the outer statement fails only where its keys and its text alone make it
     fail (``CAST(EXTRACT(YEAR FROM d) AS numeric(3, 0))``, a category's label cast to integer,
-    ``1/0``): an error known before the charge, which therefore costs nothing. ``ranking``: the
-    plan ranks a series limit's series, and its outer statement reads the cells' numbers too.
+    ``1/0``): an error known before the charge, which therefore costs nothing. A MODE's label
+    cast to a type that cannot hold it would fail after the charge, on the label the noise
+    picks; tried here, it fails before. Without GROUP BY, one set of values per label (the
+    outer statement reads one row); with it, one set over every cell once per label.
+    ``ranking``: the plan ranks a series limit's series, and its outer statement reads the
+    cells' numbers too.
     """
+    picks = _trial_picks(plan, codec)
     if not plan.groups:
-        return _params(plan, None)
-    nulls = [None] * len(plan.aggregates)
-    rows = [[*keys, *nulls] for keys in _cell_keys(plan, codec)]
+        return [_params(plan, [values]) for values in picks]
+    rows = [[*keys, *values] for values in picks for keys in _cell_keys(plan, codec)]
     params = _params(plan, rows)
-    return _numbered(params, len(rows)) if ranking else params
+    return [_numbered(params, len(rows)) if ranking else params]
+
+
+def _trial_picks(plan: AggregateQuery, codec: str) -> list[list[bytes | None]]:
+    """The aggregates' trial values: all NULL, then the i-th label of each MODE (NULL past its
+    last, and for every other aggregate)."""
+    labels = [[encode_text(label, agg.result_type_oid, None, codec) for label in agg.column.policy.categories or ()]
+              if agg.kind == "mode" and agg.column is not None and agg.column.policy is not None else []
+              for agg in plan.aggregates]
+    count = max((len(own) for own in labels), default=0)
+    nulls: list[bytes | None] = [None] * len(labels)
+    return [nulls] + [[own[i] if i < len(own) else None for own in labels] for i in range(count)]
 
 
 def _params(plan: AggregateQuery, rows: Sequence[Sequence[bytes | None]] | None) -> BoundParams:

@@ -740,9 +740,10 @@ class Executor:
 
     async def _try_post_processing(self, plan: AggregateQuery, codec: str, settings: tuple[object, ...],
                                    ranking: bool = False) -> None:
-        """Run the plan's outer statement once over its keys and NULL aggregates, reading nothing
-        of the table: an error it raises there is decided by the statement alone (a key's label
-        cast to a type that cannot hold it, 1/0), returned before any charge. Passed once under
+        """Run the plan's outer statement, as written and without its filters and limits, over its
+        keys and NULL aggregates (and each label a MODE may name), reading nothing of the table: an error it
+        raises there is decided by the statement alone (a key's label cast to a type that cannot
+        hold it, 1/0), returned before any charge. Passed once under
         the same settings, it is not tried again for the same user (as :meth:`_check_values`).
         ``ranking``: ``plan`` is a series limit's ranking, whose outer statement also reads its
         cells' numbers."""
@@ -751,7 +752,10 @@ class Executor:
         # hashed (a histogram's labels, on every answer).
         passed = _digest(self.user, plan.post.sql, _key_domains(plan), _released_aggregates(plan), ranking, settings)
         if passed not in _PASSED:
-            await self.backend.execute(plan.post.sql, trial_params(plan, codec, ranking))
+            for params in trial_params(plan, codec, ranking):
+                # As written (its filters may fail on a key themselves), then without them
+                for sql in dict.fromkeys((plan.post.sql, plan.post.trial_sql)):
+                    await self.backend.execute(sql, params)
             _PASSED.add(passed)
 
     async def _released(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float, codec: str) -> DPAnswer:
