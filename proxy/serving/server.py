@@ -96,6 +96,7 @@ class Server:
         self._closing = False
         self._hurry = asyncio.Event()
         self._reloading = asyncio.Lock()
+        self._misfit: list[str] = []  # the problems of the last failed re-resolution (_resolve_again)
         self._gauges: asyncio.Task[None] | None = None
         self._functions: asyncio.Task[None] | None = None
 
@@ -197,7 +198,7 @@ class Server:
             if registry is not self.registry:
                 continue  # a reload put another registry in force meanwhile: it was checked itself
             changed = {oid: change for oid, change in changed.items() if oid in registry.by_oid}
-            if changed and changed != registry.redefined and await self._resolve_again(registry, changed):
+            if changed and await self._resolve_again(registry, changed):
                 continue
             for oid in sorted(leaking):
                 relation = registry.by_oid[oid]
@@ -229,15 +230,20 @@ class Server:
         backend again, as a reload of the same file would: True if it still fits and the new
         registry is in force, so that a migration (``ADD COLUMN``, ``integer`` made ``bigint``)
         needs no signal; False, with the reason logged, if it no longer fits (``bounds`` on a
-        column made text), and the tables stay refused until a reload of a policy that fits."""
+        column made text), and the tables stay refused until a reload of a policy that fits. Tried
+        at every look while a table differs (a table may be altered again into one that fits); the
+        same problems are logged once."""
         async with self._reloading:
             if registry is not self.registry:
                 return True  # a reload put another registry in force meanwhile
             try:
                 fresh, database = await _resolve(self.policy, report=False)
             except PolicyError as exc:
-                for problem in exc.problems:
-                    log.error("after a change of a protected table, the policy in force no longer fits: %s", problem)
+                if exc.problems != self._misfit:
+                    for problem in exc.problems:
+                        log.error("after a change of a protected table, the policy in force no longer fits: %s",
+                                  problem)
+                self._misfit = exc.problems
                 return False
             except (psycopg.Error, BackendError) as exc:
                 log.debug("resolving the policy again failed: %s", exc)
@@ -248,7 +254,7 @@ class Server:
                 log.warning("protected table %s changed (%s): the policy in force was resolved against it "
                             "again and still fits; answering by its new definition", registry.by_oid[oid].display_name,
                             change)
-            self.registry = fresh
+            self.registry, self._misfit = fresh, []
             self._plans_stale()
             return True
 
@@ -302,7 +308,7 @@ class Server:
         """Swap in a checked policy (no awaits: no statement sees half of it)."""
         for key in _restart_only_changes(self.policy, policy):
             log.warning("policy reload: %s changed; that takes effect when dpproxy restarts", key)
-        self.policy, self.registry, self.tls = policy, registry, tls
+        self.policy, self.registry, self.tls, self._misfit = policy, registry, tls, []
         self.budget.policy = policy
         self.repeats.enabled = policy.repeats.enabled
         self.repeats.ttl_s = policy.repeats.ttl_s
