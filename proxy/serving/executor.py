@@ -740,8 +740,9 @@ class Executor:
 
     async def _try_post_processing(self, plan: AggregateQuery, codec: str, settings: tuple[object, ...],
                                    ranking: bool = False) -> None:
-        """Run the plan's outer statement, as written and without its filters and limits, over its
-        keys and NULL aggregates (and each label a MODE may name), reading nothing of the table: an error it
+        """Run the plan's outer statement, as written and without its limits and the filters that read
+        aggregates, over its keys and NULL aggregates (and each label a MODE may name), reading
+        nothing of the table: an error it
         raises there is decided by the statement alone (a key's label cast to a type that cannot
         hold it, 1/0), returned before any charge. Passed once under
         the same settings, it is not tried again for the same user (as :meth:`_check_values`).
