@@ -54,7 +54,7 @@ from rewriter.classify import (
 from rewriter.dp_query import AggregateQuery, too_many_cells
 from rewriter.limits import MAX_NESTING, MAX_OPERATOR_RUN, longest_operator_run, too_complex
 from rewriter.references import RelationRef
-from rewriter.rewrite import backend_sql, partition_seed, seeded
+from rewriter.rewrite import backend_sql, partition_seed, seeded, too_many_columns
 from rewriter.sized_cache import sized_cache
 from rewriter.statements import Statement, split_statements
 
@@ -579,7 +579,7 @@ class Executor:
         plan, params = await narrow_keys(plan, params, self.backend)
         plan = await self._bound_ranking(plan, params)
         for grouped in (plan, plan.series.ranking if plan.series is not None else None):
-            refusal = too_many_cells(grouped) if grouped is not None else None
+            refusal = (too_many_cells(grouped) or too_many_columns(grouped)) if grouped is not None else None
             if refusal is not None:
                 raise refusal
         if plan.limit_zero:  # the WHERE leaves no time bucket: nothing to release
