@@ -22,6 +22,9 @@ class ColumnFacts(NamedTuple):
     element, a composite's fields, a range's subtype, recursively) and ``domain_constraints`` the
     constraints of the domains among them, by OID: a composite type altered or a domain constraint
     added changes what a statement on the column may raise, though the column's own type is the same.
+    ``enum_labels`` are the labels of the enums among them, in each one's sort order: a label
+    renamed (``ALTER TYPE ... RENAME VALUE``) changes no OID, yet a category the policy names
+    can no longer be read as a value of the column.
     A named tuple: the periodic re-check makes one of each protected column's catalog row.
     """
 
@@ -35,6 +38,7 @@ class ColumnFacts(NamedTuple):
     enum: bool
     parts: tuple[int, ...]
     domain_constraints: tuple[int, ...]
+    enum_labels: tuple[str, ...] = ()
 
 
 Definition = tuple[ColumnFacts, ...]

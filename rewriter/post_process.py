@@ -50,10 +50,12 @@ RELEASE_ALIAS = "dpproxy_release"
 class PostProcess:
     """The outer statement over the released row: ``$k`` is the k-th released aggregate.
 
-    ``trial_sql`` is the same statement without its WHERE, HAVING, LIMIT and OFFSET, tried
-    besides ``sql`` before the charge (proxy.dp.answer.trial_params): over NULL aggregates a
-    filter on them (``HAVING count(*) > 0``) keeps no row, and an output that fails on a key or
-    a MODE's label would then fail only after the charge, on the rows the noise lets through.
+    ``trial_sql`` is the same statement without its LIMIT and OFFSET and without each WHERE or
+    HAVING conjunct that reads an aggregate (``_trial``), tried besides ``sql`` before the
+    charge (proxy.dp.answer.trial_params): over NULL aggregates a filter on them (``HAVING
+    count(*) > 0``) keeps no row, and an output that fails on a key or a MODE's label would then
+    fail only after the charge, on the rows the noise lets through. A conjunct over the keys
+    alone stays: it drops the same cells whatever is released.
     """
 
     sql: str
@@ -158,11 +160,48 @@ def outer_statement(
     if ordinal:
         outer.append("expressions", exp.alias_(exp.column("_cell", table=RELEASE_ALIAS), "dpproxy_cell"))
     outer.set("from_", _release_source(count, keys, ordinal))
+    return PostProcess(checked(whole.sql("postgres"), function_names), checked(_trial(whole).sql("postgres"),
+                                                                              function_names))
+
+
+def _trial(whole: exp.Expression) -> exp.Expression:
+    """``whole`` without what the noise decides of which rows it keeps: LIMIT and OFFSET, and each
+    WHERE or HAVING conjunct that reads a released aggregate (over NULL aggregates it keeps no
+    row). A conjunct over the cells' keys and constants alone stays: it drops the same cells
+    whatever is released (``HAVING x > 0`` before ``100 / x``), as in PostgreSQL."""
     trial = whole.copy()
     for select in trial.find_all(exp.Select):
-        for key in ("where", "having", "limit", "offset"):
+        for key in ("limit", "offset"):
             select.set(key, None)
-    return PostProcess(checked(whole.sql("postgres"), function_names), checked(trial.sql("postgres"), function_names))
+        for key in ("where", "having"):
+            clause = select.args.get(key)
+            if clause is None:
+                continue
+            parts = clause.this.flatten() if isinstance(clause.this, exp.And) else [clause.this]
+            kept = [part for part in parts if _keys_only(part, select)]
+            select.set(key, type(clause)(this=exp.and_(*kept)) if kept else None)
+    return trial
+
+
+def _keys_only(condition: exp.Expr, select: exp.Select) -> bool:
+    """Whether every column ``condition`` (of ``select``'s WHERE or HAVING) reads is a cell's key:
+    ``_k<i>`` of the release, or an output column of a subquery in ``select``'s FROM that reads
+    keys only (an enclosing query's ``WHERE x > 0``). Anything else, a released aggregate or a
+    name not traced, counts as decided by the noise."""
+    for column in condition.find_all(exp.Column):
+        if column.table == RELEASE_ALIAS:
+            if not column.name.startswith("_k"):
+                return False
+            continue
+        source = select.args.get("from_")
+        inner = source.this if source is not None and isinstance(source.this, exp.Subquery) else None
+        if inner is None or select.args.get("joins") or not isinstance(inner.this, exp.Select) \
+                or column.table not in ("", inner.alias):
+            return False
+        outputs = [item for item in inner.this.expressions if item.alias_or_name == column.name]
+        if len(outputs) != 1 or not _keys_only(outputs[0], inner.this):
+            return False
+    return True
 
 
 def _named(items: list[exp.Expression], names: Sequence[str | None] | None, *,

@@ -105,6 +105,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from policies.errors import SQLSTATE, Refusal
 from policies.tables import ColumnInfo, Relation, quote_identifier
 
 from .dp_query import Aggregate, AggregateQuery
@@ -112,6 +113,7 @@ from .sql_text import literal, operator
 from .types import FLOAT4, FLOAT8, FLOAT_TYPES, INT2, INT4, INT8, INTEGER_TYPES, NUMERIC
 
 __all__ = [
+    "MAX_BACKEND_COLUMNS", "too_many_columns",
     "HASH_FUNCTIONS", "Part", "aggregate_parts", "backend_sql", "clamped", "clamped_sum", "collected", "filtered", "hashable", "hashed_columns", "literal",
     "partition_key", "partition_seed", "partition_values", "per_partition", "row_hash_key", "seeded", "split_cells", "split_row",
 ]
@@ -155,6 +157,27 @@ def aggregate_parts(agg: Aggregate) -> tuple[Part, ...]:
             for category in agg.column.policy.categories
         )
     raise ValueError(f"no backend SQL for {agg.kind} by {agg.mechanism}")
+
+
+# PostgreSQL's MaxTupleAttributeNumber: a SELECT list longer fails (54011) while it is parsed.
+MAX_BACKEND_COLUMNS = 1664
+
+
+def too_many_columns(query: AggregateQuery) -> Refusal | None:
+    """The refusal (54011, ``statement-limits``) of a query whose backend SQL would select more
+    columns than PostgreSQL allows, or None. Each MODE selects one count per category of its
+    column, so a MODE of a column of ~1,700 categories failed on the backend after its charge,
+    whatever the rows; the count depends on the statement and the policy only."""
+    columns = len(query.groups) + sum(len(aggregate_parts(agg)) for agg in query.aggregates)
+    if columns <= MAX_BACKEND_COLUMNS:
+        return None
+    return Refusal(
+        SQLSTATE.TOO_MANY_COLUMNS,
+        f"this DP query needs {columns} backend columns (one per key, aggregate part and MODE category), more "
+        f"than PostgreSQL's {MAX_BACKEND_COLUMNS} (rule: statement-limits)",
+        "Ask for fewer aggregates at once, or MODE of a column with fewer categories.",
+        "statement-limits",
+    )
 
 
 def filtered(call: str, condition: str | None) -> str:

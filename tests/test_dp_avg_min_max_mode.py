@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import numpy as np
 import psycopg
 import pytest
-from conftest import TEST_POLICY, RunningProxy, TestDatabase, running_proxy
+from conftest import ATTACK_POLICY_HEAD, TEST_POLICY, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from scipy import stats
 
 from proxy.demo.embedded import SERVICE_ROLE
@@ -366,3 +366,31 @@ def test_analysts_can_neither_reseed_nor_read_the_partitioning_random_source(pro
         with pytest.raises(psycopg.Error) as info:
             conn.execute(sql)
     assert info.value.diag.sqlstate in ("42501", "DP001")
+
+
+def test_mode_of_more_categories_than_postgresql_selects_columns_is_refused_before_the_charge(
+        test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """MODE selects one count per category: over 1,664 columns PostgreSQL fails the backend SQL
+    (54011) while parsing it, whatever the rows; it was charged first and answered DP004."""
+    labels = ", ".join(f"l{i}" for i in range(1700))
+    policy = ATTACK_POLICY_HEAD + f"""
+  public.many_labels:
+    access: protected
+    epsilon: 1.0
+    columns:
+      k: {{{{categories: [a, b], group_by: true}}}}
+      m: {{{{categories: [{labels}]}}}}
+"""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS many_labels")
+        conn.execute("CREATE TABLE many_labels AS SELECT (ARRAY['a', 'b'])[1 + g % 2] AS k, 'l' || g AS m "
+                     "FROM generate_series(1, 100) g")
+        conn.execute(f"GRANT SELECT ON many_labels TO {SERVICE_ROLE}")
+    with running_proxy(test_db, tmp_path_factory, policy) as proxy, proxy.connect(autocommit=True) as conn:
+        for sql in ("SELECT MODE() WITHIN GROUP (ORDER BY m) FROM many_labels",
+                    "SELECT k, MODE() WITHIN GROUP (ORDER BY m) FROM many_labels GROUP BY k"):
+            with pytest.raises(psycopg.Error) as refused:
+                conn.execute(sql)
+            assert refused.value.sqlstate == "54011", str(refused.value)
+            assert "(rule: statement-limits)" in str(refused.value)
+        assert spent_epsilon(conn) == 0

@@ -258,5 +258,29 @@ def test_each_fact_of_a_column_counts_and_nothing_else_does() -> None:
     assert definition_change(loaded, (loaded[0], text._replace(deterministic_collation=False))) \
         == "column s was altered (its collation)"
     assert definition_change(loaded, (loaded[0], text._replace(type_modifier=12))) == "column s was altered (its type)"
+    assert definition_change(loaded, (loaded[0], text._replace(enum_labels=("calm",)))) \
+        == "column s was altered (the labels of its enum)"
     assert definition_change(loaded, None) == \
         "it was dropped (a table created under its name since is another relation)"
+
+
+def test_an_enum_label_renamed_is_refused_before_the_charge_not_charged_and_failed(
+    test_db: TestDatabase, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ALTER TYPE ... RENAME VALUE`` changes no OID: the facts compared the same, and a
+    histogram or MODE over the policy's categories sent the old label, was charged and then
+    failed with 22P02 on every table."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as setup:
+        setup.execute("DROP TABLE IF EXISTS drifted; DROP TYPE IF EXISTS drift_mood; "
+                      "CREATE TYPE drift_mood AS ENUM ('happy', 'sad')")
+    policy = _POLICY + "      m: {{categories: [happy, sad], group_by: true}}\n"
+    columns = "g % 7 AS a, (CASE WHEN g % 2 = 0 THEN 'happy' ELSE 'sad' END)::drift_mood AS m"
+    with _drifting(test_db, tmp_path, monkeypatch, columns, policy) as (admin, proxy, _), proxy.connect() as conn:
+        assert conn.execute("SELECT m, COUNT(*) FROM drifted GROUP BY m").fetchall()
+        admin.execute("ALTER TYPE drift_mood RENAME VALUE 'sad' TO 'blue'")
+        time.sleep(1.0)
+        before = _remaining(proxy)
+        for sql in ("SELECT m, COUNT(*) FROM drifted GROUP BY m",
+                    "SELECT MODE() WITHIN GROUP (ORDER BY m) FROM drifted"):
+            _assert_refused(conn, sql, "column m was altered (the labels of its enum)")
+        assert _remaining(proxy) == before

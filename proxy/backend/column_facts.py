@@ -6,7 +6,7 @@ in are refused, the type decides which comparisons, bounds and clamps are writte
 when the policy is loaded (``build_registry`` makes each ``ColumnInfo`` of them, and the registry
 keeps them as read) and again by the periodic re-check (``proxy.serving.server``): a table altered
 since (``ALTER TABLE ... ALTER COLUMN ... TYPE``, another collation, a column dropped and added
-again, ``ALTER DOMAIN ... ADD CONSTRAINT``, ``ALTER TYPE`` of a composite it holds, the table
+again, ``ALTER DOMAIN ... ADD CONSTRAINT``, ``ALTER TYPE`` of a composite or an enum it holds, the table
 dropped) would be judged by facts that are no longer true, and a statement accepted so could fail
 on the backend after its charge, on some rows only: LIKE on a column made nondeterministic fails
 exactly when a row reaches it. Such a table's statements are refused before the charge until a
@@ -43,7 +43,10 @@ SELECT a.relation, a.attname::pg_catalog.text, a.atttypid, a.atttypmod, a.attnum
        -- Arrays and composites, and domains over them (a domain has its base type's category).
        COALESCE(t.typcategory OPERATOR(pg_catalog.=) 'A' OR t.typcategory OPERATOR(pg_catalog.=) 'C', false),
        COALESCE(t.typcategory OPERATOR(pg_catalog.=) 'E', false),
-       COALESCE(h.parts, '{}'::pg_catalog.oid[]), COALESCE(h.checks, '{}'::pg_catalog.oid[])
+       COALESCE(h.parts, '{}'::pg_catalog.oid[]), COALESCE(h.checks, '{}'::pg_catalog.oid[]),
+       COALESCE((SELECT pg_catalog.array_agg(e.enumlabel::pg_catalog.text ORDER BY e.enumtypid, e.enumsortorder)
+                 FROM pg_catalog.pg_enum e WHERE e.enumtypid OPERATOR(pg_catalog.=) ANY(h.parts)),
+                '{}'::pg_catalog.text[])
 FROM columns a
 LEFT JOIN pg_catalog.pg_collation c ON c.oid OPERATOR(pg_catalog.=) a.attcollation
 LEFT JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid
@@ -59,12 +62,12 @@ async def column_facts(session: Fetches, oids: Sequence[int]) -> dict[int, Defin
         return {}
     found: dict[int, list[ColumnFacts]] = {}
     # psycopg gives each value as the Python type ColumnFacts holds (oid, int2, int4: int).
-    for relation, name, typ, mod, num, deterministic, array, container, enum, parts, checks \
+    for relation, name, typ, mod, num, deterministic, array, container, enum, parts, checks, labels \
             in await session.fetch_all(_FACTS_SQL, (list(oids),)):
         columns = found.setdefault(relation, [])
         if name is not None:  # else a relation without columns
             columns.append(ColumnFacts(name, typ, mod, num, deterministic, array, container, enum, tuple(parts),
-                                       tuple(checks)))
+                                       tuple(checks), tuple(labels)))
     return {oid: tuple(columns) for oid, columns in found.items()}
 
 
@@ -96,6 +99,8 @@ def _what_changed(loaded: ColumnFacts, current: ColumnFacts) -> str:
         return "dropped and added again"
     if loaded.domain_constraints != current.domain_constraints:
         return "a constraint of its domain"
+    if loaded.enum_labels != current.enum_labels:
+        return "the labels of its enum"
     return "the types its values hold"
 
 

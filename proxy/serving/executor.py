@@ -54,7 +54,7 @@ from rewriter.classify import (
 from rewriter.dp_query import AggregateQuery, too_many_cells
 from rewriter.limits import MAX_NESTING, MAX_OPERATOR_RUN, longest_operator_run, too_complex
 from rewriter.references import RelationRef
-from rewriter.rewrite import backend_sql, partition_seed, seeded
+from rewriter.rewrite import backend_sql, partition_seed, seeded, too_many_columns
 from rewriter.sized_cache import sized_cache
 from rewriter.statements import Statement, split_statements
 
@@ -579,7 +579,7 @@ class Executor:
         plan, params = await narrow_keys(plan, params, self.backend)
         plan = await self._bound_ranking(plan, params)
         for grouped in (plan, plan.series.ranking if plan.series is not None else None):
-            refusal = too_many_cells(grouped) if grouped is not None else None
+            refusal = (too_many_cells(grouped) or too_many_columns(grouped)) if grouped is not None else None
             if refusal is not None:
                 raise refusal
         if plan.limit_zero:  # the WHERE leaves no time bucket: nothing to release
@@ -740,8 +740,9 @@ class Executor:
 
     async def _try_post_processing(self, plan: AggregateQuery, codec: str, settings: tuple[object, ...],
                                    ranking: bool = False) -> None:
-        """Run the plan's outer statement, as written and without its filters and limits, over its
-        keys and NULL aggregates (and each label a MODE may name), reading nothing of the table: an error it
+        """Run the plan's outer statement, as written and without its limits and the filters that read
+        aggregates, over its keys and NULL aggregates (and each label a MODE may name), reading
+        nothing of the table: an error it
         raises there is decided by the statement alone (a key's label cast to a type that cannot
         hold it, 1/0), returned before any charge. Passed once under
         the same settings, it is not tried again for the same user (as :meth:`_check_values`).
