@@ -310,6 +310,21 @@ def test_post_processing_that_fails_on_every_label_or_key_is_refused_before_the_
     assert base[:2] == ("error", "22P02")
 
 
+def test_post_processing_of_a_release_another_statement_made_is_tried_as_a_fresh_one(
+        attack_proxy: RunningProxy) -> None:
+    """Found by the neighbour fuzzer (seed 53): a statement whose release an earlier statement had
+    made was answered as a repeat without the trial, so its error named the label the noise had
+    picked, where on a table with no such earlier release the trial named the first failing label."""
+    sql = "WITH released AS (SELECT MODE() WITHIN GROUP (ORDER BY t) AS a FROM {t}) SELECT CAST(a AS float8) FROM released"
+    with attack_proxy.connect() as conn:
+        conn.execute("SELECT MODE() WITHIN GROUP (ORDER BY t) AS a FROM nb0").fetchall()  # stored for repeats
+        before = spent_epsilon(conn)
+        base, neighbour = masked_outcome(conn, sql, "nb0"), masked_outcome(conn, sql, "nb1")
+        assert spent_epsilon(conn) == before
+    assert base == neighbour, (base, neighbour)
+    assert base[:2] == ("error", "22P02")
+
+
 @pytest.mark.parametrize("sql", [
     "SELECT 100 / x, count(n) FROM {t} GROUP BY x HAVING x > 0",
     "SELECT 100 / x AS y, count(n) FROM {t} GROUP BY x HAVING x > 0 AND count(n) > -1000 ORDER BY y LIMIT 500",

@@ -622,6 +622,10 @@ class Executor:
                       tuple(params.formats), epsilon, ranked_by)
         earlier = self.server.repeats.get(repeat_key)
         if earlier is not None:
+            if plan.post is not None:
+                # As for a fresh answer: whether post-processing fails on some label or key, and with
+                # which message, must not depend on whether another statement released these values.
+                await self._try_post_processing(plan, encoding.codec, (*settings, self.server.registry))
             # Only the released values are shared: names come from the statement asked now.
             repeat = earlier.named_for(plan)
             balance = await self.server.budget.balance(self.user)
