@@ -155,6 +155,8 @@ def outer_statement(
             raise Refusal("42803", f'column "{column.name}" must appear in the GROUP BY clause or be used in an '
                           "aggregate function", "Output columns of a GROUP BY are its keys and aggregates.",
                           "no-row-access")
+        if column.find_ancestor(exp.Order) is not None:
+            raise refuse(f"ORDER BY column {column.name}, outside an aggregate, is not allowed on", "no-row-access")
         raise refuse("selecting column values is not allowed on", "no-row-access")
     count = max(released_count(outer), default=0)
     if ordinal:
