@@ -338,7 +338,7 @@ def test_post_processing_guarded_by_a_filter_on_the_keys_is_answered_as_postgres
     PostgreSQL answers: a conjunct over the keys alone drops the same cells whatever the noise.
     (``count(n)``: a release of its own, not a repeat of another test's.)"""
     with attack_proxy.connect() as conn:
-        for table in ("nb0", "nb1"):
-            outcome = masked_outcome(conn, sql, table)
-            assert outcome[0] != "error", outcome
+        outcomes = [masked_outcome(conn, sql, table) for table in ("nb0", "nb1")]
+    assert outcomes[0][0] != "error", outcomes[0]
+    assert outcomes[0] == outcomes[1], outcomes  # the same cells and form on neighbouring tables
 
