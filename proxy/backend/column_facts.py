@@ -9,8 +9,10 @@ since (``ALTER TABLE ... ALTER COLUMN ... TYPE``, another collation, a column dr
 again, ``ALTER DOMAIN ... ADD CONSTRAINT``, ``ALTER TYPE`` of a composite or an enum it holds, the table
 dropped) would be judged by facts that are no longer true, and a statement accepted so could fail
 on the backend after its charge, on some rows only: LIKE on a column made nondeterministic fails
-exactly when a row reaches it. Such a table's statements are refused before the charge until a
-reload builds the registry from the definition in force (or a re-check finds it back as loaded).
+exactly when a row reaches it. So the re-check resolves the policy in force again when a table's
+facts differ (``Server._resolve_again``): the new definition is in force if the policy fits it, and
+the table's statements are refused before the charge if not, until a reload of a policy that fits
+(or a re-check finds it back as loaded).
 """
 
 from __future__ import annotations
@@ -74,8 +76,8 @@ async def column_facts(session: Fetches, oids: Sequence[int]) -> dict[int, Defin
 def definition_change(loaded: Definition, current: Definition | None) -> str | None:
     """What differs between a relation's definition as loaded and as it is now (None: nothing),
     naming the first column that differs. Any difference counts, a widening one (``integer`` to
-    ``bigint``) too: which changes are harmless is a judgement dpproxy would have to get right for
-    every statement shape, and a reload costs the operator one signal."""
+    ``bigint``) too: none is judged harmless by itself; each is taken in only through the checks
+    of a resolution of the policy (``Server._resolve_again``), as a reload would."""
     if current is None:
         return "it was dropped (a table created under its name since is another relation)"
     now = {column.name: column for column in current}
