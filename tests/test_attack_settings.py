@@ -66,6 +66,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 import pytest
@@ -401,21 +402,31 @@ def test_startup_options_apply_only_the_settings_dpproxy_forwards(settings_proxy
         assert conn.execute(query).fetchone() == plain.execute(query).fetchone()
 
 
+@contextmanager
+def _service_role_default(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, setting: str,
+                          value: str) -> Iterator[RunningProxy]:
+    """A dpproxy whose backend connections start under the service role's default ``setting =
+    value`` (an operator's ``ALTER ROLE ... SET``), reset again afterwards."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute(f"ALTER ROLE dpproxy_service SET {setting} = {value}")
+        try:
+            with running_proxy(test_db, tmp_path_factory, _POLICY) as proxy:
+                yield proxy
+        finally:
+            admin.execute(f"ALTER ROLE dpproxy_service RESET {setting}")
+
+
 def test_no_backend_log_line_reaches_the_client_during_a_dp_statement(
         settings_proxy: RunningProxy, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
     # client_min_messages = log sends the backend's LOG lines to the client: with the operator's
     # log_min_duration_statement they carry the DP query's backend SQL (its partition seed) and
     # how long the rows took.
-    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
-        admin.execute("ALTER ROLE dpproxy_service SET log_min_duration_statement = 0")
-        try:
-            with running_proxy(test_db, tmp_path_factory, _POLICY) as logged, logged.connect() as conn:
-                conn.execute("SET client_min_messages = log")
-                for sql in ("SELECT COUNT(*) FROM {t} WHERE i > 50", "SELECT s, AVG(f) FROM {t} GROUP BY s"):
-                    assert _same_on_neighbours(conn, sql)[-1] != ()  # dpproxy's own notice ...
-                    assert not any("duration" in notice for notice in _same_on_neighbours(conn, sql)[-1])  # ... alone
-        finally:
-            admin.execute("ALTER ROLE dpproxy_service RESET log_min_duration_statement")
+    with _service_role_default(test_db, tmp_path_factory, "log_min_duration_statement", "0") as logged, \
+            logged.connect() as conn:
+        conn.execute("SET client_min_messages = log")
+        for sql in ("SELECT COUNT(*) FROM {t} WHERE i > 50", "SELECT s, AVG(f) FROM {t} GROUP BY s"):
+            assert _same_on_neighbours(conn, sql)[-1] != ()  # dpproxy's own notice ...
+            assert not any("duration" in notice for notice in _same_on_neighbours(conn, sql)[-1])  # ... alone
 
 
 _SAFE_VALUES = [
@@ -481,18 +492,14 @@ def test_a_backend_default_of_non_standard_strings_does_not_change_how_a_stateme
     # dpproxy reads '\'' UNION ALL … --' as one string literal (a catalog query); with
     # standard_conforming_strings off PostgreSQL read \' as a quote, ended the literal there and
     # ran the UNION: all 300 values of the protected column came back.
-    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
-        admin.execute("ALTER ROLE dpproxy_service SET standard_conforming_strings = off")
-        try:
-            with running_proxy(test_db, tmp_path_factory, _POLICY) as legacy, legacy.connect() as conn:
-                for reset in ((), ("RESET standard_conforming_strings",), ("RESET ALL",), ("DISCARD ALL",)):
-                    for statement in reset:
-                        conn.execute(statement)
-                    assert conn.execute(_SMUGGLED).fetchall() == []
-                    assert conn.execute("SHOW standard_conforming_strings").fetchone() == ("on",)
-                    assert conn.info.parameter_status("standard_conforming_strings") == "on"
-        finally:
-            admin.execute("ALTER ROLE dpproxy_service RESET standard_conforming_strings")
+    with _service_role_default(test_db, tmp_path_factory, "standard_conforming_strings", "off") as legacy, \
+            legacy.connect() as conn:
+        for reset in ((), ("RESET standard_conforming_strings",), ("RESET ALL",), ("DISCARD ALL",)):
+            for statement in reset:
+                conn.execute(statement)
+            assert conn.execute(_SMUGGLED).fetchall() == []
+            assert conn.execute("SHOW standard_conforming_strings").fetchone() == ("on",)
+            assert conn.info.parameter_status("standard_conforming_strings") == "on"
 
 
 def test_a_backend_default_of_rounded_floats_is_not_what_reset_returns_to(
@@ -500,20 +507,15 @@ def test_a_backend_default_of_rounded_floats_is_not_what_reset_returns_to(
     # SET extra_float_digits below 1 is refused (rule: exact-floats); RESET went back to the
     # role's default, -15 here. (Defence in depth: today's DP answers read float partition values
     # in binary and float sums as numeric, so no exact aggregate dpproxy reads was rounded.)
-    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
-        admin.execute("ALTER ROLE dpproxy_service SET extra_float_digits = -15")
-        try:
-            with running_proxy(test_db, tmp_path_factory, _POLICY) as legacy:
-                with legacy.connect() as conn:
-                    for reset in ((), ("RESET extra_float_digits",), ("RESET ALL",), ("DISCARD ALL",)):
-                        for statement in reset:
-                            conn.execute(statement)
-                        assert conn.execute("SHOW extra_float_digits").fetchone() == ("1",)
-                with psycopg.connect(legacy.dsn(), options="-c extra_float_digits=3", autocommit=True) as given:
-                    given.execute("RESET extra_float_digits")
-                    assert given.execute("SHOW extra_float_digits").fetchone() == ("3",)
-        finally:
-            admin.execute("ALTER ROLE dpproxy_service RESET extra_float_digits")
+    with _service_role_default(test_db, tmp_path_factory, "extra_float_digits", "-15") as legacy:
+        with legacy.connect() as conn:
+            for reset in ((), ("RESET extra_float_digits",), ("RESET ALL",), ("DISCARD ALL",)):
+                for statement in reset:
+                    conn.execute(statement)
+                assert conn.execute("SHOW extra_float_digits").fetchone() == ("1",)
+        with psycopg.connect(legacy.dsn(), options="-c extra_float_digits=3", autocommit=True) as given:
+            given.execute("RESET extra_float_digits")
+            assert given.execute("SHOW extra_float_digits").fetchone() == ("3",)
 
 
 
