@@ -428,9 +428,11 @@ def _check_function_names(functions: frozenset[str], relation: Relation) -> None
     }
     if unknown:
         name = sorted(unknown)[0]
+        # PostgreSQL's parser writes x SIMILAR TO p as x ~ similar_to_escape(p): name what was typed.
+        written = "SIMILAR TO" if name.removeprefix("pg_catalog.") == "similar_to_escape" else f"function {name}()"
         raise Refusal(
             SQLSTATE.DP_QUERY_SHAPE,
-            f"function {name}() is not allowed on protected table {relation.display_name} (rule: function-allowlist)",
+            f"{written} is not allowed on protected table {relation.display_name} (rule: function-allowlist)",
             "Aggregates: COUNT, SUM, AVG, MIN, MAX, MODE() WITHIN GROUP; in WHERE: lower(), upper(), and the "
             "date/time and arithmetic functions of computed values: " + ", ".join(sorted(FOLDABLE_FUNCTIONS)) + ".",
             "function-allowlist",

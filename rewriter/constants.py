@@ -172,7 +172,7 @@ def _qualified_constant(sql: str) -> str:
         statement: Any = raw.stmt
         (target,) = statement.targetList
     except (ParseError, ValueError) as exc:
-        raise _refuse(f"cannot analyse the expression {sql[:60]!r}") from exc
+        raise _refuse(f"the expression {sql[:60]!r}, which dpproxy cannot read,") from exc
     _check(target.val)
     text = qualify(f"SELECT {sql}")
     assert text.startswith("SELECT ")

@@ -383,6 +383,12 @@ class _Renderer:
 
     def _value(self, node: exp.Expression) -> _Operand:
         """A constant, or a row-independent expression to fold before the query runs."""
+        if isinstance(node, exp.Any) or (isinstance(node, exp.Anonymous) and node.name.upper() in ("ALL", "SOME")):
+            raise self.refuse(
+                f"a comparison with {'ANY' if isinstance(node, exp.Any) else node.name.upper()}(array) is not "
+                "allowed in WHERE on protected table",
+                "List the values: age IN (40, 41) for age = ANY(...), age NOT IN (40, 41) for age <> ALL(...).",
+            )
         try:
             return self._plain_value(node)
         except Refusal:
@@ -567,6 +573,8 @@ _SPELLED: dict[type[exp.Expression], str] = {
     exp.Mod: "operator %", exp.IntDiv: "integer division (div)", exp.Pow: "operator ^",
     exp.DPipe: "operator ||", exp.BitwiseAnd: "operator &", exp.BitwiseOr: "operator |",
     exp.BitwiseXor: "operator #", exp.BitwiseLeftShift: "operator <<", exp.BitwiseRightShift: "operator >>",
+    exp.NullSafeEQ: "IS NOT DISTINCT FROM", exp.NullSafeNEQ: "IS DISTINCT FROM",
+    exp.RegexpLike: "operator ~ (a regular expression)", exp.RegexpILike: "operator ~* (a regular expression)",
 }
 
 

@@ -78,6 +78,24 @@ WORDED = [
     ("SELECT count(*) FROM adult WHERE age + 1 > 3", "operator + is not allowed in WHERE on protected table adult (rule: safe-predicate)"),
     ("SELECT count(*) FROM adult WHERE sex || 'x' = 'Malex'",
      "operator || is not allowed in WHERE on protected table adult (rule: safe-predicate)"),
+    ("SELECT count(*) FROM adult WHERE age IS DISTINCT FROM 40",
+     "IS DISTINCT FROM is not allowed in WHERE on protected table adult (rule: safe-predicate)"),
+    ("SELECT count(*) FROM adult WHERE age IS NOT DISTINCT FROM 40",
+     "IS NOT DISTINCT FROM is not allowed in WHERE on protected table adult (rule: safe-predicate)"),
+    ("SELECT count(*) FROM adult WHERE sex ~ '^M'",
+     "operator ~ (a regular expression) is not allowed in WHERE on protected table adult (rule: safe-predicate)"),
+    ("SELECT count(*) FROM adult WHERE sex !~* '^m'",
+     "operator ~* (a regular expression) is not allowed in WHERE on protected table adult (rule: safe-predicate)"),
+    ("SELECT count(*) FROM adult WHERE sex SIMILAR TO 'M%'",
+     "SIMILAR TO is not allowed on protected table adult (rule: function-allowlist)"),
+    ("SELECT count(*) FROM adult WHERE age = ANY('{40,41}')",
+     "a comparison with ANY(array) is not allowed in WHERE on protected table adult (rule: safe-predicate)"),
+    ("SELECT count(*) FROM adult WHERE age = ANY(ARRAY[40, 41])",
+     "a comparison with ANY(array) is not allowed in WHERE on protected table adult (rule: safe-predicate)"),
+    ("SELECT count(*) FROM adult WHERE age <> ALL(ARRAY[40, 41])",
+     "a comparison with ALL(array) is not allowed in WHERE on protected table adult (rule: safe-predicate)"),
+    ("SELECT count(*) FROM adult WHERE age = SOME(%s)",
+     "a comparison with SOME(array) is not allowed in WHERE on protected table adult (rule: safe-predicate)"),
 ]
 
 
@@ -85,8 +103,16 @@ WORDED = [
 def test_refusals_name_the_construct_as_the_analyst_wrote_it(proxy: RunningProxy, sql: str, message: str):
     with proxy.connect() as conn:
         with pytest.raises(psycopg.Error) as info:
-            conn.execute(sql)
+            conn.execute(sql, ([40, 41],) if "%s" in sql else None)
     assert info.value.diag.message_primary == message
+
+
+def test_a_comparison_with_an_array_is_refused_with_the_in_list_to_write(proxy: RunningProxy):
+    with proxy.connect() as conn:
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute("SELECT count(*) FROM adult WHERE age = ANY(%s)", ([40, 41],))
+    assert info.value.diag.sqlstate == "DP001"
+    assert "age IN (40, 41)" in (info.value.diag.message_hint or "")
 
 
 @pytest.mark.parametrize("sql,hint", [
