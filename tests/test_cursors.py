@@ -1,0 +1,321 @@
+"""SQL cursors through dpproxy: DECLARE, FETCH, MOVE, CLOSE answered where the cursor's SELECT is.
+
+A cursor over a DP query is the query's release, made (and charged) once at DECLARE and kept;
+FETCH and MOVE hand its rows out as PostgreSQL's portal would. A cursor over a passthrough
+query lives on the backend. psql's FETCH_COUNT and psycopg's named cursors use them.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+from typing import Iterator
+
+import psycopg
+import pytest
+from conftest import TEST_POLICY, RunningProxy, TestDatabase, psql_path, running_proxy, spent_epsilon
+
+# Histograms over declared keys: sex (2 cells) and age (17..90, 74 cells).
+POLICY = TEST_POLICY.replace(
+    "sex: {{categories: [Male, Female]}}", "sex: {{categories: [Male, Female], group_by: true}}"
+).replace("age: {{bounds: [17, 90]}}", "age: {{bounds: [17, 90], group_by: true}}")
+REPEATING = POLICY.replace("repeats: {{enabled: false}}", "repeats: {{enabled: true}}")
+
+HISTOGRAM = "SELECT age, count(*) FROM adult GROUP BY age ORDER BY age"
+
+
+@pytest.fixture(scope="module")
+def cproxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """Fresh noise per query: each DECLARE is a charge of its own."""
+    with running_proxy(test_db, tmp_path_factory, POLICY) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def rproxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """Repeats on: the same query (a cursor's or not) gets the same released values."""
+    with running_proxy(test_db, tmp_path_factory, REPEATING) as running:
+        yield running
+
+
+def _psql(proxy: RunningProxy, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PGPASSWORD": "analyst", "PGSSLMODE": "prefer", "PGCONNECT_TIMEOUT": "10"}
+    return subprocess.run(
+        [psql_path(), "-X", "-h", proxy.host, "-p", str(proxy.port), "-U", "analyst", "-d", "dpproxy_test",
+         "-v", "ON_ERROR_STOP=1", *args],
+        input=script, capture_output=True, text=True, env=env, timeout=60,
+    )
+
+
+def _error(conn: psycopg.Connection, sql: str) -> psycopg.Error:
+    with pytest.raises(psycopg.Error) as raised:
+        conn.execute(sql)
+    return raised.value
+
+
+def _sqlstate(conn: psycopg.Connection, sql: str) -> tuple[str | None, str | None]:
+    error = _error(conn, sql)
+    return error.diag.sqlstate, error.diag.message_primary
+
+
+# ------------------------------------------------------------------ psql FETCH_COUNT
+
+
+PSQL_QUERIES = [
+    "SELECT count(*) FROM adult WHERE age > 40;",
+    HISTOGRAM + ";",
+    "SELECT c.relname, c.relkind FROM pg_catalog.pg_class c WHERE c.relname IN ('adult', 'lookup', 'pg_type') ORDER BY 1;",
+    "SELECT 1;",
+]
+
+
+@pytest.mark.parametrize("query", PSQL_QUERIES, ids=["dp-count", "dp-histogram", "catalog", "select-1"])
+def test_psql_fetch_count_answers_as_without_it(rproxy: RunningProxy, query: str):
+    # psql then sends BEGIN; DECLARE _psql_cursor NO SCROLL CURSOR FOR ...; FETCH FORWARD 2 ...; CLOSE; COMMIT.
+    plain = _psql(rproxy, query, "-A")
+    fetched = _psql(rproxy, query, "-A", "-v", "FETCH_COUNT=2")
+    assert plain.returncode == 0 and fetched.returncode == 0, (plain.stderr, fetched.stderr)
+    assert fetched.stdout == plain.stdout  # a repeat: the same released values, in the same rows
+    assert "(1 row)" in plain.stdout or "rows)" in plain.stdout
+
+
+def test_psql_fetch_count_in_aligned_output_prints_every_histogram_row(rproxy: RunningProxy):
+    result = _psql(rproxy, HISTOGRAM + ";", "-v", "FETCH_COUNT=2")
+    assert result.returncode == 0, result.stderr
+    assert "(74 rows)" in result.stdout
+    assert "dpproxy: ε charged" in result.stderr
+
+
+# ------------------------------------------------------------------ psycopg named cursors
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["without-hold", "with-hold"])
+@pytest.mark.parametrize("query", [HISTOGRAM, "SELECT code, label FROM lookup ORDER BY code"], ids=["dp", "public"])
+def test_psycopg_named_cursor_iterates_as_the_plain_select(rproxy: RunningProxy, query: str, hold: bool):
+    with rproxy.connect(autocommit=False) as conn:
+        plain = conn.execute(query).fetchall()
+        conn.commit()
+        with conn.cursor(name="stream", withhold=hold) as cur:
+            cur.itersize = 3  # FETCH FORWARD 3 at a time
+            cur.execute(query)
+            streamed = list(cur)
+        conn.commit()
+    assert streamed == plain and len(plain) >= 2
+
+
+def test_psycopg_named_cursor_takes_parameters_as_the_plain_select(rproxy: RunningProxy):
+    query = "SELECT count(*), sum(hours_per_week) FROM adult WHERE age > %s"
+    with rproxy.connect(autocommit=False) as conn:
+        plain = conn.execute(query, [40]).fetchall()
+        with conn.cursor(name="param") as cur:
+            cur.execute(query, [40])
+            assert cur.fetchall() == plain
+        with conn.cursor(name="binary_param", binary=True) as cur:  # FETCH in binary format
+            cur.execute(query, [40])
+            assert cur.fetchall() == plain
+        conn.commit()
+
+
+def test_psycopg_named_cursor_scrolls_a_dp_histogram(rproxy: RunningProxy):
+    with rproxy.connect(autocommit=False) as conn:
+        plain = conn.execute(HISTOGRAM).fetchall()
+        with conn.cursor(name="scroll", scrollable=True) as cur:
+            cur.execute(HISTOGRAM)
+            assert cur.fetchmany(2) == plain[:2]
+            cur.scroll(10, mode="absolute")
+            assert cur.fetchone() == plain[10]
+            cur.scroll(-3)
+            assert cur.fetchone() == plain[8]
+        conn.rollback()
+
+
+# ------------------------------------------------------------------ FETCH and MOVE against PostgreSQL's
+
+
+def _directions(rng: random.Random) -> str:
+    n = rng.choice([0, 1, 2, 5, 73, 74, 75, 200])
+    signed = rng.choice([n, -n])
+    return rng.choice([
+        "", "NEXT", "PRIOR", "FIRST", "LAST", f"ABSOLUTE {signed}", f"RELATIVE {signed}", f"{signed}", "ALL",
+        "FORWARD", f"FORWARD {signed}", "FORWARD ALL", "BACKWARD", f"BACKWARD {signed}", "BACKWARD ALL",
+    ])
+
+
+def _step(conn: psycopg.Connection, sql: str) -> tuple[str, list[object]]:
+    cur = conn.execute(sql)
+    rows = [row[0] for row in cur.fetchall()] if cur.description else []
+    return cur.statusmessage or "", rows
+
+
+def test_every_fetch_direction_on_a_scroll_dp_cursor_moves_as_postgresql_s(cproxy: RunningProxy, test_db: TestDatabase):
+    """The DP cursor's rows are ages 17..90 (one cell each); PostgreSQL's own cursor over those
+    ages, a public query, must give the same rows and tags for every FETCH and MOVE."""
+    rng = random.Random(7)
+    with cproxy.connect(autocommit=False) as conn, psycopg.connect(test_db.admin_dsn, autocommit=False) as pg:
+        conn.execute(f"DECLARE c SCROLL CURSOR FOR {HISTOGRAM}")
+        pg.execute("DECLARE c SCROLL CURSOR FOR SELECT g FROM generate_series(17, 90) AS g ORDER BY g")
+        for _ in range(400):
+            sql = f"{rng.choice(['FETCH', 'MOVE'])} {_directions(rng)} FROM c"
+            assert _step(conn, sql) == _step(pg, sql), sql
+        conn.rollback()
+        pg.rollback()
+
+
+@pytest.mark.parametrize("backward", ["FETCH PRIOR FROM c", "FETCH ABSOLUTE 1 FROM c", "MOVE BACKWARD 1 FROM c",
+                                      "FETCH FIRST FROM c", "FETCH RELATIVE -1 FROM c", "MOVE BACKWARD ALL IN c"])
+def test_a_no_scroll_dp_cursor_refuses_backward_moves_as_postgresql(cproxy: RunningProxy, test_db: TestDatabase, backward: str):
+    with cproxy.connect(autocommit=False) as conn, psycopg.connect(test_db.admin_dsn, autocommit=False) as pg:
+        conn.execute(f"DECLARE c NO SCROLL CURSOR FOR {HISTOGRAM}")
+        pg.execute("DECLARE c NO SCROLL CURSOR FOR SELECT g FROM generate_series(17, 90) AS g ORDER BY g")
+        for sql in ("FETCH 3 FROM c", "FETCH ABSOLUTE 5 FROM c"):  # forward moves pass
+            assert _step(conn, sql) == _step(pg, sql)
+        ours, theirs = _error(conn, backward), _error(pg, backward)
+        for field in ("sqlstate", "message_primary", "message_hint"):
+            assert getattr(ours.diag, field) == getattr(theirs.diag, field)
+        assert ours.diag.sqlstate == "55000"
+
+
+def test_a_binary_dp_cursor_fetches_binary_in_a_simple_query(cproxy: RunningProxy):
+    with cproxy.connect() as conn:
+        conn.execute("DECLARE b BINARY CURSOR WITH HOLD FOR SELECT count(*) AS n FROM adult")
+        conn.execute("DECLARE p BINARY CURSOR WITH HOLD FOR SELECT 48842::bigint AS n")
+        dp, public = conn.execute("FETCH b"), conn.execute("FETCH p")
+        assert dp.pgresult is not None and public.pgresult is not None
+        assert dp.pgresult.fformat(0) == public.pgresult.fformat(0) == 1
+        assert abs(dp.fetchone()[0] - 48842) < 100 and public.fetchone() == (48842,)
+        conn.execute("CLOSE ALL")
+
+
+# ------------------------------------------------------------------ budget and refusals
+
+
+def test_a_dp_cursor_is_charged_once_at_declare_not_per_fetch(cproxy: RunningProxy):
+    with cproxy.connect(autocommit=False) as conn:
+        before = spent_epsilon(conn)
+        conn.commit()
+        notices: list[str] = []
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        conn.execute(f"DECLARE c SCROLL CURSOR FOR {HISTOGRAM}")
+        assert len(notices) == 1 and "ε charged 1" in notices[0]
+        for sql in ("FETCH 10 FROM c", "FETCH ALL FROM c", "MOVE ABSOLUTE 0 IN c", "FETCH ALL FROM c", "FETCH PRIOR c"):
+            conn.execute(sql)
+        conn.execute("CLOSE c")
+        assert len(notices) == 1
+        assert spent_epsilon(conn) == pytest.approx(before + 1)
+        conn.rollback()  # a rollback does not give the charge back: the rows were released
+
+
+REFUSED = [
+    ("SELECT * FROM adult", "DP001", "SELECT * is not allowed on protected table adult"),
+    ("SELECT age FROM adult", "DP001", "not allowed on protected table adult"),
+    ("SELECT count(*) FROM adult a JOIN lookup l ON true", "DP001", "JOIN is not allowed"),
+    ("SELECT * FROM pg_statistic", "42501", "catalog-allowlist"),
+    ("SELECT set_config('search_path', 'x', false)", "0A000", "changes the session"),
+]
+
+
+@pytest.mark.parametrize("query,sqlstate,message", REFUSED, ids=[r[0][:40] for r in REFUSED])
+def test_a_refused_declare_is_refused_as_its_query_and_leaves_no_cursor(cproxy: RunningProxy, query: str,
+                                                                         sqlstate: str, message: str):
+    with cproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as raised:
+            conn.execute(f"DECLARE c CURSOR WITH HOLD FOR {query}")
+        assert raised.value.diag.sqlstate == sqlstate and message in str(raised.value)
+        assert raised.value.diag.message_hint
+        assert _sqlstate(conn, "FETCH c")[0] == "34000"
+        assert spent_epsilon(conn) == before
+
+
+# ------------------------------------------------------------------ errors and lifetimes
+
+
+def test_cursor_errors_are_postgresql_s(cproxy: RunningProxy, test_db: TestDatabase):
+    with cproxy.connect() as conn, psycopg.connect(test_db.admin_dsn, autocommit=True) as pg:
+        for sql in ("FETCH nothing", "MOVE nothing", "CLOSE nothing",
+                    "DECLARE c CURSOR FOR SELECT 1", "DECLARE c CURSOR FOR SELECT count(*) FROM lookup"):
+            assert _sqlstate(conn, sql) == _sqlstate(pg, sql), sql
+        assert _sqlstate(conn, "DECLARE c CURSOR FOR SELECT count(*) FROM adult") == (
+            "25P01", "DECLARE CURSOR can only be used in transaction blocks")
+        before = spent_epsilon(conn)
+        for first, second in [("SELECT count(*) FROM adult", "SELECT 1"), ("SELECT 1", "SELECT count(*) FROM adult")]:
+            conn.execute(f"DECLARE c CURSOR WITH HOLD FOR {first}")
+            assert _sqlstate(conn, f"DECLARE c CURSOR WITH HOLD FOR {second}") == (
+                "42P03", 'cursor "c" already exists')
+            conn.execute("CLOSE c")
+        assert spent_epsilon(conn) == pytest.approx(before + 1)  # the duplicate DP one was not charged
+
+
+def test_a_failed_block_refuses_fetch_as_postgresql(cproxy: RunningProxy):
+    with cproxy.connect(autocommit=False) as conn:
+        conn.execute("DECLARE c CURSOR FOR SELECT count(*) FROM adult")
+        _sqlstate(conn, "SELECT 1/0")
+        before = None
+        for sql in ("FETCH c", "CLOSE c", "DECLARE d CURSOR FOR SELECT count(*) FROM adult"):
+            assert _sqlstate(conn, sql)[0] == "25P02"
+        conn.rollback()
+        assert _sqlstate(conn, "FETCH c")[0] == "34000"
+        assert before is None
+
+
+def test_cursors_end_with_their_transaction_as_in_postgresql(cproxy: RunningProxy):
+    with cproxy.connect(autocommit=False) as conn:
+        conn.execute("DECLARE dp CURSOR FOR SELECT count(*) FROM adult")
+        conn.execute("DECLARE pub CURSOR FOR SELECT code FROM lookup ORDER BY code")
+        conn.execute("DECLARE dp_held CURSOR WITH HOLD FOR SELECT sex, count(*) FROM adult GROUP BY sex")
+        assert conn.execute("FETCH pub").fetchall() == [("F",)]  # mixed in one block
+        assert len(conn.execute("FETCH ALL dp").fetchall()) == 1
+        conn.commit()
+        for gone in ("dp", "pub"):
+            assert _sqlstate(conn, f"FETCH {gone}")[0] == "34000"
+            conn.rollback()
+        assert [row[0] for row in conn.execute("FETCH ALL dp_held").fetchall()] == ["Male", "Female"]
+        conn.execute("DECLARE rolled CURSOR WITH HOLD FOR SELECT count(*) FROM adult")
+        conn.rollback()  # declared in a transaction rolled back: gone, WITH HOLD or not
+        assert _sqlstate(conn, "FETCH rolled")[0] == "34000"
+        conn.rollback()
+        conn.execute("DECLARE before CURSOR FOR SELECT count(*) FROM adult")
+        conn.execute("SAVEPOINT s")
+        conn.execute("DECLARE after CURSOR FOR SELECT count(*) FROM adult")
+        conn.execute("DECLARE after_pub CURSOR FOR SELECT 1")
+        conn.execute("ROLLBACK TO SAVEPOINT s")
+        assert len(conn.execute("FETCH before").fetchall()) == 1
+        for gone in ("after", "after_pub"):
+            conn.execute("SAVEPOINT t")
+            assert _sqlstate(conn, f"FETCH {gone}")[0] == "34000"
+            conn.execute("ROLLBACK TO SAVEPOINT t")
+        conn.execute("CLOSE dp_held")
+        conn.commit()
+
+
+def test_a_multi_statement_query_s_cursor_ends_with_its_implicit_block(cproxy: RunningProxy):
+    with cproxy.connect() as conn:
+        cur = conn.execute("DECLARE i CURSOR FOR SELECT count(*) FROM adult; FETCH ALL i")
+        assert cur.statusmessage == "DECLARE CURSOR" and cur.nextset()
+        assert cur.statusmessage == "FETCH 1" and len(cur.fetchall()) == 1
+        assert _sqlstate(conn, "FETCH i")[0] == "34000"
+
+
+def test_a_held_public_cursor_pins_its_backend_and_leaves_nothing_for_the_next_session(cproxy: RunningProxy):
+    with cproxy.connect() as conn:
+        conn.execute("DECLARE held CURSOR WITH HOLD FOR SELECT code FROM lookup ORDER BY code")
+        # Other statements, between which the connection would go back to the pool unpinned.
+        assert conn.execute("SELECT count(*) FROM adult").fetchone()[0] > 40000
+        assert conn.execute("FETCH held").fetchall() == [("F",)]
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+        assert conn.execute("FETCH held").fetchall() == [("M",)]
+        conn.execute("CLOSE held")
+        conn.execute("DECLARE left_open CURSOR WITH HOLD FOR SELECT 1")
+    for _ in range(3):  # the session ended with it open: its connection was closed, not pooled
+        with cproxy.connect() as other:
+            assert other.execute("SELECT count(*) FROM pg_cursors WHERE name <> ''").fetchone() == (0,)
+
+
+def test_discard_all_closes_every_cursor(cproxy: RunningProxy):
+    with cproxy.connect() as conn:
+        conn.execute("DECLARE a CURSOR WITH HOLD FOR SELECT count(*) FROM adult")
+        conn.execute("DECLARE b CURSOR WITH HOLD FOR SELECT 1")
+        conn.execute("DISCARD ALL")
+        for name in ("a", "b"):
+            assert _sqlstate(conn, f"FETCH {name}")[0] == "34000"
