@@ -10,11 +10,16 @@ from __future__ import annotations
 import os
 import random
 import subprocess
+from pathlib import Path
 from typing import Iterator
 
+import pandas as pd
 import psycopg
 import pytest
-from conftest import TEST_POLICY, RunningProxy, TestDatabase, psql_path, running_proxy, spent_epsilon
+import sqlalchemy
+from conftest import (
+    TEST_DATABASE, TEST_POLICY, RunningProxy, TestDatabase, make_policy, psql_path, running_proxy, spent_epsilon,
+)
 
 # Histograms over declared keys: sex (2 cells) and age (17..90, 74 cells).
 POLICY = TEST_POLICY.replace(
@@ -128,6 +133,22 @@ def test_psycopg_named_cursor_scrolls_a_dp_histogram(rproxy: RunningProxy):
             cur.scroll(-3)
             assert cur.fetchone() == plain[8]
         conn.rollback()
+
+
+def test_sqlalchemy_stream_results_and_pandas_chunks_read_a_dp_histogram(rproxy: RunningProxy):
+    url = sqlalchemy.URL.create("postgresql+psycopg", username="analyst", password="analyst", host=rproxy.host,
+                                port=rproxy.port, database=TEST_DATABASE)
+    engine = sqlalchemy.create_engine(url, connect_args={"connect_timeout": 10})
+    try:
+        with engine.connect() as conn:
+            plain = [tuple(row) for row in conn.execute(sqlalchemy.text(HISTOGRAM))]
+            streamed = conn.execution_options(stream_results=True, max_row_buffer=5).execute(sqlalchemy.text(HISTOGRAM))
+            assert [tuple(row) for row in streamed] == plain
+            chunks = list(pd.read_sql(sqlalchemy.text(HISTOGRAM), conn, chunksize=20))
+            assert [len(chunk) for chunk in chunks] == [20, 20, 20, 14]
+            assert [tuple(row) for chunk in chunks for row in chunk.itertuples(index=False)] == plain
+    finally:
+        engine.dispose()
 
 
 # ------------------------------------------------------------------ FETCH and MOVE against PostgreSQL's
@@ -319,3 +340,47 @@ def test_discard_all_closes_every_cursor(cproxy: RunningProxy):
         conn.execute("DISCARD ALL")
         for name in ("a", "b"):
             assert _sqlstate(conn, f"FETCH {name}")[0] == "34000"
+
+
+def test_a_passthrough_cursor_over_a_table_protected_by_a_reload_hands_out_no_more_rows(
+    test_db: TestDatabase, tmp_path: Path
+):
+    protected = POLICY.replace("  public.lookup:\n    access: public\n",
+                               "  public.lookup:\n    access: protected\n    epsilon: 1.0\n"
+                               "    columns:\n      code: {{categories: [M, F]}}\n")
+    assert protected != POLICY
+    ledger = tmp_path / "l.sqlite3"
+    reloaded = tmp_path / "policy.yaml"
+    reloaded.write_text(protected.format(dsn=test_db.service_dsn, ledger=ledger))
+    proxy = RunningProxy(make_policy(test_db, ledger, POLICY))
+    try:
+        with proxy.connect() as conn:
+            conn.execute("DECLARE held SCROLL CURSOR WITH HOLD FOR SELECT code FROM lookup ORDER BY code")
+            assert conn.execute("FETCH held").fetchall() == [("F",)]
+            assert proxy._call(proxy.server.reload(reloaded))
+            for sql in ("FETCH held", "MOVE BACKWARD 1 IN held", "FETCH ALL held"):
+                error = _error(conn, sql)
+                assert error.diag.sqlstate == "55000" and error.diag.message_hint
+                assert (error.diag.message_primary or "").startswith('cursor "held" was declared under an earlier policy')
+                assert "not allowed on protected table lookup" in str(error) and "(rule: policy-changed)" in str(error)
+            conn.execute("CLOSE held")
+            assert _sqlstate(conn, "DECLARE again CURSOR WITH HOLD FOR SELECT code FROM lookup")[0] == "DP001"
+    finally:
+        proxy.stop()
+
+
+def test_a_session_keeps_a_bounded_number_of_cursors(cproxy: RunningProxy, monkeypatch: pytest.MonkeyPatch):
+    import proxy.serving.cursors as cursors
+
+    monkeypatch.setattr(cursors, "MAX_CURSORS", 3)
+    with cproxy.connect() as conn:
+        for i in range(3):
+            conn.execute(f"DECLARE c{i} CURSOR WITH HOLD FOR SELECT count(*) FROM adult")
+        before = spent_epsilon(conn)
+        for sql in ("DECLARE c3 CURSOR WITH HOLD FOR SELECT count(*) FROM adult", "DECLARE c3 CURSOR WITH HOLD FOR SELECT 1"):
+            error = _error(conn, sql)
+            assert error.diag.sqlstate == "54000" and "CLOSE" in (error.diag.message_hint or "")
+        assert spent_epsilon(conn) == before
+        conn.execute("CLOSE c0")
+        conn.execute("DECLARE c3 CURSOR WITH HOLD FOR SELECT 1")
+        conn.execute("CLOSE ALL")

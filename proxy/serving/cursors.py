@@ -21,10 +21,19 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from policies.errors import SQLSTATE, Refusal
+from policies.tables import TableRegistry
 from proxy.backend.connection import ResultSet
+from rewriter.classify import ResolvedRelation
 from rewriter.cursors import FETCH_ALL, CursorOptions, Fetch
+from rewriter.references import RelationRef
+from rewriter.statements import Statement
 
-__all__ = ["BackendCursor", "Cursors", "KeptCursor", "no_such_cursor"]
+__all__ = ["MAX_CURSORS", "MAX_KEPT_BYTES", "BackendCursor", "Cursors", "KeptCursor", "no_such_cursor"]
+
+# What one session may keep open: each DP cursor holds up to a histogram's cells in the process
+# every session shares, and a repeat declares another for nothing (ε 0).
+MAX_CURSORS = 1_000
+MAX_KEPT_BYTES = 64 * 1024 * 1024
 
 
 def no_such_cursor(name: str) -> Refusal:
@@ -33,11 +42,19 @@ def no_such_cursor(name: str) -> Refusal:
 
 @dataclass
 class BackendCursor:
-    """A cursor declared on the backend connection (its query a passthrough one)."""
+    """A cursor declared on the backend connection (its query a passthrough one).
+
+    ``statement``, ``resolved`` and ``registry``: its DECLARE, the relations it was judged to
+    read and the table registry it was judged under; after a reload its query is judged again,
+    by the same relations, before it hands out another row.
+    """
 
     options: CursorOptions
     created: int
     in_block: bool  # declared in the transaction still open (ends with it on a rollback)
+    statement: Statement
+    resolved: dict[RelationRef, ResolvedRelation | None]
+    registry: TableRegistry
 
 
 @dataclass
@@ -59,6 +76,11 @@ class KeptCursor:
     at_end: bool = False
     portal_pos: int = 0
     _out: list[list[bytes | None]] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        """About the memory the kept rows take (their values and some 64 bytes per value)."""
+        return sum(len(v or b"") + 64 for row in self.result.rows for v in row)
 
     def fetch(self, fetch: Fetch) -> list[list[bytes | None]] | int:
         """FETCH's rows, or MOVE's count, as PostgreSQL's PortalRunFetch gives them."""
@@ -190,15 +212,29 @@ class Cursors:
         return cursor
 
     def check_new(self, name: str) -> None:
-        """Refuse (42P03) declaring a cursor under a name in use, before anything runs."""
+        """Refuse declaring a cursor under a name in use (42P03), or beyond ``MAX_CURSORS`` open
+        or ``MAX_KEPT_BYTES`` of DP cursors' rows (54000), before anything runs."""
         if name in self._open:
             raise Refusal("42P03", f'cursor "{name}" already exists')
+        kept = sum(c.size for c in self._open.values() if isinstance(c, KeptCursor))
+        if len(self._open) >= MAX_CURSORS or kept >= MAX_KEPT_BYTES:
+            raise Refusal(
+                SQLSTATE.PROGRAM_LIMIT_EXCEEDED,
+                f"too many open cursors in this session: at most {MAX_CURSORS}, keeping at most "
+                f"{MAX_KEPT_BYTES // (1024 * 1024)} MiB of DP answers' rows",
+                "Close the cursors no longer needed (CLOSE name, CLOSE ALL).",
+            )
 
-    def keep(self, name: str, options: CursorOptions, in_block: bool, result: ResultSet | None) -> None:
-        """A cursor just declared: a DP one with its released ``result``, else a backend one (None)."""
+    def keep_rows(self, name: str, options: CursorOptions, in_block: bool, result: ResultSet) -> None:
+        """A DP cursor just declared, with its released ``result``."""
         self._created += 1
-        self._open[name] = (BackendCursor(options, self._created, in_block) if result is None
-                            else KeptCursor(options, self._created, in_block, result))
+        self._open[name] = KeptCursor(options, self._created, in_block, result)
+
+    def keep_backend(self, name: str, options: CursorOptions, in_block: bool, statement: Statement,
+                     resolved: dict[RelationRef, ResolvedRelation | None], registry: TableRegistry) -> None:
+        """A cursor just declared on the backend, by ``statement`` as judged (``BackendCursor``)."""
+        self._created += 1
+        self._open[name] = BackendCursor(options, self._created, in_block, statement, resolved, registry)
 
     def close(self, name: str | None) -> None:
         if name is None:

@@ -382,6 +382,8 @@ class Executor:
             raise
         decision = plan.decision.inner if isinstance(plan.decision, (CopyOut, DeclareCursor)) else plan.decision
         kind = "dp" if isinstance(decision, (DPQuery, ColumnsOnly)) else "command" if isinstance(decision, DpproxyCommand) else "passthrough"
+        if isinstance(decision, (FetchCursor, CloseCursor)) and result.relayed is None and result.stream is None:
+            kind = "command"  # a DP cursor's kept rows, or a CLOSE: nothing read on the backend
         if result.stream is not None:
             self._audit_at_end(result.stream, fingerprint, started)
         else:
@@ -603,8 +605,12 @@ class Executor:
         self.cursors.check_new(decision.name)
         inner = decision.inner
         if isinstance(inner, Passthrough):
+            assert plan.statement is not None
+            # The resolutions it was judged by (planned in this generation: taken from memory).
+            resolved = await self._resolve(plan.statement.references.relations)
             result = await self.backend.execute(inner.sql, params if params.values else None, one_statement=True)
-            self.cursors.keep(decision.name, decision.options, in_block, None)
+            self.cursors.keep_backend(decision.name, decision.options, in_block, plan.statement, resolved,
+                                      self.server.registry)
             return result, result.notices, None
         if not decision.options.hold and not in_block:
             raise Refusal("25P01", "DECLARE CURSOR can only be used in transaction blocks",
@@ -612,7 +618,7 @@ class Executor:
         if decision.options.binary and isinstance(inner, DPQuery):
             await self._check_result_formats(inner.plan, (1,))  # a FETCH must not fail after the charge
         result, notices, cost = await self._run(replace(plan, decision=inner), params, (), relay=False)
-        self.cursors.keep(decision.name, decision.options, in_block, result)
+        self.cursors.keep_rows(decision.name, decision.options, in_block, result)
         return ResultSet([], [], "DECLARE CURSOR", result.notices), notices, cost
 
     async def _fetch(
@@ -624,12 +630,40 @@ class Executor:
         cursor = self.cursors.get(fetch.name)
         formats = (1,) if simple and cursor.options.binary else result_formats
         if isinstance(cursor, BackendCursor):
+            self._judge_again(fetch.name, cursor)
             result = await self.backend.relay(fetch.sql, None, () if fetch.move else formats, one_statement=True)
             return result, result.notices, None
         rows = cursor.fetch(fetch)
         if isinstance(rows, int):
             return ResultSet([], [], f"MOVE {rows}"), [], None
-        return _apply_formats(ResultSet(cursor.result.fields, rows, f"FETCH {len(rows)}"), formats), [], None
+        try:
+            return _apply_formats(ResultSet(cursor.result.fields, rows, f"FETCH {len(rows)}"), formats), [], None
+        except UnsupportedBinaryType as exc:  # the released text of a type dpproxy cannot send as binary
+            raise Refusal(SQLSTATE.FEATURE_NOT_SUPPORTED, str(exc), "Request text format for this column.") from None
+
+    def _judge_again(self, name: str, cursor: BackendCursor) -> None:
+        """After a reload (or the registry's own check) since its DECLARE, a passthrough cursor's
+        query is judged again under the registry in force, by the relations it reads: a table
+        protected since is not read on through it. Raises the refusal; the cursor stays open."""
+        registry = self.server.registry
+        if cursor.registry is registry:
+            return
+        reason = "it reads a table the policy protects now"
+        try:
+            decision: Decision | None = classify(cursor.statement, cursor.resolved, registry, self.user)
+        except Refusal as refusal:
+            decision, reason = None, refusal.message
+        except (SqlglotError, RecursionError):
+            decision = None  # not a passthrough query any more: a DP one dpproxy cannot analyse
+        if not (isinstance(decision, DeclareCursor) and isinstance(decision.inner, Passthrough)):
+            raise Refusal(
+                SQLSTATE.OBJECT_NOT_IN_PREREQUISITE_STATE,
+                f'cursor "{name}" was declared under an earlier policy, and its query is not passed through under '
+                f"the policy in force: {reason} (rule: policy-changed)",
+                "Close it (CLOSE name); declared again, its query is judged under the policy in force.",
+                "policy-changed",
+            )
+        cursor.registry = registry
 
     def _audit_soon(
         self, fingerprint: str, decision: str, reason: str | None, cost: Cost | None, started: float,
