@@ -208,6 +208,20 @@ def test_a_binary_dp_cursor_fetches_binary_in_a_simple_query(cproxy: RunningProx
         conn.execute("CLOSE ALL")
 
 
+def test_a_binary_dp_cursor_of_a_type_dpproxy_cannot_send_as_binary_is_refused_before_the_charge(cproxy: RunningProxy):
+    # One column, post-processed: the backend's own binary would have served a plain SELECT's
+    # single format code, but a cursor's kept text rows are converted by dpproxy at each FETCH.
+    with cproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        error = _error(conn, "DECLARE b BINARY CURSOR WITH HOLD FOR SELECT count(*) * interval '1 second' FROM adult")
+        assert error.diag.sqlstate == "0A000" and error.diag.message_hint
+        assert spent_epsilon(conn) == before
+        assert _sqlstate(conn, "FETCH b")[0] == "34000"
+        conn.execute("DECLARE t CURSOR WITH HOLD FOR SELECT count(*) * interval '1 second' FROM adult")
+        assert conn.execute("FETCH t").fetchone()[0].total_seconds() > 40000
+        conn.execute("CLOSE t")
+
+
 # ------------------------------------------------------------------ budget and refusals
 
 

@@ -616,7 +616,8 @@ class Executor:
             raise Refusal("25P01", "DECLARE CURSOR can only be used in transaction blocks",
                           "Run BEGIN first, or declare the cursor WITH HOLD.")
         if decision.options.binary and isinstance(inner, DPQuery):
-            await self._check_result_formats(inner.plan, (1,))  # a FETCH must not fail after the charge
+            # Kept as text and sent as binary by each FETCH, which must not fail after the charge.
+            await self._check_result_formats(inner.plan, (1,), converted=True)
         result, notices, cost = await self._run(replace(plan, decision=inner), params, (), relay=False)
         self.cursors.keep_rows(decision.name, decision.options, in_block, result)
         return ResultSet([], [], "DECLARE CURSOR", result.notices), notices, cost
@@ -836,11 +837,14 @@ class Executor:
         kept = await self.backend.execute(ranking.post.sql, ranking_params(ranking, ranked))
         return kept_series(plan, answer, ranked, [int(row[-1]) for row in kept.rows if row[-1] is not None], codec)
 
-    async def _check_result_formats(self, plan: AggregateQuery, result_formats: tuple[int, ...]) -> None:
+    async def _check_result_formats(self, plan: AggregateQuery, result_formats: tuple[int, ...],
+                                    converted: bool = False) -> None:
         """Refuse, before anything is charged, result format codes the answer cannot be sent in:
         not one per column (08P01, as PostgreSQL's Bind), or binary for a column dpproxy would
-        have to convert and cannot (0A000). The statement decides both, never the rows."""
-        if not result_formats or (plan.post is not None and len(result_formats) == 1):
+        have to convert and cannot (0A000). The statement decides both, never the rows.
+        ``converted``: dpproxy converts every column (a BINARY cursor's kept rows), also those
+        of an outer statement the backend would otherwise give in the format asked."""
+        if not result_formats or (plan.post is not None and len(result_formats) == 1 and not converted):
             return  # all text, or one format for all that the backend itself produces
         fields = await self._dp_fields(plan)
         try:
