@@ -119,6 +119,9 @@ def test_psycopg_named_cursor_takes_parameters_as_the_plain_select(rproxy: Runni
         with conn.cursor(name="binary_param", binary=True) as cur:  # FETCH in binary format
             cur.execute(query, [40])
             assert cur.fetchall() == plain
+        with conn.cursor(name="public_param") as cur:
+            cur.execute("SELECT label FROM lookup WHERE code = %s", ["M"])
+            assert cur.fetchall() == [("Male",)]
         conn.commit()
 
 

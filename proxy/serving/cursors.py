@@ -71,16 +71,12 @@ class KeptCursor:
     created: int
     in_block: bool
     result: ResultSet
+    size: int = 0  # about the memory the kept rows take (their values, and some 64 bytes per value)
     position: int = 0
     at_start: bool = True
     at_end: bool = False
     portal_pos: int = 0
     _out: list[list[bytes | None]] = field(default_factory=list)
-
-    @property
-    def size(self) -> int:
-        """About the memory the kept rows take (their values and some 64 bytes per value)."""
-        return sum(len(v or b"") + 64 for row in self.result.rows for v in row)
 
     def fetch(self, fetch: Fetch) -> list[list[bytes | None]] | int:
         """FETCH's rows, or MOVE's count, as PostgreSQL's PortalRunFetch gives them."""
@@ -228,7 +224,8 @@ class Cursors:
     def keep_rows(self, name: str, options: CursorOptions, in_block: bool, result: ResultSet) -> None:
         """A DP cursor just declared, with its released ``result``."""
         self._created += 1
-        self._open[name] = KeptCursor(options, self._created, in_block, result)
+        size = sum(len(value or b"") + 64 for row in result.rows for value in row)
+        self._open[name] = KeptCursor(options, self._created, in_block, result, size)
 
     def keep_backend(self, name: str, options: CursorOptions, in_block: bool, statement: Statement,
                      resolved: dict[RelationRef, ResolvedRelation | None], registry: TableRegistry) -> None:
