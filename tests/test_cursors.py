@@ -17,6 +17,8 @@ import pandas as pd
 import psycopg
 import pytest
 import sqlalchemy
+from wire import SYNC, Wire, bind, data_row_values, describe, execute, parse
+
 from conftest import (
     TEST_DATABASE, TEST_POLICY, RunningProxy, TestDatabase, make_policy, psql_path, running_proxy, spent_epsilon,
 )
@@ -152,6 +154,24 @@ def test_sqlalchemy_stream_results_and_pandas_chunks_read_a_dp_histogram(rproxy:
             assert [tuple(row) for chunk in chunks for row in chunk.itertuples(index=False)] == plain
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("query", ["SELECT count(*) FROM adult WHERE age > $1",
+                                   "SELECT count(*) FROM lookup WHERE code > $1::text"], ids=["dp", "public"])
+def test_declare_and_fetch_by_parse_bind_describe_execute(cproxy: RunningProxy, query: str):
+    wire = Wire(cproxy.host, cproxy.port)
+    wire.send(parse("d", f"DECLARE c CURSOR WITH HOLD FOR {query}"), describe(b"S", "d"),
+              bind("", "d", (b"40",)), describe(b"P", ""), execute(""), SYNC)
+    # ParseComplete, ParameterDescription, NoData (DECLARE has no rows), BindComplete, NoData,
+    # (a DP one's NOTICE of its charge) CommandComplete.
+    assert [kind for kind, _ in wire.read_until(b"Z") if kind != b"N"] == [b"1", b"t", b"n", b"2", b"n", b"C", b"Z"]
+    wire.send(parse("f", "FETCH ALL FROM c"), describe(b"S", "f"), bind("", "f"), describe(b"P", ""),
+              execute(""), describe(b"P", "c"), SYNC)
+    replies = wire.read_until(b"Z")
+    assert [kind for kind, _ in replies] == [b"1", b"t", b"T", b"2", b"T", b"D", b"C", b"T", b"Z"]
+    (row,) = [data_row_values(body) for kind, body in replies if kind == b"D"]
+    assert int(row[0] or b"0") >= 0 and replies[-3][1].startswith(b"FETCH 1")
+    wire.close()
 
 
 # ------------------------------------------------------------------ FETCH and MOVE against PostgreSQL's
