@@ -194,14 +194,19 @@ def _step(conn: psycopg.Connection, sql: str) -> tuple[str, list[object]]:
 
 def test_every_fetch_direction_on_a_scroll_dp_cursor_moves_as_postgresql_s(cproxy: RunningProxy, test_db: TestDatabase):
     """The DP cursor's rows are ages 17..90 (one cell each); PostgreSQL's own cursor over those
-    ages, a public query, must give the same rows and tags for every FETCH and MOVE."""
+    ages must give the same rows and tags for every FETCH and MOVE, and so must the same
+    passthrough cursor through dpproxy."""
     rng = random.Random(7)
+    ages = "SELECT g FROM generate_series(17, 90) AS g ORDER BY g"
     with cproxy.connect(autocommit=False) as conn, psycopg.connect(test_db.admin_dsn, autocommit=False) as pg:
         conn.execute(f"DECLARE c SCROLL CURSOR FOR {HISTOGRAM}")
-        pg.execute("DECLARE c SCROLL CURSOR FOR SELECT g FROM generate_series(17, 90) AS g ORDER BY g")
+        conn.execute(f"DECLARE p SCROLL CURSOR FOR {ages}")  # passthrough: FETCH and MOVE as dpproxy writes them
+        pg.execute(f"DECLARE c SCROLL CURSOR FOR {ages}")
         for _ in range(400):
-            sql = f"{rng.choice(['FETCH', 'MOVE'])} {_directions(rng)} FROM c"
-            assert _step(conn, sql) == _step(pg, sql), sql
+            sql = f"{rng.choice(['FETCH', 'MOVE'])} {_directions(rng)} FROM "
+            expected = _step(pg, sql + "c")
+            assert _step(conn, sql + "c") == expected, sql
+            assert _step(conn, sql + "p") == expected, sql
         conn.rollback()
         pg.rollback()
 
