@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import subprocess
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -426,3 +427,18 @@ def test_a_session_keeps_a_bounded_number_of_cursors(cproxy: RunningProxy, monke
         conn.execute("CLOSE c0")
         conn.execute("DECLARE c3 CURSOR WITH HOLD FOR SELECT 1")
         conn.execute("CLOSE ALL")
+
+
+def test_a_session_pinning_its_connection_with_a_held_cursor_is_timed_out_as_one_idle_in_a_block(
+    test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory
+):
+    timed = POLICY.replace("listen: {{host: 127.0.0.1, port: 0}}",
+                           "listen: {{host: 127.0.0.1, port: 0, idle_in_transaction_timeout_s: 1}}")
+    assert timed != POLICY
+    with running_proxy(test_db, tmp_path_factory, timed) as proxy, proxy.connect() as conn:
+        conn.execute("DECLARE dp CURSOR WITH HOLD FOR SELECT count(*) FROM adult")  # kept in dpproxy: no pin
+        time.sleep(1.5)
+        assert len(conn.execute("FETCH dp").fetchall()) == 1
+        conn.execute("DECLARE held CURSOR WITH HOLD FOR SELECT 1")
+        time.sleep(1.5)
+        assert _error(conn, "FETCH held").diag.sqlstate == "25P03"
