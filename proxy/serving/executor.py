@@ -19,8 +19,7 @@ from sqlglot.errors import SqlglotError
 
 from policies.errors import SQLSTATE, Refusal
 from policies.model import Policy
-from policies.tables import quote_identifier
-from policies.tables import TableRegistry
+from policies.tables import TableRegistry, quote_identifier
 from proxy.backend.cancellable import CancellableWait
 from proxy.backend.connection import BackendError, BackendLost, BackendSession, BackendUnavailable, BoundParams, ResultSet
 from proxy.backend.row_stream import RowStream
