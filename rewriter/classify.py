@@ -23,6 +23,7 @@ from .catalog import (
 )
 from .constants import FUNCTIONS as FOLDABLE_FUNCTIONS
 from .copy import CopyOptions, copy_query
+from .cursors import CursorOptions, Fetch, declare_query, declare_sql, fetch_of
 from .function_check import check_functions, inexact_floats, unsafe_client_encoding
 from .dp_query import AggregateQuery, asks_for_no_row, plan_aggregate_query
 from .neutralise import neutralise_pg_class
@@ -33,12 +34,15 @@ from .sized_cache import sized_cache
 from .statements import Statement, split_statements
 
 __all__ = [
+    "CloseCursor",
     "ColumnsOnly",
     "CopyOut",
+    "DeclareCursor",
     "DPQuery",
     "Deallocate",
     "Decision",
     "DpproxyCommand",
+    "FetchCursor",
     "Passthrough",
     "ResolvedRelation",
     "classify",
@@ -104,13 +108,43 @@ class Deallocate:
     name: str | None  # None: ALL
 
 
-Decision = Union[Passthrough, DPQuery, ColumnsOnly, DpproxyCommand, Deallocate, CopyOut]
+@dataclass(frozen=True)
+class DeclareCursor:
+    """DECLARE name CURSOR FOR query: answered where ``inner``, the query's decision, is.
+
+    A DP answer (or a protected table's columns) is computed at DECLARE, as the query alone
+    would be, and its rows kept by dpproxy for FETCH; a passthrough query's ``sql`` is the
+    DECLARE to send to the backend, around the query as judged (rewriter.cursors).
+    """
+
+    name: str
+    inner: Union[Passthrough, DPQuery, ColumnsOnly]
+    options: CursorOptions
+
+
+@dataclass(frozen=True)
+class FetchCursor:
+    """FETCH or MOVE: served from the cursor named, wherever it was declared (the statement
+    reads nothing else, so its decision is made when it runs, from the session's cursors)."""
+
+    fetch: Fetch
+
+
+@dataclass(frozen=True)
+class CloseCursor:
+    """CLOSE name (None: CLOSE ALL)."""
+
+    name: str | None
+
+
+Decision = Union[Passthrough, DPQuery, ColumnsOnly, DpproxyCommand, Deallocate, CopyOut, DeclareCursor, FetchCursor,
+                 CloseCursor]
 
 _TRANSACTION_KINDS = {
     "TRANS_STMT_BEGIN", "TRANS_STMT_START", "TRANS_STMT_COMMIT", "TRANS_STMT_ROLLBACK",
     "TRANS_STMT_SAVEPOINT", "TRANS_STMT_RELEASE", "TRANS_STMT_ROLLBACK_TO",
 }
-_HARMLESS_SESSION_STATEMENTS = {"DiscardStmt", "ClosePortalStmt", "UnlistenStmt"}
+_HARMLESS_SESSION_STATEMENTS = {"DiscardStmt", "UnlistenStmt"}
 _WRITES = {
     "InsertStmt", "UpdateStmt", "DeleteStmt", "MergeStmt", "TruncateStmt",
 }
@@ -124,8 +158,6 @@ _NOT_SUPPORTED = {
     "NotifyStmt": "NOTIFY",
     "PrepareStmt": "PREPARE (use the extended query protocol)",
     "ExecuteStmt": "EXECUTE",
-    "DeclareCursorStmt": "DECLARE CURSOR",
-    "FetchStmt": "FETCH",
     "LockStmt": "LOCK",
     "VacuumStmt": "VACUUM/ANALYZE",
     "CheckPointStmt": "CHECKPOINT",
@@ -169,19 +201,16 @@ def _classify(
             "Only SELECT of DP aggregates, catalog queries and session statements are accepted.",
             "read-only",
         )
-    if kind == "SelectStmt" and statement.node.get("intoClause"):
-        # SELECT INTO creates a table (a temporary one would stay on a pooled backend
-        # connection); the backend's read-only sessions refuse it too, but only later.
-        raise Refusal(
-            SQLSTATE.READ_ONLY_SQL_TRANSACTION,
-            "SELECT INTO creates a table and is not allowed through dpproxy (rule: read-only)",
-            "Only SELECT of DP aggregates, catalog queries and session statements are accepted.",
-            "read-only",
-        )
     if kind == "SelectStmt":
-        return _select(statement, resolved, registry, user)
+        return _query(statement, resolved, registry, user)
     if kind == "CopyStmt":
         return _copy(statement, resolved, registry, user)
+    if kind == "DeclareCursorStmt":
+        return _declare(statement, resolved, registry, user)
+    if kind == "FetchStmt":
+        return FetchCursor(fetch_of(statement.node))
+    if kind == "ClosePortalStmt":
+        return CloseCursor(statement.node.get("portalname"))
     if kind == "TransactionStmt":
         return _transaction(statement)
     if kind == "VariableSetStmt":
@@ -219,6 +248,53 @@ def _classify(
 
 def _statement_name(kind: str) -> str:
     return kind.removesuffix("Stmt") + " statement"
+
+
+def _query(
+    statement: Statement,
+    resolved: Mapping[RelationRef, ResolvedRelation | None],
+    registry: TableRegistry,
+    user: str | None,
+) -> Decision:
+    """A SELECT, as a statement of its own or a cursor's query."""
+    if statement.node.get("intoClause"):
+        # SELECT INTO creates a table (a temporary one would stay on a pooled backend
+        # connection); the backend's read-only sessions refuse it too, but only later.
+        raise Refusal(
+            SQLSTATE.READ_ONLY_SQL_TRANSACTION,
+            "SELECT INTO creates a table and is not allowed through dpproxy (rule: read-only)",
+            "Only SELECT of DP aggregates, catalog queries and session statements are accepted.",
+            "read-only",
+        )
+    return _select(statement, resolved, registry, user)
+
+
+def _declare(
+    statement: Statement,
+    resolved: Mapping[RelationRef, ResolvedRelation | None],
+    registry: TableRegistry,
+    user: str | None,
+) -> DeclareCursor:
+    """DECLARE CURSOR is judged as its query: the same rules, rule names and rewriting."""
+    text, options = declare_query(statement.text, statement.node)
+    (query,) = split_statements(text)
+    effects = sorted(name for name in query.references.functions
+                     if name.removeprefix("pg_catalog.") in SESSION_EFFECT_FUNCTIONS)
+    if effects:
+        # Run at each FETCH, it would change the session's settings where dpproxy does not look.
+        raise Refusal(
+            SQLSTATE.FEATURE_NOT_SUPPORTED,
+            f"function {effects[0]}() changes the session; it is not allowed in a cursor's query "
+            "(rule: function-allowlist)",
+            "Run set_config() as a statement of its own.",
+            "function-allowlist",
+        )
+    inner = _query(query, resolved, registry, user)
+    name = str(statement.node.get("portalname", ""))
+    if isinstance(inner, Passthrough):
+        return DeclareCursor(name, Passthrough(declare_sql(name, options, inner.sql)), options)
+    assert isinstance(inner, (DPQuery, ColumnsOnly))
+    return DeclareCursor(name, inner, options)
 
 
 def _select(

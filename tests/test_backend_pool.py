@@ -126,17 +126,42 @@ def test_prepared_statements_cursors_and_temp_objects_leave_nothing_on_the_backe
     with one.connect() as alice, one.connect() as bob:
         alice.execute("SELECT label FROM lookup WHERE code = %s", ("M",), prepare=True)  # a named statement
         for refused in (
-            "PREPARE p AS SELECT 1", "DECLARE c CURSOR WITH HOLD FOR SELECT 1", "LISTEN channel",
+            "PREPARE p AS SELECT 1", "LISTEN channel",
             "CREATE TEMP TABLE t (x int)", "SELECT 1 AS x INTO TEMP t2", "SELECT pg_advisory_lock(1)",
         ):
             with pytest.raises(psycopg.Error) as raised:
                 alice.execute(refused)
             assert "dpproxy" in str(raised.value), f"{refused!r} reached the backend: {raised.value}"
+        # A cursor WITH HOLD keeps the connection to its session until CLOSE (below).
+        alice.execute("DECLARE c CURSOR WITH HOLD FOR SELECT 1")
+        assert alice.execute("FETCH ALL c").fetchall() == [(1,)]
+        alice.execute("CLOSE c")
         assert _pid(alice) == _pid(bob)
         assert bob.execute("SELECT count(*) FROM pg_prepared_statements").fetchone() == (0,)
         # (The portal running this query is the unnamed one: dpproxy sends it as one statement.)
         assert bob.execute("SELECT count(*) FROM pg_cursors WHERE name <> ''").fetchone() == (0,)
         assert bob.execute("SELECT count(*) FROM pg_class WHERE relpersistence = 't'").fetchone() == (0,)
+
+
+def test_a_cursor_with_hold_holds_its_connection_until_close(one: RunningProxy):
+    with one.connect() as alice, one.connect() as bob:
+        alice.execute("DECLARE held CURSOR WITH HOLD FOR SELECT g FROM generate_series(1, 3) AS g")
+        pid = _pid(alice)
+        done = threading.Event()
+
+        def other() -> None:
+            bob.execute("SELECT 1")
+            done.set()
+
+        worker = threading.Thread(target=other, daemon=True)
+        worker.start()
+        assert not done.wait(0.5), "another session ran on the connection holding the cursor"
+        assert alice.execute("FETCH 2 FROM held").fetchall() == [(1,), (2,)]
+        assert _pid(alice) == pid
+        alice.execute("CLOSE held")
+        assert done.wait(10)
+        worker.join(10)
+        assert bob.execute("SELECT count(*) FROM pg_cursors WHERE name <> ''").fetchone() == (0,)
 
 
 def test_a_transaction_holds_one_connection_from_begin_to_commit(one: RunningProxy):

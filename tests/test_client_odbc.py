@@ -16,14 +16,18 @@ from clients import exact_count, psqlodbc_driver
 from conftest import TEST_DATABASE, RunningProxy
 
 
+def _connect(proxy: RunningProxy, options: str = "") -> pyodbc.Connection:
+    return pyodbc.connect(
+        f"DRIVER={{{psqlodbc_driver()}}};SERVER={proxy.host};PORT={proxy.port};DATABASE={TEST_DATABASE};"
+        "UID=analyst;PWD=analyst" + options,
+        timeout=10,
+    )
+
+
 @pytest.fixture
 def odbc(proxy: RunningProxy) -> Iterator[pyodbc.Connection]:
     """A pyodbc connection through dpproxy (autocommit off, as pyodbc defaults)."""
-    conn = pyodbc.connect(
-        f"DRIVER={{{psqlodbc_driver()}}};SERVER={proxy.host};PORT={proxy.port};DATABASE={TEST_DATABASE};"
-        "UID=analyst;PWD=analyst",
-        timeout=10,
-    )
+    conn = _connect(proxy)
     try:
         yield conn
     finally:
@@ -58,3 +62,18 @@ def test_odbc_refusal_is_an_error_and_the_connection_goes_on(odbc: pyodbc.Connec
         cursor.execute("SELECT age FROM adult").fetchall()
     odbc.rollback()
     assert cursor.execute("SELECT 1").fetchone()[0] == 1
+
+
+def test_odbc_use_declare_fetch_reads_through_cursors(proxy: RunningProxy, admin):
+    # UseDeclareFetch: psqlODBC declares a cursor for each SELECT and fetches Fetch rows at a time.
+    conn = _connect(proxy, ";UseDeclareFetch=1;Fetch=1")
+    try:
+        cursor = conn.cursor()
+        (count,) = cursor.execute("SELECT COUNT(*) FROM adult WHERE age > ?", 30).fetchone()
+        assert abs(int(count) - exact_count(admin, "age > 30")) < 30
+        rows = cursor.execute("SELECT code, label FROM lookup ORDER BY code").fetchall()
+        assert [tuple(row) for row in rows] == [("F", "Female"), ("M", "Male")]
+        conn.commit()
+    finally:
+        conn.close()
+

@@ -249,6 +249,9 @@ class BackendSession:
         self._checkout_wait = CancellableWait()  # waiting for the pool, until a CancelRequest
         self._held_streams: list[RowStream] = []  # results whose rests were held for their portals
         self._last_status = b"I"  # the held connection's status as last read (transaction_status)
+        self.pinned = False
+        """A cursor WITH HOLD lives on the held connection: it is not given back to the pool,
+        and is closed, not pooled, at the session's end (proxy/serving/cursors.py)."""
 
     # ------------------------------------------------------------ checkout and release
 
@@ -361,7 +364,7 @@ class BackendSession:
         rest of its result is read first.
         """
         held = self._held
-        if held is None or self._dedicated or self.transaction_status != b"I":
+        if held is None or self._dedicated or self.pinned or self.transaction_status != b"I":
             return
         if self._stream is not None and self._stream.open:
             if not self._stream.abandoned:
@@ -406,7 +409,7 @@ class BackendSession:
         assert self._pool is not None
         if self._dirty:
             held.state = UNKNOWN
-        self._pool.release(held, reusable=True)
+        self._pool.release(held, reusable=not self.pinned)  # a cursor WITH HOLD must not reach another session
 
     async def usable(self) -> None:
         """Check a connection out if none is held, skipping one found lost before any request;
@@ -662,6 +665,11 @@ class BackendSession:
         await self._round_trip(lambda pgconn: pgconn.send_prepare(b"", _encoded(sql, pgconn), list(param_types) or None))
         result = await self._round_trip(lambda pgconn: pgconn.send_describe_prepared(b""))
         return [result.param_type(i) for i in range(result.nparams)], _fields(result, self.client_encoding)
+
+    async def describe_portal(self, name: str) -> list[Field]:
+        """The columns of the backend portal (SQL cursor) ``name``."""
+        result = await self._round_trip(lambda pgconn: pgconn.send_describe_portal(_encoded(name, pgconn)))
+        return _fields(result, self.client_encoding)
 
     async def _round_trip(self, send: Callable[[PGconn], None]) -> PGresult:
         """Send one request with libpq and wait for its single result without blocking the loop."""

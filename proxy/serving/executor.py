@@ -19,7 +19,7 @@ from sqlglot.errors import SqlglotError
 
 from policies.errors import SQLSTATE, Refusal
 from policies.model import Policy
-from policies.tables import TableRegistry
+from policies.tables import TableRegistry, quote_identifier
 from proxy.backend.cancellable import CancellableWait
 from proxy.backend.connection import BackendError, BackendLost, BackendSession, BackendUnavailable, BoundParams, ResultSet
 from proxy.backend.row_stream import RowStream
@@ -41,12 +41,15 @@ from proxy.wire.encodings import untranslatable
 from proxy.wire.protocol import Field, ProtocolError, formats_for
 from proxy.wire.values import load_text
 from rewriter.classify import (
+    CloseCursor,
     ColumnsOnly,
     CopyOut,
     Deallocate,
+    DeclareCursor,
     Decision,
     DpproxyCommand,
     DPQuery,
+    FetchCursor,
     Passthrough,
     ResolvedRelation,
     classify,
@@ -59,6 +62,7 @@ from rewriter.sized_cache import sized_cache
 from rewriter.statements import Statement, split_statements
 
 from .copy_out import copy_messages
+from .cursors import BackendCursor, Cursors, KeptCursor
 from .settings import SessionSettings
 
 __all__ = ["Executor", "Plan", "StatementHost"]
@@ -141,6 +145,7 @@ class Executor:
         self._unstored: tuple[Hashable, DPAnswer] | None = None  # a fresh answer not sent yet
         self._analysis = CancellableWait()  # a long statement's analysis, until a CancelRequest
         self._streams: set[RowStream] = set()  # results passed on as they arrive, not ended yet
+        self.cursors = Cursors()  # the session's SQL cursors (DECLARE ... CURSOR)
 
     def transaction_status(self) -> bytes:
         return self.backend.transaction_status
@@ -276,8 +281,13 @@ class Executor:
             return params, fields
         if isinstance(decision, DpproxyCommand):
             return [], self.settings.fields(decision)
-        if isinstance(decision, (Deallocate, CopyOut)):
+        if isinstance(decision, (Deallocate, CopyOut, CloseCursor)):
             return [], None  # COPY returns no row description, as in PostgreSQL
+        if isinstance(decision, DeclareCursor):
+            params, _ = await self.describe(replace(plan, decision=decision.inner), param_types)
+            return params, None  # DECLARE returns no rows; its cursor's are described by name
+        if isinstance(decision, FetchCursor):
+            return [], None if decision.fetch.move else await self.cursor_fields(decision.fetch.name)
         assert isinstance(decision, Passthrough)
         params, fields = await self.backend.describe(decision.sql, param_types)
         return params, fields or None
@@ -290,12 +300,27 @@ class Executor:
         _, fields = await self.backend.describe(plan.post.sql, release_params(plan, None).types)
         return fields
 
+    async def cursor_fields(self, name: str) -> list[Field] | None:
+        """The columns of SQL cursor ``name`` (None: no such cursor), as a Describe of the
+        portal of that name gives them in PostgreSQL, where cursors are portals."""
+        cursor = self.cursors.find(name)
+        if isinstance(cursor, KeptCursor):
+            return cursor.result.fields
+        if isinstance(cursor, BackendCursor):
+            return await self.backend.describe_portal(name)
+        return None
+
     async def known_fields(self, plan: Plan, result_formats: tuple[int, ...]) -> list[Field] | None:
-        if isinstance(plan.decision, CopyOut):
-            # NoData, as PostgreSQL describes a COPY: run here, a DP one was charged at
-            # Describe, for an answer a Close could then throw away.
+        if isinstance(plan.decision, (CopyOut, DeclareCursor, CloseCursor)):
+            # NoData, as PostgreSQL describes a COPY or a DECLARE: run here, a DP one was charged
+            # at Describe, for an answer a Close could then throw away.
             return []
-        if isinstance(plan.decision, DPQuery):
+        fetch = plan.decision.fetch if isinstance(plan.decision, FetchCursor) else None
+        if fetch is not None and fetch.move:
+            return []
+        if fetch is not None and isinstance(self.cursors.find(fetch.name), KeptCursor):
+            fields = await self.cursor_fields(fetch.name) or []
+        elif isinstance(plan.decision, DPQuery):
             fields = await self._dp_fields(plan.decision.plan)
         elif isinstance(plan.decision, DpproxyCommand):
             fields = self.settings.fields(plan.decision) or []
@@ -310,9 +335,11 @@ class Executor:
     # ------------------------------------------------------------ running
 
     async def run(
-        self, plan: Plan, params: BoundParams = _NO_PARAMS, result_formats: tuple[int, ...] = ()
+        self, plan: Plan, params: BoundParams = _NO_PARAMS, result_formats: tuple[int, ...] = (), simple: bool = False
     ) -> tuple[ResultSet, list[str]]:
         """Run a planned statement; return its result in the requested formats and its notices.
+
+        ``simple``: it came in a simple Query, where a FETCH from a BINARY cursor is binary.
 
         The statement's audit line and metrics are recorded just after the session has
         written the answer (on the event loop's next turn), not in its latency. Every
@@ -323,7 +350,7 @@ class Executor:
         """
         started = time.perf_counter()
         plan = await self._current(plan)
-        if isinstance(plan.decision, (Passthrough, CopyOut)) and not self.backend.holds_connection:
+        if _reads_backend_rows(plan.decision) and not self.backend.holds_connection:
             # Its rows come as they are: judged again if a reload (or the registry's own check)
             # came while it waited for a pooled connection, which an analyst can make it do
             # for as long as they like by holding every connection in a transaction block.
@@ -336,7 +363,7 @@ class Executor:
         fingerprint = plan.fingerprint
         self._charged = None
         try:
-            result, notices, cost = await self._run(plan, params, result_formats)
+            result, notices, cost = await self._run(plan, params, result_formats, simple=simple)
         except Refusal as exc:
             if self._charged is not None:
                 self._audit_soon(fingerprint, "error", exc.sqlstate, self._charged, started)
@@ -352,8 +379,10 @@ class Executor:
         except Exception:  # a bug: the session ends with XX000, but the charge is still accounted for
             self._audit_soon(fingerprint, "error", SQLSTATE.INTERNAL_ERROR, self._charged, started)
             raise
-        decision = plan.decision.inner if isinstance(plan.decision, CopyOut) else plan.decision
+        decision = plan.decision.inner if isinstance(plan.decision, (CopyOut, DeclareCursor)) else plan.decision
         kind = "dp" if isinstance(decision, (DPQuery, ColumnsOnly)) else "command" if isinstance(decision, DpproxyCommand) else "passthrough"
+        if isinstance(decision, (FetchCursor, CloseCursor)) and result.relayed is None and result.stream is None:
+            kind = "command"  # a DP cursor's kept rows, or a CLOSE: nothing read on the backend
         if result.stream is not None:
             self._audit_at_end(result.stream, fingerprint, started)
         else:
@@ -379,13 +408,16 @@ class Executor:
             stream.cut_off(sqlstate)
 
     async def _run(
-        self, plan: Plan, params: BoundParams, result_formats: tuple[int, ...], relay: bool = True
+        self, plan: Plan, params: BoundParams, result_formats: tuple[int, ...], relay: bool = True,
+        simple: bool = False,
     ) -> tuple[ResultSet, list[str], Cost | None]:
         """``relay``: a passthrough result may stay as DataRow messages (``ResultSet.relayed``);
         False where dpproxy reads its rows (COPY writes them in its own framing)."""
         decision = plan.decision
         if decision is None:
             return ResultSet([], [], ""), [], None
+        if isinstance(decision, (DeclareCursor, FetchCursor, CloseCursor)):
+            return await self._cursor_statement(plan, decision, params, result_formats, simple)
         if isinstance(decision, DPQuery):
             assert plan.statement is not None
             quantum_ms = decision.plan.table.policy.answer_quantum_ms
@@ -453,6 +485,11 @@ class Executor:
             result = _apply_formats(result, result_formats)
         if plan.statement.kind == "TransactionStmt":
             self.settings.transaction_statement(plan.statement.node, status, self.backend.transaction_status)
+            self.cursors.transaction_statement(plan.statement.node, status)
+            self.backend.pinned = self.cursors.pins_backend
+        if plan.statement.kind == "DiscardStmt" and plan.statement.node.get("target") == "DISCARD_ALL":
+            self.cursors.discard_all()  # PostgreSQL's DISCARD ALL closes every cursor
+            self.backend.pinned = False
         resets, name = _resets(plan.statement)
         if resets:
             await self.backend.restore_startup(name)
@@ -526,6 +563,107 @@ class Executor:
         result, notices, cost = await self._run(replace(plan, decision=decision.inner), params, (), relay=False)
         copied = ResultSet([], [], f"COPY {len(result.rows)}", result.notices, copy=copy_messages(result, decision.options))
         return copied, notices, cost
+
+    async def _cursor_statement(
+        self, plan: Plan, decision: DeclareCursor | FetchCursor | CloseCursor, params: BoundParams,
+        result_formats: tuple[int, ...], simple: bool,
+    ) -> tuple[ResultSet, list[str], Cost | None]:
+        """DECLARE, FETCH/MOVE or CLOSE, where the cursor lives (proxy/serving/cursors.py)."""
+        status = self.backend.transaction_status
+        if status == b"E":
+            # As PostgreSQL, before anything else (a DP DECLARE would be charged for nothing).
+            raise Refusal(SQLSTATE.IN_FAILED_TRANSACTION,
+                          "current transaction is aborted, commands ignored until end of transaction block")
+        if status == b"I":
+            self.cursors.outside_block()
+        try:
+            if isinstance(decision, DeclareCursor):
+                return await self._declare(plan, decision, params, in_block=status != b"I")
+            if isinstance(decision, FetchCursor):
+                return await self._fetch(decision, result_formats, simple)
+            if decision.name is None:  # CLOSE ALL
+                if self.cursors.on_backend:
+                    await self.backend.execute("CLOSE ALL")
+                self.cursors.close(None)
+                return ResultSet([], [], "CLOSE CURSOR ALL"), [], None
+            cursor = self.cursors.get(decision.name)
+            try:
+                if isinstance(cursor, BackendCursor):
+                    await self.backend.execute(f"CLOSE {quote_identifier(decision.name)}")
+            finally:
+                self.cursors.close(decision.name)
+            return ResultSet([], [], "CLOSE CURSOR"), [], None
+        finally:
+            self.backend.pinned = self.cursors.pins_backend
+
+    async def _declare(
+        self, plan: Plan, decision: DeclareCursor, params: BoundParams, in_block: bool
+    ) -> tuple[ResultSet, list[str], Cost | None]:
+        """A DP cursor's answer is the query's, released now (same ε, repeat key, notice, audit
+        line) and kept; a passthrough one is declared on the backend."""
+        self.cursors.check_new(decision.name)
+        inner = decision.inner
+        if isinstance(inner, Passthrough):
+            assert plan.statement is not None
+            # The resolutions it was judged by (planned in this generation: taken from memory).
+            resolved = await self._resolve(plan.statement.references.relations)
+            result = await self.backend.execute(inner.sql, params if params.values else None, one_statement=True)
+            self.cursors.keep_backend(decision.name, decision.options, in_block, plan.statement, resolved,
+                                      self.server.registry)
+            return result, result.notices, None
+        if not decision.options.hold and not in_block:
+            raise Refusal("25P01", "DECLARE CURSOR can only be used in transaction blocks",
+                          "Run BEGIN first, or declare the cursor WITH HOLD.")
+        if decision.options.binary and isinstance(inner, DPQuery):
+            # Kept as text and sent as binary by each FETCH, which must not fail after the charge.
+            await self._check_result_formats(inner.plan, (1,), converted=True)
+        result, notices, cost = await self._run(replace(plan, decision=inner), params, (), relay=False)
+        self.cursors.keep_rows(decision.name, decision.options, in_block, result)
+        return ResultSet([], [], "DECLARE CURSOR", result.notices), notices, cost
+
+    async def _fetch(
+        self, decision: FetchCursor, result_formats: tuple[int, ...], simple: bool
+    ) -> tuple[ResultSet, list[str], Cost | None]:
+        """FETCH or MOVE: a DP cursor's kept rows, or the backend's cursor. In a simple Query a
+        FETCH from a BINARY cursor is binary, as PostgreSQL's; else the client's formats."""
+        fetch = decision.fetch
+        cursor = self.cursors.get(fetch.name)
+        formats = (1,) if simple and cursor.options.binary else result_formats
+        if isinstance(cursor, BackendCursor):
+            self._judge_again(fetch.name, cursor)
+            result = await self.backend.relay(fetch.sql, None, () if fetch.move else formats, one_statement=True)
+            return result, result.notices, None
+        rows = cursor.fetch(fetch)
+        if isinstance(rows, int):
+            return ResultSet([], [], f"MOVE {rows}"), [], None
+        try:
+            return _apply_formats(ResultSet(cursor.result.fields, rows, f"FETCH {len(rows)}"), formats), [], None
+        except UnsupportedBinaryType as exc:  # the released text of a type dpproxy cannot send as binary
+            raise Refusal(SQLSTATE.FEATURE_NOT_SUPPORTED, str(exc), "Request text format for this column.") from None
+
+    def _judge_again(self, name: str, cursor: BackendCursor) -> None:
+        """After a reload (or the registry's own check) since its DECLARE, a passthrough cursor's
+        query is judged again under the registry in force, by the relations it reads: a table
+        protected since is not read on through it. Raises the refusal; the cursor stays open."""
+        registry = self.server.registry
+        if cursor.registry is registry:
+            return
+        reason = "it reads a table the policy protects now"
+        try:
+            decision: Decision | None = classify(cursor.statement, cursor.resolved, registry, self.user)
+        except Refusal as refusal:
+            decision, reason = None, refusal.message
+        except (SqlglotError, RecursionError):
+            decision = None  # not a passthrough query any more: a DP one dpproxy cannot analyse
+        if not (isinstance(decision, DeclareCursor) and isinstance(decision.inner, Passthrough)):
+            raise Refusal(
+                SQLSTATE.OBJECT_NOT_IN_PREREQUISITE_STATE,
+                f'cursor "{name}" was declared under an earlier policy, and its query is not passed through under '
+                f"the policy in force: {reason} (rule: policy-changed)",
+                "Close it (CLOSE name); declared again, its query is judged under the policy in force.",
+                "policy-changed",
+            )
+        cursor.registry = registry
 
     def _audit_soon(
         self, fingerprint: str, decision: str, reason: str | None, cost: Cost | None, started: float,
@@ -698,11 +836,14 @@ class Executor:
         kept = await self.backend.execute(ranking.post.sql, ranking_params(ranking, ranked))
         return kept_series(plan, answer, ranked, [int(row[-1]) for row in kept.rows if row[-1] is not None], codec)
 
-    async def _check_result_formats(self, plan: AggregateQuery, result_formats: tuple[int, ...]) -> None:
+    async def _check_result_formats(self, plan: AggregateQuery, result_formats: tuple[int, ...],
+                                    converted: bool = False) -> None:
         """Refuse, before anything is charged, result format codes the answer cannot be sent in:
         not one per column (08P01, as PostgreSQL's Bind), or binary for a column dpproxy would
-        have to convert and cannot (0A000). The statement decides both, never the rows."""
-        if not result_formats or (plan.post is not None and len(result_formats) == 1):
+        have to convert and cannot (0A000). The statement decides both, never the rows.
+        ``converted``: dpproxy converts every column (a BINARY cursor's kept rows), also those
+        of an outer statement the backend would otherwise give in the format asked."""
+        if not result_formats or (plan.post is not None and len(result_formats) == 1 and not converted):
             return  # all text, or one format for all that the backend itself produces
         fields = await self._dp_fields(plan)
         try:
@@ -895,6 +1036,14 @@ def _resets(statement: Statement) -> tuple[bool, str | None]:
         if kind in ("VAR_RESET", "VAR_SET_DEFAULT"):
             return True, str(node.get("name") or "")
     return False, None
+
+
+def _reads_backend_rows(decision: Decision | None) -> bool:
+    """Whether the statement's rows come from the backend as they are (judged again if a
+    reload came while it waited for a connection)."""
+    if isinstance(decision, DeclareCursor):
+        return isinstance(decision.inner, Passthrough)
+    return isinstance(decision, (Passthrough, CopyOut))
 
 
 def _rows(result: ResultSet) -> int:

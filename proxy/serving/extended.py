@@ -88,6 +88,10 @@ class Runner(Protocol):
         """The columns if they are known without running the statement (DP answers), else None."""
         ...
 
+    async def cursor_fields(self, name: str) -> list[Field] | None:
+        """The columns of SQL cursor ``name`` (None: there is none)."""
+        ...
+
     async def run(
         self, plan: Plan, params: BoundParams, result_formats: tuple[int, ...]
     ) -> tuple[ResultSet, list[str]]: ...
@@ -241,6 +245,12 @@ class ExtendedProtocol:
             self.out.append(protocol.parameter_description(params))
             self.out.append(protocol.row_description(fields) if fields else protocol.NO_DATA)
             return
+        if message.name not in self.portals:
+            # In PostgreSQL a SQL cursor is a portal too: psycopg describes its named cursors so.
+            cursor = await self.runner.cursor_fields(message.name) if message.name else None
+            if cursor is not None:
+                self.out.append(protocol.row_description(cursor) if cursor else protocol.NO_DATA)
+                return
         portal = self._portal(message.name)
         # A DP portal describes itself without running (and so without spending budget);
         # other statements run here and Execute hands out the stored result.

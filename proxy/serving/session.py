@@ -446,7 +446,9 @@ class Session:
         if not (listen.idle_timeout_s or listen.idle_in_transaction_timeout_s):
             return await messages.next()
         # A suspended portal whose statement still runs holds a connection as a block does.
-        in_transaction = self._status_byte() != b"I" or (self.executor is not None and self.executor.backend.streaming)
+        # So does a cursor WITH HOLD on the backend (pinned).
+        backend = self.executor.backend if self.executor is not None else None
+        in_transaction = self._status_byte() != b"I" or (backend is not None and (backend.streaming or backend.pinned))
         timeout = listen.idle_in_transaction_timeout_s if in_transaction else listen.idle_timeout_s
         if not timeout:
             return await messages.next()
@@ -579,6 +581,8 @@ class Session:
         if implicit:
             await self.executor.backend.execute("COMMIT" if ok else "ROLLBACK")
             self.executor.settings.implicit_block(ok)
+            self.executor.cursors.transaction_ended(ok)
+            self.executor.backend.pinned = self.executor.cursors.pins_backend
             if not ok:
                 self.executor.generation += 1  # the rollback undid any SET in the block
 
@@ -586,7 +590,7 @@ class Session:
         assert self.executor is not None
         try:
             plan = await self.executor.plan(statement)
-            result, notices = await self.executor.run(plan)
+            result, notices = await self.executor.run(plan, simple=True)
         except Refusal as exc:
             self._error(exc.sqlstate, exc.message, exc.hint)
             return False
