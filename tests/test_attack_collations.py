@@ -177,3 +177,40 @@ def test_categories_one_value_of_the_columns_type_are_refused_at_load(
     table = f"  public.coll_typed: {{{{access: protected, epsilon: 1.0, columns: {{{{s: {{{{categories: {categories}, group_by: true}}}}}}}}}}}}\n"
     (problem,) = refused_at_load(make_policy(test_db, tmp_path / "ledger.sqlite3", ATTACK_POLICY_HEAD + table))
     assert problem.startswith(f"tables.public.coll_typed.columns.s: categories {pair} are one value of the column's type"), problem
+
+
+# A row no analyst would write, which a neighbouring table may hold: text values long enough
+# that lower()/upper() (four bytes a character where LC_CTYPE is not C, two under ICU), ILIKE
+# (which lowers first) and the hash of a nondeterministic ICU collation (GROUP BY) ask
+# PostgreSQL for more than 1 GB. lz4: the values are built in seconds, not pglz's minute.
+_HUGE_ROW = "(repeat('a', 270000000), repeat('b', 540000000), 3)"
+_HUGE_FORMS = [
+    "SELECT COUNT(*) FROM {t} WHERE lower(s) = 'x'",
+    "SELECT COUNT(*) FROM {t} WHERE s ILIKE 'x%'",
+    "SELECT COUNT(*) FROM {t} WHERE a = 3 AND s NOT ILIKE 'x%'",
+    "SELECT COUNT(*) FROM {t} WHERE upper(c) = 'X' OR lower(s) LIKE 'x%'",
+    "SELECT c, COUNT(*) FROM {t} GROUP BY c",
+]
+# Not here: c <> 'x', MODE and COUNT(DISTINCT c) compare the 540 MB value without asking for
+# memory, but take seconds to, which the statement timeout can tell (a limit of
+# docs/threat-model.md, "Timing").
+
+
+def test_a_value_too_long_to_case_fold_or_hash_does_not_decide_whether_a_statement_fails(
+        collation_proxy: RunningProxy, pg15_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Found: each form failed with XX000 (invalid memory alloc request size) on the neighbour
+    only. The values are NULL to those functions past 16 MiB (rewriter.sql_text.short_text)."""
+    ddl = "(s text COMPRESSION lz4, c text COMPRESSION lz4 COLLATE dp_nocase, a int)"
+    create_neighbours(pg15_db.admin_dsn, "coll_huge", {"coll_huge_1": _HUGE_ROW}, ddl,
+                      "SELECT 'x', (ARRAY['Male', 'Female'])[1 + g % 2], g % 10 FROM generate_series(1, 30) g")
+    policy = ATTACK_POLICY_HEAD + "".join(_TABLE.format(name=name).replace("      s:", "      c:")
+                                          for name in ("coll_huge", "coll_huge_1"))
+    try:
+        with running_proxy(pg15_db, tmp_path_factory, policy) as running, running.connect() as conn:
+            for sql in _HUGE_FORMS:
+                outcomes = {table: masked_outcome(conn, sql, table, keys=1 if "GROUP BY" in sql else 0)
+                            for table in ("coll_huge", "coll_huge_1")}
+                assert len(set(outcomes.values())) == 1 and outcomes["coll_huge"][0] == "answer", (sql, outcomes)
+    finally:
+        with psycopg.connect(pg15_db.admin_dsn, autocommit=True) as admin:
+            admin.execute("DROP TABLE IF EXISTS coll_huge, coll_huge_1")
