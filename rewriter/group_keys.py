@@ -50,7 +50,7 @@ from .date_parts import PART_UNITS, DatePart, PartShape, date_part_shape, part_v
 from .epoch_buckets import DAY_SECONDS, bucket_of, epoch_bucket, epoch_seconds
 from .epoch_buckets import bucket_start as epoch_start
 from .scope import Scope
-from .sql_text import literal, operator
+from .sql_text import literal, operator, short_text
 from .types import INT4, INTEGER_TYPES, NUMERIC, NUMERIC_TYPES
 
 __all__ = ["DATE", "GroupKey", "KeyRange", "TIMESTAMP", "TIMESTAMPTZ", "column_key_count", "group_key", "key_form",
@@ -204,6 +204,8 @@ class GroupKey:
     def row_sql(self) -> str:
         """The per-row expression the backend groups by; it cannot raise on any value."""
         name = quote_identifier(self.column.name)
+        if self.kind == "category" and not self.column.deterministic_collation:
+            return short_text(name)  # hashed through an ICU copy of two bytes a character
         if self.kind in ("category", "integer"):
             return name
         if self.kind == "time":

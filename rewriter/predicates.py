@@ -74,7 +74,7 @@ from .constants import HINT as FOLD_HINT
 from .constants import Fold, Folding, NotFoldable, fold_type, qualified_constant
 from .like_patterns import INVALID_PATTERN_HINT, invalid_pattern_reason
 from .scope import Scope
-from .sql_text import literal, operator
+from .sql_text import literal, operator, short_text
 from .types import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
 
 __all__ = ["Predicate", "PredicateRenderer", "plan_predicate", "validate_predicate"]
@@ -358,7 +358,10 @@ class _Renderer:
             )
         if node.args.get("negate"):
             symbol = "!" + symbol
-        return operator(column.sql, symbol, pattern_sql)
+        # ILIKE lowers the value first: a short one only (lower() of a column already is one).
+        value = short_text(column.sql) if symbol.endswith("~~*") and column.sql == quote_identifier(column.column.name) \
+            else column.sql
+        return operator(value, symbol, pattern_sql)
 
     def _operand(self, node: exp.Expression) -> _Operand:
         if _is_column_side(node):
@@ -379,7 +382,7 @@ class _Renderer:
                 "1e400 fails a comparison with a double precision only when a row holds it).",
             )
         sql = quote_identifier(column.name)
-        return _Operand(f"pg_catalog.{function}({sql})" if function else sql, column=column)
+        return _Operand(f"pg_catalog.{function}({short_text(sql)})" if function else sql, column=column)
 
     def _value(self, node: exp.Expression) -> _Operand:
         """A constant, or a row-independent expression to fold before the query runs."""

@@ -95,8 +95,16 @@ TOTAL: dict[str, str] = {
     "time-cast": "a date or time bounded by constants of the years 1..200000 converts to date, timestamp or "
                  "timestamptz (all of them hold those years, in every time zone)",
     "like": "LIKE/ILIKE on a text column with a deterministic collation and a pattern dpproxy validated "
+            "(ILIKE lowers the value first: of at most 64 MiB)"
             "(no trailing escape; a parameter is checked at Bind) matches or not, it cannot raise",
-    "case-fold": "lower()/upper() of text, varchar or char returns text of the same characters' cases",
+    "case-fold": "lower()/upper() of text, varchar or char of at most 64 MiB returns text of the same characters' "
+                 "cases, at most three times as long (longer, they ask for more than 1 GB: four bytes a character "
+                 "where LC_CTYPE is not C)",
+    "octet-length": "octet_length() of text reads its stored size (0 to 1 GB), detoasting nothing",
+    "short-text": "CASE WHEN octet_length(x) <= c THEN x END is x of at most c bytes, else NULL",
+    "nondeterministic-group": "GROUP BY a text of a nondeterministic collation of at most 16 MiB: its hash goes "
+                              "through an ICU copy of two bytes a character and a sort key of up to ~18 bytes a "
+                              "byte, under 1 GB",
     "abs": "abs() of a double precision or numeric cannot overflow",
     "clamp": "int2/int4/int8/float8/numeric larger()/smaller() compare and pick one argument "
              "(NaN sorts above every number)",
@@ -163,6 +171,8 @@ _MAX_FLOAT8 = 1.7976931348623157e308
 _ROWS = 2.0**63  # no relation has more rows (a count is a bigint)
 _BYTEA = 17
 _MAX_BYTES = 2**29  # below bytea's 1 GB limit, with room for encode()'s hex doubling
+_CASE_FOLD_BYTES = 2**26  # lower()/upper() ask for four bytes a character: 1 GB at 256 MiB
+_SHORT_TEXT = 2**24  # a nondeterministic collation's hash: see "nondeterministic-group"
 _HASHES = {
     "hashint2extended": {21}, "hashint4extended": {23}, "hashint8extended": {20},
     "hashfloat4extended": {700}, "hashfloat8extended": {701}, "hash_numeric_extended": {1700},
@@ -344,7 +354,10 @@ def _compared(node: ast.Node, value: _Value, context: _Context, clause: str) -> 
     only), whose comparison, equality and hash are the type's own code."""
     if value.column is not None and value.type_oid >= _FIRST_USER_OID and not value.column.enum:
         return _finding(node, context, f"{clause} by the comparison of type {value.type_oid}, not built in")
-    return value
+    if clause == "GROUP BY" and value.column is not None and not value.column.deterministic_collation \
+            and value.type_oid in _TEXT_TYPES and value.high > _SHORT_TEXT:
+        return _finding(node, context, "GROUP BY a text of a nondeterministic collation of unbounded length")
+    return value  # "nondeterministic-group" where it is one
 
 
 def _finding(node: ast.Node, context: _Context, reason: str) -> _Value:
@@ -491,11 +504,18 @@ def _case(node: ast.CaseExpr, context: _Context) -> _Value:
 
 
 def _facts_if_true(condition: ast.Node) -> list[tuple[ast.Node, _Value]]:
-    """What holds in a THEN: a date/time column between constants of safe years."""
+    """What holds in a THEN: a date/time column between constants of safe years, a text of at
+    most so many bytes."""
     terms = condition.args if isinstance(condition, ast.BoolExpr) and condition.boolop == BoolExprType.AND_EXPR else [condition]
     lower: dict[str, ast.Node] = {}
     upper: dict[str, ast.Node] = {}
+    short: list[tuple[ast.Node, _Value]] = []
     for term in terms:
+        if (isinstance(term, ast.A_Expr) and term.kind == A_Expr_Kind.AEXPR_OP and _operator_name(term) == "<="
+                and isinstance(term.lexpr, ast.FuncCall) and _function_name(term.lexpr) == "octet_length"
+                and len(term.lexpr.args or ()) == 1 and _number(_constant_text(term.rexpr)) is not None):
+            short.append((term.lexpr.args[0], _Value(0, high=float(_constant_text(term.rexpr) or 0))))  # "short-text"
+            continue
         if not (isinstance(term, ast.A_Expr) and term.kind == A_Expr_Kind.AEXPR_OP and isinstance(term.lexpr, ast.ColumnRef)
                 and isinstance(term.rexpr, (ast.TypeCast, ast.A_Expr))):
             continue
@@ -511,7 +531,7 @@ def _facts_if_true(condition: ast.Node) -> list[tuple[ast.Node, _Value]]:
             lower[key] = term.lexpr
         elif symbol in ("<", "<="):
             upper[key] = term.lexpr
-    return [(column, _Value(0, bounded=True)) for key, column in lower.items() if key in upper]
+    return short + [(column, _Value(0, bounded=True)) for key, column in lower.items() if key in upper]
 
 
 def _facts_if_false_all(whens: Iterable[ast.CaseWhen]) -> list[tuple[ast.Node, _Value]]:
@@ -655,6 +675,8 @@ def _like(node: ast.A_Expr, left: _Value, right: _Value, context: _Context) -> _
         return _finding(node, context, "LIKE on a value that is not text")
     if left.column is not None and not left.column.deterministic_collation:
         return _finding(node, context, "LIKE on a nondeterministic collation")
+    if _operator_name(node).endswith("~~*") and left.high > _CASE_FOLD_BYTES:
+        return _finding(node, context, "ILIKE on a text of unbounded length (it lowers the value first)")
     pattern = node.rexpr
     if isinstance(pattern, ast.TypeCast) and isinstance(pattern.arg, ast.ParamRef):
         return _Value(_BOOL)  # "like": a bound pattern is checked at Bind
@@ -706,8 +728,11 @@ def _scalar(node: ast.FuncCall, name: str, args: list[_Value], context: _Context
         return _Value(_INT8)  # "hash"
     if name in _CLAMPS and len(args) == 2 and args[0].type_oid == args[1].type_oid == _CLAMPS[name] and args[1].constant:
         return _clamp(name, args[0], args[1])
-    if name in ("lower", "upper") and len(args) == 1 and args[0].type_oid in _TEXT_TYPES:
-        return _Value(_TEXT)  # "case-fold"
+    if name in ("lower", "upper") and len(args) == 1 and args[0].type_oid in _TEXT_TYPES \
+            and args[0].high <= _CASE_FOLD_BYTES:
+        return _Value(_TEXT, high=3 * args[0].high, column=args[0].column)  # "case-fold"
+    if name == "octet_length" and len(args) == 1 and args[0].type_oid in _TEXT_TYPES:
+        return _Value(_INT4, nan=False, low=0.0, high=2.0**30, smallest=1.0)  # "octet-length"
     if name == "abs" and len(args) == 1 and args[0].type_oid in (_FLOAT8, _NUMERIC):
         return replace(args[0], low=0.0, high=max(abs(args[0].low), abs(args[0].high)))  # "abs"
     if name == "random" and not args:

@@ -25,6 +25,7 @@ from policies.model import Policy
 from proxy.demo.embedded import SERVICE_ROLE, prepare_demo_database
 from proxy.serving.event_loop import new_event_loop
 from proxy.serving.server import Server
+from tests.pg15 import postgresql_15
 
 TEST_DATABASE = "dpproxy_test"
 
@@ -126,6 +127,18 @@ class TestDatabase:
 def test_db(pg_admin_dsn: str) -> TestDatabase:
     """The Adult table (48,842 rows, an index on age), a clamping table, a public table with a
     primary key, and a service role."""
+    return _prepare_test_database(pg_admin_dsn)
+
+
+@pytest.fixture(scope="session")
+def pg15_db() -> Iterator[TestDatabase]:
+    """``test_db``'s database on PostgreSQL 15 with ICU (tests/pg15.py), started the first time a
+    test asks for it; such a test is marked ``pg15`` (and so ``clients``)."""
+    with postgresql_15() as admin_dsn:
+        yield _prepare_test_database(admin_dsn)
+
+
+def _prepare_test_database(pg_admin_dsn: str) -> TestDatabase:
     service_dsn = prepare_demo_database(pg_admin_dsn, TEST_DATABASE)
     admin_dsn = urlparse(pg_admin_dsn)._replace(path=f"/{TEST_DATABASE}").geturl()
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
@@ -254,7 +267,7 @@ def psql_path() -> str:
 
 
 # Tests that drive a program from a system package rather than from pip (psql, pgbench,
-# javac/java, node/npm, psqlODBC, docker-compose, openssl) or Superset's own venv: marked
+# javac/java, node/npm, psqlODBC, docker-compose, openssl, PostgreSQL 15) or Superset's own venv: marked
 # `clients`, so `./run-tests -m "not clients"` needs nothing but Python. A whole module, or the
 # named tests of a module where the others need no such program.
 _CLIENT_MODULES = {
@@ -285,5 +298,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         module = item.path.stem
         name = getattr(item, "originalname", item.name)
-        if module in _CLIENT_MODULES or name in _CLIENT_TESTS.get(module, ()):
+        if "pg15_db" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.pg15)  # Debian's PostgreSQL 15 is a system package too
+        if module in _CLIENT_MODULES or name in _CLIENT_TESTS.get(module, ()) or item.get_closest_marker("pg15"):
             item.add_marker(pytest.mark.clients)

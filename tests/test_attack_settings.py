@@ -118,6 +118,16 @@ _POLICY = ATTACK_POLICY_HEAD.replace("repeats: {{enabled: true}}", "repeats: {{e
 
 @pytest.fixture(scope="module")
 def settings_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    yield from _settings_proxy(test_db, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def settings_proxy_pg15(pg15_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """The same tables and dpproxy on PostgreSQL 15 with ICU and JIT (tests/pg15.py)."""
+    yield from _settings_proxy(pg15_db, tmp_path_factory)
+
+
+def _settings_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
     create_neighbours(test_db.admin_dsn, "st0", _NEIGHBOURS, _DDL, _BASE_ROWS)
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
         # sr0: large enough that WHERE id = k is an index scan, whose predicate locks cover row k only.
@@ -220,6 +230,17 @@ def test_no_session_state_lets_one_row_decide_an_outcome(settings_proxy: Running
             conn.execute(statement)
         for sql in ACCEPTED_FORMS:
             _same_on_neighbours(conn, sql)
+
+
+# A slice of the states on PostgreSQL 15: JIT is there (pgserver's 16 has none), and the time
+# and text handling that differs most between versions.
+_PG15_STATES = ["default", "planner", "posix offsets", "German", "latin1", "serializable block"]
+
+
+@pytest.mark.parametrize("state", _PG15_STATES)
+def test_no_session_state_lets_one_row_decide_an_outcome_on_postgresql_15(settings_proxy_pg15: RunningProxy,
+                                                                          state: str) -> None:
+    test_no_session_state_lets_one_row_decide_an_outcome(settings_proxy_pg15, state)
 
 
 def _answer_form(conn: psycopg.Connection, sql: str) -> tuple[object, ...]:

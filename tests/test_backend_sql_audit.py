@@ -225,6 +225,8 @@ def _findings(where: str, select: str = "pg_catalog.count(*)") -> list[Finding]:
     "t OPERATOR(pg_catalog.~~) E'a\\\\'",  # a pattern ending in an escape
     "ci OPERATOR(pg_catalog.~~) 'a%'",  # LIKE on a nondeterministic collation
     "pg_catalog.lower(nr) OPERATOR(pg_catalog.<) CAST('1.5' AS pg_catalog.float8)",  # a range's bound
+    "pg_catalog.upper(t) OPERATOR(pg_catalog.=) 'A'",  # more than 1 GB asked for a 256 MB value
+    "t OPERATOR(pg_catalog.~~*) 'a%'",  # ILIKE lowers the value first
     "n OPERATOR(pg_catalog.<) CAST('1.5' AS pg_catalog.float8)",  # numeric converted to double per row
     "n OPERATOR(pg_catalog.<) f",
     "CAST(n AS double precision) OPERATOR(pg_catalog.>) 0",
@@ -257,6 +259,7 @@ def test_the_audit_finds_aggregate_arguments_that_can_raise(select: str) -> None
     "SELECT DISTINCT e FROM {t}",
     "SELECT pg_catalog.count(*) FROM (SELECT e FROM {t} ORDER BY e) AS s",
     "SELECT pg_catalog.min(e) FROM {t}",
+    "SELECT pg_catalog.count(*) FROM {t} GROUP BY ci",  # a nondeterministic collation's hash of a long value
 ])
 def test_the_audit_finds_rows_sorted_grouped_or_told_apart_by_a_type_not_built_in(sql: str) -> None:
     assert audit_backend_sql(sql.format(t=_T), ("public", "x"), _COLUMNS), sql
@@ -265,6 +268,8 @@ def test_the_audit_finds_rows_sorted_grouped_or_told_apart_by_a_type_not_built_i
 @pytest.mark.parametrize("sql", [
     "SELECT pg_catalog.count(DISTINCT m), pg_catalog.count(DISTINCT t), pg_catalog.count(e) FROM {t} WHERE e IS NULL",
     "SELECT i, pg_catalog.count(*) FROM {t} GROUP BY i",
+    "SELECT pg_catalog.count(DISTINCT ci) FROM {t} GROUP BY CASE WHEN (pg_catalog.octet_length(ci) "
+    "OPERATOR(pg_catalog.<=) 16777216) THEN ci END",
 ])
 def test_the_audit_accepts_counting_a_type_not_built_in_and_sorting_built_in_ones(sql: str) -> None:
     assert audit_backend_sql(sql.format(t=_T), ("public", "x"), _COLUMNS) == [], sql
@@ -272,7 +277,9 @@ def test_the_audit_accepts_counting_a_type_not_built_in_and_sorting_built_in_one
 
 @pytest.mark.parametrize("where", [
     "i OPERATOR(pg_catalog.>=) 5 AND i OPERATOR(pg_catalog.<=) CAST($1 AS pg_catalog.numeric)",
-    "t OPERATOR(pg_catalog.~~) 'a\\\\%' OR pg_catalog.lower(t) OPERATOR(pg_catalog.=) $2",
+    "t OPERATOR(pg_catalog.~~) 'a\\\\%' OR pg_catalog.lower(CASE WHEN (pg_catalog.octet_length(t) "
+    "OPERATOR(pg_catalog.<=) 16777216) THEN t END) OPERATOR(pg_catalog.=) $2",
+    "CASE WHEN (pg_catalog.octet_length(t) OPERATOR(pg_catalog.<=) 16777216) THEN t END OPERATOR(pg_catalog.~~*) 'a%'",
     "f OPERATOR(pg_catalog.=) 'NaN' AND n OPERATOR(pg_catalog.<>) 1e-400 AND d OPERATOR(pg_catalog.<) ts",
     "NOT (n IS NULL)",
 ])

@@ -35,6 +35,9 @@ CASES = int(os.environ.get("DPPROXY_FUZZ_CASES", "1100"))  # as long a run as 1,
 REPORTED = int(os.environ.get("DPPROXY_FUZZ_REPORT", "8"))
 NEIGHBOURS = 12
 TIME_LIMIT_S = 240  # a bound, not a target: a run takes well under a minute
+# The slice run on PostgreSQL 15 (tests/pg15.py): ``DPPROXY_FUZZ_PG15_CASES``, ~15 s.
+PG15_CASES = int(os.environ.get("DPPROXY_FUZZ_PG15_CASES", "300"))
+PG15_TIME_LIMIT_S = 60
 # Base tables: "base" has a row of NULLs and a row of ordinary numbers, "empty" has no row,
 # so that the adversarial row of a neighbour is often the only row a predicate reaches.
 # "base" also has a row of zeros, which a tiny adversarial value may share a partition with.
@@ -84,6 +87,16 @@ def _policy_text() -> str:
 
 @pytest.fixture(scope="module")
 def fuzz_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    yield from _fuzz_proxy(test_db, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def fuzz_proxy_pg15(pg15_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """The fuzzer's tables and dpproxy on PostgreSQL 15 with ICU and JIT (tests/pg15.py)."""
+    yield from _fuzz_proxy(pg15_db, tmp_path_factory)
+
+
+def _fuzz_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
     rows = adversarial_rows(random.Random(SEED), NEIGHBOURS)
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
         for base, base_rows in BASES.items():
@@ -282,16 +295,27 @@ class Client:
 
 
 def test_one_row_never_changes_a_statements_outcome(fuzz_proxy: RunningProxy) -> None:
+    _fuzz(fuzz_proxy, CASES, TIME_LIMIT_S)
+
+
+def test_one_row_never_changes_a_statements_outcome_on_postgresql_15(fuzz_proxy_pg15: RunningProxy) -> None:
+    """A slice of the same cases on another major version, with ICU and JIT."""
+    _fuzz(fuzz_proxy_pg15, PG15_CASES, PG15_TIME_LIMIT_S)
+
+
+def _fuzz(proxy: RunningProxy, cases: int, time_limit_s: float) -> None:
+    """``cases`` generated statements (at most ``time_limit_s`` of them) on ``proxy``'s base
+    tables and neighbours: each must have one outcome on both, and break nothing."""
     rng = random.Random(SEED * 7919 + 1)
-    client = Client(fuzz_proxy)
+    client = Client(proxy)
     failures: list[str] = []
     outcomes: Counter[str] = Counter()
     started = time.monotonic()
     ran = 0
     drawn: set[tuple[str, str]] = set()
     try:
-        for index in range(CASES):
-            if time.monotonic() - started > TIME_LIMIT_S:
+        for index in range(cases):
+            if time.monotonic() - started > time_limit_s:
                 break
             case = generate_case(rng)
             base = rng.choice(list(BASES))
@@ -326,7 +350,7 @@ def test_one_row_never_changes_a_statements_outcome(fuzz_proxy: RunningProxy) ->
         f"one row, or break dpproxy; the first {min(len(failures), REPORTED)}:\n" + "\n".join(failures[:REPORTED])
     )
     # The run must exercise answers as well as refusals, or it proves nothing.
-    assert ran >= min(CASES, 500), f"only {ran} cases ran within {TIME_LIMIT_S} s"
+    assert ran >= min(cases, 500), f"only {ran} cases ran within {time_limit_s} s"
     assert outcomes["answer"] >= ran // 5, f"too few answered statements: {outcomes}"
     assert outcomes["conditional answer"] >= ran // 50, f"too few answered conditional aggregates: {outcomes}"
     assert outcomes["indicator answer"] >= ran // 200, f"too few answered indicator sums and shares: {outcomes}"

@@ -919,7 +919,8 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
                 problems.append(f"tables.{name}.columns.{column_name}: no such column on the backend{meant}")
             else:
                 fit = column_fit_problems(name, column_name, column_policy, info)
-                problems += fit or await _unreadable_labels(session, name, info)
+                problems += fit or await _unreadable_labels(session, name, info) \
+                    or await _equal_labels(session, name, target.oid, info)
         if table_policy.partitioning == "ctid_hash" and target.oid not in hashable:
             problems.append(
                 f"tables.{name}.partitioning: ctid_hash needs a table, materialized view or "
@@ -990,6 +991,38 @@ async def _unreadable_labels(session: BackendSession, table: str, column: Column
             unreadable.append(f"tables.{table}.columns.{column.name}: {label!r} is not a value of the column's type "
                               f"{type_name} ({exc.message})")
     return unreadable
+
+
+async def _equal_labels(session: BackendSession, table: str, relation: int, column: ColumnInfo) -> list[str]:
+    """The pairs of the column's categories that are one value by its ``=``, under its collation.
+
+    MODE counts each category, and a histogram puts a row in the cell of the first category it
+    equals (``CASE WHEN col = 'Male' ... WHEN col = 'male' ...``): under a case-insensitive
+    (nondeterministic) collation, or for ``char(n)`` (trailing spaces) or ``boolean`` (``t`` and
+    ``true``), the second of two such labels would be a key no row can reach, answered as noise
+    around nothing whatever the table holds. Each label is read as one (``_unreadable_labels``).
+    """
+    policy = column.policy
+    if policy is None or policy.categories is None or len(policy.categories) < 2:
+        return []
+    (type_name, collation) = await session.fetch_row(
+        "SELECT pg_catalog.format_type(%s, %s), (SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.' "
+        "OPERATOR(pg_catalog.||) pg_catalog.quote_ident(c.collname) FROM pg_catalog.pg_attribute a "
+        "JOIN pg_catalog.pg_collation c ON c.oid OPERATOR(pg_catalog.=) a.attcollation "
+        "JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.collnamespace "
+        "WHERE a.attrelid OPERATOR(pg_catalog.=) %s AND a.attnum OPERATOR(pg_catalog.=) %s)",
+        (column.type_oid, column.type_modifier, relation, column.attnum))
+    collate = f" COLLATE {collation}" if collation is not None else ""
+    pairs = await session.fetch_all(
+        f"SELECT a.v, b.v FROM pg_catalog.unnest(%s::pg_catalog.text[]) WITH ORDINALITY AS a(v, i), "
+        f"pg_catalog.unnest(%s::pg_catalog.text[]) WITH ORDINALITY AS b(v, i) "
+        f"WHERE a.i OPERATOR(pg_catalog.<) b.i "
+        f"AND CAST(a.v AS {type_name}){collate} OPERATOR(pg_catalog.=) CAST(b.v AS {type_name}) ORDER BY a.i, b.i",
+        (list(policy.categories), list(policy.categories)))
+    under = f" under its collation {collation}" if collation is not None else ""
+    return [f"tables.{table}.columns.{column.name}: categories {first!r} and {second!r} are one value of the column's "
+            f"type {type_name}{under} (its = holds for them), so no row could be counted in {second!r}; "
+            "declare one of them" for first, second in pairs]
 
 
 async def _ctid_hashable(session: BackendSession, oids: list[int]) -> set[int]:

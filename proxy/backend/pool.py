@@ -87,9 +87,15 @@ async def open_backend(config: BackendConfig, settings: Mapping[str, str] | None
     refuses one below 1 there, in SET and in set_config): ``RESET extra_float_digits`` returned
     to a default below 1 of the role's, the database's or postgresql.conf, the rounded float
     text the exact-floats rule keeps out of every exact aggregate dpproxy reads as text.
+
+    It never compiles a statement with JIT (``jit_above_cost`` -1, which a client can neither
+    SET nor forward; ``SET jit`` stays harmless): LLVM's compile of a long expression cannot be
+    interrupted, and outlasts ``statement_timeout`` by minutes (a DP query with a 6,000-value
+    IN list held its backend connection 150 s under a 2 s timeout on Debian's PostgreSQL 15),
+    and whether PostgreSQL compiles at all follows the plan's cost, from the table's statistics.
     """
     options = {"default_transaction_read_only": "on", "default_transaction_deferrable": "on",
-               "standard_conforming_strings": "on", "extra_float_digits": "1",
+               "standard_conforming_strings": "on", "extra_float_digits": "1", "jit_above_cost": "-1",
                "statement_timeout": str(config.statement_timeout_ms), "idle_in_transaction_session_timeout": "0"}
     options.update(settings or {})
     return await psycopg.AsyncConnection.connect(
