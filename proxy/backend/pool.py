@@ -46,7 +46,7 @@ from proxy.wire.protocol import Notice
 
 from .result_waiter import ResultWaiter
 
-__all__ = ["UNKNOWN", "BackendPool", "PoolTimeout", "PooledConnection", "State", "open_backend"]
+__all__ = ["PINNED_SETTINGS", "UNKNOWN", "BackendPool", "PoolTimeout", "PooledConnection", "State", "open_backend"]
 
 State = tuple[tuple[str, str], ...]
 #: The state of a connection whose settings are not known (never equal to a session's).
@@ -54,6 +54,29 @@ UNKNOWN: Final[State] = (("", "unknown"),)
 
 _OK = pq.ConnStatus.OK
 _IDLE = pq.TransactionStatus.IDLE
+
+
+PINNED_SETTINGS: Final[Mapping[str, str]] = {
+    "default_transaction_read_only": "on",
+    "default_transaction_deferrable": "on",
+    "standard_conforming_strings": "on",
+    "extra_float_digits": "1",
+    "idle_in_transaction_session_timeout": "0",
+    # dpproxy passes arrays as text ('{1,NULL}'): with array_nulls off an int8 array's NULL
+    # was the text "NULL" to PostgreSQL, and every histogram failed with 22P02.
+    "array_nulls": "on",
+    # dpproxy reads names and its own catalog answers as UTF-8 (a session's own client_encoding
+    # is set on top); SQL_ASCII, passed through unconverted, refused the policy at load.
+    "client_encoding": "UTF8",
+    # A pooled connection is idle between checkouts: ended after a second's idleness, the
+    # next statement on it failed (and the policy's load, between its catalog queries).
+    "idle_session_timeout": "0",
+    # An analyst's error (a typo, 1/0) ended the backend connection and with it the client's session.
+    "exit_on_error": "off",
+}
+"""The settings every backend connection starts with, whatever the role, the database or
+postgresql.conf set (``RESET`` returns to them); ``statement_timeout`` comes from the policy.
+Settings only a superuser can change (``temp_file_limit``, ``log_*``) cannot be pinned so."""
 
 
 def _opened_with(config: BackendConfig) -> tuple[object, ...]:
@@ -87,10 +110,11 @@ async def open_backend(config: BackendConfig, settings: Mapping[str, str] | None
     refuses one below 1 there, in SET and in set_config): ``RESET extra_float_digits`` returned
     to a default below 1 of the role's, the database's or postgresql.conf, the rounded float
     text the exact-floats rule keeps out of every exact aggregate dpproxy reads as text.
+
+    The other ``PINNED_SETTINGS`` keep a routine default of the operator's from breaking
+    dpproxy for every row (tests/test_attack_operator_settings.py).
     """
-    options = {"default_transaction_read_only": "on", "default_transaction_deferrable": "on",
-               "standard_conforming_strings": "on", "extra_float_digits": "1",
-               "statement_timeout": str(config.statement_timeout_ms), "idle_in_transaction_session_timeout": "0"}
+    options = {**PINNED_SETTINGS, "statement_timeout": str(config.statement_timeout_ms)}
     options.update(settings or {})
     return await psycopg.AsyncConnection.connect(
         config.dsn or "",

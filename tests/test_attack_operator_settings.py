@@ -1,0 +1,315 @@
+"""Backend settings an operator sets behind dpproxy's back, attacked on neighbouring tables.
+
+tests/test_attack_settings.py sweeps what an analyst can change. This module sweeps what only
+the operator can: a default of the service role (``ALTER ROLE dpproxy_service SET``, as a
+superuser for the settings only one can set), which is what its database's defaults and
+postgresql.conf do too: dpproxy's backend connections take every such default unless they
+pin the setting (``proxy.backend.pool.PINNED_SETTINGS``). Each (setting, value) of ``TRIED``
+is set so, a fresh dpproxy is started on it (so its policy's load runs under it and its pool
+opens new connections), and every accepted DP form of test_attack_settings runs on ``st0`` and
+its neighbours, which each add one adversarial row, beside passthrough probes whose reading
+could change with such a setting. One row must change nothing but the noised values (the
+outcome, SQLSTATE, columns, keys, notices), and a form answered under PostgreSQL's defaults
+must still be answered (a routine operator setting that breaks dpproxy for every row is a
+compatibility fault).
+
+Found and fixed (each now pinned, with a test below): ``array_nulls = off`` failed every
+histogram with 22P02 (dpproxy passes ``'{…,NULL}'`` arrays); ``client_encoding = SQL_ASCII``
+refused the policy at load; ``idle_session_timeout`` ended pooled connections between
+checkouts, and the load between its catalog queries; ``exit_on_error = on`` ended the backend
+connection, and with it the client's session, at an analyst's ``SELECT 1/0``.
+
+Held, and why (no pin needed): every DP query's functions, operators and types are
+``pg_catalog``'s, written ``OPERATOR(pg_catalog.=)`` (``transform_null_equals`` rewrites only a
+bare ``=``; ``search_path`` substitutes nothing); literals and folded values are read back in
+the analyst's session (DateStyle, IntervalStyle, TimeZone, ``timezone_abbreviations``); plan
+settings change how rows are found, not which (``enable_*``, costs, parallel query, jit,
+``synchronize_seqscans``, ``gin_fuzzy_search_limit`` on no GIN scan of a DP query); no backend
+notice of a DP statement reaches the client (``client_min_messages`` with every ``log_*`` and
+``debug_print_*``). A ``search_path`` without ``public`` makes an unqualified protected name
+unknown, as PostgreSQL itself would (42P01 on every table, uncharged); qualified names answer.
+
+Not pinnable, left to the operator (docs/threat-model.md): settings only a superuser may set.
+``temp_file_limit`` with a small ``work_mem`` fails dpproxy's own catalog queries at load
+(asserted below as a refusal to start); below that, a DP query whose sort or hash
+the rows' volume spills past the limit fails with 53400 (threat-model.md, "Timing").
+
+``DPPROXY_OPERATOR_SWEEP=full`` runs every (setting, value) on a dpproxy of its own (about 4
+minutes); by default each round sets one value of every setting together (``ROUNDS``) and the
+values that would hide the others' effects run alone (``APART``), about 40 s.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+import psycopg
+import pytest
+
+from proxy.backend.pool import PINNED_SETTINGS
+from proxy.serving.startup import StartupError
+from tests.conftest import RunningProxy, TestDatabase, running_proxy
+from tests.neighbour_outcome import create_neighbours, masked_outcome
+from tests.test_attack_settings import _BASE_ROWS, _DDL, _NEIGHBOURS, _POLICY, ACCEPTED_FORMS, _dates_as_text
+
+TABLES = ("st0", *_NEIGHBOURS)
+
+# Each setting a role or database may set (pg_settings' context user or superuser, PostgreSQL
+# 16) that could change a read-only SELECT's result, errors or notices, with the values tried.
+TRIED: dict[str, tuple[str, ...]] = {
+    "DateStyle": ("'SQL, DMY'", "'German, YMD'", "'Postgres, MDY'", "'ISO, YMD'", "'SQL, YMD'", "'German, MDY'"),
+    "IntervalStyle": ("postgres_verbose", "sql_standard", "iso_8601"),
+    "TimeZone": ("'Pacific/Kiritimati'", "'Etc/GMT+12'", "'<-1559>+15:59'"),
+    "timezone_abbreviations": ("'Australia'", "'India'"),
+    "array_nulls": ("off",),
+    "backslash_quote": ("on", "off"),
+    "escape_string_warning": ("off",),
+    "transform_null_equals": ("on",),
+    "quote_all_identifiers": ("on",),
+    "bytea_output": ("escape",),
+    "client_encoding": ("SQL_ASCII", "LATIN1", "WIN1252", "EUC_JP", "SJIS"),
+    "client_min_messages": ("debug5", "log", "error"),
+    "lc_monetary": ("'C'",), "lc_numeric": ("'C'",), "lc_time": ("'C'",), "lc_messages": ("'C'",),
+    "xmlbinary": ("hex",), "xmloption": ("document",),
+    "default_text_search_config": ("'pg_catalog.simple'",),
+    "default_transaction_isolation": ("'serializable'", "'repeatable read'", "'read uncommitted'"),
+    "search_path": ("public, pg_catalog", "pg_temp, public", "''", "pg_catalog", "'$user'"),
+    "row_security": ("off",),
+    "session_replication_role": ("replica", "local"),
+    "exit_on_error": ("on",),
+    "idle_session_timeout": ("1",),
+    "lock_timeout": ("1",),
+    "check_function_bodies": ("off",),
+    "lo_compat_privileges": ("on",),
+    "max_stack_depth": ("100",),
+    "temp_file_limit": ("0",),
+    "work_mem": ("64",), "hash_mem_multiplier": ("1",), "temp_buffers": ("100",),
+    "enable_bitmapscan": ("off",), "enable_hashagg": ("off",), "enable_indexscan": ("off",),
+    "enable_indexonlyscan": ("off",), "enable_seqscan": ("off",), "enable_sort": ("off",),
+    "enable_incremental_sort": ("off",), "enable_material": ("off",), "enable_memoize": ("off",),
+    "enable_presorted_aggregate": ("off",), "enable_partition_pruning": ("off",),
+    "enable_partitionwise_aggregate": ("on",), "enable_partitionwise_join": ("on",), "enable_gathermerge": ("off",),
+    "enable_async_append": ("off",), "enable_parallel_append": ("off",), "enable_parallel_hash": ("off",),
+    "enable_tidscan": ("off",), "enable_hashjoin": ("off",), "enable_mergejoin": ("off",), "enable_nestloop": ("off",),
+    "constraint_exclusion": ("on", "off"),
+    "cursor_tuple_fraction": ("0", "1"),
+    "from_collapse_limit": ("1",), "join_collapse_limit": ("1",),
+    "geqo": ("off",), "geqo_threshold": ("2",),
+    "gin_fuzzy_search_limit": ("1",),
+    "recursive_worktable_factor": ("0.001",),
+    "plan_cache_mode": ("force_generic_plan", "force_custom_plan"),
+    "jit": ("off",), "jit_above_cost": ("0",),
+    "debug_parallel_query": ("on", "regress"),
+    "max_parallel_workers_per_gather": ("0", "8"),
+    "parallel_setup_cost": ("0",), "parallel_tuple_cost": ("0",), "min_parallel_table_scan_size": ("0",),
+    "random_page_cost": ("0",), "seq_page_cost": ("0",), "cpu_tuple_cost": ("0",),
+    "synchronize_seqscans": ("off",),
+    "stats_fetch_consistency": ("snapshot", "none"),
+    "compute_query_id": ("on",),
+    "icu_validation_level": ("error",),
+    "trace_sort": ("on",),
+    "log_statement": ("'all'",), "log_min_duration_statement": ("0",), "log_duration": ("on",),
+    "log_executor_stats": ("on",), "log_temp_files": ("0",), "debug_print_plan": ("on",),
+}
+
+# Settable per role or database, and skipped: they cannot change a read-only SELECT's rows,
+# errors or notices.
+SKIPPED: dict[str, str] = {
+    **{name: "writes only (a read-only session writes nothing)" for name in (
+        "backend_flush_after", "commit_delay", "commit_siblings", "default_table_access_method",
+        "default_tablespace", "default_toast_compression", "gin_pending_list_limit", "synchronous_commit",
+        "wal_compression", "wal_consistency_checking", "wal_init_zero", "wal_recycle", "wal_skip_threshold",
+        "vacuum_buffer_usage_limit", "vacuum_cost_delay", "vacuum_cost_limit", "vacuum_cost_page_dirty",
+        "vacuum_cost_page_hit", "vacuum_cost_page_miss", "vacuum_failsafe_age", "vacuum_freeze_min_age",
+        "vacuum_freeze_table_age", "vacuum_multixact_failsafe_age", "vacuum_multixact_freeze_min_age",
+        "vacuum_multixact_freeze_table_age", "maintenance_work_mem", "maintenance_io_concurrency",
+        "max_parallel_maintenance_workers", "default_statistics_target", "allow_in_place_tablespaces",
+        "allow_system_table_mods", "createrole_self_grant", "password_encryption", "scram_iterations",
+        "temp_tablespaces", "logical_decoding_work_mem", "debug_logical_replication_streaming",
+        "zero_damaged_pages", "ignore_checksum_failure", "trace_notify")},
+    **{name: "the server's log and statistics only (client_min_messages and log_* are tried)" for name in (
+        "application_name", "backtrace_functions", "log_error_verbosity", "log_lock_waits", "log_min_duration_sample",
+        "log_min_error_statement", "log_min_messages", "log_parameter_max_length",
+        "log_parameter_max_length_on_error", "log_parser_stats", "log_planner_stats", "log_replication_commands",
+        "log_statement_sample_rate", "log_statement_stats", "log_transaction_sample_rate", "track_activities",
+        "track_counts", "track_functions", "track_io_timing", "track_wal_io_timing", "update_process_title",
+        "debug_pretty_print", "debug_print_parse", "debug_print_rewritten", "debug_discard_caches")},
+    **{name: "the connection's transport, not its statements" for name in (
+        "client_connection_check_interval", "tcp_keepalives_count", "tcp_keepalives_idle",
+        "tcp_keepalives_interval", "tcp_user_timeout", "wal_sender_timeout")},
+    **{name: "plan costs like the tried ones: how rows are found, not which" for name in (
+        "cpu_index_tuple_cost", "cpu_operator_cost", "effective_cache_size", "effective_io_concurrency",
+        "geqo_effort", "geqo_generations", "geqo_pool_size", "geqo_seed", "geqo_selection_bias",
+        "jit_dump_bitcode", "jit_expressions", "jit_inline_above_cost", "jit_optimize_above_cost",
+        "jit_tuple_deforming", "max_parallel_workers", "min_parallel_index_scan_size",
+        "parallel_leader_participation", "deadlock_timeout")},
+    "dynamic_library_path": "where LOAD looks; dpproxy refuses LOAD",
+    "local_preload_libraries": "a library an operator installs runs inside the backend: trusted as the server is",
+    "session_preload_libraries": "a library an operator installs runs inside the backend: trusted as the server is",
+    "transaction_isolation": "per transaction, from default_transaction_isolation (tried)",
+    "transaction_read_only": "per transaction, from default_transaction_read_only (pinned)",
+    "transaction_deferrable": "per transaction, from default_transaction_deferrable (pinned)",
+    "statement_timeout": "pinned to the policy's backend.statement_timeout_ms",
+}
+
+# Run alone by default: each would hide the other settings' effects in a round (a search_path
+# without public hides the unqualified tables; work_mem with temp_file_limit fails the load).
+APART = [{"search_path": "''"}, {"work_mem": "64"}]
+# Round n sets the n-th value of every setting that has one, all together; not the values
+# apart and their like.
+_KEPT_OUT = {("search_path", "''"), ("search_path", "pg_catalog"), ("search_path", "'$user'"), ("work_mem", "64")}
+_ROUND_VALUES = {name: kept for name, values in TRIED.items()
+                 if (kept := tuple(value for value in values if (name, value) not in _KEPT_OUT))}
+ROUNDS = [{name: values[n] for name, values in _ROUND_VALUES.items() if n < len(values)}
+          for n in range(max(len(values) for values in _ROUND_VALUES.values()))]
+EVERY_ONE = [{name: value} for name, values in TRIED.items() for value in values]
+
+# Passthrough probes, with the outcome each must have whatever the operator set.
+PASSTHROUGH = {
+    # One literal to dpproxy: a catalog query of no row.
+    "SELECT relname::text FROM pg_catalog.pg_class WHERE relname = '\\'' UNION ALL SELECT s FROM public.{t} --'":
+        ("answer", (("relname", 25),), 0),
+    "SELECT relname::text FROM pg_catalog.pg_class WHERE relname = E'\\'' UNION ALL SELECT s FROM public.{t} --'":
+        ("error", "DP001"),
+    "SELECT s FROM public.{t} WHERE s = NULL": ("error", "DP001"),
+    "SELECT 1 / 0": ("error", "22012"),
+    "SELECT relname::text FROM pg_catalog.pg_class WHERE relname = '{t}'": ("answer", (("relname", 25),), 1),
+    "SELECT COUNT(*) FROM public.{t} WHERE s = 'a'": ("answer", (("count", 20),), 1),
+}
+
+
+@pytest.fixture(scope="module")
+def neighbours(test_db: TestDatabase) -> None:
+    create_neighbours(test_db.admin_dsn, "st0", _NEIGHBOURS, _DDL, _BASE_ROWS)
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute("CREATE TABLE IF NOT EXISTS sr0 (id int8 PRIMARY KEY, v int4)")  # in _POLICY
+        admin.execute("GRANT SELECT ON sr0 TO dpproxy_service")
+
+
+@contextmanager
+def operator_defaults(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory,
+                      settings: Mapping[str, str]) -> Iterator[RunningProxy]:
+    """A dpproxy started on a backend whose service role has the defaults ``settings`` (set by
+    a superuser, as ``ALTER ROLE … SET`` is), all reset again afterwards."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        try:
+            for name, value in settings.items():
+                admin.execute(f"ALTER ROLE dpproxy_service SET {name} = {value}")
+            with running_proxy(test_db, tmp_path_factory, _POLICY) as proxy:
+                yield proxy
+        finally:
+            admin.execute("ALTER ROLE dpproxy_service RESET ALL")
+
+
+def _faults(conn: psycopg.Connection, hides_public: bool) -> list[str]:
+    """What differs on one neighbour, or fails on all, among the DP forms and the probes."""
+    faults = []
+    for form in ACCEPTED_FORMS:
+        sql = form.replace("{t}", "public.{t}") if hides_public else form
+        keys = 1 if "GROUP BY" in sql else 0
+        outcomes = {table: masked_outcome(conn, sql, table, keys=keys) for table in TABLES}
+        if len(set(outcomes.values())) != 1:
+            faults.append(f"one row decides {sql}: {outcomes}")
+        elif outcomes["st0"][0] != "answer":
+            faults.append(f"not answered on any table: {sql}: {outcomes['st0']}")
+    for sql, expected in PASSTHROUGH.items():
+        outcomes = {table: masked_outcome(conn, sql, table)[:len(expected)] for table in TABLES}
+        if set(outcomes.values()) != {expected}:
+            faults.append(f"{sql}: {outcomes}")
+    return faults
+
+
+def _swept(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, settings: Mapping[str, str]) -> list[str]:
+    with operator_defaults(test_db, tmp_path_factory, settings) as proxy, proxy.connect() as conn:
+        _dates_as_text(conn)
+        search_path = str(conn.execute("SHOW search_path").fetchone())
+        return _faults(conn, hides_public="public" not in search_path)
+
+
+SWEPT = EVERY_ONE if os.environ.get("DPPROXY_OPERATOR_SWEEP") == "full" else ROUNDS + APART
+
+
+@pytest.mark.parametrize("settings", SWEPT, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items())[:60])
+def test_no_operator_default_lets_one_row_decide_an_outcome_or_breaks_every_row(
+        neighbours: None, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory,
+        settings: dict[str, str]) -> None:
+    faults = _swept(test_db, tmp_path_factory, settings)
+    assert not faults, "\n".join(faults)
+
+
+def test_every_setting_a_role_may_set_is_tried_pinned_or_skipped_for_a_reason(test_db: TestDatabase) -> None:
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        names = {name for (name,) in admin.execute(
+            "SELECT name FROM pg_settings WHERE context IN ('user', 'superuser')").fetchall()}
+    assert names - set(TRIED) - set(SKIPPED) - set(PINNED_SETTINGS) == set()
+
+
+def test_the_pinned_settings_are_what_a_session_has_and_returns_to(
+        neighbours: None, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
+    contrary = {"array_nulls": "off", "client_encoding": "SQL_ASCII", "idle_session_timeout": "1",
+                "exit_on_error": "on", "standard_conforming_strings": "off", "extra_float_digits": "-15",
+                "default_transaction_read_only": "off", "default_transaction_deferrable": "off",
+                "idle_in_transaction_session_timeout": "1"}
+    assert set(contrary) == set(PINNED_SETTINGS)
+    shown = "SELECT " + ", ".join(f"pg_catalog.current_setting('{name}')" for name in PINNED_SETTINGS)
+    with operator_defaults(test_db, tmp_path_factory, contrary) as proxy, proxy.connect() as conn:
+        for reset in ((), ("RESET ALL",), ("DISCARD ALL",)):
+            for statement in reset:
+                conn.execute(statement)
+            row = conn.execute(shown).fetchone()
+            assert row is not None
+            assert dict(zip(PINNED_SETTINGS, row)) == PINNED_SETTINGS
+
+
+def test_a_histogram_is_answered_under_an_operator_default_of_no_array_nulls(
+        neighbours: None, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # dpproxy's histogram SQL reads an int8 array from text with NULL elements: under
+    # array_nulls = off they were the text "NULL", and every histogram failed with 22P02.
+    with operator_defaults(test_db, tmp_path_factory, {"array_nulls": "off"}) as proxy, proxy.connect() as conn:
+        assert len(conn.execute("SELECT s, COUNT(*) FROM st0 GROUP BY s").fetchall()) == 2
+
+
+def test_dpproxy_starts_under_an_operator_default_client_encoding_of_sql_ascii(
+        neighbours: None, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # The policy's load read the backend's answers unconverted and refused every column.
+    with operator_defaults(test_db, tmp_path_factory, {"client_encoding": "SQL_ASCII"}) as proxy, \
+            proxy.connect() as conn:
+        assert conn.info.parameter_status("client_encoding") == "UTF8"
+        assert conn.execute("SELECT COUNT(*) FROM st0").fetchone() is not None
+
+
+def test_pooled_connections_outlive_an_operator_idle_session_timeout(
+        neighbours: None, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # idle_session_timeout = 1 (ms) ended the load between its catalog queries; set longer, it
+    # ends the pool's idle connections between two statements of a session.
+    with operator_defaults(test_db, tmp_path_factory, {"idle_session_timeout": "1"}) as proxy, proxy.connect() as conn:
+        for _ in range(3):
+            assert conn.execute("SELECT COUNT(*) FROM st0").fetchone() is not None
+            time.sleep(0.05)
+
+
+def test_an_analysts_error_does_not_end_the_session_under_an_operator_exit_on_error(
+        neighbours: None, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # exit_on_error = on made PostgreSQL end its connection at any error: the client saw
+    # 08006 at SELECT 1/0 and its session was closed.
+    with operator_defaults(test_db, tmp_path_factory, {"exit_on_error": "on"}) as proxy, proxy.connect() as conn:
+        for block in (False, True):
+            if block:
+                conn.execute("BEGIN")
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                conn.execute("SELECT 1 / 0")
+            if block:
+                conn.execute("ROLLBACK")
+            assert conn.execute("SELECT COUNT(*) FROM st0").fetchone() is not None
+
+
+def test_a_temp_file_limit_dpproxy_cannot_pin_that_fails_its_load_refuses_to_start(
+        neighbours: None, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # Only a superuser can set temp_file_limit; a limit dpproxy's catalog queries reach stops
+    # it at startup, naming the cause, rather than failing later statements.
+    with pytest.raises(StartupError, match="temp_file_limit"):
+        with operator_defaults(test_db, tmp_path_factory, {"work_mem": "64", "temp_file_limit": "0"}):
+            pass
