@@ -17,7 +17,9 @@ Found and fixed (each now pinned, with a test below): ``array_nulls = off`` fail
 histogram with 22P02 (dpproxy passes ``'{…,NULL}'`` arrays); ``client_encoding = SQL_ASCII``
 refused the policy at load; ``idle_session_timeout`` ended pooled connections between
 checkouts, and the load between its catalog queries; ``exit_on_error = on`` ended the backend
-connection, and with it the client's session, at an analyst's ``SELECT 1/0``.
+connection, and with it the client's session, at an analyst's ``SELECT 1/0``; ``row_security =
+off`` failed every DP query on a table with a row-level security policy (42501), after its
+charge (budget).
 
 Held, and why (no pin needed): every DP query's functions, operators and types are
 ``pg_catalog``'s, written ``OPERATOR(pg_catalog.=)`` (``transform_null_equals`` rewrites only a
@@ -31,10 +33,10 @@ unknown, as PostgreSQL itself would (42P01 on every table, uncharged); qualified
 
 Not pinnable, left to the operator (docs/threat-model.md): settings only a superuser may set.
 ``temp_file_limit`` with a small ``work_mem`` fails dpproxy's own catalog queries at load
-(asserted below as a refusal to start); below that, a DP query whose sort or hash
-the rows' volume spills past the limit fails with 53400 (threat-model.md, "Timing").
+(asserted below as a refusal to start); a limit the load stays under can still fail a DP
+query whose sort or hash the rows' volume spills past it (53400; threat-model.md, "Timing").
 
-``DPPROXY_OPERATOR_SWEEP=full`` runs every (setting, value) on a dpproxy of its own (about 4
+``DPPROXY_OPERATOR_SWEEP=full`` runs every (setting, value) on a dpproxy of its own (about 10
 minutes); by default each round sets one value of every setting together (``ROUNDS``) and the
 values that would hide the others' effects run alone (``APART``), about 40 s.
 """
@@ -51,7 +53,7 @@ import pytest
 
 from proxy.backend.pool import PINNED_SETTINGS
 from proxy.serving.startup import StartupError
-from tests.conftest import RunningProxy, TestDatabase, running_proxy
+from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from tests.neighbour_outcome import create_neighbours, masked_outcome
 from tests.test_attack_settings import _BASE_ROWS, _DDL, _NEIGHBOURS, _POLICY, ACCEPTED_FORMS, _dates_as_text
 
@@ -205,12 +207,18 @@ def operator_defaults(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFa
 
 
 def _faults(conn: psycopg.Connection, hides_public: bool) -> list[str]:
-    """What differs on one neighbour, or fails on all, among the DP forms and the probes."""
+    """What differs on one neighbour, fails on all or is charged for failing, among the DP
+    forms and the probes."""
     faults = []
     for form in ACCEPTED_FORMS:
         sql = form.replace("{t}", "public.{t}") if hides_public else form
         keys = 1 if "GROUP BY" in sql else 0
-        outcomes = {table: masked_outcome(conn, sql, table, keys=keys) for table in TABLES}
+        outcomes = {}
+        for table in TABLES:
+            before = spent_epsilon(conn)
+            outcomes[table] = masked_outcome(conn, sql, table, keys=keys)
+            if outcomes[table][0] != "answer" and spent_epsilon(conn) != before:
+                faults.append(f"charged for a failure on {table}: {sql}: {outcomes[table]}")
         if len(set(outcomes.values())) != 1:
             faults.append(f"one row decides {sql}: {outcomes}")
         elif outcomes["st0"][0] != "answer":
@@ -252,7 +260,7 @@ def test_the_pinned_settings_are_what_a_session_has_and_returns_to(
     contrary = {"array_nulls": "off", "client_encoding": "SQL_ASCII", "idle_session_timeout": "1",
                 "exit_on_error": "on", "standard_conforming_strings": "off", "extra_float_digits": "-15",
                 "default_transaction_read_only": "off", "default_transaction_deferrable": "off",
-                "idle_in_transaction_session_timeout": "1"}
+                "idle_in_transaction_session_timeout": "1", "row_security": "off"}
     assert set(contrary) == set(PINNED_SETTINGS)
     shown = "SELECT " + ", ".join(f"pg_catalog.current_setting('{name}')" for name in PINNED_SETTINGS)
     with operator_defaults(test_db, tmp_path_factory, contrary) as proxy, proxy.connect() as conn:
@@ -313,3 +321,34 @@ def test_a_temp_file_limit_dpproxy_cannot_pin_that_fails_its_load_refuses_to_sta
     with pytest.raises(StartupError, match="temp_file_limit"):
         with operator_defaults(test_db, tmp_path_factory, {"work_mem": "64", "temp_file_limit": "0"}):
             pass
+
+
+_RLS_POLICY = ATTACK_POLICY_HEAD + """
+  public.rls0:
+    access: protected
+    epsilon: 1.0
+    columns:
+      v: {{bounds: [0, 100], group_by: true}}
+"""
+
+
+def test_a_protected_table_under_row_security_is_answered_under_an_operator_default_of_row_security_off(
+        test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # row_security = off does not bypass a policy: PostgreSQL fails every query the policy
+    # would filter (42501), and dpproxy had charged each DP query before it failed.
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute("DROP TABLE IF EXISTS rls0")
+        admin.execute("CREATE TABLE rls0 (id int8 PRIMARY KEY, v int4)")
+        admin.execute("INSERT INTO rls0 SELECT g, g % 100 FROM generate_series(1, 300) g")
+        admin.execute("ALTER TABLE rls0 ENABLE ROW LEVEL SECURITY")
+        admin.execute("CREATE POLICY under_50 ON rls0 FOR SELECT USING (v < 50)")
+        admin.execute("GRANT SELECT ON rls0 TO dpproxy_service")
+        try:
+            admin.execute("ALTER ROLE dpproxy_service SET row_security = off")
+            with running_proxy(test_db, tmp_path_factory, _RLS_POLICY) as proxy, proxy.connect() as conn:
+                for sql in ("SELECT COUNT(*) FROM rls0", "SELECT v, COUNT(*) FROM rls0 GROUP BY v"):
+                    assert conn.execute(sql).fetchall()
+                assert conn.execute("SHOW row_security").fetchone() == ("on",)
+        finally:
+            admin.execute("ALTER ROLE dpproxy_service RESET ALL")
+            admin.execute("DROP TABLE rls0")

@@ -73,6 +73,9 @@ PINNED_SETTINGS: Final[Mapping[str, str]] = {
     "idle_session_timeout": "0",
     # An analyst's error (a typo, 1/0) ended the backend connection and with it the client's session.
     "exit_on_error": "off",
+    # Off, a protected table's row-level security policy is not bypassed: PostgreSQL fails every
+    # query the policy would filter (42501), after dpproxy charged it.
+    "row_security": "on",
 }
 """The settings every backend connection starts with, whatever the role, the database or
 postgresql.conf set (``RESET`` returns to them); ``statement_timeout`` comes from the policy.
