@@ -53,7 +53,7 @@ import pytest
 
 from proxy.backend.pool import PINNED_SETTINGS
 from proxy.serving.startup import StartupError
-from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
+from tests.conftest import ATTACK_POLICY_HEAD, TEST_DATABASE, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from tests.neighbour_outcome import create_neighbours, masked_outcome
 from tests.test_attack_settings import _BASE_ROWS, _DDL, _NEIGHBOURS, _POLICY, ACCEPTED_FORMS, _dates_as_text
 
@@ -193,17 +193,17 @@ def neighbours(test_db: TestDatabase) -> None:
 
 @contextmanager
 def operator_defaults(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory,
-                      settings: Mapping[str, str]) -> Iterator[RunningProxy]:
-    """A dpproxy started on a backend whose service role has the defaults ``settings`` (set by
-    a superuser, as ``ALTER ROLE … SET`` is), all reset again afterwards."""
+                      settings: Mapping[str, str], owner: str = "ROLE dpproxy_service") -> Iterator[RunningProxy]:
+    """A dpproxy started on a backend whose service role (or ``owner``: ``DATABASE …``) has the
+    defaults ``settings``, set by a superuser as ``ALTER … SET`` is; all reset again afterwards."""
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
         try:
             for name, value in settings.items():
-                admin.execute(f"ALTER ROLE dpproxy_service SET {name} = {value}")
+                admin.execute(f"ALTER {owner} SET {name} = {value}")
             with running_proxy(test_db, tmp_path_factory, _POLICY) as proxy:
                 yield proxy
         finally:
-            admin.execute("ALTER ROLE dpproxy_service RESET ALL")
+            admin.execute(f"ALTER {owner} RESET ALL")
 
 
 def _faults(conn: psycopg.Connection, hides_public: bool) -> list[str]:
@@ -255,15 +255,16 @@ def test_every_setting_a_role_may_set_is_tried_pinned_or_skipped_for_a_reason(te
     assert names - set(TRIED) - set(SKIPPED) - set(PINNED_SETTINGS) == set()
 
 
+@pytest.mark.parametrize("owner", ["ROLE dpproxy_service", f"DATABASE {TEST_DATABASE}"])
 def test_the_pinned_settings_are_what_a_session_has_and_returns_to(
-        neighbours: None, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
+        neighbours: None, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, owner: str) -> None:
     contrary = {"array_nulls": "off", "client_encoding": "SQL_ASCII", "idle_session_timeout": "1",
                 "exit_on_error": "on", "standard_conforming_strings": "off", "extra_float_digits": "-15",
                 "default_transaction_read_only": "off", "default_transaction_deferrable": "off",
                 "idle_in_transaction_session_timeout": "1", "row_security": "off"}
     assert set(contrary) == set(PINNED_SETTINGS)
     shown = "SELECT " + ", ".join(f"pg_catalog.current_setting('{name}')" for name in PINNED_SETTINGS)
-    with operator_defaults(test_db, tmp_path_factory, contrary) as proxy, proxy.connect() as conn:
+    with operator_defaults(test_db, tmp_path_factory, contrary, owner) as proxy, proxy.connect() as conn:
         for reset in ((), ("RESET ALL",), ("DISCARD ALL",)):
             for statement in reset:
                 conn.execute(statement)
