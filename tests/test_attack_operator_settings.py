@@ -11,7 +11,7 @@ its neighbours, which each add one adversarial row, beside passthrough probes wh
 could change with such a setting. One row must change nothing but the noised values (the
 outcome, SQLSTATE, columns, keys, notices), and a form answered under PostgreSQL's defaults
 must still be answered (a routine operator setting that breaks dpproxy for every row is a
-compatibility fault).
+compatibility fault), as must every statement Superset sends (tests/test_bi_statements.py).
 
 Found and fixed (each now pinned, with a test below): ``array_nulls = off`` failed every
 histogram with 22P02 (dpproxy passes ``'{…,NULL}'`` arrays); ``client_encoding = SQL_ASCII``
@@ -50,10 +50,14 @@ from contextlib import contextmanager
 
 import psycopg
 import pytest
+from psycopg import pq
 
 from proxy.backend.pool import PINNED_SETTINGS
 from proxy.serving.startup import StartupError
-from tests.conftest import ATTACK_POLICY_HEAD, TEST_DATABASE, RunningProxy, TestDatabase, running_proxy, spent_epsilon
+from tests.bi_data import PEOPLE_POLICY, create_people
+from tests.bi_statements import PEOPLE_OID, load_recorded
+from tests.conftest import (ATTACK_POLICY_HEAD, TEST_DATABASE, RunningProxy, TestDatabase, running_proxy,
+                            spent_epsilon)
 from tests.neighbour_outcome import create_neighbours, masked_outcome
 from tests.test_attack_settings import _BASE_ROWS, _DDL, _NEIGHBOURS, _POLICY, ACCEPTED_FORMS, _dates_as_text
 
@@ -246,6 +250,36 @@ def test_no_operator_default_lets_one_row_decide_an_outcome_or_breaks_every_row(
         settings: dict[str, str]) -> None:
     faults = _swept(test_db, tmp_path_factory, settings)
     assert not faults, "\n".join(faults)
+
+
+_ANSWERED = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK, pq.ExecStatus.EMPTY_QUERY)
+
+
+@pytest.mark.parametrize("settings", ROUNDS if SWEPT is EVERY_ONE else ROUNDS[:2],
+                         ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items())[:60])
+def test_a_bi_tools_statements_get_their_outcomes_under_operator_defaults(
+        test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, settings: dict[str, str]) -> None:
+    # What Superset sends to introspect and chart (tests/test_bi_statements.py), catalog
+    # queries read under quote_all_identifiers, bytea_output, DateStyle … included.
+    people_oid = create_people(test_db)
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        try:
+            for name, value in settings.items():
+                admin.execute(f"ALTER ROLE dpproxy_service SET {name} = {value}")
+            with running_proxy(test_db, tmp_path_factory, PEOPLE_POLICY) as proxy, \
+                    proxy.connect(options="-c statement_timeout=20000") as conn:
+                wrong = []
+                for expected in load_recorded():
+                    result = conn.pgconn.exec_(expected.sql.replace(PEOPLE_OID, str(people_oid)).encode())
+                    outcome = "ok" if result.status in _ANSWERED else \
+                        (result.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
+                    if outcome != expected.outcome:
+                        wrong.append(f"{expected.id}: {outcome} ({result.error_message!r})")
+                    if conn.pgconn.transaction_status == pq.TransactionStatus.INERROR:
+                        conn.pgconn.exec_(b"ROLLBACK")
+        finally:
+            admin.execute("ALTER ROLE dpproxy_service RESET ALL")
+    assert not wrong, "\n".join(wrong)
 
 
 def test_every_setting_a_role_may_set_is_tried_pinned_or_skipped_for_a_reason(test_db: TestDatabase) -> None:
