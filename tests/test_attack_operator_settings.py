@@ -44,9 +44,12 @@ values that would hide the others' effects run alone (``APART``), about 40 s.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -305,6 +308,24 @@ def test_the_pinned_settings_are_what_a_session_has_and_returns_to(
             row = conn.execute(shown).fetchone()
             assert row is not None
             assert dict(zip(PINNED_SETTINGS, row)) == PINNED_SETTINGS
+
+
+def test_check_config_checks_against_the_backend_under_every_pinned_setting_turned_and_a_round_of_others(
+        neighbours: None, test_db: TestDatabase, tmp_path: Path) -> None:
+    contrary = {"array_nulls": "off", "client_encoding": "SQL_ASCII", "idle_session_timeout": "1",
+                "exit_on_error": "on", "row_security": "off", "standard_conforming_strings": "off"}
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(_POLICY.format(dsn=test_db.service_dsn, ledger=tmp_path / "ledger.sqlite3"))
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        try:
+            for name, value in {**ROUNDS[0], **contrary}.items():
+                admin.execute(f"ALTER ROLE dpproxy_service SET {name} = {value}")
+            run = subprocess.run([sys.executable, "-m", "proxy.cli", "check-config", str(policy)],
+                                 capture_output=True, text=True, timeout=120)
+        finally:
+            admin.execute("ALTER ROLE dpproxy_service RESET ALL")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "checked against the backend" in run.stdout
 
 
 def test_a_histogram_is_answered_under_an_operator_default_of_no_array_nulls(
