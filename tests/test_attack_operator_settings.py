@@ -62,7 +62,8 @@ from tests.bi_statements import PEOPLE_OID, load_recorded
 from tests.conftest import (ATTACK_POLICY_HEAD, TEST_DATABASE, RunningProxy, TestDatabase, running_proxy,
                             spent_epsilon)
 from tests.neighbour_outcome import create_neighbours, masked_outcome
-from tests.test_attack_settings import _BASE_ROWS, _DDL, _NEIGHBOURS, _POLICY, ACCEPTED_FORMS, _dates_as_text
+from tests.test_attack_settings import (_BASE_ROWS, _BINARY_AND_COPY, _DDL, _NEIGHBOURS, _POLICY, _TYPED_TIMES,
+                                       ACCEPTED_FORMS, _answer_form, _dates_as_text)
 
 TABLES = ("st0", *_NEIGHBOURS)
 
@@ -253,6 +254,21 @@ def test_no_operator_default_lets_one_row_decide_an_outcome_or_breaks_every_row(
         settings: dict[str, str]) -> None:
     faults = _swept(test_db, tmp_path_factory, settings)
     assert not faults, "\n".join(faults)
+
+
+@pytest.mark.parametrize("settings", ROUNDS if SWEPT is EVERY_ONE else ROUNDS[:1],
+                         ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items())[:60])
+def test_no_operator_default_lets_one_row_decide_a_binary_copy_or_typed_parameter_answer(
+        neighbours: None, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory,
+        settings: dict[str, str]) -> None:
+    with operator_defaults(test_db, tmp_path_factory, settings) as proxy, proxy.connect() as conn:
+        for sql in _BINARY_AND_COPY:
+            outcomes = {table: _answer_form(conn, sql.replace("{t}", table)) for table in TABLES}
+            assert len(set(outcomes.values())) == 1 and outcomes["st0"][0] in ("answer", "copy"), (sql, outcomes)
+        for sql, values, types in _TYPED_TIMES:
+            for table in TABLES:
+                result = conn.pgconn.exec_params(sql.replace("{t}", table).encode(), values, types)
+                assert result.status == pq.ExecStatus.TUPLES_OK, (sql, table, result.error_message)
 
 
 _ANSWERED = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK, pq.ExecStatus.EMPTY_QUERY)
