@@ -14,8 +14,9 @@ must still be answered (a routine operator setting that breaks dpproxy for every
 compatibility fault), as must every statement Superset sends (tests/test_bi_statements.py).
 
 Found and fixed (each now pinned, with a test below): ``array_nulls = off`` failed every
-histogram with 22P02 (dpproxy passes ``'{…,NULL}'`` arrays); ``client_encoding = SQL_ASCII``
-refused the policy at load; ``idle_session_timeout`` ended pooled connections between
+histogram with 22P02 (its release query's parameters are text arrays with NULLs);
+``client_encoding = SQL_ASCII`` refused the policy at load (check-config too);
+``idle_session_timeout`` ended pooled connections between
 checkouts, and the load between its catalog queries; ``exit_on_error = on`` ended the backend
 connection, and with it the client's session, at an analyst's ``SELECT 1/0``; ``row_security =
 off`` failed every DP query on a table with a row-level security policy (42501), after its
@@ -346,8 +347,8 @@ def test_check_config_checks_against_the_backend_under_every_pinned_setting_turn
 
 def test_a_histogram_is_answered_under_an_operator_default_of_no_array_nulls(
         neighbours: None, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
-    # dpproxy's histogram SQL reads an int8 array from text with NULL elements: under
-    # array_nulls = off they were the text "NULL", and every histogram failed with 22P02.
+    # A histogram's release query takes its noised values as a text array with NULL elements:
+    # under array_nulls = off they were the text "NULL", and every histogram failed with 22P02.
     with operator_defaults(test_db, tmp_path_factory, {"array_nulls": "off"}) as proxy, proxy.connect() as conn:
         assert len(conn.execute("SELECT s, COUNT(*) FROM st0 GROUP BY s").fetchall()) == 2
 

@@ -62,14 +62,14 @@ PINNED_SETTINGS: Final[Mapping[str, str]] = {
     "standard_conforming_strings": "on",
     "extra_float_digits": "1",
     "idle_in_transaction_session_timeout": "0",
-    # dpproxy passes arrays as text ('{1,NULL}'): with array_nulls off an int8 array's NULL
-    # was the text "NULL" to PostgreSQL, and every histogram failed with 22P02.
+    # A histogram's release query takes its keys and values as text arrays ('{5,NULL}'): with
+    # array_nulls off a NULL element was the text "NULL", and every histogram failed with 22P02.
     "array_nulls": "on",
     # dpproxy reads names and its own catalog answers as UTF-8 (a session's own client_encoding
     # is set on top); SQL_ASCII, passed through unconverted, refused the policy at load.
     "client_encoding": "UTF8",
-    # A pooled connection is idle between checkouts: ended after a second's idleness, the
-    # next statement on it failed (and the policy's load, between its catalog queries).
+    # A pooled connection is idle between checkouts: ended by the operator's timeout, the next
+    # statement on it failed (and the policy's load, between its catalog queries).
     "idle_session_timeout": "0",
     # An analyst's error (a typo, 1/0) ended the backend connection and with it the client's session.
     "exit_on_error": "off",
