@@ -7,8 +7,8 @@ postgresql.conf do too: dpproxy's backend connections take every such default un
 pin the setting (``proxy.backend.pool.PINNED_SETTINGS``). Each (setting, value) of ``TRIED``
 is set so, a fresh dpproxy is started on it (so its policy's load runs under it and its pool
 opens new connections), and every accepted DP form of test_attack_settings runs on ``st0`` and
-its neighbours, which each add one adversarial row, beside passthrough probes whose reading
-could change with such a setting. One row must change nothing but the noised values (the
+its neighbours, which each add one adversarial row, beside cursors over them and passthrough
+probes whose reading could change with such a setting. One row must change nothing but the noised values (the
 outcome, SQLSTATE, columns, keys, notices), and a form answered under PostgreSQL's defaults
 must still be answered (a routine operator setting that breaks dpproxy for every row is a
 compatibility fault), as must every statement Superset sends (tests/test_bi_statements.py).
@@ -192,6 +192,14 @@ PASSTHROUGH = {
 }
 
 
+# Cursors over a DP form and a catalog query (a DP cursor's rows are released at DECLARE).
+CURSORS = [
+    "SELECT COUNT(*) FROM public.{t} WHERE i > 50",
+    "SELECT s, COUNT(*) FROM public.{t} GROUP BY s",
+    "SELECT relname::text FROM pg_catalog.pg_class WHERE relname = '{t}'",
+]
+
+
 @pytest.fixture(scope="module")
 def neighbours(test_db: TestDatabase) -> None:
     create_neighbours(test_db.admin_dsn, "st0", _NEIGHBOURS, _DDL, _BASE_ROWS)
@@ -232,11 +240,27 @@ def _faults(conn: psycopg.Connection, hides_public: bool) -> list[str]:
             faults.append(f"one row decides {sql}: {outcomes}")
         elif outcomes["st0"][0] != "answer":
             faults.append(f"not answered on any table: {sql}: {outcomes['st0']}")
+    for sql in CURSORS:
+        outcomes = {table: _fetched_from_cursor(conn, sql, table) for table in TABLES}
+        if len(set(outcomes.values())) != 1 or outcomes["st0"][0] != "answer":
+            faults.append(f"cursor over {sql}: {outcomes}")
     for sql, expected in PASSTHROUGH.items():
         outcomes = {table: masked_outcome(conn, sql, table)[:len(expected)] for table in TABLES}
         if set(outcomes.values()) != {expected}:
             faults.append(f"{sql}: {outcomes}")
     return faults
+
+
+def _fetched_from_cursor(conn: psycopg.Connection, sql: str, table: str) -> tuple[object, ...]:
+    """``FETCH ALL`` from a cursor declared over ``sql`` in a block: its outcome (masked_outcome)."""
+    conn.execute("BEGIN")
+    try:
+        conn.execute(f"DECLARE c CURSOR FOR {sql.replace('{t}', table)}")
+        return masked_outcome(conn, "FETCH ALL FROM c", table, keys=1 if "GROUP BY" in sql else 0)
+    except psycopg.Error as exc:
+        return ("error", exc.sqlstate)
+    finally:
+        conn.execute("ROLLBACK")
 
 
 def _swept(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, settings: Mapping[str, str]) -> list[str]:
