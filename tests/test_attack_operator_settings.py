@@ -37,7 +37,7 @@ Not pinnable, left to the operator (docs/threat-model.md): settings only a super
 (asserted below as a refusal to start); a limit the load stays under can still fail a DP
 query whose sort or hash the rows' volume spills past it (53400; threat-model.md, "Timing").
 
-``DPPROXY_OPERATOR_SWEEP=full`` runs every (setting, value) on a dpproxy of its own (about 10
+``DPPROXY_OPERATOR_SWEEP=full`` runs every (setting, value) on a dpproxy of its own (6 to 10
 minutes); by default each round sets one value of every setting together (``ROUNDS``) and the
 values that would hide the others' effects run alone (``APART``), about 40 s.
 """
@@ -209,18 +209,25 @@ def neighbours(test_db: TestDatabase) -> None:
 
 
 @contextmanager
-def operator_defaults(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory,
-                      settings: Mapping[str, str], owner: str = "ROLE dpproxy_service") -> Iterator[RunningProxy]:
-    """A dpproxy started on a backend whose service role (or ``owner``: ``DATABASE …``) has the
-    defaults ``settings``, set by a superuser as ``ALTER … SET`` is; all reset again afterwards."""
+def defaults_set(test_db: TestDatabase, settings: Mapping[str, str],
+                 owner: str = "ROLE dpproxy_service") -> Iterator[None]:
+    """The service role (or ``owner``: ``DATABASE …``) with the defaults ``settings``, set by a
+    superuser as an operator's ``ALTER … SET`` is; all reset again afterwards."""
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
         try:
             for name, value in settings.items():
                 admin.execute(f"ALTER {owner} SET {name} = {value}")
-            with running_proxy(test_db, tmp_path_factory, _POLICY) as proxy:
-                yield proxy
+            yield
         finally:
             admin.execute(f"ALTER {owner} RESET ALL")
+
+
+@contextmanager
+def operator_defaults(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, settings: Mapping[str, str],
+                      owner: str = "ROLE dpproxy_service", policy: str = _POLICY) -> Iterator[RunningProxy]:
+    """A dpproxy started (its policy loaded, its pool empty) under ``defaults_set``."""
+    with defaults_set(test_db, settings, owner), running_proxy(test_db, tmp_path_factory, policy) as proxy:
+        yield proxy
 
 
 def _faults(conn: psycopg.Connection, hides_public: bool) -> list[str]:
@@ -306,23 +313,17 @@ def test_a_bi_tools_statements_get_their_outcomes_under_operator_defaults(
     # What Superset sends to introspect and chart (tests/test_bi_statements.py), catalog
     # queries read under quote_all_identifiers, bytea_output, DateStyle … included.
     people_oid = create_people(test_db)
-    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
-        try:
-            for name, value in settings.items():
-                admin.execute(f"ALTER ROLE dpproxy_service SET {name} = {value}")
-            with running_proxy(test_db, tmp_path_factory, PEOPLE_POLICY) as proxy, \
-                    proxy.connect(options="-c statement_timeout=20000") as conn:
-                wrong = []
-                for expected in load_recorded():
-                    result = conn.pgconn.exec_(expected.sql.replace(PEOPLE_OID, str(people_oid)).encode())
-                    outcome = "ok" if result.status in _ANSWERED else \
-                        (result.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
-                    if outcome != expected.outcome:
-                        wrong.append(f"{expected.id}: {outcome} ({result.error_message!r})")
-                    if conn.pgconn.transaction_status == pq.TransactionStatus.INERROR:
-                        conn.pgconn.exec_(b"ROLLBACK")
-        finally:
-            admin.execute("ALTER ROLE dpproxy_service RESET ALL")
+    with operator_defaults(test_db, tmp_path_factory, settings, policy=PEOPLE_POLICY) as proxy, \
+            proxy.connect(options="-c statement_timeout=20000") as conn:
+        wrong = []
+        for expected in load_recorded():
+            result = conn.pgconn.exec_(expected.sql.replace(PEOPLE_OID, str(people_oid)).encode())
+            outcome = "ok" if result.status in _ANSWERED else \
+                (result.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
+            if outcome != expected.outcome:
+                wrong.append(f"{expected.id}: {outcome} ({result.error_message!r})")
+            if conn.pgconn.transaction_status == pq.TransactionStatus.INERROR:
+                conn.pgconn.exec_(b"ROLLBACK")
     assert not wrong, "\n".join(wrong)
 
 
@@ -357,14 +358,9 @@ def test_check_config_checks_against_the_backend_under_every_pinned_setting_turn
                 "exit_on_error": "on", "row_security": "off", "standard_conforming_strings": "off"}
     policy = tmp_path / "policy.yaml"
     policy.write_text(_POLICY.format(dsn=test_db.service_dsn, ledger=tmp_path / "ledger.sqlite3"))
-    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
-        try:
-            for name, value in {**ROUNDS[0], **contrary}.items():
-                admin.execute(f"ALTER ROLE dpproxy_service SET {name} = {value}")
-            run = subprocess.run([sys.executable, "-m", "proxy.cli", "check-config", str(policy)],
-                                 capture_output=True, text=True, timeout=120)
-        finally:
-            admin.execute("ALTER ROLE dpproxy_service RESET ALL")
+    with defaults_set(test_db, {**ROUNDS[0], **contrary}):
+        run = subprocess.run([sys.executable, "-m", "proxy.cli", "check-config", str(policy)],
+                             capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "checked against the backend" in run.stdout
 
@@ -441,11 +437,10 @@ def test_a_protected_table_under_row_security_is_answered_under_an_operator_defa
         admin.execute("CREATE POLICY under_50 ON rls0 FOR SELECT USING (v < 50)")
         admin.execute("GRANT SELECT ON rls0 TO dpproxy_service")
         try:
-            admin.execute("ALTER ROLE dpproxy_service SET row_security = off")
-            with running_proxy(test_db, tmp_path_factory, _RLS_POLICY) as proxy, proxy.connect() as conn:
+            with operator_defaults(test_db, tmp_path_factory, {"row_security": "off"}, policy=_RLS_POLICY) as proxy, \
+                    proxy.connect() as conn:
                 for sql in ("SELECT COUNT(*) FROM rls0", "SELECT v, COUNT(*) FROM rls0 GROUP BY v"):
                     assert conn.execute(sql).fetchall()
                 assert conn.execute("SHOW row_security").fetchone() == ("on",)
         finally:
-            admin.execute("ALTER ROLE dpproxy_service RESET ALL")
             admin.execute("DROP TABLE rls0")
