@@ -46,7 +46,7 @@ from proxy.wire.protocol import Notice
 
 from .result_waiter import ResultWaiter
 
-__all__ = ["UNKNOWN", "BackendPool", "PoolTimeout", "PooledConnection", "State", "open_backend"]
+__all__ = ["PINNED_SETTINGS", "UNKNOWN", "BackendPool", "PoolTimeout", "PooledConnection", "State", "open_backend"]
 
 State = tuple[tuple[str, str], ...]
 #: The state of a connection whose settings are not known (never equal to a session's).
@@ -54,6 +54,34 @@ UNKNOWN: Final[State] = (("", "unknown"),)
 
 _OK = pq.ConnStatus.OK
 _IDLE = pq.TransactionStatus.IDLE
+
+
+PINNED_SETTINGS: Final[Mapping[str, str]] = {
+    "default_transaction_read_only": "on",
+    "default_transaction_deferrable": "on",
+    "standard_conforming_strings": "on",
+    "extra_float_digits": "1",
+    "idle_in_transaction_session_timeout": "0",
+    # No JIT: LLVM's compile of a long expression cannot be interrupted (open_backend).
+    "jit_above_cost": "-1",
+    # A histogram's release query takes its keys and values as text arrays ('{5,NULL}'): with
+    # array_nulls off a NULL element was the text "NULL", and every histogram failed with 22P02.
+    "array_nulls": "on",
+    # dpproxy reads names and its own catalog answers as UTF-8 (a session's own client_encoding
+    # is set on top); SQL_ASCII, passed through unconverted, refused the policy at load.
+    "client_encoding": "UTF8",
+    # A pooled connection is idle between checkouts: ended by the operator's timeout, the next
+    # statement on it failed (and the policy's load, between its catalog queries).
+    "idle_session_timeout": "0",
+    # An analyst's error (a typo, 1/0) ended the backend connection and with it the client's session.
+    "exit_on_error": "off",
+    # Off, a protected table's row-level security policy is not bypassed: PostgreSQL fails every
+    # query the policy would filter (42501), after dpproxy charged it.
+    "row_security": "on",
+}
+"""The settings every backend connection starts with, whatever the role, the database or
+postgresql.conf set (``RESET`` returns to them); ``statement_timeout`` comes from the policy.
+Settings only a superuser can change (``temp_file_limit``, ``log_*``) cannot be pinned so."""
 
 
 def _opened_with(config: BackendConfig) -> tuple[object, ...]:
@@ -93,10 +121,11 @@ async def open_backend(config: BackendConfig, settings: Mapping[str, str] | None
     interrupted, and outlasts ``statement_timeout`` by minutes (a DP query with a 6,000-value
     IN list held its backend connection 150 s under a 2 s timeout on Debian's PostgreSQL 15),
     and whether PostgreSQL compiles at all follows the plan's cost, from the table's statistics.
+
+    The other ``PINNED_SETTINGS`` keep a routine default of the operator's from breaking
+    dpproxy for every row (tests/test_attack_operator_settings.py).
     """
-    options = {"default_transaction_read_only": "on", "default_transaction_deferrable": "on",
-               "standard_conforming_strings": "on", "extra_float_digits": "1", "jit_above_cost": "-1",
-               "statement_timeout": str(config.statement_timeout_ms), "idle_in_transaction_session_timeout": "0"}
+    options = {**PINNED_SETTINGS, "statement_timeout": str(config.statement_timeout_ms)}
     options.update(settings or {})
     return await psycopg.AsyncConnection.connect(
         config.dsn or "",
