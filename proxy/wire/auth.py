@@ -16,22 +16,17 @@ import hmac
 import secrets
 import struct
 
-from scramp import ScramException, ScramMechanism
-from scramp.core import ScramServer
-
 from policies.errors import SQLSTATE, Refusal
 from policies.model import UserPolicy
 
 from . import protocol
+from .scram import AuthInfo, ScramExchange, ScramFailure
 
 __all__ = ["authenticate"]
 
 _OK, _CLEARTEXT, _MD5, _SASL, _SASL_CONTINUE, _SASL_FINAL = 0, 3, 5, 10, 11, 12
 _SCRAM = "SCRAM-SHA-256"
-_MECHANISM = ScramMechanism(_SCRAM)
 _MOCK_SECRET = secrets.token_bytes(32)  # per process: mock salts are stable while it runs
-
-AuthInfo = tuple[bytes, bytes, bytes, int]  # salt, StoredKey, ServerKey, iterations
 
 
 async def authenticate(
@@ -86,7 +81,7 @@ class _Exchange:
 
     async def scram(self, info: AuthInfo) -> tuple[bool, bytes]:
         """Whether the client proved the password, and on success the SASLFinal to send."""
-        server = _MECHANISM.make_server(lambda _name: info)
+        exchange = ScramExchange(info)
         payload = await self._ask(_SASL, _SCRAM.encode() + b"\0\0")
         mechanism, rest = _split_cstring(payload)
         if mechanism != _SCRAM or len(rest) < 4:
@@ -96,30 +91,14 @@ class _Exchange:
             # Inside the try: a client-first message that is not UTF-8 is a malformed SASL
             # message (08P01, as PostgreSQL says), not an internal error.
             client_first = rest[4:].decode("utf-8") if size >= 0 else ""
-            _set_client_first(server, client_first)
-            client_final = (await self._ask(_SASL_CONTINUE, server.get_server_first().encode())).decode("utf-8")
-            server.set_client_final(client_final)
-        except ScramException:
+            server_first = exchange.server_first(client_first)
+            client_final = (await self._ask(_SASL_CONTINUE, server_first.encode())).decode("utf-8")
+            server_final = exchange.server_final(client_final)
+        except ScramFailure:
             return False, b""
         except UnicodeDecodeError as exc:
             raise protocol.ProtocolError("SASL message is not valid UTF-8") from exc
-        return True, protocol.authentication(_SASL_FINAL, server.get_server_final().encode())
-
-
-def _set_client_first(server: ScramServer, client_first: str) -> None:
-    """Hand the client-first message to scramp, tolerating libpq's empty user name.
-
-    libpq sends ``n=`` (PostgreSQL takes the name from the startup packet) and scramp cannot
-    parse an empty attribute, so it parses a stand-in name; the proof is then checked over the
-    exact client-first-bare the client signed.
-    """
-    header_end = client_first.find(",", client_first.find(",") + 1) + 1
-    bare = client_first[header_end:]
-    if header_end and bare.startswith("n=,"):
-        server.set_client_first(client_first[:header_end] + "n=*," + bare[3:])
-        server.client_first_bare = bare
-    else:
-        server.set_client_first(client_first)
+        return True, protocol.authentication(_SASL_FINAL, server_final.encode())
 
 
 def _split_cstring(payload: bytes) -> tuple[str, bytes]:
