@@ -318,7 +318,7 @@ class Session:
         self.extended = ExtendedProtocol(self.executor, self._out, self._flush_if_large)
         self.executor.deallocate = self.extended.deallocate
         self._reported = self._client_parameters()
-        self._out.extend(protocol.parameter_status(k, v) for k, v in self._reported.items())
+        self._out.append(protocol.parameter_statuses(self._reported))
         client_encoding.set(encoding_named(self._reported.get("client_encoding")))
         self._out.append(protocol.backend_key_data(self.pid, self.secret))
         self._out.extend(protocol.notice_response(protocol.Notice(text, "WARNING", "01000")) for text in ignored)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from dataclasses import dataclass
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from .encodings import client_encoding
 
@@ -369,6 +369,29 @@ def authentication(code: int, extra: bytes = b"") -> bytes:
 
 def parameter_status(name: str, value: str) -> bytes:
     return message(b"S", _cstr(name) + _cstr(value))
+
+
+_STATUS_BLOCKS: dict[tuple[object, ...], bytes] = {}
+_STATUS_BLOCKS_KEPT = 256
+
+
+def parameter_statuses(values: Mapping[str, str]) -> bytes:
+    """A ParameterStatus for each of ``values``, in their order, as one buffer (a session's
+    startup reply), in the client_encoding in force.
+
+    The last _STATUS_BLOCKS_KEPT distinct sets are kept encoded: sessions of one user and
+    client report the same values (session_authorization is the user), and encoding a dozen
+    messages one by one was a tenth of a connection's Python. A set is only ever answered
+    with its own encoding, so a session cannot tell what other users' sessions reported.
+    """
+    key = (client_encoding.get().codec, *values.items())
+    block = _STATUS_BLOCKS.get(key)
+    if block is None:
+        block = b"".join([parameter_status(name, value) for name, value in values.items()])
+        if len(_STATUS_BLOCKS) >= _STATUS_BLOCKS_KEPT:
+            del _STATUS_BLOCKS[next(iter(_STATUS_BLOCKS))]
+        _STATUS_BLOCKS[key] = block
+    return block
 
 
 def backend_key_data(pid: int, secret: int) -> bytes:
