@@ -60,6 +60,8 @@ def trace(frame, event, arg):
     frame.f_trace_opcodes = True
     code = frame.f_code
     name = where(code.co_filename) + ":" + code.co_qualname
+    if code.co_filename == "<string>" and code.co_varnames[:1] == ("self",):  # a dataclass's generated method
+        name += " of " + type(frame.f_locals["self"]).__qualname__
     def opcode(frame, event, arg):
         if event == "opcode":
             counts[name] += 1
