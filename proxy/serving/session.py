@@ -299,11 +299,11 @@ class Session:
         encoding = settings.get("client_encoding")
         if encoding is not None and not ascii_safe_encoding(encoding):
             raise unsafe_client_encoding(encoding)
-        key = startup_key(params)
+        key = startup_key(settings)
         known = self.server.startup_reports.get(key)
         application_name = _application_name(params.get("application_name", ""))
         reported = None if known is None else dict(known, application_name=application_name)
-        self.backend = pooled_session(self.server.pool, params, reported)
+        self.backend = pooled_session(self.server.pool, settings, reported)
         if known is None:
             # The first session of its kind borrows a connection now: its parameters are
             # needed at once (and a backend that refuses them refuses the session).
