@@ -63,9 +63,10 @@ class InvalidText(ProtocolError):
                      "driver's character set setting).")
 
 
-@dataclass(frozen=True)
-class Startup:
-    """The first packet of a connection: a StartupMessage, or one of the special requests."""
+class Startup(NamedTuple):
+    """The first packet of a connection: a StartupMessage, or one of the special requests (a
+    NamedTuple: built a couple of times per connection, where a frozen dataclass's ``__init__``
+    cost five times as much)."""
 
     code: int
     parameters: dict[str, str]
