@@ -178,6 +178,7 @@ class Session:
         self.peer = _peer(writer)
         self._reported: dict[str, str] = {}
         self._reported_generation = 0
+        self._messages: protocol.MessageReader | None = None  # from the StartupMessage on
         self._out: list[bytes] = []
         self._out_counted = 0  # entries of _out whose sizes are in _out_bytes
         self._out_bytes = 0
@@ -271,9 +272,10 @@ class Session:
             self.writer.write(negotiated)  # before authentication, as PostgreSQL sends it
         # Held in the output buffer, so a refusal below is still preceded by them.
         account = policy.users.get(self.user)
-        self._out.append(await authenticate(
-            self.reader, self.writer, self.user, account, policy.listen.max_message_bytes
-        ))
+        # Read from here on by one MessageReader, which _serve goes on with: what a client sent
+        # after its password (pipelined) is kept.
+        self._messages = protocol.MessageReader(self.reader, policy.listen.max_message_bytes)
+        self._out.append(await authenticate(self._messages, self.writer, self.user, account))
         assert account is not None  # authenticate refuses a user the policy does not name
         if not self.server.sessions.admit(self.user, account.max_sessions):
             raise Refusal(SQLSTATE.TOO_MANY_CONNECTIONS, f'too many connections for role "{self.user}"',
@@ -390,8 +392,10 @@ class Session:
     # ------------------------------------------------------------ message loop
 
     async def _serve(self) -> None:
-        messages = protocol.MessageReader(self.reader, self.server.policy.listen.max_message_bytes)
-        assert self.executor is not None and self.extended is not None
+        messages = self._messages
+        assert messages is not None and self.executor is not None and self.extended is not None
+        # A reload may have changed the limit since authentication.
+        messages.max_bytes = self.server.policy.listen.max_message_bytes
         while True:
             self.busy = False
             if self.shutting_down:

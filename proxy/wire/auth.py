@@ -27,28 +27,34 @@ __all__ = ["authenticate"]
 _OK, _CLEARTEXT, _MD5, _SASL, _SASL_CONTINUE, _SASL_FINAL = 0, 3, 5, 10, 11, 12
 _SCRAM = "SCRAM-SHA-256"
 _MOCK_SECRET = secrets.token_bytes(32)  # per process: mock salts are stable while it runs
+_PASSWORD_MESSAGE_BYTES = 65536  # before authentication, no client makes dpproxy hold more
 
 
 async def authenticate(
-    reader: asyncio.StreamReader,
+    messages: protocol.MessageReader,
     writer: asyncio.StreamWriter,
     user_name: str,
     user: UserPolicy | None,
-    max_bytes: int,
 ) -> bytes:
-    """Run the user's password exchange and return the messages that close it (SASLFinal,
+    """Run the user's password exchange, reading the client's messages from ``messages`` (no
+    longer than _PASSWORD_MESSAGE_BYTES), and return the messages that close it (SASLFinal,
     AuthenticationOk), which the caller sends with the session's first ParameterStatus and
     ReadyForQuery, in one packet as PostgreSQL does; raise Refusal (28P01) on failure."""
     method = user.auth if user is not None else "scram-sha-256"
-    exchange = _Exchange(reader, writer, max_bytes)
-    if method == "scram-sha-256":
-        ok, closing = await exchange.scram(_auth_info(user_name, user))
-    elif method == "md5":
-        assert user is not None and user.password is not None
-        ok, closing = await exchange.md5(user_name, user.password), b""
-    else:
-        assert user is not None and user.password is not None
-        ok, closing = await exchange.cleartext(user.password), b""
+    exchange = _Exchange(messages, writer)
+    limit = messages.max_bytes
+    messages.max_bytes = min(limit, _PASSWORD_MESSAGE_BYTES)
+    try:
+        if method == "scram-sha-256":
+            ok, closing = await exchange.scram(_auth_info(user_name, user))
+        elif method == "md5":
+            assert user is not None and user.password is not None
+            ok, closing = await exchange.md5(user_name, user.password), b""
+        else:
+            assert user is not None and user.password is not None
+            ok, closing = await exchange.cleartext(user.password), b""
+    finally:
+        messages.max_bytes = limit
     if not ok or user is None:
         raise Refusal(SQLSTATE.INVALID_PASSWORD, f'password authentication failed for user "{user_name}"')
     return closing + protocol.authentication(_OK)
@@ -57,13 +63,13 @@ async def authenticate(
 class _Exchange:
     """The message-level steps of each method."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, max_bytes: int):
-        self.reader, self.writer, self.max_bytes = reader, writer, max_bytes
+    def __init__(self, messages: protocol.MessageReader, writer: asyncio.StreamWriter):
+        self.messages, self.writer = messages, writer
 
     async def _ask(self, code: int, extra: bytes = b"") -> bytes:
         self.writer.write(protocol.authentication(code, extra))
         await self.writer.drain()
-        kind, payload = await protocol.read_message(self.reader, min(self.max_bytes, 65536))
+        kind, payload = await self.messages.next()
         if kind != b"p":
             raise protocol.ProtocolError(f"expected a password message, got {kind!r}")
         return payload

@@ -137,7 +137,8 @@ class MessageReader:
 
     def __init__(self, reader: asyncio.StreamReader, max_bytes: int):
         self._reader = reader
-        self._max_bytes = max_bytes
+        self.max_bytes = max_bytes
+        """The largest message ``next`` takes (longer: ProtocolError 54000); may be changed between messages."""
         self._buffer = b""
         self._pos = 0  # start of the next message in _buffer
 
@@ -147,7 +148,7 @@ class MessageReader:
             await self._fill()
         buffer, pos = self._buffer, self._pos
         kind, length = _HEADER.unpack_from(buffer, pos)
-        _check_length(length, self._max_bytes)
+        _check_length(length, self.max_bytes)
         end = pos + 1 + length
         if end > len(buffer):  # the rest of a long message: read exactly that, not chunk by chunk
             payload = buffer[pos + 5 :] + await self._reader.readexactly(end - len(buffer))
