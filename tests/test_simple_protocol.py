@@ -102,6 +102,16 @@ def test_parameter_statuses_are_the_messages_one_by_one_in_order():
     assert protocol.parameter_statuses({}) == b""
 
 
+@pytest.mark.parametrize("payload, text", [(b"SELECT 1\0", "SELECT 1"), (b"\0", ""), (b"", None), (b"SELECT 1", None),
+                                           (b"SELECT\0 1\0", None), (b"\0\0", None)])
+def test_a_query_or_password_is_exactly_one_string_ended_by_its_only_nul(payload: bytes, text: str | None):
+    if text is None:
+        with pytest.raises(protocol.ProtocolError, match="malformed Query message"):
+            protocol.decode_cstring(payload, "Query")
+    else:
+        assert protocol.decode_cstring(payload, "Query") == text
+
+
 def test_several_statements_in_one_query_and_transaction_status(proxy: RunningProxy):
     sock, _ = _login(proxy)
     replies = _query(sock, "BEGIN; SELECT 1 AS one; SELECT COUNT(*) FROM adult")

@@ -187,7 +187,9 @@ def _check_length(length: int, max_bytes: int) -> None:
 def decode_cstring(payload: bytes, what: str) -> str:
     """Decode a payload that is exactly one NUL-terminated string (Query, PasswordMessage), in
     the session's client_encoding (UTF-8 before the session has one: during authentication)."""
-    if not payload.endswith(b"\0") or b"\0" in payload[:-1]:
+    # find, not ``b"\0" in``: bytes' "in" first tries its operand as an integer, which raises
+    # and clears a TypeError on every call.
+    if not payload.endswith(b"\0") or payload.find(b"\0") != len(payload) - 1:
         raise ProtocolError(f"malformed {what} message")
     return _decoded(payload[:-1], what)
 
