@@ -260,8 +260,9 @@ def render(results: dict[str, dict[tuple[str, str], Count]], workloads: list[Wor
     if len(names) > 1:
         head += f" | {names[0]} vs {names[1]} |"
         rule += "---:|"
-    lines = [f"Instructions per statement, {statements:,} statements per workload, 1,000-row table"
-             + (f"; per connection, {connections:,} connections." if connections else "."), "", head, rule]
+    said = [f"per statement, {statements:,} statements per workload, 1,000-row table"] if workloads else []
+    said += [f"per connection, {connections:,} connections"] if connections else []
+    lines = [f"Instructions {'; '.join(said)}.", "", head, rule]
     keys = [CONNECTIONS] if connections else []
     keys += [(workload.name, protocol) for workload in workloads for protocol in PROTOCOLS]
     for key in keys:
