@@ -27,6 +27,9 @@ depend on what else the machine is doing, so this measures dpproxy by that count
    (benchmarks/pgbench.py), each by the simple protocol (the parameter inlined, as ``pgbench -M
    simple``) and the extended one (``PQsendQueryParams``: Parse, Bind, Describe, Execute, Sync
    in one packet, as ``pgbench -M extended``). The parameter cycles through a fixed range.
+   With ``--connections N``, N client connections one after another as well, each a libpq
+   connect (startup, SCRAM-SHA-256 with dpproxy), ``SELECT 1`` and close: the figures for
+   those are per connection (``--workloads ''`` measures connections alone).
 4. After a warm-up of every workload, for each workload: callgrind's counters are zeroed
    (``callgrind_control -z``), ``--statements`` statements run, and the profile is dumped
    (``callgrind_control -d``). Instructions per statement = the dump's total ÷ statements, for
@@ -65,7 +68,8 @@ from .postgres import BenchPostgres, Endpoint, free_port
 from .servers import ANALYST, ServerProcess, commit_of, write_policy
 from .tables import prepare_database, table_name
 
-__all__ = ["PROTOCOLS", "ROWS", "WORKLOADS", "Client", "Workload", "benchmark_policy", "chosen_workloads", "main"]
+__all__ = ["CONNECTIONS", "PROTOCOLS", "ROWS", "WORKLOADS", "Client", "Workload", "benchmark_policy", "chosen_workloads", "connect_cycles",
+           "main"]
 
 ROWS = 1000
 
@@ -119,6 +123,8 @@ WORKLOADS: tuple[Workload, ...] = (
     Workload("catalog", lambda i: _CATALOG[i % len(_CATALOG)], lambda i: (_CATALOG[i % len(_CATALOG)], [])),
 )
 PROTOCOLS = ("simple", "extended")
+CONNECTIONS = ("connection", "connect, SELECT 1, close")
+"""The key of the per-connection count among a target's results (workload, protocol)."""
 
 
 @dataclass(frozen=True)
@@ -200,16 +206,38 @@ class Client:
         self.conn.finish()
 
 
+def connect_cycles(endpoint: Endpoint, count: int) -> int:
+    """``count`` client connections one after another, each: connect and authenticate, ``SELECT 1``,
+    close (libpq's Terminate). Returns ``count``; raises RuntimeError if one fails."""
+    conninfo = endpoint.conninfo().encode()
+    for _ in range(count):
+        conn = pq.PGconn.connect(conninfo)
+        try:
+            if conn.status != pq.ConnStatus.OK:
+                raise RuntimeError(f"cannot connect to {endpoint.name}: {conn.get_error_message()!r}")
+            result = conn.exec_(b"SELECT 1")
+            if result.status != pq.ExecStatus.TUPLES_OK:
+                raise RuntimeError(f"SELECT 1 failed on {endpoint.name}: {result.error_message!r}")
+        finally:
+            conn.finish()
+    return count
+
+
 def measure(
-    server: CallgrindServer, workloads: list[Workload], warmup: int, statements: int
+    server: CallgrindServer, workloads: list[Workload], warmup: int, statements: int, connections: int = 0
 ) -> dict[tuple[str, str], Count]:
-    """Warm every workload up, then count each one's instructions per statement."""
+    """Warm every workload up, then count each one's instructions per statement (and, with
+    ``connections``, per connection under the key ``CONNECTIONS``)."""
+    counts: dict[tuple[str, str], Count] = {}
+    if connections:
+        connect_cycles(server.endpoint, warmup)
+        counts[CONNECTIONS] = server.measure(lambda: connect_cycles(server.endpoint, connections))
+        note(f"{server.name}: {counts[CONNECTIONS].total:,.0f} instructions per connection")
     client = Client(server.endpoint)
     try:
         for workload in workloads:
             for protocol in PROTOCOLS:
                 client.run(workload, protocol, 0, warmup)
-        counts = {}
         for workload in workloads:
             for protocol in PROTOCOLS:
                 def run(w: Workload = workload, p: str = protocol) -> int:
@@ -223,24 +251,26 @@ def measure(
     return counts
 
 
-def render(results: dict[str, dict[tuple[str, str], Count]], workloads: list[Workload], statements: int) -> str:
-    """Markdown: instructions per statement of each target, and the change against the first."""
+def render(results: dict[str, dict[tuple[str, str], Count]], workloads: list[Workload], statements: int,
+           connections: int = 0) -> str:
+    """Markdown: instructions per statement (per connection) of each target, and the change against the first."""
     names = list(results)
     head = "| workload | protocol | " + " | ".join(f"{n}: all threads (event loop)" for n in names)
     rule = "|---|---|" + "---:|" * len(names)
     if len(names) > 1:
         head += f" | {names[0]} vs {names[1]} |"
         rule += "---:|"
-    lines = [f"Instructions per statement, {statements:,} statements per workload, 1,000-row table.", "",
-             head, rule]
-    for workload in workloads:
-        for protocol in PROTOCOLS:
-            key = (workload.name, protocol)
-            cells = [f"{results[n][key].total:,.0f} ({results[n][key].loop:,.0f})" for n in names]
-            row = f"| {workload.name} | {protocol} | " + " | ".join(cells)
-            if len(names) > 1:
-                row += f" | {results[names[0]][key].total / results[names[1]][key].total - 1:+.1%} |"
-            lines.append(row)
+    said = [f"per statement, {statements:,} statements per workload, 1,000-row table"] if workloads else []
+    said += [f"per connection, {connections:,} connections"] if connections else []
+    lines = [f"Instructions {'; '.join(said)}.", "", head, rule]
+    keys = [CONNECTIONS] if connections else []
+    keys += [(workload.name, protocol) for workload in workloads for protocol in PROTOCOLS]
+    for key in keys:
+        cells = [f"{results[n][key].total:,.0f} ({results[n][key].loop:,.0f})" for n in names]
+        row = f"| {key[0]} | {key[1]} | " + " | ".join(cells)
+        if len(names) > 1:
+            row += f" | {results[names[0]][key].total / results[names[1]][key].total - 1:+.1%} |"
+        lines.append(row)
     return "\n".join(lines)
 
 
@@ -260,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=150, help="statements per workload and protocol first")
     parser.add_argument("--workloads", default=",".join(w.name for w in WORKLOADS),
                         help="which of them, comma-separated (default: all)")
+    parser.add_argument("--connections", type=int, default=0,
+                        help="also count N client connections (connect with SCRAM, SELECT 1, close), per connection")
     parser.add_argument("--baseline-source", type=Path, help="also measure dpproxy from this source tree")
     parser.add_argument("--keep", type=Path, help="keep the callgrind files (and dpproxy's logs) here")
     parser.add_argument("--top", type=int, default=0, help="print each workload's N costliest C functions")
@@ -288,14 +320,17 @@ def main(argv: list[str] | None = None) -> int:
             servers.append(CallgrindServer(policy, port, source, keep / f"target{index}", name,
                                            args.uninstrumented_start))
             note(f"{name} under callgrind on port {port}")
-        results = {server.name: measure(server, workloads, args.warmup, args.statements) for server in servers}
-        print(render(results, workloads, args.statements))
+        results = {server.name: measure(server, workloads, args.warmup, args.statements, args.connections)
+                   for server in servers}
+        print(render(results, workloads, args.statements, args.connections))
         if args.top:
+            dumps = [CONNECTIONS] if args.connections else []
+            dumps += [(w.name, p) for w in workloads for p in PROTOCOLS]
             for server in servers:
-                for dump, (workload, protocol) in enumerate(
-                        ((w.name, p) for w in workloads for p in PROTOCOLS), start=1):
+                for dump, (workload, protocol) in enumerate(dumps, start=1):
+                    count = args.connections if (workload, protocol) == CONNECTIONS else args.statements
                     print(f"\n{server.name}, {workload} {protocol}, event loop, self instructions "
-                          f"({args.statements:,} statements):\n")
+                          f"({count:,} of them):\n")
                     print(top_functions(server.out, server.process.pid, dump, args.top))
     finally:
         for server in servers:
@@ -311,12 +346,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def chosen_workloads(parser: argparse.ArgumentParser, names: str) -> list[Workload]:
-    """The WORKLOADS named in ``names`` (comma-separated, any case); a parser error for others."""
+    """The WORKLOADS named in ``names`` (comma-separated, any case; empty: none); a parser error for others."""
     by_name = {w.name.lower(): w for w in WORKLOADS}
-    unknown = [n for n in names.split(",") if n.lower() not in by_name]
+    chosen = [n for n in names.split(",") if n]
+    unknown = [n for n in chosen if n.lower() not in by_name]
     if unknown:
         parser.error(f"no workload {', '.join(unknown)} (there are {', '.join(w.name for w in WORKLOADS)})")
-    return [by_name[n.lower()] for n in names.split(",")]
+    return [by_name[n.lower()] for n in chosen]
 
 
 def benchmark_policy(directory: Path, backend: Endpoint, port: int, portable: bool) -> Path:

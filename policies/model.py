@@ -218,8 +218,12 @@ class UserPolicy(_Strict):
     @property
     def scram_keys(self) -> ScramVerifier:
         """The SCRAM-SHA-256 salt, StoredKey, ServerKey and rounds a login is checked against."""
-        assert self._scram is not None, "only users with auth: scram-sha-256 have SCRAM keys"
-        return self._scram
+        # Read from pydantic's store of private values: ``self._scram`` goes through
+        # BaseModel.__getattr__, whose descriptor probe raises and catches an AttributeError,
+        # at every login.
+        keys: ScramVerifier | None = (self.__pydantic_private__ or {}).get("_scram")
+        assert keys is not None, "only users with auth: scram-sha-256 have SCRAM keys"
+        return keys
 
     @field_validator("max_query_epsilon")
     @classmethod

@@ -60,6 +60,34 @@ def test_scram_client_first_that_is_not_utf8_is_a_protocol_violation_not_an_inte
     assert b"C08P01\0" in reply and b"XX000" not in reply
 
 
+def test_a_query_pipelined_behind_the_password_is_answered_after_the_login(proxy: RunningProxy):
+    # The password exchange and the session read the socket through one buffered reader: what
+    # came in the password's packet must reach the session, not be dropped with the exchange.
+    sock = socket.create_connection((proxy.host, proxy.port), timeout=5)
+    sock.sendall(startup(user="plain", database="dpproxy_test"))
+    assert sock.recv(64)[:1] == b"R"  # AuthenticationCleartextPassword
+    sock.sendall(message(b"p", cstr("plain")) + _query("SELECT 41 + 1 AS answer") + message(b"X"))
+    reply = _read_all(sock)
+    sock.close()
+    kinds, pos = [], 0
+    while pos < len(reply):
+        kinds.append(reply[pos:pos + 1])
+        pos += 1 + struct.unpack("!i", reply[pos + 1:pos + 5])[0]
+    assert kinds[0] == b"R" and kinds[-5:] == [b"Z", b"T", b"D", b"C", b"Z"], kinds
+    assert b"\x00\x00\x00\x0242" in reply  # the DataRow's one value
+
+
+def test_a_password_message_over_64_kib_is_refused_though_statements_may_be_longer(proxy: RunningProxy):
+    assert proxy.policy.listen.max_message_bytes > 65536
+    sock = socket.create_connection((proxy.host, proxy.port), timeout=5)
+    sock.sendall(startup(user="plain", database="dpproxy_test"))
+    assert sock.recv(64)[:1] == b"R"
+    sock.sendall(message(b"p", b"x" * 65536 + b"\0"))
+    reply = _read_all(sock)
+    sock.close()
+    assert b"C54000\0" in reply and b"SFATAL\0" in reply
+
+
 @pytest.mark.clients  # openssl makes the certificate
 def test_plaintext_sent_after_sslrequest_is_never_read_as_if_it_came_through_tls(
     test_db: TestDatabase, tmp_path: Path

@@ -95,13 +95,14 @@ def test_bytecode_counts_run_and_name_the_python_functions():
     """``python -m benchmarks.bytecodes``: a few statements, a counted table per workload."""
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.bytecodes", "--workloads", "COUNT", "--statements", "5", "--warmup", "3",
-         "--top", "5"],
+         "--top", "5", "--connections", "3"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for protocol in ("simple", "extended"):
         assert f"### COUNT {protocol}: " in done.stdout
     assert "proxy/serving/executor.py:Executor._answer_dp" in done.stdout
+    assert "### connection: " in done.stdout and " bytecodes per connection" in done.stdout
 
 
 def test_instruction_counts_run_under_callgrind():
@@ -110,8 +111,9 @@ def test_instruction_counts_run_under_callgrind():
     Its start uninstrumented: instrumenting dpproxy's imports took ~4/5 of this test's time."""
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.instructions", "--workloads", "catalog", "--statements", "8",
-         "--warmup", "8", "--uninstrumented-start"],
+         "--warmup", "8", "--uninstrumented-start", "--connections", "2"],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "| catalog | simple | " in done.stdout and "| catalog | extended | " in done.stdout
+    assert "| connection | connect, SELECT 1, close | " in done.stdout

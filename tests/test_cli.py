@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -75,6 +76,28 @@ def test_serve_answers_in_front_of_a_postgres_given_by_dsn(test_db: TestDatabase
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 0
+    assert process.stdout is not None
+    # Each connection's line, at INFO, in the configured format (records leave out the source
+    # location, thread and process the format does not name: proxy.cli.main.configure_logging).
+    assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO dpproxy\.session: session 127\.0\.0\.1:\d+ "
+                     r"user=analyst connected$", process.stdout.read(), re.MULTILINE)
+
+
+def test_log_records_leave_out_what_the_format_does_not_name():
+    script = """
+import logging
+from proxy.cli.main import configure_logging
+configure_logging(False, "%(message)s")
+records = []
+handler = logging.Handler()
+handler.emit = records.append
+logging.getLogger().addHandler(handler)
+logging.getLogger("dpproxy.session").info("session %s connected", "peer")
+(record,) = records
+print(record.getMessage(), record.lineno, record.thread, record.process, record.processName)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (result.stdout, result.stderr) == ("session peer connected 0 None None None\n", "session peer connected\n")
 
 
 def test_serve_refuses_a_policy_that_does_not_match_the_backend(test_db: TestDatabase, tmp_path: Path):

@@ -135,8 +135,21 @@ def _startup_cut_off(proxy: RunningProxy) -> None:
         sock.recv(1)  # the authentication request; the client goes away without answering
 
 
+def _session_used_and_closed(proxy: RunningProxy) -> None:
+    with _analyst(proxy) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def _terminated(proxy: RunningProxy) -> None:
+    client = wire.Wire(proxy.host, proxy.port)  # the cleartext user
+    client.send(wire.message(b"X"))
+    assert client.sock.recv(1) == b""  # dpproxy closes its side at once, nothing being left to send
+    client.sock.close()
+
+
 @pytest.mark.parametrize("attempt", [_wrong_password, _wrong_database, _unsafe_encoding, _cancel_request,
-                                     _ssl_request_abandoned, _startup_cut_off])
+                                     _ssl_request_abandoned, _startup_cut_off, _session_used_and_closed,
+                                     _terminated])
 def test_a_failed_or_abandoned_connection_gives_its_slots_back(limited: RunningProxy, attempt):
     for _ in range(10):  # more than both limits
         attempt(limited)

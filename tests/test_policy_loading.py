@@ -44,6 +44,17 @@ def test_a_valid_policy_loads_with_defaults():
     assert policy.listen.port == 6432 and policy.listen.host == "127.0.0.1"
 
 
+def test_a_password_users_scram_keys_are_those_of_its_password_and_an_md5_user_has_none():
+    from scramp import ScramMechanism
+
+    policy = parse_policy(GOOD.replace("users:\n", "users:\n  hashed:\n    password: other\n    auth: md5\n"
+                                                   "    budget: {epsilon: 1}\n"))
+    salt, stored_key, server_key, iterations = policy.users["analyst"].scram_keys
+    assert (salt, stored_key, server_key, iterations) == ScramMechanism().make_auth_info("secret", iterations, salt)
+    with pytest.raises(AssertionError):
+        policy.users["hashed"].scram_keys
+
+
 def test_unknown_key_is_named_with_its_line():
     problems = _problems(GOOD.replace("    epsilon: 0.5", "    epsilon: 0.5\n    epsilom: 3"))
     assert problems == ["p.yaml:10: tables.public.adult.epsilom: unknown key (did you mean epsilon? see docs/policy.md)"]

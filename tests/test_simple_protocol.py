@@ -11,8 +11,9 @@ import pytest
 
 from conftest import RunningProxy
 
-from proxy.backend.connection import BackendSession
+from proxy.backend.connection import REPORTED_PARAMETERS, BackendSession
 from proxy.backend.errors import BackendError
+from proxy.wire import protocol
 
 
 def _startup_packet(**params: str) -> bytes:
@@ -68,6 +69,47 @@ def test_startup_sends_backend_parameters_key_data_and_ready(proxy: RunningProxy
     assert params[b"session_authorization"] == b"plain"
     assert messages[-1][1] == b"I"
     sock.close()
+
+
+def test_startup_reply_reports_every_parameter_once_in_order_with_each_sessions_own_values(proxy: RunningProxy):
+    replies = []
+    for application in ("first", "second", "first"):
+        sock = socket.create_connection((proxy.host, proxy.port), timeout=10)
+        sock.sendall(_startup_packet(user="plain", database="dpproxy_test", application_name=application))
+        assert _read_messages(sock, b"R")[0][0] == b"R"
+        sock.sendall(b"p" + struct.pack("!i", 4 + 6) + b"plain\0")
+        replies.append(_read_messages(sock, b"Z"))
+        sock.close()
+    for messages, application in zip(replies, ("first", "second", "first")):
+        statuses = [body[:-1].split(b"\0", 1) for kind, body in messages if kind == b"S"]
+        assert [kind for kind, _ in messages] == [b"R"] + [b"S"] * len(statuses) + [b"K", b"Z"]
+        names = [name.decode() for name, _ in statuses]
+        assert names == [name for name in REPORTED_PARAMETERS if name in names]  # each once, in order
+        assert set(names) >= {"application_name", "client_encoding", "is_superuser", "session_authorization",
+                              "server_version", "TimeZone"}
+        values = dict(statuses)
+        assert (values[b"application_name"], values[b"session_authorization"], values[b"is_superuser"]) == (
+            application.encode(), b"plain", b"off")
+    assert [m for m in replies[0] if m[0] == b"S"] == [m for m in replies[2] if m[0] == b"S"]
+
+
+def test_parameter_statuses_are_the_messages_one_by_one_in_order():
+    values = {"application_name": "a", "client_encoding": "UTF8", "session_authorization": "bob"}
+    block = protocol.parameter_statuses(values)
+    assert block == b"".join(protocol.parameter_status(name, value) for name, value in values.items())
+    assert protocol.parameter_statuses({**values, "session_authorization": "eve"}) != block
+    assert protocol.parameter_statuses(dict(reversed(values.items()))) != block
+    assert protocol.parameter_statuses({}) == b""
+
+
+@pytest.mark.parametrize("payload, text", [(b"SELECT 1\0", "SELECT 1"), (b"\0", ""), (b"", None), (b"SELECT 1", None),
+                                           (b"SELECT\0 1\0", None), (b"\0\0", None)])
+def test_a_query_or_password_is_exactly_one_string_ended_by_its_only_nul(payload: bytes, text: str | None):
+    if text is None:
+        with pytest.raises(protocol.ProtocolError, match="malformed Query message"):
+            protocol.decode_cstring(payload, "Query")
+    else:
+        assert protocol.decode_cstring(payload, "Query") == text
 
 
 def test_several_statements_in_one_query_and_transaction_status(proxy: RunningProxy):

@@ -165,25 +165,25 @@ async def connect(
 
 
 def pooled_session(
-    pool: BackendPool, startup: Mapping[str, str] | None, reported: Mapping[str, str] | None
+    pool: BackendPool, settings: Mapping[str, str], reported: Mapping[str, str] | None
 ) -> "BackendSession":
     """A client's backend session, borrowing connections from ``pool`` (none until its first
-    statement). ``reported`` stands in for the backend's ParameterStatus values while it holds
-    no connection: the values an earlier session with the same startup settings saw (None:
-    there was none, so they are read from the first connection it borrows)."""
-    given = tuple(sorted(startup_settings(startup).items()))
-    return BackendSession(pool, given=given, reported=reported)
+    statement), with the client's startup ``settings`` (as ``startup_settings`` gives them).
+    ``reported`` stands in for the backend's ParameterStatus values while it holds no
+    connection: the values an earlier session with the same startup settings saw (None: there
+    was none, so they are read from the first connection it borrows)."""
+    return BackendSession(pool, given=tuple(sorted(settings.items())), reported=reported)
 
 
-def startup_key(startup: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """The startup settings that shape a backend session's reported parameters.
+def startup_key(settings: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The startup settings that shape a backend session's reported parameters, from the
+    client's startup ``settings`` (as ``startup_settings`` gives them).
 
-    Made from the settings the session takes on (``startup_settings``: one value per setting,
-    the last given), not from the packet's pairs: ``TimeZone`` and ``timezone`` both given, in
-    one order or the other, are two different sessions, whose keys must differ too.
+    Made from the settings the session takes on (one value per setting, the last given), not
+    from the packet's pairs: ``TimeZone`` and ``timezone`` both given, in one order or the
+    other, are two different sessions, whose keys must differ too.
     """
-    return tuple(sorted((name.lower(), value) for name, value in startup_settings(startup).items()
-                        if name != "application_name"))
+    return tuple(sorted((name.lower(), value) for name, value in settings.items() if name != "application_name"))
 
 
 # The settings a session has made on its connection (SET, set_config, startup parameters):

@@ -9,7 +9,6 @@ SO_REUSEPORT, as worker ``--index`` of the group whose shared files are in ``--d
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -18,7 +17,7 @@ from policies.loader import load_policy
 from proxy.serving import event_loop
 from proxy.serving.workers import SupervisorLink, WorkerRole
 
-from .main import run_guarded, serve_until_signal
+from .main import configure_logging, run_guarded, serve_until_signal
 
 __all__ = ["main"]
 
@@ -33,10 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--link-fd", type=int, required=True)
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format=f"%(asctime)s %(levelname)s %(name)s[worker {args.index}]: %(message)s",
-    )
+    configure_logging(args.verbose, f"%(asctime)s %(levelname)s %(name)s[worker {args.index}]: %(message)s")
     role = WorkerRole(args.index, args.directory)
     link = SupervisorLink(args.link_fd)
 

@@ -178,6 +178,7 @@ class Session:
         self.peer = _peer(writer)
         self._reported: dict[str, str] = {}
         self._reported_generation = 0
+        self._messages: protocol.MessageReader | None = None  # from the StartupMessage on
         self._out: list[bytes] = []
         self._out_counted = 0  # entries of _out whose sizes are in _out_bytes
         self._out_bytes = 0
@@ -271,9 +272,10 @@ class Session:
             self.writer.write(negotiated)  # before authentication, as PostgreSQL sends it
         # Held in the output buffer, so a refusal below is still preceded by them.
         account = policy.users.get(self.user)
-        self._out.append(await authenticate(
-            self.reader, self.writer, self.user, account, policy.listen.max_message_bytes
-        ))
+        # Read from here on by one MessageReader, which _serve goes on with: what a client sent
+        # after its password (pipelined) is kept.
+        self._messages = protocol.MessageReader(self.reader, policy.listen.max_message_bytes)
+        self._out.append(await authenticate(self._messages, self.writer, self.user, account))
         assert account is not None  # authenticate refuses a user the policy does not name
         if not self.server.sessions.admit(self.user, account.max_sessions):
             raise Refusal(SQLSTATE.TOO_MANY_CONNECTIONS, f'too many connections for role "{self.user}"',
@@ -299,11 +301,11 @@ class Session:
         encoding = settings.get("client_encoding")
         if encoding is not None and not ascii_safe_encoding(encoding):
             raise unsafe_client_encoding(encoding)
-        key = startup_key(params)
+        key = startup_key(settings)
         known = self.server.startup_reports.get(key)
         application_name = _application_name(params.get("application_name", ""))
         reported = None if known is None else dict(known, application_name=application_name)
-        self.backend = pooled_session(self.server.pool, params, reported)
+        self.backend = pooled_session(self.server.pool, settings, reported)
         if known is None:
             # The first session of its kind borrows a connection now: its parameters are
             # needed at once (and a backend that refuses them refuses the session).
@@ -318,7 +320,7 @@ class Session:
         self.extended = ExtendedProtocol(self.executor, self._out, self._flush_if_large)
         self.executor.deallocate = self.extended.deallocate
         self._reported = self._client_parameters()
-        self._out.extend(protocol.parameter_status(k, v) for k, v in self._reported.items())
+        self._out.append(protocol.parameter_statuses(self._reported))
         client_encoding.set(encoding_named(self._reported.get("client_encoding")))
         self._out.append(protocol.backend_key_data(self.pid, self.secret))
         self._out.extend(protocol.notice_response(protocol.Notice(text, "WARNING", "01000")) for text in ignored)
@@ -349,10 +351,17 @@ class Session:
             self.executor.close(None if self._terminated else cut_off)
         await self._give_back_backend()
         try:
+            unsent = self.writer.transport.get_write_buffer_size()
             self.writer.close()
-            # What is still unsent goes out first; a client that reads nothing gets its
-            # connection cut instead of keeping the session's task and socket for ever.
-            await asyncio.wait_for(self.writer.wait_closed(), _FATAL_DRAIN_S)
+            if unsent or self.writer.get_extra_info("ssl_object") is not None:
+                # What is still unsent (or TLS's closing handshake) goes out first; a client that
+                # reads nothing gets its connection cut instead of keeping the session's task and
+                # socket for ever.
+                await asyncio.wait_for(self.writer.wait_closed(), _FATAL_DRAIN_S)
+            else:
+                # A plain socket with nothing to send closes at once: no timer, and no task for
+                # wait_for to run it in (a fifth of what a connection's close cost).
+                await self.writer.wait_closed()
         except TimeoutError:
             self.writer.transport.abort()
         except (ConnectionError, OSError):
@@ -383,8 +392,10 @@ class Session:
     # ------------------------------------------------------------ message loop
 
     async def _serve(self) -> None:
-        messages = protocol.MessageReader(self.reader, self.server.policy.listen.max_message_bytes)
-        assert self.executor is not None and self.extended is not None
+        messages = self._messages
+        assert messages is not None and self.executor is not None and self.extended is not None
+        # A reload may have changed the limit since authentication.
+        messages.max_bytes = self.server.policy.listen.max_message_bytes
         while True:
             self.busy = False
             if self.shutting_down:

@@ -16,44 +16,45 @@ import hmac
 import secrets
 import struct
 
-from scramp import ScramException, ScramMechanism
-from scramp.core import ScramServer
-
 from policies.errors import SQLSTATE, Refusal
 from policies.model import UserPolicy
 
 from . import protocol
+from .scram import AuthInfo, ScramExchange, ScramFailure
 
 __all__ = ["authenticate"]
 
 _OK, _CLEARTEXT, _MD5, _SASL, _SASL_CONTINUE, _SASL_FINAL = 0, 3, 5, 10, 11, 12
 _SCRAM = "SCRAM-SHA-256"
-_MECHANISM = ScramMechanism(_SCRAM)
 _MOCK_SECRET = secrets.token_bytes(32)  # per process: mock salts are stable while it runs
-
-AuthInfo = tuple[bytes, bytes, bytes, int]  # salt, StoredKey, ServerKey, iterations
+_PASSWORD_MESSAGE_BYTES = 65536  # before authentication, no client makes dpproxy hold more
 
 
 async def authenticate(
-    reader: asyncio.StreamReader,
+    messages: protocol.MessageReader,
     writer: asyncio.StreamWriter,
     user_name: str,
     user: UserPolicy | None,
-    max_bytes: int,
 ) -> bytes:
-    """Run the user's password exchange and return the messages that close it (SASLFinal,
+    """Run the user's password exchange, reading the client's messages from ``messages`` (no
+    longer than _PASSWORD_MESSAGE_BYTES), and return the messages that close it (SASLFinal,
     AuthenticationOk), which the caller sends with the session's first ParameterStatus and
     ReadyForQuery, in one packet as PostgreSQL does; raise Refusal (28P01) on failure."""
     method = user.auth if user is not None else "scram-sha-256"
-    exchange = _Exchange(reader, writer, max_bytes)
-    if method == "scram-sha-256":
-        ok, closing = await exchange.scram(_auth_info(user_name, user))
-    elif method == "md5":
-        assert user is not None and user.password is not None
-        ok, closing = await exchange.md5(user_name, user.password), b""
-    else:
-        assert user is not None and user.password is not None
-        ok, closing = await exchange.cleartext(user.password), b""
+    exchange = _Exchange(messages, writer)
+    limit = messages.max_bytes
+    messages.max_bytes = min(limit, _PASSWORD_MESSAGE_BYTES)
+    try:
+        if method == "scram-sha-256":
+            ok, closing = await exchange.scram(_auth_info(user_name, user))
+        elif method == "md5":
+            assert user is not None and user.password is not None
+            ok, closing = await exchange.md5(user_name, user.password), b""
+        else:
+            assert user is not None and user.password is not None
+            ok, closing = await exchange.cleartext(user.password), b""
+    finally:
+        messages.max_bytes = limit
     if not ok or user is None:
         raise Refusal(SQLSTATE.INVALID_PASSWORD, f'password authentication failed for user "{user_name}"')
     return closing + protocol.authentication(_OK)
@@ -62,13 +63,13 @@ async def authenticate(
 class _Exchange:
     """The message-level steps of each method."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, max_bytes: int):
-        self.reader, self.writer, self.max_bytes = reader, writer, max_bytes
+    def __init__(self, messages: protocol.MessageReader, writer: asyncio.StreamWriter):
+        self.messages, self.writer = messages, writer
 
     async def _ask(self, code: int, extra: bytes = b"") -> bytes:
         self.writer.write(protocol.authentication(code, extra))
         await self.writer.drain()
-        kind, payload = await protocol.read_message(self.reader, min(self.max_bytes, 65536))
+        kind, payload = await self.messages.next()
         if kind != b"p":
             raise protocol.ProtocolError(f"expected a password message, got {kind!r}")
         return payload
@@ -86,7 +87,7 @@ class _Exchange:
 
     async def scram(self, info: AuthInfo) -> tuple[bool, bytes]:
         """Whether the client proved the password, and on success the SASLFinal to send."""
-        server = _MECHANISM.make_server(lambda _name: info)
+        exchange = ScramExchange(info)
         payload = await self._ask(_SASL, _SCRAM.encode() + b"\0\0")
         mechanism, rest = _split_cstring(payload)
         if mechanism != _SCRAM or len(rest) < 4:
@@ -96,30 +97,14 @@ class _Exchange:
             # Inside the try: a client-first message that is not UTF-8 is a malformed SASL
             # message (08P01, as PostgreSQL says), not an internal error.
             client_first = rest[4:].decode("utf-8") if size >= 0 else ""
-            _set_client_first(server, client_first)
-            client_final = (await self._ask(_SASL_CONTINUE, server.get_server_first().encode())).decode("utf-8")
-            server.set_client_final(client_final)
-        except ScramException:
+            server_first = exchange.server_first(client_first)
+            client_final = (await self._ask(_SASL_CONTINUE, server_first.encode())).decode("utf-8")
+            server_final = exchange.server_final(client_final)
+        except ScramFailure:
             return False, b""
         except UnicodeDecodeError as exc:
             raise protocol.ProtocolError("SASL message is not valid UTF-8") from exc
-        return True, protocol.authentication(_SASL_FINAL, server.get_server_final().encode())
-
-
-def _set_client_first(server: ScramServer, client_first: str) -> None:
-    """Hand the client-first message to scramp, tolerating libpq's empty user name.
-
-    libpq sends ``n=`` (PostgreSQL takes the name from the startup packet) and scramp cannot
-    parse an empty attribute, so it parses a stand-in name; the proof is then checked over the
-    exact client-first-bare the client signed.
-    """
-    header_end = client_first.find(",", client_first.find(",") + 1) + 1
-    bare = client_first[header_end:]
-    if header_end and bare.startswith("n=,"):
-        server.set_client_first(client_first[:header_end] + "n=*," + bare[3:])
-        server.client_first_bare = bare
-    else:
-        server.set_client_first(client_first)
+        return True, protocol.authentication(_SASL_FINAL, server_final.encode())
 
 
 def _split_cstring(payload: bytes) -> tuple[str, bytes]:

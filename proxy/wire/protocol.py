@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from dataclasses import dataclass
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from .encodings import client_encoding
 
@@ -63,9 +63,10 @@ class InvalidText(ProtocolError):
                      "driver's character set setting).")
 
 
-@dataclass(frozen=True)
-class Startup:
-    """The first packet of a connection: a StartupMessage, or one of the special requests."""
+class Startup(NamedTuple):
+    """The first packet of a connection: a StartupMessage, or one of the special requests (a
+    NamedTuple: built a couple of times per connection, where a frozen dataclass's ``__init__``
+    cost five times as much)."""
 
     code: int
     parameters: dict[str, str]
@@ -136,7 +137,8 @@ class MessageReader:
 
     def __init__(self, reader: asyncio.StreamReader, max_bytes: int):
         self._reader = reader
-        self._max_bytes = max_bytes
+        self.max_bytes = max_bytes
+        """The largest message ``next`` takes (longer: ProtocolError 54000); may be changed between messages."""
         self._buffer = b""
         self._pos = 0  # start of the next message in _buffer
 
@@ -146,7 +148,7 @@ class MessageReader:
             await self._fill()
         buffer, pos = self._buffer, self._pos
         kind, length = _HEADER.unpack_from(buffer, pos)
-        _check_length(length, self._max_bytes)
+        _check_length(length, self.max_bytes)
         end = pos + 1 + length
         if end > len(buffer):  # the rest of a long message: read exactly that, not chunk by chunk
             payload = buffer[pos + 5 :] + await self._reader.readexactly(end - len(buffer))
@@ -185,7 +187,9 @@ def _check_length(length: int, max_bytes: int) -> None:
 def decode_cstring(payload: bytes, what: str) -> str:
     """Decode a payload that is exactly one NUL-terminated string (Query, PasswordMessage), in
     the session's client_encoding (UTF-8 before the session has one: during authentication)."""
-    if not payload.endswith(b"\0") or b"\0" in payload[:-1]:
+    # find, not ``b"\0" in``: bytes' "in" first tries its operand as an integer, which raises
+    # and clears a TypeError on every call.
+    if not payload.endswith(b"\0") or payload.find(b"\0") != len(payload) - 1:
         raise ProtocolError(f"malformed {what} message")
     return _decoded(payload[:-1], what)
 
@@ -369,6 +373,29 @@ def authentication(code: int, extra: bytes = b"") -> bytes:
 
 def parameter_status(name: str, value: str) -> bytes:
     return message(b"S", _cstr(name) + _cstr(value))
+
+
+_STATUS_BLOCKS: dict[tuple[object, ...], bytes] = {}
+_STATUS_BLOCKS_KEPT = 256
+
+
+def parameter_statuses(values: Mapping[str, str]) -> bytes:
+    """A ParameterStatus for each of ``values``, in their order, as one buffer (a session's
+    startup reply), in the client_encoding in force.
+
+    The last _STATUS_BLOCKS_KEPT distinct sets are kept encoded: sessions of one user and
+    client report the same values (session_authorization is the user), and encoding a dozen
+    messages one by one was a tenth of a connection's Python. A set is only ever answered
+    with its own encoding, so a session cannot tell what other users' sessions reported.
+    """
+    key = (client_encoding.get().codec, *values.items())
+    block = _STATUS_BLOCKS.get(key)
+    if block is None:
+        block = b"".join([parameter_status(name, value) for name, value in values.items()])
+        if len(_STATUS_BLOCKS) >= _STATUS_BLOCKS_KEPT:
+            del _STATUS_BLOCKS[next(iter(_STATUS_BLOCKS))]
+        _STATUS_BLOCKS[key] = block
+    return block
 
 
 def backend_key_data(pid: int, secret: int) -> bytes:
