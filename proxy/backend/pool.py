@@ -77,6 +77,13 @@ async def open_backend(config: BackendConfig, settings: Mapping[str, str] | None
     instead. A deferrable one waits for a snapshot no writer can make unsafe, then takes no
     predicate locks and cannot fail so.
 
+    Its ``default_transaction_isolation`` is READ COMMITTED, PostgreSQL's own default, whatever
+    the role, the database or postgresql.conf set: a session is SERIALIZABLE only when its
+    analyst asked (``BackendSession.may_serialize`` knows so without asking the backend), so
+    that dpproxy takes a serializable DP statement's snapshot before the charge only then
+    (``proxy.serving.safe_snapshot``). A serializable default of the operator's would have made
+    every DP statement wait for the operator's serializable writers.
+
     Its ``standard_conforming_strings`` is on, as dpproxy's parser reads every statement: off
     (a legacy role, database or postgresql.conf setting), PostgreSQL read ``'\\'' UNION ALL
     SELECT s FROM protected --'``, one string literal to dpproxy, as a query of the protected
@@ -89,6 +96,7 @@ async def open_backend(config: BackendConfig, settings: Mapping[str, str] | None
     text the exact-floats rule keeps out of every exact aggregate dpproxy reads as text.
     """
     options = {"default_transaction_read_only": "on", "default_transaction_deferrable": "on",
+               "default_transaction_isolation": "read committed",
                "standard_conforming_strings": "on", "extra_float_digits": "1",
                "statement_timeout": str(config.statement_timeout_ms), "idle_in_transaction_session_timeout": "0"}
     options.update(settings or {})
