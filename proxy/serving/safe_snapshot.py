@@ -22,7 +22,7 @@ from typing import Any
 
 from policies.errors import SQLSTATE
 from proxy.backend.connection import BackendSession
-from proxy.backend.errors import BackendError, BackendLost
+from proxy.backend.errors import BackendError, BackendLost, BackendUnavailable
 
 __all__ = ["WAIT_HINT", "begins_serializable", "in_safe_snapshot", "take_snapshot"]
 
@@ -47,8 +47,8 @@ async def take_snapshot(backend: BackendSession, sql: str = "SELECT") -> None:
     raised as 57014 saying what it waited for."""
     try:
         await backend.execute(sql)
-    except BackendLost:
-        raise
+    except (BackendLost, BackendUnavailable):
+        raise  # lost, or no connection could be had (a cancel then ended the wait for one)
     except BackendError as exc:
         if exc.sqlstate != SQLSTATE.QUERY_CANCELED:
             raise
