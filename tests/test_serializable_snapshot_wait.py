@@ -24,6 +24,7 @@ import pytest
 
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from tests.reconcile import audit_lines
+from tests.wire import SYNC, Wire, bind, describe, error_fields, execute, parse
 
 _TIMEOUT_MS = 600
 _POLICY = ATTACK_POLICY_HEAD.replace("statement_timeout_ms: 10000", f"statement_timeout_ms: {_TIMEOUT_MS}").replace(
@@ -225,3 +226,36 @@ def test_a_service_role_default_of_serializable_is_not_the_analysts(
                 assert conn.execute("SELECT COUNT(*) FROM snap0 WHERE v < 81").fetchone() is not None
         finally:
             admin.execute("ALTER ROLE dpproxy_service RESET default_transaction_isolation")
+
+
+
+def _described(proxy: RunningProxy, setup: str, admin_dsn: str) -> list[tuple[bytes, bytes]]:
+    """Parse and Describe (statement) of a DP COUNT after ``setup``, as JDBC sends them before its
+    first Execute, while a serializable writer is open: the messages, an error by its SQLSTATE
+    and message."""
+    wire = Wire(proxy.host, proxy.port)
+    try:
+        wire.send(parse("", setup), bind("", ""), execute(""), SYNC)
+        wire.read_until(b"Z")
+        with _serializable_writer(admin_dsn):
+            wire.send(parse("q", "SELECT COUNT(*) FROM snap0 WHERE v < $1"), describe(b"S", "q"), SYNC)
+            replies = wire.read_until(b"Z")
+    finally:
+        wire.close()
+    return [(kind, b"%s %s" % (error_fields(body)[b"C"], error_fields(body)[b"M"]) if kind == b"E" else b"")
+            for kind, body in replies if kind != b"N"]
+
+
+def test_a_described_dp_statement_waits_for_no_serializable_snapshot(
+        snapshot_proxy: RunningProxy, test_db: TestDatabase) -> None:
+    # Before: parsing on the backend took a snapshot in a serializable transaction of its own,
+    # which waited for the writer and failed the Describe with a bare 57014.
+    replies = _described(snapshot_proxy, "SET default_transaction_isolation = 'serializable'", test_db.admin_dsn)
+    assert [kind for kind, _ in replies] == [b"1", b"t", b"T", b"Z"], replies
+
+
+def test_a_described_dp_statement_in_a_serializable_block_says_what_it_waited_for(
+        snapshot_proxy: RunningProxy, test_db: TestDatabase) -> None:
+    replies = _described(snapshot_proxy, "BEGIN ISOLATION LEVEL SERIALIZABLE", test_db.admin_dsn)
+    errors = [text for kind, text in replies if kind == b"E"]
+    assert len(errors) == 1 and errors[0].startswith(b"57014 ") and b"serializable snapshot" in errors[0], replies

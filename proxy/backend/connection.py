@@ -694,9 +694,20 @@ class BackendSession:
         return await self._round_trip(_sender(sql, params, result_format, one_statement))
 
     async def describe(self, sql: str, param_types: Sequence[int]) -> tuple[list[int], list[Field]]:
-        """Parse ``sql`` on the backend without running it: its parameter types and columns."""
-        await self._round_trip(lambda pgconn: pgconn.send_prepare(b"", _encoded(sql, pgconn), list(param_types) or None))
-        result = await self._round_trip(lambda pgconn: pgconn.send_describe_prepared(b""))
+        """Parse ``sql`` on the backend without running it: its parameter types and columns.
+
+        Parsing takes a snapshot: outside a transaction block, in a session that may be
+        SERIALIZABLE, it parses in a READ COMMITTED block of its own (see ``_READ_COMMITTED``)."""
+        own = self.transaction_status == b"I" and self.may_serialize
+        if own:
+            await self._round_trip(lambda pgconn: pgconn.send_query(b"BEGIN ISOLATION LEVEL READ COMMITTED"))
+        try:
+            await self._round_trip(
+                lambda pgconn: pgconn.send_prepare(b"", _encoded(sql, pgconn), list(param_types) or None))
+            result = await self._round_trip(lambda pgconn: pgconn.send_describe_prepared(b""))
+        finally:
+            if own and self.transaction_status != b"I":
+                await self._round_trip(lambda pgconn: pgconn.send_query(b"ROLLBACK"))
         return [result.param_type(i) for i in range(result.nparams)], _fields(result, self.client_encoding)
 
     async def _round_trip(self, send: Callable[[PGconn], None]) -> PGresult:

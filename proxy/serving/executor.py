@@ -274,6 +274,8 @@ class Executor:
         if decision is None:
             return [], None
         if isinstance(decision, DPQuery):
+            if self.backend.transaction_status != b"I" and self._may_serialize():
+                await take_snapshot(self.backend)  # the parse takes the block's first snapshot
             params, _ = await self.backend.describe(backend_sql(decision.plan, seed=0), param_types)
             return params, await self._dp_fields(decision.plan)
         if isinstance(decision, ColumnsOnly):
