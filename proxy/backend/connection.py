@@ -195,6 +195,7 @@ def startup_key(settings: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 # clears, and set_config of them after a transaction's first query fails (25001) — read
 # back, they would pass from the connection into the next holder's settings, and from there
 # fail each of its later checkouts (rewriter/classify.py keeps clients from setting them so).
+_SERIALIZABLE_DEFAULT = ("default_transaction_isolation", "serializable")
 _TRANSACTION_SCOPED = ("transaction_isolation", "transaction_read_only", "transaction_deferrable")
 _SESSION_SETTINGS_SQL = (
     "SELECT name, pg_catalog.encode(pg_catalog.convert_to(setting, 'UTF8'), 'hex') FROM pg_catalog.pg_settings "
@@ -202,6 +203,14 @@ _SESSION_SETTINGS_SQL = (
     + "".join(f"AND name OPERATOR(pg_catalog.<>) '{name}' " for name in _TRANSACTION_SCOPED)
     + "ORDER BY name"
 )
+
+
+# Put before dpproxy's own statements in a string of several, which PostgreSQL runs as one
+# implicit transaction: at READ COMMITTED, whatever the session's default isolation, so that
+# they never wait for a serializable snapshot (a deferrable serializable transaction's first
+# snapshot waits for the operator's serializable writers to end), which could outlast
+# statement_timeout. SET LOCAL: gone with the transaction.
+_READ_COMMITTED = "SET LOCAL transaction_isolation = 'read committed'; "
 
 
 def _text_sql(text: str) -> str:
@@ -316,7 +325,7 @@ class BackendSession:
         metrics.pool_reset()
         calls = ", ".join(f"pg_catalog.set_config({_text_sql(name)}, {_text_sql(value)}, false)"
                           for name, value in self._state)
-        sql = "RESET ALL; " + (f"SELECT {calls}; " if calls else "") + _SESSION_SETTINGS_SQL
+        sql = _READ_COMMITTED + "RESET ALL; " + (f"SELECT {calls}; " if calls else "") + _SESSION_SETTINGS_SQL
         held.state = UNKNOWN
         results = await self._own_round_trip(held, sql.encode())
         failed = next((r for r in results if r.status == pq.ExecStatus.FATAL_ERROR), None)
@@ -347,7 +356,9 @@ class BackendSession:
         if not settings:
             return
         calls = ", ".join(f"pg_catalog.set_config({_text_sql(n)}, {_text_sql(v)}, false)" for n, v in settings)
-        await self._round_trip(lambda pgconn: pgconn.send_query(f"SELECT {calls}".encode()))
+        # In the client's transaction block it runs as the block's statement, at its isolation.
+        own = _READ_COMMITTED if self.transaction_status == b"I" else ""
+        await self._round_trip(lambda pgconn: pgconn.send_query(f"{own}SELECT {calls}".encode()))
         self._dirty = True
 
     def state_may_change(self) -> None:
@@ -382,7 +393,7 @@ class BackendSession:
             # cancel the first read (the connection is then closed, not pooled, below).
             for _ in range(2):
                 try:
-                    results = await self._own_round_trip(held, _SESSION_SETTINGS_SQL.encode())
+                    results = await self._own_round_trip(held, (_READ_COMMITTED + _SESSION_SETTINGS_SQL).encode())
                 except BackendLost:
                     break
                 if results and results[-1].status == pq.ExecStatus.TUPLES_OK:
@@ -447,6 +458,13 @@ class BackendSession:
         return self._last_status
 
     @property
+    def may_serialize(self) -> bool:
+        """Whether a transaction begun now may be SERIALIZABLE: its default isolation is, as this
+        session's settings were last read back (the backend's own default is READ COMMITTED,
+        ``open_backend``), or a statement since may have changed it (SET, set_config, RESET)."""
+        return self._dirty or _SERIALIZABLE_DEFAULT in self._state
+
+    @property
     def holds_connection(self) -> bool:
         return self._held is not None
 
@@ -495,8 +513,11 @@ class BackendSession:
 
     # ------------------------------------------------------------ statements
 
-    async def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        """Run dpproxy's own query (never a client's) and return its rows as Python values."""
+    async def fetch_all(
+        self, sql: str, params: Sequence[Any] = (), *, read_committed: bool = False
+    ) -> list[tuple[Any, ...]]:
+        """Run dpproxy's own query (never a client's) and return its rows as Python values;
+        ``read_committed``: outside a transaction block, in a READ COMMITTED block of its own."""
         await self._settle_stream()
         held = await self._checkout()
         conn = held.conn
@@ -504,8 +525,16 @@ class BackendSession:
         self._sent_on_checkout += 1
         try:
             async with conn.cursor() as cur:
-                await cur.execute(sql, params or None)
-                return [tuple(row) for row in await cur.fetchall()]
+                if read_committed:
+                    await cur.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+                try:
+                    await cur.execute(sql, params or None)
+                    rows = [tuple(row) for row in await cur.fetchall()]
+                finally:
+                    if read_committed and conn.pgconn.status == pq.ConnStatus.OK:
+                        # Read-only: COMMIT and ROLLBACK alike end it; this ends a failed one too.
+                        await cur.execute("ROLLBACK")
+                return rows
         except psycopg.Error as exc:
             if conn.pgconn.status != pq.ConnStatus.OK:
                 raise self._lost(exc.diag.sqlstate, reached=True, cause=exc) from None
@@ -519,11 +548,18 @@ class BackendSession:
         return row
 
     async def resolve(self, refs: Iterable[RelationRef]) -> dict[RelationRef, ResolvedRelation | None]:
-        """Resolve relation names to OIDs under this session's search_path, as PostgreSQL would."""
+        """Resolve relation names to OIDs under this session's search_path, as PostgreSQL would.
+
+        Outside a transaction block, in a session that may be SERIALIZABLE, at READ COMMITTED in a
+        block of its own (see ``_READ_COMMITTED``); in the client's block, as its statement."""
         refs = list(dict.fromkeys(refs))
         if not refs:
             return {}
-        rows = await self.fetch_all(_RESOLVE_SQL, ([r.qualified for r in refs],))
+        names = ([r.qualified for r in refs],)
+        if self.transaction_status == b"I" and self.may_serialize:
+            rows = await self.fetch_all(_RESOLVE_SQL, names, read_committed=True)
+        else:
+            rows = await self.fetch_all(_RESOLVE_SQL, names)
         resolved: dict[RelationRef, ResolvedRelation | None] = {}
         for ref, (oid, schema, name) in zip(refs, rows):
             resolved[ref] = ResolvedRelation(int(oid), schema, name) if oid is not None else None
@@ -661,9 +697,20 @@ class BackendSession:
         return await self._round_trip(_sender(sql, params, result_format, one_statement))
 
     async def describe(self, sql: str, param_types: Sequence[int]) -> tuple[list[int], list[Field]]:
-        """Parse ``sql`` on the backend without running it: its parameter types and columns."""
-        await self._round_trip(lambda pgconn: pgconn.send_prepare(b"", _encoded(sql, pgconn), list(param_types) or None))
-        result = await self._round_trip(lambda pgconn: pgconn.send_describe_prepared(b""))
+        """Parse ``sql`` on the backend without running it: its parameter types and columns.
+
+        Parsing takes a snapshot: outside a transaction block, in a session that may be
+        SERIALIZABLE, it parses in a READ COMMITTED block of its own (see ``_READ_COMMITTED``)."""
+        own = self.transaction_status == b"I" and self.may_serialize
+        if own:
+            await self._round_trip(lambda pgconn: pgconn.send_query(b"BEGIN ISOLATION LEVEL READ COMMITTED"))
+        try:
+            await self._round_trip(
+                lambda pgconn: pgconn.send_prepare(b"", _encoded(sql, pgconn), list(param_types) or None))
+            result = await self._round_trip(lambda pgconn: pgconn.send_describe_prepared(b""))
+        finally:
+            if own and self.transaction_status != b"I":
+                await self._round_trip(lambda pgconn: pgconn.send_query(b"ROLLBACK"))
         return [result.param_type(i) for i in range(result.nparams)], _fields(result, self.client_encoding)
 
     async def describe_portal(self, name: str) -> list[Field]:

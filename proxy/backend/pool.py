@@ -59,6 +59,9 @@ _IDLE = pq.TransactionStatus.IDLE
 PINNED_SETTINGS: Final[Mapping[str, str]] = {
     "default_transaction_read_only": "on",
     "default_transaction_deferrable": "on",
+    # Only an analyst who asks for SERIALIZABLE waits for the operator's serializable writers
+    # (proxy/serving/safe_snapshot.py); a role's default of it made every DP statement wait.
+    "default_transaction_isolation": "read committed",
     "standard_conforming_strings": "on",
     "extra_float_digits": "1",
     "idle_in_transaction_session_timeout": "0",
@@ -104,6 +107,13 @@ async def open_backend(config: BackendConfig, settings: Mapping[str, str] | None
     failed said whether row 42 was being written; and its predicate locks made the writers fail
     instead. A deferrable one waits for a snapshot no writer can make unsafe, then takes no
     predicate locks and cannot fail so.
+
+    Its ``default_transaction_isolation`` is READ COMMITTED, PostgreSQL's own default, whatever
+    the role, the database or postgresql.conf set: a session is SERIALIZABLE only when its
+    analyst asked (``BackendSession.may_serialize`` knows so without asking the backend), so
+    that dpproxy takes a serializable DP statement's snapshot before the charge only then
+    (``proxy.serving.safe_snapshot``). A serializable default of the operator's would have made
+    every DP statement wait for the operator's serializable writers.
 
     Its ``standard_conforming_strings`` is on, as dpproxy's parser reads every statement: off
     (a legacy role, database or postgresql.conf setting), PostgreSQL read ``'\\'' UNION ALL

@@ -63,6 +63,7 @@ from rewriter.statements import Statement, split_statements
 
 from .copy_out import copy_messages
 from .cursors import BackendCursor, Cursors, KeptCursor
+from .safe_snapshot import begins_serializable, in_safe_snapshot, take_snapshot
 from .settings import SessionSettings
 
 __all__ = ["Executor", "Plan", "StatementHost"]
@@ -146,6 +147,7 @@ class Executor:
         self._analysis = CancellableWait()  # a long statement's analysis, until a CancelRequest
         self._streams: set[RowStream] = set()  # results passed on as they arrive, not ended yet
         self.cursors = Cursors()  # the session's SQL cursors (DECLARE ... CURSOR)
+        self._serializable_block = False  # the transaction block open now began SERIALIZABLE
 
     def transaction_status(self) -> bytes:
         return self.backend.transaction_status
@@ -252,6 +254,9 @@ class Executor:
             self._resolved_generation = self.generation
         resolved = self._resolved.get(refs)
         if resolved is None:
+            if self.backend.transaction_status != b"I" and self._may_serialize():
+                # The first read of a serializable block waits for its snapshot: say so if it fails.
+                await take_snapshot(self.backend)
             resolved = await self.backend.resolve(refs)
             if len(self._resolved) >= _RESOLVED_STATEMENTS or self._resolved_names + len(refs) > _RESOLVED_NAMES:
                 self._resolved.clear()
@@ -274,6 +279,8 @@ class Executor:
         if decision is None:
             return [], None
         if isinstance(decision, DPQuery):
+            if self.backend.transaction_status != b"I" and self._may_serialize():
+                await take_snapshot(self.backend)  # the parse takes the block's first snapshot
             params, _ = await self.backend.describe(backend_sql(decision.plan, seed=0), param_types)
             return params, await self._dp_fields(decision.plan)
         if isinstance(decision, ColumnsOnly):
@@ -487,6 +494,8 @@ class Executor:
             self.settings.transaction_statement(plan.statement.node, status, self.backend.transaction_status)
             self.cursors.transaction_statement(plan.statement.node, status)
             self.backend.pinned = self.cursors.pins_backend
+            if status == b"I" and _begins(plan.statement):
+                self._serializable_block = begins_serializable(plan.statement.node)
         if plan.statement.kind == "DiscardStmt" and plan.statement.node.get("target") == "DISCARD_ALL":
             self.cursors.discard_all()  # PostgreSQL's DISCARD ALL closes every cursor
             self.backend.pinned = False
@@ -694,16 +703,31 @@ class Executor:
             )
         )
 
+    def _may_serialize(self) -> bool:
+        """Whether the session's transaction (in a block) or the next one may be SERIALIZABLE."""
+        if self.backend.transaction_status == b"I":
+            return self.backend.may_serialize
+        return self._serializable_block or self.backend.may_serialize
+
     async def _answer_dp(
         self, decision: DPQuery, params: BoundParams, fingerprint: str, result_formats: tuple[int, ...] = ()
     ) -> tuple[ResultSet, list[str], Cost]:
-        """Charge, compute exactly on the backend, noise; or replay the answer to a repeat."""
-        plan = decision.plan
-        if self.backend.transaction_status == b"E":
+        """Charge, compute exactly on the backend, noise; or replay the answer to a repeat. A
+        serializable transaction's snapshot is taken first (``safe_snapshot``)."""
+        status = self.backend.transaction_status
+        if status == b"E":
             # PostgreSQL runs nothing in a failed transaction block; charged, the query would
             # cost ε for a 25P02 that depends on nothing but the session.
             raise Refusal(SQLSTATE.IN_FAILED_TRANSACTION,
                           "current transaction is aborted, commands ignored until end of transaction block")
+        if not (self.backend.may_serialize or (status != b"I" and self._serializable_block)):
+            return await self._answer(decision.plan, params, fingerprint, result_formats)  # no wait
+        async with in_safe_snapshot(self.backend):
+            return await self._answer(decision.plan, params, fingerprint, result_formats)
+
+    async def _answer(
+        self, plan: AggregateQuery, params: BoundParams, fingerprint: str, result_formats: tuple[int, ...]
+    ) -> tuple[ResultSet, list[str], Cost]:
         await self._check_result_formats(plan, result_formats)
         check_parameter_types(plan, params)
         # The plan's WHERE is made final here, before the charge (and before the repeat key).
