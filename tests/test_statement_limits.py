@@ -54,6 +54,7 @@ TOO_COMPLEX = {
     "and-chain-3000": (WHERE + " AND ".join(["age > 1"] * 3000), "256 terms per AND chain"),
     "or-chain-975": (WHERE + " OR ".join(["age = 1"] * 975), "256 terms per OR chain"),
     "not-chain-96": (WHERE + "NOT " * 96 + "age > 1", "64 levels of nesting"),
+    "not-chain-66": (WHERE + "NOT " * 66 + "age > 1", "64 levels of nesting"),  # within the recursion net
     "functions-100-deep": ("SELECT " + "abs(" * 100 + "1" + ")" * 100, "32 nested parentheses"),
     "operator-run-300": (WHERE + "age > 1 -- " + "=" * 300, "256 operator characters"),
 }
