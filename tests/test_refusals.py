@@ -61,6 +61,7 @@ REFUSED = [
     ("EXPLAIN ANALYZE SELECT COUNT(*) FROM adult", "0A000", "statement-not-allowed"),
     ("SET default_transaction_read_only = off", "42501", "safe-settings"),
     ("SET ROLE dpproxy_service", "42501", "safe-settings"),
+    ("SELECT set_config('statement' || '_timeout', '1', false)", "42501", "safe-settings"),  # a computed name
     ("BEGIN READ WRITE", "25006", "read-only"),
     ("SELECT FROM nowhere_at_all", "42P01", "undefined-relation"),
     ("SELEC 1", "42601", "syntax"),
