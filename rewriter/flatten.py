@@ -7,7 +7,7 @@ AS anon_1``, Power BI's ``FROM (SELECT "age" FROM "public"."people" "$Table") "_
 wrapper selects plain columns (or ``*``) of the level below under new names and filters them,
 so the statement releases exactly what one aggregate over the base table with every level's
 WHERE ANDed releases. The outer level's column names are mapped through the projections to
-the base table's columns; every WHERE is then validated like any other (``validate_predicate``).
+the base table's columns; every WHERE is then validated like any other (:mod:`rewriter.predicates`).
 
 A wrapper may also select a grouping key expression, ``date_trunc(unit, col)``,
 ``width_bucket(col, ...)`` or ``EXTRACT(YEAR FROM col)``, maybe cast (Metabase's ``SELECT "source"."d" AS "d", count(*) FROM

@@ -77,7 +77,7 @@ from .scope import Scope
 from .sql_text import literal, operator, short_text
 from .types import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
 
-__all__ = ["Predicate", "PredicateRenderer", "plan_predicate", "validate_predicate"]
+__all__ = ["Predicate", "PredicateRenderer", "plan_predicate"]
 
 _COMPARISONS: dict[type[exp.Expression], str] = {
     exp.EQ: "=", exp.NEQ: "<>", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<=",
@@ -171,18 +171,6 @@ class PredicateRenderer:
         if not self._renderer.folds and not self._renderer.like_parameters:
             return None
         return Folding(where, tuple(self._renderer.folds), tuple(self._renderer.like_parameters), filters)
-
-
-def validate_predicate(predicate: exp.Expression, scope: Scope) -> str:
-    """Check ``predicate`` against the safe language; return it as fully qualified SQL to run as it is.
-
-    A predicate that needs folding is refused here: its expressions, left in place, would be
-    evaluated next to the rows (an error on a non-empty table only). Use :func:`plan_predicate`.
-    """
-    planned = plan_predicate(predicate, scope)
-    if planned.folding is not None:
-        raise scope.refuse("computed values and LIKE parameters are not allowed here on protected table", "safe-predicate")
-    return planned.sql
 
 
 class _Operand:

@@ -120,6 +120,24 @@ _HELD = [
 ]
 
 
+# width_bucket arguments PostgreSQL rejects only when a row reaches them ("count must be greater
+# than zero", "lower bound cannot equal upper bound"): WHERE id >= 1000 holds the neighbour's one
+# row and none of hn0's, so answered, they would fail on the neighbours alone. Bounds beyond 1e300
+# are refused with them, from the text.
+_BINS_REFUSED = [
+    "SELECT width_bucket(f, 0, 9, 0) AS b, count(*) FROM {t} WHERE id >= 1000 GROUP BY 1",
+    "SELECT width_bucket(x, 5, 5, 3) AS b, count(*) FROM {t} WHERE id >= 1000 GROUP BY 1",
+    "SELECT width_bucket(f, -1e301, 1e301, 3) AS b, count(*) FROM {t} WHERE id >= 1000 GROUP BY 1",
+]
+
+
+@pytest.mark.parametrize("sql", _BINS_REFUSED)
+def test_width_bucket_arguments_postgresql_rejects_per_row_are_refused_from_the_text(
+    hist_proxy: RunningProxy, sql: str
+) -> None:
+    assert _same_on_neighbours(hist_proxy, sql)[:2] == ("error", "DP001")
+
+
 @pytest.mark.parametrize(("setup", "sql"), _HELD)
 def test_a_histogram_shows_the_same_on_neighbours_in_any_time_zone(hist_proxy: RunningProxy, setup: str, sql: str) -> None:
     with hist_proxy.connect() as conn:

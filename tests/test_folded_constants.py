@@ -242,6 +242,18 @@ def test_a_like_pattern_parameter_must_be_text(fold_proxy: RunningProxy) -> None
         assert spent_epsilon(conn) == before
 
 
+def test_a_like_pattern_parameter_that_is_not_valid_in_the_client_encoding_is_refused_before_the_charge(
+    fold_proxy: RunningProxy,
+) -> None:
+    # Read with replacement characters it looked valid, was charged, and the backend then refused
+    # its bytes (22021) for a reason no row decides.
+    with psycopg.connect(fold_proxy.dsn(), autocommit=True) as conn:
+        before = spent_epsilon(conn)
+        result = conn.pgconn.exec_params(b"SELECT COUNT(*) FROM fold_visits WHERE name LIKE $1", [b"ab\xff%"], [25])
+        assert result.error_field(psycopg.pq.DiagnosticField.SQLSTATE) == b"DP001"
+        assert spent_epsilon(conn) == before
+
+
 def test_the_pattern_rule_of_a_parameter_is_the_literal_rule() -> None:
     columns = {"name": ColumnInfo("name", 25, -1, 1, None)}
     table = Relation(1, "public", "t", TablePolicy(epsilon=1.0), columns)

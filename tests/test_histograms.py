@@ -342,6 +342,13 @@ def test_limit_zero_answers_the_columns_and_costs_nothing(hproxy):
     ("SELECT income, count(*) FROM visits GROUP BY income", "DP001", "no-group-by"),
     ("SELECT date_trunc('day', visited_on), count(*) FROM visits GROUP BY 1", "DP001", "no-group-by"),
     ("SELECT date_trunc('month', visited_on, 'UTC'), count(*) FROM visits GROUP BY 1", "DP001", "no-group-by"),
+    # Grafana's daily buckets on a column whose policy opts months, quarters and weeks in, not days.
+    ("SELECT floor(extract(epoch from visited_on)/86400)*86400 AS t, count(*) FROM visits GROUP BY 1", "DP001",
+     "no-group-by"),
+    ("SELECT floor(extract(epoch from logged_at)/3600)*3600 AS t, count(*) FROM visits GROUP BY 1", "DP001",
+     "no-group-by"),  # hours, finer than the day logged_at opts in
+    ("SELECT width_bucket(income, 0, 1000, 4) AS b, count(*) FROM visits GROUP BY 1", "DP001",
+     "no-group-by"),  # income has bounds but is not opted in to GROUP BY
     ("SELECT age + 1, count(*) FROM visits GROUP BY age + 1", "DP001", "no-group-by"),
     ("SELECT sex, count(*) FROM visits GROUP BY ROLLUP (sex)", "DP001", "no-group-by"),
     ("SELECT sex, count(*) FROM visits GROUP BY GROUPING SETS ((sex), ())", "DP001", "no-group-by"),

@@ -62,11 +62,13 @@ def _base(test_db: TestDatabase, view: str = _TOTAL, *setup: str) -> Iterator[ps
      "a scalar subquery"),
     ("SELECT id FROM rf_base WHERE 100 / hours > 1", "int4div(integer, integer)"),
     ("SELECT id, rf_half(hours) AS h FROM rf_base", "rf_half(integer)"),  # a body dpproxy cannot read
+    # ARRAY[ARRAY[...], ...] fails when the rows' inner arrays differ in size: refused whatever they hold.
+    ("SELECT id, ARRAY[ARRAY[id], ARRAY[hours]] AS a FROM rf_base", "a multidimensional ARRAY[...]"),
     # Names the stored tree prints unquoted or escaped: a field's name, braces, a backslash, a quote.
     ('WITH ":opfuncid" AS (SELECT id AS "}{", hours FROM rf_base) SELECT "}{" AS id, hours AS "a\\", 1 / hours AS """x"'
      ' FROM ":opfuncid"', "int4div(integer, integer)"),
 ], ids=["division", "addition", "abs", "text-cast", "like", "case-fold", "scalar-subquery", "where", "user-function",
-        "odd-names"])
+        "multidimensional-array", "odd-names"])
 def test_a_protected_view_computing_what_can_fail_on_a_row_is_refused_at_load(
     test_db: TestDatabase, tmp_path: Path, view: str, named: str
 ) -> None:
@@ -75,6 +77,17 @@ def test_a_protected_view_computing_what_can_fail_on_a_row_is_refused_at_load(
         problems = refused_at_load(make_policy(test_db, tmp_path / "ledger.sqlite3", _POLICY))
     assert len(problems) == 1 and problems[0].startswith("tables.public.rf_view: view rf_view "), problems
     assert named in problems[0] and "materialized view" in problems[0], problems
+
+
+def test_a_protected_view_computing_a_node_of_a_kind_the_check_does_not_know_is_refused_at_load(
+    test_db: TestDatabase, tmp_path: Path
+) -> None:
+    # A cast to a domain runs its CHECK on each row the view reads (row 7's hours 0 fails it) and
+    # calls no function: only the rule that a node of an unknown kind is a problem catches it.
+    setup = ("CREATE SCHEMA rf_own", "CREATE DOMAIN rf_own.positive AS integer CHECK (VALUE > 0)")
+    with _base(test_db, "SELECT id, hours::rf_own.positive AS h FROM rf_base", *setup):
+        problems = refused_at_load(make_policy(test_db, tmp_path / "ledger.sqlite3", _POLICY))
+    assert len(problems) == 1 and "coercetodomain" in problems[0], problems
 
 
 def test_a_view_of_a_failing_view_and_a_failing_row_level_security_policy_are_refused_too(

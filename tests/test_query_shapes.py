@@ -338,3 +338,13 @@ def test_post_processing_cannot_change_the_session(proxy: RunningProxy, call: st
         assert info.value.diag.sqlstate == "DP001"
         assert "changes the session" in (info.value.diag.message_primary or "")
         assert conn.execute("SELECT current_setting('search_path')").fetchone() != ("nowhere",)
+
+
+def test_a_session_changing_call_is_refused_also_where_the_one_row_answer_drops_it_unrun(proxy: RunningProxy):
+    # A one-row answer's ORDER BY of aggregates orders nothing and is dropped: post-processing never
+    # sees it, so only the check of the statement's function names refuses the setting there.
+    with proxy.connect() as conn:
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute("SELECT count(*) FROM adult ORDER BY max(set_config('search_path', 'nowhere', false))")
+        assert info.value.diag.sqlstate == "DP001"
+        assert "changes the session" in (info.value.diag.message_primary or "")
