@@ -143,18 +143,24 @@ def test_prepared_statements_cursors_and_temp_objects_leave_nothing_on_the_backe
         assert bob.execute("SELECT count(*) FROM pg_class WHERE relpersistence = 't'").fetchone() == (0,)
 
 
+def _select_one_meanwhile(conn: Any) -> tuple[threading.Event, threading.Thread]:
+    """``SELECT 1`` on ``conn`` in a thread: the event is set when it has been answered."""
+    done = threading.Event()
+
+    def other() -> None:
+        conn.execute("SELECT 1")
+        done.set()
+
+    worker = threading.Thread(target=other, daemon=True)
+    worker.start()
+    return done, worker
+
+
 def test_a_cursor_with_hold_holds_its_connection_until_close(one: RunningProxy):
     with one.connect() as alice, one.connect() as bob:
         alice.execute("DECLARE held CURSOR WITH HOLD FOR SELECT g FROM generate_series(1, 3) AS g")
         pid = _pid(alice)
-        done = threading.Event()
-
-        def other() -> None:
-            bob.execute("SELECT 1")
-            done.set()
-
-        worker = threading.Thread(target=other, daemon=True)
-        worker.start()
+        done, worker = _select_one_meanwhile(bob)
         assert not done.wait(0.5), "another session ran on the connection holding the cursor"
         assert alice.execute("FETCH 2 FROM held").fetchall() == [(1,), (2,)]
         assert _pid(alice) == pid
@@ -169,14 +175,7 @@ def test_a_transaction_holds_one_connection_from_begin_to_commit(one: RunningPro
         alice.execute("BEGIN")
         alice.execute("SET LOCAL search_path = pg_catalog")
         pid = _pid(alice)
-        done = threading.Event()
-
-        def other() -> None:
-            bob.execute("SELECT 1")
-            done.set()
-
-        worker = threading.Thread(target=other, daemon=True)
-        worker.start()
+        done, worker = _select_one_meanwhile(bob)
         assert not done.wait(0.5), "another session ran while the transaction held the only connection"
         assert _show(alice, "search_path") == "pg_catalog"
         assert _pid(alice) == pid
