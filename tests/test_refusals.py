@@ -36,6 +36,8 @@ REFUSED = [
     ("SELECT COUNT(*) FROM adult WHERE sex IS JSON", "DP001", "safe-predicate"),
     ("SELECT COUNT(*) FROM adult WHERE sex > now()", "DP001", "safe-predicate"),
     ("SELECT SUM(fnlwgt) FROM adult", "DP001", "bounds-required"),
+    # Sample and aggregate groups the rows into partitions: their distinct counts would be added up.
+    ("SELECT COUNT(DISTINCT age), MIN(age) FROM adult", "DP001", "aggregate-combination"),
     ("SELECT COUNT(*) FROM adult LIMIT 1 + 1", "DP001", "limit"),
     ("SELECT COUNT(*) FROM adult ORDER BY COUNT(*) FETCH FIRST 1 ROWS WITH TIES", "DP001", "limit"),
     ("SELECT * FROM secret_unlisted", "42501", "default-deny"),
