@@ -288,6 +288,21 @@ def test_no_operator_default_lets_one_row_decide_an_outcome_or_breaks_every_row(
     assert not faults, "\n".join(faults)
 
 
+def test_a_cursor_over_every_accepted_dp_form_is_decided_by_no_row(
+        neighbours: None, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """DECLARE ... CURSOR FOR each accepted DP form, under PostgreSQL's defaults: FETCH ALL comes
+    out the same (outcome, columns, row count, keys, tag) on every neighbouring table, and
+    answered as the statement itself is."""
+    faults = []
+    with running_proxy(test_db, tmp_path_factory, _POLICY) as proxy, proxy.connect() as conn:
+        _dates_as_text(conn)
+        for form in ACCEPTED_FORMS:
+            outcomes = {table: _fetched_from_cursor(conn, form, table) for table in TABLES}
+            if len(set(outcomes.values())) != 1 or outcomes["st0"][0] != "answer":
+                faults.append(f"cursor over {form}: {outcomes}")
+    assert not faults, "\n".join(faults)
+
+
 @pytest.mark.parametrize("settings", ROUNDS if SWEPT is EVERY_ONE else ROUNDS[:1],
                          ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items())[:60])
 def test_no_operator_default_lets_one_row_decide_a_binary_copy_or_typed_parameter_answer(
