@@ -21,6 +21,11 @@ Found and fixed:
   take decides whether a conflict meets the statement, the channel that keeps a timed-out
   statement charged), but outside a transaction block the statement now runs once more under
   that one charge, so that a conflict costs no answer unless it strikes twice.
+* A lock the primary holds on a table's TOAST index (``REINDEX``), replayed on the standby,
+  decided whether a DP statement failed: ``s < 'b'`` opens the TOAST index only for a value
+  stored apart, so under a ``lock_timeout`` (the analyst's SET, or the role's default) it was
+  answered on a table and failed with DP004, charged, on its neighbour holding one long value.
+  ``lock_timeout`` is now pinned to 0 on backend connections and refused in SET.
 
 Held: every accepted DP form of tests/test_attack_settings.py has one outcome on the standby's
 copies of neighbouring tables under the session states a standby allows; the serializable ones
@@ -44,7 +49,8 @@ from policies.loader import parse_policy
 from proxy.serving.startup import StartupError
 from tests.conftest import (ATTACK_POLICY_HEAD, TEST_DATABASE, TEST_POLICY, RunningProxy, StandbyDatabase,
                             TestDatabase, running_proxy, spent_epsilon)
-from tests.neighbour_outcome import create_neighbours
+from tests.neighbour_outcome import create_neighbours, masked_outcome
+import tests.test_attack_settings as settings_attack
 from tests.test_attack_settings import (_BASE_ROWS, _BINARY_AND_COPY, _DDL, _NEIGHBOURS, _POLICY, ACCEPTED_FORMS,
                                         SESSION_STATES, _answer_form, _dates_as_text, _same_on_neighbours)
 
@@ -77,24 +83,22 @@ _SERIALIZABLE_STATES = {"serializable", "serializable block"}
 
 @pytest.mark.parametrize("state", [state for state in SESSION_STATES if state not in _SERIALIZABLE_STATES])
 def test_no_session_state_lets_one_row_decide_an_outcome_on_a_standby(standby_proxy: RunningProxy, state: str) -> None:
+    settings_attack.test_no_session_state_lets_one_row_decide_an_outcome(standby_proxy, state)
+
+
+def test_every_accepted_form_is_answered_on_a_standby(standby_proxy: RunningProxy) -> None:
     with standby_proxy.connect() as conn:
         _dates_as_text(conn)
-        for statement in SESSION_STATES[state]:
-            conn.execute(statement)
         for sql in ACCEPTED_FORMS:
-            assert _same_on_neighbours(conn, sql)[0] == "answer", sql
+            assert masked_outcome(conn, sql, "st0")[0] == "answer", sql
+        for sql in _BINARY_AND_COPY:
+            assert _answer_form(conn, sql.replace("{t}", "st0"))[0] != "error", sql
 
 
 @pytest.mark.parametrize("state", ["default", "repeatable read block", "latin1"])
 def test_no_session_state_lets_one_row_decide_a_binary_or_copy_answer_on_a_standby(standby_proxy: RunningProxy,
                                                                                    state: str) -> None:
-    with standby_proxy.connect() as conn:
-        for statement in SESSION_STATES[state]:
-            conn.execute(statement)
-        for sql in _BINARY_AND_COPY:
-            outcomes = {table: _answer_form(conn, sql.replace("{t}", table)) for table in ("st0", *_NEIGHBOURS)}
-            assert len(set(outcomes.values())) == 1, (sql, outcomes)
-            assert next(iter(outcomes.values()))[0] != "error", (sql, outcomes)
+    settings_attack.test_no_session_state_lets_one_row_decide_a_binary_or_copy_answer(standby_proxy, state)
 
 
 @pytest.mark.parametrize("statement", [
@@ -114,8 +118,21 @@ def test_a_serializable_default_is_refused_uncharged_by_every_dp_form_on_every_n
             outcome = _same_on_neighbours(conn, sql)  # uncharged, as it is an error
             assert outcome[:2] == ("error", "0A000") and outcome[2] == _HOT_STANDBY_REFUSES, (sql, outcome)
             assert "repeatable read" in str(outcome[3]), outcome
+        for sql in _BINARY_AND_COPY:  # in binary and in COPY: refused as PostgreSQL refuses, uncharged
+            outcomes = {_answer_form(conn, sql.replace("{t}", table)) for table in ("st0", *_NEIGHBOURS)}
+            assert outcomes == {("error", "0A000", True)}, (sql, outcomes)
         conn.execute("RESET default_transaction_isolation")
         assert conn.execute("SELECT COUNT(*) FROM st0").fetchone() is not None
+
+
+def test_a_serializable_default_is_refused_uncharged_in_the_extended_protocol(standby_proxy: RunningProxy) -> None:
+    with psycopg.connect(standby_proxy.dsn(), autocommit=True, prepare_threshold=0) as conn:
+        conn.execute("SET default_transaction_isolation = serializable")
+        before = spent_epsilon(conn)
+        for value in (10, 20):
+            with pytest.raises(psycopg.errors.FeatureNotSupported, match=_HOT_STANDBY_REFUSES):
+                conn.execute("SELECT COUNT(*), AVG(f) FROM st0 WHERE i > %s", (value,))
+        assert spent_epsilon(conn) == before
 
 
 def test_begin_serializable_is_refused_before_anything_is_charged(standby_proxy: RunningProxy) -> None:
@@ -145,7 +162,8 @@ def test_a_snapshot_cannot_be_imported_or_exported(standby_proxy: RunningProxy) 
             conn.execute("SET TRANSACTION SNAPSHOT '00000003-00000002-1'")
         assert "(rule: safe-settings)" in str(refused.value) and refused.value.diag.message_hint
         conn.execute("ROLLBACK")
-        for sql in ("SELECT pg_export_snapshot()", "SELECT txid_current()", "SELECT pg_advisory_lock(1)"):
+        for sql in ("SELECT pg_export_snapshot()", "SELECT txid_current()", "SELECT pg_advisory_lock(1)",
+                    "SELECT nextval('st0_sequence')"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege) as refused:
                 conn.execute(sql)
             assert "(rule: function-allowlist)" in str(refused.value), sql
@@ -222,10 +240,11 @@ _CONFLICT_POLICY = ATTACK_POLICY_HEAD.replace("repeats: {{enabled: true}}", "rep
 """
 
 
-def _waiting_for_a_lock(standby: TestDatabase) -> bool:
+def _waiting_for_a_lock(standby: TestDatabase, table: str = "conflicted") -> bool:
+    """Whether a statement on ``table`` waits for a lock on the standby."""
     with psycopg.connect(standby.admin_dsn, autocommit=True) as conn:
         row = conn.execute("SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE wait_event_type = 'Lock' "
-                           "AND query LIKE '%conflicted%'").fetchone()
+                           "AND query LIKE %s", (f'%"{table}"%',)).fetchone()
     return row is not None and row[0] > 0
 
 
@@ -306,6 +325,100 @@ def test_a_recovery_conflict_in_a_transaction_block_fails_charged_and_the_sessio
         analyst.execute("ROLLBACK")
         assert spent_epsilon(analyst) == before + 1
         assert analyst.execute("SELECT COUNT(*) FROM conflicted").fetchone() is not None
+
+
+def test_a_block_whose_backend_a_recovery_conflict_ended_ends_the_session_without_a_charge(
+    standby_db: StandbyDatabase, conflicting_standby: RunningProxy
+) -> None:
+    """Idle in a block after a DP statement, the backend holds the table; the primary's LOCK TABLE
+    replayed then terminates that backend (PostgreSQL ends an idle session it cannot cancel). The
+    next DP statement never reaches it: uncharged, and the session ends as on any lost backend."""
+    with conflicting_standby.connect() as analyst, conflicting_standby.connect() as other:
+        analyst.execute("BEGIN")
+        assert analyst.execute("SELECT COUNT(*) FROM conflicted").fetchone() is not None
+        before = spent_epsilon(other)
+        with psycopg.connect(standby_db.primary.admin_dsn, autocommit=True) as operator:
+            operator.execute("BEGIN; LOCK TABLE conflicted IN ACCESS EXCLUSIVE MODE; COMMIT")
+        standby_db.pair.wait_for_replay(TEST_DATABASE)
+        with pytest.raises(psycopg.OperationalError) as ended:
+            for _ in range(600):  # the standby ends the backend once it replays the lock
+                analyst.execute("SELECT COUNT(*) FROM conflicted")
+                time.sleep(0.1)
+        assert ended.value.sqlstate in ("08006", "57P01"), str(ended.value)
+        assert spent_epsilon(other) == before
+
+
+# ---------------------------------------------------------------- the operator's locks, replayed
+
+_TOAST_POLICY = ATTACK_POLICY_HEAD.replace("repeats: {{enabled: true}}", "repeats: {{enabled: false}}") + """
+  public.tx0: &T
+    access: protected
+    epsilon: 1.0
+    columns:
+      s: {{categories: [a, b]}}
+  public.tx1: *T
+"""
+
+
+@pytest.fixture
+def toasted_neighbours(standby_db: StandbyDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """``tx0`` and its neighbour ``tx1`` with one row more, whose 12,800-byte value (hex digits
+    of random hashes: incompressible) is stored apart, in the TOAST relation; a dpproxy on the
+    standby under a service role whose ``lock_timeout`` is 100 ms (an operator's default)."""
+    with psycopg.connect(standby_db.primary.admin_dsn, autocommit=True) as admin:
+        for table in ("tx0", "tx1"):
+            admin.execute(f"DROP TABLE IF EXISTS {table}")
+            admin.execute(f"CREATE TABLE {table} AS SELECT (ARRAY['a', 'b'])[1 + g % 2] AS s "
+                          "FROM generate_series(1, 200) g")
+            admin.execute(f"GRANT SELECT ON {table} TO dpproxy_service")
+        admin.execute("INSERT INTO tx1 SELECT string_agg(md5(g::text || random()::text), '') "
+                      "FROM generate_series(1, 400) g")
+        admin.execute("ALTER ROLE dpproxy_service SET lock_timeout = '100ms'")
+        try:
+            standby_db.pair.wait_for_replay(TEST_DATABASE)
+            with running_proxy(standby_db.standby, tmp_path_factory, _TOAST_POLICY) as running:
+                yield running
+        finally:
+            admin.execute("ALTER ROLE dpproxy_service RESET lock_timeout")
+            admin.execute("DROP TABLE IF EXISTS tx0, tx1")
+            standby_db.pair.wait_for_replay(TEST_DATABASE)
+
+
+def test_a_lock_on_a_toast_index_replayed_from_the_primary_decides_no_outcome(
+    standby_db: StandbyDatabase, toasted_neighbours: RunningProxy
+) -> None:
+    """The primary's REINDEX of each table's TOAST index holds an ACCESS EXCLUSIVE lock on it, which
+    the standby replays. ``s < 'b'`` reads each value whole, and opens the TOAST index only for
+    a value stored apart: on the code before, under the role's lock_timeout, the statement was
+    answered on tx0 and failed with DP004 on tx1, charged both times. Now lock_timeout is pinned
+    to 0: the statement waits for the lock on tx1 and is answered once the REINDEX commits."""
+    sql = "SELECT COUNT(*) FROM {t} WHERE s < 'b'"
+    outcomes = {}
+    for table in ("tx0", "tx1"):
+        with psycopg.connect(standby_db.primary.admin_dsn) as operator, toasted_neighbours.connect() as analyst:
+            toast = operator.execute("SELECT t.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_class t "
+                                     "ON t.oid = c.reltoastrelid WHERE c.relname = %s", (table,)).fetchone()
+            assert toast is not None
+            operator.execute(f"REINDEX INDEX pg_toast.{toast[0]}_index")
+            standby_db.pair.wait_for_replay(TEST_DATABASE)
+            before, outcome = spent_epsilon(analyst), {}
+
+            def ask() -> None:
+                outcome["masked"] = masked_outcome(analyst, sql, table)
+
+            asking = threading.Thread(target=ask, daemon=True)
+            asking.start()
+            deadline = time.monotonic() + 60
+            while asking.is_alive() and not _waiting_for_a_lock(standby_db.standby, table):
+                assert time.monotonic() < deadline, f"{table}: neither answered nor waiting"
+                time.sleep(0.05)
+            operator.rollback()  # the REINDEX ends; a statement waiting for its lock goes on
+            asking.join(60)
+            assert not asking.is_alive()
+            outcomes[table] = outcome["masked"]
+            assert spent_epsilon(analyst) == before + 1
+    assert outcomes["tx0"] == outcomes["tx1"], outcomes
+    assert outcomes["tx0"][0] == "answer", outcomes
 
 
 # ---------------------------------------------------------------- schema drift by replay
