@@ -192,6 +192,14 @@ def test_cursors_copy_the_extended_protocol_and_read_backs_work_on_a_standby(sta
             assert extended.execute("SELECT COUNT(*) FROM st0 WHERE i > %s", (value,)).fetchone() is not None
 
 
+def test_check_config_checks_a_policy_against_a_standby(standby_db: StandbyDatabase, tmp_path: Path) -> None:
+    from tests.test_check_config_backend import POLICY, _check
+
+    run = _check(tmp_path, POLICY.format(dsn=standby_db.standby.service_dsn))
+    assert run.returncode == 0, run.stderr
+    assert "checked against the backend" in run.stdout, run.stdout
+
+
 # ---------------------------------------------------------------- the ledger
 
 def test_a_ledger_on_the_standby_is_refused_at_startup_not_at_the_first_charge(
