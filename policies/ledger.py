@@ -39,7 +39,9 @@ Backends
   up front.
 * PostgreSQL (for replicas sharing the backing database): tables in their own schema
   (``dpproxy`` by default), READ COMMITTED, where a conditional UPDATE waiting on a row
-  lock re-checks its condition against the committed row.
+  lock re-checks its condition against the committed row. It must accept writes: a hot
+  standby (a read replica) or a server whose transactions are read-only is refused when the
+  ledger is opened (``ReadOnlyLedger``), not at the first charge.
 
 Every accepted charge, grant and reset also appends a row to a history table in the same
 transaction, for ``dpproxy budget show`` and for audits.
@@ -85,6 +87,7 @@ __all__ = [
     "Ledger",
     "MAX_CHARGE_DELTA",
     "MAX_CHARGE_EPSILON",
+    "ReadOnlyLedger",
     "exact_decimal",
 ]
 
@@ -172,6 +175,11 @@ class HistoryEntry:
     epsilon: float
     delta: float
     fingerprint: str | None
+
+
+class ReadOnlyLedger(ValueError):
+    """The ledger's PostgreSQL cannot record a charge: it is a hot standby, or its transactions
+    are read-only (``default_transaction_read_only`` of the role, the database or the server)."""
 
 
 class Ledger:
@@ -404,6 +412,7 @@ class Ledger:
     def _create_tables(self, schema: str | None) -> None:
         with self._engine.begin() as conn:
             if conn.dialect.name == "postgresql":
+                _check_writable(conn)
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_DDL_LOCK_KEY)))
                 # Checked first: CREATE SCHEMA IF NOT EXISTS still needs CREATE privilege.
                 assert schema is not None  # the PostgreSQL ledger always has one
@@ -640,6 +649,20 @@ def _use_wal(cursor: Any) -> None:
             if "locked" not in str(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.02)
+
+
+def _check_writable(conn: Connection) -> None:
+    """Raise ReadOnlyLedger when ``conn``'s server cannot write: with the ledger's tables already
+    there (replayed from a primary), a standby opened without a word and failed every charge."""
+    in_recovery, read_only = conn.execute(sa.text(
+        "SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_read_only')")).one()
+    if in_recovery:
+        raise ReadOnlyLedger("the server is a hot standby (in recovery), where no charge can be written; "
+                             "point ledger.url at the primary, or at another PostgreSQL that accepts writes")
+    if read_only == "on":
+        raise ReadOnlyLedger("its transactions are read-only (default_transaction_read_only is on for this role, "
+                             "database or server), so no charge can be written; give the ledger's role a writable "
+                             "default, or point ledger.url at another PostgreSQL")
 
 
 def _postgres_engine(url: sa.URL) -> Engine:

@@ -132,13 +132,17 @@ SESSION_EFFECT_FUNCTIONS = frozenset({"set_config", "pg_advisory_unlock_all"})
 # idle_in_transaction_session_timeout: inside a block the backend sits idle while a quantised
 # DP answer waits for its boundary, for the quantum minus the time the rows took, so whether
 # that timer ended the connection said how long they took (dpproxy's own
-# listen.idle_in_transaction_timeout_s times the client instead).
+# listen.idle_in_transaction_timeout_s times the client instead). Not lock_timeout: a DP
+# statement also waits for the lock of its table's TOAST relation, which it opens only when a
+# row it reads has a long value stored apart, so a wait for the operator's lock there (a
+# REINDEX, a VACUUM truncating it, replayed on a standby) ended by lock_timeout failed the
+# statement exactly on the table holding such a row (proxy.backend.pool.PINNED_SETTINGS).
 SAFE_SETTINGS = frozenset(
     {
         "application_name", "client_encoding", "names", "datestyle", "intervalstyle",
         "timezone", "time zone", "extra_float_digits", "search_path", "bytea_output",
         "client_min_messages", "lc_numeric", "lc_time", "jit",
-        "lock_timeout", "transaction_isolation",
+        "transaction_isolation",
         "default_transaction_isolation", "xmloption",
         "transaction", "session characteristics",
     }

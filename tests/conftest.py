@@ -26,6 +26,7 @@ from proxy.demo.embedded import SERVICE_ROLE, prepare_demo_database
 from proxy.serving.event_loop import new_event_loop
 from proxy.serving.server import Server
 from tests.pg15 import postgresql_15
+from tests.standby import StandbyPair, primary_and_standby
 
 TEST_DATABASE = "dpproxy_test"
 
@@ -136,6 +137,29 @@ def pg15_db() -> Iterator[TestDatabase]:
     test asks for it; such a test is marked ``pg15`` (and so ``clients``)."""
     with postgresql_15() as admin_dsn:
         yield _prepare_test_database(admin_dsn)
+
+
+@dataclass(frozen=True)
+class StandbyDatabase:
+    """``test_db``'s database on a primary (where the operator writes) and on its streaming hot
+    standby (what dpproxy reads in the read-replica tests), and the pair of servers."""
+
+    __test__ = False  # a fixture value, not a test class
+
+    primary: TestDatabase
+    standby: TestDatabase
+    pair: StandbyPair
+
+
+@pytest.fixture(scope="session")
+def standby_db() -> Iterator[StandbyDatabase]:
+    """A primary and a hot standby of it from pgserver's binaries (tests/standby.py), started the
+    first time a test asks for them, with ``test_db``'s database replayed on the standby."""
+    with primary_and_standby() as pair:
+        primary = _prepare_test_database(pair.primary_dsn)
+        pair.wait_for_replay(TEST_DATABASE)
+        standby = TestDatabase(pair.on_standby(primary.admin_dsn), pair.on_standby(primary.service_dsn))
+        yield StandbyDatabase(primary, standby, pair)
 
 
 def _prepare_test_database(pg_admin_dsn: str) -> TestDatabase:

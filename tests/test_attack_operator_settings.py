@@ -356,7 +356,7 @@ def test_the_pinned_settings_are_what_a_session_has_and_returns_to(
                 "exit_on_error": "on", "standard_conforming_strings": "off", "extra_float_digits": "-15",
                 "default_transaction_read_only": "off", "default_transaction_deferrable": "off",
                 "idle_in_transaction_session_timeout": "1", "row_security": "off", "jit_above_cost": "0",
-                "default_transaction_isolation": "serializable"}
+                "default_transaction_isolation": "serializable", "lock_timeout": "1"}
     assert set(contrary) == set(PINNED_SETTINGS)
     shown = "SELECT " + ", ".join(f"pg_catalog.current_setting('{name}')" for name in PINNED_SETTINGS)
     with operator_defaults(test_db, tmp_path_factory, contrary, owner) as proxy, proxy.connect() as conn:

@@ -126,7 +126,7 @@ _EVERYTHING_A_SESSION_MAY_SET = [
     "SET search_path = pg_catalog, public", "SET DateStyle = 'German'", "SET TIME ZONE INTERVAL '+05:30' HOUR TO MINUTE",
     "SET IntervalStyle = 'sql_standard'", "SET extra_float_digits = 3", "SET bytea_output = 'escape'",
     "SET client_min_messages = 'debug1'", "SET lc_numeric = 'C'", "SET lc_time = 'C'",
-    "SET jit = off", "SET lock_timeout = '3s'",
+    "SET jit = off",
     "SET XML OPTION CONTENT", "SET NAMES 'UTF8'", "SET application_name = 'alice-secret'",
     "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE, READ ONLY, DEFERRABLE",
     "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE", "SET transaction_isolation = 'serializable'",

@@ -64,7 +64,7 @@ _SETTINGS = {  # a change of every kind of safe setting, and what SHOW then says
     "application_name": ("SET application_name = 'alice-secret'", "alice-secret"),
     "DateStyle": ("SET DateStyle = 'German'", "German, DMY"),
     "TimeZone": ("SET TIME ZONE 'Pacific/Auckland'", "Pacific/Auckland"),
-    "lock_timeout": ("SET lock_timeout = '7s'", "7s"),
+    "IntervalStyle": ("SET IntervalStyle = 'sql_standard'", "sql_standard"),
     "bytea_output": ("SELECT set_config('bytea_output', 'escape', false)", "escape"),
     "default_transaction_isolation": (
         "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE", "serializable"),

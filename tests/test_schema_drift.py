@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -42,9 +42,11 @@ def _remaining(proxy: RunningProxy) -> float:
 @contextmanager
 def _drifting(test_db: TestDatabase, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
               columns: str = "g % 7 AS a, 'y' || g AS s", policy: str = _POLICY,
+              replayed: Callable[[], None] = lambda: None,
               ) -> Iterator[tuple[psycopg.Connection, RunningProxy, Path]]:
     """The protected table ``drifted`` (500 rows of ``columns``), an admin connection, a dpproxy
-    re-checking every 0.2 s, and the policy's file (to reload it)."""
+    re-checking every 0.2 s, and the policy's file (to reload it). ``replayed`` returns once
+    dpproxy's backend has the table (a standby's replay of the admin's primary)."""
     from proxy.serving import server
 
     monkeypatch.setattr(server, "FUNCTION_NAMES_REFRESH_S", 0.2)
@@ -54,6 +56,7 @@ def _drifting(test_db: TestDatabase, tmp_path: Path, monkeypatch: pytest.MonkeyP
         admin.execute("DROP TABLE IF EXISTS drifted")
         admin.execute(f"CREATE TABLE drifted AS SELECT {columns} FROM generate_series(1, 500) g")
         admin.execute("GRANT SELECT ON drifted TO dpproxy_service")
+        replayed()
         path.write_text(text.format(dsn=test_db.service_dsn, ledger=ledger))
         proxy = RunningProxy(make_policy(test_db, ledger, text))
         try:

@@ -65,6 +65,12 @@ PINNED_SETTINGS: Final[Mapping[str, str]] = {
     "standard_conforming_strings": "on",
     "extra_float_digits": "1",
     "idle_in_transaction_session_timeout": "0",
+    # A DP statement waits for the operator's locks (DDL, REINDEX, VACUUM truncation; on a standby,
+    # all of them replayed) until statement_timeout: one on a table's TOAST relation or its index
+    # is waited for only when a row read has a long value stored apart, so a lock_timeout of the
+    # role's, the database's or postgresql.conf failed a DP statement (after its charge) exactly
+    # on the neighbour holding such a row. A client can neither SET it nor forward it.
+    "lock_timeout": "0",
     # No JIT: LLVM's compile of a long expression cannot be interrupted (open_backend).
     "jit_above_cost": "-1",
     # A histogram's release query takes its keys and values as text arrays ('{5,NULL}'): with

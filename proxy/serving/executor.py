@@ -9,6 +9,7 @@ set_config) is planned again before it runs.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -69,6 +70,11 @@ from .settings import SessionSettings
 __all__ = ["Executor", "Plan", "StatementHost"]
 
 _T = TypeVar("_T")
+log = logging.getLogger("dpproxy.executor")
+# What a hot standby cancels a statement with when it conflicts with the WAL it replays
+# (proxy.serving.executor.Executor._release_past_a_conflict); a read-only statement outside a
+# serializable transaction meets them for no other reason.
+_RECOVERY_CONFLICTS = frozenset({SQLSTATE.SERIALIZATION_FAILURE, SQLSTATE.DEADLOCK_DETECTED})
 
 _NO_PARAMS = BoundParams((), (), ())
 # A statement longer than this, or with a parse tree larger, is parsed and analysed in an
@@ -813,7 +819,7 @@ class Executor:
         cost = self._charged = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta)
         try:
             run = backend_sql(plan, seed=partition_seed()) if seeded(plan) else sql
-            answer = await self._release(plan, run, params, epsilon, encoding.codec)
+            answer = await self._release_past_a_conflict(plan, run, params, epsilon, encoding.codec)
         except BackendUnavailable:
             # No connection could be had (pool exhausted, backend refusing): never sent, so
             # its failure cannot depend on the data and the charge goes back.
@@ -844,6 +850,29 @@ class Executor:
         ranking, _ = await narrow_keys(ranking, params, self.backend)
         return replace(plan, series=replace(plan.series, ranking=ranking),
                        limit_zero=plan.limit_zero or ranking.limit_zero)
+
+    async def _release_past_a_conflict(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float,
+                                       codec: str) -> DPAnswer:
+        """``_release``, run once more under the same charge when a hot standby cancelled it for
+        a conflict with the WAL it replays (40001 or 40P01 outside a transaction block).
+
+        Such a conflict is decided by the operator's writes on the primary (a VACUUM, a lock, a
+        DDL) and by whether the statement was still running, or holding a page, when they
+        arrived: the rows can have a say only through how long they take, the timing channel
+        that keeps a timed-out statement charged. So the charge stands whatever happens, and a
+        conflict the operator caused costs no answer unless it strikes twice. Noise is drawn
+        only for values the backend returned, so a retry releases one answer, never two. In a
+        transaction block the conflict aborted the block: nothing can run again there.
+        """
+        try:
+            return await self._release(plan, sql, params, epsilon, codec)
+        except BackendError as exc:
+            if (exc.sqlstate not in _RECOVERY_CONFLICTS or isinstance(exc, BackendLost)
+                    or self.backend.transaction_status != b"I"):
+                raise
+            log.info("a DP statement was cancelled by the backend (%s: %s); run once more under its charge",
+                     exc.sqlstate, exc.message)
+        return await self._release(plan, sql, params, epsilon, codec)
 
     async def _release(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float, codec: str) -> DPAnswer:
         """The release of ``plan`` (``sql``: its backend SQL); with a series limit, of the plan and its

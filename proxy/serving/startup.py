@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import yaml
 
 from policies.dsn import masked_url, without_passwords
+from policies.ledger import ReadOnlyLedger
 from policies.loader import key_line
 from policies.model import BackendConfig, LedgerConfig, TLSConfig
 
@@ -182,7 +183,9 @@ def ledger_failure(ledger: LedgerConfig, exc: BaseException) -> StartupError:
     orig = getattr(exc, "orig", None)  # SQLAlchemy's DBAPIError: the driver's own error
     text = _first_line(str(orig if orig is not None else exc))
     key: tuple[str, ...] = ("ledger", "url")
-    if isinstance(exc, ValueError) and "schema" in text:
+    if isinstance(exc, ReadOnlyLedger):
+        pass  # its own sentence: nothing of libpq's to reword
+    elif isinstance(exc, ValueError) and "schema" in text:
         key = ("ledger", "schema")
     elif url.split("://", 1)[0] in ("postgresql", "postgres", "postgresql+psycopg"):
         text = _libpq_failure(text, "")[1]
