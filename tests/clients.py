@@ -10,8 +10,14 @@ import shutil
 from pathlib import Path
 
 import psycopg
+from conftest import TEST_POLICY
 
-__all__ = ["exact_count", "pgjdbc_jar", "psqlodbc_driver", "require_tool"]
+__all__ = ["HISTOGRAM_POLICY", "exact_count", "pgjdbc_jar", "psqlodbc_driver", "require_tool"]
+
+HISTOGRAM_POLICY = TEST_POLICY.replace("sex: {{categories: [Male, Female]}}",
+                                      "sex: {{categories: [Male, Female], group_by: true}}")
+"""The suite's policy with adult's sex opted in as a GROUP BY key, for the clients' histograms."""
+assert HISTOGRAM_POLICY != TEST_POLICY
 
 # The pgjdbc jar: the one the captured behaviour came from (Maven's local repository),
 # else Debian's libpostgresql-jdbc-java.
