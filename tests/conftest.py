@@ -272,7 +272,7 @@ def psql_path() -> str:
 # named tests of a module where the others need no such program.
 _CLIENT_MODULES = {
     "test_benchmark_smoke",  # pgbench (and pgbouncer), valgrind
-    "test_client_jdbc", "test_client_node", "test_client_odbc", "test_client_pgbench",
+    "test_client_jdbc", "test_client_node", "test_client_odbc", "test_client_pgbench", "test_client_postgresjs",
     "test_psql_client", "test_superset",
 }
 _CLIENT_TESTS = {
