@@ -61,6 +61,19 @@ def test_binary_copy_of_a_dp_aggregate_is_charged_once_in_send_format(proxy: Run
     assert abs(n - exact_n) < 50 and abs(float(avg) - float(exact_avg)) < 1
 
 
+def test_binary_copy_of_a_post_processed_answer_is_in_the_backend_s_send_format(proxy: RunningProxy):
+    """An outer expression over the released count (an interval, which dpproxy does not encode
+    itself) is computed by the backend in binary, as for a Bind asking for one format."""
+    with proxy.connect(autocommit=True) as conn:
+        spent = spent_epsilon(conn)
+        with conn.cursor() as cur:
+            with cur.copy("COPY (SELECT count(*) * interval '1 second' AS t FROM adult) TO STDOUT WITH BINARY") as copy:
+                copy.set_types(["interval"])
+                ((duration,),) = list(copy.rows())
+        assert spent_epsilon(conn) == pytest.approx(spent + 1)
+    assert abs(duration.total_seconds() - 48842) < 50
+
+
 def test_copy_of_a_dp_aggregate_is_the_select_s_release_charged_once(test_db, admin: psycopg.Connection,
                                                                       tmp_path: Path):
     exact = admin.execute("SELECT count(*) FROM adult WHERE age > 37").fetchone()[0]
