@@ -106,3 +106,37 @@ def test_ibis_row_reads_are_refused_with_dpproxy_s_sqlstate_and_the_connection_g
         assert info.value.diag.message_hint
     assert spent_epsilon(budget) == before
     assert abs(t.count().execute() - exact_count(admin)) < 30
+
+
+def test_ibis_to_pyarrow_reads_through_a_cursor_charged_once(con: Any, budget: psycopg.Connection,
+                                                             admin: psycopg.Connection):
+    """to_pyarrow declares a cursor over the query and fetches from it: the DP answer is
+    released (and charged) at the DECLARE."""
+    t = con.table("adult")
+    before = spent_epsilon(budget)
+    count = t.filter(t.age > 40).count().to_pyarrow().as_py()
+    assert abs(count - exact_count(admin, "age > 40")) < 30 and spent_epsilon(budget) - before == 1
+
+
+def test_ibis_value_counts_of_a_declared_key_is_a_histogram(con: Any, budget: psycopg.Connection,
+                                                           admin: psycopg.Connection):
+    t = con.table("adult")
+    frame, charged = _charged(budget, t.sex.value_counts())
+    exact = dict(admin.execute("SELECT sex, count(*) FROM adult GROUP BY sex").fetchall())
+    got = dict(zip(frame["sex"], frame["sex_count"]))
+    assert got.keys() == exact.keys() and all(abs(got[k] - exact[k]) < 30 for k in exact) and charged == 1
+
+
+def test_ibis_sql_is_refused_as_the_temporary_view_it_creates_and_raw_sql_answers(con: Any, budget: psycopg.Connection,
+                                                                                 admin: psycopg.Connection):
+    """con.sql(query) learns the query's columns from a CREATE TEMPORARY VIEW over it, which
+    dpproxy refuses as it refuses every DDL (25006, before any charge); con.raw_sql runs the
+    query itself."""
+    before = spent_epsilon(budget)
+    with pytest.raises(psycopg.Error) as info:
+        con.sql("SELECT COUNT(*) AS n FROM adult WHERE age > 30").execute()
+    assert info.value.diag.sqlstate == "25006" and "(rule: read-only)" in str(info.value)
+    assert spent_epsilon(budget) == before
+    with con.raw_sql("SELECT COUNT(*) AS n FROM adult WHERE age > 30") as cursor:
+        ((count,),) = cursor.fetchall()
+    assert abs(count - exact_count(admin, "age > 30")) < 30 and spent_epsilon(budget) - before == 1
