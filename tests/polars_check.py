@@ -19,6 +19,7 @@ import adbc_driver_manager
 import adbc_driver_postgresql.dbapi as adbc
 import connectorx
 import polars as pl
+import pyarrow as pa
 import psycopg
 
 COUNT = "SELECT COUNT(*) AS n FROM adult WHERE age > 30"
@@ -84,6 +85,13 @@ def _adbc(uri: str, charged: Callable[[Callable[[], Any]], dict[str, Any]]) -> d
             for table in schema["db_schema_tables"] or []
         }
         out["schema"] = {field.name: str(field.type) for field in conn.adbc_get_table_schema("adult", db_schema_filter="public")}
+
+        def statistics() -> list[Any]:
+            """ADBC's approximate statistics: pg_stats (null fractions, distinct counts) and reltuples."""
+            handle = conn.adbc_connection.get_statistics(None, "public", "adult", True)
+            return pa.RecordBatchReader._import_from_c(handle.address).read_all().to_pylist()  # type: ignore[no-any-return]
+
+        out["statistics"] = charged(statistics)
 
         def fetch(query: str, *params: object) -> list[Any]:
             with conn.cursor() as cursor:

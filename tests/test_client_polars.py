@@ -128,3 +128,11 @@ def test_adbc_refusal_is_its_operational_error_with_sqlstate(polars_run: dict[st
     assert refused["error"] == "adbc_driver_manager.OperationalError" and refused["sqlstate"] == "DP001"
     assert "not allowed on protected table adult (rule: no-row-access)" in refused["message"]
     assert refused["charged"] == 0 and polars_run["adbc"]["after_refusal"] == [[1]]
+
+
+def test_adbc_statistics_are_refused_as_the_catalog_of_statistics(polars_run: dict[str, Any]):
+    """adbc_get_statistics reads pg_stats (null fractions, distinct counts) joined to reltuples:
+    numbers computed from the rows, refused by the catalog allowlist."""
+    refused = polars_run["adbc"]["statistics"]
+    assert refused["error"] == "adbc_driver_manager.ProgrammingError" and refused["sqlstate"] == "42501"
+    assert "pg_catalog.pg_stats is not available through dpproxy (rule: catalog-allowlist)" in refused["message"]
