@@ -61,6 +61,22 @@ def test_postgresjs_pipelined_statements_are_answered_in_order_each_charged_once
     assert run["charges"]["pipeline"] == [2, 2]  # two DP statements and a constant, each round
 
 
+def test_postgresjs_cursor_reads_a_histogram_row_by_row_charged_once(run: dict[str, Any], admin):
+    """.cursor(1): Execute with a row limit of 1 and Flush, the portal suspended between rows."""
+    exact = dict(admin.execute("SELECT sex, count(*) FROM adult GROUP BY sex").fetchall())
+    assert [len(rows) for rows in run["cursor"]] == [1, 1]
+    got = {sex: int(n) for rows in run["cursor"] for sex, n in rows}
+    assert got.keys() == exact.keys() and all(abs(got[k] - exact[k]) < 30 for k in exact)
+    assert run["charges"]["cursor"] == 1
+
+
+def test_postgresjs_transaction_and_simple_protocol_answers_are_charged_once(run: dict[str, Any], admin):
+    assert abs(int(run["transaction"]) - exact_count(admin, "sex = 'Female'")) < 30
+    assert run["charges"]["transaction"] == 1
+    count, two = run["simple"]
+    assert abs(int(count) - exact_count(admin, "age > 60")) < 30 and two == 2 and run["charges"]["simple"] == 1
+
+
 def test_postgresjs_refusal_is_its_postgres_error_with_sqlstate_and_hint(run: dict[str, Any]):
     refused = run["refused"]
     assert refused["name"] == "PostgresError" and refused["code"] == "DP001"

@@ -2,8 +2,8 @@
 //
 // Usage: node postgresjs.js HOST PORT DATABASE USER PASSWORD
 // Prints one JSON object: what introspection found, the DP answers (named prepared statements
-// with bound parameters, text and binary), a pipeline of several statements on one
-// connection, the spent ε read back after each DP statement, and a refused row read.
+// with bound parameters, a pipeline of several statements on one connection, a cursor, a
+// transaction, the simple protocol), the spent ε read back after each, and a refused row read.
 'use strict';
 
 const postgres = require('postgres');
@@ -59,6 +59,21 @@ async function main() {
     out.pipeline.push(piped.map((rows) => rows[0].n ?? rows[0].one));
     out.charges.pipeline.push((await spent(sql)) - before);
   }
+
+  // A cursor of one row at a time: Execute with a row limit and Flush, the portal suspended
+  // between the histogram's rows; the release is charged once.
+  out.cursor = [];
+  const beforeCursor = await spent(sql);
+  for await (const rows of sql`SELECT sex, COUNT(*) AS n FROM adult GROUP BY sex ORDER BY sex`.cursor(1)) {
+    out.cursor.push(rows.map((r) => [r.sex, r.n]));
+  }
+  out.charges.cursor = (await spent(sql)) - beforeCursor;
+  // sql.begin: a simple Query 'begin', the statements, then 'commit' as a prepared statement.
+  out.transaction = (await charged('transaction', () => sql.begin(
+    async (tx) => tx`SELECT COUNT(*) AS n FROM adult WHERE sex = ${'Female'}`)))[0].n;
+  // .simple(): the simple protocol, two statements in one Query.
+  const simple = await charged('simple', () => sql`SELECT COUNT(*) AS n FROM adult WHERE age > 60; SELECT 2 AS two`.simple());
+  out.simple = [simple[0][0].n, simple[1][0].two];
 
   const beforeRefusal = await spent(sql);
   try {
