@@ -13,14 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from conftest import TEST_POLICY
 
-__all__ = ["HISTOGRAM_POLICY", "exact_count", "node_script", "pgjdbc_jar", "psqlodbc_driver", "require_tool"]
-
-HISTOGRAM_POLICY = TEST_POLICY.replace("sex: {{categories: [Male, Female]}}",
-                                      "sex: {{categories: [Male, Female], group_by: true}}")
-"""The suite's policy with adult's sex opted in as a GROUP BY key, for the clients' histograms."""
-assert HISTOGRAM_POLICY != TEST_POLICY
+__all__ = ["exact_count", "node_script", "pgjdbc_jar", "psqlodbc_driver", "require_tool"]
 
 # The pgjdbc jar: the one the captured behaviour came from (Maven's local repository),
 # else Debian's libpostgresql-jdbc-java.

@@ -252,6 +252,19 @@ def proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> It
         yield running
 
 
+HISTOGRAM_POLICY = TEST_POLICY.replace("sex: {{categories: [Male, Female]}}",
+                                      "sex: {{categories: [Male, Female], group_by: true}}")
+"""The suite's policy with adult's sex opted in as a GROUP BY key, for the clients' histograms."""
+assert HISTOGRAM_POLICY != TEST_POLICY
+
+
+@pytest.fixture(scope="module")
+def histogram_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """A dpproxy of the module's own under HISTOGRAM_POLICY."""
+    with running_proxy(test_db, tmp_path_factory, HISTOGRAM_POLICY) as running:
+        yield running
+
+
 @pytest.fixture
 def admin(test_db: TestDatabase) -> Iterator[psycopg.Connection]:
     """A direct superuser connection to the test database: ground truth for exact values."""

@@ -16,19 +16,13 @@ import ibis
 import psycopg
 import pytest
 
-from clients import HISTOGRAM_POLICY, exact_count
-from conftest import TEST_DATABASE, RunningProxy, TestDatabase, running_proxy, spent_epsilon
+from clients import exact_count
+from conftest import TEST_DATABASE, RunningProxy, spent_epsilon
 
 
 @pytest.fixture(scope="module")
-def hproxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
-    with running_proxy(test_db, tmp_path_factory, HISTOGRAM_POLICY) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def con(hproxy: RunningProxy) -> Iterator[Any]:
-    connection = ibis.postgres.connect(host=hproxy.host, port=hproxy.port, user="analyst", password="analyst",
+def con(histogram_proxy: RunningProxy) -> Iterator[Any]:
+    connection = ibis.postgres.connect(host=histogram_proxy.host, port=histogram_proxy.port, user="analyst", password="analyst",
                                        database=TEST_DATABASE, connect_timeout=10)
     try:
         yield connection
@@ -37,8 +31,8 @@ def con(hproxy: RunningProxy) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def budget(hproxy: RunningProxy) -> Iterator[psycopg.Connection]:
-    with hproxy.connect() as conn:
+def budget(histogram_proxy: RunningProxy) -> Iterator[psycopg.Connection]:
+    with histogram_proxy.connect() as conn:
         yield conn
 
 

@@ -12,15 +12,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from clients import HISTOGRAM_POLICY, exact_count
-from conftest import TEST_DATABASE, RunningProxy, TestDatabase, running_proxy
+from clients import exact_count
+from conftest import HISTOGRAM_POLICY, TEST_DATABASE, RunningProxy, TestDatabase, running_proxy
 
 _CHECK = Path(__file__).parent / "polars_check.py"
 
@@ -37,14 +36,8 @@ def _run_check(proxy: RunningProxy, *args: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def hproxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
-    with running_proxy(test_db, tmp_path_factory, HISTOGRAM_POLICY) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def polars_run(hproxy: RunningProxy) -> dict[str, Any]:
-    return _run_check(hproxy)
+def polars_run(histogram_proxy: RunningProxy) -> dict[str, Any]:
+    return _run_check(histogram_proxy)
 
 
 def _exact_histogram(admin: psycopg.Connection) -> dict[str, int]:

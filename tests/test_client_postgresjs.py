@@ -9,25 +9,18 @@ drives it (``npm ci`` of tests/node's lockfile into a temporary directory) and p
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from clients import HISTOGRAM_POLICY, exact_count, node_script
-from conftest import TEST_DATABASE, RunningProxy, TestDatabase, running_proxy
+from clients import exact_count, node_script
+from conftest import TEST_DATABASE, RunningProxy
 
 
 @pytest.fixture(scope="module")
-def hproxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
-    with running_proxy(test_db, tmp_path_factory, HISTOGRAM_POLICY) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def run(hproxy: RunningProxy, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return node_script("postgresjs.js", tmp_path_factory.mktemp("postgresjs"), hproxy.host, str(hproxy.port),
-                       TEST_DATABASE, "analyst", "analyst")
+def run(histogram_proxy: RunningProxy, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return node_script("postgresjs.js", tmp_path_factory.mktemp("postgresjs"), histogram_proxy.host,
+                       str(histogram_proxy.port), TEST_DATABASE, "analyst", "analyst")
 
 
 def test_postgresjs_introspects_tables_and_columns(run: dict[str, Any]):
