@@ -78,12 +78,13 @@ def _adbc(uri: str, charged: Callable[[Callable[[], Any]], dict[str, Any]]) -> d
         "histogram": charged(lambda: pl.read_database_uri(HISTOGRAM, uri, engine="adbc").to_dicts()),
     }
     with adbc.connect(uri) as conn:
-        objects = conn.adbc_get_objects(depth="columns", db_schema_filter="public").read_all().to_pylist()
-        out["objects"] = {
-            table["table_name"]: [column["column_name"] for column in table["table_columns"]]
-            for catalog in objects for schema in catalog["catalog_db_schemas"] or []
-            for table in schema["db_schema_tables"] or []
-        }
+        objects = conn.adbc_get_objects(depth="all", db_schema_filter="public").read_all().to_pylist()
+        tables = [table for catalog in objects for schema in catalog["catalog_db_schemas"] or []
+                  for table in schema["db_schema_tables"] or []]
+        out["objects"] = {table["table_name"]: [column["column_name"] for column in table["table_columns"]]
+                          for table in tables}
+        out["constraints"] = {table["table_name"]: [c["constraint_type"] for c in table["table_constraints"] or []]
+                              for table in tables}
         out["schema"] = {field.name: str(field.type) for field in conn.adbc_get_table_schema("adult", db_schema_filter="public")}
 
         def statistics() -> list[Any]:

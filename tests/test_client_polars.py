@@ -104,6 +104,7 @@ def test_connectorx_pandas_read_costs_one_release_with_repeats(test_db: TestData
 def test_adbc_lists_tables_and_columns_and_reads_a_table_s_schema(polars_run: dict[str, Any]):
     adbc = polars_run["adbc"]
     assert {"adult", "lookup"} <= adbc["objects"].keys() and "age" in adbc["objects"]["adult"]
+    assert adbc["constraints"]["lookup"] == ["PRIMARY KEY"]  # depth="all" reads pg_constraint too
     assert adbc["schema"]["age"] == "int32" and adbc["schema"]["sex"] == "string"
 
 
