@@ -77,6 +77,9 @@ _FUNCTIONS = frozenset(
         "current_user", "session_user", "current_catalog", "pg_backend_pid",
         "pg_is_in_recovery", "pg_postmaster_start_time", "pg_conf_load_time",
         "pg_client_encoding", "inet_server_port", "txid_current_if_assigned",
+        # the backend connection's temporary schema (0: none; DDL never runs through dpproxy),
+        # which Arrow's ADBC driver lists beside the others in adbc_get_objects
+        "pg_my_temp_schema",
         "pg_advisory_unlock_all", "set_config",
         # catalog helpers
         "format_type", "pg_get_expr", "pg_get_indexdef", "pg_get_constraintdef",

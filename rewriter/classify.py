@@ -27,6 +27,7 @@ from .cursors import CursorOptions, Fetch, declare_query, declare_sql, fetch_of
 from .function_check import check_functions, inexact_floats, unsafe_client_encoding
 from .dp_query import AggregateQuery, asks_for_no_row, plan_aggregate_query
 from .neutralise import neutralise_pg_class
+from .partitioned_reads import refuse_partitioned_read
 from .qualify import qualify
 from .references import RelationRef
 from .series_limit import plan_series_limited, ranks_series
@@ -445,6 +446,7 @@ def _protected(statement: Statement, protected: list[Relation], registry: TableR
         if change is not None:
             raise _redefined(table, change)
     relation = protected[0]
+    refuse_partitioned_read(statement.node, relation)
     refs = statement.references
     if len(refs.relations) > 1 and ranks_series(statement.node) and len(protected) == len(refs.relations) and all(
         other.oid == relation.oid for other in protected

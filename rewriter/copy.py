@@ -7,8 +7,10 @@ release, same ε, same repeat), in COPY's framing. A table (``COPY people TO``, 
 (and truncates) the local file before it sends the statement, so a refused ``\\copy``
 leaves an empty file behind; the server never hears of the file and cannot prevent that.
 
-Options: FORMAT text or csv, HEADER, DELIMITER, NULL, with PostgreSQL's defaults and
-checks. The others (QUOTE, ESCAPE, FORCE_QUOTE, ENCODING ...) and FORMAT binary are refused.
+Options: FORMAT text, csv or binary, HEADER, DELIMITER, NULL, with PostgreSQL's defaults and
+checks (binary takes none of the other three). The others (QUOTE, ESCAPE, FORCE_QUOTE,
+ENCODING ...) are refused. Binary is what connectorx and Arrow's ADBC driver read results
+with (``COPY (query) TO STDOUT WITH BINARY``): the same values in the types' send format.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ COPY_HINT = (
     "or COPY (SELECT ...) TO STDOUT. psql creates the local file before it sends COPY, so a refused "
     "\\copy leaves an empty file behind."
 )
-_OPTIONS_HINT = "COPY through dpproxy supports FORMAT text or csv, HEADER, DELIMITER and NULL."
+_OPTIONS_HINT = "COPY through dpproxy supports FORMAT text, csv or binary, HEADER, DELIMITER and NULL."
 _TRUE = frozenset({"true", "on", "1", "yes"})
 _FALSE = frozenset({"false", "off", "0", "no"})
 
@@ -37,6 +39,7 @@ class CopyOptions:
     """How COPY TO STDOUT writes rows: PostgreSQL's defaults unless the statement says otherwise."""
 
     csv: bool = False
+    binary: bool = False
     header: bool = False
     delimiter: str = "\t"
     null: str = "\\N"
@@ -101,16 +104,30 @@ def _options(items: list[dict[str, Any]]) -> CopyOptions:
                       f"COPY option {unknown[0].upper()} is not supported through dpproxy (rule: copy-options)",
                       _OPTIONS_HINT, "copy-options")
     form = str(values.get("format", "text")).lower()
-    if form not in ("text", "csv"):
+    if form not in ("text", "csv", "binary"):
         raise Refusal(SQLSTATE.FEATURE_NOT_SUPPORTED,
                       f"COPY format {form} is not supported through dpproxy (rule: copy-options)",
                       _OPTIONS_HINT, "copy-options")
+    if form == "binary":
+        return _binary(values)
     csv = form == "csv"
     header = _boolean(values.get("header", False))
     delimiter = _string(values.get("delimiter", "," if csv else "\t"), "delimiter")
     null = _string(values.get("null", "" if csv else "\\N"), "null")
     _check(csv, delimiter, null)
-    return CopyOptions(csv, header, delimiter, null)
+    return CopyOptions(csv=csv, header=header, delimiter=delimiter, null=null)
+
+
+def _binary(values: dict[str, Any]) -> CopyOptions:
+    """FORMAT binary: PostgreSQL's own refusals of the text options beside it, same SQLSTATEs."""
+    for name in ("delimiter", "null"):
+        if name in values:
+            raise Refusal(SQLSTATE.SYNTAX_ERROR, f"cannot specify {name.upper()} in BINARY mode",
+                          "Binary COPY has no delimiter or NULL string: leave them out.")
+    if _boolean(values.get("header", False)):
+        raise Refusal(SQLSTATE.FEATURE_NOT_SUPPORTED, "cannot specify HEADER in BINARY mode",
+                      "Binary COPY has no header line: leave HEADER out.")
+    return CopyOptions(binary=True)
 
 
 def _argument(arg: dict[str, Any] | None) -> Any:

@@ -6,12 +6,15 @@ installs all of them on a fresh machine), never a skip.
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
-__all__ = ["exact_count", "pgjdbc_jar", "psqlodbc_driver", "require_tool"]
+__all__ = ["exact_count", "node_script", "pgjdbc_jar", "psqlodbc_driver", "require_tool"]
 
 # The pgjdbc jar: the one the captured behaviour came from (Maven's local repository),
 # else Debian's libpostgresql-jdbc-java.
@@ -57,3 +60,23 @@ def exact_count(admin: psycopg.Connection, where: str = "") -> int:
     query = "SELECT COUNT(*) FROM adult" + (f" WHERE {where}" if where else "")
     (count,) = admin.execute(query).fetchone()  # type: ignore[misc]
     return int(count)
+
+
+_NODE_DIR = Path(__file__).parent / "node"
+
+
+def node_script(script: str, workdir: Path, *args: str) -> Any:
+    """Run tests/node/``script`` with ``args`` and return the JSON it printed; the first call for a
+    ``workdir`` installs tests/node's lockfile there with ``npm ci``."""
+    node = require_tool("node", "nodejs")
+    if not (workdir / "node_modules").is_dir():
+        npm = require_tool("npm", "npm")
+        for name in ("package.json", "package-lock.json"):
+            shutil.copy(_NODE_DIR / name, workdir / name)
+        install = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--prefer-offline"], cwd=workdir,
+                                 capture_output=True, text=True, timeout=300)
+        assert install.returncode == 0, f"npm ci failed:\n{install.stderr}"
+    shutil.copy(_NODE_DIR / script, workdir / script)
+    result = subprocess.run([node, script, *args], cwd=workdir, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)

@@ -276,6 +276,19 @@ def proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> It
         yield running
 
 
+HISTOGRAM_POLICY = TEST_POLICY.replace("sex: {{categories: [Male, Female]}}",
+                                      "sex: {{categories: [Male, Female], group_by: true}}")
+"""The suite's policy with adult's sex opted in as a GROUP BY key, for the clients' histograms."""
+assert HISTOGRAM_POLICY != TEST_POLICY
+
+
+@pytest.fixture(scope="module")
+def histogram_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """A dpproxy of the module's own under HISTOGRAM_POLICY."""
+    with running_proxy(test_db, tmp_path_factory, HISTOGRAM_POLICY) as running:
+        yield running
+
+
 @pytest.fixture
 def admin(test_db: TestDatabase) -> Iterator[psycopg.Connection]:
     """A direct superuser connection to the test database: ground truth for exact values."""
@@ -296,7 +309,7 @@ def psql_path() -> str:
 # named tests of a module where the others need no such program.
 _CLIENT_MODULES = {
     "test_benchmark_smoke",  # pgbench (and pgbouncer), valgrind
-    "test_client_jdbc", "test_client_node", "test_client_odbc", "test_client_pgbench",
+    "test_client_jdbc", "test_client_node", "test_client_odbc", "test_client_pgbench", "test_client_postgresjs",
     "test_psql_client", "test_superset",
 }
 _CLIENT_TESTS = {

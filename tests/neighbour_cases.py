@@ -543,7 +543,7 @@ def _series_case(builder: _Builder) -> Case:
 
 
 # COPY (query) TO STDOUT options: the clause, and how its output reads (csv or text, the
-# delimiter, the NULL string); the last ones are refused from the text alone (rewriter/copy.py).
+# delimiter, the NULL string; binary is read apart); the last ones are refused from the text alone (rewriter/copy.py).
 COPY_OPTIONS: dict[str, tuple[bool, str, str]] = {
     "": (False, "\t", "\\N"),
     " WITH (FORMAT csv, HEADER)": (True, ",", ""),
@@ -554,7 +554,7 @@ COPY_OPTIONS: dict[str, tuple[bool, str, str]] = {
     " (FORMAT text, HEADER false, NULL '-')": (False, "\t", "-"),
     " WITH CSV HEADER": (True, ",", ""),
     " CSV DELIMITER ','": (True, ",", ""),
-    " (FORMAT binary)": (False, "", ""),
+    " (FORMAT binary)": (False, "", ""),  # read by neighbour_outcome.binary_copy_cells
     " (HEADER 'match')": (False, "", ""),
     " (FORMAT csv, DELIMITER '\"')": (True, "", ""),
     " (DELIMITER 'ab')": (False, "", ""),

@@ -4,10 +4,35 @@ tables to compare it on: the attack tests' check that one row changes none of it
 from __future__ import annotations
 
 import re
+import struct
 
 import psycopg
 
 NUMBER = re.compile(r"-?\d+(\.\d+)?(e[+-]?\d+)?", re.IGNORECASE)
+_BINARY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
+
+
+def binary_copy_cells(data: bytes) -> tuple[tuple[bool, ...] | str, ...]:
+    """Binary COPY data (all of it, or one CopyData message) reduced as the attack tests reduce
+    text lines: each tuple's cells NULL or not, and where the file header and the trailer stand."""
+    out: list[tuple[bool, ...] | str] = []
+    pos = 0
+    if data.startswith(_BINARY_SIGNATURE):
+        (extension,) = struct.unpack_from("!i", data, len(_BINARY_SIGNATURE) + 4)
+        out.append("header")
+        pos = len(_BINARY_SIGNATURE) + 8 + extension
+    while pos < len(data):
+        (count,), pos = struct.unpack_from("!h", data, pos), pos + 2
+        if count == -1:
+            out.append("trailer")
+            continue
+        cells = []
+        for _ in range(count):
+            (size,), pos = struct.unpack_from("!i", data, pos), pos + 4
+            cells.append(size == -1)
+            pos += max(size, 0)
+        out.append(tuple(cells))
+    return tuple(out)
 
 
 def masked_outcome(conn: psycopg.Connection, sql: str, table: str, params: tuple[object, ...] | None = None,

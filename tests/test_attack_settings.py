@@ -74,7 +74,7 @@ from psycopg.types.string import TextLoader
 
 from rewriter.constants import Fold, fold_query
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
-from tests.neighbour_outcome import create_neighbours, masked_outcome
+from tests.neighbour_outcome import binary_copy_cells, create_neighbours, masked_outcome
 from tests.wire import SYNC, Wire, bind, data_row_values, error_fields, execute, parse
 
 _DDL = "(id int8 PRIMARY KEY, i int4, n numeric, f float8, s text, d date, tz timestamptz, ts timestamp, b bytea)"
@@ -251,7 +251,10 @@ def _answer_form(conn: psycopg.Connection, sql: str) -> tuple[object, ...]:
     try:
         if sql.startswith("COPY"):
             with conn.cursor().copy(sql) as copy:
-                lines = b"".join(bytes(block) for block in copy).split(b"\n")
+                data = b"".join(bytes(block) for block in copy)
+            if "FORMAT binary" in sql:
+                return "copy", binary_copy_cells(data)
+            lines = data.split(b"\n")
             return "copy", len(lines), tuple(line.split(b"\t")[0] for line in lines if b"\t" in line)
         cursor = conn.cursor(binary=True)
         cursor.execute(sql)
@@ -265,6 +268,8 @@ def _answer_form(conn: psycopg.Connection, sql: str) -> tuple[object, ...]:
 _BINARY_AND_COPY = [sql for sql in ACCEPTED_FORMS if "GROUP BY" in sql or "now()" in sql or "AVG(f)" in sql] + [
     "COPY (SELECT DATE_TRUNC('day', tz) AS m, COUNT(*) FROM {t} WHERE tz < '2020-01-05' GROUP BY 1) TO STDOUT",
     "COPY (SELECT s, AVG(f), SUM(n) FROM {t} GROUP BY s) TO STDOUT WITH (FORMAT csv, HEADER)",
+    "COPY (SELECT s, AVG(f), SUM(n) FROM {t} GROUP BY s) TO STDOUT (FORMAT binary)",  # connectorx, ADBC
+    "COPY (SELECT COUNT(*), AVG(f), MIN(n) FROM {t} WHERE n > 0) TO STDOUT (FORMAT binary)",
 ]
 
 

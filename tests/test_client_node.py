@@ -6,35 +6,19 @@ temporary directory once per session, then tests/node/check.js runs and prints J
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from clients import exact_count, require_tool
+from clients import exact_count, node_script
 from conftest import TEST_DATABASE, RunningProxy
-
-_NODE_DIR = Path(__file__).parent / "node"
 
 
 @pytest.fixture(scope="module")
 def node_run(proxy: RunningProxy, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Install pg from the lockfile, run check.js once, return what it printed."""
-    node = require_tool("node", "nodejs")
-    npm = require_tool("npm", "npm")
-    workdir = tmp_path_factory.mktemp("node")
-    for name in ("package.json", "package-lock.json", "check.js"):
-        shutil.copy(_NODE_DIR / name, workdir / name)
-    install = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--prefer-offline"], cwd=workdir,
-                             capture_output=True, text=True, timeout=300)
-    assert install.returncode == 0, f"npm ci failed:\n{install.stderr}"
-    result = subprocess.run([node, "check.js", proxy.host, str(proxy.port), TEST_DATABASE, "analyst", "analyst"],
-                            cwd=workdir, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    return node_script("check.js", tmp_path_factory.mktemp("node"), proxy.host, str(proxy.port), TEST_DATABASE,
+                       "analyst", "analyst")
 
 
 def test_node_pg_introspects_tables_columns_and_types(node_run: dict[str, Any]):

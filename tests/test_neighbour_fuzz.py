@@ -29,6 +29,7 @@ from psycopg import generators
 from tests.conftest import TEST_DATABASE, RunningProxy, TestDatabase, make_policy
 from tests.wire import SYNC, Wire, bind, cstr, data_row_values, describe, error_fields, execute, message, parse
 from tests.neighbour_cases import COLUMNS, COPY_OPTIONS, TABLE_DDL, Case, adversarial_rows, generate_case, policy_columns
+from tests.neighbour_outcome import binary_copy_cells
 
 SEED = int(os.environ.get("DPPROXY_FUZZ_SEED", "17"))
 CASES = int(os.environ.get("DPPROXY_FUZZ_CASES", "1100"))  # as long a run as 1,500 of the cases before the coverage work
@@ -144,6 +145,10 @@ def _copy_form(sql: str, copied: str) -> tuple[object, ...]:
     return (header, *(_copy_cells(sql, line) for line in lines))
 
 
+def _binary_copy(sql: str) -> bool:
+    return sql.endswith(" (FORMAT binary)")
+
+
 def _copy_header(sql: str) -> bool:
     return "HEADER" in sql and "HEADER false" not in sql
 
@@ -209,9 +214,10 @@ class Client:
         try:
             if sql.startswith("COPY"):
                 with self.conn.cursor() as cursor, cursor.copy(sql) as copy:
-                    copied = b"".join(bytes(chunk) for chunk in copy).decode(self.conn.info.encoding)
+                    data = b"".join(bytes(chunk) for chunk in copy)
+                form = binary_copy_cells(data) if _binary_copy(sql) else _copy_form(sql, data.decode(self.conn.info.encoding))
                 notices = tuple(_mask(n, table) for n in self.notices)
-                return Outcome("answer", (_copy_form(sql, copied), cursor.statusmessage, notices))
+                return Outcome("answer", (form, cursor.statusmessage, notices))
             if case.row_limit:
                 return Outcome("answer", tuple(self._limited(sql, table, case.row_limit)))
             described = self._described(sql, table) if case.prepared else None
@@ -253,6 +259,8 @@ class Client:
             for kind, body in wire.read_until(b"Z"):
                 if kind == b"D":
                     yield kind, tuple(value is None for value in data_row_values(body))
+                elif kind == b"d" and _binary_copy(sql):
+                    yield kind, binary_copy_cells(body)
                 elif kind == b"d":
                     line = body.decode().rstrip("\n")
                     yield kind, line if copied == 0 and _copy_header(sql) else _copy_cells(sql, line)

@@ -573,9 +573,13 @@ class Executor:
     async def _copy_out(
         self, plan: Plan, decision: CopyOut, params: BoundParams
     ) -> tuple[ResultSet, list[str], Cost | None]:
-        """The same release as the SELECT (same ε, repeat key, notice), in COPY's framing."""
+        """The same release as the SELECT (same ε, repeat key, notice), in COPY's framing.
+
+        A binary COPY asks the inner statement for binary columns, as a Bind would: a DP
+        answer with a column dpproxy cannot send in binary is refused before its charge."""
         # The statement stays the COPY: the ledger's charge carries the audit line's fingerprint.
-        result, notices, cost = await self._run(replace(plan, decision=decision.inner), params, (), relay=False)
+        formats = (1,) if decision.options.binary else ()
+        result, notices, cost = await self._run(replace(plan, decision=decision.inner), params, formats, relay=False)
         copied = ResultSet([], [], f"COPY {len(result.rows)}", result.notices, copy=copy_messages(result, decision.options))
         return copied, notices, cost
 

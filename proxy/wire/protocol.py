@@ -504,9 +504,10 @@ def parameter_description(type_oids: Sequence[int]) -> bytes:
     return message(b"t", _I16.pack(len(type_oids)) + b"".join(_U32.pack(oid) for oid in type_oids))
 
 
-def copy_out_response(columns: int) -> bytes:
-    """CopyOutResponse for a text-format COPY TO STDOUT of ``columns`` columns."""
-    return message(b"H", b"\0" + _I16.pack(columns) + _I16.pack(0) * columns)
+def copy_out_response(columns: int, binary: bool = False) -> bytes:
+    """CopyOutResponse for a COPY TO STDOUT of ``columns`` columns, text (and csv) or binary."""
+    form = int(binary)
+    return message(b"H", bytes([form]) + _I16.pack(columns) + _I16.pack(form) * columns)
 
 
 def copy_data(data: bytes) -> bytes:
