@@ -65,7 +65,9 @@ class StandbyPair:
         assert row is not None
         target = row[0]
         deadline = time.monotonic() + _REPLAY_WAIT_S
-        with psycopg.connect(_in_database(self.standby_dsn, database), autocommit=True) as standby:
+        # Polled in the standby's postgres database: replay is cluster-wide, and ``database`` may
+        # not exist there until its CREATE DATABASE is replayed (under load, "does not exist").
+        with psycopg.connect(self.standby_dsn, autocommit=True) as standby:
             while True:
                 done = standby.execute("SELECT pg_catalog.pg_last_wal_replay_lsn() >= %s::pg_lsn",
                                        (target,)).fetchone()
