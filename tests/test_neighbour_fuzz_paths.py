@@ -41,7 +41,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from decimal import Decimal
-from pathlib import Path
+from typing import TypeVar
 
 import psycopg
 import pytest
@@ -58,6 +58,7 @@ from tests.test_workers import Group
 from tests.wire import Wire, cstr, data_row_values, error_fields, message
 
 SCALE = float(os.environ.get("DPPROXY_FUZZ_PATHS_CASES", "1"))
+_T = TypeVar("_T")
 # A quantum long enough that cancels land in the computation and in the wait.
 PATHS_FAMILY_POLICY = {**FAMILY_POLICY, "twice": "partitioning: auto, answer_quantum_ms: 25"}
 
@@ -94,9 +95,12 @@ def workers_group(paths_proxy: RunningProxy, test_db: TestDatabase,
     workers share the repeat store (a SQLite file) and the ledger."""
     directory = tmp_path_factory.mktemp("fuzz-workers")
     port = _free_port()
+    # Every charge written to the ledger (reserve 1): a worker's SHOW dpproxy.budget counts the
+    # other worker's unused reservation as spent, and so moved when that one reserved or gave back.
     text = _policy_text(PATHS_FAMILY_POLICY).replace(
-        "listen: {{host: 127.0.0.1, port: 0}}", f"listen: {{{{host: 127.0.0.1, port: {port}, workers: 2}}}}")
-    assert f"port: {port}" in text
+        "listen: {{host: 127.0.0.1, port: 0}}", f"listen: {{{{host: 127.0.0.1, port: {port}, workers: 2}}}}").replace(
+        'ledger: {{url: "sqlite:///{ledger}"}}', 'ledger: {{url: "sqlite:///{ledger}", reserve: 1}}')
+    assert f"port: {port}" in text and "reserve: 1" in text
     config = directory / "policy.yaml"
     config.write_text(text.format(dsn=test_db.service_dsn, ledger=directory / "ledger.sqlite3"))
     group = Group(config, port, 0)
@@ -156,6 +160,22 @@ def _any_broken(outcomes: object) -> bool:
     return False
 
 
+def _on_neighbours(client: Client, salt: int, count: int, draw: Callable[[random.Random], tuple[Case, _T]],
+                   run: Callable[[_T, str], object]) -> Iterator[tuple[int, Case, str, list[object]]]:
+    """``count`` (scaled) cases drawn by ``draw`` (a case, and what to run of it) from the seed
+    and ``salt``, each run by ``run`` on a base table and on one of its neighbours: their index,
+    case, neighbour and two runs. The client is closed at the end."""
+    rng = random.Random(SEED * 7919 + salt)
+    drawn: set[tuple[str, str]] = set()
+    try:
+        for index in range(_cases(count)):
+            case, what = draw(rng)
+            base, neighbour = draw_tables(rng, client, drawn, case)
+            yield index, case, neighbour, [run(what, table) for table in (f"nbf_{base}", neighbour)]
+    finally:
+        client.conn.close()
+
+
 # ------------------------------------------------------------------ cursors
 
 _FETCHES = (
@@ -181,27 +201,26 @@ def _cursor_steps(rng: random.Random, case: Case) -> list[Case]:
 
 
 def test_a_cursor_over_a_dp_statement_fetches_the_same_on_every_neighbour(paths_proxy: RunningProxy) -> None:
-    rng = random.Random(SEED * 7919 + 11)
     client = Client(paths_proxy)
+
+    def draw(rng: random.Random) -> tuple[Case, list[Case]]:
+        case = _drawn_case(rng, lambda case: not case.sql.startswith("COPY"))
+        return case, _cursor_steps(rng, case)
+
+    def run(steps: list[Case], table: str) -> tuple[tuple[Outcome, ...], float]:
+        try:
+            return _charged(client, lambda: tuple(client.run(step, table) for step in steps))
+        finally:
+            client.conn.execute("ROLLBACK")  # (a warning outside a block)
+            client.conn.execute("CLOSE ALL")
+
     failures: list[str] = []
     answered = cases = 0
-    drawn: set[tuple[str, str]] = set()
-    try:
-        for index in range(_cases(60)):
-            case = _drawn_case(rng, lambda case: not case.sql.startswith("COPY"))
-            base, neighbour = draw_tables(rng, client, drawn, case)
-            steps = _cursor_steps(rng, case)
-            runs = []
-            for table in (f"nbf_{base}", neighbour):
-                runs.append(_charged(client, lambda: tuple(client.run(step, table) for step in steps)))
-                client.conn.execute("ROLLBACK")  # (a warning outside a block)
-                client.conn.execute("CLOSE ALL")
-            cases += 1
-            answered += runs[0][0][1].kind == "answer"
-            if runs[0] != runs[1] or _any_broken(runs):
-                failures.append(_failure(index, replace(case, sql=" ; ".join(s.sql for s in steps)), neighbour, *runs))
-    finally:
-        client.conn.close()
+    for index, case, neighbour, runs in _on_neighbours(client, 11, 150, draw, run):
+        cases += 1
+        answered += runs[0][0][1].kind == "answer"  # type: ignore[index]
+        if runs[0] != runs[1] or _any_broken(runs):
+            failures.append(_failure(index, case, neighbour, *runs))
     assert not failures, _report("cursor runs", failures, cases)
     assert answered >= cases // 5, f"too few DECLAREs answered: {answered} of {cases}"
 
@@ -353,33 +372,36 @@ def _cancel_run(client: Client, case: Case, table: str, delay_s: float, epsilons
 def test_a_cancel_into_a_dp_statement_leaves_a_charge_and_a_session_the_rows_do_not_decide(
     paths_proxy: RunningProxy, test_db: TestDatabase,
 ) -> None:
-    rng = random.Random(SEED * 7919 + 17)
     client = Client(paths_proxy)
     locker = psycopg.connect(test_db.admin_dsn)
     failures: list[str] = []
-    cancelled = cases = 0
-    drawn: set[tuple[str, str]] = set()
+    cancelled = 0
+    asked = iter(range(10**6))
+
+    def draw(rng: random.Random) -> tuple[Case, tuple[Case, float, bool, tuple[str, ...]]]:
+        # (A prepared case's Describe would take the cancel, and its Execute then wait for the lock.)
+        case = _drawn_case(rng, lambda case: not case.prepared)
+        locked = rng.random() < 0.5
+        index = next(asked)
+        epsilons = tuple(f"0.{500000 + 3 * index + k}" for k in range(3))  # each ask's own: never a repeat
+        return case, (case, rng.choice(_LOCKED_DELAYS_S if locked else _DELAYS_S), locked, epsilons)
+
+    def run(what: tuple[Case, float, bool, tuple[str, ...]], table: str) -> _CancelRun:
+        nonlocal cancelled
+        case, delay_s, locked, epsilons = what
+        outcome, problems, stopped = _cancel_run(client, case, table, delay_s, epsilons, locker if locked else None)
+        cancelled += stopped
+        failures.extend(f"{case.sql}\n    on {table}, cancelled after {delay_s} s: {problem}" for problem in problems)
+        return outcome
+
+    cases = 0
     try:
-        for index in range(_cases(50)):
-            # (A prepared case's Describe would take the cancel, and its Execute then wait for the lock.)
-            case = _drawn_case(rng, lambda case: not case.prepared)
-            base, neighbour = draw_tables(rng, client, drawn, case)
-            locked = rng.random() < 0.5
-            delay_s = rng.choice(_LOCKED_DELAYS_S if locked else _DELAYS_S)
-            epsilons = tuple(f"0.{500000 + 3 * index + k}" for k in range(3))
-            runs = []
-            for table in (f"nbf_{base}", neighbour):
-                run, problems, stopped = _cancel_run(client, case, table, delay_s, epsilons, locker if locked else None)
-                runs.append(run)
-                cancelled += stopped
-                failures += [_failure(index, case, neighbour, f"on {table}: {problem}", f"delay {delay_s}")
-                             for problem in problems]
-            client.epsilon = None
+        for index, case, neighbour, runs in _on_neighbours(client, 17, 50, draw, run):
             cases += 1
-            if runs[0] != runs[1] or _any_broken([r.reference[0] for r in runs] + [r.after[0] for r in runs]):
-                failures.append(_failure(index, case, neighbour, runs[0], runs[1]))
+            reached = [r.reference[0] for r in runs] + [r.after[0] for r in runs]  # type: ignore[attr-defined]
+            if runs[0] != runs[1] or _any_broken(reached):
+                failures.append(_failure(index, case, neighbour, *runs))
     finally:
-        client.conn.close()
         locker.close()
     assert not failures, _report("cancelled statements", failures, cases)
     # A locked table keeps an answer on the backend until the cancel (or the statement timeout) ends it.
@@ -429,29 +451,28 @@ def _masked_numbers(outcome: Outcome) -> Outcome:
 
 
 def test_a_statement_near_or_past_a_limit_is_decided_by_its_text(paths_proxy: RunningProxy) -> None:
-    rng = random.Random(SEED * 7919 + 19)
     client = Client(paths_proxy)
+
+    def draw(rng: random.Random) -> tuple[Case, Case]:
+        case = _drawn_case(rng, lambda case: not case.prepared)
+        stressor = _stressor(rng, _Builder(rng))
+        if " WHERE " in case.sql:
+            case = replace(case, sql=case.sql.replace(" WHERE ", f" WHERE {stressor} AND ", 1))
+        else:
+            case = Case(f"SELECT COUNT(*) FROM {{table}} WHERE {stressor}", (), timezone=case.timezone)
+        return case, case
+
     failures: list[str] = []
     refused = cases = 0
-    drawn: set[tuple[str, str]] = set()
-    try:
-        for index in range(_cases(40)):
-            case = _drawn_case(rng, lambda case: not case.prepared)
-            stressor = _stressor(rng, _Builder(rng))
-            if " WHERE " in case.sql:
-                case = replace(case, sql=case.sql.replace(" WHERE ", f" WHERE {stressor} AND ", 1))
-            else:
-                case = Case(f"SELECT COUNT(*) FROM {{table}} WHERE {stressor}", (), timezone=case.timezone)
-            base, neighbour = draw_tables(rng, client, drawn, case)
-            runs = [_charged(client, lambda: _masked_numbers(client.run(case, table)))
-                    for table in (f"nbf_{base}", neighbour)]
-            cases += 1
-            limited = [outcome.kind == "error" and outcome.detail[0] in ("54000", "54001") for outcome, _ in runs]
-            refused += limited[0]
-            if runs[0] != runs[1] or _any_broken(runs) or any(l and charge for l, (_, charge) in zip(limited, runs)):
-                failures.append(_failure(index, replace(case, sql=case.sql[:300] + " ..."), neighbour, *runs))
-    finally:
-        client.conn.close()
+    for index, case, neighbour, runs in _on_neighbours(
+            client, 19, 40, draw, lambda case, table: _charged(client, lambda: _masked_numbers(client.run(case, table)))):
+        cases += 1
+        limited = [outcome.kind == "error" and outcome.detail[0] in ("54000", "54001")
+                   for outcome, _ in runs]  # type: ignore[misc]
+        refused += limited[0]
+        charged = any(limit and charge for limit, (_, charge) in zip(limited, runs))  # type: ignore[misc]
+        if runs[0] != runs[1] or _any_broken(runs) or charged:
+            failures.append(_failure(index, replace(case, sql=case.sql[:300] + " ..."), neighbour, *runs))
     assert not failures, _report("statements near a limit", failures, cases)
     assert refused >= cases // 5, f"too few statements refused by a limit: {refused} of {cases}"
 
