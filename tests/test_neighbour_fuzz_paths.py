@@ -52,7 +52,8 @@ from tests.conftest import TEST_DATABASE, RunningProxy, TestDatabase
 from tests.neighbour_cases import COLUMNS, Case, _Builder, generate_case
 from tests.test_cli import _free_port
 from tests.test_neighbour_fuzz import (
-    BASES, FAMILY_POLICY, NEIGHBOURS, REPORTED, SEED, Client, Outcome, _broken, _fuzz_proxy, _policy_text, draw_tables,
+    BASES, FAMILY_POLICY, NEIGHBOURS, REPORTED, SEED, Client, Outcome, _broken, _fuzz_proxy, _policy_text, _table_names,
+    draw_tables,
 )
 from tests.test_workers import Group
 from tests.wire import Wire, cstr, data_row_values, error_fields, message
@@ -72,7 +73,7 @@ def paths_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory)
     """The fuzzer's tables, ANALYZEd, behind an in-process dpproxy."""
     for running in _fuzz_proxy(test_db, tmp_path_factory, PATHS_FAMILY_POLICY):
         with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
-            for name in _tables():
+            for name in _table_names():
                 conn.execute(f"ANALYZE {name}")
         yield running
 
@@ -91,8 +92,8 @@ class _GroupAddress:
 @pytest.fixture(scope="module")
 def workers_group(paths_proxy: RunningProxy, test_db: TestDatabase,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[_GroupAddress]:
-    """The same tables and policy served by ``dpproxy serve`` with ``listen.workers: 2``: its
-    workers share the repeat store (a SQLite file) and the ledger."""
+    """The same tables (made by ``paths_proxy``) and policy served by ``dpproxy serve`` with
+    ``listen.workers: 2``: its workers share the repeat store (a SQLite file) and the ledger."""
     directory = tmp_path_factory.mktemp("fuzz-workers")
     port = _free_port()
     # Every charge written to the ledger (reserve 1): a worker's SHOW dpproxy.budget counts the
@@ -108,10 +109,6 @@ def workers_group(paths_proxy: RunningProxy, test_db: TestDatabase,
         yield _GroupAddress("127.0.0.1", port)
     finally:
         group.stop()
-
-
-def _tables() -> list[str]:
-    return [f"nbf_{base}" for base in BASES] + [f"nbf_{base}_{k}" for base in BASES for k in range(NEIGHBOURS)]
 
 
 def _drawn_case(rng: random.Random, accept: Callable[[Case], bool] = lambda case: True) -> Case:
