@@ -76,11 +76,13 @@ def _table_names() -> list[str]:
     return [f"nbf_{base}" for base in BASES] + [f"nbf_{base}_{k}" for base in BASES for k in range(NEIGHBOURS)]
 
 
-def _policy_text() -> str:
+def _policy_text(family_policy: dict[str, str] = FAMILY_POLICY) -> str:
+    """The fuzz policy as a template of ``make_policy`` ({dsn}, {ledger}); ``family_policy`` as
+    FAMILY_POLICY, each family's partitioning and quantum."""
     columns = policy_columns().replace("{", "{{").replace("}", "}}")
     tables = "".join(
         f"  public.{name}: {{{{access: protected, epsilon: 1.0, delta: 1.0e-6, partitions: 3, "
-        f"{FAMILY_POLICY[name.split('_')[1]]}, columns: {columns}}}}}\n"
+        f"{family_policy[name.split('_')[1]]}, columns: {columns}}}}}\n"
         for name in _table_names()
     )
     return _POLICY.format(tables=tables)
@@ -97,7 +99,19 @@ def fuzz_proxy_pg15(pg15_db: TestDatabase, tmp_path_factory: pytest.TempPathFact
     yield from _fuzz_proxy(pg15_db, tmp_path_factory)
 
 
-def _fuzz_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+def _fuzz_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory,
+                family_policy: dict[str, str] = FAMILY_POLICY) -> Iterator[RunningProxy]:
+    create_tables(test_db)
+    policy = make_policy(test_db, tmp_path_factory.mktemp("fuzz-ledger") / "ledger.sqlite3", _policy_text(family_policy))
+    running = RunningProxy(policy)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def create_tables(test_db: TestDatabase) -> None:
+    """Each family's base table and its NEIGHBOURS, (re)created with their rows."""
     rows = adversarial_rows(random.Random(SEED), NEIGHBOURS)
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
         for base, base_rows in BASES.items():
@@ -108,12 +122,6 @@ def _fuzz_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory)
                 if base_rows + extra:
                     conn.execute(f"INSERT INTO {name} VALUES {', '.join(base_rows + extra)}")
                 conn.execute(f"GRANT SELECT ON {name} TO dpproxy_service")
-    policy = make_policy(test_db, tmp_path_factory.mktemp("fuzz-ledger") / "ledger.sqlite3", _policy_text())
-    running = RunningProxy(policy)
-    try:
-        yield running
-    finally:
-        running.stop()
 
 
 @dataclass(frozen=True)
@@ -326,12 +334,7 @@ def _fuzz(proxy: RunningProxy, cases: int, time_limit_s: float) -> None:
             if time.monotonic() - started > time_limit_s:
                 break
             case = generate_case(rng)
-            base = rng.choice(list(BASES))
-            neighbour = f"nbf_{base}_{rng.randrange(NEIGHBOURS)}"
-            identity = (case.sql, repr(case.params))
-            if identity in drawn:
-                client.epsilon = f"0.{900000 + len(drawn)}"
-            drawn.add(identity)
+            base, neighbour = draw_tables(rng, client, drawn, case)
             on_base = client.run(case, f"nbf_{base}")
             on_neighbour = client.run(case, neighbour)
             if case.repeat:  # the second run is a repeat of the first: the same release, not charged
@@ -375,6 +378,19 @@ _INDICATOR = re.compile(r"(?:SUM|AVG)\((?:CAST\(\(|\(.*\)::int|b::int|CAST\(b AS
 
 # A statement that reads its table through a CTE (rewriter/ctes.py).
 _CTE = re.compile(r"\bWITH (?:w|released) AS \(")
+
+
+def draw_tables(rng: random.Random, client: Client, drawn: set[tuple[str, str]], *cases: Case) -> tuple[str, str]:
+    """A family (its base table's suffix) and one of its neighbours to run ``cases`` on. If one
+    of them was drawn before, the client gets another ε (``Client.epsilon``): the tables drawn
+    then answered it, and it would be a repeat on one table and fresh on the other."""
+    base = rng.choice(list(BASES))
+    neighbour = f"nbf_{base}_{rng.randrange(NEIGHBOURS)}"
+    identities = {(case.sql, repr(case.params)) for case in cases}
+    if identities & drawn:
+        client.epsilon = f"0.{900000 + len(drawn)}"
+    drawn |= identities
+    return base, neighbour
 
 
 def _broken(outcome: Outcome) -> bool:
