@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Iterator, Sequence
 
+from mechanisms.quantile import QuantileRelease
 from mechanisms.release import Release
 from mechanisms.sum_count import mean_noise
 from proxy.backend.connection import BoundParams, ResultSet
@@ -26,7 +27,7 @@ from proxy.wire.values import TYPE_SIZES, encode_text
 from policies.time_buckets import truncate
 from rewriter.dp_query import Aggregate, AggregateQuery
 from rewriter.group_keys import GroupKey
-from rewriter.rewrite import split_cells, split_row
+from rewriter.rewrite import query_grid, split_cells, split_row
 from rewriter.types import ARRAY_TYPES, FLOAT_TYPES, INT4, INTEGER_TYPES, NUMERIC
 
 from .column_release import release_column
@@ -93,7 +94,8 @@ def result_fields(plan: AggregateQuery) -> list[Field]:
 
 def release_row(plan: AggregateQuery, exact: Sequence[Any], epsilon: float, codec: str = "utf-8") -> DPAnswer:
     """Noise every column of the backend row ``exact`` (``backend_sql(plan)``'s) with ε/k each,
-    its text in ``codec`` (the session's client_encoding; see :func:`released_labels`).
+    its text in ``codec`` (the session's client_encoding; see :func:`released_labels`). With a
+    percentile, ``exact`` is the backend's rows, one per grid index (loaded).
 
     The total cost is (ε, Σ δ_column).
     """
@@ -101,7 +103,8 @@ def release_row(plan: AggregateQuery, exact: Sequence[Any], epsilon: float, code
     if plan.limit_zero:
         return DPAnswer(ResultSet(fields, [], "SELECT 0"), 0.0, 0.0, ())
     share = epsilon / len(plan.aggregates)
-    parts = split_row(plan, exact)
+    # A percentile's backend rows are one group per grid index, added up into one cell's parts.
+    parts = split_cells(plan, exact)[0] if query_grid(plan) is not None else split_row(plan, exact)
     releases = _released(plan, parts, share)
     row = _encoded(plan, releases, codec)
     delta = sum(rel.delta for rel in releases)
@@ -219,6 +222,9 @@ def _described(name: str, release: Release[Any]) -> str:
         return f"{name}: sample and aggregate, worst-case 95% bound ±{release.error95:.4g}"
     if release.mechanism == "exponential":
         return f"{name}: exponential mechanism, 95% within {release.error95:.4g} rows of the top category's count"
+    if isinstance(release, QuantileRelease):
+        return (f"{name}: exponential mechanism over {release.candidates} candidates {release.step:.4g} apart, "
+                f"95% within {release.error95:.4g} rows of the quantile's rank")
     if release.mechanism == "sum_count":
         return f"{name}: noisy sum / noisy count, scale {release.scale:.4g} (95% within ±{release.error95:.4g})"
     return f"{name}: {release.mechanism} scale {release.scale:.4g} (95% within ±{release.error95:.4g})"
@@ -318,7 +324,7 @@ def numeric_scale(agg: Aggregate) -> int | None:
     if agg.kind == "count":  # a counted SUM(CASE WHEN p THEN 1 ELSE 0.0 END): the constants' digits
         return agg.scale
     column = agg.column
-    if column is None or agg.kind not in ("sum", "min", "max"):
+    if column is None or agg.kind not in ("sum", "min", "max", "percentile_disc"):
         return None
     if column.type_modifier >= 4:
         own = (column.type_modifier - 4) & 0xFFFF
