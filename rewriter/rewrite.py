@@ -18,8 +18,10 @@ the plan becomes one or more *parts*, each one column of that row (:func:`aggreg
 A percentile (``percentile_cont``/``percentile_disc``) has one *grid part*: the count of the
 column's values per index of its quantile grid (:func:`quantile_grid`), which the backend gets
 by grouping the filtered rows by :func:`grid_index`, the clamped value's index on the grid, a
-function of that row alone that cannot fail on any value. dpproxy adds the other (additive)
-parts up over those groups (:func:`split_cells`).
+function of that row alone that cannot fail on any value. Without GROUP BY an outer aggregate
+folds the groups back into one row, as for partitions: ``sum`` for additive parts, and the
+grid part as one text ``index:count,…`` (:func:`collected_counts`); per cell of a GROUP BY the
+grid index is one more grouping column, and dpproxy adds the parts up (:func:`split_cells`).
 
 Without partition or grid parts the query is one plain aggregate over the filtered rows. With them
 it is still one pass over the table: the filtered rows are grouped by a partition number in
@@ -282,7 +284,10 @@ def backend_sql(query: AggregateQuery, seed: int) -> str:
         return _grouped_sql(query, parts, source)
     grid = query_grid(query)
     if grid is not None:  # one group per grid index the rows reach (dp_query refused partitions beside it)
-        return f"SELECT {grid_index(*grid)} AS g, {', '.join(part.sql for part in parts)} FROM {source} GROUP BY 1"
+        inner = ", ".join(f"{part.sql} AS p{i}" for i, part in enumerate(parts))
+        outer = ", ".join(collected_counts(f"p{i}") if part.per_grid else f"pg_catalog.sum(p{i})"
+                          for i, part in enumerate(parts))
+        return f"SELECT {outer} FROM (SELECT {grid_index(*grid)} AS g, {inner} FROM {source} GROUP BY 1) AS grid"
     if all(part.additive for part in parts):
         return f"SELECT {', '.join(part.sql for part in parts)} FROM {source}"
     inner = ", ".join(f"{part.sql} AS p{i}" for i, part in enumerate(parts))
@@ -458,7 +463,7 @@ def split_cells(query: AggregateQuery, rows: Sequence[Sequence[Any]]) -> list[li
 
     ``rows`` hold each group's cell values (one per key, as the backend printed them), its grid
     index if the query has a percentile, and its parts, loaded. Cells are numbered as
-    ``query.domain`` numbers them (one cell without GROUP BY); a cell no row reached gets
+    ``query.domain`` numbers them; a cell no row reached gets
     parts of None (what SQL gives an empty set: the mechanisms read None as 0), and groups in
     the same cell are added up, a grid part's count by its group's grid index.
     """
@@ -467,9 +472,9 @@ def split_cells(query: AggregateQuery, rows: Sequence[Sequence[Any]]) -> list[li
     grid = query_grid(query)
     per_grid = [part.per_grid for agg in query.aggregates for part in aggregate_parts(agg)]
     start = len(keys) + (grid is not None)
-    totals: list[list[Any] | None] = [None] * (domain.size if keys else 1)
+    totals: list[list[Any] | None] = [None] * domain.size
     for row in rows:
-        cell = domain.cell([key.cell_of(value) for key, value in zip(keys, row)]) if keys else 0
+        cell = domain.cell([key.cell_of(value) for key, value in zip(keys, row)])
         if cell is None:
             continue
         values = list(row[start:])
@@ -482,13 +487,27 @@ def split_cells(query: AggregateQuery, rows: Sequence[Sequence[Any]]) -> list[li
     return [split_row(query, total if total is not None else empty) for total in totals]
 
 
+def collected_counts(column: str) -> str:
+    """The aggregate that collects each grid group's count of ``column`` with its index ``g``
+    into one text, ``index:count`` pairs separated by commas (:func:`_grid_counts` reads it)."""
+    return f"pg_catalog.string_agg(pg_catalog.concat_ws(':', g, {column}), ',') FILTER (WHERE g IS NOT NULL)"
+
+
 def _at_index(index: int | None, count: Any) -> Counter[int] | None:
     """A group's grid part as counts by grid index (None: the group's values are NULL, on no index)."""
     return Counter({index: int(count)}) if index is not None and count else None
 
 
-def _grid_counts(counts: Counter[int] | None, grid: QuantileGrid) -> list[int]:
-    """The count on each index of ``grid``, in order (0 where no group reached it)."""
+def _grid_counts(counts: Counter[int] | str | None, grid: QuantileGrid) -> list[int]:
+    """The count on each index of ``grid``, in order (0 where no group reached it), from the
+    groups' counts by index (:func:`split_cells`) or their collected text (:func:`collected_counts`;
+    a group of NULL values has no index and is left out)."""
+    if isinstance(counts, str):
+        parsed: Counter[int] = Counter()
+        for pair in counts.split(","):
+            index, count = pair.split(":")
+            parsed[grid.index(int(index))] += int(count)
+        counts = parsed
     return [counts.get(i, 0) if counts is not None else 0 for i in range(grid.count)]
 
 
@@ -539,6 +558,9 @@ def _added(a: Any, b: Any) -> Any:
     if a is None:
         return b
     if b is None:
+        return a
+    if isinstance(a, Counter):  # a cell's grid counts, added to in place: a cell has up to a grid's groups
+        a.update(b)
         return a
     return a + b
 

@@ -27,7 +27,7 @@ from proxy.wire.values import TYPE_SIZES, encode_text
 from policies.time_buckets import truncate
 from rewriter.dp_query import Aggregate, AggregateQuery
 from rewriter.group_keys import GroupKey
-from rewriter.rewrite import query_grid, split_cells, split_row
+from rewriter.rewrite import split_cells, split_row
 from rewriter.types import ARRAY_TYPES, FLOAT_TYPES, INT4, INTEGER_TYPES, NUMERIC
 
 from .column_release import release_column
@@ -94,8 +94,7 @@ def result_fields(plan: AggregateQuery) -> list[Field]:
 
 def release_row(plan: AggregateQuery, exact: Sequence[Any], epsilon: float, codec: str = "utf-8") -> DPAnswer:
     """Noise every column of the backend row ``exact`` (``backend_sql(plan)``'s) with ε/k each,
-    its text in ``codec`` (the session's client_encoding; see :func:`released_labels`). With a
-    percentile, ``exact`` is the backend's rows, one per grid index (loaded).
+    its text in ``codec`` (the session's client_encoding; see :func:`released_labels`).
 
     The total cost is (ε, Σ δ_column).
     """
@@ -103,8 +102,7 @@ def release_row(plan: AggregateQuery, exact: Sequence[Any], epsilon: float, code
     if plan.limit_zero:
         return DPAnswer(ResultSet(fields, [], "SELECT 0"), 0.0, 0.0, ())
     share = epsilon / len(plan.aggregates)
-    # A percentile's backend rows are one group per grid index, added up into one cell's parts.
-    parts = split_cells(plan, exact)[0] if query_grid(plan) is not None else split_row(plan, exact)
+    parts = split_row(plan, exact)
     releases = _released(plan, parts, share)
     row = _encoded(plan, releases, codec)
     delta = sum(rel.delta for rel in releases)

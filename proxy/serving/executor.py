@@ -57,7 +57,7 @@ from rewriter.classify import (
 from rewriter.dp_query import AggregateQuery, too_many_cells
 from rewriter.limits import MAX_NESTING, MAX_OPERATOR_RUN, longest_operator_run, too_complex
 from rewriter.references import RelationRef
-from rewriter.rewrite import backend_sql, partition_seed, query_grid, seeded, too_many_columns
+from rewriter.rewrite import backend_sql, partition_seed, seeded, too_many_columns
 from rewriter.sized_cache import sized_cache
 from rewriter.statements import Statement, split_statements
 
@@ -934,16 +934,13 @@ class Executor:
         if plan.keys_only:
             return declared_keys(plan, codec)
         bound = params if params.values else None
-        gridded = query_grid(plan) is not None  # a percentile's counts: one backend row per grid index
-        if not plan.groups and not gridded:
+        if not plan.groups:
             values, type_oids = await self.backend.first_row(sql, bound)
             return release_row(plan, tuple(load_text(v, t) for v, t in zip(values, type_oids)), epsilon, codec)
         result = await self.backend.execute(sql, bound)
         types = [field.type_oid for field in result.fields]
         keys = len(plan.groups)
         rows = [[*row[:keys], *(load_text(v, t) for v, t in zip(row[keys:], types[keys:]))] for row in result.rows]
-        if not plan.groups:
-            return release_row(plan, rows, epsilon, codec)
         return release_cells(plan, rows, epsilon, codec)
 
     async def _post_processed(
