@@ -287,7 +287,8 @@ def backend_sql(query: AggregateQuery, seed: int) -> str:
         inner = ", ".join(f"{part.sql} AS p{i}" for i, part in enumerate(parts))
         outer = ", ".join(collected_counts(f"p{i}") if part.per_grid else f"pg_catalog.sum(p{i})"
                           for i, part in enumerate(parts))
-        return f"SELECT {outer} FROM (SELECT {grid_index(*grid)} AS g, {inner} FROM {source} GROUP BY 1) AS grid"
+        index = grid_index(*grid)
+        return f"SELECT {outer} FROM (SELECT {index} AS g, {inner} FROM {source} GROUP BY {index}) AS grid"
     if all(part.additive for part in parts):
         return f"SELECT {', '.join(part.sql for part in parts)} FROM {source}"
     inner = ", ".join(f"{part.sql} AS p{i}" for i, part in enumerate(parts))
