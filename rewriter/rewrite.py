@@ -441,9 +441,9 @@ def split_row(query: AggregateQuery, row: Sequence[Any]) -> list[tuple[Any, ...]
     """The backend row of :func:`backend_sql` cut into each aggregate's parts.
 
     Additive parts stay as fetched (None where SQL gives NULL); partition parts become an
-    array of the non-empty partitions' values (:func:`partition_values`); a grid part (a
-    ``Counter`` of counts by grid index, as :func:`split_cells` gathers it) becomes the count
-    on every index of the grid, in order.
+    array of the non-empty partitions' values (:func:`partition_values`); a grid part (the text
+    of :func:`collected_counts`, or a cell's ``Counter`` of counts by grid index, as
+    :func:`split_cells` gathers it) becomes the count on every index of the grid, in order.
     """
     grouped: list[tuple[Any, ...]] = []
     start = 0

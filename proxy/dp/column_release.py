@@ -4,9 +4,10 @@ Each aggregate's parts are the backend columns ``rewriter.rewrite.aggregate_part
 for; this module hands them to the aggregate's mechanism with the column's share of ε and
 turns the mechanism's value into the Python value the result type expects (an integer for
 COUNT, for SUM of integers and for MIN/MAX of an integer column; a float for AVG; the
-category text for MODE; a candidate of the column's grid for a percentile). Missing data is mapped to data-independent inputs before any
-mechanism runs (SQL's NULL sum → 0, a partition with no rows → empty), so an empty filter
-takes the same path as any other.
+category text for MODE; a candidate of the column's grid for a percentile). Missing data is
+mapped to data-independent inputs before any mechanism runs (SQL's NULL sum → 0, a partition
+with no rows → empty, a grid index no row reached → 0), so an empty filter takes the same
+path as any other.
 """
 
 from __future__ import annotations
