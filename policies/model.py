@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, 
 
 from mechanisms.breach import epsilon_from_breach
 from mechanisms.fixed_point import Grid
+from mechanisms.quantile import QuantileGrid
 
 from .credentials import ScramVerifier, derive_scram_verifier, parse_scram_verifier
 from .dsn import check_dsn
@@ -34,6 +35,7 @@ __all__ = [
     "MetricsConfig",
     "Policy",
     "PoolConfig",
+    "QuantileGrid",
     "RepeatConfig",
     "TablePolicy",
     "TLSConfig",
@@ -353,6 +355,12 @@ class ColumnPolicy(_Strict):
         assert self.bounds is not None
         return Grid.for_bounds(*self.bounds)
 
+    def quantile_grid(self, integer_column: bool, cells: int) -> QuantileGrid:
+        """The candidates of a percentile of this column (``mechanisms.quantile``): from its bounds
+        and the table's ``quantile_cells`` alone, never from the rows."""
+        assert self.bounds is not None
+        return QuantileGrid.for_bounds(*self.bounds, integer_column, cells)
+
     @property
     def time_units(self) -> tuple[TimeUnit, ...]:
         """The DATE_TRUNC units this column may be grouped by, finest first: the units listed and
@@ -434,6 +442,10 @@ class TablePolicy(_Strict):
     partitioning: Literal["auto", "row_hash", "random", "ctid_hash"] = "auto"
     # The most cells (the product of the keys' domains) one GROUP BY may answer.
     max_cells: int = Field(1000, ge=1, le=100_000)
+    # The candidates of PERCENTILE_CONT/PERCENTILE_DISC (mechanisms.quantile): an integer column
+    # whose bounds hold at most this many integers has each integer; any other, this many equal
+    # cells of its bounds. More cells: a finer answer and a slightly larger rank error, ln(20·K).
+    quantile_cells: int = Field(1000, ge=1, le=100_000)
     # Every DP answer on the table leaves at a whole multiple of this after it began
     # (proxy/dp/answer_time.py), so that its arrival shows no more of the rows' timing.
     answer_quantum_ms: int = Field(0, ge=0, le=3_600_000)

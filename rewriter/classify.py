@@ -511,13 +511,14 @@ def _check_function_names(functions: frozenset[str], relation: Relation) -> None
         raise Refusal(
             SQLSTATE.DP_QUERY_SHAPE,
             f"{written} is not allowed on protected table {relation.display_name} (rule: function-allowlist)",
-            "Aggregates: COUNT, SUM, AVG, MIN, MAX, MODE() WITHIN GROUP; in WHERE: lower(), upper(), and the "
+            "Aggregates: COUNT, SUM, AVG, MIN, MAX, MODE() and PERCENTILE_CONT/PERCENTILE_DISC(p) WITHIN GROUP; in WHERE: lower(), upper(), and the "
             "date/time and arithmetic functions of computed values: " + ", ".join(sorted(FOLDABLE_FUNCTIONS)) + ".",
             "function-allowlist",
         )
 
 
-_DP_FUNCTIONS = frozenset({"count", "sum", "avg", "min", "max", "mode", "lower", "upper", "date_trunc", "width_bucket"})
+_DP_FUNCTIONS = frozenset({"count", "sum", "avg", "min", "max", "mode", "percentile_cont", "percentile_disc", "lower",
+                           "upper", "date_trunc", "width_bucket"})
 
 # Aggregates and window functions catalog queries may call, never a protected table.
 _OTHER_AGGREGATES = frozenset({

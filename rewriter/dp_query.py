@@ -3,7 +3,8 @@
 Accepted shape (docs/query-shapes.md):
 ``SELECT agg [AS alias] [, ...] FROM <protected table> [AS t] [WHERE <safe predicate>]
 [ORDER BY ...] [LIMIT n]`` where ``agg`` is COUNT(*), COUNT(col), SUM(col), AVG(col),
-MIN(col), MAX(col) or MODE() WITHIN GROUP (ORDER BY col), each maybe restricted by a safe
+MIN(col), MAX(col), MODE() WITHIN GROUP (ORDER BY col) or PERCENTILE_CONT/PERCENTILE_DISC(p)
+WITHIN GROUP (ORDER BY col), each maybe restricted by a safe
 predicate (``FILTER (WHERE p)`` or a CASE form that means it, :mod:`rewriter.conditional`). Everything else is refused with
 the rule it breaks. The plan, not the client's text, is what later reaches the backend.
 """
@@ -11,6 +12,7 @@ the rule it breaks. The plan, not the client's text, is what later reaches the b
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from functools import cached_property
 from typing import Callable, Literal
 
@@ -29,6 +31,7 @@ from .group_keys import TIME_TYPES, GroupKey, KeyRange, column_key_count, group_
 from .ctes import inline_ctes
 from .identifiers import identifier
 from .key_domain import KeyDomain, key_domain
+from .percentiles import decimal_text, is_percentile, percentile_call
 from .post_process import PostProcess, outer_statement
 from .shares import counted_shares
 from .predicates import PredicateRenderer
@@ -39,7 +42,8 @@ from .types import FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, MAX_ABS_BOUN
 
 __all__ = ["Aggregate", "AggregateQuery", "SeriesLimit", "asks_for_no_row", "plan_aggregate_query", "too_many_cells"]
 
-AggregateKind = Literal["count", "sum", "avg", "min", "max", "mode"]
+AggregateKind = Literal["count", "sum", "avg", "min", "max", "mode", "percentile_cont", "percentile_disc"]
+PERCENTILES = frozenset({"percentile_cont", "percentile_disc"})
 
 _SIMPLE_AGGREGATES: dict[type[exp.Expression], AggregateKind] = {
     exp.Count: "count",
@@ -48,7 +52,7 @@ _SIMPLE_AGGREGATES: dict[type[exp.Expression], AggregateKind] = {
     exp.Min: "min",
     exp.Max: "max",
 }
-Mechanism = Literal["laplace", "sample_aggregate", "sum_count", "exponential"]
+Mechanism = Literal["laplace", "sample_aggregate", "sum_count", "exponential", "quantile"]
 
 
 
@@ -58,7 +62,9 @@ class Aggregate:
 
     ``mechanism`` is how the column is released (docs/mechanisms.md): ``laplace`` for COUNT and SUM,
     ``sample_aggregate`` for MIN, MAX and AVG where the column or table says ``avg:
-    sample_aggregate``, ``sum_count`` for AVG otherwise (the default), ``exponential`` for MODE.
+    sample_aggregate``, ``sum_count`` for AVG otherwise (the default), ``exponential`` for MODE,
+    ``quantile`` for PERCENTILE_CONT/PERCENTILE_DISC (the exponential mechanism over the column's
+    grid, ``fraction`` its p, DESC applied).
     """
 
     kind: AggregateKind
@@ -75,6 +81,7 @@ class Aggregate:
     # Fraction digits the statement's constants give a numeric result (``SUM(CASE WHEN p THEN
     # col ELSE 0.0 END)``: 1), which the printed value has at least; None when they give none.
     scale: int | None = None
+    fraction: Fraction | None = None
 
 
 @dataclass(frozen=True)
@@ -229,7 +236,8 @@ def too_many_cells(plan: AggregateQuery) -> Refusal | None:
 def _is_aggregate(item: exp.Expression) -> bool:
     if isinstance(item, exp.Filter):
         item = item.this
-    return isinstance(item, exp.AggFunc) or (isinstance(item, exp.WithinGroup) and isinstance(item.this, exp.Mode))
+    return isinstance(item, exp.AggFunc) or (isinstance(item, exp.WithinGroup) and isinstance(item.this, exp.Mode)) \
+        or is_percentile(item)
 
 
 def _plain(tree: exp.Select) -> bool:
@@ -312,7 +320,7 @@ def _post_processed(
     if not groups and not any(item.find(exp.AggFunc) for item in tree.expressions):
         raise scope.refuse("non-aggregate output is not allowed on protected table", "no-row-access")
     released: list[Aggregate] = []
-    index: dict[tuple[str, str | None, str, bool, int, str | None, int | None], int] = {}
+    index: dict[tuple[str, str | None, str, bool, int, str | None, int | None, Fraction | None], int] = {}
     grouped = bool(groups)
 
     def release(node: exp.Expr) -> int:
@@ -322,7 +330,7 @@ def _post_processed(
         # By the condition as written: a folded one's template differs at each use (its tokens).
         written = condition.sql("postgres") if condition is not None else None
         key = (agg.kind, agg.column.name if agg.column else None, agg.mechanism, agg.distinct, agg.result_type_oid,
-               written, agg.scale)
+               written, agg.scale, agg.fraction)
         if key not in index:
             name = _sql_name(agg) + (f" filter (where {written})" if written is not None else "")
             released.append(replace(agg, output_name=name))
@@ -429,7 +437,9 @@ def _group_item(item: exp.Expression, tree: exp.Select, scope: Scope) -> exp.Exp
 
 
 def _check_combination(aggregates: tuple[Aggregate, ...], groups: tuple[GroupKey, ...], scope: Scope) -> None:
-    """Refuse COUNT(DISTINCT ...) where its groups would be added up (partitions, an ``other`` key)."""
+    """Refuse COUNT(DISTINCT ...) where its groups would be added up (partitions, an ``other`` key),
+    and percentiles where the backend cannot count their grid (:func:`_check_percentiles`)."""
+    _check_percentiles(aggregates, scope)
     if not any(agg.distinct for agg in aggregates):
         return
     if any(agg.mechanism == "sample_aggregate" for agg in aggregates):
@@ -449,11 +459,35 @@ def _check_combination(aggregates: tuple[Aggregate, ...], groups: tuple[GroupKey
                       "whose cells are one time bucket each. " + scope.hint, refusal.rule)
 
 
+def _check_percentiles(aggregates: tuple[Aggregate, ...], scope: Scope) -> None:
+    """Refuse percentiles beside what their grid's grouping would break, before any charge.
+
+    The backend counts a percentile's column per grid index by grouping the rows by it
+    (``rewriter.rewrite``); every other part is added up over those groups. Sample and
+    aggregate's per-partition values and COUNT(DISTINCT ...) cannot be added up that way, and
+    percentiles of two columns would group by the product of their grids.
+    """
+    columns = {agg.column.name for agg in aggregates if agg.kind in PERCENTILES and agg.column is not None}
+    if not columns:
+        return
+    if len(columns) > 1:
+        refusal = scope.refuse("percentiles of more than one column in one query are not allowed on protected table",
+                               "aggregate-combination")
+        raise Refusal(refusal.sqlstate, refusal.message,
+                      "Ask each column's percentiles in a query of its own (several fractions of one column may share "
+                      "one query). " + scope.hint, refusal.rule)
+    if any(agg.distinct or agg.mechanism == "sample_aggregate" for agg in aggregates):
+        raise scope.refuse("a percentile beside COUNT(DISTINCT ...) or AVG, MIN or MAX by sample and aggregate in one "
+                           "query is not allowed on protected table", "aggregate-combination")
+
+
 def _sql_name(agg: Aggregate) -> str:
     """How a released aggregate is named in the notice: its SQL, e.g. ``sum(income)``."""
     column = agg.column.name if agg.column else "*"
     if agg.kind == "mode":
         return f"mode() within group (order by {column})"
+    if agg.fraction is not None:
+        return f"{agg.kind}({decimal_text(agg.fraction)}) within group (order by {column})"
     return f"{agg.kind}({'distinct ' if agg.distinct else ''}{column})"
 
 
@@ -554,12 +588,15 @@ def _plain_aggregate(item: exp.Expression, scope: Scope, grouped: bool, alias: s
     """The aggregate ``item`` (unaliased, without a condition) asks for."""
     if isinstance(item, exp.Star) or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star)):
         raise scope.refuse("SELECT * is not allowed on protected table", "no-row-access")
+    fraction: Fraction | None = None
     if isinstance(item, exp.WithinGroup) and isinstance(item.this, exp.Mode):
         kind: AggregateKind = "mode"
         order = item.expression.expressions
         if len(order) != 1:
             raise scope.refuse("MODE() takes one ORDER BY column on protected table", "aggregate-argument")
         argument: exp.Expression = order[0].this
+    elif isinstance(item, exp.WithinGroup) and is_percentile(item):
+        kind, argument, fraction = percentile_call(item, scope)
     elif isinstance(item, exp.Sum) and _is_one(item.this):
         # Tableau's "Number of Records": SUM(1) adds 1 per row, the count of rows (bigint, as
         # count(*)), so it is released as count(*) is, once, under the name PostgreSQL gives it.
@@ -612,7 +649,8 @@ def _plain_aggregate(item: exp.Expression, scope: Scope, grouped: bool, alias: s
         _check_widening(kind, column, cast, scope)
         argument_type = cast
     result_type = aggregate_result_type(kind, argument_type)
-    return Aggregate(kind, column, alias or kind, result_type, _mechanism(kind, scope, grouped, column), distinct)
+    return Aggregate(kind, column, alias or kind, result_type, _mechanism(kind, scope, grouped, column), distinct,
+                     fraction=fraction)
 
 
 # Casts an aggregate's column may be given (Tableau writes AVG(CAST(col AS DOUBLE PRECISION)),
@@ -664,6 +702,8 @@ def _mechanism(kind: AggregateKind, scope: Scope, grouped: bool = False, column:
         return "laplace"
     if kind == "mode":
         return "exponential"
+    if kind in PERCENTILES:
+        return "quantile"
     column_avg = column.policy.avg if column is not None and column.policy is not None else None
     if kind == "avg" and (grouped or (column_avg or scope.table.policy.avg) == "sum_count"):
         return "sum_count"
@@ -710,7 +750,7 @@ def _aggregate_column(kind: AggregateKind, argument: exp.Expression | None, scop
         raise Refusal(
             SQLSTATE.DP_QUERY_SHAPE,
             f"column {column.name} of protected table {scope.table.display_name} has no bounds in the policy (rule: bounds-required)",
-            "Add bounds: [lo, hi] for this column to the policy to allow SUM/AVG/MIN/MAX on it.",
+            "Add bounds: [lo, hi] for this column to the policy to allow SUM/AVG/MIN/MAX and percentiles on it.",
             "bounds-required",
         )
     limit = MAX_ABS_BOUND.get(column.type_oid)
@@ -730,7 +770,7 @@ def _not_numeric_hint(column: ColumnInfo, table: str) -> str:
     """What a column that is not numeric answers instead of SUM, AVG, MIN and MAX, by its policy."""
     policy = column.policy
     name = column.name
-    rest = f"SUM, AVG, MIN and MAX take a numeric column of {table} that has bounds in the policy."
+    rest = f"SUM, AVG, MIN, MAX and percentiles take a numeric column of {table} that has bounds in the policy."
     if column.type_oid in TIME_TYPES:
         grouped = (f" and GROUP BY DATE_TRUNC('month', {name})" if policy is not None and policy.time_units else "")
         return f"A date or time column answers COUNT({name}){grouped}; its earliest or latest time is not answered. {rest}"

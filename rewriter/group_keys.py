@@ -674,4 +674,4 @@ def group_by_hint(scope: Scope, advice: str | None = None) -> str:
                 "integer bounds or a time range; docs/policy.md); this table declares none. Without GROUP BY: "
                 + scope.hint)
     return (f"GROUP BY on {scope.table.display_name} is answered as a noised histogram over declared keys only: "
-            + ", ".join(keys) + "; with COUNT, SUM, AVG, COUNT(DISTINCT col) or MODE per group.")
+            + ", ".join(keys) + "; with COUNT, SUM, AVG, COUNT(DISTINCT col), MODE or PERCENTILE_CONT per group.")

@@ -15,7 +15,15 @@ the plan becomes one or more *parts*, each one column of that row (:func:`aggreg
   empty partitions, and partitions whose values are all NULL, are missing from it
   (``string_agg`` skips NULL) and the caller counts them as empty.
 
-Without partition parts the query is one plain aggregate over the filtered rows. With them
+A percentile (``percentile_cont``/``percentile_disc``) has one *grid part*: the count of the
+column's values per index of its quantile grid (:func:`quantile_grid`), which the backend gets
+by grouping the filtered rows by :func:`grid_index`, the clamped value's index on the grid, a
+function of that row alone that cannot fail on any value. Without GROUP BY an outer aggregate
+folds the groups back into one row, as for partitions: ``sum`` for additive parts, and the
+grid part as one text ``index:count,…`` (:func:`collected_counts`); per cell of a GROUP BY the
+grid index is one more grouping column, and dpproxy adds the parts up (:func:`split_cells`).
+
+Without partition or grid parts the query is one plain aggregate over the filtered rows. With them
 it is still one pass over the table: the filtered rows are grouped by a partition number in
 0..m-1 computed for each row on its own (:func:`partition_key`), and an outer aggregate folds
 the partitions back together (``sum`` for additive parts, ``string_agg`` for partition values).
@@ -99,6 +107,7 @@ predicate is rendered qualified too (:mod:`rewriter.predicates`), so that a sess
 from __future__ import annotations
 
 import secrets
+from collections import Counter
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Mapping, Sequence
@@ -106,6 +115,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from policies.errors import SQLSTATE, Refusal
+from policies.model import QuantileGrid, TablePolicy
 from policies.tables import ColumnInfo, Relation, quote_identifier
 
 from .dp_query import Aggregate, AggregateQuery
@@ -114,7 +124,8 @@ from .types import FLOAT4, FLOAT8, FLOAT_TYPES, INT2, INT4, INT8, INTEGER_TYPES,
 
 __all__ = [
     "MAX_BACKEND_COLUMNS", "too_many_columns",
-    "HASH_FUNCTIONS", "Part", "aggregate_parts", "backend_sql", "clamped", "clamped_sum", "collected", "filtered", "hashable", "hashed_columns", "literal",
+    "HASH_FUNCTIONS", "Part", "aggregate_parts", "backend_sql", "clamped", "clamped_sum", "collected", "filtered", "grid_index",
+    "hashable", "hashed_columns", "literal", "quantile_grid", "query_grid",
     "partition_key", "partition_seed", "partition_values", "per_partition", "row_hash_key", "seeded", "split_cells", "split_row",
 ]
 
@@ -123,10 +134,12 @@ _SEED_MAX = (1 << 63) - 1  # seeds are non-negative bigints; also the mask that 
 
 @dataclass(frozen=True)
 class Part:
-    """One backend column: an exact total (``additive``) or one value per partition."""
+    """One backend column: an exact total (``additive``), one value per partition, or the count
+    of a percentile's column per grid index (``per_grid``: a total in each group of the grid)."""
 
     sql: str
     additive: bool = True
+    per_grid: bool = False
 
 
 def aggregate_parts(agg: Aggregate) -> tuple[Part, ...]:
@@ -134,7 +147,8 @@ def aggregate_parts(agg: Aggregate) -> tuple[Part, ...]:
 
     count → (count,); sum → (clamped sum,); sum_count AVG → (clamped sum, count of values);
     sample-and-aggregate AVG/MIN/MAX → (per-partition aggregate of clamped values,);
-    MODE → (count of each declared category, in the policy's order).
+    MODE → (count of each declared category, in the policy's order); percentile → (count of the
+    column's values, per grid index).
     """
     condition = agg.filter_sql
     if agg.column is None:
@@ -149,6 +163,8 @@ def aggregate_parts(agg: Aggregate) -> tuple[Part, ...]:
                 Part(filtered(f"pg_catalog.count({column})", condition)))
     if agg.mechanism == "sample_aggregate":
         return (Part(per_partition(agg.kind, agg.column, condition), additive=False),)
+    if agg.mechanism == "quantile":
+        return (Part(filtered(f"pg_catalog.count({column})", condition), per_grid=True),)
     if agg.kind == "mode":
         assert agg.column.policy is not None and agg.column.policy.categories is not None
         restricted = f"({condition}) AND " if condition is not None else ""
@@ -266,6 +282,13 @@ def backend_sql(query: AggregateQuery, seed: int) -> str:
         source += f" WHERE {query.where_sql}"
     if query.groups:
         return _grouped_sql(query, parts, source)
+    grid = query_grid(query)
+    if grid is not None:  # one group per grid index the rows reach (dp_query refused partitions beside it)
+        inner = ", ".join(f"{part.sql} AS p{i}" for i, part in enumerate(parts))
+        outer = ", ".join(collected_counts(f"p{i}") if part.per_grid else f"pg_catalog.sum(p{i})"
+                          for i, part in enumerate(parts))
+        index = grid_index(*grid)
+        return f"SELECT {outer} FROM (SELECT {index} AS g, {inner} FROM {source} GROUP BY {index}) AS grid"
     if all(part.additive for part in parts):
         return f"SELECT {', '.join(part.sql for part in parts)} FROM {source}"
     inner = ", ".join(f"{part.sql} AS p{i}" for i, part in enumerate(parts))
@@ -293,8 +316,15 @@ def _grouped_sql(query: AggregateQuery, parts: list[Part], source: str) -> str:
     """
     cells = [f"{key.cell_sql()} AS k{i}" for i, key in enumerate(query.groups)]
     outputs = [f"k{i}" for i in range(len(cells))] + [f"p{i}" for i in range(len(parts))]
-    rows = ", ".join(key.row_sql() for key in query.groups)
-    present = " AND ".join(f"k{i} IS NOT NULL" for i in range(len(cells)))
+    grouping = [key.row_sql() for key in query.groups]
+    grid = query_grid(query)
+    if grid is not None:  # each cell's rows grouped by their grid index too
+        index = grid_index(*grid)
+        cells.append(f"{index} AS g")
+        outputs.insert(len(query.groups), "g")
+        grouping.append(index)
+    rows = ", ".join(grouping)
+    present = " AND ".join(f"k{i} IS NOT NULL" for i in range(len(query.groups)))
     # OFFSET 0 keeps the filter on the groups: PostgreSQL would push a HAVING (or an outer WHERE)
     # on grouping expressions down to every row, computing each key twice per row.
     grouped = ", ".join([*cells, *(f"{part.sql} AS p{i}" for i, part in enumerate(parts))])
@@ -411,14 +441,18 @@ def split_row(query: AggregateQuery, row: Sequence[Any]) -> list[tuple[Any, ...]
     """The backend row of :func:`backend_sql` cut into each aggregate's parts.
 
     Additive parts stay as fetched (None where SQL gives NULL); partition parts become an
-    array of the non-empty partitions' values (:func:`partition_values`).
+    array of the non-empty partitions' values (:func:`partition_values`); a grid part (the text
+    of :func:`collected_counts`, or a cell's ``Counter`` of counts by grid index, as
+    :func:`split_cells` gathers it) becomes the count on every index of the grid, in order.
     """
     grouped: list[tuple[Any, ...]] = []
     start = 0
+    grid = query_grid(query)
     for agg in query.aggregates:
         parts = aggregate_parts(agg)
         values = row[start : start + len(parts)]
-        grouped.append(tuple(v if p.additive else partition_values(v) for p, v in zip(parts, values)))
+        grouped.append(tuple(_grid_counts(v, grid[1]) if p.per_grid and grid is not None
+                             else v if p.additive else partition_values(v) for p, v in zip(parts, values)))
         start += len(parts)
     if start != len(row):
         raise ValueError(f"backend row has {len(row)} columns, the plan needs {start}")
@@ -428,23 +462,96 @@ def split_row(query: AggregateQuery, row: Sequence[Any]) -> list[tuple[Any, ...]
 def split_cells(query: AggregateQuery, rows: Sequence[Sequence[Any]]) -> list[list[tuple[Any, ...]]]:
     """The rows of a grouped :func:`backend_sql` as every cell's aggregates' parts, in cell order.
 
-    ``rows`` hold each group's cell values (one per key, as the backend printed them) and its
-    parts, loaded. Cells are numbered as ``query.domain`` numbers them; a cell no row reached gets
+    ``rows`` hold each group's cell values (one per key, as the backend printed them), its grid
+    index if the query has a percentile, and its parts, loaded. Cells are numbered as
+    ``query.domain`` numbers them; a cell no row reached gets
     parts of None (what SQL gives an empty set: the mechanisms read None as 0), and groups in
-    the same cell are added up.
+    the same cell are added up, a grid part's count by its group's grid index.
     """
     keys = query.groups
     domain = query.domain
+    grid = query_grid(query)
+    per_grid = [part.per_grid for agg in query.aggregates for part in aggregate_parts(agg)]
+    start = len(keys) + (grid is not None)
     totals: list[list[Any] | None] = [None] * domain.size
     for row in rows:
         cell = domain.cell([key.cell_of(value) for key, value in zip(keys, row)])
         if cell is None:
             continue
-        values = list(row[len(keys):])
+        values = list(row[start:])
+        if grid is not None:
+            index = grid[1].index(row[len(keys)]) if row[len(keys)] is not None else None
+            values = [_at_index(index, value) if on_grid else value for on_grid, value in zip(per_grid, values)]
         earlier = totals[cell]
         totals[cell] = values if earlier is None else [_added(a, b) for a, b in zip(earlier, values)]
     empty = [None] * sum(len(aggregate_parts(agg)) for agg in query.aggregates)
     return [split_row(query, total if total is not None else empty) for total in totals]
+
+
+def collected_counts(column: str) -> str:
+    """The aggregate that collects each grid group's count of ``column`` with its index ``g``
+    into one text, ``index:count`` pairs separated by commas (:func:`_grid_counts` reads it)."""
+    return f"pg_catalog.string_agg(pg_catalog.concat_ws(':', g, {column}), ',') FILTER (WHERE g IS NOT NULL)"
+
+
+def _at_index(index: int | None, count: Any) -> Counter[int] | None:
+    """A group's grid part as counts by grid index (None: the group's values are NULL, on no index)."""
+    return Counter({index: int(count)}) if index is not None and count else None
+
+
+def _grid_counts(counts: Counter[int] | str | None, grid: QuantileGrid) -> list[int]:
+    """The count on each index of ``grid``, in order (0 where no group reached it), from the
+    groups' counts by index (:func:`split_cells`) or their collected text (:func:`collected_counts`;
+    a group of NULL values has no index and is left out)."""
+    if isinstance(counts, str):
+        parsed: Counter[int] = Counter()
+        for pair in counts.split(","):
+            index, count = pair.split(":")
+            parsed[grid.index(int(index))] += int(count)
+        counts = parsed
+    return [counts.get(i, 0) if counts is not None else 0 for i in range(grid.count)]
+
+
+def quantile_grid(column: ColumnInfo, table: TablePolicy) -> QuantileGrid:
+    """The candidates of a percentile of ``column``: its bounds and the table's ``quantile_cells``,
+    the policy alone (``mechanisms.quantile``)."""
+    assert column.policy is not None
+    return column.policy.quantile_grid(column.type_oid in INTEGER_TYPES, table.quantile_cells)
+
+
+def query_grid(query: AggregateQuery) -> tuple[ColumnInfo, QuantileGrid] | None:
+    """The column whose grid the query's percentiles are counted on, and that grid; None without
+    a percentile (``rewriter.dp_query`` refuses percentiles of two columns in one query)."""
+    for agg in query.aggregates:
+        if agg.mechanism == "quantile" and agg.column is not None:
+            return agg.column, quantile_grid(agg.column, query.table.policy)
+    return None
+
+
+def grid_index(column: ColumnInfo, grid: QuantileGrid) -> str:
+    """The SQL of a row's index on ``grid``, from its clamped value alone; NULL for NULL.
+
+    On a grid of integers, the clamped value itself. On a grid of cells, ``width_bucket`` of the
+    clamped value over the bounds (1 … count, and count + 1 for hi: ``QuantileGrid.index`` reads
+    both). Neither can fail: the value is clamped first (NaN to hi, ±Infinity to the bounds), so
+    ``width_bucket`` sees a finite value in [lo, hi], finite bounds lo < hi and a count ≥ 1,
+    the only inputs for which it raises nothing; an integer column is read as a double, which
+    cannot fail. Bounds lo = hi have one cell: the index is 1 for any value.
+    """
+    value = clamped(column)
+    if grid.integers:
+        return value
+    name = quote_identifier(column.name)
+    if grid.count == 1:
+        return f"CASE WHEN {name} IS NOT NULL THEN 1 END"
+    if column.type_oid == NUMERIC:
+        bound = "pg_catalog.numeric"
+        lo, hi = (_bound(b, column, upper) for b, upper in ((grid.lo, False), (grid.hi, True)))
+    else:
+        bound = "double precision"
+        value = value if column.type_oid in FLOAT_TYPES else f"CAST({value} AS double precision)"
+        lo, hi = repr(float(grid.lo)), repr(float(grid.hi))
+    return f"pg_catalog.width_bucket({value}, CAST('{lo}' AS {bound}), CAST('{hi}' AS {bound}), {grid.count})"
 
 
 def _added(a: Any, b: Any) -> Any:
@@ -452,6 +559,9 @@ def _added(a: Any, b: Any) -> Any:
     if a is None:
         return b
     if b is None:
+        return a
+    if isinstance(a, Counter):  # a cell's grid counts, added to in place: a cell has up to a grid's groups
+        a.update(b)
         return a
     return a + b
 

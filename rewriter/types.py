@@ -41,4 +41,6 @@ def aggregate_result_type(kind: str, argument_type: int | None) -> int:
         return _SUM[argument_type]
     if kind == "avg":
         return _AVG[argument_type]
+    if kind == "percentile_cont":
+        return FLOAT8  # PostgreSQL's percentile_cont(double precision) reads every number as a double
     return argument_type  # min, max, mode keep the argument's type

@@ -141,8 +141,11 @@ TOTAL: dict[str, str] = {
                        "NaN divide without error) and, the dividend being 0 or at least s in magnitude (or "
                        "checked ≥ count·s by the CASE it is in), at least s/2^63 or s (no underflow when ≥ 5e-324)",
     "float-send": "float8send() of a double precision returns its 8 bytes, NaN and ±Infinity included",
-    "string-agg": "string_agg() of bytea values of at most w bytes with a constant delimiter, over a relation "
-                  "of at most r rows with w·r below 512 MB, stays under bytea's 1 GB limit",
+    "string-agg": "string_agg() of bytea or text values of at most w bytes with a constant delimiter, over a "
+                  "relation of at most r rows with w·r below 512 MB, stays under the 1 GB limit",
+    "concat-integers": "concat_ws() of a constant separator and integers prints each integer (int2/int4/int8 "
+                       "output cannot fail) and returns text of at most the separator's length and 20 bytes an "
+                       "integer (a percentile's grid index and count, rewriter.rewrite.collected_counts)",
     "encode-hex": "encode(x, 'hex') of a bytea below 512 MB is text of twice its length, below 1 GB",
     "integer-groups": "a GROUP BY on integer-valued keys bounded to [lo, hi] (a partition number "
                       "(h & mask) % m in [0, m), or floor(random() * m) in [0, m]) makes at most "
@@ -748,6 +751,10 @@ def _scalar(node: ast.FuncCall, name: str, args: list[_Value], context: _Context
         return _Value(_TEXT)  # "encode-hex"
     if name == "width_bucket":
         return _width_bucket(node, args, context)
+    if name == "concat_ws" and len(args) >= 2 and args[0].constant and args[0].text is not None \
+            and all(a.type_oid in _INTEGERS for a in args[1:]):
+        return _Value(_TEXT, low=0.0, high=len(args[0].text.encode()) * (len(args) - 2) + 20.0 * (len(args) - 1))
+        # "concat-integers"
     if name == "date_trunc" and len(args) == 2 and args[0].constant and args[0].text in _DATE_UNITS \
             and args[1].type_oid in _TIME_TYPES and args[1].bounded:
         return _Value(1184 if args[1].type_oid == 1082 else args[1].type_oid, bounded=True)  # "date-trunc"
@@ -782,9 +789,9 @@ def _aggregate(node: ast.FuncCall, name: str, args: list[_Value], context: _Cont
     if name in ("min", "max") and 0 < value.type_oid < _FIRST_USER_OID and not (value.column and value.column.container):
         return replace(value, constant=False, text=None, column=None, null_with=empty, counts=None,
                        per=None)  # "aggregate"
-    if name == "string_agg" and len(args) == 2 and value.type_oid == _BYTEA and args[1].constant \
-            and value.high * context.rows <= _MAX_BYTES:
-        return _Value(_BYTEA, low=0.0, high=value.high * context.rows)  # "string-agg"
+    if name == "string_agg" and len(args) == 2 and value.type_oid in (_BYTEA, _TEXT) and args[1].constant \
+            and (value.high + len((args[1].text or "").encode())) * context.rows <= _MAX_BYTES:
+        return _Value(value.type_oid, low=0.0, high=value.high * context.rows)  # "string-agg"
     return _finding(node, context, f"{name}() of type {value.type_oid}, which may overflow or fail to compare")
 
 
@@ -806,7 +813,7 @@ def _width_bucket(node: ast.FuncCall, args: list[_Value], context: _Context) -> 
     count = _number(args[3].text)
     if any(b is None or not math.isfinite(b) for b in bounds) or count is None or not 0 < count < 2**30:
         return _finding(node, context, "width_bucket() with bounds that are not finite or a count out of range")
-    return _Value(_INT4)  # "width-bucket"
+    return _Value(_INT4, nan=False, low=0.0, high=count + 1.0)  # "width-bucket": a bucket in 0 … count + 1
 
 
 def _operator_name(node: ast.A_Expr) -> str:

@@ -336,6 +336,8 @@ class _Builder:
             expression = f"COUNT({rng.choice(COLUMNS).name})"
             if rng.random() < 0.2:  # a count of a cast: answered where the cast keeps every non-NULL value
                 expression = f"COUNT(CAST({rng.choice(numeric).name} AS {rng.choice(_CASTS)}))"
+        elif kind == 6 and rng.random() < 0.4:
+            expression = _percentile(rng, rng.choice(numeric).name)
         elif kind == 6:
             categorical = [c for c in COLUMNS if c.categories]
             expression = f"MODE() WITHIN GROUP (ORDER BY {rng.choice(categorical).name})"
@@ -346,6 +348,14 @@ class _Builder:
                 column = f"CAST({column} AS {rng.choice(_CASTS)})"
             expression = f"{function}({column})"
         return expression, _fixed_scale(expression)
+
+
+def _percentile(rng: random.Random, column: str) -> str:
+    """PERCENTILE_CONT/PERCENTILE_DISC of ``column`` (mechanisms/quantile.py), maybe DESC, with a
+    fraction that is answered or one refused from the text alone (outside [0, 1], NULL, an array)."""
+    fraction = rng.choice(["0.5", "0.5", "0.1", "0.9", "0", "1", "0.25", "1.5", "-0.1", "NULL", "ARRAY[0.5]"])
+    order = rng.choice(["", "", " DESC", " ASC NULLS FIRST"])
+    return f"PERCENTILE_{rng.choice(['CONT', 'DISC'])}({fraction}) WITHIN GROUP (ORDER BY {column}{order})"
 
 
 def _fixed_scale(expression: str) -> bool:
@@ -429,6 +439,8 @@ def _grouped_case(builder: _Builder) -> Case:
              f"SUM({rng.choice(numeric)})", f"AVG({rng.choice(numeric)})", f"SUM({rng.choice(numeric)})",
              f"MODE() WITHIN GROUP (ORDER BY {rng.choice(['t', 'v'])})", f"MIN({rng.choice(numeric)})",
              "SUM(1)" if rng.random() < 0.5 else f"AVG(CAST({rng.choice(numeric)} AS {rng.choice(_CASTS)}))"][kind])
+        if kind == 6 and rng.random() < 0.4:  # a percentile per cell, of a bounded numeric column
+            aggregates[-1] = _percentile(rng, rng.choice(numeric))
         if rng.random() < 0.2:  # a conditional metric per cell (rewriter/conditional.py)
             aggregates[-1] = (f"{aggregates[-1]} FILTER (WHERE {builder.predicate(rng.randint(0, 1))})"
                               if rng.random() < 0.5 else builder.conditional()[0])

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Iterator, Sequence
 
+from mechanisms.quantile import QuantileRelease
 from mechanisms.release import Release
 from mechanisms.sum_count import mean_noise
 from proxy.backend.connection import BoundParams, ResultSet
@@ -219,6 +220,9 @@ def _described(name: str, release: Release[Any]) -> str:
         return f"{name}: sample and aggregate, worst-case 95% bound ±{release.error95:.4g}"
     if release.mechanism == "exponential":
         return f"{name}: exponential mechanism, 95% within {release.error95:.4g} rows of the top category's count"
+    if isinstance(release, QuantileRelease):
+        return (f"{name}: exponential mechanism over {release.candidates} candidates {release.step:.4g} apart, "
+                f"95% within {release.error95:.4g} rows of the quantile's rank")
     if release.mechanism == "sum_count":
         return f"{name}: noisy sum / noisy count, scale {release.scale:.4g} (95% within ±{release.error95:.4g})"
     return f"{name}: {release.mechanism} scale {release.scale:.4g} (95% within ±{release.error95:.4g})"
@@ -318,7 +322,7 @@ def numeric_scale(agg: Aggregate) -> int | None:
     if agg.kind == "count":  # a counted SUM(CASE WHEN p THEN 1 ELSE 0.0 END): the constants' digits
         return agg.scale
     column = agg.column
-    if column is None or agg.kind not in ("sum", "min", "max"):
+    if column is None or agg.kind not in ("sum", "min", "max", "percentile_disc"):
         return None
     if column.type_modifier >= 4:
         own = (column.type_modifier - 4) & 0xFFFF

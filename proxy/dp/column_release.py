@@ -4,9 +4,10 @@ Each aggregate's parts are the backend columns ``rewriter.rewrite.aggregate_part
 for; this module hands them to the aggregate's mechanism with the column's share of ε and
 turns the mechanism's value into the Python value the result type expects (an integer for
 COUNT, for SUM of integers and for MIN/MAX of an integer column; a float for AVG; the
-category text for MODE). Missing data is mapped to data-independent inputs before any
-mechanism runs (SQL's NULL sum → 0, a partition with no rows → empty), so an empty filter
-takes the same path as any other.
+category text for MODE; a candidate of the column's grid for a percentile). Missing data is
+mapped to data-independent inputs before any mechanism runs (SQL's NULL sum → 0, a partition
+with no rows → empty, a grid index no row reached → 0), so an empty filter takes the same
+path as any other.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from typing import Any, Sequence
 
 from mechanisms.exponential import release_mode
 from mechanisms.laplace import release_count, release_grid_sum, release_sum
+from mechanisms.quantile import release_quantile
 from mechanisms.release import Release
 from mechanisms.smooth_median import release_sample_and_aggregate
 from mechanisms.sum_count import release_mean
 from policies.model import TablePolicy
 from rewriter.dp_query import Aggregate
+from rewriter.rewrite import quantile_grid
 from rewriter.types import FLOAT_TYPES, INTEGER_TYPES
 
 __all__ = ["release_column"]
@@ -40,6 +43,14 @@ def release_column(agg: Aggregate, parts: Sequence[Any], epsilon: float, table: 
         assert column.policy.categories is not None
         counts = [int(count or 0) for count in parts]
         return release_mode(column.policy.categories, counts, epsilon)
+    if agg.mechanism == "quantile":
+        assert agg.fraction is not None
+        # Every grid index has a count (0 where no row is): the same path for an empty filter.
+        chosen = release_quantile(quantile_grid(column, table), parts[0], agg.fraction, epsilon)
+        if integer and agg.kind == "percentile_disc":
+            # The column's type; integer bounds keep a rounded midpoint within them.
+            return replace(chosen, value=int(round(chosen.value)))
+        return chosen
     assert column.policy.bounds is not None
     lo, hi = column.policy.bounds
     if agg.kind == "sum":

@@ -128,6 +128,7 @@ def _aggregates(table: Relation, column: ColumnInfo) -> list[str]:
             accepted.append("AVG sample_aggregate")
         if sampled:
             accepted += ["MIN sample_aggregate", "MAX sample_aggregate"]
+        accepted.append("PERCENTILE exponential")  # percentile_cont and percentile_disc
     if policy is not None and policy.categories is not None:
         accepted.append("MODE exponential")
     return accepted

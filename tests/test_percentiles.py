@@ -1,0 +1,289 @@
+"""PERCENTILE_CONT and PERCENTILE_DISC through dpproxy and PostgreSQL: answers near the exact
+percentile, types and names, the ε split and charge, histograms, repeats, COPY, cursors and
+binary results, neighbouring tables with an adversarial row, and refusals before any charge.
+
+Accuracy checks use the mechanism's own rank bound at a failure probability of 1e-8 per answer
+(mechanisms/quantile.py: P[rank error > (2Δ/ε)(ln K + t)] ≤ e^-t, t = ln 1e8), so together they
+fail by chance with p < 1e-6.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from fractions import Fraction
+
+import psycopg
+import pytest
+from conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
+
+from mechanisms.quantile import quantile_error95
+from proxy.demo.embedded import SERVICE_ROLE
+from rewriter.dp_query import plan_aggregate_query
+from rewriter.rewrite import backend_sql, split_cells, split_row
+
+POLICY = ATTACK_POLICY_HEAD + """
+  public.pct_adult: &adult
+    epsilon: 1.0
+    delta: 1.0e-6
+    columns:
+      age: {{bounds: [17, 90]}}
+      age_f: {{bounds: [17, 91]}}
+      gain: {{bounds: [0, 100000]}}
+      ratio_r: {{bounds: [-1, 1]}}
+      amount_n: {{bounds: [0, 1000]}}
+      sex: {{categories: [Male, Female], group_by: true}}
+      note: {{categories: [a, b]}}
+  public.pct_plus: *adult
+"""
+
+# An Adult-shaped table: age and a float age with a fraction from fnlwgt, capital gain, a real
+# and a numeric column, and sex. pct_plus is a copy that each neighbour test gives one more row.
+_TABLES = f"""
+DROP TABLE IF EXISTS pct_adult, pct_plus;
+CREATE TABLE pct_adult AS
+  SELECT age, CAST(age AS double precision) + (fnlwgt % 100) / 100.0 AS age_f, capital_gain AS gain,
+         CAST(((fnlwgt % 2001) - 1000) / 1000.0 AS real) AS ratio_r, CAST(hours_per_week * 10 AS numeric) AS amount_n,
+         sex, CAST('a' AS text) AS note
+  FROM adult;
+CREATE TABLE pct_plus AS SELECT * FROM pct_adult;
+GRANT SELECT ON pct_adult, pct_plus TO {SERVICE_ROLE};
+"""
+
+
+@pytest.fixture(scope="module")
+def pproxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute(_TABLES)
+    with running_proxy(test_db, tmp_path_factory, POLICY) as running:
+        yield running
+
+
+def _answer(conn: psycopg.Connection, sql: str) -> tuple[tuple, list[int], list[str]]:
+    notices: list[str] = []
+    conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+    try:
+        cur = conn.execute(sql)
+        return cur.fetchone(), [d.type_code for d in cur.description], notices
+    finally:
+        conn._notice_handlers.clear()
+
+
+def _rank_tolerance(epsilon: float, candidates: int, fraction: float) -> float:
+    """Rows a release may be from the p rank with probability ≥ 1 − 1e-8."""
+    return max(fraction, 1 - fraction) * 2 / epsilon * (math.log(candidates) + math.log(1e8))
+
+
+def _assert_near(admin: psycopg.Connection, column: str, where: str, value: float, fraction: float,
+                 epsilon: float, candidates: int, step: float, lo: float, hi: float) -> None:
+    """``value`` is within the tolerance's rank of the exact p-quantile of the clamped values,
+    up to half a grid step (a candidate stands for its cell)."""
+    clamped = f"LEAST(GREATEST({column}, {lo}), {hi})"
+    n = admin.execute(f"SELECT count({column}) FROM pct_adult {where}").fetchone()[0]
+    slack = _rank_tolerance(epsilon, candidates, fraction) / n
+    low, high = admin.execute(
+        f"SELECT percentile_disc(%s) WITHIN GROUP (ORDER BY {clamped}), percentile_disc(%s) WITHIN GROUP "
+        f"(ORDER BY {clamped}) FROM pct_adult {where}", (max(0.0, fraction - slack), min(1.0, fraction + slack))
+    ).fetchone()
+    assert float(low) - step / 2 - 1e-9 <= value <= float(high) + step / 2 + 1e-9, (value, low, high)
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.5, 0.9])
+@pytest.mark.parametrize("where", ["", "WHERE sex = 'Female'"])
+@pytest.mark.parametrize(("column", "candidates", "step", "lo", "hi"), [
+    ("age", 74, 1.0, 17, 90),  # every integer of the bounds
+    ("age_f", 1000, 0.074, 17, 91),  # 1,000 cells of [17, 91]
+    ("gain", 1000, 100.0, 0, 100000),  # an integer column too wide for its integers
+])
+def test_percentile_cont_lands_near_the_exact_percentile(pproxy: RunningProxy, admin: psycopg.Connection,
+                                                         fraction: float, where: str, column: str, candidates: int,
+                                                         step: float, lo: float, hi: float) -> None:
+    with pproxy.connect() as conn:
+        (value,), types, notices = _answer(
+            conn, f"SELECT percentile_cont({fraction}) WITHIN GROUP (ORDER BY {column}) FROM pct_adult {where}")
+    assert types == [701] and isinstance(value, float)
+    _assert_near(admin, column, where, value, fraction, 1.0, candidates, step, lo, hi)
+    bound = quantile_error95(1.0, candidates, Fraction(str(fraction)))
+    assert f"exponential mechanism over {candidates} candidates {step:.4g} apart, 95% within {bound:.4g} rows" \
+        in notices[0]
+
+
+def test_percentile_disc_keeps_the_column_type_and_desc_reads_1_minus_p(pproxy: RunningProxy,
+                                                                        admin: psycopg.Connection) -> None:
+    with pproxy.connect() as conn:
+        (age, total), types, _ = _answer(conn, "SELECT percentile_disc(0.9) WITHIN GROUP (ORDER BY age DESC), "
+                                               "sum(gain) FROM pct_adult")
+        assert types == [23, 20] and isinstance(age, int)
+        _assert_near(admin, "age", "", age, 0.1, 0.5, 74, 1.0, 17, 90)  # DESC: the 10th percentile
+        (ratio,), types, _ = _answer(conn, "SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY ratio_r) FROM pct_adult")
+        assert types == [700]
+        _assert_near(admin, "ratio_r", "", ratio, 0.5, 1.0, 1000, 0.002, -1, 1)
+        (amount,), types, _ = _answer(conn, "SELECT percentile_disc(0.25) WITHIN GROUP (ORDER BY amount_n) FILTER "
+                                            "(WHERE sex = 'Male') AS a FROM pct_adult")
+        assert types == [1700]
+        _assert_near(admin, "amount_n", "WHERE sex = 'Male'", float(amount), 0.25, 1.0, 1000, 1.0, 0, 1000)
+        names = [d.name for d in conn.execute(
+            "SELECT percentile_disc(0.9) WITHIN GROUP (ORDER BY age), percentile_cont(0.5) WITHIN GROUP "
+            "(ORDER BY age), percentile_cont(0.5) WITHIN GROUP (ORDER BY age) AS m FROM pct_adult").description]
+    assert names == ["percentile_disc", "percentile_cont", "m"]  # as PostgreSQL names them
+
+
+def test_several_fractions_share_the_query_epsilon_charged_once(pproxy: RunningProxy) -> None:
+    with pproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        _, _, notices = _answer(conn, "SELECT count(*), percentile_cont(0.5) WITHIN GROUP (ORDER BY age), "
+                                      "percentile_cont(0.9) WITHIN GROUP (ORDER BY age) FROM pct_adult WHERE age > 30")
+        assert spent_epsilon(conn) == pytest.approx(before + 1.0)
+    third = 1 / 3
+    assert notices[0].startswith("dpproxy: ε charged 1, δ 0; ")
+    assert f"95% within {quantile_error95(third, 74, Fraction(1, 2)):.4g} rows" in notices[0]
+    assert f"95% within {quantile_error95(third, 74, Fraction(9, 10)):.4g} rows" in notices[0]
+
+
+def test_a_histogram_answers_each_group_near_its_percentile_for_one_epsilon(pproxy: RunningProxy,
+                                                                          admin: psycopg.Connection) -> None:
+    with pproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        notices: list[str] = []
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        rows = conn.execute("SELECT sex, percentile_cont(0.5) WITHIN GROUP (ORDER BY age_f) AS median, count(*) "
+                            "FROM pct_adult GROUP BY sex ORDER BY sex").fetchall()
+        assert spent_epsilon(conn) == pytest.approx(before + 1.0)
+    assert [row[0] for row in rows] == ["Female", "Male"]
+    for sex, median, _ in rows:
+        _assert_near(admin, "age_f", f"WHERE sex = '{sex}'", median, 0.5, 0.5, 1000, 0.074, 17, 91)
+    assert "for 2 groups" in notices[0]
+    assert "percentile_cont(0.5) within group (order by age_f): exponential mechanism over 1000 candidates" in notices[0]
+
+
+def test_an_empty_filter_still_answers_a_grid_value_never_null(pproxy: RunningProxy) -> None:
+    with pproxy.connect() as conn:
+        for _ in range(20):
+            (age,), _, _ = _answer(conn, "SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY age) FROM pct_adult "
+                                         "WHERE age > 1000")
+            (age_f,), _, _ = _answer(conn, "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY age_f) FROM pct_adult "
+                                           "WHERE age > 1000")
+            assert isinstance(age, int) and 17 <= age <= 90
+            assert 17 < age_f < 91 and ((age_f - 17) / 0.074 - 0.5) == pytest.approx(round((age_f - 17) / 0.074 - 0.5))
+
+
+def test_a_repeat_is_the_same_answer_uncharged_but_another_fraction_is_not_a_repeat(pproxy: RunningProxy) -> None:
+    # The backend SQL of every fraction of a column is the same (counts per grid index): the
+    # repeat key must hold p, or the median's answer would come back for the 90th percentile.
+    sql = "SELECT percentile_cont({}) WITHIN GROUP (ORDER BY gain) FROM pct_adult WHERE age BETWEEN 20 AND 29"
+    with pproxy.connect() as conn:
+        first = conn.execute(sql.format(0.5)).fetchone()
+        spent = spent_epsilon(conn)
+        assert conn.execute(sql.format(0.5)).fetchone() == first
+        assert spent_epsilon(conn) == spent
+        conn.execute(sql.format(0.99)).fetchone()
+        assert spent_epsilon(conn) == pytest.approx(spent + 1.0)
+
+
+def test_copy_a_cursor_and_binary_results_carry_the_percentile(pproxy: RunningProxy) -> None:
+    sql = "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY age) AS median FROM pct_adult WHERE sex = 'Male'"
+    with pproxy.connect() as conn:
+        with conn.cursor() as cur, cur.copy(f"COPY ({sql}) TO STDOUT") as copy:
+            copied = b"".join(bytes(chunk) for chunk in copy)
+        assert 17 <= float(copied) <= 90
+        (binary,) = conn.cursor(binary=True).execute(sql.replace("0.5", "0.4")).fetchone()
+        assert isinstance(binary, float) and 17 <= binary <= 90
+    with pproxy.connect(autocommit=False) as conn:
+        with conn.cursor(name="pct") as cur:
+            cur.execute(sql.replace("0.5", "0.6"))
+            (fetched,) = cur.fetchone()
+        assert isinstance(fetched, float) and 17 <= fetched <= 90
+
+
+# One adversarial row on each side of a neighbouring pair: NULL, NaN, ±Infinity, out of the
+# bounds, huge; the answer must take the same path (columns, types, notice), and the backend's
+# counts per grid index must differ by at most one row, on one index.
+_ADVERSARIAL = [
+    "(NULL, NULL, NULL, NULL, NULL, 'Male', 'a')",
+    "(2147483647, 'NaN', 2147483647, 'NaN', 'NaN', 'Male', 'a')",
+    "(-2147483648, 'Infinity', -2147483648, 'Infinity', 'Infinity', 'Female', 'a')",
+    "(0, '-Infinity', 0, '-Infinity', '-Infinity', NULL, 'a')",
+    "(91, 1e308, 100001, 3.4e38, 1e300, 'Female', 'a')",
+    "(16, -1e308, -1, -3.4e38, -1e300, 'Female', 'a')",
+    "(40, 5e-324, 7, 1e-45, 1e-400, 'Male', 'a')",
+]
+_NEIGHBOUR_QUERIES = [
+    "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY {c}) FROM {t}",
+    "SELECT percentile_disc(0.9) WITHIN GROUP (ORDER BY {c}) FILTER (WHERE sex = 'Female'), count(*) FROM {t}",
+    "SELECT sex, percentile_cont(0.1) WITHIN GROUP (ORDER BY {c}) FROM {t} GROUP BY sex",
+]
+
+
+@pytest.mark.parametrize("row", _ADVERSARIAL)
+def test_an_adversarial_row_moves_one_grid_count_by_one_and_changes_no_outcome(
+        pproxy: RunningProxy, admin: psycopg.Connection, row: str) -> None:
+    admin.execute("TRUNCATE pct_plus; INSERT INTO pct_plus SELECT * FROM pct_adult")
+    admin.execute(f"INSERT INTO pct_plus VALUES {row}")
+    registry = pproxy.server.registry.by_oid.values()
+    tables = {name: next(r for r in registry if r.name == name) for name in ("pct_adult", "pct_plus")}
+    for column in ("age", "age_f", "gain", "ratio_r", "amount_n"):
+        for query in _NEIGHBOUR_QUERIES:
+            counts = []
+            for name, table in tables.items():
+                plan = plan_aggregate_query(query.format(c=column, t=name), table)
+                rows = admin.execute(backend_sql(plan, seed=0)).fetchall()
+                if not plan.groups:
+                    (row,) = rows
+                    counts.append([split_row(plan, row)[0][0]])  # the percentile's grid counts
+                    continue
+                # a key's cell is read from its text, as the backend prints it
+                rows = [[str(v) if i == 0 and v is not None else v for i, v in enumerate(row)] for row in rows]
+                counts.append([cell[0][0] for cell in split_cells(plan, rows)])
+            moved = [(cell, i, b - a) for cell, (xs, ys) in enumerate(zip(*counts))
+                     for i, (a, b) in enumerate(zip(xs, ys)) if a != b]
+            assert len(moved) <= 1 and all(d == 1 for *_, d in moved), (column, query, moved)
+            outcomes = []
+            with pproxy.connect() as conn:
+                for name in tables:
+                    result, types, notices = _answer(conn, query.format(c=column, t=name) + " ORDER BY 1")
+                    # Each column's noise; the cost differs when pct_adult's answer is a repeat.
+                    noise = re.sub(r"; remaining ε .*", "", notices[0].split("; ", 1)[1])
+                    outcomes.append((types, len(result), noise))
+            assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize(("sql", "sqlstate", "rule"), [
+    ("SELECT percentile_cont(1.5) WITHIN GROUP (ORDER BY age) FROM pct_adult", "22003", "aggregate-argument"),
+    ("SELECT percentile_disc(-0.1) WITHIN GROUP (ORDER BY age) FROM pct_adult", "22003", "aggregate-argument"),
+    ("SELECT percentile_cont(NULL) WITHIN GROUP (ORDER BY age) FROM pct_adult", "DP001", "aggregate-argument"),
+    ("SELECT percentile_cont(ARRAY[0.25, 0.75]) WITHIN GROUP (ORDER BY age) FROM pct_adult", "DP001",
+     "aggregate-argument"),
+    ("SELECT percentile_cont(0.5 + 0.1) WITHIN GROUP (ORDER BY age) FROM pct_adult", "DP001", "aggregate-argument"),
+    ("SELECT percentile_cont(1e-1000) WITHIN GROUP (ORDER BY age) FROM pct_adult", "DP001", "aggregate-argument"),
+    ("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY age, gain) FROM pct_adult", "DP001", "aggregate-argument"),
+    ("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY sex) FROM pct_adult", "DP001", "aggregate-argument"),
+    ("SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY note) FROM pct_adult", "DP001", "aggregate-argument"),
+    ("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY age + 1) FROM pct_adult", "DP001", "aggregate-argument"),
+    ("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY age), percentile_cont(0.5) WITHIN GROUP (ORDER BY gain) "
+     "FROM pct_adult", "DP001", "aggregate-combination"),
+    ("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY age), max(gain) FROM pct_adult", "DP001",
+     "aggregate-combination"),
+    ("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY age), count(DISTINCT sex) FROM pct_adult", "DP001",
+     "aggregate-combination"),
+])
+def test_refused_percentiles_say_why_and_cost_nothing(pproxy: RunningProxy, sql: str, sqlstate: str, rule: str) -> None:
+    with pproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(sql)
+        assert spent_epsilon(conn) == before
+    assert info.value.sqlstate == sqlstate and f"(rule: {rule})" in info.value.diag.message_primary
+    assert info.value.diag.message_hint
+
+
+def test_an_unbounded_column_and_a_parameter_are_refused_before_the_charge(proxy: RunningProxy) -> None:
+    with proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as unbounded:
+            conn.execute("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY fnlwgt) FROM adult")
+        with pytest.raises(psycopg.Error) as parameter:
+            conn.execute("SELECT percentile_cont(%s) WITHIN GROUP (ORDER BY age) FROM adult", (0.5,), prepare=True)
+        assert spent_epsilon(conn) == before
+    assert "(rule: bounds-required)" in unbounded.value.diag.message_primary
+    assert parameter.value.sqlstate == "DP001" and "(rule: aggregate-argument)" in parameter.value.diag.message_primary
