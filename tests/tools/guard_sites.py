@@ -38,7 +38,8 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
               "tests/test_attack_new_keys.py::"
               "test_a_policy_whose_public_table_has_a_row_security_policy_reading_a_protected_one_is_refused"),
     "keys": ("tests/test_refusals.py", "tests/test_key_domain.py", "tests/test_attack_histograms.py"),
-    "dp_query": ("tests/test_refusals.py", "tests/test_query_shapes.py", "tests/test_attack_outputs.py"),
+    "dp_query": ("tests/test_refusals.py", "tests/test_query_shapes.py", "tests/test_attack_outputs.py",
+                 "tests/test_attack_availability.py::test_a_number_too_long_for_python_int_is_refused_not_an_internal_error"),
     "limits": ("tests/test_statement_limits.py",),
     "types": ("tests/test_attack_extension_types.py", "tests/test_type_support.py"),
     "settings": ("tests/test_epsilon_setting_transactions.py", "tests/test_session_statements.py"),
