@@ -76,9 +76,11 @@ First run (branch guard-ablation, 2026-11-26), 168 sites, on a machine shared wi
   past bigint answered, one of 5,000 digits an XX000), a file outside its selection until then.
 
 A kill whose failing test has nothing to do with the guard is suspect: a selection runs test files
-in another order than the full suite, and test_attack_catalog's pg_class test fails after modules
-that leave relations named adult or lookup behind (test_attacks' shadow_schema.adult, and others
-with --own-server too), so its kills of the catalog and classify survivors prove nothing.
+in another order than the full suite, and test_attack_catalog's pg_class test failed after modules
+that left relations named adult or lookup behind (test_attacks' shadow_schema.adult,
+test_backend_pool's and test_session_statements' shadow lookups), so its kills of the catalog and
+classify survivors proved nothing. Since then those modules drop what they create and the test
+reads public's relations only: rerun those survivors before trusting their first verdicts.
 """
 
 

@@ -48,9 +48,8 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
 _TIMEOUTS = ("tests/test_attack_workers.py::test_the_backends_idle_in_transaction_timeout_cannot_be_set",
              "tests/test_attack_workers.py::test_no_other_timeout_of_the_backend_can_be_set")
 
-# Last in any run: it leaves shadow_schema.adult behind, which test_attack_catalog (first in the
-# full suite's order) then takes for public.adult. For the same reason, runs whose selections hold
-# it are best made with --own-server.
+# Its shadow_schema.adult (a second relation named adult) is dropped when its module ends, and
+# test_attack_catalog reads public.adult by oid: the order no longer matters.
 _ATTACKS = "tests/test_attacks.py"
 
 # Run after a selection's own tests with ``--wide``: for the guards they leave alive.
