@@ -41,7 +41,7 @@ from .group_keys import year_extract
 from .qualify import qualify
 from .statements import split_statements
 
-__all__ = ["PostProcess", "default_name", "outer_statement", "RELEASE_ALIAS"]
+__all__ = ["PostProcess", "aggregate_nodes", "default_name", "outer_statement", "RELEASE_ALIAS"]
 
 RELEASE_ALIAS = "dpproxy_release"
 
@@ -272,17 +272,24 @@ def _replace_keys(
             _replace_keys(child, key_of, output_name)
 
 
-def _replace_aggregates(outer: exp.Select, released: Callable[[exp.Expr], int]) -> None:
-    for node in list(outer.find_all(exp.AggFunc, exp.WithinGroup)):
-        if isinstance(node, exp.AggFunc) and isinstance(node.parent, exp.WithinGroup):
+def aggregate_nodes(node: exp.Expression) -> list[exp.Expression]:
+    """The aggregate calls in ``node`` (itself included) as each is released: the outermost ones,
+    ``agg(...) FILTER (WHERE p)`` whole, MODE's WITHIN GROUP whole."""
+    found: list[exp.Expression] = []
+    for call in list(node.find_all(exp.AggFunc, exp.WithinGroup)):
+        if isinstance(call, exp.AggFunc) and isinstance(call.parent, exp.WithinGroup):
             continue
-        if node.find_ancestor(exp.AggFunc, exp.WithinGroup) is not None:
+        if call.find_ancestor(exp.AggFunc, exp.WithinGroup) is not None:
             continue
-        enclosing_filter = node.find_ancestor(exp.Filter)
-        if enclosing_filter is not None and enclosing_filter.this is not node:
+        enclosing_filter = call.find_ancestor(exp.Filter)
+        if enclosing_filter is not None and enclosing_filter.this is not call:
             continue  # inside a FILTER's condition, which the release refuses
-        if isinstance(node.parent, exp.Filter):  # agg(...) FILTER (WHERE p) is released as one
-            node = node.parent
+        found.append(call.parent if isinstance(call.parent, exp.Filter) else call)
+    return found
+
+
+def _replace_aggregates(outer: exp.Select, released: Callable[[exp.Expr], int]) -> None:
+    for node in aggregate_nodes(outer):
         index = released(node)
         node.replace(exp.column(f"_dp{index}", table=RELEASE_ALIAS))
 

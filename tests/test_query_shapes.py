@@ -323,6 +323,44 @@ def test_an_order_by_postgresql_would_reject_is_rejected_not_dropped_and_costs_n
         assert spent_epsilon(conn) == before
 
 
+@pytest.mark.parametrize("tail, sqlstate, rule", [
+    ("ORDER BY sum(age)", "DP001", "order-by-unselected"),
+    ("ORDER BY avg(hours_per_week) DESC LIMIT 10", "DP001", "order-by-unselected"),
+    ("ORDER BY count(age)", "DP001", "order-by-unselected"),
+    ("ORDER BY mode() WITHIN GROUP (ORDER BY sex)", "DP001", "order-by-unselected"),
+    ("ORDER BY 1 / sum(age)", "DP001", "order-by-unselected"),
+    ("ORDER BY count(*), sum(capital_gain) DESC", "DP001", "order-by-unselected"),
+    ("ORDER BY sum(nosuch)", "42703", None),
+    ("ORDER BY sum(sex)", "DP001", "aggregate-argument"),
+])
+def test_a_one_row_order_by_of_an_aggregate_not_selected_is_refused_not_dropped_and_costs_nothing(
+        proxy: RunningProxy, tail: str, sqlstate: str, rule: str | None):
+    # A bare aggregate was dropped unread (ORDER BY sum(nosuch) answered where PostgreSQL says
+    # 42703), and an expression of one released it: ε taken from the count for a value never shown.
+    with proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(f"SELECT count(*) FROM adult WHERE age > 32 {tail}")
+        assert info.value.diag.sqlstate == sqlstate
+        assert rule is None or f"(rule: {rule})" in (info.value.diag.message_primary or "")
+        if rule == "order-by-unselected":
+            assert "One row needs no order" in (info.value.diag.message_hint or "")
+        assert spent_epsilon(conn) == before
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT count(*), sum(age) FROM adult WHERE age > 33 ORDER BY sum(age) DESC",
+    "SELECT count(*) AS n FROM adult WHERE age > 33 ORDER BY count(*) + 1, 1",
+    "SELECT count(1) FROM adult WHERE age > 33 ORDER BY count(*)",
+    "SELECT count(*) FROM adult WHERE age > 33 HAVING sum(age) > 0 ORDER BY sum(age)",
+])
+def test_a_one_row_order_by_of_aggregates_the_statement_asks_for_anyway_is_answered(proxy: RunningProxy, sql: str):
+    with proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        assert len(conn.execute(sql).fetchall()) <= 1
+        assert spent_epsilon(conn) - before == pytest.approx(1.0)
+
+
 @pytest.mark.parametrize("tail", ["ORDER BY count(*) DESC", "ORDER BY 1", "ORDER BY n"])
 def test_an_order_by_of_the_answer_itself_is_answered(proxy: RunningProxy, tail: str):
     with proxy.connect() as conn:
