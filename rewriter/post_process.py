@@ -136,11 +136,17 @@ def outer_statement(
     order = outer.args.get("order")
 
     def output_name(column: exp.Column) -> bool:
-        """An ORDER BY name of an output column (PostgreSQL looks there first)."""
+        """A name in ORDER BY that an output column has: left for PostgreSQL to resolve."""
         return order is not None and column.find_ancestor(exp.Order) is order and not column.table and column.name in aliases
 
+    def bare_output_name(column: exp.Column) -> bool:
+        """An ORDER BY item that is an output column's name alone, which PostgreSQL resolves to
+        that column. Within an expression (``ORDER BY t COLLATE "C"``, ``lower(t)``) a name is
+        an input column's, a key here: an output alias there is PostgreSQL's 42703."""
+        return output_name(column) and isinstance(column.parent, exp.Ordered) and column.parent.parent is order
+
     if key_of is not None:
-        _replace_keys(outer, key_of, output_name)
+        _replace_keys(outer, key_of, bare_output_name)
     _replace_aggregates(outer, released)
     # After the released aggregates are replaced by their columns: a parameter in one's FILTER
     # is the release's (bound and folded with the WHERE's), any other one is the outer
