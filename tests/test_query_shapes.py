@@ -231,6 +231,39 @@ def test_post_processing_costs_what_the_plain_release_costs(repeating: RunningPr
     assert any("repeat" in n and "count(*)" in n and "sum(hours_per_week)" in n for n in notices)
 
 
+def test_a_division_by_a_noised_zero_fails_by_the_released_value_alone_and_says_what_it_was_charged(
+        repeating: RunningProxy):
+    # age > 100 + k holds no row: the noisy count (discrete Laplace at ε = 1, clamped at 0) is 0
+    # with probability 0.73, and 1/count(*) then fails with PostgreSQL's 22012, after the charge.
+    # The plain count, a repeat of the same release, shows the value each outcome came from.
+    seen: set[bool] = set()
+    with repeating.connect() as conn:
+        for k in range(60):
+            before = spent_epsilon(conn)
+            try:
+                answer = conn.execute(f"SELECT 1 / count(*) AS r FROM adult WHERE age > {100 + k}").fetchone()
+            except psycopg.errors.DivisionByZero as exc:
+                answer = None
+                assert exc.diag.message_detail is not None and exc.diag.message_detail.startswith(
+                    "dpproxy: ε charged 1, δ 0; count(*): laplace scale 1"), exc.diag.message_detail
+            assert spent_epsilon(conn) - before == pytest.approx(1.0)
+            released = conn.execute(f"SELECT count(*) FROM adult WHERE age > {100 + k}").fetchone()
+            assert spent_epsilon(conn) - before == pytest.approx(1.0)  # the repeat is free
+            assert released is not None
+            if answer is None:
+                assert released[0] == 0
+                with pytest.raises(psycopg.errors.DivisionByZero) as again:  # a repeat fails alike, free
+                    conn.execute(f"SELECT 1 / count(*) AS r FROM adult WHERE age > {100 + k}")
+                assert "ε charged 0, δ 0 (a repeat" in (again.value.diag.message_detail or "")
+                assert spent_epsilon(conn) - before == pytest.approx(1.0)
+            else:
+                assert released[0] != 0 and answer[0] == int(1 / released[0])
+            seen.add(answer is None)
+            if seen == {True, False}:
+                break
+    assert seen == {True, False}
+
+
 def test_a_having_that_drops_the_row_answers_no_row_but_is_charged(proxy: RunningProxy):
     with proxy.connect() as conn:
         spent = spent_epsilon(conn)
