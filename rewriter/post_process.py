@@ -290,7 +290,9 @@ def aggregate_nodes(node: exp.Expression) -> list[exp.Expression]:
         enclosing_filter = call.find_ancestor(exp.Filter)
         if enclosing_filter is not None and enclosing_filter.this is not call:
             continue  # inside a FILTER's condition, which the release refuses
-        found.append(call.parent if isinstance(call.parent, exp.Filter) else call)
+        chosen = call.parent if isinstance(call.parent, exp.Filter) else call
+        assert isinstance(chosen, exp.Expression)
+        found.append(chosen)
     return found
 
 
