@@ -32,7 +32,7 @@ from .ctes import inline_ctes
 from .identifiers import identifier
 from .key_domain import KeyDomain, key_domain
 from .percentiles import decimal_text, is_percentile, percentile_call
-from .post_process import PostProcess, outer_statement
+from .post_process import PostProcess, aggregate_nodes, outer_statement
 from .shares import counted_shares
 from .predicates import PredicateRenderer
 from .scope import Scope
@@ -191,6 +191,8 @@ def plan_aggregate_query(
         raise scope.refuse("a subquery that ranks series must be a GROUP BY over declared keys of", "no-subquery")
     tree = counted_shares(tree, scope)
     conditions = PredicateRenderer(scope)
+    if not groups:
+        _check_one_row_order(tree, scope)
     if enclosing is None and not groups and _plain(tree):
         aggregates = tuple(_aggregate(item, scope, conditions) for item in tree.expressions)
     else:
@@ -320,17 +322,12 @@ def _post_processed(
     if not groups and not any(item.find(exp.AggFunc) for item in tree.expressions):
         raise scope.refuse("non-aggregate output is not allowed on protected table", "no-row-access")
     released: list[Aggregate] = []
-    index: dict[tuple[str, str | None, str, bool, int, str | None, int | None, Fraction | None], int] = {}
+    index: dict[_ReleaseKey, int] = {}
     grouped = bool(groups)
 
     def release(node: exp.Expr) -> int:
         assert isinstance(node, exp.Expression)
-        agg = _aggregate(node, scope, conditions, grouped)
-        condition = unconditional(node, scope).condition if agg.filter_sql is not None else None
-        # By the condition as written: a folded one's template differs at each use (its tokens).
-        written = condition.sql("postgres") if condition is not None else None
-        key = (agg.kind, agg.column.name if agg.column else None, agg.mechanism, agg.distinct, agg.result_type_oid,
-               written, agg.scale, agg.fraction)
+        agg, written, key = _released_as(node, scope, conditions, grouped)
         if key not in index:
             name = _sql_name(agg) + (f" filter (where {written})" if written is not None else "")
             released.append(replace(agg, output_name=name))
@@ -352,6 +349,58 @@ def _post_processed(
         names=names[0], top_names=names[1], ordinal=ordinal,
     )
     return tuple(released), post
+
+
+# What makes two uses of an aggregate one release: kind, column, mechanism, DISTINCT, result
+# type, condition as written, scale.
+_ReleaseKey = tuple[str, str | None, str, bool, int, str | None, int | None, Fraction | None]
+
+
+def _released_as(
+    node: exp.Expression, scope: Scope, conditions: PredicateRenderer, grouped: bool = False
+) -> tuple[Aggregate, str | None, _ReleaseKey]:
+    """The aggregate ``node`` asks for (refused as :func:`_aggregate` refuses it), its condition
+    as written, and the key under which uses of one release are answered by one column."""
+    agg = _aggregate(node, scope, conditions, grouped)
+    condition = unconditional(node, scope).condition if agg.filter_sql is not None else None
+    # By the condition as written: a folded one's template differs at each use (its tokens).
+    written = condition.sql("postgres") if condition is not None else None
+    key = (agg.kind, agg.column.name if agg.column else None, agg.mechanism, agg.distinct, agg.result_type_oid,
+           written, agg.scale, agg.fraction)
+    return agg, written, key
+
+
+def _check_one_row_order(tree: exp.Select, scope: Scope) -> None:
+    """Refuse a one-row answer's ORDER BY over an aggregate that nothing else in the statement
+    asks for (``SELECT count(*) FROM t ORDER BY sum(x)``), before any charge.
+
+    One row stays where it is whatever its ORDER BY: PostgreSQL computes the aggregate and
+    orders nothing by it. dpproxy could compute it only by releasing it, with a share of the
+    statement's ε taken from the columns asked for and spent on a value never shown; dropped
+    unread, as it was, ``ORDER BY sum(nosuch)`` was answered where PostgreSQL fails. An
+    aggregate the statement selects or filters on (HAVING) is released anyway: ordering by it,
+    or by an expression of it, costs nothing more. Each aggregate is checked as a selected one
+    would be first (an unknown column, SUM of a text column ... keep their own errors).
+    """
+    order = tree.args.get("order")
+    if order is None:
+        return
+    conditions = PredicateRenderer(scope)  # a throwaway: the plan's own renders the release
+    having = tree.args.get("having")
+    asked = {_released_as(node, scope, conditions)[2]
+             for item in [*tree.expressions, *([having] if having is not None else [])]
+             for node in aggregate_nodes(item)}
+    for key in order.expressions:
+        for node in aggregate_nodes(key):
+            if _released_as(node, scope, conditions)[2] not in asked:
+                raise Refusal(
+                    SQLSTATE.DP_QUERY_SHAPE,
+                    f"ORDER BY {node.sql('postgres')} orders the one-row answer by an aggregate it does not select, "
+                    f"on protected table {scope.table.display_name} (rule: order-by-unselected)",
+                    "One row needs no order: drop the ORDER BY, or order by an output column (ORDER BY 1). "
+                    "The aggregate would be released, and charged, only to be thrown away.",
+                    "order-by-unselected",
+                )
 
 
 def _distinct_as_grouping(tree: exp.Select) -> bool:

@@ -574,7 +574,7 @@ def _epoch_key(argument: exp.Column, seconds: int, scope: Scope) -> GroupKey:
     if seconds % DAY_SECONDS:
         raise Refusal(
             SQLSTATE.DP_QUERY_SHAPE,
-            f"{what} has buckets of {seconds} seconds, finer than a day, on protected table "
+            f"{what} has buckets of {seconds} seconds, not a whole number of days, on protected table "
             f"{scope.table.display_name} (rule: no-group-by)",
             f"Time buckets on {column.name} are whole days at the finest: use an interval of 1d or more "
             "(in Grafana, the query's Min interval), or DATE_TRUNC. " + group_by_hint(scope),

@@ -41,7 +41,7 @@ from .group_keys import year_extract
 from .qualify import qualify
 from .statements import split_statements
 
-__all__ = ["PostProcess", "default_name", "outer_statement", "RELEASE_ALIAS"]
+__all__ = ["PostProcess", "aggregate_nodes", "default_name", "outer_statement", "RELEASE_ALIAS"]
 
 RELEASE_ALIAS = "dpproxy_release"
 
@@ -136,11 +136,17 @@ def outer_statement(
     order = outer.args.get("order")
 
     def output_name(column: exp.Column) -> bool:
-        """An ORDER BY name of an output column (PostgreSQL looks there first)."""
+        """A name in ORDER BY that an output column has: left for PostgreSQL to resolve."""
         return order is not None and column.find_ancestor(exp.Order) is order and not column.table and column.name in aliases
 
+    def bare_output_name(column: exp.Column) -> bool:
+        """An ORDER BY item that is an output column's name alone, which PostgreSQL resolves to
+        that column. Within an expression (``ORDER BY t COLLATE "C"``, ``lower(t)``) a name is
+        an input column's, a key here: an output alias there is PostgreSQL's 42703."""
+        return output_name(column) and isinstance(column.parent, exp.Ordered) and column.parent.parent is order
+
     if key_of is not None:
-        _replace_keys(outer, key_of, output_name)
+        _replace_keys(outer, key_of, bare_output_name)
     _replace_aggregates(outer, released)
     # After the released aggregates are replaced by their columns: a parameter in one's FILTER
     # is the release's (bound and folded with the WHERE's), any other one is the outer
@@ -272,17 +278,26 @@ def _replace_keys(
             _replace_keys(child, key_of, output_name)
 
 
-def _replace_aggregates(outer: exp.Select, released: Callable[[exp.Expr], int]) -> None:
-    for node in list(outer.find_all(exp.AggFunc, exp.WithinGroup)):
-        if isinstance(node, exp.AggFunc) and isinstance(node.parent, exp.WithinGroup):
+def aggregate_nodes(node: exp.Expression) -> list[exp.Expression]:
+    """The aggregate calls in ``node`` (itself included) as each is released: the outermost ones,
+    ``agg(...) FILTER (WHERE p)`` whole, MODE's WITHIN GROUP whole."""
+    found: list[exp.Expression] = []
+    for call in list(node.find_all(exp.AggFunc, exp.WithinGroup)):
+        if isinstance(call, exp.AggFunc) and isinstance(call.parent, exp.WithinGroup):
             continue
-        if node.find_ancestor(exp.AggFunc, exp.WithinGroup) is not None:
+        if call.find_ancestor(exp.AggFunc, exp.WithinGroup) is not None:
             continue
-        enclosing_filter = node.find_ancestor(exp.Filter)
-        if enclosing_filter is not None and enclosing_filter.this is not node:
+        enclosing_filter = call.find_ancestor(exp.Filter)
+        if enclosing_filter is not None and enclosing_filter.this is not call:
             continue  # inside a FILTER's condition, which the release refuses
-        if isinstance(node.parent, exp.Filter):  # agg(...) FILTER (WHERE p) is released as one
-            node = node.parent
+        chosen = call.parent if isinstance(call.parent, exp.Filter) else call
+        assert isinstance(chosen, exp.Expression)
+        found.append(chosen)
+    return found
+
+
+def _replace_aggregates(outer: exp.Select, released: Callable[[exp.Expr], int]) -> None:
+    for node in aggregate_nodes(outer):
         index = released(node)
         node.replace(exp.column(f"_dp{index}", table=RELEASE_ALIAS))
 

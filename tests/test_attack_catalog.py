@@ -86,7 +86,9 @@ def test_field_notation_for_columns_and_record_fields_still_works(proxy: Running
 def test_pg_class_statistics_stay_neutralised_however_the_row_is_read(
     proxy: RunningProxy, analysed: None, admin: psycopg.Connection
 ) -> None:
-    exact = admin.execute("SELECT reltuples::text, relpages::text FROM pg_class WHERE relname = 'adult'").fetchone()
+    # By oid and namespace: other modules create relations named adult or lookup in other schemas
+    # (test_attacks' shadow_schema.adult, never analysed), which must not stand in for public's.
+    exact = admin.execute("SELECT reltuples::text, relpages::text FROM pg_class WHERE oid = 'public.adult'::regclass").fetchone()
     assert exact is not None and exact[0] != "-1"
     probes = [
         "SELECT c::text FROM pg_catalog.pg_class c WHERE relname = 'adult'",
@@ -101,7 +103,8 @@ def test_pg_class_statistics_stay_neutralised_however_the_row_is_read(
             assert exact[0] not in text and f"{exact[1]}," not in text, sql
         assert conn.execute("SELECT count(*) FROM pg_class WHERE relname = 'adult' AND reltuples > 1000").fetchone() == (0,)
         assert [r[0] for r in conn.execute(
-            "SELECT relname::text FROM pg_class WHERE relname IN ('adult', 'lookup') ORDER BY reltuples DESC, relname"
+            "SELECT relname::text FROM pg_class WHERE relname IN ('adult', 'lookup') "
+            "AND relnamespace = 'public'::regnamespace ORDER BY reltuples DESC, relname"
         )] == ["adult", "lookup"]
 
 

@@ -138,6 +138,24 @@ def test_width_bucket_arguments_postgresql_rejects_per_row_are_refused_from_the_
     assert _same_on_neighbours(hist_proxy, sql)[:2] == ("error", "DP001")
 
 
+@pytest.mark.parametrize("seconds", [43200, 129600], ids=["12h", "36h"])
+def test_an_epoch_bucket_of_no_whole_number_of_days_is_refused_where_its_cells_would_fit(
+    hist_proxy: RunningProxy, seconds: int
+) -> None:
+    # tz opts 'day' in over 2020: 12-hour buckets are 732 cells and 36-hour ones 244, both
+    # within max_cells (1000), so only the whole-days check stands between them and an answer
+    # finer than (or straddling) the days the policy declares.
+    sql = f"SELECT floor(extract(epoch from tz)/{seconds})*{seconds} AS k, count(*) FROM {{t}} GROUP BY 1"
+    with hist_proxy.connect() as conn:
+        before = conn.execute("SHOW dpproxy.budget").fetchone()
+    outcome = _same_on_neighbours(hist_proxy, sql)
+    with hist_proxy.connect() as conn:
+        after = conn.execute("SHOW dpproxy.budget").fetchone()
+    assert outcome[:2] == ("error", "DP001") and "not a whole number of days" in str(outcome[2]), outcome
+    assert "(rule: no-group-by)" in str(outcome[2]) and "1d or more" in str(outcome[3])
+    assert before == after
+
+
 @pytest.mark.parametrize(("setup", "sql"), _HELD)
 def test_a_histogram_shows_the_same_on_neighbours_in_any_time_zone(hist_proxy: RunningProxy, setup: str, sql: str) -> None:
     with hist_proxy.connect() as conn:

@@ -172,10 +172,21 @@ def test_results_piled_up_before_sync_are_sent_as_they_grow(proxy: RunningProxy)
     wire.close()
 
 
+# A checkout timeout far longer than the hold of a slow client's result, or the idle-in-transaction
+# timeout, can take on a loaded machine: the test asks whether the connection comes back at all.
 _SMALL_POOL = TEST_POLICY.replace(
-    "statement_timeout_ms: 20000", "statement_timeout_ms: 20000\n  pool: {{size: 1, checkout_timeout_s: 2}}"
+    "statement_timeout_ms: 20000", "statement_timeout_ms: 20000\n  pool: {{size: 1, checkout_timeout_s: 90}}"
 ).replace("listen: {{host: 127.0.0.1, port: 0}}",
           "listen: {{host: 127.0.0.1, port: 0, idle_in_transaction_timeout_s: 2}}")
+
+
+def _rows_arriving(wire: Wire, least: int = 2048) -> None:
+    """Wait (reading nothing) until ``least`` bytes of rows wait in ``wire``'s socket: its
+    statement runs, on the one pooled connection."""
+    deadline = time.monotonic() + 60
+    while len(wire.sock.recv(65536, socket.MSG_PEEK)) < least:
+        assert time.monotonic() < deadline, "no rows came"
+        time.sleep(0.05)
 
 
 def test_a_client_that_does_not_read_its_answer_keeps_no_pooled_connection_from_the_others(
@@ -183,13 +194,16 @@ def test_a_client_that_does_not_read_its_answer_keeps_no_pooled_connection_from_
 ):
     # The session waited for the client to take its answer before giving the backend
     # connection back, and that wait had no bound: pool.size clients asking for a large
-    # result and reading none of it left every other session with 53300, for ever.
+    # result and reading none of it left every other session with 53300, for ever. The other
+    # session asks while the one connection is held and waits up to the checkout timeout:
+    # answered, the connection came back while its holder still read nothing.
     with running_proxy(test_db, tmp_path_factory, _SMALL_POOL) as proxy:
+        other = Wire(proxy.host, proxy.port)
+        other.sock.settimeout(120)
         hog = Wire(proxy.host, proxy.port)
         hog.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         hog.send(_query("SELECT * FROM generate_series(1, 1000000)"))
-        time.sleep(1.5)
-        other = Wire(proxy.host, proxy.port)
+        _rows_arriving(hog)
         other.send(_query("SELECT 1"))
         assert _codes(other.read_until(b"Z")) == []
         # Inside a transaction block the connection stays the session's, as on PostgreSQL,
@@ -197,7 +211,7 @@ def test_a_client_that_does_not_read_its_answer_keeps_no_pooled_connection_from_
         stuck = Wire(proxy.host, proxy.port)
         stuck.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         stuck.send(_query("BEGIN"), _query("SELECT * FROM generate_series(1, 1000000)"))
-        time.sleep(4)
+        _rows_arriving(stuck)
         other.send(_query("SELECT 1"))
         assert _codes(other.read_until(b"Z")) == []
         for wire in (hog, stuck, other):

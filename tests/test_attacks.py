@@ -159,6 +159,11 @@ def targets(test_db) -> Iterator[None]:
                       "GRANT SELECT ON shadow_schema.adult TO dpproxy_service"):
             conn.execute(grant)
     yield
+    # Left behind, shadow_schema.adult is a second relation named adult in pg_class for every
+    # module that runs later.
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP VIEW IF EXISTS adult_view")
+        conn.execute("DROP SCHEMA IF EXISTS shadow_schema CASCADE")
 
 
 _AGGREGATES = {"count", "sum", "avg", "min", "max", "string_agg"}

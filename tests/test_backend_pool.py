@@ -112,14 +112,17 @@ def test_a_plan_resolved_under_one_search_path_never_runs_under_anothers(one: Ru
     admin.execute("CREATE TABLE IF NOT EXISTS pool_shadow.lookup (code text, label text)")
     admin.execute("GRANT USAGE ON SCHEMA pool_shadow TO dpproxy_service")
     admin.execute("GRANT SELECT ON pool_shadow.lookup TO dpproxy_service")
-    with one.connect() as alice, one.connect() as bob:
-        bob.execute("SET search_path = pool_shadow, public")
-        for _ in range(3):  # interleaved on the one backend connection
-            assert alice.execute("SELECT label FROM lookup WHERE code = %s", ("M",), prepare=True).fetchall() == [("Male",)]
-            with pytest.raises(psycopg.Error) as refused:
-                bob.execute("SELECT label FROM lookup WHERE code = %s", ("M",), prepare=True)
-            assert refused.value.diag.sqlstate == "42501"  # pool_shadow.lookup is not in the policy
-            assert alice.execute("SELECT COUNT(*) FROM adult").fetchone()[0] > 40000
+    try:
+        with one.connect() as alice, one.connect() as bob:
+            bob.execute("SET search_path = pool_shadow, public")
+            for _ in range(3):  # interleaved on the one backend connection
+                assert alice.execute("SELECT label FROM lookup WHERE code = %s", ("M",), prepare=True).fetchall() == [("Male",)]
+                with pytest.raises(psycopg.Error) as refused:
+                    bob.execute("SELECT label FROM lookup WHERE code = %s", ("M",), prepare=True)
+                assert refused.value.diag.sqlstate == "42501"  # pool_shadow.lookup is not in the policy
+                assert alice.execute("SELECT COUNT(*) FROM adult").fetchone()[0] > 40000
+    finally:  # a second relation named lookup would stay in pg_class for the modules after this one
+        admin.execute("DROP SCHEMA pool_shadow CASCADE")
 
 
 def test_prepared_statements_cursors_and_temp_objects_leave_nothing_on_the_backend(one: RunningProxy):

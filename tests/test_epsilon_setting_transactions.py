@@ -169,6 +169,19 @@ def test_a_dp_answer_in_a_rolled_back_block_stays_charged(conn):
     assert spent_epsilon(conn) - before == pytest.approx(1.0)  # the answer was released
 
 
+@pytest.mark.parametrize("value", ["'NaN'", "'nan'", "'abc'", "''", "'0x1p-3'"])
+def test_a_dpproxy_epsilon_that_is_no_number_is_refused_and_the_epsilon_in_force_stays(conn, value):
+    # NaN passes both range checks (every comparison with it is false): only the positive-and-
+    # finite check refuses it, and a text that is no number, which is read as NaN.
+    conn.execute("SET dpproxy.epsilon = 0.25")
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as refused:
+        conn.execute(f"SET dpproxy.epsilon = {value}")
+    assert refused.value.diag.message_primary == f'invalid value for dpproxy.epsilon: "{value[1:-1]}"'
+    assert refused.value.diag.message_hint == "Give a positive number, e.g. SET dpproxy.epsilon = 0.1."
+    assert _shown(conn) == "0.25" and _charged(conn) == pytest.approx(0.25)
+    conn.execute("RESET dpproxy.epsilon")
+
+
 def test_current_setting_and_set_config_of_dpproxy_epsilon_are_refused_not_misread(conn):
     conn.execute("SET dpproxy.epsilon = 0.25")
     with pytest.raises(psycopg.errors.InsufficientPrivilege):

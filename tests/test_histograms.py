@@ -268,6 +268,33 @@ def test_post_processing_over_the_released_cells(hproxy, sql, check):
     assert check(rows), rows
 
 
+@pytest.mark.parametrize("order", ['sex COLLATE "C" DESC', "lower(sex) DESC", "sex || '' DESC",
+                                   'upper(sex) COLLATE "C" DESC, 2'])
+def test_an_order_by_expression_of_a_key_orders_the_released_cells_by_their_labels(hproxy, order):
+    # A key's name within an ORDER BY expression was taken for the output column's and left
+    # unreplaced, for the outer statement to fail on: 42703 where PostgreSQL answers. Ordering
+    # the released cells by a function of their labels is post-processing.
+    with hproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        rows = conn.execute(f"SELECT sex, count(*) FROM visits GROUP BY sex ORDER BY {order}").fetchall()
+        assert spent_epsilon(conn) - before == pytest.approx(1.0)
+    assert [row[0] for row in rows] == ["Male", "Female"]
+
+
+def test_an_output_alias_within_an_order_by_expression_is_postgresqls_own_42703_before_the_charge(hproxy, admin):
+    # PostgreSQL resolves an output column's name in ORDER BY only when it stands alone.
+    sql = 'SELECT sex AS s, count(*) FROM visits GROUP BY sex ORDER BY s COLLATE "C"'
+    with pytest.raises(psycopg.Error) as direct:
+        admin.execute(sql)
+    with hproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as proxied:
+            conn.execute(sql)
+        assert spent_epsilon(conn) == before
+    assert proxied.value.sqlstate == direct.value.sqlstate == "42703"
+    assert proxied.value.diag.message_primary == direct.value.diag.message_primary == 'column "s" does not exist'
+
+
 def test_extended_protocol_with_parameters_and_binary_results(hproxy):
     with hproxy.connect() as conn:
         cursor = conn.cursor(binary=True)

@@ -231,6 +231,39 @@ def test_post_processing_costs_what_the_plain_release_costs(repeating: RunningPr
     assert any("repeat" in n and "count(*)" in n and "sum(hours_per_week)" in n for n in notices)
 
 
+def test_a_division_by_a_noised_zero_fails_by_the_released_value_alone_and_says_what_it_was_charged(
+        repeating: RunningProxy):
+    # age > 100 + k holds no row: the noisy count (discrete Laplace at ε = 1, clamped at 0) is 0
+    # with probability 0.73, and 1/count(*) then fails with PostgreSQL's 22012, after the charge.
+    # The plain count, a repeat of the same release, shows the value each outcome came from.
+    seen: set[bool] = set()
+    with repeating.connect() as conn:
+        for k in range(60):
+            before = spent_epsilon(conn)
+            try:
+                answer = conn.execute(f"SELECT 1 / count(*) AS r FROM adult WHERE age > {100 + k}").fetchone()
+            except psycopg.errors.DivisionByZero as exc:
+                answer = None
+                assert exc.diag.message_detail is not None and exc.diag.message_detail.startswith(
+                    "dpproxy: ε charged 1, δ 0; count(*): laplace scale 1"), exc.diag.message_detail
+            assert spent_epsilon(conn) - before == pytest.approx(1.0)
+            released = conn.execute(f"SELECT count(*) FROM adult WHERE age > {100 + k}").fetchone()
+            assert spent_epsilon(conn) - before == pytest.approx(1.0)  # the repeat is free
+            assert released is not None
+            if answer is None:
+                assert released[0] == 0
+                with pytest.raises(psycopg.errors.DivisionByZero) as again:  # a repeat fails alike, free
+                    conn.execute(f"SELECT 1 / count(*) AS r FROM adult WHERE age > {100 + k}")
+                assert "ε charged 0, δ 0 (a repeat" in (again.value.diag.message_detail or "")
+                assert spent_epsilon(conn) - before == pytest.approx(1.0)
+            else:
+                assert released[0] != 0 and answer[0] == int(1 / released[0])
+            seen.add(answer is None)
+            if seen == {True, False}:
+                break
+    assert seen == {True, False}
+
+
 def test_a_having_that_drops_the_row_answers_no_row_but_is_charged(proxy: RunningProxy):
     with proxy.connect() as conn:
         spent = spent_epsilon(conn)
@@ -303,13 +336,27 @@ def test_a_superset_chart_on_an_aggregate_virtual_dataset_is_a_repeat_of_its_pro
     assert any("repeat" in n for n in notices)
 
 
+_REFUSED_ORDER = {"no-row-access": "ORDER BY column age, outside an aggregate",
+                  "order-by-unselected": "orders the one-row answer by an aggregate it does not select"}
+
+
 @pytest.mark.parametrize("tail, sqlstate, rule", [
     ("ORDER BY age", "DP001", "no-row-access"),
     ("ORDER BY age + 1 DESC", "DP001", "no-row-access"),
     ("ORDER BY 5", "42P10", None),
     ("ORDER BY 1 / 0", "22012", None),
+    # an aggregate not selected: dropped unread before (ORDER BY sum(nosuch) answered where
+    # PostgreSQL says 42703), and an expression of one released it, ε taken from the count
+    ("ORDER BY sum(age)", "DP001", "order-by-unselected"),
+    ("ORDER BY avg(hours_per_week) DESC LIMIT 10", "DP001", "order-by-unselected"),
+    ("ORDER BY count(age)", "DP001", "order-by-unselected"),
+    ("ORDER BY mode() WITHIN GROUP (ORDER BY sex)", "DP001", "order-by-unselected"),
+    ("ORDER BY 1 / sum(age)", "DP001", "order-by-unselected"),
+    ("ORDER BY count(*), sum(capital_gain) DESC", "DP001", "order-by-unselected"),
+    ("ORDER BY sum(nosuch)", "42703", None),
+    ("ORDER BY sum(sex)", "DP001", "aggregate-argument"),
 ])
-def test_an_order_by_postgresql_would_reject_is_rejected_not_dropped_and_costs_nothing(
+def test_a_one_row_order_by_postgresql_would_reject_or_that_would_release_more_is_refused_and_costs_nothing(
         proxy: RunningProxy, tail: str, sqlstate: str, rule: str | None):
     # Over one row an ORDER BY orders nothing, so it used to be dropped: answered where
     # PostgreSQL fails (a column outside an aggregate is 42803 there).
@@ -318,9 +365,25 @@ def test_an_order_by_postgresql_would_reject_is_rejected_not_dropped_and_costs_n
         with pytest.raises(psycopg.Error) as info:
             conn.execute(f"SELECT count(*) FROM adult WHERE age > 30 {tail}")
         assert info.value.diag.sqlstate == sqlstate
-        assert rule is None or f"rule: {rule}" in (info.value.diag.message_primary or "")
-        assert rule is None or "ORDER BY column age, outside an aggregate" in (info.value.diag.message_primary or "")
+        message = info.value.diag.message_primary or ""
+        assert rule is None or f"(rule: {rule})" in message
+        assert _REFUSED_ORDER.get(rule or "", "") in message
+        if rule == "order-by-unselected":
+            assert "One row needs no order" in (info.value.diag.message_hint or "")
         assert spent_epsilon(conn) == before
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT count(*), sum(age) FROM adult WHERE age > 33 ORDER BY sum(age) DESC",
+    "SELECT count(*) AS n FROM adult WHERE age > 33 ORDER BY count(*) + 1, 1",
+    "SELECT count(1) FROM adult WHERE age > 33 ORDER BY count(*)",
+    "SELECT count(*) FROM adult WHERE age > 33 HAVING sum(age) > 0 ORDER BY sum(age)",
+])
+def test_a_one_row_order_by_of_aggregates_the_statement_asks_for_anyway_is_answered(proxy: RunningProxy, sql: str):
+    with proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        assert len(conn.execute(sql).fetchall()) <= 1
+        assert spent_epsilon(conn) - before == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("tail", ["ORDER BY count(*) DESC", "ORDER BY 1", "ORDER BY n"])

@@ -9,7 +9,8 @@ again (proxy.backend.column_facts); when a table's definition changed, dpproxy r
 in force against the backend again, as a reload of the same file would: if it still fits, the new
 definition is in force at once (a migration needs no signal); if not, the table is refused before
 the charge (55000, rule ``schema-changed``) until a reload of a policy that fits, or until it is
-back as loaded.
+back as loaded. Where the whole policy does not resolve, each changed table is resolved alone, so
+that a problem of another table keeps no table refused that still fits.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import psycopg
 import pytest
 
 from conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, make_policy
+
+from policies.tables import TableRegistry
 
 _POLICY = ATTACK_POLICY_HEAD + """\
   public.drifted:
@@ -285,3 +288,84 @@ def test_an_enum_label_renamed_is_refused_before_the_charge_not_charged_and_fail
                     "SELECT MODE() WITHIN GROUP (ORDER BY m) FROM drifted"):
             _assert_refused(conn, sql, "column m was altered (the labels of its enum)")
         assert _remaining(proxy) == before
+
+
+# ---------------------------------------------------------------- one table at a time
+
+_TWO_TABLES = _POLICY + """\
+  public.drift_other:
+    access: protected
+    epsilon: 1.0
+    columns:
+      a: {{bounds: [0, 10]}}
+"""
+
+
+@contextmanager
+def _two_drifting(test_db: TestDatabase, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                  ) -> Iterator[tuple[psycopg.Connection, RunningProxy, int, int]]:
+    """``_drifting`` with a second protected table, ``drift_other``; and both tables' OIDs."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as setup:
+        setup.execute("DROP TABLE IF EXISTS drift_other")
+        setup.execute("CREATE TABLE drift_other AS SELECT g % 7 AS a FROM generate_series(1, 500) g")
+        setup.execute("GRANT SELECT ON drift_other TO dpproxy_service")
+    try:
+        with _drifting(test_db, tmp_path, monkeypatch, policy=_TWO_TABLES) as (admin, proxy, _):
+            oids = admin.execute("SELECT 'drifted'::regclass::oid, 'drift_other'::regclass::oid").fetchone()
+            assert oids is not None
+            yield admin, proxy, oids[0], oids[1]
+    finally:
+        with psycopg.connect(test_db.admin_dsn, autocommit=True) as teardown:
+            teardown.execute("DROP TABLE IF EXISTS drift_other")
+
+
+def _until_looked(proxy: RunningProxy, seen: Callable[[TableRegistry], bool], seconds: float = 60.0) -> TableRegistry:
+    """The registry in force once ``seen`` holds of it (the re-check took in the changes made)."""
+    deadline = time.monotonic() + seconds
+    while not seen(registry := proxy.server.registry):
+        assert time.monotonic() < deadline, f"the re-check did not take the changes in within {seconds} s"
+        time.sleep(0.1)
+    return registry
+
+
+def test_a_harmless_change_is_taken_in_while_another_table_lost_its_select(
+    test_db: TestDatabase, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole policy no longer resolves (drift_other is unreadable), which kept drifted, only
+    made bigint, refused (schema-changed) until a reload: each table is now resolved alone."""
+    with _two_drifting(test_db, tmp_path, monkeypatch) as (admin, proxy, drifted, other), proxy.connect() as conn:
+        loaded = proxy.server.registry.definitions[drifted]
+        admin.execute("REVOKE SELECT ON drift_other FROM dpproxy_service")
+        admin.execute("ALTER TABLE drifted ALTER COLUMN a TYPE bigint")
+        registry = _until_looked(proxy, lambda r: other in r.unreadable
+                                 and (drifted in r.redefined or r.definitions[drifted] != loaded))
+        assert drifted not in registry.redefined and other not in registry.redefined
+        before = _remaining(proxy)
+        assert conn.execute("SELECT SUM(a) FROM drifted").fetchone() is not None
+        assert _remaining(proxy) == before - 1
+        with pytest.raises(psycopg.errors.InsufficientPrivilege) as refused:
+            conn.execute("SELECT COUNT(*) FROM drift_other")
+        assert "(rule: service-role-grant)" in str(refused.value)
+        assert _remaining(proxy) == before - 1
+
+
+def test_a_table_the_policy_no_longer_fits_stays_refused_while_another_changed_one_recovers(
+    test_db: TestDatabase, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _two_drifting(test_db, tmp_path, monkeypatch) as (admin, proxy, drifted, other), proxy.connect() as conn:
+        loaded = proxy.server.registry.definitions[drifted]
+        admin.execute("ALTER TABLE drift_other ALTER COLUMN a TYPE text")  # bounds on text: no longer fits
+        admin.execute("ALTER TABLE drifted ALTER COLUMN a TYPE bigint")
+        registry = _until_looked(proxy, lambda r: other in r.redefined
+                                 and (drifted in r.redefined or r.definitions[drifted] != loaded))
+        assert drifted not in registry.redefined
+        before = _remaining(proxy)
+        assert conn.execute("SELECT SUM(a) FROM drifted").fetchone() is not None
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as refused:
+            conn.execute("SELECT COUNT(*) FROM drift_other")
+        assert "protected relation drift_other changed since dpproxy loaded its policy: column a was altered " \
+               "(its type) (rule: schema-changed)" in str(refused.value)
+        assert _remaining(proxy) == before - 1
+        admin.execute("ALTER TABLE drift_other ALTER COLUMN a TYPE integer USING a::integer")
+        _until_looked(proxy, lambda r: other not in r.redefined)
+        assert conn.execute("SELECT SUM(a) FROM drift_other").fetchone() is not None

@@ -95,9 +95,12 @@ def test_search_path_change_replans_a_prepared_statement(proxy: RunningProxy, ad
     admin.execute("CREATE TABLE IF NOT EXISTS shadow.lookup (code text, label text)")
     admin.execute("GRANT USAGE ON SCHEMA shadow TO dpproxy_service")
     admin.execute("GRANT SELECT ON shadow.lookup TO dpproxy_service")
-    with psycopg.connect(proxy.dsn(), autocommit=True) as conn:
-        conn.execute("SELECT label FROM lookup WHERE code = %s", ("M",), prepare=True)
-        conn.execute("SET search_path = shadow, public")
-        with pytest.raises(psycopg.Error) as info:
+    try:
+        with psycopg.connect(proxy.dsn(), autocommit=True) as conn:
             conn.execute("SELECT label FROM lookup WHERE code = %s", ("M",), prepare=True)
-        assert info.value.diag.sqlstate == "42501"  # shadow.lookup is not in the policy
+            conn.execute("SET search_path = shadow, public")
+            with pytest.raises(psycopg.Error) as info:
+                conn.execute("SELECT label FROM lookup WHERE code = %s", ("M",), prepare=True)
+            assert info.value.diag.sqlstate == "42501"  # shadow.lookup is not in the policy
+    finally:  # a second relation named lookup would stay in pg_class for the modules after this one
+        admin.execute("DROP SCHEMA shadow CASCADE")

@@ -775,7 +775,7 @@ class Executor:
             keys = await self._release(plan, "", params, 0.0, encoding.codec)
             balance = await self.server.budget.balance(self.user)
             notice = f"{keys.notice()}; remaining ε {balance.remaining_epsilon:g}, δ {balance.remaining_delta:g}"
-            return await self._post_processed(plan, keys, result_formats), [notice], Cost(0.0, 0.0, None, None)
+            return await self._post_processed(plan, keys, result_formats, notice), [notice], Cost(0.0, 0.0, None, None)
         # The aggregates too: different ones can share the backend SQL (sum_count AVG is a
         # clamped SUM and a COUNT, so ``sum(x), avg(x)`` runs what ``sum(x), sum(x), count(x)``
         # runs), and a repeat must be the same release, not another's values under these columns.
@@ -803,7 +803,7 @@ class Executor:
             balance = await self.server.budget.balance(self.user)
             notice = (f"{repeat.notice(repeat=True)}; "
                       f"remaining ε {balance.remaining_epsilon:g}, δ {balance.remaining_delta:g}")
-            return await self._post_processed(plan, repeat, result_formats), [notice], Cost(0.0, 0.0, None, None)
+            return await self._post_processed(plan, repeat, result_formats, notice), [notice], Cost(0.0, 0.0, None, None)
         delta = query_delta(plan) + (query_delta(ranking) if ranking is not None else 0.0)
         # A connection already known lost (or one that cannot be opened) fails the query
         # before it costs anything.
@@ -841,8 +841,9 @@ class Executor:
         notice = answer.notice()
         self._unstored = (repeat_key, answer)  # stored when it is sent (_store_for_repeats)
         remaining = f"remaining ε {cost.remaining_epsilon:g}, δ {cost.remaining_delta:g}"
-        result = await self._post_processed(plan, answer, result_formats)
-        return result, [f"{notice}; {remaining}"], cost
+        notice = f"{notice}; {remaining}"
+        result = await self._post_processed(plan, answer, result_formats, notice)
+        return result, [notice], cost
 
     async def _bound_ranking(self, plan: AggregateQuery, params: BoundParams) -> AggregateQuery:
         """``plan`` with its series limit's ranking made final as the plan's own WHERE is (folded,
@@ -977,21 +978,31 @@ class Executor:
         return release_cells(plan, rows, epsilon, codec)
 
     async def _post_processed(
-        self, plan: AggregateQuery, answer: DPAnswer | None, result_formats: tuple[int, ...] = ()
+        self, plan: AggregateQuery, answer: DPAnswer | None, result_formats: tuple[int, ...] = (),
+        charged: str | None = None,
     ) -> ResultSet:
         """The answer the statement asks for, from the released values only (None: none released).
 
         The plain shape is the released row itself; otherwise the plan's outer statement runs
         on the backend over the released values (rewriter/post_process.py), in the client's
         result format when it asked for one for all columns. Its errors depend on those values
-        alone and reach the client as PostgreSQL raised them; the charge stands (those its
-        keys and text decide were raised before the charge, over :func:`trial_params`).
+        alone and reach the client as PostgreSQL raised them (``1/count(*)`` over a noisy count
+        of 0 is 22012); the charge stands (those its keys and text decide were raised before
+        the charge, over :func:`trial_params`). An error would leave the client without the
+        notice of that charge: ``charged``, the notice's text, becomes its DETAIL instead.
         """
         if plan.post is None:
             assert answer is not None
             return answer.result
         uniform = result_formats[0] if len(result_formats) == 1 else 0
-        return await self.backend.execute(plan.post.sql, release_params(plan, answer), uniform)
+        try:
+            return await self.backend.execute(plan.post.sql, release_params(plan, answer), uniform)
+        except BackendLost:
+            raise
+        except BackendError as exc:
+            if charged is not None:
+                exc.detail = f"{exc.detail}\n{charged}" if exc.detail else charged
+            raise
 
 
 class _Passed:

@@ -198,8 +198,11 @@ class Server:
             if registry is not self.registry:
                 continue  # a reload put another registry in force meanwhile: it was checked itself
             changed = {oid: change for oid, change in changed.items() if oid in registry.by_oid}
-            if changed and await self._resolve_again(registry, changed):
-                continue
+            if changed:
+                again = await self._resolve_again(registry, changed)
+                if again is None:
+                    continue
+                registry, changed = again
             for oid in sorted(leaking):
                 relation = registry.by_oid[oid]
                 log.error("public relation %s.%s now reads a protected table (or is its inheritance child or "
@@ -225,17 +228,22 @@ class Server:
                 self.registry = registry
                 self._plans_stale()  # a statement prepared before would run as it was judged
 
-    async def _resolve_again(self, registry: TableRegistry, changed: dict[int, str]) -> bool:
+    async def _resolve_again(
+        self, registry: TableRegistry, changed: dict[int, str]
+    ) -> tuple[TableRegistry, dict[int, str]] | None:
         """After DDL changed protected tables (``changed``), resolve the policy in force against the
-        backend again, as a reload of the same file would: True if it still fits and the new
+        backend again, as a reload of the same file would: None if it still fits and the new
         registry is in force, so that a migration (``ADD COLUMN``, ``integer`` made ``bigint``)
-        needs no signal; False, with the reason logged, if it no longer fits (``bounds`` on a
-        column made text), and the tables stay refused until a reload of a policy that fits. Tried
-        at every look while a table differs (a table may be altered again into one that fits); the
-        same problems are logged once."""
+        needs no signal. If it no longer fits (the reason logged), each changed table is resolved
+        again on its own (:meth:`_resolve_alone`): ``registry`` with those that fit taken in, and
+        the changes of those that do not, which stay refused until a reload of a policy that fits
+        (``bounds`` on a column made text). A problem elsewhere (another table's SELECT revoked)
+        thus no longer keeps a harmlessly altered table refused. Tried at every look while a
+        table differs (a table may be altered again into one that fits); the same problems are
+        logged once."""
         async with self._reloading:
             if registry is not self.registry:
-                return True  # a reload put another registry in force meanwhile
+                return None  # a reload put another registry in force meanwhile
             try:
                 fresh, database = await _resolve(self.policy, report=False)
             except PolicyError as exc:
@@ -244,19 +252,49 @@ class Server:
                         log.error("after a change of a protected table, the policy in force no longer fits: %s",
                                   problem)
                 self._misfit = exc.problems
-                return False
+                return await self._resolve_alone(registry, changed)
             except (psycopg.Error, BackendError) as exc:
                 log.debug("resolving the policy again failed: %s", exc)
-                return False
+                return registry, changed
             if database != self.database:
-                return False
+                return registry, changed
             for oid, change in changed.items():
                 log.warning("protected table %s changed (%s): the policy in force was resolved against it "
                             "again and still fits; answering by its new definition", registry.by_oid[oid].display_name,
                             change)
             self.registry, self._misfit = fresh, []
             self._plans_stale()
-            return True
+            return None
+
+    async def _resolve_alone(
+        self, registry: TableRegistry, changed: dict[int, str]
+    ) -> tuple[TableRegistry, dict[int, str]]:
+        """``registry`` with each changed table the policy in force still fits taken in, resolved
+        by the policy of that table alone; and the changes left. A table alone gets every check
+        the whole policy's resolution makes of it (its columns against the policy, its labels,
+        its partitioning, that the service role reads it, that it computes nothing that can
+        fail on a row); what involves other relations, public ones that read it, the look
+        checks of the registry anyway. Taken in only under its own OID: a table dropped and
+        created again is answered after a resolution of the whole policy, or a reload."""
+        left = dict(changed)
+        for oid in changed:
+            relation = registry.by_oid[oid]
+            name = next((key for key, table in self.policy.tables.items() if table is relation.policy), None)
+            if name is None:
+                continue
+            try:
+                alone, database = await _resolve(self.policy.model_copy(update={"tables": {name: relation.policy}}),
+                                                 report=False)
+            except (PolicyError, psycopg.Error, BackendError):
+                continue  # its own problems were logged with the whole policy's
+            if database != self.database or oid not in alone.by_oid:
+                continue
+            registry = replace(registry, by_oid={**registry.by_oid, oid: alone.by_oid[oid]},
+                               definitions={**registry.definitions, oid: alone.definitions[oid]})
+            log.warning("protected table %s changed (%s): the policy of that table was resolved against it again "
+                        "and still fits; answering by its new definition (the policy's other problems are logged "
+                        "above)", relation.display_name, left.pop(oid))
+        return registry, left
 
     async def reload(self, path: str | Path) -> bool:
         """Put the policy at ``path`` in force; True if it was, False if it was refused.

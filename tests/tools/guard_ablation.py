@@ -68,14 +68,19 @@ First run (branch guard-ablation, 2026-11-26), 168 sites, on a machine shared wi
   row-failure's builtin flag (a user function's name is schema-qualified and never total),
   GROUP BY's per-key cell limit (the plan's max-cells), the time keys' cell-in-range checks (the
   backend SQL's own in-range CASE), a date part without its unit (no unit can be chosen then);
-* not investigated then: keys.epoch-whole-days, eps.positive-finite, dpq.limit-bigint (PostgreSQL
-  says 22003 for a LIMIT past bigint, dpproxy answers); dpq.distinct-with-sample-aggregate was
-  pinned afterwards (test_refusals: COUNT(DISTINCT age) beside MIN(age)).
+* not investigated then, pinned afterwards: dpq.distinct-with-sample-aggregate (test_refusals:
+  COUNT(DISTINCT age) beside MIN(age)); keys.epoch-whole-days (test_attack_histograms: 12- and
+  36-hour epoch buckets fit max_cells over a year, nothing else refuses them); eps.positive-finite
+  (test_epsilon_setting_transactions: NaN passes both range checks, and a text that is no number
+  is read as NaN); dpq.limit-bigint was pinned all along, by test_attack_availability (a LIMIT
+  past bigint answered, one of 5,000 digits an XX000), a file outside its selection until then.
 
 A kill whose failing test has nothing to do with the guard is suspect: a selection runs test files
-in another order than the full suite, and test_attack_catalog's pg_class test fails after modules
-that leave relations named adult or lookup behind (test_attacks' shadow_schema.adult, and others
-with --own-server too), so its kills of the catalog and classify survivors prove nothing.
+in another order than the full suite, and test_attack_catalog's pg_class test failed after modules
+that left relations named adult or lookup behind (test_attacks' shadow_schema.adult,
+test_backend_pool's and test_session_statements' shadow lookups), so its kills of the catalog and
+classify survivors proved nothing. Since then those modules drop what they create and the test
+reads public's relations only: rerun those survivors before trusting their first verdicts.
 """
 
 
