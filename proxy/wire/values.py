@@ -29,9 +29,11 @@ def encode_text(value: Value, type_oid: int, scale: int | None = None, codec: st
     if type_oid in (INT2, INT4, INT8):
         return str(int(value)).encode()
     if type_oid == FLOAT8:
-        return _float_text(float(value), repr).encode()
+        return _float_text(float(value), repr, _FLOAT8_FIXED_BELOW).encode()
     if type_oid == FLOAT4:
-        return _float_text(float(value), lambda v: str(np.float32(v))).encode()
+        with np.errstate(over="ignore"):  # past float4's range is its infinity, as PostgreSQL's cast
+            single = np.float32(value)
+        return _float_text(float(single), lambda _: str(single), _FLOAT4_FIXED_BELOW).encode()
     if type_oid == NUMERIC:
         if isinstance(value, int):  # a count or an integer sum: its digits, then the scale's zeros
             return (str(value) + ("." + "0" * scale if scale else "")).encode()
@@ -42,12 +44,28 @@ def encode_text(value: Value, type_oid: int, scale: int | None = None, codec: st
     return str(value).encode(codec)
 
 
-def _float_text(value: float, shortest: Callable[[float], str]) -> str:
+# PostgreSQL prints the shortest digits that read back exactly (extra_float_digits >= 1, which
+# dpproxy enforces), in fixed notation when the leading digit's decimal exponent is in
+# [-4, DBL_DIG) for float8 and [-4, FLT_DIG) for float4, else as d.ddde±XX (src/common/d2s.c and
+# f2s.c). Python's repr has the same digits but another threshold (16) and keeps a ".0".
+_FLOAT8_FIXED_BELOW = 15
+_FLOAT4_FIXED_BELOW = 6
+
+
+def _float_text(value: float, shortest: Callable[[float], str], fixed_below: int) -> str:
+    """``value`` as PostgreSQL's float8out/float4out print it: ``shortest`` gives the digits."""
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):
         return "Infinity" if value > 0 else "-Infinity"
-    return shortest(value)
+    number = Decimal(shortest(value)).normalize()  # its shortest digits, trailing zeros dropped
+    sign, digits, exponent = number.as_tuple()
+    assert isinstance(exponent, int)  # finite
+    leading = len(digits) + exponent - 1  # the decimal exponent of the first digit
+    if -4 <= leading < fixed_below or not any(digits):
+        return format(number, "f")
+    mantissa = str(digits[0]) + ("." + "".join(map(str, digits[1:])) if len(digits) > 1 else "")
+    return f"{'-' if sign else ''}{mantissa}e{'-' if leading < 0 else '+'}{abs(leading):02d}"
 
 
 def load_text(value: bytes | None, type_oid: int) -> Value:
