@@ -19,6 +19,8 @@ Run from the repository root (not collected by pytest: the file is no ``test_*.p
     .venv/bin/python tests/tools/guard_ablation.py --list         # the sites and their selections
     .venv/bin/python tests/tools/guard_ablation.py --baseline     # each selection unmutated, timed
     .venv/bin/python tests/tools/guard_ablation.py --wide --only keys.max-cells   # a survivor, wider tests
+    .venv/bin/python tests/tools/guard_ablation.py --sites calibration             # the numbers of the guarantee
+    .venv/bin/python tests/tools/guard_ablation.py --sites calibration --only sum. --tests tests/test_calibration.py
 
 A full run of the fast selections takes about half an hour on two shared cores; run the
 survivors again with ``--wide`` (the slower tests of their area, the neighbour fuzzer among them).
@@ -49,7 +51,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from guard_sites import SELECTIONS, SITES, WIDER, Site  # noqa: E402
+import calibration_sites  # noqa: E402
+import guard_sites  # noqa: E402
+from guard_sites import Site  # noqa: E402
+
+# The site lists: refusal guards, and the numbers of the guarantee (scales, sensitivities,
+# clamps, ε splits, charges, repeats). Each module has SITES, SELECTIONS and WIDER.
+SITE_LISTS = {"guards": guard_sites, "calibration": calibration_sites}
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -156,13 +164,18 @@ def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def selection(name: str, wide: bool) -> tuple[str, ...]:
-    """The tests of selection ``name``; with ``wide``, also its :data:`WIDER` ones."""
-    return SELECTIONS[name] + (WIDER.get(name, ()) if wide else ())
+def selection(name: str, wide: bool, sites: str = "guards", tests: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The tests of selection ``name`` of the site list ``sites``; with ``wide``, also its WIDER ones;
+    ``tests``, when given, instead of either."""
+    if tests:
+        return tests
+    listed = SITE_LISTS[sites]
+    return listed.SELECTIONS[name] + (listed.WIDER.get(name, ()) if wide else ())
 
 
-def ablate(copy: Path, site: Site, timeout: float, wide: bool = False) -> Outcome:
-    """Switch ``site``'s guard off in ``copy``, run its selection, and put the file back."""
+def ablate(copy: Path, site: Site, timeout: float, wide: bool = False, sites: str = "guards",
+           tests: tuple[str, ...] = ()) -> Outcome:
+    """Switch ``site``'s guard off (or mutate its number) in ``copy``, run its selection, put the file back."""
     path = copy / site.path
     original = path.read_text()
     found = original.count(site.snippet)
@@ -170,7 +183,7 @@ def ablate(copy: Path, site: Site, timeout: float, wide: bool = False) -> Outcom
         return Outcome(site, "ERROR", 0.0, f"snippet found {found} times in {site.path}")
     path.write_text(original.replace(site.snippet, site.replacement))
     try:
-        verdict, seconds, detail = run_selection(copy, selection(site.selection, wide), timeout)
+        verdict, seconds, detail = run_selection(copy, selection(site.selection, wide, sites, tests), timeout)
     finally:
         path.write_text(original)
     return Outcome(site, verdict, seconds, detail)
@@ -193,9 +206,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="let each run start its own PostgreSQL (slower; no state shared between runs)")
     parser.add_argument("--list", action="store_true", help="list the sites and exit")
     parser.add_argument("--baseline", action="store_true", help="run each selection unmutated and exit")
+    parser.add_argument("--sites", choices=sorted(SITE_LISTS), default="guards",
+                        help="the refusal guards (default) or the calibration sites (calibration_sites.py)")
+    parser.add_argument("--tests", nargs="+", default=[],
+                        help="run these tests instead of each site's selection (does a new test kill its site?)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupted)
-    sites = [site for site in SITES if not args.only or any(part in site.name for part in args.only)]
+    listed = SITE_LISTS[args.sites].SITES
+    sites = [site for site in listed if not args.only or any(part in site.name for part in args.only)]
     if args.list:
         for site in sites:
             print(f"{site.name:45} {site.path:36} {site.selection}")
@@ -211,12 +229,12 @@ def main(argv: list[str] | None = None) -> int:
             _SERVER_DSN["DPPROXY_TEST_DSN"] = server.get_uri("postgres")
         if args.baseline:
             for name in sorted({site.selection for site in sites}):
-                verdict, seconds, detail = run_selection(copy, selection(name, args.wide), args.timeout)
+                verdict, seconds, detail = run_selection(copy, selection(name, args.wide, args.sites), args.timeout)
                 print(f"{name:12} {'PASSED' if verdict == 'SURVIVED' else verdict:9} {seconds:6.1f}s  {detail}", flush=True)
             return 0
         outcomes = []
         for site in sites:
-            outcome = ablate(copy, site, args.timeout, args.wide)
+            outcome = ablate(copy, site, args.timeout, args.wide, args.sites, tuple(args.tests))
             outcomes.append(outcome)
             print(f"{outcome.verdict:9} {outcome.seconds:6.1f}s  {site.name:45} {outcome.detail}", flush=True)
     finally:

@@ -1,0 +1,146 @@
+"""The numbers of the guarantee, pinned where the calibration ablation found nothing that would notice
+them going quietly wrong (``tests/tools/guard_ablation.py --sites calibration``).
+
+Each test here fails on one mutation of a calibration site that the area's other tests let through
+(the site's name is in the test's docstring), and passes on the real code.
+
+The statistical ones are one test of a noise scale, :func:`assert_laplace_scale`: the share of n
+draws whose magnitude exceeds t = b·ln 2 (exactly 1/2 for Laplace(b); computed exactly for the
+discrete Laplace). A scale off by a factor of 2 either way moves that share by at least 0.10
+(to 1/4 for b/2, to 0.71 for 2b), so the test accepts within half of the nearer move, d, and
+Hoeffding's inequality bounds both errors by 2·exp(−2·n·d²): below 1e-9 at n = 1000. The helper
+computes that bound from n and refuses to run a test whose false-failure rate would be 1e-6 or more.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from decimal import Decimal
+
+import numpy as np
+import psycopg
+import pytest
+from conftest import TEST_POLICY, RunningProxy, TestDatabase, dropped_around, running_proxy, spent_epsilon
+
+import mechanisms.laplace as laplace_module
+from mechanisms.fixed_point import Grid
+from mechanisms.laplace import integer_noise_scale, laplace_integer_sum
+from policies.model import ColumnPolicy, TablePolicy
+from policies.tables import ColumnInfo, Relation
+from proxy.demo.embedded import SERVICE_ROLE
+from proxy.dp.column_release import release_column
+from rewriter.dp_query import plan_aggregate_query
+
+_NUMERIC = 1700
+
+FALSE_FAILURE = 1e-6  # the most any statistical test here may fail by chance on the real code
+
+
+def _tail(scale: float, t: float, discrete: bool) -> float:
+    """P(|X| ≥ t) for discrete Laplace P(k) ∝ exp(−|k|/scale) (t a positive integer), else P(|X| > t) for Laplace."""
+    if not discrete:
+        return math.exp(-t / scale)
+    q = math.exp(-1.0 / scale)
+    return 2.0 * q**t / (1.0 + q)
+
+
+def assert_laplace_scale(noise: np.ndarray, scale: float, discrete: bool = True) -> None:
+    """Assert ``noise`` holds draws of (discrete) Laplace(``scale``), not of half or twice that scale.
+
+    The statistic is the share of draws with |x| ≥ t, t = scale·ln 2 (rounded up for discrete
+    draws); it is accepted within d of its exact probability p, d half the distance from p to the
+    nearer of its values at scale/2 and 2·scale. Hoeffding: a correct sampler fails with probability
+    ≤ 2·exp(−2nd²), and so does a sampler off by 2× pass; the bound must be below FALSE_FAILURE.
+    """
+    n = noise.size
+    t = math.ceil(scale * math.log(2.0)) if discrete else scale * math.log(2.0)
+    p = _tail(scale, t, discrete)
+    d = min(p - _tail(scale / 2, t, discrete), _tail(2 * scale, t, discrete) - p) / 2
+    bound = 2.0 * math.exp(-2.0 * n * d * d)
+    assert bound < FALSE_FAILURE, f"{n} draws are too few: the test would fail by chance with p ≤ {bound:.2g}"
+    share = float(np.mean(np.abs(noise) >= t if discrete else np.abs(noise) > t))
+    assert abs(share - p) < d, (
+        f"{share:.3f} of the draws exceed {t:g}, Laplace({scale:g}) gives {p:.3f} (±{d:.3f}): the noise scale is "
+        f"{'smaller' if share < p else 'larger'} than {scale:g}"
+    )
+
+
+# ---------------------------------------------------------------------------------------- the proxy
+_TABLE = "calib_neg"
+POLICY = TEST_POLICY + f"""\
+  public.{_TABLE}:
+    access: protected
+    epsilon: 1.0
+    delta: 1.0e-6
+    columns:
+      i: {{{{bounds: [-100, 1]}}}}
+      f: {{{{bounds: [-100.0, 1.0]}}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def calib(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """A proxy (repeats off) over a table whose columns' bounds are far from symmetric: [-100, 1]."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin, dropped_around(admin, _TABLE):
+        admin.execute(f"CREATE TABLE {_TABLE} (i integer, f double precision)")
+        admin.execute(f"INSERT INTO {_TABLE} SELECT -50, -50.0 FROM generate_series(1, 40)")
+        admin.execute(f"GRANT SELECT ON {_TABLE} TO {SERVICE_ROLE}")
+        with running_proxy(test_db, tmp_path_factory, POLICY) as running:
+            yield running
+
+
+def _answers(proxy: RunningProxy, sql: str, n: int) -> np.ndarray:
+    with proxy.connect() as conn:
+        return np.array([conn.execute(sql).fetchone() for _ in range(n)], dtype=float)
+
+
+def test_a_sum_is_noised_to_the_bound_of_larger_magnitude_even_when_it_is_the_lower_one(calib):
+    """Sites sum.policy-sensitivity-upper-bound-only and grid.sensitivity-upper-only: one row moves a
+    SUM over [-100, 1] by up to 100, so the noise scale is 100/ε per column (200 with two columns),
+    for an integer column (discrete Laplace) as for a float one (on the fixed-point grid)."""
+    draws = _answers(calib, f"SELECT SUM(i), SUM(f) FROM {_TABLE}", 1000) - (-2000.0)
+    assert_laplace_scale(draws[:, 0], 200.0)
+    assert_laplace_scale(draws[:, 1], 200.0, discrete=False)
+
+
+# ---------------------------------------------------------------------------------------- mechanisms
+def test_a_coarse_integer_sum_is_never_noised_below_sensitivity_over_epsilon():
+    """Site lap.coarse-sensitivity-rounded-down: past MAX_INT_SCALE an integer sum is noised at a
+    granularity g, with ⌈Δ/g⌉ points of sensitivity; ⌊Δ/g⌋ would be a scale below Δ/ε whenever g
+    does not divide Δ."""
+    for sensitivity in (2**60 + 1, 2**61 - 1, 3 * 2**58 + 5):
+        for epsilon in (1.0, 0.5, 0.01):
+            _, scale = laplace_integer_sum(0, sensitivity, epsilon)
+            assert scale >= sensitivity / epsilon, (sensitivity, epsilon)
+            assert integer_noise_scale(sensitivity, epsilon) == scale
+
+
+def test_a_numeric_sum_is_noised_for_the_point_its_rounding_to_the_grid_can_add(monkeypatch):
+    """Site sum.numeric-rounding-point: a numeric column's exact total is rounded to the grid once,
+    so one row moves the rounded total by up to one point more than the bound's own points. With
+    bounds [0, 1 + 2^-52] (k = 51, hi·2^k = 2^51 + 1/2, rint 2^51) the totals 2^-53 and 2^-53 + hi
+    round to 0 and 2^51 + 1: the noise must be scaled to that move."""
+    hi = 1.0 + 2.0**-52
+    relation = _relation(_NUMERIC, (0.0, hi))
+    plan = plan_aggregate_query("SELECT SUM(y) FROM t", relation)
+    grid = Grid.for_bounds(0.0, hi)
+    low, high = Decimal(2.0**-53), Decimal(2.0**-53) + Decimal(hi)
+    move = grid.rounded(high) - grid.rounded(low)
+    assert move == grid.sensitivity(0.0, hi) + 1  # the case the rounding point is for
+    scales: list[float] = []
+
+    def capture(value: int, scale: float) -> int:
+        scales.append(scale)
+        return value
+
+    monkeypatch.setattr(laplace_module, "laplace_int", capture)
+    for total in (low, high):
+        release_column(plan.aggregates[0], (total,), 1.0, relation.policy)
+    assert scales and all(scale >= move / 1.0 for scale in scales), (scales, move)
+
+
+def _relation(type_oid: int, bounds: tuple[float, float], **table: object) -> Relation:
+    column = ColumnPolicy(bounds=bounds)
+    policy = TablePolicy(epsilon=1.0, delta=1e-6, partitions=4, columns={"y": column}, **table)  # type: ignore[arg-type]
+    return Relation(0, "public", "t", policy, {"y": ColumnInfo("y", type_oid, -1, 1, column)}, "ctid")
