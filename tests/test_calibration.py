@@ -24,8 +24,10 @@ import pytest
 from conftest import TEST_POLICY, RunningProxy, TestDatabase, dropped_around, running_proxy, spent_epsilon
 
 import mechanisms.laplace as laplace_module
+import mechanisms.sum_count as sum_count_module
 from mechanisms.fixed_point import Grid
 from mechanisms.laplace import integer_noise_scale, laplace_integer_sum
+from mechanisms.sum_count import release_mean
 from policies.model import ColumnPolicy, TablePolicy
 from policies.tables import ColumnInfo, Relation
 from proxy.demo.embedded import SERVICE_ROLE
@@ -144,3 +146,37 @@ def _relation(type_oid: int, bounds: tuple[float, float], **table: object) -> Re
     column = ColumnPolicy(bounds=bounds)
     policy = TablePolicy(epsilon=1.0, delta=1e-6, partitions=4, columns={"y": column}, **table)  # type: ignore[arg-type]
     return Relation(0, "public", "t", policy, {"y": ColumnInfo("y", type_oid, -1, 1, column)}, "ctid")
+
+
+@pytest.mark.parametrize("on_grid", [False, True], ids=["exact-total", "float-grid"])
+@pytest.mark.parametrize("bounds", [(17.0, 90.0), (0.0, 10.0), (-2.5, 2.5), (1e15, 1e15 + 2)])
+@pytest.mark.parametrize("epsilon", [1.0, 0.3])
+def test_a_noisy_sum_over_noisy_count_avg_draws_each_half_at_half_the_epsilon(monkeypatch, bounds, on_grid, epsilon):
+    """Sites avg.count-scale-whole-epsilon, avg.sensitivity-halved, avg.on-grid-sensitivity-halved,
+    avg.uncentred-sensitivity: the centred sum moves by up to h = (hi − lo)/2 per row and the count
+    by 1, each noised with ε/2, so the sampler must be asked for scales of at least h/(ε/2) (in the
+    column's units) and 1/(ε/2). The scales asked for are what the draws have (the samplers' own
+    tests pin that); h is computed here from the bounds, not by the mechanism's helpers."""
+    lo, hi = bounds
+    asked: dict[str, list[float]] = {"sum": [], "count": []}
+    real_sum = sum_count_module.laplace_integer_sum
+
+    def sum_noise(exact: int, sensitivity: int, share: float) -> tuple[int, float]:
+        value, scale = real_sum(exact, sensitivity, share)
+        asked["sum"].append(scale)
+        return value, scale
+
+    def count_noise(value: int, scale: float) -> int:
+        asked["count"].append(scale)
+        return value
+
+    monkeypatch.setattr(sum_count_module, "laplace_integer_sum", sum_noise)
+    monkeypatch.setattr(sum_count_module, "laplace_int", count_noise)
+    grid = Grid.for_bounds(lo, hi)
+    count = 1000
+    total = grid.point(hi) * count if on_grid else int(hi) * count if hi == int(hi) else Decimal(hi) * count
+    release_mean(total, count, lo, hi, epsilon, on_grid=on_grid)
+    (sum_scale,), (count_scale,) = asked["sum"], asked["count"]
+    h = (hi - lo) / 2
+    assert sum_scale * grid.step >= h / (epsilon / 2) * (1 - 1e-12), (sum_scale * grid.step, h / (epsilon / 2))
+    assert count_scale >= 1 / (epsilon / 2)

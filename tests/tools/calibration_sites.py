@@ -31,6 +31,7 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "noise": _NOISE,
     "answers": _ANSWERS,
     "grouped": ("tests/test_histograms.py", "tests/test_conditional_aggregates.py", "tests/test_attack_histograms.py",
+                "tests/test_bi_shapes.py::test_a_series_limit_is_charged_once_its_epsilon_split_over_both_releases",
                 "tests/test_calibration.py"),
     "budget": ("tests/test_budget.py", "tests/test_ledger.py", "tests/test_budget_refill.py",
                "tests/test_budget_limits.py", "tests/test_attack_budget.py", "tests/test_backend_faults.py",
@@ -179,9 +180,6 @@ SITES: tuple[Site, ...] = (
          "repeats"),
     Site("repeat.key-without-user", _E, "repeat_key = (self.user, sql, released,", "repeat_key = (sql, released,",
          "repeats"),
-    Site("repeat.ttl-ignored", "proxy/dp/repeats.py",
-         "        if time.monotonic() - stored_at > self.ttl_s:\n            del self._entries[key]",
-         "        if False:\n            del self._entries[key]", "repeats"),
     # ------------------------------------------------------------------ the reservation
     Site("reserve.spends-half", _B, "        held.epsilon -= eps\n        held.delta -= dlt\n        held.used",
          "        held.epsilon -= eps / 2\n        held.delta -= dlt\n        held.used", "budget"),
