@@ -27,6 +27,7 @@ import mechanisms.laplace as laplace_module
 import mechanisms.sum_count as sum_count_module
 from mechanisms.fixed_point import Grid
 from mechanisms.laplace import integer_noise_scale, laplace_integer_sum
+from mechanisms.smooth_median import release_sample_and_aggregate
 from mechanisms.sum_count import release_mean
 from policies.model import ColumnPolicy, TablePolicy
 from policies.tables import ColumnInfo, Relation
@@ -180,3 +181,28 @@ def test_a_noisy_sum_over_noisy_count_avg_draws_each_half_at_half_the_epsilon(mo
     h = (hi - lo) / 2
     assert sum_scale * grid.step >= h / (epsilon / 2) * (1 - 1e-12), (sum_scale * grid.step, h / (epsilon / 2))
     assert count_scale >= 1 / (epsilon / 2)
+
+
+def _smooth_sensitivity(values: list[float], lo: float, hi: float, epsilon: float, delta: float) -> float:
+    """S*_β of the lower median by NRS07's definition, with β = ε / (2·ln(2/δ)) (Laplace noise is
+    (ε/2, β)-admissible), written out here rather than taken from the mechanism."""
+    beta = epsilon / (2 * math.log(2 / delta))
+    m = len(values)
+    x = [lo, *sorted(values), hi]
+    j = (m + 1) // 2  # 1-based lower median
+    at = lambda i: x[min(max(i, 0), m + 1)]  # noqa: E731
+    return max(math.exp(-k * beta) * max(at(j + t) - at(j + t - k - 1) for t in range(k + 2)) for k in range(m + 1))
+
+
+def test_sample_and_aggregate_noise_is_scaled_to_the_smooth_sensitivity_at_beta_epsilon_over_2_ln_2_over_delta():
+    """Site sa.beta-from-epsilon: with partition values all at the midpoint of [0, 100] the median's
+    smooth sensitivity is reached k ≈ m/2 steps away, e^{-βk}·(hi − lo), so a β twice as large
+    (ε / ln(2/δ)) gives noise about six times smaller at m = 101, ε = 1, δ = 1e-6. The released
+    noise must be Laplace(2·S*/ε) with S* at β = ε/(2 ln(2/δ)); the output clamp to [0, 100] leaves
+    the share of draws beyond the scale's b·ln 2 (< 50) as it is."""
+    lo, hi, epsilon, delta = 0.0, 100.0, 1.0, 1e-6
+    values = [50.0] * 101
+    scale = 2 * _smooth_sensitivity(values, lo, hi, epsilon, delta) / epsilon
+    assert scale * math.log(2) < 50  # the clamp cannot move a draw across the threshold
+    noise = np.array([release_sample_and_aggregate(values, lo, hi, epsilon, delta).value - 50.0 for _ in range(1000)])
+    assert_laplace_scale(noise, scale, discrete=False)
