@@ -79,15 +79,17 @@ POLICY = TEST_POLICY + f"""\
     columns:
       i: {{{{bounds: [-100, 1]}}}}
       f: {{{{bounds: [-100.0, 1.0]}}}}
+      c: {{{{categories: [a, b, c]}}}}
 """
 
 
 @pytest.fixture(scope="module")
 def calib(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
-    """A proxy (repeats off) over a table whose columns' bounds are far from symmetric: [-100, 1]."""
+    """A proxy (repeats off) over a table whose columns' bounds are far from symmetric, [-100, 1], and
+    whose declared categories a, b and c hold 1, 0 and 0 rows."""
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin, dropped_around(admin, _TABLE):
-        admin.execute(f"CREATE TABLE {_TABLE} (i integer, f double precision)")
-        admin.execute(f"INSERT INTO {_TABLE} SELECT -50, -50.0 FROM generate_series(1, 40)")
+        admin.execute(f"CREATE TABLE {_TABLE} (i integer, f double precision, c text)")
+        admin.execute(f"INSERT INTO {_TABLE} SELECT -50, -50.0, CASE WHEN g = 1 THEN 'a' END FROM generate_series(1, 40) g")
         admin.execute(f"GRANT SELECT ON {_TABLE} TO {SERVICE_ROLE}")
         with running_proxy(test_db, tmp_path_factory, POLICY) as running:
             yield running
@@ -105,6 +107,17 @@ def test_a_sum_is_noised_to_the_bound_of_larger_magnitude_even_when_it_is_the_lo
     draws = _answers(calib, f"SELECT SUM(i), SUM(f) FROM {_TABLE}", 1000) - (-2000.0)
     assert_laplace_scale(draws[:, 0], 200.0)
     assert_laplace_scale(draws[:, 1], 200.0, discrete=False)
+
+
+def test_mode_chooses_among_every_declared_category_even_those_no_row_holds(calib):
+    """Site mode.candidates-from-the-data: the exponential mechanism's candidates are the policy's
+    categories, not the ones present (which would tell that b and c hold no row). With counts
+    1, 0, 0 at ε = 1 each of b and c is chosen with probability 1/(e^0.5 + 2) = 0.27, so all three
+    show up in 60 answers except with probability < 2·0.73^60 + 0.55^60 < 1e-8."""
+    with calib.connect() as conn:
+        chosen = {conn.execute(f"SELECT MODE() WITHIN GROUP (ORDER BY c) FROM {_TABLE}").fetchone()[0]
+                  for _ in range(60)}
+    assert chosen == {"a", "b", "c"}
 
 
 # ---------------------------------------------------------------------------------------- mechanisms
