@@ -27,6 +27,7 @@ import mechanisms.laplace as laplace_module
 import mechanisms.sum_count as sum_count_module
 from mechanisms.fixed_point import Grid
 from mechanisms.laplace import integer_noise_scale, laplace_integer_sum
+from mechanisms.noise_pool import NoisePool
 from mechanisms.smooth_median import release_sample_and_aggregate
 from mechanisms.sum_count import release_mean
 from policies.model import ColumnPolicy, TablePolicy
@@ -219,3 +220,15 @@ def test_sample_and_aggregate_noise_is_scaled_to_the_smooth_sensitivity_at_beta_
     assert scale * math.log(2) < 50  # the clamp cannot move a draw across the threshold
     noise = np.array([release_sample_and_aggregate(values, lo, hi, epsilon, delta).value - 50.0 for _ in range(1000)])
     assert_laplace_scale(noise, scale, discrete=False)
+
+
+def test_a_refill_of_the_noise_pool_holds_independent_draws_none_handed_out_twice():
+    """Sites pool.draw-handed-out-twice and pool.draw-not-removed: each value of the pool is one
+    draw, handed out once. At scale 1e15 two independent draws are equal with probability below
+    1/(2·1e15), so 256 of them are all distinct except with probability < 256²/2 · 5e-16 < 2e-11;
+    a batch drawn once and queued twice (or a value left at the head of the queue) repeats one."""
+    pool = NoisePool(1e15, batch=256)
+    pool._refill()
+    pool._refill_pending = True  # no background refill: the values of this one refill
+    taken = [pool.take() for _ in range(256)]
+    assert len(set(taken)) == len(taken)
