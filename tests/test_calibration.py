@@ -85,15 +85,29 @@ POLICY = TEST_POLICY + f"""\
 
 
 @pytest.fixture(scope="module")
-def calib(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
-    """A proxy (repeats off) over a table whose columns' bounds are far from symmetric, [-100, 1], and
-    whose declared categories a, b and c hold 1, 0 and 0 rows."""
+def calib_table(test_db: TestDatabase) -> Iterator[None]:
+    """A table whose columns' bounds are far from symmetric, [-100, 1], and whose declared
+    categories a, b and c hold 1, 0 and 0 of its 40 rows."""
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin, dropped_around(admin, _TABLE):
         admin.execute(f"CREATE TABLE {_TABLE} (i integer, f double precision, c text)")
         admin.execute(f"INSERT INTO {_TABLE} SELECT -50, -50.0, CASE WHEN g = 1 THEN 'a' END FROM generate_series(1, 40) g")
         admin.execute(f"GRANT SELECT ON {_TABLE} TO {SERVICE_ROLE}")
-        with running_proxy(test_db, tmp_path_factory, POLICY) as running:
-            yield running
+        yield
+
+
+@pytest.fixture(scope="module")
+def calib(calib_table: None, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """A proxy over the table with repeats off: every answer is a fresh release."""
+    with running_proxy(test_db, tmp_path_factory, POLICY) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def repeating(calib_table: None, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """A proxy over the table with repeats on."""
+    text = POLICY.replace("repeats: {{enabled: false}}", "repeats: {{ttl_s: 600}}")
+    with running_proxy(test_db, tmp_path_factory, text) as running:
+        yield running
 
 
 def _answers(proxy: RunningProxy, sql: str, n: int) -> np.ndarray:
@@ -119,6 +133,31 @@ def test_mode_chooses_among_every_declared_category_even_those_no_row_holds(cali
         chosen = {conn.execute(f"SELECT MODE() WITHIN GROUP (ORDER BY c) FROM {_TABLE}").fetchone()[0]
                   for _ in range(60)}
     assert chosen == {"a", "b", "c"}
+
+
+def test_a_repeat_is_free_for_the_user_who_was_charged_for_it_and_for_no_other(repeating):
+    """Site repeat.key-without-user: each analyst's budget bounds what that analyst learns, so an
+    answer another analyst paid for is released afresh, and charged, when this one asks."""
+    sql = f"SELECT SUM(i) FROM {_TABLE}"
+    with repeating.connect() as first, psycopg.connect(repeating.dsn("plain", "plain"), autocommit=True) as second:
+        first.execute(sql).fetchone()
+        before = spent_epsilon(first), spent_epsilon(second)
+        first.execute(sql).fetchone()  # a repeat: free
+        second.execute(sql).fetchone()  # another user's first: charged
+        assert (spent_epsilon(first), spent_epsilon(second)) == (before[0], pytest.approx(before[1] + 1.0))
+
+
+def test_a_repeat_at_another_epsilon_is_a_fresh_release_at_that_epsilon(repeating):
+    """Site repeat.key-without-epsilon: the stored answer was noised for the ε it was asked at; the
+    same statement under another ``dpproxy.epsilon`` is released and charged at that ε (docs:
+    a repeat is the same statement, parameters, settings and ε)."""
+    sql = f"SELECT COUNT(*) FROM {_TABLE} WHERE i < 0"
+    with repeating.connect() as conn:
+        conn.execute(sql).fetchone()
+        before = spent_epsilon(conn)
+        conn.execute("SET dpproxy.epsilon = 0.5")
+        conn.execute(sql).fetchone()
+        assert spent_epsilon(conn) == pytest.approx(before + 0.5)
 
 
 # ---------------------------------------------------------------------------------------- mechanisms
