@@ -32,6 +32,7 @@ from mechanisms.smooth_median import release_sample_and_aggregate
 from mechanisms.sum_count import release_mean
 from policies.model import ColumnPolicy, TablePolicy
 from policies.tables import ColumnInfo, Relation
+from policies.errors import SQLSTATE
 from proxy.demo.embedded import SERVICE_ROLE
 from proxy.dp.column_release import release_column
 from rewriter.dp_query import plan_aggregate_query
@@ -158,6 +159,30 @@ def test_a_repeat_at_another_epsilon_is_a_fresh_release_at_that_epsilon(repeatin
         conn.execute("SET dpproxy.epsilon = 0.5")
         conn.execute(sql).fetchone()
         assert spent_epsilon(conn) == pytest.approx(before + 0.5)
+
+
+def test_delta_spent_from_a_reservation_is_taken_off_it(calib_table, test_db, tmp_path_factory):
+    """Sites reserve.delta-not-spent and reserve.covers-epsilon-only: a reservation holds ten answers'
+    worth of the (ε, δ) of the answer that made it. Answers at a tenth of that ε spend its ε ninety
+    times over but its δ ten times: with a δ budget of twenty sample-and-aggregate answers, exactly
+    twenty are answered, however the reservation is spent."""
+    text = POLICY.replace("users:\n", "users:\n  tight: {{password: tight, budget: {{epsilon: 1000, delta: 2.0e-5}}}}\n")
+    text = text.replace('ledger: {{url: "sqlite:///{ledger}"}}', 'ledger: {{url: "sqlite:///{ledger}", release_idle_s: 3600}}')
+    answered = 0
+    with running_proxy(test_db, tmp_path_factory, text) as proxy:
+        with psycopg.connect(proxy.dsn("tight", "tight"), autocommit=True) as conn:
+            sql = f"SELECT MIN(i) FROM {_TABLE}"  # sample and aggregate: δ = 1e-6
+            conn.execute(sql).fetchone()  # at ε = 1: reserves (10, 1e-5)
+            answered += 1
+            conn.execute("SET dpproxy.epsilon = 0.1")
+            for _ in range(40):
+                try:
+                    conn.execute(sql).fetchone()
+                except psycopg.Error as exc:
+                    assert exc.sqlstate == SQLSTATE.DP_BUDGET_EXHAUSTED, exc
+                    break
+                answered += 1
+    assert answered == 20
 
 
 # ---------------------------------------------------------------------------------------- mechanisms
