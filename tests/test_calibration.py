@@ -33,6 +33,7 @@ from mechanisms.sum_count import release_mean
 from policies.model import ColumnPolicy, TablePolicy
 from policies.tables import ColumnInfo, Relation
 from policies.errors import SQLSTATE
+from policies.ledger import Budget, Ledger
 from proxy.demo.embedded import SERVICE_ROLE
 from proxy.dp.column_release import release_column
 from rewriter.dp_query import plan_aggregate_query
@@ -296,3 +297,32 @@ def test_a_refill_of_the_noise_pool_holds_independent_draws_none_handed_out_twic
     pool._refill_pending = True  # no background refill: the values of this one refill
     taken = [pool.take() for _ in range(256)]
     assert len(set(taken)) == len(taken)
+
+
+# ---------------------------------------------------------------------------------------- the ledger
+def test_charges_finer_than_the_ledger_s_unit_are_rounded_against_the_analyst(tmp_path):
+    """Site ledger.charge-rounded-down: the ledger counts ε in units of 1e-12, so a charge of
+    0.1000000000001 ε is 100000000000.1 units. Ten of them add up to 1.000000000001 ε, above a
+    budget of 1: rounded up, the tenth does not fit; rounded down, all ten would, and δ likewise."""
+    ledger = Ledger.from_url(f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
+    try:
+        for amount, budget in ((dict(epsilon=0.1000000000001, delta=0.0), Budget(1.0, 0.0)),
+                               (dict(epsilon=0.0, delta=1.0000000000000001e-7), Budget(1.0, 1e-6))):
+            user = f"u{budget.delta}"
+            accepted = [ledger.charge(user, amount["epsilon"], amount["delta"], budget).accepted for _ in range(10)]
+            assert accepted == [True] * 9 + [False], (amount, accepted)
+    finally:
+        ledger.close()
+
+
+def test_limits_finer_than_the_ledger_s_unit_are_rounded_against_the_analyst(tmp_path):
+    """Site ledger.limit-rounded-up: a budget of 0.9999999999999 ε is 999999999999.9 units, so a
+    charge of exactly 1 ε (10^12 units) does not fit it; with the limit rounded up it would. The
+    same for a δ budget of 9.999999999999997e-7 (999999999999.9997 units) and a charge of 1e-6."""
+    ledger = Ledger.from_url(f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
+    try:
+        assert not ledger.charge("e", 1.0, 0.0, Budget(0.9999999999999, 0.0)).accepted
+        assert not ledger.charge("d", 0.0, 1e-6, Budget(1.0, 9.999999999999997e-7)).accepted
+        assert ledger.charge("both", 1.0, 1e-6, Budget(1.0, 1e-6)).accepted  # what is within the limits fits
+    finally:
+        ledger.close()
