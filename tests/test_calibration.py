@@ -6,9 +6,9 @@ Each test here fails on one mutation of a calibration site that the area's other
 
 The statistical ones are one test of a noise scale, :func:`assert_laplace_scale`: the share of n
 draws whose magnitude exceeds t = b·ln 2 (exactly 1/2 for Laplace(b); computed exactly for the
-discrete Laplace). A scale off by a factor of 2 either way moves that share by at least 0.10
-(to 1/4 for b/2, to 0.71 for 2b), so the test accepts within half of the nearer move, d, and
-Hoeffding's inequality bounds both errors by 2·exp(−2·n·d²): below 1e-9 at n = 1000. The helper
+discrete Laplace). A scale off by a factor of 2 either way moves that share by at least 0.2
+(to 1/4 for b/2, to 0.71 for 2b), so the test accepts within half of the nearer move, d ≈ 0.10,
+and Hoeffding's inequality bounds both errors by 2·exp(−2·n·d²): 1e-9 at n = 1000. The helper
 computes that bound from n and refuses to run a test whose false-failure rate would be 1e-6 or more.
 """
 
@@ -30,10 +30,10 @@ from mechanisms.laplace import integer_noise_scale, laplace_integer_sum
 from mechanisms.noise_pool import NoisePool
 from mechanisms.smooth_median import release_sample_and_aggregate
 from mechanisms.sum_count import release_mean
-from policies.model import ColumnPolicy, TablePolicy
-from policies.tables import ColumnInfo, Relation
 from policies.errors import SQLSTATE
 from policies.ledger import Budget, Ledger
+from policies.model import ColumnPolicy, TablePolicy
+from policies.tables import ColumnInfo, Relation
 from proxy.demo.embedded import SERVICE_ROLE
 from proxy.dp.column_release import release_column
 from rewriter.dp_query import plan_aggregate_query
@@ -222,9 +222,10 @@ def test_a_numeric_sum_is_noised_for_the_point_its_rounding_to_the_grid_can_add(
     assert scales and all(scale >= move / 1.0 for scale in scales), (scales, move)
 
 
-def _relation(type_oid: int, bounds: tuple[float, float], **table: object) -> Relation:
+def _relation(type_oid: int, bounds: tuple[float, float]) -> Relation:
+    """A protected table ``t`` of one column ``y`` of ``type_oid`` with ``bounds``."""
     column = ColumnPolicy(bounds=bounds)
-    policy = TablePolicy(epsilon=1.0, delta=1e-6, partitions=4, columns={"y": column}, **table)  # type: ignore[arg-type]
+    policy = TablePolicy(epsilon=1.0, delta=1e-6, partitions=4, columns={"y": column})
     return Relation(0, "public", "t", policy, {"y": ColumnInfo("y", type_oid, -1, 1, column)}, "ctid")
 
 

@@ -91,6 +91,12 @@ SITES: tuple[Site, ...] = (
          "for bound, upper in zip((column.policy.bounds[0] - (column.policy.bounds[1] - column.policy.bounds[0]) / 2, "
          "column.policy.bounds[1] + (column.policy.bounds[1] - column.policy.bounds[0]) / 2), (False, True)))",
          "answers"),
+    Site("clamp.filtered-sum-unclamped", _RW, "        return (Part(filtered(clamped_sum(agg.column), condition)),)\n",
+         "        return (Part(filtered(clamped_sum(agg.column) if condition is None else "
+         "f\"pg_catalog.sum({column})\", condition)),)\n", "grouped"),
+    Site("clamp.partition-min-max-unclamped-in-sql", _RW,
+         'return _to_double(clamped(column, filtered(f"pg_catalog.{kind}({quote_identifier(column.name)})", condition)), column)',
+         'return _to_double(filtered(f"pg_catalog.{kind}({quote_identifier(column.name)})", condition), column)', "answers"),
     Site("clamp.numeric-shortest-decimal-outside", _RW, "inside = shortest <= exact if upper else shortest >= exact",
          "inside = True", "answers"),
     # ------------------------------------------------------------------ ε (and δ) split over a statement's columns

@@ -33,7 +33,10 @@ restored file is never run from a stale cache. One PostgreSQL serves every run
 result of a run depends on the code and the tests only (the neighbour fuzzer runs at its
 default, seeded size).
 
-What it found on its first run (branch guard-ablation, 2026-11): see :data:`FINDINGS`.
+What it found on its first run (branch guard-ablation, 2026-11): see :data:`FINDINGS`; with
+``--sites calibration`` (the numbers of the guarantee rather than its refusals: scales,
+sensitivities, clamps, ε and δ splits, charges, repeats, the noise pool; branch h43, 2026-11):
+see :data:`CALIBRATION_FINDINGS`.
 """
 
 from __future__ import annotations
@@ -84,6 +87,33 @@ A kill whose failing test has nothing to do with the guard is suspect: a selecti
 in another order than the full suite, and test_attack_catalog's pg_class test fails after modules
 that leave relations named adult or lookup behind (test_attacks' shadow_schema.adult, and others
 with --own-server too), so its kills of the catalog and classify survivors prove nothing.
+"""
+
+CALIBRATION_FINDINGS = """\
+First run of --sites calibration (branch h43, 2026-11-27), 58 sites (calibration_sites.py), on a
+machine shared with four other helpers:
+
+* the fast selections: 38 KILLED, 20 SURVIVED (~34 min, runs of 4-135 s); no survivor was a
+  calibration bug in the code: each was a number no test observed;
+* survivors pinned in tests/test_calibration.py, each run again with --tests to see it fail:
+  the SUM sensitivity taken from the upper bound only (integer policy and float grid; every
+  test's bounds were symmetric or non-negative), a coarse bigint sum's sensitivity rounded down,
+  a numeric total's rounding point, the noisy sum / noisy count AVG drawing its count at ε or
+  its centred sum at half the sensitivity (the AVG tests check accuracy and a loose neighbour
+  ratio), the smooth sensitivity's β taken as ε/ln(2/δ) (the smooth-median tests compare the
+  fast S* with the definition at the mechanism's own β), MODE choosing among the categories
+  present, a noise-pool batch queued twice, a repeat keyed without the user or without ε, a
+  reservation's δ not taken off (41 sample-and-aggregate answers on a δ budget of 20), and the
+  ledger rounding charges down or limits up;
+* killed by a wider test than the selection held: the series ranking's ε share
+  (test_bi_shapes' series-limit charge test, now in the grouped selection);
+* left alive, an equivalent mutation: charge.ranking-delta-dropped (a GROUP BY never has a
+  sample-and-aggregate column, refused by dpq.grouped-mechanism, so a ranking's δ is always 0);
+* dropped as no weakening: a repeat served past its TTL (the same release again costs nothing).
+  Cursors, COPY and pipelines have no site of their own: each DP answer is charged at the one
+  place the executor charges (charge.* sites), whichever way its rows are sent. The ``other``
+  key and FILTER have none either: a row's cell is one CASE (rewriter.group_keys) and a FILTER
+  is the aggregate's own part (rewriter.rewrite.aggregate_parts), both under the sites above.
 """
 
 
