@@ -89,10 +89,11 @@ POLICY = TEST_POLICY + f"""\
 @pytest.fixture(scope="module")
 def calib_table(test_db: TestDatabase) -> Iterator[None]:
     """A table whose columns' bounds are far from symmetric, [-100, 1], and whose declared
-    categories a, b and c hold 1, 0 and 0 of its 40 rows."""
+    categories a, b and c hold 1, 0 and 0 of its 41 rows; i is -50 but in one row 10^9 (clamped: 1)."""
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin, dropped_around(admin, _TABLE):
         admin.execute(f"CREATE TABLE {_TABLE} (i integer, f double precision, c text)")
         admin.execute(f"INSERT INTO {_TABLE} SELECT -50, -50.0, CASE WHEN g = 1 THEN 'a' END FROM generate_series(1, 40) g")
+        admin.execute(f"INSERT INTO {_TABLE} VALUES (1000000000, -50.0, NULL)")  # i far above its bound, 1
         admin.execute(f"GRANT SELECT ON {_TABLE} TO {SERVICE_ROLE}")
         yield
 
@@ -121,9 +122,19 @@ def test_a_sum_is_noised_to_the_bound_of_larger_magnitude_even_when_it_is_the_lo
     """Sites sum.policy-sensitivity-upper-bound-only and grid.sensitivity-upper-only: one row moves a
     SUM over [-100, 1] by up to 100, so the noise scale is 100/ε per column (200 with two columns),
     for an integer column (discrete Laplace) as for a float one (on the fixed-point grid)."""
-    draws = _answers(calib, f"SELECT SUM(i), SUM(f) FROM {_TABLE}", 1000) - (-2000.0)
+    draws = _answers(calib, f"SELECT SUM(i), SUM(f) FROM {_TABLE}", 1000) - np.array([-1999.0, -2050.0])
     assert_laplace_scale(draws[:, 0], 200.0)
     assert_laplace_scale(draws[:, 1], 200.0, discrete=False)
+
+
+@pytest.mark.parametrize("aggregate", ["SUM(i) FILTER (WHERE f > -60)", "SUM(CASE WHEN f > -60 THEN i ELSE 0 END)"])
+def test_a_conditional_sum_adds_clamped_values(calib, aggregate):
+    """Site clamp.filtered-sum-unclamped: a FILTER (or the CASE form read as one) restricts the
+    clamped sum, it does not replace it. The row holding 10^9 counts as 1, so the exact clamped sum
+    is -1999; noise of scale 100 is beyond ±2000 with probability e^-20 < 3e-9 per answer."""
+    with calib.connect() as conn:
+        answers = [conn.execute(f"SELECT {aggregate} FROM {_TABLE}").fetchone()[0] for _ in range(3)]
+    assert all(abs(answer - (-1999)) < 2000 for answer in answers), answers
 
 
 def test_mode_chooses_among_every_declared_category_even_those_no_row_holds(calib):
@@ -264,7 +275,8 @@ def test_a_noisy_sum_over_noisy_count_avg_draws_each_half_at_half_the_epsilon(mo
 
 
 def _smooth_sensitivity(values: list[float], lo: float, hi: float, epsilon: float, delta: float) -> float:
-    """S*_β of the lower median by NRS07's definition, with β = ε / (2·ln(2/δ)) (Laplace noise is
+    """S*_β of the lower median by the definition of Nissim, Raskhodnikova and Smith, "Smooth Sensitivity
+    and Sampling in Private Data Analysis" (2007), with β = ε / (2·ln(2/δ)) (Laplace noise is
     (ε/2, β)-admissible), written out here rather than taken from the mechanism."""
     beta = epsilon / (2 * math.log(2 / delta))
     m = len(values)

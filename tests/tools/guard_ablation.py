@@ -90,30 +90,34 @@ with --own-server too), so its kills of the catalog and classify survivors prove
 """
 
 CALIBRATION_FINDINGS = """\
-First run of --sites calibration (branch h43, 2026-11-27), 58 sites (calibration_sites.py), on a
-machine shared with four other helpers:
+First run of --sites calibration (branch h43, 2026-11-27), 58 sites, on a machine shared with
+four other helpers; calibration_sites.py now lists 59 (one dropped, two added, below):
 
 * the fast selections: 38 KILLED, 20 SURVIVED (~34 min, runs of 4-135 s); no survivor was a
-  calibration bug in the code: each was a number no test observed;
-* survivors pinned in tests/test_calibration.py, each run again with --tests to see it fail:
-  the SUM sensitivity taken from the upper bound only (integer policy and float grid; every
-  test's bounds were symmetric or non-negative), a coarse bigint sum's sensitivity rounded down,
-  a numeric total's rounding point, the noisy sum / noisy count AVG drawing its count at ε or
-  its centred sum at half the sensitivity (the AVG tests check accuracy and a loose neighbour
-  ratio), the smooth sensitivity's β taken as ε/ln(2/δ) (the smooth-median tests compare the
-  fast S* with the definition at the mechanism's own β), MODE choosing among the categories
-  present, a noise-pool batch queued twice, a repeat keyed without the user or without ε, a
-  reservation's δ not taken off (41 sample-and-aggregate answers on a δ budget of 20), and the
-  ledger rounding charges down or limits up;
+  calibration error in the code: each was a number no test of its area observed;
+* survivors pinned in tests/test_calibration.py, each run again to see it fail there (--tests)
+  and with its whole selection (19 sites, ~10 min: 18 KILLED): the SUM sensitivity taken from
+  the upper bound only (integer policy and float grid; every test's bounds were symmetric or
+  non-negative), a coarse bigint sum's sensitivity rounded down, a numeric total's rounding
+  point, the noisy sum / noisy count AVG drawing its count at ε or its centred sum at half the
+  sensitivity (the AVG tests check accuracy and a loose neighbour ratio), the smooth
+  sensitivity's β taken as ε/ln(2/δ) (the smooth-median tests compare the fast S* with the
+  definition at the mechanism's own β), MODE choosing among the categories present, a
+  noise-pool batch queued twice, a repeat keyed without the user or without ε, a reservation's
+  δ not taken off (41 sample-and-aggregate answers on a δ budget of 20), and the ledger
+  rounding charges down or limits up;
 * killed by a wider test than the selection held: the series ranking's ε share
   (test_bi_shapes' series-limit charge test, now in the grouped selection);
 * left alive, an equivalent mutation: charge.ranking-delta-dropped (a GROUP BY never has a
   sample-and-aggregate column, refused by dpq.grouped-mechanism, so a ranking's δ is always 0);
-* dropped as no weakening: a repeat served past its TTL (the same release again costs nothing).
-  Cursors, COPY and pipelines have no site of their own: each DP answer is charged at the one
-  place the executor charges (charge.* sites), whichever way its rows are sent. The ``other``
-  key and FILTER have none either: a row's cell is one CASE (rewriter.group_keys) and a FILTER
-  is the aggregate's own part (rewriter.rewrite.aggregate_parts), both under the sites above.
+* dropped as no weakening: a repeat served past its TTL (the same release again costs nothing);
+* added after the run: clamp.partition-min-max-unclamped-in-sql (KILLED by test_clamping) and
+  clamp.filtered-sum-unclamped, a FILTERed SUM summing unclamped values, which SURVIVED the
+  grouped selection and is pinned (test_calibration, both the FILTER and the CASE form).
+
+Cursors, COPY and pipelines have no site of their own: each DP answer is charged at the one
+place the executor charges (the charge.* sites), whichever way its rows are sent. The ``other``
+key has none either: a row's cell is one CASE (rewriter.group_keys), so a row is in one cell.
 """
 
 
