@@ -208,7 +208,7 @@ SITES: tuple[Site, ...] = (
          "classify"),
     # ------------------------------------------------------------------ rewriter/classify.py
     _off("cls.nested-writes", _C, "kind not in _WRITES and statement.references.node_kinds & _NESTED_WRITES", "classify"),
-    _off("cls.select-into", _C, 'kind == "SelectStmt" and statement.node.get("intoClause")', "classify"),
+    _off("cls.select-into", _C, 'statement.node.get("intoClause")', "classify"),
     Site("cls.writes", _C, "    if kind in _WRITES:\n        raise Refusal(",
          "    if kind in _WRITES:\n        return Passthrough(statement.text)\n    if False:\n        raise Refusal(",
          "classify"),
@@ -238,7 +238,8 @@ SITES: tuple[Site, ...] = (
     Site("cls.schema-changed", _C, "        if change is not None:\n            raise",
          "        if False:\n            raise", "relation"),
     _off("cls.one-relation", _C, "len(read) > 1", "dp_query"),
-    _off("cls.dp-session-effects", _C, "effects", "dp_query"),
+    Site("cls.dp-session-effects", _C, "    if effects:\n        # Wherever it stands", "    if False:\n        # Wherever it stands",
+         "dp_query"),
     Site("cls.dp-function-allowlist", _C, "    if unknown:\n", "    if False:\n", "dp_query"),
     Site("cls.dp-other-aggregates", _C, "        if name in _OTHER_AGGREGATES\n", "        if False\n", "dp_query"),
     _off("cls.two-phase-commit", _C, 'node.get("kind") not in _TRANSACTION_KINDS', "classify"),
