@@ -213,8 +213,11 @@ def _who_holds(proxy: RunningProxy, test_db: TestDatabase) -> str:
         activity = conn.execute(
             "SELECT pid, state, wait_event_type, wait_event, left(query, 60) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()").fetchall()
-    return "\n".join([f"pool: in_use={pool.in_use} idle={pool.idle}", *map(str, activity),
-                      *asyncio.run_coroutine_threadsafe(stacks(), proxy.loop).result(timeout=10)])
+    try:
+        tasks = asyncio.run_coroutine_threadsafe(stacks(), proxy.loop).result(timeout=10)
+    except TimeoutError:
+        tasks = ["the proxy's event loop did not run a task for 10 s"]
+    return "\n".join([f"pool: in_use={pool.in_use} idle={pool.idle}", *map(str, activity), *tasks])
 
 
 def test_a_client_that_does_not_read_its_answer_keeps_no_pooled_connection_from_the_others(
