@@ -8,6 +8,7 @@ not reading what it asked for.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import ssl
 import struct
@@ -172,10 +173,13 @@ def test_results_piled_up_before_sync_are_sent_as_they_grow(proxy: RunningProxy)
     wire.close()
 
 
-# A checkout timeout far longer than the hold of a slow client's result, or the idle-in-transaction
-# timeout, can take on a loaded machine: the test asks whether the connection comes back at all.
+# The one connection can come back only by what the test pins: the rest of a slow client's result
+# held (outside a block) or the idle-in-transaction timeout (inside one). The backend's statement
+# timeout is set far past the checkout's: at 20 s it cut the holder off first, and the test passed
+# with the hold removed. The other session may wait a 90 s checkout, far longer than either takes
+# on a loaded machine (2-17 s seen).
 _SMALL_POOL = TEST_POLICY.replace(
-    "statement_timeout_ms: 20000", "statement_timeout_ms: 20000\n  pool: {{size: 1, checkout_timeout_s: 90}}"
+    "statement_timeout_ms: 20000", "statement_timeout_ms: 600000\n  pool: {{size: 1, checkout_timeout_s: 90}}"
 ).replace("listen: {{host: 127.0.0.1, port: 0}}",
           "listen: {{host: 127.0.0.1, port: 0, idle_in_transaction_timeout_s: 2}}")
 
@@ -187,6 +191,33 @@ def _rows_arriving(wire: Wire, least: int = 2048) -> None:
     while len(wire.sock.recv(65536, socket.MSG_PEEK)) < least:
         assert time.monotonic() < deadline, "no rows came"
         time.sleep(0.05)
+
+
+def _who_holds(proxy: RunningProxy, test_db: TestDatabase) -> str:
+    """What a failed checkout needs explained: the pool's counts, the backend's sessions and
+    the proxy's session tasks, where they wait."""
+    import psycopg
+
+    async def stacks() -> list[str]:
+        out = []
+        for task in asyncio.all_tasks():
+            awaits, coro = [], task.get_coro()
+            while (frame := getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)) is not None:
+                awaits.append(f"{frame.f_code.co_qualname}:{frame.f_lineno}")
+                coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
+            out.append(f"{task.get_name()}: " + " -> ".join(awaits))
+        return out
+
+    pool = proxy.server.pool
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        activity = conn.execute(
+            "SELECT pid, state, wait_event_type, wait_event, left(query, 60) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()").fetchall()
+    try:
+        tasks = asyncio.run_coroutine_threadsafe(stacks(), proxy.loop).result(timeout=10)
+    except TimeoutError:
+        tasks = ["the proxy's event loop did not run a task for 10 s"]
+    return "\n".join([f"pool: in_use={pool.in_use} idle={pool.idle}", *map(str, activity), *tasks])
 
 
 def test_a_client_that_does_not_read_its_answer_keeps_no_pooled_connection_from_the_others(
@@ -205,7 +236,8 @@ def test_a_client_that_does_not_read_its_answer_keeps_no_pooled_connection_from_
         hog.send(_query("SELECT * FROM generate_series(1, 1000000)"))
         _rows_arriving(hog)
         other.send(_query("SELECT 1"))
-        assert _codes(other.read_until(b"Z")) == []
+        codes = _codes(other.read_until(b"Z"))
+        assert codes == [], _who_holds(proxy, test_db)
         # Inside a transaction block the connection stays the session's, as on PostgreSQL,
         # and not reading for idle_in_transaction_timeout_s ends the session like idling.
         stuck = Wire(proxy.host, proxy.port)
@@ -213,7 +245,8 @@ def test_a_client_that_does_not_read_its_answer_keeps_no_pooled_connection_from_
         stuck.send(_query("BEGIN"), _query("SELECT * FROM generate_series(1, 1000000)"))
         _rows_arriving(stuck)
         other.send(_query("SELECT 1"))
-        assert _codes(other.read_until(b"Z")) == []
+        codes = _codes(other.read_until(b"Z"))
+        assert codes == [], _who_holds(proxy, test_db)
         for wire in (hog, stuck, other):
             wire.close()
 
