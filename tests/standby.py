@@ -62,6 +62,10 @@ class StandbyPair:
             # Where the last record was inserted: with synchronous_commit off, the last commit
             # may not be written yet, so pg_current_wal_lsn() (written up to) can be before it.
             row = primary.execute("SELECT pg_catalog.pg_current_wal_insert_lsn()::text").fetchone()
+            # ... and flushed, hence streamed: a transaction left open (an operator's REINDEX) is
+            # otherwise flushed only by the next commit or the bgwriter's snapshot, ~15 s later.
+            primary.execute("SET synchronous_commit = on")
+            primary.execute("SELECT pg_catalog.txid_current()")
         assert row is not None
         target = row[0]
         deadline = time.monotonic() + _REPLAY_WAIT_S
