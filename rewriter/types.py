@@ -39,8 +39,8 @@ def aggregate_result_type(kind: str, argument_type: int | None) -> int:
     assert argument_type is not None
     if kind == "sum":
         return _SUM[argument_type]
-    if kind == "avg":
-        return _AVG[argument_type]
+    if kind in ("avg", "var_pop", "var_samp", "stddev_pop", "stddev_samp"):
+        return _AVG[argument_type]  # numeric for integers and numeric, double precision for floats
     if kind == "percentile_cont":
         return FLOAT8  # PostgreSQL's percentile_cont(double precision) reads every number as a double
     return argument_type  # min, max, mode keep the argument's type
