@@ -36,7 +36,7 @@ from .post_process import PostProcess, aggregate_nodes, outer_statement
 from .shares import counted_shares
 from .predicates import PredicateRenderer
 from .scope import Scope
-from .sqlglot_parse import parse_postgres
+from .sqlglot_parse import VARIANCE_FUNCTIONS, parse_postgres
 from .statements import split_statements
 from .types import FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, MAX_ABS_BOUND, NUMERIC, NUMERIC_TYPES, aggregate_result_type
 
@@ -174,6 +174,7 @@ def plan_aggregate_query(
         raise scope.refuse("cannot analyse this query on protected table", "unparsed") from exc
     if not isinstance(tree, exp.Select):
         raise scope.refuse(*_set_operation_refusal(tree))
+    _check_variance_arguments(tree, scope)
     inlined = inline_ctes(tree, scope)
     if inlined is not tree:  # PostgreSQL's output names are read from the text (_names): the inlined one
         tree, sql = inlined, inlined.sql(dialect="postgres")
@@ -231,6 +232,20 @@ def _named(aggregates: tuple[Aggregate, ...], names: list[str | None] | None) ->
         return aggregates
     return tuple(replace(agg, output_name=name) if agg.kind in VARIANCES and name else agg
                  for agg, name in zip(aggregates, names))
+
+
+def _check_variance_arguments(tree: exp.Expression, scope: Scope) -> None:
+    """Refuse a variance or standard deviation called with other than one argument (PostgreSQL
+    has none of two, ``stddev(x, y)``), before anything else reads the statement."""
+    for call in tree.find_all(exp.Anonymous):
+        if call.name.upper() in VARIANCE_FUNCTIONS:
+            raise Refusal(
+                SQLSTATE.DP_QUERY_SHAPE,
+                f"{call.name}() takes one column on protected table {scope.table.display_name}, not "
+                f"{len(call.expressions)} arguments (rule: aggregate-argument)",
+                f"Ask {call.name}(col) of one numeric column with bounds in the policy; for two columns, one call each.",
+                "aggregate-argument",
+            )
 
 
 def too_many_cells(plan: AggregateQuery) -> Refusal | None:
