@@ -151,5 +151,10 @@ def release_variance(
 
 
 def _scaled(points: float, exponent: int) -> float:
-    """``points`` in column units: times 2^-exponent (a power of two: exact, or 0 past the doubles)."""
-    return math.ldexp(points, -exponent)
+    """``points`` in column units: times 2^-exponent (a power of two: exact, 0 below the doubles,
+    and infinity above them, which only a noise scale can reach: ``rewriter.types`` bounds the
+    columns so that every released value is finite)."""
+    try:
+        return math.ldexp(points, -exponent)
+    except OverflowError:
+        return math.inf

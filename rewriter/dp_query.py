@@ -38,7 +38,8 @@ from .predicates import PredicateRenderer
 from .scope import Scope
 from .sqlglot_parse import VARIANCE_FUNCTIONS, parse_postgres
 from .statements import split_statements
-from .types import FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, MAX_ABS_BOUND, NUMERIC, NUMERIC_TYPES, aggregate_result_type
+from .types import (FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, MAX_ABS_BOUND, MAX_ABS_VARIANCE_BOUND, NUMERIC,
+                    NUMERIC_TYPES, aggregate_result_type)
 
 __all__ = ["Aggregate", "AggregateQuery", "SeriesLimit", "asks_for_no_row", "plan_aggregate_query", "too_many_cells"]
 
@@ -847,6 +848,16 @@ def _aggregate_column(kind: AggregateKind, argument: exp.Expression | None, scop
             f"large for {kind.upper()} (rule: bounds-too-large)",
             f"Bounds of this column type may be at most {limit:g} in magnitude: beyond that the backend's "
             "sum could overflow depending on the rows. Ask the policy's owner for tighter bounds.",
+            "bounds-too-large",
+        )
+    if kind in VARIANCES and column.policy.sensitivity > MAX_ABS_VARIANCE_BOUND:
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"the bounds of column {column.name} of protected table {scope.table.display_name} are too "
+            f"large for {kind.upper()} (rule: bounds-too-large)",
+            f"VARIANCE and STDDEV take columns whose bounds are at most {MAX_ABS_VARIANCE_BOUND:g} in magnitude: "
+            "the variance of wider values can exceed double precision's range. Ask the policy's owner for tighter "
+            "bounds.",
             "bounds-too-large",
         )
     return column

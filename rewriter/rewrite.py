@@ -165,11 +165,10 @@ def aggregate_parts(agg: Aggregate) -> tuple[Part, ...]:
     if agg.mechanism == "sample_aggregate":
         return (Part(per_partition(agg.kind, agg.column, condition), additive=False),)
     if agg.mechanism == "moments":
-        centred = centred_points(agg.column)
-        exact = f"CAST({centred} AS pg_catalog.numeric)"  # d² reaches 2^106: beyond bigint
+        centred = centred_points(agg.column)  # numeric: d² reaches 2^106, beyond bigint
         return (Part(filtered(f"pg_catalog.count({column})", condition)),
                 Part(filtered(f"pg_catalog.sum({centred})", condition)),
-                Part(filtered(f"pg_catalog.sum({operator(exact, '*', exact)})", condition)))
+                Part(filtered(f"pg_catalog.sum({operator(centred, '*', centred)})", condition)))
     if agg.mechanism == "quantile":
         return (Part(filtered(f"pg_catalog.count({column})", condition), per_grid=True),)
     if agg.kind == "mode":
@@ -637,8 +636,8 @@ def centred_points(column: ColumnInfo) -> str:
     ``bigint`` could overflow). Float and numeric columns: the clamped value's point on the sum
     grid (a numeric value converted to ``double precision`` first, :func:`_to_double`, which
     cannot fail on a clamped value), clamped again into [p(lo), p(hi)] as a ``bigint``, so that
-    |d| ≤ D holds by the SQL alone, whatever a conversion rounds; then minus C, which cannot
-    overflow (both are below 2^53 in magnitude). None of it fails on any value: NULL stays
+    |d| ≤ D holds by the SQL alone, whatever a conversion rounds; then minus C in ``numeric``
+    (total, where ``bigint`` subtraction is not). None of it fails on any value: NULL stays
     NULL, NaN and ±Infinity are clamped to the bounds first.
     """
     assert column.policy is not None and column.policy.bounds is not None
@@ -650,7 +649,7 @@ def centred_points(column: ColumnInfo) -> str:
     point = _grid_point(value, moments.grid.factor, moments.grid.rounds_to_zero_below)
     bounded = (f"pg_catalog.int8smaller(pg_catalog.int8larger({point}, CAST('{moments.low}' AS bigint)), "
                f"CAST('{moments.high}' AS bigint))")
-    return operator(bounded, "-", f"CAST('{moments.centre}' AS bigint)")
+    return operator(f"CAST({bounded} AS pg_catalog.numeric)", "-", f"CAST('{moments.centre}' AS pg_catalog.numeric)")
 
 
 def clamped(column: ColumnInfo, value: str | None = None) -> str:

@@ -37,8 +37,8 @@ VARIANCE_FUNCTIONS = {"STDDEV": exp.Stddev, "STDDEV_SAMP": exp.StddevSamp, "STDD
                       "VARIANCE": exp.Variance, "VAR_SAMP": exp.Variance, "VAR_POP": exp.VariancePop}
 
 
-def _one_argument(name: str, kind: type[exp.Func]) -> Callable[[list[exp.Expression]], exp.Expression]:
-    def build(args: list[exp.Expression]) -> exp.Expression:
+def _one_argument(name: str, kind: type[exp.Func]) -> Callable[[list[exp.Expression]], exp.Func]:
+    def build(args: list[exp.Expression]) -> exp.Func:
         return kind(this=args[0]) if len(args) == 1 else exp.Anonymous(this=name.lower(), expressions=args)
 
     return build

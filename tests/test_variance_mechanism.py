@@ -184,3 +184,13 @@ def test_the_released_variance_is_within_its_stated_accuracy_at_epsilon_1():
     # 85% of 300 releases: for a true coverage ≥ 0.95, fewer fails with probability < 1e-12 (Chernoff).
     stated = release_variance("var_pop", *parts, moments, 1.0).error95
     assert sum(e <= stated for e in errors) >= 0.85 * releases
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_widest_bounds_a_variance_takes_release_a_finite_value_even_at_a_tiny_epsilon(kind):
+    """|bounds| ≤ 1e150 (rewriter.types.MAX_ABS_VARIANCE_BOUND): the sample variance's range, up to
+    2e300, is finite; a noise scale past the doubles is reported as infinity, never an error."""
+    moments = MomentGrid.for_bounds(-1e150, 1e150, integer=False)
+    for epsilon in (1.0, 1e-9):
+        release = release_variance(kind, 2, 0, 2 * moments.reach**2, moments, epsilon)
+        assert math.isfinite(release.value) and 0.0 <= release.value <= 2.0001e300
