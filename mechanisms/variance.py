@@ -130,7 +130,8 @@ def release_variance(
     exponent = moments.grid.exponent
     if reach == 0:  # lo = hi: every value is the centre, the variance is 0 whatever the rows
         return MomentsRelease(0.0, epsilon, 0.0, 0.0, 0.0, "moments")
-    noisy_count = laplace_int(count, 1.0 / share_n)
+    count_scale = 1.0 / share_n
+    noisy_count = laplace_int(count, count_scale)
     noisy_sum, sum_scale = laplace_integer_sum(centred_sum, reach, share_s)
     noisy_squares, squares_scale = laplace_integer_sum(centred_squares, reach**2, share_q)
     sample = kind in ("var_samp", "stddev_samp")
@@ -140,8 +141,8 @@ def release_variance(
     widest = Fraction(reach**2)
     if sample:
         points, widest = points * m / (m - 1), widest * m / (m - 1)
-    bound = min((squares_scale + 2 * reach * sum_scale + reach**2 / share_n) * _LN60 / m, float(widest))
-    scales = (1.0 / share_n, _scaled(sum_scale, exponent), _scaled(squares_scale, 2 * exponent))
+    bound = min((squares_scale + 2 * reach * sum_scale + reach**2 * count_scale) * _LN60 / m, float(widest))
+    scales = (count_scale, _scaled(sum_scale, exponent), _scaled(squares_scale, 2 * exponent))
     if kind.startswith("stddev"):
         return MomentsRelease(_scaled(math.sqrt(points), exponent), epsilon, 0.0,
                               _scaled(math.sqrt(squares_scale / m), exponent), _scaled(math.sqrt(bound), exponent),
