@@ -6,7 +6,8 @@ the plan becomes one or more *parts*, each one column of that row (:func:`aggreg
 
 * additive parts are exact totals over the filtered rows: COUNT, a SUM of values clamped
   into the column's bounds, the count of one declared category (MODE), the clamped sum and
-  the count behind an ``avg: sum_count`` AVG;
+  the count behind an ``avg: sum_count`` AVG; the count, centred sum and centred sum of squares
+  behind a variance or standard deviation (:func:`centred_points`);
 * partition parts are the m per-partition values of a sample-and-aggregate AVG, MIN or
   MAX, clamped into the column's bounds, as ``double precision`` (:func:`per_partition`) and
   returned as one text value: the values' 8-byte IEEE 754 forms (``float8send``), end to
@@ -609,9 +610,9 @@ def clamped_sum(column: ColumnInfo) -> str:
     if column.type_oid not in FLOAT_TYPES:
         return f"pg_catalog.sum({clamped(column)})"
     assert column.policy is not None
-    # a real column's values converted to double precision exactly
     grid = column.policy.sum_grid
-    return f"pg_catalog.sum({_grid_point(clamped(column), grid.factor, grid.rounds_to_zero_below)})"
+    value = clamped(column)  # double precision, a real column's values converted exactly
+    return f"pg_catalog.sum({_grid_point(value, grid.factor, grid.rounds_to_zero_below)})"
 
 
 def _grid_point(value: str, factor: float, tiny: float | None) -> str:
