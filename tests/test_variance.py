@@ -5,9 +5,9 @@ PostgreSQL's result types and column names; repeats, COPY, cursors, the extended
 binary results; neighbouring tables that differ by one adversarial row; refusals, uncharged.
 
 Every accuracy assertion uses a bound that holds unless one of the noise draws behind it lands
-beyond b·ln(1/p) (discrete Laplace: P(|X| ≥ b·t) ≤ e^-t·(1 + ...) ≤ 2e^-t/(1+e^-1/b)) ≤ e^-t for
-b ≥ 1 point): with p chosen per test so that the test's assertions together fail by chance with
-probability at most 1e-6 (the union bound over their draws).
+beyond b·t with t = ln(1.5/p): for discrete Laplace of scale b ≥ 1 point, P(|X| > b·t) ≤
+2e^-t/(1 + e^-1/b) ≤ 1.5·e^-t = p. p is chosen per test so that the test's assertions together
+fail by chance with probability at most 1e-6 (the union bound over their draws).
 """
 
 from __future__ import annotations
@@ -91,14 +91,14 @@ def _scales(h: float, epsilon: float) -> tuple[float, float, float]:
 
 
 def _bound(kind: str, n: int, exact: float, h: float, epsilon: float, p: float) -> float:
-    """|release − exact| stays within this unless one of the three draws exceeds b·ln(1/p).
+    """|release − exact| stays within this unless one of the three draws exceeds b·ln(1.5/p).
 
     Population variance: (|e_Q| + 3h²|e_n| + 2h|e_S|)/ñ + ((|e_S| + h|e_n|)/ñ)² (|S/n| ≤ h, Q/n ≤ h²;
     the clamp only shrinks it). The sample forms scale it by m/(m − 1) and add h²·|1/(m−1) − 1/(n−1)|;
     a standard deviation's error is at most the variance's over √(its exact variance).
     """
     b_n, b_s, b_q = _scales(h * (1 + 1e-9), epsilon)  # a float grid's reach: at most a point beyond h
-    t = math.log(1 / p)
+    t = math.log(1.5 / p)
     low = n - b_n * t
     assert low > 2
     bound = (b_q + 3 * h * h * b_n + 2 * h * b_s) * t / low + ((b_s + h * b_n) * t / low) ** 2

@@ -164,15 +164,16 @@ def test_the_released_variance_is_within_its_stated_accuracy_at_epsilon_1():
 
     With ñ = n + e_n, S̃ = S + e_S, Q̃ = Q + e_Q (column units) and |S/n| ≤ h, Q/n ≤ h², the exact
     error of Q̃/ñ − (S̃/ñ)² is at most (|e_Q| + 3h²|e_n| + 2h|e_S|)/ñ + ((|e_S| + h|e_n|)/ñ)², and
-    the clamp only shrinks it. Each of the 3 draws of each of 300 releases stays within b·ln(1/p)
-    but with probability p = 1e-6/900: the assertion fails by chance with probability ≤ 1e-6."""
+    the clamp only shrinks it. Each of the 3 draws of each of 300 releases stays within b·ln(1.5/p)
+    but with probability p = 1e-6/900 (discrete Laplace of scale b ≥ 1: P(|X| > b·t) ≤ 1.5·e^-t):
+    the assertion fails by chance with probability ≤ 1e-6."""
     rng = random.Random(11)
     values = [float(rng.randint(0, 100)) for _ in range(100_000)]
     moments = MomentGrid.for_bounds(0, 100, integer=True)
     parts = _moments(values, moments)
     b_n, b_s, b_q = moment_noise(moments, 1.0)
     releases = 300
-    t = math.log(releases * 3 / 1e-6)
+    t = math.log(1.5 * releases * 3 / 1e-6)
     n, h = len(values), 50.0
     low = n - b_n * t
     bound = (b_q + 3 * h * h * b_n + 2 * h * b_s) * t / low + ((b_s + h * b_n) * t / low) ** 2
