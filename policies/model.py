@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, 
 from mechanisms.breach import epsilon_from_breach
 from mechanisms.fixed_point import Grid
 from mechanisms.quantile import QuantileGrid
+from mechanisms.variance import MomentGrid
 
 from .credentials import ScramVerifier, derive_scram_verifier, parse_scram_verifier
 from .dsn import check_dsn
@@ -354,6 +355,12 @@ class ColumnPolicy(_Strict):
         (``mechanisms.fixed_point``): the backend adds rint(x·2^k), exactly."""
         assert self.bounds is not None
         return Grid.for_bounds(*self.bounds)
+
+    def moment_grid(self, integer_column: bool) -> MomentGrid:
+        """The grid a VARIANCE or STDDEV of this column counts its centred values on
+        (``mechanisms.variance``): step 1/2 for an integer column, else the sum grid."""
+        assert self.bounds is not None
+        return MomentGrid.for_bounds(*self.bounds, integer=integer_column)
 
     def quantile_grid(self, integer_column: bool, cells: int) -> QuantileGrid:
         """The candidates of a percentile of this column (``mechanisms.quantile``): from its bounds

@@ -511,14 +511,16 @@ def _check_function_names(functions: frozenset[str], relation: Relation) -> None
         raise Refusal(
             SQLSTATE.DP_QUERY_SHAPE,
             f"{written} is not allowed on protected table {relation.display_name} (rule: function-allowlist)",
-            "Aggregates: COUNT, SUM, AVG, MIN, MAX, MODE() and PERCENTILE_CONT/PERCENTILE_DISC(p) WITHIN GROUP; in WHERE: lower(), upper(), and the "
+            "Aggregates: COUNT, SUM, AVG, MIN, MAX, MODE(), PERCENTILE_CONT/PERCENTILE_DISC(p) WITHIN GROUP, "
+            "VARIANCE/VAR_SAMP/VAR_POP and STDDEV/STDDEV_SAMP/STDDEV_POP; in WHERE: lower(), upper(), and the "
             "date/time and arithmetic functions of computed values: " + ", ".join(sorted(FOLDABLE_FUNCTIONS)) + ".",
             "function-allowlist",
         )
 
 
 _DP_FUNCTIONS = frozenset({"count", "sum", "avg", "min", "max", "mode", "percentile_cont", "percentile_disc", "lower",
-                           "upper", "date_trunc", "width_bucket"})
+                           "upper", "date_trunc", "width_bucket", "stddev", "stddev_samp", "stddev_pop", "variance",
+                           "var_samp", "var_pop"})
 
 # Aggregates and window functions catalog queries may call, never a protected table.
 _OTHER_AGGREGATES = frozenset({

@@ -36,14 +36,18 @@ from .post_process import PostProcess, aggregate_nodes, outer_statement
 from .shares import counted_shares
 from .predicates import PredicateRenderer
 from .scope import Scope
-from .sqlglot_parse import parse_postgres
+from .sqlglot_parse import VARIANCE_FUNCTIONS, parse_postgres
 from .statements import split_statements
-from .types import FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, MAX_ABS_BOUND, NUMERIC, NUMERIC_TYPES, aggregate_result_type
+from .types import (FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, MAX_ABS_BOUND, MAX_ABS_VARIANCE_BOUND, NUMERIC,
+                    NUMERIC_TYPES, aggregate_result_type)
 
 __all__ = ["Aggregate", "AggregateQuery", "SeriesLimit", "asks_for_no_row", "plan_aggregate_query", "too_many_cells"]
 
-AggregateKind = Literal["count", "sum", "avg", "min", "max", "mode", "percentile_cont", "percentile_disc"]
+AggregateKind = Literal["count", "sum", "avg", "min", "max", "mode", "percentile_cont", "percentile_disc",
+                        "var_pop", "var_samp", "stddev_pop", "stddev_samp"]
 PERCENTILES = frozenset({"percentile_cont", "percentile_disc"})
+# STDDEV is STDDEV_SAMP and VARIANCE is VAR_SAMP in PostgreSQL: one kind (one release) each.
+VARIANCES = frozenset({"var_pop", "var_samp", "stddev_pop", "stddev_samp"})
 
 _SIMPLE_AGGREGATES: dict[type[exp.Expression], AggregateKind] = {
     exp.Count: "count",
@@ -51,8 +55,13 @@ _SIMPLE_AGGREGATES: dict[type[exp.Expression], AggregateKind] = {
     exp.Avg: "avg",
     exp.Min: "min",
     exp.Max: "max",
+    exp.Stddev: "stddev_samp",
+    exp.StddevSamp: "stddev_samp",
+    exp.StddevPop: "stddev_pop",
+    exp.Variance: "var_samp",  # sqlglot reads variance() and var_samp() alike
+    exp.VariancePop: "var_pop",
 }
-Mechanism = Literal["laplace", "sample_aggregate", "sum_count", "exponential", "quantile"]
+Mechanism = Literal["laplace", "sample_aggregate", "sum_count", "exponential", "quantile", "moments"]
 
 
 
@@ -64,7 +73,8 @@ class Aggregate:
     ``sample_aggregate`` for MIN, MAX and AVG where the column or table says ``avg:
     sample_aggregate``, ``sum_count`` for AVG otherwise (the default), ``exponential`` for MODE,
     ``quantile`` for PERCENTILE_CONT/PERCENTILE_DISC (the exponential mechanism over the column's
-    grid, ``fraction`` its p, DESC applied).
+    grid, ``fraction`` its p, DESC applied), ``moments`` for VAR_POP/VAR_SAMP/STDDEV_POP/STDDEV_SAMP
+    (noisy count, centred sum and centred sum of squares).
     """
 
     kind: AggregateKind
@@ -165,6 +175,7 @@ def plan_aggregate_query(
         raise scope.refuse("cannot analyse this query on protected table", "unparsed") from exc
     if not isinstance(tree, exp.Select):
         raise scope.refuse(*_set_operation_refusal(tree))
+    _check_variance_arguments(tree, scope)
     inlined = inline_ctes(tree, scope)
     if inlined is not tree:  # PostgreSQL's output names are read from the text (_names): the inlined one
         tree, sql = inlined, inlined.sql(dialect="postgres")
@@ -194,7 +205,7 @@ def plan_aggregate_query(
     if not groups:
         _check_one_row_order(tree, scope)
     if enclosing is None and not groups and _plain(tree):
-        aggregates = tuple(_aggregate(item, scope, conditions) for item in tree.expressions)
+        aggregates = _named(tuple(_aggregate(item, scope, conditions) for item in tree.expressions), names[0])
     else:
         aggregates, post = _post_processed(tree, scope, conditions, enclosing, groups, names, ordinal=ranking)
     _check_combination(aggregates, groups, scope)
@@ -212,6 +223,30 @@ def plan_aggregate_query(
         if too_many is not None:
             raise too_many
     return plan
+
+
+def _named(aggregates: tuple[Aggregate, ...], names: list[str | None] | None) -> tuple[Aggregate, ...]:
+    """A one-row answer's variances named as PostgreSQL names them: one kind answers two
+    spellings (``variance``/``var_samp``, ``stddev``/``stddev_samp``), and an unaliased call is
+    named by the function as written (``names``: PostgreSQL's, ``rewriter.column_names``)."""
+    if names is None or len(names) != len(aggregates):
+        return aggregates
+    return tuple(replace(agg, output_name=name) if agg.kind in VARIANCES and name else agg
+                 for agg, name in zip(aggregates, names))
+
+
+def _check_variance_arguments(tree: exp.Expression, scope: Scope) -> None:
+    """Refuse a variance or standard deviation called with other than one argument (PostgreSQL
+    has none of two, ``stddev(x, y)``), before anything else reads the statement."""
+    for call in tree.find_all(exp.Anonymous):
+        if call.name.upper() in VARIANCE_FUNCTIONS:
+            raise Refusal(
+                SQLSTATE.DP_QUERY_SHAPE,
+                f"{call.name}() takes one column on protected table {scope.table.display_name}, not "
+                f"{len(call.expressions)} arguments (rule: aggregate-argument)",
+                f"Ask {call.name}(col) of one numeric column with bounds in the policy; for two columns, one call each.",
+                "aggregate-argument",
+            )
 
 
 def too_many_cells(plan: AggregateQuery) -> Refusal | None:
@@ -753,6 +788,8 @@ def _mechanism(kind: AggregateKind, scope: Scope, grouped: bool = False, column:
         return "exponential"
     if kind in PERCENTILES:
         return "quantile"
+    if kind in VARIANCES:
+        return "moments"
     column_avg = column.policy.avg if column is not None and column.policy is not None else None
     if kind == "avg" and (grouped or (column_avg or scope.table.policy.avg) == "sum_count"):
         return "sum_count"
@@ -763,7 +800,7 @@ def _mechanism(kind: AggregateKind, scope: Scope, grouped: bool = False, column:
             "(rule: aggregate-not-allowed)",
             f"{kind.upper()} is answered by sample and aggregate, which needs hundreds of rows in each group to say "
             f"anything: ask it without GROUP BY, with a WHERE for the group you want; per group, COUNT, SUM, AVG, "
-            "COUNT(DISTINCT col) and MODE are answered.",
+            "COUNT(DISTINCT col), MODE, VARIANCE and STDDEV are answered.",
             "aggregate-not-allowed",
         )
     if scope.table.policy.delta <= 0:
@@ -799,7 +836,8 @@ def _aggregate_column(kind: AggregateKind, argument: exp.Expression | None, scop
         raise Refusal(
             SQLSTATE.DP_QUERY_SHAPE,
             f"column {column.name} of protected table {scope.table.display_name} has no bounds in the policy (rule: bounds-required)",
-            "Add bounds: [lo, hi] for this column to the policy to allow SUM/AVG/MIN/MAX and percentiles on it.",
+            "Add bounds: [lo, hi] for this column to the policy to allow SUM/AVG/MIN/MAX, percentiles, "
+            "VARIANCE and STDDEV on it.",
             "bounds-required",
         )
     limit = MAX_ABS_BOUND.get(column.type_oid)
@@ -812,6 +850,16 @@ def _aggregate_column(kind: AggregateKind, argument: exp.Expression | None, scop
             "sum could overflow depending on the rows. Ask the policy's owner for tighter bounds.",
             "bounds-too-large",
         )
+    if kind in VARIANCES and column.policy.sensitivity > MAX_ABS_VARIANCE_BOUND:
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"the bounds of column {column.name} of protected table {scope.table.display_name} are too "
+            f"large for {kind.upper()} (rule: bounds-too-large)",
+            f"VARIANCE and STDDEV take columns whose bounds are at most {MAX_ABS_VARIANCE_BOUND:g} in magnitude: "
+            "the variance of wider values can exceed double precision's range. Ask the policy's owner for tighter "
+            "bounds.",
+            "bounds-too-large",
+        )
     return column
 
 
@@ -819,7 +867,8 @@ def _not_numeric_hint(column: ColumnInfo, table: str) -> str:
     """What a column that is not numeric answers instead of SUM, AVG, MIN and MAX, by its policy."""
     policy = column.policy
     name = column.name
-    rest = f"SUM, AVG, MIN, MAX and percentiles take a numeric column of {table} that has bounds in the policy."
+    rest = (f"SUM, AVG, MIN, MAX, percentiles, VARIANCE and STDDEV take a numeric column of {table} that has bounds "
+            "in the policy.")
     if column.type_oid in TIME_TYPES:
         grouped = (f" and GROUP BY DATE_TRUNC('month', {name})" if policy is not None and policy.time_units else "")
         return f"A date or time column answers COUNT({name}){grouped}; its earliest or latest time is not answered. {rest}"

@@ -6,7 +6,8 @@ the plan becomes one or more *parts*, each one column of that row (:func:`aggreg
 
 * additive parts are exact totals over the filtered rows: COUNT, a SUM of values clamped
   into the column's bounds, the count of one declared category (MODE), the clamped sum and
-  the count behind an ``avg: sum_count`` AVG;
+  the count behind an ``avg: sum_count`` AVG; the count, centred sum and centred sum of squares
+  behind a variance or standard deviation (:func:`centred_points`);
 * partition parts are the m per-partition values of a sample-and-aggregate AVG, MIN or
   MAX, clamped into the column's bounds, as ``double precision`` (:func:`per_partition`) and
   returned as one text value: the values' 8-byte IEEE 754 forms (``float8send``), end to
@@ -124,7 +125,7 @@ from .types import FLOAT4, FLOAT8, FLOAT_TYPES, INT2, INT4, INT8, INTEGER_TYPES,
 
 __all__ = [
     "MAX_BACKEND_COLUMNS", "too_many_columns",
-    "HASH_FUNCTIONS", "Part", "aggregate_parts", "backend_sql", "clamped", "clamped_sum", "collected", "filtered", "grid_index",
+    "HASH_FUNCTIONS", "Part", "aggregate_parts", "backend_sql", "centred_points", "clamped", "clamped_sum", "collected", "filtered", "grid_index",
     "hashable", "hashed_columns", "literal", "quantile_grid", "query_grid",
     "partition_key", "partition_seed", "partition_values", "per_partition", "row_hash_key", "seeded", "split_cells", "split_row",
 ]
@@ -147,6 +148,7 @@ def aggregate_parts(agg: Aggregate) -> tuple[Part, ...]:
 
     count → (count,); sum → (clamped sum,); sum_count AVG → (clamped sum, count of values);
     sample-and-aggregate AVG/MIN/MAX → (per-partition aggregate of clamped values,);
+    VARIANCE/STDDEV → (count of values, Σ d, Σ d²) over the centred points d (:func:`centred_points`);
     MODE → (count of each declared category, in the policy's order); percentile → (count of the
     column's values, per grid index).
     """
@@ -163,6 +165,11 @@ def aggregate_parts(agg: Aggregate) -> tuple[Part, ...]:
                 Part(filtered(f"pg_catalog.count({column})", condition)))
     if agg.mechanism == "sample_aggregate":
         return (Part(per_partition(agg.kind, agg.column, condition), additive=False),)
+    if agg.mechanism == "moments":
+        centred = centred_points(agg.column)  # numeric: d² reaches 2^106, beyond bigint
+        return (Part(filtered(f"pg_catalog.count({column})", condition)),
+                Part(filtered(f"pg_catalog.sum({centred})", condition)),
+                Part(filtered(f"pg_catalog.sum({operator(centred, '*', centred)})", condition)))
     if agg.mechanism == "quantile":
         return (Part(filtered(f"pg_catalog.count({column})", condition), per_grid=True),)
     if agg.kind == "mode":
@@ -605,12 +612,45 @@ def clamped_sum(column: ColumnInfo) -> str:
     assert column.policy is not None
     grid = column.policy.sum_grid
     value = clamped(column)  # double precision, a real column's values converted exactly
-    scaled = operator(value, "*", f"CAST('{grid.factor!r}' AS double precision)")
-    tiny = grid.rounds_to_zero_below
+    return f"pg_catalog.sum({_grid_point(value, grid.factor, grid.rounds_to_zero_below)})"
+
+
+def _grid_point(value: str, factor: float, tiny: float | None) -> str:
+    """rint(``value``·2^k) as a ``bigint``: a clamped ``double precision`` value's point on a grid
+    (``mechanisms.fixed_point.Grid``: ``factor`` its 2^k, ``tiny`` its ``rounds_to_zero_below``).
+
+    It cannot fail: a clamped value times 2^k is below 2^52 in magnitude, and for k < 0 a value
+    that the product would underflow is taken as 0, its grid point anyway.
+    """
+    scaled = operator(value, "*", f"CAST('{factor!r}' AS double precision)")
     if tiny is not None:
         small = operator(f"pg_catalog.abs({value})", "<", f"CAST('{tiny!r}' AS double precision)")
         scaled = f"CASE WHEN {small} THEN CAST(0 AS double precision) ELSE {scaled} END"
-    return f"pg_catalog.sum(CAST({scaled} AS bigint))"
+    return f"CAST({scaled} AS bigint)"
+
+
+def centred_points(column: ColumnInfo) -> str:
+    """A row's centred value d = p(x) − C on the column's moment grid (``mechanisms.variance``),
+    for VARIANCE and STDDEV: an exact integer with |d| ≤ D, NULL for NULL, from that row alone.
+
+    Integer columns: 2x − (lo + hi) over the clamped value x, in ``numeric`` (2x of a
+    ``bigint`` could overflow). Float and numeric columns: the clamped value's point on the sum
+    grid (a numeric value converted to ``double precision`` first, :func:`_to_double`, which
+    cannot fail on a clamped value), clamped again into [p(lo), p(hi)] as a ``bigint``, so that
+    |d| ≤ D holds by the SQL alone, whatever a conversion rounds; then minus C in ``numeric``
+    (total, where ``bigint`` subtraction is not). None of it fails on any value: NULL stays
+    NULL, NaN and ±Infinity are clamped to the bounds first.
+    """
+    assert column.policy is not None and column.policy.bounds is not None
+    moments = column.policy.moment_grid(column.type_oid in INTEGER_TYPES)
+    if column.type_oid in INTEGER_TYPES:
+        doubled = operator(f"CAST({clamped(column)} AS pg_catalog.numeric)", "*", "CAST(2 AS pg_catalog.numeric)")
+        return operator(doubled, "-", f"CAST('{moments.centre}' AS pg_catalog.numeric)")
+    value = clamped(column) if column.type_oid in FLOAT_TYPES else _to_double(clamped(column), column)
+    point = _grid_point(value, moments.grid.factor, moments.grid.rounds_to_zero_below)
+    bounded = (f"pg_catalog.int8smaller(pg_catalog.int8larger({point}, CAST('{moments.low}' AS bigint)), "
+               f"CAST('{moments.high}' AS bigint))")
+    return operator(f"CAST({bounded} AS pg_catalog.numeric)", "-", f"CAST('{moments.centre}' AS pg_catalog.numeric)")
 
 
 def clamped(column: ColumnInfo, value: str | None = None) -> str:

@@ -21,7 +21,7 @@ __all__ = ["SYSTEM_COLUMNS", "Scope"]
 _ALLOWED_HINT = (
     "Protected tables answer only aggregates of one table: SELECT COUNT(*), COUNT(col), COUNT(DISTINCT col), "
     "SUM(col), AVG(col), MIN(col), MAX(col), MODE() WITHIN GROUP (ORDER BY col), PERCENTILE_CONT(p) WITHIN GROUP "
-    "(ORDER BY col) FROM {table} "
+    "(ORDER BY col), VARIANCE(col), STDDEV(col) FROM {table} "
     "[WHERE col <op> literal [AND|OR ...]]; each answer is noised. "
     "SHOW dpproxy.columns lists what each column answers."
 )

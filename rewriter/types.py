@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["ARRAY_TYPES", "BOOL", "FLOAT_TYPES", "INTEGER_TYPES", "MAX_ABS_BOUND", "NUMERIC_TYPES", "aggregate_result_type"]
+__all__ = ["ARRAY_TYPES", "BOOL", "FLOAT_TYPES", "INTEGER_TYPES", "MAX_ABS_BOUND", "MAX_ABS_VARIANCE_BOUND", "NUMERIC_TYPES",
+           "aggregate_result_type"]
 
 INT2, INT4, INT8, FLOAT4, FLOAT8, NUMERIC = 21, 23, 20, 700, 701, 1700
 BOOL = 16
@@ -27,6 +28,12 @@ NUMERIC_TYPES = INTEGER_TYPES | {FLOAT4, FLOAT8, NUMERIC}
 # integers and need no limit.
 MAX_ABS_BOUND = {FLOAT4: 1e20, FLOAT8: 1e280, NUMERIC: 1e280}
 
+# The largest |bound| a VARIANCE or STDDEV column may have: the sample variance of values in
+# [lo, hi] reaches (hi − lo)²/2 (two rows at the bounds), which dpproxy computes and releases as a
+# double; with |bounds| ≤ 1e150 it is at most 2e300, below double precision's 1.8e308 whatever
+# the noise (mechanisms/variance.py clamps it into that range).
+MAX_ABS_VARIANCE_BOUND = 1e150
+
 # pg_aggregate's result types for the argument types dpproxy accepts.
 _SUM = {INT2: INT8, INT4: INT8, INT8: NUMERIC, FLOAT4: FLOAT4, FLOAT8: FLOAT8, NUMERIC: NUMERIC}
 _AVG = {INT2: NUMERIC, INT4: NUMERIC, INT8: NUMERIC, FLOAT4: FLOAT8, FLOAT8: FLOAT8, NUMERIC: NUMERIC}
@@ -39,8 +46,8 @@ def aggregate_result_type(kind: str, argument_type: int | None) -> int:
     assert argument_type is not None
     if kind == "sum":
         return _SUM[argument_type]
-    if kind == "avg":
-        return _AVG[argument_type]
+    if kind in ("avg", "var_pop", "var_samp", "stddev_pop", "stddev_samp"):
+        return _AVG[argument_type]  # numeric for integers and numeric, double precision for floats
     if kind == "percentile_cont":
         return FLOAT8  # PostgreSQL's percentile_cont(double precision) reads every number as a double
     return argument_type  # min, max, mode keep the argument's type

@@ -147,6 +147,10 @@ TOTAL: dict[str, str] = {
                        "output cannot fail) and returns text of at most the separator's length and 20 bytes an "
                        "integer (a percentile's grid index and count, rewriter.rewrite.collected_counts)",
     "encode-hex": "encode(x, 'hex') of a bytea below 512 MB is text of twice its length, below 1 GB",
+    "numeric-arithmetic": "− and × of two numerics known not NaN and bounded by finite doubles are exact and "
+                          "stay far below numeric's 10^131072 (a product's fraction digits past 16383 are "
+                          "rounded, not an error): a variance's centred point and its square "
+                          "(rewriter.rewrite.centred_points)",
     "integer-groups": "a GROUP BY on integer-valued keys bounded to [lo, hi] (a partition number "
                       "(h & mask) % m in [0, m), or floor(random() * m) in [0, m]) makes at most "
                       "∏(hi − lo + 2) groups, NULL included",
@@ -602,9 +606,22 @@ def _binary(node: ast.A_Expr, symbol: str, left: _Value, right: _Value, context:
         return _Value(_FLOAT8, nan=False, low=0.0, high=abs(_number(right.text) or math.inf))  # "random"
     if symbol == "/" and left.type_oid == _NUMERIC and right.constant and abs(_number(right.text) or 0) >= 1:
         return _Value(_NUMERIC, nan=left.nan)  # "extract-epoch"
+    if symbol in ("-", "*") and left.type_oid == right.type_oid == _NUMERIC and not (left.nan or right.nan) \
+            and all(math.isfinite(bound) for bound in (left.low, left.high, right.low, right.high)):
+        return _numeric_arithmetic(symbol, left, right)
     if symbol == "/" and left.type_oid == _FLOAT8 and not left.constant and right.counts is not None:
         return _mean(node, left, right, context)
     return _finding(node, context, f"operator {symbol} on types {left.type_oid}, {right.type_oid}")
+
+
+def _numeric_arithmetic(symbol: str, left: _Value, right: _Value) -> _Value:
+    """The exact difference or product of two bounded numerics, with its bounds."""
+    if symbol == "-":
+        low, high = left.low - right.high, left.high - right.low
+    else:
+        corners = [a * b for a in (left.low, left.high) for b in (right.low, right.high)]
+        low, high = min(corners), max(corners)
+    return _Value(_NUMERIC, nan=False, low=low, high=high, smallest=0.0)  # "numeric-arithmetic"
 
 
 def _mean(node: ast.A_Expr, total: _Value, count: _Value, context: _Context) -> _Value:

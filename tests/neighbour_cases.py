@@ -61,7 +61,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("n", "numeric", True, (0, 1e20), None,
            # 1e-400: closer to 0 than double precision reaches, where a cast to it fails
            ("'NaN'", "'Infinity'", "1e-400", "'-Infinity'", "1e100", "-1e100", "0.000000000000000000001", "1e20",
-            "100000000000000000001", "7"),
+            "100000000000000000001", "7",
+            # 1,000 digits: above the bounds, and within them with a fraction no double holds
+            "1" + "0" * 999, "0." + "3" * 998 + "7"),
            "group_by: true, avg: sample_aggregate"),
     Column("b", "bool", False, None, None, ("true", "false")),
     Column("d", "date", False, None, None,
@@ -302,7 +304,7 @@ class _Builder:
             (f"SUM(CASE WHEN {p} THEN {one} ELSE {zero} END)", True),
             (f"SUM(CASE WHEN {p} THEN {one} END)", True),
             (f"SUM(CASE WHEN {p} THEN {numeric} ELSE {zero} END)", numeric != "n"),
-            (f"{rng.choice(['SUM', 'AVG', 'MIN', 'MAX'])}(CASE WHEN {p} THEN {numeric} END)", False),
+            (f"{rng.choice(['SUM', 'AVG', 'MIN', 'MAX', *_VARIANCES])}(CASE WHEN {p} THEN {numeric} END)", False),
             (f"MODE() WITHIN GROUP (ORDER BY CASE WHEN {p} THEN {rng.choice(['t', 'v'])} END)", False),
             # Tableau's IIF(p, v, e): CASE WHEN p THEN v WHEN NOT p THEN e ELSE NULL END
             (f"SUM((CASE WHEN ({p}) THEN {rng.choice([one, numeric])} WHEN NOT ({p}) THEN {zero} ELSE NULL END))", False),
@@ -328,7 +330,7 @@ class _Builder:
 
     def _plain_aggregate(self) -> tuple[str, bool]:
         rng = self.rng
-        kind = rng.randrange(7)
+        kind = rng.randrange(8)
         numeric = [c for c in COLUMNS if c.numeric]
         if kind == 0:
             expression = "COUNT(*)"
@@ -341,6 +343,8 @@ class _Builder:
         elif kind == 6:
             categorical = [c for c in COLUMNS if c.categories]
             expression = f"MODE() WITHIN GROUP (ORDER BY {rng.choice(categorical).name})"
+        elif kind == 7:
+            expression = _variance(rng, rng.choice(numeric).name)
         else:
             function = ("SUM", "AVG", "MIN", "MAX", "SUM")[kind - 2]
             column = rng.choice(numeric).name
@@ -348,6 +352,19 @@ class _Builder:
                 column = f"CAST({column} AS {rng.choice(_CASTS)})"
             expression = f"{function}({column})"
         return expression, _fixed_scale(expression)
+
+
+_VARIANCES = ("STDDEV", "STDDEV_SAMP", "STDDEV_POP", "VARIANCE", "VAR_SAMP", "VAR_POP")
+
+
+def _variance(rng: random.Random, column: str) -> str:
+    """A variance or standard deviation of ``column`` (mechanisms/variance.py), sometimes a form
+    refused from the text alone (DISTINCT, a text column, two arguments, an expression)."""
+    function = rng.choice(_VARIANCES)
+    if rng.random() < 0.15:
+        return rng.choice([f"{function}(DISTINCT {column})", f"{function}(t)", f"{function}({column}, {column})",
+                           f"{function}({column} * 2)", f"{function}(b)"])
+    return f"{function}({column})"
 
 
 def _percentile(rng: random.Random, column: str) -> str:
@@ -441,6 +458,8 @@ def _grouped_case(builder: _Builder) -> Case:
              "SUM(1)" if rng.random() < 0.5 else f"AVG(CAST({rng.choice(numeric)} AS {rng.choice(_CASTS)}))"][kind])
         if kind == 6 and rng.random() < 0.4:  # a percentile per cell, of a bounded numeric column
             aggregates[-1] = _percentile(rng, rng.choice(numeric))
+        elif kind in (3, 4) and rng.random() < 0.3:  # a variance per cell
+            aggregates[-1] = _variance(rng, rng.choice(numeric))
         if rng.random() < 0.2:  # a conditional metric per cell (rewriter/conditional.py)
             aggregates[-1] = (f"{aggregates[-1]} FILTER (WHERE {builder.predicate(rng.randint(0, 1))})"
                               if rng.random() < 0.5 else builder.conditional()[0])

@@ -172,6 +172,8 @@ ACCEPTED_FORMS = [
     "SELECT COUNT(DISTINCT s), MODE() WITHIN GROUP (ORDER BY s) FROM {t}",
     "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY f), percentile_disc(0.9) WITHIN GROUP (ORDER BY f DESC) FROM {t}",
     "SELECT s, percentile_disc(0.25) WITHIN GROUP (ORDER BY n), COUNT(*) FROM {t} GROUP BY s",
+    "SELECT stddev(f), var_pop(n), variance(i) FROM {t}",
+    "SELECT s, stddev_pop(f), var_samp(n) FROM {t} GROUP BY s",
     "SELECT s, COUNT(*), SUM(i) FROM {t} GROUP BY s",
     "SELECT i, COUNT(*) FROM {t} GROUP BY i",
     "SELECT width_bucket(f, -5, 10, 5) AS w, COUNT(*) FROM {t} GROUP BY 1",

@@ -62,7 +62,8 @@ ATTACKS: dict[str, list[str]] = {
         "SELECT COUNT(*) FILTER (WHERE age::text = '40') FROM adult", "SELECT SUM(CASE WHEN age = 40 THEN 1000 ELSE 0 END) FROM adult",
         "SELECT COUNT(CASE WHEN age = 40 THEN 1 ELSE 0 END) FROM adult", "SELECT SUM(CASE WHEN age = 40 THEN age * 2 END) FROM adult",
         "SELECT COUNT(*) FILTER (WHERE pg_sleep(1) IS NULL) FROM adult", "SELECT MAX(age) FILTER (WHERE age > (SELECT 39)) FROM adult",
-        "SELECT stddev(age) FROM adult", "SELECT variance(age) FROM adult", "SELECT corr(age, hours_per_week) FROM adult",
+        "SELECT stddev(DISTINCT age) FROM adult", "SELECT variance(sex) FROM adult", "SELECT var_pop(fnlwgt) FROM adult",
+        "SELECT stddev(age * 2) FROM adult", "SELECT corr(age, hours_per_week) FROM adult",
         "SELECT regr_slope(age, hours_per_week) FROM adult",
         "SELECT MODE() WITHIN GROUP (ORDER BY native_country) FROM adult", "SELECT COUNT(*), age FROM adult",
         "SELECT COUNT(*) OVER () FROM adult", "SELECT grouping(age) FROM adult GROUP BY age",
@@ -125,6 +126,8 @@ NOISED = [
     # Percentiles (mechanisms/quantile.py): the backend counts values per grid index, folded into one row.
     "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY age) FROM adult",
     "SELECT percentile_disc(0.1) WITHIN GROUP (ORDER BY capital_gain DESC), COUNT(*) FROM adult WHERE age > 40",
+    # Variances (mechanisms/variance.py): a noisy count, centred sum and centred sum of squares.
+    "SELECT stddev(age) FROM adult", "SELECT variance(age), var_pop(capital_gain) FROM adult WHERE sex = 'Male'",
 ]
 
 

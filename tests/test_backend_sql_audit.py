@@ -302,6 +302,21 @@ def test_the_audit_accepts_a_guarded_fixed_point_sum_and_a_nan_guarded_bucket() 
     assert audit_backend_sql(unguarded, ("public", "x"), _COLUMNS), "a product that can underflow"
 
 
+def test_the_audit_accepts_a_variance_s_bounded_numeric_arithmetic_and_finds_an_unbounded_one() -> None:
+    """A variance's centred point d = p(x) − C, clamped on its grid, and d·d (rewriter.rewrite.centred_points):
+    numeric arithmetic on values bounded by the clamp; the same on an unclamped numeric column is a finding."""
+    point = ("pg_catalog.int8smaller(pg_catalog.int8larger(CAST((pg_catalog.float8smaller(pg_catalog.float8larger(f, "
+             "CAST(-1.0 AS double precision)), CAST(1.0 AS double precision)) OPERATOR(pg_catalog.*) "
+             "CAST('2251799813685248.0' AS double precision)) AS bigint), CAST('-2251799813685248' AS bigint)), "
+             "CAST('2251799813685248' AS bigint))")
+    centred = f"(CAST({point} AS pg_catalog.numeric) OPERATOR(pg_catalog.-) CAST('0' AS pg_catalog.numeric))"
+    sql = (f"SELECT pg_catalog.count(f), pg_catalog.sum({centred}), "
+           f"pg_catalog.sum(({centred} OPERATOR(pg_catalog.*) {centred})) FROM {_T}")
+    assert audit_backend_sql(sql, ("public", "x"), _COLUMNS) == []
+    unbounded = f"SELECT pg_catalog.sum((n OPERATOR(pg_catalog.*) n)) FROM {_T}"  # NaN, and no bound
+    assert audit_backend_sql(unbounded, ("public", "x"), _COLUMNS), "a product of unbounded numerics"
+
+
 @pytest.mark.parametrize("end, total", [
     ("CAST('9999-12-31 00:00:00+00' AS pg_catalog.timestamptz) OPERATOR(pg_catalog.+) "
      "CAST('864000000000 seconds' AS pg_catalog.interval)", True),

@@ -23,11 +23,13 @@ def test_show_columns_lists_each_protected_column_with_what_it_accepts(proxy: Ru
     assert {table for table, _ in rows} == {"adult", "clamp_test"}  # protected only; lookup is public
     assert rows[("adult", "*")] == (None, None, None, "COUNT(*) laplace", None, 1.0, 1e-6)
     assert rows[("adult", "age")] == ("integer", "[17, 90]", None, "COUNT laplace, SUM laplace, "
-                                      "AVG sum_count, MIN sample_aggregate, MAX sample_aggregate, PERCENTILE exponential",
+                                      "AVG sum_count, MIN sample_aggregate, MAX sample_aggregate, PERCENTILE exponential, "
+                                      "VARIANCE moments",
                                       None, 1.0,
                                       1e-6)  # AVG by the default
     assert rows[("adult", "hours_per_week")][3] == ("COUNT laplace, SUM laplace, AVG sample_aggregate, "
-                                                    "MIN sample_aggregate, MAX sample_aggregate, PERCENTILE exponential")  # the column's avg
+                                                    "MIN sample_aggregate, MAX sample_aggregate, PERCENTILE exponential, "
+                                                    "VARIANCE moments")  # the column's avg
     assert rows[("adult", "sex")] == ("text", None, '["Male", "Female"]', "COUNT laplace, MODE exponential", None,
                                       1.0, 1e-6)
     assert rows[("adult", "fnlwgt")][3] == "COUNT laplace"  # no bounds in the policy: COUNT only

@@ -138,14 +138,14 @@ def test_a_comparison_with_an_array_is_refused_with_the_in_list_to_write(proxy: 
 
 @pytest.mark.parametrize("sql,hint", [
     ("SELECT AVG(sex) FROM adult",
-     "sex answers COUNT(sex), COUNT(DISTINCT sex), MODE() WITHIN GROUP (ORDER BY sex). SUM, AVG, MIN, MAX and "
-     "percentiles take a numeric column of adult that has bounds in the policy."),
+     "sex answers COUNT(sex), COUNT(DISTINCT sex), MODE() WITHIN GROUP (ORDER BY sex). SUM, AVG, MIN, MAX, "
+     "percentiles, VARIANCE and STDDEV take a numeric column of adult that has bounds in the policy."),
     ("SELECT SUM(education) FROM adult",
-     "education answers COUNT(education), COUNT(DISTINCT education). SUM, AVG, MIN, MAX and "
-     "percentiles take a numeric column of adult that has bounds in the policy."),
+     "education answers COUNT(education), COUNT(DISTINCT education). SUM, AVG, MIN, MAX, "
+     "percentiles, VARIANCE and STDDEV take a numeric column of adult that has bounds in the policy."),
     ("SELECT MAX(interview_date) FROM adult",
      "A date or time column answers COUNT(interview_date); its earliest or latest time is not answered. SUM, AVG, "
-     "MIN, MAX and percentiles take a numeric column of adult that has bounds in the policy."),
+     "MIN, MAX, percentiles, VARIANCE and STDDEV take a numeric column of adult that has bounds in the policy."),
 ])
 def test_an_aggregate_of_a_column_that_is_not_numeric_says_what_that_column_answers(proxy: RunningProxy, sql: str,
                                                                                     hint: str):

@@ -21,6 +21,7 @@ from typing import Any, Iterator, Sequence
 from mechanisms.quantile import QuantileRelease
 from mechanisms.release import Release
 from mechanisms.sum_count import mean_noise
+from mechanisms.variance import MomentsRelease, moment_noise
 from proxy.backend.connection import BoundParams, ResultSet
 from proxy.wire.protocol import Field
 from proxy.wire.values import TYPE_SIZES, encode_text
@@ -238,14 +239,25 @@ def _described(name: str, release: Release[Any]) -> str:
                 f"95% within {release.error95:.4g} rows of the quantile's rank")
     if release.mechanism == "sum_count":
         return f"{name}: noisy sum / noisy count, scale {release.scale:.4g} (95% within ±{release.error95:.4g})"
+    if isinstance(release, MomentsRelease):
+        return f"{name}: {_moments(*release.scales)} (95% within ±{release.error95:.4g})"
     return f"{name}: {release.mechanism} scale {release.scale:.4g} (95% within ±{release.error95:.4g})"
+
+
+def _moments(count: float, centred: float, squares: float) -> str:
+    """How a variance's three noisy parts are described: the mechanism and each part's scale."""
+    return (f"noisy moments (count, centred sum, centred sum of squares), scales {count:.4g}, {centred:.4g} "
+            f"and {squares:.4g}")
 
 
 def _per_cell(agg: Aggregate, share: float, release: Release[Any]) -> str:
     """A column's noise in every cell, known before the data (``release``: one cell's)."""
-    if agg.mechanism != "sum_count":
+    if agg.mechanism not in ("sum_count", "moments"):
         return _described(agg.output_name, release)  # Laplace and exponential: the same in every cell
     assert agg.column is not None and agg.column.policy is not None and agg.column.policy.bounds is not None
+    if agg.mechanism == "moments":
+        scales = moment_noise(agg.column.policy.moment_grid(agg.column.type_oid in INTEGER_TYPES), share)
+        return f"{agg.output_name}: {_moments(*scales)} (its error shrinks as 1/n in a group of n rows)"
     sum_scale, count_scale, bound = mean_noise(*agg.column.policy.bounds, share,
                                                on_grid=agg.column.type_oid in FLOAT_TYPES)
     return (f"{agg.output_name}: noisy sum / noisy count, scales {sum_scale:.4g} and {count_scale:.4g} "

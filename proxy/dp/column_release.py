@@ -3,8 +3,8 @@
 Each aggregate's parts are the backend columns ``rewriter.rewrite.aggregate_parts`` asked
 for; this module hands them to the aggregate's mechanism with the column's share of ε and
 turns the mechanism's value into the Python value the result type expects (an integer for
-COUNT, for SUM of integers and for MIN/MAX of an integer column; a float for AVG; the
-category text for MODE; a candidate of the column's grid for a percentile). Missing data is
+COUNT, for SUM of integers and for MIN/MAX of an integer column; a float for AVG and the
+variances; the category text for MODE; a candidate of the column's grid for a percentile). Missing data is
 mapped to data-independent inputs before any mechanism runs (SQL's NULL sum → 0, a partition
 with no rows → empty, a grid index no row reached → 0), so an empty filter takes the same
 path as any other.
@@ -13,7 +13,7 @@ path as any other.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 from mechanisms.exponential import release_mode
 from mechanisms.laplace import release_count, release_grid_sum, release_sum
@@ -21,6 +21,7 @@ from mechanisms.quantile import release_quantile
 from mechanisms.release import Release
 from mechanisms.smooth_median import release_sample_and_aggregate
 from mechanisms.sum_count import release_mean
+from mechanisms.variance import VarianceKind, release_variance
 from policies.model import TablePolicy
 from rewriter.dp_query import Aggregate
 from rewriter.rewrite import quantile_grid
@@ -52,6 +53,11 @@ def release_column(agg: Aggregate, parts: Sequence[Any], epsilon: float, table: 
             return replace(chosen, value=int(round(chosen.value)))
         return chosen
     assert column.policy.bounds is not None
+    if agg.mechanism == "moments":
+        # SQL's NULL sums over no value → 0: an empty filter takes the same path as any other.
+        count, centred, squares = (int(part or 0) for part in parts)
+        moments = column.policy.moment_grid(integer)
+        return release_variance(cast(VarianceKind, agg.kind), count, centred, squares, moments, epsilon)
     lo, hi = column.policy.bounds
     if agg.kind == "sum":
         # SUM over no rows is NULL in SQL; releasing 0 + noise hides that the filter was empty.

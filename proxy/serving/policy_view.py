@@ -22,7 +22,7 @@ from proxy.wire.protocol import Field
 from proxy.wire.values import encode_text
 from rewriter.group_keys import DATE, column_key_count
 from rewriter.key_domain import part_keys
-from rewriter.types import FLOAT8, MAX_ABS_BOUND, NUMERIC_TYPES
+from rewriter.types import FLOAT8, MAX_ABS_BOUND, MAX_ABS_VARIANCE_BOUND, NUMERIC_TYPES
 
 __all__ = ["COLUMNS_FIELDS", "columns_result"]
 
@@ -129,6 +129,8 @@ def _aggregates(table: Relation, column: ColumnInfo) -> list[str]:
         if sampled:
             accepted += ["MIN sample_aggregate", "MAX sample_aggregate"]
         accepted.append("PERCENTILE exponential")  # percentile_cont and percentile_disc
+        if policy.sensitivity <= MAX_ABS_VARIANCE_BOUND:
+            accepted.append("VARIANCE moments")  # var_pop, var_samp, stddev_pop, stddev_samp
     if policy is not None and policy.categories is not None:
         accepted.append("MODE exponential")
     return accepted

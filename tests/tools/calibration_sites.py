@@ -38,6 +38,7 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
                "tests/test_calibration.py"),
     "repeats": ("tests/test_budget.py", "tests/test_attack_outputs.py", "tests/test_conditional_aggregates.py",
                 "tests/test_calibration.py"),
+    "variance": ("tests/test_variance_mechanism.py", "tests/test_variance.py"),
 }
 
 WIDER: dict[str, tuple[str, ...]] = {
@@ -52,6 +53,7 @@ WIDER: dict[str, tuple[str, ...]] = {
 
 _LAP = "mechanisms/laplace.py"
 _SC = "mechanisms/sum_count.py"
+_VR = "mechanisms/variance.py"
 _SM = "mechanisms/smooth_median.py"
 _FP = "mechanisms/fixed_point.py"
 _CR = "proxy/dp/column_release.py"
@@ -126,6 +128,25 @@ SITES: tuple[Site, ...] = (
     Site("avg.uncentred-sensitivity", _SC,
          "    half = max(Fraction(hi) - Fraction(c), Fraction(c) - Fraction(lo)) * Fraction(2) ** grid.exponent",
          "    half = (Fraction(hi) - Fraction(lo)) / 4 * Fraction(2) ** grid.exponent", "answers"),
+    # ------------------------------------------------------------------ VARIANCE and STDDEV from noisy moments
+    Site("var.shares-above-one", _VR,
+         "SHARES = (1.0 / (2.0 + _CUBE_ROOT_4), _CUBE_ROOT_4 / (2.0 + _CUBE_ROOT_4), 1.0 / (2.0 + _CUBE_ROOT_4))",
+         "SHARES = (1.0 / (1.0 + _CUBE_ROOT_4), _CUBE_ROOT_4 / (1.0 + _CUBE_ROOT_4), 1.0 / (1.0 + _CUBE_ROOT_4))",
+         "variance"),
+    Site("var.count-scale-whole-epsilon", _VR, "    count_scale = 1.0 / share_n\n",
+         "    count_scale = 1.0 / epsilon\n", "variance"),
+    Site("var.sum-sensitivity-halved", _VR, "laplace_integer_sum(centred_sum, reach, share_s)",
+         "laplace_integer_sum(centred_sum, reach // 2, share_s)", "variance"),
+    Site("var.squares-sensitivity-not-squared", _VR, "laplace_integer_sum(centred_squares, reach**2, share_q)",
+         "laplace_integer_sum(centred_squares, reach, share_q)", "variance"),
+    Site("var.reach-halved", _VR, "        return max(self.high - self.centre, self.centre - self.low)\n",
+         "        return max(self.high - self.centre, self.centre - self.low) // 2\n", "variance"),
+    Site("var.integer-grid-whole-units", _VR, "return cls(Grid(1), 2 * int(lo), 2 * int(hi), int(lo) + int(hi))",
+         "return cls(Grid(0), int(lo), int(hi), (int(lo) + int(hi)) // 2)", "variance"),
+    Site("var.count-floor-dropped", _VR, "    m = max(noisy_count, 2 if sample else 1)\n",
+         "    m = noisy_count or 1\n", "variance"),
+    Site("var.feasible-range-unclamped", _VR, "Fraction(0)), Fraction(reach**2))",
+         "Fraction(0)), Fraction(reach**4))", "variance"),
     # ------------------------------------------------------------------ sample and aggregate, smooth median
     Site("sa.beta-from-epsilon", _SM, "    return epsilon / (2.0 * math.log(2.0 / delta))",
          "    return epsilon / math.log(2.0 / delta)", "noise"),

@@ -43,6 +43,7 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "limits": ("tests/test_statement_limits.py",),
     "types": ("tests/test_attack_extension_types.py", "tests/test_type_support.py"),
     "settings": ("tests/test_epsilon_setting_transactions.py", "tests/test_session_statements.py"),
+    "variance": ("tests/test_variance.py",),
 }
 
 _TIMEOUTS = ("tests/test_attack_workers.py::test_the_backends_idle_in_transaction_timeout_cannot_be_set",
@@ -413,4 +414,9 @@ SITES: tuple[Site, ...] = (
     _off("eps.savepoint-room", _S, "self._epsilon.savepoints >= MAX_SAVEPOINTS", "settings"),
     Site("eps.startup-checked", _S, "self._default = self._checked(given[-1], policy)",
          "self._default = float(given[-1])", "settings"),
+    # ------------------------------------------------------------------ variances
+    _off("var.bounds-too-large", _D, "kind in VARIANCES and column.policy.sensitivity > MAX_ABS_VARIANCE_BOUND",
+         "variance"),
+    Site("var.two-arguments", _D, "        if call.name.upper() in VARIANCE_FUNCTIONS:\n",
+         "        if False:\n", "variance"),
 )
