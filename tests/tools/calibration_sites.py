@@ -85,8 +85,8 @@ SITES: tuple[Site, ...] = (
          "        return math.floor(math.ldexp(float(value), self.exponent))", "answers"),
     Site("grid.sensitivity-upper-only", _FP, "        return max(abs(self.point(lo)), abs(self.point(hi)))",
          "        return abs(self.point(hi))", "answers"),
-    Site("grid.factor-vs-step", _RW, "f\"CAST('{grid.factor!r}' AS double precision)\"",
-         "f\"CAST('{grid.factor * 2!r}' AS double precision)\"", "answers"),
+    Site("grid.factor-vs-step", _RW, "f\"CAST('{factor!r}' AS double precision)\"",
+         "f\"CAST('{factor * 2!r}' AS double precision)\"", "answers"),
     # ------------------------------------------------------------------ the backend's clamp vs the scale's bounds
     Site("clamp.bounds-twice-as-wide", _RW,
          "for bound, upper in zip(column.policy.bounds, (False, True)))",
