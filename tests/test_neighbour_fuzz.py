@@ -203,7 +203,7 @@ class Client:
     def _connect(self) -> psycopg.Connection:
         conn = psycopg.connect(self.proxy.dsn(), autocommit=True, prepare_threshold=None, connect_timeout=10,
                                dbname=TEST_DATABASE, cursor_factory=psycopg.RawCursor)
-        conn.add_notice_handler(lambda diag: self.notices.append(diag.message_primary or ""))
+        conn.add_notice_handler(lambda diag: self.notices.append(_notice_text(diag)))
         conn.execute("SET TimeZone = 'UTC'")
         return conn
 
@@ -275,7 +275,7 @@ class Client:
                     copied += 1
                 elif kind in (b"E", b"N"):
                     fields = error_fields(body)
-                    yield kind, fields.get(b"C"), _mask((fields.get(b"M") or b"").decode(), table)
+                    yield kind, fields.get(b"C"), *(_mask((fields.get(f) or b"").decode(), table) for f in (b"M", b"D", b"H"))
                 elif kind == b"T":
                     yield kind, _fields(body)
                 else:
@@ -296,7 +296,9 @@ class Client:
             if result.status == psycopg.pq.ExecStatus.FATAL_ERROR:
                 described = ("error", *(_mask((result.error_field(field) or b"").decode(self.conn.info.encoding), table)
                                         for field in (psycopg.pq.DiagnosticField.SQLSTATE,
-                                                      psycopg.pq.DiagnosticField.MESSAGE_PRIMARY)))
+                                                      psycopg.pq.DiagnosticField.MESSAGE_PRIMARY,
+                                                      psycopg.pq.DiagnosticField.MESSAGE_DETAIL,
+                                                      psycopg.pq.DiagnosticField.MESSAGE_HINT)))
                 break
             described = (tuple(result.param_type(i) for i in range(result.nparams)),
                          tuple(((result.fname(i) or b"").decode(self.conn.info.encoding), result.ftype(i))
@@ -305,9 +307,19 @@ class Client:
         return described
 
     def _error(self, exc: psycopg.Error, table: str) -> Outcome:
+        """A refusal's SQLSTATE, message, DETAIL and HINT, whole but for the table's name: a
+        text that quoted a value read from the rows would differ between neighbours."""
         diag = exc.diag
-        texts = (exc.sqlstate or str(exc), diag.message_primary or "", diag.message_hint or "")
+        texts = (exc.sqlstate or str(exc), diag.message_primary or "", diag.message_detail or "",
+                 diag.message_hint or "")
         return Outcome("error", tuple(text.replace(table, "T") for text in texts))
+
+
+def _notice_text(diag: psycopg.errors.Diagnostic) -> str:
+    """A notice's severity, SQLSTATE, message, DETAIL and HINT (masked, like the message, by
+    ``_mask``: its numbers may be noised values)."""
+    return "\x1f".join(field or "" for field in (diag.severity_nonlocalized, diag.sqlstate, diag.message_primary,
+                                                   diag.message_detail, diag.message_hint))
 
 
 def test_one_row_never_changes_a_statements_outcome(fuzz_proxy: RunningProxy) -> None:
