@@ -29,7 +29,7 @@ from psycopg import generators
 from tests.conftest import TEST_DATABASE, RunningProxy, TestDatabase, make_policy
 from tests.wire import SYNC, Wire, bind, cstr, data_row_values, describe, error_fields, execute, message, parse
 from tests.neighbour_cases import COLUMNS, COPY_OPTIONS, TABLE_DDL, Case, adversarial_rows, generate_case, policy_columns
-from tests.neighbour_outcome import binary_copy_cells
+from tests.neighbour_outcome import binary_copy_cells, masked_detail
 
 SEED = int(os.environ.get("DPPROXY_FUZZ_SEED", "17"))
 CASES = int(os.environ.get("DPPROXY_FUZZ_CASES", "1100"))  # as long a run as 1,500 of the cases before the coverage work
@@ -275,7 +275,8 @@ class Client:
                     copied += 1
                 elif kind in (b"E", b"N"):
                     fields = error_fields(body)
-                    yield kind, fields.get(b"C"), *(_mask((fields.get(f) or b"").decode(), table) for f in (b"M", b"D", b"H"))
+                    yield (kind, fields.get(b"C"), _mask((fields.get(b"M") or b"").decode(), table),
+                           masked_detail((fields.get(b"D") or b"").decode(), table), (fields.get(b"H") or b"").decode().replace(table, "T"))
                 elif kind == b"T":
                     yield kind, _fields(body)
                 else:
@@ -307,12 +308,13 @@ class Client:
         return described
 
     def _error(self, exc: psycopg.Error, table: str) -> Outcome:
-        """A refusal's SQLSTATE, message, DETAIL and HINT, whole but for the table's name: a
-        text that quoted a value read from the rows would differ between neighbours."""
+        """A refusal's SQLSTATE, message, DETAIL and HINT, whole but for the table's name (and
+        the numbers of a charge notice in the DETAIL, ``masked_detail``): a text that quoted a
+        value read from the rows would differ between neighbours."""
         diag = exc.diag
-        texts = (exc.sqlstate or str(exc), diag.message_primary or "", diag.message_detail or "",
-                 diag.message_hint or "")
-        return Outcome("error", tuple(text.replace(table, "T") for text in texts))
+        texts = (exc.sqlstate or str(exc), diag.message_primary or "", diag.message_hint or "")
+        sqlstate, message, hint = (text.replace(table, "T") for text in texts)
+        return Outcome("error", (sqlstate, message, masked_detail(diag.message_detail, table), hint))
 
 
 def _notice_text(diag: psycopg.errors.Diagnostic) -> str:
