@@ -27,23 +27,19 @@ from __future__ import annotations
 import math
 import os
 import random
-import shutil
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import psycopg
 import pytest
 
-from proxy.demo.embedded import SERVICE_ROLE
 from tests.conftest import TEST_DATABASE, RunningProxy, TestDatabase, make_policy
 from tests.neighbour_cases import Case
+from tests.own_postgres import own_postgres
 from tests.test_neighbour_fuzz import SEED, Client, Outcome, _policy_text, create_tables, draw_tables
 from tests.test_neighbour_fuzz_paths import _charged, _drawn_case, _failure, _report, _spent
 
@@ -60,7 +56,6 @@ class _Server:
     """This module's PostgreSQL: the fuzz tables and the service role, and how to reach it."""
 
     db: TestDatabase
-    data: Path
 
     def admin(self) -> psycopg.Connection[Any]:
         return psycopg.connect(self.db.admin_dsn, autocommit=True, connect_timeout=10)
@@ -81,22 +76,10 @@ class _Server:
 
 @pytest.fixture(scope="module")
 def fault_pg() -> Iterator[_Server]:
-    import pgserver
-
-    data = Path(tempfile.mkdtemp(prefix="dpproxy-fuzz-faults-pg-"))
-    server = pgserver.get_server(data, cleanup_mode="stop")  # type: ignore[attr-defined]
-    try:
-        root = server.get_uri("postgres")
-        with psycopg.connect(root, autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {TEST_DATABASE}")
-            conn.execute(f"CREATE ROLE {SERVICE_ROLE} LOGIN")
-        admin_dsn = urlparse(root)._replace(path=f"/{TEST_DATABASE}").geturl()
-        db = TestDatabase(admin_dsn, urlparse(admin_dsn)._replace(netloc=f"{SERVICE_ROLE}@").geturl())
+    with own_postgres(TEST_DATABASE, "dpproxy-fuzz-faults-pg-") as server:
+        db = TestDatabase(server.admin_dsn, server.service_dsn)
         create_tables(db)
-        yield _Server(db, data)
-    finally:
-        server.cleanup()
-        shutil.rmtree(data, ignore_errors=True)
+        yield _Server(db)
 
 
 def _proxy(server: _Server, tmp_path_factory: pytest.TempPathFactory, timeout_ms: int) -> Iterator[RunningProxy]:
