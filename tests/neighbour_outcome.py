@@ -35,15 +35,25 @@ def binary_copy_cells(data: bytes) -> tuple[tuple[bool, ...] | str, ...]:
     return tuple(out)
 
 
+def masked_detail(detail: str | None, table: str) -> str:
+    """An error's DETAIL compared whole but for ``table``'s name, except the line that is
+    dpproxy's charge notice (an error after the charge carries it there): its numbers are the
+    budget left and the noise's scale, masked as in a notice."""
+    return "\n".join(NUMBER.sub("#", line) if line.startswith("dpproxy: ε charged") else line
+                      for line in (detail or "").replace(table, "T").split("\n"))
+
+
 def masked_outcome(conn: psycopg.Connection, sql: str, table: str, params: tuple[object, ...] | None = None,
                    keys: int = 0) -> tuple[object, ...]:
     """``sql`` (``{t}`` standing for ``table``) run on ``conn``: an error's ("error", SQLSTATE,
-    message, hint), or ("answer", the columns, the number of rows, their widths, the first
-    ``keys`` values of each row as text, the tag, the notices with numbers masked)."""
+    message, hint, DETAIL), or ("answer", the columns, the number of rows, their widths, the first
+    ``keys`` values of each row as text, the tag, the notices (message, DETAIL and HINT) with
+    numbers masked)."""
     notices: list[str] = []
 
     def handler(diag: psycopg.errors.Diagnostic) -> None:
-        notices.append(diag.message_primary or "")
+        notices.append("\x1f".join(text or "" for text in (diag.message_primary, diag.message_detail,
+                                                             diag.message_hint)))
 
     conn.add_notice_handler(handler)
     try:
@@ -56,7 +66,7 @@ def masked_outcome(conn: psycopg.Connection, sql: str, table: str, params: tuple
                     tuple(NUMBER.sub("#", n.replace(table, "T")) for n in notices))
     except psycopg.Error as exc:
         return ("error", exc.sqlstate, (exc.diag.message_primary or "").replace(table, "T"),
-                (exc.diag.message_hint or "").replace(table, "T"))
+                (exc.diag.message_hint or "").replace(table, "T"), masked_detail(exc.diag.message_detail, table))
     finally:
         conn.remove_notice_handler(handler)
 

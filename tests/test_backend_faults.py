@@ -12,8 +12,6 @@ budget keeper, the audit log, the ε metric and the ledger agree.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +23,7 @@ from urllib.parse import urlparse
 import psycopg
 import pytest
 from conftest import RunningProxy
+from own_postgres import own_postgres
 from reconcile import assert_reconciled, audit_lines, charged_metric, spend_while_running
 
 from policies.loader import parse_policy
@@ -88,25 +87,12 @@ class OwnPostgres:
 
 @pytest.fixture(scope="module")
 def own_pg() -> Iterator[OwnPostgres]:
-    import pgserver
-
-    data = Path(tempfile.mkdtemp(prefix="dpproxy-fault-pg-"))
-    server = pgserver.get_server(data, cleanup_mode="stop")  # type: ignore[attr-defined]
-    try:
-        root = server.get_uri("postgres")
-        with psycopg.connect(root, autocommit=True) as conn:
-            conn.execute("CREATE DATABASE faults")
-            conn.execute(f"CREATE ROLE {SERVICE_ROLE} LOGIN")
-        admin_dsn = urlparse(root)._replace(path="/faults").geturl()
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+    with own_postgres("faults", "dpproxy-fault-pg-") as server:
+        with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE people (age integer)")
             conn.execute("INSERT INTO people SELECT i % 90 FROM generate_series(1, 1000) i")
             conn.execute(f"GRANT SELECT ON people TO {SERVICE_ROLE}")
-        yield OwnPostgres(data, server.system_user, admin_dsn,
-                          urlparse(admin_dsn)._replace(netloc=f"{SERVICE_ROLE}@").geturl())
-    finally:
-        server.cleanup()
-        shutil.rmtree(data, ignore_errors=True)
+        yield OwnPostgres(server.data, server.system_user, server.admin_dsn, server.service_dsn)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from psycopg import generators
 from tests.conftest import TEST_DATABASE, RunningProxy, TestDatabase, make_policy
 from tests.wire import SYNC, Wire, bind, cstr, data_row_values, describe, error_fields, execute, message, parse
 from tests.neighbour_cases import COLUMNS, COPY_OPTIONS, TABLE_DDL, Case, adversarial_rows, generate_case, policy_columns
-from tests.neighbour_outcome import binary_copy_cells
+from tests.neighbour_outcome import binary_copy_cells, masked_detail
 
 SEED = int(os.environ.get("DPPROXY_FUZZ_SEED", "17"))
 CASES = int(os.environ.get("DPPROXY_FUZZ_CASES", "1100"))  # as long a run as 1,500 of the cases before the coverage work
@@ -203,7 +203,7 @@ class Client:
     def _connect(self) -> psycopg.Connection:
         conn = psycopg.connect(self.proxy.dsn(), autocommit=True, prepare_threshold=None, connect_timeout=10,
                                dbname=TEST_DATABASE, cursor_factory=psycopg.RawCursor)
-        conn.add_notice_handler(lambda diag: self.notices.append(diag.message_primary or ""))
+        conn.add_notice_handler(lambda diag: self.notices.append(_notice_text(diag)))
         conn.execute("SET TimeZone = 'UTC'")
         return conn
 
@@ -275,7 +275,8 @@ class Client:
                     copied += 1
                 elif kind in (b"E", b"N"):
                     fields = error_fields(body)
-                    yield kind, fields.get(b"C"), _mask((fields.get(b"M") or b"").decode(), table)
+                    yield (kind, fields.get(b"C"), _mask((fields.get(b"M") or b"").decode(), table),
+                           masked_detail((fields.get(b"D") or b"").decode(), table), (fields.get(b"H") or b"").decode().replace(table, "T"))
                 elif kind == b"T":
                     yield kind, _fields(body)
                 else:
@@ -296,7 +297,9 @@ class Client:
             if result.status == psycopg.pq.ExecStatus.FATAL_ERROR:
                 described = ("error", *(_mask((result.error_field(field) or b"").decode(self.conn.info.encoding), table)
                                         for field in (psycopg.pq.DiagnosticField.SQLSTATE,
-                                                      psycopg.pq.DiagnosticField.MESSAGE_PRIMARY)))
+                                                      psycopg.pq.DiagnosticField.MESSAGE_PRIMARY,
+                                                      psycopg.pq.DiagnosticField.MESSAGE_DETAIL,
+                                                      psycopg.pq.DiagnosticField.MESSAGE_HINT)))
                 break
             described = (tuple(result.param_type(i) for i in range(result.nparams)),
                          tuple(((result.fname(i) or b"").decode(self.conn.info.encoding), result.ftype(i))
@@ -305,9 +308,20 @@ class Client:
         return described
 
     def _error(self, exc: psycopg.Error, table: str) -> Outcome:
+        """A refusal's SQLSTATE, message, DETAIL and HINT, whole but for the table's name (and
+        the numbers of a charge notice in the DETAIL, ``masked_detail``): a text that quoted a
+        value read from the rows would differ between neighbours."""
         diag = exc.diag
         texts = (exc.sqlstate or str(exc), diag.message_primary or "", diag.message_hint or "")
-        return Outcome("error", tuple(text.replace(table, "T") for text in texts))
+        sqlstate, message, hint = (text.replace(table, "T") for text in texts)
+        return Outcome("error", (sqlstate, message, masked_detail(diag.message_detail, table), hint))
+
+
+def _notice_text(diag: psycopg.errors.Diagnostic) -> str:
+    """A notice's severity, SQLSTATE, message, DETAIL and HINT (masked, like the message, by
+    ``_mask``: its numbers may be noised values)."""
+    return "\x1f".join(field or "" for field in (diag.severity_nonlocalized, diag.sqlstate, diag.message_primary,
+                                                   diag.message_detail, diag.message_hint))
 
 
 def test_one_row_never_changes_a_statements_outcome(fuzz_proxy: RunningProxy) -> None:

@@ -1,0 +1,272 @@
+"""The neighbour fuzzer with the backend failing in the middle of an answer.
+
+An operator's action or a fault ends the backend connection or the statement while a DP answer
+is computed: ``pg_terminate_backend`` of the service backend, ``pg_cancel_backend``, the backend
+process killed (SIGKILL: PostgreSQL restarts every backend), the backend's
+``statement_timeout``. The fault is decided by the operator, not by the rows, so what the
+analyst then sees must be the same on a base table and on a neighbour with one row more: the
+same SQLSTATE and text, the same charge (docs/threat-model.md: a statement the backend was
+running stays charged, one never sent is given back), the session left usable or closed alike
+and in the same transaction state, and the same statement asked again afterwards (same ε)
+answered and charged alike, and charged in full: a sample released on the retry is charged
+by it or by the failed run, never by neither.
+
+The point of failure is made deterministic, not timed: an administrator's session holds the
+table in ACCESS EXCLUSIVE mode, the case runs in a thread until its service backend waits for
+that lock (or ends without ever reading the table), and only then is the fault applied to that
+backend; the ``timeout`` fault runs the case through a dpproxy whose statement_timeout ends the
+wait. Everything runs on a PostgreSQL of this module's own (a killed backend restarts the whole
+server).
+
+``DPPROXY_FUZZ_FAULT_CASES`` sets the number of statements (default 16, ~20 s),
+``DPPROXY_FUZZ_SEED`` the seed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.conftest import TEST_DATABASE, RunningProxy, TestDatabase, make_policy
+from tests.neighbour_cases import Case
+from tests.own_postgres import own_postgres
+from tests.test_neighbour_fuzz import SEED, Client, Outcome, _policy_text, create_tables, draw_tables
+from tests.test_neighbour_fuzz_paths import _charged, _drawn_case, _failure, _report, _spent
+
+CASES = int(os.environ.get("DPPROXY_FUZZ_FAULT_CASES", "16"))
+BOUND_S = 30.0  # no statement, wait or recovery may take longer
+SHORT_TIMEOUT_MS = 1500  # the ``timeout`` fault's dpproxy: a wait for the held lock outlasts it
+# What a fault ends a statement with: cancelled or timed out, the backend terminated, the connection lost.
+_FAULTS = ("57014", "57P01", "08006")
+FAULTS = ("terminate", "cancel", "kill", "timeout")  # in turn
+
+
+@dataclass(frozen=True)
+class _Server:
+    """This module's PostgreSQL: the fuzz tables and the service role, and how to reach it."""
+
+    db: TestDatabase
+
+    def admin(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.db.admin_dsn, autocommit=True, connect_timeout=10)
+
+    def wait_until_up(self) -> None:
+        """Until the server accepts connections again (after a crash restart)."""
+        deadline = time.monotonic() + BOUND_S
+        while True:
+            try:
+                with self.admin() as conn:
+                    conn.execute("SELECT 1")
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def fault_pg() -> Iterator[_Server]:
+    with own_postgres(TEST_DATABASE, "dpproxy-fuzz-faults-pg-") as server:
+        db = TestDatabase(server.admin_dsn, server.service_dsn)
+        create_tables(db)
+        yield _Server(db)
+
+
+def _proxy(server: _Server, tmp_path_factory: pytest.TempPathFactory, timeout_ms: int) -> Iterator[RunningProxy]:
+    text = _policy_text().replace("statement_timeout_ms: 5000", f"statement_timeout_ms: {timeout_ms}")
+    assert f"statement_timeout_ms: {timeout_ms}" in text
+    running = RunningProxy(make_policy(server.db, tmp_path_factory.mktemp("fault-ledger") / "ledger.sqlite3", text))
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="module")
+def fault_proxy(fault_pg: _Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """The fuzz tables behind a dpproxy whose statements wait for a held lock until the fault."""
+    yield from _proxy(fault_pg, tmp_path_factory, 60_000)
+
+
+@pytest.fixture(scope="module")
+def timeout_proxy(fault_pg: _Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """The same, with a statement_timeout that a wait for the held lock runs into."""
+    yield from _proxy(fault_pg, tmp_path_factory, SHORT_TIMEOUT_MS)
+
+
+class _FaultClient(Client):
+    """The fuzz client, reconnecting once the backend is back if a fault dropped its session
+    while PostgreSQL restarts (a new session's first statement needs the backend)."""
+
+    def _connect(self) -> psycopg.Connection:
+        deadline = time.monotonic() + BOUND_S
+        while True:
+            try:
+                return super()._connect()
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+
+def _in_thread(call: Callable[[], Any]) -> Callable[[float], tuple[bool, Any]]:
+    """``call`` started in a thread; the function returned waits up to its argument in seconds
+    and gives (done, result)."""
+    outcome: list[Any] = []
+    thread = threading.Thread(target=lambda: outcome.append(call()), daemon=True)
+    thread.start()
+
+    def result(timeout_s: float) -> tuple[bool, Any]:
+        thread.join(timeout_s)
+        return (bool(outcome), outcome[0] if outcome else None)
+
+    return result
+
+
+def _waiting_backend(admin: psycopg.Connection[Any], table: str) -> tuple[int, str] | None:
+    """The pid and statement of a backend waiting for a lock on ``table``, or None."""
+    row = admin.execute("SELECT l.pid, a.query FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a "
+                        "ON a.pid = l.pid WHERE l.relation = %s::regclass AND NOT l.granted LIMIT 1", (table,)).fetchone()
+    return None if row is None else (int(row[0]), str(row[1]))
+
+
+def _is_check(statement: str) -> bool:
+    """Whether a backend statement is dpproxy's check before the charge of the values a statement
+    compares (``SELECT 1 FROM (...) AS checked LIMIT 0``, Executor._check_values: the only one
+    that names the table), not the DP statement's read of the rows. (pg_stat_activity keeps
+    the first 1 kB of a statement: its start tells.)"""
+    return statement.startswith("SELECT 1 FROM (")
+
+
+@dataclass(frozen=True)
+class _FaultRun:
+    """What the analyst saw of a statement faulted on one table, and of it asked again."""
+
+    faulted: tuple[Outcome, float]
+    waited: str | None  # what the fault met: a "check" before the charge, the rows' "read", or None
+    idle_after: bool  # the session (or its successor) outside a transaction block afterwards
+    retry: tuple[Outcome, float]
+
+
+def _settle(client: Client, case: Case) -> None:
+    """The session settings ``client.run`` would set for ``case``, set now."""
+    for setting, value, attribute in (("TimeZone", case.timezone, "timezone"), ("client_encoding", case.encoding, "encoding"),
+                                      ("dpproxy.epsilon", client.epsilon, "session_epsilon")):
+        if value is not None and getattr(client, attribute) != value:
+            client.conn.execute(f"SET {setting} = '{value}'" if attribute != "session_epsilon" else f"SET {setting} = {value}")
+            setattr(client, attribute, value)
+
+
+def _faulted(server: _Server, client: Client, case: Case, table: str, fault: str,
+             block: bool) -> tuple[tuple[Outcome, float], str | None]:
+    """``case`` on ``table`` (inside a transaction block if ``block``), its backend faulted once it
+    waits for the lock an administrator holds; its outcome and the ε it charged, and what the
+    fault met: a "check" before the charge, the "read" of the rows, or None (it waited for none)."""
+    admin = server.admin()
+    admin.execute("BEGIN")
+    admin.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+    before = _spent(client)
+    if block:
+        _settle(client, case)  # outside the block: a ROLLBACK would undo the settings set in it
+        client.conn.execute("BEGIN")
+    result = _in_thread(lambda: client.run(case, table))
+    try:
+        deadline = time.monotonic() + BOUND_S
+        waiting = None
+        while waiting is None and not result(0.02)[0] and fault != "timeout":
+            waiting = _waiting_backend(admin, table)
+            assert time.monotonic() < deadline, "the statement neither waited for the lock nor ended"
+        pid = waiting[0] if waiting is not None else None
+        if pid is not None and fault == "terminate":
+            admin.execute("SELECT pg_catalog.pg_terminate_backend(%s)", (pid,))
+        elif pid is not None and fault == "cancel":
+            admin.execute("SELECT pg_catalog.pg_cancel_backend(%s)", (pid,))
+        elif pid is not None and fault == "kill":
+            os.kill(pid, signal.SIGKILL)  # the postmaster ends every backend, the admin's too, and restarts
+        done, outcome = result(BOUND_S)
+        assert done, f"the statement hung after the fault {fault}"
+    finally:
+        try:
+            admin.close()
+        except psycopg.Error:
+            pass
+    if fault == "kill":
+        server.wait_until_up()
+    if block and not (client.conn.closed or client.conn.broken):
+        client.conn.execute("ROLLBACK")
+    waited = None if waiting is None else "check" if _is_check(waiting[1]) else "read"
+    return (outcome, round(_spent(client) - before, 9)), waited
+
+
+def test_a_backend_failure_mid_answer_leaves_what_the_rows_do_not_decide(
+    fault_pg: _Server, fault_proxy: RunningProxy, timeout_proxy: RunningProxy,
+) -> None:
+    clients = {"main": _FaultClient(fault_proxy), "timeout": _FaultClient(timeout_proxy)}
+    rng = random.Random(SEED * 7919 + 37)
+    failures: list[str] = []
+    drawn: set[tuple[str, str]] = set()
+    met: set[tuple[str, str]] = set()
+    cases = 0
+    try:
+        for index in range(CASES):
+            # Every other round the fault comes first, into a statement whose values dpproxy
+            # checks (a quoted literal or a parameter): the check reads the table before the
+            # charge, and is not repeated once passed.
+            first = (index // len(FAULTS)) % 2 == 1
+            case = _drawn_case(rng, lambda case: not case.prepared and (
+                not first or bool(case.params) or "'" in case.sql.partition(" WHERE ")[2]))
+            fault = FAULTS[index % len(FAULTS)]
+            block = fault != "kill" and rng.random() < 0.2 and not case.row_limit
+            client = clients["timeout" if fault == "timeout" else "main"]
+            base, neighbour = draw_tables(rng, client, drawn, case)
+            runs = []
+            for table in (f"nbf_{base}", neighbour):
+                if first:
+                    client.epsilon = f"0.{700001 + 2 * index}"
+                    faulted, waited = _faulted(fault_pg, client, case, table, fault, block)
+                client.epsilon = f"0.{700000 + 2 * index}"  # this case's own: never a repeat of another
+                reference = _charged(client, lambda: client.run(case, table))
+                client.epsilon = f"0.{700001 + 2 * index}"
+                if not first:
+                    faulted, waited = _faulted(fault_pg, client, case, table, fault, block)
+                idle = client.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+                retry = _charged(client, lambda: client.run(case, table))  # the same ε: a repeat if one was stored
+                runs.append(_FaultRun(faulted, waited, idle, retry))
+                # What is promised (docs/threat-model.md): a DP statement that failed while the
+                # backend ran it stays charged, in full; one faulted in a check before the charge costs nothing.
+                expected = reference[1] * float(client.epsilon) / float(f"0.{700000 + 2 * index}")
+                if (waited is not None and faulted[0].kind in ("error", "dropped") and faulted[0].detail[0] in _FAULTS
+                        and not math.isclose(faulted[1], 0.0 if waited == "check" else expected, abs_tol=1e-6)):
+                    failures.append(f"{case.sql}\n    on {table}, fault {fault} met the {waited}: charged "
+                                    f"{faulted[1]}, {0.0 if waited == 'check' else expected} promised")
+                # A sample is released at most once per charge: the retry's answer is the failed
+                # run's stored one (charged then) or its own (charged now).
+                if retry[0].kind == "answer" and reference[1] > 0 and faulted[1] + retry[1] < reference[1] - 1e-9:
+                    failures.append(f"{case.sql}\n    on {table}, fault {fault}: the retry's answer was charged "
+                                    f"{retry[1]} after a failed run charged {faulted[1]} ({reference[1]} per answer)")
+            cases += 1
+            if runs[0].waited is not None and runs[0].faulted[0].kind != "answer":
+                met.add((fault, runs[0].waited))
+            internal = any(run.faulted[0].kind == "error" and run.faulted[0].detail[0] == "XX000" for run in runs)
+            if runs[0] != runs[1] or internal:
+                failures.append(_failure(index, replace(case, sql=f"[{fault}{' in a block' if block else ''}] {case.sql}"),
+                                         neighbour, *runs))
+    finally:
+        for client in clients.values():
+            client.conn.close()
+    assert not failures, _report("statements faulted mid-answer", failures, cases)
+    # Each fault met a DP statement reading its rows at least once (a timeout's point is not
+    # observed), and one met the check before the charge.
+    assert {fault for fault, point in met if point == "read"} == set(FAULTS) - {"timeout"}, f"faults met only {met}"
+    assert any(point == "check" for _, point in met), f"no fault met the check before the charge: {met}"
+
