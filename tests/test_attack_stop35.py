@@ -30,7 +30,7 @@ from proxy.dp.answer import selection_candidates
 from proxy.serving import executor
 from rewriter.dp_query import plan_aggregate_query
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
-from tests.neighbour_outcome import binary_copy_cells, create_neighbours, masked_outcome
+from tests.neighbour_outcome import binary_copy_cells, create_neighbours, same_on_neighbours
 
 _DDL = ("(id int, i int4, n numeric, n2 numeric(10, 2), f float8, r real, s text, d date, ts timestamptz, "
         "b boolean)")
@@ -94,21 +94,10 @@ def s35(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iter
         yield running
 
 
-def _same_on_neighbours(proxy: RunningProxy, sql: str, keys: int = 0,
-                        setup: tuple[str, ...] = ()) -> tuple[object, ...]:
+def _same_on_neighbours(proxy: RunningProxy, sql: str, keys: int = 0) -> tuple[object, ...]:
     """``sql``'s masked outcome, the same on every table, an error charged nothing."""
     with proxy.connect() as conn:
-        for statement in setup:
-            conn.execute(statement)
-        base: tuple[object, ...] = ()
-        for name in _NAMES:
-            before = spent_epsilon(conn)
-            outcome = masked_outcome(conn, sql, name, keys=keys)
-            if name == "s35_0":
-                base = outcome
-            assert outcome == base, (name, sql, base)
-            assert outcome[0] == "answer" or spent_epsilon(conn) == before, (name, sql, outcome)
-    return base
+        return same_on_neighbours(conn, sql, _NAMES, spent_epsilon, keys)
 
 
 PERCENTILES = [
