@@ -37,6 +37,8 @@ _TEXTS = (
     "''", "'\\'", "'abc\\'", "'\\\\'", "'%'", "'_'", "'a%\\'", "'O''Brien'", "'Ünïcödé ß'", "'İı'",
     "'😀'", "' '", "'Male'", "'MALE'", "'male'", "'a'", "'z'", "'\t'", "'" + "x" * 300 + "'",
     "E'\\\\'", "'NaN'", "'1e400'", "'-0'",
+    # ~4.5 kB of CJK that compresses poorly: stored out of line (TOAST), read back per compared row
+    "'" + "".join(chr(0x4E00 + (k * 7919) % 20000) for k in range(1500)) + "'",
 )
 COLUMNS: tuple[Column, ...] = (
     # "Ω" has no LATIN1 form: under that client encoding a release that names it is refused
@@ -370,7 +372,8 @@ def _variance(rng: random.Random, column: str) -> str:
 def _percentile(rng: random.Random, column: str) -> str:
     """PERCENTILE_CONT/PERCENTILE_DISC of ``column`` (mechanisms/quantile.py), maybe DESC, with a
     fraction that is answered or one refused from the text alone (outside [0, 1], NULL, an array)."""
-    fraction = rng.choice(["0.5", "0.5", "0.1", "0.9", "0", "1", "0.25", "1.5", "-0.1", "NULL", "ARRAY[0.5]"])
+    fraction = rng.choice(["0.5", "0.5", "0.1", "0.9", "0", "1", "0.25", "1.5", "-0.1", "NULL", "ARRAY[0.5]",
+                           "0.333333333333333333", "0.00000000000000000001"])  # b = 10^18, 10^20 in the scores
     order = rng.choice(["", "", " DESC", " ASC NULLS FIRST"])
     return f"PERCENTILE_{rng.choice(['CONT', 'DISC'])}({fraction}) WITHIN GROUP (ORDER BY {column}{order})"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Callable, Sequence
 
 import psycopg
 
@@ -69,6 +70,22 @@ def masked_outcome(conn: psycopg.Connection, sql: str, table: str, params: tuple
                 (exc.diag.message_hint or "").replace(table, "T"), masked_detail(exc.diag.message_detail, table))
     finally:
         conn.remove_notice_handler(handler)
+
+
+def same_on_neighbours(conn: psycopg.Connection, sql: str, tables: Sequence[str],
+                       spent: Callable[[psycopg.Connection], float], keys: int = 0,
+                       params: tuple[object, ...] | None = None) -> tuple[object, ...]:
+    """``sql``'s :func:`masked_outcome` on each of ``tables`` (the base table first), asserting it
+    is the same on all and that an error charged nothing (``spent``: the user's spent ε)."""
+    base: tuple[object, ...] = ()
+    for name in tables:
+        before = spent(conn)
+        outcome = masked_outcome(conn, sql, name, params, keys=keys)
+        if name == tables[0]:
+            base = outcome
+        assert outcome == base, (name, sql, base)
+        assert outcome[0] == "answer" or spent(conn) == before, (name, sql, outcome)
+    return base
 
 
 def create_neighbours(admin_dsn: str, base: str, neighbours: dict[str, str], ddl: str, rows: str) -> None:

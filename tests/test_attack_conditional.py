@@ -26,7 +26,7 @@ import psycopg
 import pytest
 
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
-from tests.neighbour_outcome import create_neighbours, masked_outcome
+from tests.neighbour_outcome import create_neighbours, same_on_neighbours
 
 _DDL = "(id int, i int2, n numeric, f float8, r real, s text, d date, ts timestamptz, b boolean)"
 _BASE_ROWS = (
@@ -70,15 +70,7 @@ def _same_on_neighbours(proxy: RunningProxy, sql: str, keys: int = 0, params: tu
     with proxy.connect() as conn:
         for statement in setup:
             conn.execute(statement)
-        base: tuple[object, ...] = ()
-        for name in ("cn0", *_NEIGHBOURS):
-            before = spent_epsilon(conn)
-            outcome = masked_outcome(conn, sql, name, params, keys=keys)
-            if name == "cn0":
-                base = outcome
-            assert outcome == base, (name, sql, base)
-            assert outcome[0] == "answer" or spent_epsilon(conn) == before, (name, sql, outcome)
-    return base
+        return same_on_neighbours(conn, sql, ("cn0", *_NEIGHBOURS), spent_epsilon, keys, params)
 
 
 HELD_ON_NEIGHBOURS = [

@@ -163,11 +163,10 @@ def _on_neighbours(client: Client, salt: int, count: int, draw: Callable[[random
     and ``salt``, each run by ``run`` on a base table and on one of its neighbours: their index,
     case, neighbour and two runs. The client is closed at the end."""
     rng = random.Random(SEED * 7919 + salt)
-    drawn: set[tuple[str, str]] = set()
     try:
         for index in range(_cases(count)):
             case, what = draw(rng)
-            base, neighbour = draw_tables(rng, client, drawn, case)
+            base, neighbour = draw_tables(rng, client, case)
             yield index, case, neighbour, [run(what, table) for table in (f"nbf_{base}", neighbour)]
     finally:
         client.conn.close()
@@ -266,12 +265,11 @@ def test_a_repeat_across_sessions_and_workers_is_decided_by_the_statement_alone(
     clients = (first, same_worker, other_worker)
     failures: list[str] = []
     repeats = cases = 0
-    drawn: set[tuple[str, str]] = set()
     try:
         for index in range(_cases(40)):
             spelled = rng.random() < 0.3
             cases_now = _spelled(rng) if spelled else [_drawn_case(rng)]
-            base, neighbour = draw_tables(rng, first, drawn, *cases_now)
+            base, neighbour = draw_tables(rng, first, *cases_now)
             for other in clients:
                 other.epsilon = first.epsilon
             asks = [(first, case) for case in cases_now] if spelled else [

@@ -33,7 +33,7 @@ from rewriter.types import ARRAY_TYPES, FLOAT_TYPES, INT4, INTEGER_TYPES, NUMERI
 
 from .column_release import release_column
 
-__all__ = ["DPAnswer", "declared_keys", "kept_series", "numeric_scale", "query_delta", "ranking_params", "release_cells",
+__all__ = ["DPAnswer", "declared_keys", "kept_series", "numeric_scale", "numeric_typmod_scale", "query_delta", "ranking_params", "release_cells",
            "release_params", "release_row", "released_labels", "result_fields", "selection_candidates", "trial_params"]
 
 
@@ -341,6 +341,11 @@ def numeric_scale(agg: Aggregate) -> int | None:
     SUM of an integer column, at least the fraction digits of a CASE's constant (``ELSE 0.0``).
     The exact sum's own scale would say how many fraction digits the rows hold (one row with a
     longer fraction, or NaN, changes it), so it is never used.
+
+    A negative s (PostgreSQL 15's ``numeric(5, -2)``, values rounded to hundreds) is returned
+    as it is for MIN, MAX and percentile_disc, which give a value of the column's type:
+    :func:`proxy.wire.values.encode_text` rounds to 10^-s and prints no fraction digits, as
+    PostgreSQL prints such a value. A SUM's value has no typmod and prints as its scale, 0.
     """
     if agg.result_type_oid != NUMERIC:
         return None
@@ -350,7 +355,9 @@ def numeric_scale(agg: Aggregate) -> int | None:
     if column is None or agg.kind not in ("sum", "min", "max", "percentile_disc"):
         return None
     if column.type_modifier >= 4:
-        own = (column.type_modifier - 4) & 0xFFFF
+        own = numeric_typmod_scale(column.type_modifier)
+        if own < 0 and agg.kind != "sum" and not agg.scale:
+            return own
     elif agg.kind == "sum" and column.type_oid in INTEGER_TYPES:
         own = 0
     else:
@@ -358,6 +365,12 @@ def numeric_scale(agg: Aggregate) -> int | None:
     # SUM(CASE WHEN p THEN col ELSE 0.0 END): PostgreSQL adds a 0.0 for each row that fails p, and
     # prints the wider scale when any row does; that it does is assumed, never looked up.
     return max(own, agg.scale or 0)
+
+
+def numeric_typmod_scale(type_modifier: int) -> int:
+    """The scale s of a ``numeric(p, s)`` typmod: PostgreSQL keeps it in the low 11 bits, signed
+    since PostgreSQL 15 (``NUMERIC_TYPMOD_SCALE``; ``numeric(5, -2)`` is 2046 read unsigned)."""
+    return (((type_modifier - 4) & 0x7FF) ^ 1024) - 1024
 
 
 def query_delta(plan: AggregateQuery) -> float:

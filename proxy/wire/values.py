@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from decimal import Decimal
+from decimal import MAX_PREC, Context, Decimal
 from typing import Callable
 
 import numpy as np
@@ -15,13 +15,15 @@ __all__ = ["TYPE_SIZES", "Value", "encode_text", "load_text"]
 # A value as dpproxy computes with it: what load_text gives and encode_text takes.
 Value = int | float | Decimal | str | None
 
+_EXACT = Context(prec=MAX_PREC)
 TYPE_SIZES = {INT2: 2, INT4: 4, INT8: 8, FLOAT4: 4, FLOAT8: 8, NUMERIC: -1}
 
 
 def encode_text(value: Value, type_oid: int, scale: int | None = None, codec: str = "utf-8") -> bytes | None:
     """``value`` as PostgreSQL's output function for ``type_oid`` would print it.
 
-    ``scale`` is the number of fraction digits for numeric results (None: as many as needed);
+    ``scale`` is the number of fraction digits for numeric results (None: as many as needed; a
+    negative one rounds to a multiple of 10^-scale, printed without fraction digits);
     ``codec`` is the client_encoding's, for text (a released category).
     """
     if value is None:
@@ -35,9 +37,12 @@ def encode_text(value: Value, type_oid: int, scale: int | None = None, codec: st
             single = np.float32(value)
         return _float_text(float(single), lambda _: str(single), _FLOAT4_FIXED_BELOW).encode()
     if type_oid == NUMERIC:
-        if isinstance(value, int):  # a count or an integer sum: its digits, then the scale's zeros
+        if isinstance(value, int) and (scale is None or scale >= 0):  # a count or an integer sum: its digits, then the scale's zeros
             return (str(value) + ("." + "0" * scale if scale else "")).encode()
         number = Decimal(repr(float(value))) if isinstance(value, float) else Decimal(value)
+        if scale is not None and scale < 0:  # numeric(p, -k): a multiple of 10^k, no fraction digits
+            # scaled exactly (the default context would round to 28 digits), then rounded half-even
+            return str(round(number.scaleb(scale, _EXACT)) * 10 ** -scale).encode()
         # format() rounds half-even to ``scale`` digits without the decimal context's
         # 28-digit precision limit, which round() would hit on a large scale.
         return format(number, "f" if scale is None else f".{scale}f").encode()
