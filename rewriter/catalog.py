@@ -19,6 +19,7 @@ from __future__ import annotations
 
 __all__ = [
     "CATALOG_SCHEMAS",
+    "EMPTIED_RELATIONS",
     "NEUTRALISED_FUNCTIONS",
     "NEUTRALISED_PG_CLASS_COLUMNS",
     "SAFE_SETTINGS",
@@ -51,8 +52,17 @@ _PG_CATALOG_RELATIONS = frozenset(
         "pg_indexes", "pg_matviews", "pg_policies", "pg_prepared_statements", "pg_roles",
         "pg_rules", "pg_settings", "pg_tables", "pg_timezone_abbrevs",
         "pg_timezone_names", "pg_user", "pg_views",
+        # security labels and per-database/role settings (pgAdmin's properties dialogs)
+        "pg_seclabel", "pg_shseclabel", "pg_seclabels", "pg_db_role_setting",
     }
 )
+
+# Catalog relations a client reads that passthrough answers as having no row (neutralise.py,
+# ``empty_relations``): their columns and types, nothing read. pgAdmin fails to connect when
+# either is refused: it counts replication slots, whose WAL positions (restart_lsn,
+# confirmed_flush_lsn) move with every write, and reads its own backend's GSSAPI status, a
+# statistics view that lists every backend (and the backend is dpproxy's, not the analyst's).
+EMPTIED_RELATIONS = frozenset({"pg_replication_slots", "pg_stat_gssapi"})
 
 # pg_class columns that reveal row counts and sizes; replaced in every passthrough statement.
 NEUTRALISED_PG_CLASS_COLUMNS = {
@@ -77,10 +87,14 @@ _FUNCTIONS = frozenset(
         "current_user", "session_user", "current_catalog", "pg_backend_pid",
         "pg_is_in_recovery", "pg_postmaster_start_time", "pg_conf_load_time",
         "pg_client_encoding", "inet_server_port", "txid_current_if_assigned",
+        # the function behind the allowlisted view pg_settings (pgAdmin reads it at connect)
+        "pg_show_all_settings",
         # the backend connection's temporary schema (0: none; DDL never runs through dpproxy),
         # which Arrow's ADBC driver lists beside the others in adbc_get_objects
         "pg_my_temp_schema",
         "pg_advisory_unlock_all", "set_config",
+        # the rows of an aclitem[] (grantor, grantee, privilege), as pgAdmin lists privileges
+        "aclexplode",
         # catalog helpers
         "format_type", "pg_get_expr", "pg_get_indexdef", "pg_get_constraintdef",
         "pg_get_userbyid", "pg_get_viewdef", "pg_get_triggerdef", "pg_get_ruledef",
@@ -213,7 +227,7 @@ def allowed_catalog_relation(schema: str, name: str) -> bool:
     """True for the catalog relations passthrough statements may read."""
     if schema == "information_schema":
         return True
-    return schema == "pg_catalog" and name in _PG_CATALOG_RELATIONS
+    return schema == "pg_catalog" and (name in _PG_CATALOG_RELATIONS or name in EMPTIED_RELATIONS)
 
 
 def allowed_function(name: str) -> bool:
