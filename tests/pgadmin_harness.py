@@ -15,14 +15,12 @@ import json
 import os
 import re
 import secrets
-import signal
-import socket
-import subprocess
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from web_app import WebAppProcess, free_port, send_json
 
 __all__ = ["INSTALL_COMMAND", "PgAdminApi", "PgAdminServer", "QueryResult", "pgadmin_venv"]
 
@@ -44,12 +42,6 @@ def pgadmin_venv() -> Path:
     return venv
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class PgAdminServer:
     """``pgadmin4`` (desktop mode) on 127.0.0.1:<free port>, its data under ``workdir``."""
 
@@ -58,47 +50,20 @@ class PgAdminServer:
         self.workdir = workdir
         data = workdir / "pgadmin-data"
         data.mkdir(exist_ok=True)
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         env.update(CONFIG_DISTRO_FILE_PATH=str(HERE / "config_dpproxy.py"), DPPROXY_PGADMIN_DATA=str(data),
                    DPPROXY_PGADMIN_PORT=str(self.port), PYTHONUNBUFFERED="1")
         self.log_path = workdir / "pgadmin.log"
-        self._log = self.log_path.open("wb")
-        self.process = subprocess.Popen([str(venv / "bin" / "pgadmin4")], cwd=workdir, env=env, stdout=self._log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"pgadmin4 exited with {self.process.returncode}: {self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/misc/ping", timeout=2) as reply:
-                    if reply.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError(f"pgadmin4 did not answer /misc/ping within {START_TIMEOUT_S:.0f} s: {self.log_tail()}")
+        self._app = WebAppProcess("pgadmin4", [str(venv / "bin" / "pgadmin4")], workdir, env, self.log_path,
+                                  f"{self.url}/misc/ping", START_TIMEOUT_S)
 
     def log_tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return self._app.log_tail(lines)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
-        self._log.close()
+        self._app.stop()
 
 
 class QueryResult:
@@ -131,16 +96,7 @@ class PgAdminApi:
     def _send(self, method: str, path: str, body: Any) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
         headers = {**self._headers, **({"Content-Type": "application/json"} if data is not None else {})}
-        req = urllib.request.Request(self.base_url + path, data=data, headers=headers, method=method)
-        try:
-            with self._opener.open(req, timeout=REQUEST_TIMEOUT_S) as reply:
-                status, raw = reply.status, reply.read()
-        except urllib.error.HTTPError as error:
-            status, raw = error.code, error.read()
-        try:
-            return status, json.loads(raw)
-        except ValueError:
-            return status, raw.decode(errors="replace")
+        return send_json(self._opener, self.base_url + path, method, data, headers, REQUEST_TIMEOUT_S)
 
     def get(self, path: str) -> tuple[int, Any]:
         return self._send("GET", path, None)

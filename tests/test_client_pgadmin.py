@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -237,23 +238,19 @@ def _run(stack: Stack, trans_id: int, phase: str, sql: str, explain_plan: Any = 
     return stack.api.query(trans_id, sql, explain_plan)
 
 
-def test_query_tool_dp_count_shows_the_noised_answer_and_the_notice(stack: Stack, query_tool: int,
-                                                                    admin: psycopg.Connection):
-    result = _run(stack, query_tool, "query-tool-count", "SELECT COUNT(*) FROM people WHERE age > 40")
-    assert result.status == "Success" and result.columns == ["count"], result
-    exact = _exact(admin, "SELECT COUNT(*) FROM people WHERE age > 40")
-    assert abs(int(result.rows[0][0]) - exact) < 50, (result, exact)
+@pytest.mark.parametrize(("phase", "sql", "tolerance", "mechanism"), [
+    ("query-tool-count", "SELECT COUNT(*) FROM people WHERE age > 40", 50, "count: laplace scale"),
+    ("query-tool-avg", "SELECT AVG(age) FROM people WHERE sex = 'Female'", 5, "avg: noisy sum / noisy count"),
+])
+def test_query_tool_dp_aggregate_shows_the_noised_answer_and_the_notice(
+    stack: Stack, query_tool: int, admin: psycopg.Connection, phase: str, sql: str, tolerance: float, mechanism: str
+):
+    result = _run(stack, query_tool, phase, sql)
+    assert result.status == "Success" and len(result.columns) == 1 and len(result.rows) == 1, result
+    exact = _exact(admin, sql)
+    assert abs(float(result.rows[0][0]) - exact) < tolerance, (result, exact)
     notice = NOTICE.search(result.messages)
-    assert notice and float(notice["epsilon"]) == 1.0 and "count: laplace scale" in result.messages, result
-
-
-def test_query_tool_dp_avg_shows_the_noised_answer_and_the_notice(stack: Stack, query_tool: int,
-                                                                  admin: psycopg.Connection):
-    result = _run(stack, query_tool, "query-tool-avg", "SELECT AVG(age) FROM people WHERE sex = 'Female'")
-    assert result.status == "Success" and result.columns == ["avg"], result
-    exact = _exact(admin, "SELECT AVG(age) FROM people WHERE sex = 'Female'")
-    assert abs(float(result.rows[0][0]) - exact) < 5, (result, exact)
-    assert NOTICE.search(result.messages) and "avg: noisy sum / noisy count" in result.messages, result
+    assert notice and float(notice["epsilon"]) == 1.0 and mechanism in result.messages, result
 
 
 def test_query_tool_select_star_is_refused_with_dpproxys_message_and_hint(stack: Stack, query_tool: int):
@@ -277,18 +274,26 @@ def test_query_tool_explain_is_refused(stack: Stack, query_tool: int):
         assert "HINT:" in result.messages and "SQL state: 0A000" in result.messages, result
 
 
-def test_query_tool_without_auto_commit_wraps_the_dp_count_in_a_transaction(stack: Stack, query_tool: int):
-    stack.relay.phase = "query-tool-transaction"
-    status, body = stack.api.post(f"/sqleditor/auto_commit/{query_tool}", False)
+@contextmanager
+def _option(stack: Stack, trans_id: int, option: str, value: bool) -> Iterator[None]:
+    """A Query Tool option (``auto_commit``, ``server_cursor`` …) set as its toolbar's checkbox
+    sets it, and set back after."""
+    status, body = stack.api.post(f"/sqleditor/{option}/{trans_id}", value)
     assert status == 200 and body["data"]["status"], body
     try:
+        yield
+    finally:
+        status, body = stack.api.post(f"/sqleditor/{option}/{trans_id}", not value)
+        assert status == 200, body
+
+
+def test_query_tool_without_auto_commit_wraps_the_dp_count_in_a_transaction(stack: Stack, query_tool: int):
+    stack.relay.phase = "query-tool-transaction"
+    with _option(stack, query_tool, "auto_commit", False):
         result = _run(stack, query_tool, "query-tool-transaction", "SELECT COUNT(*) FROM people WHERE age > 30")
         assert result.status == "Success" and NOTICE.search(result.messages), result
         commit = _run(stack, query_tool, "query-tool-transaction", "COMMIT;")
         assert commit.status == "Success", commit
-    finally:
-        status, body = stack.api.post(f"/sqleditor/auto_commit/{query_tool}", True)
-        assert status == 200, body
     sent = [r.sql.strip() for r in stack.relay.statements() if r.phase == "query-tool-transaction"]
     assert "BEGIN;" in sent, sent
 
@@ -305,14 +310,10 @@ def test_query_tool_set_epsilon_then_a_dp_count_charges_it(stack: Stack, query_t
 
 def test_query_tool_with_a_server_cursor_answers_the_dp_count(stack: Stack, query_tool: int):
     stack.relay.phase = "query-tool-server-cursor"
-    status, body = stack.api.post(f"/sqleditor/server_cursor/{query_tool}", True)
-    assert status == 200 and body["data"]["status"], body
-    try:
+    with _option(stack, query_tool, "server_cursor", True):
         result = _run(stack, query_tool, "query-tool-server-cursor", "SELECT COUNT(*) FROM people WHERE age < 30")
         assert result.status == "Success" and result.columns == ["count"] and len(result.rows) == 1, result
-    finally:
-        status, body = stack.api.post(f"/sqleditor/server_cursor/{query_tool}", False)
-        assert status == 200, body
+        assert NOTICE.search(result.messages), result
 
 
 def test_view_edit_data_is_refused_with_dpproxys_message(stack: Stack):
