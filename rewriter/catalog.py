@@ -87,8 +87,9 @@ _FUNCTIONS = frozenset(
         "current_user", "session_user", "current_catalog", "pg_backend_pid",
         "pg_is_in_recovery", "pg_postmaster_start_time", "pg_conf_load_time",
         "pg_client_encoding", "inet_server_port", "txid_current_if_assigned",
-        # the function behind the allowlisted view pg_settings (pgAdmin reads it at connect)
-        "pg_show_all_settings",
+        # the functions behind the allowlisted views pg_settings (pgAdmin reads it at connect)
+        # and pg_available_extensions (its tree's Extensions)
+        "pg_show_all_settings", "pg_available_extensions", "pg_available_extension_versions",
         # the backend connection's temporary schema (0: none; DDL never runs through dpproxy),
         # which Arrow's ADBC driver lists beside the others in adbc_get_objects
         "pg_my_temp_schema",

@@ -146,6 +146,14 @@ def test_pgadmin_connects_and_browses_to_people_columns_and_constraints(stack: S
     assert constraints == {"people_pkey"}
     for child in ("index", "trigger", "rule", "partition"):
         assert stack.api.data(f"/browser/{child}/nodes/{stack.table}/") == []
+    # The database's and the schema's other collections, as a user expands them.
+    database = f"1/{stack.server_id}/{stack.database_id}"
+    assert "plpgsql" in {node["label"] for node in stack.api.data(f"/browser/extension/nodes/{database}/")}
+    for collection in ("cast", "event_trigger", "foreign_data_wrapper", "language", "publication"):
+        stack.api.data(f"/browser/{collection}/nodes/{database}/")
+    for collection in ("view", "mview", "sequence", "function", "procedure", "trigger_function", "type", "domain",
+                       "collation", "foreign_table", "aggregate", "operator"):
+        stack.api.data(f"/browser/{collection}/nodes/{base}/")
     assert _relay_outcomes(stack, "connect") | _relay_outcomes(stack, "browse") == {"ok"}
 
 
@@ -173,6 +181,14 @@ def test_pgadmin_dependencies_and_dependents_of_people(stack: Stack):
     assert status == 200 and {"type": "schema", "name": "public", "field": "normal", "icon": None} in dependencies
     status, dependents = stack.api.get(f"/browser/table/dependent/{stack.table}")
     assert status == 200 and [d["name"] for d in dependents] == ["public.people_pkey"], dependents
+
+
+def test_pgadmin_subscriptions_node_is_refused(stack: Stack):
+    """pg_subscription holds the subscriptions' connection strings: not on the allowlist."""
+    stack.relay.phase = "subscriptions"
+    message = _refused(*stack.api.get(f"/browser/subscription/nodes/1/{stack.server_id}/{stack.database_id}/"),
+                       "catalog-allowlist")
+    assert "pg_catalog.pg_subscription" in message, message
 
 
 def test_pgadmin_database_properties(stack: Stack):

@@ -6,10 +6,10 @@ it reads ``pg_stat_gssapi`` (its own backend's GSSAPI status) and counts
 ``pg_replication_slots``; a refusal of any of them ends its connect. Its table properties join
 ``pg_depend.classid = cls.tableoid`` on ``pg_class`` (the neutralised pg_class had no
 ``tableoid``: 42703) and read ``pg_seclabels`` and ``aclexplode(relacl)``, its database
-properties ``pg_db_role_setting``. None of these carries a number a row decides; the two
-statistics views are answered with no row (their columns, nothing read). The statistics pgAdmin
-shows in its *Statistics* tabs and *Dashboard* stay refused (tests/test_client_pgadmin.py drives
-the real pgAdmin).
+properties ``pg_db_role_setting``, its tree's *Extensions* ``pg_available_extensions()``. None
+of these carries a number a row decides; the two statistics views are answered with no row
+(their columns, nothing read). The statistics pgAdmin shows in its *Statistics* tabs and
+*Dashboard* stay refused (tests/test_client_pgadmin.py drives the real pgAdmin).
 """
 
 from __future__ import annotations
@@ -138,6 +138,19 @@ def test_security_labels_role_settings_and_privilege_rows_are_catalog_reads(
         for sql in ("SELECT provider, label FROM pg_catalog.pg_seclabels WHERE objoid = 'public.adult'::regclass",
                     "SELECT setconfig FROM pg_catalog.pg_db_role_setting WHERE setdatabase = 0 AND setrole = 0"):
             assert conn.execute(sql).fetchall() == admin.execute(sql).fetchall()
+
+
+def test_pgadmins_extensions_node_reads_the_functions_behind_pg_available_extensions(
+    proxy: RunningProxy, admin: psycopg.Connection
+) -> None:
+    sql = ("SELECT x.extname AS name, n.nspname AS schema, e.comment FROM pg_catalog.pg_extension x "
+           "LEFT JOIN pg_catalog.pg_namespace n ON x.extnamespace=n.oid "
+           "JOIN pg_catalog.pg_available_extensions() e ON x.extname=e.name ORDER BY x.extname")
+    versions = ("SELECT name, version FROM pg_catalog.pg_available_extension_versions() "
+                "WHERE name = 'plpgsql' ORDER BY version")
+    with proxy.connect() as conn:
+        assert conn.execute(sql).fetchall() == admin.execute(sql).fetchall() != []
+        assert conn.execute(versions).fetchall() == admin.execute(versions).fetchall() != []
 
 
 @pytest.mark.parametrize("sql", [
