@@ -15,11 +15,9 @@ if [ -x "$venv/bin/pgadmin4" ] && cmp -s "$constraints" "$marker"; then
   echo "pgadmin: $venv is up to date"
   exit 0
 fi
-python="${PYTHON:-python3}"
-rm -rf "$venv"
-mkdir -p "$(dirname "$venv")"
-"$python" -m venv "$venv"
-"$venv/bin/python" -m pip install -q --upgrade pip
+# shellcheck source=../fresh_venv.sh
+. "$here/../fresh_venv.sh"
+fresh_venv "$venv"
 "$venv/bin/python" -m pip install -q -c "$constraints" pgadmin4==9.18
 "$venv/bin/python" -c "import psycopg; import pgadmin4"
 cp "$constraints" "$marker"
