@@ -1,8 +1,9 @@
 r"""What passthrough statements may touch: catalog relations, functions and settings.
 
 Default deny. The lists below cover what psql, pgjdbc, psqlODBC, psycopg, asyncpg,
-SQLAlchemy, node-postgres, pg8000 and pgbench send (shared/reference), plus their
-obvious neighbours. Left out on purpose, because they carry data about protected rows:
+SQLAlchemy, node-postgres, pg8000 and pgbench send (shared/reference), and what Superset and
+pgAdmin 4 send (tests/data), plus their obvious neighbours. Left out on purpose, because they
+carry data about protected rows:
 statistics (pg_statistic*, pg_stats*, pg_stat_*, pg_statio_*), large objects, sequence positions (the view
 pg_sequences shows ``last_value``, a serial key's row count; the table pg_sequence holds
 only the definitions), file access, and anything that runs SQL given as a string
