@@ -1,8 +1,9 @@
 r"""What passthrough statements may touch: catalog relations, functions and settings.
 
 Default deny. The lists below cover what psql, pgjdbc, psqlODBC, psycopg, asyncpg,
-SQLAlchemy, node-postgres, pg8000 and pgbench send (shared/reference), plus their
-obvious neighbours. Left out on purpose, because they carry data about protected rows:
+SQLAlchemy, node-postgres, pg8000 and pgbench send (shared/reference), and what Superset and
+pgAdmin 4 send (tests/data), plus their obvious neighbours. Left out on purpose, because they
+carry data about protected rows:
 statistics (pg_statistic*, pg_stats*, pg_stat_*, pg_statio_*), large objects, sequence positions (the view
 pg_sequences shows ``last_value``, a serial key's row count; the table pg_sequence holds
 only the definitions), file access, and anything that runs SQL given as a string
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 __all__ = [
     "CATALOG_SCHEMAS",
+    "EMPTIED_RELATIONS",
     "NEUTRALISED_FUNCTIONS",
     "NEUTRALISED_PG_CLASS_COLUMNS",
     "SAFE_SETTINGS",
@@ -51,8 +53,17 @@ _PG_CATALOG_RELATIONS = frozenset(
         "pg_indexes", "pg_matviews", "pg_policies", "pg_prepared_statements", "pg_roles",
         "pg_rules", "pg_settings", "pg_tables", "pg_timezone_abbrevs",
         "pg_timezone_names", "pg_user", "pg_views",
+        # security labels and per-database/role settings (pgAdmin's properties dialogs)
+        "pg_seclabel", "pg_shseclabel", "pg_seclabels", "pg_db_role_setting",
     }
 )
+
+# Catalog relations a client reads that passthrough answers as having no row (neutralise.py,
+# ``empty_relations``): their columns and types, nothing read. pgAdmin fails to connect when
+# either is refused: it counts replication slots, whose WAL positions (restart_lsn,
+# confirmed_flush_lsn) move with every write, and reads its own backend's GSSAPI status, a
+# statistics view that lists every backend (and the backend is dpproxy's, not the analyst's).
+EMPTIED_RELATIONS = frozenset({"pg_replication_slots", "pg_stat_gssapi"})
 
 # pg_class columns that reveal row counts and sizes; replaced in every passthrough statement.
 NEUTRALISED_PG_CLASS_COLUMNS = {
@@ -77,10 +88,15 @@ _FUNCTIONS = frozenset(
         "current_user", "session_user", "current_catalog", "pg_backend_pid",
         "pg_is_in_recovery", "pg_postmaster_start_time", "pg_conf_load_time",
         "pg_client_encoding", "inet_server_port", "txid_current_if_assigned",
+        # the functions behind the allowlisted views pg_settings (pgAdmin reads it at connect)
+        # and pg_available_extensions (its tree's Extensions)
+        "pg_show_all_settings", "pg_available_extensions", "pg_available_extension_versions",
         # the backend connection's temporary schema (0: none; DDL never runs through dpproxy),
         # which Arrow's ADBC driver lists beside the others in adbc_get_objects
         "pg_my_temp_schema",
         "pg_advisory_unlock_all", "set_config",
+        # the rows of an aclitem[] (grantor, grantee, privilege), as pgAdmin lists privileges
+        "aclexplode",
         # catalog helpers
         "format_type", "pg_get_expr", "pg_get_indexdef", "pg_get_constraintdef",
         "pg_get_userbyid", "pg_get_viewdef", "pg_get_triggerdef", "pg_get_ruledef",
@@ -213,7 +229,7 @@ def allowed_catalog_relation(schema: str, name: str) -> bool:
     """True for the catalog relations passthrough statements may read."""
     if schema == "information_schema":
         return True
-    return schema == "pg_catalog" and name in _PG_CATALOG_RELATIONS
+    return schema == "pg_catalog" and (name in _PG_CATALOG_RELATIONS or name in EMPTIED_RELATIONS)
 
 
 def allowed_function(name: str) -> bool:

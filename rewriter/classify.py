@@ -18,7 +18,7 @@ from policies.errors import SQLSTATE, Refusal
 from policies.tables import Relation, TableRegistry, quote_identifier
 
 from .catalog import (
-    CATALOG_SCHEMAS, SAFE_SETTINGS, SESSION_EFFECT_FUNCTIONS, allowed_catalog_relation, allowed_function,
+    CATALOG_SCHEMAS, EMPTIED_RELATIONS, SAFE_SETTINGS, SESSION_EFFECT_FUNCTIONS, allowed_catalog_relation, allowed_function,
     ascii_safe_encoding, exact_floats,
 )
 from .constants import FUNCTIONS as FOLDABLE_FUNCTIONS
@@ -26,7 +26,7 @@ from .copy import CopyOptions, copy_query
 from .cursors import CursorOptions, Fetch, declare_query, declare_sql, fetch_of
 from .function_check import check_functions, inexact_floats, unsafe_client_encoding
 from .dp_query import AggregateQuery, asks_for_no_row, plan_aggregate_query
-from .neutralise import neutralise_pg_class
+from .neutralise import empty_relations, neutralise_pg_class
 from .partitioned_reads import refuse_partitioned_read
 from .qualify import qualify
 from .references import RelationRef
@@ -306,7 +306,7 @@ def _select(
 ) -> Decision:
     refs = statement.references
     protected: list[Relation] = []
-    references_pg_class = False
+    references_pg_class = references_emptied = False
     for ref in refs.relations:
         target = resolved.get(ref)
         if target is None:
@@ -342,6 +342,7 @@ def _select(
                     "catalog-allowlist",
                 )
             references_pg_class |= target.oid == PG_CLASS_OID
+            references_emptied |= target.schema == "pg_catalog" and target.name in EMPTIED_RELATIONS
             continue
         raise Refusal(
             SQLSTATE.INSUFFICIENT_PRIVILEGE,
@@ -365,6 +366,12 @@ def _select(
             registry.pg_class_columns,
             lambda schema, name: _means_pg_class(RelationRef(schema, name), resolved)
             or (schema is not None and pinned.get((name, schema), _NOT_PINNED).oid == PG_CLASS_OID),
+        )
+    if references_emptied:
+        text = empty_relations(
+            text,
+            lambda schema, name: _means_emptied(RelationRef(schema, name), resolved)
+            or (schema is not None and _is_emptied(pinned.get((name, schema), _NOT_PINNED))),
         )
     return Passthrough(text)
 
@@ -427,6 +434,14 @@ def _redefined(table: Relation, change: str) -> Refusal:
         "also answers again if the definition is put back as it was. Nothing was charged.",
         "schema-changed",
     )
+
+
+def _is_emptied(target: ResolvedRelation | None) -> bool:
+    return target is not None and target.schema == "pg_catalog" and target.name in EMPTIED_RELATIONS
+
+
+def _means_emptied(ref: RelationRef, resolved: Mapping[RelationRef, ResolvedRelation | None]) -> bool:
+    return _is_emptied(resolved.get(ref))
 
 
 def _means_pg_class(ref: RelationRef, resolved: Mapping[RelationRef, ResolvedRelation | None]) -> bool:

@@ -16,6 +16,16 @@ Every reference to pg_catalog.pg_class becomes a subquery with the same columns 
 itself reports for a table never analysed). Clients that read them (pgjdbc's
 getIndexInfo CARDINALITY) keep working and learn nothing.
 
+Of pg_class's system columns only ``tableoid`` (pg_class's own oid, the same on every row)
+is carried, and only into a statement that names a column ``tableoid``, so that ``SELECT *``
+keeps pg_class's shape; pgAdmin joins ``pg_depend.classid = cls.tableoid``. The others (``xmin``
+and ``ctid`` tell when and in what order relations were written) stay out.
+
+``empty_relations`` (on the text): every reference to a relation of ``EMPTIED_RELATIONS``
+becomes the same relation with no row (``WHERE false``: its columns and types, nothing read).
+pgAdmin reads pg_replication_slots and pg_stat_gssapi at connect and fails to connect when
+either is refused (catalog.py says why neither is released).
+
 A subquery can be named only by an unqualified alias, so column references qualified by
 schema (``pg_catalog.pg_class.relname``, as SQLAlchemy writes them) lose the schema.
 """
@@ -28,9 +38,9 @@ from typing import Any, Iterator
 from pglast import ast, parser
 from pglast.enums import SQLValueFunctionOp
 
-from .catalog import NEUTRALISED_FUNCTIONS, NEUTRALISED_PG_CLASS_COLUMNS
+from .catalog import EMPTIED_RELATIONS, NEUTRALISED_FUNCTIONS, NEUTRALISED_PG_CLASS_COLUMNS
 
-__all__ = ["neutralise_calls", "neutralise_pg_class"]
+__all__ = ["empty_relations", "neutralise_calls", "neutralise_pg_class"]
 
 _USER_FUNCTIONS = frozenset({"current_user", "session_user", "user", "current_role"})
 # The session-user value functions, with the column name PostgreSQL gives them.
@@ -93,16 +103,37 @@ def _cast(value: ast.A_Const, type_name: str) -> ast.TypeCast:
 
 
 def neutralise_pg_class(sql: str, pg_class_columns: tuple[str, ...], is_pg_class: Any) -> str:
-    """Replace each RangeVar for which ``is_pg_class(schema, name)`` holds by a safe subquery.
+    """Replace each RangeVar for which ``is_pg_class(schema, name)`` holds by a safe subquery."""
+    tree = json.loads(parser.parse_sql_json(sql))
+    columns = pg_class_columns
+    if any(_column_names(ref)[-1:] == ["tableoid"] for ref in _nodes(tree, "ColumnRef")):
+        columns += ("tableoid",)
+    return _replace_relations(sql, tree, "pg_class", is_pg_class, _subquery(columns))
+
+
+def empty_relations(sql: str, is_emptied: Any) -> str:
+    """Replace each RangeVar of a relation in ``EMPTIED_RELATIONS`` for which
+    ``is_emptied(schema, name)`` holds (the name resolves to that catalog relation) by the same
+    relation with no row."""
+    tree = json.loads(parser.parse_sql_json(sql))
+    for name in sorted(EMPTIED_RELATIONS):
+        replacement = f"(SELECT * FROM pg_catalog.{name} WHERE false)"
+        sql = _replace_relations(sql, tree, name, lambda schema, relname: relname == name and is_emptied(schema, relname),
+                                 replacement)
+        tree = json.loads(parser.parse_sql_json(sql))
+    return sql
+
+
+def _replace_relations(sql: str, tree: Any, name: str, matches: Any, replacement: str) -> str:
+    """``sql`` with each RangeVar for which ``matches(schema, relname)`` holds replaced by
+    ``replacement`` (aliased ``name`` when it had no alias), and ``pg_catalog.`` dropped from
+    column references ``[db.]pg_catalog.name.col``.
 
     The parse tree's locations are byte offsets, pglast's scanner gives character offsets:
-    locations are converted, so text before pg_class may hold any characters.
+    locations are converted, so text before the relation may hold any characters.
     """
     encoded = sql.encode("utf-8")
-    tree = json.loads(parser.parse_sql_json(sql))
-    targets = [
-        node for node in _nodes(tree, "RangeVar") if is_pg_class(node.get("schemaname"), node["relname"])
-    ]
+    targets = [node for node in _nodes(tree, "RangeVar") if matches(node.get("schemaname"), node["relname"])]
     if not targets:
         return sql
 
@@ -110,15 +141,14 @@ def neutralise_pg_class(sql: str, pg_class_columns: tuple[str, ...], is_pg_class
         return len(encoded[:location].decode("utf-8"))
 
     tokens = parser.scan(sql)
-    replacement = _subquery(pg_class_columns)
     edits: list[tuple[int, int, str]] = []  # (start, end, replacement) character ranges
     for node in targets:
         start, end = _name_extent(tokens, char_offset(node["location"]))
         if not node.get("inh"):  # the JSON tree leaves out a false inh (FROM ONLY)
             start = _only_keyword_start(tokens, start)
-        edits.append((start, end, replacement if "alias" in node else replacement + " AS pg_class"))
+        edits.append((start, end, replacement if "alias" in node else f"{replacement} AS {name}"))
     for ref in _nodes(tree, "ColumnRef"):
-        prefix = _schema_prefix(tokens, ref, char_offset(ref["location"]))
+        prefix = _schema_prefix(tokens, ref, char_offset(ref["location"]), name)
         if prefix is not None:
             edits.append((*prefix, ""))
     pieces: list[str] = []
@@ -130,10 +160,14 @@ def neutralise_pg_class(sql: str, pg_class_columns: tuple[str, ...], is_pg_class
     return "".join(pieces)
 
 
-def _schema_prefix(tokens: list[Any], ref: dict[str, Any], start: int) -> tuple[int, int] | None:
-    """Character range of ``[db.]pg_catalog.`` in a column reference ``[db.]pg_catalog.pg_class.col``."""
-    names = [field.get("String", {}).get("sval") for field in ref["fields"]]
-    if len(names) < 3 or names[-3:-1] != ["pg_catalog", "pg_class"]:
+def _column_names(ref: dict[str, Any]) -> list[str | None]:
+    return [field.get("String", {}).get("sval") for field in ref["fields"]]
+
+
+def _schema_prefix(tokens: list[Any], ref: dict[str, Any], start: int, relation: str) -> tuple[int, int] | None:
+    """Character range of ``[db.]pg_catalog.`` in a column reference ``[db.]pg_catalog.relation.col``."""
+    names = _column_names(ref)
+    if len(names) < 3 or names[-3:-1] != ["pg_catalog", relation]:
         return None
     index = next(i for i, token in enumerate(tokens) if token.start == start)
     return start, tokens[index + 2 * (len(names) - 2)].start

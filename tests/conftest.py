@@ -304,13 +304,14 @@ def psql_path() -> str:
 
 
 # Tests that drive a program from a system package rather than from pip (psql, pgbench,
-# javac/java, node/npm, psqlODBC, docker-compose, openssl, PostgreSQL 15) or Superset's own venv: marked
+# javac/java, node/npm, psqlODBC, docker-compose, openssl, PostgreSQL 15) or Superset's or
+# pgAdmin's own venv: marked
 # `clients`, so `./run-tests -m "not clients"` needs nothing but Python. A whole module, or the
 # named tests of a module where the others need no such program.
 _CLIENT_MODULES = {
     "test_benchmark_smoke",  # pgbench (and pgbouncer), valgrind
     "test_client_jdbc", "test_client_node", "test_client_odbc", "test_client_pgbench", "test_client_postgresjs",
-    "test_psql_client", "test_superset",
+    "test_psql_client", "test_superset", "test_client_pgadmin",
 }
 _CLIENT_TESTS = {
     "test_auth_tls_cancel": {  # psql; the TLS tests also openssl

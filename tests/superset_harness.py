@@ -14,15 +14,13 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
-import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from web_app import WebAppProcess, free_port, send_json
 
 __all__ = ["ADMIN", "INSTALL_COMMAND", "SupersetApi", "SupersetServer", "superset_venv"]
 
@@ -44,12 +42,6 @@ def superset_venv() -> Path:
     return venv
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class SupersetServer:
     """``superset run`` on 127.0.0.1:<free port> with a fresh copy of the metadata template."""
 
@@ -63,52 +55,26 @@ class SupersetServer:
         metadata = workdir / "superset.db"
         if not metadata.exists():
             shutil.copyfile(venv / TEMPLATE_NAME, metadata)
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         env.update(SUPERSET_CONFIG_PATH=str(HERE / "superset_config.py"), DPPROXY_SUPERSET_METADATA=str(metadata),
                    FLASK_APP="superset", PYTHONUNBUFFERED="1")
         self.log_path = workdir / "superset.log"
-        self._log = self.log_path.open("wb")
         if public:
             env["DPPROXY_SUPERSET_PUBLIC"] = "1"
-            subprocess.run([str(venv / "bin" / "superset"), "init"], cwd=workdir, env=env, stdout=self._log,
-                           stderr=subprocess.STDOUT, timeout=120, check=True)
-        self.process = subprocess.Popen(
-            [str(venv / "bin" / "superset"), "run", "-h", "127.0.0.1", "-p", str(self.port), "--with-threads"],
-            cwd=workdir, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"superset exited with {self.process.returncode}: {self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as reply:
-                    if reply.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError(f"superset did not answer /health within {START_TIMEOUT_S:.0f} s: {self.log_tail()}")
+            with self.log_path.open("ab") as log:
+                subprocess.run([str(venv / "bin" / "superset"), "init"], cwd=workdir, env=env, stdout=log,
+                               stderr=subprocess.STDOUT, timeout=120, check=True)
+        self._app = WebAppProcess(
+            "superset", [str(venv / "bin" / "superset"), "run", "-h", "127.0.0.1", "-p", str(self.port),
+                         "--with-threads"], workdir, env, self.log_path, f"{self.url}/health", START_TIMEOUT_S)
 
     def log_tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return self._app.log_tail(lines)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
-        self._log.close()
+        self._app.stop()
 
 
 class SupersetApi:
@@ -158,16 +124,7 @@ class SupersetApi:
 
     def _send(self, method: str, path: str, data: bytes | None, content_type: str | None) -> tuple[int, Any]:
         headers = {**self._headers, **({"Content-Type": content_type} if content_type is not None else {})}
-        req = urllib.request.Request(self.base_url + path, data=data, headers=headers, method=method)
-        try:
-            with self._opener.open(req, timeout=REQUEST_TIMEOUT_S) as reply:
-                status, raw = reply.status, reply.read()
-        except urllib.error.HTTPError as error:
-            status, raw = error.code, error.read()
-        try:
-            return status, json.loads(raw)
-        except ValueError:
-            return status, raw.decode(errors="replace")
+        return send_json(self._opener, self.base_url + path, method, data, headers, REQUEST_TIMEOUT_S)
 
     def get(self, path: str) -> tuple[int, Any]:
         return self.request("GET", path)

@@ -1,11 +1,14 @@
-"""Every statement Apache Superset sent through dpproxy, replayed without Superset.
+"""Every statement Apache Superset and pgAdmin 4 sent through dpproxy, replayed without them.
 
 tests/data/superset-statements.md (recorded by tests/test_superset.py) lists each distinct
 statement Superset 6.1 sent while connecting, introspecting ``people``, creating datasets and
 drawing charts, with the outcome issue 18 requires: ``ok`` (answered) or the SQLSTATE of the
-refusal. Each is sent here, in the recorded order, on one session with the protocol Superset
-used, against the same table and policy (tests/bi_data.py). A refusal must also carry a hint;
-an answered statement that is not a DP aggregate must not carry people's exact row count.
+refusal; tests/data/pgadmin-statements.md (recorded by tests/test_client_pgadmin.py) each one
+pgAdmin 4 sent while connecting, browsing to ``people``, showing its properties, statistics and
+dependencies, the Dashboard, and in its Query Tool. Each is sent here, in the recorded order,
+on one session per tool with the protocol the tool used, against the same table and policy
+(tests/bi_data.py). A refusal must also carry a hint; an answered statement that is not a DP
+aggregate must not carry people's exact row count.
 """
 
 from __future__ import annotations
@@ -16,15 +19,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg import pq
 
-from bi_data import PEOPLE_POLICY, PEOPLE_ROWS, create_people
-from bi_statements import PEOPLE_OID, Expected, load_recorded
+from bi_data import PEOPLE_POLICY, create_people
+from bi_statements import PGADMIN_RECORD_FILE, Expected, load_recorded, replay
 from conftest import RunningProxy, TestDatabase, make_policy
 
 RECORDED = load_recorded()
-_READS_PEOPLE = re.compile(r"\bFROM\s+(public\.)?people\b", re.IGNORECASE)
-_OK = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK, pq.ExecStatus.EMPTY_QUERY)
+PGADMIN_RECORDED = load_recorded(PGADMIN_RECORD_FILE)
 
 
 def test_recording_covers_connect_introspection_datasets_and_charts():
@@ -52,37 +53,50 @@ def test_recording_covers_connect_introspection_datasets_and_charts():
 
 
 @pytest.fixture(scope="module")
-def people_session(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
-        tuple[psycopg.Connection, int]]:
+def people_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningProxy, int]]:
     people_oid = create_people(test_db)
     ledger: Path = tmp_path_factory.mktemp("bi-ledger") / "ledger.sqlite3"
     proxy = RunningProxy(make_policy(test_db, ledger, PEOPLE_POLICY))
     try:
-        with proxy.connect(options="-c statement_timeout=20000") as conn:
-            yield conn, people_oid
+        yield proxy, people_oid
     finally:
         proxy.stop()
 
 
+@pytest.fixture(scope="module")
+def superset_session(people_proxy: tuple[RunningProxy, int]) -> Iterator[tuple[psycopg.Connection, int]]:
+    proxy, people_oid = people_proxy
+    with proxy.connect(options="-c statement_timeout=20000") as conn:
+        yield conn, people_oid
+
+
+@pytest.fixture(scope="module")
+def pgadmin_session(people_proxy: tuple[RunningProxy, int]) -> Iterator[tuple[psycopg.Connection, int]]:
+    proxy, people_oid = people_proxy
+    with proxy.connect(options="-c statement_timeout=20000") as conn:
+        yield conn, people_oid
+
+
 @pytest.mark.parametrize("expected", RECORDED, ids=lambda e: e.id)
-def test_superset_statement_gets_its_recorded_outcome(people_session: tuple[psycopg.Connection, int],
+def test_superset_statement_gets_its_recorded_outcome(superset_session: tuple[psycopg.Connection, int],
                                                       expected: Expected):
-    conn, people_oid = people_session
-    pgconn = conn.pgconn
-    sql = expected.sql.replace(PEOPLE_OID, str(people_oid))
+    conn, people_oid = superset_session
     assert expected.protocol == "Q", "Superset (psycopg2) sends simple queries only"
-    result = pgconn.exec_(sql.encode())
-    message = (result.error_message or b"").decode(errors="replace")
-    try:
-        if expected.outcome == "ok":
-            assert result.status in _OK, f"{message}\n--- statement ---\n{sql}"
-            if not _READS_PEOPLE.search(sql):
-                cells = {result.get_value(r, c) for r in range(result.ntuples) for c in range(result.nfields)}
-                assert str(PEOPLE_ROWS).encode() not in cells, f"people's exact row count in\n{sql}"
-        else:
-            assert result.status == pq.ExecStatus.FATAL_ERROR, f"answered, expected {expected.outcome}:\n{sql}"
-            assert result.error_field(pq.DiagnosticField.SQLSTATE) == expected.outcome.encode(), message
-            assert result.error_field(pq.DiagnosticField.MESSAGE_HINT), message
-    finally:
-        if pgconn.transaction_status == pq.TransactionStatus.INERROR:
-            pgconn.exec_(b"ROLLBACK")
+    replay(conn.pgconn, expected, people_oid)
+
+
+def test_pgadmin_recording_covers_connect_browsing_statistics_and_the_query_tool():
+    phases = {e.phase for e in PGADMIN_RECORDED}
+    assert {"connect", "browse", "table-properties", "table-statistics", "column-statistics", "dashboard",
+            "query-tool-count", "query-tool-avg", "query-tool-select-star", "view-data"} <= phases, phases
+    for phase in ("table-statistics", "column-statistics", "database-statistics", "dashboard"):
+        assert {e.outcome for e in PGADMIN_RECORDED if e.phase == phase} - {"ok"} == {"42501"}, phase
+    assert {e.outcome for e in PGADMIN_RECORDED if e.phase in ("query-tool-select-star", "view-data")
+            and re.search(r"\bFROM\s+(public\.)?people\b", e.sql)} == {"DP001"}
+
+
+@pytest.mark.parametrize("expected", PGADMIN_RECORDED, ids=lambda e: e.id)
+def test_pgadmin_statement_gets_its_recorded_outcome(pgadmin_session: tuple[psycopg.Connection, int],
+                                                     expected: Expected):
+    conn, people_oid = pgadmin_session
+    replay(conn.pgconn, expected, people_oid)

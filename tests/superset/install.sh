@@ -15,11 +15,9 @@ if [ -x "$venv/bin/superset" ] && [ -f "$venv/metadata-template.db" ] && cmp -s 
   echo "superset: $venv is up to date"
   exit 0
 fi
-python="${PYTHON:-python3}"
-rm -rf "$venv"
-mkdir -p "$(dirname "$venv")"
-"$python" -m venv "$venv"
-"$venv/bin/python" -m pip install -q --upgrade pip
+# shellcheck source=../fresh_venv.sh
+. "$here/../fresh_venv.sh"
+fresh_venv "$venv"
 # rich (the `superset` CLI) and cachetools (the PostgreSQL engine spec, through aws_iam) are
 # imported but not declared; flask-caching: 2.5 breaks Superset's
 # memoize (both pinned in the constraints file).
