@@ -1,4 +1,5 @@
-"""ICU and nondeterministic collations on protected text columns, on PostgreSQL 15 (tests/pg15.py).
+"""ICU and nondeterministic collations on protected text columns, on PostgreSQL 15 (tests/pg15.py),
+and on 17 and 18 (tests/pg_versions.py) with their builtin provider's collations besides.
 
 pgserver's PostgreSQL 16 is built without ICU, so these run on Debian's 15: a column of an ICU
 deterministic collation, of a case-insensitive (``und-u-ks-level2``) and of a case- and
@@ -104,6 +105,27 @@ def collation_proxy(pg15_db: TestDatabase, tmp_path_factory: pytest.TempPathFact
         yield running
 
 
+# PostgreSQL 17's and 18's builtin provider: C.UTF-8 (17) and full Unicode case mapping (18),
+# where upper('ß') is 'SS' and lower() may change a value's length.
+_BUILTIN = {17: "pg_c_utf8", 18: "pg_unicode_fast"}
+
+
+@pytest.fixture(scope="module")
+def collation_proxy_newer(newer_pg_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """The ICU and nondeterministic families, and one of the builtin provider, on 17, then 18."""
+    with psycopg.connect(newer_pg_db.admin_dsn, autocommit=True) as admin:
+        admin.execute(_NONDETERMINISTIC)
+        builtin = _BUILTIN[admin.info.server_version // 10000]
+    for family, collation in {**_COLLATIONS, "builtin": builtin}.items():
+        create_neighbours(newer_pg_db.admin_dsn, f"coll_{family}",
+                          {f"coll_{family}_{k}": row for k, row in _NEIGHBOURS.items()},
+                          f"(s text COLLATE {collation}, a int)", _BASE_ROWS)
+    policy = ATTACK_POLICY_HEAD + "".join(_TABLE.format(name=name) for family in (*_COLLATIONS, "builtin")
+                                          for name in _tables(family))
+    with running_proxy(newer_pg_db, tmp_path_factory, policy) as running:
+        yield running
+
+
 def _outcomes(conn: psycopg.Connection, family: str) -> dict[str, dict[str, tuple[object, ...]]]:
     """Each statement's outcome on each table of ``family``, where they are not all the same."""
     differing = {}
@@ -125,6 +147,19 @@ def test_no_dp_form_on_an_icu_or_nondeterministic_column_lets_one_row_decide_its
             assert refused[0] == "answer", refused
         else:
             assert refused[:2] == ("error", "DP001") and "whose collation is nondeterministic" in str(refused[2])
+
+
+@pytest.mark.parametrize("family", [*_COLLATIONS, "builtin"])
+def test_no_dp_form_on_an_icu_nondeterministic_or_builtin_column_lets_one_row_decide_its_outcome_on_17_and_18(
+        collation_proxy_newer: RunningProxy, family: str) -> None:
+    """18 runs LIKE on nondeterministic collations (15 to 17 fail it whatever the rows): dpproxy
+    refuses it the same on every version, before the charge."""
+    if family == "builtin":
+        with collation_proxy_newer.connect() as conn:
+            assert _outcomes(conn, family) == {}
+            assert masked_outcome(conn, "SELECT COUNT(*) FROM {t} WHERE s ILIKE 'm%'", "coll_builtin")[0] == "answer"
+    else:
+        test_no_dp_form_on_an_icu_or_nondeterministic_column_lets_one_row_decide_its_outcome(collation_proxy_newer, family)
 
 
 def test_no_dp_form_in_a_database_of_the_icu_provider_lets_one_row_decide_its_outcome(
