@@ -26,7 +26,7 @@ VERSIONS = {17: "postgresql-17", 18: "postgresql-18"}
 DROPPED_CATALOG_COLUMNS = {("pg_collation", "colliculocale"), ("pg_database", "daticulocale"),
                            ("pg_attribute", "attcacheoff")}
 """The columns of allowlisted catalog relations 16 has and 17 or 18 no longer (a client asks a
-newer server for their successors: psql's ``\l`` for ``datlocale``)."""
+newer server for their successors: psql's list of databases asks for ``datlocale``)."""
 
 
 def postgresql_binaries(major: int) -> Path:

@@ -149,6 +149,36 @@ def test_a_virtual_generated_column_that_can_fail_on_a_row_refuses_its_table_at_
                 assert "int4div(integer, integer)" in problem and "STORED" in problem, problem
 
 
+@pytest.mark.parametrize(("column", "named"), [
+    # The column's own type is a coercion too, run when the row is read: out of range, too long.
+    ("g int2 GENERATED ALWAYS AS (a * 10000)", "int2(integer)"),
+    ("g numeric(3, 1) GENERATED ALWAYS AS (a * 100)", "numeric(numeric, integer)"),
+    ("g varchar(1) GENERATED ALWAYS AS ((a * 10)::text)", "varchar(character varying, integer, boolean)"),
+    ("g int4 GENERATED ALWAYS AS (a) VIRTUAL, h int8 GENERATED ALWAYS AS (1 / a::int8)", "int48div(integer, bigint)"),
+], ids=["out-of-range", "numeric-precision", "too-long", "second-column"])
+def test_a_virtual_generated_column_whose_type_or_expression_can_fail_on_a_row_refuses_its_table_at_load(
+        pg18_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, column: str, named: str) -> None:
+    with _generated(pg18_db, column):
+        policy = make_policy(pg18_db, tmp_path_factory.mktemp("ledger") / "l.sqlite3", _VG_POLICY.replace("{table}", "gen0"))
+        (problem,) = refused_at_load(policy)
+    assert problem.startswith("tables.public.gen0: virtual generated column ") and named in problem, problem
+
+
+def test_a_protected_view_reading_a_virtual_generated_column_that_can_fail_is_refused_at_load(
+        pg18_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # The view's own tree holds only a reference to g; g's expression is the table's.
+    with _generated(pg18_db, "g int4 GENERATED ALWAYS AS (100 / (a - 5))") as admin:
+        admin.execute("CREATE VIEW gen_view AS SELECT id, a, g FROM gen0")
+        admin.execute("GRANT SELECT ON gen_view TO dpproxy_service")
+        policy = make_policy(pg18_db, tmp_path_factory.mktemp("ledger") / "l.sqlite3",
+                             _VG_POLICY.replace("{table}", "gen_view") + "      g: {{bounds: [0, 100]}}\n")
+        try:
+            (problem,) = refused_at_load(policy)
+        finally:
+            admin.execute("DROP VIEW gen_view")
+    assert problem.startswith("tables.public.gen_view: virtual generated column g of gen0 calls "), problem
+
+
 def test_a_stored_generated_column_and_a_virtual_one_of_a_total_expression_are_answered_alike_on_neighbours(
         pg18_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
     # Stored: computed when the row is written (gen_near's row 7 would fail its INSERT, so the
