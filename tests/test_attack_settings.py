@@ -539,6 +539,15 @@ def test_the_settings_postgresql_17_pins_cannot_be_set(settings_proxy_newer: Run
         assert conn.execute("SHOW restrict_nonsystem_relation_kind").fetchone() == ("",)
 
 
+def test_the_settings_postgresql_17_pins_are_not_forwarded_from_startup_options(
+        settings_proxy_newer: RunningProxy) -> None:
+    options = "-c transaction_timeout=1 -c restrict_nonsystem_relation_kind=view"
+    with psycopg.connect(settings_proxy_newer.dsn(), options=options, autocommit=True) as conn:
+        shown = "SELECT current_setting('transaction_timeout'), current_setting('restrict_nonsystem_relation_kind')"
+        assert conn.execute(shown).fetchone() == ("0", "")
+        assert conn.execute("SELECT COUNT(*) FROM st0 WHERE i > 50").fetchone() is not None
+
+
 @pytest.mark.parametrize("statement", ["SET lock_timeout = 1", "SET LOCAL lock_timeout = 1",
                                        "SELECT set_config('lock_timeout', '1', false)"])
 def test_lock_timeout_cannot_be_set(settings_proxy: RunningProxy, statement: str) -> None:
