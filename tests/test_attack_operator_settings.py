@@ -569,3 +569,31 @@ def test_a_protected_table_under_row_security_is_answered_under_an_operator_defa
                 assert conn.execute("SHOW row_security").fetchone() == ("on",)
         finally:
             admin.execute("DROP TABLE rls0")
+
+
+def test_a_pin_the_server_lacks_after_all_is_left_out_and_the_connection_opened(
+        test_db: TestDatabase, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server of a version said to have a setting it lacks (a fork, a build without a minor
+    release's change) fails a connection naming it: it is left out, for that DSN, and the
+    connection opened without it."""
+    import asyncio
+
+    from proxy.backend import pool
+    from tests.conftest import make_policy
+
+    monkeypatch.setattr(pool, "_SINCE", {**pool._SINCE, "transaction_timeout": {16: 0}})
+    monkeypatch.setattr(pool, "_known_pins", {})
+    config = make_policy(test_db, tmp_path / "ledger.sqlite3", _POLICY).backend
+
+    async def opened_twice() -> list[str | None]:
+        shown = []
+        for _ in range(2):
+            conn = await pool.open_backend(config)
+            cursor = await conn.execute("SELECT pg_catalog.current_setting('transaction_timeout', true)")
+            shown.append((await cursor.fetchone() or (None,))[0])
+            await conn.close()
+        return shown
+
+    assert asyncio.run(opened_twice()) == [None, None]  # pgserver's 16.2 has no such setting
+    version, pins = pool._known_pins[config.dsn or ""]
+    assert version // 10000 == 16 and "transaction_timeout" not in pins

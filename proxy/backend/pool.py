@@ -104,12 +104,26 @@ PINNED_WHERE_KNOWN: Final[Mapping[str, str]] = {
     "restrict_nonsystem_relation_kind": "",
 }
 """``PINNED_SETTINGS`` that not every supported server has: each backend connection starts with
-those its server knows (an unknown name in the startup options fails the connection), as
+those its server has (an unknown name in the startup options fails the connection), as
 ``_known_pins`` remembers per DSN and server version."""
 
-# Per DSN: the server version last connected to there and the PINNED_WHERE_KNOWN names it took
-# (a name it does not know fails the connection, naming it, and is left out of the next try).
+# For each of PINNED_WHERE_KNOWN, the first minor release of each major version that has it;
+# every major version after the last listed has it.
+_SINCE: Final[Mapping[str, Mapping[int, int]]] = {
+    "transaction_timeout": {17: 0},
+    "restrict_nonsystem_relation_kind": {12: 20, 13: 16, 14: 13, 15: 8, 16: 4, 17: 0},
+}
+
+# Per DSN: the server version last connected to there and the PINNED_WHERE_KNOWN names its
+# connections start with.
 _known_pins: dict[str, tuple[int, frozenset[str]]] = {}
+
+
+def _pins_of(version: int) -> frozenset[str]:
+    """The names of ``PINNED_WHERE_KNOWN`` a server of ``version`` (``server_version_num``) has."""
+    major, minor = divmod(version, 10000)
+    return frozenset(name for name, since in _SINCE.items()
+                     if major > max(since) or (major in since and minor >= since[major]))
 
 
 def _opened_with(config: BackendConfig) -> tuple[object, ...]:
@@ -162,8 +176,10 @@ async def open_backend(config: BackendConfig, settings: Mapping[str, str] | None
     those of newer servers (17's ``transaction_timeout``) where the server has them.
     """
     dsn = config.dsn or ""
-    every = frozenset(PINNED_WHERE_KNOWN)
-    version, pins = _known_pins.get(dsn, (None, every))
+    # A DSN's first connection starts without them (it runs nothing, so no default of the
+    # operator's can end it) and tells the server's version; the next connections start with the
+    # names that version has (a name a server lacks anyway is left out, and the connection tried again).
+    version, pins = _known_pins.get(dsn, (0, frozenset()))
     while True:
         try:
             conn = await _connect(config, settings, pins)
@@ -174,11 +190,13 @@ async def open_backend(config: BackendConfig, settings: Mapping[str, str] | None
                 raise
             pins -= unknown
             continue
-        if version is not None and conn.info.server_version != version and pins != every:
-            await conn.close()  # another server version than the one learnt from: try every pin again
-            version, pins = None, every
-            continue
-        _known_pins[dsn] = (conn.info.server_version, pins)
+        if conn.info.server_version != version:  # the first connection, or another server since
+            version = conn.info.server_version
+            if _pins_of(version) != pins:
+                pins = _pins_of(version)
+                await conn.close()
+                continue
+        _known_pins[dsn] = (version, pins)
         return conn
 
 
