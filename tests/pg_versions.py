@@ -24,9 +24,10 @@ VERSIONS = {17: "postgresql-17", 18: "postgresql-18"}
 """Major version → the alias tests/postgresql/package.json installs it under."""
 
 DROPPED_CATALOG_COLUMNS = {("pg_collation", "colliculocale"), ("pg_database", "daticulocale"),
-                           ("pg_attribute", "attcacheoff")}
-"""The columns of allowlisted catalog relations 16 has and 17 or 18 no longer (a client asks a
-newer server for their successors: psql's list of databases asks for ``datlocale``)."""
+                           ("pg_attribute", "attcacheoff"), ("element_types", "domain_default")}
+"""The columns of allowlisted catalog relations (information_schema's among them) that 16 has
+and 17 or 18 no longer (a client asks a newer server for their successors: psql's list of
+databases asks for ``datlocale``)."""
 
 
 def postgresql_binaries(major: int) -> Path:

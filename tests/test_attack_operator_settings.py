@@ -427,13 +427,18 @@ def test_the_pinned_settings_of_postgresql_17_and_18_are_what_a_session_has_and_
         _pinned_as_a_session_has_and_returns_to(proxy, {**PINNED_SETTINGS, **PINNED_WHERE_KNOWN})
 
 
-_VIEW_POLICY = ATTACK_POLICY_HEAD + """
-  public.st0_view:
+def _one_table_policy(table: str, column: str) -> str:
+    """An attack policy protecting ``table`` alone, its integer ``column`` in [0, 100] a GROUP BY key."""
+    return ATTACK_POLICY_HEAD + f"""
+  public.{table}:
     access: protected
     epsilon: 1.0
     columns:
-      i: {{bounds: [0, 100], group_by: true}}
+      {column}: {{{{bounds: [0, 100], group_by: true}}}}
 """
+
+
+_VIEW_POLICY = _one_table_policy("st0_view", "i")
 
 
 def _protected_view_answered_restricting_views(database: TestDatabase,
@@ -541,13 +546,7 @@ def test_a_temp_file_limit_dpproxy_cannot_pin_that_fails_its_load_refuses_to_sta
             pass
 
 
-_RLS_POLICY = ATTACK_POLICY_HEAD + """
-  public.rls0:
-    access: protected
-    epsilon: 1.0
-    columns:
-      v: {{bounds: [0, 100], group_by: true}}
-"""
+_RLS_POLICY = _one_table_policy("rls0", "v")
 
 
 def test_a_protected_table_under_row_security_is_answered_under_an_operator_default_of_row_security_off(

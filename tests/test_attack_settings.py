@@ -529,14 +529,7 @@ def test_the_settings_postgresql_17_pins_cannot_be_set(settings_proxy_newer: Run
     block, the rows and a quantised answer's wait together); restrict_nonsystem_relation_kind
     fails every statement on a protected view. Refused before anything is charged; the backend's
     are pinned (proxy.backend.pool.PINNED_WHERE_KNOWN)."""
-    with settings_proxy_newer.connect() as conn:
-        before = spent_epsilon(conn)
-        with pytest.raises(psycopg.errors.InsufficientPrivilege) as refused:
-            conn.execute(statement)
-        assert "(rule: safe-settings)" in str(refused.value), str(refused.value)
-        assert spent_epsilon(conn) == before
-        assert conn.execute("SHOW transaction_timeout").fetchone() == ("0",)
-        assert conn.execute("SHOW restrict_nonsystem_relation_kind").fetchone() == ("",)
+    _refused_and_pinned(settings_proxy_newer, statement, {"transaction_timeout": "0", "restrict_nonsystem_relation_kind": ""})
 
 
 def test_the_settings_postgresql_17_pins_are_not_forwarded_from_startup_options(
@@ -554,13 +547,20 @@ def test_lock_timeout_cannot_be_set(settings_proxy: RunningProxy, statement: str
     """A wait for the operator's lock on a table's TOAST relation happens only when a row read has
     a long value stored apart: ended by lock_timeout, it failed the statement on exactly that
     neighbour (tests/test_standby.py). Refused, before anything is charged; the backend's is 0."""
-    with settings_proxy.connect() as conn:
+    _refused_and_pinned(settings_proxy, statement, {"lock_timeout": "0"})
+
+
+def _refused_and_pinned(proxy: RunningProxy, statement: str, pinned: dict[str, str]) -> None:
+    """``statement`` refused (rule ``safe-settings``) before any charge, and the settings still
+    ``pinned``'s values."""
+    with proxy.connect() as conn:
         before = spent_epsilon(conn)
         with pytest.raises(psycopg.errors.InsufficientPrivilege) as refused:
             conn.execute(statement)
         assert "(rule: safe-settings)" in str(refused.value), str(refused.value)
         assert spent_epsilon(conn) == before
-        assert conn.execute("SHOW lock_timeout").fetchone() == ("0",)
+        for name, value in pinned.items():
+            assert conn.execute(f"SHOW {name}").fetchone() == (value,)
 
 
 # ---------------------------------------------------------------- settings the parser depends on, pinned
