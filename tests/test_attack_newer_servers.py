@@ -35,7 +35,7 @@ import psycopg
 import pytest
 
 from rewriter.catalog import NEUTRALISED_PG_CLASS_COLUMNS, allowed_catalog_relation
-from tests.conftest import (ATTACK_POLICY_HEAD, TEST_POLICY, TestDatabase, make_policy,
+from tests.conftest import (ATTACK_POLICY_HEAD, TEST_POLICY, RunningProxy, TestDatabase, make_policy,
                             refused_at_load, running_proxy, spent_epsilon)
 from tests.neighbour_outcome import masked_outcome
 from tests.pg_versions import DROPPED_CATALOG_COLUMNS
@@ -60,6 +60,13 @@ WHERE n.nspname IN ('pg_catalog', 'information_schema') AND a.attnum > 0 AND NOT
 """
 
 
+@pytest.fixture(scope="module")
+def proxy18(pg18_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """dpproxy under the suite's policy on PostgreSQL 18."""
+    with running_proxy(pg18_db, tmp_path_factory, TEST_POLICY) as running:
+        yield running
+
+
 def test_the_servers_are_the_versions_the_lockfile_pins(newer_pg_db: TestDatabase) -> None:
     with psycopg.connect(newer_pg_db.admin_dsn) as admin:
         assert admin.info.server_version // 10000 in (17, 18)
@@ -80,8 +87,7 @@ def test_the_catalog_columns_postgresql_17_and_18_add_to_the_allowlisted_relatio
     assert counts <= set(NEUTRALISED_PG_CLASS_COLUMNS)
 
 
-def test_pg_class_relallfrozen_is_neutralised_on_postgresql_18(
-        pg18_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_pg_class_relallfrozen_is_neutralised_on_postgresql_18(pg18_db: TestDatabase, proxy18: RunningProxy) -> None:
     """On the code before, ``relallfrozen`` answered adult's exact size in pages after a freeze."""
     with psycopg.connect(pg18_db.admin_dsn, autocommit=True) as admin:
         for _ in range(3):  # the first VACUUM after the load freezes the rows, the next marks their pages
@@ -90,7 +96,7 @@ def test_pg_class_relallfrozen_is_neutralised_on_postgresql_18(
             if frozen:
                 break
     assert frozen > 100  # what a statement through dpproxy must not learn
-    with running_proxy(pg18_db, tmp_path_factory, TEST_POLICY) as proxy, proxy.connect() as conn:
+    with proxy18.connect() as conn:
         assert conn.execute("SELECT relallfrozen FROM pg_class WHERE relname = 'adult'").fetchone() == (0,)
         assert conn.execute("SELECT c.relallfrozen FROM pg_catalog.pg_class c WHERE c.relname = 'adult'"
                             ).fetchone() == (0,)
@@ -98,6 +104,22 @@ def test_pg_class_relallfrozen_is_neutralised_on_postgresql_18(
         names = [column.name for column in whole.description or ()]
         assert dict(zip(names, whole.fetchone() or ()))["relallfrozen"] == 0
         assert conn.execute("SELECT count(*) FROM pg_class WHERE relallfrozen > 0").fetchone() == (0,)
+
+
+@pytest.mark.parametrize(("sql", "reason"), [
+    ("SELECT * FROM pg_catalog.pg_aios", "catalog relation pg_catalog.pg_aios is not available"),
+    ("SELECT * FROM pg_stat_io", "catalog relation pg_catalog.pg_stat_io is not available"),
+    ("SELECT * FROM pg_stat_get_backend_io(pg_backend_pid())", "it reads statistics about the rows"),
+    ("SELECT * FROM pg_stat_get_backend_wal(pg_backend_pid())", "it reads statistics about the rows"),
+    ("SELECT * FROM pg_get_sequence_data('adult_age_seq')", "it reveals sequence positions"),
+    ("SELECT pg_column_toast_chunk_id(code) FROM lookup", "is not on dpproxy's allowlist"),
+])
+def test_the_statistics_and_positions_postgresql_18_adds_are_refused(proxy18: RunningProxy, sql: str,
+                                                                   reason: str) -> None:
+    with proxy18.connect() as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege) as refused:
+            conn.execute(sql)
+    assert reason in str(refused.value), str(refused.value)
 
 
 # ------------------------------------------------------------------ 18's virtual generated columns
