@@ -65,11 +65,13 @@ _PG_CATALOG_RELATIONS = frozenset(
 # statistics view that lists every backend (and the backend is dpproxy's, not the analyst's).
 EMPTIED_RELATIONS = frozenset({"pg_replication_slots", "pg_stat_gssapi"})
 
-# pg_class columns that reveal row counts and sizes; replaced in every passthrough statement.
+# pg_class columns that reveal row counts and sizes; replaced in every passthrough statement
+# (those the backend has: relallfrozen, the pages VACUUM found all frozen, is PostgreSQL 18's).
 NEUTRALISED_PG_CLASS_COLUMNS = {
     "reltuples": "(-1)::real",
     "relpages": "0::integer",
     "relallvisible": "0::integer",
+    "relallfrozen": "0::integer",
 }
 
 # Size functions (all return bigint): each call becomes ``NULL::pg_catalog.int8``; its
@@ -248,7 +250,8 @@ _REFUSAL_REASONS = (
     (("lo_", "pg_largeobject"), "it reads large objects"),
     (("query_to_", "table_to_", "schema_to_", "database_to_", "cursor_to_", "ts_stat", "dblink"),
      "it runs SQL given as text"),
-    (("nextval", "currval", "lastval", "setval", "pg_sequence_last_value"), "it reveals sequence positions"),
+    (("nextval", "currval", "lastval", "setval", "pg_sequence_last_value", "pg_get_sequence_data"),
+     "it reveals sequence positions"),
 )
 
 

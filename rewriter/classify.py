@@ -415,8 +415,8 @@ def _fallible(table: Relation, expression: str) -> Refusal:
         SQLSTATE.OBJECT_NOT_IN_PREREQUISITE_STATE,
         f"protected relation {table.display_name} now reads through an expression that can fail on a row: "
         f"{expression} (rule: row-failure)",
-        "An administrator must compute that column into a table or a materialized view, or leave it out of "
-        "the view; dpproxy checks again every few seconds and answers again once it is gone. Nothing was charged.",
+        "An administrator must compute that column into a table or a materialized view (a virtual generated "
+        "column: declare it STORED), or leave it out of the view; dpproxy checks again every few seconds and answers again once it is gone. Nothing was charged.",
         "row-failure",
     )
 

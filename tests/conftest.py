@@ -25,7 +25,8 @@ from policies.model import Policy
 from proxy.demo.embedded import SERVICE_ROLE, prepare_demo_database
 from proxy.serving.event_loop import new_event_loop
 from proxy.serving.server import Server
-from tests.pg15 import postgresql_15
+from tests.pg15 import postgresql_15, postgresql_server
+from tests.pg_versions import postgresql_binaries
 from tests.standby import StandbyPair, primary_and_standby
 
 TEST_DATABASE = "dpproxy_test"
@@ -137,6 +138,34 @@ def pg15_db() -> Iterator[TestDatabase]:
     test asks for it; such a test is marked ``pg15`` (and so ``clients``)."""
     with postgresql_15() as admin_dsn:
         yield _prepare_test_database(admin_dsn)
+
+
+@pytest.fixture(scope="session")
+def pg17_db() -> Iterator[TestDatabase]:
+    """``test_db``'s database on PostgreSQL 17 (tests/pg_versions.py), started the first time a
+    test asks for it."""
+    with postgresql_server(postgresql_binaries(17), "pg17") as admin_dsn:
+        yield _prepare_test_database(admin_dsn)
+
+
+@pytest.fixture(scope="session")
+def pg18_db() -> Iterator[TestDatabase]:
+    """``test_db``'s database on PostgreSQL 18 (tests/pg_versions.py), started the first time a
+    test asks for it."""
+    with postgresql_server(postgresql_binaries(18), "pg18") as admin_dsn:
+        yield _prepare_test_database(admin_dsn)
+
+
+NEWER_VERSIONS = (17, 18)
+"""The PostgreSQL major versions after pgserver's 16 that ``newer_pg_db`` runs a test on."""
+
+
+@pytest.fixture(scope="module", params=NEWER_VERSIONS, ids=lambda major: f"pg{major}")
+def newer_pg_db(request: pytest.FixtureRequest) -> TestDatabase:
+    """``pg17_db`` and ``pg18_db`` in turn (each server is still started once per session); a
+    test that uses it is marked ``pg_versions`` (and so ``clients``)."""
+    database: TestDatabase = request.getfixturevalue(f"pg{request.param}_db")
+    return database
 
 
 @dataclass(frozen=True)
@@ -304,8 +333,8 @@ def psql_path() -> str:
 
 
 # Tests that drive a program from a system package rather than from pip (psql, pgbench,
-# javac/java, node/npm, psqlODBC, docker-compose, openssl, PostgreSQL 15) or Superset's or
-# pgAdmin's own venv: marked
+# javac/java, node/npm, psqlODBC, docker-compose, openssl, PostgreSQL 15, PostgreSQL 17 and 18 through npm) or
+# Superset's or pgAdmin's own venv: marked
 # `clients`, so `./run-tests -m "not clients"` needs nothing but Python. A whole module, or the
 # named tests of a module where the others need no such program.
 _CLIENT_MODULES = {
@@ -338,5 +367,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         name = getattr(item, "originalname", item.name)
         if "pg15_db" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.pg15)  # Debian's PostgreSQL 15 is a system package too
-        if module in _CLIENT_MODULES or name in _CLIENT_TESTS.get(module, ()) or item.get_closest_marker("pg15"):
+        if {"pg17_db", "pg18_db", "newer_pg_db"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.pg_versions)  # installed with npm, a system package
+        if (module in _CLIENT_MODULES or name in _CLIENT_TESTS.get(module, ()) or item.get_closest_marker("pg15")
+                or item.get_closest_marker("pg_versions")):
             item.add_marker(pytest.mark.clients)

@@ -32,18 +32,29 @@ def _as_server_user(argv: list[str]) -> list[str]:
 
 @contextmanager
 def postgresql_15() -> Iterator[str]:
-    """A PostgreSQL 15 in a fresh data directory, trust authentication on its unix socket;
-    yields a superuser libpq URI (user ``postgres``) and stops it, and removes it, on exit.
+    """A PostgreSQL 15 in a fresh data directory (``postgresql_server``).
 
     Raises RuntimeError naming the package when the binaries are not there.
     """
-    initdb, pg_ctl = PG15_BIN / "initdb", PG15_BIN / "pg_ctl"
-    if not (initdb.is_file() and pg_ctl.is_file()):
+    if not ((PG15_BIN / "initdb").is_file() and (PG15_BIN / "pg_ctl").is_file()):
         raise RuntimeError(f"PostgreSQL 15 is required by the pg15 tests and is not in {PG15_BIN}: "
                            "install Debian's postgresql-15 (./run-tests does), or set DPPROXY_TEST_PG15_BIN")
+    with postgresql_server(PG15_BIN, "pg15") as dsn:
+        yield dsn
+
+
+@contextmanager
+def postgresql_server(bin_dir: Path, label: str) -> Iterator[str]:
+    """A PostgreSQL from ``bin_dir`` (``initdb``, ``pg_ctl``, ``postgres``) in a fresh data directory,
+    trust authentication on its unix socket; yields a superuser libpq URI (user ``postgres``) and
+    stops it, and removes it, on exit. ``label`` names its temporary directory and its errors.
+
+    Raises RuntimeError with the server's log when it does not start.
+    """
+    initdb, pg_ctl = bin_dir / "initdb", bin_dir / "pg_ctl"
     # Not under tmp_path_factory: pytest keeps its base directory 0700 to root, which would lock
     # the postgres OS user out of a data directory below it (see conftest.pg_admin_dsn).
-    top = Path(tempfile.mkdtemp(prefix="dpproxy-test-pg15-"))
+    top = Path(tempfile.mkdtemp(prefix=f"dpproxy-test-{label}-"))
     data, sockets = top / "data", top / "sockets"
     sockets.mkdir()
     if os.geteuid() == 0:
@@ -60,7 +71,7 @@ def postgresql_15() -> Iterator[str]:
         log = top / "log"
         why = exc.stderr.decode(errors="replace") + (log.read_text(errors="replace") if log.exists() else "")
         shutil.rmtree(top, ignore_errors=True)
-        raise RuntimeError(f"PostgreSQL 15 did not start: {why}") from exc
+        raise RuntimeError(f"PostgreSQL ({label}) did not start: {why}") from exc
     try:
         yield f"postgresql://postgres@/postgres?host={sockets}"
     finally:

@@ -1,4 +1,5 @@
-"""ICU and nondeterministic collations on protected text columns, on PostgreSQL 15 (tests/pg15.py).
+"""ICU and nondeterministic collations on protected text columns, on PostgreSQL 15 (tests/pg15.py),
+and on 17 and 18 (tests/pg_versions.py) with their builtin provider's collations besides.
 
 pgserver's PostgreSQL 16 is built without ICU, so these run on Debian's 15: a column of an ICU
 deterministic collation, of a case-insensitive (``und-u-ks-level2``) and of a case- and
@@ -79,12 +80,16 @@ def _tables(family: str) -> list[str]:
 @pytest.fixture(scope="module")
 def icu_database(pg15_db: TestDatabase) -> TestDatabase:
     """A database created with the ICU provider (its default collation ICU's), on PostgreSQL 15."""
-    with psycopg.connect(pg15_db.admin_dsn, autocommit=True) as admin:
-        if admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (_ICU_DATABASE,)).fetchone() is None:
-            admin.execute(f"CREATE DATABASE {_ICU_DATABASE} LOCALE_PROVIDER icu ICU_LOCALE 'und-u-ks-level2' "
-                          "LOCALE 'C.UTF-8' TEMPLATE template0")
-    database = TestDatabase(*(dsn.replace("/dpproxy_test", f"/{_ICU_DATABASE}")
-                              for dsn in (pg15_db.admin_dsn, pg15_db.service_dsn)))
+    return _provider_database(pg15_db, _ICU_DATABASE, "LOCALE_PROVIDER icu ICU_LOCALE 'und-u-ks-level2' LOCALE 'C.UTF-8'")
+
+
+def _provider_database(server: TestDatabase, name: str, provider: str) -> TestDatabase:
+    """A database ``name`` of ``server`` created with ``provider``'s clauses, holding coll_db and
+    its neighbours."""
+    with psycopg.connect(server.admin_dsn, autocommit=True) as admin:
+        if admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is None:
+            admin.execute(f"CREATE DATABASE {name} {provider} TEMPLATE template0")
+    database = TestDatabase(*(dsn.replace("/dpproxy_test", f"/{name}") for dsn in (server.admin_dsn, server.service_dsn)))
     with psycopg.connect(database.admin_dsn, autocommit=True) as admin:
         admin.execute("GRANT USAGE ON SCHEMA public TO dpproxy_service")
     create_neighbours(database.admin_dsn, "coll_db", {f"coll_db_{k}": row for k, row in _NEIGHBOURS.items()},
@@ -101,6 +106,27 @@ def collation_proxy(pg15_db: TestDatabase, tmp_path_factory: pytest.TempPathFact
                           f"(s text COLLATE {collation}, a int)", _BASE_ROWS)
     policy = ATTACK_POLICY_HEAD + "".join(_TABLE.format(name=name) for family in _COLLATIONS for name in _tables(family))
     with running_proxy(pg15_db, tmp_path_factory, policy) as running:
+        yield running
+
+
+# PostgreSQL 17's and 18's builtin provider: C.UTF-8 (17) and full Unicode case mapping (18),
+# where upper('ß') is 'SS' and lower() may change a value's length.
+_BUILTIN = {17: "pg_c_utf8", 18: "pg_unicode_fast"}
+
+
+@pytest.fixture(scope="module")
+def collation_proxy_newer(newer_pg_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """The ICU and nondeterministic families, and one of the builtin provider, on 17, then 18."""
+    with psycopg.connect(newer_pg_db.admin_dsn, autocommit=True) as admin:
+        admin.execute(_NONDETERMINISTIC)
+        builtin = _BUILTIN[admin.info.server_version // 10000]
+    for family, collation in {**_COLLATIONS, "builtin": builtin}.items():
+        create_neighbours(newer_pg_db.admin_dsn, f"coll_{family}",
+                          {f"coll_{family}_{k}": row for k, row in _NEIGHBOURS.items()},
+                          f"(s text COLLATE {collation}, a int)", _BASE_ROWS)
+    policy = ATTACK_POLICY_HEAD + "".join(_TABLE.format(name=name) for family in (*_COLLATIONS, "builtin")
+                                          for name in _tables(family))
+    with running_proxy(newer_pg_db, tmp_path_factory, policy) as running:
         yield running
 
 
@@ -127,14 +153,39 @@ def test_no_dp_form_on_an_icu_or_nondeterministic_column_lets_one_row_decide_its
             assert refused[:2] == ("error", "DP001") and "whose collation is nondeterministic" in str(refused[2])
 
 
+@pytest.mark.parametrize("family", [*_COLLATIONS, "builtin"])
+def test_no_dp_form_on_an_icu_nondeterministic_or_builtin_column_lets_one_row_decide_its_outcome_on_17_and_18(
+        collation_proxy_newer: RunningProxy, family: str) -> None:
+    """18 runs LIKE on nondeterministic collations (15 to 17 fail it whatever the rows): dpproxy
+    refuses it the same on every version, before the charge."""
+    if family == "builtin":
+        with collation_proxy_newer.connect() as conn:
+            assert _outcomes(conn, family) == {}
+            assert masked_outcome(conn, "SELECT COUNT(*) FROM {t} WHERE s ILIKE 'm%'", "coll_builtin")[0] == "answer"
+    else:
+        test_no_dp_form_on_an_icu_or_nondeterministic_column_lets_one_row_decide_its_outcome(collation_proxy_newer, family)
+
+
 def test_no_dp_form_in_a_database_of_the_icu_provider_lets_one_row_decide_its_outcome(
         icu_database: TestDatabase, tmp_path: Path) -> None:
+    _database_outcomes(icu_database, _ICU_DATABASE, tmp_path)
+
+
+def test_no_dp_form_in_a_database_of_postgresql_18s_builtin_unicode_provider_lets_one_row_decide_its_outcome(
+        pg18_db: TestDatabase, tmp_path: Path) -> None:
+    """PG_UNICODE_FAST: full Unicode case mapping (upper('ß') is 'SS') for every text column."""
+    database = _provider_database(pg18_db, "dpproxy_builtin",
+                                  "LOCALE_PROVIDER builtin BUILTIN_LOCALE 'PG_UNICODE_FAST' LOCALE 'C.UTF-8'")
+    _database_outcomes(database, "dpproxy_builtin", tmp_path)
+
+
+def _database_outcomes(database: TestDatabase, database_name: str, tmp_path: Path) -> None:
     policy = ATTACK_POLICY_HEAD + "".join(_TABLE.format(name=name) for name in _tables("db"))
-    running = RunningProxy(make_policy(icu_database, tmp_path / "ledger.sqlite3", policy))
+    running = RunningProxy(make_policy(database, tmp_path / "ledger.sqlite3", policy))
     try:
-        with psycopg.connect(running.dsn(database=_ICU_DATABASE), autocommit=True, prepare_threshold=None) as conn:
+        with psycopg.connect(running.dsn(database=database_name), autocommit=True, prepare_threshold=None) as conn:
             assert _outcomes(conn, "db") == {}
-            # The database's default collation is deterministic whatever its ICU locale: LIKE is answered.
+            # The database's default collation is deterministic whatever its locale: LIKE is answered.
             assert masked_outcome(conn, "SELECT COUNT(*) FROM {t} WHERE s LIKE 'M%'", "coll_db")[0] == "answer"
     finally:
         running.stop()

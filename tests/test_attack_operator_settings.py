@@ -56,7 +56,7 @@ import psycopg
 import pytest
 from psycopg import pq
 
-from proxy.backend.pool import PINNED_SETTINGS
+from proxy.backend.pool import PINNED_SETTINGS, PINNED_WHERE_KNOWN
 from proxy.serving.startup import StartupError
 from tests.bi_data import PEOPLE_POLICY, create_people
 from tests.bi_statements import PEOPLE_OID, load_recorded
@@ -164,6 +164,21 @@ SKIPPED: dict[str, str] = {
     "transaction_read_only": "per transaction, from default_transaction_read_only (pinned)",
     "transaction_deferrable": "per transaction, from default_transaction_deferrable (pinned)",
     "statement_timeout": "pinned to the policy's backend.statement_timeout_ms",
+    # PostgreSQL 17 and 18 (tests/pg_versions.py); the ones that could matter are TRIED_SINCE.
+    **{name: "writes only (a read-only session writes nothing)" for name in (
+        "file_copy_method", "vacuum_truncate", "vacuum_max_eager_freeze_failure_rate")},
+    **{name: "DDL and roles only, which dpproxy refuses" for name in (
+        "event_triggers", "extension_control_path", "md5_password_warnings")},
+    **{name: "the server's log and statistics only" for name in ("log_lock_failures", "track_cost_delay_timing")},
+}
+
+# The settings a role or database may set on a newer server that could change a read-only
+# SELECT's result, errors or notices, by the major version that added them, with the values
+# tried (together, as one round, on that version: tests/pg_versions.py).
+TRIED_SINCE: dict[int, dict[str, str]] = {
+    17: {"transaction_timeout": "1", "restrict_nonsystem_relation_kind": "'view, foreign-table'",
+         "enable_group_by_reordering": "off", "io_combine_limit": "1"},
+    18: {"enable_distinct_reordering": "off", "enable_self_join_elimination": "off"},
 }
 
 # Run alone by default: each would hide the other settings' effects in a round (a search_path
@@ -202,6 +217,17 @@ CURSORS = [
 
 @pytest.fixture(scope="module")
 def neighbours(test_db: TestDatabase) -> None:
+    _create_neighbours(test_db)
+
+
+@pytest.fixture(scope="module")
+def newer_neighbours(newer_pg_db: TestDatabase) -> TestDatabase:
+    """``neighbours`` on PostgreSQL 17, then 18: the database they are in."""
+    _create_neighbours(newer_pg_db)
+    return newer_pg_db
+
+
+def _create_neighbours(test_db: TestDatabase) -> None:
     create_neighbours(test_db.admin_dsn, "st0", _NEIGHBOURS, _DDL, _BASE_ROWS)
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
         admin.execute("CREATE TABLE IF NOT EXISTS sr0 (id int8 PRIMARY KEY, v int4)")  # in _POLICY
@@ -349,23 +375,111 @@ def test_every_setting_a_role_may_set_is_tried_pinned_or_skipped_for_a_reason(te
     assert names - set(TRIED) - set(SKIPPED) - set(PINNED_SETTINGS) == set()
 
 
-@pytest.mark.parametrize("owner", ["ROLE dpproxy_service", f"DATABASE {TEST_DATABASE}"])
-def test_the_pinned_settings_are_what_a_session_has_and_returns_to(
-        neighbours: None, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, owner: str) -> None:
-    contrary = {"array_nulls": "off", "client_encoding": "SQL_ASCII", "idle_session_timeout": "1",
-                "exit_on_error": "on", "standard_conforming_strings": "off", "extra_float_digits": "-15",
-                "default_transaction_read_only": "off", "default_transaction_deferrable": "off",
-                "idle_in_transaction_session_timeout": "1", "row_security": "off", "jit_above_cost": "0",
-                "default_transaction_isolation": "serializable", "lock_timeout": "1"}
-    assert set(contrary) == set(PINNED_SETTINGS)
-    shown = "SELECT " + ", ".join(f"pg_catalog.current_setting('{name}')" for name in PINNED_SETTINGS)
-    with operator_defaults(test_db, tmp_path_factory, contrary, owner) as proxy, proxy.connect() as conn:
+def test_every_setting_a_role_may_set_on_postgresql_17_and_18_is_tried_pinned_or_skipped_for_a_reason(
+        newer_pg_db: TestDatabase) -> None:
+    with psycopg.connect(newer_pg_db.admin_dsn, autocommit=True) as admin:
+        major = admin.info.server_version // 10000
+        names = {name for (name,) in admin.execute(
+            "SELECT name FROM pg_settings WHERE context IN ('user', 'superuser')").fetchall()}
+    newer = {name for version, tried in TRIED_SINCE.items() if version <= major for name in tried}
+    assert names - set(TRIED) - newer - set(SKIPPED) - set(PINNED_SETTINGS) - set(PINNED_WHERE_KNOWN) == set()
+
+
+def test_no_operator_default_of_postgresql_17_or_18_lets_one_row_decide_an_outcome_or_breaks_every_row(
+        newer_neighbours: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The first round, with the settings 17 and 18 added (``TRIED_SINCE``). Found: a
+    ``transaction_timeout`` of 1 ms stopped dpproxy's start (the load's catalog queries ended
+    with the connection); a longer one failed a DP statement, after its charge, when its rows
+    took longer. ``restrict_nonsystem_relation_kind`` is in ``test_a_protected_view_…`` below."""
+    with psycopg.connect(newer_neighbours.admin_dsn) as admin:
+        major = admin.info.server_version // 10000
+    settings = {**ROUNDS[0], **{name: value for version, tried in TRIED_SINCE.items() if version <= major
+                                for name, value in tried.items()}}
+    faults = _swept(newer_neighbours, tmp_path_factory, settings)
+    assert not faults, "\n".join(faults)
+
+
+_CONTRARY = {"array_nulls": "off", "client_encoding": "SQL_ASCII", "idle_session_timeout": "1",
+             "exit_on_error": "on", "standard_conforming_strings": "off", "extra_float_digits": "-15",
+             "default_transaction_read_only": "off", "default_transaction_deferrable": "off",
+             "idle_in_transaction_session_timeout": "1", "row_security": "off", "jit_above_cost": "0",
+             "default_transaction_isolation": "serializable", "lock_timeout": "1"}
+_CONTRARY_WHERE_KNOWN = {"transaction_timeout": "1", "restrict_nonsystem_relation_kind": "'view'"}
+
+
+def _pinned_as_a_session_has_and_returns_to(proxy: RunningProxy, pinned: Mapping[str, str]) -> None:
+    shown = "SELECT " + ", ".join(f"pg_catalog.current_setting('{name}')" for name in pinned)
+    with proxy.connect() as conn:
         for reset in ((), ("RESET ALL",), ("DISCARD ALL",)):
             for statement in reset:
                 conn.execute(statement)
             row = conn.execute(shown).fetchone()
             assert row is not None
-            assert dict(zip(PINNED_SETTINGS, row)) == PINNED_SETTINGS
+            assert dict(zip(pinned, row)) == pinned
+
+
+def test_the_pinned_settings_of_postgresql_17_and_18_are_what_a_session_has_and_returns_to(
+        newer_neighbours: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """On the code before, a service role's ``transaction_timeout`` of 1 ms stopped dpproxy's
+    start: its load's first catalog query ended the connection."""
+    assert set(_CONTRARY_WHERE_KNOWN) == set(PINNED_WHERE_KNOWN)
+    with operator_defaults(newer_neighbours, tmp_path_factory, {**_CONTRARY, **_CONTRARY_WHERE_KNOWN}) as proxy:
+        _pinned_as_a_session_has_and_returns_to(proxy, {**PINNED_SETTINGS, **PINNED_WHERE_KNOWN})
+
+
+def _one_table_policy(table: str, column: str) -> str:
+    """An attack policy protecting ``table`` alone, its integer ``column`` in [0, 100] a GROUP BY key."""
+    return ATTACK_POLICY_HEAD + f"""
+  public.{table}:
+    access: protected
+    epsilon: 1.0
+    columns:
+      {column}: {{{{bounds: [0, 100], group_by: true}}}}
+"""
+
+
+_VIEW_POLICY = _one_table_policy("st0_view", "i")
+
+
+def _protected_view_answered_restricting_views(database: TestDatabase,
+                                              tmp_path_factory: pytest.TempPathFactory) -> None:
+    with psycopg.connect(database.admin_dsn, autocommit=True) as admin:
+        admin.execute("DROP TABLE IF EXISTS st0_base CASCADE")
+        admin.execute("CREATE TABLE st0_base AS SELECT g AS id, g % 90 AS i FROM generate_series(1, 300) g")
+        admin.execute("CREATE VIEW st0_view AS SELECT id, i FROM st0_base")
+        admin.execute("GRANT SELECT ON st0_base, st0_view TO dpproxy_service")
+    try:
+        with operator_defaults(database, tmp_path_factory, {"restrict_nonsystem_relation_kind": "'view'"},
+                               policy=_VIEW_POLICY) as proxy, proxy.connect() as conn:
+            for sql in ("SELECT COUNT(*) FROM st0_view WHERE i > 50", "SELECT i, COUNT(*) FROM st0_view GROUP BY i"):
+                before = spent_epsilon(conn)
+                assert conn.execute(sql).fetchall()
+                assert spent_epsilon(conn) == before + 1
+            assert conn.execute("SHOW restrict_nonsystem_relation_kind").fetchone() == ("",)
+    finally:
+        with psycopg.connect(database.admin_dsn, autocommit=True) as admin:
+            admin.execute("DROP TABLE st0_base CASCADE")
+
+
+def test_a_protected_view_is_answered_under_an_operator_default_restricting_views_on_postgresql_17_and_18(
+        newer_pg_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``restrict_nonsystem_relation_kind = 'view'`` failed every DP statement on a protected view
+    with DP004, after its charge, whatever its rows: now pinned empty where the server knows it."""
+    _protected_view_answered_restricting_views(newer_pg_db, tmp_path_factory)
+
+
+def test_a_protected_view_is_answered_under_an_operator_default_restricting_views_on_postgresql_15(
+        pg15_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The same on Debian's 15.18, which has the setting from a minor release (August 2024)."""
+    _protected_view_answered_restricting_views(pg15_db, tmp_path_factory)
+
+
+@pytest.mark.parametrize("owner", ["ROLE dpproxy_service", f"DATABASE {TEST_DATABASE}"])
+def test_the_pinned_settings_are_what_a_session_has_and_returns_to(
+        neighbours: None, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, owner: str) -> None:
+    assert set(_CONTRARY) == set(PINNED_SETTINGS)
+    with operator_defaults(test_db, tmp_path_factory, _CONTRARY, owner) as proxy:
+        _pinned_as_a_session_has_and_returns_to(proxy, PINNED_SETTINGS)
 
 
 def test_check_config_checks_against_the_backend_under_every_pinned_setting_turned_and_a_round_of_others(
@@ -432,13 +546,7 @@ def test_a_temp_file_limit_dpproxy_cannot_pin_that_fails_its_load_refuses_to_sta
             pass
 
 
-_RLS_POLICY = ATTACK_POLICY_HEAD + """
-  public.rls0:
-    access: protected
-    epsilon: 1.0
-    columns:
-      v: {{bounds: [0, 100], group_by: true}}
-"""
+_RLS_POLICY = _one_table_policy("rls0", "v")
 
 
 def test_a_protected_table_under_row_security_is_answered_under_an_operator_default_of_row_security_off(
@@ -460,3 +568,31 @@ def test_a_protected_table_under_row_security_is_answered_under_an_operator_defa
                 assert conn.execute("SHOW row_security").fetchone() == ("on",)
         finally:
             admin.execute("DROP TABLE rls0")
+
+
+def test_a_pin_the_server_lacks_after_all_is_left_out_and_the_connection_opened(
+        test_db: TestDatabase, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server of a version said to have a setting it lacks (a fork, a build without a minor
+    release's change) fails a connection naming it: it is left out, for that DSN, and the
+    connection opened without it."""
+    import asyncio
+
+    from proxy.backend import pool
+    from tests.conftest import make_policy
+
+    monkeypatch.setattr(pool, "_SINCE", {**pool._SINCE, "transaction_timeout": {16: 0}})
+    monkeypatch.setattr(pool, "_known_pins", {})
+    config = make_policy(test_db, tmp_path / "ledger.sqlite3", _POLICY).backend
+
+    async def opened_twice() -> list[str | None]:
+        shown = []
+        for _ in range(2):
+            conn = await pool.open_backend(config)
+            cursor = await conn.execute("SELECT pg_catalog.current_setting('transaction_timeout', true)")
+            shown.append((await cursor.fetchone() or (None,))[0])
+            await conn.close()
+        return shown
+
+    assert asyncio.run(opened_twice()) == [None, None]  # pgserver's 16.2 has no such setting
+    version, pins = pool._known_pins[config.dsn or ""]
+    assert version // 10000 == 16 and "transaction_timeout" not in pins

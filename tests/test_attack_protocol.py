@@ -358,6 +358,19 @@ def test_a_client_asking_for_protocol_3_2_is_told_the_connection_speaks_3_0(prox
         assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
+def test_a_client_starting_tls_directly_is_refused_at_once_and_the_server_goes_on(proxy: RunningProxy):
+    # libpq 17's sslnegotiation=direct sends a TLS ClientHello where the SSLRequest would be
+    # (PostgreSQL 17 and 18 accept it, with ALPN "postgresql"). dpproxy does not speak it: the
+    # ClientHello's first bytes are no startup packet's length, so it is refused at once (not
+    # held until the startup timeout), and such a client must use the default negotiation.
+    import psycopg
+
+    with pytest.raises(psycopg.OperationalError, match="SSL"):
+        psycopg.connect(proxy.dsn() + " sslmode=require sslnegotiation=direct connect_timeout=10")
+    with psycopg.connect(proxy.dsn(), autocommit=True) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
 def test_a_statement_that_is_not_utf8_fails_and_the_session_goes_on(proxy: RunningProxy):
     # A LATIN1 client (psql under a latin1 locale sets client_encoding from it) typing
     # 'Zürich' sent the byte 0xfc: the session ended with FATAL. PostgreSQL fails the

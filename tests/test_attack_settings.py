@@ -127,6 +127,12 @@ def settings_proxy_pg15(pg15_db: TestDatabase, tmp_path_factory: pytest.TempPath
     yield from _settings_proxy(pg15_db, tmp_path_factory)
 
 
+@pytest.fixture(scope="module")
+def settings_proxy_newer(newer_pg_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """The same tables and dpproxy on PostgreSQL 17, then 18 (tests/pg_versions.py)."""
+    yield from _settings_proxy(newer_pg_db, tmp_path_factory)
+
+
 def _settings_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
     create_neighbours(test_db.admin_dsn, "st0", _NEIGHBOURS, _DDL, _BASE_ROWS)
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
@@ -247,6 +253,18 @@ def test_no_session_state_lets_one_row_decide_an_outcome_on_postgresql_15(settin
     test_no_session_state_lets_one_row_decide_an_outcome(settings_proxy_pg15, state)
 
 
+# On PostgreSQL 17 and 18: 15's slice and the time zones, interval styles, float digits and
+# blocks, whose handling of times and text a new major version could change.
+_NEWER_STATES = [*_PG15_STATES, "time zone far east", "time zone far west", "interval styles", "float digits",
+                 "repeatable read block", "set_config"]
+
+
+@pytest.mark.parametrize("state", _NEWER_STATES)
+def test_no_session_state_lets_one_row_decide_an_outcome_on_postgresql_17_and_18(settings_proxy_newer: RunningProxy,
+                                                                                 state: str) -> None:
+    test_no_session_state_lets_one_row_decide_an_outcome(settings_proxy_newer, state)
+
+
 def _answer_form(conn: psycopg.Connection, sql: str) -> tuple[object, ...]:
     """``sql`` asked with every result column in binary (or, for COPY, its data): an error's
     SQLSTATE and whether it went uncharged, or the columns, the row count and the first column
@@ -286,6 +304,12 @@ def test_no_session_state_lets_one_row_decide_a_binary_or_copy_answer(settings_p
         for sql in _BINARY_AND_COPY:
             outcomes = {table: _answer_form(conn, sql.replace("{t}", table)) for table in ("st0", *_NEIGHBOURS)}
             assert len(set(outcomes.values())) == 1, (sql, outcomes)
+
+
+@pytest.mark.parametrize("state", ["default", "German", "latin1"])
+def test_no_session_state_lets_one_row_decide_a_binary_or_copy_answer_on_postgresql_17_and_18(
+        settings_proxy_newer: RunningProxy, state: str) -> None:
+    test_no_session_state_lets_one_row_decide_a_binary_or_copy_answer(settings_proxy_newer, state)
 
 
 _TYPED_TIMES = [  # (statement, parameter values, their declared types: timestamptz, timestamp, date)
@@ -499,19 +523,46 @@ def test_every_safe_setting_is_reset_for_the_next_client_of_a_pooled_connection(
             assert third.execute(shown).fetchone() == defaults
 
 
+@pytest.mark.parametrize("statement", [
+    "SET transaction_timeout = 1", "SET LOCAL transaction_timeout = 1", "SELECT set_config('transaction_timeout', '1', false)",
+    "SET restrict_nonsystem_relation_kind = view"])
+def test_the_settings_postgresql_17_pins_cannot_be_set(settings_proxy_newer: RunningProxy, statement: str) -> None:
+    """transaction_timeout ends a DP statement's connection when its rows take long (and, in a
+    block, the rows and a quantised answer's wait together); restrict_nonsystem_relation_kind
+    fails every statement on a protected view. Refused before anything is charged; the backend's
+    are pinned (proxy.backend.pool.PINNED_WHERE_KNOWN)."""
+    _refused_and_pinned(settings_proxy_newer, statement, {"transaction_timeout": "0", "restrict_nonsystem_relation_kind": ""})
+
+
+def test_the_settings_postgresql_17_pins_are_not_forwarded_from_startup_options(
+        settings_proxy_newer: RunningProxy) -> None:
+    options = "-c transaction_timeout=1 -c restrict_nonsystem_relation_kind=view"
+    with psycopg.connect(settings_proxy_newer.dsn(), options=options, autocommit=True) as conn:
+        shown = "SELECT current_setting('transaction_timeout'), current_setting('restrict_nonsystem_relation_kind')"
+        assert conn.execute(shown).fetchone() == ("0", "")
+        assert conn.execute("SELECT COUNT(*) FROM st0 WHERE i > 50").fetchone() is not None
+
+
 @pytest.mark.parametrize("statement", ["SET lock_timeout = 1", "SET LOCAL lock_timeout = 1",
                                        "SELECT set_config('lock_timeout', '1', false)"])
 def test_lock_timeout_cannot_be_set(settings_proxy: RunningProxy, statement: str) -> None:
     """A wait for the operator's lock on a table's TOAST relation happens only when a row read has
     a long value stored apart: ended by lock_timeout, it failed the statement on exactly that
     neighbour (tests/test_standby.py). Refused, before anything is charged; the backend's is 0."""
-    with settings_proxy.connect() as conn:
+    _refused_and_pinned(settings_proxy, statement, {"lock_timeout": "0"})
+
+
+def _refused_and_pinned(proxy: RunningProxy, statement: str, pinned: dict[str, str]) -> None:
+    """``statement`` refused (rule ``safe-settings``) before any charge, and the settings still
+    ``pinned``'s values."""
+    with proxy.connect() as conn:
         before = spent_epsilon(conn)
         with pytest.raises(psycopg.errors.InsufficientPrivilege) as refused:
             conn.execute(statement)
         assert "(rule: safe-settings)" in str(refused.value), str(refused.value)
         assert spent_epsilon(conn) == before
-        assert conn.execute("SHOW lock_timeout").fetchone() == ("0",)
+        for name, value in pinned.items():
+            assert conn.execute(f"SHOW {name}").fetchone() == (value,)
 
 
 # ---------------------------------------------------------------- settings the parser depends on, pinned

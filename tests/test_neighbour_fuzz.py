@@ -40,6 +40,8 @@ TIME_LIMIT_S = 240  # a bound, not a target: a run takes well under a minute
 # The slice run on PostgreSQL 15 (tests/pg15.py): ``DPPROXY_FUZZ_PG15_CASES``, ~15 s.
 PG15_CASES = int(os.environ.get("DPPROXY_FUZZ_PG15_CASES", "300"))
 PG15_TIME_LIMIT_S = 60
+# The slice run on PostgreSQL 17 and on 18 (tests/pg_versions.py): ``DPPROXY_FUZZ_NEWER_CASES`` each.
+NEWER_CASES = int(os.environ.get("DPPROXY_FUZZ_NEWER_CASES", "200"))
 # Base tables: "base" has a row of NULLs and a row of ordinary numbers, "empty" has no row,
 # so that the adversarial row of a neighbour is often the only row a predicate reaches.
 # "base" also has a row of zeros, which a tiny adversarial value may share a partition with.
@@ -98,6 +100,12 @@ def fuzz_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) 
 def fuzz_proxy_pg15(pg15_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
     """The fuzzer's tables and dpproxy on PostgreSQL 15 with ICU and JIT (tests/pg15.py)."""
     yield from _fuzz_proxy(pg15_db, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def fuzz_proxy_newer(newer_pg_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """The fuzzer's tables and dpproxy on PostgreSQL 17, then 18 (tests/pg_versions.py)."""
+    yield from _fuzz_proxy(newer_pg_db, tmp_path_factory)
 
 
 def _fuzz_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory,
@@ -332,6 +340,11 @@ def test_one_row_never_changes_a_statements_outcome(fuzz_proxy: RunningProxy) ->
 def test_one_row_never_changes_a_statements_outcome_on_postgresql_15(fuzz_proxy_pg15: RunningProxy) -> None:
     """A slice of the same cases on another major version, with ICU and JIT."""
     _fuzz(fuzz_proxy_pg15, PG15_CASES, PG15_TIME_LIMIT_S)
+
+
+def test_one_row_never_changes_a_statements_outcome_on_postgresql_17_and_18(fuzz_proxy_newer: RunningProxy) -> None:
+    """A slice of the same cases on each of the next server generations."""
+    _fuzz(fuzz_proxy_newer, NEWER_CASES, PG15_TIME_LIMIT_S)
 
 
 def _fuzz(proxy: RunningProxy, cases: int, time_limit_s: float) -> None:

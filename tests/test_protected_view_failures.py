@@ -51,7 +51,7 @@ def _base(test_db: TestDatabase, view: str = _TOTAL, *setup: str) -> Iterator[ps
             admin.execute("DROP SCHEMA IF EXISTS rf_own CASCADE")
 
 
-@pytest.mark.parametrize(("view", "named"), [
+_FAILING_VIEWS = [
     ("SELECT id, income / hours AS hourly FROM rf_base", "int4div(integer, integer)"),
     ("SELECT id, income + hours AS total FROM rf_base", "int4pl(integer, integer)"),  # overflows
     ("SELECT id, abs(hours) AS h FROM rf_base", "abs(integer)"),  # abs of the minimum overflows
@@ -67,8 +67,12 @@ def _base(test_db: TestDatabase, view: str = _TOTAL, *setup: str) -> Iterator[ps
     # Names the stored tree prints unquoted or escaped: a field's name, braces, a backslash, a quote.
     ('WITH ":opfuncid" AS (SELECT id AS "}{", hours FROM rf_base) SELECT "}{" AS id, hours AS "a\\", 1 / hours AS """x"'
      ' FROM ":opfuncid"', "int4div(integer, integer)"),
-], ids=["division", "addition", "abs", "text-cast", "like", "case-fold", "scalar-subquery", "where", "user-function",
-        "multidimensional-array", "odd-names"])
+]
+_FAILING_IDS = ["division", "addition", "abs", "text-cast", "like", "case-fold", "scalar-subquery", "where", "user-function",
+                "multidimensional-array", "odd-names"]
+
+
+@pytest.mark.parametrize(("view", "named"), _FAILING_VIEWS, ids=_FAILING_IDS)
 def test_a_protected_view_computing_what_can_fail_on_a_row_is_refused_at_load(
     test_db: TestDatabase, tmp_path: Path, view: str, named: str
 ) -> None:
@@ -106,7 +110,7 @@ def test_a_view_of_a_failing_view_and_a_failing_row_level_security_policy_are_re
         assert "row-level security policy rf_some on rf_base calls int4div(integer, integer)" in problem, problem
 
 
-@pytest.mark.parametrize("view", [
+_TOTAL_VIEWS = [
     "SELECT id, hours AS h FROM rf_base",
     "SELECT id, note, length(note) AS l, GREATEST(hours, 2) AS g, COALESCE(hours, 0) AS c, hours::bigint AS b, "
     "hours::numeric AS n, id::text AS t, CASE WHEN hours > 2 THEN 'many' ELSE 'few' END AS k FROM rf_base "
@@ -115,12 +119,32 @@ def test_a_view_of_a_failing_view_and_a_failing_row_level_security_policy_are_re
     "SELECT hours AS id, COUNT(*) AS rows, SUM(income) AS income, MAX(note) AS last FROM rf_base GROUP BY hours",
     "WITH c AS (SELECT DISTINCT id, hours, note FROM rf_base ORDER BY note) SELECT id, count(*) OVER "
     "(ORDER BY hours RANGE BETWEEN 1 PRECEDING AND CURRENT ROW) AS near FROM c UNION SELECT 0, 0",
-], ids=["rename", "comparisons-and-widening-casts", "per-person-aggregates", "sorts-and-integer-windows"])
+]
+_TOTAL_IDS = ["rename", "comparisons-and-widening-casts", "per-person-aggregates", "sorts-and-integer-windows"]
+
+
+@pytest.mark.parametrize("view", _TOTAL_VIEWS, ids=_TOTAL_IDS)
 def test_a_protected_view_of_total_expressions_is_answered(
     test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, view: str
 ) -> None:
     with _base(test_db, view), running_proxy(test_db, tmp_path_factory, _POLICY) as proxy, proxy.connect() as conn:
         assert conn.execute("SELECT COUNT(*) FROM rf_view WHERE id > 2").fetchone() is not None
+
+
+@pytest.mark.parametrize("view", _TOTAL_VIEWS, ids=_TOTAL_IDS)
+def test_a_protected_view_of_total_expressions_is_answered_on_postgresql_17_and_18(
+    newer_pg_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, view: str
+) -> None:
+    """Their stored parse trees carry fields and nodes 16's do not (18's ``varreturningtype``):
+    the check reads them as it reads 16's."""
+    test_a_protected_view_of_total_expressions_is_answered(newer_pg_db, tmp_path_factory, view)
+
+
+@pytest.mark.parametrize(("view", "named"), _FAILING_VIEWS[:4], ids=_FAILING_IDS[:4])
+def test_a_protected_view_computing_what_can_fail_on_a_row_is_refused_at_load_on_postgresql_17_and_18(
+    newer_pg_db: TestDatabase, tmp_path: Path, view: str, named: str
+) -> None:
+    test_a_protected_view_computing_what_can_fail_on_a_row_is_refused_at_load(newer_pg_db, tmp_path, view, named)
 
 
 def test_a_materialized_view_is_read_as_stored_so_its_division_ran_at_refresh(

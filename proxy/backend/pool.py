@@ -46,7 +46,7 @@ from proxy.wire.protocol import Notice
 
 from .result_waiter import ResultWaiter
 
-__all__ = ["PINNED_SETTINGS", "UNKNOWN", "BackendPool", "PoolTimeout", "PooledConnection", "State", "open_backend"]
+__all__ = ["PINNED_SETTINGS", "PINNED_WHERE_KNOWN", "UNKNOWN", "BackendPool", "PoolTimeout", "PooledConnection", "State", "open_backend"]
 
 State = tuple[tuple[str, str], ...]
 #: The state of a connection whose settings are not known (never equal to a session's).
@@ -91,6 +91,39 @@ PINNED_SETTINGS: Final[Mapping[str, str]] = {
 """The settings every backend connection starts with, whatever the role, the database or
 postgresql.conf set (``RESET`` returns to them); ``statement_timeout`` comes from the policy.
 Settings only a superuser can change (``temp_file_limit``, ``log_*``) cannot be pinned so."""
+
+
+PINNED_WHERE_KNOWN: Final[Mapping[str, str]] = {
+    # PostgreSQL 17: the time a whole transaction may take, ending the connection (FATAL). A
+    # default of the role's, the database's or postgresql.conf failed a DP statement after its
+    # charge when its rows took long (or, in a block, the rows and the quantum's wait together),
+    # and a small one failed the policy's load. A client can neither SET it nor forward it.
+    "transaction_timeout": "0",
+    # PostgreSQL 17, and the minor releases of 12 to 16 since August 2024 (Debian's 15.18 has it):
+    # 'view' failed every DP statement on a protected view, after its charge, whatever the rows.
+    "restrict_nonsystem_relation_kind": "",
+}
+"""``PINNED_SETTINGS`` that not every supported server has: each backend connection starts with
+those its server has (an unknown name in the startup options fails the connection), as
+``_known_pins`` remembers per DSN and server version."""
+
+# For each of PINNED_WHERE_KNOWN, the first minor release of each major version that has it;
+# every major version after the last listed has it.
+_SINCE: Final[Mapping[str, Mapping[int, int]]] = {
+    "transaction_timeout": {17: 0},
+    "restrict_nonsystem_relation_kind": {12: 20, 13: 16, 14: 13, 15: 8, 16: 4, 17: 0},
+}
+
+# Per DSN: the server version last connected to there and the PINNED_WHERE_KNOWN names its
+# connections start with.
+_known_pins: dict[str, tuple[int, frozenset[str]]] = {}
+
+
+def _pins_of(version: int) -> frozenset[str]:
+    """The names of ``PINNED_WHERE_KNOWN`` a server of ``version`` (``server_version_num``) has."""
+    major, minor = divmod(version, 10000)
+    return frozenset(name for name, since in _SINCE.items()
+                     if major > max(since) or (major in since and minor >= since[major]))
 
 
 def _opened_with(config: BackendConfig) -> tuple[object, ...]:
@@ -139,9 +172,40 @@ async def open_backend(config: BackendConfig, settings: Mapping[str, str] | None
     and whether PostgreSQL compiles at all follows the plan's cost, from the table's statistics.
 
     The other ``PINNED_SETTINGS`` keep a routine default of the operator's from breaking
-    dpproxy for every row (tests/test_attack_operator_settings.py).
+    dpproxy for every row (tests/test_attack_operator_settings.py); ``PINNED_WHERE_KNOWN`` adds
+    those of newer servers (17's ``transaction_timeout``) where the server has them.
     """
-    options = {**PINNED_SETTINGS, "statement_timeout": str(config.statement_timeout_ms)}
+    dsn = config.dsn or ""
+    # A DSN's first connection starts without them (it runs nothing, so no default of the
+    # operator's can end it) and tells the server's version; the next connections start with the
+    # names that version has (a name a server lacks anyway is left out, and the connection tried again).
+    version, pins = _known_pins.get(dsn, (0, frozenset()))
+    while True:
+        try:
+            conn = await _connect(config, settings, pins)
+        except psycopg.OperationalError as exc:
+            # "unrecognized configuration parameter" in the server's language, naming it.
+            unknown = frozenset(name for name in pins if name in str(exc))
+            if not unknown:
+                raise
+            pins -= unknown
+            continue
+        if conn.info.server_version != version:  # the first connection, or another server since
+            version = conn.info.server_version
+            if _pins_of(version) != pins:
+                pins = _pins_of(version)
+                await conn.close()
+                continue
+        _known_pins[dsn] = (version, pins)
+        return conn
+
+
+async def _connect(config: BackendConfig, settings: Mapping[str, str] | None,
+                   versioned: frozenset[str]) -> psycopg.AsyncConnection[Any]:
+    """``open_backend``'s connection with ``PINNED_SETTINGS`` and the ``versioned`` names of
+    ``PINNED_WHERE_KNOWN`` as startup options."""
+    options = {**PINNED_SETTINGS, **{name: PINNED_WHERE_KNOWN[name] for name in sorted(versioned)},
+               "statement_timeout": str(config.statement_timeout_ms)}
     options.update(settings or {})
     return await psycopg.AsyncConnection.connect(
         config.dsn or "",

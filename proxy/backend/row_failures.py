@@ -16,9 +16,10 @@ until a reload. The check reads PostgreSQL's own stored parse trees (``pg_rewrit
 relation reads through, transitively (a view of a view, an inheritance child's policies); a
 materialized view's expressions ran when it was refreshed, not when it is read, and a foreign
 table's rows are computed by its server, out of sight (refused). PostgreSQL 18's virtual
-generated columns are computed when read too: their stored expressions (``pg_attrdef.adbin``)
-are checked like a view's (not exercised by the tests, whose server is PostgreSQL 16, where no
-column is virtual). Every node must
+generated columns (its default kind) are computed when a statement reads them: their
+expressions (``pg_attrdef.adbin``) are checked like a view's, every one of the table's, declared in
+the policy or not (tests/test_attack_newer_servers.py, on 18). A stored generated column is computed
+when its row is written, and read as stored. Every node must
 be one that cannot raise, and every function a built-in one (initdb's: a user's ``abs(numeric)``
 in a schema of its own, or an operator a user declares the negator of ``=``, is not) and one of:
 
@@ -310,6 +311,7 @@ async def failing_protected(session: Fetches, relations: Mapping[int, Relation],
         f"tables.{names[oid]}: {'; '.join(problems[:3])}{' …' if len(problems) > 3 else ''}, which can fail on "
         "some row's values. A DP query reaching a row on which that fails would fail, which tells whether the query's rows hold such a "
         "row, exactly; compute the column into a table or a materialized view (it then fails at refresh, "
-        "before any analyst asks), or leave it out of the view"
+        "before any analyst asks), declare a virtual generated column STORED (computed when a row is written), "
+        "or leave it out of the view"
         for oid, problems in (await _findings(session, relations)).items()
     ]
