@@ -51,6 +51,8 @@ NEW_CATALOG_COLUMNS = {
     ("pg_constraint", "conenforced"): "whether a constraint is enforced",
     ("pg_constraint", "conperiod"): "whether a key is WITHOUT OVERLAPS",
     ("pg_publication", "pubgencols"): "which generated columns a publication sends",
+    **{("pg_replication_slots", column): "pg_replication_slots answers no row (EMPTIED_RELATIONS)"
+       for column in ("failover", "synced", "invalidation_reason", "inactive_since", "two_phase_at")},
 }
 # The columns of the allowlisted relations, compared between pgserver's 16 (test_db) and 17 or 18.
 _CATALOG_COLUMNS = """
