@@ -32,6 +32,7 @@ from proxy.dp.answer_time import on_the_quantum, quantum_deadline
 from proxy.dp.budget import BudgetKeeper
 from proxy.dp.folding import bind_constants
 from proxy.dp.narrowing import narrow_keys
+from proxy.dp.percentile_params import bind_fractions, fraction_param_types
 from proxy.dp.parameter_types import check_parameter_types
 from proxy.dp.repeats import RepeatStore
 from proxy.ops.audit import AuditEntry, AuditLog
@@ -293,7 +294,8 @@ class Executor:
         if isinstance(decision, DPQuery):
             if self.backend.transaction_status != b"I" and self._may_serialize():
                 await take_snapshot(self.backend)  # the parse takes the block's first snapshot
-            params, _ = await self.backend.describe(backend_sql(decision.plan, seed=0), param_types)
+            params, _ = await self.backend.describe(backend_sql(decision.plan, seed=0),
+                                                    fraction_param_types(decision.plan, param_types))
             return params, await self._dp_fields(decision.plan)
         if isinstance(decision, ColumnsOnly):
             params, fields = await self.backend.describe(decision.sql, param_types)
@@ -746,6 +748,7 @@ class Executor:
     ) -> tuple[ResultSet, list[str], Cost]:
         await self._check_result_formats(plan, result_formats)
         check_parameter_types(plan, params)
+        plan, params = bind_fractions(plan, params)  # a percentile's fraction, from its parameter
         # The plan's WHERE is made final here, before the charge (and before the repeat key).
         epsilon = self.settings.query_epsilon(self.server.policy, plan.table)
         if plan.limit_zero:
@@ -857,7 +860,8 @@ class Executor:
         none leaves no cell: no row either way, nothing released."""
         if plan.series is None:
             return plan
-        ranking, _ = await bind_constants(plan.series.ranking, params, self.backend)
+        ranking, _ = bind_fractions(plan.series.ranking, params)
+        ranking, _ = await bind_constants(ranking, params, self.backend)
         ranking, _ = await narrow_keys(ranking, params, self.backend)
         return replace(plan, series=replace(plan.series, ranking=ranking),
                        limit_zero=plan.limit_zero or ranking.limit_zero)
