@@ -383,7 +383,8 @@ def _check_one_row_order(tree: exp.Select, scope: Scope) -> None:
     unread, as it was, ``ORDER BY sum(nosuch)`` was answered where PostgreSQL fails. An
     aggregate the statement selects or filters on (HAVING) is released anyway: ordering by it,
     or by an expression of it, costs nothing more. Each aggregate is checked as a selected one
-    would be first (an unknown column, SUM of a text column ... keep their own errors).
+    would be first (an unknown column, SUM of a text column ... keep their own errors), and so
+    is every column of the ORDER BY key (``ORDER BY nosuch + sum(x)`` is PostgreSQL's 42703).
     """
     order = tree.args.get("order")
     if order is None:
@@ -396,6 +397,8 @@ def _check_one_row_order(tree: exp.Select, scope: Scope) -> None:
     for key in order.expressions:
         for node in aggregate_nodes(key):
             if _released_as(node, scope, conditions)[2] not in asked:
+                for column in order.find_all(exp.Column):
+                    scope.column(column)  # PostgreSQL's 42703 first: ORDER BY nosuch + sum(x) is invalid SQL
                 raise Refusal(
                     SQLSTATE.DP_QUERY_SHAPE,
                     f"ORDER BY {node.sql('postgres')} orders the one-row answer by an aggregate it does not select, "
