@@ -108,6 +108,7 @@ class Cost:
     delta: float
     remaining_epsilon: float | None
     remaining_delta: float | None
+    mechanisms: tuple[str, ...] | None = None  # released_mechanisms, for the audit line
 
 
 @dataclass(frozen=True)
@@ -718,6 +719,7 @@ class Executor:
                 remaining_delta=cost.remaining_delta if cost else None,
                 latency_ms=round(latency_s * 1000, 3),
                 rows=rows,
+                mechanisms=cost.mechanisms if cost else None,
             )
         )
 
@@ -784,7 +786,7 @@ class Executor:
             keys = await self._release(plan, "", params, 0.0, encoding.codec)
             balance = await self.server.budget.balance(self.user)
             notice = f"{keys.notice()}; remaining ε {balance.remaining_epsilon:g}, δ {balance.remaining_delta:g}"
-            return await self._post_processed(plan, keys, result_formats, notice), [notice], Cost(0.0, 0.0, None, None)
+            return await self._post_processed(plan, keys, result_formats, notice), [notice], Cost(0.0, 0.0, None, None, ())
         # The aggregates too: different ones can share the backend SQL (sum_count AVG is a
         # clamped SUM and a COUNT, so ``sum(x), avg(x)`` runs what ``sum(x), sum(x), count(x)``
         # runs), and a repeat must be the same release, not another's values under these columns.
@@ -812,7 +814,8 @@ class Executor:
             balance = await self.server.budget.balance(self.user)
             notice = (f"{repeat.notice(repeat=True)}; "
                       f"remaining ε {balance.remaining_epsilon:g}, δ {balance.remaining_delta:g}")
-            return await self._post_processed(plan, repeat, result_formats, notice), [notice], Cost(0.0, 0.0, None, None)
+            cost = Cost(0.0, 0.0, None, None, released_mechanisms(plan, ranking))
+            return await self._post_processed(plan, repeat, result_formats, notice), [notice], cost
         delta = query_delta(plan) + (query_delta(ranking) if ranking is not None else 0.0)
         # A connection already known lost (or one that cannot be opened) fails the query
         # before it costs anything.
@@ -829,7 +832,8 @@ class Executor:
             await self._try_post_processing(ranking, encoding.codec, checked_under, ranking=True)
         # The ledger's history carries the audit log's fingerprint, so the two can be joined.
         balance = await self.server.budget.charge(self.user, epsilon, delta, fingerprint)
-        cost = self._charged = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta)
+        cost = self._charged = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta,
+                                    released_mechanisms(plan, ranking))
         try:
             run = backend_sql(plan, seed=partition_seed()) if seeded(plan) else sql
             answer = await self._release_past_a_conflict(plan, run, params, epsilon, encoding.codec)
@@ -1050,6 +1054,18 @@ async def _noised(plan: AggregateQuery, release: Callable[[], DPAnswer]) -> DPAn
 
 def _digest(*parts: Hashable) -> int:
     return hash(parts)
+
+
+def released_mechanisms(plan: AggregateQuery, ranking: AggregateQuery | None) -> tuple[str, ...]:
+    """The mechanism releasing each aggregate of ``plan`` (then of a series limit's ``ranking``),
+    as the audit line names them: ``laplace`` (COUNT, SUM), ``sum_count`` (AVG as noisy sum /
+    noisy count), ``sample_aggregate`` (AVG, MIN, MAX by sample and aggregate), ``exponential``
+    (MODE), ``quantile`` (percentiles); ``histogram_`` before it when noised per cell of a
+    GROUP BY, ``ranking_histogram_`` for the ranking that keeps a series limit's cells."""
+    def names(query: AggregateQuery, prefix: str) -> tuple[str, ...]:
+        cells = "histogram_" if query.groups else ""
+        return tuple(f"{prefix}{cells}{agg.mechanism}" for agg in query.aggregates)
+    return names(plan, "") + (names(ranking, "ranking_") if ranking is not None else ())
 
 
 def _key_domains(plan: AggregateQuery) -> tuple[tuple[object, ...], ...]:
