@@ -413,11 +413,18 @@ def test_a_statement_under_way_when_a_reload_drops_its_user_ends_with_57p01_not_
 def group(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
     """``listen.workers: 2`` (tests/test_workers.py's policy: ledger reserve 1, repeats on), with
     users of their own: ``racer`` (ε 4) and ``crashed``."""
+    yield from _group_of(test_db, tmp_path_factory, {"racer": 4, "reloaded": 1000, "crashed": 100})
+
+
+def _group_of(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, budgets: dict[str, float],
+              edit: Callable[[str], str] = lambda text: text) -> Iterator[Group]:
+    """A two-worker group under tests/test_workers.py's policy, ``edit``-ed, with users ``budgets``
+    (name: ε, password the name), stopped after its tests."""
     config = tmp_path_factory.mktemp("workers") / "policy.yaml"
     ports = _write_policy(config, test_db)
-    text = config.read_text()
+    text = edit(config.read_text())
     users = "users:\n" + "".join(f"  {name}:\n    password: {name}\n    budget: {{epsilon: {eps}, delta: 0.001}}\n"
-                                 for name, eps in (("racer", 4), ("reloaded", 1000), ("crashed", 100)))
+                                 for name, eps in budgets.items())
     config.write_text(text.replace("users:\n", users, 1))
     running = Group(config, *ports)
     try:
@@ -668,17 +675,11 @@ def test_a_statement_prepared_before_a_public_view_starts_reading_a_protected_ta
 def reserving(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
     """``listen.workers: 2`` with ``ledger.reserve: 10``: each worker reserves ten answers' worth
     of ε in the shared ledger and spends it from memory; user ``shower`` has ε 100."""
-    config = tmp_path_factory.mktemp("reserving") / "policy.yaml"
-    ports = _write_policy(config, test_db)
-    text = config.read_text().replace("reserve: 1}", "reserve: 10, release_idle_s: 3600}")
-    assert "reserve: 10" in text
-    users = "users:\n  shower:\n    password: shower\n    budget: {epsilon: 100, delta: 0.001}\n"
-    config.write_text(text.replace("users:\n", users, 1))
-    running = Group(config, *ports)
-    try:
-        yield running
-    finally:
-        running.stop()
+    def reserving_ten(text: str) -> str:
+        assert "reserve: 1}" in text
+        return text.replace("reserve: 1}", "reserve: 10, release_idle_s: 3600}")
+
+    yield from _group_of(test_db, tmp_path_factory, {"shower": 100}, reserving_ten)
 
 
 def _budget_row(conn: psycopg.Connection) -> dict[str, object]:

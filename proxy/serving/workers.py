@@ -85,7 +85,29 @@ def worker_of(pid: int) -> int:
     return pid >> _LOCAL_BITS
 
 
-class CancelRelay:
+class _WorkerSocket:
+    """A unix socket of this worker's where its siblings connect, each connection handled by
+    ``_receive``; removed on ``close``."""
+
+    def __init__(self, path: Path):
+        self._path = path
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self) -> None:
+        self._path.unlink(missing_ok=True)  # left by a crashed predecessor with this index
+        self._server = await asyncio.start_unix_server(self._receive, path=str(self._path))
+
+    async def _receive(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._path.unlink(missing_ok=True)
+
+
+class CancelRelay(_WorkerSocket):
     """A worker's unix socket for cancels forwarded by its siblings, and the way to forward one.
 
     Like PostgreSQL's own CancelRequest, nothing is answered: the sender learns nothing of
@@ -93,14 +115,9 @@ class CancelRelay:
     """
 
     def __init__(self, role: WorkerRole, cancel_here: Callable[[int, int], Awaitable[None]]):
+        super().__init__(role.cancel_socket())
         self.role = role
         self._cancel_here = cancel_here
-        self._server: asyncio.base_events.Server | None = None
-
-    async def start(self) -> None:
-        path = self.role.cancel_socket()
-        path.unlink(missing_ok=True)  # left by a crashed predecessor with this index
-        self._server = await asyncio.start_unix_server(self._receive, path=str(path))
 
     async def forward(self, pid: int, secret: int) -> None:
         """Pass a CancelRequest to the worker that owns ``pid`` (if there is such a worker)."""
@@ -129,12 +146,6 @@ class CancelRelay:
         finally:
             writer.close()
 
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self.role.cancel_socket().unlink(missing_ok=True)
-
 
 _NAME_LENGTH: Final = struct.Struct("!H")
 _GIVEN_BACK: Final = b"\x01"
@@ -143,7 +154,7 @@ SIBLING_WAIT_S: Final = 5.0
 in time keeps its reservation, which the ledger then still counts as spent."""
 
 
-class ReservationRelay:
+class ReservationRelay(_WorkerSocket):
     """A worker's unix socket where its siblings ask it to give a user's unused budget
     reservation back to the ledger, and the way to ask them.
 
@@ -155,14 +166,9 @@ class ReservationRelay:
     """
 
     def __init__(self, role: WorkerRole, give_back: Callable[[str], Awaitable[None]]):
+        super().__init__(role.reservation_socket())
         self.role = role
         self._give_back = give_back
-        self._server: asyncio.base_events.Server | None = None
-
-    async def start(self) -> None:
-        path = self.role.reservation_socket()
-        path.unlink(missing_ok=True)  # left by a crashed predecessor with this index
-        self._server = await asyncio.start_unix_server(self._receive, path=str(path))
 
     async def settle_siblings(self, user: str) -> None:
         """Have every other worker give ``user``'s unused reservation back (at most
@@ -197,12 +203,6 @@ class ReservationRelay:
             pass
         finally:
             writer.close()
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self.role.reservation_socket().unlink(missing_ok=True)
 
 
 class SupervisorLink:
