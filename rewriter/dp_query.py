@@ -31,7 +31,7 @@ from .group_keys import TIME_TYPES, GroupKey, KeyRange, column_key_count, group_
 from .ctes import inline_ctes
 from .identifiers import identifier
 from .key_domain import KeyDomain, key_domain
-from .percentiles import decimal_text, is_percentile, percentile_call
+from .percentiles import FractionParameter, decimal_text, is_percentile, percentile_call
 from .post_process import PostProcess, aggregate_nodes, outer_statement
 from .shares import counted_shares
 from .predicates import PredicateRenderer
@@ -92,6 +92,9 @@ class Aggregate:
     # col ELSE 0.0 END)``: 1), which the printed value has at least; None when they give none.
     scale: int | None = None
     fraction: Fraction | None = None
+    # A percentile whose fraction is a bound parameter: ``fraction`` is None until the
+    # statement's values are read (proxy.dp.percentile_params), then set, and this dropped.
+    fraction_parameter: FractionParameter | None = None
 
 
 @dataclass(frozen=True)
@@ -388,7 +391,7 @@ def _post_processed(
 
 # What makes two uses of an aggregate one release: kind, column, mechanism, DISTINCT, result
 # type, condition as written, scale.
-_ReleaseKey = tuple[str, str | None, str, bool, int, str | None, int | None, Fraction | None]
+_ReleaseKey = tuple[str, str | None, str, bool, int, str | None, int | None, Fraction | FractionParameter | None]
 
 
 def _released_as(
@@ -401,7 +404,7 @@ def _released_as(
     # By the condition as written: a folded one's template differs at each use (its tokens).
     written = condition.sql("postgres") if condition is not None else None
     key = (agg.kind, agg.column.name if agg.column else None, agg.mechanism, agg.distinct, agg.result_type_oid,
-           written, agg.scale, agg.fraction)
+           written, agg.scale, agg.fraction if agg.fraction_parameter is None else agg.fraction_parameter)
     return agg, written, key
 
 
@@ -415,7 +418,8 @@ def _check_one_row_order(tree: exp.Select, scope: Scope) -> None:
     unread, as it was, ``ORDER BY sum(nosuch)`` was answered where PostgreSQL fails. An
     aggregate the statement selects or filters on (HAVING) is released anyway: ordering by it,
     or by an expression of it, costs nothing more. Each aggregate is checked as a selected one
-    would be first (an unknown column, SUM of a text column ... keep their own errors).
+    would be first (an unknown column, SUM of a text column ... keep their own errors), and so
+    is every column of the ORDER BY key (``ORDER BY nosuch + sum(x)`` is PostgreSQL's 42703).
     """
     order = tree.args.get("order")
     if order is None:
@@ -428,6 +432,8 @@ def _check_one_row_order(tree: exp.Select, scope: Scope) -> None:
     for key in order.expressions:
         for node in aggregate_nodes(key):
             if _released_as(node, scope, conditions)[2] not in asked:
+                for column in order.find_all(exp.Column):
+                    scope.column(column)  # PostgreSQL's 42703 first: ORDER BY nosuch + sum(x) is invalid SQL
                 raise Refusal(
                     SQLSTATE.DP_QUERY_SHAPE,
                     f"ORDER BY {node.sql('postgres')} orders the one-row answer by an aggregate it does not select, "
@@ -572,6 +578,8 @@ def _sql_name(agg: Aggregate) -> str:
         return f"mode() within group (order by {column})"
     if agg.fraction is not None:
         return f"{agg.kind}({decimal_text(agg.fraction)}) within group (order by {column})"
+    if agg.fraction_parameter is not None:
+        return f"{agg.kind}(${agg.fraction_parameter.number}) within group (order by {column})"
     return f"{agg.kind}({'distinct ' if agg.distinct else ''}{column})"
 
 
@@ -672,7 +680,7 @@ def _plain_aggregate(item: exp.Expression, scope: Scope, grouped: bool, alias: s
     """The aggregate ``item`` (unaliased, without a condition) asks for."""
     if isinstance(item, exp.Star) or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star)):
         raise scope.refuse("SELECT * is not allowed on protected table", "no-row-access")
-    fraction: Fraction | None = None
+    fraction: Fraction | FractionParameter | None = None
     if isinstance(item, exp.WithinGroup) and isinstance(item.this, exp.Mode):
         kind: AggregateKind = "mode"
         order = item.expression.expressions
@@ -733,8 +741,10 @@ def _plain_aggregate(item: exp.Expression, scope: Scope, grouped: bool, alias: s
         _check_widening(kind, column, cast, scope)
         argument_type = cast
     result_type = aggregate_result_type(kind, argument_type)
+    parameter = fraction if isinstance(fraction, FractionParameter) else None
+    exact = fraction if isinstance(fraction, Fraction) else None
     return Aggregate(kind, column, alias or kind, result_type, _mechanism(kind, scope, grouped, column), distinct,
-                     fraction=fraction)
+                     fraction=exact, fraction_parameter=parameter)
 
 
 # Casts an aggregate's column may be given (Tableau writes AVG(CAST(col AS DOUBLE PRECISION)),

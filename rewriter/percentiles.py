@@ -3,12 +3,18 @@
 What the statement asks for is decided here from its text alone, before anything is charged:
 the fraction p, exact (a decimal literal, maybe cast to a number type), in [0, 1]; DESC reads
 it as 1 − p, as PostgreSQL orders the values the other way. The column is checked by the
-caller as SUM's is (numeric, with bounds). The array form, a parameter, a NULL p and a p
-outside [0, 1] are refused here. Released by :mod:`mechanisms.quantile` (docs/mechanisms.md).
+caller as SUM's is (numeric, with bounds). A NULL p and a p outside [0, 1] are refused here,
+with PostgreSQL's SQLSTATE where PostgreSQL would fail the statement too.
+
+A bound parameter (``percentile_cont($1)``, what a driver that binds literals sends) is read
+from its value when the statement runs (:func:`bound_fraction`, called by
+``proxy.dp.percentile_params`` before the repeat lookup and the charge), by the same rules.
+Released by :mod:`mechanisms.quantile` (docs/mechanisms.md).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from typing import Literal
@@ -19,7 +25,7 @@ from policies.errors import SQLSTATE, Refusal
 
 from .scope import Scope
 
-__all__ = ["PercentileKind", "decimal_text", "is_percentile", "percentile_call"]
+__all__ = ["FractionParameter", "PercentileKind", "bound_fraction", "decimal_text", "is_percentile", "percentile_call"]
 
 PercentileKind = Literal["percentile_cont", "percentile_disc"]
 
@@ -36,21 +42,54 @@ _NUMBER_CASTS = frozenset({
 _MAX_DIGITS = 20
 
 
+@dataclass(frozen=True)
+class FractionParameter:
+    """A percentile's fraction given as bound parameter ``$number`` (read by ``bound_fraction``
+    when the statement runs), to be read as 1 − p when ``desc``."""
+
+    number: int
+    desc: bool
+
+
 def is_percentile(item: exp.Expression) -> bool:
     """Whether ``item`` is ``percentile_cont(...)``/``percentile_disc(...) WITHIN GROUP (...)``."""
     return isinstance(item, exp.WithinGroup) and type(item.this) in _KINDS
 
 
-def percentile_call(item: exp.WithinGroup, scope: Scope) -> tuple[PercentileKind, exp.Expression, Fraction]:
-    """The kind, the ordered argument and the exact fraction (DESC applied) of a percentile call."""
+def percentile_call(
+    item: exp.WithinGroup, scope: Scope
+) -> tuple[PercentileKind, exp.Expression, Fraction | FractionParameter]:
+    """The kind, the ordered argument and the exact fraction (DESC applied) of a percentile
+    call, or the parameter that will give it."""
     kind = _KINDS[type(item.this)]
     order = item.expression.expressions if isinstance(item.expression, exp.Order) else []
     if len(order) != 1:
         raise scope.refuse(f"{kind}() takes one ORDER BY column on protected table", "aggregate-argument")
+    desc = bool(order[0].args.get("desc"))
+    node = item.this.this
+    if isinstance(node, exp.Cast) and node.to.this in _NUMBER_CASTS and not node.to.expressions:
+        node = node.this
+    if isinstance(node, exp.Parameter):
+        return kind, order[0].this, FractionParameter(int(node.name), desc)
     fraction = _fraction(item.this.this, kind, scope)
-    if order[0].args.get("desc"):
-        fraction = 1 - fraction
-    return kind, order[0].this, fraction
+    return kind, order[0].this, 1 - fraction if desc else fraction
+
+
+def bound_fraction(value: Decimal | None, written: str, kind: PercentileKind, table: str) -> Fraction:
+    """The exact fraction a bound parameter's value gives (DESC not applied): refused as the
+    same value written as a literal would be (``written``: the value as the client sent it)."""
+    if value is None:
+        raise _null_refusal(kind, table)
+    return _checked(value, written, kind, table)
+
+
+def _null_refusal(kind: PercentileKind, table: str) -> Refusal:
+    return Refusal(
+        SQLSTATE.DP_QUERY_SHAPE,
+        f"{kind}(NULL) is not answered on protected table {table} (rule: aggregate-argument)",
+        f"PostgreSQL answers NULL for a NULL fraction; give {kind}() a fraction in [0, 1], e.g. {kind}(0.5).",
+        "aggregate-argument",
+    )
 
 
 def _fraction(node: exp.Expression | None, kind: PercentileKind, scope: Scope) -> Fraction:
@@ -63,12 +102,7 @@ def _fraction(node: exp.Expression | None, kind: PercentileKind, scope: Scope) -
         assert isinstance(node, exp.Neg)
         node = node.this
     if isinstance(node, exp.Null):
-        raise Refusal(
-            SQLSTATE.DP_QUERY_SHAPE,
-            f"{kind}(NULL) is not answered on protected table {scope.table.display_name} (rule: aggregate-argument)",
-            f"PostgreSQL answers NULL for a NULL fraction; give {kind}() a fraction in [0, 1], e.g. {kind}(0.5).",
-            "aggregate-argument",
-        )
+        raise _null_refusal(kind, scope.table.display_name)
     if isinstance(node, exp.Array):
         raise Refusal(
             SQLSTATE.DP_QUERY_SHAPE,
@@ -84,36 +118,62 @@ def _fraction(node: exp.Expression | None, kind: PercentileKind, scope: Scope) -
             SQLSTATE.DP_QUERY_SHAPE,
             f"{kind}({written}) is not answered on protected table {scope.table.display_name}: the fraction must "
             "be a number literal (rule: aggregate-argument)",
-            f"Write the fraction in the statement, e.g. {kind}(0.5) WITHIN GROUP (ORDER BY col); parameters and "
-            "expressions are not read there.",
+            f"Write the fraction in the statement, e.g. {kind}(0.5) WITHIN GROUP (ORDER BY col), or bind it as a "
+            "parameter; expressions are not read there.",
             "aggregate-argument",
         )
-    fraction = Fraction(-value if negative else value)
-    if not 0 <= fraction <= 1:
-        raise Refusal(
-            "22003",  # numeric_value_out_of_range, as PostgreSQL raises it
-            f"percentile value {written} is not between 0 and 1 (rule: aggregate-argument)",
+    return _checked(-value if negative else value, written, kind, scope.table.display_name)
+
+
+def _checked(value: Decimal, written: str, kind: PercentileKind, table: str) -> Fraction:
+    """``value`` as an exact fraction in [0, 1]; refused with PostgreSQL's 22003 where PostgreSQL
+    fails too (out of double precision's range, outside [0, 1], NaN), else with DP001 when it has
+    more digits than dpproxy reads."""
+    if value.is_nan():
+        raise _outside(kind, "NaN")
+    if value.is_finite() and value and (float(value) == 0.0 or abs(float(value)) == float("inf")):
+        shown = f"{value:f}" if abs(int(value.as_tuple().exponent)) <= 1000 else written
+        raise Refusal(  # PostgreSQL reads p as a double: 1e-400 underflows, 1e400 overflows
+            "22003",
+            f'"{shown}" is out of range for type double precision (rule: aggregate-argument)',
             f"{kind}() takes a fraction in [0, 1]: 0.5 is the median, 0.9 the 90th percentile.",
             "aggregate-argument",
         )
-    return fraction
+    if not value.is_finite() or not 0 <= value <= 1:
+        raise _outside(kind, written)
+    shape = value.as_tuple()
+    if len(shape.digits) > _MAX_DIGITS or int(shape.exponent) < -_MAX_DIGITS:
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"{kind}({written}) is not answered on protected table {table}: the fraction has more than "
+            f"{_MAX_DIGITS} decimal places (rule: aggregate-argument)",
+            f"Round the fraction to at most {_MAX_DIGITS} decimal places, e.g. {kind}(0.5); PostgreSQL reads it as a "
+            "double, which holds about 17 digits.",
+            "aggregate-argument",
+        )
+    return Fraction(value)
+
+
+def _outside(kind: PercentileKind, written: str) -> Refusal:
+    return Refusal(
+        "22003",  # numeric_value_out_of_range, as PostgreSQL raises it
+        f"percentile value {written} is not between 0 and 1 (rule: aggregate-argument)",
+        f"{kind}() takes a fraction in [0, 1]: 0.5 is the median, 0.9 the 90th percentile.",
+        "aggregate-argument",
+    )
 
 
 def _number(node: exp.Expression | None) -> Decimal | None:
-    """A number literal's exact value, or None for anything else (and for over-long digits)."""
+    """A number literal's exact value, or None for anything else."""
     if not isinstance(node, exp.Literal) or node.is_string:
         return None
     text = node.this
-    if len(text) > _MAX_DIGITS + 8:
+    if len(text) > 1000:  # PostgreSQL's numeric holds any of these; no fraction needs so many
         return None
     try:
-        value = Decimal(text)
+        return Decimal(text)
     except InvalidOperation:
         return None
-    shape = value.as_tuple()
-    if not value.is_finite() or len(shape.digits) > _MAX_DIGITS or int(shape.exponent) < -_MAX_DIGITS:
-        return None  # 1e-1000: a denominator of 10^1000 in every score, and no double either
-    return value
 
 
 def decimal_text(fraction: Fraction) -> str:

@@ -413,11 +413,18 @@ def test_a_statement_under_way_when_a_reload_drops_its_user_ends_with_57p01_not_
 def group(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
     """``listen.workers: 2`` (tests/test_workers.py's policy: ledger reserve 1, repeats on), with
     users of their own: ``racer`` (ε 4) and ``crashed``."""
+    yield from _group_of(test_db, tmp_path_factory, {"racer": 4, "reloaded": 1000, "crashed": 100})
+
+
+def _group_of(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, budgets: dict[str, float],
+              edit: Callable[[str], str] = lambda text: text) -> Iterator[Group]:
+    """A two-worker group under tests/test_workers.py's policy, ``edit``-ed, with users ``budgets``
+    (name: ε, password the name), stopped after its tests."""
     config = tmp_path_factory.mktemp("workers") / "policy.yaml"
     ports = _write_policy(config, test_db)
-    text = config.read_text()
+    text = edit(config.read_text())
     users = "users:\n" + "".join(f"  {name}:\n    password: {name}\n    budget: {{epsilon: {eps}, delta: 0.001}}\n"
-                                 for name, eps in (("racer", 4), ("reloaded", 1000), ("crashed", 100)))
+                                 for name, eps in budgets.items())
     config.write_text(text.replace("users:\n", users, 1))
     running = Group(config, *ports)
     try:
@@ -662,3 +669,39 @@ def test_a_statement_prepared_before_a_public_view_starts_reading_a_protected_ta
             proxy.stop()
             admin.execute("DROP VIEW IF EXISTS kw_view")
             admin.execute("DROP TABLE IF EXISTS kw_secret")
+
+
+@pytest.fixture(scope="module")
+def reserving(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
+    """``listen.workers: 2`` with ``ledger.reserve: 10``: each worker reserves ten answers' worth
+    of ε in the shared ledger and spends it from memory; user ``shower`` has ε 100."""
+    def reserving_ten(text: str) -> str:
+        assert "reserve: 1}" in text
+        return text.replace("reserve: 1}", "reserve: 10, release_idle_s: 3600}")
+
+    yield from _group_of(test_db, tmp_path_factory, {"shower": 100}, reserving_ten)
+
+
+def _budget_row(conn: psycopg.Connection) -> dict[str, object]:
+    cursor = conn.execute("SHOW dpproxy.budget")
+    row = cursor.fetchone()
+    assert row is not None and cursor.description is not None
+    return dict(zip([d.name for d in cursor.description], row))
+
+
+def test_show_budget_on_one_worker_counts_only_what_was_spent_not_the_others_reservation(reserving: Group):
+    """One answer on worker 0 reserves ten answers' worth of ε in the ledger. SHOW dpproxy.budget
+    on worker 1 said 10 spent, 90 left: the other worker's unused reservation counted as spent,
+    as if nine ε were lost. It has the other worker give the reservation back first, so it says
+    what was spent and what either worker can still spend; worker 0 then reserves afresh."""
+    with reserving.connect_to(0, "shower") as first, reserving.connect_to(1, "shower") as second:
+        first.execute("SELECT COUNT(*) FROM adult WHERE age > 30").fetchall()
+        shown = _budget_row(second)
+        assert (float(shown["spent_epsilon"]), float(shown["remaining_epsilon"])) == (1.0, 99.0), shown
+        assert float(_budget_row(first)["spent_epsilon"]) == 1.0
+        first.execute("SELECT COUNT(*) FROM adult WHERE age > 31").fetchall()  # reserves again
+        second.execute("SELECT COUNT(*) FROM adult WHERE age > 32").fetchall()
+        for conn in (first, second):
+            shown = _budget_row(conn)
+            assert (float(shown["spent_epsilon"]), float(shown["remaining_epsilon"])) == (3.0, 97.0), shown
+    assert "Traceback" not in reserving.output()

@@ -16,7 +16,7 @@ from proxy.ops.audit import AuditEntry, AuditLog, fingerprint
 
 FIELDS = [
     "at", "user", "client", "fingerprint", "decision", "reason",
-    "epsilon", "delta", "remaining_epsilon", "remaining_delta", "latency_ms", "rows",
+    "epsilon", "delta", "remaining_epsilon", "remaining_delta", "latency_ms", "rows", "mechanisms",
 ]
 
 MINIMAL_POLICY = """
@@ -63,7 +63,7 @@ def test_a_file_gets_one_json_line_per_entry_with_every_field_in_order(tmp_path:
         "at": "2024-05-01T12:00:00.123Z", "user": "analyst", "client": "127.0.0.1:51234",
         "fingerprint": fingerprint("SELECT COUNT(*) FROM adult"), "decision": "dp", "reason": None,
         "epsilon": 1.0, "delta": 0.0, "remaining_epsilon": 999.0, "remaining_delta": 0.5,
-        "latency_ms": 12.402, "rows": None,
+        "latency_ms": 12.402, "rows": None, "mechanisms": None,
     }
     assert second["decision"] == "refused" and second["reason"] == "no-row-access"
     assert second["epsilon"] is None and second["remaining_delta"] is None

@@ -364,3 +364,71 @@ def test_the_first_session_of_a_server_is_told_the_backends_parameters(test_db, 
             for conn in (first, second):
                 assert {name: conn.info.parameter_status(name) for name in expected} == expected
                 assert conn.info.parameter_status("server_version")
+
+
+def _pool_counts(proxy: RunningProxy) -> tuple[int, int, int]:
+    """The pool's connections in use, idle, and the checkouts waiting, read on the proxy's loop."""
+    async def read() -> tuple[int, int, int]:
+        pool = proxy.server.pool
+        return pool.in_use, pool.idle, pool.waiting
+    return proxy._call(read())
+
+
+def _until_waiting(proxy: RunningProxy, count: int) -> None:
+    deadline = time.monotonic() + 30
+    while _pool_counts(proxy)[2] != count:
+        assert time.monotonic() < deadline, f"expected {count} checkout(s) waiting, pool {_pool_counts(proxy)}"
+        time.sleep(0.01)
+
+
+def test_cancels_and_closed_clients_waiting_for_a_checkout_give_every_slot_back(test_db, tmp_path_factory):
+    # A checkout a CancelRequest ends must leave the pool as it was: a slot counted as taken per
+    # such wait would shrink the pool until every session waited. A client that goes away while
+    # its statement waits is not noticed before the statement has a connection (as PostgreSQL
+    # notices it only after the statement): its checkout stays queued, then runs and gives the
+    # connection back.
+    statements = ["SELECT 1", "SELECT COUNT(*) FROM adult"] * 3
+    with running_proxy(test_db, tmp_path_factory, _policy(1, checkout_timeout_s=600)) as proxy, \
+            proxy.connect() as holder, proxy.connect() as probe:
+        probe.execute("SELECT 1")
+        spent = spent_epsilon(probe)
+        start = _pool_counts(proxy)
+        assert start == (0, 1, 0)
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1")
+        for statement in statements:
+            with proxy.connect() as cancelled:
+                outcome: list[BaseException | None] = []
+
+                def run(conn: psycopg.Connection = cancelled, sql: str = statement) -> None:
+                    try:
+                        conn.execute(sql)
+                        outcome.append(None)
+                    except BaseException as exc:
+                        outcome.append(exc)
+
+                worker = threading.Thread(target=run, daemon=True)
+                worker.start()
+                _until_waiting(proxy, 1)
+                cancelled.cancel_safe()
+                worker.join(30)
+                assert outcome and isinstance(outcome[0], psycopg.errors.QueryCanceled), outcome
+            _until_waiting(proxy, 0)
+            assert _pool_counts(proxy) == (1, 0, 0)  # the holder's connection, nothing more
+        for queued, statement in enumerate(statements, start=1):
+            closing = proxy.connect()
+            closing.pgconn.send_query(statement.encode())
+            assert closing.pgconn.flush() == 0
+            _until_waiting(proxy, queued)
+            closing.close()  # Terminate, then the socket closes, the statement still waiting
+        assert _pool_counts(proxy) == (1, 0, len(statements))
+        holder.execute("COMMIT")
+        done, worker = _select_one_meanwhile(probe)
+        assert done.wait(60), f"the pool did not serve a statement after the cancels: {_pool_counts(proxy)}"
+        worker.join(10)
+        deadline = time.monotonic() + 30
+        while _pool_counts(proxy) != start:
+            assert time.monotonic() < deadline, f"pool {_pool_counts(proxy)}, at the start {start}"
+            time.sleep(0.02)
+        # The cancelled statements were not charged; the closed clients' counts were run.
+        assert spent_epsilon(probe) == pytest.approx(spent + 3 * 1.0)

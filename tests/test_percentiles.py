@@ -9,15 +9,17 @@ fail by chance with p < 1e-6.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 import threading
 from collections.abc import Iterator
 from fractions import Fraction
 
+import asyncpg
 import psycopg
 import pytest
-from conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
+from conftest import ATTACK_POLICY_HEAD, TEST_DATABASE, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 
 from mechanisms.quantile import quantile_error95
 from proxy.serving import executor
@@ -257,7 +259,7 @@ def test_an_adversarial_row_moves_one_grid_count_by_one_and_changes_no_outcome(
     ("SELECT percentile_cont(ARRAY[0.25, 0.75]) WITHIN GROUP (ORDER BY age) FROM pct_adult", "DP001",
      "aggregate-argument"),
     ("SELECT percentile_cont(0.5 + 0.1) WITHIN GROUP (ORDER BY age) FROM pct_adult", "DP001", "aggregate-argument"),
-    ("SELECT percentile_cont(1e-1000) WITHIN GROUP (ORDER BY age) FROM pct_adult", "DP001", "aggregate-argument"),
+    ("SELECT percentile_cont(1e-1000) WITHIN GROUP (ORDER BY age) FROM pct_adult", "22003", "aggregate-argument"),
     ("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY age, gain) FROM pct_adult", "DP001", "aggregate-argument"),
     ("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY sex) FROM pct_adult", "DP001", "aggregate-argument"),
     ("SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY note) FROM pct_adult", "DP001", "aggregate-argument"),
@@ -279,16 +281,97 @@ def test_refused_percentiles_say_why_and_cost_nothing(pproxy: RunningProxy, sql:
     assert info.value.diag.message_hint
 
 
-def test_an_unbounded_column_and_a_parameter_are_refused_before_the_charge(proxy: RunningProxy) -> None:
+def test_an_unbounded_column_is_refused_before_the_charge(proxy: RunningProxy) -> None:
     with proxy.connect() as conn:
         before = spent_epsilon(conn)
         with pytest.raises(psycopg.Error) as unbounded:
             conn.execute("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY fnlwgt) FROM adult")
-        with pytest.raises(psycopg.Error) as parameter:
-            conn.execute("SELECT percentile_cont(%s) WITHIN GROUP (ORDER BY age) FROM adult", (0.5,), prepare=True)
         assert spent_epsilon(conn) == before
     assert "(rule: bounds-required)" in unbounded.value.diag.message_primary
-    assert parameter.value.sqlstate == "DP001" and "(rule: aggregate-argument)" in parameter.value.diag.message_primary
+
+
+_BOUND = "SELECT percentile_cont(%s) WITHIN GROUP (ORDER BY age) FROM pct_adult WHERE age > 25"
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_a_fraction_bound_as_a_parameter_is_read_before_the_charge_and_keys_the_repeat(
+        pproxy: RunningProxy, admin: psycopg.Connection, binary: bool) -> None:
+    # What a driver that binds literals sends: the value is the statement's, read as a literal's.
+    sql = (_BOUND.replace("%s", "%b") if binary else _BOUND).replace("age > 25", f"age > {25 + binary}")
+    where = f"WHERE age > {25 + binary}"
+    with pproxy.connect() as conn:
+        notices: list[str] = []
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        spent = spent_epsilon(conn)
+        cur = conn.execute(sql, (0.25,), prepare=True)
+        (first,) = cur.fetchone()
+        assert [d.type_code for d in cur.description] == [701] and spent_epsilon(conn) == pytest.approx(spent + 1)
+        _assert_near(admin, "age", where, first, 0.25, 1.0, 74, 1.0, 17, 90)
+        bound = quantile_error95(1.0, 74, Fraction(1, 4))
+        assert f"exponential mechanism over 74 candidates 1 apart, 95% within {bound:.4g} rows" in notices[0]
+        assert conn.execute(sql, (0.25,), prepare=True).fetchone() == (first,)  # a repeat, uncharged
+        assert spent_epsilon(conn) == pytest.approx(spent + 1)
+        (other,) = conn.execute(sql, (0.75,), prepare=True).fetchone()  # another fraction: not a repeat
+        assert spent_epsilon(conn) == pytest.approx(spent + 2)
+        _assert_near(admin, "age", where, other, 0.75, 1.0, 74, 1.0, 17, 90)
+        # DESC reads it as 1 - p, as for a literal.
+        (desc,) = conn.execute(sql.replace("age) FROM", "age DESC) FROM"), (0.75,), prepare=True).fetchone()
+        _assert_near(admin, "age", where, desc, 0.25, 1.0, 74, 1.0, 17, 90)
+
+
+def test_a_fraction_parameter_is_described_as_double_precision(pproxy: RunningProxy) -> None:
+    async def described() -> tuple[list[str], list[str]]:
+        conn = await asyncpg.connect(host=pproxy.host, port=pproxy.port, user="analyst", password="analyst",
+                                     database=TEST_DATABASE)
+        try:  # asyncpg's Parse leaves every parameter's type to the server
+            statement = await conn.prepare("SELECT percentile_disc($1) WITHIN GROUP (ORDER BY age) FROM pct_adult "
+                                           "WHERE age > $2")
+            return [t.name for t in statement.get_parameters()], [a.type.name for a in statement.get_attributes()]
+        finally:
+            await conn.close()
+
+    # As PostgreSQL infers them: the fraction a double, the comparison's the column's type.
+    assert asyncio.run(described()) == (["float8", "int4"], ["int4"])
+
+
+@pytest.mark.parametrize(("value", "sqlstate", "message"), [
+    (None, "DP001", "percentile_cont(NULL) is not answered"),
+    ("1.5", "22003", "percentile value 1.5 is not between 0 and 1"),
+    ("NaN", "22003", "percentile value NaN is not between 0 and 1"),
+    ("-Infinity", "22003", "is not between 0 and 1"),
+    ("1e-400", "22003", "is out of range for type double precision"),
+    ("abc", "22P02", 'invalid input syntax for type double precision: "abc"'),
+    ("0.123456789012345678901", "DP001", "more than 20 decimal places"),
+])
+def test_a_bad_fraction_parameter_is_refused_as_postgresql_would_before_the_charge(
+        pproxy: RunningProxy, value: str | None, sqlstate: str, message: str) -> None:
+    with pproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(_BOUND.replace("%s", "%s::float8"), (value,), prepare=True)
+        assert spent_epsilon(conn) == before
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert info.value.sqlstate == sqlstate and message in info.value.diag.message_primary, info.value
+
+
+@pytest.mark.parametrize(("literal", "sqlstate", "message"), [
+    ("1e-400", "22003", "is out of range for type double precision"),
+    ("1e400", "22003", "is out of range for type double precision"),
+    ("1e-30", "DP001", "more than 20 decimal places"),
+])
+def test_a_fraction_literal_out_of_doubles_range_fails_as_in_postgresql(
+        pproxy: RunningProxy, admin: psycopg.Connection, literal: str, sqlstate: str, message: str) -> None:
+    sql = f"SELECT percentile_cont({literal}) WITHIN GROUP (ORDER BY age) FROM pct_adult"
+    if sqlstate != "DP001":
+        with pytest.raises(psycopg.Error) as postgres:
+            admin.execute(sql)
+        assert postgres.value.sqlstate == sqlstate and message in postgres.value.diag.message_primary
+    with pproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(sql)
+        assert spent_epsilon(conn) == before
+    assert info.value.sqlstate == sqlstate and message in info.value.diag.message_primary, info.value
 
 
 def test_a_release_drawing_over_many_candidates_runs_off_the_event_loop(

@@ -354,6 +354,8 @@ _REFUSED_ORDER = {"no-row-access": "ORDER BY column age, outside an aggregate",
     ("ORDER BY 1 / sum(age)", "DP001", "order-by-unselected"),
     ("ORDER BY count(*), sum(capital_gain) DESC", "DP001", "order-by-unselected"),
     ("ORDER BY sum(nosuch)", "42703", None),
+    ("ORDER BY nosuch + sum(age)", "42703", None),  # PostgreSQL's error, not the rule's
+    ("ORDER BY sum(age) DESC, adult.nosuch", "42703", None),
     ("ORDER BY sum(sex)", "DP001", "aggregate-argument"),
 ])
 def test_a_one_row_order_by_postgresql_would_reject_or_that_would_release_more_is_refused_and_costs_nothing(

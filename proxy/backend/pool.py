@@ -285,6 +285,11 @@ class BackendPool:
     def idle(self) -> int:
         return len(self._idle)
 
+    @property
+    def waiting(self) -> int:
+        """Checkouts waiting now for a connection or a free slot."""
+        return sum(not waiter.done() for waiter in self._waiters)
+
     def canonical_state(self, given: State) -> State:
         """The state ``given`` settings were last seen to produce on the backend, else ``given``."""
         return self._canonical.get(given, given)

@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from decimal import Decimal
-from typing import Any, Callable, TypeVar
+from typing import Any, Awaitable, Callable, TypeVar
 
 from policies.errors import SQLSTATE, Refusal
 from policies.ledger import (
@@ -111,6 +111,9 @@ class BudgetKeeper:
         self._refills: dict[str, asyncio.Task[None]] = {}
         self._budgets: dict[str, tuple[object, Budget]] = {}  # user → (policy entry, its Budget)
         self._sweeper: asyncio.Task[None] | None = None
+        self.settle_elsewhere: Callable[[str], Awaitable[None]] | None = None
+        """Set when other processes of this ``dpproxy serve`` hold reservations of their own
+        (``listen.workers``): has them give a user's back to the ledger, before ``balance``."""
 
     @classmethod
     def open(cls, policy: Policy) -> "BudgetKeeper":
@@ -356,12 +359,28 @@ class BudgetKeeper:
             await asyncio.gather(self._sweeper, return_exceptions=True)
             self._sweeper = None
 
-    async def balance(self, user: str) -> Balance:
-        """The user's balance, counting this process's unused reservation as not spent.
+    async def give_back(self, user: str) -> None:
+        """Give ``user``'s unused reservation back to the ledger now (a sibling worker's
+        ``SHOW dpproxy.budget``); the next answer reserves afresh. On a ledger failure it stays
+        held, and counted spent."""
+        if user not in self.policy.users:
+            return
+        async with self._locks.setdefault(user, asyncio.Lock()):
+            held = self._reserved.get(user)
+            if held is not None:
+                await self._give_back(user, held)
+
+    async def balance(self, user: str, settled: bool = False) -> Balance:
+        """The user's balance, counting this process's unused reservation as not spent; with
+        ``settled``, the other workers' too, once they gave them back (``settle_elsewhere``):
+        ``SHOW dpproxy.budget``, not the notices of answers, which would otherwise undo the
+        reservations of every worker.
 
         Read under the user's lock: the idle sweep giving the reservation back between the
         ledger read and the reservation read would count it as spent once too often.
         """
+        if settled and self.settle_elsewhere is not None:
+            await self.settle_elsewhere(user)
         async with self._locks.setdefault(user, asyncio.Lock()):
             ledger = await self._ledger_call(self.ledger.balance, user, self.budget(user))
             held = self._reserved.get(user)

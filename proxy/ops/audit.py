@@ -22,7 +22,8 @@ Example line::
 
     {"at":"2024-05-01T12:00:00.123Z","user":"analyst","client":"127.0.0.1:51234",
      "fingerprint":"c070ef2fc9bbfb16","decision":"dp","reason":null,"epsilon":1.0,
-     "delta":0.0,"remaining_epsilon":999.0,"remaining_delta":0.5,"latency_ms":12.402,"rows":null}
+     "delta":0.0,"remaining_epsilon":999.0,"remaining_delta":0.5,"latency_ms":12.402,"rows":null,
+     "mechanisms":["laplace","sum_count"]}
 
 (on one line). Non-finite amounts (an ``inf`` budget) are written as ``null``.
 """
@@ -72,6 +73,10 @@ class AuditEntry:
     The four amounts are None unless the statement was a DP query; ``epsilon``/``delta``
     are what was charged, ``remaining_*`` what the user has left after the charge.
     ``rows`` is how many rows a passthrough statement handed the client (None for others).
+    ``mechanisms`` names the mechanism that released each column of a DP answer, in the
+    order released (``proxy.serving.executor.released_mechanisms``; None for other statements):
+    the names only, never a value. It was added last, so that readers of the older lines'
+    fields are unaffected.
     A result passed on as it arrives is recorded when it ends, with its outcome: ``error``
     and the SQLSTATE of an error that ended it part-way (08006: the session ended first).
     """
@@ -88,6 +93,7 @@ class AuditEntry:
     remaining_delta: float | None
     latency_ms: float
     rows: int | None = None
+    mechanisms: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.decision not in _DECISIONS:

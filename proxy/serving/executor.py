@@ -32,6 +32,7 @@ from proxy.dp.answer_time import on_the_quantum, quantum_deadline
 from proxy.dp.budget import BudgetKeeper
 from proxy.dp.folding import bind_constants
 from proxy.dp.narrowing import narrow_keys
+from proxy.dp.percentile_params import bind_fractions, fraction_param_types
 from proxy.dp.parameter_types import check_parameter_types
 from proxy.dp.repeats import RepeatStore
 from proxy.ops.audit import AuditEntry, AuditLog
@@ -107,6 +108,7 @@ class Cost:
     delta: float
     remaining_epsilon: float | None
     remaining_delta: float | None
+    mechanisms: tuple[str, ...] | None = None  # released_mechanisms, for the audit line
 
 
 @dataclass(frozen=True)
@@ -293,7 +295,8 @@ class Executor:
         if isinstance(decision, DPQuery):
             if self.backend.transaction_status != b"I" and self._may_serialize():
                 await take_snapshot(self.backend)  # the parse takes the block's first snapshot
-            params, _ = await self.backend.describe(backend_sql(decision.plan, seed=0), param_types)
+            params, _ = await self.backend.describe(backend_sql(decision.plan, seed=0),
+                                                    fraction_param_types(decision.plan, param_types))
             return params, await self._dp_fields(decision.plan)
         if isinstance(decision, ColumnsOnly):
             params, fields = await self.backend.describe(decision.sql, param_types)
@@ -716,6 +719,7 @@ class Executor:
                 remaining_delta=cost.remaining_delta if cost else None,
                 latency_ms=round(latency_s * 1000, 3),
                 rows=rows,
+                mechanisms=cost.mechanisms if cost else None,
             )
         )
 
@@ -746,6 +750,7 @@ class Executor:
     ) -> tuple[ResultSet, list[str], Cost]:
         await self._check_result_formats(plan, result_formats)
         check_parameter_types(plan, params)
+        plan, params = bind_fractions(plan, params)  # a percentile's fraction, from its parameter
         # The plan's WHERE is made final here, before the charge (and before the repeat key).
         epsilon = self.settings.query_epsilon(self.server.policy, plan.table)
         if plan.limit_zero:
@@ -781,7 +786,7 @@ class Executor:
             keys = await self._release(plan, "", params, 0.0, encoding.codec)
             balance = await self.server.budget.balance(self.user)
             notice = f"{keys.notice()}; remaining ε {balance.remaining_epsilon:g}, δ {balance.remaining_delta:g}"
-            return await self._post_processed(plan, keys, result_formats, notice), [notice], Cost(0.0, 0.0, None, None)
+            return await self._post_processed(plan, keys, result_formats, notice), [notice], Cost(0.0, 0.0, None, None, ())
         # The aggregates too: different ones can share the backend SQL (sum_count AVG is a
         # clamped SUM and a COUNT, so ``sum(x), avg(x)`` runs what ``sum(x), sum(x), count(x)``
         # runs), and a repeat must be the same release, not another's values under these columns.
@@ -809,7 +814,8 @@ class Executor:
             balance = await self.server.budget.balance(self.user)
             notice = (f"{repeat.notice(repeat=True)}; "
                       f"remaining ε {balance.remaining_epsilon:g}, δ {balance.remaining_delta:g}")
-            return await self._post_processed(plan, repeat, result_formats, notice), [notice], Cost(0.0, 0.0, None, None)
+            cost = Cost(0.0, 0.0, None, None, released_mechanisms(plan, ranking))
+            return await self._post_processed(plan, repeat, result_formats, notice), [notice], cost
         delta = query_delta(plan) + (query_delta(ranking) if ranking is not None else 0.0)
         # A connection already known lost (or one that cannot be opened) fails the query
         # before it costs anything.
@@ -826,7 +832,8 @@ class Executor:
             await self._try_post_processing(ranking, encoding.codec, checked_under, ranking=True)
         # The ledger's history carries the audit log's fingerprint, so the two can be joined.
         balance = await self.server.budget.charge(self.user, epsilon, delta, fingerprint)
-        cost = self._charged = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta)
+        cost = self._charged = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta,
+                                    released_mechanisms(plan, ranking))
         try:
             run = backend_sql(plan, seed=partition_seed()) if seeded(plan) else sql
             answer = await self._release_past_a_conflict(plan, run, params, epsilon, encoding.codec)
@@ -857,7 +864,8 @@ class Executor:
         none leaves no cell: no row either way, nothing released."""
         if plan.series is None:
             return plan
-        ranking, _ = await bind_constants(plan.series.ranking, params, self.backend)
+        ranking, _ = bind_fractions(plan.series.ranking, params)
+        ranking, _ = await bind_constants(ranking, params, self.backend)
         ranking, _ = await narrow_keys(ranking, params, self.backend)
         return replace(plan, series=replace(plan.series, ranking=ranking),
                        limit_zero=plan.limit_zero or ranking.limit_zero)
@@ -1046,6 +1054,18 @@ async def _noised(plan: AggregateQuery, release: Callable[[], DPAnswer]) -> DPAn
 
 def _digest(*parts: Hashable) -> int:
     return hash(parts)
+
+
+def released_mechanisms(plan: AggregateQuery, ranking: AggregateQuery | None) -> tuple[str, ...]:
+    """The mechanism releasing each aggregate of ``plan`` (then of a series limit's ``ranking``),
+    as the audit line names them: ``laplace`` (COUNT, SUM), ``sum_count`` (AVG as noisy sum /
+    noisy count), ``sample_aggregate`` (AVG, MIN, MAX by sample and aggregate), ``exponential``
+    (MODE), ``quantile`` (percentiles); ``histogram_`` before it when noised per cell of a
+    GROUP BY, ``ranking_histogram_`` for the ranking that keeps a series limit's cells."""
+    def names(query: AggregateQuery, prefix: str) -> tuple[str, ...]:
+        cells = "histogram_" if query.groups else ""
+        return tuple(f"{prefix}{cells}{agg.mechanism}" for agg in query.aggregates)
+    return names(plan, "") + (names(ranking, "ranking_") if ranking is not None else ())
 
 
 def _key_domains(plan: AggregateQuery) -> tuple[tuple[object, ...], ...]:

@@ -36,7 +36,7 @@ from proxy.ops.audit import AuditLog
 
 from . import startup
 from .session import Session, SessionTable
-from .workers import CancelRelay, WorkerRole
+from .workers import CancelRelay, ReservationRelay, WorkerRole
 
 __all__ = ["Server"]
 
@@ -86,9 +86,12 @@ class Server:
         self.startup_reports: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
         self.sessions = SessionTable(None if worker is None else worker.index)
         self.cancel_relay: CancelRelay | None = None
+        self.reservation_relay: ReservationRelay | None = None
         if worker is not None:
             self.cancel_relay = CancelRelay(worker, self.sessions.cancel_here)
             self.sessions.forward = self.cancel_relay.forward
+            self.reservation_relay = ReservationRelay(worker, self.budget.give_back)
+            self.budget.settle_elsewhere = self.reservation_relay.settle_siblings
         # Backend connections every session borrows from; reads the backend settings in force.
         self.pool = BackendPool(lambda: self.policy.backend)
         self._server: asyncio.base_events.Server | None = None
@@ -123,6 +126,8 @@ class Server:
         listen = self.policy.listen
         if self.cancel_relay is not None:
             await self.cancel_relay.start()
+        if self.reservation_relay is not None:
+            await self.reservation_relay.start()
         if self.policy.metrics is not None and self.worker is None:
             where = self.policy.metrics
             try:
@@ -403,6 +408,8 @@ class Server:
         await self.pool.close()
         if self.cancel_relay is not None:
             await self.cancel_relay.close()
+        if self.reservation_relay is not None:
+            await self.reservation_relay.close()
         for task in (self._gauges, self._functions):
             if task is not None:
                 task.cancel()

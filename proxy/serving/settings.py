@@ -147,7 +147,7 @@ class SessionSettings:
         if command.name == "dpproxy.columns" and command.verb == "show":
             return columns_result(registry, lambda table: self.query_epsilon(policy, table))
         if command.name == "dpproxy.budget" and command.verb == "show":
-            balance = await budget.balance(self.user)
+            balance = await budget.balance(self.user, settled=True)
             row = [self.user.encode()] + [
                 encode_text(v, FLOAT8)
                 for v in (balance.spent_epsilon, balance.remaining_epsilon, balance.spent_delta, balance.remaining_delta)

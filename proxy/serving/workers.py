@@ -13,6 +13,9 @@ directory (mode 0700, made by the supervisor):
   (``session_pid``), and a worker that gets a CancelRequest for another worker's session
   passes the (pid, secret) pair to that worker's unix socket (``CancelRelay``), where the
   secret is checked as for its own clients;
+* budget reservations: ``SHOW dpproxy.budget`` on one worker asks the others, through their
+  unix sockets (``ReservationRelay``), to give their unused reservation of the user back to the
+  ledger first, so that what it shows as spent was spent;
 * Prometheus metrics, written by each worker to files in the directory and served by the
   supervisor (prometheus_client's multiprocess mode).
 """
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Awaitable, Callable, Final
 
-__all__ = ["CancelRelay", "MAX_WORKERS", "READY", "SupervisorLink", "WorkerRole", "session_pid", "worker_of"]
+__all__ = ["CancelRelay", "MAX_WORKERS", "READY", "ReservationRelay", "SupervisorLink", "WorkerRole", "session_pid", "worker_of"]
 
 log = logging.getLogger("dpproxy.workers")
 
@@ -48,6 +51,15 @@ class WorkerRole:
     def cancel_socket(self, index: int | None = None) -> Path:
         """The unix socket where worker ``index`` (default: this one) takes forwarded cancels."""
         return self.directory / f"cancel-{self.index if index is None else index}.sock"
+
+    def reservation_socket(self, index: int | None = None) -> Path:
+        """The unix socket where worker ``index`` (default: this one) gives reservations back."""
+        return self.directory / f"budget-{self.index if index is None else index}.sock"
+
+    def sibling_reservation_sockets(self) -> list[Path]:
+        """The reservation sockets of the other workers running now."""
+        own = self.reservation_socket()
+        return sorted(path for path in self.directory.glob("budget-*.sock") if path != own)
 
     @property
     def repeats_path(self) -> Path:
@@ -73,7 +85,29 @@ def worker_of(pid: int) -> int:
     return pid >> _LOCAL_BITS
 
 
-class CancelRelay:
+class _WorkerSocket:
+    """A unix socket of this worker's where its siblings connect, each connection handled by
+    ``_receive``; removed on ``close``."""
+
+    def __init__(self, path: Path):
+        self._path = path
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self) -> None:
+        self._path.unlink(missing_ok=True)  # left by a crashed predecessor with this index
+        self._server = await asyncio.start_unix_server(self._receive, path=str(self._path))
+
+    async def _receive(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._path.unlink(missing_ok=True)
+
+
+class CancelRelay(_WorkerSocket):
     """A worker's unix socket for cancels forwarded by its siblings, and the way to forward one.
 
     Like PostgreSQL's own CancelRequest, nothing is answered: the sender learns nothing of
@@ -81,14 +115,9 @@ class CancelRelay:
     """
 
     def __init__(self, role: WorkerRole, cancel_here: Callable[[int, int], Awaitable[None]]):
+        super().__init__(role.cancel_socket())
         self.role = role
         self._cancel_here = cancel_here
-        self._server: asyncio.base_events.Server | None = None
-
-    async def start(self) -> None:
-        path = self.role.cancel_socket()
-        path.unlink(missing_ok=True)  # left by a crashed predecessor with this index
-        self._server = await asyncio.start_unix_server(self._receive, path=str(path))
 
     async def forward(self, pid: int, secret: int) -> None:
         """Pass a CancelRequest to the worker that owns ``pid`` (if there is such a worker)."""
@@ -117,11 +146,63 @@ class CancelRelay:
         finally:
             writer.close()
 
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self.role.cancel_socket().unlink(missing_ok=True)
+
+_NAME_LENGTH: Final = struct.Struct("!H")
+_GIVEN_BACK: Final = b"\x01"
+SIBLING_WAIT_S: Final = 5.0
+"""How long ``ReservationRelay.settle_siblings`` waits for each sibling; one that does not answer
+in time keeps its reservation, which the ledger then still counts as spent."""
+
+
+class ReservationRelay(_WorkerSocket):
+    """A worker's unix socket where its siblings ask it to give a user's unused budget
+    reservation back to the ledger, and the way to ask them.
+
+    Each worker spends reservations charged to the shared ledger from memory; the ledger counts
+    them as spent until they are given back. Before ``SHOW dpproxy.budget`` reads the ledger, the
+    worker answering it asks every sibling to give the user's reservation back and waits for
+    each to say it did (or for ``SIBLING_WAIT_S``), so the spend it reports is the real one. A
+    sibling's next answer for that user reserves afresh.
+    """
+
+    def __init__(self, role: WorkerRole, give_back: Callable[[str], Awaitable[None]]):
+        super().__init__(role.reservation_socket())
+        self.role = role
+        self._give_back = give_back
+
+    async def settle_siblings(self, user: str) -> None:
+        """Have every other worker give ``user``'s unused reservation back (at most
+        ``SIBLING_WAIT_S`` each, all at once)."""
+        siblings = self.role.sibling_reservation_sockets()
+        if siblings:
+            await asyncio.gather(*(self._ask(path, user) for path in siblings))
+
+    async def _ask(self, path: Path, user: str) -> None:
+        name = user.encode("utf-8")
+        try:
+            async with asyncio.timeout(SIBLING_WAIT_S):
+                reader, writer = await asyncio.open_unix_connection(str(path))
+                try:
+                    writer.write(_NAME_LENGTH.pack(len(name)) + name)
+                    await writer.drain()
+                    await reader.readexactly(len(_GIVEN_BACK))
+                finally:
+                    writer.close()
+        except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            log.warning("worker socket %s did not give back %s's reservation (%s): it stays counted as spent",
+                        path.name, user, exc or type(exc).__name__)
+
+    async def _receive(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            (length,) = _NAME_LENGTH.unpack(await reader.readexactly(_NAME_LENGTH.size))
+            user = (await reader.readexactly(length)).decode("utf-8")
+            await self._give_back(user)
+            writer.write(_GIVEN_BACK)
+            await writer.drain()
+        except (asyncio.IncompleteReadError, OSError, UnicodeDecodeError):
+            pass
+        finally:
+            writer.close()
 
 
 class SupervisorLink:
