@@ -50,6 +50,7 @@ def test_each_dp_line_names_the_mechanism_of_every_released_column_in_order(test
         "SELECT MIN(age), AVG(hours_per_week) FROM adult WHERE age > 40": ["sample_aggregate", "sample_aggregate"],
         "SELECT MODE() WITHIN GROUP (ORDER BY sex) FROM adult": ["exponential"],
         "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY age) FROM adult": ["quantile"],
+        "SELECT stddev(age), var_pop(age) FROM adult": ["moments", "moments"],
         "SELECT sex, COUNT(*), AVG(age) FROM adult GROUP BY sex": ["histogram_laplace", "histogram_sum_count"],
     }
     try:

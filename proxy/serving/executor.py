@@ -1060,7 +1060,7 @@ def released_mechanisms(plan: AggregateQuery, ranking: AggregateQuery | None) ->
     """The mechanism releasing each aggregate of ``plan`` (then of a series limit's ``ranking``),
     as the audit line names them: ``laplace`` (COUNT, SUM), ``sum_count`` (AVG as noisy sum /
     noisy count), ``sample_aggregate`` (AVG, MIN, MAX by sample and aggregate), ``exponential``
-    (MODE), ``quantile`` (percentiles); ``histogram_`` before it when noised per cell of a
+    (MODE), ``quantile`` (percentiles), ``moments`` (variances, standard deviations); ``histogram_`` before it when noised per cell of a
     GROUP BY, ``ranking_histogram_`` for the ranking that keeps a series limit's cells."""
     def names(query: AggregateQuery, prefix: str) -> tuple[str, ...]:
         cells = "histogram_" if query.groups else ""
