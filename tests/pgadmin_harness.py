@@ -131,19 +131,23 @@ class PgAdminApi:
 
     def _poll(self, trans_id: int) -> QueryResult:
         deadline = time.monotonic() + POLL_TIMEOUT_S
+        # Each poll hands over the notices that arrived since the last one, a Busy poll's too (as
+        # its ``result``, pgAdmin's sqleditor.poll): the web UI appends them all to *Messages*.
+        earlier = ""
         while time.monotonic() < deadline:
             status, body = self.get(f"/sqleditor/poll/{trans_id}")
             if status != 200 or not body.get("success"):
                 # An error: pgAdmin answers 500 with the message it shows in *Messages*.
                 message = body.get("errormsg") if isinstance(body, dict) else str(body)
-                return QueryResult("Error", [], [], str(message), str(message))
+                return QueryResult("Error", [], [], earlier + str(message), str(message))
             data = body["data"]
             if data["status"] == "Busy":
+                earlier += data["result"] if isinstance(data.get("result"), str) else ""
                 time.sleep(0.1)
                 continue
             columns = [c["name"] for c in data.get("colinfo") or []]
             rows = data["result"] if isinstance(data["result"], list) else []
-            messages = data.get("additional_messages") or ""
+            messages = earlier + (data.get("additional_messages") or "")
             if not isinstance(data["result"], list) and data["result"]:
                 messages += str(data["result"])
             return QueryResult(data["status"], columns, rows, messages, None)
