@@ -619,7 +619,9 @@ def _sqlite_engine(url: sa.URL) -> Engine:
         cursor = dbapi_conn.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
         _use_wal(cursor)
-        cursor.execute("PRAGMA synchronous = NORMAL")
+        # FULL: each commit syncs the WAL file. NORMAL syncs it only at checkpoints, so a power
+        # loss or an OS crash could forget a reservation whose answers were already released.
+        cursor.execute("PRAGMA synchronous = FULL")
         cursor.close()
 
     @sa.event.listens_for(engine, "begin")
@@ -666,7 +668,7 @@ def _check_writable(conn: Connection) -> None:
 
 
 def _postgres_engine(url: sa.URL) -> Engine:
-    return sa.create_engine(
+    engine = sa.create_engine(
         url,
         pool_size=5,
         max_overflow=15,
@@ -674,6 +676,23 @@ def _postgres_engine(url: sa.URL) -> Engine:
         isolation_level="READ COMMITTED",
         connect_args={"application_name": "dpproxy-ledger"},
     )
+
+    @sa.event.listens_for(engine, "connect")
+    def _commit_durably(dbapi_conn: Any, _record: Any) -> None:
+        # An operator's synchronous_commit = off (or local, remote_write) for the server, the
+        # database or the role acknowledges a commit before its WAL is flushed (on the standby
+        # too, with synchronous replication): a crash of PostgreSQL, or a failover, then forgets
+        # a charge, or a reservation that answers were spent from. A stronger remote_apply stays.
+        with dbapi_conn.cursor() as cursor:
+            cursor.execute(DURABLE_COMMIT_SQL)
+        dbapi_conn.commit()
+
+    return engine
+
+
+DURABLE_COMMIT_SQL: Final = ("SELECT pg_catalog.set_config('synchronous_commit', 'on', false) "
+                             "WHERE pg_catalog.current_setting('synchronous_commit') <> 'remote_apply'")
+"""Run by every ledger session of PostgreSQL when it connects (``_postgres_engine``)."""
 
 
 def _balance(

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -410,3 +411,70 @@ def test_the_next_renewal_is_the_start_of_the_following_utc_period():
     assert next_period_start("month", now) == datetime(2025, 1, 1, tzinfo=timezone.utc)
     assert next_period_start("month", datetime(2024, 1, 31, tzinfo=timezone.utc)) == datetime(2024, 2, 1, tzinfo=timezone.utc)
     assert next_period_start(None, now) is None
+
+
+def test_a_committed_charge_survives_a_crash_of_the_ledgers_postgresql_under_asynchronous_commit() -> None:
+    """An operator's ``synchronous_commit = off`` (for the server, the database or the role: a
+    common tuning) acknowledges a commit before its WAL is on disk, and a crash of PostgreSQL
+    (a backend killed: the postmaster resets shared memory, WAL buffers included) forgets it.
+    A charge, or a reservation answers were then spent from, would vanish: an overspend. The
+    ledger's own sessions commit synchronously whatever the defaults say."""
+    from tests.own_postgres import own_postgres
+
+    with own_postgres("ledgerdb", "dpproxy-ledger-crash-") as server:
+        with psycopg.connect(server.admin_dsn, autocommit=True) as admin:
+            # The WAL writer flushes only every 10 s: an asynchronous commit stays in memory.
+            admin.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
+            admin.execute("ALTER DATABASE ledgerdb SET synchronous_commit = off")
+            admin.execute("SELECT pg_catalog.pg_reload_conf()")
+        url = _sqlalchemy_url(server.admin_dsn)
+        with Ledger(url) as ledger:
+            ledger.balance("ann", Budget(epsilon=1.0, delta=1e-5))  # the tables, before the charge
+            assert ledger.charge("ann", 0.25, 1e-6, Budget(epsilon=1.0, delta=1e-5)).accepted
+            with psycopg.connect(server.admin_dsn, autocommit=True) as victim:
+                (pid,) = victim.execute("SELECT pg_catalog.pg_backend_pid()").fetchone()  # type: ignore[misc]
+                assert victim.execute("SHOW synchronous_commit").fetchone() == ("off",)
+                os.kill(pid, signal.SIGKILL)  # the postmaster ends every backend and recovers from WAL
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with psycopg.connect(server.admin_dsn, connect_timeout=2) as conn:
+                    conn.execute("SELECT 1")
+                break
+            except psycopg.OperationalError:
+                assert time.monotonic() < deadline, "PostgreSQL did not come back after the crash"
+                time.sleep(0.2)
+        with Ledger(url) as reopened:
+            balance = reopened.balance("ann", Budget(epsilon=1.0, delta=1e-5))
+            assert (balance.spent_epsilon, balance.spent_delta) == (0.25, 1e-6)
+            assert len(reopened.history("ann")) == 1
+
+
+@pytest.mark.parametrize(("default", "session"), [
+    ("off", "on"), ("local", "on"), ("remote_write", "on"), ("on", "on"), ("remote_apply", "remote_apply")])
+def test_the_ledgers_sessions_commit_at_least_as_durably_as_on(pg_dsn: str, default: str, session: str) -> None:
+    """Whatever the database's default, a ledger session waits for its WAL flush (and, with
+    synchronous replication, the standby's); an operator's stronger remote_apply is kept."""
+    database = f"ledger_sync_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {database}")
+        admin.execute(f"ALTER DATABASE {database} SET synchronous_commit = {default}")
+    try:
+        url = sa.make_url(_sqlalchemy_url(pg_dsn)).set(database=database)
+        with Ledger(url.render_as_string(hide_password=False)) as ledger:
+            ledger.balance("ann", Budget(epsilon=1.0, delta=1e-5))
+            with ledger._engine.connect() as conn:
+                assert conn.exec_driver_sql("SHOW synchronous_commit").scalar() == session
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE {database} WITH (FORCE)")
+
+
+def test_a_sqlite_ledger_syncs_every_commit(tmp_path: Path) -> None:
+    """synchronous = FULL in WAL mode: a commit is on disk when charge() returns, so a power
+    loss cannot forget a reservation whose answers were released (NORMAL syncs at checkpoints)."""
+    with Ledger(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:
+        ledger.balance("ann", Budget(epsilon=1.0, delta=1e-5))
+        with ledger._engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
