@@ -57,6 +57,7 @@ state); call it from a worker thread in asyncio code.
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 import sqlite3
@@ -75,6 +76,8 @@ from sqlalchemy.engine import Connection, Engine
 
 from .driver import DriverStatement
 from .periods import check_period, period_key, period_start, to_utc
+
+log = logging.getLogger("dpproxy.budget")
 
 __all__ = [
     "Balance",
@@ -656,8 +659,13 @@ def _use_wal(cursor: Any) -> None:
 def _check_writable(conn: Connection) -> None:
     """Raise ReadOnlyLedger when ``conn``'s server cannot write: with the ledger's tables already
     there (replayed from a primary), a standby opened without a word and failed every charge."""
-    in_recovery, read_only = conn.execute(sa.text(
-        "SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_read_only')")).one()
+    in_recovery, read_only, fsync = conn.execute(sa.text(
+        "SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_read_only'), "
+        "pg_catalog.current_setting('fsync')")).one()
+    if fsync == "off":
+        # No session can turn it back on; a test server may run so, a ledger should not.
+        log.warning("the ledger's PostgreSQL runs with fsync = off: a power loss or an OS crash can forget "
+                    "charges (answers already released would then be unaccounted for); turn it on there")
     if in_recovery:
         raise ReadOnlyLedger("the server is a hot standby (in recovery), where no charge can be written; "
                              "point ledger.url at the primary, or at another PostgreSQL that accepts writes")

@@ -478,3 +478,23 @@ def test_a_sqlite_ledger_syncs_every_commit(tmp_path: Path) -> None:
         with ledger._engine.connect() as conn:
             assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
             assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
+
+
+def test_a_postgresql_ledger_on_a_server_without_fsync_is_reported_when_opened(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """fsync = off is the server's, which no session can undo: the operator is told at start."""
+    from tests.own_postgres import own_postgres
+
+    with own_postgres("ledgerdb", "dpproxy-ledger-fsync-") as server:
+        url = _sqlalchemy_url(server.admin_dsn)
+        with caplog.at_level("WARNING", logger="dpproxy.budget"), Ledger(url):
+            assert not [r for r in caplog.records if "fsync" in r.getMessage()]
+        with psycopg.connect(server.admin_dsn, autocommit=True) as admin:
+            admin.execute("ALTER SYSTEM SET fsync = off")
+            admin.execute("SELECT pg_catalog.pg_reload_conf()")
+            time.sleep(0.5)  # the reload reaches new sessions once the postmaster has read it
+            assert admin.execute("SELECT 1").fetchone() == (1,)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="dpproxy.budget"), Ledger(url):
+            pass
+        assert [r for r in caplog.records if "fsync = off" in r.getMessage()]
