@@ -17,7 +17,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from proxy.backend.connection import BackendSession, ResultSet, _rows
+from proxy.backend.connection import BackendSession, ResultSet
+from proxy.backend.unread_rows import text_rows
 from proxy.backend.data_rows import data_rows
 from proxy.wire import protocol
 from tests.conftest import RunningProxy
@@ -42,7 +43,7 @@ def _result(dsn: str, sql: str, result_format: int = 0) -> Any:
 def test_data_rows_are_those_of_the_decoded_path(pg_dsn: str, result_format: int) -> None:
     result = _result(pg_dsn, CATALOG, result_format)
     assert result.ntuples > 400  # a large catalog result, with NULLs and empty values
-    assert data_rows(result) == [protocol.data_row(row) for row in _rows(result)]
+    assert data_rows(result) == [protocol.data_row(row) for row in text_rows(result)]
 
 
 def test_data_rows_of_no_rows_and_of_no_columns(pg_dsn: str) -> None:

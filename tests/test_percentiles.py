@@ -402,3 +402,57 @@ def test_a_release_drawing_over_many_candidates_runs_off_the_event_loop(
     assert [name for name, _ in threads] == ["release_row", "release_cells", "release_cells"]
     assert threads[0][1].startswith("dpproxy-release") and threads[1][1].startswith("dpproxy-release")
     assert threads[2][1] == "dpproxy"  # the proxy's event-loop thread (conftest.RunningProxy)
+
+
+_MODES = 1000  # a MODE's categories: 20 cells of them make 20,000 candidates, a release in a thread
+
+
+def test_the_backend_counts_of_a_release_over_many_candidates_are_loaded_off_the_event_loop(
+        pproxy: RunningProxy, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A percentile per cell over a grid of 100,000 makes the backend return one row per cell and
+    # grid index the rows reach, a MODE one count per cell and category: read and loaded on the
+    # event loop, ~200,000 rows of a percentile by sex over 400,000 rows held every other session
+    # ~0.5 s. They are read and loaded where the release draws, as the collected counts of an
+    # ungrouped percentile are; a small release's stay on the loop.
+    loads: dict[str, set[str]] = {}
+    statement = ""
+    real = executor.load_text
+
+    def recording(value: bytes | None, type_oid: int) -> object:
+        loads.setdefault(statement, set()).add(threading.current_thread().name)
+        return real(value, type_oid)
+
+    monkeypatch.setattr(executor, "load_text", recording)
+    categories = ", ".join(f"m{i}" for i in range(_MODES))
+    policy = POLICY.replace("    epsilon: 1.0\n    delta: 1.0e-6\n",
+                            "    epsilon: 1.0\n    delta: 1.0e-6\n    quantile_cells: 100000\n", 1) + f"""
+  public.pct_modes:
+    epsilon: 1.0
+    columns:
+      k: {{{{bounds: [0, 19], group_by: true}}}}
+      m: {{{{categories: [{categories}]}}}}
+"""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute("DROP TABLE IF EXISTS pct_modes")
+        admin.execute(f"CREATE TABLE pct_modes AS SELECT i % 20 AS k, 'm' || (i % {_MODES}) AS m "
+                      "FROM generate_series(1, 5000) AS i")
+        admin.execute(f"GRANT SELECT ON pct_modes TO {SERVICE_ROLE}")
+    statements = {
+        "percentile": "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY age_f) FROM pct_adult",
+        "percentile by sex": "SELECT sex, percentile_cont(0.5) WITHIN GROUP (ORDER BY age_f), count(*) "
+                             "FROM pct_adult GROUP BY sex",
+        "mode by k": "SELECT k, mode() WITHIN GROUP (ORDER BY m) FROM pct_modes GROUP BY k",
+        "mode": "SELECT mode() WITHIN GROUP (ORDER BY m) FROM pct_modes",
+        "percentile by sex, small": "SELECT sex, percentile_cont(0.5) WITHIN GROUP (ORDER BY age) FROM pct_adult "
+                                    "GROUP BY sex",
+    }
+    with running_proxy(test_db, tmp_path_factory, policy) as proxy, proxy.connect() as conn:
+        for statement, sql in statements.items():
+            rows = conn.execute(sql).fetchall()
+            assert len(rows) == {"percentile by sex": 2, "percentile by sex, small": 2, "mode by k": 20}.get(
+                statement, 1)
+    release = {name: all(thread.startswith("dpproxy-release") for thread in threads)
+               for name, threads in loads.items()}
+    assert release == {"percentile": True, "percentile by sex": True, "mode by k": True,
+                       "mode": False, "percentile by sex, small": False}, loads
+    assert loads["mode"] == loads["percentile by sex, small"] == {"dpproxy"}  # the event loop's thread

@@ -43,6 +43,7 @@ from .row_failures import failing_protected
 from .pool import UNKNOWN, BackendPool, PooledConnection, PoolTimeout, State, open_backend
 from .result_waiter import NotSent
 from .row_stream import HELD_RESULT_BYTES, RowStream
+from .unread_rows import UnreadRows, text_rows
 
 __all__ = [
     "BackendError", "BackendLost", "BackendSession", "BackendUnavailable", "BoundParams", "ResultSet", "build_registry", "connect",
@@ -575,7 +576,7 @@ class BackendSession:
         byte), where PostgreSQL refuses a text that holds more than one statement (42601).
         """
         result = await self._statement(sql, params, result_format, one_statement)
-        return ResultSet(_fields(result, self.client_encoding), _rows(result), _tag(result), list(self._notices))
+        return ResultSet(_fields(result, self.client_encoding), text_rows(result), _tag(result), list(self._notices))
 
     async def relay(
         self, sql: str, params: BoundParams | None = None, result_formats: Sequence[int] = (), *,
@@ -690,6 +691,12 @@ class BackendSession:
         result = await self._statement(sql, params, 0)
         columns = range(result.nfields)
         return [result.get_value(0, c) for c in columns], [result.ftype(c) for c in columns]
+
+    async def unread(self, sql: str, params: BoundParams | None = None) -> UnreadRows:
+        """Run a statement like ``execute``, in text, and return its rows unread: a DP query's
+        exact aggregates per cell, which may be many (``UnreadRows``: read them off the event
+        loop when they are)."""
+        return UnreadRows(await self._statement(sql, params, 0))
 
     async def _statement(
         self, sql: str, params: BoundParams | None, result_format: int, one_statement: bool = False
@@ -916,12 +923,6 @@ def _fields(result: PGresult, encoding: ClientEncoding) -> list[Field]:
         )
         for i in range(result.nfields)
     ]
-
-
-def _rows(result: PGresult) -> list[list[bytes | None]]:
-    nfields = result.nfields
-    get = result.get_value
-    return [[get(r, c) for c in range(nfields)] for r in range(result.ntuples)]
 
 
 def _tag(result: PGresult) -> str:

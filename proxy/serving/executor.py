@@ -14,7 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, Callable, Hashable, Protocol, TypeVar
+from typing import Any, Callable, Hashable, Protocol, Sequence, TypeVar
 
 from sqlglot.errors import SqlglotError
 
@@ -24,6 +24,7 @@ from policies.tables import TableRegistry, quote_identifier
 from proxy.backend.cancellable import CancellableWait
 from proxy.backend.connection import BackendError, BackendLost, BackendSession, BackendUnavailable, BoundParams, ResultSet
 from proxy.backend.row_stream import RowStream
+from proxy.backend.unread_rows import UnreadRows
 from proxy.dp.answer import (
     DPAnswer, declared_keys, kept_series, numeric_scale, query_delta, ranking_params, release_cells, release_params,
     release_row, released_labels, result_fields, selection_candidates, trial_params,
@@ -91,6 +92,9 @@ _ANALYSIS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dpproxy-analys
 # a MODE or a percentile in each of many cells; ~1.4 ms per 1,000) runs in a thread of its own,
 # where OpenDP samples outside the GIL: on the event loop, a percentile per day of a year over a
 # grid of 100,000 held every other session of the process for about a minute (365 × ~0.16 s).
+# The backend's exact counts are read and loaded in that thread too (_cells_released): a percentile
+# per sex over 400,000 rows and such a grid came as ~200,000 rows (one per cell and grid index),
+# whose reading held the loop ~0.5 s.
 _OFF_LOOP_CANDIDATES = 20_000
 _RELEASES = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dpproxy-release")
 _AUDITED_PREFIX = 64 * 1024  # an unparsed string is audited by its beginning, not its megabytes
@@ -984,13 +988,9 @@ class Executor:
         bound = params if params.values else None
         if not plan.groups:
             values, type_oids = await self.backend.first_row(sql, bound)
-            exact = tuple(load_text(v, t) for v, t in zip(values, type_oids))
-            return await _noised(plan, partial(release_row, plan, exact, epsilon, codec))
-        result = await self.backend.execute(sql, bound)
-        types = [field.type_oid for field in result.fields]
-        keys = len(plan.groups)
-        rows = [[*row[:keys], *(load_text(v, t) for v, t in zip(row[keys:], types[keys:]))] for row in result.rows]
-        return await _noised(plan, partial(release_cells, plan, rows, epsilon, codec))
+            return await _noised(plan, partial(_row_released, plan, values, type_oids, epsilon, codec))
+        unread = await self.backend.unread(sql, bound)
+        return await _noised(plan, partial(_cells_released, plan, unread, epsilon, codec))
 
     async def _post_processed(
         self, plan: AggregateQuery, answer: DPAnswer | None, result_formats: tuple[int, ...] = (),
@@ -1046,10 +1046,29 @@ _PASSED = _Passed(16_384)
 
 async def _noised(plan: AggregateQuery, release: Callable[[], DPAnswer]) -> DPAnswer:
     """``release()``, on the event loop, or in a release thread when it draws over many
-    candidates (``_OFF_LOOP_CANDIDATES``): the same answer either way, the loop free meanwhile."""
+    candidates (``_OFF_LOOP_CANDIDATES``): the same answer either way, the loop free meanwhile.
+    ``release`` reads the backend's exact values itself, so that their reading, which grows
+    with the candidates, goes to the thread with the draws."""
     if selection_candidates(plan) < _OFF_LOOP_CANDIDATES:
         return release()
     return await asyncio.get_running_loop().run_in_executor(_RELEASES, release)
+
+
+def _row_released(plan: AggregateQuery, values: Sequence[bytes | None], type_oids: Sequence[int], epsilon: float,
+                  codec: str) -> DPAnswer:
+    """:func:`release_row` of the backend's text row ``values``, loaded here, where :func:`_noised`
+    runs the release: a percentile's collected counts are a text that grows with its grid."""
+    return release_row(plan, tuple(load_text(v, t) for v, t in zip(values, type_oids)), epsilon, codec)
+
+
+def _cells_released(plan: AggregateQuery, unread: UnreadRows, epsilon: float, codec: str) -> DPAnswer:
+    """:func:`release_cells` of the grouped backend query's rows, read and loaded here, where
+    :func:`_noised` runs the release: a percentile's rows (one per cell and grid index reached)
+    and a MODE's counts (one per cell and category) grow with the same candidates it counts."""
+    keys = len(plan.groups)
+    types = unread.type_oids[keys:]
+    rows = [[*row[:keys], *(load_text(v, t) for v, t in zip(row[keys:], types))] for row in unread.read()]
+    return release_cells(plan, rows, epsilon, codec)
 
 
 def _digest(*parts: Hashable) -> int:
