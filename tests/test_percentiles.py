@@ -3,8 +3,9 @@ percentile, types and names, the ε split and charge, histograms, repeats, COPY,
 binary results, neighbouring tables with an adversarial row, and refusals before any charge.
 
 Accuracy checks use the mechanism's own rank bound at a failure probability of 1e-8 per answer
-(mechanisms/quantile.py: P[rank error > (2Δ/ε)(ln K + t)] ≤ e^-t, t = ln 1e8), so together they
-fail by chance with p < 1e-6.
+(mechanisms/quantile.py: P[rank error > (2Δ/ε)(ln K + t)] ≤ e^-t, t = ln 1e8), each element of an
+array form at its own ε/k; there are fewer than 100 of them, so together they fail by chance with
+p < 1e-6.
 """
 
 from __future__ import annotations
@@ -545,3 +546,4 @@ def test_a_repeated_array_is_the_same_answer_uncharged_and_any_other_order_or_se
             conn.execute(sql.format(other)).fetchone()
             spent += 1.0
             assert spent_epsilon(conn) == pytest.approx(spent), other
+
