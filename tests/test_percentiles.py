@@ -535,3 +535,17 @@ def test_a_repeated_array_is_the_same_answer_uncharged_and_any_other_order_or_se
             spent += 1.0
             assert spent_epsilon(conn) == pytest.approx(spent), other
 
+
+
+def test_an_element_of_the_array_form_with_a_filter_beside_avg_is_answered_from_the_release(
+        pproxy: RunningProxy, admin: psycopg.Connection) -> None:
+    # The subscript reads the released array (post-processing); the FILTER narrows the counts.
+    with pproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        (p90, mean), types, notices = _answer(
+            conn, "SELECT (percentile_disc(ARRAY[0.1, 0.9]) WITHIN GROUP (ORDER BY age) FILTER (WHERE sex = 'Male'))[2] "
+                  "AS p90, avg(age) FROM pct_adult WHERE age > 20")
+        assert spent_epsilon(conn) == pytest.approx(before + 1.0)
+    assert types == [23, 1700] and isinstance(p90, int)
+    _assert_near(admin, "age", "WHERE age > 20 AND sex = 'Male'", p90, 0.9, 0.25, 74, 1.0, 17, 90)
+    assert "ε 0.25 for each of 2 fractions" in notices[0]
