@@ -36,7 +36,8 @@ from .laplace import _check_epsilon
 from .release import Release
 from .samplers import gumbel_argmax
 
-__all__ = ["QuantileGrid", "QuantileRelease", "quantile_error95", "quantile_scores", "release_quantile"]
+__all__ = ["QuantileGrid", "QuantileRelease", "QuantilesRelease", "quantile_error95", "quantile_scores",
+           "release_quantile", "release_quantiles"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,15 @@ class QuantileRelease(Release[float]):
     step: float = 0.0
 
 
+@dataclass(frozen=True)
+class QuantilesRelease(Release[tuple[float, ...]]):
+    """Several quantiles of one column, one per fraction in order (``each``: their releases, at
+    ε/k apiece); ``scale`` and ``error95`` are the largest of theirs."""
+
+    each: tuple[QuantileRelease, ...] = ()
+    fractions: tuple[Fraction, ...] = ()
+
+
 def quantile_scores(counts: Sequence[int], fraction: Fraction) -> list[int]:
     """Each candidate's score (module docstring), in units of 1/b rows for p = a/b."""
     if not 0 <= fraction <= 1:
@@ -140,3 +150,17 @@ def release_quantile(grid: QuantileGrid, counts: Sequence[int], fraction: Fracti
     return QuantileRelease(grid.candidate(index), epsilon, 0.0, rows_scale,
                            quantile_error95(epsilon, grid.count, fraction), "exponential_quantile",
                            grid.count, grid.step)
+
+
+def release_quantiles(grid: QuantileGrid, counts: Sequence[int], fractions: Sequence[Fraction],
+                      epsilon: float) -> QuantilesRelease:
+    """ε-DP quantiles at each of k ``fractions`` of the same ``counts``: k independent choices
+    (:func:`release_quantile`) at ε/k each, ε in all by sequential composition. The counts are
+    read once; each choice is ε/k-DP on them, whatever the others chose."""
+    _check_epsilon(epsilon)
+    if not fractions:
+        raise ValueError("at least one fraction")
+    share = epsilon / len(fractions)
+    each = tuple(release_quantile(grid, counts, fraction, share) for fraction in fractions)
+    return QuantilesRelease(tuple(chosen.value for chosen in each), epsilon, 0.0, max(c.scale for c in each),
+                            max(c.error95 for c in each), "exponential_quantile", each, tuple(fractions))

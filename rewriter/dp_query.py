@@ -38,7 +38,7 @@ from .predicates import PredicateRenderer
 from .scope import Scope
 from .sqlglot_parse import VARIANCE_FUNCTIONS, parse_postgres
 from .statements import split_statements
-from .types import (FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, MAX_ABS_BOUND, MAX_ABS_VARIANCE_BOUND, NUMERIC,
+from .types import (ARRAY_TYPES, FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, MAX_ABS_BOUND, MAX_ABS_VARIANCE_BOUND, NUMERIC,
                     NUMERIC_TYPES, aggregate_result_type)
 
 __all__ = ["Aggregate", "AggregateQuery", "SeriesLimit", "asks_for_no_row", "plan_aggregate_query", "too_many_cells"]
@@ -95,6 +95,9 @@ class Aggregate:
     # A percentile whose fraction is a bound parameter: ``fraction`` is None until the
     # statement's values are read (proxy.dp.percentile_params), then set, and this dropped.
     fraction_parameter: FractionParameter | None = None
+    # The array form (``percentile_cont(ARRAY[0.25, 0.5, 0.75])``): its fractions in order, DESC
+    # applied, ``fraction`` None; released as one array at ε/k of the column's share each.
+    fractions: tuple[Fraction, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -391,7 +394,8 @@ def _post_processed(
 
 # What makes two uses of an aggregate one release: kind, column, mechanism, DISTINCT, result
 # type, condition as written, scale.
-_ReleaseKey = tuple[str, str | None, str, bool, int, str | None, int | None, Fraction | FractionParameter | None]
+_ReleaseKey = tuple[str, str | None, str, bool, int, str | None, int | None, Fraction | FractionParameter | None,
+                    tuple[Fraction, ...]]
 
 
 def _released_as(
@@ -404,7 +408,8 @@ def _released_as(
     # By the condition as written: a folded one's template differs at each use (its tokens).
     written = condition.sql("postgres") if condition is not None else None
     key = (agg.kind, agg.column.name if agg.column else None, agg.mechanism, agg.distinct, agg.result_type_oid,
-           written, agg.scale, agg.fraction if agg.fraction_parameter is None else agg.fraction_parameter)
+           written, agg.scale, agg.fraction if agg.fraction_parameter is None else agg.fraction_parameter,
+           agg.fractions)
     return agg, written, key
 
 
@@ -578,6 +583,9 @@ def _sql_name(agg: Aggregate) -> str:
         return f"mode() within group (order by {column})"
     if agg.fraction is not None:
         return f"{agg.kind}({decimal_text(agg.fraction)}) within group (order by {column})"
+    if agg.fractions:
+        listed = ", ".join(decimal_text(f) for f in agg.fractions)
+        return f"{agg.kind}(array[{listed}]) within group (order by {column})"
     if agg.fraction_parameter is not None:
         return f"{agg.kind}(${agg.fraction_parameter.number}) within group (order by {column})"
     return f"{agg.kind}({'distinct ' if agg.distinct else ''}{column})"
@@ -680,7 +688,7 @@ def _plain_aggregate(item: exp.Expression, scope: Scope, grouped: bool, alias: s
     """The aggregate ``item`` (unaliased, without a condition) asks for."""
     if isinstance(item, exp.Star) or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star)):
         raise scope.refuse("SELECT * is not allowed on protected table", "no-row-access")
-    fraction: Fraction | FractionParameter | None = None
+    fraction: Fraction | FractionParameter | tuple[Fraction, ...] | None = None
     if isinstance(item, exp.WithinGroup) and isinstance(item.this, exp.Mode):
         kind: AggregateKind = "mode"
         order = item.expression.expressions
@@ -743,8 +751,20 @@ def _plain_aggregate(item: exp.Expression, scope: Scope, grouped: bool, alias: s
     result_type = aggregate_result_type(kind, argument_type)
     parameter = fraction if isinstance(fraction, FractionParameter) else None
     exact = fraction if isinstance(fraction, Fraction) else None
+    fractions = fraction if isinstance(fraction, tuple) else ()
+    if fractions:
+        if grouped:
+            raise Refusal(
+                SQLSTATE.DP_QUERY_SHAPE,
+                f"{kind}() of an array of fractions per group is not answered on protected table "
+                f"{scope.table.display_name} (rule: aggregate-combination)",
+                f"Ask each fraction as its own column per group: {kind}(0.25) WITHIN GROUP (ORDER BY col), "
+                f"{kind}(0.75) WITHIN GROUP (ORDER BY col); or the array without GROUP BY.",
+                "aggregate-combination",
+            )
+        result_type = ARRAY_TYPES[result_type]  # PostgreSQL's: float8[] for _cont, the column's array for _disc
     return Aggregate(kind, column, alias or kind, result_type, _mechanism(kind, scope, grouped, column), distinct,
-                     fraction=exact, fraction_parameter=parameter)
+                     fraction=exact, fraction_parameter=parameter, fractions=fractions)
 
 
 # Casts an aggregate's column may be given (Tableau writes AVG(CAST(col AS DOUBLE PRECISION)),

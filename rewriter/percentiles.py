@@ -6,6 +6,10 @@ it as 1 − p, as PostgreSQL orders the values the other way. The column is chec
 caller as SUM's is (numeric, with bounds). A NULL p and a p outside [0, 1] are refused here,
 with PostgreSQL's SQLSTATE where PostgreSQL would fail the statement too.
 
+The array form, ``percentile_cont(ARRAY[0.25, 0.5, 0.75])`` or ``percentile_cont('{0.25,0.5}'::float8[])``,
+asks for up to :data:`MAX_FRACTIONS` fractions at once, each read as the single form reads its
+literal; a NULL element, an empty array or more fractions than that are refused here.
+
 A bound parameter (``percentile_cont($1)``, what a driver that binds literals sends) is read
 from its value when the statement runs (:func:`bound_fraction`, called by
 ``proxy.dp.percentile_params`` before the repeat lookup and the charge), by the same rules.
@@ -25,7 +29,7 @@ from policies.errors import SQLSTATE, Refusal
 
 from .scope import Scope
 
-__all__ = ["FractionParameter", "PercentileKind", "bound_fraction", "decimal_text", "is_percentile", "percentile_call"]
+__all__ = ["MAX_FRACTIONS", "FractionParameter", "PercentileKind", "bound_fraction", "decimal_text", "is_percentile", "percentile_call"]
 
 PercentileKind = Literal["percentile_cont", "percentile_disc"]
 
@@ -40,6 +44,9 @@ _NUMBER_CASTS = frozenset({
 # p with more digits than this is refused: its exact fraction a/b enters every score as b
 # (mechanisms.quantile), and PostgreSQL reads p as a double, which holds about 17 digits.
 _MAX_DIGITS = 20
+MAX_FRACTIONS = 20
+"""The most fractions one array form asks for: each is released at ε/k of its column's share,
+so more would leave each too little to be of use (docs/mechanisms.md)."""
 
 
 @dataclass(frozen=True)
@@ -58,9 +65,9 @@ def is_percentile(item: exp.Expression) -> bool:
 
 def percentile_call(
     item: exp.WithinGroup, scope: Scope
-) -> tuple[PercentileKind, exp.Expression, Fraction | FractionParameter]:
+) -> tuple[PercentileKind, exp.Expression, Fraction | FractionParameter | tuple[Fraction, ...]]:
     """The kind, the ordered argument and the exact fraction (DESC applied) of a percentile
-    call, or the parameter that will give it."""
+    call, or the parameter that will give it, or for the array form its fractions in order."""
     kind = _KINDS[type(item.this)]
     order = item.expression.expressions if isinstance(item.expression, exp.Order) else []
     if len(order) != 1:
@@ -71,6 +78,9 @@ def percentile_call(
         node = node.this
     if isinstance(node, exp.Parameter):
         return kind, order[0].this, FractionParameter(int(node.name), desc)
+    fractions = _array_fractions(item.this.this, kind, scope)
+    if fractions is not None:
+        return kind, order[0].this, tuple(1 - f if desc else f for f in fractions)
     fraction = _fraction(item.this.this, kind, scope)
     return kind, order[0].this, 1 - fraction if desc else fraction
 
@@ -103,15 +113,6 @@ def _fraction(node: exp.Expression | None, kind: PercentileKind, scope: Scope) -
         node = node.this
     if isinstance(node, exp.Null):
         raise _null_refusal(kind, scope.table.display_name)
-    if isinstance(node, exp.Array):
-        raise Refusal(
-            SQLSTATE.DP_QUERY_SHAPE,
-            f"{kind}() of an array of fractions is not answered on protected table {scope.table.display_name} "
-            "(rule: aggregate-argument)",
-            f"Ask each fraction as its own column: SELECT {kind}(0.25) WITHIN GROUP (ORDER BY col), "
-            f"{kind}(0.75) WITHIN GROUP (ORDER BY col) FROM ...; the query's ε is split over them.",
-            "aggregate-argument",
-        )
     value = _number(node)
     if value is None:
         raise Refusal(
@@ -123,6 +124,106 @@ def _fraction(node: exp.Expression | None, kind: PercentileKind, scope: Scope) -
             "aggregate-argument",
         )
     return _checked(-value if negative else value, written, kind, scope.table.display_name)
+
+
+def _array_fractions(node: exp.Expression | None, kind: PercentileKind, scope: Scope) -> tuple[Fraction, ...] | None:
+    """The fractions of the array form, in order, or None when ``node`` is not one: ``ARRAY[...]``
+    of number literals, maybe cast to an array of a number type, or a string literal cast to
+    one (``'{0.25,0.5}'::float8[]``). Refused: a NULL element, no element, more than
+    :data:`MAX_FRACTIONS`, an element the single form would refuse."""
+    table = scope.table.display_name
+    if isinstance(node, exp.Cast) and node.to.this == exp.DataType.Type.ARRAY:
+        element = node.to.expressions
+        if len(element) != 1 or element[0].this not in _NUMBER_CASTS or element[0].expressions:
+            raise _not_fractions(kind, node.sql("postgres"), table)
+        node = node.this
+        if isinstance(node, exp.Literal) and node.is_string:
+            texts = _array_elements(node.this, kind, table)
+            _check_count(len(texts), kind, table)
+            return tuple(_text_element(text, kind, table) for text in texts)
+    if not isinstance(node, exp.Array):
+        return None
+    _check_count(len(node.expressions), kind, table)
+    if any(isinstance(element, exp.Null) for element in node.expressions):
+        raise _null_element(kind, table)
+    return tuple(_fraction(element, kind, scope) for element in node.expressions)
+
+
+def _check_count(count: int, kind: PercentileKind, table: str) -> None:
+    """Refuse an array form of no fraction or of more than :data:`MAX_FRACTIONS`."""
+    if not count:
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"{kind}() of an empty array of fractions is not answered on protected table {table} "
+            "(rule: aggregate-argument)",
+            f"Give at least one fraction, e.g. {kind}(ARRAY[0.25, 0.5, 0.75]); PostgreSQL answers an empty array "
+            "for none, which tells nothing.",
+            "aggregate-argument",
+        )
+    if count > MAX_FRACTIONS:
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"{kind}() of {count} fractions is not answered on protected table {table}: at most "
+            f"{MAX_FRACTIONS} (rule: aggregate-argument)",
+            f"Ask at most {MAX_FRACTIONS} fractions in one array; each is answered with ε/k of the column's share, "
+            "so more would each be too noisy to use.",
+            "aggregate-argument",
+        )
+
+
+def _array_elements(text: str, kind: PercentileKind, table: str) -> list[str]:
+    """The elements of a one-dimensional array literal's text (``{0.25, "0.5"}``), as written
+    (quotes and an unquoted ``NULL`` are read by :func:`_text_element`)."""
+    inner = text.strip()
+    if not (inner.startswith("{") and inner.endswith("}")) or any(c in inner[1:-1] for c in '{}\\'):
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"{kind}('{text}') is not answered on protected table {table}: the fractions must be a "
+            "one-dimensional array literal of numbers (rule: aggregate-argument)",
+            f"Write the fractions as {kind}(ARRAY[0.25, 0.5, 0.75]) or '{{0.25,0.5,0.75}}'::float8[].",
+            "aggregate-argument",
+        )
+    body = inner[1:-1].strip()
+    return [] if not body else [part.strip() for part in body.split(",")]
+
+
+def _text_element(text: str, kind: PercentileKind, table: str) -> Fraction:
+    """One element of an array literal's text, read as PostgreSQL's float8in reads it."""
+    if text.upper() == "NULL":
+        raise _null_element(kind, table)
+    unquoted = text[1:-1] if len(text) >= 2 and text[0] == text[-1] == '"' else text
+    try:
+        if "_" in unquoted:  # Decimal reads 0.2_5; float8in does not
+            raise InvalidOperation
+        value = Decimal(_FLOAT_WORDS.get(unquoted.lower(), unquoted))
+    except InvalidOperation:
+        raise Refusal("22P02", f'invalid input syntax for type double precision: "{unquoted}"',
+                      f"{kind}() takes fractions in [0, 1], e.g. '{{0.25,0.5,0.75}}'::float8[].") from None
+    return _checked(value, unquoted, kind, table)
+
+
+_FLOAT_WORDS = {"infinity": "Infinity", "+infinity": "Infinity", "inf": "Infinity", "+inf": "Infinity",
+                "-infinity": "-Infinity", "-inf": "-Infinity"}
+
+
+def _null_element(kind: PercentileKind, table: str) -> Refusal:
+    return Refusal(
+        SQLSTATE.DP_QUERY_SHAPE,
+        f"{kind}() of an array with a NULL fraction is not answered on protected table {table} "
+        "(rule: aggregate-argument)",
+        f"PostgreSQL answers NULL for a NULL element; leave it out, e.g. {kind}(ARRAY[0.25, 0.5, 0.75]).",
+        "aggregate-argument",
+    )
+
+
+def _not_fractions(kind: PercentileKind, written: str, table: str) -> Refusal:
+    return Refusal(
+        SQLSTATE.DP_QUERY_SHAPE,
+        f"{kind}({written}) is not answered on protected table {table}: the fractions must be an array of a "
+        "number type (rule: aggregate-argument)",
+        f"Write the fractions as {kind}(ARRAY[0.25, 0.5, 0.75]) or '{{0.25,0.5,0.75}}'::float8[].",
+        "aggregate-argument",
+    )
 
 
 def _checked(value: Decimal, written: str, kind: PercentileKind, table: str) -> Fraction:

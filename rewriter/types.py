@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ARRAY_TYPES", "BOOL", "FLOAT_TYPES", "INTEGER_TYPES", "MAX_ABS_BOUND", "MAX_ABS_VARIANCE_BOUND", "NUMERIC_TYPES",
+__all__ = ["ARRAY_ELEMENTS", "ARRAY_TYPES", "BOOL", "FLOAT_TYPES", "INTEGER_TYPES", "MAX_ABS_BOUND", "MAX_ABS_VARIANCE_BOUND", "NUMERIC_TYPES",
            "aggregate_result_type"]
 
 INT2, INT4, INT8, FLOAT4, FLOAT8, NUMERIC = 21, 23, 20, 700, 701, 1700
@@ -16,6 +16,7 @@ ARRAY_TYPES = {
     16: 1000, 19: 1003, INT8: 1016, INT2: 1005, INT4: 1007, 25: 1009, FLOAT4: 1021, FLOAT8: 1022,
     1042: 1014, 1043: 1015, 1082: 1182, 1114: 1115, 1184: 1185, NUMERIC: 1231,
 }
+ARRAY_ELEMENTS = {array: element for element, array in ARRAY_TYPES.items()}
 NUMERIC_TYPES = INTEGER_TYPES | {FLOAT4, FLOAT8, NUMERIC}
 
 # The largest |bound| a SUM/AVG/MIN/MAX column of each float-valued type may have. The

@@ -371,8 +371,11 @@ def _variance(rng: random.Random, column: str) -> str:
 
 def _percentile(rng: random.Random, column: str) -> str:
     """PERCENTILE_CONT/PERCENTILE_DISC of ``column`` (mechanisms/quantile.py), maybe DESC, with a
-    fraction that is answered or one refused from the text alone (outside [0, 1], NULL, an array)."""
+    fraction that is answered or one refused from the text alone (outside [0, 1], NULL), or an
+    array of fractions (answered; refused when empty, with a NULL element or per cell)."""
     fraction = rng.choice(["0.5", "0.5", "0.1", "0.9", "0", "1", "0.25", "1.5", "-0.1", "NULL", "ARRAY[0.5]",
+                           "ARRAY[0.25, 0.5, 0.75]", "'{0, 0.9, 1}'::float8[]", "ARRAY[0.5, NULL]",
+                           "ARRAY[]::float8[]",
                            "0.333333333333333333", "0.00000000000000000001"])  # b = 10^18, 10^20 in the scores
     order = rng.choice(["", "", " DESC", " ASC NULLS FIRST"])
     return f"PERCENTILE_{rng.choice(['CONT', 'DISC'])}({fraction}) WITHIN GROUP (ORDER BY {column}{order})"

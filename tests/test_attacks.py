@@ -54,7 +54,7 @@ ATTACKS: dict[str, list[str]] = {
         "SELECT jsonb_agg(age) FROM adult", "SELECT json_object_agg(age, sex) FROM adult", "SELECT xmlagg(xmlelement(name x, sex)) FROM adult",
         "SELECT bool_and(age > 40) FROM adult", "SELECT bool_or(age = 90) FROM adult", "SELECT every(age > 16) FROM adult",
         "SELECT bit_and(age) FROM adult", "SELECT bit_or(age) FROM adult",
-        "SELECT percentile_cont(ARRAY[0.25, 0.5]) WITHIN GROUP (ORDER BY age) FROM adult",
+        "SELECT percentile_cont(ARRAY[0.25, NULL]) WITHIN GROUP (ORDER BY age) FROM adult",
         "SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY fnlwgt) FROM adult",
         "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY age * 2) FROM adult",
         "SELECT SUM(DISTINCT age) FROM adult", "SELECT MIN(sex) FROM adult", "SELECT MAX(workclass) FROM adult",
@@ -125,6 +125,7 @@ NOISED = [
     "SELECT COUNT(*) FILTER (WHERE age = 40) FROM adult", "SELECT SUM(CASE WHEN age = 40 THEN 1 ELSE 0 END) FROM adult",
     # Percentiles (mechanisms/quantile.py): the backend counts values per grid index, folded into one row.
     "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY age) FROM adult",
+    "SELECT percentile_cont(ARRAY[0.25, 0.5]) WITHIN GROUP (ORDER BY age) FROM adult",
     "SELECT percentile_disc(0.1) WITHIN GROUP (ORDER BY capital_gain DESC), COUNT(*) FROM adult WHERE age > 40",
     # Variances (mechanisms/variance.py): a noisy count, centred sum and centred sum of squares.
     "SELECT stddev(age) FROM adult", "SELECT variance(age), var_pop(capital_gain) FROM adult WHERE sex = 'Male'",

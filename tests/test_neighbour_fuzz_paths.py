@@ -566,11 +566,14 @@ class _CatalogMask:
     def __init__(self, admin: psycopg.Connection, tables: tuple[str, str]):
         first, second = (admin.execute(self._QUERY, (table,)).fetchone() or () for table in tables)
         self.tables = tables
-        self.masks = [{str(value): f"<{k}>" for k, (value, other) in enumerate(zip(mine, theirs)) if value != other}
-                      for mine, theirs in ((first, second), (second, first))]
+        # One mask for both sides: a number is masked wherever it is either table's own, so a
+        # constant that happens to equal one neighbour's transaction id (timestamp's type OID
+        # 1114 as that table's xmin) is masked on both sides, not on one.
+        self.masks = {str(value): f"<{k}>" for k, pair in enumerate(zip(first, second)) if pair[0] != pair[1]
+                      for value in pair}
 
     def __call__(self, which: int, text: str) -> str:
-        table, masks = self.tables[which], self.masks[which]
+        table, masks = self.tables[which], self.masks
         text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(table)}(?![A-Za-z0-9_])", "T", text)
         return re.sub(r"\d+", lambda m: masks.get(m.group(0), m.group(0)), text)
 

@@ -3,8 +3,9 @@ percentile, types and names, the ε split and charge, histograms, repeats, COPY,
 binary results, neighbouring tables with an adversarial row, and refusals before any charge.
 
 Accuracy checks use the mechanism's own rank bound at a failure probability of 1e-8 per answer
-(mechanisms/quantile.py: P[rank error > (2Δ/ε)(ln K + t)] ≤ e^-t, t = ln 1e8), so together they
-fail by chance with p < 1e-6.
+(mechanisms/quantile.py: P[rank error > (2Δ/ε)(ln K + t)] ≤ e^-t, t = ln 1e8), each element of an
+array form at its own ε/k; there are fewer than 100 of them, so together they fail by chance with
+p < 1e-6.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from mechanisms.quantile import quantile_error95
 from proxy.serving import executor
 from proxy.demo.embedded import SERVICE_ROLE
 from rewriter.dp_query import plan_aggregate_query
+from proxy.wire.values import encode_array_text, load_text
 from rewriter.rewrite import backend_sql, split_cells, split_row
+from rewriter.types import ARRAY_ELEMENTS
 
 POLICY = ATTACK_POLICY_HEAD + """
   public.pct_adult: &adult
@@ -216,6 +219,7 @@ _NEIGHBOUR_QUERIES = [
     "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY {c}) FROM {t}",
     "SELECT percentile_disc(0.9) WITHIN GROUP (ORDER BY {c}) FILTER (WHERE sex = 'Female'), count(*) FROM {t}",
     "SELECT sex, percentile_cont(0.1) WITHIN GROUP (ORDER BY {c}) FROM {t} GROUP BY sex",
+    "SELECT percentile_disc(ARRAY[0.1, 0.5, 0.9]) WITHIN GROUP (ORDER BY {c}), count(*) FROM {t}",
 ]
 
 
@@ -256,8 +260,30 @@ def test_an_adversarial_row_moves_one_grid_count_by_one_and_changes_no_outcome(
     ("SELECT percentile_cont(1.5) WITHIN GROUP (ORDER BY age) FROM pct_adult", "22003", "aggregate-argument"),
     ("SELECT percentile_disc(-0.1) WITHIN GROUP (ORDER BY age) FROM pct_adult", "22003", "aggregate-argument"),
     ("SELECT percentile_cont(NULL) WITHIN GROUP (ORDER BY age) FROM pct_adult", "DP001", "aggregate-argument"),
-    ("SELECT percentile_cont(ARRAY[0.25, 0.75]) WITHIN GROUP (ORDER BY age) FROM pct_adult", "DP001",
+    ("SELECT percentile_cont(ARRAY[0.25, NULL]) WITHIN GROUP (ORDER BY age) FROM pct_adult", "DP001",
      "aggregate-argument"),
+    ("SELECT percentile_cont('{0.25,NULL}'::float8[]) WITHIN GROUP (ORDER BY age) FROM pct_adult", "DP001",
+     "aggregate-argument"),
+    ("SELECT percentile_cont(ARRAY[]::float8[]) WITHIN GROUP (ORDER BY age) FROM pct_adult", "DP001",
+     "aggregate-argument"),
+    ("SELECT percentile_disc('{}'::float8[]) WITHIN GROUP (ORDER BY age) FROM pct_adult", "DP001",
+     "aggregate-argument"),
+    ("SELECT percentile_cont(ARRAY[" + ", ".join(["0.5"] * 21) + "]) WITHIN GROUP (ORDER BY age) FROM pct_adult",
+     "DP001", "aggregate-argument"),
+    ("SELECT percentile_cont(ARRAY[0.25, 1.5]) WITHIN GROUP (ORDER BY age) FROM pct_adult", "22003",
+     "aggregate-argument"),
+    ("SELECT percentile_cont('{0.25,2}'::float8[]) WITHIN GROUP (ORDER BY age) FROM pct_adult", "22003",
+     "aggregate-argument"),
+    ("SELECT percentile_cont(ARRAY[0.25, 0.5 + 0.1]) WITHIN GROUP (ORDER BY age) FROM pct_adult", "DP001",
+     "aggregate-argument"),
+    ("SELECT percentile_cont('{{0.25},{0.5}}'::float8[]) WITHIN GROUP (ORDER BY age) FROM pct_adult", "DP001",
+     "aggregate-argument"),
+    ("SELECT percentile_cont(ARRAY[0.25]::text[]) WITHIN GROUP (ORDER BY age) FROM pct_adult", "DP001",
+     "aggregate-argument"),
+    ("SELECT sex, percentile_cont(ARRAY[0.25, 0.75]) WITHIN GROUP (ORDER BY age) FROM pct_adult GROUP BY sex",
+     "DP001", "aggregate-combination"),
+    ("SELECT percentile_cont(ARRAY[0.5]) WITHIN GROUP (ORDER BY age), percentile_cont(0.5) WITHIN GROUP "
+     "(ORDER BY gain) FROM pct_adult", "DP001", "aggregate-combination"),
     ("SELECT percentile_cont(0.5 + 0.1) WITHIN GROUP (ORDER BY age) FROM pct_adult", "DP001", "aggregate-argument"),
     ("SELECT percentile_cont(1e-1000) WITHIN GROUP (ORDER BY age) FROM pct_adult", "22003", "aggregate-argument"),
     ("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY age, gain) FROM pct_adult", "DP001", "aggregate-argument"),
@@ -279,6 +305,7 @@ def test_refused_percentiles_say_why_and_cost_nothing(pproxy: RunningProxy, sql:
         assert spent_epsilon(conn) == before
     assert info.value.sqlstate == sqlstate and f"(rule: {rule})" in info.value.diag.message_primary
     assert info.value.diag.message_hint
+
 
 
 def test_an_unbounded_column_is_refused_before_the_charge(proxy: RunningProxy) -> None:
@@ -358,8 +385,10 @@ def test_a_bad_fraction_parameter_is_refused_as_postgresql_would_before_the_char
     ("1e-400", "22003", "is out of range for type double precision"),
     ("1e400", "22003", "is out of range for type double precision"),
     ("1e-30", "DP001", "more than 20 decimal places"),
+    ("'{0.25,abc}'::float8[]", "22P02", 'invalid input syntax for type double precision: "abc"'),
+    ("'{0.25,1e400}'::float8[]", "22003", "is out of range for type double precision"),
 ])
-def test_a_fraction_literal_out_of_doubles_range_fails_as_in_postgresql(
+def test_a_fraction_literal_out_of_doubles_range_or_unreadable_fails_as_in_postgresql(
         pproxy: RunningProxy, admin: psycopg.Connection, literal: str, sqlstate: str, message: str) -> None:
     sql = f"SELECT percentile_cont({literal}) WITHIN GROUP (ORDER BY age) FROM pct_adult"
     if sqlstate != "DP001":
@@ -456,3 +485,120 @@ def test_the_backend_counts_of_a_release_over_many_candidates_are_loaded_off_the
     assert release == {"percentile": True, "percentile by sex": True, "mode by k": True,
                        "mode": False, "percentile by sex, small": False}, loads
     assert loads["mode"] == loads["percentile by sex, small"] == {"dpproxy"}  # the event loop's thread
+
+# The array form: k fractions from one set of grid counts, at ε/k each of the column's share.
+_QUARTILES = "percentile_cont(ARRAY[0.25, 0.5, 0.75]) WITHIN GROUP (ORDER BY {c})"
+
+
+@pytest.mark.parametrize(("column", "candidates", "step", "lo", "hi"), [
+    ("age", 74, 1.0, 17, 90), ("age_f", 1000, 0.074, 17, 91), ("gain", 1000, 100.0, 0, 100000),
+])
+def test_an_array_of_fractions_lands_each_near_its_quantile_charged_once_and_split_k_ways(
+        pproxy: RunningProxy, admin: psycopg.Connection, column: str, candidates: int, step: float, lo: float,
+        hi: float) -> None:
+    where = "WHERE sex = 'Female'"
+    with pproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        (count, quartiles), types, notices = _answer(
+            conn, f"SELECT count(*), {_QUARTILES.format(c=column)} FROM pct_adult {where}")
+        assert spent_epsilon(conn) == pytest.approx(before + 1.0)  # once, for both columns
+    assert types == [20, 1022] and isinstance(count, int)
+    assert len(quartiles) == 3 and all(isinstance(q, float) for q in quartiles)
+    each = 0.5 / 3  # the column's share of ε = 1 beside COUNT, split over the three fractions
+    for quartile, fraction in zip(quartiles, (0.25, 0.5, 0.75)):
+        _assert_near(admin, column, where, quartile, fraction, each, candidates, step, lo, hi)
+    bounds = ", ".join(f"{quantile_error95(each, candidates, Fraction(f)):.4g} rows at {f}"
+                       for f in ("0.25", "0.5", "0.75"))
+    assert (f"percentile_cont: exponential mechanism over {candidates} candidates {step:.4g} apart, "
+            f"ε {each:.4g} for each of 3 fractions, 95% within each quantile's rank by {bounds}") in notices[0]
+    assert notices[0].startswith("dpproxy: ε charged 1, δ 0; count: laplace")
+
+
+def test_the_array_form_reads_the_same_backend_counts_once_as_one_fraction_does(pproxy: RunningProxy) -> None:
+    registry = pproxy.server.registry.by_oid.values()
+    table = next(r for r in registry if r.name == "pct_adult")
+    many = plan_aggregate_query("SELECT " + _QUARTILES.format(c="age") + " FROM pct_adult WHERE age > 30", table)
+    one = plan_aggregate_query("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY age) FROM pct_adult "
+                               "WHERE age > 30", table)
+    assert backend_sql(many, seed=0) == backend_sql(one, seed=0)
+    assert many.aggregates[0].fractions == (Fraction(1, 4), Fraction(1, 2), Fraction(3, 4))
+    desc = plan_aggregate_query("SELECT percentile_disc('{0.1, \"0.25\"}'::float8[]) WITHIN GROUP "
+                                "(ORDER BY age DESC) FROM pct_adult", table)
+    assert desc.aggregates[0].fractions == (Fraction(9, 10), Fraction(3, 4))  # DESC reads each as 1 - p
+
+
+@pytest.mark.parametrize(("kind", "column", "fractions"), [
+    ("percentile_cont", "age", "ARRAY[0.25, 0.5, 0.75]"),
+    ("percentile_cont", "age_f", "'{0.1,0.5,0.9}'::float8[]"),
+    ("percentile_disc", "age", "ARRAY[0.25, 0.5, 0.75]"),
+    ("percentile_disc", "gain", "ARRAY[0, 0.5, 1]"),
+    ("percentile_disc", "ratio_r", "ARRAY[0.1, 0.9]"),
+    ("percentile_disc", "amount_n", "'{0.25,0.75}'::numeric[]"),
+])
+def test_the_array_forms_type_and_text_are_postgresqls(pproxy: RunningProxy, admin: psycopg.Connection, kind: str,
+                                                      column: str, fractions: str) -> None:
+    sql = f"SELECT {kind}({fractions}) WITHIN GROUP (ORDER BY {column}) FROM pct_adult"
+    exact = admin.execute(sql)
+    (exact_value,) = exact.fetchone()
+    exact_type = exact.description[0].type_code
+    (exact_text,) = admin.execute(f"SELECT CAST(({sql}) AS text)").fetchone()
+    with pproxy.connect() as conn:
+        cur = conn.execute(sql)
+        (released,) = cur.fetchone()
+        assert cur.description[0].type_code == exact_type and cur.description[0].name == kind
+        with conn.cursor() as copying, copying.copy(f"COPY ({sql}) TO STDOUT") as copy:
+            copied = b"".join(bytes(chunk) for chunk in copy).decode()
+    assert type(released[0]) is type(exact_value[0]) and len(released) == len(exact_value)
+    # dpproxy prints the exact data's quantiles as PostgreSQL prints them, and its own as it would.
+    element = ARRAY_ELEMENTS[exact_type]
+    assert encode_array_text([load_text(v.encode(), element) for v in exact_text[1:-1].split(",")],
+                             element).decode() == exact_text
+    assert copied == encode_array_text(released, element).decode() + "\n"
+    assert re.fullmatch(r"\{[-0-9.e]+(,[-0-9.e]+)*\}", copied.strip())
+
+
+def test_the_array_form_in_binary_is_refused_before_the_charge_and_text_cursors_carry_it(
+        pproxy: RunningProxy) -> None:
+    sql = "SELECT percentile_disc(ARRAY[0.1, 0.9]) WITHIN GROUP (ORDER BY age) FROM pct_adult WHERE sex = 'Male'"
+    with pproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as binary:
+            conn.cursor(binary=True).execute(sql)
+        assert spent_epsilon(conn) == before
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert binary.value.sqlstate == "0A000" and "binary output of type oid 1007" in binary.value.diag.message_primary
+    assert binary.value.diag.message_hint == "Request text format for this column."
+    with pproxy.connect(autocommit=False) as conn:
+        with conn.cursor(name="pct_array") as cur:
+            cur.execute(sql.replace("0.9", "0.8"))
+            (fetched,) = cur.fetchone()
+    assert len(fetched) == 2 and all(isinstance(v, int) and 17 <= v <= 90 for v in fetched)
+
+
+def test_a_repeated_array_is_the_same_answer_uncharged_and_any_other_order_or_set_is_not(
+        pproxy: RunningProxy) -> None:
+    sql = "SELECT percentile_cont({}) WITHIN GROUP (ORDER BY gain) FROM pct_adult WHERE age BETWEEN 30 AND 39"
+    with pproxy.connect() as conn:
+        first = conn.execute(sql.format("ARRAY[0.25, 0.75]")).fetchone()
+        spent = spent_epsilon(conn)
+        assert conn.execute(sql.format("'{0.25,0.75}'::float8[]")).fetchone() == first  # the same fractions
+        assert spent_epsilon(conn) == spent
+        for other in ("ARRAY[0.75, 0.25]", "ARRAY[0.25, 0.75, 0.5]", "ARRAY[0.25]", "0.25"):
+            conn.execute(sql.format(other)).fetchone()
+            spent += 1.0
+            assert spent_epsilon(conn) == pytest.approx(spent), other
+
+
+
+def test_an_element_of_the_array_form_with_a_filter_beside_avg_is_answered_from_the_release(
+        pproxy: RunningProxy, admin: psycopg.Connection) -> None:
+    # The subscript reads the released array (post-processing); the FILTER narrows the counts.
+    with pproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        (p90, mean), types, notices = _answer(
+            conn, "SELECT (percentile_disc(ARRAY[0.1, 0.9]) WITHIN GROUP (ORDER BY age) FILTER (WHERE sex = 'Male'))[2] "
+                  "AS p90, avg(age) FROM pct_adult WHERE age > 20")
+        assert spent_epsilon(conn) == pytest.approx(before + 1.0)
+    assert types == [23, 1700] and isinstance(p90, int)
+    _assert_near(admin, "age", "WHERE age > 20 AND sex = 'Male'", p90, 0.9, 0.25, 74, 1.0, 17, 90)
+    assert "ε 0.25 for each of 2 fractions" in notices[0]

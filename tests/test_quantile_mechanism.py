@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mechanisms.quantile import QuantileGrid, QuantileRelease, quantile_error95, quantile_scores, release_quantile
+from mechanisms.quantile import (QuantileGrid, QuantileRelease, QuantilesRelease, quantile_error95, quantile_scores,
+                                 release_quantile, release_quantiles)
 
 Z = 4.5
 COUNTS = (1, 2, 0, 3, 1)
@@ -104,6 +105,19 @@ def test_release_reports_its_grid_scale_and_rank_bound() -> None:
     assert (released.candidates, released.step, released.epsilon, released.delta) == (5, 1.0, EPSILON, 0.0)
     assert released.scale == pytest.approx(2 * 0.5 / EPSILON)
     assert released.error95 == pytest.approx(0.5 * 2 / EPSILON * math.log(20 * 5))
+
+
+def test_several_fractions_are_released_in_order_at_epsilon_over_k_each_summing_to_epsilon() -> None:
+    fractions = (Fraction(3, 4), Fraction(1, 4), Fraction(1, 2))
+    released = release_quantiles(GRID, COUNTS, fractions, EPSILON)
+    assert isinstance(released, QuantilesRelease) and released.fractions == fractions
+    assert [r.epsilon for r in released.each] == [pytest.approx(EPSILON / 3)] * 3
+    assert sum(r.epsilon for r in released.each) == pytest.approx(released.epsilon) == pytest.approx(EPSILON)
+    assert released.value == tuple(r.value for r in released.each) and released.delta == 0.0
+    assert [r.error95 for r in released.each] == [pytest.approx(quantile_error95(EPSILON / 3, 5, f)) for f in fractions]
+    assert released.error95 == max(r.error95 for r in released.each)
+    with pytest.raises(ValueError, match="at least one fraction"):
+        release_quantiles(GRID, COUNTS, (), EPSILON)
 
 
 @pytest.mark.parametrize("candidates", [2, 74, 1000])

@@ -18,18 +18,19 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Iterator, Sequence
 
-from mechanisms.quantile import QuantileRelease
+from mechanisms.quantile import QuantileRelease, QuantilesRelease
 from mechanisms.release import Release
 from mechanisms.sum_count import mean_noise
 from mechanisms.variance import MomentsRelease, moment_noise
 from proxy.backend.connection import BoundParams, ResultSet
 from proxy.wire.protocol import Field
-from proxy.wire.values import TYPE_SIZES, encode_text
+from proxy.wire.values import TYPE_SIZES, encode_array_text, encode_text
 from policies.time_buckets import truncate
 from rewriter.dp_query import Aggregate, AggregateQuery
 from rewriter.group_keys import GroupKey
 from rewriter.rewrite import quantile_grid, split_cells, split_row
-from rewriter.types import ARRAY_TYPES, FLOAT_TYPES, INT4, INTEGER_TYPES, NUMERIC
+from rewriter.percentiles import decimal_text
+from rewriter.types import ARRAY_ELEMENTS, ARRAY_TYPES, FLOAT_TYPES, INT4, INTEGER_TYPES, NUMERIC
 
 from .column_release import release_column
 
@@ -193,7 +194,7 @@ def selection_candidates(plan: AggregateQuery) -> int:
         if agg.mechanism == "exponential" and agg.column is not None and agg.column.policy is not None:
             per_cell += len(agg.column.policy.categories or ())
         elif agg.mechanism == "quantile" and agg.column is not None:
-            per_cell += quantile_grid(agg.column, plan.table.policy).count
+            per_cell += quantile_grid(agg.column, plan.table.policy).count * max(1, len(agg.fractions))
     return per_cell * plan.domain.size
 
 
@@ -211,7 +212,8 @@ def _released(plan: AggregateQuery, parts: list[tuple[Any, ...]], share: float) 
 
 
 def _encoded(plan: AggregateQuery, releases: Sequence[Release[Any]], codec: str) -> list[bytes | None]:
-    return [encode_text(rel.value, agg.result_type_oid, numeric_scale(agg), codec)
+    return [encode_array_text(rel.value, ARRAY_ELEMENTS[agg.result_type_oid], numeric_scale(agg)) if agg.fractions
+            else encode_text(rel.value, agg.result_type_oid, numeric_scale(agg), codec)
             for agg, rel in zip(plan.aggregates, releases)]
 
 
@@ -234,6 +236,12 @@ def _described(name: str, release: Release[Any]) -> str:
         return f"{name}: sample and aggregate, worst-case 95% bound ±{release.error95:.4g}"
     if release.mechanism == "exponential":
         return f"{name}: exponential mechanism, 95% within {release.error95:.4g} rows of the top category's count"
+    if isinstance(release, QuantilesRelease):
+        chosen = release.each[0]
+        bounds = ", ".join(f"{c.error95:.4g} rows at {decimal_text(p)}" for c, p in zip(release.each, release.fractions))
+        return (f"{name}: exponential mechanism over {chosen.candidates} candidates {chosen.step:.4g} apart, "
+                f"ε {chosen.epsilon:.4g} for each of {len(release.each)} fractions, 95% within each quantile's rank "
+                f"by {bounds}")
     if isinstance(release, QuantileRelease):
         return (f"{name}: exponential mechanism over {release.candidates} candidates {release.step:.4g} apart, "
                 f"95% within {release.error95:.4g} rows of the quantile's rank")
@@ -347,8 +355,8 @@ def numeric_scale(agg: Aggregate) -> int | None:
     :func:`proxy.wire.values.encode_text` rounds to 10^-s and prints no fraction digits, as
     PostgreSQL prints such a value. A SUM's value has no typmod and prints as its scale, 0.
     """
-    if agg.result_type_oid != NUMERIC:
-        return None
+    if (ARRAY_ELEMENTS[agg.result_type_oid] if agg.fractions else agg.result_type_oid) != NUMERIC:
+        return None  # the array form: its elements' scale, as for the single form
     if agg.kind == "count":  # a counted SUM(CASE WHEN p THEN 1 ELSE 0.0 END): the constants' digits
         return agg.scale
     column = agg.column

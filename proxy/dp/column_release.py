@@ -17,7 +17,7 @@ from typing import Any, Sequence, cast
 
 from mechanisms.exponential import release_mode
 from mechanisms.laplace import release_count, release_grid_sum, release_sum
-from mechanisms.quantile import release_quantile
+from mechanisms.quantile import release_quantile, release_quantiles
 from mechanisms.release import Release
 from mechanisms.smooth_median import release_sample_and_aggregate
 from mechanisms.sum_count import release_mean
@@ -44,6 +44,12 @@ def release_column(agg: Aggregate, parts: Sequence[Any], epsilon: float, table: 
         assert column.policy.categories is not None
         counts = [int(count or 0) for count in parts]
         return release_mode(column.policy.categories, counts, epsilon)
+    if agg.mechanism == "quantile" and agg.fractions:
+        # All k from the one set of counts per grid index; ε/k each (mechanisms.quantile).
+        several = release_quantiles(quantile_grid(column, table), parts[0], agg.fractions, epsilon)
+        if integer and agg.kind == "percentile_disc":
+            return replace(several, value=tuple(int(round(value)) for value in several.value))
+        return several
     if agg.mechanism == "quantile":
         assert agg.fraction is not None
         # Every grid index has a count (0 where no row is): the same path for an empty filter.

@@ -1098,7 +1098,7 @@ def _released_aggregates(plan: AggregateQuery) -> tuple[tuple[object, ...], ...]
     The numeric scale too: a release is stored as text, printed with the fraction digits the
     statement's constants give it (``ELSE 0.0`` or ``THEN 1.00``), which a repeat must not borrow."""
     return tuple((a.kind, a.column.name if a.column else None, a.mechanism, a.distinct, a.result_type_oid,
-                  a.filter_sql, numeric_scale(a), a.fraction) for a in plan.aggregates)
+                  a.filter_sql, numeric_scale(a), a.fraction, a.fractions) for a in plan.aggregates)
 
 
 

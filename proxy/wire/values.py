@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 from decimal import MAX_PREC, Context, Decimal
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
 from rewriter.types import FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
 
-__all__ = ["TYPE_SIZES", "Value", "encode_text", "load_text"]
+__all__ = ["TYPE_SIZES", "Value", "encode_array_text", "encode_text", "load_text"]
 
 # A value as dpproxy computes with it: what load_text gives and encode_text takes.
 Value = int | float | Decimal | str | None
@@ -47,6 +47,15 @@ def encode_text(value: Value, type_oid: int, scale: int | None = None, codec: st
         # 28-digit precision limit, which round() would hit on a large scale.
         return format(number, "f" if scale is None else f".{scale}f").encode()
     return str(value).encode(codec)
+
+
+def encode_array_text(values: Sequence[Value], element_oid: int, scale: int | None = None) -> bytes:
+    """A one-dimensional array of numbers as PostgreSQL's array_out prints it: ``{17,37.5,48}``
+    (numbers need no quotes; no element is NULL, as dpproxy releases none)."""
+    elements = [encode_text(value, element_oid, scale) for value in values]
+    if any(element is None for element in elements):
+        raise ValueError("a released array has no NULL element")
+    return b"{" + b",".join(e for e in elements if e is not None) + b"}"
 
 
 # PostgreSQL prints the shortest digits that read back exactly (extra_float_digits >= 1, which
