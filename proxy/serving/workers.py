@@ -27,6 +27,7 @@ import logging
 import secrets
 import socket
 import struct
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Awaitable, Callable, Final
@@ -85,9 +86,9 @@ def worker_of(pid: int) -> int:
     return pid >> _LOCAL_BITS
 
 
-class _WorkerSocket:
+class _WorkerSocket(ABC):
     """A unix socket of this worker's where its siblings connect, each connection handled by
-    ``_receive``; removed on ``close``."""
+    the subclass's ``_receive``; removed on ``close``."""
 
     def __init__(self, path: Path):
         self._path = path
@@ -97,8 +98,9 @@ class _WorkerSocket:
         self._path.unlink(missing_ok=True)  # left by a crashed predecessor with this index
         self._server = await asyncio.start_unix_server(self._receive, path=str(self._path))
 
+    @abstractmethod
     async def _receive(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        raise NotImplementedError
+        """Handle one sibling's connection, and close it."""
 
     async def close(self) -> None:
         if self._server is not None:
