@@ -256,6 +256,35 @@ def test_an_adversarial_row_moves_one_grid_count_by_one_and_changes_no_outcome(
             assert outcomes[0] == outcomes[1]
 
 
+@pytest.mark.parametrize("row", _ADVERSARIAL)
+def test_a_fraction_bound_as_a_parameter_has_the_same_outcome_on_neighbouring_tables(
+        pproxy: RunningProxy, admin: psycopg.Connection, row: str) -> None:
+    """``percentile_cont($1)``: the value is read before the charge, the statement's alone, so an
+    adversarial row changes neither an answer's type and notice nor a refusal's SQLSTATE, in text
+    or binary parameters."""
+    admin.execute("TRUNCATE pct_plus; INSERT INTO pct_plus SELECT * FROM pct_adult")
+    admin.execute(f"INSERT INTO pct_plus VALUES {row}")
+    outcomes: dict[str, list[object]] = {"pct_adult": [], "pct_plus": []}
+    with pproxy.connect() as conn:
+        for table, seen in outcomes.items():
+            for column in ("age", "gain"):
+                for value, binary in ((0.5, False), (0.25, True), (1.5, False), ("abc", False)):
+                    notices: list[str] = []
+                    conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+                    try:
+                        cur = conn.execute(f"SELECT percentile_cont(%s) WITHIN GROUP (ORDER BY {column}) FROM {table}",
+                                           (value,), binary=binary)
+                        rows = cur.fetchall()
+                        noise = re.sub(r"; remaining ε .*", "", notices[0].split("; ", 1)[1])
+                        seen.append(("answer", [d.type_code for d in cur.description or ()], len(rows), noise))
+                    except psycopg.Error as exc:
+                        seen.append(("error", exc.sqlstate))
+                    finally:
+                        conn._notice_handlers.clear()
+    assert outcomes["pct_adult"] == outcomes["pct_plus"]
+    assert [o[0] for o in outcomes["pct_adult"]] == ["answer", "answer", "error", "error"] * 2
+
+
 @pytest.mark.parametrize(("sql", "sqlstate", "rule"), [
     ("SELECT percentile_cont(1.5) WITHIN GROUP (ORDER BY age) FROM pct_adult", "22003", "aggregate-argument"),
     ("SELECT percentile_disc(-0.1) WITHIN GROUP (ORDER BY age) FROM pct_adult", "22003", "aggregate-argument"),
