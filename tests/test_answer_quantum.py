@@ -25,6 +25,7 @@ QUANTISED = TEST_POLICY.replace(
 def quantised(test_db, tmp_path_factory: pytest.TempPathFactory):
     assert QUANTISED != TEST_POLICY
     proxy = RunningProxy(make_policy(test_db, tmp_path_factory.mktemp("q") / "l.sqlite3", QUANTISED))
+    proxy.answer_once()
     yield proxy
     proxy.stop()
 

@@ -25,6 +25,7 @@ ROW_TIMED = "SELECT COUNT(*) FROM adult WHERE age > {lo} AND (" + " OR ".join(
 @pytest.fixture(scope="module")
 def quantised(test_db, tmp_path_factory: pytest.TempPathFactory):
     proxy = RunningProxy(make_policy(test_db, tmp_path_factory.mktemp("qa") / "l.sqlite3", QUANTISED))
+    proxy.answer_once()
     yield proxy
     proxy.stop()
 

@@ -37,6 +37,7 @@ QUANTISED = TEST_POLICY.replace(
 def quantised(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
     assert QUANTISED != TEST_POLICY
     proxy = RunningProxy(make_policy(test_db, tmp_path_factory.mktemp("quantised") / "l.sqlite3", QUANTISED))
+    proxy.answer_once()
     yield proxy
     proxy.stop()
 
