@@ -15,7 +15,7 @@ import pytest
 
 import mechanisms.variance as variance_module
 from mechanisms.fixed_point import Grid
-from mechanisms.variance import SHARES, MomentGrid, moment_noise, release_variance
+from mechanisms.variance import SHARES, MomentGrid, moment_noise, noisy_moments, release_variance, variance_of
 
 KINDS = ("var_pop", "var_samp", "stddev_pop", "stddev_samp")
 
@@ -108,6 +108,29 @@ def test_moment_noise_reports_the_scales_the_release_draws_at_in_the_column_s_un
     assert squares == pytest.approx(h * h / (0.5 * SHARES[2]))
     release = release_variance("var_pop", 10, 0, 0, moments, 0.5)
     assert release.scales == pytest.approx((count, centred, squares))
+
+
+def test_one_draw_of_the_moments_answers_every_kind_consistently_and_draws_nothing_more(no_noise):
+    """Of one NoisyMoments (three draws, at the whole ε): stddev² = var for both forms, and
+    var_samp = var_pop·m/(m − 1) with m the noisy count; computing the kinds draws nothing."""
+    moments = MomentGrid.for_bounds(17, 90, integer=True)
+    noisy = noisy_moments(1000, 1234, 2_000_000, moments, 1.0)
+    released = {kind: variance_of(kind, noisy) for kind in KINDS}
+    assert len(no_noise["count"]) == 1 and len(no_noise["sums"]) == 2
+    assert released["stddev_pop"].value ** 2 == pytest.approx(released["var_pop"].value, rel=1e-12)
+    assert released["stddev_samp"].value ** 2 == pytest.approx(released["var_samp"].value, rel=1e-12)
+    assert released["var_samp"].value == pytest.approx(released["var_pop"].value * 1000 / 999, rel=1e-12)
+    assert {release.epsilon for release in released.values()} == {1.0}
+    assert {release.scales for release in released.values()} == {moment_noise(moments, 1.0)}
+
+
+def test_noisy_moments_are_drawn_at_the_shares_and_scales_release_variance_uses(no_noise):
+    moments = MomentGrid.for_bounds(-2.5, 2.5, integer=False)
+    noisy = noisy_moments(10, 3, 40, moments, 0.5)
+    (count, scale), = no_noise["count"]
+    assert (noisy.count, noisy.centred_sum, noisy.centred_squares) == (10, 3, 40)
+    assert noisy.scales[0] == scale == pytest.approx(1 / (0.5 * SHARES[0]))
+    assert variance_of("var_pop", noisy) == release_variance("var_pop", 10, 3, 40, moments, 0.5)
 
 
 @pytest.mark.parametrize("kind", KINDS)
