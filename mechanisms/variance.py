@@ -54,8 +54,8 @@ from .laplace import _check_epsilon, integer_noise_scale, laplace_integer_sum
 from .release import Release
 from .samplers import laplace_int
 
-__all__ = ["MomentGrid", "MomentsRelease", "NoisyMoments", "SHARES", "VarianceKind", "moment_noise", "noisy_moments",
-           "release_variance", "variance_of"]
+__all__ = ["MomentGrid", "MomentsRelease", "NoisyMoments", "SHARES", "VarianceKind", "mean_of", "moment_noise",
+           "noisy_moments", "release_variance", "variance_of"]
 
 VarianceKind = Literal["var_pop", "var_samp", "stddev_pop", "stddev_samp"]
 
@@ -65,6 +65,8 @@ SHARES = (1.0 / (2.0 + _CUBE_ROOT_4), _CUBE_ROOT_4 / (2.0 + _CUBE_ROOT_4), 1.0 /
 
 # P(|Lap(b)| > b·ln 60) = 1/60: three such bounds hold together with probability ≥ 0.95.
 _LN60 = math.log(60.0)
+# And b·ln 40 for two (a mean's count and centred sum), as mechanisms.sum_count bounds its own.
+_LN40 = math.log(40.0)
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,27 @@ def variance_of(kind: VarianceKind, noisy: NoisyMoments) -> MomentsRelease:
                               "moments", scales)
     return MomentsRelease(_scaled(float(points), 2 * exponent), epsilon, 0.0, _scaled(squares_scale / m, 2 * exponent),
                           _scaled(bound, 2 * exponent), "moments", scales)
+
+
+def mean_of(noisy: NoisyMoments, lo: float, hi: float) -> Release[float]:
+    """The mean of the clamped values in [``lo``, ``hi``] (the bounds ``noisy.moments`` was made
+    for) from the released moments alone: c + S̃·s/max(ñ, 1), clamped into [lo, hi] (post-processing).
+
+    Release.scale is the centred sum's scale over the noisy count, and error95 the first-order
+    bound (b_S + h·b_n)·ln 40 / m, each of the two draws within its 1/40 tail, at most hi − lo
+    (``mechanisms.sum_count`` reports its own mean's the same way)."""
+    moments = noisy.moments
+    lo, hi = float(lo), float(hi)
+    if moments.reach == 0:
+        return Release(lo, noisy.epsilon, 0.0, 0.0, 0.0, "moments")
+    m = max(noisy.count, 1)
+    exponent = moments.grid.exponent
+    point = Fraction(moments.centre) + Fraction(noisy.centred_sum, m)
+    value = min(max(_scaled(float(point), exponent), lo), hi)
+    count_scale, sum_scale, _ = noisy.scales
+    bound = (sum_scale + moments.reach * count_scale) * _LN40 / m
+    return Release(value, noisy.epsilon, 0.0, _scaled(sum_scale / m, exponent),
+                   min(_scaled(bound, exponent), hi - lo), "moments")
 
 
 def release_variance(

@@ -306,6 +306,53 @@ def test_post_processed_variances_of_one_column_share_one_release(vproxy: Runnin
     assert abs(m_minus_one - round(m_minus_one)) < 1e-3 * m_minus_one / 1e3, ratio
 
 
+def test_an_avg_beside_its_column_s_family_is_read_from_the_moments_and_near_postgresql_s(vproxy: RunningProxy,
+                                                                                          admin) -> None:
+    """avg(age) and stddev(age): one release at the whole ε, the AVG c + S̃·s/ñ of the moments
+    drawn for the standard deviation, in AVG's type. Its error is at most (b_S + h·b_n)·t/(n − b_n·t)
+    unless one of the two draws exceeds b·t, t = ln(1.5/p), p = 1e-6/2."""
+    exact, n = admin.execute("SELECT avg(age)::float8, count(age) FROM adult").fetchone()
+    with vproxy.connect() as conn:
+        notices = _notices(conn)
+        before = spent_epsilon(conn)
+        cursor = conn.execute("SELECT avg(age), stddev(age) FROM adult")
+        mean, _ = cursor.fetchone()
+        assert spent_epsilon(conn) - before == pytest.approx(1.0)
+    assert cursor.description is not None and cursor.description[0].type_code == NUMERIC
+    (notice,) = [n for n in notices if "ε charged" in n]
+    assert _noise_of(notice, "stddev").startswith(_moments_noise(1.0)), notice
+    assert _noise_of(notice, "avg").startswith("from stddev's noisy moments, no more ε (95% within ±"), notice
+    b_n, b_s, _ = _scales(36.5, 1.0)
+    t = math.log(1.5 / 5e-7)
+    assert abs(float(mean) - exact) <= (b_s + 36.5 * b_n) * t / (n - b_n * t), (mean, exact)
+
+
+@pytest.mark.parametrize("sql, merged", [
+    ("SELECT avg(age), var_pop(age), count(*) FROM adult", True),  # three releases apart: two
+    ("SELECT count(*), var_pop(age), avg(age), sum(age) FROM adult", False),  # four apart: the AVG is its own
+    ("SELECT avg(age) FILTER (WHERE sex = 'Male'), var_pop(age) FROM adult", False),  # another condition
+    ("SELECT avg(hours_per_week), var_pop(age) FROM adult", False),  # another column (and sample_aggregate)
+])
+def test_an_avg_is_read_from_the_moments_only_under_their_condition_and_beside_at_most_two_other_releases(
+        vproxy: RunningProxy, sql, merged) -> None:
+    with vproxy.connect() as conn:
+        notices = _notices(conn)
+        conn.execute(sql).fetchone()
+    (notice,) = [n for n in notices if "ε charged" in n]
+    releases = sql.count(",") if merged else sql.count(",") + 1
+    assert _moments_noise(1 / releases) in notice, notice
+    assert ("avg: from var_pop's noisy moments, no more ε" in notice) == merged, notice
+
+
+def test_an_avg_per_cell_beside_its_family_is_one_release_per_cell(vproxy: RunningProxy) -> None:
+    with vproxy.connect() as conn:
+        notices = _notices(conn)
+        rows = conn.execute("SELECT g, avg(x), stddev_pop(x) FROM var_values GROUP BY g ORDER BY g").fetchall()
+    (notice,) = [n for n in notices if "ε charged" in n]
+    assert _moments_noise(1.0, 50) in notice and "avg(x): from stddev_pop(x)'s noisy moments, no more ε" in notice
+    assert all(0 <= mean <= 100 and isinstance(mean, float) for _, mean, _ in rows), rows
+
+
 @pytest.mark.parametrize("binary", [False, True])
 def test_a_family_s_columns_have_postgresql_s_types_in_text_and_binary(vproxy: RunningProxy, admin, binary) -> None:
     sql = ("SELECT var_samp(x), stddev(x), var_samp(r), stddev_pop(r), variance(m), stddev_pop(m) FROM var_values "
@@ -387,6 +434,9 @@ def test_copy_a_cursor_and_the_extended_protocol_with_binary_results_answer_as_a
     # families of one column: one release each, beside a release of its own under another condition
     "SELECT var_pop(m), stddev_pop(m), stddev(m), variance(i) FILTER (WHERE x > 10), stddev(i) FILTER (WHERE x > 10), "
     "stddev(i) FROM {table}",
+    # an AVG read from its family's moments, and one that is not (another condition)
+    "SELECT avg(i), stddev_pop(i), avg(x) FILTER (WHERE i > 40) FROM {table}",
+    "SELECT avg(x) FILTER (WHERE i < 40), var_samp(x) FILTER (WHERE i < 40) FROM {table} WHERE i > 1000",
 ])
 def test_one_adversarial_row_changes_neither_the_outcome_nor_the_columns_nor_the_notice(vproxy: RunningProxy, neighbour,
                                                                                         sql) -> None:

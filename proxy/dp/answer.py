@@ -70,7 +70,8 @@ class DPAnswer:
             cost = f"ε charged {self.epsilon:g}, δ {self.delta:g}"
         if not self.cells:
             names = [f.name for f in self.result.fields]
-            columns = ", ".join(_described(name, rel, _drawn_for(names, self.units, index))
+            moments = [isinstance(rel, MomentsRelease) for rel in self.releases]
+            columns = ", ".join(_described(name, rel, _drawn_for(names, moments, self.units, index))
                                 for index, (name, rel) in enumerate(zip(names, self.releases)))
             return f"dpproxy: {cost}; {columns}"
         shared = "" if repeat else " (each row is in one group, so the groups share that ε)"
@@ -135,7 +136,8 @@ def release_cells(plan: AggregateQuery, rows: Sequence[Sequence[Any]], epsilon: 
         encoded.append([*keys, *_encoded(plan, releases, codec)])
     fields = _key_fields(plan) + [Field(agg.output_name, agg.result_type_oid) for agg in plan.aggregates]
     names = [agg.output_name for agg in plan.aggregates]
-    noise = tuple(_per_cell(agg, share, release, _drawn_for(names, units, index))
+    moments = [isinstance(release, MomentsRelease) for release in first]
+    noise = tuple(_per_cell(agg, share, release, _drawn_for(names, moments, units, index))
                   for index, (agg, release) in enumerate(zip(plan.aggregates, first)))
     result = ResultSet(fields, encoded, f"SELECT {len(encoded)}")
     return DPAnswer(result, epsilon, 0.0, tuple(first), noise, cells=len(encoded), units=units)
@@ -235,13 +237,14 @@ def released_labels(plan: AggregateQuery) -> Iterator[str]:
             yield from agg.column.policy.categories or ()
 
 
-def _drawn_for(names: Sequence[str], units: Sequence[int], index: int) -> str | None:
-    """The name of the earlier column whose release column ``index`` shares (a variance computed
-    from another's moments), or None when the column is a release of its own."""
+def _drawn_for(names: Sequence[str], moments: Sequence[bool], units: Sequence[int], index: int) -> str | None:
+    """The name of the column whose noisy moments column ``index`` is computed from (``moments``:
+    which columns are variances, released from moments), or None when it is a release of its own
+    or the first variance of its release (whose notice gives the moments' scales)."""
     if index >= len(units):
         return None
-    first = units.index(units[index])
-    return names[first] if first < index else None
+    first = next((i for i, unit in enumerate(units) if unit == units[index] and moments[i]), index)
+    return names[first] if first != index else None
 
 
 def _described(name: str, release: Release[Any], drawn_for: str | None = None) -> str:
@@ -264,9 +267,9 @@ def _described(name: str, release: Release[Any], drawn_for: str | None = None) -
                 f"95% within {release.error95:.4g} rows of the quantile's rank")
     if release.mechanism == "sum_count":
         return f"{name}: noisy sum / noisy count, scale {release.scale:.4g} (95% within ±{release.error95:.4g})"
+    if drawn_for is not None:
+        return f"{name}: from {drawn_for}'s noisy moments, no more ε (95% within ±{release.error95:.4g})"
     if isinstance(release, MomentsRelease):
-        if drawn_for is not None:
-            return f"{name}: from {drawn_for}'s noisy moments, no more ε (95% within ±{release.error95:.4g})"
         return f"{name}: {_moments(*release.scales)} (95% within ±{release.error95:.4g})"
     return f"{name}: {release.mechanism} scale {release.scale:.4g} (95% within ±{release.error95:.4g})"
 

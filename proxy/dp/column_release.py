@@ -21,7 +21,7 @@ from mechanisms.quantile import release_quantile, release_quantiles
 from mechanisms.release import Release
 from mechanisms.smooth_median import release_sample_and_aggregate
 from mechanisms.sum_count import release_mean
-from mechanisms.variance import NoisyMoments, VarianceKind, noisy_moments, variance_of
+from mechanisms.variance import NoisyMoments, VarianceKind, mean_of, noisy_moments, variance_of
 from policies.model import TablePolicy
 from rewriter.dp_query import Aggregate
 from rewriter.rewrite import quantile_grid
@@ -36,17 +36,23 @@ def release_columns(aggregates: Sequence[Aggregate], parts: Sequence[Sequence[An
     share of the query's ε and ``units`` each aggregate's release (``proxy.dp.release_units``).
 
     The variances and standard deviations of one release are computed from one draw of their
-    moments, taken for the first of them; every other aggregate is released on its own.
+    moments, taken for the first of them, and so is an AVG of that release (its own parts are
+    not read); every other aggregate is released on its own.
     """
     drawn: dict[int, NoisyMoments] = {}
+    for agg, agg_parts, unit in zip(aggregates, parts, units, strict=True):
+        if agg.mechanism == "moments" and unit not in drawn:
+            drawn[unit] = _moments(agg, agg_parts, epsilon)
     releases: list[Release[Any]] = []
     for agg, agg_parts, unit in zip(aggregates, parts, units, strict=True):
-        if agg.mechanism != "moments":
+        if agg.mechanism == "moments":
+            releases.append(variance_of(cast(VarianceKind, agg.kind), drawn[unit]))
+        elif unit in drawn:
+            assert agg.kind == "avg" and agg.column is not None and agg.column.policy is not None
+            assert agg.column.policy.bounds is not None
+            releases.append(mean_of(drawn[unit], *agg.column.policy.bounds))
+        else:
             releases.append(release_column(agg, agg_parts, epsilon, table))
-            continue
-        if unit not in drawn:
-            drawn[unit] = _moments(agg, agg_parts, epsilon)
-        releases.append(variance_of(cast(VarianceKind, agg.kind), drawn[unit]))
     return releases
 
 
