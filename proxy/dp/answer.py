@@ -2,7 +2,8 @@
 
 The query's ε is split evenly over its k releases (sequential composition): each aggregate
 column is one, except that the variances and standard deviations of one column under one
-condition are one release together (``proxy.dp.release_units``: their moments are drawn once).
+condition are one release together, with an AVG of the column beside them in a small statement
+(``proxy.dp.release_units``: their moments are drawn once).
 Each column is released by its mechanism (``proxy.dp.column_release``) and encoded with the type
 PostgreSQL would have reported for the original query. δ is not split (docs/mechanisms.md): the answer's
 δ is the sum of its columns' δ, the table's δ for each sample-and-aggregate column and 0 for
@@ -249,8 +250,8 @@ def _drawn_for(names: Sequence[str], moments: Sequence[bool], units: Sequence[in
 
 def _described(name: str, release: Release[Any], drawn_for: str | None = None) -> str:
     """One column's noise as the analyst reads it: the mechanism and the 95% bound that matters
-    (``drawn_for``: the column whose noisy moments a variance is computed from, named instead of
-    their scales)."""
+    (``drawn_for``: the column whose noisy moments a variance or an AVG is computed from, named
+    instead of their scales)."""
     if release.mechanism == "smooth_median":
         # The noise actually used depends on the data, so only the worst case over all data is shown.
         return f"{name}: sample and aggregate, worst-case 95% bound ±{release.error95:.4g}"
