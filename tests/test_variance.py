@@ -207,6 +207,20 @@ def _noise_of(notice: str, name: str) -> str:
     return found.group(1)
 
 
+def _asked(proxy: RunningProxy, sql: str) -> tuple[list[tuple], list[tuple[str, int]], float, str]:
+    """``sql``'s rows, its columns' names and types, the ε it cost (SHOW dpproxy.budget) and its notice."""
+    with proxy.connect() as conn:
+        notices = _notices(conn)
+        before = spent_epsilon(conn)
+        cursor = conn.execute(sql)
+        rows = cursor.fetchall()
+        assert cursor.description is not None
+        columns = [(d.name, d.type_code) for d in cursor.description]
+        spent = spent_epsilon(conn) - before
+    (notice,) = [n for n in notices if "ε charged" in n]
+    return rows, columns, spent, notice
+
+
 def _moments_noise(epsilon: float, h: float = 36.5) -> str:
     b_n, b_s, b_q = _scales(h, epsilon)
     return (f"noisy moments (count, centred sum, centred sum of squares), scales {b_n:.4g}, {b_s:.4g} "
@@ -218,13 +232,8 @@ def test_the_variance_family_of_one_column_is_one_release_with_the_whole_share_c
     """var_pop, var_samp, stddev_pop and stddev of age are computed from one draw of the moments at
     the query's whole ε (one release): the notice gives its scales at ε = 1 once and names the
     moments the others are computed from; SHOW dpproxy.budget shows ε = 1 spent."""
-    with vproxy.connect() as conn:
-        notices = _notices(conn)
-        before = spent_epsilon(conn)
-        conn.execute("SELECT var_pop(age), var_samp(age), stddev_pop(age), stddev(age) FROM adult").fetchone()
-        assert spent_epsilon(conn) - before == pytest.approx(1.0)
-    (notice,) = [n for n in notices if "ε charged" in n]
-    assert "ε charged 1, δ 0;" in notice, notice
+    _, _, spent, notice = _asked(vproxy, "SELECT var_pop(age), var_samp(age), stddev_pop(age), stddev(age) FROM adult")
+    assert spent == pytest.approx(1.0) and "ε charged 1, δ 0;" in notice, notice
     assert _noise_of(notice, "var_pop").startswith(_moments_noise(1.0) + " (95% within ±"), notice
     for name in ("var_samp", "stddev_pop", "stddev"):
         assert _noise_of(notice, name).startswith("from var_pop's noisy moments, no more ε (95% within ±"), notice
@@ -262,14 +271,9 @@ def test_one_answer_s_variances_and_standard_deviations_are_consistent(vproxy: R
 
 
 def test_a_family_per_cell_of_a_group_by_is_one_release_per_cell_and_consistent_in_each(vproxy: RunningProxy) -> None:
-    with vproxy.connect() as conn:
-        notices = _notices(conn)
-        before = spent_epsilon(conn)
-        rows = conn.execute("SELECT g, var_pop(x), stddev_pop(x), var_samp(x) FROM var_values GROUP BY g "
-                            "ORDER BY g").fetchall()
-        assert spent_epsilon(conn) - before == pytest.approx(1.0)
-    (notice,) = [n for n in notices if "ε charged" in n]
-    assert notice.count("scales") == 1 and _moments_noise(1.0, 50) in notice, notice
+    rows, _, spent, notice = _asked(vproxy, "SELECT g, var_pop(x), stddev_pop(x), var_samp(x) FROM var_values "
+                                            "GROUP BY g ORDER BY g")
+    assert spent == pytest.approx(1.0) and notice.count("scales") == 1 and _moments_noise(1.0, 50) in notice, notice
     assert "stddev_pop(x): from var_pop(x)'s noisy moments, no more ε" in notice, notice
     for _, var_pop, stddev_pop, var_samp in rows:
         assert stddev_pop**2 == pytest.approx(var_pop, rel=1e-12)
@@ -286,10 +290,7 @@ def test_a_family_per_cell_of_a_group_by_is_one_release_per_cell_and_consistent_
     ("SELECT var_pop(age) FILTER (WHERE age > 30), var_samp(age) FILTER (WHERE age >= 31) FROM adult", 2),
 ])
 def test_a_family_is_one_release_only_under_one_condition(vproxy: RunningProxy, sql, releases) -> None:
-    with vproxy.connect() as conn:
-        notices = _notices(conn)
-        row = conn.execute(sql).fetchone()
-    (notice,) = [n for n in notices if "ε charged" in n]
+    (row,), _, _, notice = _asked(vproxy, sql)
     assert notice.count(_moments_noise(1 / releases)) == releases, notice
     assert ("from " in notice) == (releases == 1), notice
     assert (float(row[1]) ** 2 == pytest.approx(float(row[0]), rel=1e-12)) == (releases == 1), row
@@ -312,14 +313,8 @@ def test_an_avg_beside_its_column_s_family_is_read_from_the_moments_and_near_pos
     drawn for the standard deviation, in AVG's type. Its error is at most (b_S + h·b_n)·t/(n − b_n·t)
     unless one of the two draws exceeds b·t, t = ln(1.5/p), p = 1e-6/2."""
     exact, n = admin.execute("SELECT avg(age)::float8, count(age) FROM adult").fetchone()
-    with vproxy.connect() as conn:
-        notices = _notices(conn)
-        before = spent_epsilon(conn)
-        cursor = conn.execute("SELECT avg(age), stddev(age) FROM adult")
-        mean, _ = cursor.fetchone()
-        assert spent_epsilon(conn) - before == pytest.approx(1.0)
-    assert cursor.description is not None and cursor.description[0].type_code == NUMERIC
-    (notice,) = [n for n in notices if "ε charged" in n]
+    ((mean, _),), columns, spent, notice = _asked(vproxy, "SELECT avg(age), stddev(age) FROM adult")
+    assert spent == pytest.approx(1.0) and columns[0] == ("avg", NUMERIC)
     assert _noise_of(notice, "stddev").startswith(_moments_noise(1.0)), notice
     assert _noise_of(notice, "avg").startswith("from stddev's noisy moments, no more ε (95% within ±"), notice
     b_n, b_s, _ = _scales(36.5, 1.0)
@@ -335,20 +330,14 @@ def test_an_avg_beside_its_column_s_family_is_read_from_the_moments_and_near_pos
 ])
 def test_an_avg_is_read_from_the_moments_only_under_their_condition_and_beside_at_most_two_other_releases(
         vproxy: RunningProxy, sql, merged) -> None:
-    with vproxy.connect() as conn:
-        notices = _notices(conn)
-        conn.execute(sql).fetchone()
-    (notice,) = [n for n in notices if "ε charged" in n]
+    _, _, _, notice = _asked(vproxy, sql)
     releases = sql.count(",") if merged else sql.count(",") + 1
     assert _moments_noise(1 / releases) in notice, notice
     assert ("avg: from var_pop's noisy moments, no more ε" in notice) == merged, notice
 
 
 def test_an_avg_per_cell_beside_its_family_is_one_release_per_cell(vproxy: RunningProxy) -> None:
-    with vproxy.connect() as conn:
-        notices = _notices(conn)
-        rows = conn.execute("SELECT g, avg(x), stddev_pop(x) FROM var_values GROUP BY g ORDER BY g").fetchall()
-    (notice,) = [n for n in notices if "ε charged" in n]
+    rows, _, _, notice = _asked(vproxy, "SELECT g, avg(x), stddev_pop(x) FROM var_values GROUP BY g ORDER BY g")
     assert _moments_noise(1.0, 50) in notice and "avg(x): from stddev_pop(x)'s noisy moments, no more ε" in notice
     assert all(0 <= mean <= 100 and isinstance(mean, float) for _, mean, _ in rows), rows
 
