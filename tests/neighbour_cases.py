@@ -361,11 +361,16 @@ _VARIANCES = ("STDDEV", "STDDEV_SAMP", "STDDEV_POP", "VARIANCE", "VAR_SAMP", "VA
 
 def _variance(rng: random.Random, column: str) -> str:
     """A variance or standard deviation of ``column`` (mechanisms/variance.py), sometimes a form
-    refused from the text alone (DISTINCT, a text column, two arguments, an expression)."""
+    refused from the text alone (DISTINCT, a text column, two arguments, an expression), sometimes
+    an expression over two of its family or one and the column's AVG (one release of the moments,
+    proxy/dp/release_units.py; a FILTER the caller adds restricts the second alone, which makes it a
+    release of its own)."""
     function = rng.choice(_VARIANCES)
     if rng.random() < 0.15:
         return rng.choice([f"{function}(DISTINCT {column})", f"{function}(t)", f"{function}({column}, {column})",
                            f"{function}({column} * 2)", f"{function}(b)"])
+    if rng.random() < 0.2:  # or an AVG of the column, read from the same moments when the statement is small
+        return f"{function}({column}) - {rng.choice((*_VARIANCES, 'AVG'))}({column})"
     return f"{function}({column})"
 
 
