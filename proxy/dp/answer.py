@@ -71,9 +71,8 @@ class DPAnswer:
             cost = f"ε charged {self.epsilon:g}, δ {self.delta:g}"
         if not self.cells:
             names = [f.name for f in self.result.fields]
-            moments = [isinstance(rel, MomentsRelease) for rel in self.releases]
-            columns = ", ".join(_described(name, rel, _drawn_for(names, moments, self.units, index))
-                                for index, (name, rel) in enumerate(zip(names, self.releases)))
+            columns = ", ".join(_described(name, rel, drawn)
+                                for name, rel, drawn in zip(names, self.releases, _drawn_for(names, self.releases, self.units)))
             return f"dpproxy: {cost}; {columns}"
         shared = "" if repeat else " (each row is in one group, so the groups share that ε)"
         return f"dpproxy: {cost} for {self._groups()}{shared}; per group: {', '.join(self.noise)}"
@@ -137,9 +136,8 @@ def release_cells(plan: AggregateQuery, rows: Sequence[Sequence[Any]], epsilon: 
         encoded.append([*keys, *_encoded(plan, releases, codec)])
     fields = _key_fields(plan) + [Field(agg.output_name, agg.result_type_oid) for agg in plan.aggregates]
     names = [agg.output_name for agg in plan.aggregates]
-    moments = [isinstance(release, MomentsRelease) for release in first]
-    noise = tuple(_per_cell(agg, share, release, _drawn_for(names, moments, units, index))
-                  for index, (agg, release) in enumerate(zip(plan.aggregates, first)))
+    noise = tuple(_per_cell(agg, share, release, drawn)
+                  for agg, release, drawn in zip(plan.aggregates, first, _drawn_for(names, first, units)))
     result = ResultSet(fields, encoded, f"SELECT {len(encoded)}")
     return DPAnswer(result, epsilon, 0.0, tuple(first), noise, cells=len(encoded), units=units)
 
@@ -238,14 +236,17 @@ def released_labels(plan: AggregateQuery) -> Iterator[str]:
             yield from agg.column.policy.categories or ()
 
 
-def _drawn_for(names: Sequence[str], moments: Sequence[bool], units: Sequence[int], index: int) -> str | None:
-    """The name of the column whose noisy moments column ``index`` is computed from (``moments``:
-    which columns are variances, released from moments), or None when it is a release of its own
-    or the first variance of its release (whose notice gives the moments' scales)."""
-    if index >= len(units):
-        return None
-    first = next((i for i, unit in enumerate(units) if unit == units[index] and moments[i]), index)
-    return names[first] if first != index else None
+def _drawn_for(names: Sequence[str], releases: Sequence[Release[Any]], units: Sequence[int]) -> list[str | None]:
+    """For each column, the name of the column whose noisy moments it is computed from, or None
+    when it is a release of its own or the first variance of its release (whose notice gives the
+    moments' scales); ``units`` as :func:`proxy.dp.release_units.release_units` gives them."""
+    if not units:
+        return [None] * len(names)
+    first: dict[int, int] = {}
+    for index, (unit, release) in enumerate(zip(units, releases)):
+        if isinstance(release, MomentsRelease):
+            first.setdefault(unit, index)
+    return [names[first[unit]] if first.get(unit, index) != index else None for index, unit in enumerate(units)]
 
 
 def _described(name: str, release: Release[Any], drawn_for: str | None = None) -> str:

@@ -33,12 +33,15 @@ __all__ = ["release_column", "release_columns"]
 def release_columns(aggregates: Sequence[Aggregate], parts: Sequence[Sequence[Any]], units: Sequence[int],
                     epsilon: float, table: TablePolicy) -> list[Release[Any]]:
     """Release each of ``aggregates`` from its exact ``parts``, ``epsilon`` being one release's
-    share of the query's ε and ``units`` each aggregate's release (``proxy.dp.release_units``).
+    share of the query's ε and ``units`` each aggregate's release (``proxy.dp.release_units``; ():
+    each its own).
 
     The variances and standard deviations of one release are computed from one draw of their
     moments, taken for the first of them, and so is an AVG of that release (its own parts are
     not read); every other aggregate is released on its own.
     """
+    if not units:
+        return [release_column(agg, agg_parts, epsilon, table) for agg, agg_parts in zip(aggregates, parts)]
     drawn: dict[int, NoisyMoments] = {}
     for agg, agg_parts, unit in zip(aggregates, parts, units, strict=True):
         if agg.mechanism == "moments" and unit not in drawn:

@@ -39,7 +39,13 @@ def release_units(aggregates: Sequence[Aggregate]) -> tuple[int, ...]:
     """Each aggregate's release, numbered 0, 1, … in order of first use: a variance or standard
     deviation takes the number of an earlier one whose backend parts are the same SQL (so the
     same exact values, the same grid and the same clamp), an AVG read from moments the number
-    of their family, and every other aggregate a new one."""
+    of their family, and every other aggregate a new one; () when there is no variance, so every
+    aggregate is a release of its own (the statements on the hot path pay only this test)."""
+    for agg in aggregates:
+        if agg.mechanism == "moments":
+            break
+    else:
+        return ()
     units: list[int] = []
     families: dict[tuple[str, ...], int] = {}
     released = 0
@@ -64,7 +70,7 @@ def release_units(aggregates: Sequence[Aggregate]) -> tuple[int, ...]:
 def release_count(plan: AggregateQuery) -> int:
     """k: how many releases share the statement's ε (:func:`release_units`; 0 without aggregates)."""
     units = release_units(plan.aggregates)
-    return max(units) + 1 if units else 0
+    return max(units) + 1 if units else len(plan.aggregates)
 
 
 def _moment_parts(agg: Aggregate) -> tuple[str, ...]:

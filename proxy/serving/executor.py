@@ -1087,6 +1087,8 @@ def released_mechanisms(plan: AggregateQuery, ranking: AggregateQuery | None) ->
     def names(query: AggregateQuery, prefix: str) -> tuple[str, ...]:
         cells = "histogram_" if query.groups else ""
         units = release_units(query.aggregates)
+        if not units:
+            return tuple(f"{prefix}{cells}{agg.mechanism}" for agg in query.aggregates)
         moments = {unit for agg, unit in zip(query.aggregates, units) if agg.mechanism == "moments"}
         return tuple(f"{prefix}{cells}{'moments' if unit in moments else agg.mechanism}"
                      for agg, unit in zip(query.aggregates, units))
