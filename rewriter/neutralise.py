@@ -12,8 +12,9 @@ is what the service role can, so that is the answer the question wants.
 ``neutralise_pg_class`` (on the text):
 
 Every reference to pg_catalog.pg_class becomes a subquery with the same columns in which
-``reltuples``, ``relpages``, ``relallvisible`` and (PostgreSQL 18) ``relallfrozen`` are
-constants (-1 is what PostgreSQL itself reports for a table never analysed). Clients that read them (pgjdbc's
+``reltuples``, ``relpages``, ``relallvisible``, (PostgreSQL 18) ``relallfrozen``,
+``relfrozenxid`` and ``relminmxid`` are constants (-1 is what PostgreSQL itself reports for a
+table never analysed; catalog.py says why each is replaced). Clients that read them (pgjdbc's
 getIndexInfo CARDINALITY) keep working and learn nothing.
 
 Of pg_class's system columns only ``tableoid`` (pg_class's own oid, the same on every row)
