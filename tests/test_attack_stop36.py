@@ -96,8 +96,13 @@ _TABLE = """
       ft: {{bounds: [1.0e-300, 2.0e-300]}}
       fe: {{bounds: [5, 5]}}
 """
+# numeric(5, -2) (PostgreSQL 15 on: values rounded to hundreds), and a neighbour each adding one row
+_NEGATIVE_SCALE = {"s36_neg_1": "(NULL)", "s36_neg_2": "('NaN')", "s36_neg_3": "(9999900)", "s36_neg_4": "(-9999900)",
+                   "s36_neg_5": "(-0.0)", "s36_neg_6": "(49.999)"}
 _POLICY = (ATTACK_POLICY_HEAD + "  public.s36_0: &C" + _TABLE + "".join(f"  public.{name}: *C\n" for name in _NEIGHBOURS)
-           + "  public.pets36:\n    access: public\n")
+           + "  public.pets36:\n    access: public\n"
+           + "".join(f"  public.{name}:\n    epsilon: 1.0\n    columns:\n      h: {{{{bounds: [0, 100000]}}}}\n"
+                     for name in ("s36_neg", *_NEGATIVE_SCALE)))
 _NAMES = ("s36_0", *_NEIGHBOURS)
 _MOMENT_COLUMNS = ("a", "b", "c", "n", "n2", "f", "r", "nw", "fw", "nt", "ft", "fe")
 
@@ -106,6 +111,8 @@ _MOMENT_COLUMNS = ("a", "b", "c", "n", "n2", "f", "r", "nw", "fw", "nt", "ft", "
 def s36(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
     create_neighbours(test_db.admin_dsn, "s36_0", _NEIGHBOURS, _DDL, _BASE_ROWS)
     create_neighbours(test_db.admin_dsn, "pets36", {}, "(name text, age int)", "SELECT 'Rex', 3")
+    create_neighbours(test_db.admin_dsn, "s36_neg", _NEGATIVE_SCALE, "(h numeric(5, -2))",
+                      "SELECT g * 100 FROM generate_series(1, 500) g")
     with running_proxy(test_db, tmp_path_factory, _POLICY) as running:
         yield running
 
@@ -119,9 +126,12 @@ def _same_on_neighbours(proxy: RunningProxy, sql: str, params: tuple[object, ...
 
 # ------------------------------------------------------------------ VARIANCE and STDDEV
 
+# Every kind of every column (the backend SQL depends on the column only, the kind picks the
+# release's formula), two columns a statement.
 MOMENTS = [
-    f"SELECT var_pop({c}), var_samp({c}), stddev_pop({c}), stddev_samp({c}), variance({c}), stddev({c}) FROM {{t}}"
-    for c in _MOMENT_COLUMNS
+    f"SELECT var_pop({c}), var_samp({c}), stddev_pop({c}), stddev_samp({d}), variance({d}), stddev({d}), "
+    f"var_pop({d}), var_samp({d}), stddev_pop({d}), stddev_samp({c}), variance({c}), stddev({c}) FROM {{t}}"
+    for c, d in zip(_MOMENT_COLUMNS[::2], _MOMENT_COLUMNS[1::2])
 ] + [
     "SELECT var_samp(n) FILTER (WHERE s = 'a'), stddev(fw) FILTER (WHERE n > 50), count(*) FROM {t}",
     "SELECT variance(nt) FILTER (WHERE f > 1e-300), stddev_pop(c) FILTER (WHERE r > 1e-40) FROM {t}",
@@ -214,6 +224,20 @@ def test_a_variance_prints_in_its_types_shape_whatever_the_rows(s36: RunningProx
             assert all(t[2] is None for t in types), (name, types)
             assert all(value is not None and value >= 0 for value in row), (name, row)
             assert row[-1] == 0.0, (name, row)  # lo = hi: 0 whatever the rows
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT var_pop(h), var_samp(h), stddev_pop(h), stddev_samp(h) FROM {t}",
+    "SELECT variance(h) FILTER (WHERE h > 50), sum(h), min(h) FROM {t}",
+])
+def test_a_variance_of_a_negative_scale_numeric_is_the_same_on_every_table(s36: RunningProxy, sql: str) -> None:
+    # The typmod's scale -2 (stop 35 found it read unsigned): a variance carries no typmod, and
+    # prints as a numeric of its value's digits whatever the rows.
+    with s36.connect() as conn:
+        outcome = same_on_neighbours(conn, sql, ("s36_neg", *_NEGATIVE_SCALE), spent_epsilon)
+        assert outcome[0] == "answer", outcome
+        (text,) = conn.execute("SELECT variance(h)::text FROM s36_neg").fetchone() or ("",)
+    assert re.fullmatch(r"\d+(\.\d+)?", text), text
 
 
 # ------------------------------------------------------------------ percentiles: bound fractions, arrays
