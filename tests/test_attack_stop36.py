@@ -29,7 +29,7 @@ Held: everything else below.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 
 import psycopg
@@ -37,7 +37,7 @@ import pytest
 from psycopg.types.numeric import Float4, Int2, Int8
 
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
-from tests.neighbour_outcome import NUMBER, binary_copy_cells, create_neighbours, same_on_neighbours
+from tests.neighbour_outcome import binary_copy_cells, create_neighbours, same_on_neighbours
 
 _DDL = ("(id int, a int2, b int4, c int8, n numeric, n2 numeric(12, 2), f float8, r real, s text, "
         "nw numeric, fw float8, nt numeric, ft float8, fe float8)")
@@ -204,7 +204,8 @@ _OTHER_FORMS = [
 
 
 @pytest.mark.parametrize(("outcome", "sql"), _OTHER_FORMS)
-def test_a_variance_in_binary_copy_and_a_cursor_is_the_same_on_every_table(s36: RunningProxy, outcome, sql: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_variance_in_binary_copy_and_a_cursor_is_the_same_on_every_table(
+        s36: RunningProxy, outcome: Callable[[psycopg.Connection, str], tuple[object, ...]], sql: str) -> None:
     with s36.connect() as conn:
         results = {name: outcome(conn, sql.replace("{t}", name)) for name in _NAMES}
     assert results["s36_0"][0] == "answer", results["s36_0"]
