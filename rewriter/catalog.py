@@ -23,6 +23,7 @@ __all__ = [
     "EMPTIED_RELATIONS",
     "NEUTRALISED_FUNCTIONS",
     "NEUTRALISED_PG_CLASS_COLUMNS",
+    "NEUTRALISED_PG_DATABASE_COLUMNS",
     "SAFE_SETTINGS",
     "SESSION_EFFECT_FUNCTIONS",
     "ascii_safe_encoding",
@@ -78,6 +79,13 @@ NEUTRALISED_PG_CLASS_COLUMNS = {
     "relallfrozen": "0::integer",
     "relfrozenxid": "'0'::pg_catalog.xid",
     "relminmxid": "'0'::pg_catalog.xid",
+}
+
+# pg_database columns replaced in every passthrough statement: each VACUUM sets them to the
+# least relfrozenxid (relminmxid) of the database's relations, a protected table's among them.
+NEUTRALISED_PG_DATABASE_COLUMNS = {
+    "datfrozenxid": "'0'::pg_catalog.xid",
+    "datminmxid": "'0'::pg_catalog.xid",
 }
 
 # Size functions (all return bigint): each call becomes ``NULL::pg_catalog.int8``; its

@@ -26,7 +26,7 @@ from .copy import CopyOptions, copy_query
 from .cursors import CursorOptions, Fetch, declare_query, declare_sql, fetch_of
 from .function_check import check_functions, inexact_floats, unsafe_client_encoding
 from .dp_query import AggregateQuery, asks_for_no_row, plan_aggregate_query
-from .neutralise import empty_relations, neutralise_pg_class
+from .neutralise import empty_relations, neutralise_pg_class, neutralise_pg_database
 from .partitioned_reads import refuse_partitioned_read
 from .qualify import qualify
 from .references import RelationRef
@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 PG_CLASS_OID = 1259
+PG_DATABASE_OID = 1262
 
 
 @dataclass(frozen=True)
@@ -306,7 +307,7 @@ def _select(
 ) -> Decision:
     refs = statement.references
     protected: list[Relation] = []
-    references_pg_class = references_emptied = False
+    references_pg_class = references_pg_database = references_emptied = False
     for ref in refs.relations:
         target = resolved.get(ref)
         if target is None:
@@ -342,6 +343,7 @@ def _select(
                     "catalog-allowlist",
                 )
             references_pg_class |= target.oid == PG_CLASS_OID
+            references_pg_database |= target.oid == PG_DATABASE_OID
             references_emptied |= target.schema == "pg_catalog" and target.name in EMPTIED_RELATIONS
             continue
         raise Refusal(
@@ -364,8 +366,15 @@ def _select(
         text = neutralise_pg_class(
             text,
             registry.pg_class_columns,
-            lambda schema, name: _means_pg_class(RelationRef(schema, name), resolved)
+            lambda schema, name: _means_oid(RelationRef(schema, name), resolved, PG_CLASS_OID)
             or (schema is not None and pinned.get((name, schema), _NOT_PINNED).oid == PG_CLASS_OID),
+        )
+    if references_pg_database:
+        text = neutralise_pg_database(
+            text,
+            registry.pg_database_columns,
+            lambda schema, name: _means_oid(RelationRef(schema, name), resolved, PG_DATABASE_OID)
+            or (schema is not None and pinned.get((name, schema), _NOT_PINNED).oid == PG_DATABASE_OID),
         )
     if references_emptied:
         text = empty_relations(
@@ -444,9 +453,9 @@ def _means_emptied(ref: RelationRef, resolved: Mapping[RelationRef, ResolvedRela
     return _is_emptied(resolved.get(ref))
 
 
-def _means_pg_class(ref: RelationRef, resolved: Mapping[RelationRef, ResolvedRelation | None]) -> bool:
+def _means_oid(ref: RelationRef, resolved: Mapping[RelationRef, ResolvedRelation | None], oid: int) -> bool:
     target = resolved.get(ref)
-    return target is not None and target.oid == PG_CLASS_OID
+    return target is not None and target.oid == oid
 
 
 def _protected(statement: Statement, protected: list[Relation], registry: TableRegistry) -> DPQuery | ColumnsOnly:

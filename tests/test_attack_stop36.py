@@ -21,7 +21,9 @@ Found and fixed, pinned here:
 * ``pg_class.relfrozenxid`` and ``relminmxid``: each VACUUM sets them to the oldest transaction
   (multixact) id still unfrozen in the table, the xmin of its oldest unfrozen row, so a table
   holding a row written before the others answered that row's xid and its neighbour without it
-  the others'. Both are now constants like relpages and reltuples.
+  the others'. Both are now constants like relpages and reltuples, and so are
+  ``pg_database.datfrozenxid`` and ``datminmxid``, the least of them over the database's
+  relations (a protected table's oldest unfrozen row where it is the database's oldest).
 
 Held: everything else below.
 """
@@ -399,3 +401,22 @@ def test_a_relations_age_column_is_still_read_by_its_qualified_name(s36: Running
     # rel.age is rel's column (or age() of rel's whole row, which no function takes): not the counter.
     with s36.connect() as conn:
         assert conn.execute("SELECT p.age, public.pets36.age FROM pets36 p, public.pets36").fetchall() == [(3, 3)]
+
+
+def test_pg_database_answers_no_frozen_xid(s36: RunningProxy, admin: psycopg.Connection) -> None:
+    # datfrozenxid and datminmxid are the least relfrozenxid and relminmxid of the database's
+    # relations, a protected table's among them: where its oldest unfrozen row is the database's
+    # oldest, its xid.
+    sql = "SELECT datname, datfrozenxid, datminmxid FROM pg_catalog.pg_database WHERE datname = current_database()"
+    (_, own, _) = admin.execute(sql).fetchone() or ((), "", "")
+    assert own != "0"
+    with s36.connect() as conn:
+        assert [row[1:] for row in conn.execute(sql).fetchall()] == [("0", "0")]
+        whole = conn.execute("SELECT d.* FROM pg_database d WHERE d.datname = current_database()")
+        names = [d.name for d in whole.description or ()]
+        row = dict(zip(names, whole.fetchone() or ()))
+        assert row["datfrozenxid"] == "0" and row["datminmxid"] == "0", row
+        own_names = [d.name for d in admin.execute("SELECT * FROM pg_database LIMIT 0").description or ()]
+        assert names == own_names  # pg_database's shape
+        assert conn.execute("SELECT tableoid::int FROM pg_database LIMIT 1").fetchone() == (1262,)
+        assert conn.execute("SELECT count(*) FROM pg_catalog.pg_database WHERE datfrozenxid::text <> '0'").fetchone() == (0,)
