@@ -307,7 +307,8 @@ def _select(
 ) -> Decision:
     refs = statement.references
     protected: list[Relation] = []
-    references_pg_class = references_pg_database = references_emptied = False
+    references_emptied = False
+    neutralised: set[int] = set()  # pg_class and pg_database, where the statement reads them
     for ref in refs.relations:
         target = resolved.get(ref)
         if target is None:
@@ -342,8 +343,8 @@ def _select(
                     "schema catalogs (pg_class, pg_attribute, information_schema ...) are available.",
                     "catalog-allowlist",
                 )
-            references_pg_class |= target.oid == PG_CLASS_OID
-            references_pg_database |= target.oid == PG_DATABASE_OID
+            if target.oid in (PG_CLASS_OID, PG_DATABASE_OID):
+                neutralised.add(target.oid)
             references_emptied |= target.schema == "pg_catalog" and target.name in EMPTIED_RELATIONS
             continue
         raise Refusal(
@@ -361,21 +362,16 @@ def _select(
     pinned = {(ref.name, target.schema): target for ref, target in resolved.items()
               if ref.schema is None and target is not None and ref.name not in refs.cte_names}
     text = qualify(statement.text, user, tuple(sorted(pinned)))
-    if references_pg_class:
-        # Its subquery names only pg_catalog.pg_class, keyword types and constants.
-        text = neutralise_pg_class(
-            text,
-            registry.pg_class_columns,
-            lambda schema, name: _means_oid(RelationRef(schema, name), resolved, PG_CLASS_OID)
-            or (schema is not None and pinned.get((name, schema), _NOT_PINNED).oid == PG_CLASS_OID),
-        )
-    if references_pg_database:
-        text = neutralise_pg_database(
-            text,
-            registry.pg_database_columns,
-            lambda schema, name: _means_oid(RelationRef(schema, name), resolved, PG_DATABASE_OID)
-            or (schema is not None and pinned.get((name, schema), _NOT_PINNED).oid == PG_DATABASE_OID),
-        )
+    for oid, neutralise, columns in ((PG_CLASS_OID, neutralise_pg_class, registry.pg_class_columns),
+                                     (PG_DATABASE_OID, neutralise_pg_database, registry.pg_database_columns)):
+        if oid in neutralised:
+            # Its subquery names only the catalog relation, keyword types and constants.
+            text = neutralise(
+                text,
+                columns,
+                lambda schema, name, oid=oid: _means_oid(RelationRef(schema, name), resolved, oid)
+                or (schema is not None and pinned.get((name, schema), _NOT_PINNED).oid == oid),
+            )
     if references_emptied:
         text = empty_relations(
             text,
