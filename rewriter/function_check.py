@@ -41,8 +41,8 @@ def check_functions(statement: Statement, function_names: frozenset[str] | None 
     refused: on an xid it reads the server's transaction counter.
     """
     for name in statement.references.fields:
-        if name in NEUTRALISED_FUNCTIONS or (name in _WHOLE_ROW_ONLY_FIELD_FUNCTIONS and name in
-                                             statement.references.value_fields) or not (
+        on_a_value = name in _WHOLE_ROW_ONLY_FIELD_FUNCTIONS and name in statement.references.value_fields
+        if name in NEUTRALISED_FUNCTIONS or on_a_value or not (
             allowed_function(name)
             or name in HARMLESS_FIELD_FUNCTIONS
             or (function_names is not None and name not in function_names)
