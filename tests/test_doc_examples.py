@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,9 +52,9 @@ class Example:
         return self.where
 
 
-def sql_blocks(text: str) -> list[tuple[int, list[str]]]:
-    """The fenced ```sql blocks of a Markdown text (indented ones too, as in a list): the line
-    number of each block's first line and its lines, dedented."""
+def fenced_blocks(text: str, language: str) -> list[tuple[int, list[str]]]:
+    """The fenced blocks of ``language`` in a Markdown text (indented ones too, as in a list):
+    the line number of each block's first line and its lines, dedented."""
     blocks: list[tuple[int, list[str]]] = []
     lines = text.splitlines()
     index = 0
@@ -67,7 +68,7 @@ def sql_blocks(text: str) -> list[tuple[int, list[str]]]:
             body.append(lines[index].removeprefix(indent))
             index += 1
         index += 1  # the closing fence
-        if fence["info"].strip().split(" ")[:1] == ["sql"]:
+        if fence["info"].strip().split(" ")[:1] == [language]:
             blocks.append((start, body))
     return blocks
 
@@ -104,7 +105,7 @@ def doc_examples() -> tuple[list[Example], list[str]]:
     examples: list[Example] = []
     unterminated: list[str] = []
     for document in DOCUMENTS:
-        for start, block in sql_blocks((ROOT / document).read_text(encoding="utf-8")):
+        for start, block in fenced_blocks((ROOT / document).read_text(encoding="utf-8"), "sql"):
             if block and block[0].startswith(BACKEND_BLOCK):
                 continue
             try:
@@ -179,3 +180,19 @@ def test_doc_example_has_its_documented_outcome_through_psql(demo_proxy: Running
     if example.refused_with.startswith("DP"):
         assert "HINT:" in result.stderr, f"{example}: no hint:\n{result.stderr}"
     assert spent[0] == spent[1], f"{example}: refused after a charge ({spent[0]} -> {spent[1]})"
+
+
+def python_examples(document: str) -> list[object]:
+    """The fenced ```python blocks of ``document``, one test parameter each, named by its line."""
+    text = (ROOT / document).read_text(encoding="utf-8")
+    return [pytest.param("\n".join(body), id=f"{document}:{start}") for start, body in fenced_blocks(text, "python")]
+
+
+@pytest.mark.parametrize("code", python_examples("docs/bi-tools.md"))
+def test_bi_tools_python_example_runs_against_the_demo(demo_proxy: RunningProxy, code: str):
+    """Each client example of docs/bi-tools.md (SQLAlchemy and pandas, polars, ibis) runs as
+    written, as a script of its own, against the demo's address, its port made the test proxy's."""
+    assert "6432" in code, "no demo address to point at the test proxy"
+    result = subprocess.run([sys.executable, "-c", code.replace("6432", str(demo_proxy.port))],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
