@@ -299,6 +299,19 @@ def _declare(
     return DeclareCursor(name, inner, options)
 
 
+_HINTED_TABLES = 20
+
+
+def _policy_tables_hint(registry: TableRegistry) -> str:
+    """What a statement naming no existing relation is told: the tables the policy names (table
+    names are not protected; a newcomer's typo of one is the usual cause)."""
+    names = sorted(relation.display_name for relation in registry.by_oid.values())
+    listed = ", ".join(names[:_HINTED_TABLES])
+    if len(names) > _HINTED_TABLES:
+        listed += f" and {len(names) - _HINTED_TABLES} more"
+    return f"The tables dpproxy's policy names: {listed or 'none'}."
+
+
 def _select(
     statement: Statement,
     resolved: Mapping[RelationRef, ResolvedRelation | None],
@@ -317,6 +330,7 @@ def _select(
             raise Refusal(
                 SQLSTATE.UNDEFINED_TABLE,
                 f'relation "{ref.qualified.replace(chr(34), "")}" does not exist',
+                _policy_tables_hint(registry),
                 rule="undefined-relation",
             )
         if ref.schema is None and ref.name in refs.cte_names:

@@ -16,12 +16,11 @@ from conftest import TEST_POLICY, TestDatabase
 
 from proxy.demo.embedded import SERVICE_ROLE
 
-__all__ = ["PEOPLE_POLICY", "PEOPLE_ROWS", "create_people"]
+__all__ = ["PEOPLE_POLICY", "PEOPLE_ROWS", "PEOPLE_TABLE", "create_people"]
 
 PEOPLE_ROWS = 2000
 
-# As deployed: repeats on (the default), so a dashboard that refreshes gets its answers back.
-PEOPLE_POLICY = TEST_POLICY.replace("repeats: {{enabled: false}}", "repeats: {{enabled: true}}") + """\
+PEOPLE_TABLE = """\
   public.people:
     access: protected
     epsilon: 1.0
@@ -32,6 +31,10 @@ PEOPLE_POLICY = TEST_POLICY.replace("repeats: {{enabled: false}}", "repeats: {{e
       sex: {{categories: [Male, Female], group_by: true}}       # pie and bar charts by sex
       signed_up: {{bounds: [2023-01-01, 2024-12-31], group_by: [day, week, month, quarter, year]}}  # time series
 """
+"""``people``'s entry under a policy's ``tables:`` (a format string: its braces doubled)."""
+
+# As deployed: repeats on (the default), so a dashboard that refreshes gets its answers back.
+PEOPLE_POLICY = TEST_POLICY.replace("repeats: {{enabled: false}}", "repeats: {{enabled: true}}") + PEOPLE_TABLE
 
 
 def create_people(test_db: TestDatabase) -> int:

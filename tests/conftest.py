@@ -360,6 +360,7 @@ _CLIENT_TESTS = {
     "test_cli": {"test_serve_answers_in_front_of_a_postgres_given_by_dsn",
                  "test_demo_contract_ctrl_c_and_restart_after_a_crash"},
     "test_container": {"test_compose_file_is_valid_for_the_compose_cli"},
+    "test_doc_examples": {"test_doc_example_has_its_documented_outcome_through_psql"},
     "test_copy": {"test_psql_copies_a_dp_aggregate_to_a_local_file",
                   "test_psql_copy_of_a_table_is_refused_and_psql_leaves_its_empty_file"},
     "test_policy_view": {"test_psql_shows_the_policy_columns"},

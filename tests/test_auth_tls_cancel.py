@@ -107,6 +107,10 @@ def test_wrong_password_fails_the_same_way_for_every_method_and_unknown_users(au
     result = _psql(auth_proxy, user, "wrong")
     assert result.returncode != 0
     assert f'password authentication failed for user "{user}"' in result.stderr
+    # A newcomer often tries a PostgreSQL role: the hint says where logins come from, in the same
+    # words for every user, known or not, so it tells nothing about which users exist.
+    assert ("\nHINT:  Logins are the users of dpproxy's policy, not the backend's PostgreSQL roles: "
+            "check the user name and password with the policy's owner." in result.stderr)
 
 
 def test_cleartext_is_used_only_for_users_that_ask_for_it(proxy: RunningProxy):

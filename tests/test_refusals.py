@@ -84,6 +84,15 @@ def test_refused_with_sqlstate_rule_and_hint(proxy: RunningProxy, sql: str, sqls
         assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
+def test_an_unknown_relation_is_hinted_with_the_tables_of_the_policy(proxy: RunningProxy):
+    # A newcomer's "adults" for "adult": PostgreSQL's own message, and a hint naming what there is.
+    with proxy.connect() as conn:
+        with pytest.raises(psycopg.errors.UndefinedTable) as info:
+            conn.execute("SELECT count(*) FROM adults")
+    assert info.value.diag.message_primary == 'relation "adults" does not exist'
+    assert info.value.diag.message_hint == "The tables dpproxy's policy names: adult, clamp_test, lookup."
+
+
 WORDED = [
     ("DO $$BEGIN END$$", "DO is not supported through dpproxy (rule: statement-not-allowed)"),
     ("VALUES ((SELECT count(*) FROM adult))", "VALUES is not allowed on protected table adult (rule: not-a-select)"),

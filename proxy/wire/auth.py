@@ -28,6 +28,10 @@ _OK, _CLEARTEXT, _MD5, _SASL, _SASL_CONTINUE, _SASL_FINAL = 0, 3, 5, 10, 11, 12
 _SCRAM = "SCRAM-SHA-256"
 _MOCK_SECRET = secrets.token_bytes(32)  # per process: mock salts are stable while it runs
 _PASSWORD_MESSAGE_BYTES = 65536  # before authentication, no client makes dpproxy hold more
+# The same for every failed login, a user the policy names or not: it says where logins come from
+# (newcomers try a PostgreSQL role) and nothing about which users exist.
+_LOGIN_HINT = ("Logins are the users of dpproxy's policy, not the backend's PostgreSQL roles: "
+               "check the user name and password with the policy's owner.")
 
 
 async def authenticate(
@@ -56,7 +60,7 @@ async def authenticate(
     finally:
         messages.max_bytes = limit
     if not ok or user is None:
-        raise Refusal(SQLSTATE.INVALID_PASSWORD, f'password authentication failed for user "{user_name}"')
+        raise Refusal(SQLSTATE.INVALID_PASSWORD, f'password authentication failed for user "{user_name}"', _LOGIN_HINT)
     return closing + protocol.authentication(_OK)
 
 
