@@ -6,10 +6,11 @@ the answer needed rather than a fixed one.
 time it took (proxy/dp/answer_time.py). On an idle machine a fast statement takes a few ms, so
 t < q and the answer leaves at q; on a loaded one (CI: both cores busy, the disk syncing) the
 same statement can take longer than q and then rightly leaves at 2q. A test that asserts
-``q <= took < 2q`` fails there on a stall, not on dpproxy. Asserting ``k·q <= took < (k+1)·q``
-with k the multiple the computation needed, read from dpproxy's own clock, keeps both halves
-of what such a test pins: an answer that left before its multiple (not held) or at a later one
-(held longer than the rows needed) still fails it.
+``q <= took < 2q`` fails there on a stall, not on dpproxy. Asserting that the client has the
+answer between k·q and (k+1)·q after dpproxy began it, with k the multiple the computation
+needed, both read from dpproxy's own clock, keeps both halves of what such a test pins: an
+answer that left before its multiple (not held) or at a later one (held longer than the rows
+needed) still fails it.
 
 The proxies of RunningProxy run in the test process, so their ``time.monotonic()`` is the
 test's; answers of other processes (tests/test_workers.py's workers) are not seen.
@@ -55,12 +56,13 @@ class AnswerClock:
         return max(self.answers, key=lambda answer: answer.started)
 
     @staticmethod
-    def assert_left_at_its_multiple(took: float, answer: HeldAnswer, what: object = None) -> None:
-        """``took`` (the client's wait, begun before it sent the statement and ended when the
-        outcome came) is at least the multiple the computation needed and less than the next
-        one: held, and held no longer than the rows made necessary."""
+    def assert_left_at_its_multiple(arrived: float, answer: HeldAnswer, what: object = None) -> None:
+        """The client had ``answer`` at ``arrived`` (``time.monotonic()`` once it was read): at
+        least the multiple of the quantum its computation needed after dpproxy began it, and
+        before the next one. Held, and held no longer than the rows made necessary."""
         k = answer.quanta
-        assert k * answer.quantum_s <= took < (k + 1) * answer.quantum_s, (what, took, k, answer)
+        after = arrived - answer.started
+        assert k * answer.quantum_s <= after < (k + 1) * answer.quantum_s, (what, after, k, answer)
 
 
 @asynccontextmanager
