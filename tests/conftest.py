@@ -25,6 +25,7 @@ from policies.model import Policy
 from proxy.demo.embedded import SERVICE_ROLE, prepare_demo_database
 from proxy.serving.event_loop import new_event_loop
 from proxy.serving.server import Server
+from tests.answer_clock import answer_clock  # noqa: F401 - a fixture, for the quantum timing tests
 from tests.pg15 import postgresql_15, postgresql_server
 from tests.pg_versions import postgresql_binaries
 from tests.standby import StandbyPair, primary_and_standby

@@ -104,7 +104,9 @@ QUADRATIC_SCANS = {
 
 @pytest.mark.parametrize("sql", QUADRATIC_SCANS.values(), ids=QUADRATIC_SCANS.keys())
 def test_a_long_run_of_operator_characters_is_refused_before_it_is_scanned(proxy: RunningProxy, sql: str) -> None:
-    started = time.monotonic()
+    """In CPU time of this process (where the proxy runs; the wall clock of a loaded machine
+    says nothing about a scan): refused before 1-2 s of parsing and as long of fingerprinting."""
+    computed = time.process_time()
     with loop_lag(proxy) as lag:
         with proxy.connect() as conn:
             with pytest.raises(psycopg.Error) as refused:
@@ -113,7 +115,7 @@ def test_a_long_run_of_operator_characters_is_refused_before_it_is_scanned(proxy
     assert refused.value.sqlstate == "54001"
     assert "operator characters" in str(refused.value) and refused.value.diag.message_hint
     assert lag[0] < LAG_LIMIT_S, f"the event loop stalled {lag[0] * 1000:.0f} ms"
-    assert time.monotonic() - started < 2.0
+    assert time.process_time() - computed < 2.0
 
 
 def test_operator_runs_of_ordinary_length_are_answered(proxy: RunningProxy) -> None:
@@ -236,11 +238,15 @@ def test_the_limit_on_held_statements_leaves_ordinary_clients_alone(proxy: Runni
 def test_dollar_signs_in_identifiers_do_not_make_the_parenthesis_scan_quadratic(proxy: RunningProxy) -> None:
     """The scan for nested parentheses read each ``a$tN$`` (a valid identifier) as the start
     of a dollar-quoted string and searched the rest of the text for its end: 3.5 s of an
-    analysis thread for this 120 KB statement, a minute at the 1 MiB limit."""
+    analysis thread for this 120 KB statement, a minute at the 1 MiB limit.
+
+    Measured in CPU time of this process (where the proxy runs), not on the wall clock: with
+    both cores busy the fixed scan took 2-5 s of wall time and 0.6 s of CPU; the quadratic
+    one 4.6 s of CPU."""
     sql = "SELECT " + ", ".join(f"(1) AS a$t{index}$" for index in range(8_000))
-    started = time.monotonic()
+    computed = time.process_time()
     assert _answer(proxy, sql) == "54011"  # PostgreSQL's own limit on output columns, after dpproxy's analysis
-    assert time.monotonic() - started < 1.5
+    assert time.process_time() - computed < 1.5
 
 
 @pytest.mark.parametrize("sql, sqlstate", [

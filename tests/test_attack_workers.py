@@ -24,6 +24,7 @@ from psycopg import sql
 
 from conftest import TEST_DATABASE, TEST_POLICY, RunningProxy, TestDatabase, make_policy, spent_epsilon
 from proxy.demo.embedded import SERVICE_ROLE
+from tests.answer_clock import AnswerClock
 from test_workers import Group, _write_policy
 
 QUANTUM_S = 0.4
@@ -110,14 +111,16 @@ def test_a_quantised_answer_in_a_block_keeps_its_backend_whatever_the_backends_i
 
 
 class _SlowToCancel:
-    """A session whose cancel takes as long as a backend's cancel round trip, and more."""
+    """A session whose cancel is not done until the test says so (a backend's cancel round trip
+    of any length)."""
 
     def __init__(self, pid: int, secret: int):
         self.pid, self.secret = pid, secret
+        self.may_finish = asyncio.Event()
         self.cancelled = asyncio.Event()
 
     async def cancel(self) -> None:
-        await asyncio.sleep(0.3)
+        await self.may_finish.wait()
         self.cancelled.set()
 
 
@@ -130,26 +133,28 @@ def test_a_cancel_request_is_done_with_at_once_whatever_the_key_finds(secret: in
     from a wrong one."""
     from proxy.serving.session import SessionTable
 
-    async def probe() -> tuple[float, bool]:
+    async def probe() -> tuple[bool, bool]:
         table = SessionTable()
         session = _SlowToCancel(1234, 4242)
         table._by_pid[session.pid] = session  # type: ignore[assignment]
-        started = time.monotonic()
-        await table.cancel(1234, secret)
-        took = time.monotonic() - started
+        # Done with while the session's cancel is still under way (a wait, not a time: on a
+        # loaded machine a bound of 50 ms is a stall away from failing).
+        await asyncio.wait_for(table.cancel(1234, secret), 30)
+        done_before_the_cancel = not session.cancelled.is_set()
+        session.may_finish.set()
         try:
-            await asyncio.wait_for(session.cancelled.wait(), 0.5)
+            await asyncio.wait_for(session.cancelled.wait(), 5 if secret == 4242 else 0.5)
         except TimeoutError:
             pass
-        return took, session.cancelled.is_set()
+        return done_before_the_cancel, session.cancelled.is_set()
 
-    took, cancelled = asyncio.run(probe())
-    assert took < 0.05, took
+    done_before_the_cancel, cancelled = asyncio.run(probe())
+    assert done_before_the_cancel
     assert cancelled == (secret == 4242)
 
 
 def test_the_backends_statement_timeout_during_a_quantised_answer_comes_at_the_boundary_and_stays_charged(
-    test_db: TestDatabase, tmp_path: Path
+    test_db: TestDatabase, tmp_path: Path, answer_clock: AnswerClock
 ):
     """backend.statement_timeout_ms below the quantum: the 57014 (a DP query that ran long,
     as documented) leaves at the quantum like an answer would, and is charged: whether it
@@ -163,20 +168,21 @@ def test_the_backends_statement_timeout_during_a_quantised_answer_comes_at_the_b
             admin.execute("BEGIN")
             admin.execute("LOCK TABLE adult IN ACCESS EXCLUSIVE MODE")  # the DP query waits past its timeout
             try:
-                started = time.monotonic()
                 with pytest.raises(psycopg.Error) as failed:
                     conn.execute("SELECT COUNT(*) FROM adult WHERE age > 30").fetchall()
-                took = time.monotonic() - started
+                arrived = time.monotonic()
             finally:
                 admin.execute("ROLLBACK")
             assert failed.value.sqlstate in ("57014", "DP004"), failed.value
-            assert QUANTUM_S <= took < 1.5 * QUANTUM_S, took
+            answer_clock.assert_left_at_its_multiple(arrived, answer_clock.last())
             assert spent_epsilon(conn) == before + 1
     finally:
         proxy.stop()
 
 
-def test_a_pipeline_of_quantised_answers_in_a_block_leaves_each_on_its_own_boundary(quantised: RunningProxy):
+def test_a_pipeline_of_quantised_answers_in_a_block_leaves_each_on_its_own_boundary(
+    quantised: RunningProxy, answer_clock: AnswerClock
+):
     """Extended protocol, two Executes before one Sync, inside BEGIN: each answer is held to its
     own quantum (two in all), and the block goes on."""
     with quantised.connect() as conn:
@@ -186,13 +192,17 @@ def test_a_pipeline_of_quantised_answers_in_a_block_leaves_each_on_its_own_bound
             first = conn.execute("SELECT COUNT(*) FROM adult WHERE age > 200")
             second = conn.execute("SELECT SUM(capital_gain) FROM adult WHERE sex = 'Female'")
         assert first.fetchall() and second.fetchall()
-        assert 2 * QUANTUM_S <= time.monotonic() - started < 3 * QUANTUM_S
+        arrived = time.monotonic()
+        assert 2 * QUANTUM_S <= arrived - started
+        held = answer_clock.answers
+        assert len(held) == 2 and held[1].started >= held[0].started + held[0].quanta * QUANTUM_S, held
+        answer_clock.assert_left_at_its_multiple(arrived, held[1])
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
         conn.execute("COMMIT")
 
 
 def test_a_backend_lost_mid_computation_ends_the_session_at_the_quantum_and_stays_charged(
-    quantised: RunningProxy, test_db: TestDatabase
+    quantised: RunningProxy, test_db: TestDatabase, answer_clock: AnswerClock
 ):
     """A backend failure is an outcome like the others: its FATAL leaves at the boundary."""
     with quantised.connect() as conn, psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
@@ -208,19 +218,20 @@ def test_a_backend_lost_mid_computation_ends_the_session_at_the_quantum_and_stay
                                    "WHERE wait_event_type = 'Lock' AND query LIKE '%adult%'")
 
             thread = _after(0, terminate)
-            started = time.monotonic()
             with pytest.raises(psycopg.OperationalError):
                 conn.execute("SELECT COUNT(*) FROM adult WHERE age > 30").fetchall()
-            took = time.monotonic() - started
+            arrived = time.monotonic()
             thread.join()
         finally:
             admin.execute("ROLLBACK")
-        assert QUANTUM_S <= took < 1.5 * QUANTUM_S, took
+        answer_clock.assert_left_at_its_multiple(arrived, answer_clock.last())
         with quantised.connect() as witness:
             assert spent_epsilon(witness) == before + 1
 
 
-def test_a_shutdown_lets_a_quantised_answer_leave_at_its_boundary(test_db: TestDatabase, tmp_path: Path):
+def test_a_shutdown_lets_a_quantised_answer_leave_at_its_boundary(
+    test_db: TestDatabase, tmp_path: Path, answer_clock: AnswerClock
+):
     """SIGTERM while an answer waits for its boundary: answered there (not cut short, which
     would tell when the rows were computed), then the session ends with 57P01."""
     proxy = RunningProxy(make_policy(test_db, tmp_path / "l.sqlite3", QUANTISED))
@@ -228,10 +239,9 @@ def test_a_shutdown_lets_a_quantised_answer_leave_at_its_boundary(test_db: TestD
     try:
         with proxy.connect() as conn:
             conn.execute("SELECT 1")
-            started = time.monotonic()
-            stopping = _after(QUANTUM_S / 4, lambda: proxy._call(proxy.server.close(grace_s=5)))
+            stopping = _once(lambda: bool(answer_clock.answers), lambda: proxy._call(proxy.server.close(grace_s=5)))
             assert conn.execute("SELECT COUNT(*) FROM adult WHERE age > 200").fetchall()
-            assert QUANTUM_S <= time.monotonic() - started < 1.5 * QUANTUM_S
+            answer_clock.assert_left_at_its_multiple(time.monotonic(), answer_clock.last())
             with pytest.raises(psycopg.OperationalError):
                 conn.execute("SELECT 1")
     finally:
@@ -246,7 +256,7 @@ def test_a_shutdown_lets_a_quantised_answer_leave_at_its_boundary(test_db: TestD
 
 
 def test_a_block_whose_backend_is_lost_while_an_answer_waits_is_not_reported_idle(
-    quantised: RunningProxy, test_db: TestDatabase
+    quantised: RunningProxy, test_db: TestDatabase, answer_clock: AnswerClock
 ):
     """A connection lost inside a block ends the session (docs/deployment.md). Lost while a
     quantised answer waited for its boundary, libpq's status of the dead connection (unknown)
@@ -256,12 +266,8 @@ def test_a_block_whose_backend_is_lost_while_an_answer_waits_is_not_reported_idl
         conn.execute("BEGIN")
         pid = conn.execute("SELECT pg_backend_pid()").fetchone()
 
-        def terminate() -> None:
-            time.sleep(QUANTUM_S / 3)  # the answer was computed long ago; it waits for its boundary
-            admin.execute("SELECT pg_terminate_backend(%s)", pid)
-
-        killer = threading.Thread(target=terminate)
-        killer.start()
+        # Once the answer is computed: it waits for its boundary.
+        killer = _once(lambda: bool(answer_clock.answers), lambda: admin.execute("SELECT pg_terminate_backend(%s)", pid))
         try:
             conn.execute("SELECT COUNT(*) FROM adult WHERE age > 200").fetchall()
         except psycopg.OperationalError:
@@ -286,6 +292,26 @@ def _after(delay_s: float, run: Callable[[], object]) -> threading.Thread:
     return thread
 
 
+def _until(observed: Callable[[], bool], what: str, give_up_s: float = 30) -> None:
+    """Poll until ``observed()`` holds; fail, saying ``what`` was expected, if it never does."""
+    give_up = time.monotonic() + give_up_s
+    while not observed():
+        assert time.monotonic() < give_up, f"never observed: {what}"
+        time.sleep(0.002)
+
+
+def _once(observed: Callable[[], bool], run: Callable[[], object], give_up_s: float = 30) -> threading.Thread:
+    """A thread that runs ``run`` as soon as ``observed()`` holds (polled), rather than after a
+    sleep that a loaded machine can make too short or too long; it fails if it never holds."""
+    def when_observed() -> None:
+        _until(observed, "the state to act in", give_up_s)
+        run()
+
+    thread = threading.Thread(target=when_observed)
+    thread.start()
+    return thread
+
+
 @pytest.fixture(scope="module")
 def one_connection(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
     """The quantised policy with a pool of one backend connection."""
@@ -306,27 +332,34 @@ def repeating(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -
     proxy.stop()
 
 
-def test_another_session_waiting_for_the_connection_gets_it_only_at_the_answers_boundary(one_connection: RunningProxy):
+def test_another_session_waiting_for_the_connection_gets_it_only_at_the_answers_boundary(
+    one_connection: RunningProxy, answer_clock: AnswerClock
+):
     """With every pooled connection taken (one here; an analyst can pin them all with BEGIN),
     another session's statement waits for the quantised answer's connection. Given back when
     the backend was done, it told that session when the rows were computed, to the millisecond."""
     with one_connection.connect() as answering, one_connection.connect() as waiting:
         answering.execute("SELECT 1")
         waiting.execute("SELECT 1")
-        took: list[float] = []
+        asked: list[float] = []
+        served: list[float] = []
 
         def wait_for_the_connection() -> None:
-            started = time.monotonic()
+            asked.append(time.monotonic())
             waiting.execute("SELECT 1").fetchall()
-            took.append(time.monotonic() - started)
+            served.append(time.monotonic())
 
-        thread = _after(0.05, wait_for_the_connection)  # the answer has its connection by then
-        answering.execute("SELECT COUNT(*) FROM adult WHERE age > 200").fetchall()  # computed in a few ms
+        # Asked once the answer is computed (in a few ms), while it waits for its boundary.
+        thread = _once(lambda: bool(answer_clock.answers), wait_for_the_connection)
+        answering.execute("SELECT COUNT(*) FROM adult WHERE age > 200").fetchall()
         thread.join()
-    assert took and took[0] >= QUANTUM_S * 0.75, took
+    answer = answer_clock.last()
+    boundary = answer.started + answer.quanta * QUANTUM_S
+    assert asked and asked[0] < boundary, (asked, answer)  # it did wait
+    assert served and served[0] >= boundary, (served, answer)
 
 
-def test_a_repeat_is_not_answered_from_an_answer_before_its_boundary(repeating: RunningProxy):
+def test_a_repeat_is_not_answered_from_an_answer_before_its_boundary(repeating: RunningProxy, answer_clock: AnswerClock):
     """A second session asking the same statement τ after the first found it stored (a free
     repeat) exactly when the first's rows had been computed before τ: stored at the boundary,
     the repeat says nothing the first answer's arrival does not."""
@@ -336,9 +369,17 @@ def test_a_repeat_is_not_answered_from_an_answer_before_its_boundary(repeating: 
         second.execute("SELECT 1")
         notices: list[str] = []
         second.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary or ""))
-        thread = _after(QUANTUM_S / 2, lambda: second.execute(sql).fetchall())
+        asked: list[float] = []
+
+        def ask_the_same() -> None:
+            asked.append(time.monotonic())
+            second.execute(sql).fetchall()
+
+        thread = _once(lambda: bool(answer_clock.answers), ask_the_same)  # the first is computed, not sent
         first.execute(sql).fetchall()
         thread.join()
+    first_answer = answer_clock.answers[0]
+    assert asked and asked[0] < first_answer.started + first_answer.quanta * QUANTUM_S, (asked, first_answer)
     assert notices and "a repeat" not in notices[0], notices
 
 
@@ -352,18 +393,25 @@ def _cancel(proxy: RunningProxy, conn: psycopg.Connection) -> None:
 
 
 def test_a_cancel_while_an_answer_waits_for_its_boundary_changes_nothing_the_client_can_see(
-    one_connection: RunningProxy,
+    one_connection: RunningProxy, answer_clock: AnswerClock
 ):
     """Sent at once while the answer waited (and put off to the boundary while the backend
     computed), a cancel marked the connection to be closed rather than pooled only when the rows
     had been computed before it came: the session's next statement then ran on a new backend."""
     with one_connection.connect() as conn:
         before = conn.execute("SELECT pg_backend_pid()").fetchone()
-        thread = _after(QUANTUM_S / 2, lambda: _cancel(one_connection, conn))  # computed in a few ms
-        started = time.monotonic()
+        cancelled: list[float] = []
+
+        def cancel() -> None:
+            _cancel(one_connection, conn)
+            cancelled.append(time.monotonic())
+
+        thread = _once(lambda: bool(answer_clock.answers), cancel)  # computed in a few ms, waiting
         assert conn.execute("SELECT COUNT(*) FROM adult WHERE age > 200").fetchall()
-        assert QUANTUM_S <= time.monotonic() - started < 1.5 * QUANTUM_S
+        answer_clock.assert_left_at_its_multiple(time.monotonic(), answer_clock.last())
         thread.join()
+        answer = answer_clock.last()
+        assert cancelled and cancelled[0] < answer.started + answer.quanta * QUANTUM_S  # sent during the wait
         assert conn.execute("SELECT pg_backend_pid()").fetchone() == before
 
 
@@ -398,7 +446,7 @@ def test_a_statement_under_way_when_a_reload_drops_its_user_ends_with_57p01_not_
                     outcome.append(exc)
 
             thread = _after(0, ask)
-            time.sleep(0.3)  # waiting for the connection
+            _until(lambda: proxy.server.pool.waiting == 1, "the statement waits for the connection")
             assert proxy._call(proxy.server.reload(reloaded))
             holder.execute("COMMIT")
             thread.join(timeout=10)
@@ -528,7 +576,8 @@ def test_answers_while_every_worker_reloads_are_noised_at_the_epsilon_they_are_c
             reloaded = group.count("reloaded:")
             group.process.send_signal(signal.SIGHUP)
             group.wait_for("reloaded:", reloaded + 2)
-            time.sleep(0.2)
+            answered = len(notices)  # then answers under the new policy (not a sleep: a loaded machine answers few)
+            _until(lambda: _charged_at(notices[answered:], float(epsilon)) >= 2, f"answers charged {epsilon}")
     finally:
         stop.set()
         for thread in threads:
@@ -542,6 +591,12 @@ def test_answers_while_every_worker_reloads_are_noised_at_the_epsilon_they_are_c
     assert spent_epsilon(conns[0]) == pytest.approx(before + sum(epsilon for epsilon, _ in charged))
     for conn in conns:
         conn.close()
+
+
+def _charged_at(notices: list[str], epsilon: float) -> int:
+    """How many of the answer ``notices`` charged ``epsilon``."""
+    charged = (re.search(r"ε charged ([0-9.]+),", notice) for notice in notices)
+    return sum(1 for found in charged if found and float(found.group(1)) == epsilon)
 
 
 def _wait_for_a_lock_wait(test_db: TestDatabase) -> None:
@@ -618,7 +673,7 @@ def test_a_passthrough_waiting_for_a_connection_when_a_reload_protects_its_table
                     outcome.append(exc.sqlstate)
 
             thread = _after(0, ask)
-            time.sleep(0.3)  # waiting for the connection
+            _until(lambda: proxy.server.pool.waiting == 1, "the statement waits for the connection")
             assert proxy._call(proxy.server.reload(reloaded))
             holder.execute("COMMIT")
             thread.join(timeout=10)

@@ -172,9 +172,9 @@ def test_finding_a_group_s_cell_does_not_scale_with_the_cells():
     domain = key_domain(keys, 100_000)
     assert domain.size == 7 * 9999
     days = [f"{year:04d}-03-{day:02d}".encode() for year in range(1, 9999, 10) for day in range(1, 11)]
-    began = time.perf_counter()
+    began = time.process_time()  # CPU time: a loaded machine's wall clock measures the machine
     found = [domain.cell([key.cell_of(day) for key in keys]) for day in days]
-    assert time.perf_counter() - began < 1.0  # hashing the 69993 tuples for each group: ~1 ms a group
+    assert time.process_time() - began < 1.0  # hashing the 69993 tuples for each group: ~1 ms a group
     assert None not in found and len(set(found)) == 1000 * 7
 
 
