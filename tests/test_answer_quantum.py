@@ -15,6 +15,7 @@ from conftest import TEST_POLICY, RunningProxy, make_policy
 from tests.answer_clock import AnswerClock
 from policies.loader import PolicyError, parse_policy
 from proxy.dp.answer_time import on_the_quantum, quantum_deadline
+from proxy.serving.event_loop import new_event_loop
 
 QUANTUM_S = 0.4
 QUANTISED = TEST_POLICY.replace(
@@ -136,6 +137,27 @@ def test_a_slower_answer_leaves_at_the_next_multiple_of_the_quantum():
     assert quantum_deadline(10.0, 10.0, 0.5) == 10.5  # even an answer that took no time waits one quantum
     assert quantum_deadline(10.0, 11.0, 0.5) == 11.0
     assert quantum_deadline(10.0, 11.01, 0.5) == 11.5
+
+
+def test_an_answer_never_leaves_before_its_boundary_on_dpproxys_event_loop():
+    """uvloop's timers count from the loop's clock as its iteration began, so after a release
+    computed on the loop the wait ended up to a millisecond early (70 of these 200), by an
+    amount that depended on when the computation ended: it now sleeps again for the rest."""
+    async def early_leaves() -> int:
+        early = 0
+        for i in range(200):
+            async with on_the_quantum(3) as started:
+                computed = time.monotonic() + i * 0.00001
+                while time.monotonic() < computed:  # computing on the loop, at every phase of its clock
+                    pass
+            early += time.monotonic() < quantum_deadline(started, started, 0.003)
+        return early
+
+    loop = new_event_loop()
+    try:
+        assert loop.run_until_complete(early_leaves()) == 0
+    finally:
+        loop.close()
 
 
 def test_a_cancelled_answer_is_not_held():

@@ -51,4 +51,7 @@ async def on_the_quantum(quantum_ms: int) -> AsyncIterator[float]:
 
 
 async def _until(deadline: float) -> None:
-    await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+    # The loop's timers may fire up to its clock's resolution early (uvloop's: a millisecond),
+    # by an amount that depends on when the rows were computed: sleep again for what is left.
+    while (left := deadline - time.monotonic()) > 0:
+        await asyncio.sleep(left)
