@@ -586,17 +586,85 @@ def test_the_array_forms_type_and_text_are_postgresqls(pproxy: RunningProxy, adm
     assert re.fullmatch(r"\{[-0-9.e]+(,[-0-9.e]+)*\}", copied.strip())
 
 
-def test_the_array_form_in_binary_is_refused_before_the_charge_and_text_cursors_carry_it(
-        pproxy: RunningProxy) -> None:
-    sql = "SELECT percentile_disc(ARRAY[0.1, 0.9]) WITHIN GROUP (ORDER BY age) FROM pct_adult WHERE sex = 'Male'"
+def _raw(conn: psycopg.Connection, sql: str, params: list[bytes] | None = None, binary: bool = False) -> tuple[bytes, int]:
+    """The first value of ``sql``'s one row as the server sent it (text, or binary when asked),
+    and its type, through the extended protocol (Parse, Bind with the result format, Execute)."""
+    result = conn.pgconn.exec_params(sql.encode(), params or [], result_format=int(binary))
+    assert result.status == psycopg.pq.ExecStatus.TUPLES_OK, result.error_message
+    value = result.get_value(0, 0)
+    assert value is not None
+    return value, result.ftype(0)
+
+
+_ARRAY_CASES = [  # kind, column, fractions: one of each array type a percentile of pct_adult answers
+    ("percentile_cont", "age", "ARRAY[0.25, 0.5, 0.75]"),  # float8[]
+    ("percentile_disc", "age", "ARRAY[0.1, 0.5, 0.9]"),  # int4[]
+    ("percentile_disc", "ratio_r", "ARRAY[0.1, 0.9]"),  # float4[]
+    ("percentile_disc", "amount_n", "'{0.25,0.75}'::numeric[]"),  # numeric[]
+]
+
+
+@pytest.mark.parametrize(("kind", "column", "fractions"), _ARRAY_CASES)
+def test_the_array_form_in_binary_is_postgresqls_array_send_of_the_same_release_as_text(
+        pproxy: RunningProxy, admin: psycopg.Connection, kind: str, column: str, fractions: str) -> None:
+    """A binary result of the array form is what PostgreSQL itself sends for the array the text
+    answer printed, byte for byte (a repeat: the same release, charged once)."""
+    sql = f"SELECT {kind}({fractions}) WITHIN GROUP (ORDER BY {column}) FROM pct_adult WHERE sex = 'Male'"
     with pproxy.connect() as conn:
         before = spent_epsilon(conn)
-        with pytest.raises(psycopg.Error) as binary:
-            conn.cursor(binary=True).execute(sql)
-        assert spent_epsilon(conn) == before
-        assert conn.execute("SELECT 1").fetchone() == (1,)
-    assert binary.value.sqlstate == "0A000" and "binary output of type oid 1007" in binary.value.diag.message_primary
-    assert binary.value.diag.message_hint == "Request text format for this column."
+        text, text_type = _raw(conn, sql)
+        binary, binary_type = _raw(conn, sql, binary=True)
+        (decoded,) = conn.cursor(binary=True).execute(sql).fetchone()
+        assert spent_epsilon(conn) == pytest.approx(before + 1.0)
+    type_name = admin.execute("SELECT %s::regtype::text", (text_type,)).fetchone()[0]
+    expected, expected_type = _raw(admin, f"SELECT $1::{type_name}", [text], binary=True)
+    assert text_type == binary_type == expected_type
+    assert binary == expected
+    element = ARRAY_ELEMENTS[text_type]
+    assert encode_array_text(decoded, element) == text
+
+
+def test_asyncpg_fetches_the_array_form_as_a_list_equal_to_the_text_answer(pproxy: RunningProxy) -> None:
+    """asyncpg asks every column in binary: a box plot's quartiles come back as a Python list,
+    the same release a text client reads next (a repeat, uncharged)."""
+    sql = "SELECT percentile_cont(ARRAY[0.25, 0.5, 0.75]) WITHIN GROUP (ORDER BY age_f) FROM pct_adult WHERE age < 50"
+
+    async def fetched() -> list[float]:
+        conn = await asyncpg.connect(host=pproxy.host, port=pproxy.port, user="analyst", password="analyst",
+                                     database=TEST_DATABASE)
+        try:
+            return await conn.fetchval(sql)
+        finally:
+            await conn.close()
+
+    with pproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        quartiles = asyncio.run(fetched())
+        assert spent_epsilon(conn) == pytest.approx(before + 1.0)
+        (text,) = conn.execute(sql).fetchone()
+        assert spent_epsilon(conn) == pytest.approx(before + 1.0)
+    assert isinstance(quartiles, list) and len(quartiles) == 3 and all(isinstance(q, float) for q in quartiles)
+    assert quartiles == text
+
+
+def test_copy_binary_of_the_array_form_carries_array_send_and_text_cursors_carry_it(
+        pproxy: RunningProxy, admin: psycopg.Connection) -> None:
+    sql = "SELECT percentile_disc(ARRAY[0.1, 0.9]) WITHIN GROUP (ORDER BY age) FROM pct_adult WHERE sex = 'Female'"
+    with pproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        with conn.cursor() as cur, cur.copy(f"COPY ({sql}) TO STDOUT (FORMAT binary)") as copy:
+            copied = b"".join(bytes(chunk) for chunk in copy)
+        assert spent_epsilon(conn) == pytest.approx(before + 1.0)
+    # COPY's binary framing: signature, flags, extension length; one tuple of one field; -1.
+    assert copied[:19] == b"PGCOPY\n\xff\r\n\x00" + b"\x00" * 8 and copied[-2:] == b"\xff\xff"
+    assert copied[19:21] == b"\x00\x01"
+    length = int.from_bytes(copied[21:25], "big")
+    data = copied[25:25 + length]
+    assert 25 + length == len(copied) - 2
+    values = psycopg.adapt.Transformer(admin).get_loader(1007, psycopg.pq.Format.BINARY).load(data)
+    assert len(values) == 2 and all(isinstance(v, int) and 17 <= v <= 90 for v in values)
+    expected, _ = _raw(admin, "SELECT $1::int4[]", [encode_array_text(values, 23)], binary=True)
+    assert data == expected
     with pproxy.connect(autocommit=False) as conn:
         with conn.cursor(name="pct_array") as cur:
             cur.execute(sql.replace("0.9", "0.8"))
