@@ -29,9 +29,14 @@ CASES = [
 @pytest.mark.parametrize("type_name,values", CASES, ids=[c[0] for c in CASES])
 def test_text_to_binary_matches_postgres_send(admin, type_name: str, values: list[str]):
     admin.execute("SET TimeZone = 'UTC'")
+    _assert_sent_as(admin, type_name, values, _send(type_name))
+
+
+def _assert_sent_as(admin, type_name: str, values: list[str], send: str) -> None:
+    """Each value's text as PostgreSQL prints it, converted by dpproxy, is what ``send`` gives."""
     for text in values:
         oid, out_text, sent = admin.execute(
-            f"SELECT pg_typeof(%s::{type_name})::oid, (%s::{type_name})::text, {_send(type_name)}(%s::{type_name})",
+            f"SELECT pg_typeof(%s::{type_name})::oid, (%s::{type_name})::text, {send}(%s::{type_name})",
             (text, text, text),
         ).fetchone()
         assert binary_from_text(out_text.encode(), oid) == bytes(sent), (type_name, text)
@@ -68,12 +73,7 @@ ARRAY_CASES = [
 def test_number_arrays_to_binary_match_postgres_array_send(admin, type_name: str, values: list[str]):
     """What percentile_cont(ARRAY[…]) and percentile_disc(ARRAY[…]) answer, in array_send's bytes:
     ndim, has-null flag, element type, length, lower bound 1, each element's length and value."""
-    for text in values:
-        oid, out_text, sent = admin.execute(
-            f"SELECT pg_typeof(%s::{type_name})::oid, (%s::{type_name})::text, array_send(%s::{type_name})",
-            (text, text, text),
-        ).fetchone()
-        assert binary_from_text(out_text.encode(), oid) == bytes(sent), (type_name, text)
+    _assert_sent_as(admin, type_name, values, "array_send")
 
 
 @pytest.mark.parametrize(("text", "oid"), [

@@ -16,6 +16,8 @@ import struct
 import uuid
 from decimal import Decimal, InvalidOperation
 
+from rewriter.types import ARRAY_ELEMENTS, NUMBER_ARRAY_NAMES
+
 __all__ = ["BINARY_TYPES", "DATE_TIME_TYPES", "NOT_ISO", "NUMBER_ARRAYS", "UnsupportedBinaryType", "binary_from_text", "binary_from_value"]
 
 BOOL, BYTEA, CHAR, NAME, INT8, INT2, INT4, TEXT, OID = 16, 17, 18, 19, 20, 21, 23, 25, 26
@@ -23,9 +25,7 @@ XID, FLOAT4, FLOAT8, BPCHAR, VARCHAR, DATE, TIMESTAMP, TIMESTAMPTZ, NUMERIC, UUI
     28, 700, 701, 1042, 1043, 1082, 1114, 1184, 1700, 2950,
 )
 UNKNOWN = 705
-_INT2_ARRAY, _INT4_ARRAY, _INT8_ARRAY, _FLOAT4_ARRAY, _FLOAT8_ARRAY, _NUMERIC_ARRAY = 1005, 1007, 1016, 1021, 1022, 1231
-NUMBER_ARRAYS = {_INT2_ARRAY: INT2, _INT4_ARRAY: INT4, _INT8_ARRAY: INT8, _FLOAT4_ARRAY: FLOAT4,
-                 _FLOAT8_ARRAY: FLOAT8, _NUMERIC_ARRAY: NUMERIC}
+NUMBER_ARRAYS = {array: ARRAY_ELEMENTS[array] for array in NUMBER_ARRAY_NAMES}
 """The array types dpproxy sends in binary, each with its element type."""
 DATE_TIME_TYPES = frozenset({DATE, TIMESTAMP, TIMESTAMPTZ})
 """Converted to binary from their text only as DateStyle ISO prints them."""
