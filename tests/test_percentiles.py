@@ -474,6 +474,31 @@ def test_a_bad_fraction_parameter_is_refused_as_postgresql_would_before_the_char
     assert info.value.sqlstate == sqlstate and message in info.value.diag.message_primary, info.value
 
 
+@pytest.mark.parametrize(("sql", "params", "message"), [
+    ("ARRAY[%s, %s]", (0.25, 0.75), "of an array with a bound parameter as a fraction"),
+    ("ARRAY[%b, %b]", (0.25, 0.75), "of an array with a bound parameter as a fraction"),  # binary values
+    ("ARRAY[%s::float8, 0.5]", (0.25,), "of an array with a bound parameter as a fraction"),
+    ("ARRAY[0.25, %s, 0.75]", ("0.5",), "of an array with a bound parameter as a fraction"),
+    ("%s", ([0.25, 0.75],), "with an array of fractions as the parameter"),  # psycopg binds a list as float8[]
+    ("%b", ([0.25, 0.75],), "with an array of fractions as the parameter"),
+])
+def test_fractions_bound_as_parameters_of_an_array_are_refused_before_the_charge_with_what_to_send(
+        pproxy: RunningProxy, sql: str, params: tuple[object, ...], message: str) -> None:
+    """``ARRAY[$1, $2]`` and a list bound to ``$1``: refused from the statement and its parameter
+    types, before any charge, with a hint naming the forms that are answered."""
+    statement = f"SELECT percentile_cont({sql}) WITHIN GROUP (ORDER BY age) FROM pct_adult"
+    with pproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(statement, params, prepare=True)
+        assert spent_epsilon(conn) == before
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert info.value.sqlstate == "DP001" and message in info.value.diag.message_primary, info.value
+    assert "(rule: aggregate-argument)" in info.value.diag.message_primary
+    hint = info.value.diag.message_hint or ""
+    assert "percentile_cont(ARRAY[0.25, 0.5, 0.75]) WITHIN GROUP (ORDER BY col)" in hint and "of its own" in hint
+
+
 @pytest.mark.parametrize(("literal", "sqlstate", "message"), [
     ("1e-400", "22003", "is out of range for type double precision"),
     ("1e400", "22003", "is out of range for type double precision"),
