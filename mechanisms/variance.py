@@ -16,6 +16,9 @@ and everything after is post-processing of (ñ, S̃, Q̃):
     var_samp = var_pop(m')·m'/(m' − 1),          m' = max(ñ, 2)
     stddev   = √var
 
+All four are computed from one draw of the three (:class:`NoisyMoments`, :func:`variance_of`):
+a statement asking several of them of one column under one condition pays for one release.
+
 Choices (docs/mechanisms.md):
 
 * The split. To first order the error of the population variance is
@@ -51,7 +54,8 @@ from .laplace import _check_epsilon, integer_noise_scale, laplace_integer_sum
 from .release import Release
 from .samplers import laplace_int
 
-__all__ = ["MomentGrid", "MomentsRelease", "SHARES", "VarianceKind", "moment_noise", "release_variance"]
+__all__ = ["MomentGrid", "MomentsRelease", "NoisyMoments", "SHARES", "VarianceKind", "mean_of", "moment_noise",
+           "noisy_moments", "release_variance", "variance_of"]
 
 VarianceKind = Literal["var_pop", "var_samp", "stddev_pop", "stddev_samp"]
 
@@ -61,6 +65,8 @@ SHARES = (1.0 / (2.0 + _CUBE_ROOT_4), _CUBE_ROOT_4 / (2.0 + _CUBE_ROOT_4), 1.0 /
 
 # P(|Lap(b)| > b·ln 60) = 1/60: three such bounds hold together with probability ≥ 0.95.
 _LN60 = math.log(60.0)
+# And b·ln 40 for two (a mean's count and centred sum), as mechanisms.sum_count bounds its own.
+_LN40 = math.log(40.0)
 
 
 @dataclass(frozen=True)
@@ -110,34 +116,64 @@ def moment_noise(moments: MomentGrid, epsilon: float) -> tuple[float, float, flo
             _scaled(integer_noise_scale(moments.reach**2, share_q), 2 * moments.grid.exponent))
 
 
-def release_variance(
-    kind: VarianceKind, count: int, centred_sum: int, centred_squares: int, moments: MomentGrid, epsilon: float
-) -> MomentsRelease:
-    """ε-DP ``kind`` of ``count`` values whose centred points sum to ``centred_sum`` and whose
-    squares sum to ``centred_squares`` (exact integers, :class:`MomentGrid`).
+@dataclass(frozen=True)
+class NoisyMoments:
+    """One release of a column's moments: the noisy count ñ, centred sum S̃ and centred sum of
+    squares Q̃ (integers, in points of ``moments``), drawn once at ``epsilon``, and the three
+    draws' scales in points. Every variance and standard deviation of the column under the same
+    condition is computed from it (:func:`variance_of`), post-processing that costs nothing more."""
+
+    count: int
+    centred_sum: int
+    centred_squares: int
+    moments: MomentGrid
+    epsilon: float
+    scales: tuple[float, float, float]
+
+
+def noisy_moments(count: int, centred_sum: int, centred_squares: int, moments: MomentGrid,
+                  epsilon: float) -> NoisyMoments:
+    """The ε-DP moments of ``count`` values whose centred points sum to ``centred_sum`` and whose
+    squares sum to ``centred_squares`` (exact integers, :class:`MomentGrid`): one draw each,
+    at ε_n, ε_S and ε_Q (:data:`SHARES`). With lo = hi (D = 0) nothing is drawn: every value
+    is the centre and every variance 0 whatever the rows."""
+    _check_epsilon(epsilon)
+    if count < 0 or centred_squares < 0:
+        raise ValueError("a count and a sum of squares are non-negative")
+    reach = moments.reach
+    if reach == 0:
+        return NoisyMoments(0, 0, 0, moments, epsilon, (0.0, 0.0, 0.0))
+    share_n, share_s, share_q = (epsilon * share for share in SHARES)
+    count_scale = 1.0 / share_n
+    noisy_count = laplace_int(count, count_scale)
+    noisy_sum, sum_scale = laplace_integer_sum(centred_sum, reach, share_s)
+    noisy_squares, squares_scale = laplace_integer_sum(centred_squares, reach**2, share_q)
+    return NoisyMoments(noisy_count, noisy_sum, noisy_squares, moments, epsilon, (count_scale, sum_scale, squares_scale))
+
+
+def variance_of(kind: VarianceKind, noisy: NoisyMoments) -> MomentsRelease:
+    """``kind`` computed from the released ``noisy`` moments alone (post-processing).
 
     Release.scale is the centred sum of squares' noise scale over the noisy count (the part
     that dominates on wide data), and error95 a bound the error stays below with probability
     about 0.95, to first order: (b_Q + 2h·b_S + h²·b_n)·ln 60 / m, each draw within its
     1/60 tail, at most the release's range (for the standard deviations, the square root of
     the variance's bound). Both are functions of released values: reporting them is free.
+
+    Of one ``noisy``, stddev_pop² = var_pop and stddev_samp² = var_samp up to the square root's
+    rounding, and var_samp = var_pop·m/(m − 1) whenever the noisy count m is at least 2.
     """
-    _check_epsilon(epsilon)
-    if count < 0 or centred_squares < 0:
-        raise ValueError("a count and a sum of squares are non-negative")
-    share_n, share_s, share_q = (epsilon * share for share in SHARES)
+    moments, epsilon = noisy.moments, noisy.epsilon
     reach = moments.reach
     exponent = moments.grid.exponent
     if reach == 0:  # lo = hi: every value is the centre, the variance is 0 whatever the rows
         return MomentsRelease(0.0, epsilon, 0.0, 0.0, 0.0, "moments")
-    count_scale = 1.0 / share_n
-    noisy_count = laplace_int(count, count_scale)
-    noisy_sum, sum_scale = laplace_integer_sum(centred_sum, reach, share_s)
-    noisy_squares, squares_scale = laplace_integer_sum(centred_squares, reach**2, share_q)
+    count_scale, sum_scale, squares_scale = noisy.scales
     sample = kind in ("var_samp", "stddev_samp")
-    m = max(noisy_count, 2 if sample else 1)
+    m = max(noisy.count, 2 if sample else 1)
     # In points², exactly, then clamped into [0, D²]: the population variance's range.
-    points = min(max(Fraction(noisy_squares, m) - Fraction(noisy_sum, m) ** 2, Fraction(0)), Fraction(reach**2))
+    points = min(max(Fraction(noisy.centred_squares, m) - Fraction(noisy.centred_sum, m) ** 2, Fraction(0)),
+                 Fraction(reach**2))
     widest = Fraction(reach**2)
     if sample:
         points, widest = points * m / (m - 1), widest * m / (m - 1)
@@ -149,6 +185,35 @@ def release_variance(
                               "moments", scales)
     return MomentsRelease(_scaled(float(points), 2 * exponent), epsilon, 0.0, _scaled(squares_scale / m, 2 * exponent),
                           _scaled(bound, 2 * exponent), "moments", scales)
+
+
+def mean_of(noisy: NoisyMoments, lo: float, hi: float) -> Release[float]:
+    """The mean of the clamped values in [``lo``, ``hi``] (the bounds ``noisy.moments`` was made
+    for) from the released moments alone: c + S̃·s/max(ñ, 1), clamped into [lo, hi] (post-processing).
+
+    Release.scale is the centred sum's scale over the noisy count, and error95 the first-order
+    bound (b_S + h·b_n)·ln 40 / m, each of the two draws within its 1/40 tail, at most hi − lo
+    (``mechanisms.sum_count`` reports its own mean's the same way)."""
+    moments = noisy.moments
+    lo, hi = float(lo), float(hi)
+    if moments.reach == 0:
+        return Release(lo, noisy.epsilon, 0.0, 0.0, 0.0, "moments")
+    m = max(noisy.count, 1)
+    exponent = moments.grid.exponent
+    point = Fraction(moments.centre) + Fraction(noisy.centred_sum, m)
+    value = min(max(_scaled(float(point), exponent), lo), hi)
+    count_scale, sum_scale, _ = noisy.scales
+    bound = (sum_scale + moments.reach * count_scale) * _LN40 / m
+    return Release(value, noisy.epsilon, 0.0, _scaled(sum_scale / m, exponent),
+                   min(_scaled(bound, exponent), hi - lo), "moments")
+
+
+def release_variance(
+    kind: VarianceKind, count: int, centred_sum: int, centred_squares: int, moments: MomentGrid, epsilon: float
+) -> MomentsRelease:
+    """ε-DP ``kind`` of ``count`` values whose centred points sum to ``centred_sum`` and whose
+    squares sum to ``centred_squares``: :func:`variance_of` one fresh :func:`noisy_moments`."""
+    return variance_of(kind, noisy_moments(count, centred_sum, centred_squares, moments, epsilon))
 
 
 def _scaled(points: float, exponent: int) -> float:

@@ -122,7 +122,8 @@ def quote_identifier(identifier: str) -> str:
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: a reload makes a new one
 class TableRegistry:
-    """The policy's relations by OID, and the backend's pg_class column list (for neutralising)."""
+    """The policy's relations by OID, and the backend's pg_class and pg_database column lists (for
+    neutralising)."""
 
     by_oid: Mapping[int, Relation]
     pg_class_columns: tuple[str, ...] = ()
@@ -145,6 +146,7 @@ class TableRegistry:
     # OID, each with what changed, when the policy in force no longer fits it (proxy.serving.server
     # resolves the policy again first): a statement on one is refused before its charge until a reload.
     redefined: Mapping[int, str] = field(default_factory=dict)
+    pg_database_columns: tuple[str, ...] = ()
 
     def get(self, oid: int) -> Relation | None:
         return self.by_oid.get(oid)

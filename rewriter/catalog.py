@@ -23,6 +23,7 @@ __all__ = [
     "EMPTIED_RELATIONS",
     "NEUTRALISED_FUNCTIONS",
     "NEUTRALISED_PG_CLASS_COLUMNS",
+    "NEUTRALISED_PG_DATABASE_COLUMNS",
     "SAFE_SETTINGS",
     "SESSION_EFFECT_FUNCTIONS",
     "ascii_safe_encoding",
@@ -65,13 +66,26 @@ _PG_CATALOG_RELATIONS = frozenset(
 # statistics view that lists every backend (and the backend is dpproxy's, not the analyst's).
 EMPTIED_RELATIONS = frozenset({"pg_replication_slots", "pg_stat_gssapi"})
 
-# pg_class columns that reveal row counts and sizes; replaced in every passthrough statement
-# (those the backend has: relallfrozen, the pages VACUUM found all frozen, is PostgreSQL 18's).
+# pg_class columns that reveal row counts and sizes, or which rows a table holds; replaced in
+# every passthrough statement (those the backend has: relallfrozen, the pages VACUUM found all
+# frozen, is PostgreSQL 18's). relfrozenxid and relminmxid are set by each VACUUM to the oldest
+# transaction (multixact) id still unfrozen in the table, i.e. the xmin of its oldest unfrozen
+# row: a table holding one row written before the others answered that row's xid, its
+# neighbour without it the others' (0 is what a relation without storage has).
 NEUTRALISED_PG_CLASS_COLUMNS = {
     "reltuples": "(-1)::real",
     "relpages": "0::integer",
     "relallvisible": "0::integer",
     "relallfrozen": "0::integer",
+    "relfrozenxid": "'0'::pg_catalog.xid",
+    "relminmxid": "'0'::pg_catalog.xid",
+}
+
+# pg_database columns replaced in every passthrough statement: each VACUUM sets them to the
+# least relfrozenxid (relminmxid) of the database's relations, a protected table's among them.
+NEUTRALISED_PG_DATABASE_COLUMNS = {
+    "datfrozenxid": "'0'::pg_catalog.xid",
+    "datminmxid": "'0'::pg_catalog.xid",
 }
 
 # Size functions (all return bigint): each call becomes ``NULL::pg_catalog.int8``; its

@@ -26,7 +26,7 @@ from .copy import CopyOptions, copy_query
 from .cursors import CursorOptions, Fetch, declare_query, declare_sql, fetch_of
 from .function_check import check_functions, inexact_floats, unsafe_client_encoding
 from .dp_query import AggregateQuery, asks_for_no_row, plan_aggregate_query
-from .neutralise import empty_relations, neutralise_pg_class
+from .neutralise import empty_relations, neutralise_pg_class, neutralise_pg_database
 from .partitioned_reads import refuse_partitioned_read
 from .qualify import qualify
 from .references import RelationRef
@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 PG_CLASS_OID = 1259
+PG_DATABASE_OID = 1262
 
 
 @dataclass(frozen=True)
@@ -306,7 +307,8 @@ def _select(
 ) -> Decision:
     refs = statement.references
     protected: list[Relation] = []
-    references_pg_class = references_emptied = False
+    references_emptied = False
+    neutralised: set[int] = set()  # pg_class and pg_database, where the statement reads them
     for ref in refs.relations:
         target = resolved.get(ref)
         if target is None:
@@ -341,7 +343,8 @@ def _select(
                     "schema catalogs (pg_class, pg_attribute, information_schema ...) are available.",
                     "catalog-allowlist",
                 )
-            references_pg_class |= target.oid == PG_CLASS_OID
+            if target.oid in (PG_CLASS_OID, PG_DATABASE_OID):
+                neutralised.add(target.oid)
             references_emptied |= target.schema == "pg_catalog" and target.name in EMPTIED_RELATIONS
             continue
         raise Refusal(
@@ -359,14 +362,16 @@ def _select(
     pinned = {(ref.name, target.schema): target for ref, target in resolved.items()
               if ref.schema is None and target is not None and ref.name not in refs.cte_names}
     text = qualify(statement.text, user, tuple(sorted(pinned)))
-    if references_pg_class:
-        # Its subquery names only pg_catalog.pg_class, keyword types and constants.
-        text = neutralise_pg_class(
-            text,
-            registry.pg_class_columns,
-            lambda schema, name: _means_pg_class(RelationRef(schema, name), resolved)
-            or (schema is not None and pinned.get((name, schema), _NOT_PINNED).oid == PG_CLASS_OID),
-        )
+    for oid, neutralise, columns in ((PG_CLASS_OID, neutralise_pg_class, registry.pg_class_columns),
+                                     (PG_DATABASE_OID, neutralise_pg_database, registry.pg_database_columns)):
+        if oid in neutralised:
+            # Its subquery names only the catalog relation, keyword types and constants.
+            text = neutralise(
+                text,
+                columns,
+                lambda schema, name, oid=oid: _means_oid(RelationRef(schema, name), resolved, oid)
+                or (schema is not None and pinned.get((name, schema), _NOT_PINNED).oid == oid),
+            )
     if references_emptied:
         text = empty_relations(
             text,
@@ -444,9 +449,9 @@ def _means_emptied(ref: RelationRef, resolved: Mapping[RelationRef, ResolvedRela
     return _is_emptied(resolved.get(ref))
 
 
-def _means_pg_class(ref: RelationRef, resolved: Mapping[RelationRef, ResolvedRelation | None]) -> bool:
+def _means_oid(ref: RelationRef, resolved: Mapping[RelationRef, ResolvedRelation | None], oid: int) -> bool:
     target = resolved.get(ref)
-    return target is not None and target.oid == PG_CLASS_OID
+    return target is not None and target.oid == oid
 
 
 def _protected(statement: Statement, protected: list[Relation], registry: TableRegistry) -> DPQuery | ColumnsOnly:

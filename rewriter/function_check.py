@@ -20,6 +20,11 @@ HARMLESS_FIELD_FUNCTIONS = frozenset({
     "interval", "int2", "int4", "int8", "float4", "float8", "numeric", "bool", "char", "varchar",
     "bpchar", "money", "inet", "cidr", "macaddr", "bit", "varbit", "xid", "xid8", "regclass",
 })
+# Of those, the names whose function is harmless on a relation's whole row (``rel.age``: rel's
+# column, or age(record), which does not exist) but not on a value: ``(datfrozenxid).age`` is
+# age(xid), the transactions begun since that xid, a counter that moves with every write
+# transaction on the server (an INSERT into a protected table included), as txid_current() does.
+_WHOLE_ROW_ONLY_FIELD_FUNCTIONS = frozenset({"age"})
 _RELEASE_COLUMN = re.compile(r"_(dp|k)[0-9]+")
 
 
@@ -32,10 +37,12 @@ def check_functions(statement: Statement, function_names: frozenset[str] | None 
     allowlisted function (not a neutralised one: only FuncCalls are replaced), a harmless
     column-and-function name, or no function of the backend's (``function_names``, every
     pg_proc name); without that list (None), only the release columns ``_dpN``/``_kN`` of
-    post-processing are accepted.
+    post-processing are accepted. ``age`` after a parenthesised value (``(xmin).age``) is
+    refused: on an xid it reads the server's transaction counter.
     """
     for name in statement.references.fields:
-        if name in NEUTRALISED_FUNCTIONS or not (
+        if name in NEUTRALISED_FUNCTIONS or (name in _WHOLE_ROW_ONLY_FIELD_FUNCTIONS and name in
+                                             statement.references.value_fields) or not (
             allowed_function(name)
             or name in HARMLESS_FIELD_FUNCTIONS
             or (function_names is not None and name not in function_names)

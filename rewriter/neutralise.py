@@ -12,14 +12,18 @@ is what the service role can, so that is the answer the question wants.
 ``neutralise_pg_class`` (on the text):
 
 Every reference to pg_catalog.pg_class becomes a subquery with the same columns in which
-``reltuples``, ``relpages``, ``relallvisible`` and (PostgreSQL 18) ``relallfrozen`` are
-constants (-1 is what PostgreSQL itself reports for a table never analysed). Clients that read them (pgjdbc's
+``reltuples``, ``relpages``, ``relallvisible``, (PostgreSQL 18) ``relallfrozen``,
+``relfrozenxid`` and ``relminmxid`` are constants (-1 is what PostgreSQL itself reports for a
+table never analysed; catalog.py says why each is replaced). Clients that read them (pgjdbc's
 getIndexInfo CARDINALITY) keep working and learn nothing.
 
 Of pg_class's system columns only ``tableoid`` (pg_class's own oid, the same on every row)
 is carried, and only into a statement that names a column ``tableoid``, so that ``SELECT *``
 keeps pg_class's shape; pgAdmin joins ``pg_depend.classid = cls.tableoid``. The others (``xmin``
 and ``ctid`` tell when and in what order relations were written) stay out.
+
+``neutralise_pg_database`` (on the text) does the same for pg_catalog.pg_database, whose
+``datfrozenxid`` and ``datminmxid`` are the least of its relations' relfrozenxid and relminmxid.
 
 ``empty_relations`` (on the text): every reference to a relation of ``EMPTIED_RELATIONS``
 becomes the same relation with no row (``WHERE false``: its columns and types, nothing read).
@@ -38,9 +42,9 @@ from typing import Any, Iterator
 from pglast import ast, parser
 from pglast.enums import SQLValueFunctionOp
 
-from .catalog import EMPTIED_RELATIONS, NEUTRALISED_FUNCTIONS, NEUTRALISED_PG_CLASS_COLUMNS
+from .catalog import EMPTIED_RELATIONS, NEUTRALISED_FUNCTIONS, NEUTRALISED_PG_CLASS_COLUMNS, NEUTRALISED_PG_DATABASE_COLUMNS
 
-__all__ = ["empty_relations", "neutralise_calls", "neutralise_pg_class"]
+__all__ = ["empty_relations", "neutralise_calls", "neutralise_pg_class", "neutralise_pg_database"]
 
 _USER_FUNCTIONS = frozenset({"current_user", "session_user", "user", "current_role"})
 # The session-user value functions, with the column name PostgreSQL gives them.
@@ -104,11 +108,20 @@ def _cast(value: ast.A_Const, type_name: str) -> ast.TypeCast:
 
 def neutralise_pg_class(sql: str, pg_class_columns: tuple[str, ...], is_pg_class: Any) -> str:
     """Replace each RangeVar for which ``is_pg_class(schema, name)`` holds by a safe subquery."""
+    return _neutralise(sql, "pg_class", pg_class_columns, NEUTRALISED_PG_CLASS_COLUMNS, is_pg_class)
+
+
+def neutralise_pg_database(sql: str, pg_database_columns: tuple[str, ...], is_pg_database: Any) -> str:
+    """Replace each RangeVar for which ``is_pg_database(schema, name)`` holds by a subquery in which
+    ``datfrozenxid`` and ``datminmxid`` are constants, as pg_class's subquery is built."""
+    return _neutralise(sql, "pg_database", pg_database_columns, NEUTRALISED_PG_DATABASE_COLUMNS, is_pg_database)
+
+
+def _neutralise(sql: str, relation: str, columns: tuple[str, ...], constants: dict[str, str], matches: Any) -> str:
     tree = json.loads(parser.parse_sql_json(sql))
-    columns = pg_class_columns
     if any(_column_names(ref)[-1:] == ["tableoid"] for ref in _nodes(tree, "ColumnRef")):
         columns += ("tableoid",)
-    return _replace_relations(sql, tree, "pg_class", is_pg_class, _subquery(columns))
+    return _replace_relations(sql, tree, relation, matches, _subquery(relation, columns, constants))
 
 
 def empty_relations(sql: str, is_emptied: Any) -> str:
@@ -173,12 +186,9 @@ def _schema_prefix(tokens: list[Any], ref: dict[str, Any], start: int, relation:
     return start, tokens[index + 2 * (len(names) - 2)].start
 
 
-def _subquery(columns: tuple[str, ...]) -> str:
-    items = [
-        f"{NEUTRALISED_PG_CLASS_COLUMNS[c]} AS {c}" if c in NEUTRALISED_PG_CLASS_COLUMNS else c
-        for c in columns
-    ]
-    return f"(SELECT {', '.join(items)} FROM pg_catalog.pg_class)"
+def _subquery(relation: str, columns: tuple[str, ...], constants: dict[str, str]) -> str:
+    items = [f"{constants[c]} AS {c}" if c in constants else c for c in columns]
+    return f"(SELECT {', '.join(items)} FROM pg_catalog.{relation})"
 
 
 def _nodes(node: Any, kind: str) -> Iterator[dict[str, Any]]:

@@ -41,6 +41,9 @@ class References:
     # (``(expr).b``): PostgreSQL calls the function ``b(a)`` when ``a`` has no column ``b``
     # (attribute notation), so each may be a function call that is no FuncCall.
     fields: frozenset[str] = frozenset()
+    # Of those, the names after a parenthesised value (``(expr).b``): ``b(expr)`` whatever the
+    # value's type, where a column reference's ``a.b`` can only be ``b`` of ``a``'s whole row.
+    value_fields: frozenset[str] = frozenset()
     params: int = 0  # the highest $n referenced: the parameters a Bind must supply, at least
 
 
@@ -51,6 +54,7 @@ def collect_references(node: dict[str, Any]) -> References:
     columns: set[str] = set()
     kinds: set[str] = set()
     fields: set[str] = set()
+    value_fields: set[str] = set()
     params = 0
     stack: list[Any] = [node]
     while stack:
@@ -77,13 +81,15 @@ def collect_references(node: dict[str, Any]) -> References:
                         columns.add("*")
                     fields.update(part["String"]["sval"] for part in names[1:] if "String" in part)
                 elif key == "A_Indirection":
-                    fields.update(part["String"]["sval"] for part in value.get("indirection", []) if "String" in part)
+                    selected = [part["String"]["sval"] for part in value.get("indirection", []) if "String" in part]
+                    fields.update(selected)
+                    value_fields.update(selected)
                 elif key == "ParamRef":
                     params = max(params, value.get("number", 0))
             if isinstance(value, (dict, list)):
                 stack.append(value)
     return References(tuple(relations), frozenset(functions), frozenset(ctes), frozenset(columns), frozenset(kinds),
-                      frozenset(fields), params)
+                      frozenset(fields), frozenset(value_fields), params)
 
 
 def _dotted(parts: list[dict[str, Any]]) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -111,6 +112,8 @@ _FOLDED_TIMES = (
     "CAST($ AS date) + 1", "make_date(2000, 2, 30)",
 )
 _FOLDED_PARAMS = ("2000-02-29", "2000-13-45", "1", "-1", "abc", None)
+# A percentile's bound fraction: a double, a numeric, an unknown-typed text, integers; and refused ones.
+_FRACTION_PARAMS: tuple[object, ...] = (0.5, Decimal("0.25"), "0.9", 0, 1, 1.5, None, float("nan"), "abc")
 
 
 def policy_columns() -> str:
@@ -215,6 +218,12 @@ class _Builder:
             self.params.append(self.rng.choice(_FOLDED_PARAMS))
             text = text.replace("$", f"${len(self.params)}")
         return text
+
+    def fraction_parameter(self) -> str:
+        """A percentile's fraction as a fresh parameter (proxy/dp/percentile_params.py): answered,
+        or refused before the charge (outside [0, 1], NULL, NaN, not a number)."""
+        self.params.append(self.rng.choice(_FRACTION_PARAMS))
+        return f"${len(self.params)}"
 
     def column_side(self) -> tuple[str, Column]:
         column = self.rng.choice(COLUMNS)
@@ -341,7 +350,7 @@ class _Builder:
             if rng.random() < 0.2:  # a count of a cast: answered where the cast keeps every non-NULL value
                 expression = f"COUNT(CAST({rng.choice(numeric).name} AS {rng.choice(_CASTS)}))"
         elif kind == 6 and rng.random() < 0.4:
-            expression = _percentile(rng, rng.choice(numeric).name)
+            expression = _percentile(rng, rng.choice(numeric).name, self.fraction_parameter)
         elif kind == 6:
             categorical = [c for c in COLUMNS if c.categories]
             expression = f"MODE() WITHIN GROUP (ORDER BY {rng.choice(categorical).name})"
@@ -361,22 +370,30 @@ _VARIANCES = ("STDDEV", "STDDEV_SAMP", "STDDEV_POP", "VARIANCE", "VAR_SAMP", "VA
 
 def _variance(rng: random.Random, column: str) -> str:
     """A variance or standard deviation of ``column`` (mechanisms/variance.py), sometimes a form
-    refused from the text alone (DISTINCT, a text column, two arguments, an expression)."""
+    refused from the text alone (DISTINCT, a text column, two arguments, an expression), sometimes
+    an expression over two of its family or one and the column's AVG (one release of the moments,
+    proxy/dp/release_units.py; a FILTER the caller adds restricts the second alone, which makes it a
+    release of its own)."""
     function = rng.choice(_VARIANCES)
     if rng.random() < 0.15:
         return rng.choice([f"{function}(DISTINCT {column})", f"{function}(t)", f"{function}({column}, {column})",
                            f"{function}({column} * 2)", f"{function}(b)"])
+    if rng.random() < 0.2:  # or an AVG of the column, read from the same moments when the statement is small
+        return f"{function}({column}) - {rng.choice((*_VARIANCES, 'AVG'))}({column})"
     return f"{function}({column})"
 
 
-def _percentile(rng: random.Random, column: str) -> str:
+def _percentile(rng: random.Random, column: str, parameter: Callable[[], str] | None = None) -> str:
     """PERCENTILE_CONT/PERCENTILE_DISC of ``column`` (mechanisms/quantile.py), maybe DESC, with a
     fraction that is answered or one refused from the text alone (outside [0, 1], NULL), or an
-    array of fractions (answered, also per cell; refused when empty or with a NULL element)."""
+    array of fractions (answered, also per cell; refused when empty or with a NULL element), or,
+    where ``parameter`` gives one, sometimes a bound parameter."""
     fraction = rng.choice(["0.5", "0.5", "0.1", "0.9", "0", "1", "0.25", "1.5", "-0.1", "NULL", "ARRAY[0.5]",
                            "ARRAY[0.25, 0.5, 0.75]", "'{0, 0.9, 1}'::float8[]", "ARRAY[0.5, NULL]",
                            "ARRAY[]::float8[]",
                            "0.333333333333333333", "0.00000000000000000001"])  # b = 10^18, 10^20 in the scores
+    if parameter is not None and rng.random() < 0.25:
+        fraction = parameter()
     order = rng.choice(["", "", " DESC", " ASC NULLS FIRST"])
     return f"PERCENTILE_{rng.choice(['CONT', 'DISC'])}({fraction}) WITHIN GROUP (ORDER BY {column}{order})"
 

@@ -23,6 +23,11 @@ Held, and pinned here:
   connection in 3.2 (a DSN's ``max_protocol_version=latest``) is cancelled through dpproxy.
 * The catalog columns 17 and 18 add to the relations on the catalog allowlist carry no row
   count or size but ``relallfrozen`` (``test_the_catalog_columns_…`` lists them).
+* What 17 and 18 add to the language (``casefold``, ``random(min, max)``, ``uuidv7``, the
+  SQL/JSON functions and ``JSON_TABLE``, ``crc32c``, integer-to-bytea casts, ``MERGE …
+  RETURNING``, 18's ``OLD``/``NEW`` in RETURNING, ``COPY … ON_ERROR``, ``EXPLAIN (SERIALIZE)``,
+  the new catalog functions and views) in a statement on a protected table: each is refused by
+  an allowlist from the statement's text, before any charge (``NEW_CONSTRUCTS``).
 """
 
 from __future__ import annotations
@@ -264,3 +269,66 @@ def test_a_client_asking_for_protocol_3_2_and_a_backend_speaking_it_cancel_throu
         assert_cancel_stops_a_slow_query(conn, after_s=0.5)
         assert conn.execute("SHOW server_version").fetchone() == ("18.4",)
 
+
+
+# ------------------------------------------------------------------ 17's and 18's new functions and syntax
+
+@pytest.fixture(scope="module")
+def newer_proxy(newer_pg_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """dpproxy under the suite's policy on PostgreSQL 17, then 18."""
+    with running_proxy(newer_pg_db, tmp_path_factory, TEST_POLICY) as running:
+        yield running
+
+
+# What 17 and 18 add (and 16's newest) in every place a statement on protected table adult may
+# hold an expression: a DP statement's WHERE, aggregate arguments and FROM, a statement that
+# writes, a catalog read naming the table. None is on an allowlist; each is refused from the
+# statement's text, before any charge, whatever the rows.
+NEW_CONSTRUCTS = [
+    "SELECT count(*) FROM adult WHERE casefold(sex) = 'male'",  # 18
+    "SELECT count(*) FROM adult WHERE age > random(1, 100)",  # 17: random(min, max)
+    "SELECT count(*) FROM adult WHERE uuidv7() IS NOT NULL",  # 18
+    "SELECT count(*) FROM adult WHERE uuid_extract_timestamp(gen_random_uuid()) IS NOT NULL",  # 17
+    "SELECT count(*) FROM adult WHERE sex = ANY (array_sample(ARRAY['Male', 'Female'], 1))",  # 16
+    "SELECT count(*) FROM adult WHERE sex = ANY (array_reverse(ARRAY['Male']))",  # 18
+    "SELECT count(*) FROM adult WHERE array_sort(ARRAY[age]) = ARRAY[40]",  # 18
+    "SELECT any_value(age) FROM adult",  # 16
+    "SELECT count(*) FROM adult WHERE JSON_EXISTS(jsonb_build_object('a', age), '$.a ? (@ > 40)')",  # 17
+    "SELECT count(*) FROM adult WHERE age = JSON_VALUE('{\"a\": 40}', '$.a' RETURNING int)",  # 17, row-free
+    "SELECT count(*) FROM adult WHERE age = JSON_VALUE(jsonb_build_object('a', 1 / (age - 40)), '$.a' RETURNING int)",
+    "SELECT sum(JSON_VALUE(jsonb_build_object('a', age), '$.a' RETURNING int)) FROM adult",
+    "SELECT count(*) FROM adult, JSON_TABLE('[1, 2]'::jsonb, '$[*]' COLUMNS (x int PATH '$')) j",  # 17
+    "SELECT count(*) FROM adult WHERE crc32c(sex::bytea) > 0",  # 18
+    "SELECT count(*) FROM adult WHERE reverse(sex::bytea) IS NOT NULL",  # 18: reverse(bytea)
+    "SELECT count(*) FROM adult WHERE CAST(age AS bytea) = '\\x00000028'",  # 18: integer to bytea
+    "SELECT count(*) FROM adult WHERE age > gamma(3)",  # 18
+    "SELECT count(*) FROM adult WHERE to_bin(age) = '101000'",  # 18
+    "SELECT count(*) FROM adult WHERE pg_basetype('int4'::regtype) IS NOT NULL",  # 17
+    "SELECT count(*) FROM adult WHERE sex IS JSON",  # 16
+    "SELECT avg(age) FROM adult WHERE age > 40 AND to_regtypemod('int4') IS NULL",  # 17
+    "MERGE INTO adult a USING lookup l ON false WHEN NOT MATCHED THEN DO NOTHING RETURNING *",  # 17
+    "MERGE INTO lookup l USING adult a ON false WHEN NOT MATCHED BY SOURCE THEN DELETE RETURNING merge_action(), old.*",
+    "UPDATE adult SET age = age RETURNING old.age, new.age",  # 18
+    "DELETE FROM adult WHERE age = 40 RETURNING old.*",  # 18
+    "COPY adult FROM STDIN (ON_ERROR ignore)",  # 17
+    "EXPLAIN (SERIALIZE, MEMORY) SELECT count(*) FROM adult",  # 17
+    "SELECT pg_get_acl('pg_class'::regclass, 'adult'::regclass, 0)",  # 18
+    "SELECT * FROM pg_get_loaded_modules()",  # 18
+    "SELECT * FROM pg_catalog.pg_wait_events",  # 17
+    "SELECT * FROM pg_catalog.pg_stat_checkpointer",  # 17
+    "SELECT count(*) FROM adult WHERE age IN (SELECT x FROM JSON_TABLE('[40]'::jsonb, '$[*]' COLUMNS (x int PATH '$')) j)",
+]
+
+
+@pytest.mark.parametrize("sql", NEW_CONSTRUCTS)
+def test_what_postgresql_17_and_18_add_is_refused_before_the_charge_on_a_protected_table(
+        newer_proxy: RunningProxy, sql: str) -> None:
+    with newer_proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute(sql)
+        assert spent_epsilon(conn) == before, (sql, refused.value)
+    # dpproxy's refusal, never the backend's: a backend error came after the statement ran
+    assert refused.value.sqlstate in ("DP001", "42501", "0A000", "25006", "42601"), (sql, refused.value.sqlstate,
+                                                                                      str(refused.value))
+    assert "rule: " in str(refused.value) or refused.value.sqlstate == "42601", (sql, str(refused.value))

@@ -51,6 +51,9 @@ def test_each_dp_line_names_the_mechanism_of_every_released_column_in_order(test
         "SELECT MODE() WITHIN GROUP (ORDER BY sex) FROM adult": ["exponential"],
         "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY age) FROM adult": ["quantile"],
         "SELECT stddev(age), var_pop(age) FROM adult": ["moments", "moments"],
+        # the AVG read from the standard deviation's moments (proxy/dp/release_units.py)
+        "SELECT AVG(age), stddev(age) FROM adult": ["moments", "moments"],
+        "SELECT sex, AVG(age), var_pop(age) FROM adult GROUP BY sex": ["histogram_moments", "histogram_moments"],
         "SELECT sex, COUNT(*), AVG(age) FROM adult GROUP BY sex": ["histogram_laplace", "histogram_sum_count"],
     }
     try:

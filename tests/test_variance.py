@@ -200,6 +200,162 @@ def test_the_notice_of_a_group_by_gives_the_scales_of_every_cell(vproxy: Running
     assert f"scales {b_n:.4g}, {b_s:.4g} and {b_q:.4g} (its error shrinks as 1/n" in notice, notice
 
 
+def _noise_of(notice: str, name: str) -> str:
+    """The part of a notice that describes column ``name``'s noise, up to the next column's."""
+    found = re.search(rf"(?:; |, ){re.escape(name)}: (.*?\))(?=, [a-z_ (*).]+: |; |$)", notice)
+    assert found is not None, (name, notice)
+    return found.group(1)
+
+
+def _asked(proxy: RunningProxy, sql: str) -> tuple[list[tuple], list[tuple[str, int]], float, str]:
+    """``sql``'s rows, its columns' names and types, the ε it cost (SHOW dpproxy.budget) and its notice."""
+    with proxy.connect() as conn:
+        notices = _notices(conn)
+        before = spent_epsilon(conn)
+        cursor = conn.execute(sql)
+        rows = cursor.fetchall()
+        assert cursor.description is not None
+        columns = [(d.name, d.type_code) for d in cursor.description]
+        spent = spent_epsilon(conn) - before
+    (notice,) = [n for n in notices if "ε charged" in n]
+    return rows, columns, spent, notice
+
+
+def _moments_noise(epsilon: float, h: float = 36.5) -> str:
+    b_n, b_s, b_q = _scales(h, epsilon)
+    return (f"noisy moments (count, centred sum, centred sum of squares), scales {b_n:.4g}, {b_s:.4g} "
+            f"and {b_q:.4g}")
+
+
+def test_the_variance_family_of_one_column_is_one_release_with_the_whole_share_charged_once(
+        vproxy: RunningProxy) -> None:
+    """var_pop, var_samp, stddev_pop and stddev of age are computed from one draw of the moments at
+    the query's whole ε (one release): the notice gives its scales at ε = 1 once and names the
+    moments the others are computed from; SHOW dpproxy.budget shows ε = 1 spent."""
+    _, _, spent, notice = _asked(vproxy, "SELECT var_pop(age), var_samp(age), stddev_pop(age), stddev(age) FROM adult")
+    assert spent == pytest.approx(1.0) and "ε charged 1, δ 0;" in notice, notice
+    assert _noise_of(notice, "var_pop").startswith(_moments_noise(1.0) + " (95% within ±"), notice
+    for name in ("var_samp", "stddev_pop", "stddev"):
+        assert _noise_of(notice, name).startswith("from var_pop's noisy moments, no more ε (95% within ±"), notice
+    assert notice.count("scales") == 1, notice
+
+
+def test_the_family_counts_as_one_column_in_the_split_with_other_aggregates(vproxy: RunningProxy) -> None:
+    """var_pop(age), stddev(age) and count(*): two releases, ε/2 each (the count's Laplace scale 2);
+    a standard deviation of another column is a release of its own (two again: age's, hours')."""
+    with vproxy.connect() as conn:
+        notices = _notices(conn)
+        conn.execute("SELECT var_pop(age), stddev(age), count(*) FROM adult").fetchone()
+        conn.execute("SELECT var_pop(age), stddev(age), stddev(hours_per_week) FROM adult").fetchone()
+    first, second = [n for n in notices if "ε charged" in n]
+    assert _noise_of(first, "var_pop").startswith(_moments_noise(0.5)), first
+    assert _noise_of(first, "stddev").startswith("from var_pop's noisy moments"), first
+    assert _noise_of(first, "count").startswith("laplace scale 2 "), first
+    assert _noise_of(second, "var_pop").startswith(_moments_noise(0.5)), second
+    assert second.count("from var_pop's noisy moments") == 1 and _moments_noise(0.5, 49.0) in second, second
+
+
+def test_one_answer_s_variances_and_standard_deviations_are_consistent(vproxy: RunningProxy, admin) -> None:
+    """From one set of noisy moments: stddev_pop² = var_pop, stddev_samp² = var_samp, and
+    var_samp = var_pop·m/(m − 1) for one noisy count m (near n: within 12 of the count's scale
+    1/(0.279ε) = 3.6, which a draw exceeds with probability below 1e-6)."""
+    n = admin.execute("SELECT count(age) FROM adult").fetchone()[0]
+    with vproxy.connect() as conn:
+        var_pop, var_samp, stddev_pop, stddev_samp = (float(value) for value in conn.execute(
+            "SELECT var_pop(age), variance(age), stddev_pop(age), stddev_samp(age) FROM adult").fetchone())
+    assert stddev_pop**2 == pytest.approx(var_pop, rel=1e-12)
+    assert stddev_samp**2 == pytest.approx(var_samp, rel=1e-12)
+    m_minus_one = var_pop / (var_samp - var_pop)
+    assert abs(m_minus_one - round(m_minus_one)) < 1e-3, m_minus_one
+    assert abs(round(m_minus_one) + 1 - n) <= 12 * 3.6, (m_minus_one, n)
+
+
+def test_a_family_per_cell_of_a_group_by_is_one_release_per_cell_and_consistent_in_each(vproxy: RunningProxy) -> None:
+    rows, _, spent, notice = _asked(vproxy, "SELECT g, var_pop(x), stddev_pop(x), var_samp(x) FROM var_values "
+                                            "GROUP BY g ORDER BY g")
+    assert spent == pytest.approx(1.0) and notice.count("scales") == 1 and _moments_noise(1.0, 50) in notice, notice
+    assert "stddev_pop(x): from var_pop(x)'s noisy moments, no more ε" in notice, notice
+    for _, var_pop, stddev_pop, var_samp in rows:
+        assert stddev_pop**2 == pytest.approx(var_pop, rel=1e-12)
+        m_minus_one = var_pop / (var_samp - var_pop)
+        assert abs(m_minus_one - round(m_minus_one)) < 1e-3, m_minus_one
+
+
+@pytest.mark.parametrize("sql, releases", [
+    # one condition, as FILTER and as CASE: one release
+    ("SELECT var_pop(age) FILTER (WHERE sex = 'Male'), stddev_pop(CASE WHEN sex = 'Male' THEN age END) FROM adult", 1),
+    # two conditions, or none and one: two releases
+    ("SELECT var_pop(age) FILTER (WHERE sex = 'Male'), stddev_pop(age) FILTER (WHERE sex = 'Female') FROM adult", 2),
+    ("SELECT var_pop(age), stddev_pop(age) FILTER (WHERE sex = 'Female') FROM adult", 2),
+    ("SELECT var_pop(age) FILTER (WHERE age > 30), var_samp(age) FILTER (WHERE age >= 31) FROM adult", 2),
+])
+def test_a_family_is_one_release_only_under_one_condition(vproxy: RunningProxy, sql, releases) -> None:
+    (row,), _, _, notice = _asked(vproxy, sql)
+    assert notice.count(_moments_noise(1 / releases)) == releases, notice
+    assert ("from " in notice) == (releases == 1), notice
+    assert (float(row[1]) ** 2 == pytest.approx(float(row[0]), rel=1e-12)) == (releases == 1), row
+
+
+def test_post_processed_variances_of_one_column_share_one_release(vproxy: RunningProxy) -> None:
+    """An expression over var_pop and var_samp (HAVING-less post-processing): one release, so the
+    ratio is m/(m − 1) for the noisy count m, and the charge the statement's ε."""
+    with vproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        (ratio,) = conn.execute("SELECT var_samp(age) / var_pop(age) FROM adult").fetchone()
+        assert spent_epsilon(conn) - before == pytest.approx(1.0)
+    m_minus_one = 1 / (float(ratio) - 1)
+    assert abs(m_minus_one - round(m_minus_one)) < 1e-3 * m_minus_one / 1e3, ratio
+
+
+def test_an_avg_beside_its_column_s_family_is_read_from_the_moments_and_near_postgresql_s(vproxy: RunningProxy,
+                                                                                          admin) -> None:
+    """avg(age) and stddev(age): one release at the whole ε, the AVG c + S̃·s/ñ of the moments
+    drawn for the standard deviation, in AVG's type. Its error is at most (b_S + h·b_n)·t/(n − b_n·t)
+    unless one of the two draws exceeds b·t, t = ln(1.5/p), p = 1e-6/2."""
+    exact, n = admin.execute("SELECT avg(age)::float8, count(age) FROM adult").fetchone()
+    ((mean, _),), columns, spent, notice = _asked(vproxy, "SELECT avg(age), stddev(age) FROM adult")
+    assert spent == pytest.approx(1.0) and columns[0] == ("avg", NUMERIC)
+    assert _noise_of(notice, "stddev").startswith(_moments_noise(1.0)), notice
+    assert _noise_of(notice, "avg").startswith("from stddev's noisy moments, no more ε (95% within ±"), notice
+    b_n, b_s, _ = _scales(36.5, 1.0)
+    t = math.log(1.5 / 5e-7)
+    assert abs(float(mean) - exact) <= (b_s + 36.5 * b_n) * t / (n - b_n * t), (mean, exact)
+
+
+@pytest.mark.parametrize("sql, merged", [
+    ("SELECT avg(age), var_pop(age), count(*) FROM adult", True),  # three releases apart: two
+    ("SELECT count(*), var_pop(age), avg(age), sum(age) FROM adult", False),  # four apart: the AVG is its own
+    ("SELECT avg(age) FILTER (WHERE sex = 'Male'), var_pop(age) FROM adult", False),  # another condition
+    ("SELECT avg(hours_per_week), var_pop(age) FROM adult", False),  # another column (and sample_aggregate)
+])
+def test_an_avg_is_read_from_the_moments_only_under_their_condition_and_beside_at_most_two_other_releases(
+        vproxy: RunningProxy, sql, merged) -> None:
+    _, _, _, notice = _asked(vproxy, sql)
+    releases = sql.count(",") if merged else sql.count(",") + 1
+    assert _moments_noise(1 / releases) in notice, notice
+    assert ("avg: from var_pop's noisy moments, no more ε" in notice) == merged, notice
+
+
+def test_an_avg_per_cell_beside_its_family_is_one_release_per_cell(vproxy: RunningProxy) -> None:
+    rows, _, _, notice = _asked(vproxy, "SELECT g, avg(x), stddev_pop(x) FROM var_values GROUP BY g ORDER BY g")
+    assert _moments_noise(1.0, 50) in notice and "avg(x): from stddev_pop(x)'s noisy moments, no more ε" in notice
+    assert all(0 <= mean <= 100 and isinstance(mean, float) for _, mean, _ in rows), rows
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_a_family_s_columns_have_postgresql_s_types_in_text_and_binary(vproxy: RunningProxy, admin, binary) -> None:
+    sql = ("SELECT var_samp(x), stddev(x), var_samp(r), stddev_pop(r), variance(m), stddev_pop(m) FROM var_values "
+           "WHERE g = %s")
+    with vproxy.connect() as conn:
+        cursor = conn.execute(sql, ["a"], binary=binary)
+        row = cursor.fetchone()
+    expected = admin.execute(sql + " LIMIT 0", ["a"], binary=binary)
+    assert cursor.description is not None and expected.description is not None
+    assert [(d.name, d.type_code) for d in cursor.description] == [(d.name, d.type_code) for d in expected.description]
+    assert [type(value) for value in row] == [float, float, float, float, Decimal, Decimal], row
+    assert row[1] ** 2 == pytest.approx(row[0], rel=1e-12) and float(row[5]) > 0
+
+
 @pytest.mark.parametrize("sql, names", [
     ("SELECT stddev(age), stddev_samp(age), stddev_pop(age), variance(age), var_samp(age), var_pop(age) FROM adult",
      ["stddev", "stddev_samp", "stddev_pop", "variance", "var_samp", "var_pop"]),
@@ -264,6 +420,12 @@ def test_copy_a_cursor_and_the_extended_protocol_with_binary_results_answer_as_a
     "SELECT stddev(x), var_pop(m), variance(i) FROM {table}",
     "SELECT stddev_pop(x) FILTER (WHERE i > 40), var_samp(m) FROM {table} WHERE x > 10",
     "SELECT var_samp(x) FROM {table} WHERE i > 1000",  # no row matches, in either table
+    # families of one column: one release each, beside a release of its own under another condition
+    "SELECT var_pop(m), stddev_pop(m), stddev(m), variance(i) FILTER (WHERE x > 10), stddev(i) FILTER (WHERE x > 10), "
+    "stddev(i) FROM {table}",
+    # an AVG read from its family's moments, and one that is not (another condition)
+    "SELECT avg(i), stddev_pop(i), avg(x) FILTER (WHERE i > 40) FROM {table}",
+    "SELECT avg(x) FILTER (WHERE i < 40), var_samp(x) FILTER (WHERE i < 40) FROM {table} WHERE i > 1000",
 ])
 def test_one_adversarial_row_changes_neither_the_outcome_nor_the_columns_nor_the_notice(vproxy: RunningProxy, neighbour,
                                                                                         sql) -> None:

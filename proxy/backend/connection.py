@@ -990,13 +990,17 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
     problems += await failing_protected(session, relations, names)
     if problems:
         raise PolicyError(problems)
-    pg_class = await session.fetch_row(
-        "SELECT pg_catalog.array_agg(attname::pg_catalog.text ORDER BY attnum) FROM pg_catalog.pg_attribute "
-        "WHERE attrelid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass "
-        "AND attnum OPERATOR(pg_catalog.>) 0 AND NOT attisdropped"
-    )
+    catalog_columns: dict[str, tuple[str, ...]] = {}  # each neutralised catalog's columns, as the backend has them
+    for catalog in ("pg_class", "pg_database"):
+        row = await session.fetch_row(
+            "SELECT pg_catalog.array_agg(attname::pg_catalog.text ORDER BY attnum) FROM pg_catalog.pg_attribute "
+            f"WHERE attrelid OPERATOR(pg_catalog.=) 'pg_catalog.{catalog}'::pg_catalog.regclass "
+            "AND attnum OPERATOR(pg_catalog.>) 0 AND NOT attisdropped"
+        )
+        catalog_columns[catalog] = tuple(row[0])
     protected = {oid: definitions.get(oid, ()) for oid, relation in relations.items() if relation.access == "protected"}
-    return TableRegistry(relations, tuple(pg_class[0]), await function_names(session), definitions=protected)
+    return TableRegistry(relations, catalog_columns["pg_class"], await function_names(session), definitions=protected,
+                         pg_database_columns=catalog_columns["pg_database"])
 
 
 async def function_names(session: BackendSession) -> frozenset[str]:

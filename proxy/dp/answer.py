@@ -1,13 +1,16 @@
 """Turn a DP plan's exact backend values into the noised values the client receives.
 
-The query's ε is split evenly over its k aggregate columns (sequential composition), each
-column is released by its mechanism (``proxy.column_release``) and encoded with the type
+The query's ε is split evenly over its k releases (sequential composition): each aggregate
+column is one, except that the variances and standard deviations of one column under one
+condition are one release together, with an AVG of the column beside them in a small statement
+(``proxy.dp.release_units``: their moments are drawn once).
+Each column is released by its mechanism (``proxy.dp.column_release``) and encoded with the type
 PostgreSQL would have reported for the original query. δ is not split (docs/mechanisms.md): the answer's
 δ is the sum of its columns' δ, the table's δ for each sample-and-aggregate column and 0 for
 the others.
 
 A GROUP BY over declared keys releases one row per cell: each column is released in every
-cell with the column's whole share ε/k, because the cells are disjoint (one row is in at most
+cell with its release's whole share ε/k, because the cells are disjoint (one row is in at most
 one cell, so adding or removing it changes one cell's values: parallel composition,
 docs/mechanisms.md). The cells' keys come from the policy, not from the rows.
 """
@@ -33,7 +36,8 @@ from rewriter.rewrite import quantile_grid, split_cells, split_row
 from rewriter.percentiles import decimal_text
 from rewriter.types import ARRAY_ELEMENTS, ARRAY_TYPES, FLOAT_TYPES, INT4, INTEGER_TYPES, NUMERIC
 
-from .column_release import release_column
+from .column_release import release_columns
+from .release_units import release_count, release_units
 
 __all__ = ["DPAnswer", "declared_keys", "kept_series", "numeric_scale", "numeric_typmod_scale", "query_delta", "ranking_params", "release_cells",
            "release_params", "release_row", "released_labels", "result_fields", "selection_candidates", "trial_params"]
@@ -54,6 +58,7 @@ class DPAnswer:
     releases: tuple[Release[Any], ...]  # each column's (of the first cell, for a GROUP BY)
     noise: tuple[str, ...] = ()
     cells: int = 0  # GROUP BY cells; 0 for one aggregate row
+    units: tuple[int, ...] = ()  # each column's release (proxy.dp.release_units); () when each is its own
 
     def notice(self, repeat: bool = False) -> str:
         """One line for the analyst: the cost and each column's noise (``repeat``: charged nothing,
@@ -66,7 +71,9 @@ class DPAnswer:
         else:
             cost = f"ε charged {self.epsilon:g}, δ {self.delta:g}"
         if not self.cells:
-            columns = ", ".join(_described(f.name, rel) for f, rel in zip(self.result.fields, self.releases))
+            names = [f.name for f in self.result.fields]
+            columns = ", ".join(_described(name, rel, drawn)
+                                for name, rel, drawn in zip(names, self.releases, _drawn_for(names, self.releases, self.units)))
             return f"dpproxy: {cost}; {columns}"
         shared = "" if repeat else " (each row is in one group, so the groups share that ε)"
         return f"dpproxy: {cost} for {self._groups()}{shared}; per group: {', '.join(self.noise)}"
@@ -104,32 +111,36 @@ def release_row(plan: AggregateQuery, exact: Sequence[Any], epsilon: float, code
     fields = result_fields(plan)
     if plan.limit_zero:
         return DPAnswer(ResultSet(fields, [], "SELECT 0"), 0.0, 0.0, ())
-    share = epsilon / len(plan.aggregates)
+    units = release_units(plan.aggregates)
+    share = epsilon / release_count(plan)
     parts = split_row(plan, exact)
-    releases = _released(plan, parts, share)
+    releases = release_columns(plan.aggregates, parts, units, share, plan.table.policy)
     row = _encoded(plan, releases, codec)
     delta = sum(rel.delta for rel in releases)
-    return DPAnswer(ResultSet(fields, [row], "SELECT 1"), epsilon, delta, tuple(releases))
+    return DPAnswer(ResultSet(fields, [row], "SELECT 1"), epsilon, delta, tuple(releases), units=units)
 
 
 def release_cells(plan: AggregateQuery, rows: Sequence[Sequence[Any]], epsilon: float, codec: str = "utf-8") -> DPAnswer:
-    """Noise every aggregate in every cell of a GROUP BY, each with the column's share ε/k,
+    """Noise every aggregate in every cell of a GROUP BY, each with its release's share ε/k,
     its keys and text in ``codec`` (the session's client_encoding).
 
     ``rows`` are the grouped backend query's rows, loaded (``backend_sql(plan)``). The cost is
     (ε, 0): every mechanism a cell may use is pure ε-DP.
     """
-    share = epsilon / len(plan.aggregates)
+    units = release_units(plan.aggregates)
+    share = epsilon / release_count(plan)
     encoded: list[list[bytes | None]] = []
     first: list[Release[Any]] = []
     for keys, parts in zip(_cell_keys(plan, codec), split_cells(plan, rows)):
-        releases = _released(plan, parts, share)
+        releases = release_columns(plan.aggregates, parts, units, share, plan.table.policy)
         first = first or releases
         encoded.append([*keys, *_encoded(plan, releases, codec)])
     fields = _key_fields(plan) + [Field(agg.output_name, agg.result_type_oid) for agg in plan.aggregates]
-    noise = tuple(_per_cell(agg, share, release) for agg, release in zip(plan.aggregates, first))
+    names = [agg.output_name for agg in plan.aggregates]
+    noise = tuple(_per_cell(agg, share, release, drawn)
+                  for agg, release, drawn in zip(plan.aggregates, first, _drawn_for(names, first, units)))
     result = ResultSet(fields, encoded, f"SELECT {len(encoded)}")
-    return DPAnswer(result, epsilon, 0.0, tuple(first), noise, cells=len(encoded))
+    return DPAnswer(result, epsilon, 0.0, tuple(first), noise, cells=len(encoded), units=units)
 
 
 def declared_keys(plan: AggregateQuery, codec: str = "utf-8") -> DPAnswer:
@@ -208,10 +219,6 @@ def _key_fields(plan: AggregateQuery) -> list[Field]:
     return [Field(f"_k{i}", key.result_type_oid) for i, key in enumerate(plan.groups, 1)]
 
 
-def _released(plan: AggregateQuery, parts: list[tuple[Any, ...]], share: float) -> list[Release[Any]]:
-    return [release_column(agg, agg_parts, share, plan.table.policy) for agg, agg_parts in zip(plan.aggregates, parts)]
-
-
 def _encoded(plan: AggregateQuery, releases: Sequence[Release[Any]], codec: str) -> list[bytes | None]:
     return [encode_array_text(rel.value, ARRAY_ELEMENTS[agg.result_type_oid], numeric_scale(agg)) if agg.fractions
             else encode_text(rel.value, agg.result_type_oid, numeric_scale(agg), codec)
@@ -230,8 +237,23 @@ def released_labels(plan: AggregateQuery) -> Iterator[str]:
             yield from agg.column.policy.categories or ()
 
 
-def _described(name: str, release: Release[Any]) -> str:
-    """One column's noise as the analyst reads it: the mechanism and the 95% bound that matters."""
+def _drawn_for(names: Sequence[str], releases: Sequence[Release[Any]], units: Sequence[int]) -> list[str | None]:
+    """For each column, the name of the column whose noisy moments it is computed from, or None
+    when it is a release of its own or the first variance of its release (whose notice gives the
+    moments' scales); ``units`` as :func:`proxy.dp.release_units.release_units` gives them."""
+    if not units:
+        return [None] * len(names)
+    first: dict[int, int] = {}
+    for index, (unit, release) in enumerate(zip(units, releases)):
+        if isinstance(release, MomentsRelease):
+            first.setdefault(unit, index)
+    return [names[first[unit]] if first.get(unit, index) != index else None for index, unit in enumerate(units)]
+
+
+def _described(name: str, release: Release[Any], drawn_for: str | None = None) -> str:
+    """One column's noise as the analyst reads it: the mechanism and the 95% bound that matters
+    (``drawn_for``: the column whose noisy moments a variance or an AVG is computed from, named
+    instead of their scales)."""
     if release.mechanism == "smooth_median":
         # The noise actually used depends on the data, so only the worst case over all data is shown.
         return f"{name}: sample and aggregate, worst-case 95% bound ±{release.error95:.4g}"
@@ -248,6 +270,8 @@ def _described(name: str, release: Release[Any]) -> str:
                 f"95% within {release.error95:.4g} rows of the quantile's rank")
     if release.mechanism == "sum_count":
         return f"{name}: noisy sum / noisy count, scale {release.scale:.4g} (95% within ±{release.error95:.4g})"
+    if drawn_for is not None:
+        return f"{name}: from {drawn_for}'s noisy moments, no more ε (95% within ±{release.error95:.4g})"
     if isinstance(release, MomentsRelease):
         return f"{name}: {_moments(*release.scales)} (95% within ±{release.error95:.4g})"
     return f"{name}: {release.mechanism} scale {release.scale:.4g} (95% within ±{release.error95:.4g})"
@@ -259,8 +283,11 @@ def _moments(count: float, centred: float, squares: float) -> str:
             f"and {squares:.4g}")
 
 
-def _per_cell(agg: Aggregate, share: float, release: Release[Any]) -> str:
-    """A column's noise in every cell, known before the data (``release``: one cell's)."""
+def _per_cell(agg: Aggregate, share: float, release: Release[Any], drawn_for: str | None = None) -> str:
+    """A column's noise in every cell, known before the data (``release``: one cell's;
+    ``drawn_for``: as for :func:`_described`)."""
+    if drawn_for is not None:
+        return f"{agg.output_name}: from {drawn_for}'s noisy moments, no more ε"
     if agg.mechanism not in ("sum_count", "moments"):
         return _described(agg.output_name, release)  # Laplace and exponential: the same in every cell
     assert agg.column is not None and agg.column.policy is not None and agg.column.policy.bounds is not None

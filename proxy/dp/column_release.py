@@ -21,13 +21,51 @@ from mechanisms.quantile import release_quantile, release_quantiles
 from mechanisms.release import Release
 from mechanisms.smooth_median import release_sample_and_aggregate
 from mechanisms.sum_count import release_mean
-from mechanisms.variance import VarianceKind, release_variance
+from mechanisms.variance import NoisyMoments, VarianceKind, mean_of, noisy_moments, variance_of
 from policies.model import TablePolicy
 from rewriter.dp_query import Aggregate
 from rewriter.rewrite import quantile_grid
 from rewriter.types import FLOAT_TYPES, INTEGER_TYPES
 
-__all__ = ["release_column"]
+__all__ = ["release_column", "release_columns"]
+
+
+def release_columns(aggregates: Sequence[Aggregate], parts: Sequence[Sequence[Any]], units: Sequence[int],
+                    epsilon: float, table: TablePolicy) -> list[Release[Any]]:
+    """Release each of ``aggregates`` from its exact ``parts``, ``epsilon`` being one release's
+    share of the query's ε and ``units`` each aggregate's release (``proxy.dp.release_units``; ():
+    each its own).
+
+    The variances and standard deviations of one release are computed from one draw of their
+    moments, taken for the first of them, and so is an AVG of that release (its own parts are
+    not read); every other aggregate is released on its own.
+    """
+    if not units:
+        return [release_column(agg, agg_parts, epsilon, table) for agg, agg_parts in zip(aggregates, parts)]
+    drawn: dict[int, NoisyMoments] = {}
+    for agg, agg_parts, unit in zip(aggregates, parts, units, strict=True):
+        if agg.mechanism == "moments" and unit not in drawn:
+            drawn[unit] = _moments(agg, agg_parts, epsilon)
+    releases: list[Release[Any]] = []
+    for agg, agg_parts, unit in zip(aggregates, parts, units, strict=True):
+        if agg.mechanism == "moments":
+            releases.append(variance_of(cast(VarianceKind, agg.kind), drawn[unit]))
+        elif unit in drawn:
+            assert agg.kind == "avg" and agg.column is not None and agg.column.policy is not None
+            assert agg.column.policy.bounds is not None
+            releases.append(mean_of(drawn[unit], *agg.column.policy.bounds))
+        else:
+            releases.append(release_column(agg, agg_parts, epsilon, table))
+    return releases
+
+
+def _moments(agg: Aggregate, parts: Sequence[Any], epsilon: float) -> NoisyMoments:
+    """The noisy moments of a variance's exact parts (count, centred sum, centred sum of squares)."""
+    column = agg.column
+    assert column is not None and column.policy is not None
+    # SQL's NULL sums over no value → 0: an empty filter takes the same path as any other.
+    count, centred, squares = (int(part or 0) for part in parts)
+    return noisy_moments(count, centred, squares, column.policy.moment_grid(column.type_oid in INTEGER_TYPES), epsilon)
 
 
 def release_column(agg: Aggregate, parts: Sequence[Any], epsilon: float, table: TablePolicy) -> Release[Any]:
@@ -60,10 +98,7 @@ def release_column(agg: Aggregate, parts: Sequence[Any], epsilon: float, table: 
         return chosen
     assert column.policy.bounds is not None
     if agg.mechanism == "moments":
-        # SQL's NULL sums over no value → 0: an empty filter takes the same path as any other.
-        count, centred, squares = (int(part or 0) for part in parts)
-        moments = column.policy.moment_grid(integer)
-        return release_variance(cast(VarianceKind, agg.kind), count, centred, squares, moments, epsilon)
+        return variance_of(cast(VarianceKind, agg.kind), _moments(agg, parts, epsilon))
     lo, hi = column.policy.bounds
     if agg.kind == "sum":
         # SUM over no rows is NULL in SQL; releasing 0 + noise hides that the filter was empty.

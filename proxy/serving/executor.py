@@ -35,6 +35,7 @@ from proxy.dp.folding import bind_constants
 from proxy.dp.narrowing import narrow_keys
 from proxy.dp.percentile_params import bind_fractions, fraction_param_types
 from proxy.dp.parameter_types import check_parameter_types
+from proxy.dp.release_units import release_count, release_units
 from proxy.dp.repeats import RepeatStore
 from proxy.ops.audit import AuditEntry, AuditLog
 from proxy.ops.audit import fingerprint as audit_fingerprint
@@ -901,15 +902,16 @@ class Executor:
 
     async def _release(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float, codec: str) -> DPAnswer:
         """The release of ``plan`` (``sql``: its backend SQL); with a series limit, of the plan and its
-        ranking, ε split evenly over the aggregates of both, and the plan's cells kept where the
-        ranking's outer statement keeps theirs (post-processing of both releases)."""
+        ranking, ε split evenly over the releases of both (``proxy.dp.release_units``), and the
+        plan's cells kept where the ranking's outer statement keeps theirs (post-processing of both
+        releases)."""
         if plan.series is None:
             return await self._released(plan, sql, params, epsilon, codec)
         ranking = plan.series.ranking
-        share = epsilon / max(1, len(plan.aggregates) + len(ranking.aggregates))
-        answer = await self._released(plan, sql, params, share * len(plan.aggregates), codec)
+        share = epsilon / max(1, release_count(plan) + release_count(ranking))
+        answer = await self._released(plan, sql, params, share * release_count(plan), codec)
         ranking_sql = backend_sql(ranking, seed=partition_seed() if seeded(ranking) else 0)
-        ranked = await self._released(ranking, ranking_sql, params, share * len(ranking.aggregates), codec)
+        ranked = await self._released(ranking, ranking_sql, params, share * release_count(ranking), codec)
         assert ranking.post is not None
         kept = await self.backend.execute(ranking.post.sql, ranking_params(ranking, ranked))
         return kept_series(plan, answer, ranked, [int(row[-1]) for row in kept.rows if row[-1] is not None], codec)
@@ -1081,11 +1083,17 @@ def released_mechanisms(plan: AggregateQuery, ranking: AggregateQuery | None) ->
     """The mechanism releasing each aggregate of ``plan`` (then of a series limit's ``ranking``),
     as the audit line names them: ``laplace`` (COUNT, SUM), ``sum_count`` (AVG as noisy sum /
     noisy count), ``sample_aggregate`` (AVG, MIN, MAX by sample and aggregate), ``exponential``
-    (MODE), ``quantile`` (percentiles), ``moments`` (variances, standard deviations); ``histogram_`` before it when noised per cell of a
-    GROUP BY, ``ranking_histogram_`` for the ranking that keeps a series limit's cells."""
+    (MODE), ``quantile`` (percentiles), ``moments`` (variances, standard deviations, and an AVG
+    read from their moments: ``proxy.dp.release_units``); ``histogram_`` before it when noised per
+    cell of a GROUP BY, ``ranking_histogram_`` for the ranking that keeps a series limit's cells."""
     def names(query: AggregateQuery, prefix: str) -> tuple[str, ...]:
         cells = "histogram_" if query.groups else ""
-        return tuple(f"{prefix}{cells}{agg.mechanism}" for agg in query.aggregates)
+        units = release_units(query.aggregates)
+        if not units:
+            return tuple(f"{prefix}{cells}{agg.mechanism}" for agg in query.aggregates)
+        moments = {unit for agg, unit in zip(query.aggregates, units) if agg.mechanism == "moments"}
+        return tuple(f"{prefix}{cells}{'moments' if unit in moments else agg.mechanism}"
+                     for agg, unit in zip(query.aggregates, units))
     return names(plan, "") + (names(ranking, "ranking_") if ranking is not None else ())
 
 

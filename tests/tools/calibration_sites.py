@@ -58,6 +58,7 @@ _SM = "mechanisms/smooth_median.py"
 _FP = "mechanisms/fixed_point.py"
 _CR = "proxy/dp/column_release.py"
 _A = "proxy/dp/answer.py"
+_RU = "proxy/dp/release_units.py"
 _E = "proxy/serving/executor.py"
 _B = "proxy/dp/budget.py"
 _LG = "policies/ledger.py"
@@ -102,20 +103,32 @@ SITES: tuple[Site, ...] = (
     Site("clamp.numeric-shortest-decimal-outside", _RW, "inside = shortest <= exact if upper else shortest >= exact",
          "inside = True", "answers"),
     # ------------------------------------------------------------------ ε (and δ) split over a statement's columns
-    Site("split.row-epsilon-not-divided", _A, "    share = epsilon / len(plan.aggregates)\n    parts = split_row",
+    Site("split.row-epsilon-not-divided", _A, "    share = epsilon / release_count(plan)\n    parts = split_row",
          "    share = epsilon\n    parts = split_row", "answers"),
-    Site("split.cells-epsilon-not-divided", _A, "    share = epsilon / len(plan.aggregates)\n    encoded",
+    Site("split.cells-epsilon-not-divided", _A, "    share = epsilon / release_count(plan)\n    encoded",
          "    share = epsilon\n    encoded", "grouped"),
     Site("split.series-ranking-free", _E,
-         "share = epsilon / max(1, len(plan.aggregates) + len(ranking.aggregates))",
-         "share = epsilon / max(1, len(plan.aggregates))", "grouped"),
+         "share = epsilon / max(1, release_count(plan) + release_count(ranking))",
+         "share = epsilon / max(1, release_count(plan))", "grouped"),
+    # A variance family counted as one release, but each member drawn afresh at its share: the
+    # family spends its share once per member.
+    Site("split.family-drawn-per-member", _CR,
+         "            releases.append(variance_of(cast(VarianceKind, agg.kind), drawn[unit]))",
+         "            releases.append(variance_of(cast(VarianceKind, agg.kind), _moments(agg, agg_parts, epsilon)))",
+         "variance"),
+    # Variances of two conditions (or columns) taken for one family: one of them answered from
+    # moments that are not its own, and ε split as if it were free.
+    Site("split.family-by-column-alone", _RU, "            parts = _moment_parts(agg)\n",
+         "            parts = (agg.column.name if agg.column is not None else \"\",)\n", "variance"),
     Site("split.delta-max-not-sum", _A,
          'return sum(plan.table.policy.delta for agg in plan.aggregates if agg.mechanism == "sample_aggregate")',
          'return max((plan.table.policy.delta for agg in plan.aggregates if agg.mechanism == "sample_aggregate"), '
          "default=0.0)", "answers"),
-    Site("cells.empty-cell-dropped", _A, "        releases = _released(plan, parts, share)\n        first = first",
+    Site("cells.empty-cell-dropped", _A,
+         "        releases = release_columns(plan.aggregates, parts, units, share, plan.table.policy)\n        first = first",
          "        if all(value is None for part in parts for value in part):\n            continue\n"
-         "        releases = _released(plan, parts, share)\n        first = first", "grouped"),
+         "        releases = release_columns(plan.aggregates, parts, units, share, plan.table.policy)\n"
+         "        first = first", "grouped"),
     # ------------------------------------------------------------------ AVG as noisy sum / noisy count
     Site("avg.sum-share-whole-epsilon", _SC, "    share = epsilon / 2.0\n    if on_grid:",
          "    share = epsilon\n    if on_grid:", "answers"),
@@ -143,10 +156,16 @@ SITES: tuple[Site, ...] = (
          "        return max(self.high - self.centre, self.centre - self.low) // 2\n", "variance"),
     Site("var.integer-grid-whole-units", _VR, "return cls(Grid(1), 2 * int(lo), 2 * int(hi), int(lo) + int(hi))",
          "return cls(Grid(0), int(lo), int(hi), (int(lo) + int(hi)) // 2)", "variance"),
-    Site("var.count-floor-dropped", _VR, "    m = max(noisy_count, 2 if sample else 1)\n",
-         "    m = noisy_count or 1\n", "variance"),
-    Site("var.feasible-range-unclamped", _VR, "Fraction(0)), Fraction(reach**2))",
-         "Fraction(0)), Fraction(reach**4))", "variance"),
+    Site("var.count-floor-dropped", _VR, "    m = max(noisy.count, 2 if sample else 1)\n",
+         "    m = noisy.count or 1\n", "variance"),
+    Site("var.feasible-range-unclamped", _VR, "Fraction(0)),\n                 Fraction(reach**2))",
+         "Fraction(0)),\n                 Fraction(reach**4))", "variance"),
+    Site("var.mean-unclamped", _VR, "    value = min(max(_scaled(float(point), exponent), lo), hi)\n",
+         "    value = _scaled(float(point), exponent)\n", "variance"),
+    # An AVG read from the moments beside more releases than the rule allows: no privacy lost,
+    # but its error larger than sum_count's would be (docs/mechanisms.md).
+    Site("var.avg-from-moments-beside-any", _RU, "    if not families or released > AVG_FROM_MOMENTS_UP_TO:",
+         "    if not families:", "variance"),
     # ------------------------------------------------------------------ sample and aggregate, smooth median
     Site("sa.beta-from-epsilon", _SM, "    return epsilon / (2.0 * math.log(2.0 / delta))",
          "    return epsilon / math.log(2.0 / delta)", "noise"),
