@@ -38,8 +38,8 @@ from .predicates import PredicateRenderer
 from .scope import Scope
 from .sqlglot_parse import VARIANCE_FUNCTIONS, parse_postgres
 from .statements import split_statements
-from .types import (ARRAY_TYPES, FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, MAX_ABS_BOUND, MAX_ABS_VARIANCE_BOUND, NUMERIC,
-                    NUMERIC_TYPES, aggregate_result_type)
+from .types import (ARRAY_TYPES, FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, MAX_ABS_BOUND, MAX_ABS_VARIANCE_BOUND,
+                    NUMBER_ARRAY_NAMES, NUMERIC, NUMERIC_TYPES, aggregate_result_type)
 
 __all__ = ["Aggregate", "AggregateQuery", "SeriesLimit", "asks_for_no_row", "plan_aggregate_query", "too_many_cells"]
 
@@ -388,6 +388,7 @@ def _post_processed(
         tree, release, lambda message, rule: scope.refuse(f"{message} protected table", rule), enclosing,
         keys=len(groups), key_of=key_of if groups else None, function_names=scope.function_names,
         names=names[0], top_names=names[1], ordinal=ordinal,
+        cell_array=lambda k: NUMBER_ARRAY_NAMES[released[k - 1].result_type_oid] if released[k - 1].fractions else None,
     )
     return tuple(released), post
 
@@ -753,15 +754,6 @@ def _plain_aggregate(item: exp.Expression, scope: Scope, grouped: bool, alias: s
     exact = fraction if isinstance(fraction, Fraction) else None
     fractions = fraction if isinstance(fraction, tuple) else ()
     if fractions:
-        if grouped:
-            raise Refusal(
-                SQLSTATE.DP_QUERY_SHAPE,
-                f"{kind}() of an array of fractions per group is not answered on protected table "
-                f"{scope.table.display_name} (rule: aggregate-combination)",
-                f"Ask each fraction as its own column per group: {kind}(0.25) WITHIN GROUP (ORDER BY col), "
-                f"{kind}(0.75) WITHIN GROUP (ORDER BY col); or the array without GROUP BY.",
-                "aggregate-combination",
-            )
         result_type = ARRAY_TYPES[result_type]  # PostgreSQL's: float8[] for _cont, the column's array for _disc
     return Aggregate(kind, column, alias or kind, result_type, _mechanism(kind, scope, grouped, column), distinct,
                      fraction=exact, fraction_parameter=parameter, fractions=fractions)

@@ -8,7 +8,8 @@ with PostgreSQL's SQLSTATE where PostgreSQL would fail the statement too.
 
 The array form, ``percentile_cont(ARRAY[0.25, 0.5, 0.75])`` or ``percentile_cont('{0.25,0.5}'::float8[])``,
 asks for up to :data:`MAX_FRACTIONS` fractions at once, each read as the single form reads its
-literal; a NULL element, an empty array or more fractions than that are refused here.
+literal; a NULL element, an empty array, a bound parameter as an element (``ARRAY[$1, $2]``)
+or more fractions than that are refused here.
 
 A bound parameter (``percentile_cont($1)``, what a driver that binds literals sends) is read
 from its value when the statement runs (:func:`bound_fraction`, called by
@@ -146,7 +147,31 @@ def _array_fractions(node: exp.Expression | None, kind: PercentileKind, scope: S
     _check_count(len(node.expressions), kind, table)
     if any(isinstance(element, exp.Null) for element in node.expressions):
         raise _null_element(kind, table)
+    if any(_is_parameter(element) for element in node.expressions):
+        raise _parameter_element(kind, table)
     return tuple(_fraction(element, kind, scope) for element in node.expressions)
+
+
+def _is_parameter(node: exp.Expression) -> bool:
+    """Whether an array element is a bound parameter (``$1``), maybe cast (``$1::float8``)."""
+    while isinstance(node, exp.Cast):
+        node = node.this
+    return isinstance(node, (exp.Parameter, exp.Placeholder))
+
+
+def _parameter_element(kind: PercentileKind, table: str) -> Refusal:
+    # Not read: each element's value would have to be read before the charge as $1 alone is
+    # (proxy.dp.percentile_params); PostgreSQL itself cannot type ARRAY[$1, $2] when the
+    # parameters come unspecified (asyncpg's Parse), so drivers that bind literals send no such array.
+    return Refusal(
+        SQLSTATE.DP_QUERY_SHAPE,
+        f"{kind}() of an array with a bound parameter as a fraction is not answered on protected table {table} "
+        "(rule: aggregate-argument)",
+        f"Write the fractions in the statement, {kind}(ARRAY[0.25, 0.5, 0.75]) WITHIN GROUP (ORDER BY col), or bind "
+        f"each fraction to a percentile of its own: {kind}($1) WITHIN GROUP (ORDER BY col), "
+        f"{kind}($2) WITHIN GROUP (ORDER BY col).",
+        "aggregate-argument",
+    )
 
 
 def _check_count(count: int, kind: PercentileKind, table: str) -> None:

@@ -93,6 +93,7 @@ def outer_statement(
     names: Sequence[str | None] | None = None,
     top_names: Sequence[str | None] | None = None,
     ordinal: bool = False,
+    cell_array: Callable[[int], str | None] | None = None,
 ) -> PostProcess:
     """The outer statement of ``tree`` (one aggregate level over the base table).
 
@@ -118,6 +119,11 @@ def outer_statement(
     ``ordinal`` (a GROUP BY that ranks the series of another, ``rewriter.series_limit``): one
     more output column, last, the 1-based number of the cell each row comes from, read from
     one more array after the aggregates' (its cells' numbers in order).
+
+    ``cell_array(k)``: the SQL type of the k-th released column when each cell's value is itself
+    an array (``percentile_cont(ARRAY[…])`` per cell), else None. Such a column's cells come as
+    an array of their texts, each cast back to the type (an array of arrays would be one
+    two-dimensional array, which ``unnest`` flattens).
     """
     outer = tree.copy()
     for key in ("from_", "where", "joins", "group"):
@@ -167,7 +173,8 @@ def outer_statement(
     count = max(released_count(outer), default=0)
     if ordinal:
         outer.append("expressions", exp.alias_(exp.column("_cell", table=RELEASE_ALIAS), "dpproxy_cell"))
-    outer.set("from_", _release_source(count, keys, ordinal))
+    casts = [cell_array(k) if cell_array is not None and keys else None for k in range(1, count + 1)]
+    outer.set("from_", _release_source(count, keys, ordinal, casts))
     return PostProcess(checked(whole.sql("postgres"), function_names), checked(_trial(whole).sql("postgres"),
                                                                               function_names))
 
@@ -231,17 +238,20 @@ def _named(items: list[exp.Expression], names: Sequence[str | None] | None, *,
     return named
 
 
-def _release_source(count: int, keys: int, ordinal: bool = False) -> exp.Expression:
+def _release_source(count: int, keys: int, ordinal: bool = False, casts: Sequence[str | None] = ()) -> exp.Expression:
     """``FROM`` the released values: one row of ``$1 … $count``, or one row per cell when grouped
     (``$1 … $keys`` the cells' keys, then the aggregates, each an array in cell order, then with
-    ``ordinal`` the cells' numbers as ``_cell``)."""
+    ``ordinal`` the cells' numbers as ``_cell``; an aggregate with a type in ``casts`` is an
+    array of texts, each cast to it)."""
     if not keys:
         values = ", ".join(f"${i}" for i in range(1, count + 1))
         columns = ", ".join(f"_dp{i}" for i in range(1, count + 1))
         sql = f"SELECT 1 FROM (VALUES ({values})) AS {RELEASE_ALIAS}({columns})"
     else:
         arrays = [f"pg_catalog.unnest(${i}) AS _k{i}" for i in range(1, keys + 1)]
-        arrays += [f"pg_catalog.unnest(${keys + i}) AS _dp{i}" for i in range(1, count + 1)]
+        cells = [f"pg_catalog.unnest(${keys + i})" for i in range(1, count + 1)]
+        arrays += [f"CAST({cell} AS {cast}) AS _dp{i}" if cast else f"{cell} AS _dp{i}"
+                   for i, (cell, cast) in enumerate(zip(cells, [*casts, *[None] * count]), 1)]
         arrays += [f"pg_catalog.unnest(${keys + count + 1}) AS _cell"] if ordinal else []
         sql = f"SELECT 1 FROM (SELECT {', '.join(arrays)}) AS {RELEASE_ALIAS}"
     source = sqlglot.parse_one(sql, read="postgres").args["from_"]

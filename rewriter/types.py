@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["ARRAY_ELEMENTS", "ARRAY_TYPES", "BOOL", "FLOAT_TYPES", "INTEGER_TYPES", "MAX_ABS_BOUND", "MAX_ABS_VARIANCE_BOUND", "NUMERIC_TYPES",
+__all__ = ["ARRAY_ELEMENTS", "ARRAY_TYPES", "BOOL", "FLOAT_TYPES", "INTEGER_TYPES", "MAX_ABS_BOUND", "MAX_ABS_VARIANCE_BOUND", "NUMBER_ARRAY_NAMES",
+           "NUMERIC_TYPES",
            "aggregate_result_type"]
 
 INT2, INT4, INT8, FLOAT4, FLOAT8, NUMERIC = 21, 23, 20, 700, 701, 1700
@@ -18,6 +19,10 @@ ARRAY_TYPES = {
 }
 ARRAY_ELEMENTS = {array: element for element, array in ARRAY_TYPES.items()}
 NUMERIC_TYPES = INTEGER_TYPES | {FLOAT4, FLOAT8, NUMERIC}
+#: The arrays of the number types by their SQL names: what a percentile's array form answers.
+NUMBER_ARRAY_NAMES = {ARRAY_TYPES[INT2]: "smallint[]", ARRAY_TYPES[INT4]: "integer[]", ARRAY_TYPES[INT8]: "bigint[]",
+                      ARRAY_TYPES[FLOAT4]: "real[]", ARRAY_TYPES[FLOAT8]: "double precision[]",
+                      ARRAY_TYPES[NUMERIC]: "numeric[]"}
 
 # The largest |bound| a SUM/AVG/MIN/MAX column of each float-valued type may have. The
 # backend adds clamped values in the column's float type (numeric: cast to double precision

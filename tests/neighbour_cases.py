@@ -386,8 +386,8 @@ def _variance(rng: random.Random, column: str) -> str:
 def _percentile(rng: random.Random, column: str, parameter: Callable[[], str] | None = None) -> str:
     """PERCENTILE_CONT/PERCENTILE_DISC of ``column`` (mechanisms/quantile.py), maybe DESC, with a
     fraction that is answered or one refused from the text alone (outside [0, 1], NULL), or an
-    array of fractions (answered; refused when empty, with a NULL element or per cell), or, where
-    ``parameter`` gives one, sometimes a bound parameter."""
+    array of fractions (answered, also per cell; refused when empty or with a NULL element), or,
+    where ``parameter`` gives one, sometimes a bound parameter."""
     fraction = rng.choice(["0.5", "0.5", "0.1", "0.9", "0", "1", "0.25", "1.5", "-0.1", "NULL", "ARRAY[0.5]",
                            "ARRAY[0.25, 0.5, 0.75]", "'{0, 0.9, 1}'::float8[]", "ARRAY[0.5, NULL]",
                            "ARRAY[]::float8[]",

@@ -29,9 +29,14 @@ CASES = [
 @pytest.mark.parametrize("type_name,values", CASES, ids=[c[0] for c in CASES])
 def test_text_to_binary_matches_postgres_send(admin, type_name: str, values: list[str]):
     admin.execute("SET TimeZone = 'UTC'")
+    _assert_sent_as(admin, type_name, values, _send(type_name))
+
+
+def _assert_sent_as(admin, type_name: str, values: list[str], send: str) -> None:
+    """Each value's text as PostgreSQL prints it, converted by dpproxy, is what ``send`` gives."""
     for text in values:
         oid, out_text, sent = admin.execute(
-            f"SELECT pg_typeof(%s::{type_name})::oid, (%s::{type_name})::text, {_send(type_name)}(%s::{type_name})",
+            f"SELECT pg_typeof(%s::{type_name})::oid, (%s::{type_name})::text, {send}(%s::{type_name})",
             (text, text, text),
         ).fetchone()
         assert binary_from_text(out_text.encode(), oid) == bytes(sent), (type_name, text)
@@ -53,6 +58,29 @@ def test_python_values_encode_like_postgres(admin):
         assert binary_from_value(value, oid) == bytes(admin.execute(f"SELECT {sql}").fetchone()[0])
 
 
-def test_unknown_type_is_refused_not_guessed():
+ARRAY_CASES = [
+    ("int2[]", ["{17,-32768,99}", "{}", "{NULL,1}"]),
+    ("int4[]", ["{28,37,48}", "{-2147483648}", "{1,NULL,3}"]),
+    ("int8[]", ["{48842,9223372036854775807}"]),
+    ("float4[]", ["{0.25,1.5,3.4e38,NaN}"]),
+    ("float8[]", ["{28.5,37,48.25}", "{1e-300,-0,Infinity,-Infinity,NaN}", "{0.1}"]),
+    ("numeric[]", ["{17,37.5,48.00}", "{0.0001,-12.340,NaN}", "{123456789012345678901234567890}"]),
+    ("numeric(10,2)[]", ["{17,37.5,48}"]),
+]
+
+
+@pytest.mark.parametrize("type_name,values", ARRAY_CASES, ids=[c[0] for c in ARRAY_CASES])
+def test_number_arrays_to_binary_match_postgres_array_send(admin, type_name: str, values: list[str]):
+    """What percentile_cont(ARRAY[…]) and percentile_disc(ARRAY[…]) answer, in array_send's bytes:
+    ndim, has-null flag, element type, length, lower bound 1, each element's length and value."""
+    _assert_sent_as(admin, type_name, values, "array_send")
+
+
+@pytest.mark.parametrize(("text", "oid"), [
+    (b"{{1,2},{3,4}}", 1007),  # two dimensions
+    (b"[0:1]={1,2}", 1007),  # a lower bound other than 1
+    (b'{"a b",c}', 1009),  # text[]: not a number array
+])
+def test_unknown_type_or_array_shape_is_refused_not_guessed(text: bytes, oid: int):
     with pytest.raises(UnsupportedBinaryType):
-        binary_from_text(b"{1,2}", 1007)
+        binary_from_text(text, oid)

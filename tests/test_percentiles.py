@@ -23,6 +23,7 @@ import pytest
 from conftest import ATTACK_POLICY_HEAD, TEST_DATABASE, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 
 from mechanisms.quantile import quantile_error95
+from proxy.dp.answer import selection_candidates
 from proxy.serving import executor
 from proxy.demo.embedded import SERVICE_ROLE
 from rewriter.dp_query import plan_aggregate_query
@@ -67,12 +68,20 @@ def pproxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> I
         yield running
 
 
-def _answer(conn: psycopg.Connection, sql: str) -> tuple[tuple, list[int], list[str]]:
+def _answer(conn: psycopg.Connection, sql: str, binary: bool = False) -> tuple[tuple, list[int], list[str]]:
+    """The first row of ``sql``'s answer, its columns' types and the notices it raised."""
+    rows, types, notices = _answer_all(conn, sql, binary)
+    return rows[0], types, notices
+
+
+def _answer_all(conn: psycopg.Connection, sql: str, binary: bool = False) -> tuple[list[tuple], list[int], list[str]]:
+    """Every row of ``sql``'s answer (in binary when ``binary``), its columns' types and the
+    notices it raised."""
     notices: list[str] = []
     conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
     try:
-        cur = conn.execute(sql)
-        return cur.fetchone(), [d.type_code for d in cur.description], notices
+        cur = conn.execute(sql, binary=binary)
+        return cur.fetchall(), [d.type_code for d in cur.description], notices
     finally:
         conn._notice_handlers.clear()
 
@@ -164,6 +173,63 @@ def test_a_histogram_answers_each_group_near_its_percentile_for_one_epsilon(ppro
     assert "percentile_cont(0.5) within group (order by age_f): exponential mechanism over 1000 candidates" in notices[0]
 
 
+def test_an_array_per_cell_answers_each_groups_quantiles_near_theirs_for_one_epsilon(
+        pproxy: RunningProxy, admin: psycopg.Connection) -> None:
+    """The array form per cell of a declared GROUP BY, as the single form: each cell's k choices
+    at ε/k of the column's share, from the one backend query's counts; the cells are disjoint,
+    so the statement costs its ε once (parallel composition)."""
+    with pproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        rows, types, notices = _answer_all(conn, "SELECT sex, count(*), percentile_cont(ARRAY[0.25, 0.5, 0.75]) "
+                                                 "WITHIN GROUP (ORDER BY age_f) AS quartiles FROM pct_adult "
+                                                 "GROUP BY sex ORDER BY sex")
+        assert spent_epsilon(conn) == pytest.approx(before + 1.0)
+    assert types == [25, 20, 1022] and [row[0] for row in rows] == ["Female", "Male"]
+    each = 0.5 / 3  # the column's share of ε = 1 beside COUNT, split over the three fractions
+    for sex, _, quartiles in rows:
+        assert len(quartiles) == 3
+        for quartile, fraction in zip(quartiles, (0.25, 0.5, 0.75)):
+            _assert_near(admin, "age_f", f"WHERE sex = '{sex}'", quartile, fraction, each, 1000, 0.074, 17, 91)
+    assert "for 2 groups" in notices[0]
+    bounds = ", ".join(f"{quantile_error95(each, 1000, Fraction(f)):.4g} rows at {f}" for f in ("0.25", "0.5", "0.75"))
+    assert (f"percentile_cont(array[0.25, 0.5, 0.75]) within group (order by age_f): exponential mechanism over "
+            f"1000 candidates 0.074 apart, ε {each:.4g} for each of 3 fractions, 95% within each quantile's rank by "
+            f"{bounds}") in notices[0]
+
+
+def test_an_array_per_cell_is_sent_in_text_and_binary_read_by_a_subscript_and_counted_k_times(
+        pproxy: RunningProxy, admin: psycopg.Connection) -> None:
+    """Per cell, the array is one value of the column's array type whichever way the cells reach
+    the client: straight (no outer statement), through an outer statement (ORDER BY, a subscript,
+    HAVING), in binary. Its k choices per cell count k times against the release thread's cap."""
+    grouped = "SELECT sex, percentile_disc(ARRAY[0.1, 0.9]) WITHIN GROUP (ORDER BY age) AS p FROM pct_adult GROUP BY sex"
+    with pproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        straight = conn.execute(grouped).fetchall()
+        ordered = conn.execute(grouped + " ORDER BY sex DESC").fetchall()  # a repeat of the same release
+        binary, binary_type = _raw(conn, grouped + " ORDER BY 1", binary=True, column=1)
+        assert spent_epsilon(conn) == pytest.approx(before + 1.0)
+        having = conn.execute("SELECT sex, percentile_disc(ARRAY[0.1, 0.9]) WITHIN GROUP (ORDER BY age) FROM pct_adult "
+                              "WHERE age > 30 GROUP BY sex HAVING count(*) > 0 ORDER BY sex").fetchall()
+        (high,) = conn.execute("SELECT (percentile_disc(ARRAY[0.1, 0.9]) WITHIN GROUP (ORDER BY age))[2] FROM pct_adult "
+                               "WHERE sex = 'Female' GROUP BY sex").fetchone()
+    assert sorted(straight) == sorted(ordered) and [row[0] for row in ordered] == ["Male", "Female"]
+    assert all(len(p) == 2 and all(isinstance(v, int) and 17 <= v <= 90 for v in p) for _, p in straight)
+    female = dict(straight)["Female"]
+    expected, expected_type = _raw(admin, "SELECT $1::int4[]", [encode_array_text(female, 23)], binary=True)
+    assert binary_type == expected_type == 1007 and binary == expected  # Female sorts first
+    assert [row[0] for row in having] == ["Female", "Male"] and all(len(row[1]) == 2 for row in having)
+    assert isinstance(high, int) and 17 <= high <= 90
+    registry = pproxy.server.registry.by_oid.values()
+    table = next(r for r in registry if r.name == "pct_adult")
+    many = plan_aggregate_query("SELECT sex, percentile_cont(ARRAY[0.25, 0.5, 0.75]) WITHIN GROUP (ORDER BY age_f) "
+                                "FROM pct_adult GROUP BY sex", table)
+    one = plan_aggregate_query("SELECT sex, percentile_cont(0.5) WITHIN GROUP (ORDER BY age_f) FROM pct_adult "
+                               "GROUP BY sex", table)
+    assert selection_candidates(many) == 3 * selection_candidates(one) == 3 * 2 * 1000
+    assert backend_sql(many, seed=0) == backend_sql(one, seed=0)  # one backend query, the same counts
+
+
 def test_an_empty_filter_still_answers_a_grid_value_never_null(pproxy: RunningProxy) -> None:
     with pproxy.connect() as conn:
         for _ in range(20):
@@ -220,6 +286,7 @@ _NEIGHBOUR_QUERIES = [
     "SELECT percentile_disc(0.9) WITHIN GROUP (ORDER BY {c}) FILTER (WHERE sex = 'Female'), count(*) FROM {t}",
     "SELECT sex, percentile_cont(0.1) WITHIN GROUP (ORDER BY {c}) FROM {t} GROUP BY sex",
     "SELECT percentile_disc(ARRAY[0.1, 0.5, 0.9]) WITHIN GROUP (ORDER BY {c}), count(*) FROM {t}",
+    "SELECT sex, percentile_cont(ARRAY[0.25, 0.75]) WITHIN GROUP (ORDER BY {c} DESC), count(*) FROM {t} GROUP BY sex",
 ]
 
 
@@ -246,13 +313,15 @@ def test_an_adversarial_row_moves_one_grid_count_by_one_and_changes_no_outcome(
             moved = [(cell, i, b - a) for cell, (xs, ys) in enumerate(zip(*counts))
                      for i, (a, b) in enumerate(zip(xs, ys)) if a != b]
             assert len(moved) <= 1 and all(d == 1 for *_, d in moved), (column, query, moved)
-            outcomes = []
+            outcomes: list[list[object]] = [[], []]
             with pproxy.connect() as conn:
-                for name in tables:
-                    result, types, notices = _answer(conn, query.format(c=column, t=name) + " ORDER BY 1")
-                    # Each column's noise; the cost differs when pct_adult's answer is a repeat.
-                    noise = re.sub(r"; remaining ε .*", "", notices[0].split("; ", 1)[1])
-                    outcomes.append((types, len(result), noise))
+                for seen, name in zip(outcomes, tables):
+                    # The array form in binary too, without ORDER BY: dpproxy encodes it, not an outer statement.
+                    for order, binary in ((" ORDER BY 1", False), ("", True)) if "ARRAY" in query else ((" ORDER BY 1", False),):
+                        result, types, notices = _answer(conn, query.format(c=column, t=name) + order, binary)
+                        # Each column's noise; the cost differs when pct_adult's answer is a repeat.
+                        noise = re.sub(r"; remaining ε .*", "", notices[0].split("; ", 1)[1])
+                        seen.append((types, len(result), noise))
             assert outcomes[0] == outcomes[1]
 
 
@@ -309,8 +378,6 @@ def test_a_fraction_bound_as_a_parameter_has_the_same_outcome_on_neighbouring_ta
      "aggregate-argument"),
     ("SELECT percentile_cont(ARRAY[0.25]::text[]) WITHIN GROUP (ORDER BY age) FROM pct_adult", "DP001",
      "aggregate-argument"),
-    ("SELECT sex, percentile_cont(ARRAY[0.25, 0.75]) WITHIN GROUP (ORDER BY age) FROM pct_adult GROUP BY sex",
-     "DP001", "aggregate-combination"),
     ("SELECT percentile_cont(ARRAY[0.5]) WITHIN GROUP (ORDER BY age), percentile_cont(0.5) WITHIN GROUP "
      "(ORDER BY gain) FROM pct_adult", "DP001", "aggregate-combination"),
     ("SELECT percentile_cont(0.5 + 0.1) WITHIN GROUP (ORDER BY age) FROM pct_adult", "DP001", "aggregate-argument"),
@@ -408,6 +475,31 @@ def test_a_bad_fraction_parameter_is_refused_as_postgresql_would_before_the_char
         assert spent_epsilon(conn) == before
         assert conn.execute("SELECT 1").fetchone() == (1,)
     assert info.value.sqlstate == sqlstate and message in info.value.diag.message_primary, info.value
+
+
+@pytest.mark.parametrize(("sql", "params", "message"), [
+    ("ARRAY[%s, %s]", (0.25, 0.75), "of an array with a bound parameter as a fraction"),
+    ("ARRAY[%b, %b]", (0.25, 0.75), "of an array with a bound parameter as a fraction"),  # binary values
+    ("ARRAY[%s::float8, 0.5]", (0.25,), "of an array with a bound parameter as a fraction"),
+    ("ARRAY[0.25, %s, 0.75]", ("0.5",), "of an array with a bound parameter as a fraction"),
+    ("%s", ([0.25, 0.75],), "with an array of fractions as the parameter"),  # psycopg binds a list as float8[]
+    ("%b", ([0.25, 0.75],), "with an array of fractions as the parameter"),
+])
+def test_fractions_bound_as_parameters_of_an_array_are_refused_before_the_charge_with_what_to_send(
+        pproxy: RunningProxy, sql: str, params: tuple[object, ...], message: str) -> None:
+    """``ARRAY[$1, $2]`` and a list bound to ``$1``: refused from the statement and its parameter
+    types, before any charge, with a hint naming the forms that are answered."""
+    statement = f"SELECT percentile_cont({sql}) WITHIN GROUP (ORDER BY age) FROM pct_adult"
+    with pproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(statement, params, prepare=True)
+        assert spent_epsilon(conn) == before
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert info.value.sqlstate == "DP001" and message in info.value.diag.message_primary, info.value
+    assert "(rule: aggregate-argument)" in info.value.diag.message_primary
+    hint = info.value.diag.message_hint or ""
+    assert "percentile_cont(ARRAY[0.25, 0.5, 0.75]) WITHIN GROUP (ORDER BY col)" in hint and "of its own" in hint
 
 
 @pytest.mark.parametrize(("literal", "sqlstate", "message"), [
@@ -586,17 +678,86 @@ def test_the_array_forms_type_and_text_are_postgresqls(pproxy: RunningProxy, adm
     assert re.fullmatch(r"\{[-0-9.e]+(,[-0-9.e]+)*\}", copied.strip())
 
 
-def test_the_array_form_in_binary_is_refused_before_the_charge_and_text_cursors_carry_it(
-        pproxy: RunningProxy) -> None:
-    sql = "SELECT percentile_disc(ARRAY[0.1, 0.9]) WITHIN GROUP (ORDER BY age) FROM pct_adult WHERE sex = 'Male'"
+def _raw(conn: psycopg.Connection, sql: str, params: list[bytes] | None = None, binary: bool = False,
+         column: int = 0) -> tuple[bytes, int]:
+    """The value in ``column`` of ``sql``'s first row as the server sent it (text, or binary when
+    asked), and its type, through the extended protocol (Parse, Bind with the result format, Execute)."""
+    result = conn.pgconn.exec_params(sql.encode(), params or [], result_format=int(binary))
+    assert result.status == psycopg.pq.ExecStatus.TUPLES_OK, result.error_message
+    value = result.get_value(0, column)
+    assert value is not None
+    return value, result.ftype(column)
+
+
+_ARRAY_CASES = [  # kind, column, fractions: one of each array type a percentile of pct_adult answers
+    ("percentile_cont", "age", "ARRAY[0.25, 0.5, 0.75]"),  # float8[]
+    ("percentile_disc", "age", "ARRAY[0.1, 0.5, 0.9]"),  # int4[]
+    ("percentile_disc", "ratio_r", "ARRAY[0.1, 0.9]"),  # float4[]
+    ("percentile_disc", "amount_n", "'{0.25,0.75}'::numeric[]"),  # numeric[]
+]
+
+
+@pytest.mark.parametrize(("kind", "column", "fractions"), _ARRAY_CASES)
+def test_the_array_form_in_binary_is_postgresqls_array_send_of_the_same_release_as_text(
+        pproxy: RunningProxy, admin: psycopg.Connection, kind: str, column: str, fractions: str) -> None:
+    """A binary result of the array form is what PostgreSQL itself sends for the array the text
+    answer printed, byte for byte (a repeat: the same release, charged once)."""
+    sql = f"SELECT {kind}({fractions}) WITHIN GROUP (ORDER BY {column}) FROM pct_adult WHERE sex = 'Male'"
     with pproxy.connect() as conn:
         before = spent_epsilon(conn)
-        with pytest.raises(psycopg.Error) as binary:
-            conn.cursor(binary=True).execute(sql)
-        assert spent_epsilon(conn) == before
-        assert conn.execute("SELECT 1").fetchone() == (1,)
-    assert binary.value.sqlstate == "0A000" and "binary output of type oid 1007" in binary.value.diag.message_primary
-    assert binary.value.diag.message_hint == "Request text format for this column."
+        text, text_type = _raw(conn, sql)
+        binary, binary_type = _raw(conn, sql, binary=True)
+        (decoded,) = conn.cursor(binary=True).execute(sql).fetchone()
+        assert spent_epsilon(conn) == pytest.approx(before + 1.0)
+    type_name = admin.execute("SELECT %s::regtype::text", (text_type,)).fetchone()[0]
+    expected, expected_type = _raw(admin, f"SELECT $1::{type_name}", [text], binary=True)
+    assert text_type == binary_type == expected_type
+    assert binary == expected
+    element = ARRAY_ELEMENTS[text_type]
+    assert encode_array_text(decoded, element) == text
+
+
+def test_asyncpg_fetches_the_array_form_as_a_list_equal_to_the_text_answer(pproxy: RunningProxy) -> None:
+    """asyncpg asks every column in binary: a box plot's quartiles come back as a Python list,
+    the same release a text client reads next (a repeat, uncharged)."""
+    sql = "SELECT percentile_cont(ARRAY[0.25, 0.5, 0.75]) WITHIN GROUP (ORDER BY age_f) FROM pct_adult WHERE age < 50"
+
+    async def fetched() -> list[float]:
+        conn = await asyncpg.connect(host=pproxy.host, port=pproxy.port, user="analyst", password="analyst",
+                                     database=TEST_DATABASE)
+        try:
+            return await conn.fetchval(sql)
+        finally:
+            await conn.close()
+
+    with pproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        quartiles = asyncio.run(fetched())
+        assert spent_epsilon(conn) == pytest.approx(before + 1.0)
+        (text,) = conn.execute(sql).fetchone()
+        assert spent_epsilon(conn) == pytest.approx(before + 1.0)
+    assert isinstance(quartiles, list) and len(quartiles) == 3 and all(isinstance(q, float) for q in quartiles)
+    assert quartiles == text
+
+
+def test_copy_binary_of_the_array_form_carries_array_send_and_text_cursors_carry_it(
+        pproxy: RunningProxy, admin: psycopg.Connection) -> None:
+    sql = "SELECT percentile_disc(ARRAY[0.1, 0.9]) WITHIN GROUP (ORDER BY age) FROM pct_adult WHERE sex = 'Female'"
+    with pproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        with conn.cursor() as cur, cur.copy(f"COPY ({sql}) TO STDOUT (FORMAT binary)") as copy:
+            copied = b"".join(bytes(chunk) for chunk in copy)
+        assert spent_epsilon(conn) == pytest.approx(before + 1.0)
+    # COPY's binary framing: signature, flags, extension length; one tuple of one field; -1.
+    assert copied[:19] == b"PGCOPY\n\xff\r\n\x00" + b"\x00" * 8 and copied[-2:] == b"\xff\xff"
+    assert copied[19:21] == b"\x00\x01"
+    length = int.from_bytes(copied[21:25], "big")
+    data = copied[25:25 + length]
+    assert 25 + length == len(copied) - 2
+    values = psycopg.adapt.Transformer(admin).get_loader(1007, psycopg.pq.Format.BINARY).load(data)
+    assert len(values) == 2 and all(isinstance(v, int) and 17 <= v <= 90 for v in values)
+    expected, _ = _raw(admin, "SELECT $1::int4[]", [encode_array_text(values, 23)], binary=True)
+    assert data == expected
     with pproxy.connect(autocommit=False) as conn:
         with conn.cursor(name="pct_array") as cur:
             cur.execute(sql.replace("0.9", "0.8"))

@@ -27,6 +27,7 @@ from mechanisms.sum_count import mean_noise
 from mechanisms.variance import MomentsRelease, moment_noise
 from proxy.backend.connection import BoundParams, ResultSet
 from proxy.wire.protocol import Field
+from proxy.wire.binary import TEXT
 from proxy.wire.values import TYPE_SIZES, encode_array_text, encode_text
 from policies.time_buckets import truncate
 from rewriter.dp_query import Aggregate, AggregateQuery
@@ -347,10 +348,12 @@ def _params(plan: AggregateQuery, rows: Sequence[Sequence[bytes | None]] | None)
         types = [agg.result_type_oid for agg in plan.aggregates]
         values = list(rows[0]) if rows is not None else [None] * len(types)
         return BoundParams(values, [0] * len(values), types)
-    columns = [key.result_type_oid for key in plan.groups] + [agg.result_type_oid for agg in plan.aggregates]
-    owners = [key.column for key in plan.groups] + [agg.column for agg in plan.aggregates]
-    types = [_array_type(oid, owner) for oid, owner in zip(columns, owners)]
-    arrays: list[bytes | None] = [_array_literal([row[i] for row in rows or []]) for i in range(len(columns))]
+    # An array-valued aggregate's cells come as their texts, cast back by the outer statement
+    # (rewriter.post_process: an array of arrays would be one two-dimensional array).
+    types = [_array_type(key.result_type_oid, key.column) for key in plan.groups]
+    types += [ARRAY_TYPES[TEXT] if agg.fractions else _array_type(agg.result_type_oid, agg.column)
+              for agg in plan.aggregates]
+    arrays: list[bytes | None] = [_array_literal([row[i] for row in rows or []]) for i in range(len(types))]
     return BoundParams(arrays, [0] * len(arrays), types)
 
 

@@ -754,8 +754,10 @@ class Executor:
         self, plan: AggregateQuery, params: BoundParams, fingerprint: str, result_formats: tuple[int, ...]
     ) -> tuple[ResultSet, list[str], Cost]:
         await self._check_result_formats(plan, result_formats)
+        # A percentile's fraction, from its parameter: first, so that a fraction parameter of a
+        # type it cannot have (a list bound as float8[]) is refused as a fraction, not a predicate.
+        plan, params = bind_fractions(plan, params)
         check_parameter_types(plan, params)
-        plan, params = bind_fractions(plan, params)  # a percentile's fraction, from its parameter
         # The plan's WHERE is made final here, before the charge (and before the repeat key).
         epsilon = self.settings.query_epsilon(self.server.policy, plan.table)
         if plan.limit_zero:

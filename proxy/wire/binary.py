@@ -3,7 +3,10 @@
 Two uses: DP answers requested in binary (int8, float8, numeric, text …), and catalog
 results whose client asked for binary in some columns and text in others (libpq can only
 fetch one format for a whole result, so dpproxy fetches text and converts those columns).
-Types outside this table are refused with a clear error rather than guessed.
+Types outside this table are refused with a clear error rather than guessed. Arrays of the
+number types (what ``percentile_cont(ARRAY[…])`` answers) are sent as ``array_send`` sends
+them, when one-dimensional with lower bound 1 (what ``array_out`` prints without a ``[l:u]=``
+prefix); any other shape is refused as an unsupported type is.
 """
 
 from __future__ import annotations
@@ -13,13 +16,17 @@ import struct
 import uuid
 from decimal import Decimal, InvalidOperation
 
-__all__ = ["BINARY_TYPES", "DATE_TIME_TYPES", "NOT_ISO", "UnsupportedBinaryType", "binary_from_text", "binary_from_value"]
+from rewriter.types import ARRAY_ELEMENTS, NUMBER_ARRAY_NAMES
+
+__all__ = ["BINARY_TYPES", "DATE_TIME_TYPES", "NOT_ISO", "NUMBER_ARRAYS", "UnsupportedBinaryType", "binary_from_text", "binary_from_value"]
 
 BOOL, BYTEA, CHAR, NAME, INT8, INT2, INT4, TEXT, OID = 16, 17, 18, 19, 20, 21, 23, 25, 26
 XID, FLOAT4, FLOAT8, BPCHAR, VARCHAR, DATE, TIMESTAMP, TIMESTAMPTZ, NUMERIC, UUID = (
     28, 700, 701, 1042, 1043, 1082, 1114, 1184, 1700, 2950,
 )
 UNKNOWN = 705
+NUMBER_ARRAYS = {array: ARRAY_ELEMENTS[array] for array in NUMBER_ARRAY_NAMES}
+"""The array types dpproxy sends in binary, each with its element type."""
 DATE_TIME_TYPES = frozenset({DATE, TIMESTAMP, TIMESTAMPTZ})
 """Converted to binary from their text only as DateStyle ISO prints them."""
 NOT_ISO = " from text in a DateStyle other than ISO"
@@ -85,7 +92,30 @@ def binary_from_text(text: bytes, type_oid: int) -> bytes:
             return _date(s) if type_oid == DATE else _timestamp(s, tz=type_oid == TIMESTAMPTZ)
         except ValueError:
             raise UnsupportedBinaryType(type_oid, NOT_ISO) from None
+    if type_oid in NUMBER_ARRAYS:
+        return _number_array(s, type_oid)
     raise UnsupportedBinaryType(type_oid)
+
+
+_ARRAY_HEAD = struct.Struct("!iiiii")  # ndim, has-null flag, element type, then per dimension: length, lower bound
+
+
+def _number_array(s: str, type_oid: int) -> bytes:
+    """array_send of a one-dimensional array of numbers from array_out's text (``{17,37.5,NULL}``):
+    ndim 1 (0 for ``{}``), whether an element is NULL, the element type, the length and lower
+    bound 1, then each element's length (-1 for NULL) and its binary form."""
+    element = NUMBER_ARRAYS[type_oid]
+    if not (s.startswith("{") and s.endswith("}")) or any(c in s[1:-1] for c in '{}"\\'):
+        # [l:u]={...}, several dimensions, quoted elements: no number array dpproxy sends
+        raise UnsupportedBinaryType(type_oid, " other than a one-dimensional array from 1")
+    if s == "{}":
+        return struct.pack("!iii", 0, 0, element)
+    texts = s[1:-1].split(",")
+    values = [None if text == "NULL" else binary_from_text(text.encode("ascii"), element) for text in texts]
+    parts = [_ARRAY_HEAD.pack(1, int(None in values), element, len(values), 1)]
+    for value in values:
+        parts.append(b"\xff\xff\xff\xff" if value is None else struct.pack("!i", len(value)) + value)
+    return b"".join(parts)
 
 
 def _numeric(value: Decimal) -> bytes:
@@ -178,5 +208,5 @@ def _timestamp(s: str, tz: bool) -> bytes:
 
 BINARY_TYPES = frozenset(
     {BOOL, BYTEA, CHAR, NAME, INT8, INT2, INT4, TEXT, OID, XID, FLOAT4, FLOAT8, BPCHAR,
-     VARCHAR, DATE, TIMESTAMP, TIMESTAMPTZ, NUMERIC, UUID, UNKNOWN}
+     VARCHAR, DATE, TIMESTAMP, TIMESTAMPTZ, NUMERIC, UUID, UNKNOWN, *NUMBER_ARRAYS}
 )
