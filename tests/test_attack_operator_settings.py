@@ -596,3 +596,40 @@ def test_a_pin_the_server_lacks_after_all_is_left_out_and_the_connection_opened(
     assert asyncio.run(opened_twice()) == [None, None]  # pgserver's 16.2 has no such setting
     version, pins = pool._known_pins[config.dsn or ""]
     assert version // 10000 == 16 and "transaction_timeout" not in pins
+
+
+def test_a_first_connection_ended_in_its_own_start_is_opened_again_with_every_pin(
+        newer_pg_db: TestDatabase, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DSN's first connection starts without ``PINNED_WHERE_KNOWN`` (the server's version is not
+    known yet). Under a role's ``transaction_timeout`` of 1 ms, on a loaded machine, PostgreSQL 18
+    ended it within its own start ("terminating connection due to transaction timeout", seen
+    once in this file's sweep): dpproxy failed to start. That start's timing cannot be had on demand, so the first attempt is failed here as
+    it failed there; the connection is then opened again with every pin, on the real server."""
+    import asyncio
+
+    from proxy.backend import pool
+    from tests.conftest import make_policy
+
+    monkeypatch.setattr(pool, "_known_pins", {})
+    config = make_policy(newer_pg_db, tmp_path / "ledger.sqlite3", _POLICY).backend
+    real_connect, attempts = pool._connect, []
+
+    async def ended_once(config, settings, versioned):  # type: ignore[no-untyped-def]
+        attempts.append(versioned)
+        if len(attempts) == 1:
+            raise psycopg.OperationalError("FATAL:  terminating connection due to transaction timeout")
+        return await real_connect(config, settings, versioned)
+
+    monkeypatch.setattr(pool, "_connect", ended_once)
+
+    async def first_connections_setting() -> str | None:
+        conn = await pool.open_backend(config)
+        try:
+            cursor = await conn.execute("SELECT pg_catalog.current_setting('transaction_timeout')")
+            return (await cursor.fetchone() or (None,))[0]
+        finally:
+            await conn.close()
+
+    with defaults_set(newer_pg_db, {"transaction_timeout": "'5min'"}):
+        assert asyncio.run(first_connections_setting()) == "0"
+    assert attempts == [frozenset(), frozenset(PINNED_WHERE_KNOWN)]

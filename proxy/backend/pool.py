@@ -176,19 +176,28 @@ async def open_backend(config: BackendConfig, settings: Mapping[str, str] | None
     those of newer servers (17's ``transaction_timeout``) where the server has them.
     """
     dsn = config.dsn or ""
-    # A DSN's first connection starts without them (it runs nothing, so no default of the
-    # operator's can end it) and tells the server's version; the next connections start with the
-    # names that version has (a name a server lacks anyway is left out, and the connection tried again).
+    # A DSN's first connection starts without them (an unknown name would fail it, and a server
+    # older than 17 log a FATAL line at every start) and tells the server's version; the next
+    # connections start with the names that version has (a name a server lacks anyway is left
+    # out, and the connection tried again).
     version, pins = _known_pins.get(dsn, (0, frozenset()))
+    retried = False
     while True:
         try:
             conn = await _connect(config, settings, pins)
         except psycopg.OperationalError as exc:
             # "unrecognized configuration parameter" in the server's language, naming it.
             unknown = frozenset(name for name in pins if name in str(exc))
-            if not unknown:
+            if unknown:
+                pins -= unknown
+                continue
+            if version or retried:
                 raise
-            pins -= unknown
+            # Even a connection that runs nothing was ended within its own start by a default of
+            # the operator's (a role's transaction_timeout of 1 ms, on a busy machine: as we read
+            # PostgreSQL 17, setting it inside the start's transaction arms it). Once more, with
+            # them all.
+            retried, pins = True, frozenset(PINNED_WHERE_KNOWN)
             continue
         if conn.info.server_version != version:  # the first connection, or another server since
             version = conn.info.server_version
