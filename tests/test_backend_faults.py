@@ -248,6 +248,43 @@ def test_terminated_backend_in_a_transaction_ends_that_session(setup: Setup, own
         assert query(other) is not None
 
 
+def test_a_block_whose_backend_ended_while_dpproxy_was_busy_is_not_charged_for_the_next_query(
+        setup: Setup, own_pg: OwnPostgres) -> None:
+    """The backend's last words (its FATAL, then the end of the stream) can be read by the event
+    loop in two turns: the FATAL was read in one, the next DP query of the block arrived in the
+    same one and found the connection still "OK", was charged, and then met the lost backend (seen
+    on a standby whose recovery conflict ended the backend, on a loaded machine). Here the loop is
+    held busy while the backend is terminated and the query arrives, so both come in one turn."""
+    with setup.connect() as conn:
+        bounded(lambda: conn.execute("BEGIN"))
+        query(conn)
+        before = setup.spent()
+        released = threading.Event()
+        setup.proxy.loop.call_soon_threadsafe(released.wait, BOUND_S)  # the loop, busy
+        try:
+            assert own_pg.terminate_service_backends() == 1
+            with own_pg.admin() as admin:  # gone, its FATAL and its close sent
+                wait_until(lambda: admin.execute("SELECT count(*) FROM pg_stat_activity WHERE usename = %s",
+                                                 (SERVICE_ROLE,)).fetchone() == (0,))
+            outcome: list[BaseException | None] = []
+            sender = threading.Thread(target=lambda: outcome.append(_raised(lambda: conn.execute(QUERY))))
+            sender.start()
+            time.sleep(0.2)  # the query in dpproxy's socket (the loop cannot take it yet)
+        finally:
+            released.set()
+        sender.join(BOUND_S)
+        assert outcome and isinstance(outcome[0], psycopg.OperationalError) and outcome[0].sqlstate in LOST, outcome
+    assert setup.spent() == before
+
+
+def _raised(call: Callable[[], object]) -> BaseException | None:
+    try:
+        call()
+    except BaseException as exc:  # handed to the test thread
+        return exc
+    return None
+
+
 def test_terminated_backend_mid_query_stays_charged_and_is_audited_with_its_epsilon(
     setup: Setup, own_pg: OwnPostgres
 ) -> None:

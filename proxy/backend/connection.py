@@ -428,6 +428,7 @@ class BackendSession:
         raise BackendLost (not reached) if the held connection is known to be gone. A DP query
         calls this before it is charged."""
         held = await self._checkout()
+        held.waiter.read_idle()
         if not held.healthy and self._sent_on_checkout == 0 and not self._dedicated:
             self._drop_held()
             held = await self._checkout()
@@ -756,6 +757,7 @@ class BackendSession:
         """
         await self._settle_stream()
         held = await self._checkout()
+        held.waiter.read_idle()
         if not held.healthy and self._sent_on_checkout == 0 and not self._dedicated:
             self._drop_held()
             held = await self._checkout()

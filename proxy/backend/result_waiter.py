@@ -88,6 +88,14 @@ class ResultWaiter:
             self._loop.remove_reader(self._fd)
             self._loop = None
 
+    def read_idle(self) -> None:
+        """With no request in flight, read now what the backend sent since (a FATAL, then the end
+        of the stream) instead of waiting for the loop's next readiness callback, so that the
+        connection's status is current: the loop can read a FATAL in one turn and the close in
+        the next, and a request taken in between believed the connection alive."""
+        if self._loop is not None and not self.busy:
+            self._readable()
+
     async def round_trip(self, send: Callable[[], None]) -> list[pq.abc.PGresult]:
         """Send a request with ``send`` (a libpq ``send_*`` call) and return all its results.
 
