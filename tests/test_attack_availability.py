@@ -343,9 +343,10 @@ def test_a_statement_waiting_for_its_analysis_holds_no_backend_connection(one_co
         sender.start()
         time.sleep(0.5)  # the long statement is being analysed
         assert not done
-        started = time.monotonic()
+        # Answered (a held connection failed it with 53300 after the checkout's 1 s) while the
+        # long statement is still being analysed, not after: no bound on time a loaded machine breaks.
         assert other.execute("SELECT count(*) FROM lookup").fetchone() == (2,)
-        assert time.monotonic() - started < 0.5
+        assert not done
         sender.join(timeout=20)
     assert done == [2]
 
