@@ -157,8 +157,9 @@ def variance_of(kind: VarianceKind, noisy: NoisyMoments) -> MomentsRelease:
     Release.scale is the centred sum of squares' noise scale over the noisy count (the part
     that dominates on wide data), and error95 a bound the error stays below with probability
     about 0.95, to first order: (b_Q + 2h·b_S + h²·b_n)·ln 60 / m, each draw within its
-    1/60 tail, at most the release's range (for the standard deviations, the square root of
-    the variance's bound). Both are functions of released values: reporting them is free.
+    1/60 tail, at most the release's range. For the standard deviations it is the variance's
+    bound e carried through the square root: |√v̂ − √v| = |v̂ − v|/(√v̂ + √v) ≤ min(√e, e/√v̂).
+    Both are functions of released values: reporting them is free.
 
     Of one ``noisy``, stddev_pop² = var_pop and stddev_samp² = var_samp up to the square root's
     rounding, and var_samp = var_pop·m/(m − 1) whenever the noisy count m is at least 2.
@@ -180,8 +181,10 @@ def variance_of(kind: VarianceKind, noisy: NoisyMoments) -> MomentsRelease:
     bound = min((squares_scale + 2 * reach * sum_scale + reach**2 * count_scale) * _LN60 / m, float(widest))
     scales = (count_scale, _scaled(sum_scale, exponent), _scaled(squares_scale, 2 * exponent))
     if kind.startswith("stddev"):
-        return MomentsRelease(_scaled(math.sqrt(points), exponent), epsilon, 0.0,
-                              _scaled(math.sqrt(squares_scale / m), exponent), _scaled(math.sqrt(bound), exponent),
+        spread = math.sqrt(points)
+        within = min(math.sqrt(bound), bound / spread) if spread else math.sqrt(bound)
+        return MomentsRelease(_scaled(spread, exponent), epsilon, 0.0,
+                              _scaled(math.sqrt(squares_scale / m), exponent), _scaled(within, exponent),
                               "moments", scales)
     return MomentsRelease(_scaled(float(points), 2 * exponent), epsilon, 0.0, _scaled(squares_scale / m, 2 * exponent),
                           _scaled(bound, 2 * exponent), "moments", scales)

@@ -244,6 +244,24 @@ def test_the_released_variance_is_within_its_stated_accuracy_at_epsilon_1():
     assert sum(e <= stated for e in errors) >= 0.85 * releases
 
 
+def test_a_standard_deviations_stated_bound_is_the_variances_carried_through_the_square_root():
+    """|√v̂ − √v| = |v̂ − v|/(√v̂ + √v) ≤ e/√v̂: on the same 100,000 values the notice stated √e
+    (±1.6 for σ ≈ 29, twenty times the error it bounds); it now states min(√e, e/√v̂), which
+    covers at least 85% of 300 releases as the variance's bound does (same Chernoff argument)."""
+    rng = random.Random(11)
+    values = [float(rng.randint(0, 100)) for _ in range(100_000)]
+    moments = MomentGrid.for_bounds(0, 100, integer=True)
+    parts = _moments(values, moments)
+    exact = _exact("stddev_pop", values)
+    draws = [noisy_moments(*parts, moments, 1.0) for _ in range(300)]
+    releases = [variance_of("stddev_pop", noisy) for noisy in draws]
+    for noisy, release in zip(draws, releases):
+        variance = variance_of("var_pop", noisy)
+        assert release.error95 == pytest.approx(min(math.sqrt(variance.error95), variance.error95 / release.value))
+        assert release.error95 < math.sqrt(variance.error95) / 10
+    assert sum(abs(release.value - exact) <= release.error95 for release in releases) >= 0.85 * len(releases)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_widest_bounds_a_variance_takes_release_a_finite_value_even_at_a_tiny_epsilon(kind):
     """|bounds| ≤ 1e150 (rewriter.types.MAX_ABS_VARIANCE_BOUND): the sample variance's range, up to
