@@ -140,14 +140,17 @@ def _waiting_backend(admin: psycopg.Connection[Any], table: str) -> tuple[int, s
     return None if row is None else (int(row[0]), str(row[1]))
 
 
-def _is_check(statement: str, table: str) -> bool:
-    """Whether a backend statement is one of dpproxy's before the charge, not the DP statement's
-    read of the rows: the check of the values a statement compares (``SELECT 1 FROM (...) AS
-    checked LIMIT 0``, Executor._check_values), or a constant folded on the backend, which does
-    not name the table (pg_stat_activity can show it while the check sent after it in the same
-    round trip waits for the lock). pg_stat_activity keeps the first 1 kB of a statement, so a
-    longer one may not show the table it reads: its start tells, or a short one's whole text."""
-    return statement.startswith("SELECT 1 FROM (") or (len(statement.encode()) < 1000 and table not in statement)
+def _met(statement: str, table: str) -> str:
+    """What a waiting backend statement is: dpproxy's "check" of the values a statement compares
+    before the charge (``SELECT 1 FROM (...) AS checked LIMIT 0``, Executor._check_values), the
+    DP statement's "read" of the rows (it names the table, or is longer than the 1 kB of it that
+    pg_stat_activity keeps), or "unknown": a short statement of dpproxy's that does not name the
+    table, which the text alone does not place before or after the charge (a constant folded
+    before the check, pipelined with it; but one was seen waiting after a charge, on a loaded
+    machine, while its neighbour's run showed the read)."""
+    if statement.startswith("SELECT 1 FROM ("):
+        return "check"
+    return "read" if len(statement.encode()) >= 1000 or table in statement else "unknown"
 
 
 def _values_checked(case: Case) -> bool:
@@ -161,7 +164,7 @@ class _FaultRun:
     """What the analyst saw of a statement faulted on one table, and of it asked again."""
 
     faulted: tuple[Outcome, float]
-    waited: str | None  # what the fault met: a "check" before the charge, the rows' "read", or None
+    waited: str | None  # what the fault met (``_met``), or None; the test's observation, not the analyst's
     idle_after: bool  # the session (or its successor) outside a transaction block afterwards
     retry: tuple[Outcome, float]
 
@@ -212,7 +215,7 @@ def _faulted(server: _Server, client: Client, case: Case, table: str, fault: str
         server.wait_until_up()
     if block and not (client.conn.closed or client.conn.broken):
         client.conn.execute("ROLLBACK")
-    waited = None if waiting is None else "check" if _is_check(waiting[1], table) else "read"
+    waited = None if waiting is None else _met(waiting[1], table)
     return (outcome, round(_spent(client) - before, 9)), waited
 
 
@@ -263,7 +266,7 @@ def test_a_backend_failure_mid_answer_leaves_what_the_rows_do_not_decide(
                 # What is promised (docs/threat-model.md): a DP statement that failed while the
                 # backend ran it stays charged, in full; one faulted in a check before the charge costs nothing.
                 expected = reference[1] * float(client.epsilon) / float(f"0.{700000 + 2 * index}")
-                if (waited is not None and faulted[0].kind in ("error", "dropped") and faulted[0].detail[0] in _FAULTS
+                if (waited in ("check", "read") and faulted[0].kind in ("error", "dropped") and faulted[0].detail[0] in _FAULTS
                         and not math.isclose(faulted[1], 0.0 if waited == "check" else expected, abs_tol=1e-6)):
                     failures.append(f"{case.sql}\n    on {table}, fault {fault} met the {waited}: charged "
                                     f"{faulted[1]}, {0.0 if waited == 'check' else expected} promised")
@@ -273,10 +276,11 @@ def test_a_backend_failure_mid_answer_leaves_what_the_rows_do_not_decide(
                     failures.append(f"{case.sql}\n    on {table}, fault {fault}: the retry's answer was charged "
                                     f"{retry[1]} after a failed run charged {faulted[1]} ({reference[1]} per answer)")
             cases += 1
-            if runs[0].waited is not None and runs[0].faulted[0].kind != "answer":
+            if runs[0].waited in ("check", "read") and runs[0].faulted[0].kind != "answer":
                 met.add((fault, runs[0].waited))
             internal = any(run.faulted[0].kind == "error" and run.faulted[0].detail[0] == "XX000" for run in runs)
-            if runs[0] != runs[1] or internal:
+            # Compared as the analyst sees them: where the fault met the statement is timing.
+            if replace(runs[0], waited=None) != replace(runs[1], waited=None) or internal:
                 failures.append(_failure(index, replace(case, sql=f"[{fault}{' in a block' if block else ''}] {case.sql}"),
                                          neighbour, *runs))
     finally:
