@@ -52,6 +52,8 @@ def release_units(aggregates: tuple[Aggregate, ...]) -> tuple[int, ...]:
     own (the statements on the hot path, with no variance and no two aggregates of one kind
     over one column, pay only that test)."""
     global _last
+    if len(aggregates) < 2:
+        return ()
     last = _last
     if aggregates is last[0]:
         return last[1]
@@ -67,9 +69,7 @@ being reused by another."""
 
 
 def _units(aggregates: Sequence[Aggregate]) -> tuple[int, ...]:
-    """:func:`release_units`, computed."""
-    if len(aggregates) < 2:
-        return ()
+    """:func:`release_units`, computed for two aggregates or more."""
     seen: set[tuple[str, str | None]] = set()
     for agg in aggregates:
         if agg.mechanism == "moments":
