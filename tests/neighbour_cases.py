@@ -172,11 +172,11 @@ class Case:
 _ALIASES = (" AS a", ' AS "Ünï cödé"', " x", ' AS "a""b"')
 
 
-def _named_a(output: str) -> str:
-    """``output`` (an aggregate, maybe with one of :data:`_ALIASES`) named ``a``."""
+def _named(output: str, name: str = "a") -> str:
+    """``output`` (an aggregate, maybe with one of :data:`_ALIASES`) named ``name``."""
     for alias in _ALIASES:
         output = output.removesuffix(alias)
-    return f"{output} AS a"
+    return f"{output} AS {name}"
 
 
 _PARAM_VALUES: tuple[object, ...] = (
@@ -663,12 +663,15 @@ def _statement(builder: _Builder) -> Case:
     if rng.random() < 0.03:
         return _columns_only(builder)
     outputs = [builder.aggregate() for _ in range(rng.randint(1, 3))]
+    if rng.random() < 0.1:  # a repeated metric (a measure on two shelves): one release, both columns equal
+        text, flag = rng.choice(outputs)
+        outputs.append((_named(text, "dup"), flag))
     if rng.random() < 0.2:
         outputs.append(rng.choice([("'total' AS label", False), ("COUNT(*) * 1.0 AS scaled", False),
                                    ("COALESCE(COUNT(*), 0) AS c", False), ("COUNT(1) AS one", False)]))
     outer = rng.random() < 0.12  # an outer query over the one released row, maybe through a CTE
     if outer:
-        outputs = [(_named_a(text) if i == 0 else text.replace(" AS a", " AS a2"), flag) for i, (text, flag) in enumerate(outputs)]
+        outputs = [(_named(text) if i == 0 else text.replace(" AS a", " AS a2"), flag) for i, (text, flag) in enumerate(outputs)]
     items = ", ".join(text for text, _ in outputs)
     shape = rng.random()
     with_ = ""

@@ -1,13 +1,14 @@
 """Turn a DP plan's exact backend values into the noised values the client receives.
 
 The query's ε is split evenly over its k releases (sequential composition): each aggregate
-column is one, except that the variances and standard deviations of one column under one
+column is one, except that columns released by the same mechanism from the same exact parts are
+one release, drawn once, and the variances and standard deviations of one column under one
 condition are one release together, with an AVG of the column beside them in a small statement
 (``proxy.dp.release_units``: their moments are drawn once).
-Each column is released by its mechanism (``proxy.dp.column_release``) and encoded with the type
-PostgreSQL would have reported for the original query. δ is not split (docs/mechanisms.md): the answer's
-δ is the sum of its columns' δ, the table's δ for each sample-and-aggregate column and 0 for
-the others.
+Each release is drawn by its mechanism (``proxy.dp.column_release``) and each column encoded with
+the type PostgreSQL would have reported for it in the original query. δ is not split
+(docs/mechanisms.md): the answer's δ is the sum of its releases' δ, the table's δ for each
+sample-and-aggregate release and 0 for the others.
 
 A GROUP BY over declared keys releases one row per cell: each column is released in every
 cell with its release's whole share ε/k, because the cells are disjoint (one row is in at most
@@ -72,8 +73,8 @@ class DPAnswer:
             cost = f"ε charged {self.epsilon:g}, δ {self.delta:g}"
         if not self.cells:
             names = [f.name for f in self.result.fields]
-            columns = ", ".join(_described(name, rel, drawn)
-                                for name, rel, drawn in zip(names, self.releases, _drawn_for(names, self.releases, self.units)))
+            columns = ", ".join(_described(name, rel, shared)
+                                for name, rel, shared in zip(names, self.releases, _shared(names, self.releases, self.units)))
             return f"dpproxy: {cost}; {columns}"
         shared = "" if repeat else " (each row is in one group, so the groups share that ε)"
         return f"dpproxy: {cost} for {self._groups()}{shared}; per group: {', '.join(self.noise)}"
@@ -116,7 +117,7 @@ def release_row(plan: AggregateQuery, exact: Sequence[Any], epsilon: float, code
     parts = split_row(plan, exact)
     releases = release_columns(plan.aggregates, parts, units, share, plan.table.policy)
     row = _encoded(plan, releases, codec)
-    delta = sum(rel.delta for rel in releases)
+    delta = sum(rel.delta for rel in {id(rel): rel for rel in releases}.values())  # each release once
     return DPAnswer(ResultSet(fields, [row], "SELECT 1"), epsilon, delta, tuple(releases), units=units)
 
 
@@ -137,8 +138,8 @@ def release_cells(plan: AggregateQuery, rows: Sequence[Sequence[Any]], epsilon: 
         encoded.append([*keys, *_encoded(plan, releases, codec)])
     fields = _key_fields(plan) + [Field(agg.output_name, agg.result_type_oid) for agg in plan.aggregates]
     names = [agg.output_name for agg in plan.aggregates]
-    noise = tuple(_per_cell(agg, share, release, drawn)
-                  for agg, release, drawn in zip(plan.aggregates, first, _drawn_for(names, first, units)))
+    noise = tuple(_per_cell(agg, share, release, shared)
+                  for agg, release, shared in zip(plan.aggregates, first, _shared(names, first, units)))
     result = ResultSet(fields, encoded, f"SELECT {len(encoded)}")
     return DPAnswer(result, epsilon, 0.0, tuple(first), noise, cells=len(encoded), units=units)
 
@@ -237,23 +238,31 @@ def released_labels(plan: AggregateQuery) -> Iterator[str]:
             yield from agg.column.policy.categories or ()
 
 
-def _drawn_for(names: Sequence[str], releases: Sequence[Release[Any]], units: Sequence[int]) -> list[str | None]:
-    """For each column, the name of the column whose noisy moments it is computed from, or None
-    when it is a release of its own or the first variance of its release (whose notice gives the
-    moments' scales); ``units`` as :func:`proxy.dp.release_units.release_units` gives them."""
+def _shared(names: Sequence[str], releases: Sequence[Release[Any]], units: Sequence[int]) -> list[tuple[str, bool] | None]:
+    """For each column that is not the first of its release: the name of the column whose notice
+    describes the release's noise (its first, or the first variance of a release of noisy
+    moments, whose notice gives the moments' scales) and whether it is that column's very release
+    (the same value) rather than computed from its moments; None for the others. ``units`` as
+    :func:`proxy.dp.release_units.release_units` gives them, ``releases`` as
+    :func:`proxy.dp.column_release.release_columns` draws them."""
     if not units:
         return [None] * len(names)
-    first: dict[int, int] = {}
+    lead: dict[int, int] = {}
     for index, (unit, release) in enumerate(zip(units, releases)):
         if isinstance(release, MomentsRelease):
-            first.setdefault(unit, index)
-    return [names[first[unit]] if first.get(unit, index) != index else None for index, unit in enumerate(units)]
+            lead.setdefault(unit, index)
+    for index, unit in enumerate(units):
+        lead.setdefault(unit, index)
+    return [None if lead[unit] == index else (names[lead[unit]], releases[index] is releases[lead[unit]])
+            for index, unit in enumerate(units)]
 
 
-def _described(name: str, release: Release[Any], drawn_for: str | None = None) -> str:
+def _described(name: str, release: Release[Any], shared: tuple[str, bool] | None = None) -> str:
     """One column's noise as the analyst reads it: the mechanism and the 95% bound that matters
-    (``drawn_for``: the column whose noisy moments a variance or an AVG is computed from, named
-    instead of their scales)."""
+    (``shared``: as :func:`_shared` gives it, the column whose release this column repeats, or
+    whose noisy moments a variance or an AVG is computed from, named instead of the scales)."""
+    if shared is not None and shared[1]:
+        return f"{name}: the same release as {shared[0]}, no more ε"
     if release.mechanism == "smooth_median":
         # The noise actually used depends on the data, so only the worst case over all data is shown.
         return f"{name}: sample and aggregate, worst-case 95% bound ±{release.error95:.4g}"
@@ -270,8 +279,8 @@ def _described(name: str, release: Release[Any], drawn_for: str | None = None) -
                 f"95% within {release.error95:.4g} rows of the quantile's rank")
     if release.mechanism == "sum_count":
         return f"{name}: noisy sum / noisy count, scale {release.scale:.4g} (95% within ±{release.error95:.4g})"
-    if drawn_for is not None:
-        return f"{name}: from {drawn_for}'s noisy moments, no more ε (95% within ±{release.error95:.4g})"
+    if shared is not None:
+        return f"{name}: from {shared[0]}'s noisy moments, no more ε (95% within ±{release.error95:.4g})"
     if isinstance(release, MomentsRelease):
         return f"{name}: {_moments(*release.scales)} (95% within ±{release.error95:.4g})"
     return f"{name}: {release.mechanism} scale {release.scale:.4g} (95% within ±{release.error95:.4g})"
@@ -283,11 +292,12 @@ def _moments(count: float, centred: float, squares: float) -> str:
             f"and {squares:.4g}")
 
 
-def _per_cell(agg: Aggregate, share: float, release: Release[Any], drawn_for: str | None = None) -> str:
+def _per_cell(agg: Aggregate, share: float, release: Release[Any], shared: tuple[str, bool] | None = None) -> str:
     """A column's noise in every cell, known before the data (``release``: one cell's;
-    ``drawn_for``: as for :func:`_described`)."""
-    if drawn_for is not None:
-        return f"{agg.output_name}: from {drawn_for}'s noisy moments, no more ε"
+    ``shared``: as for :func:`_described`)."""
+    if shared is not None:
+        how = "the same release as {}" if shared[1] else "from {}'s noisy moments"
+        return f"{agg.output_name}: {how.format(shared[0])}, no more ε"
     if agg.mechanism not in ("sum_count", "moments"):
         return _described(agg.output_name, release)  # Laplace and exponential: the same in every cell
     assert agg.column is not None and agg.column.policy is not None and agg.column.policy.bounds is not None
@@ -414,8 +424,14 @@ def numeric_typmod_scale(type_modifier: int) -> int:
 def query_delta(plan: AggregateQuery) -> float:
     """The δ an answer to ``plan`` will cost, known before it runs (charged up front).
 
-    The table's δ for each sample-and-aggregate column, 0 for every other mechanism;
-    ``release_row`` reports the same sum after the fact.
+    The table's δ for each sample-and-aggregate release (two columns of one release cost it
+    once: ``proxy.dp.release_units``), 0 for every other mechanism; ``release_row`` reports the
+    same sum after the fact.
     """
-    return sum(plan.table.policy.delta for agg in plan.aggregates if agg.mechanism == "sample_aggregate")
+    sampled = [index for index, agg in enumerate(plan.aggregates) if agg.mechanism == "sample_aggregate"]
+    if not sampled:
+        return 0.0
+    units = release_units(plan.aggregates)
+    releases = {units[index] for index in sampled} if units else sampled
+    return sum(plan.table.policy.delta for _ in releases)
 

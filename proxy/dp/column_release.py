@@ -36,9 +36,10 @@ def release_columns(aggregates: Sequence[Aggregate], parts: Sequence[Sequence[An
     share of the query's ε and ``units`` each aggregate's release (``proxy.dp.release_units``; ():
     each its own).
 
-    The variances and standard deviations of one release are computed from one draw of their
-    moments, taken for the first of them, and so is an AVG of that release (its own parts are
-    not read); every other aggregate is released on its own.
+    Each release is drawn once, for the first of its aggregates: the others are given the same
+    :class:`Release` object (the same value), except that the variances and standard deviations
+    of one release are each computed from its one draw of the moments (one object per kind), and
+    so is an AVG of that release (its own parts are not read).
     """
     if not units:
         return [release_column(agg, agg_parts, epsilon, table) for agg, agg_parts in zip(aggregates, parts)]
@@ -46,17 +47,24 @@ def release_columns(aggregates: Sequence[Aggregate], parts: Sequence[Sequence[An
     for agg, agg_parts, unit in zip(aggregates, parts, units, strict=True):
         if agg.mechanism == "moments" and unit not in drawn:
             drawn[unit] = _moments(agg, agg_parts, epsilon)
+    released: dict[tuple[int, str], Release[Any]] = {}
     releases: list[Release[Any]] = []
     for agg, agg_parts, unit in zip(aggregates, parts, units, strict=True):
-        if agg.mechanism == "moments":
-            releases.append(variance_of(cast(VarianceKind, agg.kind), drawn[unit]))
-        elif unit in drawn:
-            assert agg.kind == "avg" and agg.column is not None and agg.column.policy is not None
-            assert agg.column.policy.bounds is not None
-            releases.append(mean_of(drawn[unit], *agg.column.policy.bounds))
-        else:
-            releases.append(release_column(agg, agg_parts, epsilon, table))
+        key = (unit, agg.kind if unit in drawn else "")
+        if key not in released:
+            released[key] = (_from_moments(agg, drawn[unit]) if unit in drawn
+                             else release_column(agg, agg_parts, epsilon, table))
+        releases.append(released[key])
     return releases
+
+
+def _from_moments(agg: Aggregate, moments: NoisyMoments) -> Release[Any]:
+    """A variance, a standard deviation or an AVG computed from its release's noisy moments."""
+    if agg.mechanism == "moments":
+        return variance_of(cast(VarianceKind, agg.kind), moments)
+    assert agg.kind == "avg" and agg.column is not None and agg.column.policy is not None
+    assert agg.column.policy.bounds is not None
+    return mean_of(moments, *agg.column.policy.bounds)
 
 
 def _moments(agg: Aggregate, parts: Sequence[Any], epsilon: float) -> NoisyMoments:

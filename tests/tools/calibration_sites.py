@@ -39,6 +39,7 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "repeats": ("tests/test_budget.py", "tests/test_attack_outputs.py", "tests/test_conditional_aggregates.py",
                 "tests/test_calibration.py"),
     "variance": ("tests/test_variance_mechanism.py", "tests/test_variance.py"),
+    "duplicates": ("tests/test_duplicate_releases.py",),
 }
 
 WIDER: dict[str, tuple[str, ...]] = {
@@ -113,17 +114,24 @@ SITES: tuple[Site, ...] = (
     # A variance family counted as one release, but each member drawn afresh at its share: the
     # family spends its share once per member.
     Site("split.family-drawn-per-member", _CR,
-         "            releases.append(variance_of(cast(VarianceKind, agg.kind), drawn[unit]))",
-         "            releases.append(variance_of(cast(VarianceKind, agg.kind), _moments(agg, agg_parts, epsilon)))",
-         "variance"),
+         "            released[key] = (_from_moments(agg, drawn[unit]) if unit in drawn",
+         "            released[key] = (_from_moments(agg, _moments(agg, agg_parts, epsilon) if agg.mechanism == "
+         "\"moments\" else drawn[unit]) if unit in drawn", "variance"),
+    # Identical aggregates counted as one release, but each drawn afresh at its share: the
+    # release spends its share once per column.
+    Site("split.duplicate-drawn-per-column", _CR, "        key = (unit, agg.kind if unit in drawn else \"\")\n",
+         "        key = (unit, agg.kind if unit in drawn else str(len(releases)))\n", "duplicates"),
+    # Aggregates of one column and kind under two conditions taken for one release: one of them
+    # answered with the other's value, and ε split as if it were free.
+    Site("split.duplicate-by-column-alone", _RU, "    return (agg.kind, agg.mechanism, agg.distinct, parts, fraction, "
+         "agg.fractions)", "    return (agg.kind, agg.mechanism, agg.distinct, agg.column.name if agg.column else "
+         "None, fraction, agg.fractions)", "duplicates"),
     # Variances of two conditions (or columns) taken for one family: one of them answered from
     # moments that are not its own, and ε split as if it were free.
-    Site("split.family-by-column-alone", _RU, "            parts = _moment_parts(agg)\n",
-         "            parts = (agg.column.name if agg.column is not None else \"\",)\n", "variance"),
-    Site("split.delta-max-not-sum", _A,
-         'return sum(plan.table.policy.delta for agg in plan.aggregates if agg.mechanism == "sample_aggregate")',
-         'return max((plan.table.policy.delta for agg in plan.aggregates if agg.mechanism == "sample_aggregate"), '
-         "default=0.0)", "answers"),
+    Site("split.family-by-column-alone", _RU, "        return (\"moments\", parts)\n",
+         "        return (\"moments\", agg.column.name if agg.column is not None else \"\")\n", "variance"),
+    Site("split.delta-max-not-sum", _A, "    return sum(plan.table.policy.delta for _ in releases)",
+         "    return max(plan.table.policy.delta for _ in releases)", "answers"),
     Site("cells.empty-cell-dropped", _A,
          "        releases = release_columns(plan.aggregates, parts, units, share, plan.table.policy)\n        first = first",
          "        if all(value is None for part in parts for value in part):\n            continue\n"
@@ -164,7 +172,7 @@ SITES: tuple[Site, ...] = (
          "    value = _scaled(float(point), exponent)\n", "variance"),
     # An AVG read from the moments beside more releases than the rule allows: no privacy lost,
     # but its error larger than sum_count's would be (docs/mechanisms.md).
-    Site("var.avg-from-moments-beside-any", _RU, "    if not families or released > AVG_FROM_MOMENTS_UP_TO:",
+    Site("var.avg-from-moments-beside-any", _RU, "    if not families or len(releases) > AVG_FROM_MOMENTS_UP_TO:",
          "    if not families:", "variance"),
     # ------------------------------------------------------------------ sample and aggregate, smooth median
     Site("sa.beta-from-epsilon", _SM, "    return epsilon / (2.0 * math.log(2.0 / delta))",
