@@ -25,6 +25,9 @@ charge, in text and binary Bind formats.
 
 from __future__ import annotations
 
+import base64
+import socket
+import struct
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 
@@ -32,7 +35,7 @@ import psycopg
 import pytest
 from psycopg.types.numeric import Float4
 
-from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
+from tests.conftest import ATTACK_POLICY_HEAD, TEST_DATABASE, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from tests.neighbour_outcome import create_neighbours, same_on_neighbours
 from tests.test_attack_stop36 import (_BASE_ROWS, _DDL, _NEIGHBOURS, _TABLE, _binary_outcome, _copy_outcome,
                                       _cursor_outcome)
@@ -244,3 +247,74 @@ def test_a_fraction_bound_inside_an_array_is_refused_before_the_charge_in_both_f
     if (fraction, params) in BOUND_ARRAYS:
         assert "parameter" in str(outcome[2]) and "aggregate-argument" in str(outcome[2]), outcome
         assert "bind each fraction to a percentile of its own" in str(outcome[3]), outcome
+
+
+# ------------------------------------------------------------------ the new hints
+
+def _read_message(sock: socket.socket) -> tuple[bytes, bytes]:
+    head = b""
+    while len(head) < 5:
+        head += sock.recv(5 - len(head))
+    (size,) = struct.unpack("!i", head[1:])
+    body = b""
+    while len(body) < size - 4:
+        body += sock.recv(size - 4 - len(body))
+    return head[:1], body
+
+
+def _failed_scram_login(proxy: RunningProxy, user: str) -> bytes:
+    """The ErrorResponse, every byte of it, that ends a SCRAM login as ``user`` whose proof is wrong."""
+    with socket.create_connection((proxy.host, proxy.port), timeout=30) as sock:
+        params = f"user\0{user}\0database\0{TEST_DATABASE}\0\0".encode()
+        sock.sendall(struct.pack("!ii", 8 + len(params), 196608) + params)
+        kind, body = _read_message(sock)
+        assert kind == b"R" and body.startswith(struct.pack("!i", 10)) and b"SCRAM-SHA-256" in body, (kind, body)
+        first = b"n,,n=,r=" + base64.b64encode(b"client nonce 37!")
+        sasl = b"SCRAM-SHA-256\0" + struct.pack("!i", len(first)) + first
+        sock.sendall(b"p" + struct.pack("!i", 4 + len(sasl)) + sasl)
+        kind, body = _read_message(sock)
+        assert kind == b"R" and body[:4] == struct.pack("!i", 11), (kind, body)
+        nonce = dict(item.split("=", 1) for item in body[4:].decode().split(","))["r"]
+        final = f"c=biws,r={nonce},p={base64.b64encode(bytes(32)).decode()}".encode()
+        sock.sendall(b"p" + struct.pack("!i", 4 + len(final)) + final)
+        kind, body = _read_message(sock)
+        assert kind == b"E", (kind, body)
+        return body
+
+
+def test_a_failed_login_is_the_same_bytes_for_a_known_user_and_an_unknown_one(s37: RunningProxy) -> None:
+    # analyst is the policy's (SCRAM); the others are not its users: a backend role, a made-up
+    # name of the same length as analyst's. The hint is the same words for each, and nothing else
+    # but the name in the message differs.
+    failures = {user: _failed_scram_login(s37, user) for user in ("analyst", "postgres", "analyse", "dpproxy_service")}
+    masked = {failure.replace(user.encode(), b"U") for user, failure in failures.items()}
+    assert len(masked) == 1, failures
+    fields = {body[:1]: body[1:] for body in next(iter(masked)).split(b"\0") if body}
+    assert fields[b"C"] == b"28P01" and fields[b"S"] == b"FATAL", fields
+    assert fields[b"H"] == b"Logins are the users of dpproxy's policy, not the backend's PostgreSQL roles: " \
+                           b"check the user name and password with the policy's owner.", fields
+
+
+@pytest.mark.parametrize("user", ["analyst", "plain"])
+def test_an_unknown_relations_hint_names_only_the_policys_tables_whoever_asks(
+        s37: RunningProxy, admin: psycopg.Connection, user: str) -> None:
+    # s37_hidden exists in the backend but the policy does not name it: refused by default-deny
+    # (as before), and named by no hint; each unknown name gets the same hint.
+    admin.execute("CREATE TABLE IF NOT EXISTS s37_hidden (x int)")
+    admin.execute("GRANT SELECT ON s37_hidden TO dpproxy_service")
+    policy_tables = {*_NAMES, *_SMALL_NAMES}
+    outcomes = set()
+    with psycopg.connect(s37.dsn(user=user, password=user), autocommit=True) as conn:
+        for relation in ("s37_nosuch", "public.s37_nosuch", "pg_catalog.s37_nosuch", "s37_0x", '"S37_0"'):
+            with pytest.raises(psycopg.errors.UndefinedTable) as refused:
+                conn.execute(f"SELECT count(*) FROM {relation}")
+            diag = refused.value.diag
+            outcomes.add((diag.sqlstate, diag.message_hint))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="default-deny"):
+            conn.execute("SELECT count(*) FROM s37_hidden")
+    assert len(outcomes) == 1, outcomes
+    (_, hint), = outcomes
+    assert hint is not None and hint.startswith("The tables dpproxy's policy names: "), hint
+    listed, more = hint.removeprefix("The tables dpproxy's policy names: ").removesuffix(".").split(" and ")
+    assert set(listed.split(", ")) <= policy_tables and len(listed.split(", ")) == 20, hint
+    assert more == f"{len(policy_tables) - 20} more", hint
