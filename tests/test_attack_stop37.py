@@ -111,6 +111,32 @@ def test_an_avg_read_from_a_variance_familys_moments_is_the_same_on_every_table(
     assert ("from" in str(outcome[-1]) and "noisy moments, no more ε" in str(outcome[-1])) == merged, outcome
 
 
+@pytest.mark.parametrize("binary", [False, True])
+@pytest.mark.parametrize(("sql", "params", "merged"), [
+    ("SELECT avg(n) FILTER (WHERE b > %s), stddev(n) FILTER (WHERE b > %s) FROM {t}", (50, 50), False),
+    ("SELECT avg(n) FILTER (WHERE b > %s), stddev(n) FILTER (WHERE b > %s) FROM {t}", (50, 51), False),
+    ("SELECT avg(f) FILTER (WHERE s = %s), variance(f) FILTER (WHERE s = %s), stddev(f) FILTER (WHERE s = %s) FROM {t}",
+     ("zz", "zz", "zz"), False),
+    ("SELECT s, avg(c) FILTER (WHERE b > %s), stddev(c) FILTER (WHERE b > %s) FROM {t} GROUP BY s", (1000, 1000), False),
+])
+def test_a_familys_grouping_reads_where_a_parameter_stands_not_its_value(
+        s37: RunningProxy, sql: str, params: tuple[object, ...], merged: bool, binary: bool) -> None:
+    # $1 and $2 are two conditions whatever their values: the grouping is the same for equal and
+    # different values (the values are the statement's, but the split must not wait for them).
+    outcome = _same(s37, sql.replace("%s", "%b") if binary else sql, params=params)
+    assert outcome[0] == "answer", outcome
+    assert ("noisy moments, no more ε" in str(outcome[-1])) == merged, outcome
+
+
+def _same_form(proxy: RunningProxy, outcome: Callable[[psycopg.Connection, str], tuple[object, ...]],
+               sql: str) -> None:
+    """``sql`` answered, and ``outcome`` (binary, COPY or cursor: stop 36's) the same, on every table."""
+    with proxy.connect() as conn:
+        results = {name: outcome(conn, sql.replace("{t}", name)) for name in _NAMES}
+    assert results["s37_0"][0] == "answer", results["s37_0"]
+    assert all(result == results["s37_0"] for result in results.values()), results
+
+
 def _shape(cursor: psycopg.Cursor[tuple[object, ...]]) -> list[tuple[object, ...]]:
     return [(d.name, d.type_code, d.internal_size, d.precision, d.scale) for d in cursor.description or ()]
 
@@ -144,10 +170,7 @@ _FORMS = [
 @pytest.mark.parametrize(("outcome", "sql"), _FORMS)
 def test_an_avg_from_moments_in_binary_copy_and_a_cursor_is_the_same_on_every_table(
         s37: RunningProxy, outcome: Callable[[psycopg.Connection, str], tuple[object, ...]], sql: str) -> None:
-    with s37.connect() as conn:
-        results = {name: outcome(conn, sql.replace("{t}", name)) for name in _NAMES}
-    assert results["s37_0"][0] == "answer", results["s37_0"]
-    assert all(result == results["s37_0"] for result in results.values()), results
+    _same_form(s37, outcome, sql)
 
 
 # ------------------------------------------------------------------ percentile arrays per cell
@@ -213,10 +236,7 @@ def test_a_cells_array_cast_back_is_the_array_dpproxy_sends_without_an_outer_sta
     "COPY (SELECT s, percentile_disc(ARRAY[0, 1]) WITHIN GROUP (ORDER BY n2) FROM {t} GROUP BY s ORDER BY 1) TO STDOUT",
 ])
 def test_a_cells_percentile_array_in_copy_is_the_same_on_every_table(s37: RunningProxy, sql: str) -> None:
-    with s37.connect() as conn:
-        results = {name: _copy_outcome(conn, sql.replace("{t}", name)) for name in _NAMES}
-    assert results["s37_0"][0] == "answer", results["s37_0"]
-    assert all(result == results["s37_0"] for result in results.values()), results
+    _same_form(s37, _copy_outcome, sql)
 
 
 # ------------------------------------------------------------------ fractions bound inside an array
