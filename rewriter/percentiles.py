@@ -30,7 +30,8 @@ from policies.errors import SQLSTATE, Refusal
 
 from .scope import Scope
 
-__all__ = ["MAX_FRACTIONS", "FractionParameter", "PercentileKind", "bound_fraction", "decimal_text", "is_percentile", "percentile_call"]
+__all__ = ["MAX_FRACTIONS", "FractionParameter", "PercentileKind", "array_parameter_refusal", "bound_fraction", "decimal_text",
+           "is_percentile", "percentile_call"]
 
 PercentileKind = Literal["percentile_cont", "percentile_disc"]
 
@@ -138,6 +139,8 @@ def _array_fractions(node: exp.Expression | None, kind: PercentileKind, scope: S
         if len(element) != 1 or element[0].this not in _NUMBER_CASTS or element[0].expressions:
             raise _not_fractions(kind, node.sql("postgres"), table)
         node = node.this
+        if _is_parameter(node):  # $1::float8[]: a list bound as one parameter
+            raise array_parameter_refusal(kind, _bare(node).sql("postgres"), table)
         if isinstance(node, exp.Literal) and node.is_string:
             texts = _array_elements(node.this, kind, table)
             _check_count(len(texts), kind, table)
@@ -153,10 +156,29 @@ def _array_fractions(node: exp.Expression | None, kind: PercentileKind, scope: S
 
 
 def _is_parameter(node: exp.Expression) -> bool:
-    """Whether an array element is a bound parameter (``$1``), maybe cast (``$1::float8``)."""
-    while isinstance(node, exp.Cast):
+    """Whether an array element is a bound parameter (``$1``), maybe cast (``$1::float8``),
+    parenthesised or negated (``($1)``, ``-$1``)."""
+    return isinstance(_bare(node), (exp.Parameter, exp.Placeholder))
+
+
+def _bare(node: exp.Expression) -> exp.Expression:
+    """``node`` without the casts, parentheses and minus signs around it."""
+    while isinstance(node, (exp.Cast, exp.Paren, exp.Neg)):
         node = node.this
-    return isinstance(node, (exp.Parameter, exp.Placeholder))
+    return node
+
+
+def array_parameter_refusal(kind: PercentileKind, parameter: str, table: str) -> Refusal:
+    """The refusal of ``kind(parameter)`` whose parameter is a list of fractions (declared or
+    cast as a number array, ``$1::float8[]``): one bound parameter gives one fraction."""
+    return Refusal(
+        SQLSTATE.DP_QUERY_SHAPE,
+        f"{kind}({parameter}) with an array of fractions as the parameter is not answered on protected table "
+        f"{table} (rule: aggregate-argument)",
+        f"Write the fractions in the statement, {kind}(ARRAY[0.25, 0.5, 0.75]) WITHIN GROUP (ORDER BY col), "
+        "or bind each fraction to a percentile of its own.",
+        "aggregate-argument",
+    )
 
 
 def _parameter_element(kind: PercentileKind, table: str) -> Refusal:

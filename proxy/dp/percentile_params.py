@@ -22,7 +22,7 @@ from decimal import Decimal, InvalidOperation
 from policies.errors import SQLSTATE, Refusal
 from proxy.backend.connection import BoundParams
 from rewriter.dp_query import Aggregate, AggregateQuery
-from rewriter.percentiles import FractionParameter, bound_fraction
+from rewriter.percentiles import FractionParameter, array_parameter_refusal, bound_fraction
 from rewriter.types import NUMBER_ARRAY_NAMES
 
 __all__ = ["FRACTION_TYPES", "bind_fractions", "fraction_param_types"]
@@ -68,14 +68,7 @@ def _bound(agg: Aggregate, plan: AggregateQuery, params: BoundParams) -> Aggrega
                                f"needs {parameter.number}")
     type_oid = params.types[index] if index < len(params.types) else 0
     if type_oid in NUMBER_ARRAY_NAMES:  # a driver's list bound as one parameter (psycopg: float8[])
-        raise Refusal(
-            SQLSTATE.DP_QUERY_SHAPE,
-            f"{agg.kind}(${parameter.number}) with an array of fractions as the parameter is not answered on "
-            f"protected table {table} (rule: aggregate-argument)",
-            f"Write the fractions in the statement, {agg.kind}(ARRAY[0.25, 0.5, 0.75]) WITHIN GROUP (ORDER BY col), "
-            "or bind each fraction to a percentile of its own.",
-            "aggregate-argument",
-        )
+        raise array_parameter_refusal(agg.kind, f"${parameter.number}", table)
     if type_oid not in FRACTION_TYPES:
         raise Refusal(
             SQLSTATE.DP_QUERY_SHAPE,
