@@ -22,12 +22,6 @@ import pytest
 from conftest import TEST_POLICY, TestDatabase, psql_path
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 LISTENING = re.compile(r"dpproxy listening on (.*):(\d+) for database ")
 
 
