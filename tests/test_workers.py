@@ -48,11 +48,15 @@ class Group:
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        self.wait_for("with 2 workers")
-        deadline = time.monotonic() + 30
-        while not self.port_file.exists():  # written just after that line
-            assert time.monotonic() < deadline and self.process.poll() is None, self.output()
-            time.sleep(0.01)
+        try:
+            self.wait_for("with 2 workers")
+            deadline = time.monotonic() + 30
+            while not self.port_file.exists():  # written just after that line
+                assert time.monotonic() < deadline and self.process.poll() is None, self.output()
+                time.sleep(0.01)
+        except BaseException:
+            self.stop()  # a group that did not start is nobody's to stop later
+            raise
         self.port = int(self.port_file.read_text())
         metrics = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", self.output())
         self.metrics_port = int(metrics.group(1)) if metrics else None
