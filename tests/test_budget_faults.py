@@ -23,7 +23,7 @@ import pytest
 
 from conftest import TEST_POLICY, TestDatabase
 from policies.ledger import Budget, Ledger
-from test_cli import _free_port, _start
+from test_cli import _start_serving
 
 QUERY = "SELECT COUNT(*) FROM adult WHERE age > {i}"  # ε = 1 each (the table's ε), δ = 0
 
@@ -44,8 +44,7 @@ class Replica:
     """A `dpproxy serve` process; its output is read on a thread so that it never blocks."""
 
     def __init__(self, config: Path):
-        self.port = _free_port()
-        self.process, _ = _start(["serve", "-c", str(config), "--port", str(self.port)], "listening on")
+        self.process, self.port = _start_serving(config)
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from conftest import TEST_POLICY, TestDatabase
-from test_cli import _free_port, _start
+from test_cli import _start_serving
 from wire import race
 
 POLICY = TEST_POLICY.replace(
@@ -19,9 +19,7 @@ POLICY = TEST_POLICY.replace(
 
 
 def _serve(config: Path) -> tuple[subprocess.Popen[str], int]:
-    port = _free_port()
-    process, _ = _start(["serve", "-c", str(config), "--port", str(port)], "listening on")
-    return process, port
+    return _start_serving(config)
 
 
 def _dsn(port: int) -> str:

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from conftest import TEST_DATABASE, TEST_POLICY, RunningProxy, TestDatabase
 from test_auth_tls_cancel import _tls_proxy, certificate  # noqa: F401 - a fixture, used by name
-from test_cli import _free_port
+from test_startup_errors import closed_port
 
 from policies.loader import load_policy
 from proxy.demo.embedded import SERVICE_ROLE
@@ -30,7 +30,7 @@ def test_health_exits_0_when_dpproxy_answers_and_1_when_nothing_listens(proxy: R
     answered = _dpproxy("health", "--host", proxy.host, "--port", str(proxy.port))
     assert answered.returncode == 0, answered.stderr
     assert "answers (plain)" in answered.stdout
-    refused = _dpproxy("health", "--port", str(_free_port()), "--timeout", "2")
+    refused = _dpproxy("health", "--port", str(closed_port()), "--timeout", "2")
     assert refused.returncode == 1
     # One plain line, as every other command's failure ("[Errno 111] Connection refused" before).
     assert refused.stderr.endswith(": connection refused — check --host and --port\n"), refused.stderr
@@ -100,7 +100,7 @@ def test_demo_load_writes_a_policy_that_dpproxy_serves(
 
 def test_demo_load_fails_cleanly_without_a_server_or_a_password(tmp_path: Path):
     out = tmp_path / "policy.yaml"
-    unreachable = _dpproxy("demo-load", "--admin-dsn", f"postgresql://postgres@127.0.0.1:{_free_port()}/postgres",
+    unreachable = _dpproxy("demo-load", "--admin-dsn", f"postgresql://postgres@127.0.0.1:{closed_port()}/postgres",
                            "--policy-out", str(out))
     assert unreachable.returncode == 1 and "dpproxy demo-load:" in unreachable.stderr
     no_password = _dpproxy("demo-load", "--admin-dsn", "postgresql://postgres@127.0.0.1/postgres",
@@ -118,7 +118,7 @@ def test_health_reads_host_and_port_from_the_policy_and_the_options_still_win(pr
     answered = _dpproxy("health", "-c", str(config))
     assert answered.returncode == 0, answered.stderr
     assert answered.stdout == f"dpproxy health: 127.0.0.1:{proxy.port} answers (plain)\n"  # the wildcard on loopback
-    elsewhere = _free_port()
+    elsewhere = closed_port()
     refused = _dpproxy("health", "--config", str(config), "--port", str(elsewhere), "--timeout", "2")
     assert refused.returncode == 1
     assert refused.stderr.startswith(f"dpproxy health: 127.0.0.1:{elsewhere}: connection refused — check "), \

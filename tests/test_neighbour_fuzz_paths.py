@@ -50,7 +50,6 @@ from proxy.serving.workers import worker_of
 from rewriter.limits import MAX_BOOLEAN_TERMS, MAX_NESTING, MAX_OPERATOR_RUN, MAX_PARENTHESES
 from tests.conftest import TEST_DATABASE, RunningProxy, TestDatabase
 from tests.neighbour_cases import COLUMNS, Case, _Builder, generate_case
-from tests.test_cli import _free_port
 from tests.test_neighbour_fuzz import (
     BASES, FAMILY_POLICY, NEIGHBOURS, REPORTED, SEED, Client, Outcome, _broken, _fuzz_proxy, _policy_text, _table_names,
     draw_tables,
@@ -95,18 +94,17 @@ def workers_group(paths_proxy: RunningProxy, test_db: TestDatabase,
     """The same tables (made by ``paths_proxy``) and policy served by ``dpproxy serve`` with
     ``listen.workers: 2``: its workers share the repeat store (a SQLite file) and the ledger."""
     directory = tmp_path_factory.mktemp("fuzz-workers")
-    port = _free_port()
     # Every charge written to the ledger (reserve 1): a worker's SHOW dpproxy.budget counts the
     # other worker's unused reservation as spent, and so moved when that one reserved or gave back.
     text = _policy_text(PATHS_FAMILY_POLICY).replace(
-        "listen: {{host: 127.0.0.1, port: 0}}", f"listen: {{{{host: 127.0.0.1, port: {port}, workers: 2}}}}").replace(
+        "listen: {{host: 127.0.0.1, port: 0}}", "listen: {{host: 127.0.0.1, port: 0, workers: 2}}").replace(
         'ledger: {{url: "sqlite:///{ledger}"}}', 'ledger: {{url: "sqlite:///{ledger}", reserve: 1}}')
-    assert f"port: {port}" in text and "reserve: 1" in text
+    assert "workers: 2" in text and "reserve: 1" in text
     config = directory / "policy.yaml"
     config.write_text(text.format(dsn=test_db.service_dsn, ledger=directory / "ledger.sqlite3"))
-    group = Group(config, port, 0)
+    group = Group(config)
     try:
-        yield _GroupAddress("127.0.0.1", port)
+        yield _GroupAddress("127.0.0.1", group.port)
     finally:
         group.stop()
 

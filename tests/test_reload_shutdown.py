@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from conftest import TEST_POLICY, TestDatabase
-from test_cli import _free_port
+from test_cli import _listening_port
 
 # Catalog statements pass through dpproxy; these keep the backend busy for a while.
 SLOW_QUERY = "SELECT count(*) FROM generate_series(1, 10000) a, generate_series(1, 10000) b"  # ~1-3 s
@@ -24,17 +24,16 @@ COUNT = "SELECT COUNT(*) FROM adult WHERE age > 40"
 
 
 class Served:
-    """``dpproxy serve -c config`` in a subprocess on a free port, its log in a file."""
+    """``dpproxy serve -c config --port 0`` in a subprocess, its log in a file."""
 
     def __init__(self, config: Path, log: Path):
         self.config, self.log = config, log
-        self.port = _free_port()
         with open(log, "w") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "proxy.cli", "serve", "-c", str(config), "--port", str(self.port)],
+                [sys.executable, "-m", "proxy.cli", "serve", "-c", str(config), "--port", "0"],
                 stdout=out, stderr=subprocess.STDOUT,
             )
-        self.wait_for("listening on")
+        self.port = _listening_port(self.wait_for("listening on"))
 
     def text(self) -> str:
         return self.log.read_text(encoding="utf-8")

@@ -65,7 +65,10 @@ def _fails(args: list[str], line: str, status: int = 1, verbose: bool = True) ->
         assert PASSWORD not in run.stdout + run.stderr
 
 
-def _free_port() -> int:
+def closed_port() -> int:
+    """A port nothing listens on, for a connection that must be refused: one the kernel gave a
+    socket that is closed at once (another test may take it in between: rare, and such a test
+    then fails on a connection that was not refused)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -95,7 +98,7 @@ def _policy(tmp_path: Path, dsn: str, *, port: int = 0, ledger: str | None = Non
 
 
 def _refused_dsn() -> str:
-    return f"postgresql://svc:{PASSWORD}@127.0.0.1:{_free_port()}/db"
+    return f"postgresql://svc:{PASSWORD}@127.0.0.1:{closed_port()}/db"
 
 
 # ------------------------------------------------------------------ the policy file
@@ -251,7 +254,7 @@ def test_a_relative_ledger_path_names_the_directory_it_was_looked_for_in(test_db
 
 
 def test_an_unreachable_postgresql_ledger_is_shown_without_its_password(tmp_path: Path):
-    port = _free_port()
+    port = closed_port()
     path, _ = _policy(tmp_path, _refused_dsn(), ledger=f"postgresql://ledger:{PASSWORD}@127.0.0.1:{port}/ledger")
     _fails(["budget", "show", "-c", str(path)],
            f"dpproxy: cannot open the ledger postgresql://ledger:***@127.0.0.1:{port}/ledger: connection refused "
@@ -277,6 +280,13 @@ def test_a_port_option_in_use(test_db: TestDatabase, tmp_path: Path, taken_port:
     path, _ = _policy(tmp_path, test_db.service_dsn)
     _fails(["serve", "-c", str(path), "--port", str(taken_port)],
            f"dpproxy: cannot listen on 127.0.0.1:{taken_port}: address already in use — choose another --port")
+
+
+def test_a_port_file_in_a_missing_directory_is_told_before_serving(test_db: TestDatabase, tmp_path: Path):
+    path, _ = _policy(tmp_path, test_db.service_dsn)
+    port_file = tmp_path / "missing" / "dpproxy.port"
+    _fails(["serve", "-c", str(path), "--port-file", str(port_file)],
+           f"dpproxy: cannot write the port file {port_file}: no such file or directory — choose another --port-file")
 
 
 def test_the_default_listen_port_in_use_says_to_set_it(test_db: TestDatabase, tmp_path: Path):
@@ -384,7 +394,7 @@ def test_the_demo_on_a_port_in_use_fails_before_starting_postgresql(tmp_path: Pa
 def test_a_demo_data_directory_that_cannot_be_created(tmp_path: Path):
     (tmp_path / "file").write_text("")
     data_dir = tmp_path / "file" / "demo"
-    _fails(["demo", "--data-dir", str(data_dir), "--port", str(_free_port())],
+    _fails(["demo", "--data-dir", str(data_dir), "--port", "0"],
            f"dpproxy: cannot create the demo's data directory {data_dir}: not a directory — choose another --data-dir")
 
 

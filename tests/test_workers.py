@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import subprocess
@@ -19,13 +20,13 @@ import pytest
 from conftest import TEST_POLICY, TestDatabase
 from proxy.dp.repeats import SharedRepeatCache
 from proxy.serving.workers import MAX_WORKERS, session_pid, worker_of
-from test_cli import _free_port
+from test_cli import _listening_port
 from wire import assert_cancel_stops_a_slow_query
 
 POLICY = (
     TEST_POLICY
     .replace("listen: {{host: 127.0.0.1, port: 0}}", "listen: {{host: 127.0.0.1, port: {port}, workers: 2}}\n"
-             "metrics: {{host: 127.0.0.1, port: {metrics_port}}}")
+             "metrics: {{host: 127.0.0.1, port: 0}}")
     .replace('ledger: {{url: "sqlite:///{ledger}"}}', 'ledger: {{url: "sqlite:///{ledger}", reserve: 1}}')
     .replace("repeats: {{enabled: false}}", 'repeats: {{enabled: true}}\naudit: {{path: "{audit}"}}')
     .replace("users:\n", "users:\n  tight:\n    password: tight\n    budget: {{epsilon: 5, delta: 0.001}}\n")
@@ -33,16 +34,32 @@ POLICY = (
 
 
 class Group:
-    """A ``dpproxy serve`` with two workers; its output is collected as it comes."""
+    """A ``dpproxy serve --port-file`` with two workers; its output is collected as it comes.
 
-    def __init__(self, config: Path, port: int, metrics_port: int):
-        self.config, self.port, self.metrics_port = config, port, metrics_port
-        self.process = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "-c", str(config)],
+    ``port``: the one its workers share, from the port file; ``metrics_port``: where the
+    supervisor serves /metrics, if the policy asks for it (its log line tells).
+    """
+
+    def __init__(self, config: Path):
+        self.config, self.port_file = config, config.parent / "dpproxy.port"
+        self.process = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "-c", str(config),
+                                         "--port-file", str(self.port_file)],
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        self.wait_for("with 2 workers")
+        try:
+            self.wait_for("with 2 workers")
+            deadline = time.monotonic() + 30
+            while not self.port_file.exists():  # written just after that line
+                assert time.monotonic() < deadline and self.process.poll() is None, self.output()
+                time.sleep(0.01)
+        except BaseException:
+            self.stop()  # a group that did not start is nobody's to stop later
+            raise
+        self.port = int(self.port_file.read_text())
+        metrics = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", self.output())
+        self.metrics_port = int(metrics.group(1)) if metrics else None
 
     def _read(self) -> None:
         assert self.process.stdout is not None
@@ -85,18 +102,17 @@ class Group:
         return self.process.wait(timeout=60)
 
 
-def _write_policy(path: Path, test_db: TestDatabase, epsilon: str = "1.0") -> tuple[int, int]:
-    port, metrics_port = _free_port(), _free_port()
+def _write_policy(path: Path, test_db: TestDatabase, epsilon: str = "1.0", port: int = 0) -> None:
     text = POLICY.format(dsn=test_db.service_dsn, ledger=path.parent / "ledger.sqlite3", port=port,
-                         metrics_port=metrics_port, audit=path.parent / "audit.jsonl")
+                         audit=path.parent / "audit.jsonl")
     path.write_text(text.replace("epsilon: 1.0\n    delta: 1.0e-6", f"epsilon: {epsilon}\n    delta: 1.0e-6"))
-    return port, metrics_port
 
 
 @pytest.fixture(scope="module")
 def group(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
     config = tmp_path_factory.mktemp("workers") / "policy.yaml"
-    running = Group(config, *_write_policy(config, test_db))
+    _write_policy(config, test_db)
+    running = Group(config)
     try:
         yield running
     finally:
@@ -113,6 +129,15 @@ def _noised(conn: psycopg.Connection, sql: str) -> tuple[float, list[str]]:
 
 
 # ------------------------------------------------------------------ one process's parts
+
+
+def test_port_0_is_one_port_that_every_worker_serves_and_the_port_file_tells(group: Group):
+    # The supervisor binds port 0 once and passes the port it got to every worker.
+    assert group.port > 0 and _listening_port(group.output()) == group.port
+    assert group.count(f"worker 0 listening on 127.0.0.1:{group.port}\n") >= 1
+    assert group.count(f"worker 1 listening on 127.0.0.1:{group.port}\n") >= 1
+    with group.connect_to(0) as first, group.connect_to(1) as second:
+        assert first.execute("SELECT 1").fetchone() == second.execute("SELECT 1").fetchone() == (1,)
 
 
 def test_a_session_pid_names_its_worker():
@@ -347,7 +372,8 @@ def test_a_killed_worker_is_started_again(group: Group):
 
 def _started(test_db: TestDatabase, tmp_path: Path) -> Group:
     config = tmp_path / "policy.yaml"
-    return Group(config, *_write_policy(config, test_db))
+    _write_policy(config, test_db)
+    return Group(config)
 
 
 def _gone(processes: list[psutil.Process], timeout: float = 30) -> bool:
@@ -361,10 +387,11 @@ def test_sigterm_stops_every_worker_and_cleans_up(test_db: TestDatabase, tmp_pat
     command = workers[0].cmdline()
     directory = Path(command[command.index("--directory") + 1])
     assert (directory / "repeats.sqlite3").exists()
+    assert running.port_file.exists()
     assert running.stop() == 0
     assert _gone(workers, 5)
     assert "dpproxy stopped" in running.output()
-    assert not directory.exists()
+    assert not directory.exists() and not running.port_file.exists()
 
 
 def test_the_workers_stop_when_the_supervisor_is_killed(test_db: TestDatabase, tmp_path: Path):
@@ -390,10 +417,11 @@ def test_a_startup_failure_is_told_once(test_db: TestDatabase, tmp_path: Path):
 
 def test_a_port_another_program_listens_on_is_refused(test_db: TestDatabase, tmp_path: Path):
     config = tmp_path / "policy.yaml"
-    port, _ = _write_policy(config, test_db)
     with socket.socket() as other:
-        other.bind(("127.0.0.1", port))
+        other.bind(("127.0.0.1", 0))
         other.listen()
+        port = other.getsockname()[1]
+        _write_policy(config, test_db, port=port)
         result = subprocess.run([sys.executable, "-m", "proxy.cli", "serve", "-c", str(config)],
                                 capture_output=True, text=True, timeout=120)
     assert result.returncode == 1

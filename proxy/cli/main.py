@@ -28,6 +28,7 @@ from typing import Any, Callable, Coroutine, NoReturn, Sequence, cast
 from policies.loader import PolicyError, load_policy
 from policies.model import Policy
 from proxy.serving import event_loop
+from proxy.serving.bound_port import PortFile
 from proxy.serving.startup import StartupError, os_reason, port_free, port_number
 from proxy.serving.workers import SupervisorLink, WorkerRole
 
@@ -120,11 +121,15 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve clients in front of the backend named by a policy")
     serve.add_argument("-c", "--config", required=True, type=Path, help="policy file (YAML)")
     serve.add_argument("--host", help="override listen.host")
-    serve.add_argument("--port", type=port_number, help="override listen.port")
+    serve.add_argument("--port", type=port_number, help="override listen.port (0: a free port the kernel chooses)")
+    serve.add_argument("--port-file", type=Path, metavar="PATH",
+                       help="once listening, write the bound port to PATH (removed on stop)")
     serve.set_defaults(run=_serve)
 
     demo = commands.add_parser("demo", help="embedded PostgreSQL + Adult demo table + dpproxy")
-    demo.add_argument("--port", type=port_number, default=6432)
+    demo.add_argument("--port", type=port_number, default=6432, help="0: a free port the kernel chooses")
+    demo.add_argument("--port-file", type=Path, metavar="PATH",
+                      help="once listening, write the bound port to PATH (removed on stop)")
     demo.add_argument("--data-dir", type=Path, help="where the demo keeps its database and policy")
     demo.set_defaults(run=_demo)
 
@@ -171,9 +176,20 @@ def _check_config(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     policy = load_policy(args.config)
+    port_file = _cleared_port_file(args.port_file)
     if policy.listen.workers > 1:
-        return _run_loop(_supervise(policy, args.config, args.host, args.port, bool(args.verbose)), args.config)
-    return _run(policy, args.config, args.host, args.port, banner=None)
+        return _run_loop(_supervise(policy, args.config, args.host, args.port, bool(args.verbose), port_file),
+                         args.config)
+    return _run(policy, args.config, args.host, args.port, None, port_file)
+
+
+def _cleared_port_file(path: Path | None) -> PortFile | None:
+    """``--port-file``'s file, one left by an earlier run removed; StartupError if it cannot be."""
+    if path is None:
+        return None
+    port_file = PortFile(path)
+    port_file.clear()
+    return port_file
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -189,13 +205,14 @@ def _demo(args: argparse.Namespace) -> int:
                            hint=other) from exc
     lock = DemoLock(data_dir)  # before anything in the directory is touched: its policy, its PostgreSQL
     try:
-        return _demo_in(data_dir, args.port, bool(args.verbose))
+        return _demo_in(data_dir, args.port, bool(args.verbose), _cleared_port_file(args.port_file))
     finally:
         lock.release()
 
 
-def _demo_in(data_dir: Path, port: int, verbose: bool) -> int:
-    """The demo on ``data_dir``, which this process holds (``DemoLock``), serving on ``port``."""
+def _demo_in(data_dir: Path, port: int, verbose: bool, port_file: PortFile | None) -> int:
+    """The demo on ``data_dir``, which this process holds (``DemoLock``), serving on ``port``
+    (0: the one the kernel chooses, which the banner and ``port_file`` tell)."""
     from proxy.demo.embedded import EmbeddedPostgres, prepare_demo_database, write_demo_policy
 
     port_free("127.0.0.1", port, hint="choose another --port")  # before PostgreSQL and the data load
@@ -208,20 +225,24 @@ def _demo_in(data_dir: Path, port: int, verbose: bool) -> int:
         dsn = prepare_demo_database(postgres.uri("postgres"))
         policy_path = write_demo_policy(data_dir / "policy.yaml", dsn, port, data_dir / "ledger.sqlite3")
         policy = load_policy(policy_path)
-        banner = (
-            f"dpproxy demo is serving the adult table on 127.0.0.1:{port} (policy: {policy_path}).\n"
-            "Connect with:\n\n"
-            f'    PGPASSWORD=analyst psql "host=127.0.0.1 port={port} dbname=demo user=analyst"\n\n'
-            "Try: SELECT COUNT(*) FROM adult WHERE age > 40;   Press Ctrl-C to stop."
-        )
-        return _run(policy, policy_path, "127.0.0.1", port, banner)
+
+        def banner(bound: int) -> str:
+            return (
+                f"dpproxy demo is serving the adult table on 127.0.0.1:{bound} (policy: {policy_path}).\n"
+                "Connect with:\n\n"
+                f'    PGPASSWORD=analyst psql "host=127.0.0.1 port={bound} dbname=demo user=analyst"\n\n'
+                "Try: SELECT COUNT(*) FROM adult WHERE age > 40;   Press Ctrl-C to stop."
+            )
+
+        return _run(policy, policy_path, "127.0.0.1", port, banner, port_file)
     finally:
         postgres.stop()
         print("dpproxy demo: stopped.", flush=True)
 
 
-def _run(policy: Policy, config: Path, host: str | None, port: int | None, banner: str | None) -> int:
-    return _run_loop(serve_until_signal(policy, config, host, port, banner), config)
+def _run(policy: Policy, config: Path, host: str | None, port: int | None, banner: Callable[[int], str] | None,
+         port_file: PortFile | None) -> int:
+    return _run_loop(serve_until_signal(policy, config, host, port, banner, port_file=port_file), config)
 
 
 def _run_loop(main: Coroutine[Any, Any, int], config: Path) -> int:
@@ -233,11 +254,12 @@ def _run_loop(main: Coroutine[Any, Any, int], config: Path) -> int:
         raise exc.locate(config)
 
 
-async def _supervise(policy: Policy, config: Path, host: str | None, port: int | None, verbose: bool) -> int:
+async def _supervise(policy: Policy, config: Path, host: str | None, port: int | None, verbose: bool,
+                     port_file: PortFile | None) -> int:
     """``serve`` with ``listen.workers`` > 1: run the workers until SIGTERM or SIGINT."""
     from proxy.serving.supervisor import Supervisor
 
-    supervisor = Supervisor(policy, config, host, port, verbose)
+    supervisor = Supervisor(policy, config, host, port, verbose, port_file)
     try:
         failed = await supervisor.start()
     except StartupError:
@@ -269,13 +291,15 @@ async def _supervise(policy: Policy, config: Path, host: str | None, port: int |
 
 
 async def serve_until_signal(
-    policy: Policy, config: Path, host: str | None, port: int | None, banner: str | None,
-    worker: WorkerRole | None = None, link: SupervisorLink | None = None,
+    policy: Policy, config: Path, host: str | None, port: int | None, banner: Callable[[int], str] | None,
+    worker: WorkerRole | None = None, link: SupervisorLink | None = None, port_file: PortFile | None = None,
 ) -> int:
     """Serve until SIGTERM or SIGINT (a second one cuts the grace short), reloading on SIGHUP.
 
-    ``worker`` and ``link``: serve as that worker of a ``listen.workers`` group, telling
-    the supervisor at ``link`` when listening, and stopping when it is gone.
+    ``banner``: the text to print, given the bound port, once listening. ``port_file``: where
+    to write the bound port once listening (removed when no longer accepting). ``worker`` and
+    ``link``: serve as that worker of a ``listen.workers`` group, telling the supervisor at
+    ``link`` when listening, and stopping when it is gone.
     """
     from proxy.serving.server import Server
 
@@ -290,12 +314,14 @@ async def serve_until_signal(
             print(f"dpproxy: policy does not match the backend: {where}", file=sys.stderr)
         return 1
     try:
-        await server.start(host, port)
+        _, bound = await server.start(host, port)
+        if port_file is not None:
+            port_file.write(bound)
     except StartupError:
         await server.close()
         raise
-    if banner:
-        print(banner, flush=True)
+    if banner is not None:
+        print(banner(bound), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     if link is not None:
@@ -323,6 +349,8 @@ async def serve_until_signal(
     await stop.wait()
     grace = server.policy.listen.shutdown_grace_s
     server.stop_accepting()  # before the line that says so: a client reading the log may try at once
+    if port_file is not None:
+        port_file.remove()
     log.info("shutting down: no new connections; running statements have %gs to finish", grace)
     await server.close(grace)
     log.info("dpproxy stopped")

@@ -35,6 +35,7 @@ from proxy.ops import metrics
 from proxy.ops.audit import AuditLog
 
 from . import startup
+from .bound_port import start_on_one_port
 from .session import Session, SessionTable
 from .workers import CancelRelay, ReservationRelay, WorkerRole
 
@@ -120,8 +121,9 @@ class Server:
         """Start listening (and the metrics endpoint, if configured); return the bound (host, port).
 
         ``host`` and ``port`` override the policy's (command-line options). Port 0 picks a
-        free one. Raises StartupError if an address cannot be bound. A worker binds with
-        SO_REUSEPORT beside its siblings and leaves the metrics endpoint to its supervisor.
+        free one, the same on every address of the host (``bound_port``). Raises StartupError
+        if an address cannot be bound. A worker binds with SO_REUSEPORT beside its siblings and
+        leaves the metrics endpoint to its supervisor.
         """
         listen = self.policy.listen
         if self.cancel_relay is not None:
@@ -136,8 +138,8 @@ class Server:
                 raise startup.metrics_failure(where.host, where.port, exc) from exc
         bind_host, bind_port = host or listen.host, listen.port if port is None else port
         try:
-            self._server = await asyncio.start_server(self._accept, bind_host, bind_port, limit=2**20,
-                                                      reuse_port=True if self.worker else None)
+            self._server = await start_on_one_port(self._accept, bind_host, bind_port, limit=2**20,
+                                                   reuse_port=True if self.worker else None)
         except OSError as exc:
             self._close_metrics()
             raise startup.listen_failure(bind_host, bind_port, exc, host is not None, port is not None) from exc

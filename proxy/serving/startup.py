@@ -253,6 +253,11 @@ def listen_failure(host: str, port: int, exc: OSError, host_option: bool, port_o
     return StartupError(message, ("listen", "port"))
 
 
+def port_file_failure(path: Path, exc: OSError) -> StartupError:
+    """``--port-file PATH`` could not be cleared at startup or written once listening."""
+    return StartupError(f"cannot write the port file {path}: {os_reason(exc)}", hint="choose another --port-file")
+
+
 def port_free(host: str, port: int, hint: str) -> None:
     """Raise StartupError (with ``hint``) now if (host, port) cannot be bound, as a server
     would bind it, rather than after a slow start; the server's own bind still decides."""

@@ -15,7 +15,8 @@ port with SO_REUSEPORT (``proxy.serving.workers``). The supervisor:
 * starts a worker that exits while serving again, with the same number (its cancel
   socket), waiting longer each time one fails soon after starting;
 * serves ``/metrics`` for the group when the policy asks for it, summing what each worker
-  writes to the group's directory.
+  writes to the group's directory;
+* writes ``--port-file`` once every worker listens, and removes it first when stopping.
 
 Each worker holds the read end of a socket pair whose other end only the supervisor holds:
 when the supervisor dies, even by SIGKILL, the workers see it close and stop gracefully.
@@ -40,6 +41,7 @@ from policies.model import Policy
 from proxy.ops import metrics
 
 from . import startup
+from .bound_port import PortFile
 from .workers import READY
 
 __all__ = ["Supervisor", "cores_warning"]
@@ -60,12 +62,14 @@ class _Worker:
 class Supervisor:
     """``listen.workers`` dpproxy processes on one port, kept running until ``stop``."""
 
-    def __init__(self, policy: Policy, config: Path, host: str | None, port: int | None, verbose: bool = False):
+    def __init__(self, policy: Policy, config: Path, host: str | None, port: int | None, verbose: bool = False,
+                 port_file: PortFile | None = None):
         self.policy = policy
         self.config = config
         self.host = host or policy.listen.host
         self.port = policy.listen.port if port is None else port
         self.verbose = verbose
+        self.port_file = port_file
         self.count = policy.listen.workers
         self.database = ""
         self.directory = Path(tempfile.mkdtemp(prefix="dpproxy-workers-"))
@@ -79,7 +83,8 @@ class Supervisor:
     async def start(self) -> int:
         """Hold the port, start every worker; 0 once all listen, else the exit status to return.
 
-        Raises StartupError when the port or the metrics address cannot be bound.
+        Raises StartupError when the port or the metrics address cannot be bound, or the port
+        file cannot be written.
         """
         (self.directory / "metrics").mkdir()
         beyond = cores_warning(self.count, _usable_cores())
@@ -103,6 +108,8 @@ class Supervisor:
         self._keepers = [asyncio.create_task(self._keep(i)) for i in range(self.count)]
         log.info("dpproxy listening on %s:%s for database %s with %d workers (pids %s)", self.host, self.port,
                  self.database, self.count, ", ".join(str(w.process.pid) for w in self._workers.values()))
+        if self.port_file is not None:
+            self.port_file.write(self.port)
         return 0
 
     def _processes(self) -> dict[str, int]:
@@ -123,6 +130,8 @@ class Supervisor:
         port, the metrics endpoint and the group's directory. ``signal_all(SIGTERM)`` again
         while this runs cuts the grace short."""
         self._stopping = True
+        if self.port_file is not None:
+            self.port_file.remove()
         for keeper in self._keepers:
             keeper.cancel()
         self.signal_all(signal.SIGTERM)

@@ -1,0 +1,97 @@
+"""The client port dpproxy bound, one for every address it listens on, and the file that tells it.
+
+``listen.port: 0`` (or ``--port 0``) lets the kernel choose a free port. asyncio's
+``start_server`` binds each address of the host on its own, so a host with several addresses
+(``""``: every IPv4 and IPv6 interface) would get one port per address; ``start_on_one_port``
+makes them all the same. ``PortFile`` is ``--port-file PATH``: the bound port, written once
+dpproxy accepts connections there, removed when it stops accepting (docs/deployment.md,
+"Port 0 and --port-file").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Final
+
+from .startup import port_file_failure
+
+__all__ = ["PortFile", "PORT_ATTEMPTS", "start_on_one_port"]
+
+PORT_ATTEMPTS: Final = 20
+"""How many kernel-chosen ports ``start_on_one_port`` tries before it gives up: each is lost only
+when another program binds it on a second address in the moment between two binds."""
+
+
+async def start_on_one_port(accept: Any, host: str | None, port: int, **options: Any) -> asyncio.Server:
+    """``asyncio.start_server(accept, host, port, **options)`` whose sockets all share one port.
+
+    A port other than 0 is bound as asked (an address that cannot take it raises, as
+    ``start_server`` does). Port 0: if the kernel chose different ports for the host's
+    addresses, the server is closed and started again on the first address's port; if another
+    program took that port on another address meanwhile, a new port is chosen, up to
+    ``PORT_ATTEMPTS`` times, then OSError(EADDRINUSE) is raised.
+    """
+    for _ in range(PORT_ATTEMPTS):
+        server = await asyncio.start_server(accept, host, port, **options)
+        chosen = {sock.getsockname()[1] for sock in server.sockets}
+        if port != 0 or len(chosen) == 1:
+            return server
+        first = server.sockets[0].getsockname()[1]
+        server.close()
+        await server.wait_closed()
+        try:
+            return await asyncio.start_server(accept, host, first, **options)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    raise OSError(errno.EADDRINUSE, f"no port was free on every address of {host!r} in {PORT_ATTEMPTS} tries")
+
+
+class PortFile:
+    """``--port-file PATH``: the bound port in decimal and a newline, or no file.
+
+    ``clear`` (at startup) removes a file left by an earlier run, so that the file exists only
+    while this dpproxy accepts connections on the port it names; ``write`` puts the port there
+    atomically (a reader sees the whole line or no file); ``remove`` takes it away when
+    dpproxy stops accepting. A process killed with SIGKILL leaves its file behind.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def clear(self) -> None:
+        """Remove a file left at the path. Raises StartupError if it cannot be removed or its
+        directory does not exist: found at startup, not once dpproxy listens."""
+        try:
+            if not self.path.parent.is_dir():
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(self.path.parent))
+            self.path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise port_file_failure(self.path, exc) from exc
+
+    def write(self, port: int) -> None:
+        """Write ``port`` to the path at once: a temporary file beside it, renamed over it.
+        Raises StartupError if it cannot be written."""
+        try:
+            descriptor, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+        except OSError as exc:
+            raise port_file_failure(self.path, exc) from exc
+        try:
+            with os.fdopen(descriptor, "w", encoding="ascii") as out:
+                out.write(f"{port}\n")
+            os.chmod(temporary, 0o644)  # mkstemp's 0600 would hide the port from the scripts that read it
+            os.replace(temporary, self.path)
+        except OSError as exc:
+            Path(temporary).unlink(missing_ok=True)
+            raise port_file_failure(self.path, exc) from exc
+
+    def remove(self) -> None:
+        """Remove the file, if it is there."""
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError:
+            pass  # stopping: the file's directory went away or became read-only; nothing to tell
