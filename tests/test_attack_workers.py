@@ -470,12 +470,12 @@ def _group_of(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, b
     """A two-worker group under tests/test_workers.py's policy, ``edit``-ed, with users ``budgets``
     (name: ε, password the name), stopped after its tests."""
     config = tmp_path_factory.mktemp("workers") / "policy.yaml"
-    ports = _write_policy(config, test_db)
+    _write_policy(config, test_db)
     text = edit(config.read_text())
     users = "users:\n" + "".join(f"  {name}:\n    password: {name}\n    budget: {{epsilon: {eps}, delta: 0.001}}\n"
                                  for name, eps in budgets.items())
     config.write_text(text.replace("users:\n", users, 1))
-    running = Group(config, *ports)
+    running = Group(config)
     try:
         yield running
     finally:
