@@ -89,6 +89,17 @@ class PortFile:
             Path(temporary).unlink(missing_ok=True)
             raise port_file_failure(self.path, exc) from exc
 
+    def read(self) -> int:
+        """The port the file names (``dpproxy health --port-file``). Raises OSError if it cannot
+        be read (FileNotFoundError: no dpproxy accepts connections on a port it wrote), and
+        ValueError, saying why, if it holds anything but a port number and a newline."""
+        text = self.path.read_bytes().decode("ascii", errors="replace")
+        number = text.removesuffix("\n")
+        if number == text or not (number.isdecimal() and number.isascii()) or not 0 < int(number) <= 65535:
+            shown = text if len(text) <= 20 else text[:20] + "…"
+            raise ValueError(f"does not hold a port number and a newline (it holds {shown!r})")
+        return int(number)
+
     def remove(self) -> None:
         """Remove the file, if it is there."""
         try:
