@@ -9,11 +9,12 @@ through a real PostgreSQL and clients.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 
 import pytest
 
+from benchmarks.row_stream import drain_cpu_s
+from proxy.backend import row_stream
 from proxy.backend.errors import BackendError
 from proxy.backend.row_stream import RowStream
 
@@ -103,22 +104,12 @@ def test_a_held_rest_is_handed_out_whole_before_the_error_that_ended_it() -> Non
 
 def _drain_cpu_s(count: int) -> float:
     """The CPU time of handing out ``count`` held rows to their end (the best of five)."""
-    async def drain() -> float:
-        stream = RowStream(_pull([[]]), [b"D" * 8] * count, b"I")
-        await stream.hold()
-        started = time.thread_time()
-        taken = 0
-        async for batch in stream.take():
-            taken += len(batch)
-        assert taken == count
-        return time.thread_time() - started
-
-    return min(asyncio.run(drain()) for _ in range(5))
+    return min(drain_cpu_s(row_stream, count) for _ in range(5))
 
 
 def test_handing_out_held_rows_takes_time_linear_in_their_number() -> None:
     # Cutting each batch off the front of the held list moved every row behind it: 4,000,000
-    # held rows (64 MB of 16-byte rows, the cap) took ~2.4 s of CPU against ~17 ms now. Eight
+    # held rows (64 MB of 16-byte rows, the cap) took ~2.4 s of CPU against ~20 ms now (benchmarks/row_stream.py). Eight
     # times the rows take ~10 times the CPU (the larger list leaves the caches), quadratic
     # ~140 times. Both sizes are measured in CPU time in the same run: load does not skew them.
     small, large = _drain_cpu_s(500_000), _drain_cpu_s(4_000_000)
