@@ -19,16 +19,14 @@ no per-β or per-scale cache helps. Prints a Markdown table.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import random
-import subprocess
 import time
-from pathlib import Path
 from types import ModuleType
 from typing import Callable, Sequence
 
-ROOT = Path(__file__).resolve().parent.parent
+from . import revision
+
 LO, HI, DELTA = 0.0, 100.0, 1e-6
 SHAPES = ("concentrated", "quarter-empty", "spread", "all-equal")
 
@@ -37,17 +35,7 @@ def module_at(rev: str | None, noise: bool = True) -> ModuleType:
     """A fresh copy of mechanisms/smooth_median.py as of git revision ``rev`` (None: the working
     tree), importing the working tree's siblings; without ``noise``, its sampler returns the
     value unchanged."""
-    path = "mechanisms/smooth_median.py"
-    if rev is None:
-        source = (ROOT / path).read_text()
-    else:
-        git = ["git", "show", f"{rev}:{path}"]
-        source = subprocess.run(git, cwd=ROOT, check=True, capture_output=True, text=True).stdout
-    spec = importlib.util.spec_from_loader(f"mechanisms._smooth_median_{rev or 'tree'}", loader=None)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    module.__package__ = "mechanisms"
-    exec(compile(source, f"{rev or 'working tree'}:{path}", "exec"), module.__dict__)
+    module = revision.module_at("mechanisms/smooth_median.py", rev)
     if not noise:
         setattr(module, "laplace_float", lambda value, scale: value)  # the release without its draw
     return module

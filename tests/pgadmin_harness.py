@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from web_app import WebAppProcess, free_port, send_json
+from web_app import WebAppProcess, send_json
 
 __all__ = ["INSTALL_COMMAND", "PgAdminApi", "PgAdminServer", "QueryResult", "pgadmin_venv"]
 
@@ -43,21 +43,21 @@ def pgadmin_venv() -> Path:
 
 
 class PgAdminServer:
-    """``pgadmin4`` (desktop mode) on 127.0.0.1:<free port>, its data under ``workdir``."""
+    """``pgadmin4`` (desktop mode) on 127.0.0.1:<free port> (``port``, ``url``), its data under ``workdir``."""
 
     def __init__(self, workdir: Path):
         venv = pgadmin_venv()
         self.workdir = workdir
         data = workdir / "pgadmin-data"
         data.mkdir(exist_ok=True)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         env.update(CONFIG_DISTRO_FILE_PATH=str(HERE / "config_dpproxy.py"), DPPROXY_PGADMIN_DATA=str(data),
-                   DPPROXY_PGADMIN_PORT=str(self.port), PYTHONUNBUFFERED="1")
+                   PYTHONUNBUFFERED="1")
         self.log_path = workdir / "pgadmin.log"
-        self._app = WebAppProcess("pgadmin4", [str(venv / "bin" / "pgadmin4")], workdir, env, self.log_path,
-                                  f"{self.url}/misc/ping", START_TIMEOUT_S)
+        pgadmin = str(venv / "bin" / "pgadmin4")
+        self._app = WebAppProcess("pgadmin4", lambda port: ([pgadmin], {**env, "DPPROXY_PGADMIN_PORT": str(port)}),
+                                  workdir, self.log_path, "/misc/ping", START_TIMEOUT_S)
+        self.port, self.url = self._app.port, self._app.url
 
     def log_tail(self, lines: int = 30) -> str:
         return self._app.log_tail(lines)

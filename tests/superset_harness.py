@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from web_app import WebAppProcess, free_port, send_json
+from web_app import WebAppProcess, send_json
 
 __all__ = ["ADMIN", "INSTALL_COMMAND", "SupersetApi", "SupersetServer", "superset_venv"]
 
@@ -43,7 +43,7 @@ def superset_venv() -> Path:
 
 
 class SupersetServer:
-    """``superset run`` on 127.0.0.1:<free port> with a fresh copy of the metadata template."""
+    """``superset run`` on 127.0.0.1:<free port> (``port``, ``url``) with a fresh copy of the metadata template."""
 
     def __init__(self, workdir: Path, public: bool = False):
         """Starts from a copy of the template unless ``workdir`` has a metadata database already.
@@ -55,8 +55,6 @@ class SupersetServer:
         metadata = workdir / "superset.db"
         if not metadata.exists():
             shutil.copyfile(venv / TEMPLATE_NAME, metadata)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         env.update(SUPERSET_CONFIG_PATH=str(HERE / "superset_config.py"), DPPROXY_SUPERSET_METADATA=str(metadata),
                    FLASK_APP="superset", PYTHONUNBUFFERED="1")
@@ -66,9 +64,11 @@ class SupersetServer:
             with self.log_path.open("ab") as log:
                 subprocess.run([str(venv / "bin" / "superset"), "init"], cwd=workdir, env=env, stdout=log,
                                stderr=subprocess.STDOUT, timeout=120, check=True)
+        superset = str(venv / "bin" / "superset")
         self._app = WebAppProcess(
-            "superset", [str(venv / "bin" / "superset"), "run", "-h", "127.0.0.1", "-p", str(self.port),
-                         "--with-threads"], workdir, env, self.log_path, f"{self.url}/health", START_TIMEOUT_S)
+            "superset", lambda port: ([superset, "run", "-h", "127.0.0.1", "-p", str(port), "--with-threads"], env),
+            workdir, self.log_path, "/health", START_TIMEOUT_S)
+        self.port, self.url = self._app.port, self._app.url
 
     def log_tail(self, lines: int = 30) -> str:
         return self._app.log_tail(lines)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +39,8 @@ def test_port_0_on_every_address_is_one_port():
     assert sockets == 2 and len(ports) == 1 and 0 not in ports  # 0.0.0.0 and ::, one port
 
 
-def test_a_port_taken_on_the_second_address_meanwhile_is_given_up_for_another(monkeypatch: pytest.MonkeyPatch):
+def test_a_port_taken_on_the_second_address_meanwhile_is_given_up_for_another(monkeypatch: pytest.MonkeyPatch,
+                                                                              caplog: pytest.LogCaptureFixture):
     # Another program takes the first address's port on the other address between the two binds
     # (a real socket, placed at that moment by wrapping asyncio's start_server): a fresh port
     # is chosen.
@@ -69,12 +73,18 @@ def test_a_port_taken_on_the_second_address_meanwhile_is_given_up_for_another(mo
             await server.wait_closed()
 
     try:
-        ports = asyncio.run(bound())
+        with caplog.at_level(logging.DEBUG):
+            ports = asyncio.run(bound())
         taken = blockers[0].getsockname()[1]
     finally:
         for blocker in blockers:
             blocker.close()
     assert len(ports) == 1 and taken not in ports
+    # The retry is told in dpproxy's own words (it was told by nothing): the port given up, at INFO.
+    retries = [record for record in caplog.records if record.name == "dpproxy.bound_port"]
+    assert [(record.levelno, f"port {taken} was taken on another address meanwhile" in record.getMessage())
+            for record in retries if record.levelno >= logging.INFO] == [(logging.INFO, True)], retries
+    assert not [record for record in caplog.records if record.name == "asyncio" and record.levelno >= logging.INFO]
 
 
 def test_a_port_other_than_0_is_bound_as_asked():
@@ -93,18 +103,31 @@ def test_a_port_other_than_0_is_bound_as_asked():
     assert asyncio.run(bound()) == {port}
 
 
-def test_the_port_file_holds_the_port_and_a_newline_readable_by_others(tmp_path: Path):
+def test_the_port_file_holds_the_port_and_a_newline(tmp_path: Path):
     port_file = PortFile(tmp_path / "dpproxy.port")
     (tmp_path / "dpproxy.port").write_text("6432\n")  # an earlier run's
     port_file.clear()
     assert not port_file.path.exists()
     port_file.write(54321)
     assert port_file.path.read_text() == "54321\n"
-    assert os.stat(port_file.path).st_mode & 0o777 == 0o644
+    assert port_file.read() == 54321
     assert sorted(path.name for path in tmp_path.iterdir()) == ["dpproxy.port"]
     port_file.remove()
     port_file.remove()  # twice: stopping never fails on it
     assert not port_file.path.exists()
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_the_port_file_has_the_mode_the_umask_gives_a_new_file(tmp_path: Path, umask: int, mode: int):
+    # It was 0644 whatever the umask: a service run with UMask=0077 had a file others could read.
+    # The umask is the process's, shared by the proxies this test process runs: set in a child.
+    path = tmp_path / "dpproxy.port"
+    script = ("import os, sys; from pathlib import Path; from proxy.serving.bound_port import PortFile; "
+              f"os.umask({umask}); PortFile(Path(sys.argv[1])).write(54321)")
+    subprocess.run([sys.executable, "-c", script, str(path)], check=True, timeout=60)
+    assert path.read_text() == "54321\n"
+    assert os.stat(path).st_mode & 0o777 == mode
+    assert [entry.name for entry in tmp_path.iterdir()] == ["dpproxy.port"]  # no temporary left
 
 
 def test_a_port_file_that_cannot_be_written_is_a_startup_error(tmp_path: Path):

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import psycopg
 import pytest
 from conftest import TEST_DATABASE, TEST_POLICY, RunningProxy, TestDatabase
 from test_auth_tls_cancel import _tls_proxy, certificate  # noqa: F401 - a fixture, used by name
+from test_cli import _start
 from test_startup_errors import closed_port
 
 from policies.loader import load_policy
@@ -138,3 +141,53 @@ def test_health_with_the_policy_needs_none_of_its_secrets(proxy: RunningProxy, t
                       "tables: {}\n")
     answered = _dpproxy("health", "-c", str(config))
     assert answered.returncode == 0, answered.stderr
+
+
+def test_health_probes_the_port_a_port_file_names_where_listen_port_is_0(test_db: TestDatabase, tmp_path: Path):
+    # `health -c policy.yaml` with listen.port: 0 probed port 0 and said "connection refused —
+    # check listen.host and listen.port", though dpproxy answered on the port the kernel chose.
+    config, port_file = tmp_path / "policy.yaml", tmp_path / "dpproxy.port"
+    config.write_text(TEST_POLICY.format(dsn=test_db.service_dsn, ledger=tmp_path / "l.sqlite3"))
+    assert "listen: {host: 127.0.0.1, port: 0}" in config.read_text()
+    unnamed = _dpproxy("health", "-c", str(config), "--timeout", "2")
+    assert unnamed.returncode == 1 and unnamed.stdout == ""
+    assert unnamed.stderr == (f"dpproxy health: listen.port is 0 in {config}: dpproxy serves on a port the kernel "
+                              "chose, and nothing here says which — check --port-file PATH (the file serve "
+                              "--port-file PATH writes) or --port\n")
+    zero = _dpproxy("health", "--port", "0")
+    assert zero.returncode == 2 and "0 is no port to probe" in zero.stderr and "--port-file PATH" in zero.stderr
+
+    process, _ = _start(["serve", "-c", str(config), "--port-file", str(port_file)], "listening on")
+    try:
+        deadline = time.monotonic() + 60
+        while not port_file.exists():  # written just after the listening line
+            assert time.monotonic() < deadline, "serve never wrote its port file"
+            time.sleep(0.01)
+        port = int(port_file.read_text())
+        answered = _dpproxy("health", "-c", str(config), "--port-file", str(port_file))
+        assert answered.returncode == 0, answered.stderr
+        assert answered.stdout == f"dpproxy health: 127.0.0.1:{port} answers (plain)\n"
+        alone = _dpproxy("health", "--port-file", str(port_file))
+        assert alone.returncode == 0 and alone.stdout == answered.stdout, alone.stderr
+        both = _dpproxy("health", "--port-file", str(port_file), "--port", str(port))
+        assert both.returncode == 2 and "not allowed with argument" in both.stderr
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=30)
+    assert process.returncode == 0
+    stopped = _dpproxy("health", "-c", str(config), "--port-file", str(port_file))
+    assert stopped.returncode == 1
+    assert stopped.stderr == (f"dpproxy health: the port file {port_file} does not exist: no dpproxy accepts "
+                              "connections on a port it wrote there (not yet, or no longer) — check --port-file\n")
+
+
+@pytest.mark.parametrize("text", ["", "6432", "0\n", "65536\n", "64 32\n", "٦٤٣٢\n", "6432\nmore\n"],
+                         ids=["empty", "no-newline", "zero", "too-large", "space", "arabic-digits", "more-lines"])
+def test_health_refuses_a_port_file_that_holds_no_port(tmp_path: Path, text: str):
+    port_file = tmp_path / "dpproxy.port"
+    port_file.write_text(text, encoding="utf-8")
+    refused = _dpproxy("health", "--port-file", str(port_file))
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr.startswith(f"dpproxy health: the port file {port_file} does not hold a port number "
+                                     "and a newline (it holds "), refused.stderr
+    assert refused.stderr.endswith(" — check --port-file\n")

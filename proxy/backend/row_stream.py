@@ -51,7 +51,8 @@ class RowStream:
 
     def __init__(self, pull: Pull, rows: list[bytes], status: bytes):
         self._pull = pull
-        self._rows = rows  # arrived, not yet handed out
+        self._rows = rows  # arrived; those from ``_first`` on not yet handed out
+        self._first = 0
         self._ended = False  # the statement has ended (its tag, or its error, has come)
         self._error: BaseException | None = None  # to be raised by take, after the rows before it
         self.tag = ""
@@ -82,25 +83,33 @@ class RowStream:
     @property
     def held_bytes(self) -> int:
         """The size of the rows arrived and not yet handed out."""
-        return sum(len(row) for row in self._rows)
+        return sum(map(len, self._rows[self._first:])) if self._first else sum(map(len, self._rows))
+
+    @property
+    def _waiting(self) -> int:
+        """How many rows have arrived and not been handed out."""
+        return len(self._rows) - self._first
+
+    def _keep_only(self, rows: list[bytes]) -> None:
+        self._rows, self._first = rows, 0
 
     def abandon(self) -> None:
         """Its portal is gone: drop what is held now; the rest is read for nothing (``discard``)."""
         self.abandoned = True
-        self._rows = []
+        self._keep_only([])
         self._error = None
         self._report(None)
 
     @property
     def exhausted(self) -> bool:
         """Every row has been handed out and the statement has ended without an error to tell."""
-        return self._ended and not self._rows and self._error is None
+        return self._ended and not self._waiting and self._error is None
 
     async def take(self, limit: int | None = None) -> AsyncIterator[list[bytes]]:
         """The next rows, a chunk at a time, ``limit`` at most (None: to the end)."""
         left = limit
         while left is None or left > 0:
-            if not self._rows:
+            if not self._waiting:
                 if self._error is not None:
                     error, self._error = self._error, None
                     self._report(_sqlstate(error))
@@ -116,20 +125,37 @@ class RowStream:
                 continue
             # Held rows go out a chunk's worth at a time too: all at once, they were joined into
             # one write beside the list they came from (three times the cap at its peak).
-            size = min(len(self._rows), _BATCH_ROWS if left is None else min(left, _BATCH_ROWS))
-            if size == len(self._rows):
-                batch, self._rows = self._rows, []
-            else:
-                batch = self._rows[:size]
-                del self._rows[:size]
+            batch = self._handed(_BATCH_ROWS if left is None else min(left, _BATCH_ROWS))
             if left is not None:
                 left -= len(batch)
             self.handed_out += len(batch)
             yield batch
 
+    def _handed(self, most: int) -> list[bytes]:
+        """The next ``most`` waiting rows at most, taken off what is held.
+
+        Linear in the rows held, however they are taken: cutting each batch off the front of
+        the list moved all the rows behind it, N²/2048 pointer moves for N held rows (~65 ms
+        per million). The batch is sliced at an offset instead, and the rows before it are cut
+        off only once they are half the list, so that what was handed out is not kept long.
+        """
+        first = self._first
+        if first == 0 and most >= len(self._rows):
+            batch, self._rows = self._rows, []
+            return batch
+        end = min(first + most, len(self._rows))
+        batch = self._rows[first:end]
+        if end == len(self._rows):
+            self._keep_only([])
+        elif end > len(self._rows) // 2:
+            self._keep_only(self._rows[end:])
+        else:
+            self._first = end
+        return batch
+
     async def hold(self, limit_bytes: int = HELD_RESULT_BYTES) -> None:
         """Read the rest of the result into memory, so that the connection can serve another request."""
-        held = sum(len(row) for row in self._rows)
+        held = self.held_bytes
         while not self._ended:
             before = len(self._rows)
             try:
@@ -150,7 +176,7 @@ class RowStream:
 
     async def discard(self) -> None:
         """Read the rest of the result for nothing (its portal was closed)."""
-        self._rows = []
+        self._keep_only([])
         self._error = None
         await self._read_to_end()
 
@@ -163,7 +189,7 @@ class RowStream:
         if keep:
             self._rows += rows
         else:
-            self._rows = rows
+            self._keep_only(rows)
         if tag is not None:
             self.tag, self._ended = tag, True
 

@@ -3,6 +3,8 @@
 ``health`` is the image's HEALTHCHECK: exit 0 when dpproxy answers on host:port, 1 when
 not (the reason on stderr). With ``-c policy.yaml`` host and port are the policy's
 ``listen`` section's (a wildcard host probed on loopback); ``--host``/``--port`` still win.
+``--port-file PATH`` probes the port ``serve --port-file PATH`` wrote, the way to find a
+port the kernel chose (``listen.port: 0``), which ``health`` never probes as port 0.
 
 ``demo-load`` is docker-compose.yml's one-shot loader: the demo database, service role and
 policy on a PostgreSQL server of your own; exit 0 when the policy is written and valid, 1
@@ -26,7 +28,10 @@ def add_deploy_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     health = commands.add_parser("health", help="exit 0 if a dpproxy answers on host:port (container HEALTHCHECK)")
     health.add_argument("-c", "--config", type=Path, help="policy file (YAML): probe its listen.host and listen.port")
     health.add_argument("--host", help="where dpproxy listens (default: listen.host of -c, else 127.0.0.1)")
-    health.add_argument("--port", type=port_number, help="its port (default: listen.port of -c, else 6432)")
+    port = health.add_mutually_exclusive_group()
+    port.add_argument("--port", type=_probed_port, help="its port (default: listen.port of -c, else 6432)")
+    port.add_argument("--port-file", type=Path, metavar="PATH",
+                      help="probe the port written to PATH by serve --port-file PATH (for listen.port: 0)")
     health.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
     health.set_defaults(run=_health)
 
@@ -45,10 +50,31 @@ def add_deploy_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     load.set_defaults(run=_demo_load)
 
 
+def _probed_port(text: str) -> int:
+    """``health --port``: a port number other than 0, which names no port to connect to."""
+    port = port_number(text)
+    if port == 0:
+        raise argparse.ArgumentTypeError("0 is no port to probe; for a dpproxy serving on the port the kernel "
+                                         "chose, give --port-file PATH, the file its --port-file PATH wrote")
+    return port
+
+
+class _NoTarget(Exception):
+    """Nothing says which port to probe: the line to print, and what to check."""
+
+    def __init__(self, message: str, check: str):
+        super().__init__(message)
+        self.check = check
+
+
 def _health(args: argparse.Namespace) -> int:
     from proxy.ops.health import HealthError, probe
 
-    host, port, check = _health_target(args)
+    try:
+        host, port, check = _health_target(args)
+    except _NoTarget as exc:
+        print(f"dpproxy health: {exc} — check {exc.check}", file=sys.stderr)
+        return 1
     try:
         mode = probe(host, port, args.timeout)
     except (OSError, HealthError) as exc:
@@ -65,8 +91,10 @@ _LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "*": "127.0.0.1", "::": ":
 
 def _health_target(args: argparse.Namespace) -> tuple[str, int, str]:
     """The host and port ``health`` probes, and what to check when nothing answers there:
-    ``--host``/``--port`` if given, else the ``listen`` section of ``-c`` (PolicyError if that
-    file is not a valid policy), else 127.0.0.1:6432."""
+    ``--host``/``--port`` (or the port in ``--port-file``) if given, else the ``listen``
+    section of ``-c`` (PolicyError if that file is not a valid policy), else 127.0.0.1:6432.
+    Raises _NoTarget if the port file cannot be read, or if the port would be the policy's
+    ``listen.port: 0``."""
     host, port = "127.0.0.1", 6432
     check = "--host and --port"
     if args.config is not None:
@@ -75,7 +103,30 @@ def _health_target(args: argparse.Namespace) -> tuple[str, int, str]:
         listen = load_policy(args.config, secrets=False).listen  # a probe needs no password
         host, port = _LOOPBACK.get(listen.host, listen.host), listen.port
         check = f"listen.host and listen.port in {args.config} (or --host and --port)"
-    return args.host or host, port if args.port is None else args.port, check
+    if args.port_file is not None:
+        return args.host or host, _port_in(args.port_file), f"--port-file {args.port_file}"
+    if args.port is not None:
+        return args.host or host, args.port, check
+    if port == 0:
+        raise _NoTarget(f"listen.port is 0 in {args.config}: dpproxy serves on a port the kernel chose, and "
+                        "nothing here says which", "--port-file PATH (the file serve --port-file PATH writes) "
+                        "or --port")
+    return args.host or host, port, check
+
+
+def _port_in(path: Path) -> int:
+    """The port in ``serve --port-file``'s file at ``path``; _NoTarget if there is none."""
+    from proxy.serving.bound_port import PortFile
+
+    try:
+        return PortFile(path).read()
+    except FileNotFoundError:
+        raise _NoTarget(f"the port file {path} does not exist: no dpproxy accepts connections on a port it "
+                        "wrote there (not yet, or no longer)", "--port-file") from None
+    except OSError as exc:
+        raise _NoTarget(f"cannot read the port file {path}: {os_reason(exc)}", "--port-file") from None
+    except ValueError as exc:
+        raise _NoTarget(f"the port file {path} {exc}", "--port-file") from None
 
 
 def _demo_load(args: argparse.Namespace) -> int:

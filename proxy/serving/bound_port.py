@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any, Final
 
 from .startup import port_file_failure
 
 __all__ = ["PortFile", "PORT_ATTEMPTS", "start_on_one_port"]
+
+log = logging.getLogger("dpproxy.bound_port")
 
 PORT_ATTEMPTS: Final = 20
 """How many kernel-chosen ports ``start_on_one_port`` tries before it gives up: each is lost only
@@ -41,6 +44,8 @@ async def start_on_one_port(accept: Any, host: str | None, port: int, **options:
         if port != 0 or len(chosen) == 1:
             return server
         first = server.sockets[0].getsockname()[1]
+        log.debug("port 0 on %r: the kernel chose ports %s; binding every address on port %d",
+                  host, sorted(chosen), first)
         server.close()
         await server.wait_closed()
         try:
@@ -48,7 +53,13 @@ async def start_on_one_port(accept: Any, host: str | None, port: int, **options:
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 raise
+            log.info("port 0 on %r: port %d was taken on another address meanwhile; choosing another port",
+                     host, first)
     raise OSError(errno.EADDRINUSE, f"no port was free on every address of {host!r} in {PORT_ATTEMPTS} tries")
+
+
+_NAME_ATTEMPTS: Final = 100
+"""How many random names ``_created_beside`` tries for the port file's temporary file."""
 
 
 class PortFile:
@@ -75,19 +86,31 @@ class PortFile:
 
     def write(self, port: int) -> None:
         """Write ``port`` to the path at once: a temporary file beside it, renamed over it.
-        Raises StartupError if it cannot be written."""
+        The file's mode is what the process's umask makes of 0666, as for any file it
+        creates (0644 under the usual 022; 0600 under a service's 077). Raises StartupError
+        if it cannot be written."""
         try:
-            descriptor, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+            descriptor, temporary = _created_beside(self.path)
         except OSError as exc:
             raise port_file_failure(self.path, exc) from exc
         try:
             with os.fdopen(descriptor, "w", encoding="ascii") as out:
                 out.write(f"{port}\n")
-            os.chmod(temporary, 0o644)  # mkstemp's 0600 would hide the port from the scripts that read it
             os.replace(temporary, self.path)
         except OSError as exc:
-            Path(temporary).unlink(missing_ok=True)
+            temporary.unlink(missing_ok=True)
             raise port_file_failure(self.path, exc) from exc
+
+    def read(self) -> int:
+        """The port the file names (``dpproxy health --port-file``). Raises OSError if it cannot
+        be read (FileNotFoundError: no dpproxy accepts connections on a port it wrote), and
+        ValueError, saying why, if it holds anything but a port number and a newline."""
+        text = self.path.read_bytes().decode("ascii", errors="replace")
+        number = text.removesuffix("\n")
+        if number == text or not (number.isdecimal() and number.isascii()) or not 0 < int(number) <= 65535:
+            shown = text if len(text) <= 20 else text[:20] + "…"
+            raise ValueError(f"does not hold a port number and a newline (it holds {shown!r})")
+        return int(number)
 
     def remove(self) -> None:
         """Remove the file, if it is there."""
@@ -95,3 +118,19 @@ class PortFile:
             self.path.unlink(missing_ok=True)
         except OSError:
             pass  # stopping: the file's directory went away or became read-only; nothing to tell
+
+
+def _created_beside(path: Path) -> tuple[int, Path]:
+    """A new file of a name of its own in ``path``'s directory, open for writing, and its path.
+
+    Not ``tempfile.mkstemp``: its files are 0600 whatever the umask, and a chmod after it would
+    set a mode whatever the umask too; the umask is read by setting it, which races with every
+    other thread's files. ``os.open``'s 0666 is what the kernel applies the umask to.
+    """
+    for _ in range(_NAME_ATTEMPTS):
+        temporary = path.with_name(f".{path.name}.{secrets.token_hex(6)}")
+        try:
+            return os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), temporary
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, f"no free temporary name beside it in {_NAME_ATTEMPTS} tries", str(path))
