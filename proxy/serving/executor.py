@@ -1041,8 +1041,8 @@ class Executor:
             raise
 
 
-_UNCHARGED = ("Nothing was charged: the statement fails whatever is released (its text and keys decide it, "
-              "not the rows).")
+_UNCHARGED = ("Nothing was charged: the error was found before anything was released, from the statement's "
+              "text and keys alone (not the rows).")
 # A trial cancelled, timed out or short of resources failed for a reason of its own, not the text's.
 _NOT_DECIDED_BY_THE_TEXT = frozenset({"08", "53", "57"})
 
