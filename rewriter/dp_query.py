@@ -38,8 +38,8 @@ from .predicates import PredicateRenderer
 from .scope import Scope
 from .sqlglot_parse import VARIANCE_FUNCTIONS, parse_postgres
 from .statements import split_statements
-from .types import (ARRAY_TYPES, FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, MAX_ABS_BOUND, MAX_ABS_VARIANCE_BOUND,
-                    NUMBER_ARRAY_NAMES, NUMERIC, NUMERIC_TYPES, aggregate_result_type)
+from .types import (ARRAY_TYPES, FINITE_NUMBER_TYPES, FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, MAX_ABS_BOUND,
+                    MAX_ABS_VARIANCE_BOUND, NUMBER_ARRAY_NAMES, NUMERIC, NUMERIC_TYPES, aggregate_result_type)
 
 __all__ = ["Aggregate", "AggregateQuery", "SeriesLimit", "asks_for_no_row", "plan_aggregate_query", "too_many_cells"]
 
@@ -98,6 +98,13 @@ class Aggregate:
     # The array form (``percentile_cont(ARRAY[0.25, 0.5, 0.75])``): its fractions in order, DESC
     # applied, ``fraction`` None; released as one array at ε/k of the column's share each.
     fractions: tuple[Fraction, ...] = ()
+
+    @property
+    def finite_number(self) -> bool:
+        """Whether every release of this aggregate is one finite non-NULL number
+        (``rewriter.certain_errors`` reasons from it): a number column's (``FINITE_NUMBER_TYPES``),
+        but not a MODE's (a declared label, which may be NaN) nor an array of percentiles."""
+        return self.kind != "mode" and not self.fractions and self.result_type_oid in FINITE_NUMBER_TYPES
 
 
 @dataclass(frozen=True)
@@ -389,6 +396,7 @@ def _post_processed(
         keys=len(groups), key_of=key_of if groups else None, function_names=scope.function_names,
         names=names[0], top_names=names[1], ordinal=ordinal,
         cell_array=lambda k: NUMBER_ARRAY_NAMES[released[k - 1].result_type_oid] if released[k - 1].fractions else None,
+        finite=lambda k: released[k - 1].finite_number,
     )
     return tuple(released), post
 

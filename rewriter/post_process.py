@@ -35,6 +35,7 @@ from sqlglot import exp
 from policies.errors import SQLSTATE, Refusal
 
 from .catalog import SESSION_EFFECT_FUNCTIONS
+from .certain_errors import fails_on_every_release
 from .date_parts import date_part_shape
 from .function_check import check_functions
 from .group_keys import year_extract
@@ -56,10 +57,16 @@ class PostProcess:
     count(*) > 0``) keeps no row, and an output that fails on a key or a MODE's label would then
     fail only after the charge, on the rows the noise lets through. A conjunct over the keys
     alone stays: it drops the same cells whatever is released.
+
+    ``certain``: the statement fails on every release that leaves it a row
+    (:func:`rewriter.certain_errors.fails_on_every_release`, from its text and the release's
+    types alone), so ``sql`` is tried before the charge over one fixed release as well
+    (proxy.dp.answer.witness_params): its error there is refused, uncharged.
     """
 
     sql: str
     trial_sql: str
+    certain: bool = False
 
 
 def default_name(item: exp.Expression) -> str:
@@ -94,6 +101,7 @@ def outer_statement(
     top_names: Sequence[str | None] | None = None,
     ordinal: bool = False,
     cell_array: Callable[[int], str | None] | None = None,
+    finite: Callable[[int], bool] | None = None,
 ) -> PostProcess:
     """The outer statement of ``tree`` (one aggregate level over the base table).
 
@@ -124,6 +132,9 @@ def outer_statement(
     an array (``percentile_cont(ARRAY[…])`` per cell), else None. Such a column's cells come as
     an array of their texts, each cast back to the type (an array of arrays would be one
     two-dimensional array, which ``unnest`` flattens).
+
+    ``finite(k)``: the k-th released column is a finite non-NULL number in every release (what
+    :attr:`PostProcess.certain` is proved from); None: no column is taken to be one.
     """
     outer = tree.copy()
     for key in ("from_", "where", "joins", "group"):
@@ -175,8 +186,10 @@ def outer_statement(
         outer.append("expressions", exp.alias_(exp.column("_cell", table=RELEASE_ALIAS), "dpproxy_cell"))
     casts = [cell_array(k) if cell_array is not None and keys else None for k in range(1, count + 1)]
     outer.set("from_", _release_source(count, keys, ordinal, casts))
-    return PostProcess(checked(whole.sql("postgres"), function_names), checked(_trial(whole).sql("postgres"),
-                                                                              function_names))
+    certain = (whole is outer and finite is not None
+               and fails_on_every_release(outer, RELEASE_ALIAS, finite, lambda condition: _keys_only(condition, outer)))
+    return PostProcess(checked(whole.sql("postgres"), function_names),
+                       checked(_trial(whole).sql("postgres"), function_names), certain)
 
 
 def _trial(whole: exp.Expression) -> exp.Expression:

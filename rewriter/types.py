@@ -19,6 +19,10 @@ ARRAY_TYPES = {
 }
 ARRAY_ELEMENTS = {array: element for element, array in ARRAY_TYPES.items()}
 NUMERIC_TYPES = INTEGER_TYPES | {FLOAT4, FLOAT8, NUMERIC}
+# Released values of these types are never NULL, NaN or infinite (the bounds below keep them in
+# range); real is left out, as a noised value is rounded to it and may round past its range
+# (proxy.wire.values), and rewriter.certain_errors reasons from this.
+FINITE_NUMBER_TYPES = INTEGER_TYPES | {FLOAT8, NUMERIC}
 #: The arrays of the number types by their SQL names: what a percentile's array form answers.
 NUMBER_ARRAY_NAMES = {ARRAY_TYPES[INT2]: "smallint[]", ARRAY_TYPES[INT4]: "integer[]", ARRAY_TYPES[INT8]: "bigint[]",
                       ARRAY_TYPES[FLOAT4]: "real[]", ARRAY_TYPES[FLOAT8]: "double precision[]",

@@ -41,7 +41,8 @@ from .column_release import release_columns
 from .release_units import release_count, release_units
 
 __all__ = ["DPAnswer", "declared_keys", "kept_series", "numeric_scale", "numeric_typmod_scale", "query_delta", "ranking_params", "release_cells",
-           "release_params", "release_row", "released_labels", "result_fields", "selection_candidates", "trial_params"]
+           "release_params", "release_row", "released_labels", "result_fields", "selection_candidates", "trial_params",
+           "witness_params"]
 
 
 @dataclass(frozen=True)
@@ -340,6 +341,20 @@ def trial_params(plan: AggregateQuery, codec: str = "utf-8", ranking: bool = Fal
     rows = [[*keys, *values] for values in picks for keys in _cell_keys(plan, codec)]
     params = _params(plan, rows)
     return [_numbered(params, len(rows)) if ranking else params]
+
+
+def witness_params(plan: AggregateQuery, codec: str = "utf-8", ranking: bool = False) -> BoundParams:
+    """One fixed release for an outer statement that fails on every release
+    (``rewriter.certain_errors``): 1 for every finite number column, NULL for the others, over
+    every cell's keys. Chosen from the plan's types alone, never from a row or a released value;
+    run over it, the statement shows whether any row reaches its failure (a HAVING over the keys
+    may keep none) and which error PostgreSQL raises. ``ranking`` as for :func:`trial_params`."""
+    witness: list[bytes | None] = [b"1" if agg.finite_number else None for agg in plan.aggregates]
+    if not plan.groups:
+        return _params(plan, [witness])
+    rows = [[*keys, *witness] for keys in _cell_keys(plan, codec)]
+    params = _params(plan, rows)
+    return _numbered(params, len(rows)) if ranking else params
 
 
 def _trial_picks(plan: AggregateQuery, codec: str) -> list[list[bytes | None]]:

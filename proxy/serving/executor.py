@@ -27,7 +27,7 @@ from proxy.backend.row_stream import RowStream
 from proxy.backend.unread_rows import UnreadRows
 from proxy.dp.answer import (
     DPAnswer, declared_keys, kept_series, numeric_scale, query_delta, ranking_params, release_cells, release_params,
-    release_row, released_labels, result_fields, selection_candidates, trial_params,
+    release_row, released_labels, result_fields, selection_candidates, trial_params, witness_params,
 )
 from proxy.dp.answer_time import on_the_quantum, quantum_deadline
 from proxy.dp.budget import BudgetKeeper
@@ -969,20 +969,37 @@ class Executor:
         aggregates, over its keys and NULL aggregates (and each label a MODE may name), reading
         nothing of the table: an error it
         raises there is decided by the statement alone (a key's label cast to a type that cannot
-        hold it, 1/0), returned before any charge. Passed once under
-        the same settings, it is not tried again for the same user (as :meth:`_check_values`).
-        ``ranking``: ``plan`` is a series limit's ranking, whose outer statement also reads its
-        cells' numbers."""
+        hold it, 1/0), returned before any charge. An outer statement that fails on every
+        release (``plan.post.certain``: ``stddev(x) / 0``, ``1 / (count(*) - count(*))``, which
+        NULL aggregates let pass) is run as written over one fixed release as well
+        (:func:`witness_params`), and its error there is returned before the charge too.
+
+        What is tried, and so what is refused, is decided by the statement's text, its keys,
+        the release's types, the session's settings and the policy: never by a row or a
+        released value, so the refusal is the same on neighbouring tables. Each error carries
+        a hint that nothing was charged. Passed once under the same settings, the trial is not
+        run again for the same user (as :meth:`_check_values`). ``ranking``: ``plan`` is a
+        series limit's ranking, whose outer statement also reads its cells' numbers."""
         assert plan.post is not None
         # The trial's values are the cells' keys: named by the keys' domains, not built to be
         # hashed (a histogram's labels, on every answer).
         passed = _digest(self.user, plan.post.sql, _key_domains(plan), _released_aggregates(plan), ranking, settings)
-        if passed not in _PASSED:
+        if passed in _PASSED:
+            return
+        try:
             for params in trial_params(plan, codec, ranking):
                 # As written (its filters may fail on a key themselves), then without them
                 for sql in dict.fromkeys((plan.post.sql, plan.post.trial_sql)):
                     await self.backend.execute(sql, params)
-            _PASSED.add(passed)
+            if plan.post.certain:
+                await self.backend.execute(plan.post.sql, witness_params(plan, codec, ranking))
+        except BackendLost:
+            raise
+        except BackendError as exc:
+            if exc.sqlstate[:2] not in _NOT_DECIDED_BY_THE_TEXT and not isinstance(exc, BackendUnavailable):
+                exc.hint = f"{exc.hint}\n{_UNCHARGED}" if exc.hint else _UNCHARGED
+            raise
+        _PASSED.add(passed)
 
     async def _released(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float, codec: str) -> DPAnswer:
         """Run the plan's exact aggregates on the backend and noise them: one row, or one per cell.
@@ -1022,6 +1039,12 @@ class Executor:
             if charged is not None:
                 exc.detail = f"{exc.detail}\n{charged}" if exc.detail else charged
             raise
+
+
+_UNCHARGED = ("Nothing was charged: the error was found before anything was released, from the statement's "
+              "text and keys alone (not the rows).")
+# A trial cancelled, timed out or short of resources failed for a reason of its own, not the text's.
+_NOT_DECIDED_BY_THE_TEXT = frozenset({"08", "53", "57"})
 
 
 class _Passed:

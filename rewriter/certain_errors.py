@@ -1,0 +1,143 @@
+"""Outer statements that fail whatever is released: a division by a zero no release can change.
+
+The outer statement over a release (:mod:`rewriter.post_process`) is tried before the charge over
+NULL aggregates, which finds the errors its text and keys decide alone (``1/0``). Over NULL, a
+strict operator gives NULL and raises nothing, so ``stddev(x) / 0`` passed that trial, and so did
+``1 / (count(*) - count(*))``, whose two counts are one release; both then failed after the
+charge, on every release. :func:`fails_on_every_release` recognises such statements from their
+tree alone, by an argument that holds for every value a release can take:
+
+* A released number is never NULL and always finite (``rewriter.types`` bounds the columns so
+  that it is; ``finite(k)`` says which release columns are such numbers: integers, numeric and
+  double precision, not real, whose encoding may round past its range to infinity).
+* An expression built from such columns and number literals by ``+ - * / %``, unary minus,
+  ``abs``, ``round``, ``trunc``, ``floor``, ``ceil`` and casts to a number type is, in
+  PostgreSQL, a finite non-NULL number or an error (integer, numeric and float arithmetic raise
+  on overflow, and no such step makes a NaN from finite inputs). Call it *certain*.
+* ``a - a`` of the same certain ``a`` (after merging, ``count(*) - count(*)`` is one column
+  less itself) is 0; a number literal 0 is 0.
+* A certain number divided by 0 (``/``, ``%``, ``div``) raises 22012 in PostgreSQL, for
+  integers, numeric (its NaN being excluded) and double precision alike.
+* Such a division fails every row it is evaluated on when only operators that evaluate all
+  their arguments lie between it and an output column or ORDER BY item of the outermost
+  SELECT (no CASE, COALESCE, AND or OR, which may skip it); and the rows do not depend on the
+  release when nothing between the release and the output filters or limits on a released
+  value (no HAVING on an aggregate, no LIMIT or OFFSET, no enclosing query, no function that
+  might return a set).
+
+So such a statement fails on every release that has a row; whether it has one (a HAVING over
+the keys may keep no cell) is learnt by running it over one fixed trial release
+(``proxy.dp.answer.witness_params``), which also gives PostgreSQL's own error. The argument
+reads the statement's text, the release's types and the policy only, never a row or a released
+value, so the refusal it leads to is the same on neighbouring tables.
+
+Its limit: it proves failures of this one kind only. A cast that overflows for every possible
+release (``(count(*) + 1000)::numeric(2, 0)``, a noisy count being at least 0) would need the
+range of each release, and a failure a finite number of trial values shows is no proof (``CASE
+WHEN count(*) = 12345 THEN 1 ELSE 1/0 END`` fails on all but one value): such statements are
+answered, and charged, as before.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from sqlglot import exp
+
+__all__ = ["fails_on_every_release"]
+
+_NUMBER_TYPES = frozenset({exp.DataType.Type.SMALLINT, exp.DataType.Type.INT, exp.DataType.Type.BIGINT,
+                           exp.DataType.Type.DECIMAL, exp.DataType.Type.DOUBLE, exp.DataType.Type.FLOAT})
+_ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.IntDiv)
+_DIVISIONS = (exp.Div, exp.Mod, exp.IntDiv)
+_NUMBER_FUNCTIONS = (exp.Abs, exp.Round, exp.Trunc, exp.Floor, exp.Ceil)
+# What may lie between a division and its output column: each evaluates all its arguments.
+_STRICT = (exp.Paren, exp.Alias, exp.Ordered, exp.Cast, exp.Neg, *_ARITHMETIC, *_NUMBER_FUNCTIONS,
+           exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
+# Functions in the output that return one value (anything else might return a set, and so decide
+# how many rows there are): the kinds a post-processing expression uses most.
+_SCALAR_FUNCTIONS = (exp.Cast, exp.Neg, *_NUMBER_FUNCTIONS, exp.Coalesce, exp.Nullif, exp.Greatest, exp.Least,
+                     exp.Case, exp.If, exp.Sqrt, exp.Exp, exp.Ln, exp.Log, exp.Pow, exp.Sign, exp.Concat, exp.Upper,
+                     exp.Lower, exp.Length, exp.ToChar, exp.Extract, exp.TimestampTrunc, exp.DateTrunc)
+
+
+def fails_on_every_release(outer: exp.Select, release: str, finite: Callable[[int], bool],
+                           keys_only: Callable[[exp.Expr], bool]) -> bool:
+    """Whether the outermost SELECT ``outer`` (its release columns ``<release>._dp<k>``) raises
+    division by zero on every row, whatever is released, in rows the release does not choose.
+
+    ``finite(k)``: the k-th release column is a finite non-NULL number in every release.
+    ``keys_only(condition)``: ``condition`` reads the cells' keys and constants only.
+    A True answer is a proof (module docstring); False means none was found.
+    """
+    if outer.args.get("limit") is not None or outer.args.get("offset") is not None:
+        return False
+    where = outer.args.get("where")
+    if where is not None and not keys_only(where.this):
+        return False
+    order = outer.args.get("order")
+    roots: list[exp.Expression] = [*outer.expressions, *(order.expressions if order is not None else [])]
+    for root in roots:
+        for function in root.find_all(exp.Func):
+            if not isinstance(function, _SCALAR_FUNCTIONS) or function.find(exp.Window) is not None:
+                return False
+    return any(_certain_division(division, root, release, finite)
+               for root in roots for division in root.find_all(*_DIVISIONS))
+
+
+def _certain_division(division: exp.Expr, root: exp.Expr, release: str, finite: Callable[[int], bool]) -> bool:
+    """A certain number divided by a certain zero, reached from ``root`` through strict steps only."""
+    if division.args.get("safe") or not _certain(division.this, release, finite) \
+            or not _zero(division.expression, release, finite):
+        return False
+    node: exp.Expr | None = division
+    while node is not None and node is not root:
+        node = node.parent
+        if node is not None and not isinstance(node, _STRICT):
+            return False
+    return node is root
+
+
+def _zero(node: exp.Expression, release: str, finite: Callable[[int], bool]) -> bool:
+    """Whether ``node`` is 0 whatever is released: the literal 0, or ``a - a`` of a certain ``a``."""
+    while isinstance(node, (exp.Paren, exp.Neg)) or (isinstance(node, exp.Cast) and _number_cast(node)):
+        node = node.this
+    if isinstance(node, exp.Literal):
+        return not node.is_string and _number(node.this) == 0
+    return (isinstance(node, exp.Sub) and node.this == node.expression
+            and _certain(node.this, release, finite))
+
+
+def _certain(node: exp.Expression, release: str, finite: Callable[[int], bool]) -> bool:
+    """Whether ``node`` is a finite non-NULL number, or an error, whatever is released."""
+    if isinstance(node, exp.Literal):
+        return not node.is_string and _number(node.this) is not None
+    if isinstance(node, exp.Column):
+        name = node.name
+        return (node.table == release and name.startswith("_dp") and name[3:].isdigit()
+                and finite(int(name[3:])))
+    if isinstance(node, (exp.Paren, exp.Neg)):
+        return _certain(node.this, release, finite)
+    if isinstance(node, exp.Cast):
+        return _number_cast(node) and _certain(node.this, release, finite)
+    if isinstance(node, _ARITHMETIC):
+        return (not node.args.get("safe") and _certain(node.this, release, finite)
+                and _certain(node.expression, release, finite))
+    if isinstance(node, _NUMBER_FUNCTIONS):
+        arguments = [value for key, value in node.args.items() if value is not None and key != "this"]
+        return _certain(node.this, release, finite) and all(
+            isinstance(value, exp.Expression) and _certain(value, release, finite) for value in arguments)
+    return False
+
+
+def _number_cast(cast: exp.Cast) -> bool:
+    """A cast to a number type (integer, numeric, real, double precision), whose value from a
+    finite number is a finite number or an error."""
+    return isinstance(cast.to, exp.DataType) and cast.to.this in _NUMBER_TYPES
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
