@@ -432,3 +432,53 @@ def test_cancels_and_closed_clients_waiting_for_a_checkout_give_every_slot_back(
             time.sleep(0.02)
         # The cancelled statements were not charged; the closed clients' counts were run.
         assert spent_epsilon(probe) == pytest.approx(spent + 3 * 1.0)
+
+
+def test_a_session_ended_just_as_the_pool_hands_it_a_connection_gives_the_connection_back(
+        test_db, tmp_path_factory, admin):
+    # A shutdown cancels each session's task. Cancelled after the pool handed its checkout a
+    # connection but before the session took it, the connection stayed counted in use and open
+    # on PostgreSQL, past the pool's close, for as long as the process lived.
+    def service_pids() -> set[int]:
+        return {pid for (pid,) in admin.execute("SELECT pid FROM pg_stat_activity WHERE usename = 'dpproxy_service'")}
+
+    before = service_pids()
+    with running_proxy(test_db, tmp_path_factory, _policy(1, checkout_timeout_s=600)) as proxy, \
+            proxy.connect() as holder:
+        pool = proxy.server.pool
+        real_acquire = pool.acquire
+
+        async def acquire_then_shut_down(state: Any) -> Any:
+            """The pool's checkout, and the waiting session's task cancelled right after it."""
+            conn = await real_acquire(state)
+            checkout = asyncio.current_task()
+            for task, session in proxy.server._connections.items():
+                if session.backend is not None and session.backend._checkout_wait._wait is checkout:
+                    # Runs before the session's task wakes up to take the connection.
+                    asyncio.get_running_loop().call_soon(task.cancel)
+            return conn
+
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1")
+        ended = proxy.connect()
+        pool.acquire = acquire_then_shut_down  # type: ignore[method-assign]
+        ended.pgconn.send_query(b"SELECT COUNT(*) FROM adult")
+        assert ended.pgconn.flush() == 0
+        _until_waiting(proxy, 1)
+        holder.execute("COMMIT")
+        ended.pgconn.consume_input()
+        while ended.pgconn.is_busy():
+            ended.pgconn.consume_input()  # blocks until the FATAL 57P01 and the close
+        failed = ended.pgconn.get_result()
+        assert failed is not None and failed.error_field(psycopg.pq.DiagnosticField.SQLSTATE) == b"57P01"
+        ended.close()
+        deadline = time.monotonic() + 30
+        while _pool_counts(proxy) != (0, 1, 0):
+            assert time.monotonic() < deadline, f"pool {_pool_counts(proxy)}: the connection handed over was kept"
+            time.sleep(0.01)
+        pool.acquire = real_acquire  # type: ignore[method-assign]
+    # After the shutdown no backend connection of that proxy is left, the one handed over least of all.
+    deadline = time.monotonic() + 30
+    while service_pids() - before:
+        assert time.monotonic() < deadline, f"backend connections left after the shutdown: {service_pids() - before}"
+        time.sleep(0.01)

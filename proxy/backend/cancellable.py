@@ -13,22 +13,34 @@ _T = TypeVar("_T")
 class CancellableWait:
     """One wait at a time (a pool checkout, a long statement's analysis) before anything of the
     statement reached the backend: ``cancel`` ends it, and the waiter raises ``error()``
-    (57014). A task cancelled itself (its session ending) is cancelled as always."""
+    (57014). A task cancelled itself (its session ending) is cancelled as always.
+
+    What the wait produced but its waiter never takes (the waiter was cancelled just as it came)
+    is handed to ``give_back``, so that a pooled connection checked out
+    for a session being ended goes back to the pool instead of staying counted in use for good.
+    """
 
     def __init__(self) -> None:
         self._wait: asyncio.Future[Any] | None = None
         self._cancelled = False
 
-    async def wait(self, awaitable: Awaitable[_T], error: Callable[[], Exception]) -> _T:
+    async def wait(self, awaitable: Awaitable[_T], error: Callable[[], Exception], *,
+                   give_back: Callable[[_T], None] | None = None) -> _T:
+        """``awaitable``'s result."""
         wait = self._wait = asyncio.ensure_future(awaitable)
+        taken = False
         try:
-            return await wait
+            result = await wait
+            taken = True
+            return result
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if not self._cancelled or (current is not None and current.cancelling()):
                 raise  # the session itself is being ended
             raise error() from None
         finally:
+            if not taken:
+                _orphan(wait, give_back)
             self._wait = None
             self._cancelled = False
 
@@ -39,3 +51,20 @@ class CancellableWait:
             self._cancelled = True
             return True
         return False
+
+
+def _orphan(wait: asyncio.Future[_T], give_back: Callable[[_T], None] | None) -> None:
+    """See that a result of ``wait`` its waiter will not take reaches ``give_back``: ``wait`` is
+    cancelled if it still runs, and a result it has already (or ends with in spite of the
+    cancel) is given back."""
+    def settle(done: asyncio.Future[_T]) -> None:
+        if done.cancelled() or done.exception() is not None:
+            return  # exception() also marks a failure as seen: nobody is left to raise it to
+        if give_back is not None:
+            give_back(done.result())
+
+    if wait.done():
+        settle(wait)
+    else:
+        wait.cancel()
+        wait.add_done_callback(settle)

@@ -299,7 +299,9 @@ class BackendSession:
 
     async def _acquire(self) -> PooledConnection:
         """A connection from the pool; a CancelRequest (``cancel``) ends the wait with 57014,
-        as PostgreSQL's ends a statement waiting for a lock."""
+        as PostgreSQL's ends a statement waiting for a lock. A connection the pool hands over
+        just as the wait ends so (or as the session's task is cancelled, at a shutdown) goes
+        back to the pool."""
         assert self._pool is not None
         idle = self._pool.acquire_idle(self._state)
         if idle is not None:
@@ -307,7 +309,8 @@ class BackendSession:
         try:
             return await self._checkout_wait.wait(
                 self._pool.acquire(self._state),
-                lambda: BackendUnavailable("57014", "canceling statement due to user request"))
+                lambda: BackendUnavailable("57014", "canceling statement due to user request"),
+                give_back=self._give_back)
         except PoolTimeout as exc:
             raise BackendUnavailable(
                 "53300",
@@ -318,6 +321,11 @@ class BackendSession:
             ) from None
         except psycopg.Error as exc:
             raise _connect_error(exc) from None
+
+    def _give_back(self, held: PooledConnection) -> None:
+        """Return a connection checked out for a wait that ended without taking it."""
+        assert self._pool is not None
+        self._pool.release(held, reusable=True)
 
     async def _apply_state(self, held: PooledConnection) -> None:
         """Give ``held`` exactly this session's settings, in one round trip, and learn how the
