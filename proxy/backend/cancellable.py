@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable, TypeVar
 
+from .errors import ClientGone
+
 __all__ = ["CancellableWait"]
 
 _T = TypeVar("_T")
@@ -15,9 +17,9 @@ class CancellableWait:
     statement reached the backend: ``cancel`` ends it, and the waiter raises ``error()``
     (57014). A task cancelled itself (its session ending) is cancelled as always.
 
-    What the wait produced but its waiter never takes (the waiter was cancelled just as it came)
-    is handed to ``give_back``, so that a pooled connection checked out
-    for a session being ended goes back to the pool instead of staying counted in use for good.
+    What the wait produced but its waiter never takes (the waiter was cancelled just as it came,
+    or the client went away) is handed to ``give_back``: a pooled connection checked out for a
+    session being ended goes back to the pool instead of staying counted in use for good.
     """
 
     def __init__(self) -> None:
@@ -25,11 +27,19 @@ class CancellableWait:
         self._cancelled = False
 
     async def wait(self, awaitable: Awaitable[_T], error: Callable[[], Exception], *,
-                   give_back: Callable[[_T], None] | None = None) -> _T:
-        """``awaitable``'s result."""
+                   give_back: Callable[[_T], None] | None = None,
+                   client_gone: Callable[[], Awaitable[None]] | None = None) -> _T:
+        """``awaitable``'s result. With ``client_gone`` (it returns when the client's connection
+        ends) the wait also ends when the client goes away first, with ``ClientGone``."""
         wait = self._wait = asyncio.ensure_future(awaitable)
+        watch = asyncio.ensure_future(client_gone()) if client_gone is not None else None
         taken = False
         try:
+            if watch is not None:
+                await asyncio.wait((wait, watch), return_when=asyncio.FIRST_COMPLETED)
+                if watch.done() and not watch.cancelled() and watch.exception() is None:
+                    # Gone, even if a result came in the same turn: nobody would read the answer.
+                    raise ClientGone("the client closed its connection while its statement waited")
             result = await wait
             taken = True
             return result
@@ -43,6 +53,11 @@ class CancellableWait:
                 _orphan(wait, give_back)
             self._wait = None
             self._cancelled = False
+            if watch is not None and not watch.done():
+                # Ended before the session reads on: a read of the client still pending when
+                # the session reads its next message is an error of the stream's.
+                watch.cancel()
+                await asyncio.wait((watch,))
 
     def cancel(self) -> bool:
         """End the wait under way, if any; False when there is none to end."""
