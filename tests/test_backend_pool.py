@@ -383,10 +383,8 @@ def _until_waiting(proxy: RunningProxy, count: int) -> None:
 
 def test_cancels_and_closed_clients_waiting_for_a_checkout_give_every_slot_back(test_db, tmp_path_factory):
     # A checkout a CancelRequest ends must leave the pool as it was: a slot counted as taken per
-    # such wait would shrink the pool until every session waited. A client that goes away while
-    # its statement waits is not noticed before the statement has a connection (as PostgreSQL
-    # notices it only after the statement): its checkout stays queued, then runs and gives the
-    # connection back.
+    # such wait would shrink the pool until every session waited. So must one whose client goes
+    # away while it waits: the wait ends then, and the statement is dropped.
     statements = ["SELECT 1", "SELECT COUNT(*) FROM adult"] * 3
     with running_proxy(test_db, tmp_path_factory, _policy(1, checkout_timeout_s=600)) as proxy, \
             proxy.connect() as holder, proxy.connect() as probe:
@@ -415,13 +413,14 @@ def test_cancels_and_closed_clients_waiting_for_a_checkout_give_every_slot_back(
                 assert outcome and isinstance(outcome[0], psycopg.errors.QueryCanceled), outcome
             _until_waiting(proxy, 0)
             assert _pool_counts(proxy) == (1, 0, 0)  # the holder's connection, nothing more
-        for queued, statement in enumerate(statements, start=1):
+        for statement in statements:
             closing = proxy.connect()
             closing.pgconn.send_query(statement.encode())
             assert closing.pgconn.flush() == 0
-            _until_waiting(proxy, queued)
+            _until_waiting(proxy, 1)
             closing.close()  # Terminate, then the socket closes, the statement still waiting
-        assert _pool_counts(proxy) == (1, 0, len(statements))
+            _until_waiting(proxy, 0)
+        assert _pool_counts(proxy) == (1, 0, 0)
         holder.execute("COMMIT")
         done, worker = _select_one_meanwhile(probe)
         assert done.wait(60), f"the pool did not serve a statement after the cancels: {_pool_counts(proxy)}"
@@ -430,5 +429,126 @@ def test_cancels_and_closed_clients_waiting_for_a_checkout_give_every_slot_back(
         while _pool_counts(proxy) != start:
             assert time.monotonic() < deadline, f"pool {_pool_counts(proxy)}, at the start {start}"
             time.sleep(0.02)
-        # The cancelled statements were not charged; the closed clients' counts were run.
-        assert spent_epsilon(probe) == pytest.approx(spent + 3 * 1.0)
+        # Neither the cancelled statements nor the closed clients' were charged.
+        assert spent_epsilon(probe) == pytest.approx(spent)
+
+
+def _send_count(conn: psycopg.Connection, how: str) -> None:
+    """Send a DP count on ``conn`` without waiting for its answer, as ``how`` says."""
+    pgconn = conn.pgconn
+    if how == "extended":
+        pgconn.send_query_params(b"SELECT COUNT(*) FROM adult", None)
+    elif how == "extended_block":  # Parse/Bind/Describe/Execute of each, one Sync at the end
+        pgconn.enter_pipeline_mode()
+        pgconn.send_query_params(b"BEGIN", None)
+        pgconn.send_query_params(b"SELECT COUNT(*) FROM adult", None)
+        pgconn.pipeline_sync()
+    elif how == "simple_block":
+        pgconn.send_query(b"BEGIN; SELECT COUNT(*) FROM adult; COMMIT")
+    else:
+        pgconn.send_query(b"SELECT COUNT(*) FROM adult")
+    assert pgconn.flush() == 0
+
+
+@pytest.mark.parametrize("how", ["simple", "extended", "simple_block", "extended_block", "shutdown_socket"])
+def test_a_dp_statement_whose_client_goes_while_it_waits_for_a_connection_is_dropped_uncharged(
+        how: str, test_db, tmp_path_factory):
+    # Nothing of it reached the backend and nobody is left to read its answer: run when a
+    # connection freed up, it was charged for nothing.
+    with running_proxy(test_db, tmp_path_factory, _policy(1, checkout_timeout_s=600)) as proxy, \
+            proxy.connect() as holder, proxy.connect() as probe:
+        spent = spent_epsilon(probe)
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1")
+        leaving = proxy.connect()
+        _send_count(leaving, how)
+        _until_waiting(proxy, 1)
+        if how == "shutdown_socket":  # no Terminate: the client's side of the socket just ends
+            import socket
+            socket.socket(fileno=os.dup(leaving.pgconn.socket)).shutdown(socket.SHUT_RDWR)
+        else:
+            leaving.pgconn.finish()  # Terminate, then the socket closes
+        leaving.close()
+        _until_waiting(proxy, 0)  # before the holder gives its connection back
+        assert _pool_counts(proxy) == (1, 0, 0)
+        holder.execute("COMMIT")
+        assert probe.execute("SELECT COUNT(*) FROM adult").fetchone()[0] > 40000
+        assert spent_epsilon(probe) == pytest.approx(spent + 1.0), "only the probe's count was charged"
+        assert proxy.server.session_count == 2
+
+
+def test_a_dp_statement_whose_client_goes_after_its_charge_stays_charged(test_db, tmp_path_factory, admin):
+    # Once it is charged its rows may be read: whatever the client does then, the charge stands.
+    with running_proxy(test_db, tmp_path_factory, _policy(2)) as proxy, proxy.connect() as probe:
+        spent = spent_epsilon(probe)
+        locker = psycopg.connect(test_db.admin_dsn, autocommit=True)
+        locker.execute("BEGIN")
+        locker.execute("LOCK TABLE adult IN ACCESS EXCLUSIVE MODE")
+        try:
+            leaving = proxy.connect()
+            _send_count(leaving, "simple")
+            deadline = time.monotonic() + 30
+            # Waiting for the lock on the backend: sent, so charged.
+            while not admin.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE '%adult%' AND pid <> pg_backend_pid()").fetchone()[0]:
+                assert time.monotonic() < deadline, "the DP count never reached the backend"
+                time.sleep(0.01)
+            leaving.pgconn.finish()
+            leaving.close()
+        finally:
+            locker.close()  # the lock goes with it
+        deadline = time.monotonic() + 30
+        while proxy.server.session_count != 1:
+            assert time.monotonic() < deadline, "the closed client's session did not end"
+            time.sleep(0.01)
+        assert spent_epsilon(probe) == pytest.approx(spent + 1.0)
+
+
+def test_a_session_ended_just_as_the_pool_hands_it_a_connection_gives_the_connection_back(
+        test_db, tmp_path_factory, admin):
+    # A shutdown cancels each session's task. Cancelled after the pool handed its checkout a
+    # connection but before the session took it, the connection stayed counted in use and open
+    # on PostgreSQL, past the pool's close, for as long as the process lived.
+    def service_pids() -> set[int]:
+        return {pid for (pid,) in admin.execute("SELECT pid FROM pg_stat_activity WHERE usename = 'dpproxy_service'")}
+
+    before = service_pids()
+    with running_proxy(test_db, tmp_path_factory, _policy(1, checkout_timeout_s=600)) as proxy, \
+            proxy.connect() as holder:
+        pool = proxy.server.pool
+        real_acquire = pool.acquire
+
+        async def acquire_then_shut_down(state: Any) -> Any:
+            """The pool's checkout, and the waiting session's task cancelled right after it."""
+            conn = await real_acquire(state)
+            checkout = asyncio.current_task()
+            for task, session in proxy.server._connections.items():
+                if session.backend is not None and session.backend._checkout_wait._wait is checkout:
+                    # Runs before the session's task wakes up to take the connection.
+                    asyncio.get_running_loop().call_soon(task.cancel)
+            return conn
+
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1")
+        ended = proxy.connect()
+        pool.acquire = acquire_then_shut_down  # type: ignore[method-assign]
+        _send_count(ended, "simple")
+        _until_waiting(proxy, 1)
+        holder.execute("COMMIT")
+        ended.pgconn.consume_input()
+        while ended.pgconn.is_busy():
+            ended.pgconn.consume_input()  # blocks until the FATAL 57P01 and the close
+        failed = ended.pgconn.get_result()
+        assert failed is not None and failed.error_field(psycopg.pq.DiagnosticField.SQLSTATE) == b"57P01"
+        ended.close()
+        deadline = time.monotonic() + 30
+        while _pool_counts(proxy) != (0, 1, 0):
+            assert time.monotonic() < deadline, f"pool {_pool_counts(proxy)}: the connection handed over was kept"
+            time.sleep(0.01)
+        pool.acquire = real_acquire  # type: ignore[method-assign]
+    # After the shutdown no backend connection of that proxy is left, the one handed over least of all.
+    deadline = time.monotonic() + 30
+    while service_pids() - before:
+        assert time.monotonic() < deadline, f"backend connections left after the shutdown: {service_pids() - before}"
+        time.sleep(0.01)

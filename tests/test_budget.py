@@ -204,3 +204,49 @@ def test_an_exhausted_budget_s_hint_offers_only_what_can_help_and_when_it_renews
         "administrator for more (dpproxy budget grant). " + renewal,
         "Ask an administrator for more (dpproxy budget grant). " + renewal,
     ]
+
+
+def _show_budget(proxy: RunningProxy) -> tuple[dict[str, float], list[str]]:
+    """SHOW dpproxy.budget as the analyst: its spent and remaining ε, and the notices with it."""
+    notices: list[str] = []
+    with proxy.connect() as conn:
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        cursor = conn.execute("SHOW dpproxy.budget")
+        row = dict(zip([d.name for d in cursor.description or ()], cursor.fetchone() or ()))
+    return {name: float(row[name]) for name in ("spent_epsilon", "remaining_epsilon")}, notices
+
+
+def test_show_budget_on_a_replica_names_the_reservations_others_may_hold_and_shows_no_more_than_can_be_spent(
+        test_db, ledger_url):
+    # Replicas on one PostgreSQL ledger cannot ask each other to give reservations back, as
+    # workers do: what one reserved is counted as spent on the other until it comes back. The
+    # figures stay those the ledger allows; the notice says why spent may be above the answers'.
+    text = TEST_POLICY.replace('ledger: {{url: "sqlite:///{ledger}"}}',
+                               f'ledger: {{{{url: "{ledger_url}", reserve: 10, release_idle_s: 3600}}}}')
+    first = RunningProxy(make_policy(test_db, Path("unused"), text))
+    try:
+        second = RunningProxy(make_policy(test_db, Path("unused"), text)) if "postgresql" in ledger_url else None
+        try:
+            before, _ = _show_budget(first)
+            with first.connect() as conn:
+                conn.execute("SELECT COUNT(*) FROM adult").fetchone()  # reserves 10 answers' worth
+            mine, notices = _show_budget(first)
+            assert mine["spent_epsilon"] == pytest.approx(before["spent_epsilon"] + 1.0)
+            if second is None:  # a SQLite ledger: no replica shares it, nothing to explain
+                assert not [n for n in notices if "reservation" in n], notices
+                return
+            theirs, notices = _show_budget(second)
+            assert theirs["spent_epsilon"] == pytest.approx(before["spent_epsilon"] + 10.0)
+            assert theirs["remaining_epsilon"] == pytest.approx(before["remaining_epsilon"] - 10.0)
+            assert any("reservations other dpproxy processes" in n and "3600 s" in n for n in notices), notices
+        finally:
+            if second is not None:
+                second.stop()
+    finally:
+        first.stop()
+    if second is not None:  # the first's clean stop gave its reservation back
+        restarted = RunningProxy(make_policy(test_db, Path("unused"), text))
+        try:
+            assert _show_budget(restarted)[0]["spent_epsilon"] == pytest.approx(before["spent_epsilon"] + 1.0)
+        finally:
+            restarted.stop()

@@ -37,7 +37,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.conftest import TEST_DATABASE, RunningProxy, TestDatabase, make_policy
+from tests.conftest import TEST_DATABASE, TEST_POLICY, RunningProxy, TestDatabase, make_policy, running_proxy
 from tests.neighbour_cases import Case
 from tests.own_postgres import own_postgres
 from tests.test_neighbour_fuzz import SEED, Client, Outcome, _policy_text, create_tables, draw_tables
@@ -134,7 +134,13 @@ def _in_thread(call: Callable[[], Any]) -> Callable[[float], tuple[bool, Any]]:
 
 
 def _waiting_backend(admin: psycopg.Connection[Any], table: str) -> tuple[int, str] | None:
-    """The pid and statement of a backend waiting for a lock on ``table``, or None."""
+    """The pid and statement of a backend waiting for a lock on ``table``, or None.
+
+    ``admin`` holds the lock in its transaction, where PostgreSQL keeps the pg_stat_activity it
+    read first (pg_locks it reads afresh): without the snapshot cleared, the statement named was
+    the one the waiting backend ran at the first look, often a short one of dpproxy's before it.
+    """
+    admin.execute("SELECT pg_catalog.pg_stat_clear_snapshot()")
     row = admin.execute("SELECT l.pid, a.query FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a "
                         "ON a.pid = l.pid WHERE l.relation = %s::regclass AND NOT l.granted LIMIT 1", (table,)).fetchone()
     return None if row is None else (int(row[0]), str(row[1]))
@@ -144,13 +150,12 @@ def _met(statement: str, table: str) -> str:
     """What a waiting backend statement is: dpproxy's "check" of the values a statement compares
     before the charge (``SELECT 1 FROM (...) AS checked LIMIT 0``, Executor._check_values), the
     DP statement's "read" of the rows (it names the table, or is longer than the 1 kB of it that
-    pg_stat_activity keeps), or "unknown": a short statement of dpproxy's that does not name the
-    table, which the text alone does not place before or after the charge (a constant folded
-    before the check, pipelined with it; but one was seen waiting after a charge, on a loaded
-    machine, while its neighbour's run showed the read)."""
+    pg_stat_activity keeps), else the statement itself, which the test reports: only those two
+    read the table. (A short statement naming no table, "unplaced" here before, was the stale
+    text ``_waiting_backend`` read before it cleared the activity snapshot.)"""
     if statement.startswith("SELECT 1 FROM ("):
         return "check"
-    return "read" if len(statement.encode()) >= 1000 or table in statement else "unknown"
+    return "read" if len(statement.encode()) >= 1000 or table in statement else statement
 
 
 def _values_checked(case: Case) -> bool:
@@ -182,7 +187,8 @@ def _faulted(server: _Server, client: Client, case: Case, table: str, fault: str
              block: bool) -> tuple[tuple[Outcome, float], str | None]:
     """``case`` on ``table`` (inside a transaction block if ``block``), its backend faulted once it
     waits for the lock an administrator holds; its outcome and the ε it charged, and what the
-    fault met: a "check" before the charge, the "read" of the rows, or None (it waited for none)."""
+    fault met (``_met``): a "check" before the charge, the "read" of the rows, or None (it waited
+    for none)."""
     admin = server.admin()
     admin.execute("BEGIN")
     admin.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
@@ -275,6 +281,10 @@ def test_a_backend_failure_mid_answer_leaves_what_the_rows_do_not_decide(
                 if retry[0].kind == "answer" and reference[1] > 0 and faulted[1] + retry[1] < reference[1] - 1e-9:
                     failures.append(f"{case.sql}\n    on {table}, fault {fault}: the retry's answer was charged "
                                     f"{retry[1]} after a failed run charged {faulted[1]} ({reference[1]} per answer)")
+            for run, table in zip(runs, (f"nbf_{base}", neighbour)):
+                if run.waited not in (None, "check", "read"):
+                    failures.append(f"{case.sql}\n    on {table}, fault {fault} met a statement that is "
+                                    f"neither a check nor a read: {run.waited!r}")
             cases += 1
             if runs[0].waited in ("check", "read") and runs[0].faulted[0].kind != "answer":
                 met.add((fault, runs[0].waited))
@@ -289,3 +299,25 @@ def test_a_backend_failure_mid_answer_leaves_what_the_rows_do_not_decide(
     assert not failures, _report("statements faulted mid-answer", failures, cases)
     assert _every_point_met(met), f"faults met only {met}"
 
+
+
+def test_the_fault_is_placed_by_the_statement_waiting_not_by_what_its_backend_ran_before(
+        test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # One pooled connection: the DP count waits on the backend that ran the SELECT 1 before it,
+    # while the administrator's first look (in the transaction holding the lock) saw it idle.
+    policy = TEST_POLICY.replace("  statement_timeout_ms: 20000\n",
+                                 "  statement_timeout_ms: 20000\n  pool: {{size: 1}}\n")
+    with running_proxy(test_db, tmp_path_factory, policy) as proxy, proxy.connect() as conn:
+        conn.execute("SELECT 1")
+        with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+            admin.execute("BEGIN")
+            admin.execute("LOCK TABLE adult IN ACCESS EXCLUSIVE MODE")
+            assert _waiting_backend(admin, "adult") is None
+            result = _in_thread(lambda: conn.execute("SELECT COUNT(*) FROM adult").fetchone())
+            deadline = time.monotonic() + BOUND_S
+            while (waiting := _waiting_backend(admin, "adult")) is None:
+                assert time.monotonic() < deadline, "the DP count never waited for the lock"
+            assert _met(waiting[1], "adult") == "read", waiting
+            admin.execute("ROLLBACK")
+        done, row = result(BOUND_S)
+        assert done and row[0] > 40000

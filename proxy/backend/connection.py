@@ -13,7 +13,7 @@ import difflib
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Literal, Mapping, Sequence
 
 import psycopg
 from psycopg import pq
@@ -32,7 +32,7 @@ from rewriter.rewrite import hashed_columns
 
 from .data_rows import data_rows
 from .cancellable import CancellableWait
-from .errors import BackendError, BackendLost, BackendUnavailable
+from .errors import BackendError, BackendLost, BackendUnavailable, ClientGone
 from .column_facts import column_facts
 from .policy_fit import column_fit_problems
 from .type_support import builtin_types, distinct_countable, label_comparison_problem
@@ -46,7 +46,7 @@ from .row_stream import HELD_RESULT_BYTES, RowStream
 from .unread_rows import UnreadRows, text_rows
 
 __all__ = [
-    "BackendError", "BackendLost", "BackendSession", "BackendUnavailable", "BoundParams", "ResultSet", "build_registry", "connect",
+    "BackendError", "BackendLost", "BackendSession", "BackendUnavailable", "BoundParams", "ClientGone", "ResultSet", "build_registry", "connect",
     "FORWARDED_STARTUP", "function_names", "OWN_APPLICATION_NAME",
     "pooled_session", "startup_key", "startup_settings",
 ]
@@ -259,6 +259,9 @@ class BackendSession:
         self._checkout_wait = CancellableWait()  # waiting for the pool, until a CancelRequest
         self._held_streams: list[RowStream] = []  # results whose rests were held for their portals
         self._last_status = b"I"  # the held connection's status as last read (transaction_status)
+        self.client_gone: Callable[[], Awaitable[None]] | None = None
+        """Returns when the client's connection ends (``MessageReader.closed``): a wait for a
+        pooled connection ends then (``_acquire``). None: never watched."""
         self.pinned = False
         """A cursor WITH HOLD lives on the held connection: it is not given back to the pool,
         and is closed, not pooled, at the session's end (proxy/serving/cursors.py)."""
@@ -299,7 +302,11 @@ class BackendSession:
 
     async def _acquire(self) -> PooledConnection:
         """A connection from the pool; a CancelRequest (``cancel``) ends the wait with 57014,
-        as PostgreSQL's ends a statement waiting for a lock."""
+        as PostgreSQL's ends a statement waiting for a lock, and the client's going away
+        (``client_gone``) with ``ClientGone``: nothing of the statement reached the backend, so
+        nothing is charged, and the statement would not be answered to anyone. A connection the
+        pool hands over just as the wait ends so (or as the session's task is cancelled, at a
+        shutdown) goes back to the pool."""
         assert self._pool is not None
         idle = self._pool.acquire_idle(self._state)
         if idle is not None:
@@ -307,7 +314,8 @@ class BackendSession:
         try:
             return await self._checkout_wait.wait(
                 self._pool.acquire(self._state),
-                lambda: BackendUnavailable("57014", "canceling statement due to user request"))
+                lambda: BackendUnavailable("57014", "canceling statement due to user request"),
+                give_back=self._give_back, client_gone=self.client_gone)
         except PoolTimeout as exc:
             raise BackendUnavailable(
                 "53300",
@@ -318,6 +326,11 @@ class BackendSession:
             ) from None
         except psycopg.Error as exc:
             raise _connect_error(exc) from None
+
+    def _give_back(self, held: PooledConnection) -> None:
+        """Return a connection checked out for a wait that ended without taking it."""
+        assert self._pool is not None
+        self._pool.release(held, reusable=True)
 
     async def _apply_state(self, held: PooledConnection) -> None:
         """Give ``held`` exactly this session's settings, in one round trip, and learn how the

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["BackendError", "BackendLost", "BackendUnavailable"]
+__all__ = ["BackendError", "BackendLost", "BackendUnavailable", "ClientGone"]
 
 
 class BackendError(Exception):
@@ -39,3 +39,9 @@ class BackendLost(BackendError):
                  "An administrator can see the cause in dpproxy's log.",
         )
         self.reached = reached
+
+
+class ClientGone(ConnectionResetError):
+    """The client closed its connection while its statement waited for a backend connection:
+    the statement never reached the backend, nothing was charged for it, and the session ends
+    as for any client that went away (nobody is left to read an answer)."""

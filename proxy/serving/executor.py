@@ -22,7 +22,7 @@ from policies.errors import SQLSTATE, Refusal
 from policies.model import Policy
 from policies.tables import TableRegistry, quote_identifier
 from proxy.backend.cancellable import CancellableWait
-from proxy.backend.connection import BackendError, BackendLost, BackendSession, BackendUnavailable, BoundParams, ResultSet
+from proxy.backend.connection import BackendError, BackendLost, BackendSession, BackendUnavailable, BoundParams, ClientGone, ResultSet
 from proxy.backend.row_stream import RowStream
 from proxy.backend.unread_rows import UnreadRows
 from proxy.dp.answer import (
@@ -386,6 +386,9 @@ class Executor:
             except BackendError as exc:
                 self._audit_soon(plan.fingerprint, "error", exc.sqlstate, None, started)
                 raise
+            except ClientGone:  # dropped while it waited, uncharged: its session ends
+                self._audit_soon(plan.fingerprint, "error", "08006", None, started)
+                raise
             plan = await self._current(plan)
         fingerprint = plan.fingerprint
         self._charged = None
@@ -399,6 +402,9 @@ class Executor:
             raise
         except BackendError as exc:
             self._audit_soon(fingerprint, "error", exc.sqlstate, self._charged, started)
+            raise
+        except ClientGone:  # a second checkout (usable) waited, and the client went: uncharged
+            self._audit_soon(fingerprint, "error", "08006", self._charged, started)
             raise
         except asyncio.CancelledError:  # the session is being ended (shutdown) mid-statement
             self._audit(fingerprint, "error", SQLSTATE.ADMIN_SHUTDOWN, self._charged, time.perf_counter() - started)

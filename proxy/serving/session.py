@@ -306,6 +306,8 @@ class Session:
         application_name = _application_name(params.get("application_name", ""))
         reported = None if known is None else dict(known, application_name=application_name)
         self.backend = pooled_session(self.server.pool, settings, reported)
+        # A statement waiting for a pooled connection is dropped if its client goes meanwhile.
+        self.backend.client_gone = self._messages.closed
         if known is None:
             # The first session of its kind borrows a connection now: its parameters are
             # needed at once (and a backend that refuses them refuses the session).

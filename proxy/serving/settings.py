@@ -36,6 +36,23 @@ __all__ = ["BUDGET_FIELDS", "MAX_SAVEPOINTS", "SessionSettings"]
 # snapshot once a transaction has more than 64 subtransactions: clients nest a few.)
 MAX_SAVEPOINTS = 10_000
 
+# SHOW dpproxy.budget's notice where replicas may share the ledger (docs/deployment.md,
+# "Reservations, replicas and reloads"): what they reserved is not known here, only that it
+# is counted as spent until they give it back, so the figures shown are never above the truth.
+_RESERVATIONS_ELSEWHERE = (
+    "spent counts in full the budget reservations other dpproxy processes sharing this ledger may hold "
+    "unused for you (each given back after {idle} s without an answer for you there); "
+    "remaining is what can be spent now"
+)
+
+
+def _shared_reservations(policy: Policy) -> bool:
+    """Whether other processes' reservations may be counted in the ledger's spend unasked: a
+    ledger other replicas can share (not SQLite, one machine's file, where only this process's
+    ``listen.workers`` siblings write, and are asked), and reservations of more than one answer."""
+    return policy.ledger.reserve > 1 and not policy.ledger.url.startswith("sqlite")
+
+
 BUDGET_FIELDS = [
     Field("user", TEXT),
     Field("spent_epsilon", FLOAT8, 8),
@@ -133,12 +150,14 @@ class SessionSettings:
         if status == b"E":
             raise Refusal(SQLSTATE.IN_FAILED_TRANSACTION,
                           "current transaction is aborted, commands ignored until end of transaction block")
-        return await self._run(command, policy, budget, registry), self._notices(command)
+        return await self._run(command, policy, budget, registry), self._notices(command, policy)
 
-    def _notices(self, command: DpproxyCommand) -> list[str]:
+    def _notices(self, command: DpproxyCommand, policy: Policy) -> list[str]:
         if command.local and command.verb != "show" and not self._epsilon.in_block:
             # and it changed nothing, as in PostgreSQL
             return [Notice("SET LOCAL can only be used in transaction blocks", "WARNING", "25P01")]
+        if command.name == "dpproxy.budget" and command.verb == "show" and _shared_reservations(policy):
+            return [Notice(_RESERVATIONS_ELSEWHERE.format(idle=f"{policy.ledger.release_idle_s:g}"), "NOTICE", "00000")]
         return []
 
     async def _run(

@@ -134,6 +134,7 @@ class MessageReader:
     """
 
     _CHUNK = 65536
+    _WATCH_BYTES = 4 * _CHUNK
 
     def __init__(self, reader: asyncio.StreamReader, max_bytes: int):
         self._reader = reader
@@ -168,6 +169,28 @@ class MessageReader:
             return False
         _, length = _HEADER.unpack_from(self._buffer, self._pos)
         return available >= 1 + length
+
+    async def closed(self) -> None:
+        """Return when the client's stream ends (end of file, or the connection reset), keeping
+        what arrives meanwhile for ``next``; for a session that reads no message meanwhile (a
+        statement waiting for a pooled backend connection). Once ``_WATCH_BYTES`` are held it
+        reads no more and waits until cancelled: a client sending that much has not gone, and
+        what it sends must wait in the socket, not in memory.
+
+        An end of file counts as gone even if the client only shut down its sending side:
+        clients of the protocol do not half-close, and PostgreSQL's own check for a closed
+        client (``client_connection_check_interval``) reads it so too.
+        """
+        while len(self._buffer) - self._pos < self._WATCH_BYTES:
+            try:
+                chunk = await self._reader.read(self._CHUNK)
+            except (ConnectionError, OSError):
+                return  # ``next`` raises it again
+            if not chunk:
+                return
+            self._buffer = self._buffer[self._pos :] + chunk
+            self._pos = 0
+        await asyncio.get_running_loop().create_future()
 
     async def _fill(self) -> None:
         chunk = await self._reader.read(self._CHUNK)
