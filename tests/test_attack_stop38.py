@@ -38,6 +38,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -46,8 +47,8 @@ from proxy.dp.answer import selection_candidates
 from proxy.serving.executor import _OFF_LOOP_CANDIDATES
 from rewriter.dp_query import plan_aggregate_query
 from rewriter.function_check import HARMLESS_FIELD_FUNCTIONS
-from tests.conftest import (ATTACK_POLICY_HEAD, TEST_POLICY, RunningProxy, TestDatabase, running_proxy,
-                            spent_epsilon)
+from tests.conftest import (ATTACK_POLICY_HEAD, TEST_POLICY, RunningProxy, TestDatabase, make_policy,
+                            running_proxy, spent_epsilon)
 from tests.neighbour_outcome import create_neighbours, same_on_neighbours
 from tests.test_attack_stop36 import (_BASE_ROWS, _DDL, _NEIGHBOURS, _TABLE, _binary_outcome, _copy_outcome,
                                       _cursor_outcome)
@@ -60,9 +61,14 @@ _SAME = "the same release as"
 
 
 @pytest.fixture(scope="module")
-def s38(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+def s38_tables(test_db: TestDatabase) -> TestDatabase:
     create_neighbours(test_db.admin_dsn, "s38_0", _N38, _DDL, _BASE_ROWS)
-    with running_proxy(test_db, tmp_path_factory, _POLICY) as running:
+    return test_db
+
+
+@pytest.fixture(scope="module")
+def s38(s38_tables: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    with running_proxy(s38_tables, tmp_path_factory, _POLICY) as running:
         yield running
 
 
@@ -281,6 +287,31 @@ def test_a_duplicate_is_no_repeat_of_the_statement_without_it_and_its_repeat_is_
         assert spent_epsilon(conn) - spent == pytest.approx(3.0)  # sum(b::numeric) is another column type
         assert single is not None and double is not None and again is not None and spelled is not None
         assert double[0] == double[1] == spelled[0] == spelled[1] and again[0] == again[1]
+
+
+def test_a_statement_prepared_before_a_reload_is_grouped_and_split_under_the_policy_in_force(
+        s38_tables: TestDatabase, tmp_path: Path) -> None:
+    # The reload halves b's bounds: the prepared statement is planned again, its duplicate still
+    # one release with the sum's scale halved, the other session's statement unaffected.
+    single = ATTACK_POLICY_HEAD + "  public.s38_0:" + _TABLE
+    ledger = tmp_path / "ledger.sqlite3"
+    reloaded = tmp_path / "policy.yaml"
+    reloaded.write_text(single.replace("b: {{bounds: [0, 100]}}", "b: {{bounds: [0, 50]}}").format(
+        dsn=s38_tables.service_dsn, ledger=ledger))
+    proxy = RunningProxy(make_policy(s38_tables, ledger, single))
+    duplicate = "SELECT sum(b), sum(b::numeric), count(*) FROM s38_0 WHERE a > %s"
+    try:
+        with proxy.connect() as conn, proxy.connect() as other:
+            before = _notice_of(conn, duplicate.replace("%s", "-10"), prepare=True)[0]
+            plain = _notice_of(other, "SELECT sum(b), count(*) FROM s38_0 WHERE a > -10")[0]
+            assert proxy._call(proxy.server.reload(reloaded))
+            after = _notice_of(conn, duplicate.replace("%s", "-9"), prepare=True)[0]
+            assert _notice_of(other, "SELECT sum(b), count(*) FROM s38_0 WHERE a > -9")[0] == plain.replace(
+                "scale 200 (95% within ±599.1)", "scale 100 (95% within ±299.6)")
+    finally:
+        proxy.stop()
+    assert before.count(_SAME) == after.count(_SAME) == 1 and "sum: laplace scale 200 " in before, before
+    assert after == before.replace("scale 200 (95% within ±599.1)", "scale 100 (95% within ±299.6)"), after
 
 
 # ------------------------------------------------------------------ pg_database's frozen ids
