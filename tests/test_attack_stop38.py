@@ -25,7 +25,8 @@ Held, and pinned here:
   repeat of the statement without it, and its repeat carries one value in both columns.
 * pg_database's frozen ids are 0 in every spelling (qualified, aliased, ``*``, the whole row,
   ``row_to_json``, ``to_jsonb``, a CTE, a join with pg_class, a subquery, another search_path,
-  extended protocol, COPY and a cursor).
+  extended protocol, COPY and a cursor), and every transaction id, WAL position or row address
+  column of a relation on the catalog allowlist of 16, 17 and 18 reads 0 or no row.
 * Attribute notation on a value: every function PostgreSQL could call for ``(value).name``
   (``name`` one that passes the function check) is read from the live pg_proc of 16, 17 and 18
   and tried through dpproxy with an argument of its type: each that runs is immutable or reads
@@ -45,6 +46,7 @@ import pytest
 
 from proxy.dp.answer import selection_candidates
 from proxy.serving.executor import _OFF_LOOP_CANDIDATES
+from rewriter.catalog import allowed_catalog_relation
 from rewriter.dp_query import plan_aggregate_query
 from rewriter.function_check import HARMLESS_FIELD_FUNCTIONS
 from tests.conftest import (ATTACK_POLICY_HEAD, TEST_POLICY, RunningProxy, TestDatabase, make_policy,
@@ -378,6 +380,33 @@ def test_the_frozen_ids_are_0_in_every_spelling_of_pg_database(s38: RunningProxy
         assert values and all(str(value) == "0" for value in values), (sql, values)
 
 
+# Every column of a transaction id, WAL position or row address type of the relations on the
+# catalog allowlist: each moves with the server's writes (a protected table's among them).
+_COUNTER_COLUMNS = """
+SELECT n.nspname::text, c.relname::text, a.attname::text FROM pg_catalog.pg_attribute a
+JOIN pg_catalog.pg_class c ON c.oid = a.attrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname IN ('pg_catalog', 'information_schema') AND a.attnum > 0 AND NOT a.attisdropped
+  AND a.atttypid IN ('xid'::regtype, 'xid8'::regtype, 'cid'::regtype, 'tid'::regtype, 'pg_lsn'::regtype)
+ORDER BY 1, 2, 3
+"""
+
+
+def _counters_read_0(proxy: RunningProxy, admin_dsn: str) -> None:
+    with psycopg.connect(admin_dsn) as admin:
+        columns = [(schema, relation, column) for schema, relation, column in admin.execute(_COUNTER_COLUMNS).fetchall()
+                   if allowed_catalog_relation(schema, relation)]
+    assert ("pg_catalog", "pg_database", "datfrozenxid") in columns, columns
+    with proxy.connect() as conn:
+        for schema, relation, column in columns:
+            values = {row[0] for row in conn.execute(f"SELECT {column}::text FROM {schema}.{relation}").fetchall()}
+            assert values <= {"0"}, (relation, column, values)  # neutralised, or a relation answered empty
+
+
+def test_every_transaction_id_and_wal_position_of_an_allowlisted_catalog_reads_0_on_16(
+        proxy: RunningProxy, test_db: TestDatabase) -> None:
+    _counters_read_0(proxy, test_db.admin_dsn)
+
+
 # ------------------------------------------------------------------ attribute notation on a value
 
 # The functions ``(value).name`` may call that read more than their argument, each with what it
@@ -446,3 +475,8 @@ def newer_proxy(newer_pg_db: TestDatabase, tmp_path_factory: pytest.TempPathFact
 def test_every_function_attribute_notation_reaches_on_a_value_reads_no_state_on_17_and_18(
         newer_proxy: RunningProxy, newer_pg_db: TestDatabase) -> None:
     _attribute_notation_holds(newer_proxy, newer_pg_db.admin_dsn)
+
+
+def test_every_transaction_id_and_wal_position_of_an_allowlisted_catalog_reads_0_on_17_and_18(
+        newer_proxy: RunningProxy, newer_pg_db: TestDatabase) -> None:
+    _counters_read_0(newer_proxy, newer_pg_db.admin_dsn)
