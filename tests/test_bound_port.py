@@ -136,3 +136,20 @@ def test_a_port_file_that_cannot_be_written_is_a_startup_error(tmp_path: Path):
     (tmp_path / "directory").mkdir()
     with pytest.raises(StartupError, match="cannot write the port file .*: is a directory"):
         PortFile(tmp_path / "directory").clear()
+
+
+def test_a_second_dpproxy_on_the_same_port_file_keeps_its_port_there_when_the_first_stops(tmp_path: Path):
+    path = tmp_path / "dpproxy.port"
+    first, second = PortFile(path), PortFile(path)
+    first.clear()
+    first.write(6001)
+    second.clear()  # a second dpproxy started with the same --port-file
+    second.write(6002)
+    first.remove()  # the first one stops: the file names the second's port, still accepting
+    assert path.read_text() == "6002\n"
+    second.remove()
+    assert not path.exists()
+    third = PortFile(path)
+    third.write(6003)
+    PortFile(path).remove()  # one that never wrote the file leaves it
+    assert path.read_text() == "6003\n"

@@ -375,6 +375,8 @@ def _fuzz(proxy: RunningProxy, cases: int, time_limit_s: float) -> None:
                 outcomes["indicator answer"] += 1
             if on_base.kind == "answer" and _CTE.search(case.sql):
                 outcomes["cte answer"] += 1
+            if on_base.kind == "answer" and _RESPELLED.search(case.sql):
+                outcomes["respelled duplicate answer"] += 1
             if on_base != on_neighbour or _broken(on_base) or _broken(on_neighbour):
                 failures.append(
                     f"case {index}: {case.sql}\n    params: {case.params!r}, binary: {case.binary}, TimeZone: {case.timezone}\n"
@@ -397,6 +399,7 @@ def _fuzz(proxy: RunningProxy, cases: int, time_limit_s: float) -> None:
     if ran >= 1000:
         assert outcomes["indicator answer"] >= ran // 200, f"too few answered indicator sums and shares: {outcomes}"
         assert outcomes["cte answer"] >= ran // 100, f"too few answered statements through a CTE: {outcomes}"
+        assert outcomes["respelled duplicate answer"] >= ran // 400, f"too few duplicates spelled apart: {outcomes}"
 
 
 # A conditional aggregate (rewriter/conditional.py): a FILTER, a CASE or a cast condition inside an aggregate.
@@ -405,6 +408,11 @@ _CONDITIONAL = re.compile(r"FILTER \(WHERE|\((?:DISTINCT )?CASE |ORDER BY CASE |
 # An indicator sum or share: SUM/AVG(CAST(p AS INT)), AVG(CASE WHEN p THEN 1 ELSE 0 END).
 _INDICATOR = re.compile(r"(?:SUM|AVG)\((?:CAST\(\(|\(.*\)::int|b::int|CAST\(b AS int4\))"
                         r"|AVG\(\(?CASE WHEN .* THEN 1(?:\.0)? (?:ELSE|WHEN NOT)")
+
+
+# A repeated metric spelled apart (neighbour_cases._respelled): one release, both columns equal.
+_RESPELLED = re.compile(r"(?:COUNT\(1\)|COUNT\(CASE WHEN .* THEN 1 END\)|\(CAST\(i[248] AS numeric\)\)[^,]*"
+                        r"|PERCENTILE_(?:CONT|DISC)\(\.\d+\)[^,]*) AS dup\b")
 
 
 # A statement that reads its table through a CTE (rewriter/ctes.py).

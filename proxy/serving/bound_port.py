@@ -68,11 +68,14 @@ class PortFile:
     ``clear`` (at startup) removes a file left by an earlier run, so that the file exists only
     while this dpproxy accepts connections on the port it names; ``write`` puts the port there
     atomically (a reader sees the whole line or no file); ``remove`` takes it away when
-    dpproxy stops accepting. A process killed with SIGKILL leaves its file behind.
+    dpproxy stops accepting, if it still names the port this one wrote: a second dpproxy given
+    the same path has replaced it with its own port (no two accept on one port), which must
+    outlive the first one's stop. A process killed with SIGKILL leaves its file behind.
     """
 
     def __init__(self, path: Path):
         self.path = path
+        self._line: str | None = None  # what write() put there
 
     def clear(self) -> None:
         """Remove a file left at the path. Raises StartupError if it cannot be removed or its
@@ -97,6 +100,7 @@ class PortFile:
             with os.fdopen(descriptor, "w", encoding="ascii") as out:
                 out.write(f"{port}\n")
             os.replace(temporary, self.path)
+            self._line = f"{port}\n"
         except OSError as exc:
             temporary.unlink(missing_ok=True)
             raise port_file_failure(self.path, exc) from exc
@@ -113,10 +117,12 @@ class PortFile:
         return int(number)
 
     def remove(self) -> None:
-        """Remove the file, if it is there."""
+        """Remove the file, if it is there and names the port :meth:`write` wrote (not another
+        dpproxy's, written to the same path since)."""
         try:
-            self.path.unlink(missing_ok=True)
-        except OSError:
+            if self._line is not None and self.path.read_text(encoding="ascii") == self._line:
+                self.path.unlink()
+        except (OSError, UnicodeDecodeError):
             pass  # stopping: the file's directory went away or became read-only; nothing to tell
 
 
