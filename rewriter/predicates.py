@@ -20,7 +20,8 @@ rows. PostgreSQL folds constant expressions while planning, so an error there is
 on every table; what it evaluates per row (or against the column statistics while
 planning) must be unable to fail. Hence refused, from the text alone:
 
-* a LIKE/ILIKE pattern PostgreSQL would reject (:mod:`rewriter.like_patterns`), an
+* a LIKE/ILIKE pattern PostgreSQL would reject, or one whose matching one long value would
+  make measurably slow (a part of over 64 characters after a ``%``; :mod:`rewriter.like_patterns`), an
   ``ESCAPE`` clause, LIKE/ILIKE on a column with a nondeterministic collation
   (PostgreSQL ≤ 17 raises "nondeterministic collations are not supported" per row), and
   LIKE/ILIKE on a column that is not text, varchar or char (on ``bytea`` the pattern is
@@ -72,7 +73,7 @@ from policies.tables import ColumnInfo, quote_identifier
 
 from .constants import HINT as FOLD_HINT
 from .constants import Fold, Folding, NotFoldable, fold_type, qualified_constant
-from .like_patterns import INVALID_PATTERN_HINT, invalid_pattern_reason
+from .like_patterns import COSTLY_PATTERN_HINT, INVALID_PATTERN_HINT, costly_pattern_reason, invalid_pattern_reason
 from .scope import Scope
 from .sql_text import literal, operator, short_text
 from .types import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
@@ -329,6 +330,9 @@ class _Renderer:
             reason = invalid_pattern_reason(pattern.this)
             if reason is not None:
                 raise self.refuse(f"{reason}; such a pattern is refused on protected table", INVALID_PATTERN_HINT)
+            reason = costly_pattern_reason(pattern.this)
+            if reason is not None:
+                raise self.refuse(f"{reason} is refused on protected table", COSTLY_PATTERN_HINT)
             pattern_sql = literal(pattern.this)
         else:
             raise self.refuse("LIKE/ILIKE takes a literal pattern or a parameter on protected table")

@@ -19,7 +19,7 @@ from proxy.backend.connection import BackendSession, BoundParams
 from proxy.wire.encodings import ClientEncoding
 from rewriter.constants import Folding, fold_query, folded_comparison
 from rewriter.dp_query import AggregateQuery
-from rewriter.like_patterns import INVALID_PATTERN_HINT, invalid_pattern_reason
+from rewriter.like_patterns import COSTLY_PATTERN_HINT, INVALID_PATTERN_HINT, costly_pattern_reason, invalid_pattern_reason
 from rewriter.rewrite import backend_sql
 
 __all__ = ["bind_constants"]
@@ -78,7 +78,8 @@ def _comparisons(folding: Folding, values: list[bytes | None], encoding: ClientE
 
 
 def _check_pattern(plan: AggregateQuery, params: BoundParams, number: int, encoding: ClientEncoding) -> None:
-    """Refuse the value bound to $``number`` as a LIKE pattern if PostgreSQL could reject it per row."""
+    """Refuse the value bound to $``number`` as a LIKE pattern if PostgreSQL could reject it per row, or if
+    its matching could take measurably longer on one long value (``costly_pattern_reason``)."""
     if number > len(params.values):
         return  # the backend refuses the statement for the missing parameter before it reads a row
     table = plan.table.display_name
@@ -112,5 +113,13 @@ def _check_pattern(plan: AggregateQuery, params: BoundParams, number: int, encod
             SQLSTATE.DP_QUERY_SHAPE,
             f"{reason}; such a pattern is refused on protected table {table} (rule: safe-predicate)",
             INVALID_PATTERN_HINT,
+            "safe-predicate",
+        )
+    reason = costly_pattern_reason(pattern)
+    if reason is not None:
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"{reason} is refused on protected table {table} (rule: safe-predicate)",
+            COSTLY_PATTERN_HINT,
             "safe-predicate",
         )
