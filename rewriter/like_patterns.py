@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["COSTLY_PATTERN_HINT", "ESCAPE", "INVALID_PATTERN_HINT", "MAX_PART_AFTER_PERCENT",
-           "costly_pattern_reason", "invalid_pattern_reason"]
+           "costly_pattern_reason", "invalid_pattern_reason", "pattern_refusal"]
 
 ESCAPE = "\\"
 MAX_PART_AFTER_PERCENT = 64
@@ -81,3 +81,14 @@ def costly_pattern_reason(pattern: str) -> str | None:
     length = (len(pattern) if end < 0 else end) - found.start() - 1
     return (f"a LIKE/ILIKE pattern with {length} characters after a % (at most {MAX_PART_AFTER_PERCENT} "
             "up to the next % or its end)")
+
+
+def pattern_refusal(pattern: str) -> tuple[str, str] | None:
+    """Why ``pattern`` is refused, and the hint to give, or None: PostgreSQL could reject it
+    (:func:`invalid_pattern_reason`) or its matching could be slow on one long value
+    (:func:`costly_pattern_reason`). The rule for a literal and for a bound parameter alike."""
+    reason = invalid_pattern_reason(pattern)
+    if reason is not None:
+        return reason, INVALID_PATTERN_HINT
+    reason = costly_pattern_reason(pattern)
+    return None if reason is None else (reason, COSTLY_PATTERN_HINT)

@@ -73,7 +73,7 @@ from policies.tables import ColumnInfo, quote_identifier
 
 from .constants import HINT as FOLD_HINT
 from .constants import Fold, Folding, NotFoldable, fold_type, qualified_constant
-from .like_patterns import COSTLY_PATTERN_HINT, INVALID_PATTERN_HINT, costly_pattern_reason, invalid_pattern_reason
+from .like_patterns import pattern_refusal
 from .scope import Scope
 from .sql_text import literal, operator, short_text
 from .types import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
@@ -327,12 +327,9 @@ class _Renderer:
             self.like_parameters.append(int(parameter[1:]))
             pattern_sql = f"CAST({parameter} AS pg_catalog.text)"
         elif isinstance(pattern, exp.Literal) and pattern.is_string:
-            reason = invalid_pattern_reason(pattern.this)
-            if reason is not None:
-                raise self.refuse(f"{reason}; such a pattern is refused on protected table", INVALID_PATTERN_HINT)
-            reason = costly_pattern_reason(pattern.this)
-            if reason is not None:
-                raise self.refuse(f"{reason} is refused on protected table", COSTLY_PATTERN_HINT)
+            refused = pattern_refusal(pattern.this)
+            if refused is not None:
+                raise self.refuse(f"{refused[0]}; such a pattern is refused on protected table", refused[1])
             pattern_sql = literal(pattern.this)
         else:
             raise self.refuse("LIKE/ILIKE takes a literal pattern or a parameter on protected table")

@@ -19,7 +19,7 @@ from proxy.backend.connection import BackendSession, BoundParams
 from proxy.wire.encodings import ClientEncoding
 from rewriter.constants import Folding, fold_query, folded_comparison
 from rewriter.dp_query import AggregateQuery
-from rewriter.like_patterns import COSTLY_PATTERN_HINT, INVALID_PATTERN_HINT, costly_pattern_reason, invalid_pattern_reason
+from rewriter.like_patterns import pattern_refusal
 from rewriter.rewrite import backend_sql
 
 __all__ = ["bind_constants"]
@@ -79,7 +79,7 @@ def _comparisons(folding: Folding, values: list[bytes | None], encoding: ClientE
 
 def _check_pattern(plan: AggregateQuery, params: BoundParams, number: int, encoding: ClientEncoding) -> None:
     """Refuse the value bound to $``number`` as a LIKE pattern if PostgreSQL could reject it per row, or if
-    its matching could take measurably longer on one long value (``costly_pattern_reason``)."""
+    its matching could take measurably longer on one long value (``pattern_refusal``)."""
     if number > len(params.values):
         return  # the backend refuses the statement for the missing parameter before it reads a row
     table = plan.table.display_name
@@ -107,19 +107,11 @@ def _check_pattern(plan: AggregateQuery, params: BoundParams, number: int, encod
             f"Send the pattern as {encoding.name} text, the session's client_encoding.",
             "safe-predicate",
         ) from None
-    reason = invalid_pattern_reason(pattern)
-    if reason is not None:
+    refused = pattern_refusal(pattern)
+    if refused is not None:
         raise Refusal(
             SQLSTATE.DP_QUERY_SHAPE,
-            f"{reason}; such a pattern is refused on protected table {table} (rule: safe-predicate)",
-            INVALID_PATTERN_HINT,
-            "safe-predicate",
-        )
-    reason = costly_pattern_reason(pattern)
-    if reason is not None:
-        raise Refusal(
-            SQLSTATE.DP_QUERY_SHAPE,
-            f"{reason} is refused on protected table {table} (rule: safe-predicate)",
-            COSTLY_PATTERN_HINT,
+            f"{refused[0]}; such a pattern is refused on protected table {table} (rule: safe-predicate)",
+            refused[1],
             "safe-predicate",
         )
