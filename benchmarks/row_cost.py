@@ -44,7 +44,7 @@ from policies.errors import Refusal
 from policies.loader import load_policy
 from proxy.backend.connection import build_registry, connect
 from rewriter.classify import DPQuery, classify
-from rewriter.like_patterns import MAX_PART_AFTER_PERCENT
+from rewriter.like_patterns import MAX_CASE_FOLDED_PATTERNS, MAX_PART_AFTER_PERCENT
 from rewriter.rewrite import backend_sql, partition_seed
 from rewriter.statements import split_statements
 
@@ -91,6 +91,12 @@ CONSTRUCTS: tuple[Construct, ...] = (
     Construct("COUNT(*) WHERE t LIKE '%a…ab' (64 a, the limit), 100 kB of a", "SELECT COUNT(*) FROM {table} WHERE t LIKE '%" + _A_PART + "b'", {"t": "repeat('a', 100000)"}),
     Construct("COUNT(*) WHERE t ILIKE '%a…ab' (64 a, the limit), 3 MB of a", "SELECT COUNT(*) FROM {table} WHERE t ILIKE '%" + _A_PART + "b'", {"t": _A_TEXT}),
     Construct("COUNT(*) WHERE t ILIKE '%a…ab' (2,000 a), 3 MB of a", "SELECT COUNT(*) FROM {table} WHERE t ILIKE '%" + _A_RUN + "b'", {"t": _A_TEXT}),
+    Construct("COUNT(*) WHERE id = 0 AND t ILIKE 'x…x%' (500,000 x, lowered per row), ordinary row",
+              "SELECT COUNT(*) FROM {table} WHERE id = 0 AND t ILIKE '" + "x" * 500_000 + "%'"),
+    Construct("COUNT(*) WHERE id = 0 AND t ILIKE 'x…x%' (4,095 x, the limit), ordinary row",
+              "SELECT COUNT(*) FROM {table} WHERE id = 0 AND t ILIKE '" + "x" * (MAX_CASE_FOLDED_PATTERNS - 1) + "%'"),
+    Construct("COUNT(*) WHERE id = 0 AND (t ILIKE 'x…x0%' OR … 256 ×) (2,000 x), ordinary row",
+              "SELECT COUNT(*) FROM {table} WHERE id = 0 AND " + _or_chain("t ILIKE '" + "x" * 2000 + "{i}%'", 256)),
     Construct("COUNT(*) WHERE lower(t) = 'x', 3 MB random text", "SELECT COUNT(*) FROM {table} WHERE lower(t) = 'x'", {"t": _RANDOM_TEXT}),
     Construct("COUNT(*) WHERE t > 'm', 3 MB random text", "SELECT COUNT(*) FROM {table} WHERE t > 'm'", {"t": _RANDOM_TEXT}),
     Construct("COUNT(*) WHERE t = 'x', 3 MB random text", "SELECT COUNT(*) FROM {table} WHERE t = 'x'", {"t": _RANDOM_TEXT}),
