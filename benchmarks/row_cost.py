@@ -114,6 +114,8 @@ CONSTRUCTS: tuple[Construct, ...] = (
               "SELECT COUNT(*) FROM {table} WHERE id = 0 AND age IN (" + ", ".join(str(1000 + i) for i in range(1_000)) + ")"),
     Construct("COUNT(*) WHERE id = 0 AND age IN (10,000 numbers), ordinary row",
               "SELECT COUNT(*) FROM {table} WHERE id = 0 AND age IN (" + ", ".join(str(1000 + i) for i in range(10_000)) + ")"),
+    Construct("COUNT(*) WHERE age IN (60,000 numbers), ordinary row (every row evaluates it: its base ms / rows is the cost a row)",
+              "SELECT COUNT(*) FROM {table} WHERE age IN (" + ", ".join(str(1000 + i) for i in range(60_000)) + ")"),
     Construct("COUNT(*) WHERE id = 0 AND age IN (60,000 numbers), ordinary row",
               "SELECT COUNT(*) FROM {table} WHERE id = 0 AND age IN (" + ", ".join(str(1000 + i) for i in range(60_000)) + ")"),
     Construct("COUNT(*) WHERE id = 0 AND (t > 'z0' OR … 256 ×), 3 MB random text",
