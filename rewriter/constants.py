@@ -129,6 +129,10 @@ class Folding:
     # The templates of the plan's aggregates' FILTERs (rewriter.conditional), one per aggregate
     # (None for one without); their tokens are numbered with the WHERE's.
     filters: tuple[str | None, ...] = ()
+    # Of like_parameters, those of an ILIKE (once each per use), and the characters of the
+    # statement's literal ILIKE patterns: their sum is limited (like_patterns.case_folded_refusal).
+    ilike_parameters: tuple[int, ...] = ()
+    ilike_characters: int = 0
 
     @property
     def inline(self) -> str:

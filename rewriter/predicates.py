@@ -20,7 +20,9 @@ rows. PostgreSQL folds constant expressions while planning, so an error there is
 on every table; what it evaluates per row (or against the column statistics while
 planning) must be unable to fail. Hence refused, from the text alone:
 
-* a LIKE/ILIKE pattern PostgreSQL would reject (:mod:`rewriter.like_patterns`), an
+* a LIKE/ILIKE pattern PostgreSQL would reject, or one whose matching one long value would
+  make measurably slow (a part of over 64 characters after a ``%``; ILIKE patterns of over 4,096
+  characters in all, which PostgreSQL lowers for every row; :mod:`rewriter.like_patterns`), an
   ``ESCAPE`` clause, LIKE/ILIKE on a column with a nondeterministic collation
   (PostgreSQL ≤ 17 raises "nondeterministic collations are not supported" per row), and
   LIKE/ILIKE on a column that is not text, varchar or char (on ``bytea`` the pattern is
@@ -72,7 +74,7 @@ from policies.tables import ColumnInfo, quote_identifier
 
 from .constants import HINT as FOLD_HINT
 from .constants import Fold, Folding, NotFoldable, fold_type, qualified_constant
-from .like_patterns import INVALID_PATTERN_HINT, invalid_pattern_reason
+from .like_patterns import case_folded_refusal, pattern_refusal
 from .scope import Scope
 from .sql_text import literal, operator, short_text
 from .types import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
@@ -168,9 +170,11 @@ class PredicateRenderer:
 
     def folding(self, where: str | None, filters: tuple[str | None, ...] = ()) -> Folding | None:
         """What execution must fold in the templates ``where`` and ``filters`` (None: nothing)."""
-        if not self._renderer.folds and not self._renderer.like_parameters:
+        renderer = self._renderer
+        if not renderer.folds and not renderer.like_parameters:
             return None
-        return Folding(where, tuple(self._renderer.folds), tuple(self._renderer.like_parameters), filters)
+        return Folding(where, tuple(renderer.folds), tuple(renderer.like_parameters), filters,
+                       tuple(renderer.ilike_parameters), renderer.ilike_characters)
 
 
 class _Operand:
@@ -196,6 +200,8 @@ class _Renderer:
         self.scope = scope
         self.folds: list[Fold] = []
         self.like_parameters: list[int] = []
+        self.ilike_parameters: list[int] = []
+        self.ilike_characters = 0  # of the literal ILIKE patterns rendered so far
 
     def refuse(self, message: str, hint: str | None = None) -> Refusal:
         """A safe-predicate refusal; ``hint`` replaces the standard one when the reason needs saying."""
@@ -324,11 +330,16 @@ class _Renderer:
         if parameter is not None and _PARAMETER.fullmatch(parameter):
             # Its value is checked like a literal's when it is bound (proxy.dp.folding).
             self.like_parameters.append(int(parameter[1:]))
+            if symbol == "~~*":
+                self.ilike_parameters.append(int(parameter[1:]))
             pattern_sql = f"CAST({parameter} AS pg_catalog.text)"
         elif isinstance(pattern, exp.Literal) and pattern.is_string:
-            reason = invalid_pattern_reason(pattern.this)
-            if reason is not None:
-                raise self.refuse(f"{reason}; such a pattern is refused on protected table", INVALID_PATTERN_HINT)
+            refused = pattern_refusal(pattern.this)
+            if symbol == "~~*":
+                self.ilike_characters += len(pattern.this)
+                refused = refused or case_folded_refusal(self.ilike_characters)
+            if refused is not None:
+                raise self.refuse(f"{refused[0]}; such a pattern is refused on protected table", refused[1])
             pattern_sql = literal(pattern.this)
         else:
             raise self.refuse("LIKE/ILIKE takes a literal pattern or a parameter on protected table")

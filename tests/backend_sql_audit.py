@@ -96,7 +96,7 @@ TOTAL: dict[str, str] = {
                  "timestamptz (all of them hold those years, in every time zone)",
     "like": "LIKE/ILIKE on a text column with a deterministic collation and a pattern dpproxy validated "
             "(ILIKE lowers the value first: of at most 64 MiB)"
-            "(no trailing escape; a parameter is checked at Bind) matches or not, it cannot raise",
+            "(no trailing escape, at most 64 characters after each %; a parameter is checked at Bind) matches or not, it cannot raise",
     "case-fold": "lower()/upper() of text, varchar or char of at most 64 MiB returns text of the same characters' "
                  "cases, at most three times as long (longer, they ask for more than 1 GB: four bytes a character "
                  "where LC_CTYPE is not C)",
@@ -194,6 +194,7 @@ _DATE_UNITS = {"year", "quarter", "month", "week", "day", "hour", "minute", "sec
 _AGGREGATES = {"count", "sum", "min", "max", "string_agg"}
 _COMPARISONS = {"=", "<>", "<", "<=", ">", ">="}
 _LIKES = {"~~", "~~*", "!~~", "!~~*"}
+_LIKE_PART = 64  # the matcher compares that part at every position of a value: its time on one long value
 _YEAR = re.compile(r"^\s*(\d{1,7})-")
 
 
@@ -705,7 +706,23 @@ def _like(node: ast.A_Expr, left: _Value, right: _Value, context: _Context) -> _
     trailing = len(pattern.val.sval) - len(pattern.val.sval.rstrip("\\"))
     if trailing % 2:
         return _finding(node, context, "LIKE pattern ending in an escape, which PostgreSQL rejects on a row it reaches")
+    if _longest_part_after_percent(pattern.val.sval) > _LIKE_PART:
+        return _finding(node, context, "LIKE pattern with a long part after a %, compared at every position of a value")
     return _Value(_BOOL)  # "like"
+
+
+def _longest_part_after_percent(pattern: str) -> int:
+    """The most characters a pattern holds after a wildcard %, up to the next one or its end, read
+    as PostgreSQL's matcher reads it (an escape character and the one after it are one character)."""
+    longest, run, after, escaped = 0, 0, False, False
+    for char in pattern:
+        if escaped or char not in "%\\":
+            run, escaped = run + 1, False
+        elif char == "\\":
+            escaped = True
+        else:
+            longest, run, after = max(longest, run) if after else longest, 0, True
+    return max(longest, run) if after else longest
 
 
 def _float_product(node: ast.A_Expr, left: _Value, right: _Value, context: _Context) -> _Value:

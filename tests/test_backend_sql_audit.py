@@ -224,6 +224,8 @@ def _findings(where: str, select: str = "pg_catalog.count(*)") -> list[Finding]:
 @pytest.mark.parametrize("where", [
     "t OPERATOR(pg_catalog.~~) E'a\\\\'",  # a pattern ending in an escape
     "ci OPERATOR(pg_catalog.~~) 'a%'",  # LIKE on a nondeterministic collation
+    "t OPERATOR(pg_catalog.~~) '%" + "a" * 65 + "'",  # a part the matcher compares at every position
+    "t OPERATOR(pg_catalog.!~~) E'x%" + "\\\\%" * 65 + "'",  # escaped %s are no wildcards
     "pg_catalog.lower(nr) OPERATOR(pg_catalog.<) CAST('1.5' AS pg_catalog.float8)",  # a range's bound
     "pg_catalog.upper(t) OPERATOR(pg_catalog.=) 'A'",  # more than 1 GB asked for a 256 MB value
     "t OPERATOR(pg_catalog.~~*) 'a%'",  # ILIKE lowers the value first

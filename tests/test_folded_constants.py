@@ -233,6 +233,50 @@ def test_a_bound_like_pattern_ending_in_the_escape_is_refused_before_the_charge(
         assert spent_epsilon(conn) == before
 
 
+@pytest.mark.parametrize("pattern", ["%" + "a" * 65, "%v%" + "_" * 65 + "%", "%" + "\\%" * 65])
+def test_a_bound_like_pattern_with_a_long_part_after_a_percent_is_refused_before_the_charge(
+    fold_proxy: RunningProxy, pattern: str
+) -> None:
+    """Checked as a literal pattern is (rewriter.like_patterns.costly_pattern_reason), when it is
+    bound: the matcher's time on one long value grows with that part."""
+    with psycopg.connect(fold_proxy.dsn(), autocommit=True) as conn:
+        before = spent_epsilon(conn)
+        for table in _TABLES:
+            for where in ("name LIKE %s", "name NOT ILIKE %s AND duration > 3"):
+                with pytest.raises(psycopg.Error) as refused:
+                    _count(conn, where, (pattern,), table=table)
+                assert refused.value.sqlstate == "DP001"
+                assert "after a %" in str(refused.value) and "at most 64" in (refused.value.diag.message_hint or "")
+        assert spent_epsilon(conn) == before
+        _count(conn, "name LIKE %s", (pattern[:65],))
+
+
+@pytest.mark.parametrize("where, params, refused", [
+    ("name ILIKE %s", ("v" * 4096,), False),
+    ("name ILIKE %s", ("v" * 4097,), True),
+    ("name ILIKE %s OR name ILIKE %s", ("v" * 2048, "v" * 2049), True),
+    ("name ILIKE %s OR name NOT ILIKE '" + "v" * 3000 + "'", ("v" * 1097,), True),  # literal and parameter
+    ("name LIKE %s", ("v" * 20_000,), False),  # LIKE lowers nothing
+])
+def test_bound_ilike_patterns_count_toward_the_statements_limit(
+    fold_proxy: RunningProxy, where: str, params: tuple[str, ...], refused: bool
+) -> None:
+    """Bound ILIKE patterns are lowered for each row as literal ones are: their characters are added to
+    the literal patterns' when they are bound, and refused over the limit before the charge."""
+    with psycopg.connect(fold_proxy.dsn(), autocommit=True) as conn:
+        before = spent_epsilon(conn)
+        for table in _TABLES:
+            if not refused:
+                _count(conn, where, params, table=table)
+                continue
+            with pytest.raises(psycopg.Error) as error:
+                _count(conn, where, params, table=table)
+            assert error.value.sqlstate == "DP001"
+            assert "lowers an ILIKE pattern" in (error.value.diag.message_hint or "")
+        if refused:
+            assert spent_epsilon(conn) == before
+
+
 def test_a_like_pattern_parameter_must_be_text(fold_proxy: RunningProxy) -> None:
     with psycopg.connect(fold_proxy.dsn(), autocommit=True) as conn:
         before = spent_epsilon(conn)

@@ -14,13 +14,18 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from conftest import TEST_POLICY, make_policy, refused_at_load
+from conftest import TEST_POLICY, make_policy, refused_at_load, spent_epsilon
 
 from policies.errors import Refusal
 from policies.model import ColumnPolicy, TablePolicy
 from policies.tables import ColumnInfo, Relation
 from rewriter.dp_query import plan_aggregate_query
-from rewriter.like_patterns import invalid_pattern_reason
+from rewriter.like_patterns import (
+    MAX_CASE_FOLDED_PATTERNS,
+    MAX_PART_AFTER_PERCENT,
+    costly_pattern_reason,
+    invalid_pattern_reason,
+)
 from rewriter.rewrite import backend_sql
 
 
@@ -57,6 +62,96 @@ def test_an_invalid_like_pattern_is_refused_whatever_the_rows(proxy, predicate: 
 
 def test_a_valid_like_pattern_with_escapes_is_answered(proxy) -> None:
     assert _outcome(proxy, "SELECT COUNT(*) FROM adult WHERE age <= 200 AND sex LIKE 'M\\a%\\\\' ") == "answer"
+
+
+_LONG = "a" * (MAX_PART_AFTER_PERCENT + 1)
+
+
+@pytest.mark.parametrize(
+    "pattern, refused",
+    [
+        ("%" + "a" * MAX_PART_AFTER_PERCENT, False),
+        ("%" + _LONG, True),
+        ("%" + "a" * MAX_PART_AFTER_PERCENT + "%" + "a" * MAX_PART_AFTER_PERCENT + "%", False),
+        ("%x%" + _LONG + "%", True),
+        ("%%" + _LONG, True),
+        ("%" + "_" * (MAX_PART_AFTER_PERCENT + 1), True),  # each _ is compared as a character is
+        (_LONG * 10 + "%", False),  # before the first %: compared once, at the value's start
+        (_LONG * 10, False),
+        ("%" + "\\%" * MAX_PART_AFTER_PERCENT, False),  # an escaped character is one character
+        ("%" + "\\%" * (MAX_PART_AFTER_PERCENT + 1), True),  # an escaped % is no wildcard
+        ("%" + "\\\\%" * 40, False),  # an escaped backslash, then a wildcard
+        ("%" + "\\\\\\%" * 40, True),  # an escaped backslash and an escaped %: 80 characters
+        ("%" + "é" * (MAX_PART_AFTER_PERCENT + 1), True),  # characters, not bytes
+    ],
+)
+def test_a_like_pattern_part_after_a_percent_is_limited(pattern: str, refused: bool) -> None:
+    """The matcher compares the part after a % at every position of a value: its length, counted as
+    PostgreSQL reads the pattern, is what one long value multiplies (benchmarks/row_cost.py)."""
+    assert (costly_pattern_reason(pattern) is not None) == refused
+
+
+@pytest.mark.parametrize(
+    "predicate",
+    [
+        f"sex LIKE '%{_LONG}'",
+        f"sex NOT LIKE '%{_LONG}%'",
+        f"sex ILIKE '%M%{_LONG}'",
+        f"lower(sex) LIKE '%{_LONG}'",
+    ],
+)
+@pytest.mark.parametrize(
+    "form",
+    [
+        "SELECT COUNT(*) FROM adult WHERE age <= {n} AND {p}",
+        "SELECT COUNT(*) FILTER (WHERE age <= {n} AND {p}) FROM adult",
+        "SELECT SUM(CASE WHEN age <= {n} AND {p} THEN 1 ELSE 0 END) FROM adult",
+        "SELECT AVG(hours_per_week) FROM adult WHERE age <= {n} AND {p}",
+    ],
+)
+def test_a_like_pattern_whose_matching_one_long_value_slows_is_refused_before_the_charge(
+    proxy, form: str, predicate: str
+) -> None:
+    """'%' and 2,000 characters took PostgreSQL 10 s on one 3 MB value (ILIKE 17 s), a millisecond
+    without that row: refused from the text, whatever the rows, with the rule and a hint, uncharged."""
+    with proxy.connect(connect_timeout=10) as conn:
+        before = spent_epsilon(conn)
+        for n in (0, 200):
+            with pytest.raises(psycopg.Error) as refused:
+                conn.execute(form.format(n=n, p=predicate)).fetchall()
+            assert refused.value.sqlstate == "DP001"
+            assert "rule: safe-predicate" in str(refused.value)
+            assert f"at most {MAX_PART_AFTER_PERCENT} characters" in (refused.value.diag.message_hint or "")
+        assert spent_epsilon(conn) == before
+        limit = "%" + "a" * MAX_PART_AFTER_PERCENT
+        conn.execute(form.format(n=200, p=predicate.replace("%" + _LONG, limit))).fetchall()
+
+
+@pytest.mark.parametrize(
+    "where, refused",
+    [
+        ("sex ILIKE '" + "M" * MAX_CASE_FOLDED_PATTERNS + "'", False),
+        ("sex ILIKE '" + "M" * MAX_CASE_FOLDED_PATTERNS + "%'", True),
+        ("sex NOT ILIKE '" + "M" * (MAX_CASE_FOLDED_PATTERNS // 2) + "' AND lower(sex) ILIKE '"
+         + "M" * (MAX_CASE_FOLDED_PATTERNS // 2 + 1) + "'", True),  # the statement's patterns together
+        ("sex LIKE '" + "M" * (4 * MAX_CASE_FOLDED_PATTERNS) + "%'", False),  # LIKE lowers nothing
+    ],
+)
+def test_ilike_patterns_are_limited_in_all_because_each_row_lowers_them(proxy, where: str, refused: bool) -> None:
+    """PostgreSQL lowers an ILIKE pattern for every row it compares: with 500,000 characters one row
+    reaching it (``id = 42 AND ...``) added 13.5 ms. Refused from the text, whatever the rows, uncharged."""
+    for sql in (f"SELECT COUNT(*) FROM adult WHERE age <= 0 AND {where}",
+                f"SELECT COUNT(*) FILTER (WHERE age <= 200 AND {where}) FROM adult"):
+        with proxy.connect(connect_timeout=10) as conn:
+            before = spent_epsilon(conn)
+            try:
+                conn.execute(sql).fetchall()
+                outcome = "answer"
+            except psycopg.Error as exc:
+                outcome = exc.sqlstate
+                assert "rule: safe-predicate" in str(exc) and "lowers an ILIKE pattern" in (exc.diag.message_hint or "")
+                assert spent_epsilon(conn) == before
+        assert outcome == ("DP001" if refused else "answer"), sql
 
 
 def test_the_like_pattern_rule_matches_postgresql(admin) -> None:

@@ -19,7 +19,7 @@ from proxy.backend.connection import BackendSession, BoundParams
 from proxy.wire.encodings import ClientEncoding
 from rewriter.constants import Folding, fold_query, folded_comparison
 from rewriter.dp_query import AggregateQuery
-from rewriter.like_patterns import INVALID_PATTERN_HINT, invalid_pattern_reason
+from rewriter.like_patterns import case_folded_refusal, pattern_refusal
 from rewriter.rewrite import backend_sql
 
 __all__ = ["bind_constants"]
@@ -43,8 +43,10 @@ async def bind_constants(
     if folding is None:
         return plan, params
     encoding = backend.client_encoding
-    for number in folding.like_parameters:
-        _check_pattern(plan, params, number, encoding)
+    lengths = {number: _check_pattern(plan, params, number, encoding) for number in folding.like_parameters}
+    refused = case_folded_refusal(folding.ilike_characters + sum(lengths[number] for number in folding.ilike_parameters))
+    if refused is not None:
+        raise _pattern_refused(refused, plan)
     if not folding.folds:
         return replace(plan, folding=None), params
     if params.values and 0 in params.types:
@@ -77,10 +79,12 @@ def _comparisons(folding: Folding, values: list[bytes | None], encoding: ClientE
     return comparisons
 
 
-def _check_pattern(plan: AggregateQuery, params: BoundParams, number: int, encoding: ClientEncoding) -> None:
-    """Refuse the value bound to $``number`` as a LIKE pattern if PostgreSQL could reject it per row."""
+def _check_pattern(plan: AggregateQuery, params: BoundParams, number: int, encoding: ClientEncoding) -> int:
+    """Refuse the value bound to $``number`` as a LIKE pattern if PostgreSQL could reject it per row, or if
+    its matching could take measurably longer on one long value (``pattern_refusal``); else its length
+    in characters (0 for NULL or a missing parameter)."""
     if number > len(params.values):
-        return  # the backend refuses the statement for the missing parameter before it reads a row
+        return 0  # the backend refuses the statement for the missing parameter before it reads a row
     table = plan.table.display_name
     if params.types[number - 1] not in _PATTERN_TYPES:
         raise Refusal(
@@ -92,7 +96,7 @@ def _check_pattern(plan: AggregateQuery, params: BoundParams, number: int, encod
         )
     value = params.values[number - 1]
     if value is None:
-        return
+        return 0
     try:
         # In the session's client_encoding, as PostgreSQL reads it: every encoding a session
         # may use has no ASCII byte inside a multibyte character, so every backslash seen here
@@ -106,11 +110,17 @@ def _check_pattern(plan: AggregateQuery, params: BoundParams, number: int, encod
             f"Send the pattern as {encoding.name} text, the session's client_encoding.",
             "safe-predicate",
         ) from None
-    reason = invalid_pattern_reason(pattern)
-    if reason is not None:
-        raise Refusal(
-            SQLSTATE.DP_QUERY_SHAPE,
-            f"{reason}; such a pattern is refused on protected table {table} (rule: safe-predicate)",
-            INVALID_PATTERN_HINT,
-            "safe-predicate",
-        )
+    refused = pattern_refusal(pattern)
+    if refused is not None:
+        raise _pattern_refused(refused, plan)
+    return len(pattern)
+
+
+def _pattern_refused(refused: tuple[str, str], plan: AggregateQuery) -> Refusal:
+    """The refusal of a pattern parameter for ``refused`` (reason, hint)."""
+    return Refusal(
+        SQLSTATE.DP_QUERY_SHAPE,
+        f"{refused[0]}; such a pattern is refused on protected table {plan.table.display_name} (rule: safe-predicate)",
+        refused[1],
+        "safe-predicate",
+    )

@@ -1,0 +1,335 @@
+"""What one row can add to a DP statement's backend time: the timing channel, construct by construct.
+
+Not a timed test: a measuring tool for docs/threat-model.md's Timing section. For each construct
+of :data:`CONSTRUCTS` (one line each: a DP statement the classifier accepts, and the values of
+the one row that makes it costliest) it plans the statement as dpproxy does, takes the backend
+SQL dpproxy would send (:func:`rewriter.rewrite.backend_sql`, one partition seed for both
+tables), and runs it on two tables that differ in that row only: ``rc_base`` (``--rows``
+ordinary rows) and ``rc_plus`` (the same rows and the adversarial one). The time is PostgreSQL's
+own ``Execution Time`` from ``EXPLAIN (ANALYZE, TIMING OFF, SUMMARY ON)``, never wall time
+through a client; base and neighbour alternate, ``--repeats`` times each after one warm-up run,
+and the report gives both medians, the difference (what the row buys) and the base's spread
+(its interquartile range, the run-to-run jitter a difference must clear).
+
+Run from the repository root::
+
+    python -m benchmarks.row_cost --out /tmp/row_cost.md   # ~3 minutes on an idle machine
+
+It starts Debian's PostgreSQL 15 (``tests/pg15.py``: ICU, for the nondeterministic collation's
+constructs) in a temporary directory and stops it at the end. ``--only NAME`` (repeatable) runs
+the constructs whose name contains NAME. A statement dpproxy refuses is reported as refused, with
+its rule: that is the answer for that construct. The figures of a run are in benchmarks/results.md
+("What one row adds to a DP statement's backend time"); a new construct is one more line of
+:data:`CONSTRUCTS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import yaml
+
+from policies.errors import Refusal
+from policies.loader import load_policy
+from proxy.backend.connection import build_registry, connect
+from rewriter.classify import DPQuery, classify
+from rewriter.like_patterns import MAX_CASE_FOLDED_PATTERNS, MAX_PART_AFTER_PERCENT
+from rewriter.rewrite import backend_sql, partition_seed
+from rewriter.statements import split_statements
+
+__all__ = ["CONSTRUCTS", "Construct", "Measured", "measure_constructs", "report"]
+
+BIG_TEXT_BYTES = 3_000_000  # a 3 MB value: TOASTed out of line, like a document or a log line
+LONG_PATTERN = 2_000  # characters of the costly LIKE patterns (a statement may hold 1 MiB)
+# The row an adversary controls, column by column, in SQL; a construct overrides some of them.
+ORDINARY_ROW = {
+    "id": "{id}", "age": "40", "t": "'ordinary text of a row'", "ci": "'ordinary'", "cat": "'a'",
+    "n": "50.5", "f": "50.5", "ts": "'2022-06-01 12:00+00'", "arr": "'{1,2,3}'", "j": "'{\"k\": 1}'",
+}
+# Incompressible text, so that it is stored out of line in ~2 kB chunks, uncompressed.
+_RANDOM_TEXT = f"(SELECT string_agg(md5(g::text || random()::text), '') FROM generate_series(1, {BIG_TEXT_BYTES // 32}) g)"
+_A_TEXT = f"repeat('a', {BIG_TEXT_BYTES})"  # what a '%aaa…b' pattern matches longest at every position
+_WIDE_NUMERIC = "('9' || repeat('9', 131071))::numeric"  # 131,072 digits before the point
+_FINE_NUMERIC = "('50.' || repeat('3', 16383))::numeric"  # 16,383 after it, inside the bounds
+_A_RUN = "a" * LONG_PATTERN
+_A_PART = "a" * (MAX_PART_AFTER_PERCENT - 1)  # and a b: the longest part accepted
+TIMEOUT_MS = 30_000  # a run cut off here is reported as this (the row adds at least that much)
+SLOW_MS = 1_000  # a construct slower than this on either table is run 3 times, not --repeats
+
+
+@dataclass(frozen=True)
+class Construct:
+    """One DP statement (``{table}`` for the table) and the adversarial row's values (SQL by column)."""
+
+    name: str
+    sql: str
+    row: dict[str, str] = field(default_factory=dict)
+
+
+def _or_chain(term: str, count: int) -> str:
+    return "(" + " OR ".join(term.format(i=i) for i in range(count)) + ")"
+
+
+CONSTRUCTS: tuple[Construct, ...] = (
+    Construct("COUNT(*), one ordinary row", "SELECT COUNT(*) FROM {table}"),
+    Construct("COUNT(*) WHERE t LIKE '%x%', 3 MB random text", "SELECT COUNT(*) FROM {table} WHERE t LIKE '%x%'", {"t": _RANDOM_TEXT}),
+    Construct("COUNT(*) WHERE t LIKE '%a…ab' (2,000 a), 3 MB of a", "SELECT COUNT(*) FROM {table} WHERE t LIKE '%" + _A_RUN + "b'", {"t": _A_TEXT}),
+    Construct("COUNT(*) WHERE t LIKE '%a%a…%b' (1,000 %a), 3 MB of a", "SELECT COUNT(*) FROM {table} WHERE t LIKE '" + "%a" * 1000 + "%b'", {"t": _A_TEXT}),
+    Construct("COUNT(*) WHERE t LIKE '_…_%b' (2,000 _), 3 MB of a", "SELECT COUNT(*) FROM {table} WHERE t LIKE '" + "_" * LONG_PATTERN + "%b'", {"t": _A_TEXT}),
+    Construct("COUNT(*) WHERE t LIKE '%a…ab' (64 a, the limit), 3 MB of a", "SELECT COUNT(*) FROM {table} WHERE t LIKE '%" + _A_PART + "b'", {"t": _A_TEXT}),
+    Construct("COUNT(*) WHERE t LIKE '%a…ab' (64 a, the limit), 100 kB of a", "SELECT COUNT(*) FROM {table} WHERE t LIKE '%" + _A_PART + "b'", {"t": "repeat('a', 100000)"}),
+    Construct("COUNT(*) WHERE t ILIKE '%a…ab' (64 a, the limit), 3 MB of a", "SELECT COUNT(*) FROM {table} WHERE t ILIKE '%" + _A_PART + "b'", {"t": _A_TEXT}),
+    Construct("COUNT(*) WHERE t ILIKE '%a…ab' (2,000 a), 3 MB of a", "SELECT COUNT(*) FROM {table} WHERE t ILIKE '%" + _A_RUN + "b'", {"t": _A_TEXT}),
+    Construct("COUNT(*) WHERE id = 0 AND t ILIKE 'x…x%' (500,000 x, lowered per row), ordinary row",
+              "SELECT COUNT(*) FROM {table} WHERE id = 0 AND t ILIKE '" + "x" * 500_000 + "%'"),
+    Construct("COUNT(*) WHERE id = 0 AND t ILIKE 'x…x%' (4,095 x, the limit), ordinary row",
+              "SELECT COUNT(*) FROM {table} WHERE id = 0 AND t ILIKE '" + "x" * (MAX_CASE_FOLDED_PATTERNS - 1) + "%'"),
+    Construct("COUNT(*) WHERE id = 0 AND (t ILIKE 'x…x0%' OR … 256 ×) (2,000 x), ordinary row",
+              "SELECT COUNT(*) FROM {table} WHERE id = 0 AND " + _or_chain("t ILIKE '" + "x" * 2000 + "{i}%'", 256)),
+    Construct("COUNT(*) WHERE id = 0 AND t > 'z…z' (500,000 z), ordinary row",
+              "SELECT COUNT(*) FROM {table} WHERE id = 0 AND t > '" + "z" * 500_000 + "'"),
+    Construct("COUNT(*) WHERE id = 0 AND (t > 'z…z0' OR … 256 ×) (2,000 z), ordinary row",
+              "SELECT COUNT(*) FROM {table} WHERE id = 0 AND " + _or_chain("t > '" + "z" * 2000 + "{i}'", 256)),
+    Construct("COUNT(*) WHERE lower(t) = 'x', 3 MB random text", "SELECT COUNT(*) FROM {table} WHERE lower(t) = 'x'", {"t": _RANDOM_TEXT}),
+    Construct("COUNT(*) WHERE t > 'm', 3 MB random text", "SELECT COUNT(*) FROM {table} WHERE t > 'm'", {"t": _RANDOM_TEXT}),
+    Construct("COUNT(*) WHERE t = 'x', 3 MB random text", "SELECT COUNT(*) FROM {table} WHERE t = 'x'", {"t": _RANDOM_TEXT}),
+    Construct("COUNT(*) WHERE ci = 'x' (nondeterministic ICU), 3 MB random text", "SELECT COUNT(*) FROM {table} WHERE ci = 'x'", {"ci": _RANDOM_TEXT}),
+    Construct("COUNT(*) WHERE ci > 'm' (nondeterministic ICU), 3 MB random text", "SELECT COUNT(*) FROM {table} WHERE ci > 'm'", {"ci": _RANDOM_TEXT}),
+    Construct("COUNT(DISTINCT t), 3 MB random text", "SELECT COUNT(DISTINCT t) FROM {table}", {"t": _RANDOM_TEXT}),
+    Construct("COUNT(DISTINCT ci) (nondeterministic ICU), 3 MB random text", "SELECT COUNT(DISTINCT ci) FROM {table}", {"ci": _RANDOM_TEXT}),
+    Construct("COUNT(*) FILTER (WHERE id = 0 AND (t LIKE '%x0%' OR … 256 ×)), 3 MB random text",
+              "SELECT COUNT(*) FILTER (WHERE id = 0 AND " + _or_chain("t LIKE '%x{i}%'", 256) + ") FROM {table}", {"t": _RANDOM_TEXT}),
+    Construct("COUNT(*) WHERE id = 0 AND age IN (1,000 numbers), ordinary row",
+              "SELECT COUNT(*) FROM {table} WHERE id = 0 AND age IN (" + ", ".join(str(1000 + i) for i in range(1_000)) + ")"),
+    Construct("COUNT(*) WHERE id = 0 AND age IN (10,000 numbers), ordinary row",
+              "SELECT COUNT(*) FROM {table} WHERE id = 0 AND age IN (" + ", ".join(str(1000 + i) for i in range(10_000)) + ")"),
+    Construct("COUNT(*) WHERE age IN (60,000 numbers), ordinary row (every row evaluates it: its base ms / rows is the cost a row)",
+              "SELECT COUNT(*) FROM {table} WHERE age IN (" + ", ".join(str(1000 + i) for i in range(60_000)) + ")"),
+    Construct("COUNT(*) WHERE id = 0 AND age IN (60,000 numbers), ordinary row",
+              "SELECT COUNT(*) FROM {table} WHERE id = 0 AND age IN (" + ", ".join(str(1000 + i) for i in range(60_000)) + ")"),
+    Construct("COUNT(*) WHERE id = 0 AND (t > 'z0' OR … 256 ×), 3 MB random text",
+              "SELECT COUNT(*) FROM {table} WHERE id = 0 AND " + _or_chain("t > 'z{i}'", 256), {"t": _RANDOM_TEXT}),
+    Construct("COUNT(*) WHERE id = 0 AND (t LIKE '%ordinary text of a row0' OR … 256 ×), ordinary row",
+              "SELECT COUNT(*) FROM {table} WHERE id = 0 AND " + _or_chain("t LIKE '%ordinary text of a row{i}'", 256)),
+    Construct("COUNT(*) WHERE id = 0 AND (t LIKE '%a…a0' OR … 256 ×), 1 kB of a",
+              "SELECT COUNT(*) FROM {table} WHERE id = 0 AND " + _or_chain("t LIKE '%" + _A_PART[:-3] + "{i:03d}'", 256),
+              {"t": "repeat('a', 1000)"}),
+    Construct("SUM(n), 131,072-digit numeric", "SELECT SUM(n) FROM {table}", {"n": _WIDE_NUMERIC}),
+    Construct("COUNT(*) WHERE n > 1, 131,072-digit numeric", "SELECT COUNT(*) FROM {table} WHERE n > 1", {"n": _WIDE_NUMERIC}),
+    Construct("COUNT(*) WHERE n = <the same 131,072 digits>, that numeric",
+              "SELECT COUNT(*) FROM {table} WHERE n = " + "9" * 131_072, {"n": _WIDE_NUMERIC}),
+    Construct("SUM(n), 16,383 fraction digits", "SELECT SUM(n) FROM {table}", {"n": _FINE_NUMERIC}),
+    Construct("GROUP BY width_bucket(n, 0, 100, 10), 16,383 fraction digits",
+              "SELECT width_bucket(n, 0, 100, 10) AS b, COUNT(*) FROM {table} GROUP BY 1", {"n": _FINE_NUMERIC}),
+    Construct("AVG(n) (noisy sum / count), 16,383 fraction digits", "SELECT AVG(n) FROM {table}", {"n": _FINE_NUMERIC}),
+    Construct("AVG(f) sample-and-aggregate, 1e308", "SELECT AVG(f) FROM {table}", {"f": "1e308"}),
+    Construct("MAX(n) sample-and-aggregate, 131,072-digit numeric", "SELECT MAX(n) FROM {table}", {"n": _WIDE_NUMERIC}),
+    Construct("percentile_cont(0.5) of n, 16,383 fraction digits",
+              "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY n) FROM {table}", {"n": _FINE_NUMERIC}),
+    Construct("VARIANCE(n), 16,383 fraction digits", "SELECT VARIANCE(n) FROM {table}", {"n": _FINE_NUMERIC}),
+    Construct("GROUP BY date_trunc('month', ts), 294276 AD", "SELECT date_trunc('month', ts) AS m, COUNT(*) FROM {table} GROUP BY 1",
+              {"ts": "'294276-12-31 23:59:59+00'"}),
+    Construct("GROUP BY cat (categories, other), 3 MB random text", "SELECT cat, COUNT(*) FROM {table} GROUP BY cat", {"cat": _RANDOM_TEXT}),
+    Construct("MODE() of cat, 3 MB random text", "SELECT MODE() WITHIN GROUP (ORDER BY cat) FROM {table}", {"cat": _RANDOM_TEXT}),
+    Construct("COUNT(*) WHERE arr IS NULL, 1M-element array", "SELECT COUNT(*) FROM {table} WHERE arr IS NULL",
+              {"arr": "(SELECT array_agg(g) FROM generate_series(1, 1000000) g)"}),
+    Construct("COUNT(j), 3 MB jsonb", "SELECT COUNT(j) FROM {table}",
+              {"j": "(SELECT jsonb_agg(md5(g::text)) FROM generate_series(1, 80000) g)"}),
+)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A construct's outcome: refused (with the refusal's text) or both tables' execution times in ms."""
+
+    construct: Construct
+    refused: str | None = None
+    base_ms: tuple[float, ...] = ()
+    plus_ms: tuple[float, ...] = ()
+
+    @property
+    def extra_ms(self) -> float:
+        return statistics.median(self.plus_ms) - statistics.median(self.base_ms)
+
+    @property
+    def jitter_ms(self) -> float:
+        """The base's interquartile range: how much one run differs from the next."""
+        if len(self.base_ms) < 4:
+            return max(self.base_ms) - min(self.base_ms)
+        quartiles = statistics.quantiles(self.base_ms, n=4)
+        return quartiles[2] - quartiles[0]
+
+
+_COLUMNS = """id integer PRIMARY KEY, age integer, t text, ci text COLLATE rc_ci, cat text, n numeric,
+    f double precision, ts timestamptz, arr integer[], j jsonb"""
+_BASE_ROWS = """SELECT g, 17 + g % 70, 'row ' || g || ' of an ordinary table', 'v' || g % 50, (ARRAY['a', 'b', 'c'])[1 + g % 3],
+    (g % 1000) / 10.0, (g % 997) / 10.0, '2021-01-01 00:00+00'::timestamptz + g * interval '1 hour',
+    ARRAY[g, g + 1], jsonb_build_object('k', g) FROM generate_series(1, {rows}) g"""
+
+
+def _policy(dsn: str, directory: Path) -> Path:
+    columns = {
+        "age": {"bounds": [0, 100]},
+        "n": {"bounds": [0, 100], "group_by": True},
+        "f": {"bounds": [0, 100], "avg": "sample_aggregate"},
+        "ts": {"bounds": ["2021-01-01", "2025-12-31"], "group_by": ["month"]},
+        "cat": {"categories": ["a", "b", "c"], "group_by": True, "other": "other"},
+    }
+    table = {"access": "protected", "epsilon": 1.0, "delta": 1e-6, "partitions": 256, "columns": columns}
+    policy = {
+        "backend": {"dsn": dsn},
+        "listen": {"host": "127.0.0.1", "port": 1},
+        "ledger": {"url": f"sqlite:///{directory / 'ledger.sqlite3'}"},
+        "users": {"analyst": {"password": "analyst", "budget": {"epsilon": 1000, "delta": 0.5}}},
+        "tables": {"public.rc_base": table, "public.rc_plus": table},
+    }
+    path = directory / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _load(dsn: str, rows: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE COLLATION IF NOT EXISTS rc_ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)")
+        for table in ("rc_base", "rc_plus"):
+            conn.execute(f"DROP TABLE IF EXISTS {table}")
+            conn.execute(f"CREATE TABLE {table} ({_COLUMNS})")
+            conn.execute(f"INSERT INTO {table} {_BASE_ROWS.format(rows=rows)}")
+
+
+def _set_row(dsn: str, construct: Construct, rows: int) -> None:
+    """``rc_plus`` = ``rc_base`` and the construct's row (id 0: below every base id)."""
+    values = {**ORDINARY_ROW, **construct.row}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM rc_plus WHERE id = 0")
+        conn.execute(f"INSERT INTO rc_plus ({', '.join(values)}) SELECT {', '.join(values.values())}".replace("{id}", "0"))
+        conn.execute("VACUUM ANALYZE rc_plus")
+
+
+async def _plans(policy_path: Path, constructs: Sequence[Construct]) -> list[tuple[str, str] | str]:
+    """Per construct: (base SQL, neighbour SQL) as dpproxy would send them, or the refusal's text."""
+    policy = load_policy(policy_path)
+    backend = await connect(policy)
+    out: list[tuple[str, str] | str] = []
+    try:
+        registry = await build_registry(backend, policy)
+        for construct in constructs:
+            seed = partition_seed()
+            texts = []
+            try:
+                for table in ("rc_base", "rc_plus"):
+                    statement = split_statements(construct.sql.format(table=table))[0]
+                    resolved = await backend.resolve(statement.references.relations)
+                    decision = classify(statement, resolved, registry)
+                    if not isinstance(decision, DPQuery):
+                        raise Refusal("XX000", "not a DP query", None, f"none: {type(decision).__name__}")
+                    texts.append(backend_sql(decision.plan, seed=seed))
+            except Refusal as refusal:
+                out.append(f"{refusal.sqlstate}, rule {refusal.rule}")
+                continue
+            out.append((texts[0], texts[1]))
+    finally:
+        await backend.close()
+    return out
+
+
+def _execution_ms(conn: psycopg.Connection[Any], sql: str) -> float:
+    """PostgreSQL's execution time of ``sql``, in ms; :data:`TIMEOUT_MS` when it takes longer."""
+    try:
+        row = conn.execute(f"EXPLAIN (ANALYZE, TIMING OFF, SUMMARY ON, FORMAT JSON) {sql}").fetchone()
+    except psycopg.errors.QueryCanceled:
+        return float(TIMEOUT_MS)
+    assert row is not None
+    plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
+    return float(plan[0]["Execution Time"])
+
+
+def measure_constructs(dsn: str, policy_path: Path, constructs: Sequence[Construct], rows: int,
+                       repeats: int) -> Iterator[Measured]:
+    """Each construct measured as the module docstring says, in the order given."""
+    plans = asyncio.run(_plans(policy_path, constructs))
+    for construct, plan in zip(constructs, plans):
+        if isinstance(plan, str):
+            yield Measured(construct, refused=plan)
+            continue
+        _set_row(dsn, construct, rows)
+        base: list[float] = []
+        plus: list[float] = []
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SET jit = off")  # as dpproxy's own backend sessions
+            conn.execute(f"SET statement_timeout = {TIMEOUT_MS}")
+            slow = max(_execution_ms(conn, sql) for sql in plan) > SLOW_MS  # warm-up: caches, the TOAST pages
+            for _ in range(min(repeats, 3) if slow else repeats):
+                base.append(_execution_ms(conn, plan[0]))
+                plus.append(_execution_ms(conn, plan[1]))
+        yield Measured(construct, base_ms=tuple(base), plus_ms=tuple(plus))
+
+
+def report(results: Sequence[Measured], rows: int, repeats: int, seconds: float) -> str:
+    """The Markdown table of ``results``."""
+    lines = [
+        f"Base table: {rows:,} rows; neighbour: the same and one adversarial row. PostgreSQL's execution time "
+        f"(EXPLAIN ANALYZE, TIMING OFF), median of {repeats} runs each, alternating, after one warm-up; jitter is the "
+        f"base's interquartile range. {seconds:.0f} s in all.",
+        "",
+        "| construct | base ms | neighbour ms | one row adds (ms) | jitter (ms) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for item in results:
+        if item.refused is not None:
+            lines.append(f"| {item.construct.name} | refused ({item.refused}) | | | |")
+            continue
+        lines.append(f"| {item.construct.name} | {statistics.median(item.base_ms):.2f} | "
+                     f"{statistics.median(item.plus_ms):.2f} | {item.extra_ms:+.2f} | {item.jitter_ms:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--rows", type=int, default=10_000)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--only", action="append", default=[], help="constructs whose name contains this")
+    parser.add_argument("--out", type=Path, help="also write the table here")
+    parser.add_argument("--dsn", help="a superuser DSN of a PostgreSQL with ICU (default: start Debian's 15)")
+    args = parser.parse_args(argv)
+    chosen = [c for c in CONSTRUCTS if not args.only or any(word in c.name for word in args.only)]
+    started = time.monotonic()
+
+    def run(dsn: str) -> list[Measured]:
+        _load(dsn, args.rows)
+        with tempfile.TemporaryDirectory(prefix="dpproxy-row-cost-") as directory:
+            policy_path = _policy(dsn, Path(directory))
+            results = []
+            for item in measure_constructs(dsn, policy_path, chosen, args.rows, args.repeats):
+                print(report([item], args.rows, args.repeats, 0).splitlines()[-1], flush=True)
+                results.append(item)
+            return results
+
+    if args.dsn:
+        results = run(args.dsn)
+    else:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from tests.pg15 import postgresql_15
+
+        with postgresql_15() as dsn:
+            results = run(dsn)
+    text = report(results, args.rows, args.repeats, time.monotonic() - started)
+    print(text)
+    if args.out:
+        args.out.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
