@@ -11,17 +11,19 @@ processes):
 2. prints line and branch coverage of ``rewriter/``, ``proxy/dp/``, ``mechanisms/`` and
    ``proxy/wire/`` for each set;
 3. lists, file by file, the branch arcs the reference set takes and the fuzzers do not, leaving
-   out arcs into a refusal (a block that ends in ``raise``): those are accepted paths, constructs
-   dpproxy answers or post-processes, that no neighbour check has compared.
+   out arcs into a refusal (a block that raises or returns a refusal, a hint's text): those are
+   accepted paths, constructs dpproxy answers or post-processes, that no neighbour check has
+   compared. Each is shown with a reference test that takes it.
 
-Not part of the test suite (coverage slows the fuzzers down, and a percentage is no test); run
-from the repository root with the test extras installed (coverage.py 7.10 or later):
+Not part of the test suite (coverage slows the fuzzers down, and a percentage is no test; the
+file is no ``test_*.py``, so pytest does not collect it). Run from the repository root with the
+test extras installed (coverage.py 7.10 or later); about 10 minutes on two cores:
 
-    python tools/neighbour_coverage.py [--out /tmp/neighbour-coverage] [--run both|fuzz|reference|none]
+    .venv/bin/python tests/tools/neighbour_coverage.py [--out /tmp/neighbour-coverage] [--run both|fuzz|reference|none]
         [--reference tests/test_attack_*.py ...] [--pytest-args "-m 'not clients'"]
 
-The refusal filter is a heuristic read from the source (see ``_refusal_lines``): an arc into a
-helper that builds a refusal and returns it to a ``raise`` elsewhere still counts as accepted.
+The refusal filter is a heuristic read from the source (``_refusal_lines``): an arc into a
+helper that builds a refusal under another name still counts as accepted.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from typing import Any
 from coverage import Coverage
 from coverage.python import PythonFileReporter
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 AREAS = ("rewriter/", "proxy/dp/", "mechanisms/", "proxy/wire/")
 FUZZ = ("tests/test_neighbour_fuzz*.py",)
 REFERENCE = ("tests/test_dp_*.py", "tests/test_histograms.py", "tests/test_query_shapes.py",
@@ -71,7 +73,7 @@ def run(name: str, patterns: Sequence[str], out: Path, pytest_args: Sequence[str
     command = [sys.executable, "-m", "coverage", "run", f"--rcfile={rcfile}", f"--data-file={data_file}",
                "-m", "pytest", *files, "-q", "-p", "no:cacheprovider", "-p", "neighbour_coverage", *pytest_args]
     print(f"$ {shlex.join(command)}", file=sys.stderr)
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tools"), os.environ.get("PYTHONPATH")]))}
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests" / "tools"), os.environ.get("PYTHONPATH")]))}
     # Failing tests still measure what they ran: report their outcome, go on.
     result = subprocess.run(command, cwd=ROOT, env=environment, stdout=sys.stderr, check=False)
     if result.returncode != 0:
@@ -164,22 +166,34 @@ def totals(measured: Measured, area: str) -> tuple[int, int, int, int]:
 
 
 def _refusal_lines(source: str) -> set[int]:
-    """Lines that start a statement on a refusal path: a ``raise``, and every statement of a
-    block (an if/else/except/with body, from that statement on) whose last statement raises.
+    """Lines that start a statement on a refusal path: a ``raise``; every statement of a block
+    (an if/else/except/with body) whose last statement raises or returns a refusal (a call or a
+    name that says ``refus``); and every line of a function that writes a hint (``*_hint``).
 
     An arc into one of these lines leads to an error, not to an answer."""
     refusing: set[int] = set()
     for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and node.name.endswith("_hint"):
+            refusing.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
         for name in ("body", "orelse", "finalbody", "handlers"):
             block = getattr(node, name, None)
             if not isinstance(block, list) or not block or not isinstance(block[0], ast.stmt | ast.excepthandler):
                 continue
             statements = [s for s in block if isinstance(s, ast.stmt)]
-            if statements and isinstance(statements[-1], ast.Raise):
+            if statements and _refuses(statements[-1]):
                 refusing.update(s.lineno for s in statements)
-        if isinstance(node, ast.Raise):
-            refusing.add(node.lineno)
     return refusing
+
+
+def _refuses(statement: ast.stmt) -> bool:
+    """A ``raise``, or a ``return`` of a refusal: ``Refusal(...)``, ``_refuse(...)``, ``refusal``."""
+    if isinstance(statement, ast.Raise):
+        return True
+    if not isinstance(statement, ast.Return) or statement.value is None:
+        return False
+    value = statement.value.func if isinstance(statement.value, ast.Call) else statement.value
+    name = value.id if isinstance(value, ast.Name) else value.attr if isinstance(value, ast.Attribute) else ""
+    return "refus" in name.lower()
 
 
 def _function_of(tree: ast.Module, line: int) -> str:
