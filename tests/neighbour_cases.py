@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
-__all__ = ["COLUMNS", "Case", "Column", "adversarial_rows", "generate_case", "policy_columns", "TABLE_DDL"]
+__all__ = ["COLUMNS", "PINNED", "Case", "Column", "adversarial_rows", "generate_case", "policy_columns", "TABLE_DDL"]
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,8 @@ _FOLDED_TIMES = (
 )
 _FOLDED_PARAMS = ("2000-02-29", "2000-13-45", "1", "-1", "abc", None)
 # A percentile's bound fraction: a double, a numeric, an unknown-typed text, integers; and refused ones.
-_FRACTION_PARAMS: tuple[object, ...] = (0.5, Decimal("0.25"), "0.9", 0, 1, 1.5, None, float("nan"), "abc")
+# (A str is bound as text, the others in binary: both readings, proxy/dp/percentile_params.py.)
+_FRACTION_PARAMS: tuple[object, ...] = (0.5, Decimal("0.25"), "0.9", 0, 1, 1.5, None, float("nan"), "abc", " 0.1 ", "-Infinity")
 
 
 def policy_columns() -> str:
@@ -172,11 +173,16 @@ class Case:
 _ALIASES = (" AS a", ' AS "Ünï cödé"', " x", ' AS "a""b"')
 
 
+def _unaliased(output: str) -> str:
+    """``output`` (an aggregate, maybe with one of :data:`_ALIASES` or named by :func:`_named`) without its name."""
+    for alias in (*_ALIASES, " AS a2"):
+        output = output.removesuffix(alias)
+    return output
+
+
 def _named(output: str, name: str = "a") -> str:
     """``output`` (an aggregate, maybe with one of :data:`_ALIASES`) named ``name``."""
-    for alias in _ALIASES:
-        output = output.removesuffix(alias)
-    return f"{output} AS {name}"
+    return f"{_unaliased(output)} AS {name}"
 
 
 _PARAM_VALUES: tuple[object, ...] = (
@@ -337,7 +343,10 @@ class _Builder:
         if rng.random() < 0.4:
             expression, fixed = self._plain_aggregate()
             return f"{expression} FILTER (WHERE {p})", fixed
-        return rng.choice(forms)
+        expression, fixed = rng.choice(forms)
+        if rng.random() < 0.15:  # a CASE form FILTERed as well: a share's two conditions (conditional.py)
+            expression += f" FILTER (WHERE {self.predicate(0)})"
+        return expression, fixed
 
     def _plain_aggregate(self) -> tuple[str, bool]:
         rng = self.rng
@@ -409,9 +418,9 @@ def _percentile(rng: random.Random, column: str, parameter: Callable[[], str] | 
     where ``parameter`` gives one, sometimes a bound parameter."""
     fraction = rng.choice(["0.5", "0.5", "0.1", "0.9", "0", "1", "0.25", "1.5", "-0.1", "NULL", "ARRAY[0.5]",
                            "ARRAY[0.25, 0.5, 0.75]", "'{0, 0.9, 1}'::float8[]", "ARRAY[0.5, NULL]",
-                           "ARRAY[]::float8[]",
+                           "ARRAY[]::float8[]", "CAST(0.5 AS double precision)", "(0.9)", "0.5::numeric",
                            "0.333333333333333333", "0.00000000000000000001"])  # b = 10^18, 10^20 in the scores
-    if parameter is not None and rng.random() < 0.25:
+    if parameter is not None and rng.random() < 0.35:
         fraction = parameter()
     order = rng.choice(["", "", " DESC", " ASC NULLS FIRST"])
     return f"PERCENTILE_{rng.choice(['CONT', 'DISC'])}({fraction}) WITHIN GROUP (ORDER BY {column}{order})"
@@ -435,6 +444,8 @@ _KEYS = ("t", "v", "i2", "date_trunc('month', d)", "date_trunc('week', d)", "dat
          "date_trunc('month', ts)", "width_bucket(f8, -1, 1, 5)", "width_bucket(n, 0, 100, 3)",
          "width_bucket(f4, 0, 1, 2)", "width_bucket(i8, -10, 10, 4)", "width_bucket(i4, 100, 0, 3)",
          "width_bucket(nm, -1000, 1000, 4)", "width_bucket(nm, 0.5, -0.5, 2)",
+         # bins of an integer column that opts in (group_keys.py: no NaN guard on an integer)
+         "width_bucket(i2, -5, 5, 2)", "width_bucket(i2, 5, -5, 3)",
          "CAST(date_trunc('month', d) AS date)", "CAST(t AS text)", "v::varchar",
          "EXTRACT(YEAR FROM ts)", "CAST(EXTRACT(YEAR FROM ts) AS integer)",
          # Grafana's $__timeGroup: epoch buckets of whole days (ts opts day in)
@@ -505,6 +516,8 @@ def _grouped_case(builder: _Builder) -> Case:
         if rng.random() < 0.2:  # a conditional metric per cell (rewriter/conditional.py)
             aggregates[-1] = (f"{aggregates[-1]} FILTER (WHERE {builder.predicate(rng.randint(0, 1))})"
                               if rng.random() < 0.5 else builder.conditional()[0])
+    if aggregates and rng.random() < 0.1:  # a metric asked twice per cell: one release (answer.py's notice says so)
+        aggregates.append(rng.choice(aggregates))
     positional = rng.random() < 0.4
     distinct = keys_only and rng.random() < 0.4
     if not distinct and rng.random() < 0.25:
@@ -704,9 +717,11 @@ def _statement(builder: _Builder) -> Case:
         read = rng.choice(["{table}", "{table}", "{table}", "{table} AS x", "(SELECT * FROM {table}) AS v"])
         if read != "{table}":
             inner = inner.replace("{table}.", "x." if "x" in read else "v.")
-        source, qualifier = f"(SELECT * FROM {read}{inner}) AS w", "w."
+        # the wrapper's columns maybe listed (in another order, or each renamed to itself): mapped one by one
+        listed = rng.choice(["*"] * 6 + [_LISTED, _RENAMED])
+        source, qualifier = f"(SELECT {listed} FROM {read}{inner}) AS w", "w."
         if rng.random() < 0.3:  # the same wrapper as a CTE read once (dbt, custom SQL)
-            with_, source = f"WITH w AS (SELECT * FROM {read}{inner}) ", "w"
+            with_, source = f"WITH w AS (SELECT {listed} FROM {read}{inner}) ", "w"
     if qualifier is not None:
         items = items.replace("{table}.", qualifier)
     sql = f"{with_}SELECT {items} FROM {source}"
@@ -720,7 +735,9 @@ def _statement(builder: _Builder) -> Case:
     if rng.random() < 0.1:
         sql += " HAVING COUNT(*) IS NOT NULL"
     if rng.random() < 0.1:
-        sql += " ORDER BY 1"
+        # by position, by a selected aggregate (released anyway), or by one not selected (refused)
+        first = _unaliased(outputs[0][0]).replace("{table}.", qualifier or "{table}.")
+        sql += rng.choice([" ORDER BY 1", " ORDER BY 1", f" ORDER BY {first} DESC", " ORDER BY COUNT(*)"])
     if rng.random() < 0.15:
         sql += " " + rng.choice(["LIMIT 0", "LIMIT 1", "LIMIT 5", "LIMIT ALL", "OFFSET 0", "OFFSET 1",
                                  "FETCH FIRST ROW ONLY", "LIMIT 1 OFFSET 0"])
@@ -745,9 +762,14 @@ def _statement(builder: _Builder) -> Case:
     return case
 
 
+_LISTED = ", ".join(c.name for c in reversed(COLUMNS))
+_RENAMED = ", ".join(f'{c.name} AS "{c.name}"' for c in COLUMNS)
+
+
 def _copy(case: Case, rng: random.Random) -> Case:
     """``case`` (without parameters) as COPY (query) TO STDOUT with one of :data:`COPY_OPTIONS`."""
-    return replace(case, sql=f"COPY ({case.sql}) TO STDOUT{rng.choice(list(COPY_OPTIONS))}", binary=False)
+    options = " (FORMAT binary)" if rng.random() < 0.15 else rng.choice(list(COPY_OPTIONS))
+    return replace(case, sql=f"COPY ({case.sql}) TO STDOUT{options}", binary=False)
 
 
 def _columns_only(builder: _Builder) -> Case:
@@ -760,3 +782,29 @@ def _columns_only(builder: _Builder) -> Case:
         sql += f" WHERE {builder.predicate(rng.randint(0, 1))}"
     sql += " " + rng.choice(["LIMIT 0", "LIMIT 0 OFFSET 5", "FETCH FIRST 0 ROWS ONLY", "LIMIT 0 -- probe"])
     return Case(sql, tuple(builder.params), rng.random() < 0.2)
+
+
+# Accepted forms that other tests answer and that a default run of the generator draws too
+# rarely to reach every time (tests/tools/neighbour_coverage.py lists them): each is run on every
+# neighbour of the "base" family, whatever the random stream draws.
+PINNED: tuple[Case, ...] = (
+    # v's "other" cell holds two of base's groups ('c', 'd'): their parts and grid counts add up
+    Case("SELECT v, PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY i4), COUNT(*) FROM {table} GROUP BY v", (), keys=1),
+    Case("SELECT v, SUM(i4), AVG(n), COUNT(i2) FROM {table} GROUP BY v", (), fixed_scale=(False, True, False, False), keys=1),
+    # a fraction bound as text, read as PostgreSQL reads it; and one it refuses
+    Case("SELECT PERCENTILE_DISC($1) WITHIN GROUP (ORDER BY nm) FROM {table}", (" 0.25 ",)),
+    Case("SELECT PERCENTILE_CONT($1) WITHIN GROUP (ORDER BY f8) FROM {table}", ("-Infinity",)),
+    # arrays of fractions in binary: a float8[] per cell, an integer column's rounded picks
+    Case("SELECT t, PERCENTILE_CONT(ARRAY[0.25, 0.5]) WITHIN GROUP (ORDER BY f8) FROM {table} GROUP BY t", (), True, keys=1),
+    Case("SELECT PERCENTILE_DISC(ARRAY[0.5, 0.9]) WITHIN GROUP (ORDER BY i4) FROM {table}", (), True),
+    Case("SELECT (PERCENTILE_CONT(ARRAY[0.5]) WITHIN GROUP (ORDER BY i4))[1] FROM {table}", ()),
+    Case("COPY (SELECT t, COUNT(*), AVG(f4) FROM {table} GROUP BY t) TO STDOUT (FORMAT binary)", ()),
+    Case(f"SELECT SUM(i4), MAX(n), MODE() WITHIN GROUP (ORDER BY t) FROM (SELECT {_RENAMED} FROM {{table}}) AS w WHERE i2 > 0", (),
+         fixed_scale=(True,)),
+    Case("SELECT width_bucket(i2, -5, 5, 2), COUNT(*), SUM(i2) FROM {table} GROUP BY 1", (), keys=1),
+    Case("SELECT COUNT(*), SUM(i4) FROM {table} ORDER BY SUM(i4) DESC", (), fixed_scale=(False, True)),
+    Case("SELECT COUNT(*) FROM {table} ORDER BY AVG(i4)", ()),
+    Case("SELECT AVG(CASE WHEN i4 > 10 THEN 1 ELSE 0 END) FILTER (WHERE t = 'Male') FROM {table}", ()),
+    # the same release twice per cell, and a variance with its AVG from the same moments
+    Case("SELECT t, VARIANCE(nm), AVG(nm), COUNT(*), COUNT(*) FROM {table} GROUP BY t", (), keys=1),
+)

@@ -59,22 +59,34 @@ _FAMILIES: dict[str, tuple[list[dict[str, str]], str, int]] = {
     "empty": ([], "row_hash", 3),
     "spread": ([_ORDINARY, {**_ORDINARY, "i4": "7", "f8": "-0.5", "n": "90"}, {"i4": "0", "f8": "0", "n": "0"},
                 {"i4": "100", "f8": "1", "n": "1e20", "i2": "5"}], "ctid_hash", 3),
+    # A primary key (a text column "id" ahead of the others): `auto` hashes the key alone
+    # (rewrite.py's hashed_columns), which no other family reaches.
+    "keyed": ([_ORDINARY, {**_ORDINARY, "i4": "7", "f8": "-0.5", "n": "90"}], "auto", 4),
 }
+# The keyed family's ids: its base rows', then each neighbour's added row's (empty, blank, a
+# base id with a trailing space or another case, unicode, a backslash, long), by neighbour.
+_BASE_IDS = ("r0", "r1")
+_ADDED_IDS = ("", " ", "r0 ", "R0", "Ω", "\\", "x" * 300, "r2", "ß", "r1\t")
 
 
 def _row(values: dict[str, str]) -> str:
     return "(" + ", ".join(f"({values[c.name]})::{c.sql_type}" if c.name in values else "NULL" for c in COLUMNS) + ")"
 
 
+def _keyed(row: str, key: str) -> str:
+    """``row`` (as :func:`_row` gives it) with the keyed family's ``id`` ahead."""
+    return "('" + key.replace("'", "''") + "', " + row[1:]
+
+
 def _tables() -> dict[str, list[str]]:
     """Each table's rows: a family's base (``sa_<family>``) and its neighbours, one per extreme."""
     tables = {}
     for family, (rows, _, _) in _FAMILIES.items():
-        tables[f"sa_{family}"] = [_row(row) for row in rows]
-        for k, extreme in enumerate(_EXTREMES.values()):
-            tables[f"sa_{family}_{k}"] = tables[f"sa_{family}"] + [_row(extreme)]
-        if rows:  # a copy of a base row: it shares that row's partition under row_hash
-            tables[f"sa_{family}_{len(_EXTREMES)}"] = tables[f"sa_{family}"] + [_row(rows[0])]
+        keyed = family == "keyed"
+        tables[f"sa_{family}"] = [_keyed(_row(row), key) if keyed else _row(row) for row, key in zip(rows, _BASE_IDS * len(rows))]
+        added = [*_EXTREMES.values(), *rows[:1]]  # and a copy of a base row: it shares that row's partition under row_hash
+        for k, extreme in enumerate(added[:len(_EXTREMES) + bool(rows)]):
+            tables[f"sa_{family}_{k}"] = tables[f"sa_{family}"] + [_keyed(_row(extreme), _ADDED_IDS[k]) if keyed else _row(extreme)]
     return tables
 
 
@@ -90,7 +102,8 @@ def partitions_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFac
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
         for name, rows in tables.items():
             conn.execute(f"DROP TABLE IF EXISTS {name}")
-            conn.execute(f"CREATE TABLE {name} ({TABLE_DDL}) WITH (autovacuum_enabled = off)")
+            key = "id text PRIMARY KEY, " if name.startswith("sa_keyed") else ""
+            conn.execute(f"CREATE TABLE {name} ({key}{TABLE_DDL}) WITH (autovacuum_enabled = off)")
             if rows:
                 conn.execute(f"INSERT INTO {name} VALUES {', '.join(rows)}")
             conn.execute(f"GRANT SELECT ON {name} TO dpproxy_service")
