@@ -807,4 +807,8 @@ PINNED: tuple[Case, ...] = (
     Case("SELECT AVG(CASE WHEN i4 > 10 THEN 1 ELSE 0 END) FILTER (WHERE t = 'Male') FROM {table}", ()),
     # the same release twice per cell, and a variance with its AVG from the same moments
     Case("SELECT t, VARIANCE(nm), AVG(nm), COUNT(*), COUNT(*) FROM {table} GROUP BY t", (), keys=1),
+    # date and timestamp keys in binary results of the extended protocol
+    Case("SELECT date_trunc('month', d), COUNT(*) FROM {table} GROUP BY 1", (), True, keys=1),
+    Case("SELECT CAST(date_trunc('month', d) AS date), date_trunc('quarter', ts), SUM(i2) FROM {table} GROUP BY 1, 2",
+         (), True, keys=2),
 )
