@@ -16,9 +16,15 @@ Run from the repository root::
     python -m benchmarks.row_cost --out /tmp/row_cost.md   # ~3 minutes on an idle machine
 
 It starts Debian's PostgreSQL 15 (``tests/pg15.py``: ICU, for the nondeterministic collation's
-constructs) in a temporary directory and stops it at the end. ``--only NAME`` (repeatable) runs
-the constructs whose name contains NAME. A statement dpproxy refuses is reported as refused, with
-its rule: that is the answer for that construct. The figures of a run are in benchmarks/results.md
+constructs) in a temporary directory and stops it at the end; ``--pg 16`` starts pgserver's (no
+ICU: the nondeterministic collation is then a plain one), ``--pg 17``/``18`` tests/pg_versions'
+builds. ``--only NAME`` (repeatable) runs the constructs whose name contains NAME. A statement
+dpproxy refuses is reported as refused, with its rule: that is the answer for that construct;
+``--quantum MS`` plans the statements as for a table with ``answer_quantum_ms``, which lifts the
+limit on a statement's values and comparisons (rewriter/predicate_terms.py; the backend SQL is the
+same), to measure past it. The ``list:`` constructs measure IN lists and comparison chains by
+length: "every row" ones over the whole table (their base time over ``--rows`` is what a row
+reaching the list costs, warm), "one row" ones behind ``id = 0`` (what the first row reaching it adds). The figures of a run are in benchmarks/results.md
 ("What one row adds to a DP statement's backend time"); a new construct is one more line of
 :data:`CONSTRUCTS`.
 """
@@ -390,7 +396,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tests.pg15 import PG15_BIN, postgresql_server
 
         if args.pg == 16:
-            import pgserver  # type: ignore[import-untyped]
+            import pgserver
 
             bin_dir = Path(pgserver.__file__).parent / "pginstall" / "bin"
         elif args.pg in (17, 18):

@@ -6,9 +6,10 @@ turns such a chain into a hashed array whose table it builds at the first row th
 Either way one row costs time in proportion to the terms, so ``id = 42 AND age IN (<60,000
 numbers>)`` ran 1–2 ms longer when row 42 was there: an existence oracle in one statement on a
 table without ``answer_quantum_ms``. Measured with benchmarks/row_cost.py (figures in
-benchmarks/results.md), the first row reaching N terms added, on PostgreSQL 16, 0.01–0.03 ms at
-256, 0.03–0.04 ms at 512, 0.05–0.09 ms at 1,024 and 0.25–0.58 ms at 4,096 (integer, numeric,
-text and date columns), against run-to-run jitter of 0.01–0.03 ms for such a statement.
+benchmarks/results.md), the first row reaching N terms (IN lists on integer, numeric, text and
+date columns, chains of text comparisons) added, on PostgreSQL 16, 0.01–0.03 ms at 256,
+0.03–0.09 ms at 512, 0.05–0.14 ms at 1,024 and 0.25–0.58 ms at 4,096; on 15 about the same; on
+18 0.02–0.06 ms at 256 and 0.10–0.21 ms at 1,024; against run-to-run jitter of 0.01–0.05 ms.
 
 So the conditions of one statement (its WHERE, its aggregates' FILTER and CASE conditions,
 whatever wrappers they came in) may hold at most :data:`MAX_PREDICATE_TERMS` terms in all,
@@ -27,7 +28,7 @@ from sqlglot import exp
 __all__ = ["MAX_PREDICATE_TERMS", "predicate_terms", "terms_refusal"]
 
 MAX_PREDICATE_TERMS = 256
-"""The most values and comparisons the conditions of one DP statement may hold (~0.03 ms a row on 16, ~0.05 on 18)."""
+"""The most values and comparisons the conditions of one DP statement may hold (a row: ≤ 0.03 ms on 16, 0.06 on 18)."""
 
 _CONNECTIVES = (exp.And, exp.Or, exp.Not, exp.Paren)
 
