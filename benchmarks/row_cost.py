@@ -16,9 +16,15 @@ Run from the repository root::
     python -m benchmarks.row_cost --out /tmp/row_cost.md   # ~3 minutes on an idle machine
 
 It starts Debian's PostgreSQL 15 (``tests/pg15.py``: ICU, for the nondeterministic collation's
-constructs) in a temporary directory and stops it at the end. ``--only NAME`` (repeatable) runs
-the constructs whose name contains NAME. A statement dpproxy refuses is reported as refused, with
-its rule: that is the answer for that construct. The figures of a run are in benchmarks/results.md
+constructs) in a temporary directory and stops it at the end; ``--pg 16`` starts pgserver's (no
+ICU: the nondeterministic collation is then a plain one), ``--pg 17``/``18`` tests/pg_versions'
+builds. ``--only NAME`` (repeatable) runs the constructs whose name contains NAME. A statement
+dpproxy refuses is reported as refused, with its rule: that is the answer for that construct;
+``--quantum MS`` plans the statements as for a table with ``answer_quantum_ms``, which lifts the
+limit on a statement's values and comparisons (rewriter/predicate_terms.py; the backend SQL is the
+same), to measure past it. The ``list:`` constructs measure IN lists and comparison chains by
+length: "every row" ones over the whole table (their base time over ``--rows`` is what a row
+reaching the list costs, warm), "one row" ones behind ``id = 0`` (what the first row reaching it adds). The figures of a run are in benchmarks/results.md
 ("What one row adds to a DP statement's backend time"); a new construct is one more line of
 :data:`CONSTRUCTS`.
 """
@@ -56,6 +62,7 @@ LONG_PATTERN = 2_000  # characters of the costly LIKE patterns (a statement may 
 ORDINARY_ROW = {
     "id": "{id}", "age": "40", "t": "'ordinary text of a row'", "ci": "'ordinary'", "cat": "'a'",
     "n": "50.5", "f": "50.5", "ts": "'2022-06-01 12:00+00'", "arr": "'{1,2,3}'", "j": "'{\"k\": 1}'",
+    "d": "'2022-06-01'",
 }
 # Incompressible text, so that it is stored out of line in ~2 kB chunks, uncompressed.
 _RANDOM_TEXT = f"(SELECT string_agg(md5(g::text || random()::text), '') FROM generate_series(1, {BIG_TEXT_BYTES // 32}) g)"
@@ -79,6 +86,61 @@ class Construct:
 
 def _or_chain(term: str, count: int) -> str:
     return "(" + " OR ".join(term.format(i=i) for i in range(count)) + ")"
+
+
+# Values no base row and not the ordinary row hold, by column: an IN list of them is evaluated to
+# its end by every row that reaches it (PostgreSQL <= 17 compares term by term; 18 hashes the list).
+_LIST_VALUES = {
+    "age": lambda i: str(1000 + i),
+    "n": lambda i: f"{1000 + i}.25",
+    "t": lambda i: f"'row {i} of no table'",
+    "d": lambda i: f"'{1000 + i // 336:04d}-{1 + i % 336 // 28:02d}-{1 + i % 28:02d}'",
+}
+
+
+def _in_list(column: str, count: int, lists: int = 1, joiner: str = "OR", negate: bool = False) -> str:
+    """``lists`` IN lists of ``count`` values in all on ``column``, joined by ``joiner``."""
+    each = count // lists
+    keyword = "NOT IN" if negate else "IN"
+    return "(" + f" {joiner} ".join(
+        f"{column} {keyword} (" + ", ".join(_LIST_VALUES[column](k * each + i) for i in range(each)) + ")"
+        for k in range(lists)) + ")"
+
+
+def _list_constructs() -> Iterator[Construct]:
+    """IN lists and comparison chains of each length: on every row (time / rows is what a row reaching
+    them costs) and behind ``id = 0`` (what the one row adds)."""
+    for column in ("age", "n", "t", "d"):
+        for count in (64, 256, 1024, 4096, 16384):
+            yield Construct(f"list: every row: {column} IN ({count:,} values)",
+                            f"SELECT COUNT(*) FROM {{table}} WHERE {_in_list(column, count)}")
+    for count in (256, 1024, 4096):
+        yield Construct(f"list: every row: age NOT IN ({count:,} values)",
+                        f"SELECT COUNT(*) FROM {{table}} WHERE {_in_list('age', count, negate=True)}")
+        yield Construct(f"list: every row: 8 age IN lists OR-ed, {count:,} values in all",
+                        f"SELECT COUNT(*) FROM {{table}} WHERE {_in_list('age', count, lists=8)}")
+        yield Construct(f"list: every row: 8 age NOT IN lists AND-ed, {count:,} values in all",
+                        f"SELECT COUNT(*) FROM {{table}} WHERE {_in_list('age', count, lists=8, joiner='AND', negate=True)}")
+        yield Construct(f"list: every row: age > 1k OR … ({count:,} terms, chains of 256 OR-ed)",
+                        f"SELECT COUNT(*) FROM {{table}} WHERE " + _chains("age > 1{i:05d}", count))
+        yield Construct(f"list: every row: t > 'z k' OR … ({count:,} terms, chains of 256 OR-ed)",
+                        f"SELECT COUNT(*) FROM {{table}} WHERE " + _chains("t > 'z {i}'", count))
+        yield Construct(f"list: every row: COUNT(*) FILTER (WHERE age IN ({count:,} values))",
+                        f"SELECT COUNT(*) FILTER (WHERE {_in_list('age', count)}) FROM {{table}}")
+    for count in (128, 256, 512, 1024, 4096, 16384):
+        for column in ("age", "n", "t", "d"):
+            yield Construct(f"list: one row: id = 0 AND {column} IN ({count:,} values), ordinary row",
+                            f"SELECT COUNT(*) FROM {{table}} WHERE id = 0 AND {_in_list(column, count)}")
+        yield Construct(f"list: one row: id = 0 AND (t > 'z k' OR … {count:,} terms, chains of 256 OR-ed), ordinary row",
+                        f"SELECT COUNT(*) FROM {{table}} WHERE id = 0 AND " + _chains("t > 'z {i}'", count))
+
+
+def _chains(term: str, count: int) -> str:
+    """``count`` terms as OR chains of at most 256 (dpproxy's limit on one chain), OR-ed together; each
+    is evaluated to its end by a row that matches no term."""
+    chains = [" OR ".join(term.format(i=i) for i in range(start, min(start + 256, count))) for start in range(0, count, 256)]
+    # IS TRUE keeps PostgreSQL from flattening the chains into one OR of more than 256 operands.
+    return "(" + " OR ".join(f"(({chain}) IS TRUE)" for chain in chains) + ")"
 
 
 CONSTRUCTS: tuple[Construct, ...] = (
@@ -146,6 +208,7 @@ CONSTRUCTS: tuple[Construct, ...] = (
               {"arr": "(SELECT array_agg(g) FROM generate_series(1, 1000000) g)"}),
     Construct("COUNT(j), 3 MB jsonb", "SELECT COUNT(j) FROM {table}",
               {"j": "(SELECT jsonb_agg(md5(g::text)) FROM generate_series(1, 80000) g)"}),
+    *_list_constructs(),
 )
 
 
@@ -172,13 +235,13 @@ class Measured:
 
 
 _COLUMNS = """id integer PRIMARY KEY, age integer, t text, ci text COLLATE rc_ci, cat text, n numeric,
-    f double precision, ts timestamptz, arr integer[], j jsonb"""
+    f double precision, ts timestamptz, arr integer[], j jsonb, d date"""
 _BASE_ROWS = """SELECT g, 17 + g % 70, 'row ' || g || ' of an ordinary table', 'v' || g % 50, (ARRAY['a', 'b', 'c'])[1 + g % 3],
     (g % 1000) / 10.0, (g % 997) / 10.0, '2021-01-01 00:00+00'::timestamptz + g * interval '1 hour',
-    ARRAY[g, g + 1], jsonb_build_object('k', g) FROM generate_series(1, {rows}) g"""
+    ARRAY[g, g + 1], jsonb_build_object('k', g), DATE '2021-01-01' + g % 1500 FROM generate_series(1, {rows}) g"""
 
 
-def _policy(dsn: str, directory: Path) -> Path:
+def _policy(dsn: str, directory: Path, quantum_ms: int = 0) -> Path:
     columns = {
         "age": {"bounds": [0, 100]},
         "n": {"bounds": [0, 100], "group_by": True},
@@ -186,7 +249,8 @@ def _policy(dsn: str, directory: Path) -> Path:
         "ts": {"bounds": ["2021-01-01", "2025-12-31"], "group_by": ["month"]},
         "cat": {"categories": ["a", "b", "c"], "group_by": True, "other": "other"},
     }
-    table = {"access": "protected", "epsilon": 1.0, "delta": 1e-6, "partitions": 256, "columns": columns}
+    table = {"access": "protected", "epsilon": 1.0, "delta": 1e-6, "partitions": 256, "columns": columns,
+             "answer_quantum_ms": quantum_ms}
     policy = {
         "backend": {"dsn": dsn},
         "listen": {"host": "127.0.0.1", "port": 1},
@@ -201,7 +265,10 @@ def _policy(dsn: str, directory: Path) -> Path:
 
 def _load(dsn: str, rows: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE COLLATION IF NOT EXISTS rc_ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)")
+        try:
+            conn.execute("CREATE COLLATION IF NOT EXISTS rc_ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)")
+        except psycopg.errors.FeatureNotSupported:  # built without ICU (pgserver's 16): ci is a plain column there
+            conn.execute('CREATE COLLATION IF NOT EXISTS rc_ci FROM "C"')
         for table in ("rc_base", "rc_plus"):
             conn.execute(f"DROP TABLE IF EXISTS {table}")
             conn.execute(f"CREATE TABLE {table} ({_COLUMNS})")
@@ -283,14 +350,15 @@ def report(results: Sequence[Measured], rows: int, repeats: int, seconds: float)
         f"(EXPLAIN ANALYZE, TIMING OFF), median of {repeats} runs each, alternating, after one warm-up; jitter is the "
         f"base's interquartile range. {seconds:.0f} s in all.",
         "",
-        "| construct | base ms | neighbour ms | one row adds (ms) | jitter (ms) |",
-        "|---|---:|---:|---:|---:|",
+        "| construct | base ms | base µs a row | neighbour ms | one row adds (ms) | jitter (ms) |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for item in results:
         if item.refused is not None:
-            lines.append(f"| {item.construct.name} | refused ({item.refused}) | | | |")
+            lines.append(f"| {item.construct.name} | refused ({item.refused}) | | | | |")
             continue
-        lines.append(f"| {item.construct.name} | {statistics.median(item.base_ms):.2f} | "
+        base = statistics.median(item.base_ms)
+        lines.append(f"| {item.construct.name} | {base:.2f} | {1000 * base / rows:.3f} | "
                      f"{statistics.median(item.plus_ms):.2f} | {item.extra_ms:+.2f} | {item.jitter_ms:.2f} |")
     return "\n".join(lines) + "\n"
 
@@ -301,7 +369,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--only", action="append", default=[], help="constructs whose name contains this")
     parser.add_argument("--out", type=Path, help="also write the table here")
-    parser.add_argument("--dsn", help="a superuser DSN of a PostgreSQL with ICU (default: start Debian's 15)")
+    parser.add_argument("--dsn", help="a superuser DSN of a PostgreSQL with ICU (default: start one, --pg)")
+    parser.add_argument("--quantum", type=int, default=0, metavar="MS",
+                        help="plan under answer_quantum_ms: the backend SQL is the same, and the limit on a "
+                             "statement's predicate terms (rewriter/predicate_terms.py) is lifted, to measure beyond it")
+    parser.add_argument("--pg", type=int, choices=(15, 16, 17, 18), default=15,
+                        help="the server to start: Debian's 15, pgserver's 16 (no ICU), or tests/pg_versions' 17, 18")
     args = parser.parse_args(argv)
     chosen = [c for c in CONSTRUCTS if not args.only or any(word in c.name for word in args.only)]
     started = time.monotonic()
@@ -309,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run(dsn: str) -> list[Measured]:
         _load(dsn, args.rows)
         with tempfile.TemporaryDirectory(prefix="dpproxy-row-cost-") as directory:
-            policy_path = _policy(dsn, Path(directory))
+            policy_path = _policy(dsn, Path(directory), args.quantum)
             results = []
             for item in measure_constructs(dsn, policy_path, chosen, args.rows, args.repeats):
                 print(report([item], args.rows, args.repeats, 0).splitlines()[-1], flush=True)
@@ -320,9 +393,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = run(args.dsn)
     else:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-        from tests.pg15 import postgresql_15
+        from tests.pg15 import PG15_BIN, postgresql_server
 
-        with postgresql_15() as dsn:
+        if args.pg == 16:
+            import pgserver
+
+            bin_dir = Path(pgserver.__file__).parent / "pginstall" / "bin"
+        elif args.pg in (17, 18):
+            from tests.pg_versions import postgresql_binaries
+
+            bin_dir = postgresql_binaries(args.pg)
+        else:
+            bin_dir = PG15_BIN
+        with postgresql_server(bin_dir, f"row-cost-pg{args.pg}") as dsn:
             results = run(dsn)
     text = report(results, args.rows, args.repeats, time.monotonic() - started)
     print(text)

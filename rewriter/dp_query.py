@@ -11,7 +11,7 @@ the rule it breaks. The plan, not the client's text, is what later reaches the b
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from functools import cached_property
 from typing import Callable, Literal
@@ -133,6 +133,9 @@ class AggregateQuery:
     # A GROUP BY joined to a subquery that ranks its series (rewriter/series_limit.py): its
     # cells are kept where the ranking keeps theirs.
     series: SeriesLimit | None = None
+    # The values and comparisons of its WHERE and FILTERs (rewriter/predicate_terms.py), for a
+    # statement of two plans to count both.
+    terms: int = field(default=0, compare=False)
 
     @property
     def predicates(self) -> tuple[str, ...]:
@@ -230,7 +233,7 @@ def plan_aggregate_query(
         aggregates = tuple(replace(agg, filter_sql=text) for agg, text in zip(aggregates, folding.inline_filters()))
     ranges = key_ranges(where.this if where is not None else None, groups, scope)
     plan = AggregateQuery(table, aggregates, where_sql, _no_rows(tree, scope, grouped=bool(groups)), folding=folding,
-                          post=post, groups=groups, ranges=ranges)
+                          post=post, groups=groups, ranges=ranges, terms=conditions.terms)
     if not ranges:  # no time bound can narrow a key: the cells are known now
         too_many = too_many_cells(plan)
         if too_many is not None:

@@ -33,7 +33,7 @@ __all__ = [
 MAX_PARENTHESES = 32
 MAX_NESTING = 64
 MAX_BOOLEAN_TERMS = 256
-MAX_TREE_BYTES = 4 * 1024 * 1024  # an IN list of about 75,000 numbers
+MAX_TREE_BYTES = 4 * 1024 * 1024  # an IN list of about 75,000 numbers (a DP one: see rewriter/predicate_terms.py)
 MAX_OPERATOR_RUN = 256  # at most ~0.3 ms of scanning per run: ~1 s per MB of such runs
 
 _OPERATOR_RUNS = re.compile(r"[~!@#^&|`?+\-*/%<>=]+")

@@ -75,6 +75,7 @@ from policies.tables import ColumnInfo, quote_identifier
 from .constants import HINT as FOLD_HINT
 from .constants import Fold, Folding, NotFoldable, fold_type, qualified_constant
 from .like_patterns import case_folded_refusal, pattern_refusal
+from .predicate_terms import predicate_terms, terms_refusal
 from .scope import Scope
 from .sql_text import literal, operator, short_text
 from .types import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
@@ -163,10 +164,26 @@ class PredicateRenderer:
 
     def __init__(self, scope: Scope):
         self._renderer = _Renderer(scope)
+        self._terms = 0  # of the predicates rendered so far (rewriter.predicate_terms)
+        self._limited = not scope.table.policy.answer_quantum_ms
 
     def template(self, predicate: exp.Expression) -> str:
-        """``predicate`` checked and rendered, each folded comparison a token of :meth:`folding`."""
+        """``predicate`` checked and rendered, each folded comparison a token of :meth:`folding`.
+
+        Refused (``safe-predicate``) before it is rendered when it takes the statement's
+        predicates past :data:`~rewriter.predicate_terms.MAX_PREDICATE_TERMS` terms in all, on a
+        table without ``answer_quantum_ms``.
+        """
+        self._terms += predicate_terms(predicate)
+        refused = terms_refusal(self._terms) if self._limited else None
+        if refused is not None:
+            raise self._renderer.refuse(f"{refused[0]} are refused on protected table", refused[1])
         return self._renderer.predicate(predicate)
+
+    @property
+    def terms(self) -> int:
+        """The values and comparisons of the predicates rendered so far."""
+        return self._terms
 
     def folding(self, where: str | None, filters: tuple[str | None, ...] = ()) -> Folding | None:
         """What execution must fold in the templates ``where`` and ``filters`` (None: nothing)."""

@@ -54,6 +54,7 @@ from policies.tables import Relation
 from .dp_query import AggregateQuery, SeriesLimit, plan_aggregate_query
 from .group_keys import group_key
 from .post_process import default_name
+from .predicate_terms import terms_refusal
 from .scope import Scope
 
 __all__ = ["plan_series_limited", "ranks_series"]
@@ -86,6 +87,10 @@ def plan_series_limited(sql: str, table: Relation, function_names: frozenset[str
     ranking = plan_aggregate_query(RawStream()(subquery), table, function_names, ranking=True)
     select.fromClause = (join.larg,)
     outer = plan_aggregate_query(RawStream()(select), table, function_names)
+    refused = terms_refusal(ranking.terms + outer.terms) if not table.policy.answer_quantum_ms else None
+    if refused is not None:  # a row reaches the conditions of both
+        raise _refuse(table, f"{refused[0]} (the series limit's subquery and the statement together) are refused on",
+                      "safe-predicate", refused[1])
     if not outer.groups:
         raise _refuse(table, "a series limit needs a GROUP BY over declared keys on")
     outer_scope = Scope(table, frozenset({_qualifier(join.larg)}), function_names)
@@ -98,9 +103,9 @@ def plan_series_limited(sql: str, table: Relation, function_names: frozenset[str
     return replace(outer, series=SeriesLimit(ranking, tuple(dict.fromkeys(pairs))))
 
 
-def _refuse(table: Relation, message: str, rule: str = "no-subquery") -> Refusal:
+def _refuse(table: Relation, message: str, rule: str = "no-subquery", hint: str | None = None) -> Refusal:
     return Refusal("DP001", f"{message} protected table {table.display_name} (rule: {rule})",
-                   _HINT.format(table=table.display_name), rule)
+                   _HINT.format(table=table.display_name) if hint is None else hint, rule)
 
 
 def _join(select: Any, table: Relation) -> Any:

@@ -326,6 +326,21 @@ def histogram_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFact
         yield running
 
 
+LONG_LIST_POLICY = TEST_POLICY.replace("  public.adult:\n    access: protected\n",
+                                      "  public.adult:\n    access: protected\n    answer_quantum_ms: 1\n")
+"""The suite's policy with adult's answers on a 1 ms quantum, which lifts the limit on a DP
+statement's values and comparisons (rewriter/predicate_terms.py): for the tests of what a long IN
+list costs dpproxy itself (its analysis, JIT, statement size limits)."""
+assert LONG_LIST_POLICY != TEST_POLICY
+
+
+@pytest.fixture(scope="session")
+def long_list_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """A dpproxy under LONG_LIST_POLICY."""
+    with running_proxy(test_db, tmp_path_factory, LONG_LIST_POLICY) as running:
+        yield running
+
+
 @pytest.fixture
 def admin(test_db: TestDatabase) -> Iterator[psycopg.Connection]:
     """A direct superuser connection to the test database: ground truth for exact values."""

@@ -22,6 +22,7 @@ from test_attack_availability import LAG_LIMIT_S, WAIT_S, _answer, held_analysis
 from policies.loader import PolicyError, parse_policy
 from policies.model import MIN_EPSILON
 from rewriter.limits import MAX_BOOLEAN_TERMS, MAX_NESTING, MAX_PARENTHESES
+from rewriter.predicate_terms import MAX_PREDICATE_TERMS
 
 WHERE = "SELECT COUNT(*) FROM adult WHERE "
 
@@ -97,10 +98,22 @@ WITHIN_LIMITS = {
 
 
 @pytest.mark.parametrize("sql", WITHIN_LIMITS.values(), ids=WITHIN_LIMITS.keys())
-def test_statements_within_the_limits_are_answered(proxy: RunningProxy, sql: str) -> None:
-    with proxy.connect() as conn:
+def test_statements_within_the_limits_are_answered(long_list_proxy: RunningProxy, sql: str) -> None:
+    """On adult with an answer quantum: without one, a DP statement may also hold no more than
+    MAX_PREDICATE_TERMS values and comparisons (a timing limit, rewriter/predicate_terms.py)."""
+    with long_list_proxy.connect() as conn:
         (count,) = conn.execute(sql).fetchone()
         assert isinstance(count, int)
+
+
+@pytest.mark.parametrize("sql", [WITHIN_LIMITS["or-of-pairs-at-limit"], WITHIN_LIMITS["in-list-of-20000"]])
+def test_statements_within_the_size_limits_are_refused_for_their_terms_on_a_table_without_a_quantum(
+    proxy: RunningProxy, sql: str
+) -> None:
+    with proxy.connect() as conn:
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute(sql)
+        assert refused.value.sqlstate == "DP001" and f"at most {MAX_PREDICATE_TERMS} in one statement" in str(refused.value)
 
 
 def test_epsilon_below_the_minimum_is_refused_with_22023_and_the_session_goes_on(
