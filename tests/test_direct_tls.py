@@ -103,14 +103,13 @@ def test_alpn_postgresql_is_chosen_after_an_ssl_request_too(required_tls_proxy: 
     tls.close()
 
 
-@pytest.mark.parametrize("alpn", [None, ["http/1.1"]], ids=["no-alpn", "http"])
-def test_a_direct_handshake_without_alpn_postgresql_is_closed_before_any_startup(
-    required_tls_proxy: RunningProxy, alpn: list[str] | None, caplog: pytest.LogCaptureFixture
+def test_a_direct_handshake_without_alpn_is_closed_before_any_startup(
+    required_tls_proxy: RunningProxy, caplog: pytest.LogCaptureFixture
 ):
     # PostgreSQL 17 refuses direct TLS without ALPN "postgresql": a client of another protocol
     # (an HTTPS client sent to this port) must not get as far as a startup packet.
     caplog.set_level(logging.WARNING, "dpproxy.session")
-    sock = _direct(required_tls_proxy, alpn)
+    sock = _direct(required_tls_proxy, None)
     assert sock.selected_alpn_protocol() is None
     try:
         sock.sendall(startup(user="analyst", database="dpproxy_test"))
@@ -118,9 +117,37 @@ def test_a_direct_handshake_without_alpn_postgresql_is_closed_before_any_startup
         pass  # closed already
     assert _read_all(sock) == b""
     sock.close()
-    assert any('did not offer the ALPN protocol "postgresql"' in r.getMessage() for r in caplog.records)
+    assert any("offered no ALPN protocol" in r.getMessage() for r in caplog.records)
     with psycopg.connect(required_tls_proxy.dsn() + DIRECT, autocommit=True) as conn:  # the server goes on
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+@pytest.mark.parametrize("negotiation", ["direct", "ssl-request"])
+def test_a_handshake_offering_alpn_without_postgresql_gets_no_application_protocol(
+    required_tls_proxy: RunningProxy, negotiation: str, caplog: pytest.LogCaptureFixture
+):
+    # As PostgreSQL 17 answers it, after an SSLRequest too.
+    caplog.set_level(logging.WARNING, "dpproxy.session")
+    sock = socket.create_connection((required_tls_proxy.host, required_tls_proxy.port), timeout=10)
+    if negotiation == "ssl-request":
+        sock.sendall(struct.pack("!ii", 8, 80877103))
+        assert sock.recv(1) == b"S"
+    with pytest.raises(ssl.SSLError, match="alert no application protocol"):
+        _client_context(["http/1.1", "h2"]).wrap_socket(sock, server_hostname="localhost")
+    sock.close()
+    assert any('offered ALPN protocols without "postgresql"' in r.getMessage() for r in caplog.records)
+
+
+def test_a_client_offering_no_alpn_after_an_ssl_request_is_served(required_tls_proxy: RunningProxy):
+    # Clients before libpq 17 offer none: after an SSLRequest that is fine, as on PostgreSQL 17.
+    sock = socket.create_connection((required_tls_proxy.host, required_tls_proxy.port), timeout=10)
+    sock.sendall(struct.pack("!ii", 8, 80877103))
+    assert sock.recv(1) == b"S"
+    tls = _client_context(None).wrap_socket(sock, server_hostname="localhost")
+    assert tls.selected_alpn_protocol() is None
+    tls.sendall(startup(user="analyst", database="dpproxy_test"))
+    assert tls.recv(1) == b"R"
+    tls.close()
 
 
 def test_a_direct_handshake_is_closed_without_a_word_when_tls_is_not_configured(

@@ -1,10 +1,10 @@
-"""TLS that a client starts at once (libpq 17's ``sslnegotiation=direct``), without an SSLRequest.
+"""TLS over a ClientHello the session has read itself: a client's that starts TLS at once
+(libpq 17's ``sslnegotiation=direct``), and one's after an SSLRequest, read to check its ALPN.
 
-Such a client's first bytes are its TLS ClientHello. By the time the session has read the first
-of them, the stream has read the rest of what arrived into its buffer, where the TLS protocol
-that ``StreamWriter.start_tls`` puts under the stream would never see it. ``start_direct_tls``
-stops reading from the socket, takes what was read, starts TLS and hands those bytes to the TLS
-protocol before any more come from the socket.
+Bytes read from the stream are where the TLS protocol that ``StreamWriter.start_tls`` puts
+under the stream would never see them. ``start_tls_after`` stops reading from the socket,
+starts TLS and hands the ClientHello's bytes to the TLS protocol before any more come from
+the socket.
 """
 
 from __future__ import annotations
@@ -15,30 +15,24 @@ from typing import cast
 
 from proxy.wire.protocol import ProtocolError
 
-__all__ = ["refuse_buffered", "start_direct_tls"]
+__all__ = ["refuse_buffered", "start_tls_after"]
 
-# A ClientHello is one TLS record of at most 16 KiB (rarely a few): what a client sends before
-# the server's answer fits in one read of this size.
-_CLIENT_HELLO_READ = 65536
-
-
-async def start_direct_tls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, context: ssl.SSLContext,
-                           first: bytes) -> str | None:
-    """Do the server's side of a TLS handshake whose first bytes, ``first`` and whatever
-    ``reader`` has buffered, were read already; return the ALPN protocol agreed on (None: the
-    client offered none that ``context`` names). From then on ``reader`` and ``writer`` carry
-    the decrypted stream.
+async def start_tls_after(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, context: ssl.SSLContext,
+                          received: bytes) -> str | None:
+    """Do the server's side of a TLS handshake whose first bytes, ``received``, were read from
+    ``reader`` already (a ClientHello, ``proxy.wire.client_hello``); return the ALPN protocol
+    agreed on (None: the client offered none that ``context`` names). From then on ``reader``
+    and ``writer`` carry the decrypted stream.
 
     Raises ssl.SSLError if the handshake fails, ProtocolError if the client sent more than its
-    handshake before the server's answer (those bytes would otherwise be read as if they had
-    come through TLS), ConnectionError or IncompleteReadError if it goes away.
+    ClientHello before the server's answer (those bytes would otherwise be read as if they had
+    come through TLS), ConnectionError if it goes away.
     """
     transport = cast(asyncio.Transport, writer.transport)  # a socket's: it reads too
-    received = first + await reader.read(_CLIENT_HELLO_READ)  # a ClientHello is longer than one byte
-    # No await since the read: nothing more has reached the stream's buffer, and from here on
-    # the socket's bytes wait in the socket until the TLS protocol reads them.
+    # No await since ``received`` was read: nothing more has reached the stream's buffer, and
+    # from here on the socket's bytes wait in the socket until the TLS protocol reads them.
     transport.pause_reading()
-    refuse_buffered(reader, "received more than a TLS handshake before the server's answer")
+    refuse_buffered(reader, "received more than a TLS ClientHello before the server's answer")
     stream_protocol = transport.get_protocol()
     handshake = asyncio.ensure_future(writer.start_tls(context))
     # start_tls puts its TLS protocol under the transport, schedules that protocol's

@@ -30,12 +30,13 @@ from proxy.ops import metrics
 from proxy.wire import protocol
 from proxy.wire.encodings import client_encoding, encoding_named
 from proxy.wire.auth import authenticate
+from proxy.wire.client_hello import NO_APPLICATION_PROTOCOL_ALERT, ClientHello, read_client_hello
 from proxy.wire.protocol import ProtocolError
 from rewriter.catalog import ascii_safe_encoding, exact_floats
 from rewriter.function_check import inexact_floats, unsafe_client_encoding
 from rewriter.statements import Statement
 
-from .direct_tls import refuse_buffered, start_direct_tls
+from .direct_tls import refuse_buffered, start_tls_after
 from .executor import Executor, StatementHost
 from .extended import ExtendedProtocol
 from .startup_options import with_options
@@ -255,7 +256,10 @@ class Session:
                 await self.writer.drain()
                 # and what arrived while 'S' was being sent
                 refuse_buffered(self.reader, _UNENCRYPTED_AFTER_SSL_REQUEST)
-                await self.writer.start_tls(self.server.tls)
+                hello = await read_client_hello(self.reader)
+                if self._alpn_refused(hello, "TLS connection"):
+                    return None
+                await start_tls_after(self.reader, self.writer, self.server.tls, hello.records)
                 encrypted = True
                 continue
             if startup.code in (protocol.SSL_REQUEST, protocol.GSSENC_REQUEST):
@@ -277,22 +281,37 @@ class Session:
         and nothing to the client, which speaks TLS and could read no ErrorResponse (False).
 
         As on PostgreSQL 17: refused when TLS is not configured, when the handshake fails, and
-        when the client did not offer ALPN ``postgresql`` (a client of another protocol, say
-        HTTPS, sent here must not get as far as a startup packet).
+        when the client does not offer ALPN ``postgresql`` (a client of another protocol, say
+        HTTPS, sent here must not get as far as a startup packet): offering others, with the
+        alert no_application_protocol; offering none, once the handshake is done.
         """
         if self.server.tls is None:
             log.warning("closed a direct TLS connection from %s: TLS is not configured (listen.tls); "
                         "the client must connect without sslnegotiation=direct", self.peer)
             return False
         try:
-            alpn = await start_direct_tls(self.reader, self.writer, self.server.tls, protocol.TLS_HANDSHAKE)
+            hello = await read_client_hello(self.reader, protocol.TLS_HANDSHAKE)
+            if self._alpn_refused(hello, "direct TLS connection"):
+                return False
+            alpn = await start_tls_after(self.reader, self.writer, self.server.tls, hello.records)
         except (ssl.SSLError, ProtocolError) as exc:
             log.warning("closed a direct TLS connection from %s: the handshake failed: %s", self.peer, exc)
             return False
         if alpn != protocol.TLS_ALPN:
-            log.warning('closed a direct TLS connection from %s: the client did not offer the ALPN protocol "%s"',
-                        self.peer, protocol.TLS_ALPN)
+            log.warning('closed a direct TLS connection from %s: the client offered no ALPN protocol '
+                        '(direct TLS needs "%s")', self.peer, protocol.TLS_ALPN)
             return False
+        return True
+
+    def _alpn_refused(self, hello: ClientHello, what: str) -> bool:
+        """Whether ``hello`` offers ALPN protocols without ``postgresql``: then, as PostgreSQL
+        17 does, the handshake is answered with the fatal alert no_application_protocol and
+        the connection is to be closed (a ClientHello without ALPN is not refused here)."""
+        if hello.alpn is None or protocol.TLS_ALPN.encode() in hello.alpn:
+            return False
+        log.warning('closed a %s from %s: the client offered ALPN protocols without "%s"',
+                    what, self.peer, protocol.TLS_ALPN)
+        self.writer.write(NO_APPLICATION_PROTOCOL_ALERT)
         return True
 
     async def _start(self, startup: protocol.Startup) -> None:
