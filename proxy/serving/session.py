@@ -36,10 +36,10 @@ from rewriter.catalog import ascii_safe_encoding, exact_floats
 from rewriter.function_check import inexact_floats, unsafe_client_encoding
 from rewriter.statements import Statement
 
-from .direct_tls import refuse_buffered, start_tls_after
 from .executor import Executor, StatementHost
 from .extended import ExtendedProtocol
 from .startup_options import with_options
+from .tls_handshake import refuse_buffered, start_tls_after
 from .workers import session_pid
 
 __all__ = ["STARTUP_KINDS", "Session", "SessionHost", "SessionTable"]

@@ -5,7 +5,7 @@ PostgreSQL 17 refuses a TLS client that offers ALPN without ``postgresql`` (with
 cannot: a server context whose ALPN protocols the client's do not meet completes the handshake
 without ALPN, as if the client had offered none (which older clients, rightly, do). So the
 session reads the ClientHello itself, checks it here, and hands its bytes to the TLS protocol
-(``proxy.serving.direct_tls``). Reference: RFC 8446 §4.1.2 and §4.2, RFC 7301 §3.1.
+(``proxy.serving.tls_handshake``). Reference: RFC 8446 §4.1.2 and §4.2, RFC 7301 §3.1.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from proxy.wire.protocol import ProtocolError
 
 __all__ = ["refuse_buffered", "start_tls_after"]
 
+
 async def start_tls_after(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, context: ssl.SSLContext,
                           received: bytes) -> str | None:
     """Do the server's side of a TLS handshake whose first bytes, ``received``, were read from
