@@ -7,13 +7,15 @@ import java.util.Properties;
 
 /**
  * pgjdbc through dpproxy with TLS: args host port database user password negotiation
- * (sslNegotiation: "direct" or "postgres"). Prints "COUNT n" for one DP count, then "DONE ok".
+ * (sslNegotiation: "direct" or "postgres"). Prints "DRIVER version", "COUNT n" for one DP count,
+ * then "DONE ok".
  */
 public final class DirectTlsCheck {
     private DirectTlsCheck() {
     }
 
     public static void main(String[] args) throws SQLException {
+        System.out.println("DRIVER " + org.postgresql.util.DriverInfo.DRIVER_VERSION);
         String url = "jdbc:postgresql://" + args[0] + ":" + args[1] + "/" + args[2];
         Properties props = new Properties();
         props.setProperty("user", args[3]);
