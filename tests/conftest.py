@@ -364,6 +364,7 @@ _CLIENT_MODULES = {
     "test_benchmark_smoke",  # pgbench (and pgbouncer), valgrind
     "test_client_jdbc", "test_client_node", "test_client_odbc", "test_client_pgbench", "test_client_postgresjs",
     "test_psql_client", "test_superset", "test_client_pgadmin",
+    "test_direct_tls",  # openssl (the certificate), pgjdbc, psql on PostgreSQL 17's libpq
 }
 _CLIENT_TESTS = {
     "test_auth_tls_cancel": {  # psql; the TLS tests also openssl

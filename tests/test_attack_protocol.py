@@ -358,11 +358,13 @@ def test_a_client_asking_for_protocol_3_2_is_told_the_connection_speaks_3_0(prox
         assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
-def test_a_client_starting_tls_directly_is_refused_at_once_and_the_server_goes_on(proxy: RunningProxy):
-    # libpq 17's sslnegotiation=direct sends a TLS ClientHello where the SSLRequest would be
-    # (PostgreSQL 17 and 18 accept it, with ALPN "postgresql"). dpproxy does not speak it: the
-    # ClientHello's first bytes are no startup packet's length, so it is refused at once (not
-    # held until the startup timeout), and such a client must use the default negotiation.
+def test_a_client_starting_tls_directly_without_tls_configured_is_closed_at_once_and_the_server_goes_on(
+    proxy: RunningProxy,
+):
+    # libpq 17's sslnegotiation=direct sends a TLS ClientHello where the SSLRequest would be.
+    # With no listen.tls, dpproxy closes the connection at its first byte, as PostgreSQL without
+    # ssl does (not held until the startup timeout); with TLS configured it is answered
+    # (tests/test_direct_tls.py).
     import psycopg
 
     with pytest.raises(psycopg.OperationalError, match="SSL"):

@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from conftest import TEST_POLICY, RunningProxy, TestDatabase, make_policy, psql_path
+from tls_proxy import self_signed_certificate, tls_proxy
 from wire import Wire, assert_cancel_stops_a_slow_query, message, startup
 
 AUTH_USERS = (
@@ -121,18 +122,11 @@ def test_cleartext_is_used_only_for_users_that_ask_for_it(proxy: RunningProxy):
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "server.crt", folder / "server.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    return cert, key
+    return self_signed_certificate(tmp_path_factory.mktemp("tls"))
 
 
 def _tls_proxy(test_db: TestDatabase, certificate: tuple[Path, Path], tmp_path: Path, required: bool) -> RunningProxy:
-    cert, key = certificate
-    tls = f"listen: {{{{host: 127.0.0.1, port: 0, tls: {{{{cert: \"{cert}\", key: \"{key}\", required: {str(required).lower()}}}}}}}}}"
-    text = TEST_POLICY.replace("listen: {{host: 127.0.0.1, port: 0}}", tls)
-    return RunningProxy(make_policy(test_db, tmp_path / "l.sqlite3", text))
+    return tls_proxy(test_db, certificate, tmp_path / "l.sqlite3", required)
 
 
 def test_tls_is_negotiated_when_the_policy_has_a_certificate(test_db, certificate, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 
 
@@ -49,8 +50,12 @@ class Wire:
     """One authenticated raw connection."""
 
     def __init__(self, host: str, port: int, user: str = "plain", password: str = "plain",
-                 database: str = "dpproxy_test", startup_params: dict[str, str] | None = None):
+                 database: str = "dpproxy_test", startup_params: dict[str, str] | None = None,
+                 direct_tls: ssl.SSLContext | None = None):
+        """``direct_tls``: begin with a TLS handshake in this context (``sslnegotiation=direct``)."""
         self.sock = socket.create_connection((host, port), timeout=15)
+        if direct_tls is not None:
+            self.sock = direct_tls.wrap_socket(self.sock, server_hostname="localhost")
         self.buffer = b""
         self.sock.sendall(startup(user=user, database=database, **(startup_params or {})))
         assert self.read_until(b"R")[-1][0] == b"R"

@@ -33,6 +33,7 @@ from proxy.dp.budget import BudgetKeeper
 from proxy.dp.repeats import RepeatCache, RepeatStore, SharedRepeatCache
 from proxy.ops import metrics
 from proxy.ops.audit import AuditLog
+from proxy.wire import protocol
 
 from . import startup
 from .bound_port import start_on_one_port
@@ -527,5 +528,8 @@ def _tls_context(policy: Policy) -> ssl.SSLContext | None:
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # Chosen when the client offers it (libpq 17 does, after an SSLRequest too): a direct TLS
+    # client that did not is refused (Session._direct_tls).
+    context.set_alpn_protocols([protocol.TLS_ALPN])
     context.load_cert_chain(tls.cert, tls.key)
     return context

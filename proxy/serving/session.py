@@ -30,6 +30,7 @@ from proxy.ops import metrics
 from proxy.wire import protocol
 from proxy.wire.encodings import client_encoding, encoding_named
 from proxy.wire.auth import authenticate
+from proxy.wire.client_hello import NO_APPLICATION_PROTOCOL_ALERT, ClientHello, read_client_hello
 from proxy.wire.protocol import ProtocolError
 from rewriter.catalog import ascii_safe_encoding, exact_floats
 from rewriter.function_check import inexact_floats, unsafe_client_encoding
@@ -38,6 +39,7 @@ from rewriter.statements import Statement
 from .executor import Executor, StatementHost
 from .extended import ExtendedProtocol
 from .startup_options import with_options
+from .tls_handshake import refuse_buffered, start_tls_after
 from .workers import session_pid
 
 __all__ = ["STARTUP_KINDS", "Session", "SessionHost", "SessionTable"]
@@ -59,6 +61,7 @@ _ADMIN_SHUTDOWN = "terminating connection due to administrator command"
 # the memory every session of the process shares.
 _OUT_FLUSH_BYTES = 256 * 1024
 _FATAL_DRAIN_S = 5.0
+_UNENCRYPTED_AFTER_SSL_REQUEST = "received unencrypted data after SSL request"
 _SLOW_CLIENT_S = 1.0
 # Kinds of startup settings whose ParameterStatus values are remembered (SessionHost.
 # startup_reports), the oldest forgotten first: the key holds the client's values (any
@@ -223,25 +226,40 @@ class Session:
             await self._close()
 
     async def _negotiate(self) -> protocol.Startup | None:
-        """Answer SSL/GSSENC requests until the StartupMessage (None: it was a CancelRequest).
+        """Answer SSL/GSSENC requests until the StartupMessage (None: it was a CancelRequest,
+        or a connection to close without a word).
 
         SSLRequest gets 'S' and a TLS handshake when the policy configures TLS, else 'N';
-        GSSENCRequest always gets 'N'.
+        GSSENCRequest always gets 'N'. A TLS handshake as the connection's first bytes (direct
+        TLS) is taken when TLS is configured and the client offers ALPN ``postgresql``, and is
+        otherwise closed, logged, as PostgreSQL 17 does.
         """
         limit = self.server.policy.listen.max_message_bytes
         encrypted = False
-        for _ in range(3):
-            startup = await protocol.read_startup(self.reader, limit)
+        for attempt in range(3):
+            head = b""
+            if attempt == 0:
+                head = await self.reader.readexactly(1)
+                if head == protocol.TLS_HANDSHAKE:
+                    if not await self._direct_tls():
+                        return None
+                    encrypted = True
+                    continue
+            startup = await protocol.read_startup(self.reader, limit, head)
             if startup.code == protocol.SSL_REQUEST and self.server.tls is not None and not encrypted:
                 # A client waits for 'S' before its handshake: bytes already read past the
                 # SSLRequest came in plaintext, and after start_tls they would be read as if
                 # they had come through TLS (a man in the middle's injected StartupMessage
                 # would pass tls.required). PostgreSQL refuses them too (CVE-2021-23214).
-                _refuse_buffered(self.reader)
+                refuse_buffered(self.reader, _UNENCRYPTED_AFTER_SSL_REQUEST)
                 self.writer.write(b"S")
                 await self.writer.drain()
-                _refuse_buffered(self.reader)  # and what arrived while 'S' was being sent
-                await self.writer.start_tls(self.server.tls)
+                # and what arrived while 'S' was being sent
+                refuse_buffered(self.reader, _UNENCRYPTED_AFTER_SSL_REQUEST)
+                hello = await read_client_hello(self.reader)
+                if self._alpn_refused(hello, "TLS connection"):
+                    return None
+                await start_tls_after(self.reader, self.writer, self.server.tls, hello.records)
                 encrypted = True
                 continue
             if startup.code in (protocol.SSL_REQUEST, protocol.GSSENC_REQUEST):
@@ -257,6 +275,44 @@ class Session:
                               "Set sslmode=require (or verify-full) in the client's connection settings.")
             return startup
         raise ProtocolError("too many SSL/GSSENC requests")
+
+    async def _direct_tls(self) -> bool:
+        """The connection began with a TLS handshake: do it (True), or refuse it with a log line
+        and nothing to the client, which speaks TLS and could read no ErrorResponse (False).
+
+        As on PostgreSQL 17: refused when TLS is not configured, when the handshake fails, and
+        when the client does not offer ALPN ``postgresql`` (a client of another protocol, say
+        HTTPS, sent here must not get as far as a startup packet): offering others, with the
+        alert no_application_protocol; offering none, once the handshake is done.
+        """
+        if self.server.tls is None:
+            log.warning("closed a direct TLS connection from %s: TLS is not configured (listen.tls); "
+                        "the client must connect without sslnegotiation=direct", self.peer)
+            return False
+        try:
+            hello = await read_client_hello(self.reader, protocol.TLS_HANDSHAKE)
+            if self._alpn_refused(hello, "direct TLS connection"):
+                return False
+            alpn = await start_tls_after(self.reader, self.writer, self.server.tls, hello.records)
+        except (ssl.SSLError, ProtocolError) as exc:
+            log.warning("closed a direct TLS connection from %s: the handshake failed: %s", self.peer, exc)
+            return False
+        if alpn != protocol.TLS_ALPN:
+            log.warning('closed a direct TLS connection from %s: the client offered no ALPN protocol '
+                        '(direct TLS needs "%s")', self.peer, protocol.TLS_ALPN)
+            return False
+        return True
+
+    def _alpn_refused(self, hello: ClientHello, what: str) -> bool:
+        """Whether ``hello`` offers ALPN protocols without ``postgresql``: then, as PostgreSQL
+        17 does, the handshake is answered with the fatal alert no_application_protocol and
+        the connection is to be closed (a ClientHello without ALPN is not refused here)."""
+        if hello.alpn is None or protocol.TLS_ALPN.encode() in hello.alpn:
+            return False
+        log.warning('closed a %s from %s: the client offered ALPN protocols without "%s"',
+                    what, self.peer, protocol.TLS_ALPN)
+        self.writer.write(NO_APPLICATION_PROTOCOL_ALERT)
+        return True
 
     async def _start(self, startup: protocol.Startup) -> None:
         params = startup.parameters
@@ -650,13 +706,6 @@ class Session:
         self.shutting_down = True
         if not self.busy and self._task is not None:
             self._task.cancel()
-
-
-def _refuse_buffered(reader: asyncio.StreamReader) -> None:
-    """Raise if the client sent bytes after its SSLRequest without waiting for the answer."""
-    # StreamReader keeps what it has read but not handed out in _buffer (no public accessor).
-    if len(getattr(reader, "_buffer", b"")):
-        raise ProtocolError("received unencrypted data after SSL request")
 
 
 def _application_name(value: str) -> str:

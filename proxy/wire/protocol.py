@@ -18,6 +18,8 @@ __all__ = [
     "GSSENC_REQUEST",
     "PROTOCOL_3_0",
     "SSL_REQUEST",
+    "TLS_ALPN",
+    "TLS_HANDSHAKE",
     "Field",
     "InvalidText",
     "MessageReader",
@@ -32,6 +34,12 @@ PROTOCOL_3_0 = 196608
 SSL_REQUEST = 80877103
 GSSENC_REQUEST = 80877104
 CANCEL_REQUEST = 80877102
+TLS_HANDSHAKE = b"\x16"
+"""The first byte of a TLS handshake record: a client starting TLS directly (libpq 17's
+``sslnegotiation=direct``) sends it where a startup packet's length would begin (a length
+starting with it would be hundreds of megabytes, never a startup packet)."""
+TLS_ALPN = "postgresql"
+"""The ALPN protocol name of PostgreSQL's protocol (PostgreSQL 17 requires it of direct TLS)."""
 
 _I32 = struct.Struct("!i")
 _I16 = struct.Struct("!h")
@@ -77,9 +85,10 @@ class Startup(NamedTuple):
 # ---------------------------------------------------------------- reading frontend messages
 
 
-async def read_startup(reader: asyncio.StreamReader, max_bytes: int) -> Startup:
-    """Read one untyped startup packet (StartupMessage, SSLRequest, GSSENCRequest, CancelRequest)."""
-    (length,) = _I32.unpack(await reader.readexactly(4))
+async def read_startup(reader: asyncio.StreamReader, max_bytes: int, head: bytes = b"") -> Startup:
+    """Read one untyped startup packet (StartupMessage, SSLRequest, GSSENCRequest, CancelRequest);
+    ``head``: its first bytes (at most 4), already read from ``reader``."""
+    (length,) = _I32.unpack(head + await reader.readexactly(4 - len(head)))
     if length < 8 or length > min(max_bytes, 10_000):
         raise ProtocolError(f"invalid startup packet length {length}")
     body = await reader.readexactly(length - 4)
