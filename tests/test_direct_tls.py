@@ -1,4 +1,4 @@
-"""Direct TLS (libpq 17's ``sslnegotiation=direct``, pgJDBC's ``sslNegotiation=direct``): the
+"""Direct TLS (libpq 17's ``sslnegotiation=direct``; pgJDBC 42.7.4+'s ``sslNegotiation=direct`` is the same handshake): the
 client's first bytes are its TLS ClientHello, with ALPN ``postgresql``, and no SSLRequest.
 
 dpproxy takes it when TLS is configured and the client offers that ALPN, as PostgreSQL 17 does,
@@ -16,20 +16,17 @@ import ssl
 import struct
 import subprocess
 import time
-from pathlib import Path
 from typing import Iterator
 
 import psycopg
 import pytest
 
-from clients import pgjdbc_jar, require_tool
 from conftest import RunningProxy, TestDatabase, psql_path, spent_epsilon
 from pg_versions import postgresql_binaries
 from tls_proxy import self_signed_certificate, tls_proxy
 from wire import SLOW_CATALOG_QUERY, Wire, assert_cancel_stops_a_slow_query, message, startup
 
 DIRECT = " sslmode=require sslnegotiation=direct connect_timeout=10"
-_JAVA_SOURCE = Path(__file__).parent / "java" / "DirectTlsCheck.java"
 DP_COUNT = "SELECT COUNT(*) FROM adult WHERE age > 40"
 
 
@@ -245,24 +242,3 @@ def test_libpq_17_psql_connects_directly_and_by_ssl_request(required_tls_proxy: 
                                 capture_output=True, text=True, env=env, timeout=60)
         assert result.returncode == 0, (negotiation, result.stderr)
         assert int(result.stdout.split()[-1]) > 1000, result.stdout
-
-
-def test_pgjdbc_connects_with_ssl_negotiation_direct_and_postgres(required_tls_proxy: RunningProxy,
-                                                                    tmp_path: Path):
-    # pgJDBC 42.7.4 and later take sslNegotiation=direct (the suite's jar: tests/clients.py).
-    jar = pgjdbc_jar()
-    javac = require_tool("javac", "default-jdk-headless")
-    java = require_tool("java", "default-jdk-headless")
-    subprocess.run([javac, "-d", str(tmp_path), "-cp", str(jar), str(_JAVA_SOURCE)], check=True, timeout=120)
-    for negotiation in ("direct", "postgres"):
-        result = subprocess.run(
-            [java, "-cp", f"{jar}:{tmp_path}", "DirectTlsCheck", required_tls_proxy.host, str(required_tls_proxy.port),
-             "dpproxy_test", "analyst", "analyst", negotiation],
-            capture_output=True, text=True, timeout=120,
-        )
-        assert result.returncode == 0, (negotiation, result.stderr)
-        driver, count, done, _ = result.stdout.split("\n")
-        # An older pgJDBC ignores sslNegotiation and would pass here by an SSLRequest.
-        version = tuple(int(part) for part in driver.removeprefix("DRIVER ").split(".")[:3])
-        assert version >= (42, 7, 4), f"pgJDBC {driver} predates sslNegotiation=direct"
-        assert done == "DONE ok" and int(count.removeprefix("COUNT ")) > 1000, result.stdout
