@@ -120,6 +120,31 @@ def test_a_direct_handshake_without_alpn_is_closed_before_any_startup(
 
 
 @pytest.mark.parametrize("negotiation", ["direct", "ssl-request"])
+def test_a_failed_handshake_is_one_log_line_not_an_internal_error(
+    required_tls_proxy: RunningProxy, negotiation: str, caplog: pytest.LogCaptureFixture
+):
+    # A client that does not trust the certificate aborts the handshake with an alert: an
+    # operator's log gets one line saying so, as PostgreSQL's does, not a session's traceback.
+    caplog.set_level(logging.WARNING, "dpproxy")
+    sock = socket.create_connection((required_tls_proxy.host, required_tls_proxy.port), timeout=10)
+    if negotiation == "ssl-request":
+        sock.sendall(struct.pack("!ii", 8, 80877103))
+        assert sock.recv(1) == b"S"
+    context = ssl.create_default_context()  # verifies: the suite's self-signed certificate is unknown
+    context.set_alpn_protocols(["postgresql"])
+    with pytest.raises(ssl.SSLCertVerificationError):
+        context.wrap_socket(sock, server_hostname="localhost")
+    sock.close()
+    deadline = time.monotonic() + 10
+    while not any("the handshake failed" in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert any("the handshake failed" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert not [r.getMessage() for r in caplog.records if r.exc_info], "a traceback was logged"
+    with psycopg.connect(required_tls_proxy.dsn() + DIRECT, autocommit=True) as conn:  # the server goes on
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+@pytest.mark.parametrize("negotiation", ["direct", "ssl-request"])
 def test_a_handshake_offering_alpn_without_postgresql_gets_no_application_protocol(
     required_tls_proxy: RunningProxy, negotiation: str, caplog: pytest.LogCaptureFixture
 ):

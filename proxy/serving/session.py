@@ -256,10 +256,14 @@ class Session:
                 await self.writer.drain()
                 # and what arrived while 'S' was being sent
                 refuse_buffered(self.reader, _UNENCRYPTED_AFTER_SSL_REQUEST)
-                hello = await read_client_hello(self.reader)
-                if self._alpn_refused(hello, "TLS connection"):
+                try:
+                    hello = await read_client_hello(self.reader)
+                    if self._alpn_refused(hello, "TLS connection"):
+                        return None
+                    await start_tls_after(self.reader, self.writer, self.server.tls, hello.records)
+                except ssl.SSLError as exc:  # as PostgreSQL: a log line; the client sees the TLS alert
+                    log.warning("closed a TLS connection from %s: the handshake failed: %s", self.peer, exc)
                     return None
-                await start_tls_after(self.reader, self.writer, self.server.tls, hello.records)
                 encrypted = True
                 continue
             if startup.code in (protocol.SSL_REQUEST, protocol.GSSENC_REQUEST):
