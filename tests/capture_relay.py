@@ -130,9 +130,12 @@ class CapturingRelay:
         buffer = b""
         try:
             while chunk := source.recv(65536):
-                sink.sendall(chunk)
                 if state.opaque:
+                    sink.sendall(chunk)
                     continue
+                # Read before the client gets it: once it has a ReadyForQuery it may send the next
+                # statement, which must not be recorded while this answer still pends (a loaded
+                # machine once let the startup's ReadyForQuery close the client's first Query).
                 buffer += chunk
                 while buffer:
                     with state.lock:
@@ -150,6 +153,7 @@ class CapturingRelay:
                         break
                     self._backend_message(buffer[:1], buffer[5:size], state)
                     buffer = buffer[size:]
+                sink.sendall(chunk)
         except OSError:
             pass
         finally:
