@@ -383,6 +383,10 @@ _CLIENT_TESTS = {
     "test_policy_view": {"test_psql_shows_the_policy_columns"},
     "test_readme_session": {"test_readme_session_reproduces_through_dpproxy_with_the_demo_policy"},
     "test_startup_errors": {"test_tls_files_that_cannot_be_loaded"},  # openssl
+    "test_attack_stop38_protocol": {  # openssl (the certificate)
+        "test_what_is_no_client_hello_is_closed_with_a_log_line_and_no_plaintext_answer",
+        "test_a_client_that_stops_in_its_handshake_is_closed_at_the_startup_timeout",
+    },
 }
 
 

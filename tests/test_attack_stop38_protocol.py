@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import ssl
 import struct
@@ -83,6 +84,95 @@ def test_a_client_hello_split_into_records_anywhere_is_read_whole(cuts: list[int
     hello, rest = _read(records + b"X")
     assert isinstance(hello, ClientHello) and hello.records == records and rest == b"X"
     assert hello.alpn == [b"postgresql"]
+
+
+# ---------------------------------------------------------------- the ClientHello through a real socket
+
+
+@pytest.fixture(scope="module")
+def tls_required(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """A dpproxy that requires TLS and gives a connection 2 s to start."""
+    folder = tmp_path_factory.mktemp("stop38-tls")
+    cert, key = self_signed_certificate(folder)
+    listen = (f'listen: {{{{host: 127.0.0.1, port: 0, startup_timeout_s: 2, '
+              f'tls: {{{{cert: "{cert}", key: "{key}", required: true}}}}}}}}')
+    proxy = RunningProxy(make_policy(test_db, folder / "ledger.sqlite3",
+                                     TEST_POLICY.replace("listen: {{host: 127.0.0.1, port: 0}}", listen)))
+    yield proxy
+    proxy.stop()
+
+
+def _client_context() -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["postgresql"])
+    return context
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    """What the server sends until it closes the connection (a TLS error counts as closed)."""
+    sock.settimeout(30)
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except (ssl.SSLError, ConnectionError):
+        pass
+    return received
+
+
+def _connect(proxy: RunningProxy, negotiation: str) -> socket.socket:
+    """A socket to ``proxy``, after an SSLRequest answered 'S' for ``ssl-request``."""
+    sock = socket.create_connection((proxy.host, proxy.port), timeout=30)
+    if negotiation == "ssl-request":
+        sock.sendall(SSL_REQUEST)
+        assert sock.recv(1) == b"S"
+    return sock
+
+
+def _serves_on(proxy: RunningProxy) -> None:
+    with psycopg.connect(proxy.dsn() + " sslmode=require", autocommit=True) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+_NOT_A_CLIENT_HELLO = {
+    "record-longer-than-tls-allows": b"\x16\x03\x01\xff\xff",
+    "empty-record": b"\x16\x03\x01\x00\x00",
+    "hello-declared-16-MiB": b"\x16\x03\x01\x00\x04\x01\xff\xff\xff",
+    "alert-record": b"\x16\x03\x01\x00\x01\x01" + b"\x15\x03\x01\x00\x02\x02\x28",
+    "startup-packet-behind-the-hello": HELLO + struct.pack("!ii", 8, 80877103),
+}
+
+
+@pytest.mark.parametrize("negotiation", ["direct", "ssl-request"])
+@pytest.mark.parametrize("case", list(_NOT_A_CLIENT_HELLO))
+def test_what_is_no_client_hello_is_closed_with_a_log_line_and_no_plaintext_answer(
+        tls_required: RunningProxy, negotiation: str, case: str, caplog: pytest.LogCaptureFixture):
+    # The client sent a ClientHello's first byte, or had 'S': it speaks TLS and could read no
+    # ErrorResponse. After an SSLRequest such a connection got a plaintext FATAL and no log line.
+    caplog.set_level(logging.WARNING, "dpproxy")
+    sock = _connect(tls_required, negotiation)
+    sock.sendall(_NOT_A_CLIENT_HELLO[case])
+    assert _read_all(sock) == b""
+    sock.close()
+    assert [r.getMessage() for r in caplog.records if "the handshake failed" in r.getMessage()], \
+        [r.getMessage() for r in caplog.records]
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+    _serves_on(tls_required)
+
+
+@pytest.mark.parametrize("negotiation", ["direct", "ssl-request"])
+@pytest.mark.parametrize("sent", [3, 40, len(HELLO)], ids=["record-header", "half-a-hello", "whole-hello"])
+def test_a_client_that_stops_in_its_handshake_is_closed_at_the_startup_timeout(
+        tls_required: RunningProxy, negotiation: str, sent: int, caplog: pytest.LogCaptureFixture):
+    caplog.set_level(logging.WARNING, "dpproxy")
+    sock = _connect(tls_required, negotiation)
+    sock.sendall(HELLO[:sent])
+    _read_all(sock)  # returns once the server closes (the socket's own timeout is far longer)
+    sock.close()
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+    _serves_on(tls_required)
 
 
 # ---------------------------------------------------------------- the client watch during a pool wait
