@@ -386,6 +386,8 @@ _CLIENT_TESTS = {
     "test_attack_stop38_protocol": {  # openssl (the certificate)
         "test_what_is_no_client_hello_is_closed_with_a_log_line_and_no_plaintext_answer",
         "test_a_client_that_stops_in_its_handshake_is_closed_at_the_startup_timeout",
+        "test_tls_required_gives_no_session_to_a_startup_in_clear_after_any_request",
+        "test_requests_inside_direct_tls_keep_the_session_in_tls_and_are_counted",
     },
 }
 

@@ -28,7 +28,7 @@ from conftest import TEST_POLICY, RunningProxy, TestDatabase, make_policy, spent
 from proxy.wire.client_hello import ClientHello, read_client_hello
 from proxy.wire.protocol import ProtocolError
 from tls_proxy import self_signed_certificate
-from wire import SYNC, Wire, bind, cstr, data_row_values, describe, error_fields, execute, message, parse
+from wire import SYNC, Wire, bind, cstr, data_row_values, describe, error_fields, execute, message, parse, startup
 
 SSL_REQUEST = struct.pack("!ii", 8, 80877103)
 
@@ -123,7 +123,7 @@ def _read_all(sock: socket.socket) -> bytes:
 
 
 def _connect(proxy: RunningProxy, negotiation: str) -> socket.socket:
-    """A socket to ``proxy``, after an SSLRequest answered 'S' for ``ssl-request``."""
+    """A socket to ``proxy``; for ``ssl-request``, after an SSLRequest answered 'S'."""
     sock = socket.create_connection((proxy.host, proxy.port), timeout=30)
     if negotiation == "ssl-request":
         sock.sendall(SSL_REQUEST)
@@ -173,6 +173,48 @@ def test_a_client_that_stops_in_its_handshake_is_closed_at_the_startup_timeout(
     sock.close()
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
     _serves_on(tls_required)
+
+
+GSSENC_REQUEST = struct.pack("!ii", 8, 80877104)
+
+
+def _fatal_code(sock: socket.socket) -> bytes:
+    """The SQLSTATE of the one message the server sends before it closes: an ErrorResponse."""
+    reply = _read_all(sock)
+    assert reply[:1] == b"E" and len(reply) == 1 + struct.unpack("!i", reply[1:5])[0], reply
+    return error_fields(reply[5:])[b"C"]
+
+
+def test_tls_required_gives_no_session_to_a_startup_in_clear_after_any_request(tls_required: RunningProxy):
+    # A GSSENC request answered 'N' leaves the connection in clear: its StartupMessage is refused.
+    sock = _connect(tls_required, "plain")
+    sock.sendall(GSSENC_REQUEST)
+    assert sock.recv(1) == b"N"
+    sock.sendall(startup(user="analyst", database="dpproxy_test"))
+    assert _fatal_code(sock) == b"28000"
+    sock.close()
+    # A ClientHello is taken only as the connection's first bytes, as PostgreSQL 17 takes it.
+    sock = _connect(tls_required, "plain")
+    sock.sendall(GSSENC_REQUEST)
+    assert sock.recv(1) == b"N"
+    sock.sendall(HELLO)
+    assert _fatal_code(sock) == b"08P01"
+    sock.close()
+
+
+def test_requests_inside_direct_tls_keep_the_session_in_tls_and_are_counted(tls_required: RunningProxy):
+    tls = _client_context().wrap_socket(_connect(tls_required, "direct"), server_hostname="localhost")
+    tls.sendall(SSL_REQUEST)  # TLS already: 'N', and the startup follows inside TLS
+    assert tls.recv(1) == b"N"
+    tls.sendall(startup(user="analyst", database="dpproxy_test"))
+    assert tls.recv(1) == b"R"
+    tls.close()
+    tls = _client_context().wrap_socket(_connect(tls_required, "direct"), server_hostname="localhost")
+    for request in (GSSENC_REQUEST, SSL_REQUEST):
+        tls.sendall(request)
+        assert tls.recv(1) == b"N"
+    assert _fatal_code(tls) == b"08P01"  # three negotiations at most, the handshake among them
+    tls.close()
 
 
 # ---------------------------------------------------------------- the client watch during a pool wait
@@ -277,6 +319,14 @@ def test_messages_pipelined_while_a_dp_statement_waits_are_answered_once_and_in_
     _audited(audit, client, ("dp", None, 1.0), ("dp", None, 1.0))
 
 
+def _read_ahead(proxy: RunningProxy) -> int:
+    """The most bytes a session of ``proxy`` holds read from its client and not yet handled."""
+    async def read() -> int:
+        readers = [session._messages for session in proxy.server.sessions if session._messages is not None]
+        return max((len(reader._buffer) - reader._pos for reader in readers), default=0)
+    return int(proxy._call(read()))
+
+
 def test_more_than_the_watch_reads_ahead_waits_in_the_socket_and_comes_after_in_order(pool_of_one):
     proxy, _ = pool_of_one
     before = _plain_epsilon(proxy)
@@ -289,7 +339,12 @@ def test_more_than_the_watch_reads_ahead_waits_in_the_socket_and_comes_after_in_
         # thread, for the socket's buffers fill up until the checkout).
         sender = threading.Thread(target=wire.send, args=(copy_data * 10 + _query("SELECT 5"),))
         sender.start()
-        time.sleep(0.3)
+        deadline = time.monotonic() + 30
+        while _read_ahead(proxy) < 256 * 1024:
+            assert time.monotonic() < deadline, f"the watch read {_read_ahead(proxy)} bytes ahead"
+            time.sleep(0.01)
+        time.sleep(0.2)  # a chance to read more than it should
+        assert _read_ahead(proxy) <= 256 * 1024 + 65536  # its limit and one read past it
     sender.join(30)
     assert not sender.is_alive()
     first, second = wire.read_until(b"Z"), wire.read_until(b"Z")
