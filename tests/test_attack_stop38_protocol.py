@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import TEST_POLICY, RunningProxy, TestDatabase, make_policy, spent_epsilon
-from proxy.wire.client_hello import ClientHello, read_client_hello
+from proxy.wire.client_hello import ClientHello, offered_alpn, read_client_hello
 from proxy.wire.protocol import ProtocolError
 from tls_proxy import self_signed_certificate
 from wire import SYNC, Wire, bind, cstr, data_row_values, describe, error_fields, execute, message, parse, startup
@@ -84,6 +84,79 @@ def test_a_client_hello_split_into_records_anywhere_is_read_whole(cuts: list[int
     hello, rest = _read(records + b"X")
     assert isinstance(hello, ClientHello) and hello.records == records and rest == b"X"
     assert hello.alpn == [b"postgresql"]
+
+
+def _hello_with_extensions(extensions: list[tuple[int, bytes]]) -> tuple[bytes, bytes]:
+    """HELLO with ``extensions`` (type, body) in place of its own: its record and its message."""
+    message = HELLO[5:]
+    pos = 4 + 2 + 32
+    pos += 1 + message[pos]
+    pos += 2 + struct.unpack_from("!H", message, pos)[0]
+    pos += 1 + message[pos]
+    block = b"".join(struct.pack("!HH", kind, len(body)) + body for kind, body in extensions)
+    body = message[4:pos] + struct.pack("!H", len(block)) + block
+    message = b"\x01" + len(body).to_bytes(3, "big") + body
+    return HELLO[:3] + struct.pack("!H", len(message)) + message, message
+
+
+def _extensions_of(message: bytes) -> list[tuple[int, bytes]]:
+    pos = 4 + 2 + 32
+    pos += 1 + message[pos]
+    pos += 2 + struct.unpack_from("!H", message, pos)[0]
+    pos += 1 + message[pos] + 2
+    extensions = []
+    while pos < len(message):
+        kind, length = struct.unpack_from("!HH", message, pos)
+        extensions.append((kind, message[pos + 4 : pos + 4 + length]))
+        pos += 4 + length
+    return extensions
+
+
+_ALPN = 16
+_OTHER_EXTENSIONS = [e for e in _extensions_of(HELLO[5:]) if e[0] != _ALPN]
+
+
+@pytest.fixture(scope="module")
+def server_context(tmp_path_factory: pytest.TempPathFactory) -> ssl.SSLContext:
+    """A TLS server context as dpproxy's: ALPN postgresql."""
+    cert, key = self_signed_certificate(tmp_path_factory.mktemp("stop38-cert"))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    context.set_alpn_protocols(["postgresql"])
+    return context
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(names=st.lists(st.one_of(st.sampled_from([b"postgresql", b"h2", b"", b"postgresq", b"postgresqlx"]),
+                                st.binary(max_size=12)), max_size=5),
+       list_skew=st.one_of(st.just(0), st.integers(-3, 3)), extension_skew=st.one_of(st.just(0), st.integers(-3, 3)),
+       copies=st.sampled_from([1, 1, 0, 2]), where=st.integers(0, 20))
+def test_openssl_never_takes_an_alpn_offer_the_reader_did_not_read_as_offered(
+        server_context: ssl.SSLContext, names: list[bytes], list_skew: int, extension_skew: int, copies: int,
+        where: int):
+    # The reader's answer decides the refusal (no_application_protocol) that Python's ssl module
+    # cannot make: for any ALPN extension, empty, overlong, short, repeated or anywhere, a
+    # ClientHello OpenSSL goes on with must have been read as offering what OpenSSL saw.
+    entries = b"".join(bytes([len(name)]) + name for name in names)
+    body = struct.pack("!H", max(0, len(entries) + list_skew)) + entries
+    body = body[: len(body) + extension_skew] if extension_skew < 0 else body + b"\0" * extension_skew
+    where = min(where, len(_OTHER_EXTENSIONS))
+    records, message = _hello_with_extensions(
+        _OTHER_EXTENSIONS[:where] + [(_ALPN, body)] * copies + _OTHER_EXTENSIONS[where:])
+    offered = offered_alpn(message)
+    tls = server_context.wrap_bio(incoming := ssl.MemoryBIO(), ssl.MemoryBIO(), server_side=True)
+    incoming.write(records)
+    try:
+        tls.do_handshake()
+    except ssl.SSLWantReadError:
+        pass  # OpenSSL answered and waits for the client's next flight: it went on
+    except ssl.SSLError:
+        return  # refused by OpenSSL: whatever the reader made of it, no session follows
+    if copies == 0:
+        assert offered is None
+    else:
+        assert offered is not None, "OpenSSL went on with an ALPN offer the reader did not see"
+        assert (tls.selected_alpn_protocol() == "postgresql") == (b"postgresql" in offered)
 
 
 # ---------------------------------------------------------------- the ClientHello through a real socket
