@@ -27,22 +27,12 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from conftest import TEST_POLICY, RunningProxy, TestDatabase, make_policy, spent_epsilon
 from proxy.wire.client_hello import ClientHello, offered_alpn, read_client_hello
 from proxy.wire.protocol import ProtocolError
+from test_client_hello import _client_hello
+from test_direct_tls import _client_context, _read_all
 from tls_proxy import self_signed_certificate
 from wire import SYNC, Wire, bind, cstr, data_row_values, describe, error_fields, execute, message, parse, startup
 
 SSL_REQUEST = struct.pack("!ii", 8, 80877103)
-
-
-def _client_hello(alpn: list[str] | None) -> bytes:
-    """The records of the ClientHello OpenSSL sends first, offering ``alpn``."""
-    context = ssl.create_default_context()
-    if alpn is not None:
-        context.set_alpn_protocols(alpn)
-    outgoing = ssl.MemoryBIO()
-    tls = context.wrap_bio(ssl.MemoryBIO(), outgoing, server_hostname="localhost")
-    with pytest.raises(ssl.SSLWantReadError):
-        tls.do_handshake()
-    return outgoing.read()
 
 
 HELLO = _client_hello(["postgresql"])
@@ -175,26 +165,6 @@ def tls_required(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory
     proxy.stop()
 
 
-def _client_context() -> ssl.SSLContext:
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    context.set_alpn_protocols(["postgresql"])
-    return context
-
-
-def _read_all(sock: socket.socket) -> bytes:
-    """What the server sends until it closes the connection (a TLS error counts as closed)."""
-    sock.settimeout(30)
-    received = b""
-    try:
-        while chunk := sock.recv(65536):
-            received += chunk
-    except (ssl.SSLError, ConnectionError):
-        pass
-    return received
-
-
 def _connect(proxy: RunningProxy, negotiation: str) -> socket.socket:
     """A socket to ``proxy``; for ``ssl-request``, after an SSLRequest answered 'S'."""
     sock = socket.create_connection((proxy.host, proxy.port), timeout=30)
@@ -276,13 +246,13 @@ def test_tls_required_gives_no_session_to_a_startup_in_clear_after_any_request(t
 
 
 def test_requests_inside_direct_tls_keep_the_session_in_tls_and_are_counted(tls_required: RunningProxy):
-    tls = _client_context().wrap_socket(_connect(tls_required, "direct"), server_hostname="localhost")
+    tls = _client_context(["postgresql"]).wrap_socket(_connect(tls_required, "direct"), server_hostname="localhost")
     tls.sendall(SSL_REQUEST)  # TLS already: 'N', and the startup follows inside TLS
     assert tls.recv(1) == b"N"
     tls.sendall(startup(user="analyst", database="dpproxy_test"))
     assert tls.recv(1) == b"R"
     tls.close()
-    tls = _client_context().wrap_socket(_connect(tls_required, "direct"), server_hostname="localhost")
+    tls = _client_context(["postgresql"]).wrap_socket(_connect(tls_required, "direct"), server_hostname="localhost")
     for request in (GSSENC_REQUEST, SSL_REQUEST):
         tls.sendall(request)
         assert tls.recv(1) == b"N"
