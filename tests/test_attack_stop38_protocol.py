@@ -417,7 +417,7 @@ def test_a_terminate_pipelined_after_a_waiting_dp_statement_comes_after_its_answ
 @pytest.mark.parametrize("names_known", [False, True], ids=["first-statement", "names-resolved-before"])
 def test_a_half_close_after_pipelined_queries_drops_them_all_uncharged_and_audits_the_waiting_one(
         pool_of_one, names_known: bool):
-    # An end of file while the statement waits is a client gone (docs/threat-model.md), even one
+    # An end of file while the statement waits is a client gone (docs/deployment.md), even one
     # that only shut down its sending side: no statement of the pipeline reached the backend.
     # The session's first statement waits for its checkout to resolve its names, a later one to
     # run: either way it leaves one audit line, 08006 and no ε, as a statement failing there for
