@@ -232,8 +232,12 @@ def test_a_client_hello_arriving_in_pieces_is_read_whole(required_tls_proxy: Run
     sock.close()
 
 
-def test_a_cancel_request_sent_over_direct_tls_cancels_the_query(required_tls_proxy: RunningProxy,
-                                                                   admin: psycopg.Connection):
+@pytest.mark.parametrize("cancel_over", ["direct-tls", "plaintext"])
+def test_a_cancel_request_sent_over_direct_tls_or_in_clear_cancels_the_query(
+        required_tls_proxy: RunningProxy, admin: psycopg.Connection, cancel_over: str):
+    # In clear too, with tls.required, as PostgreSQL takes it whatever pg_hba.conf says: the
+    # request opens no session and carries only the process id and the secret key, which the
+    # session's client chose to send so (docs/deployment.md).
     wire = Wire(required_tls_proxy.host, required_tls_proxy.port, direct_tls=_client_context(["postgresql"]))
     (key,) = [body for kind, body in wire.startup if kind == b"K"]
     wire.send(message(b"Q", SLOW_CATALOG_QUERY.encode() + b"\0"))
@@ -245,7 +249,10 @@ def test_a_cancel_request_sent_over_direct_tls_cancels_the_query(required_tls_pr
         time.sleep(0.05)
     else:
         pytest.fail(f"the statement never showed as running: {admin.execute('SELECT query FROM pg_stat_activity').fetchall()}")
-    cancel = _direct(required_tls_proxy, ["postgresql"])
+    if cancel_over == "direct-tls":
+        cancel = _direct(required_tls_proxy, ["postgresql"])
+    else:
+        cancel = socket.create_connection((required_tls_proxy.host, required_tls_proxy.port), timeout=10)
     cancel.sendall(struct.pack("!ii", 16, 80877102) + key)
     assert _read_all(cancel) == b""  # closed once read, as PostgreSQL closes it
     cancel.close()

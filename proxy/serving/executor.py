@@ -230,6 +230,9 @@ class Executor:
         except BackendError as exc:
             self._audit_soon(fingerprint, "error", exc.sqlstate, None, started)
             raise
+        except ClientGone:  # the checkout to resolve its names waited, and the client went: uncharged
+            self._audit_soon(fingerprint, "error", "08006", None, started)
+            raise
         try:
             try:
                 if long:

@@ -261,7 +261,9 @@ class Session:
                     if self._alpn_refused(hello, "TLS connection"):
                         return None
                     await start_tls_after(self.reader, self.writer, self.server.tls, hello.records)
-                except ssl.SSLError as exc:  # as PostgreSQL: a log line; the client sees the TLS alert
+                except (ssl.SSLError, ProtocolError) as exc:
+                    # As PostgreSQL: a log line, and no plaintext ErrorResponse to a client that
+                    # had 'S' and speaks TLS (it sees the TLS alert, if any), as on the direct path.
                     log.warning("closed a TLS connection from %s: the handshake failed: %s", self.peer, exc)
                     return None
                 encrypted = True
