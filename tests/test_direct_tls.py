@@ -54,6 +54,16 @@ def _direct(proxy: RunningProxy, alpn: list[str] | None) -> ssl.SSLSocket:
     return _client_context(alpn).wrap_socket(sock, server_hostname="localhost")
 
 
+def _ready_for_a_handshake(proxy: RunningProxy, negotiation: str) -> socket.socket:
+    """A socket to ``proxy`` where the client's TLS handshake comes next: at once (``direct``),
+    or after an SSLRequest answered ``S`` (``ssl-request``)."""
+    sock = socket.create_connection((proxy.host, proxy.port), timeout=10)
+    if negotiation == "ssl-request":
+        sock.sendall(struct.pack("!ii", 8, 80877103))
+        assert sock.recv(1) == b"S"
+    return sock
+
+
 def _read_all(sock: socket.socket) -> bytes:
     """What the server sends until it closes the connection (a TLS error counts as closed)."""
     received = b""
@@ -126,10 +136,7 @@ def test_a_failed_handshake_is_one_log_line_not_an_internal_error(
     # A client that does not trust the certificate aborts the handshake with an alert: an
     # operator's log gets one line saying so, as PostgreSQL's does, not a session's traceback.
     caplog.set_level(logging.WARNING, "dpproxy")
-    sock = socket.create_connection((required_tls_proxy.host, required_tls_proxy.port), timeout=10)
-    if negotiation == "ssl-request":
-        sock.sendall(struct.pack("!ii", 8, 80877103))
-        assert sock.recv(1) == b"S"
+    sock = _ready_for_a_handshake(required_tls_proxy, negotiation)
     context = ssl.create_default_context()  # verifies: the suite's self-signed certificate is unknown
     context.set_alpn_protocols(["postgresql"])
     with pytest.raises(ssl.SSLCertVerificationError):
@@ -150,10 +157,7 @@ def test_a_handshake_offering_alpn_without_postgresql_gets_no_application_protoc
 ):
     # As PostgreSQL 17 answers it, after an SSLRequest too.
     caplog.set_level(logging.WARNING, "dpproxy.session")
-    sock = socket.create_connection((required_tls_proxy.host, required_tls_proxy.port), timeout=10)
-    if negotiation == "ssl-request":
-        sock.sendall(struct.pack("!ii", 8, 80877103))
-        assert sock.recv(1) == b"S"
+    sock = _ready_for_a_handshake(required_tls_proxy, negotiation)
     with pytest.raises(ssl.SSLError, match="alert no application protocol"):
         _client_context(["http/1.1", "h2"]).wrap_socket(sock, server_hostname="localhost")
     sock.close()
