@@ -45,3 +45,5 @@ class ClientGone(ConnectionResetError):
     """The client closed its connection while its statement waited for a backend connection:
     the statement never reached the backend, nothing was charged for it, and the session ends
     as for any client that went away (nobody is left to read an answer)."""
+
+    sqlstate = "08006"  # connection_failure: what the statement's audit line records

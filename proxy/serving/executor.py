@@ -227,11 +227,8 @@ class Executor:
             fingerprint = _fingerprint(statement.text)
         try:
             resolved = await self._resolve(statement.references.relations)
-        except BackendError as exc:
+        except (BackendError, ClientGone) as exc:  # ClientGone: its checkout waited, the client went
             self._audit_soon(fingerprint, "error", exc.sqlstate, None, started)
-            raise
-        except ClientGone:  # the checkout to resolve its names waited, and the client went: uncharged
-            self._audit_soon(fingerprint, "error", "08006", None, started)
             raise
         try:
             try:
@@ -386,11 +383,8 @@ class Executor:
             # for as long as they like by holding every connection in a transaction block.
             try:
                 await self.backend.connection()
-            except BackendError as exc:
+            except (BackendError, ClientGone) as exc:  # ClientGone: dropped while it waited, uncharged
                 self._audit_soon(plan.fingerprint, "error", exc.sqlstate, None, started)
-                raise
-            except ClientGone:  # dropped while it waited, uncharged: its session ends
-                self._audit_soon(plan.fingerprint, "error", "08006", None, started)
                 raise
             plan = await self._current(plan)
         fingerprint = plan.fingerprint
@@ -403,11 +397,8 @@ class Executor:
             else:
                 self._audit_soon(fingerprint, "refused", exc.rule, None, started)
             raise
-        except BackendError as exc:
+        except (BackendError, ClientGone) as exc:  # ClientGone: a second checkout waited, the client went
             self._audit_soon(fingerprint, "error", exc.sqlstate, self._charged, started)
-            raise
-        except ClientGone:  # a second checkout (usable) waited, and the client went: uncharged
-            self._audit_soon(fingerprint, "error", "08006", self._charged, started)
             raise
         except asyncio.CancelledError:  # the session is being ended (shutdown) mid-statement
             self._audit(fingerprint, "error", SQLSTATE.ADMIN_SHUTDOWN, self._charged, time.perf_counter() - started)
