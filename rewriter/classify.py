@@ -152,6 +152,19 @@ _WRITES = {
 }
 # Statements that can also sit inside another one: in a WITH (at any depth) or a subquery's WITH.
 _NESTED_WRITES = frozenset({"InsertStmt", "UpdateStmt", "DeleteStmt", "MergeStmt"})
+# DDL over a query, which clients send to learn the query's columns (ibis's con.sql creates a
+# temporary view). Refused whatever the query: a temporary object would stay on a pooled backend
+# connection, where the next session to borrow it sees it, and the backend's sessions are
+# read-only. The hint names what answers the same need (docs/bi-tools.md, ibis).
+_CREATES_FROM_QUERY = {
+    "ViewStmt": "CREATE VIEW",
+    "CreateTableAsStmt": "CREATE TABLE AS (or MATERIALIZED VIEW)",
+}
+_CREATE_FROM_QUERY_HINT = (
+    "dpproxy creates no views or tables. For a query's columns, run the query with LIMIT 0 (its "
+    "columns and no row, nothing charged); for its answer, run the query itself. ibis: give "
+    "con.sql the columns, con.sql(query, schema={...}), or build the expression from con.table(...)."
+)
 _NOT_SUPPORTED = {
     "ExplainStmt": "EXPLAIN (its plans and ANALYZE output reveal row counts)",
     "DoStmt": "DO",
@@ -239,6 +252,13 @@ def _classify(
             f"{_NOT_SUPPORTED[kind]} is not supported through dpproxy (rule: statement-not-allowed)",
             "Only SELECT of DP aggregates, catalog queries and session statements are accepted.",
             "statement-not-allowed",
+        )
+    if kind in _CREATES_FROM_QUERY:
+        raise Refusal(
+            SQLSTATE.READ_ONLY_SQL_TRANSACTION,
+            f"{_CREATES_FROM_QUERY[kind]} is not allowed through dpproxy, also not a temporary one (rule: read-only)",
+            _CREATE_FROM_QUERY_HINT,
+            "read-only",
         )
     raise Refusal(
         SQLSTATE.READ_ONLY_SQL_TRANSACTION,

@@ -15,9 +15,16 @@ from typing import Any
 import ibis
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from clients import exact_count
-from conftest import TEST_DATABASE, RunningProxy, spent_epsilon
+from conftest import TEST_DATABASE, RunningProxy, TestDatabase, spent_epsilon
+from neighbour_outcome import same_on_neighbours
+from test_attack_histograms import _NEIGHBOURS, hist_proxy
+
+__all__ = ["hist_proxy"]  # the fixture, used here as it is there
+
+_NEIGHBOUR_TABLES = ["hn0", *_NEIGHBOURS]
 
 
 @pytest.fixture(scope="module")
@@ -121,16 +128,119 @@ def test_ibis_value_counts_of_a_declared_key_is_a_histogram(con: Any, budget: ps
     assert got.keys() == exact.keys() and all(abs(got[k] - exact[k]) < 30 for k in exact) and charged == 1
 
 
-def test_ibis_sql_is_refused_as_the_temporary_view_it_creates_and_raw_sql_answers(con: Any, budget: psycopg.Connection,
-                                                                                 admin: psycopg.Connection):
-    """con.sql(query) learns the query's columns from a CREATE TEMPORARY VIEW over it, which
-    dpproxy refuses as it refuses every DDL (25006, before any charge); con.raw_sql runs the
-    query itself."""
+# What con.sql(query) sends to learn the query's columns, whatever the query (captured through
+# tests/capture_relay.py): BEGIN; CREATE TEMPORARY VIEW ibis_postgres_metadata_<id> AS <query>;
+# COMMIT; SELECT nspname FROM pg_namespace WHERE oid = pg_my_temp_schema(); the columns from
+# pg_attribute (a prepared statement, the view's name a parameter); DROP VIEW IF EXISTS. Given a
+# schema, it sends none of it: .execute() sends the query itself.
+_SQL_QUERIES = {
+    "dp aggregate": "SELECT COUNT(*) AS n FROM adult WHERE age > 30",
+    "histogram": "SELECT sex, COUNT(*) AS n FROM adult GROUP BY sex",
+    "row-level": "SELECT age, sex FROM adult WHERE age > 30",
+    "catalog": "SELECT relname FROM pg_class WHERE relname = 'adult'",
+    "public table": "SELECT code, label FROM lookup",
+}
+
+
+@pytest.mark.parametrize("query", _SQL_QUERIES.values(), ids=_SQL_QUERIES.keys())
+def test_ibis_sql_without_a_schema_is_refused_at_its_temporary_view_with_a_hint_naming_what_answers(
+        con: Any, budget: psycopg.Connection, query: str):
+    """The temporary view is refused whatever its query (25006, before any charge): the refusal is
+    decided from the statement's kind, never from the query's plan or the table's rows. The hint
+    names what answers the same need: con.sql with the columns given, LIMIT 0, con.table."""
     before = spent_epsilon(budget)
     with pytest.raises(psycopg.Error) as info:
-        con.sql("SELECT COUNT(*) AS n FROM adult WHERE age > 30").execute()
+        con.sql(query)
     assert info.value.diag.sqlstate == "25006" and "(rule: read-only)" in str(info.value)
+    assert "CREATE VIEW" in str(info.value.diag.message_primary)
+    hint = str(info.value.diag.message_hint)
+    assert "con.sql(query, schema={...})" in hint and "LIMIT 0" in hint and "con.table(...)" in hint
     assert spent_epsilon(budget) == before
-    with con.raw_sql("SELECT COUNT(*) AS n FROM adult WHERE age > 30") as cursor:
+
+
+def test_ibis_sql_given_its_columns_answers_a_dp_aggregate_charged_once(con: Any, budget: psycopg.Connection,
+                                                                         admin: psycopg.Connection):
+    expression = con.sql(_SQL_QUERIES["dp aggregate"], schema={"n": "int64"})
+    frame, charged = _charged(budget, expression)
+    assert abs(int(frame["n"][0]) - exact_count(admin, "age > 30")) < 30 and charged == 1
+    # A filter on it wraps the query (SELECT * FROM (<query>) AS "t0" WHERE "t0"."n" > 0): post-processing
+    # of the one released row, charged once more as a statement of its own.
+    frame, charged = _charged(budget, expression.filter(expression.n > 0))
+    assert abs(int(frame["n"][0]) - exact_count(admin, "age > 30")) < 30 and charged == 1
+
+
+def test_ibis_sql_given_its_columns_answers_a_histogram_over_a_declared_key(con: Any, budget: psycopg.Connection,
+                                                                             admin: psycopg.Connection):
+    expression = con.sql(_SQL_QUERIES["histogram"], schema={"sex": "string", "n": "int64"})
+    frame, charged = _charged(budget, expression)
+    exact = dict(admin.execute("SELECT sex, count(*) FROM adult GROUP BY sex").fetchall())
+    got = dict(zip(frame["sex"], frame["n"]))
+    assert got.keys() == exact.keys() and all(abs(got[k] - exact[k]) < 30 for k in exact) and charged == 1
+
+
+def test_ibis_sql_given_its_columns_still_refuses_a_row_level_select_uncharged(con: Any, budget: psycopg.Connection):
+    before = spent_epsilon(budget)
+    with pytest.raises(psycopg.Error) as info:
+        con.sql(_SQL_QUERIES["row-level"], schema={"age": "int32", "sex": "string"}).execute()
+    assert info.value.diag.sqlstate == "DP001" and "(rule: no-row-access)" in str(info.value)
+    assert spent_epsilon(budget) == before
+
+
+def test_ibis_sql_given_its_columns_reads_a_public_table_uncharged(con: Any, budget: psycopg.Connection):
+    before = spent_epsilon(budget)
+    frame = con.sql(_SQL_QUERIES["public table"], schema={"code": "string", "label": "string"}).execute()
+    assert dict(zip(frame["code"], frame["label"])) == {"M": "Male", "F": "Female"}
+    assert spent_epsilon(budget) == before
+
+
+@pytest.mark.parametrize("query", [_SQL_QUERIES["dp aggregate"], _SQL_QUERIES["histogram"]],
+                         ids=["dp aggregate", "histogram"])
+def test_ibis_raw_sql_with_limit_0_gives_a_query_s_columns_uncharged(con: Any, budget: psycopg.Connection,
+                                                                     query: str):
+    """The refusal's hint for learning a query's columns: the query with LIMIT 0, ε 0."""
+    before = spent_epsilon(budget)
+    with con.raw_sql(f"{query} LIMIT 0") as cursor:
+        assert cursor.fetchall() == []
+        names = [column.name for column in cursor.description]
+    assert names == (["n"] if "GROUP BY" not in query else ["sex", "n"])
+    assert spent_epsilon(budget) == before
+
+
+def test_ibis_raw_sql_runs_the_query_itself_charged_once(con: Any, budget: psycopg.Connection,
+                                                         admin: psycopg.Connection):
+    before = spent_epsilon(budget)
+    with con.raw_sql(_SQL_QUERIES["dp aggregate"]) as cursor:
         ((count,),) = cursor.fetchall()
     assert abs(count - exact_count(admin, "age > 30")) < 30 and spent_epsilon(budget) - before == 1
+
+
+def test_ibis_12_under_sqlglot_30_fails_its_own_sql_schema_probe_on_postgresql_itself(test_db: TestDatabase):
+    """Why dpproxy does not answer con.sql's temporary view: with the sqlglot dpproxy pins (30.x),
+    ibis 12.0 renders the probe's clean-up as ``DROP VIEW IF EXISTS`` without the view's name, a
+    syntax error on PostgreSQL itself, so con.sql(query) without a schema fails on any server. When
+    this test fails, ibis's probe works again: see docs/bi-tools.md (ibis) for the design it needs."""
+    params = conninfo_to_dict(test_db.admin_dsn)
+    params["database"] = params.pop("dbname")
+    direct = ibis.postgres.connect(**params)
+    try:
+        with pytest.raises(psycopg.errors.SyntaxError) as info:
+            direct.sql("SELECT COUNT(*) AS n FROM adult WHERE age > 30")
+        assert "DROP VIEW IF EXISTS" in str(info.value)
+    finally:
+        direct.disconnect()
+
+
+@pytest.mark.parametrize("query", [
+    "SELECT COUNT(*) AS n FROM {t} WHERE x > 3",
+    "SELECT t, COUNT(*) AS n FROM {t} GROUP BY t",
+    "SELECT * FROM {t}",
+])
+@pytest.mark.parametrize("create", ["CREATE TEMPORARY VIEW ibis_postgres_metadata_probe", "CREATE TEMPORARY TABLE probe"])
+def test_ibis_sql_s_temporary_view_is_refused_alike_and_uncharged_on_neighbouring_tables(
+        hist_proxy: RunningProxy, create: str, query: str):
+    """The probe as ibis sends it, and its CREATE TABLE AS twin, over test_attack_histograms'
+    neighbours (hn0, and hn1 … hn5 with one adversarial row more): the same refusal on each."""
+    with hist_proxy.connect() as conn:
+        conn.autocommit = True
+        outcome = same_on_neighbours(conn, f"{create} AS {query}", _NEIGHBOUR_TABLES, spent_epsilon)
+    assert outcome[0] == "error" and outcome[1] == "25006" and "con.sql(query, schema={...})" in str(outcome[3])
