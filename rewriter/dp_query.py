@@ -133,9 +133,11 @@ class AggregateQuery:
     # A GROUP BY joined to a subquery that ranks its series (rewriter/series_limit.py): its
     # cells are kept where the ranking keeps theirs.
     series: SeriesLimit | None = None
-    # The values and comparisons of its WHERE and FILTERs (rewriter/predicate_terms.py), for a
-    # statement of two plans to count both.
+    # The values and comparisons of its WHERE and FILTERs (rewriter/predicate_terms.py), and the
+    # characters of their literal ILIKE patterns (rewriter/like_patterns.py), for a statement of
+    # two plans to count both.
     terms: int = field(default=0, compare=False)
+    ilike_characters: int = field(default=0, compare=False)
 
     @property
     def predicates(self) -> tuple[str, ...]:
@@ -233,7 +235,8 @@ def plan_aggregate_query(
         aggregates = tuple(replace(agg, filter_sql=text) for agg, text in zip(aggregates, folding.inline_filters()))
     ranges = key_ranges(where.this if where is not None else None, groups, scope)
     plan = AggregateQuery(table, aggregates, where_sql, _no_rows(tree, scope, grouped=bool(groups)), folding=folding,
-                          post=post, groups=groups, ranges=ranges, terms=conditions.terms)
+                          post=post, groups=groups, ranges=ranges, terms=conditions.terms,
+                          ilike_characters=conditions.ilike_characters)
     if not ranges:  # no time bound can narrow a key: the cells are known now
         too_many = too_many_cells(plan)
         if too_many is not None:
