@@ -133,9 +133,11 @@ class AggregateQuery:
     # A GROUP BY joined to a subquery that ranks its series (rewriter/series_limit.py): its
     # cells are kept where the ranking keeps theirs.
     series: SeriesLimit | None = None
-    # The values and comparisons of its WHERE and FILTERs (rewriter/predicate_terms.py), for a
-    # statement of two plans to count both.
+    # The values and comparisons of its WHERE and FILTERs (rewriter/predicate_terms.py), and the
+    # characters of their literal ILIKE patterns (rewriter/like_patterns.py), for a statement of
+    # two plans to count both.
     terms: int = field(default=0, compare=False)
+    ilike_characters: int = field(default=0, compare=False)
 
     @property
     def predicates(self) -> tuple[str, ...]:
@@ -233,7 +235,8 @@ def plan_aggregate_query(
         aggregates = tuple(replace(agg, filter_sql=text) for agg, text in zip(aggregates, folding.inline_filters()))
     ranges = key_ranges(where.this if where is not None else None, groups, scope)
     plan = AggregateQuery(table, aggregates, where_sql, _no_rows(tree, scope, grouped=bool(groups)), folding=folding,
-                          post=post, groups=groups, ranges=ranges, terms=conditions.terms)
+                          post=post, groups=groups, ranges=ranges, terms=conditions.terms,
+                          ilike_characters=conditions.ilike_characters)
     if not ranges:  # no time bound can narrow a key: the cells are known now
         too_many = too_many_cells(plan)
         if too_many is not None:
@@ -374,15 +377,22 @@ def _post_processed(
         raise scope.refuse("non-aggregate output is not allowed on protected table", "no-row-access")
     released: list[Aggregate] = []
     index: dict[_ReleaseKey, int] = {}
+    spelled: dict[str, int] = {}  # each aggregate as written: a repeat is that release, read once
     grouped = bool(groups)
 
     def release(node: exp.Expr) -> int:
         assert isinstance(node, exp.Expression)
+        text = node.sql("postgres")
+        if text in spelled:
+            # Not rendered again: its FILTER's terms are evaluated once, in the one release
+            # (``count(*) FILTER (WHERE b IN (…))`` repeated in HAVING is not twice the terms).
+            return spelled[text]
         agg, written, key = _released_as(node, scope, conditions, grouped)
         if key not in index:
             name = _sql_name(agg) + (f" filter (where {written})" if written is not None else "")
             released.append(replace(agg, output_name=name))
             index[key] = len(released)
+        spelled[text] = index[key]
         return index[key]
 
     identities = [key.identity for key in groups]
@@ -441,14 +451,18 @@ def _check_one_row_order(tree: exp.Select, scope: Scope) -> None:
     order = tree.args.get("order")
     if order is None:
         return
-    conditions = PredicateRenderer(scope)  # a throwaway: the plan's own renders the release
+
+    def key(node: exp.Expression) -> _ReleaseKey:
+        # Rendered by a throwaway of its own: the plan's renders the release, and counts its terms
+        # once (one shared here counted an aggregate repeated in ORDER BY twice).
+        return _released_as(node, scope, PredicateRenderer(scope))[2]
+
     having = tree.args.get("having")
-    asked = {_released_as(node, scope, conditions)[2]
-             for item in [*tree.expressions, *([having] if having is not None else [])]
+    asked = {key(node) for item in [*tree.expressions, *([having] if having is not None else [])]
              for node in aggregate_nodes(item)}
-    for key in order.expressions:
-        for node in aggregate_nodes(key):
-            if _released_as(node, scope, conditions)[2] not in asked:
+    for item in order.expressions:
+        for node in aggregate_nodes(item):
+            if key(node) not in asked:
                 for column in order.find_all(exp.Column):
                     scope.column(column)  # PostgreSQL's 42703 first: ORDER BY nosuch + sum(x) is invalid SQL
                 raise Refusal(

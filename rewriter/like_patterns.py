@@ -24,8 +24,10 @@ ILIKE costs each row it reaches its pattern's length too: in a database of a mul
 encoding (UTF-8) PostgreSQL lowers the pattern, not only the value, on every call, about
 27 ns a character, so ``id = 42 AND name ILIKE '<500,000 x>%'`` took 13.5 ms longer when row
 42 was there, whatever its value. The ILIKE patterns of one statement (literals and bound
-parameters together) may hold :data:`MAX_CASE_FOLDED_PATTERNS` characters in all
-(:func:`case_folded_refusal`).
+parameters together, and both queries of a series limit, which a row reaches both of) may hold
+:data:`MAX_CASE_FOLDED_PATTERNS` characters in all (:func:`case_folded_refusal`). PostgreSQL
+lowers by the byte: at the limit four-byte characters cost about 3.5 times ASCII (0.07 ms a
+row on 15 and 16, benchmarks/results.md), still within the ~0.1 ms the limit allows for.
 """
 
 from __future__ import annotations

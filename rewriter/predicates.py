@@ -185,6 +185,11 @@ class PredicateRenderer:
         """The values and comparisons of the predicates rendered so far."""
         return self._terms
 
+    @property
+    def ilike_characters(self) -> int:
+        """The characters of the literal ILIKE patterns rendered so far."""
+        return self._renderer.ilike_characters
+
     def folding(self, where: str | None, filters: tuple[str | None, ...] = ()) -> Folding | None:
         """What execution must fold in the templates ``where`` and ``filters`` (None: nothing)."""
         renderer = self._renderer

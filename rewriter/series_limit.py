@@ -54,6 +54,7 @@ from policies.tables import Relation
 from .dp_query import AggregateQuery, SeriesLimit, plan_aggregate_query
 from .group_keys import group_key
 from .post_process import default_name
+from .like_patterns import case_folded_refusal
 from .predicate_terms import terms_refusal
 from .scope import Scope
 
@@ -87,8 +88,10 @@ def plan_series_limited(sql: str, table: Relation, function_names: frozenset[str
     ranking = plan_aggregate_query(RawStream()(subquery), table, function_names, ranking=True)
     select.fromClause = (join.larg,)
     outer = plan_aggregate_query(RawStream()(select), table, function_names)
+    # A row reaches the conditions of both: their terms, and the ILIKE patterns lowered for it, add up.
     refused = terms_refusal(ranking.terms + outer.terms) if not table.policy.answer_quantum_ms else None
-    if refused is not None:  # a row reaches the conditions of both
+    refused = refused or case_folded_refusal(ranking.ilike_characters + outer.ilike_characters)
+    if refused is not None:
         raise _refuse(table, f"{refused[0]} (the series limit's subquery and the statement together) are refused on",
                       "safe-predicate", refused[1])
     if not outer.groups:
