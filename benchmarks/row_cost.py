@@ -209,6 +209,11 @@ CONSTRUCTS: tuple[Construct, ...] = (
               {"arr": "(SELECT array_agg(g) FROM generate_series(1, 1000000) g)"}),
     Construct("COUNT(j), 3 MB jsonb", "SELECT COUNT(j) FROM {table}",
               {"j": "(SELECT jsonb_agg(md5(g::text)) FROM generate_series(1, 80000) g)"}),
+    Construct("COUNT(DISTINCT big), -9223372036854775808 (the timing fuzzer's finding)", "SELECT COUNT(DISTINCT big) FROM {table}",
+              {"big": "-9223372036854775808"}),
+    Construct("COUNT(DISTINCT big), a new ordinary value (7)", "SELECT COUNT(DISTINCT big) FROM {table}", {"big": "7"}),
+    Construct("COUNT(DISTINCT big), NULL", "SELECT COUNT(DISTINCT big) FROM {table}", {"big": "NULL"}),
+    Construct("COUNT(DISTINCT big), a value the table holds (1000003)", "SELECT COUNT(DISTINCT big) FROM {table}", {"big": "1000003"}),
     *_list_constructs(),
 )
 

@@ -13,7 +13,9 @@ long text as one class). A statement dpproxy refuses is drawn again.
 
 A case is *flagged* when the neighbour's median exceeds the base's by more than both the base's
 interquartile range and :data:`THRESHOLD_MS`; a flagged case is measured twice more with more
-runs and *confirmed* only when both flag it again; a confirmed case is *shrunk* (outputs and
+runs, beside the same statement with an ordinary row, and *confirmed* only when both flag it again
+and exceed the ordinary row's difference by the threshold (a finding is what the row's values
+decide, not that a row is there); a confirmed case is *shrunk* (outputs and
 conditions dropped, the row's other columns made ordinary, its values shortened) to the smallest
 statement and row that are still accepted and still confirmed. The report lists the confirmed
 findings by class: ``long text`` (a text value longer than :data:`LONG_TEXT_CHARS` characters
@@ -357,11 +359,13 @@ class _Fuzzer:
         return list(measure_constructs(self.dsn, self.policy_path, constructs, self.rows, repeats))
 
     def confirmed(self, statement: Statement, row: dict[str, str]) -> list[Measured] | None:
-        """Two more measurements of more runs each, both flagged; None when either is not."""
+        """Two more measurements of more runs each, both flagged and each above the same statement's
+        with an ordinary row by more than :data:`THRESHOLD_MS` (a row's presence alone, and the
+        neighbour table's layout, add a few hundredths of a ms that no value decides); None when not."""
         out = []
         for _ in range(2):
-            (item,) = self.measure([(statement, row)], 2 * self.repeats + 1)
-            if not _flagged(item):
+            item, control = self.measure([(statement, row), (statement, {})], 2 * self.repeats + 1)
+            if not _flagged(item) or control.refused is not None or item.extra_ms - control.extra_ms <= THRESHOLD_MS:
                 return None
             out.append(item)
         return out
