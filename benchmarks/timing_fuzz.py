@@ -27,13 +27,16 @@ Run from the repository root::
 
     python -m benchmarks.timing_fuzz --pg 16 --cases 400 --seed 1 --out /tmp/timing_fuzz.md
 
-``--only-values FORM`` (repeatable) draws rows from those forms only (``--list-values`` names them).
+``--only-values FORM`` (repeatable) draws rows from those forms only (``--help`` names them);
+``--minutes M`` stops drawing after M minutes, and so do Ctrl-C and SIGTERM: the report covers what was measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import re
+import signal
 import sys
 import tempfile
 import time
@@ -186,7 +189,8 @@ def draw_statement(rng: random.Random) -> Statement:
 # The value forms of the adversarial row: name -> per column, the SQL of the value (None: not for that column).
 _EXTREMES = {
     "age": ("-2147483648", "2147483647"), "big": ("-9223372036854775808", "9223372036854775807"),
-    "n": ("'NaN'", "'Infinity'", "'-Infinity'", "1e-400", "('9' || repeat('9', 1000))::numeric"),
+    "n": ("'NaN'", "'Infinity'", "'-Infinity'", "1e-400", "('9' || repeat('9', 1000))::numeric",
+          "('9' || repeat('9', 131071))::numeric", "('50.' || repeat('3', 16383))::numeric"),
     "f": ("'NaN'", "'Infinity'", "'-Infinity'", "1.7976931348623157e308", "5e-324", "-0.0"),
     "d": ("'infinity'", "'-infinity'", "'4713-01-01 BC'", "'5874897-12-31'"),
     "ts": ("'infinity'", "'-infinity'", "'294276-12-31 23:59:59+00'", "'4713-01-01 00:00+00 BC'"),
@@ -197,7 +201,8 @@ _BOUNDS = {"age": ("0", "100", "-1", "101"), "big": ("0", "10000000000", "100000
            "d": ("'2021-01-01'", "'2025-12-31'", "'2020-12-31'", "'2026-01-01'"),
            "ts": ("'2021-01-01 00:00+00'", "'2025-12-31 23:59:59.999999+00'", "'2020-12-31 23:59:59.999999+00'")}
 _MULTIBYTE = ("'Ünïcödé ß'", "'😀😀😀'", "'İı'", "'ǅ'", "'ﬀ'", "repeat('ß', 60)", "repeat('😀', 60)")
-_PERIODIC = ("repeat('ab', 32)", "repeat('a', 63) || 'b'", "repeat('%', 40)", "repeat('row ', 16)", "repeat('_\\', 30)")
+_PERIODIC = ("repeat('ab', 32)", "repeat('a', 63) || 'b'", "repeat('%', 40)", "repeat('row ', 16)", "repeat('_\\', 30)",
+             "repeat('a', 255)", "repeat('ab', 128)", "repeat('ß', 128)")  # up to the long class's edge
 _LONG = ("repeat('a', 1000)", "repeat('ab', 50000)", "repeat('ß', 20000)",
          "(SELECT string_agg(md5(g::text), '') FROM generate_series(1, 3000) g)")
 
@@ -258,15 +263,15 @@ def is_long_text(row: dict[str, str]) -> bool:
     for column, value in row.items():
         if column not in _TEXT_COLUMNS:
             continue
-        if value.startswith("(SELECT string_agg"):
-            return True
-        if value.startswith("repeat("):
-            unit, count = value[len("repeat("):-1].rsplit(", ", 1)
-            if len(unit.strip("'")) * int(count) > LONG_TEXT_CHARS:
-                return True
-        elif len(value) > LONG_TEXT_CHARS:
+        repeated = sum(len(unit) * int(count) for unit, count in _REPEAT.findall(value))
+        hashed = sum(32 * int(count) for count in _MD5S.findall(value))  # string_agg of md5s: 32 characters each
+        if max(repeated, hashed, len(value)) > LONG_TEXT_CHARS:
             return True
     return False
+
+
+_REPEAT = re.compile(r"repeat\('((?:[^']|'')*)', (\d+)\)")
+_MD5S = re.compile(r"string_agg\(md5\(g::text\), ''\) FROM generate_series\(1, (\d+)\)")
 
 
 def _shorter(value: str) -> str | None:
@@ -388,43 +393,55 @@ class _Fuzzer:
                     break
         return statement, row, proof
 
-    def run(self, cases: int, seed: int, forms: Sequence[str], batch: int = 20,
+    def run(self, cases: int, seed: int, forms: Sequence[str], deadline: float = float("inf"), batch: int = 20,
             log: Callable[[str], None] = print) -> tuple[list[Finding], dict[str, int]]:
+        """``cases`` accepted cases drawn from ``seed``, or as many as fit before ``deadline``
+        (:func:`time.monotonic`) or an interrupt (Ctrl-C): the findings and the counts so far."""
         rng = random.Random(seed)
         findings: list[Finding] = []
         counts = {"cases": 0, "drawn": 0, "refused": 0, "flagged": 0, "confirmed": 0}
-        while counts["cases"] < cases:
-            pairs = []
-            for _ in range(min(batch, cases - counts["cases"])):
-                statement = draw_statement(rng)
-                row = draw_row(rng, statement, forms)
-                while not self.fits(row):
+        try:
+            while counts["cases"] < cases and time.monotonic() < deadline:
+                pairs = []
+                for _ in range(min(batch, cases - counts["cases"])):
+                    statement = draw_statement(rng)
                     row = draw_row(rng, statement, forms)
-                pairs.append((statement, row))
-            counts["drawn"] += len(pairs)
-            for (statement, row), item in zip(pairs, self.measure(pairs, self.repeats)):
-                if item.refused is not None:  # drawn again in the next batch
-                    counts["refused"] += 1
-                    continue
-                counts["cases"] += 1
-                self.largest.append((item.extra_ms, item.jitter_ms, statement.sql, repr(row)))
-                if not _flagged(item):
-                    continue
-                counts["flagged"] += 1
-                log(f"flagged {item.extra_ms:+.3f} ms (jitter {item.jitter_ms:.3f}): {statement.sql} | {row}")
-                if self.confirmed(statement, row) is None:
-                    continue
-                counts["confirmed"] += 1
-                small, small_row, proof = self.shrink(statement, row, budget=12 if is_long_text(row) else 40)
-                if not proof:
-                    proof = self.confirmed(small, small_row) or []
-                finding = Finding(small, small_row, [m.extra_ms for m in proof], [m.jitter_ms for m in proof])
-                findings.append(finding)
-                log(f"confirmed, shrunk: {small.sql} | {small_row} ({finding.extras_ms})")
-            self.largest.sort(reverse=True)
-            del self.largest[20:]
-            log(f"{counts}")
+                    while not self.fits(row):
+                        row = draw_row(rng, statement, forms)
+                    pairs.append((statement, row))
+                counts["drawn"] += len(pairs)
+                for (statement, row), item in zip(pairs, self.measure(pairs, self.repeats)):
+                    if item.refused is not None:  # drawn again in the next batch
+                        counts["refused"] += 1
+                        continue
+                    counts["cases"] += 1
+                    finding = self.case(statement, row, item, counts, log)
+                    if finding is not None:
+                        findings.append(finding)
+                self.largest.sort(reverse=True)
+                del self.largest[20:]
+                log(f"{counts}")
+        except KeyboardInterrupt:
+            log("interrupted: the report covers the cases measured so far")
         return findings, counts
+
+    def case(self, statement: Statement, row: dict[str, str], item: Measured, counts: dict[str, int],
+             log: Callable[[str], None]) -> Finding | None:
+        """One measured case: flagged, confirmed and shrunk, or None."""
+        self.largest.append((item.extra_ms, item.jitter_ms, statement.sql, repr(row)))
+        if not _flagged(item):
+            return None
+        counts["flagged"] += 1
+        log(f"flagged {item.extra_ms:+.3f} ms (jitter {item.jitter_ms:.3f}): {statement.sql} | {row}")
+        if self.confirmed(statement, row) is None:
+            return None
+        counts["confirmed"] += 1
+        small, small_row, proof = self.shrink(statement, row, budget=12 if is_long_text(row) else 40)
+        if not proof:
+            proof = self.confirmed(small, small_row) or []
+        finding = Finding(small, small_row, [m.extra_ms for m in proof], [m.jitter_ms for m in proof])
+        log(f"confirmed, shrunk: {small.sql} | {small_row} ({finding.extras_ms})")
+        return finding
 
 
 def report(findings: Sequence[Finding], counts: dict[str, int], largest: Sequence[tuple[float, float, str, str]],
@@ -453,10 +470,15 @@ def report(findings: Sequence[Finding], counts: dict[str, int], largest: Sequenc
     return "\n".join(lines) + "\n"
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--cases", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--minutes", type=float, default=float("inf"), help="stop drawing after this long")
     parser.add_argument("--rows", type=int, default=2_000)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--only-values", action="append", default=[], choices=tuple(FORMS), metavar="FORM",
@@ -466,13 +488,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pg", type=int, choices=(15, 16, 17, 18), default=16)
     args = parser.parse_args(argv)
     forms = tuple(args.only_values) or tuple(FORMS)
+    signal.signal(signal.SIGTERM, _interrupt)  # a run in the background stops as on Ctrl-C (there SIGINT is ignored)
     started = time.monotonic()
 
     def run(dsn: str) -> str:
         load_tables(dsn, args.rows)
         with tempfile.TemporaryDirectory(prefix="dpproxy-timing-fuzz-") as directory:
             fuzzer = _Fuzzer(dsn, policy_file(dsn, Path(directory)), args.rows, args.repeats)
-            findings, counts = fuzzer.run(args.cases, args.seed, forms, log=lambda line: print(line, flush=True))
+            findings, counts = fuzzer.run(args.cases, args.seed, forms, started + 60 * args.minutes, log=lambda line: print(line, flush=True))
             return report(findings, counts, fuzzer.largest, forms, args.rows, args.repeats, args.seed,
                           time.monotonic() - started)
 
