@@ -38,11 +38,11 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import yaml
@@ -55,8 +55,9 @@ from rewriter.like_patterns import MAX_CASE_FOLDED_PATTERNS, MAX_PART_AFTER_PERC
 from rewriter.rewrite import backend_sql, partition_seed
 from rewriter.statements import split_statements
 
-__all__ = ["CONSTRUCTS", "Construct", "Measured", "load_tables", "measure_constructs", "plan_constructs", "policy_file", "report", "server"]
+__all__ = ["CONSTRUCTS", "Construct", "Measured", "load_tables", "measure_constructs", "on_server", "plan_constructs", "print_report", "policy_file", "report", "server"]
 
+T = TypeVar("T")
 BIG_TEXT_BYTES = 3_000_000  # a 3 MB value: TOASTed out of line, like a document or a log line
 LONG_PATTERN = 2_000  # characters of the costly LIKE patterns (a statement may hold 1 MiB)
 # The row an adversary controls, column by column, in SQL; a construct overrides some of them.
@@ -212,6 +213,8 @@ CONSTRUCTS: tuple[Construct, ...] = (
     Construct("COUNT(DISTINCT big), -9223372036854775808 (the timing fuzzer's finding)", "SELECT COUNT(DISTINCT big) FROM {table}",
               {"big": "-9223372036854775808"}),
     Construct("COUNT(DISTINCT big), a new ordinary value (7)", "SELECT COUNT(DISTINCT big) FROM {table}", {"big": "7"}),
+    Construct("COUNT(DISTINCT big), 9223372036854775807 (above every value: the input stays in order)",
+              "SELECT COUNT(DISTINCT big) FROM {table}", {"big": "9223372036854775807"}),
     Construct("COUNT(DISTINCT big), NULL", "SELECT COUNT(DISTINCT big) FROM {table}", {"big": "NULL"}),
     Construct("COUNT(DISTINCT big), a value the table holds (1000003)", "SELECT COUNT(DISTINCT big) FROM {table}", {"big": "1000003"}),
     *_list_constructs(),
@@ -402,6 +405,22 @@ def server(major: int, label: str) -> Iterator[str]:
         yield dsn
 
 
+def on_server(dsn: str | None, major: int, label: str, run: Callable[[str], T]) -> T:
+    """``run`` on ``dsn``, or on a :func:`server` of ``major`` started for it when ``dsn`` is None."""
+    if dsn:
+        return run(dsn)
+    with server(major, label) as started:
+        return run(started)
+
+
+def print_report(text: str, out: Path | None) -> int:
+    """Print ``text`` and write it to ``out`` too when given; the exit status, 0."""
+    print(text)
+    if out:
+        out.write_text(text, encoding="utf-8")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rows", type=int, default=10_000)
@@ -428,16 +447,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results.append(item)
             return results
 
-    if args.dsn:
-        results = run(args.dsn)
-    else:
-        with server(args.pg, "row-cost") as dsn:
-            results = run(dsn)
+    results = on_server(args.dsn, args.pg, "row-cost", run)
     text = report(results, args.rows, args.repeats, time.monotonic() - started)
-    print(text)
-    if args.out:
-        args.out.write_text(text, encoding="utf-8")
-    return 0
+    return print_report(text, args.out)
 
 
 if __name__ == "__main__":

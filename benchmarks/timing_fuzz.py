@@ -46,7 +46,7 @@ from pathlib import Path
 
 import psycopg
 
-from benchmarks.row_cost import ORDINARY_ROW, Construct, Measured, load_tables, measure_constructs, policy_file, server
+from benchmarks.row_cost import ORDINARY_ROW, Construct, Measured, load_tables, measure_constructs, on_server, policy_file, print_report
 
 __all__ = ["FORMS", "Finding", "Statement", "draw_row", "draw_statement", "is_long_text", "shrink_candidates"]
 
@@ -499,15 +499,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return report(findings, counts, fuzzer.largest, forms, args.rows, args.repeats, args.seed,
                           time.monotonic() - started)
 
-    if args.dsn:
-        text = run(args.dsn)
-    else:
-        with server(args.pg, "timing-fuzz") as dsn:
-            text = run(dsn)
-    print(text)
-    if args.out:
-        args.out.write_text(text, encoding="utf-8")
-    return 0
+    text = on_server(args.dsn, args.pg, "timing-fuzz", run)
+    return print_report(text, args.out)
 
 
 if __name__ == "__main__":
