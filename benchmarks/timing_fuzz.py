@@ -1,0 +1,507 @@
+"""A timing fuzzer: drawn DP statements and drawn adversarial rows, flagged where one row changes the backend time.
+
+Not a timed test: the generative version of :mod:`benchmarks.row_cost`, whose machinery it uses
+(its tables ``rc_base``/``rc_plus``, its policy, its planning as dpproxy plans and its alternating
+``EXPLAIN ANALYZE``). Each case is a DP statement drawn by :func:`draw_statement` over row_cost's
+table (integer, bigint, numeric, float8, text, varchar, a declared-key text column, date,
+timestamptz, boolean) — conditions, FILTER, CASE, histograms over declared keys, MODE,
+percentiles, sample-and-aggregate MIN/MAX/AVG, COUNT(DISTINCT), variances, post-processing
+wrappers — and a row drawn by :func:`draw_row` from the value forms of :data:`FORMS` (ordinary,
+empty, NULL, each type's extremes, NaN and ±Infinity, infinite dates, values equal to or just
+beside the statement's own literals and the policy's bounds, multibyte and periodic text, and
+long text as one class). A statement dpproxy refuses is drawn again.
+
+A case is *flagged* when the neighbour's median exceeds the base's by more than both the base's
+interquartile range and :data:`THRESHOLD_MS`; a flagged case is measured twice more with more
+runs, beside the same statement with an ordinary row, and *confirmed* only when both flag it again
+and exceed the ordinary row's difference by the threshold (a finding is what the row's values
+decide, not that a row is there); a confirmed case is *shrunk* (outputs and
+conditions dropped, the row's other columns made ordinary, its values shortened) to the smallest
+statement and row that are still accepted and still confirmed. The report lists the confirmed
+findings by class: ``long text`` (a text value longer than :data:`LONG_TEXT_CHARS` characters
+after shrinking: the known class, docs/threat-model.md's Timing) and the rest by the shrunk
+statement. Bound parameters are not drawn: row_cost plans statement text (a parameter is bound
+as a literal of its type before dpproxy renders the backend SQL, so the literal forms cover it).
+
+Run from the repository root::
+
+    python -m benchmarks.timing_fuzz --pg 16 --cases 400 --seed 1 --out /tmp/timing_fuzz.md
+
+``--only-values FORM`` (repeatable) draws rows from those forms only (``--help`` names them);
+``--minutes M`` stops drawing after M minutes, and so do Ctrl-C and SIGTERM: the report covers what was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import psycopg
+
+from benchmarks.row_cost import ORDINARY_ROW, Construct, Measured, load_tables, measure_constructs, on_server, policy_file, print_report
+
+__all__ = ["FORMS", "Finding", "Statement", "draw_row", "draw_statement", "is_long_text", "shrink_candidates"]
+
+THRESHOLD_MS = 0.05  # a difference below this is no finding, whatever the jitter
+LONG_TEXT_CHARS = 256  # a text value longer than this puts a finding in the known long-text class
+_TEXT_COLUMNS = ("t", "v", "ci", "cat")
+
+# Literals the statements compare with, by column: ordinary values, the policy's bounds and beside them.
+_LITERALS: dict[str, tuple[str, ...]] = {
+    "age": ("0", "17", "40", "100", "101", "-1", "2147483647"),
+    "big": ("0", "5000000000", "10000000000", "10000000001", "-9223372036854775808"),
+    "n": ("0", "50.5", "100", "100.0001", "-0.5", "1e20"),
+    "f": ("0", "50.5", "100", "1e308", "-1e-300"),
+    "t": ("''", "'ordinary text of a row'", "'row 7 of an ordinary table'", "'m'", "'Ünïcödé'", "'z'"),
+    "v": ("''", "'ordinary'", "'w7'", "'w'", "'ß'"),
+    "ci": ("''", "'ordinary'", "'V7'", "'m'"),
+    "cat": ("'a'", "'b'", "'other'", "''", "'A'"),
+    "d": ("'2021-01-01'", "'2022-06-01'", "'2025-12-31'", "'2026-01-01'", "'infinity'", "'-infinity'"),
+    "ts": ("'2021-01-01 00:00+00'", "'2022-06-01 12:00+00'", "'2025-12-31 23:59:59+00'", "'infinity'", "'-infinity'"),
+}
+_NUMERIC = ("age", "big", "n", "f")
+_PATTERNS = ("'%a%'", "'row%'", "'%table'", "'_rdinary%'", "'%ü%'", "'%'", "'w_'", "'%x%y%'", "'a\\%%'")
+_KEYS = ("cat", "age", "width_bucket(n, 0, 100, 10)", "date_trunc('month', ts)", "date_trunc('month', d)",
+         "EXTRACT(MONTH FROM d)")
+
+
+@dataclass(frozen=True)
+class Statement:
+    """A drawn DP statement over ``{table}``: its outputs, its AND-ed conditions and a GROUP BY key.
+
+    ``literals`` are the (column, literal) pairs its conditions compare with: the row may equal them.
+    """
+
+    outputs: tuple[str, ...]
+    conditions: tuple[str, ...] = ()
+    key: str | None = None
+    literals: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def sql(self) -> str:
+        select = ", ".join(((f"{self.key} AS k",) if self.key else ()) + self.outputs)
+        where = f" WHERE {' AND '.join(self.conditions)}" if self.conditions else ""
+        group = " GROUP BY 1" if self.key else ""
+        return f"SELECT {select} FROM {{table}}{where}{group}"
+
+
+class _Draw:
+    """One statement's drawing state: the random source and the literals used so far."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.literals: list[tuple[str, str]] = []
+
+    def literal(self, column: str) -> str:
+        value = self.rng.choice(_LITERALS[column])
+        self.literals.append((column, value))
+        return value
+
+    def condition(self, depth: int = 1) -> str:
+        rng = self.rng
+        if depth > 0 and rng.random() < 0.2:
+            joiner = rng.choice((" OR ", " AND "))
+            return "(" + joiner.join(self.condition(depth - 1) for _ in range(rng.randint(2, 3))) + ")"
+        if rng.random() < 0.06:
+            return f"NOT ({self.condition(0)})"
+        column = rng.choice((*_LITERALS, "b"))
+        if column == "b":
+            return rng.choice(("b", "NOT b", "b IS TRUE", "b IS NOT FALSE", "b = false", "b IS NULL"))
+        kind = rng.random()
+        if kind < 0.08:
+            return f"{column} IS {rng.choice(('', 'NOT '))}NULL"
+        if kind < 0.2:
+            values = sorted({self.literal(column) for _ in range(rng.randint(1, 5))})
+            return f"{column} {rng.choice(('IN', 'NOT IN'))} ({', '.join(values)})"
+        if kind < 0.3:
+            low, high = sorted((self.literal(column), self.literal(column)))
+            return f"{column} BETWEEN {low} AND {high}"
+        if column in ("t", "v", "ci") and kind < 0.5:
+            operator = rng.choice(("LIKE", "ILIKE", "NOT LIKE", "NOT ILIKE"))
+            pattern = rng.choice(_PATTERNS)
+            self.literals.append((column, pattern.replace("%", "").replace("_", "")))
+            return f"{column} {operator} {pattern}"
+        if column in ("t", "v") and kind < 0.58:
+            return f"{rng.choice(('lower', 'upper'))}({column}) = {self.literal(column)}"
+        return f"{column} {rng.choice(('=', '<>', '<', '<=', '>', '>='))} {self.literal(column)}"
+
+    def aggregate(self, grouped: bool) -> str:
+        rng = self.rng
+        kind = rng.randrange(12 if not grouped else 7)
+        numeric = rng.choice(_NUMERIC)
+        if kind == 0:
+            return "COUNT(*)"
+        if kind == 1:
+            return f"COUNT({rng.choice((*_LITERALS, 'b'))})"
+        if kind == 2:
+            return f"SUM({numeric})"
+        if kind == 3:
+            return f"AVG({rng.choice(('age', 'big', 'n'))})"
+        if kind == 4:
+            return f"COUNT(*) FILTER (WHERE {self.condition()})"
+        if kind == 5:
+            return rng.choice((f"SUM(CASE WHEN {self.condition()} THEN {numeric} ELSE 0 END)",
+                               f"COUNT(CASE WHEN {self.condition()} THEN 1 END)",
+                               f"SUM({numeric}) FILTER (WHERE {self.condition()})"))
+        if kind == 6:
+            return f"COUNT(DISTINCT {rng.choice(('t', 'v', 'cat', 'age', 'd', 'big'))})"
+        if kind == 7:
+            return rng.choice(("AVG(f)", "MIN(f)", "MAX(f)", "MIN(n)", "MAX(n)", "MAX(age)"))
+        if kind == 8:
+            return (f"percentile_{rng.choice(('cont', 'disc'))}({rng.choice(('0.5', '0.1', '0.99'))}) "
+                    f"WITHIN GROUP (ORDER BY {rng.choice(('age', 'n', 'f', 'big'))})")
+        if kind == 9:
+            return "MODE() WITHIN GROUP (ORDER BY cat)"
+        if kind == 10:
+            return f"{rng.choice(('VARIANCE', 'STDDEV', 'VAR_POP'))}({rng.choice(('age', 'n'))})"
+        return rng.choice(("ROUND(AVG(n), 1)", "COUNT(*) * 2", "COALESCE(SUM(age), 0)", "CAST(SUM(n) AS integer)",
+                           "SUM(age) / NULLIF(COUNT(*), 0)"))
+
+
+# Aggregates that refuse company (one release a statement, or sample-and-aggregate alone).
+_ALONE = ("percentile_", "MODE()", "MIN(", "MAX(", "AVG(f)", "VARIANCE", "STDDEV", "VAR_POP")
+
+
+def draw_statement(rng: random.Random) -> Statement:
+    """A DP statement over row_cost's table, drawn from the language dpproxy answers (most draws are accepted)."""
+    draw = _Draw(rng)
+    key = rng.choice(_KEYS) if rng.random() < 0.25 else None
+    outputs: list[str] = []
+    for _ in range(rng.choice((1, 1, 2, 3))):
+        output = draw.aggregate(key is not None)
+        if any(marker in output for marker in _ALONE):
+            outputs = [output]
+            break
+        if output not in outputs:
+            outputs.append(output)
+    conditions = tuple(draw.condition() for _ in range(rng.choice((0, 1, 1, 2, 3))))
+    return Statement(tuple(outputs), conditions, key, tuple(dict.fromkeys(draw.literals)))
+
+
+# The value forms of the adversarial row: name -> per column, the SQL of the value (None: not for that column).
+_EXTREMES = {
+    "age": ("-2147483648", "2147483647"), "big": ("-9223372036854775808", "9223372036854775807"),
+    "n": ("'NaN'", "'Infinity'", "'-Infinity'", "1e-400", "('9' || repeat('9', 1000))::numeric",
+          "('9' || repeat('9', 131071))::numeric", "('50.' || repeat('3', 16383))::numeric"),
+    "f": ("'NaN'", "'Infinity'", "'-Infinity'", "1.7976931348623157e308", "5e-324", "-0.0"),
+    "d": ("'infinity'", "'-infinity'", "'4713-01-01 BC'", "'5874897-12-31'"),
+    "ts": ("'infinity'", "'-infinity'", "'294276-12-31 23:59:59+00'", "'4713-01-01 00:00+00 BC'"),
+    "b": ("false", "true"),
+}
+_BOUNDS = {"age": ("0", "100", "-1", "101"), "big": ("0", "10000000000", "10000000001", "-1"),
+           "n": ("0", "100", "100.0000000001", "-0.0000000001"), "f": ("0", "100", "100.00000000000001", "-5e-324"),
+           "d": ("'2021-01-01'", "'2025-12-31'", "'2020-12-31'", "'2026-01-01'"),
+           "ts": ("'2021-01-01 00:00+00'", "'2025-12-31 23:59:59.999999+00'", "'2020-12-31 23:59:59.999999+00'")}
+_MULTIBYTE = ("'Ünïcödé ß'", "'😀😀😀'", "'İı'", "'ǅ'", "'ﬀ'", "repeat('ß', 60)", "repeat('😀', 60)")
+_PERIODIC = ("repeat('ab', 32)", "repeat('a', 63) || 'b'", "repeat('%', 40)", "repeat('row ', 16)", "repeat('_\\', 30)",
+             "repeat('a', 255)", "repeat('ab', 128)", "repeat('ß', 128)")  # up to the long class's edge
+_LONG = ("repeat('a', 1000)", "repeat('ab', 50000)", "repeat('ß', 20000)",
+         "(SELECT string_agg(md5(g::text), '') FROM generate_series(1, 3000) g)")
+
+
+def _beside(column: str, literal: str) -> list[str]:
+    """Values equal to ``literal`` and just beside it, for ``column``."""
+    if column in ("d",) and literal.strip("'") not in ("infinity", "-infinity"):
+        return [literal, f"{literal}::date + 1", f"{literal}::date - 1"]
+    if column == "ts" and literal.strip("'") not in ("infinity", "-infinity"):
+        return [literal, f"{literal}::timestamptz + interval '1 microsecond'", f"{literal}::timestamptz - interval '1 microsecond'"]
+    if column in _TEXT_COLUMNS:
+        body = literal if literal.startswith("'") else f"'{literal}'"
+        return [body, f"{body} || 'a'", f"{body} || ' '", f"upper({body})", f"left({body}, -1)"]
+    if column in ("age", "big") and literal.lstrip("-").isdigit():
+        return [literal, f"{literal}::numeric + 1", f"{literal}::numeric - 1"]
+    if column in ("n", "f"):
+        return [literal, f"{literal}::numeric + 0.000001", f"{literal}::numeric - 0.000001"]
+    return [literal]
+
+
+FORMS: dict[str, Callable[[random.Random, str, Statement], str | None]] = {
+    "ordinary": lambda rng, column, statement: None,
+    "null": lambda rng, column, statement: "NULL",
+    "empty": lambda rng, column, statement: "''" if column in _TEXT_COLUMNS else None,
+    "extreme": lambda rng, column, statement: rng.choice(_EXTREMES[column]) if column in _EXTREMES else None,
+    "bound": lambda rng, column, statement: rng.choice(_BOUNDS[column]) if column in _BOUNDS else None,
+    "literal": lambda rng, column, statement: (
+        rng.choice(_beside(column, rng.choice([v for c, v in statement.literals if c == column])))
+        if any(c == column for c, _ in statement.literals) else None),
+    "multibyte": lambda rng, column, statement: rng.choice(_MULTIBYTE) if column in _TEXT_COLUMNS else None,
+    "periodic": lambda rng, column, statement: rng.choice(_PERIODIC) if column in _TEXT_COLUMNS else None,
+    "long text": lambda rng, column, statement: rng.choice(_LONG) if column in _TEXT_COLUMNS else None,
+}
+_ROW_COLUMNS = ("age", "big", "n", "f", "t", "v", "ci", "cat", "d", "ts", "b")
+
+
+def _read_columns(statement: Statement) -> list[str]:
+    sql = statement.sql.replace("{table}", "")
+    return [c for c in _ROW_COLUMNS if any(f"{sep}{c}{end}" in sql for sep in "( ," for end in ") ,")]
+
+
+def draw_row(rng: random.Random, statement: Statement, forms: Sequence[str] = tuple(FORMS)) -> dict[str, str]:
+    """The adversarial row (SQL by column; the rest ordinary): 1 to 3 of the columns the statement
+    reads, each given a value of a form drawn from ``forms`` that fits the column."""
+    read = _read_columns(statement) or list(_ROW_COLUMNS)
+    row: dict[str, str] = {}
+    for column in rng.sample(read, min(len(read), rng.randint(1, 3))):
+        for form in rng.sample(list(forms), len(forms)):
+            value = FORMS[form](rng, column, statement)
+            if value is not None:
+                row[column] = value
+                break
+    return row
+
+
+def is_long_text(row: dict[str, str]) -> bool:
+    """Does ``row`` hold a text value of the known long class (longer than :data:`LONG_TEXT_CHARS`)?"""
+    for column, value in row.items():
+        if column not in _TEXT_COLUMNS:
+            continue
+        repeated = sum(len(unit) * int(count) for unit, count in _REPEAT.findall(value))
+        hashed = sum(32 * int(count) for count in _MD5S.findall(value))  # string_agg of md5s: 32 characters each
+        if max(repeated, hashed, len(value)) > LONG_TEXT_CHARS:
+            return True
+    return False
+
+
+_REPEAT = re.compile(r"repeat\('((?:[^']|'')*)', (\d+)\)")
+_MD5S = re.compile(r"string_agg\(md5\(g::text\), ''\) FROM generate_series\(1, (\d+)\)")
+
+
+def _shorter(value: str) -> str | None:
+    """``value`` with half its repetitions, or None when it cannot be shortened."""
+    if value.startswith("repeat(") and value.endswith(")"):
+        unit, count = value[len("repeat("):-1].rsplit(", ", 1)
+        if count.isdigit() and int(count) > 1:
+            return f"repeat({unit}, {int(count) // 2})"
+    if value.startswith("(SELECT string_agg") and "generate_series(1, " in value:
+        head, tail = value.split("generate_series(1, ")
+        chunks = int(tail.split(")")[0])
+        if chunks > 1:
+            return f"{head}generate_series(1, {chunks // 2}) g)"
+    return None
+
+
+def _parts(condition: str) -> list[str]:
+    """The terms of a drawn ``(a OR b …)`` or ``(a AND b …)`` (:meth:`_Draw.condition`), or none."""
+    if not (condition.startswith("(") and condition.endswith(")")):
+        return []
+    for joiner in (" OR ", " AND "):
+        parts = condition[1:-1].split(joiner)
+        # a split inside a nested group or a BETWEEN … AND … leaves unbalanced parts: no candidate
+        if len(parts) > 1 and all(p.count("(") == p.count(")") and " BETWEEN " not in p for p in parts):
+            return parts
+    return []
+
+
+def shrink_candidates(statement: Statement, row: dict[str, str]) -> Iterator[tuple[Statement, dict[str, str]]]:
+    """Smaller (statement, row) pairs, one step each: an output, a condition or the key dropped, a
+    column of the row made ordinary, a value shortened."""
+    if len(statement.outputs) > 1:
+        for index in range(len(statement.outputs)):
+            yield replace(statement, outputs=statement.outputs[:index] + statement.outputs[index + 1:]), row
+    for index, condition in enumerate(statement.conditions):
+        rest = statement.conditions[:index] + statement.conditions[index + 1:]
+        yield replace(statement, conditions=rest), row
+        for part in _parts(condition):
+            yield replace(statement, conditions=rest[:index] + (part,) + rest[index:]), row
+    if statement.key is not None:
+        yield replace(statement, key=None), row
+    if len(row) > 1:
+        for column in row:
+            yield statement, {c: v for c, v in row.items() if c != column}
+    for column, value in row.items():
+        shorter = _shorter(value)
+        if shorter is not None:
+            yield statement, {**row, column: shorter}
+
+
+@dataclass
+class Finding:
+    """A confirmed case: as drawn, as shrunk, and its measurements (the confirmations' differences)."""
+
+    statement: Statement
+    row: dict[str, str]
+    extras_ms: list[float] = field(default_factory=list)
+    jitters_ms: list[float] = field(default_factory=list)
+
+    @property
+    def long_text(self) -> bool:
+        return is_long_text(self.row)
+
+
+def _flagged(item: Measured) -> bool:
+    return item.refused is None and item.extra_ms > max(item.jitter_ms, THRESHOLD_MS)
+
+
+class _Fuzzer:
+    """The measuring loop over one server: draws, flags, confirms, shrinks."""
+
+    def __init__(self, dsn: str, policy_path: Path, rows: int, repeats: int) -> None:
+        self.dsn, self.policy_path, self.rows, self.repeats = dsn, policy_path, rows, repeats
+        self.largest: list[tuple[float, float, str, str]] = []  # (extra, jitter, statement, row) of unflagged and flagged cases
+
+    def fits(self, row: dict[str, str]) -> bool:
+        """Can ``row`` be stored (a value beside a type's limit may not be)? Tried in a transaction rolled back."""
+        values = {**ORDINARY_ROW, **row, "id": "-1"}  # beside the neighbour's row (id 0)
+        with psycopg.connect(self.dsn) as conn:
+            try:
+                conn.execute(f"INSERT INTO rc_plus ({', '.join(values)}) SELECT {', '.join(values.values())}")
+            except psycopg.errors.DataError:
+                return False
+            finally:
+                conn.rollback()
+        return True
+
+    def measure(self, pairs: Sequence[tuple[Statement, dict[str, str]]], repeats: int) -> list[Measured]:
+        constructs = [Construct(f"case {i}", s.sql, r) for i, (s, r) in enumerate(pairs)]
+        return list(measure_constructs(self.dsn, self.policy_path, constructs, self.rows, repeats))
+
+    def confirmed(self, statement: Statement, row: dict[str, str]) -> list[Measured] | None:
+        """Two more measurements of more runs each, both flagged and each above the same statement's
+        with an ordinary row by more than :data:`THRESHOLD_MS` (a row's presence alone, and the
+        neighbour table's layout, add a few hundredths of a ms that no value decides); None when not."""
+        out = []
+        for _ in range(2):
+            item, control = self.measure([(statement, row), (statement, {})], 2 * self.repeats + 1)
+            if not _flagged(item) or control.refused is not None or item.extra_ms - control.extra_ms <= THRESHOLD_MS:
+                return None
+            out.append(item)
+        return out
+
+    def shrink(self, statement: Statement, row: dict[str, str], budget: int) -> tuple[Statement, dict[str, str], list[Measured]]:
+        """The smallest accepted, confirmed (statement, row) reachable by :func:`shrink_candidates`, in ``budget`` steps."""
+        proof: list[Measured] = []
+        progress = True
+        while progress and budget > 0:
+            progress = False
+            for candidate, candidate_row in shrink_candidates(statement, row):
+                budget -= 1
+                if budget < 0:
+                    break
+                if not self.fits(candidate_row):
+                    continue
+                measured = self.confirmed(candidate, candidate_row)
+                if measured is not None:
+                    statement, row, proof, progress = candidate, candidate_row, measured, True
+                    break
+        return statement, row, proof
+
+    def run(self, cases: int, seed: int, forms: Sequence[str], deadline: float = float("inf"), batch: int = 20,
+            log: Callable[[str], None] = print) -> tuple[list[Finding], dict[str, int]]:
+        """``cases`` accepted cases drawn from ``seed``, or as many as fit before ``deadline``
+        (:func:`time.monotonic`) or an interrupt (Ctrl-C): the findings and the counts so far."""
+        rng = random.Random(seed)
+        findings: list[Finding] = []
+        counts = {"cases": 0, "drawn": 0, "refused": 0, "flagged": 0, "confirmed": 0}
+        try:
+            while counts["cases"] < cases and time.monotonic() < deadline:
+                pairs = []
+                for _ in range(min(batch, cases - counts["cases"])):
+                    statement = draw_statement(rng)
+                    row = draw_row(rng, statement, forms)
+                    while not self.fits(row):
+                        row = draw_row(rng, statement, forms)
+                    pairs.append((statement, row))
+                counts["drawn"] += len(pairs)
+                for (statement, row), item in zip(pairs, self.measure(pairs, self.repeats)):
+                    if item.refused is not None:  # drawn again in the next batch
+                        counts["refused"] += 1
+                        continue
+                    counts["cases"] += 1
+                    finding = self.case(statement, row, item, counts, log)
+                    if finding is not None:
+                        findings.append(finding)
+                self.largest.sort(reverse=True)
+                del self.largest[20:]
+                log(f"{counts}")
+        except KeyboardInterrupt:
+            log("interrupted: the report covers the cases measured so far")
+        return findings, counts
+
+    def case(self, statement: Statement, row: dict[str, str], item: Measured, counts: dict[str, int],
+             log: Callable[[str], None]) -> Finding | None:
+        """One measured case: flagged, confirmed and shrunk, or None."""
+        self.largest.append((item.extra_ms, item.jitter_ms, statement.sql, repr(row)))
+        if not _flagged(item):
+            return None
+        counts["flagged"] += 1
+        log(f"flagged {item.extra_ms:+.3f} ms (jitter {item.jitter_ms:.3f}): {statement.sql} | {row}")
+        if self.confirmed(statement, row) is None:
+            return None
+        counts["confirmed"] += 1
+        small, small_row, proof = self.shrink(statement, row, budget=12 if is_long_text(row) else 40)
+        if not proof:
+            proof = self.confirmed(small, small_row) or []
+        finding = Finding(small, small_row, [m.extra_ms for m in proof], [m.jitter_ms for m in proof])
+        log(f"confirmed, shrunk: {small.sql} | {small_row} ({finding.extras_ms})")
+        return finding
+
+
+def report(findings: Sequence[Finding], counts: dict[str, int], largest: Sequence[tuple[float, float, str, str]],
+           forms: Sequence[str], rows: int, repeats: int, seed: int, seconds: float) -> str:
+    """The Markdown report: the run's figures, the confirmed findings by class, the largest differences seen."""
+    lines = [
+        f"Seed {seed}; {counts['cases']:,} cases measured ({counts['drawn']:,} statements drawn, {counts['refused']:,} "
+        f"refused and redrawn), {counts['flagged']:,} flagged, {counts['confirmed']:,} confirmed; tables of {rows:,} rows, "
+        f"{repeats} runs each alternating (confirmations {2 * repeats + 1}); value forms: {', '.join(forms)}; {seconds:.0f} s.",
+        "",
+    ]
+    for title, chosen in (("Long text (the known class)", [f for f in findings if f.long_text]),
+                          ("Outside the long-text class", [f for f in findings if not f.long_text])):
+        lines += [f"### {title}: {len(chosen)}", ""]
+        if chosen:
+            lines += ["| statement (shrunk) | row | one row adds (ms) | jitter (ms) |", "|---|---|---:|---:|"]
+            for finding in chosen:
+                extras = ", ".join(f"{e:+.3f}" for e in finding.extras_ms)
+                jitters = ", ".join(f"{j:.3f}" for j in finding.jitters_ms)
+                lines.append(f"| `{finding.statement.sql}` | `{finding.row}` | {extras} | {jitters} |")
+            lines.append("")
+    lines += ["### The largest differences measured (first runs)", "",
+              "| one row adds (ms) | jitter (ms) | statement | row |", "|---:|---:|---|---|"]
+    for extra, jitter, sql, row in largest[:10]:
+        lines.append(f"| {extra:+.3f} | {jitter:.3f} | `{sql}` | `{row}` |")
+    return "\n".join(lines) + "\n"
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--cases", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--minutes", type=float, default=float("inf"), help="stop drawing after this long")
+    parser.add_argument("--rows", type=int, default=2_000)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--only-values", action="append", default=[], choices=tuple(FORMS), metavar="FORM",
+                        help=f"draw rows from these value forms only: {', '.join(FORMS)}")
+    parser.add_argument("--out", type=Path, help="also write the report here")
+    parser.add_argument("--dsn", help="a superuser DSN (default: start a server, --pg)")
+    parser.add_argument("--pg", type=int, choices=(15, 16, 17, 18), default=16)
+    args = parser.parse_args(argv)
+    forms = tuple(args.only_values) or tuple(FORMS)
+    signal.signal(signal.SIGTERM, _interrupt)  # a run in the background stops as on Ctrl-C (there SIGINT is ignored)
+    started = time.monotonic()
+
+    def run(dsn: str) -> str:
+        load_tables(dsn, args.rows)
+        with tempfile.TemporaryDirectory(prefix="dpproxy-timing-fuzz-") as directory:
+            fuzzer = _Fuzzer(dsn, policy_file(dsn, Path(directory)), args.rows, args.repeats)
+            findings, counts = fuzzer.run(args.cases, args.seed, forms, started + 60 * args.minutes, log=lambda line: print(line, flush=True))
+            return report(findings, counts, fuzzer.largest, forms, args.rows, args.repeats, args.seed,
+                          time.monotonic() - started)
+
+    text = on_server(args.dsn, args.pg, "timing-fuzz", run)
+    return print_report(text, args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
