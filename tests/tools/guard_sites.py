@@ -165,6 +165,8 @@ SITES: tuple[Site, ...] = (
     _off("text-bounds.work-limit", "rewriter/text_bounds.py", "work <= MAX_TEXT_WORK", "text", "True"),
     Site("text-bounds.source", "rewriter/rewrite.py", "source = bounded_source(query.table)",
          "source = query.table.qualified_name", "text"),
+    Site("text-bounds.series-limit", "rewriter/series_limit.py", "work_refusal(ranking.text_work + outer.text_work)",
+         "None", "text"),
     Site("text-bounds.bound-pattern", "proxy/dp/folding.py", "refused = _work_refusal(plan, folding, patterns)",
          "refused = None", "text"),
     Site("predicate-terms.series-limit", "rewriter/series_limit.py", "terms_refusal(ranking.terms + outer.terms)",
