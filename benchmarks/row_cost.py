@@ -24,7 +24,8 @@ dpproxy refuses is reported as refused, with its rule: that is the answer for th
 limit on a statement's values and comparisons (rewriter/predicate_terms.py; the backend SQL is the
 same), to measure past it. The ``list:`` constructs measure IN lists and comparison chains by
 length: "every row" ones over the whole table (their base time over ``--rows`` is what a row
-reaching the list costs, warm), "one row" ones behind ``id = 0`` (what the first row reaching it adds). The figures of a run are in benchmarks/results.md
+reaching the list costs, warm), "one row" ones behind ``id = 0`` (what the first row reaching it adds). The ``text:`` constructs read a text value in each way a DP statement can, with a
+3 MB row and with one at the default ``max_text_bytes`` (rewriter/text_bounds.py). The figures of a run are in benchmarks/results.md
 ("What one row adds to a DP statement's backend time"); a new construct is one more line of
 :data:`CONSTRUCTS`.
 """
@@ -145,6 +146,48 @@ def _chains(term: str, count: int) -> str:
     return "(" + " OR ".join(f"(({chain}) IS TRUE)" for chain in chains) + ")"
 
 
+_AT_BOUND = 256  # the default max_text_bytes (rewriter/text_bounds.py): the longest value still read
+_RANDOM_AT_BOUND = f"left({_RANDOM_TEXT}, {_AT_BOUND})"
+
+
+def _text_constructs() -> Iterator[Construct]:
+    """Each construct that reads a text value, with a 3 MB row and with a row at the bound: what the
+    value bound (rewriter/text_bounds.py) leaves one row to add, and past the work limit, refused.
+    A chain of 255 terms and ``id = 0`` are the 256 terms a statement may hold."""
+    sizes = (("3 MB", _RANDOM_TEXT, _A_TEXT, f"repeat('z', {BIG_TEXT_BYTES})"),
+             (f"{_AT_BOUND} B", _RANDOM_AT_BOUND, f"repeat('a', {_AT_BOUND})", f"repeat('z', {_AT_BOUND})"))
+    for size, random_text, a_text, z_text in sizes:
+        yield from (
+            Construct(f"text: WHERE t > 'm', {size} random", "SELECT COUNT(*) FROM {table} WHERE t > 'm'", {"t": random_text}),
+            Construct(f"text: WHERE t LIKE '%x%', {size} random", "SELECT COUNT(*) FROM {table} WHERE t LIKE '%x%'",
+                      {"t": random_text}),
+            Construct(f"text: WHERE t LIKE '%a…ab' (64, the longest part), {size} of a",
+                      "SELECT COUNT(*) FROM {table} WHERE t LIKE '%" + _A_PART + "b'", {"t": a_text}),
+            Construct(f"text: WHERE t ILIKE '%a…ab' (64, the longest part), {size} of a",
+                      "SELECT COUNT(*) FROM {table} WHERE t ILIKE '%" + _A_PART + "b'", {"t": a_text}),
+            Construct(f"text: WHERE lower(t) = 'x', {size} random", "SELECT COUNT(*) FROM {table} WHERE lower(t) = 'x'",
+                      {"t": random_text}),
+            Construct(f"text: COUNT(DISTINCT t), {size} random", "SELECT COUNT(DISTINCT t) FROM {table}", {"t": random_text}),
+            Construct(f"text: GROUP BY cat (categories, other), {size} random",
+                      "SELECT cat, COUNT(*) FROM {table} GROUP BY cat", {"cat": random_text}),
+            Construct(f"text: MODE() of cat, {size} random", "SELECT MODE() WITHIN GROUP (ORDER BY cat) FROM {table}",
+                      {"cat": random_text}),
+            Construct(f"text: WHERE id = 0 AND (t > 'z…z0' OR … 255 ×), {size} of z",
+                      "SELECT COUNT(*) FROM {table} WHERE id = 0 AND " + _or_chain("t > '" + "z" * _AT_BOUND + "{i}'", 255),
+                      {"t": z_text}),
+            Construct(f"text: WHERE id = 0 AND (lower(t) = 'x0' OR … 45 ×, the most accepted), {size} random",
+                      "SELECT COUNT(*) FROM {table} WHERE id = 0 AND " + _or_chain("lower(t) = 'x{i}'", 45),
+                      {"t": random_text}),
+        )
+    for size, a_text in (("1 kB", "repeat('a', 1000)"), (f"{_AT_BOUND} B", f"repeat('a', {_AT_BOUND})")):
+        yield Construct(f"text: WHERE id = 0 AND (t LIKE '%a…a0' OR … 255 ×) (64), {size} of a",
+                        "SELECT COUNT(*) FROM {table} WHERE id = 0 AND " + _or_chain("t LIKE '%" + _A_PART[:-3] + "{i:03d}'", 255),
+                        {"t": a_text})
+        yield Construct(f"text: WHERE id = 0 AND (t LIKE '%a…a0' OR … 2 ×) (64), {size} of a",
+                        "SELECT COUNT(*) FROM {table} WHERE id = 0 AND " + _or_chain("t LIKE '%" + _A_PART[:-3] + "{i:03d}'", 2),
+                        {"t": a_text})
+
+
 CONSTRUCTS: tuple[Construct, ...] = (
     Construct("COUNT(*), one ordinary row", "SELECT COUNT(*) FROM {table}"),
     Construct("COUNT(*) WHERE t LIKE '%x%', 3 MB random text", "SELECT COUNT(*) FROM {table} WHERE t LIKE '%x%'", {"t": _RANDOM_TEXT}),
@@ -226,6 +269,7 @@ CONSTRUCTS: tuple[Construct, ...] = (
     Construct("COUNT(DISTINCT big), NULL", "SELECT COUNT(DISTINCT big) FROM {table}", {"big": "NULL"}),
     Construct("COUNT(DISTINCT big), a value the table holds (1000003)", "SELECT COUNT(DISTINCT big) FROM {table}", {"big": "1000003"}),
     *_list_constructs(),
+    *_text_constructs(),
 )
 
 

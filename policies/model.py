@@ -456,7 +456,22 @@ class TablePolicy(_Strict):
     # Every DP answer on the table leaves at a whole multiple of this after it began
     # (proxy/dp/answer_time.py), so that its arrival shows no more of the rows' timing.
     answer_quantum_ms: int = Field(0, ge=0, le=3_600_000)
+    # The most bytes of a text value a DP statement reads: a longer value reads as NULL in every
+    # construct (rewriter/text_bounds.py), so what one row's text adds to a statement's time is
+    # bounded by this, not by what someone stored. 1 GB is PostgreSQL's own limit on a value.
+    max_text_bytes: int = Field(256, ge=1, le=1_073_741_823)
     columns: dict[str, ColumnPolicy] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _categories_within_text_bound(self) -> "TablePolicy":
+        """A declared category longer than ``max_text_bytes`` could never be matched: its rows read as NULL."""
+        for name, column in self.columns.items():
+            longest = max((len(category.encode("utf-8")) for category in column.categories or ()), default=0)
+            if longest > self.max_text_bytes:
+                raise ValueError(f"columns.{name}: a category of {longest} bytes is longer than the table's "
+                                 f"max_text_bytes {self.max_text_bytes}, beyond which a value reads as NULL; "
+                                 "raise max_text_bytes or shorten the category")
+        return self
 
     @model_validator(mode="after")
     def _cells_within_cap(self) -> "TablePolicy":

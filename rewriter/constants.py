@@ -133,6 +133,10 @@ class Folding:
     # statement's literal ILIKE patterns: their sum is limited (like_patterns.case_folded_refusal).
     ilike_parameters: tuple[int, ...] = ()
     ilike_characters: int = 0
+    # Each use of a pattern parameter on a text column: its number and the bytes of the column's values
+    # read (rewriter.text_bounds.value_bytes). The plan's text work counted its part after % as one
+    # character; the bound pattern's own part is added when it is bound (proxy.dp.folding).
+    like_weights: tuple[tuple[int, int], ...] = ()
 
     @property
     def inline(self) -> str:

@@ -138,6 +138,8 @@ class AggregateQuery:
     # two plans to count both.
     terms: int = field(default=0, compare=False)
     ilike_characters: int = field(default=0, compare=False)
+    # What those conditions weigh by their reads of text values (rewriter/text_bounds.py), likewise.
+    text_work: int = field(default=0, compare=False)
 
     @property
     def predicates(self) -> tuple[str, ...]:
@@ -236,7 +238,8 @@ def plan_aggregate_query(
     ranges = key_ranges(where.this if where is not None else None, groups, scope)
     plan = AggregateQuery(table, aggregates, where_sql, _no_rows(tree, scope, grouped=bool(groups)), folding=folding,
                           post=post, groups=groups, ranges=ranges, terms=conditions.terms,
-                          ilike_characters=conditions.ilike_characters)
+                          ilike_characters=conditions.ilike_characters,
+                          text_work=conditions.text_work)
     if not ranges:  # no time bound can narrow a key: the cells are known now
         too_many = too_many_cells(plan)
         if too_many is not None:

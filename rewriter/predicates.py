@@ -74,10 +74,11 @@ from policies.tables import ColumnInfo, quote_identifier
 
 from .constants import HINT as FOLD_HINT
 from .constants import Fold, Folding, NotFoldable, fold_type, qualified_constant
-from .like_patterns import case_folded_refusal, pattern_refusal
+from .like_patterns import case_folded_refusal, longest_part_after_percent, pattern_refusal
 from .predicate_terms import predicate_terms, terms_refusal
 from .scope import Scope
 from .sql_text import literal, operator, short_text
+from .text_bounds import CASE_FOLD_WORK, COMPARISON_WORK, LIKE_WORK, value_bytes, work_refusal
 from .types import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
 
 __all__ = ["Predicate", "PredicateRenderer", "plan_predicate"]
@@ -171,14 +172,19 @@ class PredicateRenderer:
         """``predicate`` checked and rendered, each folded comparison a token of :meth:`folding`.
 
         Refused (``safe-predicate``) before it is rendered when it takes the statement's
-        predicates past :data:`~rewriter.predicate_terms.MAX_PREDICATE_TERMS` terms in all, on a
-        table without ``answer_quantum_ms``.
+        predicates past :data:`~rewriter.predicate_terms.MAX_PREDICATE_TERMS` terms in all, and
+        once rendered when their reads of text values weigh more than
+        :data:`~rewriter.text_bounds.MAX_TEXT_WORK` in all, on a table without ``answer_quantum_ms``.
         """
         self._terms += predicate_terms(predicate)
         refused = terms_refusal(self._terms) if self._limited else None
         if refused is not None:
             raise self._renderer.refuse(f"{refused[0]} are refused on protected table", refused[1])
-        return self._renderer.predicate(predicate)
+        sql = self._renderer.predicate(predicate)
+        refused = work_refusal(self._renderer.text_work) if self._limited else None
+        if refused is not None:
+            raise self._renderer.refuse(f"{refused[0]} are refused on protected table", refused[1])
+        return sql
 
     @property
     def terms(self) -> int:
@@ -190,29 +196,36 @@ class PredicateRenderer:
         """The characters of the literal ILIKE patterns rendered so far."""
         return self._renderer.ilike_characters
 
+    @property
+    def text_work(self) -> int:
+        """What the predicates rendered so far weigh by their reads of text values (rewriter.text_bounds)."""
+        return self._renderer.text_work
+
     def folding(self, where: str | None, filters: tuple[str | None, ...] = ()) -> Folding | None:
         """What execution must fold in the templates ``where`` and ``filters`` (None: nothing)."""
         renderer = self._renderer
         if not renderer.folds and not renderer.like_parameters:
             return None
         return Folding(where, tuple(renderer.folds), tuple(renderer.like_parameters), filters,
-                       tuple(renderer.ilike_parameters), renderer.ilike_characters)
+                       tuple(renderer.ilike_parameters), renderer.ilike_characters, tuple(renderer.like_weights))
 
 
 class _Operand:
     """A rendered side of a comparison: its SQL, and the column or the cast type it is.
 
     ``fold`` is set for a row-independent expression evaluated before the query runs
-    (:mod:`rewriter.constants`); its ``sql`` is then the pinned expression.
+    (:mod:`rewriter.constants`); its ``sql`` is then the pinned expression. ``case_folded``: the
+    column under ``lower()``/``upper()``.
     """
 
     def __init__(self, sql: str, column: ColumnInfo | None = None, cast: str | None = None, parameter: bool = False,
-                 fold: bool = False):
+                 fold: bool = False, case_folded: bool = False):
         self.sql = sql
         self.column = column
         self.cast = cast
         self.parameter = parameter
         self.fold = fold
+        self.case_folded = case_folded
 
 
 class _Renderer:
@@ -224,6 +237,16 @@ class _Renderer:
         self.like_parameters: list[int] = []
         self.ilike_parameters: list[int] = []
         self.ilike_characters = 0  # of the literal ILIKE patterns rendered so far
+        self.text_work = 0  # what the terms rendered so far weigh by their reads of text (rewriter.text_bounds)
+        self.like_weights: list[tuple[int, int]] = []  # (parameter, bytes read) of each pattern parameter's use
+
+    def _weigh(self, operand: _Operand, per_byte: int) -> None:
+        """Add to :attr:`text_work` what a term reading ``operand`` costs a row: the bytes of its
+        column's values the statement reads, times ``per_byte`` (and the case folding's, under
+        lower()/upper()); nothing for an operand that is no text column."""
+        size = value_bytes(operand.column, self.scope.table.policy) if operand.column is not None else None
+        if size is not None:
+            self.text_work += size * (per_byte + (CASE_FOLD_WORK if operand.case_folded else 0))
 
     def refuse(self, message: str, hint: str | None = None) -> Refusal:
         """A safe-predicate refusal; ``hint`` replaces the standard one when the reason needs saying."""
@@ -355,6 +378,10 @@ class _Renderer:
             if symbol == "~~*":
                 self.ilike_parameters.append(int(parameter[1:]))
             pattern_sql = f"CAST({parameter} AS pg_catalog.text)"
+            part = 1  # its value is not known yet: weighed at one character now, by its own part when bound
+            size = value_bytes(column.column, self.scope.table.policy) if column.column is not None else None
+            if size is not None:
+                self.like_weights.append((int(parameter[1:]), size))
         elif isinstance(pattern, exp.Literal) and pattern.is_string:
             refused = pattern_refusal(pattern.this)
             if symbol == "~~*":
@@ -363,6 +390,7 @@ class _Renderer:
             if refused is not None:
                 raise self.refuse(f"{refused[0]}; such a pattern is refused on protected table", refused[1])
             pattern_sql = literal(pattern.this)
+            part = longest_part_after_percent(pattern.this)
         else:
             raise self.refuse("LIKE/ILIKE takes a literal pattern or a parameter on protected table")
         assert column.column is not None
@@ -377,6 +405,7 @@ class _Renderer:
                 f"LIKE/ILIKE on column {column.column.name}, whose collation is nondeterministic, is not allowed on protected table",
                 "PostgreSQL fails LIKE on nondeterministic collations only when a row reaches it; compare with = instead.",
             )
+        self._weigh(column, LIKE_WORK * max(part, 1) + (CASE_FOLD_WORK if symbol == "~~*" else 0))
         if node.args.get("negate"):
             symbol = "!" + symbol
         # ILIKE lowers the value first: a short one only (lower() of a column already is one).
@@ -403,7 +432,8 @@ class _Renderer:
                 "1e400 fails a comparison with a double precision only when a row holds it).",
             )
         sql = quote_identifier(column.name)
-        return _Operand(f"pg_catalog.{function}({short_text(sql)})" if function else sql, column=column)
+        return _Operand(f"pg_catalog.{function}({short_text(sql)})" if function else sql, column=column,
+                        case_folded=bool(function))
 
     def _value(self, node: exp.Expression) -> _Operand:
         """A constant, or a row-independent expression to fold before the query runs."""
@@ -440,6 +470,8 @@ class _Renderer:
                     "PostgreSQL compares arrays and composites element by element and fails on a row whose elements "
                     "cannot be compared (point, json ...) only when it meets one; test such a column with IS [NOT] NULL.",
                 )
+        for side in (left, right):
+            self._weigh(side, COMPARISON_WORK)
         if left.fold:
             left, right, symbol = right, left, _FLIPPED.get(symbol, symbol)
         if not right.fold:

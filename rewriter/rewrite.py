@@ -99,6 +99,10 @@ parallel plan with a partial aggregate per worker.
 In every case the partitioning serves accuracy and the coupling argument, it is not the
 noise: the noise comes from ``mechanisms.samplers``.
 
+The table is read through :func:`rewriter.text_bounds.bounded_source`: where it has text columns,
+a projection in which a value longer than the table's ``max_text_bytes`` is NULL, decided from its
+stored size without reading it, so that every part, key and condition sees the bounded value.
+
 Functions, operators (``OPERATOR(pg_catalog.*)``) and type names that are not grammar
 keywords (``pg_catalog.bytea``) are schema-qualified with ``pg_catalog``, and the WHERE
 predicate is rendered qualified too (:mod:`rewriter.predicates`), so that a session's
@@ -121,6 +125,7 @@ from policies.tables import ColumnInfo, Relation, quote_identifier
 
 from .dp_query import Aggregate, AggregateQuery
 from .sql_text import literal, operator
+from .text_bounds import bounded_source
 from .types import FLOAT4, FLOAT8, FLOAT_TYPES, INT2, INT4, INT8, INTEGER_TYPES, NUMERIC
 
 __all__ = [
@@ -284,7 +289,7 @@ def backend_sql(query: AggregateQuery, seed: int) -> str:
     (0) names the query independently of its partitioning.
     """
     parts = [part for agg in query.aggregates for part in aggregate_parts(agg)]
-    source = query.table.qualified_name
+    source = bounded_source(query.table)  # a text value longer than the table's bound reads as NULL
     if query.where_sql:
         source += f" WHERE {query.where_sql}"
     if query.groups:

@@ -57,6 +57,7 @@ from .post_process import default_name
 from .like_patterns import case_folded_refusal
 from .predicate_terms import terms_refusal
 from .scope import Scope
+from .text_bounds import work_refusal
 
 __all__ = ["plan_series_limited", "ranks_series"]
 
@@ -88,9 +89,12 @@ def plan_series_limited(sql: str, table: Relation, function_names: frozenset[str
     ranking = plan_aggregate_query(RawStream()(subquery), table, function_names, ranking=True)
     select.fromClause = (join.larg,)
     outer = plan_aggregate_query(RawStream()(select), table, function_names)
-    # A row reaches the conditions of both: their terms, and the ILIKE patterns lowered for it, add up.
-    refused = terms_refusal(ranking.terms + outer.terms) if not table.policy.answer_quantum_ms else None
+    # A row reaches the conditions of both: their terms, the ILIKE patterns lowered for it and their
+    # reads of text add up.
+    limited = not table.policy.answer_quantum_ms
+    refused = terms_refusal(ranking.terms + outer.terms) if limited else None
     refused = refused or case_folded_refusal(ranking.ilike_characters + outer.ilike_characters)
+    refused = refused or (work_refusal(ranking.text_work + outer.text_work) if limited else None)
     if refused is not None:
         raise _refuse(table, f"{refused[0]} (the series limit's subquery and the statement together) are refused on",
                       "safe-predicate", refused[1])

@@ -19,8 +19,9 @@ from proxy.backend.connection import BackendSession, BoundParams
 from proxy.wire.encodings import ClientEncoding
 from rewriter.constants import Folding, fold_query, folded_comparison
 from rewriter.dp_query import AggregateQuery
-from rewriter.like_patterns import case_folded_refusal, pattern_refusal
+from rewriter.like_patterns import case_folded_refusal, longest_part_after_percent, pattern_refusal
 from rewriter.rewrite import backend_sql
+from rewriter.text_bounds import LIKE_WORK, work_refusal
 
 __all__ = ["bind_constants"]
 
@@ -43,8 +44,11 @@ async def bind_constants(
     if folding is None:
         return plan, params
     encoding = backend.client_encoding
-    lengths = {number: _check_pattern(plan, params, number, encoding) for number in folding.like_parameters}
-    refused = case_folded_refusal(folding.ilike_characters + sum(lengths[number] for number in folding.ilike_parameters))
+    patterns = {number: _check_pattern(plan, params, number, encoding) for number in folding.like_parameters}
+    refused = case_folded_refusal(folding.ilike_characters + sum(len(patterns[number]) for number in folding.ilike_parameters))
+    if refused is not None:
+        raise _pattern_refused(refused, plan)
+    refused = _work_refusal(plan, folding, patterns)
     if refused is not None:
         raise _pattern_refused(refused, plan)
     if not folding.folds:
@@ -79,12 +83,23 @@ def _comparisons(folding: Folding, values: list[bytes | None], encoding: ClientE
     return comparisons
 
 
-def _check_pattern(plan: AggregateQuery, params: BoundParams, number: int, encoding: ClientEncoding) -> int:
+def _work_refusal(plan: AggregateQuery, folding: Folding, patterns: dict[int, str]) -> tuple[str, str] | None:
+    """Why the statement's reads of text weigh too much once its pattern parameters are known, or None:
+    the plan's text work (each pattern parameter's part after % counted as one character) and what
+    each bound pattern's longest part adds (rewriter.text_bounds; no limit with answer_quantum_ms)."""
+    if plan.table.policy.answer_quantum_ms:
+        return None
+    work = plan.text_work + sum(size * LIKE_WORK * (max(longest_part_after_percent(patterns[number]), 1) - 1)
+                                for number, size in folding.like_weights)
+    return work_refusal(work)
+
+
+def _check_pattern(plan: AggregateQuery, params: BoundParams, number: int, encoding: ClientEncoding) -> str:
     """Refuse the value bound to $``number`` as a LIKE pattern if PostgreSQL could reject it per row, or if
-    its matching could take measurably longer on one long value (``pattern_refusal``); else its length
-    in characters (0 for NULL or a missing parameter)."""
+    its matching could take measurably longer on one long value (``pattern_refusal``); else the pattern
+    ("" for NULL or a missing parameter)."""
     if number > len(params.values):
-        return 0  # the backend refuses the statement for the missing parameter before it reads a row
+        return ""  # the backend refuses the statement for the missing parameter before it reads a row
     table = plan.table.display_name
     if params.types[number - 1] not in _PATTERN_TYPES:
         raise Refusal(
@@ -96,7 +111,7 @@ def _check_pattern(plan: AggregateQuery, params: BoundParams, number: int, encod
         )
     value = params.values[number - 1]
     if value is None:
-        return 0
+        return ""
     try:
         # In the session's client_encoding, as PostgreSQL reads it: every encoding a session
         # may use has no ASCII byte inside a multibyte character, so every backslash seen here
@@ -113,7 +128,7 @@ def _check_pattern(plan: AggregateQuery, params: BoundParams, number: int, encod
     refused = pattern_refusal(pattern)
     if refused is not None:
         raise _pattern_refused(refused, plan)
-    return len(pattern)
+    return pattern
 
 
 def _pattern_refused(refused: tuple[str, str], plan: AggregateQuery) -> Refusal:

@@ -2,7 +2,8 @@
 
 Everything shown is policy, not data: bounds and categories are what the policy's owner
 declared, and which aggregates a column takes follows from them exactly as the DP planner
-decides (rewriter/dp_query.py). Each protected table also gets a row for ``*`` (COUNT(*)).
+decides (rewriter/dp_query.py). A text column's ``bounds`` is the most bytes of its values a DP
+statement reads (the table's ``max_text_bytes``, or a ``varchar(n)``'s 4·n: rewriter/text_bounds.py). Each protected table also gets a row for ``*`` (COUNT(*)).
 ``epsilon`` is what one query on the table costs this session (the table's ε, capped by
 the user's ``max_query_epsilon`` and ``SET dpproxy.epsilon``); ``delta`` is the table's δ,
 charged only by the sample-and-aggregate mechanisms. Public tables are not listed: they
@@ -22,6 +23,7 @@ from proxy.wire.protocol import Field
 from proxy.wire.values import encode_text
 from rewriter.group_keys import DATE, column_key_count
 from rewriter.key_domain import part_keys
+from rewriter.text_bounds import value_bytes
 from rewriter.types import FLOAT8, MAX_ABS_BOUND, MAX_ABS_VARIANCE_BOUND, NUMERIC_TYPES
 
 __all__ = ["COLUMNS_FIELDS", "columns_result"]
@@ -58,7 +60,7 @@ def columns_result(registry: TableRegistry, epsilon_of: Callable[[Relation], flo
         rows.append([name, b"*", None, None, None, b"COUNT(*) laplace", None, epsilon, delta])
         for column in sorted(table.columns.values(), key=lambda c: c.attnum):
             keys = _group_keys(table, column)
-            rows.append([name, column.name.encode(), _type_name(column.type_oid).encode(), *_declared(column),
+            rows.append([name, column.name.encode(), _type_name(column.type_oid).encode(), *_declared(table, column),
                          ", ".join(_aggregates(table, column)).encode(), keys.encode() if keys else None,
                          epsilon, delta])
     return ResultSet(list(COLUMNS_FIELDS), rows, "SHOW")
@@ -68,10 +70,14 @@ def _type_name(oid: int) -> str:
     return _TYPE_NAMES.get(oid, f"type oid {oid}")
 
 
-def _declared(column: ColumnInfo) -> list[bytes | None]:
-    """Bounds as ``[lo, hi]`` (a time range's as ISO dates or times) and categories as a JSON array, as declared."""
+def _declared(table: Relation, column: ColumnInfo) -> list[bytes | None]:
+    """Bounds as ``[lo, hi]`` (a time range's as ISO dates or times; a text column's as the bytes of
+    a value read) and categories as a JSON array, as declared."""
     policy = column.policy
     bounds = f"[{_number(policy.bounds[0])}, {_number(policy.bounds[1])}]".encode() if policy and policy.bounds else None
+    text_bytes = value_bytes(column, table.policy)
+    if text_bytes is not None:
+        bounds = f"at most {text_bytes} bytes (a longer value reads as NULL)".encode()
     if policy and policy.time_bounds:
         bounds = "[{}, {}]".format(*(_moment(moment, column.type_oid) for moment in policy.time_bounds)).encode()
     categories = json.dumps(list(policy.categories)).encode() if policy and policy.categories else None

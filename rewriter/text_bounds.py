@@ -1,0 +1,123 @@
+"""How many bytes of a text value a DP statement reads, and how much work its conditions may do on one row.
+
+A text value someone chose, long or periodic, was the last lever by which one row could make a DP
+statement measurably slower on a table without ``answer_quantum_ms`` (docs/threat-model.md, Timing):
+every read of a 3 MB value detoasts it, ``lower()`` and ILIKE case-fold it, and a LIKE compares its
+part after a ``%`` at every position, each up to 256 times in one statement. Two limits bound it.
+
+**The value bound.** A DP statement reads a value of a ``text``, ``varchar`` or ``char`` column only
+up to the table's ``max_text_bytes`` (policy; 256 by default): a longer value reads as NULL, in every
+construct that reads it (conditions, GROUP BY keys, ``COUNT(col)``, ``COUNT(DISTINCT col)``, MODE's
+categories, the ``row_hash`` partition key), as values beyond the bounds of a numeric column are
+clamped. The backend SQL reads the table through a projection (:func:`bounded_source`) whose column
+is ``CASE WHEN octet_length(col) <= max_text_bytes THEN col END``; ``octet_length`` reads the stored
+size from the value's header (``toast_raw_datum_size``), detoasting nothing, so a longer value is
+never read (0.17 µs on PostgreSQL 15 and 16 for a 64-byte value and a 3 MB one, out of line or
+compressed, where ``length()`` of the 3 MB value took 17–23 ms; benchmarks/results.md). A
+``varchar(n)`` or ``char(n)`` whose 4·n bytes fit the bound carries it already and is read as it
+is. The bound holds whatever the quantum: it decides answers, which must not depend on a timing
+setting; an operator who wants longer values read raises ``max_text_bytes``.
+
+**The work limit.** Below the bound, the terms of a statement still multiply: 256 LIKEs of a
+63-character part on a 1 kB value cost that one row 35 ms. So each condition term that reads a text
+value is weighed by the bytes it may read (the column's bound, :func:`value_bytes`) times its cost a
+byte, in units of about 0.1 ns of PostgreSQL 16's time (warm, one row, measured with
+benchmarks/row_cost.py and the per-byte figures in benchmarks/results.md): a comparison
+(=, <>, <, …, an IN list's value) :data:`COMPARISON_WORK`, ``lower()``/``upper()`` and ILIKE's own
+case folding :data:`CASE_FOLD_WORK` more, a LIKE :data:`LIKE_WORK` per character of its pattern's
+longest part after a ``%`` (at least one; a pattern bound as a parameter is weighed as one
+character while planning, and by its own longest part when it is bound, before any charge:
+proxy/dp/folding.py). ``IS NULL`` reads no value.
+The conditions of one statement may weigh :data:`MAX_TEXT_WORK` in all (~60 µs of one row's time,
+the order the limit of 256 terms keeps a row of ordinary values to), else the statement is refused
+before any charge (``DP001``, ``safe-predicate``). A table with ``answer_quantum_ms`` is not
+limited, as for the terms (:mod:`rewriter.predicate_terms`).
+"""
+
+from __future__ import annotations
+
+from policies.model import TablePolicy
+from policies.tables import ColumnInfo, Relation, quote_identifier
+
+from .sql_text import operator
+
+__all__ = ["CASE_FOLD_WORK", "COMPARISON_WORK", "LIKE_WORK", "MAX_TEXT_WORK", "TEXT_TYPES", "bounded_source",
+           "bounded_value", "value_bytes", "work_refusal"]
+
+TEXT_TYPES = frozenset({25, 1043, 1042})
+"""text, varchar and char (bpchar): the types whose values the bound applies to."""
+_DECLARED_LENGTH_TYPES = frozenset({1043, 1042})
+_VARHDRSZ = 4  # a varchar(n)'s type modifier is n + 4
+_MAX_BYTES_PER_CHARACTER = 4  # UTF-8, and every server encoding PostgreSQL has
+
+COMPARISON_WORK = 1
+"""Work units a byte of a comparison (=, <>, <, …, each IN value): ~0.02–0.1 ns a byte, warm."""
+CASE_FOLD_WORK = 50
+"""Work units a byte of ``lower()``/``upper()`` or of ILIKE's case folding: ~5 ns a byte."""
+LIKE_WORK = 20
+"""Work units a byte, per character of a LIKE pattern's longest part after ``%``: ~2 ns a byte and character."""
+MAX_TEXT_WORK = 600_000
+"""The most work units the conditions of one DP statement may weigh (~60 µs of one row's time)."""
+
+
+def _declared_bytes(column: ColumnInfo) -> int | None:
+    """The most bytes a ``varchar(n)``/``char(n)`` value holds (4·n), or None: no declared length."""
+    if column.type_oid in _DECLARED_LENGTH_TYPES and column.type_modifier > _VARHDRSZ:
+        return _MAX_BYTES_PER_CHARACTER * (column.type_modifier - _VARHDRSZ)
+    return None
+
+
+def value_bytes(column: ColumnInfo, policy: TablePolicy) -> int | None:
+    """The most bytes of one of ``column``'s values a DP statement reads: the table's
+    ``max_text_bytes``, or a ``varchar(n)``/``char(n)``'s 4·n when smaller; None when the
+    column is not of a text type (the bound does not apply)."""
+    if column.type_oid not in TEXT_TYPES:
+        return None
+    declared = _declared_bytes(column)
+    return policy.max_text_bytes if declared is None else min(declared, policy.max_text_bytes)
+
+
+def _needs_bound(column: ColumnInfo, policy: TablePolicy) -> bool:
+    declared = _declared_bytes(column)
+    return column.type_oid in TEXT_TYPES and (declared is None or declared > policy.max_text_bytes)
+
+
+def bounded_value(column: ColumnInfo, policy: TablePolicy) -> str:
+    """The SQL of ``column`` as a DP statement reads it: NULL where its value is longer than the
+    bound (its stored size, read from the header), else the value, in its own collation."""
+    name = quote_identifier(column.name)
+    if not _needs_bound(column, policy):
+        return name
+    short = operator(f"pg_catalog.octet_length({name})", "<=", str(policy.max_text_bytes))
+    return f"CASE WHEN {short} THEN {name} END"
+
+
+def bounded_source(table: Relation) -> str:
+    """The FROM item a DP statement's backend SQL reads ``table`` through: the table itself when
+    no column needs the bound, else a projection of its columns, each text one as
+    :func:`bounded_value` (and ``ctid``, for ``ctid_hash``), under the table's own name.
+
+    PostgreSQL pulls the projection up into the query, so each reference of a column is its
+    bounded value, evaluated where the reference is; a column the query does not use costs nothing.
+    The service role reads every column of a protected table (proxy/backend/grants.py).
+    """
+    columns = sorted(table.columns.values(), key=lambda column: column.attnum)
+    if not any(_needs_bound(column, table.policy) for column in columns):
+        return table.qualified_name
+    outputs = [bounded_value(column, table.policy) + f" AS {quote_identifier(column.name)}"
+               if _needs_bound(column, table.policy) else quote_identifier(column.name) for column in columns]
+    if table.partition_key == "ctid":
+        outputs.append("ctid")
+    return f"(SELECT {', '.join(outputs)} FROM {table.qualified_name}) AS {quote_identifier(table.name)}"
+
+
+def work_refusal(work: int) -> tuple[str, str] | None:
+    """Why conditions weighing ``work`` units in all are refused, and the hint, or None."""
+    if work <= MAX_TEXT_WORK:
+        return None
+    return (f"conditions reading text values with a work of {work:,} units in all (at most {MAX_TEXT_WORK:,} in one "
+            "statement: each term weighs the bytes it may read, the column's max_text_bytes, times its cost a byte)",
+            "PostgreSQL reads a text value once for each term that compares it, and a LIKE compares its part after a % "
+            "at every position, so many such terms, or long parts, make one row with a long value take measurably "
+            "longer, which would tell whether that row is there. Use fewer terms or shorter LIKE parts after %, or "
+            "have the operator set answer_quantum_ms on the table, which lifts this limit (or lower max_text_bytes).")
