@@ -105,9 +105,15 @@ SITES: tuple[Site, ...] = (
          "            present, lo, hi, epsilon, table.delta, empty=table.partitions - len(present)\n        )\n",
          "            present, lo, hi, epsilon, table.delta, empty=table.partitions - len(present)\n        )\n"
          "        release = replace(release, error95=release.error95 * (1 + len(present) / 100))\n", "partitions"),
-    # A GROUP BY's command tag with the backend's row count (the groups that held rows).
-    Site("tag.backend-row-count", _A, '    result = ResultSet(fields, encoded, f"SELECT {len(encoded)}")\n',
-         '    result = ResultSet(fields, encoded, f"SELECT {len(rows)}")\n', "cells"),
+    # A one-row answer's command tag saying whether the backend aggregated any row (its first
+    # exact value NULL or 0). A GROUP BY's tag is no site: its release reaches the client through
+    # the outer statement (rewriter/post_process.py), whose tag PostgreSQL writes; with the
+    # release's tag made the backend's group count, every neighbour test passed (an equivalent
+    # mutant, first run).
+    Site("tag.says-whether-any-row-was-aggregated", _A,
+         '    return DPAnswer(ResultSet(fields, [row], "SELECT 1"), epsilon, delta, tuple(releases), units=units)\n',
+         '    tag = "SELECT 0" if exact and exact[0] in (None, 0) else "SELECT 1"\n'
+         '    return DPAnswer(ResultSet(fields, [row], tag), epsilon, delta, tuple(releases), units=units)\n', "values"),
     # A GROUP BY leaving out the cells no row reached.
     Site("cells.omit-the-empty-ones", _A,
          "        releases = release_columns(plan.aggregates, parts, units, share, plan.table.policy)\n        first = first or releases\n",
