@@ -55,7 +55,7 @@ _NOISED_FIGURES = (
     # ε and δ spelled as the client_encoding can: "?" in LATIN1, the bytes of UTF-8 in SQL_ASCII
     (re.compile(r"(remaining \S+ )[^,;\s]+(, \S+ )[^;\s\x1f]+"), r"\1#\2#"),
     (re.compile(r"(noisy sum / noisy count, scale )[^\s;]+"), r"\1#"),
-    (re.compile(r"(\(95% within ±)[^)/\s]+"), r"\1#"),
+    (re.compile(r"(\(95% within [^\d)/\s]*)[-\d.e+]+"), r"\1#"),  # "±" too spelled as the encoding can
 )
 
 
