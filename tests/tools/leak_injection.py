@@ -18,6 +18,7 @@ Run from the repository root (not collected by pytest)::
     .venv/bin/python tests/tools/leak_injection.py --only notice --tests tests/test_neighbour_fuzz.py
 
 Every option of guard_ablation.py applies (``--only``, ``--tests``, ``--timeout``, ``--baseline``).
+What the first runs found: :data:`FINDINGS`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import guard_ablation  # noqa: E402
 from guard_sites import Site  # noqa: E402
 
-__all__ = ["SELECTIONS", "SITES", "WIDER"]
+__all__ = ["FINDINGS", "SELECTIONS", "SITES", "WIDER"]
+
+FINDINGS = """\
+First runs (branch h77, 2026-11-27), on a machine shared with four other helpers:
+
+* against the comparison as it was (NULL or not, type names, a SUM's scale where the generator
+  knew it fixed, notices with every number masked, RowDescription names and types): 3 KILLED
+  (float4 for float8, NULL for a SUM, a histogram's empty cells left out), 6 SURVIVED: the
+  numeric SUM's scale, both trailing zeros, the type modifier, the notice's figure and a GROUP
+  BY's tag (11.6 min);
+* the GROUP BY tag was an equivalent mutant (the outer statement's tag reaches the client) and
+  became a one-row answer's tag;
+* with tests/value_spelling.py's rules per column, type modifiers and sizes compared and only
+  the notice figures that follow the noise or the budget masked: 9 KILLED of 9 (11.5 min).
+"""
 
 _CR = "proxy/dp/column_release.py"
 _A = "proxy/dp/answer.py"
