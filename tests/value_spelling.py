@@ -116,20 +116,24 @@ class SpelledInt(int):
     text: str
 
 
-class _FloatTextLoader(Loader):
-    def load(self, data: bytes | bytearray | memoryview) -> SpelledFloat:
+class _TextKeepingLoader(Loader):
+    """Reads a number's text as ``kind``, which keeps the text."""
+
+    kind: type[SpelledFloat] | type[SpelledInt]
+
+    def load(self, data: bytes | bytearray | memoryview) -> SpelledFloat | SpelledInt:
         text = bytes(data).decode("ascii")
-        value = SpelledFloat(text)
+        value = self.kind(text)
         value.text = text
         return value
 
 
-class _IntTextLoader(Loader):
-    def load(self, data: bytes | bytearray | memoryview) -> SpelledInt:
-        text = bytes(data).decode("ascii")
-        value = SpelledInt(text)
-        value.text = text
-        return value
+class _FloatTextLoader(_TextKeepingLoader):
+    kind = SpelledFloat
+
+
+class _IntTextLoader(_TextKeepingLoader):
+    kind = SpelledInt
 
 
 def keep_number_texts(adapters: AdaptersMap) -> None:
