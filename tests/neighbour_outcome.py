@@ -9,6 +9,8 @@ from collections.abc import Callable, Sequence
 
 import psycopg
 
+from tests.value_spelling import keep_number_texts, spelled_apart, spelling
+
 NUMBER = re.compile(r"-?\d+(\.\d+)?(e[+-]?\d+)?", re.IGNORECASE)
 _BINARY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
 
@@ -44,12 +46,64 @@ def masked_detail(detail: str | None, table: str) -> str:
                       for line in (detail or "").replace(table, "T").split("\n"))
 
 
+# The figures of a notice that follow the noise or the budget, not the statement and the policy:
+# what is left of the budget (each table's run charges in turn), and the error bound of noisy sum /
+# noisy count and of noisy moments, which divide by the noisy count (mechanisms/sum_count.py,
+# mechanisms/variance.py). Every other figure (ε and δ charged, a Laplace scale, sample and
+# aggregate's worst-case bound, the candidates of an exponential mechanism, the groups) is compared.
+_NOISED_FIGURES = (
+    # ε and δ spelled as the client_encoding can: "?" in LATIN1, the bytes of UTF-8 in SQL_ASCII
+    (re.compile(r"(remaining \S+ )[^,;\s]+(, \S+ )[^;\s\x1f]+"), r"\1#\2#"),
+    (re.compile(r"(noisy sum / noisy count, scale )[^\s;]+"), r"\1#"),
+    (re.compile(r"(\(95% within [^\d)/\s]*)[-\d.e+]+"), r"\1#"),  # "±" too spelled as the encoding can
+)
+
+
+def masked_notice(text: str, table: str) -> str:
+    """A notice's text with ``table``'s name masked. In dpproxy's own notice (its cost and noise)
+    only the figures that follow the noise or the budget (:data:`_NOISED_FIGURES`) are masked, so
+    a figure the rows decided would differ; in any other (a backend's, passed through with a
+    catalog statement: ``duration: 0.036 ms`` under ``log_duration``) every number is."""
+    text = text.replace(table, "T")
+    if "dpproxy: " not in text:
+        return NUMBER.sub("#", text)
+    for pattern, masked in _NOISED_FIGURES:
+        text = pattern.sub(masked, text)
+    return text
+
+
+class Outcome(tuple[object, ...]):
+    """A :func:`masked_outcome`, which also holds the spellings of its rows' numbers
+    (``spelled``, :func:`tests.value_spelling.spelling`). Two are equal where their tuples are
+    and each column's numbers, on both, follow one spelling rule
+    (:func:`tests.value_spelling.spelled_apart`): a trailing zero or a scale that the rows
+    decided makes them differ, the noise's digits do not."""
+
+    spelled: tuple[tuple[str | None, ...], ...] = ()
+
+    def __new__(cls, items: tuple[object, ...], spelled: tuple[tuple[str | None, ...], ...] = ()) -> Outcome:
+        outcome = super().__new__(cls, items)
+        outcome.spelled = spelled
+        return outcome
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, tuple) or not tuple.__eq__(self, other):
+            return False
+        return not isinstance(other, Outcome) or not spelled_apart(self.spelled, other.spelled)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = tuple.__hash__
+
+
 def masked_outcome(conn: psycopg.Connection, sql: str, table: str, params: tuple[object, ...] | None = None,
                    keys: int = 0) -> tuple[object, ...]:
     """``sql`` (``{t}`` standing for ``table``) run on ``conn``: an error's ("error", SQLSTATE,
     message, hint, DETAIL), or ("answer", the columns, the number of rows, their widths, the first
-    ``keys`` values of each row as text, the tag, the notices (message, DETAIL and HINT) with
-    numbers masked)."""
+    ``keys`` values of each row as text, the tag, each column's type modifier and size, the
+    notices (message, DETAIL and HINT) with the figures that follow the noise or the budget
+    masked), as an :class:`Outcome` that holds the other values' spellings."""
     notices: list[str] = []
 
     def handler(diag: psycopg.errors.Diagnostic) -> None:
@@ -59,12 +113,16 @@ def masked_outcome(conn: psycopg.Connection, sql: str, table: str, params: tuple
     conn.add_notice_handler(handler)
     try:
         with conn.cursor() as cursor:
+            keep_number_texts(cursor.adapters)
             cursor.execute(sql.replace("{t}", table), params)
             columns = tuple((c.name, c.type_code) for c in cursor.description or ())
+            result = cursor.pgresult
+            modifiers = tuple((result.fmod(i), result.fsize(i)) for i in range(len(columns))) if result else ()
             rows = cursor.fetchall() if cursor.description else []
-            return ("answer", columns, len(rows), frozenset(len(row) for row in rows),
-                    tuple(tuple(map(str, row[:keys])) for row in rows), cursor.statusmessage,
-                    tuple(NUMBER.sub("#", n.replace(table, "T")) for n in notices))
+            return Outcome(("answer", columns, len(rows), frozenset(len(row) for row in rows),
+                            tuple(tuple(map(str, row[:keys])) for row in rows), cursor.statusmessage, modifiers,
+                            tuple(masked_notice(n, table) for n in notices)),
+                           tuple(tuple(map(spelling, row[keys:])) for row in rows))
     except psycopg.Error as exc:
         return ("error", exc.sqlstate, (exc.diag.message_primary or "").replace(table, "T"),
                 (exc.diag.message_hint or "").replace(table, "T"), masked_detail(exc.diag.message_detail, table))

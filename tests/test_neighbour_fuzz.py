@@ -3,7 +3,9 @@
 Each generated DP statement runs through a real dpproxy against a small base table and against a
 neighbour that has one adversarial row more. Whatever the noise, both must give the same outcome
 class (an answer, or the same SQLSTATE and message), the same columns and type OIDs, the same
-NULLs and numeric scales, and the same notices (numbers masked). A difference is an oracle on one row.
+NULLs and numeric scales, the same spelling rule for each column's numbers (tests/value_spelling.py),
+the same RowDescription (type modifiers and sizes too), and the same notices (the numbers that
+follow the noise or the budget masked). A difference is an oracle on one row.
 
 ``DPPROXY_FUZZ_SEED`` picks the seed (printed on failure), ``DPPROXY_FUZZ_CASES`` the number of
 statements, ``DPPROXY_FUZZ_REPORT`` how many failures are listed.
@@ -19,7 +21,7 @@ import struct
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
@@ -30,7 +32,8 @@ from psycopg import generators
 from tests.conftest import TEST_DATABASE, RunningProxy, TestDatabase, make_policy
 from tests.wire import SYNC, Wire, bind, cstr, data_row_values, describe, error_fields, execute, message, parse
 from tests.neighbour_cases import COLUMNS, COPY_OPTIONS, PINNED, TABLE_DDL, Case, adversarial_rows, generate_case, policy_columns
-from tests.neighbour_outcome import binary_copy_cells, masked_detail
+from tests.neighbour_outcome import binary_copy_cells, masked_detail, masked_notice
+from tests.value_spelling import keep_number_texts, spelled_apart, spelling
 
 SEED = int(os.environ.get("DPPROXY_FUZZ_SEED", "17"))
 # As long a run as 1,100 cases were before tests/tools/neighbour_coverage.py's gaps were drawn
@@ -139,12 +142,29 @@ def create_tables(test_db: TestDatabase) -> None:
                 conn.execute(f"GRANT SELECT ON {name} TO dpproxy_service")
 
 
+Spellings = tuple[tuple[str | None, ...], ...]
+
+
 @dataclass(frozen=True)
 class Outcome:
-    """Everything a client sees of one statement, except the noised values themselves."""
+    """Everything a client sees of one statement, except the noised values themselves.
+
+    ``spelled`` is each row's numbers as the client read them (None for NULL, a binary float or
+    integer, a text that is no number): two outcomes are the same only where each column's
+    numbers, on both, follow one spelling rule (:func:`tests.value_spelling.spelled_apart`), a
+    comparison across the two that equality of each one's reduction cannot make.
+    """
 
     kind: str  # "answer" | "error" | "dropped" (an error that ended the session) | "client" | "misdescribed"
     detail: tuple[object, ...]
+    spelled: Spellings = field(default=(), compare=False)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Outcome):
+            return NotImplemented
+        return (self.kind, self.detail) == (other.kind, other.detail) and not spelled_apart(self.spelled, other.spelled)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 _NUMBER = re.compile(r"-?\d+(\.\d+)?(e[+-]?\d+)?", re.IGNORECASE)
@@ -165,7 +185,15 @@ def _copy_form(sql: str, copied: str) -> tuple[object, ...]:
     """COPY's output reduced like a result's rows: the header as it is, each released value to NULL or not."""
     lines = copied.splitlines()
     header = lines.pop(0) if lines and _copy_header(sql) else None
-    return (header, *(_copy_cells(sql, line) for line in lines))
+    return (header, *(tuple(cell is None for cell in _copy_texts(sql, line)) for line in lines))
+
+
+def _copy_spellings(sql: str, copied: str) -> Spellings:
+    """COPY's text or csv output as the spellings of its cells (None for NULL), the header left out."""
+    lines = copied.splitlines()
+    if lines and _copy_header(sql):
+        lines.pop(0)
+    return tuple(_copy_texts(sql, line) for line in lines)
 
 
 def _binary_copy(sql: str) -> bool:
@@ -178,12 +206,19 @@ def _copy_header(sql: str) -> bool:
 
 def _copy_cells(sql: str, line: str) -> tuple[bool, ...]:
     """One line of COPY's output (its options in ``sql``, one of COPY_OPTIONS): each cell NULL or not."""
+    return tuple(cell is None for cell in _copy_texts(sql, line))
+
+
+def _copy_texts(sql: str, line: str) -> tuple[str | None, ...]:
+    """One line of COPY's output (its options in ``sql``, one of COPY_OPTIONS): each cell's text
+    (a csv cell without its quotes), None for NULL."""
     csv, delimiter, null = COPY_OPTIONS[max((options for options in COPY_OPTIONS if sql.endswith(options)), key=len)]
     if csv:
         # In csv a NULL is an unquoted cell equal to the NULL string; a quoted cell may hold the delimiter.
         cell = re.compile(rf'("(?:[^"]|"")*"|[^{re.escape(delimiter)}]*){re.escape(delimiter)}')
-        return tuple(value == null for value in cell.findall(line + delimiter))
-    return tuple(value == null for value in line.split(delimiter))
+        return tuple(None if value == null else value[1:-1].replace('""', '"') if value.startswith('"') else value
+                     for value in cell.findall(line + delimiter))
+    return tuple(None if value == null else value for value in line.split(delimiter))
 
 
 def _fields(body: bytes) -> tuple[tuple[object, ...], ...]:
@@ -200,6 +235,13 @@ def _fields(body: bytes) -> tuple[tuple[object, ...], ...]:
 
 def _mask(text: str, table: str) -> str:
     return _NUMBER.sub("#", text.replace(table, "T"))
+
+
+# Arithmetic between two releases (``STDDEV(x) - VAR_POP(x)``): PostgreSQL spells the result at
+# the wider of its operands' scales, each the noise's, so its column follows no one rule; the
+# statement's numbers are not compared by spelling (its operands are, in the statements that ask
+# for them alone).
+_BETWEEN_RELEASES = re.compile(r"\)\s*[-+*/]\s*\w+\(")
 
 
 class Client:
@@ -219,6 +261,7 @@ class Client:
         conn = psycopg.connect(self.proxy.dsn(), autocommit=True, prepare_threshold=None, connect_timeout=10,
                                dbname=TEST_DATABASE, cursor_factory=psycopg.RawCursor)
         conn.add_notice_handler(lambda diag: self.notices.append(_notice_text(diag)))
+        keep_number_texts(conn.adapters)
         conn.execute("SET TimeZone = 'UTC'")
         return conn
 
@@ -238,24 +281,29 @@ class Client:
             if sql.startswith("COPY"):
                 with self.conn.cursor() as cursor, cursor.copy(sql) as copy:
                     data = b"".join(bytes(chunk) for chunk in copy)
-                form = binary_copy_cells(data) if _binary_copy(sql) else _copy_form(sql, data.decode(self.conn.info.encoding))
-                notices = tuple(_mask(n, table) for n in self.notices)
-                return Outcome("answer", (form, cursor.statusmessage, notices))
+                if _binary_copy(sql):
+                    form, spelled = binary_copy_cells(data), ()
+                else:
+                    copied = data.decode(self.conn.info.encoding)
+                    form, spelled = _copy_form(sql, copied), _copy_spellings(sql, copied)
+                notices = tuple(masked_notice(n, table) for n in self.notices)
+                return Outcome("answer", (form, cursor.statusmessage, notices), spelled)
             if case.row_limit:
                 return Outcome("answer", tuple(self._limited(sql, table, case.row_limit)))
             described = self._described(sql, table) if case.prepared else None
             with self.conn.cursor(binary=case.binary) as cursor:
                 cursor.execute(sql, case.params if case.params else None)
-                columns = tuple((c.name, c.type_code) for c in cursor.description or ())
+                columns = _columns(cursor)
                 rows = cursor.fetchall() if cursor.description else []
                 # an output column without a flag is compared as a value of unfixed scale
                 fixed = (case.fixed_scale + (False,) * len(columns))[:len(columns)]
                 forms = tuple(tuple(v if i < case.keys else _form(v, flag)
                                     for i, (v, flag) in enumerate(zip(row, fixed, strict=True))) for row in rows)
-                notices = tuple(_mask(n, table) for n in self.notices)
+                notices = tuple(masked_notice(n, table) for n in self.notices)
                 if described is not None and described[0] != "error" and columns != described[1]:
                     return Outcome("misdescribed", (described, columns))
-                return Outcome("answer", (described, columns, forms, cursor.statusmessage, notices))
+                spelled = () if _BETWEEN_RELEASES.search(sql) else tuple(tuple(map(spelling, row)) for row in rows)
+                return Outcome("answer", (described, columns, forms, cursor.statusmessage, notices), spelled)
         except UnicodeError as exc:  # the client could not encode the statement, or decode its answer
             return Outcome("client", (type(exc).__name__,))
         except psycopg.Error as exc:
@@ -317,8 +365,8 @@ class Client:
                                                       psycopg.pq.DiagnosticField.MESSAGE_HINT)))
                 break
             described = (tuple(result.param_type(i) for i in range(result.nparams)),
-                         tuple(((result.fname(i) or b"").decode(self.conn.info.encoding), result.ftype(i))
-                               for i in range(result.nfields)))
+                         tuple(((result.fname(i) or b"").decode(self.conn.info.encoding), result.ftype(i),
+                                result.fmod(i), result.fsize(i)) for i in range(result.nfields)))
         self.conn.execute("DEALLOCATE ALL")
         return described
 
@@ -332,9 +380,17 @@ class Client:
         return Outcome("error", (sqlstate, message, masked_detail(diag.message_detail, table), hint))
 
 
+def _columns(cursor: psycopg.Cursor[object]) -> tuple[tuple[object, ...], ...]:
+    """The RowDescription of ``cursor``'s result: each column's name, type, type modifier and size."""
+    result = cursor.pgresult
+    if result is None or not cursor.description:
+        return ()
+    return tuple((c.name, c.type_code, result.fmod(i), result.fsize(i)) for i, c in enumerate(cursor.description))
+
+
 def _notice_text(diag: psycopg.errors.Diagnostic) -> str:
-    """A notice's severity, SQLSTATE, message, DETAIL and HINT (masked, like the message, by
-    ``_mask``: its numbers may be noised values)."""
+    """A notice's severity, SQLSTATE, message, DETAIL and HINT (masked by
+    :func:`tests.neighbour_outcome.masked_notice`: the numbers that follow the noise or the budget)."""
     return "\x1f".join(field or "" for field in (diag.severity_nonlocalized, diag.sqlstate, diag.message_primary,
                                                    diag.message_detail, diag.message_hint))
 
@@ -394,8 +450,9 @@ def _fuzz(proxy: RunningProxy, cases: int, time_limit_s: float) -> None:
             on_base = client.run(case, f"nbf_{base}")
             on_neighbour = client.run(case, neighbour)
             if case.repeat:  # the second run is a repeat of the first: the same release, not charged
-                on_base = Outcome(on_base.kind, (*on_base.detail, client.run(case, f"nbf_{base}")))
-                on_neighbour = Outcome(on_neighbour.kind, (*on_neighbour.detail, client.run(case, neighbour)))
+                on_base = Outcome(on_base.kind, (*on_base.detail, client.run(case, f"nbf_{base}")), on_base.spelled)
+                on_neighbour = Outcome(on_neighbour.kind, (*on_neighbour.detail, client.run(case, neighbour)),
+                                       on_neighbour.spelled)
             ran += 1
             outcomes[on_base.kind if on_base.kind == "answer" else str(on_base.detail[0])] += 1
             if on_base.kind == "answer" and _CONDITIONAL.search(case.sql):
