@@ -261,7 +261,7 @@ def _run_latency(env: Environment, results: Results, args: argparse.Namespace) -
         results.latency[rows] = {}
         for name, template in QUERIES.items():
             sql = template.format(table=table)
-            probes = [Probe.on(e.name, e, sql) for e in (env.dpproxy, env.direct_tcp)]
+            probes = [Probe.on(e.name, e, sql) for e in (*env.proxies(args.targets), env.direct_tcp)]
             results.latency[rows][name] = measure(probes, iterations)
 
 

@@ -69,11 +69,12 @@ def test_quick_benchmark_runs_and_prints_the_ratio_table():
 def test_quick_benchmark_sets_an_older_and_a_two_worker_dpproxy_beside_this_one():
     """``--baseline-source`` (this very tree here, standing in for a worktree of an older commit)
     and ``dpproxy-2w`` run in the same rounds as dpproxy, each with its ratio to direct-tcp in
-    the pgbench, catalog and connections tables, the baseline named by its commit."""
+    the pgbench, catalog and connections tables and its added latency in the same rotation of
+    probes as dpproxy's, the baseline named by its commit."""
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--quick", "--only", "pgbench,catalog,connections",
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--only", "pgbench,catalog,connections,latency",
          "--clients", "8", "--modes", "extended", "--targets", "dpproxy,dpproxy-base,dpproxy-2w,direct-tcp",
-         "--baseline-source", str(ROOT), "--connection-cycles", "5"],
+         "--baseline-source", str(ROOT), "--connection-cycles", "5", "--latency-iterations", "5"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -88,6 +89,9 @@ def test_quick_benchmark_sets_an_older_and_a_two_worker_dpproxy_beside_this_one(
     for name in ("dpproxy", label, "dpproxy-2w", "direct-tcp", "direct-scram"):  # direct-scram: PostgreSQL asking SCRAM
         row = next(line for line in connections.splitlines() if line.startswith(f"| 8 | {name} |"))
         assert row.endswith("| 0 |"), report  # no connection failed
+    latency = report.split("## Per-query latency")[1].split("\n## ")[0]
+    for query in ("| 1,000 | COUNT |", f"| 1,000 | COUNT, {label} |", "| 1,000 | COUNT, dpproxy-2w |"):
+        assert query in latency, report
     assert "Errors:" not in report, report
 
 
