@@ -24,6 +24,7 @@ __all__ = [
     "NEUTRALISED_FUNCTIONS",
     "NEUTRALISED_PG_CLASS_COLUMNS",
     "NEUTRALISED_PG_DATABASE_COLUMNS",
+    "PASSTHROUGH_ONLY_FUNCTIONS",
     "SAFE_SETTINGS",
     "SESSION_EFFECT_FUNCTIONS",
     "ascii_safe_encoding",
@@ -88,14 +89,14 @@ NEUTRALISED_PG_DATABASE_COLUMNS = {
     "datminmxid": "'0'::pg_catalog.xid",
 }
 
-# Size functions (all return bigint): each call becomes ``NULL::pg_catalog.int8``; its
-# arguments are never evaluated.
-NEUTRALISED_FUNCTIONS = frozenset(
-    {
-        "pg_table_size", "pg_relation_size", "pg_total_relation_size", "pg_indexes_size",
-        "pg_database_size", "pg_tablespace_size",
-    }
-)
+# Functions each call of which becomes a NULL of the type given (its arguments are never
+# evaluated): the size functions (bigint), and pg_blocking_pids (integer[]), the backends
+# holding a lock a given backend waits for, which pgAdmin's Dashboard lists beside each session.
+NEUTRALISED_FUNCTIONS = {
+    **dict.fromkeys(("pg_table_size", "pg_relation_size", "pg_total_relation_size", "pg_indexes_size",
+                     "pg_database_size", "pg_tablespace_size"), "int8"),
+    "pg_blocking_pids": "int4[]",
+}
 
 _FUNCTIONS = frozenset(
     {
@@ -149,6 +150,8 @@ _FUNCTIONS = frozenset(
         "quote_nullable", "split_part", "like_escape", "starts_with", "abs", "round", "trunc",
         "floor", "ceil", "ceiling", "mod", "now", "current_timestamp", "pg_typeof",
         "pg_size_pretty",
+        # a value formatted as text (pgAdmin's Dashboard formats its sessions' start times so)
+        "to_char",
         # a date part of a value (EXTRACT(YEAR FROM ...) over a released year key's start) and
         # a Sunday week's start computed from a released day (rewriter/date_parts.py)
         "extract", "date_part", "date_trunc",
@@ -158,6 +161,11 @@ _FUNCTIONS = frozenset(
 # Allowlisted functions that change the session: catalog statements may call them, no
 # statement on a protected table may (a DP statement's functions are pure).
 SESSION_EFFECT_FUNCTIONS = frozenset({"set_config", "pg_advisory_unlock_all"})
+
+# Allowlisted functions for catalog statements only, never in a statement on a protected table:
+# to_char fails on some constant formats ('9V9EEEE'), which over a DP answer would be after the
+# charge, for a reason no row decides.
+PASSTHROUGH_ONLY_FUNCTIONS = frozenset({"to_char"})
 
 # Settings a client may SET or set_config(): presentation and session plumbing only.
 # Not standard_conforming_strings: it changes how literals parse, and the classifier

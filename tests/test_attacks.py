@@ -110,6 +110,8 @@ NEUTRALISED = [
     "SELECT pg_relation_size('adult')", "SELECT pg_table_size('adult')", "SELECT pg_total_relation_size('adult')",
     "SELECT pg_catalog.pg_indexes_size('adult'), pg_database_size(current_database())",
     "SELECT pg_size_pretty(pg_tablespace_size('pg_default'))",
+    # the backends a backend waits for: what other sessions lock (pgAdmin's Dashboard lists them)
+    "SELECT pg_blocking_pids(pg_backend_pid())",
 ]
 # Legitimate DP queries in attack clothing: they must be answered, and only with noise.
 NOISED = [

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from conftest import RunningProxy, TestDatabase
+from conftest import RunningProxy, TestDatabase, spent_epsilon
 
 # pgAdmin's first statement on every connection (pgadmin/utils/driver/psycopg3/connection.py).
 PGADMIN_CONNECT = ("SET DateStyle=ISO; SET client_min_messages=notice; SELECT set_config('bytea_output','hex',false)"
@@ -167,3 +167,28 @@ def test_pgadmins_statistics_stay_refused(proxy: RunningProxy, sql: str) -> None
         with pytest.raises(psycopg.errors.InsufficientPrivilege) as refused:
             conn.execute(sql)
         assert refused.value.diag.message_hint
+
+
+def test_pg_blocking_pids_answers_null(proxy: RunningProxy) -> None:
+    """The backends a backend waits for name other sessions' locks: each call is NULL, its
+    argument never evaluated."""
+    with proxy.connect() as conn:
+        row = conn.execute("SELECT pg_catalog.pg_blocking_pids(pg_backend_pid()), pg_blocking_pids(0)").fetchone()
+        assert row == (None, None)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT to_char(COUNT(*), '9V9EEEE') FROM adult",  # 42601 on the backend, whatever the rows
+    "SELECT pg_catalog.to_char(MAX(age), 'FM999') FROM adult",
+])
+def test_to_char_formats_catalog_values_but_never_a_dp_answer(proxy: RunningProxy, sql: str) -> None:
+    """pgAdmin's Dashboard formats times with to_char, answered in catalog statements; over a DP
+    answer a format it rejects would fail after the charge: refused before it, nothing charged."""
+    with proxy.connect() as conn:
+        assert conn.execute("SELECT to_char(pg_postmaster_start_time(), 'YYYY')").fetchone()[0].isdigit()  # type: ignore[index]
+        before = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error, match=r"to_char\(\) is not allowed.*rule: function-allowlist") as refused:
+            conn.execute(sql)
+        assert refused.value.diag.sqlstate == "DP001" and refused.value.diag.message_hint
+        conn.rollback()
+        assert spent_epsilon(conn) == before
