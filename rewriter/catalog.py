@@ -4,7 +4,8 @@ Default deny. The lists below cover what psql, pgjdbc, psqlODBC, psycopg, asyncp
 SQLAlchemy, node-postgres, pg8000 and pgbench send (shared/reference), and what Superset and
 pgAdmin 4 send (tests/data), plus their obvious neighbours. Left out on purpose, because they
 carry data about protected rows:
-statistics (pg_statistic*, pg_stats*, pg_stat_*, pg_statio_*), large objects, sequence positions (the view
+statistics (pg_statistic*, pg_stats*, pg_stat_*, pg_statio_*; the few a client cannot do
+without answer with no row, ``EMPTIED_RELATIONS``), large objects, sequence positions (the view
 pg_sequences shows ``last_value``, a serial key's row count; the table pg_sequence holds
 only the definitions), file access, and anything that runs SQL given as a string
 (query_to_xml, ts_stat, dblink).
@@ -61,11 +62,20 @@ _PG_CATALOG_RELATIONS = frozenset(
 )
 
 # Catalog relations a client reads that passthrough answers as having no row (neutralise.py,
-# ``empty_relations``): their columns and types, nothing read. pgAdmin fails to connect when
-# either is refused: it counts replication slots, whose WAL positions (restart_lsn,
-# confirmed_flush_lsn) move with every write, and reads its own backend's GSSAPI status, a
-# statistics view that lists every backend (and the backend is dpproxy's, not the analyst's).
-EMPTIED_RELATIONS = frozenset({"pg_replication_slots", "pg_stat_gssapi"})
+# ``empty_relations``), for every client alike: their columns and types, nothing read. pgAdmin
+# fails to connect when either of the first two is refused: it counts replication slots, whose
+# WAL positions (restart_lsn, confirmed_flush_lsn) move with every write, and reads its own
+# backend's GSSAPI status, a statistics view that lists every backend (and the backend is
+# dpproxy's, not the analyst's). Its Dashboard reads the other four and shows its own error
+# text, never the server's, when they are refused: pg_stat_database counts transactions, tuples
+# inserted, returned and fetched and blocks read, which the rows and other sessions decide;
+# pg_stat_activity holds other sessions' statement texts (through the pool, a backend's
+# ``query`` is dpproxy's rewritten SQL, its backend_xid/backend_xmin and state_change follow
+# other clients' writes); pg_locks and pg_prepared_xacts name the relations, tuples and
+# transactions others hold. With no row, the Dashboard's session counts are 0 and its counters
+# NULL (a sum over no row), whatever the rows and whatever other sessions do.
+EMPTIED_RELATIONS = frozenset({"pg_replication_slots", "pg_stat_gssapi", "pg_stat_activity", "pg_stat_database",
+                               "pg_locks", "pg_prepared_xacts"})
 
 # pg_class columns that reveal row counts and sizes, or which rows a table holds; replaced in
 # every passthrough statement (those the backend has: relallfrozen, the pages VACUUM found all

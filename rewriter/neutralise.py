@@ -29,7 +29,8 @@ and ``ctid`` tell when and in what order relations were written) stay out.
 ``empty_relations`` (on the text): every reference to a relation of ``EMPTIED_RELATIONS``
 becomes the same relation with no row (``WHERE false``: its columns and types, nothing read).
 pgAdmin reads pg_replication_slots and pg_stat_gssapi at connect and fails to connect when
-either is refused (catalog.py says why neither is released).
+either is refused, and its Dashboard's graphs and Sessions tab draw nothing but its own error
+text when pg_stat_database and pg_stat_activity are (catalog.py says why none is released).
 
 A subquery can be named only by an unqualified alias, so column references qualified by
 schema (``pg_catalog.pg_class.relname``, as SQLAlchemy writes them) lose the schema.
