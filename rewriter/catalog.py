@@ -4,7 +4,8 @@ Default deny. The lists below cover what psql, pgjdbc, psqlODBC, psycopg, asyncp
 SQLAlchemy, node-postgres, pg8000 and pgbench send (shared/reference), and what Superset and
 pgAdmin 4 send (tests/data), plus their obvious neighbours. Left out on purpose, because they
 carry data about protected rows:
-statistics (pg_statistic*, pg_stats*, pg_stat_*, pg_statio_*), large objects, sequence positions (the view
+statistics (pg_statistic*, pg_stats*, pg_stat_*, pg_statio_*; the few a client cannot do
+without answer with no row, ``EMPTIED_RELATIONS``), large objects, sequence positions (the view
 pg_sequences shows ``last_value``, a serial key's row count; the table pg_sequence holds
 only the definitions), file access, and anything that runs SQL given as a string
 (query_to_xml, ts_stat, dblink).
@@ -24,6 +25,7 @@ __all__ = [
     "NEUTRALISED_FUNCTIONS",
     "NEUTRALISED_PG_CLASS_COLUMNS",
     "NEUTRALISED_PG_DATABASE_COLUMNS",
+    "PASSTHROUGH_ONLY_FUNCTIONS",
     "SAFE_SETTINGS",
     "SESSION_EFFECT_FUNCTIONS",
     "ascii_safe_encoding",
@@ -60,11 +62,20 @@ _PG_CATALOG_RELATIONS = frozenset(
 )
 
 # Catalog relations a client reads that passthrough answers as having no row (neutralise.py,
-# ``empty_relations``): their columns and types, nothing read. pgAdmin fails to connect when
-# either is refused: it counts replication slots, whose WAL positions (restart_lsn,
-# confirmed_flush_lsn) move with every write, and reads its own backend's GSSAPI status, a
-# statistics view that lists every backend (and the backend is dpproxy's, not the analyst's).
-EMPTIED_RELATIONS = frozenset({"pg_replication_slots", "pg_stat_gssapi"})
+# ``empty_relations``), for every client alike: their columns and types, nothing read. pgAdmin
+# fails to connect when either of the first two is refused: it counts replication slots, whose
+# WAL positions (restart_lsn, confirmed_flush_lsn) move with every write, and reads its own
+# backend's GSSAPI status, a statistics view that lists every backend (and the backend is
+# dpproxy's, not the analyst's). Its Dashboard reads the other four and shows its own error
+# text, never the server's, when they are refused: pg_stat_database counts transactions, tuples
+# inserted, returned and fetched and blocks read, which the rows and other sessions decide;
+# pg_stat_activity holds other sessions' statement texts (through the pool, a backend's
+# ``query`` is dpproxy's rewritten SQL, its backend_xid/backend_xmin and state_change follow
+# other clients' writes); pg_locks and pg_prepared_xacts name the relations, tuples and
+# transactions others hold. With no row, the Dashboard's session counts are 0 and its counters
+# NULL (a sum over no row), whatever the rows and whatever other sessions do.
+EMPTIED_RELATIONS = frozenset({"pg_replication_slots", "pg_stat_gssapi", "pg_stat_activity", "pg_stat_database",
+                               "pg_locks", "pg_prepared_xacts"})
 
 # pg_class columns that reveal row counts and sizes, or which rows a table holds; replaced in
 # every passthrough statement (those the backend has: relallfrozen, the pages VACUUM found all
@@ -88,14 +99,14 @@ NEUTRALISED_PG_DATABASE_COLUMNS = {
     "datminmxid": "'0'::pg_catalog.xid",
 }
 
-# Size functions (all return bigint): each call becomes ``NULL::pg_catalog.int8``; its
-# arguments are never evaluated.
-NEUTRALISED_FUNCTIONS = frozenset(
-    {
-        "pg_table_size", "pg_relation_size", "pg_total_relation_size", "pg_indexes_size",
-        "pg_database_size", "pg_tablespace_size",
-    }
-)
+# Functions each call of which becomes a NULL of the type given (its arguments are never
+# evaluated): the size functions (bigint), and pg_blocking_pids (integer[]), the backends
+# holding a lock a given backend waits for, which pgAdmin's Dashboard lists beside each session.
+NEUTRALISED_FUNCTIONS = {
+    **dict.fromkeys(("pg_table_size", "pg_relation_size", "pg_total_relation_size", "pg_indexes_size",
+                     "pg_database_size", "pg_tablespace_size"), "int8"),
+    "pg_blocking_pids": "int4[]",
+}
 
 _FUNCTIONS = frozenset(
     {
@@ -149,6 +160,8 @@ _FUNCTIONS = frozenset(
         "quote_nullable", "split_part", "like_escape", "starts_with", "abs", "round", "trunc",
         "floor", "ceil", "ceiling", "mod", "now", "current_timestamp", "pg_typeof",
         "pg_size_pretty",
+        # a value formatted as text (pgAdmin's Dashboard formats its sessions' start times so)
+        "to_char",
         # a date part of a value (EXTRACT(YEAR FROM ...) over a released year key's start) and
         # a Sunday week's start computed from a released day (rewriter/date_parts.py)
         "extract", "date_part", "date_trunc",
@@ -158,6 +171,11 @@ _FUNCTIONS = frozenset(
 # Allowlisted functions that change the session: catalog statements may call them, no
 # statement on a protected table may (a DP statement's functions are pure).
 SESSION_EFFECT_FUNCTIONS = frozenset({"set_config", "pg_advisory_unlock_all"})
+
+# Allowlisted functions for catalog statements only, never in a statement on a protected table:
+# to_char fails on some constant formats ('9V9EEEE'), which over a DP answer would be after the
+# charge, for a reason no row decides.
+PASSTHROUGH_ONLY_FUNCTIONS = frozenset({"to_char"})
 
 # Settings a client may SET or set_config(): presentation and session plumbing only.
 # Not standard_conforming_strings: it changes how literals parse, and the classifier

@@ -18,8 +18,8 @@ from policies.errors import SQLSTATE, Refusal
 from policies.tables import Relation, TableRegistry, quote_identifier
 
 from .catalog import (
-    CATALOG_SCHEMAS, EMPTIED_RELATIONS, SAFE_SETTINGS, SESSION_EFFECT_FUNCTIONS, allowed_catalog_relation, allowed_function,
-    ascii_safe_encoding, exact_floats,
+    CATALOG_SCHEMAS, EMPTIED_RELATIONS, PASSTHROUGH_ONLY_FUNCTIONS, SAFE_SETTINGS, SESSION_EFFECT_FUNCTIONS,
+    allowed_catalog_relation, allowed_function, ascii_safe_encoding, exact_floats,
 )
 from .constants import FUNCTIONS as FOLDABLE_FUNCTIONS
 from .copy import CopyOptions, copy_query
@@ -551,6 +551,15 @@ def _check_function_names(functions: frozenset[str], relation: Relation) -> None
             f"function {effects[0]}() changes the session; it is not allowed in a statement on protected table "
             f"{relation.display_name} (rule: function-allowlist)",
             "Run set_config() as a statement of its own.",
+            "function-allowlist",
+        )
+    catalog_only = sorted(name for name in functions if name.removeprefix("pg_catalog.") in PASSTHROUGH_ONLY_FUNCTIONS)
+    if catalog_only:
+        raise Refusal(
+            SQLSTATE.DP_QUERY_SHAPE,
+            f"function {catalog_only[0]}() is not allowed in a statement on protected table {relation.display_name} "
+            "(rule: function-allowlist)",
+            "Format the answer in the client: over a DP answer it could fail after the charge.",
             "function-allowlist",
         )
     unknown = {

@@ -1,7 +1,8 @@
 """Rewrite catalog statements so that they never reveal row counts or sizes, and see the analyst.
 
-``neutralise_calls`` (on the parse tree, before pinning) replaces every call of a size
-function (``NEUTRALISED_FUNCTIONS``) by ``NULL::int8``, and ``current_user``,
+``neutralise_calls`` (on the parse tree, before pinning) replaces every call of a
+neutralised function (``NEUTRALISED_FUNCTIONS``: the size functions, pg_blocking_pids) by a
+NULL of its result type, and ``current_user``,
 ``session_user``, ``user`` and ``current_role`` by the analyst's login name, as a ``name``
 literal: what they would show had the analyst connected to PostgreSQL directly, not the
 service role dpproxy uses. Inside the role argument of a privilege function
@@ -28,7 +29,8 @@ and ``ctid`` tell when and in what order relations were written) stay out.
 ``empty_relations`` (on the text): every reference to a relation of ``EMPTIED_RELATIONS``
 becomes the same relation with no row (``WHERE false``: its columns and types, nothing read).
 pgAdmin reads pg_replication_slots and pg_stat_gssapi at connect and fails to connect when
-either is refused (catalog.py says why neither is released).
+either is refused, and its Dashboard's graphs and Sessions tab draw nothing but its own error
+text when pg_stat_database and pg_stat_activity are (catalog.py says why none is released).
 
 A subquery can be named only by an unqualified alias, so column references qualified by
 schema (``pg_catalog.pg_class.relname``, as SQLAlchemy writes them) lose the schema.
@@ -57,7 +59,7 @@ _USER_VALUES = {
 
 
 def neutralise_calls(node: Any, user: str | None) -> Any:
-    """``node`` (a pglast AST) with size calls as typed NULLs and, if ``user`` is given, the
+    """``node`` (a pglast AST) with neutralised calls as typed NULLs and, if ``user`` is given, the
     session-user functions as ``user``; returns what replaces ``node``."""
     if isinstance(node, tuple):
         return tuple(neutralise_calls(item, user) for item in node)
@@ -68,7 +70,7 @@ def neutralise_calls(node: Any, user: str | None) -> Any:
         name = str(parts[-1].sval)
         schema = str(parts[0].sval) if len(parts) > 1 else "pg_catalog"
         if schema == "pg_catalog" and name in NEUTRALISED_FUNCTIONS:
-            return _cast(ast.A_Const(isnull=True), "int8")
+            return _cast(ast.A_Const(isnull=True), NEUTRALISED_FUNCTIONS[name])
         if schema == "pg_catalog" and name in _USER_FUNCTIONS and not node.args and user is not None:
             return _user_literal(user)
         if name == "pg_has_role" or name.startswith("has_") and name.endswith("_privilege"):
@@ -101,8 +103,11 @@ def _user_literal(user: str) -> ast.TypeCast:
 
 
 def _cast(value: ast.A_Const, type_name: str) -> ast.TypeCast:
-    names = (ast.String(sval="pg_catalog"), ast.String(sval=type_name))
-    type_ = ast.TypeName(names=names, setof=False, pct_type=False, typemod=-1, location=-1)
+    """``value`` cast to pg_catalog's ``type_name`` (``int4[]``: an array of it)."""
+    base = type_name.removesuffix("[]")
+    names = (ast.String(sval="pg_catalog"), ast.String(sval=base))
+    bounds = (ast.Integer(ival=-1),) if base != type_name else None
+    type_ = ast.TypeName(names=names, setof=False, pct_type=False, typemod=-1, arrayBounds=bounds, location=-1)
     return ast.TypeCast(arg=value, typeName=type_, location=-1)
 
 

@@ -58,6 +58,8 @@ NEW_CATALOG_COLUMNS = {
     ("pg_publication", "pubgencols"): "which generated columns a publication sends",
     **{("pg_replication_slots", column): "pg_replication_slots answers no row (EMPTIED_RELATIONS)"
        for column in ("failover", "synced", "invalidation_reason", "inactive_since", "two_phase_at")},
+    **{("pg_stat_database", column): "pg_stat_database answers no row (EMPTIED_RELATIONS)"
+       for column in ("parallel_workers_to_launch", "parallel_workers_launched")},
 }
 # The columns of the allowlisted relations, compared between pgserver's 16 (test_db) and 17 or 18.
 _CATALOG_COLUMNS = """

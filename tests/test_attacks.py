@@ -91,7 +91,7 @@ ATTACKS: dict[str, list[str]] = {
         "SELECT * FROM pg_statistic", "SELECT * FROM pg_stats", "SELECT most_common_vals FROM pg_stats WHERE tablename = 'adult'",
         "SELECT * FROM pg_stats_ext", "SELECT * FROM pg_stats_ext_exprs", "SELECT * FROM pg_statistic_ext_data",
         "SELECT n_live_tup FROM pg_stat_user_tables", "SELECT * FROM pg_stat_all_tables", "SELECT * FROM pg_statio_user_tables",
-        "SELECT * FROM pg_stat_activity", "SELECT * FROM pg_largeobject", "SELECT lo_get(1)", "SELECT pg_read_file('/etc/passwd')",
+        "SELECT pg_stat_get_activity(NULL)", "SELECT * FROM pg_lock_status()", "SELECT * FROM pg_largeobject", "SELECT lo_get(1)", "SELECT pg_read_file('/etc/passwd')",
         "SELECT pg_ls_dir('.')", "SELECT pg_stat_file('postgresql.conf')",
         "SELECT pg_stat_get_live_tuples('adult'::regclass)",
         "SELECT pg_stat_get_tuples_inserted('adult'::regclass)", "SELECT table_to_xml('adult', true, true, '')",
@@ -110,6 +110,14 @@ NEUTRALISED = [
     "SELECT pg_relation_size('adult')", "SELECT pg_table_size('adult')", "SELECT pg_total_relation_size('adult')",
     "SELECT pg_catalog.pg_indexes_size('adult'), pg_database_size(current_database())",
     "SELECT pg_size_pretty(pg_tablespace_size('pg_default'))",
+    # the backends a backend waits for: what other sessions lock (pgAdmin's Dashboard lists them)
+    "SELECT pg_blocking_pids(pg_backend_pid())",
+]
+# Sessions, their locks, prepared transactions and the database's counters: answered, but only
+# ever with no row (rewriter/catalog.py, EMPTIED_RELATIONS; pgAdmin's Dashboard reads them).
+EMPTIED = [
+    "SELECT * FROM pg_stat_activity", "SELECT * FROM pg_stat_database", "SELECT * FROM pg_locks",
+    "SELECT * FROM pg_prepared_xacts",
 ]
 # Legitimate DP queries in attack clothing: they must be answered, and only with noise.
 NOISED = [
@@ -217,11 +225,14 @@ def test_every_attempt_is_refused_or_noised_and_no_raw_row_reaches_the_client(
     outcomes: dict[str, str] = {}
     with BackendSpy() as spy, psycopg.connect(proxy.dsn(), autocommit=True) as conn:
         for category, sql in ALL_ATTACKS + [(kind, sql) for kind, sqls in (("noised", NOISED),
-                                                                              ("neutralised", NEUTRALISED)) for sql in sqls]:
+                                                                              ("neutralised", NEUTRALISED),
+                                                                              ("emptied", EMPTIED)) for sql in sqls]:
             try:
                 rows = conn.execute(sql, prepare=protocol == "extended").fetchall()  # extended: a named statement
                 if category == "neutralised":
                     assert rows == [(None,) * len(rows[0])], (sql, rows)
+                if category == "emptied":
+                    assert rows == [], (sql, rows)
                 outcomes[sql] = "answered"
             except psycopg.Error as exc:
                 assert exc.diag.sqlstate, (category, sql)
@@ -234,8 +245,8 @@ def test_every_attempt_is_refused_or_noised_and_no_raw_row_reaches_the_client(
     assert leaks == []
     assert len(ALL_ATTACKS) >= 100
     answered = sorted(sql for sql, outcome in outcomes.items() if outcome == "answered")
-    # every attack refused; every plain DP query answered, every size NULL
-    assert answered == sorted(NOISED + NEUTRALISED)
+    # every attack refused; every plain DP query answered, every size NULL, every emptied view no row
+    assert answered == sorted(NOISED + NEUTRALISED + EMPTIED)
 
 
 def _reads_protected_rows_safe(sql: str) -> bool:
