@@ -130,7 +130,8 @@ from .types import FLOAT4, FLOAT8, FLOAT_TYPES, INT2, INT4, INT8, INTEGER_TYPES,
 
 __all__ = [
     "MAX_BACKEND_COLUMNS", "too_many_columns",
-    "HASH_FUNCTIONS", "Part", "aggregate_parts", "backend_sql", "centred_points", "clamped", "clamped_sum", "collected", "filtered", "grid_index",
+    "HASH_FUNCTIONS", "Part", "aggregate_parts", "backend_sql", "centred_points", "clamped", "clamped_sum", "collected", "decided_total",
+    "exact_total", "filtered", "grid_index",
     "hashable", "hashed_columns", "literal", "quantile_grid", "query_grid",
     "partition_key", "partition_seed", "partition_values", "per_partition", "row_hash_key", "seeded", "split_cells", "split_row",
 ]
@@ -164,9 +165,9 @@ def aggregate_parts(agg: Aggregate) -> tuple[Part, ...]:
     if agg.kind == "count":
         return (Part(filtered(f"pg_catalog.count({'DISTINCT ' if agg.distinct else ''}{column})", condition)),)
     if agg.kind == "sum":
-        return (Part(filtered(clamped_sum(agg.column), condition)),)
+        return (Part(exact_total(agg.column, condition)),)
     if agg.mechanism == "sum_count":
-        return (Part(filtered(clamped_sum(agg.column), condition)),
+        return (Part(exact_total(agg.column, condition)),
                 Part(filtered(f"pg_catalog.count({column})", condition)))
     if agg.mechanism == "sample_aggregate":
         return (Part(per_partition(agg.kind, agg.column, condition), additive=False),)
@@ -618,6 +619,38 @@ def clamped_sum(column: ColumnInfo) -> str:
     grid = column.policy.sum_grid
     value = clamped(column)  # double precision, a real column's values converted exactly
     return f"pg_catalog.sum({_grid_point(value, grid.factor, grid.rounds_to_zero_below)})"
+
+
+def exact_total(column: ColumnInfo, condition: str | None = None) -> str:
+    """What the backend sends for a SUM's or a ``sum_count`` AVG's total: :func:`clamped_sum`
+    over the rows where ``condition`` holds; for a ``numeric`` column, :func:`decided_total` of
+    it, which dpproxy rounds onto the sum grid exactly as it would the whole sum."""
+    total = filtered(clamped_sum(column), condition)
+    if column.type_oid != NUMERIC:
+        return total
+    assert column.policy is not None
+    return decided_total(total, column.policy.total_digits)
+
+
+def decided_total(total: str, digits: int) -> str:
+    """A numeric total T with at most ``digits`` + 1 fraction digits that rounds onto the sum
+    grid as T does: T itself when it has at most ``digits`` fraction digits, else
+    floor(T·10^D)·10^-D + 5·10^-(D+1), a value strictly between the same two points of the
+    lattice 10^-D as T (``mechanisms.fixed_point.Grid.deciding_digits``: no rounding boundary
+    lies strictly between them).
+
+    The exact sum of clamped values keeps every fraction digit a row holds (up to 16,383): read
+    whole, one such row made dpproxy parse it and compute with it in rationals, ~8 ms more per
+    answer (benchmarks/proxy_cost.py), a timing oracle on that row. This text's length depends
+    on the policy and on the total's integer part only. Nothing here fails: T is a finite sum of
+    clamped values (NULL stays NULL: a sum over no row).
+    """
+    scaled = operator(total, "*", f"CAST('1e{digits}' AS pg_catalog.numeric)")
+    whole = f"pg_catalog.floor({scaled})"
+    kept = operator(whole, "*", f"CAST('1e-{digits}' AS pg_catalog.numeric)")
+    sticky = (f"CASE WHEN {operator(scaled, '=', whole)} THEN CAST(0 AS pg_catalog.numeric) "
+              f"ELSE CAST('5e-{digits + 1}' AS pg_catalog.numeric) END")
+    return operator(kept, "+", sticky)
 
 
 def _grid_point(value: str, factor: float, tiny: float | None) -> str:
