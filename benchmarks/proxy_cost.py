@@ -117,7 +117,7 @@ CONSTRUCTS: tuple[Construct, ...] = (
 
 def _partitions_at_hi(at_hi: int, m: int = 256) -> list[float | None]:
     """m partition values in [0, 100]: ``at_hi`` of them at 100, the rest spread below it."""
-    return [100.0] * at_hi + [10.0 + 80.0 * i / m for i in range(m - at_hi)]
+    return [*[100.0] * at_hi, *(10.0 + 80.0 * i / m for i in range(m - at_hi))]
 
 
 # (name, base's partition values, neighbour's): sample-and-aggregate of m = 256 on [0, 100], ε 1, δ 1e-6.
@@ -125,7 +125,7 @@ MECHANISM_CONSTRUCTS: tuple[tuple[str, list[float | None], list[float | None]], 
     ("mechanism: S&A median, 225 → 226 of 256 partitions at the upper bound", _partitions_at_hi(225), _partitions_at_hi(226)),
     ("mechanism: S&A median, 128 → 129 of 256 partitions at the upper bound", _partitions_at_hi(128), _partitions_at_hi(129)),
     ("mechanism: S&A median, spread, one partition moved to the upper bound", _partitions_at_hi(0), _partitions_at_hi(1)),
-    ("mechanism: S&A median, all at 50, one moved to the upper bound", [50.0] * 256, [50.0] * 255 + [100.0]),
+    ("mechanism: S&A median, all at 50, one moved to the upper bound", [50.0] * 256, [*[50.0] * 255, 100.0]),
 )
 
 
@@ -200,7 +200,8 @@ def _alternate(base: Callable[[], object], plus: Callable[[], object], repeats: 
             run()
             times[f"{which}_cpu"].append(time.thread_time_ns() - cpu)
             times[f"{which}_wall"].append(time.perf_counter_ns() - wall)
-    return Timed(name, None, *(tuple(times[key]) for key in ("base_cpu", "plus_cpu", "base_wall", "plus_wall")), rows=rows)
+    return Timed(name, None, tuple(times["base_cpu"]), tuple(times["plus_cpu"]), tuple(times["base_wall"]),
+                 tuple(times["plus_wall"]), rows)
 
 
 def measure(dsn: str, policy_path: Path, constructs: Sequence[Construct], rows: int, repeats: int) -> Iterator[Timed]:
