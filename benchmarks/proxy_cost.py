@@ -57,7 +57,9 @@ from rewriter.dp_query import AggregateQuery
 from rewriter.rewrite import backend_sql, partition_seed
 from rewriter.statements import split_statements
 
-from .row_cost import _FINE_NUMERIC, _RANDOM_TEXT, _WIDE_NUMERIC, Construct, _load, _policy, _set_row
+from .row_cost import (
+    _FINE_NUMERIC, _RANDOM_TEXT, _WIDE_NUMERIC, Construct, _set_row, load_tables, on_server, policy_file, print_report,
+)
 
 __all__ = ["CONSTRUCTS", "MECHANISM_CONSTRUCTS", "Timed", "measure", "report"]
 
@@ -264,10 +266,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
 
     def run(dsn: str) -> list[Timed]:
-        _load(dsn, args.rows)
+        load_tables(dsn, args.rows)
         results = []
         with tempfile.TemporaryDirectory(prefix="dpproxy-proxy-cost-") as directory:
-            policy_path = _policy(dsn, Path(directory))
+            policy_path = policy_file(dsn, Path(directory))
             for item in measure(dsn, policy_path, chosen, args.rows, args.repeats):
                 print(report([item], args.rows, args.repeats, 0).splitlines()[-1], flush=True)
                 results.append(item)
@@ -277,19 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results.append(item)
         return results
 
-    if args.dsn:
-        results = run(args.dsn)
-    else:
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-        from tests.pg15 import PG15_BIN, postgresql_server
-
-        with postgresql_server(PG15_BIN, "proxy-cost-pg15") as dsn:
-            results = run(dsn)
-    text = report(results, args.rows, args.repeats, time.monotonic() - started)
-    print(text)
-    if args.out:
-        args.out.write_text(text, encoding="utf-8")
-    return 0
+    results = on_server(args.dsn, 15, "proxy-cost", run)
+    return print_report(report(results, args.rows, args.repeats, time.monotonic() - started), args.out)
 
 
 if __name__ == "__main__":
