@@ -67,6 +67,23 @@ class Grid:
             raise ValueError(f"an exact total must be finite, got {exact}")
         return round(Fraction(exact) * Fraction(2) ** self.exponent)
 
+    def deciding_digits(self, centre: float = 0.0) -> int:
+        """How many fraction digits of an exact decimal total T decide rint((T − centre·n)·2^k)
+        for every integer n ≥ 0: D = max(k + 1, q, 0), q being the binary fraction digits of the
+        double ``centre`` (0 for a plain sum).
+
+        The totals at which that rounding changes or ties, T = centre·n + (2m + 1)/2^(k+1), are
+        decimals of at most D fraction digits (1/2^(k+1) has k + 1; centre·n has q; for k < 0
+        the second term is an integer), so they lie on the lattice 10^-D. Any T', equal to T
+        when T is on that lattice and otherwise strictly between the same two neighbouring
+        lattice points, therefore rounds exactly as T does: the backend sends such a T' of at
+        most D + 1 fraction digits (``rewriter.rewrite.decided_total``), so that a row's
+        16,383 fraction digits are never read or computed with here. A function of the policy's
+        bounds alone.
+        """
+        q = Fraction(float(centre)).denominator.bit_length() - 1
+        return max(self.exponent + 1, q, 0)
+
     @property
     def step(self) -> float:
         """2^-k, one grid point in the column's units."""

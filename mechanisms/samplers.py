@@ -36,8 +36,10 @@ _FLOAT_VECTOR_DOMAIN = dp.vector_domain(_FLOAT_DOMAIN)
 _FLOAT_VECTOR_METRIC = dp.l1_distance(T=float)
 
 
-@lru_cache(maxsize=512)
 def _float_laplace(scale: float) -> Any:
+    # Built on every draw, never cached: its one caller, the smooth median, draws at a scale that
+    # depends on the data (S*), and a cache hit (~20 µs less) would tell that an earlier release
+    # had the same S*, or that S* was at its floor, a constant (benchmarks/proxy_cost.py).
     return dp.m.make_laplace(_FLOAT_DOMAIN, _FLOAT_METRIC, scale=scale)
 
 
@@ -83,7 +85,8 @@ def laplace_int(value: int, scale: float) -> int:
 def laplace_float(value: float, scale: float) -> float:
     """Return ``value`` plus continuous Laplace(scale) noise, sampled without float artefacts.
 
-    With L1 sensitivity Δ this is (Δ/scale)-DP for a query whose answer is ``value``.
+    With L1 sensitivity Δ this is (Δ/scale)-DP for a query whose answer is ``value``. The
+    measurement is built anew on every call, so its time does not depend on earlier scales.
     """
     return float(_float_laplace(_check_scale(scale))(float(value)))
 

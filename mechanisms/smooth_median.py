@@ -63,6 +63,7 @@ __all__ = [
     "prepare_partition_values",
     "recommended_partitions",
     "release_sample_and_aggregate",
+    "search_passes",
     "smooth_sensitivity_median",
     "smoothing_beta",
 ]
@@ -80,8 +81,8 @@ _SMALLEST_SCALE = math.ulp(0.0)
 # that underflow, where rounding is absolute, and is far below the release's floor.
 _NEAR_TIE = 2.0**-40
 _NEAR_TIE_ABSOLUTE = 2.0**-1000
-# Below this many terms, scanning every row within the first pass's brackets costs less than
-# the fixed cost of a middle pass (a few dozen numpy calls). Only speed depends on it.
+# A matrix of at most this many terms (a function of m: search_passes) is scanned whole, in
+# one pass, rather than in three passes of a few dozen numpy calls. Only speed depends on it.
 _DIRECT_SCAN_SIZE = 4096
 
 
@@ -174,14 +175,21 @@ def _bracketing_terms(x: np.ndarray, j: int, weight: np.ndarray) -> list[_Terms]
     only from the first near-best column of the nearest scanned row above it to the last of
     the nearest scanned row below it, where total monotonicity puts its best column. Row 1 is
     scanned whole because x_0 = lo is usually far below x_1, so the best column can jump
-    across the matrix between rows 0 and 1. A pass is left out when the one before leaves
-    few terms to scan.
+    across the matrix between rows 0 and 1.
+
+    Which passes run is a function of m alone (:func:`search_passes`): a small matrix is scanned
+    whole (every row, those at hi too), a larger one always in the three passes. Deciding by the
+    data (how many values are at hi, how wide the brackets came out) saved ~60 µs where most
+    partitions were at hi, and one partition moved to or from hi switched it: the time of an
+    answer told that one row had moved one partition (benchmarks/proxy_cost.py). The passes'
+    sizes still follow the data, by far less than a pass's fixed cost. The terms are the same
+    either way, so S* and the release's distribution are unchanged.
     """
     m = x.size - 2
-    last_row = max(0, min(j, int(np.searchsorted(x, x[-1])) - 1))
-    if (last_row + 1) * (m + 2 - j) <= _DIRECT_SCAN_SIZE:
-        spans, gaps, terms = _whole_rows(x, j, weight, np.arange(last_row + 1))
+    if search_passes(m) == 1:
+        spans, gaps, terms = _whole_rows(x, j, weight, np.arange(j + 1))
         return [(spans.ravel(), gaps.ravel(), terms.ravel())]
+    last_row = max(0, min(j, int(np.searchsorted(x, x[-1])) - 1))
     r = max(2, round(last_row ** (1 / 3)))
     scanned = np.concatenate(([0], np.arange(1, last_row, r * r), [last_row]))
     spans, gaps, terms = _whole_rows(x, j, weight, scanned)
@@ -193,8 +201,7 @@ def _bracketing_terms(x: np.ndarray, j: int, weight: np.ndarray) -> list[_Terms]
     last[scanned] = m + 1 - near[:, ::-1].argmax(axis=1)
 
     coarse = r * r
-    skip_middle_pass = _bracketed_size(scanned[1:], first, last) <= _DIRECT_SCAN_SIZE
-    for fine in (1,) if skip_middle_pass else (r, 1):
+    for fine in (r, 1):
         rows = np.arange(1, last_row, fine)
         rows = rows[(rows - 1) % coarse != 0]
         below = rows - (rows - 1) % coarse
@@ -205,6 +212,14 @@ def _bracketing_terms(x: np.ndarray, j: int, weight: np.ndarray) -> list[_Terms]
             _set_near_best_range(part[2], x, columns, widths, rows, first, last)
         coarse = fine
     return parts
+
+
+def search_passes(m: int) -> int:
+    """How many passes :func:`smooth_sensitivity_median`'s search over m partition values makes:
+    1 (the whole matrix of rows 0 … j and columns j … m+1) when it holds at most
+    ``_DIRECT_SCAN_SIZE`` terms, else 3. A function of m, never of the values."""
+    j = median_index(m) + 1
+    return 1 if (j + 1) * (m + 2 - j) <= _DIRECT_SCAN_SIZE else 3
 
 
 def _whole_rows(x: np.ndarray, j: int, weight: np.ndarray, rows: np.ndarray) -> _Terms:
@@ -228,12 +243,6 @@ def _rows_within(
     spans = columns - np.repeat(rows, widths)
     gaps = x[columns] - x[columns - spans]
     return (spans, gaps, gaps * weight[spans]), columns, widths
-
-
-def _bracketed_size(scanned: np.ndarray, first: np.ndarray, last: np.ndarray) -> int:
-    """How many terms it takes to scan every row between ``scanned`` rows within its bracket."""
-    widths = np.maximum(last[scanned[1:]] - first[scanned[:-1]], 0) + 1
-    return int(widths @ (scanned[1:] - scanned[:-1] - 1))
 
 
 def _set_near_best_range(

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, 
 from mechanisms.breach import epsilon_from_breach
 from mechanisms.fixed_point import Grid
 from mechanisms.quantile import QuantileGrid
+from mechanisms.sum_count import centre
 from mechanisms.variance import MomentGrid
 
 from .credentials import ScramVerifier, derive_scram_verifier, parse_scram_verifier
@@ -355,6 +356,14 @@ class ColumnPolicy(_Strict):
         (``mechanisms.fixed_point``): the backend adds rint(x·2^k), exactly."""
         assert self.bounds is not None
         return Grid.for_bounds(*self.bounds)
+
+    @property
+    def total_digits(self) -> int:
+        """The fraction digits a numeric column's exact clamped sum is sent with
+        (``Grid.deciding_digits``): enough to decide its rounding onto the sum grid, for SUM
+        and for a ``sum_count`` AVG centred on the bounds' midpoint."""
+        assert self.bounds is not None
+        return self.sum_grid.deciding_digits(centre(*self.bounds))
 
     def moment_grid(self, integer_column: bool) -> MomentGrid:
         """The grid a VARIANCE or STDDEV of this column counts its centred values on

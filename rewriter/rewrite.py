@@ -130,9 +130,10 @@ from .types import FLOAT4, FLOAT8, FLOAT_TYPES, INT2, INT4, INT8, INTEGER_TYPES,
 
 __all__ = [
     "MAX_BACKEND_COLUMNS", "too_many_columns",
-    "HASH_FUNCTIONS", "Part", "aggregate_parts", "backend_sql", "centred_points", "clamped", "clamped_sum", "collected", "filtered", "grid_index",
+    "HASH_FUNCTIONS", "Part", "aggregate_parts", "backend_sql", "centred_points", "clamped", "clamped_sum", "collected", "decided_total",
+    "filtered", "grid_index",
     "hashable", "hashed_columns", "literal", "quantile_grid", "query_grid",
-    "partition_key", "partition_seed", "partition_values", "per_partition", "row_hash_key", "seeded", "split_cells", "split_row",
+    "partition_key", "partition_seed", "partition_values", "per_partition", "row_hash_key", "seeded", "sent", "split_cells", "split_row",
 ]
 
 _SEED_MAX = (1 << 63) - 1  # seeds are non-negative bigints; also the mask that clears the hash's sign bit
@@ -146,6 +147,7 @@ class Part:
     sql: str
     additive: bool = True
     per_grid: bool = False
+    cut: int | None = None  # a numeric total's fraction digits as sent without GROUP BY (decided_total)
 
 
 def aggregate_parts(agg: Aggregate) -> tuple[Part, ...]:
@@ -164,10 +166,9 @@ def aggregate_parts(agg: Aggregate) -> tuple[Part, ...]:
     if agg.kind == "count":
         return (Part(filtered(f"pg_catalog.count({'DISTINCT ' if agg.distinct else ''}{column})", condition)),)
     if agg.kind == "sum":
-        return (Part(filtered(clamped_sum(agg.column), condition)),)
+        return (_total(agg.column, condition),)
     if agg.mechanism == "sum_count":
-        return (Part(filtered(clamped_sum(agg.column), condition)),
-                Part(filtered(f"pg_catalog.count({column})", condition)))
+        return (_total(agg.column, condition), Part(filtered(f"pg_catalog.count({column})", condition)))
     if agg.mechanism == "sample_aggregate":
         return (Part(per_partition(agg.kind, agg.column, condition), additive=False),)
     if agg.mechanism == "moments":
@@ -297,14 +298,15 @@ def backend_sql(query: AggregateQuery, seed: int) -> str:
     grid = query_grid(query)
     if grid is not None:  # one group per grid index the rows reach (dp_query refused partitions beside it)
         inner = ", ".join(f"{part.sql} AS p{i}" for i, part in enumerate(parts))
-        outer = ", ".join(collected_counts(f"p{i}") if part.per_grid else f"pg_catalog.sum(p{i})"
+        outer = ", ".join(collected_counts(f"p{i}") if part.per_grid else sent(part, f"pg_catalog.sum(p{i})")
                           for i, part in enumerate(parts))
         index = grid_index(*grid)
         return f"SELECT {outer} FROM (SELECT {index} AS g, {inner} FROM {source} GROUP BY {index}) AS grid"
     if all(part.additive for part in parts):
-        return f"SELECT {', '.join(part.sql for part in parts)} FROM {source}"
+        return f"SELECT {', '.join(sent(part, part.sql) for part in parts)} FROM {source}"
     inner = ", ".join(f"{part.sql} AS p{i}" for i, part in enumerate(parts))
-    outer = ", ".join(f"pg_catalog.sum(p{i})" if part.additive else collected(f"p{i}") for i, part in enumerate(parts))
+    outer = ", ".join(sent(part, f"pg_catalog.sum(p{i})") if part.additive else collected(f"p{i}")
+                      for i, part in enumerate(parts))
     used = list(dict.fromkeys(name for agg in query.aggregates
                               for name in ((agg.column.name,) if agg.column is not None else ()) + agg.filter_columns))
     key, fence = (quote_identifier(_unused_name(query.table, name)) for name in ("partition", "fence"))
@@ -618,6 +620,51 @@ def clamped_sum(column: ColumnInfo) -> str:
     grid = column.policy.sum_grid
     value = clamped(column)  # double precision, a real column's values converted exactly
     return f"pg_catalog.sum({_grid_point(value, grid.factor, grid.rounds_to_zero_below)})"
+
+
+def _total(column: ColumnInfo, condition: str | None) -> Part:
+    """A SUM's or a ``sum_count`` AVG's total: :func:`clamped_sum` over the rows where
+    ``condition`` holds; a ``numeric`` column's is cut to the policy's ``total_digits`` where the
+    backend sends it whole (:func:`sent`)."""
+    total = filtered(clamped_sum(column), condition)
+    if column.type_oid != NUMERIC:
+        return Part(total)
+    assert column.policy is not None
+    return Part(total, cut=column.policy.total_digits)
+
+
+def sent(part: Part, total: str) -> str:
+    """What the backend sends for ``part`` as the outermost SELECT computes it (``total``: the
+    part's SQL, or the sum of an inner query's values of it): :func:`decided_total` of it for a
+    numeric total, which dpproxy rounds onto the sum grid exactly as it would the whole sum.
+
+    Only the outermost sum may be cut: the cut values of several groups do not add up to the cut
+    of their sum. So a GROUP BY, whose groups dpproxy adds up per cell (:func:`split_cells`), reads
+    its numeric totals whole.
+    """
+    return total if part.cut is None else decided_total(total, part.cut)
+
+
+def decided_total(total: str, digits: int) -> str:
+    """A numeric total T with at most ``digits`` + 1 fraction digits that rounds onto the sum
+    grid as T does: T itself when it has at most ``digits`` fraction digits, else
+    floor(T·10^D)·10^-D + 5·10^-(D+1), a value strictly between the same two points of the
+    lattice 10^-D as T (``mechanisms.fixed_point.Grid.deciding_digits``: no rounding boundary
+    lies strictly between them).
+
+    The exact sum of clamped values keeps every fraction digit a row holds (up to 16,383): read
+    whole, one such row makes dpproxy parse it and compute with it in rationals, ~8 ms more per
+    answer (benchmarks/proxy_cost.py), a timing oracle on that row; a GROUP BY's totals still are
+    (:func:`sent`). This text's length depends
+    on the policy and on the total's integer part only. Nothing here fails: T is a finite sum of
+    clamped values (NULL stays NULL: a sum over no row).
+    """
+    scaled = operator(total, "*", f"CAST('1e{digits}' AS pg_catalog.numeric)")
+    whole = f"pg_catalog.floor({scaled})"
+    kept = operator(whole, "*", f"CAST('1e-{digits}' AS pg_catalog.numeric)")
+    sticky = (f"CASE WHEN {operator(scaled, '=', whole)} THEN CAST(0 AS pg_catalog.numeric) "
+              f"ELSE CAST('5e-{digits + 1}' AS pg_catalog.numeric) END")
+    return operator(kept, "+", sticky)
 
 
 def _grid_point(value: str, factor: float, tiny: float | None) -> str:

@@ -147,10 +147,11 @@ TOTAL: dict[str, str] = {
                        "output cannot fail) and returns text of at most the separator's length and 20 bytes an "
                        "integer (a percentile's grid index and count, rewriter.rewrite.collected_counts)",
     "encode-hex": "encode(x, 'hex') of a bytea below 512 MB is text of twice its length, below 1 GB",
-    "numeric-arithmetic": "− and × of two numerics known not NaN and bounded by finite doubles are exact and "
+    "numeric-arithmetic": "+, − and × of two numerics known not NaN and bounded by finite doubles are exact and "
                           "stay far below numeric's 10^131072 (a product's fraction digits past 16383 are "
                           "rounded, not an error): a variance's centred point and its square "
-                          "(rewriter.rewrite.centred_points)",
+                          "(rewriter.rewrite.centred_points), a numeric total cut to the digits its grid "
+                          "rounding needs (rewriter.rewrite.decided_total)",
     "integer-groups": "a GROUP BY on integer-valued keys bounded to [lo, hi] (a partition number "
                       "(h & mask) % m in [0, m), or floor(random() * m) in [0, m]) makes at most "
                       "∏(hi − lo + 2) groups, NULL included",
@@ -607,7 +608,7 @@ def _binary(node: ast.A_Expr, symbol: str, left: _Value, right: _Value, context:
         return _Value(_FLOAT8, nan=False, low=0.0, high=abs(_number(right.text) or math.inf))  # "random"
     if symbol == "/" and left.type_oid == _NUMERIC and right.constant and abs(_number(right.text) or 0) >= 1:
         return _Value(_NUMERIC, nan=left.nan)  # "extract-epoch"
-    if symbol in ("-", "*") and left.type_oid == right.type_oid == _NUMERIC and not (left.nan or right.nan) \
+    if symbol in ("+", "-", "*") and left.type_oid == right.type_oid == _NUMERIC and not (left.nan or right.nan) \
             and all(math.isfinite(bound) for bound in (left.low, left.high, right.low, right.high)):
         return _numeric_arithmetic(symbol, left, right)
     if symbol == "/" and left.type_oid == _FLOAT8 and not left.constant and right.counts is not None:
@@ -616,8 +617,10 @@ def _binary(node: ast.A_Expr, symbol: str, left: _Value, right: _Value, context:
 
 
 def _numeric_arithmetic(symbol: str, left: _Value, right: _Value) -> _Value:
-    """The exact difference or product of two bounded numerics, with its bounds."""
-    if symbol == "-":
+    """The exact sum, difference or product of two bounded numerics, with its bounds."""
+    if symbol == "+":
+        low, high = left.low + right.low, left.high + right.high
+    elif symbol == "-":
         low, high = left.low - right.high, left.high - right.low
     else:
         corners = [a * b for a in (left.low, left.high) for b in (right.low, right.high)]
