@@ -12,18 +12,15 @@ shapes do not sort rows by value at all (hash aggregates). Timing is never asser
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from conftest import TEST_POLICY, TestDatabase, make_policy
+from conftest import TEST_POLICY, TestDatabase, make_policy, policy_registry
 
-from policies.model import Policy
-from policies.tables import Relation, TableRegistry
-from proxy.backend.connection import build_registry, connect
+from policies.tables import Relation
 from proxy.demo.embedded import SERVICE_ROLE
 from rewriter.dp_query import plan_aggregate_query
 from rewriter.rewrite import backend_sql, partition_seed, split_row
@@ -83,7 +80,7 @@ def _appended(database: TestDatabase) -> Relation:
     with psycopg.connect(database.admin_dsn, autocommit=True) as conn:
         conn.execute(_TABLE)
         conn.execute(f"GRANT SELECT ON ps_appended TO {SERVICE_ROLE}")
-    registry = _build_registry(make_policy(database, Path("unused.sqlite3"), POLICY))
+    registry = policy_registry(make_policy(database, Path("unused.sqlite3"), POLICY))
     return next(r for r in registry.by_oid.values() if r.name == "ps_appended")
 
 
@@ -95,17 +92,6 @@ def appended(test_db: TestDatabase) -> Relation:
 @pytest.fixture(scope="module")
 def appended_pg15(pg15_db: TestDatabase) -> Relation:
     return _appended(pg15_db)
-
-
-def _build_registry(policy: Policy) -> TableRegistry:
-    async def build() -> TableRegistry:
-        session = await connect(policy)
-        try:
-            return await build_registry(session, policy)
-        finally:
-            await session.close()
-
-    return asyncio.run(build())
 
 
 def _plan(conn: psycopg.Connection[Any], sql: str) -> dict[str, Any]:
