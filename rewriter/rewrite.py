@@ -133,7 +133,8 @@ __all__ = [
     "HASH_FUNCTIONS", "Part", "aggregate_parts", "backend_sql", "centred_points", "clamped", "clamped_sum", "collected", "decided_total",
     "filtered", "grid_index",
     "hashable", "hashed_columns", "literal", "quantile_grid", "query_grid",
-    "partition_key", "partition_seed", "partition_values", "per_partition", "row_hash_key", "seeded", "sent", "split_cells", "split_row",
+    "partition_key", "partition_seed", "partition_values", "per_partition", "row_hash_key", "seeded", "sent", "shuffled_source",
+    "split_cells", "split_row",
 ]
 
 _SEED_MAX = (1 << 63) - 1  # seeds are non-negative bigints; also the mask that clears the hash's sign bit
@@ -293,6 +294,8 @@ def backend_sql(query: AggregateQuery, seed: int) -> str:
     source = bounded_source(query.table)  # a text value longer than the table's bound reads as NULL
     if query.where_sql:
         source += f" WHERE {query.where_sql}"
+    if any(agg.distinct for agg in query.aggregates):
+        source = shuffled_source(query, source)
     if query.groups:
         return _grouped_sql(query, parts, source)
     grid = query_grid(query)
@@ -307,8 +310,7 @@ def backend_sql(query: AggregateQuery, seed: int) -> str:
     inner = ", ".join(f"{part.sql} AS p{i}" for i, part in enumerate(parts))
     outer = ", ".join(sent(part, f"pg_catalog.sum(p{i})") if part.additive else collected(f"p{i}")
                       for i, part in enumerate(parts))
-    used = list(dict.fromkeys(name for agg in query.aggregates
-                              for name in ((agg.column.name,) if agg.column is not None else ()) + agg.filter_columns))
+    used = _used_columns(query)
     key, fence = (quote_identifier(_unused_name(query.table, name)) for name in ("partition", "fence"))
     rows = ", ".join([
         *map(quote_identifier, used),
@@ -319,6 +321,45 @@ def backend_sql(query: AggregateQuery, seed: int) -> str:
         f"SELECT {outer} FROM (SELECT {inner} FROM (SELECT {rows} FROM {source}) AS filtered "
         f"GROUP BY {key}) AS partitions"
     )
+
+
+def _used_columns(query: AggregateQuery) -> list[str]:
+    """The columns the aggregates and their FILTERs read, in order, each once."""
+    return list(dict.fromkeys(name for agg in query.aggregates
+                              for name in ((agg.column.name,) if agg.column is not None else ()) + agg.filter_columns))
+
+
+def shuffled_source(query: AggregateQuery, source: str) -> str:
+    """``source`` (the table and its WHERE) as a subquery whose rows come out in random order,
+    under the table's own name: what a query with ``COUNT(DISTINCT ...)`` reads.
+
+    **Why.** Counting distinct values sorts them (PostgreSQL 15: inside the Aggregate node; 16
+    and later: a Sort node below it; per group: a Sort by the keys and the value), and
+    PostgreSQL's in-memory sort (``src/include/lib/sort_template.h``) first checks whether its
+    input is already in order, returning after n − 1 comparisons if it is. Read straight from
+    the table, that input comes in the table's physical order: on a table appended in a
+    column's order (an id, a timestamp), one late row whose value falls below the others turned
+    that pass into a full n·log n sort, a timing oracle on the row's presence
+    (benchmarks/presorted.py, docs/threat-model.md's Timing). Here the sort's input is the
+    filtered rows ordered by ``random()``, drawn per row and afresh for each statement, so the
+    order it receives is a uniformly random arrangement of the rows, whatever the table's
+    layout: it is in order only if every value is equal (a question of the values, as the rest
+    of a sort's cost is, never of where a row sits), and with two distinct values among n rows
+    with probability at most 1/n. So the sort always does its full work, whichever row was
+    appended where. ``random()``'s seeding and why analysts cannot reseed or read it: the
+    module docstring (``random`` partitioning).
+
+    **Cost.** One more sort, of the filtered rows by a double (only the columns the aggregates,
+    their FILTERs and the group keys read): benchmarks/results.md gives the ratio on 1,000,000
+    rows. The answer is unchanged: ``COUNT(DISTINCT ...)``, ``COUNT`` and clamped sums do not
+    depend on the order their rows arrive in. A subquery with ORDER BY is never pulled up into
+    the outer query, so PostgreSQL keeps the order; ``random()`` is PARALLEL RESTRICTED, so the
+    statement runs serially.
+    """
+    columns = dict.fromkeys([*_used_columns(query), *(key.column.name for key in query.groups)])
+    selected = ", ".join(map(quote_identifier, columns)) or "1"
+    return (f"(SELECT {selected} FROM {source} ORDER BY pg_catalog.random()) "
+            f"AS {quote_identifier(query.table.name)}")
 
 
 def _grouped_sql(query: AggregateQuery, parts: list[Part], source: str) -> str:

@@ -22,6 +22,8 @@ import pytest
 
 from policies.loader import PolicyError, parse_policy
 from policies.model import Policy
+from policies.tables import TableRegistry
+from proxy.backend.connection import build_registry, connect
 from proxy.demo.embedded import SERVICE_ROLE, prepare_demo_database
 from proxy.serving.event_loop import new_event_loop
 from proxy.serving.server import Server
@@ -215,6 +217,18 @@ def _prepare_test_database(pg_admin_dsn: str) -> TestDatabase:
 
 def make_policy(test_db: TestDatabase, ledger: Path, text: str = TEST_POLICY) -> Policy:
     return parse_policy(text.format(dsn=test_db.service_dsn, ledger=ledger), "test-policy.yaml")
+
+
+def policy_registry(policy: Policy) -> TableRegistry:
+    """``policy``'s table registry as dpproxy builds it when it starts (from its backend)."""
+    async def build() -> TableRegistry:
+        session = await connect(policy)
+        try:
+            return await build_registry(session, policy)
+        finally:
+            await session.close()
+
+    return asyncio.run(build())
 
 
 class RunningProxy:

@@ -13,7 +13,6 @@ column, NULLs and extreme values included.
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections import Counter
 from pathlib import Path
@@ -22,12 +21,10 @@ import psycopg
 import pytest
 from scipy import stats
 
-from conftest import TEST_POLICY, TestDatabase, make_policy
+from conftest import TEST_POLICY, TestDatabase, make_policy, policy_registry
 
 from policies.loader import PolicyError
-from policies.model import Policy
 from policies.tables import Relation, TableRegistry
-from proxy.backend.connection import build_registry, connect
 from proxy.demo.embedded import SERVICE_ROLE
 from rewriter.dp_query import plan_aggregate_query
 from rewriter.rewrite import HASH_FUNCTIONS, backend_sql, partition_key, partition_seed, seeded, split_row
@@ -155,18 +152,7 @@ def registry(test_db: TestDatabase) -> TableRegistry:
         conn.execute(_TABLES)
         conn.execute(f"GRANT SELECT ON pk_table, pk_view, pk_parted, pk_random, nb_small, nb_large, nb_keyed_small, "
                      f"nb_keyed_large, pk_types, pk_date_key, pk_date_key_auto, pk_unhashable TO {SERVICE_ROLE}")
-    return _build_registry(make_policy(test_db, Path("unused.sqlite3"), KEY_POLICY))
-
-
-def _build_registry(policy: Policy) -> TableRegistry:
-    async def build() -> TableRegistry:
-        session = await connect(policy)
-        try:
-            return await build_registry(session, policy)
-        finally:
-            await session.close()
-
-    return asyncio.run(build())
+    return policy_registry(make_policy(test_db, Path("unused.sqlite3"), KEY_POLICY))
 
 
 def _relation(registry: TableRegistry, name: str) -> Relation:
@@ -184,7 +170,7 @@ def test_a_view_cannot_be_partitioned_by_ctid_hash(test_db: TestDatabase, regist
         "  public.pk_view:\n    epsilon: 1.0\n", "  public.pk_view:\n    epsilon: 1.0\n    partitioning: ctid_hash\n"
     ))
     with pytest.raises(PolicyError, match="pk_view.partitioning: ctid_hash needs a table"):
-        _build_registry(policy)
+        policy_registry(policy)
 
 
 def test_partitioning_by_default_hashes_a_primary_key_and_is_random_without_one(registry):
