@@ -294,7 +294,7 @@ def backend_sql(query: AggregateQuery, seed: int) -> str:
     source = bounded_source(query.table)  # a text value longer than the table's bound reads as NULL
     if query.where_sql:
         source += f" WHERE {query.where_sql}"
-    if any(agg.distinct for agg in query.aggregates):
+    if any(agg.distinct for agg in query.aggregates) and not query.table.policy.answer_quantum_ms:
         source = shuffled_source(query, source)
     if query.groups:
         return _grouped_sql(query, parts, source)
@@ -355,6 +355,10 @@ def shuffled_source(query: AggregateQuery, source: str) -> str:
     depend on the order their rows arrive in. A subquery with ORDER BY is never pulled up into
     the outer query, so PostgreSQL keeps the order; ``random()`` is PARALLEL RESTRICTED, so the
     statement runs serially.
+
+    A table with ``answer_quantum_ms`` reads its rows as stored: the quantum hides what a row
+    adds below it, as it does for the limits on a statement's terms (rewriter/predicate_terms.py),
+    so an operator who wants ``COUNT(DISTINCT)`` at PostgreSQL's own pace on a large table has it.
     """
     columns = dict.fromkeys([*_used_columns(query), *(key.column.name for key in query.groups)])
     selected = ", ".join(map(quote_identifier, columns)) or "1"
