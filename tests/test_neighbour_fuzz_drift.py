@@ -38,7 +38,7 @@ BOUND_S = 60.0
 # new definition is in force), the others do not (bounds on a text column: refused before the charge).
 CHANGES = (
     # Through text: float8's own cast to numeric keeps 15 digits, so the largest double comes back
-    # as a number above it and the undo fails (seed 31337); its text form is exact.
+    # as a number above it and the undo fails (with DPPROXY_FUZZ_SEED=31337); its text form is exact.
     ("ALTER COLUMN f8 TYPE numeric USING f8::text::numeric", "ALTER COLUMN f8 TYPE float8"),
     ("ALTER COLUMN i4 TYPE text", "ALTER COLUMN i4 TYPE int4 USING i4::int4"),
     ("ALTER COLUMN n TYPE text", "ALTER COLUMN n TYPE numeric USING n::numeric"),
