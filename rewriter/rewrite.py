@@ -290,8 +290,21 @@ def backend_sql(query: AggregateQuery, seed: int) -> str:
     ``(query, seed)`` alone. Run it with a fresh :func:`partition_seed`; any fixed seed
     (0) names the query independently of its partitioning.
     """
+    sql = _backend_sql(query, seed, _SOURCE)
+    # A text value longer than the table's bound reads as NULL: the table is read through a
+    # projection of the columns the statement names (each quoted), so the SQL stays short.
+    named = [name for name in query.table.columns if quote_identifier(name) in sql]
+    return sql.replace(_SOURCE, bounded_source(query.table, named), 1)
+
+
+# Where the table goes in _backend_sql's text until the columns it reads are known (a NUL,
+# which no SQL text dpproxy writes can hold).
+_SOURCE = "\x00source\x00"
+
+
+def _backend_sql(query: AggregateQuery, seed: int, source: str) -> str:
+    """:func:`backend_sql` with ``source`` for the table."""
     parts = [part for agg in query.aggregates for part in aggregate_parts(agg)]
-    source = bounded_source(query.table)  # a text value longer than the table's bound reads as NULL
     if query.where_sql:
         source += f" WHERE {query.where_sql}"
     if any(agg.distinct for agg in query.aggregates) and not query.table.policy.answer_quantum_ms:

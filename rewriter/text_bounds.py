@@ -36,6 +36,8 @@ limited, as for the terms (:mod:`rewriter.predicate_terms`).
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from policies.model import TablePolicy
 from policies.tables import ColumnInfo, Relation, quote_identifier
 
@@ -92,16 +94,18 @@ def bounded_value(column: ColumnInfo, policy: TablePolicy) -> str:
     return f"CASE WHEN {short} THEN {name} END"
 
 
-def bounded_source(table: Relation) -> str:
-    """The FROM item a DP statement's backend SQL reads ``table`` through: the table itself when
-    no column needs the bound, else a projection of its columns, each text one as
-    :func:`bounded_value` (and ``ctid``, for ``ctid_hash``), under the table's own name.
+def bounded_source(table: Relation, named: Collection[str]) -> str:
+    """The FROM item a DP statement's backend SQL reads ``table`` through, given the columns the
+    statement ``named``: the table itself when none of them needs the bound, else a projection of
+    those columns, each text one as :func:`bounded_value` (and ``ctid``, for ``ctid_hash``), under
+    the table's own name.
 
     PostgreSQL pulls the projection up into the query, so each reference of a column is its
-    bounded value, evaluated where the reference is; a column the query does not use costs nothing.
-    The service role reads every column of a protected table (proxy/backend/grants.py).
+    bounded value, evaluated where the reference is. Only the named columns are listed, so the
+    SQL an operator sees in pg_stat_activity (truncated at ``track_activity_query_size``) names
+    the table early and reads as the statement does.
     """
-    columns = sorted(table.columns.values(), key=lambda column: column.attnum)
+    columns = sorted((table.columns[name] for name in named), key=lambda column: column.attnum)
     if not any(_needs_bound(column, table.policy) for column in columns):
         return table.qualified_name
     outputs = [bounded_value(column, table.policy) + f" AS {quote_identifier(column.name)}"

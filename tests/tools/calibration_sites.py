@@ -95,9 +95,9 @@ SITES: tuple[Site, ...] = (
          "for bound, upper in zip((column.policy.bounds[0] - (column.policy.bounds[1] - column.policy.bounds[0]) / 2, "
          "column.policy.bounds[1] + (column.policy.bounds[1] - column.policy.bounds[0]) / 2), (False, True)))",
          "answers"),
-    Site("clamp.filtered-sum-unclamped", _RW, "        return (Part(filtered(clamped_sum(agg.column), condition)),)\n",
-         "        return (Part(filtered(clamped_sum(agg.column) if condition is None else "
-         "f\"pg_catalog.sum({column})\", condition)),)\n", "grouped"),
+    Site("clamp.filtered-sum-unclamped", _RW, "    total = filtered(clamped_sum(column), condition)\n",
+         "    total = filtered(clamped_sum(column) if condition is None else "
+         "f\"pg_catalog.sum({quote_identifier(column.name)})\", condition)\n", "grouped"),
     Site("clamp.partition-min-max-unclamped-in-sql", _RW,
          'return _to_double(clamped(column, filtered(f"pg_catalog.{kind}({quote_identifier(column.name)})", condition)), column)',
          'return _to_double(filtered(f"pg_catalog.{kind}({quote_identifier(column.name)})", condition), column)', "answers"),
