@@ -99,7 +99,7 @@ parallel plan with a partial aggregate per worker.
 In every case the partitioning serves accuracy and the coupling argument, it is not the
 noise: the noise comes from ``mechanisms.samplers``.
 
-The table is read through :func:`rewriter.text_bounds.bounded_source`: where it has text columns,
+The table is read through :func:`rewriter.text_bounds.bounded_source`: where the statement names text columns,
 a projection in which a value longer than the table's ``max_text_bytes`` is NULL, decided from its
 stored size without reading it, so that every part, key and condition sees the bounded value.
 
