@@ -57,6 +57,18 @@ def change(before: Samples, after: Samples, name: str, **labels: str) -> float:
     return after[key] - before.get(key, 0.0)
 
 
+def scrape_once_recorded(proxy: RunningProxy, before: Samples, name: str, count: float, **labels: str) -> Samples:
+    """A scrape that shows ``count`` more of ``name`` than ``before``, or the last of 50 tries: a
+    statement's metrics are recorded just after its answer is sent (off the answer's path), so a
+    scrape the client makes at once may come first."""
+    for _ in range(50):
+        after = scrape(proxy)
+        if (name, tuple(sorted(labels.items()))) in after and change(before, after, name, **labels) >= count:
+            break
+        threading.Event().wait(0.1)
+    return after
+
+
 def test_statements_are_counted_by_decision_and_reason_with_epsilon_per_user(metered: RunningProxy):
     before = scrape(metered)
     with metered.connect() as conn:
@@ -69,7 +81,7 @@ def test_statements_are_counted_by_decision_and_reason_with_epsilon_per_user(met
         conn.execute("SELECT COUNT(*) FROM adult")
         with pytest.raises(psycopg.Error, match="budget exhausted"):
             conn.execute("SELECT COUNT(*) FROM adult")
-    after = scrape(metered)
+    after = scrape_once_recorded(metered, before, "dpproxy_budget_refusals_total", 1, user="frugal")
 
     assert change(before, after, "dpproxy_statements_total", decision="dp", reason="") == 4
     assert change(before, after, "dpproxy_statements_total", decision="passthrough", reason="") == 1
@@ -87,12 +99,7 @@ def test_latency_histograms_have_buckets_end_to_end_and_for_the_backend(metered:
     before = scrape(metered)
     with metered.connect() as conn:
         conn.execute("SELECT COUNT(*), SUM(age) FROM adult")
-    # Recorded just after the answer is sent (off the answer's path), so the scrape may be first.
-    for _ in range(50):
-        after = scrape(metered)
-        if change(before, after, "dpproxy_statement_duration_seconds_count", decision="dp"):
-            break
-        threading.Event().wait(0.1)
+    after = scrape_once_recorded(metered, before, "dpproxy_statement_duration_seconds_count", 1, decision="dp")
     assert change(before, after, "dpproxy_statement_duration_seconds_count", decision="dp") == 1
     assert change(before, after, "dpproxy_statement_duration_seconds_bucket", decision="dp", le="+Inf") == 1
     assert ("dpproxy_statement_duration_seconds_bucket", (("decision", "dp"), ("le", "0.005"))) in after
@@ -120,7 +127,7 @@ def test_statements_are_counted_and_timed_off_the_event_loop(metered: RunningPro
     before = scrape(metered)
     with metered.connect() as conn:
         conn.execute("SELECT COUNT(*) FROM adult WHERE age > 40")
-    after = scrape(metered)
+    after = scrape_once_recorded(metered, before, "dpproxy_statements_total", 1, decision="dp", reason="")
     assert change(before, after, "dpproxy_statements_total", decision="dp", reason="") == 1
     assert change(before, after, "dpproxy_epsilon_charged_total", user="analyst") == pytest.approx(1.0)
     assert change(before, after, "dpproxy_backend_pool_checkout_wait_seconds_count") >= 1
