@@ -58,3 +58,15 @@ def test_a_spelling_the_rows_decided_sets_the_column_apart(base: str, neighbour:
 ])
 def test_spellings_the_noise_decides_keep_the_column_together(base: str, neighbour: str) -> None:
     assert spelled_apart([[base, "Male"]], [[neighbour, None]]) == []
+
+
+def test_a_release_divided_by_a_constant_keeps_its_column_together_whatever_the_noise(test_db: TestDatabase) -> None:
+    """``SUM(n) / 7``: PostgreSQL gives a numeric quotient 16 significant digits, so its scale
+    follows the noised dividend's magnitude (a column of such quotients failed the check once)."""
+    dividends = ["-3", "0", "12", "950", "4321", "-12345", "987654", "123456789", "0.5", "-0.004"]
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        texts = [row[0] for row in conn.execute(
+            "SELECT CAST(CAST(x AS numeric) / 7 AS text) FROM unnest(%s::text[]) AS x", (dividends,))]
+    assert len({len(text.partition(".")[2]) for text in texts}) > 2  # scales of their own
+    assert [text for text in texts if "quotient" not in (rules(text) or ())] == []
+    assert spelled_apart([[text] for text in texts[:5]], [[text] for text in texts[5:]]) == []

@@ -7,7 +7,9 @@ numeric(p, s) column's SUM, MIN or MAX, an integer column's SUM, a CASE constant
 numeric printed from a double (repr's shortest digits in fixed notation: dpproxy's AVG, MIN and
 MAX of a numeric column), or a share (rewriter/shares.py: PostgreSQL's numeric division of two
 released counts, n ≤ d, whose scale is 20, or 24, 28 ... where d has more base-10000 digits than
-n: a function of the released counts, so one rule for all). One text may follow several rules (``2.5`` follows float8out's, repr's
+n: a function of the released counts, so one rule for all), and more generally any numeric division
+of a release (``SUM(n) / 7``), whose scale, 16 − 4·w for a quotient of base-10000 weight w,
+follows the noised value's magnitude. One text may follow several rules (``2.5`` follows float8out's, repr's
 and scale 1's); the values of one output column, on a table and on its neighbour, must all
 follow one rule, else their form says something the noise did not decide (a trailing zero, a
 scale taken from the rows).
@@ -75,9 +77,22 @@ def rules(text: str) -> frozenset[str] | None:
             found.add(f"scale {len(fraction)}")
         if not fraction and text == str(int(text)):
             found.add("integer")
-        if len(fraction) >= 20 and len(fraction) % 4 == 0 and abs(value) <= 1 and f"scale {len(fraction)}" in found:
+        if f"scale {len(fraction)}" in found and _division_scale(Decimal(text), len(fraction)):
             found.add("quotient")
     return frozenset(found)
+
+
+def _division_scale(value: Decimal, scale: int) -> bool:
+    """Whether ``scale`` is one PostgreSQL gives a numeric division whose result is ``value``:
+    16 significant digits, so 16 − 4·w fraction digits for a quotient of base-10000 weight w
+    (select_div_scale; its estimate of w may be one off), never fewer than 0. A function of the
+    value, so of the noise where the dividend is a release (``SUM(n) / 7``)."""
+    if scale % 4:
+        return False
+    if not value:
+        return True
+    weight = (value.adjusted()) // 4
+    return scale in {max(16 - 4 * (weight + d), 0) for d in (-1, 0, 1)}
 
 
 def column_rules(values: Iterable[str | None]) -> frozenset[str] | None:
