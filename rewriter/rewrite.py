@@ -290,6 +290,25 @@ def backend_sql(query: AggregateQuery, seed: int) -> str:
     ``(query, seed)`` alone. Run it with a fresh :func:`partition_seed`; any fixed seed
     (0) names the query independently of its partitioning.
     """
+    if seed == 0:  # the SQL that names a plan, asked for each statement that runs it
+        known = _NAMED.get(id(query))
+        if known is not None and known[0] is query:
+            return known[1]
+        if len(_NAMED) >= 1024:
+            _NAMED.clear()
+        named_sql = _seeded_sql(query, 0)
+        _NAMED[id(query)] = (query, named_sql)
+        return named_sql
+    return _seeded_sql(query, seed)
+
+
+# backend_sql(plan, seed=0) by plan, the plan kept so that its id is not reused meanwhile
+# (plans are cached and immutable; a reload makes new ones).
+_NAMED: dict[int, tuple[AggregateQuery, str]] = {}
+
+
+def _seeded_sql(query: AggregateQuery, seed: int) -> str:
+    """:func:`backend_sql`, computed."""
     sql = _backend_sql(query, seed, _SOURCE)
     # A text value longer than the table's bound reads as NULL: the table is read through a
     # projection of the columns the statement names (each quoted), so the SQL stays short.
