@@ -125,6 +125,7 @@ from policies.tables import ColumnInfo, Relation, quote_identifier
 
 from .dp_query import Aggregate, AggregateQuery
 from .sql_text import literal, operator
+from .raw_equality import raw_outputs
 from .text_bounds import bounded_source
 from .types import FLOAT4, FLOAT8, FLOAT_TYPES, INT2, INT4, INT8, INTEGER_TYPES, NUMERIC
 
@@ -313,7 +314,7 @@ def _seeded_sql(query: AggregateQuery, seed: int) -> str:
     # A text value longer than the table's bound reads as NULL: the table is read through a
     # projection of the columns the statement names (each quoted), so the SQL stays short.
     named = [name for name in query.table.columns if quote_identifier(name) in sql]
-    return sql.replace(_SOURCE, bounded_source(query.table, named), 1)
+    return sql.replace(_SOURCE, bounded_source(query.table, named, raw_outputs(query.table, sql)), 1)
 
 
 # Where the table goes in _backend_sql's text until the columns it reads are known (a NUL,
