@@ -37,7 +37,7 @@ reads no long value on the table's rows:
 in an index. A B-tree index on ``t`` holds values that a search compares, and it compares a value by
 reading it (``bttextcmp`` detoasts, which for an index entry means decompressing it: an entry is at
 most ~2.7 kB, so a long value is in one only compressed: 200 kB of one repeated character fits, with
-pglz). One such row just after the searched value added +0.19 to +0.26 ms to ``t = 'a'``
+pglz). One such row just after the searched value added +0.19 to +0.30 ms to ``t = 'a'``
 (benchmarks/text_equality.py), where the bounded form's sequential scan added nothing: a lever of
 the kind the value bound removed, which the quantum hides, as it lifts the work limit. On a table
 without a quantum the bounded form stays.

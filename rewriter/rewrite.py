@@ -101,7 +101,9 @@ noise: the noise comes from ``mechanisms.samplers``.
 
 The table is read through :func:`rewriter.text_bounds.bounded_source`: where the statement names text columns,
 a projection in which a value longer than the table's ``max_text_bytes`` is NULL, decided from its
-stored size without reading it, so that every part, key and condition sees the bounded value.
+stored size without reading it, so that every part, key and condition sees the bounded value; on a
+table with ``answer_quantum_ms`` it also holds the raw values that equalities compare where that
+gives the same answer (:mod:`rewriter.raw_equality`), so that an index on the column serves them.
 
 Functions, operators (``OPERATOR(pg_catalog.*)``) and type names that are not grammar
 keywords (``pg_catalog.bytea``) are schema-qualified with ``pg_catalog``, and the WHERE
