@@ -21,7 +21,8 @@ reads no long value on the table's rows:
   ``citext`` lowers both values; a domain or an extension's type is none of these types.
 * **The other side is a string literal of at most N bytes** in every server encoding (a non-ASCII
   character counted as 4 bytes, the most any server encoding spends on one). A value read as NULL
-  by the bound is longer than N; it never equals such a literal, so the raw comparison is false
+  by the bound is longer than N; it never has such a literal's size, so ``texteq`` never reads it
+  (a longer literal would have every value of its own size read), and the raw comparison is false
   exactly where the bounded one is NULL, and the same as the bounded one everywhere else.
 * **The comparison stands where false and NULL decide alike**: reached from the root of a WHERE or
   FILTER condition through AND, OR and parentheses only. Such a condition is true of a row with the
@@ -43,7 +44,8 @@ the kind the value bound removed, which the quantum hides, as it lifts the work 
 without a quantum the bounded form stays.
 
 The raw comparison keeps the bounded one beside it, ``("raw 2" = 'x' AND "t" = 'x')``, ``"t"`` the
-bounded value (the same truth: where the raw one is true the value is within the bound). So either
+bounded value (the same truth: where the raw one is true the value is within the bound; and the
+conjunction is false, not NULL, where the value is past it, hence the placement rule). So either
 index serves it: a plain one on ``t`` through the first, and one on the bounded value itself,
 ``CREATE INDEX … ((CASE WHEN octet_length(t) <= N THEN t END))``, through the second, which PostgreSQL
 matches to the backend SQL's expression as it does for the bounded form on any table. That index is
