@@ -25,7 +25,8 @@ limit on a statement's values and comparisons (rewriter/predicate_terms.py; the 
 same), to measure past it. The ``list:`` constructs measure IN lists and comparison chains by
 length: "every row" ones over the whole table (their base time over ``--rows`` is what a row
 reaching the list costs, warm), "one row" ones behind ``id = 0`` (what the first row reaching it adds). The ``text:`` constructs read a text value in each way a DP statement can, with a
-3 MB row and with one at the default ``max_text_bytes`` (rewriter/text_bounds.py). The figures of a run are in benchmarks/results.md
+3 MB row and with one at the default ``max_text_bytes`` (rewriter/text_bounds.py); with ``--quantum``
+their equalities compare the raw column (rewriter/raw_equality.py). The figures of a run are in benchmarks/results.md
 ("What one row adds to a DP statement's backend time"); a new construct is one more line of
 :data:`CONSTRUCTS`.
 """
@@ -167,6 +168,12 @@ def _text_constructs() -> Iterator[Construct]:
                       "SELECT COUNT(*) FROM {table} WHERE t ILIKE '%" + _A_PART + "b'", {"t": a_text}),
             Construct(f"text: WHERE lower(t) = 'x', {size} random", "SELECT COUNT(*) FROM {table} WHERE lower(t) = 'x'",
                       {"t": random_text}),
+            # On a table with a quantum (--quantum) these compare the raw column (rewriter/raw_equality.py).
+            Construct(f"text: WHERE t = 'x', {size} random", "SELECT COUNT(*) FROM {table} WHERE t = 'x'", {"t": random_text}),
+            Construct(f"text: WHERE t IN ('x', 'y'), {size} random", "SELECT COUNT(*) FROM {table} WHERE t IN ('x', 'y')",
+                      {"t": random_text}),
+            Construct(f"text: WHERE t = 'z…z' (256 z), {size} of z",
+                      "SELECT COUNT(*) FROM {table} WHERE t = '" + "z" * _AT_BOUND + "'", {"t": z_text}),
             Construct(f"text: COUNT(DISTINCT t), {size} random", "SELECT COUNT(DISTINCT t) FROM {table}", {"t": random_text}),
             Construct(f"text: GROUP BY cat (categories, other), {size} random",
                       "SELECT cat, COUNT(*) FROM {table} GROUP BY cat", {"cat": random_text}),

@@ -76,6 +76,7 @@ from .constants import HINT as FOLD_HINT
 from .constants import Fold, Folding, NotFoldable, fold_type, qualified_constant
 from .like_patterns import case_folded_refusal, longest_part_after_percent, pattern_refusal
 from .predicate_terms import predicate_terms, terms_refusal
+from .raw_equality import raw_comparison
 from .scope import Scope
 from .sql_text import literal, operator, short_text
 from .text_bounds import CASE_FOLD_WORK, COMPARISON_WORK, LIKE_WORK, value_bytes, work_refusal
@@ -180,6 +181,7 @@ class PredicateRenderer:
         refused = terms_refusal(self._terms) if self._limited else None
         if refused is not None:
             raise self._renderer.refuse(f"{refused[0]} are refused on protected table", refused[1])
+        self._renderer.positive = True  # a WHERE or FILTER keeps the rows where it is true
         sql = self._renderer.predicate(predicate)
         refused = work_refusal(self._renderer.text_work) if self._limited else None
         if refused is not None:
@@ -215,17 +217,18 @@ class _Operand:
 
     ``fold`` is set for a row-independent expression evaluated before the query runs
     (:mod:`rewriter.constants`); its ``sql`` is then the pinned expression. ``case_folded``: the
-    column under ``lower()``/``upper()``.
+    column under ``lower()``/``upper()``. ``text``: the value of a string literal, uncast.
     """
 
     def __init__(self, sql: str, column: ColumnInfo | None = None, cast: str | None = None, parameter: bool = False,
-                 fold: bool = False, case_folded: bool = False):
+                 fold: bool = False, case_folded: bool = False, text: str | None = None):
         self.sql = sql
         self.column = column
         self.cast = cast
         self.parameter = parameter
         self.fold = fold
         self.case_folded = case_folded
+        self.text = text
 
 
 class _Renderer:
@@ -239,6 +242,9 @@ class _Renderer:
         self.ilike_characters = 0  # of the literal ILIKE patterns rendered so far
         self.text_work = 0  # what the terms rendered so far weigh by their reads of text (rewriter.text_bounds)
         self.like_weights: list[tuple[int, int]] = []  # (parameter, bytes read) of each pattern parameter's use
+        # Whether the node being rendered stands where false and NULL decide alike: reached from
+        # the condition's root through AND, OR and parentheses only (rewriter.raw_equality).
+        self.positive = True
 
     def _weigh(self, operand: _Operand, per_byte: int) -> None:
         """Add to :attr:`text_work` what a term reading ``operand`` costs a row: the bytes of its
@@ -259,7 +265,7 @@ class _Renderer:
         renderers: dict[type[exp.Expression], Callable[[exp.Expression], str]] = {
             exp.And: lambda n: self._logical(n, "AND"),
             exp.Or: lambda n: self._logical(n, "OR"),
-            exp.Not: lambda n: f"(NOT {self.predicate(n.this)})",
+            exp.Not: lambda n: f"(NOT {self._negative(n.this)})",
             exp.Paren: lambda n: self.predicate(n.this),
             exp.Between: self._between,
             exp.In: self._in,
@@ -280,6 +286,14 @@ class _Renderer:
                 )
             raise self.refuse(f"{_describe(node)} is not allowed in WHERE on protected table")
         return self._negated(node, render(node))
+
+    def _negative(self, node: exp.Expression) -> str:
+        """``node`` rendered where false and NULL may decide differently (under NOT, IS TRUE/FALSE)."""
+        positive, self.positive = self.positive, False
+        try:
+            return self.predicate(node)
+        finally:
+            self.positive = positive
 
     def _negated(self, node: exp.Expression, sql: str) -> str:
         # sqlglot folds NOT into some nodes (x NOT LIKE p, x NOT IN (...)) as negate=True.
@@ -344,14 +358,18 @@ class _Renderer:
             raise self.refuse("IN takes a list of literals on protected table")
         column = self._column_side(node.this)
         terms = []
-        for item in node.expressions:
-            value = self._compatible(column, self._value(item))[1]
-            terms.append(self._compare(column, "=", value))
+        positive, self.positive = self.positive, self.positive and not node.args.get("negate")
+        try:
+            for item in node.expressions:
+                value = self._compatible(column, self._value(item))[1]
+                terms.append(self._compare(column, "=", value))
+        finally:
+            self.positive = positive
         return "(" + " OR ".join(terms) + ")"
 
     def _is(self, node: exp.Expression) -> str:
         if isinstance(node.expression, exp.Boolean):  # b IS TRUE, (age > 40) IS FALSE: cannot fail
-            return f"({self.predicate(node.this)} IS {'TRUE' if node.expression.this else 'FALSE'})"
+            return f"({self._negative(node.this)} IS {'TRUE' if node.expression.this else 'FALSE'})"
         if not isinstance(node.expression, exp.Null):
             raise self.refuse("only IS [NOT] NULL and IS [NOT] TRUE/FALSE are allowed in WHERE on protected table")
         return f"({self._column_side(node.this).sql} IS NULL)"
@@ -474,6 +492,9 @@ class _Renderer:
             self._weigh(side, COMPARISON_WORK)
         if left.fold:
             left, right, symbol = right, left, _FLIPPED.get(symbol, symbol)
+        raw = self._raw_equality(left, symbol, right)
+        if raw is not None:
+            return raw
         if not right.fold:
             return operator(left.sql, symbol, right.sql)
         column = left.column
@@ -490,13 +511,25 @@ class _Renderer:
         self.folds.append(fold)
         return fold.token
 
+    def _raw_equality(self, left: _Operand, symbol: str, right: _Operand) -> str | None:
+        """``left = right`` on the raw column, where :mod:`rewriter.raw_equality` shows it gives the
+        bounded comparison's answer (a column, as it is, and a string literal, here), else None."""
+        if symbol != "=" or not self.positive:
+            return None
+        for side, other in ((left, right), (right, left)):
+            if (side.column is not None and side.sql == quote_identifier(side.column.name) and other.text is not None
+                    and other.column is None):
+                return raw_comparison(self.scope.table, side.column, other.text)
+        return None
+
     def _plain_value(self, node: exp.Expression) -> _Operand:
         """A constant: a literal, NULL, TRUE/FALSE, a parameter, a signed number, or one cast of these."""
         while isinstance(node, exp.Paren):
             node = node.this
         if isinstance(node, exp.Cast):
             return self._cast(node)
-        return _Operand(self._constant(node), parameter=isinstance(node, exp.Parameter))
+        text = node.this if isinstance(node, exp.Literal) and node.is_string else None
+        return _Operand(self._constant(node), parameter=isinstance(node, exp.Parameter), text=text)
 
     def _constant(self, node: exp.Expression) -> str:
         while isinstance(node, exp.Paren):

@@ -101,7 +101,9 @@ noise: the noise comes from ``mechanisms.samplers``.
 
 The table is read through :func:`rewriter.text_bounds.bounded_source`: where the statement names text columns,
 a projection in which a value longer than the table's ``max_text_bytes`` is NULL, decided from its
-stored size without reading it, so that every part, key and condition sees the bounded value.
+stored size without reading it, so that every part, key and condition sees the bounded value; on a
+table with ``answer_quantum_ms`` it also holds the raw values that equalities compare where that
+gives the same answer (:mod:`rewriter.raw_equality`), so that an index on the column serves them.
 
 Functions, operators (``OPERATOR(pg_catalog.*)``) and type names that are not grammar
 keywords (``pg_catalog.bytea``) are schema-qualified with ``pg_catalog``, and the WHERE
@@ -125,6 +127,7 @@ from policies.tables import ColumnInfo, Relation, quote_identifier
 
 from .dp_query import Aggregate, AggregateQuery
 from .sql_text import literal, operator
+from .raw_equality import raw_outputs
 from .text_bounds import bounded_source
 from .types import FLOAT4, FLOAT8, FLOAT_TYPES, INT2, INT4, INT8, INTEGER_TYPES, NUMERIC
 
@@ -313,7 +316,7 @@ def _seeded_sql(query: AggregateQuery, seed: int) -> str:
     # A text value longer than the table's bound reads as NULL: the table is read through a
     # projection of the columns the statement names (each quoted), so the SQL stays short.
     named = [name for name in query.table.columns if quote_identifier(name) in sql]
-    return sql.replace(_SOURCE, bounded_source(query.table, named), 1)
+    return sql.replace(_SOURCE, bounded_source(query.table, named, raw_outputs(query.table, sql)), 1)
 
 
 # Where the table goes in _backend_sql's text until the columns it reads are known (a NUL,

@@ -36,7 +36,7 @@ limited, as for the terms (:mod:`rewriter.predicate_terms`).
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from policies.model import TablePolicy
 from policies.tables import ColumnInfo, Relation, quote_identifier
@@ -94,11 +94,12 @@ def bounded_value(column: ColumnInfo, policy: TablePolicy) -> str:
     return f"CASE WHEN {short} THEN {name} END"
 
 
-def bounded_source(table: Relation, named: Collection[str]) -> str:
+def bounded_source(table: Relation, named: Collection[str], raw: Sequence[str] = ()) -> str:
     """The FROM item a DP statement's backend SQL reads ``table`` through, given the columns the
-    statement ``named``: the table itself when none of them needs the bound, else a projection of
-    those columns, each text one as :func:`bounded_value` (and ``ctid``, for ``ctid_hash``), under
-    the table's own name.
+    statement ``named``: the table itself when none of them needs the bound and there is no ``raw``
+    output, else a projection of those columns, each text one as :func:`bounded_value`, then the
+    ``raw`` outputs (raw values under names of their own, :mod:`rewriter.raw_equality`), and
+    ``ctid``, for ``ctid_hash``, under the table's own name.
 
     PostgreSQL pulls the projection up into the query, so each reference of a column is its
     bounded value, evaluated where the reference is. Only the named columns are listed, so the
@@ -106,10 +107,11 @@ def bounded_source(table: Relation, named: Collection[str]) -> str:
     the table early and reads as the statement does.
     """
     columns = sorted((table.columns[name] for name in named), key=lambda column: column.attnum)
-    if not any(_needs_bound(column, table.policy) for column in columns):
+    if not raw and not any(_needs_bound(column, table.policy) for column in columns):
         return table.qualified_name
     outputs = [bounded_value(column, table.policy) + f" AS {quote_identifier(column.name)}"
                if _needs_bound(column, table.policy) else quote_identifier(column.name) for column in columns]
+    outputs += raw
     if table.partition_key == "ctid":
         outputs.append("ctid")
     return f"(SELECT {', '.join(outputs)} FROM {table.qualified_name}) AS {quote_identifier(table.name)}"

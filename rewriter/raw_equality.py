@@ -1,0 +1,105 @@
+"""Text equality on the raw column, so that a B-tree index on it serves, where that gives the same answer.
+
+A DP statement reads a text column through the value bound (:mod:`rewriter.text_bounds`): ``CASE WHEN
+octet_length(t) <= N THEN t END``, N the table's ``max_text_bytes``. A comparison of that expression
+is one no index on ``t`` serves, so ``t = 'x'`` on a large table with an index on ``t`` became a
+sequential scan (benchmarks/results.md, "Text equality and its index"). Here ``t = 'x'`` is rendered
+on the raw column instead, as :func:`raw_comparison`, where it provably releases the same answer and
+reads no long value on the table's rows:
+
+* **The column is ``text`` or ``varchar`` and its collation deterministic.** ``=`` is then ``texteq``
+  (varchar has no operator of its own; it is read as text), which in PostgreSQL 12–16
+  (src/backend/utils/adt/varlena.c: C collation, the default one or any deterministic one) and 17–18
+  (a deterministic locale) compares the two values' stored sizes first, with
+  ``toast_raw_datum_size`` (the header; 0.17 µs for a 3 MB value, as ``octet_length``), and reads
+  (detoasts) them only when the sizes are equal. A value longer than N bytes never has the size of
+  a literal of at most N bytes: it is never read. Not so elsewhere, where the bounded form stays:
+  ``char(n)``'s ``bpchareq`` detoasts both values to strip their trailing blanks before comparing
+  lengths, and a ``char(n)`` value is padded, so ``'x'`` equals a ``char(1000)`` value that the
+  bound reads as NULL (another answer); a nondeterministic collation compares with the collation
+  (reads the whole value, and ``'x'`` may equal a long value that differs in ignorable characters);
+  ``citext`` lowers both values; a domain or an extension's type is none of these types.
+* **The other side is a string literal of at most N bytes** in every server encoding (a non-ASCII
+  character counted as 4 bytes, the most any server encoding spends on one). A value read as NULL
+  by the bound is longer than N; it never has such a literal's size, so ``texteq`` never reads it
+  (a longer literal would have every value of its own size read), and the raw comparison is false
+  exactly where the bounded one is NULL, and the same as the bounded one everywhere else.
+* **The comparison stands where false and NULL decide alike**: reached from the root of a WHERE or
+  FILTER condition through AND, OR and parentheses only. Such a condition is true of a row with the
+  raw comparison false exactly when it is with it NULL (AND and OR are monotone in Kleene's
+  three-valued logic, and a condition true with an unknown operand is true whatever it is), and the
+  backend keeps exactly the rows where the condition is true. Under NOT (``NOT (t = 'x')``, ``t NOT IN
+  (…)``), under ``IS [NOT] TRUE/FALSE``, and for ``<>`` (``textne``: true, not NULL, for a long value)
+  the two differ, and the bounded form is kept. A share's denominator ``p OR NOT p`` holds ``p``
+  both ways: each occurrence is rendered by where it stands, which keeps the condition's truth.
+  ``IS [NOT] DISTINCT FROM`` is not in the language.
+
+**The table has ``answer_quantum_ms``**, because the work is the same on the table's rows but not
+in an index. A B-tree index on ``t`` holds values that a search compares, and it compares a value by
+reading it (``bttextcmp`` detoasts, which for an index entry means decompressing it: an entry is at
+most ~2.7 kB, so a long value is in one only compressed: 200 kB of one repeated character fits, with
+pglz). One such row just after the searched value added +0.19 to +0.30 ms to ``t = 'a'``
+(benchmarks/text_equality.py), where the bounded form's sequential scan added nothing: a lever of
+the kind the value bound removed, which the quantum hides, as it lifts the work limit. On a table
+without a quantum the bounded form stays.
+
+The raw comparison keeps the bounded one beside it, ``("raw 2" = 'x' AND "t" = 'x')``, ``"t"`` the
+bounded value (the same truth: where the raw one is true the value is within the bound; and the
+conjunction is false, not NULL, where the value is past it, hence the placement rule). So either
+index serves it: a plain one on ``t`` through the first, and one on the bounded value itself,
+``CREATE INDEX … ((CASE WHEN octet_length(t) <= N THEN t END))``, through the second, which PostgreSQL
+matches to the backend SQL's expression as it does for the bounded form on any table. That index is
+the one to create on a bounded text column: it serves DP statements with and without a quantum, and
+holds no long value (the row above added nothing through it).
+"""
+
+from __future__ import annotations
+
+from policies.tables import ColumnInfo, Relation, quote_identifier
+
+from .sql_text import literal, operator
+from .text_bounds import bounded_value
+
+__all__ = ["RAW_TYPES", "literal_bytes", "raw_comparison", "raw_outputs"]
+
+RAW_TYPES = frozenset({25, 1043})
+"""text and varchar: the types whose ``=`` is ``texteq``, which compares stored sizes before values."""
+_MAX_BYTES_PER_CHARACTER = 4  # UTF-8, and every server encoding PostgreSQL has; ASCII is 1 in each
+
+
+def _alias(table: Relation, column: ColumnInfo) -> str:
+    """The name the table's projection gives ``column``'s raw value: none of the table's column names."""
+    alias = f"raw {column.attnum}"
+    while alias in table.columns:
+        alias = "_" + alias
+    return alias
+
+
+def literal_bytes(value: str) -> int:
+    """The most bytes ``value`` takes in any server encoding: 1 an ASCII character, else 4."""
+    return sum(1 if character < "\x80" else _MAX_BYTES_PER_CHARACTER for character in value)
+
+
+def raw_comparison(table: Relation, column: ColumnInfo, value: str) -> str | None:
+    """``column = value`` on the raw column, for a condition where it stands as the module says (its
+    caller knows where), or None when the bounded value must be compared: the table has no
+    ``answer_quantum_ms``, the column is read raw anyway (no bound applies), is of another type, has a
+    nondeterministic collation, or ``value`` may be longer than the bound."""
+    name = quote_identifier(column.name)
+    if (not table.policy.answer_quantum_ms or column.type_oid not in RAW_TYPES or not column.deterministic_collation
+            or bounded_value(column, table.policy) == name
+            or literal_bytes(value) > table.policy.max_text_bytes):
+        return None
+    raw = quote_identifier(_alias(table, column))
+    return f"({operator(raw, '=', literal(value))} AND {operator(name, '=', literal(value))})"
+
+
+def raw_outputs(table: Relation, sql: str) -> list[str]:
+    """The projection's outputs of the raw values ``sql`` compares (``"t" AS "raw 2"``), in column order."""
+    outputs = []
+    for column in sorted(table.columns.values(), key=lambda column: column.attnum):
+        if column.type_oid in RAW_TYPES:
+            alias = quote_identifier(_alias(table, column))
+            if alias in sql:
+                outputs.append(f"{quote_identifier(column.name)} AS {alias}")
+    return outputs
