@@ -225,9 +225,8 @@ def search_passes(m: int) -> int:
 def _whole_rows(x: np.ndarray, j: int, weight: np.ndarray, rows: np.ndarray) -> _Terms:
     """Terms of ``rows`` in all columns j … m+1, as 2-D arrays indexed [row, column − j]."""
     gaps = x[j:] - x[rows, None]
-    windows = np.lib.stride_tricks.sliding_window_view(weight, x.size - j)
     spans = np.arange(j, x.size) - rows[:, None]
-    return spans, gaps, gaps * windows[j - rows]  # windows[j − a][b − j] = weight[b − a]
+    return spans, gaps, gaps * weight[spans]
 
 
 def _rows_within(
