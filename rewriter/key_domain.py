@@ -61,6 +61,12 @@ class KeyDomain:
             size *= factor.size
         return size if self.groups else 1
 
+    @property
+    def joined(self) -> bool:
+        """Whether some cell joins several of the backend's reported key values: a joint factor's
+        cell collects several buckets (month of year: one per year), which dpproxy adds up."""
+        return any(factor.cells is not None for factor in self.factors)
+
     def labels(self) -> Iterator[tuple[str, ...]]:
         """Every cell's keys as text their types read back, in key order, in cell order."""
         per_factor = [self._factor_labels(factor) for factor in self.factors]

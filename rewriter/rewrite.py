@@ -116,7 +116,7 @@ from __future__ import annotations
 import secrets
 from collections import Counter
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, ROUND_FLOOR, Context, Decimal, Inexact, Overflow, Rounded, Underflow
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -133,8 +133,8 @@ from .types import FLOAT4, FLOAT8, FLOAT_TYPES, INT2, INT4, INT8, INTEGER_TYPES,
 
 __all__ = [
     "MAX_BACKEND_COLUMNS", "too_many_columns",
-    "HASH_FUNCTIONS", "Part", "aggregate_parts", "backend_sql", "centred_points", "clamped", "clamped_sum", "collected", "decided_total",
-    "filtered", "grid_index",
+    "HASH_FUNCTIONS", "Part", "aggregate_parts", "backend_sql", "centred_points", "clamped", "clamped_sum", "collected",
+    "cut_in_backend", "decided_total", "filtered", "grid_index",
     "hashable", "hashed_columns", "literal", "quantile_grid", "query_grid",
     "partition_key", "partition_seed", "partition_values", "per_partition", "row_hash_key", "seeded", "sent", "shuffled_source",
     "split_cells", "split_row",
@@ -151,7 +151,7 @@ class Part:
     sql: str
     additive: bool = True
     per_grid: bool = False
-    cut: int | None = None  # a numeric total's fraction digits as sent without GROUP BY (decided_total)
+    cut: int | None = None  # a numeric total's fraction digits as released (sent, decided_total)
 
 
 def aggregate_parts(agg: Aggregate) -> tuple[Part, ...]:
@@ -402,28 +402,50 @@ def shuffled_source(query: AggregateQuery, source: str) -> str:
 
 
 def _grouped_sql(query: AggregateQuery, parts: list[Part], source: str) -> str:
-    """One pass over the filtered rows, grouped by each key's per-row expression.
+    """One pass over the filtered rows, grouped by each key's per-row expression, then one row per
+    reported cell (and grid index, with a percentile).
 
-    Each group reports the cell it falls in (one column per key, ``GroupKey.cell_sql``) and
-    its parts; groups in no cell are left out, after grouping. A cell may receive several groups (the rows an
-    ``other`` key catches): :func:`split_cells` adds their parts up.
+    Each group reports the cell it falls in (one column per key, ``GroupKey.cell_sql``, and its
+    grid index ``g``) and its parts; groups in no cell are left out, after grouping. A reported
+    cell may receive several groups (the values an ``other`` key catches): an outer query adds them
+    up per reported cell (and grid index), exactly (PostgreSQL's numeric sum is). So the backend
+    sends one row per reported cell that rows reach, whatever values they hold; where that row is
+    the cell's only one (:func:`cut_in_backend`), its numeric totals are cut to the digits their
+    grid rounding needs (:func:`sent`), never sent with every fraction digit a row holds. Else
+    dpproxy adds a cell's rows up, exactly, and cuts the sum (:func:`split_cells`).
+
+    **The released distribution is unchanged.** A cell's total is the sum over its groups of their
+    exact clamped sums, which is the exact clamped sum over the cell's rows, as dpproxy's addition
+    made it (exactly, now: :func:`_added`). Its cut, floor(T·10^D)·10^-D plus a sticky 5·10^-(D+1),
+    rounds onto the sum grid as T does for every count n (``Grid.deciding_digits``; D is the policy's
+    ``total_digits``), so each cell's grid point, hence its noise and its answer, is the exact one.
     """
     cells = [f"{key.cell_sql()} AS k{i}" for i, key in enumerate(query.groups)]
-    outputs = [f"k{i}" for i in range(len(cells))] + [f"p{i}" for i in range(len(parts))]
+    keys = [f"k{i}" for i in range(len(cells))]
     grouping = [key.row_sql() for key in query.groups]
     grid = query_grid(query)
     if grid is not None:  # each cell's rows grouped by their grid index too
         index = grid_index(*grid)
         cells.append(f"{index} AS g")
-        outputs.insert(len(query.groups), "g")
         grouping.append(index)
+        keys.append("g")
     rows = ", ".join(grouping)
     present = " AND ".join(f"k{i} IS NOT NULL" for i in range(len(query.groups)))
     # OFFSET 0 keeps the filter on the groups: PostgreSQL would push a HAVING (or an outer WHERE)
     # on grouping expressions down to every row, computing each key twice per row.
     grouped = ", ".join([*cells, *(f"{part.sql} AS p{i}" for i, part in enumerate(parts))])
-    return (f"SELECT {', '.join(outputs)} FROM (SELECT {grouped} FROM {source} GROUP BY {rows} OFFSET 0) AS cells "
-            f"WHERE {present}")
+    cut = cut_in_backend(query)
+    totals = [sent(part, f"pg_catalog.sum(p{i})") if cut else f"pg_catalog.sum(p{i})" for i, part in enumerate(parts)]
+    return (f"SELECT {', '.join([*keys, *totals])} FROM (SELECT {grouped} FROM {source} GROUP BY {rows} OFFSET 0) "
+            f"AS cells WHERE {present} GROUP BY {', '.join(keys)}")
+
+
+def cut_in_backend(query: AggregateQuery) -> bool:
+    """Whether a grouped :func:`backend_sql` sends each cell's numeric totals cut (:func:`sent`):
+    where each cell is one row of it. Not when a cell joins several reported values (a date part's
+    buckets, ``KeyDomain.joined``) or a percentile splits it by grid index: dpproxy adds those rows
+    up, and the cut values of several rows do not add up to the cut of their sum."""
+    return not query.domain.joined and query_grid(query) is None
 
 
 def partition_key(table: Relation, seed: int) -> str:
@@ -556,16 +578,19 @@ def split_row(query: AggregateQuery, row: Sequence[Any]) -> list[tuple[Any, ...]
 def split_cells(query: AggregateQuery, rows: Sequence[Sequence[Any]]) -> list[list[tuple[Any, ...]]]:
     """The rows of a grouped :func:`backend_sql` as every cell's aggregates' parts, in cell order.
 
-    ``rows`` hold each group's cell values (one per key, as the backend printed them), its grid
+    ``rows`` hold each reported cell's values (one per key, as the backend printed them), its grid
     index if the query has a percentile, and its parts, loaded. Cells are numbered as
-    ``query.domain`` numbers them; a cell no row reached gets
-    parts of None (what SQL gives an empty set: the mechanisms read None as 0), and groups in
-    the same cell are added up, a grid part's count by its group's grid index.
+    ``query.domain`` numbers them; a cell no row reached gets parts of None (what SQL gives an
+    empty set: the mechanisms read None as 0). Rows in the same cell (a date part's buckets, a
+    percentile's grid indices) are added up, exactly (:func:`_added`), a grid part's count by its
+    row's grid index; their numeric totals came whole (:func:`cut_in_backend`), and each cell's sum
+    is then cut as the backend would have cut it (:func:`_decided`), so that the release reads the
+    same few digits of it whatever a row held.
     """
     keys = query.groups
     domain = query.domain
     grid = query_grid(query)
-    per_grid = [part.per_grid for agg in query.aggregates for part in aggregate_parts(agg)]
+    parts = [part for agg in query.aggregates for part in aggregate_parts(agg)]
     start = len(keys) + (grid is not None)
     totals: list[list[Any] | None] = [None] * domain.size
     for row in rows:
@@ -575,11 +600,29 @@ def split_cells(query: AggregateQuery, rows: Sequence[Sequence[Any]]) -> list[li
         values = list(row[start:])
         if grid is not None:
             index = grid[1].index(row[len(keys)]) if row[len(keys)] is not None else None
-            values = [_at_index(index, value) if on_grid else value for on_grid, value in zip(per_grid, values)]
+            values = [_at_index(index, value) if part.per_grid else value for part, value in zip(parts, values)]
         earlier = totals[cell]
         totals[cell] = values if earlier is None else [_added(a, b) for a, b in zip(earlier, values)]
-    empty = [None] * sum(len(aggregate_parts(agg)) for agg in query.aggregates)
+    if not cut_in_backend(query):
+        for total in totals:
+            if total is not None:
+                total[:] = [_decided(value, part.cut) if part.cut is not None and value is not None else value
+                            for value, part in zip(total, parts)]
+    empty = [None] * len(parts)
     return [split_row(query, total if total is not None else empty) for total in totals]
+
+
+def _decided(total: Decimal, digits: int) -> Decimal:
+    """The value :func:`decided_total` gives for ``total``, computed here for a cell whose groups
+    dpproxy added up: ``total`` when it has at most ``digits`` fraction digits, else
+    floor(T·10^D)·10^-D + 5·10^-(D+1). Exact (:data:`_EXACT`), in time linear in the digits; it
+    rounds onto the sum grid as ``total`` does (``Grid.deciding_digits``), and the Fraction the
+    release builds from it has at most D + 1 digits, whatever a row held."""
+    scaled = _EXACT.scaleb(total, digits)
+    whole = scaled.to_integral_value(rounding=ROUND_FLOOR, context=_EXACT)
+    if whole == scaled:
+        return total
+    return _EXACT.add(_EXACT.scaleb(whole, -digits), _EXACT.scaleb(Decimal(5), -(digits + 1)))
 
 
 def collected_counts(column: str) -> str:
@@ -649,7 +692,12 @@ def grid_index(column: ColumnInfo, grid: QuantileGrid) -> str:
 
 
 def _added(a: Any, b: Any) -> Any:
-    """Two groups' additive parts together (None, SQL's empty-set total, adds nothing)."""
+    """Two groups' additive parts together, exactly (None, SQL's empty-set total, adds nothing).
+
+    Numeric totals are ``Decimal``: added in :data:`_EXACT`, never rounded (the default context
+    keeps 28 significant digits, so 1e20 + 1e-9 lost its 1e-9 and a cell's total was not the
+    sum of its groups). Counts and ``bigint`` totals are ``int``, exact anyway.
+    """
     if a is None:
         return b
     if b is None:
@@ -657,7 +705,15 @@ def _added(a: Any, b: Any) -> Any:
     if isinstance(a, Counter):  # a cell's grid counts, added to in place: a cell has up to a grid's groups
         a.update(b)
         return a
+    if isinstance(a, Decimal) or isinstance(b, Decimal):
+        return _EXACT.add(a, b)
     return a + b
+
+
+# A context in which adding two numerics' values is exact: a sum of two values of at most numeric's
+# 131,072 + 16,383 digits has fewer digits than any precision Python can set, and no exponent leaves
+# its range. Inexact and Rounded trap, so that an inexact sum would raise rather than be used.
+_EXACT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN, traps=[Inexact, Rounded, Overflow, Underflow])
 
 
 def collected(column: str) -> str:
@@ -714,13 +770,14 @@ def _total(column: ColumnInfo, condition: str | None) -> Part:
 
 
 def sent(part: Part, total: str) -> str:
-    """What the backend sends for ``part`` as the outermost SELECT computes it (``total``: the
-    part's SQL, or the sum of an inner query's values of it): :func:`decided_total` of it for a
-    numeric total, which dpproxy rounds onto the sum grid exactly as it would the whole sum.
+    """What the backend sends for ``part`` as the query that releases it computes it (``total``:
+    the part's SQL, or the sum of an inner query's values of it): :func:`decided_total` of it for
+    a numeric total, which dpproxy rounds onto the sum grid exactly as it would the whole sum.
 
-    Only the outermost sum may be cut: the cut values of several groups do not add up to the cut
-    of their sum. So a GROUP BY, whose groups dpproxy adds up per cell (:func:`split_cells`), reads
-    its numeric totals whole.
+    Only a released total may be cut, the outermost sum of a statement without GROUP BY or a
+    cell's sum of its groups (:func:`_grouped_sql`): the cut values of several groups do not add
+    up to the cut of their sum. So where dpproxy still adds up a cell's rows
+    (:func:`cut_in_backend`), they come whole, and dpproxy adds them exactly and cuts the sum.
     """
     return total if part.cut is None else decided_total(total, part.cut)
 
@@ -734,8 +791,8 @@ def decided_total(total: str, digits: int) -> str:
 
     The exact sum of clamped values keeps every fraction digit a row holds (up to 16,383): read
     whole, one such row makes dpproxy parse it and compute with it in rationals, ~8 ms more per
-    answer (benchmarks/proxy_cost.py), a timing oracle on that row; a GROUP BY's totals still are
-    (:func:`sent`). This text's length depends
+    answer (benchmarks/proxy_cost.py), a timing oracle on that row; a GROUP BY's cells whose rows
+    dpproxy adds up are still sent whole (:func:`cut_in_backend`). This text's length depends
     on the policy and on the total's integer part only. Nothing here fails: T is a finite sum of
     clamped values (NULL stays NULL: a sum over no row).
     """

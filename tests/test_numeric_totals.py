@@ -111,20 +111,3 @@ def test_the_cut_total_rounds_onto_the_sum_grid_exactly_as_the_whole_total(admin
         for n in (0, 1, 7, 1000):
             assert grid.rounded(Fraction(sent) - middle * n) == grid.rounded(total - middle * n), (total, sent, n)
 
-
-def test_a_group_bys_numeric_totals_are_sent_whole_since_dpproxy_adds_a_cells_groups_up(
-        admin: psycopg.Connection, fine_table: str) -> None:
-    # The cut values of several groups (the values an `other` key collects) do not add up to the cut
-    # of their sum: cut per group, a cell's total could land on a rounding boundary its exact total is
-    # below. So only the outermost SELECT of a statement without GROUP BY cuts (rewriter.rewrite.sent).
-    value = ColumnPolicy(bounds=(0.0, 100.0))
-    key = ColumnPolicy(categories=["a"], group_by=True, other="other")
-    table_policy = TablePolicy(epsilon=1.0, delta=1e-6, partitions=4, columns={"y": value, "c": key})
-    relation = Relation(0, "public", fine_table, table_policy,
-                        {"y": ColumnInfo("y", _NUMERIC, -1, 1, value),
-                         "c": ColumnInfo("c", 25, -1, 2, key, array_type_oid=1009)}, "ctid")
-    admin.execute(f"ALTER TABLE {fine_table} ADD COLUMN c text")
-    admin.execute(f"UPDATE {fine_table} SET c = CASE WHEN y > 50 THEN 'x' ELSE 'z' END")
-    plan = plan_aggregate_query(f"SELECT c, SUM(y) FROM {fine_table} GROUP BY c", relation)
-    totals = {row[1] for row in admin.execute(backend_sql(plan, seed=3)).fetchall()}
-    assert max(-total.as_tuple().exponent for total in totals) == 16383
