@@ -18,13 +18,15 @@ PostgreSQL that fails where it did not, changes the list here and there.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import psycopg
 import pytest
 
 from rewriter.catalog import NEUTRALISED_FUNCTIONS, PASSTHROUGH_ONLY_FUNCTIONS, SESSION_EFFECT_FUNCTIONS, allowed_function
-from tests.conftest import RunningProxy, TestDatabase, spent_epsilon
+from tests.conftest import RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from tests.neighbour_outcome import masked_outcome
-from tests.test_attack_histograms import _NEIGHBOURS, hist_proxy
+from tests.test_attack_histograms import _NEIGHBOURS, _POLICY, hist_proxy
 
 __all__ = ["hist_proxy"]  # the fixture, used here as it is there
 
@@ -179,3 +181,22 @@ def test_a_failure_the_release_decides_says_the_same_on_every_neighbour(hist_pro
     assert len(outcomes) == 1, outcomes
     (outcome,) = outcomes
     assert outcome[:2] == ("error", "22011") and "kept" in str(outcome[3]), outcome
+
+
+@pytest.fixture(scope="module")
+def forgetful_proxy(hist_proxy: RunningProxy, test_db: TestDatabase,
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """hist_proxy's tables (made by its fixture) behind a dpproxy that keeps no repeats."""
+    policy = _POLICY.replace("repeats: {{enabled: true}}", "repeats: {{enabled: false}}")
+    assert policy != _POLICY
+    with running_proxy(test_db, tmp_path_factory, policy) as running:
+        yield running
+
+
+def test_without_repeats_the_error_promises_no_kept_release(forgetful_proxy: RunningProxy) -> None:
+    with forgetful_proxy.connect() as conn:
+        conn.execute("SET dpproxy.epsilon = 0.873")
+        with pytest.raises(psycopg.errors.SubstringError) as failed:
+            conn.execute(_FAILS_ON_THE_RELEASE.format(t="hn0"))
+    assert "dpproxy: ε charged 0.873" in (failed.value.diag.message_detail or "")
+    assert "kept" not in (failed.value.diag.message_hint or ""), failed.value.diag.message_hint

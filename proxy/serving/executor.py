@@ -822,7 +822,8 @@ class Executor:
             notice = (f"{repeat.notice(repeat=True)}; "
                       f"remaining ε {balance.remaining_epsilon:g}, δ {balance.remaining_delta:g}")
             cost = Cost(0.0, 0.0, None, None, released_mechanisms(plan, ranking))
-            return await self._post_processed(plan, repeat, result_formats, notice, kept=True), [notice], cost
+            return (await self._post_processed(plan, repeat, result_formats, notice, kept=self.server.repeats.enabled),
+                    [notice], cost)
         delta = query_delta(plan) + (query_delta(ranking) if ranking is not None else 0.0)
         # A connection already known lost (or one that cannot be opened) fails the query
         # before it costs anything.
@@ -862,7 +863,7 @@ class Executor:
         self._unstored = (repeat_key, answer)  # stored when it is sent (_store_for_repeats)
         remaining = f"remaining ε {cost.remaining_epsilon:g}, δ {cost.remaining_delta:g}"
         notice = f"{notice}; {remaining}"
-        result = await self._post_processed(plan, answer, result_formats, notice, kept=True)
+        result = await self._post_processed(plan, answer, result_formats, notice, kept=self.server.repeats.enabled)
         return result, [notice], cost
 
     async def _bound_ranking(self, plan: AggregateQuery, params: BoundParams) -> AggregateQuery:
@@ -1027,8 +1028,8 @@ class Executor:
         the charge, over :func:`trial_params`): the error is itself a function of the release,
         and a refund would make it a free oracle of the noised values (docs/threat-model.md).
         An error would leave the client without the notice of that charge: ``charged``, the
-        notice's text, becomes its DETAIL instead; with ``kept`` (a release stored for its
-        repeats) its HINT says how to read the values paid for again, uncharged.
+        notice's text, becomes its DETAIL instead; with ``kept`` (repeats on: the release is
+        stored for its repeats) its HINT says how to read the values paid for again, uncharged.
         """
         if plan.post is None:
             assert answer is not None
@@ -1047,7 +1048,8 @@ class Executor:
 
 
 _KEPT = ("The noised values were charged and are kept: the same aggregates over the same WHERE at the same ε, "
-         "asked without the expression that failed on them, are answered from them at no charge.")
+         "asked without the expression that failed on them, are answered from them at no charge while repeats "
+         "are kept.")
 _UNCHARGED = ("Nothing was charged: the error was found before anything was released, from the statement's "
               "text and keys alone (not the rows).")
 # A trial cancelled, timed out or short of resources failed for a reason of its own, not the text's.
