@@ -22,7 +22,15 @@ tree alone, by an argument that holds for every value a release can take:
   their arguments lie between it and an output column or ORDER BY item of the outermost
   SELECT (no CASE, COALESCE, AND or OR, which may skip it); and the rows do not depend on the
   release when nothing between the release and the output filters or limits on a released
-  value (no HAVING on an aggregate, no enclosing query, no function that might return a set).
+  value (no HAVING on an aggregate, no function that might return a set).
+* A query enclosing the SELECT over the release, each level the only FROM item of the one above
+  (``SELECT x / 0 FROM (SELECT count(*) AS x FROM t) q``, a CTE read once being such a level),
+  is read with each name it takes from the level below replaced by the expression that level
+  outputs under it: ``x / 0`` is the release column divided by 0. A level with a join, GROUP BY,
+  HAVING, DISTINCT, an aggregate or window function, a WHERE on anything but the keys, or a
+  LIMIT that is not a whole-number literal is not read through; an output below that no output
+  or ORDER BY item of the outermost level names is left out (PostgreSQL need not compute it),
+  but a set-returning function anywhere in the levels' outputs still stops the proof.
   A LIMIT or OFFSET of a whole-number literal may stand: the release decides the rows' order,
   never how many there are, so the number the outputs are evaluated on is the same on every
   release (a series limit's ranking, ``ORDER BY count(*) / 0 DESC LIMIT 5``, is proved too).
@@ -63,28 +71,106 @@ _SCALAR_FUNCTIONS = (exp.Cast, exp.Neg, *_NUMBER_FUNCTIONS, exp.Coalesce, exp.Nu
                      exp.Lower, exp.Length, exp.ToChar, exp.Extract, exp.TimestampTrunc, exp.DateTrunc)
 
 
-def fails_on_every_release(outer: exp.Select, release: str, finite: Callable[[int], bool],
-                           keys_only: Callable[[exp.Expr], bool]) -> bool:
-    """Whether the outermost SELECT ``outer`` (its release columns ``<release>._dp<k>``) raises
+def fails_on_every_release(statement: exp.Select, release: str, finite: Callable[[int], bool],
+                           keys_only: Callable[[exp.Expr, exp.Select], bool]) -> bool:
+    """Whether the outer statement ``statement`` (its release columns ``<release>._dp<k>``) raises
     division by zero on every row, whatever is released, in rows the release does not choose.
 
+    ``statement`` reads the release itself, or encloses the SELECT that does as the only item of
+    its FROM, level under level (``SELECT x / 0 FROM (<the SELECT over the release>) AS q``).
+
     ``finite(k)``: the k-th release column is a finite non-NULL number in every release.
-    ``keys_only(condition)``: ``condition`` reads the cells' keys and constants only.
+    ``keys_only(condition, select)``: ``condition``, of ``select``'s WHERE, reads the cells' keys
+    and constants only.
     A True answer is a proof (module docstring); False means none was found.
     """
-    if not all(_whole_number(outer.args.get(clause)) for clause in ("limit", "offset")):
+    levels = _levels(statement, release)
+    if levels is None:
         return False
-    where = outer.args.get("where")
-    if where is not None and not keys_only(where.this):
+    for level in levels:
+        if not all(_whole_number(level.args.get(clause)) for clause in ("limit", "offset")):
+            return False
+        where = level.args.get("where")
+        if where is not None and not keys_only(where.this, level):
+            return False
+    roots = _inlined_roots(levels)
+    if roots is None:
         return False
-    order = outer.args.get("order")
-    roots: list[exp.Expression] = [*outer.expressions, *(order.expressions if order is not None else [])]
-    for root in roots:
+    # Every level's outputs: a set-returning one decides how many rows there are, named or not.
+    every = [*roots, *(item for level in levels for item in level.expressions),
+             *(item for level in levels if level.args.get("order") for item in level.args["order"].expressions)]
+    for root in every:
         for function in root.find_all(exp.Func):
             if not isinstance(function, _SCALAR_FUNCTIONS) or function.find(exp.Window) is not None:
                 return False
     return any(_certain_division(division, root, release, finite)
                for root in roots for division in root.find_all(*_DIVISIONS))
+
+
+def _levels(statement: exp.Select, release: str) -> list[exp.Select] | None:
+    """``statement`` and the SELECTs under it, each the only FROM item of the one above, down to
+    the one over the release; None when a level above that one may change which rows, or how
+    many, reach its outputs otherwise than by its keys (a join, GROUP BY, HAVING, DISTINCT, an
+    aggregate or window function, a set operation): such a statement is not proved."""
+    levels = [statement]
+    while True:
+        source = levels[-1].args.get("from_")
+        if source is None or not isinstance(source.this, exp.Subquery) or not isinstance(source.this.this, exp.Select) \
+                or source.this.alias == release:
+            return levels
+        level = levels[-1]
+        if level.args.get("joins") or any(level.args.get(clause) for clause in ("group", "having", "distinct", "qualify")) \
+                or any(node.find(exp.AggFunc, exp.Window) for node in level.expressions):
+            return None
+        levels.append(source.this.this)
+
+
+def _inlined_roots(levels: list[exp.Select]) -> list[exp.Expression] | None:
+    """The output columns and ORDER BY items of the outermost level, each name of a level below
+    put in place by the expression that level outputs under it, down to the release's columns
+    (``SELECT x / 0 FROM (SELECT r._dp1 AS x FROM …) AS q`` is ``r._dp1 / 0``). An output below
+    that no root names is left out: PostgreSQL need not compute it. None when a name cannot be
+    traced to one output of the level below (a star is that level's outputs)."""
+    top = levels[0]
+    order = top.args.get("order")
+    aliases = {item.alias for item in top.expressions if isinstance(item, exp.Alias)}
+    ordered = [] if order is None else [item for item in order.expressions
+                                        if not (isinstance(item.this, exp.Column) and not item.this.table
+                                                and item.this.name in aliases)]  # an output, already a root
+    roots = [item.copy() for item in [*top.expressions, *ordered]]
+    for above, below in zip(levels, levels[1:]):
+        alias = above.args["from_"].this.alias
+        outputs = _outputs(below)
+        if outputs is None:
+            return None
+        traced: list[exp.Expression] = []
+        for root in roots:
+            if isinstance(root, exp.Star) or (isinstance(root, exp.Column) and isinstance(root.this, exp.Star)):
+                traced.extend(output.copy() for output in outputs.values())
+                continue
+            for column in list(root.find_all(exp.Column)):
+                if column.table not in ("", alias) or column.name not in outputs:
+                    return None
+                source = outputs[column.name].copy()
+                if column is root:
+                    root = source
+                else:
+                    column.replace(exp.Paren(this=source))
+            traced.append(root)
+        roots = traced
+    return roots
+
+
+def _outputs(level: exp.Select) -> dict[str, exp.Expression] | None:
+    """``level``'s output columns by name, each the expression it outputs; None when a name is
+    output twice or an output is a star."""
+    outputs: dict[str, exp.Expression] = {}
+    for item in level.expressions:
+        if isinstance(item, exp.Star) or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star)) \
+                or item.alias_or_name in outputs:
+            return None
+        outputs[item.alias_or_name] = item.this if isinstance(item, exp.Alias) else item
+    return outputs
 
 
 def _certain_division(division: exp.Expr, root: exp.Expr, release: str, finite: Callable[[int], bool]) -> bool:

@@ -41,8 +41,8 @@ Found and fixed:
   each release now counts once.
 
 Noticed and left: an enclosing query over the aggregates (``SELECT x / 0 FROM (SELECT count(*)
-AS x FROM t) q``) is not proved (charged, then 22012 on every release); ``sum(real) / 0`` is not
-(a real release may be infinite: documented).
+AS x FROM t) q``) was not proved (since proved: tests/test_certain_errors.py); ``sum(real) / 0``
+is not (a real release may be infinite: documented).
 """
 
 from __future__ import annotations

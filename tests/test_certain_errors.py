@@ -34,7 +34,7 @@ def _proved(outer_sql: str, finite: frozenset[int] = frozenset({1, 2})) -> bool:
     assert isinstance(tree, exp.Select)
     tree.set("from_", parse_postgres(f"SELECT 1 FROM (VALUES (1, 2)) AS {_R}(_dp1, _dp2)").args["from_"])
 
-    def keys_only(condition: exp.Expr) -> bool:
+    def keys_only(condition: exp.Expr, select: exp.Select) -> bool:
         return all(column.name.startswith("_k") for column in condition.find_all(exp.Column))
 
     return fails_on_every_release(tree, _R, lambda k: k in finite, keys_only)
@@ -75,6 +75,45 @@ def test_a_failure_that_some_release_avoids_is_not_proved(outer: str, finite: se
     assert not _proved(outer, frozenset(finite))
 
 
+_INNER = f"(SELECT r._dp1 AS x, r._dp2 AS y FROM (VALUES (1, 2)) AS r(_dp1, _dp2))"
+
+
+def _proved_enclosing(sql: str) -> bool:
+    """Whether ``sql``, an outer statement enclosing the SELECT over the release (``{inner}``, its
+    outputs ``x`` and ``y`` the two finite release columns), is proved to fail on every release."""
+    tree = parse_postgres(sql.format(inner=_INNER).replace("r.", f"{_R}.").replace("AS r(", f"AS {_R}("))
+    assert isinstance(tree, exp.Select)
+    return fails_on_every_release(tree, _R, lambda k: k in {1, 2}, lambda condition, select: False)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT x / 0 FROM {inner} AS q",
+    "SELECT q.x / 0 AS a FROM {inner} AS q ORDER BY a",
+    "SELECT 1 / (x - x) FROM {inner} AS q",
+    "SELECT y FROM {inner} AS q ORDER BY x % 0",
+    "SELECT b / 0 FROM (SELECT x AS b FROM {inner} AS q) AS w",  # two levels up
+    "SELECT * FROM (SELECT x / 0 AS z FROM {inner} AS q) AS w",  # a star is the outputs below
+    "SELECT x / 0 FROM {inner} AS q LIMIT 1",
+])
+def test_a_certain_division_in_a_query_enclosing_the_release_is_proved(sql: str) -> None:
+    assert _proved_enclosing(sql)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT 1 FROM (SELECT x / 0 AS z FROM {inner} AS q) AS w",  # not named above: PostgreSQL need not compute it
+    "SELECT x / 0 FROM {inner} AS q WHERE y > 5",  # a filter on a release: no row on some
+    "SELECT max(x / 0) FROM {inner} AS q",  # an aggregate above the release
+    "SELECT x / 0 FROM {inner} AS q GROUP BY x",
+    "SELECT x / 0, generate_series(1, y) FROM {inner} AS q",  # no row when the release is 0
+    "SELECT x / 0 FROM (SELECT x, generate_series(1, y) AS g FROM {inner} AS q) AS w",  # the same, not named
+    "SELECT CASE WHEN x >= 0 THEN x / 0 END FROM {inner} AS q",  # skipped on some releases
+    "SELECT x / 0 FROM {inner} AS q, {inner} AS p",  # a join
+    "SELECT x / 0 FROM {inner} AS q LIMIT ALL",
+])
+def test_a_failure_above_the_release_that_some_release_avoids_is_not_proved(sql: str) -> None:
+    assert not _proved_enclosing(sql)
+
+
 # Each failed after its charge, on every release: now refused before it, the same on every neighbour.
 _CERTAIN = [
     "SELECT 1 / (count(*) - count(*)) FROM {t}",
@@ -85,6 +124,13 @@ _CERTAIN = [
     "SELECT sum(x) AS s FROM {t} ORDER BY round(sum(x) / 0.0, 2)",
     "SELECT t, sum(x) / 0 FROM {t} GROUP BY t",
     "SELECT date_trunc('month', d) AS m, 1 / (count(*) - count(*)) FROM {t} GROUP BY 1",
+    # A query enclosing the aggregates: a FROM subquery, a CTE (read as one), two levels, its ORDER BY.
+    "SELECT x / 0 FROM (SELECT count(*) AS x FROM {t}) AS q",
+    "SELECT q.x % 0, q.s FROM (SELECT count(*) AS x, sum(n) AS s FROM {t}) AS q",
+    "SELECT x / 0 FROM (SELECT t, count(*) AS x FROM {t} GROUP BY t) AS q",
+    "WITH c AS (SELECT avg(f) AS a FROM {t}) SELECT 1 / (a - a) FROM c",
+    "SELECT y / 0 FROM (SELECT x AS y FROM (SELECT sum(x) AS x FROM {t}) AS a) AS b",
+    "SELECT x FROM (SELECT count(*) AS x FROM {t}) AS q ORDER BY x / 0",
 ]
 
 
@@ -120,6 +166,8 @@ def _charged(proxy: RunningProxy, sql: str, epsilon: float) -> tuple[float, tupl
     "SELECT count(*) / 0 FROM {t} HAVING count(*) > 100",  # no row, and no failure, when the count is ≤ 100
     "SELECT CASE WHEN count(*) > 1000 THEN 1 / (count(*) - count(*)) ELSE 0 END FROM {t}",
     "SELECT sum(r) / 0 FROM {t}",  # real: a release may round to infinity, and its NaN ÷ 0 is NaN
+    "SELECT CASE WHEN x >= 0 THEN x / 0 END FROM (SELECT count(*) AS x FROM {t}) AS q",  # not proved: a CASE
+    "SELECT 1 FROM (SELECT count(*) / 0 AS x FROM {t}) AS q",  # a division no output names
 ], 1)))
 def test_a_statement_that_fails_on_some_releases_only_is_still_charged(hist_proxy: RunningProxy, epsilon: int,
                                                                        sql: str) -> None:

@@ -822,7 +822,8 @@ class Executor:
             notice = (f"{repeat.notice(repeat=True)}; "
                       f"remaining ε {balance.remaining_epsilon:g}, δ {balance.remaining_delta:g}")
             cost = Cost(0.0, 0.0, None, None, released_mechanisms(plan, ranking))
-            return await self._post_processed(plan, repeat, result_formats, notice), [notice], cost
+            return (await self._post_processed(plan, repeat, result_formats, notice, kept=self.server.repeats.enabled),
+                    [notice], cost)
         delta = query_delta(plan) + (query_delta(ranking) if ranking is not None else 0.0)
         # A connection already known lost (or one that cannot be opened) fails the query
         # before it costs anything.
@@ -862,7 +863,7 @@ class Executor:
         self._unstored = (repeat_key, answer)  # stored when it is sent (_store_for_repeats)
         remaining = f"remaining ε {cost.remaining_epsilon:g}, δ {cost.remaining_delta:g}"
         notice = f"{notice}; {remaining}"
-        result = await self._post_processed(plan, answer, result_formats, notice)
+        result = await self._post_processed(plan, answer, result_formats, notice, kept=self.server.repeats.enabled)
         return result, [notice], cost
 
     async def _bound_ranking(self, plan: AggregateQuery, params: BoundParams) -> AggregateQuery:
@@ -1015,7 +1016,7 @@ class Executor:
 
     async def _post_processed(
         self, plan: AggregateQuery, answer: DPAnswer | None, result_formats: tuple[int, ...] = (),
-        charged: str | None = None,
+        charged: str | None = None, kept: bool = False,
     ) -> ResultSet:
         """The answer the statement asks for, from the released values only (None: none released).
 
@@ -1024,8 +1025,11 @@ class Executor:
         result format when it asked for one for all columns. Its errors depend on those values
         alone and reach the client as PostgreSQL raised them (``1/count(*)`` over a noisy count
         of 0 is 22012); the charge stands (those its keys and text decide were raised before
-        the charge, over :func:`trial_params`). An error would leave the client without the
-        notice of that charge: ``charged``, the notice's text, becomes its DETAIL instead.
+        the charge, over :func:`trial_params`): the error is itself a function of the release,
+        and a refund would make it a free oracle of the noised values (docs/threat-model.md).
+        An error would leave the client without the notice of that charge: ``charged``, the
+        notice's text, becomes its DETAIL instead; with ``kept`` (repeats on: the release is
+        stored for its repeats) its HINT says how to read the values paid for again, uncharged.
         """
         if plan.post is None:
             assert answer is not None
@@ -1038,9 +1042,14 @@ class Executor:
         except BackendError as exc:
             if charged is not None:
                 exc.detail = f"{exc.detail}\n{charged}" if exc.detail else charged
+            if kept:
+                exc.hint = f"{exc.hint}\n{_KEPT}" if exc.hint else _KEPT
             raise
 
 
+_KEPT = ("The noised values were charged and are kept: the same aggregates over the same WHERE at the same ε, "
+         "asked without the expression that failed on them, are answered from them at no charge while repeats "
+         "are kept.")
 _UNCHARGED = ("Nothing was charged: the error was found before anything was released, from the statement's "
               "text and keys alone (not the rows).")
 # A trial cancelled, timed out or short of resources failed for a reason of its own, not the text's.
