@@ -164,7 +164,7 @@ SITES: tuple[Site, ...] = (
          "    reason = None\n    return None if reason is None", "predicate"),
     _off("predicate-terms.limit", "rewriter/predicate_terms.py", "terms <= MAX_PREDICATE_TERMS", "terms", "True"),
     _off("text-bounds.work-limit", "rewriter/text_bounds.py", "work <= MAX_TEXT_WORK", "text", "True"),
-    Site("text-bounds.source", "rewriter/rewrite.py", "bounded_source(query.table, named)",
+    Site("text-bounds.source", "rewriter/rewrite.py", "bounded_source(query.table, named, raw_outputs(query.table, sql))",
          "query.table.qualified_name", "text"),
     Site("text-bounds.series-limit", "rewriter/series_limit.py", "work_refusal(ranking.text_work + outer.text_work)",
          "None", "text"),
