@@ -17,7 +17,8 @@ compared is the distribution of the work, not one run's.
 
 The ``mechanism:`` constructs call a mechanism directly on neighbouring inputs that the rc tables
 do not produce: partition values of sample-and-aggregate with most partitions at a bound, where
-one row moves one partition across it.
+one row moves one partition across it; and the exponential mechanism's draw (percentile, MODE)
+on neighbouring counts, whose unpadded trial count K/Z the line's name gives.
 
 Run from the repository root::
 
@@ -39,12 +40,15 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
+from mechanisms.exponential import release_mode
+from mechanisms.quantile import QuantileGrid, release_quantile
 from mechanisms.smooth_median import (
     prepare_partition_values, release_sample_and_aggregate, smooth_sensitivity_median, smoothing_beta,
 )
@@ -61,7 +65,7 @@ from .row_cost import (
     _FINE_NUMERIC, _RANDOM_TEXT, _WIDE_NUMERIC, Construct, _set_row, load_tables, on_server, policy_file, print_report,
 )
 
-__all__ = ["CONSTRUCTS", "MECHANISM_CONSTRUCTS", "Timed", "measure", "report"]
+__all__ = ["CONSTRUCTS", "MECHANISM_CONSTRUCTS", "SELECTION_CONSTRUCTS", "Timed", "measure", "report"]
 
 EPSILON = 1.0  # the statement's ε; the mechanisms' work does not depend on it beyond the smoothing β
 _FAR = "1e9"
@@ -143,6 +147,23 @@ MECHANISM_CONSTRUCTS: tuple[tuple[str, list[float | None], list[float | None]], 
     ("mechanism: S&A median, 128 → 129 of 256 partitions at the upper bound", _partitions_at_hi(128), _partitions_at_hi(129)),
     ("mechanism: S&A median, spread, one partition moved to the upper bound", _partitions_at_hi(0), _partitions_at_hi(1)),
     ("mechanism: S&A median, all at 50, one moved to the upper bound", [50.0] * 256, [*[50.0] * 255, 100.0]),
+)
+
+
+_GRID = QuantileGrid.for_bounds(0.0, 100.0, False, 1000)
+_EVEN = [10] * 1000  # row_cost's n: 10,000 values, 10 in each of the 1,000 cells of [0, 100]
+
+# (name, base release, neighbour's): the exponential mechanism alone on neighbouring counts, ε 1.
+SELECTION_CONSTRUCTS: tuple[tuple[str, Callable[[], object], Callable[[], object]], ...] = (
+    ("mechanism: median over 1,000 cells, 10 rows each; one more in the top cell (K/Z 500 → 622 unpadded)",
+     partial(release_quantile, _GRID, _EVEN, Fraction(1, 2), EPSILON),
+     partial(release_quantile, _GRID, [*_EVEN[:-1], 11], Fraction(1, 2), EPSILON)),
+    ("mechanism: median over 1,000 cells, all 10,000 rows in one cell; one more in another (K/Z 1,000 → 1,000)",
+     partial(release_quantile, _GRID, [0] * 500 + [10_000] + [0] * 499, Fraction(1, 2), EPSILON),
+     partial(release_quantile, _GRID, [0] * 500 + [10_000] + [1] + [0] * 498, Fraction(1, 2), EPSILON)),
+    ("mechanism: MODE of 3 categories, counts 40/40/20; one more in the first (K/Z 1.5 → 1.9 unpadded)",
+     partial(release_mode, ("a", "b", "c"), (40, 40, 20), EPSILON),
+     partial(release_mode, ("a", "b", "c"), (41, 40, 20), EPSILON)),
 )
 
 
@@ -237,8 +258,11 @@ def measure(dsn: str, policy_path: Path, constructs: Sequence[Construct], rows: 
 
 
 def measure_mechanisms(repeats: int) -> Iterator[Timed]:
-    """The ``mechanism:`` constructs: each release called directly on the two partition vectors,
-    then its search for S* alone (the release's Laplace draw varies by more than the search)."""
+    """The ``mechanism:`` constructs: the exponential mechanism on neighbouring counts; each
+    sample-and-aggregate release called directly on the two partition vectors, then its search for
+    S* alone (the release's Laplace draw varies by more than the search)."""
+    for name, base_release, plus_release in SELECTION_CONSTRUCTS:
+        yield _alternate(base_release, plus_release, repeats, name)
     beta = smoothing_beta(EPSILON, 1e-6)
     for name, base, plus in MECHANISM_CONSTRUCTS:
         yield _alternate(partial(release_sample_and_aggregate, base, 0.0, 100.0, EPSILON, 1e-6),

@@ -41,8 +41,9 @@ def release_mode(
 
     ``categories`` is the column's declared domain (distinct, non-empty) and ``counts[i]`` the
     exact number of rows in ``categories[i]`` (0 for categories absent from the data). Sampling
-    is OpenDP's exact Gumbel-max, which has exactly this distribution. Release.scale is the
-    Gumbel scale 2Δ/ε and error95 is :func:`mode_error95`.
+    is OpenDP's exact draw (:func:`mechanisms.samplers.gumbel_argmax`), which has exactly this
+    distribution, and its work does not depend on the counts. Release.scale is the Gumbel scale
+    2Δ/ε and error95 is :func:`mode_error95`.
     """
     _check_epsilon(epsilon)
     if not (sensitivity > 0 and math.isfinite(sensitivity)):

@@ -19,8 +19,8 @@ b·L_j − a·n moves by b − a (the row below) or −a (on or above), and b·G
 maximum of them and 0 (a maximum of functions that each move by at most Δ moves by at most
 Δ). Removal is the reverse. So Δ = max(a, b − a) = b·max(p, 1 − p), and choosing candidate j
 with probability ∝ exp(ε·score_j / (2Δ)) is ε-DP, δ = 0 (McSherry and Talwar 2007). It is
-sampled exactly by OpenDP's Gumbel-max (:func:`mechanisms.samplers.gumbel_argmax`), as MODE
-is. The scores are integers, exact as doubles below 2^53 (b·n < 2^53: any table with b ≤ 10^4,
+sampled exactly by OpenDP (:func:`mechanisms.samplers.gumbel_argmax`), as MODE is, with work
+whose distribution does not depend on the scores. The scores are integers, exact as doubles below 2^53 (b·n < 2^53: any table with b ≤ 10^4,
 that is p with up to four decimals, and fewer than 9·10^11 rows); above that a score is rounded
 by at most |score|·2^-53 ≤ b·n·2^-53, which adds at most ε·n·2^-52 to the privacy loss.
 """

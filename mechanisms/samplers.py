@@ -13,13 +13,14 @@ import math
 from functools import lru_cache
 from typing import Any, Sequence
 
+import numpy as np
 import opendp.prelude as dp
 
 from .noise_pool import pool_for
 
 dp.enable_features("contrib")
 
-__all__ = ["MAX_INT_SCALE", "laplace_int", "laplace_float", "laplace_float_vector", "gumbel_argmax"]
+__all__ = ["MAX_INT_SCALE", "laplace_int", "laplace_float", "laplace_float_vector", "gumbel_argmax", "padding_probability"]
 
 MAX_INT_SCALE = 2.0**57
 """The largest scale ``laplace_int`` draws at. OpenDP's integer sampler works in i64 and
@@ -50,10 +51,11 @@ def _float_laplace_vector(scale: float) -> Any:
 
 @lru_cache(maxsize=64)
 def _gumbel_noisy_max(scale: float) -> Any:
-    # OpenDP 0.16 picks the noise from the output measure: zero-concentrated divergence gives
-    # Gumbel noise (argmax ~ softmax, the exponential mechanism); max divergence gives
-    # exponential noise, which is permute-and-flip, a different distribution. Only the sampler
-    # is used here; the privacy accounting is the caller's.
+    # OpenDP 0.16 picks the algorithm from the output measure: zero-concentrated divergence
+    # gives permute-and-flip *with* replacement, whose choice is softmax (the exponential
+    # mechanism, as Gumbel-max); max divergence gives it without replacement, permute-and-flip
+    # proper, a different distribution. Only the sampler is used here; the privacy accounting
+    # is the caller's.
     return dp.m.make_noisy_max(
         dp.vector_domain(dp.atom_domain(T=float, nan=False)),
         dp.linf_distance(T=float),
@@ -96,16 +98,75 @@ def laplace_float_vector(values: Sequence[float], scale: float) -> list[float]:
     return [float(v) for v in _float_laplace_vector(_check_scale(scale))([float(v) for v in values])]
 
 
+def padding_probability(total_weight: float, candidates: int) -> float:
+    """The probability that :func:`gumbel_argmax` pads its draw with a draw of 1/K acceptance.
+
+    OpenDP's draw over K candidates of weights w_i = exp((s_i − max s)/scale), Z = Σ w_i (so
+    1 ≤ Z ≤ K), makes 1 + F trials, F ~ Geometric(Z/K) failures (see
+    :func:`gumbel_argmax`). The padding draw makes 1 + B·F' trials, F' ~ Geometric(1/K) failures
+    and B a coin that is 1 with the probability returned here, r = K·(Z − 1) / (Z·(K − 1)):
+    then F + B·F' ~ Geometric(1/K) whatever Z is (the probability generating functions agree:
+    thinning a geometric count), so the two draws make 2 + Geometric(1/K) trials together.
+    Clipped to [0, 1] against rounding; 0 for one candidate, whose draw is always one trial.
+    """
+    if candidates <= 1:
+        return 0.0
+    z = min(max(total_weight, 1.0), float(candidates))
+    return min(1.0, max(0.0, candidates * (z - 1.0) / (z * (candidates - 1))))
+
+
+def _total_weight(values: Sequence[float], scale: float) -> float:
+    # Z = Σ exp((s_i − max s)/scale), over all K values whatever they hold; the exponents are
+    # clipped at −700 so that no exp is subnormal (slower on some CPUs, and below e^-700 a
+    # weight changes Z by less than its rounding).
+    shifted = (np.asarray(values, dtype=np.float64) - max(values)) / scale
+    return float(np.exp(np.maximum(shifted, -700.0)).sum())
+
+
+def _coin(probability: float) -> bool:
+    # True with ``probability``, from OpenDP's randomized response in its constant-time mode;
+    # an input of True is kept with prob ≥ 1/2, one of False flipped with prob ≤ 1/2.
+    keep = probability >= 0.5
+    response = dp.m.make_randomized_response_bool(probability if keep else 1.0 - probability, constant_time=True)
+    return bool(response(keep))
+
+
+def _padding_scores(candidates: int, scale: float, pad: bool) -> list[float]:
+    # The padding draw's input, of the release's length and scale: one candidate above the rest
+    # by 2^32 scales (each of the rest accepted with probability e^(-2^32): a trial accepts with
+    # probability 1/K), or all equal (the first trial accepts). 2^32·scale is exact in binary;
+    # the cap keeps it finite, and it is 2^32 scales for any scale below 2^964.
+    far = -min(scale * 2.0**32, 1e300)
+    return [0.0 if pad else far, *([far] * (candidates - 1))]
+
+
 def gumbel_argmax(scores: Sequence[float], scale: float) -> int:
     """Return index i with probability exp(scores[i]/scale) / Σ_j exp(scores[j]/scale).
 
-    This is argmax_i(scores[i] + Gumbel(scale)), sampled exactly by OpenDP (lazy
-    arbitrary-precision comparisons), i.e. the exponential mechanism for quality ``scores``
-    when ``scale = 2Δ/ε``.
+    This is the exponential mechanism for quality ``scores`` when ``scale = 2Δ/ε`` (the
+    distribution of argmax_i(scores[i] + Gumbel(scale))), sampled exactly by OpenDP: its
+    ``make_noisy_max`` under zero-concentrated divergence (0.16) draws a candidate i uniformly
+    and accepts it with probability exp(−(max s − s_i)/scale), an exact Bernoulli, until one is
+    accepted (permute-and-flip with replacement; McKenna and Sheldon 2020). A trial accepts i
+    with probability w_i/K (w_i = exp((s_i − max s)/scale), Z = Σ w_i), so the accepted index
+    is i with probability w_i/Z, independently of how many trials it took: 1 + F of them,
+    F ~ Geometric(Z/K) failures, mean K/Z = K·max_i P(i). That count follows the scores, and
+    one row moves them (K/Z went 500 → 622 for a median over 1,000 cells of 10,000 rows), so
+    the draw is followed by a padding draw that nothing reads (:func:`padding_probability`):
+    OpenDP's same sampler on fixed scores, after an OpenDP coin that decides which of two
+    fixed inputs it gets. Both draws together make 2 + Geometric(1/K) trials whatever the
+    scores, of K candidates each, and neither the coin nor the padding touches the returned
+    index: its distribution, and so the mechanism's guarantee, are the unpadded draw's.
     """
     values = [float(s) for s in scores]
     if not values:
         raise ValueError("gumbel_argmax needs at least one score")
     if not all(math.isfinite(v) for v in values):
         raise ValueError("scores must be finite numbers")
-    return int(_gumbel_noisy_max(_check_scale(scale))(values))
+    scale = _check_scale(scale)
+    draw = _gumbel_noisy_max(scale)
+    index = int(draw(values))
+    if len(values) > 1:  # the number of candidates is the policy's (categories, grid), not the data's
+        pad = _coin(padding_probability(_total_weight(values, scale), len(values)))
+        draw(_padding_scores(len(values), scale, pad))
+    return index

@@ -42,9 +42,12 @@ CASES = int(os.environ.get("DPPROXY_FUZZ_CASES", "900"))
 REPORTED = int(os.environ.get("DPPROXY_FUZZ_REPORT", "8"))
 NEIGHBOURS = 12
 TIME_LIMIT_S = 240  # a bound, not a target: a run takes well under a minute
-# The slice run on PostgreSQL 15 (tests/pg15.py): ``DPPROXY_FUZZ_PG15_CASES``, ~15 s.
+# The slice run on PostgreSQL 15 (tests/pg15.py): ``DPPROXY_FUZZ_PG15_CASES``, ~15 s. Its case 210
+# (three percentiles per day cell of a month range) draws over 1,000 candidates per fraction and
+# cell, each draw padded to the worst case's trials (mechanisms.samplers.gumbel_argmax): 26 s on
+# both tables on a host with a load average of 12, where 60 s no longer held the 300 cases.
 PG15_CASES = int(os.environ.get("DPPROXY_FUZZ_PG15_CASES", "300"))
-PG15_TIME_LIMIT_S = 60
+PG15_TIME_LIMIT_S = 120
 # The slice run on PostgreSQL 17 and on 18 (tests/pg_versions.py): ``DPPROXY_FUZZ_NEWER_CASES`` each.
 NEWER_CASES = int(os.environ.get("DPPROXY_FUZZ_NEWER_CASES", "200"))
 # Base tables: "base" has a row of NULLs and a row of ordinary numbers, "empty" has no row,

@@ -527,7 +527,7 @@ def test_a_fraction_literal_out_of_doubles_range_or_unreadable_fails_as_in_postg
 def test_a_release_drawing_over_many_candidates_runs_off_the_event_loop(
         pproxy: RunningProxy, test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    # OpenDP's Gumbel-max takes ~1.4 ms per 1,000 candidates: on the event loop, a percentile
+    # OpenDP's draw takes ~1.4 ms per 1,000 candidates (~5 ms padded): on the event loop, a percentile
     # over a grid of 100,000 in each cell of a histogram held every other session ~0.16 s a cell.
     # A small release stays on the loop (a thread hop would cost every COUNT).
     threads: list[tuple[str, str]] = []
