@@ -36,13 +36,15 @@ def release_mode(
     counts: Sequence[int],
     epsilon: float,
     sensitivity: float = 1.0,
+    padded: bool = True,
 ) -> Release[str]:
     """ε-DP most common category: picks ``categories[i]`` with probability ∝ exp(ε·counts[i]/(2Δ)).
 
     ``categories`` is the column's declared domain (distinct, non-empty) and ``counts[i]`` the
     exact number of rows in ``categories[i]`` (0 for categories absent from the data). Sampling
     is OpenDP's exact draw (:func:`mechanisms.samplers.gumbel_argmax`), which has exactly this
-    distribution, and its work does not depend on the counts. Release.scale is the Gumbel scale
+    distribution, and its work does not depend on the counts (``padded``: see
+    :func:`~mechanisms.samplers.gumbel_argmax`). Release.scale is the Gumbel scale
     2Δ/ε and error95 is :func:`mode_error95`.
     """
     _check_epsilon(epsilon)
@@ -59,7 +61,7 @@ def release_mode(
     if any(c < 0 for c in counts):
         raise ValueError("counts must be non-negative")
     scale = 2.0 * sensitivity / epsilon
-    index = gumbel_argmax(counts, scale)
+    index = gumbel_argmax(counts, scale, padded)
     return Release(
         categories[index],
         epsilon,

@@ -133,19 +133,21 @@ def quantile_error95(epsilon: float, candidates: int, fraction: Fraction) -> flo
     return max(fraction, 1 - fraction) * 2.0 / epsilon * math.log(20.0 * candidates)
 
 
-def release_quantile(grid: QuantileGrid, counts: Sequence[int], fraction: Fraction, epsilon: float) -> QuantileRelease:
+def release_quantile(grid: QuantileGrid, counts: Sequence[int], fraction: Fraction, epsilon: float,
+                     padded: bool = True) -> QuantileRelease:
     """ε-DP p-quantile of the values counted per grid index (``counts[i]``: rows on index i).
 
     Picks a candidate with probability ∝ exp(ε·score/(2Δ)) (module docstring) and releases its
     value (:meth:`QuantileGrid.candidate`). ``Release.scale`` is the Gumbel scale in rows,
-    2·max(p, 1 − p)/ε, and ``error95`` the rank bound of :func:`quantile_error95`.
+    2·max(p, 1 − p)/ε, and ``error95`` the rank bound of :func:`quantile_error95`. ``padded``:
+    whether the draw's work is padded (:func:`~mechanisms.samplers.gumbel_argmax`).
     """
     _check_epsilon(epsilon)
     if len(counts) != grid.count:
         raise ValueError(f"{len(counts)} counts for a grid of {grid.count} candidates")
     scores = quantile_scores(counts, fraction)
     sensitivity = max(fraction.numerator, fraction.denominator - fraction.numerator)
-    index = gumbel_argmax(scores, 2.0 * sensitivity / epsilon)
+    index = gumbel_argmax(scores, 2.0 * sensitivity / epsilon, padded)
     rows_scale = 2.0 * float(max(fraction, 1 - fraction)) / epsilon
     return QuantileRelease(grid.candidate(index), epsilon, 0.0, rows_scale,
                            quantile_error95(epsilon, grid.count, fraction), "exponential_quantile",
@@ -153,7 +155,7 @@ def release_quantile(grid: QuantileGrid, counts: Sequence[int], fraction: Fracti
 
 
 def release_quantiles(grid: QuantileGrid, counts: Sequence[int], fractions: Sequence[Fraction],
-                      epsilon: float) -> QuantilesRelease:
+                      epsilon: float, padded: bool = True) -> QuantilesRelease:
     """ε-DP quantiles at each of k ``fractions`` of the same ``counts``: k independent choices
     (:func:`release_quantile`) at ε/k each, ε in all by sequential composition. The counts are
     read once; each choice is ε/k-DP on them, whatever the others chose."""
@@ -161,6 +163,6 @@ def release_quantiles(grid: QuantileGrid, counts: Sequence[int], fractions: Sequ
     if not fractions:
         raise ValueError("at least one fraction")
     share = epsilon / len(fractions)
-    each = tuple(release_quantile(grid, counts, fraction, share) for fraction in fractions)
+    each = tuple(release_quantile(grid, counts, fraction, share, padded) for fraction in fractions)
     return QuantilesRelease(tuple(chosen.value for chosen in each), epsilon, 0.0, max(c.scale for c in each),
                             max(c.error95 for c in each), "exponential_quantile", each, tuple(fractions))

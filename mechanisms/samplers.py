@@ -140,7 +140,7 @@ def _padding_scores(candidates: int, scale: float, pad: bool) -> list[float]:
     return [0.0 if pad else far, *([far] * (candidates - 1))]
 
 
-def gumbel_argmax(scores: Sequence[float], scale: float) -> int:
+def gumbel_argmax(scores: Sequence[float], scale: float, padded: bool = True) -> int:
     """Return index i with probability exp(scores[i]/scale) / Σ_j exp(scores[j]/scale).
 
     This is the exponential mechanism for quality ``scores`` when ``scale = 2Δ/ε`` (the
@@ -157,6 +157,8 @@ def gumbel_argmax(scores: Sequence[float], scale: float) -> int:
     fixed inputs it gets. Both draws together make 2 + Geometric(1/K) trials whatever the
     scores, of K candidates each, and neither the coin nor the padding touches the returned
     index: its distribution, and so the mechanism's guarantee, are the unpadded draw's.
+    ``padded=False`` skips the padding, for a caller whose answer's time is hidden otherwise (a
+    table with ``answer_quantum_ms``); the returned index has the same distribution either way.
     """
     values = [float(s) for s in scores]
     if not values:
@@ -166,7 +168,7 @@ def gumbel_argmax(scores: Sequence[float], scale: float) -> int:
     scale = _check_scale(scale)
     draw = _gumbel_noisy_max(scale)
     index = int(draw(values))
-    if len(values) > 1:  # the number of candidates is the policy's (categories, grid), not the data's
+    if padded and len(values) > 1:  # the number of candidates is the policy's (categories, grid), not the data's
         pad = _coin(padding_probability(_total_weight(values, scale), len(values)))
         draw(_padding_scores(len(values), scale, pad))
     return index

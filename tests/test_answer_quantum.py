@@ -181,3 +181,31 @@ def test_a_negative_quantum_is_refused_at_load(test_db, tmp_path):
     text = QUANTISED.replace("answer_quantum_ms: 400", "answer_quantum_ms: -1")
     with pytest.raises(PolicyError, match="answer_quantum_ms"):
         parse_policy(text.format(dsn=test_db.service_dsn, ledger=tmp_path / "l.sqlite3"), "p.yaml")
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT MODE() WITHIN GROUP (ORDER BY sex) FROM adult",
+    "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY age) FROM adult",
+])
+def test_the_exponential_mechanisms_draw_is_padded_only_where_no_quantum_hides_its_time(
+        sql: str, quantised: RunningProxy, proxy: RunningProxy, monkeypatch: pytest.MonkeyPatch):
+    """Without a quantum each draw is followed by its padding draw (two of OpenDP's draws per
+    release, mechanisms.samplers.gumbel_argmax); on a table with ``answer_quantum_ms`` the quantum
+    hides the draw's time, and the padding (K + 1 trials on average) is skipped."""
+    from mechanisms import samplers
+
+    draws: list[int] = []
+    noisy_max = samplers._gumbel_noisy_max
+
+    def counted(scale: float):  # type: ignore[no-untyped-def]
+        draw = noisy_max(scale)
+        return lambda scores: (draws.append(len(scores)), draw(scores))[1]
+
+    monkeypatch.setattr(samplers, "_gumbel_noisy_max", counted)
+    made = {}
+    for name, running in (("plain", proxy), ("quantised", quantised)):
+        draws.clear()
+        with psycopg.connect(running.dsn(), autocommit=True) as conn:
+            conn.execute(sql).fetchall()
+        made[name] = len(draws)
+    assert made == {"plain": 2, "quantised": 1}

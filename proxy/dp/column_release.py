@@ -80,7 +80,11 @@ def release_column(agg: Aggregate, parts: Sequence[Any], epsilon: float, table: 
     """Release ``agg`` from its exact ``parts`` with ``epsilon`` (its share of the query's ε).
 
     Sample-and-aggregate columns cost the table's δ each; every other column costs δ = 0.
+    The exponential mechanism's draws are padded to work that no row decides
+    (:func:`mechanisms.samplers.gumbel_argmax`) unless the table has ``answer_quantum_ms``,
+    whose quantum hides the answer's time, as it lifts the condition limits.
     """
+    padded = not table.answer_quantum_ms
     if agg.kind == "count":
         return release_count(int(parts[0] or 0), epsilon)
     column = agg.column
@@ -89,17 +93,17 @@ def release_column(agg: Aggregate, parts: Sequence[Any], epsilon: float, table: 
     if agg.kind == "mode":
         assert column.policy.categories is not None
         counts = [int(count or 0) for count in parts]
-        return release_mode(column.policy.categories, counts, epsilon)
+        return release_mode(column.policy.categories, counts, epsilon, padded=padded)
     if agg.mechanism == "quantile" and agg.fractions:
         # All k from the one set of counts per grid index; ε/k each (mechanisms.quantile).
-        several = release_quantiles(quantile_grid(column, table), parts[0], agg.fractions, epsilon)
+        several = release_quantiles(quantile_grid(column, table), parts[0], agg.fractions, epsilon, padded)
         if integer and agg.kind == "percentile_disc":
             return replace(several, value=tuple(int(round(value)) for value in several.value))
         return several
     if agg.mechanism == "quantile":
         assert agg.fraction is not None
         # Every grid index has a count (0 where no row is): the same path for an empty filter.
-        chosen = release_quantile(quantile_grid(column, table), parts[0], agg.fraction, epsilon)
+        chosen = release_quantile(quantile_grid(column, table), parts[0], agg.fraction, epsilon, padded)
         if integer and agg.kind == "percentile_disc":
             # The column's type; integer bounds keep a rounded midpoint within them.
             return replace(chosen, value=int(round(chosen.value)))
