@@ -761,6 +761,16 @@ def _plain_aggregate(item: exp.Expression, scope: Scope, grouped: bool, alias: s
                 "values.",
                 "aggregate-argument",
             )
+        if counted.unbounded_length:
+            raise Refusal(
+                SQLSTATE.DP_QUERY_SHAPE,
+                f"COUNT(DISTINCT {counted.name}) is not answered on protected table {scope.table.display_name}: "
+                "the column's values can be of any length (rule: aggregate-argument)",
+                "Counting distinct values sorts and compares whole values, and PostgreSQL has no header telling "
+                "such a value's size to bound it by, as max_text_bytes bounds text: one row with a long value would "
+                f"make the statement measurably slower. COUNT({counted.name}) counts its non-NULL values.",
+                "aggregate-argument",
+            )
         if not counted.distinct_countable:
             raise Refusal(
                 SQLSTATE.DP_QUERY_SHAPE,

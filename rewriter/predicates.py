@@ -45,6 +45,9 @@ planning) must be unable to fail. Hence refused, from the text alone:
   base, range or composite type, or an array or domain of one): its comparison functions are
   code of its own, which may raise on some values only (pgvector's ``vector`` on two of
   different dimensions; ``ColumnInfo.builtin``);
+* a comparison on a column whose values can be of any length with no header telling their size
+  (``jsonb``, ``tsvector``, ``numrange``, ``path`` …; ``ColumnInfo.unbounded_length``): it reads
+  the whole value, which no ``max_text_bytes`` bounds (rewriter/text_bounds.py);
 * a comparison of two columns whose types are not in one of :data:`_COLUMN_FAMILIES`: with
   no operator for the pair PostgreSQL casts one column per row where an implicit cast exists
   (a ``bigint`` to ``oid`` fails for a negative value) and fails the statement after its
@@ -487,6 +490,15 @@ class _Renderer:
                     f"comparing column {side.column.name}, an array or composite, is not allowed in WHERE on protected table",
                     "PostgreSQL compares arrays and composites element by element and fails on a row whose elements "
                     "cannot be compared (point, json ...) only when it meets one; test such a column with IS [NOT] NULL.",
+                )
+            if side.column is not None and side.column.unbounded_length:
+                raise self.refuse(
+                    f"comparing column {side.column.name}, whose values can be of any length, is not allowed in WHERE "
+                    "on protected table",
+                    "A comparison reads the whole value (a jsonb, tsvector, numrange, path ... of megabytes), and "
+                    "PostgreSQL has no header telling its size to bound it by, as max_text_bytes bounds text: one row "
+                    "with a long value would make the statement measurably slower. Test such a column with "
+                    "IS [NOT] NULL or count it.",
                 )
         for side in (left, right):
             self._weigh(side, COMPARISON_WORK)
