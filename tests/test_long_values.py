@@ -200,3 +200,23 @@ def test_the_policy_refuses_categories_on_a_column_of_unbounded_length(
     problems = refused_at_load(make_policy(test_db, tmp_path_factory.mktemp("ledger") / "l.sqlite3", text))
     assert any(f"columns.{column}: categories" in problem and "can be of any length" in problem
                and "leave it out of the policy's columns" in problem for problem in problems), problems
+
+
+def test_citext_on_postgresql_15_is_only_counted_and_shown_as_not_read(
+        pg15_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """citext (Debian's PostgreSQL 15 contrib; pgserver's 16 has no citext) is an extension's type of
+    any length: not built in, so never compared or counted distinct (before any charge), and not bounded
+    by max_text_bytes either, which SHOW dpproxy.columns says. A 3 MB value changes none of it."""
+    with psycopg.connect(pg15_db.admin_dsn, autocommit=True) as admin:
+        admin.execute("CREATE EXTENSION IF NOT EXISTS citext")
+    create_neighbours(pg15_db.admin_dsn, "lv_ci", {"lv_ci_long": f"(0, {_RANDOM_3MB}, 1)"}, "(id int, c citext, x int)",
+                      "SELECT g, 'row ' || g, g % 100 FROM generate_series(1, 50) g")
+    policy = ATTACK_POLICY_HEAD + "  public.lv_ci: &C" + _TABLE + "  public.lv_ci_long: *C\n"
+    with running_proxy(pg15_db, tmp_path_factory, policy) as running, running.connect() as conn:
+        for sql in ("SELECT count(*) FROM {t} WHERE c = 'row 1'", "SELECT count(DISTINCT c) FROM {t}"):
+            outcome = same_on_neighbours(conn, sql, ("lv_ci", "lv_ci_long"), spent_epsilon)
+            assert outcome[:2] == ("error", "DP001") and "not built into PostgreSQL" in str(outcome[2]), outcome
+        assert same_on_neighbours(conn, "SELECT count(c) FROM {t} WHERE c IS NOT NULL", ("lv_ci", "lv_ci_long"),
+                                  spent_epsilon)[0] == "answer"
+        bounds = {row[1]: row[3] for row in conn.execute("SHOW dpproxy.columns").fetchall() if row[0] == "lv_ci"}
+    assert bounds["c"] == "not read: values of any length are only counted and tested for NULL"
