@@ -70,8 +70,9 @@ class ColumnInfo:
     over domains; ``varchar(n)``'s n from the domain), 0 and -1 for a column that is no domain: a
     domain over ``text`` or ``bytea`` is bounded as its base type is (rewriter/text_bounds.py).
     ``unbounded_length`` is True when one value can be of any length and no header tells its size
-    without reading it (``jsonb``, ``tsvector``, arrays, ``numrange``, ``path``, a composite …; not
-    text, varchar, char, bytea, numeric or a range of a fixed-length type): comparing, sorting or
+    without reading it (``jsonb``, ``tsvector``, arrays, ``numrange``, ``path``, a composite, a
+    ``bit(n)`` of over 2,048 bits …; not text, varchar, char, bytea, numeric, inet, cidr, a shorter
+    ``bit(n)`` or a range of a fixed-length type): comparing, sorting or
     grouping such a value reads all of it, so such a column too is counted and tested for NULL only.
     """
 

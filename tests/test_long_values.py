@@ -32,10 +32,10 @@ _DOMAINS = """
     CREATE DOMAIN lv_bytes AS bytea;
 """
 _DDL = ("(id int PRIMARY KEY, d lv_text, dd lv_outer, s lv_short, b bytea, bd lv_bytes, jb jsonb, tv tsvector, "
-        "nr numrange, ia int[], vb varbit, pa path, ir int4range, x int)")
+        "nr numrange, ia int[], vb varbit, pa path, ir int4range, ip inet, b3 bit(3), bl bit(4096), x int)")
 _ORDINARY = ("'row ' || g, 'row ' || g, 's' || g % 5, convert_to('row ' || g, 'UTF8'), convert_to('row ' || g, 'UTF8'), "
              "jsonb_build_object('k', g), to_tsvector('simple', 'row ' || g), numrange(g, g + 1), ARRAY[g], "
-             "B'101', path '((0,0),(1,1))', int4range(g, g + 1), g % 100")
+             "B'101', path '((0,0),(1,1))', int4range(g, g + 1), '10.0.0.1', B'101', repeat('1', 4096)::bit(4096), g % 100")
 _BASE_ROWS = f"SELECT g, {_ORDINARY} FROM generate_series(1, 300) g"
 _RANDOM_3MB = "(SELECT string_agg(md5(g::text), '') FROM generate_series(1, 94000) g)"
 _LONG = (f"(0, {_RANDOM_3MB}, {_RANDOM_3MB}, 's', convert_to({_RANDOM_3MB}, 'UTF8'), convert_to({_RANDOM_3MB}, 'UTF8'), "
@@ -44,13 +44,13 @@ _LONG = (f"(0, {_RANDOM_3MB}, {_RANDOM_3MB}, 's', convert_to({_RANDOM_3MB}, 'UTF
          "numrange(0, ('1' || repeat('0', 100000))::numeric), (SELECT array_agg(g) FROM generate_series(1, 800000) g), "
          "repeat('101', 8000000)::varbit, "
          "(SELECT ('(' || string_agg(format('(%s,%s)', g, g), ',') || ')')::path FROM generate_series(1, 150000) g), "
-         "int4range(0, 1), 1)")
+         "int4range(0, 1), 'ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128', B'111', repeat('0', 4096)::bit(4096), 1)")
 _NEIGHBOURS = {
     "lv_long": _LONG,
     "lv_at": f"(0, repeat('a', {BOUND}), repeat('a', {BOUND}), 's', convert_to(repeat('a', {BOUND}), 'UTF8'), "
              f"convert_to(repeat('a', {BOUND}), 'UTF8'), '1', 'a', numrange(0, 1), '{{1}}', B'1', path '((0,0))', "
-             "int4range(0, 1), 1)",
-    "lv_null": "(0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
+             "int4range(0, 1), '::/0', B'000', repeat('1', 4096)::bit(4096), 1)",
+    "lv_null": "(0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
 }
 _NAMES = ("lv_0", *_NEIGHBOURS)
 _TABLE = """
@@ -69,7 +69,7 @@ _POLICY = (ATTACK_POLICY_HEAD + "  public.lv_0: &C" + _TABLE + "".join(f"  publi
 _VALUE = (f"CASE WHEN g <= 3 THEN 'short' WHEN g <= 5 THEN repeat('a', {BOUND}) WHEN g <= 9 THEN repeat('a', {BOUND + 1}) "
           f"WHEN g = 10 THEN {_RANDOM_3MB} END")
 _EXACT_ROWS = (f"SELECT g, {_VALUE}, {_VALUE}, 's', convert_to({_VALUE}, 'UTF8'), convert_to({_VALUE}, 'UTF8'), "
-               "NULL, NULL, NULL, NULL, NULL, NULL, NULL, g FROM generate_series(1, 15) g")
+               "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, g FROM generate_series(1, 15) g")
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +132,8 @@ _UNBOUNDED_READS = [
     "SELECT count(*) FROM {t} WHERE tv > 'a' OR x > 1",
     "SELECT count(*) FILTER (WHERE jb IN ('1', '2')) FROM {t}",
     *(f"SELECT count(DISTINCT {column}) FROM {{t}}" for column in ("jb", "tv", "nr", "ia", "vb", "pa")),
+    "SELECT count(*) FROM {t} WHERE bl = '1'",  # bit(n) of more than 2,048 bits
+    "SELECT count(DISTINCT bl) FROM {t}",
 ]
 
 
@@ -152,6 +154,8 @@ def test_reading_a_value_of_unbounded_length_is_refused_uncharged_on_every_neigh
     "SELECT count(*) FROM {t} WHERE jb IS NULL OR tv IS NOT NULL OR ia IS NULL",
     "SELECT count(*) FROM {t} WHERE ir = '[0,1)' OR ir > '[5,6)'",  # a range of a fixed-length type: two bounds
     "SELECT count(DISTINCT ir) FROM {t}",
+    "SELECT count(*) FROM {t} WHERE ip > '10.0.0.0' OR b3 = '101'",  # inet: at most 22 bytes; bit(3)
+    "SELECT count(DISTINCT ip), count(DISTINCT b3), count(bl) FROM {t}",
     "SELECT count(*) FROM {t} WHERE d > 'row' OR dd IN ('a', 'b') OR b = 'x' OR bd < 'y'",
     "SELECT count(DISTINCT d), count(DISTINCT b), count(DISTINCT s) FROM {t}",
 ])
@@ -183,9 +187,9 @@ def test_show_columns_says_which_values_are_bounded_and_which_are_not_read(long_
     for column in ("d", "dd", "b", "bd"):
         assert bounds[column] == f"at most {BOUND} bytes (a longer value reads as NULL)", (column, bounds[column])
     assert bounds["s"] == "at most 40 bytes (a longer value reads as NULL)"
-    for column in ("jb", "tv", "nr", "ia", "vb", "pa"):
+    for column in ("jb", "tv", "nr", "ia", "vb", "pa", "bl"):
         assert bounds[column] == "not read: values of any length are only counted and tested for NULL", column
-    assert bounds["ir"] is None
+    assert bounds["ir"] is None and bounds["ip"] is None and bounds["b3"] is None
 
 
 @pytest.mark.parametrize("column, entry", [

@@ -1139,11 +1139,11 @@ async def _columns(session: BackendSession, definition: Definition, policies: Ma
     # A foreign type's comparison parses and runs on a NULL, and may still fail on two values.
     countable = await distinct_countable(
         session, [(column.type_oid, column.type_modifier) for column in definition if column.type_oid in builtin])
-    read_as = await value_types(session, [column.type_oid for column in definition])
+    read_as = await value_types(session, [(column.type_oid, column.type_modifier) for column in definition])
     unknown = ValueType(0, -1, True)  # a type the catalog lacks is not read
     return {
         c.name: ColumnInfo(c.name, c.type_oid, c.type_modifier, c.attnum, policies.get(c.name), c.deterministic_collation,
                            c.array_type_oid, c.container, (c.type_oid, c.type_modifier) in countable, c.enum,
-                           c.type_oid in builtin, *read_as.get(c.type_oid, unknown))
+                           c.type_oid in builtin, *read_as.get((c.type_oid, c.type_modifier), unknown))
         for c in definition
     }

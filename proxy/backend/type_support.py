@@ -115,8 +115,11 @@ class ValueType(NamedTuple):
 
 
 # text, varchar, char (bpchar), bytea: octet_length reads a value's size from its header
-# (rewriter/text_bounds.py); numeric is clamped or compared as a number of at most ~130,000 digits.
-_HEADER_SIZED = (25, 1043, 1042, 17, 1700)
+# (rewriter/text_bounds.py); numeric is clamped or compared as a number of at most ~130,000 digits;
+# inet and cidr hold at most 22 bytes.
+_BOUNDED_VARLENA = frozenset({25, 1043, 1042, 17, 1700, 869, 650})
+_BIT = 1560  # bit(n): exactly n bits, bounded as text is at the default max_text_bytes (256 bytes)
+_MAX_BITS = 8 * 256
 # Each type, resolved through its domains to its base type (the modifier a domain in the chain
 # declares), with that base type's length: -1 is a varlena of any length, but a range of a
 # fixed-length subtype (int4range, daterange, tstzrange …) holds two bounds at most.
@@ -134,11 +137,20 @@ WHERE b.typtype OPERATOR(pg_catalog.<>) 'd'
 """
 
 
-async def value_types(session: _Session, type_oids: Iterable[int]) -> dict[int, ValueType]:
-    """Each type of ``type_oids`` the catalog holds, as its values are read (:class:`ValueType`)."""
+async def value_types(session: _Session, types: Iterable[tuple[int, int]]) -> dict[tuple[int, int], ValueType]:
+    """Each (type OID, modifier) of ``types`` whose type the catalog holds, as its values are read
+    (:class:`ValueType`). A ``bit(n)`` of at most 2,048 bits is of bounded length; a longer one is not."""
+    wanted = set(types)
+    chains = {int(root): (int(base), int(modifier), bool(varlena)) for root, base, modifier, varlena
+              in await session.fetch_all(_VALUE_TYPES, (sorted({oid for oid, _ in wanted}),))}
     found = {}
-    for root, base, modifier, varlena in await session.fetch_all(_VALUE_TYPES, (sorted(set(type_oids)),)):
-        domain = int(base) != int(root)
-        found[int(root)] = ValueType(int(base) if domain else 0, int(modifier) if domain else -1,
-                                     bool(varlena) and int(base) not in _HEADER_SIZED)
+    for type_oid, type_modifier in wanted:
+        if type_oid not in chains:
+            continue
+        base, chain_modifier, varlena = chains[type_oid]
+        domain = base != type_oid
+        modifier = chain_modifier if domain else type_modifier
+        bounded = base in _BOUNDED_VARLENA or (base == _BIT and 0 < modifier <= _MAX_BITS)
+        found[type_oid, type_modifier] = ValueType(base if domain else 0, modifier if domain else -1,
+                                                   varlena and not bounded)
     return found
