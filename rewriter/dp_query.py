@@ -134,10 +134,10 @@ class AggregateQuery:
     # cells are kept where the ranking keeps theirs.
     series: SeriesLimit | None = None
     # The values and comparisons of its WHERE and FILTERs (rewriter/predicate_terms.py), and the
-    # characters of their literal ILIKE patterns (rewriter/like_patterns.py), for a statement of
+    # UTF-8 bytes of their literal ILIKE patterns (rewriter/like_patterns.py), for a statement of
     # two plans to count both.
     terms: int = field(default=0, compare=False)
-    ilike_characters: int = field(default=0, compare=False)
+    ilike_bytes: int = field(default=0, compare=False)
     # What those conditions weigh by their reads of text values (rewriter/text_bounds.py), likewise.
     text_work: int = field(default=0, compare=False)
 
@@ -238,7 +238,7 @@ def plan_aggregate_query(
     ranges = key_ranges(where.this if where is not None else None, groups, scope)
     plan = AggregateQuery(table, aggregates, where_sql, _no_rows(tree, scope, grouped=bool(groups)), folding=folding,
                           post=post, groups=groups, ranges=ranges, terms=conditions.terms,
-                          ilike_characters=conditions.ilike_characters,
+                          ilike_bytes=conditions.ilike_bytes,
                           text_work=conditions.text_work)
     if not ranges:  # no time bound can narrow a key: the cells are known now
         too_many = too_many_cells(plan)
