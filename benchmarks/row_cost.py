@@ -26,7 +26,9 @@ same), to measure past it. The ``list:`` constructs measure IN lists and compari
 length: "every row" ones over the whole table (their base time over ``--rows`` is what a row
 reaching the list costs, warm), "one row" ones behind ``id = 0`` (what the first row reaching it adds). The ``text:`` constructs read a text value in each way a DP statement can, with a
 3 MB row and with one at the default ``max_text_bytes`` (rewriter/text_bounds.py); with ``--quantum``
-their equalities compare the raw column (rewriter/raw_equality.py). The figures of a run are in benchmarks/results.md
+their equalities compare the raw column (rewriter/raw_equality.py). The ``types:`` ones read a long value
+of each other type a DP statement could read (a domain over text, bytea, jsonb, tsvector, numrange,
+varbit, an array). The figures of a run are in benchmarks/results.md
 ("What one row adds to a DP statement's backend time"); a new construct is one more line of
 :data:`CONSTRUCTS`.
 """
@@ -66,7 +68,8 @@ LONG_PATTERN = 2_000  # characters of the costly LIKE patterns (a statement may 
 ORDINARY_ROW = {
     "id": "{id}", "age": "40", "t": "'ordinary text of a row'", "ci": "'ordinary'", "cat": "'a'",
     "n": "50.5", "f": "50.5", "ts": "'2022-06-01 12:00+00'", "arr": "'{1,2,3}'", "j": "'{\"k\": 1}'",
-    "d": "'2022-06-01'", "big": "5000000000", "v": "'ordinary'", "b": "true",
+    "d": "'2022-06-01'", "big": "5000000000", "v": "'ordinary'", "b": "true", "dt": "'ordinary'", "by": "'ordinary'",
+    "tv": "'ordinary'", "nr": "'[1,2)'", "vb": "B'101'",
 }
 # Incompressible text, so that it is stored out of line in ~2 kB chunks, uncompressed.
 _RANDOM_TEXT = f"(SELECT string_agg(md5(g::text || random()::text), '') FROM generate_series(1, {BIG_TEXT_BYTES // 32}) g)"
@@ -195,6 +198,42 @@ def _text_constructs() -> Iterator[Construct]:
                         {"t": a_text})
 
 
+# A long value of each type other than text a DP statement could read, by column (rewriter/text_bounds.py).
+_LONG_VALUES = {
+    "dt": ("3 MB random, domain over text", _RANDOM_TEXT),
+    "by": ("3 MB random, bytea", f"convert_to({_RANDOM_TEXT}, 'UTF8')"),
+    "j": ("3 MB jsonb", "(SELECT jsonb_agg(md5(g::text)) FROM generate_series(1, 80000) g)"),
+    "tv": ("0.9 MB tsvector (its limit is 1 MB)", "(SELECT string_agg(md5(g::text), ' ')::tsvector FROM generate_series(1, 25000) g)"),
+    "nr": ("numrange of a 16,383-fraction-digit bound", f"numrange(0, {_FINE_NUMERIC})"),  # ANALYZE fails past 1e308
+    "vb": ("3 MB varbit", "repeat('101', 8000000)::varbit"),
+    "arr": ("1M-element integer[]", "(SELECT array_agg(g) FROM generate_series(1, 1000000) g)"),
+}
+# An ordering of each column that is false on the long value ({i}: the term's number), so that a chain
+# of them is evaluated to its end (a true one ends an OR: a jsonb array is greater than any number).
+# An array is compared by no DP statement, before as now: only counted distinct.
+_FALSE_TERMS = {"dt": "dt > 'x{i}'", "by": "by > 'x{i}'", "j": "j < '1{i}'", "tv": "tv < 'x{i}'",
+                "nr": "nr < '[-2{i:03d},-1{i:03d})'", "vb": "vb < '0{i:b}'"}
+
+
+def _type_constructs() -> Iterator[Construct]:
+    """The reads of a long value of each type beyond text (:data:`_LONG_VALUES`) a DP statement could make:
+    ``COUNT(DISTINCT)``, an equality, an ordering and 255 orderings behind ``id = 0``."""
+    for column, (size, value) in _LONG_VALUES.items():
+        yield Construct(f"types: COUNT(DISTINCT {column}), {size}", f"SELECT COUNT(DISTINCT {column}) FROM {{table}}",
+                        {column: value})
+        if column not in _FALSE_TERMS:
+            continue
+        term = _FALSE_TERMS[column]
+        equal = term.format(i=0).replace(" > ", " = ").replace(" < ", " = ")
+        yield from (
+            Construct(f"types: WHERE {equal}, {size}", f"SELECT COUNT(*) FROM {{table}} WHERE {equal}", {column: value}),
+            Construct(f"types: WHERE {term.format(i=0)}, {size}", f"SELECT COUNT(*) FROM {{table}} WHERE {term.format(i=0)}",
+                      {column: value}),
+            Construct(f"types: WHERE id = 0 AND ({term.format(i=0)} OR … 255 ×), {size}",
+                      "SELECT COUNT(*) FROM {table} WHERE id = 0 AND " + _or_chain(term, 255), {column: value}),
+        )
+
+
 CONSTRUCTS: tuple[Construct, ...] = (
     Construct("COUNT(*), one ordinary row", "SELECT COUNT(*) FROM {table}"),
     Construct("COUNT(*) WHERE t LIKE '%x%', 3 MB random text", "SELECT COUNT(*) FROM {table} WHERE t LIKE '%x%'", {"t": _RANDOM_TEXT}),
@@ -209,9 +248,11 @@ CONSTRUCTS: tuple[Construct, ...] = (
               "SELECT COUNT(*) FROM {table} WHERE id = 0 AND t ILIKE '" + "x" * 500_000 + "%'"),
     Construct("COUNT(*) WHERE id = 0 AND t ILIKE 'x…x%' (4,095 x, the limit), ordinary row",
               "SELECT COUNT(*) FROM {table} WHERE id = 0 AND t ILIKE '" + "x" * (MAX_CASE_FOLDED_PATTERNS - 1) + "%'"),
-    Construct("COUNT(*) WHERE id = 0 AND t ILIKE 'Ä…Ä%' (4,095 two-byte Ä, the limit), ordinary row",
-              "SELECT COUNT(*) FROM {table} WHERE id = 0 AND t ILIKE '" + "Ä" * (MAX_CASE_FOLDED_PATTERNS - 1) + "%'"),
-    Construct("COUNT(*) WHERE id = 0 AND t ILIKE '𝔸…𝔸%' (4,095 four-byte 𝔸, the limit), ordinary row",
+    Construct("COUNT(*) WHERE id = 0 AND t ILIKE 'Ä…Ä%' (2,047 two-byte Ä, the limit in bytes), ordinary row",
+              "SELECT COUNT(*) FROM {table} WHERE id = 0 AND t ILIKE '" + "Ä" * ((MAX_CASE_FOLDED_PATTERNS - 1) // 2) + "%'"),
+    Construct("COUNT(*) WHERE id = 0 AND t ILIKE '𝔸…𝔸%' (1,023 four-byte 𝔸, the limit in bytes), ordinary row",
+              "SELECT COUNT(*) FROM {table} WHERE id = 0 AND t ILIKE '" + "𝔸" * ((MAX_CASE_FOLDED_PATTERNS - 1) // 4) + "%'"),
+    Construct("COUNT(*) WHERE id = 0 AND t ILIKE '𝔸…𝔸%' (4,095 four-byte 𝔸: refused now, the limit counting characters)",
               "SELECT COUNT(*) FROM {table} WHERE id = 0 AND t ILIKE '" + "𝔸" * (MAX_CASE_FOLDED_PATTERNS - 1) + "%'"),
     Construct("series limit: cat, COUNT(*) WHERE id = 0 AND t ILIKE 'x…x%' (4,000 x) in both queries, ordinary row",
               "SELECT cat, COUNT(*) FROM {table} JOIN (SELECT cat AS cat__, COUNT(*) AS m FROM {table} WHERE id = 0 AND "
@@ -277,6 +318,7 @@ CONSTRUCTS: tuple[Construct, ...] = (
     Construct("COUNT(DISTINCT big), a value the table holds (1000003)", "SELECT COUNT(DISTINCT big) FROM {table}", {"big": "1000003"}),
     *_list_constructs(),
     *_text_constructs(),
+    *_type_constructs(),
 )
 
 
@@ -303,11 +345,13 @@ class Measured:
 
 
 _COLUMNS = """id integer PRIMARY KEY, age integer, t text, ci text COLLATE rc_ci, cat text, n numeric,
-    f double precision, ts timestamptz, arr integer[], j jsonb, d date, big bigint, v varchar(100000), b boolean"""
+    f double precision, ts timestamptz, arr integer[], j jsonb, d date, big bigint, v varchar(100000), b boolean,
+    dt rc_text, by bytea, tv tsvector, nr numrange, vb varbit"""
 _BASE_ROWS = """SELECT g, 17 + g % 70, 'row ' || g || ' of an ordinary table', 'v' || g % 50, (ARRAY['a', 'b', 'c'])[1 + g % 3],
     (g % 1000) / 10.0, (g % 997) / 10.0, '2021-01-01 00:00+00'::timestamptz + g * interval '1 hour',
     ARRAY[g, g + 1], jsonb_build_object('k', g), DATE '2021-01-01' + g % 1500, g * 1000003::bigint, 'w' || g % 40,
-    g % 2 = 0 FROM generate_series(1, {rows}) g"""
+    g % 2 = 0, 'row ' || g, convert_to('row ' || g, 'UTF8'), to_tsvector('simple', 'row ' || g), numrange(g, g + 1),
+    B'101' FROM generate_series(1, {rows}) g"""
 
 
 def policy_file(dsn: str, directory: Path, quantum_ms: int = 0) -> Path:
@@ -342,6 +386,9 @@ def load_tables(dsn: str, rows: int) -> None:
             conn.execute("CREATE COLLATION IF NOT EXISTS rc_ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)")
         except psycopg.errors.FeatureNotSupported:  # built without ICU (pgserver's 16): ci is a plain column there
             conn.execute('CREATE COLLATION IF NOT EXISTS rc_ci FROM "C"')
+        conn.execute("DROP TABLE IF EXISTS rc_base, rc_plus")
+        conn.execute("DROP DOMAIN IF EXISTS rc_text")
+        conn.execute("CREATE DOMAIN rc_text AS text")  # the types: constructs' domain over text
         for table in ("rc_base", "rc_plus"):
             conn.execute(f"DROP TABLE IF EXISTS {table}")
             conn.execute(f"CREATE TABLE {table} ({_COLUMNS})")

@@ -66,6 +66,14 @@ class ColumnInfo:
     range or composite type. Its comparison, equality and hash functions are code dpproxy cannot
     vouch for, which may raise on some pairs of values only (``vector``'s on two of different
     dimensions): such a column is counted and tested for NULL, and nothing else.
+    ``base_type_oid`` and ``base_type_modifier`` are a domain column's base type (through domains
+    over domains; ``varchar(n)``'s n from the domain), 0 and -1 for a column that is no domain: a
+    domain over ``text`` or ``bytea`` is bounded as its base type is (rewriter/text_bounds.py).
+    ``unbounded_length`` is True when one value can be of any length and no header tells its size
+    without reading it (``jsonb``, ``tsvector``, arrays, ``numrange``, ``path``, a composite, a
+    ``bit(n)`` of over 2,048 bits …; not text, varchar, char, bytea, numeric, inet, cidr, a shorter
+    ``bit(n)`` or a range of a fixed-length type): comparing, sorting or
+    grouping such a value reads all of it, so such a column too is counted and tested for NULL only.
     """
 
     name: str
@@ -79,6 +87,14 @@ class ColumnInfo:
     distinct_countable: bool = True
     enum: bool = False  # an enum (or a domain over one): compared only with its labels
     builtin: bool = True
+    base_type_oid: int = 0
+    base_type_modifier: int = -1
+    unbounded_length: bool = False
+
+    @property
+    def value_type(self) -> tuple[int, int]:
+        """The type OID and modifier the column's values are read as: a domain's base type, else its own."""
+        return (self.base_type_oid, self.base_type_modifier) if self.base_type_oid else (self.type_oid, self.type_modifier)
 
 
 @dataclass(frozen=True)

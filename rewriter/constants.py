@@ -129,10 +129,10 @@ class Folding:
     # The templates of the plan's aggregates' FILTERs (rewriter.conditional), one per aggregate
     # (None for one without); their tokens are numbered with the WHERE's.
     filters: tuple[str | None, ...] = ()
-    # Of like_parameters, those of an ILIKE (once each per use), and the characters of the
+    # Of like_parameters, those of an ILIKE (once each per use), and the UTF-8 bytes of the
     # statement's literal ILIKE patterns: their sum is limited (like_patterns.case_folded_refusal).
     ilike_parameters: tuple[int, ...] = ()
-    ilike_characters: int = 0
+    ilike_bytes: int = 0
     # Each use of a pattern parameter on a text column: its number and the bytes of the column's values
     # read (rewriter.text_bounds.value_bytes). The plan's text work counted its part after % as one
     # character; the bound pattern's own part is added when it is bound (proxy.dp.folding).

@@ -134,10 +134,10 @@ class AggregateQuery:
     # cells are kept where the ranking keeps theirs.
     series: SeriesLimit | None = None
     # The values and comparisons of its WHERE and FILTERs (rewriter/predicate_terms.py), and the
-    # characters of their literal ILIKE patterns (rewriter/like_patterns.py), for a statement of
+    # UTF-8 bytes of their literal ILIKE patterns (rewriter/like_patterns.py), for a statement of
     # two plans to count both.
     terms: int = field(default=0, compare=False)
-    ilike_characters: int = field(default=0, compare=False)
+    ilike_bytes: int = field(default=0, compare=False)
     # What those conditions weigh by their reads of text values (rewriter/text_bounds.py), likewise.
     text_work: int = field(default=0, compare=False)
 
@@ -238,7 +238,7 @@ def plan_aggregate_query(
     ranges = key_ranges(where.this if where is not None else None, groups, scope)
     plan = AggregateQuery(table, aggregates, where_sql, _no_rows(tree, scope, grouped=bool(groups)), folding=folding,
                           post=post, groups=groups, ranges=ranges, terms=conditions.terms,
-                          ilike_characters=conditions.ilike_characters,
+                          ilike_bytes=conditions.ilike_bytes,
                           text_work=conditions.text_work)
     if not ranges:  # no time bound can narrow a key: the cells are known now
         too_many = too_many_cells(plan)
@@ -759,6 +759,16 @@ def _plain_aggregate(item: exp.Expression, scope: Scope, grouped: bool, alias: s
                 f"Counting distinct values sorts them with the type's own comparison, which may fail on some values "
                 f"only (pgvector's vector on two of different dimensions); COUNT({counted.name}) counts its non-NULL "
                 "values.",
+                "aggregate-argument",
+            )
+        if counted.unbounded_length:
+            raise Refusal(
+                SQLSTATE.DP_QUERY_SHAPE,
+                f"COUNT(DISTINCT {counted.name}) is not answered on protected table {scope.table.display_name}: "
+                "the column's values can be of any length (rule: aggregate-argument)",
+                "Counting distinct values sorts and compares whole values, and PostgreSQL has no header telling "
+                "such a value's size to bound it by, as max_text_bytes bounds text: one row with a long value would "
+                f"make the statement measurably slower. COUNT({counted.name}) counts its non-NULL values.",
                 "aggregate-argument",
             )
         if not counted.distinct_countable:

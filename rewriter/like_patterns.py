@@ -25,9 +25,10 @@ encoding (UTF-8) PostgreSQL lowers the pattern, not only the value, on every cal
 27 ns a character, so ``id = 42 AND name ILIKE '<500,000 x>%'`` took 13.5 ms longer when row
 42 was there, whatever its value. The ILIKE patterns of one statement (literals and bound
 parameters together, and both queries of a series limit, which a row reaches both of) may hold
-:data:`MAX_CASE_FOLDED_PATTERNS` characters in all (:func:`case_folded_refusal`). PostgreSQL
-lowers by the byte: at the limit four-byte characters cost about 3.5 times ASCII (0.07 ms a
-row on 15 and 16, benchmarks/results.md), still within the ~0.1 ms the limit allows for.
+:data:`MAX_CASE_FOLDED_PATTERNS` bytes in all, counted in UTF-8 (:func:`case_folded_bytes`,
+:func:`case_folded_refusal`). PostgreSQL lowers by the byte: counted by the character, 4,096
+four-byte characters cost about 3.5 times as many ASCII ones (0.07 ms a row on 15 and 16,
+benchmarks/results.md); counted by the byte, no character costs more at the limit than ASCII does.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["COSTLY_PATTERN_HINT", "ESCAPE", "INVALID_PATTERN_HINT", "MAX_CASE_FOLDED_PATTERNS", "MAX_PART_AFTER_PERCENT",
-           "case_folded_refusal", "costly_pattern_reason", "invalid_pattern_reason", "longest_part_after_percent",
+           "case_folded_bytes", "case_folded_refusal", "costly_pattern_reason", "invalid_pattern_reason", "longest_part_after_percent",
            "pattern_refusal"]
 
 ESCAPE = "\\"
@@ -43,7 +44,7 @@ MAX_PART_AFTER_PERCENT = 64
 """The most characters (``_`` and an escaped character one each) a LIKE/ILIKE pattern may hold
 after a ``%``, up to the next ``%`` or its end."""
 MAX_CASE_FOLDED_PATTERNS = 4096
-"""The most characters the ILIKE patterns of one statement may hold together (~0.1 ms a row)."""
+"""The most bytes (UTF-8) the ILIKE patterns of one statement may hold together (~0.1 ms a row)."""
 COSTLY_PATTERN_HINT = (
     f"After each %, a pattern may hold at most {MAX_PART_AFTER_PERCENT} characters up to the next % or its "
     "end: PostgreSQL compares that part at every position of a value, so a long part makes one long value "
@@ -125,11 +126,17 @@ def pattern_refusal(pattern: str) -> tuple[str, str] | None:
     return None if reason is None else (reason, COSTLY_PATTERN_HINT)
 
 
-def case_folded_refusal(characters: int) -> tuple[str, str] | None:
-    """Why ILIKE patterns of ``characters`` characters in all are refused, and the hint, or None."""
-    if characters <= MAX_CASE_FOLDED_PATTERNS:
+def case_folded_bytes(pattern: str) -> int:
+    """What an ILIKE pattern counts towards :data:`MAX_CASE_FOLDED_PATTERNS`: its bytes in UTF-8."""
+    return len(pattern.encode("utf-8", "surrogatepass"))
+
+
+def case_folded_refusal(pattern_bytes: int) -> tuple[str, str] | None:
+    """Why ILIKE patterns of ``pattern_bytes`` bytes in all are refused, and the hint, or None."""
+    if pattern_bytes <= MAX_CASE_FOLDED_PATTERNS:
         return None
-    return (f"ILIKE patterns of {characters} characters in all (at most {MAX_CASE_FOLDED_PATTERNS} in one statement)",
+    return (f"ILIKE patterns of {pattern_bytes} bytes in all (at most {MAX_CASE_FOLDED_PATTERNS} in one statement, "
+            "counted in UTF-8)",
             "PostgreSQL lowers an ILIKE pattern again for each row it compares, so a long one makes each row that "
             "reaches it take measurably longer, which would tell whether a row passed the rest of the condition. "
             "Shorten the patterns, or use LIKE on lower(col) with a lower-case pattern.")

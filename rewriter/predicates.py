@@ -22,7 +22,7 @@ planning) must be unable to fail. Hence refused, from the text alone:
 
 * a LIKE/ILIKE pattern PostgreSQL would reject, or one whose matching one long value would
   make measurably slow (a part of over 64 characters after a ``%``; ILIKE patterns of over 4,096
-  characters in all, which PostgreSQL lowers for every row; :mod:`rewriter.like_patterns`), an
+  bytes in all, which PostgreSQL lowers for every row; :mod:`rewriter.like_patterns`), an
   ``ESCAPE`` clause, LIKE/ILIKE on a column with a nondeterministic collation
   (PostgreSQL ≤ 17 raises "nondeterministic collations are not supported" per row), and
   LIKE/ILIKE on a column that is not text, varchar or char (on ``bytea`` the pattern is
@@ -45,6 +45,9 @@ planning) must be unable to fail. Hence refused, from the text alone:
   base, range or composite type, or an array or domain of one): its comparison functions are
   code of its own, which may raise on some values only (pgvector's ``vector`` on two of
   different dimensions; ``ColumnInfo.builtin``);
+* a comparison on a column whose values can be of any length with no header telling their size
+  (``jsonb``, ``tsvector``, ``numrange``, ``path`` …; ``ColumnInfo.unbounded_length``): it reads
+  the whole value, which no ``max_text_bytes`` bounds (rewriter/text_bounds.py);
 * a comparison of two columns whose types are not in one of :data:`_COLUMN_FAMILIES`: with
   no operator for the pair PostgreSQL casts one column per row where an implicit cast exists
   (a ``bigint`` to ``oid`` fails for a negative value) and fails the statement after its
@@ -74,7 +77,7 @@ from policies.tables import ColumnInfo, quote_identifier
 
 from .constants import HINT as FOLD_HINT
 from .constants import Fold, Folding, NotFoldable, fold_type, qualified_constant
-from .like_patterns import case_folded_refusal, longest_part_after_percent, pattern_refusal
+from .like_patterns import case_folded_bytes, case_folded_refusal, longest_part_after_percent, pattern_refusal
 from .predicate_terms import predicate_terms, terms_refusal
 from .raw_equality import raw_comparison
 from .scope import Scope
@@ -194,9 +197,9 @@ class PredicateRenderer:
         return self._terms
 
     @property
-    def ilike_characters(self) -> int:
-        """The characters of the literal ILIKE patterns rendered so far."""
-        return self._renderer.ilike_characters
+    def ilike_bytes(self) -> int:
+        """The UTF-8 bytes of the literal ILIKE patterns rendered so far."""
+        return self._renderer.ilike_bytes
 
     @property
     def text_work(self) -> int:
@@ -209,7 +212,7 @@ class PredicateRenderer:
         if not renderer.folds and not renderer.like_parameters:
             return None
         return Folding(where, tuple(renderer.folds), tuple(renderer.like_parameters), filters,
-                       tuple(renderer.ilike_parameters), renderer.ilike_characters, tuple(renderer.like_weights))
+                       tuple(renderer.ilike_parameters), renderer.ilike_bytes, tuple(renderer.like_weights))
 
 
 class _Operand:
@@ -239,7 +242,7 @@ class _Renderer:
         self.folds: list[Fold] = []
         self.like_parameters: list[int] = []
         self.ilike_parameters: list[int] = []
-        self.ilike_characters = 0  # of the literal ILIKE patterns rendered so far
+        self.ilike_bytes = 0  # of the literal ILIKE patterns rendered so far
         self.text_work = 0  # what the terms rendered so far weigh by their reads of text (rewriter.text_bounds)
         self.like_weights: list[tuple[int, int]] = []  # (parameter, bytes read) of each pattern parameter's use
         # Whether the node being rendered stands where false and NULL decide alike: reached from
@@ -403,8 +406,8 @@ class _Renderer:
         elif isinstance(pattern, exp.Literal) and pattern.is_string:
             refused = pattern_refusal(pattern.this)
             if symbol == "~~*":
-                self.ilike_characters += len(pattern.this)
-                refused = refused or case_folded_refusal(self.ilike_characters)
+                self.ilike_bytes += case_folded_bytes(pattern.this)
+                refused = refused or case_folded_refusal(self.ilike_bytes)
             if refused is not None:
                 raise self.refuse(f"{refused[0]}; such a pattern is refused on protected table", refused[1])
             pattern_sql = literal(pattern.this)
@@ -487,6 +490,15 @@ class _Renderer:
                     f"comparing column {side.column.name}, an array or composite, is not allowed in WHERE on protected table",
                     "PostgreSQL compares arrays and composites element by element and fails on a row whose elements "
                     "cannot be compared (point, json ...) only when it meets one; test such a column with IS [NOT] NULL.",
+                )
+            if side.column is not None and side.column.unbounded_length:
+                raise self.refuse(
+                    f"comparing column {side.column.name}, whose values can be of any length, is not allowed in WHERE "
+                    "on protected table",
+                    "A comparison reads the whole value (a jsonb, tsvector, numrange, path ... of megabytes), and "
+                    "PostgreSQL has no header telling its size to bound it by, as max_text_bytes bounds text: one row "
+                    "with a long value would make the statement measurably slower. Test such a column with "
+                    "IS [NOT] NULL or count it.",
                 )
         for side in (left, right):
             self._weigh(side, COMPARISON_WORK)

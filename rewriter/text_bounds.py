@@ -5,7 +5,8 @@ statement measurably slower on a table without ``answer_quantum_ms`` (docs/threa
 every read of a 3 MB value detoasts it, ``lower()`` and ILIKE case-fold it, and a LIKE compares its
 part after a ``%`` at every position, each up to 256 times in one statement. Two limits bound it.
 
-**The value bound.** A DP statement reads a value of a ``text``, ``varchar`` or ``char`` column only
+**The value bound.** A DP statement reads a value of a ``text``, ``varchar``, ``char`` or ``bytea``
+column, or of a domain over one of them, only
 up to the table's ``max_text_bytes`` (policy; 256 by default): a longer value reads as NULL, in every
 construct that reads it (conditions, GROUP BY keys, ``COUNT(col)``, ``COUNT(DISTINCT col)``, MODE's
 categories, the ``row_hash`` partition key), as values beyond the bounds of a numeric column are
@@ -16,7 +17,11 @@ never read (0.17 µs on PostgreSQL 15 and 16 for a 64-byte value and a 3 MB one,
 compressed, where ``length()`` of the 3 MB value took 17–23 ms; benchmarks/results.md). A
 ``varchar(n)`` or ``char(n)`` whose 4·n bytes fit the bound carries it already and is read as it
 is. The bound holds whatever the quantum: it decides answers, which must not depend on a timing
-setting; an operator who wants longer values read raises ``max_text_bytes``.
+setting; an operator who wants longer values read raises ``max_text_bytes``. A column whose values
+can be of any length with no header telling their size (``jsonb``, ``tsvector``, arrays,
+``numrange``, …: ``ColumnInfo.unbounded_length``) cannot be bounded so: its values are not read at
+all, only counted and tested for NULL (rewriter/predicates.py, rewriter/dp_query.py; categories on
+one are a policy error, proxy/backend/policy_fit.py).
 
 **The work limit.** Below the bound, the terms of a statement still multiply: 256 LIKEs of a
 63-character part on a 1 kB value cost that one row 35 ms. So each condition term that reads a text
@@ -46,8 +51,9 @@ from .sql_text import operator
 __all__ = ["CASE_FOLD_WORK", "COMPARISON_WORK", "LIKE_WORK", "MAX_TEXT_WORK", "TEXT_TYPES", "bounded_source",
            "bounded_value", "value_bytes", "work_refusal"]
 
-TEXT_TYPES = frozenset({25, 1043, 1042})
-"""text, varchar and char (bpchar): the types whose values the bound applies to."""
+TEXT_TYPES = frozenset({25, 1043, 1042, 17})
+"""text, varchar, char (bpchar) and bytea: the types whose values the bound applies to (a domain's
+by its base type), each of which ``octet_length`` takes and sizes by the header."""
 _DECLARED_LENGTH_TYPES = frozenset({1043, 1042})
 _VARHDRSZ = 4  # a varchar(n)'s type modifier is n + 4
 _MAX_BYTES_PER_CHARACTER = 4  # UTF-8, and every server encoding PostgreSQL has
@@ -64,16 +70,17 @@ MAX_TEXT_WORK = 600_000
 
 def _declared_bytes(column: ColumnInfo) -> int | None:
     """The most bytes a ``varchar(n)``/``char(n)`` value holds (4·n), or None: no declared length."""
-    if column.type_oid in _DECLARED_LENGTH_TYPES and column.type_modifier > _VARHDRSZ:
-        return _MAX_BYTES_PER_CHARACTER * (column.type_modifier - _VARHDRSZ)
+    type_oid, modifier = column.value_type
+    if type_oid in _DECLARED_LENGTH_TYPES and modifier > _VARHDRSZ:
+        return _MAX_BYTES_PER_CHARACTER * (modifier - _VARHDRSZ)
     return None
 
 
 def value_bytes(column: ColumnInfo, policy: TablePolicy) -> int | None:
     """The most bytes of one of ``column``'s values a DP statement reads: the table's
     ``max_text_bytes``, or a ``varchar(n)``/``char(n)``'s 4·n when smaller; None when the
-    column is not of a text type (the bound does not apply)."""
-    if column.type_oid not in TEXT_TYPES:
+    column is not of a type the bound applies to (:data:`TEXT_TYPES`, or a domain over one)."""
+    if column.value_type[0] not in TEXT_TYPES:
         return None
     declared = _declared_bytes(column)
     return policy.max_text_bytes if declared is None else min(declared, policy.max_text_bytes)
@@ -81,7 +88,7 @@ def value_bytes(column: ColumnInfo, policy: TablePolicy) -> int | None:
 
 def _needs_bound(column: ColumnInfo, policy: TablePolicy) -> bool:
     declared = _declared_bytes(column)
-    return column.type_oid in TEXT_TYPES and (declared is None or declared > policy.max_text_bytes)
+    return column.value_type[0] in TEXT_TYPES and (declared is None or declared > policy.max_text_bytes)
 
 
 def bounded_value(column: ColumnInfo, policy: TablePolicy) -> str:

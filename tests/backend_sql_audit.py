@@ -100,7 +100,7 @@ TOTAL: dict[str, str] = {
     "case-fold": "lower()/upper() of text, varchar or char of at most 64 MiB returns text of the same characters' "
                  "cases, at most three times as long (longer, they ask for more than 1 GB: four bytes a character "
                  "where LC_CTYPE is not C)",
-    "octet-length": "octet_length() of text reads its stored size (0 to 1 GB), detoasting nothing",
+    "octet-length": "octet_length() of text or bytea reads its stored size (0 to 1 GB), detoasting nothing",
     "short-text": "CASE WHEN octet_length(x) <= c THEN x END is x of at most c bytes, else NULL",
     "nondeterministic-group": "GROUP BY a text of a nondeterministic collation of at most 16 MiB: its hash goes "
                               "through an ICU copy of two bytes a character and a sort key of up to ~18 bytes a "
@@ -771,7 +771,7 @@ def _scalar(node: ast.FuncCall, name: str, args: list[_Value], context: _Context
     if name in ("lower", "upper") and len(args) == 1 and args[0].type_oid in _TEXT_TYPES \
             and args[0].high <= _CASE_FOLD_BYTES:
         return _Value(_TEXT, high=3 * args[0].high, column=args[0].column)  # "case-fold"
-    if name == "octet_length" and len(args) == 1 and args[0].type_oid in _TEXT_TYPES:
+    if name == "octet_length" and len(args) == 1 and (args[0].type_oid in _TEXT_TYPES or args[0].type_oid == _BYTEA):
         return _Value(_INT4, nan=False, low=0.0, high=2.0**30, smallest=1.0)  # "octet-length"
     if name == "abs" and len(args) == 1 and args[0].type_oid in (_FLOAT8, _NUMERIC):
         return replace(args[0], low=0.0, high=max(abs(args[0].low), abs(args[0].high)))  # "abs"

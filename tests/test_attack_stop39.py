@@ -127,7 +127,7 @@ _REFUSED_FORMS = [
      "GROUP BY s", f"{LIMIT + 1} values"),
     (f"COPY (SELECT count(*) FROM {{t}} WHERE b IN ({_values(LIMIT + 1)})) TO STDOUT", f"{LIMIT + 1} values"),
     (f"COPY (SELECT count(*) FROM {{t}} WHERE s ILIKE {_ilike(MAX_CASE_FOLDED_PATTERNS + 1)}) TO STDOUT",
-     f"ILIKE patterns of {MAX_CASE_FOLDED_PATTERNS + 1} characters"),
+     f"ILIKE patterns of {MAX_CASE_FOLDED_PATTERNS + 1} bytes"),
     (_SERIES.format(inner="", order=f"count(*) FILTER (WHERE b IN ({_values(200)}))", outer=f"WHERE a IN ({_values(57)})"),
      f"{LIMIT + 1} values"),
     (_SERIES.format(inner=f"WHERE b IN ({_values(200)})", order="count(*)", outer="WHERE s LIKE $1"), "parameters"),
@@ -156,7 +156,7 @@ def test_bound_arrays_and_patterns_built_from_parameters_are_refused(stop39_prox
 
 
 def test_a_prepared_statement_bound_again_with_a_longer_pattern_is_refused_then(stop39_proxy: RunningProxy) -> None:
-    """One Parse, several Binds: the ILIKE characters are counted at each Bind, with the literals'."""
+    """One Parse, several Binds: the ILIKE bytes are counted at each Bind, with the literals'."""
     literal = 3000
     sql = f"SELECT count(*) FILTER (WHERE s ILIKE %s) FROM {{t}} WHERE s ILIKE {_ilike(literal, 'c')}".replace("%'", "%%'")
     with psycopg.connect(stop39_proxy.dsn(), autocommit=True, prepare_threshold=0) as conn:
@@ -165,7 +165,27 @@ def test_a_prepared_statement_bound_again_with_a_longer_pattern_is_refused_then(
             outcome = same_on_neighbours(conn, sql, _NAMES, spent_epsilon, params=("a" * (length - 1) + "%",))
             assert (outcome[0] == "answer") == answered, (length, outcome)
             if not answered:
-                assert outcome[1] == "DP001" and f"{MAX_CASE_FOLDED_PATTERNS + 1} characters in all" in str(outcome[2])
+                assert outcome[1] == "DP001" and f"{MAX_CASE_FOLDED_PATTERNS + 1} bytes in all" in str(outcome[2])
+
+
+_WIDE_LETTER = "\U0001d538"  # 𝔸: four bytes in UTF-8, which PostgreSQL lowers by the byte
+
+
+@pytest.mark.parametrize("letters, answered", [(MAX_CASE_FOLDED_PATTERNS // 4 - 1, True),
+                                               (MAX_CASE_FOLDED_PATTERNS // 4, False)])
+def test_ilike_patterns_are_limited_by_their_bytes_not_their_characters(
+        stop39_proxy: RunningProxy, letters: int, answered: bool) -> None:
+    """1,023 four-byte letters and a % (4,093 bytes) are answered, 1,024 (4,097 bytes) refused before the
+    charge, as a literal and as a bound parameter: counted by the character, 4,096 of them cost ~3.5 times
+    as many ASCII ones (benchmarks/results.md)."""
+    pattern = _WIDE_LETTER * letters + "%"
+    with psycopg.connect(stop39_proxy.dsn(), autocommit=True) as conn:
+        for sql, params in ((f"SELECT count(*) FROM {{t}} WHERE s ILIKE '{pattern}'".replace("%'", "%%'"), ()),
+                            ("SELECT count(*) FROM {t} WHERE s ILIKE %s", (pattern,))):
+            outcome = same_on_neighbours(conn, sql, _NAMES, spent_epsilon, params=params)
+            assert (outcome[0] == "answer") == answered, (sql[:60], outcome)
+            if not answered:
+                assert outcome[1] == "DP001" and f"ILIKE patterns of {4 * letters + 1} bytes in all" in str(outcome[2])
 
 
 def test_a_cursor_is_refused_past_the_limits_before_the_charge(stop39_proxy: RunningProxy) -> None:
@@ -202,7 +222,7 @@ def test_a_series_limits_two_queries_share_the_ilike_limit(stop39_proxy: Running
         if answered:
             assert same_on_neighbours(conn, sql, _NAMES, spent_epsilon)[0] == "answer"
         else:
-            _refused(conn, sql, f"ILIKE patterns of {2 * each} characters in all", "series limit's subquery",
+            _refused(conn, sql, f"ILIKE patterns of {2 * each} bytes in all", "series limit's subquery",
                      "rule: safe-predicate", "Shorten the patterns")
 
 

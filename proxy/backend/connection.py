@@ -34,8 +34,8 @@ from .data_rows import data_rows
 from .cancellable import CancellableWait
 from .errors import BackendError, BackendLost, BackendUnavailable, ClientGone
 from .column_facts import column_facts
-from .policy_fit import column_fit_problems
-from .type_support import builtin_types, distinct_countable, label_comparison_problem
+from .policy_fit import column_fit_problems, unbounded_categories_problems
+from .type_support import ValueType, builtin_types, distinct_countable, label_comparison_problem, value_types
 from .database_encoding import database_encoding_problems
 from .relation_reads import public_reads_protected
 from .grants import schemas_without_usage, unreadable_protected
@@ -983,7 +983,8 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
             else:
                 fit = column_fit_problems(name, column_name, column_policy, info)
                 problems += fit or await _unreadable_labels(session, name, info) \
-                    or await _equal_labels(session, name, target.oid, info)
+                    or await _equal_labels(session, name, target.oid, info) \
+                    or unbounded_categories_problems(name, column_name, column_policy, info)
         if table_policy.partitioning == "ctid_hash" and target.oid not in hashable:
             problems.append(
                 f"tables.{name}.partitioning: ctid_hash needs a table, materialized view or "
@@ -1132,14 +1133,17 @@ def _policy_ref(name: str) -> RelationRef:
 
 async def _columns(session: BackendSession, definition: Definition, policies: Mapping[str, Any]) -> dict[str, ColumnInfo]:
     """A relation's columns as the rewriter judges them: its catalog facts, with what the backend
-    says of their types (built in, countable by ``count(DISTINCT ...)``) and the policy's."""
+    says of their types (built in, countable by ``count(DISTINCT ...)``, a domain's base type, of
+    unbounded length: ``type_support.value_types``) and the policy's."""
     builtin = await builtin_types(session, [column.type_oid for column in definition])
     # A foreign type's comparison parses and runs on a NULL, and may still fail on two values.
     countable = await distinct_countable(
         session, [(column.type_oid, column.type_modifier) for column in definition if column.type_oid in builtin])
+    read_as = await value_types(session, [(column.type_oid, column.type_modifier) for column in definition])
+    unknown = ValueType(0, -1, True)  # a type the catalog lacks is not read
     return {
         c.name: ColumnInfo(c.name, c.type_oid, c.type_modifier, c.attnum, policies.get(c.name), c.deterministic_collation,
                            c.array_type_oid, c.container, (c.type_oid, c.type_modifier) in countable, c.enum,
-                           c.type_oid in builtin)
+                           c.type_oid in builtin, *read_as.get((c.type_oid, c.type_modifier), unknown))
         for c in definition
     }

@@ -3,7 +3,10 @@
 ``serve`` (and a reload, and ``check-config`` when it reaches the backend) refuses a policy
 whose column entries cannot work: bounds need a number to clamp; categories are matched with
 ``column = 'category'``, which on a numeric column fails at query time for a category that is
-not a number (and a numeric column wants bounds). Text, enum, boolean … columns take categories.
+not a number (and a numeric column wants bounds). Text, enum, boolean … columns take categories; a
+column whose values can be of any length with no header telling their size
+(``ColumnInfo.unbounded_length``: jsonb, arrays …) takes none, as its values are never read
+(rewriter/text_bounds.py).
 Bounds of float-valued columns are limited (``rewriter.types.MAX_ABS_BOUND``) so that the
 backend's sums cannot overflow; bounds of integer columns must be values of the column's type,
 since the clamp casts them to it (``CAST(100000 AS smallint)`` fails every query, after its charge).
@@ -18,7 +21,7 @@ from policies.tables import ColumnInfo
 from rewriter.group_keys import TIME_TYPES
 from rewriter.types import ARRAY_TYPES, INT2, INT4, INT8, INTEGER_TYPES, MAX_ABS_BOUND, NUMERIC_TYPES
 
-__all__ = ["column_fit_problems"]
+__all__ = ["column_fit_problems", "unbounded_categories_problems"]
 
 # The values each integer type holds: a bound outside them cannot be cast to the type.
 _INTEGER_RANGES = {INT2: (-(2**15), 2**15 - 1), INT4: (-(2**31), 2**31 - 1), INT8: (-(2**63), 2**63 - 1)}
@@ -69,3 +72,17 @@ def column_fit_problems(table: str, column: str, policy: ColumnPolicy, info: Col
         return [f"{key}: categories are for a text (or enum, boolean ...) column; on the backend it is "
                 "numeric: give it bounds"]
     return []
+
+
+def unbounded_categories_problems(table: str, column: str, policy: ColumnPolicy, info: ColumnInfo) -> list[str]:
+    """Categories on a column whose values can be of any length with no header telling their size
+    (``ColumnInfo.unbounded_length``): MODE and a categorical key compare the column with each category,
+    reading all of a value, which ``max_text_bytes`` cannot bound as it bounds text. Asked after the
+    checks of the labels themselves, whose problem (a type that cannot compare them at all) says more."""
+    if policy.categories is None or not info.unbounded_length:
+        return []
+    return [f"tables.{table}.columns.{column}: categories on a column whose values can be of any length (jsonb, "
+            "tsvector, an array, numrange, path ...) with no header telling their size: MODE and a GROUP BY compare "
+            "the column with each category, reading all of a value, which max_text_bytes cannot bound as it bounds "
+            "text, so such a column is only counted and tested for NULL, which needs no entry: leave it out of the "
+            "policy's columns"]

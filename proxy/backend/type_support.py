@@ -18,13 +18,13 @@ they are counted and tested for NULL, nothing else (``ColumnInfo.builtin``).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Iterable, NamedTuple, Protocol, Sequence
 
 from rewriter.sql_text import literal, operator
 
 from .errors import BackendError, BackendLost, BackendUnavailable
 
-__all__ = ["builtin_types", "distinct_countable", "label_comparison_problem", "type_parts"]
+__all__ = ["ValueType", "builtin_types", "distinct_countable", "label_comparison_problem", "type_parts", "value_types"]
 
 
 class _Session(Protocol):
@@ -102,3 +102,55 @@ async def builtin_types(session: _Session, type_oids: Iterable[int]) -> frozense
     known = {int(oid) for (oid,) in await session.fetch_all(
         "SELECT oid FROM pg_catalog.pg_type WHERE oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])", (oids,))}
     return frozenset(known - foreign)
+
+
+class ValueType(NamedTuple):
+    """What a column type's values are read as (:func:`value_types`): a domain's base type and the
+    modifier its chain declares (0, -1 for a type that is no domain), and whether one value can be
+    of any length with no header telling its size without reading it (``ColumnInfo.unbounded_length``)."""
+
+    base_type_oid: int
+    base_type_modifier: int
+    unbounded_length: bool
+
+
+# text, varchar, char (bpchar), bytea: octet_length reads a value's size from its header
+# (rewriter/text_bounds.py); numeric is clamped or compared as a number of at most ~130,000 digits;
+# inet and cidr hold at most 22 bytes.
+_BOUNDED_VARLENA = frozenset({25, 1043, 1042, 17, 1700, 869, 650})
+_BIT = 1560  # bit(n): exactly n bits, bounded as text is at the default max_text_bytes (256 bytes)
+_MAX_BITS = 8 * 256
+# Each type, resolved through its domains to its base type (the modifier a domain in the chain
+# declares), with that base type's length: -1 is a varlena of any length, but a range of a
+# fixed-length subtype (int4range, daterange, tstzrange …) holds two bounds at most.
+_VALUE_TYPES = """WITH RECURSIVE chain(root, oid, modifier) AS (
+    SELECT t.oid, t.oid, t.typtypmod FROM pg_catalog.pg_type t WHERE t.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])
+    UNION ALL
+    SELECT c.root, t.typbasetype, GREATEST(c.modifier, t.typtypmod) FROM chain c
+    JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) c.oid WHERE t.typtype OPERATOR(pg_catalog.=) 'd'
+)
+SELECT c.root, c.oid, c.modifier, b.typlen OPERATOR(pg_catalog.=) -1 AND NOT EXISTS (
+    SELECT FROM pg_catalog.pg_range r JOIN pg_catalog.pg_type s ON s.oid OPERATOR(pg_catalog.=) r.rngsubtype
+    WHERE r.rngtypid OPERATOR(pg_catalog.=) b.oid AND s.typlen OPERATOR(pg_catalog.>) 0)
+FROM chain c JOIN pg_catalog.pg_type b ON b.oid OPERATOR(pg_catalog.=) c.oid
+WHERE b.typtype OPERATOR(pg_catalog.<>) 'd'
+"""
+
+
+async def value_types(session: _Session, types: Iterable[tuple[int, int]]) -> dict[tuple[int, int], ValueType]:
+    """Each (type OID, modifier) of ``types`` whose type the catalog holds, as its values are read
+    (:class:`ValueType`). A ``bit(n)`` of at most 2,048 bits is of bounded length; a longer one is not."""
+    wanted = set(types)
+    chains = {int(root): (int(base), int(modifier), bool(varlena)) for root, base, modifier, varlena
+              in await session.fetch_all(_VALUE_TYPES, (sorted({oid for oid, _ in wanted}),))}
+    found = {}
+    for type_oid, type_modifier in wanted:
+        if type_oid not in chains:
+            continue
+        base, chain_modifier, varlena = chains[type_oid]
+        domain = base != type_oid
+        modifier = chain_modifier if domain else type_modifier
+        bounded = base in _BOUNDED_VARLENA or (base == _BIT and 0 < modifier <= _MAX_BITS)
+        found[type_oid, type_modifier] = ValueType(base if domain else 0, modifier if domain else -1,
+                                                   varlena and not bounded)
+    return found

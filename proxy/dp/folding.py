@@ -19,7 +19,7 @@ from proxy.backend.connection import BackendSession, BoundParams
 from proxy.wire.encodings import ClientEncoding
 from rewriter.constants import Folding, fold_query, folded_comparison
 from rewriter.dp_query import AggregateQuery
-from rewriter.like_patterns import case_folded_refusal, longest_part_after_percent, pattern_refusal
+from rewriter.like_patterns import case_folded_bytes, case_folded_refusal, longest_part_after_percent, pattern_refusal
 from rewriter.rewrite import backend_sql
 from rewriter.text_bounds import LIKE_WORK, work_refusal
 
@@ -45,7 +45,8 @@ async def bind_constants(
         return plan, params
     encoding = backend.client_encoding
     patterns = {number: _check_pattern(plan, params, number, encoding) for number in folding.like_parameters}
-    refused = case_folded_refusal(folding.ilike_characters + sum(len(patterns[number]) for number in folding.ilike_parameters))
+    refused = case_folded_refusal(folding.ilike_bytes + sum(case_folded_bytes(patterns[number])
+                                                             for number in folding.ilike_parameters))
     if refused is not None:
         raise _pattern_refused(refused, plan)
     refused = _work_refusal(plan, folding, patterns)

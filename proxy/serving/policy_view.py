@@ -3,7 +3,9 @@
 Everything shown is policy, not data: bounds and categories are what the policy's owner
 declared, and which aggregates a column takes follows from them exactly as the DP planner
 decides (rewriter/dp_query.py). A text column's ``bounds`` is the most bytes of its values a DP
-statement reads (the table's ``max_text_bytes``, or a ``varchar(n)``'s 4·n: rewriter/text_bounds.py). Each protected table also gets a row for ``*`` (COUNT(*)).
+statement reads (the table's ``max_text_bytes``, or a ``varchar(n)``'s 4·n: rewriter/text_bounds.py; a
+``bytea`` column's and a domain's over text too); a column whose values can be of any length
+(``jsonb``, arrays …) says it is not read. Each protected table also gets a row for ``*`` (COUNT(*)).
 ``epsilon`` is what one query on the table costs this session (the table's ε, capped by
 the user's ``max_query_epsilon`` and ``SET dpproxy.epsilon``); ``delta`` is the table's δ,
 charged only by the sample-and-aggregate mechanisms. Public tables are not listed: they
@@ -78,6 +80,8 @@ def _declared(table: Relation, column: ColumnInfo) -> list[bytes | None]:
     text_bytes = value_bytes(column, table.policy)
     if text_bytes is not None:
         bounds = f"at most {text_bytes} bytes (a longer value reads as NULL)".encode()
+    elif column.unbounded_length:
+        bounds = b"not read: values of any length are only counted and tested for NULL"
     if policy and policy.time_bounds:
         bounds = "[{}, {}]".format(*(_moment(moment, column.type_oid) for moment in policy.time_bounds)).encode()
     categories = json.dumps(list(policy.categories)).encode() if policy and policy.categories else None
