@@ -201,11 +201,11 @@ SITES: tuple[Site, ...] = (
     Site("mode.scale-epsilon-not-half", "mechanisms/exponential.py", "    scale = 2.0 * sensitivity / epsilon\n",
          "    scale = sensitivity / epsilon\n", "noise"),
     Site("mode.candidates-from-the-data", _CR,
-         "        return release_mode(column.policy.categories, counts, epsilon)",
+         "        return release_mode(column.policy.categories, counts, epsilon, padded=padded)",
          "        present = [(c, n) for c, n in zip(column.policy.categories, counts) if n]\n"
          "        if present:\n"
-         "            return release_mode([c for c, _ in present], [n for _, n in present], epsilon)\n"
-         "        return release_mode(column.policy.categories, counts, epsilon)", "answers"),
+         "            return release_mode([c for c, _ in present], [n for _, n in present], epsilon, padded=padded)\n"
+         "        return release_mode(column.policy.categories, counts, epsilon, padded=padded)", "answers"),
     Site("mode.permute-and-flip", "mechanisms/samplers.py", "        dp.zero_concentrated_divergence(),",
          "        dp.max_divergence(),", "noise"),
     # ------------------------------------------------------------------ the noise pool
