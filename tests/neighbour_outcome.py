@@ -109,8 +109,8 @@ def masked_outcome(conn: psycopg.Connection, sql: str, table: str, params: tuple
     """``sql`` (``{t}`` standing for ``table``) run on ``conn``: an error's ("error", SQLSTATE,
     message, hint, DETAIL), or ("answer", the columns, the number of rows, their widths, the first
     ``keys`` values of each row as text, the tag, each column's type modifier and size, the
-    notices (message, DETAIL and HINT) with the figures that follow the noise or the budget
-    masked, the shapes of the arrays of numbers), as an :class:`Outcome` that holds the other
+    shapes of the arrays of numbers, the notices (message, DETAIL and HINT) with the figures
+    that follow the noise or the budget masked), as an :class:`Outcome` that holds the other
     values' spellings."""
     notices: list[str] = []
 
@@ -129,8 +129,8 @@ def masked_outcome(conn: psycopg.Connection, sql: str, table: str, params: tuple
             rows = cursor.fetchall() if cursor.description else []
             return Outcome(("answer", columns, len(rows), frozenset(len(row) for row in rows),
                             tuple(tuple(map(str, row[:keys])) for row in rows), cursor.statusmessage, modifiers,
-                            tuple(masked_notice(n, table) for n in notices),
-                            tuple(tuple(map(shape, row[keys:])) for row in rows)),
+                            tuple(tuple(map(shape, row[keys:])) for row in rows),
+                            tuple(masked_notice(n, table) for n in notices)),
                            tuple(tuple(map(spelling, row[keys:])) for row in rows))
     except psycopg.Error as exc:
         return ("error", exc.sqlstate, (exc.diag.message_primary or "").replace(table, "T"),
