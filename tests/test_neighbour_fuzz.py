@@ -288,8 +288,12 @@ class Client:
         self.notices.clear()
         try:
             if sql.startswith("COPY"):
-                with self.conn.cursor() as cursor, cursor.copy(sql) as copy:
-                    data = b"".join(bytes(chunk) for chunk in copy)
+                with self.conn.cursor() as cursor:
+                    with cursor.copy(sql) as copy:
+                        data = b"".join(bytes(chunk) for chunk in copy)
+                    # psycopg keeps no statusmessage of a COPY: its row count is read off the tag
+                    # (before the cursor closes, which forgets it)
+                    copied_rows = cursor.rowcount
                 notices = tuple(masked_notice(n, table) for n in self.notices)
                 if _binary_copy(sql):
                     form = binary_copy_cells(data)
@@ -304,8 +308,7 @@ class Client:
                     form, spelled = _copy_form(sql, copied), _copy_spellings(sql, copied)
                 if _BETWEEN_RELEASES.search(sql):
                     spelled = ()
-                # psycopg keeps no statusmessage of a COPY: its row count is read off the tag
-                return Outcome("answer", (form, cursor.statusmessage, cursor.rowcount, notices), spelled)
+                return Outcome("answer", (form, copied_rows, notices), spelled)
             if case.row_limit:
                 items, spelled = self._limited(sql, table, case.row_limit, case.binary)
                 if any(item[0] == "misencoded" for item in items):
