@@ -147,6 +147,9 @@ def create_tables(test_db: TestDatabase) -> None:
 
 Spellings = tuple[tuple[Spelled, ...], ...]
 Raw = list[list[bytes | None]]
+Shapes = tuple[tuple[str | None, ...], ...]
+# dpproxy's notice of an answer served from the repeat store (proxy/dp/answer.py)
+_REPEATED = "a repeat of an earlier answer"
 
 
 @dataclass(frozen=True)
@@ -333,7 +336,7 @@ class Client:
             shapes = tuple(tuple(map(shape, row)) for row in rows)
             if sent is not None:
                 # the same statement in text, a repeat of the same release: the binary values must be its send
-                apart, spelled, shapes = self._against_text(sql, params, sent)
+                apart, spelled, shapes = self._against_text(sql, params, sent, (spelled, shapes))
                 if apart:
                     return Outcome("misencoded", (apart,))
             if _BETWEEN_RELEASES.search(sql):
@@ -350,21 +353,28 @@ class Client:
                 return Outcome("dropped", outcome.detail)
             return outcome
 
-    def _against_text(self, sql: str, params: tuple[object, ...] | None,
-                      sent: Raw) -> tuple[list[tuple[int, int]], Spellings, tuple[tuple[str | None, ...], ...]]:
-        """``sql`` run again in text on the analyst's connection (a repeat: the same release, not
-        charged): the cells of ``sent`` (a binary result's values) that are not PostgreSQL's send
-        of its text (:func:`tests.value_spelling.misencoded`), and its rows' spellings and shapes."""
+    def _against_text(self, sql: str, params: tuple[object, ...] | None, sent: Raw,
+                      fallback: tuple[Spellings, Shapes] = ((), ())) -> tuple[list[tuple[int, int]], Spellings, Shapes]:
+        """``sql`` run again in text on the analyst's connection: where dpproxy answers it as a
+        repeat (the same release, not charged), the cells of ``sent`` (a binary result's values)
+        that are not PostgreSQL's send of its text (:func:`tests.value_spelling.misencoded`), and
+        its rows' spellings and shapes; else nothing to compare (no shared release: a statement
+        that is no repeat, such as one reading ``localtimestamp``, or a cursor's FETCH) and
+        ``fallback``'s spellings and shapes."""
+        before = len(self.notices)
         try:
             with self.conn.cursor() as cursor:
                 cursor.execute(sql, params)
                 result = cursor.pgresult
                 types = [result.ftype(i) for i in range(result.nfields)] if result else []
-                apart = misencoded(types, sent, _raw(result))
+                printed = _raw(result)
                 rows = cursor.fetchall() if cursor.description else []
-        except psycopg.Error as exc:
-            return [(-1, -1)], (), ((str(exc.sqlstate),),)
-        return apart, tuple(tuple(map(spelling, row)) for row in rows), tuple(tuple(map(shape, row)) for row in rows)
+        except psycopg.Error:
+            return [], fallback[0], fallback[1]
+        if not any(_REPEATED in notice for notice in self.notices[before:]):
+            return [], fallback[0], fallback[1]
+        return (misencoded(types, sent, printed), tuple(tuple(map(spelling, row)) for row in rows),
+                tuple(tuple(map(shape, row)) for row in rows))
 
     def _limited(self, sql: str, table: str, limit: int, binary: bool) -> tuple[tuple[tuple[object, ...], ...], Spellings]:
         """``sql`` through raw extended-protocol messages (Parse, Describe statement, Bind with
@@ -407,10 +417,14 @@ class Client:
             printed = sent
             if binary and sent:
                 wire.send(message(b"Q", cstr(sql)))
-                printed = [data_row_values(body) for kind, body in wire.read_until(b"Z") if kind == b"D"]
-                apart = misencoded(types, sent, printed)
+                replies = wire.read_until(b"Z")
+                printed = [data_row_values(body) for kind, body in replies if kind == b"D"]
+                repeated = any(kind == b"N" and _REPEATED.encode() in body for kind, body in replies)
+                apart = misencoded(types, sent, printed) if repeated else []
                 if apart:
                     items.append(("misencoded", tuple(apart)))
+                if not repeated:
+                    printed = []
             spelled = tuple(tuple(raw_spelling(t, v) for t, v in zip(types, row)) for row in printed)
             return tuple(items), spelled
         finally:
