@@ -810,6 +810,12 @@ PINNED: tuple[Case, ...] = (
     Case("SELECT AVG(CASE WHEN i4 > 10 THEN 1 ELSE 0 END) FILTER (WHERE t = 'Male') FROM {table}", ()),
     # the same release twice per cell, and a variance with its AVG from the same moments
     Case("SELECT t, VARIANCE(nm), AVG(nm), COUNT(*), COUNT(*) FROM {table} GROUP BY t", (), keys=1),
+    # Execute with a row limit (PortalSuspended) in text and in binary results; a percentile
+    # array in text (its shape and each element's spelling); a binary COPY of numerics and a float8
+    Case("SELECT COUNT(*), AVG(f8), SUM(n) FROM {table}", (), row_limit=1),
+    Case("SELECT COUNT(*), AVG(i4), SUM(n), AVG(f8) FROM {table}", (), True, row_limit=1),
+    Case("SELECT PERCENTILE_CONT(ARRAY[0.25, 0.5]) WITHIN GROUP (ORDER BY f8), COUNT(*) FROM {table}", ()),
+    Case("COPY (SELECT COUNT(*), AVG(i4), SUM(n), AVG(f8) FROM {table}) TO STDOUT (FORMAT binary)", ()),
     # date and timestamp keys in binary results of the extended protocol
     Case("SELECT date_trunc('month', d), COUNT(*) FROM {table} GROUP BY 1", (), True, keys=1),
     Case("SELECT CAST(date_trunc('month', d) AS date), date_trunc('quarter', ts), SUM(i2) FROM {table} GROUP BY 1, 2",

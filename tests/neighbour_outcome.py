@@ -9,16 +9,16 @@ from collections.abc import Callable, Sequence
 
 import psycopg
 
-from tests.value_spelling import keep_number_texts, spelled_apart, spelling
+from tests.value_spelling import Spelled, keep_number_texts, shape, spelled_apart, spelling
 
 NUMBER = re.compile(r"-?\d+(\.\d+)?(e[+-]?\d+)?", re.IGNORECASE)
 _BINARY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
 
 
-def binary_copy_cells(data: bytes) -> tuple[tuple[bool, ...] | str, ...]:
-    """Binary COPY data (all of it, or one CopyData message) reduced as the attack tests reduce
-    text lines: each tuple's cells NULL or not, and where the file header and the trailer stand."""
-    out: list[tuple[bool, ...] | str] = []
+def binary_copy_tuples(data: bytes) -> list[list[bytes | None] | str]:
+    """Binary COPY data (all of it, or one CopyData message): "header" and "trailer" where the
+    file header and the trailer stand, and each tuple's cells (their bytes, None for NULL)."""
+    out: list[list[bytes | None] | str] = []
     pos = 0
     if data.startswith(_BINARY_SIGNATURE):
         (extension,) = struct.unpack_from("!i", data, len(_BINARY_SIGNATURE) + 4)
@@ -29,13 +29,20 @@ def binary_copy_cells(data: bytes) -> tuple[tuple[bool, ...] | str, ...]:
         if count == -1:
             out.append("trailer")
             continue
-        cells = []
+        cells: list[bytes | None] = []
         for _ in range(count):
             (size,), pos = struct.unpack_from("!i", data, pos), pos + 4
-            cells.append(size == -1)
+            cells.append(None if size == -1 else data[pos:pos + size])
             pos += max(size, 0)
-        out.append(tuple(cells))
-    return tuple(out)
+        out.append(cells)
+    return out
+
+
+def binary_copy_cells(data: bytes) -> tuple[tuple[bool, ...] | str, ...]:
+    """Binary COPY data reduced as the attack tests reduce text lines: each tuple's cells NULL
+    or not, and where the file header and the trailer stand (:func:`binary_copy_tuples`)."""
+    return tuple(item if isinstance(item, str) else tuple(cell is None for cell in item)
+                 for item in binary_copy_tuples(data))
 
 
 def masked_detail(detail: str | None, table: str) -> str:
@@ -79,9 +86,9 @@ class Outcome(tuple[object, ...]):
     (:func:`tests.value_spelling.spelled_apart`): a trailing zero or a scale that the rows
     decided makes them differ, the noise's digits do not."""
 
-    spelled: tuple[tuple[str | None, ...], ...] = ()
+    spelled: tuple[tuple[Spelled, ...], ...] = ()
 
-    def __new__(cls, items: tuple[object, ...], spelled: tuple[tuple[str | None, ...], ...] = ()) -> Outcome:
+    def __new__(cls, items: tuple[object, ...], spelled: tuple[tuple[Spelled, ...], ...] = ()) -> Outcome:
         outcome = super().__new__(cls, items)
         outcome.spelled = spelled
         return outcome
@@ -102,8 +109,9 @@ def masked_outcome(conn: psycopg.Connection, sql: str, table: str, params: tuple
     """``sql`` (``{t}`` standing for ``table``) run on ``conn``: an error's ("error", SQLSTATE,
     message, hint, DETAIL), or ("answer", the columns, the number of rows, their widths, the first
     ``keys`` values of each row as text, the tag, each column's type modifier and size, the
-    notices (message, DETAIL and HINT) with the figures that follow the noise or the budget
-    masked), as an :class:`Outcome` that holds the other values' spellings."""
+    shapes of the arrays of numbers, the notices (message, DETAIL and HINT) with the figures
+    that follow the noise or the budget masked), as an :class:`Outcome` that holds the other
+    values' spellings."""
     notices: list[str] = []
 
     def handler(diag: psycopg.errors.Diagnostic) -> None:
@@ -121,6 +129,7 @@ def masked_outcome(conn: psycopg.Connection, sql: str, table: str, params: tuple
             rows = cursor.fetchall() if cursor.description else []
             return Outcome(("answer", columns, len(rows), frozenset(len(row) for row in rows),
                             tuple(tuple(map(str, row[:keys])) for row in rows), cursor.statusmessage, modifiers,
+                            tuple(tuple(map(shape, row[keys:])) for row in rows),
                             tuple(masked_notice(n, table) for n in notices)),
                            tuple(tuple(map(spelling, row[keys:])) for row in rows))
     except psycopg.Error as exc:

@@ -4,8 +4,11 @@ Each generated DP statement runs through a real dpproxy against a small base tab
 neighbour that has one adversarial row more. Whatever the noise, both must give the same outcome
 class (an answer, or the same SQLSTATE and message), the same columns and type OIDs, the same
 NULLs and numeric scales, the same spelling rule for each column's numbers (tests/value_spelling.py),
-the same RowDescription (type modifiers and sizes too), and the same notices (the numbers that
-follow the noise or the budget masked). A difference is an oracle on one row.
+the same RowDescription (type modifiers and sizes too), the same shapes of arrays, the same COPY
+row count, and the same notices (the numbers that follow the noise or the budget masked). A
+difference is an oracle on one row. A binary value (Bind's format code 1, a binary COPY's cell,
+a raw Execute's DataRow) must besides be PostgreSQL's send of the text the same statement gives
+when run again (a repeat of the same release), on each table on its own.
 
 ``DPPROXY_FUZZ_SEED`` picks the seed (printed on failure), ``DPPROXY_FUZZ_CASES`` the number of
 statements, ``DPPROXY_FUZZ_REPORT`` how many failures are listed.
@@ -32,8 +35,8 @@ from psycopg import generators
 from tests.conftest import TEST_DATABASE, RunningProxy, TestDatabase, make_policy
 from tests.wire import SYNC, Wire, bind, cstr, data_row_values, describe, error_fields, execute, message, parse
 from tests.neighbour_cases import COLUMNS, COPY_OPTIONS, PINNED, TABLE_DDL, Case, adversarial_rows, generate_case, policy_columns
-from tests.neighbour_outcome import binary_copy_cells, masked_detail, masked_notice
-from tests.value_spelling import keep_number_texts, spelled_apart, spelling
+from tests.neighbour_outcome import binary_copy_cells, binary_copy_tuples, masked_detail, masked_notice
+from tests.value_spelling import Spelled, keep_number_texts, misencoded, raw_spelling, shape, spelled_apart, spelling
 
 SEED = int(os.environ.get("DPPROXY_FUZZ_SEED", "17"))
 # As long a run as 1,100 cases were before tests/tools/neighbour_coverage.py's gaps were drawn
@@ -145,7 +148,11 @@ def create_tables(test_db: TestDatabase) -> None:
                 conn.execute(f"GRANT SELECT ON {name} TO dpproxy_service")
 
 
-Spellings = tuple[tuple[str | None, ...], ...]
+Spellings = tuple[tuple[Spelled, ...], ...]
+Raw = list[list[bytes | None]]
+Shapes = tuple[tuple[str | None, ...], ...]
+# dpproxy's notice of an answer served from the repeat store (proxy/dp/answer.py)
+_REPEATED = "a repeat of an earlier answer"
 
 
 @dataclass(frozen=True)
@@ -158,7 +165,9 @@ class Outcome:
     comparison across the two that equality of each one's reduction cannot make.
     """
 
-    kind: str  # "answer" | "error" | "dropped" (an error that ended the session) | "client" | "misdescribed"
+    # "answer" | "error" | "dropped" (an error that ended the session) | "client" | "misdescribed"
+    # | "misencoded" (a binary value that is not PostgreSQL's send of the same release's text)
+    kind: str
     detail: tuple[object, ...]
     spelled: Spellings = field(default=(), compare=False)
 
@@ -199,8 +208,11 @@ def _copy_spellings(sql: str, copied: str) -> Spellings:
     return tuple(_copy_texts(sql, line) for line in lines)
 
 
+_BINARY_OPTION = ") TO STDOUT (FORMAT binary)"
+
+
 def _binary_copy(sql: str) -> bool:
-    return sql.endswith(" (FORMAT binary)")
+    return sql.endswith(_BINARY_OPTION)
 
 
 def _copy_header(sql: str) -> bool:
@@ -282,31 +294,57 @@ class Client:
         self.notices.clear()
         try:
             if sql.startswith("COPY"):
-                with self.conn.cursor() as cursor, cursor.copy(sql) as copy:
-                    data = b"".join(bytes(chunk) for chunk in copy)
+                with self.conn.cursor() as cursor:
+                    with cursor.copy(sql) as copy:
+                        data = b"".join(bytes(chunk) for chunk in copy)
+                    # psycopg keeps no statusmessage of a COPY: its row count is read off the tag
+                    # (before the cursor closes, which forgets it)
+                    copied_rows = cursor.rowcount
+                notices = tuple(masked_notice(n, table) for n in self.notices)
                 if _binary_copy(sql):
-                    form, spelled = binary_copy_cells(data), ()
+                    form = binary_copy_cells(data)
+                    # the inner statement in text is a repeat of the same release (proxy/dp/repeats.py)
+                    sent = [item for item in binary_copy_tuples(data) if not isinstance(item, str)]
+                    apart, spelled, shapes = self._against_text(sql[len("COPY ("):-len(_BINARY_OPTION)], None, sent)
+                    if apart:
+                        return Outcome("misencoded", (apart,))
+                    form = (form, shapes)
                 else:
                     copied = data.decode(self.conn.info.encoding)
                     form, spelled = _copy_form(sql, copied), _copy_spellings(sql, copied)
-                notices = tuple(masked_notice(n, table) for n in self.notices)
-                return Outcome("answer", (form, cursor.statusmessage, notices), spelled)
+                if _BETWEEN_RELEASES.search(sql):
+                    spelled = ()
+                return Outcome("answer", (form, copied_rows, notices), spelled)
             if case.row_limit:
-                return Outcome("answer", tuple(self._limited(sql, table, case.row_limit)))
+                items, spelled = self._limited(sql, table, case.row_limit, case.binary)
+                if any(item[0] == "misencoded" for item in items):
+                    return Outcome("misencoded", items)
+                return Outcome("answer", items, spelled)
             described = self._described(sql, table) if case.prepared else None
+            params = case.params if case.params else None
             with self.conn.cursor(binary=case.binary) as cursor:
-                cursor.execute(sql, case.params if case.params else None)
+                cursor.execute(sql, params)
                 columns = _columns(cursor)
+                sent = _raw(cursor.pgresult) if case.binary and cursor.description else None
                 rows = cursor.fetchall() if cursor.description else []
-                # an output column without a flag is compared as a value of unfixed scale
-                fixed = (case.fixed_scale + (False,) * len(columns))[:len(columns)]
-                forms = tuple(tuple(v if i < case.keys else _form(v, flag)
-                                    for i, (v, flag) in enumerate(zip(row, fixed, strict=True))) for row in rows)
-                notices = tuple(masked_notice(n, table) for n in self.notices)
-                if described is not None and described[0] != "error" and columns != described[1]:
-                    return Outcome("misdescribed", (described, columns))
-                spelled = () if _BETWEEN_RELEASES.search(sql) else tuple(tuple(map(spelling, row)) for row in rows)
-                return Outcome("answer", (described, columns, forms, cursor.statusmessage, notices), spelled)
+                status = cursor.statusmessage
+            # an output column without a flag is compared as a value of unfixed scale
+            fixed = (case.fixed_scale + (False,) * len(columns))[:len(columns)]
+            forms = tuple(tuple(v if i < case.keys else _form(v, flag)
+                                for i, (v, flag) in enumerate(zip(row, fixed, strict=True))) for row in rows)
+            notices = tuple(masked_notice(n, table) for n in self.notices)
+            if described is not None and described[0] != "error" and columns != described[1]:
+                return Outcome("misdescribed", (described, columns))
+            spelled = tuple(tuple(map(spelling, row)) for row in rows)
+            shapes = tuple(tuple(map(shape, row)) for row in rows)
+            if sent is not None:
+                # the same statement in text, a repeat of the same release: the binary values must be its send
+                apart, spelled, shapes = self._against_text(sql, params, sent, (spelled, shapes))
+                if apart:
+                    return Outcome("misencoded", (apart,))
+            if _BETWEEN_RELEASES.search(sql):
+                spelled = ()
+            return Outcome("answer", (described, columns, forms, status, notices, shapes), spelled)
         except UnicodeError as exc:  # the client could not encode the statement, or decode its answer
             return Outcome("client", (type(exc).__name__,))
         except psycopg.Error as exc:
@@ -318,35 +356,80 @@ class Client:
                 return Outcome("dropped", outcome.detail)
             return outcome
 
-    def _limited(self, sql: str, table: str, limit: int) -> Iterator[tuple[object, ...]]:
-        """``sql`` through raw extended-protocol messages (Parse, Describe statement, Bind,
-        Describe portal, two Executes of at most ``limit`` rows, one of the rest, Sync): each
-        message's kind and what it shows besides the noised values (a row's NULLs, COPY's lines)."""
+    def _against_text(self, sql: str, params: tuple[object, ...] | None, sent: Raw,
+                      fallback: tuple[Spellings, Shapes] = ((), ())) -> tuple[list[tuple[int, int]], Spellings, Shapes]:
+        """``sql`` run again in text on the analyst's connection: where dpproxy answers it as a
+        repeat (the same release, not charged), the cells of ``sent`` (a binary result's values)
+        that are not PostgreSQL's send of its text (:func:`tests.value_spelling.misencoded`), and
+        its rows' spellings and shapes; else nothing to compare (no shared release: a statement
+        that is no repeat, such as one reading ``localtimestamp``, or a cursor's FETCH) and
+        ``fallback``'s spellings and shapes."""
+        before = len(self.notices)
+        try:
+            with self.conn.cursor() as cursor:
+                cursor.execute(sql, params)
+                result = cursor.pgresult
+                types = [result.ftype(i) for i in range(result.nfields)] if result else []
+                printed = _raw(result)
+                rows = cursor.fetchall() if cursor.description else []
+        except psycopg.Error:
+            return [], fallback[0], fallback[1]
+        if not any(_REPEATED in notice for notice in self.notices[before:]):
+            return [], fallback[0], fallback[1]
+        return (misencoded(types, sent, printed), tuple(tuple(map(spelling, row)) for row in rows),
+                tuple(tuple(map(shape, row)) for row in rows))
+
+    def _limited(self, sql: str, table: str, limit: int, binary: bool) -> tuple[tuple[tuple[object, ...], ...], Spellings]:
+        """``sql`` through raw extended-protocol messages (Parse, Describe statement, Bind with
+        binary results if ``binary``, Describe portal, two Executes of at most ``limit`` rows, one of
+        the rest, Sync): each message's kind and what it shows besides the noised values (a row's
+        NULLs, COPY's lines), and the rows' spellings. Binary rows must be PostgreSQL's send of the
+        text the same statement gives next on that session (a repeat): else an item "misencoded"."""
         wire = Wire(self.proxy.host, self.proxy.port, database=TEST_DATABASE, startup_params={"TimeZone": "UTC"})
+        items: list[tuple[object, ...]] = []
+        types: list[int] = []
+        sent: Raw = []
         try:
             if self.epsilon is not None:
                 wire.send(message(b"Q", cstr(f"SET dpproxy.epsilon = {self.epsilon}")))
                 wire.read_until(b"Z")
-            wire.send(parse("", sql), describe(b"S", ""), bind("", ""), describe(b"P", ""),
-                      execute("", limit), execute("", limit), execute("", 0), SYNC)
+            binary = binary and not sql.startswith("COPY")
+            wire.send(parse("", sql), describe(b"S", ""), bind("", "", result_formats=(1,) if binary else ()),
+                      describe(b"P", ""), execute("", limit), execute("", limit), execute("", 0), SYNC)
             copied = 0
             for kind, body in wire.read_until(b"Z"):
                 if kind == b"D":
-                    yield kind, tuple(value is None for value in data_row_values(body))
+                    sent.append(data_row_values(body))
+                    items.append((kind, tuple(value is None for value in sent[-1])))
                 elif kind == b"d" and _binary_copy(sql):
-                    yield kind, binary_copy_cells(body)
+                    items.append((kind, binary_copy_cells(body)))
                 elif kind == b"d":
                     line = body.decode().rstrip("\n")
-                    yield kind, line if copied == 0 and _copy_header(sql) else _copy_cells(sql, line)
+                    items.append((kind, line if copied == 0 and _copy_header(sql) else _copy_cells(sql, line)))
                     copied += 1
                 elif kind in (b"E", b"N"):
                     fields = error_fields(body)
-                    yield (kind, fields.get(b"C"), _mask((fields.get(b"M") or b"").decode(), table),
-                           masked_detail((fields.get(b"D") or b"").decode(), table), (fields.get(b"H") or b"").decode().replace(table, "T"))
+                    items.append((kind, fields.get(b"C"), _mask((fields.get(b"M") or b"").decode(), table),
+                                  masked_detail((fields.get(b"D") or b"").decode(), table),
+                                  (fields.get(b"H") or b"").decode().replace(table, "T")))
                 elif kind == b"T":
-                    yield kind, _fields(body)
+                    items.append((kind, _fields(body)))
+                    types = [field[2] for field in items[-1][1]]  # type: ignore[index]
                 else:
-                    yield kind, body.replace(table.encode(), b"T")
+                    items.append((kind, body.replace(table.encode(), b"T")))
+            printed = sent
+            if binary and sent:
+                wire.send(message(b"Q", cstr(sql)))
+                replies = wire.read_until(b"Z")
+                printed = [data_row_values(body) for kind, body in replies if kind == b"D"]
+                repeated = any(kind == b"N" and _REPEATED.encode() in body for kind, body in replies)
+                apart = misencoded(types, sent, printed) if repeated else []
+                if apart:
+                    items.append(("misencoded", tuple(apart)))
+                if not repeated:
+                    printed = []
+            spelled = tuple(tuple(raw_spelling(t, v) for t, v in zip(types, row)) for row in printed)
+            return tuple(items), spelled
         finally:
             wire.close()
 
@@ -381,6 +464,13 @@ class Client:
         texts = (exc.sqlstate or str(exc), diag.message_primary or "", diag.message_hint or "")
         sqlstate, message, hint = (text.replace(table, "T") for text in texts)
         return Outcome("error", (sqlstate, message, masked_detail(diag.message_detail, table), hint))
+
+
+def _raw(result: psycopg.pq.abc.PGresult | None) -> Raw:
+    """A result's values as they came off the wire (text or binary), None for NULL."""
+    if result is None:
+        return []
+    return [[result.get_value(r, c) for c in range(result.nfields)] for r in range(result.ntuples)]
 
 
 def _columns(cursor: psycopg.Cursor[object]) -> tuple[tuple[object, ...], ...]:
@@ -525,9 +615,10 @@ _DRAWS = itertools.count()
 
 
 def _broken(outcome: Outcome) -> bool:
-    """An internal error, a dropped session, or a Describe that names other columns than the
-    answer has, is a failure even when both tables agree."""
-    return outcome.kind in ("dropped", "misdescribed") or (outcome.kind == "error" and outcome.detail[0] == "XX000")
+    """An internal error, a dropped session, a Describe that names other columns than the
+    answer has, or a binary value that is not the send of its text, is a failure even when
+    both tables agree."""
+    return outcome.kind in ("dropped", "misdescribed", "misencoded") or (outcome.kind == "error" and outcome.detail[0] == "XX000")
 
 
 def _row_of(table: str) -> str:

@@ -123,7 +123,8 @@ def _numeric(value: Decimal) -> bytes:
     if value.is_nan():
         return struct.pack("!hhHh", 0, 0, 0xC000, 0)
     if value.is_infinite():
-        return struct.pack("!hhHh", 0, 0, 0xD000 if value > 0 else 0xF000, 0)
+        # PostgreSQL reads a special value's header as a short numeric's, whose dscale bits say 32
+        return struct.pack("!hhHh", 0, 0, 0xD000 if value > 0 else 0xF000, 32)
     sign, digits, exponent = value.as_tuple()
     assert isinstance(exponent, int)
     dscale = max(0, -exponent)

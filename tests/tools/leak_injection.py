@@ -7,7 +7,9 @@ digits of a noised value are masked), and a reduction that masks too much is bli
 what it masked. Each site below is a file, a snippet that occurs there once, and the text that
 makes dpproxy leak one row's presence through an output channel while the noised value stays
 plausible: a released numeric's scale, a trailing zero, a notice's figure, the command tag, a
-cell left out, the RowDescription's type modifier or type, NULL for a value. The runner is
+cell left out, the RowDescription's type modifier or type, NULL for a value, a binary float8's
+low bit or numeric's dscale, a binary COPY cell, a COPY's row count, a percentile array's
+element or lower bound, PortalSuspended after a row-limited Execute. The runner is
 :mod:`guard_ablation`'s (a scratch copy, one site at a time, its selection with ``-x``): a site is
 KILLED when some test of its selection fails, SURVIVED when none does (that comparator is blind).
 
@@ -45,6 +47,25 @@ First runs (branch h77, 2026-11-27), on a machine shared with four other helpers
   became a one-row answer's tag;
 * with tests/value_spelling.py's rules per column, type modifiers and sizes compared and only
   the notice figures that follow the noise or the budget masked: 9 KILLED of 9 (11.5 min).
+
+Seven more sites (branch h90, 2026-11-27), for the channels a release's text does not show,
+on a machine shared with six other helpers:
+
+* against the comparison as it was: 1 KILLED (a binary numeric's dscale, which psycopg's
+  binary loader turns into a Decimal's scale), 6 SURVIVED: a binary float8's low bit, a binary
+  COPY cell, a COPY's tag, a percentile array's element spelling and its lower bound (psycopg's
+  array loader drops it), CommandComplete for PortalSuspended (13.5 min);
+* two of the survivors were the hooks' fault first: a flag set per release_columns call was
+  reset by the statement's later releases (all-NULL parts) before the answer's bytes were made;
+  the flag now stays until a hooked value takes it;
+* with binary values held to PostgreSQL's send of the same release's text (a repeat), arrays
+  read with their text, the raw Execute path's rows spelled and four pinned forms (Execute with
+  a row limit in text and binary, a percentile array in text, a binary COPY of numerics):
+  6 KILLED of 7 (4.7 min). copy.tag-row-count SURVIVED: the fuzzer's COPY row count was never
+  compared (psycopg's statusmessage is None after a COPY and its rowcount is forgotten once the
+  cursor closes; it is now read before), and its hook's "some part odd" was true on every table;
+* with the row count read and that site's flag the parity of its own statement's parts: all 16
+  sites KILLED (one run, ~9 min, the machine less loaded than before).
 """
 
 _CR = "proxy/dp/column_release.py"
@@ -70,6 +91,39 @@ _NUMERIC_SUM = "        return release_grid_sum(grid.rounded(total), grid.sensit
 _MEAN = ("        return release_mean(total if total is not None else 0, int(count or 0), lo, hi, epsilon,\n"
          "                            on_grid=column.type_oid in FLOAT_TYPES)\n")
 _ROW = "    row = _encoded(plan, releases, codec)\n"
+
+# The channels a release's text does not show, each leaked by a hook that the mutation installs
+# from release_columns (which sees the exact parts of an ungrouped answer and of every cell):
+# that an exact integer part was odd is kept on the executor until the next value the hook
+# alters takes it (:data:`_TAKE`: a statement releases more than once, some of its releases over
+# parts all NULL, so a flag set per call was reset before the answer's bytes were made), and a
+# function the answer's bytes pass through after its text is replaced by one that reads it.
+_RELEASE = ("    if not units:\n"
+            "        return [release_column(agg, agg_parts, epsilon, table) for agg, agg_parts in zip(aggregates, parts)]\n")
+
+
+def _hooked(module: str, name: str, body: str, owner: str = "", parity: bool = False) -> str:
+    """:data:`_RELEASE` preceded by the hook: ``module``'s ``name`` (or its ``owner`` class's),
+    kept as ``_plain_<name>``, replaced once by ``_leaky``, whose ``body`` (indented for it)
+    takes :data:`_TAKE`; with ``parity`` the flag is set where a call's exact integer parts add
+    up to an odd number instead, for a hook that clears it as its statement starts."""
+    return ("    import dataclasses as _d, struct as _s, sys as _y\n"
+            "    import proxy.serving.executor as _x\n"
+            + ("    if sum(p for ps in parts for p in ps if isinstance(p, int) and not isinstance(p, bool)) % 2:\n"
+               "        _x._leak = True\n" if parity else
+               "    if any(isinstance(p, int) and not isinstance(p, bool) and p % 2 for ps in parts for p in ps):\n"
+               "        _x._leak = True\n")
+            + f"    _m = _y.modules[{module!r}]{'.' + owner if owner else ''}\n"
+            f"    if not hasattr(_m, '_plain_{name}'):\n"
+            f"        _m._plain_{name} = _plain = getattr(_m, {name!r})\n"
+            + "".join(f"        {line}\n" for line in body.splitlines())
+            + f"        setattr(_m, {name!r}, _leaky)\n" + _RELEASE)
+
+
+_TAKE = "_x.__dict__.pop('_leak', False)"
+_FLIP = "_s.pack('!q', _s.unpack('!q', out)[0] ^ 1)"
+# numeric_send with one more base-10000 digit, a zero: the same value, a longer cell
+_LONGER = "_s.pack('!h', _s.unpack('!h', out[:2])[0] + 1) + out[2:] + bytes(2)"
 
 SITES: tuple[Site, ...] = (
     # A numeric SUM printed with as many fraction digits as the exact total has (at most 40):
@@ -135,6 +189,70 @@ SITES: tuple[Site, ...] = (
          "        if not any(bool(p) for ps in parts for p in ps):\n            continue\n"
          "        releases = release_columns(plan.aggregates, parts, units, share, plan.table.policy)\n        first = first or releases\n",
          "cells"),
+    # A binary float8 (format code 1 in Bind, binary COPY) whose lowest mantissa bit is flipped
+    # when an exact part is odd: the text stays the release's.
+    Site("binary.float8-low-bit-follows-the-exact-value", _CR, _RELEASE, _hooked(
+        "proxy.serving.executor", "binary_from_text",
+        "def _leaky(text, oid):\n"
+        "    out = _plain(text, oid)\n"
+        f"    return {_FLIP} if oid == 701 and {_TAKE} else out"), "values"),
+    # A binary numeric whose dscale is one more than its text's when an exact part is odd.
+    Site("binary.numeric-dscale-follows-the-exact-value", _CR, _RELEASE, _hooked(
+        "proxy.serving.executor", "binary_from_text",
+        "def _leaky(text, oid):\n"
+        "    out = _plain(text, oid)\n"
+        f"    if oid == 1700 and not out[4] & 0x80 and {_TAKE}:\n"
+        "        out = out[:6] + _s.pack('!h', _s.unpack('!h', out[6:8])[0] + 1) + out[8:]\n"
+        "    return out"), "values"),
+    # A binary COPY's cells (not a Bind's values) longer by a zero digit (numeric) or with the low
+    # bit flipped (float8) when an exact part is odd.
+    Site("copy.binary-cell-follows-the-exact-value", _CR, _RELEASE, _hooked(
+        "proxy.serving.executor", "copy_messages",
+        "def _leaky(result, options):\n"
+        f"    if options.binary and {_TAKE}:\n"
+        "        def cell(out, oid):\n"
+        f"            return out if out is None else {_LONGER} if oid == 1700 else {_FLIP} if oid == 701 else out\n"
+        "        rows = [[cell(v, f.type_oid) for v, f in zip(row, result.fields)] for row in result.rows]\n"
+        "        result = _d.replace(result, rows=rows)\n"
+        "    return _plain(result, options)"), "values"),
+    # A COPY's tag counting one row more than it sent when the exact integer parts of its releases
+    # add up to an odd number: the flag is cleared as the COPY starts, so that it is this
+    # statement's (a flag left by another statement, or "some part odd", was the same on every
+    # table, and the site SURVIVED).
+    Site("copy.tag-row-count-follows-the-exact-value", _CR, _RELEASE, _hooked(
+        "proxy.serving.executor", "_copy_out",
+        "async def _leaky(self, *args, **kwargs):\n"
+        "    _x._leak = False\n"
+        "    copied, notices, cost = await _plain(self, *args, **kwargs)\n"
+        f"    if {_TAKE}:\n"
+        "        copied = _d.replace(copied, tag='COPY %d' % (int(copied.tag.split()[1]) + 1))\n"
+        "    return copied, notices, cost", owner="Executor", parity=True), "values"),
+    # A percentile array's first element with a trailing zero (or ".0" after an integer's digits)
+    # when an exact part is odd.
+    Site("array.element-spelling-follows-the-exact-value", _CR, _RELEASE, _hooked(
+        "proxy.dp.answer", "encode_array_text",
+        "def _leaky(values, element, scale=None):\n"
+        "    out = _plain(values, element, scale)\n"
+        "    first, comma, rest = out[1:-1].partition(b',')\n"
+        "    if first not in (b'', b'NULL') and b'e' not in first and first[-1:].isdigit() and " + _TAKE + ":\n"
+        "        out = b'{' + first + (b'0' if b'.' in first else b'.0') + comma + rest + b'}'\n"
+        "    return out"), "values"),
+    # A percentile array printed with a lower bound of 0 ([0:n-1]={...}) when an exact part is odd.
+    Site("array.lower-bound-follows-the-exact-value", _CR, _RELEASE, _hooked(
+        "proxy.dp.answer", "encode_array_text",
+        "def _leaky(values, element, scale=None):\n"
+        "    out = _plain(values, element, scale)\n"
+        f"    return b'[0:%d]=' % (out.count(b',')) + out if out != b'{{}}' and {_TAKE} else out"), "values"),
+    # Execute with a row limit: CommandComplete in place of PortalSuspended when an exact part is
+    # odd (the rows sent the same).
+    Site("portal.suspended-or-complete-follows-the-exact-value", _CR, _RELEASE, _hooked(
+        "proxy.serving.extended", "protocol",
+        "class _leaky:\n"
+        "    def __getattr__(self, attribute):\n"
+        f"        if attribute == 'PORTAL_SUSPENDED' and {_TAKE}:\n"
+        "            return _plain.command_complete('SELECT 1')\n"
+        "        return getattr(_plain, attribute)\n"
+        "_leaky = _leaky()"), "values"),
 )
 
 
