@@ -25,14 +25,18 @@ __all__ = [
     "NEUTRALISED_FUNCTIONS",
     "NEUTRALISED_PG_CLASS_COLUMNS",
     "NEUTRALISED_PG_DATABASE_COLUMNS",
+    "PASSTHROUGH_FUNCTIONS",
     "PASSTHROUGH_ONLY_FUNCTIONS",
     "SAFE_SETTINGS",
     "SESSION_EFFECT_FUNCTIONS",
+    "VALUE_CAST_TYPES",
+    "VALUE_FUNCTIONS",
     "ascii_safe_encoding",
     "allowed_catalog_relation",
     "allowed_function",
     "exact_floats",
     "refused_function_reason",
+    "value_function",
 ]
 
 CATALOG_SCHEMAS = frozenset({"pg_catalog", "information_schema"})
@@ -168,6 +172,47 @@ _FUNCTIONS = frozenset(
     }
 )
 
+# Of the allowlisted functions, those a statement on a protected table may call (in its
+# post-processing, since its WHERE and aggregate arguments allow fewer): value functions, whose
+# result is a function of their arguments (string, number, date/time, JSON and array
+# formatting), and the session's own values. Not the catalog helpers (format_type,
+# pg_get_*def, obj_description, pg_describe_object, pg_tablespace_location, to_reg*,
+# has_*_privilege ...): over a release they look up the catalog by a released number, so a
+# release would become a probe of objects by OID, answered or failing (XX000, 58P01) as the
+# catalog and the noise decide. Nor a set-returning function or an aggregate of the catalog's
+# (generate_series, unnest, string_agg ...): classify refuses those on a protected table.
+VALUE_FUNCTIONS = frozenset(
+    {
+        "version", "current_database", "current_schema", "current_user", "session_user", "current_catalog",
+        "array_to_string", "array_upper", "array_lower", "array_length", "array_position", "array_positions",
+        "cardinality", "count", "min", "max", "sum", "avg",
+        "json_build_object", "jsonb_build_object", "json_build_array", "jsonb_build_array", "to_json", "to_jsonb",
+        "row_to_json",
+        "replace", "btrim", "trim", "ltrim", "rtrim", "lower", "upper", "length", "char_length", "octet_length",
+        "substr", "substring", "left", "right", "position", "strpos", "concat", "concat_ws", "format",
+        "quote_ident", "quote_literal", "quote_nullable", "split_part", "like_escape", "starts_with",
+        "abs", "round", "trunc", "floor", "ceil", "ceiling", "mod", "now", "current_timestamp", "pg_typeof",
+        "extract", "date_part", "date_trunc", "pg_size_pretty"
+    }
+)
+
+# The types a statement on a protected table may cast to (PostgreSQL's names, as its parser
+# writes them, ``pg_catalog.`` prefix optional, arrays of them too): value types. Not oid, the
+# reg* types nor the other system identifiers (xid, tid, pg_lsn ...): ``count(*)::regclass``
+# prints the name of the relation whose OID the noise gave, a catalog probe by a released
+# number; nor a type of the database's own (a domain, an enum, a composite): its input and
+# cast functions are the database's, not PostgreSQL's.
+VALUE_CAST_TYPES = frozenset(
+    {
+        "int2", "int4", "int8", "numeric", "float4", "float8", "money", "bool", "text", "varchar", "bpchar",
+        "char", "name", "date", "time", "timetz", "timestamp", "timestamptz", "interval", "json", "jsonb",
+        "uuid", "bytea", "bit", "varbit",
+    }
+)
+
+# Every function a catalog statement may call (the neutralised ones aside).
+PASSTHROUGH_FUNCTIONS = _FUNCTIONS
+
 # Allowlisted functions that change the session: catalog statements may call them, no
 # statement on a protected table may (a DP statement's functions are pure).
 SESSION_EFFECT_FUNCTIONS = frozenset({"set_config", "pg_advisory_unlock_all"})
@@ -273,6 +318,11 @@ def allowed_function(name: str) -> bool:
     """
     bare = name.removeprefix("pg_catalog.")
     return bare in _FUNCTIONS or bare in NEUTRALISED_FUNCTIONS
+
+
+def value_function(name: str) -> bool:
+    """True for the allowlisted functions a statement on a protected table may call (``VALUE_FUNCTIONS``)."""
+    return name.removeprefix("pg_catalog.") in VALUE_FUNCTIONS
 
 
 # Why a function off the allowlist is refused, by name prefix (first match wins).

@@ -19,12 +19,12 @@ from policies.tables import Relation, TableRegistry, quote_identifier
 
 from .catalog import (
     CATALOG_SCHEMAS, EMPTIED_RELATIONS, PASSTHROUGH_ONLY_FUNCTIONS, SAFE_SETTINGS, SESSION_EFFECT_FUNCTIONS,
-    allowed_catalog_relation, allowed_function, ascii_safe_encoding, exact_floats,
+    allowed_catalog_relation, allowed_function, ascii_safe_encoding, exact_floats, value_function,
 )
 from .constants import FUNCTIONS as FOLDABLE_FUNCTIONS
 from .copy import CopyOptions, copy_query
 from .cursors import CursorOptions, Fetch, declare_query, declare_sql, fetch_of
-from .function_check import check_functions, inexact_floats, unsafe_client_encoding
+from .function_check import catalog_function_refusal, check_functions, inexact_floats, unsafe_client_encoding
 from .dp_query import AggregateQuery, asks_for_no_row, plan_aggregate_query
 from .neutralise import empty_relations, neutralise_pg_class, neutralise_pg_database
 from .partitioned_reads import refuse_partitioned_read
@@ -562,10 +562,14 @@ def _check_function_names(functions: frozenset[str], relation: Relation) -> None
             "Format the answer in the client: over a DP answer it could fail after the charge.",
             "function-allowlist",
         )
+    catalog = sorted(name for name in functions - _DP_FUNCTIONS
+                     if allowed_function(name) and name not in _OTHER_AGGREGATES and not value_function(name))
+    if catalog:
+        raise catalog_function_refusal(catalog[0], relation.display_name)
     unknown = {
         name for name in functions - _DP_FUNCTIONS
         if name in _OTHER_AGGREGATES
-        or not (allowed_function(name) or name.removeprefix("pg_catalog.") in FOLDABLE_FUNCTIONS)
+        or not (value_function(name) or name.removeprefix("pg_catalog.") in FOLDABLE_FUNCTIONS)
     }
     if unknown:
         name = sorted(unknown)[0]

@@ -7,10 +7,14 @@ from typing import Any
 
 from policies.errors import SQLSTATE, Refusal
 
-from .catalog import NEUTRALISED_FUNCTIONS, SAFE_SETTINGS, allowed_function, ascii_safe_encoding, exact_floats, refused_function_reason
+from .catalog import (
+    NEUTRALISED_FUNCTIONS, SAFE_SETTINGS, VALUE_CAST_TYPES, allowed_function, ascii_safe_encoding, exact_floats,
+    refused_function_reason, value_function,
+)
 from .statements import Statement
 
-__all__ = ["check_functions", "inexact_floats", "unsafe_client_encoding"]
+__all__ = ["catalog_function_refusal", "check_functions", "check_value_expressions", "inexact_floats",
+           "unsafe_client_encoding"]
 
 
 # Column names that are also names of harmless (type conversion, formatting) functions: a
@@ -69,6 +73,87 @@ def check_functions(statement: Statement, function_names: frozenset[str] | None 
             _check_set_config(statement.node)
 
 
+def catalog_function_refusal(name: str, table: str | None = None) -> Refusal:
+    """The refusal of a catalog helper (allowlisted for catalog statements, not a value function)
+    in a statement on a protected table: over a release it looks the catalog up by a released number."""
+    where = f"in a statement on protected table {table}" if table is not None else "over a DP answer"
+    return Refusal(
+        SQLSTATE.DP_QUERY_SHAPE,
+        f"function {name}() reads the catalog; it is not allowed {where} (rule: function-allowlist)",
+        "Post-processing of a DP answer may use value functions only: arithmetic, rounding, string, date/time, "
+        "JSON and array formatting, CASE/COALESCE/NULLIF/GREATEST/LEAST and casts to value types; "
+        "query the catalog in a statement of its own.",
+        "function-allowlist",
+    )
+
+
+def check_value_expressions(statement: Statement) -> None:
+    """Refuse, in a DP statement's post-processing (``statement``: its outer statement), what is
+    no value expression: a cast to a type outside ``VALUE_CAST_TYPES`` (``count(*)::regclass``
+    names the relation whose OID the noise gave), attribute notation of a catalog helper or of
+    such a type (``(count(*)::oid).pg_get_userbyid``, ``(count(*)).regclass``), and a
+    ``format()`` whose width or format string an argument gives (``format('%*s', n, 'x')``:
+    an output as long as the released n) or a replace() that lengthens (nested, each multiplies
+    the size by how often the released digits match). Decided by the text alone, before any charge."""
+    for name in sorted(statement.references.fields):
+        if name in _SYSTEM_TYPE_FIELDS:
+            raise _cast_refusal(f"{name} (attribute notation)")
+        if allowed_function(name) and not value_function(name):
+            raise catalog_function_refusal(name)
+    for names in _cast_types(statement.node):
+        if names[-1] not in VALUE_CAST_TYPES or names[:-1] not in ([], ["pg_catalog"]):
+            raise _cast_refusal(".".join(names))
+    for call in _function_calls(statement.node, "format"):
+        pattern = _literal_text(call, 0)
+        if pattern is None or "*" in pattern:
+            raise _sized_output("format() with a width taken from an argument (*), or a format string that is not "
+                                "a literal,", "write the width in the format string (format('%10s', ...))")
+    for call in _function_calls(statement.node, "replace"):
+        old, new = _literal_text(call, 1), _literal_text(call, 2)
+        if old is None or new is None or len(new) > len(old):
+            raise _sized_output("replace() whose replacement is longer than the text it replaces, or not a literal,",
+                                "replace a literal by one no longer (replace(x::text, '.', ','))")
+
+
+def _literal_text(call: dict[str, Any], position: int) -> str | None:
+    """The string literal a FuncCall has as its argument at ``position``, or None."""
+    args = call.get("args") or []
+    if len(args) <= position:
+        return None
+    value = args[position].get("A_Const", {}).get("sval", {}).get("sval")
+    return value if isinstance(value, str) else None
+
+
+def _sized_output(what: str, instead: str) -> Refusal:
+    """The refusal of a call whose output a released value could make as long as it is large."""
+    return Refusal(
+        SQLSTATE.DP_QUERY_SHAPE,
+        f"{what} is not allowed over a DP answer (rule: sized-output)",
+        f"A released value would decide how long the answer is; {instead}, or do it in the client. "
+        "Post-processing may not multiply the size of a released value.",
+        "sized-output",
+    )
+
+
+def _cast_refusal(type_name: str) -> Refusal:
+    return Refusal(
+        SQLSTATE.DP_QUERY_SHAPE,
+        f"a cast to {type_name} is not allowed over a DP answer (rule: value-types)",
+        "Post-processing may cast to value types only: " + ", ".join(sorted(VALUE_CAST_TYPES)) +
+        " (and arrays of them); oid and the reg* types would look the catalog up by a released number.",
+        "value-types",
+    )
+
+
+# Field names that are casts to a system identifier type in attribute notation (``(x).oid`` is oid(x)).
+_SYSTEM_TYPE_FIELDS = frozenset({"oid", "regclass", "xid"})
+
+
+def _cast_types(node: Any) -> list[list[str]]:
+    """The type names (their dotted parts) of every cast in a pglast JSON tree."""
+    return [[part["String"]["sval"] for part in cast["typeName"]["names"]] for cast in _nodes(node, "TypeCast")]
+
+
 def _check_set_config(node: Any) -> None:
     """set_config(name, ...) is a SET: only for safe settings named by a literal."""
     for call in _function_calls(node, "set_config"):
@@ -103,6 +188,12 @@ def _is_true(arg: Any) -> bool:
 
 
 def _function_calls(node: Any, name: str) -> list[dict[str, Any]]:
+    """The FuncCall nodes of a pglast JSON tree that call ``name`` (any schema)."""
+    return [call for call in _nodes(node, "FuncCall") if call["funcname"][-1]["String"]["sval"] == name]
+
+
+def _nodes(node: Any, kind: str) -> list[dict[str, Any]]:
+    """Every node of ``kind`` (``FuncCall``, ``TypeCast`` ...) in a pglast JSON tree."""
     found: list[dict[str, Any]] = []
     stack = [node]
     while stack:
@@ -110,9 +201,8 @@ def _function_calls(node: Any, name: str) -> list[dict[str, Any]]:
         if isinstance(item, list):
             stack.extend(item)
         elif isinstance(item, dict):
-            call = item.get("FuncCall")
-            if call is not None and call["funcname"][-1]["String"]["sval"] == name:
-                found.append(call)
+            if kind in item:
+                found.append(item[kind])
             stack.extend(v for v in item.values() if isinstance(v, (dict, list)))
     return found
 

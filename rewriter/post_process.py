@@ -16,8 +16,11 @@ Foundations of Differential Privacy", 2014, Prop. 2.1): the outer statement's re
 errors (``integer out of range``) and its timing are functions of the released values and the
 statement's text alone. That holds because, checked on PostgreSQL's own parse tree of the outer
 text, it references no relation (no RangeVar) and no subquery (no SubLink); every function it
-calls passes the allowlist of catalog passthrough (which has no function that reads data, files,
-sizes, statistics or sleeps) and none changes the session (no set_config()); its names are
+calls passes the allowlist of catalog passthrough, and every one the analyst wrote is a value
+function (``rewriter.catalog.VALUE_FUNCTIONS``, checked by rewriter.classify on the whole
+statement: none reads data, files, the catalog, sizes or statistics, sleeps or changes the
+session); it casts to value types only, and no call lets a released value decide how long the
+answer is (:func:`rewriter.function_check.check_value_expressions`); its names are
 pinned to pg_catalog (:mod:`rewriter.qualify`); and it runs in the analyst's read-only session after the release. Client parameters in the
 post-processing part are refused (a clear hint says to use literals): the outer statement has
 parameters of its own.
@@ -37,7 +40,7 @@ from policies.errors import SQLSTATE, Refusal
 from .catalog import SESSION_EFFECT_FUNCTIONS
 from .certain_errors import fails_on_every_release
 from .date_parts import date_part_shape
-from .function_check import check_functions
+from .function_check import check_functions, check_value_expressions
 from .group_keys import year_extract
 from .qualify import qualify
 from .statements import split_statements
@@ -350,6 +353,7 @@ def checked(sql: str, function_names: frozenset[str] | None = None) -> str:
             "function-allowlist",
         )
     check_functions(statement, function_names)
+    check_value_expressions(statement)
     return qualify(sql)
 
 
