@@ -407,8 +407,13 @@ def _grouped_sql(query: AggregateQuery, parts: list[Part], source: str) -> str:
 
     Each group reports the cell it falls in (one column per key, ``GroupKey.cell_sql``, and its
     grid index ``g``) and its parts; groups in no cell are left out, after grouping. A reported
-    cell may receive several groups (the values an ``other`` key catches): an outer query adds them
-    up per reported cell (and grid index), exactly (PostgreSQL's numeric sum is). So the backend
+    cell may receive several groups (the values an ``other`` key catches, or values a
+    nondeterministic collation finds equal: only a category key's cell can): an outer query adds
+    them up per reported cell (and grid index), exactly (PostgreSQL's numeric sum is); without a
+    category key each group is its cell's only one, and there is no outer query, whose GROUP BY
+    PostgreSQL may implement with a sort of the groups (the presorted check, :func:`shuffled_source`,
+    over groups in hash order: at most a small lever where the groups are few, none where the
+    plan hashes; see docs/threat-model.md). So the backend
     sends one row per reported cell that rows reach, whatever values they hold; where that row is
     the cell's only one (:func:`cut_in_backend`), its numeric totals are cut to the digits their
     grid rounding needs (:func:`sent`), never sent with every fraction digit a row holds. Else
@@ -433,8 +438,15 @@ def _grouped_sql(query: AggregateQuery, parts: list[Part], source: str) -> str:
     present = " AND ".join(f"k{i} IS NOT NULL" for i in range(len(query.groups)))
     # OFFSET 0 keeps the filter on the groups: PostgreSQL would push a HAVING (or an outer WHERE)
     # on grouping expressions down to every row, computing each key twice per row.
-    grouped = ", ".join([*cells, *(f"{part.sql} AS p{i}" for i, part in enumerate(parts))])
     cut = cut_in_backend(query)
+    if not any(key.kind == "category" for key in query.groups):
+        # Each group reports a value of its own (an integer, a bucket, a time): it is its cell's
+        # only row, and no outer query (whose GROUP BY PostgreSQL may sort) is needed.
+        totals = [f"{sent(part, part.sql) if cut else part.sql} AS p{i}" for i, part in enumerate(parts)]
+        outputs = [*keys, *(f"p{i}" for i in range(len(parts)))]
+        return (f"SELECT {', '.join(outputs)} FROM (SELECT {', '.join([*cells, *totals])} FROM {source} "
+                f"GROUP BY {rows} OFFSET 0) AS cells WHERE {present}")
+    grouped = ", ".join([*cells, *(f"{part.sql} AS p{i}" for i, part in enumerate(parts))])
     totals = [sent(part, f"pg_catalog.sum(p{i})") if cut else f"pg_catalog.sum(p{i})" for i, part in enumerate(parts)]
     return (f"SELECT {', '.join([*keys, *totals])} FROM (SELECT {grouped} FROM {source} GROUP BY {rows} OFFSET 0) "
             f"AS cells WHERE {present} GROUP BY {', '.join(keys)}")

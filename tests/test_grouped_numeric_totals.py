@@ -24,7 +24,7 @@ from policies.model import ColumnPolicy, TablePolicy
 from policies.tables import ColumnInfo, Relation
 from proxy.dp.column_release import release_column
 from rewriter.dp_query import AggregateQuery, plan_aggregate_query
-from rewriter.rewrite import backend_sql, clamped, cut_in_backend, decided_total, split_cells
+from rewriter.rewrite import aggregate_parts, backend_sql, clamped, cut_in_backend, decided_total, split_cells
 
 _NUMERIC, _TEXT, _TIMESTAMPTZ = 1700, 25, 1184
 _TABLE = "grouped_totals"
@@ -114,7 +114,10 @@ def test_a_group_bys_numeric_totals_are_summed_per_cell_and_cut_in_the_backend(
     admin.execute(f"INSERT INTO {_TABLE} VALUES ({_FINE}, 'y', '2021-03-06'), ({_FINE}, 'a', '2021-04-03')")
     plan = plan_aggregate_query(sql, relation)
     assert cut_in_backend(plan)
-    assert decided_total("pg_catalog.sum(p0)", policy.total_digits) in backend_sql(plan, seed=3)
+    # A category key's cells add their groups up in an outer query; any other key's group is its
+    # cell's only row, cut where it is computed.
+    first = aggregate_parts(plan.aggregates[0])[0].sql if plan.groups[0].kind != "category" else "pg_catalog.sum(p0)"
+    assert decided_total(first, policy.total_digits) in backend_sql(plan, seed=3)
     rows = admin.execute(backend_sql(plan, seed=3)).fetchall()
     keys = len(plan.groups)
     assert len({tuple(row[:keys]) for row in rows}) == len(rows)  # one row per reported cell
