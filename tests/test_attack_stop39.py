@@ -273,6 +273,6 @@ def test_a_filter_repeated_in_having_or_order_by_counts_once(stop39_proxy: Runni
         sql = form.replace("{f}", _FILTERED)
         outcome = same_on_neighbours(conn, sql, _NAMES, spent_epsilon)
         assert outcome[0] == "answer", outcome
-        notice = str(outcome[7])  # after the type modifiers (neighbour_outcome.masked_outcome)
+        notice = str(outcome[-1])  # the notices come last (neighbour_outcome.masked_outcome)
         assert notice.count("laplace scale") == 1, notice  # one release, so in the backend SQL once
         _refused(conn, sql.replace("AS c", "AS c, sum(b)" + _FILTERED[len("count(*)"):]), "400 values")
