@@ -141,15 +141,16 @@ def exact_values(admin_dsn: str) -> dict[Case, float]:
         return {case: float(conn.execute(case.sql).fetchone()[0]) for case in CASES + GRID_CASES}  # type: ignore[index]
 
 
-def release_cpu_ms(case: Case, repeats: int = 20) -> float:
+def release_cpu_ms(case: Case, padded: bool, repeats: int = 20) -> float:
     """CPU milliseconds one release of ``case``'s percentile takes in dpproxy's mechanism (the
-    Gumbel draws over the grid), on counts spread over the grid; process time, not wall clock."""
+    draw over the grid, ``padded`` to the worst case's trials as on a table without
+    ``answer_quantum_ms``, or not), on counts spread over the grid; process time, not wall clock."""
     lo, hi = GRID_BOUNDS[case.column]
     grid = QuantileGrid.for_bounds(lo, hi, True, case.cells)
     counts = [(i * 7919) % 50 for i in range(grid.count)]
     started = time.process_time()
     for _ in range(repeats):
-        release_quantile(grid, counts, Fraction(case.fraction or "0.5"), 1.0)
+        release_quantile(grid, counts, Fraction(case.fraction or "0.5"), 1.0, padded=padded)
     return (time.process_time() - started) / repeats * 1000
 
 
@@ -218,8 +219,10 @@ def render(exact: dict[Case, float], errors: dict[tuple[Case, float], list[float
         "## Percentiles and the grid",
         "",
         "`quantile_cells` (K) at ε = 1, the same runs: the median absolute error (90th percentile),",
-        "the notice's 95% rank bound, and the CPU time of one release's Gumbel draws in dpproxy",
-        "(process time on the machine that ran this, which was shared: a rough guide, linear in K).",
+        "the notice's 95% rank bound, and the CPU time of one release's draw in dpproxy, padded to the",
+        "worst case's trials as on a table without `answer_quantum_ms` (unpadded, as on a table with one,",
+        "in parentheses; process time on the machine that ran this, which was shared: a rough guide,",
+        "linear in K; [threat-model.md](threat-model.md#what-is-not-protected) says why it is padded).",
         "The backend's work grows with K too (up to K groups of rows), which this does not time.",
         "",
         "| percentile | exact | K | cell width | error | rank bound (rows) | CPU per release |",
@@ -231,7 +234,8 @@ def render(exact: dict[Case, float], errors: dict[tuple[Case, float], list[float
         lo, hi = GRID_BOUNDS[case.column]
         bound = quantile_error95(1.0, case.cells, Fraction(case.fraction or "0.5"))
         lines.append(f"| {case.label} | {_fmt(exact[case])} | {case.cells} | {_fmt((hi - lo) / case.cells)} | "
-                     f"{_fmt(statistics.median(errs))} ({_fmt(p90)}) | {bound:.3g} | {release_cpu_ms(case):.2g} ms |")
+                     f"{_fmt(statistics.median(errs))} ({_fmt(p90)}) | {bound:.3g} | "
+                     f"{release_cpu_ms(case, True):.2g} ms ({release_cpu_ms(case, False):.2g} ms) |")
     lines += [
         "",
         "A finer grid is more accurate until the cell width is below the data's own spread near the",
