@@ -22,6 +22,44 @@ Found and fixed, pinned here:
 * A domain column compared with a constant of another family (``d > 5`` on a domain over
   ``date``, ``p > TRUE``): 42883 after the charge, on every table. The family check now takes a
   domain's base type, and refuses these before the charge.
+
+The fuzzer's table has a column of a domain over numeric now (tests/neighbour_cases.py), which
+finds the first of these at seed 17 without the fix.
+
+Found and not fixed (docs/threat-model.md, Timing): a ``numeric`` of unconstrained precision
+holding 131,072 digits (~64 kB, stored out of line or compressed) is detoasted again by every term
+and every aggregate's clamp that reads the column, as a long text was before its value bound. On
+PostgreSQL 16, 1,000 rows, best of 40 runs: +1.2 ms to ``n IN (<256 numbers>)`` (+2.3 ms when the
+digits compress), +12 ms to 250 ``sum(n) FILTER (WHERE id > k)`` (31 → 43 ms); ``EXPLAIN
+(BUFFERS)`` counts 10 more buffer hits per term for that row. A timing oracle on a table without
+``answer_quantum_ms``, within every limit. Bounding it as text is bounded (a value stored in more
+than some bytes, or compressed, reads as NULL: ``pg_column_size``, ``pg_column_compression``)
+changes answers and adds two header reads per reference; weighing numeric reads in the work limit
+would refuse a plain ``var_pop(n)`` (about twenty reads of ``n``): a choice for the lead.
+
+Tried, and held:
+
+* Raw equality on a table with a quantum (``t = 'x'``, IN, OR/AND nesting, FILTER, CASE, HAVING
+  on a key, a series limit's two queries, COUNT(DISTINCT), MODE) against rows of 300 bytes, a
+  multibyte character straddling byte 256, 64 and 65 four-byte characters, trailing blanks, ``''``
+  and NULL, on text, varchar, varchar(5) and a "C"-collated column: the same outcome on
+  neighbours, and the exact counts of the raw and the bounded backend SQL equal on each of them
+  for seventeen conditions (``IS NOT FALSE``/``IS NOT TRUE``, ``NOT NOT``, NOT over OR, IS NULL
+  beside). ``COLLATE`` on either side, ``(t = 'x') = TRUE``, CASE and COALESCE in WHERE are refused;
+  a wrapper output named ``"raw 2"`` is flattened to the bounded column, never the raw projection.
+* Domains over text: the bounded ``CASE WHEN octet_length(d) <= N THEN d END`` is of the base type
+  (PostgreSQL resolves a CASE of a domain and an untyped NULL to the base type), so a ``NOT NULL``
+  or ``CHECK (VALUE <> '')`` domain never coerces a NULL or a constant; category cells are integer
+  indices; categories or COUNT(DISTINCT) on a ``NOT NULL`` domain are refused (the typed-NULL
+  probe fails), before any charge; LIKE and lower() of a domain are refused.
+* Domains over int, numeric, date, timestamp and timestamptz compared with values of their own
+  family (dates at infinity and at the types' limits, NaN, ±Infinity): the same outcome; a literal
+  the base type cannot read is PostgreSQL's 22P02 before the charge; bounds and folded values on a
+  domain are refused.
+* bytea: an invalid hex literal is 22023 before the charge; equality with a literal or a bound
+  bytes parameter, COUNT(DISTINCT) of it: the same outcome.
+* The padded exponential draw: one candidate, all scores equal (the coin's probability exactly
+  1, which OpenDP's randomized response takes), 1,000 candidates at a scale of 1e-300.
 """
 
 from __future__ import annotations
