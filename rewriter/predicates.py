@@ -31,9 +31,10 @@ planning) must be unable to fail. Hence refused, from the text alone:
 * a cast other than one cast of a literal or parameter to a built-in type: a cast of a
   cast, or of a typed parameter to a date/time type, runs a STABLE input function per row,
   and a domain's CHECK runs per row;
-* a comparison that makes PostgreSQL convert a ``numeric`` column to ``real``/``double
-  precision`` (a float column or a float-typed value on the other side): the conversion
-  fails per row for values beyond the float range;
+* a comparison that makes PostgreSQL convert a ``numeric`` column (or one of a domain over
+  ``numeric``: a domain is judged by its base type here and in the family check below) to
+  ``real``/``double precision`` (a float column or a float-typed value on the other side): the
+  conversion fails per row for values beyond the float range;
 * ``lower()``/``upper()`` of a column that is not text, varchar or char: on a range column
   they are its bounds, values of the range's subtype, which a comparison may convert per row
   (``lower(nr) < CAST(1.5 AS double precision)`` fails on a ``numrange`` row bounded by 1e400);
@@ -335,11 +336,13 @@ class _Renderer:
                 )
             return
         kind = _constant_type(other)
-        family = next((family for family in _COLUMN_FAMILIES if column.type_oid in family), None)
+        # A domain's values are its base type's: PostgreSQL compares them with that type's operators.
+        value_type = column.value_type[0]
+        family = next((family for family in _COLUMN_FAMILIES if value_type in family), None)
         if column.enum:
             family = frozenset()  # compared with its labels (quoted strings) only
-        elif family is None and (column.type_oid >= _FIRST_USER_OID or column.type_oid in _OID_TYPES):
-            return  # a domain, or an oid that a whole number converts to (any other type is refused by _compare)
+        elif family is None and (value_type >= _FIRST_USER_OID or value_type in _OID_TYPES):
+            return  # a user's type, or an oid that a whole number converts to (any other type is refused by _compare)
         if kind is not None and kind not in (family or ()):
             raise self.refuse(
                 f"comparing column {column.name} with {other.sql}, a constant of a type PostgreSQL has no comparison "
@@ -616,14 +619,16 @@ class _Renderer:
                 self._check_family(one.column, other)
         operands = [left, right]
         for index, (one, other) in enumerate(((left, right), (right, left))):
-            if one.column is not None and one.column.type_oid in _FLOAT_COLUMNS:
+            # By the values' type: a domain over numeric converts to a float as numeric does.
+            if one.column is not None and one.column.value_type[0] in _FLOAT_COLUMNS:
                 operands[1 - index] = _float_literal(other)
                 continue
-            if one.column is None or one.column.type_oid != NUMERIC:
+            if one.column is None or one.column.value_type[0] != NUMERIC:
                 continue
             if other.parameter:
                 operands[1 - index] = _Operand(f"CAST({other.sql} AS pg_catalog.numeric)", cast="numeric")
-            if other.cast in _FLOAT_CASTS or (other.column is not None and other.column.type_oid in _FLOAT_COLUMNS):
+            if other.cast in _FLOAT_CASTS or (other.column is not None
+                                              and other.column.value_type[0] in _FLOAT_COLUMNS):
                 raise self.refuse(
                     f"comparing numeric column {one.column.name} with a real/double precision value is not allowed on protected table",
                     "PostgreSQL would convert every row's value to double precision, which fails for values beyond "

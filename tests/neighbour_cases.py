@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
-__all__ = ["COLUMNS", "PINNED", "Case", "Column", "adversarial_rows", "generate_case", "policy_columns", "TABLE_DDL"]
+__all__ = ["COLUMNS", "DOMAINS", "PINNED", "domain_ddl", "Case", "Column", "adversarial_rows", "generate_case", "policy_columns", "TABLE_DDL"]
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,20 @@ COLUMNS: tuple[Column, ...] = (
     # A declared scale: its SUM, MIN and MAX print two fraction digits whatever the rows (proxy/dp/answer.py)
     Column("nm", "numeric(8,2)", True, (-1000, 1000), None,
            ("'NaN'", "999999.99", "-0.005", "0.01", "1000", "12.345", "-1000.004"), "group_by: true"),
+    # A domain over numeric (DOMAINS), compared as its base type is: never converted to a float per
+    # row, where 1e400 and 1e-400 fail (it was judged by the domain's OID). Not aggregated: no bounds.
+    Column("dn", "nbf_numeric_domain", False, None, None,
+           ("1e400", "1e-400", "'NaN'", "'-Infinity'", "0", "1.5", "CAST(1.5 AS double precision)", "CAST(2 AS real)",
+            "-1e100")),
 )
+DOMAINS = {"nbf_numeric_domain": "numeric"}
+"""The domains COLUMNS' types name, each over its base type: :func:`domain_ddl` creates them."""
+
+
+def domain_ddl() -> list[str]:
+    """The statements that create :data:`DOMAINS` where they do not exist yet: run before TABLE_DDL."""
+    return [f"DO $$ BEGIN CREATE DOMAIN {name} AS {base}; EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+            for name, base in DOMAINS.items()]
 _BY_NAME = {c.name: c for c in COLUMNS}
 TABLE_DDL = ", ".join(f"{c.name} {c.sql_type}" for c in COLUMNS)
 # Literals that fit no column or sit at type limits; used against any column.

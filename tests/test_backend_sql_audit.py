@@ -28,7 +28,7 @@ from tests.backend_sql_audit import TOTAL, AuditColumn, Finding, audit_backend_s
 from tests.bi_data import PEOPLE_POLICY, create_people
 from tests.bi_statements import PEOPLE_OID, load_recorded
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, make_policy, running_proxy
-from tests.neighbour_cases import TABLE_DDL, adversarial_rows, generate_case, policy_columns
+from tests.neighbour_cases import TABLE_DDL, adversarial_rows, domain_ddl, generate_case, policy_columns
 from tests.test_neighbour_fuzz import BASES, Client
 from tests.type_matrix import CURATED, roles, where_roles
 
@@ -78,6 +78,8 @@ def fuzz_table_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFac
     rows = BASES["base"] + adversarial_rows(random.Random(SEED), 6)
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
         conn.execute(f"DROP TABLE IF EXISTS {_TABLE}")
+        for statement in domain_ddl():
+            conn.execute(statement)
         conn.execute(f"CREATE TABLE {_TABLE} ({TABLE_DDL})")
         conn.execute(f"INSERT INTO {_TABLE} VALUES {', '.join(rows)}")
         conn.execute(f"GRANT SELECT ON {_TABLE} TO dpproxy_service")

@@ -34,7 +34,9 @@ from psycopg import generators
 
 from tests.conftest import TEST_DATABASE, RunningProxy, TestDatabase, make_policy
 from tests.wire import SYNC, Wire, bind, cstr, data_row_values, describe, error_fields, execute, message, parse
-from tests.neighbour_cases import COLUMNS, COPY_OPTIONS, PINNED, TABLE_DDL, Case, adversarial_rows, generate_case, policy_columns
+from tests.neighbour_cases import (
+    COLUMNS, COPY_OPTIONS, PINNED, TABLE_DDL, Case, adversarial_rows, domain_ddl, generate_case, policy_columns,
+)
 from tests.neighbour_outcome import binary_copy_cells, binary_copy_tuples, masked_detail, masked_notice
 from tests.value_spelling import Spelled, keep_number_texts, misencoded, raw_spelling, shape, spelled_apart, spelling
 
@@ -61,8 +63,8 @@ NEWER_CASES = int(os.environ.get("DPPROXY_FUZZ_NEWER_CASES", "200"))
 # that holds rows already, and two groups of the backend's add up in one cell (rewrite.py's split_cells).
 BASES = {"base": ["(" + ", ".join("NULL" for _ in COLUMNS) + ")",
                   "('Male', 'c', 1, 50, 7, 0.5, 2.5, 1e-310, 3, true, '2000-03-15', '2000-07-04 08:00', "
-                  "'2000-01-01 00:00+00', '{\"(0,0)\"}', 12.5)",
-                  "('Female', 'd', 0, 0, 0, 0, 0, 0, 0, false, '2000-12-31', '1999-06-01', NULL, NULL, 0)"],
+                  "'2000-01-01 00:00+00', '{\"(0,0)\"}', 12.5, 5)",
+                  "('Female', 'd', 0, 0, 0, 0, 0, 0, 0, false, '2000-12-31', '1999-06-01', NULL, NULL, 0, 0)"],
          "empty": []}
 # "twice" has base's rows twice: rows equal on every column, which row_hash puts in one partition.
 BASES["twice"] = BASES["base"] * 2
@@ -138,6 +140,8 @@ def create_tables(test_db: TestDatabase) -> None:
     """Each family's base table and its NEIGHBOURS, (re)created with their rows."""
     rows = adversarial_rows(random.Random(SEED), NEIGHBOURS)
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        for statement in domain_ddl():
+            conn.execute(statement)
         for base, base_rows in BASES.items():
             for name, extra in [(f"nbf_{base}", [])] + [(f"nbf_{base}_{k}", [row]) for k, row in enumerate(rows)]:
                 conn.execute(f"DROP TABLE IF EXISTS {name}")

@@ -26,7 +26,7 @@ import pytest
 
 from rewriter.rewrite import partition_key
 from tests.conftest import RunningProxy, TestDatabase, make_policy
-from tests.neighbour_cases import COLUMNS, TABLE_DDL, Case, _Builder, policy_columns
+from tests.neighbour_cases import COLUMNS, TABLE_DDL, Case, _Builder, domain_ddl, policy_columns
 from tests.test_neighbour_fuzz import _POLICY, SEED, Client, draw_tables
 from tests.test_neighbour_fuzz_paths import _any_broken, _charged, _failure, _report
 
@@ -100,6 +100,8 @@ class _Seed:
 def partitions_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
     tables = _tables()
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        for statement in domain_ddl():
+            conn.execute(statement)
         for name, rows in tables.items():
             conn.execute(f"DROP TABLE IF EXISTS {name}")
             key = "id text PRIMARY KEY, " if name.startswith("sa_keyed") else ""
