@@ -23,6 +23,8 @@ from typing import Any
 
 import opendp.prelude as dp
 
+from .opendp_calls import invoke_int
+
 dp.enable_features("contrib")
 
 __all__ = ["NoisePool", "pool_for"]
@@ -65,7 +67,7 @@ class NoisePool:
         try:
             return self._values.popleft()
         except IndexError:
-            return int(_one(self.scale)(0))
+            return invoke_int(_one(self.scale), 0)
 
     def _refill(self) -> None:
         try:
