@@ -1,8 +1,8 @@
 """Discrete Laplace noise drawn ahead, in batches, off the query path.
 
-One OpenDP call costs ~60 µs of Python and FFI overhead whatever it samples, against ~5 µs
-for the sampling itself, so drawing one value per answer spends most of the time on the
-call. A :class:`NoisePool` keeps a queue of values already drawn by OpenDP's discrete
+One OpenDP call costs ~60 µs of Python and FFI overhead whatever it samples through OpenDP's
+wrapper (~20 µs through ``mechanisms.opendp_calls``), against ~5 µs for the sampling itself, so
+drawing one value per answer spends most of the time on the call. A :class:`NoisePool` keeps a queue of values already drawn by OpenDP's discrete
 Laplace sampler (a vector of zeros noised in one call) and refills it in a background
 thread when it runs low; the event loop only takes a value off the queue.
 
