@@ -1,8 +1,8 @@
 """Discrete Laplace noise drawn ahead, in batches, off the query path.
 
-One OpenDP call costs ~60 µs of Python and FFI overhead whatever it samples, against ~5 µs
-for the sampling itself, so drawing one value per answer spends most of the time on the
-call. A :class:`NoisePool` keeps a queue of values already drawn by OpenDP's discrete
+One OpenDP call costs ~60 µs of Python and FFI overhead whatever it samples through OpenDP's
+wrapper (~20 µs through ``mechanisms.opendp_calls``), against ~5 µs for the sampling itself, so
+drawing one value per answer spends most of the time on the call. A :class:`NoisePool` keeps a queue of values already drawn by OpenDP's discrete
 Laplace sampler (a vector of zeros noised in one call) and refills it in a background
 thread when it runs low; the event loop only takes a value off the queue.
 
@@ -22,6 +22,8 @@ from functools import lru_cache
 from typing import Any
 
 import opendp.prelude as dp
+
+from .opendp_calls import invoke_int
 
 dp.enable_features("contrib")
 
@@ -65,7 +67,7 @@ class NoisePool:
         try:
             return self._values.popleft()
         except IndexError:
-            return int(_one(self.scale)(0))
+            return invoke_int(_one(self.scale), 0)
 
     def _refill(self) -> None:
         try:

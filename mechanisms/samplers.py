@@ -10,13 +10,14 @@ they do not have the low-order-bit weakness of ``x + numpy.random.laplace()``
 from __future__ import annotations
 
 import math
-from functools import lru_cache
-from typing import Any, Sequence
+from functools import lru_cache, partial
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import opendp.prelude as dp
 
 from .noise_pool import pool_for
+from .opendp_calls import invoke_bool, invoke_float, invoke_floats_to_index
 
 dp.enable_features("contrib")
 
@@ -50,18 +51,14 @@ def _float_laplace_vector(scale: float) -> Any:
 
 
 @lru_cache(maxsize=64)
-def _gumbel_noisy_max(scale: float) -> Any:
+def _gumbel_noisy_max(scale: float) -> Callable[[Sequence[float]], int]:
     # OpenDP 0.16 picks the algorithm from the output measure: zero-concentrated divergence
     # gives permute-and-flip *with* replacement, whose choice is softmax (the exponential
     # mechanism, as Gumbel-max); max divergence gives it without replacement, permute-and-flip
     # proper, a different distribution. Only the sampler is used here; the privacy accounting
-    # is the caller's.
-    return dp.m.make_noisy_max(
-        dp.vector_domain(dp.atom_domain(T=float, nan=False)),
-        dp.linf_distance(T=float),
-        dp.zero_concentrated_divergence(),
-        scale=scale,
-    )
+    # is the caller's. The scale is 2Δ/ε, known before the data.
+    measurement = dp.m.make_noisy_max(_FLOAT_VECTOR_DOMAIN, dp.linf_distance(T=float), dp.zero_concentrated_divergence(), scale=scale)
+    return partial(invoke_floats_to_index, measurement)
 
 
 def _check_scale(scale: float) -> float:
@@ -90,7 +87,7 @@ def laplace_float(value: float, scale: float) -> float:
     With L1 sensitivity Δ this is (Δ/scale)-DP for a query whose answer is ``value``. The
     measurement is built anew on every call, so its time does not depend on earlier scales.
     """
-    return float(_float_laplace(_check_scale(scale))(float(value)))
+    return invoke_float(_float_laplace(_check_scale(scale)), float(value))
 
 
 def laplace_float_vector(values: Sequence[float], scale: float) -> list[float]:
@@ -128,7 +125,7 @@ def _coin(probability: float) -> bool:
     # an input of True is kept with prob ≥ 1/2, one of False flipped with prob ≤ 1/2.
     keep = probability >= 0.5
     response = dp.m.make_randomized_response_bool(probability if keep else 1.0 - probability, constant_time=True)
-    return bool(response(keep))
+    return invoke_bool(response, keep)
 
 
 def _padding_scores(candidates: int, scale: float, pad: bool) -> list[float]:
@@ -167,7 +164,7 @@ def gumbel_argmax(scores: Sequence[float], scale: float, padded: bool = True) ->
         raise ValueError("scores must be finite numbers")
     scale = _check_scale(scale)
     draw = _gumbel_noisy_max(scale)
-    index = int(draw(values))
+    index = draw(values)
     if padded and len(values) > 1:  # the number of candidates is the policy's (categories, grid), not the data's
         pad = _coin(padding_probability(_total_weight(values, scale), len(values)))
         draw(_padding_scores(len(values), scale, pad))

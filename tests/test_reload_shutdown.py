@@ -129,6 +129,20 @@ def test_sighup_puts_a_new_epsilon_in_force_on_an_open_connection(served: Served
         assert "ε charged 0.25," in notices[-1]
 
 
+def test_sighup_with_new_bounds_releases_an_avg_on_the_new_bounds_grid_and_centre(served: Served):
+    # AVG(age) is a noisy sum and count centred on the bounds' midpoint; the grid, the centre and
+    # the sensitivity are kept per bounds (mechanisms.sum_count). Kept under the old bounds, the
+    # centred sum (Σx − n·53.5) would be read around the new centre 100 and answer ~85.
+    avg = "SELECT AVG(age) FROM adult"
+    with served.connect() as conn:
+        before = float(conn.execute(avg).fetchone()[0])
+        widened = served.config.read_text().replace("age: {bounds: [17, 90]}", "age: {bounds: [0, 200]}")
+        assert "age: {bounds: [0, 200]}" in widened
+        _reload(served, widened, "reloaded: ")
+        after = float(conn.execute(avg).fetchone()[0])
+    assert abs(after - before) < 1.0, (before, after)  # both within the noise of the true mean (~38.6)
+
+
 def test_sighup_ends_the_sessions_of_a_user_the_new_policy_drops(served: Served):
     plain = psycopg.connect(served.dsn().replace("user=analyst password=analyst", "user=plain password=plain"),
                             autocommit=True)
