@@ -233,6 +233,8 @@ def _demo_in(data_dir: Path, port: int, verbose: bool, port_file: PortFile | Non
                 f"dpproxy demo is serving the adult table on 127.0.0.1:{bound} (policy: {policy_path}).\n"
                 "Connect with:\n\n"
                 f'    PGPASSWORD=analyst psql "host=127.0.0.1 port={bound} dbname=demo user=analyst"\n\n'
+                f"Its PostgreSQL, as dpproxy's service role: {dsn}\n"
+                f"(dpproxy draft-policy --dsn '{dsn}' drafts a policy from its catalog, as for a database of yours)\n\n"
                 "Try: SELECT COUNT(*) FROM adult WHERE age > 40;   Press Ctrl-C to stop."
             )
 
