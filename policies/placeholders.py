@@ -18,10 +18,8 @@ __all__ = ["PLACEHOLDER", "placeholder_problems", "without_placeholder_columns"]
 PLACEHOLDER = "FILL_IN"
 
 _WHAT = {
-    "bounds": "the least and greatest value the column may hold, from what it means and never from its rows "
-              "(docs/threat-model.md, Assumptions 2): bounds: [lo, hi], or a time range [2021-01-01, 2024-12-31]",
-    "categories": "every value the column may hold, from what it means and never from its rows "
-                  "(docs/threat-model.md, Assumptions 2): categories: [a, b, c]",
+    "bounds": "the column's least and greatest possible value (bounds: [lo, hi]; dates for a time range)",
+    "categories": "every value the column may hold (categories: [a, b, c])",
 }
 
 
@@ -42,8 +40,9 @@ def placeholder_problems(root: yaml.Node | None, source: str) -> tuple[list[str]
                 key = path[-1] if path and not path[-1].isdigit() else path[-2] if len(path) > 1 else ""
                 what = _WHAT.get(key, "the value this key needs (docs/policy.md)")
                 problems.append(f"{source}:{node.start_mark.line + 1}: {'.'.join(_key_path(path))}: "
-                                f"a placeholder left by dpproxy draft-policy: replace FILL_IN with {what}; "
-                                "or delete the column's line, and it is only counted")
+                                f"a placeholder left by dpproxy draft-policy: replace FILL_IN with {what}, chosen "
+                                "from what the column means and never from its rows; or delete the column's line "
+                                "to only count it")
                 paths.append(path)
         elif isinstance(node, yaml.SequenceNode):
             stack.extend((item, (*path, str(i))) for i, item in enumerate(node.value))

@@ -272,7 +272,7 @@ def test_a_placeholder_is_a_problem_at_its_line_with_the_rest_of_the_policy_stil
         ["p.yaml:8", "tables.public.t.columns.age.bounds"],
         ["p.yaml:9", "tables.public.t.columns.kind.categories"],
     ]
-    assert "a placeholder left by dpproxy draft-policy: replace FILL_IN with the least and greatest" in problems[1]
+    assert "a placeholder left by dpproxy draft-policy: replace FILL_IN with the column's least and greatest" in problems[1]
 
 
 def test_a_quoted_fill_in_is_a_value_not_a_placeholder():
