@@ -247,6 +247,24 @@ def test_an_existing_output_is_not_overwritten_without_force(shop: tuple[str, st
     assert run.returncode == 0 and path.read_text().startswith("# A draft policy")
 
 
+def test_bounds_on_a_domain_over_a_number_are_refused_saying_it_is_a_domain(shop: tuple[str, str, str],
+                                                                              tmp_path: Path):
+    """The draft lists such a column as counted only; a user who gives it bounds anyway is told why
+    they are refused, not that the column is no number."""
+    path, text = _draft(shop, tmp_path)
+    text = text.replace("      # discount:", "      discount: {bounds: [0, 100]}   #")
+    text = re.sub(r"\{bounds: \[[^]]*FILL_IN[^]]*\]\}", "{bounds: [0, 5]}", text).replace(
+        "last_seen: {bounds: [0, 5]}", "last_seen: {bounds: [2024-01-01, 2024-12-31]}")
+    text = "\n".join(line for line in text.splitlines() if "FILL_IN]" not in line) + "\n"
+    path.write_text(text)
+    run = _dpproxy("check-config", str(path), env={"DPPROXY_BACKEND_DSN": shop[1], "ANALYST_PASSWORD": "analyst"})
+    assert run.returncode == 1
+    assert run.stderr == (f"{path}:{_line_of(text, 'discount:')}: tables.public.customers.columns.discount: bounds need "
+                          "a column of a numeric type itself (smallint, integer, bigint, real, double precision or "
+                          "numeric); on the backend it is of a domain over one, which is only counted: leave it out of "
+                          "the policy's columns\n")
+
+
 # ---------------------------------------------------------------- the loader's placeholders
 
 POLICY = """\
