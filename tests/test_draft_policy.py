@@ -27,6 +27,8 @@ import pytest
 from conftest import TestDatabase
 from policies.loader import PolicyError, parse_policy
 from proxy.backend.check_domains import declared_by_checks
+from proxy.backend.schema_catalog import CatalogColumn, CatalogTable
+from proxy.cli.draft_policy import draft_text
 
 DATABASE = "dpproxy_draft"
 READER = "dpproxy_draft_reader"  # may read the catalog, and no table
@@ -126,7 +128,7 @@ def test_bounds_and_categories_come_only_from_what_the_schema_declares(shop: tup
     assert "{categories: [free, pro, team], group_by: true}" in lines["plan"] and "enum" in lines["plan"]
     assert "{bounds: [2020-01-01, 2025-12-31]}" in lines["signed_up"]
     assert "{bounds: [FILL_IN, FILL_IN]}" in lines["last_seen"] and "timestamp with time zone" in lines["last_seen"]
-    assert "{categories: [\"true\", \"false\"], group_by: true}" in lines["newsletter"]
+    assert "{categories: ['true', 'false'], group_by: true}" in lines["newsletter"]
     assert lines["prefs"].lstrip().startswith("# prefs: jsonb: only counted")
     assert lines["id"].lstrip().startswith("# id: integer NOT NULL, in the primary key")
     assert lines["discount"].lstrip().startswith("# discount: percent (domain percent): counted only")
@@ -263,6 +265,21 @@ def test_bounds_on_a_domain_over_a_number_are_refused_saying_it_is_a_domain(shop
                           "a column of a numeric type itself (smallint, integer, bigint, real, double precision or "
                           "numeric); on the backend it is of a domain over one, which is only counted: leave it out of "
                           "the policy's columns\n")
+
+
+def test_a_domain_of_more_keys_than_max_cells_is_declared_without_group_by():
+    """An enum of 1,001 labels is a valid list of categories, but not a GROUP BY domain under the
+    default max_cells: the draft opts it out, so that the file it writes loads."""
+    labels = tuple(f"l{i}" for i in range(1001))
+    table = CatalogTable("public", "t", "table", [
+        CatalogColumn("big", "big_enum", "enum", None, True, False, labels),
+        CatalogColumn("small", "small_enum", "enum", None, True, False, ("a", "b")),
+    ])
+    text = draft_text([table], "postgresql://u@h/db")
+    policy = parse_policy(text, "draft.yaml", secrets=False)
+    columns = policy.tables["public.t"].columns
+    assert columns["big"].categories == labels and columns["big"].group_by is False
+    assert columns["small"].group_by is True
 
 
 # ---------------------------------------------------------------- the loader's placeholders

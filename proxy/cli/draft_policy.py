@@ -37,6 +37,7 @@ ASSUMPTION = ("The policy's bounds, categories and time ranges are fixed in adva
               "(bounds computed from the current MIN/MAX leak them; so do categories listed from SELECT DISTINCT "
               "or a time range from the first and last row).")
 
+_MAX_CELLS = 1000  # a table's default max_cells: a GROUP BY domain beyond it is a policy error
 _INTEGER_RANGES = {"smallint": (-(2**15), 2**15 - 1), "integer": (-(2**31), 2**31 - 1)}
 
 
@@ -212,13 +213,19 @@ def _entry(column: CatalogColumn) -> tuple[str, str]:
         return (f"{{bounds: [{PLACEHOLDER}, {PLACEHOLDER}]}}",
                 f"{PLACEHOLDER}: the first and last day its DATE_TRUNC buckets cover, e.g. [2021-01-01, 2024-12-31]")
     if column.kind == "enum" and column.enum_labels:
-        return f"{{categories: {_flow(column.enum_labels)}, group_by: true}}", "from the schema: its enum type's labels"
+        return _categories(column.enum_labels), "from the schema: its enum type's labels"
     if column.kind == "boolean":
-        return '{categories: ["true", "false"], group_by: true}', "from the schema: a boolean's two values"
+        return _categories(("true", "false")), "from the schema: a boolean's two values"
     if column.kind == "text" and declared.values:
-        return f"{{categories: {_flow(declared.values)}, group_by: true}}", checks
+        return _categories(declared.values), checks
     return (f"{{categories: [{PLACEHOLDER}]}}",
             f"{PLACEHOLDER}: every value it may hold, if it is a category (MODE, GROUP BY); if not, delete this line")
+
+
+def _categories(values: Sequence[str]) -> str:
+    """A declared domain's entry, opted in to GROUP BY where its cells fit the default ``max_cells``."""
+    group_by = ", group_by: true" if len(values) <= _MAX_CELLS else ""
+    return f"{{categories: {_flow(values)}{group_by}}}"
 
 
 def _bounds(column: CatalogColumn) -> tuple[str, str]:
