@@ -51,7 +51,9 @@ CREATE TABLE customers (
     newsletter boolean NOT NULL,
     prefs jsonb,
     discount percent,
-    country country_code
+    country country_code,
+    shipped timestamp CHECK (shipped >= '2022-01-01' AND shipped < '2026-01-01'),
+    paid_at timestamptz CHECK (paid_at >= '2022-01-01')
 );
 INSERT INTO customers (age, visits, spend, rating, note, status, plan, signed_up, last_seen, newsletter, prefs,
                        discount, country)
@@ -99,7 +101,7 @@ def _draft(shop: tuple[str, str, str], tmp_path: Path) -> tuple[Path, str]:
     path = tmp_path / "policy.yaml"
     run = _dpproxy("draft-policy", "--dsn", shop[0], "-o", str(path))
     assert run.returncode == 0, run.stderr
-    assert f"wrote {path} (1 table; 4 columns with FILL_IN to decide)" in run.stderr and "check-config" in run.stderr
+    assert f"wrote {path} (1 table; 5 columns with FILL_IN to decide)" in run.stderr and "check-config" in run.stderr
     return path, path.read_text()
 
 
@@ -134,6 +136,9 @@ def test_bounds_and_categories_come_only_from_what_the_schema_declares(shop: tup
     assert lines["discount"].lstrip().startswith("# discount: percent (domain percent): counted only")
     assert "its domain declares [0, 100]" in lines["discount"]
     assert "{categories: [FR, DE, US], group_by: true}" in lines["country"] and "domain country_code" in lines["country"]
+    assert "{bounds: [2022-01-01 00:00:00, 2026-01-01 00:00:00]}" in lines["shipped"]
+    # A timestamptz constant is a wall-clock time only in some time zone: nothing is taken from it.
+    assert "{bounds: [FILL_IN, FILL_IN]}" in lines["paid_at"]
     # The header says why no value was taken from the rows, and the users and backend are as the example's.
     assert "not derived from the data (bounds computed from the current MIN/MAX leak them" in " ".join(
         line.lstrip("# ") for line in text.splitlines()[:6])
@@ -149,7 +154,8 @@ def test_placeholders_are_refused_at_their_lines_until_filled_in_then_serve_answ
     run = _dpproxy("check-config", str(path), env=env)
     assert run.returncode == 1
     problems = run.stderr.strip().splitlines()
-    expected = [(column, _line_of(text, f"      {column}: ")) for column in ("visits", "rating", "note", "last_seen")]
+    expected = [(column, _line_of(text, f"      {column}: "))
+                for column in ("visits", "rating", "note", "last_seen", "paid_at")]
     assert [line.split(": a placeholder")[0] for line in problems] == [
         f"{path}:{line}: tables.public.customers.columns.{column}.{'categories' if column == 'note' else 'bounds'}"
         for column, line in expected
@@ -158,7 +164,8 @@ def test_placeholders_are_refused_at_their_lines_until_filled_in_then_serve_answ
 
     filled = (text.replace("visits: {bounds: [FILL_IN, FILL_IN]}", "visits: {bounds: [0, 100]}")
               .replace("rating: {bounds: [0, FILL_IN]}", "rating: {bounds: [0, 5]}")
-              .replace("last_seen: {bounds: [FILL_IN, FILL_IN]}", "last_seen: {bounds: [2024-01-01, 2024-12-31]}"))
+              .replace("last_seen: {bounds: [FILL_IN, FILL_IN]}", "last_seen: {bounds: [2024-01-01, 2024-12-31]}")
+              .replace("paid_at: {bounds: [FILL_IN, FILL_IN]}", "paid_at: {bounds: [2022-01-01, 2026-12-31]}"))
     filled = "\n".join(line for line in filled.splitlines() if not line.startswith("      note:")) + "\n"
     path.write_text(filled.replace("sqlite:///dpproxy-ledger.sqlite3", f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
                     .replace("path: audit.jsonl", f"path: {tmp_path / 'audit.jsonl'}"))
@@ -256,7 +263,8 @@ def test_bounds_on_a_domain_over_a_number_are_refused_saying_it_is_a_domain(shop
     path, text = _draft(shop, tmp_path)
     text = text.replace("      # discount:", "      discount: {bounds: [0, 100]}   #")
     text = re.sub(r"\{bounds: \[[^]]*FILL_IN[^]]*\]\}", "{bounds: [0, 5]}", text).replace(
-        "last_seen: {bounds: [0, 5]}", "last_seen: {bounds: [2024-01-01, 2024-12-31]}")
+        "last_seen: {bounds: [0, 5]}", "last_seen: {bounds: [2024-01-01, 2024-12-31]}").replace(
+        "paid_at: {bounds: [0, 5]}", "paid_at: {bounds: [2024-01-01, 2024-12-31]}")
     text = "\n".join(line for line in text.splitlines() if "FILL_IN]" not in line) + "\n"
     path.write_text(text)
     run = _dpproxy("check-config", str(path), env={"DPPROXY_BACKEND_DSN": shop[1], "ANALYST_PASSWORD": "analyst"})

@@ -38,7 +38,7 @@ _MIRRORED = {">=": "<=", ">": "<", "<=": ">=", "<": ">", "=": "="}
 @dataclass
 class Declared:
     """What the schema's CHECK constraints declare about one column: a lower and upper bound
-    (numbers, or ISO dates as text), each maybe strict, and a list of allowed text values."""
+    (numbers, or ISO dates and timestamps as text), each maybe strict, and a list of allowed text values."""
 
     lower: Decimal | str | None = None
     lower_strict: bool = False
@@ -66,7 +66,7 @@ class Declared:
 def _above(a: Decimal | str, b: Decimal | str) -> bool:
     if isinstance(a, Decimal) and isinstance(b, Decimal):
         return a > b
-    return str(a) > str(b)  # ISO dates compare as text
+    return str(a) > str(b)  # ISO dates, and timestamps of one column, compare as text
 
 
 def declared_by_checks(constraints: list[tuple[str, str]], value_name: str | None = None) -> dict[str, Declared]:
@@ -149,13 +149,15 @@ def _type_name(type_name: Any) -> str | None:
 
 
 def _constant(node: Any) -> Decimal | str | None:
-    """A number (as a Decimal) or an ISO date (as text) the constant ``node`` spells; None for
-    anything else (a string of another type, NULL, an expression)."""
-    date = cast = False
+    """A number (as a Decimal), or an ISO date or timestamp without time zone (as text) the
+    constant ``node`` spells; None for anything else (a string of another type, a timestamp with
+    a time zone, whose wall-clock time depends on the session's, NULL, an expression)."""
+    time: str | None = None
+    cast = False
     while isinstance(node, ast.TypeCast):
         kind = _type_name(node.typeName)
-        if kind == "date":
-            date = True
+        if kind in ("date", "timestamp"):
+            time = kind
         elif kind not in _NUMBER_TYPES:
             return None
         node, cast = node.arg, True
@@ -170,12 +172,12 @@ def _constant(node: Any) -> Decimal | str | None:
         text = str(value.ival)
     elif isinstance(value, ast.Float):
         text = str(value.fval)
-    elif isinstance(value, ast.String) and cast:  # a string is a number or date only as its cast says
+    elif isinstance(value, ast.String) and cast:  # a string is a number or time only as its cast says
         text = str(value.sval)
     else:
         return None
-    if date:
-        return text if _iso_date(text) else None
+    if time is not None:
+        return text if _iso_time(text, time) else None
     try:
         number = Decimal(text)
     except InvalidOperation:
@@ -183,14 +185,14 @@ def _constant(node: Any) -> Decimal | str | None:
     return number if number.is_finite() and math.isfinite(float(number)) else None
 
 
-def _iso_date(text: str) -> bool:
-    from datetime import date
+def _iso_time(text: str, kind: str) -> bool:
+    from datetime import date, datetime
 
     try:
-        date.fromisoformat(text)
+        read = date.fromisoformat(text) if kind == "date" else datetime.fromisoformat(text)
     except ValueError:
         return False
-    return True
+    return not isinstance(read, datetime) or read.tzinfo is None
 
 
 def _text_list(node: Any) -> tuple[str, ...] | None:

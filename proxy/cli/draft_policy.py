@@ -201,17 +201,14 @@ def _entry(column: CatalogColumn) -> tuple[str, str]:
     """The column's ``{...}`` entry, and the comment saying where its values come from."""
     declared = column.declared
     checks = f"from the schema: CHECK {', '.join(declared.sources)}"
-    if column.kind in ("integer", "number", "date"):
+    if column.kind in ("integer", "number", "date", "timestamp"):
         lo, hi = _bounds(column)
         if PLACEHOLDER not in (lo, hi):
             return f"{{bounds: [{lo}, {hi}]}}", checks
         partly = f" ({checks}, one end)" if declared.sources else ""
-        what = ("the first and last day its DATE_TRUNC buckets cover" if column.kind == "date"
-                else "its least and greatest possible value")
+        what = ("the first and last day its DATE_TRUNC buckets cover, e.g. [2021-01-01, 2024-12-31]"
+                if column.kind in ("date", "timestamp") else "its least and greatest possible value")
         return f"{{bounds: [{lo}, {hi}]}}", f"{PLACEHOLDER}: {what}{partly}"
-    if column.kind == "timestamp":
-        return (f"{{bounds: [{PLACEHOLDER}, {PLACEHOLDER}]}}",
-                f"{PLACEHOLDER}: the first and last day its DATE_TRUNC buckets cover, e.g. [2021-01-01, 2024-12-31]")
     if column.kind == "enum" and column.enum_labels:
         return _categories(column.enum_labels), "from the schema: its enum type's labels"
     if column.kind == "boolean":
@@ -238,7 +235,7 @@ def _bounds(column: CatalogColumn) -> tuple[str, str]:
     if limits is not None:  # a bound beyond the type's values holds no more, and the clamp could not cast it
         lo = lo if lo == PLACEHOLDER else str(max(int(lo), limits[0]))
         hi = hi if hi == PLACEHOLDER else str(min(int(hi), limits[1]))
-    if PLACEHOLDER not in (lo, hi) and column.kind != "date" and Decimal(lo) > Decimal(hi):
+    if PLACEHOLDER not in (lo, hi) and column.kind in ("integer", "number") and Decimal(lo) > Decimal(hi):
         return PLACEHOLDER, PLACEHOLDER  # a constraint no value meets: nothing to take from it
     return lo, hi
 
