@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from .key_names import nearest_key
 from .model import WITHOUT_SECRETS, Policy
+from .placeholders import placeholder_problems, without_placeholder_columns
 from .shape_messages import reworded
 
 __all__ = ["PolicyError", "key_line", "load_policy", "parse_policy"]
@@ -63,11 +64,30 @@ def parse_policy(text: str, source: str = "<policy>", *, secrets: bool = True) -
         raise PolicyError(duplicates)
     if not isinstance(data, dict):
         raise PolicyError([f"{source}:1: the policy must be a mapping with backend, users and tables"])
+    placeholders, held = placeholder_problems(root, source)
+    if placeholders:  # a draft not filled in: said first, with what the rest of it gets wrong
+        rest = without_placeholder_columns(data, held)
+        others = [] if rest is None else _problems(rest, root, source, secrets)
+        raise PolicyError(sorted(placeholders + others, key=lambda problem: _line_in(problem, source)))
     try:
         return Policy.model_validate(data, context=None if secrets else WITHOUT_SECRETS)
     except ValidationError as exc:
         # Not chained: pydantic's own text quotes the input, passwords included.
         raise PolicyError([_describe(err, root, source) for err in exc.errors()]) from None
+
+
+def _problems(data: Any, root: yaml.Node | None, source: str, secrets: bool) -> list[str]:
+    """Every problem validating ``data`` finds, at its line."""
+    try:
+        Policy.model_validate(data, context=None if secrets else WITHOUT_SECRETS)
+    except ValidationError as exc:
+        return [_describe(err, root, source) for err in exc.errors()]
+    return []
+
+
+def _line_in(problem: str, source: str) -> int:
+    line = problem[len(source) + 1 :].split(":", 1)[0]
+    return int(line) if line.isdigit() else 0
 
 
 def _duplicate_keys(root: yaml.Node | None, source: str) -> list[str]:

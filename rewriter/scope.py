@@ -7,6 +7,7 @@ judged the same way wherever it stands.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -75,10 +76,12 @@ class Scope:
             raise self.refuse(f"system column {name} (the row's physical identity) is not allowed on protected table",
                               "no-row-access")
         if column is None:
+            # A typo's likeliest column first, as PostgreSQL's own hint does; names are schema, not data.
+            close = difflib.get_close_matches(name, list(self.table.columns), n=1, cutoff=0.6)
             raise Refusal(
                 "42703",
                 f'column "{name}" does not exist in {self.table.display_name}',
-                "Columns: " + ", ".join(self.table.columns),
+                (f"Perhaps you meant {close[0]}. " if close else "") + "Columns: " + ", ".join(self.table.columns),
                 "undefined-column",
             )
         return column

@@ -196,6 +196,12 @@ def test_demo_contract_ctrl_c_and_restart_after_a_crash(demo_dir: Path):
         port = _demo_port(banner)
         assert port > 0 and f"serving the adult table on 127.0.0.1:{port} " in banner
         assert port_file.read_text() == f"{port}\n"
+        # The banner names the demo's PostgreSQL, which draft-policy reads as a newcomer's own database.
+        found = re.search(r"Its PostgreSQL, as dpproxy's service role: (\S+)", banner)
+        assert found, banner
+        draft = subprocess.run([sys.executable, "-m", "proxy.cli", "draft-policy", "--dsn", found.group(1)],
+                               capture_output=True, text=True, timeout=60)
+        assert draft.returncode == 0 and "public.adult:" in draft.stdout, draft.stderr
         result = _psql(port, "demo", "SELECT COUNT(*) FROM adult WHERE age > 40")
         assert result.returncode == 0, result.stderr
         assert 15000 < int(result.stdout) < 25000

@@ -171,6 +171,16 @@ def test_wrapper_columns_are_checked_against_the_projection(proxy: RunningProxy)
     assert info.value.diag.sqlstate == "42703"
 
 
+def test_a_misspelt_column_is_refused_with_the_column_meant_first_and_nothing_charged(proxy: RunningProxy):
+    with proxy.connect() as conn:
+        spent = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute("SELECT AVG(agee) FROM adult")
+        assert spent_epsilon(conn) == spent
+    assert info.value.diag.sqlstate == "42703"
+    assert (info.value.diag.message_hint or "").startswith("Perhaps you meant age. Columns: age, ")
+
+
 @pytest.mark.parametrize("tail", ["FETCH FIRST 10 ROWS ONLY", "FETCH FIRST ROW ONLY", "OFFSET 0", "LIMIT ALL",
                                   "LIMIT 3", "LIMIT 5 OFFSET 0", "OFFSET 0 ROWS FETCH NEXT 1 ROW ONLY"])
 def test_row_limits_that_keep_the_one_row_answer_it(proxy: RunningProxy, tail: str):

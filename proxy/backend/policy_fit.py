@@ -47,6 +47,10 @@ def column_fit_problems(table: str, column: str, policy: ColumnPolicy, info: Col
         if type_oid in TIME_TYPES:
             return [f"{key}: bounds of numbers on a date or timestamp column; give it a time range, "
                     "e.g. bounds: [2021-01-01, 2024-12-31]"]
+        if type_oid not in NUMERIC_TYPES and info.base_type_oid in NUMERIC_TYPES:
+            return [f"{key}: bounds need a column of a numeric type itself (smallint, integer, bigint, real, double "
+                    "precision or numeric); on the backend it is of a domain over one, which is only counted: "
+                    "leave it out of the policy's columns"]
         if type_oid not in NUMERIC_TYPES:
             return [f"{key}: bounds need a numeric column (smallint, integer, bigint, real, double precision "
                     "or numeric); on the backend it is not one (use categories for a text column)"]

@@ -1,5 +1,5 @@
 """The ``dpproxy`` command: serve, demo, check-config, epsilon, risk, budget, health, demo-load,
-scram-verifier.
+scram-verifier, draft-policy.
 
 ``serve`` and ``demo`` run until SIGTERM or SIGINT (a graceful shutdown: running statements
 get ``listen.shutdown_grace_s`` to finish; a second signal cuts that short) and reload
@@ -35,6 +35,7 @@ from proxy.serving.workers import SupervisorLink, WorkerRole
 from .budget import add_budget_commands
 from .credentials import add_credential_commands
 from .deploy import add_deploy_commands
+from .draft_policy import add_draft_commands
 from .privacy import add_privacy_commands
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERNAL_ERROR", "EXIT_INTERRUPTED", "EXIT_USAGE", "configure_logging", "main",
@@ -144,6 +145,7 @@ def _parser() -> argparse.ArgumentParser:
     add_budget_commands(commands)
     add_deploy_commands(commands)
     add_credential_commands(commands)
+    add_draft_commands(commands)
     return parser
 
 
@@ -231,6 +233,8 @@ def _demo_in(data_dir: Path, port: int, verbose: bool, port_file: PortFile | Non
                 f"dpproxy demo is serving the adult table on 127.0.0.1:{bound} (policy: {policy_path}).\n"
                 "Connect with:\n\n"
                 f'    PGPASSWORD=analyst psql "host=127.0.0.1 port={bound} dbname=demo user=analyst"\n\n'
+                f"Its PostgreSQL, as dpproxy's service role: {dsn}\n"
+                f"(dpproxy draft-policy --dsn '{dsn}' drafts a policy from its catalog, as for a database of yours)\n\n"
                 "Try: SELECT COUNT(*) FROM adult WHERE age > 40;   Press Ctrl-C to stop."
             )
 

@@ -1,0 +1,283 @@
+"""``dpproxy draft-policy``: a first policy for the tables of a PostgreSQL of your own, drafted
+from its catalog and never from its rows.
+
+It reads only ``pg_catalog`` (``proxy.backend.schema_catalog``: tables, columns, types, NOT NULL,
+primary keys, enum labels, the simple forms of CHECK constraints of tables and domains) and writes
+a commented YAML policy that protects every table. A column's ``bounds`` or ``categories`` are
+filled only where the schema declares them (a CHECK constraint, an enum type, a boolean), with a
+comment saying so; elsewhere they are the placeholder ``FILL_IN``, which ``check-config`` and
+``serve`` refuse at its ``file:line`` until the author writes a value there (``policies.placeholders``).
+A value computed from the rows (MIN, MAX, DISTINCT) would leak them: docs/threat-model.md,
+"Assumptions" 2.
+
+Exit status: 0 the draft was written, 1 a cause the user can fix (the server cannot be reached, a
+table does not exist, no table found, the output cannot be written), each said in one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import sys
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from policies.placeholders import PLACEHOLDER
+from proxy.backend.check_domains import Declared
+from proxy.backend.schema_catalog import CatalogColumn, CatalogTable, NoSuchTable, read_tables
+from proxy.serving.startup import connection_failure, os_reason
+
+__all__ = ["add_draft_commands", "draft_text"]
+
+ASSUMPTION = ("The policy's bounds, categories and time ranges are fixed in advance, not derived from the data "
+              "(bounds computed from the current MIN/MAX leak them; so do categories listed from SELECT DISTINCT "
+              "or a time range from the first and last row).")
+
+_MAX_CELLS = 1000  # a table's default max_cells: a GROUP BY domain beyond it is a policy error
+_INTEGER_RANGES = {"smallint": (-(2**15), 2**15 - 1), "integer": (-(2**31), 2**31 - 1)}
+
+
+def add_draft_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``draft-policy`` on the ``dpproxy`` sub-command parser."""
+    command = commands.add_parser(
+        "draft-policy", help="draft a policy for your tables from the database's catalog (never from its rows)",
+        description="Reads only the catalog (tables, columns, types, constraints, enum labels) and writes a commented "
+                    "policy protecting every table. Bounds and categories are filled only where the schema declares "
+                    f"them (CHECK constraints, enum types); elsewhere they are {PLACEHOLDER}, which check-config "
+                    "refuses until you write a value. " + ASSUMPTION + " (docs/threat-model.md, Assumptions 2)",
+    )
+    command.add_argument("--dsn", required=True, help="libpq URI or key=value string of the database (a role that "
+                                                      "can read its catalog; no SELECT on the tables is needed)")
+    command.add_argument("--schema", default="public", help="the schema whose tables are drafted, and in which "
+                                                            "unqualified TABLE names are found (default: public)")
+    command.add_argument("tables", nargs="*", metavar="TABLE",
+                         help="only these tables (as SQL names them: orders, sales.orders, '\"Orders\"'); "
+                              "default: every table of --schema")
+    command.add_argument("-o", "--output", type=Path, metavar="PATH", help="write the draft here (default: stdout)")
+    command.add_argument("--force", action="store_true", help="overwrite --output if it exists")
+    command.set_defaults(run=_draft_policy)
+
+
+def _draft_policy(args: argparse.Namespace) -> int:
+    import psycopg
+
+    if args.output is not None and args.output.exists() and not args.force:
+        print(f"dpproxy draft-policy: {args.output} exists (maybe a policy you edited) — give another -o, "
+              "or --force to overwrite it", file=sys.stderr)
+        return 1
+    try:
+        tables = asyncio.run(_read(args.dsn, args.schema, args.tables))
+    except psycopg.Error as exc:
+        why = connection_failure("the PostgreSQL server", args.dsn, exc)
+        check = "--dsn" if getattr(exc, "sqlstate", None) is None else "the TABLE names and --dsn"
+        print(f"dpproxy draft-policy: {why} — check {check}", file=sys.stderr)
+        return 1
+    except NoSuchTable as exc:
+        print(f"dpproxy draft-policy: {exc} — check the name (psql's \\dt lists the tables; "
+              f"one outside --schema {args.schema} as schema.table)", file=sys.stderr)
+        return 1
+    if not tables:
+        print(f"dpproxy draft-policy: the schema {args.schema} holds no table — name another with --schema, "
+              "or the tables as TABLE arguments (schema.table)", file=sys.stderr)
+        return 1
+    text = draft_text(tables, args.dsn)
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        args.output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        print(f"dpproxy draft-policy: cannot write {args.output}: {os_reason(exc)} — check -o", file=sys.stderr)
+        return 1
+    left = sum(1 for table in tables for column in table.columns if PLACEHOLDER in _column_line(column).split("#")[0])
+    print(f"dpproxy draft-policy: wrote {args.output} ({len(tables)} table{'s' if len(tables) != 1 else ''}; "
+          f"{left} column{'' if left == 1 else 's'} with {PLACEHOLDER} to decide). Next: replace each "
+          f"{PLACEHOLDER} (or delete its line), then dpproxy check-config {args.output}", file=sys.stderr)
+    return 0
+
+
+class _Catalog:
+    """A read-only connection, as ``schema_catalog``'s session."""
+
+    def __init__(self, conn: Any):
+        self._conn = conn
+
+    async def fetch_all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        async with self._conn.cursor() as cursor:
+            await cursor.execute(sql, params)
+            return list(await cursor.fetchall())
+
+
+async def _read(dsn: str, schema: str, names: Sequence[str]) -> list[CatalogTable]:
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(dsn, connect_timeout=10) as conn:
+        await conn.set_read_only(True)
+        await conn.execute("SET LOCAL statement_timeout = 30000")
+        return await read_tables(_Catalog(conn), schema, names)
+
+
+def draft_text(tables: Sequence[CatalogTable], dsn: str) -> str:
+    """The commented policy YAML for ``tables``, read from the database at ``dsn`` (whose password,
+    if any, is not written)."""
+    lines = [
+        "# A draft policy written by dpproxy draft-policy from the database's catalog only (no row was read).",
+        "#",
+        *(f"# {line}" for line in _wrapped(ASSUMPTION + " (docs/threat-model.md, Assumptions 2)")),
+        "#",
+        f"# So every {PLACEHOLDER} below is yours to decide, from what the column means (its unit, the form that",
+        "# fills it, the business rule), and check-config refuses the file until none is left. Bounds and",
+        "# categories already filled come from the schema itself (a CHECK constraint, an enum type), as the",
+        "# comment on their line says. A column with no entry is only counted (COUNT(col), IS NULL).",
+        "#",
+        "#   dpproxy check-config policy.yaml     (file:line of every problem; checks the backend too)",
+        "#   dpproxy serve -c policy.yaml",
+        "# Every key: docs/policy.md.",
+        "backend:",
+        f"  dsn_env: DPPROXY_BACKEND_DSN   # e.g. {_without_password(dsn)}",
+        "  # serve reads the tables as this role: GRANT SELECT on them to a role that may do nothing else.",
+        "listen:",
+        "  host: 127.0.0.1",
+        "  port: 6432",
+        "ledger:",
+        '  url: "sqlite:///dpproxy-ledger.sqlite3"   # spent budgets; postgresql://... for replicas',
+        "audit:",
+        "  path: audit.jsonl                         # one JSON line per statement, never values",
+        "users:",
+        "  analyst:",
+        "    password_env: ANALYST_PASSWORD          # or scram_verifier: (dpproxy scram-verifier makes one)",
+        "    budget: {epsilon: 100, delta: 1.0e-4, period: month}",
+        "tables:",
+    ]
+    for table in tables:
+        lines.extend(_table_lines(table))
+    return "\n".join(lines) + "\n"
+
+
+def _table_lines(table: CatalogTable) -> list[str]:
+    keys = [column.name for column in table.columns if column.primary_key]
+    key = f"; primary key ({', '.join(keys)})" if keys else "; no primary key"
+    lines = [
+        f"  {_scalar(f'{table.schema}.{table.name}')}:   # a {table.kind}{key}",
+        "    access: protected",
+        "    epsilon: 1.0          # per query, split evenly over its aggregate columns",
+        "    delta: 1.0e-6         # per MIN/MAX column (sample and aggregate)",
+    ]
+    entries = [_column_line(column) for column in table.columns]
+    if any(entry.startswith("  ") for entry in entries):
+        lines.append("    columns:")
+    else:
+        lines.append("    columns: {}")
+    lines.extend(f"    {entry}" if entry.startswith("  ") else f"      {entry}" for entry in entries)
+    return lines
+
+
+def _column_line(column: CatalogColumn) -> str:
+    """The column's entry (indented two more, under ``columns:``), or a comment line for a column
+    that takes none."""
+    about = column.type_name + (" NOT NULL" if column.not_null else "") + (
+        f" (domain {column.domain})" if column.domain else "")
+    name = _scalar(column.name)
+    if column.kind == "counted":
+        return f"# {name}: {about}: only counted and tested for NULL (values of any length, or a type not built in)"
+    if column.primary_key:
+        return f"# {name}: {about}, in the primary key: an identifier, counted (COUNT, COUNT(DISTINCT)); no entry"
+    if column.kind == "other":
+        return f"# {name}: {about}: counted and tested for NULL; no entry (categories: [...] if it has a few values)"
+    if column.domain and column.kind in ("integer", "number", "date", "timestamp"):
+        declared = _bounds(column)
+        said = f"; its domain declares [{declared[0]}, {declared[1]}]" if PLACEHOLDER not in declared else ""
+        return (f"# {name}: {about}: counted only (bounds need a column of a numeric, date or timestamp type "
+                f"itself, not of a domain over one){said}")
+    entry, source = _entry(column)
+    return f"  {name}: {entry}   # {about}: {source}"
+
+
+def _entry(column: CatalogColumn) -> tuple[str, str]:
+    """The column's ``{...}`` entry, and the comment saying where its values come from."""
+    declared = column.declared
+    checks = f"from the schema: CHECK {', '.join(declared.sources)}"
+    if column.kind in ("integer", "number", "date", "timestamp"):
+        lo, hi = _bounds(column)
+        if PLACEHOLDER not in (lo, hi):
+            return f"{{bounds: [{lo}, {hi}]}}", checks
+        partly = f" ({checks}, one end)" if declared.sources else ""
+        what = ("the first and last day its DATE_TRUNC buckets cover, e.g. [2021-01-01, 2024-12-31]"
+                if column.kind in ("date", "timestamp") else "its least and greatest possible value")
+        return f"{{bounds: [{lo}, {hi}]}}", f"{PLACEHOLDER}: {what}{partly}"
+    if column.kind == "enum" and column.enum_labels:
+        return _categories(column.enum_labels), "from the schema: its enum type's labels"
+    if column.kind == "boolean":
+        return _categories(("true", "false")), "from the schema: a boolean's two values"
+    if column.kind == "text" and declared.values:
+        return _categories(declared.values), checks
+    return (f"{{categories: [{PLACEHOLDER}]}}",
+            f"{PLACEHOLDER}: every value it may hold, if it is a category (MODE, GROUP BY); if not, delete this line")
+
+
+def _categories(values: Sequence[str]) -> str:
+    """A declared domain's entry, opted in to GROUP BY where its cells fit the default ``max_cells``."""
+    group_by = ", group_by: true" if len(values) <= _MAX_CELLS else ""
+    return f"{{categories: {_flow(values)}{group_by}}}"
+
+
+def _bounds(column: CatalogColumn) -> tuple[str, str]:
+    """The column's declared [lo, hi] as YAML text, ``FILL_IN`` for an end the schema does not declare."""
+    declared: Declared = column.declared
+    integer = column.kind == "integer"
+    lo = _number(declared.lower, declared.lower_strict, integer, up=True)
+    hi = _number(declared.upper, declared.upper_strict, integer, up=False)
+    limits = _INTEGER_RANGES.get(column.type_name) if column.domain is None else None
+    if limits is not None:  # a bound beyond the type's values holds no more, and the clamp could not cast it
+        lo = lo if lo == PLACEHOLDER else str(max(int(lo), limits[0]))
+        hi = hi if hi == PLACEHOLDER else str(min(int(hi), limits[1]))
+    if PLACEHOLDER not in (lo, hi) and column.kind in ("integer", "number") and Decimal(lo) > Decimal(hi):
+        return PLACEHOLDER, PLACEHOLDER  # a constraint no value meets: nothing to take from it
+    return lo, hi
+
+
+def _number(value: Decimal | str | None, strict: bool, integer: bool, up: bool) -> str:
+    if value is None:
+        return PLACEHOLDER
+    if isinstance(value, str):  # an ISO date
+        return value
+    if integer:  # the integers the constraint allows: x > 1.5 is x >= 2, x > 1 is x >= 2
+        whole = math.ceil(value) if up else math.floor(value)
+        if strict and whole == value:
+            whole += 1 if up else -1
+        return str(whole)
+    return str(int(value)) if value == value.to_integral_value() else str(value.normalize())
+
+
+def _flow(values: Sequence[str]) -> str:
+    return "[" + ", ".join(_scalar(value) for value in values) + "]"
+
+
+def _scalar(value: str) -> str:
+    """``value`` as a YAML string: plain where YAML reads it back as that string, quoted otherwise
+    (``"yes"``, ``"1"``), and always quoted where it spells the placeholder."""
+    if value == PLACEHOLDER:
+        return f'"{PLACEHOLDER}"'
+    dumped = yaml.safe_dump([value], default_flow_style=True, width=2**31, allow_unicode=True).strip()
+    return dumped[1:-1]
+
+
+def _without_password(dsn: str) -> str:
+    """``dsn`` without its password, as libpq key=value pairs, for the comment that shows it."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    try:
+        params = {key: value for key, value in conninfo_to_dict(dsn).items() if key != "password"}
+    except Exception:  # noqa: BLE001 - the connection that read the catalog parsed it; say nothing then
+        return "postgresql://dpproxy_service@db.internal/analytics"
+    return make_conninfo(**{key: str(value) for key, value in params.items()})
+
+
+def _wrapped(text: str, width: int = 98) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width)
