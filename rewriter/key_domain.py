@@ -67,6 +67,11 @@ class KeyDomain:
         cell collects several buckets (month of year: one per year), which dpproxy adds up."""
         return any(factor.cells is not None for factor in self.factors)
 
+    @property
+    def joint_keys(self) -> frozenset[int]:
+        """The keys (indices into ``groups``) that are members of a joint factor."""
+        return frozenset(key for factor in self.factors if factor.cells is not None for key in factor.keys)
+
     def labels(self) -> Iterator[tuple[str, ...]]:
         """Every cell's keys as text their types read back, in key order, in cell order."""
         per_factor = [self._factor_labels(factor) for factor in self.factors]
