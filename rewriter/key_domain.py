@@ -64,7 +64,8 @@ class KeyDomain:
     @property
     def joined(self) -> bool:
         """Whether some cell joins several of the backend's reported key values: a joint factor's
-        cell collects several buckets (month of year: one per year), which dpproxy adds up."""
+        cell collects several buckets (month of year: one per year), which the backend SQL's
+        outer query adds up (``rewriter.rewrite._grouped_sql``)."""
         return any(factor.cells is not None for factor in self.factors)
 
     @property
