@@ -40,7 +40,9 @@ from sqlglot import exp
 
 from policies.time_buckets import TimeUnit
 
-__all__ = ["DatePart", "PART_UNITS", "PartShape", "date_part_shape", "part_value", "time_source"]
+from .sql_text import operator
+
+__all__ = ["DatePart", "PART_UNITS", "PartShape", "date_part_shape", "part_sql", "part_value", "time_source"]
 
 DatePart = Literal["year", "month", "quarter", "day", "dow", "isodow", "doy", "week", "weekday", "sunday_week", "date"]
 
@@ -138,6 +140,29 @@ def part_value(part: DatePart, start: datetime) -> int | datetime:
     if part == "sunday_week":
         return start - timedelta(days=min(start.isoweekday() % 7, start.toordinal() - 1))
     return start
+
+
+# The to_char field that prints each part that is a number of its bucket, one to one with the part's
+# value (weekday's cells are the day of week's; 'D' counts from Sunday = 1 where EXTRACT's dow does from 0).
+_PRINTED: dict[DatePart, str] = {"year": "YYYY", "month": "MM", "quarter": "Q", "day": "DD", "dow": "D",
+                                 "weekday": "D", "isodow": "ID", "doy": "DDD", "week": "IW"}
+
+
+def part_sql(part: DatePart | None, bucket: str) -> str:
+    """The SQL of a value that tells ``part``'s cells apart, of ``bucket`` (a key's ``date_trunc``
+    of a row, as the backend groups by it): equal for two buckets exactly where :func:`part_value`
+    of their starts is. A number part is the bucket's ``to_char`` field that prints it, one to one
+    with what EXTRACT gives and :func:`part_value` computes; a Sunday week is the (Monday) week of
+    the day after, which holds Sunday to Saturday; a date, or a key without a part, is the bucket
+    itself. None of them fails: the bucket is a time inside the declared range, and a day added to
+    it stays far inside its type's.
+    """
+    if part in _PRINTED:
+        return f"pg_catalog.to_char({bucket}, '{_PRINTED[part]}')"
+    if part == "sunday_week":
+        after = operator(bucket, "+", "CAST('1 day' AS pg_catalog.interval)")
+        return f"pg_catalog.date_trunc('week', {after})"
+    return bucket
 
 
 def _bare(node: exp.Expression | None) -> exp.Expression | None:

@@ -64,8 +64,14 @@ class KeyDomain:
     @property
     def joined(self) -> bool:
         """Whether some cell joins several of the backend's reported key values: a joint factor's
-        cell collects several buckets (month of year: one per year), which dpproxy adds up."""
+        cell collects several buckets (month of year: one per year), which the backend SQL's
+        outer query adds up (``rewriter.rewrite._grouped_sql``)."""
         return any(factor.cells is not None for factor in self.factors)
+
+    @property
+    def joint_keys(self) -> frozenset[int]:
+        """The keys (indices into ``groups``) that are members of a joint factor."""
+        return frozenset(key for factor in self.factors if factor.cells is not None for key in factor.keys)
 
     def labels(self) -> Iterator[tuple[str, ...]]:
         """Every cell's keys as text their types read back, in key order, in cell order."""

@@ -22,7 +22,8 @@ by grouping the filtered rows by :func:`grid_index`, the clamped value's index o
 function of that row alone that cannot fail on any value. Without GROUP BY an outer aggregate
 folds the groups back into one row, as for partitions: ``sum`` for additive parts, and the
 grid part as one text ``index:count,…`` (:func:`collected_counts`); per cell of a GROUP BY the
-grid index is one more grouping column, and dpproxy adds the parts up (:func:`split_cells`).
+grid index is one more grouping column, and dpproxy adds a cell's counts up (:func:`split_cells`);
+its other parts are summed per cell in the backend (:func:`_grouped_sql`).
 
 Without partition or grid parts the query is one plain aggregate over the filtered rows. With them
 it is still one pass over the table: the filtered rows are grouped by a partition number in
@@ -116,7 +117,7 @@ from __future__ import annotations
 import secrets
 from collections import Counter
 from dataclasses import dataclass
-from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, ROUND_FLOOR, Context, Decimal, Inexact, Overflow, Rounded, Underflow
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal, Inexact, Overflow, Rounded, Underflow
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -125,6 +126,7 @@ from policies.errors import SQLSTATE, Refusal
 from policies.model import QuantileGrid, TablePolicy
 from policies.tables import ColumnInfo, Relation, quote_identifier
 
+from .date_parts import part_sql
 from .dp_query import Aggregate, AggregateQuery
 from .sql_text import literal, operator
 from .raw_equality import raw_outputs
@@ -134,7 +136,8 @@ from .types import FLOAT4, FLOAT8, FLOAT_TYPES, INT2, INT4, INT8, INTEGER_TYPES,
 __all__ = [
     "MAX_BACKEND_COLUMNS", "too_many_columns",
     "HASH_FUNCTIONS", "Part", "aggregate_parts", "backend_sql", "centred_points", "clamped", "clamped_sum", "collected",
-    "cut_in_backend", "decided_total", "filtered", "grid_index",
+    "split_by_index",
+    "decided_total", "filtered", "grid_index",
     "hashable", "hashed_columns", "literal", "quantile_grid", "query_grid",
     "partition_key", "partition_seed", "partition_values", "per_partition", "row_hash_key", "seeded", "sent", "shuffled_source",
     "split_cells", "split_row",
@@ -407,57 +410,84 @@ def _grouped_sql(query: AggregateQuery, parts: list[Part], source: str) -> str:
 
     Each group reports the cell it falls in (one column per key, ``GroupKey.cell_sql``, and its
     grid index ``g``) and its parts; groups in no cell are left out, after grouping. A reported
-    cell may receive several groups (the values an ``other`` key catches, or values a
-    nondeterministic collation finds equal: only a category key's cell can): an outer query adds
-    them up per reported cell (and grid index), exactly (PostgreSQL's numeric sum is); without a
-    category key each group is its cell's only one, and there is no outer query, whose GROUP BY
-    PostgreSQL may implement with a sort of the groups (the presorted check, :func:`shuffled_source`,
-    over groups in hash order: at most a small lever where the groups are few, none where the
-    plan hashes; see docs/threat-model.md). So the backend
-    sends one row per reported cell that rows reach, whatever values they hold; where that row is
-    the cell's only one (:func:`cut_in_backend`), its numeric totals are cut to the digits their
-    grid rounding needs (:func:`sent`), never sent with every fraction digit a row holds. Else
-    dpproxy adds a cell's rows up, exactly, and cuts the sum (:func:`split_cells`).
+    cell may receive several groups: the values an ``other`` key catches, or values a
+    nondeterministic collation finds equal (a category key), and the buckets a date part joins
+    (month of year: one per year; ``KeyDomain.joint_keys``). An outer query then adds them up per
+    cell, exactly (PostgreSQL's numeric sum is): per category key by its cell number, per date
+    key of a joint factor by :func:`rewriter.date_parts.part_sql` of its bucket (``b``), which is
+    equal for two buckets exactly where dpproxy's cell of them is, and reports the least of the
+    cell's buckets, whose cell is the cell's. Without such a key each group is its cell's only
+    one, and there is no outer query, whose GROUP BY PostgreSQL may implement with a sort of the
+    groups (the presorted check, :func:`shuffled_source`, over groups in hash order: at most a
+    small lever where the groups are few, none where the plan hashes; see docs/threat-model.md).
+
+    A percentile splits each cell by grid index. Beside a numeric total (a part with a ``cut``),
+    the outer query groups by the grouping sets (cell, index), whose rows carry the grid counts
+    only, and (cell), whose rows carry every other part only: so a cell's totals are summed over
+    all its indices too (:func:`split_by_index`). PostgreSQL hashes both sets, or sorts the groups
+    (never the rows) once for the two: a sort over at most the groups, in hash order, as above.
+
+    So the backend sends each reported cell's numeric totals in one row, whatever values the rows
+    hold, cut to the digits their grid rounding needs (:func:`sent`), never with every fraction
+    digit a row holds; dpproxy adds up only a cell's grid counts (:func:`split_cells`).
 
     **The released distribution is unchanged.** A cell's total is the sum over its groups of their
-    exact clamped sums, which is the exact clamped sum over the cell's rows, as dpproxy's addition
-    made it (exactly, now: :func:`_added`). Its cut, floor(T·10^D)·10^-D plus a sticky 5·10^-(D+1),
-    rounds onto the sum grid as T does for every count n (``Grid.deciding_digits``; D is the policy's
-    ``total_digits``), so each cell's grid point, hence its noise and its answer, is the exact one.
+    exact clamped sums, which is the exact clamped sum over the cell's rows, as dpproxy's exact
+    addition made it. Its cut, floor(T·10^D)·10^-D plus a sticky 5·10^-(D+1), rounds onto the sum
+    grid as T does for every count n (``Grid.deciding_digits``; D is the policy's ``total_digits``),
+    so each cell's grid point, hence its noise and its answer, is the exact one.
     """
-    cells = [f"{key.cell_sql()} AS k{i}" for i, key in enumerate(query.groups)]
-    keys = [f"k{i}" for i in range(len(cells))]
-    grouping = [key.row_sql() for key in query.groups]
+    groups = query.groups
+    joint = query.domain.joint_keys
+    cells = [f"{key.cell_sql()} AS k{i}" for i, key in enumerate(groups)]
+    cells += [f"{groups[i].row_sql()} AS b{i}" for i in sorted(joint)]  # the bucket a joint key's cell is of
+    grouping = [key.row_sql() for key in groups]
     grid = query_grid(query)
     if grid is not None:  # each cell's rows grouped by their grid index too
         index = grid_index(*grid)
         cells.append(f"{index} AS g")
         grouping.append(index)
-        keys.append("g")
-    rows = ", ".join(grouping)
-    present = " AND ".join(f"k{i} IS NOT NULL" for i in range(len(query.groups)))
+    present = " AND ".join(f"k{i} IS NOT NULL" for i in range(len(groups)))
+    split = split_by_index(query)
     # OFFSET 0 keeps the filter on the groups: PostgreSQL would push a HAVING (or an outer WHERE)
     # on grouping expressions down to every row, computing each key twice per row.
-    cut = cut_in_backend(query)
-    if not any(key.kind == "category" for key in query.groups):
+    if not split and not joint and not any(key.kind == "category" for key in groups):
         # Each group reports a value of its own (an integer, a bucket, a time): it is its cell's
         # only row, and no outer query (whose GROUP BY PostgreSQL may sort) is needed.
-        totals = [f"{sent(part, part.sql) if cut else part.sql} AS p{i}" for i, part in enumerate(parts)]
-        outputs = [*keys, *(f"p{i}" for i in range(len(parts)))]
+        totals = [f"{sent(part, part.sql)} AS p{i}" for i, part in enumerate(parts)]
+        outputs = [*(f"k{i}" for i in range(len(groups))), *(["g"] if grid is not None else []),
+                   *(f"p{i}" for i in range(len(parts)))]
         return (f"SELECT {', '.join(outputs)} FROM (SELECT {', '.join([*cells, *totals])} FROM {source} "
-                f"GROUP BY {rows} OFFSET 0) AS cells WHERE {present}")
-    grouped = ", ".join([*cells, *(f"{part.sql} AS p{i}" for i, part in enumerate(parts))])
-    totals = [sent(part, f"pg_catalog.sum(p{i})") if cut else f"pg_catalog.sum(p{i})" for i, part in enumerate(parts)]
-    return (f"SELECT {', '.join([*keys, *totals])} FROM (SELECT {grouped} FROM {source} GROUP BY {rows} OFFSET 0) "
-            f"AS cells WHERE {present} GROUP BY {', '.join(keys)}")
+                f"GROUP BY {', '.join(grouping)} OFFSET 0) AS cells WHERE {present}")
+    inner = (f"(SELECT {', '.join([*cells, *(f'{part.sql} AS p{i}' for i, part in enumerate(parts))])} FROM {source} "
+             f"GROUP BY {', '.join(grouping)} OFFSET 0) AS cells WHERE {present}")
+    keys = [f"pg_catalog.min(k{i})" if i in joint else f"k{i}" for i in range(len(groups))]
+    ids = [part_sql(groups[i].part, f"b{i}") if i in joint else f"k{i}" for i in range(len(groups))]
+    if split:
+        return (f"SELECT {', '.join([*keys, 'g', *_split_totals(parts)])} FROM {inner} "
+                f"GROUP BY GROUPING SETS (({', '.join([*ids, 'g'])}), ({', '.join(ids)}))")
+    totals = [sent(part, f"pg_catalog.sum(p{i})") for i, part in enumerate(parts)]
+    if grid is not None:
+        keys.append("g")
+        ids.append("g")
+    return f"SELECT {', '.join([*keys, *totals])} FROM {inner} GROUP BY {', '.join(ids)}"
 
 
-def cut_in_backend(query: AggregateQuery) -> bool:
-    """Whether a grouped :func:`backend_sql` sends each cell's numeric totals cut (:func:`sent`):
-    where each cell is one row of it. Not when a cell joins several reported values (a date part's
-    buckets, ``KeyDomain.joined``) or a percentile splits it by grid index: dpproxy adds those rows
-    up, and the cut values of several rows do not add up to the cut of their sum."""
-    return not query.domain.joined and query_grid(query) is None
+def split_by_index(query: AggregateQuery) -> bool:
+    """Whether a grouped :func:`backend_sql` sums a cell's parts other than a percentile's grid counts
+    per cell, apart from the counts per (cell, grid index) (:func:`_grouped_sql`'s grouping sets):
+    where a numeric total beside the percentile must be summed over the cell's indices, in the
+    backend, before it is cut."""
+    return query_grid(query) is not None and any(
+        part.cut is not None for agg in query.aggregates for part in aggregate_parts(agg))
+
+
+def _split_totals(parts: list[Part]) -> list[str]:
+    """The outer query's parts over the grouping sets (cell, index) and (cell) (:func:`_grouped_sql`):
+    a grid count on the first set's rows only, any other part, cut (:func:`sent`), on the second's
+    only (NULL elsewhere: each is in exactly one row of its cell)."""
+    return [f"CASE WHEN {operator('GROUPING(g)', '=', str(1 - part.per_grid))} THEN "
+            f"{sent(part, f'pg_catalog.sum(p{i})')} END" for i, part in enumerate(parts)]
 
 
 def partition_key(table: Relation, seed: int) -> str:
@@ -593,11 +623,11 @@ def split_cells(query: AggregateQuery, rows: Sequence[Sequence[Any]]) -> list[li
     ``rows`` hold each reported cell's values (one per key, as the backend printed them), its grid
     index if the query has a percentile, and its parts, loaded. Cells are numbered as
     ``query.domain`` numbers them; a cell no row reached gets parts of None (what SQL gives an
-    empty set: the mechanisms read None as 0). Rows in the same cell (a date part's buckets, a
-    percentile's grid indices) are added up, exactly (:func:`_added`), a grid part's count by its
-    row's grid index; their numeric totals came whole (:func:`cut_in_backend`), and each cell's sum
-    is then cut as the backend would have cut it (:func:`_decided`), so that the release reads the
-    same few digits of it whatever a row held.
+    empty set: the mechanisms read None as 0). A cell's numeric totals come in one of its rows,
+    summed and cut in the backend (:func:`_grouped_sql`); the rows a percentile splits a cell into
+    are added up (:func:`_added`), a grid part's count by its row's grid index, the other parts
+    being NULL (None) in all of the cell's rows but one where a numeric total is among them
+    (:func:`split_by_index`).
     """
     keys = query.groups
     domain = query.domain
@@ -615,26 +645,8 @@ def split_cells(query: AggregateQuery, rows: Sequence[Sequence[Any]]) -> list[li
             values = [_at_index(index, value) if part.per_grid else value for part, value in zip(parts, values)]
         earlier = totals[cell]
         totals[cell] = values if earlier is None else [_added(a, b) for a, b in zip(earlier, values)]
-    if not cut_in_backend(query):
-        for total in totals:
-            if total is not None:
-                total[:] = [_decided(value, part.cut) if part.cut is not None and value is not None else value
-                            for value, part in zip(total, parts)]
     empty = [None] * len(parts)
     return [split_row(query, total if total is not None else empty) for total in totals]
-
-
-def _decided(total: Decimal, digits: int) -> Decimal:
-    """The value :func:`decided_total` gives for ``total``, computed here for a cell whose groups
-    dpproxy added up: ``total`` when it has at most ``digits`` fraction digits, else
-    floor(T·10^D)·10^-D + 5·10^-(D+1). Exact (:data:`_EXACT`), in time linear in the digits; it
-    rounds onto the sum grid as ``total`` does (``Grid.deciding_digits``), and the Fraction the
-    release builds from it has at most D + 1 digits, whatever a row held."""
-    scaled = _EXACT.scaleb(total, digits)
-    whole = scaled.to_integral_value(rounding=ROUND_FLOOR, context=_EXACT)
-    if whole == scaled:
-        return total
-    return _EXACT.add(_EXACT.scaleb(whole, -digits), _EXACT.scaleb(Decimal(5), -(digits + 1)))
 
 
 def collected_counts(column: str) -> str:
@@ -788,8 +800,8 @@ def sent(part: Part, total: str) -> str:
 
     Only a released total may be cut, the outermost sum of a statement without GROUP BY or a
     cell's sum of its groups (:func:`_grouped_sql`): the cut values of several groups do not add
-    up to the cut of their sum. So where dpproxy still adds up a cell's rows
-    (:func:`cut_in_backend`), they come whole, and dpproxy adds them exactly and cuts the sum.
+    up to the cut of their sum. So a cell's numeric totals are summed in the backend, over every
+    group and grid index of the cell, before they are cut.
     """
     return total if part.cut is None else decided_total(total, part.cut)
 
@@ -803,8 +815,8 @@ def decided_total(total: str, digits: int) -> str:
 
     The exact sum of clamped values keeps every fraction digit a row holds (up to 16,383): read
     whole, one such row makes dpproxy parse it and compute with it in rationals, ~8 ms more per
-    answer (benchmarks/proxy_cost.py), a timing oracle on that row; a GROUP BY's cells whose rows
-    dpproxy adds up are still sent whole (:func:`cut_in_backend`). This text's length depends
+    answer (benchmarks/proxy_cost.py), a timing oracle on that row; so does a GROUP BY cell's
+    (:func:`_grouped_sql`). This text's length depends
     on the policy and on the total's integer part only. Nothing here fails: T is a finite sum of
     clamped values (NULL stays NULL: a sum over no row).
     """

@@ -122,6 +122,10 @@ TOTAL: dict[str, str] = {
     "date-trunc": "date_trunc() of a declared unit on a date or time bounded by constants of the years "
                   "1..200000 (in the THEN of its range test) neither overflows nor leaves the type's range",
     "to-char": "to_char() of such a bounded time with a constant format prints it",
+    "bounded-shift": "such a bounded time plus an interval literal of at most one calendar unit stays below the "
+                     "year 200002, inside every date/time type's range (a Sunday week's day after, per group)",
+    "grouping-sets": "GROUPING SETS of keys checked one by one groups by each set in turn; GROUPING() of a key "
+                     "names the set a group is of (0 or 1), from no value",
     "extract-epoch": "EXTRACT(EPOCH) of such a bounded time is a numeric; numeric division by a constant "
                      "≥ 1 in magnitude and floor() of a numeric cannot fail",
     "aggregate": "count/sum/min/max over per-row values already checked: count counts, sum of integers "
@@ -304,7 +308,7 @@ def _select(node: ast.SelectStmt, table: tuple[str, str], columns: Mapping[str, 
     context = _Context(rows.columns, rows.rows)
     if node.whereClause is not None:
         _check(node.whereClause, context)
-    keys = [_compared(item, _check(item, context), context, "GROUP BY") for item in node.groupClause or ()]
+    keys = [_compared(item, _check(item, context), context, "GROUP BY") for item in _grouped_by(node.groupClause)]
     outputs: dict[str, _Value] = {}
     plain_distinct = node.distinctClause is not None and all(item is None for item in node.distinctClause)
     for target in node.targetList or ():
@@ -331,6 +335,17 @@ def _select(node: ast.SelectStmt, table: tuple[str, str], columns: Mapping[str, 
     if any(_has_aggregate(t.val) for t in node.targetList or ()):
         return _Relation(outputs, 1)
     return _Relation(outputs, rows.rows)
+
+
+def _grouped_by(clause: Iterable[ast.Node] | None) -> list[ast.Node]:
+    """The keys of a GROUP BY, each once: those of its GROUPING SETS too ("grouping-sets")."""
+    keys: list[ast.Node] = []
+    for item in clause or ():
+        for key in (item.content or ()) if isinstance(item, ast.GroupingSet) else (item,):
+            for each in (key.args or ()) if isinstance(key, ast.RowExpr) else (key,):
+                if each not in keys:
+                    keys.append(each)
+    return keys
 
 
 def _groups(keys: list[_Value]) -> float:
@@ -403,6 +418,8 @@ def _checked(node: ast.Node, context: _Context) -> _Value:
         return _operator(node, context)
     if isinstance(node, ast.FuncCall):
         return _function(node, context)
+    if isinstance(node, ast.GroupingFunc) and all(isinstance(arg, ast.ColumnRef) for arg in node.args or ()):
+        return _Value(_INT4, nan=False, low=0.0, high=1.0, smallest=1.0)  # "grouping-sets"
     return _finding(node, context, f"{type(node).__name__} is not on the table of total operations")
 
 
@@ -590,6 +607,9 @@ def _operator(node: ast.A_Expr, context: _Context) -> _Value:
 def _binary(node: ast.A_Expr, symbol: str, left: _Value, right: _Value, context: _Context) -> _Value:
     if symbol == "+" and left.constant and right.constant:
         return _shift(node, left, right, context)
+    if symbol == "+" and left.type_oid in _TIME_TYPES and left.bounded and right.constant and right.type_oid == 1186 \
+            and (_interval_years(right.text) or 2.0) <= 1.0:
+        return _Value(1114 if left.type_oid == 1082 else left.type_oid, bounded=True)  # "bounded-shift"
     if symbol in _COMPARISONS:
         return _comparison(node, left, right, context)
     if symbol in _LIKES:

@@ -337,6 +337,29 @@ def test_the_audit_accepts_an_epoch_bucket_whose_range_end_cannot_overflow(end: 
     assert (audit_backend_sql(sql, ("public", "x"), columns) == []) == total
 
 
+_DAY = ("CASE WHEN (ts OPERATOR(pg_catalog.>=) CAST('2021-01-01 00:00:00' AS pg_catalog.timestamp)) AND "
+        "(ts OPERATOR(pg_catalog.<) CAST('2023-01-01 00:00:00' AS pg_catalog.timestamp)) "
+        "THEN pg_catalog.date_trunc('day', ts) END")
+
+
+@pytest.mark.parametrize("cell, total", [
+    ("pg_catalog.to_char(b0, 'IW')", True),  # a date part of a group's bucket
+    ("pg_catalog.date_trunc('week', (b0 OPERATOR(pg_catalog.+) CAST('1 day' AS pg_catalog.interval)))", True),
+    ("pg_catalog.date_trunc('week', (b0 OPERATOR(pg_catalog.+) CAST('300 years' AS pg_catalog.interval)))", False),
+    ("pg_catalog.date_trunc('week', (t0 OPERATOR(pg_catalog.+) CAST('1 day' AS pg_catalog.interval)))", False),
+])
+def test_the_audit_accepts_a_date_parts_cell_of_a_bounded_bucket_and_no_shift_that_can_overflow(
+        cell: str, total: bool) -> None:
+    # rewriter.rewrite._grouped_sql: the cells a date part joins, summed over their buckets, with a
+    # percentile's grid counts per (cell, index) and the other parts per cell (grouping sets).
+    inner = (f"SELECT pg_catalog.to_char({_DAY}, 'YYYY-MM-DD') AS k0, {_DAY} AS b0, ts AS t0, i AS g, "
+             f"pg_catalog.count(*) AS p0, pg_catalog.sum(n) AS p1 FROM {_T} GROUP BY {_DAY}, ts, i OFFSET 0")
+    sql = (f"SELECT pg_catalog.min(k0), g, CASE WHEN (GROUPING(g) OPERATOR(pg_catalog.=) 0) THEN pg_catalog.sum(p0) "
+           f"END, CASE WHEN (GROUPING(g) OPERATOR(pg_catalog.=) 1) THEN pg_catalog.sum(p1) END FROM ({inner}) AS cells "
+           f"WHERE k0 IS NOT NULL GROUP BY GROUPING SETS (({cell}, g), ({cell}))")
+    assert (audit_backend_sql(sql, ("public", "x"), _COLUMNS) == []) == total
+
+
 # Per group: sample and aggregate's partition values, as the rewriter writes them (rewriter/rewrite.py).
 _CLAMP_N = ("pg_catalog.numeric_smaller(pg_catalog.numeric_larger({v}, CAST(-1e+280 AS numeric)), "
             "CAST(1e+280 AS numeric))")

@@ -1,7 +1,7 @@
 """A GROUP BY's numeric SUM and ``sum_count`` AVG: each released cell's total is summed and cut in the
-backend, and where dpproxy still adds a cell's rows up (a date part's buckets, a percentile's grid
-indices) it adds them exactly and cuts the sum (rewriter.rewrite._grouped_sql, cut_in_backend, split_cells).
-No test here times anything: the last one counts what dpproxy reads.
+backend, whatever groups the cell collects (an ``other`` key's values, a date part's buckets, a
+percentile's grid indices: rewriter.rewrite._grouped_sql, split_cells). No test here times anything:
+the last ones count what dpproxy reads.
 
 Each group's exact total used to reach dpproxy whole: one row of 16,383 fraction digits made it parse
 that total and round it in rationals, ~8 ms more per answer (benchmarks/proxy_cost.py), and the groups
@@ -10,7 +10,7 @@ an ``other`` cell collects were added in Python's 28-digit default context, whic
 
 from __future__ import annotations
 
-from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, localcontext
+from decimal import MAX_EMAX, MIN_EMIN, ROUND_FLOOR, Context, Decimal, localcontext
 from fractions import Fraction
 from typing import Any
 
@@ -24,7 +24,8 @@ from policies.model import ColumnPolicy, TablePolicy
 from policies.tables import ColumnInfo, Relation
 from proxy.dp.column_release import release_column
 from rewriter.dp_query import AggregateQuery, plan_aggregate_query
-from rewriter.rewrite import aggregate_parts, backend_sql, clamped, cut_in_backend, decided_total, split_cells
+from rewriter.rewrite import aggregate_parts, backend_sql, clamped, decided_total, split_cells
+from tests.backend_sql_audit import AuditColumn, audit_backend_sql
 
 _NUMERIC, _TEXT, _TIMESTAMPTZ = 1700, 25, 1184
 _TABLE = "grouped_totals"
@@ -33,10 +34,10 @@ _FINE = "('50.' || repeat('3', 16383))::numeric"  # 16,383 fraction digits, insi
 _EXACT = Context(prec=200_000, Emax=MAX_EMAX, Emin=MIN_EMIN)  # the tests' own sums of long decimals, unrounded
 
 
-def _relation(bounds: tuple[float, float]) -> Relation:
+def _relation(bounds: tuple[float, float], units: tuple[str, ...] = ("month",)) -> Relation:
     value = ColumnPolicy(bounds=bounds)
     key = ColumnPolicy(categories=["a", "b", "c", "d"], group_by=True, other="other")
-    time = ColumnPolicy(bounds=("2021-01-01", "2022-12-31"), group_by=["month"])
+    time = ColumnPolicy(bounds=("2021-01-01", "2022-12-31"), group_by=list(units))
     table_policy = TablePolicy(epsilon=1.0, delta=1e-6, partitions=4, columns={"y": value, "c": key, "ts": time})
     return Relation(0, "public", _TABLE, table_policy,
                     {"y": ColumnInfo("y", _NUMERIC, -1, 1, value),
@@ -113,7 +114,6 @@ def test_a_group_bys_numeric_totals_are_summed_per_cell_and_cut_in_the_backend(
                     (Decimal("-3.5"), "z", "2021-04-01"), (Decimal("1.5"), None, "2021-04-02")])
     admin.execute(f"INSERT INTO {_TABLE} VALUES ({_FINE}, 'y', '2021-03-06'), ({_FINE}, 'a', '2021-04-03')")
     plan = plan_aggregate_query(sql, relation)
-    assert cut_in_backend(plan)
     # A category key's cells add their groups up in an outer query; any other key's group is its
     # cell's only row, cut where it is computed.
     first = aggregate_parts(plan.aggregates[0])[0].sql if plan.groups[0].kind != "category" else "pg_catalog.sum(p0)"
@@ -194,11 +194,14 @@ def test_a_date_parts_buckets_are_added_exactly_beyond_28_digits(
 # A month of year joins each year's bucket of that month; a percentile splits each cell by grid index.
 @pytest.mark.parametrize("sql", ["SELECT EXTRACT(MONTH FROM ts) AS m, SUM(y) FROM grouped_totals GROUP BY 1",
                                  "SELECT EXTRACT(MONTH FROM ts) AS m, SUM(y), percentile_disc(0.5) WITHIN GROUP "
-                                 "(ORDER BY y) FROM grouped_totals GROUP BY 1"], ids=["month-of-year", "percentile"])
-def test_a_cells_total_that_dpproxy_adds_up_is_cut_once_added(
+                                 "(ORDER BY y) FROM grouped_totals GROUP BY 1",
+                                 "SELECT c, AVG(y), percentile_cont(0.5) WITHIN GROUP (ORDER BY y) FROM grouped_totals "
+                                 "GROUP BY c"], ids=["month-of-year", "month-percentile", "category-percentile"])
+def test_a_cells_total_over_several_groups_reaches_dpproxy_summed_and_cut(
         admin: psycopg.Connection, table: str, sql: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Its rows come whole (their cuts would not add up to the cut of their sum), and the cell's
-    # exact sum is cut before the release reads it: a tie made of two long rows stays a tie.
+    # Summed over the cell's buckets and grid indices in the backend (their cuts would not add up
+    # to the cut of their sum), then cut: a tie made of two long rows stays a tie, and no value the
+    # backend sends is longer than its integer part and D + 1 fraction digits, whatever a row holds.
     relation = _relation((-50.0, 50.0))
     policy = relation.columns["y"].policy
     assert policy is not None
@@ -207,18 +210,84 @@ def test_a_cells_total_that_dpproxy_adds_up_is_cut_once_added(
         high = tie + _TINY
     nines = Decimal("0." + "9" * 16383)
     _insert(admin, [(high, "a", "2021-06-10"), (-_TINY, "a", "2022-06-10"),
-                    (nines, "a", "2021-07-10"), (nines, "a", "2022-07-10"), (Decimal(-7), "a", "2022-07-11")])
+                    (nines, "b", "2021-07-10"), (nines, "b", "2022-07-10"), (Decimal(-7), "b", "2022-07-11")])
     plan = plan_aggregate_query(sql, relation)
-    assert not cut_in_backend(plan)
-    assert max(len(str(v)) for row in admin.execute(backend_sql(plan, seed=3)).fetchall() for v in row) > 16383
+    avg = "AVG" in sql
+    rows = admin.execute(backend_sql(plan, seed=3)).fetchall()
+    assert max(len(str(v)) for row in rows for v in row) <= 2 + 1 + policy.total_digits + 1 + 1  # -dd.D+1 digits
     cells = _cells(admin, plan)
-    june, july = cells[5][0][0], cells[6][0][0]
-    assert june == tie
-    assert -july.as_tuple().exponent == policy.total_digits + 1  # cut, with its sticky 5
-    released = _released_points(plan, relation, monkeypatch, [cells[5], cells[6]])
-    assert released == [policy.sum_grid.rounded(Fraction(tie)),
-                        policy.sum_grid.rounded(2 * Fraction(nines) - 7)]
-    assert released[0] % 2 == 0  # the tie rounded to even
+    first, second = (cells[5], cells[6]) if plan.groups[0].kind == "time" else (cells[0], cells[1])
+    if avg:
+        assert [first[0][1], second[0][1]] == [2, 3]
+    assert first[0][0] == tie
+    assert -second[0][0].as_tuple().exponent == policy.total_digits + 1  # cut, with its sticky 5
+    middle = Fraction(centre(*policy.bounds)) if avg else Fraction(0)  # type: ignore[misc]
+    released = _released_points(plan, relation, monkeypatch, [first, second])
+    assert released == [policy.sum_grid.rounded(Fraction(tie) - 2 * middle),
+                        policy.sum_grid.rounded(2 * Fraction(nines) - 7 - 3 * middle)]
+    if not avg:
+        assert released[0] % 2 == 0  # the tie rounded to even
+
+
+# Every date part (and a joint factor of two keys) over a column whose rows fall on every day of
+# two years and a bit: the backend's cells are dpproxy's, one row each.
+_PART_KEYS = ["EXTRACT(MONTH FROM ts)", "EXTRACT(QUARTER FROM ts)", "EXTRACT(DAY FROM ts)", "EXTRACT(DOW FROM ts)",
+              "EXTRACT(ISODOW FROM ts)", "EXTRACT(DOY FROM ts)", "EXTRACT(WEEK FROM ts)", "CAST(ts AS DATE)",
+              "CASE WHEN mod(CAST(extract(dow from ts) AS integer) + 6, 7) = 0 THEN 7 "
+              "ELSE mod(CAST(extract(dow from ts) AS integer) + 6, 7) END",
+              "date_trunc('week', ts + INTERVAL '1 day') + INTERVAL '-1 day'"]
+
+
+@pytest.mark.parametrize("key", [*([k] for k in _PART_KEYS), ["EXTRACT(MONTH FROM ts)", "date_trunc('year', ts)"],
+                                 ["EXTRACT(DOW FROM ts)", "c"]], ids=str)
+@pytest.mark.parametrize("percentile", [False, True], ids=["sum", "sum-percentile"])
+def test_a_date_parts_cells_are_summed_in_the_backend_as_dpproxy_numbers_them(
+        admin: psycopg.Connection, table: str, key: list[str], percentile: bool) -> None:
+    relation = _relation((-50.0, 100.0), ("day", "year"))
+    admin.execute(f"INSERT INTO {_TABLE} SELECT (g % 97) / 7.0 - 3, (ARRAY['a', 'b', 'q'])[1 + g % 3], "
+                  "'2020-12-20 13:00+00'::timestamptz + g * interval '1 day' FROM generate_series(0, 800) g")
+    admin.execute(f"INSERT INTO {_TABLE} VALUES ('NaN', 'a', '2021-02-03'), ('Infinity', 'b', '2021-02-04'), "
+                  f"('-Infinity', 'a', '2022-02-04'), (-1e20, 'a', '2021-08-08'), ({_FINE}, 'b', '2022-11-30')")
+    items = ", ".join(str(i + 1) for i in range(len(key)))
+    extra = ", percentile_disc(0.5) WITHIN GROUP (ORDER BY y)" if percentile else ""
+    plan = plan_aggregate_query(f"SELECT {', '.join(key)}, SUM(y), COUNT(*){extra} FROM {_TABLE} GROUP BY {items}",
+                                relation)
+    assert plan.domain.joined
+    cells = _cells(admin, plan)
+    # Each cell's exact total, from each group's buckets as dpproxy numbers them (what the backend sent before).
+    groups = admin.execute(
+        f"SELECT {', '.join(k.cell_sql() for k in plan.groups)}, sum({clamped(relation.columns['y'])}), count(*) "
+        f"FROM {_TABLE} GROUP BY {', '.join(k.row_sql() for k in plan.groups)}").fetchall()
+    expected: dict[int, list[Any]] = {}
+    for *reported, total, count in groups:
+        cell = plan.domain.cell([k.cell_of(None if v is None else str(v).encode()) for k, v in zip(plan.groups, reported)])
+        if cell is None:
+            continue
+        found = expected.setdefault(cell, [Decimal(0), 0])
+        found[0] = _EXACT.add(found[0], total)
+        found[1] += count
+    assert len(expected) >= 4  # quarters, or more cells
+    assert {i for i, parts in enumerate(cells) if parts[1][0] is not None} == set(expected)
+    digits = relation.columns["y"].policy.total_digits  # type: ignore[union-attr]
+    for cell, (total, count) in expected.items():
+        assert cells[cell][1][0] == count
+        assert Fraction(cells[cell][0][0]) == Fraction(_cut(total, digits))
+    rows = admin.execute(backend_sql(plan, seed=3)).fetchall()
+    assert max(len(str(v)) for row in rows for v in row if isinstance(v, Decimal)) <= digits + 10  # not 16,383
+    audited = {name: AuditColumn(column.type_oid) for name, column in relation.columns.items()}
+    assert audit_backend_sql(backend_sql(plan, seed=3), ("public", _TABLE), audited) == []
+    if not percentile:  # one row per cell
+        assert len(rows) == len(expected)
+
+
+def _cut(total: Decimal, digits: int) -> Decimal:
+    """``decided_total`` of ``total``, computed here: total when it has at most ``digits`` fraction
+    digits, else floor(T·10^D)·10^-D + 5·10^-(D+1)."""
+    scaled = _EXACT.scaleb(total, digits)
+    whole = scaled.to_integral_value(rounding=ROUND_FLOOR, context=_EXACT)
+    if whole == scaled:
+        return total
+    return _EXACT.add(_EXACT.scaleb(whole, -digits), _EXACT.scaleb(Decimal(5), -(digits + 1)))
 
 
 def test_one_row_of_a_new_other_value_or_long_fraction_changes_no_backend_row_nor_its_length(

@@ -72,6 +72,14 @@ OTHER_SHAPES = (
     "SELECT age, COUNT(*), SUM(big) FROM ps_appended GROUP BY age",
     "SELECT date_trunc('month', ts) AS m, percentile_disc(0.9) WITHIN GROUP (ORDER BY n) FROM ps_appended GROUP BY 1",
     "SELECT width_bucket(n, 0, 100, 10) AS b, COUNT(*) FROM ps_appended GROUP BY 1",
+    # An outer query over the groups: a date part's buckets per cell, a percentile's totals per cell.
+    "SELECT EXTRACT(MONTH FROM ts) AS m, COUNT(*), SUM(n) FROM ps_appended GROUP BY 1",
+    "SELECT EXTRACT(QUARTER FROM ts) AS q, date_trunc('year', ts) AS y, AVG(n) FROM ps_appended GROUP BY 1, 2",
+    "SELECT date_trunc('month', ts) AS m, SUM(n), percentile_disc(0.9) WITHIN GROUP (ORDER BY n) FROM ps_appended "
+    "GROUP BY 1",
+    "SELECT EXTRACT(MONTH FROM ts) AS m, SUM(n), percentile_cont(0.5) WITHIN GROUP (ORDER BY age) FROM ps_appended "
+    "GROUP BY 1",
+    "SELECT label, AVG(n), percentile_disc(0.5) WITHIN GROUP (ORDER BY n) FROM ps_appended GROUP BY label",
     "SELECT VARIANCE(n), STDDEV(big) FROM ps_appended",
 )
 
