@@ -115,3 +115,16 @@ def test_an_answer_the_release_makes_too_large_is_charged_and_kept_for_repeats(
         (count,) = conn.execute("SELECT count(*) FROM adult WHERE age > 20").fetchone()
         assert count > 0 and spent_epsilon(conn) == charged  # the stored release, uncharged
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+@pytest.mark.parametrize("sql, expected", [
+    # Names the measure's record must not mix up: twice the same, and the measure's own alias.
+    ("SELECT count(*) > 0 AS a, count(*) > 0 AS a FROM adult", (True, True)),
+    ("SELECT count(*) > 0 AS dpproxy_answer FROM adult", (True,)),
+    ("WITH w AS (SELECT count(*) AS n FROM adult) SELECT n > 0, 'total' FROM w", (True, "total")),
+    ("SELECT count(*) > 0 AS a FROM adult ORDER BY a LIMIT 1", (True,)),
+])
+def test_the_measure_answers_what_the_statement_answers(proxy: RunningProxy, sql: str,
+                                                        expected: tuple[object, ...]) -> None:
+    with proxy.connect() as conn:
+        assert conn.execute(sql).fetchone() == expected
