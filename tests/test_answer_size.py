@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 
-from tests.conftest import (HISTOGRAM_POLICY, RunningProxy, TestDatabase, memory_kb, reset_peak_memory, running_proxy,
-                            spent_epsilon)
+from tests.conftest import (HISTOGRAM_POLICY, RunningProxy, TestDatabase, make_policy, memory_kb, reset_peak_memory,
+                            running_proxy, spent_epsilon)
 
 _SMALL_LIMIT = 4096
 _SMALL_POLICY = (HISTOGRAM_POLICY.replace("listen: {{host: 127.0.0.1, port: 0}}",
@@ -128,3 +129,23 @@ def test_the_measure_answers_what_the_statement_answers(proxy: RunningProxy, sql
                                                         expected: tuple[object, ...]) -> None:
     with proxy.connect() as conn:
         assert conn.execute(sql).fetchone() == expected
+
+
+def test_a_reload_that_lowers_the_limit_refuses_before_the_charge_what_passed_before(
+        test_db: TestDatabase, tmp_path: Path) -> None:
+    """A trial that passed is not run again for the same user under the same settings and table
+    registry (``_PASSED``); a reload makes a registry of its own, so the trial runs again under
+    the lower limit and refuses before the charge what the higher one answered."""
+    ledger = tmp_path / "l.sqlite3"
+    lowered = tmp_path / "policy.yaml"
+    lowered.write_text(_SMALL_POLICY.format(dsn=test_db.service_dsn, ledger=ledger))
+    proxy = RunningProxy(make_policy(test_db, ledger, _SMALL_POLICY.replace(
+        f"max_answer_bytes: {_SMALL_LIMIT}", f"max_answer_bytes: {_SMALL_LIMIT * 4}")))
+    try:
+        with proxy.connect() as conn:
+            sql = "SELECT format('%5000s', count(*)) FROM adult WHERE age > 40"
+            assert len(conn.execute(sql).fetchone()[0]) == 5000
+            assert proxy._call(proxy.server.reload(lowered))
+            _refused_uncharged(conn, sql, str(_SMALL_LIMIT))
+    finally:
+        proxy.stop()
