@@ -20,8 +20,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests.test_attack_new_answers import visits
 from tests.conftest import (HISTOGRAM_POLICY, RunningProxy, TestDatabase, make_policy, memory_kb, reset_peak_memory,
                             running_proxy, spent_epsilon)
+
+__all__ = ["visits"]  # the fixture, used here as it is there
 
 _SMALL_LIMIT = 4096
 _SMALL_POLICY = (HISTOGRAM_POLICY.replace("listen: {{host: 127.0.0.1, port: 0}}",
@@ -149,3 +152,26 @@ def test_a_reload_that_lowers_the_limit_refuses_before_the_charge_what_passed_be
             _refused_uncharged(conn, sql, str(_SMALL_LIMIT))
     finally:
         proxy.stop()
+
+
+def test_a_series_limits_ranking_the_release_makes_too_large_never_reaches_dpproxy(visits: RunningProxy) -> None:
+    """A series limit's ranking (``rewriter.series_limit``) is post-processed after the charge and
+    read by dpproxy alone: over NULL aggregates its HAVING keeps no row, so its trial is small;
+    over the release it was a 200 MB row received whole (the process grew by ~570 MB)."""
+    sql = ("SELECT sex, count(*) FROM visits JOIN (SELECT sex AS sex__, format('%200000000s', count(*)) AS m "
+           "FROM visits GROUP BY sex HAVING count(*) > 0 ORDER BY count(*) DESC LIMIT 1) AS s ON sex = sex__ "
+           "GROUP BY sex")
+    with visits.connect() as conn:
+        before = spent_epsilon(conn)
+        gc.collect()
+        reset_peak_memory()
+        rss = memory_kb("VmRSS")
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute(sql)
+        grown_mb = (memory_kb("VmHWM") - rss) / 1024
+        error = refused.value
+        assert error.sqlstate == "54000" and "(rule: answer-size)" in str(error), str(error)
+        assert "charge stands" in (error.diag.message_hint or "")
+        assert spent_epsilon(conn) > before  # the release decided it: charged
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert grown_mb < 40, f"the process grew by {grown_mb:.0f} MB over a refused 200 MB ranking"

@@ -20,7 +20,7 @@ from policies.errors import SQLSTATE, Refusal
 from proxy.backend.connection import ResultSet
 from proxy.backend.errors import BackendError
 
-__all__ = ["answer_bytes", "measuring_sql", "too_large_for_the_release", "too_large_from_the_text"]
+__all__ = ["AnswerTooLarge", "answer_bytes", "measuring_sql", "too_large_for_the_release", "too_large_from_the_text"]
 
 _ALIAS = "dpproxy_answer"  # an outer alias: the measured statement reads no relation, so nothing in it can name it
 
@@ -55,10 +55,19 @@ def too_large_from_the_text(size: int, limit: int, uncharged: str) -> Refusal:
                    f"{_limit(limit)} Ask for shorter values, or fewer rows. {uncharged}", "answer-size")
 
 
-def too_large_for_the_release(size: int, limit: int) -> BackendError:
+class AnswerTooLarge(BackendError):
+    """A post-processed answer the released values made longer than ``listen.max_answer_bytes``:
+    a function of the release and the statement's text only, never of a row, so its message may
+    reach the client as it is (``proxy.serving.executor``'s sanitising lets it through)."""
+
+
+def too_large_for_the_release(size: int, limit: int, ranking: bool = False) -> AnswerTooLarge:
     """The error of an answer the released values make ``size`` bytes long, past ``limit``: after
     the charge, which stands, as for any post-processing error the release decides (the caller
-    adds the charge as its DETAIL, and whether the release is kept)."""
-    return BackendError(SQLSTATE.PROGRAM_LIMIT_EXCEEDED, _message(size),
-                        hint=f"{_limit(limit)} The released values made this answer longer than its trial "
-                             "before the charge.")
+    adds the charge as its DETAIL, and whether the release is kept). ``ranking``: the outer
+    statement of a series limit's ranking, whose failure ends the statement before its answer
+    exists, so that nothing is kept."""
+    also = " The charge stands; a series limit's ranking is not kept for repeats." if ranking else ""
+    return AnswerTooLarge(SQLSTATE.PROGRAM_LIMIT_EXCEEDED, _message(size),
+                          hint=f"{_limit(limit)} The released values made this answer longer than its trial "
+                               f"before the charge.{also}")

@@ -29,7 +29,8 @@ from proxy.dp.answer import (
     DPAnswer, declared_keys, kept_series, numeric_scale, query_delta, ranking_params, release_cells, release_params,
     release_row, released_labels, result_fields, selection_candidates, trial_params, witness_params,
 )
-from proxy.dp.answer_size import answer_bytes, measuring_sql, too_large_for_the_release, too_large_from_the_text
+from proxy.dp.answer_size import (AnswerTooLarge, answer_bytes, measuring_sql, too_large_for_the_release,
+                                  too_large_from_the_text)
 from proxy.dp.answer_time import on_the_quantum, quantum_deadline
 from proxy.dp.budget import BudgetKeeper
 from proxy.dp.folding import bind_constants
@@ -915,7 +916,12 @@ class Executor:
         ranking_sql = backend_sql(ranking, seed=partition_seed() if seeded(ranking) else 0)
         ranked = await self._released(ranking, ranking_sql, params, share * release_count(ranking), codec)
         assert ranking.post is not None
-        kept = await self.backend.execute(ranking.post.sql, ranking_params(ranking, ranked))
+        params = ranking_params(ranking, ranked)
+        limit = self.server.policy.listen.max_answer_bytes
+        size = await self._answer_size(ranking.post.sql, params)
+        if size > limit:  # only dpproxy reads it, but whole, as an answer
+            raise too_large_for_the_release(size, limit, ranking=True)
+        kept = await self.backend.execute(ranking.post.sql, params)
         return kept_series(plan, answer, ranked, [int(row[-1]) for row in kept.rows if row[-1] is not None], codec)
 
     async def _check_result_formats(self, plan: AggregateQuery, result_formats: tuple[int, ...],
@@ -998,7 +1004,7 @@ class Executor:
                 # As written (its filters may fail on a key themselves), then without them; only the
                 # former's size is the answer's (the latter drops its LIMIT).
                 for sql in dict.fromkeys((plan.post.sql, plan.post.trial_sql)):
-                    size = answer_bytes(await self.backend.execute(measuring_sql(sql), params))
+                    size = await self._answer_size(sql, params)
                     if sql == plan.post.sql and size > limit:
                         raise too_large_from_the_text(size, limit, _UNCHARGED)
             if plan.post.certain:
@@ -1010,6 +1016,11 @@ class Executor:
                 exc.hint = f"{exc.hint}\n{_UNCHARGED}" if exc.hint else _UNCHARGED
             raise
         _PASSED.add(passed)
+
+    async def _answer_size(self, sql: str, params: BoundParams) -> int:
+        """The bytes of text the outer statement ``sql`` answers over ``params``, counted on the
+        backend (``proxy.dp.answer_size``): its rows never reach dpproxy. Fails as ``sql`` fails."""
+        return answer_bytes(await self.backend.execute(measuring_sql(sql), params))
 
     async def _released(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float, codec: str) -> DPAnswer:
         """Run the plan's exact aggregates on the backend and noise them: one row, or one per cell.
@@ -1052,7 +1063,7 @@ class Executor:
         params = release_params(plan, answer)
         limit = self.server.policy.listen.max_answer_bytes
         try:
-            size = answer_bytes(await self.backend.execute(measuring_sql(plan.post.sql), params))
+            size = await self._answer_size(plan.post.sql, params)
             if size > limit:
                 if answer is None or not answer.releases:
                     raise too_large_from_the_text(size, limit, _UNCHARGED)
@@ -1265,6 +1276,8 @@ def _sanitised(exc: BackendError) -> Refusal:
     """A backend failure during a DP query, without any detail that could depend on the data."""
     if exc.sqlstate == SQLSTATE.QUERY_CANCELED:
         return Refusal(SQLSTATE.QUERY_CANCELED, "canceling statement due to user request or statement timeout")
+    if isinstance(exc, AnswerTooLarge):  # its size is the release's and the text's, never a row's
+        return Refusal(exc.sqlstate, exc.message, exc.hint, "answer-size")
     if exc.sqlstate.startswith("42"):
         # Errors found while planning (unknown column, type mismatch) depend on the schema
         # and the statement only, never on the rows.
