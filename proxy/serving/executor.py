@@ -916,12 +916,12 @@ class Executor:
         ranking_sql = backend_sql(ranking, seed=partition_seed() if seeded(ranking) else 0)
         ranked = await self._released(ranking, ranking_sql, params, share * release_count(ranking), codec)
         assert ranking.post is not None
-        params = ranking_params(ranking, ranked)
+        ranked_values = ranking_params(ranking, ranked)
         limit = self.server.policy.listen.max_answer_bytes
-        size = await self._answer_size(ranking.post.sql, params)
+        size = await self._answer_size(ranking.post.sql, ranked_values)
         if size > limit:  # only dpproxy reads it, but whole, as an answer
             raise too_large_for_the_release(size, limit, ranking=True)
-        kept = await self.backend.execute(ranking.post.sql, params)
+        kept = await self.backend.execute(ranking.post.sql, ranked_values)
         return kept_series(plan, answer, ranked, [int(row[-1]) for row in kept.rows if row[-1] is not None], codec)
 
     async def _check_result_formats(self, plan: AggregateQuery, result_formats: tuple[int, ...],
