@@ -154,6 +154,8 @@ class ListenConfig(_Strict):
     max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     # A longer query string is refused (54000) before it is parsed (docs/policy.md).
     max_statement_bytes: int = Field(1024 * 1024, ge=1024)
+    # A post-processed DP answer's text, measured on the backend before it is sent (54000 past it).
+    max_answer_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     tls: TLSConfig | None = None
     startup_timeout_s: float = Field(10.0, gt=0)
     idle_timeout_s: float = Field(0.0, ge=0)

@@ -61,6 +61,9 @@ _NUMBER_TYPES = frozenset({exp.DataType.Type.SMALLINT, exp.DataType.Type.INT, ex
 _ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.IntDiv)
 _DIVISIONS = (exp.Div, exp.Mod, exp.IntDiv)
 _NUMBER_FUNCTIONS = (exp.Abs, exp.Round, exp.Trunc, exp.Floor, exp.Ceil)
+# The most nodes the inlined roots may have: far above what wrappers of BI tools give (a few
+# hundred), far below what costs the event loop a noticeable time to copy (~4 µs a node).
+_MAX_INLINED_NODES = 10_000
 # What may lie between a division and its output column: each evaluates all its arguments.
 _STRICT = (exp.Paren, exp.Alias, exp.Ordered, exp.Cast, exp.Neg, *_ARITHMETIC, *_NUMBER_FUNCTIONS,
            exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
@@ -130,7 +133,10 @@ def _inlined_roots(levels: list[exp.Select]) -> list[exp.Expression] | None:
     put in place by the expression that level outputs under it, down to the release's columns
     (``SELECT x / 0 FROM (SELECT r._dp1 AS x FROM …) AS q`` is ``r._dp1 / 0``). An output below
     that no root names is left out: PostgreSQL need not compute it. None when a name cannot be
-    traced to one output of the level below (a star is that level's outputs)."""
+    traced to one output of the level below (a star is that level's outputs), or when the roots
+    would grow past ``_MAX_INLINED_NODES`` nodes: a level naming the one below twice doubles them
+    (``SELECT v || v AS v FROM (…)``), so that 25 such levels, under 2 KB of text, took
+    gigabytes and hours to inline on the event loop. Such a statement is not proved."""
     top = levels[0]
     order = top.args.get("order")
     aliases = {item.alias for item in top.expressions if isinstance(item, exp.Alias)}
@@ -143,6 +149,8 @@ def _inlined_roots(levels: list[exp.Select]) -> list[exp.Expression] | None:
         outputs = _outputs(below)
         if outputs is None:
             return None
+        sizes = {name: _size(output) for name, output in outputs.items()}
+        grown = sum(_size(root) for root in roots)
         traced: list[exp.Expression] = []
         for root in roots:
             if isinstance(root, exp.Star) or (isinstance(root, exp.Column) and isinstance(root.this, exp.Star)):
@@ -150,6 +158,9 @@ def _inlined_roots(levels: list[exp.Select]) -> list[exp.Expression] | None:
                 continue
             for column in list(root.find_all(exp.Column)):
                 if column.table not in ("", alias) or column.name not in outputs:
+                    return None
+                grown += sizes[column.name]
+                if grown > _MAX_INLINED_NODES:
                     return None
                 source = outputs[column.name].copy()
                 if column is root:
@@ -159,6 +170,11 @@ def _inlined_roots(levels: list[exp.Select]) -> list[exp.Expression] | None:
             traced.append(root)
         roots = traced
     return roots
+
+
+def _size(node: exp.Expression) -> int:
+    """How many nodes ``node``'s tree has."""
+    return sum(1 for _ in node.walk())
 
 
 def _outputs(level: exp.Select) -> dict[str, exp.Expression] | None:

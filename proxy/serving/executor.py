@@ -29,6 +29,8 @@ from proxy.dp.answer import (
     DPAnswer, declared_keys, kept_series, numeric_scale, query_delta, ranking_params, release_cells, release_params,
     release_row, released_labels, result_fields, selection_candidates, trial_params, witness_params,
 )
+from proxy.dp.answer_size import (AnswerTooLarge, answer_bytes, measuring_sql, too_large_for_the_release,
+                                  too_large_from_the_text)
 from proxy.dp.answer_time import on_the_quantum, quantum_deadline
 from proxy.dp.budget import BudgetKeeper
 from proxy.dp.folding import bind_constants
@@ -914,7 +916,12 @@ class Executor:
         ranking_sql = backend_sql(ranking, seed=partition_seed() if seeded(ranking) else 0)
         ranked = await self._released(ranking, ranking_sql, params, share * release_count(ranking), codec)
         assert ranking.post is not None
-        kept = await self.backend.execute(ranking.post.sql, ranking_params(ranking, ranked))
+        ranked_values = ranking_params(ranking, ranked)
+        limit = self.server.policy.listen.max_answer_bytes
+        size = await self._answer_size(ranking.post.sql, ranked_values)
+        if size > limit:  # only dpproxy reads it, but whole, as an answer
+            raise too_large_for_the_release(size, limit, ranking=True)
+        kept = await self.backend.execute(ranking.post.sql, ranked_values)
         return kept_series(plan, answer, ranked, [int(row[-1]) for row in kept.rows if row[-1] is not None], codec)
 
     async def _check_result_formats(self, plan: AggregateQuery, result_formats: tuple[int, ...],
@@ -980,20 +987,28 @@ class Executor:
         released value, so the refusal is the same on neighbouring tables. Each error carries
         a hint that nothing was charged. Passed once under the same settings, the trial is not
         run again for the same user (as :meth:`_check_values`). ``ranking``: ``plan`` is a
-        series limit's ranking, whose outer statement also reads its cells' numbers."""
+        series limit's ranking, whose outer statement also reads its cells' numbers.
+
+        Each run is measured on the backend (``proxy.dp.answer_size``), never received: an
+        answer as written over the trial's values longer than ``listen.max_answer_bytes`` is
+        refused (54000, ``answer-size``), its size being decided by the same fixed values."""
         assert plan.post is not None
         # The trial's values are the cells' keys: named by the keys' domains, not built to be
         # hashed (a histogram's labels, on every answer).
         passed = _digest(self.user, plan.post.sql, _key_domains(plan), _released_aggregates(plan), ranking, settings)
         if passed in _PASSED:
             return
+        limit = self.server.policy.listen.max_answer_bytes
         try:
             for params in trial_params(plan, codec, ranking):
-                # As written (its filters may fail on a key themselves), then without them
+                # As written (its filters may fail on a key themselves), then without them; only the
+                # former's size is the answer's (the latter drops its LIMIT).
                 for sql in dict.fromkeys((plan.post.sql, plan.post.trial_sql)):
-                    await self.backend.execute(sql, params)
+                    size = await self._answer_size(sql, params)
+                    if sql == plan.post.sql and size > limit:
+                        raise too_large_from_the_text(size, limit, _UNCHARGED)
             if plan.post.certain:
-                await self.backend.execute(plan.post.sql, witness_params(plan, codec, ranking))
+                await self.backend.execute(measuring_sql(plan.post.sql), witness_params(plan, codec, ranking))
         except BackendLost:
             raise
         except BackendError as exc:
@@ -1001,6 +1016,11 @@ class Executor:
                 exc.hint = f"{exc.hint}\n{_UNCHARGED}" if exc.hint else _UNCHARGED
             raise
         _PASSED.add(passed)
+
+    async def _answer_size(self, sql: str, params: BoundParams) -> int:
+        """The bytes of text the outer statement ``sql`` answers over ``params``, counted on the
+        backend (``proxy.dp.answer_size``): its rows never reach dpproxy. Fails as ``sql`` fails."""
+        return answer_bytes(await self.backend.execute(measuring_sql(sql), params))
 
     async def _released(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float, codec: str) -> DPAnswer:
         """Run the plan's exact aggregates on the backend and noise them: one row, or one per cell.
@@ -1030,13 +1050,25 @@ class Executor:
         An error would leave the client without the notice of that charge: ``charged``, the
         notice's text, becomes its DETAIL instead; with ``kept`` (repeats on: the release is
         stored for its repeats) its HINT says how to read the values paid for again, uncharged.
+
+        The answer is measured on the backend first (``proxy.dp.answer_size``): one longer than
+        ``listen.max_answer_bytes`` is never asked for. Past the trial, only the released values
+        can have made it so: an error the release decides, like any other here. With nothing
+        released (``answer`` None, or the declared keys alone) it is a refusal, uncharged.
         """
         if plan.post is None:
             assert answer is not None
             return answer.result
         uniform = result_formats[0] if len(result_formats) == 1 else 0
+        params = release_params(plan, answer)
+        limit = self.server.policy.listen.max_answer_bytes
         try:
-            return await self.backend.execute(plan.post.sql, release_params(plan, answer), uniform)
+            size = await self._answer_size(plan.post.sql, params)
+            if size > limit:
+                if answer is None or not answer.releases:
+                    raise too_large_from_the_text(size, limit, _UNCHARGED)
+                raise too_large_for_the_release(size, limit)
+            return await self.backend.execute(plan.post.sql, params, uniform)
         except BackendLost:
             raise
         except BackendError as exc:
@@ -1244,6 +1276,8 @@ def _sanitised(exc: BackendError) -> Refusal:
     """A backend failure during a DP query, without any detail that could depend on the data."""
     if exc.sqlstate == SQLSTATE.QUERY_CANCELED:
         return Refusal(SQLSTATE.QUERY_CANCELED, "canceling statement due to user request or statement timeout")
+    if isinstance(exc, AnswerTooLarge):  # its size is the release's and the text's, never a row's
+        return Refusal(exc.sqlstate, exc.message, exc.hint, "answer-size")
     if exc.sqlstate.startswith("42"):
         # Errors found while planning (unknown column, type mismatch) depend on the schema
         # and the statement only, never on the rows.
