@@ -67,6 +67,7 @@ from rewriter.statements import Statement, split_statements
 
 from .copy_out import copy_messages
 from .cursors import BackendCursor, Cursors, KeptCursor
+from .relation_locks import PreChargeLocks, holding_locks
 from .safe_snapshot import begins_serializable, in_safe_snapshot, take_snapshot
 from .settings import SessionSettings
 
@@ -156,6 +157,7 @@ class Executor:
         self._resolved_names = 0  # in all of _resolved's keys
         self._resolved_generation = 0
         self._charged: Cost | None = None  # what the statement running now was charged so far
+        self._locks = PreChargeLocks(backend)  # the DP statement running now's (relation_locks)
         # The quantised DP answer being computed or waiting for its boundary now: (its number,
         # when its quantum began, q in s); and the number of the DP answer being computed.
         self._quantised: tuple[int, float, float] | None = None
@@ -738,17 +740,20 @@ class Executor:
         self, decision: DPQuery, params: BoundParams, fingerprint: str, result_formats: tuple[int, ...] = ()
     ) -> tuple[ResultSet, list[str], Cost]:
         """Charge, compute exactly on the backend, noise; or replay the answer to a repeat. A
-        serializable transaction's snapshot is taken first (``safe_snapshot``)."""
+        serializable transaction's snapshot is taken first (``safe_snapshot``), and the locks of
+        what the statement reads just before the charge (``relation_locks``), both held to the
+        answer."""
         status = self.backend.transaction_status
         if status == b"E":
             # PostgreSQL runs nothing in a failed transaction block; charged, the query would
             # cost ε for a 25P02 that depends on nothing but the session.
             raise Refusal(SQLSTATE.IN_FAILED_TRANSACTION,
                           "current transaction is aborted, commands ignored until end of transaction block")
-        if not (self.backend.may_serialize or (status != b"I" and self._serializable_block)):
-            return await self._answer(decision.plan, params, fingerprint, result_formats)  # no wait
-        async with in_safe_snapshot(self.backend):
-            return await self._answer(decision.plan, params, fingerprint, result_formats)
+        async with holding_locks(self.backend) as self._locks:
+            if not (self.backend.may_serialize or (status != b"I" and self._serializable_block)):
+                return await self._answer(decision.plan, params, fingerprint, result_formats)  # no wait
+            async with in_safe_snapshot(self.backend):
+                return await self._answer(decision.plan, params, fingerprint, result_formats)
 
     async def _answer(
         self, plan: AggregateQuery, params: BoundParams, fingerprint: str, result_formats: tuple[int, ...]
@@ -831,13 +836,15 @@ class Executor:
         # A check passed is remembered under these settings and the table registry in force:
         # after a reload the same text can read a column of another type.
         checked_under = (*settings, self.server.registry)
-        for checked in (plan, ranking):
-            if checked is not None and (params.values or any("'" in predicate for predicate in checked.predicates)):
-                await self._check_values(sql if checked is plan else backend_sql(checked, seed=0), params, checked_under)
         if plan.post is not None:
             await self._try_post_processing(plan, encoding.codec, checked_under)
         if ranking is not None and ranking.post is not None:
             await self._try_post_processing(ranking, encoding.codec, checked_under, ranking=True)
+        # Last before the charge: the locks the run will take (waited for here, uncharged), held
+        # to the answer; the same step raises the errors of values the column types cannot read.
+        await self._locks.take(sql, params, plan.table)
+        if ranking is not None:
+            await self._locks.take(backend_sql(ranking, seed=0), params, ranking.table)
         # The ledger's history carries the audit log's fingerprint, so the two can be joined.
         balance = await self.server.budget.charge(self.user, epsilon, delta, fingerprint)
         cost = self._charged = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta,
@@ -894,8 +901,10 @@ class Executor:
         try:
             return await self._release(plan, sql, params, epsilon, codec)
         except BackendError as exc:
-            if (exc.sqlstate not in _RECOVERY_CONFLICTS or isinstance(exc, BackendLost)
-                    or self.backend.transaction_status != b"I"):
+            if exc.sqlstate not in _RECOVERY_CONFLICTS or isinstance(exc, BackendLost):
+                raise
+            await self._locks.leave_block()  # dpproxy's own block, not a client's: it ends here
+            if self.backend.transaction_status != b"I":
                 raise
             log.info("a DP statement was cancelled by the backend (%s: %s); run once more under its charge",
                      exc.sqlstate, exc.message)
@@ -945,25 +954,6 @@ class Executor:
                               "Request text format for this column (or binary for every column), or SET "
                               "DateStyle = ISO.")
 
-    async def _check_values(self, sql: str, params: BoundParams, settings: tuple[object, ...]) -> None:
-        """Raise, before the charge, the errors of values the column types cannot read.
-
-        A literal (``age = 'abc'``) fails PostgreSQL's parse analysis of ``sql``, a parameter
-        (``age = $1`` bound to 'abc') its input conversion at Bind: both happen to ``sql`` under a
-        ``LIMIT 0``, which runs no plan node and reads no row, in one round trip. They are decided
-        by the statement and its parameters, never by a row, so they cost nothing, and their
-        messages (the value's own) are PostgreSQL's. A statement that passed once with the same
-        parameters under the same settings passes again, and is not checked twice for the same
-        user (a check skipped for another analyst's statement would tell, by its time, what
-        that analyst asked).
-        """
-        passed = _digest(self.user, sql, tuple(params.values), tuple(params.formats), tuple(params.types),
-                         settings)
-        if passed in _PASSED:
-            return
-        await self.backend.execute(f"SELECT 1 FROM ({sql}) AS checked LIMIT 0", params if params.values else None)
-        _PASSED.add(passed)
-
     async def _try_post_processing(self, plan: AggregateQuery, codec: str, settings: tuple[object, ...],
                                    ranking: bool = False) -> None:
         """Run the plan's outer statement, as written and without its limits and the filters that read
@@ -979,8 +969,9 @@ class Executor:
         the release's types, the session's settings and the policy: never by a row or a
         released value, so the refusal is the same on neighbouring tables. Each error carries
         a hint that nothing was charged. Passed once under the same settings, the trial is not
-        run again for the same user (as :meth:`_check_values`). ``ranking``: ``plan`` is a
-        series limit's ranking, whose outer statement also reads its cells' numbers."""
+        run again for the same user (a trial skipped for another analyst's statement would tell,
+        by its time, what that analyst asked). ``ranking``: ``plan`` is a series limit's ranking,
+        whose outer statement also reads its cells' numbers."""
         assert plan.post is not None
         # The trial's values are the cells' keys: named by the keys' domains, not built to be
         # hashed (a histogram's labels, on every answer).
