@@ -35,7 +35,11 @@ T = TypeVar("T")
 
 BOUND_S = 20.0  # no client call may take longer
 LOST = {"57P01", "08006"}
-QUERY = "SELECT COUNT(*) FROM people WHERE age > 30"
+# ``amount > 0`` reads every value whole, the long one from the TOAST relation through its index:
+# a lock held on that index (``lock_after_the_charge``) is met only after the charge. (A long text
+# value would not do: dpproxy reads a text's length first, which PostgreSQL takes from the TOAST
+# pointer, and leaves a long one out.)
+QUERY = "SELECT COUNT(*) FROM people WHERE age > 30 AND amount > 0"
 
 POLICY = """
 backend:
@@ -56,6 +60,7 @@ tables:
     epsilon: 1.0
     columns:
       age: {{bounds: [0, 100]}}
+      amount: {{bounds: [0, 100]}}
 """
 
 
@@ -89,8 +94,11 @@ class OwnPostgres:
 def own_pg() -> Iterator[OwnPostgres]:
     with own_postgres("faults", "dpproxy-fault-pg-") as server:
         with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
-            conn.execute("CREATE TABLE people (age integer)")
-            conn.execute("INSERT INTO people SELECT i % 90 FROM generate_series(1, 1000) i")
+            conn.execute("CREATE TABLE people (age integer, amount numeric)")
+            conn.execute("INSERT INTO people SELECT i % 90, 1 FROM generate_series(1, 1000) i")
+            # One number of 20,000 random digits (~10 kB, incompressible), stored apart in the TOAST relation.
+            conn.execute("INSERT INTO people SELECT 50, ('1' || string_agg(lpad((random() * 1e8)::int8::text, 8, "
+                         "'0'), ''))::numeric FROM generate_series(1, 2500) g")
             conn.execute(f"GRANT SELECT ON people TO {SERVICE_ROLE}")
         yield OwnPostgres(server.data, server.system_user, server.admin_dsn, server.service_dsn)
 
@@ -312,8 +320,7 @@ def test_dp_query_failing_after_its_charge_is_audited_and_counted_with_its_epsil
     setup = short_timeout
     with own_pg.admin() as admin, setup.connect() as conn:
         query(conn)
-        admin.execute("BEGIN")
-        admin.execute("LOCK TABLE people IN ACCESS EXCLUSIVE MODE")  # the next one runs into statement_timeout
+        lock_after_the_charge(admin)  # the next one runs into statement_timeout, charged
         with pytest.raises(psycopg.Error) as raised:
             query(conn)
         admin.execute("ROLLBACK")
@@ -353,12 +360,23 @@ def test_refused_backend_connection_names_no_host_port_role_or_path(setup: Setup
     assert spend_while_running(setup.proxy, setup.user).keeper == pytest.approx(1.0)
 
 
-def query_while_locked(admin: psycopg.Connection[Any], conn: psycopg.Connection[Any]) -> Callable[[], Any]:
-    """Lock ``people`` in ``admin``'s new transaction, start a DP query on ``conn`` in a thread
-    and return once it waits for the lock; the function returned gives the query's result or
-    exception, failing the test if it does not come within the bound."""
+def lock_after_the_charge(admin: psycopg.Connection[Any]) -> None:
+    """In ``admin``'s new transaction, hold a lock that a DP query on ``people`` meets only after
+    its charge: a ``REINDEX`` of its TOAST index, which the query opens to read the long value.
+    (A lock on the table or its indexes is waited for before the charge, uncharged:
+    ``tests/test_lock_wait_before_charge.py``.)"""
     admin.execute("BEGIN")
-    admin.execute("LOCK TABLE people IN ACCESS EXCLUSIVE MODE")
+    toast = admin.execute("SELECT t.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_class t "
+                          "ON t.oid = c.reltoastrelid WHERE c.oid = 'people'::regclass").fetchone()
+    assert toast is not None
+    admin.execute(f"REINDEX INDEX pg_toast.{toast[0]}_index")
+
+
+def query_while_locked(admin: psycopg.Connection[Any], conn: psycopg.Connection[Any]) -> Callable[[], Any]:
+    """Hold a lock in ``admin``'s new transaction (``lock_after_the_charge``), start a DP query on
+    ``conn`` in a thread and return once it waits for the lock, charged; the function returned
+    gives the query's result or exception, failing the test if it does not come within the bound."""
+    lock_after_the_charge(admin)
     outcome: list[Any] = []
 
     def run() -> None:

@@ -245,6 +245,7 @@ _CONFLICT_POLICY = ATTACK_POLICY_HEAD.replace("repeats: {{enabled: true}}", "rep
     epsilon: 1.0
     columns:
       a: {{bounds: [0, 10]}}
+      b: {{bounds: [0, 10]}}
 """
 
 
@@ -262,7 +263,11 @@ def conflicting_standby(standby_db: StandbyDatabase, tmp_path_factory: pytest.Te
     (``max_standby_streaming_delay = 0``, no feedback), and the protected table ``conflicted``."""
     with psycopg.connect(standby_db.primary.admin_dsn, autocommit=True) as admin:
         admin.execute("DROP TABLE IF EXISTS conflicted")
-        admin.execute("CREATE TABLE conflicted AS SELECT g % 10 AS a FROM generate_series(1, 100) g")
+        admin.execute("CREATE TABLE conflicted AS SELECT g % 10 AS a, 1::numeric AS b FROM generate_series(1, 100) g")
+        # One number of 20,000 random digits (~10 kB, incompressible), stored apart in the TOAST
+        # relation: a statement reading ``b`` opens the TOAST index, after its charge.
+        admin.execute("INSERT INTO conflicted SELECT 5, ('1' || string_agg(lpad((random() * 1e8)::int8::text, 8, "
+                      "'0'), ''))::numeric FROM generate_series(1, 2500) g")
         admin.execute("CREATE INDEX conflicted_a ON conflicted (a)")
         admin.execute("GRANT SELECT ON conflicted TO dpproxy_service")
     standby_db.pair.wait_for_replay(TEST_DATABASE)
@@ -277,13 +282,18 @@ def conflicting_standby(standby_db: StandbyDatabase, tmp_path_factory: pytest.Te
 
 
 def _cancelled_by_a_conflict(standby_db: StandbyDatabase, analyst: psycopg.Connection, sql: str) -> object:
-    """``sql`` run by ``analyst`` while it holds ``conflicted`` and waits for the lock a replayed
-    ``REINDEX`` of its index holds; then the primary locks the table, which the standby must
-    replay at once: a lock conflict with the analyst's statement, cancelled with 40001, whatever
-    the timing. The statement's outcome: its rows, or (SQLSTATE, message)."""
+    """``sql`` run by ``analyst`` while it holds ``conflicted`` and waits, after its charge, for
+    the lock a replayed ``REINDEX`` of its TOAST index holds; then the primary locks the table,
+    which the standby must replay at once: a lock conflict with the analyst's statement,
+    cancelled with 40001, whatever the timing. The statement's outcome: its rows, or (SQLSTATE, message)."""
     pair, outcome = standby_db.pair, {}
     with psycopg.connect(standby_db.primary.admin_dsn) as operator:
-        operator.execute("REINDEX INDEX conflicted_a")  # an ACCESS EXCLUSIVE lock on the index, replayed
+        # An ACCESS EXCLUSIVE lock on the TOAST index, replayed: a lock on the table or its own
+        # indexes would be waited for before the charge (proxy/serving/relation_locks.py).
+        toast = operator.execute("SELECT t.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_class t "
+                                 "ON t.oid = c.reltoastrelid WHERE c.relname = 'conflicted'").fetchone()
+        assert toast is not None
+        operator.execute(f"REINDEX INDEX pg_toast.{toast[0]}_index")
         pair.wait_for_replay(TEST_DATABASE)
 
         def ask() -> None:
@@ -313,7 +323,7 @@ def test_a_dp_statement_cancelled_by_a_recovery_conflict_is_answered_under_its_o
     caplog.set_level(logging.INFO, logger="dpproxy.executor")
     with conflicting_standby.connect() as analyst:
         before = spent_epsilon(analyst)
-        result = _cancelled_by_a_conflict(standby_db, analyst, "SELECT COUNT(*) FROM conflicted WHERE a > 3")
+        result = _cancelled_by_a_conflict(standby_db, analyst, "SELECT COUNT(*) FROM conflicted WHERE a > 3 AND b > 0")
         assert isinstance(result, list) and len(result) == 1, result
         assert spent_epsilon(analyst) == before + 1
         assert any("40001: canceling statement due to conflict with recovery" in record.getMessage()
@@ -328,7 +338,7 @@ def test_a_recovery_conflict_in_a_transaction_block_fails_charged_and_the_sessio
     with conflicting_standby.connect() as analyst:
         before = spent_epsilon(analyst)
         analyst.execute("BEGIN")
-        result = _cancelled_by_a_conflict(standby_db, analyst, "SELECT COUNT(*) FROM conflicted WHERE a > 3")
+        result = _cancelled_by_a_conflict(standby_db, analyst, "SELECT COUNT(*) FROM conflicted WHERE a > 3 AND b > 0")
         assert result == ("DP004", "the backend failed to compute this DP aggregate"), result
         analyst.execute("ROLLBACK")
         assert spent_epsilon(analyst) == before + 1
