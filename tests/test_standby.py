@@ -281,11 +281,14 @@ def conflicting_standby(standby_db: StandbyDatabase, tmp_path_factory: pytest.Te
             admin.execute("DROP TABLE IF EXISTS conflicted")
 
 
-def _cancelled_by_a_conflict(standby_db: StandbyDatabase, analyst: psycopg.Connection, sql: str) -> object:
+def _cancelled_by_a_conflict(standby_db: StandbyDatabase, analyst: psycopg.Connection, sql: str,
+                             index: str | None = None) -> object:
     """``sql`` run by ``analyst`` while it holds ``conflicted`` and waits, after its charge, for
     the lock a replayed ``REINDEX`` of its TOAST index holds; then the primary locks the table,
     which the standby must replay at once: a lock conflict with the analyst's statement,
-    cancelled with 40001, whatever the timing. The statement's outcome: its rows, or (SQLSTATE, message)."""
+    cancelled with 40001, whatever the timing. ``index``: the table's own index instead, whose lock
+    the statement waits for before its charge, at the lock step (planning). The statement's
+    outcome: its rows, or (SQLSTATE, message)."""
     pair, outcome = standby_db.pair, {}
     with psycopg.connect(standby_db.primary.admin_dsn) as operator:
         # An ACCESS EXCLUSIVE lock on the TOAST index, replayed: a lock on the table or its own
@@ -293,7 +296,7 @@ def _cancelled_by_a_conflict(standby_db: StandbyDatabase, analyst: psycopg.Conne
         toast = operator.execute("SELECT t.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_class t "
                                  "ON t.oid = c.reltoastrelid WHERE c.relname = 'conflicted'").fetchone()
         assert toast is not None
-        operator.execute(f"REINDEX INDEX pg_toast.{toast[0]}_index")
+        operator.execute(f"REINDEX INDEX {index or f'pg_toast.{toast[0]}_index'}")
         pair.wait_for_replay(TEST_DATABASE)
 
         def ask() -> None:
@@ -343,6 +346,37 @@ def test_a_recovery_conflict_in_a_transaction_block_fails_charged_and_the_sessio
         analyst.execute("ROLLBACK")
         assert spent_epsilon(analyst) == before + 1
         assert analyst.execute("SELECT COUNT(*) FROM conflicted").fetchone() is not None
+
+
+def test_a_recovery_conflict_at_the_lock_step_is_not_charged_and_the_step_is_taken_again(
+    standby_db: StandbyDatabase, conflicting_standby: RunningProxy
+) -> None:
+    """The statement waits for the replayed REINDEX of the table's own index at its lock step,
+    before the charge, and the primary's LOCK TABLE cancels it there: nothing was charged or
+    read, so dpproxy's own block is rolled back and the step taken once more; the statement is
+    answered and charged once."""
+    with conflicting_standby.connect() as analyst:
+        before = spent_epsilon(analyst)
+        result = _cancelled_by_a_conflict(standby_db, analyst, "SELECT COUNT(*) FROM conflicted WHERE a > 4",
+                                          index="conflicted_a")
+        assert isinstance(result, list) and len(result) == 1, result
+        assert spent_epsilon(analyst) == before + 1
+
+
+def test_a_recovery_conflict_at_the_lock_step_in_a_block_fails_uncharged(
+    standby_db: StandbyDatabase, conflicting_standby: RunningProxy
+) -> None:
+    """On the code before: DP004, charged (the wait came after the charge). Now the conflict
+    meets the lock step, before the charge: the analyst's block is aborted, as PostgreSQL
+    aborts it, with the backend's 40001, and nothing is charged."""
+    with conflicting_standby.connect() as analyst:
+        before = spent_epsilon(analyst)
+        analyst.execute("BEGIN")
+        result = _cancelled_by_a_conflict(standby_db, analyst, "SELECT COUNT(*) FROM conflicted WHERE a > 5",
+                                          index="conflicted_a")
+        assert isinstance(result, tuple) and result[0] == "40001", result
+        analyst.execute("ROLLBACK")
+        assert spent_epsilon(analyst) == before
 
 
 def test_a_block_whose_backend_a_recovery_conflict_ended_ends_the_session_without_a_charge(

@@ -67,7 +67,7 @@ from rewriter.statements import Statement, split_statements
 
 from .copy_out import copy_messages
 from .cursors import BackendCursor, Cursors, KeptCursor
-from .relation_locks import PreChargeLocks, holding_locks
+from .relation_locks import RECOVERY_CONFLICTS, PreChargeLocks, holding_locks
 from .safe_snapshot import begins_serializable, in_safe_snapshot, take_snapshot
 from .settings import SessionSettings
 
@@ -75,10 +75,6 @@ __all__ = ["Executor", "Plan", "StatementHost"]
 
 _T = TypeVar("_T")
 log = logging.getLogger("dpproxy.executor")
-# What a hot standby cancels a statement with when it conflicts with the WAL it replays
-# (proxy.serving.executor.Executor._release_past_a_conflict); a read-only statement outside a
-# serializable transaction meets them for no other reason.
-_RECOVERY_CONFLICTS = frozenset({SQLSTATE.SERIALIZATION_FAILURE, SQLSTATE.DEADLOCK_DETECTED})
 
 _NO_PARAMS = BoundParams((), (), ())
 # A statement longer than this, or with a parse tree larger, is parsed and analysed in an
@@ -901,7 +897,7 @@ class Executor:
         try:
             return await self._release(plan, sql, params, epsilon, codec)
         except BackendError as exc:
-            if exc.sqlstate not in _RECOVERY_CONFLICTS or isinstance(exc, BackendLost):
+            if exc.sqlstate not in RECOVERY_CONFLICTS or isinstance(exc, BackendLost):
                 raise
             await self._locks.leave_block()  # dpproxy's own block, not a client's: it ends here
             if self.backend.transaction_status != b"I":

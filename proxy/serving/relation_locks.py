@@ -36,7 +36,11 @@ from proxy.backend.errors import BackendError, BackendLost, BackendUnavailable
 
 from .safe_snapshot import end_own_block
 
-__all__ = ["LOCK_HINT", "PreChargeLocks", "holding_locks", "lock_step_sql"]
+__all__ = ["LOCK_HINT", "RECOVERY_CONFLICTS", "PreChargeLocks", "holding_locks", "lock_step_sql"]
+
+# What a hot standby cancels a statement with when it conflicts with the WAL it replays; a
+# read-only statement outside a serializable transaction meets them for no other reason.
+RECOVERY_CONFLICTS = frozenset({SQLSTATE.SERIALIZATION_FAILURE, SQLSTATE.DEADLOCK_DETECTED})
 
 LOCK_HINT = ("Another session holds a lock on this table or on a relation the statement reads (the operator's "
              "DDL, LOCK TABLE or a VACUUM truncating the table; on a hot standby, one replayed from the "
@@ -60,25 +64,36 @@ class PreChargeLocks:
     async def take(self, sql: str, params: BoundParams, table: Relation) -> None:
         """Take the locks of ``sql`` (a DP statement's backend SQL, with its ``params``) in the
         backend's transaction, opening a block of dpproxy's own if it has none; a wait ended by
-        ``statement_timeout`` or a cancel is raised as 57014 naming ``table``, with LOCK_HINT."""
-        backend = self._backend
-        bound = params if params.values else None
-        step = lock_step_sql(sql)
-        try:
-            if backend.transaction_status == b"I":
-                self.own_block = True
-                if bound is None:
-                    await backend.execute(f"BEGIN; {step}")  # one round trip
-                    return
-                await backend.execute("BEGIN")
-            await backend.execute(step, bound)
-        except (BackendLost, BackendUnavailable):
-            raise
-        except BackendError as exc:
-            if exc.sqlstate != SQLSTATE.QUERY_CANCELED:
+        ``statement_timeout`` or a cancel is raised as 57014 naming ``table``, with LOCK_HINT.
+        A hot standby's recovery conflict that cancels the step in dpproxy's own block (the
+        primary's lock replayed while the step held the table) rolls it back and takes it once
+        more: nothing was charged or read yet."""
+        for attempt in (1, 2):
+            try:
+                await self._step(sql, params if params.values else None)
+                return
+            except (BackendLost, BackendUnavailable):
                 raise
-            raise BackendError(exc.sqlstate, f"{exc.message} while waiting for a lock on {table.schema}.{table.name}",
-                               hint=LOCK_HINT) from None
+            except BackendError as exc:
+                if exc.sqlstate in RECOVERY_CONFLICTS and self.own_block and attempt == 1:
+                    await self.leave_block()
+                    continue
+                if exc.sqlstate != SQLSTATE.QUERY_CANCELED:
+                    raise
+                raise BackendError(exc.sqlstate,
+                                   f"{exc.message} while waiting for a lock on {table.schema}.{table.name}",
+                                   hint=LOCK_HINT) from None
+
+    async def _step(self, sql: str, bound: BoundParams | None) -> None:
+        backend = self._backend
+        step = lock_step_sql(sql)
+        if backend.transaction_status == b"I":
+            self.own_block = True
+            if bound is None:
+                await backend.execute(f"BEGIN; {step}")  # one round trip
+                return
+            await backend.execute("BEGIN")
+        await backend.execute(step, bound)
 
     async def leave_block(self) -> None:
         """Roll dpproxy's own block back (after a failure in it), so that a statement can run
