@@ -24,6 +24,7 @@ import psycopg
 import pytest
 from conftest import RunningProxy
 from own_postgres import own_postgres
+from post_charge_wait import create_toasted, hold_toast_index
 from reconcile import assert_reconciled, audit_lines, charged_metric, spend_while_running
 
 from policies.loader import parse_policy
@@ -36,9 +37,7 @@ T = TypeVar("T")
 BOUND_S = 20.0  # no client call may take longer
 LOST = {"57P01", "08006"}
 # ``amount > 0`` reads every value whole, the long one from the TOAST relation through its index:
-# a lock held on that index (``lock_after_the_charge``) is met only after the charge. (A long text
-# value would not do: dpproxy reads a text's length first, which PostgreSQL takes from the TOAST
-# pointer, and leaves a long one out.)
+# a lock held on that index (``lock_after_the_charge``) is met only after the charge.
 QUERY = "SELECT COUNT(*) FROM people WHERE age > 30 AND amount > 0"
 
 POLICY = """
@@ -94,12 +93,7 @@ class OwnPostgres:
 def own_pg() -> Iterator[OwnPostgres]:
     with own_postgres("faults", "dpproxy-fault-pg-") as server:
         with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
-            conn.execute("CREATE TABLE people (age integer, amount numeric)")
-            conn.execute("INSERT INTO people SELECT i % 90, 1 FROM generate_series(1, 1000) i")
-            # One number of 20,000 random digits (~10 kB, incompressible), stored apart in the TOAST relation.
-            conn.execute("INSERT INTO people SELECT 50, ('1' || string_agg(lpad((random() * 1e8)::int8::text, 8, "
-                         "'0'), ''))::numeric FROM generate_series(1, 2500) g")
-            conn.execute(f"GRANT SELECT ON people TO {SERVICE_ROLE}")
+            create_toasted(conn, "people", SERVICE_ROLE)
         yield OwnPostgres(server.data, server.system_user, server.admin_dsn, server.service_dsn)
 
 
@@ -362,14 +356,9 @@ def test_refused_backend_connection_names_no_host_port_role_or_path(setup: Setup
 
 def lock_after_the_charge(admin: psycopg.Connection[Any]) -> None:
     """In ``admin``'s new transaction, hold a lock that a DP query on ``people`` meets only after
-    its charge: a ``REINDEX`` of its TOAST index, which the query opens to read the long value.
-    (A lock on the table or its indexes is waited for before the charge, uncharged:
-    ``tests/test_lock_wait_before_charge.py``.)"""
-    admin.execute("BEGIN")
-    toast = admin.execute("SELECT t.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_class t "
-                          "ON t.oid = c.reltoastrelid WHERE c.oid = 'people'::regclass").fetchone()
-    assert toast is not None
-    admin.execute(f"REINDEX INDEX pg_toast.{toast[0]}_index")
+    its charge (``post_charge_wait``; a lock on the table or its indexes is waited for before
+    the charge, uncharged: ``tests/test_lock_wait_before_charge.py``)."""
+    hold_toast_index(admin, "people")
 
 
 def query_while_locked(admin: psycopg.Connection[Any], conn: psycopg.Connection[Any]) -> Callable[[], Any]:

@@ -50,6 +50,7 @@ from proxy.serving.startup import StartupError
 from tests.conftest import (ATTACK_POLICY_HEAD, TEST_DATABASE, TEST_POLICY, RunningProxy, StandbyDatabase,
                             TestDatabase, running_proxy, spent_epsilon)
 from tests.neighbour_outcome import create_neighbours, masked_outcome
+from tests.post_charge_wait import LONG_NUMBER, toast_index
 import tests.test_attack_settings as settings_attack
 from tests.test_attack_settings import (_BASE_ROWS, _BINARY_AND_COPY, _DDL, _NEIGHBOURS, _POLICY, ACCEPTED_FORMS,
                                         SESSION_STATES, _answer_form, _dates_as_text, _same_on_neighbours)
@@ -264,10 +265,9 @@ def conflicting_standby(standby_db: StandbyDatabase, tmp_path_factory: pytest.Te
     with psycopg.connect(standby_db.primary.admin_dsn, autocommit=True) as admin:
         admin.execute("DROP TABLE IF EXISTS conflicted")
         admin.execute("CREATE TABLE conflicted AS SELECT g % 10 AS a, 1::numeric AS b FROM generate_series(1, 100) g")
-        # One number of 20,000 random digits (~10 kB, incompressible), stored apart in the TOAST
-        # relation: a statement reading ``b`` opens the TOAST index, after its charge.
-        admin.execute("INSERT INTO conflicted SELECT 5, ('1' || string_agg(lpad((random() * 1e8)::int8::text, 8, "
-                      "'0'), ''))::numeric FROM generate_series(1, 2500) g")
+        # One number stored apart in the TOAST relation: a statement reading ``b`` opens the TOAST
+        # index, after its charge (tests/post_charge_wait.py).
+        admin.execute(f"INSERT INTO conflicted SELECT 5, {LONG_NUMBER} FROM generate_series(1, 2500) g")
         admin.execute("CREATE INDEX conflicted_a ON conflicted (a)")
         admin.execute("GRANT SELECT ON conflicted TO dpproxy_service")
     standby_db.pair.wait_for_replay(TEST_DATABASE)
@@ -293,10 +293,7 @@ def _cancelled_by_a_conflict(standby_db: StandbyDatabase, analyst: psycopg.Conne
     with psycopg.connect(standby_db.primary.admin_dsn) as operator:
         # An ACCESS EXCLUSIVE lock on the TOAST index, replayed: a lock on the table or its own
         # indexes would be waited for before the charge (proxy/serving/relation_locks.py).
-        toast = operator.execute("SELECT t.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_class t "
-                                 "ON t.oid = c.reltoastrelid WHERE c.relname = 'conflicted'").fetchone()
-        assert toast is not None
-        operator.execute(f"REINDEX INDEX {index or f'pg_toast.{toast[0]}_index'}")
+        operator.execute(f"REINDEX INDEX {index or toast_index(operator, 'conflicted')}")
         pair.wait_for_replay(TEST_DATABASE)
 
         def ask() -> None:
