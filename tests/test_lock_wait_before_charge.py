@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psycopg
@@ -22,6 +22,7 @@ import pytest
 
 from proxy.serving.relation_locks import lock_step_sql
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
+from tests.dp_count_sends import count_sends
 
 _TIMEOUT_MS = 600
 _POLICY = ATTACK_POLICY_HEAD.replace("statement_timeout_ms: 10000", f"statement_timeout_ms: {_TIMEOUT_MS}") + """
@@ -68,37 +69,8 @@ def _assert_uncharged_lock_wait(failure: psycopg.Error) -> None:
     assert "nothing was charged" in str(failure.diag.message_hint)
 
 
-def _simple(conn: psycopg.Connection, cutoff: int) -> None:
-    conn.execute(f"SELECT COUNT(*) FROM lock0 WHERE v < {cutoff}").fetchall()
-
-
-def _extended(conn: psycopg.Connection, cutoff: int) -> None:
-    conn.execute("SELECT COUNT(*) FROM lock0 WHERE v < %s", (cutoff,)).fetchall()  # Parse/Bind/Execute
-
-
-def _copied(conn: psycopg.Connection, cutoff: int) -> None:
-    with conn.cursor().copy(f"COPY (SELECT COUNT(*) FROM lock0 WHERE v < {cutoff}) TO STDOUT") as copy:
-        b"".join(bytes(data) for data in copy)
-
-
-def _in_block(conn: psycopg.Connection, cutoff: int) -> None:
-    conn.execute("BEGIN")
-    try:
-        conn.execute(f"SELECT COUNT(*) FROM lock0 WHERE v < {cutoff}").fetchall()
-    finally:
-        conn.execute("ROLLBACK")
-
-
-def _pipelined(conn: psycopg.Connection, cutoff: int) -> None:
-    with conn.pipeline():
-        conn.execute("SELECT COUNT(*) FROM lock0 WHERE v < %s", (cutoff,))
-        conn.execute("SELECT COUNT(*) FROM lock0 WHERE v < %s", (cutoff + 1,))
-
-
-_SENDS: dict[str, tuple[Callable[[psycopg.Connection, int], None], int]] = {
-    "simple": (_simple, 10), "extended": (_extended, 20), "copy": (_copied, 30), "block": (_in_block, 40),
-    "pipeline": (_pipelined, 50),
-}
+_SENDS = count_sends("lock0")
+_CUTOFFS = {"simple": 10, "extended": 20, "copy": 30, "block": 40, "pipeline": 50}
 
 
 @pytest.mark.parametrize("way", list(_SENDS))
@@ -106,7 +78,7 @@ def test_a_dp_statement_timed_out_waiting_for_a_lock_is_not_charged(
         lock_proxy: RunningProxy, test_db: TestDatabase, way: str) -> None:
     # Before: charged 1.0 for the 57014 of a wait for the operator's lock that outlasted
     # statement_timeout, with no word of the lock.
-    send, cutoff = _SENDS[way]
+    send, cutoff = _SENDS[way], _CUTOFFS[way]
     with lock_proxy.connect() as other, lock_proxy.connect() as conn:
         send(conn, 1)  # Parse, COPY and the pipeline's statements seen once, nothing locked
         spent = spent_epsilon(other)
