@@ -18,7 +18,7 @@ from test_histograms import POLICY, _TABLE_SQL, _TABLES
 
 from proxy.backend.connection import BoundParams
 from proxy.demo.embedded import SERVICE_ROLE
-from proxy.serving.relation_locks import PreChargeLocks
+from proxy.serving.relation_locks import take_locks
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +103,7 @@ def _checks_sent(sql: str) -> int:
     """How many statements a DP statement's lock step (which checks the values of ``sql`` too)
     sends to the backend."""
     backend = _Recording()
-    locks = PreChargeLocks(backend)  # type: ignore[arg-type]
-    asyncio.run(locks.take(sql, BoundParams([], [], []), None))  # type: ignore[arg-type]
+    asyncio.run(take_locks(backend, sql, BoundParams([], [], []), None))  # type: ignore[arg-type]
     return len(backend.sent)
 
 

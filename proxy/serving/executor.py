@@ -67,7 +67,7 @@ from rewriter.statements import Statement, split_statements
 
 from .copy_out import copy_messages
 from .cursors import BackendCursor, Cursors, KeptCursor
-from .relation_locks import RECOVERY_CONFLICTS, PreChargeLocks, holding_locks
+from .relation_locks import RECOVERY_CONFLICTS, take_locks
 from .safe_snapshot import begins_serializable, in_safe_snapshot, take_snapshot
 from .settings import SessionSettings
 
@@ -153,7 +153,6 @@ class Executor:
         self._resolved_names = 0  # in all of _resolved's keys
         self._resolved_generation = 0
         self._charged: Cost | None = None  # what the statement running now was charged so far
-        self._locks = PreChargeLocks(backend)  # the DP statement running now's (relation_locks)
         # The quantised DP answer being computed or waiting for its boundary now: (its number,
         # when its quantum began, q in s); and the number of the DP answer being computed.
         self._quantised: tuple[int, float, float] | None = None
@@ -737,19 +736,17 @@ class Executor:
     ) -> tuple[ResultSet, list[str], Cost]:
         """Charge, compute exactly on the backend, noise; or replay the answer to a repeat. A
         serializable transaction's snapshot is taken first (``safe_snapshot``), and the locks of
-        what the statement reads just before the charge (``relation_locks``), both held to the
-        answer."""
+        what the statement reads are waited for just before the charge (``relation_locks``)."""
         status = self.backend.transaction_status
         if status == b"E":
             # PostgreSQL runs nothing in a failed transaction block; charged, the query would
             # cost ε for a 25P02 that depends on nothing but the session.
             raise Refusal(SQLSTATE.IN_FAILED_TRANSACTION,
                           "current transaction is aborted, commands ignored until end of transaction block")
-        async with holding_locks(self.backend) as self._locks:
-            if not (self.backend.may_serialize or (status != b"I" and self._serializable_block)):
-                return await self._answer(decision.plan, params, fingerprint, result_formats)  # no wait
-            async with in_safe_snapshot(self.backend):
-                return await self._answer(decision.plan, params, fingerprint, result_formats)
+        if not (self.backend.may_serialize or (status != b"I" and self._serializable_block)):
+            return await self._answer(decision.plan, params, fingerprint, result_formats)  # no wait
+        async with in_safe_snapshot(self.backend):
+            return await self._answer(decision.plan, params, fingerprint, result_formats)
 
     async def _answer(
         self, plan: AggregateQuery, params: BoundParams, fingerprint: str, result_formats: tuple[int, ...]
@@ -836,11 +833,11 @@ class Executor:
             await self._try_post_processing(plan, encoding.codec, checked_under)
         if ranking is not None and ranking.post is not None:
             await self._try_post_processing(ranking, encoding.codec, checked_under, ranking=True)
-        # Last before the charge: the locks the run will take (waited for here, uncharged), held
-        # to the answer; the same step raises the errors of values the column types cannot read.
-        await self._locks.take(sql, params, plan.table)
+        # Last before the charge: the locks the run will take (waited for here, uncharged); the
+        # same step raises the errors of values the column types cannot read.
+        await take_locks(self.backend, sql, params, plan.table)
         if ranking is not None:
-            await self._locks.take(backend_sql(ranking, seed=0), params, ranking.table)
+            await take_locks(self.backend, backend_sql(ranking, seed=0), params, ranking.table)
         # The ledger's history carries the audit log's fingerprint, so the two can be joined.
         balance = await self.server.budget.charge(self.user, epsilon, delta, fingerprint)
         cost = self._charged = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta,
@@ -897,10 +894,8 @@ class Executor:
         try:
             return await self._release(plan, sql, params, epsilon, codec)
         except BackendError as exc:
-            if exc.sqlstate not in RECOVERY_CONFLICTS or isinstance(exc, BackendLost):
-                raise
-            await self._locks.leave_block()  # dpproxy's own block, not a client's: it ends here
-            if self.backend.transaction_status != b"I":
+            if (exc.sqlstate not in RECOVERY_CONFLICTS or isinstance(exc, BackendLost)
+                    or self.backend.transaction_status != b"I"):
                 raise
             log.info("a DP statement was cancelled by the backend (%s: %s); run once more under its charge",
                      exc.sqlstate, exc.message)

@@ -24,7 +24,7 @@ from policies.errors import SQLSTATE
 from proxy.backend.connection import BackendSession
 from proxy.backend.errors import BackendError, BackendLost, BackendUnavailable
 
-__all__ = ["WAIT_HINT", "begins_serializable", "end_own_block", "in_safe_snapshot", "take_snapshot"]
+__all__ = ["WAIT_HINT", "begins_serializable", "in_safe_snapshot", "take_snapshot"]
 
 WAIT_HINT = ("A SERIALIZABLE statement through dpproxy waits for concurrent serializable writers to end before "
              "it reads (its transactions are DEFERRABLE); nothing was charged. Retry later, or use READ "
@@ -76,13 +76,13 @@ async def in_safe_snapshot(backend: BackendSession) -> AsyncIterator[None]:
     except Exception:
         # Not on the session's end (CancelledError): its connection, still in the block, is
         # closed rather than pooled.
-        await end_own_block(backend)
+        await _rollback(backend)
         raise
     await backend.execute("COMMIT")
 
 
-async def end_own_block(backend: BackendSession) -> None:
-    """End a block of dpproxy's own after a failure by ROLLBACK, which is raised whatever happens here (a
+async def _rollback(backend: BackendSession) -> None:
+    """End dpproxy's own block after a failure, which is raised whatever happens here (a
     connection found lost meanwhile ends the session then)."""
     for _ in range(2):  # a cancel signal sent during the body may arrive late and cancel the first
         if backend.transaction_status == b"I":
