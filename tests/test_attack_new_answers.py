@@ -18,7 +18,7 @@ from test_histograms import POLICY, _TABLE_SQL, _TABLES
 
 from proxy.backend.connection import BoundParams
 from proxy.demo.embedded import SERVICE_ROLE
-from proxy.serving.executor import Executor
+from proxy.serving.relation_locks import take_locks
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,9 @@ def test_euc_tw_in_the_startup_packet_is_refused_with_its_sqlstate(visits):
 
 
 class _Recording:
-    """A backend that records what it is sent and answers nothing."""
+    """A backend in a transaction block that records what it is sent and answers nothing."""
+
+    transaction_status = b"T"
 
     def __init__(self) -> None:
         self.sent: list[str] = []
@@ -97,22 +99,22 @@ class _Recording:
         self.sent.append(sql)
 
 
-def _checks_sent(user: str, sql: str) -> int:
-    """How many statements ``user``'s executor sends to check the values of ``sql``."""
+def _checks_sent(sql: str) -> int:
+    """How many statements a DP statement's lock step (which checks the values of ``sql`` too)
+    sends to the backend."""
     backend = _Recording()
-    executor = Executor(None, backend, user)  # type: ignore[arg-type]
-    asyncio.run(executor._check_values(sql, BoundParams([], [], []), ()))
+    asyncio.run(take_locks(backend, sql, BoundParams([], [], []), None))  # type: ignore[arg-type]
     return len(backend.sent)
 
 
 def test_a_values_check_one_analyst_passed_is_still_run_for_another():
     # The checks that passed were remembered for every session of the process: whether a
     # statement skipped its LIMIT 0 round trip told an analyst (by its time) that another had
-    # sent that exact text and those values before. Remembered per user, it tells only their own.
+    # sent that exact text and those values before. Remembered per user, it told only their own;
+    # now the check is the lock step every DP statement takes before its charge, remembered for
+    # no one: what it sends never depends on what was asked before.
     sql = f"SELECT count(*) FROM t WHERE name = '{uuid.uuid4()}'"
-    assert _checks_sent("alice", sql) == 1
-    assert _checks_sent("alice", sql) == 0
-    assert _checks_sent("bob", sql) == 1
+    assert [_checks_sent(sql) for _ in range(3)] == [1, 1, 1]
 
 
 @pytest.mark.parametrize("outputs", ["date_trunc('month', visited_at) AS t, sex, count(*)",

@@ -25,13 +25,23 @@ from psycopg import sql
 from conftest import TEST_DATABASE, TEST_POLICY, RunningProxy, TestDatabase, make_policy, spent_epsilon
 from proxy.demo.embedded import SERVICE_ROLE
 from tests.answer_clock import AnswerClock
+from post_charge_wait import create_toasted, hold_toast_index, with_toasted
 from test_workers import Group, _write_policy
 
 QUANTUM_S = 0.4
-QUANTISED = TEST_POLICY.replace(
+# ``waits``: a DP statement reading its long amount waits after its charge for a held REINDEX of
+# its TOAST index (tests/post_charge_wait.py); a lock on the table is waited for before the charge.
+QUANTISED = with_toasted(TEST_POLICY.replace(
     "  public.adult:\n    access: protected\n    epsilon: 1.0\n",
     f"  public.adult:\n    access: protected\n    epsilon: 1.0\n    answer_quantum_ms: {int(QUANTUM_S * 1000)}\n",
-)
+), "public.waits", f"    answer_quantum_ms: {int(QUANTUM_S * 1000)}\n")
+WAITS_SQL = "SELECT COUNT(*) FROM waits WHERE amount > {n}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def waits_table(test_db: TestDatabase) -> None:
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        create_toasted(admin, "waits")
 
 
 @pytest.fixture(scope="module")
@@ -165,11 +175,10 @@ def test_the_backends_statement_timeout_during_a_quantised_answer_comes_at_the_b
     try:
         with proxy.connect() as conn, psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
             before = spent_epsilon(conn)
-            admin.execute("BEGIN")
-            admin.execute("LOCK TABLE adult IN ACCESS EXCLUSIVE MODE")  # the DP query waits past its timeout
+            hold_toast_index(admin, "waits")  # the DP query waits past its timeout, after its charge
             try:
                 with pytest.raises(psycopg.Error) as failed:
-                    conn.execute("SELECT COUNT(*) FROM adult WHERE age > 30").fetchall()
+                    conn.execute(WAITS_SQL.format(n=0)).fetchall()
                 arrived = time.monotonic()
             finally:
                 admin.execute("ROLLBACK")
@@ -208,18 +217,17 @@ def test_a_backend_lost_mid_computation_ends_the_session_at_the_quantum_and_stay
     with quantised.connect() as conn, psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
         with quantised.connect() as witness:
             before = spent_epsilon(witness)
-        admin.execute("BEGIN")
-        admin.execute("LOCK TABLE adult IN ACCESS EXCLUSIVE MODE")  # the DP query waits for it
+        hold_toast_index(admin, "waits")  # the DP query waits for it, after its charge
         try:
             def terminate() -> None:
                 _wait_for_a_lock_wait(test_db)
                 with psycopg.connect(test_db.admin_dsn, autocommit=True) as killer:
                     killer.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                                   "WHERE wait_event_type = 'Lock' AND query LIKE '%adult%'")
+                                   "WHERE wait_event_type = 'Lock' AND query LIKE '%waits%'")
 
             thread = _after(0, terminate)
             with pytest.raises(psycopg.OperationalError):
-                conn.execute("SELECT COUNT(*) FROM adult WHERE age > 30").fetchall()
+                conn.execute(WAITS_SQL.format(n=0)).fetchall()
             arrived = time.monotonic()
             thread.join()
         finally:
@@ -462,7 +470,8 @@ def test_a_statement_under_way_when_a_reload_drops_its_user_ends_with_57p01_not_
 def group(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
     """``listen.workers: 2`` (tests/test_workers.py's policy: ledger reserve 1, repeats on), with
     users of their own: ``racer`` (ε 4) and ``crashed``."""
-    yield from _group_of(test_db, tmp_path_factory, {"racer": 4, "reloaded": 1000, "crashed": 100})
+    yield from _group_of(test_db, tmp_path_factory, {"racer": 4, "reloaded": 1000, "crashed": 100},
+                         lambda text: with_toasted(text, "public.waits", braces=1))
 
 
 def _group_of(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, budgets: dict[str, float],
@@ -600,16 +609,16 @@ def _charged_at(notices: list[str], epsilon: float) -> int:
 
 
 def _wait_for_a_lock_wait(test_db: TestDatabase) -> None:
-    """Until a backend waits for a lock on adult (seen from a connection of its own: a transaction
-    sees pg_stat_activity as it was when it first looked)."""
+    """Until a backend waits for a lock reading waits (seen from a connection of its own: a
+    transaction sees pg_stat_activity as it was when it first looked)."""
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as observer:
         for _ in range(200):
             waiting = observer.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                       "AND query LIKE '%adult%'").fetchone()
+                                       "AND query LIKE '%waits%'").fetchone()
             if waiting and waiting[0]:
                 return
             time.sleep(0.05)
-    raise AssertionError("no statement waited for the lock on adult")
+    raise AssertionError("no statement waited for the lock reading waits")
 
 
 def test_a_worker_killed_during_a_charged_statement_keeps_that_charge_once(group: Group, test_db: TestDatabase):
@@ -621,13 +630,12 @@ def test_a_worker_killed_during_a_charged_statement_keeps_that_charge_once(group
     victim = next(p for p in group.workers() if p.cmdline()[p.cmdline().index("--index") + 1] == "1")
     serving_again = group.count("is serving again")
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
-        admin.execute("BEGIN")
-        admin.execute("LOCK TABLE adult IN ACCESS EXCLUSIVE MODE")  # the DP query waits for it
+        hold_toast_index(admin, "waits")  # the DP query waits for it, after its charge
         outcome: list[BaseException | None] = []
 
         def ask() -> None:
             try:
-                victim_conn.execute("SELECT COUNT(*) FROM adult WHERE age > 25").fetchall()
+                victim_conn.execute(WAITS_SQL.format(n=1)).fetchall()
                 outcome.append(None)
             except psycopg.Error as exc:
                 outcome.append(exc)

@@ -24,6 +24,7 @@ import psycopg
 import pytest
 from conftest import RunningProxy
 from own_postgres import own_postgres
+from post_charge_wait import create_toasted, hold_toast_index
 from reconcile import assert_reconciled, audit_lines, charged_metric, spend_while_running
 
 from policies.loader import parse_policy
@@ -35,7 +36,9 @@ T = TypeVar("T")
 
 BOUND_S = 20.0  # no client call may take longer
 LOST = {"57P01", "08006"}
-QUERY = "SELECT COUNT(*) FROM people WHERE age > 30"
+# ``amount > 0`` reads every value whole, the long one from the TOAST relation through its index:
+# a lock held on that index (``lock_after_the_charge``) is met only after the charge.
+QUERY = "SELECT COUNT(*) FROM people WHERE age > 30 AND amount > 0"
 
 POLICY = """
 backend:
@@ -56,6 +59,7 @@ tables:
     epsilon: 1.0
     columns:
       age: {{bounds: [0, 100]}}
+      amount: {{bounds: [0, 100]}}
 """
 
 
@@ -89,9 +93,7 @@ class OwnPostgres:
 def own_pg() -> Iterator[OwnPostgres]:
     with own_postgres("faults", "dpproxy-fault-pg-") as server:
         with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
-            conn.execute("CREATE TABLE people (age integer)")
-            conn.execute("INSERT INTO people SELECT i % 90 FROM generate_series(1, 1000) i")
-            conn.execute(f"GRANT SELECT ON people TO {SERVICE_ROLE}")
+            create_toasted(conn, "people", SERVICE_ROLE)
         yield OwnPostgres(server.data, server.system_user, server.admin_dsn, server.service_dsn)
 
 
@@ -312,8 +314,7 @@ def test_dp_query_failing_after_its_charge_is_audited_and_counted_with_its_epsil
     setup = short_timeout
     with own_pg.admin() as admin, setup.connect() as conn:
         query(conn)
-        admin.execute("BEGIN")
-        admin.execute("LOCK TABLE people IN ACCESS EXCLUSIVE MODE")  # the next one runs into statement_timeout
+        lock_after_the_charge(admin)  # the next one runs into statement_timeout, charged
         with pytest.raises(psycopg.Error) as raised:
             query(conn)
         admin.execute("ROLLBACK")
@@ -353,12 +354,18 @@ def test_refused_backend_connection_names_no_host_port_role_or_path(setup: Setup
     assert spend_while_running(setup.proxy, setup.user).keeper == pytest.approx(1.0)
 
 
+def lock_after_the_charge(admin: psycopg.Connection[Any]) -> None:
+    """In ``admin``'s new transaction, hold a lock that a DP query on ``people`` meets only after
+    its charge (``post_charge_wait``; a lock on the table or its indexes is waited for before
+    the charge, uncharged: ``tests/test_lock_wait_before_charge.py``)."""
+    hold_toast_index(admin, "people")
+
+
 def query_while_locked(admin: psycopg.Connection[Any], conn: psycopg.Connection[Any]) -> Callable[[], Any]:
-    """Lock ``people`` in ``admin``'s new transaction, start a DP query on ``conn`` in a thread
-    and return once it waits for the lock; the function returned gives the query's result or
-    exception, failing the test if it does not come within the bound."""
-    admin.execute("BEGIN")
-    admin.execute("LOCK TABLE people IN ACCESS EXCLUSIVE MODE")
+    """Hold a lock in ``admin``'s new transaction (``lock_after_the_charge``), start a DP query on
+    ``conn`` in a thread and return once it waits for the lock, charged; the function returned
+    gives the query's result or exception, failing the test if it does not come within the bound."""
+    lock_after_the_charge(admin)
     outcome: list[Any] = []
 
     def run() -> None:

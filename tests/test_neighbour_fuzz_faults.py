@@ -14,7 +14,9 @@ by it or by the failed run, never by neither.
 The point of failure is made deterministic, not timed: an administrator's session holds the
 table in ACCESS EXCLUSIVE mode, the case runs in a thread until its service backend waits for
 that lock (or ends without ever reading the table), and only then is the fault applied to that
-backend; the ``timeout`` fault runs the case through a dpproxy whose statement_timeout ends the
+backend. A DP statement takes its locks before its charge (``proxy/serving/relation_locks.py``),
+so every fault here meets that lock step, uncharged; faults after the charge are placed at a lock
+on the TOAST index in ``tests/test_backend_faults.py``; the ``timeout`` fault runs the case through a dpproxy whose statement_timeout ends the
 wait. Everything runs on a PostgreSQL of this module's own (a killed backend restarts the whole
 server).
 
@@ -147,13 +149,13 @@ def _waiting_backend(admin: psycopg.Connection[Any], table: str) -> tuple[int, s
 
 
 def _met(statement: str, table: str) -> str:
-    """What a waiting backend statement is: dpproxy's "check" of the values a statement compares
-    before the charge (``SELECT 1 FROM (...) AS checked LIMIT 0``, Executor._check_values), the
-    DP statement's "read" of the rows (it names the table, or is longer than the 1 kB of it that
+    """What a waiting backend statement is: dpproxy's "check", the lock step that takes a DP
+    statement's locks (and checks its values) before the charge (``SELECT 1 FROM (...) AS locked
+    LIMIT 0``, proxy/serving/relation_locks.py), the DP statement's "read" of the rows (it names the table, or is longer than the 1 kB of it that
     pg_stat_activity keeps), else the statement itself, which the test reports: only those two
     read the table. (A short statement naming no table, "unplaced" here before, was the stale
     text ``_waiting_backend`` read before it cleared the activity snapshot.)"""
-    if statement.startswith("SELECT 1 FROM ("):
+    if statement.startswith(("SELECT 1 FROM (", "BEGIN; SELECT 1 FROM (")):
         return "check"
     return "read" if len(statement.encode()) >= 1000 or table in statement else statement
 
@@ -226,10 +228,9 @@ def _faulted(server: _Server, client: Client, case: Case, table: str, fault: str
 
 
 def _every_point_met(met: set[tuple[str, str]]) -> bool:
-    """Each fault met a DP statement reading its rows (a timeout's point is not observed), and
-    one met the check before the charge."""
-    return ({fault for fault, point in met if point == "read"} == set(FAULTS) - {"timeout"}
-            and any(point == "check" for _, point in met))
+    """Each fault met a DP statement's lock step before its charge (a timeout's point is not
+    observed): with the table held, no DP statement reaches the read of its rows."""
+    return {fault for fault, point in met if point == "check"} == set(FAULTS) - {"timeout"}
 
 
 def test_a_backend_failure_mid_answer_leaves_what_the_rows_do_not_decide(
@@ -247,9 +248,9 @@ def test_a_backend_failure_mid_answer_leaves_what_the_rows_do_not_decide(
         # point: many drawn statements are refused, and which depends on the generator.
         while (index := index + 1) < CASES or (not _every_point_met(met) and index < 4 * CASES):
             # Every other round the fault comes first, into a statement whose values dpproxy
-            # checks (a quoted literal or a parameter): the check reads the table before the
-            # charge. In the others it comes into a statement with no check, after a run of its
-            # own: it meets the read of the rows.
+            # checks (a quoted literal or a parameter). In the others it comes into a statement
+            # with no values to check, after a run of its own. Either way it meets the lock step
+            # before the charge.
             first = (index // len(FAULTS)) % 2 == 1
             case = _drawn_case(rng, lambda case: not case.prepared and _values_checked(case) == first)
             fault = FAULTS[index % len(FAULTS)]
@@ -317,7 +318,7 @@ def test_the_fault_is_placed_by_the_statement_waiting_not_by_what_its_backend_ra
             deadline = time.monotonic() + BOUND_S
             while (waiting := _waiting_backend(admin, "adult")) is None:
                 assert time.monotonic() < deadline, "the DP count never waited for the lock"
-            assert _met(waiting[1], "adult") == "read", waiting
+            assert _met(waiting[1], "adult") == "check", waiting  # the lock step, before the charge
             admin.execute("ROLLBACK")
         done, row = result(BOUND_S)
         assert done and row[0] > 40000

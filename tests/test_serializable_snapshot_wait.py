@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
+from tests.dp_count_sends import count_sends
 from tests.reconcile import audit_lines
 from tests.wire import SYNC, Wire, bind, describe, error_fields, execute, parse
 
@@ -167,26 +168,13 @@ def test_a_cancelled_wait_for_a_serializable_snapshot_is_not_charged(
         assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
-def _extended(conn: psycopg.Connection, cutoff: int) -> None:
-    conn.execute("SELECT COUNT(*) FROM snap0 WHERE v < %s", (cutoff,)).fetchall()  # Parse/Bind/Execute
+_SENDS = count_sends("snap0")
 
 
-def _copied(conn: psycopg.Connection, cutoff: int) -> None:
-    with conn.cursor().copy(f"COPY (SELECT COUNT(*) FROM snap0 WHERE v < {cutoff}) TO STDOUT") as copy:
-        b"".join(bytes(data) for data in copy)
-
-
-def _pipelined(conn: psycopg.Connection, cutoff: int) -> None:
-    with conn.pipeline():
-        conn.execute("SELECT COUNT(*) FROM snap0 WHERE v < %s", (cutoff,))
-        conn.execute("SELECT COUNT(*) FROM snap0 WHERE v < %s", (cutoff + 1,))
-
-
-@pytest.mark.parametrize("send", [_extended, _copied, _pipelined], ids=["extended", "copy", "pipeline"])
+@pytest.mark.parametrize("way", ["extended", "copy", "pipeline"])
 def test_a_wait_for_a_serializable_snapshot_is_not_charged_in_any_protocol(
-        snapshot_proxy: RunningProxy, test_db: TestDatabase, send: object) -> None:
-    assert callable(send)
-    cutoff = {"_extended": 60, "_copied": 62, "_pipelined": 64}[send.__name__]
+        snapshot_proxy: RunningProxy, test_db: TestDatabase, way: str) -> None:
+    send, cutoff = _SENDS[way], {"extended": 60, "copy": 62, "pipeline": 64}[way]
     with snapshot_proxy.connect() as other, _analyst(snapshot_proxy, "default_transaction_isolation") as conn:
         send(conn, 1)  # Parse, COPY and the pipeline's statements seen once at serializable, no writer
         spent = spent_epsilon(other)

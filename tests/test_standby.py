@@ -50,6 +50,7 @@ from proxy.serving.startup import StartupError
 from tests.conftest import (ATTACK_POLICY_HEAD, TEST_DATABASE, TEST_POLICY, RunningProxy, StandbyDatabase,
                             TestDatabase, running_proxy, spent_epsilon)
 from tests.neighbour_outcome import create_neighbours, masked_outcome
+from tests.post_charge_wait import LONG_NUMBER, toast_index
 import tests.test_attack_settings as settings_attack
 from tests.test_attack_settings import (_BASE_ROWS, _BINARY_AND_COPY, _DDL, _NEIGHBOURS, _POLICY, ACCEPTED_FORMS,
                                         SESSION_STATES, _answer_form, _dates_as_text, _same_on_neighbours)
@@ -245,6 +246,7 @@ _CONFLICT_POLICY = ATTACK_POLICY_HEAD.replace("repeats: {{enabled: true}}", "rep
     epsilon: 1.0
     columns:
       a: {{bounds: [0, 10]}}
+      b: {{bounds: [0, 10]}}
 """
 
 
@@ -262,7 +264,10 @@ def conflicting_standby(standby_db: StandbyDatabase, tmp_path_factory: pytest.Te
     (``max_standby_streaming_delay = 0``, no feedback), and the protected table ``conflicted``."""
     with psycopg.connect(standby_db.primary.admin_dsn, autocommit=True) as admin:
         admin.execute("DROP TABLE IF EXISTS conflicted")
-        admin.execute("CREATE TABLE conflicted AS SELECT g % 10 AS a FROM generate_series(1, 100) g")
+        admin.execute("CREATE TABLE conflicted AS SELECT g % 10 AS a, 1::numeric AS b FROM generate_series(1, 100) g")
+        # One number stored apart in the TOAST relation: a statement reading ``b`` opens the TOAST
+        # index, after its charge (tests/post_charge_wait.py).
+        admin.execute(f"INSERT INTO conflicted SELECT 5, {LONG_NUMBER} FROM generate_series(1, 2500) g")
         admin.execute("CREATE INDEX conflicted_a ON conflicted (a)")
         admin.execute("GRANT SELECT ON conflicted TO dpproxy_service")
     standby_db.pair.wait_for_replay(TEST_DATABASE)
@@ -276,14 +281,19 @@ def conflicting_standby(standby_db: StandbyDatabase, tmp_path_factory: pytest.Te
             admin.execute("DROP TABLE IF EXISTS conflicted")
 
 
-def _cancelled_by_a_conflict(standby_db: StandbyDatabase, analyst: psycopg.Connection, sql: str) -> object:
-    """``sql`` run by ``analyst`` while it holds ``conflicted`` and waits for the lock a replayed
-    ``REINDEX`` of its index holds; then the primary locks the table, which the standby must
-    replay at once: a lock conflict with the analyst's statement, cancelled with 40001, whatever
-    the timing. The statement's outcome: its rows, or (SQLSTATE, message)."""
+def _cancelled_by_a_conflict(standby_db: StandbyDatabase, analyst: psycopg.Connection, sql: str,
+                             index: str | None = None) -> object:
+    """``sql`` run by ``analyst`` while it holds ``conflicted`` and waits, after its charge, for
+    the lock a replayed ``REINDEX`` of its TOAST index holds; then the primary locks the table,
+    which the standby must replay at once: a lock conflict with the analyst's statement,
+    cancelled with 40001, whatever the timing. ``index``: the table's own index instead, whose lock
+    the statement waits for before its charge, at the lock step (planning). The statement's
+    outcome: its rows, or (SQLSTATE, message)."""
     pair, outcome = standby_db.pair, {}
     with psycopg.connect(standby_db.primary.admin_dsn) as operator:
-        operator.execute("REINDEX INDEX conflicted_a")  # an ACCESS EXCLUSIVE lock on the index, replayed
+        # An ACCESS EXCLUSIVE lock on the TOAST index, replayed: a lock on the table or its own
+        # indexes would be waited for before the charge (proxy/serving/relation_locks.py).
+        operator.execute(f"REINDEX INDEX {index or toast_index(operator, 'conflicted')}")
         pair.wait_for_replay(TEST_DATABASE)
 
         def ask() -> None:
@@ -313,7 +323,7 @@ def test_a_dp_statement_cancelled_by_a_recovery_conflict_is_answered_under_its_o
     caplog.set_level(logging.INFO, logger="dpproxy.executor")
     with conflicting_standby.connect() as analyst:
         before = spent_epsilon(analyst)
-        result = _cancelled_by_a_conflict(standby_db, analyst, "SELECT COUNT(*) FROM conflicted WHERE a > 3")
+        result = _cancelled_by_a_conflict(standby_db, analyst, "SELECT COUNT(*) FROM conflicted WHERE a > 3 AND b > 0")
         assert isinstance(result, list) and len(result) == 1, result
         assert spent_epsilon(analyst) == before + 1
         assert any("40001: canceling statement due to conflict with recovery" in record.getMessage()
@@ -328,11 +338,42 @@ def test_a_recovery_conflict_in_a_transaction_block_fails_charged_and_the_sessio
     with conflicting_standby.connect() as analyst:
         before = spent_epsilon(analyst)
         analyst.execute("BEGIN")
-        result = _cancelled_by_a_conflict(standby_db, analyst, "SELECT COUNT(*) FROM conflicted WHERE a > 3")
+        result = _cancelled_by_a_conflict(standby_db, analyst, "SELECT COUNT(*) FROM conflicted WHERE a > 3 AND b > 0")
         assert result == ("DP004", "the backend failed to compute this DP aggregate"), result
         analyst.execute("ROLLBACK")
         assert spent_epsilon(analyst) == before + 1
         assert analyst.execute("SELECT COUNT(*) FROM conflicted").fetchone() is not None
+
+
+def test_a_recovery_conflict_at_the_lock_step_is_not_charged_and_the_step_is_taken_again(
+    standby_db: StandbyDatabase, conflicting_standby: RunningProxy
+) -> None:
+    """The statement waits for the replayed REINDEX of the table's own index at its lock step,
+    before the charge, and the primary's LOCK TABLE cancels it there: nothing was charged or
+    read, so dpproxy's own block is rolled back and the step taken once more; the statement is
+    answered and charged once."""
+    with conflicting_standby.connect() as analyst:
+        before = spent_epsilon(analyst)
+        result = _cancelled_by_a_conflict(standby_db, analyst, "SELECT COUNT(*) FROM conflicted WHERE a > 4",
+                                          index="conflicted_a")
+        assert isinstance(result, list) and len(result) == 1, result
+        assert spent_epsilon(analyst) == before + 1
+
+
+def test_a_recovery_conflict_at_the_lock_step_in_a_block_fails_uncharged(
+    standby_db: StandbyDatabase, conflicting_standby: RunningProxy
+) -> None:
+    """On the code before: DP004, charged (the wait came after the charge). Now the conflict
+    meets the lock step, before the charge: the analyst's block is aborted, as PostgreSQL
+    aborts it, with the backend's 40001, and nothing is charged."""
+    with conflicting_standby.connect() as analyst:
+        before = spent_epsilon(analyst)
+        analyst.execute("BEGIN")
+        result = _cancelled_by_a_conflict(standby_db, analyst, "SELECT COUNT(*) FROM conflicted WHERE a > 5",
+                                          index="conflicted_a")
+        assert isinstance(result, tuple) and result[0] == "40001", result
+        analyst.execute("ROLLBACK")
+        assert spent_epsilon(analyst) == before
 
 
 def test_a_block_whose_backend_a_recovery_conflict_ended_ends_the_session_without_a_charge(

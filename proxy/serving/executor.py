@@ -69,6 +69,7 @@ from rewriter.statements import Statement, split_statements
 
 from .copy_out import copy_messages
 from .cursors import BackendCursor, Cursors, KeptCursor
+from .relation_locks import RECOVERY_CONFLICTS, take_locks
 from .safe_snapshot import begins_serializable, in_safe_snapshot, take_snapshot
 from .settings import SessionSettings
 
@@ -76,10 +77,6 @@ __all__ = ["Executor", "Plan", "StatementHost"]
 
 _T = TypeVar("_T")
 log = logging.getLogger("dpproxy.executor")
-# What a hot standby cancels a statement with when it conflicts with the WAL it replays
-# (proxy.serving.executor.Executor._release_past_a_conflict); a read-only statement outside a
-# serializable transaction meets them for no other reason.
-_RECOVERY_CONFLICTS = frozenset({SQLSTATE.SERIALIZATION_FAILURE, SQLSTATE.DEADLOCK_DETECTED})
 
 _NO_PARAMS = BoundParams((), (), ())
 # A statement longer than this, or with a parse tree larger, is parsed and analysed in an
@@ -740,7 +737,8 @@ class Executor:
         self, decision: DPQuery, params: BoundParams, fingerprint: str, result_formats: tuple[int, ...] = ()
     ) -> tuple[ResultSet, list[str], Cost]:
         """Charge, compute exactly on the backend, noise; or replay the answer to a repeat. A
-        serializable transaction's snapshot is taken first (``safe_snapshot``)."""
+        serializable transaction's snapshot is taken first (``safe_snapshot``), and the locks of
+        what the statement reads are waited for just before the charge (``relation_locks``)."""
         status = self.backend.transaction_status
         if status == b"E":
             # PostgreSQL runs nothing in a failed transaction block; charged, the query would
@@ -833,13 +831,15 @@ class Executor:
         # A check passed is remembered under these settings and the table registry in force:
         # after a reload the same text can read a column of another type.
         checked_under = (*settings, self.server.registry)
-        for checked in (plan, ranking):
-            if checked is not None and (params.values or any("'" in predicate for predicate in checked.predicates)):
-                await self._check_values(sql if checked is plan else backend_sql(checked, seed=0), params, checked_under)
         if plan.post is not None:
             await self._try_post_processing(plan, encoding.codec, checked_under)
         if ranking is not None and ranking.post is not None:
             await self._try_post_processing(ranking, encoding.codec, checked_under, ranking=True)
+        # Last before the charge: the locks the run will take (waited for here, uncharged); the
+        # same step raises the errors of values the column types cannot read.
+        await take_locks(self.backend, sql, params, plan.table)
+        if ranking is not None:
+            await take_locks(self.backend, backend_sql(ranking, seed=0), params, ranking.table)
         # The ledger's history carries the audit log's fingerprint, so the two can be joined.
         balance = await self.server.budget.charge(self.user, epsilon, delta, fingerprint)
         cost = self._charged = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta,
@@ -896,7 +896,7 @@ class Executor:
         try:
             return await self._release(plan, sql, params, epsilon, codec)
         except BackendError as exc:
-            if (exc.sqlstate not in _RECOVERY_CONFLICTS or isinstance(exc, BackendLost)
+            if (exc.sqlstate not in RECOVERY_CONFLICTS or isinstance(exc, BackendLost)
                     or self.backend.transaction_status != b"I"):
                 raise
             log.info("a DP statement was cancelled by the backend (%s: %s); run once more under its charge",
@@ -952,25 +952,6 @@ class Executor:
                               "Request text format for this column (or binary for every column), or SET "
                               "DateStyle = ISO.")
 
-    async def _check_values(self, sql: str, params: BoundParams, settings: tuple[object, ...]) -> None:
-        """Raise, before the charge, the errors of values the column types cannot read.
-
-        A literal (``age = 'abc'``) fails PostgreSQL's parse analysis of ``sql``, a parameter
-        (``age = $1`` bound to 'abc') its input conversion at Bind: both happen to ``sql`` under a
-        ``LIMIT 0``, which runs no plan node and reads no row, in one round trip. They are decided
-        by the statement and its parameters, never by a row, so they cost nothing, and their
-        messages (the value's own) are PostgreSQL's. A statement that passed once with the same
-        parameters under the same settings passes again, and is not checked twice for the same
-        user (a check skipped for another analyst's statement would tell, by its time, what
-        that analyst asked).
-        """
-        passed = _digest(self.user, sql, tuple(params.values), tuple(params.formats), tuple(params.types),
-                         settings)
-        if passed in _PASSED:
-            return
-        await self.backend.execute(f"SELECT 1 FROM ({sql}) AS checked LIMIT 0", params if params.values else None)
-        _PASSED.add(passed)
-
     async def _try_post_processing(self, plan: AggregateQuery, codec: str, settings: tuple[object, ...],
                                    ranking: bool = False) -> None:
         """Run the plan's outer statement, as written and without its limits and the filters that read
@@ -986,8 +967,9 @@ class Executor:
         the release's types, the session's settings and the policy: never by a row or a
         released value, so the refusal is the same on neighbouring tables. Each error carries
         a hint that nothing was charged. Passed once under the same settings, the trial is not
-        run again for the same user (as :meth:`_check_values`). ``ranking``: ``plan`` is a
-        series limit's ranking, whose outer statement also reads its cells' numbers.
+        run again for the same user (a trial skipped for another analyst's statement would tell,
+        by its time, what that analyst asked). ``ranking``: ``plan`` is a series limit's ranking,
+        whose outer statement also reads its cells' numbers.
 
         Each run is measured on the backend (``proxy.dp.answer_size``), never received: an
         answer as written over the trial's values longer than ``listen.max_answer_bytes`` is
