@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
 
 import psycopg
 import pytest
 
 from policies.model import TablePolicy
 from policies.tables import ColumnInfo, Relation
-from proxy.serving import executor
 from rewriter.text_bounds import bounded_source
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from tests.neighbour_outcome import create_neighbours, same_on_neighbours
+from tests.released_sql import recording_released_sql
 
 BOUND = 512  # the most bytes an unconstrained numeric is read in (rewriter.text_bounds.NUMERIC_MAX_BYTES)
 _DOMAINS = """
@@ -69,15 +68,7 @@ _EXACT_ROWS = f"SELECT g, {_VALUE}, {_VALUE}, CASE WHEN g <= 2 THEN {_AT} ELSE g
 def captured() -> Iterator[list[str]]:
     """Every backend SQL the executor runs for a DP release while the module's tests run."""
     seen: list[str] = []
-    released = executor.Executor._released
-
-    async def capturing(self: executor.Executor, plan: Any, sql: str, *args: Any) -> Any:
-        if sql:
-            seen.append(sql)
-        return await released(self, plan, sql, *args)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(executor.Executor, "_released", capturing)
+    with recording_released_sql(lambda plan, sql: seen.append(sql)):
         yield seen
 
 
@@ -194,7 +185,8 @@ def test_a_numeric_of_declared_precision_is_read_as_it_is(numeric_proxy: Running
     """numeric(1000, 0) holds 1,000 nines in 508 bytes: read, as before, in conditions and clamps."""
     with numeric_proxy.connect() as conn:
         row = conn.execute(f"SELECT count(np), count(*) FILTER (WHERE np > 1000), sum(np) FROM {_EXACT}").fetchone()
-    assert row is not None and [round(float(value)) for value in row] == [16, 2, 2 * 100 + sum(range(3, 17))], row
+    assert row is not None and [round(float(value)) for value in row[:2]] == [16, 2], row
+    assert abs(float(row[2]) - (2 * 100 + sum(range(3, 17)))) < 5, row  # the nines clamped to 100; noise of scale 0.3
 
 
 @pytest.mark.parametrize("sql", [*(c.replace("{c}", "n") for c in _CONSTRUCTS[2:]), _GROUPED,
