@@ -63,8 +63,8 @@ from policies.tables import ColumnInfo, Relation, quote_identifier
 
 from .sql_text import operator
 
-__all__ = ["CASE_FOLD_WORK", "COMPARISON_WORK", "LIKE_WORK", "MAX_TEXT_WORK", "NUMERIC", "NUMERIC_MAX_BYTES", "TEXT_TYPES", "bounded_source",
-           "bounded_value", "unconstrained_numeric", "value_bytes", "work_refusal"]
+__all__ = ["CASE_FOLD_WORK", "COMPARISON_WORK", "LIKE_WORK", "MAX_TEXT_WORK", "NUMERIC", "NUMERIC_MAX_BYTES",
+           "TEXT_TYPES", "bounded_source", "bounded_value", "unconstrained_numeric", "value_bytes", "work_refusal"]
 
 TEXT_TYPES = frozenset({25, 1043, 1042, 17})
 """text, varchar, char (bpchar) and bytea: the types whose values the bound applies to (a domain's
@@ -140,9 +140,8 @@ def bounded_source(table: Relation, named: Collection[str], raw: Sequence[str] =
     """The FROM item a DP statement's backend SQL reads ``table`` through, given the columns the
     statement ``named``: the table itself when none of them needs the bound and there is no ``raw``
     output, else a projection of those columns, each bounded one (text, an unconstrained numeric) as
-    :func:`bounded_value`, then the
-    ``raw`` outputs (raw values under names of their own, :mod:`rewriter.raw_equality`), and
-    ``ctid``, for ``ctid_hash``, under the table's own name.
+    :func:`bounded_value`, then the ``raw`` outputs (raw values under names of their own,
+    :mod:`rewriter.raw_equality`), and ``ctid``, for ``ctid_hash``, under the table's own name.
 
     PostgreSQL pulls the projection up into the query, so each reference of a column is its
     bounded value, evaluated where the reference is. Only the named columns are listed, so the
