@@ -28,7 +28,10 @@ reaching the list costs, warm), "one row" ones behind ``id = 0`` (what the first
 3 MB row and with one at the default ``max_text_bytes`` (rewriter/text_bounds.py); with ``--quantum``
 their equalities compare the raw column (rewriter/raw_equality.py). The ``types:`` ones read a long value
 of each other type a DP statement could read (a domain over text, bytea, jsonb, tsvector, numrange,
-varbit, an array). The figures of a run are in benchmarks/results.md
+varbit, an array). The ``numeric:`` ones read a numeric of no declared precision at its widest (131,072
+digits, out of line or compressed) and at the widest still read, by many terms. Each line also gives the
+shared buffers the last run of each table hit or read (``EXPLAIN (BUFFERS)``), a witness of what was read
+that load does not move. The figures of a run are in benchmarks/results.md
 ("What one row adds to a DP statement's backend time"); a new construct is one more line of
 :data:`CONSTRUCTS`.
 """
@@ -234,6 +237,33 @@ def _type_constructs() -> Iterator[Construct]:
         )
 
 
+# A numeric of no declared precision at its widest (131,072 digits), stored out of line (random digits)
+# or compressed in the row (repeated ones), and one of 1,000 digits (508 bytes): the widest still read
+# (rewriter/text_bounds.py, NUMERIC_MAX_BYTES), what a numeric(1000, s) value takes at most.
+_NUMERIC_ROWS = {
+    "131,072 random digits": "(SELECT string_agg((random() * 9)::int::text, '') FROM generate_series(1, 131072))::numeric",
+    "131,072 repeated digits": "repeat('1234', 32768)::numeric",
+    "1,000 digits (at the bound)": "repeat('9', 1000)::numeric",
+}
+_NUMERIC_TERMS = 250  # FILTERed sums: below the 256 values and comparisons a statement may hold
+
+
+def _numeric_constructs() -> Iterator[Construct]:
+    """The reads of a wide numeric a DP statement repeats: an IN list of 256 numbers (every row
+    compares its value with each), 250 FILTERed sums (each clamps it: the row, id 0, passes every
+    filter) and one SUM's clamp."""
+    for size, value in _NUMERIC_ROWS.items():
+        yield from (
+            Construct(f"numeric: WHERE n IN (256 numbers), {size}",
+                      "SELECT COUNT(*) FROM {table} WHERE n IN (" + ", ".join(str(1000 + i) for i in range(256)) + ")",
+                      {"n": value}),
+            Construct(f"numeric: {_NUMERIC_TERMS} × SUM(n) FILTER (WHERE id >= -k), {size}",
+                      "SELECT " + ", ".join(f"SUM(n) FILTER (WHERE id >= -{k})" for k in range(_NUMERIC_TERMS))
+                      + " FROM {table}", {"n": value}),
+            Construct(f"numeric: SUM(n) (its clamp), {size}", "SELECT SUM(n) FROM {table}", {"n": value}),
+        )
+
+
 CONSTRUCTS: tuple[Construct, ...] = (
     Construct("COUNT(*), one ordinary row", "SELECT COUNT(*) FROM {table}"),
     Construct("COUNT(*) WHERE t LIKE '%x%', 3 MB random text", "SELECT COUNT(*) FROM {table} WHERE t LIKE '%x%'", {"t": _RANDOM_TEXT}),
@@ -319,6 +349,7 @@ CONSTRUCTS: tuple[Construct, ...] = (
     *_list_constructs(),
     *_text_constructs(),
     *_type_constructs(),
+    *_numeric_constructs(),
 )
 
 
@@ -330,6 +361,8 @@ class Measured:
     refused: str | None = None
     base_ms: tuple[float, ...] = ()
     plus_ms: tuple[float, ...] = ()
+    base_buffers: int = 0  # shared buffers hit or read by the last run of each: a witness load does not move
+    plus_buffers: int = 0
 
     @property
     def extra_ms(self) -> float:
@@ -440,13 +473,20 @@ def plan_constructs(policy_path: Path, constructs: Sequence[Construct]) -> list[
 
 def _execution_ms(conn: psycopg.Connection[Any], sql: str) -> float:
     """PostgreSQL's execution time of ``sql``, in ms; :data:`TIMEOUT_MS` when it takes longer."""
+    return _executed(conn, sql)[0]
+
+
+def _executed(conn: psycopg.Connection[Any], sql: str) -> tuple[float, int]:
+    """PostgreSQL's execution time of ``sql``, in ms (:data:`TIMEOUT_MS` when it takes longer), and
+    the shared buffers its plan hit or read (0 when cut off)."""
     try:
-        row = conn.execute(f"EXPLAIN (ANALYZE, TIMING OFF, SUMMARY ON, FORMAT JSON) {sql}").fetchone()
+        row = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, SUMMARY ON, FORMAT JSON) {sql}").fetchone()
     except psycopg.errors.QueryCanceled:
-        return float(TIMEOUT_MS)
+        return float(TIMEOUT_MS), 0
     assert row is not None
     plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
-    return float(plan[0]["Execution Time"])
+    top = plan[0]["Plan"]
+    return float(plan[0]["Execution Time"]), int(top["Shared Hit Blocks"]) + int(top["Shared Read Blocks"])
 
 
 def measure_constructs(dsn: str, policy_path: Path, constructs: Sequence[Construct], rows: int,
@@ -460,14 +500,17 @@ def measure_constructs(dsn: str, policy_path: Path, constructs: Sequence[Constru
         _set_row(dsn, construct, rows)
         base: list[float] = []
         plus: list[float] = []
+        buffers = (0, 0)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("SET jit = off")  # as dpproxy's own backend sessions
             conn.execute(f"SET statement_timeout = {TIMEOUT_MS}")
             slow = max(_execution_ms(conn, sql) for sql in plan) > SLOW_MS  # warm-up: caches, the TOAST pages
             for _ in range(min(repeats, 3) if slow else repeats):
-                base.append(_execution_ms(conn, plan[0]))
-                plus.append(_execution_ms(conn, plan[1]))
-        yield Measured(construct, base_ms=tuple(base), plus_ms=tuple(plus))
+                (base_ms, base_buffers), (plus_ms, plus_buffers) = (_executed(conn, sql) for sql in plan)
+                base.append(base_ms)
+                plus.append(plus_ms)
+                buffers = (base_buffers, plus_buffers)
+        yield Measured(construct, base_ms=tuple(base), plus_ms=tuple(plus), base_buffers=buffers[0], plus_buffers=buffers[1])
 
 
 def report(results: Sequence[Measured], rows: int, repeats: int, seconds: float) -> str:
@@ -477,16 +520,17 @@ def report(results: Sequence[Measured], rows: int, repeats: int, seconds: float)
         f"(EXPLAIN ANALYZE, TIMING OFF), median of {repeats} runs each, alternating, after one warm-up; jitter is the "
         f"base's interquartile range. {seconds:.0f} s in all.",
         "",
-        "| construct | base ms | base µs a row | neighbour ms | one row adds (ms) | jitter (ms) |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| construct | base ms | base µs a row | neighbour ms | one row adds (ms) | jitter (ms) | buffers (base → neighbour) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for item in results:
         if item.refused is not None:
-            lines.append(f"| {item.construct.name} | refused ({item.refused}) | | | | |")
+            lines.append(f"| {item.construct.name} | refused ({item.refused}) | | | | | |")
             continue
         base = statistics.median(item.base_ms)
         lines.append(f"| {item.construct.name} | {base:.2f} | {1000 * base / rows:.3f} | "
-                     f"{statistics.median(item.plus_ms):.2f} | {item.extra_ms:+.2f} | {item.jitter_ms:.2f} |")
+                     f"{statistics.median(item.plus_ms):.2f} | {item.extra_ms:+.2f} | {item.jitter_ms:.2f} | "
+                     f"{item.base_buffers:,} → {item.plus_buffers:,} |")
     return "\n".join(lines) + "\n"
 
 

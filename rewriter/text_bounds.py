@@ -23,6 +23,21 @@ can be of any length with no header telling their size (``jsonb``, ``tsvector``,
 all, only counted and tested for NULL (rewriter/predicates.py, rewriter/dp_query.py; categories on
 one are a policy error, proxy/backend/policy_fit.py).
 
+**Numerics of no declared precision.** A ``numeric`` column without a precision (``atttypmod``
+-1), or a domain over one, can hold 131,072 digits (~64 kB, stored compressed or out of line),
+which every term and every aggregate's clamp that reads it detoasted again: one such row added
+milliseconds to 256 IN values or 250 FILTERed sums (docs/threat-model.md, Timing). Such a column is
+read through ``CASE WHEN pg_column_compression(n) IS NULL AND pg_column_size(n) <= 512 THEN n END``
+(:data:`NUMERIC_MAX_BYTES`: every value of ``numeric(1000, s)``, the largest declared precision,
+fits), so a value stored compressed or in more bytes reads as NULL in every construct, as a long
+text does (conditions, clamps, sums, AVG, MIN/MAX, percentiles, variances, GROUP BY keys,
+``COUNT(col)``). Both functions read the value's header only (``toast_datum_size``,
+``toast_get_compression_id``): 256 of them cost the same on a 64 kB value, out of line or
+compressed, as on a 7-byte one, with one buffer hit. The bound is on the stored form, not on the
+digits: a row's own layout decides it (a value of 400 bytes that a wide row's toaster compressed
+reads as NULL), which is still a function of that row alone. A ``numeric(p, s)`` column is read as
+it is: at most 510 bytes, in the row.
+
 **The work limit.** Below the bound, the terms of a statement still multiply: 256 LIKEs of a
 63-character part on a 1 kB value cost that one row 35 ms. So each condition term that reads a text
 value is weighed by the bytes it may read (the column's bound, :func:`value_bytes`) times its cost a
@@ -48,12 +63,17 @@ from policies.tables import ColumnInfo, Relation, quote_identifier
 
 from .sql_text import operator
 
-__all__ = ["CASE_FOLD_WORK", "COMPARISON_WORK", "LIKE_WORK", "MAX_TEXT_WORK", "TEXT_TYPES", "bounded_source",
-           "bounded_value", "value_bytes", "work_refusal"]
+__all__ = ["CASE_FOLD_WORK", "COMPARISON_WORK", "LIKE_WORK", "MAX_TEXT_WORK", "NUMERIC", "NUMERIC_MAX_BYTES",
+           "TEXT_TYPES", "bounded_source", "bounded_value", "unconstrained_numeric", "value_bytes", "work_refusal"]
 
 TEXT_TYPES = frozenset({25, 1043, 1042, 17})
 """text, varchar, char (bpchar) and bytea: the types whose values the bound applies to (a domain's
 by its base type), each of which ``octet_length`` takes and sizes by the header."""
+NUMERIC = 1700
+"""numeric: bounded by its stored form when it has no declared precision (:func:`unconstrained_numeric`)."""
+NUMERIC_MAX_BYTES = 512
+"""The most bytes a numeric of no declared precision may be stored in, uncompressed, to be read: what
+a value of ``numeric(1000, s)``, the largest declared precision, takes at most (1,000 digits, 510 bytes)."""
 _DECLARED_LENGTH_TYPES = frozenset({1043, 1042})
 _VARHDRSZ = 4  # a varchar(n)'s type modifier is n + 4
 _MAX_BYTES_PER_CHARACTER = 4  # UTF-8, and every server encoding PostgreSQL has
@@ -86,27 +106,42 @@ def value_bytes(column: ColumnInfo, policy: TablePolicy) -> int | None:
     return policy.max_text_bytes if declared is None else min(declared, policy.max_text_bytes)
 
 
+def unconstrained_numeric(column: ColumnInfo) -> bool:
+    """Whether ``column`` is a ``numeric`` of no declared precision (or a domain over one), whose
+    value may hold 131,072 digits (~64 kB, compressed or out of line)."""
+    return column.value_type == (NUMERIC, -1)
+
+
 def _needs_bound(column: ColumnInfo, policy: TablePolicy) -> bool:
+    if unconstrained_numeric(column):
+        return True
     declared = _declared_bytes(column)
     return column.value_type[0] in TEXT_TYPES and (declared is None or declared > policy.max_text_bytes)
 
 
 def bounded_value(column: ColumnInfo, policy: TablePolicy) -> str:
     """The SQL of ``column`` as a DP statement reads it: NULL where its value is longer than the
-    bound (its stored size, read from the header), else the value, in its own collation."""
+    bound, else the value, in its own collation. A text value is sized by its length in bytes
+    (``octet_length``, from the header); a numeric of no declared precision by its stored form
+    (``pg_column_size``, ``pg_column_compression``, from the header): read only when stored
+    uncompressed in at most :data:`NUMERIC_MAX_BYTES`."""
     name = quote_identifier(column.name)
     if not _needs_bound(column, policy):
         return name
-    short = operator(f"pg_catalog.octet_length({name})", "<=", str(policy.max_text_bytes))
+    if unconstrained_numeric(column):
+        short = (f"pg_catalog.pg_column_compression({name}) IS NULL AND "
+                 + operator(f"pg_catalog.pg_column_size({name})", "<=", str(NUMERIC_MAX_BYTES)))
+    else:
+        short = operator(f"pg_catalog.octet_length({name})", "<=", str(policy.max_text_bytes))
     return f"CASE WHEN {short} THEN {name} END"
 
 
 def bounded_source(table: Relation, named: Collection[str], raw: Sequence[str] = ()) -> str:
     """The FROM item a DP statement's backend SQL reads ``table`` through, given the columns the
     statement ``named``: the table itself when none of them needs the bound and there is no ``raw``
-    output, else a projection of those columns, each text one as :func:`bounded_value`, then the
-    ``raw`` outputs (raw values under names of their own, :mod:`rewriter.raw_equality`), and
-    ``ctid``, for ``ctid_hash``, under the table's own name.
+    output, else a projection of those columns, each bounded one (text, an unconstrained numeric) as
+    :func:`bounded_value`, then the ``raw`` outputs (raw values under names of their own,
+    :mod:`rewriter.raw_equality`), and ``ctid``, for ``ctid_hash``, under the table's own name.
 
     PostgreSQL pulls the projection up into the query, so each reference of a column is its
     bounded value, evaluated where the reference is. Only the named columns are listed, so the

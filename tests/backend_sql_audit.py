@@ -102,6 +102,8 @@ TOTAL: dict[str, str] = {
                  "where LC_CTYPE is not C)",
     "octet-length": "octet_length() of text or bytea reads its stored size (0 to 1 GB), detoasting nothing",
     "short-text": "CASE WHEN octet_length(x) <= c THEN x END is x of at most c bytes, else NULL",
+    "stored-form": "pg_column_size() and pg_column_compression() of a column read its stored form's header (its "
+                   "size, 1 B to 1 GB, and its compression method or NULL), detoasting nothing",
     "nondeterministic-group": "GROUP BY a text of a nondeterministic collation of at most 16 MiB: its hash goes "
                               "through an ICU copy of two bytes a character and a sort key of up to ~18 bytes a "
                               "byte, under 1 GB",
@@ -793,6 +795,10 @@ def _scalar(node: ast.FuncCall, name: str, args: list[_Value], context: _Context
         return _Value(_TEXT, high=3 * args[0].high, column=args[0].column)  # "case-fold"
     if name == "octet_length" and len(args) == 1 and (args[0].type_oid in _TEXT_TYPES or args[0].type_oid == _BYTEA):
         return _Value(_INT4, nan=False, low=0.0, high=2.0**30, smallest=1.0)  # "octet-length"
+    if name == "pg_column_size" and len(args) == 1 and args[0].column is not None:
+        return _Value(_INT4, nan=False, low=1.0, high=2.0**30, smallest=1.0)  # "stored-form"
+    if name == "pg_column_compression" and len(args) == 1 and args[0].column is not None:
+        return _Value(_TEXT)  # "stored-form"
     if name == "abs" and len(args) == 1 and args[0].type_oid in (_FLOAT8, _NUMERIC):
         return replace(args[0], low=0.0, high=max(abs(args[0].low), abs(args[0].high)))  # "abs"
     if name == "random" and not args:

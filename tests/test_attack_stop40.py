@@ -26,16 +26,17 @@ Found and fixed, pinned here:
 The fuzzer's table has a column of a domain over numeric now (tests/neighbour_cases.py), which
 finds the first of these at seed 17 without the fix.
 
-Found and not fixed (docs/threat-model.md, Timing): a ``numeric`` of unconstrained precision
-holding 131,072 digits (~64 kB, stored out of line or compressed) is detoasted again by every term
-and every aggregate's clamp that reads the column, as a long text was before its value bound. On
-PostgreSQL 16, 1,000 rows, best of 40 runs: +1.2 ms to ``n IN (<256 numbers>)`` (+2.3 ms when the
-digits compress), +12 ms to 250 ``sum(n) FILTER (WHERE id > k)`` (31 → 43 ms); ``EXPLAIN
-(BUFFERS)`` counts 10 more buffer hits per term for that row. A timing oracle on a table without
-``answer_quantum_ms``, within every limit. Bounding it as text is bounded (a value stored in more
-than some bytes, or compressed, reads as NULL: ``pg_column_size``, ``pg_column_compression``)
-changes answers and adds two header reads per reference; weighing numeric reads in the work limit
-would refuse a plain ``var_pop(n)`` (about twenty reads of ``n``): a choice for the lead.
+Found, and fixed since (docs/threat-model.md, Timing; tests/test_numeric_bounds.py): a ``numeric``
+of unconstrained precision holding 131,072 digits (~64 kB, stored out of line or compressed) was
+detoasted again by every term and every aggregate's clamp that read the column, as a long text was
+before its value bound. On PostgreSQL 16, 1,000 rows, best of 40 runs: +1.2 ms to ``n IN (<256
+numbers>)`` (+2.3 ms when the digits compress), +12 ms to 250 ``sum(n) FILTER (WHERE id > k)`` (31
+→ 43 ms); ``EXPLAIN (BUFFERS)`` counted 10 more buffer hits per term for that row. A timing oracle
+on a table without ``answer_quantum_ms``, within every limit. Such a column is now read through
+``CASE WHEN pg_column_compression(n) IS NULL AND pg_column_size(n) <= 512 THEN n END``, which reads
+the header only: a value stored compressed or in more than 512 bytes reads as NULL in every
+construct (rewriter/text_bounds.py). The neighbours' 1e400 and 1e-400 take a few bytes and are
+read as before.
 
 Tried, and held:
 

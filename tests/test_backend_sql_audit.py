@@ -23,12 +23,12 @@ import psycopg
 import pytest
 
 from policies.tables import ColumnInfo
-from proxy.serving import executor
 from tests.backend_sql_audit import TOTAL, AuditColumn, Finding, audit_backend_sql
 from tests.bi_data import PEOPLE_POLICY, create_people
 from tests.bi_statements import PEOPLE_OID, load_recorded
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, make_policy, running_proxy
 from tests.neighbour_cases import TABLE_DDL, adversarial_rows, domain_ddl, generate_case, policy_columns
+from tests.released_sql import recording_released_sql
 from tests.test_neighbour_fuzz import BASES, Client
 from tests.type_matrix import CURATED, roles, where_roles
 
@@ -59,16 +59,12 @@ def _audit_column(column: ColumnInfo) -> AuditColumn:
 def captured() -> Iterator[list[Captured]]:
     """Every backend SQL the executor runs for a DP release while the module's tests run."""
     seen: list[Captured] = []
-    released = executor.Executor._released
 
-    async def capturing(self: executor.Executor, plan: Any, sql: str, *args: Any) -> Any:
-        if sql:
-            columns = {name: _audit_column(column) for name, column in plan.table.columns.items()}
-            seen.append(Captured(sql, (plan.table.schema, plan.table.name), columns))
-        return await released(self, plan, sql, *args)
+    def capture(plan: Any, sql: str) -> None:
+        columns = {name: _audit_column(column) for name, column in plan.table.columns.items()}
+        seen.append(Captured(sql, (plan.table.schema, plan.table.name), columns))
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(executor.Executor, "_released", capturing)
+    with recording_released_sql(capture):
         yield seen
 
 

@@ -29,8 +29,11 @@ from tests.backend_sql_audit import AuditColumn, audit_backend_sql
 
 _NUMERIC, _TEXT, _TIMESTAMPTZ = 1700, 25, 1184
 _TABLE = "grouped_totals"
-_TINY = Decimal("1e-16383")  # a row's finest fraction digit
-_FINE = "('50.' || repeat('3', 16383))::numeric"  # 16,383 fraction digits, inside [-50, 100]
+# A numeric of no declared precision is read only when stored in at most 512 bytes (~1,000 digits,
+# rewriter/text_bounds.py: a longer value reads as NULL), so the long decimals here have 990 fraction digits.
+_DIGITS = 990
+_TINY = Decimal(f"1e-{_DIGITS}")  # a row's finest fraction digit
+_FINE = f"('50.' || repeat('3', {_DIGITS}))::numeric"  # 990 fraction digits, inside [-50, 100]
 _EXACT = Context(prec=200_000, Emax=MAX_EMAX, Emin=MIN_EMIN)  # the tests' own sums of long decimals, unrounded
 
 
@@ -121,7 +124,7 @@ def test_a_group_bys_numeric_totals_are_summed_per_cell_and_cut_in_the_backend(
     rows = admin.execute(backend_sql(plan, seed=3)).fetchall()
     keys = len(plan.groups)
     assert len({tuple(row[:keys]) for row in rows}) == len(rows)  # one row per reported cell
-    assert all(-row[keys].as_tuple().exponent <= policy.total_digits + 1 for row in rows)  # not 16,383
+    assert all(-row[keys].as_tuple().exponent <= policy.total_digits + 1 for row in rows)  # not 990
 
 
 # Bounds whose grid is fine (k = 45: ties of 46 fraction digits) and one with a centre of its own.
@@ -163,8 +166,8 @@ def _rows(tie_a: Decimal, tie_other: Decimal) -> list[tuple[Any, ...]]:
         # b: no row; c: values all NULL (a group whose total is NULL)
         (None, "c", None), (None, "c", None),
         # d: negative long decimals and a value clamped to the lower bound
-        (Decimal("-1." + "7" * 3000), "d", None), (Decimal("-1e9"), "d", None),
-        (Decimal("-0." + "3" * 16383), "d", None),
+        (Decimal("-1." + "7" * 900), "d", None), (Decimal("-1e9"), "d", None),
+        (Decimal("-0." + "3" * _DIGITS), "d", None),
         # other: three groups (x, z, a NULL key) whose sum is just above a tie, each far from it
         (tie_other + 4 * _TINY, "x", None), (-2 * _TINY, "z", None), (-_TINY, None, None),
     ]
@@ -208,7 +211,7 @@ def test_a_cells_total_over_several_groups_reaches_dpproxy_summed_and_cut(
     tie = _tie(policy.sum_grid, 5)
     with localcontext(_EXACT):
         high = tie + _TINY
-    nines = Decimal("0." + "9" * 16383)
+    nines = Decimal("0." + "9" * _DIGITS)
     _insert(admin, [(high, "a", "2021-06-10"), (-_TINY, "a", "2022-06-10"),
                     (nines, "b", "2021-07-10"), (nines, "b", "2022-07-10"), (Decimal(-7), "b", "2022-07-11")])
     plan = plan_aggregate_query(sql, relation)
@@ -273,7 +276,7 @@ def test_a_date_parts_cells_are_summed_in_the_backend_as_dpproxy_numbers_them(
         assert cells[cell][1][0] == count
         assert Fraction(cells[cell][0][0]) == Fraction(_cut(total, digits))
     rows = admin.execute(backend_sql(plan, seed=3)).fetchall()
-    assert max(len(str(v)) for row in rows for v in row if isinstance(v, Decimal)) <= digits + 10  # not 16,383
+    assert max(len(str(v)) for row in rows for v in row if isinstance(v, Decimal)) <= digits + 10  # not the row's 990
     audited = {name: AuditColumn(column.type_oid) for name, column in relation.columns.items()}
     assert audit_backend_sql(backend_sql(plan, seed=3), ("public", _TABLE), audited) == []
     if not percentile:  # one row per cell

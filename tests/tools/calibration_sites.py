@@ -142,10 +142,11 @@ SITES: tuple[Site, ...] = (
          "    share = epsilon\n    if on_grid:", "answers"),
     Site("avg.count-scale-whole-epsilon", _SC, "denominator = max(laplace_int(count, 1.0 / share), 1)",
          "denominator = max(laplace_int(count, 1.0 / epsilon), 1)", "answers"),
-    Site("avg.sensitivity-halved", _SC, "    return grid, grid.point(c), math.ceil(half) + 1",
-         "    return grid, grid.point(c), math.ceil(half / 2) + 1", "answers"),
-    Site("avg.on-grid-sensitivity-halved", _SC, "return grid, point, max(grid.point(hi) - point, point - grid.point(lo))",
-         "return grid, point, max(grid.point(hi) - point, point - grid.point(lo)) // 2", "answers"),
+    Site("avg.sensitivity-halved", _SC, "    return _Centred(grid, grid.point(c), math.ceil(half) + 1, Fraction(c))",
+         "    return _Centred(grid, grid.point(c), math.ceil(half / 2) + 1, Fraction(c))", "answers"),
+    Site("avg.on-grid-sensitivity-halved", _SC, "return _Centred(grid, point, max(grid.point(hi) - point, point - grid.point(lo)), Fraction(c))",
+         "return _Centred(grid, point, max(grid.point(hi) - point, point - grid.point(lo)) // 2, Fraction(c))",
+         "answers"),
     Site("avg.uncentred-sensitivity", _SC,
          "    half = max(Fraction(hi) - Fraction(c), Fraction(c) - Fraction(lo)) * Fraction(2) ** grid.exponent",
          "    half = (Fraction(hi) - Fraction(lo)) / 4 * Fraction(2) ** grid.exponent", "answers"),
@@ -206,8 +207,9 @@ SITES: tuple[Site, ...] = (
          "        if present:\n"
          "            return release_mode([c for c, _ in present], [n for _, n in present], epsilon, padded=padded)\n"
          "        return release_mode(column.policy.categories, counts, epsilon, padded=padded)", "answers"),
-    Site("mode.permute-and-flip", "mechanisms/samplers.py", "        dp.zero_concentrated_divergence(),",
-         "        dp.max_divergence(),", "noise"),
+    Site("mode.permute-and-flip", "mechanisms/samplers.py",
+         "dp.linf_distance(T=float), dp.zero_concentrated_divergence(), scale=scale)",
+         "dp.linf_distance(T=float), dp.max_divergence(), scale=scale)", "noise"),
     # ------------------------------------------------------------------ the noise pool
     Site("pool.draw-handed-out-twice", "mechanisms/noise_pool.py",
          "self._values.extend(int(v) for v in _batch(self.scale)([0] * self.batch))",
