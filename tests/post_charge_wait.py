@@ -6,8 +6,12 @@ makes the statement fail uncharged, before anything runs. A statement opens the 
 relation and index only to read a long value stored apart, which no step before the charge
 does: a held ``REINDEX`` of that index (``hold_toast_index``) makes a statement reading such a
 value (``SUM(amount)``, ``amount > 0`` on a table of ``create_toasted``) wait after its charge,
-on the backend, with the table held. A long number, not a long text: dpproxy reads a text's
-length first, which PostgreSQL takes from the TOAST pointer, and leaves a long one out.
+on the backend, with the table held. A number dpproxy reads, stored apart: dpproxy reads a
+text's length and a numeric's stored size and compression first (``rewriter/text_bounds.py``),
+which PostgreSQL takes from the TOAST pointer, and leaves a long value out unread; so the value
+is short enough to be read (~880 digits, ~450 bytes, within the numeric bound of 512) and is
+pushed out of the row by a wide column kept in it (``STORAGE MAIN``) beside its own ``STORAGE
+EXTERNAL``.
 """
 
 from __future__ import annotations
@@ -16,11 +20,31 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["LONG_NUMBER", "create_toasted", "hold_toast_index", "toast_index", "with_toasted"]
+__all__ = ["LONG_NUMBER", "create_toasted", "hold_toast_index", "store_apart", "toast_index", "with_toasted"]
 
-LONG_NUMBER = "('1' || pg_catalog.string_agg(lpad((random() * 1e8)::int8::text, 8, '0'), ''))::numeric"
-"""An aggregate over ``generate_series(1, 2500) g``: a number of 20,001 random digits (~10 kB,
-incompressible), which PostgreSQL stores apart, in the TOAST relation."""
+LONG_NUMBER = "(SELECT ('1' || pg_catalog.string_agg(lpad((random() * 1e8)::int8::text, 8, '0'), ''))::numeric " \
+              "FROM generate_series(1, 110) g)"
+"""A number of 881 random digits (~450 bytes uncompressed): within the bound a numeric of no
+declared precision is read under (``rewriter.text_bounds``), so a DP statement reads it."""
+
+PAD = "(SELECT pg_catalog.string_agg(md5(random()::text), '') FROM generate_series(1, 57) g)"
+"""1,824 random characters: in a column kept in the row, they leave no room for the number."""
+
+
+def store_apart(admin: psycopg.Connection[Any], table: str, column: str, values: str) -> None:
+    """Add to ``table`` one row (``values``, a select list that ends with ``LONG_NUMBER`` for
+    ``column``, the table's last column) whose number is stored apart, in the TOAST relation,
+    uncompressed: a column ``pad`` kept in the row (``STORAGE MAIN``) takes the room, and
+    ``column`` is the one the toaster may move (``STORAGE EXTERNAL``)."""
+    admin.execute(f"ALTER TABLE {table} ADD COLUMN pad text, ALTER COLUMN pad SET STORAGE MAIN, "
+                  f"ALTER COLUMN {column} SET STORAGE EXTERNAL")
+    admin.execute(f"INSERT INTO {table} SELECT {values}, {PAD}")
+    toast = toast_index(admin, table).removesuffix("_index")
+    chunks = admin.execute(f"SELECT count(*) FROM {toast}").fetchone()
+    size = admin.execute(f"SELECT max(pg_catalog.pg_column_size({column})) FROM {table} "
+                         f"WHERE pg_catalog.pg_column_compression({column}) IS NULL").fetchone()
+    assert chunks is not None and chunks[0] > 0, f"{table}'s long number was not stored apart"
+    assert size is not None and 400 < size[0] <= 512, f"{table}'s long number takes {size[0]} bytes"
 
 
 def with_toasted(policy: str, table: str, extra: str = "", braces: int = 2) -> str:
@@ -37,11 +61,11 @@ def with_toasted(policy: str, table: str, extra: str = "", braces: int = 2) -> s
 
 def create_toasted(admin: psycopg.Connection[Any], table: str, grantee: str = "dpproxy_service") -> None:
     """(Re)create ``table`` (age integer, amount numeric): 1,000 short rows and one whose amount
-    has 20,000 random digits (~10 kB, incompressible), stored apart in the TOAST relation."""
+    has 881 random digits, stored apart in the TOAST relation (:func:`store_apart`)."""
     admin.execute(f"DROP TABLE IF EXISTS {table}")
     admin.execute(f"CREATE TABLE {table} (age integer, amount numeric)")
     admin.execute(f"INSERT INTO {table} SELECT i % 90, 1 FROM generate_series(1, 1000) i")
-    admin.execute(f"INSERT INTO {table} SELECT 50, {LONG_NUMBER} FROM generate_series(1, 2500) g")
+    store_apart(admin, table, "amount", f"50, {LONG_NUMBER}")
     admin.execute(f"GRANT SELECT ON {table} TO {grantee}")
 
 

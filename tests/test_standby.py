@@ -50,7 +50,7 @@ from proxy.serving.startup import StartupError
 from tests.conftest import (ATTACK_POLICY_HEAD, TEST_DATABASE, TEST_POLICY, RunningProxy, StandbyDatabase,
                             TestDatabase, running_proxy, spent_epsilon)
 from tests.neighbour_outcome import create_neighbours, masked_outcome
-from tests.post_charge_wait import LONG_NUMBER, toast_index
+from tests.post_charge_wait import LONG_NUMBER, store_apart, toast_index
 import tests.test_attack_settings as settings_attack
 from tests.test_attack_settings import (_BASE_ROWS, _BINARY_AND_COPY, _DDL, _NEIGHBOURS, _POLICY, ACCEPTED_FORMS,
                                         SESSION_STATES, _answer_form, _dates_as_text, _same_on_neighbours)
@@ -267,7 +267,7 @@ def conflicting_standby(standby_db: StandbyDatabase, tmp_path_factory: pytest.Te
         admin.execute("CREATE TABLE conflicted AS SELECT g % 10 AS a, 1::numeric AS b FROM generate_series(1, 100) g")
         # One number stored apart in the TOAST relation: a statement reading ``b`` opens the TOAST
         # index, after its charge (tests/post_charge_wait.py).
-        admin.execute(f"INSERT INTO conflicted SELECT 5, {LONG_NUMBER} FROM generate_series(1, 2500) g")
+        store_apart(admin, "conflicted", "b", f"5, {LONG_NUMBER}")
         admin.execute("CREATE INDEX conflicted_a ON conflicted (a)")
         admin.execute("GRANT SELECT ON conflicted TO dpproxy_service")
     standby_db.pair.wait_for_replay(TEST_DATABASE)
