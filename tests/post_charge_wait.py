@@ -6,12 +6,12 @@ makes the statement fail uncharged, before anything runs. A statement opens the 
 relation and index only to read a long value stored apart, which no step before the charge
 does: a held ``REINDEX`` of that index (``hold_toast_index``) makes a statement reading such a
 value (``SUM(amount)``, ``amount > 0`` on a table of ``create_toasted``) wait after its charge,
-on the backend, with the table held. A number dpproxy reads, stored apart: dpproxy reads a
+on the backend, with the table held. A value dpproxy reads, stored apart: dpproxy reads a
 text's length and a numeric's stored size and compression first (``rewriter/text_bounds.py``),
 which PostgreSQL takes from the TOAST pointer, and leaves a long value out unread; so the value
-is short enough to be read (~880 digits, ~450 bytes, within the numeric bound of 512) and is
-pushed out of the row by a wide column kept in it (``STORAGE MAIN``) beside its own ``STORAGE
-EXTERNAL``.
+is short enough to be read (~880 digits, ~450 bytes, within the numeric bound of 512; a text of
+250 bytes, within the default ``max_text_bytes`` of 256) and is pushed out of the row by a wide
+column kept in it (``STORAGE MAIN``) beside its own ``STORAGE EXTERNAL``.
 """
 
 from __future__ import annotations
@@ -20,31 +20,51 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["LONG_NUMBER", "create_toasted", "hold_toast_index", "store_apart", "toast_index", "with_toasted"]
+from policies.model import TablePolicy
+from rewriter.text_bounds import NUMERIC_MAX_BYTES
+
+__all__ = ["LONG_NUMBER", "LONG_TEXT", "TEXT_MAX_BYTES", "create_toasted", "hold_toast_index", "keep_apart",
+           "store_apart", "toast_index", "with_toasted"]
 
 LONG_NUMBER = "(SELECT ('1' || pg_catalog.string_agg(lpad((random() * 1e8)::int8::text, 8, '0'), ''))::numeric " \
               "FROM generate_series(1, 110) g)"
 """A number of 881 random digits (~450 bytes uncompressed): within the bound a numeric of no
 declared precision is read under (``rewriter.text_bounds``), so a DP statement reads it."""
 
+TEXT_MAX_BYTES: int = TablePolicy.model_fields["max_text_bytes"].default
+"""A table's default ``max_text_bytes``: the most bytes of a text a DP statement reads."""
+
+LONG_TEXT = "(SELECT substr(pg_catalog.string_agg(md5(random()::text), ''), 1, 250) FROM generate_series(1, 8) g)"
+"""250 random hex digits (250 bytes): within a table's default ``max_text_bytes`` (256), so a DP
+statement reads the whole value, where it leaves a longer one unread (``rewriter.text_bounds``)."""
+
 PAD = "(SELECT pg_catalog.string_agg(md5(random()::text), '') FROM generate_series(1, 57) g)"
-"""1,824 random characters: in a column kept in the row, they leave no room for the number."""
+"""1,824 random characters: in a column kept in the row, they leave no room for the long value."""
 
 
-def store_apart(admin: psycopg.Connection[Any], table: str, column: str, values: str) -> None:
-    """Add to ``table`` one row (``values``, a select list that ends with ``LONG_NUMBER`` for
-    ``column``, the table's last column) whose number is stored apart, in the TOAST relation,
-    uncompressed: a column ``pad`` kept in the row (``STORAGE MAIN``) takes the room, and
-    ``column`` is the one the toaster may move (``STORAGE EXTERNAL``)."""
+def keep_apart(admin: psycopg.Connection[Any], table: str, column: str) -> None:
+    """Lay ``table`` out as :func:`store_apart` does, without adding a row: a column ``pad`` kept
+    in the row (``STORAGE MAIN``), and ``column`` the one the toaster may move (``STORAGE
+    EXTERNAL``). For a neighbour that is to have the same columns and no value stored apart."""
     admin.execute(f"ALTER TABLE {table} ADD COLUMN pad text, ALTER COLUMN pad SET STORAGE MAIN, "
                   f"ALTER COLUMN {column} SET STORAGE EXTERNAL")
+
+
+def store_apart(admin: psycopg.Connection[Any], table: str, column: str, values: str,
+                most: int = NUMERIC_MAX_BYTES) -> None:
+    """Add to ``table`` one row (``values``, a select list that ends with ``LONG_NUMBER`` or
+    ``LONG_TEXT`` for ``column``, the table's last column) whose value is stored apart, in the
+    TOAST relation, uncompressed, in more than half of ``most`` bytes and at most ``most`` (the
+    bound under which dpproxy reads it: ``NUMERIC_MAX_BYTES``, or the table's ``max_text_bytes``
+    for a text): the table is laid out by :func:`keep_apart` first."""
+    keep_apart(admin, table, column)
     admin.execute(f"INSERT INTO {table} SELECT {values}, {PAD}")
     toast = toast_index(admin, table).removesuffix("_index")
     chunks = admin.execute(f"SELECT count(*) FROM {toast}").fetchone()
     size = admin.execute(f"SELECT max(pg_catalog.pg_column_size({column})) FROM {table} "
                          f"WHERE pg_catalog.pg_column_compression({column}) IS NULL").fetchone()
-    assert chunks is not None and chunks[0] > 0, f"{table}'s long number was not stored apart"
-    assert size is not None and 400 < size[0] <= 512, f"{table}'s long number takes {size[0]} bytes"
+    assert chunks is not None and chunks[0] > 0, f"{table}'s long value was not stored apart"
+    assert size is not None and most // 2 < size[0] <= most, f"{table}'s long value takes {size[0]} bytes"
 
 
 def with_toasted(policy: str, table: str, extra: str = "", braces: int = 2) -> str:

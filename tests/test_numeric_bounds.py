@@ -195,3 +195,15 @@ def test_answers_on_neighbours_with_long_numerics_differ_only_in_the_noised_valu
         numeric_proxy: RunningProxy, sql: str) -> None:
     with numeric_proxy.connect() as conn:
         assert same_on_neighbours(conn, sql, _NAMES, spent_epsilon)[0] == "answer", sql
+
+
+def test_show_columns_says_a_numeric_of_no_declared_precision_is_read_only_in_its_bounded_stored_form(
+        numeric_proxy: RunningProxy) -> None:
+    """SHOW dpproxy.columns said ``[0, 100]`` for ``n`` as for ``np``, though a value of ``n``
+    stored compressed or in more than 512 bytes reads as NULL; it says so now, for ``n`` and for
+    ``dn`` (a domain over numeric the policy gives no bounds: COUNT(dn) reads it so too), and not
+    for ``numeric(1000, 0)`` or an integer."""
+    with numeric_proxy.connect() as conn:
+        shown = {row[1]: row[3] for row in conn.execute("SHOW dpproxy.columns").fetchall() if row[0] == "nb_0"}
+    stored = f"read only when stored uncompressed in at most {BOUND} bytes (another value reads as NULL)"
+    assert shown == {"*": None, "id": None, "n": f"[0, 100], {stored}", "dn": stored, "np": "[0, 100]", "x": "[0, 100]"}, shown

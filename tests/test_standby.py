@@ -50,7 +50,7 @@ from proxy.serving.startup import StartupError
 from tests.conftest import (ATTACK_POLICY_HEAD, TEST_DATABASE, TEST_POLICY, RunningProxy, StandbyDatabase,
                             TestDatabase, running_proxy, spent_epsilon)
 from tests.neighbour_outcome import create_neighbours, masked_outcome
-from tests.post_charge_wait import LONG_NUMBER, store_apart, toast_index
+from tests.post_charge_wait import LONG_NUMBER, LONG_TEXT, TEXT_MAX_BYTES, keep_apart, store_apart, toast_index
 import tests.test_attack_settings as settings_attack
 from tests.test_attack_settings import (_BASE_ROWS, _BINARY_AND_COPY, _DDL, _NEIGHBOURS, _POLICY, ACCEPTED_FORMS,
                                         SESSION_STATES, _answer_form, _dates_as_text, _same_on_neighbours)
@@ -411,17 +411,19 @@ _TOAST_POLICY = ATTACK_POLICY_HEAD.replace("repeats: {{enabled: true}}", "repeat
 
 @pytest.fixture
 def toasted_neighbours(standby_db: StandbyDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
-    """``tx0`` and its neighbour ``tx1`` with one row more, whose 12,800-byte value (hex digits
-    of random hashes: incompressible) is stored apart, in the TOAST relation; a dpproxy on the
-    standby under a service role whose ``lock_timeout`` is 100 ms (an operator's default)."""
+    """``tx0`` and its neighbour ``tx1`` with one row more, whose 250-byte value (hex digits of
+    random hashes), within the text bound so that dpproxy reads it, is stored apart, in the TOAST
+    relation (tests/post_charge_wait.py; a value past ``max_text_bytes`` is sized from its TOAST
+    pointer and never read, so it opened no TOAST index); both have the same columns. A dpproxy on
+    the standby under a service role whose ``lock_timeout`` is 100 ms (an operator's default)."""
     with psycopg.connect(standby_db.primary.admin_dsn, autocommit=True) as admin:
         for table in ("tx0", "tx1"):
             admin.execute(f"DROP TABLE IF EXISTS {table}")
             admin.execute(f"CREATE TABLE {table} AS SELECT (ARRAY['a', 'b'])[1 + g % 2] AS s "
                           "FROM generate_series(1, 200) g")
             admin.execute(f"GRANT SELECT ON {table} TO dpproxy_service")
-        admin.execute("INSERT INTO tx1 SELECT string_agg(md5(g::text || random()::text), '') "
-                      "FROM generate_series(1, 400) g")
+        keep_apart(admin, "tx0", "s")
+        store_apart(admin, "tx1", "s", LONG_TEXT, most=TEXT_MAX_BYTES)
         admin.execute("ALTER ROLE dpproxy_service SET lock_timeout = '100ms'")
         try:
             standby_db.pair.wait_for_replay(TEST_DATABASE)
@@ -440,9 +442,11 @@ def test_a_lock_on_a_toast_index_replayed_from_the_primary_decides_no_outcome(
     the standby replays. ``s < 'b'`` reads each value whole, and opens the TOAST index only for
     a value stored apart: on the code before, under the role's lock_timeout, the statement was
     answered on tx0 and failed with DP004 on tx1, charged both times. Now lock_timeout is pinned
-    to 0: the statement waits for the lock on tx1 and is answered once the REINDEX commits."""
+    to 0: the statement waits for the lock on tx1 (seen waiting, so that the value is read and the
+    test is not passed by a statement that never opened the index) and is answered once the
+    REINDEX ends."""
     sql = "SELECT COUNT(*) FROM {t} WHERE s < 'b'"
-    outcomes = {}
+    outcomes, waited = {}, {}
     for table in ("tx0", "tx1"):
         with psycopg.connect(standby_db.primary.admin_dsn) as operator, toasted_neighbours.connect() as analyst:
             toast = operator.execute("SELECT t.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_class t "
@@ -461,11 +465,13 @@ def test_a_lock_on_a_toast_index_replayed_from_the_primary_decides_no_outcome(
             while asking.is_alive() and not _waiting_for_a_lock(standby_db.standby, table):
                 assert time.monotonic() < deadline, f"{table}: neither answered nor waiting"
                 time.sleep(0.05)
+            waited[table] = asking.is_alive()
             operator.rollback()  # the REINDEX ends; a statement waiting for its lock goes on
             asking.join(60)
             assert not asking.is_alive()
             outcomes[table] = outcome["masked"]
             assert spent_epsilon(analyst) == before + 1
+    assert waited == {"tx0": False, "tx1": True}, waited
     assert outcomes["tx0"] == outcomes["tx1"], outcomes
     assert outcomes["tx0"][0] == "answer", outcomes
 

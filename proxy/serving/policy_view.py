@@ -4,8 +4,10 @@ Everything shown is policy, not data: bounds and categories are what the policy'
 declared, and which aggregates a column takes follows from them exactly as the DP planner
 decides (rewriter/dp_query.py). A text column's ``bounds`` is the most bytes of its values a DP
 statement reads (the table's ``max_text_bytes``, or a ``varchar(n)``'s 4·n: rewriter/text_bounds.py; a
-``bytea`` column's and a domain's over text too); a column whose values can be of any length
-(``jsonb``, arrays …) says it is not read. Each protected table also gets a row for ``*`` (COUNT(*)).
+``bytea`` column's and a domain's over text too); a ``numeric`` of no declared precision (or a
+domain over one) adds to its bounds that a value is read only when stored uncompressed in at most
+``NUMERIC_MAX_BYTES`` (512); a column whose values can be of any length (``jsonb``, arrays …) says
+it is not read. Each protected table also gets a row for ``*`` (COUNT(*)).
 ``epsilon`` is what one query on the table costs this session (the table's ε, capped by
 the user's ``max_query_epsilon`` and ``SET dpproxy.epsilon``); ``delta`` is the table's δ,
 charged only by the sample-and-aggregate mechanisms. Public tables are not listed: they
@@ -25,7 +27,7 @@ from proxy.wire.protocol import Field
 from proxy.wire.values import encode_text
 from rewriter.group_keys import DATE, column_key_count
 from rewriter.key_domain import part_keys
-from rewriter.text_bounds import value_bytes
+from rewriter.text_bounds import NUMERIC_MAX_BYTES, unconstrained_numeric, value_bytes
 from rewriter.types import FLOAT8, MAX_ABS_BOUND, MAX_ABS_VARIANCE_BOUND, NUMERIC_TYPES
 
 __all__ = ["COLUMNS_FIELDS", "columns_result"]
@@ -74,18 +76,22 @@ def _type_name(oid: int) -> str:
 
 def _declared(table: Relation, column: ColumnInfo) -> list[bytes | None]:
     """Bounds as ``[lo, hi]`` (a time range's as ISO dates or times; a text column's as the bytes of
-    a value read) and categories as a JSON array, as declared."""
+    a value read; a numeric's of no declared precision followed by the stored form it is read in,
+    which applies with no bounds declared too, to COUNT(col)) and categories as a JSON array, as declared."""
     policy = column.policy
-    bounds = f"[{_number(policy.bounds[0])}, {_number(policy.bounds[1])}]".encode() if policy and policy.bounds else None
+    bounds = f"[{_number(policy.bounds[0])}, {_number(policy.bounds[1])}]" if policy and policy.bounds else None
     text_bytes = value_bytes(column, table.policy)
     if text_bytes is not None:
-        bounds = f"at most {text_bytes} bytes (a longer value reads as NULL)".encode()
+        bounds = f"at most {text_bytes} bytes (a longer value reads as NULL)"
+    elif unconstrained_numeric(column):
+        stored = f"read only when stored uncompressed in at most {NUMERIC_MAX_BYTES} bytes (another value reads as NULL)"
+        bounds = f"{bounds}, {stored}" if bounds else stored
     elif column.unbounded_length:
-        bounds = b"not read: values of any length are only counted and tested for NULL"
+        bounds = "not read: values of any length are only counted and tested for NULL"
     if policy and policy.time_bounds:
-        bounds = "[{}, {}]".format(*(_moment(moment, column.type_oid) for moment in policy.time_bounds)).encode()
+        bounds = "[{}, {}]".format(*(_moment(moment, column.type_oid) for moment in policy.time_bounds))
     categories = json.dumps(list(policy.categories)).encode() if policy and policy.categories else None
-    return [bounds, categories]
+    return [bounds.encode() if bounds else None, categories]
 
 
 def _moment(moment: datetime, type_oid: int) -> str:
