@@ -12,8 +12,6 @@ step reads no row, so neither its success nor its time depends on one.
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -22,7 +20,7 @@ import pytest
 
 from proxy.serving.relation_locks import lock_step_sql
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
-from tests.dp_count_sends import count_sends
+from tests.dp_count_sends import answered_once_released, cancelled_while_waiting, count_sends
 
 _TIMEOUT_MS = 600
 _POLICY = ATTACK_POLICY_HEAD.replace("statement_timeout_ms: 10000", f"statement_timeout_ms: {_TIMEOUT_MS}") + """
@@ -96,20 +94,8 @@ def test_a_dp_statement_timed_out_waiting_for_a_lock_is_not_charged(
 def test_a_dp_statement_is_answered_and_charged_once_when_the_lock_is_released_in_time(
         lock_proxy: RunningProxy, test_db: TestDatabase) -> None:
     with lock_proxy.connect() as other, lock_proxy.connect() as conn:
-        spent = spent_epsilon(other)
         with _locked(test_db.admin_dsn) as operator:
-            answered: list[object] = []
-
-            def ask() -> None:
-                answered.append(conn.execute("SELECT COUNT(*) FROM lock0 WHERE v < 60").fetchone())
-
-            asking = threading.Thread(target=ask, daemon=True)
-            asking.start()
-            time.sleep(_TIMEOUT_MS / 4000)
-            operator.commit()
-            asking.join(10)
-        assert len(answered) == 1 and answered[0] is not None
-        assert spent_epsilon(other) == pytest.approx(spent + 1.0)
+            answered_once_released(conn, other, "SELECT COUNT(*) FROM lock0 WHERE v < 60", operator, _TIMEOUT_MS / 4000)
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
 
@@ -117,14 +103,8 @@ def test_a_cancelled_wait_for_a_lock_is_not_charged(lock_proxy: RunningProxy, te
     with lock_proxy.connect() as other, lock_proxy.connect() as conn:
         spent = spent_epsilon(other)
         with _locked(test_db.admin_dsn):
-            timer = threading.Timer(_TIMEOUT_MS / 4000, conn.cancel_safe)  # cancel() holds the GIL the proxy needs
-            timer.start()
-            with pytest.raises(psycopg.errors.QueryCanceled) as failed:
-                conn.execute("SELECT COUNT(*) FROM lock0 WHERE v < 70")
-            timer.join()
-            assert spent_epsilon(other) == spent
-            _assert_uncharged_lock_wait(failed.value)
-            assert "user request" in str(failed.value.diag.message_primary)  # not the timeout
+            _assert_uncharged_lock_wait(
+                cancelled_while_waiting(conn, other, "SELECT COUNT(*) FROM lock0 WHERE v < 70", _TIMEOUT_MS / 4000))
         assert conn.execute("SELECT COUNT(*) FROM lock0 WHERE v < 70").fetchone() is not None
         assert spent_epsilon(other) == pytest.approx(spent + 1.0)
 
