@@ -182,6 +182,18 @@ def test_the_raw_form_counts_exactly_what_the_bounded_form_counts_on_every_neigh
         assert _count(admin, quantum) == _count(admin, bounded), (table, condition)
 
 
+@pytest.mark.parametrize("statement", ["SELECT avg(CAST(n > 1 AS int)) FROM {t}",
+                                       "SELECT sum(CASE WHEN n = 'NaN' OR n < 50 THEN x END) FROM {t}"])
+def test_a_share_and_a_conditional_sum_count_what_the_bounded_form_counts(
+        admin: psycopg.Connection, neighbours: list[str], statement: str) -> None:
+    """A share's numerator and a CASE's condition become FILTERs, the share's denominator ``p OR NOT p``
+    holding p both ways: the exact values are the bounded form's on every table."""
+    for table in neighbours:
+        quantum, bounded = _sql(statement, table=table), _sql(statement, quantum_ms=0, table=table)
+        assert '"raw 2"' in quantum, quantum
+        assert _count(admin, quantum) == _count(admin, bounded), (table, statement)
+
+
 def test_the_adversarial_values_are_read_as_the_bound_says(admin: psycopg.Connection, neighbours: list[str]) -> None:
     """The counts above compare something: of rn_all's pairs, 5, the 1,000 nines, NaN and ±Infinity
     are read, the others are NULL to the bound (and the 40,000 digits equal their literal raw)."""
