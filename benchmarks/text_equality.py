@@ -44,7 +44,7 @@ from benchmarks.plans import plan_of
 from benchmarks.row_cost import on_server, print_report
 from rewriter.rewrite import backend_sql
 
-__all__ = ["STATEMENTS", "main"]
+__all__ = ["STATEMENTS", "backend_of", "main", "quantum_policies", "timed_plans"]
 
 STATEMENTS: tuple[tuple[str, str], ...] = (
     ("selective: t = 'k123'", "SELECT COUNT(*), SUM(v) FROM {table} WHERE t = 'k123'"),
@@ -58,7 +58,7 @@ _BOUND = 256  # the default max_text_bytes
 _TABLE = {"access": "protected", "epsilon": 1.0, "delta": 1e-6, "columns": {"v": {"bounds": [0, 100]}}}
 
 
-def _policies(dsn: str, directory: Path, tables: Sequence[str]) -> tuple[Path, Path]:
+def quantum_policies(dsn: str, directory: Path, tables: Sequence[str]) -> tuple[Path, Path]:
     """The tables' policy without ``answer_quantum_ms`` and with it."""
     return _policy(dsn, directory / "bounded", tables, 0), _policy(dsn, directory / "quantum", tables, 20)
 
@@ -103,13 +103,13 @@ def _explain(conn: psycopg.Connection[Any], sql: str) -> tuple[float, str]:
     return float(plan[0]["Execution Time"]), ", ".join(dict.fromkeys(scans))
 
 
-def _sql(policies: tuple[Path, Path], statement: str, bounded: bool) -> str:
+def backend_of(policies: tuple[Path, Path], statement: str, bounded: bool) -> str:
     """dpproxy's backend SQL of ``statement``: on a table without a quantum (``bounded``: every
     comparison of the bounded value) or with one (``t = 'x'`` on the raw column)."""
     return backend_sql(plan_of(policies[0] if bounded else policies[1], statement), seed=0)
 
 
-def _timed(dsn: str, sqls: Sequence[str], repeats: int) -> list[tuple[float, str]]:
+def timed_plans(dsn: str, sqls: Sequence[str], repeats: int) -> list[tuple[float, str]]:
     """Each of ``sqls``: its median execution time and its scans, the statements alternating."""
     times: list[list[float]] = [[] for _ in sqls]
     scans = [""] * len(sqls)
@@ -137,12 +137,13 @@ def plans(dsn: str, sizes: Sequence[int], repeats: int) -> list[str]:
             _create(conn, f"te_{rows}", rows, _PLAIN)
             _create(conn, f"tx_{rows}", rows, _BOUNDED)
     with tempfile.TemporaryDirectory(prefix="dpproxy-text-equality-") as directory:
-        policies = _policies(dsn, Path(directory), [f"{kind}_{rows}" for rows in sizes for kind in ("te", "tx")])
+        tables = [f"{kind}_{rows}" for rows in sizes for kind in ("te", "tx")]
+        policies = quantum_policies(dsn, Path(directory), tables)
         for rows in sizes:
             for name, template in STATEMENTS:
                 statement, indexed = template.format(table=f"te_{rows}"), template.format(table=f"tx_{rows}")
-                timed = _timed(dsn, [statement, _sql(policies, statement, True), _sql(policies, indexed, True),
-                                     _sql(policies, statement, False), _sql(policies, indexed, False)], repeats)
+                sqls = [backend_of(policies, sql, bounded) for bounded in (True, False) for sql in (statement, indexed)]
+                timed = timed_plans(dsn, [statement, *sqls], repeats)
                 (direct, direct_scan), *forms = timed
                 lines.append(f"| {name} | {rows:,} | {direct:.3f} ({direct_scan}) | "
                              + " | ".join(f"{ms:.3f} ({scan}) | {ms / direct:.2f}×" for ms, scan in forms) + " |")
@@ -153,7 +154,7 @@ def lever(dsn: str, rows: int, length: int, repeats: int) -> list[str]:
     """The index lever's table rows: what a row of ``length`` a's adds to ``t = 'a'``, each index and form."""
     lines = []
     with tempfile.TemporaryDirectory(prefix="dpproxy-text-equality-") as directory:
-        policies = _policies(dsn, Path(directory), ["te_lever_base", "te_lever_plus"])
+        policies = quantum_policies(dsn, Path(directory), ["te_lever_base", "te_lever_plus"])
         for index in (_PLAIN, _BOUNDED):
             with psycopg.connect(dsn, autocommit=True) as conn:
                 for table in ("te_lever_base", "te_lever_plus"):
@@ -161,9 +162,9 @@ def lever(dsn: str, rows: int, length: int, repeats: int) -> list[str]:
                 conn.execute(f"INSERT INTO te_lever_plus VALUES (0, repeat('a', {length}), 1)")
                 conn.execute("VACUUM ANALYZE te_lever_plus")
             for bounded in (True, False):
-                sqls = [_sql(policies, f"SELECT COUNT(*) FROM {table} WHERE t = 'a'", bounded)
+                sqls = [backend_of(policies, f"SELECT COUNT(*) FROM {table} WHERE t = 'a'", bounded)
                         for table in ("te_lever_base", "te_lever_plus")]
-                (base, scan), (plus, _) = _timed(dsn, sqls, repeats)
+                (base, scan), (plus, _) = timed_plans(dsn, sqls, repeats)
                 lines.append(f"| {'bounded (no quantum)' if bounded else 'raw (quantum)'} | `{index}` | {scan} | "
                              f"{base:.3f} | {plus:.3f} | {plus - base:+.3f} |")
     return lines

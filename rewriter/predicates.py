@@ -222,10 +222,11 @@ class _Operand:
     ``fold`` is set for a row-independent expression evaluated before the query runs
     (:mod:`rewriter.constants`); its ``sql`` is then the pinned expression. ``case_folded``: the
     column under ``lower()``/``upper()``. ``text``: the value of a string literal, uncast.
+    ``literal``: a string or number literal (a negative one too), uncast.
     """
 
     def __init__(self, sql: str, column: ColumnInfo | None = None, cast: str | None = None, parameter: bool = False,
-                 fold: bool = False, case_folded: bool = False, text: str | None = None):
+                 fold: bool = False, case_folded: bool = False, text: str | None = None, literal: bool = False):
         self.sql = sql
         self.column = column
         self.cast = cast
@@ -233,6 +234,7 @@ class _Operand:
         self.fold = fold
         self.case_folded = case_folded
         self.text = text
+        self.literal = literal
 
 
 class _Renderer:
@@ -527,14 +529,14 @@ class _Renderer:
         return fold.token
 
     def _raw_equality(self, left: _Operand, symbol: str, right: _Operand) -> str | None:
-        """``left = right`` on the raw column, where :mod:`rewriter.raw_equality` shows it gives the
-        bounded comparison's answer (a column, as it is, and a string literal, here), else None."""
-        if symbol != "=" or not self.positive:
+        """``left symbol right`` on the raw column, where :mod:`rewriter.raw_equality` shows it gives
+        the bounded comparison's answer (a column, as it is, and a literal, here), else None."""
+        if not self.positive:
             return None
-        for side, other in ((left, right), (right, left)):
-            if (side.column is not None and side.sql == quote_identifier(side.column.name) and other.text is not None
+        for side, other, oriented in ((left, right, symbol), (right, left, _FLIPPED.get(symbol, symbol))):
+            if (side.column is not None and side.sql == quote_identifier(side.column.name) and other.literal
                     and other.column is None):
-                return raw_comparison(self.scope.table, side.column, other.text)
+                return raw_comparison(self.scope.table, side.column, oriented, other.sql, other.text)
         return None
 
     def _plain_value(self, node: exp.Expression) -> _Operand:
@@ -544,7 +546,8 @@ class _Renderer:
         if isinstance(node, exp.Cast):
             return self._cast(node)
         text = node.this if isinstance(node, exp.Literal) and node.is_string else None
-        return _Operand(self._constant(node), parameter=isinstance(node, exp.Parameter), text=text)
+        return _Operand(self._constant(node), parameter=isinstance(node, exp.Parameter), text=text,
+                        literal=isinstance(node, (exp.Literal, exp.Neg)))
 
     def _constant(self, node: exp.Expression) -> str:
         while isinstance(node, exp.Paren):

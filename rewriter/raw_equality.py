@@ -1,4 +1,5 @@
-"""Text equality on the raw column, so that a B-tree index on it serves, where that gives the same answer.
+"""Comparisons on the raw column, so that a B-tree index on it serves, where that gives the same answer:
+text equality, and an unconstrained numeric's equality and orderings, on a table with a quantum.
 
 A DP statement reads a text column through the value bound (:mod:`rewriter.text_bounds`): ``CASE WHEN
 octet_length(t) <= N THEN t END``, N the table's ``max_text_bytes``. A comparison of that expression
@@ -51,19 +52,43 @@ index serves it: a plain one on ``t`` through the first, and one on the bounded 
 matches to the backend SQL's expression as it does for the bounded form on any table. That index is
 the one to create on a bounded text column: it serves DP statements with and without a quantum, and
 holds no long value (the row above added nothing through it).
+
+**Numerics of no declared precision.** Such a column (or a domain over one) is read through its
+stored-form bound, ``CASE WHEN pg_column_compression(n) IS NULL AND pg_column_size(n) <= 512 THEN n
+END`` (:mod:`rewriter.text_bounds`), which no index can hold (``pg_column_size`` is not immutable):
+``n = 5`` on a large table with an index on ``n`` became a sequential scan (×110–135 on 1,000,000 rows,
+a 256-value IN list ×250–280; benchmarks/results.md, "Numeric comparisons and their index"). On a table
+with ``answer_quantum_ms``, ``n = v``, ``n < v``, ``n <= v``, ``n > v`` and ``n >= v`` with a literal
+``v`` (a number, or a string such as ``'NaN'``; an IN list's values, BETWEEN's two ends) are
+rendered ``("raw 2" = v AND "n" = v)`` where they stand as above (under AND, OR and parentheses
+only; ``<>``, NOT, ``IS [NOT] TRUE/FALSE`` keep the bounded form). The answer is the bounded one's
+by the argument above, which needs of the operator only that it never fails (a numeric comparison
+does not): where the bounded value is the value
+the two conjuncts agree; where it is NULL (a value stored compressed or past 512 bytes, or NULL) the
+bounded conjunct is NULL and the conjunction false or NULL, which decide alike there. Unlike
+``texteq``, ``numeric_eq`` and the orderings read (detoast) the whole value, so the raw conjunct, and
+an index search that compares an entry of such a value (a B-tree entry holds one only compressed), read a
+long value the bound would not: the work the bound removed, on one row, which the quantum hides, as
+it hides the other levers it lifts. On a table without a quantum the bounded form stays. A range
+scan is worth it: a selective ``n < v`` or BETWEEN went from a sequential scan to a bitmap one (×54
+to ×87), and an unselective one stays a sequential scan whose rows pay one comparison more (up to
+×1.2 slower at 90 % of the rows).
 """
 
 from __future__ import annotations
 
 from policies.tables import ColumnInfo, Relation, quote_identifier
 
-from .sql_text import literal, operator
-from .text_bounds import bounded_value
+from .sql_text import operator
+from .text_bounds import bounded_value, unconstrained_numeric
 
-__all__ = ["RAW_TYPES", "literal_bytes", "raw_comparison", "raw_outputs"]
+__all__ = ["NUMERIC_SYMBOLS", "RAW_TYPES", "literal_bytes", "raw_comparison", "raw_outputs"]
 
 RAW_TYPES = frozenset({25, 1043})
 """text and varchar: the types whose ``=`` is ``texteq``, which compares stored sizes before values."""
+NUMERIC_SYMBOLS = frozenset({"=", "<", "<=", ">", ">="})
+"""The comparisons of an unconstrained numeric rendered on the raw column too: equality and the
+orderings, which a B-tree index on it serves (``<>`` is true, not NULL, for a value past the bound)."""
 _MAX_BYTES_PER_CHARACTER = 4  # UTF-8, and every server encoding PostgreSQL has; ASCII is 1 in each
 
 
@@ -80,25 +105,35 @@ def literal_bytes(value: str) -> int:
     return sum(1 if character < "\x80" else _MAX_BYTES_PER_CHARACTER for character in value)
 
 
-def raw_comparison(table: Relation, column: ColumnInfo, value: str) -> str | None:
-    """``column = value`` on the raw column, for a condition where it stands as the module says (its
-    caller knows where), or None when the bounded value must be compared: the table has no
-    ``answer_quantum_ms``, the column is read raw anyway (no bound applies), is of another type, has a
-    nondeterministic collation, or ``value`` may be longer than the bound."""
-    name = quote_identifier(column.name)
-    if (not table.policy.answer_quantum_ms or column.type_oid not in RAW_TYPES or not column.deterministic_collation
-            or bounded_value(column, table.policy) == name
-            or literal_bytes(value) > table.policy.max_text_bytes):
+def _raw_allowed(table: Relation, column: ColumnInfo, symbol: str, text: str | None) -> bool:
+    """Whether ``column symbol <a literal>`` (``text``: a string literal's value, else None) may be
+    compared on the raw column too, as the module says."""
+    if not table.policy.answer_quantum_ms or bounded_value(column, table.policy) == quote_identifier(column.name):
+        return False
+    if unconstrained_numeric(column):
+        return symbol in NUMERIC_SYMBOLS
+    return (symbol == "=" and column.type_oid in RAW_TYPES and column.deterministic_collation and text is not None
+            and literal_bytes(text) <= table.policy.max_text_bytes)
+
+
+def raw_comparison(table: Relation, column: ColumnInfo, symbol: str, value: str, text: str | None) -> str | None:
+    """``column symbol value`` on the raw column and on the bounded value, ``value`` the SQL of a
+    literal (``text`` its value when a string, else None), for a condition where it stands as the
+    module says (its caller knows where); or None when the bounded value alone must be compared: the
+    table has no ``answer_quantum_ms``, the column is read raw anyway (no bound applies), or is not
+    one of the module's (a deterministic text or varchar compared with ``=`` and a string of at most
+    the bound, an unconstrained numeric compared with one of :data:`NUMERIC_SYMBOLS`)."""
+    if not _raw_allowed(table, column, symbol, text):
         return None
     raw = quote_identifier(_alias(table, column))
-    return f"({operator(raw, '=', literal(value))} AND {operator(name, '=', literal(value))})"
+    return f"({operator(raw, symbol, value)} AND {operator(quote_identifier(column.name), symbol, value)})"
 
 
 def raw_outputs(table: Relation, sql: str) -> list[str]:
     """The projection's outputs of the raw values ``sql`` compares (``"t" AS "raw 2"``), in column order."""
     outputs = []
     for column in sorted(table.columns.values(), key=lambda column: column.attnum):
-        if column.type_oid in RAW_TYPES:
+        if column.type_oid in RAW_TYPES or unconstrained_numeric(column):
             alias = quote_identifier(_alias(table, column))
             if alias in sql:
                 outputs.append(f"{quote_identifier(column.name)} AS {alias}")

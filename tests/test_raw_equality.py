@@ -11,7 +11,6 @@ equal to the bounded form's on tables with long values and on neighbouring table
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
 import psycopg
@@ -24,6 +23,7 @@ from rewriter.raw_equality import literal_bytes
 from rewriter.rewrite import backend_sql
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from tests.neighbour_outcome import create_neighbours, same_on_neighbours
+from tests.plan_nodes import plan_node_types
 
 BOUND = 256  # the default max_text_bytes
 
@@ -100,21 +100,6 @@ _DDL = "(id int, t text, x int, c char(300), ci text, w varchar(300), narrow var
 _RANDOM_3MB = "(SELECT string_agg(md5(g::text), '') FROM generate_series(1, 94000) g)"
 
 
-def _scans(conn: psycopg.Connection, sql: str) -> set[str]:
-    row = conn.execute(f"EXPLAIN (FORMAT JSON) {sql}").fetchone()
-    assert row is not None
-    plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
-    found: set[str] = set()
-
-    def walk(node: dict[str, object]) -> None:
-        found.add(str(node["Node Type"]))
-        for child in node.get("Plans", ()):  # type: ignore[attr-defined]
-            walk(child)
-
-    walk(plan[0]["Plan"])
-    return found
-
-
 @pytest.fixture(scope="module")
 def indexed(test_db: TestDatabase) -> Iterator[psycopg.Connection]:
     """``tr_plain`` (an index on t) and ``tr_bounded`` (an index on t's bounded value), 20,000 rows of
@@ -136,7 +121,7 @@ def indexed(test_db: TestDatabase) -> Iterator[psycopg.Connection]:
 def test_an_index_on_the_column_or_its_bounded_value_serves_the_raw_equality_on_a_table_with_a_quantum(
         indexed: psycopg.Connection, table: str, where: str) -> None:
     sql = _sql(f"SELECT count(*), sum(x) FROM {{t}} WHERE {where}", table=table)
-    assert "Seq Scan" not in _scans(indexed, sql), sql
+    assert "Seq Scan" not in plan_node_types(indexed, sql), sql
     assert indexed.execute(sql).fetchone() == indexed.execute(
         f"SELECT count(*), sum(LEAST(GREATEST(x, 0), 100)) FROM {table} WHERE {where}").fetchone()
 
@@ -144,9 +129,9 @@ def test_an_index_on_the_column_or_its_bounded_value_serves_the_raw_equality_on_
 def test_an_index_on_the_bounded_value_serves_the_bounded_form_without_a_quantum(indexed: psycopg.Connection) -> None:
     """docs/threat-model.md's advice for a table without a quantum: such an index holds no long value."""
     bounded = _sql("SELECT count(*) FROM {t} WHERE t IN ('k7', 'k8')", quantum_ms=0, table="tr_bounded")
-    assert "Seq Scan" not in _scans(indexed, bounded), bounded
+    assert "Seq Scan" not in plan_node_types(indexed, bounded), bounded
     plain = _sql("SELECT count(*) FROM {t} WHERE t = 'k7'", quantum_ms=0, table="tr_plain")
-    assert "Seq Scan" in _scans(indexed, plain), plain  # no raw form there: the plain index is not used
+    assert "Seq Scan" in plan_node_types(indexed, plain), plain  # no raw form there: the plain index is not used
 
 
 # An exact table (ε 1000) with a quantum, and its rows by t: 3 'short', 2 at the bound, 4 past it, one of
