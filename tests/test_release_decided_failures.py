@@ -198,3 +198,54 @@ def test_without_repeats_the_error_promises_no_kept_release(forgetful_proxy: Run
             conn.execute(_FAILS_ON_THE_RELEASE.format(t="hn0"))
     assert "dpproxy: ε charged 0.873" in (failed.value.diag.message_detail or "")
     assert "kept" not in (failed.value.diag.message_hint or ""), failed.value.diag.message_hint
+
+
+# A series limit whose ranking's outer statement fails on every release with a cell of 10 or more
+# (hn0's cells hold about 20 rows each), not over the trial's NULL aggregates: 22003 after the charge.
+_RANKING_FAILS_ON_THE_RELEASE = (
+    "SELECT t, count(*) FROM {t} JOIN (SELECT t AS t__, count(*) AS m FROM {t} GROUP BY t "
+    "ORDER BY count(*)::numeric(1, 0) LIMIT 1) AS s ON t = t__ GROUP BY t")
+
+
+def test_a_series_rankings_failure_the_release_decides_is_charged_once_and_its_repeat_fails_alike_uncharged(
+    hist_proxy: RunningProxy
+) -> None:
+    # The ranking's outer statement once failed with nothing kept: each repeat was a fresh
+    # release, charged again, unlike any other failure the release decides.
+    with hist_proxy.connect() as conn:
+        conn.execute("SET dpproxy.epsilon = 0.874")
+        before = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as failed:
+            conn.execute(_RANKING_FAILS_ON_THE_RELEASE.format(t="hn0"))
+        assert spent_epsilon(conn) - before == pytest.approx(0.874)
+        with pytest.raises(psycopg.Error) as again:
+            conn.execute(_RANKING_FAILS_ON_THE_RELEASE.format(t="hn0"))
+        assert spent_epsilon(conn) - before == pytest.approx(0.874)  # SHOW dpproxy.budget: charged once
+    # PostgreSQL's own error, as for any post-processing, with the charge and how to read it again.
+    assert failed.value.sqlstate == again.value.sqlstate == "22003", str(failed.value)
+    assert again.value.diag.message_primary == failed.value.diag.message_primary
+    assert "dpproxy: ε charged 0.874" in (failed.value.diag.message_detail or "")
+    assert "a repeat of an earlier answer" in (again.value.diag.message_detail or "")
+    hint = failed.value.diag.message_hint or ""
+    assert "kept" in hint and "at no charge" in hint and "asked again" in hint, hint
+    assert again.value.diag.message_hint == hint
+
+
+def test_a_series_rankings_failure_the_release_decides_says_the_same_on_every_neighbour(
+    hist_proxy: RunningProxy
+) -> None:
+    with hist_proxy.connect() as conn:
+        conn.execute("SET dpproxy.epsilon = 0.875")
+        outcomes = {masked_outcome(conn, _RANKING_FAILS_ON_THE_RELEASE, table) for table in ["hn0", *_NEIGHBOURS]}
+    assert len(outcomes) == 1, outcomes
+    (outcome,) = outcomes
+    assert outcome[:2] == ("error", "22003") and "kept" in str(outcome[3]), outcome
+
+
+def test_without_repeats_a_series_rankings_failure_promises_no_kept_release(forgetful_proxy: RunningProxy) -> None:
+    with forgetful_proxy.connect() as conn:
+        conn.execute("SET dpproxy.epsilon = 0.876")
+        with pytest.raises(psycopg.errors.NumericValueOutOfRange) as failed:
+            conn.execute(_RANKING_FAILS_ON_THE_RELEASE.format(t="hn0"))
+    assert "dpproxy: ε charged 0.876" in (failed.value.diag.message_detail or "")
+    assert "kept" not in (failed.value.diag.message_hint or ""), failed.value.diag.message_hint
