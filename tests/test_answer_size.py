@@ -21,8 +21,8 @@ import psycopg
 import pytest
 
 from tests.test_attack_new_answers import visits
-from tests.conftest import (HISTOGRAM_POLICY, RunningProxy, TestDatabase, make_policy, memory_kb, reset_peak_memory,
-                            running_proxy, spent_epsilon)
+from tests.conftest import (HISTOGRAM_POLICY, RunningProxy, TestDatabase, failed_twice, make_policy, memory_kb,
+                            reset_peak_memory, running_proxy, spent_epsilon)
 
 __all__ = ["visits"]  # the fixture, used here as it is there
 
@@ -143,14 +143,7 @@ def test_a_series_limits_ranking_the_release_makes_too_large_is_charged_once_and
            "FROM adult GROUP BY sex HAVING count(*) > 0 ORDER BY count(*) DESC LIMIT 1) AS s ON sex = sex__ "
            "GROUP BY sex")
     with small_limit_proxy.connect() as conn:
-        before = spent_epsilon(conn)
-        errors = []
-        for _ in range(2):
-            with pytest.raises(psycopg.Error) as refused:
-                conn.execute(sql)
-            errors.append(refused.value)
-            assert spent_epsilon(conn) == pytest.approx(before + 1.0)  # the first time only
-    first, repeat = errors
+        first, repeat = failed_twice(conn, sql, 1.0)
     assert first.sqlstate == repeat.sqlstate == "54000" and "(rule: answer-size)" in str(repeat), str(repeat)
     assert "ε charged 1" in (first.diag.message_detail or ""), first.diag.message_detail
     assert "a repeat of an earlier answer" in (repeat.diag.message_detail or ""), repeat.diag.message_detail
