@@ -321,6 +321,20 @@ def spent_epsilon(conn: psycopg.Connection) -> float:
     return float(dict(zip([d.name for d in cursor.description], row))["spent_epsilon"])
 
 
+def failed_twice(conn: psycopg.Connection, sql: str, epsilon: float) -> tuple[psycopg.Error, psycopg.Error]:
+    """``sql`` run twice at ``epsilon`` on ``conn``, failing both times: the two errors, once
+    ``SHOW dpproxy.budget`` has shown that the first was charged and the second (a repeat) was not."""
+    conn.execute(f"SET dpproxy.epsilon = {epsilon}")
+    before = spent_epsilon(conn)
+    errors = []
+    for _ in range(2):
+        with pytest.raises(psycopg.Error) as failed:
+            conn.execute(sql)
+        errors.append(failed.value)
+        assert spent_epsilon(conn) - before == pytest.approx(epsilon)
+    return errors[0], errors[1]
+
+
 @pytest.fixture(scope="session")
 def proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
     with running_proxy(test_db, tmp_path_factory) as running:

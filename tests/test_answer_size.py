@@ -21,8 +21,8 @@ import psycopg
 import pytest
 
 from tests.test_attack_new_answers import visits
-from tests.conftest import (HISTOGRAM_POLICY, RunningProxy, TestDatabase, make_policy, memory_kb, reset_peak_memory,
-                            running_proxy, spent_epsilon)
+from tests.conftest import (HISTOGRAM_POLICY, RunningProxy, TestDatabase, failed_twice, make_policy, memory_kb,
+                            reset_peak_memory, running_proxy, spent_epsilon)
 
 __all__ = ["visits"]  # the fixture, used here as it is there
 
@@ -134,6 +134,22 @@ def test_the_measure_answers_what_the_statement_answers(proxy: RunningProxy, sql
         assert conn.execute(sql).fetchone() == expected
 
 
+def test_a_series_limits_ranking_the_release_makes_too_large_is_charged_once_and_kept_for_repeats(
+        small_limit_proxy: RunningProxy) -> None:
+    """The ranking's outer statement past the limit over its release (its trial, over NULL
+    aggregates, keeps no row) fails after the charge, as any answer the release makes too large;
+    the two releases are kept, so the statement asked again fails alike, uncharged."""
+    sql = ("SELECT sex, count(*) FROM adult JOIN (SELECT sex AS sex__, format('%5000s', count(*)) AS m "
+           "FROM adult GROUP BY sex HAVING count(*) > 0 ORDER BY count(*) DESC LIMIT 1) AS s ON sex = sex__ "
+           "GROUP BY sex")
+    with small_limit_proxy.connect() as conn:
+        first, repeat = failed_twice(conn, sql, 1.0)
+    assert first.sqlstate == repeat.sqlstate == "54000" and "(rule: answer-size)" in str(repeat), str(repeat)
+    assert "ε charged 1" in (first.diag.message_detail or ""), first.diag.message_detail
+    assert "a repeat of an earlier answer" in (repeat.diag.message_detail or ""), repeat.diag.message_detail
+    assert "asked again" in (first.diag.message_hint or "") and repeat.diag.message_hint == first.diag.message_hint
+
+
 def test_a_reload_that_lowers_the_limit_refuses_before_the_charge_what_passed_before(
         test_db: TestDatabase, tmp_path: Path) -> None:
     """A trial that passed is not run again for the same user under the same settings and table
@@ -171,7 +187,8 @@ def test_a_series_limits_ranking_the_release_makes_too_large_never_reaches_dppro
         grown_mb = (memory_kb("VmHWM") - rss) / 1024
         error = refused.value
         assert error.sqlstate == "54000" and "(rule: answer-size)" in str(error), str(error)
-        assert "charge stands" in (error.diag.message_hint or "")
-        assert spent_epsilon(conn) > before  # the release decided it: charged
+        assert "ε charged" in (error.diag.message_detail or "")  # the release decided it: charged
+        assert "kept" not in (error.diag.message_hint or "")  # visits keeps no repeats
+        assert spent_epsilon(conn) > before
         assert conn.execute("SELECT 1").fetchone() == (1,)
     assert grown_mb < 40, f"the process grew by {grown_mb:.0f} MB over a refused 200 MB ranking"

@@ -353,6 +353,20 @@ def test_a_repeated_histogram_is_the_same_release_at_no_cost(repeating):
     assert sorted(again) == sorted(first)
 
 
+def test_a_repeated_series_limit_keeps_the_same_series_from_the_same_release_at_no_cost(repeating):
+    # Every age from 18 to 77 has 50 rows: which three the noised ranking puts first is the noise's
+    # choice. A repeat runs the ranking's outer statement again over the stored release.
+    sql = ("SELECT age, count(*) FROM visits JOIN (SELECT age AS a__, count(*) AS m FROM visits "
+           "WHERE age BETWEEN 18 AND 77 GROUP BY age ORDER BY count(*) DESC LIMIT 3) AS s ON age = a__ "
+           "WHERE age BETWEEN 18 AND 77 GROUP BY age")
+    with repeating.connect() as conn:
+        first = conn.execute(sql).fetchall()
+        spent = spent_epsilon(conn)
+        again = conn.execute(sql).fetchall()
+        assert spent_epsilon(conn) == spent
+    assert len(first) == 3 and again == first
+
+
 def test_limit_zero_answers_the_columns_and_costs_nothing(hproxy):
     with hproxy.connect() as conn:
         before = spent_epsilon(conn)

@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 from rewriter.catalog import VALUE_CAST_TYPES, value_function
-from tests.conftest import RunningProxy, TestDatabase, running_proxy, spent_epsilon
+from tests.conftest import RunningProxy, TestDatabase, failed_twice, running_proxy, spent_epsilon
 from tests.neighbour_outcome import masked_outcome
 from tests.test_attack_histograms import _NEIGHBOURS, _POLICY, hist_proxy
 
@@ -149,36 +149,59 @@ def test_the_post_processing_that_fails_on_some_values_is_the_documented_list(te
 
 
 _FAILS_ON_THE_RELEASE = "SELECT substr('abc', 1, -count(*)::int) FROM {t}"  # 22011 on every noisy count above 0
+# A series limit whose ranking's outer statement fails on every release with a cell of 10 or more
+# (hn0's cells hold about 20 rows each), not over the trial's NULL aggregates: 22003 after the charge.
+_RANKING_FAILS_ON_THE_RELEASE = (
+    "SELECT t, count(*) FROM {t} JOIN (SELECT t AS t__, count(*) AS m FROM {t} GROUP BY t "
+    "ORDER BY count(*)::numeric(1, 0) LIMIT 1) AS s ON t = t__ GROUP BY t")
+_BOTH = pytest.mark.parametrize("sql, sqlstate", [(_FAILS_ON_THE_RELEASE, "22011"),
+                                                  (_RANKING_FAILS_ON_THE_RELEASE, "22003")],
+                                ids=["outer statement", "series ranking"])
 
 
 def test_a_failure_the_release_decides_is_charged_once_and_its_release_is_read_again_uncharged(
     hist_proxy: RunningProxy
 ) -> None:
     with hist_proxy.connect() as conn:
-        conn.execute("SET dpproxy.epsilon = 0.871")
-        before = spent_epsilon(conn)
-        with pytest.raises(psycopg.errors.SubstringError) as failed:
-            conn.execute(_FAILS_ON_THE_RELEASE.format(t="hn0"))
-        assert spent_epsilon(conn) - before == pytest.approx(0.871)
-        assert "dpproxy: ε charged 0.871" in (failed.value.diag.message_detail or "")
-        assert "kept" in (failed.value.diag.message_hint or "") and "at no charge" in failed.value.diag.message_hint
-        # What the hint says: the same failure again, and the aggregate alone, read the kept release.
-        with pytest.raises(psycopg.errors.SubstringError) as again:
-            conn.execute(_FAILS_ON_THE_RELEASE.format(t="hn0"))
-        assert "a repeat of an earlier answer" in (again.value.diag.message_detail or "")
+        failed, again = failed_twice(conn, _FAILS_ON_THE_RELEASE.format(t="hn0"), 0.871)
+        # What the hint says: the aggregate alone reads the kept release too.
+        spent = spent_epsilon(conn)
         row = conn.execute("SELECT count(*) FROM hn0").fetchone()
         assert row is not None and row[0] >= 1
-        assert spent_epsilon(conn) - before == pytest.approx(0.871)
+        assert spent_epsilon(conn) == spent
+    assert failed.sqlstate == again.sqlstate == "22011", str(failed)
+    assert "dpproxy: ε charged 0.871" in (failed.diag.message_detail or "")
+    assert "kept" in (failed.diag.message_hint or "") and "at no charge" in failed.diag.message_hint
+    assert "a repeat of an earlier answer" in (again.diag.message_detail or "")
 
 
-def test_a_failure_the_release_decides_says_the_same_on_every_neighbour(hist_proxy: RunningProxy) -> None:
+def test_a_series_rankings_failure_the_release_decides_is_charged_once_and_its_repeat_fails_alike_uncharged(
+    hist_proxy: RunningProxy
+) -> None:
+    # The ranking's outer statement once failed with nothing kept (and its error withheld as
+    # DP004): each repeat was a fresh release, charged again, unlike any other failure the
+    # release decides. PostgreSQL's own error now, as any post-processing's, the charge its DETAIL.
+    with hist_proxy.connect() as conn:
+        failed, again = failed_twice(conn, _RANKING_FAILS_ON_THE_RELEASE.format(t="hn0"), 0.874)
+    assert failed.sqlstate == again.sqlstate == "22003", str(failed)
+    assert again.diag.message_primary == failed.diag.message_primary
+    assert "dpproxy: ε charged 0.874" in (failed.diag.message_detail or "")
+    assert "a repeat of an earlier answer" in (again.diag.message_detail or "")
+    hint = failed.diag.message_hint or ""
+    assert "kept" in hint and "at no charge" in hint and "asked again" in hint, hint
+    assert again.diag.message_hint == hint
+
+
+@_BOTH
+def test_a_failure_the_release_decides_says_the_same_on_every_neighbour(hist_proxy: RunningProxy, sql: str,
+                                                                         sqlstate: str) -> None:
     # Charged on each (the noise decided it); what the error says is the same on all, hint included.
     with hist_proxy.connect() as conn:
-        conn.execute("SET dpproxy.epsilon = 0.872")
-        outcomes = {masked_outcome(conn, _FAILS_ON_THE_RELEASE, table) for table in ["hn0", *_NEIGHBOURS]}
+        conn.execute(f"SET dpproxy.epsilon = {0.872 if sqlstate == '22011' else 0.875}")
+        outcomes = {masked_outcome(conn, sql, table) for table in ["hn0", *_NEIGHBOURS]}
     assert len(outcomes) == 1, outcomes
     (outcome,) = outcomes
-    assert outcome[:2] == ("error", "22011") and "kept" in str(outcome[3]), outcome
+    assert outcome[:2] == ("error", sqlstate) and "kept" in str(outcome[3]), outcome
 
 
 @pytest.fixture(scope="module")
@@ -191,10 +214,14 @@ def forgetful_proxy(hist_proxy: RunningProxy, test_db: TestDatabase,
         yield running
 
 
-def test_without_repeats_the_error_promises_no_kept_release(forgetful_proxy: RunningProxy) -> None:
+@_BOTH
+def test_without_repeats_the_error_promises_no_kept_release(forgetful_proxy: RunningProxy, sql: str,
+                                                            sqlstate: str) -> None:
+    epsilon = 0.873 if sqlstate == "22011" else 0.876
     with forgetful_proxy.connect() as conn:
-        conn.execute("SET dpproxy.epsilon = 0.873")
-        with pytest.raises(psycopg.errors.SubstringError) as failed:
-            conn.execute(_FAILS_ON_THE_RELEASE.format(t="hn0"))
-    assert "dpproxy: ε charged 0.873" in (failed.value.diag.message_detail or "")
+        conn.execute(f"SET dpproxy.epsilon = {epsilon}")
+        with pytest.raises(psycopg.Error) as failed:
+            conn.execute(sql.format(t="hn0"))
+    assert failed.value.sqlstate == sqlstate, str(failed.value)
+    assert f"dpproxy: ε charged {epsilon}" in (failed.value.diag.message_detail or "")
     assert "kept" not in (failed.value.diag.message_hint or ""), failed.value.diag.message_hint

@@ -41,8 +41,8 @@ from .column_release import release_columns
 from .release_units import release_count, release_units
 
 __all__ = ["DPAnswer", "declared_keys", "kept_series", "numeric_scale", "numeric_typmod_scale", "query_delta", "ranking_params", "release_cells",
-           "release_params", "release_row", "released_labels", "result_fields", "selection_candidates", "trial_params",
-           "witness_params"]
+           "release_params", "release_row", "released_labels", "result_fields", "selection_candidates", "series_release",
+           "trial_params", "witness_params"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,8 @@ class DPAnswer:
     ``result`` is the released row with the statement's column names (one aggregate row), or
     the released cells (GROUP BY: each cell's keys, then its aggregates; named by their SQL).
     ``noise`` describes each column's noise in every cell of a GROUP BY, for the notice.
+    ``ranked``: a series limit's answer before its ranking's outer statement kept any cell
+    (:func:`series_release`, what is stored for repeats), the ranking's release.
     """
 
     result: ResultSet
@@ -61,6 +63,7 @@ class DPAnswer:
     noise: tuple[str, ...] = ()
     cells: int = 0  # GROUP BY cells; 0 for one aggregate row
     units: tuple[int, ...] = ()  # each column's release (proxy.dp.release_units); () when each is its own
+    ranked: DPAnswer | None = None
 
     def notice(self, repeat: bool = False) -> str:
         """One line for the analyst: the cost and each column's noise (``repeat``: charged nothing,
@@ -171,13 +174,21 @@ def _numbered(params: BoundParams, cells: int) -> BoundParams:
     return BoundParams([*params.values, numbers], [*params.formats, 0], [*params.types, ARRAY_TYPES[INT4]])
 
 
-def kept_series(plan: AggregateQuery, answer: DPAnswer, ranked: DPAnswer, kept: Sequence[int],
-                codec: str = "utf-8") -> DPAnswer:
-    """``answer`` (``plan``'s cells, keys in ``codec``) with only the cells whose join keys are those
-    of a ranking cell that was kept (``kept``: their 1-based numbers); post-processing of both releases.
+def series_release(answer: DPAnswer, ranked: DPAnswer) -> DPAnswer:
+    """A series limit's two releases as one answer: ``answer``'s cells, all of them, with ``ranked``
+    (the ranking's release) beside them; its cost is both releases' (ε and δ summed) and its notice
+    names the ranking's noise too. It is what was released, and what is stored for repeats: the
+    ranking's outer statement, which :func:`kept_series` follows, runs over it for each answer,
+    a repeat's included, and fails or keeps the same cells on the same values."""
+    noise = (*answer.noise, *(f"series ranking {line}" for line in ranked.noise))
+    return replace(answer, epsilon=answer.epsilon + ranked.epsilon, delta=answer.delta + ranked.delta, noise=noise,
+                   ranked=ranked)
 
-    The cost is both releases' (ε and δ summed); the notice names the ranking's noise too.
-    """
+
+def kept_series(plan: AggregateQuery, answer: DPAnswer, kept: Sequence[int], codec: str = "utf-8") -> DPAnswer:
+    """``answer`` (a :func:`series_release`: ``plan``'s cells, keys in ``codec``) with only the cells
+    whose join keys are those of a ranking cell that was kept (``kept``: their 1-based numbers);
+    post-processing of both releases. Its cost and notice are ``answer``'s."""
     assert plan.series is not None
     pairs = plan.series.pairs
     ranking = plan.series.ranking
@@ -186,9 +197,7 @@ def kept_series(plan: AggregateQuery, answer: DPAnswer, ranked: DPAnswer, kept: 
               for cell in kept}
     rows = [row for row in answer.result.rows
             if tuple(_series_value(plan.groups[key], row[key]) for key, _ in pairs) in series]
-    noise = (*answer.noise, *(f"series ranking {line}" for line in ranked.noise))
-    return replace(answer, result=ResultSet(answer.result.fields, rows, f"SELECT {len(rows)}"),
-                   epsilon=answer.epsilon + ranked.epsilon, delta=answer.delta + ranked.delta, noise=noise)
+    return replace(answer, result=ResultSet(answer.result.fields, rows, f"SELECT {len(rows)}"), ranked=None)
 
 
 def _series_value(key: GroupKey, label: bytes | None) -> object:

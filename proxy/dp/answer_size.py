@@ -57,17 +57,16 @@ def too_large_from_the_text(size: int, limit: int, uncharged: str) -> Refusal:
 
 class AnswerTooLarge(BackendError):
     """A post-processed answer the released values made longer than ``listen.max_answer_bytes``:
-    a function of the release and the statement's text only, never of a row, so its message may
-    reach the client as it is (``proxy.serving.executor``'s sanitising lets it through)."""
+    a function of the release and the statement's text only, never of a row, so it reaches the
+    client as it is, as any post-processing error the release decides."""
 
 
-def too_large_for_the_release(size: int, limit: int, ranking: bool = False) -> AnswerTooLarge:
+def too_large_for_the_release(size: int, limit: int) -> AnswerTooLarge:
     """The error of an answer the released values make ``size`` bytes long, past ``limit``: after
     the charge, which stands, as for any post-processing error the release decides (the caller
-    adds the charge as its DETAIL, and whether the release is kept). ``ranking``: the outer
-    statement of a series limit's ranking, whose failure ends the statement before its answer
-    exists, so that nothing is kept."""
-    also = " The charge stands; a series limit's ranking is not kept for repeats." if ranking else ""
+    adds the charge as its DETAIL, and whether the release is kept for repeats). A series limit's
+    ranking, whose outer statement only dpproxy reads, is held to the limit the same way: its
+    release is kept too, and a repeat runs that statement over it again and fails alike."""
     return AnswerTooLarge(SQLSTATE.PROGRAM_LIMIT_EXCEEDED, _message(size),
                           hint=f"{_limit(limit)} The released values made this answer longer than its trial "
-                               f"before the charge.{also}")
+                               "before the charge.")

@@ -27,10 +27,9 @@ from proxy.backend.row_stream import RowStream
 from proxy.backend.unread_rows import UnreadRows
 from proxy.dp.answer import (
     DPAnswer, declared_keys, kept_series, numeric_scale, query_delta, ranking_params, release_cells, release_params,
-    release_row, released_labels, result_fields, selection_candidates, trial_params, witness_params,
+    release_row, released_labels, result_fields, selection_candidates, series_release, trial_params, witness_params,
 )
-from proxy.dp.answer_size import (AnswerTooLarge, answer_bytes, measuring_sql, too_large_for_the_release,
-                                  too_large_from_the_text)
+from proxy.dp.answer_size import answer_bytes, measuring_sql, too_large_for_the_release, too_large_from_the_text
 from proxy.dp.answer_time import on_the_quantum, quantum_deadline
 from proxy.dp.budget import BudgetKeeper
 from proxy.dp.folding import bind_constants
@@ -793,6 +792,7 @@ class Executor:
             keys = await self._release(plan, "", params, 0.0, encoding.codec)
             balance = await self.server.budget.balance(self.user)
             notice = f"{keys.notice()}; remaining ε {balance.remaining_epsilon:g}, δ {balance.remaining_delta:g}"
+            keys = await self._kept_series(plan, keys, encoding.codec, notice, kept=False)
             return await self._post_processed(plan, keys, result_formats, notice), [notice], Cost(0.0, 0.0, None, None, ())
         # The aggregates too: different ones can share the backend SQL (sum_count AVG is a
         # clamped SUM and a COUNT, so ``sum(x), avg(x)`` runs what ``sum(x), sum(x), count(x)``
@@ -816,14 +816,19 @@ class Executor:
                 # As for a fresh answer: whether post-processing fails on some label or key, and with
                 # which message, must not depend on whether another statement released these values.
                 await self._try_post_processing(plan, encoding.codec, (*settings, self.server.registry))
+            if ranking is not None and ranking.post is not None:
+                await self._try_post_processing(ranking, encoding.codec, (*settings, self.server.registry), ranking=True)
             # Only the released values are shared: names come from the statement asked now.
             repeat = earlier.named_for(plan)
             balance = await self.server.budget.balance(self.user)
             notice = (f"{repeat.notice(repeat=True)}; "
                       f"remaining ε {balance.remaining_epsilon:g}, δ {balance.remaining_delta:g}")
             cost = Cost(0.0, 0.0, None, None, released_mechanisms(plan, ranking))
-            return (await self._post_processed(plan, repeat, result_formats, notice, kept=self.server.repeats.enabled),
-                    [notice], cost)
+            # A series limit's ranking runs over the stored release again: it keeps the same cells,
+            # or fails as the first answer did, and draws nothing.
+            kept = self.server.repeats.enabled
+            repeat = await self._kept_series(plan, repeat, encoding.codec, notice, kept)
+            return await self._post_processed(plan, repeat, result_formats, notice, kept=kept), [notice], cost
         delta = query_delta(plan) + (query_delta(ranking) if ranking is not None else 0.0)
         # A connection already known lost (or one that cannot be opened) fails the query
         # before it costs anything.
@@ -861,11 +866,13 @@ class Executor:
             raise
         except BackendError as exc:
             raise _sanitised(exc) from None
-        notice = answer.notice()
-        self._unstored = (repeat_key, answer)  # stored when it is sent (_store_for_repeats)
-        remaining = f"remaining ε {cost.remaining_epsilon:g}, δ {cost.remaining_delta:g}"
-        notice = f"{notice}; {remaining}"
-        result = await self._post_processed(plan, answer, result_formats, notice, kept=self.server.repeats.enabled)
+        # What was released is stored (when it is sent, _store_for_repeats) before anything runs
+        # over it: whatever fails after the charge from here is the release's, and its repeats read it.
+        self._unstored = (repeat_key, answer)
+        notice = f"{answer.notice()}; remaining ε {cost.remaining_epsilon:g}, δ {cost.remaining_delta:g}"
+        kept = self.server.repeats.enabled
+        answer = await self._kept_series(plan, answer, encoding.codec, notice, kept)
+        result = await self._post_processed(plan, answer, result_formats, notice, kept=kept)
         return result, [notice], cost
 
     async def _bound_ranking(self, plan: AggregateQuery, params: BoundParams) -> AggregateQuery:
@@ -905,9 +912,8 @@ class Executor:
 
     async def _release(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float, codec: str) -> DPAnswer:
         """The release of ``plan`` (``sql``: its backend SQL); with a series limit, of the plan and its
-        ranking, ε split evenly over the releases of both (``proxy.dp.release_units``), and the
-        plan's cells kept where the ranking's outer statement keeps theirs (post-processing of both
-        releases)."""
+        ranking, ε split evenly over the releases of both (``proxy.dp.release_units``), all the
+        plan's cells beside the ranking's (``series_release``: :meth:`_kept_series` keeps some)."""
         if plan.series is None:
             return await self._released(plan, sql, params, epsilon, codec)
         ranking = plan.series.ranking
@@ -915,14 +921,38 @@ class Executor:
         answer = await self._released(plan, sql, params, share * release_count(plan), codec)
         ranking_sql = backend_sql(ranking, seed=partition_seed() if seeded(ranking) else 0)
         ranked = await self._released(ranking, ranking_sql, params, share * release_count(ranking), codec)
-        assert ranking.post is not None
-        ranked_values = ranking_params(ranking, ranked)
+        return series_release(answer, ranked)
+
+    async def _kept_series(self, plan: AggregateQuery, answer: DPAnswer, codec: str, charged: str,
+                           kept: bool) -> DPAnswer:
+        """``answer`` with, for a series limit (``answer.ranked``), the plan's cells kept where its
+        ranking's outer statement, run on the backend over the ranking's released values only, keeps
+        theirs; any other answer as it is.
+
+        Its errors are post-processing errors, as :meth:`_post_processed`'s are: decided by the
+        release and the text alone (those the text and keys decide were raised before the charge,
+        over :func:`trial_params`), so the charge stands, they reach the client as PostgreSQL
+        raised them, ``charged`` (the notice's text) as their DETAIL, and with ``kept`` (the release
+        stored for its repeats) a HINT that the same statement asked again is answered from the
+        release at no charge, and fails the same way. The outer statement is measured first: past
+        ``listen.max_answer_bytes`` it is never asked for (only dpproxy reads it, but whole)."""
+        if answer.ranked is None:
+            return answer
+        assert plan.series is not None and plan.series.ranking.post is not None
+        sql = plan.series.ranking.post.sql
+        values = ranking_params(plan.series.ranking, answer.ranked)
         limit = self.server.policy.listen.max_answer_bytes
-        size = await self._answer_size(ranking.post.sql, ranked_values)
-        if size > limit:  # only dpproxy reads it, but whole, as an answer
-            raise too_large_for_the_release(size, limit, ranking=True)
-        kept = await self.backend.execute(ranking.post.sql, ranked_values)
-        return kept_series(plan, answer, ranked, [int(row[-1]) for row in kept.rows if row[-1] is not None], codec)
+        try:
+            size = await self._answer_size(sql, values)
+            if size > limit:
+                raise too_large_for_the_release(size, limit)
+            rows = (await self.backend.execute(sql, values)).rows
+        except BackendLost:
+            raise
+        except BackendError as exc:
+            _charged_failure(exc, charged, _KEPT_RANKING if kept else None)
+            raise
+        return kept_series(plan, answer, [int(row[-1]) for row in rows if row[-1] is not None], codec)
 
     async def _check_result_formats(self, plan: AggregateQuery, result_formats: tuple[int, ...],
                                     converted: bool = False) -> None:
@@ -1054,16 +1084,25 @@ class Executor:
         except BackendLost:
             raise
         except BackendError as exc:
-            if charged is not None:
-                exc.detail = f"{exc.detail}\n{charged}" if exc.detail else charged
-            if kept:
-                exc.hint = f"{exc.hint}\n{_KEPT}" if exc.hint else _KEPT
+            _charged_failure(exc, charged, _KEPT if kept else None)
             raise
+
+
+def _charged_failure(exc: BackendError, charged: str | None, hint: str | None) -> None:
+    """Tell ``exc``, a post-processing error the release decided, what was charged (``charged``,
+    the notice's text, as its DETAIL) and ``hint`` (how to read the values paid for again)."""
+    if charged is not None:
+        exc.detail = f"{exc.detail}\n{charged}" if exc.detail else charged
+    if hint is not None:
+        exc.hint = f"{exc.hint}\n{hint}" if exc.hint else hint
 
 
 _KEPT = ("The noised values were charged and are kept: the same aggregates over the same WHERE at the same ε, "
          "asked without the expression that failed on them, are answered from them at no charge while repeats "
          "are kept.")
+# A series limit's ranking is part of its repeat key: only the same ranking reads the kept release.
+_KEPT_RANKING = ("The noised values were charged and are kept: this statement asked again is answered from them "
+                 "at no charge while repeats are kept, and its series ranking fails on them the same way.")
 _UNCHARGED = ("Nothing was charged: the error was found before anything was released, from the statement's "
               "text and keys alone (not the rows).")
 # A trial cancelled, timed out or short of resources failed for a reason of its own, not the text's.
@@ -1258,8 +1297,6 @@ def _sanitised(exc: BackendError) -> Refusal:
     """A backend failure during a DP query, without any detail that could depend on the data."""
     if exc.sqlstate == SQLSTATE.QUERY_CANCELED:
         return Refusal(SQLSTATE.QUERY_CANCELED, "canceling statement due to user request or statement timeout")
-    if isinstance(exc, AnswerTooLarge):  # its size is the release's and the text's, never a row's
-        return Refusal(exc.sqlstate, exc.message, exc.hint, "answer-size")
     if exc.sqlstate.startswith("42"):
         # Errors found while planning (unknown column, type mismatch) depend on the schema
         # and the statement only, never on the rows.
