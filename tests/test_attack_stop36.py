@@ -344,7 +344,9 @@ def test_a_catalog_read_pgadmin_makes_is_the_same_beside_every_neighbour(s36: Ru
         answers = {}
         for name in _NAMES:
             answer = repr(_catalog_answer(conn, sql, name))
-            for number in sorted(created[name], key=len, reverse=True):
+            # Only a read of the table itself shows its numbers: masked elsewhere, a setting that
+            # happened to equal one (an xmin of 16384 and shared_buffers) was masked on one side.
+            for number in sorted(created[name], key=len, reverse=True) if "{t}" in sql else ():
                 answer = re.sub(rf"\b{number}\b", "#", answer)
             answers[name] = answer
     assert all(answer == answers["s36_0"] for answer in answers.values()), answers

@@ -317,9 +317,9 @@ def test_metrics_add_up_over_the_workers(group: Group):
     try:
         for conn in held:
             conn.execute("SELECT COUNT(*) FROM adult WHERE age > 50")
-        for _ in range(50):  # each worker applies its observations in batches of 20 ms
+        for _ in range(100):  # each worker applies its observations in batches of 20 ms, each series apart
             after = scrape()
-            if after.get(counted[0], 0.0) == before[counted[0]] + 2:
+            if all(after.get(name, 0.0) == before[name] + 2 for name in counted[:2]):
                 break
             time.sleep(0.1)
         for name in counted[:2]:
