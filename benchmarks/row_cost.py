@@ -29,7 +29,8 @@ reaching the list costs, warm), "one row" ones behind ``id = 0`` (what the first
 their equalities compare the raw column (rewriter/raw_equality.py). The ``types:`` ones read a long value
 of each other type a DP statement could read (a domain over text, bytea, jsonb, tsvector, numrange,
 varbit, an array). The ``numeric:`` ones read a numeric of no declared precision at its widest (131,072
-digits, out of line or compressed) and at the widest still read, by many terms. Each line also gives the
+digits, out of line or compressed) and at the widest still read, by many terms. The ``apart:`` ones read a
+value within the bounds that a wide row stored in the TOAST relation, by 255 terms and by a sort. Each line also gives the
 shared buffers the last run of each table hit or read (``EXPLAIN (BUFFERS)``), a witness of what was read
 that load does not move. The figures of a run are in benchmarks/results.md
 ("What one row adds to a DP statement's backend time"); a new construct is one more line of
@@ -61,6 +62,7 @@ from rewriter.classify import DPQuery, classify
 from rewriter.like_patterns import MAX_CASE_FOLDED_PATTERNS, MAX_PART_AFTER_PERCENT
 from rewriter.rewrite import backend_sql, partition_seed
 from rewriter.statements import split_statements
+from tests.post_charge_wait import LONG_NUMBER, LONG_TEXT, PAD
 
 __all__ = ["CONSTRUCTS", "Construct", "Measured", "load_tables", "measure_constructs", "on_server", "plan_constructs", "print_report", "policy_file", "report", "server"]
 
@@ -264,6 +266,19 @@ def _numeric_constructs() -> Iterator[Construct]:
         )
 
 
+def _apart_constructs() -> Iterator[Construct]:
+    """A value within the bounds that a wide row stored apart (``nx``, ``tx``: ``STORAGE EXTERNAL``
+    beside ``pad``, ``STORAGE MAIN``), read by 255 terms and by a sort, against the same wide row
+    with an ordinary value: each reference fetches it from the TOAST relation again."""
+    in_list = "nx IN (" + ", ".join(_LIST_VALUES["n"](i) for i in range(255)) + ")"
+    for label, sql, column, value in (
+            ("nx IN (255 numbers)", f"SELECT COUNT(*) FROM {{table}} WHERE {in_list}", "nx", LONG_NUMBER),
+            ("(tx > 'z0' OR … 255 ×)", "SELECT COUNT(*) FROM {table} WHERE " + _or_chain("tx > 'z{i}'", 255), "tx", LONG_TEXT),
+            ("COUNT(DISTINCT tx)", "SELECT COUNT(DISTINCT tx) FROM {table}", "tx", LONG_TEXT)):
+        yield Construct(f"apart: {label}, a value within the bounds stored apart", sql, {column: value, "pad": PAD})
+        yield Construct(f"apart: {label}, an ordinary value in the same wide row", sql, {"pad": PAD})
+
+
 CONSTRUCTS: tuple[Construct, ...] = (
     Construct("COUNT(*), one ordinary row", "SELECT COUNT(*) FROM {table}"),
     Construct("COUNT(*) WHERE t LIKE '%x%', 3 MB random text", "SELECT COUNT(*) FROM {table} WHERE t LIKE '%x%'", {"t": _RANDOM_TEXT}),
@@ -350,6 +365,7 @@ CONSTRUCTS: tuple[Construct, ...] = (
     *_text_constructs(),
     *_type_constructs(),
     *_numeric_constructs(),
+    *_apart_constructs(),
 )
 
 

@@ -4,17 +4,23 @@ Not a timed test: the generative version of :mod:`benchmarks.row_cost`, whose ma
 (its tables ``rc_base``/``rc_plus``, its policy, its planning as dpproxy plans and its alternating
 ``EXPLAIN ANALYZE``). Each case is a DP statement drawn by :func:`draw_statement` over row_cost's
 table (integer, bigint, numeric, float8, text, varchar, a declared-key text column, date,
-timestamptz, boolean) — conditions, FILTER, CASE, histograms over declared keys, MODE,
+timestamptz, boolean, a domain over numeric, a domain over text, bytea, and a numeric and a text of
+``STORAGE EXTERNAL`` beside a ``pad`` kept in the row) — conditions, FILTER, CASE, histograms over declared keys, MODE,
 percentiles, sample-and-aggregate MIN/MAX/AVG, COUNT(DISTINCT), variances, post-processing
 wrappers — and a row drawn by :func:`draw_row` from the value forms of :data:`FORMS` (ordinary,
 empty, NULL, each type's extremes, NaN and ±Infinity, infinite dates, values equal to or just
-beside the statement's own literals and the policy's bounds, multibyte and periodic text, and
-long text as one class). A statement dpproxy refuses is drawn again.
+beside the statement's own literals and the policy's bounds, multibyte and periodic text, long
+text as one class, numerics of no declared precision at their widest and either side of the
+stored-form bound, and values within the bounds stored apart in the TOAST relation by a wide row).
+A statement dpproxy refuses is drawn again.
 
 A case is *flagged* when the neighbour's median exceeds the base's by more than both the base's
-interquartile range and :data:`THRESHOLD_MS`; a flagged case is measured twice more with more
-runs, beside the same statement with an ordinary row, and *confirmed* only when both flag it again
-and exceed the ordinary row's difference by the threshold (a finding is what the row's values
+interquartile range and :data:`THRESHOLD_MS`, or when the neighbour's last run read more than
+:data:`BUFFER_THRESHOLD` shared buffers beyond the base's (``EXPLAIN (BUFFERS)``: a witness of what
+was read that load does not move); a flagged case is measured twice more with more runs, beside
+the same statement with an ordinary row, and *confirmed* only when both agree on one witness: each
+flagged in time and above the ordinary row's difference by the threshold, or each reading more
+than :data:`BUFFER_THRESHOLD` buffers beyond the ordinary row's (a finding is what the row's values
 decide, not that a row is there); a confirmed case is *shrunk* (outputs and
 conditions dropped, the row's other columns made ordinary, its values shortened) to the smallest
 statement and row that are still accepted and still confirmed. The report lists the confirmed
