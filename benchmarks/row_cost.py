@@ -29,7 +29,8 @@ reaching the list costs, warm), "one row" ones behind ``id = 0`` (what the first
 their equalities compare the raw column (rewriter/raw_equality.py). The ``types:`` ones read a long value
 of each other type a DP statement could read (a domain over text, bytea, jsonb, tsvector, numrange,
 varbit, an array). The ``numeric:`` ones read a numeric of no declared precision at its widest (131,072
-digits, out of line or compressed) and at the widest still read, by many terms. Each line also gives the
+digits, out of line or compressed) and at the widest still read, by many terms. The ``apart:`` ones read a
+value within the bounds that a wide row stored in the TOAST relation, by 255 terms and by a sort. Each line also gives the
 shared buffers the last run of each table hit or read (``EXPLAIN (BUFFERS)``), a witness of what was read
 that load does not move. The figures of a run are in benchmarks/results.md
 ("What one row adds to a DP statement's backend time"); a new construct is one more line of
@@ -61,6 +62,7 @@ from rewriter.classify import DPQuery, classify
 from rewriter.like_patterns import MAX_CASE_FOLDED_PATTERNS, MAX_PART_AFTER_PERCENT
 from rewriter.rewrite import backend_sql, partition_seed
 from rewriter.statements import split_statements
+from tests.post_charge_wait import LONG_NUMBER, LONG_TEXT, PAD
 
 __all__ = ["CONSTRUCTS", "Construct", "Measured", "load_tables", "measure_constructs", "on_server", "plan_constructs", "print_report", "policy_file", "report", "server"]
 
@@ -72,7 +74,7 @@ ORDINARY_ROW = {
     "id": "{id}", "age": "40", "t": "'ordinary text of a row'", "ci": "'ordinary'", "cat": "'a'",
     "n": "50.5", "f": "50.5", "ts": "'2022-06-01 12:00+00'", "arr": "'{1,2,3}'", "j": "'{\"k\": 1}'",
     "d": "'2022-06-01'", "big": "5000000000", "v": "'ordinary'", "b": "true", "dt": "'ordinary'", "by": "'ordinary'",
-    "tv": "'ordinary'", "nr": "'[1,2)'", "vb": "B'101'",
+    "tv": "'ordinary'", "nr": "'[1,2)'", "vb": "B'101'", "dn": "50.5", "nx": "50.5", "tx": "'ordinary'",
 }
 # Incompressible text, so that it is stored out of line in ~2 kB chunks, uncompressed.
 _RANDOM_TEXT = f"(SELECT string_agg(md5(g::text || random()::text), '') FROM generate_series(1, {BIG_TEXT_BYTES // 32}) g)"
@@ -264,6 +266,19 @@ def _numeric_constructs() -> Iterator[Construct]:
         )
 
 
+def _apart_constructs() -> Iterator[Construct]:
+    """A value within the bounds that a wide row stored apart (``nx``, ``tx``: ``STORAGE EXTERNAL``
+    beside ``pad``, ``STORAGE MAIN``), read by 255 terms and by a sort, against the same wide row
+    with an ordinary value: each reference fetches it from the TOAST relation again."""
+    in_list = "nx IN (" + ", ".join(_LIST_VALUES["n"](i) for i in range(255)) + ")"
+    for label, sql, column, value in (
+            ("nx IN (255 numbers)", f"SELECT COUNT(*) FROM {{table}} WHERE {in_list}", "nx", LONG_NUMBER),
+            ("(tx > 'z0' OR … 255 ×)", "SELECT COUNT(*) FROM {table} WHERE " + _or_chain("tx > 'z{i}'", 255), "tx", LONG_TEXT),
+            ("COUNT(DISTINCT tx)", "SELECT COUNT(DISTINCT tx) FROM {table}", "tx", LONG_TEXT)):
+        yield Construct(f"apart: {label}, a value within the bounds stored apart", sql, {column: value, "pad": PAD})
+        yield Construct(f"apart: {label}, an ordinary value in the same wide row", sql, {"pad": PAD})
+
+
 CONSTRUCTS: tuple[Construct, ...] = (
     Construct("COUNT(*), one ordinary row", "SELECT COUNT(*) FROM {table}"),
     Construct("COUNT(*) WHERE t LIKE '%x%', 3 MB random text", "SELECT COUNT(*) FROM {table} WHERE t LIKE '%x%'", {"t": _RANDOM_TEXT}),
@@ -350,6 +365,7 @@ CONSTRUCTS: tuple[Construct, ...] = (
     *_text_constructs(),
     *_type_constructs(),
     *_numeric_constructs(),
+    *_apart_constructs(),
 )
 
 
@@ -379,12 +395,15 @@ class Measured:
 
 _COLUMNS = """id integer PRIMARY KEY, age integer, t text, ci text COLLATE rc_ci, cat text, n numeric,
     f double precision, ts timestamptz, arr integer[], j jsonb, d date, big bigint, v varchar(100000), b boolean,
-    dt rc_text, by bytea, tv tsvector, nr numrange, vb varbit"""
+    dt rc_text, by bytea, tv tsvector, nr numrange, vb varbit, dn rc_num, nx numeric, tx text, pad text"""
 _BASE_ROWS = """SELECT g, 17 + g % 70, 'row ' || g || ' of an ordinary table', 'v' || g % 50, (ARRAY['a', 'b', 'c'])[1 + g % 3],
     (g % 1000) / 10.0, (g % 997) / 10.0, '2021-01-01 00:00+00'::timestamptz + g * interval '1 hour',
     ARRAY[g, g + 1], jsonb_build_object('k', g), DATE '2021-01-01' + g % 1500, g * 1000003::bigint, 'w' || g % 40,
     g % 2 = 0, 'row ' || g, convert_to('row ' || g, 'UTF8'), to_tsvector('simple', 'row ' || g), numrange(g, g + 1),
-    B'101' FROM generate_series(1, {rows}) g"""
+    B'101', (g % 1000) / 10.0, (g % 1000) / 10.0, 'row ' || g, NULL FROM generate_series(1, {rows}) g"""
+# pad is kept in the row and nx, tx are the columns its toaster moves out first, uncompressed: a
+# row whose pad is long stores a short nx or tx apart, in the TOAST relation (tests/post_charge_wait.py).
+_STORAGE = "ALTER COLUMN pad SET STORAGE MAIN, ALTER COLUMN nx SET STORAGE EXTERNAL, ALTER COLUMN tx SET STORAGE EXTERNAL"
 
 
 def policy_file(dsn: str, directory: Path, quantum_ms: int = 0) -> Path:
@@ -397,6 +416,7 @@ def policy_file(dsn: str, directory: Path, quantum_ms: int = 0) -> Path:
         "cat": {"categories": ["a", "b", "c"], "group_by": True, "other": "other"},
         "big": {"bounds": [0, 10_000_000_000]},
         "d": {"bounds": ["2021-01-01", "2025-12-31"], "group_by": ["month"]},
+        "nx": {"bounds": [0, 100]},
     }
     table = {"access": "protected", "epsilon": 1.0, "delta": 1e-6, "partitions": 256, "columns": columns,
              "answer_quantum_ms": quantum_ms}
@@ -420,11 +440,13 @@ def load_tables(dsn: str, rows: int) -> None:
         except psycopg.errors.FeatureNotSupported:  # built without ICU (pgserver's 16): ci is a plain column there
             conn.execute('CREATE COLLATION IF NOT EXISTS rc_ci FROM "C"')
         conn.execute("DROP TABLE IF EXISTS rc_base, rc_plus")
-        conn.execute("DROP DOMAIN IF EXISTS rc_text")
+        conn.execute("DROP DOMAIN IF EXISTS rc_text, rc_num")
         conn.execute("CREATE DOMAIN rc_text AS text")  # the types: constructs' domain over text
+        conn.execute("CREATE DOMAIN rc_num AS numeric")  # and a domain over a numeric of no declared precision
         for table in ("rc_base", "rc_plus"):
             conn.execute(f"DROP TABLE IF EXISTS {table}")
             conn.execute(f"CREATE TABLE {table} ({_COLUMNS})")
+            conn.execute(f"ALTER TABLE {table} {_STORAGE}")
             conn.execute(f"INSERT INTO {table} {_BASE_ROWS.format(rows=rows)}")
             conn.execute(f"VACUUM ANALYZE {table}")  # both planned from statistics, not only the neighbour
 

@@ -4,17 +4,23 @@ Not a timed test: the generative version of :mod:`benchmarks.row_cost`, whose ma
 (its tables ``rc_base``/``rc_plus``, its policy, its planning as dpproxy plans and its alternating
 ``EXPLAIN ANALYZE``). Each case is a DP statement drawn by :func:`draw_statement` over row_cost's
 table (integer, bigint, numeric, float8, text, varchar, a declared-key text column, date,
-timestamptz, boolean) — conditions, FILTER, CASE, histograms over declared keys, MODE,
+timestamptz, boolean, a domain over numeric, a domain over text, bytea, and a numeric and a text of
+``STORAGE EXTERNAL`` beside a ``pad`` kept in the row) — conditions, FILTER, CASE, histograms over declared keys, MODE,
 percentiles, sample-and-aggregate MIN/MAX/AVG, COUNT(DISTINCT), variances, post-processing
 wrappers — and a row drawn by :func:`draw_row` from the value forms of :data:`FORMS` (ordinary,
 empty, NULL, each type's extremes, NaN and ±Infinity, infinite dates, values equal to or just
-beside the statement's own literals and the policy's bounds, multibyte and periodic text, and
-long text as one class). A statement dpproxy refuses is drawn again.
+beside the statement's own literals and the policy's bounds, multibyte and periodic text, long
+text as one class, numerics of no declared precision at their widest and either side of the
+stored-form bound, and values within the bounds stored apart in the TOAST relation by a wide row).
+A statement dpproxy refuses is drawn again.
 
 A case is *flagged* when the neighbour's median exceeds the base's by more than both the base's
-interquartile range and :data:`THRESHOLD_MS`; a flagged case is measured twice more with more
-runs, beside the same statement with an ordinary row, and *confirmed* only when both flag it again
-and exceed the ordinary row's difference by the threshold (a finding is what the row's values
+interquartile range and :data:`THRESHOLD_MS`, or when the neighbour's last run read more than
+:data:`BUFFER_THRESHOLD` shared buffers beyond the base's (``EXPLAIN (BUFFERS)``: a witness of what
+was read that load does not move); a flagged case is measured twice more with more runs, beside
+the same statement with an ordinary row, and *confirmed* only when both agree on one witness: each
+flagged in time and above the ordinary row's difference by the threshold, or each reading more
+than :data:`BUFFER_THRESHOLD` buffers beyond the ordinary row's (a finding is what the row's values
 decide, not that a row is there); a confirmed case is *shrunk* (outputs and
 conditions dropped, the row's other columns made ordinary, its values shortened) to the smallest
 statement and row that are still accepted and still confirmed. The report lists the confirmed
@@ -47,27 +53,34 @@ from pathlib import Path
 import psycopg
 
 from benchmarks.row_cost import ORDINARY_ROW, Construct, Measured, load_tables, measure_constructs, on_server, policy_file, print_report
+from tests.post_charge_wait import LONG_NUMBER, LONG_TEXT, PAD
 
-__all__ = ["FORMS", "Finding", "Statement", "draw_row", "draw_statement", "is_long_text", "shrink_candidates"]
+__all__ = ["FORMS", "WIDE_NUMERICS", "Finding", "Fuzzer", "Proof", "Statement", "buffers_confirmed", "draw_row", "draw_statement", "is_long_text", "shrink_candidates"]
 
 THRESHOLD_MS = 0.05  # a difference below this is no finding, whatever the jitter
+BUFFER_THRESHOLD = 2  # shared buffers a row may add beyond the ordinary row's (a new heap page) and be no finding
 LONG_TEXT_CHARS = 256  # a text value longer than this puts a finding in the known long-text class
-_TEXT_COLUMNS = ("t", "v", "ci", "cat")
+_TEXT_COLUMNS = ("t", "v", "ci", "cat", "dt", "tx", "by")  # by: bytea, its values drawn as text and converted
 
 # Literals the statements compare with, by column: ordinary values, the policy's bounds and beside them.
 _LITERALS: dict[str, tuple[str, ...]] = {
     "age": ("0", "17", "40", "100", "101", "-1", "2147483647"),
     "big": ("0", "5000000000", "10000000000", "10000000001", "-9223372036854775808"),
     "n": ("0", "50.5", "100", "100.0001", "-0.5", "1e20"),
+    "dn": ("0", "50.5", "100", "100.0001", "-0.5", "1e20"),
+    "nx": ("0", "50.5", "100", "-0.5"),
     "f": ("0", "50.5", "100", "1e308", "-1e-300"),
     "t": ("''", "'ordinary text of a row'", "'row 7 of an ordinary table'", "'m'", "'Ünïcödé'", "'z'"),
     "v": ("''", "'ordinary'", "'w7'", "'w'", "'ß'"),
     "ci": ("''", "'ordinary'", "'V7'", "'m'"),
     "cat": ("'a'", "'b'", "'other'", "''", "'A'"),
+    "dt": ("''", "'ordinary'", "'row 7'", "'m'"),
+    "tx": ("''", "'ordinary'", "'row 7'", "'m'"),
+    "by": ("'ordinary'", "'row 7'", "'x'"),
     "d": ("'2021-01-01'", "'2022-06-01'", "'2025-12-31'", "'2026-01-01'", "'infinity'", "'-infinity'"),
     "ts": ("'2021-01-01 00:00+00'", "'2022-06-01 12:00+00'", "'2025-12-31 23:59:59+00'", "'infinity'", "'-infinity'"),
 }
-_NUMERIC = ("age", "big", "n", "f")
+_NUMERIC = ("age", "big", "n", "f", "nx")  # summed (dn, a domain, is only counted and compared)
 _PATTERNS = ("'%a%'", "'row%'", "'%table'", "'_rdinary%'", "'%ü%'", "'%'", "'w_'", "'%x%y%'", "'a\\%%'")
 _KEYS = ("cat", "age", "width_bucket(n, 0, 100, 10)", "date_trunc('month', ts)", "date_trunc('month', d)",
          "EXTRACT(MONTH FROM d)")
@@ -144,7 +157,7 @@ class _Draw:
         if kind == 2:
             return f"SUM({numeric})"
         if kind == 3:
-            return f"AVG({rng.choice(('age', 'big', 'n'))})"
+            return f"AVG({rng.choice(('age', 'big', 'n', 'nx'))})"
         if kind == 4:
             return f"COUNT(*) FILTER (WHERE {self.condition()})"
         if kind == 5:
@@ -152,7 +165,7 @@ class _Draw:
                                f"COUNT(CASE WHEN {self.condition()} THEN 1 END)",
                                f"SUM({numeric}) FILTER (WHERE {self.condition()})"))
         if kind == 6:
-            return f"COUNT(DISTINCT {rng.choice(('t', 'v', 'cat', 'age', 'd', 'big'))})"
+            return f"COUNT(DISTINCT {rng.choice(('t', 'v', 'cat', 'age', 'd', 'big', 'dn', 'nx', 'dt', 'tx', 'by'))})"
         if kind == 7:
             return rng.choice(("AVG(f)", "MIN(f)", "MAX(f)", "MIN(n)", "MAX(n)", "MAX(age)"))
         if kind == 8:
@@ -196,6 +209,7 @@ _EXTREMES = {
     "ts": ("'infinity'", "'-infinity'", "'294276-12-31 23:59:59+00'", "'4713-01-01 00:00+00 BC'"),
     "b": ("false", "true"),
 }
+_EXTREMES["dn"] = _EXTREMES["nx"] = _EXTREMES["n"]
 _BOUNDS = {"age": ("0", "100", "-1", "101"), "big": ("0", "10000000000", "10000000001", "-1"),
            "n": ("0", "100", "100.0000000001", "-0.0000000001"), "f": ("0", "100", "100.00000000000001", "-5e-324"),
            "d": ("'2021-01-01'", "'2025-12-31'", "'2020-12-31'", "'2026-01-01'"),
@@ -203,6 +217,11 @@ _BOUNDS = {"age": ("0", "100", "-1", "101"), "big": ("0", "10000000000", "100000
 _MULTIBYTE = ("'Ünïcödé ß'", "'😀😀😀'", "'İı'", "'ǅ'", "'ﬀ'", "repeat('ß', 60)", "repeat('😀', 60)")
 _PERIODIC = ("repeat('ab', 32)", "repeat('a', 63) || 'b'", "repeat('%', 40)", "repeat('row ', 16)", "repeat('_\\', 30)",
              "repeat('a', 255)", "repeat('ab', 128)", "repeat('ß', 128)")  # up to the long class's edge
+# A numeric of no declared precision read under rewriter/text_bounds.py's bound (NUMERIC_MAX_BYTES, 512):
+# at its widest, random (out of line) and repeated (compressed in the row); at the bound and past it.
+WIDE_NUMERICS = ("(SELECT string_agg((random() * 9)::int::text, '') FROM generate_series(1, 131072))::numeric",
+                  "repeat('1234', 10000)::numeric", "repeat('9', 1000)::numeric", "repeat('9', 1024)::numeric")
+_NUMERIC_COLUMNS = ("n", "dn", "nx")
 _LONG = ("repeat('a', 1000)", "repeat('ab', 50000)", "repeat('ß', 20000)",
          "(SELECT string_agg(md5(g::text), '') FROM generate_series(1, 3000) g)")
 
@@ -235,8 +254,13 @@ FORMS: dict[str, Callable[[random.Random, str, Statement], str | None]] = {
     "multibyte": lambda rng, column, statement: rng.choice(_MULTIBYTE) if column in _TEXT_COLUMNS else None,
     "periodic": lambda rng, column, statement: rng.choice(_PERIODIC) if column in _TEXT_COLUMNS else None,
     "long text": lambda rng, column, statement: rng.choice(_LONG) if column in _TEXT_COLUMNS else None,
+    "wide numeric": lambda rng, column, statement: rng.choice(WIDE_NUMERICS) if column in _NUMERIC_COLUMNS else None,
+    # within the bounds, stored apart in the TOAST relation by a wide row (draw_row adds the pad)
+    "apart": lambda rng, column, statement: (LONG_NUMBER if column in _NUMERIC_COLUMNS else
+                                             LONG_TEXT if column in ("t", "dt", "tx", "by") else None),
 }
-_ROW_COLUMNS = ("age", "big", "n", "f", "t", "v", "ci", "cat", "d", "ts", "b")
+_ROW_COLUMNS = ("age", "big", "n", "f", "t", "v", "ci", "cat", "d", "ts", "b", "dn", "nx", "dt", "tx", "by")
+_APART = (LONG_NUMBER, LONG_TEXT, f"convert_to({LONG_TEXT}, 'UTF8')")
 
 
 def _read_columns(statement: Statement) -> list[str]:
@@ -253,8 +277,10 @@ def draw_row(rng: random.Random, statement: Statement, forms: Sequence[str] = tu
         for form in rng.sample(list(forms), len(forms)):
             value = FORMS[form](rng, column, statement)
             if value is not None:
-                row[column] = value
+                row[column] = f"convert_to({value}, 'UTF8')" if column == "by" and value != "NULL" else value
                 break
+    if any(value in _APART for value in row.values()):
+        row["pad"] = PAD  # kept in the row (STORAGE MAIN): pushes the value out to the TOAST relation
     return row
 
 
@@ -276,6 +302,9 @@ _MD5S = re.compile(r"string_agg\(md5\(g::text\), ''\) FROM generate_series\(1, (
 
 def _shorter(value: str) -> str | None:
     """``value`` with half its repetitions, or None when it cannot be shortened."""
+    if value.startswith("convert_to(") and value.endswith(", 'UTF8')"):
+        inner = _shorter(value[len("convert_to("):-len(", 'UTF8')")])
+        return None if inner is None else f"convert_to({inner}, 'UTF8')"
     if value.startswith("repeat(") and value.endswith(")"):
         unit, count = value[len("repeat("):-1].rsplit(", ", 1)
         if count.isdigit() and int(count) > 1:
@@ -322,30 +351,68 @@ def shrink_candidates(statement: Statement, row: dict[str, str]) -> Iterator[tup
             yield statement, {**row, column: shorter}
 
 
+@dataclass(frozen=True)
+class Proof:
+    """One confirmation: the case's measurement and the same statement's with an ordinary row."""
+
+    item: Measured
+    control: Measured
+
+    @property
+    def summary(self) -> str:
+        """The row's extra ms (jitter) and buffers (base → neighbour), and the ordinary row's."""
+        return (f"{self.item.extra_ms:+.3f} ms (jitter {self.item.jitter_ms:.3f}), buffers {self.item.base_buffers:,} → "
+                f"{self.item.plus_buffers:,}; ordinary row {self.control.extra_ms:+.3f} ms, buffers "
+                f"{self.control.base_buffers:,} → {self.control.plus_buffers:,}")
+
+
 @dataclass
 class Finding:
-    """A confirmed case: as drawn, as shrunk, and its measurements (the confirmations' differences)."""
+    """A confirmed case: as drawn (with its first measurement and its confirmations), and as shrunk
+    (with the confirmations of the shrunk case), each witnessed by ``witness``: ``time``,
+    ``buffers`` or both."""
 
     statement: Statement
     row: dict[str, str]
-    extras_ms: list[float] = field(default_factory=list)
-    jitters_ms: list[float] = field(default_factory=list)
+    proofs: list[Proof] = field(default_factory=list)
+    drawn: tuple[Statement, dict[str, str], Measured, list[Proof]] | None = None
 
     @property
     def long_text(self) -> bool:
         return is_long_text(self.row)
 
+    @property
+    def witness(self) -> str:
+        return " and ".join(name for name, test in (("time", _time_confirmed), ("buffers", buffers_confirmed))
+                            if self.proofs and all(test(p) for p in self.proofs)) or "none"
+
+
+def _extra_buffers(item: Measured) -> int:
+    return item.plus_buffers - item.base_buffers
+
 
 def _flagged(item: Measured) -> bool:
-    return item.refused is None and item.extra_ms > max(item.jitter_ms, THRESHOLD_MS)
+    """Does the row add more than the jitter and the threshold to the time, or more than the
+    buffer threshold to the shared buffers the statement reads (a witness load does not move)?"""
+    return item.refused is None and (item.extra_ms > max(item.jitter_ms, THRESHOLD_MS)
+                                     or _extra_buffers(item) > BUFFER_THRESHOLD)
 
 
-class _Fuzzer:
+def _time_confirmed(proof: Proof) -> bool:
+    item = proof.item
+    return item.extra_ms > max(item.jitter_ms, THRESHOLD_MS) and item.extra_ms - proof.control.extra_ms > THRESHOLD_MS
+
+
+def buffers_confirmed(proof: Proof) -> bool:
+    return _extra_buffers(proof.item) - _extra_buffers(proof.control) > BUFFER_THRESHOLD
+
+
+class Fuzzer:
     """The measuring loop over one server: draws, flags, confirms, shrinks."""
 
     def __init__(self, dsn: str, policy_path: Path, rows: int, repeats: int) -> None:
         self.dsn, self.policy_path, self.rows, self.repeats = dsn, policy_path, rows, repeats
-        self.largest: list[tuple[float, float, str, str]] = []  # (extra, jitter, statement, row) of unflagged and flagged cases
+        self.largest: list[tuple[float, float, int, str, str]] = []  # (extra, jitter, extra buffers, statement, row)
 
     def fits(self, row: dict[str, str]) -> bool:
         """Can ``row`` be stored (a value beside a type's limit may not be)? Tried in a transaction rolled back."""
@@ -363,21 +430,25 @@ class _Fuzzer:
         constructs = [Construct(f"case {i}", s.sql, r) for i, (s, r) in enumerate(pairs)]
         return list(measure_constructs(self.dsn, self.policy_path, constructs, self.rows, repeats))
 
-    def confirmed(self, statement: Statement, row: dict[str, str]) -> list[Measured] | None:
-        """Two more measurements of more runs each, both flagged and each above the same statement's
-        with an ordinary row by more than :data:`THRESHOLD_MS` (a row's presence alone, and the
-        neighbour table's layout, add a few hundredths of a ms that no value decides); None when not."""
+    def confirmed(self, statement: Statement, row: dict[str, str]) -> list[Proof] | None:
+        """Two more measurements of more runs each, beside the same statement with an ordinary row,
+        that agree on one witness: both flagged in time and each above the ordinary row's by more
+        than :data:`THRESHOLD_MS` (a row's presence alone, and the neighbour table's layout, add a
+        few hundredths of a ms that no value decides), or both reading more than
+        :data:`BUFFER_THRESHOLD` shared buffers beyond the ordinary row's; None when not."""
         out = []
         for _ in range(2):
             item, control = self.measure([(statement, row), (statement, {})], 2 * self.repeats + 1)
-            if not _flagged(item) or control.refused is not None or item.extra_ms - control.extra_ms <= THRESHOLD_MS:
+            if control.refused is not None:
                 return None
-            out.append(item)
+            out.append(Proof(item, control))
+            if not any(all(test(p) for p in out) for test in (_time_confirmed, buffers_confirmed)):
+                return None
         return out
 
-    def shrink(self, statement: Statement, row: dict[str, str], budget: int) -> tuple[Statement, dict[str, str], list[Measured]]:
+    def shrink(self, statement: Statement, row: dict[str, str], budget: int) -> tuple[Statement, dict[str, str], list[Proof]]:
         """The smallest accepted, confirmed (statement, row) reachable by :func:`shrink_candidates`, in ``budget`` steps."""
-        proof: list[Measured] = []
+        proof: list[Proof] = []
         progress = True
         while progress and budget > 0:
             progress = False
@@ -428,23 +499,25 @@ class _Fuzzer:
     def case(self, statement: Statement, row: dict[str, str], item: Measured, counts: dict[str, int],
              log: Callable[[str], None]) -> Finding | None:
         """One measured case: flagged, confirmed and shrunk, or None."""
-        self.largest.append((item.extra_ms, item.jitter_ms, statement.sql, repr(row)))
+        self.largest.append((item.extra_ms, item.jitter_ms, _extra_buffers(item), statement.sql, repr(row)))
         if not _flagged(item):
             return None
         counts["flagged"] += 1
-        log(f"flagged {item.extra_ms:+.3f} ms (jitter {item.jitter_ms:.3f}): {statement.sql} | {row}")
-        if self.confirmed(statement, row) is None:
+        log(f"flagged {item.extra_ms:+.3f} ms (jitter {item.jitter_ms:.3f}), buffers {item.base_buffers} → "
+            f"{item.plus_buffers}: {statement.sql} | {row}")
+        drawn_proof = self.confirmed(statement, row)
+        if drawn_proof is None:
             return None
         counts["confirmed"] += 1
         small, small_row, proof = self.shrink(statement, row, budget=12 if is_long_text(row) else 40)
         if not proof:
-            proof = self.confirmed(small, small_row) or []
-        finding = Finding(small, small_row, [m.extra_ms for m in proof], [m.jitter_ms for m in proof])
-        log(f"confirmed, shrunk: {small.sql} | {small_row} ({finding.extras_ms})")
+            small, small_row, proof = statement, row, drawn_proof
+        finding = Finding(small, small_row, proof, (statement, row, item, drawn_proof))
+        log(f"confirmed ({finding.witness}), shrunk: {small.sql} | {small_row} ({'; '.join(p.summary for p in proof)})")
         return finding
 
 
-def report(findings: Sequence[Finding], counts: dict[str, int], largest: Sequence[tuple[float, float, str, str]],
+def report(findings: Sequence[Finding], counts: dict[str, int], largest: Sequence[tuple[float, float, int, str, str]],
            forms: Sequence[str], rows: int, repeats: int, seed: int, seconds: float) -> str:
     """The Markdown report: the run's figures, the confirmed findings by class, the largest differences seen."""
     lines = [
@@ -456,17 +529,20 @@ def report(findings: Sequence[Finding], counts: dict[str, int], largest: Sequenc
     for title, chosen in (("Long text (the known class)", [f for f in findings if f.long_text]),
                           ("Outside the long-text class", [f for f in findings if not f.long_text])):
         lines += [f"### {title}: {len(chosen)}", ""]
+        for number, finding in enumerate(chosen, 1):
+            lines += [f"{number}. Witness: {finding.witness}. Shrunk: `{finding.statement.sql}` with `{finding.row}`: "
+                      + "; ".join(p.summary for p in finding.proofs) + "."]
+            if finding.drawn is not None:
+                statement, row, first, proofs = finding.drawn
+                lines += [f"   As drawn: `{statement.sql}` with `{row}`: first run {first.extra_ms:+.3f} ms (jitter "
+                          f"{first.jitter_ms:.3f}), buffers {first.base_buffers:,} → {first.plus_buffers:,}; confirmed "
+                          + "; ".join(p.summary for p in proofs) + "."]
         if chosen:
-            lines += ["| statement (shrunk) | row | one row adds (ms) | jitter (ms) |", "|---|---|---:|---:|"]
-            for finding in chosen:
-                extras = ", ".join(f"{e:+.3f}" for e in finding.extras_ms)
-                jitters = ", ".join(f"{j:.3f}" for j in finding.jitters_ms)
-                lines.append(f"| `{finding.statement.sql}` | `{finding.row}` | {extras} | {jitters} |")
             lines.append("")
     lines += ["### The largest differences measured (first runs)", "",
-              "| one row adds (ms) | jitter (ms) | statement | row |", "|---:|---:|---|---|"]
-    for extra, jitter, sql, row in largest[:10]:
-        lines.append(f"| {extra:+.3f} | {jitter:.3f} | `{sql}` | `{row}` |")
+              "| one row adds (ms) | jitter (ms) | buffers it adds | statement | row |", "|---:|---:|---:|---|---|"]
+    for extra, jitter, buffers, sql, shown in largest[:10]:
+        lines.append(f"| {extra:+.3f} | {jitter:.3f} | {buffers:+,} | `{sql}` | `{shown}` |")
     return "\n".join(lines) + "\n"
 
 
@@ -494,7 +570,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run(dsn: str) -> str:
         load_tables(dsn, args.rows)
         with tempfile.TemporaryDirectory(prefix="dpproxy-timing-fuzz-") as directory:
-            fuzzer = _Fuzzer(dsn, policy_file(dsn, Path(directory)), args.rows, args.repeats)
+            fuzzer = Fuzzer(dsn, policy_file(dsn, Path(directory)), args.rows, args.repeats)
             findings, counts = fuzzer.run(args.cases, args.seed, forms, started + 60 * args.minutes, log=lambda line: print(line, flush=True))
             return report(findings, counts, fuzzer.largest, forms, args.rows, args.repeats, args.seed,
                           time.monotonic() - started)

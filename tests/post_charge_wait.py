@@ -23,7 +23,7 @@ import psycopg
 from policies.model import TablePolicy
 from rewriter.text_bounds import NUMERIC_MAX_BYTES
 
-__all__ = ["LONG_NUMBER", "LONG_TEXT", "TEXT_MAX_BYTES", "create_toasted", "hold_toast_index", "keep_apart",
+__all__ = ["LONG_NUMBER", "LONG_TEXT", "PAD", "TEXT_MAX_BYTES", "create_toasted", "hold_toast_index", "keep_apart",
            "store_apart", "toast_index", "with_toasted"]
 
 LONG_NUMBER = "(SELECT ('1' || pg_catalog.string_agg(lpad((random() * 1e8)::int8::text, 8, '0'), ''))::numeric " \
@@ -64,13 +64,14 @@ def store_apart(admin: psycopg.Connection[Any], table: str, column: str, values:
     size = admin.execute(f"SELECT max(pg_catalog.pg_column_size({column})) FROM {table} "
                          f"WHERE pg_catalog.pg_column_compression({column}) IS NULL").fetchone()
     assert chunks is not None and chunks[0] > 0, f"{table}'s long value was not stored apart"
-    assert size is not None and most // 2 < size[0] <= most, f"{table}'s long value takes {size[0]} bytes"
+    assert size is not None, f"{table} has no uncompressed {column}"
+    assert most // 2 < size[0] <= most, f"{table}'s long value takes {size[0]} bytes"
 
 
 def with_toasted(policy: str, table: str, extra: str = "", braces: int = 2) -> str:
     """``policy`` (a policy's text, its braces doubled for ``str.format`` if ``braces`` is 2)
     with ``table``, a ``create_toasted`` table, protected at ε 1 (``extra``: more of its lines)."""
-    columns = "{{bounds: [0, 100]}}", "{{bounds: [0, 10]}}"
+    columns: tuple[str, ...] = ("{{bounds: [0, 100]}}", "{{bounds: [0, 10]}}")
     if braces == 1:
         columns = tuple(c.replace("{{", "{").replace("}}", "}") for c in columns)
     entry = (f"  {table}:\n    access: protected\n    epsilon: 1.0\n{extra}    columns:\n"

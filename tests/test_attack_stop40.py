@@ -65,6 +65,7 @@ Tried, and held:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import psycopg
@@ -72,6 +73,8 @@ import pytest
 
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from tests.neighbour_outcome import create_neighbours, same_on_neighbours
+from tests.post_charge_wait import LONG_NUMBER, LONG_TEXT, PAD, keep_apart, store_apart
+from tests.released_sql import recording_released_sql
 
 _DOMAINS = {"s40_num": "numeric", "s40_float": "double precision", "s40_day": "date", "s40_time": "timestamp"}
 _DDL = "(id int, p s40_num, fl s40_float, dd s40_day, ts s40_time, n numeric)"
@@ -155,3 +158,67 @@ def test_a_domain_compared_with_a_value_of_its_own_family_is_answered_alike_on_n
         stop40_proxy: RunningProxy, condition: str) -> None:
     outcome = _outcome(stop40_proxy, f"SELECT count(*), count(DISTINCT p), count(DISTINCT dd) FROM {{t}} WHERE {condition}")
     assert outcome[0] == "answer", outcome
+
+
+# Open, found by benchmarks/timing_fuzz.py (docs/threat-model.md, Timing, "Drawn cases"): a value
+# within the bounds (881 digits, ~450 bytes; 250 bytes of text) that a wide row's toaster stored
+# apart is fetched from the TOAST relation again by every term and every sort comparison that
+# reads it. Each pair: the same 100 rows and one row with a pad kept in the row; in "flat" the
+# row's value is ordinary and stays in the row, in "apart" it is the long one, stored apart.
+_APART_TABLES = {"n": ("(id int, t text, n numeric)", "g, 'row ' || g, g % 100", "0, 'row 0'"),
+                 "t": ("(id int, n numeric, t text)", "g, g % 100, 'row ' || g", "0, 1")}
+_APART_POLICY = ATTACK_POLICY_HEAD + "".join(
+    f"  public.s40_{kind}_{column}:\n    access: protected\n    epsilon: 1.0\n    columns:\n      n: {{{{bounds: [0, 100]}}}}\n"
+    for column in _APART_TABLES for kind in ("flat", "apart"))
+
+
+@pytest.fixture(scope="module")
+def apart_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        for column, (ddl, rows, head) in _APART_TABLES.items():
+            for kind in ("flat", "apart"):
+                name = f"s40_{kind}_{column}"
+                admin.execute(f"DROP TABLE IF EXISTS {name}")
+                admin.execute(f"CREATE TABLE {name} {ddl}")
+                admin.execute(f"INSERT INTO {name} SELECT {rows} FROM generate_series(1, 100) g")
+                admin.execute(f"GRANT SELECT ON {name} TO dpproxy_service")
+            keep_apart(admin, f"s40_flat_{column}", column)
+            admin.execute(f"INSERT INTO s40_flat_{column} SELECT {head}, {'1' if column == 'n' else repr('row 0')}, {PAD}")
+            value = LONG_NUMBER if column == "n" else LONG_TEXT
+            store_apart(admin, f"s40_apart_{column}", column, f"{head}, {value}", most=512 if column == "n" else 256)
+    with running_proxy(test_db, tmp_path_factory, _APART_POLICY) as running:
+        yield running
+
+
+def _buffer_hits(admin: psycopg.Connection, sql: str) -> int:
+    row = admin.execute(f"EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) {sql}").fetchone()
+    assert row is not None
+    plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
+    return int(plan[0]["Plan"]["Shared Hit Blocks"]) + int(plan[0]["Plan"]["Shared Read Blocks"])
+
+
+@pytest.mark.xfail(strict=True, reason="open: a value stored apart within the bounds is fetched again by each term")
+@pytest.mark.parametrize("column, sql", [
+    ("n", "SELECT count(*) FROM {t} WHERE n IN (" + ", ".join(f"{1000 + i}.5" for i in range(64)) + ")"),
+    ("t", "SELECT count(*) FROM {t} WHERE (" + " OR ".join(f"t > 'z{i}'" for i in range(64)) + ")"),
+    ("t", "SELECT count(DISTINCT t) FROM {t}"),
+])
+def test_a_value_stored_apart_within_the_bounds_is_read_once_however_many_terms_compare_it(
+        apart_proxy: RunningProxy, test_db: TestDatabase, column: str, sql: str) -> None:
+    """The backend SQL of a statement whose 64 terms compare the value (or whose sort compares it;
+    a text IN list is hashed and fetches it once)
+    reads at most the two buffers of one fetch more on the table whose row holds it apart than on
+    the one whose row holds an ordinary value: what the row adds must not grow with the terms, as
+    it does not for a value past the bounds (tests/test_numeric_bounds.py). Today each IN value
+    fetches it again: 2 buffer hits a term (~128 in all), a timing lever within every limit."""
+    seen: list[str] = []
+    hits = {}
+    with recording_released_sql(lambda plan, backend: seen.append(backend)), \
+            apart_proxy.connect() as conn, psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute("SET jit = off")
+        for kind in ("flat", "apart"):
+            seen.clear()
+            conn.execute(sql.replace("{t}", f"s40_{kind}_{column}")).fetchall()
+            assert seen, "no backend SQL ran"
+            hits[kind] = max(sum(_buffer_hits(admin, backend) for backend in seen) for _ in range(2))
+    assert hits["apart"] - hits["flat"] <= 2, hits
