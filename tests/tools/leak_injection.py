@@ -66,6 +66,12 @@ on a machine shared with six other helpers:
   cursor closes; it is now read before), and its hook's "some part odd" was true on every table;
 * with the row count read and that site's flag the parity of its own statement's parts: all 16
   sites KILLED (one run, ~9 min, the machine less loaded than before).
+
+Stop 40 (2026-11-27): copy.tag-row-count SURVIVED again, with the wider selection too, after the
+fuzz table gained a column (the seed's draws and rows shifted). Its pinned binary COPY repeats the
+release of the SELECT pinned before it, so no release runs inside the COPY and the hook never
+leaks there; only a drawn COPY could catch it. A pinned text COPY of a count no other case asks
+for (every neighbour moves it by one) now does: KILLED by the pinned cases alone.
 """
 
 _CR = "proxy/dp/column_release.py"
