@@ -197,7 +197,10 @@ def _buffer_hits(admin: psycopg.Connection, sql: str) -> int:
     return int(plan[0]["Plan"]["Shared Hit Blocks"]) + int(plan[0]["Plan"]["Shared Read Blocks"])
 
 
-@pytest.mark.xfail(strict=True, reason="open: a value stored apart within the bounds is fetched again by each term")
+# Strict, and only for the assertion: it fails the day the lever is closed (drop the mark then),
+# and an error of the harness (a database error, no SQL recorded) is not taken for the lever.
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="open: a value stored apart within the bounds is fetched again by each term")
 @pytest.mark.parametrize("column, sql", [
     ("n", "SELECT count(*) FROM {t} WHERE n IN (" + ", ".join(f"{1000 + i}.5" for i in range(64)) + ")"),
     ("t", "SELECT count(*) FROM {t} WHERE (" + " OR ".join(f"t > 'z{i}'" for i in range(64)) + ")"),
