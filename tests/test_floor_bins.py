@@ -198,6 +198,16 @@ def test_a_difference_that_would_underflow_is_binned_not_raised(fbproxy, admin):
     assert [(r[1], round(r[2])) for r in rows] == [("0", inside)]
 
 
+def _refused_uncharged(proxy: RunningProxy, key: str) -> psycopg.errors.Diagnostic:
+    """The error of a COUNT grouped by ``key`` on fb, after checking that it charged nothing."""
+    with proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(f'SELECT {key} AS "k", count(*) FROM "public"."fb" GROUP BY {key}')
+        assert spent_epsilon(conn) == before
+    return info.value.diag
+
+
 @pytest.mark.parametrize("key, advice", [
     ('((floor((("public"."fb"."age" - 10.0) / 0)) * 0) + 10.0)', "positive bin width"),
     ('((floor((("public"."fb"."age" - 10.0) / -5.0)) * -5.0) + 10.0)', "positive bin width"),
@@ -209,24 +219,14 @@ def test_a_difference_that_would_underflow_is_binned_not_raised(fbproxy, admin):
     ('(floor(("public"."fb"."score" / 1e-300)) * 1e-300)', "exceed 2^53"),
 ])
 def test_binning_that_is_no_public_histogram_is_refused_before_the_charge(fbproxy, key, advice):
-    with fbproxy.connect() as conn:
-        before = spent_epsilon(conn)
-        with pytest.raises(psycopg.Error) as info:
-            conn.execute(f'SELECT {key} AS "k", count(*) FROM "public"."fb" GROUP BY {key}')
-        assert spent_epsilon(conn) == before
-    diag = info.value.diag
+    diag = _refused_uncharged(fbproxy, key)
     assert diag.sqlstate == "DP001" and "rule: no-group-by" in (diag.message_primary or "")
     assert advice in (diag.message_primary or "") + (diag.message_hint or "")
 
 
 def test_more_bins_than_max_cells_are_refused_with_a_wider_width(fbproxy):
-    key = '(floor(("public"."fb"."big" / 10.0)) * 10.0)'  # 201 bins over [-1000, 1000], max_cells 60
-    with fbproxy.connect() as conn:
-        before = spent_epsilon(conn)
-        with pytest.raises(psycopg.Error) as info:
-            conn.execute(f'SELECT {key} AS "k", count(*) FROM "public"."fb" GROUP BY {key}')
-        assert spent_epsilon(conn) == before
-    diag = info.value.diag
+    # 201 bins over [-1000, 1000], max_cells 60
+    diag = _refused_uncharged(fbproxy, '(floor(("public"."fb"."big" / 10.0)) * 10.0)')
     assert diag.sqlstate == "DP001" and "rule: max-cells" in (diag.message_primary or "")
     assert "201 cells" in (diag.message_primary or "") and "wider bin width W: at least 34.5" in (diag.message_hint or "")
 
@@ -239,3 +239,15 @@ def test_the_numeric_upper_end_allows_postgresqls_rounding_of_a_quotient_below_a
     assert index == 2 * 10**8 and math.floor(Fraction(x, w)) == 2 * 10**8 - 1
     width = Number(f"{w}.0", Fraction(w), False)
     assert numeric_indices(Fraction(x - 4), Fraction(x), None, width) == (2 * 10**8 - 1, 2 * 10**8)
+
+
+def test_the_bins_alone_are_a_list_of_values_read_from_the_policy_at_no_cost(fbproxy, admin):
+    # a filter's list of values: the declared bins, the table never read, ε 0
+    key = '(floor(("public"."fb"."score" / 0.5)) * 0.5)'
+    sql = f'SELECT DISTINCT {key} AS "s" FROM "public"."fb" ORDER BY 1'
+    with fbproxy.connect() as conn:
+        before = spent_epsilon(conn)
+        shape, rows = _run(conn, sql)
+        assert spent_epsilon(conn) == before
+    direct_shape, _ = _run(admin, sql)
+    assert shape == direct_shape and [r[0] for r in rows] == [0.0, 0.5, 1.0]
