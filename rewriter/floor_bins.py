@@ -66,6 +66,7 @@ class FloorShape:
     floor: exp.Floor
     offset: exp.Expression | None
     width: exp.Expression | None
+    form: int = 0  # what is written around floor(...): 0 nothing, 1 ``* W``, 2 ``* W + A``
 
 
 def _bare(node: exp.Expression | None) -> exp.Expression | None:
@@ -104,7 +105,7 @@ def floor_shape(node: exp.Expression) -> FloorShape | None:
         return None
     if outer_offset is not None and (offset is None or outer_offset.sql("postgres") != offset.sql("postgres")):
         return None
-    return FloorShape(inner, top, offset, width)
+    return FloorShape(inner, top, offset, width, (outer_width is not None) + (outer_offset is not None))
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,7 @@ class FloorBin:
     lo: str
     hi: str
     tiny: str | None  # float: below this |col - A| the quotient would underflow; None: it cannot
+    form: int = 0  # FloorShape.form: a key's identity, as PostgreSQL tells the expressions apart
 
     @property
     def result_type_oid(self) -> int:
@@ -228,7 +230,7 @@ def floor_bin(shape: FloorShape, column_type: int, bounds: tuple[float, float]) 
     bound_type = "float8" if column_type in FLOAT_TYPES else "numeric"
     return FloorBin(arithmetic, offset.text if offset else None, width.text if width else None, first, last - first + 1,
                     f"CAST({literal(repr(lo))} AS pg_catalog.{bound_type})",
-                    f"CAST({literal(repr(hi))} AS pg_catalog.{bound_type})", tiny)
+                    f"CAST({literal(repr(hi))} AS pg_catalog.{bound_type})", tiny, shape.form)
 
 
 def _part(node: exp.Expression | None, name: str) -> Number | None:

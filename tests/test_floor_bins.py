@@ -251,3 +251,20 @@ def test_the_bins_alone_are_a_list_of_values_read_from_the_policy_at_no_cost(fbp
         assert spent_epsilon(conn) == before
     direct_shape, _ = _run(admin, sql)
     assert shape == direct_shape and [r[0] for r in rows] == [0.0, 0.5, 1.0]
+
+
+def test_a_bins_index_beside_its_value_is_a_grouping_error_as_in_postgresql(fbproxy, admin):
+    # grouped by the bin's value, the index alone is not a grouping expression (42803) ...
+    sql = ('SELECT floor(("public"."fb"."score" / 0.5)) AS "i", count(*) FROM "public"."fb" '
+           'GROUP BY (floor(("public"."fb"."score" / 0.5)) * 0.5)')
+    with pytest.raises(psycopg.errors.GroupingError):
+        admin.execute(sql)
+    with fbproxy.connect() as conn:
+        with pytest.raises(psycopg.errors.GroupingError):
+            conn.execute(sql)
+    # ... while grouped by the index, its value is an expression of it
+    sql = ('SELECT (floor(("public"."fb"."score" / 0.5)) * 0.5) AS "v", count(*) FROM "public"."fb" '
+           'GROUP BY floor(("public"."fb"."score" / 0.5)) ORDER BY 1')
+    with fbproxy.connect() as conn:
+        shape, rows = _run(conn, sql)
+    assert shape == _run(admin, sql)[0] and [r[0] for r in rows] == [0.0, 0.5, 1.0]
