@@ -11,17 +11,21 @@ and in the same transaction state, and the same statement asked again afterwards
 answered and charged alike, and charged in full: a sample released on the retry is charged
 by it or by the failed run, never by neither.
 
-The point of failure is made deterministic, not timed: an administrator's session holds the
-table in ACCESS EXCLUSIVE mode, the case runs in a thread until its service backend waits for
-that lock (or ends without ever reading the table), and only then is the fault applied to that
-backend. A DP statement takes its locks before its charge (``proxy/serving/relation_locks.py``),
-so every fault here meets that lock step, uncharged; faults after the charge are placed at a lock
-on the TOAST index in ``tests/test_backend_faults.py``; the ``timeout`` fault runs the case through a dpproxy whose statement_timeout ends the
-wait. Everything runs on a PostgreSQL of this module's own (a killed backend restarts the whole
-server).
+The point of failure is made deterministic, not timed: an administrator's session holds
+something the statement's backend waits for, the case runs in a thread until that backend waits
+(or ends without waiting), and only then is the fault applied to that backend. Two points:
 
-``DPPROXY_FUZZ_FAULT_CASES`` sets the number of statements (default 16, ~20 s),
-``DPPROXY_FUZZ_SEED`` the seed.
+* the table, held in ACCESS EXCLUSIVE mode: a DP statement takes its locks before its charge
+  (``proxy/serving/relation_locks.py``), so the fault meets that lock step, uncharged;
+* the gate (``tests/post_charge_wait.py``): the statement runs on a view of the table behind it,
+  and its run waits there after its charge, whatever the statement reads; the budget keeper is
+  read while it waits, to see the charge made.
+
+The ``timeout`` fault runs the case through a dpproxy whose statement_timeout ends the wait.
+Everything runs on a PostgreSQL of this module's own (a killed backend restarts the whole server).
+
+``DPPROXY_FUZZ_FAULT_CASES`` sets the number of statements faulted at the lock step (default 16,
+~10 s), ``DPPROXY_FUZZ_GATE_CASES`` at the gate (default 8, ~10 s), ``DPPROXY_FUZZ_SEED`` the seed.
 """
 
 from __future__ import annotations
@@ -428,7 +432,7 @@ def test_a_backend_failure_after_the_charge_leaves_what_the_rows_do_not_decide(
             client, proxy = clients[which], proxies[which]
             base, neighbour = draw_tables(rng, client, drawn, case)
             reference_epsilon, epsilon = f"0.{600000 + 2 * index}", f"0.{600001 + 2 * index}"
-            runs = []
+            runs, broken = [], []
             for view in (_gated(f"nbf_{base}"), _gated(neighbour)):
                 client.epsilon = reference_epsilon  # this case's own: never a repeat of another
                 reference = _charged(client, lambda: client.run(case, view))
@@ -440,7 +444,9 @@ def test_a_backend_failure_after_the_charge_leaves_what_the_rows_do_not_decide(
                                 at_gate.charged_while_waiting, at_gate.state)
                 runs.append(run)
                 expected = reference[1] * float(epsilon) / float(reference_epsilon)
-                failures += [f"{case.sql}\n    on {view}: {rule}" for rule in _gate_rules(fault, run, expected)]
+                broken += [f"\n    on {view}: {rule}" for rule in _gate_rules(fault, run, expected)]
+            if broken:
+                failures.append(f"case {index}: {case.sql}{''.join(broken)}")
             cases += 1
             if runs[0].waited == "gate" and runs[0].faulted[0].kind != "answer":
                 met.add(fault)
@@ -450,7 +456,7 @@ def test_a_backend_failure_after_the_charge_leaves_what_the_rows_do_not_decide(
             internal = any(run.faulted[0].kind == "error" and run.faulted[0].detail[0] == "XX000" for run in runs)
             if seen(runs[0]) != seen(runs[1]) or internal:
                 failures.append(_failure(index, replace(case, sql=f"[{fault} at the gate{' in a block' if block else ''}] "
-                                                                  f"{case.sql}"), neighbour, *runs))
+                                                                  f"{case.sql}"), _gated(neighbour), *runs))
     finally:
         for client in clients.values():
             client.conn.close()
