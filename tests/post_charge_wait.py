@@ -37,7 +37,7 @@ import psycopg
 from policies.model import TablePolicy
 from rewriter.text_bounds import NUMERIC_MAX_BYTES
 
-__all__ = ["GATE", "LONG_NUMBER", "LONG_TEXT", "PAD", "TEXT_MAX_BYTES", "create_gate", "create_toasted", "gated",
+__all__ = ["GATE", "LONG_NUMBER", "LONG_TEXT", "PAD", "TEXT_MAX_BYTES", "create_gate", "create_gated", "create_toasted", "gated",
            "hold_gate", "hold_toast_index", "keep_apart", "store_apart", "toast_index", "waiting_at_gate", "with_toasted"]
 
 LONG_NUMBER = "(SELECT ('1' || pg_catalog.string_agg(lpad((random() * 1e8)::int8::text, 8, '0'), ''))::numeric " \
@@ -84,7 +84,8 @@ def store_apart(admin: psycopg.Connection[Any], table: str, column: str, values:
 
 def with_toasted(policy: str, table: str, extra: str = "", braces: int = 2) -> str:
     """``policy`` (a policy's text, its braces doubled for ``str.format`` if ``braces`` is 2)
-    with ``table``, a ``create_toasted`` table, protected at ε 1 (``extra``: more of its lines)."""
+    with ``table`` (a ``create_toasted`` table or a ``create_gated`` view: age and amount)
+    protected at ε 1 (``extra``: more of its lines)."""
     columns: tuple[str, ...] = ("{{bounds: [0, 100]}}", "{{bounds: [0, 10]}}")
     if braces == 1:
         columns = tuple(c.replace("{{", "{").replace("}}", "}") for c in columns)
@@ -146,19 +147,30 @@ def gated(admin: psycopg.Connection[Any], view: str, table: str, grantee: str = 
     admin.execute(f"GRANT SELECT ON {view} TO {grantee}")
 
 
+def create_gated(admin: psycopg.Connection[Any], view: str, grantee: str = "dpproxy_service", gate: str = GATE) -> None:
+    """(Re)create ``gate`` and ``view``: behind it, a table ``<view>_rows`` (age integer, amount
+    numeric) of 1,000 rows, as :func:`create_toasted`'s but with no value stored apart."""
+    create_gate(admin, gate)
+    admin.execute(f"DROP TABLE IF EXISTS {view}_rows CASCADE")
+    admin.execute(f"CREATE TABLE {view}_rows (age integer, amount numeric)")
+    admin.execute(f"INSERT INTO {view}_rows SELECT i % 90, 1 FROM generate_series(1, 1000) i")
+    gated(admin, view, f"{view}_rows", grantee, gate)
+
+
 def hold_gate(admin: psycopg.Connection[Any], gate: str = GATE) -> None:
     """Hold ``gate`` shut in ``admin``'s new transaction (left open; ``ROLLBACK`` opens it): every
     run on a view of :func:`gated` then waits at it, after its charge."""
     hold_toast_index(admin, gate)
 
 
-def waiting_at_gate(observer: psycopg.Connection[Any], gate: str = GATE) -> list[tuple[int, str]]:
-    """The pid and statement of each backend waiting at ``gate``: for the lock on its TOAST
-    index. ``observer`` in a transaction sees pg_stat_activity as it first read it: the snapshot is
-    cleared first (pg_locks is read afresh)."""
+def waiting_at_gate(observer: psycopg.Connection[Any], gate: str = GATE,
+                    role: str = "dpproxy_service") -> list[tuple[int, str]]:
+    """The pid and statement of each backend of ``role`` waiting at ``gate`` (pg_stat_activity: for
+    a lock, which pg_locks says is the one on the gate's TOAST index, not granted). ``observer`` in
+    a transaction sees pg_stat_activity as it first read it: the snapshot is cleared first."""
     observer.execute("SELECT pg_catalog.pg_stat_clear_snapshot()")
     rows = observer.execute(
         "SELECT l.pid, a.query FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid "
-        "WHERE l.relation = %s::regclass AND NOT l.granted AND a.wait_event_type = 'Lock'",
-        (toast_index(observer, gate),)).fetchall()
+        "WHERE l.relation = %s::regclass AND NOT l.granted AND a.wait_event_type = 'Lock' AND a.usename = %s",
+        (toast_index(observer, gate), role)).fetchall()
     return [(int(pid), str(query)) for pid, query in rows]
