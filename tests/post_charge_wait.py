@@ -37,8 +37,9 @@ import psycopg
 from policies.model import TablePolicy
 from rewriter.text_bounds import NUMERIC_MAX_BYTES
 
-__all__ = ["GATE", "LONG_NUMBER", "LONG_TEXT", "PAD", "TEXT_MAX_BYTES", "create_gate", "create_gated", "create_toasted", "gated",
-           "hold_gate", "hold_toast_index", "keep_apart", "store_apart", "toast_index", "waiting_at_gate", "with_toasted"]
+__all__ = ["GATE", "LONG_NUMBER", "LONG_TEXT", "PAD", "TEXT_MAX_BYTES", "create_gate", "create_gated", "create_toasted",
+           "gated", "hold_gate", "hold_toast_index", "keep_apart", "store_apart", "toast_index", "waiting_at_gate",
+           "with_toasted"]
 
 LONG_NUMBER = "(SELECT ('1' || pg_catalog.string_agg(lpad((random() * 1e8)::int8::text, 8, '0'), ''))::numeric " \
               "FROM generate_series(1, 110) g)"
@@ -131,7 +132,8 @@ def create_gate(admin: psycopg.Connection[Any], gate: str = GATE) -> None:
     admin.execute(f"DROP TABLE IF EXISTS {gate} CASCADE")
     admin.execute(f"CREATE TABLE {gate} (v text)")
     admin.execute(f"ALTER TABLE {gate} ALTER COLUMN v SET STORAGE EXTERNAL")
-    admin.execute(f"INSERT INTO {gate} SELECT pg_catalog.string_agg(md5(random()::text), '') FROM generate_series(1, 100) g")
+    admin.execute(f"INSERT INTO {gate} SELECT pg_catalog.string_agg(md5(random()::text), '') "
+                  "FROM generate_series(1, 100) g")
     chunks = admin.execute(f"SELECT count(*) FROM {toast_index(admin, gate).removesuffix('_index')}").fetchone()
     assert chunks is not None and chunks[0] > 1, f"{gate}'s value was not stored apart"
 

@@ -452,7 +452,8 @@ def test_a_backend_failure_after_the_charge_leaves_what_the_rows_do_not_decide(
                 met.add(fault)
             # Whether a statement reached its run is the statement's, not the rows'; whether a
             # timeout was seen waiting before it fired is timing.
-            seen = (lambda run: replace(run, waited=None)) if fault == "timeout" else (lambda run: run)
+            seen = (lambda run: replace(run, waited=None, charged_while_waiting=None)) if fault == "timeout" \
+                else (lambda run: run)
             internal = any(run.faulted[0].kind == "error" and run.faulted[0].detail[0] == "XX000" for run in runs)
             if seen(runs[0]) != seen(runs[1]) or internal:
                 failures.append(_failure(index, replace(case, sql=f"[{fault} at the gate{' in a block' if block else ''}] "
