@@ -73,7 +73,7 @@ WIDER: dict[str, tuple[str, ...]] = {
                  "tests/test_attack_parsing.py", "tests/test_attack_catalog.py", "tests/test_connection_limits.py",
                  *_TIMEOUTS, _ATTACKS),
     "relation": ("tests/test_schema_drift.py",),
-    "keys": ("tests/test_histograms.py", "tests/test_attack_bi_keys.py",
+    "keys": ("tests/test_histograms.py", "tests/test_floor_bins.py", "tests/test_attack_bi_keys.py",
              "tests/test_attack_new_keys.py::test_count_distinct_per_date_part_is_refused_for_its_cells_add_up_buckets",
              _FUZZ),
     "dp_query": ("tests/test_predicate_oracles.py", "tests/test_type_support.py", "tests/test_attack_extension_types.py",
