@@ -14,8 +14,8 @@ by it or by the failed run, never by neither.
 The point of failure is made deterministic, not timed: an administrator's session holds the
 table in ACCESS EXCLUSIVE mode, the case runs in a thread until its service backend waits for
 that lock (or ends without ever reading the table), and only then is the fault applied to that
-backend. A DP statement takes its locks before its charge (``proxy/serving/relation_locks.py``),
-so every fault here meets that lock step, uncharged; faults after the charge are placed at a lock
+backend. A DP statement takes its locks in a lock step whose failure refunds its charge, before
+its run (``proxy/serving/relation_locks.py``), so every fault here meets that lock step, uncharged; faults after the charge are placed at a lock
 on the TOAST index in ``tests/test_backend_faults.py``; the ``timeout`` fault runs the case through a dpproxy whose statement_timeout ends the
 wait. Everything runs on a PostgreSQL of this module's own (a killed backend restarts the whole
 server).
@@ -150,7 +150,7 @@ def _waiting_backend(admin: psycopg.Connection[Any], table: str) -> tuple[int, s
 
 def _met(statement: str, table: str) -> str:
     """What a waiting backend statement is: dpproxy's "check", the lock step that takes a DP
-    statement's locks (and checks its values) before the charge (``SELECT 1 FROM (...) AS locked
+    statement's locks (and checks its values) before its run (``SELECT 1 FROM (...) AS locked
     LIMIT 0``, proxy/serving/relation_locks.py), the DP statement's "read" of the rows (it names the table, or is longer than the 1 kB of it that
     pg_stat_activity keeps), else the statement itself, which the test reports: only those two
     read the table. (A short statement naming no table, "unplaced" here before, was the stale
