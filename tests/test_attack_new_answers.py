@@ -109,7 +109,7 @@ def test_a_values_check_one_analyst_passed_is_still_run_for_another():
     # The checks that passed were remembered for every session of the process: whether a
     # statement skipped its LIMIT 0 round trip told an analyst (by its time) that another had
     # sent that exact text and those values before. Remembered per user, it told only their own;
-    # now the check is the lock step every DP statement takes before its charge, remembered for
+    # now the check is the lock step every DP statement sends with its run, remembered for
     # no one: what it sends never depends on what was asked before.
     sql = f"SELECT count(*) FROM t WHERE name = '{uuid.uuid4()}'"
     assert [_checks_sent(sql) for _ in range(3)] == [1, 1, 1]

@@ -26,7 +26,7 @@ import pytest
 from own_postgres import own_postgres
 from post_charge_wait import create_toasted, hold_toast_index
 from reconcile import assert_reconciled, audit_lines, spend_while_running
-from test_backend_faults import LOST, POLICY, QUERY, OwnPostgres, Setup, _setup, bounded, wait_until
+from test_backend_faults import LOST, POLICY, QUERY, OwnPostgres, Setup, _raised, _setup, bounded, wait_until
 
 from policies.loader import parse_policy
 from proxy.backend.connection import BackendLost, BackendSession, connect
@@ -291,11 +291,3 @@ def test_a_lock_the_operator_takes_while_a_statement_is_charged_is_never_met_aft
         assert spend_while_running(setup.proxy, setup.user).keeper == 0.0
         assert bounded(lambda: conn.execute(QUERY).fetchone()) is not None  # the session goes on
     assert assert_reconciled(setup.proxy, setup.audit, setup.user, setup.metric_before) == pytest.approx(1.0)
-
-
-def _raised(call: Callable[[], object]) -> BaseException | None:
-    try:
-        call()
-    except BaseException as exc:  # handed to the test thread
-        return exc
-    return None
