@@ -109,6 +109,7 @@ async def with_locks(backend: BackendSession, steps: Sequence[tuple[str, Relatio
 
 
 def _not_taken(failed: StepFailed, steps: Sequence[tuple[str, Relation]]) -> LocksNotTaken:
+    """What the client is told of the failed step: its error, a wait's 57014 naming its table."""
     exc = failed.error
     if exc.sqlstate != SQLSTATE.QUERY_CANCELED:
         return LocksNotTaken(exc)
