@@ -1,10 +1,10 @@
 """A lock a DP statement waits for only after its charge, where tests place their faults.
 
 A DP statement takes the locks of its table, the table's partitions and indexes and a view's
-tables before its charge (``proxy/serving/relation_locks.py``): a test holding one of those
-makes the statement fail uncharged, before anything runs. A statement opens the table's TOAST
-relation and index only to read a long value stored apart, which no step before the charge
-does: a held ``REINDEX`` of that index (``hold_toast_index``) makes a statement reading such a
+tables in a lock step sent just before its run, whose failure refunds the charge
+(``proxy/serving/relation_locks.py``): a test holding one of those makes the statement fail
+uncharged, before its run. A statement opens the table's TOAST relation and index only to read
+a long value stored apart, which no lock step does: a held ``REINDEX`` of that index (``hold_toast_index``) makes a statement reading such a
 value (``SUM(amount)``, ``amount > 0`` on a table of ``create_toasted``) wait after its charge,
 on the backend, with the table held. A value dpproxy reads, stored apart: dpproxy reads a
 text's length and a numeric's stored size and compression first (``rewriter/text_bounds.py``),

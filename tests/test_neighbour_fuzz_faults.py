@@ -15,8 +15,9 @@ The point of failure is made deterministic, not timed: an administrator's sessio
 something the statement's backend waits for, the case runs in a thread until that backend waits
 (or ends without waiting), and only then is the fault applied to that backend. Two points:
 
-* the table, held in ACCESS EXCLUSIVE mode: a DP statement takes its locks before its charge
-  (``proxy/serving/relation_locks.py``), so the fault meets that lock step, uncharged;
+* the table, held in ACCESS EXCLUSIVE mode: a DP statement takes its locks in a lock step sent
+  before its run, whose failure gives the charge back (``proxy/serving/relation_locks.py``), so
+  the fault meets that lock step, uncharged;
 * the gate (``tests/post_charge_wait.py``): the statement runs on a view of the table behind it,
   and its run waits there after its charge, whatever the statement reads; the budget keeper is
   read while it waits, to see the charge made.
@@ -174,7 +175,7 @@ def _waiting_backend(admin: psycopg.Connection[Any], table: str) -> tuple[int, s
 
 def _met(statement: str, table: str) -> str:
     """What a waiting backend statement is: dpproxy's "check", the lock step that takes a DP
-    statement's locks (and checks its values) before the charge (``SELECT 1 FROM (...) AS locked
+    statement's locks (and checks its values) before its run (``SELECT 1 FROM (...) AS locked
     LIMIT 0``, proxy/serving/relation_locks.py), the DP statement's "read" of the rows (it names the table, or is longer than the 1 kB of it that
     pg_stat_activity keeps), else the statement itself, which the test reports: only those two
     read the table. (A short statement naming no table, "unplaced" here before, was the stale

@@ -296,7 +296,7 @@ def _cancelled_by_a_conflict(standby_db: StandbyDatabase, analyst: psycopg.Conne
     pair, outcome = standby_db.pair, {}
     with psycopg.connect(standby_db.primary.admin_dsn) as operator:
         # An ACCESS EXCLUSIVE lock on the gate's TOAST index, replayed: a lock on the table or its
-        # own indexes would be waited for before the charge (proxy/serving/relation_locks.py).
+        # own indexes would be waited for by the lock step, uncharged (proxy/serving/relation_locks.py).
         operator.execute(f"REINDEX INDEX {index or toast_index(operator, CONFLICT_GATE)}")
         pair.wait_for_replay(TEST_DATABASE)
 
