@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 import pytest
 from own_postgres import own_postgres
-from post_charge_wait import create_toasted, hold_toast_index
+from post_charge_wait import create_gated, hold_gate
 from reconcile import assert_reconciled, audit_lines, spend_while_running
 from test_backend_faults import LOST, POLICY, QUERY, OwnPostgres, Setup, _raised, _setup, bounded, wait_until
 
@@ -41,7 +41,7 @@ def own_pg() -> Iterator[OwnPostgres]:
     """A server of this module's own: a test kills a backend with SIGKILL, which restarts them all."""
     with own_postgres("faults", "dpproxy-pipeline-pg-") as server:
         with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
-            create_toasted(conn, "people", SERVICE_ROLE)
+            create_gated(conn, "people", SERVICE_ROLE)
             conn.execute("CREATE TABLE IF NOT EXISTS other (x int)")
             conn.execute("CREATE SEQUENCE IF NOT EXISTS runs")
             conn.execute(f"GRANT SELECT ON other TO {SERVICE_ROLE}")
@@ -212,8 +212,8 @@ def _service_pid_waiting(admin: psycopg.Connection[Any]) -> int:
 @pytest.mark.parametrize("where", ["step", "run"])
 def test_a_dp_statement_whose_backend_is_lost_in_its_lock_step_is_refunded_and_in_its_run_stays_charged(
         setup: Setup, own_pg: OwnPostgres, how: str, where: str) -> None:
-    # In the step: the operator's lock on the table, which the step waits for; in the run: a
-    # lock on the TOAST index, which only the run meets (post_charge_wait). Either way the
+    # In the step: the operator's lock on the table, which the step waits for; in the run: the
+    # gate, which only the run meets (post_charge_wait). Either way the
     # statement was charged when its backend went; only the order of its results says which.
     with setup.connect() as conn:
         query = bounded(lambda: conn.execute(QUERY).fetchone())
@@ -224,7 +224,7 @@ def test_a_dp_statement_whose_backend_is_lost_in_its_lock_step_is_refunded_and_i
             if where == "step":
                 operator.execute("LOCK TABLE people IN ACCESS EXCLUSIVE MODE")
             else:
-                hold_toast_index(operator, "people")
+                hold_gate(operator)
             outcome_of = _dp_query_waiting(conn, watcher)
             assert spend_while_running(setup.proxy, setup.user).keeper == pytest.approx(2.0)  # charged first
             pid = _service_pid_waiting(watcher)

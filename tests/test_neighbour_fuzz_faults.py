@@ -303,11 +303,15 @@ def _faulted(server: _Server, client: Client, case: Case, table: str, fault: str
     return _Faulted((outcome, round(_spent(client) - before, 9)), waited, while_waiting, state)
 
 
-def _at_lock(server: _Server, client: Client, case: Case, table: str, fault: str,
-             block: bool) -> tuple[tuple[Outcome, float], str | None]:
+def _at_lock(server: _Server, client: Client, case: Case, table: str, fault: str, block: bool,
+             keeper: Callable[[], float]) -> tuple[tuple[Outcome, float], str | None]:
     """``case`` faulted at the lock of ``table`` (``_faulted``): its outcome and charge, and what
-    the fault met."""
-    faulted = _faulted(server, client, case, table, fault, block, _table_lock(table))
+    the fault met. A wait in the statement's own backend SQL with nothing charged yet is a
+    "check": the SQL parsed before the charge (a parameter's type described for the time-key
+    narrowing, proxy/dp/narrowing.py) waits for the table there, as the lock step does after it."""
+    faulted = _faulted(server, client, case, table, fault, block, _table_lock(table), keeper)
+    if faulted.waited == "read" and faulted.charged_while_waiting == 0:
+        return faulted.outcome, "check"
     return faulted.outcome, faulted.waited
 
 
@@ -321,6 +325,7 @@ def test_a_backend_failure_mid_answer_leaves_what_the_rows_do_not_decide(
     fault_pg: _Server, fault_proxy: RunningProxy, timeout_proxy: RunningProxy,
 ) -> None:
     clients = {"main": _FaultClient(fault_proxy), "timeout": _FaultClient(timeout_proxy)}
+    proxies = {"main": fault_proxy, "timeout": timeout_proxy}
     rng = random.Random(SEED * 7919 + 37)
     failures: list[str] = []
     drawn: set[tuple[str, str]] = set()
@@ -334,23 +339,25 @@ def test_a_backend_failure_mid_answer_leaves_what_the_rows_do_not_decide(
             # Every other round the fault comes first, into a statement whose values dpproxy
             # checks (a quoted literal or a parameter). In the others it comes into a statement
             # with no values to check, after a run of its own. Either way it meets the lock step
-            # before the charge.
+            # (or, before the charge, the statement's parse for a parameter's type).
             first = (index // len(FAULTS)) % 2 == 1
             case = _drawn_case(rng, lambda case: not case.prepared and _values_checked(case) == first)
             fault = FAULTS[index % len(FAULTS)]
             block = fault != "kill" and rng.random() < 0.2 and not case.row_limit
-            client = clients["timeout" if fault == "timeout" else "main"]
+            which = "timeout" if fault == "timeout" else "main"
+            client, proxy = clients[which], proxies[which]
+            keeper = lambda: spend_while_running(proxy, "analyst").keeper  # noqa: E731
             base, neighbour = draw_tables(rng, client, drawn, case)
             runs = []
             for table in (f"nbf_{base}", neighbour):
                 if first:
                     client.epsilon = f"0.{700001 + 2 * index}"
-                    faulted, waited = _at_lock(fault_pg, client, case, table, fault, block)
+                    faulted, waited = _at_lock(fault_pg, client, case, table, fault, block, keeper)
                 client.epsilon = f"0.{700000 + 2 * index}"  # this case's own: never a repeat of another
                 reference = _charged(client, lambda: client.run(case, table))
                 client.epsilon = f"0.{700001 + 2 * index}"
                 if not first:
-                    faulted, waited = _at_lock(fault_pg, client, case, table, fault, block)
+                    faulted, waited = _at_lock(fault_pg, client, case, table, fault, block, keeper)
                 idle = client.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
                 retry = _charged(client, lambda: client.run(case, table))  # the same ε: a repeat if one was stored
                 runs.append(_FaultRun(faulted, waited, idle, retry))
