@@ -18,7 +18,8 @@ Found and fixed, pinned here:
   (``SELECT 1 FROM (<backend SQL>) AS locked LIMIT 0``) left the backend SQL's output columns,
   where a FILTER stands, unreferenced, and PostgreSQL replaces an unreferenced output of a
   subquery with a NULL before planning it, so the FILTER was never folded. The step selects the
-  whole row now (``SELECT locked FROM …``), which plans every output column. The neighbour fuzzer
+  whole row now (``SELECT locked FROM …``), which plans every output column. The same for a
+  series limit's ranking (its FILTER, or the plan's, failed after the charge alike). The neighbour fuzzer
   now counts a DP004 on its empty table as a failure (no row decided it) and draws such casts
   among its literals: without the fix it finds this at seeds 4105 (``NOT (i2 > CAST(40000 AS
   smallint))`` in a FILTER) and 4106 (``CAST(1e400 AS double precision)`` in a CASE of MODE's
@@ -37,6 +38,19 @@ Tried, and held:
   text or numeric without a quantum is read through its bound, a ``CASE`` the planner has no
   statistics for; PostgreSQL 13 and later compare a date or timestamp beyond the other type's
   range without failing.
+* A series limit (Superset's ranked subquery) over neighbours adding an infinite, a NULL and a
+  DST-edge row, under UTC, America/Sao_Paulo and Asia/Kathmandu: the same months, series and
+  charge; parameters in one are refused before the charge.
+* Constants the planner would fold in WHERE (``CAST(5000000000 AS int)`` in an IN list or OR) and
+  stable ones in a FILTER (``now() + interval '300000 years'``, ``CAST(DATE '5874897-12-31' AS
+  timestamptz)``, ``make_timestamptz(2020, 13, …)``): dpproxy's folding or the lock step raise
+  them before the charge. Casts of a column, arithmetic on one, ``date_part``/``date_trunc``/
+  ``timezone`` of one, ``AT TIME ZONE`` and ``= ANY(array)`` in WHERE are refused; column-to-column
+  comparisons are answered only within one type family (``d > ts`` answered alike above).
+* OpenDP's calls (mechanisms/opendp_calls.py) on the values the mechanisms can pass: the
+  exponential draw with scores of 0, 1e6 and 2^60 at scales from 5e-324 to 1e308, padded or not,
+  returns an index; Laplace on a float takes NaN and ±inf without failing (smooth median clamps
+  its result, and its input is a clamped median, never NaN).
 """
 
 from __future__ import annotations
@@ -76,8 +90,23 @@ _TABLE = """
 # planner reads.
 _SETS = {"s41": "", "s41q": "    answer_quantum_ms: 20\n"}
 _NAMES = {prefix: (f"{prefix}_0", *(f"{prefix}_{k}" for k in _ROWS)) for prefix in _SETS}
+# For a series limit: a category key and a time key.
+_SERIES_DDL = "(c text, ts timestamptz, i int)"
+_SERIES_ROWS = ("SELECT CASE WHEN g % 3 = 0 THEN 'a' ELSE 'b' END, '2020-01-01'::timestamptz + g * interval '13 hours', "
+                "g % 10 FROM generate_series(1, 500) g")
+_SERIES_NEIGHBOURS = {"s41s_1": "('a', 'infinity', 2147483647)", "s41s_2": "(NULL, NULL, NULL)",
+                      "s41s_3": "('a', '2020-03-29 01:30+00', -2147483648)"}
+_SERIES_TABLE = """
+    access: protected
+    epsilon: 1.0
+    columns:
+      c: {{categories: [a, b], group_by: true}}
+      ts: {{bounds: [2020-01-01, 2020-12-31], group_by: [month]}}
+      i: {{bounds: [0, 100]}}
+"""
 _POLICY = ATTACK_POLICY_HEAD + "".join(
-    f"  public.{name}:" + _TABLE + quantum for prefix, quantum in _SETS.items() for name in _NAMES[prefix])
+    f"  public.{name}:" + _TABLE + quantum for prefix, quantum in _SETS.items() for name in _NAMES[prefix]) + "".join(
+    f"  public.{name}:" + _SERIES_TABLE for name in ("s41s_0", *_SERIES_NEIGHBOURS))
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +114,7 @@ def stop41_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory
     for prefix in _SETS:
         create_neighbours(test_db.admin_dsn, f"{prefix}_0", {f"{prefix}_{k}": row for k, row in _ROWS.items()},
                           _DDL, _BASE_ROWS)
+    create_neighbours(test_db.admin_dsn, "s41s_0", _SERIES_NEIGHBOURS, _SERIES_DDL, _SERIES_ROWS)
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
         for names in _NAMES.values():
             for name in names:
@@ -115,6 +145,39 @@ def test_a_constant_the_planner_fails_to_fold_in_a_filter_fails_before_the_charg
     """The planner's folding fails whatever the rows: before the charge, on every table."""
     outcome = _outcome(stop41_proxy, statement, prefix)
     assert outcome[:2] == ("error", "22003"), outcome
+
+
+_SERIES_RANGE = "ts >= '2020-01-01 00:00+00' AND ts < '2020-07-01 00:00+00'"
+
+
+@pytest.mark.parametrize("inner, outer", [
+    ("COUNT(*) FILTER (WHERE i IN (1, CAST(5000000000 AS int)))", "COUNT(*)"),
+    ("COUNT(*)", "SUM(i) FILTER (WHERE i BETWEEN 1 AND CAST(40000 AS smallint))"),
+])
+def test_a_series_limits_constant_the_planner_fails_to_fold_fails_before_the_charge(
+        stop41_proxy: RunningProxy, inner: str, outer: str) -> None:
+    """Superset's series limit: the ranking's lock step and the plan's both plan their FILTERs."""
+    with stop41_proxy.connect() as conn:
+        outcome = same_on_neighbours(conn, _series_limited(inner, outer), ("s41s_0", *_SERIES_NEIGHBOURS),
+                                     spent_epsilon)
+    assert outcome[:2] == ("error", "22003"), outcome
+
+
+def _series_limited(inner: str, outer: str) -> str:
+    return (f"SELECT DATE_TRUNC('MONTH', ts) AS m, c AS c, {outer} AS v FROM {{t}} JOIN (SELECT c AS c__, "
+            f"{inner} AS mme_inner__ FROM {{t}} WHERE {_SERIES_RANGE} GROUP BY c ORDER BY {inner} DESC LIMIT 1) "
+            f"AS series_limit ON c = c__ WHERE {_SERIES_RANGE} GROUP BY DATE_TRUNC('MONTH', ts), c")
+
+
+@pytest.mark.parametrize("timezone", ["UTC", "America/Sao_Paulo", "Asia/Kathmandu"])
+def test_a_series_limit_is_answered_alike_on_neighbours_in_any_time_zone(stop41_proxy: RunningProxy,
+                                                                         timezone: str) -> None:
+    """An infinite, a NULL and a DST-edge row: the same months, series and charge."""
+    with stop41_proxy.connect() as conn:
+        conn.execute(f"SET TimeZone = '{timezone}'")
+        outcome = same_on_neighbours(conn, _series_limited("COUNT(*)", "SUM(i)"), ("s41s_0", *_SERIES_NEIGHBOURS),
+                                     spent_epsilon, keys=2)
+    assert outcome[0] == "answer", outcome
 
 
 _IN_120 = ", ".join(str(k) for k in range(120))
