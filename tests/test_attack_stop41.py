@@ -14,7 +14,8 @@ Found and fixed, pinned here:
   (``count(*) FILTER (WHERE i IN (1, CAST(5000000000 AS int)))``) passed the lock step and failed
   the run after the charge, with DP004, on every table: charged for a statement that fails
   whatever the rows. dpproxy's own folding takes a FILTER's computed values, not such a literal
-  cast beside others; in WHERE the lock step's planning raised it before the charge, but the step
+  cast beside others; in WHERE the lock step's planning raised it (uncharged: before the charge,
+  and since the step goes in one pipeline with the run, refunded), but the step
   (``SELECT 1 FROM (<backend SQL>) AS locked LIMIT 0``) left the backend SQL's output columns,
   where a FILTER stands, unreferenced, and PostgreSQL replaces an unreferenced output of a
   subquery with a NULL before planning it, so the FILTER was never folded. The step selects the
@@ -27,7 +28,7 @@ Found and fixed, pinned here:
 
 Tried, and held:
 
-* The planner's statistics, read by the lock step before the charge (``eqsel`` and
+* The planner's statistics, read by the lock step, whose failure is uncharged (``eqsel`` and
   ``scalarineqsel`` on the histogram and most common values, an IN list's estimate against
   them, ``patternsel`` for LIKE and ILIKE): on analysed neighbours whose row is 1e400, 1e-400,
   NaN, ±Infinity, integers and dates at their types' limits and at infinity, a 300-byte text
@@ -44,7 +45,7 @@ Tried, and held:
 * Constants the planner would fold in WHERE (``CAST(5000000000 AS int)`` in an IN list or OR) and
   stable ones in a FILTER (``now() + interval '300000 years'``, ``CAST(DATE '5874897-12-31' AS
   timestamptz)``, ``make_timestamptz(2020, 13, …)``): dpproxy's folding or the lock step raise
-  them before the charge. Casts of a column, arithmetic on one, ``date_part``/``date_trunc``/
+  them uncharged. Casts of a column, arithmetic on one, ``date_part``/``date_trunc``/
   ``timezone`` of one, ``AT TIME ZONE`` and ``= ANY(array)`` in WHERE are refused; column-to-column
   comparisons are answered only within one type family (``d > ts`` answered alike above).
 * OpenDP's calls (mechanisms/opendp_calls.py) on the values the mechanisms can pass: the
@@ -142,7 +143,7 @@ def _outcome(proxy: RunningProxy, sql: str, prefix: str = "s41") -> tuple[object
 @pytest.mark.parametrize("prefix", list(_SETS))
 def test_a_constant_the_planner_fails_to_fold_in_a_filter_fails_before_the_charge(
         stop41_proxy: RunningProxy, statement: str, prefix: str) -> None:
-    """The planner's folding fails whatever the rows: before the charge, on every table."""
+    """The planner's folding fails whatever the rows: in the lock step, uncharged, on every table."""
     outcome = _outcome(stop41_proxy, statement, prefix)
     assert outcome[:2] == ("error", "22003"), outcome
 
@@ -196,7 +197,7 @@ _TEXTS_64 = ", ".join(f"'v{k}'" for k in range(64))
 @pytest.mark.parametrize("prefix", list(_SETS))
 def test_statistics_holding_the_adversarial_row_decide_nothing_the_analyst_sees(
         stop41_proxy: RunningProxy, condition: str, prefix: str) -> None:
-    """The lock step plans before the charge, reading pg_statistic: the adversarial row at a
+    """The lock step plans, uncharged if it fails, reading pg_statistic: the adversarial row at a
     histogram's end or among the most common values changes neither the outcome nor the charge."""
     outcome = _outcome(stop41_proxy, f"SELECT count(*), count(*) FILTER (WHERE {condition}), sum(i), avg(n) "
                                      f"FROM {{t}} WHERE {condition} OR i IS NULL", prefix)
