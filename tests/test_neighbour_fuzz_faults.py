@@ -44,6 +44,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from proxy.serving.relation_locks import lock_step_sql
 from tests.conftest import TEST_DATABASE, TEST_POLICY, RunningProxy, TestDatabase, make_policy, running_proxy
 from tests.neighbour_cases import Case
 from tests.own_postgres import own_postgres
@@ -173,14 +174,17 @@ def _waiting_backend(admin: psycopg.Connection[Any], table: str) -> tuple[int, s
     return None if row is None else (int(row[0]), str(row[1]))
 
 
+_LOCK_STEP = lock_step_sql("\0").partition("\0")[0]  # how the lock step's text begins
+
+
 def _met(statement: str, table: str) -> str:
     """What a waiting backend statement is: dpproxy's "check", the lock step that takes a DP
-    statement's locks (and checks its values) before its run (``SELECT 1 FROM (...) AS locked
+    statement's locks (and checks its values) before its run (``SELECT locked FROM (...) AS locked
     LIMIT 0``, proxy/serving/relation_locks.py), the DP statement's "read" of the rows (it names the table, or is longer than the 1 kB of it that
     pg_stat_activity keeps), else the statement itself, which the test reports: only those two
     read the table. (A short statement naming no table, "unplaced" here before, was the stale
     text ``_waiting_backend`` read before it cleared the activity snapshot.)"""
-    if statement.startswith(("SELECT 1 FROM (", "BEGIN; SELECT 1 FROM (")):
+    if statement.startswith((_LOCK_STEP, f"BEGIN; {_LOCK_STEP}")):
         return "check"
     return "read" if len(statement.encode()) >= 1000 or table in statement else statement
 

@@ -16,12 +16,14 @@ from typing import Any
 import psycopg
 import pytest
 
+from proxy.serving.relation_locks import lock_step_sql
 from tests.conftest import TEST_POLICY, TestDatabase, running_proxy, spent_epsilon
 from tests.post_charge_wait import create_gated, hold_gate, waiting_at_gate, with_toasted
 from tests.reconcile import spend_while_running
 
 _GATE = "gate0_gate"
-_LOCK_STEP = ("SELECT 1 FROM (", "BEGIN; SELECT 1 FROM (")  # proxy/serving/relation_locks.py's step, maybe in a block
+_STEP = lock_step_sql("\0").partition("\0")[0]
+_LOCK_STEP = (_STEP, f"BEGIN; {_STEP}")  # proxy/serving/relation_locks.py's step, maybe in a block
 BOUND_S = 30.0
 
 

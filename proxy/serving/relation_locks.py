@@ -82,8 +82,13 @@ class LocksNotTaken(Exception):
 
 def lock_step_sql(sql: str) -> str:
     """The lock step of the backend SQL ``sql``: planned and started, it takes ``sql``'s locks;
-    its ``LIMIT 0`` runs no plan node, so no row is read and no expression meets a row."""
-    return f"SELECT 1 FROM ({sql}) AS locked LIMIT 0"
+    its ``LIMIT 0`` runs no plan node, so no row is read and no expression meets a row.
+
+    It selects the whole row of ``sql``: were an output column unreferenced, the planner would
+    replace it with a NULL before planning ``sql`` and never fold its constants, so an error
+    the run's planning raises there (``count(*) FILTER (WHERE i IN (1, CAST(5000000000 AS
+    int)))``: 22003, whatever the rows) would fail the run, whose charge stands, not the step."""
+    return f"SELECT locked FROM ({sql}) AS locked LIMIT 0"
 
 
 async def with_locks(backend: BackendSession, steps: Sequence[tuple[str, Relation]],

@@ -1,0 +1,204 @@
+"""Stop 41: the lock step's SQL against what the run plans, and the planner's statistics.
+
+The DP statements run on a base table and on neighbours that each add one adversarial row (a
+numeric of 1e400 and of 1e-400, NaN, ±Infinity, dates and timestamps at infinity and at their
+types' limits, integers at their limits, a text of 300 bytes and one of multibyte characters,
+NULLs); what the analyst sees but the noised values must be the same on all, and a refusal
+costs nothing. Real dpproxy, real PostgreSQL. The tables are analysed, so the planner's
+statistics (the histogram's bounds, the most common values) hold the adversarial row.
+
+Found and fixed, pinned here:
+
+* A constant PostgreSQL's planner folds and fails on (``CAST(5000000000 AS int)``, ``CAST(1e400
+  AS float8)``, ``CAST(40000 AS int2)``) inside an IN list, an OR or a BETWEEN of a FILTER
+  (``count(*) FILTER (WHERE i IN (1, CAST(5000000000 AS int)))``) passed the lock step and failed
+  the run after the charge, with DP004, on every table: charged for a statement that fails
+  whatever the rows. dpproxy's own folding takes a FILTER's computed values, not such a literal
+  cast beside others; in WHERE the lock step's planning raised it (uncharged: before the charge,
+  and since the step goes in one pipeline with the run, refunded), but the step
+  (``SELECT 1 FROM (<backend SQL>) AS locked LIMIT 0``) left the backend SQL's output columns,
+  where a FILTER stands, unreferenced, and PostgreSQL replaces an unreferenced output of a
+  subquery with a NULL before planning it, so the FILTER was never folded. The step selects the
+  whole row now (``SELECT locked FROM …``), which plans every output column. The same for a
+  series limit's ranking (its FILTER, or the plan's, failed after the charge alike). The neighbour fuzzer
+  now counts a DP004 on its empty table as a failure (no row decided it) and draws such casts
+  among its literals: without the fix it finds this at seeds 4105 (``NOT (i2 > CAST(40000 AS
+  smallint))`` in a FILTER) and 4106 (``CAST(1e400 AS double precision)`` in a CASE of MODE's
+  ORDER BY).
+
+Tried, and held:
+
+* The planner's statistics, read by the lock step, whose failure is uncharged (``eqsel`` and
+  ``scalarineqsel`` on the histogram and most common values, an IN list's estimate against
+  them, ``patternsel`` for LIKE and ILIKE): on analysed neighbours whose row is 1e400, 1e-400,
+  NaN, ±Infinity, integers and dates at their types' limits and at infinity, a 300-byte text
+  and one of 200 two-byte characters, ``''`` and NULL, 32 conditions on every column kind in
+  WHERE and in a FILTER (cross-type date/timestamptz and column-to-column comparisons too),
+  with and without an answer quantum (under which text equality and a numeric's comparisons
+  read the raw column, whose statistics the planner reads): the same outcome and charge. A
+  text or numeric without a quantum is read through its bound, a ``CASE`` the planner has no
+  statistics for; PostgreSQL 13 and later compare a date or timestamp beyond the other type's
+  range without failing.
+* A series limit (Superset's ranked subquery) over neighbours adding an infinite, a NULL and a
+  DST-edge row, under UTC, America/Sao_Paulo and Asia/Kathmandu: the same months, series and
+  charge; parameters in one are refused before the charge.
+* Constants the planner would fold in WHERE (``CAST(5000000000 AS int)`` in an IN list or OR) and
+  stable ones in a FILTER (``now() + interval '300000 years'``, ``CAST(DATE '5874897-12-31' AS
+  timestamptz)``, ``make_timestamptz(2020, 13, …)``): dpproxy's folding or the lock step raise
+  them uncharged. Casts of a column, arithmetic on one, ``date_part``/``date_trunc``/
+  ``timezone`` of one, ``AT TIME ZONE`` and ``= ANY(array)`` in WHERE are refused; column-to-column
+  comparisons are answered only within one type family (``d > ts`` answered alike above).
+* OpenDP's calls (mechanisms/opendp_calls.py) on the values the mechanisms can pass: the
+  exponential draw with scores of 0, 1e6 and 2^60 at scales from 5e-324 to 1e308, padded or not,
+  returns an index; Laplace on a float takes NaN and ±inf without failing (smooth median clamps
+  its result, and its input is a clamped median, never NaN).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
+from tests.neighbour_outcome import create_neighbours, same_on_neighbours
+
+_DDL = "(id int, i int, b bigint, f float8, n numeric, d date, ts timestamptz, t text)"
+_BASE_ROWS = ("SELECT g, g % 10, g, g, g % 100, '2020-01-01'::date + g, '2020-01-01'::timestamptz + g * interval '1 hour', "
+              "'v' || (g % 7) FROM generate_series(1, 500) g")
+# One adversarial row each (columns as _DDL).
+_ROWS = {
+    "1": "(1001, 2147483647, 9223372036854775807, 1e308, CAST('1e400' AS numeric), '5874897-12-31', "
+         "'294276-12-31 23:59:59+00', repeat('x', 300))",
+    "2": "(1002, -2147483648, -9223372036854775808, 'NaN', CAST('1e-400' AS numeric), '4713-01-01 BC', "
+         "'4713-01-01 00:00+00 BC', repeat('é', 200))",
+    "3": "(1003, 0, 0, 'Infinity', 'NaN', 'infinity', '-infinity', '')",
+    "4": "(1004, 0, 0, '-Infinity', '-Infinity', '-infinity', 'infinity', 'v1' || repeat(' ', 250))",
+    "5": "(1005, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
+}
+_TABLE = """
+    access: protected
+    epsilon: 1.0
+    delta: 1.0e-6
+    columns:
+      i: {{bounds: [0, 100]}}
+      n: {{bounds: [0, 100]}}
+      f: {{bounds: [0, 100]}}
+"""
+# Each set: a base table and its neighbours; "q" has an answer quantum, under which text equality
+# and a numeric's comparisons read the raw column (rewriter/raw_equality.py), whose statistics the
+# planner reads.
+_SETS = {"s41": "", "s41q": "    answer_quantum_ms: 20\n"}
+_NAMES = {prefix: (f"{prefix}_0", *(f"{prefix}_{k}" for k in _ROWS)) for prefix in _SETS}
+# For a series limit: a category key and a time key.
+_SERIES_DDL = "(c text, ts timestamptz, i int)"
+_SERIES_ROWS = ("SELECT CASE WHEN g % 3 = 0 THEN 'a' ELSE 'b' END, '2020-01-01'::timestamptz + g * interval '13 hours', "
+                "g % 10 FROM generate_series(1, 500) g")
+_SERIES_NEIGHBOURS = {"s41s_1": "('a', 'infinity', 2147483647)", "s41s_2": "(NULL, NULL, NULL)",
+                      "s41s_3": "('a', '2020-03-29 01:30+00', -2147483648)"}
+_SERIES_TABLE = """
+    access: protected
+    epsilon: 1.0
+    columns:
+      c: {{categories: [a, b], group_by: true}}
+      ts: {{bounds: [2020-01-01, 2020-12-31], group_by: [month]}}
+      i: {{bounds: [0, 100]}}
+"""
+_POLICY = ATTACK_POLICY_HEAD + "".join(
+    f"  public.{name}:" + _TABLE + quantum for prefix, quantum in _SETS.items() for name in _NAMES[prefix]) + "".join(
+    f"  public.{name}:" + _SERIES_TABLE for name in ("s41s_0", *_SERIES_NEIGHBOURS))
+
+
+@pytest.fixture(scope="module")
+def stop41_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    for prefix in _SETS:
+        create_neighbours(test_db.admin_dsn, f"{prefix}_0", {f"{prefix}_{k}": row for k, row in _ROWS.items()},
+                          _DDL, _BASE_ROWS)
+    create_neighbours(test_db.admin_dsn, "s41s_0", _SERIES_NEIGHBOURS, _SERIES_DDL, _SERIES_ROWS)
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        for names in _NAMES.values():
+            for name in names:
+                admin.execute(f"ANALYZE {name}")
+    with running_proxy(test_db, tmp_path_factory, _POLICY) as running:
+        yield running
+
+
+def _outcome(proxy: RunningProxy, sql: str, prefix: str = "s41") -> tuple[object, ...]:
+    """``sql``'s masked outcome, the same on every table of the set ``prefix``, an error charged nothing."""
+    with proxy.connect() as conn:
+        return same_on_neighbours(conn, sql, _NAMES[prefix], spent_epsilon)
+
+
+@pytest.mark.parametrize("statement", [
+    "SELECT count(*) FILTER (WHERE i IN (1, CAST(5000000000 AS int))) FROM {t}",
+    "SELECT count(*) FILTER (WHERE i > 10 OR i > CAST(5000000000 AS int)) FROM {t}",
+    "SELECT count(*) FILTER (WHERE i BETWEEN 1 AND CAST(5000000000 AS int)) FROM {t}",
+    "SELECT count(*) FILTER (WHERE f IN (1, CAST(1e400 AS float8))) FROM {t}",
+    "SELECT sum(i) FILTER (WHERE i IN (1, CAST(40000 AS int2))), count(*) FROM {t}",
+    "SELECT count(*), avg(n) FILTER (WHERE b IN (1, CAST(1e20 AS bigint))) FROM {t} WHERE i > 3",
+    "SELECT avg(i) FILTER (WHERE 42 < i OR NOT (i > CAST(40000 AS smallint))), count(*) FROM {t}",
+    "SELECT count(CASE WHEN f NOT BETWEEN CAST(1e400 AS double precision) AND 2 THEN 1 END) FROM {t}",
+])
+@pytest.mark.parametrize("prefix", list(_SETS))
+def test_a_constant_the_planner_fails_to_fold_in_a_filter_fails_before_the_charge(
+        stop41_proxy: RunningProxy, statement: str, prefix: str) -> None:
+    """The planner's folding fails whatever the rows: in the lock step, uncharged, on every table."""
+    outcome = _outcome(stop41_proxy, statement, prefix)
+    assert outcome[:2] == ("error", "22003"), outcome
+
+
+_SERIES_RANGE = "ts >= '2020-01-01 00:00+00' AND ts < '2020-07-01 00:00+00'"
+
+
+@pytest.mark.parametrize("inner, outer", [
+    ("COUNT(*) FILTER (WHERE i IN (1, CAST(5000000000 AS int)))", "COUNT(*)"),
+    ("COUNT(*)", "SUM(i) FILTER (WHERE i BETWEEN 1 AND CAST(40000 AS smallint))"),
+])
+def test_a_series_limits_constant_the_planner_fails_to_fold_fails_before_the_charge(
+        stop41_proxy: RunningProxy, inner: str, outer: str) -> None:
+    """Superset's series limit: the ranking's lock step and the plan's both plan their FILTERs."""
+    with stop41_proxy.connect() as conn:
+        outcome = same_on_neighbours(conn, _series_limited(inner, outer), ("s41s_0", *_SERIES_NEIGHBOURS),
+                                     spent_epsilon)
+    assert outcome[:2] == ("error", "22003"), outcome
+
+
+def _series_limited(inner: str, outer: str) -> str:
+    return (f"SELECT DATE_TRUNC('MONTH', ts) AS m, c AS c, {outer} AS v FROM {{t}} JOIN (SELECT c AS c__, "
+            f"{inner} AS mme_inner__ FROM {{t}} WHERE {_SERIES_RANGE} GROUP BY c ORDER BY {inner} DESC LIMIT 1) "
+            f"AS series_limit ON c = c__ WHERE {_SERIES_RANGE} GROUP BY DATE_TRUNC('MONTH', ts), c")
+
+
+@pytest.mark.parametrize("timezone", ["UTC", "America/Sao_Paulo", "Asia/Kathmandu"])
+def test_a_series_limit_is_answered_alike_on_neighbours_in_any_time_zone(stop41_proxy: RunningProxy,
+                                                                         timezone: str) -> None:
+    """An infinite, a NULL and a DST-edge row: the same months, series and charge."""
+    with stop41_proxy.connect() as conn:
+        conn.execute(f"SET TimeZone = '{timezone}'")
+        outcome = same_on_neighbours(conn, _series_limited("COUNT(*)", "SUM(i)"), ("s41s_0", *_SERIES_NEIGHBOURS),
+                                     spent_epsilon, keys=2)
+    assert outcome[0] == "answer", outcome
+
+
+_IN_120 = ", ".join(str(k) for k in range(120))
+_TEXTS_64 = ", ".join(f"'v{k}'" for k in range(64))
+
+
+@pytest.mark.parametrize("condition", [
+    "i = 5", "i > 2147483646", "i < -2147483647", f"i IN ({_IN_120})", "b > 9223372036854775806",
+    "b BETWEEN -9223372036854775808 AND 0", "n > 5", "n = 'NaN'", "n < CAST('1e400' AS numeric)",
+    f"n IN ({_IN_120})", "n > CAST('-Infinity' AS numeric)", "f > 1e308", "f = 'NaN'", "f < '-Infinity'",
+    "d > '5874897-12-30'", "d < '4713-01-02 BC'", "d = 'infinity'", "d > CAST('2020-01-01' AS timestamptz)",
+    "ts > '294276-12-31 23:59:58+00'", "ts < '-infinity'", "ts > CAST('2020-02-01' AS date)", "ts > d", "d < ts",
+    "t = 'v1'", f"t IN ({_TEXTS_64})", "t > 'v3'", "t LIKE 'v%'", "t LIKE '%x%x%x%x%'", "t ILIKE '%É%'",
+    "t = ''", "t < 'w' AND t > ''", "t = 'v1' OR t IS NULL",
+])
+@pytest.mark.parametrize("prefix", list(_SETS))
+def test_statistics_holding_the_adversarial_row_decide_nothing_the_analyst_sees(
+        stop41_proxy: RunningProxy, condition: str, prefix: str) -> None:
+    """The lock step plans, uncharged if it fails, reading pg_statistic: the adversarial row at a
+    histogram's end or among the most common values changes neither the outcome nor the charge."""
+    outcome = _outcome(stop41_proxy, f"SELECT count(*), count(*) FILTER (WHERE {condition}), sum(i), avg(n) "
+                                     f"FROM {{t}} WHERE {condition} OR i IS NULL", prefix)
+    assert outcome[0] == "answer", outcome
