@@ -23,8 +23,8 @@ import psycopg
 from policies.model import TablePolicy
 
 __all__ = ["LONG_NUMBER", "LONG_NUMBER_BYTES", "LONG_TEXT", "PAD", "READ_APART_NUMERIC", "READ_APART_TEXT", "SHORT_TEXT",
-           "TEXT_MAX_BYTES", "create_toasted", "hold_toast_index", "keep_apart", "store_apart", "toast_index",
-           "with_toasted"]
+           "TEXT_MAX_BYTES", "WIDE_PAD", "create_toasted", "hold_toast_index", "keep_apart", "store_apart",
+           "toast_index", "with_toasted"]
 
 LONG_NUMBER = "(SELECT ('1' || pg_catalog.string_agg(lpad((random() * 1e8)::int8::text, 8, '0'), ''))::numeric " \
               "FROM generate_series(1, 110) g)"
@@ -55,6 +55,9 @@ READ_APART_TEXT = "varchar(64)"
 PAD = "(SELECT pg_catalog.string_agg(md5(random()::text), '') FROM generate_series(1, 57) g)"
 """1,824 random characters: in a column kept in the row, they leave no room for the long value."""
 
+WIDE_PAD = f"{PAD} || repeat('-', 250)"
+"""``PAD`` and 250 characters more: they leave no room for ``SHORT_TEXT`` either."""
+
 
 def keep_apart(admin: psycopg.Connection[Any], table: str, column: str) -> None:
     """Lay ``table`` out as :func:`store_apart` does, without adding a row: a column ``pad`` kept
@@ -65,14 +68,15 @@ def keep_apart(admin: psycopg.Connection[Any], table: str, column: str) -> None:
 
 
 def store_apart(admin: psycopg.Connection[Any], table: str, column: str, values: str,
-                most: int = LONG_NUMBER_BYTES) -> None:
+                most: int = LONG_NUMBER_BYTES, pad: str = PAD) -> None:
     """Add to ``table`` one row (``values``, a select list that ends with ``LONG_NUMBER``,
     ``LONG_TEXT`` or ``SHORT_TEXT`` for ``column``, the table's last column) whose value is stored
     apart, in the TOAST relation, uncompressed, in more than half of ``most`` bytes and at most
     ``most`` (``LONG_NUMBER_BYTES``, ``TEXT_MAX_BYTES``, 64): the table is laid out by
-    :func:`keep_apart` first."""
+    :func:`keep_apart` first. ``pad``: the row's pad (``WIDE_PAD`` for a value too short for
+    ``PAD`` to push it out)."""
     keep_apart(admin, table, column)
-    admin.execute(f"INSERT INTO {table} SELECT {values}, {PAD}")
+    admin.execute(f"INSERT INTO {table} SELECT {values}, {pad}")
     toast = toast_index(admin, table).removesuffix("_index")
     chunks = admin.execute(f"SELECT count(*) FROM {toast}").fetchone()
     size = admin.execute(f"SELECT max(pg_catalog.pg_column_size({column})) FROM {table} "

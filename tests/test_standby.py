@@ -50,8 +50,8 @@ from proxy.serving.startup import StartupError
 from tests.conftest import (ATTACK_POLICY_HEAD, TEST_DATABASE, TEST_POLICY, RunningProxy, StandbyDatabase,
                             TestDatabase, running_proxy, spent_epsilon)
 from tests.neighbour_outcome import create_neighbours, masked_outcome
-from tests.post_charge_wait import (LONG_NUMBER, READ_APART_NUMERIC, READ_APART_TEXT, SHORT_TEXT, keep_apart, store_apart,
-                                    toast_index)
+from tests.post_charge_wait import (LONG_NUMBER, READ_APART_NUMERIC, READ_APART_TEXT, SHORT_TEXT, WIDE_PAD, keep_apart,
+                                    store_apart, toast_index)
 import tests.test_attack_settings as settings_attack
 from tests.test_attack_settings import (_BASE_ROWS, _BINARY_AND_COPY, _DDL, _NEIGHBOURS, _POLICY, ACCEPTED_FORMS,
                                         SESSION_STATES, _answer_form, _dates_as_text, _same_on_neighbours)
@@ -425,7 +425,7 @@ def toasted_neighbours(standby_db: StandbyDatabase, tmp_path_factory: pytest.Tem
                           "FROM generate_series(1, 200) g")
             admin.execute(f"GRANT SELECT ON {table} TO dpproxy_service")
         keep_apart(admin, "tx0", "s")
-        store_apart(admin, "tx1", "s", SHORT_TEXT, most=64)
+        store_apart(admin, "tx1", "s", SHORT_TEXT, most=64, pad=WIDE_PAD)
         admin.execute("ALTER ROLE dpproxy_service SET lock_timeout = '100ms'")
         try:
             standby_db.pair.wait_for_replay(TEST_DATABASE)
