@@ -269,8 +269,9 @@ _TEXT_VALUES = {"empty": "''", "short": "'abc'", **{str(n): _RANDOM.format(n=n) 
 _DIGITS = "(SELECT ('1' || pg_catalog.string_agg(lpad((random() * 1e8)::int8::text, 8, '0'), ''))::numeric " \
           "FROM generate_series(1, {n} / 8))"
 _NUMERIC_VALUES = {"small": "1.5", "NaN": "'NaN'", **{f"{n} digits": _DIGITS.format(n=n) for n in (40, 200, 240, 256, 880)},
-                   "compressible": "repeat('1', 2000)::numeric"}
-# (storage of the value's column, whether a pad kept in the row makes the row wide)
+                   **{f"{n} repeated digits": f"repeat('1', {n})::numeric" for n in (300, 420, 500, 640, 700, 1000, 2000)}}
+# (storage of the value's column, whether a pad kept in the row, never compressed, makes the row wide:
+# 3,648 bytes, which push out even a value of 25 bytes)
 _LAYOUTS = (("EXTENDED", False), ("EXTENDED", True), ("MAIN", True), ("EXTERNAL", True), ("EXTERNAL", False))
 
 
@@ -284,8 +285,8 @@ def _stored_forms(dsn: str, column_type: str, values: dict[str, str], test: str)
             for storage, wide in _LAYOUTS:
                 admin.execute("DROP TABLE IF EXISTS s40_form")
                 admin.execute(f"CREATE TABLE s40_form (x {column_type}, pad text)")
-                admin.execute(f"ALTER TABLE s40_form ALTER COLUMN x SET STORAGE {storage}, ALTER COLUMN pad SET STORAGE MAIN")
-                admin.execute(f"INSERT INTO s40_form SELECT {value}, {PAD if wide else 'NULL'}")
+                admin.execute(f"ALTER TABLE s40_form ALTER COLUMN x SET STORAGE {storage}, ALTER COLUMN pad SET STORAGE PLAIN")
+                admin.execute(f"INSERT INTO s40_form SELECT {value}, {f'{PAD} || {PAD}' if wide else 'NULL'}")
                 toast = toast_index(admin, "s40_form").removesuffix("_index")
                 row = admin.execute(f"SELECT (SELECT count(*) FROM {toast}), pg_catalog.pg_column_compression(x), "
                                     f"pg_catalog.pg_column_size(x), {test} FROM s40_form").fetchone()
@@ -324,6 +325,8 @@ def test_a_numeric_is_read_only_when_stored_in_the_row_uncompressed_within_the_b
     assert [(label, size) for label, size, truth, in_line in forms
             if in_line != (truth and size <= NUMERIC_MAX_BYTES)] == []
     assert any(in_line for label, _, _, in_line in forms if label.startswith("240 digits"))
+    assert any(not truth and size <= NUMERIC_MAX_BYTES for _, size, truth, _ in forms), "none stored apart in 127 bytes"
+    assert any(not truth and size % 2 for _, size, truth, _ in forms), "none compressed in an odd size"
 
 
 @pytest.mark.parametrize("column, sql", [

@@ -180,7 +180,7 @@ SITES: tuple[Site, ...] = (
     Site("stored-apart.numeric-parity", "rewriter/text_bounds.py", "{operator(operator(size, '%', '2'), '=', '1')}",
          "TRUE", "apart"),
     Site("stored-apart.numeric-compression", "rewriter/text_bounds.py",
-         'return (f"pg_catalog.pg_column_compression({sql}) IS NULL AND "', 'return (f"', "apart"),
+         'return (f"pg_catalog.pg_column_compression({sql}) IS NULL AND "', 'return (f""', "apart"),
     Site("text-bounds.series-limit", "rewriter/series_limit.py", "work_refusal(ranking.text_work + outer.text_work)",
          "None", "text"),
     Site("text-bounds.bound-pattern", "proxy/dp/folding.py", "refused = _work_refusal(plan, folding, patterns)",
