@@ -13,6 +13,9 @@ docs/policy.md), each with a domain known in advance:
   three months); one cell per bucket the range touches, rows outside it (and NULL) in no cell;
 * ``bin``: ``width_bucket(col, lo, hi, n)`` on a bounded numeric column; the n + 2 cells
   0 … n + 1 that ``width_bucket`` can return for any value, NULL and NaN in no cell;
+* ``floor``: Metabase's numeric binning ``floor((col - A) / W) * W + A`` on a bounded numeric
+  column; one cell per bin index ``floor((col - A) / W)`` a value within the bounds can have,
+  rows outside them, NULL and NaN in no cell (:mod:`rewriter.floor_bins`);
 * ``epoch``: Grafana's ``floor(extract(epoch from col)/N)*N`` on a time column whose policy opts
   ``day`` in, N whole days in seconds; one cell per N-second bucket (counted from 1970-01-01
   UTC) the declared range touches, read in UTC (:mod:`rewriter.epoch_buckets`).
@@ -49,6 +52,7 @@ from .date_hints import date_shape_advice, part_advice
 from .date_parts import PART_UNITS, DatePart, PartShape, date_part_shape, part_value, time_source
 from .epoch_buckets import DAY_SECONDS, bucket_of, epoch_bucket, epoch_seconds
 from .epoch_buckets import bucket_start as epoch_start
+from .floor_bins import BinError, FloorBin, floor_bin, floor_shape
 from .scope import Scope
 from .sql_text import literal, operator, short_text
 from .types import INT4, INTEGER_TYPES, NUMERIC, NUMERIC_TYPES
@@ -59,7 +63,7 @@ __all__ = ["DATE", "GroupKey", "KeyRange", "TIMESTAMP", "TIMESTAMPTZ", "column_k
 DATE, TIMESTAMP, TIMESTAMPTZ = 1082, 1114, 1184
 TIME_TYPES = frozenset({DATE, TIMESTAMP, TIMESTAMPTZ})
 
-KeyKind = Literal["category", "integer", "time", "bin", "epoch"]
+KeyKind = Literal["category", "integer", "time", "bin", "epoch", "floor"]
 
 # date_trunc's spellings of the units a policy may opt in (PostgreSQL's own abbreviations,
 # as sqlglot reads them), each to its unit.
@@ -89,6 +93,9 @@ class GroupKey:
     ``width_bucket``'s bounds and bucket count, ``bin_type`` the overload PostgreSQL resolves
     the call to (``double precision`` unless the column or a bound is ``numeric``).
     An ``epoch`` key's ``first`` is its first bucket's start (UTC) and ``seconds`` its width.
+    A ``floor`` key's ``floor`` holds its bin indices and the backend's arithmetic; its cells are
+    released as the indices (``result_type_oid`` the type of ``floor(...)``), of which the outer
+    statement computes ``* W + A``.
     A time key's ``cast`` is the type (``date``, ``timestamp``, ``timestamptz``) the column is
     cast to inside ``date_trunc`` (Tableau's ``DATE_TRUNC('MONTH', CAST(col AS DATE))``), or None.
     A time key with a ``part`` is a function of its buckets (:mod:`rewriter.date_parts`): the
@@ -110,13 +117,14 @@ class GroupKey:
     cast: str | None = None
     part: DatePart | None = None
     shift: int = 0
+    floor: FloorBin | None = None
 
     @property
     def identity(self) -> tuple[str, str, str | None, tuple[float, float, int] | None, str, int, str | None,
-                                str | None, int]:
+                                str | None, int, FloorBin | None]:
         """What the key groups by, whatever part of its domain a query answers."""
         return (self.column.name, self.kind, self.unit, self.bins, self.bin_type, self.seconds, self.cast,
-                self.part, self.shift)
+                self.part, self.shift, self.floor)
 
     def narrowed(self, lo: datetime | None, hi: datetime | None) -> GroupKey:
         """A time key's buckets that meet [lo, hi] (None: unbounded on that side); maybe none."""
@@ -164,6 +172,8 @@ class GroupKey:
             return int(policy.bounds[1]) - int(policy.bounds[0]) + 1
         if self.kind in ("time", "epoch"):
             return self.count
+        if self.floor is not None:
+            return self.floor.count
         assert self.bins is not None
         return self.bins[2] + 2
 
@@ -181,6 +191,8 @@ class GroupKey:
             return [start.isoformat(sep=" ") for start in self._starts()]
         if self.kind == "epoch":
             return [str((self._first_index + i) * self.seconds) for i in range(self.count)]
+        if self.floor is not None:
+            return [str(self.floor.first + i) for i in range(self.floor.count)]
         return [str(i) for i in range(self.size)]
 
     def value_at(self, start: datetime) -> int | datetime:
@@ -222,6 +234,8 @@ class GroupKey:
             within = f"{operator(name, '>=', self._utc_literal(self.first))} AND {operator(name, '<', self._end_sql())}"
             index = f"pg_catalog.floor({operator(f'EXTRACT(EPOCH FROM {name})', '/', str(self.seconds))})"
             return f"CASE WHEN {within} THEN {index} END"
+        if self.floor is not None:
+            return self.floor.row_sql(self.column.name)
         assert self.bins is not None
         lo, hi, n = self.bins
         bound = self.bin_type
@@ -279,6 +293,8 @@ class GroupKey:
             return f"CASE WHEN {operator(row, '>=', lo)} AND {operator(row, '<=', hi)} THEN {row} END"
         if self.kind == "time":
             return f"pg_catalog.to_char({row}, {literal(_KEY_TEXT)})"
+        if self.floor is not None:
+            return self.floor.cell_sql(row)
         return row
 
     def cell_of(self, value: bytes | None) -> int | None:
@@ -298,6 +314,9 @@ class GroupKey:
         if self.kind == "epoch":
             index = int(Decimal(value.decode("ascii"))) - self._first_index
             return index if 0 <= index < self.count else None
+        if self.floor is not None:
+            index = int(value) - self.floor.first
+            return index if 0 <= index < self.floor.count else None
         return int(value)
 
 
@@ -388,14 +407,15 @@ def key_form(node: exp.Expression) -> bool:
     if isinstance(node, exp.Cast):
         node = node.this
     return (isinstance(node, (exp.Column, exp.TimestampTrunc, exp.DateTrunc, exp.WidthBucket))
-            or epoch_bucket(node) is not None or _year_of(_year_number(node)) is not None)
+            or epoch_bucket(node) is not None or _year_of(_year_number(node)) is not None or floor_shape(node) is not None)
 
 
 def key_over_columns(node: exp.Expression) -> bool:
     """Whether ``node`` is a time or bin key written over a column, as a wrapper subquery may
     select it (:mod:`rewriter.flatten`): ``date_trunc`` of a column or of its cast to a time type,
-    ``width_bucket`` of a column, Grafana's epoch bucket or the year's ``EXTRACT``; maybe cast."""
-    if _year_of(_year_number(node)) is not None or date_part_shape(node) is not None:
+    ``width_bucket`` of a column, Metabase's numeric binning, Grafana's epoch bucket or the year's
+    ``EXTRACT``; maybe cast."""
+    if _year_of(_year_number(node)) is not None or date_part_shape(node) is not None or floor_shape(node) is not None:
         return True
     if isinstance(node, exp.Cast):
         node = node.this
@@ -442,6 +462,8 @@ def group_key(node: exp.Expression, scope: Scope) -> GroupKey:
     bucket = epoch_bucket(node)
     if bucket is not None:
         return _epoch_key(*bucket, scope)
+    if floor_shape(node) is not None:
+        return _floor_key(node, scope)
     raise _refuse(scope, f"GROUP BY {node.sql('postgres')} is not allowed on protected table", date_shape_advice(node))
 
 
@@ -614,6 +636,29 @@ def _bin_key(node: exp.WidthBucket, scope: Scope) -> GroupKey:
     return GroupKey(column, "bin", INT4, bins=(lo, hi, n), bin_type="numeric" if exact else "double precision")
 
 
+def _floor_key(node: exp.Expression, scope: Scope) -> GroupKey:
+    """Metabase's numeric binning over a bounded numeric column opted in (:mod:`rewriter.floor_bins`)."""
+    shape = floor_shape(node)
+    assert shape is not None
+    column = scope.column(shape.column)
+    policy = column.policy
+    what = f"GROUP BY {node.sql('postgres')}"
+    if policy is None or policy.bounds is None or policy.group_by is not True or column.type_oid not in NUMERIC_TYPES:
+        raise _refuse(scope, f"{what} is not allowed on protected table",
+                      f"Binning {column.name} needs numeric bounds and group_by: true in its policy.")
+    try:
+        key = floor_bin(shape, column.type_oid, policy.bounds)
+    except BinError as error:
+        raise _refuse(scope, f"{what}: {error} on protected table", error.advice) from None
+    if key.count > scope.table.policy.max_cells:
+        lo, hi = policy.bounds
+        wider = (hi - lo) / max(1, scope.table.policy.max_cells - 2)
+        raise _too_many(scope, what, key.count,
+                        f"Use a wider bin width W: at least {wider:.3g} over {column.name}'s bounds [{lo:g}, {hi:g}] "
+                        f"(in Metabase, fewer bins or a wider bin width).")
+    return GroupKey(column, "floor", key.result_type_oid, floor=key)
+
+
 def _number(node: exp.Expression | None, scope: Scope) -> tuple[float, bool]:
     """A width_bucket bound's value, and whether PostgreSQL reads it as an integer (int4/int8)."""
     negative = isinstance(node, exp.Neg)
@@ -634,13 +679,13 @@ def _refuse(scope: Scope, message: str, advice: str | None = None) -> Refusal:
     return Refusal(refusal.sqlstate, refusal.message, group_by_hint(scope, advice), "no-group-by")
 
 
-def _too_many(scope: Scope, what: str, cells: int) -> Refusal:
+def _too_many(scope: Scope, what: str, cells: int, advice: str | None = None) -> Refusal:
     return Refusal(
         SQLSTATE.DP_QUERY_SHAPE,
         f"{what} has {cells} cells, more than the {scope.table.policy.max_cells} protected table "
         f"{scope.table.display_name} answers (rule: max-cells)",
-        "Group by fewer keys, a coarser time unit or fewer width_bucket bins, or ask the policy's owner to "
-        "raise max_cells.",
+        (advice or "Group by fewer keys, a coarser time unit or fewer width_bucket bins,")
+        + (" Or" if advice else " or") + " ask the policy's owner to raise max_cells.",
         "max-cells",
     )
 
@@ -667,7 +712,7 @@ def group_by_hint(scope: Scope, advice: str | None = None) -> str:
                         + (f", EXTRACT({'|'.join(part.upper() for part in parts)} FROM {column.name})" if parts else "")
                         + (f", CAST({column.name} AS DATE) and Sunday weeks" if "day" in policy.time_units else ""))
         elif policy.bounds is not None:
-            keys.append(f"width_bucket({column.name}, lo, hi, n)"
+            keys.append(f"width_bucket({column.name}, lo, hi, n), floor(({column.name} - A) / W) * W + A"
                         + (f" and {column.name}" if column_key_count(column) is not None else ""))
     if not keys:
         return ("GROUP BY is answered only over keys the policy declares (group_by on a column with categories, "

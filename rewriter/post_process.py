@@ -40,6 +40,7 @@ from policies.errors import SQLSTATE, Refusal
 from .catalog import SESSION_EFFECT_FUNCTIONS
 from .certain_errors import fails_on_every_release
 from .date_parts import date_part_shape
+from .floor_bins import floor_shape
 from .function_check import check_functions, check_value_expressions
 from .group_keys import year_extract
 from .qualify import qualify
@@ -289,6 +290,12 @@ def _replace_keys(
             if index is not None:  # a date key computed from its cell's representative time (rewriter.key_domain)
                 for column in list(child.find_all(exp.Column)):
                     column.replace(exp.column(f"_k{index}", table=RELEASE_ALIAS))
+                continue
+        shape = floor_shape(child)
+        if shape is not None:
+            index = key_of(child)
+            if index is not None:  # a numeric bin: its index released, ``* W + A`` computed here from it
+                shape.floor.replace(exp.column(f"_k{index}", table=RELEASE_ALIAS))
                 continue
         if isinstance(child, exp.Extract) and year_extract(child):
             index = key_of(child)

@@ -158,6 +158,18 @@ TOTAL: dict[str, str] = {
                           "rounded, not an error): a variance's centred point and its square "
                           "(rewriter.rewrite.centred_points), a numeric total cut to the digits its grid "
                           "rounding needs (rewriter.rewrite.decided_total)",
+    "bounded-number": "in the THEN of col >= c1 AND col <= c2, c1 and c2 number constants cast to double "
+                      "precision or numeric, an integer, float or numeric column lies in [c1, c2] and is not "
+                      "NaN (NaN sorts above every number, so col <= c2 is false for it)",
+    "bounded-difference": "an integer, float or numeric known to lie in [lo, hi] (not NaN) minus a number "
+                          "constant c lies in [lo − c, hi − c]: accepted where that stays inside the result type "
+                          "(an integer's, or a double's finite range): Metabase's binning, rewriter.floor_bins",
+    "divide-by-constant": "such a bounded value over a positive constant w: an integer's quotient is smaller; a "
+                          "numeric's is rounded to at most 1,000 fraction digits; a double's stays finite where "
+                          "max(|lo|, |hi|) / w does, and is no underflow where w <= 1 or the value's nonzero "
+                          "magnitude is at least w·2^-1022 (past a CASE's abs(x) < w·2^-1022)",
+    "floor-integer": "floor() of an integer is its value as a double precision, exactly",
+    "numeric-to-bigint": "a numeric known not NaN and inside bigint's range rounds to a bigint",
     "integer-groups": "a GROUP BY on integer-valued keys bounded to [lo, hi] (a partition number "
                       "(h & mask) % m in [0, m), or floor(random() * m) in [0, m]) makes at most "
                       "∏(hi − lo + 2) groups, NULL included",
@@ -442,7 +454,7 @@ def _constant(node: ast.Node) -> _Value:
         return _Value(_NULL, constant=True)
     value = node.val
     if isinstance(value, ast.Integer):
-        return _Value(_INT4, constant=True, text=str(value.ival))
+        return _Value(_INT4, constant=True, text=str(value.ival), nan=False, low=value.ival, high=value.ival)
     if isinstance(value, ast.Float):
         return _Value(_NUMERIC, constant=True, text=value.fval)
     if isinstance(value, ast.Boolean):
@@ -486,9 +498,10 @@ def _cast(node: ast.TypeCast, context: _Context) -> _Value:
         return _Value(_INT4, nan=False, low=0, high=1, smallest=1, null_with=strict)  # "widen"
     if target in _TIME_TYPES and value.type_oid in _TIME_TYPES and value.bounded:
         return _Value(target, bounded=True, null_with=strict)  # "time-cast"
-    if target == _INT8 and value.type_oid == _FLOAT8 and not value.nan and -2.0**63 < value.low and value.high < 2.0**63:
+    if target == _INT8 and value.type_oid in (_FLOAT8, _NUMERIC) and not value.nan and -2.0**63 < value.low \
+            and value.high < 2.0**63:
         return _Value(_INT8, nan=False, low=math.floor(value.low), high=math.ceil(value.high), smallest=1,
-                      null_with=strict)  # "float-to-bigint"
+                      null_with=strict)  # "float-to-bigint" # "numeric-to-bigint"
     if target == _FLOAT8 and value.type_oid == _NUMERIC and not value.nan and -_MAX_FLOAT8 <= value.low \
             and value.high <= _MAX_FLOAT8 and value.smallest >= _SMALLEST_NORMAL:
         return replace(value, type_oid=_FLOAT8, column=None)  # "numeric-to-double"
@@ -522,6 +535,9 @@ def _case(node: ast.CaseExpr, context: _Context) -> _Value:
     if not typed:
         return _Value(_NULL)
     first = typed[0]
+    types = {r.type_oid for r in typed}
+    if _FLOAT8 in types and types <= {*_INTEGERS, *_FLOATS}:  # PostgreSQL resolves such a CASE to double precision
+        first = replace(first, type_oid=_FLOAT8)
     # Without an ELSE, and in a branch of NULL, the CASE is NULL whatever is NULL.
     sets = [n for n, r in zip(nulls, results) if r.type_oid != _NULL]
     null_with = frozenset.intersection(*sets) if sets else frozenset()
@@ -538,7 +554,18 @@ def _facts_if_true(condition: ast.Node) -> list[tuple[ast.Node, _Value]]:
     lower: dict[str, ast.Node] = {}
     upper: dict[str, ast.Node] = {}
     short: list[tuple[ast.Node, _Value]] = []
+    low: dict[str, tuple[ast.Node, float]] = {}
+    high: dict[str, float] = {}
     for term in terms:
+        if (isinstance(term, ast.A_Expr) and term.kind == A_Expr_Kind.AEXPR_OP and isinstance(term.lexpr, ast.ColumnRef)
+                and isinstance(term.rexpr, ast.TypeCast) and _type_oid(term.rexpr.typeName) in (_FLOAT8, _NUMERIC)):
+            number = _number(_constant_text(term.rexpr))
+            if number is not None and math.isfinite(number) and _operator_name(term) in (">=", "<="):
+                if _operator_name(term) == ">=":
+                    low[_column_name(term.lexpr)] = (term.lexpr, _outward(number, -1))
+                else:
+                    high[_column_name(term.lexpr)] = _outward(number, 1)
+                continue
         if (isinstance(term, ast.A_Expr) and term.kind == A_Expr_Kind.AEXPR_OP and _operator_name(term) == "<="
                 and isinstance(term.lexpr, ast.FuncCall) and _function_name(term.lexpr) == "octet_length"
                 and len(term.lexpr.args or ()) == 1 and _number(_constant_text(term.rexpr)) is not None):
@@ -559,7 +586,9 @@ def _facts_if_true(condition: ast.Node) -> list[tuple[ast.Node, _Value]]:
             lower[key] = term.lexpr
         elif symbol in ("<", "<="):
             upper[key] = term.lexpr
-    return short + [(column, _Value(0, bounded=True)) for key, column in lower.items() if key in upper]
+    numbers = [(column, _Value(0, nan=False, low=bound, high=high[key]))
+               for key, (column, bound) in low.items() if key in high]  # "bounded-number"
+    return short + numbers + [(column, _Value(0, bounded=True)) for key, column in lower.items() if key in upper]
 
 
 def _facts_if_false_all(whens: Iterable[ast.CaseWhen]) -> list[tuple[ast.Node, _Value]]:
@@ -599,7 +628,9 @@ def _operator(node: ast.A_Expr, context: _Context) -> _Value:
     symbol = _operator_name(node)
     if node.lexpr is None:
         if symbol == "-" and isinstance(node.rexpr, ast.A_Const):
-            return _constant(node.rexpr)
+            value = _constant(node.rexpr)
+            return replace(value, text=f"-{value.text}" if value.text is not None else None, low=-value.high,
+                           high=-value.low)
         return _finding(node, context, f"prefix operator {symbol}")
     left, right = _check(node.lexpr, context), _check(node.rexpr, context)
     value = _binary(node, symbol, left, right, context)
@@ -628,6 +659,11 @@ def _binary(node: ast.A_Expr, symbol: str, left: _Value, right: _Value, context:
         return _float_product(node, left, right, context)
     if symbol == "*" and _is_random(node.lexpr) and right.constant:
         return _Value(_FLOAT8, nan=False, low=0.0, high=abs(_number(right.text) or math.inf))  # "random"
+    if symbol in ("-", "/") and right.constant and not left.constant and not left.nan \
+            and math.isfinite(left.low) and math.isfinite(left.high):
+        bounded = _bounded_arithmetic(symbol, left, right)
+        if bounded is not None:
+            return bounded
     if symbol == "/" and left.type_oid == _NUMERIC and right.constant and abs(_number(right.text) or 0) >= 1:
         return _Value(_NUMERIC, nan=left.nan)  # "extract-epoch"
     if symbol in ("+", "-", "*") and left.type_oid == right.type_oid == _NUMERIC and not (left.nan or right.nan) \
@@ -636,6 +672,41 @@ def _binary(node: ast.A_Expr, symbol: str, left: _Value, right: _Value, context:
     if symbol == "/" and left.type_oid == _FLOAT8 and not left.constant and right.counts is not None:
         return _mean(node, left, right, context)
     return _finding(node, context, f"operator {symbol} on types {left.type_oid}, {right.type_oid}")
+
+
+def _bounded_arithmetic(symbol: str, left: _Value, right: _Value) -> _Value | None:
+    """``left - c`` or ``left / c`` of a bounded number, not NaN, and a number constant c (c > 0 for
+    ``/``), with the result's bounds; None where it may fail ("bounded-difference",
+    "divide-by-constant")."""
+    number = _number(right.text)
+    if number is None or not math.isfinite(number) or (symbol == "/" and number <= 0):
+        return None
+    if left.type_oid in _FLOATS:
+        if symbol == "-":
+            low, high = _outward(left.low - number, -1), _outward(left.high - number, 1)
+            smallest = _MIN_SUBNORMAL
+        else:
+            if number > 1 and left.smallest < number * _SMALLEST_NORMAL:
+                return None  # a nonzero magnitude so small the quotient would underflow
+            low, high = left.low / number, left.high / number
+            smallest = left.smallest / number if number <= 1 else _SMALLEST_NORMAL
+        if max(abs(low), abs(high)) >= _MAX_FLOAT8:
+            return None
+        return _Value(_FLOAT8, nan=False, low=low, high=high, smallest=smallest)  # "bounded-difference"
+    integer = left.type_oid in _INTEGERS and right.type_oid in _INTEGERS
+    if integer:
+        result = _INT8 if _INT8 in (left.type_oid, right.type_oid) else _INT4
+        if symbol == "/":
+            return _Value(result, nan=False, low=min(left.low, 0.0), high=max(left.high, 0.0))  # "divide-by-constant"
+        low, high = left.low - number, left.high - number
+        limit = 2.0**63 if result == _INT8 else 2.0**31
+        return _Value(result, nan=False, low=low, high=high) if -limit < low and high < limit else None
+    if left.type_oid in (*_INTEGERS, _NUMERIC) and right.type_oid in (*_INTEGERS, _NUMERIC):
+        if symbol == "-":
+            return _Value(_NUMERIC, nan=False, low=left.low - number, high=left.high - number, smallest=0.0)
+        bounds = (left.low / number, left.high / number)
+        return _Value(_NUMERIC, nan=False, low=_outward(bounds[0], -1), high=_outward(bounds[1], 1), smallest=0.0)
+    return None
 
 
 def _numeric_arithmetic(symbol: str, left: _Value, right: _Value) -> _Value:
@@ -803,6 +874,8 @@ def _scalar(node: ast.FuncCall, name: str, args: list[_Value], context: _Context
         return replace(args[0], low=0.0, high=max(abs(args[0].low), abs(args[0].high)))  # "abs"
     if name == "random" and not args:
         return _Value(_FLOAT8, nan=False, low=0.0, high=1.0)  # "random"
+    if name == "floor" and len(args) == 1 and args[0].type_oid in _INTEGERS:
+        return replace(args[0], type_oid=_FLOAT8, constant=False, nan=False, integral=True)  # "floor-integer"
     if name == "floor" and len(args) == 1 and args[0].type_oid in (_FLOAT8, _NUMERIC):
         return replace(args[0], constant=False, integral=True)  # "extract-epoch", and "random"'s floor
     if name == "pg_is_in_recovery" and not args:

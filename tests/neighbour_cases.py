@@ -484,7 +484,13 @@ _KEYS = ("t", "v", "i2", "date_trunc('month', d)", "date_trunc('week', d)", "dat
          # units nested in a listed one (d lists month and week: year; tz day and month: week, quarter)
          "date_trunc('year', d)", "date_trunc('quarter', d)", "date_trunc('year', CAST(d AS timestamp))",
          "CAST(date_trunc('quarter', d) AS date)", "date_trunc('week', tz)", "date_trunc('quarter', tz)",
-         "DATE_TRUNC('QUARTER', CAST(tz AS DATE))")
+         "DATE_TRUNC('QUARTER', CAST(tz AS DATE))",
+         # Metabase's numeric binning (rewriter/floor_bins.py): numeric, integer-division, float4 and
+         # double precision arithmetic; W > 1 over f8's subnormal values (an underflow in PostgreSQL)
+         "((floor(((i2 - -5.0) / 2.5)) * 2.5) + -5.0)", "floor((i2 - 1) / 3) * 3 + 1", "floor(i2)",
+         "(floor((f4 / 0.25)) * 0.25)", "((floor(((f4 - 0.1) / 0.3)) * 0.3) + 0.1)",
+         "(floor((f8 / 1e279)) * 1e279)", "((floor(((f8 - 5e278) / 2e279)) * 2e279) + 5e278)",
+         "(floor((n / 1e19)) * 1e19)", "((floor(((nm - 12.5) / 250.0)) * 250.0) + 12.5)")
 # Several DATE_TRUNC keys over one column: one joint factor, the tuples the range gives.
 _JOINT_KEYS = (("date_trunc('year', d)", "date_trunc('month', d)"), ("date_trunc('month', d)", "date_trunc('week', d)"),
                ("EXTRACT(YEAR FROM ts)", "date_trunc('month', ts)"), ("date_trunc('quarter', ts)", "date_trunc('week', ts)"),
@@ -500,7 +506,10 @@ _REFUSED_KEYS = ("b", "date_trunc('hour', ts)", "width_bucket(f8, 1, 1, 5)", "i4
                  "floor(date_part('epoch', ts)/604800)*604800",
                  "floor(extract(epoch from tz)/3600)*3600", "floor(extract(epoch from tz)/864000000000)*864000000000",
                  "date_trunc('hour', tz)", "floor(extract(epoch from tz)/86400)",
-                 "date_trunc('day', tz, 'UTC')", "extract(epoch from tz)")
+                 "date_trunc('day', tz, 'UTC')", "extract(epoch from tz)",
+                 # binning with W ≤ 0, a non-literal W, over a column not opted in, past max_cells
+                 "(floor((f8 / 0)) * 0)", "(floor((f8 / i2)) * i2)", "(floor((i4 / 10)) * 10)",
+                 "(floor((n / 1e10)) * 1e10)")
 
 
 def _grouped_case(builder: _Builder) -> Case:
@@ -804,6 +813,11 @@ def _columns_only(builder: _Builder) -> Case:
 # rarely to reach every time (tests/tools/neighbour_coverage.py lists them): each is run on every
 # neighbour of the "base" family, whatever the random stream draws.
 PINNED: tuple[Case, ...] = (
+    # Metabase's numeric binning: f8's subnormal rows divided by W > 1 (an underflow in PostgreSQL),
+    # integer division over i2, numeric(8,2) with an offset not aligned with the bounds
+    Case("SELECT (floor((f8 / 1e279)) * 1e279) AS k, COUNT(*), SUM(i2) FROM {table} GROUP BY 1 ORDER BY 1", (), keys=1),
+    Case("SELECT floor((i2 - 1) / 3) * 3 + 1, COUNT(*) FROM {table} GROUP BY floor((i2 - 1) / 3) * 3 + 1", (), keys=1),
+    Case('SELECT ((floor(((nm - 12.5) / 250.0)) * 250.0) + 12.5) AS "nm", AVG(f4) FROM {table} GROUP BY 1', (), keys=1),
     # v's "other" cell holds two of base's groups ('c', 'd'): their parts and grid counts add up
     Case("SELECT v, PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY i4), COUNT(*) FROM {table} GROUP BY v", (), keys=1),
     Case("SELECT v, SUM(i4), AVG(n), COUNT(i2) FROM {table} GROUP BY v", (), fixed_scale=(False, True, False, False), keys=1),

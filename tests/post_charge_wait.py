@@ -1,17 +1,34 @@
 """A lock a DP statement waits for only after its charge, where tests place their faults.
 
 A DP statement takes the locks of its table, the table's partitions and indexes and a view's
-tables before its charge (``proxy/serving/relation_locks.py``): a test holding one of those
-makes the statement fail uncharged, before anything runs. A statement opens the table's TOAST
-relation and index only to read a long value stored apart, which no step before the charge
-does: a held ``REINDEX`` of that index (``hold_toast_index``) makes a statement reading such a
+tables in a lock step sent just before its run, whose failure refunds the charge
+(``proxy/serving/relation_locks.py``): a test holding one of those makes the statement fail
+uncharged, before its run. A statement opens the table's TOAST relation and index only to read
+a long value stored apart, which no lock step does: a held ``REINDEX`` of that index (``hold_toast_index``) makes a statement reading such a
 value (``SUM(amount)``, ``amount > 0`` on a table of ``create_toasted``) wait after its charge,
 on the backend, with the table held. A value dpproxy reads, stored apart: dpproxy reads a
-text's length and a numeric's stored size and compression first (``rewriter/text_bounds.py``),
-which PostgreSQL takes from the TOAST pointer, and leaves a long value out unread; so the value
-is short enough to be read (~880 digits, ~450 bytes, within the numeric bound of 512; a text of
-250 bytes, within the default ``max_text_bytes`` of 256) and is pushed out of the row by a wide
-column kept in it (``STORAGE MAIN``) beside its own ``STORAGE EXTERNAL``.
+bounded column's (a text's, an unconstrained numeric's) stored size and placement first
+(``rewriter/text_bounds.py``), which PostgreSQL takes from the TOAST pointer, and leaves a value
+stored apart unread, however short: so the value is in a column of a declared size, which dpproxy
+reads as it is (``READ_APART_NUMERIC``, ``READ_APART_TEXT``; the form docs/threat-model.md leaves
+open), short enough for its type (~880 digits, ~450 bytes; 64 characters) and pushed out of the
+row by a wide column kept in it (``STORAGE MAIN``) beside its own ``STORAGE EXTERNAL``.
+``LONG_NUMBER`` and ``LONG_TEXT`` in a bounded column are what a statement reads as NULL since then
+(tests/test_attack_stop40.py).
+
+That wait depends on dpproxy's SQL reading the value, which the rewriter decides. The *gate*
+does not (:func:`create_gate`, :func:`gated`, :func:`hold_gate`): the protected relation is a
+view of the table ``WHERE EXISTS (SELECT FROM <gate> WHERE v >= '')``, where the gate is a table
+of one text stored apart, named by no policy. PostgreSQL runs that uncorrelated ``EXISTS`` once,
+as a one-time filter, when the run first asks for a row, before it reads any of the table and
+whatever the statement's own WHERE: comparing ``v`` fetches it from the gate's TOAST relation
+through its index, which the held ``REINDEX`` of :func:`hold_gate` blocks. The lock step (under
+``LIMIT 0``, ``proxy/serving/relation_locks.py``) asks for no row and so never runs it, whether
+its locks end with it or are held to the run. :func:`waiting_at_gate` names the backends
+waiting there (``pg_locks``, never a timing). A wait inside a function the view calls
+(``pg_advisory_xact_lock_shared``) would not do: dpproxy refuses a protected view that calls a
+function it cannot show total (``proxy/backend/row_failures.py``), and a sublink ``EXISTS``
+and a built-in text comparison are what it accepts.
 """
 
 from __future__ import annotations
@@ -22,9 +39,9 @@ import psycopg
 
 from policies.model import TablePolicy
 
-__all__ = ["LONG_NUMBER", "LONG_NUMBER_BYTES", "LONG_TEXT", "PAD", "READ_APART_NUMERIC", "READ_APART_TEXT", "SHORT_TEXT",
-           "TEXT_MAX_BYTES", "WIDE_PAD", "create_toasted", "hold_toast_index", "keep_apart", "store_apart",
-           "toast_index", "with_toasted"]
+__all__ = ["GATE", "LONG_NUMBER", "LONG_NUMBER_BYTES", "LONG_TEXT", "PAD", "READ_APART_NUMERIC", "READ_APART_TEXT",
+           "SHORT_TEXT", "TEXT_MAX_BYTES", "WIDE_PAD", "create_gate", "create_gated", "create_toasted", "gated", "hold_gate",
+           "hold_toast_index", "keep_apart", "store_apart", "toast_index", "waiting_at_gate", "with_toasted"]
 
 LONG_NUMBER = "(SELECT ('1' || pg_catalog.string_agg(lpad((random() * 1e8)::int8::text, 8, '0'), ''))::numeric " \
               "FROM generate_series(1, 110) g)"
@@ -88,7 +105,8 @@ def store_apart(admin: psycopg.Connection[Any], table: str, column: str, values:
 
 def with_toasted(policy: str, table: str, extra: str = "", braces: int = 2) -> str:
     """``policy`` (a policy's text, its braces doubled for ``str.format`` if ``braces`` is 2)
-    with ``table``, a ``create_toasted`` table, protected at ε 1 (``extra``: more of its lines)."""
+    with ``table`` (a ``create_toasted`` table or a ``create_gated`` view: age and amount)
+    protected at ε 1 (``extra``: more of its lines)."""
     columns: tuple[str, ...] = ("{{bounds: [0, 100]}}", "{{bounds: [0, 10]}}")
     if braces == 1:
         columns = tuple(c.replace("{{", "{").replace("}}", "}") for c in columns)
@@ -122,3 +140,60 @@ def hold_toast_index(admin: psycopg.Connection[Any], table: str) -> None:
     ACCESS EXCLUSIVE lock on it until that transaction ends (replayed on a hot standby)."""
     admin.execute("BEGIN")
     admin.execute(f"REINDEX INDEX {toast_index(admin, table)}")
+
+
+GATE = "post_charge_gate"
+"""The gate table's default name: one text of 3,200 characters stored apart, uncompressed."""
+
+
+def create_gate(admin: psycopg.Connection[Any], gate: str = GATE) -> None:
+    """(Re)create ``gate`` (v text): one row whose ``v`` (3,200 random hex digits, more than a
+    TOAST chunk) is stored apart in the TOAST relation, uncompressed. Views made by :func:`gated`
+    are dropped with it."""
+    admin.execute(f"DROP TABLE IF EXISTS {gate} CASCADE")
+    admin.execute(f"CREATE TABLE {gate} (v text)")
+    admin.execute(f"ALTER TABLE {gate} ALTER COLUMN v SET STORAGE EXTERNAL")
+    admin.execute(f"INSERT INTO {gate} SELECT pg_catalog.string_agg(md5(random()::text), '') "
+                  "FROM generate_series(1, 100) g")
+    chunks = admin.execute(f"SELECT count(*) FROM {toast_index(admin, gate).removesuffix('_index')}").fetchone()
+    assert chunks is not None and chunks[0] > 1, f"{gate}'s value was not stored apart"
+
+
+def gated(admin: psycopg.Connection[Any], view: str, table: str, grantee: str = "dpproxy_service",
+          gate: str = GATE) -> None:
+    """(Re)create ``view``, every column and row of ``table`` behind the gate (``EXISTS`` over
+    ``gate``, made by :func:`create_gate`), readable by ``grantee``: a run on the view waits at
+    the gate while :func:`hold_gate` holds it, after its charge; the view computes nothing that
+    can fail on a row, so dpproxy accepts it as a protected relation."""
+    admin.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM {table} "
+                  f"WHERE EXISTS (SELECT FROM {gate} WHERE {gate}.v >= '')")
+    admin.execute(f"GRANT SELECT ON {view} TO {grantee}")
+
+
+def create_gated(admin: psycopg.Connection[Any], view: str, grantee: str = "dpproxy_service", gate: str = GATE) -> None:
+    """(Re)create ``gate`` and ``view``: behind it, a table ``<view>_rows`` (age integer, amount
+    numeric) of 1,000 rows, as :func:`create_toasted`'s but with no value stored apart."""
+    create_gate(admin, gate)
+    admin.execute(f"DROP TABLE IF EXISTS {view}_rows CASCADE")
+    admin.execute(f"CREATE TABLE {view}_rows (age integer, amount numeric)")
+    admin.execute(f"INSERT INTO {view}_rows SELECT i % 90, 1 FROM generate_series(1, 1000) i")
+    gated(admin, view, f"{view}_rows", grantee, gate)
+
+
+def hold_gate(admin: psycopg.Connection[Any], gate: str = GATE) -> None:
+    """Hold ``gate`` shut in ``admin``'s new transaction (left open; ``ROLLBACK`` opens it): every
+    run on a view of :func:`gated` then waits at it, after its charge."""
+    hold_toast_index(admin, gate)
+
+
+def waiting_at_gate(observer: psycopg.Connection[Any], gate: str = GATE,
+                    role: str = "dpproxy_service") -> list[tuple[int, str]]:
+    """The pid and statement of each backend of ``role`` waiting at ``gate`` (pg_stat_activity: for
+    a lock, which pg_locks says is the one on the gate's TOAST index, not granted). ``observer`` in
+    a transaction sees pg_stat_activity as it first read it: the snapshot is cleared first."""
+    observer.execute("SELECT pg_catalog.pg_stat_clear_snapshot()")
+    rows = observer.execute(
+        "SELECT l.pid, a.query FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid "
+        "WHERE l.relation = %s::regclass AND NOT l.granted AND a.wait_event_type = 'Lock' AND a.usename = %s",
+        (toast_index(observer, gate), role)).fetchall()
+    return [(int(pid), str(query)) for pid, query in rows]

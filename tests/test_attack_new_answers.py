@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import psycopg
 import pytest
@@ -16,9 +15,8 @@ import wire
 from conftest import RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from test_histograms import POLICY, _TABLE_SQL, _TABLES
 
-from proxy.backend.connection import BoundParams
 from proxy.demo.embedded import SERVICE_ROLE
-from proxy.serving.relation_locks import take_locks
+from proxy.serving.relation_locks import with_locks
 
 
 @pytest.fixture(scope="module")
@@ -89,31 +87,29 @@ def test_euc_tw_in_the_startup_packet_is_refused_with_its_sqlstate(visits):
     assert (error[b"S"], error[b"C"]) == (b"FATAL", b"22023"), error
 
 
-class _Recording:
-    """A backend in a transaction block that records what it is sent and answers nothing."""
+class _InABlock:
+    """A backend session in a transaction block, as far as the lock steps look at it."""
 
     transaction_status = b"T"
-
-    def __init__(self) -> None:
-        self.sent: list[str] = []
-
-    async def execute(self, sql: str, *args: Any) -> None:
-        self.sent.append(sql)
 
 
 def _checks_sent(sql: str) -> int:
     """How many statements a DP statement's lock step (which checks the values of ``sql`` too)
-    sends to the backend."""
-    backend = _Recording()
-    asyncio.run(take_locks(backend, sql, BoundParams([], [], []), None))  # type: ignore[arg-type]
-    return len(backend.sent)
+    sends ahead of its run, in the run's pipeline."""
+    sent: list[str] = []
+
+    async def run(steps: tuple[str, ...]) -> None:
+        sent.extend(steps)
+
+    asyncio.run(with_locks(_InABlock(), [(sql, None)], run))  # type: ignore[arg-type, list-item]
+    return len(sent)
 
 
 def test_a_values_check_one_analyst_passed_is_still_run_for_another():
     # The checks that passed were remembered for every session of the process: whether a
     # statement skipped its LIMIT 0 round trip told an analyst (by its time) that another had
     # sent that exact text and those values before. Remembered per user, it told only their own;
-    # now the check is the lock step every DP statement takes before its charge, remembered for
+    # now the check is the lock step every DP statement sends with its run, remembered for
     # no one: what it sends never depends on what was asked before.
     sql = f"SELECT count(*) FROM t WHERE name = '{uuid.uuid4()}'"
     assert [_checks_sent(sql) for _ in range(3)] == [1, 1, 1]

@@ -25,12 +25,13 @@ from psycopg import sql
 from conftest import TEST_DATABASE, TEST_POLICY, RunningProxy, TestDatabase, make_policy, spent_epsilon
 from proxy.demo.embedded import SERVICE_ROLE
 from tests.answer_clock import AnswerClock
-from post_charge_wait import create_toasted, hold_toast_index, with_toasted
+from post_charge_wait import create_gated, hold_gate, waiting_at_gate, with_toasted
 from test_workers import Group, _write_policy
 
 QUANTUM_S = 0.4
-# ``waits``: a DP statement reading its long amount waits after its charge for a held REINDEX of
-# its TOAST index (tests/post_charge_wait.py); a lock on the table is waited for before the charge.
+# ``waits``: a view behind a gate of its own (tests/post_charge_wait.py), where a DP statement on
+# it waits after its charge while the gate is held; a lock on the table is waited for before the charge.
+WAITS_GATE = "waits_gate"
 QUANTISED = with_toasted(TEST_POLICY.replace(
     "  public.adult:\n    access: protected\n    epsilon: 1.0\n",
     f"  public.adult:\n    access: protected\n    epsilon: 1.0\n    answer_quantum_ms: {int(QUANTUM_S * 1000)}\n",
@@ -41,7 +42,7 @@ WAITS_SQL = "SELECT COUNT(*) FROM waits WHERE amount > {n}"
 @pytest.fixture(scope="module", autouse=True)
 def waits_table(test_db: TestDatabase) -> None:
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
-        create_toasted(admin, "waits")
+        create_gated(admin, "waits", gate=WAITS_GATE)
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +176,7 @@ def test_the_backends_statement_timeout_during_a_quantised_answer_comes_at_the_b
     try:
         with proxy.connect() as conn, psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
             before = spent_epsilon(conn)
-            hold_toast_index(admin, "waits")  # the DP query waits past its timeout, after its charge
+            hold_gate(admin, WAITS_GATE)  # the DP query waits past its timeout, after its charge
             try:
                 with pytest.raises(psycopg.Error) as failed:
                     conn.execute(WAITS_SQL.format(n=0)).fetchall()
@@ -217,13 +218,11 @@ def test_a_backend_lost_mid_computation_ends_the_session_at_the_quantum_and_stay
     with quantised.connect() as conn, psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
         with quantised.connect() as witness:
             before = spent_epsilon(witness)
-        hold_toast_index(admin, "waits")  # the DP query waits for it, after its charge
+        hold_gate(admin, WAITS_GATE)  # the DP query waits for it, after its charge
         try:
             def terminate() -> None:
-                _wait_for_a_lock_wait(test_db)
                 with psycopg.connect(test_db.admin_dsn, autocommit=True) as killer:
-                    killer.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                                   "WHERE wait_event_type = 'Lock' AND query LIKE '%waits%'")
+                    killer.execute("SELECT pg_terminate_backend(%s)", (_wait_for_a_lock_wait(test_db),))
 
             thread = _after(0, terminate)
             with pytest.raises(psycopg.OperationalError):
@@ -608,17 +607,15 @@ def _charged_at(notices: list[str], epsilon: float) -> int:
     return sum(1 for found in charged if found and float(found.group(1)) == epsilon)
 
 
-def _wait_for_a_lock_wait(test_db: TestDatabase) -> None:
-    """Until a backend waits for a lock reading waits (seen from a connection of its own: a
-    transaction sees pg_stat_activity as it was when it first looked)."""
+def _wait_for_a_lock_wait(test_db: TestDatabase) -> int:
+    """Until a service backend waits at the gate of waits; its pid."""
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as observer:
         for _ in range(200):
-            waiting = observer.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                       "AND query LIKE '%waits%'").fetchone()
-            if waiting and waiting[0]:
-                return
+            waiting = waiting_at_gate(observer, WAITS_GATE, SERVICE_ROLE)
+            if waiting:
+                return waiting[0][0]
             time.sleep(0.05)
-    raise AssertionError("no statement waited for the lock reading waits")
+    raise AssertionError("no statement waited at the gate of waits")
 
 
 def test_a_worker_killed_during_a_charged_statement_keeps_that_charge_once(group: Group, test_db: TestDatabase):
@@ -630,7 +627,7 @@ def test_a_worker_killed_during_a_charged_statement_keeps_that_charge_once(group
     victim = next(p for p in group.workers() if p.cmdline()[p.cmdline().index("--index") + 1] == "1")
     serving_again = group.count("is serving again")
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
-        hold_toast_index(admin, "waits")  # the DP query waits for it, after its charge
+        hold_gate(admin, WAITS_GATE)  # the DP query waits for it, after its charge
         outcome: list[BaseException | None] = []
 
         def ask() -> None:

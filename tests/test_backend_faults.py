@@ -24,7 +24,7 @@ import psycopg
 import pytest
 from conftest import RunningProxy
 from own_postgres import own_postgres
-from post_charge_wait import create_toasted, hold_toast_index
+from post_charge_wait import create_gated, hold_gate, waiting_at_gate
 from reconcile import assert_reconciled, audit_lines, charged_metric, spend_while_running
 
 from policies.loader import parse_policy
@@ -36,9 +36,9 @@ T = TypeVar("T")
 
 BOUND_S = 20.0  # no client call may take longer
 LOST = {"57P01", "08006"}
-# ``amount > 0`` reads every value whole, the long one from the TOAST relation through its index:
-# a lock held on that index (``lock_after_the_charge``) is met only after the charge.
-QUERY = "SELECT COUNT(*) FROM people WHERE age > 30 AND amount > 0"
+# ``people`` is a view behind the gate (tests/post_charge_wait.py): a run on it waits there,
+# after its charge, while ``lock_after_the_charge`` holds the gate.
+QUERY = "SELECT COUNT(*) FROM people WHERE age > 30"
 
 POLICY = """
 backend:
@@ -93,7 +93,7 @@ class OwnPostgres:
 def own_pg() -> Iterator[OwnPostgres]:
     with own_postgres("faults", "dpproxy-fault-pg-") as server:
         with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
-            create_toasted(conn, "people", SERVICE_ROLE)
+            create_gated(conn, "people", SERVICE_ROLE)
         yield OwnPostgres(server.data, server.system_user, server.admin_dsn, server.service_dsn)
 
 
@@ -355,10 +355,10 @@ def test_refused_backend_connection_names_no_host_port_role_or_path(setup: Setup
 
 
 def lock_after_the_charge(admin: psycopg.Connection[Any]) -> None:
-    """In ``admin``'s new transaction, hold a lock that a DP query on ``people`` meets only after
-    its charge (``post_charge_wait``; a lock on the table or its indexes is waited for before
-    the charge, uncharged: ``tests/test_lock_wait_before_charge.py``)."""
-    hold_toast_index(admin, "people")
+    """In ``admin``'s new transaction, hold the gate, which a DP query on ``people`` meets only
+    after its charge (``post_charge_wait``; a lock on the table or its indexes is waited for
+    before the charge, uncharged: ``tests/test_lock_wait_before_charge.py``)."""
+    hold_gate(admin)
 
 
 def query_while_locked(admin: psycopg.Connection[Any], conn: psycopg.Connection[Any]) -> Callable[[], Any]:
@@ -376,7 +376,8 @@ def query_while_locked(admin: psycopg.Connection[Any], conn: psycopg.Connection[
 
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
-    wait_until(lambda: _waiting_on_lock(admin))
+    wait_until(lambda: bool(waiting_at_gate(admin, role=SERVICE_ROLE)) or bool(outcome))
+    assert not outcome, f"the DP query ended without waiting at the gate: {outcome}"
 
     def result() -> Any:
         worker.join(BOUND_S)
@@ -385,12 +386,6 @@ def query_while_locked(admin: psycopg.Connection[Any], conn: psycopg.Connection[
         return outcome[0]
 
     return result
-
-
-def _waiting_on_lock(admin: psycopg.Connection[Any]) -> bool:
-    row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE usename = %s AND wait_event_type = 'Lock'",
-                        (SERVICE_ROLE,)).fetchone()
-    return bool(row and row[0])
 
 
 def test_connection_lost_during_dpproxys_own_query_never_steals_the_socket_of_the_next_connection(

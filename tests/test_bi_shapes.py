@@ -106,6 +106,16 @@ def test_metabase_source_wrapper_with_a_cast_key_and_a_category_gives_their_cros
     assert len(rows) == 4 * 2 and [r[1] for r in rows[:2]] == ["Female", "Male"]
 
 
+def test_metabase_auto_binning_of_a_bounded_column_answers_every_bin_of_its_bounds(bi, admin):
+    # Metabase: count by age, Auto binned (A and W from the fingerprint: 10 bins of 10.0 from 10.0)
+    key = '((floor((("public"."visits"."age" - 10.0) / 10.0)) * 10.0) + 10.0)'
+    sql = f'SELECT {key} AS "age", count(*) AS "count" FROM "public"."visits" GROUP BY {key} ORDER BY {key} ASC'
+    rows, direct = _both(bi, admin, sql)
+    assert [str(r[0]) for r in rows] == [f"{10 * i}.0" for i in range(1, 10)]  # 17 … 90: the bins 10.0 … 90.0
+    within = {str(r[0]) for r in direct if r[0] is not None and 10 <= r[0] <= 70}  # visits' ages 18 … 77, 500, -3
+    assert within <= {str(r[0]) for r in rows}
+
+
 @pytest.mark.parametrize("sql", [
     # Metabase: a Year breakout computed in the "source" subquery
     'SELECT "source"."visited_at" AS "visited_at", count(*) AS "count" FROM (SELECT CAST(extract(year from '

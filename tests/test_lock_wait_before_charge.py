@@ -4,10 +4,11 @@ A DP statement waits for an ``ACCESS EXCLUSIVE`` lock another session holds on i
 ``LOCK TABLE``, a VACUUM truncating the tail; on a hot standby, each one the primary takes).
 Found and fixed (budget): the statement was charged first and then waited, so a wait that ran
 into ``statement_timeout`` (or the client's cancel) was a charged 57014 for a failure no row
-decided. The statement's locks are now taken before the charge by its backend SQL under
-``LIMIT 0`` (``proxy/serving/relation_locks.py``), in the transaction the DP SQL then runs in;
-a wait that ends in a timeout or cancel is an uncharged 57014 that names the table. The lock
-step reads no row, so neither its success nor its time depends on one.
+decided. The statement's locks are now taken by its backend SQL under ``LIMIT 0``
+(``proxy/serving/relation_locks.py``), sent with the DP SQL in one pipeline, whose charge goes
+back when the step fails (the run then never executes); a wait that ends in a timeout or cancel
+is an uncharged 57014 that names the table. The lock step reads no row, so neither its success
+nor its time depends on one.
 """
 
 from __future__ import annotations

@@ -50,8 +50,8 @@ from proxy.serving.startup import StartupError
 from tests.conftest import (ATTACK_POLICY_HEAD, TEST_DATABASE, TEST_POLICY, RunningProxy, StandbyDatabase,
                             TestDatabase, running_proxy, spent_epsilon)
 from tests.neighbour_outcome import create_neighbours, masked_outcome
-from tests.post_charge_wait import (LONG_NUMBER, READ_APART_NUMERIC, READ_APART_TEXT, SHORT_TEXT, WIDE_PAD, keep_apart,
-                                    store_apart, toast_index)
+from tests.post_charge_wait import (READ_APART_TEXT, SHORT_TEXT, WIDE_PAD, create_gate, gated, keep_apart, store_apart,
+                                    toast_index)
 import tests.test_attack_settings as settings_attack
 from tests.test_attack_settings import (_BASE_ROWS, _BINARY_AND_COPY, _DDL, _NEIGHBOURS, _POLICY, ACCEPTED_FORMS,
                                         SESSION_STATES, _answer_form, _dates_as_text, _same_on_neighbours)
@@ -251,6 +251,9 @@ _CONFLICT_POLICY = ATTACK_POLICY_HEAD.replace("repeats: {{enabled: true}}", "rep
 """
 
 
+CONFLICT_GATE = "conflicted_gate"
+
+
 def _waiting_for_a_lock(standby: TestDatabase, table: str = "conflicted") -> bool:
     """Whether a statement on ``table`` waits for a lock on the standby."""
     with psycopg.connect(standby.admin_dsn, autocommit=True) as conn:
@@ -262,15 +265,16 @@ def _waiting_for_a_lock(standby: TestDatabase, table: str = "conflicted") -> boo
 @pytest.fixture
 def conflicting_standby(standby_db: StandbyDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
     """A dpproxy on the standby, which cancels a conflicting statement at once
-    (``max_standby_streaming_delay = 0``, no feedback), and the protected table ``conflicted``."""
+    (``max_standby_streaming_delay = 0``, no feedback), and the protected view ``conflicted`` of
+    the table ``conflicted_rows`` behind the gate ``CONFLICT_GATE``, where a DP statement's run
+    waits after its charge while the primary holds the gate (tests/post_charge_wait.py)."""
     with psycopg.connect(standby_db.primary.admin_dsn, autocommit=True) as admin:
-        admin.execute("DROP TABLE IF EXISTS conflicted")
-        admin.execute(f"CREATE TABLE conflicted AS SELECT g % 10 AS a, 1::{READ_APART_NUMERIC} AS b FROM generate_series(1, 100) g")
-        # One number stored apart in the TOAST relation: a statement reading ``b`` opens the TOAST
-        # index, after its charge (tests/post_charge_wait.py).
-        store_apart(admin, "conflicted", "b", f"5, {LONG_NUMBER}")
-        admin.execute("CREATE INDEX conflicted_a ON conflicted (a)")
-        admin.execute("GRANT SELECT ON conflicted TO dpproxy_service")
+        admin.execute("DROP VIEW IF EXISTS conflicted")
+        admin.execute("DROP TABLE IF EXISTS conflicted_rows")
+        admin.execute("CREATE TABLE conflicted_rows AS SELECT g % 10 AS a, 1::numeric AS b FROM generate_series(1, 100) g")
+        admin.execute("CREATE INDEX conflicted_a ON conflicted_rows (a)")
+        create_gate(admin, CONFLICT_GATE)
+        gated(admin, "conflicted", "conflicted_rows", gate=CONFLICT_GATE)
     standby_db.pair.wait_for_replay(TEST_DATABASE)
     standby_db.pair.configure_standby(hot_standby_feedback="off", max_standby_streaming_delay="0")
     try:
@@ -279,22 +283,22 @@ def conflicting_standby(standby_db: StandbyDatabase, tmp_path_factory: pytest.Te
     finally:
         standby_db.pair.configure_standby(hot_standby_feedback="on")
         with psycopg.connect(standby_db.primary.admin_dsn, autocommit=True) as admin:
-            admin.execute("DROP TABLE IF EXISTS conflicted")
+            admin.execute(f"DROP TABLE IF EXISTS conflicted_rows, {CONFLICT_GATE} CASCADE")
 
 
 def _cancelled_by_a_conflict(standby_db: StandbyDatabase, analyst: psycopg.Connection, sql: str,
                              index: str | None = None) -> object:
-    """``sql`` run by ``analyst`` while it holds ``conflicted`` and waits, after its charge, for
-    the lock a replayed ``REINDEX`` of its TOAST index holds; then the primary locks the table,
-    which the standby must replay at once: a lock conflict with the analyst's statement,
-    cancelled with 40001, whatever the timing. ``index``: the table's own index instead, whose lock
-    the statement waits for before its charge, at the lock step (planning). The statement's
-    outcome: its rows, or (SQLSTATE, message)."""
+    """``sql`` run by ``analyst`` while it holds ``conflicted`` and waits, after its charge, at the
+    gate a replayed ``REINDEX`` of the gate's TOAST index holds; then the primary locks the view
+    (and so its table), which the standby must replay at once: a lock conflict with the analyst's
+    statement, cancelled with 40001, whatever the timing. ``index``: the table's own index
+    instead, whose lock the statement waits for before its charge, at the lock step (planning).
+    The statement's outcome: its rows, or (SQLSTATE, message)."""
     pair, outcome = standby_db.pair, {}
     with psycopg.connect(standby_db.primary.admin_dsn) as operator:
-        # An ACCESS EXCLUSIVE lock on the TOAST index, replayed: a lock on the table or its own
-        # indexes would be waited for before the charge (proxy/serving/relation_locks.py).
-        operator.execute(f"REINDEX INDEX {index or toast_index(operator, 'conflicted')}")
+        # An ACCESS EXCLUSIVE lock on the gate's TOAST index, replayed: a lock on the table or its
+        # own indexes would be waited for by the lock step, uncharged (proxy/serving/relation_locks.py).
+        operator.execute(f"REINDEX INDEX {index or toast_index(operator, CONFLICT_GATE)}")
         pair.wait_for_replay(TEST_DATABASE)
 
         def ask() -> None:

@@ -32,7 +32,7 @@ from rewriter.rewrite import hashed_columns
 
 from .data_rows import data_rows
 from .cancellable import CancellableWait
-from .errors import BackendError, BackendLost, BackendUnavailable, ClientGone
+from .errors import BackendError, BackendLost, BackendUnavailable, ClientGone, StepFailed
 from .column_facts import column_facts
 from .policy_fit import column_fit_problems, unbounded_categories_problems
 from .type_support import ValueType, builtin_types, distinct_countable, label_comparison_problem, value_types
@@ -699,18 +699,76 @@ class BackendSession:
             except psycopg.Error as exc:
                 raise self._failure(exc, held) from None
 
-    async def first_row(self, sql: str, params: BoundParams | None = None) -> tuple[list[bytes | None], list[int]]:
+    async def first_row(self, sql: str, params: BoundParams | None = None,
+                        steps: Sequence[str] = ()) -> tuple[list[bytes | None], list[int]]:
         """Run a statement like ``execute`` and return only its first row as text, with each
-        column's type OID (what a DP query's exact aggregates need, and nothing more)."""
-        result = await self._statement(sql, params, 0)
+        column's type OID (what a DP query's exact aggregates need, and nothing more); after
+        ``steps`` in one pipeline when there are any (``after_steps``)."""
+        result = await (self.after_steps(steps, sql, params) if steps else self._statement(sql, params, 0))
         columns = range(result.nfields)
         return [result.get_value(0, c) for c in columns], [result.ftype(c) for c in columns]
 
-    async def unread(self, sql: str, params: BoundParams | None = None) -> UnreadRows:
+    async def unread(self, sql: str, params: BoundParams | None = None, steps: Sequence[str] = ()) -> UnreadRows:
         """Run a statement like ``execute``, in text, and return its rows unread: a DP query's
         exact aggregates per cell, which may be many (``UnreadRows``: read them off the event
-        loop when they are)."""
-        return UnreadRows(await self._statement(sql, params, 0))
+        loop when they are); after ``steps`` in one pipeline when there are any (``after_steps``)."""
+        return UnreadRows(await (self.after_steps(steps, sql, params) if steps else self._statement(sql, params, 0)))
+
+    async def after_steps(self, steps: Sequence[str], sql: str, params: BoundParams | None) -> PGresult:
+        """Run ``steps``, then ``sql``, each with ``params``, in text, in one libpq pipeline with
+        one Sync at its end, and return the result of ``sql``: one round trip, and one implicit
+        transaction outside a block, so the locks the steps take are held until ``sql`` ends.
+
+        A step that fails raises StepFailed: PostgreSQL skips what follows it in the pipeline up
+        to the Sync, so ``sql`` never executed. A Flush request follows the steps, so the
+        backend sends their results before it reads ``sql``; the results arrive in the order the
+        statements ran, and a connection lost before the last step's result came (the loss
+        arriving as a step's result, or no result of it at all) is BackendLost with ``reached``
+        False: ``sql`` had not started. Lost after it, ``reached`` is True. ``sql``'s own error
+        is raised as ``_round_trip`` raises it.
+        """
+        held = await self._request_connection()
+        conn = held.conn
+        p = params or BoundParams((), (), ())
+
+        def send(pgconn: PGconn) -> None:
+            pgconn.enter_pipeline_mode()
+            for step in steps:
+                pgconn.send_query_params(_encoded(step, pgconn), p.values, p.types or None, p.formats or None, 0)
+            pgconn.send_flush_request()
+            pgconn.send_query_params(_encoded(sql, pgconn), p.values, p.types or None, p.formats or None, 0)
+            pgconn.pipeline_sync()
+
+        async with conn.lock:
+            started = time.perf_counter()
+            try:
+                results, failure = await held.waiter.pipeline(lambda: send(conn.pgconn))
+            except (NotSent, psycopg.Error) as exc:
+                raise self._failure(exc, held) from None
+            finally:
+                self._sent_on_checkout += 1
+                observe_backend(time.perf_counter() - started)
+                if conn.pgconn.pipeline_status != pq.PipelineStatus.OFF and conn.pgconn.status == pq.ConnStatus.OK:
+                    try:
+                        conn.pgconn.exit_pipeline_mode()
+                    except psycopg.Error:
+                        pass  # results still unread (the task was cancelled): the waiter reads them
+        encoding = _connection_encoding(conn.pgconn)
+        lost = conn.pgconn.status != pq.ConnStatus.OK
+        for index, result in enumerate(results[:len(steps) + 1]):
+            if result.status != pq.ExecStatus.FATAL_ERROR:
+                continue
+            error = _result_error(result, encoding)
+            if lost:
+                raise self._lost(error.sqlstate, reached=index == len(steps), cause=error)
+            if index < len(steps):
+                raise StepFailed(index, error)
+            raise error
+        if len(results) < len(steps):  # no word of the last step's end: the Flush after it was not reached
+            raise self._lost(None, reached=False, cause=failure)
+        if failure is not None or lost:
+            raise self._lost(None, reached=True, cause=failure)
+        return results[len(steps)]
 
     async def _statement(
         self, sql: str, params: BoundParams | None, result_format: int, one_statement: bool = False

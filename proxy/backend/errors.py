@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["BackendError", "BackendLost", "BackendUnavailable", "ClientGone"]
+__all__ = ["BackendError", "BackendLost", "BackendUnavailable", "ClientGone", "StepFailed"]
 
 
 class BackendError(Exception):
@@ -47,3 +47,15 @@ class ClientGone(ConnectionResetError):
     as for any client that went away (nobody is left to read an answer)."""
 
     sqlstate = "08006"  # connection_failure: what the statement's audit line records
+
+
+class StepFailed(Exception):
+    """A statement sent ahead of a run in the run's pipeline (a DP statement's lock step,
+    ``proxy/serving/relation_locks.py``) failed with ``error``: PostgreSQL skipped everything
+    after it up to the pipeline's Sync, so the run never executed. ``index`` says which of the
+    steps it was. Not a BackendError, so that no handler of the run's errors takes it for one."""
+
+    def __init__(self, index: int, error: BackendError):
+        super().__init__(error.message)
+        self.index = index
+        self.error = error

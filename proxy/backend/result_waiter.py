@@ -65,6 +65,7 @@ class ResultWaiter:
         self._results: list[pq.abc.PGresult] = []
         self._failure: Exception | None = None
         self._streaming = False
+        self._until_sync = False  # the request in flight is a pipeline: its results end at its Sync
 
     @property
     def busy(self) -> bool:
@@ -126,6 +127,27 @@ class ResultWaiter:
             watchdog.discard(self)
         self._pending = None
         return results
+
+    async def pipeline(self, send: Callable[[], None]) -> tuple[list[pq.abc.PGresult], Exception | None]:
+        """Send a pipeline with ``send`` (libpq's pipeline mode, entered by ``send`` and ended by
+        one ``pipeline_sync``) and return its results in order, to its PIPELINE_SYNC result,
+        with None; or, when the connection is lost on the way, the results read before the loss
+        (in the order the backend sent them) and the loss. Raises NotSent as ``round_trip`` does.
+        """
+        self._until_sync = True
+        self._results = []
+        failure: Exception | None = None
+        try:
+            results = await self.round_trip(send)
+        except asyncio.CancelledError:
+            raise  # still read to its Sync before the next request is sent
+        except errors.OperationalError as exc:
+            results, failure = list(self._results), exc
+        except BaseException:
+            self._until_sync = False
+            raise
+        self._until_sync = False
+        return results, failure
 
     async def start(self, send: Callable[[], None]) -> None:
         """Send a request like ``round_trip``, whose results the caller then reads one at a
@@ -237,6 +259,15 @@ class ResultWaiter:
         assert pending is not None
         while not pgconn.is_busy():
             result = pgconn.get_result()
+            if self._until_sync:
+                # In a pipeline, None ends one query's results; its Sync's result ends them all.
+                if result is None:
+                    continue
+                if result.status == _ExecStatus.PIPELINE_SYNC:
+                    self._until_sync = False
+                    if not pending.done():
+                        pending.set_result(self._results)
+                    return
             if result is None or result.status in _STOP_AFTER:
                 if result is not None:
                     self._results.append(result)

@@ -68,7 +68,7 @@ from rewriter.statements import Statement, split_statements
 
 from .copy_out import copy_messages
 from .cursors import BackendCursor, Cursors, KeptCursor
-from .relation_locks import RECOVERY_CONFLICTS, take_locks
+from .relation_locks import RECOVERY_CONFLICTS, LocksNotTaken, with_locks
 from .safe_snapshot import begins_serializable, in_safe_snapshot, take_snapshot
 from .settings import SessionSettings
 
@@ -840,18 +840,23 @@ class Executor:
             await self._try_post_processing(plan, encoding.codec, checked_under)
         if ranking is not None and ranking.post is not None:
             await self._try_post_processing(ranking, encoding.codec, checked_under, ranking=True)
-        # Last before the charge: the locks the run will take (waited for here, uncharged); the
-        # same step raises the errors of values the column types cannot read.
-        await take_locks(self.backend, sql, params, plan.table)
-        if ranking is not None:
-            await take_locks(self.backend, backend_sql(ranking, seed=0), params, ranking.table)
+        # The locks the run takes are taken by a step sent with the run, after the charge, which
+        # goes back when the step fails: the run never executed (relation_locks). The same step
+        # raises the errors of values the column types cannot read.
+        steps = [(sql, plan.table)] + ([(backend_sql(ranking, seed=0), ranking.table)] if ranking is not None else [])
         # The ledger's history carries the audit log's fingerprint, so the two can be joined.
         balance = await self.server.budget.charge(self.user, epsilon, delta, fingerprint)
         cost = self._charged = Cost(epsilon, delta, balance.remaining_epsilon, balance.remaining_delta,
                                     released_mechanisms(plan, ranking))
         try:
             run = backend_sql(plan, seed=partition_seed()) if seeded(plan) else sql
-            answer = await self._release_past_a_conflict(plan, run, params, epsilon, encoding.codec)
+            answer = await with_locks(self.backend, steps, lambda sent: self._release_past_a_conflict(
+                plan, run, params, epsilon, encoding.codec, sent))
+        except LocksNotTaken as exc:
+            # A lock step failed, so the run never executed: nothing was read, the charge goes back.
+            self.server.budget.refund(self.user, epsilon, delta, balance)
+            self._charged = None
+            raise exc.error from None
         except BackendUnavailable:
             # No connection could be had (pool exhausted, backend refusing): never sent, so
             # its failure cannot depend on the data and the charge goes back.
@@ -860,7 +865,8 @@ class Executor:
             raise
         except BackendLost as exc:
             if not exc.reached:
-                # Never sent, so its failure cannot depend on the data: the charge goes back.
+                # Never sent, or lost before its lock step's end arrived (so before the run
+                # began): its failure cannot depend on the data, and the charge goes back.
                 self.server.budget.refund(self.user, epsilon, delta, balance)
                 self._charged = None
             raise
@@ -888,9 +894,11 @@ class Executor:
                        limit_zero=plan.limit_zero or ranking.limit_zero)
 
     async def _release_past_a_conflict(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float,
-                                       codec: str) -> DPAnswer:
-        """``_release``, run once more under the same charge when a hot standby cancelled it for
-        a conflict with the WAL it replays (40001 or 40P01 outside a transaction block).
+                                       codec: str, steps: tuple[str, ...]) -> DPAnswer:
+        """``_release`` after the lock ``steps`` (in the pipeline of its first run), run once more,
+        alone, under the same charge when a hot standby cancelled it for a conflict with the WAL
+        it replays (40001 or 40P01 outside a transaction block): a step sent again could fail
+        after a run that executed, and its refund would follow a failure the rows may have timed.
 
         Such a conflict is decided by the operator's writes on the primary (a VACUUM, a lock, a
         DDL) and by whether the statement was still running, or holding a page, when they
@@ -901,7 +909,7 @@ class Executor:
         transaction block the conflict aborted the block: nothing can run again there.
         """
         try:
-            return await self._release(plan, sql, params, epsilon, codec)
+            return await self._release(plan, sql, params, epsilon, codec, steps)
         except BackendError as exc:
             if (exc.sqlstate not in RECOVERY_CONFLICTS or isinstance(exc, BackendLost)
                     or self.backend.transaction_status != b"I"):
@@ -910,17 +918,23 @@ class Executor:
                      exc.sqlstate, exc.message)
         return await self._release(plan, sql, params, epsilon, codec)
 
-    async def _release(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float, codec: str) -> DPAnswer:
-        """The release of ``plan`` (``sql``: its backend SQL); with a series limit, of the plan and its
-        ranking, ε split evenly over the releases of both (``proxy.dp.release_units``), all the
-        plan's cells beside the ranking's (``series_release``: :meth:`_kept_series` keeps some)."""
+    async def _release(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float, codec: str,
+                       steps: tuple[str, ...] = ()) -> DPAnswer:
+        """The release of ``plan`` (``sql``: its backend SQL, run after ``steps`` in one pipeline);
+        with a series limit, of the plan and its ranking, ε split evenly over the releases of both
+        (``proxy.dp.release_units``), all the plan's cells beside the ranking's (``series_release``:
+        :meth:`_kept_series` keeps some). The plan's run follows the steps; the ranking's runs after
+        it, alone."""
         if plan.series is None:
-            return await self._released(plan, sql, params, epsilon, codec)
+            return await self._released(plan, sql, params, epsilon, codec, steps)
         ranking = plan.series.ranking
         share = epsilon / max(1, release_count(plan) + release_count(ranking))
-        answer = await self._released(plan, sql, params, share * release_count(plan), codec)
+        # A plan of declared keys alone runs nothing: the steps go with the ranking's run then.
+        plan_steps, ranking_steps = ((), steps) if plan.keys_only else (steps, ())
+        answer = await self._released(plan, sql, params, share * release_count(plan), codec, plan_steps)
         ranking_sql = backend_sql(ranking, seed=partition_seed() if seeded(ranking) else 0)
-        ranked = await self._released(ranking, ranking_sql, params, share * release_count(ranking), codec)
+        ranked = await self._released(ranking, ranking_sql, params, share * release_count(ranking), codec,
+                                      ranking_steps)
         return series_release(answer, ranked)
 
     async def _kept_series(self, plan: AggregateQuery, answer: DPAnswer, codec: str, charged: str,
@@ -1034,16 +1048,18 @@ class Executor:
         backend (``proxy.dp.answer_size``): its rows never reach dpproxy. Fails as ``sql`` fails."""
         return answer_bytes(await self.backend.execute(measuring_sql(sql), params))
 
-    async def _released(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float, codec: str) -> DPAnswer:
-        """Run the plan's exact aggregates on the backend and noise them: one row, or one per cell.
-        A GROUP BY without aggregates is its declared keys: nothing runs."""
+    async def _released(self, plan: AggregateQuery, sql: str, params: BoundParams, epsilon: float, codec: str,
+                        steps: tuple[str, ...] = ()) -> DPAnswer:
+        """Run the plan's exact aggregates on the backend (after ``steps``, in one pipeline) and
+        noise them: one row, or one per cell. A GROUP BY without aggregates is its declared
+        keys: nothing runs."""
         if plan.keys_only:
             return declared_keys(plan, codec)
         bound = params if params.values else None
         if not plan.groups:
-            values, type_oids = await self.backend.first_row(sql, bound)
+            values, type_oids = await self.backend.first_row(sql, bound, steps)
             return await _noised(plan, partial(_row_released, plan, values, type_oids, epsilon, codec))
-        unread = await self.backend.unread(sql, bound)
+        unread = await self.backend.unread(sql, bound, steps)
         return await _noised(plan, partial(_cells_released, plan, unread, epsilon, codec))
 
     async def _post_processed(

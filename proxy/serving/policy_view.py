@@ -128,7 +128,8 @@ def _group_keys(table: Relation, column: ColumnInfo) -> str | None:
     if count is not None and count <= table.policy.max_cells:
         keys.append(f"{column.name} ({_cells(count)})")
     if policy.bounds is not None:
-        keys.append(f"width_bucket({column.name}, lo, hi, n) (n + 2 cells)")
+        keys.append(f"width_bucket({column.name}, lo, hi, n) (n + 2 cells), "
+                    f"floor(({column.name} - A) / W) * W + A (the bins the bounds span)")
     return ", ".join(keys) or None
 
 

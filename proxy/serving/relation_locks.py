@@ -1,39 +1,66 @@
-"""A DP statement's relation locks, waited for before its charge.
+"""A DP statement's relation locks, taken by a step that runs just before the statement, in
+one pipeline with it, after the charge; the charge goes back when the step fails.
 
 A DP statement waits for a lock the operator holds on what it reads (an ``ACCESS EXCLUSIVE``
 lock of DDL, ``LOCK TABLE`` or a VACUUM truncating a table's tail; on a hot standby, each such
 lock taken on the primary, replayed). How long depends on the operator, never on the rows, but
 a wait that outlasts ``statement_timeout`` (or that the client cancels) fails the statement with
-57014. Charged first, the analyst paid for that failure; a refund decided afterwards would not
-do (one ``statement_timeout`` covered the wait and the read together, so near its edge the rows'
-reading time decided which). So the locks are waited for first: the statement's backend SQL is
-planned and started under ``LIMIT 0`` (:func:`lock_step_sql`), which takes every lock its run
-takes before reading (the table, its partitions, its indexes; a view's underlying tables) and
-reads no row. A wait that fails is an uncharged 57014 that says what it waited for.
+57014, and charged, the analyst would pay for that failure. So the locks are taken by a step of
+their own: the statement's backend SQL planned and started under ``LIMIT 0``
+(:func:`lock_step_sql`), which takes every lock its run takes before reading (the table, its
+partitions, its indexes; a view's underlying tables) and reads no row.
 
-Inside a client's transaction block the step's locks are held to the block's end, as PostgreSQL
-holds them. Outside one the step is a statement of its own, whose locks end with it: one round
-trip, where a block of dpproxy's own to hold them to the run would cost two more (``BEGIN`` and
-``COMMIT``). A lock the operator takes in the moment between the step and the run (the charge)
-is then met after the charge, as every lock was before.
+The step and the run go to the backend in one libpq pipeline, after the charge: the step(s), a
+Flush, the run, one Sync (``BackendSession.after_steps``): one round trip per statement.
+PostgreSQL runs them in one transaction (implicit outside a client's block, the block's inside
+one), so the step's locks are held until the run ends: a lock the operator asks for after the
+step waits for the statement, never the statement for it after its charge.
 
-The same statement raises, before the charge, the errors of values the column types cannot
-read: a literal (``age = 'abc'``) fails its parse analysis, a parameter (``age = $1`` bound to
-'abc') its input conversion at Bind; decided by the statement and its parameters, never by a row.
+Why the charge can be made first and given back: whether it stands is decided only by the
+step's outcome, and no row decides that. The step reads no row (``LIMIT 0`` runs no plan node),
+so it succeeds, waits or fails by the operator's locks, the server's state and the statement's
+text and parameters alone. PostgreSQL skips the rest of a pipeline after a failed statement up
+to its Sync: a step that failed (a wait ended by ``statement_timeout`` or a cancel, a standby's
+recovery conflict, an error of a value the column types cannot read) means the run never
+executed, nothing was read and nothing released, and the charge is refunded, once
+(``StepFailed``). The run's outcome is seen only after the charge, as before, and whatever
+happens to the run keeps it. ``statement_timeout`` does not join the two: in the extended
+protocol it starts when a query message arrives and is cancelled at an Execute's completion, so
+the run gets the whole of it whatever the step waited. A connection lost before the step's
+result arrived (terminated, or killed, while the step waited) is refundable too, from the
+order of the results, not from any timing: the Flush after the step makes the backend send the
+step's end before it reads the run, so a run that started follows a step's end the proxy can
+read; lost after that end, the charge stands.
+
+The same step raises the errors of values the column types cannot read: a literal
+(``age = 'abc'``) fails its parse analysis, a parameter (``age = $1`` bound to 'abc') its input
+conversion at Bind; decided by the statement and its parameters, never by a row. They now come
+after the charge, refunded, as the same error with the same SQLSTATE, message and hint.
+
+A hot standby's recovery conflict that cancels the step outside a block (the primary's lock
+replayed while the step held the table) sends the pipeline once more under the same charge:
+nothing was read yet. A conflict that cancels the run is the run's (``_release_past_a_conflict``
+runs it once more, alone, under the charge, whose outcome no step can then change).
 
 What is left after the charge: a TOAST relation's lock (taken only when a row read has a long
-value stored apart, so never by a step that reads no row), and a lock taken between the step and
-the run, above.
+value stored apart, so never by a step that reads no row); a series limit's ranking, whose run
+follows the plan's as a statement of its own (its step is in the plan's pipeline, but outside a
+block its locks end at that pipeline's Sync); and a run retried after a recovery conflict.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
 from policies.errors import SQLSTATE
 from policies.tables import Relation
-from proxy.backend.connection import BackendSession, BoundParams
-from proxy.backend.errors import BackendError, BackendLost, BackendUnavailable
+from proxy.backend.connection import BackendSession
+from proxy.backend.errors import BackendError, StepFailed
 
-__all__ = ["LOCK_HINT", "RECOVERY_CONFLICTS", "lock_step_sql", "take_locks"]
+__all__ = ["LOCK_HINT", "RECOVERY_CONFLICTS", "LocksNotTaken", "lock_step_sql", "with_locks"]
+
+T = TypeVar("T")
 
 # What a hot standby cancels a statement with when it conflicts with the WAL it replays; a
 # read-only statement outside a serializable transaction meets them for no other reason.
@@ -44,32 +71,48 @@ LOCK_HINT = ("Another session holds a lock on this table or on a relation the st
              "primary); nothing was charged. Retry once it is released.")
 
 
+class LocksNotTaken(Exception):
+    """A lock step failed, so the run never executed: its charge goes back. ``error`` is what
+    the client is told, as the step's error (a wait's 57014 naming the table, with LOCK_HINT)."""
+
+    def __init__(self, error: BackendError):
+        super().__init__(error.message)
+        self.error = error
+
+
 def lock_step_sql(sql: str) -> str:
     """The lock step of the backend SQL ``sql``: planned and started, it takes ``sql``'s locks;
     its ``LIMIT 0`` runs no plan node, so no row is read and no expression meets a row."""
     return f"SELECT 1 FROM ({sql}) AS locked LIMIT 0"
 
 
-async def take_locks(backend: BackendSession, sql: str, params: BoundParams, table: Relation) -> None:
-    """Wait for the locks of ``sql`` (a DP statement's backend SQL, with its ``params``); a wait
-    ended by ``statement_timeout`` or a cancel is raised as 57014 naming ``table``, with
-    LOCK_HINT. A hot standby's recovery conflict that cancels the step outside a block (the
-    primary's lock replayed while the step held the table) takes it once more: nothing was
-    charged or read yet; in a block, which the conflict aborted, it is raised as it is."""
-    step = lock_step_sql(sql)
-    bound = params if params.values else None
-    for attempt in (1, 2):
-        outside_a_block = backend.transaction_status == b"I"
-        try:
-            await backend.execute(step, bound)
-            return
-        except (BackendLost, BackendUnavailable):
-            raise
-        except BackendError as exc:
-            if exc.sqlstate in RECOVERY_CONFLICTS and outside_a_block and attempt == 1:
-                continue
-            if exc.sqlstate != SQLSTATE.QUERY_CANCELED:
-                raise
-            raise BackendError(exc.sqlstate,
-                               f"{exc.message} while waiting for a lock on {table.schema}.{table.name}",
-                               hint=LOCK_HINT) from None
+async def with_locks(backend: BackendSession, steps: Sequence[tuple[str, Relation]],
+                     run: Callable[[tuple[str, ...]], Awaitable[T]]) -> T:
+    """``run`` (a DP statement's release, sent after the lock steps it is given, in one pipeline)
+    with the lock steps of ``steps`` (each a backend SQL the release runs, and the table it names).
+
+    A step that failed (StepFailed: the run never executed) raises LocksNotTaken: a wait ended by
+    ``statement_timeout`` or a cancel as 57014 naming its table, with LOCK_HINT; any other error
+    as it is. A hot standby's recovery conflict that cancelled a step outside a block sends the
+    pipeline once more (nothing was read); in a block, which the conflict aborted, it is raised."""
+    sent = tuple(lock_step_sql(sql) for sql, _ in steps)
+    outside_a_block = backend.transaction_status == b"I"
+    try:
+        return await run(sent)
+    except StepFailed as failed:
+        if failed.error.sqlstate not in RECOVERY_CONFLICTS or not outside_a_block:
+            raise _not_taken(failed, steps) from None
+    try:
+        return await run(sent)
+    except StepFailed as failed:
+        raise _not_taken(failed, steps) from None
+
+
+def _not_taken(failed: StepFailed, steps: Sequence[tuple[str, Relation]]) -> LocksNotTaken:
+    """What the client is told of the failed step: its error, a wait's 57014 naming its table."""
+    exc = failed.error
+    if exc.sqlstate != SQLSTATE.QUERY_CANCELED:
+        return LocksNotTaken(exc)
+    table = steps[failed.index][1]
+    return LocksNotTaken(BackendError(
+        exc.sqlstate, f"{exc.message} while waiting for a lock on {table.schema}.{table.name}", hint=LOCK_HINT))
