@@ -245,7 +245,7 @@ def _type_constructs() -> Iterator[Construct]:
 _NUMERIC_ROWS = {
     "131,072 random digits": "(SELECT string_agg((random() * 9)::int::text, '') FROM generate_series(1, 131072))::numeric",
     "131,072 repeated digits": "repeat('1234', 32768)::numeric",
-    "1,000 digits (at the bound)": "repeat('9', 1000)::numeric",
+    "248 digits (at the bound)": "repeat('9', 248)::numeric",
 }
 _NUMERIC_TERMS = 250  # FILTERed sums: below the 256 values and comparisons a statement may hold
 
@@ -268,8 +268,9 @@ def _numeric_constructs() -> Iterator[Construct]:
 
 def _apart_constructs() -> Iterator[Construct]:
     """A value within the bounds that a wide row stored apart (``nx``, ``tx``: ``STORAGE EXTERNAL``
-    beside ``pad``, ``STORAGE MAIN``), read by 255 terms and by a sort, against the same wide row
-    with an ordinary value: each reference fetches it from the TOAST relation again."""
+    beside ``pad``, ``STORAGE MAIN``) or compressed in the row (``t``), read by 255 terms and by a
+    sort, against the same wide row with an ordinary value: each reference fetched it from the TOAST
+    relation, or decompressed it, again, until such a value read as NULL (rewriter/text_bounds.py)."""
     in_list = "nx IN (" + ", ".join(_LIST_VALUES["n"](i) for i in range(255)) + ")"
     for label, sql, column, value in (
             ("nx IN (255 numbers)", f"SELECT COUNT(*) FROM {{table}} WHERE {in_list}", "nx", LONG_NUMBER),
@@ -277,6 +278,11 @@ def _apart_constructs() -> Iterator[Construct]:
             ("COUNT(DISTINCT tx)", "SELECT COUNT(DISTINCT tx) FROM {table}", "tx", LONG_TEXT)):
         yield Construct(f"apart: {label}, a value within the bounds stored apart", sql, {column: value, "pad": PAD})
         yield Construct(f"apart: {label}, an ordinary value in the same wide row", sql, {"pad": PAD})
+    # t's storage is the default (EXTENDED): the toaster compresses a repetitive value in the row
+    packed = "SELECT COUNT(*) FROM {table} WHERE " + _or_chain("t > 'z{i}'", 255)
+    yield Construct("apart: (t > 'z0' OR … 255 ×), a value within the bounds compressed in the row", packed,
+                    {"t": "repeat('z', 250)", "pad": PAD})
+    yield Construct("apart: (t > 'z0' OR … 255 ×), an ordinary value in the same wide row", packed, {"pad": PAD})
 
 
 CONSTRUCTS: tuple[Construct, ...] = (

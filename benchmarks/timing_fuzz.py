@@ -220,7 +220,7 @@ _PERIODIC = ("repeat('ab', 32)", "repeat('a', 63) || 'b'", "repeat('%', 40)", "r
 # A numeric of no declared precision read under rewriter/text_bounds.py's bound (NUMERIC_MAX_BYTES, 512):
 # at its widest, random (out of line) and repeated (compressed in the row); at the bound and past it.
 WIDE_NUMERICS = ("(SELECT string_agg((random() * 9)::int::text, '') FROM generate_series(1, 131072))::numeric",
-                  "repeat('1234', 10000)::numeric", "repeat('9', 1000)::numeric", "repeat('9', 1024)::numeric")
+                  "repeat('1234', 10000)::numeric", "repeat('9', 248)::numeric", "repeat('9', 252)::numeric")
 _NUMERIC_COLUMNS = ("n", "dn", "nx")
 _LONG = ("repeat('a', 1000)", "repeat('ab', 50000)", "repeat('ß', 20000)",
          "(SELECT string_agg(md5(g::text), '') FROM generate_series(1, 3000) g)")

@@ -45,17 +45,16 @@ the kind the value bound removed, which the quantum hides, as it lifts the work 
 without a quantum the bounded form stays.
 
 The raw comparison keeps the bounded one beside it, ``("raw 2" = 'x' AND "t" = 'x')``, ``"t"`` the
-bounded value (the same truth: where the raw one is true the value is within the bound; and the
-conjunction is false, not NULL, where the value is past it, hence the placement rule). So either
-index serves it: a plain one on ``t`` through the first, and one on the bounded value itself,
-``CREATE INDEX … ((CASE WHEN octet_length(t) <= N THEN t END))``, through the second, which PostgreSQL
-matches to the backend SQL's expression as it does for the bounded form on any table. That index is
-the one to create on a bounded text column: it serves DP statements with and without a quantum, and
-holds no long value (the row above added nothing through it).
+bounded value (the same truth where the bounded one is not NULL; where it is NULL, a value past the
+bound, stored apart or compressed, the conjunction is false or NULL, which decide alike here: hence
+the placement rule). A plain index on ``t`` serves it through the first. No index serves the
+bounded value: it also checks that the value is stored in the row (``pg_column_size``, not
+immutable, :mod:`rewriter.text_bounds`), so the index on ``CASE WHEN octet_length(t) <= N THEN t
+END`` advised before matches no expression of the backend SQL any more.
 
 **Numerics of no declared precision.** Such a column (or a domain over one) is read through its
-stored-form bound, ``CASE WHEN pg_column_compression(n) IS NULL AND pg_column_size(n) <= 512 THEN n
-END`` (:mod:`rewriter.text_bounds`), which no index can hold (``pg_column_size`` is not immutable):
+stored-form bound, ``CASE WHEN pg_column_compression(n) IS NULL AND pg_column_size(n) <= 127 AND
+pg_column_size(n) % 2 = 1 THEN n END`` (:mod:`rewriter.text_bounds`), which no index can hold (``pg_column_size`` is not immutable):
 ``n = 5`` on a large table with an index on ``n`` became a sequential scan (×110–135 on 1,000,000 rows,
 a 256-value IN list ×250–280; benchmarks/results.md, "Numeric comparisons and their index"). On a table
 with ``answer_quantum_ms``, ``n = v``, ``n < v``, ``n <= v``, ``n > v`` and ``n >= v`` with a literal
@@ -64,7 +63,7 @@ rendered ``("raw 2" = v AND "n" = v)`` where they stand as above (under AND, OR 
 only; ``<>``, NOT, ``IS [NOT] TRUE/FALSE`` keep the bounded form). The answer is the bounded one's
 by the argument above, which needs of the operator only that it never fails (a numeric comparison
 does not): where the bounded value is the value
-the two conjuncts agree; where it is NULL (a value stored compressed or past 512 bytes, or NULL) the
+the two conjuncts agree; where it is NULL (a value stored compressed, apart or past 127 bytes, or NULL) the
 bounded conjunct is NULL and the conjunction false or NULL, which decide alike there. Unlike
 ``texteq``, ``numeric_eq`` and the orderings read (detoast) the whole value, so the raw conjunct, and
 an index search that compares an entry of such a value (a B-tree entry holds one only compressed), read a

@@ -27,16 +27,40 @@ one are a policy error, proxy/backend/policy_fit.py).
 -1), or a domain over one, can hold 131,072 digits (~64 kB, stored compressed or out of line),
 which every term and every aggregate's clamp that reads it detoasted again: one such row added
 milliseconds to 256 IN values or 250 FILTERed sums (docs/threat-model.md, Timing). Such a column is
-read through ``CASE WHEN pg_column_compression(n) IS NULL AND pg_column_size(n) <= 512 THEN n END``
-(:data:`NUMERIC_MAX_BYTES`: every value of ``numeric(1000, s)``, the largest declared precision,
-fits), so a value stored compressed or in more bytes reads as NULL in every construct, as a long
-text does (conditions, clamps, sums, AVG, MIN/MAX, percentiles, variances, GROUP BY keys,
-``COUNT(col)``). Both functions read the value's header only (``toast_datum_size``,
-``toast_get_compression_id``): 256 of them cost the same on a 64 kB value, out of line or
-compressed, as on a 7-byte one, with one buffer hit. The bound is on the stored form, not on the
-digits: a row's own layout decides it (a value of 400 bytes that a wide row's toaster compressed
-reads as NULL), which is still a function of that row alone. A ``numeric(p, s)`` column is read as
-it is: at most 510 bytes, in the row.
+read through ``CASE WHEN pg_column_compression(n) IS NULL AND pg_column_size(n) <= 127 AND
+pg_column_size(n) % 2 = 1 THEN n END`` (:func:`in_line_numeric`), so a value stored compressed, out of
+line or in more than :data:`NUMERIC_MAX_BYTES` reads as NULL in every construct, as a long text does
+(conditions, clamps, sums, AVG, MIN/MAX, percentiles, variances, GROUP BY keys, ``COUNT(col)``).
+Both functions read the value's header only (``toast_datum_size``, ``toast_get_compression_id``): 256
+of them cost the same on a 64 kB value, out of line or compressed, as on a 7-byte one. The bound is
+on the stored form, not on the digits: a row's own layout decides it, which is still a function of
+that row alone.
+
+**Values stored apart within the bounds.** A value short enough to be read can still be stored out
+of line, in the table's TOAST relation, when a wide row pushes it out (or, on a ``STORAGE
+EXTERNAL`` column, from ~25 bytes), and compressed in the row when it compresses: PostgreSQL then
+fetches it again (two buffer hits) or decompresses it again for every reference that reads it, each
+term of an OR or IN list, both ends of a BETWEEN, each comparison of ``COUNT(DISTINCT)``'s sort, so
+what such a row adds grew with the terms. So only a value stored in the row, uncompressed, is read;
+any other reads as NULL, as a value past the bound does (a legitimate value a wide row pushed out
+too: the cost of the check, docs/threat-model.md). The check reads the header only, on PostgreSQL
+15 to 18 (PostgreSQL 15 and 16 have no function that says so directly):
+
+* text, ``varchar``, ``char``, ``bytea`` and domains over them (:func:`in_line_text`): ``pg_column_size``
+  of a value stored apart uncompressed is the size of its data (the TOAST pointer's external size,
+  which has no header), which ``octet_length`` is too; a value in the row has a 1- or 4-byte header
+  more; a compressed one is smaller than its data (PostgreSQL keeps a compressed form only when
+  it saves more than its 4-byte header). So ``pg_column_size(t) > octet_length(t)`` exactly when the
+  value is in the row and uncompressed; checked on real values of every storage form (empty, 1- and
+  4-byte headers, compressed in line, out of line with and without compression, multibyte text, in
+  UTF8 and EUC_JP databases; ``pg_column_toast_chunk_id`` agreed on 17 and 18).
+* a numeric of no declared precision: no function reads its raw size from the header. Its data is
+  always an even number of bytes (a 2- or 4-byte header and 2-byte digit groups), and PostgreSQL
+  stores a value of at most 126 bytes of data in the row with a 1-byte header: an odd
+  ``pg_column_size`` of an uncompressed value is one in the row. A value stored apart has an even
+  one, and so does one in the row with a 4-byte header (128 bytes or more), which cannot be told
+  apart: so :data:`NUMERIC_MAX_BYTES` is 127 (up to 248 digits, about 240 in practice), where it was
+  512 (1,000 digits) before values stored apart were found.
 
 **The work limit.** Below the bound, the terms of a statement still multiply: 256 LIKEs of a
 63-character part on a 1 kB value cost that one row 35 ms. So each condition term that reads a text
@@ -64,16 +88,18 @@ from policies.tables import ColumnInfo, Relation, quote_identifier
 from .sql_text import operator
 
 __all__ = ["CASE_FOLD_WORK", "COMPARISON_WORK", "LIKE_WORK", "MAX_TEXT_WORK", "NUMERIC", "NUMERIC_MAX_BYTES",
-           "TEXT_TYPES", "bounded_source", "bounded_value", "unconstrained_numeric", "value_bytes", "work_refusal"]
+           "TEXT_TYPES", "bounded_source", "bounded_value", "in_line_numeric", "in_line_text", "unconstrained_numeric",
+           "value_bytes", "work_refusal"]
 
 TEXT_TYPES = frozenset({25, 1043, 1042, 17})
 """text, varchar, char (bpchar) and bytea: the types whose values the bound applies to (a domain's
 by its base type), each of which ``octet_length`` takes and sizes by the header."""
 NUMERIC = 1700
 """numeric: bounded by its stored form when it has no declared precision (:func:`unconstrained_numeric`)."""
-NUMERIC_MAX_BYTES = 512
-"""The most bytes a numeric of no declared precision may be stored in, uncompressed, to be read: what
-a value of ``numeric(1000, s)``, the largest declared precision, takes at most (1,000 digits, 510 bytes)."""
+NUMERIC_MAX_BYTES = 127
+"""The most bytes a numeric of no declared precision may be stored in to be read: in the row,
+uncompressed, with a 1-byte header (126 bytes of data, the most PostgreSQL stores so: up to 248
+digits). Of a larger value, ``pg_column_size`` does not tell whether it is in the row."""
 _DECLARED_LENGTH_TYPES = frozenset({1043, 1042})
 _VARHDRSZ = 4  # a varchar(n)'s type modifier is n + 4
 _MAX_BYTES_PER_CHARACTER = 4  # UTF-8, and every server encoding PostgreSQL has
@@ -119,20 +145,35 @@ def _needs_bound(column: ColumnInfo, policy: TablePolicy) -> bool:
     return column.value_type[0] in TEXT_TYPES and (declared is None or declared > policy.max_text_bytes)
 
 
+def in_line_text(sql: str) -> str:
+    """The SQL of whether ``sql``, a text, ``varchar``, ``char`` or ``bytea`` value (or a domain's
+    over one) read from a table, is stored in the row uncompressed: its stored size exceeds its
+    data's by the header (stored apart uncompressed the two are equal, compressed it is smaller).
+    Reads the header only; NULL for NULL."""
+    return operator(f"pg_catalog.pg_column_size({sql})", ">", f"pg_catalog.octet_length({sql})")
+
+
+def in_line_numeric(sql: str) -> str:
+    """The SQL of whether ``sql``, a numeric read from a table, is stored in the row, uncompressed,
+    in at most :data:`NUMERIC_MAX_BYTES` (a 1-byte header and an even number of bytes of data: an
+    odd stored size). Reads the header only; NULL for NULL."""
+    size = f"pg_catalog.pg_column_size({sql})"
+    return (f"pg_catalog.pg_column_compression({sql}) IS NULL AND "
+            f"{operator(size, '<=', str(NUMERIC_MAX_BYTES))} AND {operator(operator(size, '%', '2'), '=', '1')}")
+
+
 def bounded_value(column: ColumnInfo, policy: TablePolicy) -> str:
     """The SQL of ``column`` as a DP statement reads it: NULL where its value is longer than the
-    bound, else the value, in its own collation. A text value is sized by its length in bytes
-    (``octet_length``, from the header); a numeric of no declared precision by its stored form
-    (``pg_column_size``, ``pg_column_compression``, from the header): read only when stored
-    uncompressed in at most :data:`NUMERIC_MAX_BYTES`."""
+    bound or not stored in the row uncompressed, else the value, in its own collation. A text value
+    is sized by its length in bytes (``octet_length``) and placed by :func:`in_line_text`; a numeric
+    of no declared precision by its stored form (:func:`in_line_numeric`). All from the header."""
     name = quote_identifier(column.name)
     if not _needs_bound(column, policy):
         return name
     if unconstrained_numeric(column):
-        short = (f"pg_catalog.pg_column_compression({name}) IS NULL AND "
-                 + operator(f"pg_catalog.pg_column_size({name})", "<=", str(NUMERIC_MAX_BYTES)))
+        short = in_line_numeric(name)
     else:
-        short = operator(f"pg_catalog.octet_length({name})", "<=", str(policy.max_text_bytes))
+        short = operator(f"pg_catalog.octet_length({name})", "<=", str(policy.max_text_bytes)) + " AND " + in_line_text(name)
     return f"CASE WHEN {short} THEN {name} END"
 
 

@@ -116,7 +116,7 @@ TOTAL: dict[str, str] = {
                       "and nonzero magnitudes large enough that no product underflows to 0",
     "hash": "the extended hash functions of these types return a value for every value of the type "
             "(NaN, ±Infinity, -0 included) and NULL for NULL",
-    "bit-ops": "# and & on bigints, and % by a positive constant, cannot overflow",
+    "bit-ops": "# and & on bigints, and % of an integer or a bigint by a positive constant, cannot overflow",
     "random": "random() and floor() of its bounded product take no row value",
     "fence": "pg_is_in_recovery() reads no row",
     "width-bucket": "width_bucket() of a value that cannot be NaN, with finite constant bounds and a small "
@@ -652,9 +652,9 @@ def _binary(node: ast.A_Expr, symbol: str, left: _Value, right: _Value, context:
     if symbol == "&" and left.type_oid == _INT8 and (right.type_oid == _INT8 or right.constant):
         mask = _number(right.text) if right.constant else None
         return _Value(_INT8, low=0, high=mask) if mask is not None and mask >= 0 else _Value(_INT8)  # "bit-ops"
-    if symbol == "%" and left.type_oid == _INT8 and right.constant and (_number(right.text) or 0) > 0:
+    if symbol == "%" and left.type_oid in (_INT4, _INT8) and right.constant and (_number(right.text) or 0) > 0:
         modulus = (_number(right.text) or 1) - 1
-        return _Value(_INT8, low=0 if left.low >= 0 else -modulus, high=modulus)  # "bit-ops"
+        return _Value(left.type_oid, low=0 if left.low >= 0 else -modulus, high=modulus)  # "bit-ops"
     if symbol == "*" and left.type_oid == _FLOAT8 and right.constant and right.type_oid == _FLOAT8:
         return _float_product(node, left, right, context)
     if symbol == "*" and _is_random(node.lexpr) and right.constant:

@@ -7,11 +7,14 @@ uncharged, before its run. A statement opens the table's TOAST relation and inde
 a long value stored apart, which no lock step does: a held ``REINDEX`` of that index (``hold_toast_index``) makes a statement reading such a
 value (``SUM(amount)``, ``amount > 0`` on a table of ``create_toasted``) wait after its charge,
 on the backend, with the table held. A value dpproxy reads, stored apart: dpproxy reads a
-text's length and a numeric's stored size and compression first (``rewriter/text_bounds.py``),
-which PostgreSQL takes from the TOAST pointer, and leaves a long value out unread; so the value
-is short enough to be read (~880 digits, ~450 bytes, within the numeric bound of 512; a text of
-250 bytes, within the default ``max_text_bytes`` of 256) and is pushed out of the row by a wide
-column kept in it (``STORAGE MAIN``) beside its own ``STORAGE EXTERNAL``.
+bounded column's (a text's, an unconstrained numeric's) stored size and placement first
+(``rewriter/text_bounds.py``), which PostgreSQL takes from the TOAST pointer, and leaves a value
+stored apart unread, however short: so the value is in a column of a declared size, which dpproxy
+reads as it is (``READ_APART_NUMERIC``, ``READ_APART_TEXT``; the form docs/threat-model.md leaves
+open), short enough for its type (~880 digits, ~450 bytes; 64 characters) and pushed out of the
+row by a wide column kept in it (``STORAGE MAIN``) beside its own ``STORAGE EXTERNAL``.
+``LONG_NUMBER`` and ``LONG_TEXT`` in a bounded column are what a statement reads as NULL since then
+(tests/test_attack_stop40.py).
 
 That wait depends on dpproxy's SQL reading the value, which the rewriter decides. The *gate*
 does not (:func:`create_gate`, :func:`gated`, :func:`hold_gate`): the protected relation is a
@@ -35,26 +38,42 @@ from typing import Any
 import psycopg
 
 from policies.model import TablePolicy
-from rewriter.text_bounds import NUMERIC_MAX_BYTES
 
-__all__ = ["GATE", "LONG_NUMBER", "LONG_TEXT", "PAD", "TEXT_MAX_BYTES", "create_gate", "create_gated", "create_toasted",
-           "gated", "hold_gate", "hold_toast_index", "keep_apart", "store_apart", "toast_index", "waiting_at_gate",
-           "with_toasted"]
+__all__ = ["GATE", "LONG_NUMBER", "LONG_NUMBER_BYTES", "LONG_TEXT", "PAD", "READ_APART_NUMERIC", "READ_APART_TEXT",
+           "SHORT_TEXT", "TEXT_MAX_BYTES", "WIDE_PAD", "create_gate", "create_gated", "create_toasted", "gated", "hold_gate",
+           "hold_toast_index", "keep_apart", "store_apart", "toast_index", "waiting_at_gate", "with_toasted"]
 
 LONG_NUMBER = "(SELECT ('1' || pg_catalog.string_agg(lpad((random() * 1e8)::int8::text, 8, '0'), ''))::numeric " \
               "FROM generate_series(1, 110) g)"
-"""A number of 881 random digits (~450 bytes uncompressed): within the bound a numeric of no
-declared precision is read under (``rewriter.text_bounds``), so a DP statement reads it."""
+"""A number of 881 random digits (~450 bytes uncompressed): what ``numeric(1000, 0)`` holds; stored
+apart, a DP statement reads it from a column of that type (``READ_APART_NUMERIC``), not from an
+unconstrained numeric (``rewriter.text_bounds``: NULL there)."""
+
+LONG_NUMBER_BYTES = 512
+"""The most bytes ``LONG_NUMBER`` takes uncompressed (more than half of them)."""
+
+READ_APART_NUMERIC = "numeric(1000, 0)"
+"""A numeric type a DP statement reads as it is, even stored apart: a declared precision."""
 
 TEXT_MAX_BYTES: int = TablePolicy.model_fields["max_text_bytes"].default
 """A table's default ``max_text_bytes``: the most bytes of a text a DP statement reads."""
 
 LONG_TEXT = "(SELECT substr(pg_catalog.string_agg(md5(random()::text), ''), 1, 250) FROM generate_series(1, 8) g)"
-"""250 random hex digits (250 bytes): within a table's default ``max_text_bytes`` (256), so a DP
-statement reads the whole value, where it leaves a longer one unread (``rewriter.text_bounds``)."""
+"""250 random hex digits (250 bytes): within a table's default ``max_text_bytes`` (256); stored apart,
+a DP statement reads it as NULL (``rewriter.text_bounds``)."""
+
+SHORT_TEXT = "(SELECT substr(pg_catalog.string_agg(md5(random()::text), ''), 1, 64) FROM generate_series(1, 3) g)"
+"""64 random hex digits: what ``READ_APART_TEXT`` holds, long enough to be stored apart (more than 24 bytes)."""
+
+READ_APART_TEXT = "varchar(64)"
+"""A text type a DP statement reads as it is, even stored apart: its 4·64 bytes fit the default
+``max_text_bytes``, so no bound applies (``rewriter.text_bounds``)."""
 
 PAD = "(SELECT pg_catalog.string_agg(md5(random()::text), '') FROM generate_series(1, 57) g)"
 """1,824 random characters: in a column kept in the row, they leave no room for the long value."""
+
+WIDE_PAD = f"{PAD} || repeat('-', 250)"
+"""``PAD`` and 250 characters more: they leave no room for ``SHORT_TEXT`` either."""
 
 
 def keep_apart(admin: psycopg.Connection[Any], table: str, column: str) -> None:
@@ -66,14 +85,15 @@ def keep_apart(admin: psycopg.Connection[Any], table: str, column: str) -> None:
 
 
 def store_apart(admin: psycopg.Connection[Any], table: str, column: str, values: str,
-                most: int = NUMERIC_MAX_BYTES) -> None:
-    """Add to ``table`` one row (``values``, a select list that ends with ``LONG_NUMBER`` or
-    ``LONG_TEXT`` for ``column``, the table's last column) whose value is stored apart, in the
-    TOAST relation, uncompressed, in more than half of ``most`` bytes and at most ``most`` (the
-    bound under which dpproxy reads it: ``NUMERIC_MAX_BYTES``, or the table's ``max_text_bytes``
-    for a text): the table is laid out by :func:`keep_apart` first."""
+                most: int = LONG_NUMBER_BYTES, pad: str = PAD) -> None:
+    """Add to ``table`` one row (``values``, a select list that ends with ``LONG_NUMBER``,
+    ``LONG_TEXT`` or ``SHORT_TEXT`` for ``column``, the table's last column) whose value is stored
+    apart, in the TOAST relation, uncompressed, in more than half of ``most`` bytes and at most
+    ``most`` (``LONG_NUMBER_BYTES``, ``TEXT_MAX_BYTES``, 64): the table is laid out by
+    :func:`keep_apart` first. ``pad``: the row's pad (``WIDE_PAD`` for a value too short for
+    ``PAD`` to push it out)."""
     keep_apart(admin, table, column)
-    admin.execute(f"INSERT INTO {table} SELECT {values}, {PAD}")
+    admin.execute(f"INSERT INTO {table} SELECT {values}, {pad}")
     toast = toast_index(admin, table).removesuffix("_index")
     chunks = admin.execute(f"SELECT count(*) FROM {toast}").fetchone()
     size = admin.execute(f"SELECT max(pg_catalog.pg_column_size({column})) FROM {table} "
@@ -97,10 +117,11 @@ def with_toasted(policy: str, table: str, extra: str = "", braces: int = 2) -> s
 
 
 def create_toasted(admin: psycopg.Connection[Any], table: str, grantee: str = "dpproxy_service") -> None:
-    """(Re)create ``table`` (age integer, amount numeric): 1,000 short rows and one whose amount
-    has 881 random digits, stored apart in the TOAST relation (:func:`store_apart`)."""
+    """(Re)create ``table`` (age integer, amount ``READ_APART_NUMERIC``): 1,000 short rows and one
+    whose amount has 881 random digits, stored apart in the TOAST relation (:func:`store_apart`),
+    which a DP statement reading ``amount`` fetches after its charge."""
     admin.execute(f"DROP TABLE IF EXISTS {table}")
-    admin.execute(f"CREATE TABLE {table} (age integer, amount numeric)")
+    admin.execute(f"CREATE TABLE {table} (age integer, amount {READ_APART_NUMERIC})")
     admin.execute(f"INSERT INTO {table} SELECT i % 90, 1 FROM generate_series(1, 1000) i")
     store_apart(admin, table, "amount", f"50, {LONG_NUMBER}")
     admin.execute(f"GRANT SELECT ON {table} TO {grantee}")

@@ -38,6 +38,13 @@ the header only: a value stored compressed or in more than 512 bytes reads as NU
 construct (rewriter/text_bounds.py). The neighbours' 1e400 and 1e-400 take a few bytes and are
 read as before.
 
+Found by benchmarks/timing_fuzz.py, and fixed since (docs/threat-model.md, Timing, "This stop's
+value forms"): a value within those bounds that a wide row's toaster stored in the TOAST relation
+was fetched again (two buffer hits) by every term, clamp and sort comparison that read it, and a
+text compressed in the row decompressed again; a bounded value is now read only where it is stored
+in the row uncompressed, told from the header (``rewriter.text_bounds.in_line_text``,
+``in_line_numeric``), pinned below on every storage form on PostgreSQL 15 and 16.
+
 Tried, and held:
 
 * Raw equality on a table with a quantum (``t = 'x'``, IN, OR/AND nesting, FILTER, CASE, HAVING
@@ -73,7 +80,8 @@ import pytest
 
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from tests.neighbour_outcome import create_neighbours, same_on_neighbours
-from tests.post_charge_wait import LONG_NUMBER, LONG_TEXT, PAD, keep_apart, store_apart
+from tests.post_charge_wait import LONG_NUMBER, LONG_TEXT, PAD, keep_apart, store_apart, toast_index
+from rewriter.text_bounds import NUMERIC_MAX_BYTES, in_line_numeric, in_line_text
 from tests.released_sql import recording_released_sql
 
 _DOMAINS = {"s40_num": "numeric", "s40_float": "double precision", "s40_day": "date", "s40_time": "timestamp"}
@@ -160,16 +168,20 @@ def test_a_domain_compared_with_a_value_of_its_own_family_is_answered_alike_on_n
     assert outcome[0] == "answer", outcome
 
 
-# Open, found by benchmarks/timing_fuzz.py (docs/threat-model.md, Timing, "Drawn cases"): a value
-# within the bounds (881 digits, ~450 bytes; 250 bytes of text) that a wide row's toaster stored
-# apart is fetched from the TOAST relation again by every term and every sort comparison that
-# reads it. Each pair: the same 100 rows and one row with a pad kept in the row; in "flat" the
-# row's value is ordinary and stays in the row, in "apart" it is the long one, stored apart.
+# Found by benchmarks/timing_fuzz.py (docs/threat-model.md, Timing, "Values stored apart"), and
+# closed: a value within the bounds (881 digits, ~450 bytes; 250 bytes of text) that a wide row's
+# toaster stored apart was fetched from the TOAST relation again by every term and every sort
+# comparison that read it (2 buffer hits each: 64 terms, ~128 more than an ordinary row). Now only a
+# value stored in the row, uncompressed, is read (rewriter/text_bounds.py: ``in_line_text``,
+# ``in_line_numeric``); another reads as NULL. Each pair: the same 100 rows and one row with a pad
+# kept in the row; in "flat" the row's value is ordinary and stays in the row, in "apart" it is the
+# long one, stored apart.
 _APART_TABLES = {"n": ("(id int, t text, n numeric)", "g, 'row ' || g, g % 100", "0, 'row 0'"),
                  "t": ("(id int, n numeric, t text)", "g, g % 100, 'row ' || g", "0, 1")}
 _APART_POLICY = ATTACK_POLICY_HEAD + "".join(
-    f"  public.s40_{kind}_{column}:\n    access: protected\n    epsilon: 1.0\n    columns:\n      n: {{{{bounds: [0, 100]}}}}\n"
-    for column in _APART_TABLES for kind in ("flat", "apart"))
+    f"  public.s40_{kind}_{column}:\n    access: protected\n    epsilon: 1.0\n    columns:\n"
+    "      n: {{bounds: [0, 100], group_by: true}}\n      t: {{categories: ['row 1', 'row 2', 'row 3'], group_by: true}}\n"
+    for column in _APART_TABLES for kind in ("flat", "apart", "packed", "null"))
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +198,20 @@ def apart_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory)
             admin.execute(f"INSERT INTO s40_flat_{column} SELECT {head}, {'1' if column == 'n' else repr('row 0')}, {PAD}")
             value = LONG_NUMBER if column == "n" else LONG_TEXT
             store_apart(admin, f"s40_apart_{column}", column, f"{head}, {value}", most=512 if column == "n" else 256)
+            # "packed": a value within the bounds that the toaster compressed in the row (the pad is
+            # never compressed, STORAGE PLAIN); "null": NULL there
+            packed = "repeat('1', 240)::numeric" if column == "n" else "repeat('z', 250)"
+            for kind, value in (("packed", packed), ("null", "NULL")):
+                admin.execute(f"CREATE TABLE IF NOT EXISTS s40_{kind}_{column} AS SELECT * FROM s40_flat_{column} WHERE id > 0")
+                admin.execute(f"TRUNCATE s40_{kind}_{column}")
+                admin.execute(f"INSERT INTO s40_{kind}_{column} SELECT * FROM s40_flat_{column} WHERE id > 0")
+                admin.execute(f"ALTER TABLE s40_{kind}_{column} ALTER COLUMN pad SET STORAGE PLAIN, "
+                              f"ALTER COLUMN {column} SET STORAGE {'MAIN' if column == 'n' else 'EXTENDED'}")
+                admin.execute(f"INSERT INTO s40_{kind}_{column} SELECT {head}, {value}, {PAD} || {PAD}")
+                admin.execute(f"GRANT SELECT ON s40_{kind}_{column} TO dpproxy_service")
+            compressed = admin.execute(f"SELECT pg_catalog.pg_column_compression({column}) FROM s40_packed_{column} "
+                                       "WHERE id = 0").fetchone()
+            assert compressed is not None and compressed[0] is not None, "the packed value was not compressed"
     with running_proxy(test_db, tmp_path_factory, _APART_POLICY) as running:
         yield running
 
@@ -197,23 +223,40 @@ def _buffer_hits(admin: psycopg.Connection, sql: str) -> int:
     return int(plan[0]["Plan"]["Shared Hit Blocks"]) + int(plan[0]["Plan"]["Shared Read Blocks"])
 
 
-# Strict, and only for the assertion: it fails the day the lever is closed (drop the mark then),
-# and an error of the harness (a database error, no SQL recorded) is not taken for the lever.
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="open: a value stored apart within the bounds is fetched again by each term")
+def _or_chain(term: str, count: int = 64) -> str:
+    return "(" + " OR ".join(term.format(i=i) for i in range(count)) + ")"
+
+
+_NUMBERS = ", ".join(f"{1000 + i}.5" for i in range(64))
+_STRINGS = ", ".join(f"'z{i}'" for i in range(64))
+
+
 @pytest.mark.parametrize("column, sql", [
-    ("n", "SELECT count(*) FROM {t} WHERE n IN (" + ", ".join(f"{1000 + i}.5" for i in range(64)) + ")"),
-    ("t", "SELECT count(*) FROM {t} WHERE (" + " OR ".join(f"t > 'z{i}'" for i in range(64)) + ")"),
+    ("n", f"SELECT count(*) FROM {{t}} WHERE n IN ({_NUMBERS})"),
+    ("n", "SELECT count(*) FROM {t} WHERE " + _or_chain("n > {i}.5")),
+    ("n", "SELECT count(*) FROM {t} WHERE " + _or_chain("n BETWEEN {i}.25 AND {i}.75", 32)),
+    ("n", "SELECT count(*) FROM {t} WHERE n IS NOT NULL AND (id > 0 OR " + _or_chain("n = {i}.5") + ")"),
+    ("n", "SELECT " + ", ".join(f"sum(n) FILTER (WHERE id >= -{i})" for i in range(64)) + " FROM {t}"),
+    ("n", "SELECT " + ", ".join(f"avg(n) FILTER (WHERE id >= -{i})" for i in range(16)) + " FROM {t}"),
+    ("n", "SELECT " + ", ".join(f"count(*) FILTER (WHERE n < {i}.5)" for i in range(64)) + " FROM {t}"),
+    ("n", "SELECT " + ", ".join(f"sum(CASE WHEN n > {i}.5 THEN 1 ELSE 0 END)" for i in range(64)) + " FROM {t}"),
+    ("n", "SELECT width_bucket(n, 0, 100, 10) AS k, count(*), sum(n) FROM {t} WHERE " + _or_chain("n <> {i}.5", 32)
+     + " GROUP BY 1"),
+    ("n", "SELECT count(DISTINCT n) FROM {t}"),
+    ("t", f"SELECT count(*) FROM {{t}} WHERE t IN ({_STRINGS})"),  # hashed: one fetch, before the fix too
+    ("t", "SELECT count(*) FROM {t} WHERE " + _or_chain("t > 'z{i}'")),
+    ("t", "SELECT count(*) FROM {t} WHERE " + _or_chain("t BETWEEN 'y{i}' AND 'z{i}'", 32)),
+    ("t", "SELECT " + ", ".join(f"count(*) FILTER (WHERE t < 'z{i}')" for i in range(64)) + " FROM {t}"),
+    ("t", "SELECT " + ", ".join(f"count(CASE WHEN t > 'z{i}' THEN 1 END)" for i in range(64)) + " FROM {t}"),
+    ("t", "SELECT t, count(*) FROM {t} WHERE " + _or_chain("t <> 'z{i}'", 32) + " GROUP BY t"),
     ("t", "SELECT count(DISTINCT t) FROM {t}"),
 ])
 def test_a_value_stored_apart_within_the_bounds_is_read_once_however_many_terms_compare_it(
         apart_proxy: RunningProxy, test_db: TestDatabase, column: str, sql: str) -> None:
-    """The backend SQL of a statement whose 64 terms compare the value (or whose sort compares it;
-    a text IN list is hashed and fetches it once)
-    reads at most the two buffers of one fetch more on the table whose row holds it apart than on
-    the one whose row holds an ordinary value: what the row adds must not grow with the terms, as
-    it does not for a value past the bounds (tests/test_numeric_bounds.py). Today each IN value
-    fetches it again: 2 buffer hits a term (~128 in all), a timing lever within every limit."""
+    """The backend SQL of a statement whose terms compare or clamp the value (or whose sort or
+    histogram key reads it) reads at most the two buffers of one fetch more on the table whose row
+    holds it apart than on the one whose row holds an ordinary value: what the row adds does not grow
+    with the terms. Before the fix each term fetched it again: 2 buffer hits a term (~128 for 64)."""
     seen: list[str] = []
     hits = {}
     with recording_released_sql(lambda plan, backend: seen.append(backend)), \
@@ -225,3 +268,92 @@ def test_a_value_stored_apart_within_the_bounds_is_read_once_however_many_terms_
             assert seen, "no backend SQL ran"
             hits[kind] = max(sum(_buffer_hits(admin, backend) for backend in seen) for _ in range(2))
     assert hits["apart"] - hits["flat"] <= 2, hits
+
+
+_RANDOM = "(SELECT substr(pg_catalog.string_agg(md5(random()::text), ''), 1, {n}) FROM generate_series(1, {n} / 32 + 2))"
+_TEXT_VALUES = {"empty": "''", "short": "'abc'", **{str(n): _RANDOM.format(n=n) for n in (126, 127, 128, 250, 100_000)},
+                "multibyte": "repeat('äあ𝔸', 20)", "compressible": "repeat('a', 300)"}
+_DIGITS = "(SELECT ('1' || pg_catalog.string_agg(lpad((random() * 1e8)::int8::text, 8, '0'), ''))::numeric " \
+          "FROM generate_series(1, {n} / 8))"
+_NUMERIC_VALUES = {"small": "1.5", "NaN": "'NaN'", **{f"{n} digits": _DIGITS.format(n=n) for n in (40, 200, 240, 256, 880)},
+                   **{f"{n} repeated digits": f"repeat('1', {n})::numeric" for n in (300, 420, 500, 640, 700, 1000, 2000)}}
+# (storage of the value's column, whether a pad kept in the row, never compressed, makes the row wide:
+# 3,648 bytes, which push out even a value of 25 bytes)
+_LAYOUTS = (("EXTENDED", False), ("EXTENDED", True), ("MAIN", True), ("EXTERNAL", True), ("EXTERNAL", False))
+
+
+def _stored_forms(dsn: str, column_type: str, values: dict[str, str], test: str) -> list[tuple[str, int, bool, bool]]:
+    """Each value of ``values`` stored as a one-row table's ``x`` of ``column_type`` in each layout:
+    (label, its pg_column_size, whether it is in the row uncompressed, ``test`` of it)."""
+    forms = []
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("DO $$ BEGIN CREATE DOMAIN s40_text AS text; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+        for label, value in values.items():
+            for storage, wide in _LAYOUTS:
+                admin.execute("DROP TABLE IF EXISTS s40_form")
+                admin.execute(f"CREATE TABLE s40_form (x {column_type}, pad text)")
+                admin.execute(f"ALTER TABLE s40_form ALTER COLUMN x SET STORAGE {storage}, ALTER COLUMN pad SET STORAGE PLAIN")
+                admin.execute(f"INSERT INTO s40_form SELECT {value}, {f'{PAD} || {PAD}' if wide else 'NULL'}")
+                toast = toast_index(admin, "s40_form").removesuffix("_index")
+                row = admin.execute(f"SELECT (SELECT count(*) FROM {toast}), pg_catalog.pg_column_compression(x), "
+                                    f"pg_catalog.pg_column_size(x), {test} FROM s40_form").fetchone()
+                assert row is not None
+                chunks, compression, size, in_line = row
+                forms.append((f"{label}, {storage}{', wide' if wide else ''}", size, chunks == 0 and compression is None,
+                              bool(in_line)))
+        admin.execute("DROP TABLE s40_form")
+    return forms
+
+
+@pytest.fixture(params=["pg16", "pg15"])
+def stored_forms_dsn(request: pytest.FixtureRequest) -> str:
+    database: TestDatabase = request.getfixturevalue("test_db" if request.param == "pg16" else "pg15_db")
+    return database.admin_dsn
+
+
+@pytest.mark.parametrize("column_type", ["text", "bytea", "varchar(300)", "char(300)", "s40_text"])
+def test_a_text_is_read_exactly_when_stored_in_the_row_uncompressed(stored_forms_dsn: str, column_type: str) -> None:
+    """``pg_column_size(x) > octet_length(x)``, from the header, tells every stored form apart: in
+    the row with a 1- or 4-byte header, compressed in the row, out of line with and without
+    compression (PostgreSQL 15 and 16 have no function that says so directly)."""
+    form = {"bytea": "convert_to({}, 'UTF8')", "varchar(300)": "left({}, 300)", "char(300)": "left({}, 300)"}.get(column_type, "{}")
+    values = {label: form.format(value) for label, value in _TEXT_VALUES.items()}
+    forms = _stored_forms(stored_forms_dsn, column_type, values, in_line_text("x"))
+    assert {label for label, _, truth, _ in forms if not truth}, "no value was stored apart or compressed"
+    assert [(label, size) for label, size, truth, in_line in forms if in_line != truth] == []
+
+
+def test_a_numeric_is_read_only_when_stored_in_the_row_uncompressed_within_the_bound(stored_forms_dsn: str) -> None:
+    """An odd ``pg_column_size`` of an uncompressed numeric is one in the row with a 1-byte header;
+    a value stored apart (even) is never read, nor one in the row with a 4-byte header (at least 128
+    bytes: the two cannot be told apart from the header), the cost of the check."""
+    forms = _stored_forms(stored_forms_dsn, "numeric", _NUMERIC_VALUES, in_line_numeric("x"))
+    assert {label for label, _, truth, _ in forms if not truth}, "no value was stored apart or compressed"
+    assert [(label, size) for label, size, truth, in_line in forms
+            if in_line != (truth and size <= NUMERIC_MAX_BYTES)] == []
+    assert any(in_line for label, _, _, in_line in forms if label.startswith("240 digits"))
+    assert any(not truth and size <= NUMERIC_MAX_BYTES for _, size, truth, _ in forms), "none stored apart in 127 bytes"
+    assert any(not truth and size % 2 for _, size, truth, _ in forms), "none compressed in an odd size"
+
+
+@pytest.mark.parametrize("column, sql", [
+    ("n", "SELECT count(*), sum(n) FROM {t} WHERE n > 0.5"),
+    ("t", "SELECT count(*) FROM {t} WHERE t > 'y'"),
+    ("t", "SELECT count(DISTINCT t) FROM {t}"),
+])
+def test_a_value_compressed_in_the_row_within_the_bounds_reads_as_null(
+        apart_proxy: RunningProxy, test_db: TestDatabase, column: str, sql: str) -> None:
+    """A value within the bounds that the toaster compressed in a wide row was decompressed again by
+    every reference (CPU, which no buffer count shows); it now reads as NULL: the backend SQL's exact
+    result on its table is the one on the same table with NULL there."""
+    seen: list[str] = []
+    results = {}
+    with recording_released_sql(lambda plan, backend: seen.append(backend)), \
+            apart_proxy.connect() as conn, psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        for kind in ("packed", "null"):
+            seen.clear()
+            conn.execute(sql.replace("{t}", f"s40_{kind}_{column}")).fetchall()
+            assert seen, "no backend SQL ran"
+            results[kind] = [admin.execute(backend.replace(f"s40_{kind}_{column}", "{t}").replace(
+                "{t}", f"s40_{kind}_{column}")).fetchall() for backend in seen]
+    assert results["packed"] == results["null"], results

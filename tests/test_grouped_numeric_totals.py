@@ -29,11 +29,11 @@ from tests.backend_sql_audit import AuditColumn, audit_backend_sql
 
 _NUMERIC, _TEXT, _TIMESTAMPTZ = 1700, 25, 1184
 _TABLE = "grouped_totals"
-# A numeric of no declared precision is read only when stored in at most 512 bytes (~1,000 digits,
-# rewriter/text_bounds.py: a longer value reads as NULL), so the long decimals here have 990 fraction digits.
-_DIGITS = 990
+# A numeric of no declared precision is read only when stored in the row in at most 127 bytes (~248
+# digits, rewriter/text_bounds.py: another value reads as NULL), so the long decimals here have 240 fraction digits.
+_DIGITS = 240
 _TINY = Decimal(f"1e-{_DIGITS}")  # a row's finest fraction digit
-_FINE = f"('50.' || repeat('3', {_DIGITS}))::numeric"  # 990 fraction digits, inside [-50, 100]
+_FINE = f"('50.' || repeat('3', {_DIGITS}))::numeric"  # 240 fraction digits, inside [-50, 100]
 _EXACT = Context(prec=200_000, Emax=MAX_EMAX, Emin=MIN_EMIN)  # the tests' own sums of long decimals, unrounded
 
 
@@ -124,7 +124,7 @@ def test_a_group_bys_numeric_totals_are_summed_per_cell_and_cut_in_the_backend(
     rows = admin.execute(backend_sql(plan, seed=3)).fetchall()
     keys = len(plan.groups)
     assert len({tuple(row[:keys]) for row in rows}) == len(rows)  # one row per reported cell
-    assert all(-row[keys].as_tuple().exponent <= policy.total_digits + 1 for row in rows)  # not 990
+    assert all(-row[keys].as_tuple().exponent <= policy.total_digits + 1 for row in rows)  # not 240
 
 
 # Bounds whose grid is fine (k = 45: ties of 46 fraction digits) and one with a centre of its own.
@@ -166,7 +166,7 @@ def _rows(tie_a: Decimal, tie_other: Decimal) -> list[tuple[Any, ...]]:
         # b: no row; c: values all NULL (a group whose total is NULL)
         (None, "c", None), (None, "c", None),
         # d: negative long decimals and a value clamped to the lower bound
-        (Decimal("-1." + "7" * 900), "d", None), (Decimal("-1e9"), "d", None),
+        (Decimal("-1." + "7" * (_DIGITS - 10)), "d", None), (Decimal("-1e9"), "d", None),
         (Decimal("-0." + "3" * _DIGITS), "d", None),
         # other: three groups (x, z, a NULL key) whose sum is just above a tie, each far from it
         (tie_other + 4 * _TINY, "x", None), (-2 * _TINY, "z", None), (-_TINY, None, None),
@@ -276,7 +276,7 @@ def test_a_date_parts_cells_are_summed_in_the_backend_as_dpproxy_numbers_them(
         assert cells[cell][1][0] == count
         assert Fraction(cells[cell][0][0]) == Fraction(_cut(total, digits))
     rows = admin.execute(backend_sql(plan, seed=3)).fetchall()
-    assert max(len(str(v)) for row in rows for v in row if isinstance(v, Decimal)) <= digits + 10  # not the row's 990
+    assert max(len(str(v)) for row in rows for v in row if isinstance(v, Decimal)) <= digits + 10  # not the row's 240
     audited = {name: AuditColumn(column.type_oid) for name, column in relation.columns.items()}
     assert audit_backend_sql(backend_sql(plan, seed=3), ("public", _TABLE), audited) == []
     if not percentile:  # one row per cell

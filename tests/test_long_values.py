@@ -119,8 +119,8 @@ def test_the_backend_sql_bounds_a_domain_by_its_base_type() -> None:
     policy = TablePolicy(epsilon=1.0)
     table = Relation(1, "public", "lv", policy, columns)
     assert bounded_source(table, columns) == (
-        '(SELECT CASE WHEN (pg_catalog.octet_length("d") OPERATOR(pg_catalog.<=) 256) THEN "d" END AS "d", "s", '
-        'CASE WHEN (pg_catalog.octet_length("b") OPERATOR(pg_catalog.<=) 256) THEN "b" END AS "b", "i" '
+        '(SELECT CASE WHEN (pg_catalog.octet_length("d") OPERATOR(pg_catalog.<=) 256) AND (pg_catalog.pg_column_size("d") OPERATOR(pg_catalog.>) pg_catalog.octet_length("d")) THEN "d" END AS "d", "s", '
+        'CASE WHEN (pg_catalog.octet_length("b") OPERATOR(pg_catalog.<=) 256) AND (pg_catalog.pg_column_size("b") OPERATOR(pg_catalog.>) pg_catalog.octet_length("b")) THEN "b" END AS "b", "i" '
         'FROM "public"."lv") AS "lv"')
     assert [value_bytes(columns[name], policy) for name in ("d", "s", "b", "i")] == [256, 40, 256, None]
 
@@ -185,7 +185,7 @@ def test_show_columns_says_which_values_are_bounded_and_which_are_not_read(long_
     with long_proxy.connect() as conn:
         bounds = {row[1]: row[3] for row in conn.execute("SHOW dpproxy.columns").fetchall() if row[0] == _EXACT}
     for column in ("d", "dd", "b", "bd"):
-        assert bounds[column] == f"at most {BOUND} bytes (a longer value reads as NULL)", (column, bounds[column])
+        assert bounds[column] == f"at most {BOUND} bytes, stored in the row uncompressed (another value reads as NULL)", (column, bounds[column])
     assert bounds["s"] == "at most 40 bytes (a longer value reads as NULL)"
     for column in ("jb", "tv", "nr", "ia", "vb", "pa", "bl"):
         assert bounds[column] == "not read: values of any length are only counted and tested for NULL", column

@@ -23,9 +23,9 @@ from rewriter.dp_query import plan_aggregate_query
 from rewriter.rewrite import backend_sql, clamped, decided_total, split_row
 
 _NUMERIC = 1700
-# A numeric of no declared precision is read only when stored in at most 512 bytes (~1,000 digits,
-# rewriter/text_bounds.py: a longer value reads as NULL), so the long row here has 990 fraction digits.
-_FINE = "('50.' || repeat('3', 990))::numeric"  # 990 fraction digits, inside the bounds
+# A numeric of no declared precision is read only when stored in the row in at most 127 bytes (~248
+# digits, rewriter/text_bounds.py: another value reads as NULL), so the long row here has 240 fraction digits.
+_FINE = "('50.' || repeat('3', 240))::numeric"  # 240 fraction digits, inside the bounds
 
 
 def _relation(table: str, bounds: tuple[float, float], avg: str = "sum_count") -> Relation:
@@ -48,7 +48,7 @@ def fine_table(admin: psycopg.Connection):
 @pytest.mark.parametrize("sql", ["SELECT SUM(y) FROM numeric_totals", "SELECT AVG(y) FROM numeric_totals",
                                  "SELECT SUM(y), percentile_cont(0.5) WITHIN GROUP (ORDER BY y) FROM numeric_totals",
                                  "SELECT SUM(y), MAX(y) FROM numeric_totals"])
-def test_a_row_of_990_fraction_digits_reaches_dpproxy_cut_to_the_digits_the_rounding_needs(
+def test_a_row_of_240_fraction_digits_reaches_dpproxy_cut_to_the_digits_the_rounding_needs(
         admin: psycopg.Connection, fine_table: str, sql: str, monkeypatch: pytest.MonkeyPatch) -> None:
     relation = _relation(fine_table, (0.0, 100.0))
     column = relation.columns["y"]
@@ -58,7 +58,7 @@ def test_a_row_of_990_fraction_digits_reaches_dpproxy_cut_to_the_digits_the_roun
     assert row is not None
     total = row[0]
     exponent = total.as_tuple().exponent
-    assert isinstance(exponent, int) and -exponent <= column.policy.total_digits + 1  # not 990
+    assert isinstance(exponent, int) and -exponent <= column.policy.total_digits + 1  # not 240
     # ... and the mechanism noises the same grid point as it would the exact total.
     exact = admin.execute(f"SELECT sum({clamped(column)}), count(y) FROM {fine_table}").fetchone()
     assert exact is not None

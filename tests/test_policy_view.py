@@ -30,7 +30,7 @@ def test_show_columns_lists_each_protected_column_with_what_it_accepts(proxy: Ru
     assert rows[("adult", "hours_per_week")][3] == ("COUNT laplace, SUM laplace, AVG sample_aggregate, "
                                                     "MIN sample_aggregate, MAX sample_aggregate, PERCENTILE exponential, "
                                                     "VARIANCE moments")  # the column's avg
-    assert rows[("adult", "sex")] == ("text", "at most 256 bytes (a longer value reads as NULL)", '["Male", "Female"]', "COUNT laplace, MODE exponential", None,
+    assert rows[("adult", "sex")] == ("text", "at most 256 bytes, stored in the row uncompressed (another value reads as NULL)", '["Male", "Female"]', "COUNT laplace, MODE exponential", None,
                                       1.0, 1e-6)
     assert rows[("adult", "fnlwgt")][3] == "COUNT laplace"  # no bounds in the policy: COUNT only
     assert rows[("clamp_test", "ratio")][1:3] == ("[-2.5, 2.5]", None)

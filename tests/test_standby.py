@@ -50,7 +50,8 @@ from proxy.serving.startup import StartupError
 from tests.conftest import (ATTACK_POLICY_HEAD, TEST_DATABASE, TEST_POLICY, RunningProxy, StandbyDatabase,
                             TestDatabase, running_proxy, spent_epsilon)
 from tests.neighbour_outcome import create_neighbours, masked_outcome
-from tests.post_charge_wait import LONG_TEXT, TEXT_MAX_BYTES, create_gate, gated, keep_apart, store_apart, toast_index
+from tests.post_charge_wait import (READ_APART_TEXT, SHORT_TEXT, WIDE_PAD, create_gate, gated, keep_apart, store_apart,
+                                    toast_index)
 import tests.test_attack_settings as settings_attack
 from tests.test_attack_settings import (_BASE_ROWS, _BINARY_AND_COPY, _DDL, _NEIGHBOURS, _POLICY, ACCEPTED_FORMS,
                                         SESSION_STATES, _answer_form, _dates_as_text, _same_on_neighbours)
@@ -415,19 +416,20 @@ _TOAST_POLICY = ATTACK_POLICY_HEAD.replace("repeats: {{enabled: true}}", "repeat
 
 @pytest.fixture
 def toasted_neighbours(standby_db: StandbyDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
-    """``tx0`` and its neighbour ``tx1`` with one row more, whose 250-byte value (hex digits of
-    random hashes), within the text bound so that dpproxy reads it, is stored apart, in the TOAST
-    relation (tests/post_charge_wait.py; a value past ``max_text_bytes`` is sized from its TOAST
-    pointer and never read, so it opened no TOAST index); both have the same columns. A dpproxy on
+    """``tx0`` and its neighbour ``tx1`` with one row more, whose 64-character value (hex digits of
+    random hashes) in a ``varchar(64)``, which dpproxy reads as it is, is stored apart, in the TOAST
+    relation (tests/post_charge_wait.py; in a bounded text column a value past ``max_text_bytes``
+    or stored apart is placed from its TOAST pointer and never read, so it opens no TOAST index);
+    both have the same columns. A dpproxy on
     the standby under a service role whose ``lock_timeout`` is 100 ms (an operator's default)."""
     with psycopg.connect(standby_db.primary.admin_dsn, autocommit=True) as admin:
         for table in ("tx0", "tx1"):
             admin.execute(f"DROP TABLE IF EXISTS {table}")
-            admin.execute(f"CREATE TABLE {table} AS SELECT (ARRAY['a', 'b'])[1 + g % 2] AS s "
+            admin.execute(f"CREATE TABLE {table} AS SELECT ((ARRAY['a', 'b'])[1 + g % 2])::{READ_APART_TEXT} AS s "
                           "FROM generate_series(1, 200) g")
             admin.execute(f"GRANT SELECT ON {table} TO dpproxy_service")
         keep_apart(admin, "tx0", "s")
-        store_apart(admin, "tx1", "s", LONG_TEXT, most=TEXT_MAX_BYTES)
+        store_apart(admin, "tx1", "s", SHORT_TEXT, most=64, pad=WIDE_PAD)
         admin.execute("ALTER ROLE dpproxy_service SET lock_timeout = '100ms'")
         try:
             standby_db.pair.wait_for_replay(TEST_DATABASE)

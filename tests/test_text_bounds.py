@@ -120,16 +120,16 @@ def test_the_backend_sql_reads_a_long_value_by_its_stored_size_only() -> None:
     policy = TablePolicy(epsilon=1.0)
     table = Relation(1, "public", "tb", policy, columns, "ctid")
     assert bounded_source(table, columns) == (
-        '(SELECT CASE WHEN (pg_catalog.octet_length("t") OPERATOR(pg_catalog.<=) 256) THEN "t" END AS "t", "short", '
-        'CASE WHEN (pg_catalog.octet_length("wide") OPERATOR(pg_catalog.<=) 256) THEN "wide" END AS "wide", '
-        'CASE WHEN (pg_catalog.octet_length("c") OPERATOR(pg_catalog.<=) 256) THEN "c" END AS "c", "x", ctid '
+        '(SELECT CASE WHEN (pg_catalog.octet_length("t") OPERATOR(pg_catalog.<=) 256) AND (pg_catalog.pg_column_size("t") OPERATOR(pg_catalog.>) pg_catalog.octet_length("t")) THEN "t" END AS "t", "short", '
+        'CASE WHEN (pg_catalog.octet_length("wide") OPERATOR(pg_catalog.<=) 256) AND (pg_catalog.pg_column_size("wide") OPERATOR(pg_catalog.>) pg_catalog.octet_length("wide")) THEN "wide" END AS "wide", '
+        'CASE WHEN (pg_catalog.octet_length("c") OPERATOR(pg_catalog.<=) 256) AND (pg_catalog.pg_column_size("c") OPERATOR(pg_catalog.>) pg_catalog.octet_length("c")) THEN "c" END AS "c", "x", ctid '
         'FROM "public"."tb") AS "tb"')
     assert [value_bytes(columns[name], policy) for name in ("t", "short", "wide", "c", "x")] == [256, 40, 256, 256, None]
     narrow = Relation(1, "public", "tb", policy, {"short": columns["short"], "x": columns["x"]})
     assert bounded_source(narrow, ("short", "x")) == '"public"."tb"'
     assert bounded_source(table, ("x", "short")) == '"public"."tb"'  # only named columns count
     assert bounded_source(table, ("x", "wide")) == (
-        '(SELECT CASE WHEN (pg_catalog.octet_length("wide") OPERATOR(pg_catalog.<=) 256) THEN "wide" END AS "wide", '
+        '(SELECT CASE WHEN (pg_catalog.octet_length("wide") OPERATOR(pg_catalog.<=) 256) AND (pg_catalog.pg_column_size("wide") OPERATOR(pg_catalog.>) pg_catalog.octet_length("wide")) THEN "wide" END AS "wide", '
         '"x", ctid FROM "public"."tb") AS "tb"')
 
 

@@ -115,8 +115,8 @@ class ValueType(NamedTuple):
 
 
 # text, varchar, char (bpchar), bytea: octet_length reads a value's size from its header
-# (rewriter/text_bounds.py); a numeric of no declared precision is read only when stored uncompressed in
-# at most 512 bytes (pg_column_size, pg_column_compression: the header; rewriter/text_bounds.py);
+# (rewriter/text_bounds.py); a numeric of no declared precision is read only when stored in the row
+# uncompressed in at most 127 bytes (pg_column_size, pg_column_compression: the header; rewriter/text_bounds.py);
 # inet and cidr hold at most 22 bytes.
 _BOUNDED_VARLENA = frozenset({25, 1043, 1042, 17, 1700, 869, 650})
 _BIT = 1560  # bit(n): exactly n bits, bounded as text is at the default max_text_bytes (256 bytes)

@@ -6,7 +6,7 @@ decides (rewriter/dp_query.py). A text column's ``bounds`` is the most bytes of 
 statement reads (the table's ``max_text_bytes``, or a ``varchar(n)``'s 4·n: rewriter/text_bounds.py; a
 ``bytea`` column's and a domain's over text too); a ``numeric`` of no declared precision (or a
 domain over one) adds to its bounds that a value is read only when stored uncompressed in at most
-``NUMERIC_MAX_BYTES`` (512); a column whose values can be of any length (``jsonb``, arrays …) says
+``NUMERIC_MAX_BYTES`` (127), in the row (a text value too: rewriter/text_bounds.py); a column whose values can be of any length (``jsonb``, arrays …) says
 it is not read. Each protected table also gets a row for ``*`` (COUNT(*)).
 ``epsilon`` is what one query on the table costs this session (the table's ε, capped by
 the user's ``max_query_epsilon`` and ``SET dpproxy.epsilon``); ``delta`` is the table's δ,
@@ -20,14 +20,14 @@ import json
 from datetime import datetime, time
 from typing import Callable
 
-from policies.tables import ColumnInfo, Relation, TableRegistry
+from policies.tables import ColumnInfo, Relation, TableRegistry, quote_identifier
 from proxy.backend.connection import ResultSet
 from proxy.wire.binary import TEXT
 from proxy.wire.protocol import Field
 from proxy.wire.values import encode_text
 from rewriter.group_keys import DATE, column_key_count
 from rewriter.key_domain import part_keys
-from rewriter.text_bounds import NUMERIC_MAX_BYTES, unconstrained_numeric, value_bytes
+from rewriter.text_bounds import NUMERIC_MAX_BYTES, bounded_value, unconstrained_numeric, value_bytes
 from rewriter.types import FLOAT8, MAX_ABS_BOUND, MAX_ABS_VARIANCE_BOUND, NUMERIC_TYPES
 
 __all__ = ["COLUMNS_FIELDS", "columns_result"]
@@ -83,8 +83,11 @@ def _declared(table: Relation, column: ColumnInfo) -> list[bytes | None]:
     text_bytes = value_bytes(column, table.policy)
     if text_bytes is not None:
         bounds = f"at most {text_bytes} bytes (a longer value reads as NULL)"
+        if bounded_value(column, table.policy) != quote_identifier(column.name):
+            bounds = f"at most {text_bytes} bytes, stored in the row uncompressed (another value reads as NULL)"
     elif unconstrained_numeric(column):
-        stored = f"read only when stored uncompressed in at most {NUMERIC_MAX_BYTES} bytes (another value reads as NULL)"
+        stored = (f"read only when stored in the row uncompressed in at most {NUMERIC_MAX_BYTES} bytes "
+                  "(another value reads as NULL)")
         bounds = f"{bounds}, {stored}" if bounds else stored
     elif column.unbounded_length:
         bounds = "not read: values of any length are only counted and tested for NULL"
