@@ -184,16 +184,22 @@ _APART_POLICY = ATTACK_POLICY_HEAD + "".join(
     for column in _APART_TABLES for kind in ("flat", "apart", "packed", "null"))
 
 
+def _create_pair(admin: psycopg.Connection, suffix: str, ddl: str, rows: str) -> None:
+    """``s40_flat_<suffix>`` and ``s40_apart_<suffix>`` (``ddl``), each of 100 rows (``rows``, a select
+    list over ``g``), readable by dpproxy: the row that tells them apart is added by the caller."""
+    for kind in ("flat", "apart"):
+        name = f"s40_{kind}_{suffix}"
+        admin.execute(f"DROP TABLE IF EXISTS {name}")
+        admin.execute(f"CREATE TABLE {name} {ddl}")
+        admin.execute(f"INSERT INTO {name} SELECT {rows} FROM generate_series(1, 100) g")
+        admin.execute(f"GRANT SELECT ON {name} TO dpproxy_service")
+
+
 @pytest.fixture(scope="module")
 def apart_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
         for column, (ddl, rows, head) in _APART_TABLES.items():
-            for kind in ("flat", "apart"):
-                name = f"s40_{kind}_{column}"
-                admin.execute(f"DROP TABLE IF EXISTS {name}")
-                admin.execute(f"CREATE TABLE {name} {ddl}")
-                admin.execute(f"INSERT INTO {name} SELECT {rows} FROM generate_series(1, 100) g")
-                admin.execute(f"GRANT SELECT ON {name} TO dpproxy_service")
+            _create_pair(admin, column, ddl, rows)
             keep_apart(admin, f"s40_flat_{column}", column)
             admin.execute(f"INSERT INTO s40_flat_{column} SELECT {head}, {'1' if column == 'n' else repr('row 0')}, {PAD}")
             value = LONG_NUMBER if column == "n" else LONG_TEXT
@@ -384,12 +390,7 @@ _DECLARED_POLICY = ATTACK_POLICY_HEAD + "".join(
 def declared_apart_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
         for name, (column_type, value, rows, ordinary, flat_pad, most) in _DECLARED_APART.items():
-            for kind in ("flat", "apart"):
-                table = f"s40_{kind}_{name}"
-                admin.execute(f"DROP TABLE IF EXISTS {table}")
-                admin.execute(f"CREATE TABLE {table} (id int, v {column_type})")
-                admin.execute(f"INSERT INTO {table} SELECT g, {rows} FROM generate_series(1, 100) g")
-                admin.execute(f"GRANT SELECT ON {table} TO dpproxy_service")
+            _create_pair(admin, name, f"(id int, v {column_type})", f"g, {rows}")
             keep_apart(admin, f"s40_flat_{name}", "v")
             admin.execute(f"INSERT INTO s40_flat_{name} SELECT 0, {ordinary}, {flat_pad}")
             in_row = admin.execute(f"SELECT {in_line_numeric('v') if name == 'numeric60' else in_line_text('v')} "
