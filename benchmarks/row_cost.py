@@ -74,7 +74,7 @@ ORDINARY_ROW = {
     "id": "{id}", "age": "40", "t": "'ordinary text of a row'", "ci": "'ordinary'", "cat": "'a'",
     "n": "50.5", "f": "50.5", "ts": "'2022-06-01 12:00+00'", "arr": "'{1,2,3}'", "j": "'{\"k\": 1}'",
     "d": "'2022-06-01'", "big": "5000000000", "v": "'ordinary'", "b": "true", "dt": "'ordinary'", "by": "'ordinary'",
-    "tv": "'ordinary'", "nr": "'[1,2)'", "vb": "B'101'", "dn": "50.5", "nx": "50.5", "tx": "'ordinary'",
+    "tv": "'ordinary'", "nr": "'[1,2)'", "vb": "B'101'", "dn": "50.5", "nx": "50.5", "tx": "'ordinary'", "nd": "50",
 }
 # Incompressible text, so that it is stored out of line in ~2 kB chunks, uncompressed.
 _RANDOM_TEXT = f"(SELECT string_agg(md5(g::text || random()::text), '') FROM generate_series(1, {BIG_TEXT_BYTES // 32}) g)"
@@ -401,15 +401,18 @@ class Measured:
 
 _COLUMNS = """id integer PRIMARY KEY, age integer, t text, ci text COLLATE rc_ci, cat text, n numeric,
     f double precision, ts timestamptz, arr integer[], j jsonb, d date, big bigint, v varchar(100000), b boolean,
-    dt rc_text, by bytea, tv tsvector, nr numrange, vb varbit, dn rc_num, nx numeric, tx text, pad text"""
+    dt rc_text, by bytea, tv tsvector, nr numrange, vb varbit, dn rc_num, nx numeric, tx text, nd numeric(1000, 0), pad text"""
 _BASE_ROWS = """SELECT g, 17 + g % 70, 'row ' || g || ' of an ordinary table', 'v' || g % 50, (ARRAY['a', 'b', 'c'])[1 + g % 3],
     (g % 1000) / 10.0, (g % 997) / 10.0, '2021-01-01 00:00+00'::timestamptz + g * interval '1 hour',
     ARRAY[g, g + 1], jsonb_build_object('k', g), DATE '2021-01-01' + g % 1500, g * 1000003::bigint, 'w' || g % 40,
     g % 2 = 0, 'row ' || g, convert_to('row ' || g, 'UTF8'), to_tsvector('simple', 'row ' || g), numrange(g, g + 1),
-    B'101', (g % 1000) / 10.0, (g % 1000) / 10.0, 'row ' || g, NULL FROM generate_series(1, {rows}) g"""
-# pad is kept in the row and nx, tx are the columns its toaster moves out first, uncompressed: a
-# row whose pad is long stores a short nx or tx apart, in the TOAST relation (tests/post_charge_wait.py).
-_STORAGE = "ALTER COLUMN pad SET STORAGE MAIN, ALTER COLUMN nx SET STORAGE EXTERNAL, ALTER COLUMN tx SET STORAGE EXTERNAL"
+    B'101', (g % 1000) / 10.0, (g % 1000) / 10.0, 'row ' || g, g % 100, NULL FROM generate_series(1, {rows}) g"""
+# pad is kept in the row and nx, tx, nd are the columns its toaster moves out first, uncompressed: a
+# row whose pad is long stores a short nx, tx or nd apart, in the TOAST relation (tests/post_charge_wait.py).
+# nd has a declared precision, so dpproxy reads it as it is, even stored apart (docs/threat-model.md,
+# Timing, "Left open").
+_STORAGE = ("ALTER COLUMN pad SET STORAGE MAIN, ALTER COLUMN nx SET STORAGE EXTERNAL, ALTER COLUMN tx SET STORAGE EXTERNAL, "
+            "ALTER COLUMN nd SET STORAGE EXTERNAL")
 
 
 def policy_file(dsn: str, directory: Path, quantum_ms: int = 0) -> Path:
@@ -423,6 +426,7 @@ def policy_file(dsn: str, directory: Path, quantum_ms: int = 0) -> Path:
         "big": {"bounds": [0, 10_000_000_000]},
         "d": {"bounds": ["2021-01-01", "2025-12-31"], "group_by": ["month"]},
         "nx": {"bounds": [0, 100]},
+        "nd": {"bounds": [0, 100]},
     }
     table = {"access": "protected", "epsilon": 1.0, "delta": 1e-6, "partitions": 256, "columns": columns,
              "answer_quantum_ms": quantum_ms}

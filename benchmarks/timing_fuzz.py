@@ -4,8 +4,8 @@ Not a timed test: the generative version of :mod:`benchmarks.row_cost`, whose ma
 (its tables ``rc_base``/``rc_plus``, its policy, its planning as dpproxy plans and its alternating
 ``EXPLAIN ANALYZE``). Each case is a DP statement drawn by :func:`draw_statement` over row_cost's
 table (integer, bigint, numeric, float8, text, varchar, a declared-key text column, date,
-timestamptz, boolean, a domain over numeric, a domain over text, bytea, and a numeric and a text of
-``STORAGE EXTERNAL`` beside a ``pad`` kept in the row) — conditions, FILTER, CASE, histograms over declared keys, MODE,
+timestamptz, boolean, a domain over numeric, a domain over text, bytea, and a numeric, a text and a
+``numeric(1000, 0)`` of ``STORAGE EXTERNAL`` beside a ``pad`` kept in the row) — conditions, FILTER, CASE, histograms over declared keys, MODE,
 percentiles, sample-and-aggregate MIN/MAX/AVG, COUNT(DISTINCT), variances, post-processing
 wrappers — and a row drawn by :func:`draw_row` from the value forms of :data:`FORMS` (ordinary,
 empty, NULL, each type's extremes, NaN and ±Infinity, infinite dates, values equal to or just
@@ -69,6 +69,7 @@ _LITERALS: dict[str, tuple[str, ...]] = {
     "n": ("0", "50.5", "100", "100.0001", "-0.5", "1e20"),
     "dn": ("0", "50.5", "100", "100.0001", "-0.5", "1e20"),
     "nx": ("0", "50.5", "100", "-0.5"),
+    "nd": ("0", "50", "100", "-1"),
     "f": ("0", "50.5", "100", "1e308", "-1e-300"),
     "t": ("''", "'ordinary text of a row'", "'row 7 of an ordinary table'", "'m'", "'Ünïcödé'", "'z'"),
     "v": ("''", "'ordinary'", "'w7'", "'w'", "'ß'"),
@@ -80,7 +81,7 @@ _LITERALS: dict[str, tuple[str, ...]] = {
     "d": ("'2021-01-01'", "'2022-06-01'", "'2025-12-31'", "'2026-01-01'", "'infinity'", "'-infinity'"),
     "ts": ("'2021-01-01 00:00+00'", "'2022-06-01 12:00+00'", "'2025-12-31 23:59:59+00'", "'infinity'", "'-infinity'"),
 }
-_NUMERIC = ("age", "big", "n", "f", "nx")  # summed (dn, a domain, is only counted and compared)
+_NUMERIC = ("age", "big", "n", "f", "nx", "nd")  # summed (dn, a domain, is only counted and compared)
 _PATTERNS = ("'%a%'", "'row%'", "'%table'", "'_rdinary%'", "'%ü%'", "'%'", "'w_'", "'%x%y%'", "'a\\%%'")
 _KEYS = ("cat", "age", "width_bucket(n, 0, 100, 10)", "date_trunc('month', ts)", "date_trunc('month', d)",
          "EXTRACT(MONTH FROM d)")
@@ -165,7 +166,7 @@ class _Draw:
                                f"COUNT(CASE WHEN {self.condition()} THEN 1 END)",
                                f"SUM({numeric}) FILTER (WHERE {self.condition()})"))
         if kind == 6:
-            return f"COUNT(DISTINCT {rng.choice(('t', 'v', 'cat', 'age', 'd', 'big', 'dn', 'nx', 'dt', 'tx', 'by'))})"
+            return f"COUNT(DISTINCT {rng.choice(('t', 'v', 'cat', 'age', 'd', 'big', 'dn', 'nx', 'dt', 'tx', 'by', 'nd'))})"
         if kind == 7:
             return rng.choice(("AVG(f)", "MIN(f)", "MAX(f)", "MIN(n)", "MAX(n)", "MAX(age)"))
         if kind == 8:
@@ -209,7 +210,7 @@ _EXTREMES = {
     "ts": ("'infinity'", "'-infinity'", "'294276-12-31 23:59:59+00'", "'4713-01-01 00:00+00 BC'"),
     "b": ("false", "true"),
 }
-_EXTREMES["dn"] = _EXTREMES["nx"] = _EXTREMES["n"]
+_EXTREMES["dn"] = _EXTREMES["nx"] = _EXTREMES["nd"] = _EXTREMES["n"]
 _BOUNDS = {"age": ("0", "100", "-1", "101"), "big": ("0", "10000000000", "10000000001", "-1"),
            "n": ("0", "100", "100.0000000001", "-0.0000000001"), "f": ("0", "100", "100.00000000000001", "-5e-324"),
            "d": ("'2021-01-01'", "'2025-12-31'", "'2020-12-31'", "'2026-01-01'"),
@@ -221,7 +222,7 @@ _PERIODIC = ("repeat('ab', 32)", "repeat('a', 63) || 'b'", "repeat('%', 40)", "r
 # at its widest, random (out of line) and repeated (compressed in the row); at the bound and past it.
 WIDE_NUMERICS = ("(SELECT string_agg((random() * 9)::int::text, '') FROM generate_series(1, 131072))::numeric",
                   "repeat('1234', 10000)::numeric", "repeat('9', 248)::numeric", "repeat('9', 252)::numeric")
-_NUMERIC_COLUMNS = ("n", "dn", "nx")
+_NUMERIC_COLUMNS = ("n", "dn", "nx", "nd")
 _LONG = ("repeat('a', 1000)", "repeat('ab', 50000)", "repeat('ß', 20000)",
          "(SELECT string_agg(md5(g::text), '') FROM generate_series(1, 3000) g)")
 
@@ -259,7 +260,7 @@ FORMS: dict[str, Callable[[random.Random, str, Statement], str | None]] = {
     "apart": lambda rng, column, statement: (LONG_NUMBER if column in _NUMERIC_COLUMNS else
                                              LONG_TEXT if column in ("t", "dt", "tx", "by") else None),
 }
-_ROW_COLUMNS = ("age", "big", "n", "f", "t", "v", "ci", "cat", "d", "ts", "b", "dn", "nx", "dt", "tx", "by")
+_ROW_COLUMNS = ("age", "big", "n", "f", "t", "v", "ci", "cat", "d", "ts", "b", "dn", "nx", "dt", "tx", "by", "nd")
 _APART = (LONG_NUMBER, LONG_TEXT, f"convert_to({LONG_TEXT}, 'UTF8')")
 
 

@@ -26,6 +26,7 @@ from rewriter.rewrite import backend_sql
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from tests.neighbour_outcome import create_neighbours, same_on_neighbours
 from tests.plan_nodes import plan_node_types
+from tests.post_charge_wait import LONG_TEXT, store_apart
 
 BOUND = 256  # the default max_text_bytes
 
@@ -138,6 +139,33 @@ def test_an_index_on_the_value_bounded_by_its_length_alone_no_longer_serves(inde
     assert "Seq Scan" in plan_node_types(indexed, bounded), bounded
     plain = _sql("SELECT count(*) FROM {t} WHERE t = 'k7'", quantum_ms=0, table="tr_plain")
     assert "Seq Scan" in plan_node_types(indexed, plain), plain
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="open: an index-only scan evaluates the placement check on the index's copy of the value")
+def test_a_value_stored_apart_reads_as_null_whatever_plan_serves_the_raw_equality(test_db: TestDatabase) -> None:
+    """On a table with a quantum, ``t = '<a value>'`` compares the raw column beside the bounded one,
+    and when the statement reads no other column PostgreSQL may answer it by an index-only scan:
+    the bounded value's check of the stored form (``pg_column_size``) then reads the index's copy,
+    which is always in the index tuple, so a value stored apart in the row reads as itself there and
+    as NULL under a sequential scan. The answer depends on the plan (statistics, the visibility map:
+    the whole table), not on the row alone. Found while measuring the candidate closures of the
+    open lever (benchmarks/declared_apart.py, whose "one raw" form shares it)."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS tr_apart")
+        conn.execute(f"CREATE TABLE tr_apart {_DDL}")
+        conn.execute(f"INSERT INTO tr_apart SELECT g, 'k' || g % 1000, g % 100, 'c', 'ci', 'w', 'n' "
+                     f"FROM generate_series(1, {_INDEXED_ROWS}) g")
+        store_apart(conn, "tr_apart", "t", f"0, {LONG_TEXT}, 1, 'c', 'ci', 'w', 'n'", most=BOUND)
+        conn.execute("CREATE INDEX ON tr_apart (t)")
+        conn.execute("VACUUM ANALYZE tr_apart")
+        value = conn.execute("SELECT t FROM tr_apart WHERE id = 0").fetchone()
+        assert value is not None
+        sql = _sql(f"SELECT count(*) FROM {{t}} WHERE t = '{value[0]}'", table="tr_apart")
+        chosen = (plan_node_types(conn, sql), conn.execute(sql).fetchall())
+        conn.execute("SET enable_indexonlyscan = off")
+        heap = (plan_node_types(conn, sql), conn.execute(sql).fetchall())
+    assert chosen[1] == heap[1] == [(0,)], (chosen, heap)
 
 
 # An exact table (ε 1000) with a quantum, and its rows by t: 3 'short', 2 at the bound, 4 past it, one of

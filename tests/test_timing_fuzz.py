@@ -9,8 +9,8 @@ from pathlib import Path
 import psycopg
 
 from benchmarks.row_cost import Construct, load_tables, plan_constructs, policy_file
-from benchmarks.timing_fuzz import (FORMS, WIDE_NUMERICS, Fuzzer, Statement, draw_row, draw_statement,
-                                    is_long_text, shrink_candidates)
+from benchmarks.timing_fuzz import (FORMS, WIDE_NUMERICS, Fuzzer, Statement, buffers_confirmed, draw_row,
+                                    draw_statement, is_long_text, shrink_candidates)
 from rewriter.text_bounds import NUMERIC_MAX_BYTES
 from tests.post_charge_wait import LONG_NUMBER, LONG_NUMBER_BYTES, PAD
 
@@ -72,3 +72,18 @@ def test_timing_fuzz_stores_this_stops_value_forms_as_they_are_meant_and_confirm
     # a value stored apart reads as NULL since the check of its placement (rewriter/text_bounds.py)
     assert fuzzer.confirmed(statement, {"nx": LONG_NUMBER, "pad": PAD}) is None
     assert fuzzer.confirmed(statement, {"nx": "repeat('9', 1024)::numeric"}) is None  # past the bound: unread
+
+
+def test_timing_fuzz_confirms_by_its_buffers_a_value_of_a_declared_size_stored_apart(pg_admin_dsn: str, tmp_path: Path) -> None:
+    """The lever docs/threat-model.md leaves open (Timing, "Left open"): a ``numeric(1000, 0)``
+    (``nd``) is read as it is, so a value a wide row stored apart is fetched again (2 buffer hits)
+    by each of an IN list's values, which the fuzzer confirms by its buffers, not its time. This
+    fails the day the lever closes, as tests/test_attack_stop40.py's xfail does: rewrite it then."""
+    load_tables(pg_admin_dsn, 20)
+    statement = Statement(("COUNT(*)",), ("nd IN (" + ", ".join(str(1000 + i) for i in range(16)) + ")",))
+    row = draw_row(random.Random(5), statement, ("apart",))
+    assert row == {"nd": LONG_NUMBER, "pad": PAD}
+    fuzzer = Fuzzer(pg_admin_dsn, policy_file(pg_admin_dsn, tmp_path), 20, 1)
+    proofs = fuzzer.confirmed(statement, row)
+    assert proofs is not None and all(buffers_confirmed(proof) for proof in proofs), proofs
+    assert fuzzer.confirmed(statement, {"pad": PAD}) is None  # the same wide row, its value in line
