@@ -87,6 +87,11 @@ PINNED_SETTINGS: Final[Mapping[str, str]] = {
     # Off, a protected table's row-level security policy is not bypassed: PostgreSQL fails every
     # query the policy would filter (42501), after dpproxy charged it.
     "row_security": "on",
+    # A bounded value is read only where it is stored in the row (rewriter/text_bounds.py), which
+    # its header tells; an index-only scan hands the check the index's copy, always in line, so a
+    # value stored apart was read under that plan and NULL under any other, and the plan follows
+    # the statistics and the visibility map, the whole table. A client can neither SET nor forward it.
+    "enable_indexonlyscan": "off",
 }
 """The settings every backend connection starts with, whatever the role, the database or
 postgresql.conf set (``RESET`` returns to them); ``statement_timeout`` comes from the policy.
