@@ -25,6 +25,13 @@ Found and fixed, pinned here:
   among its literals: without the fix it finds this at seeds 4105 (``NOT (i2 > CAST(40000 AS
   smallint))`` in a FILTER) and 4106 (``CAST(1e400 AS double precision)`` in a CASE of MODE's
   ORDER BY).
+* The stored-form check (rewriter/text_bounds.py) in an index-only scan: an index holds a value
+  the table stores apart (a wide row, ``STORAGE EXTERNAL``) in line in its own tuple, so where a
+  statement needed only an indexed text or numeric column of a vacuumed table (``COUNT(t) WHERE
+  t > 'a'``, ``COUNT(DISTINCT t)``, ``n BETWEEN …``) PostgreSQL served it from the index and the
+  check read such a value as one in the row: 600 counted where ``COUNT(t)`` alone counted 300 on
+  the same table. The plan, chosen by the table's statistics and visibility map, decided whether a
+  row was read. The check now compares the row's ctid too, which no index returns.
 
 Tried, and held:
 
@@ -105,9 +112,29 @@ _SERIES_TABLE = """
       ts: {{bounds: [2020-01-01, 2020-12-31], group_by: [month]}}
       i: {{bounds: [0, 100]}}
 """
+# Values stored apart (a wide row, STORAGE EXTERNAL) beside values in the row, an index on each
+# column, vacuumed: PostgreSQL reads ``t`` and ``n`` by an index-only scan where a statement needs
+# no other column, and an index holds every value in its own tuple.
+_APART_TABLE = """
+    access: protected
+    epsilon: 100000.0
+    columns:
+      n: {{bounds: [0, 1e70]}}
+"""
+_APART_SQL = """
+DROP TABLE IF EXISTS s41apart;
+CREATE TABLE s41apart (t text, n numeric, pad text);
+ALTER TABLE s41apart ALTER t SET STORAGE EXTERNAL, ALTER n SET STORAGE EXTERNAL, ALTER pad SET STORAGE PLAIN;
+INSERT INTO s41apart SELECT 'apart ' || g || repeat('z', 40), CAST(repeat('7', 60) AS numeric) + g, repeat('p', 3000)
+FROM generate_series(1, 300) g;
+INSERT INTO s41apart SELECT 'in the row ' || g, g, 'x' FROM generate_series(1, 300) g;
+CREATE INDEX ON s41apart (t);
+CREATE INDEX ON s41apart (n);
+GRANT SELECT ON s41apart TO dpproxy_service;
+"""
 _POLICY = ATTACK_POLICY_HEAD + "".join(
     f"  public.{name}:" + _TABLE + quantum for prefix, quantum in _SETS.items() for name in _NAMES[prefix]) + "".join(
-    f"  public.{name}:" + _SERIES_TABLE for name in ("s41s_0", *_SERIES_NEIGHBOURS))
+    f"  public.{name}:" + _SERIES_TABLE for name in ("s41s_0", *_SERIES_NEIGHBOURS)) + "  public.s41apart:" + _APART_TABLE
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +147,8 @@ def stop41_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory
         for names in _NAMES.values():
             for name in names:
                 admin.execute(f"ANALYZE {name}")
+        admin.execute(_APART_SQL)
+        admin.execute("VACUUM ANALYZE s41apart")
     with running_proxy(test_db, tmp_path_factory, _POLICY) as running:
         yield running
 
@@ -202,3 +231,25 @@ def test_statistics_holding_the_adversarial_row_decide_nothing_the_analyst_sees(
     outcome = _outcome(stop41_proxy, f"SELECT count(*), count(*) FILTER (WHERE {condition}), sum(i), avg(n) "
                                      f"FROM {{t}} WHERE {condition} OR i IS NULL", prefix)
     assert outcome[0] == "answer", outcome
+
+
+@pytest.mark.parametrize("statement", [
+    "SELECT count(t), count(n) FROM s41apart",
+    "SELECT count(t) FROM s41apart WHERE t > 'a'",
+    "SELECT count(*) FILTER (WHERE t >= '') FROM s41apart WHERE t > 'a'",
+    "SELECT count(DISTINCT t) FROM s41apart WHERE t > ''",
+    "SELECT count(n) FROM s41apart WHERE n > 0",
+    "SELECT count(*) FROM s41apart WHERE n BETWEEN 0 AND 1e70",
+])
+def test_a_value_stored_apart_reads_as_null_in_an_index_only_scan_too(
+        stop41_proxy: RunningProxy, admin: psycopg.Connection, statement: str) -> None:
+    """300 values stored apart, 300 in the row: only the 300 are read, whatever the plan. An
+    index holds a value stored apart in its own tuple, in line, so the stored-form check read it
+    there as a value in the row, and a plan's choice (the planner's statistics, the visibility map:
+    the table's, not the row's) decided whether a row was counted."""
+    projection = ("(SELECT CASE WHEN pg_column_size(t) > octet_length(t) THEN t END AS t FROM s41apart) AS s41apart")
+    plan = "\n".join(row for (row,) in admin.execute(f"EXPLAIN SELECT count(t) FROM {projection} WHERE t > 'a'"))
+    assert "Index Only Scan" in plan  # the premise: the check alone is served from the index
+    with stop41_proxy.connect() as conn:
+        counts = conn.execute(statement).fetchone()
+    assert counts is not None and all(abs(count - 300) <= 1 for count in counts), (statement, counts)
