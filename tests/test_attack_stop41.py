@@ -62,8 +62,8 @@ Tried, and held:
   a percentile, MODE and ``COUNT(DISTINCT)``: the same bins, printed alike, and charge; on a
   second table also ``real``, ``smallint``, ``bigint`` and ``numeric(12,3)`` columns and rows
   of -0, the smallest subnormal, 99.99999999999999 and a quotient rounded up to an integer by
-  numeric division's scale. ``floor()`` in WHERE or a FILTER is refused; a domain over a
-  number takes no bounds, so it is never binned.
+  numeric division's scale. A parameter as A or W, ``floor()`` in WHERE or a FILTER, ROLLUP are
+  refused before the charge; a domain over a number takes no bounds, so it is never binned.
 * The lock step in every form that carries a DP statement: a cursor (with and without HOLD),
   COPY (…) TO STDOUT, a transaction block, a prepared statement, binary results: a constant
   the planner fails to fold fails before the charge in each. Parameters at Bind: unspecified
