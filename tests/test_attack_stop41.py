@@ -25,6 +25,13 @@ Found and fixed, pinned here:
   among its literals: without the fix it finds this at seeds 4105 (``NOT (i2 > CAST(40000 AS
   smallint))`` in a FILTER) and 4106 (``CAST(1e400 AS double precision)`` in a CASE of MODE's
   ORDER BY).
+* The stored-form check (rewriter/text_bounds.py) in an index-only scan: an index holds a value
+  the table stores apart (a wide row, ``STORAGE EXTERNAL``) in line in its own tuple, so where a
+  statement needed only an indexed text or numeric column of a vacuumed table (``COUNT(t) WHERE
+  t > 'a'``, ``COUNT(DISTINCT t)``, ``n BETWEEN …``) PostgreSQL served it from the index and the
+  check read such a value as one in the row: 600 counted where ``COUNT(t)`` alone counted 300 on
+  the same table. The plan, chosen by the table's statistics and visibility map, decided whether a
+  row was read. The check now compares the row's ctid too, which no index returns.
 
 Tried, and held:
 
@@ -48,6 +55,26 @@ Tried, and held:
   them uncharged. Casts of a column, arithmetic on one, ``date_part``/``date_trunc``/
   ``timezone`` of one, ``AT TIME ZONE`` and ``= ANY(array)`` in WHERE are refused; column-to-column
   comparisons are answered only within one type family (``d > ts`` answered alike above).
+* Metabase's numeric binning (rewriter/floor_bins.py) over these rows, on both sets: integer,
+  numeric and double precision arithmetic, exponent literals (``1.0E+1``, ``1e300``, ``1e-100``),
+  negative zero, 38-digit widths, A far from the bounds, W from 1e-200 (refused, indices past
+  2^53) to 1e300, a source wrapper, HAVING on the key, ORDER BY and LIMIT, beside a category,
+  a percentile, MODE and ``COUNT(DISTINCT)``: the same bins, printed alike, and charge; on a
+  second table also ``real``, ``smallint``, ``bigint`` and ``numeric(12,3)`` columns and rows
+  of -0, the smallest subnormal, 99.99999999999999 and a quotient rounded up to an integer by
+  numeric division's scale. A parameter as A or W, ``floor()`` in WHERE or a FILTER, ROLLUP are
+  refused before the charge; a domain over a number takes no bounds, so it is never binned.
+* The lock step in every form that carries a DP statement: a cursor (with and without HOLD),
+  COPY (…) TO STDOUT, a transaction block, a prepared statement, binary results: a constant
+  the planner fails to fold fails before the charge in each. Parameters at Bind: unspecified
+  and declared text, a value their type cannot read (``'abc'`` for an integer, ``1e400`` for a
+  double, 40000 for a smallint), a text parameter cast in the statement to a date, timestamp,
+  timestamptz or numeric (a stable input function the planner does not fold, which would fail
+  only on a row that reaches it): dpproxy folds it before the charge, on every table alike.
+  ``percentile_cont($1)`` out of [0, 1] or NaN is refused before the charge.
+* Domains over ``numeric(6,2)``, ``numeric`` and text on a table with an answer quantum, with
+  rows of 9999.99, NaN, 200 digits, 1e-200 and NULL: counted and compared alike (bounds,
+  binning and sums are refused for a domain over a number).
 * OpenDP's calls (mechanisms/opendp_calls.py) on the values the mechanisms can pass: the
   exponential draw with scores of 0, 1e6 and 2^60 at scales from 5e-324 to 1e308, padded or not,
   returns an index; Laplace on a float takes NaN and ±inf without failing (smooth median clamps
@@ -60,6 +87,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from psycopg.types.string import StrDumper
 
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from tests.neighbour_outcome import create_neighbours, same_on_neighbours
@@ -82,9 +110,9 @@ _TABLE = """
     epsilon: 1.0
     delta: 1.0e-6
     columns:
-      i: {{bounds: [0, 100]}}
-      n: {{bounds: [0, 100]}}
-      f: {{bounds: [0, 100]}}
+      i: {{bounds: [0, 100], group_by: true}}
+      n: {{bounds: [0, 100], group_by: true}}
+      f: {{bounds: [0, 100], group_by: true}}
 """
 # Each set: a base table and its neighbours; "q" has an answer quantum, under which text equality
 # and a numeric's comparisons read the raw column (rewriter/raw_equality.py), whose statistics the
@@ -105,9 +133,29 @@ _SERIES_TABLE = """
       ts: {{bounds: [2020-01-01, 2020-12-31], group_by: [month]}}
       i: {{bounds: [0, 100]}}
 """
+# Values stored apart (a wide row, STORAGE EXTERNAL) beside values in the row, an index on each
+# column, vacuumed: PostgreSQL reads ``t`` and ``n`` by an index-only scan where a statement needs
+# no other column, and an index holds every value in its own tuple.
+_APART_TABLE = """
+    access: protected
+    epsilon: 100000.0
+    columns:
+      n: {{bounds: [0, 1e70]}}
+"""
+_APART_SQL = """
+DROP TABLE IF EXISTS s41apart;
+CREATE TABLE s41apart (t text, n numeric, pad text);
+ALTER TABLE s41apart ALTER t SET STORAGE EXTERNAL, ALTER n SET STORAGE EXTERNAL, ALTER pad SET STORAGE PLAIN;
+INSERT INTO s41apart SELECT 'apart ' || g || repeat('z', 40), CAST(repeat('7', 60) AS numeric) + g, repeat('p', 3000)
+FROM generate_series(1, 300) g;
+INSERT INTO s41apart SELECT 'in the row ' || g, g, 'x' FROM generate_series(1, 300) g;
+CREATE INDEX ON s41apart (t);
+CREATE INDEX ON s41apart (n);
+GRANT SELECT ON s41apart TO dpproxy_service;
+"""
 _POLICY = ATTACK_POLICY_HEAD + "".join(
     f"  public.{name}:" + _TABLE + quantum for prefix, quantum in _SETS.items() for name in _NAMES[prefix]) + "".join(
-    f"  public.{name}:" + _SERIES_TABLE for name in ("s41s_0", *_SERIES_NEIGHBOURS))
+    f"  public.{name}:" + _SERIES_TABLE for name in ("s41s_0", *_SERIES_NEIGHBOURS)) + "  public.s41apart:" + _APART_TABLE
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +168,8 @@ def stop41_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory
         for names in _NAMES.values():
             for name in names:
                 admin.execute(f"ANALYZE {name}")
+        admin.execute(_APART_SQL)
+        admin.execute("VACUUM ANALYZE s41apart")
     with running_proxy(test_db, tmp_path_factory, _POLICY) as running:
         yield running
 
@@ -202,3 +252,87 @@ def test_statistics_holding_the_adversarial_row_decide_nothing_the_analyst_sees(
     outcome = _outcome(stop41_proxy, f"SELECT count(*), count(*) FILTER (WHERE {condition}), sum(i), avg(n) "
                                      f"FROM {{t}} WHERE {condition} OR i IS NULL", prefix)
     assert outcome[0] == "answer", outcome
+
+
+@pytest.mark.parametrize("statement", [
+    "SELECT count(t), count(n) FROM s41apart",
+    "SELECT count(t) FROM s41apart WHERE t > 'a'",
+    "SELECT count(*) FILTER (WHERE t >= '') FROM s41apart WHERE t > 'a'",
+    "SELECT count(DISTINCT t) FROM s41apart WHERE t > ''",
+    "SELECT count(n) FROM s41apart WHERE n > 0",
+    "SELECT count(*) FROM s41apart WHERE n BETWEEN 0 AND 1e70",
+])
+def test_a_value_stored_apart_reads_as_null_in_an_index_only_scan_too(
+        stop41_proxy: RunningProxy, admin: psycopg.Connection, statement: str) -> None:
+    """300 values stored apart, 300 in the row: only the 300 are read, whatever the plan. An
+    index holds a value stored apart in its own tuple, in line, so the stored-form check read it
+    there as a value in the row, and a plan's choice (the planner's statistics, the visibility map:
+    the table's, not the row's) decided whether a row was counted."""
+    projection = ("(SELECT CASE WHEN pg_column_size(t) > octet_length(t) THEN t END AS t FROM s41apart) AS s41apart")
+    plan = "\n".join(row for (row,) in admin.execute(f"EXPLAIN SELECT count(t) FROM {projection} WHERE t > 'a'"))
+    assert "Index Only Scan" in plan  # the premise: the check alone is served from the index
+    with stop41_proxy.connect() as conn:
+        counts = conn.execute(statement).fetchone()
+    assert counts is not None and all(abs(count - 300) <= 1 for count in counts), (statement, counts)
+
+
+@pytest.mark.parametrize("key", [
+    "floor((i - 10.0) / 10.0) * 10.0 + 10.0", "floor((i - 3) / 7) * 7 + 3", "floor(i / 25)",
+    "floor(n / 7.0) * 7.0", "floor((n - 1e-100) / 33.333333333333333333333333333333333333)", "floor(n / 1e100)",
+    "floor(f / 2.5) * 2.5", "floor((f - -0.0) / 1.0E+1) * 1.0E+1 + -0.0", "floor((f - 1e300) / 1e290)",
+])
+@pytest.mark.parametrize("prefix", list(_SETS))
+def test_metabase_binning_gives_the_same_bins_and_charge_beside_any_row(
+        stop41_proxy: RunningProxy, key: str, prefix: str) -> None:
+    """Metabase's numeric binning over rows at the types' limits, NaN, ±Infinity, 1e400 and
+    1e-400: the same bins, printed alike, and no error, with a category, a percentile, HAVING
+    and LIMIT beside it."""
+    with stop41_proxy.connect() as conn:
+        for sql in (f"SELECT {key} AS k, count(*), percentile_cont(0.5) WITHIN GROUP (ORDER BY i) FROM {{t}} "
+                    f"GROUP BY {key} ORDER BY {key}",
+                    f"SELECT {key} AS k, sum(n) FROM {{t}} GROUP BY 1 HAVING {key} >= 0 ORDER BY 1 DESC LIMIT 3"):
+            outcome = same_on_neighbours(conn, sql, _NAMES[prefix], spent_epsilon, keys=1)
+            assert outcome[0] == "answer", outcome
+
+
+_FOLDED = "SELECT count(*) FILTER (WHERE i IN (1, CAST(5000000000 AS int))) FROM {t}"
+
+
+@pytest.mark.parametrize("form", ["cursor", "cursor with hold", "copy", "block", "prepared", "binary"])
+def test_a_constant_the_planner_fails_to_fold_fails_before_the_charge_in_every_form(
+        stop41_proxy: RunningProxy, form: str) -> None:
+    """The lock step plans the statement whatever carries it: a cursor (DECLARE … FETCH), COPY
+    (…) TO STDOUT, a transaction block, a prepared statement, binary results."""
+    with stop41_proxy.connect() as conn:
+        conn.autocommit = True
+        for name in _NAMES["s41"]:
+            before = spent_epsilon(conn)
+            sql = _FOLDED.replace("{t}", name)
+            with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+                if form.startswith("cursor"):
+                    with conn.transaction():
+                        conn.execute(f"DECLARE c41 CURSOR {'WITH HOLD ' if 'hold' in form else ''}FOR {sql}")
+                        conn.execute("FETCH ALL FROM c41")
+                elif form == "copy":
+                    with conn.cursor() as cursor, cursor.copy(f"COPY ({sql}) TO STDOUT") as copy:
+                        list(copy)
+                elif form == "block":
+                    with conn.transaction():
+                        conn.execute(sql)
+                else:
+                    conn.execute(sql, prepare=form == "prepared", binary=form == "binary")
+            assert spent_epsilon(conn) == before, (form, name)
+
+
+@pytest.mark.parametrize("condition", ["d > CAST(%s AS date)", "ts > CAST(%s AS timestamptz) + interval '1 day'",
+                                       "ts > CAST(CAST(%s AS text) AS timestamp)", "n > CAST(%s AS numeric)"])
+def test_a_text_parameter_cast_in_the_run_fails_before_the_charge_whether_a_row_reaches_it(
+        stop41_proxy: RunningProxy, condition: str) -> None:
+    """A parameter sent as text and cast in the statement (a stable input function, which the
+    planner does not fold) would fail on the first row that reaches it: behind ``i =
+    2147483647`` only neighbour 1 has one. It fails before the charge on every table alike."""
+    with stop41_proxy.connect() as conn:
+        conn.adapters.register_dumper(str, StrDumper)  # declared text (25), not unspecified
+        outcome = same_on_neighbours(conn, f"SELECT count(*) FROM {{t}} WHERE i = 2147483647 AND {condition}",
+                                     _NAMES["s41"], spent_epsilon, params=("garbage",))
+    assert outcome[0] == "error" and outcome[1] in ("22007", "22P02"), outcome

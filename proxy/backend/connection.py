@@ -1018,7 +1018,7 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
     for name, _ in no_usage:
         del refs[name]
     resolved = await session.resolve(refs.values())
-    hashable = await _ctid_hashable(session, [target.oid for target in resolved.values() if target is not None])
+    row_stores = await _row_stores(session, [target.oid for target in resolved.values() if target is not None])
     primary_keys = await _primary_keys(session, [target.oid for target in resolved.values() if target is not None])
     definitions = await column_facts(session, [target.oid for target in resolved.values() if target is not None])
     relations: dict[int, Relation] = {}
@@ -1043,7 +1043,7 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
                 problems += fit or await _unreadable_labels(session, name, info) \
                     or await _equal_labels(session, name, target.oid, info) \
                     or unbounded_categories_problems(name, column_name, column_policy, info)
-        if table_policy.partitioning == "ctid_hash" and target.oid not in hashable:
+        if table_policy.partitioning == "ctid_hash" and not row_stores.get(target.oid, False):
             problems.append(
                 f"tables.{name}.partitioning: ctid_hash needs a table, materialized view or "
                 "partitioned table on PostgreSQL >= 14; use random"
@@ -1057,6 +1057,7 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
         )
         relations[target.oid] = Relation(
             target.oid, target.schema, target.name, table_policy, columns, partition_key=key, hashed_columns=row_columns,
+            row_store=target.oid in row_stores,
         )
         names[target.oid] = name
     problems += await public_reads_protected(session, relations, names)
@@ -1151,22 +1152,24 @@ async def _equal_labels(session: BackendSession, table: str, relation: int, colu
             "declare one of them" for first, second in pairs]
 
 
-async def _ctid_hashable(session: BackendSession, oids: list[int]) -> set[int]:
-    """The relations whose rows sample and aggregate can partition by a hash of their ctid.
+async def _row_stores(session: BackendSession, oids: list[int]) -> dict[int, bool]:
+    """The relations that store their rows themselves, each with whether sample and aggregate
+    can partition its rows by a hash of their ctid.
 
     Tables, materialized views and partitioned tables have a ctid that stays put while other
     rows come and go (views have none; a foreign table's is not the remote row's), and the
-    hash, ``hashtidextended``, exists from PostgreSQL 14 on.
+    hash, ``hashtidextended``, exists from PostgreSQL 14 on. Their bounded values reference the
+    ctid (``Relation.row_store``).
     """
     if not oids:
-        return set()
+        return {}
     rows = await session.fetch_all(
-        "SELECT c.oid FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[]) "
-        "AND c.relkind OPERATOR(pg_catalog.=) ANY('{r,m,p}'::pg_catalog.\"char\"[]) "
-        "AND pg_catalog.to_regprocedure('pg_catalog.hashtidextended(pg_catalog.tid,pg_catalog.int8)') IS NOT NULL",
+        "SELECT c.oid, pg_catalog.to_regprocedure('pg_catalog.hashtidextended(pg_catalog.tid,pg_catalog.int8)') "
+        "IS NOT NULL FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[]) "
+        "AND c.relkind OPERATOR(pg_catalog.=) ANY('{r,m,p}'::pg_catalog.\"char\"[])",
         (oids,),
     )
-    return {int(oid) for (oid,) in rows}
+    return {int(oid): bool(hashable) for oid, hashable in rows}
 
 
 async def _primary_keys(session: BackendSession, oids: list[int]) -> dict[int, tuple[str, ...]]:

@@ -54,6 +54,7 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
               "tests/test_attack_stop40.py::test_a_text_is_read_exactly_when_stored_in_the_row_uncompressed[pg16-text]",
               "tests/test_attack_stop40.py::"
               "test_a_numeric_is_read_only_when_stored_in_the_row_uncompressed_within_the_bound[pg16]"),
+    "index-only": ("tests/test_attack_stop41.py::test_a_value_stored_apart_reads_as_null_in_an_index_only_scan_too",),
     "types": ("tests/test_attack_extension_types.py", "tests/test_type_support.py"),
     "settings": ("tests/test_epsilon_setting_transactions.py", "tests/test_session_statements.py"),
     "variance": ("tests/test_variance.py",),
@@ -181,6 +182,7 @@ SITES: tuple[Site, ...] = (
          "TRUE", "apart"),
     Site("stored-apart.numeric-compression", "rewriter/text_bounds.py",
          'return (f"pg_catalog.pg_column_compression({sql}) IS NULL AND "', 'return (f""', "apart"),
+    Site("stored-apart.index-only-scan", "rewriter/text_bounds.py", "    if row_store:\n", "    if False:\n", "index-only"),
     Site("text-bounds.series-limit", "rewriter/series_limit.py", "work_refusal(ranking.text_work + outer.text_work)",
          "None", "text"),
     Site("text-bounds.bound-pattern", "proxy/dp/folding.py", "refused = _work_refusal(plan, folding, patterns)",
