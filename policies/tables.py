@@ -106,9 +106,7 @@ class Relation:
     keyed hash of the values of ``hashed_columns`` (``row_hash``, the columns chosen at load
     from the schema), ``"random"``, a per-row ``random()`` draw, or ``"ctid"``, a keyed hash
     of the row's physical id (``ctid_hash``, checked at load to be possible on this relation
-    and backend). ``row_store``: the relation stores its rows itself (a table, materialized view
-    or partitioned table), so each row has a ctid, which its bounded values reference
-    (:func:`rewriter.text_bounds.bounded_value`).
+    and backend).
     """
 
     oid: int
@@ -118,7 +116,6 @@ class Relation:
     columns: Mapping[str, ColumnInfo] = field(default_factory=dict)
     partition_key: Literal["row", "ctid", "random"] = "random"
     hashed_columns: tuple[str, ...] = ()
-    row_store: bool = False
 
     @property
     def access(self) -> Access:

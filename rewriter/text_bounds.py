@@ -162,13 +162,13 @@ def in_line_numeric(sql: str) -> str:
             f"{operator(size, '<=', str(NUMERIC_MAX_BYTES))} AND {operator(operator(size, '%', '2'), '=', '1')}")
 
 
-def bounded_value(column: ColumnInfo, policy: TablePolicy, row_store: bool = False) -> str:
+def bounded_value(column: ColumnInfo, policy: TablePolicy) -> str:
     """The SQL of ``column`` as a DP statement reads it: NULL where its value is longer than the
     bound or not stored in the row uncompressed, else the value, in its own collation. A text value
     is sized by its length in bytes (``octet_length``) and placed by :func:`in_line_text`; a numeric
-    of no declared precision by its stored form (:func:`in_line_numeric`). All from the header.
-    With ``row_store`` (the relation has a ctid) the check references the ctid, so that no
-    index-only scan reads the index's form of the value instead of the table's."""
+    of no declared precision by its stored form (:func:`in_line_numeric`). All from the header:
+    the table's, never an index's copy (backend sessions never scan index-only,
+    proxy/backend/pool.py ``PINNED_SETTINGS``)."""
     name = quote_identifier(column.name)
     if not _needs_bound(column, policy):
         return name
@@ -176,10 +176,6 @@ def bounded_value(column: ColumnInfo, policy: TablePolicy, row_store: bool = Fal
         short = in_line_numeric(name)
     else:
         short = operator(f"pg_catalog.octet_length({name})", "<=", str(policy.max_text_bytes)) + " AND " + in_line_text(name)
-    if row_store:
-        # A comparison, not ``ctid IS NOT NULL``: a planner that knows a system column is never NULL
-        # may fold that test away, and the reference with it.
-        short = operator("ctid", "<>", "CAST('(0,0)' AS pg_catalog.tid)") + " AND " + short
     return f"CASE WHEN {short} THEN {name} END"
 
 
@@ -198,7 +194,7 @@ def bounded_source(table: Relation, named: Collection[str], raw: Sequence[str] =
     columns = sorted((table.columns[name] for name in named), key=lambda column: column.attnum)
     if not raw and not any(_needs_bound(column, table.policy) for column in columns):
         return table.qualified_name
-    outputs = [bounded_value(column, table.policy, table.row_store) + f" AS {quote_identifier(column.name)}"
+    outputs = [bounded_value(column, table.policy) + f" AS {quote_identifier(column.name)}"
                if _needs_bound(column, table.policy) else quote_identifier(column.name) for column in columns]
     outputs += raw
     if table.partition_key == "ctid":

@@ -187,7 +187,6 @@ _TYPE_NAMES: dict[str, int] = {
     "float4": 700, "real": 700, "float8": 701, "double precision": 701, "numeric": 1700, "text": 25,
     "varchar": 1043, "bpchar": 1042, "bool": 16, "boolean": 16, "date": 1082, "timestamp": 1114,
     "timestamptz": 1184, "bytea": 17, "uuid": 2950, "time": 1083, "interval": 1186,
-    "tid": 27,  # the stored-form check compares the row's ctid, so that no index-only scan serves it
 }
 _UNKNOWN = 705  # an untyped literal or parameter: coerced to the other side's type
 _NULL = -1

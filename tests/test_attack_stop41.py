@@ -22,7 +22,7 @@ Found and fixed, pinned here:
   whole row now (``SELECT locked FROM …``), which plans every output column. The same for a
   series limit's ranking (its FILTER, or the plan's, failed after the charge alike). The neighbour fuzzer
   now counts a DP004 on its empty table as a failure (no row decided it) and draws such casts
-  among its literals: without the fix it finds this at seeds 4105 (``NOT (i2 > CAST(40000 AS
+  among its literals: without the fix it finds this with DPPROXY_FUZZ_SEED=4105 (``NOT (i2 > CAST(40000 AS
   smallint))`` in a FILTER) and 4106 (``CAST(1e400 AS double precision)`` in a CASE of MODE's
   ORDER BY).
 * The stored-form check (rewriter/text_bounds.py) in an index-only scan: an index holds a value
@@ -31,7 +31,8 @@ Found and fixed, pinned here:
   t > 'a'``, ``COUNT(DISTINCT t)``, ``n BETWEEN …``) PostgreSQL served it from the index and the
   check read such a value as one in the row: 600 counted where ``COUNT(t)`` alone counted 300 on
   the same table. The plan, chosen by the table's statistics and visibility map, decided whether a
-  row was read. The check now compares the row's ctid too, which no index returns.
+  row was read. dpproxy's backend connections now never scan index-only (``enable_indexonlyscan``
+  pinned off, proxy/backend/pool.py), on tables and views alike.
 
 Tried, and held:
 

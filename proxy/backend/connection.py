@@ -1057,7 +1057,6 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
         )
         relations[target.oid] = Relation(
             target.oid, target.schema, target.name, table_policy, columns, partition_key=key, hashed_columns=row_columns,
-            row_store=target.oid in row_stores,
         )
         names[target.oid] = name
     problems += await public_reads_protected(session, relations, names)
@@ -1158,8 +1157,7 @@ async def _row_stores(session: BackendSession, oids: list[int]) -> dict[int, boo
 
     Tables, materialized views and partitioned tables have a ctid that stays put while other
     rows come and go (views have none; a foreign table's is not the remote row's), and the
-    hash, ``hashtidextended``, exists from PostgreSQL 14 on. Their bounded values reference the
-    ctid (``Relation.row_store``).
+    hash, ``hashtidextended``, exists from PostgreSQL 14 on.
     """
     if not oids:
         return {}
