@@ -146,19 +146,26 @@ class BackendSpy:
     def __init__(self) -> None:
         self.sent: list[str] = []
         self._original = BackendSession._statement  # every statement derived from a client's
+        self._pipelined = BackendSession.after_steps  # a DP statement's lock steps and run
 
     def __enter__(self) -> "BackendSpy":
-        spy, original = self, self._original
+        spy, original, pipelined = self, self._original, self._pipelined
 
         async def statement(session, sql, params, result_format, *args):  # type: ignore[no-untyped-def]
             spy.sent.append(sql)
             return await original(session, sql, params, result_format, *args)
 
+        async def after_steps(session, steps, sql, params):  # type: ignore[no-untyped-def]
+            spy.sent.extend([*steps, sql])
+            return await pipelined(session, steps, sql, params)
+
         BackendSession._statement = statement  # type: ignore[method-assign]
+        BackendSession.after_steps = after_steps  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
         BackendSession._statement = self._original  # type: ignore[method-assign]
+        BackendSession.after_steps = self._pipelined  # type: ignore[method-assign]
 
 
 @pytest.fixture(scope="module")

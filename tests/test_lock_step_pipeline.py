@@ -30,7 +30,7 @@ from test_backend_faults import LOST, POLICY, QUERY, OwnPostgres, Setup, _raised
 
 from policies.loader import parse_policy
 from proxy.backend.connection import BackendLost, BackendSession, connect
-from proxy.backend.errors import StepFailed
+from proxy.backend.errors import BackendError, StepFailed
 from proxy.demo.embedded import SERVICE_ROLE
 from proxy.serving.event_loop import run
 from proxy.serving.relation_locks import lock_step_sql
@@ -104,6 +104,26 @@ def test_the_steps_locks_are_held_until_the_run_ends(own_pg: OwnPostgres, tmp_pa
         values, _types = await session.first_row(held, None, (lock_step_sql("SELECT x FROM other"),))
         assert values == [b"1"]
         assert session.transaction_status == b"I"  # the pipeline's implicit transaction has ended
+
+    _on_backend(own_pg, tmp_path, scenario)
+
+
+def test_a_run_longer_than_the_socket_buffer_returns_its_own_result_after_the_steps(
+        own_pg: OwnPostgres, tmp_path: Path) -> None:
+    # Before: while the run's last bytes were still being written, the step's result arrived and
+    # was read as idle chatter and dropped, so the run's result stood where the step's should: an
+    # IndexError (internal error) for a long IN list, and a failing run would have been taken for a
+    # failed step and its charge given back.
+    values = ", ".join(str(i) for i in range(400_000))  # ~3 MB of SQL, past any socket buffer
+    long_run = f"SELECT pg_catalog.count(*) FROM other WHERE x IN ({values}) OR true"
+
+    async def scenario(session: BackendSession, _: BackendSession) -> None:
+        answered, _types = await session.first_row(long_run, None, (lock_step_sql("SELECT x FROM other"),) * 2)
+        assert answered == [b"0"]
+        with pytest.raises(BackendError) as failed:  # the run's own error, not a step's
+            await session.first_row(long_run.replace("OR true", "OR 1 / 0 = 1"), None,
+                                    (lock_step_sql("SELECT x FROM other"),))
+        assert not isinstance(failed.value, StepFailed) and failed.value.sqlstate == "22012"
 
     _on_backend(own_pg, tmp_path, scenario)
 

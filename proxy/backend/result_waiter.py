@@ -134,6 +134,9 @@ class ResultWaiter:
         with None; or, when the connection is lost on the way, the results read before the loss
         (in the order the backend sent them) and the loss. Raises NotSent as ``round_trip`` does.
         """
+        if self._pending is not None:  # a cancelled request still read to its end, as _send would
+            await asyncio.wait([self._pending])
+            self._pending = None
         self._until_sync = True
         self._results = []
         failure: Exception | None = None
@@ -242,6 +245,13 @@ class ResultWaiter:
                 pending.set_result([])  # next_result looks at what arrived
             else:
                 self.detach()  # read again when next_result is called: the rows wait in the kernel
+            self._fail_if_lost()
+            return
+        if self._pending is None and self._until_sync:
+            # A pipeline still being written: its first statements' results can arrive before its
+            # last bytes leave (a long run behind a lock step). They wait in libpq for round_trip's
+            # _collect; read as idle chatter, they were dropped, and the run's result was taken
+            # for the step's.
             self._fail_if_lost()
             return
         if self._pending is None or self._pending.done():
