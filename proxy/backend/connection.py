@@ -761,7 +761,10 @@ class BackendSession:
             error = _result_error(result, encoding)
             if lost:
                 raise self._lost(error.sqlstate, reached=index == len(steps), cause=error)
-            if index < len(steps):
+            # A step failed only where libpq says the run was skipped; anything else is the run's
+            # (charged): the refund must never rest on the results' positions alone.
+            if index < len(steps) and len(results) > len(steps) \
+                    and results[len(steps)].status == pq.ExecStatus.PIPELINE_ABORTED:
                 raise StepFailed(index, error)
             raise error
         if len(results) < len(steps):  # no word of the last step's end: the Flush after it was not reached
