@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -26,6 +27,7 @@ import pytest
 
 from conftest import TestDatabase
 from policies.loader import PolicyError, parse_policy
+from policies.relation_keys import key_parts, policy_key
 from proxy.backend.check_domains import declared_by_checks
 from proxy.backend.schema_catalog import CatalogColumn, CatalogTable
 from proxy.cli.draft_policy import draft_text
@@ -62,6 +64,16 @@ SELECT 18 + i % 60, i % 40, (i % 500) * 1.5, (i % 6)::float8, 'n' || i, (ARRAY['
        i % 2 = 0, '{}'::jsonb, i % 50, (ARRAY['FR', 'DE', 'US'])[1 + i % 3]
 FROM generate_series(1, 3000) AS i;
 CREATE SCHEMA empty_schema;
+
+-- A table whose name holds a dot, beside a decoy that the name split at its last dot would be.
+CREATE SCHEMA "Sales";
+CREATE SCHEMA "Sales.Order";
+CREATE TABLE "Sales"."Order.Items" ("Qty" integer NOT NULL CHECK ("Qty" BETWEEN 1 AND 10),
+                                    "Region" text CHECK ("Region" IN ('North', 'South')));
+CREATE TABLE "Sales.Order"."Items" ("Qty" integer NOT NULL CHECK ("Qty" BETWEEN 1 AND 10),
+                                    "Region" text CHECK ("Region" IN ('North', 'South')));
+INSERT INTO "Sales"."Order.Items" SELECT 1 + i % 10, (ARRAY['North', 'South'])[1 + i % 2] FROM generate_series(1, 2000) i;
+INSERT INTO "Sales.Order"."Items" SELECT 1, 'North' FROM generate_series(1, 10) i;
 """
 
 
@@ -79,6 +91,8 @@ def shop(test_db: TestDatabase) -> Iterator[tuple[str, str, str]]:
     with psycopg.connect(shop_admin, autocommit=True) as conn:
         conn.execute(SCHEMA)
         conn.execute("GRANT SELECT ON customers TO dpproxy_service")
+        conn.execute('GRANT USAGE ON SCHEMA "Sales", "Sales.Order" TO dpproxy_service')
+        conn.execute('GRANT SELECT ON ALL TABLES IN SCHEMA "Sales", "Sales.Order" TO dpproxy_service')
         conn.execute(f"REVOKE ALL ON customers FROM {READER}, PUBLIC")
     service = urlparse(test_db.service_dsn)._replace(path=f"/{DATABASE}").geturl()
     reader = urlparse(test_db.service_dsn)._replace(path=f"/{DATABASE}", netloc=f"{READER}@").geturl()
@@ -167,7 +181,27 @@ def test_placeholders_are_refused_at_their_lines_until_filled_in_then_serve_answ
               .replace("last_seen: {bounds: [FILL_IN, FILL_IN]}", "last_seen: {bounds: [2024-01-01, 2024-12-31]}")
               .replace("paid_at: {bounds: [FILL_IN, FILL_IN]}", "paid_at: {bounds: [2022-01-01, 2026-12-31]}"))
     filled = "\n".join(line for line in filled.splitlines() if not line.startswith("      note:")) + "\n"
-    path.write_text(filled.replace("sqlite:///dpproxy-ledger.sqlite3", f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
+    with _checked_and_served(path, filled, tmp_path, env) as conn:
+        notices: list[str] = []
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        (count,) = conn.execute("SELECT COUNT(*) FROM customers").fetchone()
+        assert abs(count - 3000) < 100
+        (avg,) = conn.execute("SELECT AVG(age) FROM customers").fetchone()
+        assert 18 <= float(avg) <= 120
+        assert len(notices) == 2 and all(notice.startswith("dpproxy: ε charged 1") for notice in notices)
+        plans = conn.execute("SELECT plan, COUNT(*) FROM customers GROUP BY plan").fetchall()
+        assert [row[0] for row in plans] == ["free", "pro", "team"]
+        assert len(conn.execute("SELECT newsletter, COUNT(*) FROM customers GROUP BY newsletter").fetchall()) == 2
+        with pytest.raises(psycopg.Error, match="not allowed"):
+            conn.execute("SELECT * FROM customers")
+
+
+@contextmanager
+def _checked_and_served(path: Path, text: str, tmp_path: Path, env: dict[str, str]) -> Iterator[psycopg.Connection]:
+    """``text`` (a draft with no placeholder left) written to ``path`` with its ledger and audit
+    log in ``tmp_path``, passed by ``check-config`` against the backend, then served: an analyst's
+    connection to it."""
+    path.write_text(text.replace("sqlite:///dpproxy-ledger.sqlite3", f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
                     .replace("path: audit.jsonl", f"path: {tmp_path / 'audit.jsonl'}"))
     run = _dpproxy("check-config", str(path), env=env)
     assert run.returncode == 0, run.stderr
@@ -180,18 +214,7 @@ def test_placeholders_are_refused_at_their_lines_until_filled_in_then_serve_answ
         port = _listening_port(process)
         with psycopg.connect(host="127.0.0.1", port=port, dbname=DATABASE, user="analyst", password="analyst",
                              autocommit=True) as conn:
-            notices: list[str] = []
-            conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
-            (count,) = conn.execute("SELECT COUNT(*) FROM customers").fetchone()
-            assert abs(count - 3000) < 100
-            (avg,) = conn.execute("SELECT AVG(age) FROM customers").fetchone()
-            assert 18 <= float(avg) <= 120
-            assert len(notices) == 2 and all(notice.startswith("dpproxy: ε charged 1") for notice in notices)
-            plans = conn.execute("SELECT plan, COUNT(*) FROM customers GROUP BY plan").fetchall()
-            assert [row[0] for row in plans] == ["free", "pro", "team"]
-            assert len(conn.execute("SELECT newsletter, COUNT(*) FROM customers GROUP BY newsletter").fetchall()) == 2
-            with pytest.raises(psycopg.Error, match="not allowed"):
-                conn.execute("SELECT * FROM customers")
+            yield conn
     finally:
         process.terminate()
         process.wait(timeout=60)
@@ -210,6 +233,41 @@ def _listening_port(process: subprocess.Popen[str]) -> int:
         if found:
             return int(found.group(1))
     raise AssertionError("serve did not listen:\n" + "".join(output))
+
+
+def test_a_table_whose_name_holds_a_dot_is_drafted_checked_and_served_as_itself(shop: tuple[str, str, str],
+                                                                               tmp_path: Path):
+    """``"Sales"."Order.Items"`` split at its last dot would be ``"Sales.Order"."Items"``, a table
+    of the same columns here: the draft's key quotes each part, so the policy protects the table
+    drafted, and its decoy stays out of the policy."""
+    path = tmp_path / "policy.yaml"
+    run = _dpproxy("draft-policy", "--dsn", shop[0], "--schema", "Sales", "-o", str(path))
+    assert run.returncode == 0, run.stderr
+    text = path.read_text()
+    assert "\n  '\"Sales\".\"Order.Items\"':   # a table" in text
+    assert "      Qty: {bounds: [1, 10]}" in text and "      Region: {categories: [North, South], group_by: true}" in text
+    env = {"DPPROXY_BACKEND_DSN": shop[1], "ANALYST_PASSWORD": "analyst"}
+    with _checked_and_served(path, text, tmp_path, env) as conn:
+        (count,) = conn.execute('SELECT COUNT(*) FROM "Sales"."Order.Items"').fetchone()
+        assert abs(count - 2000) < 100  # the decoy holds 10 rows
+        regions = conn.execute('SELECT "Region", COUNT(*) FROM "Sales"."Order.Items" GROUP BY "Region"').fetchall()
+        assert [row[0] for row in regions] == ["North", "South"]
+        with pytest.raises(psycopg.Error, match="Items"):
+            conn.execute('SELECT COUNT(*) FROM "Sales.Order"."Items"')
+
+
+def test_a_key_of_several_dots_naming_no_relation_is_told_how_to_quote_its_parts(shop: tuple[str, str, str],
+                                                                                tmp_path: Path):
+    path = tmp_path / "policy.yaml"
+    run = _dpproxy("draft-policy", "--dsn", shop[0], "--schema", "Sales", "-o", str(path))
+    assert run.returncode == 0, run.stderr
+    text = path.read_text().replace("'\"Sales\".\"Order.Items\"':", "Sales.Order.Lines:")
+    path.write_text(text)
+    run = _dpproxy("check-config", str(path), env={"DPPROXY_BACKEND_DSN": shop[1], "ANALYST_PASSWORD": "analyst"})
+    assert run.returncode == 1
+    assert run.stderr == (f"{path}:{_line_of(text, 'Sales.Order.Lines:')}: tables.Sales.Order.Lines: no such relation "
+                          "on the backend (a schema or table whose name holds a dot is written with each part in "
+                          "double quotes, as SQL writes it: '\"Sales\".\"Order.Items\"' (a \"\" for a quote inside one))\n")
 
 
 def test_named_tables_only_and_to_stdout(shop: tuple[str, str, str]):
@@ -340,3 +398,33 @@ def test_only_a_conjunction_of_comparisons_with_constants_declares_bounds(defini
     found = declared_by_checks([("c", definition)]).get("age")
     assert (None if found is None or found.lower is None else int(found.lower)) == lower
     assert (None if found is None or found.upper is None else int(found.upper)) == upper
+
+
+# ---------------------------------------------------------------- relation names as keys
+
+@pytest.mark.parametrize(("schema", "table", "key"), [
+    ("public", "adult", "public.adult"),
+    ("Sales", "Orders", "Sales.Orders"),              # case is kept: the name as stored
+    ("Sales", "Order.Items", '"Sales"."Order.Items"'),
+    ("Sales.Order", "Items", '"Sales.Order"."Items"'),
+    ('say "hi"', "t", '"say ""hi"""."t"'),
+])
+def test_a_relation_key_names_its_relation_and_is_quoted_only_where_a_dot_or_quote_would_mislead(
+    schema: str, table: str, key: str
+):
+    assert policy_key(schema, table) == key
+    assert key_parts(key) == (schema, table)
+
+
+def test_a_key_with_a_quote_is_read_part_by_part_and_one_not_wholly_quoted_is_refused_at_its_line():
+    text = POLICY.replace("    epsilom: 1\n", "    epsilon: 1\n").replace(
+        "      age: {bounds: [FILL_IN, 90]}\n", "").replace("      kind: {categories: [FILL_IN]}\n", "")
+    policy = parse_policy(text + "  '\"Sales\".\"Order.Items\"': {epsilon: 1}\n", "p.yaml")
+    assert key_parts(list(policy.tables)[1]) == ("Sales", "Order.Items")
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(text + "  Sales.\"Order.Items\": {epsilon: 1}\n", "p.yaml")
+    assert caught.value.problems == [
+        'p.yaml:9: tables.Sales."Order.Items": not a relation\'s name: a key with a double quote in it has each '
+        'part in double quotes, as SQL writes it: \'"Sales"."Order.Items"\' (a "" for a quote inside one)'
+    ]
+

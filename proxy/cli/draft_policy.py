@@ -27,6 +27,7 @@ from typing import Any, Sequence
 import yaml
 
 from policies.placeholders import PLACEHOLDER
+from policies.relation_keys import policy_key
 from proxy.backend.check_domains import Declared
 from proxy.backend.schema_catalog import CatalogColumn, CatalogTable, NoSuchTable, read_tables
 from proxy.serving.startup import connection_failure, os_reason
@@ -162,7 +163,7 @@ def _table_lines(table: CatalogTable) -> list[str]:
     keys = [column.name for column in table.columns if column.primary_key]
     key = f"; primary key ({', '.join(keys)})" if keys else "; no primary key"
     lines = [
-        f"  {_scalar(f'{table.schema}.{table.name}')}:   # a {table.kind}{key}",
+        f"  {_scalar(policy_key(table.schema, table.name))}:   # a {table.kind}{key}",
         "    access: protected",
         "    epsilon: 1.0          # per query, split evenly over its aggregate columns",
         "    delta: 1.0e-6         # per MIN/MAX column (sample and aggregate)",
