@@ -74,7 +74,14 @@ CREATE TABLE "Sales.Order"."Items" ("Qty" integer NOT NULL CHECK ("Qty" BETWEEN 
                                     "Region" text CHECK ("Region" IN ('North', 'South')));
 INSERT INTO "Sales"."Order.Items" SELECT 1 + i % 10, (ARRAY['North', 'South'])[1 + i % 2] FROM generate_series(1, 2000) i;
 INSERT INTO "Sales.Order"."Items" SELECT 1, 'North' FROM generate_series(1, 10) i;
-"""
+
+-- Categories a CHECK declares: 150 of them, one longer than the default max_text_bytes, one with a line break.
+CREATE SCHEMA codes;
+CREATE TABLE codes.items (code text CHECK (code IN (CODES)),
+                          label text CHECK (label IN ('short', LONG_LABEL, E'two\nlines')));
+INSERT INTO codes.items SELECT 'c' || (i % 150), CASE WHEN i % 2 = 0 THEN LONG_LABEL ELSE 'short' END
+FROM generate_series(1, 2000) i;
+""".replace("CODES", ", ".join(f"'c{i}'" for i in range(150))).replace("LONG_LABEL", "'" + "é" * 150 + "'")
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +98,8 @@ def shop(test_db: TestDatabase) -> Iterator[tuple[str, str, str]]:
     with psycopg.connect(shop_admin, autocommit=True) as conn:
         conn.execute(SCHEMA)
         conn.execute("GRANT SELECT ON customers TO dpproxy_service")
-        conn.execute('GRANT USAGE ON SCHEMA "Sales", "Sales.Order" TO dpproxy_service')
-        conn.execute('GRANT SELECT ON ALL TABLES IN SCHEMA "Sales", "Sales.Order" TO dpproxy_service')
+        conn.execute('GRANT USAGE ON SCHEMA "Sales", "Sales.Order", codes TO dpproxy_service')
+        conn.execute('GRANT SELECT ON ALL TABLES IN SCHEMA "Sales", "Sales.Order", codes TO dpproxy_service')
         conn.execute(f"REVOKE ALL ON customers FROM {READER}, PUBLIC")
     service = urlparse(test_db.service_dsn)._replace(path=f"/{DATABASE}").geturl()
     reader = urlparse(test_db.service_dsn)._replace(path=f"/{DATABASE}", netloc=f"{READER}@").geturl()
@@ -268,6 +275,30 @@ def test_a_key_of_several_dots_naming_no_relation_is_told_how_to_quote_its_parts
     assert run.stderr == (f"{path}:{_line_of(text, 'Sales.Order.Lines:')}: tables.Sales.Order.Lines: no such relation "
                           "on the backend (a schema or table whose name holds a dot is written with each part in "
                           "double quotes, as SQL writes it: '\"Sales\".\"Order.Items\"' (a \"\" for a quote inside one))\n")
+
+
+def test_long_category_lists_are_drafted_so_that_the_policy_loads_and_every_category_is_read(
+    shop: tuple[str, str, str], tmp_path: Path
+):
+    """150 categories from one CHECK, one of 300 bytes (past the default max_text_bytes, 256, which
+    the policy would refuse) and one with a line break: the draft raises the table's
+    max_text_bytes to the longest and keeps each entry on its line; the long category is then a
+    value rows match, not one read as NULL."""
+    path = tmp_path / "policy.yaml"
+    run = _dpproxy("draft-policy", "--dsn", shop[0], "--schema", "codes", "-o", str(path))
+    assert run.returncode == 0, run.stderr
+    text = path.read_text()
+    long_label = "é" * 150
+    assert "    max_text_bytes: 300   # not 256: the schema declares a category of label this long" in text
+    (code,) = [line for line in text.splitlines() if line.startswith("      code: ")]
+    assert code.startswith("      code: {categories: [c0, c1, c2, ") and "c149], group_by: true}" in code
+    (label,) = [line for line in text.splitlines() if line.startswith("      label: ")]
+    assert label.startswith(f'      label: {{categories: [short, {long_label}, "two\\nlines"], group_by: true}}')
+    env = {"DPPROXY_BACKEND_DSN": shop[1], "ANALYST_PASSWORD": "analyst"}
+    with _checked_and_served(path, text, tmp_path, env) as conn:
+        (count,) = conn.execute("SELECT COUNT(*) FROM codes.items WHERE label = %s", (long_label,)).fetchone()
+        assert abs(count - 1000) < 100
+        assert len(conn.execute("SELECT code, COUNT(*) FROM codes.items GROUP BY code").fetchall()) == 150
 
 
 def test_named_tables_only_and_to_stdout(shop: tuple[str, str, str]):

@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 import yaml
 
+from policies.model import TablePolicy
 from policies.placeholders import PLACEHOLDER
 from policies.relation_keys import policy_key
 from proxy.backend.check_domains import Declared
@@ -38,7 +39,9 @@ ASSUMPTION = ("The policy's bounds, categories and time ranges are fixed in adva
               "(bounds computed from the current MIN/MAX leak them; so do categories listed from SELECT DISTINCT "
               "or a time range from the first and last row).")
 
-_MAX_CELLS = 1000  # a table's default max_cells: a GROUP BY domain beyond it is a policy error
+# A table's defaults: a GROUP BY domain of more cells, or a category of more bytes, is a policy error.
+_MAX_CELLS: int = TablePolicy.model_fields["max_cells"].default
+_MAX_TEXT_BYTES: int = TablePolicy.model_fields["max_text_bytes"].default
 _INTEGER_RANGES = {"smallint": (-(2**15), 2**15 - 1), "integer": (-(2**31), 2**31 - 1)}
 
 
@@ -167,6 +170,7 @@ def _table_lines(table: CatalogTable) -> list[str]:
         "    access: protected",
         "    epsilon: 1.0          # per query, split evenly over its aggregate columns",
         "    delta: 1.0e-6         # per MIN/MAX column (sample and aggregate)",
+        *_text_bytes_lines(table),
     ]
     entries = [_column_line(column) for column in table.columns]
     if any(entry.startswith("  ") for entry in entries):
@@ -175,6 +179,23 @@ def _table_lines(table: CatalogTable) -> list[str]:
         lines.append("    columns: {}")
     lines.extend(f"    {entry}" if entry.startswith("  ") else f"      {entry}" for entry in entries)
     return lines
+
+
+def _text_bytes_lines(table: CatalogTable) -> list[str]:
+    """A ``max_text_bytes`` line where a category the schema declares is longer than the default
+    (a category past it could never be matched, and the policy would not load); none otherwise."""
+    longest = max(((len(value.encode("utf-8")), column.name) for column in table.columns
+                   if _declared_text(column) for value in column.declared.values or ()), default=None)
+    if longest is None or longest[0] <= _MAX_TEXT_BYTES:
+        return []
+    return [f"    max_text_bytes: {longest[0]}   # not {_MAX_TEXT_BYTES}: the schema declares a category of "
+            f"{_scalar(longest[1])} this long; a longer value reads as NULL, and each condition on text weighs this "
+            "many bytes (docs/policy.md)"]
+
+
+def _declared_text(column: CatalogColumn) -> bool:
+    """Whether the column's entry is the text categories its CHECK constraints declare."""
+    return column.kind == "text" and not column.primary_key and bool(column.declared.values)
 
 
 def _column_line(column: CatalogColumn) -> str:
@@ -214,7 +235,8 @@ def _entry(column: CatalogColumn) -> tuple[str, str]:
         return _categories(column.enum_labels), "from the schema: its enum type's labels"
     if column.kind == "boolean":
         return _categories(("true", "false")), "from the schema: a boolean's two values"
-    if column.kind == "text" and declared.values:
+    if _declared_text(column):
+        assert declared.values is not None
         return _categories(declared.values), checks
     return (f"{{categories: [{PLACEHOLDER}]}}",
             f"{PLACEHOLDER}: every value it may hold, if it is a category (MODE, GROUP BY); if not, delete this line")
@@ -264,6 +286,9 @@ def _scalar(value: str) -> str:
     if value == PLACEHOLDER:
         return f'"{PLACEHOLDER}"'
     dumped = yaml.safe_dump([value], default_flow_style=True, width=2**31, allow_unicode=True).strip()
+    if len(dumped.splitlines()) > 1:  # a line break in the value: escaped, so that the entry stays on its line
+        dumped = yaml.safe_dump([value], default_flow_style=True, default_style='"', width=2**31,
+                                allow_unicode=True).strip()
     return dumped[1:-1]
 
 
