@@ -301,6 +301,51 @@ def test_long_category_lists_are_drafted_so_that_the_policy_loads_and_every_cate
         assert len(conn.execute("SELECT code, COUNT(*) FROM codes.items GROUP BY code").fetchall()) == 150
 
 
+def test_the_dsn_is_read_from_the_variable_dsn_env_names_and_its_passwords_are_never_written(
+    shop: tuple[str, str, str]
+):
+    """``--dsn-env VAR`` keeps the DSN (and a password in it) out of the command line and out of
+    what the command writes. The suite's server trusts its local connections, so the passwords
+    given are not checked."""
+    reader = urlparse(shop[0])
+    dsn = reader._replace(netloc=f"{READER}:pw-of-the-reader@{reader.netloc.split('@')[1]}",
+                          query=f"{reader.query}&sslpassword=passphrase-of-the-key").geturl()
+    run = _dpproxy("draft-policy", "--dsn-env", "DRAFT_DSN", "customers", env={"DRAFT_DSN": dsn})
+    assert run.returncode == 0, run.stderr
+    assert "public.customers:" in run.stdout and f"user={READER}" in run.stdout
+    assert "pw-of-the-reader" not in run.stdout + run.stderr
+    assert "passphrase-of-the-key" not in run.stdout + run.stderr
+
+    run = _dpproxy("draft-policy", "--dsn-env", "DRAFT_DSN", env={"DRAFT_DSN": ""})
+    assert run.returncode == 1 and run.stdout == ""
+    assert run.stderr == ("dpproxy draft-policy: the environment variable DRAFT_DSN is not set or empty — export the "
+                          "database's DSN in it (--dsn-env names the variable, not the DSN)\n")
+
+
+def test_the_example_dsn_leaves_out_the_password_and_the_key_files_passphrase():
+    text = draft_text([], "postgresql://reader:pw-of-the-reader@db.internal/shop?sslpassword=passphrase&sslmode=require")
+    (line,) = [line for line in text.splitlines() if "dsn_env:" in line]
+    assert line == "  dsn_env: DPPROXY_BACKEND_DSN   # e.g. user=reader dbname=shop host=db.internal sslmode=require"
+
+
+def test_a_draft_with_nothing_left_to_decide_says_check_config_is_next(shop: tuple[str, str, str], tmp_path: Path):
+    path = tmp_path / "policy.yaml"
+    run = _dpproxy("draft-policy", "--dsn", shop[0], "--schema", "Sales", "-o", str(path))
+    assert run.returncode == 0
+    assert run.stderr == (f"dpproxy draft-policy: wrote {path} (1 table; 0 columns with FILL_IN to decide). "
+                          f"Next: dpproxy check-config {path}\n")
+
+
+def test_a_failure_to_connect_names_the_variable_the_dsn_came_from(tmp_path: Path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, not listening: refused
+        run = _dpproxy("draft-policy", "--dsn-env", "DRAFT_DSN", env={"DRAFT_DSN": f"postgresql://u:pw@127.0.0.1:{port}/db"})
+    assert run.returncode == 1 and run.stderr.count("\n") == 1
+    assert run.stderr.startswith(f"dpproxy draft-policy: cannot reach the PostgreSQL server at 127.0.0.1:{port}")
+    assert run.stderr.rstrip().endswith("— check $DRAFT_DSN")
+
+
 def test_named_tables_only_and_to_stdout(shop: tuple[str, str, str]):
     run = _dpproxy("draft-policy", "--dsn", shop[0], "customers")
     assert run.returncode == 0, run.stderr

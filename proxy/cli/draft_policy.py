@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import sys
 from decimal import Decimal
 from pathlib import Path
@@ -54,8 +55,11 @@ def add_draft_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
                     f"them (CHECK constraints, enum types); elsewhere they are {PLACEHOLDER}, which check-config "
                     "refuses until you write a value. " + ASSUMPTION + " (docs/threat-model.md, Assumptions 2)",
     )
-    command.add_argument("--dsn", required=True, help="libpq URI or key=value string of the database (a role that "
-                                                      "can read its catalog; no SELECT on the tables is needed)")
+    source = command.add_mutually_exclusive_group(required=True)
+    source.add_argument("--dsn", help="libpq URI or key=value string of the database (a role that can read its "
+                                      "catalog; no SELECT on the tables is needed)")
+    source.add_argument("--dsn-env", metavar="VAR", help="read that DSN from the environment variable VAR, so that a "
+                                                         "password in it is in neither the shell's history nor ps")
     command.add_argument("--schema", default="public", help="the schema whose tables are drafted, and in which "
                                                             "unqualified TABLE names are found (default: public)")
     command.add_argument("tables", nargs="*", metavar="TABLE",
@@ -73,11 +77,16 @@ def _draft_policy(args: argparse.Namespace) -> int:
         print(f"dpproxy draft-policy: {args.output} exists (maybe a policy you edited) — give another -o, "
               "or --force to overwrite it", file=sys.stderr)
         return 1
+    dsn, option = (args.dsn, "--dsn") if args.dsn_env is None else (os.environ.get(args.dsn_env, ""), f"${args.dsn_env}")
+    if not dsn.strip():
+        print(f"dpproxy draft-policy: the environment variable {args.dsn_env} is not set or empty — export the "
+              "database's DSN in it (--dsn-env names the variable, not the DSN)", file=sys.stderr)
+        return 1
     try:
-        tables = asyncio.run(_read(args.dsn, args.schema, args.tables))
+        tables = asyncio.run(_read(dsn, args.schema, args.tables))
     except psycopg.Error as exc:
-        why = connection_failure("the PostgreSQL server", args.dsn, exc)
-        check = "--dsn" if getattr(exc, "sqlstate", None) is None else "the TABLE names and --dsn"
+        why = connection_failure("the PostgreSQL server", dsn, exc)
+        check = option if getattr(exc, "sqlstate", None) is None else f"the TABLE names and {option}"
         print(f"dpproxy draft-policy: {why} — check {check}", file=sys.stderr)
         return 1
     except NoSuchTable as exc:
@@ -88,7 +97,7 @@ def _draft_policy(args: argparse.Namespace) -> int:
         print(f"dpproxy draft-policy: the schema {args.schema} holds no table — name another with --schema, "
               "or the tables as TABLE arguments (schema.table)", file=sys.stderr)
         return 1
-    text = draft_text(tables, args.dsn)
+    text = draft_text(tables, dsn)
     if args.output is None:
         sys.stdout.write(text)
         return 0
@@ -98,9 +107,10 @@ def _draft_policy(args: argparse.Namespace) -> int:
         print(f"dpproxy draft-policy: cannot write {args.output}: {os_reason(exc)} — check -o", file=sys.stderr)
         return 1
     left = sum(1 for table in tables for column in table.columns if PLACEHOLDER in _column_line(column).split("#")[0])
+    todo = f"replace each {PLACEHOLDER} (or delete its line), then " if left else ""
     print(f"dpproxy draft-policy: wrote {args.output} ({len(tables)} table{'s' if len(tables) != 1 else ''}; "
-          f"{left} column{'' if left == 1 else 's'} with {PLACEHOLDER} to decide). Next: replace each "
-          f"{PLACEHOLDER} (or delete its line), then dpproxy check-config {args.output}", file=sys.stderr)
+          f"{left} column{'' if left == 1 else 's'} with {PLACEHOLDER} to decide). Next: {todo}"
+          f"dpproxy check-config {args.output}", file=sys.stderr)
     return 0
 
 
@@ -292,12 +302,15 @@ def _scalar(value: str) -> str:
     return dumped[1:-1]
 
 
+_SECRETS = frozenset({"password", "sslpassword"})  # the key file's passphrase is one too
+
+
 def _without_password(dsn: str) -> str:
-    """``dsn`` without its password, as libpq key=value pairs, for the comment that shows it."""
+    """``dsn`` without its password (nor its key file's), as libpq key=value pairs, for the comment that shows it."""
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
     try:
-        params = {key: value for key, value in conninfo_to_dict(dsn).items() if key != "password"}
+        params = {key: value for key, value in conninfo_to_dict(dsn).items() if key not in _SECRETS}
     except Exception:  # noqa: BLE001 - the connection that read the catalog parsed it; say nothing then
         return "postgresql://dpproxy_service@db.internal/analytics"
     return make_conninfo(**{key: str(value) for key, value in params.items()})
