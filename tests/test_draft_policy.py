@@ -370,7 +370,14 @@ def test_an_unreachable_server_is_one_line_naming_the_option(tmp_path: Path):
 
 @pytest.mark.parametrize(("args", "said"), [
     (["no_such_table"], "no table no_such_table on the backend — check the name"),
-    (["--schema", "no_such_schema"], "there is no schema no_such_schema on the backend"),
+    (["--schema", "no_such_schema"], "there is no schema no_such_schema on the backend — check the name (psql's \\dn "
+                                     "lists the schemas)"),
+    # A name that differs only in case or quotes from one the catalog holds: that one, as SQL writes it.
+    (["--schema", "sales"], "there is no schema sales on the backend — did you mean --schema Sales? (--schema takes the "
+                            "name as stored, case and all)"),
+    (["--schema", "Sales", "Order.Items"], "no table Order.Items on the backend — did you mean "
+                                           "'\"Sales\".\"Order.Items\"'? (SQL folds an unquoted name to lower case: a "
+                                           "part with capitals or a dot is written in double quotes)"),
     (["--schema", "empty_schema"], "the schema empty_schema holds no table — name another with --schema"),
 ])
 def test_a_table_or_schema_that_is_not_there_is_one_line(shop: tuple[str, str, str], args: list[str], said: str):

@@ -27,7 +27,13 @@ class _Session(Protocol):
 
 
 class NoSuchTable(LookupError):
-    """A table named on the command line that the catalog does not hold (or cannot be a policy's)."""
+    """A table named on the command line that the catalog does not hold (or cannot be a policy's);
+    ``meant`` is the names of the relations a name differing only in case or quoting would have
+    named, as SQL writes them (of a schema: as stored): what the user may have meant."""
+
+    def __init__(self, message: str, meant: Sequence[str] = ()):
+        super().__init__(message)
+        self.meant = tuple(meant)
 
 
 @dataclass
@@ -121,6 +127,29 @@ FROM pg_catalog.pg_enum e WHERE e.enumtypid OPERATOR(pg_catalog.=) ANY(%s::pg_ca
 """
 
 
+# The relations, or schemas, a name not found would have named but for the case of its letters or
+# its quotes: ``Sales.plain`` (which SQL reads as sales.plain) for "Sales".plain, ``Order.Items``
+# for "Order.Items" of the schema given. Catalog names only.
+_TABLES_MEANT = """
+SELECT pg_catalog.format('%%I.%%I', n.nspname, c.relname)
+FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+WHERE c.relkind OPERATOR(pg_catalog.=) ANY('{r,p,v,m,f}'::pg_catalog."char"[]) AND NOT c.relispartition
+  AND (pg_catalog.lower(n.nspname OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||) c.relname)
+           OPERATOR(pg_catalog.=) pg_catalog.lower(%s)
+       OR (n.nspname OPERATOR(pg_catalog.=) %s AND pg_catalog.lower(c.relname) OPERATOR(pg_catalog.=) pg_catalog.lower(%s)))
+ORDER BY 1 LIMIT 3
+"""
+_SCHEMAS_MEANT = """
+SELECT nspname FROM pg_catalog.pg_namespace
+WHERE pg_catalog.lower(nspname) OPERATOR(pg_catalog.=) pg_catalog.lower(%s) ORDER BY 1 LIMIT 3
+"""
+
+
+async def _tables_meant(session: _Session, given: str, schema: str) -> list[str]:
+    bare = given.replace('"', "")
+    return [str(name) for name, in await session.fetch_all(_TABLES_MEANT, (bare, schema, bare))]
+
+
 async def read_tables(session: _Session, schema: str, names: Sequence[str]) -> list[CatalogTable]:
     """The tables ``names`` (each as SQL names it: ``orders``, ``sales.orders``, ``"Orders"``; an
     unqualified one in ``schema``), or, with no names, every table of ``schema``; each with its
@@ -132,14 +161,15 @@ async def read_tables(session: _Session, schema: str, names: Sequence[str]) -> l
         rows = await session.fetch_all(_NAMED, (qualified,))
         for given, (_, oid, nspname, relname, relkind) in zip(names, rows):
             if oid is None:
-                raise NoSuchTable(f"no table {given} on the backend")
+                raise NoSuchTable(f"no table {given} on the backend", await _tables_meant(session, given, schema))
             if relkind not in _KINDS:
                 raise NoSuchTable(f"{given} is not a table, view or materialized view (relkind {relkind})")
             relations.append((int(oid), str(nspname), str(relname), str(relkind)))
     else:
         if not await session.fetch_all("SELECT FROM pg_catalog.pg_namespace WHERE nspname OPERATOR(pg_catalog.=) %s",
                                        (schema,)):
-            raise NoSuchTable(f"there is no schema {schema} on the backend")
+            meant = await session.fetch_all(_SCHEMAS_MEANT, (schema,))
+            raise NoSuchTable(f"there is no schema {schema} on the backend", [str(name) for name, in meant])
         relations = [(int(oid), str(n), str(r), str(k)) for oid, n, r, k in await session.fetch_all(_IN_SCHEMA, (schema,))]
     oids = [oid for oid, *_ in relations]
     rows = await session.fetch_all(_COLUMNS, (oids,))

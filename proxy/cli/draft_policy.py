@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import math
 import os
+import shlex
 import sys
 from decimal import Decimal
 from pathlib import Path
@@ -90,8 +91,7 @@ def _draft_policy(args: argparse.Namespace) -> int:
         print(f"dpproxy draft-policy: {why} — check {check}", file=sys.stderr)
         return 1
     except NoSuchTable as exc:
-        print(f"dpproxy draft-policy: {exc} — check the name (psql's \\dt lists the tables; "
-              f"one outside --schema {args.schema} as schema.table)", file=sys.stderr)
+        print(f"dpproxy draft-policy: {exc} — {_meant(exc, args.schema, bool(args.tables))}", file=sys.stderr)
         return 1
     if not tables:
         print(f"dpproxy draft-policy: the schema {args.schema} holds no table — name another with --schema, "
@@ -112,6 +112,19 @@ def _draft_policy(args: argparse.Namespace) -> int:
           f"{left} column{'' if left == 1 else 's'} with {PLACEHOLDER} to decide). Next: {todo}"
           f"dpproxy check-config {args.output}", file=sys.stderr)
     return 0
+
+
+def _meant(exc: NoSuchTable, schema: str, named: bool) -> str:
+    """What to do about a name the catalog does not hold: the names it does hold that differ only in
+    case or quotes, as SQL writes them, or where to look."""
+    if not exc.meant:
+        return (f"check the name (psql's \\dt lists the tables; one outside --schema {schema} as schema.table)"
+                if named else "check the name (psql's \\dn lists the schemas)")
+    if named:
+        return (f"did you mean {' or '.join(shlex.quote(name) for name in exc.meant)}? (SQL folds an unquoted name to "
+                "lower case: a part with capitals or a dot is written in double quotes)")
+    return (f"did you mean --schema {' or '.join(shlex.quote(name) for name in exc.meant)}? (--schema takes the "
+            "name as stored, case and all)")
 
 
 class _Catalog:
