@@ -81,6 +81,9 @@ CREATE TABLE codes.items (code text CHECK (code IN (CODES)),
                           label text CHECK (label IN ('short', LONG_LABEL, E'two\nlines')));
 INSERT INTO codes.items SELECT 'c' || (i % 150), CASE WHEN i % 2 = 0 THEN LONG_LABEL ELSE 'short' END
 FROM generate_series(1, 2000) i;
+CREATE VIEW codes.short_items AS SELECT code FROM codes.items WHERE label = 'short';
+CREATE SCHEMA views_only;
+CREATE VIEW views_only.v AS SELECT 1 AS a;
 """.replace("CODES", ", ".join(f"'c{i}'" for i in range(150))).replace("LONG_LABEL", "'" + "é" * 150 + "'")
 
 
@@ -299,6 +302,41 @@ def test_long_category_lists_are_drafted_so_that_the_policy_loads_and_every_cate
         (count,) = conn.execute("SELECT COUNT(*) FROM codes.items WHERE label = %s", (long_label,)).fetchone()
         assert abs(count - 1000) < 100
         assert len(conn.execute("SELECT code, COUNT(*) FROM codes.items GROUP BY code").fetchall()) == 150
+
+
+def test_a_table_named_is_found_by_a_role_without_usage_on_its_schema_and_unqualified_in_schema(
+    shop: tuple[str, str, str]
+):
+    """The reader has no USAGE on "Sales" (to_regclass would refuse it: permission denied for
+    schema), yet a draft reads the catalog only; and a quoted name holding a dot is a name in
+    --schema, not a qualified one."""
+    with psycopg.connect(shop[2]) as admin:
+        (usage,) = admin.execute("SELECT has_schema_privilege(%s, 'Sales', 'USAGE')", (READER,)).fetchone()
+    assert usage is False
+    for args in (['"Sales"."Order.Items"'], ["--schema", "Sales", '"Order.Items"']):
+        run = _dpproxy("draft-policy", "--dsn", shop[0], *args)
+        assert run.returncode == 0, run.stderr
+        assert "\n  '\"Sales\".\"Order.Items\"':   # a table" in run.stdout
+
+
+def test_the_views_of_a_schema_drafted_whole_are_named_as_left_out(shop: tuple[str, str, str], tmp_path: Path):
+    """A view is protected only if it computes nothing that can fail on a row, which the catalog
+    does not say: a draft of a whole schema leaves its views out, and says so, rather than
+    letting them look forgotten."""
+    path = tmp_path / "policy.yaml"
+    run = _dpproxy("draft-policy", "--dsn", shop[0], "--schema", "codes", "-o", str(path))
+    assert run.returncode == 0, run.stderr
+    assert "(1 table; 0 columns with FILL_IN to decide; 1 view left out: name it as a TABLE to draft it)" in run.stderr
+    assert path.read_text().endswith("\n#\n# Not drafted, views and foreign tables of the schema: short_items. A "
+                                     "protected view must compute\n# nothing that can fail on a row (docs/policy.md, "
+                                     "tables); to draft one, name it as a TABLE\n# argument.\n")
+    run = _dpproxy("draft-policy", "--dsn", shop[0], "codes.short_items")
+    assert run.returncode == 0 and "  codes.short_items:   # a view" in run.stdout
+    run = _dpproxy("draft-policy", "--dsn", shop[0], "--schema", "views_only")
+    assert run.returncode == 1
+    assert run.stderr == ("dpproxy draft-policy: the schema views_only holds no table; 1 view left out: name it as a "
+                          "TABLE to draft it — name another with --schema, or the tables as TABLE arguments "
+                          "(schema.table)\n")
 
 
 def test_the_dsn_is_read_from_the_variable_dsn_env_names_and_its_passwords_are_never_written(

@@ -32,7 +32,7 @@ from policies.model import TablePolicy
 from policies.placeholders import PLACEHOLDER
 from policies.relation_keys import policy_key
 from proxy.backend.check_domains import Declared
-from proxy.backend.schema_catalog import CatalogColumn, CatalogTable, NoSuchTable, read_tables
+from proxy.backend.schema_catalog import CatalogColumn, CatalogTable, NoSuchTable, read_tables, views_in
 from proxy.serving.startup import connection_failure, os_reason
 
 __all__ = ["add_draft_commands", "draft_text"]
@@ -84,7 +84,7 @@ def _draft_policy(args: argparse.Namespace) -> int:
               "database's DSN in it (--dsn-env names the variable, not the DSN)", file=sys.stderr)
         return 1
     try:
-        tables = asyncio.run(_read(dsn, args.schema, args.tables))
+        tables, views = asyncio.run(_read(dsn, args.schema, args.tables))
     except psycopg.Error as exc:
         why = connection_failure("the PostgreSQL server", dsn, exc)
         check = option if getattr(exc, "sqlstate", None) is None else f"the TABLE names and {option}"
@@ -94,10 +94,10 @@ def _draft_policy(args: argparse.Namespace) -> int:
         print(f"dpproxy draft-policy: {exc} — {_meant(exc, args.schema, bool(args.tables))}", file=sys.stderr)
         return 1
     if not tables:
-        print(f"dpproxy draft-policy: the schema {args.schema} holds no table — name another with --schema, "
-              "or the tables as TABLE arguments (schema.table)", file=sys.stderr)
+        print(f"dpproxy draft-policy: the schema {args.schema} holds no table{_views_said(views)} — name another with "
+              "--schema, or the tables as TABLE arguments (schema.table)", file=sys.stderr)
         return 1
-    text = draft_text(tables, dsn)
+    text = draft_text(tables, dsn, views)
     if args.output is None:
         sys.stdout.write(text)
         return 0
@@ -109,7 +109,7 @@ def _draft_policy(args: argparse.Namespace) -> int:
     left = sum(1 for table in tables for column in table.columns if PLACEHOLDER in _column_line(column).split("#")[0])
     todo = f"replace each {PLACEHOLDER} (or delete its line), then " if left else ""
     print(f"dpproxy draft-policy: wrote {args.output} ({len(tables)} table{'s' if len(tables) != 1 else ''}; "
-          f"{left} column{'' if left == 1 else 's'} with {PLACEHOLDER} to decide). Next: {todo}"
+          f"{left} column{'' if left == 1 else 's'} with {PLACEHOLDER} to decide{_views_said(views)}). Next: {todo}"
           f"dpproxy check-config {args.output}", file=sys.stderr)
     return 0
 
@@ -139,18 +139,27 @@ class _Catalog:
             return list(await cursor.fetchall())
 
 
-async def _read(dsn: str, schema: str, names: Sequence[str]) -> list[CatalogTable]:
+async def _read(dsn: str, schema: str, names: Sequence[str]) -> tuple[list[CatalogTable], list[str]]:
+    """The tables to draft, and (without ``names``) the views of ``schema`` left out."""
     import psycopg
 
     async with await psycopg.AsyncConnection.connect(dsn, connect_timeout=10) as conn:
         await conn.set_read_only(True)
         await conn.execute("SET LOCAL statement_timeout = 30000")
-        return await read_tables(_Catalog(conn), schema, names)
+        tables = await read_tables(_Catalog(conn), schema, names)
+        return tables, [] if names else await views_in(_Catalog(conn), schema)
 
 
-def draft_text(tables: Sequence[CatalogTable], dsn: str) -> str:
+def _views_said(views: Sequence[str]) -> str:
+    if not views:
+        return ""
+    one = len(views) == 1
+    return f"; {len(views)} view{'' if one else 's'} left out: name {'it' if one else 'one'} as a TABLE to draft it"
+
+
+def draft_text(tables: Sequence[CatalogTable], dsn: str, views: Sequence[str] = ()) -> str:
     """The commented policy YAML for ``tables``, read from the database at ``dsn`` (whose password,
-    if any, is not written)."""
+    if any, is not written); ``views``, of the schema drafted, are named in a closing comment."""
     lines = [
         "# A draft policy written by dpproxy draft-policy from the database's catalog only (no row was read).",
         "#",
@@ -182,6 +191,10 @@ def draft_text(tables: Sequence[CatalogTable], dsn: str) -> str:
     ]
     for table in tables:
         lines.extend(_table_lines(table))
+    if views:
+        lines += ["#", *(f"# {line}" for line in _wrapped(
+            f"Not drafted, views and foreign tables of the schema: {', '.join(views)}. A protected view must compute "
+            "nothing that can fail on a row (docs/policy.md, tables); to draft one, name it as a TABLE argument."))]
     return "\n".join(lines) + "\n"
 
 
