@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 import os
 from datetime import date, datetime
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from mechanisms.breach import epsilon_from_breach
 from mechanisms.fixed_point import Grid
@@ -22,6 +22,7 @@ from mechanisms.variance import MomentGrid
 from .credentials import ScramVerifier, derive_scram_verifier, parse_scram_verifier
 from .dsn import check_dsn
 from .errors import SQLSTATE, Refusal
+from .relation_keys import key_parts
 from .time_buckets import TIME_UNITS, TimeUnit, answered_units, bucket_count
 
 __all__ = [
@@ -536,6 +537,15 @@ class TablePolicy(_Strict):
         return self
 
 
+def _relation_key(key: str) -> str:
+    key_parts(key)  # raises ValueError for a quoted key written otherwise than "schema"."table"
+    return key
+
+
+RelationKey = Annotated[str, AfterValidator(_relation_key)]
+"""A key of ``tables``: a relation's name (``policies.relation_keys``)."""
+
+
 class Policy(_Strict):
     """The whole configuration file."""
 
@@ -546,7 +556,7 @@ class Policy(_Strict):
     repeats: RepeatConfig = RepeatConfig()
     metrics: MetricsConfig | None = None
     users: dict[str, UserPolicy]
-    tables: dict[str, TablePolicy]
+    tables: dict[RelationKey, TablePolicy]
 
     def user(self, name: str) -> UserPolicy:
         """The user ``name``; Refusal 57P01 when this policy does not list them: a reload

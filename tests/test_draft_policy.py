@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -26,6 +27,7 @@ import pytest
 
 from conftest import TestDatabase
 from policies.loader import PolicyError, parse_policy
+from policies.relation_keys import key_parts, policy_key
 from proxy.backend.check_domains import declared_by_checks
 from proxy.backend.schema_catalog import CatalogColumn, CatalogTable
 from proxy.cli.draft_policy import draft_text
@@ -62,7 +64,27 @@ SELECT 18 + i % 60, i % 40, (i % 500) * 1.5, (i % 6)::float8, 'n' || i, (ARRAY['
        i % 2 = 0, '{}'::jsonb, i % 50, (ARRAY['FR', 'DE', 'US'])[1 + i % 3]
 FROM generate_series(1, 3000) AS i;
 CREATE SCHEMA empty_schema;
-"""
+
+-- A table whose name holds a dot, beside a decoy that the name split at its last dot would be.
+CREATE SCHEMA "Sales";
+CREATE SCHEMA "Sales.Order";
+CREATE TABLE "Sales"."Order.Items" ("Qty" integer NOT NULL CHECK ("Qty" BETWEEN 1 AND 10),
+                                    "Region" text CHECK ("Region" IN ('North', 'South')));
+CREATE TABLE "Sales.Order"."Items" ("Qty" integer NOT NULL CHECK ("Qty" BETWEEN 1 AND 10),
+                                    "Region" text CHECK ("Region" IN ('North', 'South')));
+INSERT INTO "Sales"."Order.Items" SELECT 1 + i % 10, (ARRAY['North', 'South'])[1 + i % 2] FROM generate_series(1, 2000) i;
+INSERT INTO "Sales.Order"."Items" SELECT 1, 'North' FROM generate_series(1, 10) i;
+
+-- Categories a CHECK declares: 150 of them, one longer than the default max_text_bytes, one with a line break.
+CREATE SCHEMA codes;
+CREATE TABLE codes.items (code text CHECK (code IN (CODES)),
+                          label text CHECK (label IN ('short', LONG_LABEL, E'two\nlines')));
+INSERT INTO codes.items SELECT 'c' || (i % 150), CASE WHEN i % 2 = 0 THEN LONG_LABEL ELSE 'short' END
+FROM generate_series(1, 2000) i;
+CREATE VIEW codes.short_items AS SELECT code FROM codes.items WHERE label = 'short';
+CREATE SCHEMA views_only;
+CREATE VIEW views_only.v AS SELECT 1 AS a;
+""".replace("CODES", ", ".join(f"'c{i}'" for i in range(150))).replace("LONG_LABEL", "'" + "é" * 150 + "'")
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +101,8 @@ def shop(test_db: TestDatabase) -> Iterator[tuple[str, str, str]]:
     with psycopg.connect(shop_admin, autocommit=True) as conn:
         conn.execute(SCHEMA)
         conn.execute("GRANT SELECT ON customers TO dpproxy_service")
+        conn.execute('GRANT USAGE ON SCHEMA "Sales", "Sales.Order", codes TO dpproxy_service')
+        conn.execute('GRANT SELECT ON ALL TABLES IN SCHEMA "Sales", "Sales.Order", codes TO dpproxy_service')
         conn.execute(f"REVOKE ALL ON customers FROM {READER}, PUBLIC")
     service = urlparse(test_db.service_dsn)._replace(path=f"/{DATABASE}").geturl()
     reader = urlparse(test_db.service_dsn)._replace(path=f"/{DATABASE}", netloc=f"{READER}@").geturl()
@@ -167,7 +191,27 @@ def test_placeholders_are_refused_at_their_lines_until_filled_in_then_serve_answ
               .replace("last_seen: {bounds: [FILL_IN, FILL_IN]}", "last_seen: {bounds: [2024-01-01, 2024-12-31]}")
               .replace("paid_at: {bounds: [FILL_IN, FILL_IN]}", "paid_at: {bounds: [2022-01-01, 2026-12-31]}"))
     filled = "\n".join(line for line in filled.splitlines() if not line.startswith("      note:")) + "\n"
-    path.write_text(filled.replace("sqlite:///dpproxy-ledger.sqlite3", f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
+    with _checked_and_served(path, filled, tmp_path, env) as conn:
+        notices: list[str] = []
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        (count,) = conn.execute("SELECT COUNT(*) FROM customers").fetchone()
+        assert abs(count - 3000) < 100
+        (avg,) = conn.execute("SELECT AVG(age) FROM customers").fetchone()
+        assert 18 <= float(avg) <= 120
+        assert len(notices) == 2 and all(notice.startswith("dpproxy: ε charged 1") for notice in notices)
+        plans = conn.execute("SELECT plan, COUNT(*) FROM customers GROUP BY plan").fetchall()
+        assert [row[0] for row in plans] == ["free", "pro", "team"]
+        assert len(conn.execute("SELECT newsletter, COUNT(*) FROM customers GROUP BY newsletter").fetchall()) == 2
+        with pytest.raises(psycopg.Error, match="not allowed"):
+            conn.execute("SELECT * FROM customers")
+
+
+@contextmanager
+def _checked_and_served(path: Path, text: str, tmp_path: Path, env: dict[str, str]) -> Iterator[psycopg.Connection]:
+    """``text`` (a draft with no placeholder left) written to ``path`` with its ledger and audit
+    log in ``tmp_path``, passed by ``check-config`` against the backend, then served: an analyst's
+    connection to it."""
+    path.write_text(text.replace("sqlite:///dpproxy-ledger.sqlite3", f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
                     .replace("path: audit.jsonl", f"path: {tmp_path / 'audit.jsonl'}"))
     run = _dpproxy("check-config", str(path), env=env)
     assert run.returncode == 0, run.stderr
@@ -180,18 +224,7 @@ def test_placeholders_are_refused_at_their_lines_until_filled_in_then_serve_answ
         port = _listening_port(process)
         with psycopg.connect(host="127.0.0.1", port=port, dbname=DATABASE, user="analyst", password="analyst",
                              autocommit=True) as conn:
-            notices: list[str] = []
-            conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
-            (count,) = conn.execute("SELECT COUNT(*) FROM customers").fetchone()
-            assert abs(count - 3000) < 100
-            (avg,) = conn.execute("SELECT AVG(age) FROM customers").fetchone()
-            assert 18 <= float(avg) <= 120
-            assert len(notices) == 2 and all(notice.startswith("dpproxy: ε charged 1") for notice in notices)
-            plans = conn.execute("SELECT plan, COUNT(*) FROM customers GROUP BY plan").fetchall()
-            assert [row[0] for row in plans] == ["free", "pro", "team"]
-            assert len(conn.execute("SELECT newsletter, COUNT(*) FROM customers GROUP BY newsletter").fetchall()) == 2
-            with pytest.raises(psycopg.Error, match="not allowed"):
-                conn.execute("SELECT * FROM customers")
+            yield conn
     finally:
         process.terminate()
         process.wait(timeout=60)
@@ -210,6 +243,145 @@ def _listening_port(process: subprocess.Popen[str]) -> int:
         if found:
             return int(found.group(1))
     raise AssertionError("serve did not listen:\n" + "".join(output))
+
+
+def test_a_table_whose_name_holds_a_dot_is_drafted_checked_and_served_as_itself(shop: tuple[str, str, str],
+                                                                               tmp_path: Path):
+    """``"Sales"."Order.Items"`` split at its last dot would be ``"Sales.Order"."Items"``, a table
+    of the same columns here: the draft's key quotes each part, so the policy protects the table
+    drafted, and its decoy stays out of the policy."""
+    path = tmp_path / "policy.yaml"
+    run = _dpproxy("draft-policy", "--dsn", shop[0], "--schema", "Sales", "-o", str(path))
+    assert run.returncode == 0, run.stderr
+    text = path.read_text()
+    assert "\n  '\"Sales\".\"Order.Items\"':   # a table" in text
+    assert "      Qty: {bounds: [1, 10]}" in text and "      Region: {categories: [North, South], group_by: true}" in text
+    env = {"DPPROXY_BACKEND_DSN": shop[1], "ANALYST_PASSWORD": "analyst"}
+    with _checked_and_served(path, text, tmp_path, env) as conn:
+        (count,) = conn.execute('SELECT COUNT(*) FROM "Sales"."Order.Items"').fetchone()
+        assert abs(count - 2000) < 100  # the decoy holds 10 rows
+        regions = conn.execute('SELECT "Region", COUNT(*) FROM "Sales"."Order.Items" GROUP BY "Region"').fetchall()
+        assert [row[0] for row in regions] == ["North", "South"]
+        with pytest.raises(psycopg.Error, match="Items"):
+            conn.execute('SELECT COUNT(*) FROM "Sales.Order"."Items"')
+
+
+def test_a_key_of_several_dots_naming_no_relation_is_told_how_to_quote_its_parts(shop: tuple[str, str, str],
+                                                                                tmp_path: Path):
+    path = tmp_path / "policy.yaml"
+    run = _dpproxy("draft-policy", "--dsn", shop[0], "--schema", "Sales", "-o", str(path))
+    assert run.returncode == 0, run.stderr
+    text = path.read_text().replace("'\"Sales\".\"Order.Items\"':", "Sales.Order.Lines:")
+    path.write_text(text)
+    run = _dpproxy("check-config", str(path), env={"DPPROXY_BACKEND_DSN": shop[1], "ANALYST_PASSWORD": "analyst"})
+    assert run.returncode == 1
+    assert run.stderr == (f"{path}:{_line_of(text, 'Sales.Order.Lines:')}: tables.Sales.Order.Lines: no such relation "
+                          "on the backend (a schema or table whose name holds a dot is written with each part in "
+                          "double quotes, as SQL writes it: '\"Sales\".\"Order.Items\"' (a \"\" for a quote inside one))\n")
+
+
+def test_long_category_lists_are_drafted_so_that_the_policy_loads_and_every_category_is_read(
+    shop: tuple[str, str, str], tmp_path: Path
+):
+    """150 categories from one CHECK, one of 300 bytes (past the default max_text_bytes, 256, which
+    the policy would refuse) and one with a line break: the draft raises the table's
+    max_text_bytes to the longest and keeps each entry on its line; the long category is then a
+    value rows match, not one read as NULL."""
+    path = tmp_path / "policy.yaml"
+    run = _dpproxy("draft-policy", "--dsn", shop[0], "--schema", "codes", "-o", str(path))
+    assert run.returncode == 0, run.stderr
+    text = path.read_text()
+    long_label = "é" * 150
+    assert "    max_text_bytes: 300   # not 256: the schema declares a category of label this long" in text
+    (code,) = [line for line in text.splitlines() if line.startswith("      code: ")]
+    assert code.startswith("      code: {categories: [c0, c1, c2, ") and "c149], group_by: true}" in code
+    (label,) = [line for line in text.splitlines() if line.startswith("      label: ")]
+    assert label.startswith(f'      label: {{categories: [short, {long_label}, "two\\nlines"], group_by: true}}')
+    env = {"DPPROXY_BACKEND_DSN": shop[1], "ANALYST_PASSWORD": "analyst"}
+    with _checked_and_served(path, text, tmp_path, env) as conn:
+        (count,) = conn.execute("SELECT COUNT(*) FROM codes.items WHERE label = %s", (long_label,)).fetchone()
+        assert abs(count - 1000) < 100
+        assert len(conn.execute("SELECT code, COUNT(*) FROM codes.items GROUP BY code").fetchall()) == 150
+
+
+def test_a_table_named_is_found_by_a_role_without_usage_on_its_schema_and_unqualified_in_schema(
+    shop: tuple[str, str, str]
+):
+    """The reader has no USAGE on "Sales" (to_regclass would refuse it: permission denied for
+    schema), yet a draft reads the catalog only; and a quoted name holding a dot is a name in
+    --schema, not a qualified one."""
+    with psycopg.connect(shop[2]) as admin:
+        (usage,) = admin.execute("SELECT has_schema_privilege(%s, 'Sales', 'USAGE')", (READER,)).fetchone()
+    assert usage is False
+    for args in (['"Sales"."Order.Items"'], ["--schema", "Sales", '"Order.Items"']):
+        run = _dpproxy("draft-policy", "--dsn", shop[0], *args)
+        assert run.returncode == 0, run.stderr
+        assert "\n  '\"Sales\".\"Order.Items\"':   # a table" in run.stdout
+
+
+def test_the_views_of_a_schema_drafted_whole_are_named_as_left_out(shop: tuple[str, str, str], tmp_path: Path):
+    """A view is protected only if it computes nothing that can fail on a row, which the catalog
+    does not say: a draft of a whole schema leaves its views out, and says so, rather than
+    letting them look forgotten."""
+    path = tmp_path / "policy.yaml"
+    run = _dpproxy("draft-policy", "--dsn", shop[0], "--schema", "codes", "-o", str(path))
+    assert run.returncode == 0, run.stderr
+    assert "(1 table; 0 columns with FILL_IN to decide; 1 view left out: name it as a TABLE to draft it)" in run.stderr
+    assert path.read_text().endswith("\n#\n# Not drafted, views and foreign tables of the schema: short_items. A "
+                                     "protected view must compute\n# nothing that can fail on a row (docs/policy.md, "
+                                     "tables); to draft one, name it as a TABLE\n# argument.\n")
+    run = _dpproxy("draft-policy", "--dsn", shop[0], "codes.short_items")
+    assert run.returncode == 0 and "  codes.short_items:   # a view" in run.stdout
+    run = _dpproxy("draft-policy", "--dsn", shop[0], "--schema", "views_only")
+    assert run.returncode == 1
+    assert run.stderr == ("dpproxy draft-policy: the schema views_only holds no table; 1 view left out: name it as a "
+                          "TABLE to draft it — name another with --schema, or the tables as TABLE arguments "
+                          "(schema.table)\n")
+
+
+def test_the_dsn_is_read_from_the_variable_dsn_env_names_and_its_passwords_are_never_written(
+    shop: tuple[str, str, str]
+):
+    """``--dsn-env VAR`` keeps the DSN (and a password in it) out of the command line and out of
+    what the command writes. The suite's server trusts its local connections, so the passwords
+    given are not checked."""
+    reader = urlparse(shop[0])
+    dsn = reader._replace(netloc=f"{READER}:pw-of-the-reader@{reader.netloc.split('@')[1]}",
+                          query=f"{reader.query}&sslpassword=passphrase-of-the-key").geturl()
+    run = _dpproxy("draft-policy", "--dsn-env", "DRAFT_DSN", "customers", env={"DRAFT_DSN": dsn})
+    assert run.returncode == 0, run.stderr
+    assert "public.customers:" in run.stdout and f"user={READER}" in run.stdout
+    assert "pw-of-the-reader" not in run.stdout + run.stderr
+    assert "passphrase-of-the-key" not in run.stdout + run.stderr
+
+    run = _dpproxy("draft-policy", "--dsn-env", "DRAFT_DSN", env={"DRAFT_DSN": ""})
+    assert run.returncode == 1 and run.stdout == ""
+    assert run.stderr == ("dpproxy draft-policy: the environment variable DRAFT_DSN is not set or empty — export the "
+                          "database's DSN in it (--dsn-env names the variable, not the DSN)\n")
+
+
+def test_the_example_dsn_leaves_out_the_password_and_the_key_files_passphrase():
+    text = draft_text([], "postgresql://reader:pw-of-the-reader@db.internal/shop?sslpassword=passphrase&sslmode=require")
+    (line,) = [line for line in text.splitlines() if "dsn_env:" in line]
+    assert line == "  dsn_env: DPPROXY_BACKEND_DSN   # e.g. user=reader dbname=shop host=db.internal sslmode=require"
+
+
+def test_a_draft_with_nothing_left_to_decide_says_check_config_is_next(shop: tuple[str, str, str], tmp_path: Path):
+    path = tmp_path / "policy.yaml"
+    run = _dpproxy("draft-policy", "--dsn", shop[0], "--schema", "Sales", "-o", str(path))
+    assert run.returncode == 0
+    assert run.stderr == (f"dpproxy draft-policy: wrote {path} (1 table; 0 columns with FILL_IN to decide). "
+                          f"Next: dpproxy check-config {path}\n")
+
+
+def test_a_failure_to_connect_names_the_variable_the_dsn_came_from(tmp_path: Path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, not listening: refused
+        run = _dpproxy("draft-policy", "--dsn-env", "DRAFT_DSN", env={"DRAFT_DSN": f"postgresql://u:pw@127.0.0.1:{port}/db"})
+    assert run.returncode == 1 and run.stderr.count("\n") == 1
+    assert run.stderr.startswith(f"dpproxy draft-policy: cannot reach the PostgreSQL server at 127.0.0.1:{port}")
+    assert run.stderr.rstrip().endswith("— check $DRAFT_DSN")
 
 
 def test_named_tables_only_and_to_stdout(shop: tuple[str, str, str]):
@@ -236,7 +408,14 @@ def test_an_unreachable_server_is_one_line_naming_the_option(tmp_path: Path):
 
 @pytest.mark.parametrize(("args", "said"), [
     (["no_such_table"], "no table no_such_table on the backend — check the name"),
-    (["--schema", "no_such_schema"], "there is no schema no_such_schema on the backend"),
+    (["--schema", "no_such_schema"], "there is no schema no_such_schema on the backend — check the name (psql's \\dn "
+                                     "lists the schemas)"),
+    # A name that differs only in case or quotes from one the catalog holds: that one, as SQL writes it.
+    (["--schema", "sales"], "there is no schema sales on the backend — did you mean --schema Sales? (--schema takes the "
+                            "name as stored, case and all)"),
+    (["--schema", "Sales", "Order.Items"], "no table Order.Items on the backend — did you mean "
+                                           "'\"Sales\".\"Order.Items\"'? (SQL folds an unquoted name to lower case: a "
+                                           "part with capitals or a dot is written in double quotes)"),
     (["--schema", "empty_schema"], "the schema empty_schema holds no table — name another with --schema"),
 ])
 def test_a_table_or_schema_that_is_not_there_is_one_line(shop: tuple[str, str, str], args: list[str], said: str):
@@ -340,3 +519,33 @@ def test_only_a_conjunction_of_comparisons_with_constants_declares_bounds(defini
     found = declared_by_checks([("c", definition)]).get("age")
     assert (None if found is None or found.lower is None else int(found.lower)) == lower
     assert (None if found is None or found.upper is None else int(found.upper)) == upper
+
+
+# ---------------------------------------------------------------- relation names as keys
+
+@pytest.mark.parametrize(("schema", "table", "key"), [
+    ("public", "adult", "public.adult"),
+    ("Sales", "Orders", "Sales.Orders"),              # case is kept: the name as stored
+    ("Sales", "Order.Items", '"Sales"."Order.Items"'),
+    ("Sales.Order", "Items", '"Sales.Order"."Items"'),
+    ('say "hi"', "t", '"say ""hi"""."t"'),
+])
+def test_a_relation_key_names_its_relation_and_is_quoted_only_where_a_dot_or_quote_would_mislead(
+    schema: str, table: str, key: str
+):
+    assert policy_key(schema, table) == key
+    assert key_parts(key) == (schema, table)
+
+
+def test_a_key_with_a_quote_is_read_part_by_part_and_one_not_wholly_quoted_is_refused_at_its_line():
+    text = POLICY.replace("    epsilom: 1\n", "    epsilon: 1\n").replace(
+        "      age: {bounds: [FILL_IN, 90]}\n", "").replace("      kind: {categories: [FILL_IN]}\n", "")
+    policy = parse_policy(text + "  '\"Sales\".\"Order.Items\"': {epsilon: 1}\n", "p.yaml")
+    assert key_parts(list(policy.tables)[1]) == ("Sales", "Order.Items")
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(text + "  Sales.\"Order.Items\": {epsilon: 1}\n", "p.yaml")
+    assert caught.value.problems == [
+        'p.yaml:9: tables.Sales."Order.Items": not a relation\'s name: a key with a double quote in it has each '
+        'part in double quotes, as SQL writes it: \'"Sales"."Order.Items"\' (a "" for a quote inside one)'
+    ]
+

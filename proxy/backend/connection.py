@@ -21,6 +21,7 @@ from psycopg.pq.abc import PGconn, PGresult
 
 from policies.loader import PolicyError
 from policies.model import Policy
+from policies.relation_keys import QUOTED_FORM, key_parts
 from policies.tables import ColumnInfo, Definition, Relation, TableRegistry
 from proxy.ops import metrics
 from proxy.ops.metrics import observe_backend
@@ -1032,7 +1033,9 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
             continue  # in a schema the role cannot use: told above
         target = resolved.get(refs[name])
         if target is None:
-            problems.append(f"tables.{name}: no such relation on the backend")
+            dotted = f" (a schema or table whose name holds a dot is written with {QUOTED_FORM})" \
+                if '"' not in name and name.count(".") > 1 else ""
+            problems.append(f"tables.{name}: no such relation on the backend{dotted}")
             continue
         columns = await _columns(session, definitions.get(target.oid, ()), table_policy.columns)
         for column_name, column_policy in table_policy.columns.items():
@@ -1189,8 +1192,7 @@ async def _primary_keys(session: BackendSession, oids: list[int]) -> dict[int, t
 
 
 def _policy_ref(name: str) -> RelationRef:
-    schema, _, table = name.rpartition(".")
-    return RelationRef(schema or None, table)
+    return RelationRef(*key_parts(name))
 
 
 async def _columns(session: BackendSession, definition: Definition, policies: Mapping[str, Any]) -> dict[str, ColumnInfo]:

@@ -8,17 +8,17 @@ schema declares, never from the data (docs/threat-model.md, "Assumptions" 2).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Sequence
 
-from policies.tables import quote_identifier
 from rewriter.group_keys import DATE, TIME_TYPES
 from rewriter.types import BOOL, INTEGER_TYPES, NUMERIC_TYPES
 
 from .check_domains import Declared, declared_by_checks
 from .type_support import builtin_types, value_types
 
-__all__ = ["CatalogColumn", "CatalogTable", "ColumnKind", "NoSuchTable", "read_tables"]
+__all__ = ["CatalogColumn", "CatalogTable", "ColumnKind", "NoSuchTable", "read_tables", "views_in"]
 
 
 
@@ -27,7 +27,13 @@ class _Session(Protocol):
 
 
 class NoSuchTable(LookupError):
-    """A table named on the command line that the catalog does not hold (or cannot be a policy's)."""
+    """A table named on the command line that the catalog does not hold (or cannot be a policy's);
+    ``meant`` is the names of the relations a name differing only in case or quoting would have
+    named, as SQL writes them (of a schema: as stored): what the user may have meant."""
+
+    def __init__(self, message: str, meant: Sequence[str] = ()):
+        super().__init__(message)
+        self.meant = tuple(meant)
 
 
 @dataclass
@@ -66,13 +72,27 @@ _TEXT = frozenset({25, 1043, 1042})  # text, varchar, char
 
 _KINDS = {"r": "table", "p": "partitioned table", "v": "view", "m": "materialized view", "f": "foreign table"}
 
+# Each name read as SQL reads it (parse_ident: quotes kept, other letters folded to lower case),
+# an unqualified one in the schema given, and looked up in the catalog itself: unlike
+# to_regclass, which needs USAGE on the schema, this needs only the catalog, as the rest does.
 _NAMED = """
 SELECT r.name, c.oid, n.nspname, c.relname, c.relkind
 FROM pg_catalog.unnest(%s::pg_catalog.text[]) WITH ORDINALITY AS r(name, i)
-LEFT JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(r.name)
-LEFT JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+CROSS JOIN LATERAL pg_catalog.parse_ident(r.name) AS p(parts)
+LEFT JOIN pg_catalog.pg_namespace n
+       ON pg_catalog.cardinality(p.parts) OPERATOR(pg_catalog.<=) 2
+      AND n.nspname OPERATOR(pg_catalog.=) CASE WHEN pg_catalog.cardinality(p.parts) OPERATOR(pg_catalog.=) 1
+                                                THEN %s ELSE p.parts[1] END
+LEFT JOIN pg_catalog.pg_class c ON c.relnamespace OPERATOR(pg_catalog.=) n.oid
+      AND c.relname OPERATOR(pg_catalog.=) p.parts[pg_catalog.cardinality(p.parts)]
 ORDER BY r.i
 """
+
+# A name as SQL writes one: parts joined by dots, each quoted ("" for a quote) or an identifier
+# (a letter, _ or a non-ASCII character, then those, digits and $). parse_ident raises on anything else.
+_PART = r'(?:"(?:[^"]|"")+"|[A-Za-z_\u0080-\U0010ffff][A-Za-z0-9_$\u0080-\U0010ffff]*)'
+_SQL_NAME = re.compile(rf"{_PART}(?:\.{_PART})*")
+
 
 # Tables, partitioned tables and materialized views of a schema; a partition is protected
 # through its parent, so it is not listed on its own.
@@ -81,6 +101,14 @@ SELECT c.oid, n.nspname, c.relname, c.relkind
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
 WHERE n.nspname OPERATOR(pg_catalog.=) %s AND c.relkind OPERATOR(pg_catalog.=) ANY('{r,p,m}'::pg_catalog."char"[])
   AND NOT c.relispartition
+ORDER BY c.relname
+"""
+
+# The views and foreign tables of a schema, which a draft of the whole schema leaves to be named.
+_VIEWS_IN_SCHEMA = """
+SELECT c.relname
+FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+WHERE n.nspname OPERATOR(pg_catalog.=) %s AND c.relkind OPERATOR(pg_catalog.=) ANY('{v,f}'::pg_catalog."char"[])
 ORDER BY c.relname
 """
 
@@ -121,25 +149,51 @@ FROM pg_catalog.pg_enum e WHERE e.enumtypid OPERATOR(pg_catalog.=) ANY(%s::pg_ca
 """
 
 
+# The relations, or schemas, a name not found would have named but for the case of its letters or
+# its quotes: ``Sales.plain`` (which SQL reads as sales.plain) for "Sales".plain, ``Order.Items``
+# for "Order.Items" of the schema given. Catalog names only.
+_TABLES_MEANT = """
+SELECT pg_catalog.format('%%I.%%I', n.nspname, c.relname)
+FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+WHERE c.relkind OPERATOR(pg_catalog.=) ANY('{r,p,v,m,f}'::pg_catalog."char"[]) AND NOT c.relispartition
+  AND (pg_catalog.lower(n.nspname OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||) c.relname)
+           OPERATOR(pg_catalog.=) pg_catalog.lower(%s)
+       OR (n.nspname OPERATOR(pg_catalog.=) %s AND pg_catalog.lower(c.relname) OPERATOR(pg_catalog.=) pg_catalog.lower(%s)))
+ORDER BY 1 LIMIT 3
+"""
+_SCHEMAS_MEANT = """
+SELECT nspname FROM pg_catalog.pg_namespace
+WHERE pg_catalog.lower(nspname) OPERATOR(pg_catalog.=) pg_catalog.lower(%s) ORDER BY 1 LIMIT 3
+"""
+
+
+async def _tables_meant(session: _Session, given: str, schema: str) -> list[str]:
+    bare = given.replace('"', "")
+    return [str(name) for name, in await session.fetch_all(_TABLES_MEANT, (bare, schema, bare))]
+
+
 async def read_tables(session: _Session, schema: str, names: Sequence[str]) -> list[CatalogTable]:
     """The tables ``names`` (each as SQL names it: ``orders``, ``sales.orders``, ``"Orders"``; an
     unqualified one in ``schema``), or, with no names, every table of ``schema``; each with its
     columns in order. Raises :class:`NoSuchTable` for a name (or, without names, a schema) the
     catalog does not hold."""
     if names:
-        qualified = [name if "." in name else f"{quote_identifier(schema)}.{name}" for name in names]
+        malformed = next((name for name in names if _SQL_NAME.fullmatch(name) is None), None)
+        if malformed is not None:
+            raise NoSuchTable(f"no table {malformed} on the backend", await _tables_meant(session, malformed, schema))
         relations = []
-        rows = await session.fetch_all(_NAMED, (qualified,))
+        rows = await session.fetch_all(_NAMED, (list(names), schema))
         for given, (_, oid, nspname, relname, relkind) in zip(names, rows):
             if oid is None:
-                raise NoSuchTable(f"no table {given} on the backend")
+                raise NoSuchTable(f"no table {given} on the backend", await _tables_meant(session, given, schema))
             if relkind not in _KINDS:
                 raise NoSuchTable(f"{given} is not a table, view or materialized view (relkind {relkind})")
             relations.append((int(oid), str(nspname), str(relname), str(relkind)))
     else:
         if not await session.fetch_all("SELECT FROM pg_catalog.pg_namespace WHERE nspname OPERATOR(pg_catalog.=) %s",
                                        (schema,)):
-            raise NoSuchTable(f"there is no schema {schema} on the backend")
+            meant = await session.fetch_all(_SCHEMAS_MEANT, (schema,))
+            raise NoSuchTable(f"there is no schema {schema} on the backend", [str(name) for name, in meant])
         relations = [(int(oid), str(n), str(r), str(k)) for oid, n, r, k in await session.fetch_all(_IN_SCHEMA, (schema,))]
     oids = [oid for oid, *_ in relations]
     rows = await session.fetch_all(_COLUMNS, (oids,))
@@ -167,6 +221,13 @@ async def read_tables(session: _Session, schema: str, names: Sequence[str]) -> l
         columns.setdefault(int(relid), []).append(column)
     return [CatalogTable(nspname, relname, _KINDS[relkind], columns.get(oid, []))
             for oid, nspname, relname, relkind in relations]
+
+
+async def views_in(session: _Session, schema: str) -> list[str]:
+    """The names of the views and foreign tables of ``schema``: ``read_tables`` without names
+    leaves them out, since a view is protected only if it computes nothing that can fail on a
+    row (docs/policy.md, ``tables``), which its author knows and the catalog does not say."""
+    return [str(name) for name, in await session.fetch_all(_VIEWS_IN_SCHEMA, (schema,))]
 
 
 def _kind(base_type: int, enum: bool) -> ColumnKind:

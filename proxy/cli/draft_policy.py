@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
+import shlex
 import sys
 from decimal import Decimal
 from pathlib import Path
@@ -26,9 +28,11 @@ from typing import Any, Sequence
 
 import yaml
 
+from policies.model import TablePolicy
 from policies.placeholders import PLACEHOLDER
+from policies.relation_keys import policy_key
 from proxy.backend.check_domains import Declared
-from proxy.backend.schema_catalog import CatalogColumn, CatalogTable, NoSuchTable, read_tables
+from proxy.backend.schema_catalog import CatalogColumn, CatalogTable, NoSuchTable, read_tables, views_in
 from proxy.serving.startup import connection_failure, os_reason
 
 __all__ = ["add_draft_commands", "draft_text"]
@@ -37,7 +41,9 @@ ASSUMPTION = ("The policy's bounds, categories and time ranges are fixed in adva
               "(bounds computed from the current MIN/MAX leak them; so do categories listed from SELECT DISTINCT "
               "or a time range from the first and last row).")
 
-_MAX_CELLS = 1000  # a table's default max_cells: a GROUP BY domain beyond it is a policy error
+# A table's defaults: a GROUP BY domain of more cells, or a category of more bytes, is a policy error.
+_MAX_CELLS: int = TablePolicy.model_fields["max_cells"].default
+_MAX_TEXT_BYTES: int = TablePolicy.model_fields["max_text_bytes"].default
 _INTEGER_RANGES = {"smallint": (-(2**15), 2**15 - 1), "integer": (-(2**31), 2**31 - 1)}
 
 
@@ -50,8 +56,11 @@ def add_draft_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
                     f"them (CHECK constraints, enum types); elsewhere they are {PLACEHOLDER}, which check-config "
                     "refuses until you write a value. " + ASSUMPTION + " (docs/threat-model.md, Assumptions 2)",
     )
-    command.add_argument("--dsn", required=True, help="libpq URI or key=value string of the database (a role that "
-                                                      "can read its catalog; no SELECT on the tables is needed)")
+    source = command.add_mutually_exclusive_group(required=True)
+    source.add_argument("--dsn", help="libpq URI or key=value string of the database (a role that can read its "
+                                      "catalog; no SELECT on the tables is needed)")
+    source.add_argument("--dsn-env", metavar="VAR", help="read that DSN from the environment variable VAR, so that a "
+                                                         "password in it is in neither the shell's history nor ps")
     command.add_argument("--schema", default="public", help="the schema whose tables are drafted, and in which "
                                                             "unqualified TABLE names are found (default: public)")
     command.add_argument("tables", nargs="*", metavar="TABLE",
@@ -69,22 +78,26 @@ def _draft_policy(args: argparse.Namespace) -> int:
         print(f"dpproxy draft-policy: {args.output} exists (maybe a policy you edited) — give another -o, "
               "or --force to overwrite it", file=sys.stderr)
         return 1
+    dsn, option = (args.dsn, "--dsn") if args.dsn_env is None else (os.environ.get(args.dsn_env, ""), f"${args.dsn_env}")
+    if not dsn.strip():
+        print(f"dpproxy draft-policy: the environment variable {args.dsn_env} is not set or empty — export the "
+              "database's DSN in it (--dsn-env names the variable, not the DSN)", file=sys.stderr)
+        return 1
     try:
-        tables = asyncio.run(_read(args.dsn, args.schema, args.tables))
+        tables, views = asyncio.run(_read(dsn, args.schema, args.tables))
     except psycopg.Error as exc:
-        why = connection_failure("the PostgreSQL server", args.dsn, exc)
-        check = "--dsn" if getattr(exc, "sqlstate", None) is None else "the TABLE names and --dsn"
+        why = connection_failure("the PostgreSQL server", dsn, exc)
+        check = option if getattr(exc, "sqlstate", None) is None else f"the TABLE names and {option}"
         print(f"dpproxy draft-policy: {why} — check {check}", file=sys.stderr)
         return 1
     except NoSuchTable as exc:
-        print(f"dpproxy draft-policy: {exc} — check the name (psql's \\dt lists the tables; "
-              f"one outside --schema {args.schema} as schema.table)", file=sys.stderr)
+        print(f"dpproxy draft-policy: {exc} — {_meant(exc, args.schema, bool(args.tables))}", file=sys.stderr)
         return 1
     if not tables:
-        print(f"dpproxy draft-policy: the schema {args.schema} holds no table — name another with --schema, "
-              "or the tables as TABLE arguments (schema.table)", file=sys.stderr)
+        print(f"dpproxy draft-policy: the schema {args.schema} holds no table{_views_said(views)} — name another with "
+              "--schema, or the tables as TABLE arguments (schema.table)", file=sys.stderr)
         return 1
-    text = draft_text(tables, args.dsn)
+    text = draft_text(tables, dsn, views)
     if args.output is None:
         sys.stdout.write(text)
         return 0
@@ -94,10 +107,24 @@ def _draft_policy(args: argparse.Namespace) -> int:
         print(f"dpproxy draft-policy: cannot write {args.output}: {os_reason(exc)} — check -o", file=sys.stderr)
         return 1
     left = sum(1 for table in tables for column in table.columns if PLACEHOLDER in _column_line(column).split("#")[0])
+    todo = f"replace each {PLACEHOLDER} (or delete its line), then " if left else ""
     print(f"dpproxy draft-policy: wrote {args.output} ({len(tables)} table{'s' if len(tables) != 1 else ''}; "
-          f"{left} column{'' if left == 1 else 's'} with {PLACEHOLDER} to decide). Next: replace each "
-          f"{PLACEHOLDER} (or delete its line), then dpproxy check-config {args.output}", file=sys.stderr)
+          f"{left} column{'' if left == 1 else 's'} with {PLACEHOLDER} to decide{_views_said(views)}). Next: {todo}"
+          f"dpproxy check-config {args.output}", file=sys.stderr)
     return 0
+
+
+def _meant(exc: NoSuchTable, schema: str, named: bool) -> str:
+    """What to do about a name the catalog does not hold: the names it does hold that differ only in
+    case or quotes, as SQL writes them, or where to look."""
+    if not exc.meant:
+        return (f"check the name (psql's \\dt lists the tables; one outside --schema {schema} as schema.table)"
+                if named else "check the name (psql's \\dn lists the schemas)")
+    if named:
+        return (f"did you mean {' or '.join(shlex.quote(name) for name in exc.meant)}? (SQL folds an unquoted name to "
+                "lower case: a part with capitals or a dot is written in double quotes)")
+    return (f"did you mean --schema {' or '.join(shlex.quote(name) for name in exc.meant)}? (--schema takes the "
+            "name as stored, case and all)")
 
 
 class _Catalog:
@@ -112,18 +139,27 @@ class _Catalog:
             return list(await cursor.fetchall())
 
 
-async def _read(dsn: str, schema: str, names: Sequence[str]) -> list[CatalogTable]:
+async def _read(dsn: str, schema: str, names: Sequence[str]) -> tuple[list[CatalogTable], list[str]]:
+    """The tables to draft, and (without ``names``) the views of ``schema`` left out."""
     import psycopg
 
     async with await psycopg.AsyncConnection.connect(dsn, connect_timeout=10) as conn:
         await conn.set_read_only(True)
         await conn.execute("SET LOCAL statement_timeout = 30000")
-        return await read_tables(_Catalog(conn), schema, names)
+        tables = await read_tables(_Catalog(conn), schema, names)
+        return tables, [] if names else await views_in(_Catalog(conn), schema)
 
 
-def draft_text(tables: Sequence[CatalogTable], dsn: str) -> str:
+def _views_said(views: Sequence[str]) -> str:
+    if not views:
+        return ""
+    one = len(views) == 1
+    return f"; {len(views)} view{'' if one else 's'} left out: name {'it' if one else 'one'} as a TABLE to draft it"
+
+
+def draft_text(tables: Sequence[CatalogTable], dsn: str, views: Sequence[str] = ()) -> str:
     """The commented policy YAML for ``tables``, read from the database at ``dsn`` (whose password,
-    if any, is not written)."""
+    if any, is not written); ``views``, of the schema drafted, are named in a closing comment."""
     lines = [
         "# A draft policy written by dpproxy draft-policy from the database's catalog only (no row was read).",
         "#",
@@ -155,6 +191,10 @@ def draft_text(tables: Sequence[CatalogTable], dsn: str) -> str:
     ]
     for table in tables:
         lines.extend(_table_lines(table))
+    if views:
+        lines += ["#", *(f"# {line}" for line in _wrapped(
+            f"Not drafted, views and foreign tables of the schema: {', '.join(views)}. A protected view must compute "
+            "nothing that can fail on a row (docs/policy.md, tables); to draft one, name it as a TABLE argument."))]
     return "\n".join(lines) + "\n"
 
 
@@ -162,10 +202,11 @@ def _table_lines(table: CatalogTable) -> list[str]:
     keys = [column.name for column in table.columns if column.primary_key]
     key = f"; primary key ({', '.join(keys)})" if keys else "; no primary key"
     lines = [
-        f"  {_scalar(f'{table.schema}.{table.name}')}:   # a {table.kind}{key}",
+        f"  {_scalar(policy_key(table.schema, table.name))}:   # a {table.kind}{key}",
         "    access: protected",
         "    epsilon: 1.0          # per query, split evenly over its aggregate columns",
         "    delta: 1.0e-6         # per MIN/MAX column (sample and aggregate)",
+        *_text_bytes_lines(table),
     ]
     entries = [_column_line(column) for column in table.columns]
     if any(entry.startswith("  ") for entry in entries):
@@ -174,6 +215,23 @@ def _table_lines(table: CatalogTable) -> list[str]:
         lines.append("    columns: {}")
     lines.extend(f"    {entry}" if entry.startswith("  ") else f"      {entry}" for entry in entries)
     return lines
+
+
+def _text_bytes_lines(table: CatalogTable) -> list[str]:
+    """A ``max_text_bytes`` line where a category the schema declares is longer than the default
+    (a category past it could never be matched, and the policy would not load); none otherwise."""
+    longest = max(((len(value.encode("utf-8")), column.name) for column in table.columns
+                   if _declared_text(column) for value in column.declared.values or ()), default=None)
+    if longest is None or longest[0] <= _MAX_TEXT_BYTES:
+        return []
+    return [f"    max_text_bytes: {longest[0]}   # not {_MAX_TEXT_BYTES}: the schema declares a category of "
+            f"{_scalar(longest[1])} this long; a longer value reads as NULL, and each condition on text weighs this "
+            "many bytes (docs/policy.md)"]
+
+
+def _declared_text(column: CatalogColumn) -> bool:
+    """Whether the column's entry is the text categories its CHECK constraints declare."""
+    return column.kind == "text" and not column.primary_key and bool(column.declared.values)
 
 
 def _column_line(column: CatalogColumn) -> str:
@@ -213,7 +271,8 @@ def _entry(column: CatalogColumn) -> tuple[str, str]:
         return _categories(column.enum_labels), "from the schema: its enum type's labels"
     if column.kind == "boolean":
         return _categories(("true", "false")), "from the schema: a boolean's two values"
-    if column.kind == "text" and declared.values:
+    if _declared_text(column):
+        assert declared.values is not None
         return _categories(declared.values), checks
     return (f"{{categories: [{PLACEHOLDER}]}}",
             f"{PLACEHOLDER}: every value it may hold, if it is a category (MODE, GROUP BY); if not, delete this line")
@@ -263,15 +322,21 @@ def _scalar(value: str) -> str:
     if value == PLACEHOLDER:
         return f'"{PLACEHOLDER}"'
     dumped = yaml.safe_dump([value], default_flow_style=True, width=2**31, allow_unicode=True).strip()
+    if len(dumped.splitlines()) > 1:  # a line break in the value: escaped, so that the entry stays on its line
+        dumped = yaml.safe_dump([value], default_flow_style=True, default_style='"', width=2**31,
+                                allow_unicode=True).strip()
     return dumped[1:-1]
 
 
+_SECRETS = frozenset({"password", "sslpassword"})  # the key file's passphrase is one too
+
+
 def _without_password(dsn: str) -> str:
-    """``dsn`` without its password, as libpq key=value pairs, for the comment that shows it."""
+    """``dsn`` without its password (nor its key file's), as libpq key=value pairs, for the comment that shows it."""
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
     try:
-        params = {key: value for key, value in conninfo_to_dict(dsn).items() if key != "password"}
+        params = {key: value for key, value in conninfo_to_dict(dsn).items() if key not in _SECRETS}
     except Exception:  # noqa: BLE001 - the connection that read the catalog parsed it; say nothing then
         return "postgresql://dpproxy_service@db.internal/analytics"
     return make_conninfo(**{key: str(value) for key, value in params.items()})
