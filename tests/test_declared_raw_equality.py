@@ -24,7 +24,7 @@ from policies.tables import ColumnInfo, Relation
 from rewriter.dp_query import plan_aggregate_query
 from rewriter.rewrite import backend_sql
 from rewriter.text_bounds import in_line_numeric, in_line_text
-from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy
+from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from tests.plan_nodes import plan_node_types
 from tests.post_charge_wait import WIDE_PAD
 from tests.released_sql import recording_released_sql
@@ -131,6 +131,10 @@ _CONDITIONS = [
     f"c = {_STORED['c']}", "n = 1", "n = 1.0", "n = 1.5", f"n IN (1, 2.00, 3, {_STORED['n']})", "n = 'NaN'",
     "v = 'row 1' AND c = 'row 1' AND n = 1", "r = '[1,5)'", "r IN ('[0,5)', '[2,5)')",
     "v = 'row 1' OR id = 3", "NOT (v = 'row 1')", "v IN ('row 1') AND n IN (1, 2)",
+    # past the column's modifier: cast with it, they would fail (numeric field overflow) or be cut to
+    # a value a row holds; without it they compare as the bounded terms do
+    "n = 1e200", "n IN (1, 12345678901234567890123456789012345678901234567890123456789012345)",
+    "v = 'row 1" + " " * 70 + "'", "c = 'row 1" + " " * 70 + "'", "v IN ('" + "k" * 65 + "', 'row 2')",
 ]
 
 
@@ -184,3 +188,37 @@ def test_a_plain_index_serves_a_selective_equality_through_the_raw_conjunct(inde
     assert "Seq Scan" in plan_node_types(indexed, bounded_only), bounded_only
     exact = indexed.execute(sql).fetchone()
     assert exact == indexed.execute(f"SELECT count(*) FROM dr_indexed WHERE {where}").fetchone()
+
+
+@pytest.mark.parametrize("where", ["v = 'abc'", "v IN ('ABC', 'x')", "c = 'abc'", "c IN ('ABC ', 'x')", "v = 'ABC' AND c = 'abc'"])
+def test_the_raw_conjunct_compares_in_the_columns_collation_even_a_nondeterministic_one(pg15_db: TestDatabase,
+                                                                                       where: str) -> None:
+    """The cast literals carry their type's default collation, which yields to the column's: the raw
+    conjunct compares as the bounded term does, under a case-insensitive ICU collation too (no
+    conflict error, no row dropped that the condition keeps). On PostgreSQL 15, built with ICU."""
+    columns = (ColumnInfo("id", 23, -1, 1, None), ColumnInfo("v", 1043, 64 + 4, 2, None, deterministic_collation=False),
+               ColumnInfo("c", 1042, 8 + 4, 3, None, deterministic_collation=False))
+    relation = Relation(1, "public", "dr_ci", TablePolicy(epsilon=1.0), {column.name: column for column in columns})
+    sql = backend_sql(plan_aggregate_query(f"SELECT count(*) FROM dr_ci WHERE {where}", relation), 0)
+    assert " ANY (ARRAY[" in sql, sql
+    with psycopg.connect(pg15_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("DO $$ BEGIN CREATE COLLATION dr_ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false); "
+                     "EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+        conn.execute("DROP TABLE IF EXISTS dr_ci")
+        conn.execute("CREATE TABLE dr_ci (id int, v varchar(64) COLLATE dr_ci, c char(8) COLLATE dr_ci)")
+        conn.execute("INSERT INTO dr_ci VALUES (1, 'Abc', 'Abc'), (2, 'abc', 'abc  '), (3, 'x', 'X'), (4, 'y', 'y')")
+        exact = conn.execute(sql).fetchone()
+        assert exact == conn.execute(f"SELECT count(*) FROM dr_ci WHERE {where}").fetchone() and exact != (0,), exact
+
+
+def test_a_literal_the_column_type_cannot_hold_fails_before_any_charge_as_without_the_raw_conjunct(
+        declared_proxy: RunningProxy) -> None:
+    """The raw conjunct's casts fail where the bounded term's coercion does, while parsing: the same
+    error, refused before anything is charged."""
+    with declared_proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        for where in ("n = 'abc'", "n IN (1, 'abc')", "r = '[2,1)'"):
+            with pytest.raises(psycopg.Error) as failed:
+                conn.execute(f"SELECT count(*) FROM dr_apart WHERE {where}").fetchall()
+            assert failed.value.sqlstate in ("22P02", "22000"), (where, failed.value.sqlstate, str(failed.value))
+        assert spent_epsilon(conn) == before
