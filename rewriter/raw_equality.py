@@ -1,5 +1,7 @@
 """Comparisons on the raw column, so that a B-tree index on it serves, where that gives the same answer:
-text equality, and an unconstrained numeric's equality and orderings, on a table with a quantum.
+text equality, and an unconstrained numeric's equality and orderings, on a table with a quantum; and
+one hashed equality beside a WHERE's top-level ``=``/IN on a column of a declared size, on any table
+(:func:`hashed_raw_equality`, at the end).
 
 A DP statement reads a text column through the value bound (:mod:`rewriter.text_bounds`): ``CASE WHEN
 octet_length(t) <= N THEN t END``, N the table's ``max_text_bytes``. A comparison of that expression
@@ -72,6 +74,16 @@ it hides the other levers it lifts. On a table without a quantum the bounded for
 scan is worth it: a selective ``n < v`` or BETWEEN went from a sequential scan to a bitmap one (×54
 to ×87), and an unselective one stays a sequential scan whose rows pay one comparison more (up to
 ×1.2 slower at 90 % of the rows).
+
+**Columns of a declared size** (``varchar(n)``/``char(n)`` within the bound, ``numeric(p, s)``,
+the ranges of :data:`rewriter.text_bounds.WIDE_RANGES`: :func:`rewriter.text_bounds.declared_apart`)
+are read through the check of their placement, which no index holds. Their raw column is compared
+term by term nowhere, with or without a quantum: ``texteq``, ``bpchareq`` and ``numeric_eq`` read a
+value stored apart once a term (64 OR'ed ``=``: +128 buffers; benchmarks/results.md). Instead a
+WHERE's first ``=`` or IN list of literals on such a column standing at its top level gets one raw
+conjunct, ``"raw N" = ANY (ARRAY[…])`` hashed, AND'ed before the whole condition: a row's raw value
+is read at most twice (the hash, and the equality when it matches) whatever the other terms, and a
+plain index serves it. Why it changes no answer: :func:`hashed_raw_equality`.
 """
 
 from __future__ import annotations

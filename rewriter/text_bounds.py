@@ -15,8 +15,8 @@ is ``CASE WHEN octet_length(col) <= max_text_bytes THEN col END``; ``octet_lengt
 size from the value's header (``toast_raw_datum_size``), detoasting nothing, so a longer value is
 never read (0.17 µs on PostgreSQL 15 and 16 for a 64-byte value and a 3 MB one, out of line or
 compressed, where ``length()`` of the 3 MB value took 17–23 ms; benchmarks/results.md). A
-``varchar(n)`` or ``char(n)`` whose 4·n bytes fit the bound carries it already and is read as it
-is. The bound holds whatever the quantum: it decides answers, which must not depend on a timing
+``varchar(n)`` or ``char(n)`` whose 4·n bytes fit the bound carries it already and is not sized (it
+is still placed, below). The bound holds whatever the quantum: it decides answers, which must not depend on a timing
 setting; an operator who wants longer values read raises ``max_text_bytes``. A column whose values
 can be of any length with no header telling their size (``jsonb``, ``tsvector``, arrays,
 ``numrange``, …: ``ColumnInfo.unbounded_length``) cannot be bounded so: its values are not read at
@@ -61,6 +61,17 @@ too: the cost of the check, docs/threat-model.md). The check reads the header on
   one, and so does one in the row with a 4-byte header (128 bytes or more), which cannot be told
   apart: so :data:`NUMERIC_MAX_BYTES` is 127 (up to 248 digits, about 240 in practice), where it was
   512 (1,000 digits) before values stored apart were found.
+
+**Values of a declared size.** A ``varchar(n)``/``char(n)`` within the bound, a ``numeric(p, s)``,
+a ``bit(n)`` (of at most 2,048 bits; a longer one is not read) and an ``int8range``, ``tsrange`` or
+``tstzrange`` (or a domain over one) need no length bound, but their values can be stored apart or
+compressed too, and were fetched again by each reference (docs/threat-model.md, Timing). Each is
+read through its placement check now (:func:`declared_apart`): text's for ``varchar``/``char``, the
+unconstrained numeric's for ``numeric(p, s)`` (so a value of more than :data:`NUMERIC_MAX_BYTES`
+reads as NULL too), :func:`in_line_bit` and :func:`in_line_range`. A type whose values are never
+more than :data:`TOAST_SMALLEST` bytes is read as it is: the toaster never touches it. Beside the
+bounded terms a WHERE's first top-level ``=``/IN on such a column compares the raw column once,
+hashed (:func:`rewriter.raw_equality.hashed_raw_equality`), so that a plain index still serves it.
 
 **The work limit.** Below the bound, the terms of a statement still multiply: 256 LIKEs of a
 63-character part on a 1 kB value cost that one row 35 ms. So each condition term that reads a text
