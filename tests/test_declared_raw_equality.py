@@ -27,7 +27,7 @@ from rewriter.text_bounds import in_line_numeric, in_line_text
 from tests.backend_sql_audit import AuditColumn, audit_backend_sql
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from tests.plan_nodes import plan_node_types
-from tests.post_charge_wait import WIDE_PAD
+from tests.post_charge_wait import WIDE_PAD, keep_apart
 from tests.released_sql import recording_released_sql
 
 _HASHED_FROM = 9  # PostgreSQL hashes x = ANY (<constant array>) from 9 values (MIN_ARRAY_SIZE_FOR_HASHED_SAOP)
@@ -99,13 +99,15 @@ _STORED = {"v": "'" + "k" * 64 + "'", "c": "'" + "k" * 64 + "'", "n": "7" * 60}
 
 
 def _create(admin: psycopg.Connection, name: str, row0: str) -> None:
+    """``name`` of ``_DDL``: 100 ordinary rows, and row 0 (``row0``: its v, c and n) beside a wide
+    pad kept in the row, which pushes v, c and n (``STORAGE EXTERNAL``) out of it when they are long."""
     admin.execute(f"DROP TABLE IF EXISTS {name}")
-    admin.execute(f"CREATE TABLE {name} {_DDL}")
-    admin.execute(f"ALTER TABLE {name} ALTER COLUMN pad SET STORAGE MAIN, ALTER COLUMN v SET STORAGE EXTERNAL, "
-                  "ALTER COLUMN c SET STORAGE EXTERNAL, ALTER COLUMN n SET STORAGE EXTERNAL")
-    admin.execute(f"INSERT INTO {name} SELECT g, 'row ' || g % 10, 'row ' || g % 10, g % 10, int8range(g % 3, 5), "
-                  "NULL, 't', NULL FROM generate_series(1, 100) g")
-    admin.execute(f"INSERT INTO {name} SELECT 0, {row0}, int8range(1, 5), NULL, 't', {WIDE_PAD}")
+    admin.execute(f"CREATE TABLE {name} {_DDL.replace(', pad text', '')}")
+    keep_apart(admin, name, "v")
+    admin.execute(f"ALTER TABLE {name} " + ", ".join(f"ALTER COLUMN {column} SET STORAGE EXTERNAL" for column in "cn"))
+    rows = "SELECT g, 'row ' || g % 10, 'row ' || g % 10, g % 10, int8range(g % 3, 5), NULL, 't', NULL FROM generate_series(1, 100) g"
+    for values in (rows, f"SELECT 0, {row0}, int8range(1, 5), NULL, 't', {WIDE_PAD}"):
+        admin.execute(f"INSERT INTO {name} {values}")
     admin.execute(f"VACUUM ANALYZE {name}")
     admin.execute(f"GRANT SELECT ON {name} TO dpproxy_service")
 
