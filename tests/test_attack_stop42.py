@@ -33,7 +33,6 @@ Tried, and held:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,6 +42,7 @@ import pytest
 
 from rewriter.text_bounds import in_line_text
 from tests.conftest import ATTACK_POLICY_HEAD, TestDatabase, make_policy, refused_at_load, running_proxy
+from tests.buffer_hits import buffer_hits
 from tests.post_charge_wait import LONG_TEXT, keep_apart, store_apart
 
 _VIEW_POLICY = ATTACK_POLICY_HEAD + """\
@@ -114,13 +114,6 @@ def test_a_protected_view_passing_stored_values_on_is_answered(
         assert conn.execute("SELECT count(*) FROM s42_view WHERE id > 2").fetchone() is not None
 
 
-def _buffer_hits(admin: psycopg.Connection, sql: str) -> int:
-    row = admin.execute(f"EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) {sql}").fetchone()
-    assert row is not None
-    plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
-    return int(plan[0]["Plan"]["Shared Hit Blocks"]) + int(plan[0]["Plan"]["Shared Read Blocks"])
-
-
 def test_a_computed_view_column_reads_its_base_value_at_every_reference(test_db: TestDatabase) -> None:
     """The premise of the refusal, on PostgreSQL itself: over a view of ``btrim(t)``, the stored-form
     check reads a value the table stores apart as one in the row, and each of 64 OR'ed comparisons
@@ -142,7 +135,7 @@ def test_a_computed_view_column_reads_its_base_value_at_every_reference(test_db:
                 bounded = (f"(SELECT CASE WHEN octet_length(t) <= 256 AND {in_line_text('t')} THEN t END AS t "
                            f"FROM {source}) AS s")
                 terms = " OR ".join(f"t > 'z{i}'" for i in range(64))
-                hits[source] = _buffer_hits(admin, f"SELECT count(*) FROM {bounded} WHERE {terms}")
+                hits[source] = buffer_hits(admin, f"SELECT count(*) FROM {bounded} WHERE {terms}")
             read = admin.execute(f"SELECT {in_line_text('t')} FROM s42_{kind}_view WHERE id = 0").fetchone()
             assert read == (True,), read  # the computed value's header: in the row, whatever the table's
         for kind in ("flat", "apart"):
