@@ -33,7 +33,8 @@ Tried, and held:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -41,7 +42,7 @@ import psycopg
 import pytest
 
 from rewriter.text_bounds import in_line_text
-from tests.conftest import ATTACK_POLICY_HEAD, TestDatabase, make_policy, refused_at_load, running_proxy
+from tests.conftest import ATTACK_POLICY_HEAD, TestDatabase, make_policy, refused_at_load, running_proxy, spent_epsilon
 from tests.buffer_hits import buffer_hits
 from tests.post_charge_wait import LONG_TEXT, keep_apart, store_apart
 
@@ -93,6 +94,45 @@ def test_a_protected_view_column_computed_from_a_value_of_any_length_is_refused_
     assert problems[0].startswith("tables.public.s42_view: view s42_view computes its column "), problems
     assert f"column {column} from a value of a type of any length" in problems[0], problems
     assert "each reference" in problems[0] and "materialized view" in problems[0], problems
+
+
+@pytest.mark.parametrize(("view", "column"), [_REREADING_VIEWS[0], _REREADING_VIEWS[6]])
+def test_a_protected_view_column_computed_from_a_value_of_any_length_is_refused_at_load_on_postgresql_17_and_18(
+        newer_pg_db: TestDatabase, tmp_path: Path, view: str, column: str) -> None:
+    """Their stored parse trees carry fields 16's do not: the output columns are found alike."""
+    test_a_protected_view_column_computed_from_a_value_of_any_length_is_refused_at_load(newer_pg_db, tmp_path, view, column)
+
+
+def _until(done: Callable[[], bool], seconds: float = 60.0) -> None:
+    """Wait for the periodic re-check to see a change (``done``), polling; fail after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, "the re-check never saw the change"
+        time.sleep(0.1)
+
+
+def test_a_view_redefined_to_compute_a_column_from_a_value_of_any_length_is_refused_before_the_charge(
+        test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The periodic re-check finds it (``CREATE OR REPLACE VIEW`` while dpproxy runs): statements
+    on the view are refused, uncharged, until it passes the stored value on again."""
+    from proxy.serving import server
+
+    monkeypatch.setattr(server, "FUNCTION_NAMES_REFRESH_S", 0.2)
+    with _view(test_db, "SELECT id, note FROM s42_base") as admin, \
+            running_proxy(test_db, tmp_path_factory, _VIEW_POLICY) as proxy, proxy.connect() as conn:
+        conn.execute("SELECT count(*) FROM s42_view WHERE note > 'a'")
+        admin.execute("CREATE OR REPLACE VIEW s42_view AS SELECT id, btrim(note) AS note FROM s42_base")
+        _until(lambda: bool(proxy.server.registry.fallible))
+        before = spent_epsilon(conn)
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as refused:
+            conn.execute("SELECT count(*) FROM s42_view WHERE note > 'a'")
+        assert "computes again at each reference" in str(refused.value), str(refused.value)
+        assert "view s42_view computes its column note from a value of a type of any length (rule: row-failure)" \
+            in str(refused.value), str(refused.value)
+        assert spent_epsilon(conn) == before
+        admin.execute("CREATE OR REPLACE VIEW s42_view AS SELECT id, note FROM s42_base")
+        _until(lambda: not proxy.server.registry.fallible)
+        assert conn.execute("SELECT count(*) FROM s42_view WHERE note > 'a'").fetchone() is not None
 
 
 _PASSING_VIEWS = [

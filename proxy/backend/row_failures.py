@@ -368,8 +368,11 @@ async def _findings(session: Fetches, relations: Mapping[int, Relation]) -> dict
 async def fallible_protected(session: Fetches, relations: Mapping[int, Relation]) -> dict[int, str]:
     """The protected relations of ``relations`` that read through an expression that can fail on a
     row, or a view column computed from a value of any length, by OID, each with the first such
-    expression (the periodic re-check's question)."""
-    return {oid: (findings.failures + findings.rereads)[0] for oid, findings in (await _findings(session, relations)).items()}
+    expression after what it does ("can fail on a row: view v calls int4div(integer, integer)";
+    the periodic re-check's question)."""
+    return {oid: f"can fail on a row: {findings.failures[0]}" if findings.failures else
+            f"PostgreSQL computes again at each reference, reading a value of any length whole: {findings.rereads[0]}"
+            for oid, findings in (await _findings(session, relations)).items()}
 
 
 async def failing_protected(session: Fetches, relations: Mapping[int, Relation],
