@@ -198,3 +198,27 @@ def test_a_protected_view_whose_conditions_read_a_long_value_whole_is_refused_at
     with _view(test_db, "SELECT id FROM s42_base WHERE note > ''"):
         problems = refused_at_load(make_policy(test_db, tmp_path / "ledger.sqlite3", _VIEW_POLICY))
     assert problems and "note" in problems[0], problems
+
+
+def test_a_virtual_generated_column_computed_from_a_value_of_any_length_refuses_its_table_at_load(
+        pg18_db: TestDatabase, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """PostgreSQL 18 computes a virtual generated column at each reference, as a flattened view's:
+    ``btrim(note)`` is refused; ``note`` itself and ``length`` of a fixed-length value are not."""
+    policy = ATTACK_POLICY_HEAD + "  public.s42_gen:\n    access: protected\n    epsilon: 1.0\n"
+    with psycopg.connect(pg18_db.admin_dsn, autocommit=True) as admin:
+        for column, refused in (("g text GENERATED ALWAYS AS (btrim(note))", True),
+                                ("g text GENERATED ALWAYS AS (note COLLATE \"C\")", False),
+                                ("g text GENERATED ALWAYS AS (id::text)", False)):
+            admin.execute("DROP TABLE IF EXISTS s42_gen")
+            admin.execute(f"CREATE TABLE s42_gen (id int, note text, {column})")
+            admin.execute("GRANT SELECT ON s42_gen TO dpproxy_service")
+            try:
+                if refused:
+                    (problem,) = refused_at_load(make_policy(pg18_db, tmp_path / "ledger.sqlite3", policy))
+                    assert problem.startswith("tables.public.s42_gen: virtual generated column g of s42_gen is computed "
+                                              "from a value of a type of any length"), problem
+                else:
+                    with running_proxy(pg18_db, tmp_path_factory, policy) as proxy, proxy.connect() as conn:
+                        assert conn.execute("SELECT count(*) FROM s42_gen WHERE g > 'a'").fetchone() is not None
+            finally:
+                admin.execute("DROP TABLE s42_gen")

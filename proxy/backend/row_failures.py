@@ -280,6 +280,12 @@ def _computed_from(tag: str, fields: dict[str, str], stack: list[tuple[str, dict
                     above_fields["_reads"] = f"{above_fields.get('_reads', '')} {fields['vartype']}"
                 return
             plain = plain and above in _PASSED_ON
+        # No output column above: a query's condition, or a bare expression (a virtual generated
+        # column's, whose whole expression is the column, noted under ""; a policy's USING).
+        if stack and (stack[0][0] == "QUERY" or stack[0][0] in _ONCE_PER_ROW):
+            return
+        if stack and not (plain and stack[0][0] in _PASSED_ON) and fields.get("vartype", "").isdigit():
+            computed.setdefault("", set()).add(int(fields["vartype"]))
     elif tag == "TARGETENTRY" and fields.get("resjunk") != "true" and fields.get("_reads"):
         name = re.sub(r"\\(.)", r"\1", fields.get("resname", "?"))
         computed.setdefault(name, set()).update(int(oid) for oid in fields["_reads"].split())
@@ -357,7 +363,10 @@ async def _findings(session: Fetches, relations: Mapping[int, Relation]) -> dict
             if not builtin or _POLYMORPHIC.search(name) or not total:
                 problems.append(f"{where} calls {name}")
         rereads = [f"{where} computes its column {column} from a value of a type of any length"
-                   for column, types in scan.computed if types & any_length]
+                   for column, types in scan.computed if column and types & any_length]
+        if where.startswith("virtual generated column") and any(types & any_length for column, types in scan.computed
+                                                                  if not column):
+            rereads.append(f"{where} is computed from a value of a type of any length")
         if problems or rereads:
             findings = found.setdefault(root, _Findings([], []))
             findings.failures.extend(problems)
