@@ -48,7 +48,8 @@ time, and dpproxy's value bound and stored-form check (rewriter/text_bounds.py) 
 computed value's header, after the read: one row's long value, or one stored apart, made every
 term slower (docs/threat-model.md, "A protected view's column is the stored value"). A rename, a
 binary-compatible cast and ``COLLATE`` pass the stored value on; an aggregate's arguments are read
-once a row (:func:`_computed_from`).
+once a row (:func:`_computed_from`). PostgreSQL 18's virtual generated column is computed at each
+reference as such an output column is, and judged the same way.
 """
 
 from __future__ import annotations
