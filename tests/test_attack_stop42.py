@@ -33,7 +33,30 @@ bound (one 3.2 MB row: ~400 buffers, 2–6 ms); the design is in docs/threat-mod
 
 Tried, and held:
 
-* (listed below as each class is pinned)
+* ``enable_indexonlyscan``, pinned off: ``SET`` in any case and quoted, ``SET LOCAL`` in a block,
+  ``SET … TO DEFAULT``, ``set_config`` by a literal, by a computed name and schema-qualified are
+  refused (42501); ``RESET ALL``, ``DISCARD ALL``, ``RESET enable_indexonlyscan`` and the pool's
+  re-application after a session's SET return to the pin; ``options=-c enable_indexonlyscan=on``
+  is not applied. The analyst can create no function, view or table (read-only, temporary
+  tables refused) whose own ``SET`` clause could carry it; parallel workers take the leader's.
+* Names of a protected table: quoted, upper case unquoted, schema-qualified in any quoting: each is
+  the protected table (rows refused, counts charged); ``U&""`` escapes name it too and are refused
+  before the charge (the DP analyser does not read them); ``pg_temp.``, the wrong quoted case and a
+  near name are no relation.
+* Metabase's numeric binning beside a row of 16,383 fraction digits (stored in a few bytes, so read
+  in the row), whose numeric division runs to that scale: the same bins, no error, the same charge
+  (and no time above the noise in PostgreSQL: 10,000 rows, 8–13 ms with and without the row).
+* Examined without a test of its own (the code read, and PostgreSQL's behaviour checked by hand):
+  the lock step's ``LIMIT 0`` runs no plan node, so an initplan, a ``LIMIT``/``OFFSET`` count
+  (evaluated at the first fetch: dpproxy takes only non-negative integer literals, rewriter/dp_query.py)
+  and every per-row expression wait for the run; the planner's index endpoint probe
+  (``get_actual_variable_range``) reads the index's extreme entry in both and raises on no value;
+  a step's failure is refunded only when libpq reports the run PIPELINE_ABORTED, and a lost
+  connection counts as the step's only when no step result arrived after the Flush; the run's
+  ``floor()`` index cannot fail within the bounds (overflow refused from the text, underflow given
+  its index), and a ``real`` column's arithmetic resolves to ``double precision``
+  (``real - numeric``), as the index set assumes. The stored-form check on a computed value is the
+  hole above.
 """
 
 from __future__ import annotations
@@ -47,7 +70,9 @@ import psycopg
 import pytest
 
 from rewriter.text_bounds import in_line_text
-from tests.conftest import ATTACK_POLICY_HEAD, TestDatabase, make_policy, refused_at_load, running_proxy, spent_epsilon
+from tests.conftest import (ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, make_policy, refused_at_load, running_proxy,
+                            spent_epsilon)
+from tests.neighbour_outcome import create_neighbours, same_on_neighbours
 from tests.buffer_hits import buffer_hits
 from tests.post_charge_wait import LONG_TEXT, keep_apart, store_apart
 
@@ -227,3 +252,105 @@ def test_a_virtual_generated_column_computed_from_a_value_of_any_length_refuses_
                         assert conn.execute("SELECT count(*) FROM s42_gen WHERE g > 'a'").fetchone() is not None
             finally:
                 admin.execute("DROP TABLE s42_gen")
+
+
+# ------------------------------------------------------------------ tried, and held
+
+_HELD_POLICY = ATTACK_POLICY_HEAD + """\
+  public.s42_keys:
+    access: protected
+    epsilon: 1.0
+    columns:
+      n: {{bounds: [0, 100], group_by: true}}
+"""
+# A base table and a neighbour whose one more row holds 5 with 16,383 fraction digits (a few bytes
+# stored: trailing zeros are a display scale, read in the row), which Metabase's numeric division
+# computes to that scale.
+_DSCALE_ROW = "(CAST('5.' || repeat('0', 16383) AS numeric))"
+
+
+@pytest.fixture(scope="module")
+def held_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    create_neighbours(test_db.admin_dsn, "s42_keys", {"s42_dscale": _DSCALE_ROW}, "(n numeric)",
+                      "SELECT g % 100 FROM generate_series(1, 300) g")
+    policy = _HELD_POLICY + "  public.s42_dscale:\n    access: protected\n    epsilon: 1.0\n    columns:\n" \
+                            "      n: {{bounds: [0, 100], group_by: true}}\n"
+    with running_proxy(test_db, tmp_path_factory, policy) as running:
+        yield running
+
+
+@pytest.mark.parametrize("attempt", [
+    "SET enable_indexonlyscan = on", "SET LOCAL enable_indexonlyscan = on", 'SET "ENABLE_INDEXONLYSCAN" TO on',
+    "SET SESSION enable_indexonlyscan TO DEFAULT", "SELECT set_config('enable_indexonlyscan', 'on', false)",
+    "SELECT set_config('enable_' || 'indexonlyscan', 'on', false)", "SELECT pg_catalog.set_config('ENABLE_INDEXONLYSCAN', 'on', true)",
+])
+def test_a_client_cannot_turn_index_only_scans_back_on(held_proxy: RunningProxy, attempt: str) -> None:
+    """``enable_indexonlyscan`` is pinned off (proxy/backend/pool.py): SET in any case, quoted, LOCAL in
+    a block, SET TO DEFAULT and set_config by a literal or a computed name are refused; the backend
+    keeps it off."""
+    with held_proxy.connect() as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            with conn.transaction():
+                conn.execute(attempt)
+        assert conn.execute("SHOW enable_indexonlyscan").fetchone() == ("off",)
+
+
+@pytest.mark.parametrize("reset", ["RESET ALL", "DISCARD ALL", "RESET enable_indexonlyscan", "SET search_path = public"])
+def test_a_reset_returns_index_only_scans_to_the_pinned_off(held_proxy: RunningProxy, reset: str) -> None:
+    """RESET returns to the connection's startup value, which is the pin; so does the pool's
+    re-application of a session's settings on checkout (the SET first moves them)."""
+    with held_proxy.connect() as conn:
+        conn.execute("SET application_name = 's42'")
+        conn.execute(reset)
+        assert conn.execute("SHOW enable_indexonlyscan").fetchone() == ("off",)
+        assert conn.execute("SELECT count(*) FROM s42_keys WHERE n > 3").fetchone() is not None
+
+
+def test_a_startup_option_cannot_turn_index_only_scans_back_on(held_proxy: RunningProxy) -> None:
+    """``options=-c enable_indexonlyscan=on`` (PGOPTIONS) is not applied, with a warning."""
+    with psycopg.connect(held_proxy.dsn(), autocommit=True, options="-c enable_indexonlyscan=on") as conn:
+        assert conn.execute("SHOW enable_indexonlyscan").fetchone() == ("off",)
+
+
+_SPELLINGS = ['U&"s42\\005fkeys"', '"s42_keys"', 'public."s42_keys"', '"public"."s42_keys"',
+              'U&"!0073!0034!0032_keys" UESCAPE \'!\'', "PUBLIC.S42_KEYS"]
+
+
+@pytest.mark.parametrize("name", _SPELLINGS)
+def test_every_spelling_of_a_protected_tables_name_is_answered_under_its_policy(held_proxy: RunningProxy,
+                                                                               name: str) -> None:
+    """Quotes, case and the schema: each names the protected table, whose rows are never passed
+    through (``SELECT n``) and whose count is charged (a threshold of its own per spelling: a
+    repeat is answered from the store, uncharged). Unicode escapes name it too, and the DP
+    analyser, which does not read them, refuses the count before the charge."""
+    with held_proxy.connect() as conn:
+        with pytest.raises(psycopg.errors.DatabaseError):
+            conn.execute(f"SELECT n FROM {name}").fetchall()
+        before = spent_epsilon(conn)
+        count = f"SELECT count(*) FROM {name} WHERE n > {_SPELLINGS.index(name) + 10}"
+        if name.startswith("U&"):  # named as the protected table, and not analysed: refused, uncharged
+            with pytest.raises(psycopg.DatabaseError, match="on protected table s42_keys"):
+                conn.execute(count)
+            assert spent_epsilon(conn) == before
+        else:
+            conn.execute(count).fetchone()
+            assert spent_epsilon(conn) > before
+
+
+@pytest.mark.parametrize("name", ["pg_temp.s42_keys", 'U&"s42\\005fkeyz"', '"S42_KEYS"'])
+def test_a_name_that_is_not_the_protected_table_never_reaches_it(held_proxy: RunningProxy, name: str) -> None:
+    """pg_temp (no temporary table can be made), another name, the wrong case quoted: no such relation."""
+    with held_proxy.connect() as conn:
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            conn.execute(f"SELECT count(*) FROM {name}").fetchone()
+
+
+@pytest.mark.parametrize("key", ["floor((n - 0.5) / 33.333333333333333333333333333333333333)", "floor(n / 7)",
+                                 "floor((n - 1e-100) / 0.3) * 0.3 + 1e-100"])
+def test_metabase_binning_beside_a_row_of_16383_fraction_digits(held_proxy: RunningProxy, key: str) -> None:
+    """A value of 16,383 fraction digits (a few bytes stored, so read) takes a numeric division
+    to that scale: the same bins, no error, the same charge."""
+    with held_proxy.connect() as conn:
+        outcome = same_on_neighbours(conn, f"SELECT {key} AS k, count(*) FROM {{t}} GROUP BY {key} ORDER BY {key}",
+                                     ("s42_keys", "s42_dscale"), spent_epsilon, keys=1)
+    assert outcome[0] == "answer", outcome
