@@ -21,7 +21,8 @@ Found and fixed, pinned here:
   check closed on tables, back on views. Such a view is now refused at start, reload and
   ``check-config``, and a view redefined so while dpproxy runs is refused before the charge
   (proxy/backend/row_failures.py, as for a view that computes what can fail on a row). A column
-  that passes the stored value on (a rename, a binary-compatible cast, ``COLLATE``), a column
+  that passes the stored value on (a rename, a binary-compatible cast, ``COLLATE``, a ``CASE``'s or
+  ``COALESCE``'s result), a column
   computed from fixed-length values (``id::text``, ``hours::numeric``, ``CASE WHEN hours > 2``), and
   an aggregate's or window function's arguments (computed once a row, before any reference) are
   accepted as before. PostgreSQL 18's virtual generated column is computed at each reference too:
@@ -50,7 +51,8 @@ Tried, and held:
   the lock step's ``LIMIT 0`` runs no plan node, so an initplan, a ``LIMIT``/``OFFSET`` count
   (evaluated at the first fetch: dpproxy takes only non-negative integer literals, rewriter/dp_query.py)
   and every per-row expression wait for the run; the planner's index endpoint probe
-  (``get_actual_variable_range``) reads the index's extreme entry in both and raises on no value;
+  (``get_actual_variable_range``) reads the index's extreme entry in both, and no value read there
+  makes it raise;
   a step's failure is refunded only when libpq reports the run PIPELINE_ABORTED, and a lost
   connection counts as the step's only when no step result arrived after the Flush; the run's
   ``floor()`` index cannot fail within the bounds (overflow refused from the text, underflow given
@@ -107,6 +109,9 @@ _REREADING_VIEWS = [
     ("SELECT id, payload::text AS p FROM s42_base", "p"),
     ("SELECT id, CASE WHEN note > 'm' THEN 1 END AS late FROM s42_base", "late"),
     ("SELECT id, COALESCE(btrim(note), '') AS c FROM s42_base", "c"),
+    ("SELECT id, CASE note WHEN 'a' THEN note END AS c FROM s42_base", "c"),
+    ("SELECT id, CASE WHEN hours > 2 THEN ltrim(note) ELSE note END AS c FROM s42_base", "c"),
+    ("SELECT id, COALESCE(note, payload::text) AS c FROM s42_base", "c"),
     ("WITH w AS (SELECT id, ltrim(note) AS x FROM s42_base) SELECT id, x FROM w", "x"),
     ("SELECT id, x FROM (SELECT id, btrim(note) AS x FROM s42_base) AS s", "x"),
     ("SELECT id, note FROM s42_base UNION ALL SELECT id, btrim(note) FROM s42_base", "btrim"),
@@ -168,6 +173,7 @@ def test_a_view_redefined_to_compute_a_column_from_a_value_of_any_length_is_refu
 _PASSING_VIEWS = [
     "SELECT id, note, payload FROM s42_base",
     "SELECT id, note::varchar AS v, note COLLATE \"C\" AS c FROM s42_base",
+    "SELECT id, CASE WHEN hours > 2 THEN note END AS consented, COALESCE(note, '') AS c FROM s42_base",
     "SELECT id, id::text AS t, hours::numeric AS n, CASE WHEN hours > 2 THEN 'many' END AS k FROM s42_base",
     "SELECT hours AS id, count(*) AS rows, max(note) AS last, min(btrim(note)) AS first FROM s42_base GROUP BY hours",
     "SELECT id, count(*) OVER (PARTITION BY hours ORDER BY id) AS running FROM s42_base WHERE note <> 'x'",

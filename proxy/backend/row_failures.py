@@ -82,9 +82,11 @@ _CALLS = {"OPEXPR": "opfuncid", "DISTINCTEXPR": "opfuncid", "NULLIFEXPR": "opfun
 # their children call: the fields that name them, 0 when none.
 _OPTIONAL_CALLS = {"WINDOWCLAUSE": ("startInRangeFunc", "endInRangeFunc")}
 _OPTIONAL_OPERATORS = {"SORTGROUPCLAUSE": ("eqop", "sortop")}
-# Nodes that hand a column's stored value on as it is (a binary-compatible cast, a COLLATE): an
-# output column of only these over a VAR is the stored value, read as dpproxy reads a table's.
-_PASSED_ON = frozenset({"RELABELTYPE", "COLLATEEXPR"})
+# Where a node hands a column's stored value on as it is (a binary-compatible cast, a COLLATE, a
+# CASE's or COALESCE's result, not its condition or CASE x's x): an output column of only these
+# over a VAR is the stored value, read as dpproxy reads a table's. (node, the field it is under)
+_PASSED_ON = frozenset({("RELABELTYPE", "arg"), ("COLLATEEXPR", "arg"), ("CASEWHEN", "result"), ("CASEEXPR", "args"),
+                        ("CASEEXPR", "defresult"), ("COALESCEEXPR", "args")})
 # Nodes whose arguments are read once per row of a query computed before its outputs are read.
 _ONCE_PER_ROW = frozenset({"AGGREF", "WINDOWFUNC"})
 # EXISTS, ALL and ANY subqueries: a scalar subquery (EXPR) fails when it finds two rows.
@@ -245,7 +247,8 @@ def _scan(tree: str) -> _Scan:
         token = tokens[index]
         index += 1
         if token == "{" and index < len(tokens):
-            stack.append((tokens[index], {}))
+            # "_in": the field of its parent it stands in (the parent's last field so far)
+            stack.append((tokens[index], {"_in": next(reversed(stack[-1][1]), "") if stack else ""}))
             index += 1
         elif token == "}" and stack:
             tag, fields = stack.pop()
@@ -264,14 +267,15 @@ def _computed_from(tag: str, fields: dict[str, str], stack: list[tuple[str, dict
                    computed: dict[str, set[int]]) -> None:
     """Note, for an output column (a TARGETENTRY not junk) computed from a column's value, that
     column's type: a VAR (its ``vartype``) below the entry with a node between them that reads the
-    value (anything but a RELABELTYPE or COLLATEEXPR, which pass the stored value on as it is; a
-    subquery's node too, so an EXISTS of an output reads its columns). A VAR in an aggregate's or a
+    value (anything but a RELABELTYPE's or COLLATEEXPR's argument and a CASE's or COALESCE's result,
+    :data:`_PASSED_ON`, which pass the stored value on as it is; a subquery's node too, so an
+    EXISTS of an output reads its columns). A VAR in an aggregate's or a
     window function's arguments (their own TARGETENTRYs, below the AGGREF) is read once per row,
     where the query is computed before its outputs are referenced (an aggregate's or window's query
     is never flattened into the statement that reads the view), so it is not noted. Types are gathered on
     the entry's fields (``_reads``) until the entry ends, when its ``resjunk`` is known."""
     if tag == "VAR":
-        plain = True
+        plain, within = True, fields.get("_in", "")
         for depth in range(len(stack) - 1, 0, -1):
             above, above_fields = stack[depth]
             if above in _ONCE_PER_ROW:
@@ -280,12 +284,12 @@ def _computed_from(tag: str, fields: dict[str, str], stack: list[tuple[str, dict
                 if not plain and fields.get("vartype", "").isdigit():
                     above_fields["_reads"] = f"{above_fields.get('_reads', '')} {fields['vartype']}"
                 return
-            plain = plain and above in _PASSED_ON
+            plain, within = plain and (above, within) in _PASSED_ON, above_fields.get("_in", "")
         # No output column above: a query's condition, or a bare expression (a virtual generated
         # column's, whose whole expression is the column, noted under ""; a policy's USING).
         if stack and (stack[0][0] == "QUERY" or stack[0][0] in _ONCE_PER_ROW):
             return
-        if stack and not (plain and stack[0][0] in _PASSED_ON) and fields.get("vartype", "").isdigit():
+        if stack and not (plain and (stack[0][0], within) in _PASSED_ON) and fields.get("vartype", "").isdigit():
             computed.setdefault("", set()).add(int(fields["vartype"]))
     elif tag == "TARGETENTRY" and fields.get("resjunk") != "true" and fields.get("_reads"):
         name = re.sub(r"\\(.)", r"\1", fields.get("resname", "?"))
