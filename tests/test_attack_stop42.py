@@ -5,7 +5,8 @@ its author.
 Found and fixed, pinned here:
 
 * A protected view's column computed from a value of any length (``btrim(note)``,
-  ``length(note)``, ``payload::text`` of a jsonb, ``CASE WHEN note > 'm' THEN 1 END``, the same in a
+  ``length(note)``, ``payload::text`` of a jsonb, ``CASE WHEN note > 'm' THEN 1 END``, a whole row
+  ``s42_base AS r``, which PostgreSQL builds fetching each value stored apart; the same in a
   flattened CTE or subquery) is computed by PostgreSQL again at each reference a statement makes to
   it: the view is flattened into the statement, so each term of the analyst's conditions reads the
   base column's whole value again. The value bound and the stored-form check
@@ -112,6 +113,7 @@ _REREADING_VIEWS = [
     ("SELECT id, CASE note WHEN 'a' THEN note END AS c FROM s42_base", "c"),
     ("SELECT id, CASE WHEN hours > 2 THEN ltrim(note) ELSE note END AS c FROM s42_base", "c"),
     ("SELECT id, COALESCE(note, payload::text) AS c FROM s42_base", "c"),
+    ("SELECT id, s42_base AS r FROM s42_base", "r"),  # a whole row, built (values stored apart fetched) at each reference
     ("WITH w AS (SELECT id, ltrim(note) AS x FROM s42_base) SELECT id, x FROM w", "x"),
     ("SELECT id, x FROM (SELECT id, btrim(note) AS x FROM s42_base) AS s", "x"),
     ("SELECT id, note FROM s42_base UNION ALL SELECT id, btrim(note) FROM s42_base", "btrim"),

@@ -269,13 +269,15 @@ def _computed_from(tag: str, fields: dict[str, str], stack: list[tuple[str, dict
     column's type: a VAR (its ``vartype``) below the entry with a node between them that reads the
     value (anything but a RELABELTYPE's or COLLATEEXPR's argument and a CASE's or COALESCE's result,
     :data:`_PASSED_ON`, which pass the stored value on as it is; a subquery's node too, so an
-    EXISTS of an output reads its columns). A VAR in an aggregate's or a
+    EXISTS of an output reads its columns). A whole-row VAR is never the stored value: PostgreSQL
+    builds the row, fetching each of its values stored apart, at each reference. A VAR in an aggregate's or a
     window function's arguments (their own TARGETENTRYs, below the AGGREF) is read once per row,
     where the query is computed before its outputs are referenced (an aggregate's or window's query
     is never flattened into the statement that reads the view), so it is not noted. Types are gathered on
     the entry's fields (``_reads``) until the entry ends, when its ``resjunk`` is known."""
     if tag == "VAR":
-        plain, within = True, fields.get("_in", "")
+        # A whole-row VAR (varattno 0) builds its row, reading each value stored apart whole.
+        plain, within = fields.get("varattno") != "0", fields.get("_in", "")
         for depth in range(len(stack) - 1, 0, -1):
             above, above_fields = stack[depth]
             if above in _ONCE_PER_ROW:
