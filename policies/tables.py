@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Mapping, NamedTuple
 
 from .model import Access, ColumnPolicy, TablePolicy
+from .sql_names import quote_ident
 
 __all__ = ["ColumnFacts", "ColumnInfo", "Definition", "Relation", "TableRegistry", "quote_identifier"]
 
@@ -74,6 +75,9 @@ class ColumnInfo:
     ``bit(n)`` of over 2,048 bits …; not text, varchar, char, bytea, numeric, inet, cidr, a shorter
     ``bit(n)`` or a range of a fixed-length type): comparing, sorting or
     grouping such a value reads all of it, so such a column too is counted and tested for NULL only.
+    ``type_name`` is the column's type as the backend's ``format_type`` writes it (as psql's ``\\d``
+    shows it: ``character varying(20)``, ``mood``, ``integer[]``), read with the rest at load; empty
+    when not read.
     """
 
     name: str
@@ -90,6 +94,7 @@ class ColumnInfo:
     base_type_oid: int = 0
     base_type_modifier: int = -1
     unbounded_length: bool = False
+    type_name: str = ""
 
     @property
     def value_type(self) -> tuple[int, int]:
@@ -128,7 +133,10 @@ class Relation:
 
     @property
     def display_name(self) -> str:
-        return self.name if self.schema == "public" else f"{self.schema}.{self.name}"
+        """The name as an analyst writes it, each part as ``quote_ident`` writes it (``adult``,
+        ``analytics.events``, ``"Sales"."Order.Items"``), the ``public`` schema left out."""
+        table = quote_ident(self.name)
+        return table if self.schema == "public" else f"{quote_ident(self.schema)}.{table}"
 
 
 def quote_identifier(identifier: str) -> str:

@@ -25,6 +25,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from policies.sql_names import quote_ident
 from policies.tables import ColumnInfo
 from policies.time_buckets import TimeUnit, bucket_count, bucket_start, truncate
 
@@ -157,7 +158,7 @@ def part_keys(column: ColumnInfo, limit: int) -> list[tuple[str, int]]:
         domain = key_domain((key,), limit)
         if domain.exceeded:
             continue
-        name = column.name
+        name = quote_ident(column.name)
         written = {"sunday_week": f"Sunday weeks of {name}",
                    "date": name if column.type_oid == DATE else f"CAST({name} AS DATE)"}.get(
             part, f"EXTRACT({part.upper()} FROM {name})")

@@ -11,7 +11,7 @@ from typing import Any
 
 from policies.tables import quote_identifier
 
-__all__ = ["RelationRef", "References", "collect_references"]
+__all__ = ["RelationRef", "References", "collect_references", "first_parameter"]
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,22 @@ def collect_references(node: dict[str, Any]) -> References:
                 stack.append(value)
     return References(tuple(relations), frozenset(functions), frozenset(ctes), frozenset(columns), frozenset(kinds),
                       frozenset(fields), frozenset(value_fields), params)
+
+
+def first_parameter(node: dict[str, Any]) -> int | None:
+    """The number of the parameter reference (``$n``) written first in ``node``'s text, the one
+    PostgreSQL's parse analysis names when no Bind supplies it; None where there is none."""
+    found: list[tuple[int, int]] = []
+    stack: list[Any] = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            if "ParamRef" in item:
+                found.append((item["ParamRef"].get("location", 0), item["ParamRef"].get("number", 0)))
+            stack.extend(value for value in item.values() if isinstance(value, (dict, list)))
+    return min(found)[1] if found else None
 
 
 def _dotted(parts: list[dict[str, Any]]) -> str:

@@ -72,7 +72,6 @@ Tried, and held:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 
 import psycopg
@@ -80,6 +79,7 @@ import pytest
 
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from tests.neighbour_outcome import create_neighbours, same_on_neighbours
+from tests.buffer_hits import buffer_hits
 from tests.post_charge_wait import LONG_NUMBER, LONG_TEXT, PAD, SHORT_TEXT, WIDE_PAD, keep_apart, store_apart, toast_index
 from rewriter.text_bounds import NUMERIC_MAX_BYTES, in_line_bit, in_line_numeric, in_line_range, in_line_text
 from tests.released_sql import recording_released_sql
@@ -222,13 +222,6 @@ def apart_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory)
         yield running
 
 
-def _buffer_hits(admin: psycopg.Connection, sql: str) -> int:
-    row = admin.execute(f"EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) {sql}").fetchone()
-    assert row is not None
-    plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
-    return int(plan[0]["Plan"]["Shared Hit Blocks"]) + int(plan[0]["Plan"]["Shared Read Blocks"])
-
-
 def _extra_buffers(proxy: RunningProxy, test_db: TestDatabase, name: str, sql: str, warm: bool = False) -> dict[str, int]:
     """The shared buffers the backend SQL of ``sql`` reads on ``s40_flat_<name>`` and on ``s40_apart_<name>``.
     ``warm``: after one run of each, in the same session: the first fetch of a value stored apart in
@@ -247,7 +240,7 @@ def _extra_buffers(proxy: RunningProxy, test_db: TestDatabase, name: str, sql: s
             if warm:
                 for backend in seen:
                     admin.execute(backend).fetchall()
-            hits[kind] = max(sum(_buffer_hits(admin, backend) for backend in seen) for _ in range(2))
+            hits[kind] = max(sum(buffer_hits(admin, backend) for backend in seen) for _ in range(2))
     return hits
 
 

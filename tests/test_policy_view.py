@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
+from typing import Iterator
 
 import psycopg
 import pytest
 
-from conftest import RunningProxy, psql_path
+from conftest import ATTACK_POLICY_HEAD, SERVICE_ROLE, RunningProxy, TestDatabase, psql_path, running_proxy
 
 _COLUMNS = ["table_name", "column_name", "data_type", "bounds", "categories", "aggregates", "group_by", "epsilon",
             "delta"]
@@ -80,3 +81,100 @@ def test_show_columns_shows_a_date_range_as_dates_and_a_timestamp_range_as_times
     shown = {row[1].decode(): row[3].decode() for row in columns_result(registry, lambda _: 1.0).rows[1:]}
     assert shown == {"d": "[2021-01-01, 2024-12-31]", "ts": "[2021-01-01 00:00:00, 2024-12-31 00:00:00]",
                      "tz": "[2021-01-01 00:00:00, 2024-12-31 00:00:00]"}
+
+
+_TYPED_SCHEMA = """
+    DROP SCHEMA IF EXISTS "Sales" CASCADE;
+    DROP TABLE IF EXISTS pv_order;
+    DROP TYPE IF EXISTS pv_mood;
+    DROP DOMAIN IF EXISTS pv_percent;
+    CREATE TYPE pv_mood AS ENUM ('sad', 'happy');
+    CREATE DOMAIN pv_percent AS integer CHECK (VALUE BETWEEN 0 AND 100);
+    CREATE SCHEMA "Sales";
+    CREATE TABLE "Sales"."Order.Items" (mood pv_mood, tags text[], pct pv_percent, label varchar(20),
+                                        price numeric(10, 2), at timestamptz, "Qty" integer);
+    INSERT INTO "Sales"."Order.Items" SELECT 'happy', '{a}', g % 100, 'x', g, now(), g FROM generate_series(1, 20) g;
+    CREATE TABLE pv_order ("order" integer);
+    GRANT USAGE ON SCHEMA "Sales" TO {role};
+    GRANT SELECT ON "Sales"."Order.Items", pv_order TO {role};
+"""
+_TYPED_POLICY = ATTACK_POLICY_HEAD + """\
+  '"Sales"."Order.Items"':
+    access: protected
+    epsilon: 1.0
+    columns:
+      mood: {{categories: [sad, happy], group_by: true}}
+      price: {{bounds: [0, 1000]}}
+      Qty: {{bounds: [0, 100], group_by: true}}
+  pv_order:
+    access: protected
+    epsilon: 1.0
+"""
+
+
+@pytest.fixture(scope="module")
+def typed_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """A proxy over a table of an enum, an array, a domain, varchar(20), numeric(10, 2), timestamptz
+    and a mixed-case column, in a mixed-case schema and a dotted table name; and a table with a
+    keyword for a column."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute(_TYPED_SCHEMA.replace("{role}", SERVICE_ROLE))
+    with running_proxy(test_db, tmp_path_factory, _TYPED_POLICY) as running:
+        yield running
+
+
+def test_show_columns_names_each_type_as_psql_s_d_does(typed_proxy: RunningProxy, admin: psycopg.Connection):
+    # Only the built-in scalar types had names: an enum, an array or a domain showed "type oid 16385",
+    # and varchar(20) and numeric(10, 2) lost their modifiers.
+    with typed_proxy.connect() as conn:
+        shown = {row[1]: row[2] for row in conn.execute("SHOW dpproxy.columns").fetchall()
+                 if row[0] == '"Sales"."Order.Items"'}
+    described = dict(admin.execute(
+        "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute "
+        "WHERE attrelid = '\"Sales\".\"Order.Items\"'::regclass AND attnum > 0").fetchall())
+    assert shown == {"*": None, **described}
+    assert described == {"mood": "pv_mood", "tags": "text[]", "pct": "pv_percent", "label": "character varying(20)",
+                         "price": "numeric(10,2)", "at": "timestamp with time zone", "Qty": "integer"}
+
+
+def test_show_columns_quotes_a_table_s_name_as_quote_ident_does(typed_proxy: RunningProxy):
+    # "Sales"."Order.Items" was shown as Sales.Order.Items: the table Items of a schema Sales.Order.
+    with typed_proxy.connect() as conn:
+        rows = conn.execute("SHOW dpproxy.columns").fetchall()
+        assert {row[0] for row in rows} == {'"Sales"."Order.Items"', "pv_order"}
+        # Each name shown reads back as its table, and each GROUP BY key as its column.
+        assert conn.execute('SELECT COUNT(*) FROM "Sales"."Order.Items"').fetchone() is not None
+        keys = {row[1]: row[6] for row in rows if row[0] == '"Sales"."Order.Items"'}
+        assert keys["Qty"].startswith('"Qty" (101 cells), width_bucket("Qty", lo, hi, n)'), keys
+        assert keys["mood"] == "mood (2 cells)", keys
+
+
+def test_psql_shows_types_and_quoted_names(typed_proxy: RunningProxy):
+    env = {**os.environ, "PGPASSWORD": "analyst", "PGSSLMODE": "prefer", "PGCONNECT_TIMEOUT": "10"}
+    result = subprocess.run(
+        [psql_path(), "-X", "-A", "-t", "-h", typed_proxy.host, "-p", str(typed_proxy.port), "-U", "analyst",
+         "-d", "dpproxy_test", "-c", "SHOW dpproxy.columns"], capture_output=True, text=True, env=env, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = {tuple(line.split("|")[:3]) for line in result.stdout.splitlines()}
+    assert {('"Sales"."Order.Items"', "mood", "pv_mood"), ('"Sales"."Order.Items"', "tags", "text[]"),
+            ('"Sales"."Order.Items"', "label", "character varying(20)"), ("pv_order", "order", "integer")} <= lines
+    assert "type oid" not in result.stdout
+
+
+def test_a_refusal_names_a_table_as_sql_writes_it(typed_proxy: RunningProxy):
+    # The refusal's message and hint named Sales.Order.Items, which no statement can use as written.
+    with typed_proxy.connect() as conn, pytest.raises(psycopg.Error) as refused:
+        conn.execute('SELECT * FROM "Sales"."Order.Items"')
+    diag = refused.value.diag
+    assert '"Sales"."Order.Items"' in (diag.message_primary or "") + (diag.message_hint or ""), diag.message_primary
+
+
+def test_quote_ident_agrees_with_the_backend_s(admin: psycopg.Connection):
+    from policies.sql_names import QUOTED_KEYWORDS, quote_ident
+
+    reserved = {word for (word,) in admin.execute("SELECT word FROM pg_get_keywords() WHERE catcode <> 'U'")}
+    assert reserved <= QUOTED_KEYWORDS
+    names = ["adult", "Adult", "order", "Order.Items", 'say "hi"', "_x1", "1x", "a$b", "naïve", "user", "name", ""]
+    row = admin.execute("SELECT " + ", ".join(["quote_ident(%s)"] * len(names)), names).fetchone()
+    assert row is not None and [quote_ident(name) for name in names] == list(row)

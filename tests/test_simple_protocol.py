@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import struct
+import subprocess
 
 import psycopg
 import pytest
 
-from conftest import RunningProxy
+from conftest import TEST_DATABASE, RunningProxy, psql_path, spent_epsilon
 
 from proxy.backend.connection import REPORTED_PARAMETERS, BackendSession
 from proxy.backend.errors import BackendError
@@ -245,3 +247,31 @@ def test_an_unreachable_backend_is_a_connection_error_not_an_internal_one(test_d
     finally:
         running.server.policy = policy
         running.stop()
+
+
+@pytest.mark.parametrize("sql, named", [
+    ("SELECT COUNT(*) FROM adult WHERE age > $1", "$1"),  # a DP statement: refused before its charge
+    ("SELECT $2::int + $1::int", "$2"),  # passthrough: the first written, as PostgreSQL names it
+    ("COPY (SELECT COUNT(*) FROM adult WHERE age < $1) TO STDOUT", "$1"),
+])
+def test_a_parameter_in_a_simple_query_is_postgresql_s_undefined_parameter(proxy: RunningProxy, sql: str, named: str):
+    # Sent as it was, the backend's Bind failed it with "bind message supplies 0 parameters, but
+    # prepared statement "" requires 1" (08P01): a protocol violation a psql user never made.
+    with proxy.connect() as conn:
+        spent = spent_epsilon(conn)
+        with pytest.raises(psycopg.errors.UndefinedParameter) as refused:
+            conn.execute(sql)
+        assert refused.value.diag.message_primary == f"there is no parameter {named}"
+        assert "literal" in (refused.value.diag.message_hint or "")
+        assert conn.execute("SELECT 1").fetchone() == (1,)  # the session goes on
+        assert spent_epsilon(conn) == spent
+    env = {**os.environ, "PGPASSWORD": "analyst", "PGCONNECT_TIMEOUT": "10"}
+    result = subprocess.run([psql_path(), "-X", "-v", "VERBOSITY=verbose", "-h", proxy.host, "-p", str(proxy.port),
+                             "-U", "analyst", "-d", TEST_DATABASE, "-c", sql], capture_output=True, text=True, env=env,
+                            timeout=60)
+    assert f"ERROR:  42P02: there is no parameter {named}" in result.stderr, result.stderr
+
+
+def test_prepare_in_a_simple_query_keeps_its_own_refusal(proxy: RunningProxy):
+    with proxy.connect() as conn, pytest.raises(psycopg.errors.FeatureNotSupported):
+        conn.execute("PREPARE p AS SELECT COUNT(*) FROM adult WHERE age > $1")

@@ -36,7 +36,7 @@ from .cancellable import CancellableWait
 from .errors import BackendError, BackendLost, BackendUnavailable, ClientGone, StepFailed
 from .column_facts import column_facts
 from .policy_fit import column_fit_problems, unbounded_categories_problems
-from .type_support import ValueType, builtin_types, distinct_countable, label_comparison_problem, value_types
+from .type_support import ValueType, builtin_types, distinct_countable, label_comparison_problem, type_names, value_types
 from .database_encoding import database_encoding_problems
 from .relation_reads import public_reads_protected
 from .grants import schemas_without_usage, unreadable_protected
@@ -1198,16 +1198,18 @@ def _policy_ref(name: str) -> RelationRef:
 async def _columns(session: BackendSession, definition: Definition, policies: Mapping[str, Any]) -> dict[str, ColumnInfo]:
     """A relation's columns as the rewriter judges them: its catalog facts, with what the backend
     says of their types (built in, countable by ``count(DISTINCT ...)``, a domain's base type, of
-    unbounded length: ``type_support.value_types``) and the policy's."""
+    unbounded length: ``type_support.value_types``; its name, ``type_support.type_names``) and the policy's."""
     builtin = await builtin_types(session, [column.type_oid for column in definition])
     # A foreign type's comparison parses and runs on a NULL, and may still fail on two values.
     countable = await distinct_countable(
         session, [(column.type_oid, column.type_modifier) for column in definition if column.type_oid in builtin])
     read_as = await value_types(session, [(column.type_oid, column.type_modifier) for column in definition])
+    names = await type_names(session, [(column.type_oid, column.type_modifier) for column in definition])
     unknown = ValueType(0, -1, True)  # a type the catalog lacks is not read
     return {
         c.name: ColumnInfo(c.name, c.type_oid, c.type_modifier, c.attnum, policies.get(c.name), c.deterministic_collation,
                            c.array_type_oid, c.container, (c.type_oid, c.type_modifier) in countable, c.enum,
-                           c.type_oid in builtin, *read_as.get((c.type_oid, c.type_modifier), unknown))
+                           c.type_oid in builtin, *read_as.get((c.type_oid, c.type_modifier), unknown),
+                           type_name=names.get((c.type_oid, c.type_modifier), ""))
         for c in definition
     }

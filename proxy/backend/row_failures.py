@@ -40,6 +40,16 @@ Anything else (arithmetic, which overflows; casts from text; functions not built
 bodies dpproxy cannot read; a recursive ``WITH``, which runs as long as the rows' chains are
 and forever on a cycle) is a problem, with the fix: compute the column into a table or
 a materialized view (which fails at refresh, before any analyst asks), or leave it out.
+
+So is a view's output column computed from a value of a type of any length (``btrim(note)``,
+``length(note)``, ``payload::text``), total or not: PostgreSQL flattens the view into the
+statement, so the column is computed again at each reference, reading the base value whole each
+time, and dpproxy's value bound and stored-form check (rewriter/text_bounds.py) see only the
+computed value's header, after the read: one row's long value, or one stored apart, made every
+term slower (docs/threat-model.md, "A protected view's column is the stored value"). A rename, a
+binary-compatible cast and ``COLLATE`` pass the stored value on; an aggregate's arguments are read
+once a row (:func:`_computed_from`). PostgreSQL 18's virtual generated column is computed at each
+reference as such an output column is, and judged the same way.
 """
 
 from __future__ import annotations
@@ -72,6 +82,13 @@ _CALLS = {"OPEXPR": "opfuncid", "DISTINCTEXPR": "opfuncid", "NULLIFEXPR": "opfun
 # their children call: the fields that name them, 0 when none.
 _OPTIONAL_CALLS = {"WINDOWCLAUSE": ("startInRangeFunc", "endInRangeFunc")}
 _OPTIONAL_OPERATORS = {"SORTGROUPCLAUSE": ("eqop", "sortop")}
+# Where a node hands a column's stored value on as it is (a binary-compatible cast, a COLLATE, a
+# CASE's or COALESCE's result, not its condition or CASE x's x): an output column of only these
+# over a VAR is the stored value, read as dpproxy reads a table's. (node, the field it is under)
+_PASSED_ON = frozenset({("RELABELTYPE", "arg"), ("COLLATEEXPR", "arg"), ("CASEWHEN", "result"), ("CASEEXPR", "args"),
+                        ("CASEEXPR", "defresult"), ("COALESCEEXPR", "args")})
+# Nodes whose arguments are read once per row of a query computed before its outputs are read.
+_ONCE_PER_ROW = frozenset({"AGGREF", "WINDOWFUNC"})
 # EXISTS, ALL and ANY subqueries: a scalar subquery (EXPR) fails when it finds two rows.
 _TOTAL_SUBLINKS = frozenset({"0", "1", "2"})
 # A conversion through text output is total when its result is text; from text, an input function is not.
@@ -185,6 +202,11 @@ WHERE f.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])
 """
 
 
+# How long a value of each type a view column is computed from is: -1 (or -2) for any length.
+_TYPE_LENGTHS = """
+SELECT t.oid, t.typlen FROM pg_catalog.pg_type t WHERE t.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])
+"""
+
 # The function of each operator a sort, DISTINCT, GROUP BY or UNION uses.
 _OPERATOR_FUNCTIONS = """
 SELECT o.oid, o.oprcode::pg_catalog.oid FROM pg_catalog.pg_operator o
@@ -196,11 +218,13 @@ WHERE o.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])
 @dataclass(frozen=True)
 class _Scan:
     """What one stored parse tree computes: the functions it calls and the operators it sorts or
-    groups with (by OID), and the nodes that can fail."""
+    groups with (by OID), the nodes that can fail, and each output column it computes from a
+    column's value (its name and the types of the columns it reads, :func:`_computed_from`)."""
 
     functions: frozenset[int]
     operators: frozenset[int]
     nodes: tuple[str, ...]
+    computed: tuple[tuple[str, frozenset[int]], ...] = ()
 
 
 # A foreign table's rows: a file's malformed line, a remote view's division fail on a row.
@@ -215,6 +239,7 @@ def _scan(tree: str) -> _Scan:
     functions: set[int] = set()
     operators: set[int] = set()
     failing: list[str] = []
+    computed: dict[str, set[int]] = {}
     stack: list[tuple[str, dict[str, str]]] = []
     tokens = _TOKEN.findall(tree)
     index = 0
@@ -222,16 +247,55 @@ def _scan(tree: str) -> _Scan:
         token = tokens[index]
         index += 1
         if token == "{" and index < len(tokens):
-            stack.append((tokens[index], {}))
+            # "_in": the field of its parent it stands in (the parent's last field so far)
+            stack.append((tokens[index], {"_in": next(reversed(stack[-1][1]), "") if stack else ""}))
             index += 1
         elif token == "}" and stack:
-            failing += _node_failure(*stack.pop(), functions, operators)
+            tag, fields = stack.pop()
+            failing += _node_failure(tag, fields, functions, operators)
+            _computed_from(tag, fields, stack, computed)
         elif token.startswith(":") and stack and index < len(tokens) and tokens[index] not in _BRACKETS:
             stack[-1][1][token[1:]] = tokens[index]  # a scalar value: never read as a field name itself
             index += 1
         elif token.startswith(":") and stack:
             stack[-1][1][token[1:]] = ""  # a node or a list follows
-    return _Scan(frozenset(functions), frozenset(operators), tuple(dict.fromkeys(failing)))
+    return _Scan(frozenset(functions), frozenset(operators), tuple(dict.fromkeys(failing)),
+                 tuple((name, frozenset(types)) for name, types in computed.items() if types))
+
+
+def _computed_from(tag: str, fields: dict[str, str], stack: list[tuple[str, dict[str, str]]],
+                   computed: dict[str, set[int]]) -> None:
+    """Note, for an output column (a TARGETENTRY not junk) computed from a column's value, that
+    column's type: a VAR (its ``vartype``) below the entry with a node between them that reads the
+    value (anything but a RELABELTYPE's or COLLATEEXPR's argument and a CASE's or COALESCE's result,
+    :data:`_PASSED_ON`, which pass the stored value on as it is; a subquery's node too, so an
+    EXISTS of an output reads its columns). A whole-row VAR is never the stored value: PostgreSQL
+    builds the row, fetching each of its values stored apart, at each reference. A VAR in an aggregate's or a
+    window function's arguments (their own TARGETENTRYs, below the AGGREF) is read once per row,
+    where the query is computed before its outputs are referenced (an aggregate's or window's query
+    is never flattened into the statement that reads the view), so it is not noted. Types are gathered on
+    the entry's fields (``_reads``) until the entry ends, when its ``resjunk`` is known."""
+    if tag == "VAR":
+        # A whole-row VAR (varattno 0) builds its row, reading each value stored apart whole.
+        plain, within = fields.get("varattno") != "0", fields.get("_in", "")
+        for depth in range(len(stack) - 1, 0, -1):
+            above, above_fields = stack[depth]
+            if above in _ONCE_PER_ROW:
+                return
+            if above == "TARGETENTRY" and stack[depth - 1][0] == "QUERY":  # an output (not an aggregate's argument)
+                if not plain and fields.get("vartype", "").isdigit():
+                    above_fields["_reads"] = f"{above_fields.get('_reads', '')} {fields['vartype']}"
+                return
+            plain, within = plain and (above, within) in _PASSED_ON, above_fields.get("_in", "")
+        # No output column above: a query's condition, or a bare expression (a virtual generated
+        # column's, whose whole expression is the column, noted under ""; a policy's USING).
+        if stack and (stack[0][0] == "QUERY" or stack[0][0] in _ONCE_PER_ROW):
+            return
+        if stack and not (plain and (stack[0][0], within) in _PASSED_ON) and fields.get("vartype", "").isdigit():
+            computed.setdefault("", set()).add(int(fields["vartype"]))
+    elif tag == "TARGETENTRY" and fields.get("resjunk") != "true" and fields.get("_reads"):
+        name = re.sub(r"\\(.)", r"\1", fields.get("resname", "?"))
+        computed.setdefault(name, set()).update(int(oid) for oid in fields["_reads"].split())
 
 
 def _node_failure(tag: str, fields: Mapping[str, str], functions: set[int], operators: set[int]) -> Iterator[str]:
@@ -268,9 +332,19 @@ def _node_failure(tag: str, fields: Mapping[str, str], functions: set[int], oper
         yield f"{tag.lower()} (dpproxy cannot show that it never fails on a row)"
 
 
-async def _findings(session: Fetches, relations: Mapping[int, Relation]) -> dict[int, list[str]]:
+@dataclass(frozen=True)
+class _Findings:
+    """What a protected relation reads through: each thing that can fail on a row (``failures``),
+    and each output column computed from a value of any length (``rereads``), with where it is."""
+
+    failures: list[str]
+    rereads: list[str]
+
+
+async def _findings(session: Fetches, relations: Mapping[int, Relation]) -> dict[int, _Findings]:
     """For each protected relation of ``relations`` that reads through something that can fail on a
-    row, a description of each such thing: what it is and where (the view or policy)."""
+    row, or a view column computed from a value of any length, a description of each such thing:
+    what it is and where (the view or policy)."""
     protected = [oid for oid, relation in relations.items() if relation.access == "protected"]
     if not protected:
         return {}
@@ -284,7 +358,10 @@ async def _findings(session: Fetches, relations: Mapping[int, Relation]) -> dict
     known = {int(oid): (str(name), bool(builtin), bool(comparison), bool(min_max))
              for oid, name, builtin, comparison, min_max in await session.fetch_all(_FUNCTIONS, (called,))
              } if called else {}
-    found: dict[int, list[str]] = {}
+    read = sorted({oid for _, _, scan in scans for _, types in scan.computed for oid in types})
+    any_length = {int(oid) for oid, length in await session.fetch_all(_TYPE_LENGTHS, (read,)) if int(length) < 0
+                  } if read else set()
+    found: dict[int, _Findings] = {}
     for root, where, scan, functions in calls:
         problems = [f"{where} computes {node}" for node in scan.nodes]
         for oid in sorted(functions):
@@ -292,26 +369,53 @@ async def _findings(session: Fetches, relations: Mapping[int, Relation]) -> dict
             total = comparison or min_max or name in TOTAL_FUNCTIONS or name in TOTAL_AGGREGATES
             if not builtin or _POLYMORPHIC.search(name) or not total:
                 problems.append(f"{where} calls {name}")
-        if problems:
-            found.setdefault(root, []).extend(problems)
+        rereads = [f"{where} computes its column {column} from a value of a type of any length"
+                   for column, types in scan.computed if column and types & any_length]
+        if where.startswith("virtual generated column") and any(types & any_length for column, types in scan.computed
+                                                                  if not column):
+            rereads.append(f"{where} is computed from a value of a type of any length")
+        if problems or rereads:
+            findings = found.setdefault(root, _Findings([], []))
+            findings.failures.extend(problems)
+            findings.rereads.extend(rereads)
     return found
 
 
 async def fallible_protected(session: Fetches, relations: Mapping[int, Relation]) -> dict[int, str]:
     """The protected relations of ``relations`` that read through an expression that can fail on a
-    row, by OID, each with the first such expression (the periodic re-check's question)."""
-    return {oid: problems[0] for oid, problems in (await _findings(session, relations)).items()}
+    row, or a view column computed from a value of any length, by OID, each with the first such
+    expression after what it does ("can fail on a row: view v calls int4div(integer, integer)";
+    the periodic re-check's question)."""
+    return {oid: f"can fail on a row: {findings.failures[0]}" if findings.failures else
+            f"PostgreSQL computes again at each reference, reading a value of any length whole: {findings.rereads[0]}"
+            for oid, findings in (await _findings(session, relations)).items()}
 
 
 async def failing_protected(session: Fetches, relations: Mapping[int, Relation],
                             names: Mapping[int, str]) -> list[str]:
     """A problem (``tables.<name>: ...``) for each protected relation of ``relations`` that reads
-    through an expression that can fail on a row; ``names`` gives each as the policy writes it."""
-    return [
-        f"tables.{names[oid]}: {'; '.join(problems[:3])}{' …' if len(problems) > 3 else ''}, which can fail on "
-        "some row's values. A DP query reaching a row on which that fails would fail, which tells whether the query's rows hold such a "
-        "row, exactly; compute the column into a table or a materialized view (it then fails at refresh, "
-        "before any analyst asks), declare a virtual generated column STORED (computed when a row is written), "
-        "or leave it out of the view"
-        for oid, problems in (await _findings(session, relations)).items()
-    ]
+    through an expression that can fail on a row, or a view column computed from a value of any
+    length; ``names`` gives each as the policy writes it."""
+    return [f"tables.{names[oid]}: " + "; and ".join(_explained(findings))
+            for oid, findings in (await _findings(session, relations)).items()]
+
+
+def _explained(findings: _Findings) -> list[str]:
+    """What a protected relation reads through, each kind of finding with why it is refused and the fix."""
+    parts = []
+    if findings.failures:
+        parts.append(
+            f"{'; '.join(findings.failures[:3])}{' …' if len(findings.failures) > 3 else ''}, which can fail on some "
+            "row's values. A DP query reaching a row on which that fails would fail, which tells whether the query's "
+            "rows hold such a row, exactly; compute the column into a table or a materialized view (it then fails at "
+            "refresh, before any analyst asks), declare a virtual generated column STORED (computed when a row is "
+            "written), or leave it out of the view")
+    if findings.rereads:
+        parts.append(
+            f"{'; '.join(findings.rereads[:3])}{' …' if len(findings.rereads) > 3 else ''}. PostgreSQL computes such a "
+            "column again at each reference a statement makes to it, reading the whole value each time, before "
+            "dpproxy's value bound can see its size (rewriter/text_bounds.py reads a stored value's header only): one "
+            "row's long value would make every term that reads the column measurably slower, which tells whether the "
+            "row is there. Compute the column into a table or a materialized view, declare a virtual generated column "
+            "STORED, or leave it out of the view")
+    return parts

@@ -24,7 +24,8 @@ from rewriter.sql_text import literal, operator
 
 from .errors import BackendError, BackendLost, BackendUnavailable
 
-__all__ = ["ValueType", "builtin_types", "distinct_countable", "label_comparison_problem", "type_parts", "value_types"]
+__all__ = ["ValueType", "builtin_types", "distinct_countable", "label_comparison_problem", "type_names", "type_parts",
+           "value_types"]
 
 
 class _Session(Protocol):
@@ -155,3 +156,16 @@ async def value_types(session: _Session, types: Iterable[tuple[int, int]]) -> di
         found[type_oid, type_modifier] = ValueType(base if domain else 0, modifier if domain else -1,
                                                    varlena and not bounded)
     return found
+
+
+async def type_names(session: _Session, types: Iterable[tuple[int, int]]) -> dict[tuple[int, int], str]:
+    """Each (type OID, modifier) of ``types`` as ``format_type`` writes it (what psql's ``\\d`` shows),
+    in one round trip. Catalog only: nothing of any row."""
+    wanted = sorted(set(types))
+    if not wanted:
+        return {}
+    rows = await session.fetch_all(
+        "SELECT t, m, pg_catalog.format_type(t, m) "
+        "FROM ROWS FROM (pg_catalog.unnest(%s::pg_catalog.oid[]), pg_catalog.unnest(%s::pg_catalog.int4[])) AS u(t, m)",
+        ([oid for oid, _ in wanted], [modifier for _, modifier in wanted]))
+    return {(int(oid), int(modifier)): name for oid, modifier, name in rows}

@@ -12,6 +12,11 @@ it is not read. Each protected table also gets a row for ``*`` (COUNT(*)).
 the user's ``max_query_epsilon`` and ``SET dpproxy.epsilon``); ``delta`` is the table's δ,
 charged only by the sample-and-aggregate mechanisms. Public tables are not listed: they
 are passed through as they are.
+
+A table is named as an analyst writes it (``quote_ident`` of each part, the ``public`` schema
+left out: ``"Sales"."Order.Items"``), a column as the catalog stores it (as psql's ``\\d`` shows
+it), in the GROUP BY keys as SQL writes it; ``data_type`` is the backend's ``format_type`` of the
+column's type and modifier, read when the policy was loaded (``ColumnInfo.type_name``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import json
 from datetime import datetime, time
 from typing import Callable
 
+from policies.sql_names import quote_ident
 from policies.tables import ColumnInfo, Relation, TableRegistry, quote_identifier
 from proxy.backend.connection import ResultSet
 from proxy.wire.binary import TEXT
@@ -44,14 +50,6 @@ COLUMNS_FIELDS = [
     Field("delta", FLOAT8, 8),
 ]
 
-# format_type() names of the types policy columns usually have; others show their OID.
-_TYPE_NAMES = {
-    16: "boolean", 20: "bigint", 21: "smallint", 23: "integer", 25: "text", 700: "real",
-    701: "double precision", 1042: "character", 1043: "character varying", 1082: "date",
-    1114: "timestamp without time zone", 1184: "timestamp with time zone", 1700: "numeric",
-}
-
-
 def columns_result(registry: TableRegistry, epsilon_of: Callable[[Relation], float]) -> ResultSet:
     """The rows of SHOW dpproxy.columns, tables and columns in name order."""
     rows: list[list[bytes | None]] = []
@@ -64,14 +62,10 @@ def columns_result(registry: TableRegistry, epsilon_of: Callable[[Relation], flo
         rows.append([name, b"*", None, None, None, b"COUNT(*) laplace", None, epsilon, delta])
         for column in sorted(table.columns.values(), key=lambda c: c.attnum):
             keys = _group_keys(table, column)
-            rows.append([name, column.name.encode(), _type_name(column.type_oid).encode(), *_declared(table, column),
+            rows.append([name, column.name.encode(), column.type_name.encode() or None, *_declared(table, column),
                          ", ".join(_aggregates(table, column)).encode(), keys.encode() if keys else None,
                          epsilon, delta])
     return ResultSet(list(COLUMNS_FIELDS), rows, "SHOW")
-
-
-def _type_name(oid: int) -> str:
-    return _TYPE_NAMES.get(oid, f"type oid {oid}")
 
 
 def _declared(table: Relation, column: ColumnInfo) -> list[bytes | None]:
@@ -120,17 +114,18 @@ def _group_keys(table: Relation, column: ColumnInfo) -> str | None:
     policy = column.policy
     if policy is None or policy.group_by is False:
         return None
+    written = quote_ident(column.name)
     if policy.time_units:
-        parts = [f"{written} ({_cells(cells)})" for written, cells in part_keys(column, table.policy.max_cells)]
-        return ", ".join([f"DATE_TRUNC('{unit}', {column.name}) ({_cells(policy.bucket_count(unit))})"
+        parts = [f"{part} ({_cells(cells)})" for part, cells in part_keys(column, table.policy.max_cells)]
+        return ", ".join([f"DATE_TRUNC('{unit}', {written}) ({_cells(policy.bucket_count(unit))})"
                           for unit in policy.time_units] + parts)
     keys = []
     count = column_key_count(column)
     if count is not None and count <= table.policy.max_cells:
-        keys.append(f"{column.name} ({_cells(count)})")
+        keys.append(f"{written} ({_cells(count)})")
     if policy.bounds is not None:
-        keys.append(f"width_bucket({column.name}, lo, hi, n) (n + 2 cells), "
-                    f"floor(({column.name} - A) / W) * W + A (the bins the bounds span)")
+        keys.append(f"width_bucket({written}, lo, hi, n) (n + 2 cells), "
+                    f"floor(({written} - A) / W) * W + A (the bins the bounds span)")
     return ", ".join(keys) or None
 
 

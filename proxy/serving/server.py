@@ -226,8 +226,8 @@ class Server:
                 registry = replace(registry, unreadable=lost)
             if fallible != registry.fallible:
                 for oid in fallible.keys() - registry.fallible.keys():
-                    log.error("protected relation %s now reads through an expression that can fail on a row (%s): "
-                              "refused until it is gone", registry.by_oid[oid].display_name, fallible[oid])
+                    log.error("protected relation %s now reads through an expression that %s: refused until it is gone",
+                              registry.by_oid[oid].display_name, fallible[oid])
                 registry = replace(registry, fallible=fallible)
             if changed != registry.redefined:
                 _log_definition_changes(registry, changed)

@@ -34,6 +34,7 @@ from proxy.wire.client_hello import NO_APPLICATION_PROTOCOL_ALERT, ClientHello, 
 from proxy.wire.protocol import ProtocolError
 from rewriter.catalog import ascii_safe_encoding, exact_floats
 from rewriter.function_check import inexact_floats, unsafe_client_encoding
+from rewriter.references import first_parameter
 from rewriter.statements import Statement
 
 from .executor import Executor, StatementHost
@@ -63,6 +64,9 @@ _OUT_FLUSH_BYTES = 256 * 1024
 _FATAL_DRAIN_S = 5.0
 _UNENCRYPTED_AFTER_SSL_REQUEST = "received unencrypted data after SSL request"
 _SLOW_CLIENT_S = 1.0
+_NO_PARAMETER_HINT = ("A simple query (psql's, or a driver's without parameters) sends no value for $1, $2 …: "
+                      "write each value as a literal, or bind it over the extended protocol (psql's \\bind, a "
+                      "driver's parameters).")
 # Kinds of startup settings whose ParameterStatus values are remembered (SessionHost.
 # startup_reports), the oldest forgotten first: the key holds the client's values (any
 # search_path), so a client logging in with new ones each time would grow it for good.
@@ -663,6 +667,13 @@ class Session:
 
     async def _run_simple(self, statement: Statement) -> bool:
         assert self.executor is not None
+        if statement.references.params and statement.kind != "PrepareStmt":
+            # No Bind supplies a $n of a simple Query: PostgreSQL's parse analysis fails it (42P02)
+            # before anything runs. Run as it was, the backend's own Bind said "bind message
+            # supplies 0 parameters" (08P01), a protocol error the analyst never sent.
+            self._error(SQLSTATE.UNDEFINED_PARAMETER, f"there is no parameter ${first_parameter(statement.node)}",
+                        _NO_PARAMETER_HINT)
+            return False
         try:
             plan = await self.executor.plan(statement)
             result, notices = await self.executor.run(plan, simple=True)

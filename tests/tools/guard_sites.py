@@ -34,7 +34,10 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
                      "tests/test_attack_stop36.py::test_a_relations_age_column_is_still_read_by_its_qualified_name"),
     "classify": ("tests/test_refusals.py", "tests/test_data_modifying_cte.py", "tests/test_copy.py", "tests/test_ctes.py",
                  "tests/test_session_statements.py", "tests/test_attack_pool_isolation.py"),
-    "relation": ("tests/test_protected_view_failures.py", "tests/test_service_role_grants.py"),
+    "relation": ("tests/test_protected_view_failures.py", "tests/test_service_role_grants.py",
+                 "tests/test_attack_stop42.py::test_a_protected_view_column_computed_from_a_value_of_any_length_is_refused_at_load",
+                 "tests/test_attack_stop42.py::"
+                 "test_a_virtual_generated_column_computed_from_a_value_of_any_length_refuses_its_table_at_load"),
     "reads": ("tests/test_attack_identities.py", "tests/test_partition_key.py",
               "tests/test_attack_new_keys.py::test_a_public_relation_that_starts_reading_a_protected_table_is_refused",
               "tests/test_attack_new_keys.py::"
@@ -470,6 +473,11 @@ SITES: tuple[Site, ...] = (
     _off("rows.total-function", _R, "not builtin or _POLYMORPHIC.search(name) or not total", "relation",
          "not builtin or _POLYMORPHIC.search(name)"),
     Site("rows.foreign-table", _R, "_FOREIGN if text is None else _scan(text)", '_scan(text or "")', "relation"),
+    _off("rows.computed-view-column", _R, 'not plain and fields.get("vartype", "").isdigit()', "relation"),
+    Site("rows.computed-from-any-length", _R, "for column, types in scan.computed if column and types & any_length]",
+         "for column, types in scan.computed if False]", "relation"),
+    Site("rows.computed-generated-column", _R, 'if where.startswith("virtual generated column") and any(',
+         "if False and any(", "relation"),
     # ------------------------------------------------------------------ proxy/backend/relation_reads.py
     Site("reads.public-reads-protected", _RR, "reads = await session.fetch_all(_READS_SQL, (True, True, public, protected))",
          "reads = []", "reads"),
