@@ -230,7 +230,7 @@ def plan_aggregate_query(
         aggregates, post = _post_processed(tree, scope, conditions, enclosing, groups, names, ordinal=ranking)
     _check_combination(aggregates, groups, scope)
     where = tree.args.get("where")
-    where_sql = conditions.template(where.this) if where is not None else None
+    where_sql = conditions.where(where.this) if where is not None else None
     folding = conditions.folding(where_sql, tuple(agg.filter_sql for agg in aggregates))
     if folding is not None:  # the plan holds the expressions in place (to describe); execution folds them
         where_sql = folding.inline if where_sql is not None else None

@@ -15,8 +15,8 @@ is ``CASE WHEN octet_length(col) <= max_text_bytes THEN col END``; ``octet_lengt
 size from the value's header (``toast_raw_datum_size``), detoasting nothing, so a longer value is
 never read (0.17 µs on PostgreSQL 15 and 16 for a 64-byte value and a 3 MB one, out of line or
 compressed, where ``length()`` of the 3 MB value took 17–23 ms; benchmarks/results.md). A
-``varchar(n)`` or ``char(n)`` whose 4·n bytes fit the bound carries it already and is read as it
-is. The bound holds whatever the quantum: it decides answers, which must not depend on a timing
+``varchar(n)`` or ``char(n)`` whose 4·n bytes fit the bound carries it already and is not sized (it
+is still placed, below). The bound holds whatever the quantum: it decides answers, which must not depend on a timing
 setting; an operator who wants longer values read raises ``max_text_bytes``. A column whose values
 can be of any length with no header telling their size (``jsonb``, ``tsvector``, arrays,
 ``numrange``, …: ``ColumnInfo.unbounded_length``) cannot be bounded so: its values are not read at
@@ -62,6 +62,17 @@ too: the cost of the check, docs/threat-model.md). The check reads the header on
   apart: so :data:`NUMERIC_MAX_BYTES` is 127 (up to 248 digits, about 240 in practice), where it was
   512 (1,000 digits) before values stored apart were found.
 
+**Values of a declared size.** A ``varchar(n)``/``char(n)`` within the bound, a ``numeric(p, s)``,
+a ``bit(n)`` (of at most 2,048 bits; a longer one is not read) and an ``int8range``, ``tsrange`` or
+``tstzrange`` (or a domain over one) need no length bound, but their values can be stored apart or
+compressed too, and were fetched again by each reference (docs/threat-model.md, Timing). Each is
+read through its placement check now (:func:`declared_apart`): text's for ``varchar``/``char``, the
+unconstrained numeric's for ``numeric(p, s)`` (so a value of more than :data:`NUMERIC_MAX_BYTES`
+reads as NULL too), :func:`in_line_bit` and :func:`in_line_range`. A type whose values are never
+more than :data:`TOAST_SMALLEST` bytes is read as it is: the toaster never touches it. Beside the
+bounded terms a WHERE's first top-level ``=``/IN on such a column compares the raw column once,
+hashed (:func:`rewriter.raw_equality.hashed_raw_equality`), so that a plain index still serves it.
+
 **The work limit.** Below the bound, the terms of a statement still multiply: 256 LIKEs of a
 63-character part on a 1 kB value cost that one row 35 ms. So each condition term that reads a text
 value is weighed by the bytes it may read (the column's bound, :func:`value_bytes`) times its cost a
@@ -87,9 +98,10 @@ from policies.tables import ColumnInfo, Relation, quote_identifier
 
 from .sql_text import operator
 
-__all__ = ["CASE_FOLD_WORK", "COMPARISON_WORK", "LIKE_WORK", "MAX_TEXT_WORK", "NUMERIC", "NUMERIC_MAX_BYTES",
-           "TEXT_TYPES", "bounded_source", "bounded_value", "in_line_numeric", "in_line_text", "unconstrained_numeric",
-           "value_bytes", "work_refusal"]
+__all__ = ["BIT", "CASE_FOLD_WORK", "COMPARISON_WORK", "LIKE_WORK", "MAX_TEXT_WORK", "NUMERIC", "NUMERIC_MAX_BYTES",
+           "RANGE_DATA_BYTES", "TEXT_TYPES", "TOAST_SMALLEST", "WIDE_RANGES", "bounded_source", "bounded_value",
+           "declared_apart", "in_line_bit", "in_line_numeric", "in_line_range", "in_line_text", "length_bounded",
+           "unconstrained_numeric", "value_bytes", "work_refusal"]
 
 TEXT_TYPES = frozenset({25, 1043, 1042, 17})
 """text, varchar, char (bpchar) and bytea: the types whose values the bound applies to (a domain's
@@ -100,6 +112,17 @@ NUMERIC_MAX_BYTES = 127
 """The most bytes a numeric of no declared precision may be stored in to be read: in the row,
 uncompressed, with a 1-byte header (126 bytes of data, the most PostgreSQL stores so: up to 248
 digits). Of a larger value, ``pg_column_size`` does not tell whether it is in the row."""
+BIT = 1560
+"""bit(n): read as it is (a bit(n) of at most 2,048 bits; a longer one is not read at all)."""
+WIDE_RANGES = frozenset({3926, 3908, 3910})
+"""int8range, tsrange, tstzrange: the built-in ranges read as they are whose values reach more than
+:data:`TOAST_SMALLEST` bytes (two 8-byte bounds); int4range and daterange hold 17 at most."""
+RANGE_DATA_BYTES = 21
+"""The data of an int8range, tsrange or tstzrange with two finite bounds: its type's OID, two
+8-byte bounds and a flags byte (without the header)."""
+TOAST_SMALLEST = 24
+"""MAXALIGN(TOAST_POINTER_SIZE): the toaster compresses or stores apart only a value of more bytes
+(4-byte header included; src/backend/access/table/toast_helper.c)."""
 _DECLARED_LENGTH_TYPES = frozenset({1043, 1042})
 _VARHDRSZ = 4  # a varchar(n)'s type modifier is n + 4
 _MAX_BYTES_PER_CHARACTER = 4  # UTF-8, and every server encoding PostgreSQL has
@@ -138,11 +161,53 @@ def unconstrained_numeric(column: ColumnInfo) -> bool:
     return column.value_type == (NUMERIC, -1)
 
 
-def _needs_bound(column: ColumnInfo, policy: TablePolicy) -> bool:
+def length_bounded(column: ColumnInfo, policy: TablePolicy) -> bool:
+    """Whether ``column``'s values are bounded by their length or stored form, not by a declared
+    size: a text, ``varchar``, ``char`` or ``bytea`` whose declared size (if any) exceeds
+    ``max_text_bytes``, or a numeric of no declared precision."""
     if unconstrained_numeric(column):
         return True
     declared = _declared_bytes(column)
     return column.value_type[0] in TEXT_TYPES and (declared is None or declared > policy.max_text_bytes)
+
+
+def _stored_bytes(column: ColumnInfo) -> int | None:
+    """The most bytes one value of a declared size holds, 4-byte header included (the size the
+    toaster weighs), or None: ``column`` is of no type :func:`declared_apart` knows."""
+    type_oid, modifier = column.value_type
+    declared = _declared_bytes(column)
+    if declared is not None:
+        return _VARHDRSZ + declared
+    if type_oid == NUMERIC and modifier >= _VARHDRSZ:
+        digits = ((modifier - _VARHDRSZ) >> 16) & 0xFFFF
+        # p digits span at most ceil(p/4) + 1 four-digit groups of 2 bytes, behind a 2- or 4-byte header
+        return _VARHDRSZ + 4 + 2 * (-(-digits // 4) + 1)
+    if type_oid == BIT and modifier > 0:
+        return _VARHDRSZ + _bit_data(modifier)
+    if type_oid in WIDE_RANGES:
+        return _VARHDRSZ + RANGE_DATA_BYTES
+    return None
+
+
+def _bit_data(bits: int) -> int:
+    """The bytes of data of a ``bit(n)`` value (its bit count, then its bits), without the header."""
+    return 4 + -(-bits // 8)
+
+
+def declared_apart(column: ColumnInfo, policy: TablePolicy) -> bool:
+    """Whether ``column`` is of a type read as it is because a declared size bounds it
+    (``varchar(n)``/``char(n)`` whose 4·n bytes fit ``max_text_bytes``, ``numeric(p, s)``,
+    ``bit(n)``, ``int8range``/``tsrange``/``tstzrange``, or a domain over one) whose values may
+    still be stored apart or compressed: of more than :data:`TOAST_SMALLEST` bytes, the least the
+    toaster touches. Such a column is read through its in-line check too (:func:`bounded_value`)."""
+    if length_bounded(column, policy):
+        return False
+    most = _stored_bytes(column)
+    return most is not None and most > TOAST_SMALLEST
+
+
+def _needs_bound(column: ColumnInfo, policy: TablePolicy) -> bool:
+    return length_bounded(column, policy) or declared_apart(column, policy)
 
 
 def in_line_text(sql: str) -> str:
@@ -162,6 +227,25 @@ def in_line_numeric(sql: str) -> str:
             f"{operator(size, '<=', str(NUMERIC_MAX_BYTES))} AND {operator(operator(size, '%', '2'), '=', '1')}")
 
 
+def in_line_bit(sql: str, bits: int) -> str:
+    """The SQL of whether ``sql``, a ``bit(bits)`` value read from a table, is stored in the row
+    uncompressed: its stored size exceeds its data's (:func:`_bit_data`, fixed by the declared
+    length) by a 1- or 4-byte header; stored apart uncompressed it equals it, compressed it is
+    smaller. Reads the header only (``octet_length`` of a bit value reads the value); NULL for NULL."""
+    return operator(f"pg_catalog.pg_column_size({sql})", ">", str(_bit_data(bits)))
+
+
+def in_line_range(sql: str) -> str:
+    """The SQL of whether ``sql``, an ``int8range``, ``tsrange`` or ``tstzrange`` read from a table,
+    is stored in the row uncompressed. Such a value holds 5, 13 or 21 bytes of data (its type, a
+    flags byte, and the bounds that are finite), with a 1- or 4-byte header in the row; only one of
+    21 bytes (25 with its header) is large enough for the toaster, and stored apart uncompressed its
+    size is 21, which no value in the row has. Reads the header only (the flags are in the value);
+    NULL for NULL."""
+    size = operator(f"pg_catalog.pg_column_size({sql})", "<>", str(RANGE_DATA_BYTES))
+    return f"pg_catalog.pg_column_compression({sql}) IS NULL AND {size}"
+
+
 def bounded_value(column: ColumnInfo, policy: TablePolicy) -> str:
     """The SQL of ``column`` as a DP statement reads it: NULL where its value is longer than the
     bound or not stored in the row uncompressed, else the value, in its own collation. A text value
@@ -172,8 +256,15 @@ def bounded_value(column: ColumnInfo, policy: TablePolicy) -> str:
     name = quote_identifier(column.name)
     if not _needs_bound(column, policy):
         return name
-    if unconstrained_numeric(column):
+    type_oid, modifier = column.value_type
+    if type_oid == NUMERIC:
         short = in_line_numeric(name)
+    elif type_oid == BIT:
+        short = in_line_bit(name, modifier)
+    elif type_oid in WIDE_RANGES:
+        short = in_line_range(name)
+    elif declared_apart(column, policy):
+        short = in_line_text(name)
     else:
         short = operator(f"pg_catalog.octet_length({name})", "<=", str(policy.max_text_bytes)) + " AND " + in_line_text(name)
     return f"CASE WHEN {short} THEN {name} END"

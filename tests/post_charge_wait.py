@@ -5,14 +5,17 @@ tables in a lock step sent just before its run, whose failure refunds the charge
 (``proxy/serving/relation_locks.py``): a test holding one of those makes the statement fail
 uncharged, before its run. A statement opens the table's TOAST relation and index only to read
 a long value stored apart, which no lock step does: a held ``REINDEX`` of that index (``hold_toast_index``) makes a statement reading such a
-value (``SUM(amount)``, ``amount > 0`` on a table of ``create_toasted``) wait after its charge,
-on the backend, with the table held. A value dpproxy reads, stored apart: dpproxy reads a
-bounded column's (a text's, an unconstrained numeric's) stored size and placement first
-(``rewriter/text_bounds.py``), which PostgreSQL takes from the TOAST pointer, and leaves a value
-stored apart unread, however short: so the value is in a column of a declared size, which dpproxy
-reads as it is (``READ_APART_NUMERIC``, ``READ_APART_TEXT``; the form docs/threat-model.md leaves
-open), short enough for its type (~880 digits, ~450 bytes; 64 characters) and pushed out of the
-row by a wide column kept in it (``STORAGE MAIN``) beside its own ``STORAGE EXTERNAL``.
+value (``amount IN (1, 2)`` on a table of ``create_toasted``) wait after its charge, on the
+backend, with the table held. A value dpproxy reads, stored apart: dpproxy reads a column's
+stored size and placement first (``rewriter/text_bounds.py``; a text, a numeric, a column of a
+declared size long enough to be stored apart), which PostgreSQL takes from the TOAST pointer, and
+leaves a value stored apart unread, however short, in every term. The one read left is the hashed
+raw conjunct beside a WHERE's top-level ``=`` or IN on a column of a declared size
+(``rewriter/raw_equality.py``), which hashes the raw value once: so the value is in such a column
+(``READ_APART_NUMERIC``, ``READ_APART_TEXT``), short enough for its type (~880 digits, ~450
+bytes; 64 characters), pushed out of the row by a wide column kept in it (``STORAGE MAIN``)
+beside its own ``STORAGE EXTERNAL``, and the statement compares it with ``=`` or IN at the top
+of its WHERE.
 ``LONG_NUMBER`` and ``LONG_TEXT`` in a bounded column are what a statement reads as NULL since then
 (tests/test_attack_stop40.py).
 
@@ -46,14 +49,15 @@ __all__ = ["GATE", "LONG_NUMBER", "LONG_NUMBER_BYTES", "LONG_TEXT", "PAD", "READ
 LONG_NUMBER = "(SELECT ('1' || pg_catalog.string_agg(lpad((random() * 1e8)::int8::text, 8, '0'), ''))::numeric " \
               "FROM generate_series(1, 110) g)"
 """A number of 881 random digits (~450 bytes uncompressed): what ``numeric(1000, 0)`` holds; stored
-apart, a DP statement reads it from a column of that type (``READ_APART_NUMERIC``), not from an
-unconstrained numeric (``rewriter.text_bounds``: NULL there)."""
+apart, a DP statement reads it as NULL (``rewriter.text_bounds``), and fetches it only to hash it
+for a top-level ``=``/IN on a column of that type (``READ_APART_NUMERIC``)."""
 
 LONG_NUMBER_BYTES = 512
 """The most bytes ``LONG_NUMBER`` takes uncompressed (more than half of them)."""
 
 READ_APART_NUMERIC = "numeric(1000, 0)"
-"""A numeric type a DP statement reads as it is, even stored apart: a declared precision."""
+"""A numeric type of a declared precision: a DP statement fetches a value of it stored apart only for
+the hashed raw conjunct of a top-level ``=``/IN (``rewriter.raw_equality``)."""
 
 TEXT_MAX_BYTES: int = TablePolicy.model_fields["max_text_bytes"].default
 """A table's default ``max_text_bytes``: the most bytes of a text a DP statement reads."""
@@ -66,8 +70,8 @@ SHORT_TEXT = "(SELECT substr(pg_catalog.string_agg(md5(random()::text), ''), 1, 
 """64 random hex digits: what ``READ_APART_TEXT`` holds, long enough to be stored apart (more than 24 bytes)."""
 
 READ_APART_TEXT = "varchar(64)"
-"""A text type a DP statement reads as it is, even stored apart: its 4·64 bytes fit the default
-``max_text_bytes``, so no bound applies (``rewriter.text_bounds``)."""
+"""A text type of a declared size within the default ``max_text_bytes``: a DP statement fetches a
+value of it stored apart only for the hashed raw conjunct of a top-level ``=``/IN (``rewriter.raw_equality``)."""
 
 PAD = "(SELECT pg_catalog.string_agg(md5(random()::text), '') FROM generate_series(1, 57) g)"
 """1,824 random characters: in a column kept in the row, they leave no room for the long value."""
@@ -119,7 +123,8 @@ def with_toasted(policy: str, table: str, extra: str = "", braces: int = 2) -> s
 def create_toasted(admin: psycopg.Connection[Any], table: str, grantee: str = "dpproxy_service") -> None:
     """(Re)create ``table`` (age integer, amount ``READ_APART_NUMERIC``): 1,000 short rows and one
     whose amount has 881 random digits, stored apart in the TOAST relation (:func:`store_apart`),
-    which a DP statement reading ``amount`` fetches after its charge."""
+    which a DP statement with ``amount = v`` or ``amount IN (…)`` at the top of its WHERE fetches
+    (to hash it) after its charge."""
     admin.execute(f"DROP TABLE IF EXISTS {table}")
     admin.execute(f"CREATE TABLE {table} (age integer, amount {READ_APART_NUMERIC})")
     admin.execute(f"INSERT INTO {table} SELECT i % 90, 1 FROM generate_series(1, 1000) i")

@@ -71,12 +71,18 @@ def test_equality_where_false_and_null_may_differ_keeps_the_bounded_value(where:
     assert "CASE WHEN (pg_catalog.octet_length(" in sql, sql
 
 
-def test_a_table_without_a_quantum_keeps_the_bounded_value_and_a_narrow_varchar_is_read_as_it_is() -> None:
-    """Without a quantum the raw form's index search could read a long value (the module's lever)."""
+def test_a_table_without_a_quantum_keeps_the_bounded_value_and_a_narrow_varchar_gets_one_hashed_raw_conjunct() -> None:
+    """Without a quantum the raw form's index search could read a long value (the module's lever). A
+    varchar(10), read through its in-line check alone (its values may be stored apart), compares
+    the raw column only in the hashed conjunct beside a top-level ``=`` (tests/test_declared_raw_equality.py),
+    with or without a quantum, and never term by term."""
     sql = _sql("SELECT count(*) FROM {t} WHERE t = 'x'", quantum_ms=0)
     assert '"raw ' not in sql and 'CASE WHEN (pg_catalog.octet_length("t")' in sql, sql
-    assert _sql("SELECT count(*) FROM {t} WHERE narrow = 'x'") == (
-        'SELECT pg_catalog.count(*) FROM "public"."tr" WHERE ("narrow" OPERATOR(pg_catalog.=) \'x\')')
+    for quantum_ms in (0, 20):
+        narrow = _sql("SELECT count(*) FROM {t} WHERE narrow = 'x' OR (narrow = 'y' AND x > 3)", quantum_ms=quantum_ms)
+        assert '"raw ' not in narrow, narrow
+        assert 'CASE WHEN (pg_catalog.pg_column_size("narrow") OPERATOR(pg_catalog.>) pg_catalog.octet_length("narrow"))' in narrow
+        assert _sql("SELECT count(*) FROM {t} WHERE narrow = 'x'", quantum_ms=quantum_ms).count('"raw 7"') == 2
 
 
 def test_each_occurrence_is_rendered_by_where_it_stands() -> None:
