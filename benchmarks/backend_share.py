@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -40,16 +39,11 @@ import psycopg
 from proxy.backend.pool import PINNED_SETTINGS
 from proxy.demo.embedded import SERVICE_ROLE
 from proxy.serving.relation_locks import lock_step_sql
-from rewriter.rewrite import backend_sql
 
-from .plans import plan_of
-from .postgres import BenchPostgres, free_port
-from .servers import write_policy
-from .tables import prepare_database, table_name
+from .plans import DATABASE, backend_sqls
 
 __all__ = ["STATEMENTS", "backend_cpu_ns", "main"]
 
-DATABASE = "bench"
 STATEMENTS = {  # pgbench's transaction (benchmarks/pgbench.py SCRIPT), its draw of the parameter
     "COUNT": ("SELECT COUNT(*) FROM {table} WHERE age > $1 AND sex = 'Female'", (25, 60)),
     "SUM": ("SELECT SUM(hours_per_week) FROM {table} WHERE hours_per_week > $1", (20, 60)),
@@ -102,26 +96,18 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     parser.add_argument("--data-dir", type=Path, help="keep PostgreSQL's data here and reuse loaded tables")
     args = parser.parse_args(argv)
     sizes = [int(size) for size in args.rows.split(",")]
-    work = Path(tempfile.mkdtemp(prefix="dpproxy-backend-share-"))
-    postgres = BenchPostgres(args.data_dir or work / "pgdata", 20)
-    try:
-        prepare_database(postgres, DATABASE, sizes)
-        backend = postgres.endpoint(SERVICE_ROLE, DATABASE, tcp=False)
-        tables = {rows: table_name(rows) for rows in sizes}
-        policy = write_policy(work / "policy.yaml", backend, free_port(), tables)
+    statements = {name: text for name, (text, _) in STATEMENTS.items()}
+    with backend_sqls(sizes, args.data_dir, lambda table: {n: t.format(table=table) for n, t in statements.items()}) \
+            as (postgres, texts):
         out("| rows | statement | direct µs | run µs (ratio) | step + run µs (ratio) |")
         out("|---:|---|---:|---:|---:|")
+        backend = postgres.endpoint(SERVICE_ROLE, DATABASE, tcp=False)
         with psycopg.connect(backend.conninfo(), options=_options(), autocommit=True) as conn:
-            for rows, table in tables.items():
-                for name, (text, draw) in STATEMENTS.items():
-                    direct = text.format(table=table)
-                    run = backend_sql(plan_of(policy, direct), seed=0)
-                    times = _measure(conn, _variants(direct, run), draw, args.statements, args.block)
-                    base = times["direct"]
-                    out(f"| {rows:,} | {name} | {base:,.1f} | {times['run']:,.1f} ({times['run'] / base:.2f}) "
-                        f"| {times['step + run']:,.1f} ({times['step + run'] / base:.2f}) |")
-    finally:
-        postgres.stop()
+            for (rows, name), (direct, run) in texts.items():
+                times = _measure(conn, _variants(direct, run), STATEMENTS[name][1], args.statements, args.block)
+                base = times["direct"]
+                out(f"| {rows:,} | {name} | {base:,.1f} | {times['run']:,.1f} ({times['run'] / base:.2f}) "
+                    f"| {times['step + run']:,.1f} ({times['step + run'] / base:.2f}) |")
     return 0
 
 
