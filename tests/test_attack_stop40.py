@@ -335,6 +335,27 @@ def test_a_text_is_read_exactly_when_stored_in_the_row_uncompressed(stored_forms
     assert [(label, size) for label, size, truth, in_line in forms if in_line != truth] == []
 
 
+# Bounds at and around each stored value's size in bytes (0, 3, 126, 127, 128, 180 multibyte, 250, 300),
+# and the largest the policy takes.
+_BOUNDS = (1, 2, 3, 125, 126, 127, 128, 179, 180, 181, 249, 250, 251, 256, 299, 300, 301, 1_073_741_823)
+
+
+@pytest.mark.parametrize("column_type", ["text", "bytea", "char(300)"])
+def test_the_bound_and_the_in_row_test_in_one_comparison_agree_with_the_two_tests(
+        stored_forms_dsn: str, column_type: str) -> None:
+    """``int4smaller(pg_column_size(x), b + 1) > octet_length(x)`` (one comparison, four calls a row)
+    is true, false or NULL exactly where ``octet_length(x) <= b AND pg_column_size(x) >
+    octet_length(x)`` is, on every stored form, for bounds at and around each value's size."""
+    form = {"bytea": "convert_to({}, 'UTF8')", "char(300)": "left({}, 300)"}.get(column_type, "{}")
+    values = {label: form.format(value) for label, value in {**_TEXT_VALUES, "NULL": "NULL"}.items()}
+    both = " AND ".join(
+        f"({in_line_text('x', bound)}) IS NOT DISTINCT FROM "
+        f"((pg_catalog.octet_length(x) <= {bound}) AND ({in_line_text('x')}))" for bound in _BOUNDS)
+    forms = _stored_forms(stored_forms_dsn, column_type, values, both)
+    assert {label for label, _, truth, _ in forms if not truth and not label.startswith("NULL")}
+    assert [label for label, _, _, agree in forms if not agree] == []
+
+
 def test_a_numeric_is_read_only_when_stored_in_the_row_uncompressed_within_the_bound(stored_forms_dsn: str) -> None:
     """An odd ``pg_column_size`` of an uncompressed numeric is one in the row with a 1-byte header;
     a value stored apart (even) is never read, nor one in the row with a 4-byte header (at least 128

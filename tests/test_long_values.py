@@ -120,9 +120,9 @@ def test_the_backend_sql_bounds_a_domain_by_its_base_type() -> None:
     policy = TablePolicy(epsilon=1.0)
     table = Relation(1, "public", "lv", policy, columns)
     assert bounded_source(table, columns) == (
-        '(SELECT CASE WHEN (pg_catalog.octet_length("d") OPERATOR(pg_catalog.<=) 256) AND (pg_catalog.pg_column_size("d") OPERATOR(pg_catalog.>) pg_catalog.octet_length("d")) THEN "d" END AS "d", '
+        '(SELECT CASE WHEN (pg_catalog.int4smaller(pg_catalog.pg_column_size("d"), CAST(257 AS integer)) OPERATOR(pg_catalog.>) pg_catalog.octet_length("d")) THEN "d" END AS "d", '
         'CASE WHEN (pg_catalog.pg_column_size("s") OPERATOR(pg_catalog.>) pg_catalog.octet_length("s")) THEN "s" END AS "s", '
-        'CASE WHEN (pg_catalog.octet_length("b") OPERATOR(pg_catalog.<=) 256) AND (pg_catalog.pg_column_size("b") OPERATOR(pg_catalog.>) pg_catalog.octet_length("b")) THEN "b" END AS "b", "i" '
+        'CASE WHEN (pg_catalog.int4smaller(pg_catalog.pg_column_size("b"), CAST(257 AS integer)) OPERATOR(pg_catalog.>) pg_catalog.octet_length("b")) THEN "b" END AS "b", "i" '
         'FROM "public"."lv") AS "lv"')
     assert [value_bytes(columns[name], policy) for name in ("d", "s", "b", "i")] == [256, 40, 256, None]
 
