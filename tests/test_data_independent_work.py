@@ -9,7 +9,6 @@ from fractions import Fraction
 from typing import Any, Callable
 
 import numpy as np
-import opendp.prelude as dp
 import pytest
 
 from mechanisms import opendp_calls, samplers, smooth_median
