@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 
 @dataclass(frozen=True)
@@ -23,3 +24,9 @@ class Release(Generic[T]):
     scale: float
     error95: float
     mechanism: str
+
+    def with_value(self, value: U) -> "Release[U]":
+        """This release with ``value`` (a post-processed form of its own, such as an integer
+        column's rounded MIN) in its place, all else the same: ``dataclasses.replace(self,
+        value=value)`` without its per-field introspection (~200 bytecodes a column)."""
+        return Release(value, self.epsilon, self.delta, self.scale, self.error95, self.mechanism)
