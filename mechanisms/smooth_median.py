@@ -50,6 +50,7 @@ for a useful AVG. Smaller tables get answers dominated by the range term.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Sequence, TypeVar
 
 import numpy as np
@@ -156,12 +157,23 @@ def smooth_sensitivity_median(
         raise ValueError("need at least one partition value")
     x = np.concatenate(([float(lo)], np.asarray(sorted_values, dtype=float), [float(hi)]))
     j = median_index(m) + 1
-    # weight[b − a] is e^{−β(b−a−1)} to within an ulp (np.exp is not math.exp), enough to
-    # locate the maximum; weight[0] serves only a = b = j, whose gap is 0.
+    spans, gaps = _near_best(_bracketing_terms(x, j, _weights(m, beta)), x)
+    return _exact_max(gaps, spans - 1, beta)
+
+
+@lru_cache(maxsize=64)
+def _weights(m: int, beta: float) -> np.ndarray:
+    """weight[b − a] = e^{−β(b−a−1)} for spans 0 … m+1, read-only.
+
+    To within an ulp (np.exp is not math.exp), enough to locate the maximum; weight[0] serves
+    only a = b = j, whose gap is 0. Kept per (m, β): both are the policy's and the statement's
+    (partitions, the column's ε, δ), never the data's, so whether they were seen before tells
+    nothing about any row; ~1,000 exponentials a release otherwise.
+    """
     weight = np.exp(np.arange(-1, m + 1) * -beta)
     weight[0] = 0.0
-    spans, gaps = _near_best(_bracketing_terms(x, j, weight), x)
-    return _exact_max(gaps, spans - 1, beta)
+    weight.flags.writeable = False
+    return weight
 
 
 # (span, gap, term) arrays of one length for pairs (a, b): span = b − a, gap = x_b − x_a and

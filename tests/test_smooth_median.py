@@ -391,3 +391,17 @@ def test_the_s_star_search_calls_no_numpy_wrapper_written_in_python(m: int) -> N
     finally:
         sys.setprofile(None)
     assert not called
+
+
+def test_the_search_weights_are_computed_once_per_partitions_and_beta_and_cannot_be_changed() -> None:
+    # A function of m and β (the policy's partitions, the column's ε and δ), never of the values:
+    # whether they were computed before tells nothing about any row.
+    smooth_median._weights.cache_clear()
+    beta = smoothing_beta(0.5, 1e-6)
+    for low in (10.0, 20.0, 30.0):
+        smooth_sensitivity_median(np.linspace(low, 90.0, 300), 0.0, 100.0, beta)
+    assert smooth_median._weights.cache_info().misses == 1
+    weight = smooth_median._weights(300, beta)
+    assert weight[0] == 0.0 and weight[1] == 1.0 and weight[2] == pytest.approx(math.exp(-beta))
+    with pytest.raises(ValueError):
+        weight[1] = 2.0
