@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import sys
 from functools import lru_cache
+from types import FrameType
 from typing import Sequence
 from unittest.mock import patch
 
@@ -380,7 +381,7 @@ def test_the_s_star_search_calls_no_numpy_wrapper_written_in_python(m: int) -> N
     values = np.sort(np.concatenate((np.linspace(10.0, 90.0, m - m // 3), np.full(m // 3, 50.0))))
     called: set[str] = set()
 
-    def profile(frame, event, arg):  # type: ignore[no-untyped-def]
+    def profile(frame: FrameType, event: str, arg: object) -> None:
         path = frame.f_code.co_filename
         if event == "call" and "numpy" in path and not path.endswith("multiarray.py"):  # C functions' dispatchers
             called.add(f"{path.rsplit('numpy', 1)[-1]}:{frame.f_code.co_name}")
