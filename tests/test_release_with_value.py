@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import fields, replace
+from fractions import Fraction
 
 import numpy as np
 
+from mechanisms.quantile import QuantileGrid, release_quantiles
 from mechanisms.release import Release
 from policies.model import ColumnPolicy, TablePolicy
 from policies.tables import ColumnInfo
@@ -28,3 +30,10 @@ def test_an_integer_columns_sample_and_aggregate_min_is_an_integer_release_of_it
     release = release_column(agg, (np.array([30.0, 31.0, 29.0, 40.0, 35.0, 33.0]),), 0.5, table)
     assert isinstance(release.value, int) and 17 <= release.value <= 90
     assert (release.epsilon, release.delta, release.mechanism) == (0.5, 1e-6, "smooth_median")
+
+
+def test_a_subclass_keeps_its_own_fields_and_type() -> None:
+    several = release_quantiles(QuantileGrid.for_bounds(0.0, 100.0, False, 64), [5] * 64, (Fraction(1, 4), Fraction(3, 4)), 0.5)
+    rounded = several.with_value(tuple(int(round(v)) for v in several.value))
+    assert type(rounded) is type(several)
+    assert rounded == replace(several, value=rounded.value)

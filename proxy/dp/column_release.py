@@ -12,6 +12,7 @@ path as any other.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Sequence, cast
 
 from mechanisms.exponential import release_mode
@@ -97,7 +98,7 @@ def release_column(agg: Aggregate, parts: Sequence[Any], epsilon: float, table: 
         # All k from the one set of counts per grid index; ε/k each (mechanisms.quantile).
         several = release_quantiles(quantile_grid(column, table), parts[0], agg.fractions, epsilon, padded)
         if integer and agg.kind == "percentile_disc":
-            return several.with_value(tuple(int(round(value)) for value in several.value))
+            return replace(several, value=tuple(int(round(value)) for value in several.value))
         return several
     if agg.mechanism == "quantile":
         assert agg.fraction is not None
@@ -105,7 +106,7 @@ def release_column(agg: Aggregate, parts: Sequence[Any], epsilon: float, table: 
         chosen = release_quantile(quantile_grid(column, table), parts[0], agg.fraction, epsilon, padded)
         if integer and agg.kind == "percentile_disc":
             # The column's type; integer bounds keep a rounded midpoint within them.
-            return chosen.with_value(int(round(chosen.value)))
+            return replace(chosen, value=int(round(chosen.value)))
         return chosen
     assert column.policy.bounds is not None
     if agg.mechanism == "moments":
