@@ -255,7 +255,7 @@ def _rows_within(
     ends = widths.cumsum()
     columns = np.arange(ends[-1] if ends.size else 0) - (ends - widths - start).repeat(widths)
     spans = columns - rows.repeat(widths)
-    gaps = x[columns] - x[columns - spans]
+    gaps = x[columns] - x[rows].repeat(widths)  # x_a, read once per row: columns − spans is the row
     return (spans, gaps, gaps * weight[spans]), columns, widths
 
 
