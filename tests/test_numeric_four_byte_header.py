@@ -8,7 +8,7 @@ built in memory with a 4-byte header, an even size (``pg_column_size(5::numeric)
 were accepted, and COUNT, SUM and AVG of them answered as if every such value were NULL. A numeric
 of at most 20 bytes is read now whatever its header: the toaster stores apart only a value of more
 than 24 bytes, and one stored apart reports at least 22 (24 seen). Pinned here on real dpproxy and
-PostgreSQL, with an ε so large that the answers are the true ones to within a few units; and that
+PostgreSQL 16 and 15, with an ε so large that the answers are the true ones to within a few units; and that
 the smallest numeric stored apart (24 bytes) and a compressed one still read as NULL. The other
 declared-size checks (``varchar(n)``, ``bit(n)``, ``int8range``) read a value with a 4-byte
 header already: pinned alike on constants a view supplies.
@@ -60,8 +60,10 @@ _POLICY = (ATTACK_POLICY_HEAD
 _HOURS = sum(g % 5 + 1 for g in range(1, _ROWS + 1))  # 120
 
 
-@pytest.fixture(scope="module")
-def header_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+@pytest.fixture(scope="module", params=["pg16", "pg15"])
+def header_proxy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """The three tables on PostgreSQL 16 (pgserver's) and 15, each under a dpproxy of its own."""
+    test_db: TestDatabase = request.getfixturevalue("test_db" if request.param == "pg16" else "pg15_db")
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
         admin.execute(_BASE)
         sizes = admin.execute(
