@@ -28,8 +28,9 @@ one are a policy error, proxy/backend/policy_fit.py).
 which every term and every aggregate's clamp that reads it detoasted again: one such row added
 milliseconds to 256 IN values or 250 FILTERed sums (docs/threat-model.md, Timing). Such a column is
 read through ``CASE WHEN pg_column_compression(n) IS NULL AND pg_column_size(n) <= 127 AND
-pg_column_size(n) % 2 = 1 THEN n END`` (:func:`in_line_numeric`), so a value stored compressed, out of
-line or in more than :data:`NUMERIC_MAX_BYTES` reads as NULL in every construct, as a long text does
+(pg_column_size(n) % 2 = 1 OR pg_column_size(n) <= 20) THEN n END`` (:func:`in_line_numeric`), so a
+value stored compressed, out of line or in more than :data:`NUMERIC_MAX_BYTES` reads as NULL in
+every construct, as a long text does
 (conditions, clamps, sums, AVG, MIN/MAX, percentiles, variances, GROUP BY keys, ``COUNT(col)``).
 Both functions read the value's header only (``toast_datum_size``, ``toast_get_compression_id``): 256
 of them cost the same on a 64 kB value, out of line or compressed, as on a 7-byte one. The bound is
@@ -64,7 +65,10 @@ too: the cost of the check, docs/threat-model.md). The check reads the header on
   ``pg_column_size`` of an uncompressed value is one in the row. A value stored apart has an even
   one, and so does one in the row with a 4-byte header (128 bytes or more), which cannot be told
   apart: so :data:`NUMERIC_MAX_BYTES` is 127 (up to 248 digits, about 240 in practice), where it was
-  512 (1,000 digits) before values stored apart were found.
+  512 (1,000 digits) before values stored apart were found. A value of at most
+  :data:`NUMERIC_NEVER_APART_BYTES` is read whatever its header: none stored apart is so small, and
+  a 4-byte header is what a protected view's computed numeric (``hours::numeric``) and a ``STORAGE
+  PLAIN`` column's value written by UPDATE have.
 
 **Values of a declared size.** A ``varchar(n)``/``char(n)`` within the bound, a ``numeric(p, s)``,
 a ``bit(n)`` (of at most 2,048 bits; a longer one is not read) and an ``int8range``, ``tsrange`` or
@@ -103,9 +107,9 @@ from policies.tables import ColumnInfo, Relation, quote_identifier
 from .sql_text import operator
 
 __all__ = ["BIT", "CASE_FOLD_WORK", "COMPARISON_WORK", "LIKE_WORK", "MAX_TEXT_WORK", "NUMERIC", "NUMERIC_MAX_BYTES",
-           "RANGE_DATA_BYTES", "TEXT_TYPES", "TOAST_SMALLEST", "WIDE_RANGES", "bounded_source", "bounded_value",
-           "declared_apart", "in_line_bit", "in_line_numeric", "in_line_range", "in_line_text", "length_bounded",
-           "unconstrained_numeric", "value_bytes", "work_refusal"]
+           "NUMERIC_NEVER_APART_BYTES", "RANGE_DATA_BYTES", "TEXT_TYPES", "TOAST_SMALLEST", "WIDE_RANGES",
+           "bounded_source", "bounded_value", "declared_apart", "in_line_bit", "in_line_numeric", "in_line_range",
+           "in_line_text", "length_bounded", "unconstrained_numeric", "value_bytes", "work_refusal"]
 
 TEXT_TYPES = frozenset({25, 1043, 1042, 17})
 """text, varchar, char (bpchar) and bytea: the types whose values the bound applies to (a domain's
@@ -116,6 +120,17 @@ NUMERIC_MAX_BYTES = 127
 """The most bytes a numeric of no declared precision may be stored in to be read: in the row,
 uncompressed, with a 1-byte header (126 bytes of data, the most PostgreSQL stores so: up to 248
 digits). Of a larger value, ``pg_column_size`` does not tell whether it is in the row."""
+NUMERIC_NEVER_APART_BYTES = 20
+"""The most bytes a numeric may report in ``pg_column_size`` to be read whatever its header: no value
+stored apart uncompressed reports so few. The toaster stores apart only a value of more than
+:data:`TOAST_SMALLEST` bytes, its 1- or 4-byte header included, and ``pg_column_size`` of one stored
+apart uncompressed is its data's size without a header (the TOAST pointer's external size): at
+least 21 bytes, and even for a numeric, so at least 22 (24 seen on PostgreSQL 15 to 18, where the
+toaster is given values in their 1-byte header form). A value with a 4-byte header of at most this
+many bytes (up to 25 significant digits) is in memory or in the row: a protected view's computed
+value (``hours::numeric``: 8 bytes), a constant, a ``STORAGE PLAIN`` column's value written by
+UPDATE. A compressed one can report fewer (pglz: 16 to 18 bytes for 153 repeated digits), told by
+``pg_column_compression``."""
 BIT = 1560
 """bit(n): read as it is (a bit(n) of at most 2,048 bits; a longer one is not read at all)."""
 WIDE_RANGES = frozenset({3926, 3908, 3910})
@@ -232,11 +247,15 @@ def in_line_text(sql: str, max_bytes: int | None = None) -> str:
 
 def in_line_numeric(sql: str) -> str:
     """The SQL of whether ``sql``, a numeric read from a table, is stored in the row, uncompressed,
-    in at most :data:`NUMERIC_MAX_BYTES` (a 1-byte header and an even number of bytes of data: an
-    odd stored size). Reads the header only; NULL for NULL."""
+    in at most :data:`NUMERIC_MAX_BYTES`: uncompressed, and either of an odd stored size (a 1-byte
+    header and an even number of bytes of data) or of at most :data:`NUMERIC_NEVER_APART_BYTES`
+    whatever its header (a 4-byte one: a view's computed value, a constant, a ``STORAGE PLAIN``
+    column's). Reads the header only; NULL for NULL."""
     size = f"pg_catalog.pg_column_size({sql})"
+    short_header = operator(operator(size, '%', '2'), '=', '1')
+    never_apart = operator(size, '<=', str(NUMERIC_NEVER_APART_BYTES))
     return (f"pg_catalog.pg_column_compression({sql}) IS NULL AND "
-            f"{operator(size, '<=', str(NUMERIC_MAX_BYTES))} AND {operator(operator(size, '%', '2'), '=', '1')}")
+            f"{operator(size, '<=', str(NUMERIC_MAX_BYTES))} AND ({short_header} OR {never_apart})")
 
 
 def in_line_bit(sql: str, bits: int) -> str:

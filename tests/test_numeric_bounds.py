@@ -4,9 +4,10 @@ Such a value can hold 131,072 digits (~64 kB, stored out of line, or compressed 
 its digits repeat), and every term and every aggregate's clamp that read it detoasted it again:
 one such row added milliseconds to 256 IN values or 250 FILTERed sums, a timing oracle on its
 presence (docs/threat-model.md, Timing). Now a DP statement reads the column through
-``CASE WHEN pg_column_compression(n) IS NULL AND pg_column_size(n) <= 127 AND pg_column_size(n) % 2 = 1
-THEN n END`` (rewriter/text_bounds.py; 512 bytes, with no parity test, until values stored apart
-within it were found: tests/test_attack_stop40.py), which reads the header only; another value
+``CASE WHEN pg_column_compression(n) IS NULL AND pg_column_size(n) <= 127 AND (pg_column_size(n) % 2 = 1
+OR pg_column_size(n) <= 20) THEN n END`` (rewriter/text_bounds.py; 512 bytes, with no parity test, until values
+stored apart within it were found: tests/test_attack_stop40.py; the 20 bytes read whatever their header:
+tests/test_numeric_four_byte_header.py), which reads the header only; another value
 reads as NULL in every construct. ``numeric(p, s)`` columns are read as they were. Real dpproxy, real PostgreSQL; the
 reads are witnessed by ``EXPLAIN (BUFFERS)``'s buffer counts, never by timings.
 """
@@ -105,10 +106,12 @@ def test_the_backend_sql_bounds_a_numeric_of_no_declared_precision_by_its_stored
     assert bounded_source(table, columns) == (
         '(SELECT CASE WHEN pg_catalog.pg_column_compression("n") IS NULL AND '
         '(pg_catalog.pg_column_size("n") OPERATOR(pg_catalog.<=) 127) AND '
-        '((pg_catalog.pg_column_size("n") OPERATOR(pg_catalog.%) 2) OPERATOR(pg_catalog.=) 1) THEN "n" END AS "n", '
+        '(((pg_catalog.pg_column_size("n") OPERATOR(pg_catalog.%) 2) OPERATOR(pg_catalog.=) 1) OR '
+        '(pg_catalog.pg_column_size("n") OPERATOR(pg_catalog.<=) 20)) THEN "n" END AS "n", '
         'CASE WHEN pg_catalog.pg_column_compression("dn") IS NULL AND '
         '(pg_catalog.pg_column_size("dn") OPERATOR(pg_catalog.<=) 127) AND '
-        '((pg_catalog.pg_column_size("dn") OPERATOR(pg_catalog.%) 2) OPERATOR(pg_catalog.=) 1) THEN "dn" END AS "dn", '
+        '(((pg_catalog.pg_column_size("dn") OPERATOR(pg_catalog.%) 2) OPERATOR(pg_catalog.=) 1) OR '
+        '(pg_catalog.pg_column_size("dn") OPERATOR(pg_catalog.<=) 20)) THEN "dn" END AS "dn", '
         '"np", "dp" FROM "public"."nb") AS "nb"')
     assert bounded_source(table, ("np", "dp")) == '"public"."nb"'
 

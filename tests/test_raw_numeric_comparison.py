@@ -2,8 +2,8 @@
 (rewriter/raw_equality.py).
 
 The stored-form bound (rewriter/text_bounds.py) made ``n = 5`` a comparison of ``CASE WHEN
-pg_column_compression(n) IS NULL AND pg_column_size(n) <= 127 AND pg_column_size(n) % 2 = 1 THEN n END``,
-which no index can hold:
+pg_column_compression(n) IS NULL AND pg_column_size(n) <= 127 AND (pg_column_size(n) % 2 = 1 OR
+pg_column_size(n) <= 20) THEN n END``, which no index can hold:
 a selective equality on a large indexed table became a sequential scan. On a table with
 ``answer_quantum_ms`` each ``=``, ``<``, ``<=``, ``>``, ``>=`` (an IN list's values, BETWEEN's two
 ends) of such a column with a literal, where false and NULL decide alike, is now
@@ -49,7 +49,8 @@ def _raw(column: str, raw: str, symbol: str, value: str) -> str:
 
 
 _BOUNDED_N = ('CASE WHEN pg_catalog.pg_column_compression("n") IS NULL AND '
-              '(pg_catalog.pg_column_size("n") OPERATOR(pg_catalog.<=) 127) AND ((pg_catalog.pg_column_size("n") OPERATOR(pg_catalog.%) 2) OPERATOR(pg_catalog.=) 1) THEN "n" END AS "n"')
+              '(pg_catalog.pg_column_size("n") OPERATOR(pg_catalog.<=) 127) AND (((pg_catalog.pg_column_size("n") OPERATOR(pg_catalog.%) 2) '
+              'OPERATOR(pg_catalog.=) 1) OR (pg_catalog.pg_column_size("n") OPERATOR(pg_catalog.<=) 20)) THEN "n" END AS "n"')
 
 
 @pytest.mark.parametrize("where, expected", [
