@@ -576,10 +576,13 @@ def _check_function_names(functions: frozenset[str], relation: Relation) -> None
         name = sorted(unknown)[0]
         # PostgreSQL's parser writes x SIMILAR TO p as x ~ similar_to_escape(p): name what was typed.
         written = "SIMILAR TO" if name.removeprefix("pg_catalog.") == "similar_to_escape" else f"function {name}()"
+        # PostgreSQL has no median(): the newcomer's first guess gets the aggregate that is one.
+        median = ("A median is PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY col). "
+                  if name.removeprefix("pg_catalog.") == "median" else "")
         raise Refusal(
             SQLSTATE.DP_QUERY_SHAPE,
             f"{written} is not allowed on protected table {relation.display_name} (rule: function-allowlist)",
-            "Aggregates: COUNT, SUM, AVG, MIN, MAX, MODE(), PERCENTILE_CONT/PERCENTILE_DISC(p) WITHIN GROUP, "
+            median + "Aggregates: COUNT, SUM, AVG, MIN, MAX, MODE(), PERCENTILE_CONT/PERCENTILE_DISC(p) WITHIN GROUP, "
             "VARIANCE/VAR_SAMP/VAR_POP and STDDEV/STDDEV_SAMP/STDDEV_POP; in WHERE: lower(), upper(), and the "
             "date/time and arithmetic functions of computed values: " + ", ".join(sorted(FOLDABLE_FUNCTIONS)) + ".",
             "function-allowlist",

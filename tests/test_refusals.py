@@ -211,3 +211,11 @@ def test_a_refused_function_is_named_with_the_reason(proxy: RunningProxy):
     assert "function pg_stat_get_live_tuples() is not available through dpproxy: it reads statistics" in (
         diag.message_primary or "")
     assert "formatting functions" in (diag.message_hint or "") and "sizes answer NULL" in (diag.message_hint or "")
+
+
+def test_median_is_refused_with_the_percentile_that_is_one(proxy: RunningProxy):
+    with proxy.connect() as conn, pytest.raises(psycopg.Error) as info:
+        conn.execute("SELECT median(age) FROM adult")
+    assert "(rule: function-allowlist)" in (info.value.diag.message_primary or "")
+    assert (info.value.diag.message_hint or "").startswith(
+        "A median is PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY col). Aggregates: COUNT")
