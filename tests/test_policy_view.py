@@ -24,17 +24,18 @@ def test_show_columns_lists_each_protected_column_with_what_it_accepts(proxy: Ru
         rows = {(r[0], r[1]): r[2:] for r in cur.fetchall()}
     assert {table for table, _ in rows} == {"adult", "clamp_test"}  # protected only; lookup is public
     assert rows[("adult", "*")] == (None, None, None, "COUNT(*) laplace", None, 1.0, 1e-6)
-    assert rows[("adult", "age")] == ("integer", "[17, 90]", None, "COUNT laplace, SUM laplace, "
+    assert rows[("adult", "age")] == ("integer", "[17, 90]", None, "COUNT laplace, COUNT(DISTINCT) laplace, SUM laplace, "
                                       "AVG sum_count, MIN sample_aggregate, MAX sample_aggregate, PERCENTILE exponential, "
                                       "VARIANCE moments",
                                       None, 1.0,
                                       1e-6)  # AVG by the default
-    assert rows[("adult", "hours_per_week")][3] == ("COUNT laplace, SUM laplace, AVG sample_aggregate, "
+    assert rows[("adult", "hours_per_week")][3] == ("COUNT laplace, COUNT(DISTINCT) laplace, SUM laplace, AVG sample_aggregate, "
                                                     "MIN sample_aggregate, MAX sample_aggregate, PERCENTILE exponential, "
                                                     "VARIANCE moments")  # the column's avg
-    assert rows[("adult", "sex")] == ("text", "at most 256 bytes, stored in the row uncompressed (another value reads as NULL)", '["Male", "Female"]', "COUNT laplace, MODE exponential", None,
+    assert rows[("adult", "sex")] == ("text", "at most 256 bytes, stored in the row uncompressed (another value reads as NULL)", '["Male", "Female"]',
+                                      "COUNT laplace, COUNT(DISTINCT) laplace, MODE exponential", None,
                                       1.0, 1e-6)
-    assert rows[("adult", "fnlwgt")][3] == "COUNT laplace"  # no bounds in the policy: COUNT only
+    assert rows[("adult", "fnlwgt")][3] == "COUNT laplace, COUNT(DISTINCT) laplace"  # no bounds: COUNTs only
     assert rows[("clamp_test", "ratio")][1:3] == ("[-2.5, 2.5]", None)
 
 
@@ -269,3 +270,22 @@ def test_extract_year_of_a_column_opting_in_weeks_only_is_refused_with_the_units
     assert (refused.value.diag.message_hint or "").startswith(
         "The YEAR part of weeks is answered when the policy opts 'year', 'quarter', 'month' or 'day' in "
         "(weeks answers week)")
+
+
+def test_show_columns_lists_count_distinct_where_it_is_answered(typed_proxy: RunningProxy):
+    # COUNT(DISTINCT col) was answered (and named by the GROUP BY hint) but listed by no column.
+    with typed_proxy.connect(autocommit=True) as conn:
+        shown = {row[1]: row[5] for row in conn.execute("SHOW dpproxy.columns").fetchall()
+                 if row[0] == '"Sales"."Order.Items"'}
+        for column, aggregates in shown.items():
+            if column == "*":
+                continue
+            try:
+                conn.execute(f'SELECT COUNT(DISTINCT "{column}") FROM "Sales"."Order.Items"').fetchall()
+            except psycopg.Error as exc:
+                assert "(rule: aggregate-argument)" in str(exc), (column, exc)
+                answered = False
+            else:
+                answered = True
+            assert ("COUNT(DISTINCT) laplace" in aggregates) == answered, (column, aggregates)
+    assert "COUNT(DISTINCT) laplace" in shown["mood"] and "COUNT(DISTINCT) laplace" not in shown["tags"]
