@@ -219,3 +219,16 @@ def test_median_is_refused_with_the_percentile_that_is_one(proxy: RunningProxy):
     assert "(rule: function-allowlist)" in (info.value.diag.message_primary or "")
     assert (info.value.diag.message_hint or "").startswith(
         "A median is PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY col). Aggregates: COUNT")
+
+
+@pytest.mark.parametrize("sql,start", [
+    ("SELECT count(*) FROM adult WHERE sex = \"Male\"",
+     "Double quotes name a column; a string is written in single quotes: 'Male'. Columns: age,"),
+    ("SELECT count(*) FROM adult WHERE \"Sex\" = 'Male'", "Perhaps you meant sex. Columns: age,"),
+    ("SELECT count(*) FROM adult WHERE sex = Male", "Columns: age,"),
+])
+def test_a_string_in_double_quotes_is_hinted_as_one(proxy: RunningProxy, sql: str, start: str):
+    with proxy.connect() as conn, pytest.raises(psycopg.Error) as info:
+        conn.execute(sql)
+    assert info.value.diag.sqlstate == "42703"
+    assert (info.value.diag.message_hint or "").startswith(start), info.value.diag.message_hint
