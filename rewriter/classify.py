@@ -503,6 +503,7 @@ def _protected(statement: Statement, protected: list[Relation], registry: TableR
     relation = protected[0]
     refuse_partitioned_read(statement.node, relation)
     refs = statement.references
+    _refuse_misread_operators(refs.operators, relation)
     if len(refs.relations) > 1 and ranks_series(statement.node) and len(protected) == len(refs.relations) and all(
         other.oid == relation.oid for other in protected
     ):
@@ -533,6 +534,23 @@ def _protected(statement: Statement, protected: list[Relation], registry: TableR
             check_functions(statement, registry.function_names)
             return ColumnsOnly(qualify(statement.text))
         raise
+
+
+# Operators PostgreSQL does not have that sqlglot, which plans DP queries, reads as others: a == b
+# was answered (and charged) as a = b, where PostgreSQL fails the statement whatever the rows.
+_MISREAD_OPERATORS = {"==": "=", "<=>": "IS NOT DISTINCT FROM"}
+
+
+def _refuse_misread_operators(operators: frozenset[str], relation: Relation) -> None:
+    """Refuse, as PostgreSQL would (42883), an operator of :data:`_MISREAD_OPERATORS`."""
+    for symbol in sorted(operators & _MISREAD_OPERATORS.keys()):
+        raise Refusal(
+            "42883",
+            f"operator does not exist: {symbol} (rule: undefined-operator)",
+            f"PostgreSQL has no {symbol} operator of its own; write {_MISREAD_OPERATORS[symbol]} "
+            f"(WHERE col {_MISREAD_OPERATORS[symbol]} 'x') on protected table {relation.display_name}.",
+            "undefined-operator",
+        )
 
 
 def _check_function_names(functions: frozenset[str], relation: Relation) -> None:
