@@ -76,6 +76,7 @@ from sqlglot import exp
 from policies.errors import Refusal
 from policies.tables import ColumnInfo, quote_identifier
 
+from .category_notes import MAX_NOTES, category_note, more_notes
 from .constants import HINT as FOLD_HINT
 from .constants import Fold, Folding, NotFoldable, fold_type, qualified_constant
 from .like_patterns import case_folded_bytes, case_folded_refusal, longest_part_after_percent, pattern_refusal
@@ -212,6 +213,15 @@ class PredicateRenderer:
         return self._terms
 
     @property
+    def notes(self) -> tuple[str, ...]:
+        """The notes on literals not among a column's declared categories in the predicates rendered
+        so far (:mod:`rewriter.category_notes`), each once, at most ``MAX_NOTES`` in all."""
+        notes = self._renderer.notes
+        if len(notes) <= MAX_NOTES:
+            return tuple(notes)
+        return (*notes[:MAX_NOTES - 1], more_notes(len(notes) - MAX_NOTES + 1))
+
+    @property
     def ilike_bytes(self) -> int:
         """The UTF-8 bytes of the literal ILIKE patterns rendered so far."""
         return self._renderer.ilike_bytes
@@ -262,6 +272,7 @@ class _Renderer:
         self.ilike_bytes = 0  # of the literal ILIKE patterns rendered so far
         self.text_work = 0  # what the terms rendered so far weigh by their reads of text (rewriter.text_bounds)
         self.like_weights: list[tuple[int, int]] = []  # (parameter, bytes read) of each pattern parameter's use
+        self.notes: list[str] = []  # rewriter.category_notes, from the statement and the policy alone
         # Whether the node being rendered stands where false and NULL decide alike: reached from
         # the condition's root through AND, OR and parentheses only (rewriter.raw_equality).
         self.positive = True
@@ -556,6 +567,8 @@ class _Renderer:
                 )
         for side in (left, right):
             self._weigh(side, COMPARISON_WORK)
+        if symbol in ("=", "<>"):
+            self._note(left, right)
         if left.fold:
             left, right, symbol = right, left, _FLIPPED.get(symbol, symbol)
         raw = self._raw_equality(left, symbol, right)
@@ -576,6 +589,15 @@ class _Renderer:
         fold = Fold(left.sql, symbol, right.sql, type_name, f"\x00{len(self.folds)}\x00")
         self.folds.append(fold)
         return fold.token
+
+    def _note(self, left: _Operand, right: _Operand) -> None:
+        """Note a string literal compared with a column as it is that is not among the column's
+        declared categories (:mod:`rewriter.category_notes`)."""
+        for side, other in ((left, right), (right, left)):
+            if side.column is not None and not side.case_folded and other.text is not None and other.column is None:
+                note = category_note(side.column, other.text)
+                if note is not None and note not in self.notes:
+                    self.notes.append(note)
 
     def _raw_equality(self, left: _Operand, symbol: str, right: _Operand) -> str | None:
         """``left symbol right`` on the raw column, where :mod:`rewriter.raw_equality` shows it gives

@@ -130,8 +130,11 @@ def _group_keys(table: Relation, column: ColumnInfo) -> str | None:
 
 
 def _aggregates(table: Relation, column: ColumnInfo) -> list[str]:
-    """The aggregates the DP planner accepts on ``column``, each with its mechanism."""
+    """The aggregates the DP planner accepts on ``column``, each with its mechanism (COUNT(DISTINCT)
+    where rewriter/dp_query.py answers it: a built-in type PostgreSQL can sort, of bounded size)."""
     accepted = ["COUNT laplace"]
+    if column.builtin and column.distinct_countable and not column.unbounded_length:
+        accepted.append("COUNT(DISTINCT) laplace")
     policy = column.policy
     limit = MAX_ABS_BOUND.get(column.type_oid)
     if (column.type_oid in NUMERIC_TYPES and policy is not None and policy.bounds is not None
