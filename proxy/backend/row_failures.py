@@ -263,7 +263,7 @@ def _scan(tree: str) -> _Scan:
                 computed.setdefault(name, set()).update(int(oid) for oid in fields["_reads"].split())
             settle(tag, fields, stack, walk)
         elif token.startswith(":") and stack and token[1:] in LISTS and index < len(tokens) and tokens[index] == "(":
-            end = tokens.index(")", index) if ")" in tokens[index:] else len(tokens)
+            end = next((at for at in range(index, len(tokens)) if tokens[at] == ")"), len(tokens))
             stack[-1][1][token[1:]] = ""
             stack[-1][1][f"_{token[1:]}"] = "\0".join(tokens[index + 1:end])
             index = end + 1

@@ -160,8 +160,7 @@ def settle(tag: str, fields: dict[str, str], stack: list[tuple[str, dict[str, st
                             literal, int(collation) if collation.isdigit() else -1) for read in reads)
     keys = walk.keys.pop(id(fields), ())
     if tag == "TARGETENTRY" and fields.get("ressortgroupref", "0") != "0":
-        place = ("a GROUP BY, DISTINCT, ORDER BY or PARTITION BY key" if stack and stack[-1][0] == "QUERY"
-                 else "an aggregate's DISTINCT or ORDER BY")
+        place = _KEY if stack and stack[-1][0] == "QUERY" else "an aggregate's DISTINCT or ORDER BY"
         walk.reads.extend(ValueRead(key.column, key.type, key.typmod, place) for key in keys)
     elif tag == "SETOPERATIONSTMT" and fields.get("all") != "true":
         types = [t for t in fields.get("_colTypes", "").split("\0") if t.isdigit()]
@@ -187,6 +186,7 @@ def settle(tag: str, fields: dict[str, str], stack: list[tuple[str, dict[str, st
 
 # Operators whose result is their comparison's: an equality of a value with a literal may be bounded by it.
 _COMPARISONS = frozenset({"OPEXPR", "DISTINCTEXPR"})
+_KEY = "a GROUP BY, DISTINCT, ORDER BY or PARTITION BY key"
 # Where in its query a value is read, by the query's field it is under.
 _PLACES = {"jointree": "a WHERE or JOIN condition", "havingQual": "HAVING", "rtable": "a FROM item",
            "windowClause": "a window", "cteList": "a WITH query"}
@@ -216,6 +216,8 @@ def read_at(value: tuple[int, int], column: str, whole: bool, within: str, stack
         above, above_fields = stack[depth]
         if above == "RANGETBLENTRY" and within == "joinaliasvars":
             return
+        if above == "RANGETBLENTRY" and within == "groupexprs":  # PostgreSQL 18's GROUP BY entry
+            place = _KEY
         if above == "TARGETENTRY":  # an aggregate's argument: a key of its DISTINCT or ORDER BY too
             walk.keys.setdefault(id(above_fields), []).append(ValueRead(column, *value, ""))
         elif whole or (above, within) not in PASSED_ON:
