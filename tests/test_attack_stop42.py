@@ -29,9 +29,16 @@ Found and fixed, pinned here:
   accepted as before. PostgreSQL 18's virtual generated column is computed at each reference too:
   one computed from a value of any length (``btrim(note)``) refuses its table the same way.
 
-Found and left open, pinned by a strict xfail: a view's own WHERE (``note > ''``), join condition,
-GROUP BY key or aggregate over a text column reads each row's value whole once a statement, with no
-bound (one 3.2 MB row: ~400 buffers, 2–6 ms); the design is in docs/threat-model.md.
+Found, and closed after the stop (it was pinned by a strict xfail first): a view's own WHERE
+(``note > ''``), join condition, GROUP BY, DISTINCT or ORDER BY key, UNION without ALL, aggregate
+over a text column (``max(note)``), subquery condition, or a row-level security policy's USING
+reads each row's value whole once a statement, with no bound (one 3.2 MB row: ~400 buffers, 2–6
+ms). Such a view or policy is refused like the output columns above, naming the column and the
+place (proxy/backend/whole_reads.py), but for reads bounded whatever the row holds, each pinned
+by buffer counts here: ``IS [NOT] NULL``, ``count(note)``, ``octet_length``, ``=``/``<>`` against
+a literal of at most ``max_text_bytes`` under a deterministic collation, and a ``varchar(n)``
+declared within it. An aggregate's arguments of any length, accepted above before, are the same
+lever and refused now too.
 
 Tried, and held:
 
