@@ -21,11 +21,16 @@ of its WHERE.
 
 That wait depends on dpproxy's SQL reading the value, which the rewriter decides. The *gate*
 does not (:func:`create_gate`, :func:`gated`, :func:`hold_gate`): the protected relation is a
-view of the table ``WHERE EXISTS (SELECT FROM <gate> WHERE v >= '')``, where the gate is a table
-of one text stored apart, named by no policy. PostgreSQL runs that uncorrelated ``EXISTS`` once,
-as a one-time filter, when the run first asks for a row, before it reads any of the table and
-whatever the statement's own WHERE: comparing ``v`` fetches it from the gate's TOAST relation
-through its index, which the held ``REINDEX`` of :func:`hold_gate` blocks. The lock step (under
+view of the table ``WHERE EXISTS (SELECT FROM <gate> WHERE v = '<GATE_VALUE>')``, where the gate
+is a table of one text stored apart, ``GATE_VALUE`` itself, named by no policy. PostgreSQL runs
+that uncorrelated ``EXISTS`` once, as a one-time filter, when the run first asks for a row, before
+it reads any of the table and whatever the statement's own WHERE: ``texteq`` weighs the two sizes
+first, from the TOAST pointer, and finding them equal fetches ``v`` from the gate's TOAST relation
+through its index, which the held ``REINDEX`` of :func:`hold_gate` blocks. The value is one of
+250 bytes, within a table's default ``max_text_bytes``: dpproxy refuses a protected view whose
+conditions read a value of any length whole (a range such as ``v >= ''``, an equality with a
+longer literal), and accepts an equality with a literal that short, whose read is bounded by it
+(``proxy/backend/row_failures.py``). The lock step (under
 ``LIMIT 0``, ``proxy/serving/relation_locks.py``) asks for no row and so never runs it, whether
 its locks end with it or are held to the run. :func:`waiting_at_gate` names the backends
 waiting there (``pg_locks``, never a timing). A wait inside a function the view calls
@@ -36,13 +41,14 @@ and a built-in text comparison are what it accepts.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import psycopg
 
 from policies.model import TablePolicy
 
-__all__ = ["GATE", "LONG_NUMBER", "LONG_NUMBER_BYTES", "LONG_TEXT", "PAD", "READ_APART_NUMERIC", "READ_APART_TEXT",
+__all__ = ["GATE", "GATE_VALUE", "LONG_NUMBER", "LONG_NUMBER_BYTES", "LONG_TEXT", "PAD", "READ_APART_NUMERIC", "READ_APART_TEXT",
            "SHORT_TEXT", "TEXT_MAX_BYTES", "WIDE_PAD", "create_gate", "create_gated", "create_toasted", "gated", "hold_gate",
            "hold_toast_index", "keep_apart", "store_apart", "toast_index", "waiting_at_gate", "with_toasted"]
 
@@ -148,20 +154,21 @@ def hold_toast_index(admin: psycopg.Connection[Any], table: str) -> None:
 
 
 GATE = "post_charge_gate"
-"""The gate table's default name: one text of 3,200 characters stored apart, uncompressed."""
+"""The gate table's default name: one text, ``GATE_VALUE``, stored apart, uncompressed."""
+
+GATE_VALUE = "".join(hashlib.md5(str(part).encode()).hexdigest() for part in range(8))[:250]
+"""The gate's value, 250 hex digits (250 bytes): short enough (a table's default ``max_text_bytes``
+is 256) for a protected view's equality with it to be accepted, long enough to be stored apart
+beside ``PAD``."""
 
 
 def create_gate(admin: psycopg.Connection[Any], gate: str = GATE) -> None:
-    """(Re)create ``gate`` (v text): one row whose ``v`` (3,200 random hex digits, more than a
-    TOAST chunk) is stored apart in the TOAST relation, uncompressed. Views made by :func:`gated`
-    are dropped with it."""
+    """(Re)create ``gate`` (v text, pad text): one row whose ``v`` (``GATE_VALUE``) is stored apart
+    in the TOAST relation, uncompressed (:func:`store_apart`). Views made by :func:`gated` are
+    dropped with it."""
     admin.execute(f"DROP TABLE IF EXISTS {gate} CASCADE")
     admin.execute(f"CREATE TABLE {gate} (v text)")
-    admin.execute(f"ALTER TABLE {gate} ALTER COLUMN v SET STORAGE EXTERNAL")
-    admin.execute(f"INSERT INTO {gate} SELECT pg_catalog.string_agg(md5(random()::text), '') "
-                  "FROM generate_series(1, 100) g")
-    chunks = admin.execute(f"SELECT count(*) FROM {toast_index(admin, gate).removesuffix('_index')}").fetchone()
-    assert chunks is not None and chunks[0] > 1, f"{gate}'s value was not stored apart"
+    store_apart(admin, gate, "v", f"'{GATE_VALUE}'", most=TEXT_MAX_BYTES)
 
 
 def gated(admin: psycopg.Connection[Any], view: str, table: str, grantee: str = "dpproxy_service",
@@ -169,9 +176,10 @@ def gated(admin: psycopg.Connection[Any], view: str, table: str, grantee: str = 
     """(Re)create ``view``, every column and row of ``table`` behind the gate (``EXISTS`` over
     ``gate``, made by :func:`create_gate`), readable by ``grantee``: a run on the view waits at
     the gate while :func:`hold_gate` holds it, after its charge; the view computes nothing that
-    can fail on a row, so dpproxy accepts it as a protected relation."""
+    can fail on a row and reads no value further than a short literal's size, so dpproxy accepts
+    it as a protected relation."""
     admin.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM {table} "
-                  f"WHERE EXISTS (SELECT FROM {gate} WHERE {gate}.v >= '')")
+                  f"WHERE EXISTS (SELECT FROM {gate} WHERE {gate}.v = '{GATE_VALUE}')")
     admin.execute(f"GRANT SELECT ON {view} TO {grantee}")
 
 

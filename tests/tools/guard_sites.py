@@ -37,7 +37,9 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "relation": ("tests/test_protected_view_failures.py", "tests/test_service_role_grants.py",
                  "tests/test_attack_stop42.py::test_a_protected_view_column_computed_from_a_value_of_any_length_is_refused_at_load",
                  "tests/test_attack_stop42.py::"
-                 "test_a_virtual_generated_column_computed_from_a_value_of_any_length_refuses_its_table_at_load"),
+                 "test_a_virtual_generated_column_computed_from_a_value_of_any_length_refuses_its_table_at_load",
+                 "tests/test_attack_stop42.py::test_a_protected_view_whose_conditions_read_a_long_value_whole_is_refused_at_load",
+                 "tests/test_attack_stop42.py::test_an_equality_under_a_nondeterministic_collation_is_refused_at_load"),
     "reads": ("tests/test_attack_identities.py", "tests/test_partition_key.py",
               "tests/test_attack_new_keys.py::test_a_public_relation_that_starts_reading_a_protected_table_is_refused",
               "tests/test_attack_new_keys.py::"
@@ -112,6 +114,7 @@ _G = "rewriter/group_keys.py"
 _D = "rewriter/dp_query.py"
 _L = "rewriter/limits.py"
 _R = "proxy/backend/row_failures.py"
+_W = "proxy/backend/whole_reads.py"
 _RR = "proxy/backend/relation_reads.py"
 _S = "proxy/serving/settings.py"
 
@@ -478,11 +481,24 @@ SITES: tuple[Site, ...] = (
     _off("rows.total-function", _R, "not builtin or _POLYMORPHIC.search(name) or not total", "relation",
          "not builtin or _POLYMORPHIC.search(name)"),
     Site("rows.foreign-table", _R, "_FOREIGN if text is None else _scan(text)", '_scan(text or "")', "relation"),
-    _off("rows.computed-view-column", _R, 'not plain and fields.get("vartype", "").isdigit()', "relation"),
-    Site("rows.computed-from-any-length", _R, "for column, types in scan.computed if column and types & any_length]",
+    _off("rows.computed-view-column", _R, "not plain", "relation"),
+    Site("rows.computed-from-any-length", _R, "for column, types in scan.computed if column and types & catalog.any_length.keys()]",
          "for column, types in scan.computed if False]", "relation"),
     Site("rows.computed-generated-column", _R, 'if where.startswith("virtual generated column") and any(',
          "if False and any(", "relation"),
+    Site("rows.condition-reads-whole", _R, "for read in scan.reads if unbounded(read, catalog, most)))",
+         "for read in scan.reads if False))", "relation"),
+    _off("rows.whole-row-null-test", _W, 'above != "NULLTEST" or whole', "relation", 'above != "NULLTEST"'),
+    _off("rows.sort-group-key", _W, 'tag == "TARGETENTRY" and fields.get("ressortgroupref", "0") != "0"', "relation"),
+    _off("rows.set-operation", _W, 'tag == "SETOPERATIONSTMT" and fields.get("all") != "true"', "relation"),
+    Site("rows.literal-of-a-comparison", _W, "if tag in _COMPARISONS and len(reads) == 1", "if len(reads) == 1",
+         "relation"),
+    Site("rows.literal-bound", _W, "read.literal is not None and read.literal <= most", "read.literal is not None",
+         "relation"),
+    Site("rows.sizes-first-function", _W, "name in _SIZES_FIRST and read.literal", "read.literal", "relation"),
+    Site("rows.deterministic-collation", _W, "(read.collation == 0 or read.collation in catalog.deterministic)",
+         "True", "relation"),
+    Site("rows.declared-size-bound", _W, "(read.typmod - 4) * _MOST_BYTES_PER_CHARACTER <= most", "True", "relation"),
     # ------------------------------------------------------------------ proxy/backend/relation_reads.py
     Site("reads.public-reads-protected", _RR, "reads = await session.fetch_all(_READS_SQL, (True, True, public, protected))",
          "reads = []", "reads"),
