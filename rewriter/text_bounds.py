@@ -108,7 +108,7 @@ from .sql_text import operator
 
 __all__ = ["BIT", "CASE_FOLD_WORK", "COMPARISON_WORK", "LIKE_WORK", "MAX_TEXT_WORK", "NUMERIC", "NUMERIC_MAX_BYTES",
            "NUMERIC_NEVER_APART_BYTES", "RANGE_DATA_BYTES", "TEXT_TYPES", "TOAST_SMALLEST", "WIDE_RANGES",
-           "bounded_source", "bounded_value", "declared_apart", "in_line_bit", "in_line_numeric", "in_line_range",
+           "bounded_source", "bounded_value", "declared_apart", "declared_size", "in_line_bit", "in_line_numeric", "in_line_range",
            "in_line_text", "length_bounded", "unconstrained_numeric", "value_bytes", "work_refusal"]
 
 TEXT_TYPES = frozenset({25, 1043, 1042, 17})
@@ -158,7 +158,10 @@ MAX_TEXT_WORK = 600_000
 
 def _declared_bytes(column: ColumnInfo) -> int | None:
     """The most bytes a ``varchar(n)``/``char(n)`` value holds (4·n), or None: no declared length."""
-    type_oid, modifier = column.value_type
+    return _declared_characters_bytes(*column.value_type)
+
+
+def _declared_characters_bytes(type_oid: int, modifier: int) -> int | None:
     if type_oid in _DECLARED_LENGTH_TYPES and modifier > _VARHDRSZ:
         return _MAX_BYTES_PER_CHARACTER * (modifier - _VARHDRSZ)
     return None
@@ -190,11 +193,12 @@ def length_bounded(column: ColumnInfo, policy: TablePolicy) -> bool:
     return column.value_type[0] in TEXT_TYPES and (declared is None or declared > policy.max_text_bytes)
 
 
-def _stored_bytes(column: ColumnInfo) -> int | None:
-    """The most bytes one value of a declared size holds, 4-byte header included (the size the
-    toaster weighs), or None: ``column`` is of no type :func:`declared_apart` knows."""
-    type_oid, modifier = column.value_type
-    declared = _declared_bytes(column)
+def declared_size(type_oid: int, modifier: int) -> int | None:
+    """The most bytes one value of a type of declared size holds, 4-byte header included (the size
+    the toaster weighs), from its type and type modifier: a ``varchar(n)``/``char(n)`` (4·n),
+    ``numeric(p, s)``, ``bit(n)``, ``int8range``/``tsrange``/``tstzrange``; None for any other
+    (a text, an unconstrained numeric, a domain: its own OID)."""
+    declared = _declared_characters_bytes(type_oid, modifier)
     if declared is not None:
         return _VARHDRSZ + declared
     if type_oid == NUMERIC and modifier >= _VARHDRSZ:
@@ -221,7 +225,7 @@ def declared_apart(column: ColumnInfo, policy: TablePolicy) -> bool:
     toaster touches. Such a column is read through its in-line check too (:func:`bounded_value`)."""
     if length_bounded(column, policy):
         return False
-    most = _stored_bytes(column)
+    most = declared_size(*column.value_type)
     return most is not None and most > TOAST_SMALLEST
 
 

@@ -277,6 +277,11 @@ _WHOLE_READING_VIEWS = {
                "view s42_view reads note (text) whole in a WHERE or JOIN"),  # NULLIF's result is the value
     "declared-size-past-the-bound": ("SELECT DISTINCT id, wide FROM s42_base", ("ALTER TABLE s42_base ADD wide varchar(65)",),
                                      "view s42_view reads wide (character varying) whole in a GROUP BY"),
+    "numeric-of-no-precision": ("SELECT id FROM s42_base WHERE amount > 0", ("ALTER TABLE s42_base ADD amount numeric",),
+                                "view s42_view reads amount (numeric) whole in a WHERE or JOIN"),
+    "numeric-precision-past-the-bound": ("SELECT id FROM s42_base WHERE amount > 0",
+                                         ("ALTER TABLE s42_base ADD amount numeric(1000, 0)",),
+                                         "view s42_view reads amount (numeric) whole in a WHERE or JOIN"),
 }
 
 
@@ -324,6 +329,10 @@ _BOUNDED_VIEWS = {
     "literal-of-max-text-bytes": (f"SELECT id FROM s42_base WHERE note <> '{'x' * 256}'", ()),
     "count-of-a-value": ("SELECT hours AS id, count(note) AS notes, count(payload) AS p FROM s42_base GROUP BY hours", ()),
     "declared-size": ("SELECT DISTINCT id, code FROM s42_base WHERE code > '3' ORDER BY code", ()),
+    # numeric(12, 2): at most 20 bytes of data; numeric(400, 0): 210, within max_text_bytes (256)
+    "declared-numeric": ("SELECT id FROM s42_base WHERE amount > 0 AND big <> 1 ORDER BY amount",
+                         ("ALTER TABLE s42_base ADD amount numeric(12, 2) DEFAULT 1.5",
+                          "ALTER TABLE s42_base ADD big numeric(400, 0) DEFAULT 7")),
     "rls-equality": ("SELECT id FROM s42_base", (*_RLS, "CREATE POLICY s42_p ON s42_base FOR SELECT USING (note <> 'x')")),
     "gate": ("SELECT id FROM s42_base WHERE EXISTS (SELECT FROM s42_base b WHERE b.note = '17')", ()),
 }
@@ -336,7 +345,8 @@ def test_a_protected_view_whose_conditions_read_no_more_than_the_bound_is_answer
     answered: ``=``/``<>`` (and ``IS DISTINCT FROM``) against a literal of at most
     ``max_text_bytes`` (texteq weighs the stored sizes first and reads the value only when they
     are equal), ``IS [NOT] NULL``, ``octet_length`` and ``count(x)`` (the size or the NULL only),
-    and a column whose declared size (``varchar(16)``) is within ``max_text_bytes``."""
+    and a column whose declared size (``varchar(16)``, ``numeric(12, 2)``, ``numeric(400, 0)``) is
+    within ``max_text_bytes``."""
     view, setup = _BOUNDED_VIEWS[case]
     with _view(test_db, view, *setup), running_proxy(test_db, tmp_path_factory, _VIEW_POLICY) as proxy, \
             proxy.connect() as conn:

@@ -20,8 +20,10 @@ PostgreSQL's source:
   against a literal of at most the table's ``max_text_bytes``, they read at most that. Not NULLIF
   (its result is the value, read again above it) nor ``IN (...)`` (hashed from nine literals on,
   which reads the value whole);
-* a ``varchar(n)`` or ``char(n)`` column holds at most ``4·n`` bytes: within ``max_text_bytes``, any
-  read of it is bounded.
+* a column of a declared size holds at most that many bytes (``rewriter.text_bounds.declared_size``:
+  ``4·n`` for a ``varchar(n)`` or ``char(n)``, ``numeric(p, s)`` by its precision, ``bit(n)``, the
+  8-byte ranges): within ``max_text_bytes``, any read of it is bounded. A domain over one, an
+  unconstrained numeric and the other ranges (``numrange``, ``int4range``, ``daterange``) are refused.
 
 An output column that passes the stored value on is no read here (the row_failures scan judges
 output columns); it is one when it is also a sort or group key. A whole row is built, fetching
@@ -33,6 +35,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Mapping
+
+from rewriter.text_bounds import declared_size
 
 from .fetches import Fetches
 
@@ -78,10 +82,8 @@ _SIZE_ONLY = frozenset({"octet_length(text)", "octet_length(bytea)", 'count("any
 # (texteq under a deterministic collation, byteaeq): against a literal, bounded by the literal's.
 _SIZES_FIRST = frozenset({"texteq(text, text)", "textne(text, text)", "byteaeq(bytea, bytea)",
                           "byteane(bytea, bytea)"})
-# Types whose typmod declares their most characters (varchar(n), char(n)), plus the 4 bytes of the
-# typmod's header; 4 bytes the most a character takes in any server encoding.
-_DECLARED_CHARACTERS = frozenset({1042, 1043})
-_MOST_BYTES_PER_CHARACTER = 4
+# The 4-byte header declared_size counts in, which the read of the value's data does not.
+_VARHDRSZ = 4
 
 
 # Lists of scalars a scan keeps (a range table entry's column names, a set operation's column types).
@@ -244,7 +246,8 @@ def unbounded(read: ValueRead, catalog: ReadCatalog, most: int) -> bool:
     (:data:`_SIZES_FIRST`) with a literal of at most ``most`` bytes under a deterministic collation."""
     if read.type not in catalog.any_length:
         return False
-    if read.type in _DECLARED_CHARACTERS and 4 <= read.typmod and (read.typmod - 4) * _MOST_BYTES_PER_CHARACTER <= most:
+    declared = declared_size(read.type, read.typmod)
+    if declared is not None and declared - _VARHDRSZ <= most:
         return False
     name = catalog.functions.get(read.function, ("",))[0] if read.function else ""
     if name in _SIZE_ONLY:

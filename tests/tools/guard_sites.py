@@ -498,7 +498,7 @@ SITES: tuple[Site, ...] = (
     Site("rows.sizes-first-function", _W, "name in _SIZES_FIRST and read.literal", "read.literal", "relation"),
     Site("rows.deterministic-collation", _W, "(read.collation == 0 or read.collation in catalog.deterministic)",
          "True", "relation"),
-    Site("rows.declared-size-bound", _W, "(read.typmod - 4) * _MOST_BYTES_PER_CHARACTER <= most", "True", "relation"),
+    Site("rows.declared-size-bound", _W, "declared is not None and declared - _VARHDRSZ <= most", "True", "relation"),
     # ------------------------------------------------------------------ proxy/backend/relation_reads.py
     Site("reads.public-reads-protected", _RR, "reads = await session.fetch_all(_READS_SQL, (True, True, public, protected))",
          "reads = []", "reads"),
