@@ -14,6 +14,17 @@ text as one class, numerics of no declared precision at their widest and either 
 stored-form bound, and values within the bounds stored apart in the TOAST relation by a wide row).
 A statement dpproxy refuses is drawn again.
 
+Half the statements are drawn over a protected *view* instead (``Statement.relation``), one of
+benchmarks/view_shapes.py's catalogue (renames, casts, ``COLLATE``, ``CASE``/``COALESCE`` outputs,
+functions of text, bytea, numeric and jsonb columns, arithmetic on fixed-length ones, a whole row,
+a view's WHERE, joins, ``GROUP BY``, ``DISTINCT``, ``security_barrier`` and ``security_invoker``
+views, views over views), created over both tables so that the pair differs by the drawn row only;
+the row varies the base columns the view's columns are computed from. dpproxy's own load check
+decides which shapes are drawn over (:meth:`Fuzzer.with_views`): a refused shape is listed in the
+report with its refusal's text, and ``--unchecked-views`` draws over it too, planned with that check
+bypassed, to see what the check closes. A finding over a view is shrunk to the table first, when
+the table alone confirms it (a finding that stays on a view is the view's), and reported apart.
+
 A case is *flagged* when the neighbour's median exceeds the base's by more than both the base's
 interquartile range and :data:`THRESHOLD_MS`, or when the neighbour's last run read more than
 :data:`BUFFER_THRESHOLD` shared buffers beyond the base's (``EXPLAIN (BUFFERS)``: a witness of what
@@ -34,6 +45,7 @@ Run from the repository root::
     python -m benchmarks.timing_fuzz --pg 16 --cases 400 --seed 1 --out /tmp/timing_fuzz.md
 
 ``--only-values FORM`` (repeatable) draws rows from those forms only (``--help`` names them);
+``--no-views`` draws over the table only;
 ``--minutes M`` stops drawing after M minutes, and so do Ctrl-C and SIGTERM: the report covers what was measured.
 """
 
