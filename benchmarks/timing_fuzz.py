@@ -294,10 +294,15 @@ def draw_row(rng: random.Random, statement: Statement, forms: Sequence[str] = tu
              shape: ViewShape | None = None) -> dict[str, str]:
     """The adversarial row (SQL by base column; the rest ordinary): 1 to 3 of the columns the
     statement reads, each given a value of a form drawn from ``forms`` that fits the column; over a
-    view (``shape``), one of the base columns that decide the view's column is given it instead."""
+    view (``shape``), one of the base columns that decide the view's column is given it instead,
+    and a column the view computes is among them when the statement reads one."""
     read = _read_columns(statement) or list(_ROW_COLUMNS)
     row: dict[str, str] = {}
-    for column in rng.sample(read, min(len(read), rng.randint(1, 3))):
+    chosen = rng.sample(read, min(len(read), rng.randint(1, 3)))
+    computed = [c for c in read if shape is not None and c in shape.outputs]
+    if computed and not set(chosen) & set(computed):
+        chosen[0] = rng.choice(computed)
+    for column in chosen:
         base = rng.choice(shape.base_columns(column)) if shape is not None else column
         for form in rng.sample(list(forms), len(forms)):
             value = FORMS[form](rng, "t" if base == "j" else base, statement)
@@ -464,10 +469,12 @@ class Fuzzer:
         return cls(dsn, policy, rows, repeats, drawn, unchecked), verdicts
 
     def draw(self, rng: random.Random, forms: Sequence[str]) -> tuple[Statement, dict[str, str]]:
-        """A statement over the table or one of the views (reading only columns it shows) and a row that fits."""
+        """A statement over the table or one of the views (reading only columns it shows, and one it
+        computes if it computes any: what sets the view apart) and a row that fits."""
         shape = rng.choice(list(self.shapes.values())) if self.shapes and rng.random() < 0.5 else None
         statement = draw_statement(rng)
-        while shape is not None and not set(_read_columns(statement)) <= set(shape.columns):
+        while shape is not None and not (set(_read_columns(statement)) <= set(shape.columns)
+                                         and (not shape.outputs or set(_read_columns(statement)) & set(shape.outputs))):
             statement = draw_statement(rng)
         if shape is not None:
             statement = replace(statement, relation=shape.name)
