@@ -278,7 +278,7 @@ FORMS: dict[str, Callable[[random.Random, str, Statement], str | None]] = {
                                              LONG_TEXT if column in ("t", "dt", "tx", "by") else None),
 }
 _ROW_COLUMNS = ("age", "big", "n", "f", "t", "v", "ci", "cat", "d", "ts", "b", "dn", "nx", "dt", "tx", "by", "nd")
-_APART = (LONG_NUMBER, LONG_TEXT, f"convert_to({LONG_TEXT}, 'UTF8')", f"to_jsonb({LONG_TEXT})")
+_APART = (LONG_NUMBER, LONG_TEXT, f"convert_to({LONG_TEXT}, 'UTF8')", f"to_jsonb(({LONG_TEXT})::text)")
 
 
 def _read_columns(statement: Statement) -> list[str]:
@@ -287,7 +287,7 @@ def _read_columns(statement: Statement) -> list[str]:
 
 
 # Base columns of other types a view computes from, and how a text form becomes one of their values.
-_CONVERTED = {"by": "convert_to({value}, 'UTF8')", "j": "to_jsonb({value})"}
+_CONVERTED = {"by": "convert_to({value}, 'UTF8')", "j": "to_jsonb(({value})::text)"}
 
 
 def draw_row(rng: random.Random, statement: Statement, forms: Sequence[str] = tuple(FORMS),
@@ -332,7 +332,7 @@ _MD5S = re.compile(r"string_agg\(md5\(g::text\), ''\) FROM generate_series\(1, (
 
 def _shorter(value: str) -> str | None:
     """``value`` with half its repetitions, or None when it cannot be shortened."""
-    for head, tail in (("convert_to(", ", 'UTF8')"), ("to_jsonb(", ")")):
+    for head, tail in (("convert_to(", ", 'UTF8')"), ("to_jsonb((", ")::text)")):
         if value.startswith(head) and value.endswith(tail):
             inner = _shorter(value[len(head):-len(tail)])
             return None if inner is None else f"{head}{inner}{tail}"

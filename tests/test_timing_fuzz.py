@@ -135,3 +135,6 @@ def test_timing_fuzz_confirms_by_its_buffers_a_view_column_computed_from_a_value
     proofs = fuzzer.confirmed(statement, row)
     assert proofs is not None and all(buffers_confirmed(proof) for proof in proofs), proofs
     assert fuzzer.confirmed(replace(statement, relation="plain"), row) is None
+    jsonb = next(shape for shape in SHAPES if shape.name == "jsonb_text")  # a text form as a jsonb value: stored
+    assert all(fuzzer.fits(draw_row(random.Random(i), Statement(("COUNT(tx)",), relation=jsonb.name), (form,), jsonb))
+               for i, form in enumerate(FORMS))
