@@ -19,7 +19,9 @@ benchmarks/view_shapes.py's catalogue (renames, casts, ``COLLATE``, ``CASE``/``C
 functions of text, bytea, numeric and jsonb columns, arithmetic on fixed-length ones, a whole row,
 a view's WHERE, joins, ``GROUP BY``, ``DISTINCT``, ``security_barrier`` and ``security_invoker``
 views, views over views), created over both tables so that the pair differs by the drawn row only;
-the row varies the base columns the view's columns are computed from. dpproxy's own load check
+the row varies the base columns the view's columns are computed from, and over a view that
+computes a column the statement reads one and the row varies what it is computed from (drawn as
+over the table, few cases read it with a value that matters). dpproxy's own load check
 decides which shapes are drawn over (:meth:`Fuzzer.with_views`): a refused shape is listed in the
 report with its refusal's text, and ``--unchecked-views`` draws over it too, planned with that check
 bypassed, to see what the check closes. A finding over a view is shrunk to the table first, when
