@@ -1,10 +1,11 @@
 """Candidate closures of the stored-apart lever for values of a declared size, measured by buffers and plans.
 
-docs/threat-model.md (Timing, "Left open"): a ``varchar(n)``/``char(n)`` within ``max_text_bytes`` or
-a ``numeric(p, s)`` is read as it is, so a value a wide row stored apart is fetched again (2 buffer
-hits) by each reference. Reading it through the in-line check (``CASE WHEN <in the row> THEN x END``,
-rewriter/text_bounds.py) closes that, but no index serves the check. This tool measures, for each
-candidate rendering of a condition, on PostgreSQL's own executor (not dpproxy's SQL):
+docs/threat-model.md (Timing, values of a declared size stored apart): a ``varchar(n)``/``char(n)``
+within ``max_text_bytes`` or a ``numeric(p, s)`` was read as it is, so a value a wide row stored
+apart was fetched again (2 buffer hits) by each reference. Reading it through the in-line check
+(``CASE WHEN <in the row> THEN x END``, rewriter/text_bounds.py) closes that, but no index serves
+the check. This tool measures, for each candidate rendering of a condition, on PostgreSQL's own
+executor:
 
 * the shared buffers a statement reads on a 101-row table whose row 0 holds the value apart, beyond
   the same table with an ordinary value there (``EXPLAIN (ANALYZE, BUFFERS)``; a count load does
@@ -13,11 +14,14 @@ candidate rendering of a condition, on PostgreSQL's own executor (not dpproxy's 
 * the plan PostgreSQL picks for a selective ``=`` and IN list, and an unselective count, on
   1,000,000 rows with a plain B-tree index on the column (``EXPLAIN``, no timing).
 
-The candidates (``FORMS``): ``raw`` (today), ``bounded`` (the in-line check at every reference),
-``guarded`` (each term ``(<in the row> AND term)``, the raw term after the check) and ``one raw``
-(every term on the bounded value, and a top-level construct's first term on the raw column beside
-them, an ``=`` or IN list as ``x = ANY(<its values, at least 9>)``, which PostgreSQL hashes: the
-one raw reference a row may pay, which an index serves).
+The candidates (``FORMS``): ``raw`` (dpproxy's before the closure), ``bounded`` (the in-line check at
+every reference), ``guarded`` (each term ``(<in the row> AND term)``, the raw term after the check)
+and ``one raw`` (every term on the bounded value, and a top-level construct's first term on the raw
+column beside them, an ``=`` or IN list as ``x = ANY(<its values, at least 9>)``, which PostgreSQL
+hashes: the one raw reference a row may pay, which an index serves). ``one raw`` is the closure
+dpproxy built (rewriter/raw_equality.py ``hashed_raw_equality``); ``dpproxy`` is the backend SQL its
+rewriter writes for the same statement (a count; the table read through the bounded projection),
+planned as dpproxy's backend connections plan it (``enable_indexonlyscan`` off).
 
 Run from the repository root: ``python -m benchmarks.declared_apart [--rows 1000000]``. It starts
 its own PostgreSQL (pgserver) and removes it.
@@ -35,6 +39,10 @@ from typing import Any
 
 import psycopg
 
+from policies.model import TablePolicy
+from policies.tables import ColumnInfo, Relation
+from rewriter.dp_query import plan_aggregate_query
+from rewriter.rewrite import backend_sql
 from rewriter.text_bounds import in_line_numeric, in_line_text
 from tests.post_charge_wait import PAD, SHORT_TEXT, WIDE_PAD
 
@@ -43,6 +51,8 @@ TYPES = {"varchar(64)": ("'row ' || g", SHORT_TEXT, "'row 0'", WIDE_PAD),
          "numeric(60, 0)": ("g % 100", "repeat('7', 60)::numeric", "1", WIDE_PAD)}
 """Per type: the rows' values, row 0's value stored apart, its ordinary value, and the pad that keeps
 the ordinary one in the row (a char(64) value takes 64 bytes: the narrower PAD)."""
+_TYPE_INFO = {"varchar(64)": (1043, 64 + 4), "char(64)": (1042, 64 + 4), "numeric(60, 0)": (1700, (60 << 16) + 4)}
+"""Per type: its OID and type modifier, as dpproxy's catalog reads them."""
 
 
 def _in_line(column: str, column_type: str) -> str:
@@ -90,6 +100,8 @@ def _render(form: str, column_type: str, joiner: str, term: Term, count: int, to
         return joiner.join(f"({term(bounded, i)})" for i in range(count))
     if form == "guarded":
         return joiner.join(f"({_in_line('x', column_type)} AND {term('x', i)})" for i in range(count))
+    if form == "dpproxy":
+        return joiner.join(f"({term('x', i)})" for i in range(count))  # the analyst's condition: dpproxy_sql renders it
     # one raw: a top-level construct's first term also on the raw column (an = or IN as x = ANY of
     # its values, repeated to 9 or more: hashed), every term on the bounded value
     if not top:
@@ -101,7 +113,23 @@ def _render(form: str, column_type: str, joiner: str, term: Term, count: int, to
     return f"{first} AND " + joiner.join(f"({term(bounded, i)})" for i in range(count))
 
 
-FORMS = ("raw", "bounded", "guarded", "one raw")
+FORMS = ("raw", "bounded", "guarded", "one raw", "dpproxy")
+
+
+def dpproxy_sql(table: str, column_type: str, where: str) -> str:
+    """The backend SQL dpproxy's rewriter writes for ``SELECT count(*) FROM <table> WHERE <where>``
+    on a protected table of ``id int`` and ``x <column_type>`` (no quantum)."""
+    type_oid, modifier = _TYPE_INFO[column_type]
+    columns = {"id": ColumnInfo("id", 23, -1, 1, None), "x": ColumnInfo("x", type_oid, modifier, 2, None),
+               "pad": ColumnInfo("pad", 25, -1, 3, None)}
+    relation = Relation(1, "public", table, TablePolicy(epsilon=1.0), columns)
+    return backend_sql(plan_aggregate_query(f"SELECT count(*) FROM {table} WHERE {where}", relation), 0)
+
+
+def _statement(form: str, table: str, column_type: str, where: str) -> str:
+    if form == "dpproxy":
+        return dpproxy_sql(table, column_type, where)
+    return f"SELECT count(*) FROM {table} WHERE {where}"
 
 
 def _explain(conn: psycopg.Connection[Any], sql: str, analyze: bool) -> dict[str, Any]:
@@ -158,8 +186,8 @@ def extra_buffers(conn: psycopg.Connection[Any]) -> dict[tuple[str, str, str], i
             for form in FORMS:
                 where = _render(form, column_type, joiner, term, count, top)
                 out[column_type, name, form] = None if where is None else (
-                    _buffers(conn, f"SELECT count(*) FROM da_apart_{i} WHERE {where}")
-                    - _buffers(conn, f"SELECT count(*) FROM da_flat_{i} WHERE {where}"))
+                    _buffers(conn, _statement(form, f"da_apart_{i}", column_type, where))
+                    - _buffers(conn, _statement(form, f"da_flat_{i}", column_type, where)))
         for form in FORMS:
             x = {"raw": "x", "bounded": f"(CASE WHEN {_in_line('x', column_type)} THEN x END)"}.get(form)
             out[column_type, "COUNT(DISTINCT)", form] = None if x is None else (
@@ -184,7 +212,9 @@ def plans(conn: psycopg.Connection[Any]) -> dict[tuple[str, str, str], list[str]
             for form in FORMS:
                 where = _render(form, column_type, joiner, term, count, top)
                 assert where is not None
-                out[column_type, name, form] = _nodes(_explain(conn, f"SELECT count(*) FROM da_big_{i} WHERE {where}", False))
+                conn.execute(f"SET enable_indexonlyscan = {'off' if form == 'dpproxy' else 'on'}")
+                out[column_type, name, form] = _nodes(_explain(conn, _statement(form, f"da_big_{i}", column_type, where), False))
+        conn.execute("RESET enable_indexonlyscan")
     return out
 
 

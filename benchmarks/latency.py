@@ -23,7 +23,9 @@ __all__ = ["QUERIES", "Latency", "Probe", "Timer", "added_latency", "measure"]
 QUERIES = {
     "COUNT": "SELECT COUNT(*) FROM {table} WHERE age > 40 AND sex = 'Female'",
     "SUM": "SELECT SUM(hours_per_week) FROM {table} WHERE age > 40",
-    "AVG": "SELECT AVG(hours_per_week) FROM {table} WHERE age > 40",
+    "AVG": "SELECT AVG(hours_per_week) FROM {table} WHERE age > 40",  # sample and aggregate (the benchmark policy)
+    # the policy default, a noisy sum over a noisy count: education_num is set to it (benchmarks/servers.py)
+    "AVG, sum_count": "SELECT AVG(education_num) FROM {table} WHERE age > 40",
     "MIN/MAX": "SELECT MIN(age), MAX(age) FROM {table} WHERE hours_per_week > 40",
     "3 columns": "SELECT COUNT(*), SUM(hours_per_week), SUM(capital_gain) FROM {table} WHERE sex = 'Male'",
 }

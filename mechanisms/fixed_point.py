@@ -67,6 +67,22 @@ class Grid:
             raise ValueError(f"an exact total must be finite, got {exact}")
         return round(Fraction(exact) * Fraction(2) ** self.exponent)
 
+    def rounded_ratio(self, numerator: int, denominator: int) -> int:
+        """rint(numerator/denominator · 2^k), rounding half to even: :meth:`rounded` of that
+        fraction, in integer arithmetic (``denominator`` > 0). The same integer ``round`` of a
+        ``Fraction`` gives, without building one (~500 bytecodes for an integer column's AVG)."""
+        if denominator <= 0:
+            raise ValueError(f"denominator must be positive, got {denominator}")
+        if self.exponent >= 0:
+            numerator <<= self.exponent
+        else:
+            denominator <<= -self.exponent
+        floor, remainder = divmod(numerator, denominator)
+        twice = 2 * remainder
+        if twice < denominator or (twice == denominator and floor % 2 == 0):
+            return floor
+        return floor + 1
+
     def deciding_digits(self, centre: float = 0.0) -> int:
         """How many fraction digits of an exact decimal total T decide rint((T − centre·n)·2^k)
         for every integer n ≥ 0: D = max(k + 1, q, 0), q being the binary fraction digits of the

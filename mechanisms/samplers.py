@@ -17,7 +17,7 @@ import numpy as np
 import opendp.prelude as dp
 
 from .noise_pool import pool_for
-from .opendp_calls import invoke_bool, invoke_float, invoke_floats_to_index
+from .opendp_calls import invoke_bool, invoke_floats_to_index, laplace_float_draw
 
 dp.enable_features("contrib")
 
@@ -36,13 +36,6 @@ _FLOAT_DOMAIN = dp.atom_domain(T=float, nan=False)
 _FLOAT_METRIC = dp.absolute_distance(T=float)
 _FLOAT_VECTOR_DOMAIN = dp.vector_domain(_FLOAT_DOMAIN)
 _FLOAT_VECTOR_METRIC = dp.l1_distance(T=float)
-
-
-def _float_laplace(scale: float) -> Any:
-    # Built on every draw, never cached: its one caller, the smooth median, draws at a scale that
-    # depends on the data (S*), and a cache hit (~20 µs less) would tell that an earlier release
-    # had the same S*, or that S* was at its floor, a constant (benchmarks/proxy_cost.py).
-    return dp.m.make_laplace(_FLOAT_DOMAIN, _FLOAT_METRIC, scale=scale)
 
 
 @lru_cache(maxsize=64)
@@ -85,9 +78,13 @@ def laplace_float(value: float, scale: float) -> float:
     """Return ``value`` plus continuous Laplace(scale) noise, sampled without float artefacts.
 
     With L1 sensitivity Δ this is (Δ/scale)-DP for a query whose answer is ``value``. The
-    measurement is built anew on every call, so its time does not depend on earlier scales.
+    measurement (OpenDP's ``make_laplace`` on an ``f64``) is built anew on every call, through
+    the library's constructor directly (``mechanisms.opendp_calls.laplace_float_draw``), and
+    never cached: its one caller, the smooth median, draws at a scale that depends on the data
+    (S*), and a cache hit would answer faster when an earlier release had the same S*, or S*
+    was at its floor, a constant (benchmarks/proxy_cost.py).
     """
-    return invoke_float(_float_laplace(_check_scale(scale)), float(value))
+    return laplace_float_draw(_FLOAT_DOMAIN, _FLOAT_METRIC, _check_scale(scale), float(value))
 
 
 def laplace_float_vector(values: Sequence[float], scale: float) -> list[float]:

@@ -50,6 +50,7 @@ for a useful AVG. Smaller tables get answers dominated by the range term.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Sequence, TypeVar
 
 import numpy as np
@@ -84,6 +85,9 @@ _NEAR_TIE_ABSOLUTE = 2.0**-1000
 # A matrix of at most this many terms (a function of m: search_passes) is scanned whole, in
 # one pass, rather than in three passes of a few dozen numpy calls. Only speed depends on it.
 _DIRECT_SCAN_SIZE = 4096
+# Above every column index (the search's index arrays are np.intp): a row's first near-best
+# column is the least of these and its near-best columns.
+_NO_COLUMN = np.iinfo(np.intp).max
 
 
 def smoothing_beta(epsilon: float, delta: float) -> float:
@@ -153,12 +157,23 @@ def smooth_sensitivity_median(
         raise ValueError("need at least one partition value")
     x = np.concatenate(([float(lo)], np.asarray(sorted_values, dtype=float), [float(hi)]))
     j = median_index(m) + 1
-    # weight[b − a] is e^{−β(b−a−1)} to within an ulp (np.exp is not math.exp), enough to
-    # locate the maximum; weight[0] serves only a = b = j, whose gap is 0.
+    spans, gaps = _near_best(_bracketing_terms(x, j, _weights(m, beta)), x)
+    return _exact_max(gaps, spans - 1, beta)
+
+
+@lru_cache(maxsize=64)
+def _weights(m: int, beta: float) -> np.ndarray:
+    """weight[b − a] = e^{−β(b−a−1)} for spans 0 … m+1, read-only.
+
+    To within an ulp (np.exp is not math.exp), enough to locate the maximum; weight[0] serves
+    only a = b = j, whose gap is 0. Kept per (m, β): both are the policy's and the statement's
+    (partitions, the column's ε, δ), never the data's, so whether they were seen before tells
+    nothing about any row; ~1,000 exponentials a release otherwise.
+    """
     weight = np.exp(np.arange(-1, m + 1) * -beta)
     weight[0] = 0.0
-    spans, gaps = _near_best(_bracketing_terms(x, j, weight), x)
-    return _exact_max(gaps, spans - 1, beta)
+    weight.flags.writeable = False
+    return weight
 
 
 # (span, gap, term) arrays of one length for pairs (a, b): span = b − a, gap = x_b − x_a and
@@ -189,14 +204,14 @@ def _bracketing_terms(x: np.ndarray, j: int, weight: np.ndarray) -> list[_Terms]
     if search_passes(m) == 1:
         spans, gaps, terms = _whole_rows(x, j, weight, np.arange(j + 1))
         return [(spans.ravel(), gaps.ravel(), terms.ravel())]
-    last_row = max(0, min(j, int(np.searchsorted(x, x[-1])) - 1))
+    last_row = max(0, min(j, int(x.searchsorted(x[-1])) - 1))
     r = max(2, round(last_row ** (1 / 3)))
     scanned = np.concatenate(([0], np.arange(1, last_row, r * r), [last_row]))
     spans, gaps, terms = _whole_rows(x, j, weight, scanned)
     parts = [(spans.ravel(), gaps.ravel(), terms.ravel())]
     first = np.empty(last_row + 1, dtype=np.intp)
     last = np.empty(last_row + 1, dtype=np.intp)
-    near = terms >= _near_tie(terms.max(axis=1, keepdims=True), x)
+    near = terms >= _near_tie(np.maximum.reduce(terms, axis=1, keepdims=True), x)
     first[scanned] = j + near.argmax(axis=1)
     last[scanned] = m + 1 - near[:, ::-1].argmax(axis=1)
 
@@ -237,10 +252,10 @@ def _rows_within(
     A stop before its start (possible only through rounding) scans the start column alone.
     """
     widths = np.maximum(stop - start, 0) + 1
-    ends = np.cumsum(widths)
-    columns = np.arange(ends[-1] if ends.size else 0) - np.repeat(ends - widths - start, widths)
-    spans = columns - np.repeat(rows, widths)
-    gaps = x[columns] - x[columns - spans]
+    ends = widths.cumsum()
+    columns = np.arange(ends[-1] if ends.size else 0) - (ends - widths - start).repeat(widths)
+    spans = columns - rows.repeat(widths)
+    gaps = x[columns] - x[rows].repeat(widths)  # x_a, read once per row: columns − spans is the row
     return (spans, gaps, gaps * weight[spans]), columns, widths
 
 
@@ -259,9 +274,9 @@ def _set_near_best_range(
     """
     if not rows.size:
         return
-    starts = np.cumsum(widths) - widths
-    near = terms >= np.repeat(_near_tie(np.maximum.reduceat(terms, starts), x), widths)
-    first[rows] = np.minimum.reduceat(np.where(near, columns, np.iinfo(columns.dtype).max), starts)
+    starts = widths.cumsum() - widths
+    near = terms >= _near_tie(np.maximum.reduceat(terms, starts), x).repeat(widths)
+    first[rows] = np.minimum.reduceat(np.where(near, columns, _NO_COLUMN), starts)
     last[rows] = np.maximum.reduceat(np.where(near, columns, -1), starts)
 
 
@@ -270,7 +285,7 @@ def _near_best(parts: list[_Terms], x: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
     The parts are not concatenated first: copying every term would cost more than the search.
     """
-    threshold = _near_tie(max(terms.max(initial=0.0) for _, _, terms in parts), x)
+    threshold = _near_tie(max(np.maximum.reduce(terms, initial=0.0) for _, _, terms in parts), x)
     spans, gaps = [], []
     for part_spans, part_gaps, terms in parts:
         near = terms >= threshold

@@ -70,7 +70,7 @@ class _Centred(NamedTuple):
     grid: Grid
     point: int  # the centre as a grid point C
     points: int  # the most one row moves the centred sum, in points
-    centre: Fraction  # the centre, exactly
+    centre: Fraction  # the centre, exactly (a double: its denominator is a power of two)
 
 
 @lru_cache(maxsize=1024)
@@ -136,6 +136,10 @@ def release_mean(
     share = epsilon / 2.0
     if on_grid:
         centred = int(total) - middle * count
+    elif isinstance(total, int):
+        # (total − c·n)·2^k rounded, c = p/q: the same integer as through Fractions, in integers.
+        p, q = exact_centre.numerator, exact_centre.denominator
+        centred = grid.rounded_ratio(total * q - p * count, q)
     else:
         centred = grid.rounded(Fraction(total) - exact_centre * count)
     noisy, sum_scale = laplace_integer_sum(centred, points, share)

@@ -503,6 +503,7 @@ def _protected(statement: Statement, protected: list[Relation], registry: TableR
     relation = protected[0]
     refuse_partitioned_read(statement.node, relation)
     refs = statement.references
+    _refuse_misread_operators(refs.operators, relation)
     if len(refs.relations) > 1 and ranks_series(statement.node) and len(protected) == len(refs.relations) and all(
         other.oid == relation.oid for other in protected
     ):
@@ -533,6 +534,23 @@ def _protected(statement: Statement, protected: list[Relation], registry: TableR
             check_functions(statement, registry.function_names)
             return ColumnsOnly(qualify(statement.text))
         raise
+
+
+# Operators PostgreSQL does not have that sqlglot, which plans DP queries, reads as others: a == b
+# was answered (and charged) as a = b, where PostgreSQL fails the statement whatever the rows.
+_MISREAD_OPERATORS = {"==": "=", "<=>": "IS NOT DISTINCT FROM"}
+
+
+def _refuse_misread_operators(operators: frozenset[str], relation: Relation) -> None:
+    """Refuse, as PostgreSQL would (42883), an operator of :data:`_MISREAD_OPERATORS`."""
+    for symbol in sorted(operators & _MISREAD_OPERATORS.keys()):
+        raise Refusal(
+            "42883",
+            f"operator does not exist: {symbol} (rule: undefined-operator)",
+            f"PostgreSQL has no {symbol} operator of its own; write {_MISREAD_OPERATORS[symbol]} "
+            f"(WHERE col {_MISREAD_OPERATORS[symbol]} 'x') on protected table {relation.display_name}.",
+            "undefined-operator",
+        )
 
 
 def _check_function_names(functions: frozenset[str], relation: Relation) -> None:
@@ -576,10 +594,13 @@ def _check_function_names(functions: frozenset[str], relation: Relation) -> None
         name = sorted(unknown)[0]
         # PostgreSQL's parser writes x SIMILAR TO p as x ~ similar_to_escape(p): name what was typed.
         written = "SIMILAR TO" if name.removeprefix("pg_catalog.") == "similar_to_escape" else f"function {name}()"
+        # PostgreSQL has no median(): the newcomer's first guess gets the aggregate that is one.
+        median = ("A median is PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY col). "
+                  if name.removeprefix("pg_catalog.") == "median" else "")
         raise Refusal(
             SQLSTATE.DP_QUERY_SHAPE,
             f"{written} is not allowed on protected table {relation.display_name} (rule: function-allowlist)",
-            "Aggregates: COUNT, SUM, AVG, MIN, MAX, MODE(), PERCENTILE_CONT/PERCENTILE_DISC(p) WITHIN GROUP, "
+            median + "Aggregates: COUNT, SUM, AVG, MIN, MAX, MODE(), PERCENTILE_CONT/PERCENTILE_DISC(p) WITHIN GROUP, "
             "VARIANCE/VAR_SAMP/VAR_POP and STDDEV/STDDEV_SAMP/STDDEV_POP; in WHERE: lower(), upper(), and the "
             "date/time and arithmetic functions of computed values: " + ", ".join(sorted(FOLDABLE_FUNCTIONS)) + ".",
             "function-allowlist",

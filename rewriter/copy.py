@@ -4,8 +4,10 @@ Only a query copied to the client is accepted: it is answered like the same SELE
 release, same ε, same repeat), in COPY's framing. A table (``COPY people TO``, psql's
 ``\\copy people TO 'file'``) would release its rows; COPY FROM writes; ``TO 'file'`` and
 ``TO PROGRAM`` act on the server: all are refused. psql's ``\\copy ... TO 'file'`` opens
-(and truncates) the local file before it sends the statement, so a refused ``\\copy``
-leaves an empty file behind; the server never hears of the file and cannot prevent that.
+(and truncates) the local file before it sends the statement, so a refused ``\\copy ... TO
+'file'`` leaves an empty file behind; the server never hears of the file and cannot prevent
+that. psql sends the same ``COPY ... TO STDOUT`` for ``\\copy ... TO STDOUT``, which leaves no
+file: the hint says what happened in either case (:data:`COPY_HINT`).
 
 Options: FORMAT text, csv or binary, HEADER, DELIMITER, NULL, with PostgreSQL's defaults and
 checks (binary takes none of the other three). The others (QUOTE, ESCAPE, FORCE_QUOTE,
@@ -24,10 +26,21 @@ from policies.errors import SQLSTATE, Refusal
 
 __all__ = ["COPY_HINT", "CopyOptions", "copy_query"]
 
-COPY_HINT = (
+_COPY_INSTEAD = (
     "Copy an aggregate query instead: \\copy (SELECT count(*) FROM t WHERE ...) TO 'file' in psql, "
-    "or COPY (SELECT ...) TO STDOUT. psql creates the local file before it sends COPY, so a refused "
-    "\\copy leaves an empty file behind."
+    "or COPY (SELECT ...) TO STDOUT."
+)
+# psql sends COPY ... TO STDOUT for \copy ... TO STDOUT and for \copy ... TO 'file' alike: the
+# hint is true of both, and says what only the second did.
+COPY_HINT = (
+    f"{_COPY_INSTEAD} Nothing was copied. If this was psql's \\copy ... TO 'file', psql had already "
+    "created (or emptied) that local file before it sent COPY, and it is left empty."
+)
+_COPY_FROM_HINT = "dpproxy answers queries and writes no table. " + _COPY_INSTEAD
+_SERVER_FILE_HINT = (
+    "A file or program on the database server is out of reach through dpproxy. Copy to the client: "
+    "COPY (SELECT count(*) FROM t WHERE ...) TO STDOUT, or psql's \\copy (SELECT ...) TO 'file', which "
+    "writes the file on your machine."
 )
 _OPTIONS_HINT = "COPY through dpproxy supports FORMAT text, csv or binary, HEADER, DELIMITER and NULL."
 _TRUE = frozenset({"true", "on", "1", "yes"})
@@ -52,12 +65,13 @@ def copy_query(text: str, node: dict[str, Any]) -> tuple[str, CopyOptions]:
     """
     query = node.get("query")
     if query is None or node.get("is_from") or node.get("is_program") or node.get("filename"):
-        what = ("COPY FROM" if node.get("is_from") else "COPY to a server file or program"
-                if node.get("is_program") or node.get("filename") else "COPY of a table")
+        what, hint = (("COPY FROM", _COPY_FROM_HINT) if node.get("is_from") else
+                      ("COPY to a server file or program", _SERVER_FILE_HINT)
+                      if node.get("is_program") or node.get("filename") else ("COPY of a table", COPY_HINT))
         raise Refusal(
             SQLSTATE.FEATURE_NOT_SUPPORTED,
             f"{what} is not supported through dpproxy (rule: statement-not-allowed)",
-            COPY_HINT,
+            hint,
             "statement-not-allowed",
         )
     if "SelectStmt" not in query or query["SelectStmt"].get("valuesLists"):

@@ -64,7 +64,7 @@ def part_advice(part: str, column: str, units: tuple[str, ...]) -> str:
                 f"({column} answers {opted}); group by DATE_TRUNC('<unit>', {column}) with one of those instead.")
     # The unit whose bucket decides the part, or a finer one it is nested in (policies.time_buckets).
     needed = {"month": "'month' or 'day'", "quarter": "'quarter', 'month' or 'day'", "week": "'week' or 'day'",
-              "year": "'year', 'quarter', 'month' or 'day'"}.get(part, f"'{_OF_PERIOD[part]}'")
+              "year": "'year', 'quarter', 'month' or 'day'"}.get(part) or f"'{_OF_PERIOD[part]}'"
     return (f"The {part.upper()} part of {column} is answered when the policy opts {needed} in ({column} answers "
             f"{opted}): ask the policy's owner to opt it in, or group by DATE_TRUNC('<unit>', {column}) with one "
             "of those units.")

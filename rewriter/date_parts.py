@@ -42,7 +42,8 @@ from policies.time_buckets import TimeUnit
 
 from .sql_text import operator
 
-__all__ = ["DatePart", "PART_UNITS", "PartShape", "date_part_shape", "part_sql", "part_value", "time_source"]
+__all__ = ["DatePart", "PART_UNITS", "PartShape", "answered_parts", "date_part_shape", "part_sql", "part_value",
+           "time_source"]
 
 DatePart = Literal["year", "month", "quarter", "day", "dow", "isodow", "doy", "week", "weekday", "sunday_week", "date"]
 
@@ -51,6 +52,17 @@ PART_UNITS: dict[DatePart, tuple[TimeUnit, ...]] = {
     "year": ("year", "quarter", "month", "day"), "month": ("month",), "quarter": ("quarter", "month"), "day": ("day",), "dow": ("day",), "isodow": ("day",),
     "doy": ("day",), "week": ("week", "day"), "weekday": ("day",), "sunday_week": ("day",), "date": ("day",),
 }
+def answered_parts(units: tuple[TimeUnit, ...]) -> tuple[DatePart, ...]:
+    """The parts a column answers as a GROUP BY of their own when it answers ``units`` (listed
+    or nested, ``ColumnPolicy.time_units``): each whose bucket one of them decides, the year
+    among them (its key is the year's bucket). What ``SHOW dpproxy.columns`` and the GROUP BY
+    hint list, so that each lists exactly what is answered. ``weekday`` is left out: it is
+    Metabase's spelling of the day of week counted from another first day, answered where
+    ``dow`` is and with as many cells."""
+    return tuple(part for part, deciding in PART_UNITS.items()
+                 if part != "weekday" and any(unit in units for unit in deciding))
+
+
 # EXTRACT's (and date_part's) spellings of the parts above (PostgreSQL's own abbreviations).
 _FIELDS: dict[str, DatePart] = {
     **dict.fromkeys(("MONTH", "MONTHS", "MON", "MONS"), "month"),

@@ -140,6 +140,9 @@ class AggregateQuery:
     ilike_bytes: int = field(default=0, compare=False)
     # What those conditions weigh by their reads of text values (rewriter/text_bounds.py), likewise.
     text_work: int = field(default=0, compare=False)
+    # NOTICEs on literals not among a column's declared categories (rewriter/category_notes.py): from
+    # the statement and the policy alone, sent before the answer's own; they change nothing else.
+    notes: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def predicates(self) -> tuple[str, ...]:
@@ -230,7 +233,7 @@ def plan_aggregate_query(
         aggregates, post = _post_processed(tree, scope, conditions, enclosing, groups, names, ordinal=ranking)
     _check_combination(aggregates, groups, scope)
     where = tree.args.get("where")
-    where_sql = conditions.template(where.this) if where is not None else None
+    where_sql = conditions.where(where.this) if where is not None else None
     folding = conditions.folding(where_sql, tuple(agg.filter_sql for agg in aggregates))
     if folding is not None:  # the plan holds the expressions in place (to describe); execution folds them
         where_sql = folding.inline if where_sql is not None else None
@@ -239,7 +242,7 @@ def plan_aggregate_query(
     plan = AggregateQuery(table, aggregates, where_sql, _no_rows(tree, scope, grouped=bool(groups)), folding=folding,
                           post=post, groups=groups, ranges=ranges, terms=conditions.terms,
                           ilike_bytes=conditions.ilike_bytes,
-                          text_work=conditions.text_work)
+                          text_work=conditions.text_work, notes=conditions.notes)
     if not ranges:  # no time bound can narrow a key: the cells are known now
         too_many = too_many_cells(plan)
         if too_many is not None:

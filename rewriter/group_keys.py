@@ -49,7 +49,7 @@ from policies.time_buckets import TimeUnit, bucket_count, bucket_index, bucket_s
 
 from .constants import NotFoldable, qualified_constant
 from .date_hints import date_shape_advice, part_advice
-from .date_parts import PART_UNITS, DatePart, PartShape, date_part_shape, part_value, time_source
+from .date_parts import PART_UNITS, DatePart, PartShape, answered_parts, date_part_shape, part_value, time_source
 from .epoch_buckets import DAY_SECONDS, bucket_of, epoch_bucket, epoch_seconds
 from .epoch_buckets import bucket_start as epoch_start
 from .floor_bins import BinError, FloorBin, floor_bin, floor_shape
@@ -704,8 +704,7 @@ def group_by_hint(scope: Scope, advice: str | None = None) -> str:
             keys.append(f"{column.name} (its {len(policy.categories)} categories"
                         + (f" and {policy.other!r}" if policy.other is not None else "") + ")")
         elif policy.time_units:
-            parts = [part for part, units in PART_UNITS.items()
-                     if part not in ("year", "weekday", "sunday_week", "date") and set(units) & set(policy.time_units)]
+            parts = [part for part in answered_parts(policy.time_units) if part not in ("sunday_week", "date")]
             keys.append(f"DATE_TRUNC('{'|'.join(policy.time_units)}', {column.name})"
                         + (f" (also Grafana's floor(extract(epoch from {column.name})/N)*N, N a multiple of 86400)"
                            if "day" in policy.time_units else "")

@@ -29,7 +29,7 @@ from policies.sql_names import quote_ident
 from policies.tables import ColumnInfo
 from policies.time_buckets import TimeUnit, bucket_count, bucket_start, truncate
 
-from .date_parts import PART_UNITS
+from .date_parts import PART_UNITS, answered_parts
 from .group_keys import DATE, GroupKey
 from .joint_cells import JointCells, KeySpec, joint_cells
 
@@ -149,10 +149,8 @@ def part_keys(column: ColumnInfo, limit: int) -> list[tuple[str, int]]:
         return []
     lo, hi = policy.time_bounds
     keys = []
-    for part, units in PART_UNITS.items():
-        unit = next((unit for unit in units if unit in policy.time_units), None)
-        if unit is None or part == "weekday" or (part == "year" and "year" in policy.time_units):
-            continue
+    for part in answered_parts(policy.time_units):
+        unit = next(unit for unit in PART_UNITS[part] if unit in policy.time_units)
         key = GroupKey(column, "time", column.type_oid, unit=unit, first=truncate(unit, lo),
                        count=bucket_count(unit, lo, hi), part=part)
         domain = key_domain((key,), limit)

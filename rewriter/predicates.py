@@ -76,11 +76,12 @@ from sqlglot import exp
 from policies.errors import Refusal
 from policies.tables import ColumnInfo, quote_identifier
 
+from .category_notes import MAX_NOTES, category_note, more_notes
 from .constants import HINT as FOLD_HINT
 from .constants import Fold, Folding, NotFoldable, fold_type, qualified_constant
 from .like_patterns import case_folded_bytes, case_folded_refusal, longest_part_after_percent, pattern_refusal
 from .predicate_terms import predicate_terms, terms_refusal
-from .raw_equality import raw_comparison
+from .raw_equality import hashed_raw_equality, raw_comparison
 from .scope import Scope
 from .sql_text import literal, operator, short_text
 from .text_bounds import CASE_FOLD_WORK, COMPARISON_WORK, LIKE_WORK, value_bytes, work_refusal
@@ -186,16 +187,39 @@ class PredicateRenderer:
         if refused is not None:
             raise self._renderer.refuse(f"{refused[0]} are refused on protected table", refused[1])
         self._renderer.positive = True  # a WHERE or FILTER keeps the rows where it is true
+        self._renderer.top = True
+        self._renderer.top_equalities = {}
         sql = self._renderer.predicate(predicate)
         refused = work_refusal(self._renderer.text_work) if self._limited else None
         if refused is not None:
             raise self._renderer.refuse(f"{refused[0]} are refused on protected table", refused[1])
         return sql
 
+    def where(self, predicate: exp.Expression) -> str:
+        """:meth:`template` of a statement's WHERE, with the hashed raw conjuncts of
+        :func:`rewriter.raw_equality.hashed_raw_equality` AND'ed before it: per column of a declared
+        size read through its in-line check, the first ``=`` or IN list of literals that stands at
+        the condition's top level (reached from its root through AND and parentheses only), so that
+        a plain index on the column serves it. A FILTER's condition (:meth:`template`) gets none."""
+        sql = self.template(predicate)
+        table = self._renderer.scope.table
+        raw = [conjunct for column, values in self._renderer.top_equalities.values()
+               if (conjunct := hashed_raw_equality(table, column, values)) is not None]
+        return " AND ".join([*raw, sql])
+
     @property
     def terms(self) -> int:
         """The values and comparisons of the predicates rendered so far."""
         return self._terms
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """The notes on literals not among a column's declared categories in the predicates rendered
+        so far (:mod:`rewriter.category_notes`), each once, at most ``MAX_NOTES`` in all."""
+        notes = self._renderer.notes
+        if len(notes) <= MAX_NOTES:
+            return tuple(notes)
+        return (*notes[:MAX_NOTES - 1], more_notes(len(notes) - MAX_NOTES + 1))
 
     @property
     def ilike_bytes(self) -> int:
@@ -248,9 +272,16 @@ class _Renderer:
         self.ilike_bytes = 0  # of the literal ILIKE patterns rendered so far
         self.text_work = 0  # what the terms rendered so far weigh by their reads of text (rewriter.text_bounds)
         self.like_weights: list[tuple[int, int]] = []  # (parameter, bytes read) of each pattern parameter's use
+        self.notes: list[str] = []  # rewriter.category_notes, from the statement and the policy alone
         # Whether the node being rendered stands where false and NULL decide alike: reached from
         # the condition's root through AND, OR and parentheses only (rewriter.raw_equality).
         self.positive = True
+        # Whether the node being rendered is a conjunct at the condition's top level (reached from
+        # its root through AND and parentheses only), and the first = or IN list of literals found
+        # so on each column, by name (PredicateRenderer.where).
+        self.top = True
+        self.conjunct = True
+        self.top_equalities: dict[str, tuple[ColumnInfo, list[str]]] = {}
 
     def _weigh(self, operand: _Operand, per_byte: int) -> None:
         """Add to :attr:`text_work` what a term reading ``operand`` costs a row: the bytes of its
@@ -268,6 +299,15 @@ class _Renderer:
         return refusal
 
     def predicate(self, node: exp.Expression) -> str:
+        at_top = self.top
+        self.top = at_top and type(node) in (exp.And, exp.Paren)
+        self.conjunct = at_top
+        try:
+            return self._predicate(node)
+        finally:
+            self.top = at_top
+
+    def _predicate(self, node: exp.Expression) -> str:
         renderers: dict[type[exp.Expression], Callable[[exp.Expression], str]] = {
             exp.And: lambda n: self._logical(n, "AND"),
             exp.Or: lambda n: self._logical(n, "OR"),
@@ -309,10 +349,14 @@ class _Renderer:
         return f"({self.predicate(node.this)} {keyword} {self.predicate(node.expression)})"
 
     def _comparison(self, node: exp.Expression) -> str:
+        conjunct = self.conjunct and type(node) is exp.EQ
         left, right = self._operand(node.this), self._operand(node.expression)
         if left.column is None and right.column is None:
             raise self.refuse(f"{_describe(node)} compares no column; it is not allowed in WHERE on protected table")
         left, right = self._compatible(left, right)
+        if conjunct:
+            column, value = (left, right) if left.column is not None else (right, left)
+            self._top_equality(column, [value])
         return self._compare(left, _COMPARISONS[type(node)], right)
 
     def _check_family(self, column: ColumnInfo, other: _Operand) -> None:
@@ -365,15 +409,31 @@ class _Renderer:
         if node.args.get("query") is not None or node.args.get("unnest") is not None or not node.expressions:
             raise self.refuse("IN takes a list of literals on protected table")
         column = self._column_side(node.this)
+        conjunct = self.conjunct and not node.args.get("negate")
         terms = []
+        values = []
         positive, self.positive = self.positive, self.positive and not node.args.get("negate")
         try:
             for item in node.expressions:
                 value = self._compatible(column, self._value(item))[1]
+                values.append(value)
                 terms.append(self._compare(column, "=", value))
         finally:
             self.positive = positive
+        if conjunct:
+            self._top_equality(column, values)
         return "(" + " OR ".join(terms) + ")"
+
+    def _top_equality(self, side: _Operand, values: list[_Operand]) -> None:
+        """Note ``side = <one of values>``, a conjunct at the condition's top level, for
+        :meth:`PredicateRenderer.where`: when ``side`` is a column as it is and every value a
+        literal (a raw conjunct must hold every value the construct compares with), and it is the
+        first such construct on that column."""
+        column = side.column
+        if column is None or side.sql != quote_identifier(column.name):
+            return
+        if all(value.literal and value.column is None and not value.fold for value in values):
+            self.top_equalities.setdefault(column.name, (column, [value.sql for value in values]))
 
     def _is(self, node: exp.Expression) -> str:
         if isinstance(node.expression, exp.Boolean):  # b IS TRUE, (age > 40) IS FALSE: cannot fail
@@ -507,6 +567,8 @@ class _Renderer:
                 )
         for side in (left, right):
             self._weigh(side, COMPARISON_WORK)
+        if symbol in ("=", "<>"):
+            self._note(left, right)
         if left.fold:
             left, right, symbol = right, left, _FLIPPED.get(symbol, symbol)
         raw = self._raw_equality(left, symbol, right)
@@ -527,6 +589,15 @@ class _Renderer:
         fold = Fold(left.sql, symbol, right.sql, type_name, f"\x00{len(self.folds)}\x00")
         self.folds.append(fold)
         return fold.token
+
+    def _note(self, left: _Operand, right: _Operand) -> None:
+        """Note a string literal compared with a column as it is that is not among the column's
+        declared categories (:mod:`rewriter.category_notes`)."""
+        for side, other in ((left, right), (right, left)):
+            if side.column is not None and not side.case_folded and other.text is not None and other.column is None:
+                note = category_note(side.column, other.text)
+                if note is not None and note not in self.notes:
+                    self.notes.append(note)
 
     def _raw_equality(self, left: _Operand, symbol: str, right: _Operand) -> str | None:
         """``left symbol right`` on the raw column, where :mod:`rewriter.raw_equality` shows it gives

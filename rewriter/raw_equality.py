@@ -1,5 +1,7 @@
 """Comparisons on the raw column, so that a B-tree index on it serves, where that gives the same answer:
-text equality, and an unconstrained numeric's equality and orderings, on a table with a quantum.
+text equality, and an unconstrained numeric's equality and orderings, on a table with a quantum; and
+one hashed equality beside a WHERE's top-level ``=``/IN on a column of a declared size, on any table
+(:func:`hashed_raw_equality`, at the end).
 
 A DP statement reads a text column through the value bound (:mod:`rewriter.text_bounds`): ``CASE WHEN
 octet_length(t) <= N THEN t END``, N the table's ``max_text_bytes``. A comparison of that expression
@@ -72,16 +74,29 @@ it hides the other levers it lifts. On a table without a quantum the bounded for
 scan is worth it: a selective ``n < v`` or BETWEEN went from a sequential scan to a bitmap one (×54
 to ×87), and an unselective one stays a sequential scan whose rows pay one comparison more (up to
 ×1.2 slower at 90 % of the rows).
+
+**Columns of a declared size** (``varchar(n)``/``char(n)`` within the bound, ``numeric(p, s)``,
+the ranges of :data:`rewriter.text_bounds.WIDE_RANGES`: :func:`rewriter.text_bounds.declared_apart`)
+are read through the check of their placement, which no index holds. Their raw column is compared
+term by term nowhere, with or without a quantum: ``texteq``, ``bpchareq`` and ``numeric_eq`` read a
+value stored apart once a term (64 OR'ed ``=``: +128 buffers; benchmarks/results.md). Instead a
+WHERE's first ``=`` or IN list of literals on such a column standing at its top level gets one raw
+conjunct, ``"raw N" = ANY (ARRAY[…])`` hashed, AND'ed before the whole condition: a row's raw value
+is read at most twice (the hash, and the equality when it matches) whatever the other terms, and a
+plain index serves it. Why it changes no answer: :func:`hashed_raw_equality`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from policies.tables import ColumnInfo, Relation, quote_identifier
 
 from .sql_text import operator
-from .text_bounds import bounded_value, unconstrained_numeric
+from .text_bounds import NUMERIC, declared_apart, length_bounded, unconstrained_numeric
 
-__all__ = ["NUMERIC_SYMBOLS", "RAW_TYPES", "literal_bytes", "raw_comparison", "raw_outputs"]
+__all__ = ["HASHED_LIST", "NUMERIC_SYMBOLS", "RAW_TYPES", "hashed_raw_equality", "literal_bytes", "raw_comparison",
+           "raw_outputs"]
 
 RAW_TYPES = frozenset({25, 1043})
 """text and varchar: the types whose ``=`` is ``texteq``, which compares stored sizes before values."""
@@ -89,6 +104,14 @@ NUMERIC_SYMBOLS = frozenset({"=", "<", "<=", ">", ">="})
 """The comparisons of an unconstrained numeric rendered on the raw column too: equality and the
 orderings, which a B-tree index on it serves (``<>`` is true, not NULL, for a value past the bound)."""
 _MAX_BYTES_PER_CHARACTER = 4  # UTF-8, and every server encoding PostgreSQL has; ASCII is 1 in each
+HASHED_LIST = 9
+"""The fewest values from which PostgreSQL (14 on) hashes ``x = ANY (<constant array>)``
+(MIN_ARRAY_SIZE_FOR_HASHED_SAOP): below it each value is compared in turn, reading ``x`` each time."""
+_HASHED_EQUALITY = {1043: "text", 1042: "bpchar", NUMERIC: "numeric",
+                    3926: "int8range", 3908: "tsrange", 3910: "tstzrange"}
+"""Per type of a column of a declared size, the type its ``=`` compares a literal as (varchar's is
+text's ``texteq``; the others their own), whose equality hashes. ``bit``'s ``biteq`` does not: a
+list of a ``bit(n)`` would read the value once a value, so it gets no raw conjunct."""
 
 
 def _alias(table: Relation, column: ColumnInfo) -> str:
@@ -107,7 +130,7 @@ def literal_bytes(value: str) -> int:
 def _raw_allowed(table: Relation, column: ColumnInfo, symbol: str, text: str | None) -> bool:
     """Whether ``column symbol <a literal>`` (``text``: a string literal's value, else None) may be
     compared on the raw column too, as the module says."""
-    if not table.policy.answer_quantum_ms or bounded_value(column, table.policy) == quote_identifier(column.name):
+    if not table.policy.answer_quantum_ms or not length_bounded(column, table.policy):
         return False
     if unconstrained_numeric(column):
         return symbol in NUMERIC_SYMBOLS
@@ -132,8 +155,34 @@ def raw_outputs(table: Relation, sql: str) -> list[str]:
     """The projection's outputs of the raw values ``sql`` compares (``"t" AS "raw 2"``), in column order."""
     outputs = []
     for column in sorted(table.columns.values(), key=lambda column: column.attnum):
-        if column.type_oid in RAW_TYPES or unconstrained_numeric(column):
+        if column.type_oid in RAW_TYPES or unconstrained_numeric(column) or declared_apart(column, table.policy):
             alias = quote_identifier(_alias(table, column))
             if alias in sql:
                 outputs.append(f"{quote_identifier(column.name)} AS {alias}")
     return outputs
+
+
+def hashed_raw_equality(table: Relation, column: ColumnInfo, values: Sequence[str]) -> str | None:
+    """The raw conjunct beside a top-level ``column = v`` or ``column IN (v, …)`` of a WHERE on a
+    column of a declared size read through its in-line check (:func:`rewriter.text_bounds.declared_apart`):
+    ``"raw N" = ANY (ARRAY[<each value cast as the column's = casts it>, …])``, the values repeated
+    to :data:`HASHED_LIST` so that PostgreSQL hashes the list, or None (no such column, or one whose
+    equality does not hash). ``values``: the SQL of each literal the construct compares with (all of
+    them: a raw conjunct that missed one would drop rows the condition keeps).
+
+    AND'ed at the top of the WHERE beside the condition, whose every term reads the bounded value,
+    it keeps exactly the rows the condition keeps: where the condition is true, its construct is,
+    so the bounded value is not NULL, is the raw one, and equals one of ``values`` by the same
+    operator; where it is false or NULL the row is dropped whatever the conjunct. The equalities
+    never fail, and each literal is cast to the type PostgreSQL coerces it to beside the column
+    (without the column's modifier, which would round or reject it), as the bounded form does
+    while parsing, so it fails exactly where that does. Hashed, it reads a row's raw value at most
+    twice (the hash, and the equality when the hash matches) whatever the statement's other terms,
+    and a plain B-tree index on the column serves it (docs/threat-model.md, Timing)."""
+    type_name = _HASHED_EQUALITY.get(column.value_type[0])
+    if type_name is None or not values or not declared_apart(column, table.policy):
+        return None
+    cast = [f"CAST({value} AS pg_catalog.{type_name})" for value in dict.fromkeys(values)]
+    listed = (cast * HASHED_LIST)[:max(HASHED_LIST, len(cast))]
+    raw = quote_identifier(_alias(table, column))
+    return f"({raw} OPERATOR(pg_catalog.=) ANY (ARRAY[{', '.join(listed)}]))"

@@ -45,6 +45,7 @@ class References:
     # value's type, where a column reference's ``a.b`` can only be ``b`` of ``a``'s whole row.
     value_fields: frozenset[str] = frozenset()
     params: int = 0  # the highest $n referenced: the parameters a Bind must supply, at least
+    operators: frozenset[str] = frozenset()  # the symbols of its operators (a + b, OPERATOR(s.==))
 
 
 def collect_references(node: dict[str, Any]) -> References:
@@ -55,6 +56,7 @@ def collect_references(node: dict[str, Any]) -> References:
     kinds: set[str] = set()
     fields: set[str] = set()
     value_fields: set[str] = set()
+    operators: set[str] = set()
     params = 0
     stack: list[Any] = [node]
     while stack:
@@ -86,10 +88,12 @@ def collect_references(node: dict[str, Any]) -> References:
                     value_fields.update(selected)
                 elif key == "ParamRef":
                     params = max(params, value.get("number", 0))
+                elif key == "A_Expr" and value.get("kind") == "AEXPR_OP" and value.get("name"):
+                    operators.add(value["name"][-1]["String"]["sval"])
             if isinstance(value, (dict, list)):
                 stack.append(value)
     return References(tuple(relations), frozenset(functions), frozenset(ctes), frozenset(columns), frozenset(kinds),
-                      frozenset(fields), frozenset(value_fields), params)
+                      frozenset(fields), frozenset(value_fields), params, frozenset(operators))
 
 
 def first_parameter(node: dict[str, Any]) -> int | None:

@@ -78,10 +78,14 @@ class Scope:
         if column is None:
             # A typo's likeliest column first, as PostgreSQL's own hint does; names are schema, not data.
             close = difflib.get_close_matches(name, list(self.table.columns), n=1, cutoff=0.6)
+            quoted = isinstance(node.this, exp.Identifier) and node.this.args.get("quoted")
+            # WHERE sex = "Male": a string in double quotes, which SQL reads as a column's name.
+            string = (f"Double quotes name a column; a string is written in single quotes: "
+                      f"'{name.replace(chr(39), chr(39) * 2)}'. " if quoted and not close else "")
             raise Refusal(
                 "42703",
                 f'column "{name}" does not exist in {self.table.display_name}',
-                (f"Perhaps you meant {close[0]}. " if close else "") + "Columns: " + ", ".join(self.table.columns),
+                string + (f"Perhaps you meant {close[0]}. " if close else "") + "Columns: " + ", ".join(self.table.columns),
                 "undefined-column",
             )
         return column

@@ -15,8 +15,8 @@ is ``CASE WHEN octet_length(col) <= max_text_bytes THEN col END``; ``octet_lengt
 size from the value's header (``toast_raw_datum_size``), detoasting nothing, so a longer value is
 never read (0.17 µs on PostgreSQL 15 and 16 for a 64-byte value and a 3 MB one, out of line or
 compressed, where ``length()`` of the 3 MB value took 17–23 ms; benchmarks/results.md). A
-``varchar(n)`` or ``char(n)`` whose 4·n bytes fit the bound carries it already and is read as it
-is. The bound holds whatever the quantum: it decides answers, which must not depend on a timing
+``varchar(n)`` or ``char(n)`` whose 4·n bytes fit the bound carries it already and is not sized (it
+is still placed, below). The bound holds whatever the quantum: it decides answers, which must not depend on a timing
 setting; an operator who wants longer values read raises ``max_text_bytes``. A column whose values
 can be of any length with no header telling their size (``jsonb``, ``tsvector``, arrays,
 ``numrange``, …: ``ColumnInfo.unbounded_length``) cannot be bounded so: its values are not read at
@@ -28,8 +28,9 @@ one are a policy error, proxy/backend/policy_fit.py).
 which every term and every aggregate's clamp that reads it detoasted again: one such row added
 milliseconds to 256 IN values or 250 FILTERed sums (docs/threat-model.md, Timing). Such a column is
 read through ``CASE WHEN pg_column_compression(n) IS NULL AND pg_column_size(n) <= 127 AND
-pg_column_size(n) % 2 = 1 THEN n END`` (:func:`in_line_numeric`), so a value stored compressed, out of
-line or in more than :data:`NUMERIC_MAX_BYTES` reads as NULL in every construct, as a long text does
+(pg_column_size(n) % 2 = 1 OR pg_column_size(n) <= 20) THEN n END`` (:func:`in_line_numeric`), so a
+value stored compressed, out of line or in more than :data:`NUMERIC_MAX_BYTES` reads as NULL in
+every construct, as a long text does
 (conditions, clamps, sums, AVG, MIN/MAX, percentiles, variances, GROUP BY keys, ``COUNT(col)``).
 Both functions read the value's header only (``toast_datum_size``, ``toast_get_compression_id``): 256
 of them cost the same on a 64 kB value, out of line or compressed, as on a 7-byte one. The bound is
@@ -53,14 +54,32 @@ too: the cost of the check, docs/threat-model.md). The check reads the header on
   it saves more than its 4-byte header). So ``pg_column_size(t) > octet_length(t)`` exactly when the
   value is in the row and uncompressed; checked on real values of every storage form (empty, 1- and
   4-byte headers, compressed in line, out of line with and without compression, multibyte text, in
-  UTF8 and EUC_JP databases; ``pg_column_toast_chunk_id`` agreed on 17 and 18).
+  UTF8 and EUC_JP databases; ``pg_column_toast_chunk_id`` agreed on 17 and 18). The bound and this
+  check are one comparison, ``int4smaller(pg_column_size(t), max_text_bytes + 1) > octet_length(t)``:
+  four function calls a row where the two tests joined by AND took five, ~28 % less of the check's
+  work (~290 → ~210 instructions a row read; benchmarks/profile.md, "The backend's share of a DP
+  statement on 48,842 rows").
 * a numeric of no declared precision: no function reads its raw size from the header. Its data is
   always an even number of bytes (a 2- or 4-byte header and 2-byte digit groups), and PostgreSQL
   stores a value of at most 126 bytes of data in the row with a 1-byte header: an odd
   ``pg_column_size`` of an uncompressed value is one in the row. A value stored apart has an even
   one, and so does one in the row with a 4-byte header (128 bytes or more), which cannot be told
   apart: so :data:`NUMERIC_MAX_BYTES` is 127 (up to 248 digits, about 240 in practice), where it was
-  512 (1,000 digits) before values stored apart were found.
+  512 (1,000 digits) before values stored apart were found. A value of at most
+  :data:`NUMERIC_NEVER_APART_BYTES` is read whatever its header: none stored apart is so small, and
+  a 4-byte header is what a protected view's computed numeric (``hours::numeric``) and a ``STORAGE
+  PLAIN`` column's value written by UPDATE have.
+
+**Values of a declared size.** A ``varchar(n)``/``char(n)`` within the bound, a ``numeric(p, s)``,
+a ``bit(n)`` (of at most 2,048 bits; a longer one is not read) and an ``int8range``, ``tsrange`` or
+``tstzrange`` (or a domain over one) need no length bound, but their values can be stored apart or
+compressed too, and were fetched again by each reference (docs/threat-model.md, Timing). Each is
+read through its placement check now (:func:`declared_apart`): text's for ``varchar``/``char``, the
+unconstrained numeric's for ``numeric(p, s)`` (so a value of more than :data:`NUMERIC_MAX_BYTES`
+reads as NULL too), :func:`in_line_bit` and :func:`in_line_range`. A type whose values are never
+more than :data:`TOAST_SMALLEST` bytes is read as it is: the toaster never touches it. Beside the
+bounded terms a WHERE's first top-level ``=``/IN on such a column compares the raw column once,
+hashed (:func:`rewriter.raw_equality.hashed_raw_equality`), so that a plain index still serves it.
 
 **The work limit.** Below the bound, the terms of a statement still multiply: 256 LIKEs of a
 63-character part on a 1 kB value cost that one row 35 ms. So each condition term that reads a text
@@ -87,9 +106,10 @@ from policies.tables import ColumnInfo, Relation, quote_identifier
 
 from .sql_text import operator
 
-__all__ = ["CASE_FOLD_WORK", "COMPARISON_WORK", "LIKE_WORK", "MAX_TEXT_WORK", "NUMERIC", "NUMERIC_MAX_BYTES",
-           "TEXT_TYPES", "bounded_source", "bounded_value", "in_line_numeric", "in_line_text", "unconstrained_numeric",
-           "value_bytes", "work_refusal"]
+__all__ = ["BIT", "CASE_FOLD_WORK", "COMPARISON_WORK", "LIKE_WORK", "MAX_TEXT_WORK", "NUMERIC", "NUMERIC_MAX_BYTES",
+           "NUMERIC_NEVER_APART_BYTES", "RANGE_DATA_BYTES", "TEXT_TYPES", "TOAST_SMALLEST", "WIDE_RANGES",
+           "bounded_source", "bounded_value", "declared_apart", "in_line_bit", "in_line_numeric", "in_line_range",
+           "in_line_text", "length_bounded", "unconstrained_numeric", "value_bytes", "work_refusal"]
 
 TEXT_TYPES = frozenset({25, 1043, 1042, 17})
 """text, varchar, char (bpchar) and bytea: the types whose values the bound applies to (a domain's
@@ -100,6 +120,28 @@ NUMERIC_MAX_BYTES = 127
 """The most bytes a numeric of no declared precision may be stored in to be read: in the row,
 uncompressed, with a 1-byte header (126 bytes of data, the most PostgreSQL stores so: up to 248
 digits). Of a larger value, ``pg_column_size`` does not tell whether it is in the row."""
+NUMERIC_NEVER_APART_BYTES = 20
+"""The most bytes a numeric may report in ``pg_column_size`` to be read whatever its header: no value
+stored apart uncompressed reports so few. The toaster stores apart only a value of more than
+:data:`TOAST_SMALLEST` bytes, its 1- or 4-byte header included, and ``pg_column_size`` of one stored
+apart uncompressed is its data's size without a header (the TOAST pointer's external size): at
+least 21 bytes, and even for a numeric, so at least 22 (24 seen on PostgreSQL 15 to 18, where the
+toaster is given values in their 1-byte header form). A value with a 4-byte header of at most this
+many bytes (up to 25 significant digits) is in memory or in the row: a protected view's computed
+value (``hours::numeric``: 8 bytes), a constant, a ``STORAGE PLAIN`` column's value written by
+UPDATE. A compressed one can report fewer (pglz: 16 to 18 bytes for 153 repeated digits), told by
+``pg_column_compression``."""
+BIT = 1560
+"""bit(n): read as it is (a bit(n) of at most 2,048 bits; a longer one is not read at all)."""
+WIDE_RANGES = frozenset({3926, 3908, 3910})
+"""int8range, tsrange, tstzrange: the built-in ranges read as they are whose values reach more than
+:data:`TOAST_SMALLEST` bytes (two 8-byte bounds); int4range and daterange hold 17 at most."""
+RANGE_DATA_BYTES = 21
+"""The data of an int8range, tsrange or tstzrange with two finite bounds: its type's OID, two
+8-byte bounds and a flags byte (without the header)."""
+TOAST_SMALLEST = 24
+"""MAXALIGN(TOAST_POINTER_SIZE): the toaster compresses or stores apart only a value of more bytes
+(4-byte header included; src/backend/access/table/toast_helper.c)."""
 _DECLARED_LENGTH_TYPES = frozenset({1043, 1042})
 _VARHDRSZ = 4  # a varchar(n)'s type modifier is n + 4
 _MAX_BYTES_PER_CHARACTER = 4  # UTF-8, and every server encoding PostgreSQL has
@@ -138,44 +180,125 @@ def unconstrained_numeric(column: ColumnInfo) -> bool:
     return column.value_type == (NUMERIC, -1)
 
 
-def _needs_bound(column: ColumnInfo, policy: TablePolicy) -> bool:
+def length_bounded(column: ColumnInfo, policy: TablePolicy) -> bool:
+    """Whether ``column``'s values are bounded by their length or stored form, not by a declared
+    size: a text, ``varchar``, ``char`` or ``bytea`` whose declared size (if any) exceeds
+    ``max_text_bytes``, or a numeric of no declared precision."""
     if unconstrained_numeric(column):
         return True
     declared = _declared_bytes(column)
     return column.value_type[0] in TEXT_TYPES and (declared is None or declared > policy.max_text_bytes)
 
 
-def in_line_text(sql: str) -> str:
+def _stored_bytes(column: ColumnInfo) -> int | None:
+    """The most bytes one value of a declared size holds, 4-byte header included (the size the
+    toaster weighs), or None: ``column`` is of no type :func:`declared_apart` knows."""
+    type_oid, modifier = column.value_type
+    declared = _declared_bytes(column)
+    if declared is not None:
+        return _VARHDRSZ + declared
+    if type_oid == NUMERIC and modifier >= _VARHDRSZ:
+        digits = ((modifier - _VARHDRSZ) >> 16) & 0xFFFF
+        # p digits span at most ceil(p/4) + 1 four-digit groups of 2 bytes, behind a 2- or 4-byte header
+        return _VARHDRSZ + 4 + 2 * (-(-digits // 4) + 1)
+    if type_oid == BIT and modifier > 0:
+        return _VARHDRSZ + _bit_data(modifier)
+    if type_oid in WIDE_RANGES:
+        return _VARHDRSZ + RANGE_DATA_BYTES
+    return None
+
+
+def _bit_data(bits: int) -> int:
+    """The bytes of data of a ``bit(n)`` value (its bit count, then its bits), without the header."""
+    return 4 + -(-bits // 8)
+
+
+def declared_apart(column: ColumnInfo, policy: TablePolicy) -> bool:
+    """Whether ``column`` is of a type read as it is because a declared size bounds it
+    (``varchar(n)``/``char(n)`` whose 4·n bytes fit ``max_text_bytes``, ``numeric(p, s)``,
+    ``bit(n)``, ``int8range``/``tsrange``/``tstzrange``, or a domain over one) whose values may
+    still be stored apart or compressed: of more than :data:`TOAST_SMALLEST` bytes, the least the
+    toaster touches. Such a column is read through its in-line check too (:func:`bounded_value`)."""
+    if length_bounded(column, policy):
+        return False
+    most = _stored_bytes(column)
+    return most is not None and most > TOAST_SMALLEST
+
+
+def _needs_bound(column: ColumnInfo, policy: TablePolicy) -> bool:
+    return length_bounded(column, policy) or declared_apart(column, policy)
+
+
+def in_line_text(sql: str, max_bytes: int | None = None) -> str:
     """The SQL of whether ``sql``, a text, ``varchar``, ``char`` or ``bytea`` value (or a domain's
     over one) read from a table, is stored in the row uncompressed: its stored size exceeds its
     data's by the header (stored apart uncompressed the two are equal, compressed it is smaller).
-    Reads the header only; NULL for NULL."""
-    return operator(f"pg_catalog.pg_column_size({sql})", ">", f"pg_catalog.octet_length({sql})")
+    With ``max_bytes``, also whether its data is at most that many bytes, in the same comparison:
+    ``int4smaller(pg_column_size(t), max_bytes + 1) > octet_length(t)``, true exactly when
+    ``pg_column_size(t) > octet_length(t)`` and ``octet_length(t) <= max_bytes`` (both are integers;
+    ``max_bytes + 1`` fits an integer, the policy's ``max_text_bytes`` being at most 2^30 - 1), four
+    function calls a row where the two tests joined by AND took five. Reads the header only; NULL
+    for NULL."""
+    size = f"pg_catalog.pg_column_size({sql})"
+    if max_bytes is not None:
+        size = f"pg_catalog.int4smaller({size}, CAST({max_bytes + 1} AS integer))"
+    return operator(size, ">", f"pg_catalog.octet_length({sql})")
 
 
 def in_line_numeric(sql: str) -> str:
     """The SQL of whether ``sql``, a numeric read from a table, is stored in the row, uncompressed,
-    in at most :data:`NUMERIC_MAX_BYTES` (a 1-byte header and an even number of bytes of data: an
-    odd stored size). Reads the header only; NULL for NULL."""
+    in at most :data:`NUMERIC_MAX_BYTES`: uncompressed, and either of an odd stored size (a 1-byte
+    header and an even number of bytes of data) or of at most :data:`NUMERIC_NEVER_APART_BYTES`
+    whatever its header (a 4-byte one: a view's computed value, a constant, a ``STORAGE PLAIN``
+    column's). Reads the header only; NULL for NULL."""
     size = f"pg_catalog.pg_column_size({sql})"
+    short_header = operator(operator(size, '%', '2'), '=', '1')
+    never_apart = operator(size, '<=', str(NUMERIC_NEVER_APART_BYTES))
     return (f"pg_catalog.pg_column_compression({sql}) IS NULL AND "
-            f"{operator(size, '<=', str(NUMERIC_MAX_BYTES))} AND {operator(operator(size, '%', '2'), '=', '1')}")
+            f"{operator(size, '<=', str(NUMERIC_MAX_BYTES))} AND ({short_header} OR {never_apart})")
+
+
+def in_line_bit(sql: str, bits: int) -> str:
+    """The SQL of whether ``sql``, a ``bit(bits)`` value read from a table, is stored in the row
+    uncompressed: its stored size exceeds its data's (:func:`_bit_data`, fixed by the declared
+    length) by a 1- or 4-byte header; stored apart uncompressed it equals it, compressed it is
+    smaller. Reads the header only (``octet_length`` of a bit value reads the value); NULL for NULL."""
+    return operator(f"pg_catalog.pg_column_size({sql})", ">", str(_bit_data(bits)))
+
+
+def in_line_range(sql: str) -> str:
+    """The SQL of whether ``sql``, an ``int8range``, ``tsrange`` or ``tstzrange`` read from a table,
+    is stored in the row uncompressed. Such a value holds 5, 13 or 21 bytes of data (its type, a
+    flags byte, and the bounds that are finite), with a 1- or 4-byte header in the row; only one of
+    21 bytes (25 with its header) is large enough for the toaster, and stored apart uncompressed its
+    size is 21, which no value in the row has. Reads the header only (the flags are in the value);
+    NULL for NULL."""
+    size = operator(f"pg_catalog.pg_column_size({sql})", "<>", str(RANGE_DATA_BYTES))
+    return f"pg_catalog.pg_column_compression({sql}) IS NULL AND {size}"
 
 
 def bounded_value(column: ColumnInfo, policy: TablePolicy) -> str:
     """The SQL of ``column`` as a DP statement reads it: NULL where its value is longer than the
     bound or not stored in the row uncompressed, else the value, in its own collation. A text value
-    is sized by its length in bytes (``octet_length``) and placed by :func:`in_line_text`; a numeric
+    is sized by its length in bytes (``octet_length``) and placed by :func:`in_line_text`, in one
+    comparison; a numeric
     of no declared precision by its stored form (:func:`in_line_numeric`). All from the header:
     the table's, never an index's copy (backend sessions never scan index-only,
     proxy/backend/pool.py ``PINNED_SETTINGS``)."""
     name = quote_identifier(column.name)
     if not _needs_bound(column, policy):
         return name
-    if unconstrained_numeric(column):
+    type_oid, modifier = column.value_type
+    if type_oid == NUMERIC:
         short = in_line_numeric(name)
+    elif type_oid == BIT:
+        short = in_line_bit(name, modifier)
+    elif type_oid in WIDE_RANGES:
+        short = in_line_range(name)
+    elif declared_apart(column, policy):
+        short = in_line_text(name)
     else:
-        short = operator(f"pg_catalog.octet_length({name})", "<=", str(policy.max_text_bytes)) + " AND " + in_line_text(name)
+        short = in_line_text(name, policy.max_text_bytes)
     return f"CASE WHEN {short} THEN {name} END"
 
 

@@ -88,6 +88,8 @@ TOTAL: dict[str, str] = {
                         "(the conversion saturates at ±infinity; tests/test_backend_sql_audit.py asks the backend)",
     "compare-text": "text, varchar and char compare as text (char's trailing spaces dropped), converting nothing that can fail",
     "compare-enum": "an enum compares by its labels' sort order; every stored value is a label",
+    "any-equality": "x = ANY (ARRAY[c1, …]) of constants is x = c1 OR …: each equality as one of the comparisons "
+                    "here (hashed or not, it compares with the same operator)",
     "collate": "COLLATE \"C\" on a text value changes how it compares, not the value",
     "constant-shift": "a date or time literal of a year up to 10000 plus an interval literal of at most 10^12 "
                       "seconds or one calendar unit stays below the year 42000, inside every date/time type's "
@@ -187,6 +189,7 @@ _TYPE_NAMES: dict[str, int] = {
     "float4": 700, "real": 700, "float8": 701, "double precision": 701, "numeric": 1700, "text": 25,
     "varchar": 1043, "bpchar": 1042, "bool": 16, "boolean": 16, "date": 1082, "timestamp": 1114,
     "timestamptz": 1184, "bytea": 17, "uuid": 2950, "time": 1083, "interval": 1186,
+    "int8range": 3926, "tsrange": 3908, "tstzrange": 3910,
 }
 _UNKNOWN = 705  # an untyped literal or parameter: coerced to the other side's type
 _NULL = -1
@@ -623,6 +626,8 @@ def _per_count(node: ast.Node) -> tuple[ast.Node, float] | None:
 
 
 def _operator(node: ast.A_Expr, context: _Context) -> _Value:
+    if node.kind == A_Expr_Kind.AEXPR_OP_ANY:
+        return _any_equality(node, context)
     if node.kind != A_Expr_Kind.AEXPR_OP:
         return _finding(node, context, f"{node.kind.name} is not on the table of total operations")
     symbol = _operator_name(node)
@@ -635,6 +640,22 @@ def _operator(node: ast.A_Expr, context: _Context) -> _Value:
     left, right = _check(node.lexpr, context), _check(node.rexpr, context)
     value = _binary(node, symbol, left, right, context)
     return replace(value, null_with=value.null_with | left.null_with | right.null_with)  # these operators are strict
+
+
+def _any_equality(node: ast.A_Expr, context: _Context) -> _Value:
+    """``x = ANY (ARRAY[c1, …])`` of constants: ``x = c1 OR …``, each comparison judged as one
+    ("any-equality"; the hashed raw conjunct of rewriter/raw_equality.py)."""
+    elements = node.rexpr.elements if isinstance(node.rexpr, ast.A_ArrayExpr) else None
+    if _operator_name(node) != "=" or not elements:
+        return _finding(node, context, "a comparison with ANY other than = with an array of constants")
+    left = _check(node.lexpr, context)
+    for element in elements:
+        value = _check(element, context)
+        if not value.constant:
+            return _finding(node, context, "= ANY of an array of values that are not constants")
+        if _comparison(node, left, value, context).type_oid != _BOOL:
+            return _Value(_OPAQUE)
+    return _Value(_BOOL, null_with=left.null_with)  # "any-equality"
 
 
 def _binary(node: ast.A_Expr, symbol: str, left: _Value, right: _Value, context: _Context) -> _Value:

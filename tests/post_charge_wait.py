@@ -5,24 +5,32 @@ tables in a lock step sent just before its run, whose failure refunds the charge
 (``proxy/serving/relation_locks.py``): a test holding one of those makes the statement fail
 uncharged, before its run. A statement opens the table's TOAST relation and index only to read
 a long value stored apart, which no lock step does: a held ``REINDEX`` of that index (``hold_toast_index``) makes a statement reading such a
-value (``SUM(amount)``, ``amount > 0`` on a table of ``create_toasted``) wait after its charge,
-on the backend, with the table held. A value dpproxy reads, stored apart: dpproxy reads a
-bounded column's (a text's, an unconstrained numeric's) stored size and placement first
-(``rewriter/text_bounds.py``), which PostgreSQL takes from the TOAST pointer, and leaves a value
-stored apart unread, however short: so the value is in a column of a declared size, which dpproxy
-reads as it is (``READ_APART_NUMERIC``, ``READ_APART_TEXT``; the form docs/threat-model.md leaves
-open), short enough for its type (~880 digits, ~450 bytes; 64 characters) and pushed out of the
-row by a wide column kept in it (``STORAGE MAIN``) beside its own ``STORAGE EXTERNAL``.
+value (``amount IN (1, 2)`` on a table of ``create_toasted``) wait after its charge, on the
+backend, with the table held. A value dpproxy reads, stored apart: dpproxy reads a column's
+stored size and placement first (``rewriter/text_bounds.py``; a text, a numeric, a column of a
+declared size long enough to be stored apart), which PostgreSQL takes from the TOAST pointer, and
+leaves a value stored apart unread, however short, in every term. The one read left is the hashed
+raw conjunct beside a WHERE's top-level ``=`` or IN on a column of a declared size
+(``rewriter/raw_equality.py``), which hashes the raw value once: so the value is in such a column
+(``READ_APART_NUMERIC``, ``READ_APART_TEXT``), short enough for its type (~880 digits, ~450
+bytes; 64 characters), pushed out of the row by a wide column kept in it (``STORAGE MAIN``)
+beside its own ``STORAGE EXTERNAL``, and the statement compares it with ``=`` or IN at the top
+of its WHERE.
 ``LONG_NUMBER`` and ``LONG_TEXT`` in a bounded column are what a statement reads as NULL since then
 (tests/test_attack_stop40.py).
 
 That wait depends on dpproxy's SQL reading the value, which the rewriter decides. The *gate*
 does not (:func:`create_gate`, :func:`gated`, :func:`hold_gate`): the protected relation is a
-view of the table ``WHERE EXISTS (SELECT FROM <gate> WHERE v >= '')``, where the gate is a table
-of one text stored apart, named by no policy. PostgreSQL runs that uncorrelated ``EXISTS`` once,
-as a one-time filter, when the run first asks for a row, before it reads any of the table and
-whatever the statement's own WHERE: comparing ``v`` fetches it from the gate's TOAST relation
-through its index, which the held ``REINDEX`` of :func:`hold_gate` blocks. The lock step (under
+view of the table ``WHERE EXISTS (SELECT FROM <gate> WHERE v = '<GATE_VALUE>')``, where the gate
+is a table of one text stored apart, ``GATE_VALUE`` itself, named by no policy. PostgreSQL runs
+that uncorrelated ``EXISTS`` once, as a one-time filter, when the run first asks for a row, before
+it reads any of the table and whatever the statement's own WHERE: ``texteq`` weighs the two sizes
+first, from the TOAST pointer, and finding them equal fetches ``v`` from the gate's TOAST relation
+through its index, which the held ``REINDEX`` of :func:`hold_gate` blocks. The value is one of
+250 bytes, within a table's default ``max_text_bytes``: dpproxy refuses a protected view whose
+conditions read a value of any length whole (a range such as ``v >= ''``, an equality with a
+longer literal), and accepts an equality with a literal that short, whose read is bounded by it
+(``proxy/backend/row_failures.py``). The lock step (under
 ``LIMIT 0``, ``proxy/serving/relation_locks.py``) asks for no row and so never runs it, whether
 its locks end with it or are held to the run. :func:`waiting_at_gate` names the backends
 waiting there (``pg_locks``, never a timing). A wait inside a function the view calls
@@ -33,27 +41,29 @@ and a built-in text comparison are what it accepts.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import psycopg
 
 from policies.model import TablePolicy
 
-__all__ = ["GATE", "LONG_NUMBER", "LONG_NUMBER_BYTES", "LONG_TEXT", "PAD", "READ_APART_NUMERIC", "READ_APART_TEXT",
+__all__ = ["GATE", "GATE_VALUE", "LONG_NUMBER", "LONG_NUMBER_BYTES", "LONG_TEXT", "PAD", "READ_APART_NUMERIC", "READ_APART_TEXT",
            "SHORT_TEXT", "TEXT_MAX_BYTES", "WIDE_PAD", "create_gate", "create_gated", "create_toasted", "gated", "hold_gate",
            "hold_toast_index", "keep_apart", "store_apart", "toast_index", "waiting_at_gate", "with_toasted"]
 
 LONG_NUMBER = "(SELECT ('1' || pg_catalog.string_agg(lpad((random() * 1e8)::int8::text, 8, '0'), ''))::numeric " \
               "FROM generate_series(1, 110) g)"
 """A number of 881 random digits (~450 bytes uncompressed): what ``numeric(1000, 0)`` holds; stored
-apart, a DP statement reads it from a column of that type (``READ_APART_NUMERIC``), not from an
-unconstrained numeric (``rewriter.text_bounds``: NULL there)."""
+apart, a DP statement reads it as NULL (``rewriter.text_bounds``), and fetches it only to hash it
+for a top-level ``=``/IN on a column of that type (``READ_APART_NUMERIC``)."""
 
 LONG_NUMBER_BYTES = 512
 """The most bytes ``LONG_NUMBER`` takes uncompressed (more than half of them)."""
 
 READ_APART_NUMERIC = "numeric(1000, 0)"
-"""A numeric type a DP statement reads as it is, even stored apart: a declared precision."""
+"""A numeric type of a declared precision: a DP statement fetches a value of it stored apart only for
+the hashed raw conjunct of a top-level ``=``/IN (``rewriter.raw_equality``)."""
 
 TEXT_MAX_BYTES: int = TablePolicy.model_fields["max_text_bytes"].default
 """A table's default ``max_text_bytes``: the most bytes of a text a DP statement reads."""
@@ -66,8 +76,8 @@ SHORT_TEXT = "(SELECT substr(pg_catalog.string_agg(md5(random()::text), ''), 1, 
 """64 random hex digits: what ``READ_APART_TEXT`` holds, long enough to be stored apart (more than 24 bytes)."""
 
 READ_APART_TEXT = "varchar(64)"
-"""A text type a DP statement reads as it is, even stored apart: its 4·64 bytes fit the default
-``max_text_bytes``, so no bound applies (``rewriter.text_bounds``)."""
+"""A text type of a declared size within the default ``max_text_bytes``: a DP statement fetches a
+value of it stored apart only for the hashed raw conjunct of a top-level ``=``/IN (``rewriter.raw_equality``)."""
 
 PAD = "(SELECT pg_catalog.string_agg(md5(random()::text), '') FROM generate_series(1, 57) g)"
 """1,824 random characters: in a column kept in the row, they leave no room for the long value."""
@@ -119,7 +129,8 @@ def with_toasted(policy: str, table: str, extra: str = "", braces: int = 2) -> s
 def create_toasted(admin: psycopg.Connection[Any], table: str, grantee: str = "dpproxy_service") -> None:
     """(Re)create ``table`` (age integer, amount ``READ_APART_NUMERIC``): 1,000 short rows and one
     whose amount has 881 random digits, stored apart in the TOAST relation (:func:`store_apart`),
-    which a DP statement reading ``amount`` fetches after its charge."""
+    which a DP statement with ``amount = v`` or ``amount IN (…)`` at the top of its WHERE fetches
+    (to hash it) after its charge."""
     admin.execute(f"DROP TABLE IF EXISTS {table}")
     admin.execute(f"CREATE TABLE {table} (age integer, amount {READ_APART_NUMERIC})")
     admin.execute(f"INSERT INTO {table} SELECT i % 90, 1 FROM generate_series(1, 1000) i")
@@ -143,20 +154,21 @@ def hold_toast_index(admin: psycopg.Connection[Any], table: str) -> None:
 
 
 GATE = "post_charge_gate"
-"""The gate table's default name: one text of 3,200 characters stored apart, uncompressed."""
+"""The gate table's default name: one text, ``GATE_VALUE``, stored apart, uncompressed."""
+
+GATE_VALUE = "".join(hashlib.md5(str(part).encode()).hexdigest() for part in range(8))[:250]
+"""The gate's value, 250 hex digits (250 bytes): short enough (a table's default ``max_text_bytes``
+is 256) for a protected view's equality with it to be accepted, long enough to be stored apart
+beside ``PAD``."""
 
 
 def create_gate(admin: psycopg.Connection[Any], gate: str = GATE) -> None:
-    """(Re)create ``gate`` (v text): one row whose ``v`` (3,200 random hex digits, more than a
-    TOAST chunk) is stored apart in the TOAST relation, uncompressed. Views made by :func:`gated`
-    are dropped with it."""
+    """(Re)create ``gate`` (v text, pad text): one row whose ``v`` (``GATE_VALUE``) is stored apart
+    in the TOAST relation, uncompressed (:func:`store_apart`). Views made by :func:`gated` are
+    dropped with it."""
     admin.execute(f"DROP TABLE IF EXISTS {gate} CASCADE")
     admin.execute(f"CREATE TABLE {gate} (v text)")
-    admin.execute(f"ALTER TABLE {gate} ALTER COLUMN v SET STORAGE EXTERNAL")
-    admin.execute(f"INSERT INTO {gate} SELECT pg_catalog.string_agg(md5(random()::text), '') "
-                  "FROM generate_series(1, 100) g")
-    chunks = admin.execute(f"SELECT count(*) FROM {toast_index(admin, gate).removesuffix('_index')}").fetchone()
-    assert chunks is not None and chunks[0] > 1, f"{gate}'s value was not stored apart"
+    store_apart(admin, gate, "v", f"'{GATE_VALUE}'", most=TEXT_MAX_BYTES)
 
 
 def gated(admin: psycopg.Connection[Any], view: str, table: str, grantee: str = "dpproxy_service",
@@ -164,9 +176,10 @@ def gated(admin: psycopg.Connection[Any], view: str, table: str, grantee: str = 
     """(Re)create ``view``, every column and row of ``table`` behind the gate (``EXISTS`` over
     ``gate``, made by :func:`create_gate`), readable by ``grantee``: a run on the view waits at
     the gate while :func:`hold_gate` holds it, after its charge; the view computes nothing that
-    can fail on a row, so dpproxy accepts it as a protected relation."""
+    can fail on a row and reads no value further than a short literal's size, so dpproxy accepts
+    it as a protected relation."""
     admin.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM {table} "
-                  f"WHERE EXISTS (SELECT FROM {gate} WHERE {gate}.v >= '')")
+                  f"WHERE EXISTS (SELECT FROM {gate} WHERE {gate}.v = '{GATE_VALUE}')")
     admin.execute(f"GRANT SELECT ON {view} TO {grantee}")
 
 

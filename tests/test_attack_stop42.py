@@ -29,9 +29,16 @@ Found and fixed, pinned here:
   accepted as before. PostgreSQL 18's virtual generated column is computed at each reference too:
   one computed from a value of any length (``btrim(note)``) refuses its table the same way.
 
-Found and left open, pinned by a strict xfail: a view's own WHERE (``note > ''``), join condition,
-GROUP BY key or aggregate over a text column reads each row's value whole once a statement, with no
-bound (one 3.2 MB row: ~400 buffers, 2–6 ms); the design is in docs/threat-model.md.
+Found, and closed after the stop (it was pinned by a strict xfail first): a view's own WHERE
+(``note > ''``), join condition, GROUP BY, DISTINCT or ORDER BY key, UNION without ALL, aggregate
+over a text column (``max(note)``), subquery condition, or a row-level security policy's USING
+reads each row's value whole once a statement, with no bound (one 3.2 MB row: ~400 buffers, 2–6
+ms). Such a view or policy is refused like the output columns above, naming the column and the
+place (proxy/backend/whole_reads.py), but for reads bounded whatever the row holds, each pinned
+by buffer counts here: ``IS [NOT] NULL``, ``count(note)``, ``octet_length``, ``=``/``<>`` against
+a literal of at most ``max_text_bytes`` under a deterministic collation, and a ``varchar(n)``
+declared within it. An aggregate's arguments of any length, accepted above before, are the same
+lever and refused now too.
 
 Tried, and held:
 
@@ -89,12 +96,16 @@ _VIEW_POLICY = ATTACK_POLICY_HEAD + """\
 
 
 @contextmanager
-def _view(test_db: TestDatabase, view: str) -> Iterator[psycopg.Connection]:
-    """s42_base (id, hours, note text, payload jsonb) and the view s42_view over it (``view``)."""
+def _view(test_db: TestDatabase, view: str, *setup: str) -> Iterator[psycopg.Connection]:
+    """s42_base (id, hours, note text, payload jsonb, code varchar(16)) and the view s42_view over
+    it (``view``), after ``setup``'s statements."""
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
         admin.execute("DROP TABLE IF EXISTS s42_base CASCADE")
         admin.execute("CREATE TABLE s42_base AS SELECT g AS id, g % 5 + 1 AS hours, g::text AS note, "
-                      "pg_catalog.jsonb_build_object('g', g) AS payload FROM generate_series(1, 200) g")
+                      "pg_catalog.jsonb_build_object('g', g) AS payload, (g % 7)::varchar(16) AS code "
+                      "FROM generate_series(1, 200) g")
+        for statement in setup:
+            admin.execute(statement)
         admin.execute(f"CREATE VIEW s42_view AS {view}")
         admin.execute("GRANT SELECT ON s42_base, s42_view TO dpproxy_service")
         try:
@@ -148,24 +159,30 @@ def _until(done: Callable[[], bool], seconds: float = 60.0) -> None:
         time.sleep(0.1)
 
 
-def test_a_view_redefined_to_compute_a_column_from_a_value_of_any_length_is_refused_before_the_charge(
-        test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The periodic re-check finds it (``CREATE OR REPLACE VIEW`` while dpproxy runs): statements
-    on the view are refused, uncharged, until it passes the stored value on again."""
+@pytest.mark.parametrize(("redefined", "refusal"), [
+    ("SELECT id, btrim(note) AS note FROM s42_base", "PostgreSQL computes again at each reference, reading a value of "
+     "any length whole: view s42_view computes its column note from a value of a type of any length (rule: row-failure)"),
+    ("SELECT id, note FROM s42_base WHERE note > ''", "PostgreSQL reads a value of any length whole, unbounded, once a "
+     "statement: view s42_view reads note (text) whole in a WHERE or JOIN condition (rule: row-failure)"),
+], ids=["output-column", "condition"])
+def test_a_view_redefined_to_read_a_value_of_any_length_whole_is_refused_before_the_charge(
+        test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+        redefined: str, refusal: str) -> None:
+    """The periodic re-check finds it (``CREATE OR REPLACE VIEW`` while dpproxy runs): a column
+    computed from a value of any length, or a condition reading one whole; statements on the view
+    are refused, uncharged (55000), until it passes the stored value on again."""
     from proxy.serving import server
 
     monkeypatch.setattr(server, "FUNCTION_NAMES_REFRESH_S", 0.2)
     with _view(test_db, "SELECT id, note FROM s42_base") as admin, \
             running_proxy(test_db, tmp_path_factory, _VIEW_POLICY) as proxy, proxy.connect() as conn:
         conn.execute("SELECT count(*) FROM s42_view WHERE note > 'a'")
-        admin.execute("CREATE OR REPLACE VIEW s42_view AS SELECT id, btrim(note) AS note FROM s42_base")
+        admin.execute(f"CREATE OR REPLACE VIEW s42_view AS {redefined}")
         _until(lambda: bool(proxy.server.registry.fallible))
         before = spent_epsilon(conn)
         with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as refused:
             conn.execute("SELECT count(*) FROM s42_view WHERE note > 'a'")
-        assert "computes again at each reference" in str(refused.value), str(refused.value)
-        assert "view s42_view computes its column note from a value of a type of any length (rule: row-failure)" \
-            in str(refused.value), str(refused.value)
+        assert refusal in str(refused.value), str(refused.value)
         assert spent_epsilon(conn) == before
         admin.execute("CREATE OR REPLACE VIEW s42_view AS SELECT id, note FROM s42_base")
         _until(lambda: not proxy.server.registry.fallible)
@@ -177,7 +194,7 @@ _PASSING_VIEWS = [
     "SELECT id, note::varchar AS v, note COLLATE \"C\" AS c FROM s42_base",
     "SELECT id, CASE WHEN hours > 2 THEN note END AS consented, COALESCE(note, '') AS c FROM s42_base",
     "SELECT id, id::text AS t, hours::numeric AS n, CASE WHEN hours > 2 THEN 'many' END AS k FROM s42_base",
-    "SELECT hours AS id, count(*) AS rows, max(note) AS last, min(btrim(note)) AS first FROM s42_base GROUP BY hours",
+    "SELECT hours AS id, count(*) AS rows, count(note) AS notes, max(id) AS last FROM s42_base GROUP BY hours",
     "SELECT id, count(*) OVER (PARTITION BY hours ORDER BY id) AS running FROM s42_base WHERE note <> 'x'",
 ]
 
@@ -187,7 +204,8 @@ def test_a_protected_view_passing_stored_values_on_is_answered(
         test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, view: str) -> None:
     """A rename, a binary-compatible cast and COLLATE pass the stored value on (its header is the
     table's); fixed-length values cost the same whatever the row; an aggregate's and a window's
-    arguments, and the view's own WHERE, are read once a row."""
+    arguments of a fixed length, ``count(note)`` (which asks only whether it is NULL) and the view's
+    own WHERE comparing ``note <> 'x'`` (sizes first) cost no more whatever the row holds."""
     with _view(test_db, view), running_proxy(test_db, tmp_path_factory, _VIEW_POLICY) as proxy, proxy.connect() as conn:
         assert conn.execute("SELECT count(*) FROM s42_view WHERE id > 2").fetchone() is not None
 
@@ -222,20 +240,151 @@ def test_a_computed_view_column_reads_its_base_value_at_every_reference(test_db:
     assert hits["s42_apart_view"] - hits["s42_flat_view"] > 64, hits
 
 
-@pytest.mark.xfail(strict=True, reason="left open: a protected view's WHERE, join condition, GROUP BY or aggregate "
-                   "reads a long value whole once a statement (docs/threat-model.md, stop 42)")
+_RLS = ("ALTER TABLE s42_base ENABLE ROW LEVEL SECURITY",)
+_LONG_LITERAL = "x" * 257  # one byte past the table's max_text_bytes (256)
+# (view, setup, what the refusal names)
+_WHOLE_READING_VIEWS = {
+    "where": ("SELECT id FROM s42_base WHERE note > ''", (), "view s42_view reads note (text) whole in a WHERE or JOIN"),
+    "join-on": ("SELECT a.id FROM s42_base a JOIN s42_base b ON a.note = b.note", (),
+                "view s42_view reads note (text) whole in a WHERE or JOIN"),
+    "group-by": ("SELECT count(*) AS id FROM s42_base GROUP BY note", (),
+                 "view s42_view reads note (text) whole in a GROUP BY, DISTINCT, ORDER BY or PARTITION BY key"),
+    "distinct": ("SELECT DISTINCT id, note FROM s42_base", (),
+                 "view s42_view reads note (text) whole in a GROUP BY, DISTINCT, ORDER BY or PARTITION BY key"),
+    "order-by-limit": ("SELECT id FROM s42_base ORDER BY note LIMIT 100", (),
+                       "view s42_view reads note (text) whole in a GROUP BY, DISTINCT, ORDER BY or PARTITION BY key"),
+    "aggregate": ("SELECT hours AS id, max(note) AS last FROM s42_base GROUP BY hours", (),
+                  "view s42_view reads note (text) whole in an aggregate or window function"),
+    "aggregate-of-computed": ("SELECT hours AS id, min(btrim(note)) AS first FROM s42_base GROUP BY hours", (),
+                              "view s42_view reads note (text) whole in an aggregate or window function"),
+    "count-distinct": ("SELECT hours AS id, count(DISTINCT note) AS notes FROM s42_base GROUP BY hours", (),
+                       "view s42_view reads note (text) whole in an aggregate's DISTINCT or ORDER BY"),
+    "rls-using": ("SELECT id FROM s42_base", (*_RLS, "CREATE POLICY s42_p ON s42_base FOR SELECT USING (note > '')"),
+                  "row-level security policy s42_p on s42_base reads note (text) whole in its USING"),
+    "subquery-in-where": ("SELECT id FROM s42_base WHERE EXISTS (SELECT FROM s42_base b WHERE b.note >= '')", (),
+                          "view s42_view reads note (text) whole in a WHERE or JOIN"),
+    "in-subquery": ("SELECT id FROM s42_base WHERE 'a' < ANY (SELECT note FROM s42_base)", (),
+                    "view s42_view reads a subquery's output column (text) whole in a WHERE or JOIN"),
+    "union": ("SELECT id, note FROM s42_base UNION SELECT id, note FROM s42_base", (),
+              "view s42_view reads its column 2 (text) whole in a UNION, INTERSECT or EXCEPT without ALL"),
+    "whole-row-null-test": ("SELECT id FROM s42_base WHERE s42_base IS NOT NULL", (),
+                            "view s42_view reads s42_base (s42_base) whole in a WHERE or JOIN"),
+    "long-literal": (f"SELECT id FROM s42_base WHERE note = '{_LONG_LITERAL}'", (),
+                     "view s42_view reads note (text) whole in a WHERE or JOIN"),
+    "in-list": ("SELECT id FROM s42_base WHERE note IN ('a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j')", (),
+                "view s42_view reads note (text) whole in a WHERE or JOIN"),  # hashed from nine literals on
+    "nullif": ("SELECT id FROM s42_base WHERE NULLIF(note, 'x') > ''", (),
+               "view s42_view reads note (text) whole in a WHERE or JOIN"),  # NULLIF's result is the value
+    "declared-size-past-the-bound": ("SELECT DISTINCT id, wide FROM s42_base", ("ALTER TABLE s42_base ADD wide varchar(65)",),
+                                     "view s42_view reads wide (character varying) whole in a GROUP BY"),
+}
+
+
+@pytest.mark.parametrize("case", list(_WHOLE_READING_VIEWS))
 def test_a_protected_view_whose_conditions_read_a_long_value_whole_is_refused_at_load(
-        test_db: TestDatabase, tmp_path: Path) -> None:
+        test_db: TestDatabase, tmp_path: Path, case: str) -> None:
     """A view's own WHERE (``note > ''``) reads each row's value whole, before the analyst's
     conditions (PostgreSQL ran it first: ``Filter: ((note > ''::text) AND (id > 5))``), once a
     statement: one 3.2 MB row added ~400 buffers and 2–6 ms to ``count(*) … WHERE id > 5`` on
     1,000 rows. Not multiplied by the analyst's terms, as an output column is (refused above), but
-    not bounded either, as a table's values are; the same for a join condition, a GROUP BY key or
-    ``max(note)`` over a text column. Refusing them at load takes the gate view that
-    tests/post_charge_wait.py places its post-charge wait with (``v >= ''``), so it is pinned here."""
-    with _view(test_db, "SELECT id FROM s42_base WHERE note > ''"):
+    not bounded either, as a table's values are; the same for a join condition, a GROUP BY key,
+    DISTINCT, ORDER BY, ``max(note)`` over a text column, a row-level security policy's USING, a
+    subquery's condition and a UNION's deduplication, and an equality with a literal longer than
+    ``max_text_bytes`` (read whole when the sizes match). Refused, naming the view or policy, the
+    column and the fix."""
+    view, setup, named = _WHOLE_READING_VIEWS[case]
+    with _view(test_db, view, *setup):
         problems = refused_at_load(make_policy(test_db, tmp_path / "ledger.sqlite3", _VIEW_POLICY))
-    assert problems and "note" in problems[0], problems
+    assert len(problems) == 1 and problems[0].startswith("tables.public.s42_view: "), problems
+    assert named in problems[0], problems
+    assert "once a statement" in problems[0] and "materialized view" in problems[0] \
+        and "STORED generated column" in problems[0], problems
+
+
+@pytest.mark.parametrize("case", ["where", "group-by", "aggregate", "rls-using", "union"])
+def test_a_protected_view_whose_conditions_read_a_long_value_whole_is_refused_at_load_on_postgresql_17_and_18(
+        newer_pg_db: TestDatabase, tmp_path: Path, case: str) -> None:
+    """Their stored parse trees carry fields 16's do not: the reads are found alike."""
+    test_a_protected_view_whose_conditions_read_a_long_value_whole_is_refused_at_load(newer_pg_db, tmp_path, case)
+
+
+def test_an_equality_under_a_nondeterministic_collation_is_refused_at_load(pg15_db: TestDatabase, tmp_path: Path) -> None:
+    """texteq weighs sizes first only under a deterministic collation: under a nondeterministic
+    one (ICU, on PostgreSQL 15) it compares every value whole (~450 buffers more for one 3.2 MB
+    row, where the default collation's reads none), so ``note COLLATE s42_nd = '7'`` is refused."""
+    collation = "CREATE COLLATION IF NOT EXISTS s42_nd (provider = icu, locale = 'und-u-ks-level2', deterministic = false)"
+    with _view(pg15_db, "SELECT id FROM s42_base WHERE note COLLATE s42_nd = '7'", collation):
+        problems = refused_at_load(make_policy(pg15_db, tmp_path / "ledger.sqlite3", _VIEW_POLICY))
+    assert len(problems) == 1 and "view s42_view reads note (text) whole in a WHERE or JOIN" in problems[0], problems
+
+
+_BOUNDED_VIEWS = {
+    "equality-and-null": ("SELECT id FROM s42_base WHERE note = '7' OR note <> 'x' AND note IS NOT NULL "
+                          "AND note IS DISTINCT FROM 'y' AND octet_length(note) < 100", ()),
+    "literal-of-max-text-bytes": (f"SELECT id FROM s42_base WHERE note <> '{'x' * 256}'", ()),
+    "count-of-a-value": ("SELECT hours AS id, count(note) AS notes, count(payload) AS p FROM s42_base GROUP BY hours", ()),
+    "declared-size": ("SELECT DISTINCT id, code FROM s42_base WHERE code > '3' ORDER BY code", ()),
+    "rls-equality": ("SELECT id FROM s42_base", (*_RLS, "CREATE POLICY s42_p ON s42_base FOR SELECT USING (note <> 'x')")),
+    "gate": ("SELECT id FROM s42_base WHERE EXISTS (SELECT FROM s42_base b WHERE b.note = '17')", ()),
+}
+
+
+@pytest.mark.parametrize("case", list(_BOUNDED_VIEWS))
+def test_a_protected_view_whose_conditions_read_no_more_than_the_bound_is_answered(
+        test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, case: str) -> None:
+    """What reads a value of any length no further than a bound whatever the row holds loads and is
+    answered: ``=``/``<>`` (and ``IS DISTINCT FROM``) against a literal of at most
+    ``max_text_bytes`` (texteq weighs the stored sizes first and reads the value only when they
+    are equal), ``IS [NOT] NULL``, ``octet_length`` and ``count(x)`` (the size or the NULL only),
+    and a column whose declared size (``varchar(16)``) is within ``max_text_bytes``."""
+    view, setup = _BOUNDED_VIEWS[case]
+    with _view(test_db, view, *setup), running_proxy(test_db, tmp_path_factory, _VIEW_POLICY) as proxy, \
+            proxy.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM s42_view WHERE id > 2").fetchone() is not None
+
+
+@pytest.mark.parametrize("case", ["declared-size", "count-of-a-value", "gate"])
+def test_a_protected_view_whose_conditions_read_no_more_than_the_bound_is_answered_on_postgresql_17_and_18(
+        newer_pg_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, case: str) -> None:
+    """On 18, GROUP BY and DISTINCT read through a range table entry of their own: alike."""
+    test_a_protected_view_whose_conditions_read_no_more_than_the_bound_is_answered(newer_pg_db, tmp_path_factory, case)
+
+
+_LONG_ROW = "repeat(md5('x'), 100000)"  # 3.2 MB, stored apart uncompressed (STORAGE EXTERNAL)
+
+
+@pytest.mark.parametrize(("condition", "bounded"), [
+    ("note > ''", False), ("max(note) IS NOT NULL", False), ("note = '7'", True), ("note <> 'x'", True),
+    ("note IS NOT NULL", True), ("octet_length(note) < 100", True), ("count(note) > 0", True),
+    (f"note = {_LONG_ROW}", False), ("note IN ('a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j')", False),
+])
+def test_what_a_condition_reads_of_a_long_value_in_buffers(test_db: TestDatabase, condition: str, bounded: bool) -> None:
+    """The premise of the rule, on PostgreSQL itself: the buffers ``count(*)`` over a view with
+    ``condition`` reads on 1,000 rows, with and without one 3.2 MB row stored apart. A range or
+    ``max`` reads it whole (~400 buffers more); an equality with a short literal, a NULL test,
+    ``octet_length`` and ``count`` read none of it; an equality with a literal of the value's own
+    size reads it whole."""
+    where = f"GROUP BY id HAVING {condition}" if "(note)" in condition and "octet" not in condition else f"WHERE {condition}"
+    hits = {}
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute("SET jit = off")
+        for kind in ("short", "long"):
+            admin.execute(f"DROP TABLE IF EXISTS s42_{kind} CASCADE")
+            admin.execute(f"CREATE TABLE s42_{kind} (id int, note text)")
+            admin.execute(f"ALTER TABLE s42_{kind} ALTER COLUMN note SET STORAGE EXTERNAL")
+            admin.execute(f"INSERT INTO s42_{kind} SELECT g, g::text FROM generate_series(1, 1000) g")
+        admin.execute(f"INSERT INTO s42_long SELECT 500, {_LONG_ROW}")  # a group the analyst's id > 5 keeps
+        try:
+            for kind in ("short", "long"):
+                admin.execute(f"CREATE VIEW s42_{kind}_view AS SELECT id FROM s42_{kind} {where}")
+                hits[kind] = buffer_hits(admin, f"SELECT count(*) FROM s42_{kind}_view WHERE id > 5")
+        finally:
+            for kind in ("short", "long"):
+                admin.execute(f"DROP TABLE s42_{kind} CASCADE")
+    if bounded:
+        assert hits["long"] - hits["short"] <= 2, hits
+    else:
+        assert hits["long"] - hits["short"] > 300, hits
 
 
 def test_a_virtual_generated_column_computed_from_a_value_of_any_length_refuses_its_table_at_load(

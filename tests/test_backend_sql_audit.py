@@ -215,7 +215,7 @@ def _resolved(conn: psycopg.Connection, columns: dict[str, AuditColumn]) -> dict
 _COLUMNS = {"i": AuditColumn(23), "b8": AuditColumn(20), "n": AuditColumn(1700), "f": AuditColumn(701), "t": AuditColumn(25),
             "d": AuditColumn(1082), "ts": AuditColumn(1114), "o": AuditColumn(26), "nr": AuditColumn(3906),
             "pa": AuditColumn(1017, container=True), "ci": AuditColumn(25, deterministic_collation=False),
-            "e": AuditColumn(16385), "m": AuditColumn(16390, enum=True)}
+            "e": AuditColumn(16385), "m": AuditColumn(16390, enum=True), "r8": AuditColumn(3926)}
 _T = '"public"."x"'
 
 
@@ -241,6 +241,9 @@ def _findings(where: str, select: str = "pg_catalog.count(*)") -> list[Finding]:
     "pg_catalog.pg_sleep(1) IS NULL",
     "x.i OPERATOR(pg_catalog.>) 0",
     "e OPERATOR(pg_catalog.=) '[1,2,3]'",  # an extension's comparison (pgvector's: different dimensions)
+    "n OPERATOR(pg_catalog.=) ANY (ARRAY[CAST('1.5' AS pg_catalog.float8)])",  # numeric converted to double per row
+    "t OPERATOR(pg_catalog.=) ANY (ARRAY[t])",  # an array of per-row values
+    "n OPERATOR(pg_catalog.<) ANY (ARRAY[CAST(1 AS pg_catalog.numeric)])",
 ])
 def test_the_audit_finds_operations_that_can_raise_on_a_row(where: str) -> None:
     assert _findings(where), where
@@ -322,6 +325,10 @@ def test_the_audit_accepts_counting_a_type_not_built_in_and_sorting_built_in_one
     "CASE WHEN (pg_catalog.octet_length(t) OPERATOR(pg_catalog.<=) 16777216) THEN t END OPERATOR(pg_catalog.~~*) 'a%'",
     "f OPERATOR(pg_catalog.=) 'NaN' AND n OPERATOR(pg_catalog.<>) 1e-400 AND d OPERATOR(pg_catalog.<) ts",
     "NOT (n IS NULL)",
+    # the hashed raw conjunct beside a top-level = or IN on a column of a declared size
+    "t OPERATOR(pg_catalog.=) ANY (ARRAY[CAST('a' AS pg_catalog.text), CAST('b' AS pg_catalog.text)]) "
+    "AND n OPERATOR(pg_catalog.=) ANY (ARRAY[CAST((-5) AS pg_catalog.numeric), CAST('NaN' AS pg_catalog.numeric)]) "
+    "AND r8 OPERATOR(pg_catalog.=) ANY (ARRAY[CAST('[1,2)' AS pg_catalog.int8range)])",
 ])
 def test_the_audit_accepts_the_safe_predicate_language(where: str) -> None:
     assert _findings(where) == []

@@ -16,6 +16,8 @@ import yaml
 
 from benchmarks.connections import ConnectionCost
 from benchmarks.environment import BASELINE, TWO_WORKERS
+from benchmarks.instructions import benchmark_policy
+from benchmarks.latency import QUERIES
 from benchmarks.pgbench import PgbenchResult
 from benchmarks.postgres import Endpoint
 from benchmarks.report import Results, render
@@ -98,3 +100,17 @@ def test_report_without_the_optional_targets_is_unchanged() -> None:
     assert "| clients | mode | dpproxy tps | direct tps | **ratio** | dpproxy p50 / p99 ms | direct p50 / p99 ms |\n" \
         in catalog
     assert "In parentheses" not in catalog
+
+
+def test_the_latency_policy_answers_each_avg_probe_by_the_mechanism_it_is_named_for(tmp_path: Path) -> None:
+    # benchmarks/latency.py: "AVG" is sample and aggregate, "AVG, sum_count" the policy default.
+    assert "hours_per_week" in QUERIES["AVG"] and "education_num" in QUERIES["AVG, sum_count"]
+    for policy in (_policy(tmp_path / "full"), _policy(tmp_path / "portable", portable=True)):
+        for table in load_policy(policy).tables.values():
+            assert table.avg_method("hours_per_week") == "sample_aggregate"
+            assert table.avg_method("education_num") == "sum_count"
+    # benchmarks.bytecodes and .instructions: AVG by the default, AVG_SA by sample and aggregate
+    counted = benchmark_policy(tmp_path / "counted", BACKEND, 6543, portable=False)
+    for table in load_policy(counted).tables.values():
+        assert table.avg_method("hours_per_week") == "sum_count"
+        assert table.avg_method("education_num") == "sample_aggregate"

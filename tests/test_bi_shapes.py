@@ -627,15 +627,16 @@ def test_show_columns_lists_each_date_part_with_its_cells(bi):
     # logged_at opts month and day in: year, quarter and week are nested in them, each its own DATE_TRUNC
     assert ("DATE_TRUNC('week', logged_at) (53 cells), DATE_TRUNC('month', logged_at) (12 cells), "
             "DATE_TRUNC('quarter', logged_at) (4 cells), DATE_TRUNC('year', logged_at) (1 cell)") in keys["logged_at"]
-    assert "EXTRACT(YEAR FROM logged_at)" not in keys["logged_at"]
+    # EXTRACT(YEAR ...) is answered (as the year's bucket): it is listed as any other part.
+    assert "EXTRACT(YEAR FROM logged_at) (1 cell), EXTRACT(MONTH FROM logged_at)" in keys["logged_at"]
     assert "Sunday weeks of logged_at (53 cells), CAST(logged_at AS DATE) (365 cells)" in keys["logged_at"]
     assert "EXTRACT(WEEK FROM visited_on) (52 cells)" in keys["visited_on"] and "DOW" not in keys["visited_on"]
 
 
 def test_the_group_by_hint_lists_the_date_parts_each_time_column_answers(bi):
     hint = _refused(bi, "SELECT device, count(*) FROM visits GROUP BY 1").message_hint or ""
-    assert "EXTRACT(MONTH|QUARTER|WEEK FROM visited_on)" in hint  # month, quarter, week opted in
-    assert "EXTRACT(MONTH|QUARTER|DAY|DOW|ISODOW|DOY|WEEK FROM logged_at), CAST(logged_at AS DATE)" in hint
+    assert "EXTRACT(YEAR|MONTH|QUARTER|WEEK FROM visited_on)" in hint  # month, quarter, week opted in
+    assert "EXTRACT(YEAR|MONTH|QUARTER|DAY|DOW|ISODOW|DOY|WEEK FROM logged_at), CAST(logged_at AS DATE)" in hint
 
 
 @pytest.mark.parametrize("sql, cells", [

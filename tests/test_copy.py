@@ -151,6 +151,32 @@ def test_psql_copy_of_a_table_is_refused_and_psql_leaves_its_empty_file(proxy: R
     assert target.read_bytes() == b""
 
 
+def _hint(stderr: str) -> str:
+    return next(line.removeprefix("HINT:  ") for line in stderr.splitlines() if line.startswith("HINT:"))
+
+
+def test_a_refused_copy_hint_is_true_of_psql_s_copy_to_stdout_and_to_a_file_alike(proxy: RunningProxy, tmp_path: Path):
+    """psql sends ``COPY adult TO STDOUT`` for both: the hint cannot claim a file was left behind,
+    only say what psql did if a file was named."""
+    to_stdout = _psql(proxy, "\\copy adult TO STDOUT")
+    to_file = _psql(proxy, f"\\copy adult TO '{tmp_path / 'rows.txt'}'")
+    assert to_stdout.returncode == to_file.returncode == 1
+    hint = _hint(to_stdout.stderr)
+    assert hint == _hint(to_file.stderr)
+    assert "a refused \\copy leaves an empty file behind" not in hint
+    assert "Nothing was copied. If this was psql's \\copy ... TO 'file', psql had already created" in hint
+
+
+@pytest.mark.parametrize("command", ["\\copy adult FROM STDIN", "COPY adult FROM '/tmp/x'",
+                                     "COPY (SELECT count(*) FROM adult) TO '/tmp/x'",
+                                     "COPY (SELECT count(*) FROM adult) TO PROGRAM 'cat'"])
+def test_a_refused_copy_that_psql_opened_no_file_for_writing_says_nothing_of_an_empty_file(
+        proxy: RunningProxy, command: str):
+    result = _psql(proxy, command)
+    assert result.returncode == 1 and "(rule: statement-not-allowed)" in result.stderr, result.stderr
+    assert "empt" not in _hint(result.stderr)
+
+
 _EXTENDED = '''
 import sys
 import psycopg

@@ -9,10 +9,9 @@ from fractions import Fraction
 from typing import Any, Callable
 
 import numpy as np
-import opendp.prelude as dp
 import pytest
 
-from mechanisms import samplers, smooth_median
+from mechanisms import opendp_calls, samplers, smooth_median
 from mechanisms.exponential import release_mode
 from mechanisms.quantile import QuantileGrid, release_quantile
 from mechanisms.samplers import padding_probability
@@ -73,13 +72,13 @@ def test_the_smooth_medians_laplace_measurement_is_built_on_every_release(monkey
     # The scale 2·S*/ε follows the data: a cache of measurements by scale would answer faster when an
     # earlier release had the same S* (here: the very same partition values), or S* was at its floor.
     built: list[float] = []
-    make = dp.m.make_laplace
+    make = opendp_calls._make_laplace
 
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        built.append(kwargs["scale"])
-        return make(*args, **kwargs)
+    def counted(domain: Any, metric: Any, scale: float, k: Any, measure: bytes) -> Any:
+        built.append(scale)
+        return make(domain, metric, scale, k, measure)
 
-    monkeypatch.setattr(samplers.dp.m, "make_laplace", counted)
+    monkeypatch.setattr(opendp_calls, "_make_laplace", counted)
     values: list[float | None] = list(np.linspace(40.0, 60.0, 256))
     for _ in range(3):
         release_sample_and_aggregate(values, 0.0, 100.0, 1.0, 1e-6)

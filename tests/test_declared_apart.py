@@ -1,6 +1,7 @@
-"""What benchmarks/declared_apart.py measured of the candidate closures of the open stored-apart lever,
-pinned on PostgreSQL itself (docs/threat-model.md, Timing, "Left open"): the premises a closure that
-keeps the index rests on. Buffer counts and plans, never times."""
+"""What benchmarks/declared_apart.py measured of the candidate closures of the stored-apart lever for
+values of a declared size, pinned on PostgreSQL itself (docs/threat-model.md, Timing, values of a
+declared size stored apart): the premises the closure that keeps the index rests on, and dpproxy's
+own backend SQL, which built it. Buffer counts and plans, never times."""
 
 from __future__ import annotations
 
@@ -52,3 +53,18 @@ def test_raw_equality_multiplies_when_or_ed_and_a_guard_before_each_term_multipl
         assert buffers[column_type, "16 OR'ed IN (8 values)", "raw"] == 256
         assert buffers[column_type, "64 OR'ed =", "guarded"] == 0
         assert buffers[column_type, "64 AND'ed <>", "guarded"] == 128
+
+
+def test_dpproxys_backend_sql_fetches_a_value_apart_at_most_twice_and_keeps_the_index(measured: Measured) -> None:
+    """The rewriter's SQL for the same statements (the ``dpproxy`` form): within two fetches (+4, the
+    value itself, whose hash matches) whatever the terms, nothing under OR or for ``<>``, and a plain
+    index serves a selective ``=`` and IN, planned with index-only scans off, as dpproxy's backend
+    connections plan (an Index Scan or a Bitmap scan, which fetch the row)."""
+    buffers, planned = measured
+    applied = {key: extra for key, extra in buffers.items() if key[2] == "dpproxy" and extra is not None}
+    assert len(applied) == 8 * len(TYPES)
+    assert {key: extra for key, extra in applied.items() if extra > 4} == {}
+    assert {key: extra for key, extra in applied.items() if "OR'ed" in key[1] or "<>" in key[1]} == {
+        key: 0 for key in applied if "OR'ed" in key[1] or "<>" in key[1]}
+    assert [key for key, nodes in planned.items() if key[2] == "dpproxy" and key[1] in _INDEXED
+            and not any(node.startswith(("Index Scan", "Bitmap Index Scan")) for node in nodes)] == []

@@ -111,7 +111,8 @@ def _column(name: str, type_oid: int, modifier: int = -1, attnum: int = 1, base:
 
 def test_the_backend_sql_bounds_a_domain_by_its_base_type() -> None:
     """A domain over text or bytea is bounded by its stored size; a domain over varchar(10) carries the
-    bound already (40 bytes) and is read as it is; a domain over an integer is untouched."""
+    bound already (40 bytes) and is read through the check of its placement alone (its values may be
+    stored apart: docs/threat-model.md); a domain over an integer is untouched."""
     domain = 16_400  # a user type's OID
     columns = {column.name: column for column in (
         _column("d", domain, attnum=1, base=(25, -1)), _column("s", domain + 1, attnum=2, base=(1043, 10 + 4)),
@@ -119,8 +120,9 @@ def test_the_backend_sql_bounds_a_domain_by_its_base_type() -> None:
     policy = TablePolicy(epsilon=1.0)
     table = Relation(1, "public", "lv", policy, columns)
     assert bounded_source(table, columns) == (
-        '(SELECT CASE WHEN (pg_catalog.octet_length("d") OPERATOR(pg_catalog.<=) 256) AND (pg_catalog.pg_column_size("d") OPERATOR(pg_catalog.>) pg_catalog.octet_length("d")) THEN "d" END AS "d", "s", '
-        'CASE WHEN (pg_catalog.octet_length("b") OPERATOR(pg_catalog.<=) 256) AND (pg_catalog.pg_column_size("b") OPERATOR(pg_catalog.>) pg_catalog.octet_length("b")) THEN "b" END AS "b", "i" '
+        '(SELECT CASE WHEN (pg_catalog.int4smaller(pg_catalog.pg_column_size("d"), CAST(257 AS integer)) OPERATOR(pg_catalog.>) pg_catalog.octet_length("d")) THEN "d" END AS "d", '
+        'CASE WHEN (pg_catalog.pg_column_size("s") OPERATOR(pg_catalog.>) pg_catalog.octet_length("s")) THEN "s" END AS "s", '
+        'CASE WHEN (pg_catalog.int4smaller(pg_catalog.pg_column_size("b"), CAST(257 AS integer)) OPERATOR(pg_catalog.>) pg_catalog.octet_length("b")) THEN "b" END AS "b", "i" '
         'FROM "public"."lv") AS "lv"')
     assert [value_bytes(columns[name], policy) for name in ("d", "s", "b", "i")] == [256, 40, 256, None]
 
@@ -186,7 +188,7 @@ def test_show_columns_says_which_values_are_bounded_and_which_are_not_read(long_
         bounds = {row[1]: row[3] for row in conn.execute("SHOW dpproxy.columns").fetchall() if row[0] == _EXACT}
     for column in ("d", "dd", "b", "bd"):
         assert bounds[column] == f"at most {BOUND} bytes, stored in the row uncompressed (another value reads as NULL)", (column, bounds[column])
-    assert bounds["s"] == "at most 40 bytes (a longer value reads as NULL)"
+    assert bounds["s"] == "at most 40 bytes, stored in the row uncompressed (another value reads as NULL)"
     for column in ("jb", "tv", "nr", "ia", "vb", "pa", "bl"):
         assert bounds[column] == "not read: values of any length are only counted and tested for NULL", column
     assert bounds["ir"] is None and bounds["ip"] is None and bounds["b3"] is None

@@ -15,8 +15,8 @@ import pytest
 from opendp.mod import OpenDPException
 from scipy import stats
 
-from mechanisms import samplers
-from mechanisms.opendp_calls import invoke_bool, invoke_float, invoke_floats_to_index, invoke_int
+from mechanisms import opendp_calls, samplers
+from mechanisms.opendp_calls import invoke_bool, invoke_float, invoke_floats_to_index, invoke_int, laplace_float_draw
 
 dp.enable_features("contrib")
 
@@ -89,6 +89,60 @@ def test_the_float_laplace_draws_have_opendps_laplace_distribution() -> None:
     assert stats.kstest(lean, stats.laplace(loc=10.0, scale=1.5).cdf).pvalue > 1e-6
     assert stats.kstest(public, stats.laplace(loc=10.0, scale=1.5).cdf).pvalue > 1e-6
     assert stats.ks_2samp(lean, public).pvalue > 1e-6
+
+
+_F64_DOMAIN = dp.atom_domain(T=float, nan=False)
+_F64_METRIC = dp.absolute_distance(T=float)
+
+
+@pytest.mark.parametrize("value", _FLOATS, ids=repr)
+def test_a_laplace_built_per_draw_at_scale_0_returns_the_value_as_the_public_measurement(value: float) -> None:
+    released = laplace_float_draw(_F64_DOMAIN, _F64_METRIC, 0.0, value)
+    assert _bits(released) == _bits(_float_identity()(value))
+
+
+def test_a_laplace_built_per_draw_has_the_public_constructors_distribution() -> None:
+    # laplace_float_draw builds its measurement through the library's constructor: its draws
+    # against the measurement dp.m.make_laplace builds, and both against the continuous Laplace(1.5).
+    public = dp.m.make_laplace(_F64_DOMAIN, _F64_METRIC, scale=1.5)
+    direct = [laplace_float_draw(_F64_DOMAIN, _F64_METRIC, 1.5, 10.0) for _ in range(20_000)]
+    wrapped = [public(10.0) for _ in range(20_000)]
+    assert stats.kstest(direct, stats.laplace(loc=10.0, scale=1.5).cdf).pvalue > 1e-6
+    assert stats.ks_2samp(direct, wrapped).pvalue > 1e-6
+
+
+@pytest.mark.parametrize("scale", [-1.0, float("nan")], ids=repr)
+def test_a_scale_the_constructor_refuses_raises_opendps_error_as_the_public_constructor(scale: float) -> None:
+    with pytest.raises(OpenDPException):
+        dp.m.make_laplace(_F64_DOMAIN, _F64_METRIC, scale=scale)
+    with pytest.raises(OpenDPException):
+        laplace_float_draw(_F64_DOMAIN, _F64_METRIC, scale, 1.0)
+
+
+def test_every_laplace_built_per_draw_is_freed_even_when_its_draw_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[object] = []
+    freed: list[object] = []
+    make, free = opendp_calls._make_laplace, opendp_calls._measurement_free
+
+    def counted_make(*args: object) -> object:
+        result = make(*args)
+        built.append(result.payload.Ok)
+        return result
+
+    def counted_free(measurement: object) -> object:
+        freed.append(measurement.value if hasattr(measurement, "value") else measurement)
+        return free(measurement)
+
+    def failed(measurement: object, value: float) -> float:
+        raise RuntimeError("the draw failed")
+
+    monkeypatch.setattr(opendp_calls, "_make_laplace", counted_make)
+    monkeypatch.setattr(opendp_calls, "_measurement_free", counted_free)
+    laplace_float_draw(_F64_DOMAIN, _F64_METRIC, 1.0, 3.0)
+    monkeypatch.setattr(opendp_calls, "invoke_float", failed)
+    with pytest.raises(RuntimeError, match="the draw failed"):
+        laplace_float_draw(_F64_DOMAIN, _F64_METRIC, 1.0, 3.0)
+    assert len(built) == 2 and freed == built
 
 
 def test_the_padding_coin_comes_up_with_its_probability() -> None:

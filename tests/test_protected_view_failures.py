@@ -118,8 +118,10 @@ _TOTAL_VIEWS = [
     "hours::numeric AS n, id::text AS t, CASE WHEN hours > 2 THEN 'many' ELSE 'few' END AS k FROM rf_base "
     "WHERE id IN (1, 2, 3, 7) AND note <> 'x' AND hours IS NOT NULL "
     "AND EXISTS (SELECT 1 FROM rf_base b WHERE b.id = rf_base.id)",
-    "SELECT hours AS id, COUNT(*) AS rows, SUM(income) AS income, MAX(note) AS last FROM rf_base GROUP BY hours",
-    "WITH c AS (SELECT DISTINCT id, hours, note FROM rf_base ORDER BY note) SELECT id, count(*) OVER "
+    # max and sorts of a text computed from a fixed-length value: of the stored note, they would read
+    # a value of any length whole (refused, tests/test_attack_stop42.py)
+    "SELECT hours AS id, COUNT(*) AS rows, SUM(income) AS income, MAX(id::text) AS last FROM rf_base GROUP BY hours",
+    "WITH c AS (SELECT DISTINCT id, hours, id::text AS note FROM rf_base ORDER BY note) SELECT id, count(*) OVER "
     "(ORDER BY hours RANGE BETWEEN 1 PRECEDING AND CURRENT ROW) AS near FROM c UNION SELECT 0, 0",
 ]
 _TOTAL_IDS = ["rename", "comparisons-and-widening-casts", "per-person-aggregates", "sorts-and-integer-windows"]

@@ -68,15 +68,21 @@ def test_equality_with_a_short_literal_compares_the_raw_column_on_a_table_with_a
 def test_equality_where_false_and_null_may_differ_keeps_the_bounded_value(where: str) -> None:
     sql = _sql(f"SELECT count(*) FROM {{t}} WHERE {where}")
     assert '"raw ' not in sql, sql
-    assert "CASE WHEN (pg_catalog.octet_length(" in sql, sql
+    assert "CASE WHEN (pg_catalog.int4smaller(pg_catalog.pg_column_size(" in sql, sql
 
 
-def test_a_table_without_a_quantum_keeps_the_bounded_value_and_a_narrow_varchar_is_read_as_it_is() -> None:
-    """Without a quantum the raw form's index search could read a long value (the module's lever)."""
+def test_a_table_without_a_quantum_keeps_the_bounded_value_and_a_narrow_varchar_gets_one_hashed_raw_conjunct() -> None:
+    """Without a quantum the raw form's index search could read a long value (the module's lever). A
+    varchar(10), read through its in-line check alone (its values may be stored apart), compares
+    the raw column only in the hashed conjunct beside a top-level ``=`` (tests/test_declared_raw_equality.py),
+    with or without a quantum, and never term by term."""
     sql = _sql("SELECT count(*) FROM {t} WHERE t = 'x'", quantum_ms=0)
-    assert '"raw ' not in sql and 'CASE WHEN (pg_catalog.octet_length("t")' in sql, sql
-    assert _sql("SELECT count(*) FROM {t} WHERE narrow = 'x'") == (
-        'SELECT pg_catalog.count(*) FROM "public"."tr" WHERE ("narrow" OPERATOR(pg_catalog.=) \'x\')')
+    assert '"raw ' not in sql and 'CASE WHEN (pg_catalog.int4smaller(pg_catalog.pg_column_size("t")' in sql, sql
+    for quantum_ms in (0, 20):
+        narrow = _sql("SELECT count(*) FROM {t} WHERE narrow = 'x' OR (narrow = 'y' AND x > 3)", quantum_ms=quantum_ms)
+        assert '"raw ' not in narrow, narrow
+        assert 'CASE WHEN (pg_catalog.pg_column_size("narrow") OPERATOR(pg_catalog.>) pg_catalog.octet_length("narrow"))' in narrow
+        assert _sql("SELECT count(*) FROM {t} WHERE narrow = 'x'", quantum_ms=quantum_ms).count('"raw 7"') == 2
 
 
 def test_each_occurrence_is_rendered_by_where_it_stands() -> None:
@@ -85,7 +91,7 @@ def test_each_occurrence_is_rendered_by_where_it_stands() -> None:
     share = _sql("SELECT avg(CAST(t = 'x' AS int)) FROM {t}")
     assert f"({_RAW_T} OPERATOR(pg_catalog.=) 'x')" in share and "(NOT (\"t\" OPERATOR(pg_catalog.=) 'x'))" in share, share
     both = _sql("SELECT count(*) FILTER (WHERE t = 'x'), count(DISTINCT t) FROM {t} WHERE NOT (t = 'y')")
-    assert 'CASE WHEN (pg_catalog.octet_length("t") OPERATOR(pg_catalog.<=) 256) AND (pg_catalog.pg_column_size("t") OPERATOR(pg_catalog.>) pg_catalog.octet_length("t")) THEN "t" END AS "t", "t" AS "raw 2"' in both
+    assert 'CASE WHEN (pg_catalog.int4smaller(pg_catalog.pg_column_size("t"), CAST(257 AS integer)) OPERATOR(pg_catalog.>) pg_catalog.octet_length("t")) THEN "t" END AS "t", "t" AS "raw 2"' in both
     table = _relation("tr", 20)
     clash = Relation(1, "public", "tr", table.policy,
                      {**table.columns, "raw 2": ColumnInfo("raw 2", 25, -1, 8, None)})

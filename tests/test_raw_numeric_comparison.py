@@ -2,8 +2,8 @@
 (rewriter/raw_equality.py).
 
 The stored-form bound (rewriter/text_bounds.py) made ``n = 5`` a comparison of ``CASE WHEN
-pg_column_compression(n) IS NULL AND pg_column_size(n) <= 127 AND pg_column_size(n) % 2 = 1 THEN n END``,
-which no index can hold:
+pg_column_compression(n) IS NULL AND pg_column_size(n) <= 127 AND (pg_column_size(n) % 2 = 1 OR
+pg_column_size(n) <= 20) THEN n END``, which no index can hold:
 a selective equality on a large indexed table became a sequential scan. On a table with
 ``answer_quantum_ms`` each ``=``, ``<``, ``<=``, ``>``, ``>=`` (an IN list's values, BETWEEN's two
 ends) of such a column with a literal, where false and NULL decide alike, is now
@@ -49,7 +49,8 @@ def _raw(column: str, raw: str, symbol: str, value: str) -> str:
 
 
 _BOUNDED_N = ('CASE WHEN pg_catalog.pg_column_compression("n") IS NULL AND '
-              '(pg_catalog.pg_column_size("n") OPERATOR(pg_catalog.<=) 127) AND ((pg_catalog.pg_column_size("n") OPERATOR(pg_catalog.%) 2) OPERATOR(pg_catalog.=) 1) THEN "n" END AS "n"')
+              '(pg_catalog.pg_column_size("n") OPERATOR(pg_catalog.<=) 127) AND (((pg_catalog.pg_column_size("n") OPERATOR(pg_catalog.%) 2) '
+              'OPERATOR(pg_catalog.=) 1) OR (pg_catalog.pg_column_size("n") OPERATOR(pg_catalog.<=) 20)) THEN "n" END AS "n"')
 
 
 @pytest.mark.parametrize("where, expected", [
@@ -85,13 +86,20 @@ def test_a_comparison_where_false_and_null_may_differ_or_with_no_literal_keeps_t
 
 def test_a_table_without_a_quantum_and_a_declared_precision_keep_their_forms() -> None:
     """Without a quantum the SQL is the bounded form (the raw read of a long value would show in the
-    time); numeric(1000, 0) is read as it is, and needs nothing beside."""
+    time); numeric(1000, 0), whose values may be stored apart, is read through the same check, and
+    compares the raw column only in one hashed conjunct beside a top-level ``=`` (with or without a
+    quantum; tests/test_declared_raw_equality.py), never term by term."""
     sql = _sql("SELECT count(*) FROM {t} WHERE n = 5 OR n IN (6, 7) OR n BETWEEN 1 AND 2", quantum_ms=0)
     assert sql == ('SELECT pg_catalog.count(*) FROM (SELECT ' + _BOUNDED_N + ' FROM "public"."rn") AS "rn" WHERE '
                    '((("n" OPERATOR(pg_catalog.=) 5) OR (("n" OPERATOR(pg_catalog.=) 6) OR ("n" OPERATOR(pg_catalog.=) 7))) '
                    'OR (("n" OPERATOR(pg_catalog.>=) 1) AND ("n" OPERATOR(pg_catalog.<=) 2)))'), sql
+    bounded_np = _BOUNDED_N.replace('"n"', '"np"')
+    nines = ", ".join(["CAST(5 AS pg_catalog.numeric)"] * 9)
     assert _sql("SELECT count(*) FROM {t} WHERE np = 5") == (
-        'SELECT pg_catalog.count(*) FROM "public"."rn" WHERE ("np" OPERATOR(pg_catalog.=) 5)')
+        f'SELECT pg_catalog.count(*) FROM (SELECT {bounded_np}, "np" AS "raw 4" FROM "public"."rn") AS "rn" '
+        f'WHERE ("raw 4" OPERATOR(pg_catalog.=) ANY (ARRAY[{nines}])) AND ("np" OPERATOR(pg_catalog.=) 5)')
+    for quantum_ms in (0, 20):
+        assert '"raw 4"' not in _sql("SELECT count(*) FROM {t} WHERE np = 5 OR np < 2", quantum_ms=quantum_ms)
 
 
 # --- On a real PostgreSQL: plans and answers -------------------------------------------------------

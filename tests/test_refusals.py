@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from conftest import RunningProxy
+from conftest import RunningProxy, spent_epsilon
 
 REFUSED = [
     ("SELECT * FROM adult", "DP001", "no-row-access"),
@@ -211,3 +211,42 @@ def test_a_refused_function_is_named_with_the_reason(proxy: RunningProxy):
     assert "function pg_stat_get_live_tuples() is not available through dpproxy: it reads statistics" in (
         diag.message_primary or "")
     assert "formatting functions" in (diag.message_hint or "") and "sizes answer NULL" in (diag.message_hint or "")
+
+
+def test_median_is_refused_with_the_percentile_that_is_one(proxy: RunningProxy):
+    with proxy.connect() as conn, pytest.raises(psycopg.Error) as info:
+        conn.execute("SELECT median(age) FROM adult")
+    assert "(rule: function-allowlist)" in (info.value.diag.message_primary or "")
+    assert (info.value.diag.message_hint or "").startswith(
+        "A median is PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY col). Aggregates: COUNT")
+
+
+@pytest.mark.parametrize("sql,start", [
+    ("SELECT count(*) FROM adult WHERE sex = \"Male\"",
+     "Double quotes name a column; a string is written in single quotes: 'Male'. Columns: age,"),
+    ("SELECT count(*) FROM adult WHERE \"Sex\" = 'Male'", "Perhaps you meant sex. Columns: age,"),
+    ("SELECT count(*) FROM adult WHERE sex = Male", "Columns: age,"),
+])
+def test_a_string_in_double_quotes_is_hinted_as_one(proxy: RunningProxy, sql: str, start: str):
+    with proxy.connect() as conn, pytest.raises(psycopg.Error) as info:
+        conn.execute(sql)
+    assert info.value.diag.sqlstate == "42703"
+    assert (info.value.diag.message_hint or "").startswith(start), info.value.diag.message_hint
+
+
+@pytest.mark.parametrize("sql,symbol", [
+    ("SELECT count(*) FROM adult WHERE sex == 'Male'", "=="),
+    ("SELECT count(*) FILTER (WHERE age == 40) FROM adult", "=="),
+    ("SELECT count(*) FROM adult WHERE sex <=> 'Male'", "<=>"),
+])
+def test_an_operator_postgresql_lacks_is_refused_as_postgresql_refuses_it_before_any_charge(
+        proxy: RunningProxy, sql: str, symbol: str):
+    # sqlglot read sex == 'Male' as sex = 'Male': it was answered and charged, where PostgreSQL
+    # fails with 42883 whatever the rows.
+    with proxy.connect(autocommit=True) as conn:
+        spent = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(sql)
+        assert spent_epsilon(conn) == spent
+    assert info.value.diag.sqlstate == "42883"
+    assert info.value.diag.message_primary == f"operator does not exist: {symbol} (rule: undefined-operator)"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import sys
 from functools import lru_cache
+from types import FrameType
 from typing import Sequence
 from unittest.mock import patch
 
@@ -368,3 +370,39 @@ def test_empty_partitions_passed_as_a_count_equal_none_values_and_nan_stays_hi()
     assert as_list == [1.0, 5.0, 5.0, 5.0, 9.5, 10.0]
     assert smooth_median._prepared_values(np.array([1.0, math.nan, 9.5]), 0.0, 10.0, empty=3).tolist() == as_list
     assert smooth_median._prepared_values(values, 0.0, 10.0, empty=2).tolist() == as_list
+
+
+@pytest.mark.parametrize("m", [64, 256, 1024])
+def test_the_s_star_search_calls_no_numpy_wrapper_written_in_python(m: int) -> None:
+    # The search is a few dozen numpy calls on arrays of a few thousand terms, so each call's
+    # fixed cost is most of its time: np.repeat, np.cumsum, np.searchsorted and ndarray.max go
+    # through Python wrappers (fromnumeric._wrapfunc, _methods._amax) and np.iinfo builds an
+    # object, ~12 % of the search at m = 1,024 before it used the array methods and ufuncs.
+    values = np.sort(np.concatenate((np.linspace(10.0, 90.0, m - m // 3), np.full(m // 3, 50.0))))
+    called: set[str] = set()
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        path = frame.f_code.co_filename
+        if event == "call" and "numpy" in path and not path.endswith("multiarray.py"):  # C functions' dispatchers
+            called.add(f"{path.rsplit('numpy', 1)[-1]}:{frame.f_code.co_name}")
+
+    sys.setprofile(profile)
+    try:
+        smooth_sensitivity_median(values, 0.0, 100.0, smoothing_beta(0.5, 1e-6))
+    finally:
+        sys.setprofile(None)
+    assert not called
+
+
+def test_the_search_weights_are_computed_once_per_partitions_and_beta_and_cannot_be_changed() -> None:
+    # A function of m and β (the policy's partitions, the column's ε and δ), never of the values:
+    # whether they were computed before tells nothing about any row.
+    smooth_median._weights.cache_clear()
+    beta = smoothing_beta(0.5, 1e-6)
+    for low in (10.0, 20.0, 30.0):
+        smooth_sensitivity_median(np.linspace(low, 90.0, 300), 0.0, 100.0, beta)
+    assert smooth_median._weights.cache_info().misses == 1
+    weight = smooth_median._weights(300, beta)
+    assert weight[0] == 0.0 and weight[1] == 1.0 and weight[2] == pytest.approx(math.exp(-beta))
+    with pytest.raises(ValueError):
+        weight[1] = 2.0

@@ -417,9 +417,9 @@ _TOAST_POLICY = ATTACK_POLICY_HEAD.replace("repeats: {{enabled: true}}", "repeat
 @pytest.fixture
 def toasted_neighbours(standby_db: StandbyDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
     """``tx0`` and its neighbour ``tx1`` with one row more, whose 64-character value (hex digits of
-    random hashes) in a ``varchar(64)``, which dpproxy reads as it is, is stored apart, in the TOAST
-    relation (tests/post_charge_wait.py; in a bounded text column a value past ``max_text_bytes``
-    or stored apart is placed from its TOAST pointer and never read, so it opens no TOAST index);
+    random hashes) in a ``varchar(64)`` is stored apart, in the TOAST relation (tests/post_charge_wait.py;
+    a value stored apart is placed from its TOAST pointer and read as NULL, but a top-level ``=``
+    on a column of a declared size also compares the raw column, hashed, which fetches it once);
     both have the same columns. A dpproxy on
     the standby under a service role whose ``lock_timeout`` is 100 ms (an operator's default)."""
     with psycopg.connect(standby_db.primary.admin_dsn, autocommit=True) as admin:
@@ -445,13 +445,13 @@ def test_a_lock_on_a_toast_index_replayed_from_the_primary_decides_no_outcome(
     standby_db: StandbyDatabase, toasted_neighbours: RunningProxy
 ) -> None:
     """The primary's REINDEX of each table's TOAST index holds an ACCESS EXCLUSIVE lock on it, which
-    the standby replays. ``s < 'b'`` reads each value whole, and opens the TOAST index only for
-    a value stored apart: on the code before, under the role's lock_timeout, the statement was
+    the standby replays. ``s = 'b'`` hashes each raw value (rewriter/raw_equality.py), and opens the
+    TOAST index only for a value stored apart (it was ``s < 'b'``, which reads the bounded value now): on the code before, under the role's lock_timeout, the statement was
     answered on tx0 and failed with DP004 on tx1, charged both times. Now lock_timeout is pinned
     to 0: the statement waits for the lock on tx1 (seen waiting, so that the value is read and the
     test is not passed by a statement that never opened the index) and is answered once the
     REINDEX ends."""
-    sql = "SELECT COUNT(*) FROM {t} WHERE s < 'b'"
+    sql = "SELECT COUNT(*) FROM {t} WHERE s = 'b'"
     outcomes, waited = {}, {}
     for table in ("tx0", "tx1"):
         with psycopg.connect(standby_db.primary.admin_dsn) as operator, toasted_neighbours.connect() as analyst:

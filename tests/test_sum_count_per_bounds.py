@@ -49,3 +49,41 @@ def test_a_release_with_no_noise_room_is_unchanged_by_the_kept_values() -> None:
     # lo == hi releases lo exactly, before any grid is derived
     assert release_mean(10, 5, 3.0, 3.0, 1.0).value == 3.0
     assert sum_count._centred_points.cache_info().currsize == 0
+
+
+_TOTALS = [0, 1, -1, 53, 107, 5_350, 5_351, -5_349, 2**60 + 3, -(2**70), 10**30 + 7]
+
+
+@pytest.mark.parametrize("bounds", [(1.0, 99.0), (17.0, 90.0), (0.0, 1.5e6), (-5.0, 5.0), (3.0, 3.5), (1e15, 1e15 + 2)],
+                         ids=str)
+def test_an_integer_total_is_centred_on_the_grid_as_the_exact_fraction_rounds_it(bounds: tuple[float, float]) -> None:
+    grid, _, _, centre = sum_count._centred_points(*bounds, False)
+    for total in _TOTALS:
+        for count in (0, 1, 2, 3, 100, 101, 2**40 + 1):
+            expected = grid.rounded(Fraction(total) - centre * count)
+            assert grid.rounded_ratio(total * centre.denominator - centre.numerator * count, centre.denominator) == expected
+
+
+@pytest.mark.parametrize("exponent", [-3, 0, 5, 60])
+def test_a_ratio_on_the_grid_rounds_half_to_even_as_a_fraction_does(exponent: int) -> None:
+    grid = Grid(exponent)
+    for numerator in range(-40, 41):
+        for denominator in (1, 2, 3, 4, 6, 8, 2**70):
+            assert grid.rounded_ratio(numerator, denominator) == grid.rounded(Fraction(numerator, denominator))
+    with pytest.raises(ValueError):
+        grid.rounded_ratio(1, 0)
+
+
+def test_an_integer_columns_release_builds_no_fraction(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The centred sum of an int total in integer arithmetic: Fraction's Python arithmetic was
+    # ~500 of an AVG statement's bytecodes. A numeric column's Decimal total still goes through it.
+    release_mean(4_000, 100, 1.0, 99.0, 0.5)  # the bounds' values derived (with Fractions) once
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a Fraction built for an integer total")
+
+    monkeypatch.setattr(sum_count, "Fraction", refused)
+    for total, count in [(4_000, 100), (0, 0), (-7, 3), (10**25, 10**20)]:
+        assert 1.0 <= release_mean(total, count, 1.0, 99.0, 0.5).value <= 99.0
+    with pytest.raises(AssertionError, match="a Fraction built"):
+        release_mean(Decimal("4000.5"), 100, 1.0, 99.0, 0.5)

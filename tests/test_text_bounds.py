@@ -11,6 +11,7 @@ neighbouring table. Real dpproxy, real PostgreSQL; decisions and answers are pin
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import psycopg
@@ -113,24 +114,39 @@ def _column(name: str, type_oid: int, modifier: int = -1, attnum: int = 1) -> Co
 
 def test_the_backend_sql_reads_a_long_value_by_its_stored_size_only() -> None:
     """``octet_length`` reads the header (no detoasting); a varchar(n) of 4·n bytes within the bound
-    is read as it is, a wider one and a char(n) bounded like text, other types untouched."""
+    is read through the in-line check alone (it may be stored apart, docs/threat-model.md), one too
+    short for the toaster (4 + 4·n ≤ 24 bytes) as it is, a wider one and a char(n) bounded like
+    text, other types untouched."""
     columns = {column.name: column for column in (
         _column("t", 25, attnum=1), _column("short", 1043, 10 + 4, 2), _column("wide", 1043, 100 + 4, 3),
-        _column("c", 1042, 80 + 4, 4), _column("x", 23, attnum=5))}
+        _column("c", 1042, 80 + 4, 4), _column("x", 23, attnum=5), _column("tiny", 1043, 5 + 4, 6))}
     policy = TablePolicy(epsilon=1.0)
     table = Relation(1, "public", "tb", policy, columns, "ctid")
     assert bounded_source(table, columns) == (
-        '(SELECT CASE WHEN (pg_catalog.octet_length("t") OPERATOR(pg_catalog.<=) 256) AND (pg_catalog.pg_column_size("t") OPERATOR(pg_catalog.>) pg_catalog.octet_length("t")) THEN "t" END AS "t", "short", '
-        'CASE WHEN (pg_catalog.octet_length("wide") OPERATOR(pg_catalog.<=) 256) AND (pg_catalog.pg_column_size("wide") OPERATOR(pg_catalog.>) pg_catalog.octet_length("wide")) THEN "wide" END AS "wide", '
-        'CASE WHEN (pg_catalog.octet_length("c") OPERATOR(pg_catalog.<=) 256) AND (pg_catalog.pg_column_size("c") OPERATOR(pg_catalog.>) pg_catalog.octet_length("c")) THEN "c" END AS "c", "x", ctid '
+        '(SELECT CASE WHEN (pg_catalog.int4smaller(pg_catalog.pg_column_size("t"), CAST(257 AS integer)) OPERATOR(pg_catalog.>) pg_catalog.octet_length("t")) THEN "t" END AS "t", '
+        'CASE WHEN (pg_catalog.pg_column_size("short") OPERATOR(pg_catalog.>) pg_catalog.octet_length("short")) THEN "short" END AS "short", '
+        'CASE WHEN (pg_catalog.int4smaller(pg_catalog.pg_column_size("wide"), CAST(257 AS integer)) OPERATOR(pg_catalog.>) pg_catalog.octet_length("wide")) THEN "wide" END AS "wide", '
+        'CASE WHEN (pg_catalog.int4smaller(pg_catalog.pg_column_size("c"), CAST(257 AS integer)) OPERATOR(pg_catalog.>) pg_catalog.octet_length("c")) THEN "c" END AS "c", "x", "tiny", ctid '
         'FROM "public"."tb") AS "tb"')
-    assert [value_bytes(columns[name], policy) for name in ("t", "short", "wide", "c", "x")] == [256, 40, 256, 256, None]
-    narrow = Relation(1, "public", "tb", policy, {"short": columns["short"], "x": columns["x"]})
-    assert bounded_source(narrow, ("short", "x")) == '"public"."tb"'
-    assert bounded_source(table, ("x", "short")) == '"public"."tb"'  # only named columns count
+    assert [value_bytes(columns[name], policy) for name in ("t", "short", "wide", "c", "x", "tiny")] == [256, 40, 256, 256, None, 20]
+    narrow = Relation(1, "public", "tb", policy, {"tiny": columns["tiny"], "x": columns["x"]})
+    assert bounded_source(narrow, ("tiny", "x")) == '"public"."tb"'
+    assert bounded_source(table, ("x", "tiny")) == '"public"."tb"'  # only named columns count
     assert bounded_source(table, ("x", "wide")) == (
-        '(SELECT CASE WHEN (pg_catalog.octet_length("wide") OPERATOR(pg_catalog.<=) 256) AND (pg_catalog.pg_column_size("wide") OPERATOR(pg_catalog.>) pg_catalog.octet_length("wide")) THEN "wide" END AS "wide", '
+        '(SELECT CASE WHEN (pg_catalog.int4smaller(pg_catalog.pg_column_size("wide"), CAST(257 AS integer)) OPERATOR(pg_catalog.>) pg_catalog.octet_length("wide")) THEN "wide" END AS "wide", '
         '"x", ctid FROM "public"."tb") AS "tb"')
+
+
+def test_the_bound_and_the_in_row_test_are_one_comparison_of_four_calls_a_row() -> None:
+    """A bounded text is read through one comparison, ``int4smaller(pg_column_size(t), bound + 1) >
+    octet_length(t)``: four function calls for every row the statement reads it on, where the bound
+    and the in-row test joined by AND took five (``octet_length`` twice), ~28 % of the check's work
+    (benchmarks/profile.md, "The backend's share of a DP statement on 48,842 rows")."""
+    column = _column("t", 25)
+    sql = bounded_source(Relation(1, "public", "tb", TablePolicy(epsilon=1.0, max_text_bytes=300), {"t": column}), ("t",))
+    calls = re.findall(r"pg_catalog\.(\w+)\(", sql)
+    assert sorted(calls) == ["int4smaller", "octet_length", "pg_column_size"], sql
+    assert " AND " not in sql and "CAST(301 AS integer)" in sql
 
 
 def _likes(count: int) -> str:

@@ -50,17 +50,24 @@ term slower (docs/threat-model.md, "A protected view's column is the stored valu
 binary-compatible cast and ``COLLATE`` pass the stored value on; an aggregate's arguments are read
 once a row (:func:`_computed_from`). PostgreSQL 18's virtual generated column is computed at each
 reference as such an output column is, and judged the same way.
+
+And so is a view's or policy's own condition, key or aggregate that reads such a value whole
+(``WHERE note > ''``, ``GROUP BY note``, ``max(note)``, a policy's ``USING (note > '')``), once a
+statement but with no bound, unless the read is bounded whatever the row holds (``note = 'x'``,
+``IS NULL``, ``count(note)``): :mod:`proxy.backend.whole_reads` finds them as the scan walks.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Mapping
 
 from policies.tables import Relation
 
 from .fetches import Fetches
+from .whole_reads import (CALLS, LISTS, ONCE_PER_ROW, PASSED_ON, TreeWalk, ValueRead, column_of, read_at, read_catalog,
+                          read_whole, settle, unbounded, value_of)
 
 __all__ = ["TOTAL_FUNCTIONS", "TOTAL_AGGREGATES", "failing_protected", "fallible_protected"]
 
@@ -75,20 +82,10 @@ _STRUCTURAL = frozenset({
 # GREATEST/LEAST compare with their type's btree comparison, total but for an anonymous row's
 # (record, record[]): PostgreSQL checks its fields' comparisons only when two rows need them.
 _RECORD_TYPES = frozenset({"2249", "2287"})
-# Nodes that call a function: the field that names it.
-_CALLS = {"OPEXPR": "opfuncid", "DISTINCTEXPR": "opfuncid", "NULLIFEXPR": "opfuncid",
-          "SCALARARRAYOPEXPR": "opfuncid", "FUNCEXPR": "funcid", "AGGREF": "aggfnoid", "WINDOWFUNC": "winfnoid"}
 # Nodes that may call a function or an operator (a sort's, a window RANGE offset's) besides what
 # their children call: the fields that name them, 0 when none.
 _OPTIONAL_CALLS = {"WINDOWCLAUSE": ("startInRangeFunc", "endInRangeFunc")}
 _OPTIONAL_OPERATORS = {"SORTGROUPCLAUSE": ("eqop", "sortop")}
-# Where a node hands a column's stored value on as it is (a binary-compatible cast, a COLLATE, a
-# CASE's or COALESCE's result, not its condition or CASE x's x): an output column of only these
-# over a VAR is the stored value, read as dpproxy reads a table's. (node, the field it is under)
-_PASSED_ON = frozenset({("RELABELTYPE", "arg"), ("COLLATEEXPR", "arg"), ("CASEWHEN", "result"), ("CASEEXPR", "args"),
-                        ("CASEEXPR", "defresult"), ("COALESCEEXPR", "args")})
-# Nodes whose arguments are read once per row of a query computed before its outputs are read.
-_ONCE_PER_ROW = frozenset({"AGGREF", "WINDOWFUNC"})
 # EXISTS, ALL and ANY subqueries: a scalar subquery (EXPR) fails when it finds two rows.
 _TOTAL_SUBLINKS = frozenset({"0", "1", "2"})
 # A conversion through text output is total when its result is text; from text, an input function is not.
@@ -157,25 +154,26 @@ WITH RECURSIVE edges(parent, child) AS (
     UNION
     SELECT reads.root, edges.child FROM reads JOIN edges ON edges.parent OPERATOR(pg_catalog.=) reads.rel
 )
-SELECT reads.root, 'view ' OPERATOR(pg_catalog.||) c.oid::pg_catalog.regclass::pg_catalog.text, r.ev_action::pg_catalog.text
+SELECT reads.root, 'view ' OPERATOR(pg_catalog.||) c.oid::pg_catalog.regclass::pg_catalog.text, r.ev_action::pg_catalog.text,
+       NULL::pg_catalog.oid
 FROM reads JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) reads.rel AND c.relkind OPERATOR(pg_catalog.=) 'v'
 JOIN pg_catalog.pg_rewrite r ON r.ev_class OPERATOR(pg_catalog.=) c.oid
 UNION ALL
 SELECT reads.root, 'row-level security policy ' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(p.polname::pg_catalog.text)
        OPERATOR(pg_catalog.||) ' on ' OPERATOR(pg_catalog.||) c.oid::pg_catalog.regclass::pg_catalog.text,
-       p.polqual::pg_catalog.text
+       p.polqual::pg_catalog.text, c.oid
 FROM reads JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) reads.rel AND c.relrowsecurity
 JOIN pg_catalog.pg_policy p ON p.polrelid OPERATOR(pg_catalog.=) c.oid
  AND p.polcmd OPERATOR(pg_catalog.=) ANY('{r,*}'::pg_catalog."char"[]) AND p.polqual IS NOT NULL
 UNION ALL
 SELECT reads.root, 'virtual generated column ' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(a.attname::pg_catalog.text)
        OPERATOR(pg_catalog.||) ' of ' OPERATOR(pg_catalog.||) a.attrelid::pg_catalog.regclass::pg_catalog.text,
-       d.adbin::pg_catalog.text
+       d.adbin::pg_catalog.text, NULL::pg_catalog.oid
 FROM reads JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) reads.rel
  AND a.attgenerated OPERATOR(pg_catalog.=) 'v' AND NOT a.attisdropped
 JOIN pg_catalog.pg_attrdef d ON d.adrelid OPERATOR(pg_catalog.=) a.attrelid AND d.adnum OPERATOR(pg_catalog.=) a.attnum
 UNION ALL
-SELECT reads.root, 'foreign table ' OPERATOR(pg_catalog.||) c.oid::pg_catalog.regclass::pg_catalog.text, NULL
+SELECT reads.root, 'foreign table ' OPERATOR(pg_catalog.||) c.oid::pg_catalog.regclass::pg_catalog.text, NULL, NULL
 FROM reads JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) reads.rel AND c.relkind OPERATOR(pg_catalog.=) 'f'
 ORDER BY 1, 2
 """
@@ -202,11 +200,6 @@ WHERE f.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])
 """
 
 
-# How long a value of each type a view column is computed from is: -1 (or -2) for any length.
-_TYPE_LENGTHS = """
-SELECT t.oid, t.typlen FROM pg_catalog.pg_type t WHERE t.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])
-"""
-
 # The function of each operator a sort, DISTINCT, GROUP BY or UNION uses.
 _OPERATOR_FUNCTIONS = """
 SELECT o.oid, o.oprcode::pg_catalog.oid FROM pg_catalog.pg_operator o
@@ -218,89 +211,107 @@ WHERE o.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])
 @dataclass(frozen=True)
 class _Scan:
     """What one stored parse tree computes: the functions it calls and the operators it sorts or
-    groups with (by OID), the nodes that can fail, and each output column it computes from a
-    column's value (its name and the types of the columns it reads, :func:`_computed_from`)."""
+    groups with (by OID), the nodes that can fail, each output column it computes from a column's
+    value (its name and the types of the columns it reads, :func:`_computed_from`), and each value
+    its conditions, keys and aggregates read (:func:`read_at`)."""
 
     functions: frozenset[int]
     operators: frozenset[int]
     nodes: tuple[str, ...]
     computed: tuple[tuple[str, frozenset[int]], ...] = ()
+    reads: tuple[ValueRead, ...] = ()
 
 
 # A foreign table's rows: a file's malformed line, a remote view's division fail on a row.
 _FOREIGN = _Scan(frozenset(), frozenset(), ("its rows on its server (a remote view's division, a file's malformed line), "
                                             "out of dpproxy's sight",))
-
-
 def _scan(tree: str) -> _Scan:
-    """The function and operator OIDs a pg_node_tree's text calls, and a description of each node
-    in it that can fail whatever it calls (an unknown kind of node, a scalar subquery, a cast from
-    text ...)."""
+    """The function and operator OIDs a pg_node_tree's text calls, a description of each node in
+    it that can fail whatever it calls (an unknown kind of node, a scalar subquery, a cast from
+    text ...), the output columns it computes from a column's value and the values its conditions,
+    keys and aggregates read."""
     functions: set[int] = set()
     operators: set[int] = set()
     failing: list[str] = []
     computed: dict[str, set[int]] = {}
     stack: list[tuple[str, dict[str, str]]] = []
+    walk = TreeWalk()
     tokens = _TOKEN.findall(tree)
     index = 0
     while index < len(tokens):
         token = tokens[index]
         index += 1
         if token == "{" and index < len(tokens):
-            # "_in": the field of its parent it stands in (the parent's last field so far)
-            stack.append((tokens[index], {"_in": next(reversed(stack[-1][1]), "") if stack else ""}))
+            # "_in": the field of its parent it stands in (the parent's last field so far; fields
+            # of the scan's own, which start with "_", are no parent's)
+            within = next((name for name in reversed(stack[-1][1]) if not name.startswith("_")), "") if stack else ""
+            stack.append((tokens[index], {"_in": within}))
+            if tokens[index] == "QUERY":
+                walk.rtables.append([])
             index += 1
         elif token == "}" and stack:
             tag, fields = stack.pop()
             failing += _node_failure(tag, fields, functions, operators)
-            _computed_from(tag, fields, stack, computed)
+            value = value_of(tag, fields)
+            if value is not None:
+                _computed_from(value[0], tag == "VAR" and fields.get("varattno") == "0", fields.get("_in", ""),
+                               stack, computed)
+                read_at(value, column_of(tag, fields, walk), tag == "VAR" and fields.get("varattno") == "0",
+                         fields.get("_in", ""), stack, walk)
+            elif tag == "TARGETENTRY" and fields.get("resjunk") != "true" and fields.get("_reads"):
+                name = re.sub(r"\\(.)", r"\1", fields.get("resname", "?"))
+                computed.setdefault(name, set()).update(int(oid) for oid in fields["_reads"].split())
+            settle(tag, fields, stack, walk)
+        elif token.startswith(":") and stack and token[1:] in LISTS and index < len(tokens) and tokens[index] == "(":
+            end = next((at for at in range(index, len(tokens)) if tokens[at] == ")"), len(tokens))
+            stack[-1][1][token[1:]] = ""
+            stack[-1][1][f"_{token[1:]}"] = "\0".join(tokens[index + 1:end])
+            index = end + 1
         elif token.startswith(":") and stack and index < len(tokens) and tokens[index] not in _BRACKETS:
             stack[-1][1][token[1:]] = tokens[index]  # a scalar value: never read as a field name itself
             index += 1
         elif token.startswith(":") and stack:
             stack[-1][1][token[1:]] = ""  # a node or a list follows
     return _Scan(frozenset(functions), frozenset(operators), tuple(dict.fromkeys(failing)),
-                 tuple((name, frozenset(types)) for name, types in computed.items() if types))
+                 tuple((name, frozenset(types)) for name, types in computed.items() if types),
+                 tuple(dict.fromkeys(walk.reads)))
 
 
-def _computed_from(tag: str, fields: dict[str, str], stack: list[tuple[str, dict[str, str]]],
+def _computed_from(kind: int, whole: bool, within: str, stack: list[tuple[str, dict[str, str]]],
                    computed: dict[str, set[int]]) -> None:
     """Note, for an output column (a TARGETENTRY not junk) computed from a column's value, that
-    column's type: a VAR (its ``vartype``) below the entry with a node between them that reads the
-    value (anything but a RELABELTYPE's or COLLATEEXPR's argument and a CASE's or COALESCE's result,
-    :data:`_PASSED_ON`, which pass the stored value on as it is; a subquery's node too, so an
-    EXISTS of an output reads its columns). A whole-row VAR is never the stored value: PostgreSQL
-    builds the row, fetching each of its values stored apart, at each reference. A VAR in an aggregate's or a
-    window function's arguments (their own TARGETENTRYs, below the AGGREF) is read once per row,
-    where the query is computed before its outputs are referenced (an aggregate's or window's query
-    is never flattened into the statement that reads the view), so it is not noted. Types are gathered on
-    the entry's fields (``_reads``) until the entry ends, when its ``resjunk`` is known."""
-    if tag == "VAR":
-        # A whole-row VAR (varattno 0) builds its row, reading each value stored apart whole.
-        plain, within = fields.get("varattno") != "0", fields.get("_in", "")
-        for depth in range(len(stack) - 1, 0, -1):
-            above, above_fields = stack[depth]
-            if above in _ONCE_PER_ROW:
-                return
-            if above == "TARGETENTRY" and stack[depth - 1][0] == "QUERY":  # an output (not an aggregate's argument)
-                if not plain and fields.get("vartype", "").isdigit():
-                    above_fields["_reads"] = f"{above_fields.get('_reads', '')} {fields['vartype']}"
-                return
-            plain, within = plain and (above, within) in _PASSED_ON, above_fields.get("_in", "")
-        # No output column above: a query's condition, or a bare expression (a virtual generated
-        # column's, whose whole expression is the column, noted under ""; a policy's USING).
-        if stack and (stack[0][0] == "QUERY" or stack[0][0] in _ONCE_PER_ROW):
+    column's type (``kind``): a VAR (or a subquery's output column, :func:`value_of`) below the
+    entry with a node between them that reads the value (anything but a RELABELTYPE's or
+    COLLATEEXPR's argument and a CASE's or COALESCE's result, :data:`PASSED_ON`, which pass the
+    stored value on as it is; a subquery's node too, so an EXISTS of an output reads its columns).
+    A whole-row VAR (``whole``) is never the stored value: PostgreSQL builds the row, fetching each
+    of its values stored apart, at each reference. A VAR in an aggregate's or a window function's
+    arguments (their own TARGETENTRYs, below the AGGREF) is read once per row, where the query is
+    computed before its outputs are referenced (an aggregate's or window's query is never flattened
+    into the statement that reads the view), so it is not noted here (:func:`read_at` judges it).
+    Types are gathered on the entry's fields (``_reads``) until the entry ends, when its
+    ``resjunk`` is known (:func:`_scan`)."""
+    plain = not whole
+    for depth in range(len(stack) - 1, 0, -1):
+        above, above_fields = stack[depth]
+        if above in ONCE_PER_ROW:
             return
-        if stack and not (plain and (stack[0][0], within) in _PASSED_ON) and fields.get("vartype", "").isdigit():
-            computed.setdefault("", set()).add(int(fields["vartype"]))
-    elif tag == "TARGETENTRY" and fields.get("resjunk") != "true" and fields.get("_reads"):
-        name = re.sub(r"\\(.)", r"\1", fields.get("resname", "?"))
-        computed.setdefault(name, set()).update(int(oid) for oid in fields["_reads"].split())
+        if above == "TARGETENTRY" and stack[depth - 1][0] == "QUERY":  # an output (not an aggregate's argument)
+            if not plain:
+                above_fields["_reads"] = f"{above_fields.get('_reads', '')} {kind}"
+            return
+        plain, within = plain and (above, within) in PASSED_ON, above_fields.get("_in", "")
+    # No output column above: a query's condition, or a bare expression (a virtual generated
+    # column's, whose whole expression is the column, noted under ""; a policy's USING).
+    if stack and (stack[0][0] == "QUERY" or stack[0][0] in ONCE_PER_ROW):
+        return
+    if stack and not (plain and (stack[0][0], within) in PASSED_ON):
+        computed.setdefault("", set()).add(int(kind))
 
 
 def _node_failure(tag: str, fields: Mapping[str, str], functions: set[int], operators: set[int]) -> Iterator[str]:
-    if tag in _CALLS:
-        oid = fields.get(_CALLS[tag], "0")
+    if tag in CALLS:
+        oid = fields.get(CALLS[tag], "0")
         if oid.isdigit() and int(oid) != 0:
             functions.add(int(oid))
         else:
@@ -335,34 +346,42 @@ def _node_failure(tag: str, fields: Mapping[str, str], functions: set[int], oper
 @dataclass(frozen=True)
 class _Findings:
     """What a protected relation reads through: each thing that can fail on a row (``failures``),
-    and each output column computed from a value of any length (``rereads``), with where it is."""
+    each output column computed from a value of any length (``rereads``), and each value of any
+    length its views' or policies' own conditions, keys or aggregates read whole (``reads``), with
+    where it is."""
 
     failures: list[str]
     rereads: list[str]
+    reads: list[str] = field(default_factory=list)
 
 
 async def _findings(session: Fetches, relations: Mapping[int, Relation]) -> dict[int, _Findings]:
     """For each protected relation of ``relations`` that reads through something that can fail on a
-    row, or a view column computed from a value of any length, a description of each such thing:
-    what it is and where (the view or policy)."""
+    row, a view column computed from a value of any length, or a condition, key or aggregate of a
+    view or policy that reads such a value whole, a description of each such thing: what it is and
+    where (the view or policy)."""
     protected = [oid for oid, relation in relations.items() if relation.access == "protected"]
     if not protected:
         return {}
     trees = await session.fetch_all(_READS, (protected,))
-    scans = [(int(root), where, _FOREIGN if text is None else _scan(text)) for root, where, text in trees]
-    operators = sorted({oid for _, _, scan in scans for oid in scan.operators})
+    scanned = [(int(root), where, _FOREIGN if text is None else _scan(text), None if table is None else int(table))
+               for root, where, text, table in trees]
+    operators = sorted({oid for _, _, scan, _ in scanned for oid in scan.operators})
     code = {int(oid): int(function) for oid, function in await session.fetch_all(_OPERATOR_FUNCTIONS, (operators,))
             } if operators else {}
-    calls = [(root, where, scan, scan.functions | {code.get(oid, 0) for oid in scan.operators}) for root, where, scan in scans]
-    called = sorted({oid for _, _, _, functions in calls for oid in functions})
+    # (A value's reader is a node that calls its function: among the scan's, known below.)
+    scans = [(root, where, scan, scan.functions | {code.get(oid, 0) for oid in scan.operators}, table)
+             for root, where, scan, table in scanned]
+    called = sorted({oid for _, _, _, functions, _ in scans for oid in functions})
     known = {int(oid): (str(name), bool(builtin), bool(comparison), bool(min_max))
              for oid, name, builtin, comparison, min_max in await session.fetch_all(_FUNCTIONS, (called,))
              } if called else {}
-    read = sorted({oid for _, _, scan in scans for _, types in scan.computed for oid in types})
-    any_length = {int(oid) for oid, length in await session.fetch_all(_TYPE_LENGTHS, (read,)) if int(length) < 0
-                  } if read else set()
+    catalog = await read_catalog(
+        session, {oid for _, _, scan, _, _ in scans for _, kinds in scan.computed for oid in kinds},
+        [read for _, _, scan, _, _ in scans for read in scan.reads],
+        {table for _, _, scan, _, table in scans if table is not None and scan.reads}, known)
     found: dict[int, _Findings] = {}
-    for root, where, scan, functions in calls:
+    for root, where, scan, functions, table in scans:
         problems = [f"{where} computes {node}" for node in scan.nodes]
         for oid in sorted(functions):
             name, builtin, comparison, min_max = known.get(oid, (f"function {oid}", False, False, False))
@@ -370,52 +389,77 @@ async def _findings(session: Fetches, relations: Mapping[int, Relation]) -> dict
             if not builtin or _POLYMORPHIC.search(name) or not total:
                 problems.append(f"{where} calls {name}")
         rereads = [f"{where} computes its column {column} from a value of a type of any length"
-                   for column, types in scan.computed if column and types & any_length]
-        if where.startswith("virtual generated column") and any(types & any_length for column, types in scan.computed
-                                                                  if not column):
+                   for column, types in scan.computed if column and types & catalog.any_length.keys()]
+        if where.startswith("virtual generated column") and any(
+                types & catalog.any_length.keys() for column, types in scan.computed if not column):
             rereads.append(f"{where} is computed from a value of a type of any length")
-        if problems or rereads:
+        most = relations[root].policy.max_text_bytes
+        reads = [] if where.startswith("virtual generated column") else list(dict.fromkeys(
+            read_whole(where, read, catalog, table) for read in scan.reads if unbounded(read, catalog, most)))
+        if problems or rereads or reads:
             findings = found.setdefault(root, _Findings([], []))
             findings.failures.extend(problems)
             findings.rereads.extend(rereads)
+            findings.reads.extend(reads)
     return found
 
 
 async def fallible_protected(session: Fetches, relations: Mapping[int, Relation]) -> dict[int, str]:
     """The protected relations of ``relations`` that read through an expression that can fail on a
-    row, or a view column computed from a value of any length, by OID, each with the first such
-    expression after what it does ("can fail on a row: view v calls int4div(integer, integer)";
-    the periodic re-check's question)."""
+    row, a view column computed from a value of any length, or a view's or policy's condition, key
+    or aggregate that reads such a value whole, by OID, each with the first such expression after
+    what it does ("can fail on a row: view v calls int4div(integer, integer)"; the periodic
+    re-check's question)."""
     return {oid: f"can fail on a row: {findings.failures[0]}" if findings.failures else
             f"PostgreSQL computes again at each reference, reading a value of any length whole: {findings.rereads[0]}"
+            if findings.rereads else
+            f"PostgreSQL reads a value of any length whole, unbounded, once a statement: {findings.reads[0]}"
             for oid, findings in (await _findings(session, relations)).items()}
 
 
 async def failing_protected(session: Fetches, relations: Mapping[int, Relation],
                             names: Mapping[int, str]) -> list[str]:
     """A problem (``tables.<name>: ...``) for each protected relation of ``relations`` that reads
-    through an expression that can fail on a row, or a view column computed from a value of any
-    length; ``names`` gives each as the policy writes it."""
-    return [f"tables.{names[oid]}: " + "; and ".join(_explained(findings))
-            for oid, findings in (await _findings(session, relations)).items()]
+    through an expression that can fail on a row, a view column computed from a value of any
+    length, or a view's or policy's condition, key or aggregate that reads such a value whole;
+    ``names`` gives each as the policy writes it."""
+    found = await _findings(session, relations)
+    return [f"tables.{names[oid]}: " + "; and ".join(_explained(findings, relations[oid].policy.max_text_bytes))
+            for oid, findings in found.items()]
 
 
-def _explained(findings: _Findings) -> list[str]:
-    """What a protected relation reads through, each kind of finding with why it is refused and the fix."""
+def _listed(items: list[str]) -> str:
+    """The first three of ``items``, and an ellipsis for more."""
+    return f"{'; '.join(items[:3])}{' …' if len(items) > 3 else ''}"
+
+
+def _explained(findings: _Findings, most: int) -> list[str]:
+    """What a protected relation reads through, each kind of finding with why it is refused and the
+    fix (``most``: the table's ``max_text_bytes``, the longest literal an equality may compare)."""
     parts = []
     if findings.failures:
         parts.append(
-            f"{'; '.join(findings.failures[:3])}{' …' if len(findings.failures) > 3 else ''}, which can fail on some "
+            f"{_listed(findings.failures)}, which can fail on some "
             "row's values. A DP query reaching a row on which that fails would fail, which tells whether the query's "
             "rows hold such a row, exactly; compute the column into a table or a materialized view (it then fails at "
             "refresh, before any analyst asks), declare a virtual generated column STORED (computed when a row is "
             "written), or leave it out of the view")
     if findings.rereads:
         parts.append(
-            f"{'; '.join(findings.rereads[:3])}{' …' if len(findings.rereads) > 3 else ''}. PostgreSQL computes such a "
+            f"{_listed(findings.rereads)}. PostgreSQL computes such a "
             "column again at each reference a statement makes to it, reading the whole value each time, before "
             "dpproxy's value bound can see its size (rewriter/text_bounds.py reads a stored value's header only): one "
             "row's long value would make every term that reads the column measurably slower, which tells whether the "
             "row is there. Compute the column into a table or a materialized view, declare a virtual generated column "
             "STORED, or leave it out of the view")
+    if findings.reads:
+        parts.append(
+            f"{_listed(findings.reads)}. PostgreSQL reads such a value whole for every row the view or policy reads, "
+            "once a statement, before the analyst's conditions and with no bound: one row's long value (3.2 MB: ~400 "
+            "buffers more) makes every statement on the relation measurably slower, which tells whether the row is "
+            f"there. A view's or policy's condition may test such a column with IS [NOT] NULL, octet_length(), or = "
+            f"and <> against a literal of at most {most} bytes (max_text_bytes; a deterministic collation), which "
+            "weigh its size first; for anything else (a range, a join, GROUP BY, DISTINCT, ORDER BY, UNION, max(), "
+            "string_agg()) compute what it needs into a materialized view or a STORED generated column and read "
+            "that, declare the column with a size (varchar(n)) within max_text_bytes, or leave it out")
     return parts

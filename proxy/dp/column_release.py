@@ -142,6 +142,6 @@ def release_column(agg: Aggregate, parts: Sequence[Any], epsilon: float, table: 
         if integer and agg.kind in ("min", "max"):
             # MIN/MAX keep the column's type; rounding the clamped release stays in [lo, hi]
             # because integer columns have integer bounds.
-            return replace(release, value=int(round(release.value)))
+            return release.with_value(int(round(release.value)))
         return release
     raise ValueError(f"no mechanism for {agg.kind} by {agg.mechanism}")

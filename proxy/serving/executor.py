@@ -464,7 +464,9 @@ class Executor:
             finally:
                 self._quantised = None  # through the wait: a cancel then is put off to the boundary too
                 self._store_for_repeats()
-            return _apply_formats(result, result_formats), notices, cost
+            # Notes from the statement and the policy alone (rewriter/category_notes.py), whatever
+            # the answer was (fresh, a repeat, no row): they are not part of the release.
+            return _apply_formats(result, result_formats), [*decision.plan.notes, *notices], cost
         if isinstance(decision, DpproxyCommand):
             result, notices = await self.settings.run(
                 decision, self.server.policy, self.server.budget, self.server.registry, self.backend.transaction_status

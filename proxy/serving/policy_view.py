@@ -33,7 +33,7 @@ from proxy.wire.protocol import Field
 from proxy.wire.values import encode_text
 from rewriter.group_keys import DATE, column_key_count
 from rewriter.key_domain import part_keys
-from rewriter.text_bounds import NUMERIC_MAX_BYTES, bounded_value, unconstrained_numeric, value_bytes
+from rewriter.text_bounds import NUMERIC, NUMERIC_MAX_BYTES, bounded_value, unconstrained_numeric, value_bytes
 from rewriter.types import FLOAT8, MAX_ABS_BOUND, MAX_ABS_VARIANCE_BOUND, NUMERIC_TYPES
 
 __all__ = ["COLUMNS_FIELDS", "columns_result"]
@@ -79,7 +79,8 @@ def _declared(table: Relation, column: ColumnInfo) -> list[bytes | None]:
         bounds = f"at most {text_bytes} bytes (a longer value reads as NULL)"
         if bounded_value(column, table.policy) != quote_identifier(column.name):
             bounds = f"at most {text_bytes} bytes, stored in the row uncompressed (another value reads as NULL)"
-    elif unconstrained_numeric(column):
+    elif unconstrained_numeric(column) or (column.value_type[0] == NUMERIC
+                                           and bounded_value(column, table.policy) != quote_identifier(column.name)):
         stored = (f"read only when stored in the row uncompressed in at most {NUMERIC_MAX_BYTES} bytes "
                   "(another value reads as NULL)")
         bounds = f"{bounds}, {stored}" if bounds else stored
@@ -129,8 +130,11 @@ def _group_keys(table: Relation, column: ColumnInfo) -> str | None:
 
 
 def _aggregates(table: Relation, column: ColumnInfo) -> list[str]:
-    """The aggregates the DP planner accepts on ``column``, each with its mechanism."""
+    """The aggregates the DP planner accepts on ``column``, each with its mechanism (COUNT(DISTINCT)
+    where rewriter/dp_query.py answers it: a built-in type PostgreSQL can sort, of bounded size)."""
     accepted = ["COUNT laplace"]
+    if column.builtin and column.distinct_countable and not column.unbounded_length:
+        accepted.append("COUNT(DISTINCT) laplace")
     policy = column.policy
     limit = MAX_ABS_BOUND.get(column.type_oid)
     if (column.type_oid in NUMERIC_TYPES and policy is not None and policy.bounds is not None

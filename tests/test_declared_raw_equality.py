@@ -1,0 +1,231 @@
+"""Values of a declared size read through their in-line check, and the one hashed raw conjunct that
+keeps a plain index (rewriter/text_bounds.py ``declared_apart``, rewriter/raw_equality.py
+``hashed_raw_equality``; docs/threat-model.md, Timing, values of a declared size stored apart).
+
+A ``varchar(n)``/``char(n)`` within ``max_text_bytes``, a ``numeric(p, s)`` and an ``int8range``
+were read as they are, so a value a wide row stored apart was fetched again by each reference
+(tests/test_attack_stop40.py pins the buffers). Each reference now reads the bounded value, and a
+WHERE's first top-level ``=``/IN of literals on such a column also compares the raw column as one
+hashed ``= ANY``, AND'ed before the condition. Pinned here: where the conjunct goes and where it
+does not, that answers are the bounded form's (a value stored apart reads as NULL, as on a
+neighbour holding NULL there, and in-line values as plain SQL reads them), and that a plain B-tree
+index serves a selective ``=`` and IN through the rewriter's SQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from policies.model import ColumnPolicy, TablePolicy
+from policies.tables import ColumnInfo, Relation
+from rewriter.dp_query import plan_aggregate_query
+from rewriter.rewrite import backend_sql
+from rewriter.text_bounds import in_line_numeric, in_line_text
+from tests.backend_sql_audit import AuditColumn, audit_backend_sql
+from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
+from tests.plan_nodes import plan_node_types
+from tests.post_charge_wait import WIDE_PAD, keep_apart
+from tests.released_sql import recording_released_sql
+
+_HASHED_FROM = 9  # PostgreSQL hashes x = ANY (<constant array>) from 9 values (MIN_ARRAY_SIZE_FOR_HASHED_SAOP)
+_NUMERIC_60 = (60 << 16) + 4  # numeric(60, 0)'s type modifier
+_COLUMNS = (ColumnInfo("id", 23, -1, 1, None), ColumnInfo("v", 1043, 64 + 4, 2, None),
+            ColumnInfo("c", 1042, 64 + 4, 3, None), ColumnInfo("n", 1700, _NUMERIC_60, 4, ColumnPolicy(bounds=(0, 100))),
+            ColumnInfo("r", 3926, -1, 5, None), ColumnInfo("b", 1560, 200, 6, None),
+            ColumnInfo("tiny", 1043, 5 + 4, 7, None), ColumnInfo("pad", 25, -1, 8, None))
+
+
+def _relation(name: str) -> Relation:
+    return Relation(1, "public", name, TablePolicy(epsilon=1.0), {column.name: column for column in _COLUMNS})
+
+
+def _sql(statement: str, table: str = "dr") -> str:
+    return backend_sql(plan_aggregate_query(statement.replace("{t}", table), _relation(table)), 0)
+
+
+@pytest.mark.parametrize("where, raw, cast", [
+    ("v = 'a'", '"raw 2"', "text"), ("'a' = v", '"raw 2"', "text"), ("v IN ('a', 'b')", '"raw 2"', "text"),
+    ("v = 'a' AND id > 3", '"raw 2"', "text"), ("id > 3 AND (v IN ('a', 'b') AND id < 9)", '"raw 2"', "text"),
+    ("c = 'a '", '"raw 3"', "bpchar"), ("n = 1.5", '"raw 4"', "numeric"), ("n IN (1, (-2), 'NaN')", '"raw 4"', "numeric"),
+    ("r = '[1,2)'", '"raw 5"', "int8range"),
+])
+def test_a_top_level_equality_on_a_value_of_a_declared_size_adds_one_hashed_raw_conjunct(
+        where: str, raw: str, cast: str) -> None:
+    """The literals cast as the column's ``=`` casts them, without the column's modifier (which
+    would round 1.5 or cut a string), repeated to the 9 values from which PostgreSQL hashes."""
+    sql = _sql(f"SELECT count(*) FROM {{t}} WHERE {where}")
+    assert sql.count(" ANY (ARRAY[") == 1, sql
+    assert f"WHERE ({raw} OPERATOR(pg_catalog.=) ANY (ARRAY[CAST(" in sql, sql
+    listed = sql.split(" ANY (ARRAY[", 1)[1].split("]))", 1)[0]
+    assert listed.count(f" AS pg_catalog.{cast})") == _HASHED_FROM, sql
+    column = {'"raw 2"': '"v"', '"raw 3"': '"c"', '"raw 4"': '"n"', '"raw 5"': '"r"'}[raw]
+    assert f"THEN {column} END AS {column}" in sql and f"{column} AS {raw}" in sql, sql
+
+
+def test_each_column_gets_one_conjunct_for_its_first_construct() -> None:
+    sql = _sql("SELECT count(*) FROM {t} WHERE v = 'a' AND v IN ('a', 'b') AND n = 1 AND c IN ('x', 'y')")
+    assert sql.count(" ANY (ARRAY[") == 3, sql
+    assert "'b' AS pg_catalog.text" not in sql, sql  # v's IN list, the second construct on v, has none
+
+
+@pytest.mark.parametrize("where", [
+    "v = 'a' OR id > 3", "NOT (v = 'a')", "v NOT IN ('a', 'b')", "(v = 'a') IS TRUE", "v = $1", "v IN ('a', $1)",
+    "lower(v) = 'a'", "v > 'a'", "v <> 'a'", "v BETWEEN 'a' AND 'b'", "(v = 'a' AND id > 3) OR id < 0",
+    "b = '1'", "v = c",
+])
+def test_no_raw_conjunct_where_it_could_fetch_again_change_the_answer_or_miss_a_value(where: str) -> None:
+    """Under OR, NOT or IS TRUE a raw term could keep or fetch what the bounded one does not; a
+    parameter's value is not known when the conjunct is written (a list that missed it would drop
+    rows the condition keeps); ``bit``'s equality does not hash (a list would fetch once a value)."""
+    sql = _sql(f"SELECT count(*) FROM {{t}} WHERE {where}")
+    assert " ANY (ARRAY[" not in sql and '"raw ' not in sql, sql
+
+
+def test_a_filter_gets_no_raw_conjunct_and_a_value_too_short_to_be_stored_apart_is_read_as_it_is() -> None:
+    sql = _sql("SELECT count(*) FILTER (WHERE v = 'a'), count(*) FROM {t} WHERE tiny = 'x'")
+    assert " ANY (ARRAY[" not in sql and '"raw ' not in sql, sql
+    assert 'CASE WHEN (pg_catalog.pg_column_size("v") OPERATOR(pg_catalog.>) pg_catalog.octet_length("v")) THEN "v" END' in sql
+    assert '("tiny" OPERATOR(pg_catalog.=) \'x\')' in sql, sql
+
+
+# --- On a real PostgreSQL: answers and plans ------------------------------------------------------
+
+_DDL = "(id int, v varchar(64), c char(64), n numeric(60, 0), r int8range, b bit(200), tiny varchar(5), pad text)"
+_STORED = {"v": "'" + "k" * 64 + "'", "c": "'" + "k" * 64 + "'", "n": "7" * 60}
+"""Row 0's values in ``dr_apart``, each stored apart (64 characters, a 60-digit number: 32 bytes)."""
+
+
+def _create(admin: psycopg.Connection, name: str, row0: str) -> None:
+    """``name`` of ``_DDL``: 100 ordinary rows, and row 0 (``row0``: its v, c and n) beside a wide
+    pad kept in the row, which pushes v, c and n (``STORAGE EXTERNAL``) out of it when they are long."""
+    admin.execute(f"DROP TABLE IF EXISTS {name}")
+    admin.execute(f"CREATE TABLE {name} {_DDL.replace(', pad text', '')}")
+    keep_apart(admin, name, "v")
+    admin.execute(f"ALTER TABLE {name} " + ", ".join(f"ALTER COLUMN {column} SET STORAGE EXTERNAL" for column in "cn"))
+    rows = "SELECT g, 'row ' || g % 10, 'row ' || g % 10, g % 10, int8range(g % 3, 5), NULL, 't', NULL FROM generate_series(1, 100) g"
+    for values in (rows, f"SELECT 0, {row0}, int8range(1, 5), NULL, 't', {WIDE_PAD}"):
+        admin.execute(f"INSERT INTO {name} {values}")
+    admin.execute(f"VACUUM ANALYZE {name}")
+    admin.execute(f"GRANT SELECT ON {name} TO dpproxy_service")
+
+
+@pytest.fixture(scope="module")
+def declared_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """``dr_apart`` (row 0's v, c and n stored apart) and ``dr_null`` (NULL there), on one proxy."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        _create(admin, "dr_apart", ", ".join(_STORED.values()))
+        _create(admin, "dr_null", "NULL, NULL, NULL")
+        placed = admin.execute(f"SELECT {in_line_text('v')}, {in_line_text('c')}, {in_line_numeric('n')} "
+                               "FROM dr_apart WHERE id = 0").fetchone()
+        assert placed == (False, False, False), placed
+    policy = ATTACK_POLICY_HEAD + "".join(
+        f"  public.dr_{kind}:\n    access: protected\n    epsilon: 1000.0\n    columns:\n" + "      n: {{bounds: [0, 100]}}\n"
+        for kind in ("apart", "null"))
+    with running_proxy(test_db, tmp_path_factory, policy) as running:
+        yield running
+
+
+_AUDITED = {column.name: AuditColumn(column.type_oid) for column in _COLUMNS}
+
+_CONDITIONS = [
+    "v = 'row 1'", f"v = {_STORED['v']}", f"v IN ('row 1', 'row 2', {_STORED['v']})", "v = 'row 1' AND id > 50",
+    "id > 50 AND v IN ('row 3', 'row 4')", "c = 'row 1'", "c = 'row 1   '", "c IN ('row 1', 'row 2 ')",
+    f"c = {_STORED['c']}", "n = 1", "n = 1.0", "n = 1.5", f"n IN (1, 2.00, 3, {_STORED['n']})", "n = 'NaN'",
+    "v = 'row 1' AND c = 'row 1' AND n = 1", "r = '[1,5)'", "r IN ('[0,5)', '[2,5)')",
+    "v = 'row 1' OR id = 3", "NOT (v = 'row 1')", "v IN ('row 1') AND n IN (1, 2)",
+    # past the column's modifier: cast with it, they would fail (numeric field overflow) or be cut to
+    # a value a row holds; without it they compare as the bounded terms do
+    "n = 1e200", "n IN (1, 12345678901234567890123456789012345678901234567890123456789012345)",
+    "v = 'row 1" + " " * 70 + "'", "c = 'row 1" + " " * 70 + "'", "v IN ('" + "k" * 65 + "', 'row 2')",
+]
+
+
+@pytest.mark.parametrize("condition", _CONDITIONS)
+def test_the_raw_conjunct_changes_no_answer(declared_proxy: RunningProxy, test_db: TestDatabase, condition: str) -> None:
+    """The backend SQL's exact count on the table whose row 0 holds values stored apart is its count
+    on the neighbour with NULL there (the values read as NULL, even where the raw conjunct's hash
+    matches them), and that is plain SQL's count of the condition on the neighbour (no in-line
+    value is dropped or kept by the raw conjunct). The SQL evaluates only total operations
+    (tests/backend_sql_audit.py: the conjunct is its "any-equality")."""
+    seen: list[str] = []
+    counts = {}
+    with recording_released_sql(lambda plan, backend: seen.append(backend)), \
+            declared_proxy.connect() as conn, psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        for kind in ("apart", "null"):
+            seen.clear()
+            conn.execute(f"SELECT count(*) FROM dr_{kind} WHERE {condition}").fetchall()
+            assert len(seen) == 1, seen
+            assert audit_backend_sql(seen[0], ("public", f"dr_{kind}"), _AUDITED) == [], seen[0]
+            counts[kind] = admin.execute(seen[0]).fetchall()
+        plain = admin.execute(f"SELECT count(*) FROM dr_null WHERE {condition}").fetchall()
+    assert counts["apart"] == counts["null"] == plain, (counts, plain, seen)
+
+
+_INDEXED_ROWS = 20_000
+
+
+@pytest.fixture(scope="module")
+def indexed(test_db: TestDatabase) -> Iterator[psycopg.Connection]:
+    """``dr_indexed``: 20,000 rows of 1,000 keys a column, a plain B-tree index on each of v, c and n,
+    on a direct connection whose index-only scans are off, as dpproxy's backend connections' are."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS dr_indexed")
+        conn.execute(f"CREATE TABLE dr_indexed {_DDL}")
+        conn.execute("INSERT INTO dr_indexed SELECT g, 'k' || g % 1000, 'k' || g % 1000, g % 1000, NULL, NULL, 't', "
+                     f"NULL FROM generate_series(1, {_INDEXED_ROWS}) g")
+        for column in ("v", "c", "n"):
+            conn.execute(f"CREATE INDEX ON dr_indexed ({column})")
+        conn.execute("VACUUM ANALYZE dr_indexed")
+        conn.execute("SET enable_indexonlyscan = off")
+        yield conn
+
+
+@pytest.mark.parametrize("where", ["v = 'k7'", "v IN ('k7', 'k8')", "c = 'k7'", "c IN ('k7', 'k8', 'k9')",
+                                   "n = 7", "n IN (7, 8)", "v = 'k7' AND id > 3 AND (n < 5 OR n > 6)"])
+def test_a_plain_index_serves_a_selective_equality_through_the_raw_conjunct(indexed: psycopg.Connection, where: str) -> None:
+    """The rewriter's own SQL, planned on a table with a plain index: an Index Scan or a Bitmap
+    scan, where every reference reading the bounded value alone is a sequential scan."""
+    sql = _sql(f"SELECT count(*) FROM {{t}} WHERE {where}", table="dr_indexed")
+    nodes = plan_node_types(indexed, sql)
+    assert "Seq Scan" not in nodes and nodes & {"Index Scan", "Bitmap Index Scan"}, (nodes, sql)
+    bounded_only = _sql(f"SELECT count(*) FROM {{t}} WHERE ({where}) OR id < 0", table="dr_indexed")
+    assert "Seq Scan" in plan_node_types(indexed, bounded_only), bounded_only
+    exact = indexed.execute(sql).fetchone()
+    assert exact == indexed.execute(f"SELECT count(*) FROM dr_indexed WHERE {where}").fetchone()
+
+
+@pytest.mark.parametrize("where", ["v = 'abc'", "v IN ('ABC', 'x')", "c = 'abc'", "c IN ('ABC ', 'x')", "v = 'ABC' AND c = 'abc'"])
+def test_the_raw_conjunct_compares_in_the_columns_collation_even_a_nondeterministic_one(pg15_db: TestDatabase,
+                                                                                       where: str) -> None:
+    """The cast literals carry their type's default collation, which yields to the column's: the raw
+    conjunct compares as the bounded term does, under a case-insensitive ICU collation too (no
+    conflict error, no row dropped that the condition keeps). On PostgreSQL 15, built with ICU."""
+    columns = (ColumnInfo("id", 23, -1, 1, None), ColumnInfo("v", 1043, 64 + 4, 2, None, deterministic_collation=False),
+               ColumnInfo("c", 1042, 8 + 4, 3, None, deterministic_collation=False))
+    relation = Relation(1, "public", "dr_ci", TablePolicy(epsilon=1.0), {column.name: column for column in columns})
+    sql = backend_sql(plan_aggregate_query(f"SELECT count(*) FROM dr_ci WHERE {where}", relation), 0)
+    assert " ANY (ARRAY[" in sql, sql
+    with psycopg.connect(pg15_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("DO $$ BEGIN CREATE COLLATION dr_ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false); "
+                     "EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+        conn.execute("DROP TABLE IF EXISTS dr_ci")
+        conn.execute("CREATE TABLE dr_ci (id int, v varchar(64) COLLATE dr_ci, c char(8) COLLATE dr_ci)")
+        conn.execute("INSERT INTO dr_ci VALUES (1, 'Abc', 'Abc'), (2, 'abc', 'abc  '), (3, 'x', 'X'), (4, 'y', 'y')")
+        exact = conn.execute(sql).fetchone()
+        assert exact == conn.execute(f"SELECT count(*) FROM dr_ci WHERE {where}").fetchone() and exact != (0,), exact
+
+
+def test_a_literal_the_column_type_cannot_hold_fails_before_any_charge_as_without_the_raw_conjunct(
+        declared_proxy: RunningProxy) -> None:
+    """The raw conjunct's casts fail where the bounded term's coercion does, while parsing: the same
+    error, refused before anything is charged."""
+    with declared_proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        for where in ("n = 'abc'", "n IN (1, 'abc')", "r = '[2,1)'"):
+            with pytest.raises(psycopg.Error) as failed:
+                conn.execute(f"SELECT count(*) FROM dr_apart WHERE {where}").fetchall()
+            assert failed.value.sqlstate in ("22P02", "22000"), (where, failed.value.sqlstate, str(failed.value))
+        assert spent_epsilon(conn) == before
