@@ -449,7 +449,7 @@ def load_tables(dsn: str, rows: int) -> None:
             conn.execute("CREATE COLLATION IF NOT EXISTS rc_ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)")
         except psycopg.errors.FeatureNotSupported:  # built without ICU (pgserver's 16): ci is a plain column there
             conn.execute('CREATE COLLATION IF NOT EXISTS rc_ci FROM "C"')
-        conn.execute("DROP TABLE IF EXISTS rc_base, rc_plus")
+        conn.execute("DROP TABLE IF EXISTS rc_base, rc_plus CASCADE")  # and the views over them (benchmarks/view_shapes.py)
         conn.execute("DROP DOMAIN IF EXISTS rc_text, rc_num")
         conn.execute("CREATE DOMAIN rc_text AS text")  # the types: constructs' domain over text
         conn.execute("CREATE DOMAIN rc_num AS numeric")  # and a domain over a numeric of no declared precision

@@ -14,6 +14,19 @@ text as one class, numerics of no declared precision at their widest and either 
 stored-form bound, and values within the bounds stored apart in the TOAST relation by a wide row).
 A statement dpproxy refuses is drawn again.
 
+Half the statements are drawn over a protected *view* instead (``Statement.relation``), one of
+benchmarks/view_shapes.py's catalogue (renames, casts, ``COLLATE``, ``CASE``/``COALESCE`` outputs,
+functions of text, bytea, numeric and jsonb columns, arithmetic on fixed-length ones, a whole row,
+a view's WHERE, joins, ``GROUP BY``, ``DISTINCT``, ``security_barrier`` and ``security_invoker``
+views, views over views), created over both tables so that the pair differs by the drawn row only;
+the row varies the base columns the view's columns are computed from, and over a view that
+computes a column the statement reads one and the row varies what it is computed from (drawn as
+over the table, few cases read it with a value that matters). dpproxy's own load check
+decides which shapes are drawn over (:meth:`Fuzzer.with_views`): a refused shape is listed in the
+report with its refusal's text, and ``--unchecked-views`` draws over it too, planned with that check
+bypassed, to see what the check closes. A finding over a view is shrunk to the table first, when
+the table alone confirms it (a finding that stays on a view is the view's), and reported apart.
+
 A case is *flagged* when the neighbour's median exceeds the base's by more than both the base's
 interquartile range and :data:`THRESHOLD_MS`, or when the neighbour's last run read more than
 :data:`BUFFER_THRESHOLD` shared buffers beyond the base's (``EXPLAIN (BUFFERS)``: a witness of what
@@ -34,6 +47,7 @@ Run from the repository root::
     python -m benchmarks.timing_fuzz --pg 16 --cases 400 --seed 1 --out /tmp/timing_fuzz.md
 
 ``--only-values FORM`` (repeatable) draws rows from those forms only (``--help`` names them);
+``--no-views`` draws over the table only;
 ``--minutes M`` stops drawing after M minutes, and so do Ctrl-C and SIGTERM: the report covers what was measured.
 """
 
@@ -46,13 +60,14 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import psycopg
 
 from benchmarks.row_cost import ORDINARY_ROW, Construct, Measured, load_tables, measure_constructs, on_server, policy_file, print_report
+from benchmarks.view_shapes import SHAPES, ViewShape, check_shapes, create_views, shape_policy, unchecked
 from tests.post_charge_wait import LONG_NUMBER, LONG_TEXT, PAD
 
 __all__ = ["FORMS", "WIDE_NUMERICS", "Finding", "Fuzzer", "Proof", "Statement", "buffers_confirmed", "draw_row", "draw_statement", "is_long_text", "shrink_candidates"]
@@ -89,7 +104,9 @@ _KEYS = ("cat", "age", "width_bucket(n, 0, 100, 10)", "date_trunc('month', ts)",
 
 @dataclass(frozen=True)
 class Statement:
-    """A drawn DP statement over ``{table}``: its outputs, its AND-ed conditions and a GROUP BY key.
+    """A drawn DP statement over ``{table}``, or over the protected view ``relation`` names
+    (benchmarks/view_shapes.py: ``rcv_<relation>_{table}``): its outputs, its AND-ed conditions and
+    a GROUP BY key.
 
     ``literals`` are the (column, literal) pairs its conditions compare with: the row may equal them.
     """
@@ -98,13 +115,15 @@ class Statement:
     conditions: tuple[str, ...] = ()
     key: str | None = None
     literals: tuple[tuple[str, str], ...] = ()
+    relation: str = ""
 
     @property
     def sql(self) -> str:
         select = ", ".join(((f"{self.key} AS k",) if self.key else ()) + self.outputs)
         where = f" WHERE {' AND '.join(self.conditions)}" if self.conditions else ""
         group = " GROUP BY 1" if self.key else ""
-        return f"SELECT {select} FROM {{table}}{where}{group}"
+        source = f"rcv_{self.relation}_{{table}}" if self.relation else "{table}"
+        return f"SELECT {select} FROM {source}{where}{group}"
 
 
 class _Draw:
@@ -261,24 +280,36 @@ FORMS: dict[str, Callable[[random.Random, str, Statement], str | None]] = {
                                              LONG_TEXT if column in ("t", "dt", "tx", "by") else None),
 }
 _ROW_COLUMNS = ("age", "big", "n", "f", "t", "v", "ci", "cat", "d", "ts", "b", "dn", "nx", "dt", "tx", "by", "nd")
-_APART = (LONG_NUMBER, LONG_TEXT, f"convert_to({LONG_TEXT}, 'UTF8')")
+_APART = (LONG_NUMBER, LONG_TEXT, f"convert_to({LONG_TEXT}, 'UTF8')", f"to_jsonb(({LONG_TEXT})::text)")
 
 
 def _read_columns(statement: Statement) -> list[str]:
-    sql = statement.sql.replace("{table}", "")
+    sql = replace(statement, relation="").sql.replace("{table}", "")
     return [c for c in _ROW_COLUMNS if any(f"{sep}{c}{end}" in sql for sep in "( ," for end in ") ,")]
 
 
-def draw_row(rng: random.Random, statement: Statement, forms: Sequence[str] = tuple(FORMS)) -> dict[str, str]:
-    """The adversarial row (SQL by column; the rest ordinary): 1 to 3 of the columns the statement
-    reads, each given a value of a form drawn from ``forms`` that fits the column."""
+# Base columns of other types a view computes from, and how a text form becomes one of their values.
+_CONVERTED = {"by": "convert_to({value}, 'UTF8')", "j": "to_jsonb(({value})::text)"}
+
+
+def draw_row(rng: random.Random, statement: Statement, forms: Sequence[str] = tuple(FORMS),
+             shape: ViewShape | None = None) -> dict[str, str]:
+    """The adversarial row (SQL by base column; the rest ordinary): 1 to 3 of the columns the
+    statement reads, each given a value of a form drawn from ``forms`` that fits the column; over a
+    view (``shape``), one of the base columns that decide the view's column is given it instead,
+    and a column the view computes is among them when the statement reads one."""
     read = _read_columns(statement) or list(_ROW_COLUMNS)
     row: dict[str, str] = {}
-    for column in rng.sample(read, min(len(read), rng.randint(1, 3))):
+    chosen = rng.sample(read, min(len(read), rng.randint(1, 3)))
+    computed = [c for c in read if shape is not None and c in shape.outputs]
+    if computed and not set(chosen) & set(computed):
+        chosen[0] = rng.choice(computed)
+    for column in chosen:
+        base = rng.choice(shape.base_columns(column)) if shape is not None else column
         for form in rng.sample(list(forms), len(forms)):
-            value = FORMS[form](rng, column, statement)
+            value = FORMS[form](rng, "t" if base == "j" else base, statement)
             if value is not None:
-                row[column] = f"convert_to({value}, 'UTF8')" if column == "by" and value != "NULL" else value
+                row[base] = _CONVERTED[base].format(value=value) if base in _CONVERTED and value != "NULL" else value
                 break
     if any(value in _APART for value in row.values()):
         row["pad"] = PAD  # kept in the row (STORAGE MAIN): pushes the value out to the TOAST relation
@@ -303,9 +334,10 @@ _MD5S = re.compile(r"string_agg\(md5\(g::text\), ''\) FROM generate_series\(1, (
 
 def _shorter(value: str) -> str | None:
     """``value`` with half its repetitions, or None when it cannot be shortened."""
-    if value.startswith("convert_to(") and value.endswith(", 'UTF8')"):
-        inner = _shorter(value[len("convert_to("):-len(", 'UTF8')")])
-        return None if inner is None else f"convert_to({inner}, 'UTF8')"
+    for head, tail in (("convert_to(", ", 'UTF8')"), ("to_jsonb((", ")::text)")):
+        if value.startswith(head) and value.endswith(tail):
+            inner = _shorter(value[len(head):-len(tail)])
+            return None if inner is None else f"{head}{inner}{tail}"
     if value.startswith("repeat(") and value.endswith(")"):
         unit, count = value[len("repeat("):-1].rsplit(", ", 1)
         if count.isdigit() and int(count) > 1:
@@ -331,8 +363,11 @@ def _parts(condition: str) -> list[str]:
 
 
 def shrink_candidates(statement: Statement, row: dict[str, str]) -> Iterator[tuple[Statement, dict[str, str]]]:
-    """Smaller (statement, row) pairs, one step each: an output, a condition or the key dropped, a
-    column of the row made ordinary, a value shortened."""
+    """Smaller (statement, row) pairs, one step each: the view replaced by the table (a finding
+    that stays on a view is the view's), an output, a condition or the key dropped, a column of the
+    row made ordinary, a value shortened."""
+    if statement.relation:
+        yield replace(statement, relation=""), row
     if len(statement.outputs) > 1:
         for index in range(len(statement.outputs)):
             yield replace(statement, outputs=statement.outputs[:index] + statement.outputs[index + 1:]), row
@@ -409,11 +444,46 @@ def buffers_confirmed(proof: Proof) -> bool:
 
 
 class Fuzzer:
-    """The measuring loop over one server: draws, flags, confirms, shrinks."""
+    """The measuring loop over one server: draws, flags, confirms, shrinks.
 
-    def __init__(self, dsn: str, policy_path: Path, rows: int, repeats: int) -> None:
+    ``shapes`` are the protected views (benchmarks/view_shapes.py) statements are drawn over besides
+    the table, half the cases, each as likely: the policy at ``policy_path`` protects them, and the
+    caller gives only the shapes dpproxy's load check accepts (:meth:`with_views`), unless
+    ``unchecked``, which plans with that check bypassed to measure what it refuses."""
+
+    def __init__(self, dsn: str, policy_path: Path, rows: int, repeats: int, shapes: Sequence[ViewShape] = (),
+                 unchecked: bool = False) -> None:
         self.dsn, self.policy_path, self.rows, self.repeats = dsn, policy_path, rows, repeats
+        self.shapes = {shape.name: shape for shape in shapes}
+        self.unchecked = unchecked
         self.largest: list[tuple[float, float, int, str, str]] = []  # (extra, jitter, extra buffers, statement, row)
+
+    @classmethod
+    def with_views(cls, dsn: str, policy_path: Path, rows: int, repeats: int, directory: Path,
+                   shapes: Sequence[ViewShape] = SHAPES, unchecked: bool = False) -> tuple[Fuzzer, dict[str, str | None]]:
+        """A fuzzer over row_cost's tables (policy ``policy_path``) and ``shapes``' views, created
+        now; with the load check's verdict on each shape (None: accepted, else the refusal's text).
+        Statements are drawn over the accepted shapes only, or over all when ``unchecked``."""
+        create_views(dsn, shapes)
+        verdicts = check_shapes(policy_path, directory, shapes)
+        drawn = [shape for shape in shapes if unchecked or verdicts[shape.name] is None]
+        policy = shape_policy(policy_path, drawn, directory / "views.yaml")
+        return cls(dsn, policy, rows, repeats, drawn, unchecked), verdicts
+
+    def draw(self, rng: random.Random, forms: Sequence[str]) -> tuple[Statement, dict[str, str]]:
+        """A statement over the table or one of the views (reading only columns it shows, and one it
+        computes if it computes any: what sets the view apart) and a row that fits."""
+        shape = rng.choice(list(self.shapes.values())) if self.shapes and rng.random() < 0.5 else None
+        statement = draw_statement(rng)
+        while shape is not None and not (set(_read_columns(statement)) <= set(shape.columns)
+                                         and (not shape.outputs or set(_read_columns(statement)) & set(shape.outputs))):
+            statement = draw_statement(rng)
+        if shape is not None:
+            statement = replace(statement, relation=shape.name)
+        row = draw_row(rng, statement, forms, shape)
+        while not self.fits(row):
+            row = draw_row(rng, statement, forms, shape)
+        return statement, row
 
     def fits(self, row: dict[str, str]) -> bool:
         """Can ``row`` be stored (a value beside a type's limit may not be)? Tried in a transaction rolled back."""
@@ -429,7 +499,10 @@ class Fuzzer:
 
     def measure(self, pairs: Sequence[tuple[Statement, dict[str, str]]], repeats: int) -> list[Measured]:
         constructs = [Construct(f"case {i}", s.sql, r) for i, (s, r) in enumerate(pairs)]
-        return list(measure_constructs(self.dsn, self.policy_path, constructs, self.rows, repeats))
+        if not self.unchecked:
+            return list(measure_constructs(self.dsn, self.policy_path, constructs, self.rows, repeats))
+        with unchecked():
+            return list(measure_constructs(self.dsn, self.policy_path, constructs, self.rows, repeats))
 
     def confirmed(self, statement: Statement, row: dict[str, str]) -> list[Proof] | None:
         """Two more measurements of more runs each, beside the same statement with an ordinary row,
@@ -471,22 +544,17 @@ class Fuzzer:
         (:func:`time.monotonic`) or an interrupt (Ctrl-C): the findings and the counts so far."""
         rng = random.Random(seed)
         findings: list[Finding] = []
-        counts = {"cases": 0, "drawn": 0, "refused": 0, "flagged": 0, "confirmed": 0}
+        counts = {"cases": 0, "drawn": 0, "refused": 0, "flagged": 0, "confirmed": 0, "over views": 0}
         try:
             while counts["cases"] < cases and time.monotonic() < deadline:
-                pairs = []
-                for _ in range(min(batch, cases - counts["cases"])):
-                    statement = draw_statement(rng)
-                    row = draw_row(rng, statement, forms)
-                    while not self.fits(row):
-                        row = draw_row(rng, statement, forms)
-                    pairs.append((statement, row))
+                pairs = [self.draw(rng, forms) for _ in range(min(batch, cases - counts["cases"]))]
                 counts["drawn"] += len(pairs)
                 for (statement, row), item in zip(pairs, self.measure(pairs, self.repeats)):
                     if item.refused is not None:  # drawn again in the next batch
                         counts["refused"] += 1
                         continue
                     counts["cases"] += 1
+                    counts["over views"] += bool(statement.relation)
                     finding = self.case(statement, row, item, counts, log)
                     if finding is not None:
                         findings.append(finding)
@@ -519,20 +587,37 @@ class Fuzzer:
 
 
 def report(findings: Sequence[Finding], counts: dict[str, int], largest: Sequence[tuple[float, float, int, str, str]],
-           forms: Sequence[str], rows: int, repeats: int, seed: int, seconds: float) -> str:
-    """The Markdown report: the run's figures, the confirmed findings by class, the largest differences seen."""
+           forms: Sequence[str], rows: int, repeats: int, seed: int, seconds: float,
+           verdicts: Mapping[str, str | None] | None = None, unchecked: bool = False) -> str:
+    """The Markdown report: the run's figures, the view shapes and the load check's verdicts
+    (``verdicts``), the confirmed findings by class, the largest differences seen."""
     lines = [
-        f"Seed {seed}; {counts['cases']:,} cases measured ({counts['drawn']:,} statements drawn, {counts['refused']:,} "
+        f"Seed {seed}; {counts['cases']:,} cases measured ({counts.get('over views', 0):,} over views; "
+        f"{counts['drawn']:,} statements drawn, {counts['refused']:,} "
         f"refused and redrawn), {counts['flagged']:,} flagged, {counts['confirmed']:,} confirmed; tables of {rows:,} rows, "
         f"{repeats} runs each alternating (confirmations {2 * repeats + 1}); value forms: {', '.join(forms)}; {seconds:.0f} s.",
         "",
     ]
-    for title, chosen in (("Long text (the known class)", [f for f in findings if f.long_text]),
-                          ("Outside the long-text class", [f for f in findings if not f.long_text])):
+    shapes = {shape.name: shape for shape in SHAPES}
+    if verdicts:
+        accepted = [name for name, refusal in verdicts.items() if refusal is None]
+        lines += [f"### View shapes: {len(accepted)} of {len(verdicts)} accepted by the load check"
+                  + (" (the refused ones drawn too: the check bypassed)" if unchecked else ""), "",
+                  f"Accepted: {', '.join(accepted) or 'none'}.", ""]
+        for name, refusal in verdicts.items():
+            if refusal is not None:
+                shown = shapes[name].summary if name in shapes else name
+                lines.append(f"- Refused `{name}` (`{shown}`): {refusal.split('. ')[0]}.")
+        lines.append("")
+    for title, chosen in (("Over protected views", [f for f in findings if f.statement.relation]),
+                          ("Long text (the known class)", [f for f in findings if f.long_text and not f.statement.relation]),
+                          ("Outside the long-text class", [f for f in findings if not f.long_text and not f.statement.relation])):
         lines += [f"### {title}: {len(chosen)}", ""]
         for number, finding in enumerate(chosen, 1):
             lines += [f"{number}. Witness: {finding.witness}. Shrunk: `{finding.statement.sql}` with `{finding.row}`: "
                       + "; ".join(p.summary for p in finding.proofs) + "."]
+            if finding.statement.relation in shapes:
+                lines += [f"   The view: `{shapes[finding.statement.relation].summary}`."]
             if finding.drawn is not None:
                 statement, row, first, proofs = finding.drawn
                 lines += [f"   As drawn: `{statement.sql}` with `{row}`: first run {first.extra_ms:+.3f} ms (jitter "
@@ -563,6 +648,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write the report here")
     parser.add_argument("--dsn", help="a superuser DSN (default: start a server, --pg)")
     parser.add_argument("--pg", type=int, choices=(15, 16, 17, 18), default=16)
+    parser.add_argument("--no-views", action="store_true", help="draw statements over the table only")
+    parser.add_argument("--unchecked-views", action="store_true",
+                        help="draw over the view shapes dpproxy's load check refuses too, planned with the check bypassed")
     args = parser.parse_args(argv)
     forms = tuple(args.only_values) or tuple(FORMS)
     signal.signal(signal.SIGTERM, _interrupt)  # a run in the background stops as on Ctrl-C (there SIGINT is ignored)
@@ -571,10 +659,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run(dsn: str) -> str:
         load_tables(dsn, args.rows)
         with tempfile.TemporaryDirectory(prefix="dpproxy-timing-fuzz-") as directory:
-            fuzzer = Fuzzer(dsn, policy_file(dsn, Path(directory)), args.rows, args.repeats)
+            policy = policy_file(dsn, Path(directory))
+            verdicts: dict[str, str | None] = {}
+            if args.no_views:
+                fuzzer = Fuzzer(dsn, policy, args.rows, args.repeats)
+            else:
+                fuzzer, verdicts = Fuzzer.with_views(dsn, policy, args.rows, args.repeats, Path(directory),
+                                                     unchecked=args.unchecked_views)
+                print(f"view shapes accepted: {', '.join(n for n, r in verdicts.items() if r is None)}; refused: "
+                      f"{', '.join(n for n, r in verdicts.items() if r is not None)}", flush=True)
             findings, counts = fuzzer.run(args.cases, args.seed, forms, started + 60 * args.minutes, log=lambda line: print(line, flush=True))
             return report(findings, counts, fuzzer.largest, forms, args.rows, args.repeats, args.seed,
-                          time.monotonic() - started)
+                          time.monotonic() - started, verdicts, args.unchecked_views)
 
     text = on_server(args.dsn, args.pg, "timing-fuzz", run)
     return print_report(text, args.out)

@@ -4,6 +4,7 @@ the tool must keep drawing statements dpproxy answers, or its runs measure nothi
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg
@@ -11,8 +12,9 @@ import psycopg
 from benchmarks.row_cost import Construct, load_tables, plan_constructs, policy_file
 from benchmarks.timing_fuzz import (FORMS, WIDE_NUMERICS, Fuzzer, Statement, buffers_confirmed, draw_row,
                                     draw_statement, is_long_text, shrink_candidates)
+from benchmarks.view_shapes import SHAPES
 from rewriter.text_bounds import NUMERIC_MAX_BYTES
-from tests.post_charge_wait import LONG_NUMBER, LONG_NUMBER_BYTES, PAD
+from tests.post_charge_wait import LONG_NUMBER, LONG_NUMBER_BYTES, LONG_TEXT, PAD
 
 
 def test_timing_fuzz_draws_statements_dpproxy_answers_and_shrinks_them_to_answered_ones(pg_admin_dsn: str, tmp_path: Path) -> None:
@@ -88,3 +90,53 @@ def test_timing_fuzz_no_longer_confirms_a_value_of_a_declared_size_stored_apart(
     assert fuzzer.confirmed(statement, row) is None
     or_ed = Statement(("COUNT(*)",), ("(" + " OR ".join(f"nd < {i}" for i in range(-16, 0)) + ")",))
     assert fuzzer.confirmed(or_ed, row) is None
+
+
+def test_timing_fuzz_draws_statements_dpproxy_answers_over_the_views_its_load_check_accepts(
+        pg_admin_dsn: str, tmp_path: Path) -> None:
+    """The view catalogue as a drawn relation: dpproxy's own load check keeps or refuses each shape
+    (a refusal recorded with its text), and statements are drawn over the accepted ones only, with
+    rows that vary the base columns the views read; dpproxy answers them."""
+    load_tables(pg_admin_dsn, 20)
+    fuzzer, verdicts = Fuzzer.with_views(pg_admin_dsn, policy_file(pg_admin_dsn, tmp_path), 20, 1, tmp_path)
+    assert set(verdicts) == {shape.name for shape in SHAPES}
+    accepted = {name for name, refusal in verdicts.items() if refusal is None}
+    assert {"plain", "renamed", "collate", "case_result", "where_fixed", "self_join", "barrier"} <= accepted, verdicts
+    assert "computes its column t from a value of a type of any length" in (verdicts["btrim"] or ""), verdicts
+    assert "reads t (text) whole in a WHERE or JOIN condition" in (verdicts["where_text"] or ""), verdicts
+    assert "can fail on some row's values" in (verdicts["integer_plus"] or ""), verdicts
+    assert set(fuzzer.shapes) == accepted
+    rng = random.Random(11)
+    pairs = [fuzzer.draw(rng, tuple(FORMS)) for _ in range(80)]
+    over_views = [(s, row) for s, row in pairs if s.relation]
+    assert len(over_views) >= 20 and len({s.relation for s, _ in over_views}) >= 8, [s.relation for s, _ in pairs]
+    assert {s.relation for s, _ in over_views} <= accepted
+    for s, row in over_views:  # the row varies what the view computes, where it computes anything
+        shape = fuzzer.shapes[s.relation]
+        assert not shape.outputs or any(base in row for c in shape.outputs for base in shape.base_columns(c)), (s.sql, row)
+    plans = plan_constructs(fuzzer.policy_path, [Construct(str(i), s.sql, row) for i, (s, row) in enumerate(over_views)])
+    refused = [(s.sql, plan) for (s, _), plan in zip(over_views, plans) if isinstance(plan, str)]
+    assert len(refused) <= len(over_views) // 10, refused
+
+
+def test_timing_fuzz_confirms_by_its_buffers_a_view_column_computed_from_a_value_stored_apart_forced_past_the_load_check(
+        pg_admin_dsn: str, tmp_path: Path) -> None:
+    """The lever dpproxy's load check closes (docs/threat-model.md, "A protected view's column is the
+    stored value"), forced through: over a view of ``btrim(t)`` each term of an OR recomputes the
+    column, fetching a value a wide row stored apart again, which the fuzzer confirms by its
+    buffers; over a view passing ``t`` on, the same row is no finding. This fails the day the
+    fuzzer stops seeing a view's recomputed column, or the load check stops refusing it."""
+    load_tables(pg_admin_dsn, 20)
+    shapes = [shape for shape in SHAPES if shape.name in ("plain", "btrim")]
+    fuzzer, verdicts = Fuzzer.with_views(pg_admin_dsn, policy_file(pg_admin_dsn, tmp_path), 20, 1, tmp_path, shapes,
+                                         unchecked=True)
+    assert verdicts["plain"] is None and verdicts["btrim"] is not None, verdicts
+    statement = Statement(("COUNT(*)",), ("(" + " OR ".join(f"t > 'z{i}'" for i in range(16)) + ")",), relation="btrim")
+    row = draw_row(random.Random(5), statement, ("apart",), fuzzer.shapes["btrim"])
+    assert row == {"t": LONG_TEXT, "pad": PAD}
+    proofs = fuzzer.confirmed(statement, row)
+    assert proofs is not None and all(buffers_confirmed(proof) for proof in proofs), proofs
+    assert fuzzer.confirmed(replace(statement, relation="plain"), row) is None
+    jsonb = next(shape for shape in SHAPES if shape.name == "jsonb_text")  # a text form as a jsonb value: stored
+    assert all(fuzzer.fits(draw_row(random.Random(i), Statement(("COUNT(tx)",), relation=jsonb.name), (form,), jsonb))
+               for i, form in enumerate(FORMS))
