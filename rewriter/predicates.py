@@ -303,35 +303,35 @@ class _Renderer:
         self.top = at_top and type(node) in (exp.And, exp.Paren)
         self.conjunct = at_top
         try:
-            return self._predicate(node)
+            kind = type(node)
+            if kind in _COMPARISONS:
+                return self._comparison(node)
+            if kind is exp.And or kind is exp.Or:
+                # Called here, not through the table below: a chain of 256 terms is 256 levels deep,
+                # and each frame between two levels brings Python's recursion limit nearer.
+                return self._negated(node, self._logical(node, "AND" if kind is exp.And else "OR"))
+            renderers: dict[type[exp.Expression], Callable[[exp.Expression], str]] = {
+                exp.Not: lambda n: f"(NOT {self._negative(n.this)})",
+                exp.Paren: lambda n: self.predicate(n.this),
+                exp.Between: self._between,
+                exp.In: self._in,
+                exp.Is: self._is,
+                exp.Like: lambda n: self._like(n, "~~"),
+                exp.ILike: lambda n: self._like(n, "~~*"),
+                exp.Boolean: lambda n: "TRUE" if n.this else "FALSE",
+                exp.Column: self._boolean_column,
+            }
+            render = renderers.get(kind)
+            if render is None:
+                if isinstance(node, exp.Escape):
+                    raise self.refuse(
+                        "LIKE/ILIKE ... ESCAPE is not allowed in WHERE on protected table",
+                        "Write the pattern with the default escape character, a backslash: 'a\\_b' matches a_b.",
+                    )
+                raise self.refuse(f"{_describe(node)} is not allowed in WHERE on protected table")
+            return self._negated(node, render(node))
         finally:
             self.top = at_top
-
-    def _predicate(self, node: exp.Expression) -> str:
-        renderers: dict[type[exp.Expression], Callable[[exp.Expression], str]] = {
-            exp.And: lambda n: self._logical(n, "AND"),
-            exp.Or: lambda n: self._logical(n, "OR"),
-            exp.Not: lambda n: f"(NOT {self._negative(n.this)})",
-            exp.Paren: lambda n: self.predicate(n.this),
-            exp.Between: self._between,
-            exp.In: self._in,
-            exp.Is: self._is,
-            exp.Like: lambda n: self._like(n, "~~"),
-            exp.ILike: lambda n: self._like(n, "~~*"),
-            exp.Boolean: lambda n: "TRUE" if n.this else "FALSE",
-            exp.Column: self._boolean_column,
-        }
-        if type(node) in _COMPARISONS:
-            return self._comparison(node)
-        render = renderers.get(type(node))
-        if render is None:
-            if isinstance(node, exp.Escape):
-                raise self.refuse(
-                    "LIKE/ILIKE ... ESCAPE is not allowed in WHERE on protected table",
-                    "Write the pattern with the default escape character, a backslash: 'a\\_b' matches a_b.",
-                )
-            raise self.refuse(f"{_describe(node)} is not allowed in WHERE on protected table")
-        return self._negated(node, render(node))
 
     def _negative(self, node: exp.Expression) -> str:
         """``node`` rendered where false and NULL may decide differently (under NOT, IS TRUE/FALSE)."""
