@@ -41,9 +41,11 @@ def adult_statements() -> list[str]:
 
 
 def _integer(text: str, rng: random.Random) -> str:
+    if not text.isdigit():  # 0x28, 1_000: respelled already
+        return text
     value = int(text)
     return rng.choice([f"{value}.", f"{value}.0", f"{value}e0", f"0{value}", f"+{value}", f"{value}::int",
-                       f"{hex(value).replace('0x', '0x')}", f"{bin(value)}", f"{oct(value)}",
+                       hex(value), f"{bin(value)}", f"{oct(value)}",
                        f"{value // 10 or ''}_{value % 10}" if value >= 10 else f"{value}", f"'{value}'",
                        f"({value})", f"int '{value}'", f"{value}::numeric", f"-(-{value})", f"{value} "])
 

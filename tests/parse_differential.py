@@ -24,9 +24,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 from pglast.parser import parse_sql_json
+
+from rewriter.function_check import _nodes
 
 __all__ = ["Divergence", "alike", "canonical", "conditions", "divergences", "read_columns"]
 
@@ -51,35 +53,15 @@ def _tree(sql: str) -> dict[str, Any]:
     return dict(json.loads(parse_sql_json(sql))["stmts"][0]["stmt"])
 
 
-def _walk(node: Any) -> Iterator[dict[str, Any]]:
-    stack = [node]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            yield item
-            stack.extend(value for value in item.values() if isinstance(value, (dict, list)))
-
-
 def read_columns(tree: dict[str, Any]) -> frozenset[str]:
     """The last name of every column reference of ``tree`` (``*`` left out)."""
-    names = set()
-    for item in _walk(tree):
-        fields = item.get("ColumnRef", {}).get("fields") if isinstance(item.get("ColumnRef"), dict) else None
-        if fields and "String" in fields[-1]:
-            names.add(fields[-1]["String"]["sval"])
-    return frozenset(names)
+    return frozenset(ref["fields"][-1]["String"]["sval"] for ref in _nodes(tree, "ColumnRef") if "String" in ref["fields"][-1])
 
 
 def _conditions(tree: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every WHERE and FILTER expression of ``tree``, outermost first."""
-    found = []
-    for item in _walk(tree):
-        for key in ("whereClause", "agg_filter"):
-            if isinstance(item.get(key), dict):
-                found.append(item[key])
-    return found
+    """Every WHERE and FILTER expression of ``tree``."""
+    return ([select["whereClause"] for select in _nodes(tree, "SelectStmt") if "whereClause" in select]
+            + [call["agg_filter"] for call in _nodes(tree, "FuncCall") if "agg_filter" in call])
 
 
 def _name(parts: list[dict[str, Any]]) -> str:
@@ -226,9 +208,8 @@ def _aliases(tree: dict[str, Any]) -> dict[str, str]:
     """Each output name of a derived table or CTE that is a column of the level below, to that
     column (followed down: ``SELECT a FROM (SELECT age AS a ...)`` reads ``age``)."""
     names: dict[str, str] = {}
-    for item in _walk(tree):
-        target = item.get("ResTarget")
-        if isinstance(target, dict) and target.get("name") and "ColumnRef" in target.get("val", {}):
+    for target in _nodes(tree, "ResTarget"):
+        if target.get("name") and "ColumnRef" in target.get("val", {}):
             fields = target["val"]["ColumnRef"]["fields"]
             if "String" in fields[-1] and fields[-1]["String"]["sval"] != target["name"]:
                 names[target["name"]] = fields[-1]["String"]["sval"]

@@ -238,6 +238,10 @@ def test_a_string_in_double_quotes_is_hinted_as_one(proxy: RunningProxy, sql: st
     ("SELECT count(*) FROM adult WHERE sex == 'Male'", "=="),
     ("SELECT count(*) FILTER (WHERE age == 40) FROM adult", "=="),
     ("SELECT count(*) FROM adult WHERE sex <=> 'Male'", "<=>"),
+    # PostgreSQL has no prefix ! or !! (since 14); sqlglot read both as NOT (the parse differential, h122).
+    ("SELECT count(*) FROM adult WHERE ! (sex = 'Male')", "!"),
+    ("SELECT count(*) FROM adult WHERE !! (sex = 'Male')", "!!"),
+    ("SELECT count(*) FROM adult WHERE sex ! LIKE 'M%'", "!"),
 ])
 def test_an_operator_postgresql_lacks_is_refused_as_postgresql_refuses_it_before_any_charge(
         proxy: RunningProxy, sql: str, symbol: str):
@@ -250,3 +254,26 @@ def test_an_operator_postgresql_lacks_is_refused_as_postgresql_refuses_it_before
         assert spent_epsilon(conn) == spent
     assert info.value.diag.sqlstate == "42883"
     assert info.value.diag.message_primary == f"operator does not exist: {symbol} (rule: undefined-operator)"
+
+
+@pytest.mark.parametrize("sql,number,decimal", [
+    ("SELECT count(*) FROM adult WHERE age > 0x28", "0x28", "40"),
+    ("SELECT count(*) FROM adult WHERE age > 0b101000", "0b101000", "40"),
+    ("SELECT count(*) FILTER (WHERE age > 0o50) FROM adult", "0o50", "40"),
+    ("SELECT count(*) FROM adult WHERE capital_gain > 1_000", "1_000", "1000"),
+    ("SELECT sum(age) FROM adult WHERE capital_gain > 1_000.5", "1_000.5", "1000.5"),
+])
+def test_a_number_postgresql_15_and_the_dp_planner_read_apart_is_refused_before_any_charge(
+        proxy: RunningProxy, sql: str, number: str, decimal: str):
+    # sqlglot read 0x28 as the bit string x'28' (rendered CAST(x'28' AS numeric)) and 0b101000 as
+    # b'101000'; PostgreSQL 16 reads 40, PostgreSQL 15 the number 0 and the name x28.
+    with proxy.connect(autocommit=True) as conn:
+        spent = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(sql)
+        assert spent_epsilon(conn) == spent
+        assert conn.execute("SELECT count(*) FROM adult WHERE sex = '0x28' -- 0x28").fetchone() is not None
+    assert info.value.diag.sqlstate == "0A000"
+    assert info.value.diag.message_primary.startswith(f"the number {number}, "), info.value.diag.message_primary
+    assert info.value.diag.message_primary.endswith("(rule: number-form)")
+    assert info.value.diag.message_hint == f"Write it in decimal: {decimal}."

@@ -1,0 +1,57 @@
+"""Numbers written in a form that PostgreSQL's versions and dpproxy's DP planner read apart.
+
+PostgreSQL 16 reads ``0x1F``, ``0o17``, ``0b101`` and ``1_000`` as the integers 31, 15, 5 and
+1000; PostgreSQL 15 reads ``0x1F`` as ``0`` followed by the name ``x1F`` (a column alias in a
+select list, a syntax error in a WHERE), and sqlglot, which plans a DP query, reads ``0x1F`` as
+the bit string ``x'1F'`` (rendered ``CAST(x'1F' AS numeric)``) and ``0b101`` as ``b'101'``. The
+backend would then run a comparison PostgreSQL does not mean, and the analyst reasons about
+PostgreSQL's reading. The forms are found by PostgreSQL's own scanner (pglast), never in a string
+or a comment, and a statement on a protected table that has one is refused before any charge,
+with the number in decimal in the hint.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+
+from pglast.parser import ParseError, scan
+
+from policies.errors import SQLSTATE, Refusal
+from policies.tables import Relation
+
+__all__ = ["refuse_number_forms"]
+
+_NOT_DECIMAL = re.compile(r"0[xXoObB]|.*_")
+
+
+def _decimal(text: str) -> str:
+    """``text`` (a number PostgreSQL 16 reads) written in decimal."""
+    digits = text.replace("_", "")
+    try:
+        return str(int(digits, 0))
+    except ValueError:
+        try:
+            return str(Decimal(digits))
+        except InvalidOperation:  # pragma: no cover - the scanner read it as a number
+            return digits
+
+
+def refuse_number_forms(sql: str, relation: Relation) -> None:
+    """Refuse (0A000, rule ``number-form``) a number of ``sql`` written with a ``0x``/``0o``/``0b``
+    prefix or a ``_`` between digits; ``relation`` is the protected table it reads."""
+    try:
+        tokens = scan(sql)
+    except ParseError:  # pragma: no cover - the statement was parsed already
+        return
+    for token in tokens:
+        if token.name in ("ICONST", "FCONST"):
+            text = sql[token.start : token.end + 1]
+            if _NOT_DECIMAL.match(text):
+                raise Refusal(
+                    SQLSTATE.FEATURE_NOT_SUPPORTED,
+                    f"the number {text}, which PostgreSQL 15 does not read as a number and dpproxy's DP planner "
+                    f"reads otherwise, is not supported on protected table {relation.display_name} (rule: number-form)",
+                    f"Write it in decimal: {_decimal(text)}.",
+                    "number-form",
+                )
