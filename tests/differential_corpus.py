@@ -86,7 +86,7 @@ _OPERATORS = {"=": ["OPERATOR(pg_catalog.=)", "==", "= ="], "<>": ["!=", "OPERAT
               "<=": ["< =", "=<"], "<": ["OPERATOR(pg_catalog.<)"]}
 _KEYWORDS = {"AND": ["&&", "and"], "OR": ["||", "or"], "NOT": ["!", "not"], "LIKE": ["~~", "like"],
              "ILIKE": ["~~*"], "IS": ["is"], "BETWEEN": ["BETWEEN SYMMETRIC"], "IN": ["= ANY"],
-             "NULL": ["null", "NULL::text"], "TRUE": ["'t'", "true"], "FALSE": ["'f'"]}
+             "NULL": ["null", "NULL::text", "UNKNOWN"], "TRUE": ["'t'", "true", "UNKNOWN"], "FALSE": ["'f'", "UNKNOWN"]}
 
 
 def _respelled(sql: str, start: int, end: int, name: str, rng: random.Random) -> str | None:

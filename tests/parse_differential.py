@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 from pglast.parser import parse_sql_json
 
-from rewriter.function_check import _nodes
+from rewriter.function_check import nodes_of
 
 __all__ = ["Divergence", "alike", "canonical", "conditions", "divergences", "read_columns"]
 
@@ -55,13 +55,13 @@ def _tree(sql: str) -> dict[str, Any]:
 
 def read_columns(tree: dict[str, Any]) -> frozenset[str]:
     """The last name of every column reference of ``tree`` (``*`` left out)."""
-    return frozenset(ref["fields"][-1]["String"]["sval"] for ref in _nodes(tree, "ColumnRef") if "String" in ref["fields"][-1])
+    return frozenset(ref["fields"][-1]["String"]["sval"] for ref in nodes_of(tree, "ColumnRef") if "String" in ref["fields"][-1])
 
 
 def _conditions(tree: dict[str, Any]) -> list[dict[str, Any]]:
     """Every WHERE and FILTER expression of ``tree``."""
-    return ([select["whereClause"] for select in _nodes(tree, "SelectStmt") if "whereClause" in select]
-            + [call["agg_filter"] for call in _nodes(tree, "FuncCall") if "agg_filter" in call])
+    return ([select["whereClause"] for select in nodes_of(tree, "SelectStmt") if "whereClause" in select]
+            + [call["agg_filter"] for call in nodes_of(tree, "FuncCall") if "agg_filter" in call])
 
 
 def _name(parts: list[dict[str, Any]]) -> str:
@@ -139,7 +139,7 @@ def _compare(symbol: str, left: Canon, right: Canon) -> Canon:
 def _expression(value: dict[str, Any]) -> Canon:
     """An ``A_Expr``, with the forms PostgreSQL defines by others written as those:
     ``x BETWEEN a AND b`` is ``x >= a AND x <= b``, ``x IN (a, b)`` is ``x = a OR x = b``,
-    ``NOT`` of each is ``NOT`` of that, ``LIKE`` is ``~~`` and ``+c`` is ``c``."""
+    ``NOT`` of each is ``NOT`` of that, ``LIKE`` is ``~~``, ``+c`` is ``c`` and ``-c`` the number -c."""
     kind, symbol = value["kind"], _name(value["name"])
     left, right = canonical(value.get("lexpr")), canonical(value.get("rexpr"))
     if isinstance(value.get("rexpr"), dict) and "List" in value["rexpr"]:
@@ -156,6 +156,8 @@ def _expression(value: dict[str, Any]) -> Canon:
         kind = "AEXPR_OP"
     if kind == "AEXPR_OP" and symbol == "+" and left is None and right[:1] == ("number",):
         return right
+    if kind == "AEXPR_OP" and symbol == "-" and left is None and right[:1] == ("number",):  # -(+40) is -40
+        return ("number", str(-Decimal(right[1])))
     return ("expr", kind, symbol, left, right)
 
 
@@ -208,7 +210,7 @@ def _aliases(tree: dict[str, Any]) -> dict[str, str]:
     """Each output name of a derived table or CTE that is a column of the level below, to that
     column (followed down: ``SELECT a FROM (SELECT age AS a ...)`` reads ``age``)."""
     names: dict[str, str] = {}
-    for target in _nodes(tree, "ResTarget"):
+    for target in nodes_of(tree, "ResTarget"):
         if target.get("name") and "ColumnRef" in target.get("val", {}):
             fields = target["val"]["ColumnRef"]["fields"]
             if "String" in fields[-1] and fields[-1]["String"]["sval"] != target["name"]:

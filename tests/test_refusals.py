@@ -277,3 +277,24 @@ def test_a_number_postgresql_15_and_the_dp_planner_read_apart_is_refused_before_
     assert info.value.diag.message_primary.startswith(f"the number {number}, "), info.value.diag.message_primary
     assert info.value.diag.message_primary.endswith("(rule: number-form)")
     assert info.value.diag.message_hint == f"Write it in decimal: {decimal}."
+
+
+@pytest.mark.parametrize("sql,sqlstate,message", [
+    ("SELECT count(*) FROM adult WHERE age IS UNKNOWN", "42804",
+     "argument of IS UNKNOWN must be type boolean, not the type of column age (rule: is-unknown)"),
+    ("SELECT count(*) FILTER (WHERE sex IS NOT UNKNOWN) FROM adult", "42804",
+     "argument of IS NOT UNKNOWN must be type boolean, not the type of column sex (rule: is-unknown)"),
+    ("SELECT count(*) FROM adult WHERE (age > 40) IS UNKNOWN", "0A000",
+     "IS UNKNOWN of anything but a boolean column is not supported on protected table adult (rule: is-unknown)"),
+])
+def test_is_unknown_of_anything_but_a_boolean_column_is_refused_before_any_charge(
+        proxy: RunningProxy, sql: str, sqlstate: str, message: str):
+    # sqlglot read age IS UNKNOWN as age IS NULL: answered and charged, where PostgreSQL fails with
+    # 42804 whatever the rows (the parse differential, h122).
+    with proxy.connect(autocommit=True) as conn:
+        spent = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(sql)
+        assert spent_epsilon(conn) == spent
+    assert (info.value.diag.sqlstate, info.value.diag.message_primary) == (sqlstate, message)
+    assert "write IS" in (info.value.diag.message_hint or "")

@@ -1,6 +1,8 @@
-"""Numbers written in a form that PostgreSQL's versions and dpproxy's DP planner read apart.
+"""Forms of a statement on a protected table that dpproxy's DP planner (sqlglot) reads otherwise
+than PostgreSQL does, found by the parse differential (tests/test_parse_differential.py) and
+refused before any charge.
 
-PostgreSQL 16 reads ``0x1F``, ``0o17``, ``0b101`` and ``1_000`` as the integers 31, 15, 5 and
+Numbers: PostgreSQL 16 reads ``0x1F``, ``0o17``, ``0b101`` and ``1_000`` as the integers 31, 15, 5 and
 1000; PostgreSQL 15 reads ``0x1F`` as ``0`` followed by the name ``x1F`` (a column alias in a
 select list, a syntax error in a WHERE), and sqlglot, which plans a DP query, reads ``0x1F`` as
 the bit string ``x'1F'`` (rendered ``CAST(x'1F' AS numeric)``) and ``0b101`` as ``b'101'``. The
@@ -8,19 +10,27 @@ backend would then run a comparison PostgreSQL does not mean, and the analyst re
 PostgreSQL's reading. The forms are found by PostgreSQL's own scanner (pglast), never in a string
 or a comment, and a statement on a protected table that has one is refused before any charge,
 with the number in decimal in the hint.
+
+``x IS [NOT] UNKNOWN``: sqlglot reads it as ``x IS [NOT] NULL``. That is PostgreSQL's meaning for a
+boolean ``x``; for any other, PostgreSQL fails the statement (42804) whatever the rows, and dpproxy
+answered it. It is let through on a boolean column of the table only.
 """
 
 from __future__ import annotations
 
 import re
 from decimal import Decimal, InvalidOperation
+from typing import Any
 
 from pglast.parser import ParseError, scan
 
 from policies.errors import SQLSTATE, Refusal
 from policies.tables import Relation
 
-__all__ = ["refuse_number_forms"]
+from .function_check import nodes_of
+from .types import BOOL
+
+__all__ = ["refuse_is_unknown", "refuse_number_forms"]
 
 _NOT_DECIMAL = re.compile(r"0[xXoObB]|.*_")
 
@@ -55,3 +65,26 @@ def refuse_number_forms(sql: str, relation: Relation) -> None:
                     f"Write it in decimal: {_decimal(text)}.",
                     "number-form",
                 )
+
+
+def refuse_is_unknown(node: dict[str, Any], relation: Relation) -> None:
+    """Refuse ``x IS [NOT] UNKNOWN`` in ``node`` (pglast JSON) unless ``x`` is a boolean column of
+    ``relation``: 42804, as PostgreSQL, on a column of another type; 0A000 on anything else."""
+    for test in nodes_of(node, "BooleanTest"):
+        if test.get("booltesttype") in ("IS_UNKNOWN", "IS_NOT_UNKNOWN"):
+            _check_unknown_test(test, relation)
+
+
+def _check_unknown_test(test: dict[str, Any], relation: Relation) -> None:
+    written = "IS NOT UNKNOWN" if test["booltesttype"] == "IS_NOT_UNKNOWN" else "IS UNKNOWN"
+    fields = test["arg"].get("ColumnRef", {}).get("fields", [])
+    column = relation.columns.get(fields[-1]["String"]["sval"]) if fields and "String" in fields[-1] else None
+    if column is not None and BOOL in (column.type_oid, column.base_type_oid):
+        return
+    hint = (f"dpproxy's DP planner reads x {written} as x {written.replace('UNKNOWN', 'NULL')}, PostgreSQL only "
+            f"for a boolean x; write {written.replace('UNKNOWN', 'NULL')}.")
+    if column is not None:
+        raise Refusal("42804", f"argument of {written} must be type boolean, not the type of column {column.name} "
+                      "(rule: is-unknown)", hint, "is-unknown")
+    raise Refusal(SQLSTATE.FEATURE_NOT_SUPPORTED, f"{written} of anything but a boolean column is not supported on "
+                  f"protected table {relation.display_name} (rule: is-unknown)", hint, "is-unknown")
