@@ -11,9 +11,17 @@ PostgreSQL's reading. The forms are found by PostgreSQL's own scanner (pglast), 
 or a comment, and a statement on a protected table that has one is refused before any charge,
 with the number in decimal in the hint.
 
+``interval(p) 'v'``: sqlglot reads it as ``interval 'p' + interval 'v'`` (``now() - interval(3) '1'``
+was answered as ``now() - interval '3' + interval '1'``), where PostgreSQL reads the interval 'v'
+at precision p. It is found by the scanner too (``INTERVAL`` then ``(``) and refused.
+
 ``x IS [NOT] UNKNOWN``: sqlglot reads it as ``x IS [NOT] NULL``. That is PostgreSQL's meaning for a
 boolean ``x``; for any other, PostgreSQL fails the statement (42804) whatever the rows, and dpproxy
 answered it. It is let through on a boolean column of the table only.
+
+``CURRENT_TIMESTAMP(n)``: sqlglot keeps the precision but writes the call back as
+``CURRENT_TIMESTAMP``, so ``ts > CURRENT_TIMESTAMP(0)`` was answered as ``ts > CURRENT_TIMESTAMP``,
+which selects other rows whenever the clock is not on a whole second.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from policies.tables import Relation
 from .function_check import nodes_of
 from .types import BOOL
 
-__all__ = ["refuse_is_unknown", "refuse_number_forms"]
+__all__ = ["refuse_dropped_precision", "refuse_is_unknown", "refuse_misread_tokens"]
 
 _NOT_DECIMAL = re.compile(r"0[xXoObB]|.*_")
 
@@ -47,14 +55,15 @@ def _decimal(text: str) -> str:
             return digits
 
 
-def refuse_number_forms(sql: str, relation: Relation) -> None:
-    """Refuse (0A000, rule ``number-form``) a number of ``sql`` written with a ``0x``/``0o``/``0b``
-    prefix or a ``_`` between digits; ``relation`` is the protected table it reads."""
+def refuse_misread_tokens(sql: str, relation: Relation) -> None:
+    """Refuse a number of ``sql`` written with a ``0x``/``0o``/``0b`` prefix or a ``_`` between digits
+    (0A000, rule ``number-form``) and ``interval(p) '...'`` (0A000, rule ``interval-precision``);
+    ``relation`` is the protected table it reads."""
     try:
         tokens = scan(sql)
     except ParseError:  # pragma: no cover - the statement was parsed already
         return
-    for token in tokens:
+    for index, token in enumerate(tokens):
         if token.name in ("ICONST", "FCONST"):
             text = sql[token.start : token.end + 1]
             if _NOT_DECIMAL.match(text):
@@ -65,6 +74,14 @@ def refuse_number_forms(sql: str, relation: Relation) -> None:
                     f"Write it in decimal: {_decimal(text)}.",
                     "number-form",
                 )
+        elif token.name == "INTERVAL" and index + 1 < len(tokens) and sql[tokens[index + 1].start] == "(":
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                f"interval(p) '...' is not supported on protected table {relation.display_name} "
+                "(rule: interval-precision)",
+                "dpproxy's DP planner reads interval(p) 'v' as interval 'p' + interval 'v'; write interval 'v'.",
+                "interval-precision",
+            )
 
 
 def refuse_is_unknown(node: dict[str, Any], relation: Relation) -> None:
@@ -88,3 +105,16 @@ def _check_unknown_test(test: dict[str, Any], relation: Relation) -> None:
                       "(rule: is-unknown)", hint, "is-unknown")
     raise Refusal(SQLSTATE.FEATURE_NOT_SUPPORTED, f"{written} of anything but a boolean column is not supported on "
                   f"protected table {relation.display_name} (rule: is-unknown)", hint, "is-unknown")
+
+
+def refuse_dropped_precision(node: dict[str, Any], relation: Relation) -> None:
+    """Refuse (0A000, rule ``timestamp-precision``) a ``CURRENT_TIMESTAMP(n)`` in ``node`` (pglast JSON)."""
+    if any(call.get("op") == "SVFOP_CURRENT_TIMESTAMP_N" for call in nodes_of(node, "SQLValueFunction")):
+        raise Refusal(
+            SQLSTATE.FEATURE_NOT_SUPPORTED,
+            f"CURRENT_TIMESTAMP(n) is not supported on protected table {relation.display_name} "
+            "(rule: timestamp-precision)",
+            "dpproxy's DP planner would compare with CURRENT_TIMESTAMP, its precision dropped; write CURRENT_TIMESTAMP "
+            "or now(), or LOCALTIMESTAMP(n), which keeps its precision.",
+            "timestamp-precision",
+        )

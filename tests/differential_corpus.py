@@ -86,7 +86,9 @@ _OPERATORS = {"=": ["OPERATOR(pg_catalog.=)", "==", "= ="], "<>": ["!=", "OPERAT
               "<=": ["< =", "=<"], "<": ["OPERATOR(pg_catalog.<)"]}
 _KEYWORDS = {"AND": ["&&", "and"], "OR": ["||", "or"], "NOT": ["!", "not"], "LIKE": ["~~", "like"],
              "ILIKE": ["~~*"], "IS": ["is"], "BETWEEN": ["BETWEEN SYMMETRIC"], "IN": ["= ANY"],
-             "NULL": ["null", "NULL::text", "UNKNOWN"], "TRUE": ["'t'", "true", "UNKNOWN"], "FALSE": ["'f'", "UNKNOWN"]}
+             "NULL": ["null", "NULL::text", "UNKNOWN"], "TRUE": ["'t'", "true", "UNKNOWN"], "FALSE": ["'f'", "UNKNOWN"],
+             "INTERVAL": ["INTERVAL(6)", "interval"], "CURRENT_TIMESTAMP": ["CURRENT_TIMESTAMP(6)", "now()"],
+             "LOCALTIMESTAMP": ["LOCALTIMESTAMP(6)"], "CURRENT_DATE": ["current_date"]}
 
 
 def _respelled(sql: str, start: int, end: int, name: str, rng: random.Random) -> str | None:

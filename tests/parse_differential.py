@@ -36,6 +36,8 @@ Canon = Any  # a nested tuple of str, int, Decimal and bool
 
 # now() and its synonyms, which sqlglot writes as CURRENT_TIMESTAMP
 _NOW = {"now", "transaction_timestamp"}
+# Functions whose first argument is a field name PostgreSQL reads in any case
+_FIELD_FIRST = {"date_trunc", "date_part"}
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,10 @@ def canonical(node: Any) -> Canon:
     if kind == "A_Const":
         return _constant(value)
     if kind == "TypeCast":
-        return ("cast", _name(value["typeName"]["names"]), canonical(value["arg"]))
+        cast = ("cast", _name(value["typeName"]["names"]), canonical(value["arg"]))
+        if cast[1] == "interval" and cast[2][0] == "string":  # PostgreSQL reads '1 day' as '1 DAY'
+            return ("cast", "interval", ("string", cast[2][1].lower()))
+        return cast
     if kind == "CaseExpr" and not value.get("defresult") and len(value.get("args", [])) == 1:
         result = value["args"][0]["CaseWhen"]["result"]
         if "ColumnRef" in result:  # the text bound's CASE WHEN <its size is small> THEN col END
@@ -120,6 +125,9 @@ def canonical(node: Any) -> Canon:
         if _name(value["funcname"]) == "mod" and len(value.get("args", [])) == 2:  # mod(a, b) is a % b
             return ("expr", "AEXPR_OP", "%", *(canonical(arg) for arg in value["args"]))
         rest = {key: item for key, item in value.items() if key not in ("funcname", "location", "funcformat")}
+        if _name(value["funcname"]) in _FIELD_FIRST and value.get("args") and "sval" in value["args"][0].get("A_Const", {}):
+            field = value["args"][0]["A_Const"]["sval"]["sval"].lower()  # date_trunc('MONTH', x) is date_trunc('month', x)
+            return ("call", _name(value["funcname"]), ("args", (("string", field), *map(canonical, value["args"][1:]))))
         return ("call", _name(value["funcname"]), canonical(rest))
     if kind == "BoolExpr":
         op, args = value["boolop"], [canonical(arg) for arg in value["args"]]
@@ -223,29 +231,37 @@ def _aliases(tree: dict[str, Any]) -> dict[str, str]:
     return names
 
 
-def _renamed(item: Canon, names: dict[str, str]) -> Canon:
+def _renamed(item: Canon, names: dict[str, str], tests: dict[Canon, Canon]) -> Canon:
+    """``item`` with each alias of ``names`` read as its column, then each node of ``tests`` as its value."""
     if isinstance(item, tuple) and len(item) == 2 and item[0] == "column" and item[1] in names:
         return ("column", names[item[1]])
-    return tuple(_renamed(part, names) for part in item) if isinstance(item, tuple) else item
+    if not isinstance(item, tuple):
+        return item
+    renamed = tuple(_renamed(part, names, tests) for part in item)
+    return tests.get(renamed, renamed)
 
 
 def _conjuncts(condition: Canon) -> tuple[Canon, ...]:
     return condition[2] if condition[:2] == ("bool", "AND_EXPR") else (condition,)
 
 
-def divergences(statement: str, backends: Sequence[str], table_columns: frozenset[str]) -> list[Divergence]:
+def divergences(statement: str, backends: Sequence[str], table_columns: frozenset[str],
+                boolean_columns: frozenset[str] = frozenset()) -> list[Divergence]:
     """What ``statement`` reads that ``backends``, the SQL dpproxy wrote for it (a series limit's
     ranking has a statement of its own), do not read alike.
 
     ``table_columns`` are the protected table's: the backend may read fewer of them than the
-    statement names (a projection it does not need), never one the statement does not name."""
+    statement names (a projection it does not need), never one the statement does not name. Of a
+    column of ``boolean_columns``, ``IS UNKNOWN`` is read as ``IS NULL``, which it means."""
     asked, ran = _tree(statement), [_tree(backend) for backend in backends]
     extra = frozenset().union(*(read_columns(tree) for tree in ran)) & table_columns - read_columns(asked)
     found = [Divergence("column", name) for name in sorted(extra)]
     backend_conditions = set().union(*(conditions(tree) for tree in ran))
     names = _aliases(asked)
+    unknown = {("boolean test", "IS_UNKNOWN", ("column", name)): ("null test", "IS_NULL", ("column", name))
+               for name in boolean_columns}
     for condition in _conditions(asked):
-        for conjunct in _conjuncts(_renamed(canonical(condition), names)):
+        for conjunct in _conjuncts(_renamed(canonical(condition), names, unknown)):
             if conjunct not in backend_conditions and not any(alike(conjunct, c) for c in backend_conditions):
                 found.append(Divergence("condition", repr(conjunct)))
     return found

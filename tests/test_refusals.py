@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from conftest import RunningProxy, spent_epsilon
+from conftest import RunningProxy, refused_uncharged
 
 REFUSED = [
     ("SELECT * FROM adult", "DP001", "no-row-access"),
@@ -247,13 +247,9 @@ def test_an_operator_postgresql_lacks_is_refused_as_postgresql_refuses_it_before
         proxy: RunningProxy, sql: str, symbol: str):
     # sqlglot read sex == 'Male' as sex = 'Male': it was answered and charged, where PostgreSQL
     # fails with 42883 whatever the rows.
-    with proxy.connect(autocommit=True) as conn:
-        spent = spent_epsilon(conn)
-        with pytest.raises(psycopg.Error) as info:
-            conn.execute(sql)
-        assert spent_epsilon(conn) == spent
-    assert info.value.diag.sqlstate == "42883"
-    assert info.value.diag.message_primary == f"operator does not exist: {symbol} (rule: undefined-operator)"
+    error = refused_uncharged(proxy, sql)
+    assert error.diag.sqlstate == "42883"
+    assert error.diag.message_primary == f"operator does not exist: {symbol} (rule: undefined-operator)"
 
 
 @pytest.mark.parametrize("sql,number,decimal", [
@@ -267,16 +263,13 @@ def test_a_number_postgresql_15_and_the_dp_planner_read_apart_is_refused_before_
         proxy: RunningProxy, sql: str, number: str, decimal: str):
     # sqlglot read 0x28 as the bit string x'28' (rendered CAST(x'28' AS numeric)) and 0b101000 as
     # b'101000'; PostgreSQL 16 reads 40, PostgreSQL 15 the number 0 and the name x28.
-    with proxy.connect(autocommit=True) as conn:
-        spent = spent_epsilon(conn)
-        with pytest.raises(psycopg.Error) as info:
-            conn.execute(sql)
-        assert spent_epsilon(conn) == spent
+    error = refused_uncharged(proxy, sql)
+    assert error.diag.sqlstate == "0A000"
+    assert error.diag.message_primary.startswith(f"the number {number}, "), error.diag.message_primary
+    assert error.diag.message_primary.endswith("(rule: number-form)")
+    assert error.diag.message_hint == f"Write it in decimal: {decimal}."
+    with proxy.connect(autocommit=True) as conn:  # the forms in a string or a comment are no number
         assert conn.execute("SELECT count(*) FROM adult WHERE sex = '0x28' -- 0x28").fetchone() is not None
-    assert info.value.diag.sqlstate == "0A000"
-    assert info.value.diag.message_primary.startswith(f"the number {number}, "), info.value.diag.message_primary
-    assert info.value.diag.message_primary.endswith("(rule: number-form)")
-    assert info.value.diag.message_hint == f"Write it in decimal: {decimal}."
 
 
 @pytest.mark.parametrize("sql,sqlstate,message", [
@@ -291,10 +284,7 @@ def test_is_unknown_of_anything_but_a_boolean_column_is_refused_before_any_charg
         proxy: RunningProxy, sql: str, sqlstate: str, message: str):
     # sqlglot read age IS UNKNOWN as age IS NULL: answered and charged, where PostgreSQL fails with
     # 42804 whatever the rows (the parse differential, h122).
-    with proxy.connect(autocommit=True) as conn:
-        spent = spent_epsilon(conn)
-        with pytest.raises(psycopg.Error) as info:
-            conn.execute(sql)
-        assert spent_epsilon(conn) == spent
-    assert (info.value.diag.sqlstate, info.value.diag.message_primary) == (sqlstate, message)
-    assert "write IS" in (info.value.diag.message_hint or "")
+    error = refused_uncharged(proxy, sql)
+    assert (error.diag.sqlstate, error.diag.message_primary) == (sqlstate, message)
+    assert "write IS" in (error.diag.message_hint or "")
+
