@@ -426,6 +426,14 @@ def _copy(
     text, options = copy_query(statement.text, statement.node)
     (query,) = split_statements(text)
     inner = _select(query, resolved, registry, user)
+    if isinstance(inner, ColumnsOnly):
+        # Answered as a SELECT (its columns, no row), a COPY of it had no path and ended the session (XX000).
+        raise Refusal(
+            SQLSTATE.FEATURE_NOT_SUPPORTED,
+            "COPY of a query that asks for no row of a protected table is not supported (rule: copy-no-row)",
+            "Run the SELECT itself (answered with its columns and no row), or COPY a DP aggregate.",
+            "copy-no-row",
+        )
     assert isinstance(inner, (Passthrough, DPQuery))
     return CopyOut(inner, options)
 

@@ -288,3 +288,15 @@ def test_is_unknown_of_anything_but_a_boolean_column_is_refused_before_any_charg
     assert (error.diag.sqlstate, error.diag.message_primary) == (sqlstate, message)
     assert "write IS" in (error.diag.message_hint or "")
 
+
+
+def test_copy_of_a_query_that_asks_for_no_row_is_refused_and_the_session_goes_on(proxy: RunningProxy):
+    # The SELECT is answered with its columns and no row; its COPY ended the session with XX000
+    # (found by the parse differential's harness, h122).
+    with proxy.connect(autocommit=True) as conn:
+        with pytest.raises(psycopg.Error) as info:
+            with conn.cursor().copy("COPY (SELECT age FROM adult LIMIT 0) TO STDOUT") as copy:
+                list(copy)
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert info.value.diag.sqlstate == "0A000"
+    assert info.value.diag.message_primary.endswith("(rule: copy-no-row)")
