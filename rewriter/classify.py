@@ -26,6 +26,7 @@ from .copy import CopyOptions, copy_query
 from .cursors import CursorOptions, Fetch, declare_query, declare_sql, fetch_of
 from .function_check import catalog_function_refusal, check_functions, inexact_floats, unsafe_client_encoding
 from .dp_query import AggregateQuery, asks_for_no_row, plan_aggregate_query
+from .misreadings import refuse_dropped_precision, refuse_is_unknown, refuse_misread_tokens
 from .neutralise import empty_relations, neutralise_pg_class, neutralise_pg_database
 from .partitioned_reads import refuse_partitioned_read
 from .qualify import qualify
@@ -425,6 +426,14 @@ def _copy(
     text, options = copy_query(statement.text, statement.node)
     (query,) = split_statements(text)
     inner = _select(query, resolved, registry, user)
+    if isinstance(inner, ColumnsOnly):
+        # Answered as a SELECT (its columns, no row), a COPY of it had no path and ended the session (XX000).
+        raise Refusal(
+            SQLSTATE.FEATURE_NOT_SUPPORTED,
+            "COPY of a query that asks for no row of a protected table is not supported (rule: copy-no-row)",
+            "Run the SELECT itself (answered with its columns and no row), or COPY a DP aggregate.",
+            "copy-no-row",
+        )
     assert isinstance(inner, (Passthrough, DPQuery))
     return CopyOut(inner, options)
 
@@ -504,6 +513,9 @@ def _protected(statement: Statement, protected: list[Relation], registry: TableR
     refuse_partitioned_read(statement.node, relation)
     refs = statement.references
     _refuse_misread_operators(refs.operators, relation)
+    refuse_misread_tokens(statement.text, relation)
+    refuse_is_unknown(statement.node, relation)
+    refuse_dropped_precision(statement.node, relation)
     if len(refs.relations) > 1 and ranks_series(statement.node) and len(protected) == len(refs.relations) and all(
         other.oid == relation.oid for other in protected
     ):
@@ -537,8 +549,11 @@ def _protected(statement: Statement, protected: list[Relation], registry: TableR
 
 
 # Operators PostgreSQL does not have that sqlglot, which plans DP queries, reads as others: a == b
-# was answered (and charged) as a = b, where PostgreSQL fails the statement whatever the rows.
-_MISREAD_OPERATORS = {"==": "=", "<=>": "IS NOT DISTINCT FROM"}
+# was answered (and charged) as a = b, and ! (a = b) and !! (a = b) as NOT (a = b), where PostgreSQL
+# fails the statement whatever the rows (it has no prefix ! or !! since version 14).
+# Each with what to write instead.
+_MISREAD_OPERATORS = {"==": "WHERE col = 'x'", "<=>": "WHERE col IS NOT DISTINCT FROM 'x'",
+                      "!": "WHERE NOT (col = 'x')", "!!": "WHERE NOT (col = 'x')"}
 
 
 def _refuse_misread_operators(operators: frozenset[str], relation: Relation) -> None:
@@ -548,7 +563,7 @@ def _refuse_misread_operators(operators: frozenset[str], relation: Relation) -> 
             "42883",
             f"operator does not exist: {symbol} (rule: undefined-operator)",
             f"PostgreSQL has no {symbol} operator of its own; write {_MISREAD_OPERATORS[symbol]} "
-            f"(WHERE col {_MISREAD_OPERATORS[symbol]} 'x') on protected table {relation.display_name}.",
+            f"on protected table {relation.display_name}.",
             "undefined-operator",
         )
 

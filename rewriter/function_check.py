@@ -13,7 +13,7 @@ from .catalog import (
 )
 from .statements import Statement
 
-__all__ = ["catalog_function_refusal", "check_functions", "check_value_expressions", "inexact_floats",
+__all__ = ["catalog_function_refusal", "check_functions", "check_value_expressions", "inexact_floats", "nodes_of",
            "unsafe_client_encoding"]
 
 
@@ -151,7 +151,7 @@ _SYSTEM_TYPE_FIELDS = frozenset({"oid", "regclass", "xid"})
 
 def _cast_types(node: Any) -> list[list[str]]:
     """The type names (their dotted parts) of every cast in a pglast JSON tree."""
-    return [[part["String"]["sval"] for part in cast["typeName"]["names"]] for cast in _nodes(node, "TypeCast")]
+    return [[part["String"]["sval"] for part in cast["typeName"]["names"]] for cast in nodes_of(node, "TypeCast")]
 
 
 def _check_set_config(node: Any) -> None:
@@ -189,10 +189,10 @@ def _is_true(arg: Any) -> bool:
 
 def _function_calls(node: Any, name: str) -> list[dict[str, Any]]:
     """The FuncCall nodes of a pglast JSON tree that call ``name`` (any schema)."""
-    return [call for call in _nodes(node, "FuncCall") if call["funcname"][-1]["String"]["sval"] == name]
+    return [call for call in nodes_of(node, "FuncCall") if call["funcname"][-1]["String"]["sval"] == name]
 
 
-def _nodes(node: Any, kind: str) -> list[dict[str, Any]]:
+def nodes_of(node: Any, kind: str) -> list[dict[str, Any]]:
     """Every node of ``kind`` (``FuncCall``, ``TypeCast`` ...) in a pglast JSON tree."""
     found: list[dict[str, Any]] = []
     stack = [node]

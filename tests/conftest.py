@@ -321,6 +321,17 @@ def spent_epsilon(conn: psycopg.Connection) -> float:
     return float(dict(zip([d.name for d in cursor.description], row))["spent_epsilon"])
 
 
+def refused_uncharged(proxy: RunningProxy, sql: str) -> psycopg.Error:
+    """The error ``sql`` fails with through ``proxy``, once ``SHOW dpproxy.budget`` has shown that
+    nothing was charged for it."""
+    with proxy.connect(autocommit=True) as conn:
+        spent = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as failed:
+            conn.execute(sql)
+        assert spent_epsilon(conn) == spent
+    return failed.value
+
+
 def failed_twice(conn: psycopg.Connection, sql: str, epsilon: float) -> tuple[psycopg.Error, psycopg.Error]:
     """``sql`` run twice at ``epsilon`` on ``conn``, failing both times: the two errors, once
     ``SHOW dpproxy.budget`` has shown that the first was charged and the second (a repeat) was not."""

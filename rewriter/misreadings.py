@@ -1,0 +1,120 @@
+"""Forms of a statement on a protected table that dpproxy's DP planner (sqlglot) reads otherwise
+than PostgreSQL does, found by the parse differential (tests/test_parse_differential.py) and
+refused before any charge.
+
+Numbers: PostgreSQL 16 reads ``0x1F``, ``0o17``, ``0b101`` and ``1_000`` as the integers 31, 15, 5 and
+1000; PostgreSQL 15 reads ``0x1F`` as ``0`` followed by the name ``x1F`` (a column alias in a
+select list, a syntax error in a WHERE), and sqlglot, which plans a DP query, reads ``0x1F`` as
+the bit string ``x'1F'`` (rendered ``CAST(x'1F' AS numeric)``) and ``0b101`` as ``b'101'``. The
+backend would then run a comparison PostgreSQL does not mean, and the analyst reasons about
+PostgreSQL's reading. The forms are found by PostgreSQL's own scanner (pglast), never in a string
+or a comment, and a statement on a protected table that has one is refused before any charge,
+with the number in decimal in the hint.
+
+``interval(p) 'v'``: sqlglot reads it as ``interval 'p' + interval 'v'`` (``now() - interval(3) '1'``
+was answered as ``now() - interval '3' + interval '1'``), where PostgreSQL reads the interval 'v'
+at precision p. It is found by the scanner too (``INTERVAL`` then ``(``) and refused.
+
+``x IS [NOT] UNKNOWN``: sqlglot reads it as ``x IS [NOT] NULL``. That is PostgreSQL's meaning for a
+boolean ``x``; for any other, PostgreSQL fails the statement (42804) whatever the rows, and dpproxy
+answered it. It is let through on a boolean column of the table only.
+
+``CURRENT_TIMESTAMP(n)``: sqlglot keeps the precision but writes the call back as
+``CURRENT_TIMESTAMP``, so ``ts > CURRENT_TIMESTAMP(0)`` was answered as ``ts > CURRENT_TIMESTAMP``,
+which selects other rows whenever the clock is not on a whole second.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from pglast.parser import ParseError, scan
+
+from policies.errors import SQLSTATE, Refusal
+from policies.tables import Relation
+
+from .function_check import nodes_of
+from .types import BOOL
+
+__all__ = ["refuse_dropped_precision", "refuse_is_unknown", "refuse_misread_tokens"]
+
+_NOT_DECIMAL = re.compile(r"0[xXoObB]|.*_")
+
+
+def _decimal(text: str) -> str:
+    """``text`` (a number PostgreSQL 16 reads) written in decimal."""
+    digits = text.replace("_", "")
+    try:
+        return str(int(digits, 0))
+    except ValueError:
+        try:
+            return str(Decimal(digits))
+        except InvalidOperation:  # pragma: no cover - the scanner read it as a number
+            return digits
+
+
+def refuse_misread_tokens(sql: str, relation: Relation) -> None:
+    """Refuse a number of ``sql`` written with a ``0x``/``0o``/``0b`` prefix or a ``_`` between digits
+    (0A000, rule ``number-form``) and ``interval(p) '...'`` (0A000, rule ``interval-precision``);
+    ``relation`` is the protected table it reads."""
+    try:
+        tokens = scan(sql)
+    except ParseError:  # pragma: no cover - the statement was parsed already
+        return
+    for index, token in enumerate(tokens):
+        if token.name in ("ICONST", "FCONST"):
+            text = sql[token.start : token.end + 1]
+            if _NOT_DECIMAL.match(text):
+                raise Refusal(
+                    SQLSTATE.FEATURE_NOT_SUPPORTED,
+                    f"the number {text}, which PostgreSQL 15 does not read as a number and dpproxy's DP planner "
+                    f"reads otherwise, is not supported on protected table {relation.display_name} (rule: number-form)",
+                    f"Write it in decimal: {_decimal(text)}.",
+                    "number-form",
+                )
+        elif token.name == "INTERVAL" and index + 1 < len(tokens) and sql[tokens[index + 1].start] == "(":
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                f"interval(p) '...' is not supported on protected table {relation.display_name} "
+                "(rule: interval-precision)",
+                "dpproxy's DP planner reads interval(p) 'v' as interval 'p' + interval 'v'; write interval 'v'.",
+                "interval-precision",
+            )
+
+
+def refuse_is_unknown(node: dict[str, Any], relation: Relation) -> None:
+    """Refuse ``x IS [NOT] UNKNOWN`` in ``node`` (pglast JSON) unless ``x`` is a boolean column of
+    ``relation``: 42804, as PostgreSQL, on a column of another type; 0A000 on anything else."""
+    for test in nodes_of(node, "BooleanTest"):
+        if test.get("booltesttype") in ("IS_UNKNOWN", "IS_NOT_UNKNOWN"):
+            _check_unknown_test(test, relation)
+
+
+def _check_unknown_test(test: dict[str, Any], relation: Relation) -> None:
+    written = "IS NOT UNKNOWN" if test["booltesttype"] == "IS_NOT_UNKNOWN" else "IS UNKNOWN"
+    fields = test["arg"].get("ColumnRef", {}).get("fields", [])
+    column = relation.columns.get(fields[-1]["String"]["sval"]) if fields and "String" in fields[-1] else None
+    if column is not None and BOOL in (column.type_oid, column.base_type_oid):
+        return
+    hint = (f"dpproxy's DP planner reads x {written} as x {written.replace('UNKNOWN', 'NULL')}, PostgreSQL only "
+            f"for a boolean x; write {written.replace('UNKNOWN', 'NULL')}.")
+    if column is not None:
+        raise Refusal("42804", f"argument of {written} must be type boolean, not the type of column {column.name} "
+                      "(rule: is-unknown)", hint, "is-unknown")
+    raise Refusal(SQLSTATE.FEATURE_NOT_SUPPORTED, f"{written} of anything but a boolean column is not supported on "
+                  f"protected table {relation.display_name} (rule: is-unknown)", hint, "is-unknown")
+
+
+def refuse_dropped_precision(node: dict[str, Any], relation: Relation) -> None:
+    """Refuse (0A000, rule ``timestamp-precision``) a ``CURRENT_TIMESTAMP(n)`` in ``node`` (pglast JSON)."""
+    if any(call.get("op") == "SVFOP_CURRENT_TIMESTAMP_N" for call in nodes_of(node, "SQLValueFunction")):
+        raise Refusal(
+            SQLSTATE.FEATURE_NOT_SUPPORTED,
+            f"CURRENT_TIMESTAMP(n) is not supported on protected table {relation.display_name} "
+            "(rule: timestamp-precision)",
+            "dpproxy's DP planner would compare with CURRENT_TIMESTAMP, its precision dropped; write CURRENT_TIMESTAMP "
+            "or now(), or LOCALTIMESTAMP(n), which keeps its precision.",
+            "timestamp-precision",
+        )

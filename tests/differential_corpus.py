@@ -1,0 +1,127 @@
+"""The statements the parse differential reads (tests/parse_differential.py): the suite's
+corpora of DP statements, and lexical variants of them.
+
+The corpora are the neighbour fuzzer's generator (tests/neighbour_cases.py) with a fixed seed,
+the recorded Superset statements (tests/bi_statements.py) and every SQL string literal on the
+``adult`` table in the refusal and parsing test files. Most of the last are refused; the
+differential reads only those dpproxy answers.
+
+A variant respells one token of a statement (a constant, a keyword, a name, the space between
+two tokens) in a form PostgreSQL may read the same or differently: each variant is kept as it
+is, and the differential compares what PostgreSQL reads in it with what dpproxy runs for it.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import re
+from pathlib import Path
+from typing import Callable, Iterator
+
+from pglast.parser import ParseError, scan
+
+__all__ = ["ATTACK_FILES", "adult_statements", "variants"]
+
+_TESTS = Path(__file__).parent
+ATTACK_FILES = ("test_refusals.py", "test_attack_parsing.py", "test_attacks.py", "test_query_shapes.py",
+                "test_dp_count_sum.py", "test_dp_avg_min_max_mode.py", "test_predicate_terms.py",
+                "test_conditional_aggregates.py")
+_ON_ADULT = re.compile(r"^\s*SELECT\b.*\bFROM\s+adult\b", re.IGNORECASE | re.DOTALL)
+
+
+def adult_statements() -> list[str]:
+    """Every string literal of :data:`ATTACK_FILES` that is a SELECT on ``adult``, in file order."""
+    found: dict[str, None] = {}
+    for name in ATTACK_FILES:
+        for node in ast.walk(ast.parse((_TESTS / name).read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and _ON_ADULT.match(node.value):
+                found.setdefault(node.value, None)
+    return list(found)
+
+
+def _integer(text: str, rng: random.Random) -> str:
+    if not text.isdigit():  # 0x28, 1_000: respelled already
+        return text
+    value = int(text)
+    return rng.choice([f"{value}.", f"{value}.0", f"{value}e0", f"0{value}", f"+{value}", f"{value}::int",
+                       hex(value), f"{bin(value)}", f"{oct(value)}",
+                       f"{value // 10 or ''}_{value % 10}" if value >= 10 else f"{value}", f"'{value}'",
+                       f"({value})", f"int '{value}'", f"{value}::numeric", f"-(-{value})", f"{value} "])
+
+
+def _float(text: str, rng: random.Random) -> str:
+    return rng.choice([f"{text}0", f"{text}e0", f"0{text}", f"+{text}", f"({text})", f"'{text}'",
+                       f"{text}::numeric", f"{text}::float8", f"{text}E+00"])
+
+
+def _string(text: str, rng: random.Random) -> str:
+    body = text[1:-1] if text.startswith("'") else None
+    if body is None or "\\" in body:
+        return text
+    value = body.replace("''", "'")
+    escaped = "".join(f"\\x{ord(c):02x}" if c.isascii() else c for c in value)
+    unicode = "".join(f"\\{ord(c):04x}" for c in value)
+    choices = [f"E'{escaped}'", f"U&'{unicode}'", f"U&'{unicode.replace(chr(92), '!')}' UESCAPE '!'",
+               f"$${value}$$" if "$" not in value else text, f"$q${value}$q$" if "$" not in value else text,
+               f"E'{body}'", f"'{body}'::text", f"text '{body}'", f"'{body}' ", f"'{body}'\n''",
+               f"'{body[:1]}'\n'{body[1:]}'", f"'{body[:1]}' '{body[1:]}'", f"B'{body}'", f"'{body}' COLLATE \"C\""]
+    return rng.choice(choices)
+
+
+def _identifier(text: str, rng: random.Random) -> str:
+    if text.startswith('"') or not text.isidentifier():
+        return text
+    unicode = "".join(f"\\{ord(c):04x}" for c in text.lower())
+    return rng.choice([f'"{text.lower()}"', text.upper(), f'U&"{unicode}"', f'"{text}"',
+                       f"adult.{text}" if text.lower() not in ("adult", "count", "sum", "avg") else text])
+
+
+_GAPS = [" /* a */ ", " /* /* nested */ */ ", " -- c\n", "\n", "\t", "  "]
+_RESPELLED: dict[str, Callable[[str, random.Random], str]] = {
+    "ICONST": _integer, "FCONST": _float, "SCONST": _string, "IDENT": _identifier,
+}
+_OPERATORS = {"=": ["OPERATOR(pg_catalog.=)", "==", "= ="], "<>": ["!=", "OPERATOR(pg_catalog.<>)"],
+              "!=": ["<>", "! ="], ">": ["OPERATOR(pg_catalog.>)", "> "], ">=": ["> =", "=>"],
+              "<=": ["< =", "=<"], "<": ["OPERATOR(pg_catalog.<)"]}
+_KEYWORDS = {"AND": ["&&", "and"], "OR": ["||", "or"], "NOT": ["!", "not"], "LIKE": ["~~", "like"],
+             "ILIKE": ["~~*"], "IS": ["is"], "BETWEEN": ["BETWEEN SYMMETRIC"], "IN": ["= ANY"],
+             "NULL": ["null", "NULL::text", "UNKNOWN"], "TRUE": ["'t'", "true", "UNKNOWN"], "FALSE": ["'f'", "UNKNOWN"],
+             "INTERVAL": ["INTERVAL(6)", "interval"], "CURRENT_TIMESTAMP": ["CURRENT_TIMESTAMP(6)", "now()"],
+             "LOCALTIMESTAMP": ["LOCALTIMESTAMP(6)"], "CURRENT_DATE": ["current_date"]}
+
+
+def _respelled(sql: str, start: int, end: int, name: str, rng: random.Random) -> str | None:
+    text = sql[start:end]
+    if name in _RESPELLED:
+        return _RESPELLED[name](text, rng)
+    if text in _OPERATORS:
+        return rng.choice(_OPERATORS[text])
+    if text.upper() in _KEYWORDS:
+        return rng.choice(_KEYWORDS[text.upper()])
+    return None
+
+
+def variants(sql: str, rng: random.Random, count: int) -> Iterator[str]:
+    """Up to ``count`` variants of ``sql``, each with one token respelled or one gap widened."""
+    try:
+        tokens = [(token.start, token.end + 1, token.name) for token in scan(sql)]
+    except ParseError:
+        return
+    if not tokens:
+        return
+    seen = {sql}
+    for _ in range(count * 3):
+        start, end, name = rng.choice(tokens)
+        if rng.random() < 0.2:
+            variant = sql[:end] + rng.choice(_GAPS) + sql[end:].lstrip()
+        else:
+            spelled = _respelled(sql, start, end, name, rng)
+            if spelled is None:
+                continue
+            variant = sql[:start] + spelled + sql[end:]
+        if variant not in seen:
+            seen.add(variant)
+            yield variant
+            if len(seen) > count:
+                return

@@ -1,0 +1,267 @@
+"""A parse differential: what PostgreSQL reads in an accepted DP statement against what it reads
+in the backend SQL dpproxy wrote for it (docs/threat-model.md, "The parse differential").
+
+dpproxy classifies a statement by pglast's tree (PostgreSQL's own parser) but plans and renders
+its backend SQL from sqlglot's. Where the two parsers read the statement differently, the
+analyst is answered for a statement PostgreSQL does not mean. This module reads both texts with
+pglast and compares, per statement:
+
+* the columns it names (the last name of each column reference);
+* each condition of a WHERE or FILTER, in a canonical form that keeps its boolean structure
+  (AND/OR/NOT nesting, IS tests), its operators by name, its functions by name and each
+  constant's *value* as PostgreSQL reads it (escapes, dollar quotes, numeric forms, bit
+  strings): each top-level conjunct must appear, as it is, among the conditions of the backend
+  SQL.
+
+The canonical form forgets only what the rewriter adds on purpose and PostgreSQL reads as the
+same: ``pg_catalog.`` before a function or operator, ``CAST(c AS numeric)`` around a numeric
+constant, and the text bound's ``CASE WHEN <size test> THEN col END`` around a column
+(:mod:`rewriter.text_bounds`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Sequence
+
+from pglast.parser import parse_sql_json
+
+from rewriter.function_check import nodes_of
+
+__all__ = ["Divergence", "alike", "canonical", "conditions", "divergences", "read_columns"]
+
+Canon = Any  # a nested tuple of str, int, Decimal and bool
+
+# now() and its synonyms, which sqlglot writes as CURRENT_TIMESTAMP
+_NOW = {"now", "transaction_timestamp"}
+# Functions whose first argument is a field name PostgreSQL reads in any case
+_FIELD_FIRST = {"date_trunc", "date_part"}
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Something the statement reads that its backend SQL does not read alike."""
+
+    what: str  # "column" or "condition"
+    read: str  # as PostgreSQL reads it in the statement
+
+    def __str__(self) -> str:
+        return f"{self.what} {self.read} is not read alike in the backend SQL"
+
+
+def _tree(sql: str) -> dict[str, Any]:
+    return dict(json.loads(parse_sql_json(sql))["stmts"][0]["stmt"])
+
+
+def read_columns(tree: dict[str, Any]) -> frozenset[str]:
+    """The last name of every column reference of ``tree`` (``*`` left out)."""
+    return frozenset(ref["fields"][-1]["String"]["sval"] for ref in nodes_of(tree, "ColumnRef") if "String" in ref["fields"][-1])
+
+
+def _conditions(tree: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every WHERE and FILTER expression of ``tree``."""
+    return ([select["whereClause"] for select in nodes_of(tree, "SelectStmt") if "whereClause" in select]
+            + [call["agg_filter"] for call in nodes_of(tree, "FuncCall") if "agg_filter" in call])
+
+
+def _name(parts: list[dict[str, Any]]) -> str:
+    return str(parts[-1]["String"]["sval"])
+
+
+def _constant(value: dict[str, Any]) -> Canon:
+    if value.get("isnull"):
+        return ("null",)
+    for field in ("ival", "fval"):
+        if field in value:
+            return ("number", str(Decimal(str(value[field].get(field, 0))).normalize()))
+    if "sval" in value:
+        return ("string", value["sval"].get("sval", ""))
+    if "bsval" in value:
+        return ("bits", value["bsval"]["bsval"])
+    if "boolval" in value:
+        return ("boolean", bool(value["boolval"].get("boolval", False)))
+    return ("constant", json.dumps(value, sort_keys=True))
+
+
+def canonical(node: Any) -> Canon:
+    """``node`` (pglast JSON) with locations, ``pg_catalog.`` and the rewriter's own wrappings left out."""
+    if isinstance(node, list):
+        return tuple(canonical(item) for item in node)
+    if not isinstance(node, dict):
+        return node
+    if len(node) != 1:
+        return tuple(sorted((key, canonical(value)) for key, value in node.items() if key != "location"))
+    (kind, value), = node.items()
+    if kind == "ColumnRef":
+        last = value["fields"][-1]
+        return ("column", last["String"]["sval"] if "String" in last else "*")
+    if kind == "A_Const":
+        return _constant(value)
+    if kind == "TypeCast":
+        cast = ("cast", _name(value["typeName"]["names"]), canonical(value["arg"]))
+        if cast[1] == "interval" and cast[2][0] == "string":  # PostgreSQL reads '1 day' as '1 DAY'
+            return ("cast", "interval", ("string", cast[2][1].lower()))
+        return cast
+    if kind == "CaseExpr" and not value.get("defresult") and len(value.get("args", [])) == 1:
+        result = value["args"][0]["CaseWhen"]["result"]
+        if "ColumnRef" in result:  # the text bound's CASE WHEN <its size is small> THEN col END
+            return canonical(result)
+    if kind == "A_Expr":
+        return _expression(value)
+    if kind == "NullTest" and value["nulltesttype"] == "IS_NOT_NULL":  # written NOT (x IS NULL)
+        return ("bool", "NOT_EXPR", (("null test", "IS_NULL", canonical(value["arg"])),))
+    if kind == "BooleanTest" and value["booltesttype"].startswith("IS_NOT_"):  # written NOT (x IS ...)
+        test = value["booltesttype"].replace("IS_NOT_", "IS_")
+        return ("bool", "NOT_EXPR", (("boolean test", test, canonical(value["arg"])),))
+    if kind == "BooleanTest":
+        return ("boolean test", value["booltesttype"], canonical(value["arg"]))
+    if kind == "NullTest":
+        return ("null test", "IS_NULL", canonical(value["arg"]))
+    if kind == "FuncCall":
+        if _name(value["funcname"]) in _NOW and not value.get("args"):
+            return ("SQLValueFunction", "SVFOP_CURRENT_TIMESTAMP")
+        if _name(value["funcname"]) == "mod" and len(value.get("args", [])) == 2:  # mod(a, b) is a % b
+            return ("expr", "AEXPR_OP", "%", *(canonical(arg) for arg in value["args"]))
+        rest = {key: item for key, item in value.items() if key not in ("funcname", "location", "funcformat")}
+        if _name(value["funcname"]) in _FIELD_FIRST and value.get("args") and "sval" in value["args"][0].get("A_Const", {}):
+            field = value["args"][0]["A_Const"]["sval"]["sval"].lower()  # date_trunc('MONTH', x) is date_trunc('month', x)
+            return ("call", _name(value["funcname"]), ("args", (("string", field), *map(canonical, value["args"][1:]))))
+        return ("call", _name(value["funcname"]), canonical(rest))
+    if kind == "BoolExpr":
+        op, args = value["boolop"], [canonical(arg) for arg in value["args"]]
+        flat: list[Canon] = []
+        for arg in args:  # (a AND b) AND c is a AND b AND c
+            flat.extend(arg[2] if op != "NOT_EXPR" and arg[:2] == ("bool", op) else [arg])
+        return flat[0] if len(flat) == 1 and op != "NOT_EXPR" else ("bool", op, tuple(flat))
+    if kind == "SQLValueFunction":
+        return ("SQLValueFunction", value["op"])
+    return (kind, canonical(value))
+
+
+def _compare(symbol: str, left: Canon, right: Canon) -> Canon:
+    return ("expr", "AEXPR_OP", symbol, left, right)
+
+
+def _expression(value: dict[str, Any]) -> Canon:
+    """An ``A_Expr``, with the forms PostgreSQL defines by others written as those:
+    ``x BETWEEN a AND b`` is ``x >= a AND x <= b``, ``x IN (a, b)`` is ``x = a OR x = b``,
+    ``NOT`` of each is ``NOT`` of that, ``LIKE`` is ``~~``, ``+c`` is ``c`` and ``-c`` the number -c."""
+    kind, symbol = value["kind"], _name(value["name"])
+    left, right = canonical(value.get("lexpr")), canonical(value.get("rexpr"))
+    if isinstance(value.get("rexpr"), dict) and "List" in value["rexpr"]:
+        right = tuple(canonical(item) for item in value["rexpr"]["List"]["items"])
+    if kind in ("AEXPR_BETWEEN", "AEXPR_NOT_BETWEEN"):
+        low, high = right
+        between = ("bool", "AND_EXPR", (_compare(">=", left, low), _compare("<=", left, high)))
+        return between if kind == "AEXPR_BETWEEN" else ("bool", "NOT_EXPR", (between,))
+    if kind == "AEXPR_IN":
+        items = tuple(_compare("=", left, item) for item in right)
+        within = items[0] if len(items) == 1 else ("bool", "OR_EXPR", items)
+        return within if symbol == "=" else ("bool", "NOT_EXPR", (within,))
+    if kind in ("AEXPR_LIKE", "AEXPR_ILIKE"):
+        kind = "AEXPR_OP"
+    if kind == "AEXPR_OP" and symbol == "+" and left is None and right[:1] == ("number",):
+        return right
+    if kind == "AEXPR_OP" and symbol == "-" and left is None and right[:1] == ("number",):  # -(+40) is -40
+        return ("number", str(-Decimal(right[1])))
+    return ("expr", kind, symbol, left, right)
+
+
+def conditions(tree: dict[str, Any]) -> set[Canon]:
+    """The canonical form of every subexpression of ``tree``'s WHERE and FILTER clauses."""
+    found: set[Canon] = set()
+
+    def add(item: Canon) -> None:
+        found.add(item)
+        if isinstance(item, tuple):
+            for part in item:
+                if isinstance(part, tuple):
+                    add(part)
+
+    for condition in _conditions(tree):
+        add(canonical(condition))
+    return found
+
+
+def _value(item: Canon) -> Decimal | None:
+    """A number, or a string PostgreSQL's numeric input reads as one ('Infinity', ' 5 ')."""
+    if item[0] == "number":
+        return Decimal(item[1])
+    try:
+        return Decimal(item[1].strip()) if item[0] == "string" else None
+    except ArithmeticError:
+        return None
+
+
+def alike(asked: Canon, ran: Canon) -> bool:
+    """Whether ``ran`` (a node of the backend SQL) reads as ``asked`` (one of the statement's).
+
+    A cast in ``ran`` where ``asked`` has none is one the rewriter adds to compare a column with
+    a value of its own type (:mod:`rewriter.constants`, :mod:`rewriter.predicates`): the value
+    under it must read alike. A number and a string PostgreSQL reads as that number are alike.
+    """
+    if asked == ran:
+        return True
+    if not (isinstance(asked, tuple) and isinstance(ran, tuple)) or not asked or not ran:
+        return False
+    if ran[0] == "cast" and not (asked[0] == "cast" and asked[1] == ran[1]):
+        return alike(asked, ran[2])
+    if asked[0] in ("number", "string") and ran[0] in ("number", "string"):
+        left, right = _value(asked), _value(ran)
+        return left is not None and right is not None and (left == right or (left.is_nan() and right.is_nan()))
+    return len(asked) == len(ran) and all(alike(a, r) for a, r in zip(asked, ran))
+
+
+def _aliases(tree: dict[str, Any]) -> dict[str, str]:
+    """Each output name of a derived table or CTE that is a column of the level below, to that
+    column (followed down: ``SELECT a FROM (SELECT age AS a ...)`` reads ``age``)."""
+    names: dict[str, str] = {}
+    for target in nodes_of(tree, "ResTarget"):
+        if target.get("name") and "ColumnRef" in target.get("val", {}):
+            fields = target["val"]["ColumnRef"]["fields"]
+            if "String" in fields[-1] and fields[-1]["String"]["sval"] != target["name"]:
+                names[target["name"]] = fields[-1]["String"]["sval"]
+    for name in list(names):
+        seen = {name}
+        while names[name] in names and names[name] not in seen:
+            seen.add(names[name])
+            names[name] = names[names[name]]
+    return names
+
+
+def _renamed(item: Canon, names: dict[str, str], tests: dict[Canon, Canon]) -> Canon:
+    """``item`` with each alias of ``names`` read as its column, then each node of ``tests`` as its value."""
+    if isinstance(item, tuple) and len(item) == 2 and item[0] == "column" and item[1] in names:
+        return ("column", names[item[1]])
+    if not isinstance(item, tuple):
+        return item
+    renamed = tuple(_renamed(part, names, tests) for part in item)
+    return tests.get(renamed, renamed)
+
+
+def _conjuncts(condition: Canon) -> tuple[Canon, ...]:
+    return condition[2] if condition[:2] == ("bool", "AND_EXPR") else (condition,)
+
+
+def divergences(statement: str, backends: Sequence[str], table_columns: frozenset[str],
+                boolean_columns: frozenset[str] = frozenset()) -> list[Divergence]:
+    """What ``statement`` reads that ``backends``, the SQL dpproxy wrote for it (a series limit's
+    ranking has a statement of its own), do not read alike.
+
+    ``table_columns`` are the protected table's: the backend may read fewer of them than the
+    statement names (a projection it does not need), never one the statement does not name. Of a
+    column of ``boolean_columns``, ``IS UNKNOWN`` is read as ``IS NULL``, which it means."""
+    asked, ran = _tree(statement), [_tree(backend) for backend in backends]
+    extra = frozenset().union(*(read_columns(tree) for tree in ran)) & table_columns - read_columns(asked)
+    found = [Divergence("column", name) for name in sorted(extra)]
+    backend_conditions = set().union(*(conditions(tree) for tree in ran))
+    names = _aliases(asked)
+    unknown = {("boolean test", "IS_UNKNOWN", ("column", name)): ("null test", "IS_NULL", ("column", name))
+               for name in boolean_columns}
+    for condition in _conditions(asked):
+        for conjunct in _conjuncts(_renamed(canonical(condition), names, unknown)):
+            if conjunct not in backend_conditions and not any(alike(conjunct, c) for c in backend_conditions):
+                found.append(Divergence("condition", repr(conjunct)))
+    return found
