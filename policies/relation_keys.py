@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import re
 
+from .sql_names import quote_identifier
+
 __all__ = ["QUOTED_FORM", "key_parts", "policy_key"]
 
 QUOTED_FORM = 'each part in double quotes, as SQL writes it: \'"Sales"."Order.Items"\' (a "" for a quote inside one)'
@@ -41,4 +43,4 @@ def policy_key(schema: str, table: str) -> str:
     """The key naming ``schema.table``: plain where a dot or quote in it cannot mislead, else quoted."""
     if not any(mark in part for part in (schema, table) for mark in '."'):
         return f"{schema}.{table}"
-    return ".".join('"' + part.replace('"', '""') + '"' for part in (schema, table))
+    return ".".join(quote_identifier(part) for part in (schema, table))

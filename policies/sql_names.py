@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["QUOTED_KEYWORDS", "quote_ident"]
+__all__ = ["QUOTED_KEYWORDS", "quote_ident", "quote_identifier"]
 
 # PostgreSQL's src/include/parser/kwlist.h: every keyword not marked UNRESERVED_KEYWORD.
 QUOTED_KEYWORDS = frozenset("""
@@ -40,4 +40,9 @@ def quote_ident(name: str) -> str:
     """``name`` as ``quote_ident(name)`` returns it: bare if SQL reads it back unchanged, else quoted."""
     if _BARE.fullmatch(name) and name not in QUOTED_KEYWORDS:
         return name
-    return '"' + name.replace('"', '""') + '"'
+    return quote_identifier(name)
+
+
+def quote_identifier(identifier: str) -> str:
+    """``identifier`` as a quoted SQL name: case and any character kept exactly."""
+    return '"' + identifier.replace('"', '""') + '"'

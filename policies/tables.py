@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Mapping, NamedTuple
 
 from .model import Access, ColumnPolicy, TablePolicy
-from .sql_names import quote_ident
+from .sql_names import quote_ident, quote_identifier
 
 __all__ = ["ColumnFacts", "ColumnInfo", "Definition", "Relation", "TableRegistry", "quote_identifier"]
 
@@ -137,11 +137,6 @@ class Relation:
         ``analytics.events``, ``"Sales"."Order.Items"``), the ``public`` schema left out."""
         table = quote_ident(self.name)
         return table if self.schema == "public" else f"{quote_ident(self.schema)}.{table}"
-
-
-def quote_identifier(identifier: str) -> str:
-    """``identifier`` as a quoted SQL name: case and any character kept exactly."""
-    return '"' + identifier.replace('"', '""') + '"'
 
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: a reload makes a new one
