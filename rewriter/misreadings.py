@@ -19,6 +19,12 @@ at precision p. It is found by the scanner too (``INTERVAL`` then ``(``) and ref
 boolean ``x``; for any other, PostgreSQL fails the statement (42804) whatever the rows, and dpproxy
 answered it. It is let through on a boolean column of the table only.
 
+``interval 'a' + 'b'``: sqlglot reads the string after ``+`` as one more interval, and a cast after it
+as a cast of the sum: ``interval '1 day' + '2023-01-01'::date`` was run as ``CAST(interval '1 day' +
+interval '2023-01-01' AS date)``, which fails (22007) where PostgreSQL adds a day to a date, and
+``interval '1 day' + '5' * 2`` as ``interval '1 day' + interval '5' * 2``, answered where PostgreSQL
+fails (42883). It is found by the scanner (``INTERVAL``, its value and fields, ``+``, a string) and refused.
+
 ``CURRENT_TIMESTAMP(n)``: sqlglot keeps the precision but writes the call back as
 ``CURRENT_TIMESTAMP``, so ``ts > CURRENT_TIMESTAMP(0)`` was answered as ``ts > CURRENT_TIMESTAMP``,
 which selects other rows whenever the clock is not on a whole second.
@@ -28,7 +34,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, Sequence
 
 from pglast.parser import ParseError, scan
 
@@ -57,7 +63,8 @@ def _decimal(text: str) -> str:
 
 def refuse_misread_tokens(sql: str, relation: Relation) -> None:
     """Refuse a number of ``sql`` written with a ``0x``/``0o``/``0b`` prefix or a ``_`` between digits
-    (0A000, rule ``number-form``) and ``interval(p) '...'`` (0A000, rule ``interval-precision``);
+    (0A000, rule ``number-form``), ``interval(p) '...'`` (0A000, rule ``interval-precision``) and
+    ``interval '...' + '...'`` (0A000, rule ``interval-sum``);
     ``relation`` is the protected table it reads."""
     try:
         tokens = scan(sql)
@@ -74,6 +81,15 @@ def refuse_misread_tokens(sql: str, relation: Relation) -> None:
                     f"Write it in decimal: {_decimal(text)}.",
                     "number-form",
                 )
+        elif token.name == "INTERVAL" and _string_added(sql, tokens, index + 1):
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                f"interval '...' + '...' is not supported on protected table {relation.display_name} "
+                "(rule: interval-sum)",
+                "dpproxy's DP planner reads interval 'a' + 'b' as interval 'a' + interval 'b', also where 'b' is cast "
+                "to another type after; write the type before the value: interval '1 day' + date '2023-01-01'.",
+                "interval-sum",
+            )
         elif token.name == "INTERVAL" and index + 1 < len(tokens) and sql[tokens[index + 1].start] == "(":
             raise Refusal(
                 SQLSTATE.FEATURE_NOT_SUPPORTED,
@@ -82,6 +98,22 @@ def refuse_misread_tokens(sql: str, relation: Relation) -> None:
                 "dpproxy's DP planner reads interval(p) 'v' as interval 'p' + interval 'v'; write interval 'v'.",
                 "interval-precision",
             )
+
+
+# The words that may follow an interval literal's value: its fields (interval '1' day to second(3))
+_INTERVAL_FIELDS = frozenset({"YEAR_P", "MONTH_P", "DAY_P", "HOUR_P", "MINUTE_P", "SECOND_P", "TO", "ICONST",
+                              "ASCII_40", "ASCII_41"})
+
+
+def _string_added(sql: str, tokens: Sequence[Any], index: int) -> bool:
+    """Whether ``tokens[index:]`` is an interval literal's value (and fields) followed by ``+`` and a string."""
+    if index >= len(tokens) or tokens[index].name not in ("SCONST", "USCONST"):
+        return False
+    index += 1
+    while index < len(tokens) and tokens[index].name in _INTERVAL_FIELDS:
+        index += 1
+    return (index + 1 < len(tokens) and sql[tokens[index].start : tokens[index].end + 1] == "+"
+            and tokens[index + 1].name in ("SCONST", "USCONST"))
 
 
 def refuse_is_unknown(node: dict[str, Any], relation: Relation) -> None:

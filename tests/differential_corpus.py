@@ -2,8 +2,8 @@
 corpora of DP statements, and lexical variants of them.
 
 The corpora are the neighbour fuzzer's generator (tests/neighbour_cases.py) with a fixed seed,
-the recorded Superset statements (tests/bi_statements.py) and every SQL string literal on the
-``adult`` table in the refusal and parsing test files. Most of the last are refused; the
+the recorded Superset statements (tests/bi_statements.py), every SQL string literal on the
+``adult`` table in the refusal and parsing test files, and :data:`CONSTANT_STATEMENTS`. Most of the last are refused; the
 differential reads only those dpproxy answers.
 
 A variant respells one token of a statement (a constant, a keyword, a name, the space between
@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 
 from pglast.parser import ParseError, scan
 
-__all__ = ["ATTACK_FILES", "adult_statements", "variants"]
+__all__ = ["ATTACK_FILES", "CONSTANT_STATEMENTS", "adult_statements", "variants"]
 
 _TESTS = Path(__file__).parent
 ATTACK_FILES = ("test_refusals.py", "test_attack_parsing.py", "test_attacks.py", "test_query_shapes.py",
@@ -38,6 +38,38 @@ def adult_statements() -> list[str]:
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and _ON_ADULT.match(node.value):
                 found.setdefault(node.value, None)
     return list(found)
+
+
+# Constant expressions whose value PostgreSQL's reading decides: precedence (unary minus binds before
+# ^, ^ is left-associative, OPERATOR() forms have one precedence), integer division, casts that round
+# or fail, date and interval arithmetic, time zones, the session's DateStyle and IntervalStyle.
+CONSTANT_STATEMENTS = tuple(f"SELECT count(*) FROM {table} WHERE {column} {condition}" for table, column, condition in [
+    ("adult", "age", "> -2^2 + 30"), ("adult", "age", "> 2^3^2 / 16"), ("adult", "age", "> 10 % 3 * 2 + 30"),
+    ("adult", "age", "> 40 + 7 % 3"), ("adult", "age", "> 10 - 3 * 2 + 30"), ("adult", "age", "> 100 / 10 / 2 + 30"),
+    ("adult", "age", "> -(1 + 2) * -13"), ("adult", "age", "> 5 - - 35"), ("adult", "age", "> 81 / 2"),
+    ("adult", "age", "> 81 / 2.0"), ("adult", "age", "> CAST('1e3' AS int)"), ("adult", "age", "> TRUE::int + 39"),
+    ("adult", "age", "> 40.5::int"), ("adult", "age", "> mod(-7, 3) + 40"), ("adult", "age", "> round(40.5)"),
+    ("adult", "age", "> trunc(40.57, 1)"), ("adult", "age", "> 0.1::float4 * 400"),
+    ("adult", "hours_per_week", "> 10::float8 / 3"), ("adult", "age", "> '40'::int + '2'"),
+    ("adult", "sex", "= 'Ma' || 'le'"), ("adult", "age", "> 1e400 - 1e400"),
+    ("people", "signed_up", "> interval(3) '1' + date '2024-01-01'"),
+    ("people", "signed_up", "> now() - '1 day'::interval * 2"), ("people", "signed_up", "> date '2024-01-01' + 1"),
+    ("people", "signed_up", "> timestamptz '2024-06-01 00:00:00+05:30'"),
+    ("people", "signed_up", "> timestamp '2024-06-01 00:00:00+05:30'"),
+    ("people", "signed_up", "> '2024-01-01 10:00' AT TIME ZONE 'UTC'"),
+    ("people", "signed_up", "> now() AT TIME ZONE 'Asia/Kolkata' - interval '500 days'"),
+    ("people", "signed_up", "> date '01/02/2024' + 0"), ("people", "signed_up", "> '01/02/2024'::date - 1"),
+    ("people", "signed_up", "> timestamp '2024-01-01' - interval '-1 2:00:00'"),
+    ("people", "signed_up", "> now() - interval '1:30' hour to minute"),
+    ("people", "signed_up", "> localtimestamp - interval 'P1Y2M'"),
+    ("people", "signed_up", "> timestamp 'epoch' + 1700000000 * interval '1 second'"),
+    ("people", "signed_up", "> date_trunc('month', now()) - interval '13 months'"),
+    ("people", "signed_up", "> make_date(2024, 1, 1) - 30"),
+    ("people", "signed_up", "< to_timestamp('2024-01-01', 'YYYY-MM-DD')"),
+    ("people", "signed_up", "> interval '1 day' + '2023-06-01'::date"),
+    ("people", "signed_up", "< interval '1 day' + '5' * 2"),
+    ("people", "signed_up", "> extract(epoch from now()) * interval '0 s' + '2024-01-01'::date"),
+])
 
 
 def _integer(text: str, rng: random.Random) -> str:

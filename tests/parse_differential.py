@@ -24,15 +24,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from pglast.parser import parse_sql_json
 
 from rewriter.function_check import nodes_of
+from tests.constant_values import is_constant, sql_of
 
 __all__ = ["Divergence", "alike", "canonical", "conditions", "divergences", "read_columns"]
 
 Canon = Any  # a nested tuple of str, int, Decimal and bool
+# Whether two constant expressions (their SQL) evaluate alike on PostgreSQL (tests.constant_values)
+Same = Callable[[str, str], bool]
 
 # now() and its synonyms, which sqlglot writes as CURRENT_TIMESTAMP
 _NOW = {"now", "transaction_timestamp"}
@@ -86,11 +89,20 @@ def _constant(value: dict[str, Any]) -> Canon:
 
 
 def canonical(node: Any) -> Canon:
-    """``node`` (pglast JSON) with locations, ``pg_catalog.`` and the rewriter's own wrappings left out."""
+    """``node`` (pglast JSON) with locations, ``pg_catalog.`` and the rewriter's own wrappings left out.
+
+    A constant expression (:func:`tests.constant_values.is_constant`) other than a bare literal is
+    ``("value", its SQL, its canonical form)``: :func:`alike` evaluates it where the forms differ."""
     if isinstance(node, list):
         return tuple(canonical(item) for item in node)
     if not isinstance(node, dict):
         return node
+    if is_constant(node):
+        return ("value", sql_of(node), _canonical(node))
+    return _canonical(node)
+
+
+def _canonical(node: dict[str, Any]) -> Canon:
     if len(node) != 1:
         return tuple(sorted((key, canonical(value)) for key, value in node.items() if key != "location"))
     (kind, value), = node.items()
@@ -195,23 +207,46 @@ def _value(item: Canon) -> Decimal | None:
         return None
 
 
-def alike(asked: Canon, ran: Canon) -> bool:
+def _literal(item: Canon) -> str | None:
+    """The SQL of a constant's canonical form: a value's own, a literal's written back, else None."""
+    if item[0] == "value":
+        return str(item[1])
+    if item[0] == "number":
+        return str(item[1])
+    if item[0] == "string":
+        return "'" + str(item[1]).replace("'", "''") + "'"
+    if item[0] == "bits":
+        return f"{item[1][0].upper()}'{item[1][1:]}'"
+    if item[0] == "boolean":
+        return "TRUE" if item[1] else "FALSE"
+    return "NULL" if item == ("null",) else None
+
+
+def alike(asked: Canon, ran: Canon, same: Same | None = None) -> bool:
     """Whether ``ran`` (a node of the backend SQL) reads as ``asked`` (one of the statement's).
 
     A cast in ``ran`` where ``asked`` has none is one the rewriter adds to compare a column with
     a value of its own type (:mod:`rewriter.constants`, :mod:`rewriter.predicates`): the value
     under it must read alike. A number and a string PostgreSQL reads as that number are alike.
+    A constant expression on either side whose form differs is alike where ``same`` evaluates
+    the two alike on PostgreSQL (without ``same``, only by form).
     """
     if asked == ran:
         return True
     if not (isinstance(asked, tuple) and isinstance(ran, tuple)) or not asked or not ran:
         return False
+    if asked[0] == "value" or ran[0] == "value":
+        if alike(asked[2] if asked[0] == "value" else asked, ran[2] if ran[0] == "value" else ran, same):
+            return True
+        left, right = _literal(asked), _literal(ran)
+        return same is not None and left is not None and right is not None and same(left, right)
     if ran[0] == "cast" and not (asked[0] == "cast" and asked[1] == ran[1]):
-        return alike(asked, ran[2])
+        return alike(asked, ran[2], same)
     if asked[0] in ("number", "string") and ran[0] in ("number", "string"):
-        left, right = _value(asked), _value(ran)
-        return left is not None and right is not None and (left == right or (left.is_nan() and right.is_nan()))
-    return len(asked) == len(ran) and all(alike(a, r) for a, r in zip(asked, ran))
+        left_value, right_value = _value(asked), _value(ran)
+        return (left_value is not None and right_value is not None
+                and (left_value == right_value or (left_value.is_nan() and right_value.is_nan())))
+    return len(asked) == len(ran) and all(alike(a, r, same) for a, r in zip(asked, ran))
 
 
 def _aliases(tree: dict[str, Any]) -> dict[str, str]:
@@ -246,13 +281,14 @@ def _conjuncts(condition: Canon) -> tuple[Canon, ...]:
 
 
 def divergences(statement: str, backends: Sequence[str], table_columns: frozenset[str],
-                boolean_columns: frozenset[str] = frozenset()) -> list[Divergence]:
+                boolean_columns: frozenset[str] = frozenset(), same: Same | None = None) -> list[Divergence]:
     """What ``statement`` reads that ``backends``, the SQL dpproxy wrote for it (a series limit's
     ranking has a statement of its own), do not read alike.
 
     ``table_columns`` are the protected table's: the backend may read fewer of them than the
     statement names (a projection it does not need), never one the statement does not name. Of a
-    column of ``boolean_columns``, ``IS UNKNOWN`` is read as ``IS NULL``, which it means."""
+    column of ``boolean_columns``, ``IS UNKNOWN`` is read as ``IS NULL``, which it means. ``same``
+    evaluates constant expressions (:class:`tests.constant_values.ConstantEvaluator`)."""
     asked, ran = _tree(statement), [_tree(backend) for backend in backends]
     extra = frozenset().union(*(read_columns(tree) for tree in ran)) & table_columns - read_columns(asked)
     found = [Divergence("column", name) for name in sorted(extra)]
@@ -262,6 +298,6 @@ def divergences(statement: str, backends: Sequence[str], table_columns: frozense
                for name in boolean_columns}
     for condition in _conditions(asked):
         for conjunct in _conjuncts(_renamed(canonical(condition), names, unknown)):
-            if conjunct not in backend_conditions and not any(alike(conjunct, c) for c in backend_conditions):
+            if conjunct not in backend_conditions and not any(alike(conjunct, c, same) for c in backend_conditions):
                 found.append(Divergence("condition", repr(conjunct)))
     return found

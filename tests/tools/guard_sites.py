@@ -67,6 +67,7 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "types": ("tests/test_attack_extension_types.py", "tests/test_type_support.py"),
     "settings": ("tests/test_epsilon_setting_transactions.py", "tests/test_session_statements.py"),
     "variance": ("tests/test_variance.py",),
+    "misreadings": ("tests/test_parse_differential.py::test_an_interval_plus_a_string_is_refused_before_any_charge",),
     "post-values": ("tests/test_post_processing_values.py",),
 }
 
@@ -529,4 +530,7 @@ SITES: tuple[Site, ...] = (
          "variance"),
     Site("var.two-arguments", _D, "        if call.name.upper() in VARIANCE_FUNCTIONS:\n",
          "        if False:\n", "variance"),
+    # ------------------------------------------------------------------ rewriter/misreadings.py
+    Site("misread.interval-sum", "rewriter/misreadings.py",
+         'elif token.name == "INTERVAL" and _string_added(sql, tokens, index + 1):', "elif False:", "misreadings"),
 )
