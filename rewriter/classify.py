@@ -557,13 +557,22 @@ _MISREAD_OPERATORS = {"==": "WHERE col = 'x'", "<=>": "WHERE col IS NOT DISTINCT
 
 
 def _refuse_misread_operators(operators: frozenset[str], relation: Relation) -> None:
-    """Refuse, as PostgreSQL would (42883), an operator of :data:`_MISREAD_OPERATORS`."""
-    for symbol in sorted(operators & _MISREAD_OPERATORS.keys()):
+    """Refuse, as PostgreSQL would (42883), an operator of :data:`_MISREAD_OPERATORS`, and one whose
+    name ends in a sign: PostgreSQL's scanner keeps ``+``/``-`` in an operator that has one of
+    ``~!@#%^&|`?`` (``age !=-1`` is the operator ``!=-``, ``50 %-7`` is ``%-``), where sqlglot reads the
+    sign as the next number's (``age != -1``) and answered."""
+    for symbol in sorted(operators):
+        if symbol in _MISREAD_OPERATORS:
+            instead = f"PostgreSQL has no {symbol} operator of its own; write {_MISREAD_OPERATORS[symbol]}"
+        elif len(symbol) > 1 and symbol[-1] in "+-":
+            instead = (f"PostgreSQL reads {symbol} as one operator, which it does not have here; put a space "
+                       f"before the sign: {symbol[:-1]} {symbol[-1]}1")
+        else:
+            continue
         raise Refusal(
             "42883",
             f"operator does not exist: {symbol} (rule: undefined-operator)",
-            f"PostgreSQL has no {symbol} operator of its own; write {_MISREAD_OPERATORS[symbol]} "
-            f"on protected table {relation.display_name}.",
+            f"{instead} on protected table {relation.display_name}.",
             "undefined-operator",
         )
 

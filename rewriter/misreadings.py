@@ -32,11 +32,13 @@ which selects other rows whenever the clock is not on a whole second.
 
 from __future__ import annotations
 
+import json
 import re
 from decimal import Decimal, InvalidOperation
 from typing import Any, Sequence
 
-from pglast.parser import ParseError, scan
+from pglast.parser import ParseError, parse_sql_json, scan
+from sqlglot.expressions import INTERVAL_STRING_RE
 
 from policies.errors import SQLSTATE, Refusal
 from policies.tables import Relation
@@ -81,14 +83,24 @@ def refuse_misread_tokens(sql: str, relation: Relation) -> None:
                     f"Write it in decimal: {_decimal(text)}.",
                     "number-form",
                 )
-        elif token.name == "INTERVAL" and _string_added(sql, tokens, index + 1):
+        elif token.name == "INTERVAL" and _literal_added(sql, tokens, index + 1):
             raise Refusal(
                 SQLSTATE.FEATURE_NOT_SUPPORTED,
-                f"interval '...' + '...' is not supported on protected table {relation.display_name} "
+                f"interval '...' + a literal is not supported on protected table {relation.display_name} "
                 "(rule: interval-sum)",
-                "dpproxy's DP planner reads interval 'a' + 'b' as interval 'a' + interval 'b', also where 'b' is cast "
-                "to another type after; write the type before the value: interval '1 day' + date '2023-01-01'.",
+                "dpproxy's DP planner reads interval 'a' + 'b' (or + 2) as interval 'a' + interval 'b', also where 'b' "
+                "is cast to another type after; write the type before the value: interval '1 day' + date '2023-01-01'.",
                 "interval-sum",
+            )
+        elif token.name == "INTERVAL" and (value := _misread_interval(sql, tokens, index + 1)) is not None:
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                f"the interval literal {value!r} is not supported on protected table {relation.display_name} "
+                "(rule: interval-form)",
+                "dpproxy's DP planner reads an interval literal with one number and unit in it as that number and unit "
+                "alone (interval '1 day ago' as interval '1 day'), and interval 'v' <field> as interval 'v <field>'; "
+                "write '...'::interval (or interval '-1 day'; interval '2' day with a whole number).",
+                "interval-form",
             )
         elif token.name == "INTERVAL" and index + 1 < len(tokens) and sql[tokens[index + 1].start] == "(":
             raise Refusal(
@@ -100,20 +112,68 @@ def refuse_misread_tokens(sql: str, relation: Relation) -> None:
             )
 
 
-# The words that may follow an interval literal's value: its fields (interval '1' day to second(3))
-_INTERVAL_FIELDS = frozenset({"YEAR_P", "MONTH_P", "DAY_P", "HOUR_P", "MINUTE_P", "SECOND_P", "TO", "ICONST",
-                              "ASCII_40", "ASCII_41"})
+# The units an interval literal's value may be followed by (interval '1' day to second(3))
+_UNITS = frozenset({"YEAR_P", "MONTH_P", "DAY_P", "HOUR_P", "MINUTE_P", "SECOND_P"})
 
 
-def _string_added(sql: str, tokens: Sequence[Any], index: int) -> bool:
-    """Whether ``tokens[index:]`` is an interval literal's value (and fields) followed by ``+`` and a string."""
+def _fields_end(tokens: Sequence[Any], index: int) -> int:
+    """The index past the fields (``day``, ``hour to minute``, ``second(3)``) at ``tokens[index:]``."""
+    while index < len(tokens) and tokens[index].name in _UNITS:
+        index += 1
+        if tokens[index - 1].name == "SECOND_P" and index < len(tokens) and tokens[index].name == "ASCII_40":
+            index += 3  # second(p)
+        if index < len(tokens) and tokens[index].name == "TO":
+            index += 1
+    return min(index, len(tokens))
+
+
+def _literal_added(sql: str, tokens: Sequence[Any], index: int) -> bool:
+    """Whether ``tokens[index:]`` is an interval literal's value (and fields) followed by ``+`` (or by
+    nothing) and a string or a number, which sqlglot reads as one more interval."""
     if index >= len(tokens) or tokens[index].name not in ("SCONST", "USCONST"):
         return False
-    index += 1
-    while index < len(tokens) and tokens[index].name in _INTERVAL_FIELDS:
+    index = _fields_end(tokens, index + 1)
+    if index < len(tokens) and sql[tokens[index].start : tokens[index].end + 1] == "+":
         index += 1
-    return (index + 1 < len(tokens) and sql[tokens[index].start : tokens[index].end + 1] == "+"
-            and tokens[index + 1].name in ("SCONST", "USCONST"))
+    return index < len(tokens) and tokens[index].name in ("SCONST", "USCONST", "ICONST", "FCONST")
+
+
+def _misread_interval(sql: str, tokens: Sequence[Any], index: int) -> str | None:
+    """The value of the interval literal whose string is ``tokens[index]`` where sqlglot reads it
+    otherwise than PostgreSQL, else None.
+
+    sqlglot finds the number-unit pairs of the string (:data:`sqlglot.exp.INTERVAL_STRING_RE`); where it
+    finds one, it keeps that pair alone ('1 day ago' is '1 day', '1 day 10:00' is '1 day'). Fields after
+    the string restrict PostgreSQL's value to them (interval '1.5' day is 1 day) and are moved into the
+    string by sqlglot (interval '1.5 day', a day and a half): only a whole number before one field is
+    alike; a span (``hour to minute``) sqlglot keeps as written, unless the string has a unit of its own.
+    """
+    if index >= len(tokens) or tokens[index].name not in ("SCONST", "USCONST"):
+        return None
+    end = _fields_end(tokens, index + 1)
+    text = sql[tokens[index].start : tokens[index].end + 1]
+    value = _string_value(text)
+    if value is None:  # U&'...' UESCAPE '!': not read here, refused
+        return text
+    pairs = INTERVAL_STRING_RE.findall(value)
+    fields = tokens[index + 1 : end]
+    if not fields:
+        return value if len(pairs) == 1 and INTERVAL_STRING_RE.fullmatch(value) is None else None
+    if pairs or any(token.name == "ASCII_40" for token in fields):  # a unit in the string, a precision
+        return value
+    if any(token.name == "TO" for token in fields):  # kept as written: interval '1:30' hour to minute
+        return None
+    return None if re.fullmatch(r"\s*[-+]?[0-9]+\s*", value) else value
+
+
+def _string_value(text: str) -> str | None:
+    """The value of the string constant ``text`` (quoted, E'', U&'', dollar-quoted) as PostgreSQL reads it."""
+    try:
+        tree = json.loads(parse_sql_json(f"SELECT {text}"))
+        value = tree["stmts"][0]["stmt"]["SelectStmt"]["targetList"][0]["ResTarget"]["val"]["A_Const"]["sval"]
+    except (ParseError, KeyError, IndexError):
+        return None
+    return str(value.get("sval", ""))
 
 
 def refuse_is_unknown(node: dict[str, Any], relation: Relation) -> None:

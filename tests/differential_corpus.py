@@ -69,6 +69,12 @@ CONSTANT_STATEMENTS = tuple(f"SELECT count(*) FROM {table} WHERE {column} {condi
     ("people", "signed_up", "> interval '1 day' + '2023-06-01'::date"),
     ("people", "signed_up", "< interval '1 day' + '5' * 2"),
     ("people", "signed_up", "> extract(epoch from now()) * interval '0 s' + '2024-01-01'::date"),
+    ("people", "signed_up", "> now() - interval '1 day' + 1"),
+    ("people", "signed_up", "> timestamp '2024-06-01' + interval '400 days ago'"),
+    ("people", "signed_up", "> timestamp '2024-06-01' - interval '1 day 10:00'"),
+    ("people", "signed_up", "> timestamp '2024-06-01' - interval '1.5' year"),
+    ("people", "signed_up", "> timestamp '2024-06-01' - interval 'P1M'"), ("adult", "age", "!=-1"),
+    ("adult", "age", "> 50 %-7"),
 ])
 
 

@@ -163,14 +163,52 @@ def test_an_interval_with_a_precision_before_its_value_is_refused_before_any_cha
     "SELECT count(*) FROM people WHERE signed_up > interval '1 day' + '2023-01-01'::date",
     "SELECT count(*) FROM people WHERE signed_up > now() - (interval '1' day + $$2 hours$$::interval)",
     "SELECT count(*) FILTER (WHERE signed_up < interval '1 day' + '5' * 2) FROM people",
+    "SELECT count(*) FROM people WHERE signed_up > now() - interval '1 day' + 1",
 ])
 def test_an_interval_plus_a_string_is_refused_before_any_charge(people_proxy: RunningProxy, sql: str) -> None:
     # sqlglot read interval '1 day' + '2023-01-01'::date as CAST(interval '1 day' + interval '2023-01-01'
     # AS date), which failed (22007) where PostgreSQL answers, and interval '1 day' + '5' * 2 as
-    # interval '1 day' + interval '5' * 2, answered where PostgreSQL fails (42883).
+    # interval '1 day' + interval '5' * 2, and now() - interval '1 day' + 1 as ... + interval '1', both
+    # answered where PostgreSQL fails (42883).
     error = refused_uncharged(people_proxy, sql)
     assert (error.diag.sqlstate, error.diag.message_primary) == (
-        "0A000", "interval '...' + '...' is not supported on protected table people (rule: interval-sum)")
+        "0A000", "interval '...' + a literal is not supported on protected table people (rule: interval-sum)")
     with people_proxy.connect(autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM people WHERE signed_up > interval '1 day' + date '2023-01-01'"
                             ).fetchone() is not None
+
+
+@pytest.mark.parametrize(("sql", "value"), [
+    ("SELECT count(*) FROM people WHERE signed_up > timestamp '2024-06-01' + interval '400 days ago'", "400 days ago"),
+    ("SELECT count(*) FILTER (WHERE signed_up > timestamp '2024-06-01' - interval '1 day 10:00') FROM people",
+     "1 day 10:00"),
+    ("SELECT count(*) FROM people WHERE signed_up > timestamp '2024-06-01' - interval '1.5' year", "1.5"),
+    ("SELECT count(*) FROM people WHERE signed_up > timestamp '2024-06-01' - interval 'P1M'", "P1M"),
+])
+def test_an_interval_literal_sqlglot_reads_in_part_is_refused_before_any_charge(
+        people_proxy: RunningProxy, sql: str, value: str) -> None:
+    # sqlglot kept the one number and unit it found in the string: interval '400 days ago' was run as
+    # interval '400 days' (another count: 0 where PostgreSQL counts 1,650), '1 day 10:00' as '1 day',
+    # 'P1M' (a month) as '1 M' (a minute); interval '1.5' year (1 year) as interval '1.5 year'.
+    error = refused_uncharged(people_proxy, sql)
+    assert (error.diag.sqlstate, error.diag.message_primary) == (
+        "0A000", f"the interval literal {value!r} is not supported on protected table people (rule: interval-form)")
+    with people_proxy.connect(autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM people WHERE signed_up > timestamp '2024-06-01' "
+                            "+ '400 days ago'::interval - interval '1' day").fetchone() is not None
+
+
+@pytest.mark.parametrize(("sql", "symbol"), [
+    ("SELECT count(*) FROM adult WHERE age !=-1", "!=-"),
+    ("SELECT count(*) FROM adult WHERE age > 50 %-7", "%-"),
+    ("SELECT count(*) FILTER (WHERE age > 50 %+7) FROM adult", "%+"),
+])
+def test_an_operator_glued_to_a_sign_is_refused_as_postgresql_reads_it(
+        people_proxy: RunningProxy, sql: str, symbol: str) -> None:
+    # PostgreSQL's scanner reads !=- and %- as operators of those names, which it does not have (42883);
+    # sqlglot read age !=-1 as age != -1 and 50 %-7 as 50 % -7, and both were answered and charged.
+    error = refused_uncharged(people_proxy, sql)
+    assert (error.diag.sqlstate, error.diag.message_primary) == (
+        "42883", f"operator does not exist: {symbol} (rule: undefined-operator)")
+    with people_proxy.connect(autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM adult WHERE age != -1 AND age > 50 % -7").fetchone() is not None

@@ -67,7 +67,10 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "types": ("tests/test_attack_extension_types.py", "tests/test_type_support.py"),
     "settings": ("tests/test_epsilon_setting_transactions.py", "tests/test_session_statements.py"),
     "variance": ("tests/test_variance.py",),
-    "misreadings": ("tests/test_parse_differential.py::test_an_interval_plus_a_string_is_refused_before_any_charge",),
+    "misreadings": ("tests/test_parse_differential.py::test_an_interval_plus_a_string_is_refused_before_any_charge",
+                    "tests/test_parse_differential.py::"
+                    "test_an_interval_literal_sqlglot_reads_in_part_is_refused_before_any_charge",
+                    "tests/test_parse_differential.py::test_an_operator_glued_to_a_sign_is_refused_as_postgresql_reads_it"),
     "post-values": ("tests/test_post_processing_values.py",),
 }
 
@@ -532,5 +535,9 @@ SITES: tuple[Site, ...] = (
          "        if False:\n", "variance"),
     # ------------------------------------------------------------------ rewriter/misreadings.py
     Site("misread.interval-sum", "rewriter/misreadings.py",
-         'elif token.name == "INTERVAL" and _string_added(sql, tokens, index + 1):', "elif False:", "misreadings"),
+         'elif token.name == "INTERVAL" and _literal_added(sql, tokens, index + 1):', "elif False:", "misreadings"),
+    Site("misread.interval-form", "rewriter/misreadings.py",
+         'elif token.name == "INTERVAL" and (value := _misread_interval(sql, tokens, index + 1)) is not None:',
+         "elif False:", "misreadings"),
+    Site("misread.glued-sign", _C, 'elif len(symbol) > 1 and symbol[-1] in "+-":', "elif False:", "misreadings"),
 )
