@@ -46,7 +46,8 @@ from policies.tables import Relation
 from .function_check import nodes_of
 from .types import BOOL
 
-__all__ = ["refuse_dropped_precision", "refuse_is_unknown", "refuse_misread_tokens"]
+__all__ = ["refuse_constant_positions", "refuse_dropped_precision", "refuse_is_unknown", "refuse_misread_tokens",
+           "refuse_typed_literal_casts"]
 
 _NOT_DECIMAL = re.compile(r"0[xXoObB]|.*_")
 
@@ -210,3 +211,68 @@ def refuse_dropped_precision(node: dict[str, Any], relation: Relation) -> None:
             "or now(), or LOCALTIMESTAMP(n), which keeps its precision.",
             "timestamp-precision",
         )
+
+
+def refuse_constant_positions(node: dict[str, Any], relation: Relation) -> None:
+    """Refuse (0A000, rule ``constant-position``) a GROUP BY or ORDER BY item of ``node`` (pglast JSON)
+    that is a constant under a unary ``+`` (``+1``, ``+ +2``, ``+(1)``).
+
+    PostgreSQL reads a bare number as an output's position and ``+1`` as a value by which it
+    neither groups nor orders: ``GROUP BY +1`` beside an ungrouped column fails (42803), ``ORDER BY
+    +2 DESC LIMIT 1`` returns any row. sqlglot drops the ``+`` and reads the position. (Any other
+    constant expression, ``1 / 0`` or ``2 + 0``, sqlglot keeps as PostgreSQL does.)"""
+    selects = ([node] if "targetList" in node else []) + nodes_of(node, "SelectStmt")  # the statement's own, then any below
+    for select in selects:
+        for clause, items in (("GROUP BY", select.get("groupClause", [])),
+                              ("ORDER BY", [item["SortBy"]["node"] for item in select.get("sortClause", [])])):
+            if any(_plus_constant(item) for item in items):
+                raise Refusal(
+                    SQLSTATE.FEATURE_NOT_SUPPORTED,
+                    f"a constant expression in {clause} is not supported on protected table "
+                    f"{relation.display_name} (rule: constant-position)",
+                    "PostgreSQL reads a bare number (GROUP BY 1) as an output's position and +1 as a value it "
+                    "neither groups nor orders by; dpproxy's DP planner reads +1 as the position 1. Write the "
+                    "position as a bare number.",
+                    "constant-position",
+                )
+
+
+def _plus_constant(item: dict[str, Any]) -> bool:
+    """Whether ``item`` is a literal under one or more unary ``+``."""
+    while "A_Expr" in item and "lexpr" not in item["A_Expr"] and [part.get("String", {}).get("sval")
+                                                                  for part in item["A_Expr"]["name"]] == ["+"]:
+        item = item["A_Expr"]["rexpr"]
+        if "A_Const" in item:
+            return True
+    return False
+
+
+def refuse_typed_literal_casts(sql: str, node: dict[str, Any], relation: Relation) -> None:
+    """Refuse (0A000, rule ``typed-literal-cast``) a typed literal of ``sql`` cast again with ``::``
+    (``numeric '40.5'::int``); ``node`` is its pglast JSON.
+
+    PostgreSQL reads it as ``(numeric '40.5')::int`` (41); sqlglot as ``CAST(CAST('40.5' AS int) AS
+    numeric)``, which fails (22P02) where PostgreSQL answers, and ``timestamptz '...'::text`` as a
+    timestamptz, answered where PostgreSQL fails (42883). In parentheses, or an interval, it reads
+    them as PostgreSQL does."""
+    starts = {cast["arg"]["A_Const"]["location"]: _name_of(cast) for cast in nodes_of(node, "TypeCast")
+              if cast.get("location", -1) == -1 and "sval" in cast.get("arg", {}).get("A_Const", {})
+              and _name_of(cast) != "interval"}
+    if not starts:
+        return
+    tokens = scan(sql)
+    for token, after in zip(tokens, tokens[1:]):
+        if token.start in starts and after.name == "TYPECAST":
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                f"{starts[token.start]} '...'::type is not supported on protected table {relation.display_name} "
+                "(rule: typed-literal-cast)",
+                f"dpproxy's DP planner reads {starts[token.start]} 'v'::t as CAST(CAST('v' AS t) AS "
+                f"{starts[token.start]}); write ({starts[token.start]} 'v')::t or CAST('v' AS t).",
+                "typed-literal-cast",
+            )
+
+
+def _name_of(cast: dict[str, Any]) -> str:
+    """The type name of a TypeCast (pglast JSON), without its schema."""
+    return str(cast["typeName"]["names"][-1]["String"]["sval"])

@@ -25,12 +25,12 @@ from pglast.stream import RawStream
 
 from rewriter.function_check import nodes_of
 
-__all__ = ["PROFILES", "ConstantEvaluator", "is_constant", "sql_of"]
+__all__ = ["AGGREGATES", "PROFILES", "ConstantEvaluator", "is_constant", "sql_of"]
 
 # Functions whose value changes within a transaction (or that read more than their arguments).
 _VOLATILE = frozenset({"random", "clock_timestamp", "statement_timestamp", "timeofday", "setseed", "nextval",
                        "currval", "lastval", "pg_sleep", "gen_random_uuid", "txid_current"})
-_AGGREGATES = frozenset({"count", "sum", "avg", "min", "max", "mode", "percentile_cont", "percentile_disc",
+AGGREGATES = frozenset({"count", "sum", "avg", "min", "max", "mode", "percentile_cont", "percentile_disc",
                          "stddev", "stddev_samp", "stddev_pop", "variance", "var_samp", "var_pop", "string_agg",
                          "array_agg", "bool_and", "bool_or", "every"})
 # Nodes that are not expressions of their own (a name, a type) or are left to the structural comparison.
@@ -49,17 +49,18 @@ _SCALARS: dict[str, tuple[type[ast.Node], Any]] = {
 
 def is_constant(node: dict[str, Any]) -> bool:
     """Whether ``node`` (one pglast JSON node, ``{kind: fields}``) is a constant expression other
-    than a bare literal (which the structural comparison reads by value already)."""
+    than a bare literal (which the structural comparison reads by value already). A ``Released``
+    node (tests/release_differential.py) stands for a released aggregate or key: not a constant."""
     if len(node) != 1:
         return False
     (kind, value), = node.items()
     if kind in _NOT_EXPRESSIONS or not isinstance(value, dict):
         return False
-    if any(nodes_of(node, other) for other in ("ColumnRef", "ParamRef", "SubLink", "GroupingFunc")):
+    if any(nodes_of(node, other) for other in ("ColumnRef", "ParamRef", "SubLink", "GroupingFunc", "Released")):
         return False
     for call in nodes_of(node, "FuncCall"):
         name = call["funcname"][-1]["String"]["sval"].lower()
-        if (name in _VOLATILE or name in _AGGREGATES or call.get("agg_star") or call.get("agg_filter")
+        if (name in _VOLATILE or name in AGGREGATES or call.get("agg_star") or call.get("agg_filter")
                 or call.get("over") or call.get("agg_within_group")):
             return False
     return True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -25,9 +26,11 @@ from rewriter.types import BOOL
 from tests.bi_data import PEOPLE_POLICY, PEOPLE_TABLE, create_people
 from tests.conftest import TEST_POLICY, RunningProxy, TestDatabase, make_policy, policy_registry, refused_uncharged, running_proxy
 from tests.constant_values import ConstantEvaluator
-from tests.differential_corpus import CONSTANT_STATEMENTS, adult_statements, variants
+from tests.bi_statements import load_recorded
+from tests.differential_corpus import CONSTANT_STATEMENTS, RELEASE_STATEMENTS, adult_statements, variants
 from tests.neighbour_cases import TABLE_DDL, domain_ddl, generate_case, policy_columns
 from tests.parse_differential import divergences
+from tests.release_differential import release_divergences
 
 SEED = 122
 FUZZ_CASES = 400
@@ -52,9 +55,22 @@ def registry(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) ->
     return policy_registry(make_policy(test_db, ledger, text))
 
 
-def backend_of(sql: str, registry: TableRegistry) -> tuple[list[str], frozenset[str], frozenset[str]] | None:
-    """The backend SQL dpproxy runs for ``sql`` (a series limit's ranking first) and the protected
-    table's columns and its boolean ones; None where dpproxy refuses ``sql`` or does not plan it."""
+@dataclass(frozen=True)
+class Planned:
+    """What dpproxy runs for a DP statement: its backend SQL (a series limit's ranking first), the
+    protected table's name, columns and boolean ones, and the outer statement over the release
+    with the released aggregates' kinds, columns and FILTERs (None where it post-processes nothing)."""
+
+    backends: list[str]
+    table: str
+    columns: frozenset[str]
+    booleans: frozenset[str]
+    post: str | None
+    released: tuple[tuple[str, str | None, str | None], ...]
+
+
+def backend_of(sql: str, registry: TableRegistry) -> Planned | None:
+    """What dpproxy runs for ``sql``; None where dpproxy refuses ``sql`` or does not plan it."""
     by_name = {relation.name: relation for relation in registry.by_oid.values()}
     try:
         statements = split_statements(sql)
@@ -73,8 +89,11 @@ def backend_of(sql: str, registry: TableRegistry) -> tuple[list[str], frozenset[
     plan = decision.plan
     ranking = [backend_sql(plan.series.ranking, seed=0)] if plan.series is not None else []
     columns = plan.table.columns
-    return (ranking + [backend_sql(plan, seed=0)], frozenset(columns),
-            frozenset(name for name, column in columns.items() if BOOL in (column.type_oid, column.base_type_oid)))
+    return Planned(ranking + [backend_sql(plan, seed=0)], plan.table.name, frozenset(columns),
+                   frozenset(name for name, column in columns.items() if BOOL in (column.type_oid, column.base_type_oid)),
+                   plan.post.sql if plan.post is not None and plan.series is None else None,
+                   tuple((aggregate.kind, aggregate.column.name if aggregate.column else None, aggregate.filter_sql)
+                         for aggregate in plan.aggregates))
 
 
 def _corpus() -> Iterator[str]:
@@ -83,6 +102,8 @@ def _corpus() -> Iterator[str]:
         yield generate_case(rng).sql.replace("{table}", _TABLE)
     yield from adult_statements()
     yield from CONSTANT_STATEMENTS
+    yield from RELEASE_STATEMENTS
+    yield from (expected.sql for expected in load_recorded() if expected.outcome == "ok" and "people" in expected.sql)
 
 
 @pytest.fixture(scope="module")
@@ -101,9 +122,12 @@ def _diverging(registry: TableRegistry, statements: Iterator[str],
         if planned is None:
             continue
         answered += 1
-        backends, columns, booleans = planned
-        found += [f"{sql!r}: {divergence}\n  backend: {backends}"
-                  for divergence in divergences(sql, backends, columns, booleans, same)]
+        found += [f"{sql!r}: {divergence}\n  backend: {planned.backends}"
+                  for divergence in divergences(sql, planned.backends, planned.columns, planned.booleans, same)]
+        if planned.post is not None:
+            found += [f"{sql!r}: {divergence}\n  backend: {planned.backends[-1]}\n  post: {planned.post}"
+                      for divergence in release_divergences(sql, planned.backends[-1], planned.post, planned.released,
+                                                            planned.table, planned.columns, planned.booleans, same)]
     return answered, found
 
 
@@ -212,3 +236,61 @@ def test_an_operator_glued_to_a_sign_is_refused_as_postgresql_reads_it(
         "42883", f"operator does not exist: {symbol} (rule: undefined-operator)")
     with people_proxy.connect(autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM adult WHERE age != -1 AND age > 50 % -7").fetchone() is not None
+
+
+@pytest.mark.parametrize(("sql", "where"), [
+    ("SELECT EXTRACT(year FROM signed_up) AS y, count(*) FROM people GROUP BY +1", "GROUP BY on protected table people"),
+    ("SELECT sex, count(*) FROM people GROUP BY 1 ORDER BY +2 DESC LIMIT 1", "ORDER BY on protected table people"),
+    ("SELECT round(avg(age), 1), count(*) FROM adult ORDER BY +1", "ORDER BY on protected table adult"),
+])
+def test_a_constant_expression_as_a_group_or_order_position_is_refused_before_any_charge(
+        people_proxy: RunningProxy, sql: str, where: str) -> None:
+    # PostgreSQL reads only a bare number as an output's position: GROUP BY +1 groups by the constant
+    # (42803 beside an ungrouped column) and ORDER BY +2 orders by nothing. sqlglot dropped the +:
+    # the histogram was answered where PostgreSQL fails, and ORDER BY +2 DESC LIMIT 1 answered with
+    # the largest count where PostgreSQL returns any row.
+    error = refused_uncharged(people_proxy, sql)
+    assert (error.diag.sqlstate, error.diag.message_primary) == (
+        "0A000", f"a constant expression in {where.replace(' on ', ' is not supported on ')} (rule: constant-position)")
+    with people_proxy.connect(autocommit=True) as conn:
+        assert conn.execute("SELECT sex, count(*) FROM people GROUP BY 1 ORDER BY 2 DESC LIMIT 1").fetchone()
+
+
+@pytest.mark.parametrize(("condition", "ran", "found"), [
+    ("age > 40 + 1", "age > CAST((40 OPERATOR(pg_catalog.+) 1) AS pg_catalog.numeric)", False),
+    ("age > 40 + 1", "age > 41", False),
+    ("age > 40 + 1", "age > CAST((40 OPERATOR(pg_catalog.+) 2) AS pg_catalog.numeric)", True),
+    ("age > 7 / 2", "age > CAST((7.0 / 2) AS pg_catalog.numeric)", True),
+    ("age > CAST('1e3' AS int)", "age > CAST(1e3 AS pg_catalog.int4)", True),
+    ("signed_up > date '01/02/2024' + 0", "signed_up > CAST('2024-01-02' AS pg_catalog.date) + 0", True),
+    ("signed_up > now() - interval '1 day'", "signed_up > CAST((CURRENT_TIMESTAMP - CAST('1 DAY' AS interval)) "
+                                             "AS pg_catalog.timestamp)", False),
+    ("signed_up > timestamptz '2024-03-10 12:00' - interval '1 day'",
+     "signed_up > CAST((CAST('2024-03-10 12:00' AS timestamptz) - CAST('24 hours' AS interval)) AS pg_catalog.timestamp)",
+     True),
+])
+def test_a_constant_is_compared_by_its_value_on_the_backend_under_each_session_profile(
+        same: ConstantEvaluator, condition: str, ran: str, found: bool) -> None:
+    # 7 / 2 is 3 (integer division), 7.0 / 2 is 3.5; '1e3' is no integer (22P02), 1e3 is 1000;
+    # '01/02/2024' is 2 January under DateStyle MDY and 1 February under DMY; a day is not 24 hours
+    # across a change of daylight saving time in America/St_Johns (2:00 on 10 March 2024).
+    columns = frozenset({"age", "signed_up"})
+    reported = divergences(f"SELECT count(*) FROM t WHERE {condition}", [f"SELECT count(*) FROM t WHERE {ran}"],
+                           columns, same=same)
+    assert bool(reported) == found, reported
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT count(*) FROM people WHERE signed_up > timestamptz '2024-06-01 00:00:00+05:30'::text",
+    "SELECT count(*) FROM adult WHERE age > numeric '40.5'::int",
+    "SELECT count(*) FILTER (WHERE age > float8 '40.7'::int) FROM adult",
+])
+def test_a_typed_literal_cast_again_is_refused_before_any_charge(people_proxy: RunningProxy, sql: str) -> None:
+    # PostgreSQL reads numeric '40.5'::int as (numeric '40.5')::int, 41; sqlglot as
+    # CAST(CAST('40.5' AS int) AS numeric), which failed (22P02) where PostgreSQL answers, and
+    # timestamptz '...'::text as a timestamptz, answered where PostgreSQL fails (42883).
+    error = refused_uncharged(people_proxy, sql)
+    assert (error.diag.sqlstate, error.diag.message_primary.split(" is not supported")[1]) == (
+        "0A000", f" on protected table {'people' if 'people' in sql else 'adult'} (rule: typed-literal-cast)")
+    with people_proxy.connect(autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM adult WHERE age > (numeric '40.5')::int").fetchone() is not None

@@ -70,7 +70,10 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "misreadings": ("tests/test_parse_differential.py::test_an_interval_plus_a_string_is_refused_before_any_charge",
                     "tests/test_parse_differential.py::"
                     "test_an_interval_literal_sqlglot_reads_in_part_is_refused_before_any_charge",
-                    "tests/test_parse_differential.py::test_an_operator_glued_to_a_sign_is_refused_as_postgresql_reads_it"),
+                    "tests/test_parse_differential.py::test_an_operator_glued_to_a_sign_is_refused_as_postgresql_reads_it",
+                    "tests/test_parse_differential.py::"
+                    "test_a_constant_expression_as_a_group_or_order_position_is_refused_before_any_charge",
+                    "tests/test_parse_differential.py::test_a_typed_literal_cast_again_is_refused_before_any_charge"),
     "post-values": ("tests/test_post_processing_values.py",),
 }
 
@@ -540,4 +543,8 @@ SITES: tuple[Site, ...] = (
          'elif token.name == "INTERVAL" and (value := _misread_interval(sql, tokens, index + 1)) is not None:',
          "elif False:", "misreadings"),
     Site("misread.glued-sign", _C, 'elif len(symbol) > 1 and symbol[-1] in "+-":', "elif False:", "misreadings"),
+    Site("misread.constant-position", "rewriter/misreadings.py", "            if any(_plus_constant(item) for item in items):",
+         "            if False:", "misreadings"),
+    Site("misread.typed-literal-cast", "rewriter/misreadings.py",
+         'if token.start in starts and after.name == "TYPECAST":', "if False:", "misreadings"),
 )
