@@ -204,10 +204,11 @@ def _expression(value: dict[str, Any]) -> Canon:
         return within if symbol == "=" else ("bool", "NOT_EXPR", (within,))
     if kind in ("AEXPR_LIKE", "AEXPR_ILIKE"):
         kind = "AEXPR_OP"
-    if kind == "AEXPR_OP" and symbol == "+" and left is None and right[:1] == ("number",):
-        return right
-    if kind == "AEXPR_OP" and symbol == "-" and left is None and right[:1] == ("number",):  # -(+40) is -40
-        return ("number", str(-Decimal(right[1])))
+    operand = right[2] if isinstance(right, tuple) and right[:1] == ("value",) else right  # +40 is a value of its own
+    if kind == "AEXPR_OP" and symbol == "+" and left is None and operand[:1] == ("number",):
+        return operand
+    if kind == "AEXPR_OP" and symbol == "-" and left is None and operand[:1] == ("number",):  # -(+40) is -40
+        return ("number", str(-Decimal(operand[1])))
     return ("expr", kind, symbol, left, right)
 
 
