@@ -155,6 +155,15 @@ def people_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory
         yield running
 
 
+def _refused_as(proxy: RunningProxy, sql: str, expected: tuple[str, str], answered: str) -> None:
+    """``sql`` is refused before any charge with ``expected`` (SQLSTATE, message) and the session
+    still answers ``answered``, the form the refusal's hint names."""
+    error = refused_uncharged(proxy, sql)
+    assert (error.diag.sqlstate, error.diag.message_primary) == expected
+    with proxy.connect(autocommit=True) as conn:
+        assert conn.execute(answered).fetchone() is not None
+
+
 @pytest.mark.parametrize("sql", [
     "SELECT count(*) FROM people WHERE signed_up < CURRENT_TIMESTAMP(0)",
     "SELECT count(*) FILTER (WHERE signed_up > CURRENT_TIMESTAMP(3) - interval '3 years') FROM people",
@@ -162,11 +171,9 @@ def people_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory
 def test_current_timestamp_with_a_precision_is_refused_before_any_charge(people_proxy: RunningProxy, sql: str) -> None:
     # sqlglot wrote CURRENT_TIMESTAMP(0) back as CURRENT_TIMESTAMP: the comparison was answered
     # without the rounding PostgreSQL applies, another condition than the analyst's.
-    error = refused_uncharged(people_proxy, sql)
-    assert (error.diag.sqlstate, error.diag.message_primary) == (
-        "0A000", "CURRENT_TIMESTAMP(n) is not supported on protected table people (rule: timestamp-precision)")
-    with people_proxy.connect(autocommit=True) as conn:
-        assert conn.execute("SELECT count(*) FROM people WHERE signed_up < CURRENT_TIMESTAMP").fetchone() is not None
+    _refused_as(people_proxy, sql, (
+        "0A000", "CURRENT_TIMESTAMP(n) is not supported on protected table people (rule: timestamp-precision)"),
+        "SELECT count(*) FROM people WHERE signed_up < CURRENT_TIMESTAMP")
 
 
 @pytest.mark.parametrize("sql", [
@@ -176,11 +183,9 @@ def test_current_timestamp_with_a_precision_is_refused_before_any_charge(people_
 def test_an_interval_with_a_precision_before_its_value_is_refused_before_any_charge(
         people_proxy: RunningProxy, sql: str) -> None:
     # sqlglot read interval(3) '1' as interval '3' + interval '1': answered for another condition.
-    error = refused_uncharged(people_proxy, sql)
-    assert (error.diag.sqlstate, error.diag.message_primary) == (
-        "0A000", "interval(p) '...' is not supported on protected table people (rule: interval-precision)")
-    with people_proxy.connect(autocommit=True) as conn:
-        assert conn.execute("SELECT count(*) FROM people WHERE signed_up > now() - interval '1 day'").fetchone()
+    _refused_as(people_proxy, sql, (
+        "0A000", "interval(p) '...' is not supported on protected table people (rule: interval-precision)"),
+        "SELECT count(*) FROM people WHERE signed_up > now() - interval '1 day'")
 
 
 @pytest.mark.parametrize("sql", [
@@ -194,12 +199,9 @@ def test_an_interval_plus_a_string_is_refused_before_any_charge(people_proxy: Ru
     # AS date), which failed (22007) where PostgreSQL answers, and interval '1 day' + '5' * 2 as
     # interval '1 day' + interval '5' * 2, and now() - interval '1 day' + 1 as ... + interval '1', both
     # answered where PostgreSQL fails (42883).
-    error = refused_uncharged(people_proxy, sql)
-    assert (error.diag.sqlstate, error.diag.message_primary) == (
-        "0A000", "interval '...' + a literal is not supported on protected table people (rule: interval-sum)")
-    with people_proxy.connect(autocommit=True) as conn:
-        assert conn.execute("SELECT count(*) FROM people WHERE signed_up > interval '1 day' + date '2023-01-01'"
-                            ).fetchone() is not None
+    _refused_as(people_proxy, sql, (
+        "0A000", "interval '...' + a literal is not supported on protected table people (rule: interval-sum)"),
+        "SELECT count(*) FROM people WHERE signed_up > interval '1 day' + date '2023-01-01'")
 
 
 @pytest.mark.parametrize(("sql", "value"), [
@@ -214,12 +216,10 @@ def test_an_interval_literal_sqlglot_reads_in_part_is_refused_before_any_charge(
     # sqlglot kept the one number and unit it found in the string: interval '400 days ago' was run as
     # interval '400 days' (another count: 0 where PostgreSQL counts 1,650), '1 day 10:00' as '1 day',
     # 'P1M' (a month) as '1 M' (a minute); interval '1.5' year (1 year) as interval '1.5 year'.
-    error = refused_uncharged(people_proxy, sql)
-    assert (error.diag.sqlstate, error.diag.message_primary) == (
-        "0A000", f"the interval literal {value!r} is not supported on protected table people (rule: interval-form)")
-    with people_proxy.connect(autocommit=True) as conn:
-        assert conn.execute("SELECT count(*) FROM people WHERE signed_up > timestamp '2024-06-01' "
-                            "+ '400 days ago'::interval - interval '1' day").fetchone() is not None
+    _refused_as(people_proxy, sql, (
+        "0A000", f"the interval literal {value!r} is not supported on protected table people (rule: interval-form)"),
+        "SELECT count(*) FROM people WHERE signed_up > timestamp '2024-06-01' "
+        "+ '400 days ago'::interval - interval '1' day")
 
 
 @pytest.mark.parametrize(("sql", "symbol"), [
@@ -231,11 +231,9 @@ def test_an_operator_glued_to_a_sign_is_refused_as_postgresql_reads_it(
         people_proxy: RunningProxy, sql: str, symbol: str) -> None:
     # PostgreSQL's scanner reads !=- and %- as operators of those names, which it does not have (42883);
     # sqlglot read age !=-1 as age != -1 and 50 %-7 as 50 % -7, and both were answered and charged.
-    error = refused_uncharged(people_proxy, sql)
-    assert (error.diag.sqlstate, error.diag.message_primary) == (
-        "42883", f"operator does not exist: {symbol} (rule: undefined-operator)")
-    with people_proxy.connect(autocommit=True) as conn:
-        assert conn.execute("SELECT count(*) FROM adult WHERE age != -1 AND age > 50 % -7").fetchone() is not None
+    _refused_as(people_proxy, sql, (
+        "42883", f"operator does not exist: {symbol} (rule: undefined-operator)"),
+        "SELECT count(*) FROM adult WHERE age != -1 AND age > 50 % -7")
 
 
 @pytest.mark.parametrize(("sql", "where"), [
@@ -249,11 +247,9 @@ def test_a_constant_expression_as_a_group_or_order_position_is_refused_before_an
     # (42803 beside an ungrouped column) and ORDER BY +2 orders by nothing. sqlglot dropped the +:
     # the histogram was answered where PostgreSQL fails, and ORDER BY +2 DESC LIMIT 1 answered with
     # the largest count where PostgreSQL returns any row.
-    error = refused_uncharged(people_proxy, sql)
-    assert (error.diag.sqlstate, error.diag.message_primary) == (
-        "0A000", f"a constant expression in {where.replace(' on ', ' is not supported on ')} (rule: constant-position)")
-    with people_proxy.connect(autocommit=True) as conn:
-        assert conn.execute("SELECT sex, count(*) FROM people GROUP BY 1 ORDER BY 2 DESC LIMIT 1").fetchone()
+    _refused_as(people_proxy, sql, (
+        "0A000", f"a constant expression in {where.replace(' on ', ' is not supported on ')} (rule: constant-position)"),
+        "SELECT sex, count(*) FROM people GROUP BY 1 ORDER BY 2 DESC LIMIT 1")
 
 
 @pytest.mark.parametrize(("condition", "ran", "found"), [
