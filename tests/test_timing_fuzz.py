@@ -8,12 +8,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import psycopg
+import pytest
 
-from benchmarks.row_cost import Construct, load_tables, plan_constructs, policy_file
-from benchmarks.timing_fuzz import (FORMS, WIDE_NUMERICS, Fuzzer, Statement, buffers_confirmed, draw_row,
+from benchmarks.row_cost import Construct, load_tables, measure_constructs, measuring_session, plan_constructs, policy_file
+from benchmarks.table_shapes import READER, TABLE_SHAPES
+from benchmarks.timing_fuzz import (FORMS, WIDE_NUMERICS, Fuzzer, Statement, read_columns, buffers_confirmed, draw_row,
                                     draw_statement, is_long_text, shrink_candidates)
 from benchmarks.view_shapes import SHAPES
 from rewriter.text_bounds import NUMERIC_MAX_BYTES
+from proxy.backend.pool import PINNED_SETTINGS
+from tests.conftest import TestDatabase
 from tests.post_charge_wait import LONG_NUMBER, LONG_NUMBER_BYTES, LONG_TEXT, PAD
 
 
@@ -98,7 +102,7 @@ def test_timing_fuzz_draws_statements_dpproxy_answers_over_the_views_its_load_ch
     (a refusal recorded with its text), and statements are drawn over the accepted ones only, with
     rows that vary the base columns the views read; dpproxy answers them."""
     load_tables(pg_admin_dsn, 20)
-    fuzzer, verdicts = Fuzzer.with_views(pg_admin_dsn, policy_file(pg_admin_dsn, tmp_path), 20, 1, tmp_path)
+    fuzzer, verdicts = Fuzzer.with_views(pg_admin_dsn, policy_file(pg_admin_dsn, tmp_path), 20, 1, tmp_path, SHAPES)
     assert set(verdicts) == {shape.name for shape in SHAPES}
     accepted = {name for name, refusal in verdicts.items() if refusal is None}
     assert {"plain", "renamed", "collate", "case_result", "where_fixed", "self_join", "barrier"} <= accepted, verdicts
@@ -173,3 +177,68 @@ def test_timing_fuzz_sets_the_neighbours_row_on_all_visible_pages_so_the_page_it
     finally:
         with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+
+
+def _over_table_shapes(dsn: str, tmp_path: Path, major: int) -> None:
+    """The table shapes on a server of ``major``: dpproxy's load check keeps the policies and
+    generated columns it can show bounded and total and refuses the rest with their reasons;
+    statements are drawn over the kept ones, dpproxy answers them, their rows vary the columns a
+    policy reads and those a generated column is computed from, and the neighbour's row is
+    written to the copy a statement reads, its generated columns computed."""
+    load_tables(dsn, 20)
+    fuzzer, verdicts = Fuzzer.with_views(dsn, policy_file(dsn, tmp_path), 20, 1, tmp_path, TABLE_SHAPES)
+    assert set(verdicts) == {shape.name for shape in TABLE_SHAPES if shape.least_major <= major}
+    refused = {name for name, refusal in verdicts.items() if refusal is not None}
+    assert refused == {"rls_text_order", "rls_arithmetic", "rls_subquery", "rls_wide_numeric"} | (
+        {"virtual_btrim", "virtual_arithmetic"} if major >= 18 else set()), verdicts
+    assert "row-level security policy p0 on rcv_rls_text_order_rc_base reads t (text) whole" in (verdicts["rls_text_order"] or "")
+    assert "calls int4pl(integer, integer), which can fail" in (verdicts["rls_arithmetic"] or "")
+    rng = random.Random(13)
+    pairs = [fuzzer.draw(rng, tuple(FORMS)) for _ in range(80)]
+    over = [(s, row) for s, row in pairs if s.relation]
+    assert {s.relation for s, _ in over} <= set(verdicts) - refused and len({s.relation for s, _ in over}) >= 8
+    shapes = {shape.name: shape for shape in TABLE_SHAPES}
+    assert any(set(row) - set(read_columns(s)) & set(shapes[s.relation].varied) for s, row in over), over
+    assert all(not shapes[s.relation].generated or set(row) & {b for c in shapes[s.relation].generated
+                                                              for b in shapes[s.relation].base_columns(c)} for s, row in over)
+    measured = fuzzer.measure(over, 1)
+    assert sum(item.refused is not None for item in measured) <= len(over) // 10, [m.refused for m in measured]
+    statement = Statement(("COUNT(t)",), relation="stored_btrim")
+    fuzzer.measure([(statement, {"tx": "'  padded  '"})], 1)
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT t FROM rcv_stored_btrim_rc_plus WHERE id = 0").fetchone() == ("padded",)
+
+
+def test_timing_fuzz_draws_over_tables_with_policies_and_stored_generated_columns_as_the_load_check_judges_them(
+        pg_admin_dsn: str, tmp_path: Path) -> None:
+    _over_table_shapes(pg_admin_dsn, tmp_path, 16)
+
+
+def test_timing_fuzz_draws_over_virtual_generated_columns_on_postgresql_18(pg18_db: TestDatabase, tmp_path: Path) -> None:
+    """PostgreSQL 18's virtual generated columns besides: a total one computed from fixed-length
+    columns kept, one from a value of any length and one that can overflow refused."""
+    _over_table_shapes(pg18_db.admin_dsn, tmp_path, 18)
+
+
+def test_timing_fuzz_measures_a_statement_over_a_table_with_policies_as_a_role_they_apply_to(
+        pg_admin_dsn: str, tmp_path: Path) -> None:
+    """A policy applies to neither a superuser nor the table's owner: a statement over a shape with
+    policies is measured as the reader role, which may read the shapes' tables and nothing else."""
+    load_tables(pg_admin_dsn, 20)
+    policy = policy_file(pg_admin_dsn, tmp_path)
+    shapes = [shape for shape in TABLE_SHAPES if shape.name == "rls_boolean"]
+    fuzzer, _ = Fuzzer.with_views(pg_admin_dsn, policy, 20, 1, tmp_path, shapes)
+    statement = Statement(("COUNT(*)",), relation="rls_boolean")
+    assert fuzzer.measure([(statement, {"b": "false"})], 1)[0].refused is None
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):  # the role is the reader's, not the superuser's
+        list(measure_constructs(pg_admin_dsn, policy, [Construct("rc_base", "SELECT COUNT(*) FROM {table}", role=READER)], 20, 1))
+
+
+def test_row_cost_measures_in_a_session_set_as_dpproxys_backend_sessions_are(pg_admin_dsn: str) -> None:
+    """dpproxy's backend sessions plan without index-only scans (``PINNED_SETTINGS``): measured with
+    them, the self-join view's probe fetched the heap only on pages the visibility map did not
+    cover, a cost dpproxy's own plans never pay that way."""
+    with measuring_session(pg_admin_dsn) as conn:
+        for name, value in PINNED_SETTINGS.items():
+            assert conn.execute("SELECT current_setting(%s)", [name]).fetchone() == (value,), name
+        assert conn.execute("SHOW enable_indexonlyscan").fetchone() == ("off",)
