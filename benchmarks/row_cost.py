@@ -380,10 +380,12 @@ CONSTRUCTS: tuple[Construct, ...] = (
 
 @dataclass(frozen=True)
 class Measured:
-    """A construct's outcome: refused (with the refusal's text) or both tables' execution times in ms."""
+    """A construct's outcome: refused (with the refusal's text), failed on the backend (with the
+    error), or both tables' execution times in ms."""
 
     construct: Construct
     refused: str | None = None
+    failed: str | None = None  # the error a run failed with (SQLSTATE: message), where one did
     base_ms: tuple[float, ...] = ()
     plus_ms: tuple[float, ...] = ()
     base_buffers: int = 0  # shared buffers hit or read by the last run of each: a witness load does not move
@@ -594,7 +596,11 @@ def measure_constructs(dsn: str, policy_path: Path, constructs: Sequence[Constru
         plus: list[float] = []
         buffers = (0, 0)
         with measuring_session(dsn, construct.role) as conn:
-            slow = max(_execution_ms(conn, sql) for sql in plan) > SLOW_MS  # warm-up: caches, the TOAST pages
+            try:
+                slow = max(_execution_ms(conn, sql) for sql in plan) > SLOW_MS  # warm-up: caches, the TOAST pages
+            except psycopg.errors.DataError as error:  # a relation's expression failed on a row (forced past the load check)
+                yield Measured(construct, failed=f"{error.sqlstate}: {error}")
+                continue
             for _ in range(min(repeats, 3) if slow else repeats):
                 (base_ms, base_buffers), (plus_ms, plus_buffers) = (_executed(conn, sql) for sql in plan)
                 base.append(base_ms)
@@ -614,8 +620,8 @@ def report(results: Sequence[Measured], rows: int, repeats: int, seconds: float)
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for item in results:
-        if item.refused is not None:
-            lines.append(f"| {item.construct.name} | refused ({item.refused}) | | | | | |")
+        if item.refused is not None or item.failed is not None:
+            lines.append(f"| {item.construct.name} | {'refused' if item.refused else 'failed'} ({item.refused or item.failed}) | | | | | |")
             continue
         base = statistics.median(item.base_ms)
         lines.append(f"| {item.construct.name} | {base:.2f} | {1000 * base / rows:.3f} | "

@@ -470,6 +470,7 @@ class Fuzzer:
         self.shapes = {shape.name: shape for shape in shapes}
         self.unchecked = unchecked
         self.largest: list[tuple[float, float, int, str, str]] = []  # (extra, jitter, extra buffers, statement, row)
+        self.failures: list[tuple[str, str, str]] = []  # (statement, row, error): a run that failed on the row
 
     @classmethod
     def with_views(cls, dsn: str, policy_path: Path, rows: int, repeats: int, directory: Path,
@@ -532,7 +533,7 @@ class Fuzzer:
         out = []
         for _ in range(2):
             item, control = self.measure([(statement, row), (statement, {})], 2 * self.repeats + 1)
-            if control.refused is not None:
+            if control.refused is not None or item.failed is not None or control.failed is not None:
                 return None
             out.append(Proof(item, control))
             if not any(all(test(p) for p in out) for test in (_time_confirmed, buffers_confirmed)):
@@ -563,7 +564,7 @@ class Fuzzer:
         (:func:`time.monotonic`) or an interrupt (Ctrl-C): the findings and the counts so far."""
         rng = random.Random(seed)
         findings: list[Finding] = []
-        counts = {"cases": 0, "drawn": 0, "refused": 0, "flagged": 0, "confirmed": 0, "over views": 0}
+        counts = {"cases": 0, "drawn": 0, "refused": 0, "failed": 0, "flagged": 0, "confirmed": 0, "over views": 0}
         try:
             while counts["cases"] < cases and time.monotonic() < deadline:
                 pairs = [self.draw(rng, forms) for _ in range(min(batch, cases - counts["cases"]))]
@@ -574,6 +575,11 @@ class Fuzzer:
                         continue
                     counts["cases"] += 1
                     counts["over views"] += bool(statement.relation)
+                    if item.failed is not None:  # an error oracle: what the load check refuses, forced past it
+                        counts["failed"] += 1
+                        self.failures.append((statement.sql, repr(row), item.failed))
+                        log(f"failed on the row ({item.failed}): {statement.sql} | {row}")
+                        continue
                     finding = self.case(statement, row, item, counts, log)
                     if finding is not None:
                         findings.append(finding)
@@ -607,20 +613,22 @@ class Fuzzer:
 
 def report(findings: Sequence[Finding], counts: dict[str, int], largest: Sequence[tuple[float, float, int, str, str]],
            forms: Sequence[str], rows: int, repeats: int, seed: int, seconds: float,
-           verdicts: Mapping[str, str | None] | None = None, unchecked: bool = False) -> str:
-    """The Markdown report: the run's figures, the view shapes and the load check's verdicts
-    (``verdicts``), the confirmed findings by class, the largest differences seen."""
+           verdicts: Mapping[str, str | None] | None = None, unchecked: bool = False,
+           failures: Sequence[tuple[str, str, str]] = ()) -> str:
+    """The Markdown report: the run's figures, the shapes and the load check's verdicts
+    (``verdicts``), the runs that failed on the row (``failures``: statement, row, error), the
+    confirmed findings by class, the largest differences seen."""
     lines = [
         f"Seed {seed}; {counts['cases']:,} cases measured ({counts.get('over views', 0):,} over views; "
         f"{counts['drawn']:,} statements drawn, {counts['refused']:,} "
-        f"refused and redrawn), {counts['flagged']:,} flagged, {counts['confirmed']:,} confirmed; tables of {rows:,} rows, "
+        f"refused and redrawn), {counts.get('failed', 0):,} failed on the row, {counts['flagged']:,} flagged, {counts['confirmed']:,} confirmed; tables of {rows:,} rows, "
         f"{repeats} runs each alternating (confirmations {2 * repeats + 1}); value forms: {', '.join(forms)}; {seconds:.0f} s.",
         "",
     ]
     shapes = {shape.name: shape for shape in SHAPES + TABLE_SHAPES}
     if verdicts:
         accepted = [name for name, refusal in verdicts.items() if refusal is None]
-        lines += [f"### View shapes: {len(accepted)} of {len(verdicts)} accepted by the load check"
+        lines += [f"### Shapes (views, tables with policies or generated columns): {len(accepted)} of {len(verdicts)} accepted by the load check"
                   + (" (the refused ones drawn too: the check bypassed)" if unchecked else ""), "",
                   f"Accepted: {', '.join(accepted) or 'none'}.", ""]
         for name, refusal in verdicts.items():
@@ -628,7 +636,10 @@ def report(findings: Sequence[Finding], counts: dict[str, int], largest: Sequenc
                 shown = shapes[name].summary if name in shapes else name
                 lines.append(f"- Refused `{name}` (`{shown}`): {refusal.split('. ')[0]}.")
         lines.append("")
-    for title, chosen in (("Over protected views", [f for f in findings if f.statement.relation]),
+    if failures:
+        lines += [f"### Failed on the row: {len(failures)}", ""]
+        lines += [f"- `{sql}` with `{row}`: {error.splitlines()[0]}." for sql, row, error in failures] + [""]
+    for title, chosen in (("Over protected views and tables", [f for f in findings if f.statement.relation]),
                           ("Long text (the known class)", [f for f in findings if f.long_text and not f.statement.relation]),
                           ("Outside the long-text class", [f for f in findings if not f.long_text and not f.statement.relation])):
         lines += [f"### {title}: {len(chosen)}", ""]
@@ -636,7 +647,7 @@ def report(findings: Sequence[Finding], counts: dict[str, int], largest: Sequenc
             lines += [f"{number}. Witness: {finding.witness}. Shrunk: `{finding.statement.sql}` with `{finding.row}`: "
                       + "; ".join(p.summary for p in finding.proofs) + "."]
             if finding.statement.relation in shapes:
-                lines += [f"   The view: `{shapes[finding.statement.relation].summary}`."]
+                lines += [f"   The relation: `{shapes[finding.statement.relation].summary}`."]
             if finding.drawn is not None:
                 statement, row, first, proofs = finding.drawn
                 lines += [f"   As drawn: `{statement.sql}` with `{row}`: first run {first.extra_ms:+.3f} ms (jitter "
@@ -692,7 +703,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"{', '.join(n for n, r in verdicts.items() if r is not None)}", flush=True)
             findings, counts = fuzzer.run(args.cases, args.seed, forms, started + 60 * args.minutes, log=lambda line: print(line, flush=True))
             return report(findings, counts, fuzzer.largest, forms, args.rows, args.repeats, args.seed,
-                          time.monotonic() - started, verdicts, args.unchecked_views)
+                          time.monotonic() - started, verdicts, args.unchecked_views, fuzzer.failures)
 
     text = on_server(args.dsn, args.pg, "timing-fuzz", run)
     return print_report(text, args.out)

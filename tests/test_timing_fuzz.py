@@ -242,3 +242,40 @@ def test_row_cost_measures_in_a_session_set_as_dpproxys_backend_sessions_are(pg_
         for name, value in PINNED_SETTINGS.items():
             assert conn.execute("SELECT current_setting(%s)", [name]).fetchone() == (value,), name
         assert conn.execute("SHOW enable_indexonlyscan").fetchone() == ("off",)
+
+
+def test_timing_fuzz_confirms_by_its_buffers_a_virtual_generated_column_forced_past_the_load_check(
+        pg18_db: TestDatabase, tmp_path: Path) -> None:
+    """The fuzzer sees over a table what it sees over a view: PostgreSQL 18 computes a virtual
+    generated column ``btrim(tx)`` again at each reference, fetching a value a wide row stored
+    apart again for each term of an OR, which the fuzzer confirms by its buffers once the load
+    check's refusal is bypassed; the same column STORED is read as stored (a value stored apart
+    reads as NULL) and is no finding. This fails the day the fuzzer stops seeing a table's
+    computed column, or the load check stops refusing it."""
+    dsn = pg18_db.admin_dsn
+    load_tables(dsn, 20)
+    shapes = [shape for shape in TABLE_SHAPES if shape.name in ("virtual_btrim", "stored_btrim")]
+    fuzzer, verdicts = Fuzzer.with_views(dsn, policy_file(dsn, tmp_path), 20, 1, tmp_path, shapes, unchecked=True)
+    assert verdicts["stored_btrim"] is None and verdicts["virtual_btrim"] is not None, verdicts
+    statement = Statement(("COUNT(*)",), ("(" + " OR ".join(f"t > 'z{i}'" for i in range(16)) + ")",), relation="virtual_btrim")
+    row = draw_row(random.Random(5), statement, ("apart",), fuzzer.shapes["virtual_btrim"])
+    assert row == {"tx": LONG_TEXT, "pad": PAD}
+    proofs = fuzzer.confirmed(statement, row)
+    assert proofs is not None and all(buffers_confirmed(proof) for proof in proofs), proofs
+    assert fuzzer.confirmed(replace(statement, relation="stored_btrim"), row) is None
+
+
+def test_timing_fuzz_records_a_run_that_fails_on_the_row_forced_past_the_load_check(pg_admin_dsn: str, tmp_path: Path) -> None:
+    """A policy's ``age + 1`` overflows on the row ``age = 2147483647``: the load check refuses the
+    table for it; forced past the check, the fuzzer records the failure (an error oracle: what the
+    check closes) where it used to stop the whole run with the backend's error."""
+    load_tables(pg_admin_dsn, 20)
+    shapes = [shape for shape in TABLE_SHAPES if shape.name == "rls_arithmetic"]
+    fuzzer, verdicts = Fuzzer.with_views(pg_admin_dsn, policy_file(pg_admin_dsn, tmp_path), 20, 1, tmp_path, shapes,
+                                         unchecked=True)
+    assert "can fail on some row's values" in (verdicts["rls_arithmetic"] or ""), verdicts
+    statement = Statement(("COUNT(*)",), relation="rls_arithmetic")
+    failed, ordinary = fuzzer.measure([(statement, {"age": "2147483647"}), (statement, {})], 1)
+    assert (failed.failed or "").startswith("22003"), failed
+    assert ordinary.failed is None and ordinary.refused is None, ordinary
+    assert fuzzer.confirmed(statement, {"age": "2147483647"}) is None
