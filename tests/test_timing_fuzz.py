@@ -14,7 +14,7 @@ from benchmarks.row_cost import Construct, load_tables, measure_constructs, meas
 from benchmarks.table_shapes import READER, TABLE_SHAPES
 from benchmarks.timing_fuzz import (FORMS, WIDE_NUMERICS, Fuzzer, Statement, read_columns, buffers_confirmed, draw_row,
                                     draw_statement, is_long_text, shrink_candidates)
-from benchmarks.view_shapes import SHAPES
+from benchmarks.view_shapes import SHAPES, ViewShape
 from rewriter.text_bounds import NUMERIC_MAX_BYTES
 from proxy.backend.pool import PINNED_SETTINGS
 from tests.conftest import TestDatabase
@@ -123,6 +123,24 @@ def test_timing_fuzz_draws_statements_dpproxy_answers_over_the_views_its_load_ch
     assert len(refused) <= len(over_views) // 10, refused
 
 
+def _confirmed_forced_past_the_check(dsn: str, tmp_path: Path, shapes: list[ViewShape], recomputed: str, kept: str,
+                                     source: str) -> Fuzzer:
+    """Over ``recomputed`` (a shape whose ``t`` is computed again at each reference, refused by
+    the load check and forced past it), 16 OR-ed terms on ``t`` with a row whose ``source`` a wide
+    row stored apart: confirmed by its buffers; over ``kept`` (accepted) the same row is no
+    finding. The fuzzer, over both."""
+    load_tables(dsn, 20)
+    fuzzer, verdicts = Fuzzer.with_views(dsn, policy_file(dsn, tmp_path), 20, 1, tmp_path, shapes, unchecked=True)
+    assert verdicts[kept] is None and verdicts[recomputed] is not None, verdicts
+    statement = Statement(("COUNT(*)",), ("(" + " OR ".join(f"t > 'z{i}'" for i in range(16)) + ")",), relation=recomputed)
+    row = draw_row(random.Random(5), statement, ("apart",), fuzzer.shapes[recomputed])
+    assert row == {source: LONG_TEXT, "pad": PAD}
+    proofs = fuzzer.confirmed(statement, row)
+    assert proofs is not None and all(buffers_confirmed(proof) for proof in proofs), proofs
+    assert fuzzer.confirmed(replace(statement, relation=kept), row) is None
+    return fuzzer
+
+
 def test_timing_fuzz_confirms_by_its_buffers_a_view_column_computed_from_a_value_stored_apart_forced_past_the_load_check(
         pg_admin_dsn: str, tmp_path: Path) -> None:
     """The lever dpproxy's load check closes (docs/threat-model.md, "A protected view's column is the
@@ -130,17 +148,8 @@ def test_timing_fuzz_confirms_by_its_buffers_a_view_column_computed_from_a_value
     column, fetching a value a wide row stored apart again, which the fuzzer confirms by its
     buffers; over a view passing ``t`` on, the same row is no finding. This fails the day the
     fuzzer stops seeing a view's recomputed column, or the load check stops refusing it."""
-    load_tables(pg_admin_dsn, 20)
     shapes = [shape for shape in SHAPES if shape.name in ("plain", "btrim")]
-    fuzzer, verdicts = Fuzzer.with_views(pg_admin_dsn, policy_file(pg_admin_dsn, tmp_path), 20, 1, tmp_path, shapes,
-                                         unchecked=True)
-    assert verdicts["plain"] is None and verdicts["btrim"] is not None, verdicts
-    statement = Statement(("COUNT(*)",), ("(" + " OR ".join(f"t > 'z{i}'" for i in range(16)) + ")",), relation="btrim")
-    row = draw_row(random.Random(5), statement, ("apart",), fuzzer.shapes["btrim"])
-    assert row == {"t": LONG_TEXT, "pad": PAD}
-    proofs = fuzzer.confirmed(statement, row)
-    assert proofs is not None and all(buffers_confirmed(proof) for proof in proofs), proofs
-    assert fuzzer.confirmed(replace(statement, relation="plain"), row) is None
+    fuzzer = _confirmed_forced_past_the_check(pg_admin_dsn, tmp_path, shapes, "btrim", "plain", "t")
     jsonb = next(shape for shape in SHAPES if shape.name == "jsonb_text")  # a text form as a jsonb value: stored
     assert all(fuzzer.fits(draw_row(random.Random(i), Statement(("COUNT(tx)",), relation=jsonb.name), (form,), jsonb))
                for i, form in enumerate(FORMS))
@@ -252,17 +261,8 @@ def test_timing_fuzz_confirms_by_its_buffers_a_virtual_generated_column_forced_p
     check's refusal is bypassed; the same column STORED is read as stored (a value stored apart
     reads as NULL) and is no finding. This fails the day the fuzzer stops seeing a table's
     computed column, or the load check stops refusing it."""
-    dsn = pg18_db.admin_dsn
-    load_tables(dsn, 20)
     shapes = [shape for shape in TABLE_SHAPES if shape.name in ("virtual_btrim", "stored_btrim")]
-    fuzzer, verdicts = Fuzzer.with_views(dsn, policy_file(dsn, tmp_path), 20, 1, tmp_path, shapes, unchecked=True)
-    assert verdicts["stored_btrim"] is None and verdicts["virtual_btrim"] is not None, verdicts
-    statement = Statement(("COUNT(*)",), ("(" + " OR ".join(f"t > 'z{i}'" for i in range(16)) + ")",), relation="virtual_btrim")
-    row = draw_row(random.Random(5), statement, ("apart",), fuzzer.shapes["virtual_btrim"])
-    assert row == {"tx": LONG_TEXT, "pad": PAD}
-    proofs = fuzzer.confirmed(statement, row)
-    assert proofs is not None and all(buffers_confirmed(proof) for proof in proofs), proofs
-    assert fuzzer.confirmed(replace(statement, relation="stored_btrim"), row) is None
+    _confirmed_forced_past_the_check(pg18_db.admin_dsn, tmp_path, shapes, "virtual_btrim", "stored_btrim", "tx")
 
 
 def test_timing_fuzz_records_a_run_that_fails_on_the_row_forced_past_the_load_check(pg_admin_dsn: str, tmp_path: Path) -> None:
