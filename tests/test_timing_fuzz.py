@@ -203,7 +203,7 @@ def _over_table_shapes(dsn: str, tmp_path: Path, major: int) -> None:
     assert "row-level security policy p0 on rcv_rls_text_order_rc_base reads t (text) whole" in (verdicts["rls_text_order"] or "")
     assert "calls int4pl(integer, integer), which can fail" in (verdicts["rls_arithmetic"] or "")
     rng = random.Random(13)
-    pairs = [fuzzer.draw(rng, tuple(FORMS)) for _ in range(80)]
+    pairs = [fuzzer.draw(rng, tuple(FORMS)) for _ in range(48)]
     over = [(s, row) for s, row in pairs if s.relation]
     assert {s.relation for s, _ in over} <= set(verdicts) - refused and len({s.relation for s, _ in over}) >= 8
     shapes = {shape.name: shape for shape in TABLE_SHAPES}
