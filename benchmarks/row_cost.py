@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -58,13 +59,14 @@ import yaml
 from policies.errors import Refusal
 from policies.loader import load_policy
 from proxy.backend.connection import build_registry, connect
+from proxy.backend.pool import PINNED_SETTINGS
 from rewriter.classify import DPQuery, classify
 from rewriter.like_patterns import MAX_CASE_FOLDED_PATTERNS, MAX_PART_AFTER_PERCENT
 from rewriter.rewrite import backend_sql, partition_seed
 from rewriter.statements import split_statements
 from tests.post_charge_wait import LONG_NUMBER, LONG_TEXT, PAD
 
-__all__ = ["CONSTRUCTS", "Construct", "Measured", "load_tables", "measure_constructs", "on_server", "plan_constructs", "print_report", "policy_file", "report", "server"]
+__all__ = ["CONSTRUCTS", "Construct", "Measured", "load_tables", "measure_constructs", "measuring_session", "on_server", "plan_constructs", "plus_tables", "print_report", "policy_file", "report", "server", "write_row"]
 
 T = TypeVar("T")
 BIG_TEXT_BYTES = 3_000_000  # a 3 MB value: TOASTed out of line, like a document or a log line
@@ -94,6 +96,7 @@ class Construct:
     name: str
     sql: str
     row: dict[str, str] = field(default_factory=dict)
+    role: str | None = None  # measured as this role (a row-level security policy applies to no superuser)
 
 
 def _or_chain(term: str, count: int) -> str:
@@ -377,10 +380,12 @@ CONSTRUCTS: tuple[Construct, ...] = (
 
 @dataclass(frozen=True)
 class Measured:
-    """A construct's outcome: refused (with the refusal's text) or both tables' execution times in ms."""
+    """A construct's outcome: refused (with the refusal's text), failed on the backend (with the
+    error), or both tables' execution times in ms."""
 
     construct: Construct
     refused: str | None = None
+    failed: str | None = None  # the error a run failed with (SQLSTATE: message), where one did
     base_ms: tuple[float, ...] = ()
     plus_ms: tuple[float, ...] = ()
     base_buffers: int = 0  # shared buffers hit or read by the last run of each: a witness load does not move
@@ -442,14 +447,33 @@ def policy_file(dsn: str, directory: Path, quantum_ms: int = 0) -> Path:
     return path
 
 
+def _writer(dsn: str) -> psycopg.Connection[Any]:
+    """A session that writes the tables, its commits flushed before its VACUUM runs.
+
+    Under the measuring servers' ``synchronous_commit = off`` (tests/pg15.py) a VACUUM right after
+    an INSERT cannot hint the new tuples (their commit record is not yet flushed), so it leaves the
+    visibility-map bit of each page written clear: every index-only scan then fetches the heap for
+    each row of that page, and the neighbour's row, which a short value puts in a gap of an early
+    page and a longer one on the last, decided how many rows that was (a self-join view's probe:
+    28 against 6 buffers, the last stop's unexplained 22). Flushed, every page of both tables is
+    all-visible, as in a vacuumed table, and a row adds what it reads itself."""
+    conn = psycopg.connect(dsn, autocommit=True)
+    conn.execute("SET synchronous_commit = on")
+    return conn
+
+
 def load_tables(dsn: str, rows: int) -> None:
-    """``rc_base`` and ``rc_plus``, both of ``rows`` ordinary rows (the neighbour's row is set per construct)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    """``rc_base`` and ``rc_plus``, both of ``rows`` ordinary rows (the neighbour's row is set per
+    construct), every page all-visible (:func:`_writer`)."""
+    with _writer(dsn) as conn:
         try:
             conn.execute("CREATE COLLATION IF NOT EXISTS rc_ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)")
         except psycopg.errors.FeatureNotSupported:  # built without ICU (pgserver's 16): ci is a plain column there
             conn.execute('CREATE COLLATION IF NOT EXISTS rc_ci FROM "C"')
         conn.execute("DROP TABLE IF EXISTS rc_base, rc_plus CASCADE")  # and the views over them (benchmarks/view_shapes.py)
+        for (copy,) in conn.execute("SELECT relname::text FROM pg_class WHERE relkind = 'r' AND relname LIKE 'rcv\\_%' "
+                                    "AND relnamespace = 'public'::regnamespace").fetchall():
+            conn.execute(f"DROP TABLE {copy} CASCADE")  # their copies (benchmarks/table_shapes.py), over the domains
         conn.execute("DROP DOMAIN IF EXISTS rc_text, rc_num")
         conn.execute("CREATE DOMAIN rc_text AS text")  # the types: constructs' domain over text
         conn.execute("CREATE DOMAIN rc_num AS numeric")  # and a domain over a numeric of no declared precision
@@ -462,12 +486,35 @@ def load_tables(dsn: str, rows: int) -> None:
 
 
 def _set_row(dsn: str, construct: Construct, rows: int) -> None:
-    """``rc_plus`` = ``rc_base`` and the construct's row (id 0: below every base id)."""
-    values = {**ORDINARY_ROW, **construct.row}
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("DELETE FROM rc_plus WHERE id = 0")
-        conn.execute(f"INSERT INTO rc_plus ({', '.join(values)}) SELECT {', '.join(values.values())}".replace("{id}", "0"))
-        conn.execute("VACUUM ANALYZE rc_plus")
+    """``rc_plus`` = ``rc_base`` and the construct's row (id 0: below every base id), and so each
+    copy of ``rc_plus`` the construct reads (:func:`write_row`), every page all-visible (:func:`_writer`)."""
+    with _writer(dsn) as conn:
+        for table in plus_tables(conn, construct.sql):
+            conn.execute(f"DELETE FROM {table} WHERE id = 0")
+        for table in write_row(conn, construct.sql, construct.row, "0"):
+            conn.execute(f"VACUUM ANALYZE {table}")
+
+
+def plus_tables(conn: psycopg.Connection[Any], sql: str) -> dict[str, frozenset[str]]:
+    """``rc_plus`` and each table ``sql`` reads as ``rcv_<shape>_{table}`` (a copy of it with policies
+    or generated columns, benchmarks/table_shapes.py; a view's name finds none), with the columns
+    a row is written to (not generated)."""
+    names = ["rc_plus", *(f"{prefix}rc_plus" for prefix in re.findall(r"\b(rcv_\w+_)\{table\}", sql))]
+    found = conn.execute(
+        "SELECT c.relname::text, array_agg(a.attname::text) FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid "
+        "AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' WHERE c.relkind = 'r' "
+        "AND c.relnamespace = 'public'::regnamespace AND c.relname::text = ANY(%s) GROUP BY 1", [names]).fetchall()
+    return {table: frozenset(columns) for table, columns in found}
+
+
+def write_row(conn: psycopg.Connection[Any], sql: str, row: dict[str, str], row_id: str) -> list[str]:
+    """Insert the row (``row`` over :data:`ORDINARY_ROW`, id ``row_id``) into each of :func:`plus_tables`
+    of ``sql``, its generated columns left to compute; the tables written."""
+    tables = plus_tables(conn, sql)
+    for table, columns in tables.items():
+        values = {column: value for column, value in {**ORDINARY_ROW, **row}.items() if column in columns}
+        conn.execute(f"INSERT INTO {table} ({', '.join(values)}) SELECT {', '.join(values.values())}".replace("{id}", row_id))
+    return list(tables)
 
 
 async def _plans_async(policy_path: Path, constructs: Sequence[Construct]) -> list[tuple[str, str] | str]:
@@ -521,6 +568,21 @@ def _executed(conn: psycopg.Connection[Any], sql: str) -> tuple[float, int]:
     return float(plan[0]["Execution Time"]), int(top["Shared Hit Blocks"]) + int(top["Shared Read Blocks"])
 
 
+def measuring_session(dsn: str, role: str | None = None) -> psycopg.Connection[Any]:
+    """A session set as dpproxy's backend sessions are (no JIT, ``PINNED_SETTINGS``: no index-only
+    scan among them, whose heap fetches follow the visibility map, where dpproxy's plans read the
+    heap), cut off at :data:`TIMEOUT_MS`, as ``role`` when given (a row-level security policy
+    applies to no superuser)."""
+    conn = psycopg.connect(dsn, autocommit=True)
+    conn.execute("SET jit = off")
+    for name, value in PINNED_SETTINGS.items():
+        conn.execute("SELECT set_config(%s, %s, false)", [name, value])
+    conn.execute(f"SET statement_timeout = {TIMEOUT_MS}")
+    if role is not None:
+        conn.execute(f"SET ROLE {role}")
+    return conn
+
+
 def measure_constructs(dsn: str, policy_path: Path, constructs: Sequence[Construct], rows: int,
                        repeats: int) -> Iterator[Measured]:
     """Each construct measured as the module docstring says, in the order given."""
@@ -533,10 +595,12 @@ def measure_constructs(dsn: str, policy_path: Path, constructs: Sequence[Constru
         base: list[float] = []
         plus: list[float] = []
         buffers = (0, 0)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("SET jit = off")  # as dpproxy's own backend sessions
-            conn.execute(f"SET statement_timeout = {TIMEOUT_MS}")
-            slow = max(_execution_ms(conn, sql) for sql in plan) > SLOW_MS  # warm-up: caches, the TOAST pages
+        with measuring_session(dsn, construct.role) as conn:
+            try:
+                slow = max(_execution_ms(conn, sql) for sql in plan) > SLOW_MS  # warm-up: caches, the TOAST pages
+            except psycopg.errors.DataError as error:  # a relation's expression failed on a row (forced past the load check)
+                yield Measured(construct, failed=f"{error.sqlstate}: {error}")
+                continue
             for _ in range(min(repeats, 3) if slow else repeats):
                 (base_ms, base_buffers), (plus_ms, plus_buffers) = (_executed(conn, sql) for sql in plan)
                 base.append(base_ms)
@@ -556,8 +620,8 @@ def report(results: Sequence[Measured], rows: int, repeats: int, seconds: float)
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for item in results:
-        if item.refused is not None:
-            lines.append(f"| {item.construct.name} | refused ({item.refused}) | | | | | |")
+        if item.refused is not None or item.failed is not None:
+            lines.append(f"| {item.construct.name} | {'refused' if item.refused else 'failed'} ({item.refused or item.failed}) | | | | | |")
             continue
         base = statistics.median(item.base_ms)
         lines.append(f"| {item.construct.name} | {base:.2f} | {1000 * base / rows:.3f} | "
