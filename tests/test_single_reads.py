@@ -24,6 +24,7 @@ from policies.errors import Refusal
 from policies.model import ColumnPolicy, TablePolicy
 from policies.tables import ColumnInfo, Relation
 from rewriter.dp_query import plan_aggregate_query
+from rewriter.like_patterns import MAX_CASE_FOLDED_PATTERNS
 from rewriter.predicate_terms import MAX_PREDICATE_TERMS
 from rewriter.rewrite import backend_sql
 from rewriter.single_reads import DISTINCT_WORK, HASH_WORK, KEY_WORK
@@ -134,6 +135,16 @@ def test_a_mode_filter_counts_once_a_category_in_the_work() -> None:
     assert f"work of {(within + 1) * per_category * len(CATEGORIES):,} units in all" in refusal.message
     # one FILTER of a count evaluates them once: answered
     plan_aggregate_query(f"SELECT count(*) FILTER (WHERE {_lowers(within + 1)}) FROM sr", _relation())
+
+
+def test_a_mode_filter_counts_its_ilike_patterns_once_a_category() -> None:
+    """PostgreSQL lowers an ILIKE pattern again for each evaluation: under a MODE of three categories a
+    pattern of a third of the bytes allowed, and a little more, is lowered past them for a row."""
+    pattern = "x" * (MAX_CASE_FOLDED_PATTERNS // len(CATEGORIES) + 1) + "%"
+    refusal = _refusal(f"SELECT mode() WITHIN GROUP (ORDER BY cat) FILTER (WHERE t ILIKE '{pattern}') FROM {{t}}",
+                       _relation())
+    assert f"ILIKE patterns of {len(pattern) * len(CATEGORIES)} bytes in all" in refusal.message
+    plan_aggregate_query(f"SELECT count(*) FILTER (WHERE t ILIKE '{pattern}') FROM sr", _relation())
 
 
 # ---------------------------------------------------------------- end to end, and the premise
