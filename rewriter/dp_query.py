@@ -36,7 +36,7 @@ from .post_process import PostProcess, aggregate_nodes, outer_statement
 from .shares import counted_shares
 from .predicates import PredicateRenderer
 from .scope import Scope
-from .single_reads import SingleRead, distinct_read, hash_read, key_read, mode_read
+from .single_reads import SingleRead, categories, distinct_read, hash_read, key_read, mode_read
 from .sqlglot_parse import VARIANCE_FUNCTIONS, parse_postgres
 from .statements import split_statements
 from .text_bounds import work_refusal
@@ -243,7 +243,7 @@ def plan_aggregate_query(
         where_sql = folding.inline if where_sql is not None else None
         aggregates = tuple(replace(agg, filter_sql=text) for agg, text in zip(aggregates, folding.inline_filters()))
     ranges = key_ranges(where.this if where is not None else None, groups, scope)
-    reads = single_reads(table, aggregates, groups)
+    reads = _single_reads(table, aggregates, groups)
     text_work = conditions.text_work + sum(read.work for read in reads)
     refused = work_refusal(text_work, reads) if not table.policy.answer_quantum_ms else None
     if refused is not None:
@@ -261,7 +261,7 @@ def plan_aggregate_query(
     return plan
 
 
-def single_reads(table: Relation, aggregates: tuple[Aggregate, ...], groups: tuple[GroupKey, ...]) -> tuple[SingleRead, ...]:
+def _single_reads(table: Relation, aggregates: tuple[Aggregate, ...], groups: tuple[GroupKey, ...]) -> tuple[SingleRead, ...]:
     """What of a statement's aggregates and keys reads each row's text value once a row, besides its
     conditions (rewriter/single_reads.py): each ``COUNT(DISTINCT)`` and MODE, each categorical key,
     and, where sample and aggregate partitions the rows by ``row_hash``, each hashed column."""
@@ -736,9 +736,7 @@ def _aggregate(item: exp.Expression, scope: Scope, conditions: PredicateRenderer
     if read.condition is None:
         return agg
     # MODE's FILTER is a FILTER of each category's count: PostgreSQL evaluates it once a category.
-    times = len(agg.column.policy.categories) if agg.kind == "mode" and agg.column is not None \
-        and agg.column.policy is not None and agg.column.policy.categories is not None else 1
-    template = conditions.template(read.condition, times)
+    template = conditions.template(read.condition, categories(agg.column) if agg.kind == "mode" else 1)
     columns = dict.fromkeys(scope.column(column).name for column in read.condition.find_all(exp.Column))
     return replace(agg, filter_sql=template, filter_columns=tuple(columns))
 

@@ -40,8 +40,8 @@ from policies.tables import ColumnInfo
 
 from .text_bounds import COMPARISON_WORK, value_bytes
 
-__all__ = ["DISTINCT_WORK", "HASH_WORK", "KEY_WORK", "SingleRead", "distinct_read", "hash_read", "key_read",
-           "mode_read"]
+__all__ = ["DISTINCT_WORK", "HASH_WORK", "KEY_WORK", "SingleRead", "categories", "distinct_read", "hash_read",
+           "key_read", "mode_read"]
 
 DISTINCT_WORK = 50
 """Work units a byte of a value ``COUNT(DISTINCT)`` reads: measured at 0.43–0.85 of ``lower(t) = 'x'``'s
@@ -74,7 +74,7 @@ def key_read(column: ColumnInfo, policy: TablePolicy) -> SingleRead | None:
     size = value_bytes(column, policy)
     if size is None:
         return None
-    return SingleRead(f"GROUP BY {column.name}", size * (KEY_WORK + _categories(column) * COMPARISON_WORK))
+    return SingleRead(f"GROUP BY {column.name}", size * (KEY_WORK + categories(column) * COMPARISON_WORK))
 
 
 def mode_read(column: ColumnInfo, policy: TablePolicy) -> SingleRead | None:
@@ -82,15 +82,16 @@ def mode_read(column: ColumnInfo, policy: TablePolicy) -> SingleRead | None:
     size = value_bytes(column, policy)
     if size is None:
         return None
-    return SingleRead(f"MODE() of {column.name}", size * _categories(column) * COMPARISON_WORK)
+    return SingleRead(f"MODE() of {column.name}", size * categories(column) * COMPARISON_WORK)
 
 
 def hash_read(column: ColumnInfo, policy: TablePolicy) -> SingleRead | None:
     """The ``row_hash`` partition key's read of ``column``, or None: not a column of bytes."""
     size = value_bytes(column, policy)
-    return None if size is None else SingleRead(f"the row_hash partition key's hash of {column.name}", size * HASH_WORK)
+    return None if size is None else SingleRead(f"the row_hash key's hash of {column.name}", size * HASH_WORK)
 
 
-def _categories(column: ColumnInfo) -> int:
-    assert column.policy is not None and column.policy.categories is not None
+def categories(column: ColumnInfo | None) -> int:
+    """How many categories ``column``, a MODE's or a categorical key's, declares."""
+    assert column is not None and column.policy is not None and column.policy.categories is not None
     return len(column.policy.categories)

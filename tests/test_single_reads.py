@@ -101,7 +101,7 @@ def test_the_row_hash_partition_key_weighs_each_hashed_text_column() -> None:
     assert plan_aggregate_query("SELECT avg(x) FROM sr", _relation(hashed=hashed)).text_work == 2 * BOUND * HASH_WORK
     raised = MAX_TEXT_WORK // (2 * HASH_WORK) + 1
     refusal = _refusal("SELECT avg(x) FROM {t}", _relation(raised, hashed=hashed))
-    assert f"the row_hash partition key's hash of t weighs {raised * HASH_WORK:,}" in refusal.message
+    assert f"the row_hash key's hash of t weighs {raised * HASH_WORK:,}" in refusal.message
     assert plan_aggregate_query("SELECT sum(x) FROM sr", _relation(raised, hashed=hashed)).text_work == 0
     assert plan_aggregate_query("SELECT avg(x) FROM sr", _relation(raised)).text_work == 0
 
