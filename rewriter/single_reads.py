@@ -14,10 +14,11 @@ Timing):
 * a categorical GROUP BY key: the value is hashed, copied into its group when it starts one,
   spilled to disk with it when the groups outgrow ``work_mem``, and each group's value is compared
   with each declared category to find its cell: :data:`KEY_WORK` a byte, and
-  :data:`~rewriter.text_bounds.COMPARISON_WORK` a byte for each category;
+  :data:`~rewriter.text_bounds.COMPARISON_WORK` a byte those comparisons read (:func:`_compared_bytes`:
+  under a deterministic collation the categories' own bytes, PostgreSQL comparing sizes first);
 * MODE of a categorical column: one count per declared category, each comparing the value with
-  that category (``col = 'category'``, a comparison as a condition's):
-  :data:`~rewriter.text_bounds.COMPARISON_WORK` a byte for each category;
+  that category (``col = 'category'``): :data:`~rewriter.text_bounds.COMPARISON_WORK` a byte those
+  comparisons read, as for a key;
 * the ``row_hash`` partition key of sample and aggregate: each hashed text column is hashed
   (``hashtextextended``): :data:`HASH_WORK` a byte.
 
@@ -51,6 +52,7 @@ KEY_WORK = 50
 """Work units a byte of a value a categorical GROUP BY key reads, besides its comparisons with the
 categories: measured at 0.12–0.46 of ``lower(t) = 'x'``'s cost a byte in memory, 0.65–1.01 where the
 groups spill to disk (``work_mem``)."""
+_BPCHAR = 1042
 HASH_WORK = 10
 """Work units a byte of a text column the ``row_hash`` partition key hashes: measured at 0.065–0.072
 of ``lower(t) = 'x'``'s cost a byte (~4 units), weighed at about twice that."""
@@ -74,7 +76,7 @@ def key_read(column: ColumnInfo, policy: TablePolicy) -> SingleRead | None:
     size = value_bytes(column, policy)
     if size is None:
         return None
-    return SingleRead(f"GROUP BY {column.name}", size * (KEY_WORK + categories(column) * COMPARISON_WORK))
+    return SingleRead(f"GROUP BY {column.name}", size * KEY_WORK + _compared_bytes(column, size) * COMPARISON_WORK)
 
 
 def mode_read(column: ColumnInfo, policy: TablePolicy) -> SingleRead | None:
@@ -82,13 +84,25 @@ def mode_read(column: ColumnInfo, policy: TablePolicy) -> SingleRead | None:
     size = value_bytes(column, policy)
     if size is None:
         return None
-    return SingleRead(f"MODE() of {column.name}", size * categories(column) * COMPARISON_WORK)
+    return SingleRead(f"MODE() of {column.name}", _compared_bytes(column, size) * COMPARISON_WORK)
 
 
 def hash_read(column: ColumnInfo, policy: TablePolicy) -> SingleRead | None:
     """The ``row_hash`` partition key's read of ``column``, or None: not a column of bytes."""
     size = value_bytes(column, policy)
     return None if size is None else SingleRead(f"the row_hash key's hash of {column.name}", size * HASH_WORK)
+
+
+def _compared_bytes(column: ColumnInfo, size: int) -> int:
+    """The bytes of one value of ``column`` (at most ``size``) that comparing it with each declared
+    category reads. Under a deterministic collation ``texteq`` and ``byteaeq`` compare the two sizes
+    first and read the value only where it is as long as the category: at most the category's own
+    bytes each. A ``char(n)`` (``bpchareq`` scans the value's trailing spaces first) and a
+    nondeterministic collation (ICU reads the value until it differs) may read the whole value each."""
+    assert column.policy is not None and column.policy.categories is not None
+    if column.deterministic_collation and column.value_type[0] != _BPCHAR:
+        return sum(min(len(category.encode("utf-8")), size) for category in column.policy.categories)
+    return size * len(column.policy.categories)
 
 
 def categories(column: ColumnInfo | None) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
@@ -37,7 +37,9 @@ CATEGORIES = ("a", "b", "c")
 _COLUMNS = (ColumnInfo("id", 23, -1, 1, None), ColumnInfo("t", 25, -1, 2, None),
             ColumnInfo("cat", 25, -1, 3, ColumnPolicy(categories=CATEGORIES, group_by=True)),
             ColumnInfo("x", 23, -1, 4, ColumnPolicy(bounds=(0, 100), avg="sample_aggregate")),
-            ColumnInfo("v", 1043, 10 + 4, 5, None))
+            ColumnInfo("v", 1043, 10 + 4, 5, None),
+            ColumnInfo("ci", 25, -1, 6, ColumnPolicy(categories=CATEGORIES, group_by=True), deterministic_collation=False),
+            ColumnInfo("ch", 1042, 8 + 4, 7, ColumnPolicy(categories=CATEGORIES)))
 
 
 def _relation(max_text_bytes: int = BOUND, quantum: int = 0, hashed: tuple[str, ...] = ()) -> Relation:
@@ -57,32 +59,45 @@ def _lowers(count: int) -> str:
 
 
 _ONE_LOWER = COMPARISON_WORK + CASE_FOLD_WORK  # a byte of lower(t) = '…'
-_KEY = KEY_WORK + len(CATEGORIES) * COMPARISON_WORK  # a byte of GROUP BY cat
-_MODE = len(CATEGORIES) * COMPARISON_WORK  # a byte of MODE() of cat
-# (statement, a max_text_bytes past which it weighs too much, a read the refusal names and its work a
-# byte, the statement's work a byte)
+_COMPARED = len("".join(CATEGORIES)) * COMPARISON_WORK  # cat = 'a', 'b', 'c': each reads at most the category's bytes
+# (statement, a max_text_bytes past which it weighs too much, a read the refusal names and its work at a
+# bound, the statement's work at a bound)
 _READS = [
-    ("SELECT count(DISTINCT t) FROM {t}", 20_000, "COUNT(DISTINCT t)", DISTINCT_WORK, DISTINCT_WORK),
-    ("SELECT cat, count(*) FROM {t} GROUP BY cat", 20_000, "GROUP BY cat", _KEY, _KEY),
-    ("SELECT mode() WITHIN GROUP (ORDER BY cat) FROM {t}", 250_000, "MODE() of cat", _MODE, _MODE),
-    ("SELECT count(DISTINCT t) FROM {t} GROUP BY cat", 10_000, "COUNT(DISTINCT t)", DISTINCT_WORK, DISTINCT_WORK + _KEY),
+    ("SELECT count(DISTINCT t) FROM {t}", 20_000, "COUNT(DISTINCT t)", lambda b: b * DISTINCT_WORK,
+     lambda b: b * DISTINCT_WORK),
+    ("SELECT cat, count(*) FROM {t} GROUP BY cat", 20_000, "GROUP BY cat", lambda b: b * KEY_WORK + _COMPARED,
+     lambda b: b * KEY_WORK + _COMPARED),
+    # under a nondeterministic collation each comparison with a category may read the whole value
+    ("SELECT mode() WITHIN GROUP (ORDER BY ci) FROM {t}", 250_000, "MODE() of ci", lambda b: 3 * b, lambda b: 3 * b),
+    ("SELECT count(DISTINCT t) FROM {t} GROUP BY cat", 10_000, "COUNT(DISTINCT t)", lambda b: b * DISTINCT_WORK,
+     lambda b: b * (DISTINCT_WORK + KEY_WORK) + _COMPARED),
 ]
 
 
-@pytest.mark.parametrize("sql, raised, what, read_per_byte, per_byte", _READS)
+@pytest.mark.parametrize("sql, raised, what, read_work, work", _READS)
 def test_a_single_read_is_refused_on_a_raised_bound_and_answered_at_the_default(
-        sql: str, raised: int, what: str, read_per_byte: int, per_byte: int) -> None:
+        sql: str, raised: int, what: str, read_work: Callable[[int], int], work: Callable[[int], int]) -> None:
     """Answered before whatever the bound; now weighed by it: the same statement plans at the default
     bound, and on a raised one it is refused (DP001, safe-predicate) with a hint naming the read."""
-    assert plan_aggregate_query(sql.replace("{t}", "sr"), _relation()).text_work == BOUND * per_byte
+    assert plan_aggregate_query(sql.replace("{t}", "sr"), _relation()).text_work == work(BOUND)
     refusal = _refusal(sql, _relation(raised))
-    work = raised * per_byte
     assert refusal.sqlstate == "DP001" and refusal.rule == "safe-predicate"
-    assert f"work of {work:,} units in all, conditions and single reads (at most {MAX_TEXT_WORK:,}" in refusal.message
-    assert f"{what} weighs {raised * read_per_byte:,}" in refusal.message
+    assert (f"work of {work(raised):,} units in all, conditions and single reads (at most {MAX_TEXT_WORK:,}"
+            in refusal.message)
+    assert f"{what} weighs {read_work(raised):,}" in refusal.message
     assert refusal.hint is not None and f"whole for {what}" in refusal.hint
     assert "lower max_text_bytes" in refusal.hint and "answer_quantum_ms" in refusal.hint
     plan_aggregate_query(sql.replace("{t}", "sr"), _relation(raised, quantum=50))  # the quantum lifts the limit
+
+
+def test_comparisons_with_the_categories_weigh_the_bytes_they_read() -> None:
+    """``texteq`` compares the sizes first: under a deterministic collation MODE reads at most each
+    category's own bytes of a value, whatever the bound; a ``char(n)`` (its trailing spaces scanned
+    first) and a nondeterministic collation (ICU) the value's, up to the bound, for each category."""
+    raised = _relation(1_000_000)
+    assert plan_aggregate_query("SELECT mode() WITHIN GROUP (ORDER BY cat) FROM sr", raised).text_work == _COMPARED
+    assert plan_aggregate_query("SELECT mode() WITHIN GROUP (ORDER BY ch) FROM sr", raised).text_work == 3 * 32
+    assert plan_aggregate_query("SELECT mode() WITHIN GROUP (ORDER BY ci) FROM sr", _relation()).text_work == 3 * BOUND
 
 
 def test_single_reads_and_conditions_add_up_to_one_limit() -> None:
@@ -127,10 +142,10 @@ def test_a_mode_filter_counts_once_a_category_in_the_terms() -> None:
 
 def test_a_mode_filter_counts_once_a_category_in_the_work() -> None:
     per_category = BOUND * _ONE_LOWER
-    within = (MAX_TEXT_WORK - BOUND * _MODE) // (per_category * len(CATEGORIES))  # 15
+    within = (MAX_TEXT_WORK - _COMPARED) // (per_category * len(CATEGORIES))  # 15
     sql = "SELECT mode() WITHIN GROUP (ORDER BY cat) FILTER (WHERE {c}) FROM sr"
     plan = plan_aggregate_query(sql.format(c=_lowers(within)), _relation())
-    assert plan.text_work == within * per_category * len(CATEGORIES) + BOUND * _MODE
+    assert plan.text_work == within * per_category * len(CATEGORIES) + _COMPARED
     refusal = _refusal(sql.format(c=_lowers(within + 1)), _relation())
     assert f"work of {(within + 1) * per_category * len(CATEGORIES):,} units in all" in refusal.message
     # one FILTER of a count evaluates them once: answered
