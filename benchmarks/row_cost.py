@@ -77,6 +77,7 @@ ORDINARY_ROW = {
     "n": "50.5", "f": "50.5", "ts": "'2022-06-01 12:00+00'", "arr": "'{1,2,3}'", "j": "'{\"k\": 1}'",
     "d": "'2022-06-01'", "big": "5000000000", "v": "'ordinary'", "b": "true", "dt": "'ordinary'", "by": "'ordinary'",
     "tv": "'ordinary'", "nr": "'[1,2)'", "vb": "B'101'", "dn": "50.5", "nx": "50.5", "tx": "'ordinary'", "nd": "50",
+    "tp": "'ordinary text of a row'", "cp": "'a'", "cm": "'c1'",
 }
 # Incompressible text, so that it is stored out of line in ~2 kB chunks, uncompressed.
 _RANDOM_TEXT = f"(SELECT string_agg(md5(g::text || random()::text), '') FROM generate_series(1, {BIG_TEXT_BYTES // 32}) g)"
@@ -204,6 +205,41 @@ def _text_constructs() -> Iterator[Construct]:
         yield Construct(f"text: WHERE id = 0 AND (t LIKE '%a…a0' OR … 2 ×) (64), {size} of a",
                         "SELECT COUNT(*) FROM {table} WHERE id = 0 AND " + _or_chain("t LIKE '%" + _A_PART[:-3] + "{i:03d}'", 2),
                         {"t": a_text})
+
+
+MODE_CATEGORIES = 200  # cm's declared categories: MODE's backend SQL counts each (at most ~1,660 columns)
+IN_ROW_BYTES = 7_680  # near the longest value PostgreSQL keeps in an 8 kB page's row (8,160 bytes in all), uncompressed
+_RANDOM_IN_ROW = f"(SELECT string_agg(md5(g::text || random()::text), '') FROM generate_series(1, {IN_ROW_BYTES // 32}) g)"
+_SINGLE_SIZES = ((f"{IN_ROW_BYTES:,} B random", _RANDOM_IN_ROW), (f"{_AT_BOUND} B random", f"left({_RANDOM_IN_ROW}, {_AT_BOUND})"),
+                 ("empty", "''"))
+
+
+def _single_constructs() -> Iterator[Construct]:
+    """The reads of a text value each row gets once whatever the statement's conditions (a single read):
+    ``COUNT(DISTINCT)``'s sort, a categorical GROUP BY key's hash, MODE's category counts, and
+    ``COUNT(col)`` (the header only) as the control, each with a row whose value is
+    :data:`IN_ROW_BYTES` long, at the default bound, and empty. ``tp`` and ``cp`` are ``STORAGE
+    PLAIN``, so a value of 7,680 bytes stays in the row, uncompressed, and is read where the table's
+    ``max_text_bytes`` allows it (``--max-text-bytes``): a longer value could only be stored apart or
+    compressed, which reads as NULL (rewriter/text_bounds.py). The long row's cost over the empty
+    one's is what the value's bytes add."""
+    for size, value in _SINGLE_SIZES:
+        yield from (
+            Construct(f"single: COUNT(DISTINCT tp), {size}", "SELECT COUNT(DISTINCT tp) FROM {table}", {"tp": value}),
+            Construct(f"single: GROUP BY cp (categories, other), {size}", "SELECT cp, COUNT(*) FROM {table} GROUP BY cp",
+                      {"cp": value}),
+            Construct(f"single: MODE() of cp, {size}", "SELECT MODE() WITHIN GROUP (ORDER BY cp) FROM {table}", {"cp": value}),
+            Construct(f"single: COUNT(tp) (the header only), {size}", "SELECT COUNT(tp) FROM {table}", {"tp": value}),
+        )
+    # MODE counts each declared category under the FILTER, so PostgreSQL evaluates the condition once a
+    # category for each row: cm declares MODE_CATEGORIES of them.
+    for label, condition, row in (
+            ("id = 0 AND age IN (254 numbers)", "id = 0 AND " + _in_list("age", 254), {}),
+            ("id = 0 AND (lower(t) = 'x0' OR … 44 ×)", "id = 0 AND " + _or_chain("lower(t) = 'x{i}'", 44), {"t": _RANDOM_AT_BOUND})):
+        yield Construct(f"single: MODE() of cm ({MODE_CATEGORIES:,} categories) FILTER (WHERE {label}), the row id 0",
+                        f"SELECT MODE() WITHIN GROUP (ORDER BY cm) FILTER (WHERE {condition}) FROM {{table}}", row)
+        yield Construct(f"single: COUNT(*) FILTER (WHERE {label}), the row id 0 (once a row)",
+                        f"SELECT COUNT(*) FILTER (WHERE {condition}) FROM {{table}}", row)
 
 
 # A long value of each type other than text a DP statement could read, by column (rewriter/text_bounds.py).
@@ -375,6 +411,7 @@ CONSTRUCTS: tuple[Construct, ...] = (
     *_type_constructs(),
     *_numeric_constructs(),
     *_apart_constructs(),
+    *_single_constructs(),
 )
 
 
@@ -406,35 +443,40 @@ class Measured:
 
 _COLUMNS = """id integer PRIMARY KEY, age integer, t text, ci text COLLATE rc_ci, cat text, n numeric,
     f double precision, ts timestamptz, arr integer[], j jsonb, d date, big bigint, v varchar(100000), b boolean,
-    dt rc_text, by bytea, tv tsvector, nr numrange, vb varbit, dn rc_num, nx numeric, tx text, nd numeric(1000, 0), pad text"""
+    dt rc_text, by bytea, tv tsvector, nr numrange, vb varbit, dn rc_num, nx numeric, tx text, nd numeric(1000, 0), pad text,
+    tp text, cp text, cm text"""
 _BASE_ROWS = """SELECT g, 17 + g % 70, 'row ' || g || ' of an ordinary table', 'v' || g % 50, (ARRAY['a', 'b', 'c'])[1 + g % 3],
     (g % 1000) / 10.0, (g % 997) / 10.0, '2021-01-01 00:00+00'::timestamptz + g * interval '1 hour',
     ARRAY[g, g + 1], jsonb_build_object('k', g), DATE '2021-01-01' + g % 1500, g * 1000003::bigint, 'w' || g % 40,
     g % 2 = 0, 'row ' || g, convert_to('row ' || g, 'UTF8'), to_tsvector('simple', 'row ' || g), numrange(g, g + 1),
-    B'101', (g % 1000) / 10.0, (g % 1000) / 10.0, 'row ' || g, g % 100, NULL FROM generate_series(1, {rows}) g"""
+    B'101', (g % 1000) / 10.0, (g % 1000) / 10.0, 'row ' || g, g % 100, NULL, 'row ' || g || ' of an ordinary table',
+    (ARRAY['a', 'b', 'c'])[1 + g % 3], 'c' || g % 50 FROM generate_series(1, {rows}) g"""
 # pad is kept in the row and nx, tx, nd are the columns its toaster moves out first, uncompressed: a
 # row whose pad is long stores a short nx, tx or nd apart, in the TOAST relation (tests/post_charge_wait.py).
 # nd has a declared precision, so dpproxy reads it as it is, even stored apart (docs/threat-model.md,
-# Timing, "Left open").
+# Timing, "Left open"). tp and cp keep a value of up to ~8 kB in the row, uncompressed (the single: constructs).
 _STORAGE = ("ALTER COLUMN pad SET STORAGE MAIN, ALTER COLUMN nx SET STORAGE EXTERNAL, ALTER COLUMN tx SET STORAGE EXTERNAL, "
-            "ALTER COLUMN nd SET STORAGE EXTERNAL")
+            "ALTER COLUMN nd SET STORAGE EXTERNAL, ALTER COLUMN tp SET STORAGE PLAIN, ALTER COLUMN cp SET STORAGE PLAIN")
 
 
-def policy_file(dsn: str, directory: Path, quantum_ms: int = 0) -> Path:
-    """The policy of ``rc_base`` and ``rc_plus`` (``answer_quantum_ms`` = ``quantum_ms``), written in ``directory``."""
+def policy_file(dsn: str, directory: Path, quantum_ms: int = 0, max_text_bytes: int = _AT_BOUND) -> Path:
+    """The policy of ``rc_base`` and ``rc_plus`` (``answer_quantum_ms`` = ``quantum_ms``, ``max_text_bytes``),
+    written in ``directory``."""
     columns = {
         "age": {"bounds": [0, 100], "group_by": True},
         "n": {"bounds": [0, 100], "group_by": True},
         "f": {"bounds": [0, 100], "avg": "sample_aggregate"},
         "ts": {"bounds": ["2021-01-01", "2025-12-31"], "group_by": ["month"]},
         "cat": {"categories": ["a", "b", "c"], "group_by": True, "other": "other"},
+        "cp": {"categories": ["a", "b", "c"], "group_by": True, "other": "other"},
+        "cm": {"categories": [f"c{i}" for i in range(MODE_CATEGORIES)]},
         "big": {"bounds": [0, 10_000_000_000]},
         "d": {"bounds": ["2021-01-01", "2025-12-31"], "group_by": ["month"]},
         "nx": {"bounds": [0, 100]},
         "nd": {"bounds": [0, 100]},
     }
     table = {"access": "protected", "epsilon": 1.0, "delta": 1e-6, "partitions": 256, "columns": columns,
-             "answer_quantum_ms": quantum_ms}
+             "answer_quantum_ms": quantum_ms, "max_text_bytes": max_text_bytes}
     policy = {
         "backend": {"dsn": dsn},
         "listen": {"host": "127.0.0.1", "port": 1},
@@ -677,6 +719,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quantum", type=int, default=0, metavar="MS",
                         help="plan under answer_quantum_ms: the backend SQL is the same, and the limit on a "
                              "statement's predicate terms (rewriter/predicate_terms.py) is lifted, to measure beyond it")
+    parser.add_argument("--max-text-bytes", type=int, default=_AT_BOUND, metavar="N",
+                        help="the tables' max_text_bytes (the single: constructs read a 7,680-byte value from 7,680)")
     parser.add_argument("--pg", type=int, choices=(15, 16, 17, 18), default=15,
                         help="the server to start: Debian's 15, pgserver's 16 (no ICU), or tests/pg_versions' 17, 18")
     args = parser.parse_args(argv)
@@ -686,7 +730,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run(dsn: str) -> list[Measured]:
         load_tables(dsn, args.rows)
         with tempfile.TemporaryDirectory(prefix="dpproxy-row-cost-") as directory:
-            policy_path = policy_file(dsn, Path(directory), args.quantum)
+            policy_path = policy_file(dsn, Path(directory), args.quantum, args.max_text_bytes)
             results = []
             for item in measure_constructs(dsn, policy_path, chosen, args.rows, args.repeats):
                 print(report([item], args.rows, args.repeats, 0).splitlines()[-1], flush=True)

@@ -174,22 +174,32 @@ class PredicateRenderer:
         self._terms = 0  # of the predicates rendered so far (rewriter.predicate_terms)
         self._limited = not scope.table.policy.answer_quantum_ms
 
-    def template(self, predicate: exp.Expression) -> str:
+    def template(self, predicate: exp.Expression, times: int = 1) -> str:
         """``predicate`` checked and rendered, each folded comparison a token of :meth:`folding`.
 
-        Refused (``safe-predicate``) before it is rendered when it takes the statement's
-        predicates past :data:`~rewriter.predicate_terms.MAX_PREDICATE_TERMS` terms in all, and
-        once rendered when their reads of text values weigh more than
-        :data:`~rewriter.text_bounds.MAX_TEXT_WORK` in all, on a table without ``answer_quantum_ms``.
+        ``times``: how many times PostgreSQL evaluates it for a row (a MODE's FILTER: once for each
+        declared category, rewriter/rewrite.py), which its terms, its reads of text and its ILIKE
+        patterns count. Refused (``safe-predicate``) before it is rendered when it takes the
+        statement's predicates past :data:`~rewriter.predicate_terms.MAX_PREDICATE_TERMS` terms in
+        all, and once rendered when their reads of text values weigh more than
+        :data:`~rewriter.text_bounds.MAX_TEXT_WORK` in all, on a table without ``answer_quantum_ms``
+        (or, with ``times``, their ILIKE patterns hold more than the bytes
+        :func:`~rewriter.like_patterns.case_folded_refusal` allows).
         """
-        self._terms += predicate_terms(predicate)
+        self._terms += predicate_terms(predicate) * times
         refused = terms_refusal(self._terms) if self._limited else None
         if refused is not None:
             raise self._renderer.refuse(f"{refused[0]} are refused on protected table", refused[1])
         self._renderer.positive = True  # a WHERE or FILTER keeps the rows where it is true
         self._renderer.top = True
         self._renderer.top_equalities = {}
+        before = self._renderer.weighed()
         sql = self._renderer.predicate(predicate)
+        if times > 1:
+            self._renderer.repeat_since(before, times)
+            refused = case_folded_refusal(self._renderer.ilike_bytes)
+            if refused is not None:
+                raise self._renderer.refuse(f"{refused[0]}; such patterns are refused on protected table", refused[1])
         refused = work_refusal(self._renderer.text_work) if self._limited else None
         if refused is not None:
             raise self._renderer.refuse(f"{refused[0]} are refused on protected table", refused[1])
@@ -282,6 +292,20 @@ class _Renderer:
         self.top = True
         self.conjunct = True
         self.top_equalities: dict[str, tuple[ColumnInfo, list[str]]] = {}
+
+    def weighed(self) -> tuple[int, int, int, int]:
+        """What the predicates rendered so far weigh, for :meth:`repeat_since`: the text work, the
+        ILIKE patterns' bytes, and how many pattern parameters are weighed and lowered."""
+        return self.text_work, self.ilike_bytes, len(self.like_weights), len(self.ilike_parameters)
+
+    def repeat_since(self, before: tuple[int, int, int, int], times: int) -> None:
+        """Count what the predicate rendered since :meth:`weighed` returned ``before`` ``times``
+        times in all: PostgreSQL evaluates it that many times for a row."""
+        work, ilike_bytes, like_weights, ilike_parameters = before
+        self.text_work += (self.text_work - work) * (times - 1)
+        self.ilike_bytes += (self.ilike_bytes - ilike_bytes) * (times - 1)
+        self.like_weights += self.like_weights[like_weights:] * (times - 1)
+        self.ilike_parameters += self.ilike_parameters[ilike_parameters:] * (times - 1)
 
     def _weigh(self, operand: _Operand, per_byte: int) -> None:
         """Add to :attr:`text_work` what a term reading ``operand`` costs a row: the bytes of its
