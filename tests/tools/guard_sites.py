@@ -39,7 +39,8 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
                  "tests/test_attack_stop42.py::"
                  "test_a_virtual_generated_column_computed_from_a_value_of_any_length_refuses_its_table_at_load",
                  "tests/test_attack_stop42.py::test_a_protected_view_whose_conditions_read_a_long_value_whole_is_refused_at_load",
-                 "tests/test_attack_stop42.py::test_an_equality_under_a_nondeterministic_collation_is_refused_at_load"),
+                 "tests/test_attack_stop42.py::test_an_equality_under_a_nondeterministic_collation_is_refused_at_load",
+                 "tests/test_attack_stop43.py::test_a_whole_row_counted_in_a_protected_view_is_refused_at_load"),
     "reads": ("tests/test_attack_identities.py", "tests/test_partition_key.py",
               "tests/test_attack_new_keys.py::test_a_public_relation_that_starts_reading_a_protected_table_is_refused",
               "tests/test_attack_new_keys.py::"
@@ -499,6 +500,7 @@ SITES: tuple[Site, ...] = (
     Site("rows.deterministic-collation", _W, "(read.collation == 0 or read.collation in catalog.deterministic)",
          "True", "relation"),
     Site("rows.declared-size-bound", _W, "declared is not None and declared - _VARHDRSZ <= most", "True", "relation"),
+    _off("rows.whole-row-whatever-reads-it", _W, "read.whole", "relation"),
     # ------------------------------------------------------------------ proxy/backend/relation_reads.py
     Site("reads.public-reads-protected", _RR, "reads = await session.fetch_all(_READS_SQL, (True, True, public, protected))",
          "reads = []", "reads"),

@@ -1,0 +1,96 @@
+"""Stop 43: the newest guards (the hashed raw equality beside a declared-size column's top-level
+``=``/IN, the whole-read check of protected views and policies, the misreadings refused, the
+category notes, the numeric read at ``pg_column_size`` <= 20) attacked by someone other than their
+author, as an analyst who can send any SQL and as a data owner whose views an operator accepted.
+
+Found and fixed, pinned here:
+
+* A whole row counted in a protected view's aggregate or window (``count(b)`` of ``FROM s43_base
+  b``) passed the whole-read check as ``count(note)`` does: ``count("any")`` asks only whether its
+  argument is NULL. But PostgreSQL builds the whole row to hand it to ``count``
+  (``ExecEvalWholeRowVar``), fetching each value of it stored apart: over a per-person view
+  ``SELECT id, count(b) AS n … GROUP BY id``, ``SUM(n) … WHERE id > 5`` read ~450 buffers more
+  (0.8 ms → 7.7 ms) on 1,000 rows when one of them held a 3.2 MB note. A whole row is now never
+  bounded by what reads it (proxy/backend/whole_reads.py), as its docstring said.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.buffer_hits import buffer_hits
+from tests.conftest import ATTACK_POLICY_HEAD, TestDatabase, make_policy, refused_at_load
+
+_VIEW_POLICY = ATTACK_POLICY_HEAD + """\
+  public.s43_view:
+    access: protected
+    epsilon: 1.0
+    columns:
+      id: {{bounds: [0, 1000]}}
+      n: {{bounds: [0, 10]}}
+"""
+_LONG_ROW = "repeat(md5('x'), 100000)"  # 3.2 MB, stored apart uncompressed (STORAGE EXTERNAL)
+
+
+@contextmanager
+def _view(test_db: TestDatabase, view: str) -> Iterator[psycopg.Connection]:
+    """s43_base (id, note text) and the view s43_view over it (``view``)."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute("DROP TABLE IF EXISTS s43_base CASCADE")
+        admin.execute("CREATE TABLE s43_base AS SELECT g AS id, g::text AS note FROM generate_series(1, 200) g")
+        admin.execute(f"CREATE VIEW s43_view AS {view}")
+        admin.execute("GRANT SELECT ON s43_base, s43_view TO dpproxy_service")
+        try:
+            yield admin
+        finally:
+            admin.execute("DROP TABLE IF EXISTS s43_base CASCADE")
+
+
+_WHOLE_ROW_COUNTS = {
+    "aggregate": "SELECT id, count(b) AS n FROM s43_base b GROUP BY id",
+    "window": "SELECT id, count(b) OVER (PARTITION BY id) AS n FROM s43_base b",
+    "filtered": "SELECT id, count(*) FILTER (WHERE b IS NOT NULL) AS n FROM s43_base b GROUP BY id",
+}
+
+
+@pytest.mark.parametrize("case", list(_WHOLE_ROW_COUNTS))
+def test_a_whole_row_counted_in_a_protected_view_is_refused_at_load(test_db: TestDatabase, tmp_path: Path,
+                                                                     case: str) -> None:
+    """``count(b)`` of a whole row builds the row, fetching each value stored apart, although count
+    asks only whether it is NULL: refused as the view's other whole reads are, naming the row."""
+    with _view(test_db, _WHOLE_ROW_COUNTS[case]):
+        problems = refused_at_load(make_policy(test_db, tmp_path / "ledger.sqlite3", _VIEW_POLICY))
+    assert len(problems) == 1 and problems[0].startswith("tables.public.s43_view: "), problems
+    assert "view s43_view reads b (s43_base) whole in an aggregate or window function" in problems[0], problems
+
+
+def test_counting_a_whole_row_fetches_its_values_stored_apart(test_db: TestDatabase) -> None:
+    """The premise, on PostgreSQL itself: ``SUM(n)`` over ``SELECT id, count(b) AS n … GROUP BY id``
+    on 1,000 rows reads ~450 buffers more when one row holds a 3.2 MB note stored apart; over
+    ``count(note)`` it reads none more (count asks only whether the note is NULL)."""
+    hits = {}
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute("SET jit = off")
+        for kind in ("short", "long"):
+            admin.execute(f"DROP TABLE IF EXISTS s43_{kind} CASCADE")
+            admin.execute(f"CREATE TABLE s43_{kind} (id int, note text)")
+            admin.execute(f"ALTER TABLE s43_{kind} ALTER COLUMN note SET STORAGE EXTERNAL")
+            admin.execute(f"INSERT INTO s43_{kind} SELECT g, g::text FROM generate_series(1, 1000) g")
+        admin.execute(f"INSERT INTO s43_long SELECT 500, {_LONG_ROW}")
+        try:
+            for counted in ("b", "b.note"):
+                for kind in ("short", "long"):
+                    admin.execute(f"CREATE OR REPLACE VIEW s43_{kind}_view AS "
+                                  f"SELECT id, count({counted}) AS n FROM s43_{kind} b GROUP BY id")
+                    hits[counted, kind] = buffer_hits(admin, f"SELECT sum(n) FROM s43_{kind}_view WHERE id > 5")
+                    admin.execute(f"DROP VIEW s43_{kind}_view")
+        finally:
+            for kind in ("short", "long"):
+                admin.execute(f"DROP TABLE s43_{kind} CASCADE")
+    assert hits["b", "long"] - hits["b", "short"] > 300, hits
+    assert hits["b.note", "long"] - hits["b.note", "short"] <= 2, hits
