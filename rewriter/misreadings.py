@@ -15,6 +15,13 @@ with the number in decimal in the hint.
 was answered as ``now() - interval '3' + interval '1'``), where PostgreSQL reads the interval 'v'
 at precision p. It is found by the scanner too (``INTERVAL`` then ``(``) and refused.
 
+``interval '...'``'s value: sqlglot rewrites a string holding one number and unit as ``'<number>
+<UNIT>'`` and drops the rest (``interval '1 day ago'`` was answered as ``interval '1 DAY'``, its sign
+lost; ``'1 day 1:30'`` as ``'1 DAY'``; ``'.5 day'`` as ``'5 DAY'``; ``'P2M'``, two months, as two
+minutes), and folds a single field after the string into it (``interval '1.5' hour`` as ``'1.5
+HOUR'``, where PostgreSQL keeps whole hours only: one hour). A literal it keeps as PostgreSQL reads
+it is let through (:func:`_interval_read_alike`); any other is refused, found by the scanner.
+
 ``x IS [NOT] UNKNOWN``: sqlglot reads it as ``x IS [NOT] NULL``. That is PostgreSQL's meaning for a
 boolean ``x``; for any other, PostgreSQL fails the statement (42804) whatever the rows, and dpproxy
 answered it. It is let through on a boolean column of the table only.
@@ -26,11 +33,13 @@ which selects other rows whenever the clock is not on a whole second.
 
 from __future__ import annotations
 
+import json
 import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from pglast.parser import ParseError, scan
+from pglast.parser import ParseError, parse_sql_json, scan
+from sqlglot import exp
 
 from policies.errors import SQLSTATE, Refusal
 from policies.tables import Relation
@@ -55,10 +64,57 @@ def _decimal(text: str) -> str:
             return digits
 
 
+_INTERVAL_FIELDS = frozenset({"YEAR_P", "MONTH_P", "DAY_P", "HOUR_P", "MINUTE_P", "SECOND_P"})
+_WHOLE_NUMBER = re.compile(r"\s*[+-]?[0-9]+\s*")
+
+
+def _string_value(text: str) -> str | None:
+    """The value of ``text``, a string constant as written ('...', E'...', U&'...', $$...$$), as
+    PostgreSQL's parser reads it; None when it reads no string there."""
+    try:
+        tree = json.loads(parse_sql_json(f"SELECT {text}"))
+        value = tree["stmts"][0]["stmt"]["SelectStmt"]["targetList"][0]["ResTarget"]["val"]["A_Const"]["sval"]
+    except (ParseError, KeyError, IndexError, TypeError):
+        return None
+    return str(value.get("sval", ""))
+
+
+def _interval_read_alike(value: str | None, field: str | None, after: str | None) -> bool:
+    """Whether sqlglot renders ``interval '<value>' [<field> [<after> ...]]`` as PostgreSQL reads it
+    (``field``, ``after``: the names of the two tokens after the string, when the first is a field).
+
+    Without a field, sqlglot rewrites a value in which it finds exactly one ``<number> <unit>``
+    (``exp.INTERVAL_STRING_RE``) as that pair alone: alike only when that pair is the whole value.
+    With ``<field> TO <field>`` it keeps the value as written when it finds no such pair; with a
+    single field it appends the field to the value, alike only for a whole number (PostgreSQL keeps
+    only whole units of the field: ``interval '1.5' hour`` is one hour)."""
+    if value is None:
+        return False
+    pairs = exp.INTERVAL_STRING_RE.findall(value)
+    if field is None:
+        return len(pairs) != 1 or exp.INTERVAL_STRING_RE.fullmatch(value) is not None
+    if after == "TO":
+        return not pairs
+    return after != "ASCII_40" and _WHOLE_NUMBER.fullmatch(value) is not None
+
+
+def _misread_interval(sql: str, tokens: list[Any], index: int) -> bool:
+    """Whether the ``INTERVAL`` at ``tokens[index]`` opens an ``interval '...'`` literal that sqlglot
+    reads otherwise than PostgreSQL (:func:`_interval_read_alike`)."""
+    if index + 1 >= len(tokens) or tokens[index + 1].name not in ("SCONST", "USCONST"):
+        return False
+    string = tokens[index + 1]
+    names = [token.name for token in tokens[index + 2 : index + 4]]
+    field = names[0] if names and names[0] in _INTERVAL_FIELDS else None
+    after = names[1] if field is not None and len(names) > 1 else None
+    return not _interval_read_alike(_string_value(sql[string.start : string.end + 1]), field, after)
+
+
 def refuse_misread_tokens(sql: str, relation: Relation) -> None:
     """Refuse a number of ``sql`` written with a ``0x``/``0o``/``0b`` prefix or a ``_`` between digits
-    (0A000, rule ``number-form``) and ``interval(p) '...'`` (0A000, rule ``interval-precision``);
-    ``relation`` is the protected table it reads."""
+    (0A000, rule ``number-form``), ``interval(p) '...'`` (0A000, rule ``interval-precision``) and an
+    ``interval '...'`` literal sqlglot reads otherwise (0A000, rule ``interval-form``); ``relation``
+    is the protected table it reads."""
     try:
         tokens = scan(sql)
     except ParseError:  # pragma: no cover - the statement was parsed already
@@ -81,6 +137,17 @@ def refuse_misread_tokens(sql: str, relation: Relation) -> None:
                 "(rule: interval-precision)",
                 "dpproxy's DP planner reads interval(p) 'v' as interval 'p' + interval 'v'; write interval 'v'.",
                 "interval-precision",
+            )
+        elif token.name == "INTERVAL" and _misread_interval(sql, tokens, index):
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                f"the interval literal {sql[token.start : tokens[index + 1].end + 1]}, which dpproxy's DP planner "
+                f"reads otherwise than PostgreSQL, is not supported on protected table {relation.display_name} "
+                "(rule: interval-form)",
+                "Write one number and unit per interval and add them, as interval '1 day' + interval '90 minutes', "
+                "with a minus sign before a negative number ('-1 day', not '1 day ago'); a field after the string "
+                "takes a whole number only (interval '2' hour), or write CAST('1:30' AS interval hour).",
+                "interval-form",
             )
 
 

@@ -12,6 +12,14 @@ Found and fixed, pinned here:
   ``SELECT id, count(b) AS n … GROUP BY id``, ``SUM(n) … WHERE id > 5`` read ~450 buffers more
   (0.8 ms → 7.7 ms) on 1,000 rows when one of them held a 3.2 MB note. A whole row is now never
   bounded by what reads it (proxy/backend/whole_reads.py), as its docstring said.
+* An ``interval '...'`` literal sqlglot reads otherwise than PostgreSQL was answered and charged
+  for another interval: sqlglot keeps one number and unit it finds in the string and drops the
+  rest (``interval '1 day ago'`` ran as ``interval '1 DAY'``, its sign lost; ``'1 day 1:30'`` as
+  ``'1 DAY'``; ``'.5 day'`` as ``'5 DAY'``; ``'P2M'``, two months, as two minutes; ``'1 hour 30'``
+  as an hour), and folds a single field after the string into it (``interval '1.5' hour``: one
+  hour to PostgreSQL, which keeps whole units of the field, 90 minutes as run). Refused before
+  any charge now (0A000, rule ``interval-form``, rewriter/misreadings.py), pinned with the value
+  each side reads in tests/test_parse_differential.py; the forms sqlglot keeps alike are answered.
 """
 
 from __future__ import annotations

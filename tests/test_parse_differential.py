@@ -143,3 +143,46 @@ def test_an_interval_with_a_precision_before_its_value_is_refused_before_any_cha
         "0A000", "interval(p) '...' is not supported on protected table people (rule: interval-precision)")
     with people_proxy.connect(autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM people WHERE signed_up > now() - interval '1 day'").fetchone()
+
+
+# (the literal as written, what sqlglot wrote for it, each as PostgreSQL reads it)
+_MISREAD_INTERVALS = [
+    ("interval '1 day ago'", "interval '1 DAY'", "-1 days", "1 day"),
+    ("interval '1 day 1:30'", "interval '1 DAY'", "1 day 01:30:00", "1 day"),
+    ("interval '.5 day'", "interval '5 DAY'", "12:00:00", "5 days"),
+    ("interval 'P2M'", "interval '2 MINUTE'", "2 mons", "00:02:00"),
+    ("interval '1 hour 30'", "interval '1 HOUR'", "01:00:30", "01:00:00"),
+    ("interval '- 2 day'", "interval '2 DAY'", "-2 days", "2 days"),
+    ("interval '1.5' hour", "interval '1.5 HOUR'", "01:00:00", "01:30:00"),
+    ("interval '1:30' hour", "interval '1:30 HOUR'", "01:00:00", "01:30:00"),
+    ("INTERVAL '2.5' MONTH", "interval '2.5 MONTH'", "2 mons", "2 mons 15 days"),
+]
+
+
+@pytest.mark.parametrize(("written", "rendered", "meant", "ran"), _MISREAD_INTERVALS)
+def test_an_interval_literal_sqlglot_reads_otherwise_is_refused_before_any_charge(
+        people_proxy: RunningProxy, test_db: TestDatabase, written: str, rendered: str, meant: str, ran: str) -> None:
+    # sqlglot kept one number and unit of the string and dropped the rest (a sign's "ago", a time,
+    # a leading "."), or folded a single field into the string where PostgreSQL keeps whole units:
+    # answered, and charged, for another interval than the analyst's.
+    with psycopg.connect(test_db.admin_dsn) as admin:
+        assert admin.execute(f"SELECT ({written})::text, ({rendered})::text").fetchone() == (meant, ran)
+    for sql in (f"SELECT count(*) FROM people WHERE signed_up > now() - {written}",
+                f"SELECT count(*) FILTER (WHERE signed_up > now() - {written}) FROM people"):
+        error = refused_uncharged(people_proxy, sql)
+        literal = written[:written.index("'", written.index("'") + 1) + 1]  # up to its string's end
+        assert (error.diag.sqlstate, error.diag.message_primary) == (
+            "0A000", f"the interval literal {literal}, which dpproxy's DP planner reads otherwise than PostgreSQL, "
+            "is not supported on protected table people (rule: interval-form)"), error.diag.message_primary
+        assert "'-1 day', not '1 day ago'" in (error.diag.message_hint or "")
+
+
+@pytest.mark.parametrize("interval", [
+    "interval '1 day'", "interval '-3 years'", "interval '90' minute", "interval '+5' day", "interval '1 year 2 months'",
+    "interval '1 2:03' day to minute", "interval '1-2' year to month", "interval 'P1Y2M'", "interval '1:30'",
+    "interval '1.5'", "CAST('1:30' AS interval hour)", "'1 day ago'::interval",
+])
+def test_an_interval_literal_read_alike_is_answered(people_proxy: RunningProxy, interval: str) -> None:
+    # sqlglot keeps these as PostgreSQL reads them: verbatim, or one number and unit rewritten alike.
+    with people_proxy.connect(autocommit=True) as conn:
+        assert conn.execute(f"SELECT count(*) FROM people WHERE signed_up > now() - {interval}").fetchone() is not None

@@ -49,6 +49,8 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "dp_query": ("tests/test_refusals.py", "tests/test_query_shapes.py", "tests/test_attack_outputs.py",
                  "tests/test_attack_availability.py::test_a_number_too_long_for_python_int_is_refused_not_an_internal_error"),
     "limits": ("tests/test_statement_limits.py",),
+    "misreadings": ("tests/test_parse_differential.py::"
+                    "test_an_interval_literal_sqlglot_reads_otherwise_is_refused_before_any_charge",),
     "terms": ("tests/test_predicate_terms.py",),
     "stop39": ("tests/test_attack_stop39.py",),
     "certain": ("tests/test_certain_errors.py",),
@@ -501,6 +503,12 @@ SITES: tuple[Site, ...] = (
          "True", "relation"),
     Site("rows.declared-size-bound", _W, "declared is not None and declared - _VARHDRSZ <= most", "True", "relation"),
     _off("rows.whole-row-whatever-reads-it", _W, "read.whole", "relation"),
+    _off("misread.interval-form", "rewriter/misreadings.py",
+         'token.name == "INTERVAL" and _misread_interval(sql, tokens, index)', "misreadings"),
+    Site("misread.interval-whole-pair", "rewriter/misreadings.py",
+         "len(pairs) != 1 or exp.INTERVAL_STRING_RE.fullmatch(value) is not None", "True", "misreadings"),
+    Site("misread.interval-single-field", "rewriter/misreadings.py",
+         'after != "ASCII_40" and _WHOLE_NUMBER.fullmatch(value) is not None', "True", "misreadings"),
     # ------------------------------------------------------------------ proxy/backend/relation_reads.py
     Site("reads.public-reads-protected", _RR, "reads = await session.fetch_all(_READS_SQL, (True, True, public, protected))",
          "reads = []", "reads"),
