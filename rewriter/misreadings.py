@@ -64,6 +64,7 @@ def _decimal(text: str) -> str:
             return digits
 
 
+_COMMENTS = frozenset({"C_COMMENT", "SQL_COMMENT"})
 _INTERVAL_FIELDS = frozenset({"YEAR_P", "MONTH_P", "DAY_P", "HOUR_P", "MINUTE_P", "SECOND_P"})
 _WHOLE_NUMBER = re.compile(r"\s*[+-]?[0-9]+\s*")
 
@@ -116,7 +117,8 @@ def refuse_misread_tokens(sql: str, relation: Relation) -> None:
     ``interval '...'`` literal sqlglot reads otherwise (0A000, rule ``interval-form``); ``relation``
     is the protected table it reads."""
     try:
-        tokens = scan(sql)
+        # Without comments: PostgreSQL reads interval /* c */ (3) '1' as interval(3) '1'.
+        tokens = [token for token in scan(sql) if token.name not in _COMMENTS]
     except ParseError:  # pragma: no cover - the statement was parsed already
         return
     for index, token in enumerate(tokens):

@@ -134,6 +134,9 @@ def test_current_timestamp_with_a_precision_is_refused_before_any_charge(people_
 @pytest.mark.parametrize("sql", [
     "SELECT count(*) FROM people WHERE signed_up > now() - interval '1 day' - interval(3) '1'",
     "SELECT count(*) FILTER (WHERE signed_up > now() - INTERVAL (0) '3 years') FROM people",
+    # A comment between the tokens is no space to PostgreSQL: it reads interval(3) '1' still.
+    "SELECT count(*) FROM people WHERE signed_up > now() - interval /* p */ (3) '1'",
+    "SELECT count(*) FROM people WHERE signed_up > now() - interval -- p\n(3) '1'",
 ])
 def test_an_interval_with_a_precision_before_its_value_is_refused_before_any_charge(
         people_proxy: RunningProxy, sql: str) -> None:
@@ -177,10 +180,25 @@ def test_an_interval_literal_sqlglot_reads_otherwise_is_refused_before_any_charg
         assert "'-1 day', not '1 day ago'" in (error.diag.message_hint or "")
 
 
+@pytest.mark.parametrize(("sql", "literal"), [
+    ("SELECT count(*) FROM people WHERE signed_up > now() - interval /* c */ '1 day ago'", "interval /* c */ '1 day ago'"),
+    ("SELECT count(*) FROM people WHERE signed_up > now() - interval '1.5' -- c\nhour", "interval '1.5'"),
+])
+def test_a_comment_does_not_hide_an_interval_literal_sqlglot_reads_otherwise(people_proxy: RunningProxy, sql: str,
+                                                                          literal: str) -> None:
+    # The scanner returns comments as tokens: one between INTERVAL and its string, or between the
+    # string and its field, hid the literal from the check, and it was answered as sqlglot read it.
+    error = refused_uncharged(people_proxy, sql)
+    assert (error.diag.sqlstate, error.diag.message_primary) == (
+        "0A000", f"the interval literal {literal}, which dpproxy's DP planner reads otherwise than PostgreSQL, "
+        "is not supported on protected table people (rule: interval-form)"), error.diag.message_primary
+
+
 @pytest.mark.parametrize("interval", [
     "interval '1 day'", "interval '-3 years'", "interval '90' minute", "interval '+5' day", "interval '1 year 2 months'",
     "interval '1 2:03' day to minute", "interval '1-2' year to month", "interval 'P1Y2M'", "interval '1:30'",
-    "interval '1.5'", "CAST('1:30' AS interval hour)", "'1 day ago'::interval",
+    "interval '1.5'", "CAST('1:30' AS interval hour)", "'1 day ago'::interval", "interval /* c */ '1 day'",
+    "interval '2' /* c */ hour /* d */ to minute",
 ])
 def test_an_interval_literal_read_alike_is_answered(people_proxy: RunningProxy, interval: str) -> None:
     # sqlglot keeps these as PostgreSQL reads them: verbatim, or one number and unit rewritten alike.

@@ -50,7 +50,11 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
                  "tests/test_attack_availability.py::test_a_number_too_long_for_python_int_is_refused_not_an_internal_error"),
     "limits": ("tests/test_statement_limits.py",),
     "misreadings": ("tests/test_parse_differential.py::"
-                    "test_an_interval_literal_sqlglot_reads_otherwise_is_refused_before_any_charge",),
+                    "test_an_interval_literal_sqlglot_reads_otherwise_is_refused_before_any_charge",
+                    "tests/test_parse_differential.py::"
+                    "test_a_comment_does_not_hide_an_interval_literal_sqlglot_reads_otherwise",
+                    "tests/test_parse_differential.py::"
+                    "test_an_interval_with_a_precision_before_its_value_is_refused_before_any_charge"),
     "terms": ("tests/test_predicate_terms.py",),
     "stop39": ("tests/test_attack_stop39.py",),
     "certain": ("tests/test_certain_errors.py",),
@@ -507,6 +511,8 @@ SITES: tuple[Site, ...] = (
          'token.name == "INTERVAL" and _misread_interval(sql, tokens, index)', "misreadings"),
     Site("misread.interval-whole-pair", "rewriter/misreadings.py",
          "len(pairs) != 1 or exp.INTERVAL_STRING_RE.fullmatch(value) is not None", "True", "misreadings"),
+    Site("misread.comments-between-tokens", "rewriter/misreadings.py", "if token.name not in _COMMENTS]",
+         "if token.name not in ()]", "misreadings"),
     Site("misread.interval-single-field", "rewriter/misreadings.py",
          'after != "ASCII_40" and _WHOLE_NUMBER.fullmatch(value) is not None', "True", "misreadings"),
     # ------------------------------------------------------------------ proxy/backend/relation_reads.py
