@@ -66,6 +66,7 @@ def _decimal(text: str) -> str:
 
 _COMMENTS = frozenset({"C_COMMENT", "SQL_COMMENT"})
 _INTERVAL_FIELDS = frozenset({"YEAR_P", "MONTH_P", "DAY_P", "HOUR_P", "MINUTE_P", "SECOND_P"})
+_STRINGS = frozenset({"SCONST", "USCONST"})
 _WHOLE_NUMBER = re.compile(r"\s*[+-]?[0-9]+\s*")
 
 
@@ -99,16 +100,44 @@ def _interval_read_alike(value: str | None, field: str | None, after: str | None
     return after != "ASCII_40" and _WHOLE_NUMBER.fullmatch(value) is not None
 
 
-def _misread_interval(sql: str, tokens: list[Any], index: int) -> bool:
-    """Whether the ``INTERVAL`` at ``tokens[index]`` opens an ``interval '...'`` literal that sqlglot
-    reads otherwise than PostgreSQL (:func:`_interval_read_alike`)."""
-    if index + 1 >= len(tokens) or tokens[index + 1].name not in ("SCONST", "USCONST"):
-        return False
-    string = tokens[index + 1]
-    names = [token.name for token in tokens[index + 2 : index + 4]]
-    field = names[0] if names and names[0] in _INTERVAL_FIELDS else None
-    after = names[1] if field is not None and len(names) > 1 else None
-    return not _interval_read_alike(_string_value(sql[string.start : string.end + 1]), field, after)
+def _after_fields(tokens: list[Any], at: int) -> int:
+    """The index of the first token from ``at`` past an interval literal's fields: ``DAY``, ``DAY TO
+    SECOND``, ``SECOND(3)``."""
+    while at < len(tokens):
+        if tokens[at].name in _INTERVAL_FIELDS or (tokens[at].name == "TO" and tokens[at - 1].name in _INTERVAL_FIELDS):
+            at += 1
+        elif (tokens[at - 1].name in _INTERVAL_FIELDS and [token.name for token in tokens[at : at + 3]]
+              == ["ASCII_40", "ICONST", "ASCII_41"]):
+            at += 3
+        else:
+            break
+    return at
+
+
+def _misread_interval(sql: str, tokens: list[Any], index: int) -> int | None:
+    """Where an ``interval '...'`` literal opened by the ``INTERVAL`` at ``tokens[index]`` that sqlglot
+    reads otherwise than PostgreSQL (:func:`_interval_read_alike`) ends (the index of its last
+    token), or None when it reads it alike. sqlglot also reads a constant after the literal's ``+``
+    as one more interval literal (its ``INTERVAL 'v1' u1 + 'v2' u2``): a number there is an error to
+    PostgreSQL (``interval + integer`` has no operator), and a string an interval literal, judged
+    as one (PostgreSQL reads no field after it in a condition: ``+ '2' hour`` is a syntax error)."""
+    at = index + 1
+    if at >= len(tokens) or tokens[at].name not in _STRINGS:
+        return None
+    while True:
+        end = _after_fields(tokens, at + 1)
+        names = [token.name for token in tokens[at + 1 : at + 3]]
+        field = names[0] if names and names[0] in _INTERVAL_FIELDS else None
+        after = names[1] if field is not None and len(names) > 1 else None
+        if not _interval_read_alike(_string_value(sql[tokens[at].start : tokens[at].end + 1]), field, after):
+            return end - 1
+        if end + 1 >= len(tokens) or tokens[end].name != "ASCII_43":
+            return None
+        if tokens[end + 1].name in ("ICONST", "FCONST"):
+            return end + 1
+        if tokens[end + 1].name not in _STRINGS:
+            return None
+        at = end + 1
 
 
 def refuse_misread_tokens(sql: str, relation: Relation) -> None:
@@ -140,15 +169,16 @@ def refuse_misread_tokens(sql: str, relation: Relation) -> None:
                 "dpproxy's DP planner reads interval(p) 'v' as interval 'p' + interval 'v'; write interval 'v'.",
                 "interval-precision",
             )
-        elif token.name == "INTERVAL" and _misread_interval(sql, tokens, index):
+        elif token.name == "INTERVAL" and (end := _misread_interval(sql, tokens, index)) is not None:
             raise Refusal(
                 SQLSTATE.FEATURE_NOT_SUPPORTED,
-                f"the interval literal {sql[token.start : tokens[index + 1].end + 1]}, which dpproxy's DP planner "
+                f"the interval literal {sql[token.start : tokens[end].end + 1]}, which dpproxy's DP planner "
                 f"reads otherwise than PostgreSQL, is not supported on protected table {relation.display_name} "
                 "(rule: interval-form)",
                 "Write one number and unit per interval and add them, as interval '1 day' + interval '90 minutes', "
                 "with a minus sign before a negative number ('-1 day', not '1 day ago'); a field after the string "
-                "takes a whole number only (interval '2' hour), or write CAST('1:30' AS interval hour).",
+                "takes a whole number only (interval '2' hour), or write CAST('1:30' AS interval hour); add an "
+                "interval, not a number, to an interval (interval '1 day' + interval '5 seconds').",
                 "interval-form",
             )
 

@@ -17,7 +17,10 @@ Found and fixed, pinned here:
   rest (``interval '1 day ago'`` ran as ``interval '1 DAY'``, its sign lost; ``'1 day 1:30'`` as
   ``'1 DAY'``; ``'.5 day'`` as ``'5 DAY'``; ``'P2M'``, two months, as two minutes; ``'1 hour 30'``
   as an hour), and folds a single field after the string into it (``interval '1.5' hour``: one
-  hour to PostgreSQL, which keeps whole units of the field, 90 minutes as run). Refused before
+  hour to PostgreSQL, which keeps whole units of the field, 90 minutes as run), and reads a
+  constant after the literal's ``+`` as one more interval literal (``interval '1 day' + 5``,
+  which PostgreSQL fails with 42883 whatever the rows, was answered as ``+ interval '5'``,
+  five seconds; ``+ '1 day ago'`` lost its sign). Refused before
   any charge now (0A000, rule ``interval-form``, rewriter/misreadings.py), pinned with the value
   each side reads in tests/test_parse_differential.py; the forms sqlglot keeps alike are answered.
 * A comment between two tokens hid a misreading from the scanner's checks

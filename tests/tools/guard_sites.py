@@ -54,7 +54,9 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
                     "tests/test_parse_differential.py::"
                     "test_a_comment_does_not_hide_an_interval_literal_sqlglot_reads_otherwise",
                     "tests/test_parse_differential.py::"
-                    "test_an_interval_with_a_precision_before_its_value_is_refused_before_any_charge"),
+                    "test_an_interval_with_a_precision_before_its_value_is_refused_before_any_charge",
+                    "tests/test_parse_differential.py::"
+                    "test_a_constant_added_to_an_interval_literal_is_refused_before_any_charge"),
     "terms": ("tests/test_predicate_terms.py",),
     "stop39": ("tests/test_attack_stop39.py",),
     "certain": ("tests/test_certain_errors.py",),
@@ -508,11 +510,15 @@ SITES: tuple[Site, ...] = (
     Site("rows.declared-size-bound", _W, "declared is not None and declared - _VARHDRSZ <= most", "True", "relation"),
     _off("rows.whole-row-whatever-reads-it", _W, "read.whole", "relation"),
     _off("misread.interval-form", "rewriter/misreadings.py",
-         'token.name == "INTERVAL" and _misread_interval(sql, tokens, index)', "misreadings"),
+         'token.name == "INTERVAL" and (end := _misread_interval(sql, tokens, index)) is not None', "misreadings"),
     Site("misread.interval-whole-pair", "rewriter/misreadings.py",
          "len(pairs) != 1 or exp.INTERVAL_STRING_RE.fullmatch(value) is not None", "True", "misreadings"),
     Site("misread.comments-between-tokens", "rewriter/misreadings.py", "if token.name not in _COMMENTS]",
          "if token.name not in ()]", "misreadings"),
+    _off("misread.interval-plus-number", "rewriter/misreadings.py", 'tokens[end + 1].name in ("ICONST", "FCONST")',
+         "misreadings"),
+    Site("misread.interval-plus-string", "rewriter/misreadings.py", "        at = end + 1\n", "        return None\n",
+         "misreadings"),
     Site("misread.interval-single-field", "rewriter/misreadings.py",
          'after != "ASCII_40" and _WHOLE_NUMBER.fullmatch(value) is not None', "True", "misreadings"),
     # ------------------------------------------------------------------ proxy/backend/relation_reads.py
