@@ -39,7 +39,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.buffer_hits import buffer_hits
+from tests.buffer_hits import buffer_hits, with_and_without_a_long_row
 from tests.conftest import ATTACK_POLICY_HEAD, TestDatabase, make_policy, refused_at_load
 
 _VIEW_POLICY = ATTACK_POLICY_HEAD + """\
@@ -50,7 +50,6 @@ _VIEW_POLICY = ATTACK_POLICY_HEAD + """\
       id: {{bounds: [0, 1000]}}
       n: {{bounds: [0, 10]}}
 """
-_LONG_ROW = "repeat(md5('x'), 100000)"  # 3.2 MB, stored apart uncompressed (STORAGE EXTERNAL)
 
 
 @contextmanager
@@ -97,23 +96,11 @@ def test_counting_a_whole_row_fetches_its_values_stored_apart(test_db: TestDatab
     on 1,000 rows reads ~450 buffers more when one row holds a 3.2 MB note stored apart; over
     ``count(note)`` it reads none more (count asks only whether the note is NULL)."""
     hits = {}
-    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
-        admin.execute("SET jit = off")
-        for kind in ("short", "long"):
-            admin.execute(f"DROP TABLE IF EXISTS s43_{kind} CASCADE")
-            admin.execute(f"CREATE TABLE s43_{kind} (id int, note text)")
-            admin.execute(f"ALTER TABLE s43_{kind} ALTER COLUMN note SET STORAGE EXTERNAL")
-            admin.execute(f"INSERT INTO s43_{kind} SELECT g, g::text FROM generate_series(1, 1000) g")
-        admin.execute(f"INSERT INTO s43_long SELECT 500, {_LONG_ROW}")
-        try:
-            for counted in ("b", "b.note"):
-                for kind in ("short", "long"):
-                    admin.execute(f"CREATE OR REPLACE VIEW s43_{kind}_view AS "
-                                  f"SELECT id, count({counted}) AS n FROM s43_{kind} b GROUP BY id")
-                    hits[counted, kind] = buffer_hits(admin, f"SELECT sum(n) FROM s43_{kind}_view WHERE id > 5")
-                    admin.execute(f"DROP VIEW s43_{kind}_view")
-        finally:
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin, with_and_without_a_long_row(admin, "s43"):
+        for counted in ("b", "b.note"):
             for kind in ("short", "long"):
-                admin.execute(f"DROP TABLE s43_{kind} CASCADE")
+                admin.execute(f"CREATE VIEW s43_{kind}_view AS SELECT id, count({counted}) AS n FROM s43_{kind} b GROUP BY id")
+                hits[counted, kind] = buffer_hits(admin, f"SELECT sum(n) FROM s43_{kind}_view WHERE id > 5")
+                admin.execute(f"DROP VIEW s43_{kind}_view")
     assert hits["b", "long"] - hits["b", "short"] > 300, hits
     assert hits["b.note", "long"] - hits["b.note", "short"] <= 2, hits
