@@ -125,6 +125,8 @@ def _misread_interval(sql: str, tokens: list[Any], index: int) -> int | None:
     if at >= len(tokens) or tokens[at].name not in _STRINGS:
         return None
     while True:
+        if tokens[at].name == "USCONST" and at + 2 < len(tokens) and tokens[at + 1].name == "UESCAPE":
+            return at + 2  # sqlglot keeps the escapes of U&'...' UESCAPE '!' as written
         end = _after_fields(tokens, at + 1)
         names = [token.name for token in tokens[at + 1 : at + 3]]
         field = names[0] if names and names[0] in _INTERVAL_FIELDS else None

@@ -23,6 +23,9 @@ Found and fixed, pinned here:
   five seconds; ``+ '1 day ago'`` lost its sign). Refused before
   any charge now (0A000, rule ``interval-form``, rewriter/misreadings.py), pinned with the value
   each side reads in tests/test_parse_differential.py; the forms sqlglot keeps alike are answered.
+* ``interval U&'1 day !0061go' UESCAPE '!'`` (one day back) ran as ``interval '1 day !0061go'``:
+  sqlglot keeps such a string's escapes as written. Not charged (the backend's 22007 came before
+  the charge), but refused for a reason PostgreSQL does not have; refused as ``interval-form`` now.
 * A comment between two tokens hid a misreading from the scanner's checks
   (rewriter/misreadings.py): ``interval /* c */ (3) '1'`` was answered as ``interval '3' +
   interval '1'`` (last stop's ``interval-precision`` rule read only the token after ``INTERVAL``,

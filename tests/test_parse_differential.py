@@ -202,6 +202,19 @@ def test_a_constant_added_to_an_interval_literal_is_refused_before_any_charge(
         "is not supported on protected table people (rule: interval-form)"), error.diag.message_primary
 
 
+def test_an_interval_literal_with_a_unicode_escape_character_is_refused_before_any_charge(
+        people_proxy: RunningProxy, test_db: TestDatabase) -> None:
+    # sqlglot keeps U&'...' UESCAPE '!''s escapes as written: interval U&'1 day !0061go' UESCAPE '!',
+    # one day back to PostgreSQL ('1 day ago'), ran as interval '1 day !0061go', no interval at all.
+    written = "interval U&'1 day !0061go' UESCAPE '!'"
+    with psycopg.connect(test_db.admin_dsn) as admin:
+        assert admin.execute(f"SELECT ({written})::text").fetchone() == ("-1 days",)
+    error = refused_uncharged(people_proxy, f"SELECT count(*) FROM people WHERE signed_up > now() - {written}")
+    assert (error.diag.sqlstate, error.diag.message_primary) == (
+        "0A000", f"the interval literal {written}, which dpproxy's DP planner reads otherwise than PostgreSQL, "
+        "is not supported on protected table people (rule: interval-form)"), error.diag.message_primary
+
+
 @pytest.mark.parametrize(("sql", "literal"), [
     ("SELECT count(*) FROM people WHERE signed_up > now() - interval /* c */ '1 day ago'", "interval /* c */ '1 day ago'"),
     ("SELECT count(*) FROM people WHERE signed_up > now() - interval '1.5' -- c\nhour", "interval '1.5' -- c\nhour"),

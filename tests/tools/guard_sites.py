@@ -56,7 +56,9 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
                     "tests/test_parse_differential.py::"
                     "test_an_interval_with_a_precision_before_its_value_is_refused_before_any_charge",
                     "tests/test_parse_differential.py::"
-                    "test_a_constant_added_to_an_interval_literal_is_refused_before_any_charge"),
+                    "test_a_constant_added_to_an_interval_literal_is_refused_before_any_charge",
+                    "tests/test_parse_differential.py::"
+                    "test_an_interval_literal_with_a_unicode_escape_character_is_refused_before_any_charge"),
     "terms": ("tests/test_predicate_terms.py",),
     "stop39": ("tests/test_attack_stop39.py",),
     "certain": ("tests/test_certain_errors.py",),
@@ -519,6 +521,8 @@ SITES: tuple[Site, ...] = (
          "misreadings"),
     Site("misread.interval-plus-string", "rewriter/misreadings.py", "        at = end + 1\n", "        return None\n",
          "misreadings"),
+    _off("misread.interval-uescape", "rewriter/misreadings.py",
+         'tokens[at].name == "USCONST" and at + 2 < len(tokens) and tokens[at + 1].name == "UESCAPE"', "misreadings"),
     Site("misread.interval-single-field", "rewriter/misreadings.py",
          'after != "ASCII_40" and _WHOLE_NUMBER.fullmatch(value) is not None', "True", "misreadings"),
     # ------------------------------------------------------------------ proxy/backend/relation_reads.py
