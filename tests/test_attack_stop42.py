@@ -83,7 +83,7 @@ from rewriter.text_bounds import in_line_text
 from tests.conftest import (ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, make_policy, refused_at_load, running_proxy,
                             spent_epsilon)
 from tests.neighbour_outcome import create_neighbours, same_on_neighbours
-from tests.buffer_hits import buffer_hits
+from tests.buffer_hits import LONG_ROW, buffer_hits, with_and_without_a_long_row
 from tests.post_charge_wait import LONG_TEXT, keep_apart, store_apart
 
 _VIEW_POLICY = ATTACK_POLICY_HEAD + """\
@@ -360,13 +360,12 @@ def test_a_protected_view_whose_conditions_read_no_more_than_the_bound_is_answer
     test_a_protected_view_whose_conditions_read_no_more_than_the_bound_is_answered(newer_pg_db, tmp_path_factory, case)
 
 
-_LONG_ROW = "repeat(md5('x'), 100000)"  # 3.2 MB, stored apart uncompressed (STORAGE EXTERNAL)
 
 
 @pytest.mark.parametrize(("condition", "bounded"), [
     ("note > ''", False), ("max(note) IS NOT NULL", False), ("note = '7'", True), ("note <> 'x'", True),
     ("note IS NOT NULL", True), ("octet_length(note) < 100", True), ("count(note) > 0", True),
-    (f"note = {_LONG_ROW}", False), ("note IN ('a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j')", False),
+    (f"note = {LONG_ROW}", False), ("note IN ('a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j')", False),
 ])
 def test_what_a_condition_reads_of_a_long_value_in_buffers(test_db: TestDatabase, condition: str, bounded: bool) -> None:
     """The premise of the rule, on PostgreSQL itself: the buffers ``count(*)`` over a view with
@@ -376,21 +375,10 @@ def test_what_a_condition_reads_of_a_long_value_in_buffers(test_db: TestDatabase
     size reads it whole."""
     where = f"GROUP BY id HAVING {condition}" if "(note)" in condition and "octet" not in condition else f"WHERE {condition}"
     hits = {}
-    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
-        admin.execute("SET jit = off")
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin, with_and_without_a_long_row(admin, "s42"):
         for kind in ("short", "long"):
-            admin.execute(f"DROP TABLE IF EXISTS s42_{kind} CASCADE")
-            admin.execute(f"CREATE TABLE s42_{kind} (id int, note text)")
-            admin.execute(f"ALTER TABLE s42_{kind} ALTER COLUMN note SET STORAGE EXTERNAL")
-            admin.execute(f"INSERT INTO s42_{kind} SELECT g, g::text FROM generate_series(1, 1000) g")
-        admin.execute(f"INSERT INTO s42_long SELECT 500, {_LONG_ROW}")  # a group the analyst's id > 5 keeps
-        try:
-            for kind in ("short", "long"):
-                admin.execute(f"CREATE VIEW s42_{kind}_view AS SELECT id FROM s42_{kind} {where}")
-                hits[kind] = buffer_hits(admin, f"SELECT count(*) FROM s42_{kind}_view WHERE id > 5")
-        finally:
-            for kind in ("short", "long"):
-                admin.execute(f"DROP TABLE s42_{kind} CASCADE")
+            admin.execute(f"CREATE VIEW s42_{kind}_view AS SELECT id FROM s42_{kind} {where}")
+            hits[kind] = buffer_hits(admin, f"SELECT count(*) FROM s42_{kind}_view WHERE id > 5")
     if bounded:
         assert hits["long"] - hits["short"] <= 2, hits
     else:

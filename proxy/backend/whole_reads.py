@@ -96,7 +96,8 @@ class ValueRead:
     passes on (:func:`read_at`): the column (its name as the tree gives it, ``#n`` by number in a
     policy's bare expression), its type and typmod, where it is read (``place``), the function
     reading it (an OID; 0 for a sort, a hash or a node that calls none), and, for a call of two
-    arguments whose other one is a literal, the literal's bytes and the call's collation."""
+    arguments whose other one is a literal, the literal's bytes and the call's collation; ``whole``: a
+    whole row, which PostgreSQL builds (fetching each of its values stored apart) whatever reads it."""
 
     column: str
     type: int
@@ -105,6 +106,7 @@ class ValueRead:
     function: int = 0
     literal: int | None = None
     collation: int = 0
+    whole: bool = False
 
 
 class TreeWalk:
@@ -159,7 +161,7 @@ def settle(tag: str, fields: dict[str, str], stack: list[tuple[str, dict[str, st
     literal = int(fields["_literal"]) if tag in _COMPARISONS and len(reads) == 1 and fields.get("_args") == "2" \
         and "_literal" in fields else None
     walk.reads.extend(ValueRead(read.column, read.type, read.typmod, read.place, int(called) if called.isdigit() else 0,
-                            literal, int(collation) if collation.isdigit() else -1) for read in reads)
+                            literal, int(collation) if collation.isdigit() else -1, read.whole) for read in reads)
     keys = walk.keys.pop(id(fields), ())
     if tag == "TARGETENTRY" and fields.get("ressortgroupref", "0") != "0":
         place = _KEY if stack and stack[-1][0] == "QUERY" else "an aggregate's DISTINCT or ORDER BY"
@@ -224,7 +226,7 @@ def read_at(value: tuple[int, int], column: str, whole: bool, within: str, stack
             walk.keys.setdefault(id(above_fields), []).append(ValueRead(column, *value, ""))
         elif whole or (above, within) not in PASSED_ON:
             if above != "NULLTEST" or whole:
-                walk.pending.setdefault(id(above_fields), []).append(ValueRead(column, *value, place))
+                walk.pending.setdefault(id(above_fields), []).append(ValueRead(column, *value, place, whole=whole))
             return
         within = above_fields.get("_in", "")
 
@@ -243,9 +245,13 @@ def unbounded(read: ValueRead, catalog: ReadCatalog, most: int) -> bool:
     """Whether ``read`` may read more than ``most`` bytes of a value, whatever the row holds: a
     value of a type of any length, unless its declared size is within ``most``, or it is read only
     as far as its size (:data:`_SIZE_ONLY`), or compared by an equality that weighs sizes first
-    (:data:`_SIZES_FIRST`) with a literal of at most ``most`` bytes under a deterministic collation."""
+    (:data:`_SIZES_FIRST`) with a literal of at most ``most`` bytes under a deterministic collation. A
+    whole row is read whole whatever reads it: PostgreSQL builds it (``ExecEvalWholeRowVar``), fetching
+    each of its values stored apart, before ``count(b)`` asks whether it is NULL."""
     if read.type not in catalog.any_length:
         return False
+    if read.whole:
+        return True
     declared = declared_size(read.type, read.typmod)
     if declared is not None and declared - _VARHDRSZ <= most:
         return False

@@ -39,7 +39,8 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
                  "tests/test_attack_stop42.py::"
                  "test_a_virtual_generated_column_computed_from_a_value_of_any_length_refuses_its_table_at_load",
                  "tests/test_attack_stop42.py::test_a_protected_view_whose_conditions_read_a_long_value_whole_is_refused_at_load",
-                 "tests/test_attack_stop42.py::test_an_equality_under_a_nondeterministic_collation_is_refused_at_load"),
+                 "tests/test_attack_stop42.py::test_an_equality_under_a_nondeterministic_collation_is_refused_at_load",
+                 "tests/test_attack_stop43.py::test_a_whole_row_counted_in_a_protected_view_is_refused_at_load"),
     "reads": ("tests/test_attack_identities.py", "tests/test_partition_key.py",
               "tests/test_attack_new_keys.py::test_a_public_relation_that_starts_reading_a_protected_table_is_refused",
               "tests/test_attack_new_keys.py::"
@@ -48,6 +49,16 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "dp_query": ("tests/test_refusals.py", "tests/test_query_shapes.py", "tests/test_attack_outputs.py",
                  "tests/test_attack_availability.py::test_a_number_too_long_for_python_int_is_refused_not_an_internal_error"),
     "limits": ("tests/test_statement_limits.py",),
+    "misreadings": ("tests/test_parse_differential.py::"
+                    "test_an_interval_literal_sqlglot_reads_otherwise_is_refused_before_any_charge",
+                    "tests/test_parse_differential.py::"
+                    "test_a_comment_does_not_hide_an_interval_literal_sqlglot_reads_otherwise",
+                    "tests/test_parse_differential.py::"
+                    "test_an_interval_with_a_precision_before_its_value_is_refused_before_any_charge",
+                    "tests/test_parse_differential.py::"
+                    "test_a_constant_added_to_an_interval_literal_is_refused_before_any_charge",
+                    "tests/test_parse_differential.py::"
+                    "test_an_interval_literal_with_a_unicode_escape_character_is_refused_before_any_charge"),
     "terms": ("tests/test_predicate_terms.py",),
     "stop39": ("tests/test_attack_stop39.py",),
     "certain": ("tests/test_certain_errors.py",),
@@ -506,6 +517,21 @@ SITES: tuple[Site, ...] = (
     Site("rows.deterministic-collation", _W, "(read.collation == 0 or read.collation in catalog.deterministic)",
          "True", "relation"),
     Site("rows.declared-size-bound", _W, "declared is not None and declared - _VARHDRSZ <= most", "True", "relation"),
+    _off("rows.whole-row-whatever-reads-it", _W, "read.whole", "relation"),
+    _off("misread.interval-form", "rewriter/misreadings.py",
+         'token.name == "INTERVAL" and (end := _misread_interval(sql, tokens, index)) is not None', "misreadings"),
+    Site("misread.interval-whole-pair", "rewriter/misreadings.py",
+         "len(pairs) != 1 or exp.INTERVAL_STRING_RE.fullmatch(value) is not None", "True", "misreadings"),
+    Site("misread.comments-between-tokens", "rewriter/misreadings.py", "if token.name not in _COMMENTS]",
+         "if token.name not in ()]", "misreadings"),
+    _off("misread.interval-plus-number", "rewriter/misreadings.py", 'tokens[end + 1].name in ("ICONST", "FCONST")',
+         "misreadings"),
+    Site("misread.interval-plus-string", "rewriter/misreadings.py", "        at = end + 1\n", "        return None\n",
+         "misreadings"),
+    _off("misread.interval-uescape", "rewriter/misreadings.py",
+         'tokens[at].name == "USCONST" and at + 2 < len(tokens) and tokens[at + 1].name == "UESCAPE"', "misreadings"),
+    Site("misread.interval-single-field", "rewriter/misreadings.py",
+         'after != "ASCII_40" and _WHOLE_NUMBER.fullmatch(value) is not None', "True", "misreadings"),
     # ------------------------------------------------------------------ proxy/backend/relation_reads.py
     Site("reads.public-reads-protected", _RR, "reads = await session.fetch_all(_READS_SQL, (True, True, public, protected))",
          "reads = []", "reads"),
