@@ -203,6 +203,8 @@ SITES: tuple[Site, ...] = (
          "self.top = at_top", "declared"),
     _off("declared.raw-conjunct-literals-only", _P,
          "all(value.literal and value.column is None and not value.fold for value in values)", "declared", "True"),
+    Site("declared.raw-parameter-single", _P, "elif len(values) == 1 and values[0].parameter",
+         "elif values[0].parameter", "declared"),
     Site("stored-apart.index-only-scan", "proxy/backend/pool.py", '"enable_indexonlyscan": "off",',
          '"enable_indexonlyscan": "on",', "index-only"),
     Site("text-bounds.series-limit", "rewriter/series_limit.py", "work_refusal(ranking.text_work + outer.text_work)",
