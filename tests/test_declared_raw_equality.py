@@ -203,6 +203,7 @@ _BOUND = [
     ("n = %s", [Decimal("7" * 60)]), ("n = %s", [1.5]), ("r = %s", ["[1,5)"]),
     ("v = %s AND c = %s AND n = %s", ["row 1", "row 1", Decimal(1)]), ("v = %s OR id = 3", ["row 1"]),
     ("v = %s", ["row 1" + " " * 70]), ("c = %s", ["row 1" + " " * 70]), ("n = %s", [Decimal("1e200")]),
+    ("v = %s", [None]), ("n = %s", [None]),
 ]
 
 
