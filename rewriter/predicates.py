@@ -715,7 +715,8 @@ class _Renderer:
             if one.column is None or one.column.value_type[0] != NUMERIC:
                 continue
             if other.parameter:
-                operands[1 - index] = _Operand(f"CAST({other.sql} AS pg_catalog.numeric)", cast="numeric", parameter=True)
+                operands[1 - index] = _Operand(f"CAST({other.sql} AS pg_catalog.numeric)", cast="numeric",
+                                               parameter=True)
             if other.cast in _FLOAT_CASTS or (other.column is not None
                                               and other.column.value_type[0] in _FLOAT_COLUMNS):
                 raise self.refuse(

@@ -98,8 +98,8 @@ from policies.tables import ColumnInfo, Relation, quote_identifier
 from .sql_text import operator
 from .text_bounds import NUMERIC, declared_apart, length_bounded, unconstrained_numeric
 
-__all__ = ["HASHED_LIST", "NUMERIC_SYMBOLS", "RAW_TYPES", "hashed_raw_equality", "literal_bytes", "parameter_raw_equality",
-           "raw_comparison", "raw_outputs"]
+__all__ = ["HASHED_LIST", "NUMERIC_SYMBOLS", "RAW_TYPES", "hashed_raw_equality", "literal_bytes",
+           "parameter_raw_equality", "raw_comparison", "raw_outputs"]
 
 RAW_TYPES = frozenset({25, 1043})
 """text and varchar: the types whose ``=`` is ``texteq``, which compares stored sizes before values."""

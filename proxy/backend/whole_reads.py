@@ -44,8 +44,8 @@ from rewriter.text_bounds import declared_size
 
 from .fetches import Fetches
 
-__all__ = ["CALLS", "LISTS", "ONCE_PER_ROW", "PASSED_ON", "SIZE_ONLY", "TYPE_LENGTHS", "ReadCatalog", "TreeWalk", "ValueRead",
-           "column_of", "read_at", "read_catalog", "read_whole", "settle", "unbounded", "value_of"]
+__all__ = ["CALLS", "LISTS", "ONCE_PER_ROW", "PASSED_ON", "SIZE_ONLY", "TYPE_LENGTHS", "ReadCatalog", "TreeWalk",
+           "ValueRead", "column_of", "read_at", "read_catalog", "read_whole", "settle", "unbounded", "value_of"]
 
 # Nodes that call a function: the field that names it.
 CALLS = {"OPEXPR": "opfuncid", "DISTINCTEXPR": "opfuncid", "NULLIFEXPR": "opfuncid",
@@ -194,6 +194,10 @@ def settle(tag: str, fields: dict[str, str], stack: list[tuple[str, dict[str, st
 
 # Operators whose result is their comparison's: an equality of a value with a literal may be bounded by it.
 _COMPARISONS = frozenset({"OPEXPR", "DISTINCTEXPR"})
+_KEY = "a GROUP BY, DISTINCT, ORDER BY or PARTITION BY key"
+# Where in its query a value is read, by the query's field it is under.
+_PLACES = {"jointree": "a WHERE or JOIN condition", "havingQual": "HAVING", "rtable": "a FROM item",
+           "windowClause": "a window", "cteList": "a WITH query"}
 
 
 def _compares(tag: str, stack: list[tuple[str, dict[str, str]]]) -> bool:
@@ -201,10 +205,6 @@ def _compares(tag: str, stack: list[tuple[str, dict[str, str]]]) -> bool:
     call reads it: a comparison (:data:`_COMPARISONS`), or a NULLIF whose result only an
     ``IS [NOT] NULL`` tests (which reads no value; any other use reads the value NULLIF returns)."""
     return tag in _COMPARISONS or (tag == "NULLIFEXPR" and bool(stack) and stack[-1][0] == "NULLTEST")
-_KEY = "a GROUP BY, DISTINCT, ORDER BY or PARTITION BY key"
-# Where in its query a value is read, by the query's field it is under.
-_PLACES = {"jointree": "a WHERE or JOIN condition", "havingQual": "HAVING", "rtable": "a FROM item",
-           "windowClause": "a window", "cteList": "a WITH query"}
 
 
 def read_at(value: tuple[int, int], column: str, whole: bool, within: str, stack: list[tuple[str, dict[str, str]]],
@@ -286,6 +286,11 @@ async def read_catalog(session: Fetches, types: set[int], reads: list[ValueRead]
     return ReadCatalog(functions, any_length, deterministic, columns)
 
 
+_WHY_ANY_LENGTH = {3906: "a numrange's bounds are numerics of any length; an int4range, int8range, daterange, "
+                         "tsrange or tstzrange has bounds of a fixed size, and any read of it is bounded"}
+"""Why a type that reads like one of a fixed size is of any length, where that is not plain (by OID)."""
+
+
 def read_whole(where: str, read: ValueRead, catalog: ReadCatalog, table: int | None) -> str:
     """What ``where`` reads whole, and where: ``view v reads note (text) whole in a WHERE or JOIN condition``."""
     column = read.column
@@ -294,10 +299,5 @@ def read_whole(where: str, read: ValueRead, catalog: ReadCatalog, table: int | N
     place = "its USING" if where.startswith("row-level security policy") else read.place
     why = _WHY_ANY_LENGTH.get(read.type)
     return f"{where} reads {column} ({catalog.any_length[read.type]}) whole in {place}" + (f" ({why})" if why else "")
-
-
-_WHY_ANY_LENGTH = {3906: "a numrange's bounds are numerics of any length; an int4range, int8range, daterange, "
-                         "tsrange or tstzrange has bounds of a fixed size, and any read of it is bounded"}
-"""Why a type that reads like one of a fixed size is of any length, where that is not plain."""
 
 
