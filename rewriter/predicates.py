@@ -81,7 +81,7 @@ from .constants import HINT as FOLD_HINT
 from .constants import Fold, Folding, NotFoldable, fold_type, qualified_constant
 from .like_patterns import case_folded_bytes, case_folded_refusal, longest_part_after_percent, pattern_refusal
 from .predicate_terms import predicate_terms, terms_refusal
-from .raw_equality import hashed_raw_equality, raw_comparison
+from .raw_equality import hashed_raw_equality, parameter_raw_equality, raw_comparison
 from .scope import Scope
 from .sql_text import literal, operator, short_text
 from .text_bounds import CASE_FOLD_WORK, COMPARISON_WORK, LIKE_WORK, value_bytes, work_refusal
@@ -193,6 +193,7 @@ class PredicateRenderer:
         self._renderer.positive = True  # a WHERE or FILTER keeps the rows where it is true
         self._renderer.top = True
         self._renderer.top_equalities = {}
+        self._renderer.top_parameters = {}
         before = self._renderer.weighed()
         sql = self._renderer.predicate(predicate)
         if times > 1:
@@ -210,12 +211,17 @@ class PredicateRenderer:
         :func:`rewriter.raw_equality.hashed_raw_equality` AND'ed before it: per column of a declared
         size read through its in-line check, the first ``=`` or IN list of literals that stands at
         the condition's top level (reached from its root through AND and parentheses only), so that
-        a plain index on the column serves it. A FILTER's condition (:meth:`template`) gets none."""
+        a plain index on the column serves it; and, AND'ed after it, where that first construct
+        compares the column with one parameter, :func:`rewriter.raw_equality.parameter_raw_equality`
+        (after, so that the condition types the parameter first). A FILTER's condition
+        (:meth:`template`) gets none."""
         sql = self.template(predicate)
         table = self._renderer.scope.table
         raw = [conjunct for column, values in self._renderer.top_equalities.values()
                if (conjunct := hashed_raw_equality(table, column, values)) is not None]
-        return " AND ".join([*raw, sql])
+        bound = [conjunct for column, value, column_first in self._renderer.top_parameters.values()
+                 if (conjunct := parameter_raw_equality(table, column, value, column_first)) is not None]
+        return " AND ".join([*raw, sql, *bound])
 
     @property
     def terms(self) -> int:
@@ -256,7 +262,8 @@ class _Operand:
     ``fold`` is set for a row-independent expression evaluated before the query runs
     (:mod:`rewriter.constants`); its ``sql`` is then the pinned expression. ``case_folded``: the
     column under ``lower()``/``upper()``. ``text``: the value of a string literal, uncast.
-    ``literal``: a string or number literal (a negative one too), uncast.
+    ``literal``: a string or number literal (a negative one too), uncast. ``parameter``: a
+    parameter as it is, or as the cast to numeric it gets beside a numeric column.
     """
 
     def __init__(self, sql: str, column: ColumnInfo | None = None, cast: str | None = None, parameter: bool = False,
@@ -292,6 +299,9 @@ class _Renderer:
         self.top = True
         self.conjunct = True
         self.top_equalities: dict[str, tuple[ColumnInfo, list[str]]] = {}
+        # ... and where that first construct compares the column with one parameter: the parameter's
+        # SQL, and whether the column is its term's left side.
+        self.top_parameters: dict[str, tuple[ColumnInfo, str, bool]] = {}
 
     def weighed(self) -> tuple[int, int, int, int]:
         """What the predicates rendered so far weigh, for :meth:`repeat_since`: the text work, the
@@ -380,7 +390,7 @@ class _Renderer:
         left, right = self._compatible(left, right)
         if conjunct:
             column, value = (left, right) if left.column is not None else (right, left)
-            self._top_equality(column, [value])
+            self._top_equality(column, [value], column_first=left.column is not None)
         return self._compare(left, _COMPARISONS[type(node)], right)
 
     def _check_family(self, column: ColumnInfo, other: _Operand) -> None:
@@ -448,16 +458,21 @@ class _Renderer:
             self._top_equality(column, values)
         return "(" + " OR ".join(terms) + ")"
 
-    def _top_equality(self, side: _Operand, values: list[_Operand]) -> None:
+    def _top_equality(self, side: _Operand, values: list[_Operand], column_first: bool = True) -> None:
         """Note ``side = <one of values>``, a conjunct at the condition's top level, for
-        :meth:`PredicateRenderer.where`: when ``side`` is a column as it is and every value a
-        literal (a raw conjunct must hold every value the construct compares with), and it is the
-        first such construct on that column."""
+        :meth:`PredicateRenderer.where`: when ``side`` is a column as it is and it is the first such
+        construct on that column, either every value a literal (a raw conjunct must hold every value
+        the construct compares with) or the one value a parameter (``column_first``: whether the
+        column is its term's left side)."""
         column = side.column
         if column is None or side.sql != quote_identifier(column.name):
             return
+        if column.name in self.top_equalities or column.name in self.top_parameters:
+            return
         if all(value.literal and value.column is None and not value.fold for value in values):
-            self.top_equalities.setdefault(column.name, (column, [value.sql for value in values]))
+            self.top_equalities[column.name] = (column, [value.sql for value in values])
+        elif len(values) == 1 and values[0].parameter and values[0].column is None and not values[0].fold:
+            self.top_parameters[column.name] = (column, values[0].sql, column_first)
 
     def _is(self, node: exp.Expression) -> str:
         if isinstance(node.expression, exp.Boolean):  # b IS TRUE, (age > 40) IS FALSE: cannot fail
@@ -724,7 +739,8 @@ class _Renderer:
             if one.column is None or one.column.value_type[0] != NUMERIC:
                 continue
             if other.parameter:
-                operands[1 - index] = _Operand(f"CAST({other.sql} AS pg_catalog.numeric)", cast="numeric")
+                operands[1 - index] = _Operand(f"CAST({other.sql} AS pg_catalog.numeric)", cast="numeric",
+                                               parameter=True)
             if other.cast in _FLOAT_CASTS or (other.column is not None
                                               and other.column.value_type[0] in _FLOAT_COLUMNS):
                 raise self.refuse(

@@ -141,6 +141,12 @@ WIDE_RANGES = frozenset({3926, 3908, 3910})
 RANGE_DATA_BYTES = 21
 """The data of an int8range, tsrange or tstzrange with two finite bounds: its type's OID, two
 8-byte bounds and a flags byte (without the header)."""
+NARROW_RANGES = frozenset({3904, 3912})
+"""int4range and daterange: ranges of two 4-byte bounds, never of more than
+:data:`NARROW_RANGE_DATA_BYTES` bytes of data, too few for the toaster (read as they are)."""
+NARROW_RANGE_DATA_BYTES = 13
+"""The data of an int4range or daterange with two finite bounds: its type's OID, two 4-byte bounds
+and a flags byte (``pg_column_size``: 14 in the row, with a 1-byte header)."""
 TOAST_SMALLEST = 24
 """MAXALIGN(TOAST_POINTER_SIZE): the toaster compresses or stores apart only a value of more bytes
 (4-byte header included; src/backend/access/table/toast_helper.c)."""
@@ -198,8 +204,8 @@ def length_bounded(column: ColumnInfo, policy: TablePolicy) -> bool:
 def declared_size(type_oid: int, modifier: int) -> int | None:
     """The most bytes one value of a type of declared size holds, 4-byte header included (the size
     the toaster weighs), from its type and type modifier: a ``varchar(n)``/``char(n)`` (4·n),
-    ``numeric(p, s)``, ``bit(n)``, ``int8range``/``tsrange``/``tstzrange``; None for any other
-    (a text, an unconstrained numeric, a domain: its own OID)."""
+    ``numeric(p, s)``, ``bit(n)``, ``int8range``/``tsrange``/``tstzrange``, ``int4range``/``daterange``;
+    None for any other (a text, an unconstrained numeric, a ``numrange``, a domain: its own OID)."""
     declared = _declared_characters_bytes(type_oid, modifier)
     if declared is not None:
         return _VARHDRSZ + declared
@@ -211,6 +217,8 @@ def declared_size(type_oid: int, modifier: int) -> int | None:
         return _VARHDRSZ + _bit_data(modifier)
     if type_oid in WIDE_RANGES:
         return _VARHDRSZ + RANGE_DATA_BYTES
+    if type_oid in NARROW_RANGES:
+        return _VARHDRSZ + NARROW_RANGE_DATA_BYTES
     return None
 
 
