@@ -230,10 +230,9 @@ def report(buffers: dict[tuple[str, str, str], int | None], planned: dict[tuple[
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=1_000_000, help="rows of the indexed table (default 1,000,000)")
-    args = parser.parse_args(argv)
+def on_loaded_server(rows: int, measure: Callable[[psycopg.Connection[Any]], str]) -> None:
+    """Print ``measure`` of a connection (jit off) to a PostgreSQL of its own (pgserver, removed
+    after) holding :func:`load`'s tables, the indexed ones of ``rows`` rows."""
     import pgserver
 
     data = Path(tempfile.mkdtemp(prefix="dpproxy-declared-apart-"))
@@ -241,11 +240,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with psycopg.connect(server.get_uri("postgres"), autocommit=True) as conn:
             conn.execute("SET jit = off")
-            load(conn, args.rows)
-            print(report(extra_buffers(conn), plans(conn)))
+            load(conn, rows)
+            print(measure(conn))
     finally:
         server.cleanup()
         shutil.rmtree(data, ignore_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000, help="rows of the indexed table (default 1,000,000)")
+    args = parser.parse_args(argv)
+    on_loaded_server(args.rows, lambda conn: report(extra_buffers(conn), plans(conn)))
     return 0
 
 

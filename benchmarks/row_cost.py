@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -58,13 +59,14 @@ import yaml
 from policies.errors import Refusal
 from policies.loader import load_policy
 from proxy.backend.connection import build_registry, connect
+from proxy.backend.pool import PINNED_SETTINGS
 from rewriter.classify import DPQuery, classify
 from rewriter.like_patterns import MAX_CASE_FOLDED_PATTERNS, MAX_PART_AFTER_PERCENT
 from rewriter.rewrite import backend_sql, partition_seed
 from rewriter.statements import split_statements
 from tests.post_charge_wait import LONG_NUMBER, LONG_TEXT, PAD
 
-__all__ = ["CONSTRUCTS", "Construct", "Measured", "load_tables", "measure_constructs", "on_server", "plan_constructs", "print_report", "policy_file", "report", "server"]
+__all__ = ["CONSTRUCTS", "Construct", "Measured", "load_tables", "measure_constructs", "measuring_session", "on_server", "plan_constructs", "plus_tables", "print_report", "policy_file", "report", "server", "write_row"]
 
 T = TypeVar("T")
 BIG_TEXT_BYTES = 3_000_000  # a 3 MB value: TOASTed out of line, like a document or a log line
@@ -75,6 +77,7 @@ ORDINARY_ROW = {
     "n": "50.5", "f": "50.5", "ts": "'2022-06-01 12:00+00'", "arr": "'{1,2,3}'", "j": "'{\"k\": 1}'",
     "d": "'2022-06-01'", "big": "5000000000", "v": "'ordinary'", "b": "true", "dt": "'ordinary'", "by": "'ordinary'",
     "tv": "'ordinary'", "nr": "'[1,2)'", "vb": "B'101'", "dn": "50.5", "nx": "50.5", "tx": "'ordinary'", "nd": "50",
+    "tp": "'ordinary text of a row'", "cp": "'a'", "cm": "'c1'",
 }
 # Incompressible text, so that it is stored out of line in ~2 kB chunks, uncompressed.
 _RANDOM_TEXT = f"(SELECT string_agg(md5(g::text || random()::text), '') FROM generate_series(1, {BIG_TEXT_BYTES // 32}) g)"
@@ -94,6 +97,7 @@ class Construct:
     name: str
     sql: str
     row: dict[str, str] = field(default_factory=dict)
+    role: str | None = None  # measured as this role (a row-level security policy applies to no superuser)
 
 
 def _or_chain(term: str, count: int) -> str:
@@ -201,6 +205,41 @@ def _text_constructs() -> Iterator[Construct]:
         yield Construct(f"text: WHERE id = 0 AND (t LIKE '%a…a0' OR … 2 ×) (64), {size} of a",
                         "SELECT COUNT(*) FROM {table} WHERE id = 0 AND " + _or_chain("t LIKE '%" + _A_PART[:-3] + "{i:03d}'", 2),
                         {"t": a_text})
+
+
+MODE_CATEGORIES = 200  # cm's declared categories: MODE's backend SQL counts each (at most ~1,660 columns)
+IN_ROW_BYTES = 7_680  # near the longest value PostgreSQL keeps in an 8 kB page's row (8,160 bytes in all), uncompressed
+_RANDOM_IN_ROW = f"(SELECT string_agg(md5(g::text || random()::text), '') FROM generate_series(1, {IN_ROW_BYTES // 32}) g)"
+_SINGLE_SIZES = ((f"{IN_ROW_BYTES:,} B random", _RANDOM_IN_ROW), (f"{_AT_BOUND} B random", f"left({_RANDOM_IN_ROW}, {_AT_BOUND})"),
+                 ("empty", "''"))
+
+
+def _single_constructs() -> Iterator[Construct]:
+    """The reads of a text value each row gets once whatever the statement's conditions (a single read):
+    ``COUNT(DISTINCT)``'s sort, a categorical GROUP BY key's hash, MODE's category counts, and
+    ``COUNT(col)`` (the header only) as the control, each with a row whose value is
+    :data:`IN_ROW_BYTES` long, at the default bound, and empty. ``tp`` and ``cp`` are ``STORAGE
+    PLAIN``, so a value of 7,680 bytes stays in the row, uncompressed, and is read where the table's
+    ``max_text_bytes`` allows it (``--max-text-bytes``): a longer value could only be stored apart or
+    compressed, which reads as NULL (rewriter/text_bounds.py). The long row's cost over the empty
+    one's is what the value's bytes add."""
+    for size, value in _SINGLE_SIZES:
+        yield from (
+            Construct(f"single: COUNT(DISTINCT tp), {size}", "SELECT COUNT(DISTINCT tp) FROM {table}", {"tp": value}),
+            Construct(f"single: GROUP BY cp (categories, other), {size}", "SELECT cp, COUNT(*) FROM {table} GROUP BY cp",
+                      {"cp": value}),
+            Construct(f"single: MODE() of cp, {size}", "SELECT MODE() WITHIN GROUP (ORDER BY cp) FROM {table}", {"cp": value}),
+            Construct(f"single: COUNT(tp) (the header only), {size}", "SELECT COUNT(tp) FROM {table}", {"tp": value}),
+        )
+    # MODE counts each declared category under the FILTER, so PostgreSQL evaluates the condition once a
+    # category for each row: cm declares MODE_CATEGORIES of them.
+    for label, condition, row in (
+            ("id = 0 AND age IN (254 numbers)", "id = 0 AND " + _in_list("age", 254), {}),
+            ("id = 0 AND (lower(t) = 'x0' OR … 44 ×)", "id = 0 AND " + _or_chain("lower(t) = 'x{i}'", 44), {"t": _RANDOM_AT_BOUND})):
+        yield Construct(f"single: MODE() of cm ({MODE_CATEGORIES:,} categories) FILTER (WHERE {label}), the row id 0",
+                        f"SELECT MODE() WITHIN GROUP (ORDER BY cm) FILTER (WHERE {condition}) FROM {{table}}", row)
+        yield Construct(f"single: COUNT(*) FILTER (WHERE {label}), the row id 0 (once a row)",
+                        f"SELECT COUNT(*) FILTER (WHERE {condition}) FROM {{table}}", row)
 
 
 # A long value of each type other than text a DP statement could read, by column (rewriter/text_bounds.py).
@@ -372,15 +411,18 @@ CONSTRUCTS: tuple[Construct, ...] = (
     *_type_constructs(),
     *_numeric_constructs(),
     *_apart_constructs(),
+    *_single_constructs(),
 )
 
 
 @dataclass(frozen=True)
 class Measured:
-    """A construct's outcome: refused (with the refusal's text) or both tables' execution times in ms."""
+    """A construct's outcome: refused (with the refusal's text), failed on the backend (with the
+    error), or both tables' execution times in ms."""
 
     construct: Construct
     refused: str | None = None
+    failed: str | None = None  # the error a run failed with (SQLSTATE: message), where one did
     base_ms: tuple[float, ...] = ()
     plus_ms: tuple[float, ...] = ()
     base_buffers: int = 0  # shared buffers hit or read by the last run of each: a witness load does not move
@@ -401,35 +443,40 @@ class Measured:
 
 _COLUMNS = """id integer PRIMARY KEY, age integer, t text, ci text COLLATE rc_ci, cat text, n numeric,
     f double precision, ts timestamptz, arr integer[], j jsonb, d date, big bigint, v varchar(100000), b boolean,
-    dt rc_text, by bytea, tv tsvector, nr numrange, vb varbit, dn rc_num, nx numeric, tx text, nd numeric(1000, 0), pad text"""
+    dt rc_text, by bytea, tv tsvector, nr numrange, vb varbit, dn rc_num, nx numeric, tx text, nd numeric(1000, 0), pad text,
+    tp text, cp text, cm text"""
 _BASE_ROWS = """SELECT g, 17 + g % 70, 'row ' || g || ' of an ordinary table', 'v' || g % 50, (ARRAY['a', 'b', 'c'])[1 + g % 3],
     (g % 1000) / 10.0, (g % 997) / 10.0, '2021-01-01 00:00+00'::timestamptz + g * interval '1 hour',
     ARRAY[g, g + 1], jsonb_build_object('k', g), DATE '2021-01-01' + g % 1500, g * 1000003::bigint, 'w' || g % 40,
     g % 2 = 0, 'row ' || g, convert_to('row ' || g, 'UTF8'), to_tsvector('simple', 'row ' || g), numrange(g, g + 1),
-    B'101', (g % 1000) / 10.0, (g % 1000) / 10.0, 'row ' || g, g % 100, NULL FROM generate_series(1, {rows}) g"""
+    B'101', (g % 1000) / 10.0, (g % 1000) / 10.0, 'row ' || g, g % 100, NULL, 'row ' || g || ' of an ordinary table',
+    (ARRAY['a', 'b', 'c'])[1 + g % 3], 'c' || g % 50 FROM generate_series(1, {rows}) g"""
 # pad is kept in the row and nx, tx, nd are the columns its toaster moves out first, uncompressed: a
 # row whose pad is long stores a short nx, tx or nd apart, in the TOAST relation (tests/post_charge_wait.py).
 # nd has a declared precision, so dpproxy reads it as it is, even stored apart (docs/threat-model.md,
-# Timing, "Left open").
+# Timing, "Left open"). tp and cp keep a value of up to ~8 kB in the row, uncompressed (the single: constructs).
 _STORAGE = ("ALTER COLUMN pad SET STORAGE MAIN, ALTER COLUMN nx SET STORAGE EXTERNAL, ALTER COLUMN tx SET STORAGE EXTERNAL, "
-            "ALTER COLUMN nd SET STORAGE EXTERNAL")
+            "ALTER COLUMN nd SET STORAGE EXTERNAL, ALTER COLUMN tp SET STORAGE PLAIN, ALTER COLUMN cp SET STORAGE PLAIN")
 
 
-def policy_file(dsn: str, directory: Path, quantum_ms: int = 0) -> Path:
-    """The policy of ``rc_base`` and ``rc_plus`` (``answer_quantum_ms`` = ``quantum_ms``), written in ``directory``."""
+def policy_file(dsn: str, directory: Path, quantum_ms: int = 0, max_text_bytes: int = _AT_BOUND) -> Path:
+    """The policy of ``rc_base`` and ``rc_plus`` (``answer_quantum_ms`` = ``quantum_ms``, ``max_text_bytes``),
+    written in ``directory``."""
     columns = {
         "age": {"bounds": [0, 100], "group_by": True},
         "n": {"bounds": [0, 100], "group_by": True},
         "f": {"bounds": [0, 100], "avg": "sample_aggregate"},
         "ts": {"bounds": ["2021-01-01", "2025-12-31"], "group_by": ["month"]},
         "cat": {"categories": ["a", "b", "c"], "group_by": True, "other": "other"},
+        "cp": {"categories": ["a", "b", "c"], "group_by": True, "other": "other"},
+        "cm": {"categories": [f"c{i}" for i in range(MODE_CATEGORIES)]},
         "big": {"bounds": [0, 10_000_000_000]},
         "d": {"bounds": ["2021-01-01", "2025-12-31"], "group_by": ["month"]},
         "nx": {"bounds": [0, 100]},
         "nd": {"bounds": [0, 100]},
     }
     table = {"access": "protected", "epsilon": 1.0, "delta": 1e-6, "partitions": 256, "columns": columns,
-             "answer_quantum_ms": quantum_ms}
+             "answer_quantum_ms": quantum_ms, "max_text_bytes": max_text_bytes}
     policy = {
         "backend": {"dsn": dsn},
         "listen": {"host": "127.0.0.1", "port": 1},
@@ -442,14 +489,33 @@ def policy_file(dsn: str, directory: Path, quantum_ms: int = 0) -> Path:
     return path
 
 
+def _writer(dsn: str) -> psycopg.Connection[Any]:
+    """A session that writes the tables, its commits flushed before its VACUUM runs.
+
+    Under the measuring servers' ``synchronous_commit = off`` (tests/pg15.py) a VACUUM right after
+    an INSERT cannot hint the new tuples (their commit record is not yet flushed), so it leaves the
+    visibility-map bit of each page written clear: every index-only scan then fetches the heap for
+    each row of that page, and the neighbour's row, which a short value puts in a gap of an early
+    page and a longer one on the last, decided how many rows that was (a self-join view's probe:
+    28 against 6 buffers, the last stop's unexplained 22). Flushed, every page of both tables is
+    all-visible, as in a vacuumed table, and a row adds what it reads itself."""
+    conn = psycopg.connect(dsn, autocommit=True)
+    conn.execute("SET synchronous_commit = on")
+    return conn
+
+
 def load_tables(dsn: str, rows: int) -> None:
-    """``rc_base`` and ``rc_plus``, both of ``rows`` ordinary rows (the neighbour's row is set per construct)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    """``rc_base`` and ``rc_plus``, both of ``rows`` ordinary rows (the neighbour's row is set per
+    construct), every page all-visible (:func:`_writer`)."""
+    with _writer(dsn) as conn:
         try:
             conn.execute("CREATE COLLATION IF NOT EXISTS rc_ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)")
         except psycopg.errors.FeatureNotSupported:  # built without ICU (pgserver's 16): ci is a plain column there
             conn.execute('CREATE COLLATION IF NOT EXISTS rc_ci FROM "C"')
         conn.execute("DROP TABLE IF EXISTS rc_base, rc_plus CASCADE")  # and the views over them (benchmarks/view_shapes.py)
+        for (copy,) in conn.execute("SELECT relname::text FROM pg_class WHERE relkind = 'r' AND relname LIKE 'rcv\\_%' "
+                                    "AND relnamespace = 'public'::regnamespace").fetchall():
+            conn.execute(f"DROP TABLE {copy} CASCADE")  # their copies (benchmarks/table_shapes.py), over the domains
         conn.execute("DROP DOMAIN IF EXISTS rc_text, rc_num")
         conn.execute("CREATE DOMAIN rc_text AS text")  # the types: constructs' domain over text
         conn.execute("CREATE DOMAIN rc_num AS numeric")  # and a domain over a numeric of no declared precision
@@ -462,12 +528,35 @@ def load_tables(dsn: str, rows: int) -> None:
 
 
 def _set_row(dsn: str, construct: Construct, rows: int) -> None:
-    """``rc_plus`` = ``rc_base`` and the construct's row (id 0: below every base id)."""
-    values = {**ORDINARY_ROW, **construct.row}
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("DELETE FROM rc_plus WHERE id = 0")
-        conn.execute(f"INSERT INTO rc_plus ({', '.join(values)}) SELECT {', '.join(values.values())}".replace("{id}", "0"))
-        conn.execute("VACUUM ANALYZE rc_plus")
+    """``rc_plus`` = ``rc_base`` and the construct's row (id 0: below every base id), and so each
+    copy of ``rc_plus`` the construct reads (:func:`write_row`), every page all-visible (:func:`_writer`)."""
+    with _writer(dsn) as conn:
+        for table in plus_tables(conn, construct.sql):
+            conn.execute(f"DELETE FROM {table} WHERE id = 0")
+        for table in write_row(conn, construct.sql, construct.row, "0"):
+            conn.execute(f"VACUUM ANALYZE {table}")
+
+
+def plus_tables(conn: psycopg.Connection[Any], sql: str) -> dict[str, frozenset[str]]:
+    """``rc_plus`` and each table ``sql`` reads as ``rcv_<shape>_{table}`` (a copy of it with policies
+    or generated columns, benchmarks/table_shapes.py; a view's name finds none), with the columns
+    a row is written to (not generated)."""
+    names = ["rc_plus", *(f"{prefix}rc_plus" for prefix in re.findall(r"\b(rcv_\w+_)\{table\}", sql))]
+    found = conn.execute(
+        "SELECT c.relname::text, array_agg(a.attname::text) FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid "
+        "AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' WHERE c.relkind = 'r' "
+        "AND c.relnamespace = 'public'::regnamespace AND c.relname::text = ANY(%s) GROUP BY 1", [names]).fetchall()
+    return {table: frozenset(columns) for table, columns in found}
+
+
+def write_row(conn: psycopg.Connection[Any], sql: str, row: dict[str, str], row_id: str) -> list[str]:
+    """Insert the row (``row`` over :data:`ORDINARY_ROW`, id ``row_id``) into each of :func:`plus_tables`
+    of ``sql``, its generated columns left to compute; the tables written."""
+    tables = plus_tables(conn, sql)
+    for table, columns in tables.items():
+        values = {column: value for column, value in {**ORDINARY_ROW, **row}.items() if column in columns}
+        conn.execute(f"INSERT INTO {table} ({', '.join(values)}) SELECT {', '.join(values.values())}".replace("{id}", row_id))
+    return list(tables)
 
 
 async def _plans_async(policy_path: Path, constructs: Sequence[Construct]) -> list[tuple[str, str] | str]:
@@ -521,6 +610,21 @@ def _executed(conn: psycopg.Connection[Any], sql: str) -> tuple[float, int]:
     return float(plan[0]["Execution Time"]), int(top["Shared Hit Blocks"]) + int(top["Shared Read Blocks"])
 
 
+def measuring_session(dsn: str, role: str | None = None) -> psycopg.Connection[Any]:
+    """A session set as dpproxy's backend sessions are (no JIT, ``PINNED_SETTINGS``: no index-only
+    scan among them, whose heap fetches follow the visibility map, where dpproxy's plans read the
+    heap), cut off at :data:`TIMEOUT_MS`, as ``role`` when given (a row-level security policy
+    applies to no superuser)."""
+    conn = psycopg.connect(dsn, autocommit=True)
+    conn.execute("SET jit = off")
+    for name, value in PINNED_SETTINGS.items():
+        conn.execute("SELECT set_config(%s, %s, false)", [name, value])
+    conn.execute(f"SET statement_timeout = {TIMEOUT_MS}")
+    if role is not None:
+        conn.execute(f"SET ROLE {role}")
+    return conn
+
+
 def measure_constructs(dsn: str, policy_path: Path, constructs: Sequence[Construct], rows: int,
                        repeats: int) -> Iterator[Measured]:
     """Each construct measured as the module docstring says, in the order given."""
@@ -533,10 +637,12 @@ def measure_constructs(dsn: str, policy_path: Path, constructs: Sequence[Constru
         base: list[float] = []
         plus: list[float] = []
         buffers = (0, 0)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("SET jit = off")  # as dpproxy's own backend sessions
-            conn.execute(f"SET statement_timeout = {TIMEOUT_MS}")
-            slow = max(_execution_ms(conn, sql) for sql in plan) > SLOW_MS  # warm-up: caches, the TOAST pages
+        with measuring_session(dsn, construct.role) as conn:
+            try:
+                slow = max(_execution_ms(conn, sql) for sql in plan) > SLOW_MS  # warm-up: caches, the TOAST pages
+            except psycopg.errors.DataError as error:  # a relation's expression failed on a row (forced past the load check)
+                yield Measured(construct, failed=f"{error.sqlstate}: {error}")
+                continue
             for _ in range(min(repeats, 3) if slow else repeats):
                 (base_ms, base_buffers), (plus_ms, plus_buffers) = (_executed(conn, sql) for sql in plan)
                 base.append(base_ms)
@@ -556,8 +662,8 @@ def report(results: Sequence[Measured], rows: int, repeats: int, seconds: float)
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for item in results:
-        if item.refused is not None:
-            lines.append(f"| {item.construct.name} | refused ({item.refused}) | | | | | |")
+        if item.refused is not None or item.failed is not None:
+            lines.append(f"| {item.construct.name} | {'refused' if item.refused else 'failed'} ({item.refused or item.failed}) | | | | | |")
             continue
         base = statistics.median(item.base_ms)
         lines.append(f"| {item.construct.name} | {base:.2f} | {1000 * base / rows:.3f} | "
@@ -613,6 +719,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quantum", type=int, default=0, metavar="MS",
                         help="plan under answer_quantum_ms: the backend SQL is the same, and the limit on a "
                              "statement's predicate terms (rewriter/predicate_terms.py) is lifted, to measure beyond it")
+    parser.add_argument("--max-text-bytes", type=int, default=_AT_BOUND, metavar="N",
+                        help="the tables' max_text_bytes (the single: constructs read a 7,680-byte value from 7,680)")
     parser.add_argument("--pg", type=int, choices=(15, 16, 17, 18), default=15,
                         help="the server to start: Debian's 15, pgserver's 16 (no ICU), or tests/pg_versions' 17, 18")
     args = parser.parse_args(argv)
@@ -622,7 +730,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run(dsn: str) -> list[Measured]:
         load_tables(dsn, args.rows)
         with tempfile.TemporaryDirectory(prefix="dpproxy-row-cost-") as directory:
-            policy_path = policy_file(dsn, Path(directory), args.quantum)
+            policy_path = policy_file(dsn, Path(directory), args.quantum, args.max_text_bytes)
             results = []
             for item in measure_constructs(dsn, policy_path, chosen, args.rows, args.repeats):
                 print(report([item], args.rows, args.repeats, 0).splitlines()[-1], flush=True)

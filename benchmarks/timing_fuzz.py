@@ -26,6 +26,10 @@ decides which shapes are drawn over (:meth:`Fuzzer.with_views`): a refused shape
 report with its refusal's text, and ``--unchecked-views`` draws over it too, planned with that check
 bypassed, to see what the check closes. A finding over a view is shrunk to the table first, when
 the table alone confirms it (a finding that stays on a view is the view's), and reported apart.
+The same holds of benchmarks/table_shapes.py's tables, drawn over as the views are: copies of the
+table with row-level security policies (measured as a role they apply to; the row varies the
+columns a policy reads too, half the time) or generated columns, ``STORED`` and, on PostgreSQL 18,
+``VIRTUAL`` (the row varies what they are computed from).
 
 A case is *flagged* when the neighbour's median exceeds the base's by more than both the base's
 interquartile range and :data:`THRESHOLD_MS`, or when the neighbour's last run read more than
@@ -47,7 +51,8 @@ Run from the repository root::
     python -m benchmarks.timing_fuzz --pg 16 --cases 400 --seed 1 --out /tmp/timing_fuzz.md
 
 ``--only-values FORM`` (repeatable) draws rows from those forms only (``--help`` names them);
-``--no-views`` draws over the table only;
+``--no-views`` draws over the table only, ``--shapes views`` or ``--shapes tables`` over the table and
+those shapes only;
 ``--minutes M`` stops drawing after M minutes, and so do Ctrl-C and SIGTERM: the report covers what was measured.
 """
 
@@ -66,11 +71,12 @@ from pathlib import Path
 
 import psycopg
 
-from benchmarks.row_cost import ORDINARY_ROW, Construct, Measured, load_tables, measure_constructs, on_server, policy_file, print_report
+from benchmarks.row_cost import Construct, Measured, load_tables, measure_constructs, on_server, policy_file, print_report, write_row
+from benchmarks.table_shapes import TABLE_SHAPES
 from benchmarks.view_shapes import SHAPES, ViewShape, check_shapes, create_views, shape_policy, unchecked
 from tests.post_charge_wait import LONG_NUMBER, LONG_TEXT, PAD
 
-__all__ = ["FORMS", "WIDE_NUMERICS", "Finding", "Fuzzer", "Proof", "Statement", "buffers_confirmed", "draw_row", "draw_statement", "is_long_text", "shrink_candidates"]
+__all__ = ["FORMS", "WIDE_NUMERICS", "Finding", "Fuzzer", "Proof", "Statement", "buffers_confirmed", "draw_row", "draw_statement", "is_long_text", "read_columns", "shrink_candidates"]
 
 THRESHOLD_MS = 0.05  # a difference below this is no finding, whatever the jitter
 BUFFER_THRESHOLD = 2  # shared buffers a row may add beyond the ordinary row's (a new heap page) and be no finding
@@ -283,7 +289,7 @@ _ROW_COLUMNS = ("age", "big", "n", "f", "t", "v", "ci", "cat", "d", "ts", "b", "
 _APART = (LONG_NUMBER, LONG_TEXT, f"convert_to({LONG_TEXT}, 'UTF8')", f"to_jsonb(({LONG_TEXT})::text)")
 
 
-def _read_columns(statement: Statement) -> list[str]:
+def read_columns(statement: Statement) -> list[str]:
     sql = replace(statement, relation="").sql.replace("{table}", "")
     return [c for c in _ROW_COLUMNS if any(f"{sep}{c}{end}" in sql for sep in "( ," for end in ") ,")]
 
@@ -297,23 +303,30 @@ def draw_row(rng: random.Random, statement: Statement, forms: Sequence[str] = tu
     """The adversarial row (SQL by base column; the rest ordinary): 1 to 3 of the columns the
     statement reads, each given a value of a form drawn from ``forms`` that fits the column; over a
     view (``shape``), one of the base columns that decide the view's column is given it instead,
-    and a column the view computes is among them when the statement reads one."""
-    read = _read_columns(statement) or list(_ROW_COLUMNS)
+    and a column the view computes is among them when the statement reads one; over a table whose
+    policies read other columns (``shape.varied``), one of those too, half the time."""
+    read = read_columns(statement) or list(_ROW_COLUMNS)
     row: dict[str, str] = {}
     chosen = rng.sample(read, min(len(read), rng.randint(1, 3)))
     computed = [c for c in read if shape is not None and c in shape.outputs]
     if computed and not set(chosen) & set(computed):
         chosen[0] = rng.choice(computed)
     for column in chosen:
-        base = rng.choice(shape.base_columns(column)) if shape is not None else column
-        for form in rng.sample(list(forms), len(forms)):
-            value = FORMS[form](rng, "t" if base == "j" else base, statement)
-            if value is not None:
-                row[base] = _CONVERTED[base].format(value=value) if base in _CONVERTED and value != "NULL" else value
-                break
+        _give_form(rng, row, rng.choice(shape.base_columns(column)) if shape is not None else column, statement, forms)
+    if shape is not None and shape.varied and rng.random() < 0.5:
+        _give_form(rng, row, rng.choice(shape.varied), statement, forms)
     if any(value in _APART for value in row.values()):
         row["pad"] = PAD  # kept in the row (STORAGE MAIN): pushes the value out to the TOAST relation
     return row
+
+
+def _give_form(rng: random.Random, row: dict[str, str], base: str, statement: Statement, forms: Sequence[str]) -> None:
+    """``row[base]``: a value of the first of ``forms`` (in a drawn order) that fits ``base``, if any does."""
+    for form in rng.sample(list(forms), len(forms)):
+        value = FORMS[form](rng, "t" if base == "j" else base, statement)
+        if value is not None:
+            row[base] = _CONVERTED[base].format(value=value) if base in _CONVERTED and value != "NULL" else value
+            return
 
 
 def is_long_text(row: dict[str, str]) -> bool:
@@ -457,13 +470,19 @@ class Fuzzer:
         self.shapes = {shape.name: shape for shape in shapes}
         self.unchecked = unchecked
         self.largest: list[tuple[float, float, int, str, str]] = []  # (extra, jitter, extra buffers, statement, row)
+        self.failures: list[tuple[str, str, str]] = []  # (statement, row, error): a run that failed on the row
 
     @classmethod
     def with_views(cls, dsn: str, policy_path: Path, rows: int, repeats: int, directory: Path,
-                   shapes: Sequence[ViewShape] = SHAPES, unchecked: bool = False) -> tuple[Fuzzer, dict[str, str | None]]:
-        """A fuzzer over row_cost's tables (policy ``policy_path``) and ``shapes``' views, created
-        now; with the load check's verdict on each shape (None: accepted, else the refusal's text).
+                   shapes: Sequence[ViewShape] = SHAPES + TABLE_SHAPES,
+                   unchecked: bool = False) -> tuple[Fuzzer, dict[str, str | None]]:
+        """A fuzzer over row_cost's tables (policy ``policy_path``) and ``shapes``' relations (views,
+        and tables with policies or generated columns), created now, those the server's version
+        can hold; with the load check's verdict on each (None: accepted, else the refusal's text).
         Statements are drawn over the accepted shapes only, or over all when ``unchecked``."""
+        with psycopg.connect(dsn) as conn:
+            major = int(conn.execute("SHOW server_version_num").fetchone()[0]) // 10_000  # type: ignore[index]
+        shapes = [shape for shape in shapes if shape.least_major <= major]
         create_views(dsn, shapes)
         verdicts = check_shapes(policy_path, directory, shapes)
         drawn = [shape for shape in shapes if unchecked or verdicts[shape.name] is None]
@@ -475,22 +494,22 @@ class Fuzzer:
         computes if it computes any: what sets the view apart) and a row that fits."""
         shape = rng.choice(list(self.shapes.values())) if self.shapes and rng.random() < 0.5 else None
         statement = draw_statement(rng)
-        while shape is not None and not (set(_read_columns(statement)) <= set(shape.columns)
-                                         and (not shape.outputs or set(_read_columns(statement)) & set(shape.outputs))):
+        while shape is not None and not (set(read_columns(statement)) <= set(shape.columns)
+                                         and (not shape.outputs or set(read_columns(statement)) & set(shape.outputs))):
             statement = draw_statement(rng)
         if shape is not None:
             statement = replace(statement, relation=shape.name)
         row = draw_row(rng, statement, forms, shape)
-        while not self.fits(row):
+        while not self.fits(row, statement):
             row = draw_row(rng, statement, forms, shape)
         return statement, row
 
-    def fits(self, row: dict[str, str]) -> bool:
-        """Can ``row`` be stored (a value beside a type's limit may not be)? Tried in a transaction rolled back."""
-        values = {**ORDINARY_ROW, **row, "id": "-1"}  # beside the neighbour's row (id 0)
+    def fits(self, row: dict[str, str], statement: Statement = Statement(())) -> bool:
+        """Can ``row`` be stored in each table ``statement`` reads (a value beside a type's limit may
+        not be, nor one a generated column's expression fails on)? Tried in a transaction rolled back."""
         with psycopg.connect(self.dsn) as conn:
             try:
-                conn.execute(f"INSERT INTO rc_plus ({', '.join(values)}) SELECT {', '.join(values.values())}")
+                write_row(conn, statement.sql, row, "-1")  # beside the neighbour's row (id 0)
             except psycopg.errors.DataError:
                 return False
             finally:
@@ -498,7 +517,8 @@ class Fuzzer:
         return True
 
     def measure(self, pairs: Sequence[tuple[Statement, dict[str, str]]], repeats: int) -> list[Measured]:
-        constructs = [Construct(f"case {i}", s.sql, r) for i, (s, r) in enumerate(pairs)]
+        constructs = [Construct(f"case {i}", s.sql, r, self.shapes[s.relation].role if s.relation in self.shapes else None)
+                      for i, (s, r) in enumerate(pairs)]
         if not self.unchecked:
             return list(measure_constructs(self.dsn, self.policy_path, constructs, self.rows, repeats))
         with unchecked():
@@ -513,7 +533,7 @@ class Fuzzer:
         out = []
         for _ in range(2):
             item, control = self.measure([(statement, row), (statement, {})], 2 * self.repeats + 1)
-            if control.refused is not None:
+            if control.refused is not None or item.failed is not None or control.failed is not None:
                 return None
             out.append(Proof(item, control))
             if not any(all(test(p) for p in out) for test in (_time_confirmed, buffers_confirmed)):
@@ -530,7 +550,7 @@ class Fuzzer:
                 budget -= 1
                 if budget < 0:
                     break
-                if not self.fits(candidate_row):
+                if not self.fits(candidate_row, candidate):
                     continue
                 measured = self.confirmed(candidate, candidate_row)
                 if measured is not None:
@@ -544,7 +564,7 @@ class Fuzzer:
         (:func:`time.monotonic`) or an interrupt (Ctrl-C): the findings and the counts so far."""
         rng = random.Random(seed)
         findings: list[Finding] = []
-        counts = {"cases": 0, "drawn": 0, "refused": 0, "flagged": 0, "confirmed": 0, "over views": 0}
+        counts = {"cases": 0, "drawn": 0, "refused": 0, "failed": 0, "flagged": 0, "confirmed": 0, "over views": 0}
         try:
             while counts["cases"] < cases and time.monotonic() < deadline:
                 pairs = [self.draw(rng, forms) for _ in range(min(batch, cases - counts["cases"]))]
@@ -555,6 +575,11 @@ class Fuzzer:
                         continue
                     counts["cases"] += 1
                     counts["over views"] += bool(statement.relation)
+                    if item.failed is not None:  # an error oracle: what the load check refuses, forced past it
+                        counts["failed"] += 1
+                        self.failures.append((statement.sql, repr(row), item.failed))
+                        log(f"failed on the row ({item.failed}): {statement.sql} | {row}")
+                        continue
                     finding = self.case(statement, row, item, counts, log)
                     if finding is not None:
                         findings.append(finding)
@@ -588,20 +613,22 @@ class Fuzzer:
 
 def report(findings: Sequence[Finding], counts: dict[str, int], largest: Sequence[tuple[float, float, int, str, str]],
            forms: Sequence[str], rows: int, repeats: int, seed: int, seconds: float,
-           verdicts: Mapping[str, str | None] | None = None, unchecked: bool = False) -> str:
-    """The Markdown report: the run's figures, the view shapes and the load check's verdicts
-    (``verdicts``), the confirmed findings by class, the largest differences seen."""
+           verdicts: Mapping[str, str | None] | None = None, unchecked: bool = False,
+           failures: Sequence[tuple[str, str, str]] = ()) -> str:
+    """The Markdown report: the run's figures, the shapes and the load check's verdicts
+    (``verdicts``), the runs that failed on the row (``failures``: statement, row, error), the
+    confirmed findings by class, the largest differences seen."""
     lines = [
         f"Seed {seed}; {counts['cases']:,} cases measured ({counts.get('over views', 0):,} over views; "
         f"{counts['drawn']:,} statements drawn, {counts['refused']:,} "
-        f"refused and redrawn), {counts['flagged']:,} flagged, {counts['confirmed']:,} confirmed; tables of {rows:,} rows, "
+        f"refused and redrawn), {counts.get('failed', 0):,} failed on the row, {counts['flagged']:,} flagged, {counts['confirmed']:,} confirmed; tables of {rows:,} rows, "
         f"{repeats} runs each alternating (confirmations {2 * repeats + 1}); value forms: {', '.join(forms)}; {seconds:.0f} s.",
         "",
     ]
-    shapes = {shape.name: shape for shape in SHAPES}
+    shapes = {shape.name: shape for shape in SHAPES + TABLE_SHAPES}
     if verdicts:
         accepted = [name for name, refusal in verdicts.items() if refusal is None]
-        lines += [f"### View shapes: {len(accepted)} of {len(verdicts)} accepted by the load check"
+        lines += [f"### Shapes (views, tables with policies or generated columns): {len(accepted)} of {len(verdicts)} accepted by the load check"
                   + (" (the refused ones drawn too: the check bypassed)" if unchecked else ""), "",
                   f"Accepted: {', '.join(accepted) or 'none'}.", ""]
         for name, refusal in verdicts.items():
@@ -609,7 +636,10 @@ def report(findings: Sequence[Finding], counts: dict[str, int], largest: Sequenc
                 shown = shapes[name].summary if name in shapes else name
                 lines.append(f"- Refused `{name}` (`{shown}`): {refusal.split('. ')[0]}.")
         lines.append("")
-    for title, chosen in (("Over protected views", [f for f in findings if f.statement.relation]),
+    if failures:
+        lines += [f"### Failed on the row: {len(failures)}", ""]
+        lines += [f"- `{sql}` with `{row}`: {error.splitlines()[0]}." for sql, row, error in failures] + [""]
+    for title, chosen in (("Over protected views and tables", [f for f in findings if f.statement.relation]),
                           ("Long text (the known class)", [f for f in findings if f.long_text and not f.statement.relation]),
                           ("Outside the long-text class", [f for f in findings if not f.long_text and not f.statement.relation])):
         lines += [f"### {title}: {len(chosen)}", ""]
@@ -617,7 +647,7 @@ def report(findings: Sequence[Finding], counts: dict[str, int], largest: Sequenc
             lines += [f"{number}. Witness: {finding.witness}. Shrunk: `{finding.statement.sql}` with `{finding.row}`: "
                       + "; ".join(p.summary for p in finding.proofs) + "."]
             if finding.statement.relation in shapes:
-                lines += [f"   The view: `{shapes[finding.statement.relation].summary}`."]
+                lines += [f"   The relation: `{shapes[finding.statement.relation].summary}`."]
             if finding.drawn is not None:
                 statement, row, first, proofs = finding.drawn
                 lines += [f"   As drawn: `{statement.sql}` with `{row}`: first run {first.extra_ms:+.3f} ms (jitter "
@@ -649,6 +679,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dsn", help="a superuser DSN (default: start a server, --pg)")
     parser.add_argument("--pg", type=int, choices=(15, 16, 17, 18), default=16)
     parser.add_argument("--no-views", action="store_true", help="draw statements over the table only")
+    parser.add_argument("--shapes", choices=("all", "views", "tables"), default="all",
+                        help="the relations drawn over besides the table: views, tables with policies or generated columns, or both")
     parser.add_argument("--unchecked-views", action="store_true",
                         help="draw over the view shapes dpproxy's load check refuses too, planned with the check bypassed")
     args = parser.parse_args(argv)
@@ -664,13 +696,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.no_views:
                 fuzzer = Fuzzer(dsn, policy, args.rows, args.repeats)
             else:
-                fuzzer, verdicts = Fuzzer.with_views(dsn, policy, args.rows, args.repeats, Path(directory),
+                shapes = {"all": SHAPES + TABLE_SHAPES, "views": SHAPES, "tables": TABLE_SHAPES}[args.shapes]
+                fuzzer, verdicts = Fuzzer.with_views(dsn, policy, args.rows, args.repeats, Path(directory), shapes,
                                                      unchecked=args.unchecked_views)
                 print(f"view shapes accepted: {', '.join(n for n, r in verdicts.items() if r is None)}; refused: "
                       f"{', '.join(n for n, r in verdicts.items() if r is not None)}", flush=True)
             findings, counts = fuzzer.run(args.cases, args.seed, forms, started + 60 * args.minutes, log=lambda line: print(line, flush=True))
             return report(findings, counts, fuzzer.largest, forms, args.rows, args.repeats, args.seed,
-                          time.monotonic() - started, verdicts, args.unchecked_views)
+                          time.monotonic() - started, verdicts, args.unchecked_views, fuzzer.failures)
 
     text = on_server(args.dsn, args.pg, "timing-fuzz", run)
     return print_report(text, args.out)

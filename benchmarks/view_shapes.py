@@ -16,10 +16,8 @@ plans with the part of that check that judges a relation's expressions
 (``proxy/backend/row_failures.py``) bypassed, to measure what it refuses: a tool's switch, never
 dpproxy's.
 
-Not built: a row-level security policy's ``USING`` on the base table (row_cost measures as a
-superuser, to whom no policy applies, and a refused ``USING`` would refuse the base tables
-themselves, so it needs tables of its own) and PostgreSQL 18's virtual generated columns (a
-column of the base table itself, refused with it).
+Row-level security policies and generated columns are benchmarks/table_shapes.py's: tables of
+their own (a policy on ``rc_base`` would apply to every statement, and a refused one refuse it).
 """
 
 from __future__ import annotations
@@ -61,6 +59,11 @@ class ViewShape:
     over: str | None = None
     dropped: tuple[str, ...] = ()
     sources: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    varied: tuple[str, ...] = ()
+    """Base columns the relation reads besides the ones the statement reads (a row-level security
+    policy's, benchmarks/table_shapes.py): the adversarial row varies one of them too, at times."""
+    least_major: int = 0
+    """The oldest PostgreSQL major version the shape can be created on (0: any)."""
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -68,6 +71,19 @@ class ViewShape:
 
     def relation(self, table: str) -> str:
         return f"rcv_{self.name}_{table}"
+
+    @property
+    def role(self) -> str | None:
+        """The role a statement over the shape is measured as (None: the superuser row_cost measures as)."""
+        return None
+
+    def drop(self, table: str) -> str:
+        """The SQL that drops this shape's relation over ``table``, and what depends on it."""
+        return f"DROP VIEW IF EXISTS {self.relation(table)} CASCADE"
+
+    def settle(self, table: str) -> tuple[str, ...]:
+        """Statements to run on their own once the relation over ``table`` is created (none for a view)."""
+        return ()
 
     def create(self, table: str) -> str:
         """The ``CREATE VIEW`` of this shape over ``table`` (rc_base or rc_plus)."""
@@ -111,6 +127,9 @@ SHAPES: tuple[ViewShape, ...] = (
     ViewShape("btrim", {"t": "btrim(s.t)"}),
     ViewShape("length", {"age": "length(s.t)"}, sources={"age": ("t",)}),
     ViewShape("bytea_length", {"big": "octet_length(s.by)::bigint"}, sources={"big": ("by",)}),
+    ViewShape("text_size", {"age": "octet_length(s.t)"}, sources={"age": ("t",)}),
+    ViewShape("where_nullif_null", tail="WHERE NULLIF(s.t, 'x') IS NOT NULL"),
+    ViewShape("where_coalesce_equality", tail="WHERE COALESCE(s.t, s.tx) <> 'x'"),
     ViewShape("numeric_abs", {"n": "abs(s.n)"}),
     ViewShape("numeric_text", {"tx": "s.nx::text"}, sources={"tx": ("nx",)}),
     ViewShape("jsonb_text", {"tx": "s.j::text"}, sources={"tx": ("j",)}),
@@ -136,16 +155,20 @@ SHAPES: tuple[ViewShape, ...] = (
 
 
 def create_views(dsn: str, shapes: Sequence[ViewShape] = SHAPES) -> None:
-    """``shapes``' views over both tables (after :func:`benchmarks.row_cost.load_tables`), and the
-    small table a join reads; the base views before the views over them."""
+    """``shapes``' relations over both tables (after :func:`benchmarks.row_cost.load_tables`): views,
+    or the tables of benchmarks/table_shapes.py; and the small table a join reads; the base views
+    before the views over them."""
     with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET synchronous_commit = on")  # a table's rows all-visible once vacuumed (row_cost._writer)
         conn.execute("DROP TABLE IF EXISTS rc_small CASCADE")
         conn.execute("CREATE TABLE rc_small (k text PRIMARY KEY, label text)")
         conn.execute("INSERT INTO rc_small VALUES ('a', 'first'), ('b', 'second'), ('c', 'third')")
         for shape in sorted(shapes, key=lambda s: s.over is not None):
             for table in _TABLES:
-                conn.execute(f"DROP VIEW IF EXISTS {shape.relation(table)} CASCADE")
+                conn.execute(shape.drop(table))
                 conn.execute(shape.create(table))
+                for statement in shape.settle(table):
+                    conn.execute(statement)
 
 
 def shape_policy(base: Path, shapes: Sequence[ViewShape], path: Path) -> Path:

@@ -36,8 +36,10 @@ from .post_process import PostProcess, aggregate_nodes, outer_statement
 from .shares import counted_shares
 from .predicates import PredicateRenderer
 from .scope import Scope
+from .single_reads import SingleRead, categories, distinct_read, hash_read, key_read, mode_read
 from .sqlglot_parse import VARIANCE_FUNCTIONS, parse_postgres
 from .statements import split_statements
+from .text_bounds import work_refusal
 from .types import (ARRAY_TYPES, FINITE_NUMBER_TYPES, FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, MAX_ABS_BOUND,
                     MAX_ABS_VARIANCE_BOUND, NUMBER_ARRAY_NAMES, NUMERIC, NUMERIC_TYPES, aggregate_result_type)
 
@@ -138,8 +140,10 @@ class AggregateQuery:
     # two plans to count both.
     terms: int = field(default=0, compare=False)
     ilike_bytes: int = field(default=0, compare=False)
-    # What those conditions weigh by their reads of text values (rewriter/text_bounds.py), likewise.
+    # What those conditions and its single reads weigh by their reads of text values
+    # (rewriter/text_bounds.py), likewise, and the single reads (rewriter/single_reads.py), to name them.
     text_work: int = field(default=0, compare=False)
+    single_reads: tuple[SingleRead, ...] = field(default=(), compare=False)
     # NOTICEs on literals not among a column's declared categories (rewriter/category_notes.py): from
     # the statement and the policy alone, sent before the answer's own; they change nothing else.
     notes: tuple[str, ...] = field(default=(), compare=False)
@@ -239,15 +243,35 @@ def plan_aggregate_query(
         where_sql = folding.inline if where_sql is not None else None
         aggregates = tuple(replace(agg, filter_sql=text) for agg, text in zip(aggregates, folding.inline_filters()))
     ranges = key_ranges(where.this if where is not None else None, groups, scope)
+    reads = _single_reads(table, aggregates, groups)
+    text_work = conditions.text_work + sum(read.work for read in reads)
+    refused = work_refusal(text_work, reads) if not table.policy.answer_quantum_ms else None
+    if refused is not None:
+        heavy = scope.refuse(f"{refused[0]} are refused on protected table", "safe-predicate")
+        heavy.hint = refused[1]
+        raise heavy
     plan = AggregateQuery(table, aggregates, where_sql, _no_rows(tree, scope, grouped=bool(groups)), folding=folding,
                           post=post, groups=groups, ranges=ranges, terms=conditions.terms,
                           ilike_bytes=conditions.ilike_bytes,
-                          text_work=conditions.text_work, notes=conditions.notes)
+                          text_work=text_work, single_reads=reads, notes=conditions.notes)
     if not ranges:  # no time bound can narrow a key: the cells are known now
         too_many = too_many_cells(plan)
         if too_many is not None:
             raise too_many
     return plan
+
+
+def _single_reads(table: Relation, aggregates: tuple[Aggregate, ...], groups: tuple[GroupKey, ...]) -> tuple[SingleRead, ...]:
+    """What of a statement's aggregates and keys reads each row's text value once a row, besides its
+    conditions (rewriter/single_reads.py): each ``COUNT(DISTINCT)`` and MODE, each categorical key,
+    and, where sample and aggregate partitions the rows by ``row_hash``, each hashed column."""
+    policy = table.policy
+    reads = [distinct_read(agg.column, policy) if agg.distinct else mode_read(agg.column, policy)
+             for agg in aggregates if agg.column is not None and (agg.distinct or agg.kind == "mode")]
+    reads += [key_read(key.column, policy) for key in groups if key.kind == "category"]
+    if table.partition_key == "row" and any(agg.mechanism == "sample_aggregate" for agg in aggregates):
+        reads += [hash_read(table.columns[name], policy) for name in table.hashed_columns]
+    return tuple(read for read in reads if read is not None)
 
 
 def _named(aggregates: tuple[Aggregate, ...], names: list[str | None] | None) -> tuple[Aggregate, ...]:
@@ -711,7 +735,8 @@ def _aggregate(item: exp.Expression, scope: Scope, conditions: PredicateRenderer
         agg = replace(agg, scale=read.scale)
     if read.condition is None:
         return agg
-    template = conditions.template(read.condition)
+    # MODE's FILTER is a FILTER of each category's count: PostgreSQL evaluates it once a category.
+    template = conditions.template(read.condition, categories(agg.column) if agg.kind == "mode" else 1)
     columns = dict.fromkeys(scope.column(column).name for column in read.condition.find_all(exp.Column))
     return replace(agg, filter_sql=template, filter_columns=tuple(columns))
 

@@ -157,7 +157,8 @@ def part_keys(column: ColumnInfo, limit: int) -> list[tuple[str, int]]:
         if domain.exceeded:
             continue
         name = quote_ident(column.name)
-        written = {"sunday_week": f"Sunday weeks of {name}",
+        # Each as a key an analyst may write (Sunday weeks as Metabase writes them, docs/policy.md).
+        written = {"sunday_week": f"date_trunc('week', {name} + INTERVAL '1 day') + INTERVAL '-1 day'",
                    "date": name if column.type_oid == DATE else f"CAST({name} AS DATE)"}.get(
             part, f"EXTRACT({part.upper()} FROM {name})")
         keys.append((written, domain.size))

@@ -15,15 +15,23 @@ with the number in decimal in the hint.
 was answered as ``now() - interval '3' + interval '1'``), where PostgreSQL reads the interval 'v'
 at precision p. It is found by the scanner too (``INTERVAL`` then ``(``) and refused.
 
+``interval '...'``'s value: sqlglot rewrites a string holding one number and unit as ``'<number>
+<UNIT>'`` and drops the rest (``interval '1 day ago'`` was answered as ``interval '1 DAY'``, its sign
+lost; ``'1 day 1:30'`` as ``'1 DAY'``; ``'.5 day'`` as ``'5 DAY'``; ``'P2M'``, two months, as two
+minutes), and folds a single field after the string into it (``interval '1.5' hour`` as ``'1.5
+HOUR'``, where PostgreSQL keeps whole hours only: one hour). A literal it keeps as PostgreSQL reads
+it is let through (:func:`_interval_read_alike`); any other is refused, found by the scanner.
+
 ``x IS [NOT] UNKNOWN``: sqlglot reads it as ``x IS [NOT] NULL``. That is PostgreSQL's meaning for a
 boolean ``x``; for any other, PostgreSQL fails the statement (42804) whatever the rows, and dpproxy
 answered it. It is let through on a boolean column of the table only.
 
-``interval 'a' + 'b'``: sqlglot reads the string after ``+`` as one more interval, and a cast after it
-as a cast of the sum: ``interval '1 day' + '2023-01-01'::date`` was run as ``CAST(interval '1 day' +
-interval '2023-01-01' AS date)``, which fails (22007) where PostgreSQL adds a day to a date, and
-``interval '1 day' + '5' * 2`` as ``interval '1 day' + interval '5' * 2``, answered where PostgreSQL
-fails (42883). It is found by the scanner (``INTERVAL``, its value and fields, ``+``, a string) and refused.
+``interval 'a' + 'b'::t``: sqlglot reads the string after ``+`` as one more interval, and what binds
+tighter after it (a cast, ``*``) as applying to the sum: ``interval '1 day' + '2023-01-01'::date`` was
+run as ``CAST(interval '1 day' + interval '2023-01-01' AS date)``, which fails (22007) where PostgreSQL
+adds a day to a date, and ``interval '1 day' + '5' * 2`` as ``interval '1 day' + interval '5' * 2``,
+answered where PostgreSQL fails (42883). Found by the scanner and refused (a bare string after the
+``+`` PostgreSQL reads as an interval too, and a number is refused as ``interval-form``).
 
 ``CURRENT_TIMESTAMP(n)``: sqlglot keeps the precision but writes the call back as
 ``CURRENT_TIMESTAMP``, so ``ts > CURRENT_TIMESTAMP(0)`` was answered as ``ts > CURRENT_TIMESTAMP``,
@@ -38,7 +46,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Sequence
 
 from pglast.parser import ParseError, parse_sql_json, scan
-from sqlglot.expressions import INTERVAL_STRING_RE
+from sqlglot import exp
 
 from policies.errors import SQLSTATE, Refusal
 from policies.tables import Relation
@@ -64,13 +72,93 @@ def _decimal(text: str) -> str:
             return digits
 
 
+_COMMENTS = frozenset({"C_COMMENT", "SQL_COMMENT"})
+_INTERVAL_FIELDS = frozenset({"YEAR_P", "MONTH_P", "DAY_P", "HOUR_P", "MINUTE_P", "SECOND_P"})
+_STRINGS = frozenset({"SCONST", "USCONST"})
+_WHOLE_NUMBER = re.compile(r"\s*[+-]?[0-9]+\s*")
+
+
+def _string_value(text: str) -> str | None:
+    """The value of ``text``, a string constant as written ('...', E'...', U&'...', $$...$$), as
+    PostgreSQL's parser reads it; None when it reads no string there."""
+    try:
+        tree = json.loads(parse_sql_json(f"SELECT {text}"))
+        value = tree["stmts"][0]["stmt"]["SelectStmt"]["targetList"][0]["ResTarget"]["val"]["A_Const"]["sval"]
+    except (ParseError, KeyError, IndexError, TypeError):
+        return None
+    return str(value.get("sval", ""))
+
+
+def _interval_read_alike(value: str | None, field: str | None, after: str | None) -> bool:
+    """Whether sqlglot renders ``interval '<value>' [<field> [<after> ...]]`` as PostgreSQL reads it
+    (``field``, ``after``: the names of the two tokens after the string, when the first is a field).
+
+    Without a field, sqlglot rewrites a value in which it finds exactly one ``<number> <unit>``
+    (``exp.INTERVAL_STRING_RE``) as that pair alone: alike only when that pair is the whole value.
+    With ``<field> TO <field>`` it keeps the value as written when it finds no such pair; with a
+    single field it appends the field to the value, alike only for a whole number (PostgreSQL keeps
+    only whole units of the field: ``interval '1.5' hour`` is one hour)."""
+    if value is None:
+        return False
+    pairs = exp.INTERVAL_STRING_RE.findall(value)
+    if field is None:
+        return len(pairs) != 1 or exp.INTERVAL_STRING_RE.fullmatch(value) is not None
+    if after == "TO":
+        return not pairs
+    return after != "ASCII_40" and _WHOLE_NUMBER.fullmatch(value) is not None
+
+
+def _after_fields(tokens: list[Any], at: int) -> int:
+    """The index of the first token from ``at`` past an interval literal's fields: ``DAY``, ``DAY TO
+    SECOND``, ``SECOND(3)``."""
+    while at < len(tokens):
+        if tokens[at].name in _INTERVAL_FIELDS or (tokens[at].name == "TO" and tokens[at - 1].name in _INTERVAL_FIELDS):
+            at += 1
+        elif (tokens[at - 1].name in _INTERVAL_FIELDS and [token.name for token in tokens[at : at + 3]]
+              == ["ASCII_40", "ICONST", "ASCII_41"]):
+            at += 3
+        else:
+            break
+    return at
+
+
+def _misread_interval(sql: str, tokens: list[Any], index: int) -> int | None:
+    """Where an ``interval '...'`` literal opened by the ``INTERVAL`` at ``tokens[index]`` that sqlglot
+    reads otherwise than PostgreSQL (:func:`_interval_read_alike`) ends (the index of its last
+    token), or None when it reads it alike. sqlglot also reads a constant after the literal's ``+``
+    as one more interval literal (its ``INTERVAL 'v1' u1 + 'v2' u2``): a number there is an error to
+    PostgreSQL (``interval + integer`` has no operator), and a string an interval literal, judged
+    as one (PostgreSQL reads no field after it in a condition: ``+ '2' hour`` is a syntax error)."""
+    at = index + 1
+    if at >= len(tokens) or tokens[at].name not in _STRINGS:
+        return None
+    while True:
+        if tokens[at].name == "USCONST" and at + 2 < len(tokens) and tokens[at + 1].name == "UESCAPE":
+            return at + 2  # sqlglot keeps the escapes of U&'...' UESCAPE '!' as written
+        end = _after_fields(tokens, at + 1)
+        names = [token.name for token in tokens[at + 1 : at + 3]]
+        field = names[0] if names and names[0] in _INTERVAL_FIELDS else None
+        after = names[1] if field is not None and len(names) > 1 else None
+        if not _interval_read_alike(_string_value(sql[tokens[at].start : tokens[at].end + 1]), field, after):
+            return end - 1
+        if end + 1 >= len(tokens) or tokens[end].name != "ASCII_43":
+            return None
+        if tokens[end + 1].name in ("ICONST", "FCONST"):
+            return end + 1
+        if tokens[end + 1].name not in _STRINGS:
+            return None
+        at = end + 1
+
+
 def refuse_misread_tokens(sql: str, relation: Relation) -> None:
     """Refuse a number of ``sql`` written with a ``0x``/``0o``/``0b`` prefix or a ``_`` between digits
-    (0A000, rule ``number-form``), ``interval(p) '...'`` (0A000, rule ``interval-precision``) and
-    ``interval '...' + '...'`` (0A000, rule ``interval-sum``);
-    ``relation`` is the protected table it reads."""
+    (0A000, rule ``number-form``), ``interval(p) '...'`` (0A000, rule ``interval-precision``), an
+    ``interval '...'`` literal sqlglot reads otherwise (0A000, rule ``interval-form``) and
+    ``interval '...' + '...'::type`` (0A000, rule ``interval-sum``); ``relation`` is the protected table
+    it reads."""
     try:
-        tokens = scan(sql)
+        # Without comments: PostgreSQL reads interval /* c */ (3) '1' as interval(3) '1'.
+        tokens = [token for token in scan(sql) if token.name not in _COMMENTS]
     except ParseError:  # pragma: no cover - the statement was parsed already
         return
     for index, token in enumerate(tokens):
@@ -84,25 +172,6 @@ def refuse_misread_tokens(sql: str, relation: Relation) -> None:
                     f"Write it in decimal: {_decimal(text)}.",
                     "number-form",
                 )
-        elif token.name == "INTERVAL" and _literal_added(sql, tokens, index + 1):
-            raise Refusal(
-                SQLSTATE.FEATURE_NOT_SUPPORTED,
-                f"interval '...' + a literal is not supported on protected table {relation.display_name} "
-                "(rule: interval-sum)",
-                "dpproxy's DP planner reads interval 'a' + 'b' (or + 2) as interval 'a' + interval 'b', also where 'b' "
-                "is cast to another type after; write the type before the value: interval '1 day' + date '2023-01-01'.",
-                "interval-sum",
-            )
-        elif token.name == "INTERVAL" and (value := _misread_interval(sql, tokens, index + 1)) is not None:
-            raise Refusal(
-                SQLSTATE.FEATURE_NOT_SUPPORTED,
-                f"the interval literal {value!r} is not supported on protected table {relation.display_name} "
-                "(rule: interval-form)",
-                "dpproxy's DP planner reads an interval literal with one number and unit in it as that number and unit "
-                "alone (interval '1 day ago' as interval '1 day'), and interval 'v' <field> as interval 'v <field>'; "
-                "write '...'::interval (or interval '-1 day'; interval '2' day with a whole number).",
-                "interval-form",
-            )
         elif token.name == "INTERVAL" and index + 1 < len(tokens) and sql[tokens[index + 1].start] == "(":
             raise Refusal(
                 SQLSTATE.FEATURE_NOT_SUPPORTED,
@@ -111,70 +180,46 @@ def refuse_misread_tokens(sql: str, relation: Relation) -> None:
                 "dpproxy's DP planner reads interval(p) 'v' as interval 'p' + interval 'v'; write interval 'v'.",
                 "interval-precision",
             )
+        elif token.name == "INTERVAL" and (end := _misread_interval(sql, tokens, index)) is not None:
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                f"the interval literal {sql[token.start : tokens[end].end + 1]}, which dpproxy's DP planner "
+                f"reads otherwise than PostgreSQL, is not supported on protected table {relation.display_name} "
+                "(rule: interval-form)",
+                "Write one number and unit per interval and add them, as interval '1 day' + interval '90 minutes', "
+                "with a minus sign before a negative number ('-1 day', not '1 day ago'); a field after the string "
+                "takes a whole number only (interval '2' hour), or write CAST('1:30' AS interval hour); add an "
+                "interval, not a number, to an interval (interval '1 day' + interval '5 seconds').",
+                "interval-form",
+            )
+        elif token.name == "INTERVAL" and _string_taken_further(tokens, index + 1):
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                f"interval '...' + '...'::type is not supported on protected table {relation.display_name} "
+                "(rule: interval-sum)",
+                "dpproxy's DP planner reads interval 'a' + 'b'::t (or * 2) as (interval 'a' + interval 'b')::t; "
+                "write the type before the value: interval '1 day' + date '2023-01-01'.",
+                "interval-sum",
+            )
 
 
-# The units an interval literal's value may be followed by (interval '1' day to second(3))
-_UNITS = frozenset({"YEAR_P", "MONTH_P", "DAY_P", "HOUR_P", "MINUTE_P", "SECOND_P"})
+# Tokens that bind tighter than + (a cast, * / % ^, COLLATE, AT TIME ZONE, a subscript)
+_TIGHTER = frozenset({"TYPECAST", "ASCII_42", "ASCII_47", "ASCII_37", "ASCII_94", "COLLATE", "AT", "ASCII_91"})
 
 
-def _fields_end(tokens: Sequence[Any], index: int) -> int:
-    """The index past the fields (``day``, ``hour to minute``, ``second(3)``) at ``tokens[index:]``."""
-    while index < len(tokens) and tokens[index].name in _UNITS:
-        index += 1
-        if tokens[index - 1].name == "SECOND_P" and index < len(tokens) and tokens[index].name == "ASCII_40":
-            index += 3  # second(p)
-        if index < len(tokens) and tokens[index].name == "TO":
-            index += 1
-    return min(index, len(tokens))
-
-
-def _literal_added(sql: str, tokens: Sequence[Any], index: int) -> bool:
-    """Whether ``tokens[index:]`` is an interval literal's value (and fields) followed by ``+`` (or by
-    nothing) and a string or a number, which sqlglot reads as one more interval."""
-    if index >= len(tokens) or tokens[index].name not in ("SCONST", "USCONST"):
-        return False
-    index = _fields_end(tokens, index + 1)
-    if index < len(tokens) and sql[tokens[index].start : tokens[index].end + 1] == "+":
-        index += 1
-    return index < len(tokens) and tokens[index].name in ("SCONST", "USCONST", "ICONST", "FCONST")
-
-
-def _misread_interval(sql: str, tokens: Sequence[Any], index: int) -> str | None:
-    """The value of the interval literal whose string is ``tokens[index]`` where sqlglot reads it
-    otherwise than PostgreSQL, else None.
-
-    sqlglot finds the number-unit pairs of the string (:data:`sqlglot.exp.INTERVAL_STRING_RE`); where it
-    finds one, it keeps that pair alone ('1 day ago' is '1 day', '1 day 10:00' is '1 day'). Fields after
-    the string restrict PostgreSQL's value to them (interval '1.5' day is 1 day) and are moved into the
-    string by sqlglot (interval '1.5 day', a day and a half): only a whole number before one field is
-    alike; a span (``hour to minute``) sqlglot keeps as written, unless the string has a unit of its own.
-    """
-    if index >= len(tokens) or tokens[index].name not in ("SCONST", "USCONST"):
-        return None
-    end = _fields_end(tokens, index + 1)
-    text = sql[tokens[index].start : tokens[index].end + 1]
-    value = _string_value(text)
-    if value is None:  # U&'...' UESCAPE '!': not read here, refused
-        return text
-    pairs = INTERVAL_STRING_RE.findall(value)
-    fields = tokens[index + 1 : end]
-    if not fields:
-        return value if len(pairs) == 1 and INTERVAL_STRING_RE.fullmatch(value) is None else None
-    if pairs or any(token.name == "ASCII_40" for token in fields):  # a unit in the string, a precision
-        return value
-    if any(token.name == "TO" for token in fields):  # kept as written: interval '1:30' hour to minute
-        return None
-    return None if re.fullmatch(r"\s*[-+]?[0-9]+\s*", value) else value
-
-
-def _string_value(text: str) -> str | None:
-    """The value of the string constant ``text`` (quoted, E'', U&'', dollar-quoted) as PostgreSQL reads it."""
-    try:
-        tree = json.loads(parse_sql_json(f"SELECT {text}"))
-        value = tree["stmts"][0]["stmt"]["SelectStmt"]["targetList"][0]["ResTarget"]["val"]["A_Const"]["sval"]
-    except (ParseError, KeyError, IndexError):
-        return None
-    return str(value.get("sval", ""))
+def _string_taken_further(tokens: list[Any], at: int) -> bool:
+    """Whether the interval literal whose string is ``tokens[at]`` is followed, after a ``+``, by a
+    string that something after it binds tighter than the ``+`` (``+ '2023-01-01'::date``, ``+ '5' *
+    2``): PostgreSQL applies that to the string, sqlglot to the sum of intervals it reads."""
+    first = at
+    while at < len(tokens) and tokens[at].name in _STRINGS:
+        end = _after_fields(tokens, at + 1)
+        if at != first and end < len(tokens) and tokens[end].name in _TIGHTER:
+            return True
+        if end + 1 >= len(tokens) or tokens[end].name != "ASCII_43":
+            return False
+        at = end + 1  # the string after this +
+    return False
 
 
 def refuse_is_unknown(node: dict[str, Any], relation: Relation) -> None:

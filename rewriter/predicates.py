@@ -81,7 +81,7 @@ from .constants import HINT as FOLD_HINT
 from .constants import Fold, Folding, NotFoldable, fold_type, qualified_constant
 from .like_patterns import case_folded_bytes, case_folded_refusal, longest_part_after_percent, pattern_refusal
 from .predicate_terms import predicate_terms, terms_refusal
-from .raw_equality import hashed_raw_equality, raw_comparison
+from .raw_equality import hashed_raw_equality, parameter_raw_equality, raw_comparison
 from .scope import Scope
 from .sql_text import literal, operator, short_text
 from .text_bounds import CASE_FOLD_WORK, COMPARISON_WORK, LIKE_WORK, value_bytes, work_refusal
@@ -174,22 +174,33 @@ class PredicateRenderer:
         self._terms = 0  # of the predicates rendered so far (rewriter.predicate_terms)
         self._limited = not scope.table.policy.answer_quantum_ms
 
-    def template(self, predicate: exp.Expression) -> str:
+    def template(self, predicate: exp.Expression, times: int = 1) -> str:
         """``predicate`` checked and rendered, each folded comparison a token of :meth:`folding`.
 
-        Refused (``safe-predicate``) before it is rendered when it takes the statement's
-        predicates past :data:`~rewriter.predicate_terms.MAX_PREDICATE_TERMS` terms in all, and
-        once rendered when their reads of text values weigh more than
-        :data:`~rewriter.text_bounds.MAX_TEXT_WORK` in all, on a table without ``answer_quantum_ms``.
+        ``times``: how many times PostgreSQL evaluates it for a row (a MODE's FILTER: once for each
+        declared category, rewriter/rewrite.py), which its terms, its reads of text and its ILIKE
+        patterns count. Refused (``safe-predicate``) before it is rendered when it takes the
+        statement's predicates past :data:`~rewriter.predicate_terms.MAX_PREDICATE_TERMS` terms in
+        all, and once rendered when their reads of text values weigh more than
+        :data:`~rewriter.text_bounds.MAX_TEXT_WORK` in all, on a table without ``answer_quantum_ms``
+        (or, with ``times``, their ILIKE patterns hold more than the bytes
+        :func:`~rewriter.like_patterns.case_folded_refusal` allows).
         """
-        self._terms += predicate_terms(predicate)
+        self._terms += predicate_terms(predicate) * times
         refused = terms_refusal(self._terms) if self._limited else None
         if refused is not None:
             raise self._renderer.refuse(f"{refused[0]} are refused on protected table", refused[1])
         self._renderer.positive = True  # a WHERE or FILTER keeps the rows where it is true
         self._renderer.top = True
         self._renderer.top_equalities = {}
+        self._renderer.top_parameters = {}
+        before = self._renderer.weighed()
         sql = self._renderer.predicate(predicate)
+        if times > 1:
+            self._renderer.repeat_since(before, times)
+            refused = case_folded_refusal(self._renderer.ilike_bytes)
+            if refused is not None:
+                raise self._renderer.refuse(f"{refused[0]}; such patterns are refused on protected table", refused[1])
         refused = work_refusal(self._renderer.text_work) if self._limited else None
         if refused is not None:
             raise self._renderer.refuse(f"{refused[0]} are refused on protected table", refused[1])
@@ -200,12 +211,17 @@ class PredicateRenderer:
         :func:`rewriter.raw_equality.hashed_raw_equality` AND'ed before it: per column of a declared
         size read through its in-line check, the first ``=`` or IN list of literals that stands at
         the condition's top level (reached from its root through AND and parentheses only), so that
-        a plain index on the column serves it. A FILTER's condition (:meth:`template`) gets none."""
+        a plain index on the column serves it; and, AND'ed after it, where that first construct
+        compares the column with one parameter, :func:`rewriter.raw_equality.parameter_raw_equality`
+        (after, so that the condition types the parameter first). A FILTER's condition
+        (:meth:`template`) gets none."""
         sql = self.template(predicate)
         table = self._renderer.scope.table
         raw = [conjunct for column, values in self._renderer.top_equalities.values()
                if (conjunct := hashed_raw_equality(table, column, values)) is not None]
-        return " AND ".join([*raw, sql])
+        bound = [conjunct for column, value, column_first in self._renderer.top_parameters.values()
+                 if (conjunct := parameter_raw_equality(table, column, value, column_first)) is not None]
+        return " AND ".join([*raw, sql, *bound])
 
     @property
     def terms(self) -> int:
@@ -246,7 +262,8 @@ class _Operand:
     ``fold`` is set for a row-independent expression evaluated before the query runs
     (:mod:`rewriter.constants`); its ``sql`` is then the pinned expression. ``case_folded``: the
     column under ``lower()``/``upper()``. ``text``: the value of a string literal, uncast.
-    ``literal``: a string or number literal (a negative one too), uncast.
+    ``literal``: a string or number literal (a negative one too), uncast. ``parameter``: a
+    parameter as it is, or as the cast to numeric it gets beside a numeric column.
     """
 
     def __init__(self, sql: str, column: ColumnInfo | None = None, cast: str | None = None, parameter: bool = False,
@@ -282,6 +299,23 @@ class _Renderer:
         self.top = True
         self.conjunct = True
         self.top_equalities: dict[str, tuple[ColumnInfo, list[str]]] = {}
+        # ... and where that first construct compares the column with one parameter: the parameter's
+        # SQL, and whether the column is its term's left side.
+        self.top_parameters: dict[str, tuple[ColumnInfo, str, bool]] = {}
+
+    def weighed(self) -> tuple[int, int, int, int]:
+        """What the predicates rendered so far weigh, for :meth:`repeat_since`: the text work, the
+        ILIKE patterns' bytes, and how many pattern parameters are weighed and lowered."""
+        return self.text_work, self.ilike_bytes, len(self.like_weights), len(self.ilike_parameters)
+
+    def repeat_since(self, before: tuple[int, int, int, int], times: int) -> None:
+        """Count what the predicate rendered since :meth:`weighed` returned ``before`` ``times``
+        times in all: PostgreSQL evaluates it that many times for a row."""
+        work, ilike_bytes, like_weights, ilike_parameters = before
+        self.text_work += (self.text_work - work) * (times - 1)
+        self.ilike_bytes += (self.ilike_bytes - ilike_bytes) * (times - 1)
+        self.like_weights += self.like_weights[like_weights:] * (times - 1)
+        self.ilike_parameters += self.ilike_parameters[ilike_parameters:] * (times - 1)
 
     def _weigh(self, operand: _Operand, per_byte: int) -> None:
         """Add to :attr:`text_work` what a term reading ``operand`` costs a row: the bytes of its
@@ -356,7 +390,7 @@ class _Renderer:
         left, right = self._compatible(left, right)
         if conjunct:
             column, value = (left, right) if left.column is not None else (right, left)
-            self._top_equality(column, [value])
+            self._top_equality(column, [value], column_first=left.column is not None)
         return self._compare(left, _COMPARISONS[type(node)], right)
 
     def _check_family(self, column: ColumnInfo, other: _Operand) -> None:
@@ -424,16 +458,21 @@ class _Renderer:
             self._top_equality(column, values)
         return "(" + " OR ".join(terms) + ")"
 
-    def _top_equality(self, side: _Operand, values: list[_Operand]) -> None:
+    def _top_equality(self, side: _Operand, values: list[_Operand], column_first: bool = True) -> None:
         """Note ``side = <one of values>``, a conjunct at the condition's top level, for
-        :meth:`PredicateRenderer.where`: when ``side`` is a column as it is and every value a
-        literal (a raw conjunct must hold every value the construct compares with), and it is the
-        first such construct on that column."""
+        :meth:`PredicateRenderer.where`: when ``side`` is a column as it is and it is the first such
+        construct on that column, either every value a literal (a raw conjunct must hold every value
+        the construct compares with) or the one value a parameter (``column_first``: whether the
+        column is its term's left side)."""
         column = side.column
         if column is None or side.sql != quote_identifier(column.name):
             return
+        if column.name in self.top_equalities or column.name in self.top_parameters:
+            return
         if all(value.literal and value.column is None and not value.fold for value in values):
-            self.top_equalities.setdefault(column.name, (column, [value.sql for value in values]))
+            self.top_equalities[column.name] = (column, [value.sql for value in values])
+        elif len(values) == 1 and values[0].parameter and values[0].column is None and not values[0].fold:
+            self.top_parameters[column.name] = (column, values[0].sql, column_first)
 
     def _is(self, node: exp.Expression) -> str:
         if isinstance(node.expression, exp.Boolean):  # b IS TRUE, (age > 40) IS FALSE: cannot fail
@@ -700,7 +739,8 @@ class _Renderer:
             if one.column is None or one.column.value_type[0] != NUMERIC:
                 continue
             if other.parameter:
-                operands[1 - index] = _Operand(f"CAST({other.sql} AS pg_catalog.numeric)", cast="numeric")
+                operands[1 - index] = _Operand(f"CAST({other.sql} AS pg_catalog.numeric)", cast="numeric",
+                                               parameter=True)
             if other.cast in _FLOAT_CASTS or (other.column is not None
                                               and other.column.value_type[0] in _FLOAT_COLUMNS):
                 raise self.refuse(

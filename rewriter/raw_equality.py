@@ -83,7 +83,10 @@ value stored apart once a term (64 OR'ed ``=``: +128 buffers; benchmarks/results
 WHERE's first ``=`` or IN list of literals on such a column standing at its top level gets one raw
 conjunct, ``"raw N" = ANY (ARRAY[…])`` hashed, AND'ed before the whole condition: a row's raw value
 is read at most twice (the hash, and the equality when it matches) whatever the other terms, and a
-plain index serves it. Why it changes no answer: :func:`hashed_raw_equality`.
+plain index serves it. Why it changes no answer: :func:`hashed_raw_equality`. Where that first
+construct compares the column with one bound parameter (``code = $1``, ``code IN ($1)``: BI tools'
+and drivers' filters), the conjunct is ``"raw N" = $1``, AND'ed after the condition, read once
+(:func:`parameter_raw_equality`); a list of several parameters gets none.
 """
 
 from __future__ import annotations
@@ -95,8 +98,8 @@ from policies.tables import ColumnInfo, Relation, quote_identifier
 from .sql_text import operator
 from .text_bounds import NUMERIC, declared_apart, length_bounded, unconstrained_numeric
 
-__all__ = ["HASHED_LIST", "NUMERIC_SYMBOLS", "RAW_TYPES", "hashed_raw_equality", "literal_bytes", "raw_comparison",
-           "raw_outputs"]
+__all__ = ["HASHED_LIST", "NUMERIC_SYMBOLS", "RAW_TYPES", "hashed_raw_equality", "literal_bytes",
+           "parameter_raw_equality", "raw_comparison", "raw_outputs"]
 
 RAW_TYPES = frozenset({25, 1043})
 """text and varchar: the types whose ``=`` is ``texteq``, which compares stored sizes before values."""
@@ -186,3 +189,28 @@ def hashed_raw_equality(table: Relation, column: ColumnInfo, values: Sequence[st
     listed = (cast * HASHED_LIST)[:max(HASHED_LIST, len(cast))]
     raw = quote_identifier(_alias(table, column))
     return f"({raw} OPERATOR(pg_catalog.=) ANY (ARRAY[{', '.join(listed)}]))"
+
+
+def parameter_raw_equality(table: Relation, column: ColumnInfo, value: str, column_first: bool) -> str | None:
+    """The raw conjunct beside a top-level ``column = $k`` (or ``column IN ($k)``) of a WHERE, on a
+    column :func:`hashed_raw_equality` serves: ``("raw N" OPERATOR(pg_catalog.=) <value>)``, the
+    sides in the bounded term's order (``column_first``), or None where that function gives none.
+    ``value``: the bounded term's other side as it is rendered (``$k``; ``CAST($k AS
+    pg_catalog.numeric)`` beside a numeric column).
+
+    AND'ed *after* the condition, it keeps exactly the rows the condition keeps, by the argument of
+    :func:`hashed_raw_equality`, which here needs nothing of the parameter's type: PostgreSQL has
+    typed ``$k`` by the time it reads the conjunct (its declared type, or the one its first use
+    gave it, which is never the conjunct), and the raw column has the bounded value's type (a
+    domain's base type where the bounded value is a CASE over a domain: operators resolve a domain
+    as its base type), so ``=`` resolves to the bounded term's operator and coerces ``$k`` as it
+    does. No cast is written, so none can fail or round where the bounded term's coercion does not:
+    a value that fails to convert fails at Bind, once, for both. One comparison, not a hashed list:
+    it reads a row's raw value at most once, in a custom plan or a generic one (where a list of
+    parameters would not hash, and would read it once a value), and a plain B-tree index serves it.
+    A list of several parameters gets none: their types may differ, and the array's common type
+    would convert some of them otherwise than their own terms do."""
+    if _HASHED_EQUALITY.get(column.value_type[0]) is None or not declared_apart(column, table.policy):
+        return None
+    raw = quote_identifier(_alias(table, column))
+    return operator(raw, "=", value) if column_first else operator(value, "=", raw)

@@ -94,7 +94,8 @@ def plan_series_limited(sql: str, table: Relation, function_names: frozenset[str
     limited = not table.policy.answer_quantum_ms
     refused = terms_refusal(ranking.terms + outer.terms) if limited else None
     refused = refused or case_folded_refusal(ranking.ilike_bytes + outer.ilike_bytes)
-    refused = refused or (work_refusal(ranking.text_work + outer.text_work) if limited else None)
+    refused = refused or (work_refusal(ranking.text_work + outer.text_work, ranking.single_reads + outer.single_reads)
+                          if limited else None)
     if refused is not None:
         raise _refuse(table, f"{refused[0]} (the series limit's subquery and the statement together) are refused on",
                       "safe-predicate", refused[1])

@@ -90,10 +90,12 @@ benchmarks/row_cost.py and the per-byte figures in benchmarks/results.md): a com
 case folding :data:`CASE_FOLD_WORK` more, a LIKE :data:`LIKE_WORK` per character of its pattern's
 longest part after a ``%`` (at least one; a pattern bound as a parameter is weighed as one
 character while planning, and by its own longest part when it is bound, before any charge:
-proxy/dp/folding.py). ``IS NULL`` reads no value.
-The conditions of one statement may weigh :data:`MAX_TEXT_WORK` in all (~60 µs of one row's time,
-the order the limit of 256 terms keeps a row of ordinary values to), else the statement is refused
-before any charge (``DP001``, ``safe-predicate``). A table with ``answer_quantum_ms`` is not
+proxy/dp/folding.py). ``IS NULL`` reads no value. A statement's single reads of a row's value
+(``COUNT(DISTINCT col)``, a categorical GROUP BY key, MODE, the ``row_hash`` key) are weighed the
+same way (:mod:`rewriter.single_reads`) and add to its conditions' weight.
+The conditions and single reads of one statement may weigh :data:`MAX_TEXT_WORK` in all (~60 µs of
+one row's time, the order the limit of 256 terms keeps a row of ordinary values to), else the
+statement is refused before any charge (``DP001``, ``safe-predicate``). A table with ``answer_quantum_ms`` is not
 limited, as for the terms (:mod:`rewriter.predicate_terms`).
 """
 
@@ -139,6 +141,12 @@ WIDE_RANGES = frozenset({3926, 3908, 3910})
 RANGE_DATA_BYTES = 21
 """The data of an int8range, tsrange or tstzrange with two finite bounds: its type's OID, two
 8-byte bounds and a flags byte (without the header)."""
+NARROW_RANGES = frozenset({3904, 3912})
+"""int4range and daterange: ranges of two 4-byte bounds, never of more than
+:data:`NARROW_RANGE_DATA_BYTES` bytes of data, too few for the toaster (read as they are)."""
+NARROW_RANGE_DATA_BYTES = 13
+"""The data of an int4range or daterange with two finite bounds: its type's OID, two 4-byte bounds
+and a flags byte (``pg_column_size``: 14 in the row, with a 1-byte header)."""
 TOAST_SMALLEST = 24
 """MAXALIGN(TOAST_POINTER_SIZE): the toaster compresses or stores apart only a value of more bytes
 (4-byte header included; src/backend/access/table/toast_helper.c)."""
@@ -153,7 +161,7 @@ CASE_FOLD_WORK = 50
 LIKE_WORK = 20
 """Work units a byte, per character of a LIKE pattern's longest part after ``%``: ~2 ns a byte and character."""
 MAX_TEXT_WORK = 600_000
-"""The most work units the conditions of one DP statement may weigh (~60 µs of one row's time)."""
+"""The most work units the conditions and single reads of one DP statement may weigh (~60 µs of one row's time)."""
 
 
 def _declared_bytes(column: ColumnInfo) -> int | None:
@@ -196,8 +204,8 @@ def length_bounded(column: ColumnInfo, policy: TablePolicy) -> bool:
 def declared_size(type_oid: int, modifier: int) -> int | None:
     """The most bytes one value of a type of declared size holds, 4-byte header included (the size
     the toaster weighs), from its type and type modifier: a ``varchar(n)``/``char(n)`` (4·n),
-    ``numeric(p, s)``, ``bit(n)``, ``int8range``/``tsrange``/``tstzrange``; None for any other
-    (a text, an unconstrained numeric, a domain: its own OID)."""
+    ``numeric(p, s)``, ``bit(n)``, ``int8range``/``tsrange``/``tstzrange``, ``int4range``/``daterange``;
+    None for any other (a text, an unconstrained numeric, a ``numrange``, a domain: its own OID)."""
     declared = _declared_characters_bytes(type_oid, modifier)
     if declared is not None:
         return _VARHDRSZ + declared
@@ -209,6 +217,8 @@ def declared_size(type_oid: int, modifier: int) -> int | None:
         return _VARHDRSZ + _bit_data(modifier)
     if type_oid in WIDE_RANGES:
         return _VARHDRSZ + RANGE_DATA_BYTES
+    if type_oid in NARROW_RANGES:
+        return _VARHDRSZ + NARROW_RANGE_DATA_BYTES
     return None
 
 
@@ -329,13 +339,30 @@ def bounded_source(table: Relation, named: Collection[str], raw: Sequence[str] =
     return f"(SELECT {', '.join(outputs)} FROM {table.qualified_name}) AS {quote_identifier(table.name)}"
 
 
-def work_refusal(work: int) -> tuple[str, str] | None:
-    """Why conditions weighing ``work`` units in all are refused, and the hint, or None."""
+def work_refusal(work: int, single_reads: Sequence[tuple[str, int]] = ()) -> tuple[str, str] | None:
+    """Why conditions weighing ``work`` units in all are refused, and the hint, or None.
+
+    ``single_reads``: what else of the statement reads each row's text value, once a row, and its
+    weight, already in ``work`` (:mod:`rewriter.single_reads`: ``COUNT(DISTINCT col)``, a GROUP BY
+    key, MODE, the partition key's hash), each named in the refusal."""
     if work <= MAX_TEXT_WORK:
         return None
-    return (f"conditions reading text values with a work of {work:,} units in all (at most {MAX_TEXT_WORK:,} in one "
-            "statement: each term weighs the bytes it may read, the column's max_text_bytes, times its cost a byte)",
-            "PostgreSQL reads a text value once for each term that compares it, and a LIKE compares its part after a % "
-            "at every position, so many such terms, or long parts, make one row with a long value take measurably "
-            "longer, which would tell whether that row is there. Use fewer terms or shorter LIKE parts after %, or "
-            "have the operator set answer_quantum_ms on the table, which lifts this limit (or lower max_text_bytes).")
+    if not single_reads:
+        return (f"conditions reading text values with a work of {work:,} units in all (at most {MAX_TEXT_WORK:,} in one "
+                "statement: each term weighs the bytes it may read, the column's max_text_bytes, times its cost a byte)",
+                "PostgreSQL reads a text value once for each term that compares it, and a LIKE compares its part after "
+                "a % at every position, so many such terms, or long parts, make one row with a long value take "
+                "measurably longer, which would tell whether that row is there. Use fewer terms or shorter LIKE parts "
+                "after %, or have the operator set answer_quantum_ms on the table, which lifts this limit (or lower "
+                "max_text_bytes).")
+    named = ", ".join(f"{what} weighs {weight:,}" for what, weight in single_reads)
+    reads = ", ".join(dict.fromkeys(what for what, _ in single_reads))
+    return (f"reads of text values with a work of {work:,} units in all, conditions and single reads (at most "
+            f"{MAX_TEXT_WORK:,} in one statement: each read weighs the bytes it may read, the column's max_text_bytes, "
+            f"times its cost a byte; {named})",
+            f"PostgreSQL reads each row's text value whole for {reads} (sorting, hashing or comparing it), as for "
+            "each condition term that compares it (a LIKE at every position after a %), so the longer the values a "
+            "table's max_text_bytes lets a statement read, the longer one row with a long value takes, which would "
+            f"tell whether that row is there. Ask without {reads}, or use fewer terms or shorter LIKE parts after %, "
+            "or have the operator lower max_text_bytes on the table (256 by default) or set answer_quantum_ms on it, "
+            "which lifts this limit.")

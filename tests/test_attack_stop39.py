@@ -117,8 +117,9 @@ _REFUSED_FORMS = [
     (f"SELECT count(CASE WHEN b IN ({_values(LIMIT + 1)}) THEN 1 END) FROM {{t}}", f"{LIMIT + 1} values"),
     (f"SELECT avg(CASE WHEN b IN ({_values(LIMIT + 1)}) THEN b END) FROM {{t}}", f"{LIMIT + 1} values"),
     (f"SELECT count(DISTINCT CASE WHEN b IN ({_values(LIMIT + 1)}) THEN b END) FROM {{t}}", f"{LIMIT + 1} values"),
+    # MODE counts each of s's two categories under the condition: PostgreSQL evaluates it twice a row
     (f"SELECT mode() WITHIN GROUP (ORDER BY CASE WHEN b IN ({_values(LIMIT + 1)}) THEN s END) FROM {{t}}",
-     f"{LIMIT + 1} values"),
+     f"{2 * (LIMIT + 1)} values"),
     (f"WITH w AS (SELECT * FROM {{t}} WHERE b IN ({_values(200)})), v AS (SELECT * FROM w WHERE a IN "
      f"({_values(57)})) SELECT count(*) FROM v", f"{LIMIT + 1} values"),
     (f"SELECT count(*) FROM (SELECT b, a FROM (SELECT * FROM {{t}} WHERE b IN ({_values(200)})) x WHERE a IN "

@@ -72,7 +72,8 @@ Tried, and held:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from decimal import Decimal
 
 import psycopg
 import pytest
@@ -222,8 +223,11 @@ def apart_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory)
         yield running
 
 
-def _extra_buffers(proxy: RunningProxy, test_db: TestDatabase, name: str, sql: str, warm: bool = False) -> dict[str, int]:
-    """The shared buffers the backend SQL of ``sql`` reads on ``s40_flat_<name>`` and on ``s40_apart_<name>``.
+def _extra_buffers(proxy: RunningProxy, test_db: TestDatabase, name: str, sql: str, warm: bool = False,
+                   params: Sequence[object] | None = None, plan_cache_mode: str = "auto") -> dict[str, int]:
+    """The shared buffers the backend SQL of ``sql`` reads on ``s40_flat_<name>`` and on ``s40_apart_<name>``
+    (``params``: bound to its ``%s`` through the proxy and to the backend SQL's ``$1``… after it, planned
+    under ``plan_cache_mode``: a generic plan keeps the parameters unknown).
     ``warm``: after one run of each, in the same session: the first fetch of a value stored apart in
     a session opens the table's TOAST relation (~40 catalog buffers, once a backend connection;
     docs/threat-model.md, "A lock on a table's TOAST relation"), which a statement that fetches the
@@ -233,14 +237,15 @@ def _extra_buffers(proxy: RunningProxy, test_db: TestDatabase, name: str, sql: s
     with recording_released_sql(lambda plan, backend: seen.append(backend)), \
             proxy.connect() as conn, psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
         admin.execute("SET jit = off")
+        admin.execute(f"SET plan_cache_mode = {plan_cache_mode}")
         for kind in ("flat", "apart"):
             seen.clear()
-            conn.execute(sql.replace("{t}", f"s40_{kind}_{name}")).fetchall()
+            conn.execute(sql.replace("{t}", f"s40_{kind}_{name}"), params).fetchall()
             assert seen, "no backend SQL ran"
             if warm:
                 for backend in seen:
-                    admin.execute(backend).fetchall()
-            hits[kind] = max(sum(buffer_hits(admin, backend) for backend in seen) for _ in range(2))
+                    (admin.execute(backend) if params is None else psycopg.RawCursor(admin).execute(backend, params)).fetchall()
+            hits[kind] = max(sum(buffer_hits(admin, backend, params) for backend in seen) for _ in range(2))
     return hits
 
 
@@ -485,4 +490,25 @@ def test_a_value_of_a_declared_size_stored_apart_is_read_once_however_many_terms
     value was read through its in-line check). A top-level IN also compares the raw column, hashed:
     one fetch for the hash (and one more were the hash to match, which these values do not)."""
     hits = _extra_buffers(declared_apart_proxy, test_db, name, sql, warm=True)
+    assert hits["apart"] - hits["flat"] <= 2, hits
+
+
+_STORED_DECLARED = {"varchar64": "k" * 64, "char64": "k" * 64, "numeric60": Decimal("7" * 60)}
+"""Per table of ``_DECLARED_APART``: row 0's value stored apart (SHORT_TEXT: 64 characters)."""
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["auto", "force_generic_plan"])
+@pytest.mark.parametrize("name", list(_DECLARED_APART))
+@pytest.mark.parametrize("stored", [True, False])
+def test_a_bound_parameters_raw_comparison_fetches_a_value_stored_apart_at_most_once(
+        declared_apart_proxy: RunningProxy, test_db: TestDatabase, name: str, stored: bool, plan_cache_mode: str) -> None:
+    """A top-level ``v = $1`` also compares the raw column with the parameter, so that a plain index
+    serves it (rewriter/raw_equality.py ``parameter_raw_equality``): one comparison, which fetches the
+    value stored apart at most once (2 buffers), bound to the stored value itself or to another of
+    its size, in a custom plan and in a generic one (where a list would not hash)."""
+    value: object = _STORED_DECLARED[name] if stored else (Decimal("7" * 59 + "1") if name == "numeric60" else "z" * 64)
+    # another statement for each value and plan mode, so that none repeats an earlier release
+    sql = "SELECT count(*) FROM {t} WHERE v = %s AND id > -" + str(1 + stored + 2 * (plan_cache_mode == "auto"))
+    hits = _extra_buffers(declared_apart_proxy, test_db, name, sql, warm=True, params=[value],
+                          plan_cache_mode=plan_cache_mode)
     assert hits["apart"] - hits["flat"] <= 2, hits

@@ -15,6 +15,7 @@ index serves a selective ``=`` and IN through the rewriter's SQL.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from decimal import Decimal
 
 import psycopg
 import pytest
@@ -71,15 +72,36 @@ def test_each_column_gets_one_conjunct_for_its_first_construct() -> None:
     assert "'b' AS pg_catalog.text" not in sql, sql  # v's IN list, the second construct on v, has none
 
 
+@pytest.mark.parametrize("where, conjunct", [
+    ("v = $1", '("raw 2" OPERATOR(pg_catalog.=) $1)'), ("$1 = c", '($1 OPERATOR(pg_catalog.=) "raw 3")'),
+    ("v IN ($1)", '("raw 2" OPERATOR(pg_catalog.=) $1)'),
+    ("n = $2", '("raw 4" OPERATOR(pg_catalog.=) CAST($2 AS pg_catalog.numeric))'),
+    ("r = $1 AND id > 3", '("raw 5" OPERATOR(pg_catalog.=) $1)'),
+    ("id > $2 AND (v = $1 AND id < 9)", '("raw 2" OPERATOR(pg_catalog.=) $1)'),
+])
+def test_a_top_level_equality_with_one_parameter_adds_one_raw_comparison_after_the_condition(
+        where: str, conjunct: str) -> None:
+    """A bound parameter (BI tools' and drivers' filters) keeps the index too: one comparison of the
+    raw column with the parameter as the bounded term reads it, in the term's order, AND'ed after the
+    condition (which types the parameter first), uncast (so that ``=`` resolves and coerces as in
+    the bounded term)."""
+    sql = _sql(f"SELECT count(*) FROM {{t}} WHERE {where}")
+    assert sql.endswith(f" AND {conjunct}"), sql
+    assert " ANY (ARRAY[" not in sql and sql.count('"raw ') == 2, sql
+
+
 @pytest.mark.parametrize("where", [
-    "v = 'a' OR id > 3", "NOT (v = 'a')", "v NOT IN ('a', 'b')", "(v = 'a') IS TRUE", "v = $1", "v IN ('a', $1)",
+    "v = 'a' OR id > 3", "NOT (v = 'a')", "v NOT IN ('a', 'b')", "(v = 'a') IS TRUE", "v = $1 OR id > 3",
+    "v IN ('a', $1)", "v IN ($1, $2)", "NOT (v = $1)", "v = CAST($1 AS text)", "n = $1 + 1", "b = $1",
     "lower(v) = 'a'", "v > 'a'", "v <> 'a'", "v BETWEEN 'a' AND 'b'", "(v = 'a' AND id > 3) OR id < 0",
     "b = '1'", "v = c",
 ])
 def test_no_raw_conjunct_where_it_could_fetch_again_change_the_answer_or_miss_a_value(where: str) -> None:
-    """Under OR, NOT or IS TRUE a raw term could keep or fetch what the bounded one does not; a
-    parameter's value is not known when the conjunct is written (a list that missed it would drop
-    rows the condition keeps); ``bit``'s equality does not hash (a list would fetch once a value)."""
+    """Under OR, NOT or IS TRUE a raw term could keep or fetch what the bounded one does not; a list
+    mixing a parameter with other values, or of several parameters, would be one array of a common
+    type that may convert a value otherwise than its own term does (a list that missed a value would
+    drop rows the condition keeps); a cast or a computed value is the analyst's own; ``bit``'s
+    equality does not hash (a list would fetch once a value)."""
     sql = _sql(f"SELECT count(*) FROM {{t}} WHERE {where}")
     assert " ANY (ARRAY[" not in sql and '"raw ' not in sql, sql
 
@@ -150,18 +172,64 @@ def test_the_raw_conjunct_changes_no_answer(declared_proxy: RunningProxy, test_d
     matches them), and that is plain SQL's count of the condition on the neighbour (no in-line
     value is dropped or kept by the raw conjunct). The SQL evaluates only total operations
     (tests/backend_sql_audit.py: the conjunct is its "any-equality")."""
+    _assert_answers_alike(declared_proxy, test_db, condition)
+
+
+def _assert_answers_alike(proxy: RunningProxy, test_db: TestDatabase, condition: str, params: list[object] | None = None,
+                          binary: bool = False) -> None:
+    """The backend SQL dpproxy runs for ``count(*) … WHERE <condition>`` on ``dr_apart`` and on
+    ``dr_null`` (audited), run with ``params`` bound (in ``binary``; the statement prepared and run
+    twice through the proxy, the second a repeat), counts alike on both, and as plain SQL on dr_null."""
     seen: list[str] = []
     counts = {}
     with recording_released_sql(lambda plan, backend: seen.append(backend)), \
-            declared_proxy.connect() as conn, psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+            proxy.connect() as conn, psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
         for kind in ("apart", "null"):
             seen.clear()
-            conn.execute(f"SELECT count(*) FROM dr_{kind} WHERE {condition}").fetchall()
+            statement = f"SELECT count(*) FROM dr_{kind} WHERE {condition}"
+            for _ in range(1 if params is None else 2):
+                conn.execute(statement, params, prepare=params is not None, binary=binary).fetchall()
             assert len(seen) == 1, seen
             assert audit_backend_sql(seen[0], ("public", f"dr_{kind}"), _AUDITED) == [], seen[0]
-            counts[kind] = admin.execute(seen[0]).fetchall()
-        plain = admin.execute(f"SELECT count(*) FROM dr_null WHERE {condition}").fetchall()
+            counts[kind] = psycopg.RawCursor(admin).execute(seen[0], params, binary=binary).fetchall()
+            assert params is None or '"raw ' in seen[0] or " OR " in condition, seen[0]
+        plain = admin.execute(f"SELECT count(*) FROM dr_null WHERE {condition}", params, binary=binary).fetchall()
     assert counts["apart"] == counts["null"] == plain, (counts, plain, seen)
+
+
+_BOUND = [
+    ("v = %s", ["row 1"]), ("v = %s", ["k" * 64]), ("v IN (%s)", ["row 2"]), ("%s = v AND id > 50", ["row 1"]),
+    ("c = %s", ["row 1"]), ("c = %s", ["row 1   "]), ("c = %s", ["k" * 64]), ("n = %s", [1]), ("n = %s", ["1.0"]),
+    ("n = %s", [Decimal("7" * 60)]), ("n = %s", [1.5]), ("r = %s", ["[1,5)"]),
+    ("v = %s AND c = %s AND n = %s", ["row 1", "row 1", Decimal(1)]), ("v = %s OR id = 3", ["row 1"]),
+    ("v = %s", ["row 1" + " " * 70]), ("c = %s", ["row 1" + " " * 70]), ("n = %s", [Decimal("1e200")]),
+    ("v = %s", [None]), ("n = %s", [None]),
+]
+
+
+@pytest.mark.parametrize("binary", [False, True])
+@pytest.mark.parametrize("condition, params", _BOUND)
+def test_the_raw_comparison_with_a_bound_parameter_changes_no_answer(
+        declared_proxy: RunningProxy, test_db: TestDatabase, condition: str, params: list[object], binary: bool) -> None:
+    """As for literals, through psycopg's extended protocol (its text parameters unspecified; in
+    binary, text, numeric, an integer or float type), prepared and bound twice: the backend SQL's
+    exact count with the parameters bound is the same on the table holding values stored apart and
+    on its neighbour holding NULL, and is plain SQL's on the neighbour. (``id <> …``: another
+    statement in text and in binary, which would otherwise repeat the first's release.)"""
+    _assert_answers_alike(declared_proxy, test_db, f"({condition}) AND id <> {-1 - binary}", params, binary)
+
+
+def test_a_bound_value_the_column_type_cannot_hold_fails_before_any_charge_as_without_the_raw_comparison(
+        declared_proxy: RunningProxy) -> None:
+    """The raw comparison adds no conversion of its own: a bound value the column's type cannot read
+    fails at Bind, once, with the bounded term's error, and is refunded."""
+    with declared_proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        for where, value in (("n = %s", "abc"), ("r = %s", "[2,1)"), ("v = %s AND n = %s", "x")):
+            with pytest.raises(psycopg.Error) as failed:
+                conn.execute(f"SELECT count(*) FROM dr_apart WHERE {where}", [value] * where.count("%s")).fetchall()
+            assert failed.value.sqlstate in ("22P02", "22000"), (where, failed.value.sqlstate, str(failed.value))
+        assert spent_epsilon(conn) == before
 
 
 _INDEXED_ROWS = 20_000
@@ -195,6 +263,25 @@ def test_a_plain_index_serves_a_selective_equality_through_the_raw_conjunct(inde
     assert "Seq Scan" in plan_node_types(indexed, bounded_only), bounded_only
     exact = indexed.execute(sql).fetchone()
     assert exact == indexed.execute(f"SELECT count(*) FROM dr_indexed WHERE {where}").fetchone()
+
+
+@pytest.mark.parametrize("where, params", [
+    ("v = $1", ["k7"]), ("v IN ($1)", ["k7"]), ("$1 = c", ["k7"]), ("n = $1", [7]), ("n = $1", ["7"]),
+    ("v = $1 AND id > $2 AND n = $3", ["k7", 3, Decimal(7)]),
+])
+@pytest.mark.parametrize("binary", [False, True])
+def test_a_plain_index_serves_an_equality_with_a_bound_parameter(indexed: psycopg.Connection, where: str,
+                                                                 params: list[object], binary: bool) -> None:
+    """As with literals, for the values drivers bind (psycopg's text parameters go unspecified, its
+    binary ones as text, a Decimal as numeric, an int as an integer type): the rewriter's SQL planned
+    with them bound is an index or bitmap scan, and counts what plain SQL counts with them."""
+    sql = _sql(f"SELECT count(*) FROM {{t}} WHERE {where}", table="dr_indexed")
+    nodes = plan_node_types(indexed, sql, params)
+    assert "Seq Scan" not in nodes and nodes & {"Index Scan", "Bitmap Index Scan"}, (nodes, sql)
+    exact = psycopg.RawCursor(indexed).execute(sql, params, binary=binary).fetchone()
+    plain = psycopg.RawCursor(indexed).execute(f"SELECT count(*) FROM dr_indexed WHERE {where}", params,
+                                               binary=binary).fetchone()
+    assert exact == plain and exact != (0,), (exact, plain)
 
 
 @pytest.mark.parametrize("where", ["v = 'abc'", "v IN ('ABC', 'x')", "c = 'abc'", "c IN ('ABC ', 'x')", "v = 'ABC' AND c = 'abc'"])

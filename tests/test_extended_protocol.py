@@ -8,8 +8,10 @@ import struct
 import asyncpg
 import psycopg
 import pytest
+from prometheus_client import REGISTRY
 
 from conftest import RunningProxy
+from proxy.ops import metrics
 from wire import FLUSH, SYNC, Wire, bind, data_row_values, describe, error_fields, execute, parse
 
 
@@ -94,6 +96,51 @@ def test_parameter_description_comes_from_the_backend(proxy: RunningProxy):
     replies = wire.read_until(b"Z")
     (body,) = [b for k, b in replies if k == b"t"]
     assert struct.unpack("!hII", body) == (2, 23, 25)  # int4 for age, text for sex
+    wire.close()
+
+
+def _backend_round_trips() -> float:
+    """The backend round trips this process has made, as ``/metrics`` counts them."""
+    metrics.flush()
+    return REGISTRY.get_sample_value("dpproxy_backend_duration_seconds_count") or 0.0
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT COUNT(*) FROM adult WHERE age > $1",  # a DP statement: its backend SQL is described
+    "SELECT relname FROM pg_class WHERE relname = $1",  # a passthrough statement: itself
+])
+def test_a_described_statement_is_parsed_and_described_on_the_backend_in_one_round_trip(proxy: RunningProxy,
+                                                                                         sql: str):
+    wire = Wire(proxy.host, proxy.port)
+    wire.send(parse("first", sql), describe(b"S", "first"), SYNC)  # resolves the names the statement reads
+    assert wire.kinds_until(b"Z") == [b"1", b"t", b"T", b"Z"]
+    before = _backend_round_trips()
+    wire.send(parse("second", sql), describe(b"S", "second"), SYNC)
+    assert wire.kinds_until(b"Z") == [b"1", b"t", b"T", b"Z"]
+    assert _backend_round_trips() - before == 1  # the Parse and the Describe in one pipeline
+    wire.close()
+
+
+def test_a_column_probe_sent_as_a_simple_query_is_described_in_one_round_trip(proxy: RunningProxy):
+    # A BI tool's LIMIT 0 probe of a protected table: dpproxy answers it from its own Parse and
+    # Describe on the backend (rewriter.classify.ColumnsOnly), whatever protocol the client spoke.
+    with psycopg.connect(proxy.dsn(), autocommit=True) as conn:
+        conn.execute("SELECT * FROM adult LIMIT 0")  # resolves the names
+        before = _backend_round_trips()
+        cursor = conn.execute("SELECT age, sex FROM adult WHERE age > 30 LIMIT 0")
+        assert [c.name for c in cursor.description or []] == ["age", "sex"] and cursor.fetchall() == []
+    assert _backend_round_trips() - before == 1
+
+
+def test_a_statement_the_backend_cannot_parse_fails_its_describe_and_the_session_goes_on(proxy: RunningProxy):
+    wire = Wire(proxy.host, proxy.port)
+    wire.send(parse("bad", "SELECT relname FROM pg_class WHERE relname = $1 + no_such_column"),
+              describe(b"S", "bad"), SYNC)
+    replies = wire.read_until(b"Z")
+    assert [k for k, _ in replies] == [b"1", b"E", b"Z"]
+    assert error_fields(replies[1][1])[b"C"] == b"42703"
+    wire.send(parse("", "SELECT relname FROM pg_class WHERE relname = $1"), describe(b"S", ""), SYNC)
+    assert wire.kinds_until(b"Z") == [b"1", b"t", b"T", b"Z"]
     wire.close()
 
 

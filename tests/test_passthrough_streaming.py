@@ -24,6 +24,7 @@ import pytest
 
 from conftest import TEST_POLICY, RunningProxy, TestDatabase, memory_kb, reset_peak_memory, running_proxy
 from proxy.backend.row_stream import HELD_RESULT_BYTES
+from proxy.serving import session
 from wire import SYNC, Wire, bind, cstr, data_row_values, error_fields, execute, message, parse
 
 WIDE = "x" * 1000
@@ -86,13 +87,18 @@ def test_a_result_larger_than_memory_should_hold_arrives_intact_with_memory_flat
     assert grown_mb < 60, f"the process grew by {grown_mb:.0f} MB while relaying ~300 MB"
 
 
-def test_the_backend_waits_for_a_client_that_does_not_read(proxy: RunningProxy, admin) -> None:
+def test_the_backend_waits_for_a_client_that_does_not_read(
+    proxy: RunningProxy, admin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The moment a slow client is given before its rows are held, lengthened: with both cores
+    # busy the backend can take more than the usual second to fill the sockets' buffers.
+    monkeypatch.setattr(session, "_SLOW_CLIENT_S", 60.0)
     wire = Wire(proxy.host, proxy.port)
     marker = "stream_waits_marker"
     reset_peak_memory()
     before = memory_kb("VmRSS")
     wire.send(_query(f"SELECT g AS {marker}, '{WIDE}' FROM generate_series(1, 2000000) g"))  # ~2 GB
-    deadline = time.monotonic() + 0.8  # within the moment a slow client is given before its rows are held
+    deadline = time.monotonic() + 30
     while True:
         state, wait_event = _backend_wait(admin, marker)
         if wait_event == "ClientWrite" or time.monotonic() > deadline:

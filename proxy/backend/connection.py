@@ -728,32 +728,15 @@ class BackendSession:
         False: ``sql`` had not started. Lost after it, ``reached`` is True. ``sql``'s own error
         is raised as ``_round_trip`` raises it.
         """
-        held = await self._request_connection()
-        conn = held.conn
         p = params or BoundParams((), (), ())
 
         def send(pgconn: PGconn) -> None:
-            pgconn.enter_pipeline_mode()
             for step in steps:
                 pgconn.send_query_params(_encoded(step, pgconn), p.values, p.types or None, p.formats or None, 0)
             pgconn.send_flush_request()
             pgconn.send_query_params(_encoded(sql, pgconn), p.values, p.types or None, p.formats or None, 0)
-            pgconn.pipeline_sync()
 
-        async with conn.lock:
-            started = time.perf_counter()
-            try:
-                results, failure = await held.waiter.pipeline(lambda: send(conn.pgconn))
-            except (NotSent, psycopg.Error) as exc:
-                raise self._failure(exc, held) from None
-            finally:
-                self._sent_on_checkout += 1
-                observe_backend(time.perf_counter() - started)
-                if conn.pgconn.pipeline_status != pq.PipelineStatus.OFF and conn.pgconn.status == pq.ConnStatus.OK:
-                    try:
-                        conn.pgconn.exit_pipeline_mode()
-                    except psycopg.Error:
-                        pass  # results still unread (the task was cancelled): the waiter reads them
+        conn, results, failure = await self._pipelined(send)
         encoding = _connection_encoding(conn.pgconn)
         lost = conn.pgconn.status != pq.ConnStatus.OK
         for index, result in enumerate(results[:len(steps) + 1]):
@@ -774,6 +757,37 @@ class BackendSession:
             raise self._lost(None, reached=True, cause=failure)
         return results[len(steps)]
 
+    async def _pipelined(
+        self, send: Callable[[PGconn], None]
+    ) -> tuple[psycopg.AsyncConnection[Any], list[PGresult], Exception | None]:
+        """Send the requests ``send`` makes in one libpq pipeline, ended by one Sync: one round
+        trip. Returns the connection, the results read in order (to the Sync's), and the loss
+        when the connection was lost on the way (``ResultWaiter.pipeline``); raises as
+        ``_failure`` says when nothing could be sent."""
+        held = await self._request_connection()
+        conn = held.conn
+
+        def pipeline(pgconn: PGconn) -> None:
+            pgconn.enter_pipeline_mode()
+            send(pgconn)
+            pgconn.pipeline_sync()
+
+        async with conn.lock:
+            started = time.perf_counter()
+            try:
+                results, failure = await held.waiter.pipeline(lambda: pipeline(conn.pgconn))
+            except (NotSent, psycopg.Error) as exc:
+                raise self._failure(exc, held) from None
+            finally:
+                self._sent_on_checkout += 1
+                observe_backend(time.perf_counter() - started)
+                if conn.pgconn.pipeline_status != pq.PipelineStatus.OFF and conn.pgconn.status == pq.ConnStatus.OK:
+                    try:
+                        conn.pgconn.exit_pipeline_mode()
+                    except psycopg.Error:
+                        pass  # results still unread (the task was cancelled): the waiter reads them
+        return conn, results, failure
+
     async def _statement(
         self, sql: str, params: BoundParams | None, result_format: int, one_statement: bool = False
     ) -> PGresult:
@@ -782,19 +796,38 @@ class BackendSession:
     async def describe(self, sql: str, param_types: Sequence[int]) -> tuple[list[int], list[Field]]:
         """Parse ``sql`` on the backend without running it: its parameter types and columns.
 
-        Parsing takes a snapshot: outside a transaction block, in a session that may be
-        SERIALIZABLE, it parses in a READ COMMITTED block of its own (see ``_READ_COMMITTED``)."""
+        The Parse and the Describe go in one pipeline (one round trip); a Parse that fails
+        raises its error, the Describe after it skipped. Parsing takes a snapshot: outside a
+        transaction block, in a session that may be SERIALIZABLE, it parses in a READ COMMITTED
+        block of its own (see ``_READ_COMMITTED``)."""
         own = self.transaction_status == b"I" and self.may_serialize
         if own:
             await self._round_trip(lambda pgconn: pgconn.send_query(b"BEGIN ISOLATION LEVEL READ COMMITTED"))
         try:
-            await self._round_trip(
-                lambda pgconn: pgconn.send_prepare(b"", _encoded(sql, pgconn), list(param_types) or None))
-            result = await self._round_trip(lambda pgconn: pgconn.send_describe_prepared(b""))
+            result = await self._described(sql, param_types)
         finally:
             if own and self.transaction_status != b"I":
                 await self._round_trip(lambda pgconn: pgconn.send_query(b"ROLLBACK"))
         return [result.param_type(i) for i in range(result.nparams)], _fields(result, self.client_encoding)
+
+    async def _described(self, sql: str, param_types: Sequence[int]) -> PGresult:
+        """The Describe result of ``sql`` parsed as the unnamed statement, both in one pipeline."""
+
+        def send(pgconn: PGconn) -> None:
+            pgconn.send_prepare(b"", _encoded(sql, pgconn), list(param_types) or None)
+            pgconn.send_describe_prepared(b"")
+
+        conn, results, failure = await self._pipelined(send)
+        lost = conn.pgconn.status != pq.ConnStatus.OK
+        for result in results:
+            if result.status == pq.ExecStatus.FATAL_ERROR:
+                error = _result_error(result, _connection_encoding(conn.pgconn))
+                if lost:
+                    raise self._lost(error.sqlstate, reached=True, cause=error)
+                raise error
+        if failure is not None or lost or len(results) < 2:
+            raise self._lost(None, reached=True, cause=failure)
+        return results[1]
 
     async def describe_portal(self, name: str) -> list[Field]:
         """The columns of the backend portal (SQL cursor) ``name``."""

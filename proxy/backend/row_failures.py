@@ -42,7 +42,8 @@ and forever on a cycle) is a problem, with the fix: compute the column into a ta
 a materialized view (which fails at refresh, before any analyst asks), or leave it out.
 
 So is a view's output column computed from a value of a type of any length (``btrim(note)``,
-``length(note)``, ``payload::text``), total or not: PostgreSQL flattens the view into the
+``length(note)``, ``payload::text``; not ``octet_length(note)``, which reads its size alone from the
+header or TOAST pointer), total or not: PostgreSQL flattens the view into the
 statement, so the column is computed again at each reference, reading the base value whole each
 time, and dpproxy's value bound and stored-form check (rewriter/text_bounds.py) see only the
 computed value's header, after the read: one row's long value, or one stored apart, made every
@@ -66,8 +67,8 @@ from typing import Iterator, Mapping
 from policies.tables import Relation
 
 from .fetches import Fetches
-from .whole_reads import (CALLS, LISTS, ONCE_PER_ROW, PASSED_ON, TreeWalk, ValueRead, column_of, read_at, read_catalog,
-                          read_whole, settle, unbounded, value_of)
+from .whole_reads import (CALLS, LISTS, ONCE_PER_ROW, PASSED_ON, SIZE_ONLY, TreeWalk, ValueRead, column_of, read_at,
+                          read_catalog, read_whole, settle, unbounded, value_of)
 
 __all__ = ["TOTAL_FUNCTIONS", "TOTAL_AGGREGATES", "failing_protected", "fallible_protected"]
 
@@ -101,7 +102,7 @@ TOTAL_FUNCTIONS = frozenset({
     "date(timestamp without time zone)", "date(timestamp with time zone)",  # a timestamp's day is a date
     # Text functions that read any text. Not lower() or upper(): they ask for four bytes a
     # character where LC_CTYPE is not C (two under ICU), more than 1 GB for a 256 MB value.
-    "length(text)", "char_length(text)", "octet_length(text)",
+    "length(text)", "char_length(text)", "octet_length(text)", "octet_length(bytea)",
     "btrim(text)", "ltrim(text)", "rtrim(text)",
     # Magnitudes and rounding that cannot leave their type (abs(integer) can: abs of its minimum;
     # round, ceil and floor of a numeric can: of 131072 nines and .5, one digit past its maximum).
@@ -212,13 +213,13 @@ WHERE o.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])
 class _Scan:
     """What one stored parse tree computes: the functions it calls and the operators it sorts or
     groups with (by OID), the nodes that can fail, each output column it computes from a column's
-    value (its name and the types of the columns it reads, :func:`_computed_from`), and each value
-    its conditions, keys and aggregates read (:func:`read_at`)."""
+    value (its name, and the type of each column it reads with the function reading it,
+    :func:`_computed_from`), and each value its conditions, keys and aggregates read (:func:`read_at`)."""
 
     functions: frozenset[int]
     operators: frozenset[int]
     nodes: tuple[str, ...]
-    computed: tuple[tuple[str, frozenset[int]], ...] = ()
+    computed: tuple[tuple[str, frozenset[tuple[int, int]]], ...] = ()
     reads: tuple[ValueRead, ...] = ()
 
 
@@ -233,7 +234,7 @@ def _scan(tree: str) -> _Scan:
     functions: set[int] = set()
     operators: set[int] = set()
     failing: list[str] = []
-    computed: dict[str, set[int]] = {}
+    computed: dict[str, set[tuple[int, int]]] = {}
     stack: list[tuple[str, dict[str, str]]] = []
     walk = TreeWalk()
     tokens = _TOKEN.findall(tree)
@@ -260,7 +261,8 @@ def _scan(tree: str) -> _Scan:
                          fields.get("_in", ""), stack, walk)
             elif tag == "TARGETENTRY" and fields.get("resjunk") != "true" and fields.get("_reads"):
                 name = re.sub(r"\\(.)", r"\1", fields.get("resname", "?"))
-                computed.setdefault(name, set()).update(int(oid) for oid in fields["_reads"].split())
+                computed.setdefault(name, set()).update(
+                    (int(kind), int(reader)) for kind, reader in (read.split(":") for read in fields["_reads"].split()))
             settle(tag, fields, stack, walk)
         elif token.startswith(":") and stack and token[1:] in LISTS and index < len(tokens) and tokens[index] == "(":
             end = next((at for at in range(index, len(tokens)) if tokens[at] == ")"), len(tokens))
@@ -278,9 +280,11 @@ def _scan(tree: str) -> _Scan:
 
 
 def _computed_from(kind: int, whole: bool, within: str, stack: list[tuple[str, dict[str, str]]],
-                   computed: dict[str, set[int]]) -> None:
+                   computed: dict[str, set[tuple[int, int]]]) -> None:
     """Note, for an output column (a TARGETENTRY not junk) computed from a column's value, that
-    column's type (``kind``): a VAR (or a subquery's output column, :func:`value_of`) below the
+    column's type (``kind``) and the function of the node that reads the value (0 where it calls
+    none: :func:`_findings` excuses a read of the size alone, ``octet_length``): a VAR (or a
+    subquery's output column, :func:`value_of`) below the
     entry with a node between them that reads the value (anything but a RELABELTYPE's or
     COLLATEEXPR's argument and a CASE's or COALESCE's result, :data:`PASSED_ON`, which pass the
     stored value on as it is; a subquery's node too, so an EXISTS of an output reads its columns).
@@ -292,21 +296,32 @@ def _computed_from(kind: int, whole: bool, within: str, stack: list[tuple[str, d
     Types are gathered on the entry's fields (``_reads``) until the entry ends, when its
     ``resjunk`` is known (:func:`_scan`)."""
     plain = not whole
+    reader = 0
     for depth in range(len(stack) - 1, 0, -1):
         above, above_fields = stack[depth]
         if above in ONCE_PER_ROW:
             return
         if above == "TARGETENTRY" and stack[depth - 1][0] == "QUERY":  # an output (not an aggregate's argument)
             if not plain:
-                above_fields["_reads"] = f"{above_fields.get('_reads', '')} {kind}"
+                above_fields["_reads"] = f"{above_fields.get('_reads', '')} {kind}:{reader}"
             return
+        if plain and (above, within) not in PASSED_ON:
+            reader = _called(above, above_fields)
         plain, within = plain and (above, within) in PASSED_ON, above_fields.get("_in", "")
     # No output column above: a query's condition, or a bare expression (a virtual generated
     # column's, whose whole expression is the column, noted under ""; a policy's USING).
     if stack and (stack[0][0] == "QUERY" or stack[0][0] in ONCE_PER_ROW):
         return
     if stack and not (plain and (stack[0][0], within) in PASSED_ON):
-        computed.setdefault("", set()).add(int(kind))
+        if plain:
+            reader = _called(*stack[0])
+        computed.setdefault("", set()).add((int(kind), reader))
+
+
+def _called(tag: str, fields: Mapping[str, str]) -> int:
+    """The OID of the function a node calls (:data:`CALLS`), 0 for a node that calls none."""
+    oid = fields.get(CALLS.get(tag, ""), "")
+    return int(oid) if oid.isdigit() else 0
 
 
 def _node_failure(tag: str, fields: Mapping[str, str], functions: set[int], operators: set[int]) -> Iterator[str]:
@@ -377,7 +392,7 @@ async def _findings(session: Fetches, relations: Mapping[int, Relation]) -> dict
              for oid, name, builtin, comparison, min_max in await session.fetch_all(_FUNCTIONS, (called,))
              } if called else {}
     catalog = await read_catalog(
-        session, {oid for _, _, scan, _, _ in scans for _, kinds in scan.computed for oid in kinds},
+        session, {kind for _, _, scan, _, _ in scans for _, reads in scan.computed for kind, _ in reads},
         [read for _, _, scan, _, _ in scans for read in scan.reads],
         {table for _, _, scan, _, table in scans if table is not None and scan.reads}, known)
     found: dict[int, _Findings] = {}
@@ -388,10 +403,13 @@ async def _findings(session: Fetches, relations: Mapping[int, Relation]) -> dict
             total = comparison or min_max or name in TOTAL_FUNCTIONS or name in TOTAL_AGGREGATES
             if not builtin or _POLYMORPHIC.search(name) or not total:
                 problems.append(f"{where} calls {name}")
+        # A value of any length read whole by the column's expression; not one read for its size alone.
+        whole = {column for column, reads in scan.computed
+                 if any(kind in catalog.any_length and known.get(reader, ("",))[0] not in SIZE_ONLY
+                        for kind, reader in reads)}
         rereads = [f"{where} computes its column {column} from a value of a type of any length"
-                   for column, types in scan.computed if column and types & catalog.any_length.keys()]
-        if where.startswith("virtual generated column") and any(
-                types & catalog.any_length.keys() for column, types in scan.computed if not column):
+                   for column, _ in scan.computed if column and column in whole]
+        if where.startswith("virtual generated column") and "" in whole:
             rereads.append(f"{where} is computed from a value of a type of any length")
         most = relations[root].policy.max_text_bytes
         reads = [] if where.startswith("virtual generated column") else list(dict.fromkeys(
@@ -457,9 +475,10 @@ def _explained(findings: _Findings, most: int) -> list[str]:
             f"{_listed(findings.reads)}. PostgreSQL reads such a value whole for every row the view or policy reads, "
             "once a statement, before the analyst's conditions and with no bound: one row's long value (3.2 MB: ~400 "
             "buffers more) makes every statement on the relation measurably slower, which tells whether the row is "
-            f"there. A view's or policy's condition may test such a column with IS [NOT] NULL, octet_length(), or = "
-            f"and <> against a literal of at most {most} bytes (max_text_bytes; a deterministic collation), which "
-            "weigh its size first; for anything else (a range, a join, GROUP BY, DISTINCT, ORDER BY, UNION, max(), "
+            f"there. A view's or policy's condition may test such a column with IS [NOT] NULL (NULLIF(col, 'x') IS "
+            f"NULL too), octet_length(), or = and <> (of the column or of COALESCE(col, other)) against a literal of "
+            f"at most {most} bytes (max_text_bytes; a deterministic collation), which weigh its size first; for "
+            "anything else (a range, a join, GROUP BY, DISTINCT, ORDER BY, UNION, max(), "
             "string_agg()) compute what it needs into a materialized view or a STORED generated column and read "
             "that, declare the column with a size (varchar(n)) within max_text_bytes, or leave it out")
     return parts

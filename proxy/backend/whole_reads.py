@@ -14,16 +14,20 @@ it (:func:`read_at`, :func:`settle`), and says which are bounded whatever the ro
 PostgreSQL's source:
 
 * ``IS [NOT] NULL`` reads no value, ``count(note)`` asks only whether it is NULL, and
-  ``octet_length`` reads its size from the header or TOAST pointer (``toast_raw_datum_size``);
+  ``octet_length`` of a text or a bytea reads its size from the header or TOAST pointer
+  (``toast_raw_datum_size``), in a condition and in an output column alike (row_failures);
 * ``=``, ``<>`` and ``IS DISTINCT FROM`` of text (``texteq``, under a deterministic collation) or
   bytea (``byteaeq``) weigh the two sizes first and read the value only when they are equal:
-  against a literal of at most the table's ``max_text_bytes``, they read at most that. Not NULLIF
-  (its result is the value, read again above it) nor ``IN (...)`` (hashed from nine literals on,
-  which reads the value whole);
+  against a literal of at most the table's ``max_text_bytes``, they read at most that; so does
+  such an equality of ``COALESCE(note, other)`` or a CASE's result (one of the values reaches it,
+  as it is), and ``NULLIF(note, 'x')`` under ``IS [NOT] NULL``. Not NULLIF elsewhere (its result is
+  the value, read again above it) nor ``IN (...)`` (hashed from nine literals on, which reads the
+  value whole);
 * a column of a declared size holds at most that many bytes (``rewriter.text_bounds.declared_size``:
   ``4·n`` for a ``varchar(n)`` or ``char(n)``, ``numeric(p, s)`` by its precision, ``bit(n)``, the
-  8-byte ranges): within ``max_text_bytes``, any read of it is bounded. A domain over one, an
-  unconstrained numeric and the other ranges (``numrange``, ``int4range``, ``daterange``) are refused.
+  ranges of fixed-size bounds: ``int4range``, ``daterange``, ``int8range``, ``tsrange``,
+  ``tstzrange``): within ``max_text_bytes``, any read of it is bounded. A domain over one, an
+  unconstrained numeric and ``numrange`` (whose bounds are numerics of any length) are refused.
 
 An output column that passes the stored value on is no read here (the row_failures scan judges
 output columns); it is one when it is also a sort or group key. A whole row is built, fetching
@@ -40,8 +44,8 @@ from rewriter.text_bounds import declared_size
 
 from .fetches import Fetches
 
-__all__ = ["CALLS", "LISTS", "ONCE_PER_ROW", "PASSED_ON", "TYPE_LENGTHS", "ReadCatalog", "TreeWalk", "ValueRead",
-           "column_of", "read_at", "read_catalog", "read_whole", "settle", "unbounded", "value_of"]
+__all__ = ["CALLS", "LISTS", "ONCE_PER_ROW", "PASSED_ON", "SIZE_ONLY", "TYPE_LENGTHS", "ReadCatalog", "TreeWalk",
+           "ValueRead", "column_of", "read_at", "read_catalog", "read_whole", "settle", "unbounded", "value_of"]
 
 # Nodes that call a function: the field that names it.
 CALLS = {"OPEXPR": "opfuncid", "DISTINCTEXPR": "opfuncid", "NULLIFEXPR": "opfuncid",
@@ -77,7 +81,7 @@ WHERE a.attrelid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[]) AND a.attnum O
 # Calls that read a value of any length no further than its size, which PostgreSQL takes from the
 # value's header or TOAST pointer (toast_raw_datum_size): octet_length, and count of a value, which
 # asks only whether it is NULL.
-_SIZE_ONLY = frozenset({"octet_length(text)", "octet_length(bytea)", 'count("any")'})
+SIZE_ONLY = frozenset({"octet_length(text)", "octet_length(bytea)", 'count("any")'})
 # Equalities that compare two values' sizes first and read them only when the sizes are equal
 # (texteq under a deterministic collation, byteaeq): against a literal, bounded by the literal's.
 _SIZES_FIRST = frozenset({"texteq(text, text)", "textne(text, text)", "byteaeq(bytea, bytea)",
@@ -96,7 +100,8 @@ class ValueRead:
     passes on (:func:`read_at`): the column (its name as the tree gives it, ``#n`` by number in a
     policy's bare expression), its type and typmod, where it is read (``place``), the function
     reading it (an OID; 0 for a sort, a hash or a node that calls none), and, for a call of two
-    arguments whose other one is a literal, the literal's bytes and the call's collation."""
+    arguments whose other one is a literal, the literal's bytes and the call's collation; ``whole``: a
+    whole row, which PostgreSQL builds (fetching each of its values stored apart) whatever reads it."""
 
     column: str
     type: int
@@ -105,6 +110,7 @@ class ValueRead:
     function: int = 0
     literal: int | None = None
     collation: int = 0
+    whole: bool = False
 
 
 class TreeWalk:
@@ -153,13 +159,15 @@ def settle(tag: str, fields: dict[str, str], stack: list[tuple[str, dict[str, st
     comparisons, and what its parent learns of it (its arguments, a literal among them)."""
     reads = walk.pending.pop(id(fields), [])
     called, collation = fields.get(CALLS.get(tag, ""), ""), fields.get("inputcollid", "0")
-    # An operator of one value read and one literal: what a comparison that weighs sizes first is
-    # bounded by. Not NULLIF, whose result is the value, read again above; nor x IN (...) (a
-    # SCALARARRAYOPEXPR), which PostgreSQL hashes, reading the value whole, from nine literals on.
-    literal = int(fields["_literal"]) if tag in _COMPARISONS and len(reads) == 1 and fields.get("_args") == "2" \
+    # An operator of one value and one literal: what a comparison that weighs sizes first is bounded
+    # by. The value may come through COALESCE or CASE results (several reads, one value compared:
+    # what reaches the operator is one of them, as it is). Not NULLIF but under IS [NOT] NULL (its
+    # result is the value, read again above); nor x IN (...) (a SCALARARRAYOPEXPR), which
+    # PostgreSQL hashes, reading the value whole, from nine literals on.
+    literal = int(fields["_literal"]) if _compares(tag, stack) and fields.get("_args") == "2" \
         and "_literal" in fields else None
     walk.reads.extend(ValueRead(read.column, read.type, read.typmod, read.place, int(called) if called.isdigit() else 0,
-                            literal, int(collation) if collation.isdigit() else -1) for read in reads)
+                            literal, int(collation) if collation.isdigit() else -1, read.whole) for read in reads)
     keys = walk.keys.pop(id(fields), ())
     if tag == "TARGETENTRY" and fields.get("ressortgroupref", "0") != "0":
         place = _KEY if stack and stack[-1][0] == "QUERY" else "an aggregate's DISTINCT or ORDER BY"
@@ -194,6 +202,13 @@ _PLACES = {"jointree": "a WHERE or JOIN condition", "havingQual": "HAVING", "rta
            "windowClause": "a window", "cteList": "a WITH query"}
 
 
+def _compares(tag: str, stack: list[tuple[str, dict[str, str]]]) -> bool:
+    """Whether a node (``stack``: the nodes above it) reads what it calls on only as far as that
+    call reads it: a comparison (:data:`_COMPARISONS`), or a NULLIF whose result only an
+    ``IS [NOT] NULL`` tests (which reads no value; any other use reads the value NULLIF returns)."""
+    return tag in _COMPARISONS or (tag == "NULLIFEXPR" and bool(stack) and stack[-1][0] == "NULLTEST")
+
+
 def read_at(value: tuple[int, int], column: str, whole: bool, within: str, stack: list[tuple[str, dict[str, str]]],
              walk: TreeWalk) -> None:
     """Note a value (``value``: its type and typmod) a view's or policy's own conditions, keys or
@@ -224,7 +239,7 @@ def read_at(value: tuple[int, int], column: str, whole: bool, within: str, stack
             walk.keys.setdefault(id(above_fields), []).append(ValueRead(column, *value, ""))
         elif whole or (above, within) not in PASSED_ON:
             if above != "NULLTEST" or whole:
-                walk.pending.setdefault(id(above_fields), []).append(ValueRead(column, *value, place))
+                walk.pending.setdefault(id(above_fields), []).append(ValueRead(column, *value, place, whole=whole))
             return
         within = above_fields.get("_in", "")
 
@@ -242,15 +257,19 @@ class ReadCatalog:
 def unbounded(read: ValueRead, catalog: ReadCatalog, most: int) -> bool:
     """Whether ``read`` may read more than ``most`` bytes of a value, whatever the row holds: a
     value of a type of any length, unless its declared size is within ``most``, or it is read only
-    as far as its size (:data:`_SIZE_ONLY`), or compared by an equality that weighs sizes first
-    (:data:`_SIZES_FIRST`) with a literal of at most ``most`` bytes under a deterministic collation."""
+    as far as its size (:data:`SIZE_ONLY`), or compared by an equality that weighs sizes first
+    (:data:`_SIZES_FIRST`) with a literal of at most ``most`` bytes under a deterministic collation. A
+    whole row is read whole whatever reads it: PostgreSQL builds it (``ExecEvalWholeRowVar``), fetching
+    each of its values stored apart, before ``count(b)`` asks whether it is NULL."""
     if read.type not in catalog.any_length:
         return False
+    if read.whole:
+        return True
     declared = declared_size(read.type, read.typmod)
     if declared is not None and declared - _VARHDRSZ <= most:
         return False
     name = catalog.functions.get(read.function, ("",))[0] if read.function else ""
-    if name in _SIZE_ONLY:
+    if name in SIZE_ONLY:
         return False
     return not (name in _SIZES_FIRST and read.literal is not None and read.literal <= most
                 and (read.collation == 0 or read.collation in catalog.deterministic))
@@ -273,12 +292,18 @@ async def read_catalog(session: Fetches, types: set[int], reads: list[ValueRead]
     return ReadCatalog(functions, any_length, deterministic, columns)
 
 
+_WHY_ANY_LENGTH = {3906: "a numrange's bounds are numerics of any length; an int4range, int8range, daterange, "
+                         "tsrange or tstzrange has bounds of a fixed size, and any read of it is bounded"}
+"""Why a type that reads like one of a fixed size is of any length, where that is not plain (by OID)."""
+
+
 def read_whole(where: str, read: ValueRead, catalog: ReadCatalog, table: int | None) -> str:
     """What ``where`` reads whole, and where: ``view v reads note (text) whole in a WHERE or JOIN condition``."""
     column = read.column
     if column.startswith("#") and column[1:].isdigit() and table is not None:
         column = catalog.columns.get((table, int(column[1:])), column)
     place = "its USING" if where.startswith("row-level security policy") else read.place
-    return f"{where} reads {column} ({catalog.any_length[read.type]}) whole in {place}"
+    why = _WHY_ANY_LENGTH.get(read.type)
+    return f"{where} reads {column} ({catalog.any_length[read.type]}) whole in {place}" + (f" ({why})" if why else "")
 
 

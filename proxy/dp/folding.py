@@ -92,7 +92,7 @@ def _work_refusal(plan: AggregateQuery, folding: Folding, patterns: dict[int, st
         return None
     work = plan.text_work + sum(size * LIKE_WORK * (max(longest_part_after_percent(patterns[number]), 1) - 1)
                                 for number, size in folding.like_weights)
-    return work_refusal(work)
+    return work_refusal(work, plan.single_reads)
 
 
 def _check_pattern(plan: AggregateQuery, params: BoundParams, number: int, encoding: ClientEncoding) -> str:

@@ -1,0 +1,111 @@
+"""The single reads of a DP statement: its reads of a row's text value besides its conditions'
+terms, each weighed in the statement's work limit (rewriter/text_bounds.py).
+
+A condition term reads a text value once for each term; the work limit weighs each by the bytes
+it may read, the column's bound (:func:`rewriter.text_bounds.value_bytes`). Four other constructs
+read each row's value too, once a row whatever the conditions, and each touches every byte the
+row holds up to the bound, so a row whose value is at the bound costs them more than one whose
+value is empty, in proportion to the bound (benchmarks/single_reads.py; docs/threat-model.md,
+Timing):
+
+* ``COUNT(DISTINCT col)``: the rows are shuffled (a sort by ``random()``, which copies the value)
+  and then sorted by the value, ~log2(n) comparisons a row, each of which copies both values
+  into buffers where the collation is not ``C``: :data:`DISTINCT_WORK` a byte;
+* a categorical GROUP BY key: the value is hashed, copied into its group when it starts one,
+  spilled to disk with it when the groups outgrow ``work_mem``, and each group's value is compared
+  with each declared category to find its cell: :data:`KEY_WORK` a byte, and
+  :data:`~rewriter.text_bounds.COMPARISON_WORK` a byte those comparisons read (:func:`_compared_bytes`:
+  under a deterministic collation the categories' own bytes, PostgreSQL comparing sizes first);
+* MODE of a categorical column: one count per declared category, each comparing the value with
+  that category (``col = 'category'``): :data:`~rewriter.text_bounds.COMPARISON_WORK` a byte those
+  comparisons read, as for a key;
+* the ``row_hash`` partition key of sample and aggregate: each hashed text column is hashed
+  (``hashtextextended``): :data:`HASH_WORK` a byte.
+
+Each is weighed by the bytes it may read (the column's bound; a ``varchar(n)``'s 4·n when smaller)
+times its cost a byte, in the work units of the conditions, and adds to their weight: a statement's
+total stays within :data:`~rewriter.text_bounds.MAX_TEXT_WORK` on a table without
+``answer_quantum_ms``, else it is refused before any charge (``DP001``, ``safe-predicate``, naming each
+single read: :func:`rewriter.text_bounds.work_refusal`). A column of no bytes (a number, a date)
+weighs nothing, and so does ``COUNT(col)``, which reads the header only. MODE's FILTER is
+evaluated once for each category (each category's count carries it, rewriter/rewrite.py), so its
+terms and reads count once a category too (``PredicateRenderer.template``'s ``times``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from policies.model import TablePolicy
+from policies.tables import ColumnInfo
+
+from .text_bounds import COMPARISON_WORK, value_bytes
+
+__all__ = ["DISTINCT_WORK", "HASH_WORK", "KEY_WORK", "SingleRead", "categories", "distinct_read", "hash_read",
+           "key_read", "mode_read"]
+
+DISTINCT_WORK = 50
+"""Work units a byte of a value ``COUNT(DISTINCT)`` reads: measured at 0.43–0.85 of ``lower(t) = 'x'``'s
+cost a byte (51 units), in memory and spilled to disk, on PostgreSQL 15 and 16 (benchmarks/results.md,
+"Single reads of text"): weighed as that comparison is."""
+KEY_WORK = 50
+"""Work units a byte of a value a categorical GROUP BY key reads, besides its comparisons with the
+categories: measured at 0.12–0.46 of ``lower(t) = 'x'``'s cost a byte in memory, 0.65–1.01 where the
+groups spill to disk (``work_mem``)."""
+_BPCHAR = 1042
+HASH_WORK = 10
+"""Work units a byte of a text column the ``row_hash`` partition key hashes: measured at 0.065–0.072
+of ``lower(t) = 'x'``'s cost a byte (~4 units), weighed at about twice that."""
+
+
+class SingleRead(NamedTuple):
+    """One single read of a statement: what it is, as the statement writes it, and its weight."""
+
+    what: str
+    work: int
+
+
+def distinct_read(column: ColumnInfo, policy: TablePolicy) -> SingleRead | None:
+    """``COUNT(DISTINCT column)``'s read, or None: not a column of bytes."""
+    size = value_bytes(column, policy)
+    return None if size is None else SingleRead(f"COUNT(DISTINCT {column.name})", size * DISTINCT_WORK)
+
+
+def key_read(column: ColumnInfo, policy: TablePolicy) -> SingleRead | None:
+    """A categorical GROUP BY key's read of ``column``, or None: not a column of bytes."""
+    size = value_bytes(column, policy)
+    if size is None:
+        return None
+    return SingleRead(f"GROUP BY {column.name}", size * KEY_WORK + _compared_bytes(column, size) * COMPARISON_WORK)
+
+
+def mode_read(column: ColumnInfo, policy: TablePolicy) -> SingleRead | None:
+    """MODE's read of ``column`` (one comparison a declared category), or None: not a column of bytes."""
+    size = value_bytes(column, policy)
+    if size is None:
+        return None
+    return SingleRead(f"MODE() of {column.name}", _compared_bytes(column, size) * COMPARISON_WORK)
+
+
+def hash_read(column: ColumnInfo, policy: TablePolicy) -> SingleRead | None:
+    """The ``row_hash`` partition key's read of ``column``, or None: not a column of bytes."""
+    size = value_bytes(column, policy)
+    return None if size is None else SingleRead(f"the row_hash key's hash of {column.name}", size * HASH_WORK)
+
+
+def _compared_bytes(column: ColumnInfo, size: int) -> int:
+    """The bytes of one value of ``column`` (at most ``size``) that comparing it with each declared
+    category reads. Under a deterministic collation ``texteq`` and ``byteaeq`` compare the two sizes
+    first and read the value only where it is as long as the category: at most the category's own
+    bytes each. A ``char(n)`` (``bpchareq`` scans the value's trailing spaces first) and a
+    nondeterministic collation (ICU reads the value until it differs) may read the whole value each."""
+    assert column.policy is not None and column.policy.categories is not None
+    if column.deterministic_collation and column.value_type[0] != _BPCHAR:
+        return sum(min(len(category.encode("utf-8")), size) for category in column.policy.categories)
+    return size * len(column.policy.categories)
+
+
+def categories(column: ColumnInfo | None) -> int:
+    """How many categories ``column``, a MODE's or a categorical key's, declares."""
+    assert column is not None and column.policy is not None and column.policy.categories is not None
+    return len(column.policy.categories)
