@@ -26,7 +26,8 @@ from .copy import CopyOptions, copy_query
 from .cursors import CursorOptions, Fetch, declare_query, declare_sql, fetch_of
 from .function_check import catalog_function_refusal, check_functions, inexact_floats, unsafe_client_encoding
 from .dp_query import AggregateQuery, asks_for_no_row, plan_aggregate_query
-from .misreadings import refuse_dropped_precision, refuse_is_unknown, refuse_misread_tokens
+from .misreadings import (refuse_constant_positions, refuse_dropped_precision, refuse_is_unknown, refuse_misread_tokens,
+                          refuse_typed_literal_casts)
 from .neutralise import empty_relations, neutralise_pg_class, neutralise_pg_database
 from .partitioned_reads import refuse_partitioned_read
 from .qualify import qualify
@@ -516,6 +517,8 @@ def _protected(statement: Statement, protected: list[Relation], registry: TableR
     refuse_misread_tokens(statement.text, relation)
     refuse_is_unknown(statement.node, relation)
     refuse_dropped_precision(statement.node, relation)
+    refuse_constant_positions(statement.node, relation)
+    refuse_typed_literal_casts(statement.text, statement.node, relation)
     if len(refs.relations) > 1 and ranks_series(statement.node) and len(protected) == len(refs.relations) and all(
         other.oid == relation.oid for other in protected
     ):
@@ -557,13 +560,22 @@ _MISREAD_OPERATORS = {"==": "WHERE col = 'x'", "<=>": "WHERE col IS NOT DISTINCT
 
 
 def _refuse_misread_operators(operators: frozenset[str], relation: Relation) -> None:
-    """Refuse, as PostgreSQL would (42883), an operator of :data:`_MISREAD_OPERATORS`."""
-    for symbol in sorted(operators & _MISREAD_OPERATORS.keys()):
+    """Refuse, as PostgreSQL would (42883), an operator of :data:`_MISREAD_OPERATORS`, and one whose
+    name ends in a sign: PostgreSQL's scanner keeps ``+``/``-`` in an operator that has one of
+    ``~!@#%^&|`?`` (``age !=-1`` is the operator ``!=-``, ``50 %-7`` is ``%-``), where sqlglot reads the
+    sign as the next number's (``age != -1``) and answered."""
+    for symbol in sorted(operators):
+        if symbol in _MISREAD_OPERATORS:
+            instead = f"PostgreSQL has no {symbol} operator of its own; write {_MISREAD_OPERATORS[symbol]}"
+        elif len(symbol) > 1 and symbol[-1] in "+-":
+            instead = (f"PostgreSQL reads {symbol} as one operator, which it does not have here; put a space "
+                       f"before the sign: {symbol[:-1]} {symbol[-1]}1")
+        else:
+            continue
         raise Refusal(
             "42883",
             f"operator does not exist: {symbol} (rule: undefined-operator)",
-            f"PostgreSQL has no {symbol} operator of its own; write {_MISREAD_OPERATORS[symbol]} "
-            f"on protected table {relation.display_name}.",
+            f"{instead} on protected table {relation.display_name}.",
             "undefined-operator",
         )
 

@@ -26,6 +26,13 @@ it is let through (:func:`_interval_read_alike`); any other is refused, found by
 boolean ``x``; for any other, PostgreSQL fails the statement (42804) whatever the rows, and dpproxy
 answered it. It is let through on a boolean column of the table only.
 
+``interval 'a' + 'b'::t``: sqlglot reads the string after ``+`` as one more interval, and what binds
+tighter after it (a cast, ``*``) as applying to the sum: ``interval '1 day' + '2023-01-01'::date`` was
+run as ``CAST(interval '1 day' + interval '2023-01-01' AS date)``, which fails (22007) where PostgreSQL
+adds a day to a date, and ``interval '1 day' + '5' * 2`` as ``interval '1 day' + interval '5' * 2``,
+answered where PostgreSQL fails (42883). Found by the scanner and refused (a bare string after the
+``+`` PostgreSQL reads as an interval too, and a number is refused as ``interval-form``).
+
 ``CURRENT_TIMESTAMP(n)``: sqlglot keeps the precision but writes the call back as
 ``CURRENT_TIMESTAMP``, so ``ts > CURRENT_TIMESTAMP(0)`` was answered as ``ts > CURRENT_TIMESTAMP``,
 which selects other rows whenever the clock is not on a whole second.
@@ -36,7 +43,7 @@ from __future__ import annotations
 import json
 import re
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, Sequence
 
 from pglast.parser import ParseError, parse_sql_json, scan
 from sqlglot import exp
@@ -47,7 +54,8 @@ from policies.tables import Relation
 from .function_check import nodes_of
 from .types import BOOL
 
-__all__ = ["refuse_dropped_precision", "refuse_is_unknown", "refuse_misread_tokens"]
+__all__ = ["refuse_constant_positions", "refuse_dropped_precision", "refuse_is_unknown", "refuse_misread_tokens",
+           "refuse_typed_literal_casts"]
 
 _NOT_DECIMAL = re.compile(r"0[xXoObB]|.*_")
 
@@ -144,9 +152,10 @@ def _misread_interval(sql: str, tokens: list[Any], index: int) -> int | None:
 
 def refuse_misread_tokens(sql: str, relation: Relation) -> None:
     """Refuse a number of ``sql`` written with a ``0x``/``0o``/``0b`` prefix or a ``_`` between digits
-    (0A000, rule ``number-form``), ``interval(p) '...'`` (0A000, rule ``interval-precision``) and an
-    ``interval '...'`` literal sqlglot reads otherwise (0A000, rule ``interval-form``); ``relation``
-    is the protected table it reads."""
+    (0A000, rule ``number-form``), ``interval(p) '...'`` (0A000, rule ``interval-precision``), an
+    ``interval '...'`` literal sqlglot reads otherwise (0A000, rule ``interval-form``) and
+    ``interval '...' + '...'::type`` (0A000, rule ``interval-sum``); ``relation`` is the protected table
+    it reads."""
     try:
         # Without comments: PostgreSQL reads interval /* c */ (3) '1' as interval(3) '1'.
         tokens = [token for token in scan(sql) if token.name not in _COMMENTS]
@@ -183,6 +192,34 @@ def refuse_misread_tokens(sql: str, relation: Relation) -> None:
                 "interval, not a number, to an interval (interval '1 day' + interval '5 seconds').",
                 "interval-form",
             )
+        elif token.name == "INTERVAL" and _string_taken_further(tokens, index + 1):
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                f"interval '...' + '...'::type is not supported on protected table {relation.display_name} "
+                "(rule: interval-sum)",
+                "dpproxy's DP planner reads interval 'a' + 'b'::t (or * 2) as (interval 'a' + interval 'b')::t; "
+                "write the type before the value: interval '1 day' + date '2023-01-01'.",
+                "interval-sum",
+            )
+
+
+# Tokens that bind tighter than + (a cast, * / % ^, COLLATE, AT TIME ZONE, a subscript)
+_TIGHTER = frozenset({"TYPECAST", "ASCII_42", "ASCII_47", "ASCII_37", "ASCII_94", "COLLATE", "AT", "ASCII_91"})
+
+
+def _string_taken_further(tokens: list[Any], at: int) -> bool:
+    """Whether the interval literal whose string is ``tokens[at]`` is followed, after a ``+``, by a
+    string that something after it binds tighter than the ``+`` (``+ '2023-01-01'::date``, ``+ '5' *
+    2``): PostgreSQL applies that to the string, sqlglot to the sum of intervals it reads."""
+    first = at
+    while at < len(tokens) and tokens[at].name in _STRINGS:
+        end = _after_fields(tokens, at + 1)
+        if at != first and end < len(tokens) and tokens[end].name in _TIGHTER:
+            return True
+        if end + 1 >= len(tokens) or tokens[end].name != "ASCII_43":
+            return False
+        at = end + 1  # the string after this +
+    return False
 
 
 def refuse_is_unknown(node: dict[str, Any], relation: Relation) -> None:
@@ -219,3 +256,68 @@ def refuse_dropped_precision(node: dict[str, Any], relation: Relation) -> None:
             "or now(), or LOCALTIMESTAMP(n), which keeps its precision.",
             "timestamp-precision",
         )
+
+
+def refuse_constant_positions(node: dict[str, Any], relation: Relation) -> None:
+    """Refuse (0A000, rule ``constant-position``) a GROUP BY or ORDER BY item of ``node`` (pglast JSON)
+    that is a constant under a unary ``+`` (``+1``, ``+ +2``, ``+(1)``).
+
+    PostgreSQL reads a bare number as an output's position and ``+1`` as a value by which it
+    neither groups nor orders: ``GROUP BY +1`` beside an ungrouped column fails (42803), ``ORDER BY
+    +2 DESC LIMIT 1`` returns any row. sqlglot drops the ``+`` and reads the position. (Any other
+    constant expression, ``1 / 0`` or ``2 + 0``, sqlglot keeps as PostgreSQL does.)"""
+    selects = ([node] if "targetList" in node else []) + nodes_of(node, "SelectStmt")  # the statement's own, then any below
+    for select in selects:
+        for clause, items in (("GROUP BY", select.get("groupClause", [])),
+                              ("ORDER BY", [item["SortBy"]["node"] for item in select.get("sortClause", [])])):
+            if any(_plus_constant(item) for item in items):
+                raise Refusal(
+                    SQLSTATE.FEATURE_NOT_SUPPORTED,
+                    f"a constant expression in {clause} is not supported on protected table "
+                    f"{relation.display_name} (rule: constant-position)",
+                    "PostgreSQL reads a bare number (GROUP BY 1) as an output's position and +1 as a value it "
+                    "neither groups nor orders by; dpproxy's DP planner reads +1 as the position 1. Write the "
+                    "position as a bare number.",
+                    "constant-position",
+                )
+
+
+def _plus_constant(item: dict[str, Any]) -> bool:
+    """Whether ``item`` is a literal under one or more unary ``+``."""
+    while "A_Expr" in item and "lexpr" not in item["A_Expr"] and [part.get("String", {}).get("sval")
+                                                                  for part in item["A_Expr"]["name"]] == ["+"]:
+        item = item["A_Expr"]["rexpr"]
+        if "A_Const" in item:
+            return True
+    return False
+
+
+def refuse_typed_literal_casts(sql: str, node: dict[str, Any], relation: Relation) -> None:
+    """Refuse (0A000, rule ``typed-literal-cast``) a typed literal of ``sql`` cast again with ``::``
+    (``numeric '40.5'::int``); ``node`` is its pglast JSON.
+
+    PostgreSQL reads it as ``(numeric '40.5')::int`` (41); sqlglot as ``CAST(CAST('40.5' AS int) AS
+    numeric)``, which fails (22P02) where PostgreSQL answers, and ``timestamptz '...'::text`` as a
+    timestamptz, answered where PostgreSQL fails (42883). In parentheses, or an interval, it reads
+    them as PostgreSQL does."""
+    starts = {cast["arg"]["A_Const"]["location"]: _name_of(cast) for cast in nodes_of(node, "TypeCast")
+              if cast.get("location", -1) == -1 and "sval" in cast.get("arg", {}).get("A_Const", {})
+              and _name_of(cast) != "interval"}
+    if not starts:
+        return
+    tokens = scan(sql)
+    for token, after in zip(tokens, tokens[1:]):
+        if token.start in starts and after.name == "TYPECAST":
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                f"{starts[token.start]} '...'::type is not supported on protected table {relation.display_name} "
+                "(rule: typed-literal-cast)",
+                f"dpproxy's DP planner reads {starts[token.start]} 'v'::t as CAST(CAST('v' AS t) AS "
+                f"{starts[token.start]}); write ({starts[token.start]} 'v')::t or CAST('v' AS t).",
+                "typed-literal-cast",
+            )
+
+
+def _name_of(cast: dict[str, Any]) -> str:
+    """The type name of a TypeCast (pglast JSON), without its schema."""
+    return str(cast["typeName"]["names"][-1]["String"]["sval"])

@@ -2,8 +2,9 @@
 corpora of DP statements, and lexical variants of them.
 
 The corpora are the neighbour fuzzer's generator (tests/neighbour_cases.py) with a fixed seed,
-the recorded Superset statements (tests/bi_statements.py) and every SQL string literal on the
-``adult`` table in the refusal and parsing test files. Most of the last are refused; the
+the recorded Superset statements (tests/bi_statements.py), every SQL string literal on the
+``adult`` table in the refusal and parsing test files, :data:`CONSTANT_STATEMENTS` and
+:data:`RELEASE_STATEMENTS`. Most of the last are refused; the
 differential reads only those dpproxy answers.
 
 A variant respells one token of a statement (a constant, a keyword, a name, the space between
@@ -21,7 +22,7 @@ from typing import Callable, Iterator
 
 from pglast.parser import ParseError, scan
 
-__all__ = ["ATTACK_FILES", "adult_statements", "variants"]
+__all__ = ["ATTACK_FILES", "CONSTANT_STATEMENTS", "RELEASE_STATEMENTS", "adult_statements", "variants"]
 
 _TESTS = Path(__file__).parent
 ATTACK_FILES = ("test_refusals.py", "test_attack_parsing.py", "test_attacks.py", "test_query_shapes.py",
@@ -38,6 +39,103 @@ def adult_statements() -> list[str]:
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and _ON_ADULT.match(node.value):
                 found.setdefault(node.value, None)
     return list(found)
+
+
+# Constant expressions whose value PostgreSQL's reading decides: precedence (unary minus binds before
+# ^, ^ is left-associative, OPERATOR() forms have one precedence), integer division, casts that round
+# or fail, date and interval arithmetic, time zones, the session's DateStyle and IntervalStyle.
+CONSTANT_STATEMENTS = tuple(f"SELECT count(*) FROM {table} WHERE {column} {condition}" for table, column, condition in [
+    ("adult", "age", "> -2^2 + 30"), ("adult", "age", "> 2^3^2 / 16"), ("adult", "age", "> 10 % 3 * 2 + 30"),
+    ("adult", "age", "> 40 + 7 % 3"), ("adult", "age", "> 10 - 3 * 2 + 30"), ("adult", "age", "> 100 / 10 / 2 + 30"),
+    ("adult", "age", "> -(1 + 2) * -13"), ("adult", "age", "> 5 - - 35"), ("adult", "age", "> 81 / 2"),
+    ("adult", "age", "> 81 / 2.0"), ("adult", "age", "> CAST('1e3' AS int)"), ("adult", "age", "> TRUE::int + 39"),
+    ("adult", "age", "> 40.5::int"), ("adult", "age", "> mod(-7, 3) + 40"), ("adult", "age", "> round(40.5)"),
+    ("adult", "age", "> trunc(40.57, 1)"), ("adult", "age", "> 0.1::float4 * 400"),
+    ("adult", "hours_per_week", "> 10::float8 / 3"), ("adult", "age", "> '40'::int + '2'"),
+    ("adult", "sex", "= 'Ma' || 'le'"), ("adult", "age", "> 1e400 - 1e400"),
+    ("people", "signed_up", "> interval(3) '1' + date '2024-01-01'"),
+    ("people", "signed_up", "> now() - '1 day'::interval * 2"), ("people", "signed_up", "> date '2024-01-01' + 1"),
+    ("people", "signed_up", "> timestamptz '2024-06-01 00:00:00+05:30'"),
+    ("people", "signed_up", "> timestamp '2024-06-01 00:00:00+05:30'"),
+    ("people", "signed_up", "> '2024-01-01 10:00' AT TIME ZONE 'UTC'"),
+    ("people", "signed_up", "> now() AT TIME ZONE 'Asia/Kolkata' - interval '500 days'"),
+    ("people", "signed_up", "> date '01/02/2024' + 0"), ("people", "signed_up", "> '01/02/2024'::date - 1"),
+    ("people", "signed_up", "> timestamp '2024-01-01' - interval '-1 2:00:00'"),
+    ("people", "signed_up", "> now() - interval '1:30' hour to minute"),
+    ("people", "signed_up", "> localtimestamp - interval 'P1Y2M'"),
+    ("people", "signed_up", "> timestamp 'epoch' + 1700000000 * interval '1 second'"),
+    ("people", "signed_up", "> date_trunc('month', now()) - interval '13 months'"),
+    ("people", "signed_up", "> make_date(2024, 1, 1) - 30"),
+    ("people", "signed_up", "< to_timestamp('2024-01-01', 'YYYY-MM-DD')"),
+    ("people", "signed_up", "> interval '1 day' + '2023-06-01'::date"),
+    ("people", "signed_up", "< interval '1 day' + '5' * 2"),
+    ("people", "signed_up", "> extract(epoch from now()) * interval '0 s' + '2024-01-01'::date"),
+    ("people", "signed_up", "> now() - interval '1 day' + 1"),
+    ("people", "signed_up", "> timestamp '2024-06-01' + interval '400 days ago'"),
+    ("people", "signed_up", "> timestamp '2024-06-01' - interval '1 day 10:00'"),
+    ("people", "signed_up", "> timestamp '2024-06-01' - interval '1.5' year"),
+    ("people", "signed_up", "> timestamp '2024-06-01' - interval 'P1M'"), ("adult", "age", "!=-1"),
+    ("adult", "age", "> 50 %-7"), ("adult", "age", "> numeric '40.5'::int"),
+    ("people", "signed_up", "> timestamptz '2024-06-01 00:00:00+05:30'::text"),
+])
+
+
+# Histograms over public keys, conditional aggregates and post-processing of the release
+# (tests/release_differential.py): each key kind of rewriter/group_keys.py, floor_bins.py and
+# date_parts.py, each CASE form of rewriter/conditional.py, arithmetic, ROUND, casts, CASE, HAVING,
+# ORDER BY and LIMIT over released aggregates.
+RELEASE_STATEMENTS = (
+    "SELECT sex, count(*) FROM people GROUP BY sex",
+    "SELECT sex, count(*) AS n FROM people WHERE age > 30 GROUP BY 1 ORDER BY n DESC LIMIT 1",
+    "SELECT age, count(*) FROM people GROUP BY age ORDER BY age LIMIT 10 OFFSET 5",
+    "SELECT date_trunc('month', signed_up) AS m, avg(income) FROM people GROUP BY m ORDER BY m",
+    "SELECT date_trunc('MONTH', signed_up), count(*) FROM people GROUP BY 1 ORDER BY 1 DESC LIMIT 3",
+    "SELECT date_trunc('week', signed_up) AS w, sum(income) FROM people GROUP BY w",
+    "SELECT date_trunc('quarter', signed_up), date_trunc('year', signed_up), count(*) FROM people GROUP BY 1, 2",
+    "SELECT EXTRACT(year FROM signed_up) AS y, count(*) FROM people GROUP BY 1",
+    "SELECT EXTRACT(month FROM signed_up) AS mo, EXTRACT(year FROM signed_up) AS y, count(*) FROM people GROUP BY 1, 2",
+    "SELECT EXTRACT(dow FROM signed_up), count(*) FROM people GROUP BY 1",
+    "SELECT date_part('dow', signed_up) + 1 AS d, count(*) FROM people GROUP BY d",
+    "SELECT EXTRACT(isodow FROM signed_up), count(*) FROM people GROUP BY 1",
+    "SELECT EXTRACT(quarter FROM signed_up), count(*) FROM people GROUP BY 1",
+    "SELECT EXTRACT(week FROM signed_up), count(*) FROM people GROUP BY 1",
+    "SELECT EXTRACT(doy FROM signed_up), count(*) FROM people GROUP BY 1",
+    "SELECT EXTRACT(day FROM signed_up), count(*) FROM people GROUP BY 1",
+    "SELECT EXTRACT(isoyear FROM signed_up), count(*) FROM people GROUP BY 1",
+    "SELECT date_part('year', signed_up), count(*) FROM people GROUP BY 1",
+    "SELECT to_char(signed_up, 'YYYY-MM'), count(*) FROM people GROUP BY 1",
+    "SELECT width_bucket(age, 0, 100, 10) AS b, count(*) FROM people GROUP BY b ORDER BY b",
+    "SELECT width_bucket(age, 20.5, 80, 6), avg(income) FROM people GROUP BY 1",
+    "SELECT floor(age / 10) * 10 AS b, count(*) FROM people GROUP BY b",
+    "SELECT floor(age / 10.0) * 10 AS b, count(*) FROM people GROUP BY 1",
+    "SELECT floor((age - 15) / 5) * 5 + 15 AS b, count(*) FROM people GROUP BY 1",
+    "SELECT (age / 10) * 10 AS b, count(*) FROM people GROUP BY 1",
+    "SELECT sex, date_trunc('year', signed_up), count(*), sum(income) FROM people GROUP BY 1, 2 ORDER BY 3 DESC",
+    "SELECT sex, count(*) FROM people GROUP BY sex HAVING count(*) > 100",
+    "SELECT sex, round(avg(income), 1) AS a, count(*) FROM people WHERE age > 20 GROUP BY sex "
+    "HAVING count(*) > 10 ORDER BY a DESC LIMIT 1",
+    "SELECT sex, count(*) FILTER (WHERE age > 40) AS older, count(*) - count(*) FILTER (WHERE age > 40) FROM people "
+    "GROUP BY sex",
+    "SELECT round(avg(age)::numeric, 2) + 1, count(*) * 2 FROM adult",
+    "SELECT count(*)::float / 2, CAST(sum(age) AS numeric) / 3, -count(*) FROM adult",
+    "SELECT CASE WHEN count(*) > 10 THEN 'many' ELSE 'few' END, coalesce(sum(capital_gain), 0) FROM adult",
+    "SELECT round(sum(age) / count(*), 3), abs(sum(capital_gain) - 5), count(*) % 7 FROM adult",
+    "SELECT count(*) AS n, 'total' AS label FROM adult ORDER BY n LIMIT 1",
+    "SELECT sum(CASE WHEN sex = 'Male' THEN age ELSE 0 END), count(*) FILTER (WHERE age > 30) FROM adult",
+    "SELECT sum(CASE WHEN sex = 'Male' THEN age ELSE 0 END) / 2, count(CASE WHEN age > 30 THEN 1 END) + 1 FROM adult",
+    "SELECT count(CASE WHEN age > 30 THEN 1 ELSE NULL END), sum(CASE WHEN age <= 30 THEN 1 ELSE 0 END) FROM adult",
+    "SELECT sum((age > 40)::int), sum(CAST(sex = 'Female' AS integer)) FROM adult",
+    "SELECT avg(CASE WHEN sex = 'Male' THEN age END), max(CASE WHEN age < 50 THEN hours_per_week END) FROM adult",
+    "SELECT count(CASE WHEN age > 50 THEN 1 END) FILTER (WHERE sex = 'Male') FROM adult",
+    "SELECT sum(CASE WHEN age > 30 THEN capital_gain WHEN NOT age > 30 THEN 0 ELSE NULL END) FROM adult",
+    "SELECT mode() WITHIN GROUP (ORDER BY CASE WHEN age > 30 THEN sex END) FROM adult",
+    "SELECT sex, sum(CASE WHEN age > 30 THEN income ELSE 0 END) FROM people GROUP BY sex",
+    "SELECT date_trunc('month', signed_up), count(*) FILTER (WHERE sex = 'Male') AS males FROM people GROUP BY 1 "
+    "ORDER BY males DESC",
+    "SELECT stddev(age), variance(age) * 2 FROM adult",
+    "SELECT EXTRACT(year FROM signed_up) AS y, count(*) FROM people GROUP BY +1",
+    "SELECT sex, count(*) FROM people GROUP BY 1 ORDER BY +2 DESC LIMIT 1",
+)
 
 
 def _integer(text: str, rng: random.Random) -> str:

@@ -24,20 +24,32 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from pglast.parser import parse_sql_json
 
 from rewriter.function_check import nodes_of
+from tests.constant_values import AGGREGATES, is_constant, sql_of
 
-__all__ = ["Divergence", "alike", "canonical", "conditions", "divergences", "read_columns"]
+__all__ = ["Canon", "Divergence", "Same", "alike", "canonical", "chosen_rows", "conditions", "conjuncts", "divergences",
+           "read_columns", "tree_of"]
 
 Canon = Any  # a nested tuple of str, int, Decimal and bool
+# Whether two constant expressions (their SQL) evaluate alike on PostgreSQL (tests.constant_values)
+Same = Callable[[str, str], bool]
 
 # now() and its synonyms, which sqlglot writes as CURRENT_TIMESTAMP
 _NOW = {"now", "transaction_timestamp"}
 # Functions whose first argument is a field name PostgreSQL reads in any case
-_FIELD_FIRST = {"date_trunc", "date_part"}
+_FIELD_FIRST = {"date_trunc", "date_part", "extract"}
+# For each date part, the date_trunc units that keep it: part(date_trunc(unit, t)) = part(t) for every t
+# (of date_trunc('week', t) the year is not t's: a week starts in the year before)
+_KEPT_BY = {
+    "year": {"year", "quarter", "month", "day"}, "quarter": {"quarter", "month", "day"},
+    "month": {"month", "day"}, "day": {"day"}, "dow": {"day"}, "isodow": {"day"}, "doy": {"day"},
+    "week": {"week", "day"}, "isoyear": {"week", "day"}, "decade": {"year", "quarter", "month", "day"},
+    "century": {"year", "quarter", "month", "day"}, "millennium": {"year", "quarter", "month", "day"},
+}
 
 
 @dataclass(frozen=True)
@@ -51,7 +63,7 @@ class Divergence:
         return f"{self.what} {self.read} is not read alike in the backend SQL"
 
 
-def _tree(sql: str) -> dict[str, Any]:
+def tree_of(sql: str) -> dict[str, Any]:
     return dict(json.loads(parse_sql_json(sql))["stmts"][0]["stmt"])
 
 
@@ -86,14 +98,25 @@ def _constant(value: dict[str, Any]) -> Canon:
 
 
 def canonical(node: Any) -> Canon:
-    """``node`` (pglast JSON) with locations, ``pg_catalog.`` and the rewriter's own wrappings left out."""
+    """``node`` (pglast JSON) with locations, ``pg_catalog.`` and the rewriter's own wrappings left out.
+
+    A constant expression (:func:`tests.constant_values.is_constant`) other than a bare literal is
+    ``("value", its SQL, its canonical form)``: :func:`alike` evaluates it where the forms differ."""
     if isinstance(node, list):
         return tuple(canonical(item) for item in node)
     if not isinstance(node, dict):
         return node
+    if is_constant(node):
+        return ("value", sql_of(node), _canonical(node))
+    return _canonical(node)
+
+
+def _canonical(node: dict[str, Any]) -> Canon:
     if len(node) != 1:
         return tuple(sorted((key, canonical(value)) for key, value in node.items() if key != "location"))
     (kind, value), = node.items()
+    if kind == "Released":  # a released aggregate or key, already in canonical form (tests/release_differential.py)
+        return value
     if kind == "ColumnRef":
         last = value["fields"][-1]
         return ("column", last["String"]["sval"] if "String" in last else "*")
@@ -101,9 +124,17 @@ def canonical(node: Any) -> Canon:
         return _constant(value)
     if kind == "TypeCast":
         cast = ("cast", _name(value["typeName"]["names"]), canonical(value["arg"]))
+        if cast[1] == "date" and cast[2][:2] == ("call", "date_trunc") and cast[2][2][1][0] == ("string", "day"):
+            return ("cast", "date", cast[2][2][1][1])  # a time's day is the date it falls on
         if cast[1] == "interval" and cast[2][0] == "string":  # PostgreSQL reads '1 day' as '1 DAY'
             return ("cast", "interval", ("string", cast[2][1].lower()))
         return cast
+    if kind == "CaseExpr" and "arg" not in value and len(value.get("args", [])) == 1 \
+            and value["args"][0]["CaseWhen"]["result"].get("A_Const", {}).get("isnull") and "defresult" in value:
+        test = canonical(value["args"][0]["CaseWhen"]["expr"])  # CASE WHEN a = b THEN NULL ELSE a END is nullif(a, b)
+        otherwise = canonical(value["defresult"])
+        if test[:3] == ("expr", "AEXPR_OP", "=") and test[3] == otherwise:
+            return ("expr", "AEXPR_NULLIF", "=", otherwise, test[4])
     if kind == "CaseExpr" and not value.get("defresult") and len(value.get("args", [])) == 1:
         result = value["args"][0]["CaseWhen"]["result"]
         if "ColumnRef" in result:  # the text bound's CASE WHEN <its size is small> THEN col END
@@ -127,7 +158,10 @@ def canonical(node: Any) -> Canon:
         rest = {key: item for key, item in value.items() if key not in ("funcname", "location", "funcformat")}
         if _name(value["funcname"]) in _FIELD_FIRST and value.get("args") and "sval" in value["args"][0].get("A_Const", {}):
             field = value["args"][0]["A_Const"]["sval"]["sval"].lower()  # date_trunc('MONTH', x) is date_trunc('month', x)
-            return ("call", _name(value["funcname"]), ("args", (("string", field), *map(canonical, value["args"][1:]))))
+            arguments = [canonical(argument) for argument in value["args"][1:]]
+            if _name(value["funcname"]) != "date_trunc" and len(arguments) == 1:
+                arguments = [_untruncated(field, arguments[0])]
+            return ("call", _name(value["funcname"]), ("args", (("string", field), *arguments)))
         return ("call", _name(value["funcname"]), canonical(rest))
     if kind == "BoolExpr":
         op, args = value["boolop"], [canonical(arg) for arg in value["args"]]
@@ -138,6 +172,14 @@ def canonical(node: Any) -> Canon:
     if kind == "SQLValueFunction":
         return ("SQLValueFunction", value["op"])
     return (kind, canonical(value))
+
+
+def _untruncated(field: str, time: Canon) -> Canon:
+    """``time`` (a date part's argument) without a ``date_trunc`` that keeps the part ``field``."""
+    if time[:2] == ("call", "date_trunc") and time[2][0] == "args" and len(time[2][1]) == 2 \
+            and str(time[2][1][0][1]) in _KEPT_BY.get(field, set()):
+        return time[2][1][1]
+    return time
 
 
 def _compare(symbol: str, left: Canon, right: Canon) -> Canon:
@@ -162,10 +204,11 @@ def _expression(value: dict[str, Any]) -> Canon:
         return within if symbol == "=" else ("bool", "NOT_EXPR", (within,))
     if kind in ("AEXPR_LIKE", "AEXPR_ILIKE"):
         kind = "AEXPR_OP"
-    if kind == "AEXPR_OP" and symbol == "+" and left is None and right[:1] == ("number",):
-        return right
-    if kind == "AEXPR_OP" and symbol == "-" and left is None and right[:1] == ("number",):  # -(+40) is -40
-        return ("number", str(-Decimal(right[1])))
+    operand = right[2] if isinstance(right, tuple) and right[:1] == ("value",) else right  # +40 is a value of its own
+    if kind == "AEXPR_OP" and symbol == "+" and left is None and operand[:1] == ("number",):
+        return operand
+    if kind == "AEXPR_OP" and symbol == "-" and left is None and operand[:1] == ("number",):  # -(+40) is -40
+        return ("number", str(-Decimal(operand[1])))
     return ("expr", kind, symbol, left, right)
 
 
@@ -195,23 +238,57 @@ def _value(item: Canon) -> Decimal | None:
         return None
 
 
-def alike(asked: Canon, ran: Canon) -> bool:
+# Each comparison and the one PostgreSQL reads with its operands swapped
+_COMMUTED = {"<": ">", ">": "<", "<=": ">=", ">=": "<=", "=": "=", "<>": "<>"}
+
+
+def _literal(item: Canon) -> str | None:
+    """The SQL of a constant's canonical form: a value's own, a literal's written back, else None."""
+    if item[0] == "value":
+        return str(item[1])
+    if item[0] == "number":
+        return str(item[1])
+    if item[0] == "string":
+        return "'" + str(item[1]).replace("'", "''") + "'"
+    if item[0] == "bits":
+        return f"{item[1][0].upper()}'{item[1][1:]}'"
+    if item[0] == "boolean":
+        return "TRUE" if item[1] else "FALSE"
+    return "NULL" if item == ("null",) else None
+
+
+def alike(asked: Canon, ran: Canon, same: Same | None = None) -> bool:
     """Whether ``ran`` (a node of the backend SQL) reads as ``asked`` (one of the statement's).
 
     A cast in ``ran`` where ``asked`` has none is one the rewriter adds to compare a column with
     a value of its own type (:mod:`rewriter.constants`, :mod:`rewriter.predicates`): the value
     under it must read alike. A number and a string PostgreSQL reads as that number are alike.
+    A constant expression on either side is alike where ``same`` evaluates the two alike on
+    PostgreSQL, or the expression under the cast the rewriter adds alike (without ``same``, by form).
     """
     if asked == ran:
         return True
     if not (isinstance(asked, tuple) and isinstance(ran, tuple)) or not asked or not ran:
         return False
+    if asked[0] == "value" or ran[0] == "value":
+        left, right = _literal(asked), _literal(ran)
+        if same is not None and left is not None and right is not None:
+            if same(left, right):
+                return True
+            inner = ran[2] if ran[0] == "value" else ran
+            outer = asked[2] if asked[0] == "value" else asked
+            return inner[0] == "cast" and not (outer[0] == "cast" and outer[1] == inner[1]) and alike(asked, inner[2], same)
+        return alike(asked[2] if asked[0] == "value" else asked, ran[2] if ran[0] == "value" else ran, same)
     if ran[0] == "cast" and not (asked[0] == "cast" and asked[1] == ran[1]):
-        return alike(asked, ran[2])
+        return alike(asked, ran[2], same)
+    if asked[:2] == ("expr", "AEXPR_OP") and asked[2] in _COMMUTED and ran[:3] == ("expr", "AEXPR_OP", _COMMUTED[asked[2]]) \
+            and alike(asked[3], ran[4], same) and alike(asked[4], ran[3], same):  # c >= x is x <= c
+        return True
     if asked[0] in ("number", "string") and ran[0] in ("number", "string"):
-        left, right = _value(asked), _value(ran)
-        return left is not None and right is not None and (left == right or (left.is_nan() and right.is_nan()))
-    return len(asked) == len(ran) and all(alike(a, r) for a, r in zip(asked, ran))
+        left_value, right_value = _value(asked), _value(ran)
+        return (left_value is not None and right_value is not None
+                and (left_value == right_value or (left_value.is_nan() and right_value.is_nan())))
+    return len(asked) == len(ran) and all(alike(a, r, same) for a, r in zip(asked, ran))
 
 
 def _aliases(tree: dict[str, Any]) -> dict[str, str]:
@@ -241,19 +318,61 @@ def _renamed(item: Canon, names: dict[str, str], tests: dict[Canon, Canon]) -> C
     return tests.get(renamed, renamed)
 
 
-def _conjuncts(condition: Canon) -> tuple[Canon, ...]:
+def conjuncts(condition: Canon) -> tuple[Canon, ...]:
+    """The top-level conjuncts of ``condition`` (a canonical form)."""
     return condition[2] if condition[:2] == ("bool", "AND_EXPR") else (condition,)
 
 
+def _boolean(node: dict[str, Any], boolean_columns: frozenset[str]) -> bool:
+    """Whether ``node`` is a condition: a comparison, AND/OR/NOT, an IS test or a boolean column."""
+    if "ColumnRef" in node:
+        return read_columns(node) <= boolean_columns
+    return bool({"A_Expr", "BoolExpr", "NullTest", "BooleanTest"} & node.keys())
+
+
+def chosen_rows(call: dict[str, Any], boolean_columns: frozenset[str]) -> list[dict[str, Any]]:
+    """The conditions that choose the rows an aggregate ``call`` (pglast JSON) counts: its FILTER,
+    and of its argument (or WITHIN GROUP order) a CASE's first WHEN (``SUM(CASE WHEN p THEN x ELSE 0
+    END)``) or a condition cast to integer (``SUM((p)::int)``)."""
+    chosen = [call["agg_filter"]] if "agg_filter" in call else []
+    arguments = call.get("args") or [order["SortBy"]["node"] for order in call.get("agg_order") or []]
+    argument = arguments[0] if len(arguments) == 1 else {}
+    if "CaseExpr" in argument and "arg" not in argument["CaseExpr"]:
+        chosen.append(argument["CaseExpr"]["args"][0]["CaseWhen"]["expr"])
+    elif ("TypeCast" in argument and _name(argument["TypeCast"]["typeName"]["names"]) in ("int4", "int")
+          and _boolean(argument["TypeCast"]["arg"], boolean_columns)):
+        chosen.append(argument["TypeCast"]["arg"])
+    return chosen
+
+
+def _aggregate_conditions(tree: dict[str, Any], boolean_columns: frozenset[str]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Each aggregate call of ``tree`` that counts only some rows, by name, with :func:`chosen_rows`."""
+    calls = [call for call in nodes_of(tree, "FuncCall") if _name(call["funcname"]).lower() in AGGREGATES]
+    return [(_name(call["funcname"]).lower(), chosen) for call in calls if (chosen := chosen_rows(call, boolean_columns))]
+
+
+def _filters(tree: dict[str, Any]) -> list[tuple[Canon, ...]]:
+    """The top-level conjuncts of each aggregate FILTER of ``tree`` (the backend SQL)."""
+    return [conjuncts(canonical(call["agg_filter"])) for call in nodes_of(tree, "FuncCall") if "agg_filter" in call]
+
+
+def _chooses_alike(asked: Sequence[Canon], ran: Sequence[Canon], same: Same | None, more: bool) -> bool:
+    """Whether the conjuncts ``ran`` choose the rows ``asked`` do: each of one alike one of the other
+    (``more``: ``ran`` may have more, as a MODE's count per category adds ``col = 'label'``)."""
+    return (all(any(alike(a, r, same) for r in ran) for a in asked)
+            and (more or all(any(alike(a, r, same) for a in asked) for r in ran)))
+
+
 def divergences(statement: str, backends: Sequence[str], table_columns: frozenset[str],
-                boolean_columns: frozenset[str] = frozenset()) -> list[Divergence]:
+                boolean_columns: frozenset[str] = frozenset(), same: Same | None = None) -> list[Divergence]:
     """What ``statement`` reads that ``backends``, the SQL dpproxy wrote for it (a series limit's
     ranking has a statement of its own), do not read alike.
 
     ``table_columns`` are the protected table's: the backend may read fewer of them than the
     statement names (a projection it does not need), never one the statement does not name. Of a
-    column of ``boolean_columns``, ``IS UNKNOWN`` is read as ``IS NULL``, which it means."""
-    asked, ran = _tree(statement), [_tree(backend) for backend in backends]
+    column of ``boolean_columns``, ``IS UNKNOWN`` is read as ``IS NULL``, which it means. ``same``
+    evaluates constant expressions (:class:`tests.constant_values.ConstantEvaluator`)."""
+    asked, ran = tree_of(statement), [tree_of(backend) for backend in backends]
     extra = frozenset().union(*(read_columns(tree) for tree in ran)) & table_columns - read_columns(asked)
     found = [Divergence("column", name) for name in sorted(extra)]
     backend_conditions = set().union(*(conditions(tree) for tree in ran))
@@ -261,7 +380,12 @@ def divergences(statement: str, backends: Sequence[str], table_columns: frozense
     unknown = {("boolean test", "IS_UNKNOWN", ("column", name)): ("null test", "IS_NULL", ("column", name))
                for name in boolean_columns}
     for condition in _conditions(asked):
-        for conjunct in _conjuncts(_renamed(canonical(condition), names, unknown)):
-            if conjunct not in backend_conditions and not any(alike(conjunct, c) for c in backend_conditions):
+        for conjunct in conjuncts(_renamed(canonical(condition), names, unknown)):
+            if conjunct not in backend_conditions and not any(alike(conjunct, c, same) for c in backend_conditions):
                 found.append(Divergence("condition", repr(conjunct)))
+    filters = [conjuncts for tree in ran for conjuncts in _filters(tree)]
+    for name, chosen in _aggregate_conditions(asked, boolean_columns):
+        wanted = [part for node in chosen for part in conjuncts(_renamed(canonical(node), names, unknown))]
+        if not any(_chooses_alike(wanted, conjuncts, same, name == "mode") for conjuncts in filters):
+            found.append(Divergence("aggregate condition", f"{name}: {wanted!r}"))
     return found

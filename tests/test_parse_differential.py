@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -22,11 +23,14 @@ from rewriter.classify import CopyOut, DPQuery, ResolvedRelation, classify
 from rewriter.rewrite import backend_sql
 from rewriter.statements import split_statements
 from rewriter.types import BOOL
-from tests.bi_data import PEOPLE_POLICY, create_people
+from tests.bi_data import PEOPLE_POLICY, PEOPLE_TABLE, create_people
 from tests.conftest import TEST_POLICY, RunningProxy, TestDatabase, make_policy, policy_registry, refused_uncharged, running_proxy
-from tests.differential_corpus import adult_statements, variants
+from tests.constant_values import ConstantEvaluator
+from tests.bi_statements import load_recorded
+from tests.differential_corpus import CONSTANT_STATEMENTS, RELEASE_STATEMENTS, adult_statements, variants
 from tests.neighbour_cases import TABLE_DDL, domain_ddl, generate_case, policy_columns
 from tests.parse_differential import divergences
+from tests.release_differential import release_divergences
 
 SEED = 122
 FUZZ_CASES = 400
@@ -36,23 +40,37 @@ _TABLE = "pdiff"
 
 @pytest.fixture(scope="module")
 def registry(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> TableRegistry:
-    """The test policy's tables and the neighbour fuzzer's table, as dpproxy registers them."""
+    """The test policy's tables, ``people`` (its keys opted in to GROUP BY) and the neighbour fuzzer's table, as dpproxy registers them."""
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
         for statement in domain_ddl():
             conn.execute(statement)
         conn.execute(f"DROP TABLE IF EXISTS {_TABLE}")
         conn.execute(f"CREATE TABLE {_TABLE} ({TABLE_DDL})")
         conn.execute(f"GRANT SELECT ON {_TABLE} TO dpproxy_service")
+    create_people(test_db)
     columns = policy_columns().replace("{", "{{").replace("}", "}}")
-    text = TEST_POLICY + (f"  public.{_TABLE}: {{{{access: protected, epsilon: 1.0, delta: 1.0e-6, partitions: 3, "
+    text = TEST_POLICY + PEOPLE_TABLE + (f"  public.{_TABLE}: {{{{access: protected, epsilon: 1.0, delta: 1.0e-6, partitions: 3, "
                           f"columns: {columns}}}}}\n")
     ledger: Path = tmp_path_factory.mktemp("pdiff-ledger") / "ledger.sqlite3"
     return policy_registry(make_policy(test_db, ledger, text))
 
 
-def backend_of(sql: str, registry: TableRegistry) -> tuple[list[str], frozenset[str], frozenset[str]] | None:
-    """The backend SQL dpproxy runs for ``sql`` (a series limit's ranking first) and the protected
-    table's columns and its boolean ones; None where dpproxy refuses ``sql`` or does not plan it."""
+@dataclass(frozen=True)
+class Planned:
+    """What dpproxy runs for a DP statement: its backend SQL (a series limit's ranking first), the
+    protected table's name, columns and boolean ones, and the outer statement over the release
+    with the released aggregates' kinds, columns and FILTERs (None where it post-processes nothing)."""
+
+    backends: list[str]
+    table: str
+    columns: frozenset[str]
+    booleans: frozenset[str]
+    post: str | None
+    released: tuple[tuple[str, str | None, str | None], ...]
+
+
+def backend_of(sql: str, registry: TableRegistry) -> Planned | None:
+    """What dpproxy runs for ``sql``; None where dpproxy refuses ``sql`` or does not plan it."""
     by_name = {relation.name: relation for relation in registry.by_oid.values()}
     try:
         statements = split_statements(sql)
@@ -71,8 +89,11 @@ def backend_of(sql: str, registry: TableRegistry) -> tuple[list[str], frozenset[
     plan = decision.plan
     ranking = [backend_sql(plan.series.ranking, seed=0)] if plan.series is not None else []
     columns = plan.table.columns
-    return (ranking + [backend_sql(plan, seed=0)], frozenset(columns),
-            frozenset(name for name, column in columns.items() if BOOL in (column.type_oid, column.base_type_oid)))
+    return Planned(ranking + [backend_sql(plan, seed=0)], plan.table.name, frozenset(columns),
+                   frozenset(name for name, column in columns.items() if BOOL in (column.type_oid, column.base_type_oid)),
+                   plan.post.sql if plan.post is not None and plan.series is None else None,
+                   tuple((aggregate.kind, aggregate.column.name if aggregate.column else None, aggregate.filter_sql)
+                         for aggregate in plan.aggregates))
 
 
 def _corpus() -> Iterator[str]:
@@ -80,31 +101,48 @@ def _corpus() -> Iterator[str]:
     for _ in range(FUZZ_CASES):
         yield generate_case(rng).sql.replace("{table}", _TABLE)
     yield from adult_statements()
+    yield from CONSTANT_STATEMENTS
+    yield from RELEASE_STATEMENTS
+    yield from (expected.sql for expected in load_recorded() if expected.outcome == "ok" and "people" in expected.sql)
 
 
-def _diverging(registry: TableRegistry, statements: Iterator[str]) -> tuple[int, list[str]]:
+@pytest.fixture(scope="module")
+def same(test_db: TestDatabase) -> Iterator[ConstantEvaluator]:
+    """Constant expressions evaluated on the test database (tests/constant_values.py)."""
+    evaluator = ConstantEvaluator(test_db.admin_dsn)
+    yield evaluator
+    evaluator.close()
+
+
+def _diverging(registry: TableRegistry, statements: Iterator[str],
+               same: ConstantEvaluator | None = None) -> tuple[int, list[str]]:
     answered, found = 0, []
     for sql in statements:
         planned = backend_of(sql, registry)
         if planned is None:
             continue
         answered += 1
-        backends, columns, booleans = planned
-        found += [f"{sql!r}: {divergence}\n  backend: {backends}"
-                  for divergence in divergences(sql, backends, columns, booleans)]
+        found += [f"{sql!r}: {divergence}\n  backend: {planned.backends}"
+                  for divergence in divergences(sql, planned.backends, planned.columns, planned.booleans, same)]
+        if planned.post is not None:
+            found += [f"{sql!r}: {divergence}\n  backend: {planned.backends[-1]}\n  post: {planned.post}"
+                      for divergence in release_divergences(sql, planned.backends[-1], planned.post, planned.released,
+                                                            planned.table, planned.columns, planned.booleans, same)]
     return answered, found
 
 
-def test_every_answered_statement_of_the_corpora_reads_alike_in_its_backend_sql(registry: TableRegistry) -> None:
-    answered, found = _diverging(registry, _corpus())
+def test_every_answered_statement_of_the_corpora_reads_alike_in_its_backend_sql(
+        registry: TableRegistry, same: ConstantEvaluator) -> None:
+    answered, found = _diverging(registry, _corpus(), same)
     assert answered >= 250, answered
     assert not found, "\n".join(found[:20])
 
 
-def test_every_answered_lexical_variant_reads_alike_in_its_backend_sql(registry: TableRegistry) -> None:
+def test_every_answered_lexical_variant_reads_alike_in_its_backend_sql(
+        registry: TableRegistry, same: ConstantEvaluator) -> None:
     rng = random.Random(SEED)
     answered, found = _diverging(registry, (variant for sql in _corpus()
-                                            for variant in variants(sql, rng, VARIANTS_PER_STATEMENT)))
+                                            for variant in variants(sql, rng, VARIANTS_PER_STATEMENT)), same)
     assert answered >= 300, answered
     assert not found, "\n".join(found[:40])
 
@@ -117,6 +155,15 @@ def people_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory
         yield running
 
 
+def _refused_as(proxy: RunningProxy, sql: str, expected: tuple[str, str], answered: str) -> None:
+    """``sql`` is refused before any charge with ``expected`` (SQLSTATE, message) and the session
+    still answers ``answered``, the form the refusal's hint names."""
+    error = refused_uncharged(proxy, sql)
+    assert (error.diag.sqlstate, error.diag.message_primary) == expected
+    with proxy.connect(autocommit=True) as conn:
+        assert conn.execute(answered).fetchone() is not None
+
+
 @pytest.mark.parametrize("sql", [
     "SELECT count(*) FROM people WHERE signed_up < CURRENT_TIMESTAMP(0)",
     "SELECT count(*) FILTER (WHERE signed_up > CURRENT_TIMESTAMP(3) - interval '3 years') FROM people",
@@ -124,11 +171,9 @@ def people_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory
 def test_current_timestamp_with_a_precision_is_refused_before_any_charge(people_proxy: RunningProxy, sql: str) -> None:
     # sqlglot wrote CURRENT_TIMESTAMP(0) back as CURRENT_TIMESTAMP: the comparison was answered
     # without the rounding PostgreSQL applies, another condition than the analyst's.
-    error = refused_uncharged(people_proxy, sql)
-    assert (error.diag.sqlstate, error.diag.message_primary) == (
-        "0A000", "CURRENT_TIMESTAMP(n) is not supported on protected table people (rule: timestamp-precision)")
-    with people_proxy.connect(autocommit=True) as conn:
-        assert conn.execute("SELECT count(*) FROM people WHERE signed_up < CURRENT_TIMESTAMP").fetchone() is not None
+    _refused_as(people_proxy, sql, (
+        "0A000", "CURRENT_TIMESTAMP(n) is not supported on protected table people (rule: timestamp-precision)"),
+        "SELECT count(*) FROM people WHERE signed_up < CURRENT_TIMESTAMP")
 
 
 @pytest.mark.parametrize("sql", [
@@ -141,11 +186,93 @@ def test_current_timestamp_with_a_precision_is_refused_before_any_charge(people_
 def test_an_interval_with_a_precision_before_its_value_is_refused_before_any_charge(
         people_proxy: RunningProxy, sql: str) -> None:
     # sqlglot read interval(3) '1' as interval '3' + interval '1': answered for another condition.
+    _refused_as(people_proxy, sql, (
+        "0A000", "interval(p) '...' is not supported on protected table people (rule: interval-precision)"),
+        "SELECT count(*) FROM people WHERE signed_up > now() - interval '1 day'")
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT count(*) FROM people WHERE signed_up > interval '1 day' + '2023-01-01'::date",
+    "SELECT count(*) FROM people WHERE signed_up > now() - (interval '1' day + $$2 hours$$::interval)",
+    "SELECT count(*) FILTER (WHERE signed_up < interval '1 day' + '5' * 2) FROM people",
+])
+def test_an_interval_plus_a_string_is_refused_before_any_charge(people_proxy: RunningProxy, sql: str) -> None:
+    # sqlglot read interval '1 day' + '2023-01-01'::date as CAST(interval '1 day' + interval '2023-01-01'
+    # AS date), which failed (22007) where PostgreSQL answers, and interval '1 day' + '5' * 2 as
+    # interval '1 day' + interval '5' * 2, answered where PostgreSQL fails (42883).
+    _refused_as(people_proxy, sql, (
+        "0A000", "interval '...' + '...'::type is not supported on protected table people (rule: interval-sum)"),
+        "SELECT count(*) FROM people WHERE signed_up > interval '1 day' + date '2023-01-01'")
+
+
+@pytest.mark.parametrize(("sql", "symbol"), [
+    ("SELECT count(*) FROM adult WHERE age !=-1", "!=-"),
+    ("SELECT count(*) FROM adult WHERE age > 50 %-7", "%-"),
+    ("SELECT count(*) FILTER (WHERE age > 50 %+7) FROM adult", "%+"),
+])
+def test_an_operator_glued_to_a_sign_is_refused_as_postgresql_reads_it(
+        people_proxy: RunningProxy, sql: str, symbol: str) -> None:
+    # PostgreSQL's scanner reads !=- and %- as operators of those names, which it does not have (42883);
+    # sqlglot read age !=-1 as age != -1 and 50 %-7 as 50 % -7, and both were answered and charged.
+    _refused_as(people_proxy, sql, (
+        "42883", f"operator does not exist: {symbol} (rule: undefined-operator)"),
+        "SELECT count(*) FROM adult WHERE age != -1 AND age > 50 % -7")
+
+
+@pytest.mark.parametrize(("sql", "where"), [
+    ("SELECT EXTRACT(year FROM signed_up) AS y, count(*) FROM people GROUP BY +1", "GROUP BY on protected table people"),
+    ("SELECT sex, count(*) FROM people GROUP BY 1 ORDER BY +2 DESC LIMIT 1", "ORDER BY on protected table people"),
+    ("SELECT round(avg(age), 1), count(*) FROM adult ORDER BY +1", "ORDER BY on protected table adult"),
+])
+def test_a_constant_expression_as_a_group_or_order_position_is_refused_before_any_charge(
+        people_proxy: RunningProxy, sql: str, where: str) -> None:
+    # PostgreSQL reads only a bare number as an output's position: GROUP BY +1 groups by the constant
+    # (42803 beside an ungrouped column) and ORDER BY +2 orders by nothing. sqlglot dropped the +:
+    # the histogram was answered where PostgreSQL fails, and ORDER BY +2 DESC LIMIT 1 answered with
+    # the largest count where PostgreSQL returns any row.
+    _refused_as(people_proxy, sql, (
+        "0A000", f"a constant expression in {where.replace(' on ', ' is not supported on ')} (rule: constant-position)"),
+        "SELECT sex, count(*) FROM people GROUP BY 1 ORDER BY 2 DESC LIMIT 1")
+
+
+@pytest.mark.parametrize(("condition", "ran", "found"), [
+    ("age > 40 + 1", "age > CAST((40 OPERATOR(pg_catalog.+) 1) AS pg_catalog.numeric)", False),
+    ("age > 40 + 1", "age > 41", False),
+    ("age > 40 + 1", "age > CAST((40 OPERATOR(pg_catalog.+) 2) AS pg_catalog.numeric)", True),
+    ("age > 7 / 2", "age > CAST((7.0 / 2) AS pg_catalog.numeric)", True),
+    ("age > CAST('1e3' AS int)", "age > CAST(1e3 AS pg_catalog.int4)", True),
+    ("signed_up > date '01/02/2024' + 0", "signed_up > CAST('2024-01-02' AS pg_catalog.date) + 0", True),
+    ("signed_up > now() - interval '1 day'", "signed_up > CAST((CURRENT_TIMESTAMP - CAST('1 DAY' AS interval)) "
+                                             "AS pg_catalog.timestamp)", False),
+    ("signed_up > timestamptz '2024-03-10 12:00' - interval '1 day'",
+     "signed_up > CAST((CAST('2024-03-10 12:00' AS timestamptz) - CAST('24 hours' AS interval)) AS pg_catalog.timestamp)",
+     True),
+])
+def test_a_constant_is_compared_by_its_value_on_the_backend_under_each_session_profile(
+        same: ConstantEvaluator, condition: str, ran: str, found: bool) -> None:
+    # 7 / 2 is 3 (integer division), 7.0 / 2 is 3.5; '1e3' is no integer (22P02), 1e3 is 1000;
+    # '01/02/2024' is 2 January under DateStyle MDY and 1 February under DMY; a day is not 24 hours
+    # across a change of daylight saving time in America/St_Johns (2:00 on 10 March 2024).
+    columns = frozenset({"age", "signed_up"})
+    reported = divergences(f"SELECT count(*) FROM t WHERE {condition}", [f"SELECT count(*) FROM t WHERE {ran}"],
+                           columns, same=same)
+    assert bool(reported) == found, reported
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT count(*) FROM people WHERE signed_up > timestamptz '2024-06-01 00:00:00+05:30'::text",
+    "SELECT count(*) FROM adult WHERE age > numeric '40.5'::int",
+    "SELECT count(*) FILTER (WHERE age > float8 '40.7'::int) FROM adult",
+])
+def test_a_typed_literal_cast_again_is_refused_before_any_charge(people_proxy: RunningProxy, sql: str) -> None:
+    # PostgreSQL reads numeric '40.5'::int as (numeric '40.5')::int, 41; sqlglot as
+    # CAST(CAST('40.5' AS int) AS numeric), which failed (22P02) where PostgreSQL answers, and
+    # timestamptz '...'::text as a timestamptz, answered where PostgreSQL fails (42883).
     error = refused_uncharged(people_proxy, sql)
-    assert (error.diag.sqlstate, error.diag.message_primary) == (
-        "0A000", "interval(p) '...' is not supported on protected table people (rule: interval-precision)")
+    assert (error.diag.sqlstate, error.diag.message_primary.split(" is not supported")[1]) == (
+        "0A000", f" on protected table {'people' if 'people' in sql else 'adult'} (rule: typed-literal-cast)")
     with people_proxy.connect(autocommit=True) as conn:
-        assert conn.execute("SELECT count(*) FROM people WHERE signed_up > now() - interval '1 day'").fetchone()
+        assert conn.execute("SELECT count(*) FROM adult WHERE age > (numeric '40.5')::int").fetchone() is not None
 
 
 # (the literal as written, what sqlglot wrote for it, each as PostgreSQL reads it)

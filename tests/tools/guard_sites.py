@@ -58,7 +58,12 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
                     "tests/test_parse_differential.py::"
                     "test_a_constant_added_to_an_interval_literal_is_refused_before_any_charge",
                     "tests/test_parse_differential.py::"
-                    "test_an_interval_literal_with_a_unicode_escape_character_is_refused_before_any_charge"),
+                    "test_an_interval_literal_with_a_unicode_escape_character_is_refused_before_any_charge",
+                    "tests/test_parse_differential.py::test_an_interval_plus_a_string_is_refused_before_any_charge",
+                    "tests/test_parse_differential.py::test_an_operator_glued_to_a_sign_is_refused_as_postgresql_reads_it",
+                    "tests/test_parse_differential.py::"
+                    "test_a_constant_expression_as_a_group_or_order_position_is_refused_before_any_charge",
+                    "tests/test_parse_differential.py::test_a_typed_literal_cast_again_is_refused_before_any_charge"),
     "terms": ("tests/test_predicate_terms.py",),
     "stop39": ("tests/test_attack_stop39.py",),
     "certain": ("tests/test_certain_errors.py",),
@@ -566,4 +571,12 @@ SITES: tuple[Site, ...] = (
          "variance"),
     Site("var.two-arguments", _D, "        if call.name.upper() in VARIANCE_FUNCTIONS:\n",
          "        if False:\n", "variance"),
+    # ------------------------------------------------------------------ rewriter/misreadings.py
+    Site("misread.interval-sum", "rewriter/misreadings.py",
+         'elif token.name == "INTERVAL" and _string_taken_further(tokens, index + 1):', "elif False:", "misreadings"),
+    Site("misread.glued-sign", _C, 'elif len(symbol) > 1 and symbol[-1] in "+-":', "elif False:", "misreadings"),
+    Site("misread.constant-position", "rewriter/misreadings.py", "            if any(_plus_constant(item) for item in items):",
+         "            if False:", "misreadings"),
+    Site("misread.typed-literal-cast", "rewriter/misreadings.py",
+         'if token.start in starts and after.name == "TYPECAST":', "if False:", "misreadings"),
 )
