@@ -168,10 +168,16 @@ def _waiting_backend(admin: psycopg.Connection[Any], table: str) -> tuple[int, s
     read first (pg_locks it reads afresh): without the snapshot cleared, the statement named was
     the one the waiting backend ran at the first look, often a short one of dpproxy's before it.
     """
+    waiting = "SELECT l.pid FROM pg_catalog.pg_locks l WHERE l.relation = %s::regclass AND NOT l.granted LIMIT 1"
+    row = admin.execute(waiting, (table,)).fetchone()
+    if row is None:
+        return None
+    # The activity is read after the wait was seen, so after the waiting statement reported itself
+    # (at its Parse, before it asked for the lock): one query reading both may read the activity
+    # first, and name the statement the backend ran before.
     admin.execute("SELECT pg_catalog.pg_stat_clear_snapshot()")
-    row = admin.execute("SELECT l.pid, a.query FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a "
-                        "ON a.pid = l.pid WHERE l.relation = %s::regclass AND NOT l.granted LIMIT 1", (table,)).fetchone()
-    return None if row is None else (int(row[0]), str(row[1]))
+    query = admin.execute("SELECT query FROM pg_catalog.pg_stat_activity WHERE pid = %s", (row[0],)).fetchone()
+    return None if query is None else (int(row[0]), str(query[0]))
 
 
 _LOCK_STEP = lock_step_sql("\0").partition("\0")[0]  # how the lock step's text begins
