@@ -566,16 +566,16 @@ def _refuse_misread_operators(operators: frozenset[str], relation: Relation) -> 
     sign as the next number's (``age != -1``) and answered."""
     for symbol in sorted(operators):
         if symbol in _MISREAD_OPERATORS:
-            instead = f"PostgreSQL has no {symbol} operator of its own; write {_MISREAD_OPERATORS[symbol]}"
+            instead = f"PostgreSQL has no {symbol} operator of its own: write {_MISREAD_OPERATORS[symbol]}"
         elif len(symbol) > 1 and symbol[-1] in "+-":
-            instead = (f"PostgreSQL reads {symbol} as one operator, which it does not have here; put a space "
-                       f"before the sign: {symbol[:-1]} {symbol[-1]}1")
+            instead = (f"PostgreSQL reads {symbol} as one operator, which it does not have: put a space "
+                       f"before the sign ({symbol[:-1]} {symbol[-1]}1)")
         else:
             continue
         raise Refusal(
             "42883",
             f"operator does not exist: {symbol} (rule: undefined-operator)",
-            f"{instead} on protected table {relation.display_name}.",
+            f"On protected table {relation.display_name}, {instead}.",
             "undefined-operator",
         )
 
