@@ -19,8 +19,12 @@ at precision p. It is found by the scanner too (``INTERVAL`` then ``(``) and ref
 <UNIT>'`` and drops the rest (``interval '1 day ago'`` was answered as ``interval '1 DAY'``, its sign
 lost; ``'1 day 1:30'`` as ``'1 DAY'``; ``'.5 day'`` as ``'5 DAY'``; ``'P2M'``, two months, as two
 minutes), and folds a single field after the string into it (``interval '1.5' hour`` as ``'1.5
-HOUR'``, where PostgreSQL keeps whole hours only: one hour). A literal it keeps as PostgreSQL reads
-it is let through (:func:`_interval_read_alike`); any other is refused, found by the scanner.
+HOUR'``, where PostgreSQL keeps whole hours only: one hour), and writes a number of quarters (``'3
+quarters'``, ``'3 q'``), a unit PostgreSQL does not have (22007), as three times as many months; it
+keeps the escapes of a ``U&'...'`` string as written (``interval U&'1 d\\0061y'``, a day, ran as
+``'1 d\\0061y'``, which PostgreSQL reads as 61 years and a day). A literal it keeps as PostgreSQL
+reads it is let through (:func:`_interval_read_alike`); any other is refused, found by the scanner.
+A comment between tokens is a space to PostgreSQL, and to these checks (:func:`_tokens`).
 
 ``x IS [NOT] UNKNOWN``: sqlglot reads it as ``x IS [NOT] NULL``. That is PostgreSQL's meaning for a
 boolean ``x``; for any other, PostgreSQL fails the statement (42804) whatever the rows, and dpproxy
@@ -78,6 +82,13 @@ _STRINGS = frozenset({"SCONST", "USCONST"})
 _WHOLE_NUMBER = re.compile(r"\s*[+-]?[0-9]+\s*")
 
 
+def _tokens(sql: str) -> list[Any]:
+    """``sql``'s tokens as PostgreSQL's scanner reads them, without its comments, which PostgreSQL
+    reads as a space (``interval /* c */ (3) '1'`` is ``interval(3) '1'``, ``numeric '40.5' /* c */
+    ::int`` is ``numeric '40.5'::int``)."""
+    return [token for token in scan(sql) if token.name not in _COMMENTS]
+
+
 def _string_value(text: str) -> str | None:
     """The value of ``text``, a string constant as written ('...', E'...', U&'...', $$...$$), as
     PostgreSQL's parser reads it; None when it reads no string there."""
@@ -102,10 +113,19 @@ def _interval_read_alike(value: str | None, field: str | None, after: str | None
         return False
     pairs = exp.INTERVAL_STRING_RE.findall(value)
     if field is None:
-        return len(pairs) != 1 or exp.INTERVAL_STRING_RE.fullmatch(value) is not None
+        whole = exp.INTERVAL_STRING_RE.fullmatch(value)
+        return len(pairs) != 1 or (whole is not None and _written_back(*whole.groups()))
     if after == "TO":
         return not pairs
     return after != "ASCII_40" and _WHOLE_NUMBER.fullmatch(value) is not None
+
+
+def _written_back(number: str, unit: str) -> bool:
+    """Whether sqlglot writes the interval ``'<number> <unit>'`` back with that number and unit: not
+    a quarter (``q``, ``quarters``), which PostgreSQL does not know (22007) and sqlglot writes as three
+    times as many months."""
+    written = exp.Interval(this=exp.Literal.string(number), unit=exp.var(unit.upper())).sql("postgres")
+    return written == f"INTERVAL '{number} {unit.upper()}'"
 
 
 def _after_fields(tokens: list[Any], at: int) -> int:
@@ -135,6 +155,9 @@ def _misread_interval(sql: str, tokens: list[Any], index: int) -> int | None:
     while True:
         if tokens[at].name == "USCONST" and at + 2 < len(tokens) and tokens[at + 1].name == "UESCAPE":
             return at + 2  # sqlglot keeps the escapes of U&'...' UESCAPE '!' as written
+        if tokens[at].name == "USCONST" and "\\" in sql[tokens[at].start : tokens[at].end + 1]:
+            # ... and of U&'...' too: U&'1 d\0061y', a day, ran as '1 d\0061y', 61 years and a day
+            return _after_fields(tokens, at + 1) - 1
         end = _after_fields(tokens, at + 1)
         names = [token.name for token in tokens[at + 1 : at + 3]]
         field = names[0] if names and names[0] in _INTERVAL_FIELDS else None
@@ -157,8 +180,7 @@ def refuse_misread_tokens(sql: str, relation: Relation) -> None:
     ``interval '...' + '...'::type`` (0A000, rule ``interval-sum``); ``relation`` is the protected table
     it reads."""
     try:
-        # Without comments: PostgreSQL reads interval /* c */ (3) '1' as interval(3) '1'.
-        tokens = [token for token in scan(sql) if token.name not in _COMMENTS]
+        tokens = _tokens(sql)
     except ParseError:  # pragma: no cover - the statement was parsed already
         return
     for index, token in enumerate(tokens):
@@ -187,7 +209,8 @@ def refuse_misread_tokens(sql: str, relation: Relation) -> None:
                 f"reads otherwise than PostgreSQL, is not supported on protected table {relation.display_name} "
                 "(rule: interval-form)",
                 "Write one number and unit per interval and add them, as interval '1 day' + interval '90 minutes', "
-                "with a minus sign before a negative number ('-1 day', not '1 day ago'); a field after the string "
+                "with a minus sign before a negative number ('-1 day', not '1 day ago'), in months where you meant "
+                "quarters (PostgreSQL has no quarter unit), without U&'...' escapes; a field after the string "
                 "takes a whole number only (interval '2' hour), or write CAST('1:30' AS interval hour); add an "
                 "interval, not a number, to an interval (interval '1 day' + interval '5 seconds').",
                 "interval-form",
@@ -305,7 +328,7 @@ def refuse_typed_literal_casts(sql: str, node: dict[str, Any], relation: Relatio
               and _name_of(cast) != "interval"}
     if not starts:
         return
-    tokens = scan(sql)
+    tokens = _tokens(sql)
     for token, after in zip(tokens, tokens[1:]):
         if token.start in starts and after.name == "TYPECAST":
             raise Refusal(

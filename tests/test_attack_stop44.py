@@ -1,0 +1,113 @@
+"""Stop 44: what the last stop newly accepted (a bound ``= $k`` on a declared-size column's raw
+column, the view reads bounded whatever the row holds, the single reads weighed in the work limit,
+the misreading rules ``interval-form``, ``interval-sum``, ``undefined-operator``,
+``constant-position`` and ``typed-literal-cast``), attacked by someone other than their author, as an
+analyst who can send any SQL.
+
+Found and fixed, pinned here (each refused before any charge now, rewriter/misreadings.py):
+
+* A comment before a typed literal's ``::`` hid it from ``typed-literal-cast``: PostgreSQL reads a
+  comment as a space, so ``numeric '40.5' /* c */ ::int`` is ``(numeric '40.5')::int``, 41, but the
+  rule looked for ``::`` as the very next token, and sqlglot's ``CAST(CAST('40.5' AS int) AS
+  numeric)`` reached the backend; ``timestamptz '...' -- c`` + newline + ``::text``, which PostgreSQL
+  fails (42883, whatever the rows), was answered and charged as a timestamptz.
+* ``interval 'N quarters'`` (``quarter``, ``q``, any unit sqlglot reads as a quarter): PostgreSQL has
+  no such unit and fails the statement (22007, whatever the rows); sqlglot writes it as ``'3N
+  MONTH'``, and dpproxy answered and charged it for N quarters' months.
+* ``interval U&'1 d\\0061y'``, one day to PostgreSQL: sqlglot keeps a Unicode string's escapes as
+  written (last stop refused only the ``UESCAPE`` form), and PostgreSQL reads ``'1 d\\0061y'`` as
+  ``61 years 1 day``: answered and charged for that interval.
+
+Tried, and held (examined on PostgreSQL 16 by running dpproxy's backend SQL against plain SQL on
+a table whose row holds values stored apart and on its neighbour holding NULL there, or by the
+parse differential's reading of the statement against the backend SQL; not pinned again here):
+
+* The bound parameter's raw conjunct (``x = $1`` on ``varchar(64)``, ``char(64)``, ``numeric(60,
+  0)``, ``int8range``): ``$1`` declared unknown, text, name, bpchar, varchar, ``"char"``, bytea,
+  int8, int4, numeric, float8, date, uuid, bool and int8range in a prepared statement, bound to a
+  short value, one of the stored-apart value's length, one with trailing blanks, an empty one,
+  ``NaN``, ``Infinity``, ``-0``, ``1e200`` and a 60-digit number: the same count (or the same
+  error) on the table holding the value apart and on the one holding NULL, and where plain SQL
+  answers, its count (a numeric column's parameter declared text is cast to numeric by dpproxy,
+  where plain SQL fails 42883: as before the raw conjunct). No type makes ``=`` resolve
+  differently on the raw column and on its bounded value (both have the column's type), and no
+  equality it resolves to can fail.
+* Interval spellings sqlglot keeps alike: ``'1 mon'``, ``'1 millennium'``, ``'1 week 2 days'``,
+  ``'1 day -2 hours'``, every unit abbreviation PostgreSQL or sqlglot knows (``mins``, ``yrs``,
+  ``msec``, ``c``, ``dec``, ``mil``, ``w``…) with ``3``, ``-2`` and ``1.5``, ``E''`` escapes
+  (``\\x61``, ``\\141``, ``\\u0061``), dollar quotes, ``day to second`` forms, ``second(0)``,
+  ``interval '1 day' - '...'``; typed literals ``date 'epoch'``, ``timestamp 'allballs'``,
+  ``'infinity'``, ``'today'``, ``timestamp(0) '...'``, ``AT TIME ZONE`` of a constant; operators
+  ``>=-5``, ``<>-5``, ``=+5``, ``>=/* c */-5`` and ``>=-- c`` + newline + ``-5`` read alike, ``>/**/=``
+  and ``< >`` are syntax errors to both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from tests.bi_data import PEOPLE_POLICY, create_people
+from tests.conftest import RunningProxy, TestDatabase, refused_uncharged, running_proxy
+
+
+@pytest.fixture(scope="module")
+def people_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """dpproxy over ``people`` (``signed_up`` a timestamp, tests/bi_data.py) and ``adult``."""
+    create_people(test_db)
+    with running_proxy(test_db, tmp_path_factory, PEOPLE_POLICY) as running:
+        yield running
+
+
+def _read_by_postgresql(test_db: TestDatabase, expression: str) -> str:
+    """``expression`` as PostgreSQL reads it, as text."""
+    with psycopg.connect(test_db.admin_dsn) as admin:
+        return str(admin.execute(f"SELECT ({expression})::text").fetchone()[0])
+
+
+@pytest.mark.parametrize(("sql", "table"), [
+    ("SELECT count(*) FROM adult WHERE age > numeric '40.5' /* c */ ::int", "adult"),
+    ("SELECT count(*) FILTER (WHERE age > numeric '40.5'/**/::int) FROM adult", "adult"),
+    ("SELECT count(*) FROM people WHERE signed_up > timestamptz '2024-06-01 00:00:00+05:30' -- c\n::text", "people"),
+])
+def test_a_typed_literal_cast_again_after_a_comment_is_refused_before_any_charge(
+        people_proxy: RunningProxy, test_db: TestDatabase, sql: str, table: str) -> None:
+    # PostgreSQL reads a comment as a space: numeric '40.5' /* c */ ::int is (numeric '40.5')::int,
+    # 41. The rule looked for :: as the very next token, so sqlglot's CAST(CAST('40.5' AS int) AS
+    # numeric) reached the backend, and timestamptz '...' -- c ::text (42883 to PostgreSQL) was
+    # answered as a timestamptz.
+    assert _read_by_postgresql(test_db, "numeric '40.5' /* c */ ::int") == "41"
+    error = refused_uncharged(people_proxy, sql)
+    assert (error.diag.sqlstate, error.diag.message_primary.split(" is not supported")[1]) == (
+        "0A000", f" on protected table {table} (rule: typed-literal-cast)"), error.diag.message_primary
+
+
+@pytest.mark.parametrize("interval", [
+    "interval '3 quarters'", "interval '1 quarter'", "INTERVAL '2 Q'", "(interval '1 day' + '3 quarter')",
+])
+def test_an_interval_of_quarters_is_refused_before_any_charge(people_proxy: RunningProxy, test_db: TestDatabase,
+                                                                interval: str) -> None:
+    # PostgreSQL has no quarter unit (22007 whatever the rows); sqlglot writes interval '3 quarters'
+    # as interval '9 MONTH', which was answered and charged.
+    with psycopg.connect(test_db.admin_dsn) as admin, pytest.raises(psycopg.errors.InvalidDatetimeFormat):
+        admin.execute(f"SELECT {interval}")
+    error = refused_uncharged(people_proxy, f"SELECT count(*) FROM people WHERE signed_up > now() - {interval}")
+    assert (error.diag.sqlstate, error.diag.message_primary.split(", which")[0]) == (
+        "0A000", f"the interval literal {interval.strip('()')}")
+    assert "(rule: interval-form)" in error.diag.message_primary
+    assert "no quarter" in (error.diag.message_hint or ""), error.diag.message_hint
+
+
+@pytest.mark.parametrize("interval", ["interval U&'1 d\\0061y'", "interval U&'1 d\\+000061y'",
+                                      "(interval '1 hour' + U&'1 d\\0061y')"])
+def test_an_interval_literal_with_a_unicode_escape_is_refused_before_any_charge(
+        people_proxy: RunningProxy, test_db: TestDatabase, interval: str) -> None:
+    # sqlglot keeps a U&'...' string's escapes as written, and PostgreSQL reads '1 d\0061y' as
+    # 61 years and a day: one day back was answered, and charged, as 61 years back.
+    assert _read_by_postgresql(test_db, "interval U&'1 d\\0061y'") == "1 day"
+    assert _read_by_postgresql(test_db, "interval '1 d\\0061y'") == "61 years 1 day"
+    error = refused_uncharged(people_proxy, f"SELECT count(*) FROM people WHERE signed_up > now() - {interval}")
+    assert error.diag.sqlstate == "0A000", error.diag.message_primary
+    assert error.diag.message_primary.endswith("(rule: interval-form)"), error.diag.message_primary
