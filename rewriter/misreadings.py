@@ -60,7 +60,7 @@ from .function_check import nodes_of
 from .types import BOOL
 
 __all__ = ["refuse_constant_positions", "refuse_dropped_precision", "refuse_is_unknown", "refuse_misread_tokens",
-           "refuse_typed_literal_casts"]
+           "refuse_typed_literal_casts", "refuse_unary_plus"]
 
 _NOT_DECIMAL = re.compile(r"0[xXoObB]|.*_")
 
@@ -307,14 +307,45 @@ def refuse_constant_positions(node: dict[str, Any], relation: Relation) -> None:
                 )
 
 
+def refuse_unary_plus(node: dict[str, Any], relation: Relation) -> None:
+    """Refuse (0A000, rule ``unary-plus``) a unary ``+`` in ``node`` (pglast JSON) before anything
+    but a number literal.
+
+    sqlglot drops a unary ``+`` wherever it stands, and PostgreSQL reads one: it has a prefix ``+``
+    for the number types only, so ``+sex = 'Male'``, ``+interval '1 day'`` and ``ts > +$1`` fail
+    (42883, whatever the rows) and were answered and charged as ``sex = 'Male'``…; and it types
+    ``+'39.5'`` and ``+$1`` as double precision, so ``age > +'39.5'`` counts ages above 39.5 where
+    dpproxy's ``age > '39.5'`` failed (22P02). Before a number the ``+`` changes neither its value
+    nor its type: ``+5``, ``+40.5``, ``+-5`` are answered (``GROUP BY +1``: rule ``constant-position``).
+    Each unary ``+`` of a chain is judged by what the chain holds (:func:`_under_plus`)."""
+    for expression in nodes_of(node, "A_Expr"):
+        under = _under_plus({"A_Expr": expression})
+        if under is not None and not ("A_Const" in under and {"ival", "fval"} & under["A_Const"].keys()):
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                f"a unary + before anything but a number is not supported on protected table "
+                f"{relation.display_name} (rule: unary-plus)",
+                "dpproxy's DP planner drops the +, which PostgreSQL reads: it has + for numbers only (+sex, "
+                "+interval '1 day' fail) and reads +'39.5' or +$1 as double precision. Leave the + out, or "
+                "write CAST(x AS double precision).",
+                "unary-plus",
+            )
+
+
+def _under_plus(item: dict[str, Any]) -> dict[str, Any] | None:
+    """What ``item`` (pglast JSON) holds under one or more unary ``+`` (``+5``, ``+ +x``, ``+(1)``: the
+    5, the x, the 1), or None when it is no unary ``+``."""
+    under = None
+    while "A_Expr" in item and "lexpr" not in item["A_Expr"] and [
+            part.get("String", {}).get("sval") for part in item["A_Expr"].get("name", [])] == ["+"]:
+        item = under = item["A_Expr"].get("rexpr", {})
+    return under
+
+
 def _plus_constant(item: dict[str, Any]) -> bool:
     """Whether ``item`` is a literal under one or more unary ``+``."""
-    while "A_Expr" in item and "lexpr" not in item["A_Expr"] and [part.get("String", {}).get("sval")
-                                                                  for part in item["A_Expr"]["name"]] == ["+"]:
-        item = item["A_Expr"]["rexpr"]
-        if "A_Const" in item:
-            return True
-    return False
+    under = _under_plus(item)
+    return under is not None and "A_Const" in under
 
 
 def refuse_typed_literal_casts(sql: str, node: dict[str, Any], relation: Relation) -> None:

@@ -18,6 +18,13 @@ Found and fixed, pinned here (each refused before any charge now, rewriter/misre
   written (last stop refused only the ``UESCAPE`` form), and PostgreSQL reads ``'1 d\\0061y'`` as
   ``61 years 1 day``: answered and charged for that interval.
 
+* A unary ``+`` (found by the parse differential over hand-written spellings): sqlglot drops it
+  wherever it stands, and PostgreSQL reads it. It has ``+`` for numbers only, so ``+sex = 'Male'``,
+  ``signed_up > now() - +interval '1 day'``, ``sex = +$1`` and ``signed_up > +$1`` fail (42883,
+  whatever the rows) and were answered and charged; and it reads ``+'39.5'`` and ``+$1`` as double
+  precision, so ``age > +'39.5'`` counts the ages above 39.5 where dpproxy failed with 22P02.
+  Refused now (0A000, rule ``unary-plus``) but before a number literal.
+
 Tried, and held (examined on PostgreSQL 16 by running dpproxy's backend SQL against plain SQL on
 a table whose row holds values stored apart and on its neighbour holding NULL there, or by the
 parse differential's reading of the statement against the backend SQL; not pinned again here):
@@ -73,7 +80,7 @@ import psycopg
 import pytest
 
 from tests.bi_data import PEOPLE_POLICY, create_people
-from tests.conftest import RunningProxy, TestDatabase, refused_uncharged, running_proxy
+from tests.conftest import RunningProxy, TestDatabase, refused_uncharged, running_proxy, spent_epsilon
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +141,45 @@ def test_an_interval_literal_with_a_unicode_escape_is_refused_before_any_charge(
     error = refused_uncharged(people_proxy, f"SELECT count(*) FROM people WHERE signed_up > now() - {interval}")
     assert error.diag.sqlstate == "0A000", error.diag.message_primary
     assert error.diag.message_primary.endswith("(rule: interval-form)"), error.diag.message_primary
+
+
+_UNARY_PLUS = [
+    ("SELECT count(*) FROM people WHERE +sex = 'Male'", None, "42883"),
+    ("SELECT count(*) FROM people WHERE signed_up > now() - +interval '1 day'", None, "42883"),
+    ("SELECT count(*) FROM people WHERE sex = +%s", ["Male"], "42883"),
+    ("SELECT count(*) FROM people WHERE signed_up > +%s", ["2023-06-01"], "42883"),
+    ("SELECT count(*) FILTER (WHERE age > +'39.5') FROM adult", None, None),
+    ("SELECT count(*) FROM adult WHERE age > +%s", ["39.5"], None),
+]
+
+
+@pytest.mark.parametrize(("sql", "params", "postgresql"), _UNARY_PLUS)
+def test_a_unary_plus_before_anything_but_a_number_is_refused_before_any_charge(
+        people_proxy: RunningProxy, test_db: TestDatabase, sql: str, params: list[object] | None,
+        postgresql: str | None) -> None:
+    # sqlglot dropped the +: +sex = 'Male', which PostgreSQL fails (42883: no + for text), was
+    # answered and charged as sex = 'Male'; age > +'39.5', ages above 39.5 to PostgreSQL (+ reads
+    # the string as double precision), failed as age > '39.5' (22P02).
+    with psycopg.connect(test_db.admin_dsn) as admin:
+        if postgresql is None:
+            assert admin.execute(sql, params).fetchone() is not None
+        else:
+            with pytest.raises(psycopg.Error) as failed:
+                admin.execute(sql, params)
+            assert failed.value.sqlstate == postgresql
+    with people_proxy.connect(autocommit=True) as conn:
+        spent = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute(sql, params)
+        assert spent_epsilon(conn) == spent
+    assert (refused.value.sqlstate, refused.value.diag.message_primary.split(" on protected table ")[0]) == (
+        "0A000", "a unary + before anything but a number is not supported"), refused.value.diag.message_primary
+    assert refused.value.diag.message_primary.endswith("(rule: unary-plus)")
+
+
+@pytest.mark.parametrize("condition", ["age > +40", "age > +40.5", "age > + -5", "age > +(41)", "age > - +40"])
+def test_a_unary_plus_before_a_number_is_answered(people_proxy: RunningProxy, test_db: TestDatabase,
+                                                  condition: str) -> None:
+    # Before a number literal the + changes neither its value nor its type.
+    with people_proxy.connect(autocommit=True) as conn:
+        assert conn.execute(f"SELECT count(*) FROM adult WHERE {condition}").fetchone() is not None

@@ -544,6 +544,9 @@ SITES: tuple[Site, ...] = (
          'tokens[at].name == "USCONST" and at + 2 < len(tokens) and tokens[at + 1].name == "UESCAPE"', "misreadings"),
     _off("misread.interval-unicode-escapes", "rewriter/misreadings.py",
          'tokens[at].name == "USCONST" and "\\\\" in sql[tokens[at].start : tokens[at].end + 1]', "misreadings"),
+    Site("misread.unary-plus", "rewriter/misreadings.py",
+         'if under is not None and not ("A_Const" in under and {"ival", "fval"} & under["A_Const"].keys()):',
+         "if False:", "misreadings"),
     Site("misread.interval-single-field", "rewriter/misreadings.py",
          'after != "ASCII_40" and _WHOLE_NUMBER.fullmatch(value) is not None', "True", "misreadings"),
     # ------------------------------------------------------------------ proxy/backend/relation_reads.py
