@@ -37,6 +37,11 @@ adds a day to a date, and ``interval '1 day' + '5' * 2`` as ``interval '1 day' +
 answered where PostgreSQL fails (42883). Found by the scanner and refused (a bare string after the
 ``+`` PostgreSQL reads as an interval too, and a number is refused as ``interval-form``).
 
+A unary ``+``: sqlglot drops it wherever it stands. PostgreSQL has a prefix ``+`` for the number
+types only, so ``+sex = 'Male'`` fails there (42883) and was answered as ``sex = 'Male'``, and it
+reads ``+'39.5'`` and ``+$1`` as double precision (``age > +'39.5'`` counts ages above 39.5; dpproxy's
+``age > '39.5'`` failed). Refused but before a number literal, where the ``+`` changes nothing.
+
 ``CURRENT_TIMESTAMP(n)``: sqlglot keeps the precision but writes the call back as
 ``CURRENT_TIMESTAMP``, so ``ts > CURRENT_TIMESTAMP(0)`` was answered as ``ts > CURRENT_TIMESTAMP``,
 which selects other rows whenever the clock is not on a whole second.

@@ -58,6 +58,11 @@ parse differential's reading of the statement against the backend SQL; not pinne
   ``DISTINCT t`` are weighed as ``GROUP BY t``, two text keys and a key beside ``COUNT(DISTINCT)``
   of the same column each once, a Superset-style outer query over a grouped release as its inner
   key.
+* A unary ``-`` is kept by sqlglot: ``-sex``, ``-signed_up`` and ``-age`` are refused (a computed
+  column), ``-'39.5'`` and ``-$1`` fail as PostgreSQL fails them (42725, uncharged), ``- -40``,
+  ``-CAST(...)`` and ``- $1::numeric`` are answered for PostgreSQL's values. String literals with
+  backslashes (``'a\\%'`` in LIKE, ``'a\\'`` beside a ``varchar``'s hashed conjunct, ``'it''s'``)
+  reach the backend as PostgreSQL reads them (``E'a\\\\%'``).
 * ORDER BY and GROUP BY constants: ``ORDER BY -2``, ``'2'``, ``2.0``, ``1e0``, ``NULL``, ``true``,
   ``0``, ``3`` and ``9999999999`` fail as PostgreSQL fails them (42P10 or 42601, uncharged);
   ``ORDER BY - - 2`` and ``(2)`` are position 2 to both; ``GROUP BY -1``, ``'1'``, ``(1)`` and
