@@ -42,6 +42,21 @@ types only, so ``+sex = 'Male'`` fails there (42883) and was answered as ``sex =
 reads ``+'39.5'`` and ``+$1`` as double precision (``age > +'39.5'`` counts ages above 39.5; dpproxy's
 ``age > '39.5'`` failed). Refused but before a number literal, where the ``+`` changes nothing.
 
+A prefix operator but ``-`` and ``+`` (found by the round-trip check, tests/round_trip.py): sqlglot
+reads ``@ x``, PostgreSQL's absolute value, as the parameter ``$x`` (``age = @ 42`` ran as ``age =
+$42``, bound to the analyst's 42nd parameter where there is one, else failing after the plan was
+made; ``@ 1e1`` as ``$1 AS e1``, no SQL at all), ``!! b`` as ``NOT NOT b`` (PostgreSQL 14 and later have
+no prefix ``!!``: 42883), and ``-mod(a, b)`` as ``-a % b``, which PostgreSQL reads as ``(-a) % b``
+(``-mod('5', 2)`` fails there, 42725, where PostgreSQL answers). Refused but ``-`` before anything
+else and ``+`` (:func:`refuse_unary_plus`).
+
+An IN list whose values are of more than one written type (found by the round-trip check): dpproxy
+writes ``x IN (a, b)`` as ``x = a OR x = b``, and PostgreSQL resolves each ``=`` on its own there, but
+the list to one common type first: ``v IN ('ab'::char(3), 'a'::text)`` compares ``v`` as text (where
+``'ab '`` is not ``'ab'``), its ``v = 'ab'::char(3)`` as char (where it is). Refused when the list mixes
+typed values of different types or typed and untyped strings; numbers, whose common type keeps
+their values, and a list of one type are answered.
+
 ``CURRENT_TIMESTAMP(n)``: sqlglot keeps the precision but writes the call back as
 ``CURRENT_TIMESTAMP``, so ``ts > CURRENT_TIMESTAMP(0)`` was answered as ``ts > CURRENT_TIMESTAMP``,
 which selects other rows whenever the clock is not on a whole second.
@@ -64,8 +79,8 @@ from policies.tables import Relation
 from .function_check import nodes_of
 from .types import BOOL
 
-__all__ = ["refuse_constant_positions", "refuse_dropped_precision", "refuse_is_unknown", "refuse_misread_tokens",
-           "refuse_typed_literal_casts", "refuse_unary_plus"]
+__all__ = ["refuse_constant_positions", "refuse_dropped_precision", "refuse_in_list_types", "refuse_is_unknown",
+           "refuse_misread_tokens", "refuse_prefix_operators", "refuse_typed_literal_casts", "refuse_unary_plus"]
 
 _NOT_DECIMAL = re.compile(r"0[xXoObB]|.*_")
 
@@ -382,3 +397,55 @@ def refuse_typed_literal_casts(sql: str, node: dict[str, Any], relation: Relatio
 def _name_of(cast: dict[str, Any]) -> str:
     """The type name of a TypeCast (pglast JSON), without its schema."""
     return str(cast["typeName"]["names"][-1]["String"]["sval"])
+
+
+def refuse_prefix_operators(node: dict[str, Any], relation: Relation) -> None:
+    """Refuse (0A000, rule ``prefix-operator``) a prefix operator of ``node`` (pglast JSON) other than
+    ``-`` and ``+`` (``@ x``, ``!! b``, ``~ x``, ``|/ x``), and ``-`` directly before ``mod(...)``:
+    sqlglot reads ``@ x`` as the parameter ``$x``, ``!! b`` as ``NOT NOT b`` and ``-mod(a, b)`` as ``(-a) % b``."""
+    for expression in nodes_of(node, "A_Expr"):
+        if expression.get("kind") != "AEXPR_OP" or "lexpr" in expression:
+            continue
+        symbol = expression["name"][-1]["String"]["sval"]
+        call = expression.get("rexpr", {}).get("FuncCall", {})
+        minus_mod = symbol == "-" and [part["String"]["sval"] for part in call.get("funcname", [])][-1:] == ["mod"]
+        if symbol not in ("-", "+") or minus_mod:
+            written = "-mod(...)" if minus_mod else f"the prefix operator {symbol}"
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                f"{written} is not supported on protected table {relation.display_name} (rule: prefix-operator)",
+                "dpproxy's DP planner reads @ x as the parameter $x, !! b as NOT NOT b and -mod(a, b) as (-a) % b; "
+                "write abs(x), NOT b, -(mod(a, b)), or compute the value outside the statement.",
+                "prefix-operator",
+            )
+
+
+def refuse_in_list_types(node: dict[str, Any], relation: Relation) -> None:
+    """Refuse (0A000, rule ``in-list-types``) an IN list of ``node`` (pglast JSON) whose values are not
+    of one written type: typed values of different types, or typed values beside untyped strings.
+    dpproxy writes the list as ``x = a OR x = b``, each ``=`` resolved alone, where PostgreSQL compares
+    with every value in their common type."""
+    for expression in nodes_of(node, "A_Expr"):
+        if expression.get("kind") != "AEXPR_IN" or "List" not in expression.get("rexpr", {}):
+            continue
+        types = {written for item in expression["rexpr"]["List"].get("items", [])
+                 if (written := _written_type(item)) is not None}
+        if len(types) > 1:
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                f"an IN list of values of more than one type ({', '.join(sorted(types))}) is not supported on "
+                f"protected table {relation.display_name} (rule: in-list-types)",
+                "PostgreSQL compares x IN (a, b) in the values' common type, dpproxy as x = a OR x = b, each in its "
+                "own; give every value one type (x IN ('a', 'b'), or cast each the same), or write x = a OR x = b.",
+                "in-list-types",
+            )
+
+
+def _written_type(item: dict[str, Any]) -> str | None:
+    """The type an IN list's value is written with: a cast's type name, ``unknown`` for an untyped
+    string, None for anything else (a number, an expression), whose common type is left alone."""
+    if "TypeCast" in item:
+        return _name_of(item["TypeCast"])
+    if "sval" in item.get("A_Const", {}):
+        return "unknown"
+    return None
