@@ -519,7 +519,7 @@ def _protected(statement: Statement, protected: list[Relation], registry: TableR
     refuse_dropped_precision(statement.node, relation)
     refuse_constant_positions(statement.node, relation)
     refuse_unary_plus(statement.node, relation)
-    refuse_prefix_operators(statement.node, relation)
+    refuse_prefix_operators(statement.text, statement.node, relation)
     refuse_in_list_types(statement.node, relation)
     refuse_typed_literal_casts(statement.text, statement.node, relation)
     if len(refs.relations) > 1 and ranks_series(statement.node) and len(protected) == len(refs.relations) and all(

@@ -45,10 +45,10 @@ reads ``+'39.5'`` and ``+$1`` as double precision (``age > +'39.5'`` counts ages
 A prefix operator but ``-`` and ``+`` (found by the round-trip check, tests/round_trip.py): sqlglot
 reads ``@ x``, PostgreSQL's absolute value, as the parameter ``$x`` (``age = @ 42`` ran as ``age =
 $42``, bound to the analyst's 42nd parameter where there is one, else failing after the plan was
-made; ``@ 1e1`` as ``$1 AS e1``, no SQL at all), ``!! b`` as ``NOT NOT b`` (PostgreSQL 14 and later have
-no prefix ``!!``: 42883), and ``-mod(a, b)`` as ``-a % b``, which PostgreSQL reads as ``(-a) % b``
-(``-mod('5', 2)`` fails there, 42725, where PostgreSQL answers). Refused but ``-`` before anything
-else and ``+`` (:func:`refuse_unary_plus`).
+made; ``@ 1e1`` as ``$1 AS e1``, no SQL at all), and ``-mod(a, b)`` as ``-a % b``, which PostgreSQL reads
+as ``(-a) % b`` (``-mod('5', 2)`` fails there, 42725, where PostgreSQL answers). Refused but ``-``
+before anything else and ``+`` (:func:`refuse_unary_plus`). (``!! b``, which sqlglot reads as ``NOT NOT
+b``, is refused as an ``undefined-operator`` before, in rewriter/classify.py.)
 
 An IN list whose values are of more than one written type (found by the round-trip check): dpproxy
 writes ``x IN (a, b)`` as ``x = a OR x = b``, and PostgreSQL resolves each ``=`` on its own there, but
@@ -399,25 +399,36 @@ def _name_of(cast: dict[str, Any]) -> str:
     return str(cast["typeName"]["names"][-1]["String"]["sval"])
 
 
-def refuse_prefix_operators(node: dict[str, Any], relation: Relation) -> None:
-    """Refuse (0A000, rule ``prefix-operator``) a prefix operator of ``node`` (pglast JSON) other than
-    ``-`` and ``+`` (``@ x``, ``!! b``, ``~ x``, ``|/ x``), and ``-`` directly before ``mod(...)``:
-    sqlglot reads ``@ x`` as the parameter ``$x``, ``!! b`` as ``NOT NOT b`` and ``-mod(a, b)`` as ``(-a) % b``."""
+def refuse_prefix_operators(sql: str, node: dict[str, Any], relation: Relation) -> None:
+    """Refuse (0A000, rule ``prefix-operator``) a prefix operator of ``sql`` (``node``: its pglast JSON)
+    other than ``-`` and ``+`` (``@ x``, ``~ x``, ``|/ x``), and a ``-`` directly before ``mod(...)``:
+    sqlglot reads ``@ x`` as the parameter ``$x`` and ``-mod(a, b)`` as ``(-a) % b``. ``-(mod(a, b))``,
+    whose parentheses sqlglot keeps, is answered (the tree has no parentheses: the token after the
+    ``-`` tells)."""
+    minus_mods = []
     for expression in nodes_of(node, "A_Expr"):
         if expression.get("kind") != "AEXPR_OP" or "lexpr" in expression:
             continue
         symbol = expression["name"][-1]["String"]["sval"]
         call = expression.get("rexpr", {}).get("FuncCall", {})
-        minus_mod = symbol == "-" and [part["String"]["sval"] for part in call.get("funcname", [])][-1:] == ["mod"]
-        if symbol not in ("-", "+") or minus_mod:
-            written = "-mod(...)" if minus_mod else f"the prefix operator {symbol}"
-            raise Refusal(
-                SQLSTATE.FEATURE_NOT_SUPPORTED,
-                f"{written} is not supported on protected table {relation.display_name} (rule: prefix-operator)",
-                "dpproxy's DP planner reads @ x as the parameter $x, !! b as NOT NOT b and -mod(a, b) as (-a) % b; "
-                "write abs(x), NOT b, -(mod(a, b)), or compute the value outside the statement.",
-                "prefix-operator",
-            )
+        if symbol == "-" and [part["String"]["sval"] for part in call.get("funcname", [])][-1:] == ["mod"]:
+            minus_mods.append(expression.get("location", -1))
+        elif symbol not in ("-", "+"):
+            _refuse_prefix(f"the prefix operator {symbol}", relation)
+    if minus_mods:
+        tokens = _tokens(sql)
+        if any(token.start in minus_mods and after.name != "ASCII_40" for token, after in zip(tokens, tokens[1:])):
+            _refuse_prefix("-mod(...)", relation)
+
+
+def _refuse_prefix(written: str, relation: Relation) -> None:
+    raise Refusal(
+        SQLSTATE.FEATURE_NOT_SUPPORTED,
+        f"{written} is not supported on protected table {relation.display_name} (rule: prefix-operator)",
+        "dpproxy's DP planner reads @ x as the parameter $x and -mod(a, b) as (-a) % b; write abs(x) or "
+        "-(mod(a, b)), or compute the value outside the statement.",
+        "prefix-operator",
+    )
 
 
 def refuse_in_list_types(node: dict[str, Any], relation: Relation) -> None:
