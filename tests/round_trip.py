@@ -33,12 +33,12 @@ A statement dpproxy refuses is fine: it is counted, not compared.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from pglast import parse_sql
+from pglast import ast, parse_sql
 from pglast.parser import ParseError, parse_sql_json
 from pglast.stream import RawStream
 from sqlglot.errors import SqlglotError
@@ -46,6 +46,7 @@ from sqlglot.errors import SqlglotError
 from policies.errors import Refusal
 from policies.tables import TableRegistry
 from rewriter.classify import DPQuery, ResolvedRelation, classify
+from rewriter.dp_query import AggregateQuery
 from rewriter.rewrite import backend_sql
 from rewriter.statements import split_statements
 from tests.constant_values import PROFILES
@@ -128,6 +129,7 @@ def _where(sql: str) -> Any:
 def _backend_condition(sql: str) -> str | None:
     """The backend SQL's outer WHERE and its first aggregate's FILTER, ANDed (None: neither)."""
     select = parse_sql(sql)[0].stmt
+    assert isinstance(select, ast.SelectStmt), sql
     parts = [select.whereClause] if select.whereClause is not None else []
     for target in select.targetList or ():
         found = getattr(target.val, "agg_filter", None)
@@ -147,7 +149,7 @@ class RoundTrip:
         self._connections: list[psycopg.Connection[Any]] = []
         for zone, date_style, interval_style, float_digits in PROFILES:
             conn = psycopg.connect(dsn)
-            for setting in (f"statement_timeout = 5000", f"TimeZone = '{zone}'", f"DateStyle = '{date_style}'",
+            for setting in ("statement_timeout = 5000", f"TimeZone = '{zone}'", f"DateStyle = '{date_style}'",
                             f"IntervalStyle = '{interval_style}'", f"extra_float_digits = {float_digits}"):
                 conn.execute(f"SET {setting}")
             conn.commit()
@@ -168,16 +170,20 @@ class RoundTrip:
             return None
         return decision if isinstance(decision, DPQuery) else None
 
-    def conditions(self, pairs: Iterable[tuple[str, str]], checked: Checked | None = None) -> Checked:
-        """Check each (statement, condition) of ``pairs``: the rows the condition chooses."""
-        checked = checked if checked is not None else Checked()
+    def _planned(self, pairs: Iterable[tuple[str, str]], checked: Checked) -> Iterator[tuple[str, str, AggregateQuery]]:
+        """Each (statement, condition or argument, plan) of ``pairs`` dpproxy plans, counted in ``checked``."""
         for statement, asked in pairs:
             checked.generated += 1
             decision = self.plan(statement)
-            if decision is None:
-                continue
-            checked.planned += 1
-            backend = backend_sql(decision.plan, seed=0)
+            if decision is not None:
+                checked.planned += 1
+                yield statement, asked, decision.plan
+
+    def conditions(self, pairs: Iterable[tuple[str, str]]) -> Checked:
+        """Check each (statement, condition) of ``pairs``: the rows the condition chooses."""
+        checked = Checked()
+        for statement, asked, plan in self._planned(pairs, checked):
+            backend = backend_sql(plan, seed=0)
             try:
                 ran = _backend_condition(backend) or "TRUE"
             except ParseError as exc:  # the backend SQL itself is no statement PostgreSQL reads
@@ -191,17 +197,12 @@ class RoundTrip:
                           f"FROM {_READ} WHERE {{}}")
         return checked
 
-    def arguments(self, pairs: Iterable[tuple[str, str]], checked: Checked | None = None) -> Checked:
+    def arguments(self, pairs: Iterable[tuple[str, str]]) -> Checked:
         """Check each (statement, argument) of ``pairs``: ``SUM``/``AVG``'s per-row value against the
         plan's column under its FILTER (no clamp)."""
-        checked = checked if checked is not None else Checked()
-        for statement, asked in pairs:
-            checked.generated += 1
-            decision = self.plan(statement)
-            if decision is None:
-                continue
-            checked.planned += 1
-            aggregate, summed = decision.plan.aggregates[0], statement.lower().startswith("select sum")
+        checked = Checked()
+        for statement, asked, plan in self._planned(pairs, checked):
+            aggregate, summed = plan.aggregates[0], statement.lower().startswith("select sum")
             if aggregate.column is None and not summed:  # an AVG of a condition: a proportion, not a column's mean
                 continue
             column = aggregate.column.name if aggregate.column is not None else "1"

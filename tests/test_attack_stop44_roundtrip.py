@@ -44,7 +44,7 @@ def _refused(proxy: RunningProxy, sql: str, params: list[object] | None, rule: s
                 conn.execute(sql, params)
             assert spent_epsilon(conn) == spent
         error = failed.value
-    assert (error.sqlstate, error.diag.message_primary.endswith(f"(rule: {rule})")) == ("0A000", True), (
+    assert (error.sqlstate, str(error.diag.message_primary).endswith(f"(rule: {rule})")) == ("0A000", True), (
         error.sqlstate, error.diag.message_primary)
 
 
