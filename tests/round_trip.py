@@ -179,10 +179,13 @@ class RoundTrip:
                 checked.planned += 1
                 yield statement, asked, decision.plan
 
-    def conditions(self, pairs: Iterable[tuple[str, str]]) -> Checked:
-        """Check each (statement, condition) of ``pairs``: the rows the condition chooses."""
+    def conditions(self, pairs: Iterable[tuple[str, str]], first: bool = False) -> Checked:
+        """Check each (statement, condition) of ``pairs``: the rows the condition chooses (``first``:
+        stop at the first mismatch)."""
         checked = Checked()
         for statement, asked, plan in self._planned(pairs, checked):
+            if first and checked.mismatches:
+                break
             backend = backend_sql(plan, seed=0)
             try:
                 ran = _backend_condition(backend) or "TRUE"
