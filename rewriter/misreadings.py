@@ -45,10 +45,12 @@ reads ``+'39.5'`` and ``+$1`` as double precision (``age > +'39.5'`` counts ages
 A prefix operator but ``-`` and ``+`` (found by the round-trip check, tests/round_trip.py): sqlglot
 reads ``@ x``, PostgreSQL's absolute value, as the parameter ``$x`` (``age = @ 42`` ran as ``age =
 $42``, bound to the analyst's 42nd parameter where there is one, else failing after the plan was
-made; ``@ 1e1`` as ``$1 AS e1``, no SQL at all), and ``-mod(a, b)`` as ``-a % b``, which PostgreSQL reads
-as ``(-a) % b`` (``-mod('5', 2)`` fails there, 42725, where PostgreSQL answers). Refused but ``-``
-before anything else and ``+`` (:func:`refuse_unary_plus`). (``!! b``, which sqlglot reads as ``NOT NOT
-b``, is refused as an ``undefined-operator`` before, in rewriter/classify.py.)
+made; ``@ 1e1`` as ``$1 AS e1``, no SQL at all), and ``-mod(a, b)`` as ``-a % b``, which PostgreSQL
+reads as ``(-a) % b`` (``-mod('5', 2)`` fails there, 42725, where PostgreSQL answers). Refused but
+``-`` before anything else and ``+`` (:func:`refuse_unary_plus`); so is an operator PostgreSQL's
+scanner ends with ``@`` (``i>=@5`` is the operator ``>=@``, which PostgreSQL does not have; sqlglot
+read ``i >= $5``). (``!! b``, which sqlglot reads as ``NOT NOT b``, is refused as an
+``undefined-operator`` before, in rewriter/classify.py.)
 
 An IN list whose values are of more than one written type (found by the round-trip check): dpproxy
 writes ``x IN (a, b)`` as ``x = a OR x = b``, and PostgreSQL resolves each ``=`` on its own there, but
@@ -399,17 +401,25 @@ def _name_of(cast: dict[str, Any]) -> str:
     return str(cast["typeName"]["names"][-1]["String"]["sval"])
 
 
+# Operators ending in @ that sqlglot reads as PostgreSQL does (containment, text search match)
+_AT_OPERATORS = frozenset({"<@", "@@"})
+
+
 def refuse_prefix_operators(sql: str, node: dict[str, Any], relation: Relation) -> None:
     """Refuse (0A000, rule ``prefix-operator``) a prefix operator of ``sql`` (``node``: its pglast JSON)
-    other than ``-`` and ``+`` (``@ x``, ``~ x``, ``|/ x``), and a ``-`` directly before ``mod(...)``:
-    sqlglot reads ``@ x`` as the parameter ``$x`` and ``-mod(a, b)`` as ``(-a) % b``. ``-(mod(a, b))``,
+    other than ``-`` and ``+`` (``@ x``, ``~ x``, ``|/ x``), an operator ending in ``@`` but ``<@`` and
+    ``@@`` (PostgreSQL's scanner reads ``i>=@5`` as the operator ``>=@``, which it does not have;
+    sqlglot as ``i >= $5``), and a ``-`` directly before ``mod(...)``: sqlglot reads ``@ x`` as the
+    parameter ``$x`` and ``-mod(a, b)`` as ``(-a) % b``. ``-(mod(a, b))``,
     whose parentheses sqlglot keeps, is answered (the tree has no parentheses: the token after the
     ``-`` tells)."""
     minus_mods = []
     for expression in nodes_of(node, "A_Expr"):
+        symbol = expression["name"][-1]["String"]["sval"] if isinstance(expression.get("name"), list) else ""
+        if len(symbol) > 1 and symbol.endswith("@") and symbol not in _AT_OPERATORS:
+            _refuse_prefix(f"the operator {symbol}", relation)
         if expression.get("kind") != "AEXPR_OP" or "lexpr" in expression:
             continue
-        symbol = expression["name"][-1]["String"]["sval"]
         call = expression.get("rexpr", {}).get("FuncCall", {})
         if symbol == "-" and [part["String"]["sval"] for part in call.get("funcname", [])][-1:] == ["mod"]:
             minus_mods.append(expression.get("location", -1))

@@ -38,25 +38,33 @@ _LITERALS: dict[str, tuple[str, ...]] = {
             "CAST(4.5 AS numeric(10,2))", "decimal '1.25'", "'NaN'", "'Infinity'", "1.5e-1", "E'4.5'", "$$0.5$$",
             "numeric '40.5'::int", "1_000.5"),
     "float": ("0.5", "1e-3", "-0.25", "'0.5'", "float8 '0.5'", "double precision '0.25'", "real '0.5'", "'-Infinity'",
-              "'NaN'::float8", "CAST('0.75' AS float8)", "0.5::real", "5e-1", "'1e-1'"),
+              "'NaN'::float8", "CAST('0.75' AS float8)", "0.5::real", "5e-1", "'1e-1'", ".5e0", "'  0.5'", "float '0.5'", "float(53) '0.5'"),
     "text": ("'a'", "'b'", "'ab'", "'ab '", "''", "E'a'", "E'\\x61'", "E'\\141'", "E'a\\nb'", "U&'\\0061'",
              "U&'!0061' UESCAPE '!'", "$$a$$", "$t$b$t$", "'a'\n'b'", "text 'a'", "'a'::text", "varchar 'a'",
              "CAST('abc' AS varchar(2))", "'ab'::char(3)", "'a'::bpchar", "B'101'", "X'1F'", "'O''Brien'", "N'a'",
-             "'A'", "E'\\u0061'"),
+             "'A'", "E'\\u0061'", "U&'\\+000061'", "'a' COLLATE \"C\"", "'ab'::varchar(1)", "E'ab\\040'", "$$ab $$",
+             "'ab'::\"char\"", "'a'::name", "CAST('a' AS character varying)", "character(3) 'ab'", "'ab' || ' '"),
     "date": ("'2000-05-01'", "date '2000-05-01'", "'2000-05-01'::date", "CAST('2000-05-01' AS date)", "current_date",
              "current_date - 30", "date '2000-05-01' + 1", "make_date(2000, 5, 1)", "to_date('2000-05-01', 'YYYY-MM-DD')",
              "'infinity'", "'May 1, 2000'", "'20000501'", "date '2000-05-01' - interval '1 day'", "'epoch'::date",
-             "date_trunc('month', date '2000-05-17')", "$$2000-05-01$$", "timestamp '2000-05-01 12:00'::date"),
+             "date_trunc('month', date '2000-05-17')", "$$2000-05-01$$", "timestamp '2000-05-01 12:00'::date",
+             "'yesterday'::date", "date 'today'", "'2000-05-01'::timestamp::date", "(date '2000-05-01')::text::date",
+             "'01/05/2000'", "'2000-05-01 BC'", "E'2000\\05\\01'"),
     "ts": ("'2000-05-01 12:00'", "timestamp '2000-05-01 12:00'", "'2000-05-01 12:00'::timestamp", "localtimestamp",
            "LOCALTIMESTAMP(2)", "now() - interval '1 day'", "now()", "CURRENT_TIMESTAMP(0)", "current_timestamp",
            "to_timestamp('2000-05-01', 'YYYY-MM-DD')", "date_trunc('day', now())", "timestamp '2000-05-01' + interval '1' hour",
            "date '2000-05-01' + time '12:00'", "'-infinity'", "make_timestamp(2000, 5, 1, 12, 0, 0)",
-           "timestamp '2000-05-01 12:00' AT TIME ZONE 'UTC'", "'2000-05-01T12:00:00'", "'allballs'::time + date '2000-05-01'"),
+           "timestamp '2000-05-01 12:00' AT TIME ZONE 'UTC'", "'2000-05-01T12:00:00'", "'allballs'::time + date '2000-05-01'",
+           "timestamp(0) '2000-05-01 12:00:00.5'", "'now'::timestamp", "'2000-05-01 12:00'::timestamp(0)",
+           "timestamp without time zone '2000-05-01 12:00'", "'2000-05-01 12:00:00.5'::timestamptz::timestamp",
+           "'J2451666'", "'2000-05-01 12:00' AT TIME ZONE 'UTC'"),
     "tz": ("'2000-05-01 12:00+02'", "timestamptz '2000-05-01 12:00'", "'2000-05-01 12:00 UTC'::timestamptz", "now()",
            "now() - interval '30 days'", "transaction_timestamp()", "CURRENT_TIMESTAMP", "CURRENT_TIMESTAMP(3)",
            "to_timestamp(957182400)", "make_timestamptz(2000, 5, 1, 12, 0, 0, 'UTC')", "'2000-05-01 12:00 PST'",
            "timestamp '2000-05-01 12:00' AT TIME ZONE 'America/St_Johns'", "date_trunc('month', now())",
-           "timestamptz '2000-05-01 12:00' - interval '1 day ago'"),
+           "timestamptz '2000-05-01 12:00' - interval '1 day ago'", "timestamp with time zone '2000-05-01 12:00+02'",
+           "'2000-05-01 12:00'::timestamp AT TIME ZONE 'UTC'", "timezone('UTC', timestamp '2000-05-01 12:00')",
+           "'epoch'::timestamptz + interval '957182400 seconds'"),
     "interval": ("interval '1 day'", "interval '1' day", "interval '1 day ago'", "'1 day'::interval", "interval '1:30'",
                  "interval '2' hour to minute", "interval '1.5' hour", "make_interval(days => 1)", "interval 'P1D'",
                  "interval U&'1 d\\0061y'", "interval '3 quarters'", "'-1 day'", "interval '1 day' + interval '2 hours'",
@@ -94,7 +102,7 @@ _COMPARISONS = ("=", "<>", "!=", "<", "<=", ">", ">=", "OPERATOR(pg_catalog.=)",
                 "OPERATOR(>=)", "= ANY(ARRAY[{1}])", "IS DISTINCT FROM", "IS NOT DISTINCT FROM")
 _PATTERNS = ("'a%'", "'%b'", "'_'", "'a\\%'", "E'a\\\\%'", "'%'", "U&'\\0061%'", "$$a%$$", "'A%'", "'a!%' ESCAPE '!'",
              "'a#_' ESCAPE '#'", "'%' ESCAPE ''", "lower('A%')", "'a' || '%'")
-_SEPARATORS = (" ", " ", " ", "\n", "  ", "/* c */", " -- c\n", "\t")
+_SEPARATORS = (" ", " ", " ", "\n", "  ", "/*c*/", "/*c*/ ", "\t--c\n", "\t")
 
 
 def _spaced(text: str, rng: random.Random) -> str:
@@ -205,6 +213,10 @@ _SHAPES = (
     ("SELECT sum(i) FROM rt WHERE {}", "{}"),
     ("SELECT sum(CASE WHEN {} THEN i ELSE 0 END) FROM rt", "{}"),
     ("SELECT count(*) FROM rt WHERE i >= 0 AND ({})", "i >= 0 AND ({})"),
+    ("SELECT count(CASE WHEN {} THEN 1 END) FROM rt", "{}"),
+    ("SELECT sum(({})::int) FROM rt", "{}"),
+    ("SELECT avg(CASE WHEN {} THEN n END) FROM rt", "{}"),  # the FILTER's rows: AVG skips a NULL n alike
+    ("SELECT count(*) FROM (SELECT * FROM rt WHERE {}) AS s", "{}"),
 )
 
 

@@ -592,5 +592,7 @@ SITES: tuple[Site, ...] = (
     _off("misread.minus-mod", "rewriter/misreadings.py",
          'any(token.start in minus_mods and after.name != "ASCII_40" for token, after in zip(tokens, tokens[1:]))',
          "misreadings"),
+    _off("misread.at-operator", "rewriter/misreadings.py",
+         'len(symbol) > 1 and symbol.endswith("@") and symbol not in _AT_OPERATORS', "misreadings"),
     _off("misread.in-list-types", "rewriter/misreadings.py", "len(types) > 1", "misreadings"),
 )
