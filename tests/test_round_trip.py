@@ -3,7 +3,7 @@ its backend SQL, the rows (or the SQLSTATE) PostgreSQL's reading of the statemen
 
 ``DPPROXY_FUZZ_SEED`` picks the seed (printed on failure) and ``DPPROXY_FUZZ_CASES`` the number of
 conditions; the default run is sized for the suite, a larger one is run by hand
-(``DPPROXY_FUZZ_CASES=20000``, benchmarks/results.md has the sizes and times).
+(``DPPROXY_FUZZ_CASES=20000``; run with ``-s`` to see its sizes).
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ def round_trip(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) 
 
 def test_every_answered_generated_condition_chooses_the_rows_postgresql_reads(round_trip: RoundTrip) -> None:
     checked = round_trip.conditions(statements(random.Random(SEED), CASES))
+    print(f"DPPROXY_FUZZ_SEED={SEED}: {checked.generated} generated, {checked.planned} planned, "
+          f"{checked.same_tree} alike by tree, {checked.evaluated} evaluated, {len(checked.mismatches)} mismatches")
     # The generator writes enough that dpproxy answers, and enough whose backend SQL differs by tree,
     # for the comparison to mean something (at DPPROXY_FUZZ_SEED=134: about 30 % planned, half of them evaluated).
     assert checked.planned >= CASES // 5 and checked.evaluated >= CASES // 10, (SEED, checked)
