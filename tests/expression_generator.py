@@ -106,18 +106,13 @@ _SEPARATORS = (" ", " ", " ", "\n", "  ", "/*c*/", "/*c*/ ", "\t--c\n", "\t")
 
 
 def _spaced(text: str, rng: random.Random) -> str:
-    """``text`` with some of its spaces replaced by another separator PostgreSQL reads as one (a
-    newline, a comment), none inside a quoted string."""
-    out, quote = [], None
-    for index, char in enumerate(text):
-        if quote is None and char in "'":
-            quote = char
-        elif quote is not None and char == quote:
-            quote = None
-        if char == " " and quote is None and not text.startswith("$", index + 1) and rng.random() < 0.2:
-            out.append(rng.choice(_SEPARATORS))
-        else:
-            out.append(char)
+    """``text`` with some of its spaces outside single quotes replaced by another separator PostgreSQL
+    reads as one (a newline, a tab, a comment). (A space in a dollar-quoted string may be replaced
+    too: that is another string, which both readings are given alike.)"""
+    out, quoted = [], False
+    for char in text:
+        quoted ^= char == "'"
+        out.append(rng.choice(_SEPARATORS) if char == " " and not quoted and rng.random() < 0.2 else char)
     return "".join(out)
 
 
