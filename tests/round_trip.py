@@ -12,8 +12,9 @@ plans, this module takes
   parses :func:`rewriter.rewrite.backend_sql` (the folded constants left inline, as the plan
   describes them; dpproxy folds that same expression in a query of its own, exactly),
 
-and compares their trees after the rewriter's named additions are taken off
-(:func:`tests.parse_differential.canonical`): ``pg_catalog.`` before a function, operator or type
+and compares their trees (with their literals as PostgreSQL types them, and never an IN list,
+which PostgreSQL compares in its values' common type) after the rewriter's named additions are
+taken off (:func:`tests.parse_differential.canonical`): ``pg_catalog.`` before a function, operator or type
 (*catalog-qualification*), ``OPERATOR(...)`` spelling (*operator-spelling*), the text bound's
 ``CASE WHEN <size test> THEN col END`` (*text-bound*), AND nesting and parentheses
 (*boolean-structure*), BETWEEN and IN as PostgreSQL expands them (*expansion*). A difference left
@@ -47,6 +48,7 @@ from policies.errors import Refusal
 from policies.tables import TableRegistry
 from rewriter.classify import DPQuery, ResolvedRelation, classify
 from rewriter.dp_query import AggregateQuery
+from rewriter.function_check import nodes_of
 from rewriter.rewrite import backend_sql
 from rewriter.statements import split_statements
 from tests.constant_values import PROFILES
@@ -126,6 +128,23 @@ def _where(sql: str) -> Any:
     return json.loads(parse_sql_json(f"SELECT 1 WHERE {sql}"))["stmts"][0]["stmt"]["SelectStmt"]["whereClause"]
 
 
+def _literals(tree: Any) -> list[str]:
+    """Every literal of ``tree`` (pglast JSON) as PostgreSQL typed it (an integer, a numeric, a
+    string ...), without its place, sorted."""
+    return sorted(json.dumps({key: value for key, value in const.items() if key != "location"}, sort_keys=True)
+                  for const in nodes_of({"root": tree}, "A_Const"))
+
+
+def _alike_by_tree(asked: Any, ran: Any) -> bool:
+    """Whether the conditions ``asked`` and ``ran`` (pglast JSON) are one tree once the named additions
+    are taken off (:func:`tests.parse_differential.canonical`), with the same literals as PostgreSQL
+    types them (``canonical`` reads ``10`` and ``1e1`` as one number; ``5 / 10`` is not ``5 / 1e1``).
+    An IN list is always evaluated: PostgreSQL compares it in its values' common type, not as the
+    ``=`` ORs ``canonical`` reads it as."""
+    return (not any(expression.get("kind") == "AEXPR_IN" for expression in nodes_of({"root": asked}, "A_Expr"))
+            and _literals(asked) == _literals(ran) and canonical(asked) == canonical(ran))
+
+
 def _backend_condition(sql: str) -> str | None:
     """The backend SQL's outer WHERE and its first aggregate's FILTER, ANDed (None: neither)."""
     select = parse_sql(sql)[0].stmt
@@ -192,7 +211,7 @@ class RoundTrip:
             except ParseError as exc:  # the backend SQL itself is no statement PostgreSQL reads
                 checked.mismatches.append(Mismatch(statement, asked, backend, (("parsed", None), ("error", str(exc)))))
                 continue
-            if canonical(_where(asked)) == canonical(_where(ran)):
+            if _alike_by_tree(_where(asked), _where(ran)):
                 checked.same_tree += 1
                 continue
             checked.evaluated += 1
