@@ -80,7 +80,10 @@ _COMPOUNDS: dict[str, tuple[str, ...]] = {
             "({0})::int", "{0} OPERATOR(pg_catalog.+) {1}", "COALESCE({0}, {1})", "NULLIF({0}, {1})",
             "CASE WHEN {0} > {1} THEN {0} ELSE {1} END", "CASE {0} WHEN 5 THEN {1} END", "extract(day from date '2000-05-17')",
             "date_part('month', date '2000-05-17')", "|/ {0}", "{0} ^ 2", "@ {0}", "@{0}", "{0}::text::int", "trunc({0})",
-            "-mod({0}, {1})", "~ {0}", "||/ {0}", "- {0} ^ 2", "{0} ^ {1} ^ 2", "{0} # {1}", "{0} & {1}", "{0} << 1"),
+            "-mod({0}, {1})", "~ {0}", "||/ {0}", "- {0} ^ 2", "{0} ^ {1} ^ 2", "{0} # {1}", "{0} & {1}", "{0} << 1",
+            "position('b' in 'abc')", "extract(epoch from interval '1 day')", "extract(day from timestamp '2000-05-17')",
+            "char_length('abc')", "'5'::\"int4\"", "'5'::pg_catalog.int4", "CAST('5' AS \"numeric\")", "99999999999999999999",
+            "1e400", "-0", "-0.0", "{0} OPERATOR(pg_catalog.-) {1}", "{0} OPERATOR(pg_catalog.*) -{1}"),
     "num": ("{0} + {1}", "{0} - {1}", "{0} * {1}", "{0} / {1}", "round({0}, 1)", "trunc({0}, 1)", "floor({0})",
             "ceil({0})", "-{0}", "+{0}", "{0}*-{1}", "({0})::numeric(10,2)", "CAST({0} AS numeric)", "({0})",
             "COALESCE({0}, {1})", "NULLIF({0}, {1})", "to_number('12.5', '99.9')"),
@@ -88,7 +91,10 @@ _COMPOUNDS: dict[str, tuple[str, ...]] = {
               "({0})", "floor({0})"),
     "text": ("{0} || {1}", "lower({0})", "upper({0})", "({0})", "{0} COLLATE \"C\"", "COALESCE({0}, {1})",
              "NULLIF({0}, {1})", "CASE WHEN TRUE THEN {0} END", "({0})::text", "CAST({0} AS varchar(1))", "{0}::char(3)",
-             "trim({0})", "substr({0}, 1, 1)", "replace({0}, 'a', 'b')"),
+             "trim({0})", "substr({0}, 1, 1)", "replace({0}, 'a', 'b')", "substring('abc' from 1 for 1)",
+             "trim(both 'x' from 'xax')", "trim(leading from '  a')", "overlay('xb' placing 'a' from 1 for 1)",
+             "{0} COLLATE \"POSIX\"", "{0} COLLATE pg_catalog.\"default\"", "'a' 'b'", "E'a' -- c\n'b'",
+             "'\\'", "{0} OPERATOR(pg_catalog.||) {1}"),
     "date": ("{0} + 1", "{0} - 7", "({0})", "CAST({0} AS date)", "({0})::date", "COALESCE({0}, {1})", "+{0}"),
     "ts": ("{0} - interval '1 hour'", "{0} + interval '1' day", "date_trunc('hour', {0})", "({0})::timestamp",
            "({0})", "{0} - '1 day'::interval", "{0} + interval '1 day' * 2", "{0} AT TIME ZONE 'UTC'"),
@@ -99,6 +105,8 @@ _COMPOUNDS: dict[str, tuple[str, ...]] = {
              "({0})::bool", "COALESCE({0}, FALSE)"),
 }
 _COMPARISONS = ("=", "<>", "!=", "<", "<=", ">", ">=", "OPERATOR(pg_catalog.=)", "OPERATOR(pg_catalog.<)",
+                "OPERATOR(pg_catalog.<>)", "OPERATOR(pg_catalog.!=)", "OPERATOR(\"pg_catalog\".>)", "<> ALL(ARRAY[{1}])",
+                "= ANY(VALUES ({1}))", "IN (SELECT {1})",
                 "OPERATOR(>=)", "= ANY(ARRAY[{1}])", "IS DISTINCT FROM", "IS NOT DISTINCT FROM")
 _PATTERNS = ("'a%'", "'%b'", "'_'", "'a\\%'", "E'a\\\\%'", "'%'", "U&'\\0061%'", "$$a%$$", "'A%'", "'a!%' ESCAPE '!'",
              "'a#_' ESCAPE '#'", "'%' ESCAPE ''", "lower('A%')", "'a' || '%'")
@@ -161,7 +169,8 @@ def _predicate(rng: random.Random, depth: int) -> str:
     roll = rng.random()
     if kind == "bool":
         return rng.choice(("b", "NOT b", "b IS TRUE", "b IS NOT FALSE", "b IS UNKNOWN", "b IS NOT UNKNOWN", "b = TRUE",
-                           "b <> 't'", "b IS NULL", "NOT NOT b", "(b)", "!! b", "@ b", "b = " + _value("bool", rng, depth)))
+                           "b <> 't'", "b IS NULL", "NOT NOT b", "(b)", "!! b", "@ b", "b IS FALSE", "b IS NOT TRUE", "b ISNULL",
+                           "b NOTNULL", "(i > 5) IS TRUE", "(t = 'a') IS NOT FALSE", "(i > 5) = TRUE", "(i > 5) <> b", "b = " + _value("bool", rng, depth)))
     if roll < 0.45:
         return _comparison(kind, rng, depth)
     column = _column(kind, rng)
@@ -175,14 +184,17 @@ def _predicate(rng: random.Random, depth: int) -> str:
         operator = rng.choice(("LIKE", "NOT LIKE", "ILIKE", "NOT ILIKE", "~~", "!~~", "~~*", "SIMILAR TO", "~"))
         return f"{column} {operator} {rng.choice(_PATTERNS)}"
     if roll < 0.86:
-        return f"{column} IS {rng.choice(('NULL', 'NOT NULL', 'UNKNOWN', 'NOT UNKNOWN', 'TRUE'))}"
+        return f"{column} {rng.choice(('IS NULL', 'IS NOT NULL', 'IS UNKNOWN', 'IS NOT UNKNOWN', 'IS TRUE', 'ISNULL', 'NOTNULL'))}"
     if roll < 0.9:
         other = rng.choice(COLUMNS[kind])
         return f"{column} {rng.choice(('=', '<', '<>'))} {other}"
     if roll < 0.94:
         return rng.choice(("ROW(i, n) = ROW(1, 2)", "(i, d) < (5, date '2000-05-01')", "ARRAY[i] = ARRAY[5]",
                            "i = ANY('{1,2}')", "CASE WHEN i > 5 THEN TRUE ELSE FALSE END", "COALESCE(b, FALSE)",
-                           "NULLIF(i, 5) IS NULL", "i + 0 > 5", "t || '' = 'a'", "i::text = '5'"))
+                           "NULLIF(i, 5) IS NULL", "i + 0 > 5", "t || '' = 'a'", "i::text = '5'", "t IS NFC NORMALIZED",
+                           "(d, d) OVERLAPS (date '2000-05-01', date '2000-05-02')", "ts AT TIME ZONE INTERVAL '+02:00' > ts",
+                           "i = ANY(ARRAY[1, 5])", "i <> ALL('{1,5}'::int[])", "EXISTS (SELECT 1)", "i IN (SELECT 5)",
+                           "t = ANY(ARRAY['a', 'b'])", "i BETWEEN 1 AND 5 IS TRUE", "NOT i > 5 IS NULL"))
     return _comparison(kind, rng, depth)
 
 
