@@ -45,8 +45,8 @@ def test_every_answered_generated_condition_chooses_the_rows_postgresql_reads(ro
     print(f"DPPROXY_FUZZ_SEED={SEED}: {checked.generated} generated, {checked.planned} planned, "
           f"{checked.same_tree} alike by tree, {checked.evaluated} evaluated, {len(checked.mismatches)} mismatches")
     # The generator writes enough that dpproxy answers, and enough whose backend SQL differs by tree,
-    # for the comparison to mean something (at DPPROXY_FUZZ_SEED=134: about 30 % planned, half of them evaluated).
-    assert checked.planned >= CASES // 5 and checked.evaluated >= CASES // 10, (SEED, checked)
+    # for the comparison to mean something (at DPPROXY_FUZZ_SEED=134: 789 of 3,000 planned, 341 evaluated).
+    assert checked.planned >= CASES // 6 and checked.evaluated >= CASES // 15, (SEED, checked)
     assert not checked.mismatches, f"DPPROXY_FUZZ_SEED={SEED}\n" + "\n".join(map(str, checked.mismatches[:20]))
 
 
