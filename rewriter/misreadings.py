@@ -59,6 +59,14 @@ the list to one common type first: ``v IN ('ab'::char(3), 'a'::text)`` compares 
 typed values of different types or typed and untyped strings; numbers, whose common type keeps
 their values, and a list of one type are answered.
 
+``round(x, n)`` of a value of no known number type (found by the round-trip check): PostgreSQL has
+``round(numeric, integer)`` only, so ``round(ceil('4.5'), 1)`` (``ceil`` of an untyped string is
+double precision), ``round(2 ^ 3, 1)`` or ``round(date_part('day', now()), 1)`` fails (42883, whatever
+the rows); sqlglot writes ``ROUND(CAST(x AS DECIMAL), n)`` and dpproxy answered. Of a constant, ``x``
+must be built from number literals, casts to an integer or numeric type, ``+ - * / %`` and ``abs``,
+``ceil``, ``floor``, ``round``, ``trunc``, ``mod`` of those (each numeric to PostgreSQL), or be cast:
+``round(CAST(x AS numeric), n)``. (Of a released aggregate, post-processing, it is not judged here.)
+
 ``CURRENT_TIMESTAMP(n)``: sqlglot keeps the precision but writes the call back as
 ``CURRENT_TIMESTAMP``, so ``ts > CURRENT_TIMESTAMP(0)`` was answered as ``ts > CURRENT_TIMESTAMP``,
 which selects other rows whenever the clock is not on a whole second.
@@ -82,7 +90,8 @@ from .function_check import nodes_of
 from .types import BOOL
 
 __all__ = ["refuse_constant_positions", "refuse_dropped_precision", "refuse_in_list_types", "refuse_is_unknown",
-           "refuse_misread_tokens", "refuse_prefix_operators", "refuse_typed_literal_casts", "refuse_unary_plus"]
+           "refuse_misread_tokens", "refuse_prefix_operators", "refuse_round_casts", "refuse_typed_literal_casts",
+           "refuse_unary_plus"]
 
 _NOT_DECIMAL = re.compile(r"0[xXoObB]|.*_")
 
@@ -470,3 +479,51 @@ def _written_type(item: dict[str, Any]) -> str | None:
     if "sval" in item.get("A_Const", {}):
         return "unknown"
     return None
+
+
+# Types and functions of which a constant is a number to PostgreSQL, never double precision
+_EXACT_TYPES = frozenset({"numeric", "int2", "int4", "int8"})
+_EXACT_FUNCTIONS = frozenset({"abs", "ceil", "ceiling", "floor", "round", "trunc", "mod"})
+_ARITHMETIC = frozenset({"+", "-", "*", "/", "%"})
+
+
+def refuse_round_casts(node: dict[str, Any], relation: Relation) -> None:
+    """Refuse (0A000, rule ``round-cast``) ``round(x, n)`` in ``node`` (pglast JSON) of a constant ``x``
+    that may be double precision to PostgreSQL (:func:`_exact`), which has no ``round(double precision,
+    integer)`` and fails, where sqlglot writes ``ROUND(CAST(x AS DECIMAL), n)``. An ``x`` that reads a
+    column or an aggregate is left alone (a released aggregate's post-processing)."""
+    for call in nodes_of(node, "FuncCall"):
+        arguments = call.get("args", [])
+        if (call["funcname"][-1]["String"]["sval"] == "round" and len(arguments) == 2
+                and not nodes_of(arguments[0], "ColumnRef") and not _exact(arguments[0])):
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                f"round(x, n) of a value that may be double precision is not supported on protected table "
+                f"{relation.display_name} (rule: round-cast)",
+                "PostgreSQL has round(numeric, integer) only, and fails round of a double precision; dpproxy's DP "
+                "planner casts it to numeric first. Cast it yourself: round(CAST(x AS numeric), n).",
+                "round-cast",
+            )
+
+
+def _exact(item: dict[str, Any], argument: bool = False) -> bool:
+    """Whether ``item`` (pglast JSON) is a number PostgreSQL types integer or numeric: a number
+    literal, a cast to one of :data:`_EXACT_TYPES`, ``+ - * / %`` of such, or a function of
+    :data:`_EXACT_FUNCTIONS` of such; a parameter or an untyped string too, which takes the type of
+    what it meets (``round('4.5', 1)`` is round of a numeric), but not as a function's ``argument``
+    (``ceil('4.5')`` is ceil of a double precision)."""
+    if "A_Const" in item:
+        return bool({"ival", "fval"} & item["A_Const"].keys()) or ("sval" in item["A_Const"] and not argument)
+    if "ParamRef" in item:
+        return not argument
+    if "TypeCast" in item:
+        return _name_of(item["TypeCast"]) in _EXACT_TYPES
+    if "A_Expr" in item:
+        expression = item["A_Expr"]
+        return (expression.get("kind") == "AEXPR_OP" and expression["name"][-1]["String"]["sval"] in _ARITHMETIC
+                and all(_exact(side) for side in (expression.get("lexpr"), expression.get("rexpr")) if side is not None))
+    if "FuncCall" in item:
+        call = item["FuncCall"]
+        return (call["funcname"][-1]["String"]["sval"] in _EXACT_FUNCTIONS
+                and all(_exact(part, argument=True) for part in call.get("args", [])))
+    return False

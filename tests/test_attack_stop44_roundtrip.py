@@ -15,6 +15,10 @@ now (rewriter/misreadings.py).
   PostgreSQL compares the list in the values' common type, each ``=`` in its own. ``v IN
   ('ab'::char(3), 'a'::text)`` compares as text (``'ab '`` is not ``'ab'``), its ``v = 'ab'::char(3)`` as
   char (where it is): the round-trip table's row holding ``'ab '`` was counted by dpproxy only.
+* ``round(x, n)`` of a value that is double precision to PostgreSQL, which has ``round(numeric,
+  integer)`` only and fails (42883, whatever the rows): sqlglot writes ``ROUND(CAST(x AS DECIMAL), n)``,
+  so ``n NOT BETWEEN 0 AND round(ceil('4.5'), 1)`` was answered and charged (found by a
+  20,000-condition run at DPPROXY_FUZZ_SEED=2).
 """
 
 from __future__ import annotations
@@ -97,3 +101,23 @@ def test_an_in_list_of_values_of_more_than_one_type_is_refused_before_any_charge
 def test_an_in_list_of_one_type_is_answered(people_proxy: RunningProxy, condition: str) -> None:
     with people_proxy.connect(autocommit=True) as conn:
         assert conn.execute(f"SELECT count(*) FROM people WHERE {condition}").fetchone() is not None
+
+
+@pytest.mark.parametrize("value", ["ceil('4.5')", "2 ^ 3", "date_part('day', now())", "CAST(45.5 AS float8)",
+                                   "floor(%s)"])
+def test_round_of_a_double_precision_is_refused_before_any_charge(
+        people_proxy: RunningProxy, test_db: TestDatabase, value: str) -> None:
+    # PostgreSQL has no round(double precision, integer) and fails whatever the rows; sqlglot
+    # wrote ROUND(CAST(x AS DECIMAL), n), answered and charged.
+    sql = f"SELECT count(*) FROM adult WHERE age < round({value}, 1)"
+    params = [45.5] if "%s" in value else None
+    with psycopg.connect(test_db.admin_dsn) as admin, pytest.raises(psycopg.errors.UndefinedFunction):
+        admin.execute(sql, params)
+    _refused(people_proxy, sql, params, "round-cast")
+
+
+@pytest.mark.parametrize("value", ["45.5", "'45.5'", "45.5 * 2 / 3", "ceil(45.5)", "CAST(ceil('45.5') AS numeric)", "%s"])
+def test_round_of_a_number_postgresql_reads_as_numeric_is_answered(people_proxy: RunningProxy, value: str) -> None:
+    with people_proxy.connect(autocommit=True) as conn:
+        params = ["45.5"] if value == "%s" else None
+        assert conn.execute(f"SELECT count(*) FROM adult WHERE age < round({value}, 1)", params).fetchone() is not None
