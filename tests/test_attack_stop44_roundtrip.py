@@ -121,3 +121,10 @@ def test_round_of_a_number_postgresql_reads_as_numeric_is_answered(people_proxy:
     with people_proxy.connect(autocommit=True) as conn:
         params = ["45.5"] if value == "%s" else None
         assert conn.execute(f"SELECT count(*) FROM adult WHERE age < round({value}, 1)", params).fetchone() is not None
+
+
+@pytest.mark.parametrize("sql", ["SELECT round(count(*) / 7.0, 2) FROM adult", "SELECT round(count(1) * 1.5, 1) FROM adult",
+                                 "SELECT round(avg(age), 1) FROM adult"])
+def test_round_of_a_released_aggregate_is_left_to_post_processing(people_proxy: RunningProxy, sql: str) -> None:
+    with people_proxy.connect(autocommit=True) as conn:
+        assert conn.execute(sql).fetchone() is not None

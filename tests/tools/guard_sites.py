@@ -595,6 +595,6 @@ SITES: tuple[Site, ...] = (
     _off("misread.at-operator", "rewriter/misreadings.py",
          'len(symbol) > 1 and symbol.endswith("@") and symbol not in _AT_OPERATORS', "misreadings"),
     Site("misread.round-cast", "rewriter/misreadings.py",
-         'and not nodes_of(arguments[0], "ColumnRef") and not _exact(arguments[0])):', "and False):", "misreadings"),
+         "and not _reads_rows(arguments[0]) and not _exact(arguments[0])):", "and False):", "misreadings"),
     _off("misread.in-list-types", "rewriter/misreadings.py", "len(types) > 1", "misreadings"),
 )
