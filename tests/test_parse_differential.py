@@ -19,7 +19,9 @@ from sqlglot.errors import SqlglotError
 
 from policies.errors import Refusal
 from policies.tables import TableRegistry
+from rewriter import classify as classify_module
 from rewriter.classify import CopyOut, DPQuery, ResolvedRelation, classify
+from rewriter.predicates import PredicateRenderer
 from rewriter.rewrite import backend_sql
 from rewriter.statements import split_statements
 from rewriter.types import BOOL
@@ -145,6 +147,45 @@ def test_every_answered_lexical_variant_reads_alike_in_its_backend_sql(
                                             for variant in variants(sql, rng, VARIANTS_PER_STATEMENT)), same)
     assert answered >= 300, answered
     assert not found, "\n".join(found[:40])
+
+
+@pytest.fixture
+def fresh_plans() -> Iterator[None]:
+    """The classifier's cache emptied before and after: a plan made while the rewriter is patched
+    is not kept for the other tests, nor one made before it served here."""
+    classify_module._classify.cache_clear()
+    yield
+    classify_module._classify.cache_clear()
+
+
+# What a mutation of the rewriter's WHERE makes of its SQL: negated, under an OR, beside a condition
+# of its own. Each keeps the statement's condition as a subexpression of the backend's.
+_WHERE_MUTATIONS = {
+    "negated": lambda sql: f"NOT ({sql})",
+    "under an OR": lambda sql: f"({sql}) OR (\"age\" OPERATOR(pg_catalog.>) 80)",
+    "a conjunct added": lambda sql: f"{sql} AND (NOT (\"age\" OPERATOR(pg_catalog.>) 80))",
+}
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT count(*) FROM adult WHERE age > 30",
+    "SELECT sex, count(*) FROM people WHERE age > 30 AND sex <> 'Female' GROUP BY sex",
+    "SELECT count(*) FROM (SELECT * FROM adult WHERE sex = 'Male') AS virtual_table WHERE age > 30",
+])
+@pytest.mark.parametrize("mutation", sorted(_WHERE_MUTATIONS))
+def test_a_where_the_rewriter_negates_or_widens_is_a_divergence(
+        registry: TableRegistry, monkeypatch: pytest.MonkeyPatch, fresh_plans: None, sql: str, mutation: str) -> None:
+    planned = backend_of(sql, registry)
+    assert planned is not None
+    assert not divergences(sql, planned.backends, planned.columns, planned.booleans)
+    classify_module._classify.cache_clear()
+    where = PredicateRenderer.where
+    monkeypatch.setattr(PredicateRenderer, "where",
+                        lambda renderer, predicate: _WHERE_MUTATIONS[mutation](where(renderer, predicate)))
+    mutated = backend_of(sql, registry)
+    assert mutated is not None and mutated.backends != planned.backends
+    reported = divergences(sql, mutated.backends, mutated.columns, mutated.booleans)
+    assert any(item.what in ("condition", "backend condition") for item in reported), (mutated.backends, reported)
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from policies.model import ColumnPolicy, TablePolicy
+from policies.tables import ColumnInfo, Relation
+from rewriter.dp_query import plan_aggregate_query
+from rewriter.rewrite import backend_sql
 from tests.parse_differential import divergences
 from tests.release_differential import release_divergences
 
@@ -62,3 +66,41 @@ def test_released_aggregates_are_told_apart_by_the_rows_they_count() -> None:
     backend = "SELECT count(*), count(*) FILTER (WHERE age > 30) FROM public.adult"
     assert not release_divergences(statement, backend, post.format(2, 1), released, "adult", _ADULT)
     assert release_divergences(statement, backend, post.format(1, 2), released, "adult", _ADULT)
+
+
+# A table with answer_quantum_ms, whose text t and unconstrained numeric n are compared on their raw
+# values too, and whose varchar(64) code and numeric(60, 0) p get a hashed raw equality (rewriter/raw_equality.py).
+_RAW_TABLE = Relation(1, "public", "tr", TablePolicy(epsilon=1.0, answer_quantum_ms=20), {column.name: column for column in (
+    ColumnInfo("t", 25, -1, 2, None), ColumnInfo("x", 23, -1, 3, ColumnPolicy(bounds=(0, 100))),
+    ColumnInfo("n", 1700, -1, 4, ColumnPolicy(bounds=(0, 100))), ColumnInfo("code", 1043, 64 + 4, 5, None),
+    ColumnInfo("p", 1700, (60 << 16) + 4, 7, None))})
+
+
+def _raw_backend(where: str) -> tuple[str, str]:
+    statement = f"SELECT count(*) FROM tr WHERE {where}"
+    backend = backend_sql(plan_aggregate_query(statement, _RAW_TABLE), 0)
+    assert '"raw ' in backend, backend
+    return statement, backend
+
+
+@pytest.mark.parametrize("where", [
+    "t = 'x'", "t = 'x' OR x > 3", "(t = 'x' AND x > 3) OR t = 'y'", "n > 5 AND n <= 7", "code = 'abc' AND x > 2",
+    "code = $1", "$1 = code", "p IN (1, 2, 2)", "x > 1 AND p = $1",
+])
+def test_the_raw_comparisons_and_equalities_the_rewriter_adds_are_read_as_the_statement(where: str) -> None:
+    statement, backend = _raw_backend(where)
+    assert not divergences(statement, [backend], frozenset(_RAW_TABLE.columns)), backend
+
+
+@pytest.mark.parametrize(("where", "written", "mutated"), [
+    ("t = 'x' OR x > 3", """("raw 2" OPERATOR(pg_catalog.=) 'x')""", """("raw 2" OPERATOR(pg_catalog.=) 'y')"""),
+    ("t = 'x'", """("raw 2" OPERATOR(pg_catalog.=) 'x')""", """("raw 2" OPERATOR(pg_catalog.<>) 'x')"""),
+    ("p IN (1, 2)", "CAST(2 AS pg_catalog.numeric)", "CAST(1 AS pg_catalog.numeric)"),  # 2 dropped: the rows where p = 2 lost
+    ("x > 1 AND p = $1", """("raw 7" OPERATOR(pg_catalog.=) CAST($1""", """("raw 7" OPERATOR(pg_catalog.=) CAST($2"""),
+])
+def test_a_raw_comparison_or_equality_that_is_not_the_statements_is_a_divergence(
+        where: str, written: str, mutated: str) -> None:
+    statement, backend = _raw_backend(where)
+    assert written in backend, backend
+    reported = divergences(statement, [backend.replace(written, mutated)], frozenset(_RAW_TABLE.columns))
+    assert any(item.what in ("condition", "backend condition") for item in reported), reported
