@@ -21,6 +21,7 @@ from policies.errors import Refusal
 from policies.tables import TableRegistry
 from rewriter import classify as classify_module
 from rewriter.classify import CopyOut, DPQuery, ResolvedRelation, classify
+from rewriter.dp_query import Aggregate
 from rewriter.predicates import PredicateRenderer
 from rewriter.rewrite import backend_sql
 from rewriter.statements import split_statements
@@ -32,7 +33,7 @@ from tests.bi_statements import load_recorded
 from tests.differential_corpus import CONSTANT_STATEMENTS, RELEASE_STATEMENTS, adult_statements, variants
 from tests.neighbour_cases import TABLE_DDL, domain_ddl, generate_case, policy_columns
 from tests.parse_differential import divergences
-from tests.release_differential import release_divergences
+from tests.release_differential import Released, label_divergences, plain_divergences, release_divergences
 
 SEED = 122
 FUZZ_CASES = 400
@@ -60,15 +61,18 @@ def registry(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) ->
 @dataclass(frozen=True)
 class Planned:
     """What dpproxy runs for a DP statement: its backend SQL (a series limit's ranking first), the
-    protected table's name, columns and boolean ones, and the outer statement over the release
-    with the released aggregates' kinds, columns and FILTERs (None where it post-processes nothing)."""
+    protected table's name, columns and boolean ones, the outer statement over the release (None
+    where it post-processes nothing), the aggregates it releases, the labels each category key's
+    cells are released as (None for another kind of key), and whether it is answered as released."""
 
     backends: list[str]
     table: str
     columns: frozenset[str]
     booleans: frozenset[str]
     post: str | None
-    released: tuple[tuple[str, str | None, str | None], ...]
+    released: tuple[Released, ...]
+    labels: tuple[tuple[str, ...] | None, ...]
+    plain: bool  # answered without post-processing: each output an aggregate, released in order
 
 
 def backend_of(sql: str, registry: TableRegistry) -> Planned | None:
@@ -94,8 +98,20 @@ def backend_of(sql: str, registry: TableRegistry) -> Planned | None:
     return Planned(ranking + [backend_sql(plan, seed=0)], plan.table.name, frozenset(columns),
                    frozenset(name for name, column in columns.items() if BOOL in (column.type_oid, column.base_type_oid)),
                    plan.post.sql if plan.post is not None and plan.series is None else None,
-                   tuple((aggregate.kind, aggregate.column.name if aggregate.column else None, aggregate.filter_sql)
-                         for aggregate in plan.aggregates))
+                   tuple(Released(aggregate.kind, aggregate.column.name if aggregate.column else None, aggregate.filter_sql,
+                                  _fraction(aggregate), aggregate.distinct) for aggregate in plan.aggregates),
+                   tuple(tuple(key.labels()) if key.kind == "category" else None for key in plan.groups),
+                   plan.post is None and plan.series is None and not plan.groups)
+
+
+def _fraction(aggregate: Aggregate) -> str | None:
+    """A percentile's fraction as tests/release_differential.py reads the statement's: ``1/4``,
+    ``1/4,1/2`` (an array), ``$1`` or ``1-$1`` (a parameter, under DESC); None for another aggregate."""
+    if aggregate.fraction_parameter is not None:
+        return f"{'1-' if aggregate.fraction_parameter.desc else ''}${aggregate.fraction_parameter.number}"
+    if aggregate.fractions:
+        return ",".join(str(fraction) for fraction in aggregate.fractions)
+    return str(aggregate.fraction) if aggregate.fraction is not None else None
 
 
 def _corpus() -> Iterator[str]:
@@ -126,10 +142,15 @@ def _diverging(registry: TableRegistry, statements: Iterator[str],
         answered += 1
         found += [f"{sql!r}: {divergence}\n  backend: {planned.backends}"
                   for divergence in divergences(sql, planned.backends, planned.columns, planned.booleans, same)]
+        found += [f"{sql!r}: {divergence}\n  backend: {planned.backends[-1]}"
+                  for divergence in label_divergences(planned.backends[-1], planned.labels)]
         if planned.post is not None:
             found += [f"{sql!r}: {divergence}\n  backend: {planned.backends[-1]}\n  post: {planned.post}"
                       for divergence in release_divergences(sql, planned.backends[-1], planned.post, planned.released,
                                                             planned.table, planned.columns, planned.booleans, same)]
+        elif planned.plain:
+            found += [f"{sql!r}: {divergence}\n  released: {planned.released}"
+                      for divergence in plain_divergences(sql, planned.released, planned.table, planned.booleans, same)]
     return answered, found
 
 
