@@ -104,15 +104,60 @@ def _substituted(node: Any, names: dict[str, Any]) -> Any:
 
 def _read_through(select: dict[str, Any], below: dict[str, Any] | None) -> dict[str, Any]:
     """``select`` with each name of the level ``below`` it read as that level's output: in its
-    outputs, WHERE, GROUP BY and HAVING, and in ORDER BY where no output of its own has the name."""
+    outputs, WHERE, GROUP BY and HAVING, and in ORDER BY but for a bare name that is an output of
+    its own (PostgreSQL reads that as the output; a qualified one as the column below)."""
     if below is None:
         return select
     names = _outputs(below)
-    own = {name: names[name] for name in names.keys() - _outputs(select).keys()}
     read = {key: _substituted(value, names) if key in _CLAUSES else value for key, value in select.items()}
     if "sortClause" in select:
-        read["sortClause"] = _substituted(select["sortClause"], own)
+        own = _outputs(select).keys()
+        read["sortClause"] = [order if "ColumnRef" in order["SortBy"]["node"]
+                              and len(order["SortBy"]["node"]["ColumnRef"]["fields"]) == 1
+                              and order["SortBy"]["node"]["ColumnRef"]["fields"][0].get("String", {}).get("sval") in own
+                              else _substituted(order, names) for order in select["sortClause"]]
     return read
+
+
+def _ordered_by_outputs(select: dict[str, Any]) -> dict[str, Any]:
+    """``select`` with each ORDER BY item that is a bare name of its outputs read as that output's
+    expression, as PostgreSQL reads it (two outputs of that name and of other expressions:
+    ambiguous, its 42702). An unnamed output's name is its column's or its function's."""
+    if "sortClause" not in select:
+        return select
+    outputs: dict[str, list[Any]] = {}
+    for target in select.get("targetList", []):
+        value = target["ResTarget"]["val"]
+        name = target["ResTarget"].get("name")
+        if name is None and "ColumnRef" in value and "String" in value["ColumnRef"]["fields"][-1]:
+            name = value["ColumnRef"]["fields"][-1]["String"]["sval"]
+        elif name is None and "FuncCall" in value:
+            name = _name(value["FuncCall"]["funcname"])
+        if name is not None:
+            outputs.setdefault(name, []).append(value)
+    sort = []
+    for order in select["sortClause"]:
+        node = order["SortBy"]["node"]
+        name = node["ColumnRef"]["fields"][0].get("String", {}).get("sval") \
+            if "ColumnRef" in node and len(node["ColumnRef"]["fields"]) == 1 else None
+        if name in outputs:
+            values = outputs[name]
+            read = values[0] if len({repr(canonical(value)) for value in values}) == 1 else {"Released": ("ambiguous", name)}
+            order = {"SortBy": {**order["SortBy"], "node": read}}
+        sort.append(order)
+    return {**select, "sortClause": sort}
+
+
+def _unresolved(node: Any) -> Any:
+    """``node`` (the outer statement's release level) with each column reference left, which no
+    input column of the release has (PostgreSQL's 42703 there), marked as such."""
+    if isinstance(node, list):
+        return [_unresolved(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "ColumnRef" in node:
+        return {"Released": ("unresolved", repr(canonical(node)))}
+    return {key: _unresolved(value) for key, value in node.items()}
 
 
 _CLAUSES = ("targetList", "whereClause", "groupClause", "havingClause", "limitCount", "limitOffset")
@@ -375,13 +420,15 @@ def release_divergences(statement: str, backend: str, post: str,
         return [Divergence("GROUP BY", "the keys (no backend GROUP BY over the table)")]
     if _highest(theirs[depth], "_k") > len(keys) or _highest(theirs[depth], "_dp") > len(released):
         return []  # keys the statement does not group by (SELECT DISTINCT): another shape
-    composed = _composed(theirs[depth], keys, [_released(aggregate) for aggregate in released])
+    composed = _unresolved(_ordered_by_outputs(_composed(theirs[depth], keys, [_released(aggregate) for aggregate in released])))
     outputs = {canonical(target["ResTarget"]["val"]) for target in level.get("targetList", [])}
     found = [Divergence("GROUP BY key", repr(canonical(key))) for key, ran in zip(_statement_keys(level), keys)
              if canonical(key) not in outputs and not alike(canonical(key), ran, same)]  # an output's is below
+    replaced = _ordered_by_outputs(replaced)
     found += _level_divergences(replaced, composed, "havingClause", same)
     for index in range(depth - 1, -1, -1):  # the enclosing levels, each over the one below
-        replaced, composed = _read_through(mine[index], replaced), _read_through(theirs[index], composed)
+        replaced = _ordered_by_outputs(_read_through(mine[index], replaced))
+        composed = _ordered_by_outputs(_read_through(theirs[index], composed))
         found += [Divergence(f"level {index}: {item.what}", item.read)
                   for item in _level_divergences(replaced, composed, "whereClause", same)]
     return found

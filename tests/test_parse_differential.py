@@ -448,3 +448,21 @@ def test_a_name_in_an_order_by_expression_is_an_input_column_as_postgresql_reads
     assert error.diag.message_primary.startswith(f'column "{name}"'), error.diag.message_primary
     with people_proxy.connect(autocommit=True) as conn:  # a key's name there is the key, as in PostgreSQL
         assert conn.execute("SELECT age AS a, count(*) AS age FROM people GROUP BY age ORDER BY age + 0").fetchone()
+
+
+@pytest.mark.parametrize("sql", [
+    'SELECT U&"e" FROM (SELECT count(*) AS u, sum(age) AS "e" FROM people) AS t',
+    'SELECT U&"\\0065" AS x FROM (SELECT count(*) AS u, sum(age) AS "e" FROM people) AS t',
+    'SELECT sex, n FROM (SELECT sex, count(*) AS n FROM people GROUP BY sex) AS t WHERE U&"\\006e" > 10',
+    'SELECT count(*) FROM people WHERE U&"!0061ge" UESCAPE \'!\' > 30',
+])
+def test_a_name_with_unicode_escapes_is_refused_before_any_charge(
+        people_proxy: RunningProxy, test_db: TestDatabase, sql: str) -> None:
+    # sqlglot reads U&"e" as U & "e", the bitwise AND of two columns: with a column of each name it
+    # was answered with u & e (count & sum) where PostgreSQL answers e, the sum; the others failed
+    # with another error (42703, an operator refused) where PostgreSQL answers.
+    with psycopg.connect(test_db.admin_dsn) as admin:
+        assert admin.execute(sql).fetchall()
+    error = refused_uncharged(people_proxy, sql)
+    assert (error.diag.sqlstate, error.diag.message_primary.split(", which")[1]) == (
+        "0A000", ' dpproxy\'s DP planner reads as U & "...", is not supported on protected table people (rule: unicode-name)')
