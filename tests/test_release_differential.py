@@ -204,3 +204,32 @@ def test_a_category_keys_cells_are_released_under_the_labels_the_backend_numbers
         otherwise: str, labels: tuple[str, ...], found: bool) -> None:
     reported = label_divergences(_BY_SEX.format(otherwise), [labels])
     assert bool(reported) == found, reported
+
+
+_BY_SEX_POST = ("SELECT dpproxy_release._k1 AS sex, dpproxy_release._dp1 AS {} FROM (SELECT pg_catalog.unnest($1) AS _k1, "
+                "pg_catalog.unnest($2) AS _dp1) AS dpproxy_release ORDER BY {}")
+
+
+@pytest.mark.parametrize(("name", "order", "ran", "found"), [
+    ("n", "n DESC", "n DESC", False),
+    ("n", "n DESC", "dpproxy_release._dp1 DESC", False),  # the output n stands for
+    ("age", "age", "age", False),  # an output's bare name: the output, though the table has age
+    ("age", "age + 0", "age OPERATOR(pg_catalog.+) 0", True),  # the column age to PostgreSQL, none over the release
+    ("n", "n DESC", "dpproxy_release._k1 DESC", True),
+])
+def test_an_order_by_name_is_read_as_postgresql_reads_it(name: str, order: str, ran: str, found: bool) -> None:
+    statement = f"SELECT sex, count(*) AS {name} FROM people GROUP BY sex ORDER BY {order}"
+    key = ("CASE WHEN (\"sex\" OPERATOR(pg_catalog.=) 'Male') THEN 0 WHEN (\"sex\" OPERATOR(pg_catalog.=) 'Female') "
+           "THEN 1 END")
+    backend = f"SELECT k0, p0 FROM (SELECT {key} AS k0, count(*) AS p0 FROM public.people GROUP BY sex) AS cells"
+    reported = release_divergences(statement, backend, _BY_SEX_POST.format(name, ran),
+                                   [Released("count", None, None, None)], "people", _PEOPLE)
+    assert bool(reported) == found, reported
+
+
+def test_an_enclosing_querys_where_is_no_condition_on_the_rows() -> None:
+    # WHERE n > 10 reads the released count: the outer statement's, compared level by level
+    statement = "SELECT sex, n FROM (SELECT sex, count(*) AS n FROM people GROUP BY sex) AS t WHERE n > 10"
+    backend = "SELECT k0, p0 FROM (SELECT sex AS k0, count(*) AS p0 FROM public.people GROUP BY sex) AS cells"
+    assert not divergences(statement, [backend], _PEOPLE)
+    assert divergences("SELECT sex, count(*) AS n FROM people WHERE age > 10 GROUP BY sex", [backend], _PEOPLE)
