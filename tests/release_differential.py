@@ -67,6 +67,12 @@ def _inlined(node: Any, ctes: dict[str, Any]) -> Any:
     return {key: _inlined(value, ctes) for key, value in node.items()}
 
 
+def _select(statement: str) -> dict[str, Any]:
+    """The SELECT of ``statement`` (of ``COPY (SELECT ...) TO``), each CTE it reads inlined."""
+    tree = tree_of(statement)
+    return dict(_inlined(tree["CopyStmt"]["query"] if "CopyStmt" in tree else tree, {})["SelectStmt"])
+
+
 def _levels(select: dict[str, Any]) -> list[dict[str, Any]]:
     """``select`` and the levels below it, each the one derived table the level above reads."""
     levels = [select]
@@ -75,16 +81,24 @@ def _levels(select: dict[str, Any]) -> list[dict[str, Any]]:
     return levels
 
 
+def _output_name(target: dict[str, Any]) -> str | None:
+    """The name of an output (a ``ResTarget``): its alias, else its column's or its function's, as
+    PostgreSQL names it (None for another expression, which no name here reads)."""
+    value = target["ResTarget"]["val"]
+    if "name" in target["ResTarget"]:
+        return str(target["ResTarget"]["name"])
+    if "ColumnRef" in value and "String" in value["ColumnRef"]["fields"][-1]:
+        return str(value["ColumnRef"]["fields"][-1]["String"]["sval"])
+    return _name(value["FuncCall"]["funcname"]) if "FuncCall" in value else None
+
+
 def _outputs(select: dict[str, Any]) -> dict[str, Any]:
-    """Each output name of ``select`` (a column's own where it has none) to its expression."""
+    """Each output name of ``select`` (:func:`_output_name`) to its expression (the first's)."""
     named: dict[str, Any] = {}
     for target in select.get("targetList", []):
-        value = target["ResTarget"]["val"]
-        name = target["ResTarget"].get("name")
-        if name is None and "ColumnRef" in value and "String" in value["ColumnRef"]["fields"][-1]:
-            name = value["ColumnRef"]["fields"][-1]["String"]["sval"]
+        name = _output_name(target)
         if name is not None:
-            named.setdefault(name, value)
+            named.setdefault(name, target["ResTarget"]["val"])
     return named
 
 
@@ -122,19 +136,14 @@ def _read_through(select: dict[str, Any], below: dict[str, Any] | None) -> dict[
 def _ordered_by_outputs(select: dict[str, Any]) -> dict[str, Any]:
     """``select`` with each ORDER BY item that is a bare name of its outputs read as that output's
     expression, as PostgreSQL reads it (two outputs of that name and of other expressions:
-    ambiguous, its 42702). An unnamed output's name is its column's or its function's."""
+    ambiguous, its 42702)."""
     if "sortClause" not in select:
         return select
     outputs: dict[str, list[Any]] = {}
     for target in select.get("targetList", []):
-        value = target["ResTarget"]["val"]
-        name = target["ResTarget"].get("name")
-        if name is None and "ColumnRef" in value and "String" in value["ColumnRef"]["fields"][-1]:
-            name = value["ColumnRef"]["fields"][-1]["String"]["sval"]
-        elif name is None and "FuncCall" in value:
-            name = _name(value["FuncCall"]["funcname"])
+        name = _output_name(target)
         if name is not None:
-            outputs.setdefault(name, []).append(value)
+            outputs.setdefault(name, []).append(target["ResTarget"]["val"])
     sort = []
     for order in select["sortClause"]:
         node = order["SortBy"]["node"]
@@ -142,7 +151,8 @@ def _ordered_by_outputs(select: dict[str, Any]) -> dict[str, Any]:
             if "ColumnRef" in node and len(node["ColumnRef"]["fields"]) == 1 else None
         if name in outputs:
             values = outputs[name]
-            read = values[0] if len({repr(canonical(value)) for value in values}) == 1 else {"Released": ("ambiguous", name)}
+            alike_all = len({repr(canonical(value)) for value in values}) == 1
+            read = values[0] if alike_all else {"Released": ("ambiguous", name)}
             order = {"SortBy": {**order["SortBy"], "node": read}}
         sort.append(order)
     return {**select, "sortClause": sort}
@@ -401,16 +411,16 @@ def release_divergences(statement: str, backend: str, post: str,
     """What the DP statement ``statement`` computes from its aggregates and keys that dpproxy's
     outer statement ``post`` over the release of ``backend`` does not compute alike, level by level.
 
-    ``released`` are the plan's aggregates in release order; ``table``, ``table_columns`` and ``boolean_columns`` the protected table's name,
-    columns and boolean ones."""
-    tree = tree_of(statement)
-    asked = _inlined(tree["CopyStmt"]["query"] if "CopyStmt" in tree else tree, {})["SelectStmt"]  # COPY (SELECT ...) TO
+    ``released`` are the plan's aggregates in release order; ``table``, ``table_columns`` and
+    ``boolean_columns`` the protected table's name, columns and boolean ones."""
+    asked = _select(statement)
     theirs = _levels(tree_of(post)["SelectStmt"])
     depth = next((index for index, level in enumerate(theirs) if _reads_release(level)), None)
     mine = _levels(asked)
     level = _release_level(mine[depth:], table) if depth is not None and depth < len(mine) else None
     if depth is None or level is None:
-        return [Divergence("level", f"the release level (the outer statement's {depth}, the statement's of {len(mine)})")]
+        return [Divergence("level", f"the release level (the outer statement's {depth}, "
+                                    f"the statement's of {len(mine)})")]
     counted = {"unread": 0}
     replaced = _replaced(level, counted, boolean_columns)
     if counted["unread"]:
@@ -420,7 +430,8 @@ def release_divergences(statement: str, backend: str, post: str,
         return [Divergence("GROUP BY", "the keys (no backend GROUP BY over the table)")]
     if _highest(theirs[depth], "_k") > len(keys) or _highest(theirs[depth], "_dp") > len(released):
         return []  # keys the statement does not group by (SELECT DISTINCT): another shape
-    composed = _unresolved(_ordered_by_outputs(_composed(theirs[depth], keys, [_released(aggregate) for aggregate in released])))
+    composed = _composed(theirs[depth], keys, [_released(aggregate) for aggregate in released])
+    composed = _unresolved(_ordered_by_outputs(composed))
     outputs = {canonical(target["ResTarget"]["val"]) for target in level.get("targetList", [])}
     found = [Divergence("GROUP BY key", repr(canonical(key))) for key, ran in zip(_statement_keys(level), keys)
              if canonical(key) not in outputs and not alike(canonical(key), ran, same)]  # an output's is below
@@ -468,9 +479,7 @@ def plain_divergences(statement: str, released: Sequence[Released], table: str,
     """What a statement dpproxy answers without post-processing (each output an aggregate, released
     as it is, in order) asks of its aggregates that ``released``, the plan's, does not release: a
     kind, column, condition or percentile fraction of another (or another number of outputs)."""
-    tree = tree_of(statement)
-    asked = _inlined(tree["CopyStmt"]["query"] if "CopyStmt" in tree else tree, {})["SelectStmt"]
-    level = _release_level(_levels(asked), table)
+    level = _release_level(_levels(_select(statement)), table)
     if level is None:
         return [Divergence("level", "the release level (a statement answered as it is)")]
     found = []
