@@ -181,6 +181,15 @@ RELEASE_STATEMENTS = (
     "WITH base AS (SELECT * FROM people WHERE income > 1000) SELECT sex, avg(age) AS a FROM base GROUP BY sex",
     "SELECT upper(sex) AS s, c FROM (SELECT sex, count(*) AS c FROM people GROUP BY sex) AS q",
     "COPY (SELECT sex, count(*) FROM people GROUP BY sex) TO STDOUT",
+    "SELECT * FROM (SELECT sex, count(*) AS n FROM people GROUP BY sex HAVING count(*) > 5) AS t WHERE sex = 'Male'",
+    "WITH a AS (SELECT date_trunc('year', signed_up) AS y, sum(income) AS s FROM people GROUP BY 1) "
+    "SELECT y, s FROM a ORDER BY s DESC LIMIT 1",
+    "SELECT count FROM (SELECT count(*) FROM people) AS q",
+    'SELECT "count" * 2 FROM (SELECT count(*) FROM people WHERE age > 20) AS "q"',
+    "SELECT max(n) FROM (SELECT sex, count(*) AS n FROM people GROUP BY sex) AS t",
+    "SELECT max(n) FROM (SELECT sex, count(*) AS n FROM people GROUP BY sex) AS t WHERE n > 3",
+    "SELECT sex, share FROM (SELECT sex, avg(CASE WHEN income > 50000 THEN 1 ELSE 0 END) AS share FROM people "
+    "GROUP BY sex) AS s ORDER BY share DESC",
     # Shares, percent of total, percentiles
     "SELECT sex, avg(CASE WHEN age > 40 THEN 1 ELSE 0 END) AS share FROM people GROUP BY sex",
     "SELECT sex, avg((age > 40)::int) FILTER (WHERE income > 1000) FROM people GROUP BY 1 ORDER BY 2 DESC",

@@ -79,11 +79,27 @@ def read_columns(tree: dict[str, Any]) -> frozenset[str]:
 
 def _wheres(tree: dict[str, Any]) -> list[dict[str, Any]]:
     """The WHERE expression of each level of ``tree`` that chooses rows: not of an enclosing query's
-    level (no aggregate level itself, it reads one), whose WHERE reads released values (``SELECT ...
-    FROM (SELECT count(*) AS n ...) q WHERE n > 10``, compared by tests/release_differential.py)."""
+    level (:func:`_encloses`), whose WHERE reads released values (``SELECT ... FROM (SELECT count(*)
+    AS n ...) q WHERE n > 10``, compared by tests/release_differential.py)."""
     return [select["whereClause"] for select in nodes_of(tree, "SelectStmt")
-            if "whereClause" in select and (_aggregates(select) or not any(_aggregates(inner) for inner in nodes_of(
-                [select.get("fromClause", []), select.get("withClause", {})], "SelectStmt")))]
+            if "whereClause" in select and not _encloses(select)]
+
+
+def _encloses(select: dict[str, Any]) -> bool:
+    """Whether ``select`` reads only an aggregate level (its one derived table, or a CTE of its own
+    WITH), maybe through enclosing levels: an enclosing query's level."""
+    sources = select.get("fromClause", [])
+    if len(sources) != 1:
+        return False
+    ctes = {cte["CommonTableExpr"]["ctename"]: cte["CommonTableExpr"]["ctequery"]
+            for cte in select.get("withClause", {}).get("ctes", [])}
+    if "RangeSubselect" in sources[0]:
+        inner = sources[0]["RangeSubselect"]["subquery"]
+    elif "RangeVar" in sources[0] and sources[0]["RangeVar"]["relname"] in ctes:
+        inner = ctes[sources[0]["RangeVar"]["relname"]]
+    else:
+        return False
+    return "SelectStmt" in inner and (_aggregates(inner["SelectStmt"]) or _encloses(inner["SelectStmt"]))
 
 
 def _aggregates(select: dict[str, Any]) -> bool:

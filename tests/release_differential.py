@@ -74,11 +74,20 @@ def _select(statement: str) -> dict[str, Any]:
 
 
 def _levels(select: dict[str, Any]) -> list[dict[str, Any]]:
-    """``select`` and the levels below it, each the one derived table the level above reads."""
-    levels = [select]
+    """``select`` and the levels below it, each the one derived table the level above reads, each
+    output named as PostgreSQL names it (:func:`_output_name`)."""
+    levels = [_named(select)]
     while len(sources := levels[-1].get("fromClause", [])) == 1 and "RangeSubselect" in sources[0]:
-        levels.append(sources[0]["RangeSubselect"]["subquery"]["SelectStmt"])
+        levels.append(_named(sources[0]["RangeSubselect"]["subquery"]["SelectStmt"]))
     return levels
+
+
+def _named(select: dict[str, Any]) -> dict[str, Any]:
+    """``select`` with each output that has a name but no alias given its name as one, which it
+    keeps once its expression is read otherwise."""
+    targets = [{"ResTarget": {**target["ResTarget"], "name": name}} if (name := _output_name(target)) is not None
+               else target for target in select.get("targetList", [])]
+    return {**select, "targetList": targets} if "targetList" in select else select
 
 
 def _output_name(target: dict[str, Any]) -> str | None:
@@ -221,6 +230,8 @@ def _fraction(call: dict[str, Any]) -> str | None:
     fractions = []
     for value in values:
         number = canonical(value)
+        while number[:1] == ("value",) or (number[:1] == ("cast",) and number[1] in _EXACT):
+            number = number[2]  # +0.5, 0.5::numeric: the number 0.5
         if number[:1] != ("number",):
             return "?" + repr(number)  # a form :func:`_fraction` does not read: reported
         fraction = Fraction(Decimal(number[1]))
@@ -228,6 +239,8 @@ def _fraction(call: dict[str, Any]) -> str | None:
     return ",".join(fractions)
 
 
+# Types a fraction's number may be cast to without changing what the percentile reads
+_EXACT = frozenset({"numeric", "float8"})  # percentile_cont reads its fraction as a float8 anyway
 # dpproxy's share of rows n of d (rewriter/shares.py), ``n`` and ``d`` standing for the two counts
 _SHARE = tree_of("SELECT CAST(GREATEST(0, LEAST(n, GREATEST(d, 1))) AS numeric) / GREATEST(d, 1)")["SelectStmt"][
     "targetList"][0]["ResTarget"]["val"]
