@@ -34,7 +34,7 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
                      "tests/test_attack_stop36.py::test_a_relations_age_column_is_still_read_by_its_qualified_name"),
     "classify": ("tests/test_refusals.py", "tests/test_data_modifying_cte.py", "tests/test_copy.py", "tests/test_ctes.py",
                  "tests/test_session_statements.py", "tests/test_attack_pool_isolation.py"),
-    "relation": ("tests/test_protected_view_failures.py", "tests/test_service_role_grants.py",
+    "relation": ("tests/test_protected_view_failures.py", "tests/test_service_role_grants.py", "tests/test_table_access_methods.py",
                  "tests/test_attack_stop42.py::test_a_protected_view_column_computed_from_a_value_of_any_length_is_refused_at_load",
                  "tests/test_attack_stop42.py::"
                  "test_a_virtual_generated_column_computed_from_a_value_of_any_length_refuses_its_table_at_load",
@@ -506,6 +506,8 @@ SITES: tuple[Site, ...] = (
     _off("rows.total-function", _R, "not builtin or _POLYMORPHIC.search(name) or not total", "relation",
          "not builtin or _POLYMORPHIC.search(name)"),
     Site("rows.foreign-table", _R, "_FOREIGN if text is None else _scan(text)", '_scan(text or "")', "relation"),
+    Site("rows.table-access-method", _R, "AND m.amhandler OPERATOR(pg_catalog.<>) 'pg_catalog.heap_tableam_handler'",
+         "AND false AND m.amhandler OPERATOR(pg_catalog.<>) 'pg_catalog.heap_tableam_handler'", "relation"),
     _off("rows.computed-view-column", _R, "not plain", "relation"),
     Site("rows.computed-from-any-length", _R, "if any(kind in catalog.any_length and known.get(reader",
          "if any(False and known.get(reader", "relation"),
