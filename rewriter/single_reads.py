@@ -54,16 +54,16 @@ KEY_WORK = 50
 """Work units a byte of a value a categorical GROUP BY key reads, besides its comparisons with the
 categories: measured at 0.12–0.46 of ``lower(t) = 'x'``'s cost a byte in memory, 0.65–1.01 where the
 groups spill to disk (``work_mem``)."""
-COLLATED_DISTINCT_WORK = 200
+COLLATED_DISTINCT_WORK = 300
 """Work units a byte ``COUNT(DISTINCT)`` reads where the column's collation does not order by bytes
-(``ColumnInfo.byte_order``): its sort compares through ICU or libc, measured at 71–104 units a byte
-(1.4–2.0 of ``lower()``'s) under ``und-x-icu`` and a nondeterministic ICU collation
-(benchmarks/collation_cost.py), weighed at about twice that."""
+(``ColumnInfo.byte_order``): its sort compares through ICU or libc, measured at 67–139 units a byte
+(1.3–2.7 of ``lower()``'s) under ``und-x-icu`` and a nondeterministic ICU collation
+(benchmarks/collation_cost.py, on a loaded host), weighed at about twice the most."""
 COLLATED_KEY_WORK = 600
 """Work units a byte a categorical GROUP BY key reads under a nondeterministic collation, besides its
-comparisons with the categories: PostgreSQL hashes the value's ICU sort key, measured at 164–289
-units a byte (3.2–5.7 of ``lower()``'s), weighed at about twice that. Under a deterministic collation
-the hash reads the bytes (:data:`KEY_WORK`)."""
+comparisons with the categories: PostgreSQL hashes the value's ICU sort key, measured at 132–289
+units a byte (2.6–5.7 of ``lower()``'s), weighed at about twice the most. Under a deterministic
+collation the hash reads the bytes (:data:`KEY_WORK`)."""
 _BPCHAR = 1042
 HASH_WORK = 10
 """Work units a byte of a text column the ``row_hash`` partition key hashes: measured at 0.065–0.072

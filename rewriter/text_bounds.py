@@ -158,9 +158,10 @@ _MAX_BYTES_PER_CHARACTER = 4  # UTF-8, and every server encoding PostgreSQL has
 COMPARISON_WORK = 1
 """Work units a byte of a comparison (=, <>, <, …, each IN value): ~0.02–0.1 ns a byte, warm."""
 COLLATED_COMPARISON_WORK = 50
-"""Work units a byte of a comparison through a collation's code (:func:`comparison_work`): ICU's
-compared level by level measured 16–24 units a byte (``<`` under ``und-x-icu``, ``=`` under a
-nondeterministic one; benchmarks/collation_cost.py), weighed at about twice that, as ``lower()``."""
+"""Work units a byte of a comparison through a collation's code (:func:`comparison_work`): ICU's,
+level by level, measured at up to 16.5 units a byte (``<`` under ``und-x-icu``) and 24 (``=`` and
+``<`` under a nondeterministic one) on a value that differs from the other only in case
+(benchmarks/collation_cost.py), weighed at about twice the most, as ``lower()``."""
 CASE_FOLD_WORK = 50
 """Work units a byte of ``lower()``/``upper()`` or of ILIKE's case folding: ~5 ns a byte."""
 LIKE_WORK = 20
