@@ -30,7 +30,8 @@ from pathlib import Path
 
 import psycopg
 
-from benchmarks.row_cost import Construct, _executed, _writer, load_tables, measuring_session, on_server, plan_constructs, policy_file
+from benchmarks.row_cost import (Construct, _writer, alternating_runs, load_tables, measuring_session, on_server, plan_constructs,
+                                 policy_file)
 
 LITERAL = "{literal}"  # replaced by 'a' × --long
 STATEMENTS: tuple[Construct, ...] = (
@@ -81,12 +82,7 @@ def _values(dsn: str, collation: str, short: int, long: int, pattern: str) -> No
 def _per_byte(conn: psycopg.Connection[object], pair: tuple[str, str], rows: int, span: int,
               repeats: int) -> tuple[float, float]:
     """ns a byte of one row's value, and the base's interquartile range relative to its median."""
-    for sql in pair:
-        _executed(conn, sql)  # warm-up
-    base, plus = [], []
-    for _ in range(repeats):
-        base.append(_executed(conn, pair[0])[0])
-        plus.append(_executed(conn, pair[1])[0])
+    base, plus = alternating_runs(conn, pair, repeats)
     quartiles = statistics.quantiles(base, n=4)
     median = statistics.median(base)
     return (statistics.median(plus) - median) * 1e6 / rows / span, (quartiles[2] - quartiles[0]) / median
