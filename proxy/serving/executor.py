@@ -68,6 +68,7 @@ from rewriter.statements import Statement, split_statements
 
 from .copy_out import copy_messages
 from .cursors import BackendCursor, Cursors, KeptCursor
+from .implicit_block import changes_session
 from .relation_locks import RECOVERY_CONFLICTS, LocksNotTaken, with_locks
 from .safe_snapshot import begins_serializable, in_safe_snapshot, take_snapshot
 from .settings import SessionSettings
@@ -165,9 +166,39 @@ class Executor:
         self._streams: set[RowStream] = set()  # results passed on as they arrive, not ended yet
         self.cursors = Cursors()  # the session's SQL cursors (DECLARE ... CURSOR)
         self._serializable_block = False  # the transaction block open now began SERIALIZABLE
+        self.implicit = False
+        """An implicit transaction is open on the backend (``begin_implicit``): a simple Query's of
+        several statements, or an extended-protocol pipeline's, until the session ends it."""
 
     def transaction_status(self) -> bytes:
         return self.backend.transaction_status
+
+    # ------------------------------------------------------------ implicit transactions
+
+    async def begin_implicit(self) -> None:
+        """Open the implicit transaction PostgreSQL runs a query string of several statements
+        in, or an extended-protocol pipeline up to its Sync (``implicit_block``); the session
+        ends it with ``end_implicit``. A BEGIN inside turns it into a regular block, and a
+        COMMIT or ROLLBACK inside ends it, as in PostgreSQL."""
+        await self.backend.execute("BEGIN")
+        self.implicit = True
+        self.settings.implicit_block(None)
+
+    async def end_implicit(self, committed: bool) -> None:
+        """Commit the implicit transaction, or roll it back (an error came before its end):
+        the settings changed in it are undone, on the backend and in dpproxy, as PostgreSQL
+        undoes them. Nothing if none is open. A DP answer given in it stays charged."""
+        if not self.implicit:
+            return
+        self.implicit = False
+        try:
+            await self.backend.execute("COMMIT" if committed else "ROLLBACK")
+        finally:
+            self.settings.implicit_block(committed)
+            self.cursors.transaction_ended(committed)
+            self.backend.pinned = self.cursors.pins_backend
+            if not committed:
+                self.generation += 1  # the rollback undid any SET in it
 
     # ------------------------------------------------------------ planning
 
@@ -386,6 +417,14 @@ class Executor:
                 raise
             plan = await self._current(plan)
         fingerprint = plan.fingerprint
+        if not simple and changes_session(plan.statement, plan.decision) and self.transaction_status() == b"I":
+            # Its change would be undone if a later message of the pipeline failed before the
+            # Sync, as in PostgreSQL (implicit_block.py).
+            try:
+                await self.begin_implicit()
+            except (BackendError, ClientGone) as exc:
+                self._audit_soon(fingerprint, "error", exc.sqlstate, None, started)
+                raise
         self._charged = None
         try:
             result, notices, cost = await self._run(plan, params, result_formats, simple=simple)
@@ -483,6 +522,9 @@ class Executor:
                 raise Refusal("26000", f'prepared statement "{decision.name}" does not exist')
             return ResultSet([], [], "DEALLOCATE" if decision.name else "DEALLOCATE ALL"), [], None
         assert isinstance(decision, Passthrough) and plan.statement is not None
+        if self.implicit and _begins(plan.statement):
+            self.implicit = False  # BEGIN turns the implicit transaction into a regular block
+            return ResultSet([], [], "BEGIN"), [], None
         if plan.statement.kind == "DiscardStmt" and plan.statement.node.get("target") == "DISCARD_ALL":
             self.deallocate(None)
         if _may_move_search_path(plan.statement):
@@ -511,6 +553,8 @@ class Executor:
             result = await self.backend.execute(decision.sql, with_params, uniform, one_statement=True)
             result = _apply_formats(result, result_formats)
         if plan.statement.kind == "TransactionStmt":
+            if self.backend.transaction_status == b"I":
+                self.implicit = False  # a COMMIT or ROLLBACK ended it
             self.settings.transaction_statement(plan.statement.node, status, self.backend.transaction_status)
             self.cursors.transaction_statement(plan.statement.node, status)
             self.backend.pinned = self.cursors.pins_backend

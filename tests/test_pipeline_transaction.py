@@ -1,0 +1,156 @@
+"""An extended-protocol pipeline is one implicit transaction, and its error goes out at once.
+
+In PostgreSQL the messages up to a Sync run in one implicit transaction: an error before the
+Sync rolls back everything since the last one, a ``SET`` included (psycopg's pipeline mode,
+pgjdbc's batches and asyncpg's executemany send many statements before one Sync). dpproxy
+used to commit each statement on its own, so a ``SET`` earlier in a failed pipeline stayed in
+force. And PostgreSQL sends an ErrorResponse as soon as the error happens, then ignores
+everything up to the Sync; dpproxy held it until the client's Sync or Flush. Each behaviour
+is compared with the same client connected straight to PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+
+from conftest import RunningProxy, TestDatabase, running_proxy, spent_epsilon, TEST_POLICY
+from wire import SYNC, Wire, bind, execute, parse
+
+# A policy whose pool has one connection: what one session leaves on it, the next one gets.
+_ONE_CONNECTION = TEST_POLICY.replace("  statement_timeout_ms: 20000\n",
+                                      "  statement_timeout_ms: 20000\n  pool: {{size: 1}}\n")
+assert _ONE_CONNECTION != TEST_POLICY
+
+
+@pytest.fixture(scope="module")
+def one(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    with running_proxy(test_db, tmp_path_factory, _ONE_CONNECTION) as running:
+        yield running
+
+
+def _failed_pipeline(conn: psycopg.Connection, *statements: str) -> str | None:
+    """Run ``statements`` in one psycopg pipeline (one Sync at its end): the SQLSTATE it failed with."""
+    try:
+        with conn.pipeline():
+            for sql in statements:
+                conn.execute(sql)
+    except psycopg.Error as exc:
+        return exc.diag.sqlstate
+    return None
+
+
+def _both(test_db: TestDatabase, proxy: RunningProxy, scenario: Callable[[psycopg.Connection], object]) -> list[object]:
+    """``scenario`` run on a connection straight to PostgreSQL, then on one through dpproxy."""
+    results = []
+    for dsn in (test_db.admin_dsn, proxy.dsn()):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            results.append(scenario(conn))
+    return results
+
+
+def test_a_set_earlier_in_a_failed_pipeline_is_rolled_back_as_on_postgresql(proxy: RunningProxy, test_db):
+    def scenario(conn: psycopg.Connection) -> object:
+        failed = _failed_pipeline(conn, "SET TimeZone = 'Asia/Tokyo'", "SELECT 1/0")
+        return failed, conn.execute("SHOW TimeZone").fetchone(), conn.info.parameter_status("TimeZone")
+
+    direct, proxied = _both(test_db, proxy, scenario)
+    assert direct == proxied == ("22012", ("Etc/UTC",), "Etc/UTC")
+
+
+def test_a_set_in_a_pipeline_that_succeeds_is_kept_and_reported(proxy: RunningProxy, test_db):
+    def scenario(conn: psycopg.Connection) -> object:
+        failed = _failed_pipeline(conn, "SET TimeZone = 'Asia/Tokyo'", "SELECT 1", "SELECT set_config('DateStyle', 'German', false)")
+        return (failed, conn.execute("SHOW TimeZone").fetchone(), conn.info.parameter_status("TimeZone"),
+                conn.info.parameter_status("DateStyle"), conn.info.transaction_status)
+
+    direct, proxied = _both(test_db, proxy, scenario)
+    assert direct == proxied == (None, ("Asia/Tokyo",), "Asia/Tokyo", "German, DMY", psycopg.pq.TransactionStatus.IDLE)
+
+
+def test_set_config_earlier_in_a_failed_pipeline_is_rolled_back_as_on_postgresql(proxy: RunningProxy, test_db):
+    def scenario(conn: psycopg.Connection) -> object:
+        failed = _failed_pipeline(conn, "SELECT set_config('DateStyle', 'German', false)", "SELECT 1/0")
+        return failed, conn.execute("SHOW DateStyle").fetchone()
+
+    direct, proxied = _both(test_db, proxy, scenario)
+    assert direct == proxied == ("22012", ("ISO, MDY",))
+
+
+def test_a_begin_inside_a_pipeline_makes_its_implicit_transaction_a_block_as_on_postgresql(proxy: RunningProxy, test_db):
+    """SET, BEGIN, then an error: the block the BEGIN began includes the SET, so the failed
+    block's ROLLBACK undoes it; the pipeline's Sync leaves the block open and failed."""
+    def scenario(conn: psycopg.Connection) -> object:
+        failed = _failed_pipeline(conn, "SET TimeZone = 'Asia/Tokyo'", "BEGIN", "SELECT 1/0")
+        status = conn.info.transaction_status
+        conn.execute("ROLLBACK")
+        return failed, status, conn.execute("SHOW TimeZone").fetchone()
+
+    direct, proxied = _both(test_db, proxy, scenario)
+    assert direct == proxied == ("22012", psycopg.pq.TransactionStatus.INERROR, ("Etc/UTC",))
+
+
+def test_a_commit_inside_a_pipeline_keeps_what_came_before_it_as_on_postgresql(proxy: RunningProxy, test_db):
+    def scenario(conn: psycopg.Connection) -> object:
+        failed = _failed_pipeline(conn, "SET TimeZone = 'Asia/Tokyo'", "COMMIT", "SET DateStyle = 'German'",
+                                  "SELECT 1/0")
+        return failed, conn.execute("SHOW TimeZone").fetchone(), conn.execute("SHOW DateStyle").fetchone()
+
+    direct, proxied = _both(test_db, proxy, scenario)
+    assert direct == proxied == ("22012", ("Asia/Tokyo",), ("ISO, MDY",))
+
+
+def test_dpproxy_epsilon_set_in_a_failed_pipeline_is_rolled_back_and_the_dp_answer_stays_charged_once(
+        proxy: RunningProxy):
+    """A DP answer sent inside a pipeline that fails later stays charged, exactly once: the
+    answer reached the client (docs/deployment.md); the ε SET before it is undone."""
+    with psycopg.connect(proxy.dsn(), autocommit=True) as conn:
+        before = spent_epsilon(conn)
+        failed = _failed_pipeline(conn, "SET dpproxy.epsilon = 0.25", "SELECT COUNT(*) FROM adult WHERE age > 40",
+                                  "SELECT 1/0")
+        assert failed == "22012"
+        assert spent_epsilon(conn) - before == pytest.approx(0.25)
+        assert conn.execute("SHOW dpproxy.epsilon").fetchone() == ("default",)
+
+
+def test_a_failed_pipelines_set_does_not_reach_the_next_session_on_the_connection(one: RunningProxy):
+    with psycopg.connect(one.dsn(), autocommit=True) as alice:
+        assert _failed_pipeline(alice, "SET search_path = pg_catalog", "SET TimeZone = 'Asia/Tokyo'",
+                                "SELECT 1/0") == "22012"
+        assert alice.execute("SHOW search_path").fetchone() == ('"$user", public',)
+        with psycopg.connect(one.dsn(), autocommit=True) as bob:
+            assert bob.execute("SHOW search_path").fetchone() == ('"$user", public',)
+            assert bob.execute("SHOW TimeZone").fetchone() == ("Etc/UTC",)
+            assert bob.execute("SELECT COUNT(*) FROM adult WHERE age > 30").fetchone()[0] > 0
+
+
+def test_a_pipelines_set_committed_at_its_sync_stays_its_sessions_own(one: RunningProxy):
+    """The SET's implicit transaction commits at the Sync (ReadyForQuery I): the next session
+    on the one connection has its own settings."""
+    alice = Wire(one.host, one.port)
+    try:
+        alice.send(parse("", "SET TimeZone = 'Asia/Tokyo'"), bind("", ""), execute(""))
+        alice.send(parse("", "SELECT 1"), bind("", ""), execute(""), SYNC)
+        replies = alice.read_until(b"Z")
+        assert [kind for kind, _ in replies] == [b"1", b"2", b"C", b"1", b"2", b"D", b"C", b"S", b"Z"]
+        assert replies[-1] == (b"Z", b"I")
+        with psycopg.connect(one.dsn(), autocommit=True) as bob:
+            assert bob.execute("SHOW TimeZone").fetchone() == ("Etc/UTC",)
+    finally:
+        alice.close()
+
+
+def test_psycopg_pipeline_that_waits_on_a_flush_for_a_failed_statement_does_not_hang(proxy: RunningProxy):
+    """psycopg fetches a result inside a pipeline by a Flush and a wait: it gets the error, and
+    the statements queued after it are not run."""
+    with psycopg.connect(proxy.dsn(), autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            with conn.pipeline():
+                conn.execute("SET TimeZone = 'Asia/Tokyo'")
+                failing = conn.execute("SELECT 1/0")
+                conn.execute("SET DateStyle = 'German'")
+                failing.fetchone()
+        assert conn.execute("SHOW TimeZone").fetchone() == ("Etc/UTC",)
+        assert conn.execute("SHOW DateStyle").fetchone() == ("ISO, MDY",)
