@@ -11,13 +11,14 @@ is compared with the same client connected straight to PostgreSQL.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
 
 from conftest import RunningProxy, TestDatabase, running_proxy, spent_epsilon, TEST_POLICY
-from wire import SYNC, Wire, bind, execute, parse
+from wire import SYNC, Wire, bind, error_fields, execute, parse
 
 # A policy whose pool has one connection: what one session leaves on it, the next one gets.
 _ONE_CONNECTION = TEST_POLICY.replace("  statement_timeout_ms: 20000\n",
@@ -154,3 +155,26 @@ def test_psycopg_pipeline_that_waits_on_a_flush_for_a_failed_statement_does_not_
                 failing.fetchone()
         assert conn.execute("SHOW TimeZone").fetchone() == ("Etc/UTC",)
         assert conn.execute("SHOW DateStyle").fetchone() == ("ISO, MDY",)
+
+
+def _error_before_sync(host: str, port: int) -> list[bytes]:
+    """The kinds of the replies to Parse, Bind and Execute of a failing statement, sent without
+    Sync or Flush: what arrives within 5 s (PostgreSQL sends its error at once)."""
+    wire = Wire(host, port)
+    try:
+        wire.sock.settimeout(5)
+        wire.send(parse("", "SELECT 1/0"), bind("", ""), execute(""), parse("", "SELECT 2"))
+        try:
+            replies = wire.read_until(b"E")
+        except socket.timeout:
+            return []
+        assert error_fields(replies[-1][1])[b"C"] == b"22012"
+        wire.send(SYNC)
+        assert wire.read_until(b"Z")[-1] == (b"Z", b"I")  # the Parse after the error was ignored
+        return [kind for kind, _ in replies]
+    finally:
+        wire.close()
+
+
+def test_an_extended_protocol_error_is_sent_at_once_not_held_for_the_sync(proxy: RunningProxy):
+    assert _error_before_sync(proxy.host, proxy.port) == [b"1", b"2", b"E"]

@@ -503,7 +503,13 @@ class Session:
                 await self._end_implicit(False)
                 self._ready()
             elif kind in (b"P", b"B", b"D", b"E", b"C", b"H"):
+                failed_before = self.extended.skipping
                 await self.extended.handle(kind, payload)
+                if self.extended.skipping and not failed_before:
+                    # As PostgreSQL: the error goes out at once (with the replies before it), not
+                    # at the Sync, so a client that waits for each reply without sending Sync or
+                    # Flush learns that the rest of its pipeline will be ignored.
+                    self._flush()
                 await self._flush_if_large()
             elif kind == b"X":
                 self._terminated = True
