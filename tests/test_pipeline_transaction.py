@@ -93,6 +93,45 @@ def test_a_begin_inside_a_pipeline_makes_its_implicit_transaction_a_block_as_on_
     assert direct == proxied == ("22012", psycopg.pq.TransactionStatus.INERROR, ("Etc/UTC",))
 
 
+def test_a_begin_with_options_after_a_set_in_a_pipeline_or_query_string_keeps_its_options(proxy: RunningProxy, test_db):
+    """The block a BEGIN ISOLATION LEVEL SERIALIZABLE turns the implicit transaction into is
+    serializable, as on PostgreSQL (dpproxy's conversion once dropped the options)."""
+    def scenario(conn: psycopg.Connection) -> object:
+        with conn.pipeline():
+            conn.execute("SET TimeZone = 'Asia/Tokyo'")
+            conn.execute("BEGIN ISOLATION LEVEL SERIALIZABLE READ ONLY")
+            in_pipeline = conn.execute("SHOW transaction_isolation")
+        seen = [in_pipeline.fetchone()]
+        conn.execute("ROLLBACK")
+        with conn.cursor() as cursor:  # psycopg's simple Query: no parameters
+            cursor.execute(b"SET TimeZone = 'Asia/Tokyo'; BEGIN ISOLATION LEVEL SERIALIZABLE; SHOW transaction_isolation",
+                           prepare=False)
+            while cursor.nextset():
+                pass
+            seen.append(cursor.fetchone())
+        conn.execute("ROLLBACK")
+        return seen, conn.execute("SHOW TimeZone").fetchone()
+
+    direct, proxied = _both(test_db, proxy, scenario)
+    assert direct == proxied == ([("serializable",), ("serializable",)], ("Etc/UTC",))
+
+
+def test_set_local_in_a_pipeline_lasts_until_its_sync_with_postgresqls_warning(proxy: RunningProxy, test_db):
+    def scenario(conn: psycopg.Connection) -> object:
+        warnings: list[tuple[str | None, str | None]] = []
+        conn.add_notice_handler(lambda diag: warnings.append((diag.sqlstate, diag.message_primary)))
+        with conn.pipeline():
+            conn.execute("SET LOCAL TimeZone = 'Asia/Tokyo'")
+            conn.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+            inside = conn.execute("SELECT current_setting('TimeZone'), current_setting('transaction_isolation')")
+        return inside.fetchone(), conn.execute("SHOW TimeZone").fetchone(), warnings
+
+    direct, proxied = _both(test_db, proxy, scenario)
+    assert direct == proxied == (("Asia/Tokyo", "serializable"), ("Etc/UTC",), [
+        ("25P01", "SET LOCAL can only be used in transaction blocks"),
+        ("25P01", "SET TRANSACTION can only be used in transaction blocks")])
+
+
 def test_a_commit_inside_a_pipeline_keeps_what_came_before_it_as_on_postgresql(proxy: RunningProxy, test_db):
     def scenario(conn: psycopg.Connection) -> object:
         failed = _failed_pipeline(conn, "SET TimeZone = 'Asia/Tokyo'", "COMMIT", "SET DateStyle = 'German'",

@@ -68,7 +68,7 @@ from rewriter.statements import Statement, split_statements
 
 from .copy_out import copy_messages
 from .cursors import BackendCursor, Cursors, KeptCursor
-from .implicit_block import changes_session
+from .implicit_block import changes_settings, outside_a_block_warning
 from .relation_locks import RECOVERY_CONFLICTS, LocksNotTaken, with_locks
 from .safe_snapshot import begins_serializable, in_safe_snapshot, take_snapshot
 from .settings import SessionSettings
@@ -169,19 +169,21 @@ class Executor:
         self.implicit = False
         """An implicit transaction is open on the backend (``begin_implicit``): a simple Query's of
         several statements, or an extended-protocol pipeline's, until the session ends it."""
+        self._pipeline_block = False  # the implicit transaction open is a pipeline's
 
     def transaction_status(self) -> bytes:
         return self.backend.transaction_status
 
     # ------------------------------------------------------------ implicit transactions
 
-    async def begin_implicit(self) -> None:
+    async def begin_implicit(self, pipeline: bool = False) -> None:
         """Open the implicit transaction PostgreSQL runs a query string of several statements
         in, or an extended-protocol pipeline up to its Sync (``implicit_block``); the session
         ends it with ``end_implicit``. A BEGIN inside turns it into a regular block, and a
-        COMMIT or ROLLBACK inside ends it, as in PostgreSQL."""
+        COMMIT or ROLLBACK inside ends it, as in PostgreSQL. ``pipeline``: a pipeline's."""
         await self.backend.execute("BEGIN")
         self.implicit = True
+        self._pipeline_block = pipeline
         self.settings.implicit_block(None)
 
     async def end_implicit(self, committed: bool) -> None:
@@ -417,11 +419,11 @@ class Executor:
                 raise
             plan = await self._current(plan)
         fingerprint = plan.fingerprint
-        if not simple and changes_session(plan.statement, plan.decision) and self.transaction_status() == b"I":
-            # Its change would be undone if a later message of the pipeline failed before the
-            # Sync, as in PostgreSQL (implicit_block.py).
+        if not simple and changes_settings(plan.statement, plan.decision) and self.transaction_status() == b"I":
+            # Its change lasts until the Sync, or is undone if a later message of the pipeline
+            # fails before it, as in PostgreSQL (implicit_block.py).
             try:
-                await self.begin_implicit()
+                await self.begin_implicit(pipeline=True)
             except (BackendError, ClientGone) as exc:
                 self._audit_soon(fingerprint, "error", exc.sqlstate, None, started)
                 raise
@@ -443,6 +445,10 @@ class Executor:
         except Exception:  # a bug: the session ends with XX000, but the charge is still accounted for
             self._audit_soon(fingerprint, "error", SQLSTATE.INTERNAL_ERROR, self._charged, started)
             raise
+        if self.implicit and self._pipeline_block and plan.statement is not None:
+            warning = outside_a_block_warning(plan.statement, plan.decision)
+            if warning is not None:
+                notices = [*notices, warning]
         decision = plan.decision.inner if isinstance(plan.decision, (CopyOut, DeclareCursor)) else plan.decision
         kind = "dp" if isinstance(decision, (DPQuery, ColumnsOnly)) else "command" if isinstance(decision, DpproxyCommand) else "passthrough"
         if isinstance(decision, (FetchCursor, CloseCursor)) and result.relayed is None and result.stream is None:
@@ -522,9 +528,15 @@ class Executor:
                 raise Refusal("26000", f'prepared statement "{decision.name}" does not exist')
             return ResultSet([], [], "DEALLOCATE" if decision.name else "DEALLOCATE ALL"), [], None
         assert isinstance(decision, Passthrough) and plan.statement is not None
-        if self.implicit and _begins(plan.statement):
-            self.implicit = False  # BEGIN turns the implicit transaction into a regular block
-            return ResultSet([], [], "BEGIN"), [], None
+        converts = self.implicit and _begins(plan.statement)
+        if converts:
+            # BEGIN turns the implicit transaction into a regular block, as in PostgreSQL. Its
+            # options (an isolation level, READ ONLY, DEFERRABLE) still apply to the block: sent
+            # to the backend, already in a block, whose warning that one is open is dropped.
+            self.implicit = False
+            self._serializable_block = begins_serializable(plan.statement.node)
+            if not plan.statement.node.get("options"):
+                return ResultSet([], [], "BEGIN"), [], None
         if plan.statement.kind == "DiscardStmt" and plan.statement.node.get("target") == "DISCARD_ALL":
             self.deallocate(None)
         if _may_move_search_path(plan.statement):
@@ -552,6 +564,8 @@ class Executor:
         else:
             result = await self.backend.execute(decision.sql, with_params, uniform, one_statement=True)
             result = _apply_formats(result, result_formats)
+        if converts:
+            return result, [n for n in result.notices if getattr(n, "sqlstate", None) != _ALREADY_IN_PROGRESS], None
         if plan.statement.kind == "TransactionStmt":
             if self.backend.transaction_status == b"I":
                 self.implicit = False  # a COMMIT or ROLLBACK ended it
@@ -1289,6 +1303,8 @@ def _may_move_search_path(statement: Statement) -> bool:
 def _begins(statement: Statement) -> bool:
     return statement.kind == "TransactionStmt" and statement.node.get("kind") in ("TRANS_STMT_BEGIN", "TRANS_STMT_START")
 
+
+_ALREADY_IN_PROGRESS = "25001"  # the WARNING of a BEGIN inside a block ("already a transaction in progress")
 
 _SETTING_STATEMENTS = frozenset({"VariableSetStmt", "DiscardStmt"})
 
