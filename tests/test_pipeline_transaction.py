@@ -12,24 +12,14 @@ is compared with the same client connected straight to PostgreSQL.
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import psycopg
 import pytest
 
-from conftest import RunningProxy, TestDatabase, running_proxy, spent_epsilon, TEST_POLICY
+from conftest import RunningProxy, TestDatabase, spent_epsilon
+from test_backend_pool import one  # noqa: F401 - the one-connection proxy, a fixture used by name
 from wire import SYNC, Wire, bind, error_fields, execute, parse
-
-# A policy whose pool has one connection: what one session leaves on it, the next one gets.
-_ONE_CONNECTION = TEST_POLICY.replace("  statement_timeout_ms: 20000\n",
-                                      "  statement_timeout_ms: 20000\n  pool: {{size: 1}}\n")
-assert _ONE_CONNECTION != TEST_POLICY
-
-
-@pytest.fixture(scope="module")
-def one(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
-    with running_proxy(test_db, tmp_path_factory, _ONE_CONNECTION) as running:
-        yield running
 
 
 def _failed_pipeline(conn: psycopg.Connection, *statements: str) -> str | None:

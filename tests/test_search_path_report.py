@@ -13,18 +13,15 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from conftest import TEST_POLICY, RunningProxy, TestDatabase, running_proxy
-
-_ONE_CONNECTION = TEST_POLICY.replace("  statement_timeout_ms: 20000\n",
-                                      "  statement_timeout_ms: 20000\n  pool: {{size: 1}}\n")
-assert _ONE_CONNECTION != TEST_POLICY
+from conftest import RunningProxy, TestDatabase, running_proxy
+from test_backend_pool import _policy
 _DEFAULT = '"$user", public'
 
 
 @pytest.fixture(scope="module")
 def one18(pg18_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
     """dpproxy on PostgreSQL 18, with a pool of one backend connection."""
-    with running_proxy(pg18_db, tmp_path_factory, _ONE_CONNECTION) as running:
+    with running_proxy(pg18_db, tmp_path_factory, _policy(1)) as running:
         yield running
 
 
