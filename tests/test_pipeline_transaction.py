@@ -11,9 +11,11 @@ is compared with the same client connected straight to PostgreSQL.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Callable
 
+import asyncpg
 import psycopg
 import pytest
 
@@ -130,6 +132,23 @@ def test_a_commit_inside_a_pipeline_keeps_what_came_before_it_as_on_postgresql(p
 
     direct, proxied = _both(test_db, proxy, scenario)
     assert direct == proxied == ("22012", ("Asia/Tokyo",), ("ISO, MDY",))
+
+
+def test_asyncpg_executemany_that_fails_undoes_its_earlier_rows_settings_as_on_postgresql(proxy: RunningProxy, test_db):
+    """asyncpg's executemany sends every row's Bind/Execute before one Sync: atomic on PostgreSQL."""
+    async def scenario(connect: dict[str, object]) -> object:
+        conn = await asyncpg.connect(**connect)
+        try:
+            with pytest.raises(asyncpg.InvalidParameterValueError):
+                await conn.executemany("SELECT set_config('TimeZone', $1, false)", [("Asia/Tokyo",), ("nonsense",)])
+            return await conn.fetchval("SHOW TimeZone")
+        finally:
+            await conn.close()
+
+    direct = asyncio.run(scenario({"dsn": test_db.admin_dsn}))
+    proxied = asyncio.run(scenario({"host": proxy.host, "port": proxy.port, "user": "analyst", "password": "analyst",
+                                    "database": "dpproxy_test"}))
+    assert direct == proxied == "Etc/UTC"
 
 
 def test_dpproxy_epsilon_set_in_a_failed_pipeline_is_rolled_back_and_the_dp_answer_stays_charged_once(
