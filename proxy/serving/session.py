@@ -494,7 +494,10 @@ class Session:
                 self.extended.sync()  # a COMMIT or ROLLBACK in it ended the block's portals
                 self._ready()
             elif kind == b"S":
-                # The pipeline's implicit transaction ends: rolled back if a message of it failed.
+                # The pipeline's implicit transaction ends, rolled back if a message of it failed,
+                # and its portals with it: abandoned first, not read to their end for the COMMIT.
+                if self.executor.implicit:
+                    self.extended.end_portals()
                 await self._end_implicit(not self.extended.skipping)
                 self.extended.sync()
                 self._ready()
