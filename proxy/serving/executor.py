@@ -195,6 +195,9 @@ class Executor:
         self.implicit = False
         try:
             await self.backend.execute("COMMIT" if committed else "ROLLBACK")
+        except BackendError:
+            committed = False  # a COMMIT that fails rolls back
+            raise
         finally:
             self.settings.implicit_block(committed)
             self.cursors.transaction_ended(committed)
