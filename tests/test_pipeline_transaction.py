@@ -21,7 +21,7 @@ import pytest
 
 from conftest import RunningProxy, TestDatabase, spent_epsilon
 from test_backend_pool import one  # noqa: F401 - the one-connection proxy, a fixture used by name
-from wire import SYNC, Wire, bind, error_fields, execute, parse
+from wire import SYNC, Wire, bind, cstr, data_row_values, error_fields, execute, message, parse
 
 
 def _failed_pipeline(conn: psycopg.Connection, *statements: str) -> str | None:
@@ -203,6 +203,33 @@ def test_psycopg_pipeline_that_waits_on_a_flush_for_a_failed_statement_does_not_
                 failing.fetchone()
         assert conn.execute("SHOW TimeZone").fetchone() == ("Etc/UTC",)
         assert conn.execute("SHOW DateStyle").fetchone() == ("ISO, MDY",)
+
+
+def _time_zone(wire: Wire) -> bytes | None:
+    wire.send(message(b"Q", cstr("SHOW TimeZone")))
+    (row,) = [data_row_values(body) for kind, body in wire.read_until(b"Z") if kind == b"D"]
+    return row[0]
+
+
+@pytest.mark.parametrize(("ending", "replies"), [
+    # A simple Query ends the pipeline's implicit transaction, and its error rolls it back.
+    (message(b"Q", cstr("SELECT 1/0")), [b"1", b"2", b"C", b"E", b"Z"]),
+    # DISCARD ALL after another statement of a pipeline runs inside its transaction: refused.
+    (parse("", "DISCARD ALL") + bind("", "") + execute("") + SYNC, [b"1", b"2", b"C", b"1", b"2", b"E", b"Z"]),
+])
+def test_a_pipelines_set_is_undone_by_what_ends_it_failing_as_on_postgresql(proxy: RunningProxy, ending, replies):
+    """The replies and outcomes PostgreSQL 16 gives the same messages (compared by hand over a
+    raw connection to it): the Query's error, or DISCARD ALL's 25001, undoes the SET before it."""
+    wire = Wire(proxy.host, proxy.port)
+    try:
+        wire.send(parse("", "SET TimeZone = 'Asia/Tokyo'"), bind("", ""), execute(""), ending)
+        got = wire.read_until(b"Z")
+        assert [kind for kind, _ in got] == replies
+        assert error_fields(got[-2][1])[b"C"] in (b"22012", b"25001")
+        assert got[-1] == (b"Z", b"I")
+        assert _time_zone(wire) == b"Etc/UTC"
+    finally:
+        wire.close()
 
 
 def _error_before_sync(host: str, port: int) -> list[bytes]:
