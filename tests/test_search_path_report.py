@@ -69,3 +69,19 @@ def test_a_search_path_set_in_a_failed_pipeline_is_reported_back_as_it_was(
                     conn.execute("SELECT 1/0")
             seen.append((_reported(conn), conn.execute("SHOW search_path").fetchone()))
     assert seen[0] == seen[1] == (_DEFAULT, (_DEFAULT,))
+
+
+def test_a_startup_search_path_is_reported_to_its_own_session_only(pg18_db: TestDatabase, one18: RunningProxy) -> None:
+    """A search_path given at startup (libpq's options, -c) is reported to that session, as
+    PostgreSQL 18 reports it, and the sessions before and after it keep theirs."""
+    with psycopg.connect(pg18_db.admin_dsn, options="-c search_path=pg_catalog") as direct:
+        assert _reported(direct) == "pg_catalog"
+    with psycopg.connect(one18.dsn(), autocommit=True) as before:
+        with psycopg.connect(one18.dsn(), autocommit=True, options="-c search_path=pg_catalog") as given:
+            assert _reported(given) == "pg_catalog"
+            assert given.execute("SHOW search_path").fetchone() == ("pg_catalog",)
+            assert before.execute("SHOW search_path").fetchone() == (_DEFAULT,)
+            assert (_reported(given), _reported(before)) == ("pg_catalog", _DEFAULT)
+        with psycopg.connect(one18.dsn(), autocommit=True) as after:
+            assert _reported(after) == _DEFAULT
+            assert after.execute("SHOW search_path").fetchone() == (_DEFAULT,)
