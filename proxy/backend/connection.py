@@ -52,11 +52,13 @@ __all__ = [
     "pooled_session", "startup_key", "startup_settings",
 ]
 
-# Parameters PostgreSQL reports to clients at startup (and after a SET of one of them).
+# Parameters PostgreSQL reports to clients at startup (and after a SET of one of them), each
+# relayed when the backend reports it: search_path from PostgreSQL 18 on. (Not
+# scram_iterations, 16's: it is the backend's, and dpproxy does its own authentication.)
 REPORTED_PARAMETERS = (
     "application_name", "client_encoding", "DateStyle", "default_transaction_read_only",
     "in_hot_standby", "integer_datetimes", "IntervalStyle", "is_superuser",
-    "server_encoding", "server_version", "session_authorization",
+    "search_path", "server_encoding", "server_version", "session_authorization",
     "standard_conforming_strings", "TimeZone",
 )
 
