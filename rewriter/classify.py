@@ -27,7 +27,7 @@ from .cursors import CursorOptions, Fetch, declare_query, declare_sql, fetch_of
 from .function_check import catalog_function_refusal, check_functions, inexact_floats, unsafe_client_encoding
 from .dp_query import AggregateQuery, asks_for_no_row, plan_aggregate_query
 from .misreadings import (refuse_constant_positions, refuse_dropped_precision, refuse_is_unknown, refuse_misread_tokens,
-                          refuse_typed_literal_casts)
+                          refuse_typed_literal_casts, refuse_unary_plus)
 from .neutralise import empty_relations, neutralise_pg_class, neutralise_pg_database
 from .partitioned_reads import refuse_partitioned_read
 from .qualify import qualify
@@ -460,13 +460,15 @@ def _fallible(table: Relation, expression: str) -> Refusal:
     """The refusal of a statement on a protected relation redefined, since the policy was loaded,
     to read through an expression that can fail on a row (charged, whether it failed would say
     whether the statement's rows hold such a row) or that PostgreSQL computes at each reference
-    from a value of any length (how long it took would say whether a row holds a long one);
-    ``expression`` says which (``row_failures.fallible_protected``)."""
+    from a value of any length (how long it took would say whether a row holds a long one), or a
+    table stored through an access method other than heap; ``expression`` says which
+    (``row_failures.fallible_protected``)."""
     return Refusal(
         SQLSTATE.OBJECT_NOT_IN_PREREQUISITE_STATE,
-        f"protected relation {table.display_name} now reads through an expression that {expression} (rule: row-failure)",
+        f"protected relation {table.display_name} now reads through {expression} (rule: row-failure)",
         "An administrator must compute that column into a table or a materialized view (a virtual generated "
-        "column: declare it STORED), or leave it out of the view; dpproxy checks again every few seconds and answers again once it is gone. Nothing was charged.",
+        "column: declare it STORED), leave it out of the view, or store a table with heap (ALTER TABLE ... SET "
+        "ACCESS METHOD heap); dpproxy checks again every few seconds and answers again once it is gone. Nothing was charged.",
         "row-failure",
     )
 
@@ -518,6 +520,7 @@ def _protected(statement: Statement, protected: list[Relation], registry: TableR
     refuse_is_unknown(statement.node, relation)
     refuse_dropped_precision(statement.node, relation)
     refuse_constant_positions(statement.node, relation)
+    refuse_unary_plus(statement.node, relation)
     refuse_typed_literal_casts(statement.text, statement.node, relation)
     if len(refs.relations) > 1 and ranks_series(statement.node) and len(protected) == len(refs.relations) and all(
         other.oid == relation.oid for other in protected

@@ -19,8 +19,12 @@ at precision p. It is found by the scanner too (``INTERVAL`` then ``(``) and ref
 <UNIT>'`` and drops the rest (``interval '1 day ago'`` was answered as ``interval '1 DAY'``, its sign
 lost; ``'1 day 1:30'`` as ``'1 DAY'``; ``'.5 day'`` as ``'5 DAY'``; ``'P2M'``, two months, as two
 minutes), and folds a single field after the string into it (``interval '1.5' hour`` as ``'1.5
-HOUR'``, where PostgreSQL keeps whole hours only: one hour). A literal it keeps as PostgreSQL reads
-it is let through (:func:`_interval_read_alike`); any other is refused, found by the scanner.
+HOUR'``, where PostgreSQL keeps whole hours only: one hour), and writes a number of quarters (``'3
+quarters'``, ``'3 q'``), a unit PostgreSQL does not have (22007), as three times as many months; it
+keeps the escapes of a ``U&'...'`` string as written (``interval U&'1 d\\0061y'``, a day, ran as
+``'1 d\\0061y'``, which PostgreSQL reads as 61 years and a day). A literal it keeps as PostgreSQL
+reads it is let through (:func:`_interval_read_alike`); any other is refused, found by the scanner.
+A comment between tokens is a space to PostgreSQL, and to these checks (:func:`_tokens`).
 
 ``x IS [NOT] UNKNOWN``: sqlglot reads it as ``x IS [NOT] NULL``. That is PostgreSQL's meaning for a
 boolean ``x``; for any other, PostgreSQL fails the statement (42804) whatever the rows, and dpproxy
@@ -32,6 +36,11 @@ run as ``CAST(interval '1 day' + interval '2023-01-01' AS date)``, which fails (
 adds a day to a date, and ``interval '1 day' + '5' * 2`` as ``interval '1 day' + interval '5' * 2``,
 answered where PostgreSQL fails (42883). Found by the scanner and refused (a bare string after the
 ``+`` PostgreSQL reads as an interval too, and a number is refused as ``interval-form``).
+
+A unary ``+``: sqlglot drops it wherever it stands. PostgreSQL has a prefix ``+`` for the number
+types only, so ``+sex = 'Male'`` fails there (42883) and was answered as ``sex = 'Male'``, and it
+reads ``+'39.5'`` and ``+$1`` as double precision (``age > +'39.5'`` counts ages above 39.5; dpproxy's
+``age > '39.5'`` failed). Refused but before a number literal, where the ``+`` changes nothing.
 
 ``U&"..."``, a quoted name with Unicode escapes: sqlglot reads ``U&"\\006e"`` as ``U & "\\006e"``,
 the bitwise AND of two columns. Where a level has both (``SELECT U&"e" FROM (SELECT count(*) AS u,
@@ -52,6 +61,7 @@ from typing import Any, Sequence
 
 from pglast.parser import ParseError, parse_sql_json, scan
 from sqlglot import exp
+from sqlglot.errors import ErrorLevel
 
 from policies.errors import SQLSTATE, Refusal
 from policies.tables import Relation
@@ -60,7 +70,7 @@ from .function_check import nodes_of
 from .types import BOOL
 
 __all__ = ["refuse_constant_positions", "refuse_dropped_precision", "refuse_is_unknown", "refuse_misread_tokens",
-           "refuse_typed_literal_casts"]
+           "refuse_typed_literal_casts", "refuse_unary_plus"]
 
 _NOT_DECIMAL = re.compile(r"0[xXoObB]|.*_")
 
@@ -81,6 +91,13 @@ _COMMENTS = frozenset({"C_COMMENT", "SQL_COMMENT"})
 _INTERVAL_FIELDS = frozenset({"YEAR_P", "MONTH_P", "DAY_P", "HOUR_P", "MINUTE_P", "SECOND_P"})
 _STRINGS = frozenset({"SCONST", "USCONST"})
 _WHOLE_NUMBER = re.compile(r"\s*[+-]?[0-9]+\s*")
+
+
+def _tokens(sql: str) -> list[Any]:
+    """``sql``'s tokens as PostgreSQL's scanner reads them, without its comments, which PostgreSQL
+    reads as a space (``interval /* c */ (3) '1'`` is ``interval(3) '1'``, ``numeric '40.5' /* c */
+    ::int`` is ``numeric '40.5'::int``)."""
+    return [token for token in scan(sql) if token.name not in _COMMENTS]
 
 
 def _string_value(text: str) -> str | None:
@@ -107,10 +124,20 @@ def _interval_read_alike(value: str | None, field: str | None, after: str | None
         return False
     pairs = exp.INTERVAL_STRING_RE.findall(value)
     if field is None:
-        return len(pairs) != 1 or exp.INTERVAL_STRING_RE.fullmatch(value) is not None
+        whole = exp.INTERVAL_STRING_RE.fullmatch(value)
+        return len(pairs) != 1 or (whole is not None and _written_back(*whole.groups()))
     if after == "TO":
         return not pairs
     return after != "ASCII_40" and _WHOLE_NUMBER.fullmatch(value) is not None
+
+
+def _written_back(number: str, unit: str) -> bool:
+    """Whether sqlglot writes the interval ``'<number> <unit>'`` back with that number and unit: not
+    a quarter (``q``, ``quarters``), which PostgreSQL does not know (22007) and sqlglot writes as three
+    times as many months."""
+    written = exp.Interval(this=exp.Literal.string(number), unit=exp.var(unit.upper())).sql(
+        "postgres", unsupported_level=ErrorLevel.IGNORE)  # '1.5 quarters' is written as it is, unlogged
+    return written == f"INTERVAL '{number} {unit.upper()}'"
 
 
 def _after_fields(tokens: list[Any], at: int) -> int:
@@ -140,6 +167,9 @@ def _misread_interval(sql: str, tokens: list[Any], index: int) -> int | None:
     while True:
         if tokens[at].name == "USCONST" and at + 2 < len(tokens) and tokens[at + 1].name == "UESCAPE":
             return at + 2  # sqlglot keeps the escapes of U&'...' UESCAPE '!' as written
+        if tokens[at].name == "USCONST" and "\\" in sql[tokens[at].start : tokens[at].end + 1]:
+            # ... and of U&'...' too: U&'1 d\0061y', a day, ran as '1 d\0061y', 61 years and a day
+            return _after_fields(tokens, at + 1) - 1
         end = _after_fields(tokens, at + 1)
         names = [token.name for token in tokens[at + 1 : at + 3]]
         field = names[0] if names and names[0] in _INTERVAL_FIELDS else None
@@ -162,8 +192,7 @@ def refuse_misread_tokens(sql: str, relation: Relation) -> None:
     ``interval '...' + '...'::type`` (0A000, rule ``interval-sum``) and a name written ``U&"..."``
     (0A000, rule ``unicode-name``); ``relation`` is the protected table it reads."""
     try:
-        # Without comments: PostgreSQL reads interval /* c */ (3) '1' as interval(3) '1'.
-        tokens = [token for token in scan(sql) if token.name not in _COMMENTS]
+        tokens = _tokens(sql)
     except ParseError:  # pragma: no cover - the statement was parsed already
         return
     for index, token in enumerate(tokens):
@@ -202,7 +231,8 @@ def refuse_misread_tokens(sql: str, relation: Relation) -> None:
                 f"reads otherwise than PostgreSQL, is not supported on protected table {relation.display_name} "
                 "(rule: interval-form)",
                 "Write one number and unit per interval and add them, as interval '1 day' + interval '90 minutes', "
-                "with a minus sign before a negative number ('-1 day', not '1 day ago'); a field after the string "
+                "with a minus sign before a negative number ('-1 day', not '1 day ago'), in months where you meant "
+                "quarters (PostgreSQL has no quarter unit), without U&'...' escapes; a field after the string "
                 "takes a whole number only (interval '2' hour), or write CAST('1:30' AS interval hour); add an "
                 "interval, not a number, to an interval (interval '1 day' + interval '5 seconds').",
                 "interval-form",
@@ -297,14 +327,45 @@ def refuse_constant_positions(node: dict[str, Any], relation: Relation) -> None:
                 )
 
 
+def refuse_unary_plus(node: dict[str, Any], relation: Relation) -> None:
+    """Refuse (0A000, rule ``unary-plus``) a unary ``+`` in ``node`` (pglast JSON) before anything
+    but a number literal.
+
+    sqlglot drops a unary ``+`` wherever it stands, and PostgreSQL reads one: it has a prefix ``+``
+    for the number types only, so ``+sex = 'Male'``, ``+interval '1 day'`` and ``ts > +$1`` fail
+    (42883, whatever the rows) and were answered and charged as ``sex = 'Male'``…; and it types
+    ``+'39.5'`` and ``+$1`` as double precision, so ``age > +'39.5'`` counts ages above 39.5 where
+    dpproxy's ``age > '39.5'`` failed (22P02). Before a number the ``+`` changes neither its value
+    nor its type: ``+5``, ``+40.5``, ``+-5`` are answered (``GROUP BY +1``: rule ``constant-position``).
+    Each unary ``+`` of a chain is judged by what the chain holds (:func:`_under_plus`)."""
+    for expression in nodes_of(node, "A_Expr"):
+        under = _under_plus({"A_Expr": expression})
+        if under is not None and not ("A_Const" in under and {"ival", "fval"} & under["A_Const"].keys()):
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                f"a unary + before anything but a number is not supported on protected table "
+                f"{relation.display_name} (rule: unary-plus)",
+                "dpproxy's DP planner drops the +, which PostgreSQL reads: it has + for numbers only (+sex, "
+                "+interval '1 day' fail) and reads +'39.5' or +$1 as double precision. Leave the + out, or "
+                "write CAST(x AS double precision).",
+                "unary-plus",
+            )
+
+
+def _under_plus(item: dict[str, Any]) -> dict[str, Any] | None:
+    """What ``item`` (pglast JSON) holds under one or more unary ``+`` (``+5``, ``+ +x``, ``+(1)``: the
+    5, the x, the 1), or None when it is no unary ``+``."""
+    under = None
+    while "A_Expr" in item and "lexpr" not in item["A_Expr"] and [
+            part.get("String", {}).get("sval") for part in item["A_Expr"].get("name", [])] == ["+"]:
+        item = under = item["A_Expr"].get("rexpr", {})
+    return under
+
+
 def _plus_constant(item: dict[str, Any]) -> bool:
     """Whether ``item`` is a literal under one or more unary ``+``."""
-    while "A_Expr" in item and "lexpr" not in item["A_Expr"] and [part.get("String", {}).get("sval")
-                                                                  for part in item["A_Expr"]["name"]] == ["+"]:
-        item = item["A_Expr"]["rexpr"]
-        if "A_Const" in item:
-            return True
-    return False
+    under = _under_plus(item)
+    return under is not None and "A_Const" in under
 
 
 def refuse_typed_literal_casts(sql: str, node: dict[str, Any], relation: Relation) -> None:
@@ -320,7 +381,7 @@ def refuse_typed_literal_casts(sql: str, node: dict[str, Any], relation: Relatio
               and _name_of(cast) != "interval"}
     if not starts:
         return
-    tokens = scan(sql)
+    tokens = _tokens(sql)
     for token, after in zip(tokens, tokens[1:]):
         if token.start in starts and after.name == "TYPECAST":
             raise Refusal(

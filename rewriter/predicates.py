@@ -84,7 +84,7 @@ from .predicate_terms import predicate_terms, terms_refusal
 from .raw_equality import hashed_raw_equality, parameter_raw_equality, raw_comparison
 from .scope import Scope
 from .sql_text import literal, operator, short_text
-from .text_bounds import CASE_FOLD_WORK, COMPARISON_WORK, LIKE_WORK, value_bytes, work_refusal
+from .text_bounds import CASE_FOLD_WORK, LIKE_WORK, comparison_work, value_bytes, work_refusal
 from .types import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
 
 __all__ = ["Predicate", "PredicateRenderer", "plan_predicate"]
@@ -605,7 +605,8 @@ class _Renderer:
                     "IS [NOT] NULL or count it.",
                 )
         for side in (left, right):
-            self._weigh(side, COMPARISON_WORK)
+            if side.column is not None:
+                self._weigh(side, comparison_work(side.column, symbol))
         if symbol in ("=", "<>"):
             self._note(left, right)
         if left.fold:
