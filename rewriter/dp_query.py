@@ -439,7 +439,7 @@ def _post_processed(
         keys=len(groups), key_of=key_of if groups else None, function_names=scope.function_names,
         names=names[0], top_names=names[1], ordinal=ordinal,
         cell_array=lambda k: NUMBER_ARRAY_NAMES[released[k - 1].result_type_oid] if released[k - 1].fractions else None,
-        finite=lambda k: released[k - 1].finite_number,
+        finite=lambda k: released[k - 1].finite_number, columns=frozenset(scope.table.columns),
     )
     return tuple(released), post
 

@@ -42,6 +42,11 @@ types only, so ``+sex = 'Male'`` fails there (42883) and was answered as ``sex =
 reads ``+'39.5'`` and ``+$1`` as double precision (``age > +'39.5'`` counts ages above 39.5; dpproxy's
 ``age > '39.5'`` failed). Refused but before a number literal, where the ``+`` changes nothing.
 
+``U&"..."``, a quoted name with Unicode escapes: sqlglot reads ``U&"\\006e"`` as ``U & "\\006e"``,
+the bitwise AND of two columns. Where a level has both (``SELECT U&"e" FROM (SELECT count(*) AS u,
+sum(age) AS "e" ...)``) it was answered with ``u & e`` where PostgreSQL answers the column ``e``;
+elsewhere it failed with another error than PostgreSQL's answer. Found by the scanner and refused.
+
 ``CURRENT_TIMESTAMP(n)``: sqlglot keeps the precision but writes the call back as
 ``CURRENT_TIMESTAMP``, so ``ts > CURRENT_TIMESTAMP(0)`` was answered as ``ts > CURRENT_TIMESTAMP``,
 which selects other rows whenever the clock is not on a whole second.
@@ -184,8 +189,8 @@ def refuse_misread_tokens(sql: str, relation: Relation) -> None:
     """Refuse a number of ``sql`` written with a ``0x``/``0o``/``0b`` prefix or a ``_`` between digits
     (0A000, rule ``number-form``), ``interval(p) '...'`` (0A000, rule ``interval-precision``), an
     ``interval '...'`` literal sqlglot reads otherwise (0A000, rule ``interval-form``) and
-    ``interval '...' + '...'::type`` (0A000, rule ``interval-sum``); ``relation`` is the protected table
-    it reads."""
+    ``interval '...' + '...'::type`` (0A000, rule ``interval-sum``) and a name written ``U&"..."``
+    (0A000, rule ``unicode-name``); ``relation`` is the protected table it reads."""
     try:
         tokens = _tokens(sql)
     except ParseError:  # pragma: no cover - the statement was parsed already
@@ -201,6 +206,16 @@ def refuse_misread_tokens(sql: str, relation: Relation) -> None:
                     f"Write it in decimal: {_decimal(text)}.",
                     "number-form",
                 )
+        elif token.name == "UIDENT":
+            written = sql[token.start : token.end + 1]
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                f"the name {written}, which dpproxy's DP planner reads as U & \"...\", is not supported on "
+                f"protected table {relation.display_name} (rule: unicode-name)",
+                "Write the name with its characters, in double quotes where it needs them: \"Ünï cödé\", not "
+                "U&\"\\00dcn\\00ef c\\00f6d\\00e9\".",
+                "unicode-name",
+            )
         elif token.name == "INTERVAL" and index + 1 < len(tokens) and sql[tokens[index + 1].start] == "(":
             raise Refusal(
                 SQLSTATE.FEATURE_NOT_SUPPORTED,

@@ -64,6 +64,9 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
                     "tests/test_parse_differential.py::"
                     "test_a_constant_expression_as_a_group_or_order_position_is_refused_before_any_charge",
                     "tests/test_parse_differential.py::test_a_typed_literal_cast_again_is_refused_before_any_charge",
+                    "tests/test_parse_differential.py::test_a_name_with_unicode_escapes_is_refused_before_any_charge",
+                    "tests/test_parse_differential.py::"
+                    "test_a_name_in_an_order_by_expression_is_an_input_column_as_postgresql_reads_it",
                     "tests/test_attack_stop44.py"),
     "terms": ("tests/test_predicate_terms.py",),
     "stop39": ("tests/test_attack_stop39.py",),
@@ -560,6 +563,9 @@ SITES: tuple[Site, ...] = (
          "if False:", "misreadings"),
     Site("misread.interval-single-field", "rewriter/misreadings.py",
          'after != "ASCII_40" and _WHOLE_NUMBER.fullmatch(value) is not None', "True", "misreadings"),
+    Site("misread.unicode-name", "rewriter/misreadings.py", 'elif token.name == "UIDENT":', "elif False:", "misreadings"),
+    Site("post.order-by-name-in-expression", "rewriter/post_process.py",
+         "(bare_output_name(column) or identifier(column.this) not in columns)", "True", "misreadings"),
     # ------------------------------------------------------------------ proxy/backend/relation_reads.py
     Site("reads.public-reads-protected", _RR, "reads = await session.fetch_all(_READS_SQL, (True, True, public, protected))",
          "reads = []", "reads"),
