@@ -568,7 +568,11 @@ def _grouping(tree: exp.Select, scope: Scope) -> tuple[GroupKey, ...]:
 
 
 def _group_item(item: exp.Expression, tree: exp.Select, scope: Scope) -> exp.Expression:
-    """A GROUP BY item resolved as PostgreSQL resolves it: a position or an output name to its expression."""
+    """A GROUP BY item resolved as PostgreSQL resolves it: a position or an output name to its expression.
+    Parentheses around it are PostgreSQL's grammar only (its parse tree has none): ``GROUP BY (1)`` is
+    position 1, ``GROUP BY (a)`` the output named a."""
+    while isinstance(item, exp.Paren):
+        item = item.this
     outputs = tree.expressions
     if isinstance(item, exp.Literal) and not item.is_string:
         # Python refuses int() of more than 4,300 digits; no select list is that long anyway.

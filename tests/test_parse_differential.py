@@ -367,3 +367,17 @@ def test_an_interval_literal_read_alike_is_answered(people_proxy: RunningProxy, 
     # sqlglot keeps these as PostgreSQL reads them: verbatim, or one number and unit rewritten alike.
     with people_proxy.connect(autocommit=True) as conn:
         assert conn.execute(f"SELECT count(*) FROM people WHERE signed_up > now() - {interval}").fetchone() is not None
+
+
+@pytest.mark.parametrize("grouped", ["(1)", "((1))", "(s)", "(sex)", "(1), 1"])
+def test_a_parenthesised_group_by_item_is_read_as_postgresql_reads_it(people_proxy: RunningProxy, test_db: TestDatabase,
+                                                                       grouped: str) -> None:
+    # PostgreSQL's grammar keeps no parentheses in its parse tree: GROUP BY (1) is the position 1, as
+    # GROUP BY 1 (not a constant, as +1 is), and GROUP BY (s) the output named s. dpproxy refused both
+    # (DP001, no-group-by) as expressions that are no declared key.
+    sql = f"SELECT sex AS s, count(*) FROM people GROUP BY {grouped}"
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        keys = sorted(str(row[0]) for row in admin.execute(sql).fetchall())
+    with people_proxy.connect(autocommit=True) as conn:
+        rows = conn.execute(sql).fetchall()
+    assert sorted(str(row[0]) for row in rows) == keys == ["Female", "Male"], rows
