@@ -638,7 +638,7 @@ class _Renderer:
         if type_name is None:
             raise self.refuse(
                 f"a computed value compared with column {column.name} is not allowed on protected table",
-                "Computed values are folded for numeric, date, timestamp and timestamptz columns; "
+                "Computed values are folded for numeric, date, time, timestamp and timestamptz columns; "
                 "compare this column with a literal or a parameter.",
             )
         fold = Fold(left.sql, symbol, right.sql, type_name, f"\x00{len(self.folds)}\x00")
