@@ -91,6 +91,13 @@ _COMMENTS = frozenset({"C_COMMENT", "SQL_COMMENT"})
 _INTERVAL_FIELDS = frozenset({"YEAR_P", "MONTH_P", "DAY_P", "HOUR_P", "MINUTE_P", "SECOND_P"})
 _STRINGS = frozenset({"SCONST", "USCONST"})
 _WHOLE_NUMBER = re.compile(r"\s*[+-]?[0-9]+\s*")
+# One ISO 8601 designator, which sqlglot writes back as '<number> <unit>' of the same meaning: a
+# year, week or day (its M would be a month, which sqlglot reads as a minute), or after T an hour,
+# minute or second, in capitals (PostgreSQL reads no other). It reads a fraction of each as that
+# number of the unit, as sqlglot writes it.
+_ISO_ONE_DESIGNATOR = re.compile(r"P(?:-?[0-9]+(?:\.[0-9]+)?[YWD]|T-?[0-9]+(?:\.[0-9]+)?[HMS])")
+# PostgreSQL's verbose form: a noise '@' before the fields (sqlglot drops it, as PostgreSQL ignores it).
+_VERBOSE_AT = re.compile(r"\s*@")
 
 
 def _tokens(sql: str) -> list[Any]:
@@ -116,7 +123,11 @@ def _interval_read_alike(value: str | None, field: str | None, after: str | None
     (``field``, ``after``: the names of the two tokens after the string, when the first is a field).
 
     Without a field, sqlglot rewrites a value in which it finds exactly one ``<number> <unit>``
-    (``exp.INTERVAL_STRING_RE``) as that pair alone: alike only when that pair is the whole value.
+    (``exp.INTERVAL_STRING_RE``) as that pair alone: alike when that pair is the whole value, after
+    PostgreSQL's noise ``@`` too (``'@ 1 day'``; not ``'@ 1 day ago'``, where the pair is not the
+    whole value), or when the value is one ISO 8601 designator other than a month (``'P1D'``,
+    ``'P0.5W'``, ``'PT1.5H'``, ``'PT2M'``: :data:`_ISO_ONE_DESIGNATOR`; ``'P2M'``, two months, sqlglot
+    reads as two minutes).
     With ``<field> TO <field>`` it keeps the value as written when it finds no such pair; with a
     single field it appends the field to the value, alike only for a whole number (PostgreSQL keeps
     only whole units of the field: ``interval '1.5' hour`` is one hour)."""
@@ -125,7 +136,11 @@ def _interval_read_alike(value: str | None, field: str | None, after: str | None
     pairs = exp.INTERVAL_STRING_RE.findall(value)
     if field is None:
         whole = exp.INTERVAL_STRING_RE.fullmatch(value)
-        return len(pairs) != 1 or (whole is not None and _written_back(*whole.groups()))
+        verbose = _VERBOSE_AT.match(value)
+        after_at = exp.INTERVAL_STRING_RE.fullmatch(value[verbose.end():]) if verbose is not None else None
+        return (len(pairs) != 1 or (whole is not None and _written_back(*whole.groups()))
+                or _ISO_ONE_DESIGNATOR.fullmatch(value) is not None
+                or (after_at is not None and _written_back(*after_at.groups())))
     if after == "TO":
         return not pairs
     return after != "ASCII_40" and _WHOLE_NUMBER.fullmatch(value) is not None

@@ -35,7 +35,7 @@ from proxy.dp.budget import BudgetKeeper
 from proxy.dp.folding import bind_constants
 from proxy.dp.narrowing import narrow_keys
 from proxy.dp.percentile_params import bind_fractions, fraction_param_types
-from proxy.dp.parameter_types import check_parameter_types
+from proxy.dp.parameter_types import check_parameter_types, settled_lists
 from proxy.dp.release_units import release_count, release_units
 from proxy.dp.repeats import RepeatStore
 from proxy.ops.audit import AuditEntry, AuditLog
@@ -334,8 +334,9 @@ class Executor:
         if isinstance(decision, DPQuery):
             if self.backend.transaction_status != b"I" and self._may_serialize():
                 await take_snapshot(self.backend)  # the parse takes the block's first snapshot
-            params, _ = await self.backend.describe(backend_sql(decision.plan, seed=0),
-                                                    fraction_param_types(decision.plan, param_types))
+            described = settled_lists(decision.plan, param_types)
+            params, _ = await self.backend.describe(backend_sql(described, seed=0),
+                                                    fraction_param_types(described, param_types))
             return params, await self._dp_fields(decision.plan)
         if isinstance(decision, ColumnsOnly):
             params, fields = await self.backend.describe(decision.sql, param_types)
@@ -820,6 +821,7 @@ class Executor:
         # type it cannot have (a list bound as float8[]) is refused as a fraction, not a predicate.
         plan, params = bind_fractions(plan, params)
         check_parameter_types(plan, params)
+        plan = settled_lists(plan, params.types)  # a list's raw conjunct holds for some types only
         # The plan's WHERE is made final here, before the charge (and before the repeat key).
         epsilon = self.settings.query_epsilon(self.server.policy, plan.table)
         if plan.limit_zero:
