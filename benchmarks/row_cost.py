@@ -610,6 +610,19 @@ def _executed(conn: psycopg.Connection[Any], sql: str) -> tuple[float, int]:
     return float(plan[0]["Execution Time"]), int(top["Shared Hit Blocks"]) + int(top["Shared Read Blocks"])
 
 
+def alternating_runs(conn: psycopg.Connection[Any], pair: tuple[str, str], repeats: int) -> tuple[list[float], list[float]]:
+    """PostgreSQL's execution times (ms) of the base's and the neighbour's SQL of ``pair``, each run
+    ``repeats`` times, alternating, after one warm-up run of each."""
+    for sql in pair:
+        _executed(conn, sql)
+    base: list[float] = []
+    plus: list[float] = []
+    for _ in range(repeats):
+        base.append(_executed(conn, pair[0])[0])
+        plus.append(_executed(conn, pair[1])[0])
+    return base, plus
+
+
 def measuring_session(dsn: str, role: str | None = None) -> psycopg.Connection[Any]:
     """A session set as dpproxy's backend sessions are (no JIT, ``PINNED_SETTINGS``: no index-only
     scan among them, whose heap fetches follow the visibility map, where dpproxy's plans read the

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psycopg
 
-from benchmarks.row_cost import Construct, _executed, load_tables, on_server, plan_constructs, policy_file
+from benchmarks.row_cost import Construct, alternating_runs, load_tables, on_server, plan_constructs, policy_file
 
 STATEMENTS: tuple[Construct, ...] = (
     Construct("COUNT(tp) (the header only)", "SELECT COUNT(tp) FROM {table}"),
@@ -82,12 +82,7 @@ def measure(dsn: str, rows: int, short: int, long: int, repeats: int,
             if isinstance(plan, str):
                 out.append((f"{construct.name}: refused ({plan})", 0.0, 0.0, 0.0, 0.0))
                 continue
-            for sql in plan:
-                _executed(conn, sql)  # warm-up
-            base, plus = [], []
-            for _ in range(repeats):
-                base.append(_executed(conn, plan[0])[0])
-                plus.append(_executed(conn, plan[1])[0])
+            base, plus = alternating_runs(conn, plan, repeats)
             quartiles = statistics.quantiles(base, n=4)
             per_byte = (statistics.median(plus) - statistics.median(base)) * 1e6 / rows / (long - short)
             out.append((construct.name, statistics.median(base), statistics.median(plus), quartiles[2] - quartiles[0],

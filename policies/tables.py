@@ -40,6 +40,7 @@ class ColumnFacts(NamedTuple):
     parts: tuple[int, ...]
     domain_constraints: tuple[int, ...]
     enum_labels: tuple[str, ...] = ()
+    byte_order: bool = True
 
 
 Definition = tuple[ColumnFacts, ...]
@@ -75,6 +76,11 @@ class ColumnInfo:
     ``bit(n)`` of over 2,048 bits …; not text, varchar, char, bytea, numeric, inet, cidr, a shorter
     ``bit(n)`` or a range of a fixed-length type): comparing, sorting or
     grouping such a value reads all of it, so such a column too is counted and tested for NULL only.
+    ``byte_order`` is False when the column's collation orders text otherwise than by its bytes (ICU's,
+    or libc's for a locale other than ``C``, ``POSIX`` and ``C.UTF-8``, directly or as the database's
+    default): PostgreSQL then compares two values with ``<`` (and, under a nondeterministic
+    collation, ``=``), sorts and hashes them through the locale's code, many times the cost a byte of
+    ``memcmp`` (rewriter/text_bounds.py weighs it so).
     ``type_name`` is the column's type as the backend's ``format_type`` writes it (as psql's ``\\d``
     shows it: ``character varying(20)``, ``mood``, ``integer[]``), read with the rest at load; empty
     when not read.
@@ -95,6 +101,7 @@ class ColumnInfo:
     base_type_modifier: int = -1
     unbounded_length: bool = False
     type_name: str = ""
+    byte_order: bool = True
 
     @property
     def value_type(self) -> tuple[int, int]:

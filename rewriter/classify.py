@@ -461,13 +461,15 @@ def _fallible(table: Relation, expression: str) -> Refusal:
     """The refusal of a statement on a protected relation redefined, since the policy was loaded,
     to read through an expression that can fail on a row (charged, whether it failed would say
     whether the statement's rows hold such a row) or that PostgreSQL computes at each reference
-    from a value of any length (how long it took would say whether a row holds a long one);
-    ``expression`` says which (``row_failures.fallible_protected``)."""
+    from a value of any length (how long it took would say whether a row holds a long one), or a
+    table stored through an access method other than heap; ``expression`` says which
+    (``row_failures.fallible_protected``)."""
     return Refusal(
         SQLSTATE.OBJECT_NOT_IN_PREREQUISITE_STATE,
-        f"protected relation {table.display_name} now reads through an expression that {expression} (rule: row-failure)",
+        f"protected relation {table.display_name} now reads through {expression} (rule: row-failure)",
         "An administrator must compute that column into a table or a materialized view (a virtual generated "
-        "column: declare it STORED), or leave it out of the view; dpproxy checks again every few seconds and answers again once it is gone. Nothing was charged.",
+        "column: declare it STORED), leave it out of the view, or store a table with heap (ALTER TABLE ... SET "
+        "ACCESS METHOD heap); dpproxy checks again every few seconds and answers again once it is gone. Nothing was charged.",
         "row-failure",
     )
 

@@ -78,12 +78,14 @@ _CAST_TYPES = frozenset({
     "int2", "int4", "int8", "float4", "float8", "numeric", "date", "time", "timestamp", "timestamptz",
     "interval", "text", "varchar", "bpchar",
 })
-# The type a folded value takes, by the column's type OID: the column's own type, except
+# The type a folded value takes, by the column's type OID: the column's own type (a time column's
+# ``t < current_time`` is PostgreSQL's ``t::timetz < current_time``, both in the session's offset of
+# today, which orders as ``t < current_time::time``), except
 # integers, compared with numeric (exact, and int → numeric cannot fail), and real, compared
 # with double precision (real → double precision cannot fail either, and keeps the value's meaning).
 _FOLD_TYPES: dict[int, str] = {
     INT2: "numeric", INT4: "numeric", INT8: "numeric", NUMERIC: "numeric", FLOAT4: "float8", FLOAT8: "float8",
-    1082: "date", 1114: "timestamp", 1184: "timestamptz",
+    1082: "date", 1083: "time", 1114: "timestamp", 1184: "timestamptz", 1266: "timetz",
 }
 _TOKEN = re.compile("\x00[0-9]+\x00")
 HINT = (

@@ -11,6 +11,7 @@ the rule it breaks. The plan, not the client's text, is what later reaches the b
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from functools import cached_property
@@ -35,6 +36,7 @@ from .percentiles import FractionParameter, decimal_text, is_percentile, percent
 from .post_process import PostProcess, aggregate_nodes, outer_statement
 from .shares import counted_shares
 from .predicates import PredicateRenderer
+from .raw_equality import ParameterList
 from .scope import Scope
 from .single_reads import SingleRead, categories, distinct_read, hash_read, key_read, mode_read
 from .sqlglot_parse import VARIANCE_FUNCTIONS, parse_postgres
@@ -147,6 +149,9 @@ class AggregateQuery:
     # NOTICEs on literals not among a column's declared categories (rewriter/category_notes.py): from
     # the statement and the policy alone, sent before the answer's own; they change nothing else.
     notes: tuple[str, ...] = field(default=(), compare=False)
+    # The raw conjuncts over lists of parameters in where_sql (rewriter/raw_equality.py), each left
+    # out when the statement is bound with types it does not hold for (proxy/dp/parameter_types.py).
+    parameter_lists: tuple[ParameterList, ...] = ()
 
     @property
     def predicates(self) -> tuple[str, ...]:
@@ -237,7 +242,8 @@ def plan_aggregate_query(
         aggregates, post = _post_processed(tree, scope, conditions, enclosing, groups, names, ordinal=ranking)
     _check_combination(aggregates, groups, scope)
     where = tree.args.get("where")
-    where_sql = conditions.where(where.this) if where is not None else None
+    uses = Counter(node.sql("postgres") for node in tree.find_all(exp.Parameter))
+    where_sql = conditions.where(where.this, uses) if where is not None else None
     folding = conditions.folding(where_sql, tuple(agg.filter_sql for agg in aggregates))
     if folding is not None:  # the plan holds the expressions in place (to describe); execution folds them
         where_sql = folding.inline if where_sql is not None else None
@@ -253,7 +259,8 @@ def plan_aggregate_query(
     plan = AggregateQuery(table, aggregates, where_sql, _no_rows(tree, scope, grouped=bool(groups)), folding=folding,
                           post=post, groups=groups, ranges=ranges, terms=conditions.terms,
                           ilike_bytes=conditions.ilike_bytes,
-                          text_work=text_work, single_reads=reads, notes=conditions.notes)
+                          text_work=text_work, single_reads=reads, notes=conditions.notes,
+                          parameter_lists=tuple(conditions.parameter_lists))
     if not ranges:  # no time bound can narrow a key: the cells are known now
         too_many = too_many_cells(plan)
         if too_many is not None:
@@ -439,7 +446,7 @@ def _post_processed(
         keys=len(groups), key_of=key_of if groups else None, function_names=scope.function_names,
         names=names[0], top_names=names[1], ordinal=ordinal,
         cell_array=lambda k: NUMBER_ARRAY_NAMES[released[k - 1].result_type_oid] if released[k - 1].fractions else None,
-        finite=lambda k: released[k - 1].finite_number,
+        finite=lambda k: released[k - 1].finite_number, columns=frozenset(scope.table.columns),
     )
     return tuple(released), post
 
@@ -561,7 +568,11 @@ def _grouping(tree: exp.Select, scope: Scope) -> tuple[GroupKey, ...]:
 
 
 def _group_item(item: exp.Expression, tree: exp.Select, scope: Scope) -> exp.Expression:
-    """A GROUP BY item resolved as PostgreSQL resolves it: a position or an output name to its expression."""
+    """A GROUP BY item resolved as PostgreSQL resolves it: a position or an output name to its expression.
+    Parentheses around it are PostgreSQL's grammar only (its parse tree has none): ``GROUP BY (1)`` is
+    position 1, ``GROUP BY (a)`` the output named a."""
+    while isinstance(item, exp.Paren):
+        item = item.this
     outputs = tree.expressions
     if isinstance(item, exp.Literal) and not item.is_string:
         # Python refuses int() of more than 4,300 digits; no select list is that long anyway.

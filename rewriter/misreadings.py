@@ -42,6 +42,11 @@ types only, so ``+sex = 'Male'`` fails there (42883) and was answered as ``sex =
 reads ``+'39.5'`` and ``+$1`` as double precision (``age > +'39.5'`` counts ages above 39.5; dpproxy's
 ``age > '39.5'`` failed). Refused but before a number literal, where the ``+`` changes nothing.
 
+``U&"..."``, a quoted name with Unicode escapes: sqlglot reads ``U&"\\006e"`` as ``U & "\\006e"``,
+the bitwise AND of two columns. Where a level has both (``SELECT U&"e" FROM (SELECT count(*) AS u,
+sum(age) AS "e" ...)``) it was answered with ``u & e`` where PostgreSQL answers the column ``e``;
+elsewhere it failed with another error than PostgreSQL's answer. Found by the scanner and refused.
+
 A prefix operator but ``-`` and ``+`` (found by the round-trip check, tests/round_trip.py): sqlglot
 reads ``@ x``, PostgreSQL's absolute value, as the parameter ``$x`` (``age = @ 42`` ran as ``age =
 $42``, bound to the analyst's 42nd parameter where there is one, else failing after the plan was
@@ -112,6 +117,13 @@ _COMMENTS = frozenset({"C_COMMENT", "SQL_COMMENT"})
 _INTERVAL_FIELDS = frozenset({"YEAR_P", "MONTH_P", "DAY_P", "HOUR_P", "MINUTE_P", "SECOND_P"})
 _STRINGS = frozenset({"SCONST", "USCONST"})
 _WHOLE_NUMBER = re.compile(r"\s*[+-]?[0-9]+\s*")
+# One ISO 8601 designator, which sqlglot writes back as '<number> <unit>' of the same meaning: a
+# year, week or day (its M would be a month, which sqlglot reads as a minute), or after T an hour,
+# minute or second, in capitals (PostgreSQL reads no other). It reads a fraction of each as that
+# number of the unit, as sqlglot writes it.
+_ISO_ONE_DESIGNATOR = re.compile(r"P(?:-?[0-9]+(?:\.[0-9]+)?[YWD]|T-?[0-9]+(?:\.[0-9]+)?[HMS])")
+# PostgreSQL's verbose form: a noise '@' before the fields (sqlglot drops it, as PostgreSQL ignores it).
+_VERBOSE_AT = re.compile(r"\s*@")
 
 
 def _tokens(sql: str) -> list[Any]:
@@ -137,7 +149,11 @@ def _interval_read_alike(value: str | None, field: str | None, after: str | None
     (``field``, ``after``: the names of the two tokens after the string, when the first is a field).
 
     Without a field, sqlglot rewrites a value in which it finds exactly one ``<number> <unit>``
-    (``exp.INTERVAL_STRING_RE``) as that pair alone: alike only when that pair is the whole value.
+    (``exp.INTERVAL_STRING_RE``) as that pair alone: alike when that pair is the whole value, after
+    PostgreSQL's noise ``@`` too (``'@ 1 day'``; not ``'@ 1 day ago'``, where the pair is not the
+    whole value), or when the value is one ISO 8601 designator other than a month (``'P1D'``,
+    ``'P0.5W'``, ``'PT1.5H'``, ``'PT2M'``: :data:`_ISO_ONE_DESIGNATOR`; ``'P2M'``, two months, sqlglot
+    reads as two minutes).
     With ``<field> TO <field>`` it keeps the value as written when it finds no such pair; with a
     single field it appends the field to the value, alike only for a whole number (PostgreSQL keeps
     only whole units of the field: ``interval '1.5' hour`` is one hour)."""
@@ -146,7 +162,11 @@ def _interval_read_alike(value: str | None, field: str | None, after: str | None
     pairs = exp.INTERVAL_STRING_RE.findall(value)
     if field is None:
         whole = exp.INTERVAL_STRING_RE.fullmatch(value)
-        return len(pairs) != 1 or (whole is not None and _written_back(*whole.groups()))
+        verbose = _VERBOSE_AT.match(value)
+        after_at = exp.INTERVAL_STRING_RE.fullmatch(value[verbose.end():]) if verbose is not None else None
+        return (len(pairs) != 1 or (whole is not None and _written_back(*whole.groups()))
+                or _ISO_ONE_DESIGNATOR.fullmatch(value) is not None
+                or (after_at is not None and _written_back(*after_at.groups())))
     if after == "TO":
         return not pairs
     return after != "ASCII_40" and _WHOLE_NUMBER.fullmatch(value) is not None
@@ -210,8 +230,8 @@ def refuse_misread_tokens(sql: str, relation: Relation) -> None:
     """Refuse a number of ``sql`` written with a ``0x``/``0o``/``0b`` prefix or a ``_`` between digits
     (0A000, rule ``number-form``), ``interval(p) '...'`` (0A000, rule ``interval-precision``), an
     ``interval '...'`` literal sqlglot reads otherwise (0A000, rule ``interval-form``) and
-    ``interval '...' + '...'::type`` (0A000, rule ``interval-sum``); ``relation`` is the protected table
-    it reads."""
+    ``interval '...' + '...'::type`` (0A000, rule ``interval-sum``) and a name written ``U&"..."``
+    (0A000, rule ``unicode-name``); ``relation`` is the protected table it reads."""
     try:
         tokens = _tokens(sql)
     except ParseError:  # pragma: no cover - the statement was parsed already
@@ -227,6 +247,16 @@ def refuse_misread_tokens(sql: str, relation: Relation) -> None:
                     f"Write it in decimal: {_decimal(text)}.",
                     "number-form",
                 )
+        elif token.name == "UIDENT":
+            written = sql[token.start : token.end + 1]
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                f"the name {written}, which dpproxy's DP planner reads as U & \"...\", is not supported on "
+                f"protected table {relation.display_name} (rule: unicode-name)",
+                "Write the name with its characters, in double quotes where it needs them: \"Ünï cödé\", not "
+                "U&\"\\00dcn\\00ef c\\00f6d\\00e9\".",
+                "unicode-name",
+            )
         elif token.name == "INTERVAL" and index + 1 < len(tokens) and sql[tokens[index + 1].start] == "(":
             raise Refusal(
                 SQLSTATE.FEATURE_NOT_SUPPORTED,

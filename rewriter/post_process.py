@@ -43,6 +43,7 @@ from .date_parts import date_part_shape
 from .floor_bins import floor_shape
 from .function_check import check_functions, check_value_expressions
 from .group_keys import year_extract
+from .identifiers import identifier
 from .qualify import qualify
 from .statements import split_statements
 
@@ -106,6 +107,7 @@ def outer_statement(
     ordinal: bool = False,
     cell_array: Callable[[int], str | None] | None = None,
     finite: Callable[[int], bool] | None = None,
+    columns: frozenset[str] = frozenset(),
 ) -> PostProcess:
     """The outer statement of ``tree`` (one aggregate level over the base table).
 
@@ -139,6 +141,11 @@ def outer_statement(
 
     ``finite(k)``: the k-th released column is a finite non-NULL number in every release (what
     :attr:`PostProcess.certain` is proved from); None: no column is taken to be one.
+
+    ``columns``: the table's column names. Within an ORDER BY expression PostgreSQL reads a name
+    as an input column's even where an output has it (``ORDER BY age + 0``, ``age`` the alias of
+    ``count(*)``): one of ``columns`` is judged as any column there (a key, else 42803); a name no
+    input column has is left for the outer statement to fail on, PostgreSQL's 42703 before the charge.
     """
     outer = tree.copy()
     for key in ("from_", "where", "joins", "group"):
@@ -157,14 +164,17 @@ def outer_statement(
     order = outer.args.get("order")
 
     def output_name(column: exp.Column) -> bool:
-        """A name in ORDER BY that an output column has: left for PostgreSQL to resolve."""
-        return order is not None and column.find_ancestor(exp.Order) is order and not column.table and column.name in aliases
+        """A name in ORDER BY that an output column has and no input column does (see ``columns``),
+        or an ORDER BY item that is an output column's name alone: left for PostgreSQL to resolve."""
+        return (order is not None and column.find_ancestor(exp.Order) is order and not column.table
+                and column.name in aliases and (bare_output_name(column) or identifier(column.this) not in columns))
 
     def bare_output_name(column: exp.Column) -> bool:
         """An ORDER BY item that is an output column's name alone, which PostgreSQL resolves to
         that column. Within an expression (``ORDER BY t COLLATE "C"``, ``lower(t)``) a name is
         an input column's, a key here: an output alias there is PostgreSQL's 42703."""
-        return output_name(column) and isinstance(column.parent, exp.Ordered) and column.parent.parent is order
+        return (order is not None and isinstance(column.parent, exp.Ordered) and column.parent.parent is order
+                and not column.table and column.name in aliases)
 
     if key_of is not None:
         _replace_keys(outer, key_of, bare_output_name)

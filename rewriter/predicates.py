@@ -69,6 +69,7 @@ Rendering here costs about a quarter of sqlglot's own ``.sql()`` on the same tre
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Callable
 
 from sqlglot import exp
@@ -81,10 +82,10 @@ from .constants import HINT as FOLD_HINT
 from .constants import Fold, Folding, NotFoldable, fold_type, qualified_constant
 from .like_patterns import case_folded_bytes, case_folded_refusal, longest_part_after_percent, pattern_refusal
 from .predicate_terms import predicate_terms, terms_refusal
-from .raw_equality import hashed_raw_equality, parameter_raw_equality, raw_comparison
+from .raw_equality import ParameterList, hashed_raw_equality, parameter_list_equality, parameter_raw_equality, raw_comparison
 from .scope import Scope
 from .sql_text import literal, operator, short_text
-from .text_bounds import CASE_FOLD_WORK, COMPARISON_WORK, LIKE_WORK, value_bytes, work_refusal
+from .text_bounds import CASE_FOLD_WORK, LIKE_WORK, comparison_work, value_bytes, work_refusal
 from .types import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
 
 __all__ = ["Predicate", "PredicateRenderer", "plan_predicate"]
@@ -172,6 +173,8 @@ class PredicateRenderer:
     def __init__(self, scope: Scope):
         self._renderer = _Renderer(scope)
         self._terms = 0  # of the predicates rendered so far (rewriter.predicate_terms)
+        # The raw conjuncts over lists of parameters the WHERE got (rewriter.raw_equality.ParameterList).
+        self.parameter_lists: list[ParameterList] = []
         self._limited = not scope.table.policy.answer_quantum_ms
 
     def template(self, predicate: exp.Expression, times: int = 1) -> str:
@@ -206,21 +209,34 @@ class PredicateRenderer:
             raise self._renderer.refuse(f"{refused[0]} are refused on protected table", refused[1])
         return sql
 
-    def where(self, predicate: exp.Expression) -> str:
+    def where(self, predicate: exp.Expression, uses: Mapping[str, int]) -> str:
         """:meth:`template` of a statement's WHERE, with the hashed raw conjuncts of
         :func:`rewriter.raw_equality.hashed_raw_equality` AND'ed before it: per column of a declared
         size read through its in-line check, the first ``=`` or IN list of literals that stands at
         the condition's top level (reached from its root through AND and parentheses only), so that
-        a plain index on the column serves it; and, AND'ed after it, where that first construct
-        compares the column with one parameter, :func:`rewriter.raw_equality.parameter_raw_equality`
-        (after, so that the condition types the parameter first). A FILTER's condition
-        (:meth:`template`) gets none."""
+        a plain index on the column serves it; and, AND'ed after it (so that the condition types
+        the parameters first), where that first construct compares the column with one parameter,
+        :func:`rewriter.raw_equality.parameter_raw_equality`, and with several,
+        :func:`rewriter.raw_equality.parameter_list_equality` (``uses``: how many times each
+        parameter occurs in the statement), kept in :attr:`parameter_lists` for the bound types to
+        settle. A FILTER's condition (:meth:`template`) gets none; nor a list in a WHERE that folds
+        (its template is filled again when it is bound)."""
         sql = self.template(predicate)
-        table = self._renderer.scope.table
-        raw = [conjunct for column, values in self._renderer.top_equalities.values()
+        renderer = self._renderer
+        table = renderer.scope.table
+        raw = [conjunct for column, values in renderer.top_equalities.values()
                if (conjunct := hashed_raw_equality(table, column, values)) is not None]
-        bound = [conjunct for column, value, column_first in self._renderer.top_parameters.values()
-                 if (conjunct := parameter_raw_equality(table, column, value, column_first)) is not None]
+        bound = []
+        for column, values, column_first in renderer.top_parameters.values():
+            if len(values) == 1:
+                conjunct = parameter_raw_equality(table, column, values[0], column_first)
+            elif not renderer.folds and (listed := parameter_list_equality(table, column, values, uses)) is not None:
+                self.parameter_lists.append(listed)
+                conjunct = listed.sql
+            else:
+                conjunct = None
+            if conjunct is not None:
+                bound.append(conjunct)
         return " AND ".join([*raw, sql, *bound])
 
     @property
@@ -299,9 +315,9 @@ class _Renderer:
         self.top = True
         self.conjunct = True
         self.top_equalities: dict[str, tuple[ColumnInfo, list[str]]] = {}
-        # ... and where that first construct compares the column with one parameter: the parameter's
-        # SQL, and whether the column is its term's left side.
-        self.top_parameters: dict[str, tuple[ColumnInfo, str, bool]] = {}
+        # ... and where that first construct compares the column with parameters only: their SQL,
+        # and whether the column is its term's left side.
+        self.top_parameters: dict[str, tuple[ColumnInfo, list[str], bool]] = {}
 
     def weighed(self) -> tuple[int, int, int, int]:
         """What the predicates rendered so far weigh, for :meth:`repeat_since`: the text work, the
@@ -462,7 +478,7 @@ class _Renderer:
         """Note ``side = <one of values>``, a conjunct at the condition's top level, for
         :meth:`PredicateRenderer.where`: when ``side`` is a column as it is and it is the first such
         construct on that column, either every value a literal (a raw conjunct must hold every value
-        the construct compares with) or the one value a parameter (``column_first``: whether the
+        the construct compares with) or every value a parameter (``column_first``: whether the
         column is its term's left side)."""
         column = side.column
         if column is None or side.sql != quote_identifier(column.name):
@@ -471,8 +487,8 @@ class _Renderer:
             return
         if all(value.literal and value.column is None and not value.fold for value in values):
             self.top_equalities[column.name] = (column, [value.sql for value in values])
-        elif len(values) == 1 and values[0].parameter and values[0].column is None and not values[0].fold:
-            self.top_parameters[column.name] = (column, values[0].sql, column_first)
+        elif all(value.parameter and value.column is None and not value.fold for value in values):
+            self.top_parameters[column.name] = (column, [value.sql for value in values], column_first)
 
     def _is(self, node: exp.Expression) -> str:
         if isinstance(node.expression, exp.Boolean):  # b IS TRUE, (age > 40) IS FALSE: cannot fail
@@ -605,7 +621,8 @@ class _Renderer:
                     "IS [NOT] NULL or count it.",
                 )
         for side in (left, right):
-            self._weigh(side, COMPARISON_WORK)
+            if side.column is not None:
+                self._weigh(side, comparison_work(side.column, symbol))
         if symbol in ("=", "<>"):
             self._note(left, right)
         if left.fold:
@@ -622,7 +639,7 @@ class _Renderer:
         if type_name is None:
             raise self.refuse(
                 f"a computed value compared with column {column.name} is not allowed on protected table",
-                "Computed values are folded for numeric, date, timestamp and timestamptz columns; "
+                "Computed values are folded for numeric, date, time, timestamp and timestamptz columns; "
                 "compare this column with a literal or a parameter.",
             )
         fold = Fold(left.sql, symbol, right.sql, type_name, f"\x00{len(self.folds)}\x00")

@@ -86,20 +86,27 @@ is read at most twice (the hash, and the equality when it matches) whatever the 
 plain index serves it. Why it changes no answer: :func:`hashed_raw_equality`. Where that first
 construct compares the column with one bound parameter (``code = $1``, ``code IN ($1)``: BI tools'
 and drivers' filters), the conjunct is ``"raw N" = $1``, AND'ed after the condition, read once
-(:func:`parameter_raw_equality`); a list of several parameters gets none.
+(:func:`parameter_raw_equality`). A list of several parameters (``code IN ($1, $2, $3)``: JDBC's and
+psycopg's lists, Superset's multi-value filters through SQLAlchemy's expanding IN) gets ``"raw N" =
+ANY (ARRAY[$1, $2, $3, …])``, the list repeated to :data:`HASHED_LIST` values, AND'ed after the
+condition where its parameters are provably typed alike (:func:`parameter_list_equality`); dpproxy's
+backend connections plan every statement with its bound values (``plan_cache_mode`` pinned to
+``force_custom_plan``, proxy/backend/pool.py), so the array is a constant and hashed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from policies.tables import ColumnInfo, Relation, quote_identifier
 
 from .sql_text import operator
 from .text_bounds import NUMERIC, declared_apart, length_bounded, unconstrained_numeric
 
-__all__ = ["HASHED_LIST", "NUMERIC_SYMBOLS", "RAW_TYPES", "hashed_raw_equality", "literal_bytes",
-           "parameter_raw_equality", "raw_comparison", "raw_outputs"]
+__all__ = ["HASHED_LIST", "NUMERIC_SYMBOLS", "RAW_TYPES", "ParameterList", "hashed_raw_equality", "literal_bytes",
+           "parameter_list_equality", "parameter_raw_equality", "raw_comparison", "raw_outputs"]
 
 RAW_TYPES = frozenset({25, 1043})
 """text and varchar: the types whose ``=`` is ``texteq``, which compares stored sizes before values."""
@@ -208,9 +215,73 @@ def parameter_raw_equality(table: Relation, column: ColumnInfo, value: str, colu
     a value that fails to convert fails at Bind, once, for both. One comparison, not a hashed list:
     it reads a row's raw value at most once, in a custom plan or a generic one (where a list of
     parameters would not hash, and would read it once a value), and a plain B-tree index serves it.
-    A list of several parameters gets none: their types may differ, and the array's common type
-    would convert some of them otherwise than their own terms do."""
+    A list of several parameters: :func:`parameter_list_equality`."""
     if _HASHED_EQUALITY.get(column.value_type[0]) is None or not declared_apart(column, table.policy):
         return None
     raw = quote_identifier(_alias(table, column))
     return operator(raw, "=", value) if column_first else operator(value, "=", raw)
+
+
+_BARE = re.compile(r"\$([1-9][0-9]*)")
+_CAST = re.compile(r"CAST\(\$[1-9][0-9]* AS (pg_catalog\.\w+)\)")
+NAME = 19
+"""``name``: beside a text column ``=`` is ``texteqname``, whose two sides hash with two functions, so
+PostgreSQL never hashes a list of it (``ScalarArrayOpExpr`` needs one): each value would read the row's."""
+
+
+@dataclass(frozen=True)
+class ParameterList:
+    """A raw conjunct over a list of parameters (:func:`parameter_list_equality`) and the numbers of
+    its parameters written bare, which it holds only when the statement is bound with all of them
+    declared of one type (:meth:`holds`)."""
+
+    sql: str
+    parameters: tuple[int, ...]
+
+    def holds(self, types: Sequence[int]) -> bool:
+        """Whether the conjunct keeps the condition's rows, its parameters declared ``types`` (0:
+        unspecified; a parameter past ``types`` is unspecified): one type for all, not ``name``."""
+        declared = {types[number - 1] if number <= len(types) else 0 for number in self.parameters}
+        return len(declared) <= 1 and NAME not in declared
+
+
+def parameter_list_equality(table: Relation, column: ColumnInfo, values: Sequence[str],
+                            uses: Mapping[str, int]) -> ParameterList | None:
+    """The raw conjunct beside a top-level ``column IN ($j, $k, …)`` of a WHERE, on a column
+    :func:`hashed_raw_equality` serves: ``("raw N" OPERATOR(pg_catalog.=) ANY (ARRAY[<values>, …]))``,
+    ``values`` repeated to :data:`HASHED_LIST`, or None. ``values``: the terms' other sides as they
+    are rendered, each a bare ``$k`` or one cast of one (``CAST($k AS pg_catalog.numeric)`` beside a
+    numeric column); ``uses``: how many times each parameter (``$k``) occurs in the statement.
+
+    AND'ed after the condition it keeps exactly the rows the condition keeps, by the argument of
+    :func:`hashed_raw_equality`, when every value has the type its own term gave it: then the array's
+    type is theirs, nothing in it is converted, ``=`` resolves as each term's does (the raw column
+    has the bounded value's type) and converts the array, if at all, as each term converts its
+    value. Values of different types would be converted to their common type (a ``bpchar`` and a
+    ``name`` to ``name``, cut at 63 bytes; a ``"char"`` and a ``text`` fail), so the values must be
+    of one type: all cast to one type (the rewriter's cast to numeric), or all bare, each used only
+    in this list (so that it is typed by its own term: a parameter typed elsewhere may differ from
+    its neighbours while all are unspecified) and, when bound, declared of one type
+    (:meth:`ParameterList.holds`). None where they are neither.
+
+    Read: dpproxy's backend plans every statement with its bound values (``plan_cache_mode``
+    pinned to ``force_custom_plan``), so the array is a constant of at least :data:`HASHED_LIST`
+    values, which PostgreSQL hashes: a row's raw value is read for the hash, and once more by the
+    equality when the hash matches, however many values the list has. In a generic plan the array
+    would not be a constant, and each value would read it again (tests/test_attack_stop40.py)."""
+    if len(values) < 2 or _HASHED_EQUALITY.get(column.value_type[0]) is None or not declared_apart(column, table.policy):
+        return None
+    bare = [_BARE.fullmatch(value) for value in values]
+    if all(bare):
+        numbers = tuple(dict.fromkeys(int(match.group(1)) for match in bare if match is not None))
+        if any(uses.get(f"${number}", 0) != values.count(f"${number}") for number in numbers):
+            return None
+    else:
+        casts = {match.group(1) if match is not None else None for match in map(_CAST.fullmatch, values)}
+        if len(casts) != 1 or None in casts:
+            return None
+        numbers = ()
+    distinct = list(dict.fromkeys(values))
+    listed = (distinct * HASHED_LIST)[:max(HASHED_LIST, len(distinct))]
+    raw = quote_identifier(_alias(table, column))
+    return ParameterList(f"({raw} OPERATOR(pg_catalog.=) ANY (ARRAY[{', '.join(listed)}]))", numbers)

@@ -10,14 +10,16 @@ Timing):
 
 * ``COUNT(DISTINCT col)``: the rows are shuffled (a sort by ``random()``, which copies the value)
   and then sorted by the value, ~log2(n) comparisons a row, each of which copies both values
-  into buffers where the collation is not ``C``: :data:`DISTINCT_WORK` a byte;
+  into buffers where the collation is not ``C``: :data:`DISTINCT_WORK` a byte, and
+  :data:`COLLATED_DISTINCT_WORK` where the collation's code compares (``ColumnInfo.byte_order``);
 * a categorical GROUP BY key: the value is hashed, copied into its group when it starts one,
   spilled to disk with it when the groups outgrow ``work_mem``, and each group's value is compared
-  with each declared category to find its cell: :data:`KEY_WORK` a byte, and
-  :data:`~rewriter.text_bounds.COMPARISON_WORK` a byte those comparisons read (:func:`_compared_bytes`:
+  with each declared category to find its cell: :data:`KEY_WORK` a byte (:data:`COLLATED_KEY_WORK`
+  under a nondeterministic collation, which hashes the value's ICU sort key), and
+  :func:`~rewriter.text_bounds.comparison_work` a byte those comparisons read (:func:`_compared_bytes`:
   under a deterministic collation the categories' own bytes, PostgreSQL comparing sizes first);
 * MODE of a categorical column: one count per declared category, each comparing the value with
-  that category (``col = 'category'``): :data:`~rewriter.text_bounds.COMPARISON_WORK` a byte those
+  that category (``col = 'category'``): :func:`~rewriter.text_bounds.comparison_work` a byte those
   comparisons read, as for a key;
 * the ``row_hash`` partition key of sample and aggregate: each hashed text column is hashed
   (``hashtextextended``): :data:`HASH_WORK` a byte.
@@ -39,9 +41,9 @@ from typing import NamedTuple
 from policies.model import TablePolicy
 from policies.tables import ColumnInfo
 
-from .text_bounds import COMPARISON_WORK, value_bytes
+from .text_bounds import comparison_work, value_bytes
 
-__all__ = ["DISTINCT_WORK", "HASH_WORK", "KEY_WORK", "SingleRead", "categories", "distinct_read", "hash_read",
+__all__ = ["COLLATED_DISTINCT_WORK", "COLLATED_KEY_WORK", "DISTINCT_WORK", "HASH_WORK", "KEY_WORK", "SingleRead", "categories", "distinct_read", "hash_read",
            "key_read", "mode_read"]
 
 DISTINCT_WORK = 50
@@ -52,6 +54,16 @@ KEY_WORK = 50
 """Work units a byte of a value a categorical GROUP BY key reads, besides its comparisons with the
 categories: measured at 0.12–0.46 of ``lower(t) = 'x'``'s cost a byte in memory, 0.65–1.01 where the
 groups spill to disk (``work_mem``)."""
+COLLATED_DISTINCT_WORK = 300
+"""Work units a byte ``COUNT(DISTINCT)`` reads where the column's collation does not order by bytes
+(``ColumnInfo.byte_order``): its sort compares through ICU or libc, measured at 67–139 units a byte
+(1.3–2.7 of ``lower()``'s) under ``und-x-icu`` and a nondeterministic ICU collation
+(benchmarks/collation_cost.py, on a loaded host), weighed at about twice the most."""
+COLLATED_KEY_WORK = 600
+"""Work units a byte a categorical GROUP BY key reads under a nondeterministic collation, besides its
+comparisons with the categories: PostgreSQL hashes the value's ICU sort key, measured at 132–289
+units a byte (2.6–5.7 of ``lower()``'s), weighed at about twice the most. Under a deterministic
+collation the hash reads the bytes (:data:`KEY_WORK`)."""
 _BPCHAR = 1042
 HASH_WORK = 10
 """Work units a byte of a text column the ``row_hash`` partition key hashes: measured at 0.065–0.072
@@ -68,7 +80,8 @@ class SingleRead(NamedTuple):
 def distinct_read(column: ColumnInfo, policy: TablePolicy) -> SingleRead | None:
     """``COUNT(DISTINCT column)``'s read, or None: not a column of bytes."""
     size = value_bytes(column, policy)
-    return None if size is None else SingleRead(f"COUNT(DISTINCT {column.name})", size * DISTINCT_WORK)
+    per_byte = DISTINCT_WORK if column.byte_order else COLLATED_DISTINCT_WORK
+    return None if size is None else SingleRead(f"COUNT(DISTINCT {column.name})", size * per_byte)
 
 
 def key_read(column: ColumnInfo, policy: TablePolicy) -> SingleRead | None:
@@ -76,7 +89,8 @@ def key_read(column: ColumnInfo, policy: TablePolicy) -> SingleRead | None:
     size = value_bytes(column, policy)
     if size is None:
         return None
-    return SingleRead(f"GROUP BY {column.name}", size * KEY_WORK + _compared_bytes(column, size) * COMPARISON_WORK)
+    per_byte = KEY_WORK if column.deterministic_collation else COLLATED_KEY_WORK
+    return SingleRead(f"GROUP BY {column.name}", size * per_byte + _compared_bytes(column, size) * comparison_work(column, "="))
 
 
 def mode_read(column: ColumnInfo, policy: TablePolicy) -> SingleRead | None:
@@ -84,7 +98,7 @@ def mode_read(column: ColumnInfo, policy: TablePolicy) -> SingleRead | None:
     size = value_bytes(column, policy)
     if size is None:
         return None
-    return SingleRead(f"MODE() of {column.name}", _compared_bytes(column, size) * COMPARISON_WORK)
+    return SingleRead(f"MODE() of {column.name}", _compared_bytes(column, size) * comparison_work(column, "="))
 
 
 def hash_read(column: ColumnInfo, policy: TablePolicy) -> SingleRead | None:

@@ -10,10 +10,14 @@ sqlglot reads ``date_part('year', x)`` as ``EXTRACT(YEAR FROM x)`` and writes it
 since PostgreSQL 14 the two differ in type (``date_part`` is double precision, ``EXTRACT``
 numeric), and dpproxy runs what it writes back (post-processing, WHERE). The call keeps its
 spelling here: a :class:`DatePart` node, an ``Extract`` written as ``DATE_PART('field', x)``.
+
+sqlglot writes ``current_time`` back as ``CURRENT_TIME()``, which PostgreSQL cannot parse, so a
+condition or an output holding it was refused as unreadable; it is kept as the keyword it is.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 import sqlglot
@@ -66,6 +70,21 @@ _PLACEHOLDER = "dpproxy_param_"
 
 def parse_postgres(sql: str) -> exp.Expr:
     """The sqlglot tree of ``sql`` (one statement); raises sqlglot's ParseError/TokenError."""
+    tree = _parsed(sql)
+    return tree.transform(_current_time) if _CURRENT_TIME.search(sql) else tree
+
+
+_CURRENT_TIME = re.compile(r"current_time\b", re.IGNORECASE)
+
+
+def _current_time(node: exp.Expr) -> exp.Expr:
+    """``CURRENT_TIME`` without a precision as the keyword (sqlglot writes ``CURRENT_TIME()``)."""
+    if isinstance(node, exp.CurrentTime) and node.this is None:
+        return exp.Var(this="CURRENT_TIME")
+    return node
+
+
+def _parsed(sql: str) -> exp.Expr:
     if "$" not in sql or _PLACEHOLDER in sql:
         return sqlglot.parse_one(sql, read=_DpproxyPostgres)
     try:

@@ -86,7 +86,8 @@ hashed (:func:`rewriter.raw_equality.hashed_raw_equality`), so that a plain inde
 value is weighed by the bytes it may read (the column's bound, :func:`value_bytes`) times its cost a
 byte, in units of about 0.1 ns of PostgreSQL 16's time (warm, one row, measured with
 benchmarks/row_cost.py and the per-byte figures in benchmarks/results.md): a comparison
-(=, <>, <, …, an IN list's value) :data:`COMPARISON_WORK`, ``lower()``/``upper()`` and ILIKE's own
+(=, <>, <, …, an IN list's value) :data:`COMPARISON_WORK` (:data:`COLLATED_COMPARISON_WORK` where a
+collation's code compares: :func:`comparison_work`), ``lower()``/``upper()`` and ILIKE's own
 case folding :data:`CASE_FOLD_WORK` more, a LIKE :data:`LIKE_WORK` per character of its pattern's
 longest part after a ``%`` (at least one; a pattern bound as a parameter is weighed as one
 character while planning, and by its own longest part when it is bound, before any charge:
@@ -108,7 +109,7 @@ from policies.tables import ColumnInfo, Relation, quote_identifier
 
 from .sql_text import operator
 
-__all__ = ["BIT", "CASE_FOLD_WORK", "COMPARISON_WORK", "LIKE_WORK", "MAX_TEXT_WORK", "NUMERIC", "NUMERIC_MAX_BYTES",
+__all__ = ["BIT", "CASE_FOLD_WORK", "COLLATED_COMPARISON_WORK", "COMPARISON_WORK", "LIKE_WORK", "MAX_TEXT_WORK", "NUMERIC", "NUMERIC_MAX_BYTES",
            "NUMERIC_NEVER_APART_BYTES", "RANGE_DATA_BYTES", "TEXT_TYPES", "TOAST_SMALLEST", "WIDE_RANGES",
            "bounded_source", "bounded_value", "declared_apart", "declared_size", "in_line_bit", "in_line_numeric", "in_line_range",
            "in_line_text", "length_bounded", "unconstrained_numeric", "value_bytes", "work_refusal"]
@@ -156,12 +157,28 @@ _MAX_BYTES_PER_CHARACTER = 4  # UTF-8, and every server encoding PostgreSQL has
 
 COMPARISON_WORK = 1
 """Work units a byte of a comparison (=, <>, <, …, each IN value): ~0.02–0.1 ns a byte, warm."""
+COLLATED_COMPARISON_WORK = 50
+"""Work units a byte of a comparison through a collation's code (:func:`comparison_work`): ICU's,
+level by level, measured at up to 16.5 units a byte (``<`` under ``und-x-icu``) and 24 (``=`` and
+``<`` under a nondeterministic one) on a value that differs from the other only in case
+(benchmarks/collation_cost.py), weighed at about twice the most, as ``lower()``."""
 CASE_FOLD_WORK = 50
 """Work units a byte of ``lower()``/``upper()`` or of ILIKE's case folding: ~5 ns a byte."""
 LIKE_WORK = 20
 """Work units a byte, per character of a LIKE pattern's longest part after ``%``: ~2 ns a byte and character."""
 MAX_TEXT_WORK = 600_000
 """The most work units the conditions and single reads of one DP statement may weigh (~60 µs of one row's time)."""
+
+
+def comparison_work(column: ColumnInfo, symbol: str) -> int:
+    """Work units a byte of ``column`` ``symbol`` (a comparison operator) costs: ``memcmp``'s
+    :data:`COMPARISON_WORK` where PostgreSQL compares bytes (``=`` and ``<>`` under a deterministic
+    collation, whatever its provider; any comparison under a collation ordering by bytes), else the
+    collation's code's :data:`COLLATED_COMPARISON_WORK` (``<`` under ICU or a libc locale, ``=``
+    under a nondeterministic collation)."""
+    if column.byte_order or (symbol in ("=", "<>") and column.deterministic_collation):
+        return COMPARISON_WORK
+    return COLLATED_COMPARISON_WORK
 
 
 def _declared_bytes(column: ColumnInfo) -> int | None:

@@ -2,10 +2,10 @@
 corpora of DP statements, and lexical variants of them.
 
 The corpora are the neighbour fuzzer's generator (tests/neighbour_cases.py) with a fixed seed,
-the recorded Superset statements (tests/bi_statements.py), every SQL string literal on the
-``adult`` table in the refusal and parsing test files, :data:`CONSTANT_STATEMENTS` and
-:data:`RELEASE_STATEMENTS`. Most of the last are refused; the
-differential reads only those dpproxy answers.
+every recorded client statement that reads a protected table (:func:`recorded_statements`),
+every SQL string literal on the ``adult`` table in the refusal and parsing test files,
+:data:`CONSTANT_STATEMENTS` and :data:`RELEASE_STATEMENTS`. Many are refused; the differential
+reads only those dpproxy answers.
 
 A variant respells one token of a statement (a constant, a keyword, a name, the space between
 two tokens) in a form PostgreSQL may read the same or differently: each variant is kept as it
@@ -20,15 +20,38 @@ import re
 from pathlib import Path
 from typing import Callable, Iterator
 
+from pglast import split
 from pglast.parser import ParseError, scan
 
-__all__ = ["ATTACK_FILES", "CONSTANT_STATEMENTS", "RELEASE_STATEMENTS", "adult_statements", "variants"]
+from tests.bi_statements import PGADMIN_RECORD_FILE, RECORD_FILE
+from tests.captured import CAPTURE_FILE, sql_blocks
+
+__all__ = ["ATTACK_FILES", "CONSTANT_STATEMENTS", "RELEASE_STATEMENTS", "adult_statements", "recorded_statements",
+           "variants"]
 
 _TESTS = Path(__file__).parent
 ATTACK_FILES = ("test_refusals.py", "test_attack_parsing.py", "test_attacks.py", "test_query_shapes.py",
                 "test_dp_count_sum.py", "test_dp_avg_min_max_mode.py", "test_predicate_terms.py",
                 "test_conditional_aggregates.py")
 _ON_ADULT = re.compile(r"^\s*SELECT\b.*\bFROM\s+adult\b", re.IGNORECASE | re.DOTALL)
+
+
+def recorded_statements() -> list[str]:
+    """Every statement recorded from a client (psql, JDBC, ODBC, drivers: tests/captured.py; pgAdmin
+    and Superset: tests/bi_statements.py) that reads a protected table, each statement of a
+    multi-statement text on its own, in file order."""
+    found: dict[str, None] = {}
+    for path in (CAPTURE_FILE, PGADMIN_RECORD_FILE, RECORD_FILE):
+        for _, block in sql_blocks(path):
+            try:
+                statements = split(block)
+            except ParseError:
+                continue
+            found.update((statement, None) for statement in statements if _PROTECTED.search(statement))
+    return list(found)
+
+
+_PROTECTED = re.compile(r"\bFROM\s+(public\.|\"public\"\.)?\"?(people|adult)\b", re.IGNORECASE)
 
 
 def adult_statements() -> list[str]:
@@ -83,7 +106,8 @@ CONSTANT_STATEMENTS = tuple(f"SELECT count(*) FROM {table} WHERE {column} {condi
 # Histograms over public keys, conditional aggregates and post-processing of the release
 # (tests/release_differential.py): each key kind of rewriter/group_keys.py, floor_bins.py and
 # date_parts.py, each CASE form of rewriter/conditional.py, arithmetic, ROUND, casts, CASE, HAVING,
-# ORDER BY and LIMIT over released aggregates.
+# ORDER BY and LIMIT over released aggregates; the levels BI tools write (derived tables, enclosing
+# queries, CTEs), shares and percentiles.
 RELEASE_STATEMENTS = (
     "SELECT sex, count(*) FROM people GROUP BY sex",
     "SELECT sex, count(*) AS n FROM people WHERE age > 30 GROUP BY 1 ORDER BY n DESC LIMIT 1",
@@ -135,6 +159,50 @@ RELEASE_STATEMENTS = (
     "SELECT stddev(age), variance(age) * 2 FROM adult",
     "SELECT EXTRACT(year FROM signed_up) AS y, count(*) FROM people GROUP BY +1",
     "SELECT sex, count(*) FROM people GROUP BY 1 ORDER BY +2 DESC LIMIT 1",
+    # Levels: Superset's virtual_table, Metabase's "source", Tableau's forms, enclosing queries and CTEs
+    "SELECT sex AS sex, count(*) AS count FROM (SELECT * FROM people) AS virtual_table GROUP BY sex "
+    "ORDER BY count DESC LIMIT 10000",
+    "SELECT date_trunc('month', signed_up) AS __timestamp, avg(income) AS \"AVG(income)\" FROM (SELECT * FROM people "
+    "WHERE age > 18) AS virtual_table GROUP BY date_trunc('month', signed_up) LIMIT 50000",
+    'SELECT "source"."k0" AS "k0", count(*) AS "count" FROM (SELECT date_trunc(\'month\', "public"."people"."signed_up") '
+    'AS "k0", "public"."people"."sex" AS "sex" FROM "public"."people") AS "source" GROUP BY "source"."k0" '
+    'ORDER BY "source"."k0" ASC',
+    'SELECT "source"."sex" AS "sex", sum("source"."income") AS "sum" FROM (SELECT "public"."people"."sex" AS "sex", '
+    '"public"."people"."income" AS "income" FROM "public"."people" WHERE "public"."people"."age" > 30) AS "source" '
+    'GROUP BY "source"."sex" ORDER BY "sum" DESC',
+    'SELECT avg(CASE WHEN "public"."people"."age" > 40 THEN 1 ELSE 0.0 END) AS "share" FROM "public"."people"',
+    'SELECT AVG((CASE WHEN ("people"."age" > 40) THEN 1 WHEN NOT ("people"."age" > 40) THEN 0 ELSE NULL END)) '
+    'AS "usr:Calculation:ok" FROM "public"."people" "people" HAVING (COUNT(1) > 0)',
+    "SELECT n * 100.0 / total AS pct FROM (SELECT count(*) FILTER (WHERE sex = 'Male') AS n, count(*) AS total "
+    "FROM people) AS q",
+    "WITH c AS (SELECT sex, count(*) AS n FROM people GROUP BY sex) SELECT sex, n * 2 AS twice FROM c ORDER BY n DESC LIMIT 1",
+    "SELECT * FROM (SELECT sex, count(*) AS n FROM people GROUP BY sex) AS t ORDER BY n DESC LIMIT 1",
+    "SELECT sex, n FROM (SELECT sex, count(*) AS n FROM people GROUP BY sex) AS t WHERE n > 10",
+    "WITH base AS (SELECT * FROM people WHERE income > 1000) SELECT sex, avg(age) AS a FROM base GROUP BY sex",
+    "SELECT upper(sex) AS s, c FROM (SELECT sex, count(*) AS c FROM people GROUP BY sex) AS q",
+    "COPY (SELECT sex, count(*) FROM people GROUP BY sex) TO STDOUT",
+    "SELECT * FROM (SELECT sex, count(*) AS n FROM people GROUP BY sex HAVING count(*) > 5) AS t WHERE sex = 'Male'",
+    "WITH a AS (SELECT date_trunc('year', signed_up) AS y, sum(income) AS s FROM people GROUP BY 1) "
+    "SELECT y, s FROM a ORDER BY s DESC LIMIT 1",
+    "SELECT count FROM (SELECT count(*) FROM people) AS q",
+    'SELECT "count" * 2 FROM (SELECT count(*) FROM people WHERE age > 20) AS "q"',
+    "SELECT max(n) FROM (SELECT sex, count(*) AS n FROM people GROUP BY sex) AS t",
+    "SELECT max(n) FROM (SELECT sex, count(*) AS n FROM people GROUP BY sex) AS t WHERE n > 3",
+    "SELECT sex, share FROM (SELECT sex, avg(CASE WHEN income > 50000 THEN 1 ELSE 0 END) AS share FROM people "
+    "GROUP BY sex) AS s ORDER BY share DESC",
+    # Shares, percent of total, percentiles
+    "SELECT sex, avg(CASE WHEN age > 40 THEN 1 ELSE 0 END) AS share FROM people GROUP BY sex",
+    "SELECT sex, avg((age > 40)::int) FILTER (WHERE income > 1000) FROM people GROUP BY 1 ORDER BY 2 DESC",
+    "SELECT round(avg(CASE WHEN sex = 'Male' THEN 1.0 ELSE 0 END) * 100, 1) AS pct_male FROM adult",
+    "SELECT sex, count(*) * 100.0 / sum(count(*)) OVER () FROM people GROUP BY sex",
+    "SELECT count(*) FILTER (WHERE age > 40) * 100.0 / count(*) AS pct FROM adult",
+    "SELECT round(percentile_cont(0.5) WITHIN GROUP (ORDER BY age)::numeric, 1) AS median, "
+    "percentile_disc(0.9) WITHIN GROUP (ORDER BY age DESC) FROM adult",
+    "SELECT percentile_cont(0.25) WITHIN GROUP (ORDER BY age DESC) FILTER (WHERE sex = 'Male') FROM adult",
+    "SELECT percentile_cont(ARRAY[0.25, 0.5, 0.75]) WITHIN GROUP (ORDER BY age) FROM adult",
+    "SELECT sex, percentile_cont(ARRAY[0.25, 0.5, 0.75]) WITHIN GROUP (ORDER BY income) FROM people GROUP BY sex",
+    "SELECT sex, percentile_disc(0.5) WITHIN GROUP (ORDER BY income) AS median FROM people GROUP BY sex ORDER BY median",
+    "SELECT count(DISTINCT age), count(age) FROM adult",
 )
 
 

@@ -10,8 +10,12 @@ pglast and compares, per statement:
 * each condition of a WHERE or FILTER, in a canonical form that keeps its boolean structure
   (AND/OR/NOT nesting, IS tests), its operators by name, its functions by name and each
   constant's *value* as PostgreSQL reads it (escapes, dollar quotes, numeric forms, bit
-  strings): each top-level conjunct must appear, as it is, among the conditions of the backend
-  SQL.
+  strings). The match is structural, so polarity counts: each top-level conjunct of the
+  statement's WHEREs must be a top-level conjunct of the backend's WHEREs, and each of those
+  one of the statement's or one the rewriter adds on purpose, each named (the cells' ``kN IS NOT
+  NULL``, a raw equality beside a ``=`` or IN; a raw comparison beside its bounded twin is read
+  as the twin). A conditional aggregate's FILTER and CASE are compared as one backend FILTER's
+  conjuncts (a MODE's label added). A conjunct negated, put under an OR or added is reported.
 
 The canonical form forgets only what the rewriter adds on purpose and PostgreSQL reads as the
 same: ``pg_catalog.`` before a function or operator, ``CAST(c AS numeric)`` around a numeric
@@ -22,6 +26,7 @@ constant, and the text bound's ``CASE WHEN <size test> THEN col END`` around a c
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Callable, Sequence
@@ -31,7 +36,7 @@ from pglast.parser import parse_sql_json
 from rewriter.function_check import nodes_of
 from tests.constant_values import AGGREGATES, is_constant, sql_of
 
-__all__ = ["Canon", "Divergence", "Same", "alike", "canonical", "chosen_rows", "conditions", "conjuncts", "divergences",
+__all__ = ["Canon", "Divergence", "Same", "alike", "canonical", "chosen_rows", "conjuncts", "divergences",
            "read_columns", "tree_of"]
 
 Canon = Any  # a nested tuple of str, int, Decimal and bool
@@ -72,10 +77,35 @@ def read_columns(tree: dict[str, Any]) -> frozenset[str]:
     return frozenset(ref["fields"][-1]["String"]["sval"] for ref in nodes_of(tree, "ColumnRef") if "String" in ref["fields"][-1])
 
 
-def _conditions(tree: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every WHERE and FILTER expression of ``tree``."""
-    return ([select["whereClause"] for select in nodes_of(tree, "SelectStmt") if "whereClause" in select]
-            + [call["agg_filter"] for call in nodes_of(tree, "FuncCall") if "agg_filter" in call])
+def _wheres(tree: dict[str, Any]) -> list[dict[str, Any]]:
+    """The WHERE expression of each level of ``tree`` that chooses rows: not of an enclosing query's
+    level (:func:`_encloses`), whose WHERE reads released values (``SELECT ... FROM (SELECT count(*)
+    AS n ...) q WHERE n > 10``, compared by tests/release_differential.py)."""
+    return [select["whereClause"] for select in nodes_of(tree, "SelectStmt")
+            if "whereClause" in select and not _encloses(select)]
+
+
+def _encloses(select: dict[str, Any]) -> bool:
+    """Whether ``select`` reads only an aggregate level (its one derived table, or a CTE of its own
+    WITH), maybe through enclosing levels: an enclosing query's level."""
+    sources = select.get("fromClause", [])
+    if len(sources) != 1:
+        return False
+    ctes = {cte["CommonTableExpr"]["ctename"]: cte["CommonTableExpr"]["ctequery"]
+            for cte in select.get("withClause", {}).get("ctes", [])}
+    if "RangeSubselect" in sources[0]:
+        inner = sources[0]["RangeSubselect"]["subquery"]
+    elif "RangeVar" in sources[0] and sources[0]["RangeVar"]["relname"] in ctes:
+        inner = ctes[sources[0]["RangeVar"]["relname"]]
+    else:
+        return False
+    return "SelectStmt" in inner and (_aggregates(inner["SelectStmt"]) or _encloses(inner["SelectStmt"]))
+
+
+def _aggregates(select: dict[str, Any]) -> bool:
+    """Whether ``select`` is an aggregate level: it groups, or its outputs or HAVING call an aggregate."""
+    calls = nodes_of([select.get("targetList", []), select.get("havingClause", {})], "FuncCall")
+    return "groupClause" in select or any(_name(call["funcname"]).lower() in AGGREGATES for call in calls)
 
 
 def _name(parts: list[dict[str, Any]]) -> str:
@@ -212,22 +242,6 @@ def _expression(value: dict[str, Any]) -> Canon:
     return ("expr", kind, symbol, left, right)
 
 
-def conditions(tree: dict[str, Any]) -> set[Canon]:
-    """The canonical form of every subexpression of ``tree``'s WHERE and FILTER clauses."""
-    found: set[Canon] = set()
-
-    def add(item: Canon) -> None:
-        found.add(item)
-        if isinstance(item, tuple):
-            for part in item:
-                if isinstance(part, tuple):
-                    add(part)
-
-    for condition in _conditions(tree):
-        add(canonical(condition))
-    return found
-
-
 def _value(item: Canon) -> Decimal | None:
     """A number, or a string PostgreSQL's numeric input reads as one ('Infinity', ' 5 ')."""
     if item[0] == "number":
@@ -345,22 +359,123 @@ def chosen_rows(call: dict[str, Any], boolean_columns: frozenset[str]) -> list[d
     return chosen
 
 
-def _aggregate_conditions(tree: dict[str, Any], boolean_columns: frozenset[str]) -> list[tuple[str, list[dict[str, Any]]]]:
-    """Each aggregate call of ``tree`` that counts only some rows, by name, with :func:`chosen_rows`."""
-    calls = [call for call in nodes_of(tree, "FuncCall") if _name(call["funcname"]).lower() in AGGREGATES]
-    return [(_name(call["funcname"]).lower(), chosen) for call in calls if (chosen := chosen_rows(call, boolean_columns))]
+def _aggregate_conditions(tree: dict[str, Any], boolean_columns: frozenset[str]
+                          ) -> list[tuple[str, str | None, list[dict[str, Any]]]]:
+    """Each aggregate call of ``tree`` that counts only some rows (any call with a FILTER, and an
+    aggregate whose argument chooses rows), by name, with the column it reads (a MODE's categories
+    are that column's) and :func:`chosen_rows`."""
+    calls = [call for call in nodes_of(tree, "FuncCall")
+             if _name(call["funcname"]).lower() in AGGREGATES or "agg_filter" in call]
+    found = []
+    for call in calls:
+        chosen = chosen_rows(call, boolean_columns)
+        if chosen:
+            orders = [order["SortBy"]["node"] for order in call.get("agg_order") or []]
+            argument = orders[0] if len(orders) == 1 else {}
+            if "CaseExpr" in argument:
+                argument = argument["CaseExpr"]["args"][0]["CaseWhen"]["result"]
+            column = sorted(read_columns(argument))[0] if len(read_columns(argument)) == 1 else None
+            found.append((_name(call["funcname"]).lower(), column, chosen))
+    return found
 
 
-def _filters(tree: dict[str, Any]) -> list[tuple[Canon, ...]]:
+def _raw_columns(trees: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Each raw value the backend's projection of the table names (``"t" AS "raw 2"``,
+    rewriter/raw_equality.py), to its column."""
+    return {target["name"]: _name(target["val"]["ColumnRef"]["fields"])
+            for tree in trees for target in nodes_of(tree, "ResTarget")
+            if _RAW.fullmatch(target.get("name") or "") and "ColumnRef" in target.get("val", {})}
+
+
+_RAW = re.compile(r"_*raw \d+")
+
+
+def _on_column(item: Canon, raw: dict[str, str]) -> Canon:
+    """``item`` with each raw value of ``raw`` read as its column."""
+    if isinstance(item, tuple) and len(item) == 2 and item[0] == "column" and item[1] in raw:
+        return ("column", raw[item[1]])
+    return tuple(_on_column(part, raw) for part in item) if isinstance(item, tuple) else item
+
+
+def _without_raw_twins(item: Canon, raw: dict[str, str]) -> Canon:
+    """``item`` (a backend condition) with each raw comparison beside its bounded twin,
+    ``("raw 2" = 'x' AND "t" = 'x')`` (:func:`rewriter.raw_equality.raw_comparison`), read as the
+    twin: the same comparison of the same column, which the rewriter keeps beside it."""
+    if not raw or not isinstance(item, tuple):
+        return item
+    item = tuple(_without_raw_twins(part, raw) for part in item)
+    if item[:2] != ("bool", "AND_EXPR"):
+        return item
+    parts = item[2]
+    kept = tuple(part for part in parts if _on_column(part, raw) == part or _on_column(part, raw) not in parts)
+    return kept[0] if len(kept) == 1 else ("bool", "AND_EXPR", kept)
+
+
+def _equalities(conjunct: Canon) -> tuple[str, list[Canon]] | None:
+    """The column and the values of ``conjunct`` where it is ``c = v`` or ``c = v1 OR c = v2 ...``
+    (an IN list), else None."""
+    items = conjunct[2] if conjunct[:2] == ("bool", "OR_EXPR") else (conjunct,)
+    sides = [item[3:] if item[3][:1] == ("column",) else item[4:2:-1] for item in items
+             if item[:3] == ("expr", "AEXPR_OP", "=") and ("column",) in (item[3][:1], item[4][:1])]
+    columns = {column for column, _ in sides}
+    if len(sides) != len(items) or len(columns) != 1:
+        return None
+    return str(columns.pop()[1]), [value for _, value in sides]
+
+
+def _same_values(asked: Sequence[Canon], ran: Sequence[Canon], same: Same | None) -> bool:
+    return all(any(alike(a, r, same) for r in ran) for a in asked) and all(any(alike(a, r, same) for a in asked) for r in ran)
+
+
+def _raw_equality(conjunct: Canon, wanted: Sequence[Canon], raw: dict[str, str], same: Same | None) -> bool:
+    """Whether ``conjunct`` (a backend WHERE's) is the raw equality the rewriter ANDs beside a
+    statement's top-level ``c = v`` or ``c IN (...)`` of literals (``"raw N" = ANY (ARRAY[...])``,
+    each value once or repeated) or of one parameter (``"raw N" = $k``), :mod:`rewriter.raw_equality`:
+    its values are exactly that construct's (one left out would drop rows the statement keeps)."""
+    if conjunct[:1] != ("expr",) or conjunct[2] != "=" or not all(isinstance(side, tuple) for side in conjunct[3:]):
+        return False
+    left, value = conjunct[3:] if conjunct[3][:1] == ("column",) else conjunct[4:2:-1]  # $k = "raw N"
+    if left[:1] != ("column",) or left[1] not in raw:
+        return False
+    column = raw[left[1]]
+    if conjunct[1] == "AEXPR_OP_ANY":
+        array = value[2] if value[:1] == ("value",) else value
+        if array[:1] != ("A_ArrayExpr",):
+            return False
+        values = list(dict(array[1])["elements"])
+    elif conjunct[1] == "AEXPR_OP":
+        values = [value]
+    else:
+        return False
+    constructs = [found for item in wanted if (found := _equalities(item)) is not None and found[0] == column]
+    return any(_same_values(asked, values, same) for _, asked in constructs)
+
+
+def _cell_in_range(conjunct: Canon, table_columns: frozenset[str]) -> bool:
+    """Whether ``conjunct`` is the cells' ``kN IS NOT NULL`` over a grouped key (a key's value
+    outside its range is NULL, rewriter/group_keys.py): a test of the backend's own output, no column."""
+    return (conjunct[:2] == ("bool", "NOT_EXPR") and len(conjunct[2]) == 1 and conjunct[2][0][:2] == ("null test", "IS_NULL")
+            and conjunct[2][0][2][:1] == ("column",) and re.fullmatch(r"k\d+", conjunct[2][0][2][1]) is not None
+            and conjunct[2][0][2][1] not in table_columns)
+
+
+def _mode_label(conjunct: Canon, column: str | None) -> bool:
+    """Whether ``conjunct`` is a MODE's count per category, ``column = 'label'`` (rewriter/rewrite.py)."""
+    return (column is not None and conjunct[:3] == ("expr", "AEXPR_OP", "=") and conjunct[3] == ("column", column)
+            and conjunct[4][:1] in (("string",), ("number",), ("boolean",), ("value",)))
+
+
+def _filters(tree: dict[str, Any], raw: dict[str, str]) -> list[tuple[Canon, ...]]:
     """The top-level conjuncts of each aggregate FILTER of ``tree`` (the backend SQL)."""
-    return [conjuncts(canonical(call["agg_filter"])) for call in nodes_of(tree, "FuncCall") if "agg_filter" in call]
+    return [conjuncts(_without_raw_twins(canonical(call["agg_filter"]), raw))
+            for call in nodes_of(tree, "FuncCall") if "agg_filter" in call]
 
 
-def _chooses_alike(asked: Sequence[Canon], ran: Sequence[Canon], same: Same | None, more: bool) -> bool:
-    """Whether the conjuncts ``ran`` choose the rows ``asked`` do: each of one alike one of the other
-    (``more``: ``ran`` may have more, as a MODE's count per category adds ``col = 'label'``)."""
+def _chooses_alike(asked: Sequence[Canon], ran: Sequence[Canon], same: Same | None, mode: str | None) -> bool:
+    """Whether the conjuncts ``ran`` choose the rows ``asked`` do: each of one alike one of the other,
+    but for a MODE's label (``mode``: its column), ``col = 'label'``, which its count per category adds."""
     return (all(any(alike(a, r, same) for r in ran) for a in asked)
-            and (more or all(any(alike(a, r, same) for a in asked) for r in ran)))
+            and all(any(alike(a, r, same) for a in asked) or _mode_label(r, mode) for r in ran))
 
 
 def divergences(statement: str, backends: Sequence[str], table_columns: frozenset[str],
@@ -369,23 +484,30 @@ def divergences(statement: str, backends: Sequence[str], table_columns: frozense
     ranking has a statement of its own), do not read alike.
 
     ``table_columns`` are the protected table's: the backend may read fewer of them than the
-    statement names (a projection it does not need), never one the statement does not name. Of a
+    statement names (a projection it does not need), never one the statement does not name. Each
+    top-level conjunct of the statement's WHEREs (of every level) must be alike a top-level conjunct
+    of the backend's WHEREs, and each of those alike one of the statement's or one the rewriter adds
+    on purpose, each named: the cells' ``kN IS NOT NULL`` (:func:`_cell_in_range`) and a raw equality
+    (:func:`_raw_equality`); a raw comparison beside its bounded twin is read as the twin. So a
+    conjunct negated, put under an OR or added is reported. Each aggregate that counts some rows
+    only must have a backend FILTER whose conjuncts are its conditions' (a MODE's label added). Of a
     column of ``boolean_columns``, ``IS UNKNOWN`` is read as ``IS NULL``, which it means. ``same``
     evaluates constant expressions (:class:`tests.constant_values.ConstantEvaluator`)."""
     asked, ran = tree_of(statement), [tree_of(backend) for backend in backends]
     extra = frozenset().union(*(read_columns(tree) for tree in ran)) & table_columns - read_columns(asked)
     found = [Divergence("column", name) for name in sorted(extra)]
-    backend_conditions = set().union(*(conditions(tree) for tree in ran))
-    names = _aliases(asked)
+    names, raw = _aliases(asked), _raw_columns(ran)
     unknown = {("boolean test", "IS_UNKNOWN", ("column", name)): ("null test", "IS_NULL", ("column", name))
                for name in boolean_columns}
-    for condition in _conditions(asked):
-        for conjunct in conjuncts(_renamed(canonical(condition), names, unknown)):
-            if conjunct not in backend_conditions and not any(alike(conjunct, c, same) for c in backend_conditions):
-                found.append(Divergence("condition", repr(conjunct)))
-    filters = [conjuncts for tree in ran for conjuncts in _filters(tree)]
-    for name, chosen in _aggregate_conditions(asked, boolean_columns):
-        wanted = [part for node in chosen for part in conjuncts(_renamed(canonical(node), names, unknown))]
-        if not any(_chooses_alike(wanted, conjuncts, same, name == "mode") for conjuncts in filters):
-            found.append(Divergence("aggregate condition", f"{name}: {wanted!r}"))
+    wanted = [part for where in _wheres(asked) for part in conjuncts(_renamed(canonical(where), names, unknown))]
+    tops = [part for tree in ran for where in _wheres(tree) for part in conjuncts(_without_raw_twins(canonical(where), raw))]
+    found += [Divergence("condition", repr(part)) for part in wanted if not any(alike(part, top, same) for top in tops)]
+    found += [Divergence("backend condition", repr(top)) for top in tops
+              if not any(alike(part, top, same) for part in wanted)
+              and not _cell_in_range(top, table_columns) and not _raw_equality(top, wanted, raw, same)]
+    filters = [conjuncts for tree in ran for conjuncts in _filters(tree, raw)]
+    for name, column, chosen in _aggregate_conditions(asked, boolean_columns):
+        rows = [part for node in chosen for part in conjuncts(_renamed(canonical(node), names, unknown))]
+        if not any(_chooses_alike(rows, conjuncts, same, column if name == "mode" else None) for conjuncts in filters):
+            found.append(Divergence("aggregate condition", f"{name}: {rows!r}"))
     return found

@@ -15,20 +15,29 @@ the backend SQL and each aggregate, in the statement and as ``_dpN``, by its kin
 (:func:`tests.parse_differential.canonical` reads a date part of a truncated time as the part of
 the time only where the truncation keeps that part).
 
-Only statements of one level are compared (a SELECT of one protected table, no CTE or enclosing
-query), and only where dpproxy post-processes; an aggregate dpproxy computes from others (the
-share ``avg(CASE WHEN p THEN 1 ELSE 0 END)``) is not compared.
+A statement of several levels is read level by level, as PostgreSQL reads it: each CTE read once
+is the derived table it stands for; below the release level (the one with the aggregates), each
+name a derived table outputs is read as its expression (``"source"."k0"`` as ``date_trunc('day',
+t)``; a GROUP BY name an input column first, an ORDER BY name an output first), and each enclosing
+level (``SELECT a * 2 FROM (SELECT count(*) AS a ...) AS q``) is compared with the outer statement's
+level at the same depth, each name of the level below read as that level's output. A share
+(``avg(CASE WHEN p THEN 1 ELSE 0 END)``) is read as dpproxy's division of the two counts it stands
+for (rewriter/shares.py), their rows as PostgreSQL's AVG averages over; a percentile by its
+fraction too (DESC applied). :func:`label_divergences` compares the labels dpproxy releases for a
+category key's cells with the categories the backend's ``CASE`` numbers.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any, NamedTuple, Sequence
 
 from rewriter.function_check import nodes_of
 from tests.constant_values import AGGREGATES
 from tests.parse_differential import Canon, Divergence, Same, alike, canonical, chosen_rows, conjuncts, read_columns, tree_of
 
-__all__ = ["release_divergences"]
+__all__ = ["Released", "label_divergences", "plain_divergences", "release_divergences"]
 
 RELEASE = "dpproxy_release"
 # Aggregates PostgreSQL defines as others
@@ -39,18 +48,156 @@ def _name(parts: list[dict[str, Any]]) -> str:
     return str(parts[-1]["String"]["sval"]).lower()
 
 
-def _one_level(select: dict[str, Any], table: str) -> bool:
-    """Whether ``select`` reads only ``table``, itself, with no CTE and no set operation."""
-    sources = select.get("fromClause", [])
-    return (len(sources) == 1 and "RangeVar" in sources[0] and sources[0]["RangeVar"]["relname"] == table
-            and "withClause" not in select and select.get("op", "SETOP_NONE") == "SETOP_NONE")
+def _inlined(node: Any, ctes: dict[str, Any]) -> Any:
+    """``node`` (pglast JSON) with each CTE it reads as the derived table it stands for
+    (dpproxy answers only CTEs read once, rewriter/ctes.py)."""
+    if isinstance(node, list):
+        return [_inlined(item, ctes) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "SelectStmt" in node and "withClause" in node["SelectStmt"]:
+        select = dict(node["SelectStmt"])
+        visible = dict(ctes)
+        for cte in select.pop("withClause")["ctes"]:
+            visible[cte["CommonTableExpr"]["ctename"]] = _inlined(cte["CommonTableExpr"]["ctequery"], visible)
+        return {"SelectStmt": _inlined(select, visible)}
+    if "RangeVar" in node and "schemaname" not in node["RangeVar"] and node["RangeVar"]["relname"] in ctes:
+        name = node["RangeVar"].get("alias", {}).get("aliasname", node["RangeVar"]["relname"])
+        return {"RangeSubselect": {"subquery": ctes[node["RangeVar"]["relname"]], "alias": {"aliasname": name}}}
+    return {key: _inlined(value, ctes) for key, value in node.items()}
+
+
+def _select(statement: str) -> dict[str, Any]:
+    """The SELECT of ``statement`` (of ``COPY (SELECT ...) TO``), each CTE it reads inlined."""
+    tree = tree_of(statement)
+    return dict(_inlined(tree["CopyStmt"]["query"] if "CopyStmt" in tree else tree, {})["SelectStmt"])
+
+
+def _levels(select: dict[str, Any]) -> list[dict[str, Any]]:
+    """``select`` and the levels below it, each the one derived table the level above reads, each
+    output named as PostgreSQL names it (:func:`_output_name`)."""
+    levels = [_named(select)]
+    while len(sources := levels[-1].get("fromClause", [])) == 1 and "RangeSubselect" in sources[0]:
+        levels.append(_named(sources[0]["RangeSubselect"]["subquery"]["SelectStmt"]))
+    return levels
+
+
+def _named(select: dict[str, Any]) -> dict[str, Any]:
+    """``select`` with each output that has a name but no alias given its name as one, which it
+    keeps once its expression is read otherwise."""
+    targets = [{"ResTarget": {**target["ResTarget"], "name": name}} if (name := _output_name(target)) is not None
+               else target for target in select.get("targetList", [])]
+    return {**select, "targetList": targets} if "targetList" in select else select
+
+
+def _output_name(target: dict[str, Any]) -> str | None:
+    """The name of an output (a ``ResTarget``): its alias, else its column's or its function's, as
+    PostgreSQL names it (None for another expression, which no name here reads)."""
+    value = target["ResTarget"]["val"]
+    if "name" in target["ResTarget"]:
+        return str(target["ResTarget"]["name"])
+    if "ColumnRef" in value and "String" in value["ColumnRef"]["fields"][-1]:
+        return str(value["ColumnRef"]["fields"][-1]["String"]["sval"])
+    return _name(value["FuncCall"]["funcname"]) if "FuncCall" in value else None
+
+
+def _outputs(select: dict[str, Any]) -> dict[str, Any]:
+    """Each output name of ``select`` (:func:`_output_name`) to its expression (the first's)."""
+    named: dict[str, Any] = {}
+    for target in select.get("targetList", []):
+        name = _output_name(target)
+        if name is not None:
+            named.setdefault(name, target["ResTarget"]["val"])
+    return named
+
+
+def _substituted(node: Any, names: dict[str, Any]) -> Any:
+    """``node`` with each column reference to one of ``names`` as its expression."""
+    if isinstance(node, list):
+        return [_substituted(item, names) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "ColumnRef" in node and "String" in node["ColumnRef"]["fields"][-1] \
+            and node["ColumnRef"]["fields"][-1]["String"]["sval"] in names:
+        return names[node["ColumnRef"]["fields"][-1]["String"]["sval"]]
+    if "SelectStmt" in node:  # a nested statement reads its own names
+        return node
+    return {key: _substituted(value, names) for key, value in node.items()}
+
+
+def _read_through(select: dict[str, Any], below: dict[str, Any] | None) -> dict[str, Any]:
+    """``select`` with each name of the level ``below`` it read as that level's output: in its
+    outputs, WHERE, GROUP BY and HAVING, and in ORDER BY but for a bare name that is an output of
+    its own (PostgreSQL reads that as the output; a qualified one as the column below)."""
+    if below is None:
+        return select
+    names = _outputs(below)
+    read = {key: _substituted(value, names) if key in _CLAUSES else value for key, value in select.items()}
+    if "sortClause" in select:
+        own = _outputs(select).keys()
+        read["sortClause"] = [order if "ColumnRef" in order["SortBy"]["node"]
+                              and len(order["SortBy"]["node"]["ColumnRef"]["fields"]) == 1
+                              and order["SortBy"]["node"]["ColumnRef"]["fields"][0].get("String", {}).get("sval") in own
+                              else _substituted(order, names) for order in select["sortClause"]]
+    return read
+
+
+def _ordered_by_outputs(select: dict[str, Any]) -> dict[str, Any]:
+    """``select`` with each ORDER BY item that is a bare name of its outputs read as that output's
+    expression, as PostgreSQL reads it (two outputs of that name and of other expressions:
+    ambiguous, its 42702)."""
+    if "sortClause" not in select:
+        return select
+    outputs: dict[str, list[Any]] = {}
+    for target in select.get("targetList", []):
+        name = _output_name(target)
+        if name is not None:
+            outputs.setdefault(name, []).append(target["ResTarget"]["val"])
+    sort = []
+    for order in select["sortClause"]:
+        node = order["SortBy"]["node"]
+        name = node["ColumnRef"]["fields"][0].get("String", {}).get("sval") \
+            if "ColumnRef" in node and len(node["ColumnRef"]["fields"]) == 1 else None
+        if name in outputs:
+            values = outputs[name]
+            alike_all = len({repr(canonical(value)) for value in values}) == 1
+            read = values[0] if alike_all else {"Released": ("ambiguous", name)}
+            order = {"SortBy": {**order["SortBy"], "node": read}}
+        sort.append(order)
+    return {**select, "sortClause": sort}
+
+
+def _unresolved(node: Any) -> Any:
+    """``node`` (the outer statement's release level) with each column reference left, which no
+    input column of the release has (PostgreSQL's 42703 there), marked as such."""
+    if isinstance(node, list):
+        return [_unresolved(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "ColumnRef" in node:
+        return {"Released": ("unresolved", repr(canonical(node)))}
+    return {key: _unresolved(value) for key, value in node.items()}
+
+
+_CLAUSES = ("targetList", "whereClause", "groupClause", "havingClause", "limitCount", "limitOffset")
+
+
+def _release_level(levels: list[dict[str, Any]], table: str) -> dict[str, Any] | None:
+    """The lowest of ``levels`` read through the ones below it, which must end at ``table``."""
+    last = levels[-1].get("fromClause", [])
+    if len(last) != 1 or "RangeVar" not in last[0] or last[0]["RangeVar"]["relname"] != table:
+        return None
+    read = None
+    for level in reversed(levels):
+        read = _read_through(level, read)
+    return read
 
 
 def _aggregate(call: dict[str, Any], boolean_columns: frozenset[str]) -> Canon | None:
     """An aggregate call of the statement by what dpproxy releases for it: its kind, its column (a
     conditional aggregate's column is its CASE's THEN; a sum of a constant or of a condition cast to
-    integer is ``count(*)``) and the conjuncts of the conditions that choose its rows; None for a
-    share (the AVG of a constant or a condition), which dpproxy computes from two counts."""
+    integer is ``count(*)``), the conjuncts of the conditions that choose its rows and a percentile's
+    fraction; a share (the AVG of an indicator) as :func:`_share`; None for another AVG of no column."""
     name = _SYNONYMS.get(_name(call["funcname"]), _name(call["funcname"]))
     arguments = call.get("args") or [order["SortBy"]["node"] for order in call.get("agg_order") or []]
     if name in ("percentile_cont", "percentile_disc"):
@@ -63,22 +210,96 @@ def _aggregate(call: dict[str, Any], boolean_columns: frozenset[str]) -> Canon |
         argument = None  # SUM((p)::int), SUM(b::int): the rows where p (b) holds, counted
     columns = sorted(read_columns(argument)) if argument is not None else []
     if name == "avg" and not columns:
-        return None
+        return _share(call, boolean_columns)
     if name == "sum" and not columns:
         name = "count"
     chosen = tuple(part for node in chosen_rows(call, boolean_columns) for part in conjuncts(canonical(node)))
-    return ("aggregate", name, columns[0] if columns else None, chosen)
+    return ("aggregate", name, columns[0] if columns else None, chosen, _fraction(call), bool(call.get("agg_distinct")))
 
 
-def _released(kind: str, column: str | None, filter_sql: str | None) -> Canon:
-    chosen = conjuncts(canonical(tree_of(f"SELECT 1 WHERE {filter_sql}")["SelectStmt"]["whereClause"])) \
-        if filter_sql is not None else ()
-    return ("aggregate", _SYNONYMS.get(kind, kind), column, chosen)
+def _fraction(call: dict[str, Any]) -> str | None:
+    """A percentile's fraction as :func:`_released` writes the plan's: ``1/4``, ``1/4,1/2`` (an
+    array), ``$1`` (a parameter), each read as 1 − p under DESC; None for another aggregate."""
+    if _name(call["funcname"]) not in ("percentile_cont", "percentile_disc") or not call.get("args"):
+        return None
+    desc = any(order["SortBy"].get("sortby_dir") == "SORTBY_DESC" for order in call.get("agg_order") or [])
+    argument = call["args"][0]
+    if "ParamRef" in argument:
+        return f"{'1-' if desc else ''}${argument['ParamRef'].get('number', 0)}"
+    values = argument["A_ArrayExpr"]["elements"] if "A_ArrayExpr" in argument else [argument]
+    fractions = []
+    for value in values:
+        number = canonical(value)
+        while number[:1] == ("value",) or (number[:1] == ("cast",) and number[1] in _EXACT):
+            number = number[2]  # +0.5, 0.5::numeric: the number 0.5
+        if number[:1] != ("number",):
+            return "?" + repr(number)  # a form :func:`_fraction` does not read: reported
+        fraction = Fraction(Decimal(number[1]))
+        fractions.append(str(1 - fraction if desc else fraction))
+    return ",".join(fractions)
+
+
+# Types a fraction's number may be cast to without changing what the percentile reads
+_EXACT = frozenset({"numeric", "float8"})  # percentile_cont reads its fraction as a float8 anyway
+# dpproxy's share of rows n of d (rewriter/shares.py), ``n`` and ``d`` standing for the two counts
+_SHARE = tree_of("SELECT CAST(GREATEST(0, LEAST(n, GREATEST(d, 1))) AS numeric) / GREATEST(d, 1)")["SelectStmt"][
+    "targetList"][0]["ResTarget"]["val"]
+_ONE, _ZERO = frozenset({("number", "1")}), frozenset({("number", "0")})
+
+
+def _share(call: dict[str, Any], boolean_columns: frozenset[str]) -> Canon | None:
+    """``AVG(CASE WHEN p THEN 1 ELSE 0 END)``, ``AVG(CASE WHEN p THEN 1 WHEN NOT p THEN 0 [ELSE NULL] END)`` or
+    ``AVG((p)::int)``, with ``FILTER (WHERE q)``, as dpproxy's division of n by d (:data:`_SHARE`):
+    n the rows where q and p hold, d those PostgreSQL's AVG averages over (where q holds; and p is
+    not NULL, but for the ELSE 0 form, whose indicator is 0 there). None for another AVG."""
+    argument = (call.get("args") or [{}])[0]
+    condition: dict[str, Any] | None = None
+    known = True  # whether d counts only the rows where p is not NULL
+    if "TypeCast" in argument and _name(argument["TypeCast"]["typeName"]["names"]) in ("int4", "int"):
+        condition = argument["TypeCast"]["arg"]
+    elif "CaseExpr" in argument and "arg" not in argument["CaseExpr"]:
+        whens = [when["CaseWhen"] for when in argument["CaseExpr"]["args"]]
+        otherwise = argument["CaseExpr"].get("defresult")
+        if canonical(whens[0]["result"]) not in _ONE:
+            return None
+        if len(whens) == 1 and otherwise is not None and canonical(otherwise) in _ZERO:
+            condition, known = whens[0]["expr"], False
+        elif len(whens) == 2 and (otherwise is None or canonical(otherwise) == ("null",)) \
+                and canonical(whens[1]["result"]) in _ZERO \
+                and canonical(whens[1]["expr"]) == ("bool", "NOT_EXPR", (canonical(whens[0]["expr"]),)):
+            condition = whens[0]["expr"]
+    if condition is None:
+        return None
+    rows = conjuncts(canonical(call["agg_filter"])) if "agg_filter" in call else ()
+    held = canonical(condition)
+    numerator = ("aggregate", "count", None, rows + conjuncts(held), None, False)
+    denominator = ("aggregate", "count", None, rows + ((("bool", "OR_EXPR", (held, ("bool", "NOT_EXPR", (held,)))),)
+                                                       if known else ()), None, False)
+    return canonical(_composed(_SHARE, (), (), {"n": numerator, "d": denominator}))
+
+
+class Released(NamedTuple):
+    """One aggregate a plan releases, as :func:`_released` compares it with the statement's."""
+
+    kind: str
+    column: str | None
+    filter_sql: str | None
+    fraction: str | None  # a percentile's, as :func:`_fraction` writes it
+    distinct: bool = False
+
+
+def _released(aggregate: Released) -> Canon:
+    """A released aggregate of the plan (its kind, column, FILTER, percentile fraction and
+    DISTINCT) as :func:`_aggregate` reads the statement's."""
+    chosen = conjuncts(canonical(tree_of(f"SELECT 1 WHERE {aggregate.filter_sql}")["SelectStmt"]["whereClause"])) \
+        if aggregate.filter_sql is not None else ()
+    return ("aggregate", _SYNONYMS.get(aggregate.kind, aggregate.kind), aggregate.column, chosen, aggregate.fraction,
+            aggregate.distinct)
 
 
 def _replaced(node: Any, tables: dict[str, Any], boolean_columns: frozenset[str]) -> Any:
     """``node`` (pglast JSON of the statement) with each aggregate call as :func:`_aggregate` reads
-    it, a marker :func:`canonical` reads as that form (``tables["shares"]`` counts those it cannot)."""
+    it, a marker :func:`canonical` reads as that form (``tables["unread"]`` counts those it cannot)."""
     if isinstance(node, list):
         return [_replaced(item, tables, boolean_columns) for item in node]
     if not isinstance(node, dict):
@@ -86,17 +307,18 @@ def _replaced(node: Any, tables: dict[str, Any], boolean_columns: frozenset[str]
     if "FuncCall" in node and _name(node["FuncCall"]["funcname"]) in AGGREGATES:
         read = _aggregate(node["FuncCall"], boolean_columns)
         if read is None:
-            tables["shares"] += 1
+            tables["unread"] += 1
             return {"A_Const": {"isnull": True}}
         return {"Released": read}
     return {key: _replaced(value, tables, boolean_columns) for key, value in node.items()}
 
 
-def _composed(node: Any, keys: Sequence[Canon], released: Sequence[Canon]) -> Any:
+def _composed(node: Any, keys: Sequence[Canon], released: Sequence[Canon], named: dict[str, Canon] | None = None) -> Any:
     """``node`` (pglast JSON of the outer statement) with each ``_kN`` as the N-th key and each
-    ``_dpN`` as the N-th released aggregate (markers :func:`canonical` reads as those forms)."""
+    ``_dpN`` as the N-th released aggregate (markers :func:`canonical` reads as those forms), and
+    each column of ``named`` as its form."""
     if isinstance(node, list):
-        return [_composed(item, keys, released) for item in node]
+        return [_composed(item, keys, released, named) for item in node]
     if not isinstance(node, dict):
         return node
     if "ColumnRef" in node:
@@ -104,7 +326,9 @@ def _composed(node: Any, keys: Sequence[Canon], released: Sequence[Canon]) -> An
         if len(fields) == 2 and fields[0] == RELEASE and fields[1] and fields[1].startswith(("_k", "_dp")):
             index = int(fields[1].removeprefix("_k").removeprefix("_dp")) - 1
             return {"Released": keys[index] if fields[1].startswith("_k") else released[index]}
-    return {key: _composed(value, keys, released) for key, value in node.items()}
+        if named and len(fields) == 1 and fields[0] in named:
+            return {"Released": named[fields[0]]}
+    return {key: _composed(value, keys, released, named) for key, value in node.items()}
 
 
 def _range_stripped(key: Canon) -> Canon:
@@ -162,45 +386,122 @@ def _statement_keys(select: dict[str, Any]) -> list[dict[str, Any]]:
     return keys
 
 
+def _reads_release(select: dict[str, Any]) -> bool:
+    """Whether ``select`` (a level of the outer statement) reads the release itself."""
+    return any(source.get("RangeSubselect", {}).get("alias", {}).get("aliasname") == RELEASE
+               for source in select.get("fromClause", []))
+
+
+def _compared(what: str, mine: Any, theirs: Any, same: Same | None) -> list[Divergence]:
+    """``mine`` (a clause of the statement) against ``theirs`` (the outer statement's), both maybe None."""
+    if (mine is None) != (theirs is None) or (mine is not None and not alike(canonical(mine), canonical(theirs), same)):
+        return [Divergence(what, repr(canonical(mine)) if mine is not None else "(none)")]
+    return []
+
+
+def _level_divergences(mine: dict[str, Any], theirs: dict[str, Any], where: str, same: Same | None) -> list[Divergence]:
+    """A level's outputs, ``where`` (its WHERE, or at the release level its HAVING, which the outer
+    statement's WHERE is), ORDER BY, LIMIT and OFFSET against the outer statement's level."""
+    targets = [target for target in theirs.get("targetList", []) if target["ResTarget"].get("name") != "dpproxy_cell"]
+    found = [item for target, ran in zip(mine.get("targetList", []), targets)
+             for item in _compared("output", target["ResTarget"]["val"], ran["ResTarget"]["val"], same)]
+    if len(mine.get("targetList", [])) != len(targets):
+        found.append(Divergence("output", f"{len(mine.get('targetList', []))} columns"))
+    found += _compared("HAVING" if where == "havingClause" else "WHERE", mine.get(where), theirs.get("whereClause"), same)
+    found += [item for order, ran in zip(mine.get("sortClause", []), theirs.get("sortClause", []))
+              for item in _compared("ORDER BY", order, ran, same)]
+    if len(mine.get("sortClause", [])) != len(theirs.get("sortClause", [])):
+        found.append(Divergence("ORDER BY", f"{len(mine.get('sortClause', []))} items"))
+    for clause in ("limitCount", "limitOffset"):
+        found += _compared(clause, mine.get(clause), theirs.get(clause), same)
+    return found
+
+
 def release_divergences(statement: str, backend: str, post: str,
-                        released: Sequence[tuple[str, str | None, str | None]], table: str,
+                        released: Sequence[Released], table: str,
                         table_columns: frozenset[str], boolean_columns: frozenset[str] = frozenset(),
                         same: Same | None = None) -> list[Divergence]:
-    """What the one-level DP statement ``statement`` computes from its aggregates and keys that
-    dpproxy's outer statement ``post`` over the release of ``backend`` does not compute alike.
+    """What the DP statement ``statement`` computes from its aggregates and keys that dpproxy's
+    outer statement ``post`` over the release of ``backend`` does not compute alike, level by level.
 
-    ``released`` are the plan's aggregates in release order (kind, column, FILTER); ``table``,
-    ``table_columns`` and ``boolean_columns`` the protected table's name, columns and boolean ones."""
-    asked = tree_of(statement).get("SelectStmt", {})
-    if not _one_level(asked, table):  # COPY (SELECT ...), a CTE, an enclosing query: not compared
+    ``released`` are the plan's aggregates in release order; ``table``, ``table_columns`` and
+    ``boolean_columns`` the protected table's name, columns and boolean ones."""
+    asked = _select(statement)
+    theirs = _levels(tree_of(post)["SelectStmt"])
+    depth = next((index for index, level in enumerate(theirs) if _reads_release(level)), None)
+    mine = _levels(asked)
+    level = _release_level(mine[depth:], table) if depth is not None and depth < len(mine) else None
+    if depth is None or level is None:
+        return [Divergence("level", f"the release level (the outer statement's {depth}, "
+                                    f"the statement's of {len(mine)})")]
+    counted = {"unread": 0}
+    replaced = _replaced(level, counted, boolean_columns)
+    if counted["unread"]:
         return []
-    counted = {"shares": 0}
-    replaced = _replaced(asked, counted, boolean_columns)
-    if counted["shares"]:
-        return []
-    ran_tree = tree_of(backend)
-    keys = _backend_keys(ran_tree, table_columns) if asked.get("groupClause") else []
+    keys = _backend_keys(tree_of(backend), table_columns) if level.get("groupClause") else []
     if keys is None:
         return [Divergence("GROUP BY", "the keys (no backend GROUP BY over the table)")]
-    outer = tree_of(post)["SelectStmt"]
-    if _highest(outer, "_k") > len(keys) or _highest(outer, "_dp") > len(released):
+    if _highest(theirs[depth], "_k") > len(keys) or _highest(theirs[depth], "_dp") > len(released):
         return []  # keys the statement does not group by (SELECT DISTINCT): another shape
-    composed = _composed(outer, keys, [_released(*aggregate) for aggregate in released])
-    outputs = {canonical(target["ResTarget"]["val"]) for target in asked.get("targetList", [])}
-    found = [Divergence("GROUP BY key", repr(canonical(key))) for key, ran in zip(_statement_keys(asked), keys)
+    composed = _composed(theirs[depth], keys, [_released(aggregate) for aggregate in released])
+    composed = _unresolved(_ordered_by_outputs(composed))
+    outputs = {canonical(target["ResTarget"]["val"]) for target in level.get("targetList", [])}
+    found = [Divergence("GROUP BY key", repr(canonical(key))) for key, ran in zip(_statement_keys(level), keys)
              if canonical(key) not in outputs and not alike(canonical(key), ran, same)]  # an output's is below
-    targets = [target for target in composed.get("targetList", [])
-               if target["ResTarget"].get("name") != "dpproxy_cell"]
-    pairs = [("output", target["ResTarget"]["val"], ran["ResTarget"]["val"])
-             for target, ran in zip(replaced.get("targetList", []), targets)]
-    if len(replaced.get("targetList", [])) != len(targets):
-        found.append(Divergence("output", f"{len(replaced.get('targetList', []))} columns"))
-    pairs.append(("HAVING", replaced.get("havingClause"), composed.get("whereClause")))
-    pairs += [("ORDER BY", item, ran) for item, ran in zip(replaced.get("sortClause", []), composed.get("sortClause", []))]
-    if len(replaced.get("sortClause", [])) != len(composed.get("sortClause", [])):
-        found.append(Divergence("ORDER BY", f"{len(replaced.get('sortClause', []))} items"))
-    pairs += [(clause, replaced.get(clause), composed.get(clause)) for clause in ("limitCount", "limitOffset")]
-    for what, mine, theirs in pairs:
-        if (mine is None) != (theirs is None) or (mine is not None and not alike(canonical(mine), canonical(theirs), same)):
-            found.append(Divergence(what, repr(canonical(mine)) if mine is not None else "(none)"))
+    replaced = _ordered_by_outputs(replaced)
+    found += _level_divergences(replaced, composed, "havingClause", same)
+    for index in range(depth - 1, -1, -1):  # the enclosing levels, each over the one below
+        replaced = _ordered_by_outputs(_read_through(mine[index], replaced))
+        composed = _ordered_by_outputs(_read_through(theirs[index], composed))
+        found += [Divergence(f"level {index}: {item.what}", item.read)
+                  for item in _level_divergences(replaced, composed, "whereClause", same)]
+    return found
+
+
+def label_divergences(backend: str, labels: Sequence[tuple[str, ...] | None]) -> list[Divergence]:
+    """Where the labels dpproxy releases for a category key's cells (``labels``, per GROUP BY key in
+    order; None for another kind of key) are not the categories the backend's cell numbers stand
+    for: ``CASE WHEN col = 'Male' THEN 0 WHEN col = 'Female' THEN 1 [ELSE 2] END AS kN``, whose
+    cell i must be released as the i-th label (the ELSE's as the last, the policy's ``other``)."""
+    found = []
+    cells = {target["name"]: target["val"]["CaseExpr"] for target in nodes_of(tree_of(backend), "ResTarget")
+             if (target.get("name") or "").startswith("k") and "CaseExpr" in target.get("val", {})}
+    for index, names in enumerate(labels):
+        case = cells.get(f"k{index}")
+        if names is None:
+            continue
+        if case is None:
+            found.append(Divergence("category key", f"k{index} (no CASE numbers its cells)"))
+            continue
+        numbered = {}
+        for when in case.get("args", []):
+            test, cell = canonical(when["CaseWhen"]["expr"]), canonical(when["CaseWhen"]["result"])
+            if test[:3] != ("expr", "AEXPR_OP", "=") or test[4][:1] != ("string",) or cell[:1] != ("number",):
+                found.append(Divergence("category key", f"k{index}: {test!r} -> {cell!r}"))
+                continue
+            numbered[int(cell[1])] = test[4][1]
+        if "defresult" in case:
+            numbered[int(canonical(case["defresult"])[1])] = names[-1]
+        if numbered != dict(enumerate(names)):
+            found.append(Divergence("category key", f"k{index}: cells {numbered!r}, released as {names!r}"))
+    return found
+
+
+def plain_divergences(statement: str, released: Sequence[Released], table: str,
+                      boolean_columns: frozenset[str] = frozenset(), same: Same | None = None) -> list[Divergence]:
+    """What a statement dpproxy answers without post-processing (each output an aggregate, released
+    as it is, in order) asks of its aggregates that ``released``, the plan's, does not release: a
+    kind, column, condition or percentile fraction of another (or another number of outputs)."""
+    level = _release_level(_levels(_select(statement)), table)
+    if level is None:
+        return [Divergence("level", "the release level (a statement answered as it is)")]
+    found = []
+    targets = level.get("targetList", [])
+    for target, aggregate in zip(targets, released):
+        value = target["ResTarget"]["val"]
+        mine = _aggregate(value["FuncCall"], boolean_columns) if "FuncCall" in value else None
+        if mine is None or not alike(mine, _released(aggregate), same):
+            found.append(Divergence("aggregate", repr(mine if mine is not None else canonical(value))))
+    if len(targets) != len(released):
+        found.append(Divergence("aggregate", f"{len(targets)} outputs, {len(released)} released"))
     return found

@@ -403,7 +403,8 @@ _CONTRARY = {"array_nulls": "off", "client_encoding": "SQL_ASCII", "idle_session
              "exit_on_error": "on", "standard_conforming_strings": "off", "extra_float_digits": "-15",
              "default_transaction_read_only": "off", "default_transaction_deferrable": "off",
              "idle_in_transaction_session_timeout": "1", "row_security": "off", "jit_above_cost": "0",
-             "default_transaction_isolation": "serializable", "lock_timeout": "1", "enable_indexonlyscan": "on"}
+             "default_transaction_isolation": "serializable", "lock_timeout": "1", "enable_indexonlyscan": "on",
+             "plan_cache_mode": "force_generic_plan"}
 _CONTRARY_WHERE_KNOWN = {"transaction_timeout": "1", "restrict_nonsystem_relation_kind": "'view'"}
 
 

@@ -78,6 +78,7 @@ from decimal import Decimal
 import psycopg
 import pytest
 
+from proxy.backend.pool import PINNED_SETTINGS
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from tests.neighbour_outcome import create_neighbours, same_on_neighbours
 from tests.buffer_hits import buffer_hits
@@ -512,3 +513,23 @@ def test_a_bound_parameters_raw_comparison_fetches_a_value_stored_apart_at_most_
     hits = _extra_buffers(declared_apart_proxy, test_db, name, sql, warm=True, params=[value],
                           plan_cache_mode=plan_cache_mode)
     assert hits["apart"] - hits["flat"] <= 2, hits
+
+
+@pytest.mark.parametrize("name", list(_DECLARED_APART))
+@pytest.mark.parametrize("stored", [True, False])
+def test_a_bound_lists_raw_conjunct_fetches_a_value_stored_apart_at_most_twice_however_many_parameters(
+        declared_apart_proxy: RunningProxy, test_db: TestDatabase, name: str, stored: bool) -> None:
+    """A top-level ``v IN ($1, …, $16)`` also compares the raw column with the list, hashed, so that a
+    plain index serves it (rewriter/raw_equality.py ``parameter_list_equality``): planned with its
+    values bound, as dpproxy's backend plans every statement (``plan_cache_mode`` pinned), the array
+    is a constant PostgreSQL hashes, and the value stored apart is fetched once for the hash (2
+    buffers) and once more by the equality where the hash matches (the list holds the stored value
+    itself): not once a parameter. 16 values each of the stored value's size (``texteq`` reads a
+    value whose size equals the other's)."""
+    others: list[object] = ([Decimal("7" * 58 + f"{i:02d}") for i in range(16)] if name == "numeric60"
+                            else [f"z{i}".ljust(64, "z") for i in range(16)])
+    values = [_STORED_DECLARED[name], *others[1:]] if stored else others
+    sql = "SELECT count(*) FROM {t} WHERE v IN (" + ", ".join(["%s"] * 16) + ") AND id > -" + str(5 + stored)
+    hits = _extra_buffers(declared_apart_proxy, test_db, name, sql, warm=True, params=values,
+                          plan_cache_mode=PINNED_SETTINGS["plan_cache_mode"])
+    assert hits["apart"] - hits["flat"] <= (4 if stored else 2), hits

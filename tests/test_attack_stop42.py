@@ -288,6 +288,12 @@ _WHOLE_READING_VIEWS = {
                        ("ALTER TABLE s42_base ADD other text",), "view s42_view reads note (text) whole in a WHERE"),
     "coalesce-long-literal": (f"SELECT id FROM s42_base WHERE COALESCE(note, other) = '{_LONG_LITERAL}'",
                               ("ALTER TABLE s42_base ADD other text",), "view s42_view reads note (text) whole in a WHERE"),
+    "nullif-long-literal": (f"SELECT id FROM s42_base WHERE NULLIF(note, 'x') = '{_LONG_LITERAL}'", (),
+                            "view s42_view reads note (text) whole in a WHERE or JOIN"),  # the value, compared again
+    "rls-current-user": ("SELECT id FROM s42_base", (*_RLS, "CREATE POLICY s42_p ON s42_base FOR SELECT "
+                                                    "USING (note = current_user OR note IS NULL)"),
+                         "row-level security policy s42_p on s42_base reads note (text) whole in its USING (= or <> of "
+                         "a text and a name (as note = current_user) reads the text whole"),
     "numeric-precision-past-the-bound": ("SELECT id FROM s42_base WHERE amount > 0",
                                          ("ALTER TABLE s42_base ADD amount numeric(1000, 0)",),
                                          "view s42_view reads amount (numeric) whole in a WHERE or JOIN"),
@@ -349,6 +355,10 @@ _BOUNDED_VIEWS = {
                               ("ALTER TABLE s42_base ADD b bytea DEFAULT '\\x00'",)),
     "octet-length-column": ("SELECT id, octet_length(note) AS size, octet_length(CASE WHEN hours > 2 THEN note END) "
                             "AS late FROM s42_base", ()),
+    "nullif-equality": ("SELECT id FROM s42_base WHERE NULLIF(note, 'x') = 'y' OR NULLIF(note, '7') <> '8'", ()),
+    "rls-current-user-declared": ("SELECT id FROM s42_base", (*_RLS, "ALTER TABLE s42_base ADD owner varchar(63)",
+                                                             "CREATE POLICY s42_p ON s42_base FOR SELECT "
+                                                             "USING (owner = current_user OR true)")),
     "nullif-null-test": ("SELECT id FROM s42_base WHERE NULLIF(note, 'x') IS NULL OR NULLIF(note, '7') IS NOT NULL", ()),
     "coalesce-equality": ("SELECT id FROM s42_base WHERE COALESCE(note, other) = 'x' OR COALESCE(other, note) <> '7'",
                           ("ALTER TABLE s42_base ADD other text DEFAULT 'o'",)),
@@ -387,6 +397,8 @@ def test_a_protected_view_whose_conditions_read_no_more_than_the_bound_is_answer
 @pytest.mark.parametrize(("condition", "bounded"), [
     ("note > ''", False), ("max(note) IS NOT NULL", False), ("note = '7'", True), ("note <> 'x'", True),
     ("note IS NOT NULL", True), ("octet_length(note) < 100", True), ("count(note) > 0", True),
+    ("NULLIF(note, 'x') = 'y'", True), ("NULLIF(note, 'x') IS NULL", True), ("note = current_user", False),
+    ("note = CAST(current_user AS text)", True),
     (f"note = {LONG_ROW}", False), ("note IN ('a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j')", False),
 ])
 def test_what_a_condition_reads_of_a_long_value_in_buffers(test_db: TestDatabase, condition: str, bounded: bool) -> None:

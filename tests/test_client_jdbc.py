@@ -83,3 +83,11 @@ def test_jdbc_fetch_size_reads_a_large_result_in_pieces_with_a_dp_query_between(
 def test_jdbc_refusal_carries_sqlstate_and_connection_goes_on(jdbc_run: dict[str, list[str]]):
     assert jdbc_run["REFUSED"] == ["DP001"]
     assert jdbc_run["AFTER_REFUSAL"] == ["1"]
+
+
+def test_jdbc_batch_that_fails_rolls_back_the_sets_before_it_as_on_postgresql(jdbc_run: dict[str, list[str]]):
+    """pgjdbc sends a batch's statements and then one Sync: one implicit transaction on PostgreSQL,
+    so its SETs are undone when a later one fails. dpproxy once kept them, and reported the kept
+    DateStyle German, on which pgjdbc closes its connection (it requires ISO)."""
+    assert jdbc_run["BATCH_FAILED"] == ["22023"]
+    assert jdbc_run["BATCH_UNDONE"] == ["true ISO, MDY"]

@@ -14,6 +14,8 @@ index serves a selective ``=`` and IN through the rewriter's SQL.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from decimal import Decimal
 
@@ -22,6 +24,7 @@ import pytest
 
 from policies.model import ColumnPolicy, TablePolicy
 from policies.tables import ColumnInfo, Relation
+from proxy.dp.parameter_types import settled_lists
 from rewriter.dp_query import plan_aggregate_query
 from rewriter.rewrite import backend_sql
 from rewriter.text_bounds import in_line_numeric, in_line_text
@@ -92,18 +95,59 @@ def test_a_top_level_equality_with_one_parameter_adds_one_raw_comparison_after_t
 
 @pytest.mark.parametrize("where", [
     "v = 'a' OR id > 3", "NOT (v = 'a')", "v NOT IN ('a', 'b')", "(v = 'a') IS TRUE", "v = $1 OR id > 3",
-    "v IN ('a', $1)", "v IN ($1, $2)", "NOT (v = $1)", "v = CAST($1 AS text)", "n = $1 + 1", "b = $1",
+    "v IN ('a', $1)", "v IN ($1, CAST($2 AS text))", "v IN ($1, $2) AND id = $1", "b IN ($1, $2)", "NOT (v = $1)", "v = CAST($1 AS text)", "n = $1 + 1", "b = $1",
     "lower(v) = 'a'", "v > 'a'", "v <> 'a'", "v BETWEEN 'a' AND 'b'", "(v = 'a' AND id > 3) OR id < 0",
     "b = '1'", "v = c",
 ])
 def test_no_raw_conjunct_where_it_could_fetch_again_change_the_answer_or_miss_a_value(where: str) -> None:
     """Under OR, NOT or IS TRUE a raw term could keep or fetch what the bounded one does not; a list
-    mixing a parameter with other values, or of several parameters, would be one array of a common
-    type that may convert a value otherwise than its own term does (a list that missed a value would
-    drop rows the condition keeps); a cast or a computed value is the analyst's own; ``bit``'s
-    equality does not hash (a list would fetch once a value)."""
+    mixing a parameter with other values, or a parameter with a cast one, or holding a parameter used
+    elsewhere too (typed there), would be one array of a common type that may convert a value
+    otherwise than its own term does (a list that missed a value would drop rows the condition
+    keeps); a cast or a computed value is the analyst's own; ``bit``'s equality does not hash (a
+    list would fetch once a value)."""
     sql = _sql(f"SELECT count(*) FROM {{t}} WHERE {where}")
     assert " ANY (ARRAY[" not in sql and '"raw ' not in sql, sql
+
+
+@pytest.mark.parametrize("where, raw, values, numbers", [
+    ("v IN ($1, $2, $3)", '"raw 2"', ["$1", "$2", "$3"], (1, 2, 3)),
+    ("c IN ($2, $1) AND id > 3", '"raw 3"', ["$2", "$1"], (2, 1)),
+    ("v IN ($1, $1, $2)", '"raw 2"', ["$1", "$2"], (1, 2)),
+    ("n IN ($1, $2)", '"raw 4"', ["CAST($1 AS pg_catalog.numeric)", "CAST($2 AS pg_catalog.numeric)"], ()),
+    ("r IN ($1, $2)", '"raw 5"', ["$1", "$2"], (1, 2)),
+    ("id > $3 AND (v IN ($1, $2) AND id < 9)", '"raw 2"', ["$1", "$2"], (1, 2)),
+])
+def test_a_top_level_list_of_parameters_adds_one_hashed_raw_conjunct_after_the_condition(
+        where: str, raw: str, values: list[str], numbers: tuple[int, ...]) -> None:
+    """A list of bound parameters (JDBC's, psycopg's, Superset's multi-value filters) keeps the index
+    too: the raw column compared with the list as the terms render it, repeated to the 9 values from
+    which PostgreSQL hashes a constant array (every statement is planned with its values bound),
+    AND'ed after the condition (which types the parameters first); its bare parameters are named,
+    for their declared types to settle whether it stays (proxy/dp/parameter_types.py)."""
+    plan = plan_aggregate_query(f"SELECT count(*) FROM dr WHERE {where}", _relation("dr"))
+    sql = backend_sql(plan, 0)
+    listed = (values * _HASHED_FROM)[:_HASHED_FROM]
+    conjunct = f"({raw} OPERATOR(pg_catalog.=) ANY (ARRAY[{', '.join(listed)}]))"
+    assert sql.endswith(f" AND {conjunct}") and sql.count(" ANY (ARRAY[") == 1, sql
+    assert [(listed.sql, listed.parameters) for listed in plan.parameter_lists] == [(conjunct, numbers)]
+
+
+@pytest.mark.parametrize("types, kept", [
+    ((), True), ((0, 0), True), ((1043, 1043, 1043), True), ((25, 25), True), ((1042, 1042, 23), True),
+    ((25, 1043), False), ((0, 25), False), ((25,), False), ((1042, 19), False), ((19, 19), False),
+])
+def test_a_list_of_parameters_keeps_its_raw_conjunct_only_when_they_are_declared_of_one_type(
+        types: tuple[int, ...], kept: bool) -> None:
+    """Bound (and described) with its parameters declared of different types, the list's raw conjunct
+    is left out and the condition is the bounded one alone (a parameter past the declared ones is
+    unspecified; $3's type is no list's). ``name`` (19) never: ``texteqname`` does not hash."""
+    plan = plan_aggregate_query("SELECT count(*) FROM dr WHERE v IN ($1, $2) AND id > $3", _relation("dr"))
+    settled = settled_lists(plan, types)
+    assert ('"raw 2"' in backend_sql(settled, 0)) is kept
+    assert settled.parameter_lists == (plan.parameter_lists if kept else ())
+    assert backend_sql(settled, 0) == backend_sql(plan, 0) if kept else settled.where_sql == (
+        '((("v" OPERATOR(pg_catalog.=) $1) OR ("v" OPERATOR(pg_catalog.=) $2)) AND ("id" OPERATOR(pg_catalog.>) $3))')
 
 
 def test_a_filter_gets_no_raw_conjunct_and_a_value_too_short_to_be_stored_apart_is_read_as_it_is() -> None:
@@ -192,7 +236,7 @@ def _assert_answers_alike(proxy: RunningProxy, test_db: TestDatabase, condition:
             assert len(seen) == 1, seen
             assert audit_backend_sql(seen[0], ("public", f"dr_{kind}"), _AUDITED) == [], seen[0]
             counts[kind] = psycopg.RawCursor(admin).execute(seen[0], params, binary=binary).fetchall()
-            assert params is None or '"raw ' in seen[0] or " OR " in condition, seen[0]
+            assert params is None or '"raw ' in seen[0] or " OR " in condition or None in params, seen[0]
         plain = admin.execute(f"SELECT count(*) FROM dr_null WHERE {condition}", params, binary=binary).fetchall()
     assert counts["apart"] == counts["null"] == plain, (counts, plain, seen)
 
@@ -204,6 +248,13 @@ _BOUND = [
     ("v = %s AND c = %s AND n = %s", ["row 1", "row 1", Decimal(1)]), ("v = %s OR id = 3", ["row 1"]),
     ("v = %s", ["row 1" + " " * 70]), ("c = %s", ["row 1" + " " * 70]), ("n = %s", [Decimal("1e200")]),
     ("v = %s", [None]), ("n = %s", [None]),
+    # lists of parameters (the raw conjunct hashed over them): values stored apart, padded, duplicated, NULL
+    ("v IN (%s, %s, %s)", ["row 1", "row 2", "k" * 64]), ("v IN (%s, %s)", ["row 1", "row 1"]),
+    ("c IN (%s, %s)", ["row 1   ", "k" * 64]), ("c IN (%s, %s, %s)", ["row 1", "row 2" + " " * 70, "x"]),
+    ("n IN (%s, %s)", [1, Decimal("7" * 60)]), ("n IN (%s, %s, %s)", [Decimal(1), 2.0, "3"]),
+    ("n IN (%s, %s)", [Decimal("1e200"), 2]), ("r IN (%s, %s)", ["[1,5)", "[2,5)"]),
+    ("v IN (%s, %s) AND n IN (%s, %s)", ["row 1", "row 3", 1, 3]), ("id > 50 AND v IN (%s, %s)", ["row 3", "row 4"]),
+    ("v IN (%s, %s)", ["row 1", None]), ("n IN (%s, %s)", [None, None]),
 ]
 
 
@@ -268,6 +319,8 @@ def test_a_plain_index_serves_a_selective_equality_through_the_raw_conjunct(inde
 @pytest.mark.parametrize("where, params", [
     ("v = $1", ["k7"]), ("v IN ($1)", ["k7"]), ("$1 = c", ["k7"]), ("n = $1", [7]), ("n = $1", ["7"]),
     ("v = $1 AND id > $2 AND n = $3", ["k7", 3, Decimal(7)]),
+    ("v IN ($1, $2, $3)", ["k7", "k8", "k9"]), ("c IN ($1, $2)", ["k7", "k8"]), ("n IN ($1, $2)", [7, 8]),
+    ("n IN ($1, $2, $3)", [Decimal(7), 8, "9"]), ("v IN ($1, $2) AND id > $3", ["k7", "k8", 3]),
 ])
 @pytest.mark.parametrize("binary", [False, True])
 def test_a_plain_index_serves_an_equality_with_a_bound_parameter(indexed: psycopg.Connection, where: str,
@@ -316,3 +369,102 @@ def test_a_literal_the_column_type_cannot_hold_fails_before_any_charge_as_withou
                 conn.execute(f"SELECT count(*) FROM dr_apart WHERE {where}").fetchall()
             assert failed.value.sqlstate in ("22P02", "22000"), (where, failed.value.sqlstate, str(failed.value))
         assert spent_epsilon(conn) == before
+
+
+_TYPED_COLUMNS = (ColumnInfo("id", 23, -1, 1, None), ColumnInfo("v", 1043, 64 + 4, 2, None),
+                  ColumnInfo("nm", 19, -1, 3, None), ColumnInfo("ch", 18, -1, 4, None))
+_TYPED = Relation(1, "public", "dr_typed", TablePolicy(epsilon=1.0), {column.name: column for column in _TYPED_COLUMNS})
+
+
+@pytest.fixture(scope="module")
+def typed(test_db: TestDatabase) -> Iterator[psycopg.Connection]:
+    """``dr_typed``: a value with a trailing blank, one of 64 characters, and ``name``/``"char"`` columns."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS dr_typed")
+        conn.execute('CREATE TABLE dr_typed (id int, v varchar(64), nm name, ch "char")')
+        conn.execute(f"INSERT INTO dr_typed VALUES (1, 'ab ', 'a', 'a'), (2, '{'k' * 64}', 'a', 'a'), (3, 'zz', 'b', 'b'), (4, 'a', 'a', 'a')")
+        yield conn
+
+
+def _count_prepared(conn: psycopg.Connection, sql: str, types: tuple[str, ...], params: list[object]) -> object:
+    """``sql`` prepared with its parameters declared ``types`` and run with ``params``, as a client's
+    Parse and Bind do: its count, or the SQLSTATE it fails with."""
+    cursor = psycopg.ClientCursor(conn)
+    cursor.execute(f"PREPARE dr_typed_q ({', '.join(types)}) AS {sql}")
+    try:
+        row = cursor.execute("EXECUTE dr_typed_q (" + ", ".join(["%s"] * len(params)) + ")", params).fetchone()
+        return row[0] if row is not None else None
+    except psycopg.Error as exc:
+        return exc.sqlstate
+    finally:
+        conn.execute("DEALLOCATE dr_typed_q")
+
+
+@pytest.mark.parametrize("where, types, params", [
+    ("v IN ($1, $2)", ("bpchar", "name"), ["ab", "zz"]),  # one name[]: 'ab ' no longer equals 'ab'
+    ("v IN ($1, $2)", ("name", "text"), ["zz", "k" * 64]),  # one name[]: the 64 characters cut to 63
+    ("v IN ($1, $2)", ('"char"', "text"), ["a", "zz"]),  # no common type: the array fails
+    ("v IN ($1, $2)", ("bpchar", "text"), ["ab", "zz"]), ("v IN ($1, $2)", ("unknown", "text"), ["ab ", "zz"]),
+    ("v IN ($1, $2)", ("text", "text"), ["ab ", "k" * 64]), ("v IN ($1, $2)", ("bpchar", "bpchar"), ["ab", "zz"]),
+    ("v IN ($1, $2)", ("varchar", "varchar"), ["ab ", "zz"]), ("v IN ($1, $2)", ('"char"', '"char"'), ["a", "z"]),
+    ("v IN ($1, $2)", ("name", "name"), ["ab ", "k" * 64]),
+    # all unspecified, $1 typed by another term first: name, "char"
+    ("nm = $1 AND v IN ($1, $2)", ("unknown", "unknown"), ["a", "k" * 64]),
+    ("ch = $1 AND v IN ($1, $2)", ("unknown", "unknown"), ["a", "zz"]),
+])
+def test_a_list_of_parameters_of_different_types_keeps_its_answer(typed: psycopg.Connection, where: str,
+                                                                   types: tuple[str, ...], params: list[object]) -> None:
+    """dpproxy's SQL for a list of parameters declared of different types (or typed by another term),
+    settled for the declared types as the executor settles it, counts what the terms count (plain
+    SQL's ``v = $1 OR v = $2``, as dpproxy reads IN): one array of their common type would drop a row
+    a term keeps (``name[]``) or fail (``"char"`` and ``text``), so the raw conjunct is left out; of
+    one type, it stays."""
+    plan = plan_aggregate_query(f"SELECT count(*) FROM dr_typed WHERE {where}", _TYPED)
+    oids = tuple(0 if name == "unknown" else typed.execute("SELECT %s::regtype::oid", [name]).fetchone()[0]  # type: ignore[index]
+                 for name in types)
+    sql = backend_sql(settled_lists(plan, oids), 0)
+    plain = where.replace("v IN ($1, $2)", "(v = $1 OR v = $2)")
+    expected = _count_prepared(typed, f"SELECT count(*) FROM dr_typed WHERE {plain}", types, params)
+    assert isinstance(expected, int) and expected > 0, expected
+    assert _count_prepared(typed, sql, types, params) == expected, sql
+    assert ('"raw 2"' in sql) == (where.startswith("v IN") and len(set(types)) == 1 and types[0] != "name"), sql
+
+
+_DESCRIBED_AND_BOUND = """
+import sys
+import psycopg
+conn = psycopg.connect(sys.argv[1], autocommit=True)
+pg = conn.pgconn
+types = [int(oid) for oid in sys.argv[3].split(",")]
+prepared = pg.prepare(b"dr_list", sys.argv[2].encode(), types)
+described = pg.describe_prepared(b"dr_list")
+result = pg.exec_prepared(b"dr_list", [b"r", b"row 1"])
+print(prepared.status, described.status, described.nparams, result.status, (result.error_message or b"").decode(), sep="|")
+"""
+
+
+@pytest.mark.parametrize("types, raw", [((18, 25), False), ((19, 25), False), ((1043, 1043), True), ((0, 0), True)])
+def test_a_list_of_parameters_declared_of_different_types_is_described_and_answered_through_the_proxy(
+        declared_proxy: RunningProxy, test_db: TestDatabase, types: tuple[int, ...], raw: bool) -> None:
+    """A client's Parse declaring a list's parameters ``"char"`` and ``text`` (or ``name`` and
+    ``text``), its Describe, then its Bind: the executor leaves the list's raw conjunct out before it
+    describes or runs the statement, which is answered and charged once, its exact count plain
+    SQL's; with the conjunct, the array of no common type failed the Describe and, after the charge,
+    the answer (42804). Declared of one type, the conjunct stays."""
+    statement = f"SELECT count(*) FROM dr_null WHERE v IN ($1, $2) AND id <> -{sum(types) + 3}"
+    seen: list[str] = []
+    with recording_released_sql(lambda plan, backend: seen.append(backend)), declared_proxy.connect() as conn:
+        before = spent_epsilon(conn)
+        # libpq's blocking calls hold the GIL, and the proxy runs in this process: a subprocess drives them.
+        driven = subprocess.run([sys.executable, "-c", _DESCRIBED_AND_BOUND, declared_proxy.dsn(), statement,
+                                 ",".join(map(str, types))], capture_output=True, text=True, timeout=60)
+        assert driven.returncode == 0, driven.stderr
+        ok, tuples = int(psycopg.pq.ExecStatus.COMMAND_OK), int(psycopg.pq.ExecStatus.TUPLES_OK)
+        assert driven.stdout.rstrip("\n").split("|") == [str(ok), str(ok), "2", str(tuples), ""], driven.stdout
+        assert spent_epsilon(conn) == before + 1000.0
+    assert len(seen) == 1 and ('"raw 2"' in seen[0]) is raw, seen
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        exact = admin.pgconn.exec_params(seen[0].encode(), [b"r", b"row 1"], list(types))
+        plain = admin.pgconn.exec_params(statement.replace("v IN ($1, $2)", "(v = $1 OR v = $2)").encode(),
+                                         [b"r", b"row 1"], list(types))
+        assert exact.get_value(0, 0) == plain.get_value(0, 0) not in (None, b"0"), (exact.error_message, seen[0])

@@ -47,13 +47,17 @@ def fold_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) 
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
         for table in _TABLES:
             conn.execute(f"DROP TABLE IF EXISTS {table}")
-            conn.execute(f"CREATE TABLE {table} (id int, name text, visited_at timestamp, visit_date date, duration int)")
+            conn.execute(f"CREATE TABLE {table} (id int, name text, visited_at timestamp, visit_date date, duration int, "
+                         "visit_time time, visit_timetz timetz)")
             conn.execute(f"GRANT SELECT ON {table} TO {SERVICE_ROLE}")
         conn.execute(
             "INSERT INTO fold_visits SELECT i, 'v' || i, TIMESTAMP '2023-01-01' + i * INTERVAL '3 days', "
             "DATE '2023-01-01' + i * 3, i % 120 FROM generate_series(1, 300) i"
         )
         conn.execute("INSERT INTO fold_visits VALUES (0, 'edge\\', '294276-12-31 23:59:59', '5874897-12-31', 1)")
+        # every 4 minutes of the day, in the session's zone and in +05
+        conn.execute("UPDATE fold_visits SET visit_time = TIME '00:00' + id * INTERVAL '4 minutes', "
+                     "visit_timetz = CAST(CAST(TIME '00:00' + id * INTERVAL '4 minutes' AS text) || '+05' AS timetz)")
     with running_proxy(test_db, tmp_path_factory, _POLICY) as running:
         yield running
 
@@ -76,6 +80,10 @@ def _count(conn: psycopg.Connection, where: str, params: tuple[object, ...] | No
         ("visit_date > current_date - 30", None),
         ("visited_at < date_trunc('month', now())", None),
         ("visited_at BETWEEN TIMESTAMP '2024-01-01' + interval '1 day' AND now()", None),
+        ("visit_time < current_time", None),
+        ("visit_time >= localtime - interval '2 hours'", None),
+        ("visit_timetz > current_time", None),
+        ("visit_time < current_time(0) AND visit_timetz <= localtime", None),
     ],
 )
 def test_bi_tool_time_filters_are_answered(fold_proxy: RunningProxy, admin, where: str, exact: str | None) -> None:
@@ -327,3 +335,27 @@ def test_a_folded_value_takes_the_columns_own_type() -> None:
     plan = plan_aggregate_query(f"SELECT COUNT(*) FROM t WHERE {where}", table)
     assert plan.folding is not None
     assert [fold.type_name for fold in plan.folding.folds] == ["date", "timestamp", "timestamptz", "numeric", "float8", "numeric"]
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Pacific/Kiritimati", "Etc/GMT+12", "America/St_Johns", "<-1559>+15:59"])
+def test_current_time_compared_with_a_time_column_is_folded_to_the_rows_postgresql_keeps(
+        fold_proxy: RunningProxy, admin, zone: str) -> None:
+    """``t < current_time`` is PostgreSQL's ``t::timetz < current_time``, both in the session's offset of
+    today: folded to a ``time`` (and a ``timetz`` column's ``localtime`` to a ``timetz``), it keeps the
+    same rows, in one transaction (one ``current_time``) under each zone, its offset ±15:59 included.
+    sqlglot wrote ``current_time`` back as ``CURRENT_TIME()``, which dpproxy refused as unreadable, and
+    a time column took no folded value."""
+    columns = {"visit_time": ColumnInfo("visit_time", 1083, -1, 1, None),
+               "visit_timetz": ColumnInfo("visit_timetz", 1266, -1, 2, None)}
+    relation = Relation(1, "public", "fold_visits", TablePolicy(epsilon=1.0), columns)
+    with admin.transaction():
+        admin.execute(f"SET LOCAL TimeZone = '{zone}'")
+        for where in ("visit_time < current_time", "visit_time >= current_time", "visit_time = current_time",
+                      "visit_timetz > localtime", "visit_timetz < current_time"):
+            plan = plan_aggregate_query(f"SELECT count(*) FROM fold_visits WHERE {where}", relation)
+            assert plan.folding is not None and len(plan.folding.folds) == 1, where
+            (fold,) = plan.folding.folds
+            value = admin.execute(f"SELECT CAST(({fold.expression}) AS pg_catalog.{fold.type_name})::text").fetchone()
+            folded = admin.execute(f"SELECT count(*) FROM fold_visits WHERE {fold.column_sql} {fold.op} %s::{fold.type_name}",
+                                   value).fetchone()
+            assert folded == admin.execute(f"SELECT count(*) FROM fold_visits WHERE {where}").fetchone(), (where, value)

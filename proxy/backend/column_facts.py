@@ -24,7 +24,11 @@ from policies.tables import ColumnFacts, Definition
 from .fetches import Fetches
 from .type_support import type_parts
 
-__all__ = ["column_facts", "definition_change", "redefined"]
+__all__ = ["BYTE_ORDER_LOCALES", "column_facts", "definition_change", "redefined"]
+
+BYTE_ORDER_LOCALES = ("C", "POSIX", "C.UTF-8", "C.utf8")
+"""libc locales whose collation orders text by its bytes: ``strcoll`` under ``C.UTF-8`` measured as
+cheap a byte as ``memcmp`` (benchmarks/collation_cost.py, glibc 2.36)."""
 
 # One round trip for all relations. The collation and the type are the column's own; the parts
 # (type_parts) and their domains' constraints are what its type holds, gathered once per type.
@@ -48,7 +52,16 @@ SELECT a.relation, a.attname::pg_catalog.text, a.atttypid, a.atttypmod, a.attnum
        COALESCE(h.parts, '{}'::pg_catalog.oid[]), COALESCE(h.checks, '{}'::pg_catalog.oid[]),
        COALESCE((SELECT pg_catalog.array_agg(e.enumlabel::pg_catalog.text ORDER BY e.enumtypid, e.enumsortorder)
                  FROM pg_catalog.pg_enum e WHERE e.enumtypid OPERATOR(pg_catalog.=) ANY(h.parts)),
-                '{}'::pg_catalog.text[])
+                '{}'::pg_catalog.text[]),
+       -- Whether the collation orders by bytes (ColumnInfo.byte_order): none, libc's C, POSIX and C.UTF-8, the
+       -- builtin provider's (PostgreSQL 17), the database's default when it is one of them; not ICU's.
+       COALESCE(CASE WHEN c.oid IS NULL THEN true
+           WHEN c.collprovider OPERATOR(pg_catalog.=) 'd' THEN (
+               SELECT d.datlocprovider OPERATOR(pg_catalog.=) 'b' OR (d.datlocprovider OPERATOR(pg_catalog.=) 'c'
+                      AND d.datcollate OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.text[]))
+               FROM pg_catalog.pg_database d WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+           WHEN c.collprovider OPERATOR(pg_catalog.=) 'c' THEN c.collcollate OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.text[])
+           ELSE c.collprovider OPERATOR(pg_catalog.=) 'b' END, false)
 FROM columns a
 LEFT JOIN pg_catalog.pg_collation c ON c.oid OPERATOR(pg_catalog.=) a.attcollation
 LEFT JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid
@@ -64,12 +77,12 @@ async def column_facts(session: Fetches, oids: Sequence[int]) -> dict[int, Defin
         return {}
     found: dict[int, list[ColumnFacts]] = {}
     # psycopg gives each value as the Python type ColumnFacts holds (oid, int2, int4: int).
-    for relation, name, typ, mod, num, deterministic, array, container, enum, parts, checks, labels \
-            in await session.fetch_all(_FACTS_SQL, (list(oids),)):
+    for relation, name, typ, mod, num, deterministic, array, container, enum, parts, checks, labels, byte_order \
+            in await session.fetch_all(_FACTS_SQL, (list(oids), list(BYTE_ORDER_LOCALES), list(BYTE_ORDER_LOCALES))):
         columns = found.setdefault(relation, [])
         if name is not None:  # else a relation without columns
             columns.append(ColumnFacts(name, typ, mod, num, deterministic, array, container, enum, tuple(parts),
-                                       tuple(checks), tuple(labels)))
+                                       tuple(checks), tuple(labels), byte_order))
     return {oid: tuple(columns) for oid, columns in found.items()}
 
 
@@ -95,7 +108,7 @@ def definition_change(loaded: Definition, current: Definition | None) -> str | N
 def _what_changed(loaded: ColumnFacts, current: ColumnFacts) -> str:
     if (loaded.type_oid, loaded.type_modifier) != (current.type_oid, current.type_modifier):
         return "its type"
-    if loaded.deterministic_collation != current.deterministic_collation:
+    if (loaded.deterministic_collation, loaded.byte_order) != (current.deterministic_collation, current.byte_order):
         return "its collation"
     if loaded.attnum != current.attnum:
         return "dropped and added again"

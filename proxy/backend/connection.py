@@ -52,11 +52,13 @@ __all__ = [
     "pooled_session", "startup_key", "startup_settings",
 ]
 
-# Parameters PostgreSQL reports to clients at startup (and after a SET of one of them).
+# Parameters PostgreSQL reports to clients at startup (and after a SET of one of them), each
+# relayed when the backend reports it: search_path from PostgreSQL 18 on. (Not
+# scram_iterations, 16's: it is the backend's, and dpproxy does its own authentication.)
 REPORTED_PARAMETERS = (
     "application_name", "client_encoding", "DateStyle", "default_transaction_read_only",
     "in_hot_standby", "integer_datetimes", "IntervalStyle", "is_superuser",
-    "server_encoding", "server_version", "session_authorization",
+    "search_path", "server_encoding", "server_version", "session_authorization",
     "standard_conforming_strings", "TimeZone",
 )
 
@@ -1243,6 +1245,6 @@ async def _columns(session: BackendSession, definition: Definition, policies: Ma
         c.name: ColumnInfo(c.name, c.type_oid, c.type_modifier, c.attnum, policies.get(c.name), c.deterministic_collation,
                            c.array_type_oid, c.container, (c.type_oid, c.type_modifier) in countable, c.enum,
                            c.type_oid in builtin, *read_as.get((c.type_oid, c.type_modifier), unknown),
-                           type_name=names.get((c.type_oid, c.type_modifier), ""))
+                           type_name=names.get((c.type_oid, c.type_modifier), ""), byte_order=c.byte_order)
         for c in definition
     }

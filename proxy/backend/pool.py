@@ -92,6 +92,12 @@ PINNED_SETTINGS: Final[Mapping[str, str]] = {
     # value stored apart was read under that plan and NULL under any other, and the plan follows
     # the statistics and the visibility map, the whole table. A client can neither SET nor forward it.
     "enable_indexonlyscan": "off",
+    # Every statement planned with its bound values, as PostgreSQL plans an unnamed statement by
+    # default: a raw conjunct over a list of parameters (rewriter/raw_equality.py) is then a constant
+    # array, hashed, which reads a row's value stored apart once. An operator's force_generic_plan
+    # left it an array of parameters compared in turn, reading that value once a parameter: how
+    # often the neighbour's row was read followed the statement. A client can neither SET nor forward it.
+    "plan_cache_mode": "force_custom_plan",
 }
 """The settings every backend connection starts with, whatever the role, the database or
 postgresql.conf set (``RESET`` returns to them); ``statement_timeout`` comes from the policy.

@@ -15,7 +15,9 @@ until a reload. The check reads PostgreSQL's own stored parse trees (``pg_rewrit
 ``pg_policy.polqual``: the planner's input, not the view's text) of every view and policy the
 relation reads through, transitively (a view of a view, an inheritance child's policies); a
 materialized view's expressions ran when it was refreshed, not when it is read, and a foreign
-table's rows are computed by its server, out of sight (refused). PostgreSQL 18's virtual
+table's rows are computed by its server, out of sight (refused), as are a table's or materialized
+view's stored through a table access method whose handler is not heap's (an extension's columnar
+store: what one row's value costs it to read, or whether it fails on it, was never measured). PostgreSQL 18's virtual
 generated columns (its default kind) are computed when a statement reads them: their
 expressions (``pg_attrdef.adbin``) are checked like a view's, every one of the table's, declared in
 the policy or not (tests/test_attack_newer_servers.py, on 18). A stored generated column is computed
@@ -133,7 +135,10 @@ _POLYMORPHIC = re.compile(r"\((?:anyarray|record)\b")
 
 # Each protected root with every relation it reads at query time: inheritance children, what a
 # (plain) view's rule reads and what a row-level security policy reads. A materialized view is
-# read as stored; a foreign table (tree NULL) is computed by its server, out of dpproxy's sight.
+# read as stored; a foreign table (tree NULL) is computed by its server, out of dpproxy's sight,
+# and a table or materialized view stored through a table access method whose handler is not
+# heap's (tree NULL: an extension's, or a user's name for any handler) is read by code whose costs
+# and failures dpproxy has not measured (docs/threat-model.md, Timing).
 _READS = """
 WITH RECURSIVE edges(parent, child) AS (
     SELECT i.inhparent, i.inhrelid FROM pg_catalog.pg_inherits i
@@ -176,6 +181,14 @@ JOIN pg_catalog.pg_attrdef d ON d.adrelid OPERATOR(pg_catalog.=) a.attrelid AND 
 UNION ALL
 SELECT reads.root, 'foreign table ' OPERATOR(pg_catalog.||) c.oid::pg_catalog.regclass::pg_catalog.text, NULL, NULL
 FROM reads JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) reads.rel AND c.relkind OPERATOR(pg_catalog.=) 'f'
+UNION ALL
+SELECT reads.root, 'table ' OPERATOR(pg_catalog.||) c.oid::pg_catalog.regclass::pg_catalog.text
+       OPERATOR(pg_catalog.||) ' (access method ' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(m.amname::pg_catalog.text)
+       OPERATOR(pg_catalog.||) ')', NULL, NULL
+FROM reads JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) reads.rel
+ AND c.relkind OPERATOR(pg_catalog.=) ANY('{r,m}'::pg_catalog."char"[])
+JOIN pg_catalog.pg_am m ON m.oid OPERATOR(pg_catalog.=) c.relam
+ AND m.amhandler OPERATOR(pg_catalog.<>) 'pg_catalog.heap_tableam_handler'::pg_catalog.regproc
 ORDER BY 1, 2
 """
 
@@ -362,12 +375,13 @@ def _node_failure(tag: str, fields: Mapping[str, str], functions: set[int], oper
 class _Findings:
     """What a protected relation reads through: each thing that can fail on a row (``failures``),
     each output column computed from a value of any length (``rereads``), and each value of any
-    length its views' or policies' own conditions, keys or aggregates read whole (``reads``), with
-    where it is."""
+    length its views' or policies' own conditions, keys or aggregates read whole (``reads``), and each
+    table it reads through a table access method other than heap (``storage``), with where it is."""
 
     failures: list[str]
     rereads: list[str]
     reads: list[str] = field(default_factory=list)
+    storage: list[str] = field(default_factory=list)
 
 
 async def _findings(session: Fetches, relations: Mapping[int, Relation]) -> dict[int, _Findings]:
@@ -379,8 +393,12 @@ async def _findings(session: Fetches, relations: Mapping[int, Relation]) -> dict
     if not protected:
         return {}
     trees = await session.fetch_all(_READS, (protected,))
+    found: dict[int, _Findings] = {}
+    for root, where, _, _ in trees:
+        if where.startswith("table "):  # stored through another access method (_READS)
+            found.setdefault(int(root), _Findings([], [])).storage.append(where)
     scanned = [(int(root), where, _FOREIGN if text is None else _scan(text), None if table is None else int(table))
-               for root, where, text, table in trees]
+               for root, where, text, table in trees if not where.startswith("table ")]
     operators = sorted({oid for _, _, scan, _ in scanned for oid in scan.operators})
     code = {int(oid): int(function) for oid, function in await session.fetch_all(_OPERATOR_FUNCTIONS, (operators,))
             } if operators else {}
@@ -395,7 +413,6 @@ async def _findings(session: Fetches, relations: Mapping[int, Relation]) -> dict
         session, {kind for _, _, scan, _, _ in scans for _, reads in scan.computed for kind, _ in reads},
         [read for _, _, scan, _, _ in scans for read in scan.reads],
         {table for _, _, scan, _, table in scans if table is not None and scan.reads}, known)
-    found: dict[int, _Findings] = {}
     for root, where, scan, functions, table in scans:
         problems = [f"{where} computes {node}" for node in scan.nodes]
         for oid in sorted(functions):
@@ -425,13 +442,15 @@ async def _findings(session: Fetches, relations: Mapping[int, Relation]) -> dict
 async def fallible_protected(session: Fetches, relations: Mapping[int, Relation]) -> dict[int, str]:
     """The protected relations of ``relations`` that read through an expression that can fail on a
     row, a view column computed from a value of any length, or a view's or policy's condition, key
-    or aggregate that reads such a value whole, by OID, each with the first such expression after
-    what it does ("can fail on a row: view v calls int4div(integer, integer)"; the periodic
-    re-check's question)."""
-    return {oid: f"can fail on a row: {findings.failures[0]}" if findings.failures else
-            f"PostgreSQL computes again at each reference, reading a value of any length whole: {findings.rereads[0]}"
-            if findings.rereads else
-            f"PostgreSQL reads a value of any length whole, unbounded, once a statement: {findings.reads[0]}"
+    or aggregate that reads such a value whole, or a table stored through an access method other than
+    heap, by OID, each with the first such thing after what it is ("an expression that can fail on a
+    row: view v calls int4div(integer, integer)"; the periodic re-check's question)."""
+    return {oid: f"a table access method whose reads are unmeasured: {findings.storage[0]}" if findings.storage else
+            f"an expression that can fail on a row: {findings.failures[0]}" if findings.failures else
+            "an expression that PostgreSQL computes again at each reference, reading a value of any length whole: "
+            f"{findings.rereads[0]}" if findings.rereads else
+            "an expression that PostgreSQL reads a value of any length whole, unbounded, once a statement: "
+            f"{findings.reads[0]}"
             for oid, findings in (await _findings(session, relations)).items()}
 
 
@@ -455,6 +474,13 @@ def _explained(findings: _Findings, most: int) -> list[str]:
     """What a protected relation reads through, each kind of finding with why it is refused and the
     fix (``most``: the table's ``max_text_bytes``, the longest literal an equality may compare)."""
     parts = []
+    if findings.storage:
+        parts.append(
+            f"{_listed(findings.storage)} is stored through a table access method that is not heap's: its code "
+            "reads every row, and how long it takes on one row's value, or whether it fails on it, was never measured "
+            "(the value bound and the stored-form check, rewriter/text_bounds.py, read heap's value headers), so one "
+            "row could make a DP query measurably slower or fail, which tells whether the row is there; store it "
+            "with heap (ALTER TABLE ... SET ACCESS METHOD heap), or leave it out")
     if findings.failures:
         parts.append(
             f"{_listed(findings.failures)}, which can fail on some "
@@ -476,7 +502,8 @@ def _explained(findings: _Findings, most: int) -> list[str]:
             "once a statement, before the analyst's conditions and with no bound: one row's long value (3.2 MB: ~400 "
             "buffers more) makes every statement on the relation measurably slower, which tells whether the row is "
             f"there. A view's or policy's condition may test such a column with IS [NOT] NULL (NULLIF(col, 'x') IS "
-            f"NULL too), octet_length(), or = and <> (of the column or of COALESCE(col, other)) against a literal of "
+            f"NULL too), octet_length(), or = and <> (of the column, of COALESCE(col, other) or of NULLIF(col, 'x')) "
+            "against a literal of "
             f"at most {most} bytes (max_text_bytes; a deterministic collation), which weigh its size first; for "
             "anything else (a range, a join, GROUP BY, DISTINCT, ORDER BY, UNION, max(), "
             "string_agg()) compute what it needs into a materialized view or a STORED generated column and read "

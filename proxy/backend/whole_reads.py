@@ -20,9 +20,11 @@ PostgreSQL's source:
   bytea (``byteaeq``) weigh the two sizes first and read the value only when they are equal:
   against a literal of at most the table's ``max_text_bytes``, they read at most that; so does
   such an equality of ``COALESCE(note, other)`` or a CASE's result (one of the values reaches it,
-  as it is), and ``NULLIF(note, 'x')`` under ``IS [NOT] NULL``. Not NULLIF elsewhere (its result is
-  the value, read again above it) nor ``IN (...)`` (hashed from nine literals on, which reads the
-  value whole);
+  as it is), and ``NULLIF(note, 'x')`` under ``IS [NOT] NULL`` or compared (its result, the value
+  as it is, is read again by the comparison above it: ``NULLIF(note, 'x') = 'y'`` is bounded by
+  both literals, ``NULLIF(note, 'x') > ''`` is not). Not ``IN (...)`` (hashed from nine literals
+  on, which reads the value whole), nor ``=`` of a text and a ``name`` (``note = current_user``:
+  ``texteqname`` reads the text whole before it compares, :data:`_WHY_FUNCTION`);
 * a column of a declared size holds at most that many bytes (``rewriter.text_bounds.declared_size``:
   ``4·n`` for a ``varchar(n)`` or ``char(n)``, ``numeric(p, s)`` by its precision, ``bit(n)``, the
   ranges of fixed-size bounds: ``int4range``, ``daterange``, ``int8range``, ``tsrange``,
@@ -168,6 +170,10 @@ def settle(tag: str, fields: dict[str, str], stack: list[tuple[str, dict[str, st
         and "_literal" in fields else None
     walk.reads.extend(ValueRead(read.column, read.type, read.typmod, read.place, int(called) if called.isdigit() else 0,
                             literal, int(collation) if collation.isdigit() else -1, read.whole) for read in reads)
+    if tag == "NULLIFEXPR" and stack and stack[-1][0] in _COMPARISONS:
+        # Its result is its first argument as it is (not a copy the equality read): the comparison
+        # above reads the value again, as that comparison does.
+        walk.pending.setdefault(id(stack[-1][1]), []).extend(reads)
     keys = walk.keys.pop(id(fields), ())
     if tag == "TARGETENTRY" and fields.get("ressortgroupref", "0") != "0":
         place = _KEY if stack and stack[-1][0] == "QUERY" else "an aggregate's DISTINCT or ORDER BY"
@@ -205,8 +211,9 @@ _PLACES = {"jointree": "a WHERE or JOIN condition", "havingQual": "HAVING", "rta
 def _compares(tag: str, stack: list[tuple[str, dict[str, str]]]) -> bool:
     """Whether a node (``stack``: the nodes above it) reads what it calls on only as far as that
     call reads it: a comparison (:data:`_COMPARISONS`), or a NULLIF whose result only an
-    ``IS [NOT] NULL`` tests (which reads no value; any other use reads the value NULLIF returns)."""
-    return tag in _COMPARISONS or (tag == "NULLIFEXPR" and bool(stack) and stack[-1][0] == "NULLTEST")
+    ``IS [NOT] NULL`` tests (which reads no value) or a comparison compares (which :func:`settle`
+    judges again as reading the value NULLIF returns, as it is); any other use reads that value."""
+    return tag in _COMPARISONS or (tag == "NULLIFEXPR" and bool(stack) and stack[-1][0] in ("NULLTEST", *_COMPARISONS))
 
 
 def read_at(value: tuple[int, int], column: str, whole: bool, within: str, stack: list[tuple[str, dict[str, str]]],
@@ -297,13 +304,24 @@ _WHY_ANY_LENGTH = {3906: "a numrange's bounds are numerics of any length; an int
 """Why a type that reads like one of a fixed size is of any length, where that is not plain (by OID)."""
 
 
+_WHY_FUNCTION = {signature: "= or <> of a text and a name (as note = current_user) reads the text whole before "
+                               "comparing (texteqname: a 3.2 MB value stored apart, +407 buffers; compressed, "
+                               "decompressed whole; CAST(current_user AS text) would weigh the sizes first, but "
+                               "dpproxy bounds such an equality by literals only); compare current_user with a "
+                               "name column or one of a declared size within max_text_bytes (varchar(63))"
+                  for signature in ("texteqname(text, name)", "textnename(text, name)", "nameeqtext(name, text)",
+                                    "namenetext(name, text)")}
+"""Why a comparison that reads like one weighing sizes first reads the value whole (by signature)."""
+
+
 def read_whole(where: str, read: ValueRead, catalog: ReadCatalog, table: int | None) -> str:
     """What ``where`` reads whole, and where: ``view v reads note (text) whole in a WHERE or JOIN condition``."""
     column = read.column
     if column.startswith("#") and column[1:].isdigit() and table is not None:
         column = catalog.columns.get((table, int(column[1:])), column)
     place = "its USING" if where.startswith("row-level security policy") else read.place
-    why = _WHY_ANY_LENGTH.get(read.type)
+    why = _WHY_ANY_LENGTH.get(read.type) or _WHY_FUNCTION.get(
+        catalog.functions.get(read.function, ("",))[0] if read.function else "")
     return f"{where} reads {column} ({catalog.any_length[read.type]}) whole in {place}" + (f" ({why})" if why else "")
 
 

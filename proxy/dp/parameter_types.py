@@ -14,15 +14,22 @@ type exists, or the parameter is the side converted, or the column's conversion 
 (integers to numeric or a float, ``real`` to ``double precision``, ``date``/``time`` to the wider
 time types with overflow-safe cross-type operators); a numeric column's parameter is cast to
 numeric by the rewriter (``rewriter.predicates``). Any other type is refused, whatever its value.
+
+The declared types also settle the raw conjunct a WHERE's list of parameters on a column of a
+declared size gets (``rewriter.raw_equality.parameter_list_equality``): it stays where they are all
+one type, and is left out otherwise (:func:`settled_lists`), before the statement is described or run.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
 
 from policies.errors import SQLSTATE, Refusal
 from proxy.backend.connection import BoundParams
 from rewriter.dp_query import AggregateQuery
 
-__all__ = ["PARAMETER_TYPES", "check_parameter_types"]
+__all__ = ["PARAMETER_TYPES", "check_parameter_types", "settled_lists"]
 
 PARAMETER_TYPES = frozenset({
     0,  # unspecified: PostgreSQL infers the column's type
@@ -49,3 +56,22 @@ def check_parameter_types(plan: AggregateQuery, params: BoundParams) -> None:
                 "for some values only.",
                 "safe-predicate",
             )
+
+
+def settled_lists(plan: AggregateQuery, types: Sequence[int]) -> AggregateQuery:
+    """``plan`` (and its series' ranking) without the raw conjuncts over lists of parameters that do
+    not hold for parameters declared ``types`` (:meth:`rewriter.raw_equality.ParameterList.holds`):
+    each was AND'ed after the WHERE's condition, which keeps its rows without it (only no index
+    serves it then). The same plan where all hold, or it has none."""
+    series = plan.series
+    if series is not None and (ranking := settled_lists(series.ranking, types)) is not series.ranking:
+        series = replace(series, ranking=ranking)
+    dropped = [listed for listed in plan.parameter_lists if not listed.holds(types)]
+    if not dropped and series is plan.series:
+        return plan
+    where_sql = plan.where_sql
+    for listed in dropped:
+        assert where_sql is not None and f" AND {listed.sql}" in where_sql, listed.sql
+        where_sql = where_sql.replace(f" AND {listed.sql}", "", 1)
+    kept = tuple(listed for listed in plan.parameter_lists if listed not in dropped)
+    return replace(plan, where_sql=where_sql, series=series, parameter_lists=kept)

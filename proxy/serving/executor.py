@@ -35,7 +35,7 @@ from proxy.dp.budget import BudgetKeeper
 from proxy.dp.folding import bind_constants
 from proxy.dp.narrowing import narrow_keys
 from proxy.dp.percentile_params import bind_fractions, fraction_param_types
-from proxy.dp.parameter_types import check_parameter_types
+from proxy.dp.parameter_types import check_parameter_types, settled_lists
 from proxy.dp.release_units import release_count, release_units
 from proxy.dp.repeats import RepeatStore
 from proxy.ops.audit import AuditEntry, AuditLog
@@ -68,6 +68,7 @@ from rewriter.statements import Statement, split_statements
 
 from .copy_out import copy_messages
 from .cursors import BackendCursor, Cursors, KeptCursor
+from .implicit_block import changes_settings, outside_a_block_warning
 from .relation_locks import RECOVERY_CONFLICTS, LocksNotTaken, with_locks
 from .safe_snapshot import begins_serializable, in_safe_snapshot, take_snapshot
 from .settings import SessionSettings
@@ -165,9 +166,44 @@ class Executor:
         self._streams: set[RowStream] = set()  # results passed on as they arrive, not ended yet
         self.cursors = Cursors()  # the session's SQL cursors (DECLARE ... CURSOR)
         self._serializable_block = False  # the transaction block open now began SERIALIZABLE
+        self.implicit = False
+        """An implicit transaction is open on the backend (``begin_implicit``): a simple Query's of
+        several statements, or an extended-protocol pipeline's, until the session ends it."""
+        self._pipeline_block = False  # the implicit transaction open is a pipeline's
 
     def transaction_status(self) -> bytes:
         return self.backend.transaction_status
+
+    # ------------------------------------------------------------ implicit transactions
+
+    async def begin_implicit(self, pipeline: bool = False) -> None:
+        """Open the implicit transaction PostgreSQL runs a query string of several statements
+        in, or an extended-protocol pipeline up to its Sync (``implicit_block``); the session
+        ends it with ``end_implicit``. A BEGIN inside turns it into a regular block, and a
+        COMMIT or ROLLBACK inside ends it, as in PostgreSQL. ``pipeline``: a pipeline's."""
+        await self.backend.execute("BEGIN")
+        self.implicit = True
+        self._pipeline_block = pipeline
+        self.settings.implicit_block(None)
+
+    async def end_implicit(self, committed: bool) -> None:
+        """Commit the implicit transaction, or roll it back (an error came before its end):
+        the settings changed in it are undone, on the backend and in dpproxy, as PostgreSQL
+        undoes them. Nothing if none is open. A DP answer given in it stays charged."""
+        if not self.implicit:
+            return
+        self.implicit = False
+        try:
+            await self.backend.execute("COMMIT" if committed else "ROLLBACK")
+        except BackendError:
+            committed = False  # a COMMIT that fails rolls back
+            raise
+        finally:
+            self.settings.implicit_block(committed)
+            self.cursors.transaction_ended(committed)
+            self.backend.pinned = self.cursors.pins_backend
+            if not committed:
+                self.generation += 1  # the rollback undid any SET in it
 
     # ------------------------------------------------------------ planning
 
@@ -298,8 +334,9 @@ class Executor:
         if isinstance(decision, DPQuery):
             if self.backend.transaction_status != b"I" and self._may_serialize():
                 await take_snapshot(self.backend)  # the parse takes the block's first snapshot
-            params, _ = await self.backend.describe(backend_sql(decision.plan, seed=0),
-                                                    fraction_param_types(decision.plan, param_types))
+            described = settled_lists(decision.plan, param_types)
+            params, _ = await self.backend.describe(backend_sql(described, seed=0),
+                                                    fraction_param_types(described, param_types))
             return params, await self._dp_fields(decision.plan)
         if isinstance(decision, ColumnsOnly):
             params, fields = await self.backend.describe(decision.sql, param_types)
@@ -386,6 +423,14 @@ class Executor:
                 raise
             plan = await self._current(plan)
         fingerprint = plan.fingerprint
+        if not simple and changes_settings(plan.statement, plan.decision) and self.transaction_status() == b"I":
+            # Its change lasts until the Sync, or is undone if a later message of the pipeline
+            # fails before it, as in PostgreSQL (implicit_block.py).
+            try:
+                await self.begin_implicit(pipeline=True)
+            except (BackendError, ClientGone) as exc:
+                self._audit_soon(fingerprint, "error", exc.sqlstate, None, started)
+                raise
         self._charged = None
         try:
             result, notices, cost = await self._run(plan, params, result_formats, simple=simple)
@@ -404,6 +449,10 @@ class Executor:
         except Exception:  # a bug: the session ends with XX000, but the charge is still accounted for
             self._audit_soon(fingerprint, "error", SQLSTATE.INTERNAL_ERROR, self._charged, started)
             raise
+        if self.implicit and self._pipeline_block and plan.statement is not None:
+            warning = outside_a_block_warning(plan.statement, plan.decision)
+            if warning is not None:
+                notices = [*notices, warning]
         decision = plan.decision.inner if isinstance(plan.decision, (CopyOut, DeclareCursor)) else plan.decision
         kind = "dp" if isinstance(decision, (DPQuery, ColumnsOnly)) else "command" if isinstance(decision, DpproxyCommand) else "passthrough"
         if isinstance(decision, (FetchCursor, CloseCursor)) and result.relayed is None and result.stream is None:
@@ -483,6 +532,15 @@ class Executor:
                 raise Refusal("26000", f'prepared statement "{decision.name}" does not exist')
             return ResultSet([], [], "DEALLOCATE" if decision.name else "DEALLOCATE ALL"), [], None
         assert isinstance(decision, Passthrough) and plan.statement is not None
+        converts = self.implicit and _begins(plan.statement)
+        if converts:
+            # BEGIN turns the implicit transaction into a regular block, as in PostgreSQL. Its
+            # options (an isolation level, READ ONLY, DEFERRABLE) still apply to the block: sent
+            # to the backend, already in a block, whose warning that one is open is dropped.
+            self.implicit = False
+            self._serializable_block = begins_serializable(plan.statement.node)
+            if not plan.statement.node.get("options"):
+                return ResultSet([], [], "BEGIN"), [], None
         if plan.statement.kind == "DiscardStmt" and plan.statement.node.get("target") == "DISCARD_ALL":
             self.deallocate(None)
         if _may_move_search_path(plan.statement):
@@ -510,7 +568,11 @@ class Executor:
         else:
             result = await self.backend.execute(decision.sql, with_params, uniform, one_statement=True)
             result = _apply_formats(result, result_formats)
+        if converts:
+            return result, [n for n in result.notices if getattr(n, "sqlstate", None) != _ALREADY_IN_PROGRESS], None
         if plan.statement.kind == "TransactionStmt":
+            if self.backend.transaction_status == b"I":
+                self.implicit = False  # a COMMIT or ROLLBACK ended it
             self.settings.transaction_statement(plan.statement.node, status, self.backend.transaction_status)
             self.cursors.transaction_statement(plan.statement.node, status)
             self.backend.pinned = self.cursors.pins_backend
@@ -759,6 +821,7 @@ class Executor:
         # type it cannot have (a list bound as float8[]) is refused as a fraction, not a predicate.
         plan, params = bind_fractions(plan, params)
         check_parameter_types(plan, params)
+        plan = settled_lists(plan, params.types)  # a list's raw conjunct holds for some types only
         # The plan's WHERE is made final here, before the charge (and before the repeat key).
         epsilon = self.settings.query_epsilon(self.server.policy, plan.table)
         if plan.limit_zero:
@@ -1245,6 +1308,8 @@ def _may_move_search_path(statement: Statement) -> bool:
 def _begins(statement: Statement) -> bool:
     return statement.kind == "TransactionStmt" and statement.node.get("kind") in ("TRANS_STMT_BEGIN", "TRANS_STMT_START")
 
+
+_ALREADY_IN_PROGRESS = "25001"  # the WARNING of a BEGIN inside a block ("already a transaction in progress")
 
 _SETTING_STATEMENTS = frozenset({"VariableSetStmt", "DiscardStmt"})
 

@@ -131,8 +131,12 @@ class ExtendedProtocol:
         simple Query as well: a COMMIT or ROLLBACK in it ends the block's portals)."""
         self.skipping = False
         if self.runner.transaction_status() == b"I":
-            for name in list(self.portals):
-                self._forget(self.portals, name)
+            self.end_portals()
+
+    def end_portals(self) -> None:
+        """Every portal ends (its transaction does): a result not handed out whole is abandoned."""
+        for name in list(self.portals):
+            self._forget(self.portals, name)
 
     def _forget(self, held: dict[str, _Held], name: str) -> bool:
         """Drop statement or portal ``name``; False if there was none. A portal dropped before

@@ -226,7 +226,7 @@ class Server:
                 registry = replace(registry, unreadable=lost)
             if fallible != registry.fallible:
                 for oid in fallible.keys() - registry.fallible.keys():
-                    log.error("protected relation %s now reads through an expression that %s: refused until it is gone",
+                    log.error("protected relation %s now reads through %s: refused until it is gone",
                               registry.by_oid[oid].display_name, fallible[oid])
                 registry = replace(registry, fallible=fallible)
             if changed != registry.redefined:

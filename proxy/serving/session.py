@@ -487,18 +487,32 @@ class Session:
                     sql = protocol.decode_cstring(payload, "Query")
                 except protocol.InvalidText as exc:
                     self._error(exc.sqlstate, exc.message, exc.hint)  # the statement fails, the session goes on
+                    ok = False
                 else:
-                    await self._simple_query(sql)
+                    ok = await self._simple_query(sql)
+                await self._end_implicit(ok)  # its own, or that of an extended-protocol pipeline before it
                 self.extended.sync()  # a COMMIT or ROLLBACK in it ended the block's portals
                 self._ready()
             elif kind == b"S":
+                # The pipeline's implicit transaction ends, rolled back if a message of it failed,
+                # and its portals with it: abandoned first, not read to their end for the COMMIT.
+                if self.executor.implicit:
+                    self.extended.end_portals()
+                await self._end_implicit(not self.extended.skipping)
                 self.extended.sync()
                 self._ready()
             elif kind == b"F":
                 self._error(SQLSTATE.FEATURE_NOT_SUPPORTED, "the FunctionCall message is not supported by dpproxy")
+                await self._end_implicit(False)
                 self._ready()
             elif kind in (b"P", b"B", b"D", b"E", b"C", b"H"):
+                failed_before = self.extended.skipping
                 await self.extended.handle(kind, payload)
+                if self.extended.skipping and not failed_before:
+                    # As PostgreSQL: the error goes out at once (with the replies before it), not
+                    # at the Sync, so a client that waits for each reply without sending Sync or
+                    # Flush learns that the rest of its pipeline will be ignored.
+                    self._flush()
                 await self._flush_if_large()
             elif kind == b"X":
                 self._terminated = True
@@ -623,47 +637,45 @@ class Session:
             client_encoding.set(encoding_named(current.get("client_encoding")))
         self._out.append(protocol.ready_for_query(self.executor.transaction_status()))
 
-    async def _simple_query(self, sql: str) -> None:
+    async def _simple_query(self, sql: str) -> bool:
+        """Run a Query message's statements; False if one failed (those after it did not run).
+        The session then ends the implicit transaction they ran in, if any (``_end_implicit``)."""
         assert self.executor is not None
         try:
             statements = await self.executor.split(sql)
         except Refusal as exc:
             self._error(exc.sqlstate, exc.message, exc.hint)
-            return
+            return False
         if not statements:
             self._out.append(protocol.empty_query_response())
-            return
-        # As in PostgreSQL, several statements in one Query run in one implicit transaction.
-        implicit = len(statements) > 1 and self.executor.transaction_status() == b"I"
-        if implicit:
+            return True
+        # As in PostgreSQL, several statements in one Query run in one implicit transaction
+        # (an extended-protocol pipeline before it may have opened it already).
+        if len(statements) > 1 and self.executor.transaction_status() == b"I":
             try:
-                await self.executor.backend.execute("BEGIN")
+                await self.executor.begin_implicit()
             except BackendLost:
                 raise
             except BackendError as exc:  # no connection came (53300, or a cancel while waiting: 57014)
                 self._error(exc.sqlstate, exc.message, exc.hint, exc.detail)
-                return
-            self.executor.settings.implicit_block(None)
-        ok = True
+                return False
         for statement in statements:
-            ends = _ends_transaction(statement)
-            if implicit and _begins_transaction(statement):
-                implicit = False  # BEGIN turns the implicit block into a regular one
-                self._out.append(protocol.command_complete("BEGIN"))
-                continue
             ok = await self._run_simple(statement)
             await self._flush_if_large()
-            if ends:
-                implicit = False
             if not ok:
-                break
-        if implicit:
-            await self.executor.backend.execute("COMMIT" if ok else "ROLLBACK")
-            self.executor.settings.implicit_block(ok)
-            self.executor.cursors.transaction_ended(ok)
-            self.executor.backend.pinned = self.executor.cursors.pins_backend
-            if not ok:
-                self.executor.generation += 1  # the rollback undid any SET in the block
+                return False
+        return True
+
+    async def _end_implicit(self, committed: bool) -> None:
+        """End the implicit transaction open, if any (executor.end_implicit): at the end of a
+        simple Query, and at Sync (rolled back if an error came since the last one)."""
+        assert self.executor is not None
+        try:
+            await self.executor.end_implicit(committed)
+        except BackendLost:
+            raise
+        except BackendError as exc:  # the COMMIT failed: the client is told, as PostgreSQL tells it
+            self._error(exc.sqlstate, exc.message, exc.hint, exc.detail)
 
     async def _run_simple(self, statement: Statement) -> bool:
         assert self.executor is not None
@@ -728,16 +740,6 @@ class Session:
 def _application_name(value: str) -> str:
     """application_name as PostgreSQL stores it: printable ASCII only, at most 63 bytes."""
     return "".join(c if 32 <= ord(c) <= 126 else "?" for c in value)[:63]
-
-
-def _begins_transaction(statement: Statement) -> bool:
-    return statement.kind == "TransactionStmt" and statement.node.get("kind") in ("TRANS_STMT_BEGIN", "TRANS_STMT_START")
-
-
-def _ends_transaction(statement: Statement) -> bool:
-    return statement.kind == "TransactionStmt" and statement.node.get("kind") in (
-        "TRANS_STMT_COMMIT", "TRANS_STMT_ROLLBACK"
-    )
 
 
 def _peer(writer: asyncio.StreamWriter) -> str:

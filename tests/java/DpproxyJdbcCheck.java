@@ -37,6 +37,7 @@ public final class DpproxyJdbcCheck {
             transaction(conn);
             fetchSize(conn);
             refusal(conn);
+            failedBatch(conn);
         }
         System.out.println("DONE ok");
     }
@@ -133,6 +134,30 @@ public final class DpproxyJdbcCheck {
         conn.commit();
         conn.setAutoCommit(true);
         System.out.println("FETCHED " + rows + " " + sum);
+    }
+
+    /** A batch (autocommit: every statement, then one Sync) whose last statement fails: as on
+     *  PostgreSQL, the SET before it is rolled back with it. */
+    private static void failedBatch(Connection conn) throws SQLException {
+        String before = show(conn, "TimeZone");
+        try (Statement st = conn.createStatement()) {
+            st.addBatch("SET TimeZone = 'Asia/Tokyo'");
+            st.addBatch("SET DateStyle = 'German'");
+            st.addBatch("SET TimeZone = 'no such zone'");
+            st.executeBatch();
+            System.out.println("BATCH_FAILED none");
+        } catch (SQLException e) {
+            SQLException cause = e.getNextException() != null ? e.getNextException() : e;
+            System.out.println("BATCH_FAILED " + cause.getSQLState());
+        }
+        System.out.println("BATCH_UNDONE " + before.equals(show(conn, "TimeZone")) + " " + show(conn, "DateStyle"));
+    }
+
+    private static String show(Connection conn, String setting) throws SQLException {
+        try (Statement st = conn.createStatement(); ResultSet rs = st.executeQuery("SHOW " + setting)) {
+            rs.next();
+            return rs.getString(1);
+        }
     }
 
     private static void refusal(Connection conn) throws SQLException {
