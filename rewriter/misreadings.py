@@ -47,6 +47,31 @@ the bitwise AND of two columns. Where a level has both (``SELECT U&"e" FROM (SEL
 sum(age) AS "e" ...)``) it was answered with ``u & e`` where PostgreSQL answers the column ``e``;
 elsewhere it failed with another error than PostgreSQL's answer. Found by the scanner and refused.
 
+A prefix operator but ``-`` and ``+`` (found by the round-trip check, tests/round_trip.py): sqlglot
+reads ``@ x``, PostgreSQL's absolute value, as the parameter ``$x`` (``age = @ 42`` ran as ``age =
+$42``, bound to the analyst's 42nd parameter where there is one, else failing after the plan was
+made; ``@ 1e1`` as ``$1 AS e1``, no SQL at all), and ``-mod(a, b)`` as ``-a % b``, which PostgreSQL
+reads as ``(-a) % b`` (``-mod('5', 2)`` fails there, 42725, where PostgreSQL answers). Refused but
+``-`` before anything else and ``+`` (:func:`refuse_unary_plus`); so is an operator PostgreSQL's
+scanner ends with ``@`` (``i>=@5`` is the operator ``>=@``, which PostgreSQL does not have; sqlglot
+read ``i >= $5``). (``!! b``, which sqlglot reads as ``NOT NOT b``, is refused as an
+``undefined-operator`` before, in rewriter/classify.py.)
+
+An IN list whose values are of more than one written type (found by the round-trip check): dpproxy
+writes ``x IN (a, b)`` as ``x = a OR x = b``, and PostgreSQL resolves each ``=`` on its own there, but
+the list to one common type first: ``v IN ('ab'::char(3), 'a'::text)`` compares ``v`` as text (where
+``'ab '`` is not ``'ab'``), its ``v = 'ab'::char(3)`` as char (where it is). Refused when the list mixes
+typed values of different types or typed and untyped strings; numbers, whose common type keeps
+their values, and a list of one type are answered.
+
+``round(x, n)`` of a value of no known number type (found by the round-trip check): PostgreSQL has
+``round(numeric, integer)`` only, so ``round(ceil('4.5'), 1)`` (``ceil`` of an untyped string is
+double precision), ``round(2 ^ 3, 1)`` or ``round(date_part('day', now()), 1)`` fails (42883, whatever
+the rows); sqlglot writes ``ROUND(CAST(x AS DECIMAL), n)`` and dpproxy answered. Of a constant, ``x``
+must be built from number literals, casts to an integer or numeric type, ``+ - * / %`` and ``abs``,
+``ceil``, ``floor``, ``round``, ``trunc``, ``mod`` of those (each numeric to PostgreSQL), or be cast:
+``round(CAST(x AS numeric), n)``. (Of a released aggregate, post-processing, it is not judged here.)
+
 ``CURRENT_TIMESTAMP(n)``: sqlglot keeps the precision but writes the call back as
 ``CURRENT_TIMESTAMP``, so ``ts > CURRENT_TIMESTAMP(0)`` was answered as ``ts > CURRENT_TIMESTAMP``,
 which selects other rows whenever the clock is not on a whole second.
@@ -69,8 +94,9 @@ from policies.tables import Relation
 from .function_check import nodes_of
 from .types import BOOL
 
-__all__ = ["refuse_constant_positions", "refuse_dropped_precision", "refuse_is_unknown", "refuse_misread_tokens",
-           "refuse_typed_literal_casts", "refuse_unary_plus"]
+__all__ = ["refuse_constant_positions", "refuse_dropped_precision", "refuse_in_list_types", "refuse_is_unknown",
+           "refuse_misread_tokens", "refuse_prefix_operators", "refuse_round_casts", "refuse_typed_literal_casts",
+           "refuse_unary_plus"]
 
 _NOT_DECIMAL = re.compile(r"0[xXoObB]|.*_")
 
@@ -412,3 +438,133 @@ def refuse_typed_literal_casts(sql: str, node: dict[str, Any], relation: Relatio
 def _name_of(cast: dict[str, Any]) -> str:
     """The type name of a TypeCast (pglast JSON), without its schema."""
     return str(cast["typeName"]["names"][-1]["String"]["sval"])
+
+
+# Operators ending in @ that sqlglot reads as PostgreSQL does (containment, text search match)
+_AT_OPERATORS = frozenset({"<@", "@@"})
+
+
+def refuse_prefix_operators(sql: str, node: dict[str, Any], relation: Relation) -> None:
+    """Refuse (0A000, rule ``prefix-operator``) a prefix operator of ``sql`` (``node``: its pglast JSON)
+    other than ``-`` and ``+`` (``@ x``, ``~ x``, ``|/ x``), an operator ending in ``@`` but ``<@`` and
+    ``@@`` (PostgreSQL's scanner reads ``i>=@5`` as the operator ``>=@``, which it does not have;
+    sqlglot as ``i >= $5``), and a ``-`` directly before ``mod(...)``: sqlglot reads ``@ x`` as the
+    parameter ``$x`` and ``-mod(a, b)`` as ``(-a) % b``. ``-(mod(a, b))``,
+    whose parentheses sqlglot keeps, is answered (the tree has no parentheses: the token after the
+    ``-`` tells)."""
+    minus_mods = []
+    for expression in nodes_of(node, "A_Expr"):
+        symbol = expression["name"][-1]["String"]["sval"] if isinstance(expression.get("name"), list) else ""
+        if len(symbol) > 1 and symbol.endswith("@") and symbol not in _AT_OPERATORS:
+            _refuse_prefix(f"the operator {symbol}", relation)
+        if expression.get("kind") != "AEXPR_OP" or "lexpr" in expression:
+            continue
+        call = expression.get("rexpr", {}).get("FuncCall", {})
+        if symbol == "-" and [part["String"]["sval"] for part in call.get("funcname", [])][-1:] == ["mod"]:
+            minus_mods.append(expression.get("location", -1))
+        elif symbol not in ("-", "+"):
+            _refuse_prefix(f"the prefix operator {symbol}", relation)
+    if minus_mods:
+        tokens = _tokens(sql)
+        if any(token.start in minus_mods and after.name != "ASCII_40" for token, after in zip(tokens, tokens[1:])):
+            _refuse_prefix("-mod(...)", relation)
+
+
+def _refuse_prefix(written: str, relation: Relation) -> None:
+    raise Refusal(
+        SQLSTATE.FEATURE_NOT_SUPPORTED,
+        f"{written} is not supported on protected table {relation.display_name} (rule: prefix-operator)",
+        "dpproxy's DP planner reads @ x as the parameter $x and -mod(a, b) as (-a) % b; write abs(x) or "
+        "-(mod(a, b)), or compute the value outside the statement.",
+        "prefix-operator",
+    )
+
+
+def refuse_in_list_types(node: dict[str, Any], relation: Relation) -> None:
+    """Refuse (0A000, rule ``in-list-types``) an IN list of ``node`` (pglast JSON) whose values are not
+    of one written type: typed values of different types, or typed values beside untyped strings.
+    dpproxy writes the list as ``x = a OR x = b``, each ``=`` resolved alone, where PostgreSQL compares
+    with every value in their common type."""
+    for expression in nodes_of(node, "A_Expr"):
+        if expression.get("kind") != "AEXPR_IN" or "List" not in expression.get("rexpr", {}):
+            continue
+        types = {written for item in expression["rexpr"]["List"].get("items", [])
+                 if (written := _written_type(item)) is not None}
+        if len(types) > 1:
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                f"an IN list of values of more than one type ({', '.join(sorted(types))}) is not supported on "
+                f"protected table {relation.display_name} (rule: in-list-types)",
+                "PostgreSQL compares x IN (a, b) in the values' common type, dpproxy as x = a OR x = b, each in its "
+                "own; give every value one type (x IN ('a', 'b'), or cast each the same), or write x = a OR x = b.",
+                "in-list-types",
+            )
+
+
+def _written_type(item: dict[str, Any]) -> str | None:
+    """The type an IN list's value is written with: a cast's type name, ``unknown`` for an untyped
+    string, None for anything else (a number, an expression), whose common type is left alone."""
+    if "TypeCast" in item:
+        return _name_of(item["TypeCast"])
+    if "sval" in item.get("A_Const", {}):
+        return "unknown"
+    return None
+
+
+# Types and functions of which a constant is a number to PostgreSQL, never double precision
+_EXACT_TYPES = frozenset({"numeric", "int2", "int4", "int8"})
+_EXACT_FUNCTIONS = frozenset({"abs", "ceil", "ceiling", "floor", "round", "trunc", "mod"})
+_ARITHMETIC = frozenset({"+", "-", "*", "/", "%"})
+
+
+def refuse_round_casts(node: dict[str, Any], relation: Relation) -> None:
+    """Refuse (0A000, rule ``round-cast``) ``round(x, n)`` in ``node`` (pglast JSON) of a constant ``x``
+    that may be double precision to PostgreSQL (:func:`_exact`), which has no ``round(double precision,
+    integer)`` and fails, where sqlglot writes ``ROUND(CAST(x AS DECIMAL), n)``. An ``x`` that reads a
+    column or an aggregate is left alone (:func:`_reads_rows`: a released aggregate's post-processing)."""
+    for call in nodes_of(node, "FuncCall"):
+        arguments = call.get("args", [])
+        if (call["funcname"][-1]["String"]["sval"] == "round" and len(arguments) == 2
+                and not _reads_rows(arguments[0]) and not _exact(arguments[0])):
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                f"round(x, n) of a value that may be double precision is not supported on protected table "
+                f"{relation.display_name} (rule: round-cast)",
+                "PostgreSQL has round(numeric, integer) only, and fails round of a double precision; dpproxy's DP "
+                "planner casts it to numeric first. Cast it yourself: round(CAST(x AS numeric), n).",
+                "round-cast",
+            )
+
+
+# The aggregates dpproxy releases: round() of one is post-processing, left to its own checks
+_RELEASED = frozenset({"count", "sum", "avg", "min", "max", "mode", "percentile_cont", "percentile_disc", "stddev",
+                       "stddev_samp", "stddev_pop", "variance", "var_samp", "var_pop"})
+
+
+def _reads_rows(item: dict[str, Any]) -> bool:
+    """Whether ``item`` (pglast JSON) reads a column or calls an aggregate (``count(*)``, ``avg(x)``)."""
+    return bool(nodes_of(item, "ColumnRef")) or any(
+        call["funcname"][-1]["String"]["sval"] in _RELEASED for call in nodes_of(item, "FuncCall"))
+
+
+def _exact(item: dict[str, Any], argument: bool = False) -> bool:
+    """Whether ``item`` (pglast JSON) is a number PostgreSQL types integer or numeric: a number
+    literal, a cast to one of :data:`_EXACT_TYPES`, ``+ - * / %`` of such, or a function of
+    :data:`_EXACT_FUNCTIONS` of such; a parameter or an untyped string too, which takes the type of
+    what it meets (``round('4.5', 1)`` is round of a numeric), but not as a function's ``argument``
+    (``ceil('4.5')`` is ceil of a double precision)."""
+    if "A_Const" in item:
+        return bool({"ival", "fval"} & item["A_Const"].keys()) or ("sval" in item["A_Const"] and not argument)
+    if "ParamRef" in item:
+        return not argument
+    if "TypeCast" in item:
+        return _name_of(item["TypeCast"]) in _EXACT_TYPES
+    if "A_Expr" in item:
+        expression = item["A_Expr"]
+        return (expression.get("kind") == "AEXPR_OP" and expression["name"][-1]["String"]["sval"] in _ARITHMETIC
+                and all(_exact(side) for side in (expression.get("lexpr"), expression.get("rexpr")) if side is not None))
+    if "FuncCall" in item:
+        call = item["FuncCall"]
+        return (call["funcname"][-1]["String"]["sval"] in _EXACT_FUNCTIONS
+                and all(_exact(part, argument=True) for part in call.get("args", [])))
+    return False
