@@ -26,9 +26,7 @@ from .copy import CopyOptions, copy_query
 from .cursors import CursorOptions, Fetch, declare_query, declare_sql, fetch_of
 from .function_check import catalog_function_refusal, check_functions, inexact_floats, unsafe_client_encoding
 from .dp_query import AggregateQuery, asks_for_no_row, plan_aggregate_query
-from .misreadings import (refuse_constant_positions, refuse_dropped_precision, refuse_in_list_types, refuse_is_unknown,
-                          refuse_misread_tokens, refuse_prefix_operators, refuse_round_casts, refuse_typed_literal_casts,
-                          refuse_unary_plus)
+from .misreadings import refuse_misreadings
 from .neutralise import empty_relations, neutralise_pg_class, neutralise_pg_database
 from .partitioned_reads import refuse_partitioned_read
 from .qualify import qualify
@@ -517,15 +515,7 @@ def _protected(statement: Statement, protected: list[Relation], registry: TableR
     refuse_partitioned_read(statement.node, relation)
     refs = statement.references
     _refuse_misread_operators(refs.operators, relation)
-    refuse_misread_tokens(statement.text, relation)
-    refuse_is_unknown(statement.node, relation)
-    refuse_dropped_precision(statement.node, relation)
-    refuse_constant_positions(statement.node, relation)
-    refuse_unary_plus(statement.node, relation)
-    refuse_prefix_operators(statement.text, statement.node, relation)
-    refuse_in_list_types(statement.node, relation)
-    refuse_round_casts(statement.node, relation)
-    refuse_typed_literal_casts(statement.text, statement.node, relation)
+    refuse_misreadings(statement.text, statement.node, relation)
     if len(refs.relations) > 1 and ranks_series(statement.node) and len(protected) == len(refs.relations) and all(
         other.oid == relation.oid for other in protected
     ):

@@ -95,8 +95,8 @@ from .function_check import nodes_of
 from .types import BOOL
 
 __all__ = ["refuse_constant_positions", "refuse_dropped_precision", "refuse_in_list_types", "refuse_is_unknown",
-           "refuse_misread_tokens", "refuse_prefix_operators", "refuse_round_casts", "refuse_typed_literal_casts",
-           "refuse_unary_plus"]
+           "refuse_misread_tokens", "refuse_misreadings", "refuse_prefix_operators", "refuse_round_casts",
+           "refuse_typed_literal_casts", "refuse_unary_plus"]
 
 _NOT_DECIMAL = re.compile(r"0[xXoObB]|.*_")
 
@@ -224,6 +224,21 @@ def _misread_interval(sql: str, tokens: list[Any], index: int) -> int | None:
         if tokens[end + 1].name not in _STRINGS:
             return None
         at = end + 1
+
+
+def refuse_misreadings(sql: str, node: dict[str, Any], relation: Relation) -> None:
+    """Refuse (0A000, before any charge) every form of ``sql`` (``node``: its pglast JSON), a
+    statement on protected ``relation``, that sqlglot reads otherwise than PostgreSQL: each rule of
+    this module in turn, the first that finds one deciding the message. A new rule is added here."""
+    refuse_misread_tokens(sql, relation)
+    refuse_is_unknown(node, relation)
+    refuse_dropped_precision(node, relation)
+    refuse_constant_positions(node, relation)
+    refuse_unary_plus(node, relation)
+    refuse_prefix_operators(sql, node, relation)
+    refuse_in_list_types(node, relation)
+    refuse_round_casts(node, relation)
+    refuse_typed_literal_casts(sql, node, relation)
 
 
 def refuse_misread_tokens(sql: str, relation: Relation) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-import rewriter.classify
+import rewriter.misreadings
 from tests.conftest import TEST_POLICY, TestDatabase, make_policy, policy_registry
 from tests.expression_generator import aggregate_statements, statements
 from tests.round_trip import TABLE_DDL, TABLE_POLICY, RoundTrip, rows_sql
@@ -62,6 +62,6 @@ def test_the_check_reports_a_known_misreading_when_its_refusal_is_switched_off(
         round_trip: RoundTrip, monkeypatch: pytest.MonkeyPatch, guard: str) -> None:
     # The check cannot pass vacuously: with one misreading's refusal off, the same generated
     # statements give mismatches (+interval '1 day' answered as interval '1 day'; @ 42 as $42; ...).
-    monkeypatch.setattr(rewriter.classify, guard, lambda *args: None)
+    monkeypatch.setattr(rewriter.misreadings, guard, lambda *args: None)
     checked = round_trip.conditions(statements(random.Random(SEED), CASES), first=True)
     assert checked.mismatches, (guard, checked)
