@@ -35,6 +35,7 @@ statements tests/test_bi_statements.py replays without Superset).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -1086,6 +1087,14 @@ def test_superset_row_level_chart_is_refused(stack: Stack, physical_dataset: int
     assert refused and {r.outcome for r in refused} == {"DP001"}, refused
 
 
+def _without_time_shift_race(sql: str) -> str:
+    """``sql`` with the legacy charts' time bounds at midnight. Superset's legacy API subtracts
+    ``time_shift`` (empty: parsed as ``now() - now()`` by ``parse_human_timedelta``, which reads the
+    clock twice), so a request that straddles a second boundary shifts both bounds by one second
+    (``00:00:01``; seen once in CI). Same statement to dpproxy; not a new one to record."""
+    return re.sub(r"(TO_TIMESTAMP\('\d{4}-\d\d-\d\d )00:00:01(\.000000')", r"\g<1>00:00:00\2", sql)
+
+
 def test_superset_statements_are_all_in_the_recorded_file(stack: Stack):
     """Every statement Superset sent in this run is in tests/data/superset-statements.md, with the
     same outcome: the replay (tests/test_bi_statements.py) covers what Superset really sends."""
@@ -1093,7 +1102,8 @@ def test_superset_statements_are_all_in_the_recorded_file(stack: Stack):
 
     recorded = {(r.protocol, normalise(r.sql)): r.outcome for r in load_recorded(RECORD_FILE)}
     missing = [(r.protocol, r.sql, r.outcome) for r in stack.relay.statements()
-               if recorded.get((r.protocol, normalise(r.sql, stack.people_oid))) != r.outcome]
+               if recorded.get((r.protocol, normalise(_without_time_shift_race(r.sql), stack.people_oid)))
+               != r.outcome]
     assert not missing, ("outcome not as recorded in tests/data/superset-statements.md (a statement Superset "
                          "newly sends: re-record with DPPROXY_RECORD_SUPERSET=1; a recorded one: dpproxy does not "
                          "answer or refuse it as issue 18 requires): " + repr(missing[:5]))
