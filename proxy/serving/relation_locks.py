@@ -96,11 +96,11 @@ def lock_step_sql(sql: str) -> str:
     CAST(5000000000 AS int)))``: 22003, whatever the rows) would fail the run, whose charge
     stands, not the step. It selected the whole row of ``sql`` as a subquery before (``SELECT
     locked FROM (sql) AS locked LIMIT 0``), which plans the same columns with one query level
-    more: ~17 % more of the backend's instructions for the step (benchmarks/profile.md, "Each
+    more: 10–25 % more of the backend's instructions for the step (benchmarks/profile.md, "Each
     aggregate kind's added time, in parts").
 
-    ``sql`` is a backend SQL (:func:`rewriter.rewrite.backend_sql`): a SELECT with no LIMIT,
-    OFFSET or FETCH at its top level, which ``LIMIT 0`` could not follow."""
+    ``sql`` is a backend SQL (:func:`rewriter.rewrite.backend_sql`): a SELECT with no LIMIT or
+    FETCH of its own at its top level, which a second LIMIT could not follow."""
     return f"{LOCK_STEP_MARK}{sql} LIMIT 0"
 
 
