@@ -275,8 +275,10 @@ def test_dpproxy_settings_over_the_extended_protocol_need_no_backend_connection(
             assert b"E" not in [kind for kind, _ in replies]
             assert [data_row_values(body) for kind, body in replies if kind == b"D"] == [[b"0.5"], [b"0.25"]]
             assert replies[-1] == (b"Z", b"I")
-            replies = _extended(wire, "SHOW dpproxy.epsilon", "RESET dpproxy.epsilon", "SHOW dpproxy.epsilon")
-            assert [data_row_values(body) for kind, body in replies if kind == b"D"] == [[b"0.5"], [b"default"]]
+            replies = _extended(wire, "SHOW dpproxy.epsilon", "RESET dpproxy.epsilon", "SHOW dpproxy.epsilon",
+                                "SHOW dpproxy.budget")
+            rows = [data_row_values(body) for kind, body in replies if kind == b"D"]
+            assert rows[:2] == [[b"0.5"], [b"default"]] and rows[2][0] == b"plain" and len(rows) == 3
             # Rolled back with the pipeline, still without the backend: the error is dpproxy's own.
             replies = _extended(wire, "SET dpproxy.epsilon = 0.5", "SET dpproxy.epsilon = -1")
             assert [error_fields(body)[b"C"] for kind, body in replies if kind == b"E"] == [b"22023"]
