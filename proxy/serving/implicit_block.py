@@ -1,4 +1,5 @@
-"""Which statements an extended-protocol pipeline's implicit transaction would undo or bound.
+"""Which statements an implicit transaction (a pipeline's, a query string's) would undo or bound,
+and which it refuses or warns of.
 
 In PostgreSQL the extended-protocol messages up to a Sync run in one implicit transaction:
 an error before the Sync rolls back everything since the last one, a ``SET`` included
@@ -6,8 +7,10 @@ an error before the Sync rolls back everything since the last one, a ``SET`` inc
 ``SET LOCAL`` lasts until the Sync. dpproxy's backend sessions are read-only, so a session's
 settings (backend ones and ``dpproxy.*``) are all such a transaction could change: the
 executor opens the implicit transaction on the backend just before the first statement of a
-pipeline that sets one, and it ends at the Sync (or a simple Query), committed, or rolled
-back if the pipeline failed. A pipeline of reads alone opens none, and costs no round trip more.
+pipeline that sets one (or declares a cursor WITH HOLD, which only a commit keeps), in dpproxy
+alone while only ``dpproxy.*`` is set, and it ends at the Sync (or a simple Query), committed,
+or rolled back if the pipeline failed. A pipeline of reads alone opens none, and costs no round
+trip more.
 
 PostgreSQL's implicit transaction is not a transaction block, and dpproxy's is one on the
 backend (a BEGIN): what PostgreSQL refuses or warns of outside a block is refused or warned of
