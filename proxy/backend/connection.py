@@ -884,6 +884,12 @@ class BackendSession:
         if stream is None or not stream.open:
             return
         if stream.abandoned:
+            if stream.status == b"I":
+                # Its statement runs in a transaction of its own (no block, no pipeline's): it is
+                # cancelled, as PostgreSQL drops a closed portal's, rather than run to its end
+                # for nothing, which held the session's next request seconds or up to the
+                # statement timeout. Inside a block the cancel would fail the block: read on.
+                await self.cancel()
             await stream.discard()
             return
         # One session holds HELD_RESULT_BYTES at most, over all its suspended portals.

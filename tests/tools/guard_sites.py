@@ -91,6 +91,7 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "settings": ("tests/test_epsilon_setting_transactions.py", "tests/test_session_statements.py"),
     "variance": ("tests/test_variance.py",),
     "post-values": ("tests/test_post_processing_values.py",),
+    "implicit": ("tests/test_implicit_transaction_rules.py",),
 }
 
 _TIMEOUTS = ("tests/test_attack_workers.py::test_the_backends_idle_in_transaction_timeout_cannot_be_set",
@@ -626,4 +627,9 @@ SITES: tuple[Site, ...] = (
     Site("misread.round-cast", "rewriter/misreadings.py",
          "and not _reads_rows(arguments[0]) and not _exact(arguments[0])):", "and False):", "misreadings"),
     _off("misread.in-list-types", "rewriter/misreadings.py", "len(types) > 1", "misreadings"),
+    # ------------------------------------------------------------------ proxy/serving/implicit_block.py
+    Site("implicit.no-block-statements", "proxy/serving/executor.py",
+         "refusal = refused_in_implicit(plan.statement, decision, self._pipeline_block)", "refusal = None", "implicit"),
+    Site("implicit.held-cursor-rolled-back", "proxy/serving/implicit_block.py",
+         "return isinstance(decision, DeclareCursor) and decision.options.hold", "return False", "implicit"),
 )
