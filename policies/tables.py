@@ -134,6 +134,7 @@ class Relation:
     partition_key: Literal["row", "ctid", "random"] = "random"
     hashed_columns: tuple[str, ...] = ()
     sort_memory_kb: int = 0
+    sort_memory_tree: bool = False
 
     @property
     def access(self) -> Access:

@@ -1122,7 +1122,8 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
         )
         names[target.oid] = name
     bounds = await _sort_memory(session, [oid for oid, relation in relations.items() if relation.access == "protected"])
-    relations = {oid: replace(relation, sort_memory_kb=bounds.get(oid, 0)) for oid, relation in relations.items()}
+    relations = {oid: replace(relation, sort_memory_kb=bounds[oid][0], sort_memory_tree=bounds[oid][1]) if oid in bounds
+                 else relation for oid, relation in relations.items()}
     problems += await public_reads_protected(session, relations, names)
     problems += await unreadable_protected(session, relations, names)
     problems += await failing_protected(session, relations, names)
@@ -1215,13 +1216,16 @@ async def _equal_labels(session: BackendSession, table: str, relation: int, colu
             "declare one of them" for first, second in pairs]
 
 
-async def _sort_memory(session: BackendSession, oids: list[int]) -> dict[int, int]:
-    """Each relation's ``Relation.sort_memory_kb``, as its size is now (rewriter/sort_memory.py)."""
+async def _sort_memory(session: BackendSession, oids: list[int]) -> dict[int, tuple[int, bool]]:
+    """Each relation's ``Relation.sort_memory_kb`` as its size is now, and whether it has partitions
+    or inheritance children (``sort_memory_tree``) (rewriter/sort_memory.py)."""
     if not oids:
         return {}
-    bounds = ", ".join(f"CAST({sort_memory_kb_sql(oid)} AS pg_catalog.int8)" for oid in oids)
-    (values,) = await session.fetch_row(f"SELECT ARRAY[{bounds}]")
-    return dict(zip(oids, (int(value) for value in values)))
+    rows = await session.fetch_all(
+        f"SELECT c.oid, {sort_memory_kb_sql('CAST(c.oid AS pg_catalog.regclass)')}, "
+        "c.relkind OPERATOR(pg_catalog.=) 'p' OR c.relhassubclass "
+        "FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])", [oids])
+    return {int(oid): (int(kb), bool(tree)) for oid, kb, tree in rows}
 
 
 async def _row_stores(session: BackendSession, oids: list[int]) -> dict[int, bool]:
