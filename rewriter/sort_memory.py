@@ -50,7 +50,7 @@ from .rewrite import sorts_rows
 
 __all__ = ["MIN_ROW_BYTES", "ROW_BYTES", "SLACK_BYTES", "MemorySteps", "memory_steps", "sort_memory_kb_sql",
            "sort_memory_refusal",
-           "within_sort_memory"]
+           "within_sort_memory", "work_mem_setting"]
 
 ROW_BYTES = 256
 """The memory, as PostgreSQL counts it against ``work_mem``, one row may take in one sort or hash
@@ -80,6 +80,14 @@ def sort_memory_kb_sql(oid: int | str, descendants: bool = True) -> str:
     return f"LEAST({_MAX_WORK_MEM_KB}, (({rows}) * {ROW_BYTES} + 1023) / 1024)"
 
 
+def work_mem_setting(oid: int | str, ceiling_mb: int, descendants: bool) -> str:
+    """The statement that sets ``work_mem``, for the transaction, to relation ``oid``'s bound (as
+    :func:`sort_memory_kb_sql`) and at least ``ceiling_mb``."""
+    bound = sort_memory_kb_sql(oid, descendants)
+    value = f"CAST(GREATEST({ceiling_mb * 1024}, {bound}) AS pg_catalog.text) OPERATOR(pg_catalog.||) 'kB'"
+    return f"SELECT pg_catalog.set_config('work_mem', {value}, true)"
+
+
 class MemorySteps(NamedTuple):
     """The statements that set a DP statement's ``work_mem`` before it and give the block's back
     after it (None: nothing to give back, the setting ends with the implicit transaction)."""
@@ -99,10 +107,7 @@ def memory_steps(plan: AggregateQuery, in_block: bool) -> MemorySteps | None:
     table = plan.table
     if table.policy.answer_quantum_ms or not sorts_rows(plan):
         return None  # a quantum hides the step (docs/threat-model.md), and PostgreSQL's own setting holds
-    ceiling_kb = table.policy.max_sort_memory_mb * 1024
-    bound = sort_memory_kb_sql(table.oid, table.sort_memory_tree)
-    value = f"CAST(GREATEST({ceiling_kb}, {bound}) AS pg_catalog.text) OPERATOR(pg_catalog.||) 'kB'"
-    setting = f"SELECT pg_catalog.set_config('work_mem', {value}, true)"
+    setting = work_mem_setting(table.oid, table.policy.max_sort_memory_mb, table.sort_memory_tree)
     if not in_block:
         return MemorySteps(setting, None)
     saved = f"SELECT pg_catalog.set_config('{_SAVED}', pg_catalog.current_setting('work_mem'), true) AS saved"
