@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import TEST_DATABASE, RunningProxy, refused_uncharged, spent_epsilon
+from conftest import ATTACK_POLICY_HEAD, TEST_DATABASE, RunningProxy, refused_uncharged, spent_epsilon
 from own_postgres import OwnServer, own_postgres
 
 from policies.loader import parse_policy
@@ -28,14 +28,7 @@ from proxy.demo.embedded import SERVICE_ROLE
 
 ROWS = 20_000
 
-POLICY = """
-backend: {{dsn: "{dsn}", statement_timeout_ms: 20000}}
-listen: {{host: 127.0.0.1, port: 0}}
-ledger: {{url: "sqlite:///{ledger}"}}
-repeats: {{enabled: false}}
-users:
-  analyst: {{password: analyst, budget: {{epsilon: 1000000, delta: 0.9}}}}
-tables:
+POLICY = ATTACK_POLICY_HEAD + """\
   public.events:
     access: protected
     epsilon: 1.0
