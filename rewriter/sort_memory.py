@@ -13,16 +13,17 @@ relation can hold, and one page more, may take.
 **The bound.** A heap row takes at least 28 bytes of its page (its header, 23 bytes aligned to
 24, and its line pointer), so a relation of b bytes holds at most b / 28 rows (291 to an 8 kB
 page, what PostgreSQL allows). A row held by one sort or hash node took at most 147 bytes as
-PostgreSQL counts it against ``work_mem`` (``EXPLAIN (ANALYZE)``'s ``Memory``, PostgreSQL 15,
-1,000,000 workless rows: a sort 80–87 bytes a row, a hash aggregate of a group a row 147, with
-one or five aggregates); a value the row holds adds at most 2.5 times its bytes (a hash table of
-256-byte values: 612 bytes a row), and those bytes are the row's own in the page (a value read
-is stored in the row uncompressed, or it reads as NULL: rewriter/text_bounds.py), so they only
-lower the rows a page holds: ``ROW_BYTES`` = 256 a row covers both with a margin. The relation's
-bytes are the sum of ``pg_relation_size`` over it and its partitions or inheritance children,
-read by the statement's own step when it runs (so a table that grew since the policy was loaded
-is still covered), plus ``SLACK_BYTES``, a page of the largest block size, for the row a
-neighbouring table holds more. The setting is at least the table's ceiling
+PostgreSQL counts it against ``work_mem`` (``EXPLAIN (ANALYZE)``'s ``Memory``, PostgreSQL 15 and
+16, 200,000 rows: a sort 62–87 bytes a row, a hash aggregate of a group a row 105–147, with one
+aggregate or six; benchmarks/sort_memory_bound.py); a value the row holds adds at most 2.5 times
+its bytes (a hash table of 255-byte values: 608 bytes a row), and those bytes are the row's own in
+the page (a value read is stored in the row uncompressed, or it reads as NULL:
+rewriter/text_bounds.py), so they only lower the rows a page holds: ``ROW_BYTES`` = 256 a row
+covers both with a margin (the bound was 2.3 to 12.6 times what was taken). The relation's bytes
+are its ``pg_relation_size`` (and its partitions' and inheritance children's, where it had some
+when the policy was loaded), read by the statement's own step when it runs (so a table that grew
+since the load is still covered), plus ``SLACK_BYTES``, a page of the largest block size, for the
+row a neighbouring table holds more. The setting is at least the table's ceiling
 (``max_sort_memory_mb``): a sort takes the memory its rows need, never its ``work_mem``, so a
 setting above that need costs nothing, and the value a client in a transaction block could read
 (``SHOW work_mem``, restored right after the statement, :func:`memory_steps`) is the policy's.

@@ -14,6 +14,7 @@ would reach every other test's sorts on the shared one.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +26,9 @@ from own_postgres import OwnServer, own_postgres
 
 from policies.loader import parse_policy
 from proxy.demo.embedded import SERVICE_ROLE
+from rewriter.dp_query import AggregateQuery, plan_aggregate_query
+from rewriter.rewrite import backend_sql, partition_seed
+from rewriter.sort_memory import memory_steps
 
 ROWS = 20_000
 
@@ -141,10 +145,41 @@ def test_in_a_block_the_statement_sorts_in_memory_and_the_blocks_work_mem_is_giv
     assert found == []
 
 
-def test_count_and_sum_run_without_the_setting(proxy: RunningProxy, server: OwnServer) -> None:
-    """COUNT and SUM sort nothing: they are answered as before, with no step more."""
-    with proxy.connect() as conn:
-        assert conn.execute("SELECT COUNT(*), SUM(age) FROM events WHERE id <= 600").fetchall()
+NOT_SORTING = (
+    "SELECT COUNT(*) FROM events WHERE id <= 600",
+    "SELECT SUM(age) FROM events WHERE id <= 600",
+    "SELECT AVG(age) FROM events WHERE id <= 600",  # sum and count, the policy default
+    "SELECT VARIANCE(age) FROM events WHERE id <= 600",
+    "SELECT MODE() WITHIN GROUP (ORDER BY cat) FROM events WHERE id <= 600",
+    "SELECT COUNT(*), SUM(age) FROM events WHERE id <= 600",
+)
+
+
+def _plan(proxy: RunningProxy, sql: str) -> AggregateQuery:
+    (table,) = proxy.server.registry.by_oid.values()
+    return plan_aggregate_query(sql, table)
+
+
+@pytest.mark.parametrize("sql", NOT_SORTING)
+def test_a_statement_that_sorts_nothing_gets_no_setting_step(proxy: RunningProxy, sql: str) -> None:
+    """COUNT, SUM and the other plain aggregates run as before, with no step more (their speed), and
+    their backend SQL indeed neither sorts nor groups."""
+    plan = _plan(proxy, sql)
+    assert memory_steps(plan, in_block=False) is None
+    text = backend_sql(plan, seed=partition_seed())
+    assert not re.search(r"GROUP BY|ORDER BY|DISTINCT", text), text
+    with _connect(proxy) as conn:
+        assert conn.execute(sql).fetchall()
+
+
+@pytest.mark.parametrize("sql", SORTING)
+def test_every_statement_that_sorts_or_groups_gets_the_setting_step(proxy: RunningProxy, sql: str) -> None:
+    plan = _plan(proxy, sql.format(k=600))
+    assert re.search(r"GROUP BY|ORDER BY|DISTINCT", backend_sql(plan, seed=partition_seed()))
+    steps = memory_steps(plan, in_block=False)
+    assert steps is not None and steps.restore is None
+    in_block = memory_steps(plan, in_block=True)
+    assert in_block is not None and in_block.restore is not None
 
 
 def test_above_the_ceiling_the_sorting_statements_are_refused_uncharged(

@@ -91,6 +91,7 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "settings": ("tests/test_epsilon_setting_transactions.py", "tests/test_session_statements.py"),
     "variance": ("tests/test_variance.py",),
     "post-values": ("tests/test_post_processing_values.py",),
+    "sort-memory": ("tests/test_sort_memory.py",),
 }
 
 _TIMEOUTS = ("tests/test_attack_workers.py::test_the_backends_idle_in_transaction_timeout_cannot_be_set",
@@ -626,4 +627,12 @@ SITES: tuple[Site, ...] = (
     Site("misread.round-cast", "rewriter/misreadings.py",
          "and not _reads_rows(arguments[0]) and not _exact(arguments[0])):", "and False):", "misreadings"),
     _off("misread.in-list-types", "rewriter/misreadings.py", "len(types) > 1", "misreadings"),
+    # ------------------------------------------------------------------ rewriter/sort_memory.py
+    _off("sort.work-mem-step", "rewriter/sort_memory.py", "table.policy.answer_quantum_ms or not sorts_rows(plan)",
+         "sort-memory", "True"),
+    _off("sort.block-restore", "rewriter/sort_memory.py", "not in_block", "sort-memory", "True"),
+    _off("sort.ceiling", "rewriter/sort_memory.py",
+         "table.policy.answer_quantum_ms or not sorts_rows(plan) or not _over_ceiling(table)", "sort-memory", "True"),
+    _off("sort.sorts-rows", "rewriter/rewrite.py",
+         "query.groups or any(agg.distinct for agg in query.aggregates) or query_grid(query) is not None", "sort-memory"),
 )
