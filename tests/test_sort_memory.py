@@ -32,7 +32,8 @@ from rewriter.sort_memory import memory_steps
 
 ROWS = 20_000
 
-POLICY = ATTACK_POLICY_HEAD + """\
+# Repeats off: a statement asked again must run again, its setting step with it.
+POLICY = ATTACK_POLICY_HEAD.replace("repeats: {{enabled: true}}", "repeats: {{enabled: false}}") + """\
   public.events:
     access: protected
     epsilon: 1.0
