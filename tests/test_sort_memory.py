@@ -28,7 +28,8 @@ from policies.loader import parse_policy
 from proxy.demo.embedded import SERVICE_ROLE
 from rewriter.dp_query import AggregateQuery, plan_aggregate_query
 from rewriter.rewrite import backend_sql, partition_seed
-from rewriter.sort_memory import memory_steps
+from policies.tables import Relation
+from rewriter.sort_memory import MIN_ROW_BYTES, ROW_BYTES, SLACK_BYTES, memory_steps, sort_memory_kb_sql
 
 ROWS = 20_000
 
@@ -43,6 +44,12 @@ POLICY = ATTACK_POLICY_HEAD.replace("repeats: {{enabled: true}}", "repeats: {{en
       age: {{bounds: [0, 100]}}
       t: {{categories: [x]}}
       cat: {{categories: [a, b, c], group_by: true}}
+  public.parts:
+    access: protected
+    epsilon: 1.0
+    columns:
+      id: {{bounds: [0, {rows}]}}
+      t: {{categories: [x]}}
 """
 
 # Each construct whose backend SQL sorts or hashes the rows a filter reaches.
@@ -67,7 +74,12 @@ def server() -> Iterator[OwnServer]:
             conn.execute(f"INSERT INTO events SELECT i, i % 100, md5(i::text), "
                          f"CASE WHEN i % 4 = 0 THEN 'a' ELSE md5(i::text) END FROM generate_series(1, {ROWS}) i")
             conn.execute("VACUUM ANALYZE events")
-            conn.execute(f"GRANT SELECT ON events TO {SERVICE_ROLE}")
+            conn.execute("CREATE TABLE parts (id integer, t text) PARTITION BY RANGE (id)")
+            conn.execute("CREATE TABLE parts_low PARTITION OF parts FOR VALUES FROM (0) TO (10000)")
+            conn.execute("CREATE TABLE parts_high PARTITION OF parts FOR VALUES FROM (10000) TO (MAXVALUE)")
+            conn.execute(f"INSERT INTO parts SELECT i, md5(i::text) FROM generate_series(1, {ROWS}) i")
+            conn.execute("VACUUM ANALYZE parts")
+            conn.execute(f"GRANT SELECT ON events, parts, parts_low, parts_high TO {SERVICE_ROLE}")
             conn.execute(f"ALTER ROLE {SERVICE_ROLE} SET work_mem = '64kB'")
             conn.execute(f"ALTER ROLE {SERVICE_ROLE} SET log_temp_files = 0")
             conn.execute(f"ALTER ROLE {SERVICE_ROLE} SET log_min_error_statement = log")
@@ -156,9 +168,30 @@ NOT_SORTING = (
 )
 
 
+def _table(proxy: RunningProxy, name: str) -> Relation:
+    (table,) = (relation for relation in proxy.server.registry.by_oid.values() if relation.name == name)
+    return table
+
+
 def _plan(proxy: RunningProxy, sql: str) -> AggregateQuery:
-    (table,) = proxy.server.registry.by_oid.values()
-    return plan_aggregate_query(sql, table)
+    return plan_aggregate_query(sql, _table(proxy, "events"))
+
+
+def test_the_bound_of_a_partitioned_table_counts_its_partitions_pages(proxy: RunningProxy, server: OwnServer) -> None:
+    """A partitioned table has no pages of its own: its bound, at load and in each statement's step,
+    adds up its partitions'; a plain table's reads its own size alone (the cheaper step)."""
+    parts, events = _table(proxy, "parts"), _table(proxy, "events")
+    assert parts.sort_memory_tree and not events.sort_memory_tree
+    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+        (leaves,) = conn.execute("SELECT pg_relation_size('parts_low') + pg_relation_size('parts_high')").fetchone()
+        (stepped,) = conn.execute(f"SELECT {sort_memory_kb_sql(parts.oid, True)}").fetchone()
+        (own,) = conn.execute(f"SELECT {sort_memory_kb_sql(parts.oid, False)}").fetchone()
+    assert leaves > 1_000_000
+    covered = -(-((leaves + SLACK_BYTES) // MIN_ROW_BYTES + 1) * ROW_BYTES // 1024)
+    assert parts.sort_memory_kb == stepped == covered
+    assert own < covered // 10  # its own size: none
+    with _connect(proxy) as conn:
+        assert conn.execute("SELECT COUNT(DISTINCT t) FROM parts WHERE id <= 5000").fetchall()
 
 
 @pytest.mark.parametrize("sql", NOT_SORTING)
