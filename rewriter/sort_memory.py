@@ -141,8 +141,8 @@ def sort_memory_refusal(plan: AggregateQuery) -> Refusal | None:
         f"({table.policy.max_sort_memory_mb:,}) (rule: sort-memory)",
         "COUNT(DISTINCT), GROUP BY, percentiles and sample-and-aggregate AVG/MIN/MAX sort or hash every row a "
         "filter reaches, all in memory so that their time cannot tell a row's presence; an administrator can raise "
-        f"tables.{table.display_name}.max_sort_memory_mb to at least {needed_mb:,}, or set answer_quantum_ms on the "
-        "table, and reload. COUNT, SUM, sum-and-count AVG and MODE are answered. Nothing was charged.",
+        f"the table's max_sort_memory_mb in the policy to at least {needed_mb:,}, or set answer_quantum_ms on it, and "
+        "reload. COUNT, SUM, sum-and-count AVG and MODE are answered. Nothing was charged.",
         "sort-memory",
     )
 
