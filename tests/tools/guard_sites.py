@@ -92,6 +92,7 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "variance": ("tests/test_variance.py",),
     "post-values": ("tests/test_post_processing_values.py",),
     "implicit": ("tests/test_implicit_transaction_rules.py",),
+    "sort-memory": ("tests/test_sort_memory.py",),
 }
 
 _TIMEOUTS = ("tests/test_attack_workers.py::test_the_backends_idle_in_transaction_timeout_cannot_be_set",
@@ -632,4 +633,12 @@ SITES: tuple[Site, ...] = (
          "refusal = refused_in_implicit(plan.statement, decision, self._pipeline_block)", "refusal = None", "implicit"),
     Site("implicit.held-cursor-rolled-back", "proxy/serving/implicit_block.py",
          "return isinstance(decision, DeclareCursor) and decision.options.hold", "return False", "implicit"),
+    # ------------------------------------------------------------------ rewriter/sort_memory.py
+    _off("sort.work-mem-step", "rewriter/sort_memory.py", "table.policy.answer_quantum_ms or not sorts_rows(plan)",
+         "sort-memory", "True"),
+    _off("sort.block-restore", "rewriter/sort_memory.py", "not in_block", "sort-memory", "True"),
+    _off("sort.ceiling", "rewriter/sort_memory.py",
+         "table.policy.answer_quantum_ms or not sorts_rows(plan) or not _over_ceiling(table)", "sort-memory", "True"),
+    _off("sort.sorts-rows", "rewriter/rewrite.py",
+         "query.groups or any(agg.distinct for agg in query.aggregates) or query_grid(query) is not None", "sort-memory"),
 )
