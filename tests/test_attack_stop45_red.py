@@ -1,0 +1,115 @@
+"""Stop 45: what the last two stops newly accepted (a bound IN list's hashed raw conjunct and the
+pinned custom plans, the collation-aware weights, a pipeline as one implicit transaction, the view
+forms over text, the ORDER BY output-name reading, ``GROUP BY (1)``, ISO and ``@`` intervals,
+``current_time``), attacked by someone other than their authors, as an analyst who knows every row
+but one.
+
+Found and fixed, pinned here:
+
+* **The raw conjunct of an equality on a column of a declared size was weighed nothing.** A WHERE's
+  top-level ``=`` or IN list on a ``varchar(n)``/``char(n)`` gets ``"raw N" = ANY (ARRAY[…])`` (a list
+  of parameters too) or ``"raw N" = $1`` beside its bounded term, so that an index serves it
+  (rewriter/raw_equality.py). PostgreSQL hashes the list, reading each row's raw value whole, and
+  under a nondeterministic collation the hash is of the value's ICU sort key: measured at 185–806
+  work units a byte of one row's value for ``v = 'x'`` and ``v IN ($1, $2)`` on a ``varchar(64)``
+  under ICU ``und-u-ks-level2`` (benchmarks/raw_conjunct_cost.py, PostgreSQL 15, five runs at load
+  4–8; 0.7–1.5 times a categorical key's hash in the same run), where the work limit weighed the
+  statement at its bounded term's 50 a byte, and 4.2–5.5 under ``C`` and ``und-x-icu`` (weighed 1).
+  So 46 such equalities on as many columns, weighed at the limit, took four to sixteen times what
+  the limit allows one row's values to add. Each raw conjunct is now a
+  single read of its own (rewriter/single_reads.py ``raw_read``): a hashed one weighs the hash
+  (``HASH_WORK``, ``COLLATED_KEY_WORK`` under a nondeterministic collation) and the equality on a
+  match, one parameter's an equality, named in the refusal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from policies.errors import Refusal
+from policies.model import TablePolicy
+from policies.tables import ColumnInfo, Relation
+from rewriter.dp_query import plan_aggregate_query
+from rewriter.single_reads import COLLATED_KEY_WORK, HASH_WORK
+from rewriter.text_bounds import COLLATED_COMPARISON_WORK, COMPARISON_WORK, MAX_TEXT_WORK
+from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, refused_uncharged, running_proxy
+
+BOUND = 256  # the default max_text_bytes: a varchar(64)'s 4 × 64 bytes
+_DECLARED = 64 + 4  # varchar(64)'s type modifier
+_COLUMNS = (
+    ColumnInfo("id", 23, -1, 1, None),
+    ColumnInfo("v", 1043, _DECLARED, 2, None),  # C
+    ColumnInfo("vn", 1043, _DECLARED, 3, None, deterministic_collation=False, byte_order=False),
+    ColumnInfo("cn", 1042, _DECLARED, 4, None, deterministic_collation=False, byte_order=False),  # char(64)
+)
+_RELATION = Relation(1, "public", "rw", TablePolicy(epsilon=1.0), {column.name: column for column in _COLUMNS})
+_BOUNDED_NONDETERMINISTIC = BOUND * COLLATED_COMPARISON_WORK  # one term's weight: an = under ICU's code
+_HASHED_NONDETERMINISTIC = BOUND * (COLLATED_KEY_WORK + COLLATED_COMPARISON_WORK)  # the sort key's hash and =
+
+
+@pytest.mark.parametrize("where", ["vn = 'x'", "vn IN ('x', 'y')", "vn IN ($1, $2)", "cn = 'x'"])
+def test_a_hashed_raw_conjunct_under_a_nondeterministic_collation_weighs_its_sort_keys_hash(where: str) -> None:
+    terms = 2 if " IN " in where else 1
+    plan = plan_aggregate_query(f"SELECT count(*) FROM rw WHERE {where}", _RELATION)
+    assert plan.text_work == terms * _BOUNDED_NONDETERMINISTIC + _HASHED_NONDETERMINISTIC, plan.single_reads
+    assert [read.what for read in plan.single_reads] == [f"the hashed equality on {where.split()[0]}"]
+
+
+def test_a_raw_conjunct_under_a_deterministic_collation_weighs_the_hash_of_its_bytes() -> None:
+    plan = plan_aggregate_query("SELECT count(*) FROM rw WHERE v = 'x'", _RELATION)
+    assert plan.text_work == BOUND * COMPARISON_WORK + BOUND * (HASH_WORK + COMPARISON_WORK)
+
+
+def test_one_parameters_raw_equality_weighs_one_comparison() -> None:
+    plan = plan_aggregate_query("SELECT count(*) FROM rw WHERE vn = $1", _RELATION)
+    assert plan.text_work == 2 * _BOUNDED_NONDETERMINISTIC
+    assert [read.what for read in plan.single_reads] == ["the raw equality on vn"]
+
+
+_SIDE = 4  # nondeterministic varchar(64) columns of rw_ci
+_MOST = MAX_TEXT_WORK // (_BOUNDED_NONDETERMINISTIC + _HASHED_NONDETERMINISTIC)
+_POLICY = ATTACK_POLICY_HEAD + "  public.rw_ci: {{access: protected, epsilon: 1.0, columns: {{id: {{bounds: [0, 1000]}}}}}}\n"
+
+
+@pytest.fixture(scope="module")
+def collated_proxy(pg15_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """dpproxy on PostgreSQL 15 (ICU) over ``rw_ci``: ``c1`` … ``c4``, ``varchar(64)`` under a
+    case-insensitive ICU collation, and one row of 64 characters in each."""
+    with psycopg.connect(pg15_db.admin_dsn, autocommit=True) as admin:
+        admin.execute("CREATE COLLATION IF NOT EXISTS rw_ci (provider = icu, locale = 'und-u-ks-level2', "
+                      "deterministic = false)")
+        columns = ", ".join(f"c{i} varchar(64) COLLATE rw_ci" for i in range(1, _SIDE + 1))
+        admin.execute("DROP TABLE IF EXISTS rw_ci")
+        admin.execute(f"CREATE TABLE rw_ci (id integer, {columns})")
+        admin.execute(f"INSERT INTO rw_ci VALUES (7, {', '.join([repr('A' + 'a' * 63)] * _SIDE)})")
+        admin.execute("GRANT SELECT ON rw_ci TO dpproxy_service")
+        try:
+            with running_proxy(pg15_db, tmp_path_factory, _POLICY) as running:
+                yield running
+        finally:
+            admin.execute("DROP TABLE rw_ci")
+
+
+@pytest.mark.pg15
+def test_equalities_whose_sort_key_hashes_pass_the_limit_are_refused_before_any_charge(
+        collated_proxy: RunningProxy) -> None:
+    """Each equality on a nondeterministic ``varchar(64)`` hashes every row's value's sort key: as
+    many as the limit holds are answered, one more is refused (``DP001``), naming the hashes."""
+    assert _MOST == _SIDE - 1
+    answered = " AND ".join(f"c{i} = 'x'" for i in range(1, _MOST + 1))
+    with collated_proxy.connect() as conn:
+        assert conn.execute(f"SELECT count(*) FROM rw_ci WHERE {answered}").fetchall()
+    error = refused_uncharged(collated_proxy, f"SELECT count(*) FROM rw_ci WHERE {answered} AND c{_SIDE} = 'x'")
+    assert error.sqlstate == "DP001" and f"the hashed equality on c{_SIDE} weighs" in str(error), str(error)
+
+
+def test_the_refusal_of_hashed_equalities_names_each() -> None:
+    with pytest.raises(Refusal) as refused:
+        plan_aggregate_query("SELECT count(*) FROM rw WHERE vn = 'x' AND cn = 'y' AND (vn = 'a' OR "
+                             + " OR ".join(f"cn = 'c{i}'" for i in range(30)) + ")", _RELATION)
+    assert refused.value.rule == "safe-predicate"
+    assert f"the hashed equality on vn weighs {_HASHED_NONDETERMINISTIC:,}" in refused.value.message
+    assert f"the hashed equality on cn weighs {_HASHED_NONDETERMINISTIC:,}" in refused.value.message
