@@ -20,6 +20,11 @@ Found and fixed, pinned here:
   single read of its own (rewriter/single_reads.py ``raw_read``): a hashed one weighs the hash
   (``HASH_WORK``, ``COLLATED_KEY_WORK`` under a nondeterministic collation) and the equality on a
   match, one parameter's an equality, named in the refusal.
+
+Read otherwise than PostgreSQL, and now alike (no leak: refused before any charge), pinned in
+tests/test_parse_differential.py: an ORDER BY item that is an output's name in parentheses
+(``ORDER BY (age)``) is that output, as PostgreSQL's grammar keeps no parentheses; dpproxy read it as
+the input column, ``42803`` where the output was a renamed key, uncharged.
 """
 
 from __future__ import annotations
@@ -113,3 +118,4 @@ def test_the_refusal_of_hashed_equalities_names_each() -> None:
     assert refused.value.rule == "safe-predicate"
     assert f"the hashed equality on vn weighs {_HASHED_NONDETERMINISTIC:,}" in refused.value.message
     assert f"the hashed equality on cn weighs {_HASHED_NONDETERMINISTIC:,}" in refused.value.message
+

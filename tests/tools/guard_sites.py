@@ -91,6 +91,8 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "settings": ("tests/test_epsilon_setting_transactions.py", "tests/test_session_statements.py"),
     "variance": ("tests/test_variance.py",),
     "post-values": ("tests/test_post_processing_values.py",),
+    "order-names": ("tests/test_parse_differential.py::"
+                    "test_an_order_by_item_that_is_an_outputs_name_in_parentheses_sorts_by_that_output",),
 }
 
 _TIMEOUTS = ("tests/test_attack_workers.py::test_the_backends_idle_in_transaction_timeout_cannot_be_set",
@@ -584,6 +586,8 @@ SITES: tuple[Site, ...] = (
     Site("misread.unicode-name", "rewriter/misreadings.py", 'elif token.name == "UIDENT":', "elif False:", "misreadings"),
     Site("post.order-by-name-in-expression", "rewriter/post_process.py",
          "(bare_output_name(column) or identifier(column.this) not in columns)", "True", "misreadings"),
+    Site("post.order-by-name-in-parentheses", "rewriter/post_process.py",
+         "while isinstance(item.parent, exp.Paren):", "while False:", "order-names"),
     # ------------------------------------------------------------------ proxy/backend/relation_reads.py
     Site("reads.public-reads-protected", _RR, "reads = await session.fetch_all(_READS_SQL, (True, True, public, protected))",
          "reads = []", "reads"),
