@@ -86,7 +86,7 @@ from .raw_equality import ParameterList, hashed_raw_equality, parameter_list_equ
 from .scope import Scope
 from .single_reads import SingleRead, raw_read
 from .sql_text import literal, operator, short_text
-from .text_bounds import CASE_FOLD_WORK, LIKE_WORK, comparison_work, value_bytes, work_refusal
+from .text_bounds import LIKE_WORK, case_fold_work, comparison_work, value_bytes, work_refusal
 from .types import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
 
 __all__ = ["Predicate", "PredicateRenderer", "plan_predicate"]
@@ -351,7 +351,8 @@ class _Renderer:
         lower()/upper()); nothing for an operand that is no text column."""
         size = value_bytes(operand.column, self.scope.table.policy) if operand.column is not None else None
         if size is not None:
-            self.text_work += size * (per_byte + (CASE_FOLD_WORK if operand.case_folded else 0))
+            assert operand.column is not None
+            self.text_work += size * (per_byte + (case_fold_work(operand.column) if operand.case_folded else 0))
 
     def refuse(self, message: str, hint: str | None = None) -> Refusal:
         """A safe-predicate refusal; ``hint`` replaces the standard one when the reason needs saying."""
@@ -558,7 +559,7 @@ class _Renderer:
                 f"LIKE/ILIKE on column {column.column.name}, whose collation is nondeterministic, is not allowed on protected table",
                 "PostgreSQL fails LIKE on nondeterministic collations only when a row reaches it; compare with = instead.",
             )
-        self._weigh(column, LIKE_WORK * max(part, 1) + (CASE_FOLD_WORK if symbol == "~~*" else 0))
+        self._weigh(column, LIKE_WORK * max(part, 1) + (case_fold_work(column.column) if symbol == "~~*" else 0))
         if node.args.get("negate"):
             symbol = "!" + symbol
         # ILIKE lowers the value first: a short one only (lower() of a column already is one).

@@ -20,6 +20,14 @@ Found and fixed, pinned here:
   single read of its own (rewriter/single_reads.py ``raw_read``): a hashed one weighs the hash
   (``HASH_WORK``, ``COLLATED_KEY_WORK`` under a nondeterministic collation) and the equality on a
   match, one parameter's an equality, named in the refusal.
+* **Case folding through ICU's code was weighed as libc's.** ``lower()``, ``upper()`` and ILIKE of
+  a column under an ICU collation run ICU's case mapping (through UTF-16): measured at 48–306 work
+  units a byte under ``und-x-icu`` and ``en-x-icu`` (benchmarks/case_fold_cost.py, PostgreSQL 15 and
+  18, values of ASCII, Latin and Greek letters, ten runs at load 5–16), where the limit weighed 50 (libc's
+  ``C.UTF-8`` folding is 51 by definition of the unit; ``C`` and the builtin provider's collations
+  measured 17–64, within their weights). So 45 ``lower(u) = '…'`` terms, weighed at the limit, took
+  up to six times what it allows. A column whose collation does not order by bytes now weighs its
+  case folding at ``COLLATED_CASE_FOLD_WORK`` (600) a byte (rewriter/text_bounds.py ``case_fold_work``).
 
 Read otherwise than PostgreSQL, and now alike (no leak: refused before any charge), pinned in
 tests/test_parse_differential.py: an ORDER BY item that is an output's name in parentheses
@@ -39,7 +47,8 @@ from policies.model import TablePolicy
 from policies.tables import ColumnInfo, Relation
 from rewriter.dp_query import plan_aggregate_query
 from rewriter.single_reads import COLLATED_KEY_WORK, HASH_WORK
-from rewriter.text_bounds import COLLATED_COMPARISON_WORK, COMPARISON_WORK, MAX_TEXT_WORK
+from rewriter.text_bounds import (CASE_FOLD_WORK, COLLATED_CASE_FOLD_WORK, COLLATED_COMPARISON_WORK, COMPARISON_WORK,
+                                  LIKE_WORK, MAX_TEXT_WORK)
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, refused_uncharged, running_proxy
 
 BOUND = 256  # the default max_text_bytes: a varchar(64)'s 4 × 64 bytes
@@ -49,6 +58,8 @@ _COLUMNS = (
     ColumnInfo("v", 1043, _DECLARED, 2, None),  # C
     ColumnInfo("vn", 1043, _DECLARED, 3, None, deterministic_collation=False, byte_order=False),
     ColumnInfo("cn", 1042, _DECLARED, 4, None, deterministic_collation=False, byte_order=False),  # char(64)
+    ColumnInfo("t", 25, -1, 5, None),  # C
+    ColumnInfo("u", 25, -1, 6, None, byte_order=False),  # und-x-icu
 )
 _RELATION = Relation(1, "public", "rw", TablePolicy(epsilon=1.0), {column.name: column for column in _COLUMNS})
 _BOUNDED_NONDETERMINISTIC = BOUND * COLLATED_COMPARISON_WORK  # one term's weight: an = under ICU's code
@@ -74,6 +85,19 @@ def test_one_parameters_raw_equality_weighs_one_comparison() -> None:
     assert [read.what for read in plan.single_reads] == ["the raw equality on vn"]
 
 
+@pytest.mark.parametrize(("where", "per_byte"), [
+    ("lower(u) = 'x'", COMPARISON_WORK + COLLATED_CASE_FOLD_WORK),
+    ("upper(u) < 'x'", COLLATED_COMPARISON_WORK + COLLATED_CASE_FOLD_WORK),
+    ("u ILIKE 'x%'", LIKE_WORK + COLLATED_CASE_FOLD_WORK),
+    ("lower(u) ILIKE 'x%'", LIKE_WORK + 2 * COLLATED_CASE_FOLD_WORK),
+    ("lower(t) = 'x'", COMPARISON_WORK + CASE_FOLD_WORK),
+    ("t ILIKE 'x%'", LIKE_WORK + CASE_FOLD_WORK),
+])
+def test_case_folding_through_icus_code_weighs_what_it_costs_a_byte(where: str, per_byte: int) -> None:
+    assert plan_aggregate_query(f"SELECT count(*) FROM rw WHERE {where}", _RELATION).text_work == BOUND * per_byte
+
+
+_FOLDS = MAX_TEXT_WORK // (BOUND * (COMPARISON_WORK + COLLATED_CASE_FOLD_WORK))  # lower(u) = '…' terms that fit
 _SIDE = 4  # nondeterministic varchar(64) columns of rw_ci
 _MOST = MAX_TEXT_WORK // (_BOUNDED_NONDETERMINISTIC + _HASHED_NONDETERMINISTIC)
 _POLICY = ATTACK_POLICY_HEAD + "  public.rw_ci: {{access: protected, epsilon: 1.0, columns: {{id: {{bounds: [0, 1000]}}}}}}\n"
@@ -82,14 +106,14 @@ _POLICY = ATTACK_POLICY_HEAD + "  public.rw_ci: {{access: protected, epsilon: 1.
 @pytest.fixture(scope="module")
 def collated_proxy(pg15_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
     """dpproxy on PostgreSQL 15 (ICU) over ``rw_ci``: ``c1`` … ``c4``, ``varchar(64)`` under a
-    case-insensitive ICU collation, and one row of 64 characters in each."""
+    case-insensitive ICU collation, ``u``, text under ``und-x-icu``, and one row of 64 characters in each."""
     with psycopg.connect(pg15_db.admin_dsn, autocommit=True) as admin:
         admin.execute("CREATE COLLATION IF NOT EXISTS rw_ci (provider = icu, locale = 'und-u-ks-level2', "
                       "deterministic = false)")
         columns = ", ".join(f"c{i} varchar(64) COLLATE rw_ci" for i in range(1, _SIDE + 1))
         admin.execute("DROP TABLE IF EXISTS rw_ci")
-        admin.execute(f"CREATE TABLE rw_ci (id integer, {columns})")
-        admin.execute(f"INSERT INTO rw_ci VALUES (7, {', '.join([repr('A' + 'a' * 63)] * _SIDE)})")
+        admin.execute(f'CREATE TABLE rw_ci (id integer, {columns}, u text COLLATE "und-x-icu")')
+        admin.execute(f"INSERT INTO rw_ci VALUES (7, {', '.join([repr('A' + 'a' * 63)] * (_SIDE + 1))})")
         admin.execute("GRANT SELECT ON rw_ci TO dpproxy_service")
         try:
             with running_proxy(pg15_db, tmp_path_factory, _POLICY) as running:
@@ -119,3 +143,16 @@ def test_the_refusal_of_hashed_equalities_names_each() -> None:
     assert f"the hashed equality on vn weighs {_HASHED_NONDETERMINISTIC:,}" in refused.value.message
     assert f"the hashed equality on cn weighs {_HASHED_NONDETERMINISTIC:,}" in refused.value.message
 
+
+
+@pytest.mark.pg15
+def test_case_foldings_through_icus_code_past_the_limit_are_refused_before_any_charge(
+        collated_proxy: RunningProxy) -> None:
+    """``lower()`` of a column under ``und-x-icu`` weighs ICU's case mapping: as many terms as the
+    limit holds are answered, one more is refused (``DP001``); before, 45 were answered."""
+    assert _FOLDS == 3
+    terms = [f"lower(u) = 'x{i}'" for i in range(_FOLDS + 1)]
+    with collated_proxy.connect() as conn:
+        assert conn.execute(f"SELECT count(*) FROM rw_ci WHERE {' OR '.join(terms[:-1])}").fetchall()
+    error = refused_uncharged(collated_proxy, f"SELECT count(*) FROM rw_ci WHERE {' OR '.join(terms)}")
+    assert error.sqlstate == "DP001" and "safe-predicate" in str(error), str(error)
