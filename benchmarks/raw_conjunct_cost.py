@@ -115,11 +115,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = on_server(args.dsn, args.pg, "raw-conjunct-cost", lambda dsn: measure(dsn, args.rows, args.repeats))
     print(f"{args.rows:,} rows of a 1-character varchar({LONG}) against the same of {LONG} characters, PostgreSQL "
           f"{args.pg}; median of {args.repeats} paired alternating runs each; {time.monotonic() - started:.0f} s in all.\n")
-    print("| collation | statement (dpproxy's backend SQL) | ns a byte of a row | units a byte |")
-    print("|---|---|---:|---:|")
-    for collation, name, ns, units in results:
-        print(f"| {collation} | {name} | {ns:.3f} | {units:.1f} |")
+    print_per_byte(results, "statement (dpproxy's backend SQL)", "units a byte")
     return 0
+
+
+def print_per_byte(results: Sequence[tuple[str, str, float, float]], statement: str, units: str) -> None:
+    """A table of per-byte figures: per collation and statement, ns and work units a byte."""
+    print(f"| collation | {statement} | ns a byte of a row | {units} |")
+    print("|---|---|---:|---:|")
+    for collation, name, ns, in_units in results:
+        print(f"| {collation} | {name} | {ns:.3f} | {in_units:.1f} |")
 
 
 if __name__ == "__main__":
