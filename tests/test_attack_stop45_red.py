@@ -52,8 +52,7 @@ neighbour; not pinned again here):
 * Collations: ``COLLATE`` in a WHERE, FILTER, GROUP BY key, ``COUNT(DISTINCT)``, MODE, MAX or IN list
   is refused before any charge; in an ORDER BY over the release it orders the released cells only. ICU
   case folding of an ILIKE pattern (4,096 bytes, two- and four-byte characters) added 19–43 µs a row,
-  as libc's did. The column facts' ``byte_order`` reads a domain's and a view column's collation
-  through ``attcollation``.
+  as libc's did.
 * ``GROUP BY (1)``, ``((1))``, ``(1), (1)``, ``(1), sex``; ``(1 + 0)``, ``(+1)`` and an aggregate's
   position refused as PostgreSQL fails them; ISO and ``@`` intervals (``PT1M``, ``P1.5D``, ``P0.5W``,
   ``P-1D``, ``P1e2D``, ``@ 1 d 2 h`` answered for PostgreSQL's value; ``P1M``, ``-PT1H``, ``P 1D``,
