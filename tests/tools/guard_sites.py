@@ -73,7 +73,7 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "certain": ("tests/test_certain_errors.py",),
     "text": ("tests/test_text_bounds.py",),
     "single": ("tests/test_single_reads.py",),
-    "collation": ("tests/test_collation_weights.py",),
+    "collation": ("tests/test_collation_weights.py", "tests/test_attack_stop45_red.py"),
     "numeric": ("tests/test_numeric_bounds.py",),
     "apart": ("tests/test_attack_stop40.py::"
               "test_a_value_stored_apart_within_the_bounds_is_read_once_however_many_terms_compare_it",
@@ -93,6 +93,8 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "post-values": ("tests/test_post_processing_values.py",),
     "implicit": ("tests/test_implicit_transaction_rules.py",),
     "sort-memory": ("tests/test_sort_memory.py",),
+    "order-names": ("tests/test_parse_differential.py::"
+                    "test_an_order_by_item_that_is_an_outputs_name_in_parentheses_sorts_by_that_output",),
 }
 
 _TIMEOUTS = ("tests/test_attack_workers.py::test_the_backends_idle_in_transaction_timeout_cannot_be_set",
@@ -251,6 +253,15 @@ SITES: tuple[Site, ...] = (
     Site("collation.key-weight", "rewriter/single_reads.py",
          "per_byte = KEY_WORK if column.deterministic_collation else COLLATED_KEY_WORK", "per_byte = KEY_WORK",
          "collation"),
+    Site("collation.case-fold-weight", "rewriter/text_bounds.py",
+         "return CASE_FOLD_WORK if column.byte_order else COLLATED_CASE_FOLD_WORK", "return CASE_FOLD_WORK",
+         "collation"),
+    Site("collation.raw-conjunct-hash-weight", "rewriter/single_reads.py",
+         "per_byte = HASH_WORK if column.deterministic_collation else COLLATED_KEY_WORK", "per_byte = HASH_WORK",
+         "collation"),
+    Site("single-reads.raw-conjunct", "rewriter/dp_query.py",
+         "reads = (*_single_reads(table, aggregates, groups), *conditions.raw_reads)",
+         "reads = _single_reads(table, aggregates, groups)", "collation"),
     Site("single-reads.weighed", "rewriter/dp_query.py", "text_work = conditions.text_work + sum(read.work for read in reads)",
          "text_work = conditions.text_work", "single"),
     Site("single-reads.mode-filter-terms", "rewriter/predicates.py", "self._terms += predicate_terms(predicate) * times",
@@ -580,6 +591,8 @@ SITES: tuple[Site, ...] = (
     Site("misread.unicode-name", "rewriter/misreadings.py", 'elif token.name == "UIDENT":', "elif False:", "misreadings"),
     Site("post.order-by-name-in-expression", "rewriter/post_process.py",
          "(bare_output_name(column) or identifier(column.this) not in columns)", "True", "misreadings"),
+    Site("post.order-by-name-in-parentheses", "rewriter/post_process.py",
+         "while isinstance(item.parent, exp.Paren):", "while False:", "order-names"),
     # ------------------------------------------------------------------ proxy/backend/relation_reads.py
     Site("reads.public-reads-protected", _RR, "reads = await session.fetch_all(_READS_SQL, (True, True, public, protected))",
          "reads = []", "reads"),
