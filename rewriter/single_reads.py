@@ -65,14 +65,15 @@ COLLATED_DISTINCT_WORK = 300
 (``ColumnInfo.byte_order``): its sort compares through ICU or libc, measured at 67–139 units a byte
 (1.3–2.7 of ``lower()``'s) under ``und-x-icu`` and a nondeterministic ICU collation
 (benchmarks/collation_cost.py, on a loaded host), weighed at about twice the most."""
-COLLATED_KEY_WORK = 600
+COLLATED_KEY_WORK = 800
 """Work units a byte a categorical GROUP BY key, or a hashed raw conjunct (:func:`raw_read`), reads
 under a nondeterministic collation, besides its comparisons: PostgreSQL hashes the value's ICU sort
 key, measured at 132–289 units a byte (2.6–5.7 of ``lower()``'s) on values of 2,000 bytes
-(benchmarks/collation_cost.py), weighed at about twice the most. On values of 64 bytes the sort key
-costs more a byte: a key with its comparisons with two categories measured 204–535 units a byte
-(weighed 700), a hashed raw conjunct with its bounded term 185–806, 0.7–1.5 times the key in the same
-run (weighed 700; benchmarks/raw_conjunct_cost.py, five runs at load 4–8).
+(benchmarks/collation_cost.py). On values of 64 bytes the sort key costs more a byte: a key with its
+comparisons with two categories measured 204–572 units a byte, a hashed raw conjunct with its
+bounded term 185–806, 0.7–1.5 times the key in the same run (benchmarks/raw_conjunct_cost.py, five
+runs at load 4–8). Weighed 800, so that both with their comparisons (900) are above the most
+measured; twice the most (~1,600) would leave room for one such key or equality in a statement.
 Under a deterministic collation the hash reads the bytes (:data:`KEY_WORK`, :data:`HASH_WORK`)."""
 _BPCHAR = 1042
 HASH_WORK = 10
