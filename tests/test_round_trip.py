@@ -17,25 +17,42 @@ import psycopg
 import pytest
 
 import rewriter.misreadings
+from policies.model import Policy
 from tests.conftest import TEST_POLICY, TestDatabase, make_policy, policy_registry
 from tests.expression_generator import aggregate_statements, statements
+from tests.parameter_generator import parameter_cases
 from tests.round_trip import TABLE_DDL, TABLE_POLICY, RoundTrip, rows_sql
+from tests.round_trip_parameters import ParameterRoundTrip
 
 SEED = int(os.environ.get("DPPROXY_FUZZ_SEED", "134"))
 CASES = int(os.environ.get("DPPROXY_FUZZ_CASES", "3000"))
+PARAMETER_CASES = CASES // 3
 
 
 @pytest.fixture(scope="module")
-def round_trip(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RoundTrip]:
-    """The round-trip table, filled with its edge rows, as dpproxy registers it protected."""
+def round_trip_policy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Policy:
+    """The round-trip table, filled with its edge rows, in a policy that protects it."""
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS rt")
         conn.execute(f"CREATE TABLE rt ({TABLE_DDL})")
         conn.execute(rows_sql())
         conn.execute("GRANT SELECT ON rt TO dpproxy_service")
     ledger: Path = tmp_path_factory.mktemp("round-trip-ledger") / "ledger.sqlite3"
-    policy = TEST_POLICY + TABLE_POLICY.replace("{", "{{").replace("}", "}}")
-    checker = RoundTrip(policy_registry(make_policy(test_db, ledger, policy)), test_db.admin_dsn)
+    return make_policy(test_db, ledger, TEST_POLICY + TABLE_POLICY.replace("{", "{{").replace("}", "}}"))
+
+
+@pytest.fixture(scope="module")
+def round_trip(test_db: TestDatabase, round_trip_policy: Policy) -> Iterator[RoundTrip]:
+    """The round-trip table as dpproxy registers it protected."""
+    checker = RoundTrip(policy_registry(round_trip_policy), test_db.admin_dsn)
+    yield checker
+    checker.close()
+
+
+@pytest.fixture(scope="module")
+def parameter_round_trip(test_db: TestDatabase, round_trip_policy: Policy,
+                         round_trip: RoundTrip) -> Iterator[ParameterRoundTrip]:
+    checker = ParameterRoundTrip(round_trip, round_trip_policy, test_db.admin_dsn)
     yield checker
     checker.close()
 
@@ -47,13 +64,13 @@ def test_every_answered_generated_condition_chooses_the_rows_postgresql_reads(ro
     # The generator writes enough that dpproxy answers, and enough whose backend SQL differs by tree,
     # for the comparison to mean something (at DPPROXY_FUZZ_SEED=134: 789 of 3,000 planned, 341 evaluated).
     assert checked.planned >= CASES // 6 and checked.evaluated >= CASES // 15, (SEED, checked)
-    assert not checked.mismatches, f"DPPROXY_FUZZ_SEED={SEED}\n" + "\n".join(map(str, checked.mismatches[:20]))
+    assert not checked.mismatches, f"DPPROXY_FUZZ_SEED={SEED}\n" + "\n".join(map(str, checked.mismatches[:60]))
 
 
 def test_every_answered_aggregate_argument_sums_the_values_postgresql_reads(round_trip: RoundTrip) -> None:
     checked = round_trip.arguments(aggregate_statements(random.Random(SEED), 200))
     assert checked.planned >= 50, checked
-    assert not checked.mismatches, f"DPPROXY_FUZZ_SEED={SEED}\n" + "\n".join(map(str, checked.mismatches[:20]))
+    assert not checked.mismatches, f"DPPROXY_FUZZ_SEED={SEED}\n" + "\n".join(map(str, checked.mismatches[:60]))
 
 
 @pytest.mark.parametrize("guard", ["refuse_unary_plus", "refuse_prefix_operators", "refuse_in_list_types",
@@ -65,3 +82,16 @@ def test_the_check_reports_a_known_misreading_when_its_refusal_is_switched_off(
     monkeypatch.setattr(rewriter.misreadings, guard, lambda *args: None)
     checked = round_trip.conditions(statements(random.Random(SEED), CASES), first=True)
     assert checked.mismatches, (guard, checked)
+
+
+def test_every_answered_statement_with_bound_parameters_chooses_the_rows_postgresql_reads(
+        parameter_round_trip: ParameterRoundTrip) -> None:
+    checked = parameter_round_trip.check(parameter_cases(random.Random(SEED), PARAMETER_CASES))
+    print(f"DPPROXY_FUZZ_SEED={SEED}: {checked.generated} generated, {checked.planned} planned, "
+          f"{checked.refused_bound} refused at their types or values, {checked.evaluated} evaluated, "
+          f"{len(checked.mismatches)} mismatches, {len(checked.uncharged)} uncharged SQLSTATE differences, "
+          f"{len(checked.described)} described types that differ")
+    for listed in (checked.uncharged, checked.described):
+        print("\n".join(map(str, listed[:30])))
+    assert checked.planned >= PARAMETER_CASES // 4 and checked.evaluated >= PARAMETER_CASES // 8, (SEED, checked)
+    assert not checked.mismatches, f"DPPROXY_FUZZ_SEED={SEED}\n" + "\n".join(map(str, checked.mismatches[:60]))

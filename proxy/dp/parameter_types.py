@@ -29,7 +29,8 @@ from policies.errors import SQLSTATE, Refusal
 from proxy.backend.connection import BoundParams
 from rewriter.dp_query import AggregateQuery
 
-__all__ = ["PARAMETER_TYPES", "check_parameter_types", "settled_lists"]
+__all__ = ["NUMERIC_PARAMETER_TYPES", "PARAMETER_TYPES", "check_listed_parameters",
+           "check_numeric_parameters", "check_parameter_types", "settled_lists"]
 
 PARAMETER_TYPES = frozenset({
     0,  # unspecified: PostgreSQL infers the column's type
@@ -56,6 +57,61 @@ def check_parameter_types(plan: AggregateQuery, params: BoundParams) -> None:
                 "for some values only.",
                 "safe-predicate",
             )
+
+
+NUMERIC_PARAMETER_TYPES = frozenset({0, 705, 20, 21, 23, 1700})
+"""The types a parameter compared with a numeric column may be declared with: unspecified or unknown
+(PostgreSQL infers numeric) and the ones it compares with numeric in numeric (the integers, cast
+implicitly, and numeric)."""
+
+
+def check_numeric_parameters(plan: AggregateQuery, params: BoundParams) -> None:
+    """Refuse (0A000, rule ``numeric-parameter``) a parameter the plan compares with a numeric
+    column (``AggregateQuery.numeric_parameters``: the rewriter casts it to numeric, so that no row's
+    value is converted) declared with a type outside :data:`NUMERIC_PARAMETER_TYPES`. PostgreSQL
+    reads such a comparison otherwise, whatever the rows: with a text type it has no operator
+    (42883), with ``real``/``double precision`` it compares the column's values converted to double
+    precision, where the cast to numeric keeps 15 digits of the parameter (``n = $1`` bound to
+    4.500000000000001 as float8 holds for no row of 4.5 to PostgreSQL, for every one to the cast)."""
+    for number in sorted({number for judged in _with_ranking(plan) for number in judged.numeric_parameters}):
+        type_oid = params.types[number - 1] if number <= len(params.types) else 0
+        if type_oid not in NUMERIC_PARAMETER_TYPES:
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                f"parameter ${number} declared with type OID {type_oid} is compared with a numeric column on protected "
+                f"table {plan.table.display_name} (rule: numeric-parameter)",
+                "Send the parameter as numeric, an integer type or unspecified (type 0): PostgreSQL compares a numeric "
+                "column with a text parameter not at all and with a real or double precision one in double precision, "
+                "which dpproxy does not answer.",
+                "numeric-parameter",
+            )
+
+
+def check_listed_parameters(plan: AggregateQuery, params: BoundParams) -> None:
+    """Refuse (0A000, rule ``in-list-parameter-types``) an IN list holding parameters whose declared
+    types make PostgreSQL's reading of the list (in its values' common type) another than dpproxy's
+    ``x = a OR x = b`` (:meth:`rewriter.listed_parameters.ListedParameters.one_reading`): the types
+    decide it, not the rows, and nothing has been charged."""
+    for judged in _with_ranking(plan):
+        for listed in judged.listed_parameters:
+            if not listed.one_reading(params.types):
+                numbers = ", ".join(f"${number}" for number in dict.fromkeys(listed.numbers))
+                raise Refusal(
+                    SQLSTATE.FEATURE_NOT_SUPPORTED,
+                    f"an IN list with parameters {numbers} declared as types "
+                    f"{', '.join(str(params.types[n - 1]) if n <= len(params.types) else '0' for n in dict.fromkeys(listed.numbers))} "
+                    f"beside its other values is not supported on protected table {plan.table.display_name} "
+                    "(rule: in-list-parameter-types)",
+                    "PostgreSQL compares x IN (a, b) in the values' common type, which a parameter's declared type "
+                    "changes, dpproxy as x = a OR x = b, each in its own; send every parameter of the list with one "
+                    "type (or all unspecified) and no typed value beside them, or write x = a OR x = b.",
+                    "in-list-parameter-types",
+                )
+
+
+def _with_ranking(plan: AggregateQuery) -> tuple[AggregateQuery, ...]:
+    """``plan`` and its series limit's ranking, whose conditions read the same parameters."""
+    return (plan,) if plan.series is None else (plan, plan.series.ranking)
 
 
 def settled_lists(plan: AggregateQuery, types: Sequence[int]) -> AggregateQuery:
