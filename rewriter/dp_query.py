@@ -154,8 +154,9 @@ class AggregateQuery:
     # out when the statement is bound with types it does not hold for (proxy/dp/parameter_types.py).
     parameter_lists: tuple[ParameterList, ...] = ()
     # The parameters its conditions cast to numeric beside a numeric column (rewriter/predicates.py),
-    # whose declared types are checked when they are bound (proxy/dp/parameter_types.py).
-    numeric_parameters: tuple[int, ...] = ()
+    # each with the column's declared precision (None: none), whose declared types and values are
+    # checked when they are bound (proxy/dp/parameter_types.py).
+    numeric_parameters: tuple[tuple[int, int | None], ...] = ()
     # Its IN lists holding parameters (rewriter/listed_parameters.py), likewise.
     listed_parameters: tuple[ListedParameters, ...] = ()
 

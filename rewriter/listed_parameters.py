@@ -30,6 +30,11 @@ that leaves such a parameter out, its value folded, fails with 42P18 unless its 
 backend SQL's are described first, proxy.dp.folding, proxy.dp.narrowing.)"""
 
 
+# A text or varchar column compares alike, as text, with a value of any of these types or of none.
+_TEXT_COLUMNS = frozenset({25, 1043})
+_TEXT_VALUES = frozenset({18, 19, 25, 1043}) | INFERRED
+
+
 def _family(type_oid: int) -> int:
     """``type_oid`` with the integer types as one: their comparisons with each other, and with an
     integer column, are exact in any of them, so a list of all three reads as one type."""
@@ -53,9 +58,10 @@ class ListedParameters:
         every parameter unspecified (each then gets the column's type in its own ``=``, and the
         common type is the column's) beside no typed value; or every one declared of one type
         (integer types as one), beside nothing else or, when that type is the column's, beside
-        untyped literals only."""
+        untyped literals only; or, on a text or varchar column, every one declared of a type compared
+        as text (``text``, ``varchar``, ``name``, ``"char"``) or unspecified, beside no typed value."""
         declared = {types[number - 1] if number <= len(types) else 0 for number in self.numbers}
-        if declared <= INFERRED:
+        if declared <= INFERRED or (self.column_type in _TEXT_COLUMNS and declared <= _TEXT_VALUES):
             return self.others != "typed"
         families = {_family(type_oid) for type_oid in declared}
         if len(families) > 1 or declared & INFERRED:

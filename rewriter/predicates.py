@@ -87,7 +87,7 @@ from .raw_equality import ParameterList, hashed_raw_equality, parameter_list_equ
 from .scope import Scope
 from .sql_text import literal, operator, short_text
 from .text_bounds import CASE_FOLD_WORK, LIKE_WORK, comparison_work, value_bytes, work_refusal
-from .types import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
+from .types import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC, numeric_precision
 
 __all__ = ["Predicate", "PredicateRenderer", "plan_predicate"]
 
@@ -255,9 +255,10 @@ class PredicateRenderer:
         return (*notes[:MAX_NOTES - 1], more_notes(len(notes) - MAX_NOTES + 1))
 
     @property
-    def numeric_parameters(self) -> tuple[int, ...]:
-        """The numbers of the parameters rendered so far cast to numeric beside a numeric column
-        (checked against their declared types: proxy.dp.parameter_types.check_numeric_parameters)."""
+    def numeric_parameters(self) -> tuple[tuple[int, int | None], ...]:
+        """The parameters rendered so far cast to numeric beside a numeric column, each as its number
+        and the column's declared precision (None: none), checked against their declared types and
+        values (proxy.dp.parameter_types.check_numeric_parameters)."""
         return tuple(sorted(self._renderer.numeric_parameters))
 
     @property
@@ -318,7 +319,8 @@ class _Renderer:
         self.ilike_bytes = 0  # of the literal ILIKE patterns rendered so far
         self.text_work = 0  # what the terms rendered so far weigh by their reads of text (rewriter.text_bounds)
         self.like_weights: list[tuple[int, int]] = []  # (parameter, bytes read) of each pattern parameter's use
-        self.numeric_parameters: set[int] = set()  # those cast to numeric beside a numeric column (_compatible)
+        # Those cast to numeric beside a numeric column (_compatible), with its declared precision (None: none).
+        self.numeric_parameters: set[tuple[int, int | None]] = set()
         self.listed_parameters: list[ListedParameters] = []  # IN lists holding parameters (_list_parameters)
         self.notes: list[str] = []  # rewriter.category_notes, from the statement and the policy alone
         # Whether the node being rendered stands where false and NULL decide alike: reached from
@@ -786,7 +788,7 @@ class _Renderer:
             if other.parameter:
                 operands[1 - index] = _Operand(f"CAST({other.sql} AS pg_catalog.numeric)", cast="numeric",
                                                parameter=True)
-                self.numeric_parameters.add(int(other.sql[1:]))
+                self.numeric_parameters.add((int(other.sql[1:]), numeric_precision(one.column.value_type[1])))
             if other.cast in _FLOAT_CASTS or (other.column is not None
                                               and other.column.value_type[0] in _FLOAT_COLUMNS):
                 raise self.refuse(

@@ -71,6 +71,7 @@ def _refused(proxy: RunningProxy, sql: str, values: Sequence[bytes | None], type
     ("SELECT count(*) FILTER (WHERE n IN ($1, $2)) FROM rt", [b"-0.005", b"1e-3"], [_TEXT, _FLOAT8], "42883"),
     ("SELECT count(*) FROM rt WHERE n = $1", [b"4.500000000000001"], [_FLOAT8], "0"),
     ("SELECT count(*) FROM rt WHERE n >= $1", [b"4.500000000000001"], [_FLOAT8], "16"),
+    ("SELECT count(*) FROM rt WHERE n = $1", [b"0.10000000000000002"], [_FLOAT8], "0"),  # 0.1 holds to the cast
     ("SELECT count(*) FROM rt WHERE n NOT BETWEEN $1 AND $2", [b"NaN", b"-0.005"], [0, 1043], "42883"),
 ])
 def test_a_parameter_postgresql_compares_with_a_numeric_column_otherwise_is_refused_before_any_charge(
@@ -88,6 +89,9 @@ def test_a_parameter_postgresql_compares_with_a_numeric_column_otherwise_is_refu
     ("SELECT count(*) FROM rt WHERE n = $1 AND i > $2", [b"4.5", b"0"], [0, _INT4]),
     ("SELECT count(*) FROM rt WHERE n BETWEEN $1 AND $2", [b"4.5", b"5"], [_NUMERIC, _INT8]),
     ("SELECT count(*) FROM rt WHERE n IN ($1, $2)", [b"4.5", b"5"], [_UNKNOWN, _INT2]),
+    # numeric(10, 2): a double precision of at most 15 digits compares alike in double precision and in numeric
+    ("SELECT count(*) FROM rt WHERE n >= $1", [b"4.5"], [_FLOAT8]),
+    ("SELECT count(*) FROM rt WHERE n < $1", [b"NaN"], [_FLOAT8]),
 ])
 def test_a_numeric_integer_or_unspecified_parameter_beside_a_numeric_column_is_answered(
         rt_proxy: RunningProxy, sql: str, values: list[bytes], types: list[int]) -> None:

@@ -49,6 +49,7 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "dp_query": ("tests/test_refusals.py", "tests/test_query_shapes.py", "tests/test_attack_outputs.py",
                  "tests/test_attack_availability.py::test_a_number_too_long_for_python_int_is_refused_not_an_internal_error"),
     "limits": ("tests/test_statement_limits.py",),
+    "parameters": ("tests/test_attack_stop45.py",),
     "misreadings": ("tests/test_parse_differential.py::"
                     "test_an_interval_literal_sqlglot_reads_otherwise_is_refused_before_any_charge",
                     "tests/test_parse_differential.py::"
@@ -281,6 +282,16 @@ SITES: tuple[Site, ...] = (
          "    refused = pattern_refusal(pattern)\n    if refused is not None:",
          "    refused = pattern_refusal(pattern)\n    if False:", "predicate"),
     _off("param.declared-type", "proxy/dp/parameter_types.py", "type_oid not in PARAMETER_TYPES", "predicate"),
+    _off("param.numeric-declared-type", "proxy/dp/parameter_types.py", "type_oid not in NUMERIC_PARAMETER_TYPES",
+         "parameters"),
+    _off("param.in-list-one-reading", "proxy/dp/parameter_types.py", "not listed.one_reading(params.types)", "parameters"),
+    Site("param.in-list-mixed-families", "rewriter/listed_parameters.py", "if len(families) > 1 or declared & INFERRED:",
+         "if False:", "parameters"),
+    Site("param.in-list-typed-beside-unspecified", "rewriter/listed_parameters.py", 'return self.others != "typed"',
+         "return True", "parameters"),
+    Site("fold.unknown-parameter-described", "proxy/dp/folding.py",
+         "if params.values and not INFERRED.isdisjoint(params.types):", "if params.values and 0 in params.types:",
+         "parameters"),
     # ------------------------------------------------------------------ rewriter/function_check.py, catalog.py
     Site("func.attribute-notation", _F, "        if name in NEUTRALISED_FUNCTIONS or on_a_value or not (",
          "        if False and (", "catalog"),
