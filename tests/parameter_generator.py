@@ -51,7 +51,7 @@ _VALUES: dict[str, tuple[bytes | None, ...]] = {
 # Where a parameter stands, by the kind of its column (``{c}``: the column; ``{p}``, ``{q}``: a parameter).
 _FORMS: dict[str, tuple[str, ...]] = {
     "any": ("{c} = {p}", "{c} <> {p}", "{c} < {p}", "{c} >= {p}", "{p} = {c}", "{p} < {c}", "{c} IS DISTINCT FROM {p}",
-            "{c} IS NOT DISTINCT FROM {p}", "{c} IN ({p}, {q})", "{c} IN ({p})", "{c} NOT IN ({p}, {q})",
+            "{c} IS NOT DISTINCT FROM {p}", "{c} IN ({p}, {q})", "{c} IN ({q}, {p})", "{c} IN ({p}, {q}, {lit})", "{c} IN ({p})", "{c} NOT IN ({p}, {q})",
             "{c} BETWEEN {p} AND {q}", "{c} NOT BETWEEN {p} AND {q}", "{c} = {p} AND {c} <> {q}",
             "({c} = {p} OR {c} = {q})", "NOT ({c} = {p})", "{c} = COALESCE({p}, {q})", "{c} = NULLIF({p}, {q})",
             "{c} = CASE WHEN {p} IS NULL THEN {q} ELSE {p} END", "{c} IN ({p}, {lit})", "{c} = ANY(ARRAY[{p}, {q}])",
@@ -109,7 +109,7 @@ def _condition(rng: random.Random) -> tuple[str, list[str]]:
 def _declared(kind: str, rng: random.Random) -> int:
     roll = rng.random()
     if roll < 0.4:
-        return 0
+        return 0 if roll < 0.28 else 705
     if roll < 0.75:
         return rng.choice(_TYPES[kind])
     return rng.choice(_ANY_TYPES)

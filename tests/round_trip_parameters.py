@@ -81,9 +81,12 @@ class ParameterRoundTrip:
         self._loop.run_until_complete(self._session.close())
         self._loop.close()
 
-    def check(self, cases: Iterable[ParameterCase]) -> ParameterChecked:
+    def check(self, cases: Iterable[ParameterCase], first: bool = False) -> ParameterChecked:
+        """Check each case (``first``: stop at the first mismatch)."""
         checked = ParameterChecked()
         for case in cases:
+            if first and checked.mismatches:
+                break
             checked.generated += 1
             decision = self._trip.plan(case.statement)
             if decision is None:

@@ -8,6 +8,7 @@ conditions; the default run is sized for the suite, a larger one is run by hand
 
 from __future__ import annotations
 
+import importlib
 import os
 import random
 from collections.abc import Iterator
@@ -16,17 +17,21 @@ from pathlib import Path
 import psycopg
 import pytest
 
+import rewriter.dp_query
 import rewriter.misreadings
 from policies.model import Policy
 from tests.conftest import TEST_POLICY, TestDatabase, make_policy, policy_registry
 from tests.expression_generator import aggregate_statements, statements
+from tests.output_generator import output_cases
 from tests.parameter_generator import parameter_cases
 from tests.round_trip import TABLE_DDL, TABLE_POLICY, RoundTrip, rows_sql
+from tests.round_trip_outputs import OutputRoundTrip
 from tests.round_trip_parameters import ParameterRoundTrip
 
 SEED = int(os.environ.get("DPPROXY_FUZZ_SEED", "134"))
 CASES = int(os.environ.get("DPPROXY_FUZZ_CASES", "3000"))
 PARAMETER_CASES = CASES // 3
+OUTPUT_CASES = CASES // 3
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +100,43 @@ def test_every_answered_statement_with_bound_parameters_chooses_the_rows_postgre
         print("\n".join(map(str, listed[:30])))
     assert checked.planned >= PARAMETER_CASES // 4 and checked.evaluated >= PARAMETER_CASES // 8, (SEED, checked)
     assert not checked.mismatches, f"DPPROXY_FUZZ_SEED={SEED}\n" + "\n".join(map(str, checked.mismatches[:60]))
+
+
+@pytest.fixture(scope="module")
+def output_round_trip(test_db: TestDatabase, round_trip: RoundTrip) -> Iterator[OutputRoundTrip]:
+    checker = OutputRoundTrip(round_trip, test_db.admin_dsn)
+    yield checker
+    checker.close()
+
+
+def test_every_answered_output_expression_evaluates_the_released_values_as_postgresql_does(
+        output_round_trip: OutputRoundTrip) -> None:
+    checked = output_round_trip.check(output_cases(random.Random(SEED), OUTPUT_CASES))
+    print(f"DPPROXY_FUZZ_SEED={SEED}: {checked.generated} generated, {checked.planned} planned, "
+          f"{checked.evaluated} evaluated, {len(checked.mismatches)} mismatches")
+    assert checked.planned >= OUTPUT_CASES // 4, (SEED, checked)
+    assert not checked.mismatches, f"DPPROXY_FUZZ_SEED={SEED}\n" + "\n".join(map(str, checked.mismatches[:60]))
+
+
+@pytest.mark.parametrize(("module", "name", "off", "cases"), [
+    ("tests.round_trip_parameters", "check_numeric_parameters", lambda *args: None, PARAMETER_CASES),
+    # (the rarest: at DPPROXY_FUZZ_SEED=134 the 1,825th case, i IN ($1, $2, 5) declared numeric and unspecified)
+    ("tests.round_trip_parameters", "check_listed_parameters", lambda *args: None, 2 * PARAMETER_CASES),
+    ("proxy.dp.folding", "INFERRED", frozenset({0}), PARAMETER_CASES),
+])
+def test_the_parameter_check_reports_a_known_misreading_when_its_fix_is_switched_off(
+        parameter_round_trip: ParameterRoundTrip, monkeypatch: pytest.MonkeyPatch, module: str, name: str,
+        off: object, cases: int) -> None:
+    # n = $1 declared text answered where PostgreSQL fails; ts IN ($1, $2) with $2 a timestamptz
+    # reading $1 as a timestamp; a folded parameter declared unknown sent unread (42P18).
+    monkeypatch.setattr(importlib.import_module(module), name, off)
+    checked = parameter_round_trip.check(parameter_cases(random.Random(SEED), cases), first=True)
+    assert checked.mismatches, (name, checked)
+
+
+def test_the_output_check_reports_names_taken_from_sqlglot_when_postgresqls_are_switched_off(
+        output_round_trip: OutputRoundTrip, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Outputs were once named from sqlglot's reading (``{a}::int`` as "int" where PostgreSQL says "int4").
+    monkeypatch.setattr(rewriter.dp_query, "output_names", lambda *args: None)
+    checked = output_round_trip.check(output_cases(random.Random(SEED), OUTPUT_CASES), first=True)
+    assert checked.mismatches, checked
