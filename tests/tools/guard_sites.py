@@ -49,7 +49,8 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "dp_query": ("tests/test_refusals.py", "tests/test_query_shapes.py", "tests/test_attack_outputs.py",
                  "tests/test_attack_availability.py::test_a_number_too_long_for_python_int_is_refused_not_an_internal_error"),
     "limits": ("tests/test_statement_limits.py",),
-    "parameters": ("tests/test_attack_stop45.py",),
+    "parameters": ("tests/test_attack_stop45.py", "tests/test_attack_stop40.py::"
+                   "test_a_numeric_parameter_beside_a_numeric_domain_is_answered_alike_on_neighbours"),
     "misreadings": ("tests/test_parse_differential.py::"
                     "test_an_interval_literal_sqlglot_reads_otherwise_is_refused_before_any_charge",
                     "tests/test_parse_differential.py::"
@@ -282,7 +283,12 @@ SITES: tuple[Site, ...] = (
          "    refused = pattern_refusal(pattern)\n    if refused is not None:",
          "    refused = pattern_refusal(pattern)\n    if False:", "predicate"),
     _off("param.declared-type", "proxy/dp/parameter_types.py", "type_oid not in PARAMETER_TYPES", "predicate"),
-    _off("param.numeric-declared-type", "proxy/dp/parameter_types.py", "type_oid not in NUMERIC_PARAMETER_TYPES",
+    Site("param.numeric-declared-type", "proxy/dp/parameter_types.py", "if type_oid in NUMERIC_PARAMETER_TYPES or (",
+         "if True or (", "parameters"),
+    _off("param.float-beside-wide-numeric", "proxy/dp/parameter_types.py",
+         "precision is None or precision > _FLOAT_DIGITS", "parameters"),
+    Site("param.float-of-15-digits", "proxy/dp/parameter_types.py",
+         'return not math.isfinite(number) or float(f"{number:.{_FLOAT_DIGITS}g}") == number', "return True",
          "parameters"),
     _off("param.in-list-one-reading", "proxy/dp/parameter_types.py", "not listed.one_reading(params.types)", "parameters"),
     Site("param.in-list-mixed-families", "rewriter/listed_parameters.py", "if len(families) > 1 or declared & INFERRED:",
