@@ -33,6 +33,7 @@ backend SQL's are described first, proxy.dp.folding, proxy.dp.narrowing.)"""
 # A text or varchar column compares alike, as text, with a value of any of these types or of none.
 _TEXT_COLUMNS = frozenset({25, 1043})
 _TEXT_VALUES = frozenset({18, 19, 25, 1043}) | INFERRED
+_BPCHAR = 1042
 
 
 def _family(type_oid: int) -> int:
@@ -58,12 +59,17 @@ class ListedParameters:
         every parameter unspecified (each then gets the column's type in its own ``=``, and the
         common type is the column's) beside no typed value; or every one declared of one type
         (integer types as one), beside nothing else or, when that type is the column's, beside
-        untyped literals only; or, on a text or varchar column, every one declared of a type compared
-        as text (``text``, ``varchar``, ``name``, ``"char"``) or unspecified, beside no typed value."""
+        untyped literals only, but for ``bpchar`` beside another string type (``c IN ($1, $2)`` on a
+        ``char(3)`` column, both declared text, compares as text, trailing blanks and all, where each
+        ``c = $k`` compares as bpchar, without them); or, on a text or varchar column, every one
+        declared of a type compared as text (``text``, ``varchar``, ``name``, ``"char"``) or
+        unspecified, beside no typed value."""
         declared = {types[number - 1] if number <= len(types) else 0 for number in self.numbers}
         if declared <= INFERRED or (self.column_type in _TEXT_COLUMNS and declared <= _TEXT_VALUES):
             return self.others != "typed"
         families = {_family(type_oid) for type_oid in declared}
         if len(families) > 1 or declared & INFERRED:
             return False
+        if _BPCHAR in declared | {self.column_type} and declared | {self.column_type} != {_BPCHAR}:
+            return False  # bpchar beside another string type: each = compares as bpchar, the list as text
         return self.others == "none" or (self.others == "untyped" and families == {_family(self.column_type)})

@@ -28,7 +28,7 @@ from psycopg import pq
 from proxy.dp.answer import result_fields
 from rewriter.dp_query import AggregateQuery
 from tests.output_generator import AGGREGATES, OutputCase
-from tests.round_trip import Checked, Mismatch, RoundTrip
+from tests.round_trip import Checked, Mismatch, RoundTrip, sqlstate
 
 __all__ = ["OutputRoundTrip"]
 
@@ -51,14 +51,7 @@ class OutputRoundTrip:
     def check(self, cases: Iterable[OutputCase], first: bool = False) -> Checked:
         """Check each case (``first``: stop at the first mismatch)."""
         checked = Checked()
-        for case in cases:
-            if first and checked.mismatches:
-                break
-            checked.generated += 1
-            decision = self._trip.plan(case.statement)
-            if decision is None:
-                continue
-            checked.planned += 1
+        for case, decision in self._trip.planned(cases, lambda case: case.statement, checked, first):
             plan = decision.plan
             values = self._released(plan, case)
             if values is None:  # an aggregate the generator does not name (cannot happen: counted, not compared)
@@ -109,7 +102,7 @@ class OutputRoundTrip:
         pgconn = self._conn.pgconn
         prepared = pgconn.prepare(b"", sql.encode(), list(param_types) or None)
         if prepared.status != pq.ExecStatus.COMMAND_OK:
-            return None, _sqlstate(prepared)
+            return None, sqlstate(prepared)
         described = pgconn.describe_prepared(b"")
         columns = range(described.nfields)
         return [(described.fname(c) or b"").decode() for c in columns], [described.ftype(c) for c in columns]
@@ -117,11 +110,6 @@ class OutputRoundTrip:
     def _rows(self, sql: str, values: Sequence[bytes | None], types: Sequence[int]) -> Any:
         result = self._conn.pgconn.exec_params(sql.encode(), list(values), list(types))
         if result.status != pq.ExecStatus.TUPLES_OK:
-            return ("error", _sqlstate(result))
+            return ("error", sqlstate(result))
         return [tuple(None if (value := result.get_value(r, c)) is None else value.decode() for c in range(result.nfields))
                 for r in range(result.ntuples)]
-
-
-def _sqlstate(result: pq.abc.PGresult) -> str:
-    state = result.error_field(pq.DiagnosticField.SQLSTATE)
-    return state.decode() if state else "?"

@@ -44,7 +44,7 @@ from proxy.dp.percentile_params import bind_fractions, fraction_param_types
 from rewriter.rewrite import backend_sql
 from tests.constant_values import PROFILES
 from tests.parameter_generator import ParameterCase
-from tests.round_trip import ALIKE, READ, Checked, Mismatch, RoundTrip, backend_condition
+from tests.round_trip import ALIKE, READ, Checked, Mismatch, RoundTrip, backend_condition, sqlstate
 
 __all__ = ["ParameterChecked", "ParameterRoundTrip"]
 
@@ -84,14 +84,7 @@ class ParameterRoundTrip:
     def check(self, cases: Iterable[ParameterCase], first: bool = False) -> ParameterChecked:
         """Check each case (``first``: stop at the first mismatch)."""
         checked = ParameterChecked()
-        for case in cases:
-            if first and checked.mismatches:
-                break
-            checked.generated += 1
-            decision = self._trip.plan(case.statement)
-            if decision is None:
-                continue
-            checked.planned += 1
+        for case, decision in self._trip.planned(cases, lambda case: case.statement, checked, first):
             analyst_types, asked = self._read(case.statement, case.condition, case.types, case.values)
             described, _ = self._described(backend_sql(settled_lists(decision.plan, case.types), seed=0),
                                            fraction_param_types(decision.plan, case.types))
@@ -135,7 +128,7 @@ class ParameterRoundTrip:
         try:
             result = self._conn.pgconn.exec_params(query.encode(), list(values), inferred)
             if result.status != pq.ExecStatus.TUPLES_OK:
-                return inferred, ("error", _sqlstate(result))
+                return inferred, ("error", sqlstate(result))
             return inferred, ("value", result.get_value(0, 0).decode() if result.ntuples else None)
         finally:
             self._conn.execute("ROLLBACK")
@@ -145,7 +138,7 @@ class ParameterRoundTrip:
         pgconn = self._conn.pgconn
         result = pgconn.prepare(b"", statement.encode(), list(types) or None)
         if result.status != pq.ExecStatus.COMMAND_OK:
-            return None, _sqlstate(result)
+            return None, sqlstate(result)
         described = pgconn.describe_prepared(b"")
         return [described.param_type(i) for i in range(described.nparams)], None
 
@@ -154,11 +147,6 @@ def _settings(profile: tuple[str, str, str, int]) -> list[str]:
     zone, date_style, interval_style, float_digits = profile
     return ["statement_timeout = 5000", f"TimeZone = '{zone}'", f"DateStyle = '{date_style}'",
             f"IntervalStyle = '{interval_style}'", f"extra_float_digits = {float_digits}"]
-
-
-def _sqlstate(result: pq.abc.PGresult) -> str:
-    state = result.error_field(pq.DiagnosticField.SQLSTATE)
-    return state.decode() if state else "?"
 
 
 def _shown(case: ParameterCase) -> str:

@@ -293,6 +293,8 @@ SITES: tuple[Site, ...] = (
     _off("param.in-list-one-reading", "proxy/dp/parameter_types.py", "not listed.one_reading(params.types)", "parameters"),
     Site("param.in-list-mixed-families", "rewriter/listed_parameters.py", "if len(families) > 1 or declared & INFERRED:",
          "if False:", "parameters"),
+    _off("param.in-list-bpchar-beside-strings", "rewriter/listed_parameters.py",
+         "_BPCHAR in declared | {self.column_type} and declared | {self.column_type} != {_BPCHAR}", "parameters"),
     Site("param.in-list-typed-beside-unspecified", "rewriter/listed_parameters.py", 'return self.others != "typed"',
          "return True", "parameters"),
     Site("fold.unknown-parameter-described", "proxy/dp/folding.py",
