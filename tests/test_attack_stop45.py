@@ -149,3 +149,31 @@ def test_a_folded_parameter_declared_unknown_is_answered_as_postgresql_answers(
     with rt_proxy.connect(autocommit=True) as conn:
         state, message = _run(conn, sql, values, [_UNKNOWN])
         assert state is None, message
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT round(sum(f)::float8, 2) FROM rt",
+    "SELECT round(round(count(*) * 100) / 100, 2) AS x FROM rt",
+    "SELECT round(ceil(count(i)), 1), count(*) FROM rt",
+    "SELECT count(*) FROM rt WHERE n < round(floor(5), 1)",
+    "SELECT count(*) FILTER (WHERE n > round(round(5), 1)) FROM rt",
+])
+def test_round_of_a_double_precision_sqlglot_casts_to_numeric_is_refused_before_any_charge(
+        rt_proxy: RunningProxy, test_db: TestDatabase, sql: str) -> None:
+    # PostgreSQL has round(numeric, integer) only: round(5), ceil(count(*)) and sum of a float
+    # column are double precision, and it fails (42883) whatever the rows; sqlglot wrote
+    # round(CAST(x AS numeric), n), answered and charged (found by the round-trip check of outputs).
+    with psycopg.connect(test_db.admin_dsn) as admin:
+        assert _run(admin, sql, [], [])[0] == "42883"
+    _refused(rt_proxy, sql, [], [], "round-cast")
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT round(avg(i), 2), round(sum(n), 1), round(count(*), 2), round(ceil(avg(n)), 2) FROM rt",
+    "SELECT round(sum(f)::numeric, 2) FROM rt",
+    "SELECT count(*) FROM rt WHERE n < round(floor(5.5), 1)",
+])
+def test_round_of_a_numeric_or_integer_is_answered(rt_proxy: RunningProxy, sql: str) -> None:
+    with rt_proxy.connect(autocommit=True) as conn:
+        state, message = _run(conn, sql, [], [])
+        assert state is None, message
