@@ -1,9 +1,11 @@
 """The round-trip check (tests/round_trip.py): every generated condition dpproxy answers chooses, in
-its backend SQL, the rows (or the SQLSTATE) PostgreSQL's reading of the statement chooses.
+its backend SQL, the rows (or the SQLSTATE) PostgreSQL's reading of the statement chooses; with
+bound parameters, under the types the backend is sent (tests/round_trip_parameters.py); and every
+output over released aggregates evaluates them as PostgreSQL does (tests/round_trip_outputs.py).
 
 ``DPPROXY_FUZZ_SEED`` picks the seed (printed on failure) and ``DPPROXY_FUZZ_CASES`` the number of
-conditions; the default run is sized for the suite, a larger one is run by hand
-(``DPPROXY_FUZZ_CASES=20000``; run with ``-s`` to see its sizes).
+conditions (a third of it, parameter cases; a sixth, output cases); the default run is sized for
+the suite, a larger one is run by hand (``DPPROXY_FUZZ_CASES=30000``; run with ``-s`` to see its sizes).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from tests.round_trip_parameters import ParameterRoundTrip
 SEED = int(os.environ.get("DPPROXY_FUZZ_SEED", "134"))
 CASES = int(os.environ.get("DPPROXY_FUZZ_CASES", "3000"))
 PARAMETER_CASES = CASES // 3
-OUTPUT_CASES = CASES // 3
+OUTPUT_CASES = CASES // 6
 
 
 @pytest.fixture(scope="module")
