@@ -36,6 +36,7 @@ from .percentiles import FractionParameter, decimal_text, is_percentile, percent
 from .post_process import PostProcess, aggregate_nodes, outer_statement
 from .shares import counted_shares
 from .predicates import PredicateRenderer
+from .listed_parameters import ListedParameters
 from .raw_equality import ParameterList
 from .scope import Scope
 from .single_reads import SingleRead, categories, distinct_read, hash_read, key_read, mode_read
@@ -152,6 +153,12 @@ class AggregateQuery:
     # The raw conjuncts over lists of parameters in where_sql (rewriter/raw_equality.py), each left
     # out when the statement is bound with types it does not hold for (proxy/dp/parameter_types.py).
     parameter_lists: tuple[ParameterList, ...] = ()
+    # The parameters its conditions cast to numeric beside a numeric column (rewriter/predicates.py),
+    # each with the column's declared precision (None: none), whose declared types and values are
+    # checked when they are bound (proxy/dp/parameter_types.py).
+    numeric_parameters: tuple[tuple[int, int | None], ...] = ()
+    # Its IN lists holding parameters (rewriter/listed_parameters.py), likewise.
+    listed_parameters: tuple[ListedParameters, ...] = ()
 
     @property
     def predicates(self) -> tuple[str, ...]:
@@ -260,7 +267,9 @@ def plan_aggregate_query(
                           post=post, groups=groups, ranges=ranges, terms=conditions.terms,
                           ilike_bytes=conditions.ilike_bytes,
                           text_work=text_work, single_reads=reads, notes=conditions.notes,
-                          parameter_lists=tuple(conditions.parameter_lists))
+                          parameter_lists=tuple(conditions.parameter_lists),
+                          numeric_parameters=conditions.numeric_parameters,
+                          listed_parameters=conditions.listed_parameters)
     if not ranges:  # no time bound can narrow a key: the cells are known now
         too_many = too_many_cells(plan)
         if too_many is not None:

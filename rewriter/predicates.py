@@ -80,6 +80,7 @@ from policies.tables import ColumnInfo, quote_identifier
 from .category_notes import MAX_NOTES, category_note, more_notes
 from .constants import HINT as FOLD_HINT
 from .constants import Fold, Folding, NotFoldable, fold_type, qualified_constant
+from .listed_parameters import ListedParameters
 from .like_patterns import case_folded_bytes, case_folded_refusal, longest_part_after_percent, pattern_refusal
 from .predicate_terms import predicate_terms, terms_refusal
 from .raw_equality import ParameterList, hashed_raw_equality, parameter_list_equality, parameter_raw_equality, raw_comparison
@@ -87,7 +88,7 @@ from .scope import Scope
 from .single_reads import SingleRead, raw_read
 from .sql_text import literal, operator, short_text
 from .text_bounds import LIKE_WORK, case_fold_work, comparison_work, value_bytes, work_refusal
-from .types import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
+from .types import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC, numeric_precision
 
 __all__ = ["Predicate", "PredicateRenderer", "plan_predicate"]
 
@@ -266,6 +267,19 @@ class PredicateRenderer:
         return (*notes[:MAX_NOTES - 1], more_notes(len(notes) - MAX_NOTES + 1))
 
     @property
+    def numeric_parameters(self) -> tuple[tuple[int, int | None], ...]:
+        """The parameters rendered so far cast to numeric beside a numeric column, each as its number
+        and the column's declared precision (None: none), checked against their declared types and
+        values (proxy.dp.parameter_types.check_numeric_parameters)."""
+        return tuple(sorted(self._renderer.numeric_parameters))
+
+    @property
+    def listed_parameters(self) -> tuple[ListedParameters, ...]:
+        """The IN lists holding parameters rendered so far, whose declared types are judged at Bind
+        (proxy.dp.parameter_types.check_listed_parameters)."""
+        return tuple(self._renderer.listed_parameters)
+
+    @property
     def ilike_bytes(self) -> int:
         """The UTF-8 bytes of the literal ILIKE patterns rendered so far."""
         return self._renderer.ilike_bytes
@@ -317,6 +331,9 @@ class _Renderer:
         self.ilike_bytes = 0  # of the literal ILIKE patterns rendered so far
         self.text_work = 0  # what the terms rendered so far weigh by their reads of text (rewriter.text_bounds)
         self.like_weights: list[tuple[int, int]] = []  # (parameter, bytes read) of each pattern parameter's use
+        # Those cast to numeric beside a numeric column (_compatible), with its declared precision (None: none).
+        self.numeric_parameters: set[tuple[int, int | None]] = set()
+        self.listed_parameters: list[ListedParameters] = []  # IN lists holding parameters (_list_parameters)
         self.notes: list[str] = []  # rewriter.category_notes, from the statement and the policy alone
         # Whether the node being rendered stands where false and NULL decide alike: reached from
         # the condition's root through AND, OR and parentheses only (rewriter.raw_equality).
@@ -485,7 +502,20 @@ class _Renderer:
             self.positive = positive
         if conjunct:
             self._top_equality(column, values)
+        self._list_parameters(column, values)
         return "(" + " OR ".join(terms) + ")"
+
+    def _list_parameters(self, side: _Operand, values: list[_Operand]) -> None:
+        """Note an IN list of two values or more holding a bare parameter, on a column that is not
+        numeric (whose parameters the rewriter casts to numeric), for its declared types to be judged
+        at Bind (:class:`rewriter.listed_parameters.ListedParameters`)."""
+        numbers = tuple(int(value.sql[1:]) for value in values if value.parameter and value.cast is None)
+        if len(values) < 2 or not numbers or side.column is None or side.column.value_type[0] == NUMERIC:
+            return
+        others = [value for value in values if not (value.parameter and value.cast is None)]
+        untyped = all(value.literal and value.cast is None and value.column is None and not value.fold for value in others)
+        self.listed_parameters.append(ListedParameters(side.column.value_type[0], numbers,
+                                                       "none" if not others else "untyped" if untyped else "typed"))
 
     def _top_equality(self, side: _Operand, values: list[_Operand], column_first: bool = True) -> None:
         """Note ``side = <one of values>``, a conjunct at the condition's top level, for
@@ -771,6 +801,7 @@ class _Renderer:
             if other.parameter:
                 operands[1 - index] = _Operand(f"CAST({other.sql} AS pg_catalog.numeric)", cast="numeric",
                                                parameter=True)
+                self.numeric_parameters.add((int(other.sql[1:]), numeric_precision(one.column.value_type[1])))
             if other.cast in _FLOAT_CASTS or (other.column is not None
                                               and other.column.value_type[0] in _FLOAT_COLUMNS):
                 raise self.refuse(

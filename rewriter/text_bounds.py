@@ -108,6 +108,7 @@ from policies.model import TablePolicy
 from policies.tables import ColumnInfo, Relation, quote_identifier
 
 from .sql_text import operator
+from .types import numeric_precision
 
 __all__ = ["BIT", "CASE_FOLD_WORK", "COLLATED_CASE_FOLD_WORK", "COLLATED_COMPARISON_WORK", "COMPARISON_WORK", "LIKE_WORK", "MAX_TEXT_WORK", "NUMERIC", "NUMERIC_MAX_BYTES",
            "NUMERIC_NEVER_APART_BYTES", "RANGE_DATA_BYTES", "TEXT_TYPES", "TOAST_SMALLEST", "WIDE_RANGES",
@@ -239,8 +240,8 @@ def declared_size(type_oid: int, modifier: int) -> int | None:
     declared = _declared_characters_bytes(type_oid, modifier)
     if declared is not None:
         return _VARHDRSZ + declared
-    if type_oid == NUMERIC and modifier >= _VARHDRSZ:
-        digits = ((modifier - _VARHDRSZ) >> 16) & 0xFFFF
+    digits = numeric_precision(modifier) if type_oid == NUMERIC else None
+    if digits is not None:
         # p digits span at most ceil(p/4) + 1 four-digit groups of 2 bytes, behind a 2- or 4-byte header
         return _VARHDRSZ + 4 + 2 * (-(-digits // 4) + 1)
     if type_oid == BIT and modifier > 0:

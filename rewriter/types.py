@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ARRAY_ELEMENTS", "ARRAY_TYPES", "BOOL", "FLOAT_TYPES", "INTEGER_TYPES", "MAX_ABS_BOUND", "MAX_ABS_VARIANCE_BOUND", "NUMBER_ARRAY_NAMES",
+__all__ = ["ARRAY_ELEMENTS", "ARRAY_TYPES", "BOOL", "FLOAT_TYPES", "INTEGER_TYPES", "MAX_ABS_BOUND", "MAX_ABS_VARIANCE_BOUND", "NUMBER_ARRAY_NAMES", "numeric_precision",
            "NUMERIC_TYPES",
            "aggregate_result_type"]
 
@@ -61,3 +61,9 @@ def aggregate_result_type(kind: str, argument_type: int | None) -> int:
     if kind == "percentile_cont":
         return FLOAT8  # PostgreSQL's percentile_cont(double precision) reads every number as a double
     return argument_type  # min, max, mode keep the argument's type
+
+
+def numeric_precision(type_modifier: int) -> int | None:
+    """The precision ``p`` of a ``numeric(p, s)`` type modifier (``((p << 16) | s) + 4``), None for
+    an unconstrained numeric (-1)."""
+    return ((type_modifier - 4) >> 16) & 0xFFFF if type_modifier >= 4 else None

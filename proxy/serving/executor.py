@@ -36,7 +36,7 @@ from proxy.dp.budget import BudgetKeeper
 from proxy.dp.folding import bind_constants
 from proxy.dp.narrowing import narrow_keys
 from proxy.dp.percentile_params import bind_fractions, fraction_param_types
-from proxy.dp.parameter_types import check_parameter_types, settled_lists
+from proxy.dp.parameter_types import check_listed_parameters, check_numeric_parameters, check_parameter_types, settled_lists
 from proxy.dp.release_units import release_count, release_units
 from proxy.dp.repeats import RepeatStore
 from proxy.ops.audit import AuditEntry, AuditLog
@@ -849,6 +849,8 @@ class Executor:
         # type it cannot have (a list bound as float8[]) is refused as a fraction, not a predicate.
         plan, params = bind_fractions(plan, params)
         check_parameter_types(plan, params)
+        check_numeric_parameters(plan, params)
+        check_listed_parameters(plan, params)
         plan = settled_lists(plan, params.types)  # a list's raw conjunct holds for some types only
         # The plan's WHERE is made final here, before the charge (and before the repeat key).
         epsilon = self.settings.query_epsilon(self.server.policy, plan.table)

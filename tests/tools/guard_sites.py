@@ -49,6 +49,8 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "dp_query": ("tests/test_refusals.py", "tests/test_query_shapes.py", "tests/test_attack_outputs.py",
                  "tests/test_attack_availability.py::test_a_number_too_long_for_python_int_is_refused_not_an_internal_error"),
     "limits": ("tests/test_statement_limits.py",),
+    "stop45": ("tests/test_attack_stop45.py", "tests/test_attack_stop40.py::"
+                   "test_a_numeric_parameter_beside_a_numeric_domain_is_answered_alike_on_neighbours"),
     "misreadings": ("tests/test_parse_differential.py::"
                     "test_an_interval_literal_sqlglot_reads_otherwise_is_refused_before_any_charge",
                     "tests/test_parse_differential.py::"
@@ -294,6 +296,23 @@ SITES: tuple[Site, ...] = (
          "    refused = pattern_refusal(pattern)\n    if refused is not None:",
          "    refused = pattern_refusal(pattern)\n    if False:", "predicate"),
     _off("param.declared-type", "proxy/dp/parameter_types.py", "type_oid not in PARAMETER_TYPES", "predicate"),
+    Site("param.numeric-declared-type", "proxy/dp/parameter_types.py", "if type_oid in NUMERIC_PARAMETER_TYPES or (",
+         "if True or (", "stop45"),
+    _off("param.float-beside-wide-numeric", "proxy/dp/parameter_types.py",
+         "precision is None or precision > _FLOAT_DIGITS", "stop45"),
+    Site("param.float-of-15-digits", "proxy/dp/parameter_types.py",
+         'return not math.isfinite(number) or float(f"{number:.{_FLOAT_DIGITS}g}") == number', "return True",
+         "stop45"),
+    _off("param.in-list-one-reading", "proxy/dp/parameter_types.py", "not listed.one_reading(params.types)", "stop45"),
+    Site("param.in-list-mixed-families", "rewriter/listed_parameters.py", "if len(families) > 1 or declared & INFERRED:",
+         "if False:", "stop45"),
+    _off("param.in-list-bpchar-beside-strings", "rewriter/listed_parameters.py",
+         "_BPCHAR in declared | {self.column_type} and declared | {self.column_type} != {_BPCHAR}", "stop45"),
+    Site("param.in-list-typed-beside-unspecified", "rewriter/listed_parameters.py", 'return self.others != "typed"',
+         "return True", "stop45"),
+    Site("fold.unknown-parameter-described", "proxy/dp/folding.py",
+         "if params.values and not INFERRED.isdisjoint(params.types):", "if params.values and 0 in params.types:",
+         "stop45"),
     # ------------------------------------------------------------------ rewriter/function_check.py, catalog.py
     Site("func.attribute-notation", _F, "        if name in NEUTRALISED_FUNCTIONS or on_a_value or not (",
          "        if False and (", "catalog"),
@@ -654,4 +673,6 @@ SITES: tuple[Site, ...] = (
          "table.policy.answer_quantum_ms or not sorts_rows(plan) or not _over_ceiling(table)", "sort-memory", "True"),
     _off("sort.sorts-rows", "rewriter/rewrite.py",
          "query.groups or any(agg.distinct for agg in query.aggregates) or query_grid(query) is not None", "sort-memory"),
+    Site("misread.double-precision-round", "rewriter/misreadings.py",
+         'and number_kind(arguments[0], relation.columns) == "float"):', "and False):", "stop45"),
 )
