@@ -1,0 +1,117 @@
+"""Statements on a protected table whose outcome was not PostgreSQL's, though nothing leaked (each was
+refused or failed before any charge, or answered with the value PostgreSQL computes): dpproxy now
+answers what PostgreSQL answers and fails as PostgreSQL fails.
+
+* An IN list with a typed value beside untyped strings, ``d IN (date '2000-05-01', '2000-05-02')``,
+  was refused (rule ``in-list-types``); where every typed value has the column's own type PostgreSQL
+  compares the list in that type, as dpproxy's ``d = a OR d = b`` does, and it is answered. A list
+  typed otherwise than its column is refused, a list of one such type too: ``v IN ('ab'::char(3),
+  'a'::char(3))`` on a varchar column was answered for ``v = 'ab'::char(3) OR ...``, which counts the
+  row holding ``'ab '`` PostgreSQL's list does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from tests.conftest import TEST_POLICY, RunningProxy, TestDatabase, refused_uncharged, running_proxy, spent_epsilon
+
+_TABLE = "pgo_values"
+_POLICY = TEST_POLICY + f"""\
+  public.{_TABLE}:
+    access: protected
+    epsilon: 1.0
+    delta: 1.0e-6
+    columns:
+      i: {{{{bounds: [0, 100]}}}}
+      t: {{{{categories: [a, b], group_by: true}}}}
+      d: {{{{bounds: [2000-01-01, 2000-12-31]}}}}
+      f: {{{{bounds: [-1, 1]}}}}
+"""
+# Values on which the readings differ: trailing blanks (text and varchar keep them, char does not
+# count them), an integer real cannot hold (16777217 is 16777216 as a real).
+_ROWS = [("ab", "ab", "ab", "2000-05-01", 1), ("ab ", "ab ", "ab ", "2000-05-02", 16777217), ("a", "a", "a", "2000-05-03", 2),
+         ("b", "b", "b", "2000-01-01", 3), ("", "", "", "2000-12-31", 0)]
+
+
+@pytest.fixture(scope="module")
+def outcomes_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """dpproxy over ``pgo_values`` (t text, v varchar(8), c char(3), d date, i int4, f float8)."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute(f"DROP TABLE IF EXISTS {_TABLE}")
+        admin.execute(f"CREATE TABLE {_TABLE} (t text, v varchar(8), c char(3), d date, i int4, f float8)")
+        with admin.cursor() as cursor:
+            cursor.executemany(f"INSERT INTO {_TABLE} SELECT %s, %s, %s, %s::date, %s, 0.5 FROM generate_series(1, 3)",
+                               _ROWS)
+        admin.execute(f"GRANT SELECT ON {_TABLE} TO dpproxy_service")
+    with running_proxy(test_db, tmp_path_factory, _POLICY) as running:
+        yield running
+
+
+def _rows(test_db: TestDatabase, condition: str) -> int:
+    """How many rows of the table PostgreSQL's own reading of ``condition`` keeps."""
+    with psycopg.connect(test_db.admin_dsn) as admin:
+        return int(admin.execute(f"SELECT count(*) FROM {_TABLE} WHERE {condition}").fetchone()[0])
+
+
+def _expanded(condition: str) -> str:
+    """``x IN (a, b)`` as dpproxy writes it: ``(x = a OR x = b)`` (a list of plain values only)."""
+    column, values = condition.split(" IN (")
+    return "(" + " OR ".join(f"{column} = {value}" for value in values.removesuffix(")").split(", ")) + ")"
+
+
+def _postgresql_error(test_db: TestDatabase, sql: str) -> psycopg.Error:
+    with psycopg.connect(test_db.admin_dsn) as admin, pytest.raises(psycopg.Error) as failed:
+        admin.execute(sql)
+    return failed.value
+
+
+@pytest.mark.parametrize("condition", [
+    "d IN (date '2000-05-01', '2000-05-02')",
+    "d IN ('2000-05-01'::pg_catalog.date, '2000-05-03', date '2000-01-01')",
+    "v IN ('ab '::varchar(2), 'a')",
+    "c IN ('ab'::char(1), 'ab ')",
+    "t IN ('ab'::char(3), 'a'::varchar, 'b')",  # text: the list's common type, and text = char's own
+    "v IN ('ab '::text, 'a')",  # varchar with text: compared as text both ways
+    "c IN ('ab '::varchar, 'a')",  # char with varchar (SQLAlchemy's x IN ($1::VARCHAR)): as char both ways
+    "lower(t) IN ('ab'::text, 'a')",
+])
+def test_an_in_list_typed_as_its_column_is_answered_as_postgresql_compares_it(
+        outcomes_proxy: RunningProxy, test_db: TestDatabase, condition: str) -> None:
+    # PostgreSQL's own readings of the list and of dpproxy's ORs keep the same rows here ...
+    assert _rows(test_db, condition) == _rows(test_db, _expanded(condition))
+    # ... and dpproxy answers, charged (it refused the typed value beside untyped strings: in-list-types).
+    with outcomes_proxy.connect(autocommit=True) as conn:
+        spent = spent_epsilon(conn)
+        assert conn.execute(f"SELECT count(*) FROM {_TABLE} WHERE {condition}").fetchone() is not None
+        assert spent_epsilon(conn) > spent
+
+
+@pytest.mark.parametrize("condition", [
+    "v IN ('ab'::char(3), 'a'::char(3))",  # one type, but not the column's: was answered, for other rows
+    "v IN ('ab'::char(3), 'a')",
+    "v IN ('ab'::char(3), 'a'::text)",
+    "i IN (16777217.0000000001::numeric, 5::float8)",  # as double precision in the list, as numeric alone
+])
+def test_an_in_list_typed_otherwise_than_its_column_is_refused_before_any_charge(
+        outcomes_proxy: RunningProxy, test_db: TestDatabase, condition: str) -> None:
+    # PostgreSQL compares the list in its common type, each of the ORs in its own: other rows
+    assert _rows(test_db, condition) != _rows(test_db, _expanded(condition))
+    error = refused_uncharged(outcomes_proxy, f"SELECT count(*) FROM {_TABLE} WHERE {condition}")
+    assert (error.sqlstate, str(error.diag.message_primary).endswith("(rule: in-list-types)")) == ("0A000", True), \
+        error.diag.message_primary
+    assert "column's own type" in str(error.diag.message_hint), error.diag.message_hint
+
+
+@pytest.mark.parametrize(("condition", "sqlstate"), [
+    ("d IN (date '2000-05-01', 'nodate')", "22007"),
+    ("i IN (1::int4, 'x')", "22P02"),
+])
+def test_an_untyped_string_in_a_list_typed_as_its_column_fails_as_postgresql_reads_it(
+        outcomes_proxy: RunningProxy, test_db: TestDatabase, condition: str, sqlstate: str) -> None:
+    sql = f"SELECT count(*) FROM {_TABLE} WHERE {condition}"
+    assert _postgresql_error(test_db, sql).sqlstate == sqlstate
+    assert refused_uncharged(outcomes_proxy, sql).sqlstate == sqlstate
