@@ -200,10 +200,22 @@ def outer_statement(
         outer.append("expressions", exp.alias_(exp.column("_cell", table=RELEASE_ALIAS), "dpproxy_cell"))
     casts = [cell_array(k) if cell_array is not None and keys else None for k in range(1, count + 1)]
     outer.set("from_", _release_source(count, keys, ordinal, casts))
+    _rounds_as_written(whole)
     certain = (isinstance(whole, exp.Select) and finite is not None
                and fails_on_every_release(whole, RELEASE_ALIAS, finite, _keys_only))
     return PostProcess(checked(whole.sql("postgres"), function_names),
                        checked(_trial(whole).sql("postgres"), function_names), certain)
+
+
+def _rounds_as_written(whole: exp.Expression) -> None:
+    """Write each ``round(x, n)`` of ``whole`` as the analyst did. sqlglot's PostgreSQL rendering casts
+    an ``x`` it types double precision to numeric first (``round(avg(age)::float8, 2)`` became
+    ``ROUND(CAST(CAST(... AS DOUBLE PRECISION) AS DECIMAL), 2)``), which answered what PostgreSQL, having
+    no ``round(double precision, integer)``, fails (42883): as written, the outer statement fails so
+    too, when it is tried before the charge."""
+    for node in list(whole.find_all(exp.Round)):
+        if node.args.get("decimals") is not None:
+            node.replace(exp.Anonymous(this="round", expressions=[node.this, node.args["decimals"]]))
 
 
 def _trial(whole: exp.Expression) -> exp.Expression:

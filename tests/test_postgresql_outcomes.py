@@ -8,6 +8,9 @@ answers what PostgreSQL answers and fails as PostgreSQL fails.
   typed otherwise than its column is refused, a list of one such type too: ``v IN ('ab'::char(3),
   'a'::char(3))`` on a varchar column was answered for ``v = 'ab'::char(3) OR ...``, which counts the
   row holding ``'ab '`` PostgreSQL's list does not.
+* ``round(x, n)`` of a double precision over a released aggregate (``round(avg(i)::float8, 2)``):
+  PostgreSQL has no ``round(double precision, integer)`` (42883); sqlglot's rendering cast ``x`` to
+  numeric, and dpproxy answered. It fails as PostgreSQL's now, uncharged.
 """
 
 from __future__ import annotations
@@ -115,3 +118,21 @@ def test_an_untyped_string_in_a_list_typed_as_its_column_fails_as_postgresql_rea
     sql = f"SELECT count(*) FROM {_TABLE} WHERE {condition}"
     assert _postgresql_error(test_db, sql).sqlstate == sqlstate
     assert refused_uncharged(outcomes_proxy, sql).sqlstate == sqlstate
+
+
+@pytest.mark.parametrize("output", ["round(avg(i)::float8, 2)", "round(count(*)::float8 / 3, 2)",
+                                    "round(round(avg(i), 1)::float8, 2)", "round(avg(f), 2)"])
+def test_round_of_a_double_precision_over_a_released_aggregate_fails_as_postgresql_uncharged(
+        outcomes_proxy: RunningProxy, test_db: TestDatabase, output: str) -> None:
+    # PostgreSQL has round(numeric, integer) only; sqlglot wrote ROUND(CAST(x AS DECIMAL), n), answered.
+    sql = f"SELECT {output} FROM {_TABLE}"
+    assert _postgresql_error(test_db, sql).sqlstate == "42883"
+    error = refused_uncharged(outcomes_proxy, sql)
+    assert error.sqlstate == "42883" and "round(double precision, integer) does not exist" in str(error), str(error)
+
+
+@pytest.mark.parametrize("output", ["round(avg(i), 2)", "round(avg(f)::numeric, 1)", "round(avg(i) / 2.0, 2)",
+                                    "round(avg(f))"])
+def test_round_of_a_numeric_over_a_released_aggregate_is_answered(outcomes_proxy: RunningProxy, output: str) -> None:
+    with outcomes_proxy.connect(autocommit=True) as conn:
+        assert conn.execute(f"SELECT {output} FROM {_TABLE}").fetchone() is not None
