@@ -715,9 +715,9 @@ def _column_values_refusal(item: exp.Column, scope: Scope) -> Refusal:
     AS age FROM t``) gets, on a column opted in to GROUP BY, a hint at the histogram dpproxy does
     answer: the noised count per declared key. The hint reads the policy only, never the rows.
     """
+    column = scope.column(item)  # PostgreSQL's 42703 first: SELECT nosuch, count(*) names no column
     refusal = scope.refuse("selecting column values is not allowed on protected table", "no-row-access")
-    column = scope.table.columns.get(identifier(item.this))
-    if column is None or column.policy is None or not column.policy.group_by:
+    if column.policy is None or not column.policy.group_by:
         return refusal
     table = scope.table.display_name
     example = (f": SELECT {column.name}, COUNT(*) FROM {table} GROUP BY {column.name}"

@@ -145,7 +145,9 @@ def outer_statement(
     ``columns``: the table's column names. Within an ORDER BY expression PostgreSQL reads a name
     as an input column's even where an output has it (``ORDER BY age + 0``, ``age`` the alias of
     ``count(*)``): one of ``columns`` is judged as any column there (a key, else 42803); a name no
-    input column has is left for the outer statement to fail on, PostgreSQL's 42703 before the charge.
+    input column has is left for the outer statement to fail on, PostgreSQL's 42703 before the charge
+    when an output column has it, and is PostgreSQL's 42703 here when none has it (``ORDER BY nosuch
+    + 0``: PostgreSQL finds no such column before it judges the grouping).
     """
     outer = tree.copy()
     for key in ("from_", "where", "joins", "group"):
@@ -188,6 +190,10 @@ def outer_statement(
     for column in list(outer.find_all(exp.Column)):
         if column.table == RELEASE_ALIAS or output_name(column):
             continue
+        if columns and not column.table and identifier(column.this) not in columns:
+            # PostgreSQL looks a name up before it judges its grouping (ORDER BY nosuch + 0 is 42703)
+            raise Refusal("42703", f'column "{identifier(column.this)}" does not exist',
+                          "Columns: " + ", ".join(sorted(columns)), "undefined-column")
         if key_of is not None:
             raise Refusal("42803", f'column "{column.name}" must appear in the GROUP BY clause or be used in an '
                           "aggregate function", "Output columns of a GROUP BY are its keys and aggregates.",

@@ -11,6 +11,8 @@ answers what PostgreSQL answers and fails as PostgreSQL fails.
 * ``round(x, n)`` of a double precision over a released aggregate (``round(avg(i)::float8, 2)``):
   PostgreSQL has no ``round(double precision, integer)`` (42883); sqlglot's rendering cast ``x`` to
   numeric, and dpproxy answered. It fails as PostgreSQL's now, uncharged.
+* A name no column has, within an ORDER BY expression or a GROUP BY's output (``ORDER BY nosuch +
+  0``): 42803 or DP001 where PostgreSQL's is 42703, which it is now.
 """
 
 from __future__ import annotations
@@ -136,3 +138,24 @@ def test_round_of_a_double_precision_over_a_released_aggregate_fails_as_postgres
 def test_round_of_a_numeric_over_a_released_aggregate_is_answered(outcomes_proxy: RunningProxy, output: str) -> None:
     with outcomes_proxy.connect(autocommit=True) as conn:
         assert conn.execute(f"SELECT {output} FROM {_TABLE}").fetchone() is not None
+
+
+@pytest.mark.parametrize("sql", [
+    f"SELECT count(*) FROM {_TABLE} ORDER BY nosuch + 0",
+    f"SELECT t, count(*) FROM {_TABLE} GROUP BY t ORDER BY nosuch + 0",  # was 42803
+    f"SELECT t, count(*) FROM {_TABLE} GROUP BY t ORDER BY nosuch",
+    f"SELECT nosuch, count(*) FROM {_TABLE}",  # was DP001
+    f"SELECT nosuch + 1, count(*) FROM {_TABLE} GROUP BY t",
+])
+def test_a_name_no_column_has_fails_as_postgresql_uncharged(
+        outcomes_proxy: RunningProxy, test_db: TestDatabase, sql: str) -> None:
+    assert _postgresql_error(test_db, sql).sqlstate == "42703"
+    error = refused_uncharged(outcomes_proxy, sql)
+    assert error.sqlstate == "42703" and 'column "nosuch" does not exist' in str(error.diag.message_primary), str(error)
+
+
+def test_a_column_of_the_table_outside_the_groups_is_still_a_grouping_error(
+        outcomes_proxy: RunningProxy, test_db: TestDatabase) -> None:
+    sql = f"SELECT t, count(*) FROM {_TABLE} GROUP BY t ORDER BY i + 0"
+    assert _postgresql_error(test_db, sql).sqlstate == "42803"
+    assert refused_uncharged(outcomes_proxy, sql).sqlstate == "42803"
