@@ -510,9 +510,9 @@ def refuse_in_list_types(node: dict[str, Any], relation: Relation) -> None:
     compared as varchar (the common type, the column's: the values' trailing blanks dropped), its
     ``v = 'ab'::char(3)`` as char, where trailing blanks do not count; ``i IN (16777217.0000000001::numeric,
     5::float8)`` on an integer as double precision, its ``i = 16777217.0000000001::numeric`` as numeric. Such a
-    list is refused, but for the string types :data:`_TEXT_COMPARED` pairs, which both readings
-    compare alike (SQLAlchemy writes ``x IN ($1::VARCHAR)``). Numbers and expressions, which carry no
-    written type, are left alone."""
+    list is refused, but for the string types :data:`_TEXT_COMPARED` pairs and integers and numeric
+    (:data:`_EXACT_NUMBERS`), which both readings compare alike (SQLAlchemy writes ``x IN
+    ($1::VARCHAR)``). Numbers and expressions, which carry no written type, are left alone."""
     for expression in nodes_of(node, "A_Expr"):
         if expression.get("kind") != "AEXPR_IN" or "List" not in expression.get("rexpr", {}):
             continue
@@ -542,13 +542,17 @@ _TEXT, _VARCHAR, _BPCHAR = BUILTIN_TYPE_OIDS["text"], BUILTIN_TYPE_OIDS["varchar
 # char value is compared as varchar in the list, as char alone; a char column with text and varchar
 # values as text in the list.)
 _TEXT_COMPARED = {_TEXT: frozenset({_VARCHAR, _BPCHAR}), _VARCHAR: frozenset({_TEXT}), _BPCHAR: frozenset({_VARCHAR})}
+# Integers and numeric: whatever the common type, each value converts to it exactly, and an integer
+# compared with a numeric or another integer compares exact values alone too (i IN (1, 40000::int2)).
+_EXACT_NUMBERS = frozenset(BUILTIN_TYPE_OIDS[name] for name in ("int2", "int4", "int8", "numeric"))
 
 
 def _compares_alike(compared: int | None, typed: int | None) -> bool:
     """Whether a value cast to ``typed`` (a type OID; None: not built in) in an IN list on a value of
     type ``compared`` (None: not known) is compared alike in the list and in ``x = value``."""
     return compared is not None and typed is not None and (
-        typed == compared or typed in _TEXT_COMPARED.get(compared, frozenset()))
+        typed == compared or typed in _TEXT_COMPARED.get(compared, frozenset())
+        or {compared, typed} <= _EXACT_NUMBERS)
 
 
 def _compared_type(lexpr: dict[str, Any], relation: Relation) -> int | None:

@@ -83,6 +83,7 @@ def _postgresql_error(test_db: TestDatabase, sql: str) -> psycopg.Error:
     "v IN ('ab '::text, 'a')",  # varchar with text: compared as text both ways
     "c IN ('ab '::varchar, 'a')",  # char with varchar (SQLAlchemy's x IN ($1::VARCHAR)): as char both ways
     "lower(t) IN ('ab'::text, 'a')",
+    "i IN (1::int2, 16777217::int8, 2.5::numeric, 3)",  # integers and numeric: exact values both ways
 ])
 def test_an_in_list_typed_as_its_column_is_answered_as_postgresql_compares_it(
         outcomes_proxy: RunningProxy, test_db: TestDatabase, condition: str) -> None:
@@ -159,3 +160,4 @@ def test_a_column_of_the_table_outside_the_groups_is_still_a_grouping_error(
     sql = f"SELECT t, count(*) FROM {_TABLE} GROUP BY t ORDER BY i + 0"
     assert _postgresql_error(test_db, sql).sqlstate == "42803"
     assert refused_uncharged(outcomes_proxy, sql).sqlstate == "42803"
+
