@@ -192,15 +192,17 @@ class SeriesLimit:
 
 
 def plan_aggregate_query(
-    sql: str, table: Relation, function_names: frozenset[str] | None = None, ranking: bool = False
+    sql: str, table: Relation, function_names: frozenset[str] | None = None, ranking: bool = False,
+    joined: frozenset[str] = frozenset(),
 ) -> AggregateQuery:
     """Validate ``sql`` (one SELECT that references ``table`` and nothing else) into a plan.
 
     ``function_names``: every function name of the backend, for the outer statement's check
     of attribute-notation calls (``rewriter.function_check``). ``ranking``: the statement ranks
     the series of another (:class:`SeriesLimit`): it must be a GROUP BY, and its outer statement
-    also returns each kept row's cell number."""
-    scope = Scope(table, frozenset({table.name}), function_names)
+    also returns each kept row's cell number. ``joined``: the names a subquery joined to the table
+    makes visible (:attr:`Scope.joined`)."""
+    scope = Scope(table, frozenset({table.name}), function_names, joined)
     try:
         tree = parse_postgres(sql)
     except ParseError as exc:
@@ -446,7 +448,7 @@ def _post_processed(
         keys=len(groups), key_of=key_of if groups else None, function_names=scope.function_names,
         names=names[0], top_names=names[1], ordinal=ordinal,
         cell_array=lambda k: NUMBER_ARRAY_NAMES[released[k - 1].result_type_oid] if released[k - 1].fractions else None,
-        finite=lambda k: released[k - 1].finite_number, columns=frozenset(scope.table.columns),
+        finite=lambda k: released[k - 1].finite_number, columns=frozenset(scope.table.columns) | scope.joined,
     )
     return tuple(released), post
 

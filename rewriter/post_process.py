@@ -147,7 +147,8 @@ def outer_statement(
     ``count(*)``): one of ``columns`` is judged as any column there (a key, else 42803); a name no
     input column has is left for the outer statement to fail on, PostgreSQL's 42703 before the charge
     when an output column has it, and is PostgreSQL's 42703 here when none has it (``ORDER BY nosuch
-    + 0``: PostgreSQL finds no such column before it judges the grouping).
+    + 0``: PostgreSQL finds no such column before it judges the grouping). A series limit's ranking
+    outputs, visible to the statement through its join, are among ``columns``.
     """
     outer = tree.copy()
     for key in ("from_", "where", "joins", "group"):
