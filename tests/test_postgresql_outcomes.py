@@ -161,3 +161,27 @@ def test_a_column_of_the_table_outside_the_groups_is_still_a_grouping_error(
     assert _postgresql_error(test_db, sql).sqlstate == "42803"
     assert refused_uncharged(outcomes_proxy, sql).sqlstate == "42803"
 
+
+@pytest.mark.parametrize(("condition", "sqlstate"), [
+    # found at DPPROXY_FUZZ_SEED=7 (20,000 conditions): dpproxy's fold cast '20000501' - 7, an integer,
+    # to date first (42846), where PostgreSQL transforms every value of the list before it compares
+    ("d NOT IN (date '2000-05-01' + 1, '20000501' - 7, 'May 1, 2000' + 1, date '2000-05-01')", "22P02"),
+    ("d NOT IN ('20000501' - 7, (E'2000\\05\\01')::date, CAST(date '2000-05-01' AS date))", "22007"),
+    ("d IN ('20000501' - 7, date '2000-05-01')", "42883"),  # no operator date = integer
+    ("d IN ('bad', current_date - 1)", "22007"),  # the untyped string, compared first
+    ("d = '20000501' - 7", "42883"),
+    ("d >= current_date - 1 AND d < '20000501' - 7", "42883"),
+])
+def test_a_computed_value_that_fails_fails_with_postgresqls_sqlstate_uncharged(
+        outcomes_proxy: RunningProxy, test_db: TestDatabase, condition: str, sqlstate: str) -> None:
+    sql = f"SELECT count(*) FROM {_TABLE} WHERE {condition}"
+    assert _postgresql_error(test_db, sql).sqlstate == sqlstate
+    assert refused_uncharged(outcomes_proxy, sql).sqlstate == sqlstate
+
+
+@pytest.mark.parametrize("condition", ["d IN (current_date, current_date - 1, '2000-05-01')",
+                                       "i IN ('2' + 1, 5)", "d NOT IN (date '2000-05-01' + 1, '2000-05-01')",
+                                       "d >= current_date - 365 AND i IN (2 * 2, 1)"])
+def test_a_list_of_computed_values_postgresql_answers_is_answered(outcomes_proxy: RunningProxy, condition: str) -> None:
+    with outcomes_proxy.connect(autocommit=True) as conn:
+        assert conn.execute(f"SELECT count(*) FROM {_TABLE} WHERE {condition}").fetchone() is not None
