@@ -207,9 +207,9 @@ def outer_statement(
         outer.append("expressions", exp.alias_(exp.column("_cell", table=RELEASE_ALIAS), "dpproxy_cell"))
     casts = [cell_array(k) if cell_array is not None and keys else None for k in range(1, count + 1)]
     outer.set("from_", _release_source(count, keys, ordinal, casts))
-    _rounds_as_written(whole)
     certain = (isinstance(whole, exp.Select) and finite is not None
                and fails_on_every_release(whole, RELEASE_ALIAS, finite, _keys_only))
+    _rounds_as_written(whole)  # after the proof, which reads round as sqlglot's node
     return PostProcess(checked(whole.sql("postgres"), function_names),
                        checked(_trial(whole).sql("postgres"), function_names), certain)
 
