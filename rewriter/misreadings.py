@@ -57,12 +57,13 @@ scanner ends with ``@`` (``i>=@5`` is the operator ``>=@``, which PostgreSQL doe
 read ``i >= $5``). (``!! b``, which sqlglot reads as ``NOT NOT b``, is refused as an
 ``undefined-operator`` before, in rewriter/classify.py.)
 
-An IN list whose values are of more than one written type (found by the round-trip check): dpproxy
+An IN list with a value of another written type than its column (found by the round-trip check): dpproxy
 writes ``x IN (a, b)`` as ``x = a OR x = b``, and PostgreSQL resolves each ``=`` on its own there, but
 the list to one common type first: ``v IN ('ab'::char(3), 'a'::text)`` compares ``v`` as text (where
-``'ab '`` is not ``'ab'``), its ``v = 'ab'::char(3)`` as char (where it is). Refused when the list mixes
-typed values of different types or typed and untyped strings; numbers, whose common type keeps
-their values, and a list of one type are answered.
+``'ab '`` is not ``'ab'``), its ``v = 'ab'::char(3)`` as char (where it is). Refused when a typed value
+is of another type than the compared column's (a list of one such type too), but for pairs both
+readings compare alike (:func:`refuse_in_list_types`); a list typed as its column, beside untyped
+strings and numbers, is answered (``d IN (date '2024-01-01', '2024-02-01')``).
 
 ``round(x, n)`` of a value of no known number type (found by the round-trip check): PostgreSQL has
 ``round(numeric, integer)`` only, so ``round(ceil('4.5'), 1)`` (``ceil`` of an untyped string is
