@@ -123,6 +123,9 @@ WORKLOADS: tuple[Workload, ...] = (
     # AVG of the one column the policy answers by sample and aggregate (benchmark_policy)
     _dp("AVG_SA", "SELECT AVG(education_num) FROM {table} WHERE age > {p}", 25, 36),
     _dp("MINMAX", "SELECT MIN(age), MAX(age) FROM {table} WHERE hours_per_week > {p}", 20, 41),
+    # the latency benchmark's "3 columns": three released columns of one backend row
+    _dp("THREE", "SELECT COUNT(*), SUM(hours_per_week), SUM(capital_gain) FROM {table} WHERE age > {p} AND sex = 'Male'",
+        25, 36),
     Workload("catalog", lambda i: _CATALOG[i % len(_CATALOG)], lambda i: (_CATALOG[i % len(_CATALOG)], [])),
 )
 PROTOCOLS = ("simple", "extended")

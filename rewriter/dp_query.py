@@ -251,7 +251,7 @@ def plan_aggregate_query(
         where_sql = folding.inline if where_sql is not None else None
         aggregates = tuple(replace(agg, filter_sql=text) for agg, text in zip(aggregates, folding.inline_filters()))
     ranges = key_ranges(where.this if where is not None else None, groups, scope)
-    reads = _single_reads(table, aggregates, groups)
+    reads = (*_single_reads(table, aggregates, groups), *conditions.raw_reads)
     text_work = conditions.text_work + sum(read.work for read in reads)
     refused = work_refusal(text_work, reads) if not table.policy.answer_quantum_ms else None
     if refused is not None:

@@ -174,9 +174,13 @@ def outer_statement(
 
     def bare_output_name(column: exp.Column) -> bool:
         """An ORDER BY item that is an output column's name alone, which PostgreSQL resolves to
-        that column. Within an expression (``ORDER BY t COLLATE "C"``, ``lower(t)``) a name is
-        an input column's, a key here: an output alias there is PostgreSQL's 42703."""
-        return (order is not None and isinstance(column.parent, exp.Ordered) and column.parent.parent is order
+        that column, in parentheses or not (its grammar keeps none: ``ORDER BY (s)`` is ``ORDER BY
+        s``). Within an expression (``ORDER BY t COLLATE "C"``, ``lower(t)``) a name is an input
+        column's, a key here: an output alias there is PostgreSQL's 42703."""
+        item: exp.Expression = column
+        while isinstance(item.parent, exp.Paren):
+            item = item.parent
+        return (order is not None and isinstance(item.parent, exp.Ordered) and item.parent.parent is order
                 and not column.table and column.name in aliases)
 
     if key_of is not None:

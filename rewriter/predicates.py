@@ -85,8 +85,9 @@ from .like_patterns import case_folded_bytes, case_folded_refusal, longest_part_
 from .predicate_terms import predicate_terms, terms_refusal
 from .raw_equality import ParameterList, hashed_raw_equality, parameter_list_equality, parameter_raw_equality, raw_comparison
 from .scope import Scope
+from .single_reads import SingleRead, raw_read
 from .sql_text import literal, operator, short_text
-from .text_bounds import CASE_FOLD_WORK, LIKE_WORK, comparison_work, value_bytes, work_refusal
+from .text_bounds import LIKE_WORK, case_fold_work, comparison_work, value_bytes, work_refusal
 from .types import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
 
 __all__ = ["Predicate", "PredicateRenderer", "plan_predicate"]
@@ -176,6 +177,8 @@ class PredicateRenderer:
         self._terms = 0  # of the predicates rendered so far (rewriter.predicate_terms)
         # The raw conjuncts over lists of parameters the WHERE got (rewriter.raw_equality.ParameterList).
         self.parameter_lists: list[ParameterList] = []
+        # What those and the WHERE's other raw conjuncts read of each row (rewriter.single_reads.raw_read).
+        self.raw_reads: list[SingleRead] = []
         self._limited = not scope.table.policy.answer_quantum_ms
 
     def template(self, predicate: exp.Expression, times: int = 1) -> str:
@@ -225,8 +228,11 @@ class PredicateRenderer:
         sql = self.template(predicate)
         renderer = self._renderer
         table = renderer.scope.table
-        raw = [conjunct for column, values in renderer.top_equalities.values()
-               if (conjunct := hashed_raw_equality(table, column, values)) is not None]
+        raw = []
+        for column, values in renderer.top_equalities.values():
+            if (conjunct := hashed_raw_equality(table, column, values)) is not None:
+                raw.append(conjunct)
+                self._read_raw(column, hashed=True)
         bound = []
         for column, values, column_first in renderer.top_parameters.values():
             if len(values) == 1:
@@ -238,7 +244,13 @@ class PredicateRenderer:
                 conjunct = None
             if conjunct is not None:
                 bound.append(conjunct)
+                self._read_raw(column, hashed=len(values) > 1)
         return " AND ".join([*raw, sql, *bound])
+
+    def _read_raw(self, column: ColumnInfo, hashed: bool) -> None:
+        read = raw_read(column, self._renderer.scope.table.policy, hashed)
+        if read is not None:
+            self.raw_reads.append(read)
 
     @property
     def terms(self) -> int:
@@ -340,7 +352,8 @@ class _Renderer:
         lower()/upper()); nothing for an operand that is no text column."""
         size = value_bytes(operand.column, self.scope.table.policy) if operand.column is not None else None
         if size is not None:
-            self.text_work += size * (per_byte + (CASE_FOLD_WORK if operand.case_folded else 0))
+            assert operand.column is not None
+            self.text_work += size * (per_byte + (case_fold_work(operand.column) if operand.case_folded else 0))
 
     def refuse(self, message: str, hint: str | None = None) -> Refusal:
         """A safe-predicate refusal; ``hint`` replaces the standard one when the reason needs saying."""
@@ -553,7 +566,7 @@ class _Renderer:
                 f"LIKE/ILIKE on column {column.column.name}, whose collation is nondeterministic, is not allowed on protected table",
                 "PostgreSQL fails LIKE on nondeterministic collations only when a row reaches it; compare with = instead.",
             )
-        self._weigh(column, LIKE_WORK * max(part, 1) + (CASE_FOLD_WORK if symbol == "~~*" else 0))
+        self._weigh(column, LIKE_WORK * max(part, 1) + (case_fold_work(column.column) if symbol == "~~*" else 0))
         if node.args.get("negate"):
             symbol = "!" + symbol
         # ILIKE lowers the value first: a short one only (lower() of a column already is one).

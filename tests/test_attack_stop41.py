@@ -18,8 +18,9 @@ Found and fixed, pinned here:
   and since the step goes in one pipeline with the run, refunded), but the step
   (``SELECT 1 FROM (<backend SQL>) AS locked LIMIT 0``) left the backend SQL's output columns,
   where a FILTER stands, unreferenced, and PostgreSQL replaces an unreferenced output of a
-  subquery with a NULL before planning it, so the FILTER was never folded. The step selects the
-  whole row now (``SELECT locked FROM …``), which plans every output column. The same for a
+  subquery with a NULL before planning it, so the FILTER was never folded. The step selected the
+  whole row then (``SELECT locked FROM …``), which plans every output column; it is the backend SQL
+  itself under ``LIMIT 0`` now, which plans them as the run does. The same for a
   series limit's ranking (its FILTER, or the plan's, failed after the charge alike). The neighbour fuzzer
   now counts a DP004 on its empty table as a failure (no row decided it) and draws such casts
   among its literals: without the fix it finds this with DPPROXY_FUZZ_SEED=4105 (``NOT (i2 > CAST(40000 AS

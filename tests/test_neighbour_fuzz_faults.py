@@ -185,8 +185,8 @@ _LOCK_STEP = lock_step_sql("\0").partition("\0")[0]  # how the lock step's text 
 
 def _met(statement: str, table: str) -> str:
     """What a waiting backend statement is: dpproxy's "check", the lock step that takes a DP
-    statement's locks (and checks its values) before its run (``SELECT locked FROM (...) AS locked
-    LIMIT 0``, proxy/serving/relation_locks.py), the DP statement's "read" of the rows (it names the table, or is longer than the 1 kB of it that
+    statement's locks (and checks its values) before its run (``/* dpproxy lock step */ ... LIMIT
+    0``, proxy/serving/relation_locks.py), the DP statement's "read" of the rows (it names the table, or is longer than the 1 kB of it that
     pg_stat_activity keeps), else the statement itself, which the test reports: only those two
     read the table. (A short statement naming no table, "unplaced" here before, was the stale
     text ``_waiting_backend`` read before it cleared the activity snapshot.)"""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Callable
 
 import asyncpg
@@ -20,8 +21,8 @@ import psycopg
 import pytest
 
 from conftest import RunningProxy, TestDatabase, spent_epsilon
-from test_backend_pool import one  # noqa: F401 - the one-connection proxy, a fixture used by name
-from wire import SYNC, Wire, bind, cstr, data_row_values, error_fields, execute, message, parse
+from test_backend_pool import one, starved  # noqa: F401 - one-connection proxies, fixtures used by name
+from wire import FLUSH, SYNC, Wire, bind, cstr, data_row_values, describe, error_fields, execute, message, parse
 
 
 def _failed_pipeline(conn: psycopg.Connection, *statements: str) -> str | None:
@@ -253,3 +254,93 @@ def _error_before_sync(host: str, port: int) -> list[bytes]:
 
 def test_an_extended_protocol_error_is_sent_at_once_not_held_for_the_sync(proxy: RunningProxy):
     assert _error_before_sync(proxy.host, proxy.port) == [b"1", b"2", b"E"]
+
+
+def _extended(wire: Wire, *statements: str) -> list[tuple[bytes, bytes]]:
+    """``statements`` in one pipeline (Parse, Bind, Describe, Execute each; one Sync): the replies."""
+    wire.send(*(parse("", sql) + bind("", "") + describe(b"P", "") + execute("") for sql in statements), SYNC)
+    return wire.read_until(b"Z")
+
+
+def test_dpproxy_settings_over_the_extended_protocol_need_no_backend_connection(starved: RunningProxy):
+    """SET, SHOW and RESET of dpproxy.epsilon are answered by dpproxy alone, as over the simple
+    protocol: with the pool's one connection held by another session's block, they used to
+    wait for it (a pipeline's SET opened its implicit transaction with a BEGIN) and fail 53300."""
+    with psycopg.connect(starved.dsn(), autocommit=False) as holder:
+        holder.execute("SELECT 1")  # its block keeps the only connection
+        wire = Wire(starved.host, starved.port)
+        try:
+            replies = _extended(wire, "SET dpproxy.epsilon = 0.5", "SHOW dpproxy.epsilon", "SET LOCAL dpproxy.epsilon = 0.25",
+                                "SHOW dpproxy.epsilon")
+            assert b"E" not in [kind for kind, _ in replies]
+            assert [data_row_values(body) for kind, body in replies if kind == b"D"] == [[b"0.5"], [b"0.25"]]
+            assert replies[-1] == (b"Z", b"I")
+            replies = _extended(wire, "SHOW dpproxy.epsilon", "RESET dpproxy.epsilon", "SHOW dpproxy.epsilon",
+                                "SHOW dpproxy.budget")
+            rows = [data_row_values(body) for kind, body in replies if kind == b"D"]
+            assert rows[:2] == [[b"0.5"], [b"default"]] and rows[2][0] == b"plain" and len(rows) == 3
+            # Rolled back with the pipeline, still without the backend: the error is dpproxy's own.
+            replies = _extended(wire, "SET dpproxy.epsilon = 0.5", "SET dpproxy.epsilon = -1")
+            assert [error_fields(body)[b"C"] for kind, body in replies if kind == b"E"] == [b"22023"]
+            replies = _extended(wire, "SHOW dpproxy.epsilon")
+            assert [data_row_values(body) for kind, body in replies if kind == b"D"] == [[b"default"]]
+        finally:
+            wire.close()
+
+
+def test_dpproxy_epsilon_in_a_pipeline_follows_its_commit_begin_and_rollback(proxy: RunningProxy):
+    """A pipeline's ``SET dpproxy.epsilon`` (held in dpproxy alone until a statement needs the
+    backend) is one with the backend settings of the same implicit transaction."""
+    with psycopg.connect(proxy.dsn(), autocommit=True) as conn:
+        assert _failed_pipeline(conn, "SET dpproxy.epsilon = 0.5", "SET TimeZone = 'Asia/Tokyo'",
+                                "SELECT 1 / (count(*) - 2) FROM lookup") == "22012"
+        assert conn.execute("SHOW dpproxy.epsilon").fetchone() == ("default",)
+        assert conn.execute("SHOW TimeZone").fetchone() == ("Etc/UTC",)
+        assert _failed_pipeline(conn, "SET dpproxy.epsilon = 0.5", "BEGIN", "SET dpproxy.epsilon = 0.25",
+                                "ROLLBACK") is None
+        assert conn.execute("SHOW dpproxy.epsilon").fetchone() == ("default",)
+        assert _failed_pipeline(conn, "SET dpproxy.epsilon = 0.5", "COMMIT", "SET dpproxy.epsilon = 0.25",
+                                "SELECT 1 / (count(*) - 2) FROM lookup") == "22012"
+        assert conn.execute("SHOW dpproxy.epsilon").fetchone() == ("0.5",)
+
+
+_DP = "SELECT COUNT(*) FROM adult WHERE age > 40"
+
+
+@pytest.mark.parametrize(("statements", "charges"), [
+    (("SELECT 1 / (count(*) - 2) FROM lookup", _DP), 0),  # skipped to the Sync, as PostgreSQL skips it
+    (("SET TimeZone = 'Asia/Tokyo'", _DP, "ROLLBACK", _DP), 2),
+    (("BEGIN", _DP, "SELECT 1 / (count(*) - 2) FROM lookup", _DP), 1),
+    (("DECLARE c CURSOR WITH HOLD FOR " + _DP, "SELECT 1 / (count(*) - 2) FROM lookup"), 1),
+], ids=["after-an-error", "around-a-rollback", "in-a-block-that-fails", "dp-cursor-rolled-back"])
+def test_a_dp_answer_in_a_pipeline_is_charged_once_whatever_follows(proxy: RunningProxy, statements: tuple[str, ...],
+                                                                     charges: int):
+    """Charged when it is computed, once, whether the pipeline then commits, rolls back or
+    fails; one after an error in the pipeline is never computed, and never charged."""
+    with psycopg.connect(proxy.dsn(), autocommit=True) as conn:
+        conn.execute("SET dpproxy.epsilon = 0.125")
+        before = spent_epsilon(conn)
+        _failed_pipeline(conn, *statements)
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            conn.execute("ROLLBACK")
+        assert spent_epsilon(conn) - before == pytest.approx(0.125 * charges)
+        with pytest.raises(psycopg.errors.InvalidCursorName):
+            conn.execute("FETCH 1 FROM c")  # a cursor declared in a pipeline that failed is gone
+
+
+def test_a_dp_answer_in_a_pipeline_whose_client_goes_before_the_sync_is_charged_once(proxy: RunningProxy):
+    with psycopg.connect(proxy.dsn("plain", "plain"), autocommit=True) as conn:  # Wire's user
+        before = spent_epsilon(conn)
+        wire = Wire(proxy.host, proxy.port)
+        try:
+            wire.send(parse("", "SET dpproxy.epsilon = 0.125") + bind("", "") + execute(""),
+                      parse("", _DP) + bind("", "") + execute(""), FLUSH)
+            assert [kind for kind, _ in wire.read_until(b"C")][-1:] == [b"C"]
+            assert [kind for kind, _ in wire.read_until(b"C")][-2:] == [b"D", b"C"]  # the answer came
+        finally:
+            wire.close()  # no Sync: the pipeline's implicit transaction is rolled back
+        deadline = time.monotonic() + 10
+        while spent_epsilon(conn) - before < 0.125 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # a second charge, if there were one, would come now
+        assert spent_epsilon(conn) - before == pytest.approx(0.125)

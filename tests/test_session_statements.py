@@ -60,8 +60,12 @@ def test_deallocate_and_discard_act_on_dpproxy_prepared_statements(proxy: Runnin
     wire = Wire(proxy.host, proxy.port)
     wire.send(parse("_PLAN0x1", "SELECT COUNT(*) FROM adult WHERE age > $1"), SYNC)
     wire.read_until(b"Z")
+    # pgjdbc's autosave, which it sends inside a transaction block (outside one PostgreSQL
+    # refuses the SAVEPOINT: a query string's implicit transaction is no block).
+    _simple(wire, "BEGIN")
     replies = _simple(wire, 'SAVEPOINT _per_query_svp_;DEALLOCATE "_PLAN0x1";RELEASE _per_query_svp_')
     assert [k for k, _ in replies].count(b"C") == 3 and b"E" not in [k for k, _ in replies]
+    _simple(wire, "COMMIT")
     replies = _simple(wire, 'DEALLOCATE "_PLAN0x1"')
     assert replies[0][0] == b"E" and b"26000" in replies[0][1]
     wire.send(parse("again", "SELECT 1"), SYNC)

@@ -62,6 +62,24 @@ class Wire:
         self.sock.sendall(message(b"p", cstr(password)))
         self.startup = self.read_until(b"Z")
 
+    @classmethod
+    def direct(cls, dsn: str) -> Wire:
+        """A raw connection straight to PostgreSQL over the Unix socket of libpq URI ``dsn``
+        (pgserver's: trust authentication), to compare replies with dpproxy's in the same run."""
+        from urllib.parse import parse_qs, urlparse
+
+        uri = urlparse(dsn)
+        host = parse_qs(uri.query)["host"][0]
+        conn = cls.__new__(cls)
+        conn.sock = socket.socket(socket.AF_UNIX)
+        conn.sock.settimeout(15)
+        conn.sock.connect(f"{host}/.s.PGSQL.{uri.port or 5432}")
+        conn.buffer = b""
+        conn.sock.sendall(startup(user=uri.username or "postgres", database=uri.path.lstrip("/")))
+        conn.startup = conn.read_until(b"Z")
+        assert conn.startup[-1][0] == b"Z", conn.startup
+        return conn
+
     def send(self, *messages: bytes) -> None:
         self.sock.sendall(b"".join(messages))
 

@@ -23,6 +23,7 @@ from policies.model import Policy
 from policies.tables import TableRegistry, quote_identifier
 from proxy.backend.cancellable import CancellableWait
 from proxy.backend.connection import BackendError, BackendLost, BackendSession, BackendUnavailable, BoundParams, ClientGone, ResultSet
+from proxy.backend.errors import StepFailed
 from proxy.backend.row_stream import RowStream
 from proxy.backend.unread_rows import UnreadRows
 from proxy.dp.answer import (
@@ -64,11 +65,14 @@ from rewriter.limits import MAX_NESTING, MAX_OPERATOR_RUN, longest_operator_run,
 from rewriter.references import RelationRef
 from rewriter.rewrite import backend_sql, partition_seed, seeded, too_many_columns
 from rewriter.sized_cache import sized_cache
+from rewriter.sort_memory import memory_steps
 from rewriter.statements import Statement, split_statements
 
 from .copy_out import copy_messages
 from .cursors import BackendCursor, Cursors, KeptCursor
-from .implicit_block import changes_settings, outside_a_block_warning
+from .implicit_block import (
+    changes_settings, changes_transaction, ending_warning, outside_a_block_warning, refused_in_implicit,
+)
 from .relation_locks import RECOVERY_CONFLICTS, LocksNotTaken, with_locks
 from .safe_snapshot import begins_serializable, in_safe_snapshot, take_snapshot
 from .settings import SessionSettings
@@ -167,24 +171,31 @@ class Executor:
         self.cursors = Cursors()  # the session's SQL cursors (DECLARE ... CURSOR)
         self._serializable_block = False  # the transaction block open now began SERIALIZABLE
         self.implicit = False
-        """An implicit transaction is open on the backend (``begin_implicit``): a simple Query's of
-        several statements, or an extended-protocol pipeline's, until the session ends it."""
+        """An implicit transaction is open (``begin_implicit``): a simple Query's of several
+        statements, or an extended-protocol pipeline's, until the session ends it; on the backend
+        unless the pipeline has set only ``dpproxy.*`` so far."""
         self._pipeline_block = False  # the implicit transaction open is a pipeline's
+        self._implicit_on_backend = False  # it is a BEGIN block on the backend (not dpproxy.* alone)
 
     def transaction_status(self) -> bytes:
         return self.backend.transaction_status
 
     # ------------------------------------------------------------ implicit transactions
 
-    async def begin_implicit(self, pipeline: bool = False) -> None:
+    async def begin_implicit(self, pipeline: bool = False, on_backend: bool = True) -> None:
         """Open the implicit transaction PostgreSQL runs a query string of several statements
         in, or an extended-protocol pipeline up to its Sync (``implicit_block``); the session
         ends it with ``end_implicit``. A BEGIN inside turns it into a regular block, and a
-        COMMIT or ROLLBACK inside ends it, as in PostgreSQL. ``pipeline``: a pipeline's."""
-        await self.backend.execute("BEGIN")
+        COMMIT or ROLLBACK inside ends it, as in PostgreSQL. ``pipeline``: a pipeline's.
+        ``on_backend`` False: in dpproxy alone, for a ``SET dpproxy.*`` that needs no backend
+        connection; opened on the backend too (called again) once a statement there needs it."""
+        if on_backend and not self._implicit_on_backend:
+            await self.backend.execute("BEGIN")
+            self._implicit_on_backend = True
+        if not self.implicit:
+            self.settings.implicit_block(None)
         self.implicit = True
         self._pipeline_block = pipeline
-        self.settings.implicit_block(None)
 
     async def end_implicit(self, committed: bool) -> None:
         """Commit the implicit transaction, or roll it back (an error came before its end):
@@ -193,8 +204,10 @@ class Executor:
         if not self.implicit:
             return
         self.implicit = False
+        on_backend, self._implicit_on_backend = self._implicit_on_backend, False
         try:
-            await self.backend.execute("COMMIT" if committed else "ROLLBACK")
+            if on_backend:
+                await self.backend.execute("COMMIT" if committed else "ROLLBACK")
         except BackendError:
             committed = False  # a COMMIT that fails rolls back
             raise
@@ -423,11 +436,13 @@ class Executor:
                 raise
             plan = await self._current(plan)
         fingerprint = plan.fingerprint
-        if not simple and changes_settings(plan.statement, plan.decision) and self.transaction_status() == b"I":
+        on_backend = not isinstance(plan.decision, DpproxyCommand)
+        if (not simple and self.transaction_status() == b"I" and (not self.implicit or on_backend)
+                and (changes_settings(plan.statement, plan.decision) or changes_transaction(plan.decision))):
             # Its change lasts until the Sync, or is undone if a later message of the pipeline
             # fails before it, as in PostgreSQL (implicit_block.py).
             try:
-                await self.begin_implicit(pipeline=True)
+                await self.begin_implicit(pipeline=True, on_backend=on_backend)
             except (BackendError, ClientGone) as exc:
                 self._audit_soon(fingerprint, "error", exc.sqlstate, None, started)
                 raise
@@ -490,6 +505,10 @@ class Executor:
         decision = plan.decision
         if decision is None:
             return ResultSet([], [], ""), [], None
+        if self._implicit_on_backend and plan.statement is not None:
+            refusal = refused_in_implicit(plan.statement, decision, self._pipeline_block)
+            if refusal is not None:
+                raise refusal
         if isinstance(decision, (DeclareCursor, FetchCursor, CloseCursor)):
             return await self._cursor_statement(plan, decision, params, result_formats, simple)
         if isinstance(decision, DPQuery):
@@ -532,12 +551,12 @@ class Executor:
                 raise Refusal("26000", f'prepared statement "{decision.name}" does not exist')
             return ResultSet([], [], "DEALLOCATE" if decision.name else "DEALLOCATE ALL"), [], None
         assert isinstance(decision, Passthrough) and plan.statement is not None
-        converts = self.implicit and _begins(plan.statement)
+        converts = self._implicit_on_backend and _begins(plan.statement)
         if converts:
             # BEGIN turns the implicit transaction into a regular block, as in PostgreSQL. Its
             # options (an isolation level, READ ONLY, DEFERRABLE) still apply to the block: sent
             # to the backend, already in a block, whose warning that one is open is dropped.
-            self.implicit = False
+            self.implicit = self._implicit_on_backend = False
             self._serializable_block = begins_serializable(plan.statement.node)
             if not plan.statement.node.get("options"):
                 return ResultSet([], [], "BEGIN"), [], None
@@ -570,14 +589,23 @@ class Executor:
             result = _apply_formats(result, result_formats)
         if converts:
             return result, [n for n in result.notices if getattr(n, "sqlstate", None) != _ALREADY_IN_PROGRESS], None
+        if plan.statement.kind == "TransactionStmt" and self.implicit and self.backend.transaction_status == b"I":
+            # A COMMIT or ROLLBACK ended the implicit transaction (refused above WITH CHAIN); what
+            # follows it in the pipeline or query string runs in a new one (session.py).
+            ended = ending_warning(plan.statement) if status != b"I" else None  # else the backend's own
+            committed = status != b"E" and plan.statement.node.get("kind") == "TRANS_STMT_COMMIT"
+            self.implicit = self._implicit_on_backend = False
+            self.settings.implicit_block(committed)
+            self.cursors.transaction_ended(committed)
+            self.backend.pinned = self.cursors.pins_backend
+            return result, [*result.notices, ended] if ended is not None else result.notices, None
         if plan.statement.kind == "TransactionStmt":
-            if self.backend.transaction_status == b"I":
-                self.implicit = False  # a COMMIT or ROLLBACK ended it
             self.settings.transaction_statement(plan.statement.node, status, self.backend.transaction_status)
             self.cursors.transaction_statement(plan.statement.node, status)
             self.backend.pinned = self.cursors.pins_backend
             if status == b"I" and _begins(plan.statement):
                 self._serializable_block = begins_serializable(plan.statement.node)
+                self.implicit = False  # one in dpproxy alone is now the block's start (its SET included)
         if plan.statement.kind == "DiscardStmt" and plan.statement.node.get("target") == "DISCARD_ALL":
             self.cursors.discard_all()  # PostgreSQL's DISCARD ALL closes every cursor
             self.backend.pinned = False
@@ -1121,10 +1149,19 @@ class Executor:
         if plan.keys_only:
             return declared_keys(plan, codec)
         bound = params if params.values else None
-        if not plan.groups:
-            values, type_oids = await self.backend.first_row(sql, bound, steps)
-            return await _noised(plan, partial(_row_released, plan, values, type_oids, epsilon, codec))
-        unread = await self.backend.unread(sql, bound, steps)
+        # Its sorts and hash tables held in memory, whatever rows the filter reaches (rewriter/sort_memory.py).
+        memory = memory_steps(plan, in_block=self.backend.transaction_status != b"I")
+        try:
+            if not plan.groups:
+                values, type_oids = await self.backend.first_row(sql, bound, steps, memory)
+                return await _noised(plan, partial(_row_released, plan, values, type_oids, epsilon, codec))
+            unread = await self.backend.unread(sql, bound, steps, memory)
+        except StepFailed as failed:
+            if steps:
+                raise  # with_locks's: the run never executed, its charge goes back
+            # The setting of a run sent without lock steps (a series limit's ranking, a retry):
+            # the charge stands, as for the run's own failure.
+            raise failed.error from None
         return await _noised(plan, partial(_cells_released, plan, unread, epsilon, codec))
 
     async def _post_processed(

@@ -58,7 +58,7 @@ from policies.tables import Relation
 from proxy.backend.connection import BackendSession
 from proxy.backend.errors import BackendError, StepFailed
 
-__all__ = ["LOCK_HINT", "RECOVERY_CONFLICTS", "LocksNotTaken", "lock_step_sql", "with_locks"]
+__all__ = ["LOCK_HINT", "LOCK_STEP_MARK", "RECOVERY_CONFLICTS", "LocksNotTaken", "lock_step_sql", "with_locks"]
 
 T = TypeVar("T")
 
@@ -80,15 +80,28 @@ class LocksNotTaken(Exception):
         self.error = error
 
 
+LOCK_STEP_MARK = "/* dpproxy lock step */ "
+"""How every lock step's text begins: a comment, so that an operator (and a test) reading
+pg_stat_activity tells the step from its run, which is the same statement without ``LIMIT 0``."""
+
+
 def lock_step_sql(sql: str) -> str:
     """The lock step of the backend SQL ``sql``: planned and started, it takes ``sql``'s locks;
     its ``LIMIT 0`` runs no plan node, so no row is read and no expression meets a row.
 
-    It selects the whole row of ``sql``: were an output column unreferenced, the planner would
-    replace it with a NULL before planning ``sql`` and never fold its constants, so an error
-    the run's planning raises there (``count(*) FILTER (WHERE i IN (1, CAST(5000000000 AS
-    int)))``: 22003, whatever the rows) would fail the run, whose charge stands, not the step."""
-    return f"SELECT locked FROM ({sql}) AS locked LIMIT 0"
+    It is ``sql`` itself under ``LIMIT 0``, so the planner plans every output column of ``sql``
+    as the run does: were an output column unreferenced (as under ``SELECT 1 FROM (sql)``), the
+    planner would replace it with a NULL before planning ``sql`` and never fold its constants,
+    so an error the run's planning raises there (``count(*) FILTER (WHERE i IN (1,
+    CAST(5000000000 AS int)))``: 22003, whatever the rows) would fail the run, whose charge
+    stands, not the step. It selected the whole row of ``sql`` as a subquery before (``SELECT
+    locked FROM (sql) AS locked LIMIT 0``), which plans the same columns with one query level
+    more: 10–25 % more of the backend's instructions for the step (benchmarks/profile.md, "Each
+    aggregate kind's added time, in parts").
+
+    ``sql`` is a backend SQL (:func:`rewriter.rewrite.backend_sql`): a SELECT with no LIMIT or
+    FETCH of its own at its top level, which a second LIMIT could not follow."""
+    return f"{LOCK_STEP_MARK}{sql} LIMIT 0"
 
 
 async def with_locks(backend: BackendSession, steps: Sequence[tuple[str, Relation]],
@@ -118,6 +131,7 @@ def _not_taken(failed: StepFailed, steps: Sequence[tuple[str, Relation]]) -> Loc
     exc = failed.error
     if exc.sqlstate != SQLSTATE.QUERY_CANCELED:
         return LocksNotTaken(exc)
-    table = steps[failed.index][1]
+    # Past the lock steps is the run's work_mem setting (rewriter/sort_memory.py), of the last one's run.
+    table = steps[min(failed.index, len(steps) - 1)][1]
     return LocksNotTaken(BackendError(
         exc.sqlstate, f"{exc.message} while waiting for a lock on {table.schema}.{table.name}", hint=LOCK_HINT))

@@ -649,17 +649,18 @@ class Session:
         if not statements:
             self._out.append(protocol.empty_query_response())
             return True
-        # As in PostgreSQL, several statements in one Query run in one implicit transaction
-        # (an extended-protocol pipeline before it may have opened it already).
-        if len(statements) > 1 and self.executor.transaction_status() == b"I":
-            try:
-                await self.executor.begin_implicit()
-            except BackendLost:
-                raise
-            except BackendError as exc:  # no connection came (53300, or a cancel while waiting: 57014)
-                self._error(exc.sqlstate, exc.message, exc.hint, exc.detail)
-                return False
         for statement in statements:
+            # As in PostgreSQL, several statements in one Query run in an implicit transaction
+            # (an extended-protocol pipeline before it may have opened it already); one that a
+            # COMMIT or ROLLBACK among them ends is followed by another for the rest.
+            if len(statements) > 1 and self.executor.transaction_status() == b"I":
+                try:
+                    await self.executor.begin_implicit()
+                except BackendLost:
+                    raise
+                except BackendError as exc:  # no connection came (53300, or a cancel while waiting: 57014)
+                    self._error(exc.sqlstate, exc.message, exc.hint, exc.detail)
+                    return False
             ok = await self._run_simple(statement)
             await self._flush_if_large()
             if not ok:

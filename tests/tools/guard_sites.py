@@ -73,7 +73,7 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "certain": ("tests/test_certain_errors.py",),
     "text": ("tests/test_text_bounds.py",),
     "single": ("tests/test_single_reads.py",),
-    "collation": ("tests/test_collation_weights.py",),
+    "collation": ("tests/test_collation_weights.py", "tests/test_attack_stop45_red.py"),
     "numeric": ("tests/test_numeric_bounds.py",),
     "apart": ("tests/test_attack_stop40.py::"
               "test_a_value_stored_apart_within_the_bounds_is_read_once_however_many_terms_compare_it",
@@ -91,6 +91,10 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "settings": ("tests/test_epsilon_setting_transactions.py", "tests/test_session_statements.py"),
     "variance": ("tests/test_variance.py",),
     "post-values": ("tests/test_post_processing_values.py",),
+    "implicit": ("tests/test_implicit_transaction_rules.py",),
+    "sort-memory": ("tests/test_sort_memory.py",),
+    "order-names": ("tests/test_parse_differential.py::"
+                    "test_an_order_by_item_that_is_an_outputs_name_in_parentheses_sorts_by_that_output",),
 }
 
 _TIMEOUTS = ("tests/test_attack_workers.py::test_the_backends_idle_in_transaction_timeout_cannot_be_set",
@@ -249,6 +253,15 @@ SITES: tuple[Site, ...] = (
     Site("collation.key-weight", "rewriter/single_reads.py",
          "per_byte = KEY_WORK if column.deterministic_collation else COLLATED_KEY_WORK", "per_byte = KEY_WORK",
          "collation"),
+    Site("collation.case-fold-weight", "rewriter/text_bounds.py",
+         "return CASE_FOLD_WORK if column.byte_order else COLLATED_CASE_FOLD_WORK", "return CASE_FOLD_WORK",
+         "collation"),
+    Site("collation.raw-conjunct-hash-weight", "rewriter/single_reads.py",
+         "per_byte = HASH_WORK if column.deterministic_collation else COLLATED_KEY_WORK", "per_byte = HASH_WORK",
+         "collation"),
+    Site("single-reads.raw-conjunct", "rewriter/dp_query.py",
+         "reads = (*_single_reads(table, aggregates, groups), *conditions.raw_reads)",
+         "reads = _single_reads(table, aggregates, groups)", "collation"),
     Site("single-reads.weighed", "rewriter/dp_query.py", "text_work = conditions.text_work + sum(read.work for read in reads)",
          "text_work = conditions.text_work", "single"),
     Site("single-reads.mode-filter-terms", "rewriter/predicates.py", "self._terms += predicate_terms(predicate) * times",
@@ -579,6 +592,8 @@ SITES: tuple[Site, ...] = (
     Site("misread.unicode-name", "rewriter/misreadings.py", 'elif token.name == "UIDENT":', "elif False:", "misreadings"),
     Site("post.order-by-name-in-expression", "rewriter/post_process.py",
          "(bare_output_name(column) or identifier(column.this) not in columns)", "True", "misreadings"),
+    Site("post.order-by-name-in-parentheses", "rewriter/post_process.py",
+         "while isinstance(item.parent, exp.Paren):", "while False:", "order-names"),
     # ------------------------------------------------------------------ proxy/backend/relation_reads.py
     Site("reads.public-reads-protected", _RR, "reads = await session.fetch_all(_READS_SQL, (True, True, public, protected))",
          "reads = []", "reads"),
@@ -627,4 +642,17 @@ SITES: tuple[Site, ...] = (
     Site("misread.round-cast", "rewriter/misreadings.py",
          "and not _reads_rows(arguments[0]) and not _exact(arguments[0])):", "and False):", "misreadings"),
     _off("misread.in-list-types", "rewriter/misreadings.py", "others", "misreadings"),
+    # ------------------------------------------------------------------ proxy/serving/implicit_block.py
+    Site("implicit.no-block-statements", "proxy/serving/executor.py",
+         "refusal = refused_in_implicit(plan.statement, decision, self._pipeline_block)", "refusal = None", "implicit"),
+    Site("implicit.held-cursor-rolled-back", "proxy/serving/implicit_block.py",
+         "return isinstance(decision, DeclareCursor) and decision.options.hold", "return False", "implicit"),
+    # ------------------------------------------------------------------ rewriter/sort_memory.py
+    _off("sort.work-mem-step", "rewriter/sort_memory.py", "table.policy.answer_quantum_ms or not sorts_rows(plan)",
+         "sort-memory", "True"),
+    _off("sort.block-restore", "rewriter/sort_memory.py", "not in_block", "sort-memory", "True"),
+    _off("sort.ceiling", "rewriter/sort_memory.py",
+         "table.policy.answer_quantum_ms or not sorts_rows(plan) or not _over_ceiling(table)", "sort-memory", "True"),
+    _off("sort.sorts-rows", "rewriter/rewrite.py",
+         "query.groups or any(agg.distinct for agg in query.aggregates) or query_grid(query) is not None", "sort-memory"),
 )
