@@ -199,15 +199,17 @@ class SeriesLimit:
 
 
 def plan_aggregate_query(
-    sql: str, table: Relation, function_names: frozenset[str] | None = None, ranking: bool = False
+    sql: str, table: Relation, function_names: frozenset[str] | None = None, ranking: bool = False,
+    joined: frozenset[str] = frozenset(),
 ) -> AggregateQuery:
     """Validate ``sql`` (one SELECT that references ``table`` and nothing else) into a plan.
 
     ``function_names``: every function name of the backend, for the outer statement's check
     of attribute-notation calls (``rewriter.function_check``). ``ranking``: the statement ranks
     the series of another (:class:`SeriesLimit`): it must be a GROUP BY, and its outer statement
-    also returns each kept row's cell number."""
-    scope = Scope(table, frozenset({table.name}), function_names)
+    also returns each kept row's cell number. ``joined``: the names a subquery joined to the table
+    makes visible (:attr:`Scope.joined`)."""
+    scope = Scope(table, frozenset({table.name}), function_names, joined)
     try:
         tree = parse_postgres(sql)
     except ParseError as exc:
@@ -455,7 +457,7 @@ def _post_processed(
         keys=len(groups), key_of=key_of if groups else None, function_names=scope.function_names,
         names=names[0], top_names=names[1], ordinal=ordinal,
         cell_array=lambda k: NUMBER_ARRAY_NAMES[released[k - 1].result_type_oid] if released[k - 1].fractions else None,
-        finite=lambda k: released[k - 1].finite_number, columns=frozenset(scope.table.columns),
+        finite=lambda k: released[k - 1].finite_number, columns=frozenset(scope.table.columns) | scope.joined,
     )
     return tuple(released), post
 
@@ -724,9 +726,9 @@ def _column_values_refusal(item: exp.Column, scope: Scope) -> Refusal:
     AS age FROM t``) gets, on a column opted in to GROUP BY, a hint at the histogram dpproxy does
     answer: the noised count per declared key. The hint reads the policy only, never the rows.
     """
+    column = scope.column(item)  # PostgreSQL's 42703 first: SELECT nosuch, count(*) names no column
     refusal = scope.refuse("selecting column values is not allowed on protected table", "no-row-access")
-    column = scope.table.columns.get(identifier(item.this))
-    if column is None or column.policy is None or not column.policy.group_by:
+    if column.policy is None or not column.policy.group_by:
         return refusal
     table = scope.table.display_name
     example = (f": SELECT {column.name}, COUNT(*) FROM {table} GROUP BY {column.name}"

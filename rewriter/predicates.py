@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Callable
 
 from sqlglot import exp
@@ -79,7 +80,7 @@ from policies.tables import ColumnInfo, quote_identifier
 
 from .category_notes import MAX_NOTES, category_note, more_notes
 from .constants import HINT as FOLD_HINT
-from .constants import Fold, Folding, NotFoldable, fold_type, qualified_constant
+from .constants import Fold, Folding, NotFoldable, column_type_name, fold_type, qualified_constant
 from .listed_parameters import ListedParameters
 from .like_patterns import case_folded_bytes, case_folded_refusal, longest_part_after_percent, pattern_refusal
 from .predicate_terms import predicate_terms, terms_refusal
@@ -492,6 +493,7 @@ class _Renderer:
         conjunct = self.conjunct and not node.args.get("negate")
         terms = []
         values = []
+        first = len(self.folds)
         positive, self.positive = self.positive, self.positive and not node.args.get("negate")
         try:
             for item in node.expressions:
@@ -500,6 +502,11 @@ class _Renderer:
                 terms.append(self._compare(column, "=", value))
         finally:
             self.positive = positive
+        if len(self.folds) > first and not any(value.parameter for value in values):
+            # PostgreSQL transforms the whole list before it compares (constants.fold_query checks so)
+            listed = tuple((value.sql, value.text is not None or value.sql == "NULL") for value in values)
+            self.folds[first] = replace(self.folds[first], in_list=listed)
+            self.folds[first + 1:] = [replace(fold, in_list_member=True) for fold in self.folds[first + 1:]]
         if conjunct:
             self._top_equality(column, values)
         self._list_parameters(column, values)
@@ -685,7 +692,8 @@ class _Renderer:
                 "Computed values are folded for numeric, date, time, timestamp and timestamptz columns; "
                 "compare this column with a literal or a parameter.",
             )
-        fold = Fold(left.sql, symbol, right.sql, type_name, f"\x00{len(self.folds)}\x00")
+        fold = Fold(left.sql, symbol, right.sql, type_name, f"\x00{len(self.folds)}\x00",
+                    column_type_name(column.type_oid))
         self.folds.append(fold)
         return fold.token
 
