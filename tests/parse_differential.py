@@ -201,7 +201,28 @@ def _canonical(node: dict[str, Any]) -> Canon:
         return flat[0] if len(flat) == 1 and op != "NOT_EXPR" else ("bool", op, tuple(flat))
     if kind == "SQLValueFunction":
         return ("SQLValueFunction", value["op"])
+    if kind == "CollateClause":  # COLLATE pg_catalog."C" is COLLATE "C"
+        names = [part["String"]["sval"] for part in value["collname"]]
+        qualified = names[:1] == ["pg_catalog"] and len(names) > 1
+        return ("collate", canonical(value["arg"]), tuple(names[1:] if qualified else names))
+    if kind == "SortBy":
+        return _sort_key(value)
     return (kind, canonical(value))
+
+
+# The NULLS order PostgreSQL gives each direction unless told: NULL sorts as the largest value
+_NULLS = {"SORTBY_DEFAULT": "SORTBY_NULLS_LAST", "SORTBY_ASC": "SORTBY_NULLS_LAST", "SORTBY_DESC": "SORTBY_NULLS_FIRST"}
+
+
+def _sort_key(value: dict[str, Any]) -> Canon:
+    """An ORDER BY item as PostgreSQL orders by it: ASC written or not, and NULLS FIRST/LAST as its
+    direction's own (``DESC NULLS FIRST`` is ``DESC``), alike; another operator (``USING``) kept."""
+    direction = value.get("sortby_dir", "SORTBY_DEFAULT")
+    nulls = value.get("sortby_nulls", "SORTBY_NULLS_DEFAULT")
+    ordered = {"SORTBY_DESC": "DESC", "SORTBY_USING": "USING"}.get(direction, "ASC")
+    if nulls == "SORTBY_NULLS_DEFAULT" and direction in _NULLS:
+        nulls = _NULLS[direction]
+    return ("sort", canonical(value["node"]), ordered, nulls, canonical(value.get("useOp")))
 
 
 def _untruncated(field: str, time: Canon) -> Canon:

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from rewriter.function_check import nodes_of
 from tests.constant_values import AGGREGATES
 from tests.parse_differential import Canon, Divergence, Same, alike, canonical, chosen_rows, conjuncts, read_columns, tree_of
 
-__all__ = ["Released", "label_divergences", "plain_divergences", "release_divergences"]
+__all__ = ["Labelled", "Printed", "Released", "label_divergences", "mode_divergences", "plain_divergences",
+           "release_divergences"]
 
 RELEASE = "dpproxy_release"
 # Aggregates PostgreSQL defines as others
@@ -458,17 +459,37 @@ def release_divergences(statement: str, backend: str, post: str,
     return found
 
 
-def label_divergences(backend: str, labels: Sequence[tuple[str, ...] | None]) -> list[Divergence]:
+class Labelled(NamedTuple):
+    """What dpproxy releases for a column's categories (a category key's cells, a MODE's answer):
+    the column, its type as ``format_type`` writes it, and the labels, in the policy's order."""
+
+    column: str
+    type_name: str
+    labels: tuple[str, ...]
+
+
+# A declared category read as a value of a type and printed as PostgreSQL prints it
+# (tests.constant_values.ConstantEvaluator.printed)
+Printed = Callable[[str, str], str]
+
+
+def _as_printed(value: str, type_name: str, printed: Printed | None) -> str:
+    return printed(value, type_name) if printed is not None else value
+
+
+def label_divergences(backend: str, labels: Sequence[Labelled | None], printed: Printed | None = None) -> list[Divergence]:
     """Where the labels dpproxy releases for a category key's cells (``labels``, per GROUP BY key in
     order; None for another kind of key) are not the categories the backend's cell numbers stand
-    for: ``CASE WHEN col = 'Male' THEN 0 WHEN col = 'Female' THEN 1 [ELSE 2] END AS kN``, whose
-    cell i must be released as the i-th label (the ELSE's as the last, the policy's ``other``)."""
+    for, as PostgreSQL prints a value of the column equal to each (``printed``; without it, as
+    written): ``CASE WHEN col = 'Male' THEN 0 WHEN col = 'Female' THEN 1 [ELSE 2] END AS kN``, whose
+    cell i must be released as the i-th label (the ELSE's as the last, the policy's ``other``, which
+    dpproxy adds on purpose: PostgreSQL has no such row)."""
     found = []
     cells = {target["name"]: target["val"]["CaseExpr"] for target in nodes_of(tree_of(backend), "ResTarget")
              if (target.get("name") or "").startswith("k") and "CaseExpr" in target.get("val", {})}
-    for index, names in enumerate(labels):
+    for index, key in enumerate(labels):
         case = cells.get(f"k{index}")
-        if names is None:
+        if key is None:
             continue
         if case is None:
             found.append(Divergence("category key", f"k{index} (no CASE numbers its cells)"))
@@ -476,14 +497,45 @@ def label_divergences(backend: str, labels: Sequence[tuple[str, ...] | None]) ->
         numbered = {}
         for when in case.get("args", []):
             test, cell = canonical(when["CaseWhen"]["expr"]), canonical(when["CaseWhen"]["result"])
-            if test[:3] != ("expr", "AEXPR_OP", "=") or test[4][:1] != ("string",) or cell[:1] != ("number",):
+            if test[:3] != ("expr", "AEXPR_OP", "=") or test[3] != ("column", key.column) or test[4][:1] != ("string",) \
+                    or cell[:1] != ("number",):
                 found.append(Divergence("category key", f"k{index}: {test!r} -> {cell!r}"))
                 continue
-            numbered[int(cell[1])] = test[4][1]
+            numbered[int(cell[1])] = _as_printed(test[4][1], key.type_name, printed)
         if "defresult" in case:
-            numbered[int(canonical(case["defresult"])[1])] = names[-1]
-        if numbered != dict(enumerate(names)):
-            found.append(Divergence("category key", f"k{index}: cells {numbered!r}, released as {names!r}"))
+            numbered[int(canonical(case["defresult"])[1])] = key.labels[-1]
+        if numbered != dict(enumerate(key.labels)):
+            found.append(Divergence("category key", f"k{index}: cells {numbered!r}, released as {key.labels!r}"))
+    return found
+
+
+def mode_divergences(backend: str, modes: Sequence[Labelled], printed: Printed | None = None) -> list[Divergence]:
+    """Where a MODE's answer would not be the category PostgreSQL prints: each MODE of ``modes`` (in
+    release order) counts the rows of each category in the backend, ``count(*) FILTER (WHERE ... AND
+    col = 'Male')``, one run per MODE, and releases the i-th label for the run's i-th count. Each
+    run's categories, printed as PostgreSQL prints a value of the column equal to each (``printed``),
+    must be the labels, in order, and each MODE must have its run."""
+    runs: list[tuple[str, list[str]]] = []
+    for call in sorted(nodes_of(tree_of(backend), "FuncCall"), key=lambda call: int(call.get("location", 0))):
+        last = conjuncts(canonical(call["agg_filter"]))[-1] if "agg_filter" in call else None
+        if last is None or last[:3] != ("expr", "AEXPR_OP", "=") or last[3][:1] != ("column",) \
+                or last[4][:1] != ("string",) or not any(mode.column == last[3][1] for mode in modes):
+            continue
+        column, value = last[3][1], last[4][1]
+        if runs and runs[-1][0] == column and value not in runs[-1][1]:
+            runs[-1][1].append(value)
+        else:
+            runs.append((column, [value]))
+    found = []
+    for mode in modes:
+        run = next((index for index, (column, _) in enumerate(runs) if column == mode.column), None)
+        if run is None:
+            found.append(Divergence("MODE", f"{mode.column} (no backend count per category)"))
+            continue
+        _, values = runs.pop(run)
+        released = [_as_printed(value, mode.type_name, printed) for value in values]
+        if released != list(mode.labels):
+            found.append(Divergence("MODE", f"{mode.column}: counts of {released!r}, released as {mode.labels!r}"))
     return found
 
 

@@ -10,31 +10,14 @@ import pytest
 from psycopg.types.string import TextLoader
 
 from tests.conftest import TEST_POLICY, RunningProxy, TestDatabase, running_proxy
-
-# Categories as a policy may declare them: a char(6)'s without its blanks, a boolean's and a date's
-# in another input form than PostgreSQL prints.
-_LABELS_TABLE = """\
-  public.labelled:
-    access: protected
-    epsilon: 100.0
-    delta: 1.0e-6
-    columns:
-      code: {{categories: [Male, Female], group_by: true}}
-      flag: {{categories: ['yes', 'no'], group_by: true}}
-      day: {{categories: ['2024-1-1', '2024-01-02'], group_by: true}}
-"""
+from tests.labelled_data import LABELLED_TABLE, create_labelled
 
 
 @pytest.fixture(scope="module")
 def labels_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
-    """dpproxy over ``labelled``: 3,000 rows, two thirds of them Male, no and 2024-01-01."""
-    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
-        conn.execute("DROP TABLE IF EXISTS labelled")
-        conn.execute("CREATE TABLE labelled (code char(6), flag boolean, day date)")
-        conn.execute("INSERT INTO labelled SELECT CASE WHEN i % 3 = 0 THEN 'Female' ELSE 'Male' END, i % 3 = 0, "
-                     "date '2024-01-01' + (i % 3 = 0)::int FROM generate_series(1, 3000) AS i")
-        conn.execute("GRANT SELECT ON labelled TO dpproxy_service")
-    with running_proxy(test_db, tmp_path_factory, TEST_POLICY + _LABELS_TABLE) as running:
+    """dpproxy over ``labelled`` (tests/labelled_data.py)."""
+    create_labelled(test_db)
+    with running_proxy(test_db, tmp_path_factory, TEST_POLICY + LABELLED_TABLE) as running:
         yield running
 
 
@@ -62,5 +45,7 @@ def test_a_released_category_is_printed_as_postgresql_prints_the_columns_value(
     with _as_printed(psycopg.connect(test_db.admin_dsn, autocommit=True)) as admin:
         direct = [row[0] for row in admin.execute(sql).fetchall()]
     with _as_printed(labels_proxy.connect(autocommit=True)) as conn:
-        answered = [row[0] for row in conn.execute(sql).fetchall()]  # each category holds rows: none is left out
-    assert answered == direct
+        answered = [row[0] for row in conn.execute(sql).fetchall()]
+    # Every category holds rows, so PostgreSQL prints each; dpproxy also releases the empty cell of
+    # undeclared days (the policy's other).
+    assert set(direct) <= set(answered) and len(answered) in (len(direct), len(direct) + ("GROUP BY day" in sql)), answered

@@ -18,7 +18,7 @@ import pytest
 from sqlglot.errors import SqlglotError
 
 from policies.errors import Refusal
-from policies.tables import TableRegistry
+from policies.tables import ColumnInfo, TableRegistry
 from rewriter import classify as classify_module
 from rewriter.classify import CopyOut, DPQuery, ResolvedRelation, classify
 from rewriter.dp_query import Aggregate
@@ -29,10 +29,12 @@ from rewriter.types import BOOL
 from tests.bi_data import PEOPLE_POLICY, PEOPLE_TABLE, create_people
 from tests.conftest import TEST_POLICY, RunningProxy, TestDatabase, make_policy, policy_registry, refused_uncharged, running_proxy
 from tests.constant_values import ConstantEvaluator
+from tests.labelled_data import LABELLED_TABLE, create_labelled
 from tests.differential_corpus import CONSTANT_STATEMENTS, RELEASE_STATEMENTS, adult_statements, recorded_statements, variants
 from tests.neighbour_cases import TABLE_DDL, domain_ddl, generate_case, policy_columns
 from tests.parse_differential import divergences
-from tests.release_differential import Released, label_divergences, plain_divergences, release_divergences
+from tests.release_differential import Labelled, Released, label_divergences, mode_divergences, plain_divergences, \
+    release_divergences
 
 SEED = 122
 FUZZ_CASES = 400
@@ -42,7 +44,8 @@ _TABLE = "pdiff"
 
 @pytest.fixture(scope="module")
 def registry(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> TableRegistry:
-    """The test policy's tables, ``people`` (its keys opted in to GROUP BY) and the neighbour fuzzer's table, as dpproxy registers them."""
+    """The test policy's tables, ``people`` (its keys opted in to GROUP BY), ``labelled`` and the neighbour
+    fuzzer's table, as dpproxy registers them."""
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
         for statement in domain_ddl():
             conn.execute(statement)
@@ -50,8 +53,9 @@ def registry(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) ->
         conn.execute(f"CREATE TABLE {_TABLE} ({TABLE_DDL})")
         conn.execute(f"GRANT SELECT ON {_TABLE} TO dpproxy_service")
     create_people(test_db)
+    create_labelled(test_db)
     columns = policy_columns().replace("{", "{{").replace("}", "}}")
-    text = TEST_POLICY + PEOPLE_TABLE + (f"  public.{_TABLE}: {{{{access: protected, epsilon: 1.0, delta: 1.0e-6, partitions: 3, "
+    text = TEST_POLICY + PEOPLE_TABLE + LABELLED_TABLE + (f"  public.{_TABLE}: {{{{access: protected, epsilon: 1.0, delta: 1.0e-6, partitions: 3, "
                           f"columns: {columns}}}}}\n")
     ledger: Path = tmp_path_factory.mktemp("pdiff-ledger") / "ledger.sqlite3"
     return policy_registry(make_policy(test_db, ledger, text))
@@ -70,7 +74,8 @@ class Planned:
     booleans: frozenset[str]
     post: str | None
     released: tuple[Released, ...]
-    labels: tuple[tuple[str, ...] | None, ...]
+    labels: tuple[Labelled | None, ...]
+    modes: tuple[Labelled, ...]  # each MODE's column and the categories it may answer, in release order
     plain: bool  # answered without post-processing: each output an aggregate, released in order
 
 
@@ -99,8 +104,18 @@ def backend_of(sql: str, registry: TableRegistry) -> Planned | None:
                    plan.post.sql if plan.post is not None and plan.series is None else None,
                    tuple(Released(aggregate.kind, aggregate.column.name if aggregate.column else None, aggregate.filter_sql,
                                   _fraction(aggregate), aggregate.distinct) for aggregate in plan.aggregates),
-                   tuple(tuple(key.labels()) if key.kind == "category" else None for key in plan.groups),
+                   tuple(_labelled(key.column) if key.kind == "category" else None for key in plan.groups),
+                   tuple(_labelled(aggregate.column, modal=True) for aggregate in plan.aggregates
+                         if aggregate.kind == "mode" and aggregate.column is not None),
                    plan.post is None and plan.series is None and not plan.groups)
+
+
+def _labelled(column: ColumnInfo, modal: bool = False) -> Labelled:
+    """What dpproxy releases for ``column``'s categories: a key's cells (``other`` last), a MODE's
+    answer (the categories only)."""
+    assert column.policy is not None and column.policy.categories is not None
+    labels = column.labels()
+    return Labelled(column.name, column.type_name, labels[:len(column.policy.categories)] if modal else labels)
 
 
 def _fraction(aggregate: Aggregate) -> str | None:
@@ -134,6 +149,7 @@ def same(test_db: TestDatabase) -> Iterator[ConstantEvaluator]:
 def _diverging(registry: TableRegistry, statements: Iterator[str],
                same: ConstantEvaluator | None = None) -> tuple[int, list[str]]:
     answered, found = 0, []
+    printed = same.printed if same is not None else None
     for sql in statements:
         planned = backend_of(sql, registry)
         if planned is None:
@@ -142,7 +158,8 @@ def _diverging(registry: TableRegistry, statements: Iterator[str],
         found += [f"{sql!r}: {divergence}\n  backend: {planned.backends}"
                   for divergence in divergences(sql, planned.backends, planned.columns, planned.booleans, same)]
         found += [f"{sql!r}: {divergence}\n  backend: {planned.backends[-1]}"
-                  for divergence in label_divergences(planned.backends[-1], planned.labels)]
+                  for divergence in label_divergences(planned.backends[-1], planned.labels, printed)
+                  + mode_divergences(planned.backends[-1], planned.modes, printed)]
         if planned.post is not None:
             found += [f"{sql!r}: {divergence}\n  backend: {planned.backends[-1]}\n  post: {planned.post}"
                       for divergence in release_divergences(sql, planned.backends[-1], planned.post, planned.released,
@@ -206,6 +223,38 @@ def test_a_where_the_rewriter_negates_or_widens_is_a_divergence(
     assert mutated is not None and mutated.backends != planned.backends
     reported = divergences(sql, mutated.backends, mutated.columns, mutated.booleans)
     assert any(item.what in ("condition", "backend condition") for item in reported), (mutated.backends, reported)
+
+
+# What a mutation of the labels dpproxy releases for a column's categories makes of them: as the
+# policy declares them (before stop 45: 'Male' of a char(6)), or in another order than the backend counts.
+_LABEL_MUTATIONS = {
+    "as declared": lambda column: (*column.policy.categories, *((column.policy.other,) if column.policy.other else ())),
+    "reordered": lambda column: tuple(reversed(column.printed_labels)),
+}
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT mode() WITHIN GROUP (ORDER BY code) FROM labelled",
+    "SELECT count(*), mode() WITHIN GROUP (ORDER BY flag) FILTER (WHERE day = '2024-01-02') FROM labelled",
+    "SELECT code, count(*) FROM labelled GROUP BY code",
+    "SELECT DISTINCT code FROM labelled",
+])
+@pytest.mark.parametrize("mutation", sorted(_LABEL_MUTATIONS))
+def test_a_category_released_otherwise_than_postgresql_prints_it_is_a_divergence(
+        registry: TableRegistry, same: ConstantEvaluator, monkeypatch: pytest.MonkeyPatch, fresh_plans: None,
+        sql: str, mutation: str) -> None:
+    planned = backend_of(sql, registry)
+    assert planned is not None and (planned.modes or any(planned.labels))
+    reported = label_divergences(planned.backends[-1], planned.labels, same.printed) \
+        + mode_divergences(planned.backends[-1], planned.modes, same.printed)
+    assert not reported, reported
+    classify_module._classify.cache_clear()
+    monkeypatch.setattr(ColumnInfo, "labels", _LABEL_MUTATIONS[mutation])
+    mutated = backend_of(sql, registry)
+    assert mutated is not None
+    reported = label_divergences(mutated.backends[-1], mutated.labels, same.printed) \
+        + mode_divergences(mutated.backends[-1], mutated.modes, same.printed)
+    assert reported and {item.what for item in reported} <= {"category key", "MODE"}, reported
 
 
 @pytest.fixture(scope="module")
