@@ -225,11 +225,20 @@ def _sort_key(value: dict[str, Any]) -> Canon:
     return ("sort", canonical(value["node"]), ordered, nulls, canonical(value.get("useOp")))
 
 
+# Time types: a cast between them keeps each part of a truncated time the truncation keeps
+_TIMES = frozenset({"timestamp", "timestamptz", "date"})
+
+
 def _untruncated(field: str, time: Canon) -> Canon:
-    """``time`` (a date part's argument) without a ``date_trunc`` that keeps the part ``field``."""
+    """``time`` (a date part's argument) without a ``date_trunc`` that keeps the part ``field``, under a
+    cast to a time type too (the cast then once: ``CAST(CAST(t AS timestamp) AS timestamp)`` is one)."""
     if time[:2] == ("call", "date_trunc") and time[2][0] == "args" and len(time[2][1]) == 2 \
             and str(time[2][1][0][1]) in _KEPT_BY.get(field, set()):
         return time[2][1][1]
+    if time[:1] == ("cast",) and time[1] in _TIMES and time[2][:2] == ("call", "date_trunc"):
+        inner = _untruncated(field, time[2])
+        if inner != time[2]:
+            return inner if inner[:2] == ("cast", time[1]) else ("cast", time[1], inner)
     return time
 
 
