@@ -1108,9 +1108,12 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
                 problems.append(f"tables.{name}.columns.{column_name}: no such column on the backend{meant}")
             else:
                 fit = column_fit_problems(name, column_name, column_policy, info)
-                problems += fit or await _unreadable_labels(session, name, info) \
+                found = fit or await _unreadable_labels(session, name, info) \
                     or await _equal_labels(session, name, target.oid, info) \
                     or unbounded_categories_problems(name, column_name, column_policy, info)
+                problems += found
+                if not found and column_policy.categories is not None:
+                    columns[column_name] = replace(info, printed_labels=await _printed_labels(session, info))
         if table_policy.partitioning == "ctid_hash" and not row_stores.get(target.oid, False):
             problems.append(
                 f"tables.{name}.partitioning: ctid_hash needs a table, materialized view or "
@@ -1188,6 +1191,21 @@ async def _unreadable_labels(session: BackendSession, table: str, column: Column
             unreadable.append(f"tables.{table}.columns.{column.name}: {label!r} is not a value of the column's type "
                               f"{type_name} ({exc.message})")
     return unreadable
+
+
+async def _printed_labels(session: BackendSession, column: ColumnInfo) -> tuple[str, ...]:
+    """The column's categories, then ``other``, each as PostgreSQL prints the value of the column's
+    type read from it (its output function, which ``format('%s', ...)`` calls; a cast to text would
+    drop a ``char(n)``'s padding and write a boolean as ``true``): what a MODE or a GROUP BY over the
+    column answers in PostgreSQL for the rows equal to it (:meth:`ColumnInfo.labels`)."""
+    policy = column.policy
+    assert policy is not None and policy.categories is not None
+    labels = [*policy.categories, *([policy.other] if policy.other is not None else [])]
+    (type_name,) = await session.fetch_row("SELECT pg_catalog.format_type(%s, %s)", (column.type_oid, column.type_modifier))
+    rows = await session.fetch_all(
+        f"SELECT pg_catalog.format('%%s', CAST(v AS {type_name})) "
+        "FROM pg_catalog.unnest(%s::pg_catalog.text[]) WITH ORDINALITY AS u(v, i) ORDER BY i", (labels,))
+    return tuple(str(row[0]) for row in rows)
 
 
 async def _equal_labels(session: BackendSession, table: str, relation: int, column: ColumnInfo) -> list[str]:
