@@ -14,11 +14,12 @@ and through dpproxy, in the same run, and compares the replies; the backend's ow
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
 
-from conftest import RunningProxy, TestDatabase
+from conftest import TEST_POLICY, RunningProxy, TestDatabase, make_policy
 from wire import SYNC, Wire, bind, cstr, data_row_values, describe, error_fields, execute, message, parse
 
 Reply = tuple[object, ...]
@@ -196,3 +197,29 @@ def test_a_dp_portal_in_a_block_stays_one_released_row(proxy: RunningProxy) -> N
         assert replies[3][1] == (b"D", b"0")  # no cursor was declared for it on the backend
     finally:
         wire.close()
+
+
+def test_a_portal_over_a_table_protected_by_a_reload_hands_out_no_more_rows(test_db: TestDatabase,
+                                                                           tmp_path: Path) -> None:
+    """Its query is judged again before each piece, as a passthrough cursor's (before: the rest
+    of a suspended portal over a table protected since went on being handed out)."""
+    protected = TEST_POLICY.replace("  public.lookup:\n    access: public\n",
+                                    "  public.lookup:\n    access: protected\n    epsilon: 1.0\n"
+                                    "    columns:\n      code: {{categories: [M, F]}}\n")
+    assert protected != TEST_POLICY
+    ledger = tmp_path / "l.sqlite3"
+    reloaded = tmp_path / "policy.yaml"
+    reloaded.write_text(protected.format(dsn=test_db.service_dsn, ledger=ledger))
+    proxy = RunningProxy(make_policy(test_db, ledger))
+    wire = Wire(proxy.host, proxy.port)
+    try:
+        first = _replies(wire, *_begin_and_piece("SELECT code FROM lookup ORDER BY code", rows=1))
+        assert [r for r in first[1] if r[0] == b"D"] == [(b"D", b"F")]
+        assert proxy._call(proxy.server.reload(reloaded))
+        (after,) = _replies(wire, (execute("c", 1), SYNC))
+        assert [r[:2] for r in after] == [(b"E", b"55000"), (b"Z", b"T")]
+        assert b"this portal was bound under an earlier policy" in after[0][2] and b"policy-changed" in after[0][2]
+        assert _replies(wire, (_query("ROLLBACK"),)) == [[(b"C", b"ROLLBACK"), (b"Z", b"I")]]
+    finally:
+        wire.close()
+        proxy.stop()
