@@ -158,13 +158,15 @@ def test_discard_all_in_a_block_with_a_suspended_portal_is_refused_as_on_postgre
 
 def test_an_unnamed_portal_run_in_pieces_in_a_block_is_a_backend_cursor_too(
         proxy: RunningProxy, test_db: TestDatabase) -> None:
-    """No Describe, the unnamed portal, binary results: Execute with a row limit decides."""
+    """No Describe, the unnamed portal, mixed and binary results: Execute with a row limit decides."""
     direct, proxied = _on_both(
         test_db, proxy, (_query("BEGIN"),), (parse("", _ENDLESS), bind("", "", result_formats=(1, 0)), execute("", 2), SYNC),
-        (execute("", 2), SYNC), (_query("COMMIT"),))
+        (execute("", 2), SYNC), (bind("b", "", result_formats=(1,)), execute("b", 1), execute("b", 1), SYNC),
+        (_query("COMMIT"),))
     assert proxied == direct
     assert [r for r in direct[2] if r[0] == b"D"] == [(b"D", b"\0\0\0\3", b"3"), (b"D", b"\0\0\0\4", b"4")]
-    assert direct[3] == [(b"C", b"COMMIT"), (b"Z", b"I")]
+    assert [r for r in direct[3] if r[0] == b"D"] == [(b"D", b"\0\0\0\1", b"1"), (b"D", b"\0\0\0\2", b"2")]
+    assert direct[4] == [(b"C", b"COMMIT"), (b"Z", b"I")]
 
 
 def test_a_client_leaving_with_a_suspended_portal_leaves_no_statement_running(proxy: RunningProxy, admin) -> None:

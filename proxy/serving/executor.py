@@ -663,7 +663,8 @@ class Executor:
             return ResultSet(portal.fields, [], "SELECT 0", relayed=[]), []
         try:
             self._judge_again(portal)
-            result = await self.backend.relay(portal.fetch_sql(limit), None, result_formats, one_statement=True)
+            # Its text is dpproxy's own, one statement: a simple Query where it may be (text results).
+            result = await self.backend.relay(portal.fetch_sql(limit), None, result_formats)
         except BackendError as exc:
             portal.failed(exc.sqlstate)
             raise
