@@ -19,10 +19,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from conftest import TEST_POLICY, RunningProxy, TestDatabase, make_policy
-from wire import SYNC, Wire, bind, cstr, data_row_values, describe, error_fields, execute, message, parse
-
-Reply = tuple[object, ...]
+from conftest import RunningProxy, TestDatabase, lookup_protected_file, make_policy
+from wire import SYNC, Wire, bind, cstr, describe, execute, message, parse, replies, replies_on_both
 
 _ENDLESS = "SELECT g, g::text AS t FROM (SELECT generate_series(1, 1000000000) AS g) s"  # rows as they are made
 
@@ -35,36 +33,9 @@ def _close(portal: str) -> bytes:
     return message(b"C", b"P" + cstr(portal))
 
 
-def _replies(wire: Wire, *requests: tuple[bytes, ...]) -> list[list[Reply]]:
-    """Each request's replies up to its ReadyForQuery: errors and notices by SQLSTATE and
-    message, rows by their values, row descriptions and command tags whole, the status byte."""
-    answered = []
-    for request in requests:
-        wire.send(*request)
-        replies: list[Reply] = []
-        for kind, body in wire.read_until(b"Z"):
-            if kind in (b"E", b"N"):
-                fields = error_fields(body)
-                replies.append((kind, fields[b"C"], fields[b"M"]))
-            elif kind == b"D":
-                replies.append((kind, *data_row_values(body)))
-            elif kind in (b"C", b"Z", b"T"):
-                replies.append((kind, body.rstrip(b"\0")))
-            elif kind != b"S":
-                replies.append((kind,))
-        answered.append(replies)
-    return answered
-
-
 def _on_both(test_db: TestDatabase, proxy: RunningProxy, *requests: tuple[bytes, ...]) -> tuple[object, object]:
-    """The replies to ``requests`` on a raw connection straight to PostgreSQL, then through dpproxy."""
-    results = []
-    for wire in (Wire.direct(test_db.admin_dsn), Wire(proxy.host, proxy.port)):
-        try:
-            results.append(_replies(wire, *requests))
-        finally:
-            wire.close()
-    return results[0], results[1]
+    """The replies to ``requests`` (row descriptions whole) straight to PostgreSQL, then through dpproxy."""
+    return replies_on_both(test_db.admin_dsn, proxy.host, proxy.port, *requests, row_descriptions=True)
 
 
 def _begin_and_piece(sql: str, portal: str = "c", rows: int = 10) -> tuple[tuple[bytes, ...], ...]:
@@ -99,16 +70,16 @@ def test_a_suspended_portal_leaves_no_statement_running_on_the_backend(proxy: Ru
     application = "h141_suspended_portal"
     wire = Wire(proxy.host, proxy.port, startup_params={"application_name": application})
     try:
-        _replies(wire, *_begin_and_piece(_ENDLESS))
+        replies(wire, *_begin_and_piece(_ENDLESS))
         states = _backend_states(admin, application)
         deadline = time.monotonic() + 10
         while states != ["idle in transaction"] and time.monotonic() < deadline:
             time.sleep(0.1)  # pg_stat_activity's state is written as the backend reaches it
             states = _backend_states(admin, application)
         assert states == ["idle in transaction"]
-        assert _replies(wire, (execute("c", 3), SYNC))[0][:3] == [(b"D", b"11", b"11"), (b"D", b"12", b"12"),
+        assert replies(wire, (execute("c", 3), SYNC))[0][:3] == [(b"D", b"11", b"11"), (b"D", b"12", b"12"),
                                                                  (b"D", b"13", b"13")]
-        assert _replies(wire, (_query("COMMIT"),))[0] == [(b"C", b"COMMIT"), (b"Z", b"I")]
+        assert replies(wire, (_query("COMMIT"),))[0] == [(b"C", b"COMMIT"), (b"Z", b"I")]
     finally:
         wire.close()
 
@@ -172,7 +143,7 @@ def test_an_unnamed_portal_run_in_pieces_in_a_block_is_a_backend_cursor_too(
 def test_a_client_leaving_with_a_suspended_portal_leaves_no_statement_running(proxy: RunningProxy, admin) -> None:
     application = "h141_portal_left"
     wire = Wire(proxy.host, proxy.port, startup_params={"application_name": application})
-    _replies(wire, *_begin_and_piece(_ENDLESS))
+    replies(wire, *_begin_and_piece(_ENDLESS))
     wire.close()
     deadline = time.monotonic() + 10
     while "active" in _backend_states(admin, application) and time.monotonic() < deadline:
@@ -180,23 +151,24 @@ def test_a_client_leaving_with_a_suspended_portal_leaves_no_statement_running(pr
     assert "active" not in _backend_states(admin, application)
     other = Wire(proxy.host, proxy.port)
     try:
-        assert _replies(other, (_query("SELECT 1"),))[0][1] == (b"D", b"1")
+        assert replies(other, (_query("SELECT 1"),))[0][0] == (b"D", b"1")
     finally:
         other.close()
 
 
 def test_a_dp_portal_in_a_block_stays_one_released_row(proxy: RunningProxy) -> None:
     """A DP statement's portal is never a backend cursor: its result is one released answer,
-    handed out as before (a row limit of 1 still completes it), charged once."""
+    handed out as before (a row limit of 1 suspends it, as on PostgreSQL; the next Execute ends
+    it with no row), charged once."""
     wire = Wire(proxy.host, proxy.port)
     try:
-        replies = _replies(wire, *_begin_and_piece("SELECT COUNT(*) FROM adult", rows=1), (execute("c", 1), SYNC),
+        got = replies(wire, *_begin_and_piece("SELECT COUNT(*) FROM adult", rows=1), (execute("c", 1), SYNC),
                            (_query("SELECT pg_catalog.count(*) FROM pg_catalog.pg_cursors WHERE name <> ''"),),
                            (_query("COMMIT"),))
-        first = [r[0] for r in replies[1]]
-        assert first.count(b"D") == 1 and first[-2:] == [b"s", b"Z"]
-        assert replies[2][:1] == [(b"C", b"SELECT 0")]
-        assert replies[3][1] == (b"D", b"0")  # no cursor was declared for it on the backend
+        first = [r[0] for r in got[1]]
+        assert first.count(b"D") == 1 and first.count(b"N") == 1 and first[-2:] == [b"s", b"Z"]  # its charge
+        assert got[2] == [(b"C", b"SELECT 0"), (b"Z", b"T")]  # no second one
+        assert got[3][0] == (b"D", b"0")  # no cursor was declared for it on the backend
     finally:
         wire.close()
 
@@ -205,23 +177,18 @@ def test_a_portal_over_a_table_protected_by_a_reload_hands_out_no_more_rows(test
                                                                            tmp_path: Path) -> None:
     """Its query is judged again before each piece, as a passthrough cursor's (before: the rest
     of a suspended portal over a table protected since went on being handed out)."""
-    protected = TEST_POLICY.replace("  public.lookup:\n    access: public\n",
-                                    "  public.lookup:\n    access: protected\n    epsilon: 1.0\n"
-                                    "    columns:\n      code: {{categories: [M, F]}}\n")
-    assert protected != TEST_POLICY
     ledger = tmp_path / "l.sqlite3"
-    reloaded = tmp_path / "policy.yaml"
-    reloaded.write_text(protected.format(dsn=test_db.service_dsn, ledger=ledger))
+    reloaded = lookup_protected_file(test_db, ledger)
     proxy = RunningProxy(make_policy(test_db, ledger))
     wire = Wire(proxy.host, proxy.port)
     try:
-        first = _replies(wire, *_begin_and_piece("SELECT code FROM lookup ORDER BY code", rows=1))
+        first = replies(wire, *_begin_and_piece("SELECT code FROM lookup ORDER BY code", rows=1))
         assert [r for r in first[1] if r[0] == b"D"] == [(b"D", b"F")]
         assert proxy._call(proxy.server.reload(reloaded))
-        (after,) = _replies(wire, (execute("c", 1), SYNC))
+        (after,) = replies(wire, (execute("c", 1), SYNC))
         assert [r[:2] for r in after] == [(b"E", b"55000"), (b"Z", b"T")]
         assert b"this portal was bound under an earlier policy" in after[0][2] and b"policy-changed" in after[0][2]
-        assert _replies(wire, (_query("ROLLBACK"),)) == [[(b"C", b"ROLLBACK"), (b"Z", b"I")]]
+        assert replies(wire, (_query("ROLLBACK"),)) == [[(b"C", b"ROLLBACK"), (b"Z", b"I")]]
     finally:
         wire.close()
         proxy.stop()
