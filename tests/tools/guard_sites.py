@@ -92,6 +92,7 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "variance": ("tests/test_variance.py",),
     "post-values": ("tests/test_post_processing_values.py",),
     "implicit": ("tests/test_implicit_transaction_rules.py",),
+    "portals": ("tests/test_backend_portals.py::test_a_portal_over_a_table_protected_by_a_reload_hands_out_no_more_rows",),
 }
 
 _TIMEOUTS = ("tests/test_attack_workers.py::test_the_backends_idle_in_transaction_timeout_cannot_be_set",
@@ -632,4 +633,6 @@ SITES: tuple[Site, ...] = (
          "refusal = refused_in_implicit(plan.statement, decision, self._pipeline_block)", "refusal = None", "implicit"),
     Site("implicit.held-cursor-rolled-back", "proxy/serving/implicit_block.py",
          "return isinstance(decision, DeclareCursor) and decision.options.hold", "return False", "implicit"),
+    # ------------------------------------------------------------------ proxy/serving/backend_portals.py
+    Site("portal.judged-again-after-reload", "proxy/serving/executor.py", "self._judge_again(portal)", "pass", "portals"),
 )
