@@ -159,13 +159,15 @@ def test_a_statement_failing_part_way_sends_its_rows_then_its_error(proxy: Runni
 
 def test_row_limited_execute_hands_a_stream_out_in_pieces_with_statements_between(proxy: RunningProxy) -> None:
     wire = Wire(proxy.host, proxy.port)
-    big = f"SELECT g, '{WIDE}' FROM generate_series(1, 30000) g"  # ~30 MB: held whole while SELECT 42 runs
+    big = f"SELECT g, '{WIDE}' FROM generate_series(1, 30000) g"  # ~30 MB
     wire.send(_query("BEGIN"))
     wire.read_until(b"Z")
     wire.send(parse("big", big), bind("p", "big"), execute("p", 1000), SYNC)
     rows, others = _drain_counting(wire)
     assert rows == 1000 and [k for k, _ in others] == [b"1", b"2", b"s", b"Z"] and others[-1][1] == b"T"
-    # Another statement on the same connection while the portal is suspended: its rest is held.
+    # Another statement on the same connection while the portal is suspended (in a block the
+    # portal is a backend cursor: nothing of it is held meanwhile; outside one, see
+    # test_suspended_portals_of_a_pipeline_together_hold_no_more_than_one_cap).
     wire.send(_query("SELECT 42"))
     got = wire.read_until(b"Z")
     assert [data_row_values(b) for k, b in got if k == b"D"] == [[b"42"]]
