@@ -119,6 +119,15 @@ def test_a_portal_bound_after_a_savepoint_goes_with_it(proxy: RunningProxy, test
     assert [r[:2] for r in direct[3] if r[0] == b"E"] == [(b"E", b"34000")]
 
 
+def test_close_all_drops_a_suspended_portal_as_on_postgresql(proxy: RunningProxy, test_db: TestDatabase) -> None:
+    """Before: the portal's backend cursor was not among the cursors dpproxy knew, so CLOSE ALL
+    did not reach the backend and the portal went on handing out rows."""
+    direct, proxied = _on_both(test_db, proxy, *_begin_and_piece(_ENDLESS), (_query("CLOSE ALL"),),
+                               (execute("c", 3), SYNC), (_query("ROLLBACK"),))
+    assert proxied == direct
+    assert [r[:2] for r in direct[3] if r[0] == b"E"] == [(b"E", b"34000")]
+
+
 def test_discard_all_in_a_block_with_a_suspended_portal_is_refused_as_on_postgresql(
         proxy: RunningProxy, test_db: TestDatabase) -> None:
     direct, proxied = _on_both(test_db, proxy, *_begin_and_piece(_ENDLESS), (_query("DISCARD ALL"),),

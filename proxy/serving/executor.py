@@ -168,6 +168,7 @@ class Executor:
         self._analysis = CancellableWait()  # a long statement's analysis, until a CancelRequest
         self._streams: set[RowStream | BackendPortal] = set()  # results passed on as they arrive, not ended yet
         self._portals = 0  # backend portals declared (backend_portals.py), which name each one
+        self._open_portals: set[BackendPortal] = set()  # those whose client portal is not gone yet
         self.cursors = Cursors()  # the session's SQL cursors (DECLARE ... CURSOR)
         self._serializable_block = False  # the transaction block open now began SERIALIZABLE
         self.implicit = False
@@ -651,6 +652,7 @@ class Executor:
         fields = [f if f.format == fmt else replace(f, format=fmt) for f, fmt in zip(fields, formats)]
         portal = BackendPortal(name, fields, statement, resolved, self.server.registry)
         self._audit_at_end(portal, plan.fingerprint, started)
+        self._open_portals.add(portal)
         return portal
 
     async def fetch_portal(
@@ -673,6 +675,7 @@ class Executor:
     def drop_portal(self, portal: BackendPortal) -> None:
         """The client's portal is gone (Close, a new Bind of its name, its transaction's end):
         its backend cursor is closed before the next request, and its audit line written."""
+        self._open_portals.discard(portal)
         self.backend.drop_portal(portal.name)
         portal.cut_off(None)
 
@@ -765,7 +768,9 @@ class Executor:
             if isinstance(decision, FetchCursor):
                 return await self._fetch(decision, result_formats, simple)
             if decision.name is None:  # CLOSE ALL
-                if self.cursors.on_backend:
+                # Portals run in pieces too, whose cursors are their portals: PostgreSQL's CLOSE
+                # ALL drops protocol portals with the cursors.
+                if self.cursors.on_backend or self._open_portals:
                     await self.backend.execute("CLOSE ALL")
                 self.cursors.close(None)
                 return ResultSet([], [], "CLOSE CURSOR ALL"), [], None
