@@ -128,6 +128,19 @@ def test_close_all_drops_a_suspended_portal_as_on_postgresql(proxy: RunningProxy
     assert [r[:2] for r in direct[3] if r[0] == b"E"] == [(b"E", b"34000")]
 
 
+def test_a_portal_runs_in_pieces_beside_a_cursor_declared_under_the_name_dpproxy_would_give_it(
+        proxy: RunningProxy) -> None:
+    wire = Wire(proxy.host, proxy.port)
+    try:
+        got = replies(wire, (_query("BEGIN; DECLARE dpproxy_portal_1 CURSOR FOR SELECT 'mine'"),),
+                      _begin_and_piece("SELECT g FROM generate_series(1, 5) g", rows=2)[1],
+                      (_query("FETCH dpproxy_portal_1"),), (_query("COMMIT"),))
+        assert [r for r in got[1] if r[0] in (b"D", b"E", b"s")] == [(b"D", b"1"), (b"D", b"2"), (b"s",)]
+        assert got[2][0] == (b"D", b"mine") and got[3][0] == (b"C", b"COMMIT")
+    finally:
+        wire.close()
+
+
 def test_discard_all_in_a_block_with_a_suspended_portal_is_refused_as_on_postgresql(
         proxy: RunningProxy, test_db: TestDatabase) -> None:
     direct, proxied = _on_both(test_db, proxy, *_begin_and_piece(_ENDLESS), (_query("DISCARD ALL"),),

@@ -638,6 +638,8 @@ class Executor:
         started = time.perf_counter()
         resolved = await self._resolve(statement.references.relations)
         self._portals += 1
+        while self.cursors.find(portal_cursor_name(self._portals)) is not None:  # a client's SQL cursor's name
+            self._portals += 1
         name = portal_cursor_name(self._portals)
         try:
             fields = await self.backend.declare_portal(name, decision.sql, params if params.values else None)
