@@ -13,6 +13,7 @@ and through dpproxy, in the same run, and compares the replies; the backend's ow
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -82,6 +83,27 @@ def test_a_suspended_portal_leaves_no_statement_running_on_the_backend(proxy: Ru
         assert replies(wire, (_query("COMMIT"),))[0] == [(b"C", b"COMMIT"), (b"Z", b"I")]
     finally:
         wire.close()
+
+
+def test_an_asyncpg_cursor_left_early_in_a_transaction_is_not_computed_to_its_end(proxy: RunningProxy) -> None:
+    """asyncpg's cursor() in a transaction: 50 rows fetched, then the transaction commits. On
+    PostgreSQL the rest is never computed; through dpproxy it was read at COMMIT, where the
+    millionth row's division by zero failed the block and the SET before it was rolled back."""
+    asyncpg = pytest.importorskip("asyncpg")
+    sql = "SELECT 1 / (g - 1000000) FROM (SELECT pg_catalog.generate_series(1, 2000000) AS g) s"
+
+    async def left_early() -> tuple[int, str]:
+        conn = await asyncpg.connect(host=proxy.host, port=proxy.port, user="analyst", password="analyst",
+                                     database="dpproxy_test")
+        try:
+            async with conn.transaction():
+                await conn.execute("SET application_name = 'asyncpg_left_early'")
+                rows = await (await conn.cursor(sql)).fetch(50)
+            return len(rows), await conn.fetchval("SHOW application_name")
+        finally:
+            await conn.close()
+
+    assert asyncio.run(left_early()) == (50, "asyncpg_left_early")
 
 
 def test_interleaved_portals_each_go_on_from_where_they_stopped(proxy: RunningProxy, test_db: TestDatabase) -> None:
