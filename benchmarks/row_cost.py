@@ -476,7 +476,10 @@ def policy_file(dsn: str, directory: Path, quantum_ms: int = 0, max_text_bytes: 
         "nd": {"bounds": [0, 100]},
     }
     table = {"access": "protected", "epsilon": 1.0, "delta": 1e-6, "partitions": 256, "columns": columns,
-             "answer_quantum_ms": quantum_ms, "max_text_bytes": max_text_bytes}
+             "answer_quantum_ms": quantum_ms, "max_text_bytes": max_text_bytes,
+             # The tools time the SQL dpproxy sends; the memory ceiling (rewriter/sort_memory.py) is the
+             # operator's question, and would refuse the wide tables' sorting statements past ~25 MB.
+             "max_sort_memory_mb": 2_097_151}
     policy = {
         "backend": {"dsn": dsn},
         "listen": {"host": "127.0.0.1", "port": 1},

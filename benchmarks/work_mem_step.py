@@ -14,10 +14,18 @@ edge against what it adds away from it. Every other row's ``tp``/``cp`` is a dis
 of ``--base-bytes``; the statements are the backend SQL dpproxy sends (planned under
 ``max_text_bytes`` = ``--bound``).
 
+``--closed`` checks the closure instead (rewriter/sort_memory.py): with ``--role-work-mem`` set as
+the measuring role's default (``ALTER ROLE ... SET work_mem``, as an operator would set the
+service role's), each statement runs as dpproxy runs it, after the step that sets ``work_mem`` to
+the table's bound for its transaction, at every k of a grid of 64 over the table and at the k
+where each spilled without the step, for ``rc_base`` and ``rc_plus``: it counts the ks at which
+it wrote temporary blocks without the step and with it (which must be none).
+
 Run from the repository root::
 
     python -m benchmarks.work_mem_step --rows 60000 --repeats 21
     python -m benchmarks.work_mem_step --rows 60000 --bound 2048 --value-bytes 2048
+    python -m benchmarks.work_mem_step --rows 20000 --closed --role-work-mem 64kB
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ from typing import Any, NamedTuple
 
 import psycopg
 
+from policies.model import TablePolicy
+from rewriter.sort_memory import work_mem_setting
 from benchmarks.row_cost import (Construct, _writer, alternating_runs, load_tables, measuring_session, on_server, plan_constructs,
                                  policy_file)
 
@@ -158,6 +168,56 @@ def measure(dsn: str, rows: int, base_bytes: int, value_bytes: int, bound: int, 
     return out
 
 
+class Closure(NamedTuple):
+    """One statement on one table: the ks tried, those at which it spilled without the step, the
+    first of them, and those at which it spilled with the step (and the most blocks it wrote)."""
+
+    name: str
+    tried: int
+    spilled_open: int
+    first_open: int | None
+    spilled_closed: int
+    most_blocks_closed: int
+
+
+def _closed_blocks(conn: psycopg.Connection[Any], setting: str, sql: str) -> int:
+    """The temporary blocks ``sql`` writes after ``setting`` in one transaction, as dpproxy sends them."""
+    with conn.transaction():
+        conn.execute(setting)
+        return _explained(conn, sql)[1]
+
+
+def closure(dsn: str, rows: int, base_bytes: int, value_bytes: int, bound: int, role_work_mem: str) -> list[Closure]:
+    """Per statement and table, :class:`Closure` under ``role_work_mem`` as the role's default."""
+    load_tables(dsn, rows)
+    _fill(dsn, base_bytes, value_bytes)
+    with tempfile.TemporaryDirectory(prefix="dpproxy-work-mem-") as directory:
+        plans = plan_constructs(policy_file(dsn, Path(directory), max_text_bytes=bound), STATEMENTS)
+    ceiling = TablePolicy.model_fields["max_sort_memory_mb"].default
+    with _writer(dsn) as admin:
+        admin.execute(f"ALTER ROLE CURRENT_USER SET work_mem = '{role_work_mem}'")
+    out: list[Closure] = []
+    try:
+        with measuring_session(dsn) as conn:
+            conn.execute("RESET work_mem")  # the role's default, as a pooled connection's RESET ALL leaves it
+            for construct, plan in zip(STATEMENTS, plans):
+                if isinstance(plan, str):
+                    continue
+                for table, sql in zip(("rc_base", "rc_plus"), plan):
+                    setting = work_mem_setting(f"CAST('{table}' AS pg_catalog.regclass)", ceiling, False)
+                    grid = sorted({rows * step // 64 for step in range(1, 65)})
+                    opened = [k for k in grid if _spills(conn, sql, k)]
+                    edge = _edge(lambda k: _spills(conn, sql, k), rows)
+                    ks = sorted(set(grid) | ({edge - 1, edge, edge + 1} if edge is not None else set()))
+                    blocks = [_closed_blocks(conn, setting, sql.replace(str(_K), str(k))) for k in ks]
+                    out.append(Closure(f"{construct.name}, {table}", len(ks), len(opened), edge,
+                                       sum(1 for b in blocks if b), max(blocks)))
+    finally:
+        with _writer(dsn) as admin:
+            admin.execute("ALTER ROLE CURRENT_USER RESET work_mem")
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rows", type=int, default=60_000)
@@ -166,10 +226,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bound", type=int, default=256, help="the tables' max_text_bytes")
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--work-mem", help="the session's work_mem (default: the server's, 4MB)")
+    parser.add_argument("--closed", action="store_true", help="check the closure (module docstring)")
+    parser.add_argument("--role-work-mem", default="64kB", help="with --closed: the role's default work_mem")
     parser.add_argument("--dsn", help="a superuser DSN (default: start a server, --pg)")
     parser.add_argument("--pg", type=int, choices=(15, 16, 17, 18), default=16)
     args = parser.parse_args(argv)
     started = time.monotonic()
+    if args.closed:
+        checked = on_server(args.dsn, args.pg, "work-mem-closed",
+                            lambda dsn: closure(dsn, args.rows, args.base_bytes, args.value_bytes, args.bound,
+                                                args.role_work_mem))
+        print(f"{args.rows:,} rows; the role's work_mem {args.role_work_mem}; filters id <= k; "
+              f"{time.monotonic() - started:.0f} s in all.\n")
+        print("| statement, table | ks tried | spilled without the step | first k | spilled with it | most temp blocks with it |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for check in checked:
+            first = f"{check.first_open:,}" if check.first_open is not None else "—"
+            print(f"| {check.name} | {check.tried} | {check.spilled_open} | {first} | {check.spilled_closed} | "
+                  f"{check.most_blocks_closed} |")
+        return 0
     results = on_server(args.dsn, args.pg, "work-mem-step",
                         lambda dsn: measure(dsn, args.rows, args.base_bytes, args.value_bytes, args.bound, args.repeats,
                                             args.work_mem))

@@ -472,6 +472,11 @@ class TablePolicy(_Strict):
     # construct (rewriter/text_bounds.py), so what one row's text adds to a statement's time is
     # bounded by this, not by what someone stored. 1 GB is PostgreSQL's own limit on a value.
     max_text_bytes: int = Field(256, ge=1, le=1_073_741_823)
+    # The most memory, in MB, one sort or hash table of a DP statement on the table may be granted:
+    # statements that sort or group rows run with work_mem at what every row the table can hold
+    # would take, so that no filter tips one into spilling (rewriter/sort_memory.py); on a table
+    # whose bound is above this, without answer_quantum_ms, they are refused (54000, sort-memory).
+    max_sort_memory_mb: int = Field(256, ge=1, le=2_097_151)
     columns: dict[str, ColumnPolicy] = Field(default_factory=dict)
 
     @model_validator(mode="after")

@@ -119,6 +119,11 @@ class Relation:
     from the schema), ``"random"``, a per-row ``random()`` draw, or ``"ctid"``, a keyed hash
     of the row's physical id (``ctid_hash``, checked at load to be possible on this relation
     and backend).
+
+    ``sort_memory_kb`` is the memory a sort or hash of every row the relation could hold took when
+    the policy was loaded (rewriter/sort_memory.py): above the table's ``max_sort_memory_mb`` its
+    statements that sort rows are refused without ``answer_quantum_ms``. 0: not read. A view's is
+    that of no page (its pages bound none of its rows).
     """
 
     oid: int
@@ -128,6 +133,8 @@ class Relation:
     columns: Mapping[str, ColumnInfo] = field(default_factory=dict)
     partition_key: Literal["row", "ctid", "random"] = "random"
     hashed_columns: tuple[str, ...] = ()
+    sort_memory_kb: int = 0
+    sort_memory_tree: bool = False
 
     @property
     def access(self) -> Access:

@@ -33,6 +33,7 @@ from .qualify import qualify
 from .references import RelationRef
 from .series_limit import plan_series_limited, ranks_series
 from .sized_cache import sized_cache
+from .sort_memory import within_sort_memory
 from .statements import Statement, split_statements
 
 __all__ = [
@@ -521,7 +522,7 @@ def _protected(statement: Statement, protected: list[Relation], registry: TableR
     ):
         # The table joined to a subquery over itself: answered only as a series limit.
         _check_function_names(refs.functions, relation)
-        return DPQuery(plan_series_limited(statement.text, relation, registry.function_names))
+        return DPQuery(within_sort_memory(plan_series_limited(statement.text, relation, registry.function_names)))
     # A CTE's name is no relation: one read once is the derived table it names (rewriter.ctes).
     read = [ref for ref in refs.relations if not (ref.schema is None and ref.name in refs.cte_names)]
     if len(read) > 1:
@@ -540,7 +541,7 @@ def _protected(statement: Statement, protected: list[Relation], registry: TableR
         )
     _check_function_names(refs.functions, relation)
     try:
-        return DPQuery(plan_aggregate_query(statement.text, relation, registry.function_names))
+        return DPQuery(within_sort_memory(plan_aggregate_query(statement.text, relation, registry.function_names)))
     except Refusal as refusal:
         if refusal.rule == "no-row-access" and asks_for_no_row(statement.text, relation):
             check_functions(statement, registry.function_names)

@@ -139,7 +139,7 @@ __all__ = [
     "split_by_index",
     "decided_total", "filtered", "grid_index",
     "hashable", "hashed_columns", "literal", "quantile_grid", "query_grid",
-    "partition_key", "partition_seed", "partition_values", "per_partition", "row_hash_key", "seeded", "sent", "shuffled_source",
+    "partition_key", "partition_seed", "partition_values", "per_partition", "row_hash_key", "seeded", "sent", "shuffled_source", "sorts_rows",
     "split_cells", "split_row",
 ]
 
@@ -380,6 +380,18 @@ def _backend_sql(query: AggregateQuery, seed: int, source: str) -> str:
         f"SELECT {outer} FROM (SELECT {inner} FROM (SELECT {rows} FROM {source}) AS filtered "
         f"GROUP BY {key}) AS partitions"
     )
+
+
+def sorts_rows(query: AggregateQuery) -> bool:
+    """Whether :func:`backend_sql`'s plan may hold the filtered rows (or a group per row) in a sort
+    or a hash table: ``COUNT(DISTINCT)`` (its shuffle and its value sort), a GROUP BY (its groups
+    by each key's per-row value), a percentile's grid and sample and aggregate's partitions
+    (grouped, which PostgreSQL may do by sorting the rows). False only for the plain aggregate
+    over the rows, the one branch of :func:`_backend_sql` that groups nothing (COUNT, SUM,
+    sum-and-count AVG, variances, MODE), whose memory no row count moves (rewriter/sort_memory.py)."""
+    if query.groups or any(agg.distinct for agg in query.aggregates) or query_grid(query) is not None:
+        return True
+    return not all(part.additive for agg in query.aggregates for part in aggregate_parts(agg))
 
 
 def _used_columns(query: AggregateQuery) -> list[str]:

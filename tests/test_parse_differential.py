@@ -451,6 +451,23 @@ def test_a_name_in_an_order_by_expression_is_an_input_column_as_postgresql_reads
 
 
 @pytest.mark.parametrize("sql", [
+    "SELECT sex AS age, count(*) FROM people GROUP BY sex ORDER BY (age)",
+    "SELECT sex AS age, count(*) FROM people GROUP BY sex ORDER BY ((age)) DESC",
+    "SELECT sex AS s, count(*) AS n FROM people GROUP BY sex ORDER BY (n) DESC",
+    "SELECT sex, count(*) AS age FROM people GROUP BY sex ORDER BY (age)",
+])
+def test_an_order_by_item_that_is_an_outputs_name_in_parentheses_sorts_by_that_output(
+        people_proxy: RunningProxy, test_db: TestDatabase, sql: str) -> None:
+    # PostgreSQL keeps no parentheses in its tree: ORDER BY (age) is ORDER BY age, the output's name
+    # (the key sex, or the count). dpproxy read (age) as the ungrouped input column: 42803.
+    labels = {}
+    for reader, dsn in (("PostgreSQL", test_db.admin_dsn), ("dpproxy", people_proxy.dsn())):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            labels[reader] = [row[0] for row in conn.execute(sql).fetchall()]
+    assert labels["dpproxy"] == labels["PostgreSQL"], labels
+
+
+@pytest.mark.parametrize("sql", [
     'SELECT U&"e" FROM (SELECT count(*) AS u, sum(age) AS "e" FROM people) AS t',
     'SELECT U&"\\0065" AS x FROM (SELECT count(*) AS u, sum(age) AS "e" FROM people) AS t',
     'SELECT sex, n FROM (SELECT sex, count(*) AS n FROM people GROUP BY sex) AS t WHERE U&"\\006e" > 10',

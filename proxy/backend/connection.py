@@ -30,6 +30,7 @@ from proxy.wire.protocol import Field, ProtocolError, data_row, formats_for
 from rewriter.classify import ResolvedRelation
 from rewriter.references import RelationRef
 from rewriter.rewrite import hashed_columns
+from rewriter.sort_memory import MemorySteps, sort_memory_kb_sql
 
 from .data_rows import data_rows
 from .cancellable import CancellableWait
@@ -704,25 +705,38 @@ class BackendSession:
             except psycopg.Error as exc:
                 raise self._failure(exc, held) from None
 
-    async def first_row(self, sql: str, params: BoundParams | None = None,
-                        steps: Sequence[str] = ()) -> tuple[list[bytes | None], list[int]]:
+    async def first_row(self, sql: str, params: BoundParams | None = None, steps: Sequence[str] = (),
+                        memory: MemorySteps | None = None) -> tuple[list[bytes | None], list[int]]:
         """Run a statement like ``execute`` and return only its first row as text, with each
         column's type OID (what a DP query's exact aggregates need, and nothing more); after
-        ``steps`` in one pipeline when there are any (``after_steps``)."""
-        result = await (self.after_steps(steps, sql, params) if steps else self._statement(sql, params, 0))
+        ``steps`` and ``memory``'s setting in one pipeline when there are any (``after_steps``)."""
+        result = await self._after(steps, sql, params, memory)
         columns = range(result.nfields)
         return [result.get_value(0, c) for c in columns], [result.ftype(c) for c in columns]
 
-    async def unread(self, sql: str, params: BoundParams | None = None, steps: Sequence[str] = ()) -> UnreadRows:
+    async def unread(self, sql: str, params: BoundParams | None = None, steps: Sequence[str] = (),
+                     memory: MemorySteps | None = None) -> UnreadRows:
         """Run a statement like ``execute``, in text, and return its rows unread: a DP query's
         exact aggregates per cell, which may be many (``UnreadRows``: read them off the event
-        loop when they are); after ``steps`` in one pipeline when there are any (``after_steps``)."""
-        return UnreadRows(await (self.after_steps(steps, sql, params) if steps else self._statement(sql, params, 0)))
+        loop when they are); after ``steps`` and ``memory``'s setting in one pipeline when there
+        are any (``after_steps``)."""
+        return UnreadRows(await self._after(steps, sql, params, memory))
 
-    async def after_steps(self, steps: Sequence[str], sql: str, params: BoundParams | None) -> PGresult:
+    async def _after(self, steps: Sequence[str], sql: str, params: BoundParams | None,
+                     memory: MemorySteps | None) -> PGresult:
+        if steps or memory is not None:
+            return await self.after_steps(steps, sql, params, memory)
+        return await self._statement(sql, params, 0)
+
+    async def after_steps(self, steps: Sequence[str], sql: str, params: BoundParams | None,
+                          memory: MemorySteps | None = None) -> PGresult:
         """Run ``steps``, then ``sql``, each with ``params``, in text, in one libpq pipeline with
         one Sync at its end, and return the result of ``sql``: one round trip, and one implicit
         transaction outside a block, so the locks the steps take are held until ``sql`` ends.
+
+        ``memory`` (rewriter/sort_memory.py): its setting is the last step (sent without
+        parameters), and its restore, if any, follows ``sql``; a restore that fails after ``sql``
+        ran is raised as ``sql``'s own error would be.
 
         A step that fails raises StepFailed: PostgreSQL skips what follows it in the pipeline up
         to the Sync, so ``sql`` never executed. A Flush request follows the steps, so the
@@ -733,33 +747,40 @@ class BackendSession:
         is raised as ``_round_trip`` raises it.
         """
         p = params or BoundParams((), (), ())
+        setting, restore = memory if memory is not None else (None, None)
 
         def send(pgconn: PGconn) -> None:
             for step in steps:
                 pgconn.send_query_params(_encoded(step, pgconn), p.values, p.types or None, p.formats or None, 0)
+            if setting is not None:
+                pgconn.send_query_params(_encoded(setting, pgconn), None, None, None, 0)
             pgconn.send_flush_request()
             pgconn.send_query_params(_encoded(sql, pgconn), p.values, p.types or None, p.formats or None, 0)
+            if restore is not None:
+                pgconn.send_query_params(_encoded(restore, pgconn), None, None, None, 0)
 
         conn, results, failure = await self._pipelined(send)
         encoding = _connection_encoding(conn.pgconn)
         lost = conn.pgconn.status != pq.ConnStatus.OK
-        for index, result in enumerate(results[:len(steps) + 1]):
+        sent = len(steps) + (setting is not None)  # the steps sent ahead of sql, its result's index
+        ran = sent + 1 + (restore is not None)
+        for index, result in enumerate(results[:ran]):
             if result.status != pq.ExecStatus.FATAL_ERROR:
                 continue
             error = _result_error(result, encoding)
             if lost:
-                raise self._lost(error.sqlstate, reached=index == len(steps), cause=error)
+                raise self._lost(error.sqlstate, reached=index >= sent, cause=error)
             # A step failed only where libpq says the run was skipped; anything else is the run's
             # (charged): the refund must never rest on the results' positions alone.
-            if index < len(steps) and len(results) > len(steps) \
-                    and results[len(steps)].status == pq.ExecStatus.PIPELINE_ABORTED:
+            if index < sent and len(results) > sent \
+                    and results[sent].status == pq.ExecStatus.PIPELINE_ABORTED:
                 raise StepFailed(index, error)
             raise error
-        if len(results) < len(steps):  # no word of the last step's end: the Flush after it was not reached
+        if len(results) < sent:  # no word of the last step's end: the Flush after it was not reached
             raise self._lost(None, reached=False, cause=failure)
         if failure is not None or lost:
             raise self._lost(None, reached=True, cause=failure)
-        return results[len(steps)]
+        return results[sent]
 
     async def _pipelined(
         self, send: Callable[[PGconn], None]
@@ -1150,6 +1171,9 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
             target.oid, target.schema, target.name, table_policy, columns, partition_key=key, hashed_columns=row_columns,
         )
         names[target.oid] = name
+    bounds = await _sort_memory(session, [oid for oid, relation in relations.items() if relation.access == "protected"])
+    relations = {oid: replace(relation, sort_memory_kb=bounds[oid][0], sort_memory_tree=bounds[oid][1]) if oid in bounds
+                 else relation for oid, relation in relations.items()}
     problems += await public_reads_protected(session, relations, names)
     problems += await unreadable_protected(session, relations, names)
     problems += await failing_protected(session, relations, names)
@@ -1240,6 +1264,18 @@ async def _equal_labels(session: BackendSession, table: str, relation: int, colu
     return [f"tables.{table}.columns.{column.name}: categories {first!r} and {second!r} are one value of the column's "
             f"type {type_name}{under} (its = holds for them), so no row could be counted in {second!r}; "
             "declare one of them" for first, second in pairs]
+
+
+async def _sort_memory(session: BackendSession, oids: list[int]) -> dict[int, tuple[int, bool]]:
+    """Each relation's ``Relation.sort_memory_kb`` as its size is now, and whether it has partitions
+    or inheritance children (``sort_memory_tree``) (rewriter/sort_memory.py)."""
+    if not oids:
+        return {}
+    rows = await session.fetch_all(
+        f"SELECT c.oid, {sort_memory_kb_sql('CAST(c.oid AS pg_catalog.regclass)')}, "
+        "c.relkind OPERATOR(pg_catalog.=) 'p' OR c.relhassubclass "
+        "FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])", [oids])
+    return {int(oid): (int(kb), bool(tree)) for oid, kb, tree in rows}
 
 
 async def _row_stores(session: BackendSession, oids: list[int]) -> dict[int, bool]:

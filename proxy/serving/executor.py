@@ -23,6 +23,7 @@ from policies.model import Policy
 from policies.tables import TableRegistry, quote_identifier
 from proxy.backend.cancellable import CancellableWait
 from proxy.backend.connection import BackendError, BackendLost, BackendSession, BackendUnavailable, BoundParams, ClientGone, ResultSet
+from proxy.backend.errors import StepFailed
 from proxy.backend.row_stream import RowStream
 from proxy.backend.unread_rows import UnreadRows
 from proxy.dp.answer import (
@@ -35,7 +36,7 @@ from proxy.dp.budget import BudgetKeeper
 from proxy.dp.folding import bind_constants
 from proxy.dp.narrowing import narrow_keys
 from proxy.dp.percentile_params import bind_fractions, fraction_param_types
-from proxy.dp.parameter_types import check_parameter_types, settled_lists
+from proxy.dp.parameter_types import check_listed_parameters, check_numeric_parameters, check_parameter_types, settled_lists
 from proxy.dp.release_units import release_count, release_units
 from proxy.dp.repeats import RepeatStore
 from proxy.ops.audit import AuditEntry, AuditLog
@@ -64,6 +65,7 @@ from rewriter.limits import MAX_NESTING, MAX_OPERATOR_RUN, longest_operator_run,
 from rewriter.references import RelationRef
 from rewriter.rewrite import backend_sql, partition_seed, seeded, too_many_columns
 from rewriter.sized_cache import sized_cache
+from rewriter.sort_memory import memory_steps
 from rewriter.statements import Statement, split_statements
 
 from .copy_out import copy_messages
@@ -921,6 +923,8 @@ class Executor:
         # type it cannot have (a list bound as float8[]) is refused as a fraction, not a predicate.
         plan, params = bind_fractions(plan, params)
         check_parameter_types(plan, params)
+        check_numeric_parameters(plan, params)
+        check_listed_parameters(plan, params)
         plan = settled_lists(plan, params.types)  # a list's raw conjunct holds for some types only
         # The plan's WHERE is made final here, before the charge (and before the repeat key).
         epsilon = self.settings.query_epsilon(self.server.policy, plan.table)
@@ -1221,10 +1225,19 @@ class Executor:
         if plan.keys_only:
             return declared_keys(plan, codec)
         bound = params if params.values else None
-        if not plan.groups:
-            values, type_oids = await self.backend.first_row(sql, bound, steps)
-            return await _noised(plan, partial(_row_released, plan, values, type_oids, epsilon, codec))
-        unread = await self.backend.unread(sql, bound, steps)
+        # Its sorts and hash tables held in memory, whatever rows the filter reaches (rewriter/sort_memory.py).
+        memory = memory_steps(plan, in_block=self.backend.transaction_status != b"I")
+        try:
+            if not plan.groups:
+                values, type_oids = await self.backend.first_row(sql, bound, steps, memory)
+                return await _noised(plan, partial(_row_released, plan, values, type_oids, epsilon, codec))
+            unread = await self.backend.unread(sql, bound, steps, memory)
+        except StepFailed as failed:
+            if steps:
+                raise  # with_locks's: the run never executed, its charge goes back
+            # The setting of a run sent without lock steps (a series limit's ranking, a retry):
+            # the charge stands, as for the run's own failure.
+            raise failed.error from None
         return await _noised(plan, partial(_cells_released, plan, unread, epsilon, codec))
 
     async def _post_processed(

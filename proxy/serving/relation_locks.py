@@ -131,6 +131,7 @@ def _not_taken(failed: StepFailed, steps: Sequence[tuple[str, Relation]]) -> Loc
     exc = failed.error
     if exc.sqlstate != SQLSTATE.QUERY_CANCELED:
         return LocksNotTaken(exc)
-    table = steps[failed.index][1]
+    # Past the lock steps is the run's work_mem setting (rewriter/sort_memory.py), of the last one's run.
+    table = steps[min(failed.index, len(steps) - 1)][1]
     return LocksNotTaken(BackendError(
         exc.sqlstate, f"{exc.message} while waiting for a lock on {table.schema}.{table.name}", hint=LOCK_HINT))

@@ -1,0 +1,246 @@
+"""A DP statement's sorts and hash tables never spill to disk, whatever rows its filter reaches
+(rewriter/sort_memory.py); on a table whose bound is above ``max_sort_memory_mb`` they are refused.
+
+Before, one row at the edge of ``work_mem`` tipped a ``COUNT(DISTINCT)``'s sort (or a GROUP BY's)
+into writing all its rows to temporary files, a step of 10–35 % of the statement's time that told
+the row's presence (benchmarks/work_mem_step.py). Here the service role's ``work_mem`` is 64 kB
+(the least PostgreSQL allows, set as the role's default, which dpproxy does not pin) and its
+``log_temp_files`` 0, so PostgreSQL logs every temporary file it writes for it, with the client's
+``application_name`` (which its backend session takes on) and the statement: every construct that
+sorts or hashes rows, at filters below, across and far past any 64 kB edge, in and out of a
+transaction block, must write none. On a PostgreSQL of this module's own: the role's settings
+would reach every other test's sorts on the shared one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+import pytest
+from conftest import ATTACK_POLICY_HEAD, TEST_DATABASE, RunningProxy, refused_uncharged, spent_epsilon
+from own_postgres import OwnServer, own_postgres
+
+from policies.loader import parse_policy
+from proxy.demo.embedded import SERVICE_ROLE
+from rewriter.dp_query import AggregateQuery, plan_aggregate_query
+from rewriter.rewrite import backend_sql, partition_seed
+from policies.tables import Relation
+from rewriter.sort_memory import MIN_ROW_BYTES, ROW_BYTES, SLACK_BYTES, memory_steps, sort_memory_kb_sql
+
+ROWS = 20_000
+
+# Repeats off: a statement asked again must run again, its setting step with it.
+POLICY = ATTACK_POLICY_HEAD.replace("repeats: {{enabled: true}}", "repeats: {{enabled: false}}") + """\
+  public.events:
+    access: protected
+    epsilon: 1.0
+    delta: 1.0e-6
+{extra}    columns:
+      id: {{bounds: [0, {rows}]}}
+      age: {{bounds: [0, 100]}}
+      t: {{categories: [x]}}
+      cat: {{categories: [a, b, c], group_by: true}}
+  public.parts:
+    access: protected
+    epsilon: 1.0
+    columns:
+      id: {{bounds: [0, {rows}]}}
+      t: {{categories: [x]}}
+"""
+
+# Each construct whose backend SQL sorts or hashes the rows a filter reaches.
+SORTING = (
+    "SELECT COUNT(DISTINCT t) FROM events WHERE id <= {k}",
+    "SELECT cat, COUNT(*) FROM events WHERE id <= {k} GROUP BY cat",
+    "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY age) FROM events WHERE id <= {k}",
+    "SELECT MIN(age) FROM events WHERE id <= {k}",
+    "SELECT cat, COUNT(DISTINCT t) FROM events WHERE id <= {k} GROUP BY cat",
+)
+# Filters below, across and far past the 64 kB edge of each (about 500 rows for a sort of these).
+FILTERS = (100, 600, 2_500, ROWS)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[OwnServer]:
+    with own_postgres(TEST_DATABASE, "dpproxy-test-sort-memory-") as own:
+        with psycopg.connect(own.admin_dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE events (id integer, age integer, t text, cat text)")
+            # Distinct values that every row holds (the cat column's raw values are distinct too:
+            # the key groups by them first), in id order: the analyst's filter picks the first k.
+            conn.execute(f"INSERT INTO events SELECT i, i % 100, md5(i::text), "
+                         f"CASE WHEN i % 4 = 0 THEN 'a' ELSE md5(i::text) END FROM generate_series(1, {ROWS}) i")
+            conn.execute("VACUUM ANALYZE events")
+            conn.execute("CREATE TABLE parts (id integer, t text) PARTITION BY RANGE (id)")
+            conn.execute("CREATE TABLE parts_low PARTITION OF parts FOR VALUES FROM (0) TO (10000)")
+            conn.execute("CREATE TABLE parts_high PARTITION OF parts FOR VALUES FROM (10000) TO (MAXVALUE)")
+            conn.execute(f"INSERT INTO parts SELECT i, md5(i::text) FROM generate_series(1, {ROWS}) i")
+            conn.execute("VACUUM ANALYZE parts")
+            conn.execute(f"GRANT SELECT ON events, parts, parts_low, parts_high TO {SERVICE_ROLE}")
+            conn.execute(f"ALTER ROLE {SERVICE_ROLE} SET work_mem = '64kB'")
+            conn.execute(f"ALTER ROLE {SERVICE_ROLE} SET log_temp_files = 0")
+            conn.execute(f"ALTER ROLE {SERVICE_ROLE} SET log_min_error_statement = log")
+            conn.execute("ALTER SYSTEM SET log_line_prefix = '%m [%p] %a: '")
+            conn.execute("SELECT pg_reload_conf()")
+        yield own
+
+
+def _proxy(server: OwnServer, tmp_path: Path, extra: str = "") -> RunningProxy:
+    text = POLICY.format(dsn=server.service_dsn, ledger=tmp_path / "ledger.sqlite3", rows=ROWS, extra=extra)
+    return RunningProxy(parse_policy(text, "sort-memory.yaml"))
+
+
+@pytest.fixture(scope="module")
+def proxy(server: OwnServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    running = _proxy(server, tmp_path_factory.mktemp("sort-memory"))
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+APPLICATION = "sort-memory-test"  # in the log's line prefix: the lines of this test's statements
+
+
+@contextmanager
+def temporary_files(server: OwnServer) -> Iterator[list[str]]:
+    """The log lines of the temporary files PostgreSQL wrote for ``APPLICATION``'s statements in the
+    block but dpproxy's own on the catalog (filled in at its end). Each file is logged when it is
+    removed, at the latest when the statement's transaction ends, before dpproxy has its rows. A DP
+    statement's, removed as its pipeline's transaction ends, is logged without its statement; a
+    simple query's is followed by it (``log_min_error_statement``), which tells a checkout's
+    reading of the settings (from ``pg_settings``, sorted by name: past 64 kB too) apart."""
+    log = server.data / "log"
+    start = log.stat().st_size
+    found: list[str] = []
+    yield found
+    with log.open("rb") as text:
+        text.seek(start)
+        lines = text.read().decode(errors="replace").splitlines()
+    for line, after in zip(lines, [*lines[1:], ""]):
+        if f"{APPLICATION}: LOG:  temporary file:" in line and not ("STATEMENT:" in after and "pg_settings" in after):
+            found.append(line)
+
+
+def _connect(proxy: RunningProxy, autocommit: bool = True) -> psycopg.Connection:
+    return proxy.connect(autocommit=autocommit, application_name=APPLICATION)
+
+
+def test_the_detector_sees_a_sort_past_64_kb(server: OwnServer) -> None:
+    """As the service role, the DP statement's SQL on every row, sent straight to PostgreSQL, spills."""
+    with temporary_files(server) as found, \
+            psycopg.connect(server.service_dsn, autocommit=True, application_name=APPLICATION) as conn:
+        conn.execute("SELECT count(DISTINCT t) FROM (SELECT t FROM events ORDER BY random()) AS s").fetchall()
+    assert found
+
+
+@pytest.mark.parametrize("sql", SORTING)
+def test_no_filter_tips_a_dp_statements_sort_into_spilling(proxy: RunningProxy, server: OwnServer, sql: str) -> None:
+    with temporary_files(server) as found, _connect(proxy) as conn:
+        for k in FILTERS:
+            assert conn.execute(sql.format(k=k)).fetchall()
+    assert found == []
+
+
+def test_in_a_block_the_statement_sorts_in_memory_and_the_blocks_work_mem_is_given_back(
+    proxy: RunningProxy, server: OwnServer
+) -> None:
+    with temporary_files(server) as found, _connect(proxy, autocommit=False) as conn:
+        for k in FILTERS:
+            assert conn.execute(SORTING[1].format(k=k)).fetchall()
+            assert conn.execute("SHOW work_mem").fetchone() == ("64kB",)
+        conn.commit()
+        assert conn.execute("SHOW work_mem").fetchone() == ("64kB",)
+        conn.rollback()
+    assert found == []
+
+
+NOT_SORTING = (
+    "SELECT COUNT(*) FROM events WHERE id <= 600",
+    "SELECT SUM(age) FROM events WHERE id <= 600",
+    "SELECT AVG(age) FROM events WHERE id <= 600",  # sum and count, the policy default
+    "SELECT VARIANCE(age) FROM events WHERE id <= 600",
+    "SELECT MODE() WITHIN GROUP (ORDER BY cat) FROM events WHERE id <= 600",
+    "SELECT COUNT(*), SUM(age) FROM events WHERE id <= 600",
+)
+
+
+def _table(proxy: RunningProxy, name: str) -> Relation:
+    (table,) = (relation for relation in proxy.server.registry.by_oid.values() if relation.name == name)
+    return table
+
+
+def _plan(proxy: RunningProxy, sql: str) -> AggregateQuery:
+    return plan_aggregate_query(sql, _table(proxy, "events"))
+
+
+def test_the_bound_of_a_partitioned_table_counts_its_partitions_pages(proxy: RunningProxy, server: OwnServer) -> None:
+    """A partitioned table has no pages of its own: its bound, at load and in each statement's step,
+    adds up its partitions'; a plain table's reads its own size alone (the cheaper step)."""
+    parts, events = _table(proxy, "parts"), _table(proxy, "events")
+    assert parts.sort_memory_tree and not events.sort_memory_tree
+    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+        (leaves,) = conn.execute("SELECT pg_relation_size('parts_low') + pg_relation_size('parts_high')").fetchone()
+        (stepped,) = conn.execute(f"SELECT {sort_memory_kb_sql(parts.oid, True)}").fetchone()
+        (own,) = conn.execute(f"SELECT {sort_memory_kb_sql(parts.oid, False)}").fetchone()
+    assert leaves > 1_000_000
+    covered = -(-((leaves + SLACK_BYTES) // MIN_ROW_BYTES + 1) * ROW_BYTES // 1024)
+    assert parts.sort_memory_kb == stepped == covered
+    assert own < covered // 10  # its own size: none
+    with _connect(proxy) as conn:
+        assert conn.execute("SELECT COUNT(DISTINCT t) FROM parts WHERE id <= 5000").fetchall()
+
+
+@pytest.mark.parametrize("sql", NOT_SORTING)
+def test_a_statement_that_sorts_nothing_gets_no_setting_step(proxy: RunningProxy, sql: str) -> None:
+    """COUNT, SUM and the other plain aggregates run as before, with no step more (their speed), and
+    their backend SQL indeed neither sorts nor groups."""
+    plan = _plan(proxy, sql)
+    assert memory_steps(plan, in_block=False) is None
+    text = backend_sql(plan, seed=partition_seed())
+    assert not re.search(r"GROUP BY|ORDER BY|DISTINCT", text), text
+    with _connect(proxy) as conn:
+        assert conn.execute(sql).fetchall()
+
+
+@pytest.mark.parametrize("sql", SORTING)
+def test_every_statement_that_sorts_or_groups_gets_the_setting_step(proxy: RunningProxy, sql: str) -> None:
+    plan = _plan(proxy, sql.format(k=600))
+    assert re.search(r"GROUP BY|ORDER BY|DISTINCT", backend_sql(plan, seed=partition_seed()))
+    steps = memory_steps(plan, in_block=False)
+    assert steps is not None and steps.restore is None
+    in_block = memory_steps(plan, in_block=True)
+    assert in_block is not None and in_block.restore is not None
+
+
+def test_above_the_ceiling_the_sorting_statements_are_refused_uncharged(
+    server: OwnServer, tmp_path: Path
+) -> None:
+    """The table's bound (~13 MB: 1.3 MB of pages, each able to hold 291 rows of 256 bytes) is
+    above a ceiling of 1 MB: the statements that sort are refused before any charge, with 54000 and
+    a hint naming the setting; COUNT is answered; with answer_quantum_ms they are answered too."""
+    running = _proxy(server, tmp_path, extra="    max_sort_memory_mb: 1\n")
+    try:
+        for sql in SORTING:
+            refused = refused_uncharged(running, sql.format(k=600))
+            assert refused.sqlstate == "54000", refused
+            assert "(rule: sort-memory)" in str(refused)
+            assert refused.diag.message_hint is not None and "max_sort_memory_mb" in refused.diag.message_hint
+            assert "Nothing was charged" in refused.diag.message_hint
+        with running.connect() as conn:
+            spent = spent_epsilon(conn)
+            assert conn.execute("SELECT COUNT(*) FROM events WHERE id <= 600").fetchall()
+            assert spent_epsilon(conn) > spent
+    finally:
+        running.stop()
+    (tmp_path / "quantum").mkdir()
+    quantum = _proxy(server, tmp_path / "quantum", extra="    max_sort_memory_mb: 1\n    answer_quantum_ms: 1\n")
+    try:
+        with quantum.connect() as conn:
+            # With a quantum the operator's work_mem holds, so a sort within 64 kB is answered.
+            assert conn.execute(SORTING[0].format(k=100)).fetchall()
+    finally:
+        quantum.stop()
