@@ -163,6 +163,20 @@ def test_a_portal_runs_in_pieces_beside_a_cursor_declared_under_the_name_dpproxy
         wire.close()
 
 
+def test_a_portal_with_more_result_formats_than_columns_fails_08p01_and_its_cursor_is_closed(
+        proxy: RunningProxy) -> None:
+    wire = Wire(proxy.host, proxy.port)
+    try:
+        got = replies(wire, (_query("BEGIN"),), (parse("", "SELECT 1, 2"), bind("c", "", result_formats=(0, 0, 0)),
+                                                 describe(b"P", "c"), SYNC),
+                      (_query("SELECT pg_catalog.count(*) FROM pg_catalog.pg_cursors WHERE name <> ''"),),
+                      (_query("ROLLBACK"),))
+        assert [r[:2] for r in got[1] if r[0] == b"E"] == [(b"E", b"08P01")]
+        assert got[2][0] == (b"D", b"0") and got[3][0] == (b"C", b"ROLLBACK")
+    finally:
+        wire.close()
+
+
 def test_discard_all_in_a_block_with_a_suspended_portal_is_refused_as_on_postgresql(
         proxy: RunningProxy, test_db: TestDatabase) -> None:
     direct, proxied = _on_both(test_db, proxy, *_begin_and_piece(_ENDLESS), (_query("DISCARD ALL"),),

@@ -631,19 +631,23 @@ class Executor:
         released row; SHOW, EXPLAIN and the like are no cursor's query), and for a SELECT that
         may change settings (set_config). Its audit line is written when it ends for the client.
         """
-        plan = await self._current(plan)
+        started = time.perf_counter()
+        try:
+            plan = await self._current(plan)
+        except Refusal as exc:  # refused under a policy reloaded since its Parse, as ``run`` audits it
+            self._audit_soon(plan.fingerprint, "refused", exc.rule, None, started)
+            raise
         decision, statement = plan.decision, plan.statement
         if not isinstance(decision, Passthrough) or statement is None or statement.kind != "SelectStmt" \
                 or _may_change_settings(statement) or _may_move_search_path(statement) \
                 or self.backend.transaction_status != b"T":
             return None
-        started = time.perf_counter()
-        resolved = await self._resolve(statement.references.relations)
         self._portals += 1
         while self.cursors.find(portal_cursor_name(self._portals)) is not None:  # a client's SQL cursor's name
             self._portals += 1
         name = portal_cursor_name(self._portals)
         try:
+            resolved = await self._resolve(statement.references.relations)
             fields = await self.backend.declare_portal(name, decision.sql, params if params.values else None)
             try:
                 formats = formats_for(result_formats, len(fields))
