@@ -97,6 +97,7 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "sort-memory": ("tests/test_sort_memory.py",),
     "order-names": ("tests/test_parse_differential.py::"
                     "test_an_order_by_item_that_is_an_outputs_name_in_parentheses_sorts_by_that_output",),
+    "portals": ("tests/test_backend_portals.py::test_a_portal_over_a_table_protected_by_a_reload_hands_out_no_more_rows",),
 }
 
 _TIMEOUTS = ("tests/test_attack_workers.py::test_the_backends_idle_in_transaction_timeout_cannot_be_set",
@@ -676,4 +677,6 @@ SITES: tuple[Site, ...] = (
          "query.groups or any(agg.distinct for agg in query.aggregates) or query_grid(query) is not None", "sort-memory"),
     Site("misread.double-precision-round", "rewriter/misreadings.py",
          'and number_kind(arguments[0], relation.columns) == "float"):', "and False):", "stop45"),
+    # ------------------------------------------------------------------ proxy/serving/backend_portals.py
+    Site("portal.judged-again-after-reload", "proxy/serving/executor.py", "self._judge_again(portal)", "pass", "portals"),
 )
