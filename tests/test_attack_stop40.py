@@ -134,6 +134,9 @@ def test_a_numeric_domain_compared_with_a_float_is_refused_before_the_charge(sto
                 f"SELECT count(*) FILTER (WHERE {condition}) FROM {{t}}",
                 f"SELECT count(CASE WHEN {condition} THEN 1 END) FROM {{t}}"):
         outcome = _outcome(stop40_proxy, sql)
+        if " IN (" in condition:  # a value typed otherwise than the column is refused by its type first
+            assert outcome[:2] == ("error", "0A000") and "(rule: in-list-types)" in str(outcome[2]), (sql, outcome)
+            continue
         assert outcome[:2] == ("error", "DP001") and "real/double precision" in str(outcome[2]), (sql, outcome)
 
 

@@ -155,9 +155,10 @@ class BackendSpy:
             spy.sent.append(sql)
             return await original(session, sql, params, result_format, *args)
 
-        async def after_steps(session, steps, sql, params):  # type: ignore[no-untyped-def]
-            spy.sent.extend([*steps, sql])
-            return await pipelined(session, steps, sql, params)
+        async def after_steps(session, steps, sql, params, memory=None):  # type: ignore[no-untyped-def]
+            spy.sent.extend([*steps, *((memory.setting,) if memory else ()), sql,
+                             *((memory.restore,) if memory and memory.restore else ())])
+            return await pipelined(session, steps, sql, params, memory)
 
         BackendSession._statement = statement  # type: ignore[method-assign]
         BackendSession.after_steps = after_steps  # type: ignore[method-assign]

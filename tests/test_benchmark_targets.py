@@ -43,7 +43,10 @@ def test_portable_policy_means_the_same_without_the_keys_an_older_dpproxy_reject
     for table in written["tables"].values():
         assert "partitioning" not in table  # `auto` is newer than b8591d1's policy model
         assert table["avg"] == "sample_aggregate"  # not a default: stated, as every version needs it
-    assert load_policy(portable).tables == load_policy(full).tables
+    # max_sort_memory_mb, newer than it too, is the one key whose default the portable policy keeps
+    raised = {name: table.model_copy(update={"max_sort_memory_mb": 16_384})
+              for name, table in load_policy(portable).tables.items()}
+    assert raised == load_policy(full).tables
     assert yaml.safe_load(full.read_text())["backend"]["pool"] == {"size": 5}
 
 
