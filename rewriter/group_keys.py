@@ -26,11 +26,14 @@ row of the table falls in at most one cell (the keys partition the rows), which 
 each cell be noised with the column's whole share of ε (parallel composition; the argument
 is in docs/mechanisms.md).
 
-The backend groups the rows by a per-row expression (:meth:`GroupKey.row_sql`) and reports,
+The backend groups the rows by a per-row expression (:meth:`GroupKey.group_sql`) and reports,
 per group, a value that names the group's cell (:meth:`GroupKey.cell_sql`,
 :meth:`GroupKey.cell_of`). Neither can raise an error on any row: they are comparisons with
 literals, ``date_trunc`` and ``width_bucket`` evaluated only for rows inside the declared
-range or finite, and ``to_char`` of a group's bucket.
+range or finite, and ``to_char`` of a group's bucket. The grouping expression takes at most
+:attr:`GroupKey.grouped_values` values whatever the rows hold (a category key groups by the
+row's cell, never by its raw value), so the backend's hash table of groups is bounded by the
+policy and the statement, not by the rows (rewriter/sort_memory.py).
 """
 
 from __future__ import annotations
@@ -212,6 +215,26 @@ class GroupKey:
         return [bucket_start(self.unit, self.first, i) for i in range(self.count)]
 
     # ------------------------------------------------------------ the backend's side
+
+    def group_sql(self) -> str:
+        """The per-row expression the backend groups by. A category, integer or floor key's is
+        the row's cell (:meth:`cell_sql` of the row's value), so that its values are the cells
+        and NULL whatever values the rows hold: grouped by the raw value, a column of distinct
+        values held a group a row, a hash table the rows' number sized (rewriter/sort_memory.py).
+        A time, epoch or bin key's is :meth:`row_sql`, a bucket already (its cell, ``to_char``,
+        is computed once a group)."""
+        return self.cell_sql() if self.kind in ("category", "integer") or self.floor is not None else self.row_sql()
+
+    @property
+    def grouped_values(self) -> int:
+        """The most distinct values :meth:`group_sql` takes over any rows, NULL included: a
+        category key's cells and NULL (without ``other``); an integer's or a floor key's cells
+        and NULL; a bin key's n + 2 buckets and NULL; a time or epoch key's buckets, NULL, and a
+        bucket on either side, where a cast's time zone moves a value within the range past
+        its edge (:meth:`row_sql`; such a group is in no cell)."""
+        if self.kind in ("time", "epoch"):
+            return self.count + 3
+        return self.size + 1
 
     def row_sql(self) -> str:
         """The per-row expression the backend groups by; it cannot raise on any value."""
