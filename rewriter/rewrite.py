@@ -481,28 +481,35 @@ def _grouped_sql(query: AggregateQuery, parts: list[Part], source: str) -> str:
     """
     groups = query.groups
     joint = query.domain.joint_keys
-    cells = [f"{key.cell_sql()} AS k{i}" for i, key in enumerate(groups)]
-    cells += [f"{groups[i].row_sql()} AS b{i}" for i in sorted(joint)]  # the bucket a joint key's cell is of
     grouping = [key.group_sql() for key in groups]
+    values = [f"{sql} AS v{i}" for i, sql in enumerate(grouping)]
+    # Each group's cell from its value, once a group (written over the grouping expression again,
+    # PostgreSQL computed it once a row: GroupKey.cell_sql).
+    cells = [f"{key.cell_sql(f'v{i}')} AS k{i}" for i, key in enumerate(groups)]
+    cells += [f"v{i} AS b{i}" for i in sorted(joint)]  # the bucket a joint key's cell is of
     grid = query_grid(query)
     if grid is not None:  # each cell's rows grouped by their grid index too
         index = grid_index(*grid)
-        cells.append(f"{index} AS g")
+        values.append(f"{index} AS g")
         grouping.append(index)
+        cells.append("g")
     present = " AND ".join(f"k{i} IS NOT NULL" for i in range(len(groups)))
     split = split_by_index(query)
-    # OFFSET 0 keeps the filter on the groups: PostgreSQL would push a HAVING (or an outer WHERE)
-    # on grouping expressions down to every row, computing each key twice per row.
+
+    def grouped(totals: list[str]) -> str:
+        # OFFSET 0 keeps the filter on the groups: PostgreSQL would push a HAVING (or an outer
+        # WHERE) on grouping expressions down to every row, computing each key twice per row.
+        return (f"(SELECT {', '.join([*cells, *(f'p{i}' for i in range(len(parts)))])} FROM "
+                f"(SELECT {', '.join([*values, *totals])} FROM {source} GROUP BY {', '.join(grouping)} OFFSET 0) "
+                f"AS groups) AS cells WHERE {present}")
+
     if not split and not joint:
         # Each group reports a value of its own (a cell, a bucket, a time): it is its cell's only
         # row, and no outer query (whose GROUP BY PostgreSQL may sort) is needed.
-        totals = [f"{sent(part, part.sql)} AS p{i}" for i, part in enumerate(parts)]
         outputs = [*(f"k{i}" for i in range(len(groups))), *(["g"] if grid is not None else []),
                    *(f"p{i}" for i in range(len(parts)))]
-        return (f"SELECT {', '.join(outputs)} FROM (SELECT {', '.join([*cells, *totals])} FROM {source} "
-                f"GROUP BY {', '.join(grouping)} OFFSET 0) AS cells WHERE {present}")
-    inner = (f"(SELECT {', '.join([*cells, *(f'{part.sql} AS p{i}' for i, part in enumerate(parts))])} FROM {source} "
-             f"GROUP BY {', '.join(grouping)} OFFSET 0) AS cells WHERE {present}")
+        return f"SELECT {', '.join(outputs)} FROM " + grouped([f"{sent(part, part.sql)} AS p{i}" for i, part in enumerate(parts)])
+    inner = grouped([f"{part.sql} AS p{i}" for i, part in enumerate(parts)])
     keys = [f"pg_catalog.min(k{i})" if i in joint else f"k{i}" for i in range(len(groups))]
     ids = [part_sql(groups[i].part, f"b{i}") if i in joint else f"k{i}" for i in range(len(groups))]
     if split:

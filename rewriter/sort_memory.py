@@ -1,5 +1,6 @@
 """The memory a DP statement's sorts and hash tables may take: enough that no filter tips one into
 spilling, and the refusal of the statements that sort on a table too large for the operator's ceiling.
+A GROUP BY over declared keys is bounded by its cells instead, whatever the table's size.
 
 **Why.** A sort keeps its rows in memory up to ``work_mem`` and, past it, writes them all to
 temporary files and merges them; a hash aggregate spills its groups past ``work_mem`` ×
@@ -27,6 +28,31 @@ row a neighbouring table holds more. The setting is at least the table's ceiling
 (``max_sort_memory_mb``): a sort takes the memory its rows need, never its ``work_mem``, so a
 setting above that need costs nothing, and the value a client in a transaction block could read
 (``SHOW work_mem``, restored right after the statement, :func:`memory_steps`) is the policy's.
+
+**A GROUP BY over declared keys** (of counts and sums: no ``COUNT(DISTINCT)``, percentile or
+sample and aggregate, which sort rows) groups each row by its cell (``GroupKey.group_sql``: a
+category's number, an integer within the bounds, a bucket of the declared range), so its groups
+are at most :func:`~rewriter.rewrite.grouped_values` whatever the rows hold, a function of the
+statement and the policy. Before, a category key grouped by the raw value first (mapping each
+group to its cell after), so that a column of distinct values held a group a row: its hash table
+grew with the rows, and every GROUP BY ran under the table's bound and was refused on a table
+past the ceiling, the histograms BI tools draw among them. Nothing rested on the raw value's
+grouping but speed (the CASE once a group rather than once a row): the cells, their answers and
+each row's cell are the same, and the work limit already weighed a key's comparisons with the
+categories once a row (rewriter/single_reads.py). The hash table's memory is then what those
+groups take (:func:`hashed_groups_kb`): ``GROUP_BYTES`` a group and each part's state, a count's
+``COUNT_STATE_BYTES``, a sum's ``SUM_STATE_BYTES``, a ``numeric`` column's exact total's
+``NUMERIC_STATE_BYTES`` (its accumulator spans every digit a clamped value may hold, 34 kB
+measured), besides ``HASH_BASE_BYTES``, twice (a hash aggregate that expects to spill keeps a
+quarter of its memory for its buffers). A hash aggregate checks its memory as it adds a group, so
+the bound holds at every group a filter can add. The statement runs with ``work_mem`` at that,
+``enable_sort`` off and ``enable_hashagg`` on for its transaction: a sorted GroupAggregate would
+sort every row (an operator's ``enable_hashagg = off``, or a planner's estimate of a group a row,
+chose it), which only the table's bound covers; with hashing possible for every key's type,
+PostgreSQL then hashes. A bound within the ceiling needs no table bound, and its statement is
+never refused; one above it (tens of thousands of cells) falls back to the table's bound and its
+refusal. The setting is small (a few MB for 1,000 cells), which also keeps the hash table's first
+buckets, sized by the planner's estimate of the groups (a column's distinct values), small.
 
 **What it does not bound.** A protected view's rows are not bounded by its pages (it may join or
 expand its tables): it gets the ceiling, which closes the step only while its rows' sort fits
