@@ -223,16 +223,17 @@ class GroupKey:
         distinct values held a group a row, a hash table the rows' number sized
         (rewriter/sort_memory.py).
 
-        A category key's is the row's value where it equals a declared category, else NULL,
-        tested by one ``= ANY`` of the categories (hashed by PostgreSQL from :data:`HASHED_LIST`
-        values: one hash of the value a row, where a CASE of 41 categories compared it 41 times,
-        benchmarks/grouped_by_cell.py): the rows are grouped by the same ``=`` as the CASE of
-        :meth:`cell_sql` finds a group's cell by, so each group is one category's.
-        That is for a ``text`` or ``varchar`` column under a deterministic collation, whose ``=``
-        is ``texteq`` with a text literal as with a list's; under a nondeterministic collation
-        (whose hash is of the ICU sort key) and for other types (``char(n)``'s ``=`` is not a
-        text list's) it is the row's cell itself (the CASE, once a row: comparisons the work limit
-        weighs, no hash). An integer or floor key's is the row's cell; a time, epoch or bin key's
+        A category key's is the row's cell (the CASE of its categories, once a row: comparisons
+        the work limit weighs, each comparing the sizes first). Of :data:`HASHED_LIST` categories
+        or more, on a ``text`` or ``varchar`` column under a deterministic collation (whose ``=``
+        is ``texteq`` with a text literal as with a list's), it is the row's value where it
+        equals a declared category, else NULL, tested by one ``= ANY`` of them, which PostgreSQL
+        hashes from that many values: one hash of the value a row, where the CASE of 41 countries
+        compared it 41 times (5.5 to 6.7 times as slow; benchmarks/grouped_by_cell.py). The rows
+        are grouped by the same ``=`` as the CASE of :meth:`cell_sql` then finds a group's cell
+        by, so each group is one category's. Under a nondeterministic collation (whose hash is of
+        the ICU sort key) and for other types (``char(n)``'s ``=`` is not a text list's) the
+        CASE stays. An integer or floor key's is the row's cell; a time, epoch or bin key's
         :meth:`row_sql`, a bucket already (its cell, ``to_char``, computed once a group)."""
         row = self.row_sql()
         if self.kind == "category":
@@ -240,8 +241,7 @@ class GroupKey:
                 return self._category_cell(row)
             policy = self.column.policy
             assert policy is not None and policy.categories is not None
-            listed = (list(policy.categories) * HASHED_LIST)[:max(HASHED_LIST, len(policy.categories))]
-            array = ", ".join(f"CAST({literal(category)} AS pg_catalog.text)" for category in listed)
+            array = ", ".join(f"CAST({literal(category)} AS pg_catalog.text)" for category in policy.categories)
             return f"CASE WHEN ({row} OPERATOR(pg_catalog.=) ANY (ARRAY[{array}])) THEN {row} END"
         if self.kind == "integer":
             policy = self.column.policy
@@ -345,7 +345,10 @@ class GroupKey:
     def _hashed_category(self) -> bool:
         """Whether this category key groups by the row's value where it is a category's, found by a
         hashed list (:meth:`group_sql`), rather than by the row's cell."""
-        return self.column.deterministic_collation and self.column.value_type[0] in RAW_TYPES
+        policy = self.column.policy
+        assert policy is not None and policy.categories is not None
+        return (self.column.deterministic_collation and self.column.value_type[0] in RAW_TYPES
+                and len(policy.categories) >= HASHED_LIST)
 
     def _category_cell(self, value: str) -> str:
         """The cell number of ``value`` (SQL of the column's value): the first declared category it

@@ -46,6 +46,8 @@ POLICY = ATTACK_POLICY_HEAD.replace("repeats: {{enabled: true}}", "repeats: {{en
       t: {{categories: [x]}}
       cat: {{categories: [a, b, c], group_by: true}}
       label: {{categories: [a, b], group_by: true, other: other}}
+      code: {{categories: [c0, c1, c2, c3, c4, c5, c6, c7, c8, c9], group_by: true, other: other}}
+      score: {{bounds: [0, 10], group_by: true}}
       n: {{bounds: [0, 100]}}
       ts: {{bounds: ["2024-01-01", "2025-12-31"], group_by: [month]}}
   public.parts:
@@ -63,12 +65,14 @@ SORTING = (
     "SELECT MIN(age) FROM events WHERE id <= {k}",
     "SELECT cat, COUNT(DISTINCT t) FROM events WHERE id <= {k} GROUP BY cat",
 )
-# Each GROUP BY of plain aggregates over declared keys (a category's, with other, an integer's, a
-# month's, a month of the year's buckets): its groups are its cells, whatever values the rows hold.
+# Each GROUP BY of plain aggregates over declared keys (a category's, with other, of ten categories, an
+# integer's, of distinct integers, a month's, a month of the year's buckets): its groups are its cells, whatever values the rows hold.
 GROUPED = (
     "SELECT cat, COUNT(*) FROM events WHERE id <= {k} GROUP BY cat",
     "SELECT label, COUNT(*), SUM(age) FROM events WHERE id <= {k} GROUP BY label",
+    "SELECT code, COUNT(*) FROM events WHERE id <= {k} GROUP BY code",  # ten categories: a hashed list
     "SELECT age, COUNT(*) FROM events WHERE id <= {k} GROUP BY age",
+    "SELECT score, COUNT(*) FROM events WHERE id <= {k} GROUP BY score",  # distinct values, most past the bounds
     "SELECT date_trunc('month', ts) AS m, COUNT(*) FROM events WHERE id <= {k} GROUP BY 1",
     "SELECT EXTRACT(MONTH FROM ts) AS m, COUNT(*), SUM(age) FROM events WHERE id <= {k} GROUP BY 1",
 )
@@ -83,7 +87,7 @@ def server() -> Iterator[OwnServer]:
     with own_postgres(TEST_DATABASE, "dpproxy-test-sort-memory-") as own:
         with psycopg.connect(own.admin_dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE events (id integer, age integer, t text, cat text, label text, n numeric, "
-                         "ts timestamp)")
+                         "ts timestamp, code text, score integer)")
             # Distinct values that every row holds (the cat and label columns' raw values are
             # distinct too: before, a key grouped by them first), in id order: the analyst's filter
             # picks the first k. Half the n values have 16,383 fraction digits in 7 bytes, which
@@ -94,7 +98,9 @@ def server() -> Iterator[OwnServer]:
                          f"CASE WHEN i % 4 = 0 THEN 'a' ELSE md5(i::text) END, "
                          f"CASE WHEN i % 3 = 0 THEN 'b' ELSE md5(i::text) END, "
                          f"CASE WHEN i % 2 = 0 THEN CAST('1e-16383' AS numeric) ELSE 99.5 END, "
-                         f"TIMESTAMP '2024-01-01' + i * INTERVAL '50 minutes' FROM generate_series(1, {ROWS}) i")
+                         f"TIMESTAMP '2024-01-01' + i * INTERVAL '50 minutes', "
+                         f"CASE WHEN i % 5 = 0 THEN 'c' || (i % 10) ELSE md5(i::text) END, i "
+                         f"FROM generate_series(1, {ROWS}) i")
             conn.execute("VACUUM ANALYZE events")
             conn.execute("CREATE TABLE parts (id integer, t text) PARTITION BY RANGE (id)")
             conn.execute("CREATE TABLE parts_low PARTITION OF parts FOR VALUES FROM (0) TO (10000)")
