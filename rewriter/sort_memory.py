@@ -31,7 +31,8 @@ setting above that need costs nothing, and the value a client in a transaction b
 
 **A GROUP BY over declared keys** (of counts and sums: no ``COUNT(DISTINCT)``, percentile or
 sample and aggregate, which sort rows) groups each row by its cell (``GroupKey.group_sql``: a
-category's number, an integer within the bounds, a bucket of the declared range), so its groups
+category's number, or the declared category it equals, found by a hashed list; an integer within
+the bounds; a bucket of the declared range), so its groups
 are at most :func:`~rewriter.rewrite.grouped_values` whatever the rows hold, a function of the
 statement and the policy. Before, a category key grouped by the raw value first (mapping each
 group to its cell after), so that a column of distinct values held a group a row: its hash table
@@ -39,7 +40,8 @@ grew with the rows, and every GROUP BY ran under the table's bound and was refus
 past the ceiling, the histograms BI tools draw among them. Nothing rested on the raw value's
 grouping but speed (the CASE once a group rather than once a row): the cells, their answers and
 each row's cell are the same, and the work limit already weighed a key's comparisons with the
-categories once a row (rewriter/single_reads.py). The hash table's memory is then what those
+categories once a row (rewriter/single_reads.py). The speed is what it costs: a text key's
+backend SQL takes 1.1 to 1.5 times the raw value's grouping (benchmarks/results.md). The hash table's memory is then what those
 groups take (:func:`hashed_groups_kb`): ``GROUP_BYTES`` a group and each part's state, a count's
 ``COUNT_STATE_BYTES``, a sum's ``SUM_STATE_BYTES``, a ``numeric`` column's exact total's
 ``NUMERIC_STATE_BYTES`` (its accumulator spans every digit a clamped value may hold, 34 kB
