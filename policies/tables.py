@@ -84,6 +84,10 @@ class ColumnInfo:
     ``type_name`` is the column's type as the backend's ``format_type`` writes it (as psql's ``\\d``
     shows it: ``character varying(20)``, ``mood``, ``integer[]``), read with the rest at load; empty
     when not read.
+    ``printed_labels`` are the declared categories, then ``other``, each as PostgreSQL prints a value
+    of the column's type read from it (its output function: ``'Male'`` of a ``char(6)`` as ``'Male  '``,
+    ``'yes'`` of a boolean as ``t``, ``'2024-1-1'`` of a date as ``2024-01-01``), read at load; empty
+    when not read (:meth:`labels` then gives them as declared).
     """
 
     name: str
@@ -102,11 +106,20 @@ class ColumnInfo:
     unbounded_length: bool = False
     type_name: str = ""
     byte_order: bool = True
+    printed_labels: tuple[str, ...] = ()
 
     @property
     def value_type(self) -> tuple[int, int]:
         """The type OID and modifier the column's values are read as: a domain's base type, else its own."""
         return (self.base_type_oid, self.base_type_modifier) if self.base_type_oid else (self.type_oid, self.type_modifier)
+
+    def labels(self) -> tuple[str, ...]:
+        """What dpproxy releases for the column's categories (a MODE's answer, a GROUP BY key's
+        cells), in the policy's order, ``other`` last: each as PostgreSQL prints the column's value
+        equal to it (``printed_labels``), so a released label reads as PostgreSQL's answer would."""
+        policy = self.policy
+        assert policy is not None and policy.categories is not None
+        return self.printed_labels or (*policy.categories, *((policy.other,) if policy.other is not None else ()))
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,8 @@ from .sized_cache import sized_cache
 from .sql_text import literal, operator
 from .types import FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
 
-__all__ = ["FUNCTIONS", "HINT", "Fold", "Folding", "NotFoldable", "fold_query", "fold_type", "folded_comparison", "qualified_constant"]
+__all__ = ["FUNCTIONS", "HINT", "Fold", "Folding", "NotFoldable", "column_type_name", "fold_query", "fold_type",
+           "folded_comparison", "qualified_constant"]
 
 # Immutable or stable pg_catalog functions of dates, times and numbers that BI tools send.
 # Each computes from its arguments (and the session's TimeZone/DateStyle) only.
@@ -87,6 +88,12 @@ _FOLD_TYPES: dict[int, str] = {
     INT2: "numeric", INT4: "numeric", INT8: "numeric", NUMERIC: "numeric", FLOAT4: "float8", FLOAT8: "float8",
     1082: "date", 1083: "time", 1114: "timestamp", 1184: "timestamptz", 1266: "timetz",
 }
+# The pg_catalog name of each type a folded value is compared with (_FOLD_TYPES' keys).
+_COLUMN_TYPES: dict[int, str] = {
+    INT2: "int2", INT4: "int4", INT8: "int8", NUMERIC: "numeric", FLOAT4: "float4", FLOAT8: "float8",
+    1082: "date", 1083: "time", 1114: "timestamp", 1184: "timestamptz", 1266: "timetz",
+}
+assert _COLUMN_TYPES.keys() == _FOLD_TYPES.keys()
 _TOKEN = re.compile("\x00[0-9]+\x00")
 HINT = (
     "A computed value in WHERE may use literals, parameters, casts, + - * / %, CURRENT_DATE/CURRENT_TIMESTAMP "
@@ -102,6 +109,15 @@ class Fold:
 
     ``expression`` is the pinned SQL of the expression, ``type_name`` the pg_catalog type its
     value is cast to, ``token`` what stands for the whole comparison in the plan's template.
+
+    ``column_type`` is the column's own pg_catalog type, which :func:`fold_query` compares the
+    expression with first, as PostgreSQL resolves ``column op expression`` (``d = '20000501' - 7`` is
+    its 42883, no operator ``date = integer``, not the cast's 42846). ``in_list``: for the first fold
+    of an IN list, the list's values in order, each with whether it is an untyped string or NULL,
+    which PostgreSQL types by the comparison: it transforms every value of the list before it
+    compares the column with any, so a value's own error (``'May 1' + 1``: 22P02) comes before a
+    comparison's (:func:`fold_query` checks them in that order). ``in_list_member``: a later fold of
+    such a list, checked with it.
     """
 
     column_sql: str
@@ -109,6 +125,9 @@ class Fold:
     expression: str
     type_name: str
     token: str
+    column_type: str | None = None
+    in_list: tuple[tuple[str, bool], ...] = ()
+    in_list_member: bool = False
 
     @property
     def inline(self) -> str:
@@ -170,6 +189,11 @@ def fold_type(type_oid: int) -> str | None:
     return _FOLD_TYPES.get(type_oid)
 
 
+def column_type_name(type_oid: int) -> str | None:
+    """The pg_catalog name of a column type :func:`fold_type` folds values for, or None."""
+    return _COLUMN_TYPES.get(type_oid)
+
+
 def qualified_constant(sql: str) -> str:
     """``sql`` (one scalar expression) pinned to pg_catalog; NotFoldable (or Refusal from pinning) if it is not foldable."""
     return _qualified_constant(sql)
@@ -195,15 +219,32 @@ def fold_query(folds: tuple[Fold, ...]) -> str:
     Per fold three columns: the value cast to the fold's type, as text; and whether that text,
     read back as the fold's type in this same session, is below / above the exact value.
     Reading the text back makes the flags describe the literal the DP query will hold.
+
+    Its levels fail, where the statement does, as PostgreSQL parses it: the innermost computes each
+    expression (an IN list's values all first, in order: :attr:`Fold.in_list`), the next compares a
+    NULL of the column's type with each (an IN list's untyped strings too, in the list's order), as
+    PostgreSQL's comparison resolves its operator (42883 where it has none) and types an untyped
+    string (22007 for a date that is none); only then is each value cast to the fold's type.
     """
-    inner, outer = [], []
+    values, checks, inner, outer = [], [], [], []
     for index, fold in enumerate(folds):
-        inner.append(f"CAST(({fold.expression}) AS pg_catalog.{fold.type_name}) AS v{index}")
-        inner.append(f"({fold.expression}) AS e{index}")
+        for position, (value, untyped) in enumerate(fold.in_list):
+            if not untyped:
+                values.append(f"({value}) AS l{index}_{position}")
+        values.append(f"({fold.expression}) AS e{index}")
+        null = f"CAST(NULL AS pg_catalog.{fold.column_type})"
+        for position, (value, untyped) in enumerate(fold.in_list):
+            checks.append(operator(null, fold.op, value if untyped else f"g.l{index}_{position}"))
+        if fold.column_type is not None and not fold.in_list and not fold.in_list_member:
+            checks.append(operator(null, fold.op, f"g.e{index}"))
+        inner.append(f"CAST(c.e{index} AS pg_catalog.{fold.type_name}) AS v{index}")
+        inner.append(f"c.e{index} AS e{index}")
         text = _TEXT.get(fold.type_name, "CAST({v} AS pg_catalog.text)").format(v=f"f.v{index}")
         back = f"CAST({text} AS pg_catalog.{fold.type_name})"
         outer.extend([text, operator(back, "<", f"f.e{index}"), operator(back, ">", f"f.e{index}")])
-    return f"SELECT {', '.join(outer)} FROM (SELECT {', '.join(inner)}) AS f"
+    checked = ", ".join([*(f"{check} AS k{number}" for number, check in enumerate(checks)), "g.*"])
+    return (f"SELECT {', '.join(outer)} FROM (SELECT {', '.join(inner)} FROM (SELECT {checked} FROM "
+            f"(SELECT {', '.join(values)}) AS g) AS c) AS f")
 
 
 # A folded time value's text, written so that every DateStyle and TimeZone reads it back as the

@@ -36,6 +36,7 @@ from .percentiles import FractionParameter, decimal_text, is_percentile, percent
 from .post_process import PostProcess, aggregate_nodes, outer_statement
 from .shares import counted_shares
 from .predicates import PredicateRenderer
+from .listed_parameters import ListedParameters
 from .raw_equality import ParameterList
 from .scope import Scope
 from .single_reads import SingleRead, categories, distinct_read, hash_read, key_read, mode_read
@@ -152,6 +153,12 @@ class AggregateQuery:
     # The raw conjuncts over lists of parameters in where_sql (rewriter/raw_equality.py), each left
     # out when the statement is bound with types it does not hold for (proxy/dp/parameter_types.py).
     parameter_lists: tuple[ParameterList, ...] = ()
+    # The parameters its conditions cast to numeric beside a numeric column (rewriter/predicates.py),
+    # each with the column's declared precision (None: none), whose declared types and values are
+    # checked when they are bound (proxy/dp/parameter_types.py).
+    numeric_parameters: tuple[tuple[int, int | None], ...] = ()
+    # Its IN lists holding parameters (rewriter/listed_parameters.py), likewise.
+    listed_parameters: tuple[ListedParameters, ...] = ()
 
     @property
     def predicates(self) -> tuple[str, ...]:
@@ -192,15 +199,17 @@ class SeriesLimit:
 
 
 def plan_aggregate_query(
-    sql: str, table: Relation, function_names: frozenset[str] | None = None, ranking: bool = False
+    sql: str, table: Relation, function_names: frozenset[str] | None = None, ranking: bool = False,
+    joined: frozenset[str] = frozenset(),
 ) -> AggregateQuery:
     """Validate ``sql`` (one SELECT that references ``table`` and nothing else) into a plan.
 
     ``function_names``: every function name of the backend, for the outer statement's check
     of attribute-notation calls (``rewriter.function_check``). ``ranking``: the statement ranks
     the series of another (:class:`SeriesLimit`): it must be a GROUP BY, and its outer statement
-    also returns each kept row's cell number."""
-    scope = Scope(table, frozenset({table.name}), function_names)
+    also returns each kept row's cell number. ``joined``: the names a subquery joined to the table
+    makes visible (:attr:`Scope.joined`)."""
+    scope = Scope(table, frozenset({table.name}), function_names, joined)
     try:
         tree = parse_postgres(sql)
     except ParseError as exc:
@@ -249,7 +258,7 @@ def plan_aggregate_query(
         where_sql = folding.inline if where_sql is not None else None
         aggregates = tuple(replace(agg, filter_sql=text) for agg, text in zip(aggregates, folding.inline_filters()))
     ranges = key_ranges(where.this if where is not None else None, groups, scope)
-    reads = _single_reads(table, aggregates, groups)
+    reads = (*_single_reads(table, aggregates, groups), *conditions.raw_reads)
     text_work = conditions.text_work + sum(read.work for read in reads)
     refused = work_refusal(text_work, reads) if not table.policy.answer_quantum_ms else None
     if refused is not None:
@@ -260,7 +269,9 @@ def plan_aggregate_query(
                           post=post, groups=groups, ranges=ranges, terms=conditions.terms,
                           ilike_bytes=conditions.ilike_bytes,
                           text_work=text_work, single_reads=reads, notes=conditions.notes,
-                          parameter_lists=tuple(conditions.parameter_lists))
+                          parameter_lists=tuple(conditions.parameter_lists),
+                          numeric_parameters=conditions.numeric_parameters,
+                          listed_parameters=conditions.listed_parameters)
     if not ranges:  # no time bound can narrow a key: the cells are known now
         too_many = too_many_cells(plan)
         if too_many is not None:
@@ -446,7 +457,7 @@ def _post_processed(
         keys=len(groups), key_of=key_of if groups else None, function_names=scope.function_names,
         names=names[0], top_names=names[1], ordinal=ordinal,
         cell_array=lambda k: NUMBER_ARRAY_NAMES[released[k - 1].result_type_oid] if released[k - 1].fractions else None,
-        finite=lambda k: released[k - 1].finite_number, columns=frozenset(scope.table.columns),
+        finite=lambda k: released[k - 1].finite_number, columns=frozenset(scope.table.columns) | scope.joined,
     )
     return tuple(released), post
 
@@ -715,9 +726,9 @@ def _column_values_refusal(item: exp.Column, scope: Scope) -> Refusal:
     AS age FROM t``) gets, on a column opted in to GROUP BY, a hint at the histogram dpproxy does
     answer: the noised count per declared key. The hint reads the policy only, never the rows.
     """
+    column = scope.column(item)  # PostgreSQL's 42703 first: SELECT nosuch, count(*) names no column
     refusal = scope.refuse("selecting column values is not allowed on protected table", "no-row-access")
-    column = scope.table.columns.get(identifier(item.this))
-    if column is None or column.policy is None or not column.policy.group_by:
+    if column.policy is None or not column.policy.group_by:
         return refusal
     table = scope.table.display_name
     example = (f": SELECT {column.name}, COUNT(*) FROM {table} GROUP BY {column.name}"

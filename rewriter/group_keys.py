@@ -186,8 +186,7 @@ class GroupKey:
         policy = self.column.policy
         assert policy is not None
         if self.kind == "category":
-            assert policy.categories is not None
-            return [*policy.categories, *([policy.other] if policy.other is not None else [])]
+            return list(self.column.labels())
         if self.kind == "integer":
             assert policy.bounds is not None
             return [str(int(policy.bounds[0]) + i) for i in range(self.size)]

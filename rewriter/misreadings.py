@@ -57,12 +57,13 @@ scanner ends with ``@`` (``i>=@5`` is the operator ``>=@``, which PostgreSQL doe
 read ``i >= $5``). (``!! b``, which sqlglot reads as ``NOT NOT b``, is refused as an
 ``undefined-operator`` before, in rewriter/classify.py.)
 
-An IN list whose values are of more than one written type (found by the round-trip check): dpproxy
+An IN list with a value of another written type than its column (found by the round-trip check): dpproxy
 writes ``x IN (a, b)`` as ``x = a OR x = b``, and PostgreSQL resolves each ``=`` on its own there, but
 the list to one common type first: ``v IN ('ab'::char(3), 'a'::text)`` compares ``v`` as text (where
-``'ab '`` is not ``'ab'``), its ``v = 'ab'::char(3)`` as char (where it is). Refused when the list mixes
-typed values of different types or typed and untyped strings; numbers, whose common type keeps
-their values, and a list of one type are answered.
+``'ab '`` is not ``'ab'``), its ``v = 'ab'::char(3)`` as char (where it is). Refused when a typed value
+is of another type than the compared column's (a list of one such type too), but for pairs both
+readings compare alike (:func:`refuse_in_list_types`); a list typed as its column, beside untyped
+strings and numbers, is answered (``d IN (date '2024-01-01', '2024-02-01')``).
 
 ``round(x, n)`` of a value of no known number type (found by the round-trip check): PostgreSQL has
 ``round(numeric, integer)`` only, so ``round(ceil('4.5'), 1)`` (``ceil`` of an untyped string is
@@ -92,10 +93,12 @@ from policies.errors import SQLSTATE, Refusal
 from policies.tables import Relation
 
 from .function_check import nodes_of
-from .types import BOOL
+from .number_kinds import number_kind
+from .types import BOOL, BUILTIN_TYPE_OIDS
 
 __all__ = ["refuse_constant_positions", "refuse_dropped_precision", "refuse_in_list_types", "refuse_is_unknown",
-           "refuse_misread_tokens", "refuse_misreadings", "refuse_prefix_operators", "refuse_round_casts",
+           "refuse_double_precision_rounds", "refuse_misread_tokens", "refuse_misreadings", "refuse_prefix_operators",
+           "refuse_round_casts",
            "refuse_typed_literal_casts", "refuse_unary_plus"]
 
 _NOT_DECIMAL = re.compile(r"0[xXoObB]|.*_")
@@ -238,6 +241,7 @@ def refuse_misreadings(sql: str, node: dict[str, Any], relation: Relation) -> No
     refuse_prefix_operators(sql, node, relation)
     refuse_in_list_types(node, relation)
     refuse_round_casts(node, relation)
+    refuse_double_precision_rounds(node, relation)
     refuse_typed_literal_casts(sql, node, relation)
 
 
@@ -496,31 +500,90 @@ def _refuse_prefix(written: str, relation: Relation) -> None:
 
 
 def refuse_in_list_types(node: dict[str, Any], relation: Relation) -> None:
-    """Refuse (0A000, rule ``in-list-types``) an IN list of ``node`` (pglast JSON) whose values are not
-    of one written type: typed values of different types, or typed values beside untyped strings.
-    dpproxy writes the list as ``x = a OR x = b``, each ``=`` resolved alone, where PostgreSQL compares
-    with every value in their common type."""
+    """Refuse (0A000, rule ``in-list-types``) an IN list of ``node`` (pglast JSON) with a typed value
+    (a cast) of any other type than what the list is compared with: a column of ``relation``, or
+    ``lower()``/``upper()`` of one (text). dpproxy writes the list as ``x = a OR x = b``, each ``=``
+    resolved alone, where PostgreSQL compares ``x`` with every value in their common type.
+
+    Where every typed value has ``x``'s own type (a domain's base type: PostgreSQL compares a domain
+    as its base type in both), the two agree: PostgreSQL's common type (``select_common_type`` over
+    ``x`` and the values, untyped strings skipped) is ``x``'s type, to which it converts each untyped
+    string (``d IN (date '2024-01-01', '2024-02-01')`` compares dates), and each ``x = 'v'`` alone
+    resolves its untyped string to the other side's type too, so ``=`` is that type's own in both.
+    Of another type it may not be: ``v IN ('ab'::char(3), 'a'::char(3))`` on a varchar column is
+    compared as varchar (the common type, the column's: the values' trailing blanks dropped), its
+    ``v = 'ab'::char(3)`` as char, where trailing blanks do not count; ``i IN (16777217.0000000001::numeric,
+    5::float8)`` on an integer as double precision, its ``i = 16777217.0000000001::numeric`` as numeric. Such a
+    list is refused, but for the string types :data:`_TEXT_COMPARED` pairs and integers and numeric
+    (:data:`_EXACT_NUMBERS`), which both readings compare alike (SQLAlchemy writes ``x IN
+    ($1::VARCHAR)``). Numbers and expressions, which carry no written type, are left alone."""
     for expression in nodes_of(node, "A_Expr"):
         if expression.get("kind") != "AEXPR_IN" or "List" not in expression.get("rexpr", {}):
             continue
-        types = {written for item in expression["rexpr"]["List"].get("items", [])
-                 if (written := _written_type(item)) is not None}
-        if len(types) > 1:
+        compared = _compared_type(expression.get("lexpr", {}), relation)
+        others = sorted({written for item in expression["rexpr"]["List"].get("items", [])
+                         if (written := _written_type(item)) not in (None, "unknown")
+                         and not _compares_alike(compared, BUILTIN_TYPE_OIDS.get(written))})
+        if others:
             raise Refusal(
                 SQLSTATE.FEATURE_NOT_SUPPORTED,
-                f"an IN list of values of more than one type ({', '.join(sorted(types))}) is not supported on "
-                f"protected table {relation.display_name} (rule: in-list-types)",
+                f"an IN list holding a value of type {', '.join(others)}, not the compared column's own type, is not "
+                f"supported on protected table {relation.display_name} (rule: in-list-types)",
                 "PostgreSQL compares x IN (a, b) in the values' common type, dpproxy as x = a OR x = b, each in its "
-                "own; give every value one type (x IN ('a', 'b'), or cast each the same), or write x = a OR x = b.",
+                "own; write the values untyped (x IN ('a', 'b')) or cast each to the column's own type, or write "
+                "x = a OR x = b.",
                 "in-list-types",
             )
 
 
+_TEXT, _VARCHAR, _BPCHAR = BUILTIN_TYPE_OIDS["text"], BUILTIN_TYPE_OIDS["varchar"], BUILTIN_TYPE_OIDS["bpchar"]
+# Typed values of another string type than the compared column's that PostgreSQL compares alike in
+# the list and alone. A text column: the common type is text (the preferred string type, kept once
+# met), and text = varchar or text = char resolves to text's own = (an exact match on one side and
+# the preferred type). A varchar column: text values make the common type text, and varchar = text
+# is text's = too. A char column: varchar values leave the common type char (each converts to the
+# other implicitly: the first stays), and char = varchar is char's own =. (A varchar column with a
+# char value is compared as varchar in the list, as char alone; a char column with text and varchar
+# values as text in the list.)
+_TEXT_COMPARED = {_TEXT: frozenset({_VARCHAR, _BPCHAR}), _VARCHAR: frozenset({_TEXT}), _BPCHAR: frozenset({_VARCHAR})}
+# Integers and numeric: whatever the common type, each value converts to it exactly, and an integer
+# compared with a numeric or another integer compares exact values alone too (i IN (1, 40000::int2)).
+_EXACT_NUMBERS = frozenset(BUILTIN_TYPE_OIDS[name] for name in ("int2", "int4", "int8", "numeric"))
+
+
+def _compares_alike(compared: int | None, typed: int | None) -> bool:
+    """Whether a value cast to ``typed`` (a type OID; None: not built in) in an IN list on a value of
+    type ``compared`` (None: not known) is compared alike in the list and in ``x = value``."""
+    return compared is not None and typed is not None and (
+        typed == compared or typed in _TEXT_COMPARED.get(compared, frozenset())
+        or {compared, typed} <= _EXACT_NUMBERS)
+
+
+def _compared_type(lexpr: dict[str, Any], relation: Relation) -> int | None:
+    """The type OID of an IN list's left side (pglast JSON) when it is a column of ``relation`` (a
+    domain's base type) or ``lower()``/``upper()`` of one (text); None for anything else."""
+    call = lexpr.get("FuncCall")
+    if call is not None:
+        name = [part["String"]["sval"] for part in call["funcname"]]
+        arguments = call.get("args", [])
+        if name[-1] in ("lower", "upper") and name[:-1] in ([], ["pg_catalog"]) and len(arguments) == 1 \
+                and _compared_type(arguments[0], relation) is not None:
+            return BUILTIN_TYPE_OIDS["text"]
+        return None
+    fields = lexpr.get("ColumnRef", {}).get("fields", [])
+    column = relation.columns.get(str(fields[-1]["String"]["sval"])) if fields and "String" in fields[-1] else None
+    return column.value_type[0] if column is not None else None
+
+
 def _written_type(item: dict[str, Any]) -> str | None:
-    """The type an IN list's value is written with: a cast's type name, ``unknown`` for an untyped
-    string, None for anything else (a number, an expression), whose common type is left alone."""
+    """The type an IN list's value is written with: a cast's type name (schema-qualified but for
+    ``pg_catalog``, ``[]`` after an array's), ``unknown`` for an untyped string, None for anything
+    else (a number, an expression), whose common type is left alone."""
     if "TypeCast" in item:
-        return _name_of(item["TypeCast"])
+        type_name = item["TypeCast"]["typeName"]
+        names = [part["String"]["sval"] for part in type_name["names"]]
+        written = ".".join(names[1:] if names[0] == "pg_catalog" else names)
+        return written + "[]" * len(type_name.get("arrayBounds", []))
     if "sval" in item.get("A_Const", {}):
         return "unknown"
     return None
@@ -551,15 +614,43 @@ def refuse_round_casts(node: dict[str, Any], relation: Relation) -> None:
             )
 
 
+def refuse_double_precision_rounds(node: dict[str, Any], relation: Relation) -> None:
+    """Refuse (0A000, rule ``round-cast``) ``round(x, n)`` in ``node`` (pglast JSON) of an ``x`` that is
+    double precision to PostgreSQL (:func:`rewriter.number_kinds.number_kind`), which then fails
+    (42883) whatever the rows, where sqlglot writes ``ROUND(CAST(x AS DECIMAL), n)``: of a column
+    or of a constant :func:`refuse_round_casts` took for a number (``round(floor(5), 1)``: ``floor``
+    of an integer is double precision). Found by the round-trip check of outputs
+    (tests/round_trip_outputs.py). ``round`` of a released aggregate (``round(sum(f)::float8, 2)``)
+    is left to post-processing, which writes it as the analyst did, so that it fails with
+    PostgreSQL's own 42883 before the charge (rewriter/post_process.py)."""
+    for call in nodes_of(node, "FuncCall"):
+        arguments = call.get("args", [])
+        if (call["funcname"][-1]["String"]["sval"] == "round" and len(arguments) == 2
+                and not _releases(arguments[0]) and number_kind(arguments[0], relation.columns) == "float"):
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                f"round(x, n) of a double precision value is not supported on protected table "
+                f"{relation.display_name} (rule: round-cast)",
+                "PostgreSQL has round(numeric, integer) only, and fails round of a double precision (round(5), "
+                "ceil(count(*)) and avg of a float column are double precision); dpproxy's DP planner casts it to "
+                "numeric first. Cast it yourself: round(CAST(x AS numeric), n).",
+                "round-cast",
+            )
+
+
 # The aggregates dpproxy releases: round() of one is post-processing, left to its own checks
 _RELEASED = frozenset({"count", "sum", "avg", "min", "max", "mode", "percentile_cont", "percentile_disc", "stddev",
                        "stddev_samp", "stddev_pop", "variance", "var_samp", "var_pop"})
 
 
+def _releases(item: dict[str, Any]) -> bool:
+    """Whether ``item`` (pglast JSON) calls an aggregate dpproxy releases (``count(*)``, ``avg(x)``)."""
+    return any(call["funcname"][-1]["String"]["sval"] in _RELEASED for call in nodes_of(item, "FuncCall"))
+
+
 def _reads_rows(item: dict[str, Any]) -> bool:
     """Whether ``item`` (pglast JSON) reads a column or calls an aggregate (``count(*)``, ``avg(x)``)."""
-    return bool(nodes_of(item, "ColumnRef")) or any(
-        call["funcname"][-1]["String"]["sval"] in _RELEASED for call in nodes_of(item, "FuncCall"))
+    return bool(nodes_of(item, "ColumnRef")) or _releases(item)
 
 
 def _exact(item: dict[str, Any], argument: bool = False) -> bool:

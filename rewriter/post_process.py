@@ -145,7 +145,10 @@ def outer_statement(
     ``columns``: the table's column names. Within an ORDER BY expression PostgreSQL reads a name
     as an input column's even where an output has it (``ORDER BY age + 0``, ``age`` the alias of
     ``count(*)``): one of ``columns`` is judged as any column there (a key, else 42803); a name no
-    input column has is left for the outer statement to fail on, PostgreSQL's 42703 before the charge.
+    input column has is left for the outer statement to fail on, PostgreSQL's 42703 before the charge
+    when an output column has it, and is PostgreSQL's 42703 here when none has it (``ORDER BY nosuch
+    + 0``: PostgreSQL finds no such column before it judges the grouping). A series limit's ranking
+    outputs, visible to the statement through its join, are among ``columns``.
     """
     outer = tree.copy()
     for key in ("from_", "where", "joins", "group"):
@@ -171,9 +174,13 @@ def outer_statement(
 
     def bare_output_name(column: exp.Column) -> bool:
         """An ORDER BY item that is an output column's name alone, which PostgreSQL resolves to
-        that column. Within an expression (``ORDER BY t COLLATE "C"``, ``lower(t)``) a name is
-        an input column's, a key here: an output alias there is PostgreSQL's 42703."""
-        return (order is not None and isinstance(column.parent, exp.Ordered) and column.parent.parent is order
+        that column, in parentheses or not (its grammar keeps none: ``ORDER BY (s)`` is ``ORDER BY
+        s``). Within an expression (``ORDER BY t COLLATE "C"``, ``lower(t)``) a name is an input
+        column's, a key here: an output alias there is PostgreSQL's 42703."""
+        item: exp.Expression = column
+        while isinstance(item.parent, exp.Paren):
+            item = item.parent
+        return (order is not None and isinstance(item.parent, exp.Ordered) and item.parent.parent is order
                 and not column.table and column.name in aliases)
 
     if key_of is not None:
@@ -188,6 +195,10 @@ def outer_statement(
     for column in list(outer.find_all(exp.Column)):
         if column.table == RELEASE_ALIAS or output_name(column):
             continue
+        if columns and not column.table and identifier(column.this) not in columns:
+            # PostgreSQL looks a name up before it judges its grouping (ORDER BY nosuch + 0 is 42703)
+            raise Refusal("42703", f'column "{identifier(column.this)}" does not exist',
+                          "Columns: " + ", ".join(sorted(columns)), "undefined-column")
         if key_of is not None:
             raise Refusal("42803", f'column "{column.name}" must appear in the GROUP BY clause or be used in an '
                           "aggregate function", "Output columns of a GROUP BY are its keys and aggregates.",
@@ -202,8 +213,20 @@ def outer_statement(
     outer.set("from_", _release_source(count, keys, ordinal, casts))
     certain = (isinstance(whole, exp.Select) and finite is not None
                and fails_on_every_release(whole, RELEASE_ALIAS, finite, _keys_only))
+    _rounds_as_written(whole)  # after the proof, which reads round as sqlglot's node
     return PostProcess(checked(whole.sql("postgres"), function_names),
                        checked(_trial(whole).sql("postgres"), function_names), certain)
+
+
+def _rounds_as_written(whole: exp.Expression) -> None:
+    """Write each ``round(x, n)`` of ``whole`` as the analyst did. sqlglot's PostgreSQL rendering casts
+    an ``x`` it types double precision to numeric first (``round(avg(age)::float8, 2)`` became
+    ``ROUND(CAST(CAST(... AS DOUBLE PRECISION) AS DECIMAL), 2)``), which answered what PostgreSQL, having
+    no ``round(double precision, integer)``, fails (42883): as written, the outer statement fails so
+    too, when it is tried before the charge."""
+    for node in list(whole.find_all(exp.Round)):
+        if node.args.get("decimals") is not None:
+            node.replace(exp.Anonymous(this="round", expressions=[node.this, node.args["decimals"]]))
 
 
 def _trial(whole: exp.Expression) -> exp.Expression:

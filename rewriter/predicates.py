@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Callable
 
 from sqlglot import exp
@@ -79,14 +80,16 @@ from policies.tables import ColumnInfo, quote_identifier
 
 from .category_notes import MAX_NOTES, category_note, more_notes
 from .constants import HINT as FOLD_HINT
-from .constants import Fold, Folding, NotFoldable, fold_type, qualified_constant
+from .constants import Fold, Folding, NotFoldable, column_type_name, fold_type, qualified_constant
+from .listed_parameters import ListedParameters
 from .like_patterns import case_folded_bytes, case_folded_refusal, longest_part_after_percent, pattern_refusal
 from .predicate_terms import predicate_terms, terms_refusal
 from .raw_equality import ParameterList, hashed_raw_equality, parameter_list_equality, parameter_raw_equality, raw_comparison
 from .scope import Scope
+from .single_reads import SingleRead, raw_read
 from .sql_text import literal, operator, short_text
-from .text_bounds import CASE_FOLD_WORK, LIKE_WORK, comparison_work, value_bytes, work_refusal
-from .types import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC
+from .text_bounds import LIKE_WORK, case_fold_work, comparison_work, value_bytes, work_refusal
+from .types import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC, numeric_precision
 
 __all__ = ["Predicate", "PredicateRenderer", "plan_predicate"]
 
@@ -175,6 +178,8 @@ class PredicateRenderer:
         self._terms = 0  # of the predicates rendered so far (rewriter.predicate_terms)
         # The raw conjuncts over lists of parameters the WHERE got (rewriter.raw_equality.ParameterList).
         self.parameter_lists: list[ParameterList] = []
+        # What those and the WHERE's other raw conjuncts read of each row (rewriter.single_reads.raw_read).
+        self.raw_reads: list[SingleRead] = []
         self._limited = not scope.table.policy.answer_quantum_ms
 
     def template(self, predicate: exp.Expression, times: int = 1) -> str:
@@ -224,8 +229,11 @@ class PredicateRenderer:
         sql = self.template(predicate)
         renderer = self._renderer
         table = renderer.scope.table
-        raw = [conjunct for column, values in renderer.top_equalities.values()
-               if (conjunct := hashed_raw_equality(table, column, values)) is not None]
+        raw = []
+        for column, values in renderer.top_equalities.values():
+            if (conjunct := hashed_raw_equality(table, column, values)) is not None:
+                raw.append(conjunct)
+                self._read_raw(column, hashed=True)
         bound = []
         for column, values, column_first in renderer.top_parameters.values():
             if len(values) == 1:
@@ -237,7 +245,13 @@ class PredicateRenderer:
                 conjunct = None
             if conjunct is not None:
                 bound.append(conjunct)
+                self._read_raw(column, hashed=len(values) > 1)
         return " AND ".join([*raw, sql, *bound])
+
+    def _read_raw(self, column: ColumnInfo, hashed: bool) -> None:
+        read = raw_read(column, self._renderer.scope.table.policy, hashed)
+        if read is not None:
+            self.raw_reads.append(read)
 
     @property
     def terms(self) -> int:
@@ -252,6 +266,19 @@ class PredicateRenderer:
         if len(notes) <= MAX_NOTES:
             return tuple(notes)
         return (*notes[:MAX_NOTES - 1], more_notes(len(notes) - MAX_NOTES + 1))
+
+    @property
+    def numeric_parameters(self) -> tuple[tuple[int, int | None], ...]:
+        """The parameters rendered so far cast to numeric beside a numeric column, each as its number
+        and the column's declared precision (None: none), checked against their declared types and
+        values (proxy.dp.parameter_types.check_numeric_parameters)."""
+        return tuple(sorted(self._renderer.numeric_parameters))
+
+    @property
+    def listed_parameters(self) -> tuple[ListedParameters, ...]:
+        """The IN lists holding parameters rendered so far, whose declared types are judged at Bind
+        (proxy.dp.parameter_types.check_listed_parameters)."""
+        return tuple(self._renderer.listed_parameters)
 
     @property
     def ilike_bytes(self) -> int:
@@ -305,6 +332,9 @@ class _Renderer:
         self.ilike_bytes = 0  # of the literal ILIKE patterns rendered so far
         self.text_work = 0  # what the terms rendered so far weigh by their reads of text (rewriter.text_bounds)
         self.like_weights: list[tuple[int, int]] = []  # (parameter, bytes read) of each pattern parameter's use
+        # Those cast to numeric beside a numeric column (_compatible), with its declared precision (None: none).
+        self.numeric_parameters: set[tuple[int, int | None]] = set()
+        self.listed_parameters: list[ListedParameters] = []  # IN lists holding parameters (_list_parameters)
         self.notes: list[str] = []  # rewriter.category_notes, from the statement and the policy alone
         # Whether the node being rendered stands where false and NULL decide alike: reached from
         # the condition's root through AND, OR and parentheses only (rewriter.raw_equality).
@@ -339,7 +369,8 @@ class _Renderer:
         lower()/upper()); nothing for an operand that is no text column."""
         size = value_bytes(operand.column, self.scope.table.policy) if operand.column is not None else None
         if size is not None:
-            self.text_work += size * (per_byte + (CASE_FOLD_WORK if operand.case_folded else 0))
+            assert operand.column is not None
+            self.text_work += size * (per_byte + (case_fold_work(operand.column) if operand.case_folded else 0))
 
     def refuse(self, message: str, hint: str | None = None) -> Refusal:
         """A safe-predicate refusal; ``hint`` replaces the standard one when the reason needs saying."""
@@ -462,6 +493,7 @@ class _Renderer:
         conjunct = self.conjunct and not node.args.get("negate")
         terms = []
         values = []
+        first = len(self.folds)
         positive, self.positive = self.positive, self.positive and not node.args.get("negate")
         try:
             for item in node.expressions:
@@ -470,9 +502,27 @@ class _Renderer:
                 terms.append(self._compare(column, "=", value))
         finally:
             self.positive = positive
+        if len(self.folds) > first and not any(value.parameter for value in values):
+            # PostgreSQL transforms the whole list before it compares (constants.fold_query checks so)
+            listed = tuple((value.sql, value.text is not None or value.sql == "NULL") for value in values)
+            self.folds[first] = replace(self.folds[first], in_list=listed)
+            self.folds[first + 1:] = [replace(fold, in_list_member=True) for fold in self.folds[first + 1:]]
         if conjunct:
             self._top_equality(column, values)
+        self._list_parameters(column, values)
         return "(" + " OR ".join(terms) + ")"
+
+    def _list_parameters(self, side: _Operand, values: list[_Operand]) -> None:
+        """Note an IN list of two values or more holding a bare parameter, on a column that is not
+        numeric (whose parameters the rewriter casts to numeric), for its declared types to be judged
+        at Bind (:class:`rewriter.listed_parameters.ListedParameters`)."""
+        numbers = tuple(int(value.sql[1:]) for value in values if value.parameter and value.cast is None)
+        if len(values) < 2 or not numbers or side.column is None or side.column.value_type[0] == NUMERIC:
+            return
+        others = [value for value in values if not (value.parameter and value.cast is None)]
+        untyped = all(value.literal and value.cast is None and value.column is None and not value.fold for value in others)
+        self.listed_parameters.append(ListedParameters(side.column.value_type[0], numbers,
+                                                       "none" if not others else "untyped" if untyped else "typed"))
 
     def _top_equality(self, side: _Operand, values: list[_Operand], column_first: bool = True) -> None:
         """Note ``side = <one of values>``, a conjunct at the condition's top level, for
@@ -546,7 +596,7 @@ class _Renderer:
                 f"LIKE/ILIKE on column {column.column.name}, whose collation is nondeterministic, is not allowed on protected table",
                 "PostgreSQL fails LIKE on nondeterministic collations only when a row reaches it; compare with = instead.",
             )
-        self._weigh(column, LIKE_WORK * max(part, 1) + (CASE_FOLD_WORK if symbol == "~~*" else 0))
+        self._weigh(column, LIKE_WORK * max(part, 1) + (case_fold_work(column.column) if symbol == "~~*" else 0))
         if node.args.get("negate"):
             symbol = "!" + symbol
         # ILIKE lowers the value first: a short one only (lower() of a column already is one).
@@ -642,7 +692,8 @@ class _Renderer:
                 "Computed values are folded for numeric, date, time, timestamp and timestamptz columns; "
                 "compare this column with a literal or a parameter.",
             )
-        fold = Fold(left.sql, symbol, right.sql, type_name, f"\x00{len(self.folds)}\x00")
+        fold = Fold(left.sql, symbol, right.sql, type_name, f"\x00{len(self.folds)}\x00",
+                    column_type_name(column.type_oid))
         self.folds.append(fold)
         return fold.token
 
@@ -758,6 +809,7 @@ class _Renderer:
             if other.parameter:
                 operands[1 - index] = _Operand(f"CAST({other.sql} AS pg_catalog.numeric)", cast="numeric",
                                                parameter=True)
+                self.numeric_parameters.add((int(other.sql[1:]), numeric_precision(one.column.value_type[1])))
             if other.cast in _FLOAT_CASTS or (other.column is not None
                                               and other.column.value_type[0] in _FLOAT_COLUMNS):
                 raise self.refuse(

@@ -40,6 +40,9 @@ class Scope:
     # Every function name of the backend (TableRegistry.function_names): a name after a dot in
     # the outer statement that is one may be an attribute-notation call. None: not known.
     function_names: frozenset[str] | None = None
+    # The names a subquery joined to the table makes visible (a series limit's ranking outputs,
+    # rewriter.series_limit): no column of the table, yet no undefined column either.
+    joined: frozenset[str] = frozenset()
 
     @property
     def hint(self) -> str:

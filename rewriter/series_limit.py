@@ -87,8 +87,9 @@ def plan_series_limited(sql: str, table: Relation, function_names: frozenset[str
     join = _join(select, table)
     subquery: Any = join.rarg.subquery
     ranking = plan_aggregate_query(RawStream()(subquery), table, function_names, ranking=True)
+    outputs = _ranking_outputs(subquery, ranking, table, function_names)
     select.fromClause = (join.larg,)
-    outer = plan_aggregate_query(RawStream()(select), table, function_names)
+    outer = plan_aggregate_query(RawStream()(select), table, function_names, joined=frozenset(outputs))
     # A row reaches the conditions of both: their terms, the ILIKE patterns lowered for it and their
     # reads of text add up.
     limited = not table.policy.answer_quantum_ms
@@ -102,7 +103,6 @@ def plan_series_limited(sql: str, table: Relation, function_names: frozenset[str
     if not outer.groups:
         raise _refuse(table, "a series limit needs a GROUP BY over declared keys on")
     outer_scope = Scope(table, frozenset({_qualifier(join.larg)}), function_names)
-    outputs = _ranking_outputs(subquery, ranking, table, function_names)
     pairs = tuple(_pair(equality, join.rarg.alias.aliasname, outputs, outer, ranking, outer_scope, table)
                   for equality in _equalities(join.quals, table))
     if {ranked for _, ranked in pairs} != set(range(len(ranking.groups))):

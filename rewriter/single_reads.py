@@ -24,7 +24,13 @@ Timing):
   that category (``col = 'category'``): :func:`~rewriter.text_bounds.comparison_work` a byte those
   comparisons read, as for a key;
 * the ``row_hash`` partition key of sample and aggregate: each hashed text column is hashed
-  (``hashtextextended``): :data:`HASH_WORK` a byte.
+  (``hashtextextended``): :data:`HASH_WORK` a byte;
+* the raw conjunct a WHERE's top-level ``=`` or IN list on a ``varchar(n)``/``char(n)`` column gets
+  so that an index serves it (rewriter/raw_equality.py): it reads each row's raw value beside the
+  bounded term, even a value the bound reads as NULL. A list (of literals, or of several parameters)
+  is hashed: :data:`HASH_WORK` a byte (:data:`COLLATED_KEY_WORK` under a nondeterministic collation,
+  whose hash is of the value's ICU sort key), and its equality when the hash matches; one parameter
+  is one equality (:func:`raw_read`).
 
 Each is weighed by the bytes it may read (the column's bound; a ``varchar(n)``'s 4·n when smaller)
 times its cost a byte, in the work units of the conditions, and adds to their weight: a statement's
@@ -46,7 +52,7 @@ from policies.tables import ColumnInfo
 from .text_bounds import comparison_work, value_bytes
 
 __all__ = ["COLLATED_DISTINCT_WORK", "COLLATED_KEY_WORK", "DISTINCT_WORK", "HASH_WORK", "KEY_WORK", "SingleRead", "categories", "distinct_read", "hash_read",
-           "key_read", "mode_read"]
+           "key_read", "mode_read", "raw_read"]
 
 DISTINCT_WORK = 50
 """Work units a byte of a value ``COUNT(DISTINCT)`` reads: measured at 0.43–0.85 of ``lower(t) = 'x'``'s
@@ -61,15 +67,21 @@ COLLATED_DISTINCT_WORK = 300
 (``ColumnInfo.byte_order``): its sort compares through ICU or libc, measured at 67–139 units a byte
 (1.3–2.7 of ``lower()``'s) under ``und-x-icu`` and a nondeterministic ICU collation
 (benchmarks/collation_cost.py, on a loaded host), weighed at about twice the most."""
-COLLATED_KEY_WORK = 600
-"""Work units a byte a categorical GROUP BY key reads under a nondeterministic collation, besides its
-comparisons with the categories: PostgreSQL hashes the value's ICU sort key, measured at 132–289
-units a byte (2.6–5.7 of ``lower()``'s), weighed at about twice the most. Under a deterministic
-collation the hash reads the bytes (:data:`KEY_WORK`)."""
+COLLATED_KEY_WORK = 800
+"""Work units a byte a categorical GROUP BY key, or a hashed raw conjunct (:func:`raw_read`), reads
+under a nondeterministic collation, besides its comparisons: PostgreSQL hashes the value's ICU sort
+key, measured at 132–289 units a byte (2.6–5.7 of ``lower()``'s) on values of 2,000 bytes
+(benchmarks/collation_cost.py). On values of 64 bytes the sort key costs more a byte: a key with its
+comparisons with two categories measured 204–572 units a byte, a hashed raw conjunct with its
+bounded term 185–806, 0.7–1.5 times the key in the same run (benchmarks/raw_conjunct_cost.py, five
+runs at load 4–8). Weighed 800, so that both with their comparisons (900) are above the most
+measured; twice the most (~1,600) would leave room for one such key or equality in a statement.
+Under a deterministic collation the hash reads the bytes (:data:`KEY_WORK`, :data:`HASH_WORK`)."""
 _BPCHAR = 1042
 HASH_WORK = 10
-"""Work units a byte of a text column the ``row_hash`` partition key hashes: measured at 0.065–0.072
-of ``lower(t) = 'x'``'s cost a byte (~4 units), weighed at about twice that."""
+"""Work units a byte of a text column the ``row_hash`` partition key, or a hashed raw conjunct under a
+deterministic collation, hashes: measured at 0.065–0.072 of ``lower(t) = 'x'``'s cost a byte (~4
+units; the raw conjunct 4.2–5.5, benchmarks/raw_conjunct_cost.py), weighed at about twice that."""
 
 
 class SingleRead(NamedTuple):
@@ -107,6 +119,20 @@ def hash_read(column: ColumnInfo, policy: TablePolicy) -> SingleRead | None:
     """The ``row_hash`` partition key's read of ``column``, or None: not a column of bytes."""
     size = value_bytes(column, policy)
     return None if size is None else SingleRead(f"the row_hash key's hash of {column.name}", size * HASH_WORK)
+
+
+def raw_read(column: ColumnInfo, policy: TablePolicy, hashed: bool) -> SingleRead | None:
+    """The raw conjunct's read of ``column`` (rewriter/raw_equality.py), or None: not a column of bytes.
+    ``hashed``: a list's ``= ANY (ARRAY[…])``, hashed (the hash through the collation's code where it
+    is nondeterministic, and the equality when the hash matches), else one parameter's ``=``."""
+    size = value_bytes(column, policy)
+    if size is None:
+        return None
+    equality = comparison_work(column, "=")
+    if not hashed:
+        return SingleRead(f"the raw equality on {column.name}", size * equality)
+    per_byte = HASH_WORK if column.deterministic_collation else COLLATED_KEY_WORK
+    return SingleRead(f"the hashed equality on {column.name}", size * (per_byte + equality))
 
 
 def _compared_bytes(column: ColumnInfo, size: int) -> int:

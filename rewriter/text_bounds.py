@@ -108,11 +108,12 @@ from policies.model import TablePolicy
 from policies.tables import ColumnInfo, Relation, quote_identifier
 
 from .sql_text import operator
+from .types import numeric_precision
 
-__all__ = ["BIT", "CASE_FOLD_WORK", "COLLATED_COMPARISON_WORK", "COMPARISON_WORK", "LIKE_WORK", "MAX_TEXT_WORK", "NUMERIC", "NUMERIC_MAX_BYTES",
+__all__ = ["BIT", "CASE_FOLD_WORK", "COLLATED_CASE_FOLD_WORK", "COLLATED_COMPARISON_WORK", "COMPARISON_WORK", "LIKE_WORK", "MAX_TEXT_WORK", "NUMERIC", "NUMERIC_MAX_BYTES",
            "NUMERIC_NEVER_APART_BYTES", "RANGE_DATA_BYTES", "TEXT_TYPES", "TOAST_SMALLEST", "WIDE_RANGES",
-           "bounded_source", "bounded_value", "declared_apart", "declared_size", "in_line_bit", "in_line_numeric", "in_line_range",
-           "in_line_text", "length_bounded", "unconstrained_numeric", "value_bytes", "work_refusal"]
+           "bounded_source", "bounded_value", "case_fold_work", "comparison_work", "declared_apart", "declared_size",
+           "in_line_bit", "in_line_numeric", "in_line_range", "in_line_text", "length_bounded", "unconstrained_numeric", "value_bytes", "work_refusal"]
 
 TEXT_TYPES = frozenset({25, 1043, 1042, 17})
 """text, varchar, char (bpchar) and bytea: the types whose values the bound applies to (a domain's
@@ -164,10 +165,23 @@ level by level, measured at up to 16.5 units a byte (``<`` under ``und-x-icu``) 
 (benchmarks/collation_cost.py), weighed at about twice the most, as ``lower()``."""
 CASE_FOLD_WORK = 50
 """Work units a byte of ``lower()``/``upper()`` or of ILIKE's case folding: ~5 ns a byte."""
+COLLATED_CASE_FOLD_WORK = 600
+"""Work units a byte of that case folding through ICU's code (:func:`case_fold_work`): ``lower()``,
+``upper()`` and ILIKE measured at 48–306 units a byte under ``und-x-icu`` and ``en-x-icu`` on
+PostgreSQL 15 (ICU 72) and 18, on values of ASCII, Latin (``Aßé``) and Greek letters, where libc's
+``C.UTF-8`` folding is the unit's 51 (benchmarks/case_fold_cost.py, ten runs at load 5–16), weighed at about twice the most."""
 LIKE_WORK = 20
 """Work units a byte, per character of a LIKE pattern's longest part after ``%``: ~2 ns a byte and character."""
 MAX_TEXT_WORK = 600_000
 """The most work units the conditions and single reads of one DP statement may weigh (~60 µs of one row's time)."""
+
+
+def case_fold_work(column: ColumnInfo) -> int:
+    """Work units a byte of ``lower()``/``upper()`` of ``column``, or ILIKE's folding of it:
+    :data:`CASE_FOLD_WORK` under a collation ordering by bytes (libc's ``C``, ``POSIX`` and
+    ``C.UTF-8``, the builtin provider's; measured at or below it on PostgreSQL 15 and 18), else
+    :data:`COLLATED_CASE_FOLD_WORK` (ICU's case mapping, or a libc locale's, weighed as ICU's)."""
+    return CASE_FOLD_WORK if column.byte_order else COLLATED_CASE_FOLD_WORK
 
 
 def comparison_work(column: ColumnInfo, symbol: str) -> int:
@@ -226,8 +240,8 @@ def declared_size(type_oid: int, modifier: int) -> int | None:
     declared = _declared_characters_bytes(type_oid, modifier)
     if declared is not None:
         return _VARHDRSZ + declared
-    if type_oid == NUMERIC and modifier >= _VARHDRSZ:
-        digits = ((modifier - _VARHDRSZ) >> 16) & 0xFFFF
+    digits = numeric_precision(modifier) if type_oid == NUMERIC else None
+    if digits is not None:
         # p digits span at most ceil(p/4) + 1 four-digit groups of 2 bytes, behind a 2- or 4-byte header
         return _VARHDRSZ + 4 + 2 * (-(-digits // 4) + 1)
     if type_oid == BIT and modifier > 0:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["ARRAY_ELEMENTS", "ARRAY_TYPES", "BOOL", "FLOAT_TYPES", "INTEGER_TYPES", "MAX_ABS_BOUND", "MAX_ABS_VARIANCE_BOUND", "NUMBER_ARRAY_NAMES",
+__all__ = ["ARRAY_ELEMENTS", "ARRAY_TYPES", "BOOL", "BUILTIN_TYPE_OIDS",
+           "FLOAT_TYPES", "INTEGER_TYPES", "MAX_ABS_BOUND", "MAX_ABS_VARIANCE_BOUND", "NUMBER_ARRAY_NAMES",
+           "numeric_precision",
            "NUMERIC_TYPES",
            "aggregate_result_type"]
 
@@ -11,6 +13,16 @@ BOOL = 16
 
 INTEGER_TYPES = frozenset({INT2, INT4, INT8})
 FLOAT_TYPES = frozenset({FLOAT4, FLOAT8})
+
+#: The OIDs of built-in scalar types by the name PostgreSQL's parser writes for them in a cast
+#: (``int`` is ``int4``, ``char(3)`` is ``bpchar``, ``"char"`` is ``char``, ``double precision`` is ``float8``).
+BUILTIN_TYPE_OIDS = {
+    "bool": BOOL, "bytea": 17, "char": 18, "name": 19, "int8": INT8, "int2": INT2, "int4": INT4, "text": 25,
+    "oid": 26, "json": 114, "cidr": 650, "float4": FLOAT4, "float8": FLOAT8, "money": 790, "inet": 869,
+    "bpchar": 1042, "varchar": 1043, "date": 1082, "time": 1083, "timestamp": 1114, "timestamptz": 1184,
+    "interval": 1186, "timetz": 1266, "bit": 1560, "varbit": 1562, "numeric": NUMERIC, "uuid": 2950,
+    "jsonb": 3802,
+}
 
 #: pg_type.typarray of the built-in types a DP answer or a GROUP BY key can have.
 ARRAY_TYPES = {
@@ -61,3 +73,9 @@ def aggregate_result_type(kind: str, argument_type: int | None) -> int:
     if kind == "percentile_cont":
         return FLOAT8  # PostgreSQL's percentile_cont(double precision) reads every number as a double
     return argument_type  # min, max, mode keep the argument's type
+
+
+def numeric_precision(type_modifier: int) -> int | None:
+    """The precision ``p`` of a ``numeric(p, s)`` type modifier (``((p << 16) | s) + 4``), None for
+    an unconstrained numeric (-1)."""
+    return ((type_modifier - 4) >> 16) & 0xFFFF if type_modifier >= 4 else None

@@ -219,6 +219,18 @@ def make_policy(test_db: TestDatabase, ledger: Path, text: str = TEST_POLICY) ->
     return parse_policy(text.format(dsn=test_db.service_dsn, ledger=ledger), "test-policy.yaml")
 
 
+def lookup_protected_file(test_db: TestDatabase, ledger: Path, text: str = TEST_POLICY) -> Path:
+    """A policy file next to ``ledger``: ``text`` with public.lookup protected (its code a
+    category column), for a reload that protects a table a session reads through."""
+    protected = text.replace("  public.lookup:\n    access: public\n",
+                             "  public.lookup:\n    access: protected\n    epsilon: 1.0\n"
+                             "    columns:\n      code: {{categories: [M, F]}}\n")
+    assert protected != text
+    path = ledger.parent / "policy.yaml"
+    path.write_text(protected.format(dsn=test_db.service_dsn, ledger=ledger))
+    return path
+
+
 def policy_registry(policy: Policy) -> TableRegistry:
     """``policy``'s table registry as dpproxy builds it when it starts (from its backend)."""
     async def build() -> TableRegistry:

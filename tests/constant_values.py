@@ -114,6 +114,7 @@ class ConstantEvaluator:
             conn.execute(f"SET extra_float_digits = {float_digits}")
             self._connections.append(conn)
         self._known: dict[tuple[str, str], bool] = {}
+        self._printed: dict[tuple[str, str], str] = {}
         self.asked = 0
 
     def close(self) -> None:
@@ -128,6 +129,16 @@ class ConstantEvaluator:
             self.asked += 1
             self._known[key] = all(self._alike(conn, left, right) for conn in self._connections)
         return self._known[key]
+
+    def printed(self, value: str, type_name: str) -> str:
+        """``value`` read as a value of ``type_name`` and printed as PostgreSQL sends it (its type's
+        output function) under the first session profile, the one dpproxy's own session has at load."""
+        key = (value, "printed as " + type_name)
+        if key not in self._printed:
+            self.asked += 1
+            row = self._connections[0].execute(f"SELECT pg_catalog.format('%%s', CAST(%s AS {type_name}))", (value,)).fetchone()
+            self._printed[key] = str(row[0]) if row else ""
+        return self._printed[key]
 
     @staticmethod
     def _outcome(conn: psycopg.Connection[Any], sql: str) -> tuple[str, Any]:

@@ -203,6 +203,33 @@ RELEASE_STATEMENTS = (
     "SELECT sex, percentile_cont(ARRAY[0.25, 0.5, 0.75]) WITHIN GROUP (ORDER BY income) FROM people GROUP BY sex",
     "SELECT sex, percentile_disc(0.5) WITHIN GROUP (ORDER BY income) AS median FROM people GROUP BY sex ORDER BY median",
     "SELECT count(DISTINCT age), count(age) FROM adult",
+    # Labels as PostgreSQL prints them (tests/labelled_data.py: a char(6), a boolean and a date declared otherwise)
+    "SELECT mode() WITHIN GROUP (ORDER BY code) FROM labelled",
+    "SELECT mode() WITHIN GROUP (ORDER BY flag), mode() WITHIN GROUP (ORDER BY day) FILTER (WHERE code = 'Male') "
+    "FROM labelled",
+    "SELECT code, flag, count(*) FROM labelled GROUP BY code, flag ORDER BY code DESC NULLS LAST, flag",
+    "SELECT day, mode() WITHIN GROUP (ORDER BY code) AS m FROM labelled GROUP BY day HAVING count(*) > 10 ORDER BY m",
+    "SELECT DISTINCT day FROM labelled ORDER BY 1 DESC",
+    # SELECT DISTINCT over keys, with and without GROUP BY
+    "SELECT DISTINCT sex FROM people ORDER BY sex DESC",
+    "SELECT DISTINCT sex, date_trunc('year', signed_up) AS y FROM people WHERE age > 30 ORDER BY 2, 1 LIMIT 3",
+    "SELECT DISTINCT sex FROM people GROUP BY sex, age",
+    "SELECT DISTINCT sex, age FROM people GROUP BY sex, age ORDER BY age NULLS FIRST LIMIT 5 OFFSET 2",
+    # ORDER BY over released rows: NULLS FIRST/LAST, COLLATE, LIMIT/OFFSET; an answer of one row under LIMIT/OFFSET
+    "SELECT sex, count(*) AS n FROM people GROUP BY sex ORDER BY n DESC NULLS FIRST, sex COLLATE \"C\" LIMIT 1 OFFSET 1",
+    "SELECT sex, sum(income) AS s FROM people GROUP BY sex HAVING sum(income) > 10 ORDER BY sex COLLATE \"POSIX\" DESC",
+    "SELECT age, count(*) FROM people GROUP BY age ORDER BY age DESC NULLS LAST FETCH FIRST 3 ROWS ONLY",
+    "SELECT age, count(*) AS n FROM people GROUP BY age ORDER BY n NULLS FIRST, age ASC NULLS LAST LIMIT 4 OFFSET 3",
+    "SELECT count(*) FROM adult LIMIT 0", "SELECT count(*) FROM adult OFFSET 1", "SELECT count(*) FROM adult LIMIT ALL",
+    "SELECT count(*), sum(age) FROM adult LIMIT 1 OFFSET 0", "SELECT avg(age) FROM adult LIMIT NULL OFFSET 0",
+    # Superset's series limit: a WHERE at each level, each read in its own statement
+    "SELECT DATE_TRUNC('MONTH', signed_up) AS signed_up, sex AS sex, COUNT(*) AS count FROM public.people "
+    "JOIN (SELECT sex AS sex__, COUNT(*) AS mme_inner__ FROM public.people WHERE age > 30 GROUP BY sex "
+    "ORDER BY mme_inner__ DESC LIMIT 5) AS series_limit ON sex = sex__ WHERE income < 50000 "
+    "GROUP BY DATE_TRUNC('MONTH', signed_up), sex ORDER BY count DESC LIMIT 10000",
+    "SELECT sex, age, SUM(income) AS s FROM people JOIN (SELECT sex AS sex__, SUM(income) AS m FROM people "
+    "WHERE signed_up >= '2023-06-01' GROUP BY sex HAVING SUM(income) > 0 ORDER BY m ASC NULLS LAST LIMIT 1 OFFSET 0) "
+    "AS series_limit ON people.sex = series_limit.sex__ WHERE age < 60 GROUP BY sex, age ORDER BY s DESC LIMIT 50",
 )
 
 

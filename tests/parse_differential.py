@@ -201,14 +201,44 @@ def _canonical(node: dict[str, Any]) -> Canon:
         return flat[0] if len(flat) == 1 and op != "NOT_EXPR" else ("bool", op, tuple(flat))
     if kind == "SQLValueFunction":
         return ("SQLValueFunction", value["op"])
+    if kind == "CollateClause":  # COLLATE pg_catalog."C" is COLLATE "C"
+        names = [part["String"]["sval"] for part in value["collname"]]
+        qualified = names[:1] == ["pg_catalog"] and len(names) > 1
+        return ("collate", canonical(value["arg"]), tuple(names[1:] if qualified else names))
+    if kind == "SortBy":
+        return _sort_key(value)
     return (kind, canonical(value))
 
 
+# The NULLS order PostgreSQL gives each direction unless told: NULL sorts as the largest value
+_NULLS = {"SORTBY_DEFAULT": "SORTBY_NULLS_LAST", "SORTBY_ASC": "SORTBY_NULLS_LAST", "SORTBY_DESC": "SORTBY_NULLS_FIRST"}
+
+
+def _sort_key(value: dict[str, Any]) -> Canon:
+    """An ORDER BY item as PostgreSQL orders by it: ASC written or not, and NULLS FIRST/LAST as its
+    direction's own (``DESC NULLS FIRST`` is ``DESC``), alike; another operator (``USING``) kept."""
+    direction = value.get("sortby_dir", "SORTBY_DEFAULT")
+    nulls = value.get("sortby_nulls", "SORTBY_NULLS_DEFAULT")
+    ordered = {"SORTBY_DESC": "DESC", "SORTBY_USING": "USING"}.get(direction, "ASC")
+    if nulls == "SORTBY_NULLS_DEFAULT" and direction in _NULLS:
+        nulls = _NULLS[direction]
+    return ("sort", canonical(value["node"]), ordered, nulls, canonical(value.get("useOp")))
+
+
+# Time types: a cast between them keeps each part of a truncated time the truncation keeps
+_TIMES = frozenset({"timestamp", "timestamptz", "date"})
+
+
 def _untruncated(field: str, time: Canon) -> Canon:
-    """``time`` (a date part's argument) without a ``date_trunc`` that keeps the part ``field``."""
+    """``time`` (a date part's argument) without a ``date_trunc`` that keeps the part ``field``, under a
+    cast to a time type too (the cast then once: ``CAST(CAST(t AS timestamp) AS timestamp)`` is one)."""
     if time[:2] == ("call", "date_trunc") and time[2][0] == "args" and len(time[2][1]) == 2 \
             and str(time[2][1][0][1]) in _KEPT_BY.get(field, set()):
         return time[2][1][1]
+    if time[:1] == ("cast",) and time[1] in _TIMES and time[2][:2] == ("call", "date_trunc"):
+        inner = _untruncated(field, time[2])
+        if inner != time[2]:
+            return inner if inner[:2] == ("cast", time[1]) else ("cast", time[1], inner)
     return time
 
 

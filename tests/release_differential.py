@@ -29,15 +29,17 @@ category key's cells with the categories the backend's ``CASE`` numbers.
 
 from __future__ import annotations
 
+from collections import Counter
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from rewriter.function_check import nodes_of
 from tests.constant_values import AGGREGATES
 from tests.parse_differential import Canon, Divergence, Same, alike, canonical, chosen_rows, conjuncts, read_columns, tree_of
 
-__all__ = ["Released", "label_divergences", "plain_divergences", "release_divergences"]
+__all__ = ["Labelled", "Printed", "Released", "label_divergences", "mode_divergences", "plain_divergences",
+           "release_divergences"]
 
 RELEASE = "dpproxy_release"
 # Aggregates PostgreSQL defines as others
@@ -414,18 +416,26 @@ def _level_divergences(mine: dict[str, Any], theirs: dict[str, Any], where: str,
         found.append(Divergence("ORDER BY", f"{len(mine.get('sortClause', []))} items"))
     for clause in ("limitCount", "limitOffset"):
         found += _compared(clause, mine.get(clause), theirs.get(clause), same)
+    found += _compared("DISTINCT", _distinct(mine), _distinct(theirs), same)
     return found
+
+
+def _distinct(select: dict[str, Any]) -> dict[str, Any] | None:
+    """A level's DISTINCT (its ON expressions) as a node :func:`_compared` reads; None without one."""
+    return {"List": {"items": select["distinctClause"]}} if "distinctClause" in select else None
 
 
 def release_divergences(statement: str, backend: str, post: str,
                         released: Sequence[Released], table: str,
                         table_columns: frozenset[str], boolean_columns: frozenset[str] = frozenset(),
-                        same: Same | None = None) -> list[Divergence]:
+                        same: Same | None = None, reached: Counter[str] | None = None) -> list[Divergence]:
     """What the DP statement ``statement`` computes from its aggregates and keys that dpproxy's
     outer statement ``post`` over the release of ``backend`` does not compute alike, level by level.
 
     ``released`` are the plan's aggregates in release order; ``table``, ``table_columns`` and
-    ``boolean_columns`` the protected table's name, columns and boolean ones."""
+    ``boolean_columns`` the protected table's name, columns and boolean ones. ``reached`` counts the
+    levels compared, and the statements this cannot compare (``skipped: ...``)."""
+    reached = Counter() if reached is None else reached
     asked = _select(statement)
     theirs = _levels(tree_of(post)["SelectStmt"])
     depth = next((index for index, level in enumerate(theirs) if _reads_release(level)), None)
@@ -435,14 +445,19 @@ def release_divergences(statement: str, backend: str, post: str,
         return [Divergence("level", f"the release level (the outer statement's {depth}, "
                                     f"the statement's of {len(mine)})")]
     counted = {"unread": 0}
+    level = _distinct_as_grouped(level)
     replaced = _replaced(level, counted, boolean_columns)
     if counted["unread"]:
+        reached["skipped: an aggregate not read"] += 1
         return []
     keys = _backend_keys(tree_of(backend), table_columns) if level.get("groupClause") else []
     if keys is None:
         return [Divergence("GROUP BY", "the keys (no backend GROUP BY over the table)")]
     if _highest(theirs[depth], "_k") > len(keys) or _highest(theirs[depth], "_dp") > len(released):
-        return []  # keys the statement does not group by (SELECT DISTINCT): another shape
+        return [Divergence("GROUP BY", "the keys (the outer statement reads more keys or aggregates than released)")]
+    reached["release level"] += 1
+    reached["DISTINCT"] += "distinctClause" in _select(statement) or any("distinctClause" in mine_level for mine_level in mine)
+    reached["enclosing level"] += depth
     composed = _composed(theirs[depth], keys, [_released(aggregate) for aggregate in released])
     composed = _unresolved(_ordered_by_outputs(composed))
     outputs = {canonical(target["ResTarget"]["val"]) for target in level.get("targetList", [])}
@@ -458,17 +473,49 @@ def release_divergences(statement: str, backend: str, post: str,
     return found
 
 
-def label_divergences(backend: str, labels: Sequence[tuple[str, ...] | None]) -> list[Divergence]:
+class Labelled(NamedTuple):
+    """What dpproxy releases for a column's categories (a category key's cells, a MODE's answer):
+    the column, its type as ``format_type`` writes it, and the labels, in the policy's order."""
+
+    column: str
+    type_name: str
+    labels: tuple[str, ...]
+
+
+# A declared category read as a value of a type and printed as PostgreSQL prints it
+# (tests.constant_values.ConstantEvaluator.printed)
+Printed = Callable[[str, str], str]
+
+
+def _as_printed(value: str, type_name: str, printed: Printed | None) -> str:
+    return printed(value, type_name) if printed is not None else value
+
+
+def _distinct_as_grouped(select: dict[str, Any]) -> dict[str, Any]:
+    """``select`` (a release level), if a ``SELECT DISTINCT`` of no aggregate and no GROUP BY, as
+    PostgreSQL reads it: grouped by its outputs (``SELECT DISTINCT a, b`` is ``... GROUP BY a, b``),
+    its DISTINCT then asking nothing more; else ``select`` as it is (``DISTINCT ON`` too)."""
+    distinct = select.get("distinctClause")
+    if not distinct or any(distinct) or "groupClause" in select or "havingClause" in select \
+            or any(_name(call["funcname"]) in AGGREGATES for call in nodes_of(select.get("targetList", []), "FuncCall")):
+        return select
+    grouped = {key: value for key, value in select.items() if key != "distinctClause"}
+    return {**grouped, "groupClause": [target["ResTarget"]["val"] for target in select.get("targetList", [])]}
+
+
+def label_divergences(backend: str, labels: Sequence[Labelled | None], printed: Printed | None = None) -> list[Divergence]:
     """Where the labels dpproxy releases for a category key's cells (``labels``, per GROUP BY key in
     order; None for another kind of key) are not the categories the backend's cell numbers stand
-    for: ``CASE WHEN col = 'Male' THEN 0 WHEN col = 'Female' THEN 1 [ELSE 2] END AS kN``, whose
-    cell i must be released as the i-th label (the ELSE's as the last, the policy's ``other``)."""
+    for, as PostgreSQL prints a value of the column equal to each (``printed``; without it, as
+    written): ``CASE WHEN col = 'Male' THEN 0 WHEN col = 'Female' THEN 1 [ELSE 2] END AS kN``, whose
+    cell i must be released as the i-th label (the ELSE's as the last, the policy's ``other``, which
+    dpproxy adds on purpose: PostgreSQL has no such row)."""
     found = []
     cells = {target["name"]: target["val"]["CaseExpr"] for target in nodes_of(tree_of(backend), "ResTarget")
              if (target.get("name") or "").startswith("k") and "CaseExpr" in target.get("val", {})}
-    for index, names in enumerate(labels):
+    for index, key in enumerate(labels):
         case = cells.get(f"k{index}")
-        if names is None:
+        if key is None:
             continue
         if case is None:
             found.append(Divergence("category key", f"k{index} (no CASE numbers its cells)"))
@@ -476,26 +523,63 @@ def label_divergences(backend: str, labels: Sequence[tuple[str, ...] | None]) ->
         numbered = {}
         for when in case.get("args", []):
             test, cell = canonical(when["CaseWhen"]["expr"]), canonical(when["CaseWhen"]["result"])
-            if test[:3] != ("expr", "AEXPR_OP", "=") or test[4][:1] != ("string",) or cell[:1] != ("number",):
+            if test[:3] != ("expr", "AEXPR_OP", "=") or test[3] != ("column", key.column) or test[4][:1] != ("string",) \
+                    or cell[:1] != ("number",):
                 found.append(Divergence("category key", f"k{index}: {test!r} -> {cell!r}"))
                 continue
-            numbered[int(cell[1])] = test[4][1]
+            numbered[int(cell[1])] = _as_printed(test[4][1], key.type_name, printed)
         if "defresult" in case:
-            numbered[int(canonical(case["defresult"])[1])] = names[-1]
-        if numbered != dict(enumerate(names)):
-            found.append(Divergence("category key", f"k{index}: cells {numbered!r}, released as {names!r}"))
+            numbered[int(canonical(case["defresult"])[1])] = key.labels[-1]
+        if numbered != dict(enumerate(key.labels)):
+            found.append(Divergence("category key", f"k{index}: cells {numbered!r}, released as {key.labels!r}"))
+    return found
+
+
+def mode_divergences(backend: str, modes: Sequence[Labelled], printed: Printed | None = None) -> list[Divergence]:
+    """Where a MODE's answer would not be the category PostgreSQL prints: each MODE of ``modes`` (in
+    release order) counts the rows of each category in the backend, ``count(*) FILTER (WHERE ... AND
+    col = 'Male')``, one run per MODE, and releases the i-th label for the run's i-th count. Each
+    run's categories, printed as PostgreSQL prints a value of the column equal to each (``printed``),
+    must be the labels, in order, and each MODE must have its run."""
+    runs: list[tuple[str, list[str]]] = []
+    for call in sorted(nodes_of(tree_of(backend), "FuncCall"), key=lambda call: int(call.get("location", 0))):
+        last = conjuncts(canonical(call["agg_filter"]))[-1] if "agg_filter" in call else None
+        if last is None or last[:3] != ("expr", "AEXPR_OP", "=") or last[3][:1] != ("column",) \
+                or last[4][:1] != ("string",) or not any(mode.column == last[3][1] for mode in modes):
+            continue
+        column, value = last[3][1], last[4][1]
+        if runs and runs[-1][0] == column and value not in runs[-1][1]:
+            runs[-1][1].append(value)
+        else:
+            runs.append((column, [value]))
+    found = []
+    for mode in modes:
+        run = next((index for index, (column, _) in enumerate(runs) if column == mode.column), None)
+        if run is None:
+            found.append(Divergence("MODE", f"{mode.column} (no backend count per category)"))
+            continue
+        _, values = runs.pop(run)
+        released = [_as_printed(value, mode.type_name, printed) for value in values]
+        if released != list(mode.labels):
+            found.append(Divergence("MODE", f"{mode.column}: counts of {released!r}, released as {mode.labels!r}"))
     return found
 
 
 def plain_divergences(statement: str, released: Sequence[Released], table: str,
-                      boolean_columns: frozenset[str] = frozenset(), same: Same | None = None) -> list[Divergence]:
+                      boolean_columns: frozenset[str] = frozenset(), same: Same | None = None,
+                      no_rows: bool = False) -> list[Divergence]:
     """What a statement dpproxy answers without post-processing (each output an aggregate, released
     as it is, in order) asks of its aggregates that ``released``, the plan's, does not release: a
-    kind, column, condition or percentile fraction of another (or another number of outputs)."""
+    kind, column, condition or percentile fraction of another (or another number of outputs); and
+    whether its LIMIT/OFFSET leave its one row where dpproxy answers none (``no_rows``) or the reverse."""
     level = _release_level(_levels(_select(statement)), table)
     if level is None:
         return [Divergence("level", "the release level (a statement answered as it is)")]
     found = []
+    rows = _rows_left(level)
+    if rows is None or (rows == 0) != no_rows:
+        found.append(Divergence("LIMIT/OFFSET", f"{rows if rows is not None else 'an unread count of'} rows left, "
+                                                f"{'none' if no_rows else 'the row'} answered"))
     targets = level.get("targetList", [])
     for target, aggregate in zip(targets, released):
         value = target["ResTarget"]["val"]
@@ -505,3 +589,23 @@ def plain_divergences(statement: str, released: Sequence[Released], table: str,
     if len(targets) != len(released):
         found.append(Divergence("aggregate", f"{len(targets)} outputs, {len(released)} released"))
     return found
+
+
+def _rows_left(select: dict[str, Any]) -> int | None:
+    """How many rows of one aggregate row PostgreSQL returns under ``select``'s LIMIT (FETCH FIRST) and
+    OFFSET (``LIMIT ALL`` and ``LIMIT NULL`` none); None where a count is no integer constant."""
+    counts = []
+    for clause in ("limitCount", "limitOffset"):
+        node = select.get(clause)
+        value = canonical(node) if node is not None else ("null",)
+        while value[:1] == ("value",):
+            value = value[2]
+        if value == ("null",):
+            counts.append(None)
+        elif value[:1] == ("number",) and Decimal(value[1]) == int(Decimal(value[1])) >= 0:
+            counts.append(int(Decimal(value[1])))
+        else:
+            return None
+    limit, offset = counts
+    left = max(0, 1 - (offset or 0))
+    return left if limit is None else min(left, limit)

@@ -34,11 +34,12 @@ A statement dpproxy refuses is fine: it is counted, not compared.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
+from psycopg import pq
 from pglast import ast, parse_sql
 from pglast.parser import ParseError, parse_sql_json
 from pglast.stream import RawStream
@@ -54,7 +55,7 @@ from rewriter.statements import split_statements
 from tests.constant_values import PROFILES
 from tests.parse_differential import canonical
 
-__all__ = ["ROWS", "TABLE_DDL", "TABLE_POLICY", "Checked", "Mismatch", "RoundTrip"]
+__all__ = ["ALIKE", "READ", "ROWS", "TABLE_DDL", "TABLE_POLICY", "Checked", "Mismatch", "RoundTrip", "backend_condition", "sqlstate"]
 
 TABLE_DDL = ("id int, i int4, n numeric(10,2), f float8, t text, v varchar(8), c char(3), d date, ts timestamp, "
              "tz timestamptz, iv interval, b bool")
@@ -81,11 +82,12 @@ _VALUES: dict[str, tuple[str, ...]] = {
     "b": ("true", "false"),
 }
 ROWS = 40
+Case = TypeVar("Case")
 # (the analyst's outcome, the backend's) that are one outcome read through an addition: *fold-cast*
-_ALIKE = {(("error", "42883"), ("error", "42846"))}
+ALIKE = {(("error", "42883"), ("error", "42846"))}
 # The table as a condition reads it: each column also as the raw conjuncts name it (rewriter/raw_equality.py,
 # "raw <attnum>": *raw-conjunct*, an addition that compares the stored value beside the bounded one).
-_READ = "(SELECT rt.*, " + ", ".join(f'{name} AS "raw {attnum}"' for attnum, name in enumerate(
+READ = "(SELECT rt.*, " + ", ".join(f'{name} AS "raw {attnum}"' for attnum, name in enumerate(
     ["id", *_VALUES], start=1)) + " FROM rt) AS rt"
 
 
@@ -145,7 +147,7 @@ def _alike_by_tree(asked: Any, ran: Any) -> bool:
             and _literals(asked) == _literals(ran) and canonical(asked) == canonical(ran))
 
 
-def _backend_condition(sql: str) -> str | None:
+def backend_condition(sql: str) -> str | None:
     """The backend SQL's outer WHERE and its first aggregate's FILTER, ANDed (None: neither)."""
     select = parse_sql(sql)[0].stmt
     assert isinstance(select, ast.SelectStmt), sql
@@ -191,12 +193,21 @@ class RoundTrip:
 
     def _planned(self, pairs: Iterable[tuple[str, str]], checked: Checked) -> Iterator[tuple[str, str, AggregateQuery]]:
         """Each (statement, condition or argument, plan) of ``pairs`` dpproxy plans, counted in ``checked``."""
-        for statement, asked in pairs:
+        for (statement, asked), decision in self.planned(pairs, lambda pair: pair[0], checked):
+            yield statement, asked, decision.plan
+
+    def planned(self, cases: Iterable[Case], statement: Callable[[Case], str], checked: Checked,
+                first: bool = False) -> Iterator[tuple[Case, DPQuery]]:
+        """Each of ``cases`` whose ``statement`` dpproxy plans, with its plan, counted in ``checked``
+        (``first``: none after the first mismatch)."""
+        for case in cases:
+            if first and checked.mismatches:
+                return
             checked.generated += 1
-            decision = self.plan(statement)
+            decision = self.plan(statement(case))
             if decision is not None:
                 checked.planned += 1
-                yield statement, asked, decision.plan
+                yield case, decision
 
     def conditions(self, pairs: Iterable[tuple[str, str]], first: bool = False) -> Checked:
         """Check each (statement, condition) of ``pairs``: the rows the condition chooses (``first``:
@@ -207,7 +218,7 @@ class RoundTrip:
                 break
             backend = backend_sql(plan, seed=0)
             try:
-                ran = _backend_condition(backend) or "TRUE"
+                ran = backend_condition(backend) or "TRUE"
             except ParseError as exc:  # the backend SQL itself is no statement PostgreSQL reads
                 checked.mismatches.append(Mismatch(statement, asked, backend, (("parsed", None), ("error", str(exc)))))
                 continue
@@ -216,7 +227,7 @@ class RoundTrip:
                 continue
             checked.evaluated += 1
             self._compare(checked, statement, asked, ran, "SELECT coalesce(array_agg(id ORDER BY id), '{{}}')::text "
-                          f"FROM {_READ} WHERE {{}}")
+                          f"FROM {READ} WHERE {{}}")
         return checked
 
     def arguments(self, pairs: Iterable[tuple[str, str]]) -> Checked:
@@ -238,7 +249,7 @@ class RoundTrip:
         for conn in self._connections:
             with conn.transaction(force_rollback=True):
                 outcomes = (self._outcome(conn, query.format(asked)), self._outcome(conn, query.format(ran)))
-            if outcomes[0] != outcomes[1] and outcomes not in _ALIKE:
+            if outcomes[0] != outcomes[1] and outcomes not in ALIKE:
                 checked.mismatches.append(Mismatch(statement, asked, ran, outcomes))
                 return
 
@@ -251,3 +262,9 @@ class RoundTrip:
         except psycopg.Error as exc:
             return ("error", exc.sqlstate)
         return ("value", row[0] if row else None)
+
+
+def sqlstate(result: pq.abc.PGresult) -> str:
+    """The SQLSTATE of a failed libpq result ("?" where none came)."""
+    state = result.error_field(pq.DiagnosticField.SQLSTATE)
+    return state.decode() if state else "?"

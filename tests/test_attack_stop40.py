@@ -137,11 +137,16 @@ def test_a_numeric_domain_compared_with_a_float_is_refused_before_the_charge(sto
         assert outcome[:2] == ("error", "DP001") and "real/double precision" in str(outcome[2]), (sql, outcome)
 
 
-def test_a_float_parameter_beside_a_numeric_domain_is_answered_alike_on_neighbours(stop40_proxy: RunningProxy) -> None:
-    """A parameter sent as double precision is cast to numeric once, as beside a numeric column."""
+def test_a_numeric_parameter_beside_a_numeric_domain_is_answered_alike_on_neighbours(stop40_proxy: RunningProxy) -> None:
+    """A parameter sent as numeric is cast to numeric once, as beside a numeric column. Sent as
+    double precision beside an unconstrained numeric (or a domain over one) it is refused before the
+    charge (rule ``numeric-parameter``, tests/test_attack_stop45.py): PostgreSQL compares it in double
+    precision, the cast in numeric."""
     for column in ("p", "n"):
-        outcome = _outcome(stop40_proxy, f"SELECT count(*) FROM {{t}} WHERE {column} > %s", (1.5,))
+        outcome = _outcome(stop40_proxy, f"SELECT count(*) FROM {{t}} WHERE {column} > %s", (Decimal("1.5"),))
         assert outcome[0] == "answer", outcome
+        refused = _outcome(stop40_proxy, f"SELECT count(*) FROM {{t}} WHERE {column} > %s", (1.5,))
+        assert refused[:2] == ("error", "0A000") and "numeric-parameter" in str(refused[2]), refused
 
 
 @pytest.mark.parametrize("condition", ["fl > 1e400", "fl > -1e-400", "fl IN (1, 1e400)", "1e400 < fl"])

@@ -130,6 +130,12 @@ _REREADING_VIEWS = [
     ("SELECT id, note FROM s42_base UNION ALL SELECT id, btrim(note) FROM s42_base", "btrim"),
     ("SELECT id, octet_length(btrim(note)) AS s FROM s42_base", "s"),  # btrim reads it whole, before octet_length
     ("SELECT id, octet_length(payload::text) AS s FROM s42_base", "s"),
+    # NULLIF's result is the value: read whole by what takes it but IS [NOT] NULL
+    ("SELECT id, NULLIF(note, 'x') > '' AS n FROM s42_base", "n"),
+    ("SELECT id, btrim(NULLIF(note, 'x')) IS NULL AS n FROM s42_base", "n"),
+    ("SELECT id, note = note AS same FROM s42_base", "same"),  # sizes first, but no literal bounds them
+    (f"SELECT id, note <> '{'x' * 257}' AS other FROM s42_base", "other"),  # past max_text_bytes (256)
+    ("SELECT id, note = current_user AS mine FROM s42_base", "mine"),  # texteqname reads the text whole
 ]
 
 
@@ -360,6 +366,13 @@ _BOUNDED_VIEWS = {
                                                              "CREATE POLICY s42_p ON s42_base FOR SELECT "
                                                              "USING (owner = current_user OR true)")),
     "nullif-null-test": ("SELECT id FROM s42_base WHERE NULLIF(note, 'x') IS NULL OR NULLIF(note, '7') IS NOT NULL", ()),
+    # output columns computed at each reference, each read bounded as in a condition
+    "nullif-null-test-column": ("SELECT id, NULLIF(note, 'x') IS NULL AS missing, NULLIF(note, '7') IS NOT NULL AS "
+                                "present, note = 'x' AS x, note IS DISTINCT FROM '7' AS not7 FROM s42_base", ()),
+    "current-user-text": ("SELECT id, note = CAST(current_user AS text) AS mine, CAST(session_user AS text) AS who "
+                          "FROM s42_base WHERE note <> CAST(current_user AS text)", ()),
+    "rls-current-user-text": ("SELECT id FROM s42_base", (*_RLS, "CREATE POLICY s42_p ON s42_base FOR SELECT "
+                                                         "USING (note = CAST(current_user AS text) OR note IS NULL)")),
     "coalesce-equality": ("SELECT id FROM s42_base WHERE COALESCE(note, other) = 'x' OR COALESCE(other, note) <> '7'",
                           ("ALTER TABLE s42_base ADD other text DEFAULT 'o'",)),
     "fixed-size-ranges": ("SELECT id, r, d FROM s42_base WHERE r <> '[1,5)' AND d >= '[2020-01-01,2021-01-01)' "
@@ -581,10 +594,21 @@ _SAFE_SIDE = [
     ("id", "WHERE NULLIF(note, 'x') IS NOT NULL", True),
     ("id", "WHERE COALESCE(note, other) = 'x'", True),
     ("id", "WHERE COALESCE(other, note) <> 'x'", True),
+    ("id, NULLIF(note, 'x') IS NULL AS size", "", True),  # an output column, computed at each reference
+    ("id, note = CAST(current_user AS text) AS size", "", True),
+    ("id, note = 'x' AS size", "", True),
     ("id", "WHERE NULLIF(note, 'x') > ''", False),  # NULLIF's result is the value, compared whole above
     ("id", "WHERE COALESCE(note, other) > ''", False),
     ("id, octet_length(btrim(note)) AS size", "", False),
 ]
+
+
+def test_a_name_cast_to_text_is_the_function_whole_reads_bounds_by_a_names_bytes(test_db: TestDatabase) -> None:
+    """``CAST(current_user AS text)`` is stored as a call of text(name), whose value is at most
+    NAMEDATALEN - 1 bytes (proxy/backend/whole_reads.py reads that function by its OID)."""
+    with psycopg.connect(test_db.admin_dsn) as admin:
+        assert admin.execute("SELECT 'pg_catalog.text(pg_catalog.name)'::pg_catalog.regprocedure::oid, "
+                             "current_setting('max_identifier_length')::int").fetchone() == (406, 63)
 
 
 @pytest.mark.parametrize("storage", ["EXTERNAL", "EXTENDED"])

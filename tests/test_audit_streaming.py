@@ -127,3 +127,47 @@ def test_a_suspended_portal_left_at_terminate_is_a_passthrough_line(audited):
     wire.close()
     (line,) = _lines_of(log, sql)
     assert line["decision"] == "passthrough" and line["reason"] is None and line["rows"] == 5
+
+
+def test_a_portal_run_in_pieces_in_a_block_is_one_line_with_every_piece_s_rows(audited):
+    """A portal run as a backend cursor (backend_portals.py): one line, at its end, counting the
+    rows of all its Executes."""
+    proxy, log = audited
+    sql = "SELECT g FROM generate_series(1, 2500) g"
+    wire = Wire(proxy.host, proxy.port)
+    wire.send(message(b"Q", cstr("BEGIN")), parse("", sql), bind("p", ""), execute("p", 1000), SYNC)
+    wire.read_until(b"Z")
+    wire.read_until(b"Z")
+    wire.send(execute("p", 1000), execute("p", 1000), SYNC, message(b"Q", cstr("COMMIT")))
+    wire.read_until(b"Z")
+    wire.read_until(b"Z")
+    wire.close()
+    (line,) = _lines_of(log, sql)
+    assert line["decision"] == "passthrough" and line["reason"] is None and line["rows"] == 2500
+
+
+@pytest.mark.parametrize("ending", ["close", "commit"])
+def test_a_portal_run_in_pieces_left_early_records_the_rows_handed_out(audited, ending: str):
+    proxy, log = audited
+    sql = f"SELECT g FROM (SELECT generate_series(1, 1000000000) AS g) s WHERE '{ending}' IS NOT NULL"
+    wire = Wire(proxy.host, proxy.port)
+    wire.send(message(b"Q", cstr("BEGIN")), parse("", sql), bind("p", ""), execute("p", 7), execute("p", 3),
+              *([message(b"C", b"P" + cstr("p"))] if ending == "close" else []), SYNC, message(b"Q", cstr("COMMIT")))
+    for _ in range(3):
+        wire.read_until(b"Z")
+    wire.close()
+    (line,) = _lines_of(log, sql)
+    assert line["decision"] == "passthrough" and line["rows"] == 10
+
+
+def test_a_portal_run_in_pieces_failing_is_an_error_line_with_its_sqlstate_and_rows(audited):
+    proxy, log = audited
+    sql = "SELECT 1 / (g - 5) FROM generate_series(1, 10) g"
+    wire = Wire(proxy.host, proxy.port)
+    wire.send(message(b"Q", cstr("BEGIN")), parse("", sql), bind("p", ""), execute("p", 2), execute("p", 2),
+              execute("p", 2), SYNC, message(b"Q", cstr("ROLLBACK")))
+    for _ in range(3):
+        wire.read_until(b"Z")
+    wire.close()
+    (line,) = _lines_of(log, sql)
+    assert line["decision"] == "error" and line["reason"] == "22012" and line["rows"] == 4

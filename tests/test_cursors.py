@@ -21,7 +21,8 @@ import sqlalchemy
 from wire import SYNC, Wire, bind, data_row_values, describe, execute, parse
 
 from conftest import (
-    TEST_DATABASE, TEST_POLICY, RunningProxy, TestDatabase, make_policy, psql_path, running_proxy, spent_epsilon,
+    TEST_DATABASE, TEST_POLICY, RunningProxy, TestDatabase, lookup_protected_file, make_policy, psql_path, running_proxy,
+    spent_epsilon,
 )
 
 # Histograms over declared keys: sex (2 cells) and age (17..90, 74 cells).
@@ -388,13 +389,8 @@ def test_discard_all_closes_every_cursor(cproxy: RunningProxy):
 def test_a_passthrough_cursor_over_a_table_protected_by_a_reload_hands_out_no_more_rows(
     test_db: TestDatabase, tmp_path: Path
 ):
-    protected = POLICY.replace("  public.lookup:\n    access: public\n",
-                               "  public.lookup:\n    access: protected\n    epsilon: 1.0\n"
-                               "    columns:\n      code: {{categories: [M, F]}}\n")
-    assert protected != POLICY
     ledger = tmp_path / "l.sqlite3"
-    reloaded = tmp_path / "policy.yaml"
-    reloaded.write_text(protected.format(dsn=test_db.service_dsn, ledger=ledger))
+    reloaded = lookup_protected_file(test_db, ledger, POLICY)
     proxy = RunningProxy(make_policy(test_db, ledger, POLICY))
     try:
         with proxy.connect() as conn:

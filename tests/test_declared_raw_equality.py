@@ -244,14 +244,14 @@ def _assert_answers_alike(proxy: RunningProxy, test_db: TestDatabase, condition:
 _BOUND = [
     ("v = %s", ["row 1"]), ("v = %s", ["k" * 64]), ("v IN (%s)", ["row 2"]), ("%s = v AND id > 50", ["row 1"]),
     ("c = %s", ["row 1"]), ("c = %s", ["row 1   "]), ("c = %s", ["k" * 64]), ("n = %s", [1]), ("n = %s", ["1.0"]),
-    ("n = %s", [Decimal("7" * 60)]), ("n = %s", [1.5]), ("r = %s", ["[1,5)"]),
+    ("n = %s", [Decimal("7" * 60)]), ("n = %s", [Decimal("1.5")]), ("r = %s", ["[1,5)"]),
     ("v = %s AND c = %s AND n = %s", ["row 1", "row 1", Decimal(1)]), ("v = %s OR id = 3", ["row 1"]),
     ("v = %s", ["row 1" + " " * 70]), ("c = %s", ["row 1" + " " * 70]), ("n = %s", [Decimal("1e200")]),
     ("v = %s", [None]), ("n = %s", [None]),
     # lists of parameters (the raw conjunct hashed over them): values stored apart, padded, duplicated, NULL
     ("v IN (%s, %s, %s)", ["row 1", "row 2", "k" * 64]), ("v IN (%s, %s)", ["row 1", "row 1"]),
     ("c IN (%s, %s)", ["row 1   ", "k" * 64]), ("c IN (%s, %s, %s)", ["row 1", "row 2" + " " * 70, "x"]),
-    ("n IN (%s, %s)", [1, Decimal("7" * 60)]), ("n IN (%s, %s, %s)", [Decimal(1), 2.0, "3"]),
+    ("n IN (%s, %s)", [1, Decimal("7" * 60)]), ("n IN (%s, %s, %s)", [Decimal(1), Decimal("2.0"), "3"]),
     ("n IN (%s, %s)", [Decimal("1e200"), 2]), ("r IN (%s, %s)", ["[1,5)", "[2,5)"]),
     ("v IN (%s, %s) AND n IN (%s, %s)", ["row 1", "row 3", 1, 3]), ("id > 50 AND v IN (%s, %s)", ["row 3", "row 4"]),
     ("v IN (%s, %s)", ["row 1", None]), ("n IN (%s, %s)", [None, None]),
@@ -263,7 +263,7 @@ _BOUND = [
 def test_the_raw_comparison_with_a_bound_parameter_changes_no_answer(
         declared_proxy: RunningProxy, test_db: TestDatabase, condition: str, params: list[object], binary: bool) -> None:
     """As for literals, through psycopg's extended protocol (its text parameters unspecified; in
-    binary, text, numeric, an integer or float type), prepared and bound twice: the backend SQL's
+    binary, text, numeric or an integer type), prepared and bound twice: the backend SQL's
     exact count with the parameters bound is the same on the table holding values stored apart and
     on its neighbour holding NULL, and is plain SQL's on the neighbour. (``id <> …``: another
     statement in text and in binary, which would otherwise repeat the first's release.)"""

@@ -15,9 +15,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import RunningProxy, TestDatabase
-from wire import SYNC, Wire, bind, cstr, data_row_values, error_fields, execute, message, parse
-
-Reply = tuple[object, ...]
+from wire import SYNC, Wire, bind, cstr, execute, message, parse, replies, replies_on_both
 
 
 def _query(sql: str) -> bytes:
@@ -29,38 +27,9 @@ def _statement(sql: str) -> bytes:
     return parse("", sql) + bind("", "") + execute("")
 
 
-def _replies(wire: Wire, *requests: tuple[bytes, ...]) -> list[list[Reply]]:
-    """Each request's replies up to its ReadyForQuery: errors and notices by SQLSTATE and
-    message, rows by their values, command tags, ParameterStatus names, the status byte."""
-    answered = []
-    for request in requests:
-        wire.send(*request)
-        replies: list[Reply] = []
-        for kind, body in wire.read_until(b"Z"):
-            if kind in (b"E", b"N"):
-                fields = error_fields(body)
-                replies.append((kind, fields[b"C"], fields[b"M"]))
-            elif kind == b"D":
-                replies.append((kind, *data_row_values(body)))
-            elif kind in (b"C", b"Z"):
-                replies.append((kind, body.rstrip(b"\0")))
-            elif kind == b"S":
-                replies.append((kind, body.split(b"\0")[0]))
-            elif kind != b"T":
-                replies.append((kind,))
-        answered.append(replies)
-    return answered
-
-
 def _on_both(test_db: TestDatabase, proxy: RunningProxy, *requests: tuple[bytes, ...]) -> tuple[object, object]:
     """The replies to ``requests`` on a raw connection straight to PostgreSQL, then through dpproxy."""
-    results = []
-    for wire in (Wire.direct(test_db.admin_dsn), Wire(proxy.host, proxy.port)):
-        try:
-            results.append(_replies(wire, *requests))
-        finally:
-            wire.close()
-    return results[0], results[1]
+    return replies_on_both(test_db.admin_dsn, proxy.host, proxy.port, *requests)
 
 
 _SETTINGS = ((_query("SHOW TimeZone"),), (_query("SHOW DateStyle"),), (_query("RESET ALL"),))
@@ -148,11 +117,11 @@ def test_a_cursor_declared_in_a_pipeline_lives_and_dies_with_it_as_on_postgresql
 def test_a_pipelines_declare_on_a_protected_table_stays_refused(proxy: RunningProxy):
     wire = Wire(proxy.host, proxy.port)
     try:
-        (replies,) = _replies(wire, (_statement("SET TimeZone = 'Asia/Tokyo'"),
+        (got,) = replies(wire, (_statement("SET TimeZone = 'Asia/Tokyo'"),
                                      _statement("DECLARE c CURSOR WITH HOLD FOR SELECT age FROM adult"), SYNC))
-        assert [reply[0] for reply in replies] == [b"1", b"2", b"C", b"E", b"Z"]  # refused at its Parse
-        assert replies[-2][1] == b"DP001"
-        (fetched,) = _replies(wire, (_query("FETCH 1 FROM c"),))
+        assert [reply[0] for reply in got] == [b"1", b"2", b"C", b"E", b"Z"]  # refused at its Parse
+        assert got[-2][1] == b"DP001"
+        (fetched,) = replies(wire, (_query("FETCH 1 FROM c"),))
         assert fetched[0][:2] == (b"E", b"34000")
     finally:
         wire.close()

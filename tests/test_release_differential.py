@@ -10,7 +10,7 @@ from policies.tables import ColumnInfo, Relation
 from rewriter.dp_query import plan_aggregate_query
 from rewriter.rewrite import backend_sql
 from tests.parse_differential import divergences
-from tests.release_differential import Released, label_divergences, plain_divergences, release_divergences
+from tests.release_differential import Labelled, Released, label_divergences, plain_divergences, release_divergences
 
 _ADULT = frozenset({"age", "sex", "hours_per_week", "capital_gain"})
 _PEOPLE = frozenset({"id", "age", "income", "sex", "signed_up"})
@@ -202,7 +202,7 @@ _BY_SEX = ("SELECT k0, pg_catalog.sum(p0) FROM (SELECT CASE WHEN (\"sex\" OPERAT
 ])
 def test_a_category_keys_cells_are_released_under_the_labels_the_backend_numbers(
         otherwise: str, labels: tuple[str, ...], found: bool) -> None:
-    reported = label_divergences(_BY_SEX.format(otherwise), [labels])
+    reported = label_divergences(_BY_SEX.format(otherwise), [Labelled("sex", "text", labels)])
     assert bool(reported) == found, reported
 
 
@@ -233,3 +233,27 @@ def test_an_enclosing_querys_where_is_no_condition_on_the_rows() -> None:
     backend = "SELECT k0, p0 FROM (SELECT sex AS k0, count(*) AS p0 FROM public.people GROUP BY sex) AS cells"
     assert not divergences(statement, [backend], _PEOPLE)
     assert divergences("SELECT sex, count(*) AS n FROM people WHERE age > 10 GROUP BY sex", [backend], _PEOPLE)
+
+
+_BY_AGE = "SELECT age, count(*) AS n FROM people GROUP BY age ORDER BY {}"
+_BY_AGE_POST = ("SELECT dpproxy_release._k1 AS age, dpproxy_release._dp1 AS n FROM (SELECT pg_catalog.unnest($1) AS _k1, "
+                "pg_catalog.unnest($2) AS _dp1) AS dpproxy_release ORDER BY {}")
+_AGE_KEY = ("SELECT k0, p0 FROM (SELECT CASE WHEN (age >= 17) AND (age <= 90) THEN age END AS k0, count(*) AS p0 "
+            "FROM public.people GROUP BY age) AS cells")
+
+
+@pytest.mark.parametrize(("order", "ran", "found"), [
+    ("n DESC NULLS FIRST", "n DESC", False),  # DESC puts NULLs first unless told
+    ("n NULLS LAST", "n ASC", False),
+    ("n DESC NULLS LAST", "n DESC", True),
+    ("n ASC NULLS FIRST", "n", True),
+    ("n DESC", "n DESC NULLS LAST", True),
+    ('age COLLATE "C"', 'dpproxy_release._k1 COLLATE pg_catalog."C"', False),
+    ('age COLLATE "C"', 'dpproxy_release._k1 COLLATE pg_catalog."POSIX"', True),
+    ('age COLLATE "C"', "dpproxy_release._k1", True),
+    ("n USING >", "n DESC", True),
+])
+def test_an_order_by_is_compared_with_its_nulls_order_and_collation(order: str, ran: str, found: bool) -> None:
+    reported = release_divergences(_BY_AGE.format(order), _AGE_KEY, _BY_AGE_POST.format(ran),
+                                   [Released("count", None, None, None)], "people", _PEOPLE)
+    assert bool(reported) == found, reported

@@ -139,6 +139,46 @@ def data_row_values(body: bytes) -> list[bytes | None]:
     return values
 
 
+Reply = tuple[object, ...]
+
+
+def replies(wire: Wire, *requests: tuple[bytes, ...], row_descriptions: bool = False) -> list[list[Reply]]:
+    """Each request's replies up to its ReadyForQuery: errors and notices by SQLSTATE and
+    message, rows by their values, command tags, ParameterStatus names, the status byte, and
+    with ``row_descriptions`` each RowDescription whole (else they are left out)."""
+    answered = []
+    for request in requests:
+        wire.send(*request)
+        got: list[Reply] = []
+        for kind, body in wire.read_until(b"Z"):
+            if kind in (b"E", b"N"):
+                fields = error_fields(body)
+                got.append((kind, fields[b"C"], fields[b"M"]))
+            elif kind == b"D":
+                got.append((kind, *data_row_values(body)))
+            elif kind in (b"C", b"Z") or (kind == b"T" and row_descriptions):
+                got.append((kind, body.rstrip(b"\0")))
+            elif kind == b"S":
+                got.append((kind, body.split(b"\0")[0]))
+            elif kind != b"T":
+                got.append((kind,))
+        answered.append(got)
+    return answered
+
+
+def replies_on_both(direct_dsn: str, host: str, port: int, *requests: tuple[bytes, ...],
+                    row_descriptions: bool = False) -> tuple[list[list[Reply]], list[list[Reply]]]:
+    """The ``replies`` to ``requests`` on a raw connection straight to PostgreSQL (libpq URI
+    ``direct_dsn``, ``Wire.direct``), then on one to dpproxy at ``host``:``port``."""
+    results = []
+    for wire in (Wire.direct(direct_dsn), Wire(host, port)):
+        try:
+            results.append(replies(wire, *requests, row_descriptions=row_descriptions))
+        finally:
+            wire.close()
+    return results[0], results[1]
+
+
 def race(dsns: list[str], sqls: list[str]) -> list[str]:
     """Run sqls[i] on its own new connection to dsns[i % len(dsns)], all at once.
 

@@ -262,6 +262,7 @@ class BackendSession:
         self._stream: RowStream | None = None  # the last relayed result read as it arrives
         self._checkout_wait = CancellableWait()  # waiting for the pool, until a CancelRequest
         self._held_streams: list[RowStream] = []  # results whose rests were held for their portals
+        self._dropped_portals: list[bytes] = []  # backend cursors of ended portals, closed before the next request
         self._last_status = b"I"  # the held connection's status as last read (transaction_status)
         self.client_gone: Callable[[], Awaitable[None]] | None = None
         """Returns when the client's connection ends (``MessageReader.closed``): a wait for a
@@ -538,6 +539,7 @@ class BackendSession:
         """Run dpproxy's own query (never a client's) and return its rows as Python values;
         ``read_committed``: outside a transaction block, in a READ COMMITTED block of its own."""
         await self._settle_stream()
+        await self._close_dropped_portals()
         held = await self._checkout()
         conn = held.conn
         held.waiter.detach()  # psycopg waits on the socket itself here
@@ -840,6 +842,11 @@ class BackendSession:
             pgconn.send_prepare(b"", _encoded(sql, pgconn), list(param_types) or None)
             pgconn.send_describe_prepared(b"")
 
+        return await self._pipelined_last(send, 2)
+
+    async def _pipelined_last(self, send: Callable[[PGconn], None], count: int) -> PGresult:
+        """The last of the ``count`` results of the requests ``send`` makes in one pipeline
+        (``_pipelined``); the first error among them raised, a connection lost as BackendLost."""
         conn, results, failure = await self._pipelined(send)
         lost = conn.pgconn.status != pq.ConnStatus.OK
         for result in results:
@@ -848,9 +855,45 @@ class BackendSession:
                 if lost:
                     raise self._lost(error.sqlstate, reached=True, cause=error)
                 raise error
-        if failure is not None or lost or len(results) < 2:
+        if failure is not None or lost or len(results) < count:
             raise self._lost(None, reached=True, cause=failure)
-        return results[1]
+        return results[count - 1]
+
+    async def declare_portal(self, name: str, sql: str, params: BoundParams | None) -> list[Field]:
+        """Declare ``sql``, with the client's raw parameters, as backend cursor ``name`` (NO
+        SCROLL, WITHOUT HOLD: it ends with the transaction block, as a protocol portal does),
+        and return its columns, in text: one round trip, nothing run yet. A portal the client
+        runs in row-limited pieces is passed on so (proxy/serving/backend_portals.py): each
+        piece a FETCH, and a portal left before its end costs what it costs on PostgreSQL.
+        The DECLARE's error is raised as ``describe``'s is; it fails the client's block, as
+        the statement's own error at its Bind or first Execute would on PostgreSQL."""
+        p = params or BoundParams((), (), ())
+
+        def send(pgconn: PGconn) -> None:
+            declare = _encoded(f"DECLARE {name} NO SCROLL CURSOR WITHOUT HOLD FOR {sql}", pgconn)
+            pgconn.send_query_params(declare, p.values, p.types or None, p.formats or None, 0)
+            pgconn.send_describe_portal(name.encode("ascii"))
+
+        return _fields(await self._pipelined_last(send, 2), self.client_encoding)
+
+    def drop_portal(self, name: str) -> None:
+        """Backend cursor ``name`` (``declare_portal``) is no longer wanted: it is closed
+        before the next request, with a protocol Close, which is no error for a cursor already
+        gone with its transaction (a later cursor never has its name)."""
+        self._dropped_portals.append(name.encode("ascii"))
+
+    async def _close_dropped_portals(self) -> None:
+        """Close the dropped portals' backend cursors (``drop_portal``) in one round trip, on
+        a connection still in their transaction (outside a block they are gone already)."""
+        names, self._dropped_portals = self._dropped_portals, []
+        if not names or self._held is None or self.transaction_status == b"I":
+            return
+
+        def send(pgconn: PGconn) -> None:
+            for name in names:
+                pgconn.send_close_portal(name)
+
+        await self._pipelined_last(send, len(names))
 
     async def describe_portal(self, name: str) -> list[Field]:
         """The columns of the backend portal (SQL cursor) ``name``."""
@@ -887,6 +930,7 @@ class BackendSession:
         taken: nothing of this session was on it but settings, which the checkout restores.
         """
         await self._settle_stream()
+        await self._close_dropped_portals()
         held = await self._checkout()
         held.waiter.read_idle()
         if not held.healthy and self._sent_on_checkout == 0 and not self._dedicated:
@@ -1108,9 +1152,12 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
                 problems.append(f"tables.{name}.columns.{column_name}: no such column on the backend{meant}")
             else:
                 fit = column_fit_problems(name, column_name, column_policy, info)
-                problems += fit or await _unreadable_labels(session, name, info) \
+                found = fit or await _unreadable_labels(session, name, info) \
                     or await _equal_labels(session, name, target.oid, info) \
                     or unbounded_categories_problems(name, column_name, column_policy, info)
+                problems += found
+                if not found and column_policy.categories is not None:
+                    columns[column_name] = replace(info, printed_labels=await _printed_labels(session, info))
         if table_policy.partitioning == "ctid_hash" and not row_stores.get(target.oid, False):
             problems.append(
                 f"tables.{name}.partitioning: ctid_hash needs a table, materialized view or "
@@ -1188,6 +1235,21 @@ async def _unreadable_labels(session: BackendSession, table: str, column: Column
             unreadable.append(f"tables.{table}.columns.{column.name}: {label!r} is not a value of the column's type "
                               f"{type_name} ({exc.message})")
     return unreadable
+
+
+async def _printed_labels(session: BackendSession, column: ColumnInfo) -> tuple[str, ...]:
+    """The column's categories, then ``other``, each as PostgreSQL prints the value of the column's
+    type read from it (its output function, which ``format('%s', ...)`` calls; a cast to text would
+    drop a ``char(n)``'s padding and write a boolean as ``true``): what a MODE or a GROUP BY over the
+    column answers in PostgreSQL for the rows equal to it (:meth:`ColumnInfo.labels`)."""
+    policy = column.policy
+    assert policy is not None and policy.categories is not None
+    labels = [*policy.categories, *([policy.other] if policy.other is not None else [])]
+    (type_name,) = await session.fetch_row("SELECT pg_catalog.format_type(%s, %s)", (column.type_oid, column.type_modifier))
+    rows = await session.fetch_all(
+        f"SELECT pg_catalog.format('%%s', CAST(v AS {type_name})) "
+        "FROM pg_catalog.unnest(%s::pg_catalog.text[]) WITH ORDINALITY AS u(v, i) ORDER BY i", (labels,))
+    return tuple(str(row[0]) for row in rows)
 
 
 async def _equal_labels(session: BackendSession, table: str, relation: int, column: ColumnInfo) -> list[str]:

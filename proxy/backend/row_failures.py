@@ -45,7 +45,8 @@ a materialized view (which fails at refresh, before any analyst asks), or leave 
 
 So is a view's output column computed from a value of a type of any length (``btrim(note)``,
 ``length(note)``, ``payload::text``; not ``octet_length(note)``, which reads its size alone from the
-header or TOAST pointer), total or not: PostgreSQL flattens the view into the
+header or TOAST pointer, nor ``NULLIF(note, 'x') IS NULL`` or ``note = 'x'``, which weigh the sizes
+first and read no more than the literal's, :class:`_OutputRead`), total or not: PostgreSQL flattens the view into the
 statement, so the column is computed again at each reference, reading the base value whole each
 time, and dpproxy's value bound and stored-form check (rewriter/text_bounds.py) see only the
 computed value's header, after the read: one row's long value, or one stored apart, made every
@@ -69,7 +70,7 @@ from typing import Iterator, Mapping
 from policies.tables import Relation
 
 from .fetches import Fetches
-from .whole_reads import (CALLS, LISTS, ONCE_PER_ROW, PASSED_ON, SIZE_ONLY, TreeWalk, ValueRead, column_of, read_at,
+from .whole_reads import (CALLS, LISTS, ONCE_PER_ROW, PASSED_ON, TreeWalk, ValueRead, column_of, read_at,
                           read_catalog, read_whole, settle, unbounded, value_of)
 
 __all__ = ["TOTAL_FUNCTIONS", "TOTAL_AGGREGATES", "failing_protected", "fallible_protected"]
@@ -226,13 +227,14 @@ WHERE o.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])
 class _Scan:
     """What one stored parse tree computes: the functions it calls and the operators it sorts or
     groups with (by OID), the nodes that can fail, each output column it computes from a column's
-    value (its name, and the type of each column it reads with the function reading it,
-    :func:`_computed_from`), and each value its conditions, keys and aggregates read (:func:`read_at`)."""
+    value (its name, and each read of a column's value computing it, :func:`_computed_from`: its
+    type, the function reading it and the literal that function compares it with), and each value its
+    conditions, keys and aggregates read (:func:`read_at`)."""
 
     functions: frozenset[int]
     operators: frozenset[int]
     nodes: tuple[str, ...]
-    computed: tuple[tuple[str, frozenset[tuple[int, int]]], ...] = ()
+    computed: tuple[tuple[str, frozenset[ValueRead]], ...] = ()
     reads: tuple[ValueRead, ...] = ()
 
 
@@ -247,7 +249,8 @@ def _scan(tree: str) -> _Scan:
     functions: set[int] = set()
     operators: set[int] = set()
     failing: list[str] = []
-    computed: dict[str, set[tuple[int, int]]] = {}
+    computed: dict[str, set[ValueRead]] = {}
+    outputs: dict[int, list[_OutputRead]] = {}
     stack: list[tuple[str, dict[str, str]]] = []
     walk = TreeWalk()
     tokens = _TOKEN.findall(tree)
@@ -269,13 +272,12 @@ def _scan(tree: str) -> _Scan:
             value = value_of(tag, fields)
             if value is not None:
                 _computed_from(value[0], tag == "VAR" and fields.get("varattno") == "0", fields.get("_in", ""),
-                               stack, computed)
+                               stack, computed, outputs)
                 read_at(value, column_of(tag, fields, walk), tag == "VAR" and fields.get("varattno") == "0",
                          fields.get("_in", ""), stack, walk)
-            elif tag == "TARGETENTRY" and fields.get("resjunk") != "true" and fields.get("_reads"):
+            elif tag == "TARGETENTRY" and fields.get("resjunk") != "true" and id(fields) in outputs:
                 name = re.sub(r"\\(.)", r"\1", fields.get("resname", "?"))
-                computed.setdefault(name, set()).update(
-                    (int(kind), int(reader)) for kind, reader in (read.split(":") for read in fields["_reads"].split()))
+                computed.setdefault(name, set()).update(read.settled(name) for read in outputs.pop(id(fields)))
             settle(tag, fields, stack, walk)
         elif token.startswith(":") and stack and token[1:] in LISTS and index < len(tokens) and tokens[index] == "(":
             end = next((at for at in range(index, len(tokens)) if tokens[at] == ")"), len(tokens))
@@ -292,8 +294,35 @@ def _scan(tree: str) -> _Scan:
                  tuple(dict.fromkeys(walk.reads)))
 
 
+@dataclass(frozen=True)
+class _OutputRead:
+    """A read of a column's value computing an output column, noted at the value (:func:`_computed_from`)
+    and settled when the output column ends (:meth:`settled`), when what its reader compares the value
+    with is known: the value's type, the function reading it (0: none) and, for a reader that may be
+    bounded by a literal, that reader's fields (``_literal``, ``_args``, ``inputcollid``)."""
+
+    kind: int
+    reader: int
+    whole: bool
+    compared: dict[str, str] | None = None
+
+    def settled(self, column: str) -> ValueRead:
+        """The read as :func:`proxy.backend.whole_reads.unbounded` judges it, of ``column``."""
+        fields = self.compared or {}
+        literal = int(fields["_literal"]) if fields.get("_args") == "2" and "_literal" in fields else None
+        collation = fields.get("inputcollid", "0")
+        return ValueRead(column, self.kind, -1, "its output column", self.reader, literal,
+                         int(collation) if collation.isdigit() else -1, self.whole)
+
+
+# The readers of a value computing an output column that may read no more than a literal's size: an
+# equality weighing sizes first (OPEXPR, DISTINCTEXPR), and NULLIF under IS [NOT] NULL (which reads
+# no value of NULLIF's result; under anything else that result, the value as it is, is read again).
+_LITERAL_BOUNDED = frozenset({"OPEXPR", "DISTINCTEXPR"})
+
+
 def _computed_from(kind: int, whole: bool, within: str, stack: list[tuple[str, dict[str, str]]],
-                   computed: dict[str, set[tuple[int, int]]]) -> None:
+                   computed: dict[str, set[ValueRead]], outputs: dict[int, list[_OutputRead]]) -> None:
     """Note, for an output column (a TARGETENTRY not junk) computed from a column's value, that
     column's type (``kind``) and the function of the node that reads the value (0 where it calls
     none: :func:`_findings` excuses a read of the size alone, ``octet_length``): a VAR (or a
@@ -306,20 +335,24 @@ def _computed_from(kind: int, whole: bool, within: str, stack: list[tuple[str, d
     arguments (their own TARGETENTRYs, below the AGGREF) is read once per row, where the query is
     computed before its outputs are referenced (an aggregate's or window's query is never flattened
     into the statement that reads the view), so it is not noted here (:func:`read_at` judges it).
-    Types are gathered on the entry's fields (``_reads``) until the entry ends, when its
-    ``resjunk`` is known (:func:`_scan`)."""
+    Reads are gathered in ``outputs`` by the entry until it ends, when its ``resjunk`` is known and
+    its reader's literal (``NULLIF(note, 'x') IS NULL``, ``note = 'x'``: sizes weighed first, read no
+    further than the literal's) too (:func:`_scan`)."""
     plain = not whole
     reader = 0
+    compared: dict[str, str] | None = None
     for depth in range(len(stack) - 1, 0, -1):
         above, above_fields = stack[depth]
         if above in ONCE_PER_ROW:
             return
         if above == "TARGETENTRY" and stack[depth - 1][0] == "QUERY":  # an output (not an aggregate's argument)
             if not plain:
-                above_fields["_reads"] = f"{above_fields.get('_reads', '')} {kind}:{reader}"
+                outputs.setdefault(id(above_fields), []).append(_OutputRead(kind, reader, whole, compared))
             return
         if plain and (above, within) not in PASSED_ON:
             reader = _called(above, above_fields)
+            if above in _LITERAL_BOUNDED or (above == "NULLIFEXPR" and stack[depth - 1][0] == "NULLTEST"):
+                compared = above_fields
         plain, within = plain and (above, within) in PASSED_ON, above_fields.get("_in", "")
     # No output column above: a query's condition, or a bare expression (a virtual generated
     # column's, whose whole expression is the column, noted under ""; a policy's USING).
@@ -328,7 +361,7 @@ def _computed_from(kind: int, whole: bool, within: str, stack: list[tuple[str, d
     if stack and not (plain and (stack[0][0], within) in PASSED_ON):
         if plain:
             reader = _called(*stack[0])
-        computed.setdefault("", set()).add((int(kind), reader))
+        computed.setdefault("", set()).add(_OutputRead(kind, reader, whole).settled(""))
 
 
 def _called(tag: str, fields: Mapping[str, str]) -> int:
@@ -410,8 +443,9 @@ async def _findings(session: Fetches, relations: Mapping[int, Relation]) -> dict
              for oid, name, builtin, comparison, min_max in await session.fetch_all(_FUNCTIONS, (called,))
              } if called else {}
     catalog = await read_catalog(
-        session, {kind for _, _, scan, _, _ in scans for _, reads in scan.computed for kind, _ in reads},
-        [read for _, _, scan, _, _ in scans for read in scan.reads],
+        session, {read.type for _, _, scan, _, _ in scans for _, reads in scan.computed for read in reads},
+        [read for _, _, scan, _, _ in scans
+         for read in (*scan.reads, *(computed for _, reads in scan.computed for computed in reads))],
         {table for _, _, scan, _, table in scans if table is not None and scan.reads}, known)
     for root, where, scan, functions, table in scans:
         problems = [f"{where} computes {node}" for node in scan.nodes]
@@ -420,15 +454,14 @@ async def _findings(session: Fetches, relations: Mapping[int, Relation]) -> dict
             total = comparison or min_max or name in TOTAL_FUNCTIONS or name in TOTAL_AGGREGATES
             if not builtin or _POLYMORPHIC.search(name) or not total:
                 problems.append(f"{where} calls {name}")
-        # A value of any length read whole by the column's expression; not one read for its size alone.
-        whole = {column for column, reads in scan.computed
-                 if any(kind in catalog.any_length and known.get(reader, ("",))[0] not in SIZE_ONLY
-                        for kind, reader in reads)}
+        most = relations[root].policy.max_text_bytes
+        # A value of any length read whole by the column's expression; not one read for its size
+        # alone, nor one an equality weighing sizes first compares with a literal within max_text_bytes.
+        whole = {column for column, reads in scan.computed if any(unbounded(read, catalog, most) for read in reads)}
         rereads = [f"{where} computes its column {column} from a value of a type of any length"
                    for column, _ in scan.computed if column and column in whole]
         if where.startswith("virtual generated column") and "" in whole:
             rereads.append(f"{where} is computed from a value of a type of any length")
-        most = relations[root].policy.max_text_bytes
         reads = [] if where.startswith("virtual generated column") else list(dict.fromkeys(
             read_whole(where, read, catalog, table) for read in scan.reads if unbounded(read, catalog, most)))
         if problems or rereads or reads:
@@ -494,8 +527,10 @@ def _explained(findings: _Findings, most: int) -> list[str]:
             "column again at each reference a statement makes to it, reading the whole value each time, before "
             "dpproxy's value bound can see its size (rewriter/text_bounds.py reads a stored value's header only): one "
             "row's long value would make every term that reads the column measurably slower, which tells whether the "
-            "row is there. Compute the column into a table or a materialized view, declare a virtual generated column "
-            "STORED, or leave it out of the view")
+            "row is there. An output column may be such a value's octet_length(), IS [NOT] NULL (of NULLIF(col, 'x') "
+            f"too), or = and <> against a literal of at most {most} bytes, which weigh its size first. Compute "
+            "anything else into a table or a materialized view, declare a virtual generated column STORED, or leave "
+            "it out of the view")
     if findings.reads:
         parts.append(
             f"{_listed(findings.reads)}. PostgreSQL reads such a value whole for every row the view or policy reads, "
@@ -503,8 +538,8 @@ def _explained(findings: _Findings, most: int) -> list[str]:
             "buffers more) makes every statement on the relation measurably slower, which tells whether the row is "
             f"there. A view's or policy's condition may test such a column with IS [NOT] NULL (NULLIF(col, 'x') IS "
             f"NULL too), octet_length(), or = and <> (of the column, of COALESCE(col, other) or of NULLIF(col, 'x')) "
-            "against a literal of "
-            f"at most {most} bytes (max_text_bytes; a deterministic collation), which weigh its size first; for "
+            f"against a literal of at most {most} bytes (max_text_bytes; a deterministic collation) or "
+            "CAST(current_user AS text), which weigh its size first; for "
             "anything else (a range, a join, GROUP BY, DISTINCT, ORDER BY, UNION, max(), "
             "string_agg()) compute what it needs into a materialized view or a STORED generated column and read "
             "that, declare the column with a size (varchar(n)) within max_text_bytes, or leave it out")

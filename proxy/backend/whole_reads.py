@@ -22,9 +22,10 @@ PostgreSQL's source:
   such an equality of ``COALESCE(note, other)`` or a CASE's result (one of the values reaches it,
   as it is), and ``NULLIF(note, 'x')`` under ``IS [NOT] NULL`` or compared (its result, the value
   as it is, is read again by the comparison above it: ``NULLIF(note, 'x') = 'y'`` is bounded by
-  both literals, ``NULLIF(note, 'x') > ''`` is not). Not ``IN (...)`` (hashed from nine literals
-  on, which reads the value whole), nor ``=`` of a text and a ``name`` (``note = current_user``:
-  ``texteqname`` reads the text whole before it compares, :data:`_WHY_FUNCTION`);
+  both literals, ``NULLIF(note, 'x') > ''`` is not); and against ``CAST(current_user AS text)``, a
+  name's text, as against a literal of a name's 63 bytes (:data:`_NAME_TO_TEXT`). Not ``IN (...)``
+  (hashed from nine literals on, which reads the value whole), nor ``=`` of a text and a ``name``
+  (``note = current_user``: ``texteqname`` reads the text whole before it compares, :data:`_WHY_FUNCTION`);
 * a column of a declared size holds at most that many bytes (``rewriter.text_bounds.declared_size``:
   ``4·n`` for a ``varchar(n)`` or ``char(n)``, ``numeric(p, s)`` by its precision, ``bit(n)``, the
   ranges of fixed-size bounds: ``int4range``, ``daterange``, ``int8range``, ``tsrange``,
@@ -198,7 +199,14 @@ def settle(tag: str, fields: dict[str, str], stack: list[tuple[str, dict[str, st
         if tag == "CONST" and fields.get("constisnull") == "false" and fields.get("constlen") == "-1" and \
                 fields.get("constvalue", "").isdigit():
             above["_literal"] = str(max(int(fields["constvalue"]) - 4, 0))  # its datum's size less the 4-byte header
+        elif tag == "FUNCEXPR" and fields.get("funcid") == _NAME_TO_TEXT:
+            above["_literal"] = str(_NAME_BYTES)  # CAST(current_user AS text): a name's text, at most 63 bytes
 
+
+# text(name), the cast of a name (``CAST(current_user AS text)``) to text: its value is at most a name's
+# bytes (NAMEDATALEN - 1), whatever the name, and compared with it, an equality weighing sizes first
+# reads no more of the other value than a literal of that size would.
+_NAME_TO_TEXT, _NAME_BYTES = "406", 63
 
 # Operators whose result is their comparison's: an equality of a value with a literal may be bounded by it.
 _COMPARISONS = frozenset({"OPEXPR", "DISTINCTEXPR"})
@@ -306,9 +314,9 @@ _WHY_ANY_LENGTH = {3906: "a numrange's bounds are numerics of any length; an int
 
 _WHY_FUNCTION = {signature: "= or <> of a text and a name (as note = current_user) reads the text whole before "
                                "comparing (texteqname: a 3.2 MB value stored apart, +407 buffers; compressed, "
-                               "decompressed whole; CAST(current_user AS text) would weigh the sizes first, but "
-                               "dpproxy bounds such an equality by literals only); compare current_user with a "
-                               "name column or one of a declared size within max_text_bytes (varchar(63))"
+                               "decompressed whole); write note = CAST(current_user AS text), which weighs the sizes "
+                               "first (a name's text is at most 63 bytes), or compare current_user with a name column "
+                               "or one of a declared size within max_text_bytes (varchar(63))"
                   for signature in ("texteqname(text, name)", "textnename(text, name)", "nameeqtext(name, text)",
                                     "namenetext(name, text)")}
 """Why a comparison that reads like one weighing sizes first reads the value whole (by signature)."""

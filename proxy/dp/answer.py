@@ -245,7 +245,7 @@ def released_labels(plan: AggregateQuery) -> Iterator[str]:
             yield from key.labels()
     for agg in plan.aggregates:
         if agg.kind == "mode" and agg.column is not None and agg.column.policy is not None:
-            yield from agg.column.policy.categories or ()
+            yield from agg.column.labels()
 
 
 def _shared(names: Sequence[str], releases: Sequence[Release[Any]], units: Sequence[int]) -> list[tuple[str, bool] | None]:

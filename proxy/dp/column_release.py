@@ -93,7 +93,8 @@ def release_column(agg: Aggregate, parts: Sequence[Any], epsilon: float, table: 
     if agg.kind == "mode":
         assert column.policy.categories is not None
         counts = [int(count or 0) for count in parts]
-        return release_mode(column.policy.categories, counts, epsilon, padded=padded)
+        categories = column.labels()[:len(column.policy.categories)]  # as PostgreSQL prints them
+        return release_mode(categories, counts, epsilon, padded=padded)
     if agg.mechanism == "quantile" and agg.fractions:
         # All k from the one set of counts per grid index; ε/k each (mechanisms.quantile).
         several = release_quantiles(quantile_grid(column, table), parts[0], agg.fractions, epsilon, padded)

@@ -19,6 +19,7 @@ from proxy.backend.connection import BackendSession, BoundParams
 from proxy.wire.encodings import ClientEncoding
 from rewriter.constants import Folding, fold_query, folded_comparison
 from rewriter.dp_query import AggregateQuery
+from rewriter.listed_parameters import INFERRED
 from rewriter.like_patterns import case_folded_bytes, case_folded_refusal, longest_part_after_percent, pattern_refusal
 from rewriter.rewrite import backend_sql
 from rewriter.text_bounds import LIKE_WORK, work_refusal
@@ -54,7 +55,7 @@ async def bind_constants(
         raise _pattern_refused(refused, plan)
     if not folding.folds:
         return replace(plan, folding=None), params
-    if params.values and 0 in params.types:
+    if params.values and not INFERRED.isdisjoint(params.types):
         # Each of the two queries uses only some of the parameters; PostgreSQL must be told
         # the types of the others, which it infers from the whole statement.
         types, _ = await backend.describe(backend_sql(plan, seed=0), params.types)

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 
 from proxy.backend.connection import BackendSession, BoundParams
 from rewriter.dp_query import AggregateQuery
+from rewriter.listed_parameters import INFERRED
 from rewriter.group_keys import DATE, TIMESTAMP, TIMESTAMPTZ, GroupKey, KeyRange
 from rewriter.rewrite import backend_sql
 
@@ -35,7 +36,7 @@ async def narrow_keys(plan: AggregateQuery, params: BoundParams, backend: Backen
     """
     if not plan.ranges:
         return plan, params
-    if params.values and 0 in params.types:
+    if params.values and not INFERRED.isdisjoint(params.types):
         types, _ = await backend.describe(backend_sql(plan, seed=0), params.types)
         params = BoundParams(params.values, params.formats, tuple(types))
     values, _ = await backend.first_row(range_query(plan), params if params.values else None)

@@ -36,7 +36,7 @@ from proxy.dp.budget import BudgetKeeper
 from proxy.dp.folding import bind_constants
 from proxy.dp.narrowing import narrow_keys
 from proxy.dp.percentile_params import bind_fractions, fraction_param_types
-from proxy.dp.parameter_types import check_parameter_types, settled_lists
+from proxy.dp.parameter_types import check_listed_parameters, check_numeric_parameters, check_parameter_types, settled_lists
 from proxy.dp.release_units import release_count, release_units
 from proxy.dp.repeats import RepeatStore
 from proxy.ops.audit import AuditEntry, AuditLog
@@ -69,6 +69,7 @@ from rewriter.sort_memory import memory_steps
 from rewriter.statements import Statement, split_statements
 
 from .copy_out import copy_messages
+from .backend_portals import BackendPortal, portal_cursor_name
 from .cursors import BackendCursor, Cursors, KeptCursor
 from .implicit_block import (
     changes_settings, changes_transaction, ending_warning, outside_a_block_warning, refused_in_implicit,
@@ -167,7 +168,9 @@ class Executor:
         self._deferred: set[asyncio.Task[None]] = set()
         self._unstored: tuple[Hashable, DPAnswer] | None = None  # a fresh answer not sent yet
         self._analysis = CancellableWait()  # a long statement's analysis, until a CancelRequest
-        self._streams: set[RowStream] = set()  # results passed on as they arrive, not ended yet
+        self._streams: set[RowStream | BackendPortal] = set()  # results passed on as they arrive, not ended yet
+        self._portals = 0  # backend portals declared (backend_portals.py), which name each one
+        self._open_portals: set[BackendPortal] = set()  # those whose client portal is not gone yet
         self.cursors = Cursors()  # the session's SQL cursors (DECLARE ... CURSOR)
         self._serializable_block = False  # the transaction block open now began SERIALIZABLE
         self.implicit = False
@@ -478,7 +481,7 @@ class Executor:
             self._audit_soon(fingerprint, kind, None, cost, started, _rows(result) if kind == "passthrough" else None)
         return result, notices
 
-    def _audit_at_end(self, stream: RowStream, fingerprint: str, started: float) -> None:
+    def _audit_at_end(self, stream: RowStream | BackendPortal, fingerprint: str, started: float) -> None:
         """A result passed on as it arrives is audited when it ends for the client, with its
         outcome and its rows: an error part-way through is the statement's outcome."""
         self._streams.add(stream)
@@ -616,6 +619,74 @@ class Executor:
                 self.settings.reset_all()  # RESET ALL and DISCARD ALL reset dpproxy.* too, as PostgreSQL's custom settings
         return result, result.notices, None
 
+    # ------------------------------------------------------------ portals run in pieces
+
+    async def open_portal(
+        self, plan: Plan, params: BoundParams, result_formats: tuple[int, ...]
+    ) -> BackendPortal | None:
+        """A portal of ``plan`` run in row-limited pieces as a backend cursor of its own
+        (backend_portals.py), declared now; None where it runs as any statement: outside a
+        transaction block on the backend (PostgreSQL drops the portal at Sync; ended early, its
+        statement is cancelled), for anything but a passthrough SELECT (a DP answer is one
+        released row; SHOW, EXPLAIN and the like are no cursor's query), and for a SELECT that
+        may change settings (set_config). Its audit line is written when it ends for the client.
+        """
+        started = time.perf_counter()
+        try:
+            plan = await self._current(plan)
+        except Refusal as exc:  # refused under a policy reloaded since its Parse, as ``run`` audits it
+            self._audit_soon(plan.fingerprint, "refused", exc.rule, None, started)
+            raise
+        decision, statement = plan.decision, plan.statement
+        if not isinstance(decision, Passthrough) or statement is None or statement.kind != "SelectStmt" \
+                or _may_change_settings(statement) or _may_move_search_path(statement) \
+                or self.backend.transaction_status != b"T":
+            return None
+        self._portals += 1
+        while self.cursors.find(portal_cursor_name(self._portals)) is not None:  # a client's SQL cursor's name
+            self._portals += 1
+        name = portal_cursor_name(self._portals)
+        try:
+            resolved = await self._resolve(statement.references.relations)
+            fields = await self.backend.declare_portal(name, decision.sql, params if params.values else None)
+            try:
+                formats = formats_for(result_formats, len(fields))
+            except ProtocolError as exc:  # the statement fails, as at Execute; the session goes on
+                self.backend.drop_portal(name)
+                raise Refusal(SQLSTATE.PROTOCOL_VIOLATION, exc.message) from None
+        except (BackendError, Refusal) as exc:
+            self._audit_soon(plan.fingerprint, "error", exc.sqlstate, None, started)
+            raise
+        fields = [f if f.format == fmt else replace(f, format=fmt) for f, fmt in zip(fields, formats)]
+        portal = BackendPortal(name, fields, statement, resolved, self.server.registry)
+        self._audit_at_end(portal, plan.fingerprint, started)
+        self._open_portals.add(portal)
+        return portal
+
+    async def fetch_portal(
+        self, portal: BackendPortal, limit: int, result_formats: tuple[int, ...]
+    ) -> tuple[ResultSet, list[str]]:
+        """One Execute's rows of ``portal`` (at most ``limit``, 0: the rest), as the backend
+        sends them, in the client's formats; its error as the statement's, the portal then
+        ended. After a reload its query is judged again first (``_judge_again``)."""
+        if portal.complete:  # as PostgreSQL's portal run to its end: no row, nothing asked of the backend
+            return ResultSet(portal.fields, [], "SELECT 0", relayed=[]), []
+        try:
+            self._judge_again(portal)
+            # Its text is dpproxy's own, one statement: a simple Query where it may be (text results).
+            result = await self.backend.relay(portal.fetch_sql(limit), None, result_formats)
+        except BackendError as exc:
+            portal.failed(exc.sqlstate)
+            raise
+        return result, result.notices
+
+    def drop_portal(self, portal: BackendPortal) -> None:
+        """The client's portal is gone (Close, a new Bind of its name, its transaction's end):
+        its backend cursor is closed before the next request, and its audit line written."""
+        self._open_portals.discard(portal)
+        self.backend.drop_portal(portal.name)
+        portal.cut_off(None)
+
     async def _analysed(self, function: Callable[..., _T], *args: Any) -> _T:
         """``function(*args)`` run in an analysis thread (see ``_ANALYSIS``). A CancelRequest
         ends the wait with 57014, as PostgreSQL's ends a statement's parse: the statement was
@@ -705,7 +776,9 @@ class Executor:
             if isinstance(decision, FetchCursor):
                 return await self._fetch(decision, result_formats, simple)
             if decision.name is None:  # CLOSE ALL
-                if self.cursors.on_backend:
+                # Portals run in pieces too, whose cursors are their portals: PostgreSQL's CLOSE
+                # ALL drops protocol portals with the cursors.
+                if self.cursors.on_backend or self._open_portals:
                     await self.backend.execute("CLOSE ALL")
                 self.cursors.close(None)
                 return ResultSet([], [], "CLOSE CURSOR ALL"), [], None
@@ -753,7 +826,7 @@ class Executor:
         cursor = self.cursors.get(fetch.name)
         formats = (1,) if simple and cursor.options.binary else result_formats
         if isinstance(cursor, BackendCursor):
-            self._judge_again(fetch.name, cursor)
+            self._judge_again(cursor, fetch.name)
             result = await self.backend.relay(fetch.sql, None, () if fetch.move else formats, one_statement=True)
             return result, result.notices, None
         rows = cursor.fetch(fetch)
@@ -764,10 +837,11 @@ class Executor:
         except UnsupportedBinaryType as exc:  # the released text of a type dpproxy cannot send as binary
             raise Refusal(SQLSTATE.FEATURE_NOT_SUPPORTED, str(exc), "Request text format for this column.") from None
 
-    def _judge_again(self, name: str, cursor: BackendCursor) -> None:
+    def _judge_again(self, cursor: BackendCursor | BackendPortal, name: str | None = None) -> None:
         """After a reload (or the registry's own check) since its DECLARE, a passthrough cursor's
-        query is judged again under the registry in force, by the relations it reads: a table
-        protected since is not read on through it. Raises the refusal; the cursor stays open."""
+        query (``name``), or a portal's run in pieces, is judged again under the registry in
+        force, by the relations it reads: a table protected since is not read on through it.
+        Raises the refusal; the cursor or portal stays open."""
         registry = self.server.registry
         if cursor.registry is registry:
             return
@@ -778,12 +852,16 @@ class Executor:
             decision, reason = None, refusal.message
         except (SqlglotError, RecursionError):
             decision = None  # not a passthrough query any more: a DP one dpproxy cannot analyse
-        if not (isinstance(decision, DeclareCursor) and isinstance(decision.inner, Passthrough)):
+        if isinstance(decision, DeclareCursor):
+            decision = decision.inner
+        if not isinstance(decision, Passthrough):
+            what = f'cursor "{name}" was declared' if name is not None else "this portal was bound"
             raise Refusal(
                 SQLSTATE.OBJECT_NOT_IN_PREREQUISITE_STATE,
-                f'cursor "{name}" was declared under an earlier policy, and its query is not passed through under '
+                f"{what} under an earlier policy, and its query is not passed through under "
                 f"the policy in force: {reason} (rule: policy-changed)",
-                "Close it (CLOSE name); declared again, its query is judged under the policy in force.",
+                "Close it (CLOSE name); declared again, its query is judged under the policy in force."
+                if name is not None else "Close it; bound again, its query is judged under the policy in force.",
                 "policy-changed",
             )
         cursor.registry = registry
@@ -849,6 +927,8 @@ class Executor:
         # type it cannot have (a list bound as float8[]) is refused as a fraction, not a predicate.
         plan, params = bind_fractions(plan, params)
         check_parameter_types(plan, params)
+        check_numeric_parameters(plan, params)
+        check_listed_parameters(plan, params)
         plan = settled_lists(plan, params.types)  # a list's raw conjunct holds for some types only
         # The plan's WHERE is made final here, before the charge (and before the repeat key).
         epsilon = self.settings.query_epsilon(self.server.policy, plan.table)

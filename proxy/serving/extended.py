@@ -7,6 +7,9 @@ its first Describe or Execute and then handed out in Execute's row-limited piece
 (PortalSuspended), so a statement's result types never change between Describe and
 Execute. A large passthrough result is handed out as it arrives (``RowStream``): a portal
 dropped before its end (Close, Sync outside a block, a new unnamed portal) abandons the rest.
+Inside a transaction block, a passthrough SELECT's portal that is named, or first executed
+with a row limit, runs on the backend as a cursor of its own instead, a FETCH per Execute
+(``BackendPortal``): only as far as the client reads it, as on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 from policies.errors import SQLSTATE, Refusal
 from proxy.backend.connection import BackendError, BackendLost, BoundParams, ResultSet
+from proxy.serving.backend_portals import BackendPortal
 from proxy.wire import protocol
 from proxy.wire.binary import UnsupportedBinaryType
 from proxy.wire.protocol import Field, ProtocolError
@@ -57,6 +61,7 @@ class Portal:
     params: BoundParams
     result_formats: tuple[int, ...]
     result: ResultSet | None = None
+    cursor: BackendPortal | None = None  # its rows come from a backend cursor, a FETCH per Execute
     sent: int = 0
     notices: list[str] = field(default_factory=list)
 
@@ -95,6 +100,22 @@ class Runner(Protocol):
     async def run(
         self, plan: Plan, params: BoundParams, result_formats: tuple[int, ...]
     ) -> tuple[ResultSet, list[str]]: ...
+
+    async def open_portal(
+        self, plan: Plan, params: BoundParams, result_formats: tuple[int, ...]
+    ) -> BackendPortal | None:
+        """The portal run in pieces as a backend cursor, declared now; None: run it whole."""
+        ...
+
+    async def fetch_portal(
+        self, portal: BackendPortal, limit: int, result_formats: tuple[int, ...]
+    ) -> tuple[ResultSet, list[str]]:
+        """One Execute's rows of a backend portal (``limit`` at most, 0: the rest)."""
+        ...
+
+    def drop_portal(self, portal: BackendPortal) -> None:
+        """A backend portal's client portal is gone: its cursor is closed on the backend."""
+        ...
 
     def transaction_status(self) -> bytes: ...
 
@@ -147,6 +168,8 @@ class ExtendedProtocol:
         self._held_bytes -= item.size
         if isinstance(item, Portal) and item.result is not None and item.result.stream is not None:
             item.result.stream.abandon()
+        if isinstance(item, Portal) and item.cursor is not None:
+            self.runner.drop_portal(item.cursor)
         return True
 
     def _keep(self, held: dict[str, _Held], name: str, item: _Held) -> None:
@@ -257,29 +280,33 @@ class ExtendedProtocol:
                 return
         portal = self._portal(message.name)
         # A DP portal describes itself without running (and so without spending budget);
-        # other statements run here and Execute hands out the stored result.
+        # other statements run here and Execute hands out the stored result; a named portal
+        # (a client that may run it in pieces) is declared as a backend cursor if it can be.
         fields = await self.runner.known_fields(portal.statement.plan, portal.result_formats)
+        backend_portal = await self._cursor(portal) if fields is None and message.name else None
+        if backend_portal is not None:
+            fields = backend_portal.fields
         if fields is None:
             fields = (await self._result(portal)).fields
         self.out.append(protocol.row_description(fields) if fields else protocol.NO_DATA)
 
     async def _execute(self, message: protocol.Execute) -> None:
         portal = self._portal(message.portal)
-        if portal.result is not None and self.runner.transaction_status() == b"E":
+        begun = portal.result is not None or portal.cursor is not None
+        if begun and self.runner.transaction_status() == b"E":
             # As PostgreSQL: a suspended portal hands out nothing more once its block has failed.
             raise Refusal(SQLSTATE.IN_FAILED_TRANSACTION,
                           "current transaction is aborted, commands ignored until end of transaction block")
+        limit = message.max_rows
+        cursor = await self._cursor(portal) if not begun and (message.portal or limit) else portal.cursor
+        if cursor is not None:
+            await self._execute_piece(message.portal, portal, cursor, limit)
+            return
         result = await self._result(portal)
         self.out.extend(protocol.notice_response(text) for text in portal.notices)
         portal.notices.clear()
-        limit = message.max_rows
         if result.stream is not None:
-            sent = 0
-            async for rows in result.stream.take(limit or None):
-                self.out.extend(rows)
-                sent += len(rows)
-                if self.flush is not None:
-                    await self.flush()
+            sent = await self._hand_out(result, limit)
             # As PostgreSQL: suspended once the limit is reached, even if no row is left.
             suspended = bool(limit) and sent == limit
             tag = result.stream.tag
@@ -300,6 +327,49 @@ class ExtendedProtocol:
             self.out.append(protocol.empty_query_response())
         else:
             self.out.append(protocol.command_complete(_this_execute(tag, sent)))
+
+    async def _execute_piece(self, name: str, portal: Portal, cursor: BackendPortal, limit: int) -> None:
+        """One Execute of a portal run as a backend cursor: a FETCH of ``limit`` rows (0: the
+        rest), then PortalSuspended or the SELECT's tag counting this Execute's rows."""
+        try:
+            result, notices = await self.runner.fetch_portal(cursor, limit, portal.result_formats)
+        except BackendError as exc:
+            if exc.sqlstate == "34000":  # its cursor went with a savepoint rolled back to, as the portal would
+                raise Refusal("34000", f'portal "{name}" does not exist') from None
+            raise
+        self.out.extend(protocol.notice_response(text) for text in notices)
+        if result.stream is None:
+            rows = result.data_rows()
+            self.out.extend(rows)
+            sent = len(rows)
+        else:
+            try:
+                sent = await self._hand_out(result, None)
+            except BackendError as exc:
+                cursor.failed(exc.sqlstate)
+                raise
+        if cursor.handed(sent, limit):
+            self.out.append(protocol.PORTAL_SUSPENDED)
+        else:
+            self.out.append(protocol.command_complete(f"SELECT {sent}"))
+
+    async def _hand_out(self, result: ResultSet, limit: int | None) -> int:
+        """Pass a streamed result's next rows on (``limit`` at most; 0 or None: to its end),
+        flushing between chunks; how many."""
+        assert result.stream is not None
+        sent = 0
+        async for rows in result.stream.take(limit or None):
+            self.out.extend(rows)
+            sent += len(rows)
+            if self.flush is not None:
+                await self.flush()
+        return sent
+
+    async def _cursor(self, portal: Portal) -> BackendPortal | None:
+        """The portal's backend cursor, declared now if the runner makes it one (None: not)."""
+        if portal.cursor is None and portal.result is None:
+            portal.cursor = await self.runner.open_portal(portal.statement.plan, portal.params, portal.result_formats)
+        return portal.cursor
 
     async def _result(self, portal: Portal) -> ResultSet:
         if portal.result is None:

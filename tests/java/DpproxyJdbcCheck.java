@@ -36,6 +36,7 @@ public final class DpproxyJdbcCheck {
             prepared(conn);
             transaction(conn);
             fetchSize(conn);
+            fetchSizeEarlyClose(conn);
             refusal(conn);
             failedBatch(conn);
         }
@@ -134,6 +135,30 @@ public final class DpproxyJdbcCheck {
         conn.commit();
         conn.setAutoCommit(true);
         System.out.println("FETCHED " + rows + " " + sum);
+    }
+
+    /** A large result read 100 rows at a time and closed early in a block, then COMMIT: as on
+     *  PostgreSQL, the rows never read are never computed (the millionth would fail the block,
+     *  a division by zero, and its COMMIT would roll the SET before it back). */
+    private static void fetchSizeEarlyClose(Connection conn) throws SQLException {
+        conn.setAutoCommit(false);
+        long rows = 0;
+        try (Statement st = conn.createStatement()) {
+            st.execute("SET application_name = 'early_close_committed'");
+            st.setFetchSize(100);
+            try (ResultSet rs = st.executeQuery(
+                    "SELECT 1 / (g - 1000000) FROM (SELECT pg_catalog.generate_series(1, 2000000) AS g) s")) {
+                while (rows < 150 && rs.next()) {
+                    rows++;
+                }
+            }
+        }
+        conn.commit();
+        conn.setAutoCommit(true);
+        System.out.println("EARLY_CLOSED " + rows + " " + show(conn, "application_name"));
+        try (Statement st = conn.createStatement()) {
+            st.execute("RESET application_name");
+        }
     }
 
     /** A batch (autocommit: every statement, then one Sync) whose last statement fails: as on

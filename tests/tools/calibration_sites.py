@@ -202,11 +202,11 @@ SITES: tuple[Site, ...] = (
     Site("mode.scale-epsilon-not-half", "mechanisms/exponential.py", "    scale = 2.0 * sensitivity / epsilon\n",
          "    scale = sensitivity / epsilon\n", "noise"),
     Site("mode.candidates-from-the-data", _CR,
-         "        return release_mode(column.policy.categories, counts, epsilon, padded=padded)",
-         "        present = [(c, n) for c, n in zip(column.policy.categories, counts) if n]\n"
+         "        return release_mode(categories, counts, epsilon, padded=padded)",
+         "        present = [(c, n) for c, n in zip(categories, counts) if n]\n"
          "        if present:\n"
          "            return release_mode([c for c, _ in present], [n for _, n in present], epsilon, padded=padded)\n"
-         "        return release_mode(column.policy.categories, counts, epsilon, padded=padded)", "answers"),
+         "        return release_mode(categories, counts, epsilon, padded=padded)", "answers"),
     Site("mode.permute-and-flip", "mechanisms/samplers.py",
          "dp.linf_distance(T=float), dp.zero_concentrated_divergence(), scale=scale)",
          "dp.linf_distance(T=float), dp.max_divergence(), scale=scale)", "noise"),

@@ -49,6 +49,8 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "dp_query": ("tests/test_refusals.py", "tests/test_query_shapes.py", "tests/test_attack_outputs.py",
                  "tests/test_attack_availability.py::test_a_number_too_long_for_python_int_is_refused_not_an_internal_error"),
     "limits": ("tests/test_statement_limits.py",),
+    "stop45": ("tests/test_attack_stop45.py", "tests/test_attack_stop40.py::"
+                   "test_a_numeric_parameter_beside_a_numeric_domain_is_answered_alike_on_neighbours"),
     "misreadings": ("tests/test_parse_differential.py::"
                     "test_an_interval_literal_sqlglot_reads_otherwise_is_refused_before_any_charge",
                     "tests/test_parse_differential.py::"
@@ -73,7 +75,7 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "certain": ("tests/test_certain_errors.py",),
     "text": ("tests/test_text_bounds.py",),
     "single": ("tests/test_single_reads.py",),
-    "collation": ("tests/test_collation_weights.py",),
+    "collation": ("tests/test_collation_weights.py", "tests/test_attack_stop45_red.py"),
     "numeric": ("tests/test_numeric_bounds.py",),
     "apart": ("tests/test_attack_stop40.py::"
               "test_a_value_stored_apart_within_the_bounds_is_read_once_however_many_terms_compare_it",
@@ -93,6 +95,9 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "post-values": ("tests/test_post_processing_values.py",),
     "implicit": ("tests/test_implicit_transaction_rules.py",),
     "sort-memory": ("tests/test_sort_memory.py",),
+    "order-names": ("tests/test_parse_differential.py::"
+                    "test_an_order_by_item_that_is_an_outputs_name_in_parentheses_sorts_by_that_output",),
+    "portals": ("tests/test_backend_portals.py::test_a_portal_over_a_table_protected_by_a_reload_hands_out_no_more_rows",),
 }
 
 _TIMEOUTS = ("tests/test_attack_workers.py::test_the_backends_idle_in_transaction_timeout_cannot_be_set",
@@ -251,6 +256,15 @@ SITES: tuple[Site, ...] = (
     Site("collation.key-weight", "rewriter/single_reads.py",
          "per_byte = KEY_WORK if column.deterministic_collation else COLLATED_KEY_WORK", "per_byte = KEY_WORK",
          "collation"),
+    Site("collation.case-fold-weight", "rewriter/text_bounds.py",
+         "return CASE_FOLD_WORK if column.byte_order else COLLATED_CASE_FOLD_WORK", "return CASE_FOLD_WORK",
+         "collation"),
+    Site("collation.raw-conjunct-hash-weight", "rewriter/single_reads.py",
+         "per_byte = HASH_WORK if column.deterministic_collation else COLLATED_KEY_WORK", "per_byte = HASH_WORK",
+         "collation"),
+    Site("single-reads.raw-conjunct", "rewriter/dp_query.py",
+         "reads = (*_single_reads(table, aggregates, groups), *conditions.raw_reads)",
+         "reads = _single_reads(table, aggregates, groups)", "collation"),
     Site("single-reads.weighed", "rewriter/dp_query.py", "text_work = conditions.text_work + sum(read.work for read in reads)",
          "text_work = conditions.text_work", "single"),
     Site("single-reads.mode-filter-terms", "rewriter/predicates.py", "self._terms += predicate_terms(predicate) * times",
@@ -283,6 +297,23 @@ SITES: tuple[Site, ...] = (
          "    refused = pattern_refusal(pattern)\n    if refused is not None:",
          "    refused = pattern_refusal(pattern)\n    if False:", "predicate"),
     _off("param.declared-type", "proxy/dp/parameter_types.py", "type_oid not in PARAMETER_TYPES", "predicate"),
+    Site("param.numeric-declared-type", "proxy/dp/parameter_types.py", "if type_oid in NUMERIC_PARAMETER_TYPES or (",
+         "if True or (", "stop45"),
+    _off("param.float-beside-wide-numeric", "proxy/dp/parameter_types.py",
+         "precision is None or precision > _FLOAT_DIGITS", "stop45"),
+    Site("param.float-of-15-digits", "proxy/dp/parameter_types.py",
+         'return not math.isfinite(number) or float(f"{number:.{_FLOAT_DIGITS}g}") == number', "return True",
+         "stop45"),
+    _off("param.in-list-one-reading", "proxy/dp/parameter_types.py", "not listed.one_reading(params.types)", "stop45"),
+    Site("param.in-list-mixed-families", "rewriter/listed_parameters.py", "if len(families) > 1 or declared & INFERRED:",
+         "if False:", "stop45"),
+    _off("param.in-list-bpchar-beside-strings", "rewriter/listed_parameters.py",
+         "_BPCHAR in declared | {self.column_type} and declared | {self.column_type} != {_BPCHAR}", "stop45"),
+    Site("param.in-list-typed-beside-unspecified", "rewriter/listed_parameters.py", 'return self.others != "typed"',
+         "return True", "stop45"),
+    Site("fold.unknown-parameter-described", "proxy/dp/folding.py",
+         "if params.values and not INFERRED.isdisjoint(params.types):", "if params.values and 0 in params.types:",
+         "stop45"),
     # ------------------------------------------------------------------ rewriter/function_check.py, catalog.py
     Site("func.attribute-notation", _F, "        if name in NEUTRALISED_FUNCTIONS or on_a_value or not (",
          "        if False and (", "catalog"),
@@ -534,9 +565,10 @@ SITES: tuple[Site, ...] = (
     Site("rows.table-access-method", _R, "AND m.amhandler OPERATOR(pg_catalog.<>) 'pg_catalog.heap_tableam_handler'",
          "AND false AND m.amhandler OPERATOR(pg_catalog.<>) 'pg_catalog.heap_tableam_handler'", "relation"),
     _off("rows.computed-view-column", _R, "not plain", "relation"),
-    Site("rows.computed-from-any-length", _R, "if any(kind in catalog.any_length and known.get(reader",
-         "if any(False and known.get(reader", "relation"),
-    Site("rows.size-only-reader", _R, 'known.get(reader, ("",))[0] not in SIZE_ONLY', "True", "relation"),
+    Site("rows.computed-from-any-length", _R, "if any(unbounded(read, catalog, most) for read in reads)}",
+         "if False}", "relation"),
+    Site("rows.output-nullif-null-test", _R, 'above == "NULLIFEXPR" and stack[depth - 1][0] == "NULLTEST"',
+         'above == "NULLIFEXPR"', "relation"),
     Site("rows.computed-generated-column", _R, 'if where.startswith("virtual generated column") and "" in whole:',
          'if False and "" in whole:', "relation"),
     Site("rows.condition-reads-whole", _R, "for read in scan.reads if unbounded(read, catalog, most)))",
@@ -580,6 +612,8 @@ SITES: tuple[Site, ...] = (
     Site("misread.unicode-name", "rewriter/misreadings.py", 'elif token.name == "UIDENT":', "elif False:", "misreadings"),
     Site("post.order-by-name-in-expression", "rewriter/post_process.py",
          "(bare_output_name(column) or identifier(column.this) not in columns)", "True", "misreadings"),
+    Site("post.order-by-name-in-parentheses", "rewriter/post_process.py",
+         "while isinstance(item.parent, exp.Paren):", "while False:", "order-names"),
     # ------------------------------------------------------------------ proxy/backend/relation_reads.py
     Site("reads.public-reads-protected", _RR, "reads = await session.fetch_all(_READS_SQL, (True, True, public, protected))",
          "reads = []", "reads"),
@@ -627,7 +661,7 @@ SITES: tuple[Site, ...] = (
          'len(symbol) > 1 and symbol.endswith("@") and symbol not in _AT_OPERATORS', "misreadings"),
     Site("misread.round-cast", "rewriter/misreadings.py",
          "and not _reads_rows(arguments[0]) and not _exact(arguments[0])):", "and False):", "misreadings"),
-    _off("misread.in-list-types", "rewriter/misreadings.py", "len(types) > 1", "misreadings"),
+    _off("misread.in-list-types", "rewriter/misreadings.py", "others", "misreadings"),
     # ------------------------------------------------------------------ proxy/serving/implicit_block.py
     Site("implicit.no-block-statements", "proxy/serving/executor.py",
          "refusal = refused_in_implicit(plan.statement, decision, self._pipeline_block)", "refusal = None", "implicit"),
@@ -655,4 +689,8 @@ SITES: tuple[Site, ...] = (
          '            return f"CASE WHEN {operator(row, \'>=\', lo)} AND {operator(row, \'<=\', hi)} THEN {row} END"\n'
          '        if self.floor is not None:',
          '            return row\n        if self.floor is not None:', "sort-memory"),
+    Site("misread.double-precision-round", "rewriter/misreadings.py",
+         'and number_kind(arguments[0], relation.columns) == "float"):', "and False):", "stop45"),
+    # ------------------------------------------------------------------ proxy/serving/backend_portals.py
+    Site("portal.judged-again-after-reload", "proxy/serving/executor.py", "self._judge_again(portal)", "pass", "portals"),
 )
