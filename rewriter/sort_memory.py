@@ -32,25 +32,25 @@ setting above that need costs nothing, and the value a client in a transaction b
 **A GROUP BY over declared keys** (of counts and sums: no ``COUNT(DISTINCT)``, percentile or
 sample and aggregate, which sort rows) groups each row by its cell (``GroupKey.group_sql``: a
 category's number, or the declared category it equals, found by a hashed list; an integer within
-the bounds; a bucket of the declared range), so its groups
-are at most :func:`~rewriter.rewrite.grouped_values` whatever the rows hold, a function of the
-statement and the policy. Before, a category key grouped by the raw value first (mapping each
+the bounds; a bucket of the declared range), so its groups are at most
+:func:`~rewriter.rewrite.grouped_values` whatever the rows hold, a function of the statement and
+the policy. Before, a category key grouped by the raw value first (mapping each
 group to its cell after), so that a column of distinct values held a group a row: its hash table
 grew with the rows, and every GROUP BY ran under the table's bound and was refused on a table
 past the ceiling, the histograms BI tools draw among them. Nothing rested on the raw value's
 grouping but speed (the CASE once a group rather than once a row): the cells, their answers and
 each row's cell are the same, and the work limit already weighed a key's comparisons with the
-categories once a row (rewriter/single_reads.py). The speed is what it costs: a text key's
-backend SQL takes 1.1 to 1.5 times the raw value's grouping (benchmarks/results.md). The hash table's memory is then what those
-groups take (:func:`hashed_groups_kb`): ``GROUP_BYTES`` a group and each part's state, a count's
-``COUNT_STATE_BYTES``, a sum's ``SUM_STATE_BYTES``, a ``numeric`` column's exact total's
+categories once a row (rewriter/single_reads.py). Speed is what it costs: a text key's backend
+SQL takes 1.07 to 1.34 times the raw value's grouping (benchmarks/results.md). The hash table's
+memory is then what those groups take (:func:`hashed_groups_kb`): ``GROUP_BYTES`` a group and
+each part's state, a count's ``COUNT_STATE_BYTES``, a sum's ``SUM_STATE_BYTES``, a ``numeric`` column's exact total's
 ``NUMERIC_STATE_BYTES`` (its accumulator spans every digit a clamped value may hold, 34 kB
 measured), besides ``HASH_BASE_BYTES``, twice (a hash aggregate that expects to spill keeps a
 quarter of its memory for its buffers). A hash aggregate checks its memory as it adds a group, so
 the bound holds at every group a filter can add. The statement runs with ``work_mem`` at that,
 ``enable_sort`` off and ``enable_hashagg`` on for its transaction: a sorted GroupAggregate would
-sort every row (an operator's ``enable_hashagg = off``, or a planner's estimate of a group a row,
-chose it), which only the table's bound covers; with hashing possible for every key's type,
+sort every row (PostgreSQL chose one under an operator's ``enable_hashagg = off``, and may where it
+estimates groups past ``work_mem``), which only the table's bound covers; with hashing possible for every key's type,
 PostgreSQL then hashes. A bound within the ceiling needs no table bound, and its statement is
 never refused; one above it (tens of thousands of cells) falls back to the table's bound and its
 refusal. The setting is small (a few MB for 1,000 cells), which also keeps the hash table's first
@@ -108,6 +108,7 @@ fraction digits, in a value of a few bytes), twice: measured at 34,069 to 34,478
 with 1e307 and 1e-16383 in each."""
 _HASH_MARGIN = 2  # a hash aggregate's limit can be 3/4 of its memory (its spill buffers' quarter)
 _MAX_WORK_MEM_KB = 2_147_483_647  # PostgreSQL's most, on 64-bit builds
+_SAVED = "dpproxy_internal."  # where a block's own settings wait while the statement runs
 
 
 def sort_memory_kb_sql(oid: int | str, descendants: bool = True) -> str:
@@ -174,9 +175,6 @@ def memory_steps(plan: AggregateQuery, in_block: bool) -> MemorySteps | None:
     restore = ", ".join(f"pg_catalog.set_config('{name}', pg_catalog.current_setting('{_SAVED}{name}'), true)"
                         for name in settings)
     return MemorySteps(f"{setting} FROM (SELECT {saved}) AS saved", f"SELECT {restore}")
-
-
-_SAVED = "dpproxy_internal."  # where a block's own settings wait while the statement runs
 
 
 def hashed_groups_kb(plan: AggregateQuery) -> int | None:
