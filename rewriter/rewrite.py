@@ -114,6 +114,7 @@ predicate is rendered qualified too (:mod:`rewriter.predicates`), so that a sess
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections import Counter
 from dataclasses import dataclass
@@ -137,7 +138,7 @@ __all__ = [
     "MAX_BACKEND_COLUMNS", "too_many_columns",
     "HASH_FUNCTIONS", "Part", "aggregate_parts", "backend_sql", "centred_points", "clamped", "clamped_sum", "collected",
     "split_by_index",
-    "decided_total", "filtered", "grid_index",
+    "decided_total", "filtered", "grid_index", "grouped_values",
     "hashable", "hashed_columns", "literal", "quantile_grid", "query_grid",
     "partition_key", "partition_seed", "partition_values", "per_partition", "row_hash_key", "seeded", "sent", "shuffled_source", "sorts_rows",
     "split_cells", "split_row",
@@ -384,14 +385,22 @@ def _backend_sql(query: AggregateQuery, seed: int, source: str) -> str:
 
 def sorts_rows(query: AggregateQuery) -> bool:
     """Whether :func:`backend_sql`'s plan may hold the filtered rows (or a group per row) in a sort
-    or a hash table: ``COUNT(DISTINCT)`` (its shuffle and its value sort), a GROUP BY (its groups
-    by each key's per-row value), a percentile's grid and sample and aggregate's partitions
-    (grouped, which PostgreSQL may do by sorting the rows). False only for the plain aggregate
-    over the rows, the one branch of :func:`_backend_sql` that groups nothing (COUNT, SUM,
-    sum-and-count AVG, variances, MODE), whose memory no row count moves (rewriter/sort_memory.py)."""
-    if query.groups or any(agg.distinct for agg in query.aggregates) or query_grid(query) is not None:
+    or a hash table: ``COUNT(DISTINCT)`` (its shuffle and its value sort), a percentile's grid and
+    sample and aggregate's partitions (grouped, which PostgreSQL may do by sorting the rows).
+    False for the plain aggregate over the rows (COUNT, SUM, sum-and-count AVG, variances, MODE),
+    whose memory no row count moves, and for a GROUP BY of such aggregates: its groups are at most
+    :func:`grouped_values` whatever the rows, so its hash table's memory is the policy's to
+    bound, provided PostgreSQL hashes rather than sorts the rows (rewriter/sort_memory.py)."""
+    if any(agg.distinct for agg in query.aggregates) or query_grid(query) is not None:
         return True
     return not all(part.additive for agg in query.aggregates for part in aggregate_parts(agg))
+
+
+def grouped_values(query: AggregateQuery) -> int:
+    """The most groups :func:`backend_sql`'s GROUP BY of the rows can make, whatever they hold: the
+    product of its keys' ``GroupKey.grouped_values`` (1 without keys). An outer query over those
+    groups (:func:`_grouped_sql`) has as many at most."""
+    return math.prod(key.grouped_values for key in query.groups)
 
 
 def _used_columns(query: AggregateQuery) -> list[str]:
@@ -442,12 +451,12 @@ def _grouped_sql(query: AggregateQuery, parts: list[Part], source: str) -> str:
     reported cell (and grid index, with a percentile).
 
     Each group reports the cell it falls in (one column per key, ``GroupKey.cell_sql``, and its
-    grid index ``g``) and its parts; groups in no cell are left out, after grouping. A reported
-    cell may receive several groups: the values an ``other`` key catches, or values a
-    nondeterministic collation finds equal (a category key), and the buckets a date part joins
-    (month of year: one per year; ``KeyDomain.joint_keys``). An outer query then adds them up per
-    cell, exactly (PostgreSQL's numeric sum is): per category key by its cell number, per date
-    key of a joint factor by :func:`rewriter.date_parts.part_sql` of its bucket (``b``), which is
+    grid index ``g``) and its parts; groups in no cell are left out, after grouping. A category,
+    integer or floor key groups by the row's cell itself (``GroupKey.group_sql``), so its groups
+    are its cells whatever values the rows hold. A reported cell may still receive several
+    groups: the buckets a date part joins (month of year: one per year;
+    ``KeyDomain.joint_keys``). An outer query then adds them up per cell, exactly (PostgreSQL's
+    numeric sum is), by :func:`rewriter.date_parts.part_sql` of its bucket (``b``), which is
     equal for two buckets exactly where dpproxy's cell of them is, and reports the least of the
     cell's buckets, whose cell is the cell's. Without such a key each group is its cell's only
     one, and there is no outer query, whose GROUP BY PostgreSQL may implement with a sort of the
@@ -472,28 +481,35 @@ def _grouped_sql(query: AggregateQuery, parts: list[Part], source: str) -> str:
     """
     groups = query.groups
     joint = query.domain.joint_keys
-    cells = [f"{key.cell_sql()} AS k{i}" for i, key in enumerate(groups)]
-    cells += [f"{groups[i].row_sql()} AS b{i}" for i in sorted(joint)]  # the bucket a joint key's cell is of
-    grouping = [key.row_sql() for key in groups]
+    grouping = [key.group_sql() for key in groups]
+    values = [f"{sql} AS v{i}" for i, sql in enumerate(grouping)]
+    # Each group's cell from its value, once a group (written over the grouping expression again,
+    # PostgreSQL computed it once a row: GroupKey.cell_sql).
+    cells = [f"{key.cell_sql(f'v{i}')} AS k{i}" for i, key in enumerate(groups)]
+    cells += [f"v{i} AS b{i}" for i in sorted(joint)]  # the bucket a joint key's cell is of
     grid = query_grid(query)
     if grid is not None:  # each cell's rows grouped by their grid index too
         index = grid_index(*grid)
-        cells.append(f"{index} AS g")
+        values.append(f"{index} AS g")
         grouping.append(index)
+        cells.append("g")
     present = " AND ".join(f"k{i} IS NOT NULL" for i in range(len(groups)))
     split = split_by_index(query)
-    # OFFSET 0 keeps the filter on the groups: PostgreSQL would push a HAVING (or an outer WHERE)
-    # on grouping expressions down to every row, computing each key twice per row.
-    if not split and not joint and not any(key.kind == "category" for key in groups):
-        # Each group reports a value of its own (an integer, a bucket, a time): it is its cell's
-        # only row, and no outer query (whose GROUP BY PostgreSQL may sort) is needed.
-        totals = [f"{sent(part, part.sql)} AS p{i}" for i, part in enumerate(parts)]
+
+    def grouped(totals: list[str]) -> str:
+        # OFFSET 0 keeps the filter on the groups: PostgreSQL would push a HAVING (or an outer
+        # WHERE) on grouping expressions down to every row, computing each key twice per row.
+        return (f"(SELECT {', '.join([*cells, *(f'p{i}' for i in range(len(parts)))])} FROM "
+                f"(SELECT {', '.join([*values, *totals])} FROM {source} GROUP BY {', '.join(grouping)} OFFSET 0) "
+                f"AS groups) AS cells WHERE {present}")
+
+    if not split and not joint:
+        # Each group reports a value of its own (a cell, a bucket, a time): it is its cell's only
+        # row, and no outer query (whose GROUP BY PostgreSQL may sort) is needed.
         outputs = [*(f"k{i}" for i in range(len(groups))), *(["g"] if grid is not None else []),
                    *(f"p{i}" for i in range(len(parts)))]
-        return (f"SELECT {', '.join(outputs)} FROM (SELECT {', '.join([*cells, *totals])} FROM {source} "
-                f"GROUP BY {', '.join(grouping)} OFFSET 0) AS cells WHERE {present}")
-    inner = (f"(SELECT {', '.join([*cells, *(f'{part.sql} AS p{i}' for i, part in enumerate(parts))])} FROM {source} "
-             f"GROUP BY {', '.join(grouping)} OFFSET 0) AS cells WHERE {present}")
+        return f"SELECT {', '.join(outputs)} FROM " + grouped([f"{sent(part, part.sql)} AS p{i}" for i, part in enumerate(parts)])
+    inner = grouped([f"{part.sql} AS p{i}" for i, part in enumerate(parts)])
     keys = [f"pg_catalog.min(k{i})" if i in joint else f"k{i}" for i in range(len(groups))]
     ids = [part_sql(groups[i].part, f"b{i}") if i in joint else f"k{i}" for i in range(len(groups))]
     if split:

@@ -12,12 +12,14 @@ Timing):
   and then sorted by the value, ~log2(n) comparisons a row, each of which copies both values
   into buffers where the collation is not ``C``: :data:`DISTINCT_WORK` a byte, and
   :data:`COLLATED_DISTINCT_WORK` where the collation's code compares (``ColumnInfo.byte_order``);
-* a categorical GROUP BY key: the value is hashed, copied into its group when it starts one,
-  spilled to disk with it when the groups outgrow ``work_mem``, and each group's value is compared
-  with each declared category to find its cell: :data:`KEY_WORK` a byte (:data:`COLLATED_KEY_WORK`
-  under a nondeterministic collation, which hashes the value's ICU sort key), and
+* a categorical GROUP BY key: each row's value is compared with each declared category to find
+  its cell, which the rows are grouped by (rewriter/sort_memory.py):
   :func:`~rewriter.text_bounds.comparison_work` a byte those comparisons read (:func:`_compared_bytes`:
-  under a deterministic collation the categories' own bytes, PostgreSQL comparing sizes first);
+  under a deterministic collation the categories' own bytes, PostgreSQL comparing sizes first), and
+  :data:`KEY_WORK` a byte (:data:`COLLATED_KEY_WORK` under a nondeterministic collation), what
+  grouping by the raw value first cost (its hash, of the ICU sort key under a nondeterministic
+  collation, its copy into a new group and its spill), kept though the value is no longer hashed:
+  the weights then refuse more than they must, never less;
 * MODE of a categorical column: one count per declared category, each comparing the value with
   that category (``col = 'category'``): :func:`~rewriter.text_bounds.comparison_work` a byte those
   comparisons read, as for a key;

@@ -1,5 +1,6 @@
 """The memory a DP statement's sorts and hash tables may take: enough that no filter tips one into
 spilling, and the refusal of the statements that sort on a table too large for the operator's ceiling.
+A GROUP BY over declared keys is bounded by its cells instead, whatever the table's size.
 
 **Why.** A sort keeps its rows in memory up to ``work_mem`` and, past it, writes them all to
 temporary files and merges them; a hash aggregate spills its groups past ``work_mem`` ×
@@ -28,6 +29,33 @@ row a neighbouring table holds more. The setting is at least the table's ceiling
 setting above that need costs nothing, and the value a client in a transaction block could read
 (``SHOW work_mem``, restored right after the statement, :func:`memory_steps`) is the policy's.
 
+**A GROUP BY over declared keys** (of counts and sums: no ``COUNT(DISTINCT)``, percentile or
+sample and aggregate, which sort rows) groups each row by its cell (``GroupKey.group_sql``: a
+category's number, or the declared category it equals, found by a hashed list; an integer within
+the bounds; a bucket of the declared range), so its groups are at most
+:func:`~rewriter.rewrite.grouped_values` whatever the rows hold, a function of the statement and
+the policy. Before, a category key grouped by the raw value first (mapping each
+group to its cell after), so that a column of distinct values held a group a row: its hash table
+grew with the rows, and every GROUP BY ran under the table's bound and was refused on a table
+past the ceiling, the histograms BI tools draw among them. Nothing rested on the raw value's
+grouping but speed (the CASE once a group rather than once a row): the cells, their answers and
+each row's cell are the same, and the work limit already weighed a key's comparisons with the
+categories once a row (rewriter/single_reads.py). Speed is what it costs: a text key's backend
+SQL takes 1.07 to 1.34 times the raw value's grouping (benchmarks/results.md). The hash table's
+memory is then what those groups take (:func:`hashed_groups_kb`): ``GROUP_BYTES`` a group and
+each part's state, a count's ``COUNT_STATE_BYTES``, a sum's ``SUM_STATE_BYTES``, a ``numeric`` column's exact total's
+``NUMERIC_STATE_BYTES`` (its accumulator spans every digit a clamped value may hold, 34 kB
+measured), besides ``HASH_BASE_BYTES``, twice (a hash aggregate that expects to spill keeps a
+quarter of its memory for its buffers). A hash aggregate checks its memory as it adds a group, so
+the bound holds at every group a filter can add. The statement runs with ``work_mem`` at that,
+``enable_sort`` off and ``enable_hashagg`` on for its transaction: a sorted GroupAggregate would
+sort every row (PostgreSQL chose one under an operator's ``enable_hashagg = off``, and may where it
+estimates groups past ``work_mem``), which only the table's bound covers; with hashing possible for every key's type,
+PostgreSQL then hashes. A bound within the ceiling needs no table bound, and its statement is
+never refused; one above it (tens of thousands of cells) falls back to the table's bound and its
+refusal. The setting is small (a few MB for 1,000 cells), which also keeps the hash table's first
+buckets, sized by the planner's estimate of the groups (a column's distinct values), small.
+
 **What it does not bound.** A protected view's rows are not bounded by its pages (it may join or
 expand its tables): it gets the ceiling, which closes the step only while its rows' sort fits
 in it; such a view whose rows may outgrow it needs ``answer_quantum_ms``.
@@ -47,11 +75,11 @@ from policies.errors import SQLSTATE, Refusal
 from policies.tables import Relation
 
 from .dp_query import AggregateQuery
-from .rewrite import sorts_rows
+from .rewrite import Part, aggregate_parts, grouped_values, sorts_rows
 
-__all__ = ["MIN_ROW_BYTES", "ROW_BYTES", "SLACK_BYTES", "MemorySteps", "memory_steps", "sort_memory_kb_sql",
-           "sort_memory_refusal",
-           "within_sort_memory", "work_mem_setting"]
+__all__ = ["COUNT_STATE_BYTES", "GROUP_BYTES", "HASH_BASE_BYTES", "MIN_ROW_BYTES", "NUMERIC_STATE_BYTES", "ROW_BYTES",
+           "SLACK_BYTES", "SUM_STATE_BYTES", "MemorySteps", "hashed_groups_kb", "memory_steps", "sort_memory_kb_sql",
+           "sort_memory_refusal", "within_sort_memory", "work_mem_setting"]
 
 ROW_BYTES = 256
 """The memory, as PostgreSQL counts it against ``work_mem``, one row may take in one sort or hash
@@ -61,8 +89,26 @@ MIN_ROW_BYTES = 28
 SLACK_BYTES = 32_768
 """A page of the largest block size PostgreSQL allows: the row a neighbouring table holds more may
 add one."""
+HASH_BASE_BYTES = 262_144
+"""What a hash aggregate takes before its groups: its table's first buckets and memory contexts
+(measured at 40 kB with 100 groups)."""
+GROUP_BYTES = 1_024
+"""What one group of a hash aggregate takes besides its parts' states: its entry, bucket and key
+tuple (measured at 123 to 409 bytes a group with one count)."""
+COUNT_STATE_BYTES = 64
+"""A count's state in a group (a by-value ``int8``: measured at 16 to 36 bytes, 600 counts a group)."""
+SUM_STATE_BYTES = 1_024
+"""Another sum's state in a group: of integers (an ``int8``, an ``int128`` accumulator), of grid
+points or of a variance's centred points in ``numeric`` (numbers below 2^107: measured at 170 to
+500 bytes a part)."""
+NUMERIC_STATE_BYTES = 40_960
+"""A ``numeric`` column's exact total in a group: its accumulator holds a digit of every place
+from the highest a clamped value reaches (1.8e308 at most) to the least any value has (16,383
+fraction digits, in a value of a few bytes), twice: measured at 34,069 to 34,478 bytes a group
+with 1e307 and 1e-16383 in each."""
+_HASH_MARGIN = 2  # a hash aggregate's limit can be 3/4 of its memory (its spill buffers' quarter)
 _MAX_WORK_MEM_KB = 2_147_483_647  # PostgreSQL's most, on 64-bit builds
-_SAVED = "dpproxy_internal.work_mem"  # where a block's own work_mem waits while the statement runs
+_SAVED = "dpproxy_internal."  # where a block's own settings wait while the statement runs
 
 
 def sort_memory_kb_sql(oid: int | str, descendants: bool = True) -> str:
@@ -84,9 +130,12 @@ def sort_memory_kb_sql(oid: int | str, descendants: bool = True) -> str:
 def work_mem_setting(oid: int | str, ceiling_mb: int, descendants: bool) -> str:
     """The statement that sets ``work_mem``, for the transaction, to relation ``oid``'s bound (as
     :func:`sort_memory_kb_sql`) and at least ``ceiling_mb``."""
+    return f"SELECT pg_catalog.set_config('work_mem', {_bound_value(oid, ceiling_mb, descendants)}, true)"
+
+
+def _bound_value(oid: int | str, ceiling_mb: int, descendants: bool) -> str:
     bound = sort_memory_kb_sql(oid, descendants)
-    value = f"CAST(GREATEST({ceiling_mb * 1024}, {bound}) AS pg_catalog.text) OPERATOR(pg_catalog.||) 'kB'"
-    return f"SELECT pg_catalog.set_config('work_mem', {value}, true)"
+    return f"CAST(GREATEST({ceiling_mb * 1024}, {bound}) AS pg_catalog.text) OPERATOR(pg_catalog.||) 'kB'"
 
 
 class MemorySteps(NamedTuple):
@@ -98,22 +147,67 @@ class MemorySteps(NamedTuple):
 
 
 def memory_steps(plan: AggregateQuery, in_block: bool) -> MemorySteps | None:
-    """The steps that run ``plan``'s backend SQL with ``work_mem`` at the table's bound (at least its
-    ceiling), or None when its plan neither sorts nor hashes rows (COUNT, SUM, MODE: nothing to set)
-    or the table has ``answer_quantum_ms``.
+    """The steps that run ``plan``'s backend SQL with its sorts and hash tables held in memory, or
+    None when the table has ``answer_quantum_ms`` or the plan neither sorts nor groups rows
+    (COUNT, SUM, MODE: nothing to set).
 
+    A GROUP BY within its :func:`hashed_groups_kb` runs with ``work_mem`` at that bound, hashing
+    (``enable_sort`` off, ``enable_hashagg`` on); any other statement that sorts or groups rows
+    with ``work_mem`` at the table's bound (at least its ceiling, :func:`work_mem_setting`).
     ``set_config(..., true)`` holds until the transaction ends: outside a block that is the
-    pipeline's Sync; in a client's block the value the block had is kept aside and put back by
+    pipeline's Sync; in a client's block the values the block had are kept aside and put back by
     ``restore``, sent right after the statement, so the client never sees another."""
     table = plan.table
-    if table.policy.answer_quantum_ms or not sorts_rows(plan):
-        return None  # a quantum hides the step (docs/threat-model.md), and PostgreSQL's own setting holds
-    setting = work_mem_setting(table.oid, table.policy.max_sort_memory_mb, table.sort_memory_tree)
+    if table.policy.answer_quantum_ms:
+        return None  # a quantum hides the step (docs/threat-model.md), and PostgreSQL's own settings hold
+    grouped = hashed_groups_kb(plan)
+    if grouped is not None:
+        settings = {"work_mem": f"'{grouped}kB'", "enable_sort": "'off'", "enable_hashagg": "'on'"}
+    elif _needs_table_bound(plan):
+        settings = {"work_mem": _bound_value(table.oid, table.policy.max_sort_memory_mb, table.sort_memory_tree)}
+    else:
+        return None
+    setting = "SELECT " + ", ".join(f"pg_catalog.set_config('{name}', {value}, true)" for name, value in settings.items())
     if not in_block:
         return MemorySteps(setting, None)
-    saved = f"SELECT pg_catalog.set_config('{_SAVED}', pg_catalog.current_setting('work_mem'), true) AS saved"
-    return MemorySteps(f"{setting} FROM ({saved}) AS saved",
-                       f"SELECT pg_catalog.set_config('work_mem', pg_catalog.current_setting('{_SAVED}'), true)")
+    saved = ", ".join(f"pg_catalog.set_config('{_SAVED}{name}', pg_catalog.current_setting('{name}'), true) AS {name}"
+                      for name in settings)
+    restore = ", ".join(f"pg_catalog.set_config('{name}', pg_catalog.current_setting('{_SAVED}{name}'), true)"
+                        for name in settings)
+    return MemorySteps(f"{setting} FROM (SELECT {saved}) AS saved", f"SELECT {restore}")
+
+
+def hashed_groups_kb(plan: AggregateQuery) -> int | None:
+    """The memory, in kB, that ``plan``'s hash tables of groups may take, for a GROUP BY that sorts
+    no rows (:func:`~rewriter.rewrite.sorts_rows`) and whose bound is within the table's
+    ceiling; None otherwise (no keys, a plan that sorts rows, or a bound above the ceiling: the
+    table's bound then holds, :func:`work_mem_setting`).
+
+    Its groups are at most :func:`~rewriter.rewrite.grouped_values` whatever the rows hold (each
+    key groups by a row's cell or bucket), each taking at most ``GROUP_BYTES`` and its parts'
+    states (:func:`_state_bytes`), besides ``HASH_BASE_BYTES``; twice that, since a hash
+    aggregate that expects to spill keeps up to a quarter of its memory for its spill buffers and
+    counts its groups against the planner's estimate of their size. Decided by the statement and
+    the policy alone."""
+    if not plan.groups or sorts_rows(plan):
+        return None
+    per_group = GROUP_BYTES + sum(_state_bytes(part) for agg in plan.aggregates for part in aggregate_parts(agg))
+    kb = -(-_HASH_MARGIN * (HASH_BASE_BYTES + grouped_values(plan) * per_group) // 1024)
+    return kb if kb <= plan.table.policy.max_sort_memory_mb * 1024 else None
+
+
+def _state_bytes(part: Part) -> int:
+    """The most one group's state of ``part`` takes: a count's, a numeric column's exact total's,
+    another sum's."""
+    if part.cut is not None:
+        return NUMERIC_STATE_BYTES
+    return COUNT_STATE_BYTES if part.sql.startswith("pg_catalog.count(") else SUM_STATE_BYTES
+
+
+def _needs_table_bound(plan: AggregateQuery) -> bool:
+    """Whether ``plan`` sorts or groups rows in memory no policy bounds: it sorts rows, or it is a
+    GROUP BY whose :func:`hashed_groups_kb` is above the ceiling."""
+    return sorts_rows(plan) or (bool(plan.groups) and hashed_groups_kb(plan) is None)
 
 
 def within_sort_memory(plan: AggregateQuery) -> AggregateQuery:
@@ -131,7 +225,7 @@ def sort_memory_refusal(plan: AggregateQuery) -> Refusal | None:
     ``max_sort_memory_mb``; None otherwise. Decided by the statement, the policy and the table's
     size at load, before any charge."""
     table = plan.table
-    if table.policy.answer_quantum_ms or not sorts_rows(plan) or not _over_ceiling(table):
+    if table.policy.answer_quantum_ms or not _needs_table_bound(plan) or not _over_ceiling(table):
         return None
     needed_mb = -(-table.sort_memory_kb // 1024)
     return Refusal(
@@ -139,10 +233,11 @@ def sort_memory_refusal(plan: AggregateQuery) -> Refusal | None:
         f"a statement that sorts or groups the rows of protected table {table.display_name} would need up to "
         f"{needed_mb:,} MB of memory for its sorts, above the table's max_sort_memory_mb "
         f"({table.policy.max_sort_memory_mb:,}) (rule: sort-memory)",
-        "COUNT(DISTINCT), GROUP BY, percentiles and sample-and-aggregate AVG/MIN/MAX sort or hash every row a "
-        "filter reaches, all in memory so that their time cannot tell a row's presence; an administrator can raise "
-        f"the table's max_sort_memory_mb in the policy to at least {needed_mb:,}, or set answer_quantum_ms on it, and "
-        "reload. COUNT, SUM, sum-and-count AVG and MODE are answered. Nothing was charged.",
+        "COUNT(DISTINCT), percentiles and sample-and-aggregate AVG/MIN/MAX sort or hash every row a filter "
+        "reaches, and a GROUP BY whose cells' sums need more than max_sort_memory_mb holds its groups, all in memory "
+        "so that their time cannot tell a row's presence; an administrator can raise the table's max_sort_memory_mb "
+        f"in the policy to at least {needed_mb:,}, or set answer_quantum_ms on it, and reload. COUNT, SUM, "
+        "sum-and-count AVG, MODE and a GROUP BY of fewer cells or sums are answered. Nothing was charged.",
         "sort-memory",
     )
 

@@ -117,9 +117,9 @@ def test_a_group_bys_numeric_totals_are_summed_per_cell_and_cut_in_the_backend(
                     (Decimal("-3.5"), "z", "2021-04-01"), (Decimal("1.5"), None, "2021-04-02")])
     admin.execute(f"INSERT INTO {_TABLE} VALUES ({_FINE}, 'y', '2021-03-06'), ({_FINE}, 'a', '2021-04-03')")
     plan = plan_aggregate_query(sql, relation)
-    # A category key's cells add their groups up in an outer query; any other key's group is its
-    # cell's only row, cut where it is computed.
-    first = aggregate_parts(plan.aggregates[0])[0].sql if plan.groups[0].kind != "category" else "pg_catalog.sum(p0)"
+    # Each key's group is its cell's only row (a category key groups by the row's cell), cut where
+    # it is computed.
+    first = aggregate_parts(plan.aggregates[0])[0].sql
     assert decided_total(first, policy.total_digits) in backend_sql(plan, seed=3)
     rows = admin.execute(backend_sql(plan, seed=3)).fetchall()
     keys = len(plan.groups)

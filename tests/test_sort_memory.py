@@ -18,6 +18,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -27,7 +28,7 @@ from own_postgres import OwnServer, own_postgres
 from policies.loader import parse_policy
 from proxy.demo.embedded import SERVICE_ROLE
 from rewriter.dp_query import AggregateQuery, plan_aggregate_query
-from rewriter.rewrite import backend_sql, partition_seed
+from rewriter.rewrite import backend_sql, grouped_values, partition_seed
 from policies.tables import Relation
 from rewriter.sort_memory import MIN_ROW_BYTES, ROW_BYTES, SLACK_BYTES, memory_steps, sort_memory_kb_sql
 
@@ -41,9 +42,14 @@ POLICY = ATTACK_POLICY_HEAD.replace("repeats: {{enabled: true}}", "repeats: {{en
     delta: 1.0e-6
 {extra}    columns:
       id: {{bounds: [0, {rows}]}}
-      age: {{bounds: [0, 100]}}
+      age: {{bounds: [0, 100], group_by: true}}
       t: {{categories: [x]}}
       cat: {{categories: [a, b, c], group_by: true}}
+      label: {{categories: [a, b], group_by: true, other: other}}
+      code: {{categories: [c0, c1, c2, c3, c4, c5, c6, c7, c8, c9], group_by: true, other: other}}
+      score: {{bounds: [0, 10], group_by: true}}
+      n: {{bounds: [0, 100]}}
+      ts: {{bounds: ["2024-01-01", "2025-12-31"], group_by: [month]}}
   public.parts:
     access: protected
     epsilon: 1.0
@@ -55,11 +61,23 @@ POLICY = ATTACK_POLICY_HEAD.replace("repeats: {{enabled: true}}", "repeats: {{en
 # Each construct whose backend SQL sorts or hashes the rows a filter reaches.
 SORTING = (
     "SELECT COUNT(DISTINCT t) FROM events WHERE id <= {k}",
-    "SELECT cat, COUNT(*) FROM events WHERE id <= {k} GROUP BY cat",
     "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY age) FROM events WHERE id <= {k}",
     "SELECT MIN(age) FROM events WHERE id <= {k}",
     "SELECT cat, COUNT(DISTINCT t) FROM events WHERE id <= {k} GROUP BY cat",
 )
+# Each GROUP BY of plain aggregates over declared keys (a category's, with other, of ten categories, an
+# integer's, of distinct integers, a month's, a month of the year's buckets): its groups are its cells, whatever values the rows hold.
+GROUPED = (
+    "SELECT cat, COUNT(*) FROM events WHERE id <= {k} GROUP BY cat",
+    "SELECT label, COUNT(*), SUM(age) FROM events WHERE id <= {k} GROUP BY label",
+    "SELECT code, COUNT(*) FROM events WHERE id <= {k} GROUP BY code",  # ten categories: a hashed list
+    "SELECT age, COUNT(*) FROM events WHERE id <= {k} GROUP BY age",
+    "SELECT score, COUNT(*) FROM events WHERE id <= {k} GROUP BY score",  # distinct values, most past the bounds
+    "SELECT date_trunc('month', ts) AS m, COUNT(*) FROM events WHERE id <= {k} GROUP BY 1",
+    "SELECT EXTRACT(MONTH FROM ts) AS m, COUNT(*), SUM(age) FROM events WHERE id <= {k} GROUP BY 1",
+)
+# 101 cells, each with an exact sum of values of 16,383 fraction digits (~34 kB a cell): ~9 MB.
+WIDE_SUMS = "SELECT age, SUM(n) FROM events WHERE id <= {k} GROUP BY age"
 # Filters below, across and far past the 64 kB edge of each (about 500 rows for a sort of these).
 FILTERS = (100, 600, 2_500, ROWS)
 
@@ -68,11 +86,21 @@ FILTERS = (100, 600, 2_500, ROWS)
 def server() -> Iterator[OwnServer]:
     with own_postgres(TEST_DATABASE, "dpproxy-test-sort-memory-") as own:
         with psycopg.connect(own.admin_dsn, autocommit=True) as conn:
-            conn.execute("CREATE TABLE events (id integer, age integer, t text, cat text)")
-            # Distinct values that every row holds (the cat column's raw values are distinct too:
-            # the key groups by them first), in id order: the analyst's filter picks the first k.
-            conn.execute(f"INSERT INTO events SELECT i, i % 100, md5(i::text), "
-                         f"CASE WHEN i % 4 = 0 THEN 'a' ELSE md5(i::text) END FROM generate_series(1, {ROWS}) i")
+            conn.execute("CREATE TABLE events (id integer, age integer, t text, cat text, label text, n numeric, "
+                         "ts timestamp, code text, score integer)")
+            # Distinct values that every row holds (the cat and label columns' raw values are
+            # distinct too: before, a key grouped by them first), in id order: the analyst's filter
+            # picks the first k. Half the n values have 16,383 fraction digits in 7 bytes, which
+            # widen each group's exact sum to ~34 kB; the ages come in runs of 200 rows, so that
+            # each new age's group arrives after the earlier groups' sums have widened (a hash
+            # aggregate checks its memory as it adds a group).
+            conn.execute(f"INSERT INTO events SELECT i, (i - 1) * 100 / {ROWS}, md5(i::text), "
+                         f"CASE WHEN i % 4 = 0 THEN 'a' ELSE md5(i::text) END, "
+                         f"CASE WHEN i % 3 = 0 THEN 'b' ELSE md5(i::text) END, "
+                         f"CASE WHEN i % 2 = 0 THEN CAST('1e-16383' AS numeric) ELSE 99.5 END, "
+                         f"TIMESTAMP '2024-01-01' + i * INTERVAL '50 minutes', "
+                         f"CASE WHEN i % 5 = 0 THEN 'c' || (i % 10) ELSE md5(i::text) END, i "
+                         f"FROM generate_series(1, {ROWS}) i")
             conn.execute("VACUUM ANALYZE events")
             conn.execute("CREATE TABLE parts (id integer, t text) PARTITION BY RANGE (id)")
             conn.execute("CREATE TABLE parts_low PARTITION OF parts FOR VALUES FROM (0) TO (10000)")
@@ -81,6 +109,8 @@ def server() -> Iterator[OwnServer]:
             conn.execute("VACUUM ANALYZE parts")
             conn.execute(f"GRANT SELECT ON events, parts, parts_low, parts_high TO {SERVICE_ROLE}")
             conn.execute(f"ALTER ROLE {SERVICE_ROLE} SET work_mem = '64kB'")
+            # An operator's planner setting that would make a GROUP BY sort its rows.
+            conn.execute(f"ALTER ROLE {SERVICE_ROLE} SET enable_hashagg = off")
             conn.execute(f"ALTER ROLE {SERVICE_ROLE} SET log_temp_files = 0")
             conn.execute(f"ALTER ROLE {SERVICE_ROLE} SET log_min_error_statement = log")
             conn.execute("ALTER SYSTEM SET log_line_prefix = '%m [%p] %a: '")
@@ -137,7 +167,7 @@ def test_the_detector_sees_a_sort_past_64_kb(server: OwnServer) -> None:
     assert found
 
 
-@pytest.mark.parametrize("sql", SORTING)
+@pytest.mark.parametrize("sql", SORTING + GROUPED + (WIDE_SUMS,))
 def test_no_filter_tips_a_dp_statements_sort_into_spilling(proxy: RunningProxy, server: OwnServer, sql: str) -> None:
     with temporary_files(server) as found, _connect(proxy) as conn:
         for k in FILTERS:
@@ -150,12 +180,69 @@ def test_in_a_block_the_statement_sorts_in_memory_and_the_blocks_work_mem_is_giv
 ) -> None:
     with temporary_files(server) as found, _connect(proxy, autocommit=False) as conn:
         for k in FILTERS:
-            assert conn.execute(SORTING[1].format(k=k)).fetchall()
-            assert conn.execute("SHOW work_mem").fetchone() == ("64kB",)
+            for sql in (SORTING[0], GROUPED[0]):
+                assert conn.execute(sql.format(k=k)).fetchall()
+                assert _block_settings(conn) == ("64kB", "on", "off")
         conn.commit()
-        assert conn.execute("SHOW work_mem").fetchone() == ("64kB",)
+        assert _block_settings(conn) == ("64kB", "on", "off")
         conn.rollback()
     assert found == []
+
+
+def _block_settings(conn: psycopg.Connection) -> tuple[str, ...]:
+    """The session's work_mem, enable_sort and enable_hashagg, as a client reads them."""
+    return tuple(str(conn.execute(f"SHOW {name}").fetchone()[0]) for name in ("work_mem", "enable_sort", "enable_hashagg"))
+
+
+def test_a_group_by_on_a_table_above_the_ceiling_is_answered_within_its_cells_memory(
+    server: OwnServer, tmp_path: Path
+) -> None:
+    """The table's bound (~20 MB) is above a ceiling of 1 MB, yet a GROUP BY of counts and integer
+    sums over declared keys is answered and charged, its groups' hash within 64 kB's role default
+    raised to its cells' bound (under 1 MB), whatever the filter: no temporary file. Before, it was
+    refused (54000), its groups sized by the rows' raw values. A GROUP BY whose cells' exact
+    numeric sums need more than the ceiling (~9 MB here) is still refused, uncharged."""
+    running = _proxy(server, tmp_path, extra="    max_sort_memory_mb: 1\n")
+    try:
+        with temporary_files(server) as found, _connect(running) as conn:
+            for sql in GROUPED:
+                for k in FILTERS:
+                    spent = spent_epsilon(conn)
+                    assert conn.execute(sql.format(k=k)).fetchall()
+                    assert spent_epsilon(conn) > spent
+        assert found == []
+        refused = refused_uncharged(running, WIDE_SUMS.format(k=600))
+        assert refused.sqlstate == "54000" and "(rule: sort-memory)" in str(refused), refused
+    finally:
+        running.stop()
+
+
+@pytest.mark.parametrize("sql", GROUPED + (WIDE_SUMS,))
+def test_a_group_by_hashes_its_cells_and_never_sorts_rows(proxy: RunningProxy, server: OwnServer, sql: str) -> None:
+    """The backend SQL, after its setting step, as the service role under the operator's
+    ``enable_hashagg = off`` and 64 kB (the role's): PostgreSQL hashes, every aggregate node holds at most the
+    cells' groups (a category key groups by the row's cell, not its ~15,000 raw values) and no
+    node sorts or spills."""
+    plan = _plan(proxy, sql.format(k=ROWS))
+    steps = memory_steps(plan, in_block=False)
+    assert steps is not None and steps.restore is None
+    with psycopg.connect(server.service_dsn) as conn:
+        assert conn.execute("SHOW enable_hashagg").fetchone() == ("off",)
+        conn.execute(steps.setting)
+        (explained,) = conn.execute(
+            f"EXPLAIN (ANALYZE, FORMAT JSON) {backend_sql(plan, seed=partition_seed())}").fetchone()
+    nodes = list(_nodes(explained[0]["Plan"]))
+    aggregates = [node for node in nodes if node["Node Type"] == "Aggregate"]
+    assert aggregates and all(node["Strategy"] == "Hashed" for node in aggregates), aggregates
+    assert not [node for node in nodes if "Sort" in node["Node Type"]]
+    assert max(node["Actual Rows"] for node in aggregates) <= grouped_values(plan)
+    assert all(node.get("HashAgg Batches", 1) == 1 and not node.get("Disk Usage") for node in aggregates)
+
+
+def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", []):
+        yield from _nodes(child)
 
 
 NOT_SORTING = (
@@ -206,7 +293,7 @@ def test_a_statement_that_sorts_nothing_gets_no_setting_step(proxy: RunningProxy
         assert conn.execute(sql).fetchall()
 
 
-@pytest.mark.parametrize("sql", SORTING)
+@pytest.mark.parametrize("sql", SORTING + GROUPED)
 def test_every_statement_that_sorts_or_groups_gets_the_setting_step(proxy: RunningProxy, sql: str) -> None:
     plan = _plan(proxy, sql.format(k=600))
     assert re.search(r"GROUP BY|ORDER BY|DISTINCT", backend_sql(plan, seed=partition_seed()))
