@@ -335,15 +335,41 @@ def _composed(node: Any, keys: Sequence[Canon], released: Sequence[Canon], named
 
 def _range_stripped(key: Canon) -> Canon:
     """A backend key without the test around it: ``CASE WHEN <range> THEN key END`` (a time or bin
-    key's range) or ``CASE WHEN <NaN> THEN NULL ELSE key END`` (a numeric bin's NaN)."""
+    key's range) or ``CASE WHEN <NaN> THEN NULL ELSE key END`` (a numeric bin's NaN); a category
+    key's cell, ``CASE WHEN col = 'a' THEN 0 WHEN col = 'b' THEN 1 [ELSE 2] END`` (the backend
+    groups each row by its cell), read as ``col``: it groups the declared categories apart as
+    ``col`` does, and the cells' labels are compared on their own (:func:`label_divergences`)."""
     if isinstance(key, tuple) and key[:1] == ("CaseExpr",):
         fields = dict(key[1])
         whens = fields.get("args", ())
+        cell_column = _numbered_column(whens, fields.get("defresult"))
+        if cell_column is not None:
+            return cell_column
         if len(whens) == 1 and "defresult" not in fields:
             return _range_stripped(dict(whens[0][1])["result"])
         if len(whens) == 1 and dict(whens[0][1])["result"] == ("null",):
             return _range_stripped(fields["defresult"])
+    if isinstance(key, tuple) and key[:2] == ("cast", "int8"):
+        # a floor bin's index, grouped as an int8 within the bins' range: the same whole number
+        inner = _range_stripped(key[2])
+        if inner[:2] == ("call", "floor"):
+            return inner
     return key
+
+
+def _numbered_column(whens: Sequence[Canon], other: Canon | None) -> Canon | None:
+    """``("column", col)`` where ``whens`` (a CASE's, canonical) number the strings ``col`` equals,
+    each a number of its own (and ``other``, an ELSE, another number); else None."""
+    tests = [dict(when[1]) for when in whens]
+    if not tests or not all(test["expr"][:3] == ("expr", "AEXPR_OP", "=") and test["expr"][3][:1] == ("column",)
+                            and test["expr"][4][:1] == ("string",) and test["result"][:1] == ("number",)
+                            for test in tests):
+        return None
+    numbers = [test["result"] for test in tests] + ([other] if other is not None else [])
+    columns = {test["expr"][3] for test in tests}
+    if len(columns) != 1 or len(set(numbers)) != len(numbers) or (other is not None and other[:1] != ("number",)):
+        return None
+    return columns.pop()
 
 
 def _released_key(key: Canon) -> Canon:
@@ -511,19 +537,19 @@ def label_divergences(backend: str, labels: Sequence[Labelled | None], printed: 
     cell i must be released as the i-th label (the ELSE's as the last, the policy's ``other``, which
     dpproxy adds on purpose: PostgreSQL has no such row)."""
     found = []
-    cells = {target["name"]: target["val"]["CaseExpr"] for target in nodes_of(tree_of(backend), "ResTarget")
-             if (target.get("name") or "").startswith("k") and "CaseExpr" in target.get("val", {})}
+    targets = {target["name"]: target["val"] for target in nodes_of(tree_of(backend), "ResTarget")
+               if target.get("name") and "val" in target}
     for index, key in enumerate(labels):
-        case = cells.get(f"k{index}")
         if key is None:
             continue
+        case, compared = _cell_case(targets, index, key.column)
         if case is None:
             found.append(Divergence("category key", f"k{index} (no CASE numbers its cells)"))
             continue
         numbered = {}
         for when in case.get("args", []):
             test, cell = canonical(when["CaseWhen"]["expr"]), canonical(when["CaseWhen"]["result"])
-            if test[:3] != ("expr", "AEXPR_OP", "=") or test[3] != ("column", key.column) or test[4][:1] != ("string",) \
+            if test[:3] != ("expr", "AEXPR_OP", "=") or test[3] != ("column", compared) or test[4][:1] != ("string",) \
                     or cell[:1] != ("number",):
                 found.append(Divergence("category key", f"k{index}: {test!r} -> {cell!r}"))
                 continue
@@ -533,6 +559,22 @@ def label_divergences(backend: str, labels: Sequence[Labelled | None], printed: 
         if numbered != dict(enumerate(key.labels)):
             found.append(Divergence("category key", f"k{index}: cells {numbered!r}, released as {key.labels!r}"))
     return found
+
+
+def _cell_case(targets: dict[str, dict[str, Any]], index: int, column: str) -> tuple[dict[str, Any] | None, str]:
+    """The CASE that numbers key ``index``'s cells, and the column its tests compare: ``kN`` itself
+    (tests on ``column``); or, where the backend groups each row by its cell (``group_sql``),
+    ``kN`` is the group's ``vN`` and the CASE is ``vN``'s, on ``column``; or, for a long list of
+    categories, ``kN`` numbers ``vN``, the row's value where it equals a category (a CASE over
+    ``column``), by comparing ``vN``."""
+    cell, group = targets.get(f"k{index}", {}), targets.get(f"v{index}", {})
+    if "CaseExpr" in cell:
+        on_group = "CaseExpr" in group and any(
+            canonical(ref) == ("column", column) for ref in nodes_of(group, "ColumnRef"))
+        return cell["CaseExpr"], f"v{index}" if on_group else column
+    if "ColumnRef" in cell and canonical(cell) == ("column", f"v{index}") and "CaseExpr" in group:
+        return group["CaseExpr"], column
+    return None, column
 
 
 def mode_divergences(backend: str, modes: Sequence[Labelled], printed: Printed | None = None) -> list[Divergence]:
