@@ -14,7 +14,7 @@ Found and fixed, pinned here:
   states: three keys of 1,400-byte categories (a policy with ``max_text_bytes`` raised for long
   labels) took 8 kB a group, so the hash aggregate spilled to disk once ~600 of the 729 groups were
   present, and which group opened at that edge was the analyst's filter's choice: the row that
-  opened it was the one that tipped the spill (benchmarks/hashed_key_bytes.py). A group now weighs
+  opened it was the one that tipped the spill (benchmarks/hash_group_limit.py). A group now weighs
   twice the bytes its keys' values hold (``KEY_ROUNDING``, ``GroupKey.held_bytes``).
 """
 
@@ -107,3 +107,56 @@ def test_a_group_by_of_long_hashed_categories_is_answered(labels_proxy: RunningP
     with labels_proxy.connect() as conn:
         rows = conn.execute(_GROUPED.format(k=_ROWS)).fetchall()
     assert len(rows) == 9 ** len(_KEYS)
+
+
+_WIDE_POLICY = ATTACK_POLICY_HEAD + """
+  public.wide_filter:
+    access: protected
+    epsilon: 1.0
+    columns:
+      x: {{bounds: [0, 999], group_by: true}}
+      u: {{categories: [a, b]}}
+"""
+_WIDE = ("SELECT x, count(*) FILTER (WHERE u = 'a') FROM wide_filter WHERE x <= {k} GROUP BY x",
+         "SELECT x, mode() WITHIN GROUP (ORDER BY u) FROM wide_filter WHERE x <= {k} GROUP BY x")
+
+
+@pytest.fixture(scope="module")
+def wide_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute("DROP TABLE IF EXISTS wide_filter")
+        # One row a cell, each with a 7,000-byte u stored in its row (read as NULL: past max_text_bytes),
+        # so that the statistics' average width of u is 7,004 bytes.
+        admin.execute("CREATE TABLE wide_filter (x integer, u text STORAGE PLAIN)")
+        admin.execute("INSERT INTO wide_filter SELECT i, repeat('u', 7000) FROM generate_series(0, 999) i")
+        admin.execute("VACUUM ANALYZE wide_filter")
+        admin.execute("GRANT SELECT ON wide_filter TO dpproxy_service")
+        try:
+            with running_proxy(test_db, tmp_path_factory, _WIDE_POLICY) as running:
+                yield running
+        finally:
+            admin.execute("DROP TABLE wide_filter")
+
+
+@pytest.mark.parametrize("sql", _WIDE)
+@pytest.mark.parametrize("k", [100, 500, 999])
+def test_groups_whose_filter_reads_a_wide_column_stay_in_memory_at_every_filter(
+        wide_proxy: RunningProxy, test_db: TestDatabase, sql: str, k: int) -> None:
+    """A hash aggregate admits ``work_mem`` × ``hash_mem_multiplier`` / ``hashentrysize`` groups
+    before it spills, ``hashentrysize`` the planner's estimate of an entry, which counts the average
+    width the statistics give each column its input reads (here u, read by the FILTER or MODE's
+    comparisons: 7,004 bytes), however little the groups take. Before, ~385 of the 1,000 groups were
+    admitted (``Planned Partitions`` 4, 3.9 MB written at 109 kB of memory), so the row that opened
+    a group past them was told by the spill; now no filter spills."""
+    plan = plan_aggregate_query(sql.format(k=k), _relation(wide_proxy, "wide_filter"))
+    steps = memory_steps(plan, in_block=False)
+    assert steps is not None
+    with psycopg.connect(test_db.service_dsn) as conn:
+        conn.execute("SET hash_mem_multiplier = 1")
+        conn.execute(steps.setting)
+        (explained,) = conn.execute(
+            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {backend_sql(plan, seed=partition_seed())}").fetchone()
+    aggregates = list(_aggregates(explained[0]["Plan"]))
+    assert aggregates and all(node["Strategy"] == "Hashed" for node in aggregates)
+    assert all(node.get("HashAgg Batches", 1) == 1 and not node.get("Disk Usage") for node in aggregates), aggregates
+    assert not explained[0]["Plan"].get("Temp Written Blocks"), explained

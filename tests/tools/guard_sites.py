@@ -685,6 +685,7 @@ SITES: tuple[Site, ...] = (
          "        return SUM_STATE_BYTES\n", "sort-memory"),
     Site("sort.hashed-key-bytes", "rewriter/sort_memory.py", "sum(KEY_ROUNDING * key.held_bytes for key in plan.groups)",
          "0", "stop46"),
+    Site("sort.estimated-input-width", "rewriter/sort_memory.py", " + _input_bytes(plan)\n", "\n", "stop46"),
     Site("keys.grouped-by-category", _G,
          'return f"CASE WHEN ({row} OPERATOR(pg_catalog.=) ANY (ARRAY[{array}])) THEN {row} END"', "return row",
          "sort-memory"),
