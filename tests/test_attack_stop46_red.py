@@ -21,17 +21,17 @@ Found and fixed, pinned here:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 import pytest
 
-from policies.tables import Relation
 from rewriter.dp_query import plan_aggregate_query
 from rewriter.rewrite import backend_sql, grouped_values, partition_seed
 from rewriter.sort_memory import memory_steps
-from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, running_proxy
+from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, dropped_around, running_proxy
 
 _LABEL_BYTES = 1_400
 _CATEGORIES = [f"{i}" + "x" * (_LABEL_BYTES - 1) for i in range(9)]  # nine: each key hashed by its category
@@ -48,30 +48,55 @@ _GROUPED = f"SELECT {', '.join(_KEYS)}, count(*) FROM long_labels WHERE id <= {{
 _ROWS = 2 * 9 ** len(_KEYS)  # two rows of every combination of categories, in id order
 
 
+@contextmanager
+def _behind_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, table: str, ddl: str,
+                  fill: Callable[[psycopg.Connection], None], policy: str) -> Iterator[RunningProxy]:
+    """Table ``table`` made by ``ddl`` and ``fill``ed, analysed and readable by the service role, behind a
+    dpproxy under ``policy``; dropped on exit."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as connection, dropped_around(connection, table) as admin:
+        admin.execute(f"CREATE TABLE {table} {ddl}")
+        fill(admin)
+        admin.execute(f"VACUUM ANALYZE {table}")
+        admin.execute(f"GRANT SELECT ON {table} TO dpproxy_service")
+        with running_proxy(test_db, tmp_path_factory, policy) as running:
+            yield running
+
+
+def _fill_labels(admin: psycopg.Connection) -> None:
+    rows = [(2 * group + copy + 1, *(_CATEGORIES[i] for i in combination))
+            for group, combination in enumerate(itertools.product(range(9), repeat=len(_KEYS)))
+            for copy in range(2)]
+    with admin.cursor() as cursor:
+        cursor.executemany(f"INSERT INTO long_labels VALUES (%s, {', '.join(['%s'] * len(_KEYS))})", rows)
+
+
 @pytest.fixture(scope="module")
 def labels_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
-    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
-        admin.execute("DROP TABLE IF EXISTS long_labels")
-        # STORAGE PLAIN: each label in its row uncompressed, which a value read must be.
-        admin.execute(f"CREATE TABLE long_labels (id integer, "
-                      f"{', '.join(f'{key} text STORAGE PLAIN' for key in _KEYS)})")
-        rows = [(2 * group + copy + 1, *(_CATEGORIES[i] for i in combination))
-                for group, combination in enumerate(itertools.product(range(9), repeat=len(_KEYS)))
-                for copy in range(2)]
-        with admin.cursor() as cursor:
-            cursor.executemany(f"INSERT INTO long_labels VALUES (%s, {', '.join(['%s'] * len(_KEYS))})", rows)
-        admin.execute("VACUUM ANALYZE long_labels")
-        admin.execute("GRANT SELECT ON long_labels TO dpproxy_service")
-        try:
-            with running_proxy(test_db, tmp_path_factory, _POLICY) as running:
-                yield running
-        finally:
-            admin.execute("DROP TABLE long_labels")
+    # STORAGE PLAIN: each label in its row uncompressed, which a value read must be.
+    ddl = f"(id integer, {', '.join(f'{key} text STORAGE PLAIN' for key in _KEYS)})"
+    with _behind_proxy(test_db, tmp_path_factory, "long_labels", ddl, _fill_labels, _POLICY) as running:
+        yield running
 
 
-def _relation(proxy: RunningProxy, name: str) -> Relation:
-    (table,) = (relation for relation in proxy.server.registry.by_oid.values() if relation.name == name)
-    return table
+def _hashed_in_memory(proxy: RunningProxy, test_db: TestDatabase, table: str, sql: str) -> list[dict[str, Any]]:
+    """The aggregate nodes of ``sql``'s backend SQL on ``table``, run after dpproxy's setting step as the
+    service role under the least ``hash_mem_multiplier`` an operator may set, after checking that each
+    hashed within its memory: no batch but the first, nothing written to disk."""
+    (relation,) = (found for found in proxy.server.registry.by_oid.values() if found.name == table)
+    plan = plan_aggregate_query(sql, relation)
+    steps = memory_steps(plan, in_block=False)
+    assert steps is not None
+    with psycopg.connect(test_db.service_dsn) as conn:
+        conn.execute("SET hash_mem_multiplier = 1")
+        conn.execute(steps.setting)
+        (explained,) = conn.execute(
+            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {backend_sql(plan, seed=partition_seed())}").fetchone()
+    aggregates = list(_aggregates(explained[0]["Plan"]))
+    assert aggregates and all(node["Strategy"] == "Hashed" for node in aggregates), aggregates
+    assert all(node["Actual Rows"] <= grouped_values(plan) for node in aggregates), aggregates
+    assert all(node.get("HashAgg Batches", 1) == 1 and not node.get("Disk Usage") for node in aggregates), aggregates
+    assert not explained[0]["Plan"].get("Temp Written Blocks"), explained
+    return aggregates
 
 
 def _aggregates(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -84,23 +109,11 @@ def _aggregates(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
 @pytest.mark.parametrize("k", [2, _ROWS // 2, _ROWS * 5 // 6, _ROWS])
 def test_groups_keyed_by_long_hashed_categories_stay_in_memory_at_every_filter(
         labels_proxy: RunningProxy, test_db: TestDatabase, k: int) -> None:
-    """The backend SQL after dpproxy's setting step, as the service role under the least
-    ``hash_mem_multiplier`` an operator may set: one hash, no temporary file, at a filter holding
-    one group, half, five sixths (past the old edge) and all 729. Before, from ~600 groups the hash
-    aggregate spilled (``HashAgg Batches`` 5, 1.6 MB written), so the row that opened the group at
-    the edge was told by the spill."""
-    plan = plan_aggregate_query(_GROUPED.format(k=k), _relation(labels_proxy, "long_labels"))
-    steps = memory_steps(plan, in_block=False)
-    assert steps is not None
-    with psycopg.connect(test_db.service_dsn) as conn:
-        conn.execute("SET hash_mem_multiplier = 1")
-        conn.execute(steps.setting)
-        (explained,) = conn.execute(
-            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {backend_sql(plan, seed=partition_seed())}").fetchone()
-    (aggregate,) = _aggregates(explained[0]["Plan"])
-    assert aggregate["Strategy"] == "Hashed" and aggregate["Actual Rows"] <= grouped_values(plan)
-    assert aggregate.get("HashAgg Batches", 1) == 1 and not aggregate.get("Disk Usage"), aggregate
-    assert not explained[0]["Plan"].get("Temp Written Blocks"), explained
+    """One hash, no temporary file, at a filter holding one group, half, five sixths and all 729.
+    Before, from ~600 groups (365 at ``hash_mem_multiplier`` 1) the hash aggregate spilled
+    (``HashAgg Batches`` 5, 1.6 MB written), so the row that opened the group at the edge was told
+    by the spill."""
+    assert len(_hashed_in_memory(labels_proxy, test_db, "long_labels", _GROUPED.format(k=k))) == 1
 
 
 def test_a_group_by_of_long_hashed_categories_is_answered(labels_proxy: RunningProxy) -> None:
@@ -121,21 +134,17 @@ _WIDE = ("SELECT x, count(*) FILTER (WHERE u = 'a') FROM wide_filter WHERE x <= 
          "SELECT x, mode() WITHIN GROUP (ORDER BY u) FROM wide_filter WHERE x <= {k} GROUP BY x")
 
 
+def _fill_wide(admin: psycopg.Connection) -> None:
+    # One row a cell, each with a 7,000-byte u stored in its row (read as NULL: past max_text_bytes),
+    # so that the statistics' average width of u is 7,004 bytes.
+    admin.execute("INSERT INTO wide_filter SELECT i, repeat('u', 7000) FROM generate_series(0, 999) i")
+
+
 @pytest.fixture(scope="module")
 def wide_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
-    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
-        admin.execute("DROP TABLE IF EXISTS wide_filter")
-        # One row a cell, each with a 7,000-byte u stored in its row (read as NULL: past max_text_bytes),
-        # so that the statistics' average width of u is 7,004 bytes.
-        admin.execute("CREATE TABLE wide_filter (x integer, u text STORAGE PLAIN)")
-        admin.execute("INSERT INTO wide_filter SELECT i, repeat('u', 7000) FROM generate_series(0, 999) i")
-        admin.execute("VACUUM ANALYZE wide_filter")
-        admin.execute("GRANT SELECT ON wide_filter TO dpproxy_service")
-        try:
-            with running_proxy(test_db, tmp_path_factory, _WIDE_POLICY) as running:
-                yield running
-        finally:
-            admin.execute("DROP TABLE wide_filter")
+    with _behind_proxy(test_db, tmp_path_factory, "wide_filter", "(x integer, u text STORAGE PLAIN)", _fill_wide,
+                       _WIDE_POLICY) as running:
+        yield running
 
 
 @pytest.mark.parametrize("sql", _WIDE)
@@ -146,17 +155,6 @@ def test_groups_whose_filter_reads_a_wide_column_stay_in_memory_at_every_filter(
     before it spills, ``hashentrysize`` the planner's estimate of an entry, which counts the average
     width the statistics give each column its input reads (here u, read by the FILTER or MODE's
     comparisons: 7,004 bytes), however little the groups take. Before, ~385 of the 1,000 groups were
-    admitted (``Planned Partitions`` 4, 3.9 MB written at 109 kB of memory), so the row that opened
-    a group past them was told by the spill; now no filter spills."""
-    plan = plan_aggregate_query(sql.format(k=k), _relation(wide_proxy, "wide_filter"))
-    steps = memory_steps(plan, in_block=False)
-    assert steps is not None
-    with psycopg.connect(test_db.service_dsn) as conn:
-        conn.execute("SET hash_mem_multiplier = 1")
-        conn.execute(steps.setting)
-        (explained,) = conn.execute(
-            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {backend_sql(plan, seed=partition_seed())}").fetchone()
-    aggregates = list(_aggregates(explained[0]["Plan"]))
-    assert aggregates and all(node["Strategy"] == "Hashed" for node in aggregates)
-    assert all(node.get("HashAgg Batches", 1) == 1 and not node.get("Disk Usage") for node in aggregates), aggregates
-    assert not explained[0]["Plan"].get("Temp Written Blocks"), explained
+    admitted (``Planned Partitions`` 4, 3.9 MB written at 109 kB of memory): 500 and 999 cells
+    spilled, 100 did not, so the row that opened a group past the edge was told by the spill."""
+    _hashed_in_memory(wide_proxy, test_db, "wide_filter", sql.format(k=k))
