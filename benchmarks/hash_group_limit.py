@@ -142,7 +142,7 @@ def main() -> None:
         setting, sql = _statement(relation, statement)
         print(setting)
         if not _spills(conn, setting, sql, rows):
-            print(f"no spill at any filter (all {rows} rows, {rows // 2} groups): no edge")
+            print(f"no spill at any filter (up to all {rows} rows): no edge")
             return
         low, high = 0, rows  # low does not spill, high does
         while high - low > 1:
