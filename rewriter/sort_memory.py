@@ -49,7 +49,7 @@ of 1,400-byte categories spilled past ~600 groups, tests/test_attack_stop46_red.
 planner may estimate the columns its aggregates read to take in a group's entry (:func:`_input_bytes`:
 a hash aggregate admits only ``work_mem`` × ``hash_mem_multiplier`` over that estimate groups before it
 spills, however little they take, and the estimate is the statistics' average width, so a FILTER on a
-column of 7,000-byte values spilled 1,000 groups of counts from ~385, at 109 kB) and
+column of 7,000-byte values spilled 1,000 groups of counts from the 383rd, at 109 kB) and
 each part's state, a count's ``COUNT_STATE_BYTES``, a sum's ``SUM_STATE_BYTES``, a ``numeric`` column's exact total's
 ``NUMERIC_STATE_BYTES`` (its accumulator spans every digit a clamped value may hold, 34 kB
 measured), besides ``HASH_BASE_BYTES``, twice (a hash aggregate that expects to spill keeps a

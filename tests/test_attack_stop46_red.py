@@ -21,7 +21,7 @@ Found and fixed, pinned here:
   little they take, and ``hashentrysize`` counts the statistics' average width of every column the
   aggregates and their FILTERs read (a MODE's comparisons too). Over a text column of 7,000-byte values
   stored in their rows (read as NULL, past the bound), a MODE or FILTER per cell of 1,000 spilled
-  from the 766th group at the default multiplier (385th at 1), with ~110 kB in use: the row opening
+  from the 766th group at the default multiplier (383rd at 1), with ~110 kB in use: the row opening
   the group at the edge added +0.29 to +0.40 ms to ~1 ms (benchmarks/results.md). A group now weighs,
   for the columns its aggregates read, a heap tuple of the largest block size unless all are numbers,
   booleans or times (``rewriter.sort_memory._input_bytes``).
@@ -192,7 +192,7 @@ def test_groups_whose_filter_reads_a_wide_column_stay_in_memory_at_every_filter(
     """A hash aggregate admits ``work_mem`` × ``hash_mem_multiplier`` / ``hashentrysize`` groups
     before it spills, ``hashentrysize`` the planner's estimate of an entry, which counts the average
     width the statistics give each column its input reads (here u, read by the FILTER or MODE's
-    comparisons: 7,004 bytes), however little the groups take. Before, ~385 of the 1,000 groups were
+    comparisons: 7,004 bytes), however little the groups take. Before, 382 of the 1,000 groups were
     admitted (``Planned Partitions`` 4, 3.9 MB written at 109 kB of memory): 500 and 999 cells
     spilled, 100 did not, so the row that opened a group past the edge was told by the spill."""
     _hashed_in_memory(wide_proxy, test_db, "wide_filter", sql.format(k=k))
