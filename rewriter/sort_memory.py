@@ -49,7 +49,8 @@ of 1,400-byte categories spilled past ~600 groups, tests/test_attack_stop46_red.
 planner may estimate the columns its aggregates read to take in a group's entry (:func:`_input_bytes`:
 a hash aggregate admits only ``work_mem`` × ``hash_mem_multiplier`` over that estimate groups before it
 spills, however little they take, and the estimate is the statistics' average width, so a FILTER on a
-column of 7,000-byte values spilled 1,000 groups of counts from the 383rd, at 109 kB) and
+column of 7,000-byte values spilled 1,000 groups of counts from the 383rd, at 109 kB; a heap tuple
+for each column other than a number or a time) and
 each part's state, a count's ``COUNT_STATE_BYTES``, a sum's ``SUM_STATE_BYTES``, a ``numeric`` column's exact total's
 ``NUMERIC_STATE_BYTES`` (its accumulator spans every digit a clamped value may hold, 34 kB
 measured), besides ``HASH_BASE_BYTES``, twice (a hash aggregate that expects to spill keeps a
@@ -223,15 +224,14 @@ def _input_bytes(plan: AggregateQuery) -> int:
     in a group's entry (its ``hashentrysize``, of which the hash aggregate allows only ``work_mem``
     × ``hash_mem_multiplier`` / ``hashentrysize`` groups before it spills, however little they
     take): eight bytes a column of :data:`FIXED_WIDTHS`; for any other, its statistics' average
-    stored width, at most a heap tuple's (``SLACK_BYTES``, a page of the largest block size, for
-    them all), or without statistics its type's estimate (a ``char(n)``'s n characters of four
-    bytes). Both are the rows' or the schema's, never a filter's: weighed at their most, no filter
-    tips the count of groups past that limit."""
+    stored width, which is of the rows that hold a value (NULLs left out, so two columns each set
+    where the other is NULL average a tuple each) and at most a heap tuple's (``SLACK_BYTES``, a
+    page of the largest block size), or without statistics its type's estimate (a ``char(n)``'s n
+    characters of four bytes). Both are the rows' or the schema's, never a filter's: weighed at
+    their most, no filter tips the count of groups past that limit."""
     columns = [plan.table.columns[name] for name in used_columns(plan)]
-    fixed = [column for column in columns if column.value_type[0] in FIXED_WIDTHS]
-    if len(fixed) == len(columns):
-        return 8 * len(columns)
-    return 8 * len(fixed) + SLACK_BYTES + sum(_char_estimate(column) for column in columns)
+    return sum(8 if column.value_type[0] in FIXED_WIDTHS else max(SLACK_BYTES, _char_estimate(column))
+               for column in columns)
 
 
 def _char_estimate(column: ColumnInfo) -> int:
