@@ -262,6 +262,18 @@ class GroupKey:
             return self.count + 3
         return self.size + 1
 
+    @property
+    def held_bytes(self) -> int:
+        """The most bytes a group's value of :meth:`group_sql` holds in the group's key beyond a
+        fixed-width value's: a hashed category key's group is the row's value itself, as long as
+        the longest declared category (and its 4-byte length word); 0 for any other key, whose
+        group is a number or a time."""
+        if self.kind != "category" or not self._hashed_category:
+            return 0
+        policy = self.column.policy
+        assert policy is not None and policy.categories is not None
+        return 4 + max(len(category.encode("utf-8")) for category in policy.categories)
+
     def row_sql(self) -> str:
         """The per-row expression the backend groups by; it cannot raise on any value."""
         name = quote_identifier(self.column.name)

@@ -141,7 +141,7 @@ __all__ = [
     "decided_total", "filtered", "grid_index", "grouped_values",
     "hashable", "hashed_columns", "literal", "quantile_grid", "query_grid",
     "partition_key", "partition_seed", "partition_values", "per_partition", "row_hash_key", "seeded", "sent", "shuffled_source", "sorts_rows",
-    "split_cells", "split_row",
+    "split_cells", "split_row", "used_columns",
 ]
 
 _SEED_MAX = (1 << 63) - 1  # seeds are non-negative bigints; also the mask that clears the hash's sign bit
@@ -370,7 +370,7 @@ def _backend_sql(query: AggregateQuery, seed: int, source: str) -> str:
     inner = ", ".join(f"{part.sql} AS p{i}" for i, part in enumerate(parts))
     outer = ", ".join(sent(part, f"pg_catalog.sum(p{i})") if part.additive else collected(f"p{i}")
                       for i, part in enumerate(parts))
-    used = _used_columns(query)
+    used = used_columns(query)
     key, fence = (quote_identifier(_unused_name(query.table, name)) for name in ("partition", "fence"))
     rows = ", ".join([
         *map(quote_identifier, used),
@@ -403,7 +403,7 @@ def grouped_values(query: AggregateQuery) -> int:
     return math.prod(key.grouped_values for key in query.groups)
 
 
-def _used_columns(query: AggregateQuery) -> list[str]:
+def used_columns(query: AggregateQuery) -> list[str]:
     """The columns the aggregates and their FILTERs read, in order, each once."""
     return list(dict.fromkeys(name for agg in query.aggregates
                               for name in ((agg.column.name,) if agg.column is not None else ()) + agg.filter_columns))
@@ -440,7 +440,7 @@ def shuffled_source(query: AggregateQuery, source: str) -> str:
     adds below it, as it does for the limits on a statement's terms (rewriter/predicate_terms.py),
     so an operator who wants ``COUNT(DISTINCT)`` at PostgreSQL's own pace on a large table has it.
     """
-    columns = dict.fromkeys([*_used_columns(query), *(key.column.name for key in query.groups)])
+    columns = dict.fromkeys([*used_columns(query), *(key.column.name for key in query.groups)])
     selected = ", ".join(map(quote_identifier, columns)) or "1"
     return (f"(SELECT {selected} FROM {source} ORDER BY pg_catalog.random()) "
             f"AS {quote_identifier(query.table.name)}")

@@ -42,7 +42,15 @@ grouping but speed (the CASE once a group rather than once a row): the cells, th
 each row's cell are the same, and the work limit already weighed a key's comparisons with the
 categories once a row (rewriter/single_reads.py). Speed is what it costs: a text key's backend
 SQL takes 1.07 to 1.34 times the raw value's grouping (benchmarks/results.md). The hash table's
-memory is then what those groups take (:func:`hashed_groups_kb`): ``GROUP_BYTES`` a group and
+memory is then what those groups take (:func:`hashed_groups_kb`): ``GROUP_BYTES`` a group, twice
+the bytes its keys' values hold (``KEY_ROUNDING``: a hashed category key's group holds the category
+itself, and a memory context rounds the tuple up to a power of two; weighed nothing before, three keys
+of 1,400-byte categories spilled past ~600 groups, tests/test_attack_stop46_red.py), what the
+planner may estimate the columns its aggregates read to take in a group's entry (:func:`_input_bytes`:
+a hash aggregate admits only ``work_mem`` × ``hash_mem_multiplier`` over that estimate groups before it
+spills, however little they take, and the estimate is the statistics' average width, so a FILTER on a
+column of 7,000-byte values spilled 1,000 groups of counts from the 383rd, at 109 kB; a heap tuple
+for each column other than a number or a time) and
 each part's state, a count's ``COUNT_STATE_BYTES``, a sum's ``SUM_STATE_BYTES``, a ``numeric`` column's exact total's
 ``NUMERIC_STATE_BYTES`` (its accumulator spans every digit a clamped value may hold, 34 kB
 measured), besides ``HASH_BASE_BYTES``, twice (a hash aggregate that expects to spill keeps a
@@ -72,13 +80,15 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from policies.errors import SQLSTATE, Refusal
-from policies.tables import Relation
+from policies.tables import ColumnInfo, Relation
 
 from .dp_query import AggregateQuery
-from .rewrite import Part, aggregate_parts, grouped_values, sorts_rows
+from .group_keys import DATE, TIMESTAMP, TIMESTAMPTZ
+from .rewrite import Part, aggregate_parts, grouped_values, sorts_rows, used_columns
+from .types import BOOL, FLOAT_TYPES, INTEGER_TYPES
 
-__all__ = ["COUNT_STATE_BYTES", "GROUP_BYTES", "HASH_BASE_BYTES", "MIN_ROW_BYTES", "NUMERIC_STATE_BYTES", "ROW_BYTES",
-           "SLACK_BYTES", "SUM_STATE_BYTES", "MemorySteps", "hashed_groups_kb", "memory_steps", "sort_memory_kb_sql",
+__all__ = ["COUNT_STATE_BYTES", "FIXED_WIDTHS", "GROUP_BYTES", "HASH_BASE_BYTES", "KEY_ROUNDING", "MIN_ROW_BYTES", "NUMERIC_STATE_BYTES",
+           "ROW_BYTES", "SLACK_BYTES", "SUM_STATE_BYTES", "MemorySteps", "hashed_groups_kb", "memory_steps", "sort_memory_kb_sql",
            "sort_memory_refusal", "within_sort_memory", "work_mem_setting"]
 
 ROW_BYTES = 256
@@ -93,19 +103,30 @@ HASH_BASE_BYTES = 262_144
 """What a hash aggregate takes before its groups: its table's first buckets and memory contexts
 (measured at 40 kB with 100 groups)."""
 GROUP_BYTES = 1_024
-"""What one group of a hash aggregate takes besides its parts' states: its entry, bucket and key
-tuple (measured at 123 to 409 bytes a group with one count)."""
+"""What one group of a hash aggregate takes besides its parts' states and the bytes its keys' values
+hold (``KEY_ROUNDING``): its entry, bucket and key tuple of numbers (measured at 123 to 409 bytes a
+group with one count)."""
 COUNT_STATE_BYTES = 64
 """A count's state in a group (a by-value ``int8``: measured at 16 to 36 bytes, 600 counts a group)."""
 SUM_STATE_BYTES = 1_024
 """Another sum's state in a group: of integers (an ``int8``, an ``int128`` accumulator), of grid
 points or of a variance's centred points in ``numeric`` (numbers below 2^107: measured at 170 to
 500 bytes a part)."""
+KEY_ROUNDING = 2
+"""What a group's key tuple may take for each byte a key's value holds in it (``GroupKey.held_bytes``:
+a hashed category key's declared category): PostgreSQL's memory contexts round a chunk up to a power
+of two (below 8 kB; a larger one is a block of its own), so a tuple of 2,100 bytes takes 4 kB
+(measured on PostgreSQL 16: three keys of 1,400-byte categories, 729 groups, 5.2 MB)."""
 NUMERIC_STATE_BYTES = 40_960
 """A ``numeric`` column's exact total in a group: its accumulator holds a digit of every place
 from the highest a clamped value reaches (1.8e308 at most) to the least any value has (16,383
 fraction digits, in a value of a few bytes), twice: measured at 34,069 to 34,478 bytes a group
 with 1e307 and 1e-16383 in each."""
+FIXED_WIDTHS = frozenset({*INTEGER_TYPES, *FLOAT_TYPES, BOOL, DATE, TIMESTAMP, TIMESTAMPTZ})
+"""The types of eight bytes or fewer (integers, floats, boolean, date, timestamp, timestamptz) whose
+width the planner knows without statistics; any other column's width it estimates from them."""
+_BPCHAR = 1042
+_ENCODING_BYTES = 4  # the most bytes a character takes in any server encoding: a char(n)'s estimate
 _HASH_MARGIN = 2  # a hash aggregate's limit can be 3/4 of its memory (its spill buffers' quarter)
 _MAX_WORK_MEM_KB = 2_147_483_647  # PostgreSQL's most, on 64-bit builds
 _SAVED = "dpproxy_internal."  # where a block's own settings wait while the statement runs
@@ -184,16 +205,39 @@ def hashed_groups_kb(plan: AggregateQuery) -> int | None:
     table's bound then holds, :func:`work_mem_setting`).
 
     Its groups are at most :func:`~rewriter.rewrite.grouped_values` whatever the rows hold (each
-    key groups by a row's cell or bucket), each taking at most ``GROUP_BYTES`` and its parts'
+    key groups by a row's cell or bucket), each taking at most ``GROUP_BYTES``, ``KEY_ROUNDING``
+    times the bytes its keys' values hold (a hashed category key's longest category) and its parts'
     states (:func:`_state_bytes`), besides ``HASH_BASE_BYTES``; twice that, since a hash
     aggregate that expects to spill keeps up to a quarter of its memory for its spill buffers and
     counts its groups against the planner's estimate of their size. Decided by the statement and
     the policy alone."""
     if not plan.groups or sorts_rows(plan):
         return None
-    per_group = GROUP_BYTES + sum(_state_bytes(part) for agg in plan.aggregates for part in aggregate_parts(agg))
+    per_group = (GROUP_BYTES + sum(KEY_ROUNDING * key.held_bytes for key in plan.groups) + _input_bytes(plan)
+                 + sum(_state_bytes(part) for agg in plan.aggregates for part in aggregate_parts(agg)))
     kb = -(-_HASH_MARGIN * (HASH_BASE_BYTES + grouped_values(plan) * per_group) // 1024)
     return kb if kb <= plan.table.policy.max_sort_memory_mb * 1024 else None
+
+
+def _input_bytes(plan: AggregateQuery) -> int:
+    """The most the planner may estimate the columns the aggregates and their FILTERs read to take
+    in a group's entry (its ``hashentrysize``, of which the hash aggregate allows only ``work_mem``
+    × ``hash_mem_multiplier`` / ``hashentrysize`` groups before it spills, however little they
+    take): eight bytes a column of :data:`FIXED_WIDTHS`; for any other, its statistics' average
+    stored width, which is of the rows that hold a value (NULLs left out, so two columns each set
+    where the other is NULL average a tuple each) and at most a heap tuple's (``SLACK_BYTES``, a
+    page of the largest block size), or without statistics its type's estimate (a ``char(n)``'s n
+    characters of four bytes). Both are the rows' or the schema's, never a filter's: weighed at
+    their most, no filter tips the count of groups past that limit."""
+    columns = [plan.table.columns[name] for name in used_columns(plan)]
+    return sum(8 if column.value_type[0] in FIXED_WIDTHS else max(SLACK_BYTES, _char_estimate(column))
+               for column in columns)
+
+
+def _char_estimate(column: ColumnInfo) -> int:
+    """A ``char(n)`` column's width as the planner estimates it without statistics; 0 for another type."""
+    type_oid, modifier = column.value_type
+    return (modifier - 4) * _ENCODING_BYTES + 4 if type_oid == _BPCHAR and modifier > 4 else 0
 
 
 def _state_bytes(part: Part) -> int:

@@ -95,6 +95,7 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "post-values": ("tests/test_post_processing_values.py",),
     "implicit": ("tests/test_implicit_transaction_rules.py",),
     "sort-memory": ("tests/test_sort_memory.py",),
+    "stop46": ("tests/test_attack_stop46_red.py",),
     "order-names": ("tests/test_parse_differential.py::"
                     "test_an_order_by_item_that_is_an_outputs_name_in_parentheses_sorts_by_that_output",),
     "portals": ("tests/test_backend_portals.py::test_a_portal_over_a_table_protected_by_a_reload_hands_out_no_more_rows",),
@@ -682,6 +683,9 @@ SITES: tuple[Site, ...] = (
          "return kb if kb <= plan.table.policy.max_sort_memory_mb * 1024 else None", "return kb", "sort-memory"),
     Site("sort.numeric-state", "rewriter/sort_memory.py", "        return NUMERIC_STATE_BYTES\n",
          "        return SUM_STATE_BYTES\n", "sort-memory"),
+    Site("sort.hashed-key-bytes", "rewriter/sort_memory.py", "sum(KEY_ROUNDING * key.held_bytes for key in plan.groups)",
+         "0", "stop46"),
+    Site("sort.estimated-input-width", "rewriter/sort_memory.py", " + _input_bytes(plan)\n", "\n", "stop46"),
     Site("keys.grouped-by-category", _G,
          'return f"CASE WHEN ({row} OPERATOR(pg_catalog.=) ANY (ARRAY[{array}])) THEN {row} END"', "return row",
          "sort-memory"),
