@@ -67,10 +67,11 @@ strings and numbers, is answered (``d IN (date '2024-01-01', '2024-02-01')``).
 
 ``round(x, n)`` of a value of no known number type (found by the round-trip check): PostgreSQL has
 ``round(numeric, integer)`` only, so ``round(ceil('4.5'), 1)`` (``ceil`` of an untyped string is
-double precision), ``round(2 ^ 3, 1)`` or ``round(date_part('day', now()), 1)`` fails (42883, whatever
-the rows); sqlglot writes ``ROUND(CAST(x AS DECIMAL), n)`` and dpproxy answered. Of a constant, ``x``
-must be built from number literals, casts to an integer or numeric type, ``+ - * / %`` and ``abs``,
-``ceil``, ``floor``, ``round``, ``trunc``, ``mod`` of those (each numeric to PostgreSQL), or be cast:
+double precision), ``round(floor(5), 1)`` (so is ``floor`` of an integer), ``round(2 ^ 3, 1)`` or
+``round(date_part('day', now()), 1)`` fails (42883, whatever the rows); sqlglot writes
+``ROUND(CAST(x AS DECIMAL), n)`` and dpproxy answered. ``x`` must be an integer, a numeric or an
+untyped value to PostgreSQL, as :func:`rewriter.number_kinds.number_kind` reads it from number
+literals, casts, columns, ``+ - * / %`` and the number functions, or be cast:
 ``round(CAST(x AS numeric), n)``. (Of a released aggregate, post-processing, it is not judged here.)
 
 ``CURRENT_TIMESTAMP(n)``: sqlglot keeps the precision but writes the call back as
@@ -97,7 +98,7 @@ from .number_kinds import number_kind
 from .types import BOOL, BUILTIN_TYPE_OIDS
 
 __all__ = ["refuse_constant_positions", "refuse_dropped_precision", "refuse_in_list_types", "refuse_is_unknown",
-           "refuse_double_precision_rounds", "refuse_misread_tokens", "refuse_misreadings", "refuse_prefix_operators",
+           "refuse_misread_tokens", "refuse_misreadings", "refuse_prefix_operators",
            "refuse_round_casts",
            "refuse_typed_literal_casts", "refuse_unary_plus"]
 
@@ -241,7 +242,6 @@ def refuse_misreadings(sql: str, node: dict[str, Any], relation: Relation) -> No
     refuse_prefix_operators(sql, node, relation)
     refuse_in_list_types(node, relation)
     refuse_round_casts(node, relation)
-    refuse_double_precision_rounds(node, relation)
     refuse_typed_literal_casts(sql, node, relation)
 
 
@@ -589,47 +589,30 @@ def _written_type(item: dict[str, Any]) -> str | None:
     return None
 
 
-# Types and functions of which a constant is a number to PostgreSQL, never double precision
-_EXACT_TYPES = frozenset({"numeric", "int2", "int4", "int8"})
-_EXACT_FUNCTIONS = frozenset({"abs", "ceil", "ceiling", "floor", "round", "trunc", "mod"})
-_ARITHMETIC = frozenset({"+", "-", "*", "/", "%"})
+# The kinds of number (rewriter.number_kinds) PostgreSQL's round(numeric, integer) takes: an integer
+# converts to numeric implicitly, an untyped string or a parameter takes numeric from round itself
+_ROUNDED_AS_NUMERIC = frozenset({"int", "numeric", "unknown"})
 
 
 def refuse_round_casts(node: dict[str, Any], relation: Relation) -> None:
-    """Refuse (0A000, rule ``round-cast``) ``round(x, n)`` in ``node`` (pglast JSON) of a constant ``x``
-    that may be double precision to PostgreSQL (:func:`_exact`), which has no ``round(double precision,
-    integer)`` and fails, where sqlglot writes ``ROUND(CAST(x AS DECIMAL), n)``. An ``x`` that reads a
-    column or an aggregate is left alone (:func:`_reads_rows`: a released aggregate's post-processing)."""
+    """Refuse (0A000, rule ``round-cast``) ``round(x, n)`` in ``node`` (pglast JSON) of an ``x`` that
+    is not an integer, a numeric or an untyped value to PostgreSQL
+    (:func:`rewriter.number_kinds.number_kind`: double precision, or no number it knows), which has
+    ``round(numeric, integer)`` only and fails (42883) whatever the rows, where sqlglot writes
+    ``ROUND(CAST(x AS DECIMAL), n)``. Of a constant (``round(ceil('4.5'), 1)``, ``round(2 ^ 3, 1)``:
+    found by the round-trip check) or a column (``round(floor(5), 1)``: ``floor`` of an integer is
+    double precision; found by the round-trip check of outputs, tests/round_trip_outputs.py).
+    ``round`` of a released aggregate (``round(sum(f)::float8, 2)``) is left to post-processing,
+    which writes it as the analyst did, so that it fails with PostgreSQL's own 42883 before the
+    charge (rewriter/post_process.py)."""
     for call in nodes_of(node, "FuncCall"):
         arguments = call.get("args", [])
         if (call["funcname"][-1]["String"]["sval"] == "round" and len(arguments) == 2
-                and not _reads_rows(arguments[0]) and not _exact(arguments[0])):
+                and not _releases(arguments[0])
+                and number_kind(arguments[0], relation.columns) not in _ROUNDED_AS_NUMERIC):
             raise Refusal(
                 SQLSTATE.FEATURE_NOT_SUPPORTED,
                 f"round(x, n) of a value that may be double precision is not supported on protected table "
-                f"{relation.display_name} (rule: round-cast)",
-                "PostgreSQL has round(numeric, integer) only, and fails round of a double precision; dpproxy's DP "
-                "planner casts it to numeric first. Cast it yourself: round(CAST(x AS numeric), n).",
-                "round-cast",
-            )
-
-
-def refuse_double_precision_rounds(node: dict[str, Any], relation: Relation) -> None:
-    """Refuse (0A000, rule ``round-cast``) ``round(x, n)`` in ``node`` (pglast JSON) of an ``x`` that is
-    double precision to PostgreSQL (:func:`rewriter.number_kinds.number_kind`), which then fails
-    (42883) whatever the rows, where sqlglot writes ``ROUND(CAST(x AS DECIMAL), n)``: of a column
-    or of a constant :func:`refuse_round_casts` took for a number (``round(floor(5), 1)``: ``floor``
-    of an integer is double precision). Found by the round-trip check of outputs
-    (tests/round_trip_outputs.py). ``round`` of a released aggregate (``round(sum(f)::float8, 2)``)
-    is left to post-processing, which writes it as the analyst did, so that it fails with
-    PostgreSQL's own 42883 before the charge (rewriter/post_process.py)."""
-    for call in nodes_of(node, "FuncCall"):
-        arguments = call.get("args", [])
-        if (call["funcname"][-1]["String"]["sval"] == "round" and len(arguments) == 2
-                and not _releases(arguments[0]) and number_kind(arguments[0], relation.columns) == "float"):
-            raise Refusal(
-                SQLSTATE.FEATURE_NOT_SUPPORTED,
-                f"round(x, n) of a double precision value is not supported on protected table "
                 f"{relation.display_name} (rule: round-cast)",
                 "PostgreSQL has round(numeric, integer) only, and fails round of a double precision (round(5), "
                 "ceil(count(*)) and avg of a float column are double precision); dpproxy's DP planner casts it to "
@@ -646,31 +629,3 @@ _RELEASED = frozenset({"count", "sum", "avg", "min", "max", "mode", "percentile_
 def _releases(item: dict[str, Any]) -> bool:
     """Whether ``item`` (pglast JSON) calls an aggregate dpproxy releases (``count(*)``, ``avg(x)``)."""
     return any(call["funcname"][-1]["String"]["sval"] in _RELEASED for call in nodes_of(item, "FuncCall"))
-
-
-def _reads_rows(item: dict[str, Any]) -> bool:
-    """Whether ``item`` (pglast JSON) reads a column or calls an aggregate (``count(*)``, ``avg(x)``)."""
-    return bool(nodes_of(item, "ColumnRef")) or _releases(item)
-
-
-def _exact(item: dict[str, Any], argument: bool = False) -> bool:
-    """Whether ``item`` (pglast JSON) is a number PostgreSQL types integer or numeric: a number
-    literal, a cast to one of :data:`_EXACT_TYPES`, ``+ - * / %`` of such, or a function of
-    :data:`_EXACT_FUNCTIONS` of such; a parameter or an untyped string too, which takes the type of
-    what it meets (``round('4.5', 1)`` is round of a numeric), but not as a function's ``argument``
-    (``ceil('4.5')`` is ceil of a double precision)."""
-    if "A_Const" in item:
-        return bool({"ival", "fval"} & item["A_Const"].keys()) or ("sval" in item["A_Const"] and not argument)
-    if "ParamRef" in item:
-        return not argument
-    if "TypeCast" in item:
-        return _name_of(item["TypeCast"]) in _EXACT_TYPES
-    if "A_Expr" in item:
-        expression = item["A_Expr"]
-        return (expression.get("kind") == "AEXPR_OP" and expression["name"][-1]["String"]["sval"] in _ARITHMETIC
-                and all(_exact(side) for side in (expression.get("lexpr"), expression.get("rexpr")) if side is not None))
-    if "FuncCall" in item:
-        call = item["FuncCall"]
-        return (call["funcname"][-1]["String"]["sval"] in _EXACT_FUNCTIONS
-                and all(_exact(part, argument=True) for part in call.get("args", [])))
-    return False

@@ -660,7 +660,7 @@ SITES: tuple[Site, ...] = (
     _off("misread.at-operator", "rewriter/misreadings.py",
          'len(symbol) > 1 and symbol.endswith("@") and symbol not in _AT_OPERATORS', "misreadings"),
     Site("misread.round-cast", "rewriter/misreadings.py",
-         "and not _reads_rows(arguments[0]) and not _exact(arguments[0])):", "and False):", "misreadings"),
+         "and number_kind(arguments[0], relation.columns) not in _ROUNDED_AS_NUMERIC):", "and False):", "misreadings"),
     _off("misread.in-list-types", "rewriter/misreadings.py", "others", "misreadings"),
     # ------------------------------------------------------------------ proxy/serving/implicit_block.py
     Site("implicit.no-block-statements", "proxy/serving/executor.py",
@@ -689,8 +689,10 @@ SITES: tuple[Site, ...] = (
          '            return f"CASE WHEN {operator(row, \'>=\', lo)} AND {operator(row, \'<=\', hi)} THEN {row} END"\n'
          '        if self.floor is not None:',
          '            return row\n        if self.floor is not None:', "sort-memory"),
-    Site("misread.double-precision-round", "rewriter/misreadings.py",
-         'and number_kind(arguments[0], relation.columns) == "float"):', "and False):", "stop45"),
+    # ceil/floor/round/trunc of an integer read as numeric, which PostgreSQL makes double precision
+    Site("misread.double-precision-round", "rewriter/number_kinds.py",
+         'return "numeric" if arguments[0] == "numeric" else "float" if arguments[0] in ("int", "float", "unknown") else None',
+         'return "numeric"', "stop45"),
     # ------------------------------------------------------------------ proxy/serving/backend_portals.py
     Site("portal.judged-again-after-reload", "proxy/serving/executor.py", "self._judge_again(portal)", "pass", "portals"),
 )
