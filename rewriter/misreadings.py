@@ -95,6 +95,7 @@ from policies.tables import Relation
 
 from .function_check import nodes_of
 from .number_kinds import number_kind
+from .sqlglot_parse import ISO_ONE_DESIGNATOR, iso_kept_as_written
 from .types import BOOL, BUILTIN_TYPE_OIDS
 
 __all__ = ["refuse_constant_positions", "refuse_dropped_precision", "refuse_in_list_types", "refuse_is_unknown",
@@ -121,11 +122,6 @@ _COMMENTS = frozenset({"C_COMMENT", "SQL_COMMENT"})
 _INTERVAL_FIELDS = frozenset({"YEAR_P", "MONTH_P", "DAY_P", "HOUR_P", "MINUTE_P", "SECOND_P"})
 _STRINGS = frozenset({"SCONST", "USCONST"})
 _WHOLE_NUMBER = re.compile(r"\s*[+-]?[0-9]+\s*")
-# One ISO 8601 designator, which sqlglot writes back as '<number> <unit>' of the same meaning: a
-# year, week or day (its M would be a month, which sqlglot reads as a minute), or after T an hour,
-# minute or second, in capitals (PostgreSQL reads no other). It reads a fraction of each as that
-# number of the unit, as sqlglot writes it.
-_ISO_ONE_DESIGNATOR = re.compile(r"P(?:-?[0-9]+(?:\.[0-9]+)?[YWD]|T-?[0-9]+(?:\.[0-9]+)?[HMS])")
 # PostgreSQL's verbose form: a noise '@' before the fields (sqlglot drops it, as PostgreSQL ignores it).
 _VERBOSE_AT = re.compile(r"\s*@")
 
@@ -156,8 +152,11 @@ def _interval_read_alike(value: str | None, field: str | None, after: str | None
     (``exp.INTERVAL_STRING_RE``) as that pair alone: alike when that pair is the whole value, after
     PostgreSQL's noise ``@`` too (``'@ 1 day'``; not ``'@ 1 day ago'``, where the pair is not the
     whole value), or when the value is one ISO 8601 designator other than a month (``'P1D'``,
-    ``'P0.5W'``, ``'PT1.5H'``, ``'PT2M'``: :data:`_ISO_ONE_DESIGNATOR`; ``'P2M'``, two months, sqlglot
-    reads as two minutes).
+    ``'P0.5W'``, ``'PT1.5H'``, ``'PT2M'``: :data:`rewriter.sqlglot_parse.ISO_ONE_DESIGNATOR`); any
+    other ISO 8601 value with one such pair dpproxy's reading keeps as written (``'P1DT'``, a day,
+    sqlglot's ``'1 DT'``; ``'P2M'``, two months, sqlglot's two minutes:
+    :func:`rewriter.sqlglot_parse.iso_kept_as_written`). The pair's unit may be one of PostgreSQL's
+    abbreviations sqlglot writes out in full (``'@ 1 m'``, a minute: ``'1 MINUTE'``; :func:`_written_back`).
     With ``<field> TO <field>`` it keeps the value as written when it finds no such pair; with a
     single field it appends the field to the value, alike only for a whole number (PostgreSQL keeps
     only whole units of the field: ``interval '1.5' hour`` is one hour)."""
@@ -169,7 +168,7 @@ def _interval_read_alike(value: str | None, field: str | None, after: str | None
         verbose = _VERBOSE_AT.match(value)
         after_at = exp.INTERVAL_STRING_RE.fullmatch(value[verbose.end():]) if verbose is not None else None
         return (len(pairs) != 1 or (whole is not None and _written_back(*whole.groups()))
-                or _ISO_ONE_DESIGNATOR.fullmatch(value) is not None
+                or ISO_ONE_DESIGNATOR.fullmatch(value) is not None or iso_kept_as_written(value)
                 or (after_at is not None and _written_back(*after_at.groups())))
     if after == "TO":
         return not pairs
@@ -177,12 +176,19 @@ def _interval_read_alike(value: str | None, field: str | None, after: str | None
 
 
 def _written_back(number: str, unit: str) -> bool:
-    """Whether sqlglot writes the interval ``'<number> <unit>'`` back with that number and unit: not
-    a quarter (``q``, ``quarters``), which PostgreSQL does not know (22007) and sqlglot writes as three
-    times as many months."""
+    """Whether sqlglot writes the interval ``'<number> <unit>'`` back with that number and unit, or
+    with the unit PostgreSQL reads the abbreviation as (:data:`_ABBREVIATIONS`): not a quarter (``q``,
+    ``quarters``), which PostgreSQL does not know (22007) and sqlglot writes as three times as many
+    months, nor ``ns``, which PostgreSQL does not know either."""
     written = exp.Interval(this=exp.Literal.string(number), unit=exp.var(unit.upper())).sql(
         "postgres", unsupported_level=ErrorLevel.IGNORE)  # '1.5 quarters' is written as it is, unlogged
-    return written == f"INTERVAL '{number} {unit.upper()}'"
+    return written in {f"INTERVAL '{number} {unit.upper()}'", f"INTERVAL '{number} {_ABBREVIATIONS.get(unit.lower())}'"}
+
+
+# PostgreSQL's one- and two-letter interval units (its deltatktbl, matched lower-cased) that sqlglot
+# writes out in full, each as the unit PostgreSQL reads it as: '1 m' is a minute to both
+_ABBREVIATIONS = {"d": "DAY", "h": "HOUR", "m": "MINUTE", "s": "SECOND", "ms": "MILLISECOND", "us": "MICROSECOND",
+                  "w": "WEEK", "y": "YEAR"}
 
 
 def _after_fields(tokens: list[Any], at: int) -> int:
@@ -524,7 +530,7 @@ def refuse_in_list_types(node: dict[str, Any], relation: Relation) -> None:
         others = sorted({written for item in expression["rexpr"]["List"].get("items", [])
                          if (written := _written_type(item)) not in (None, "unknown")
                          and not _compares_alike(compared, BUILTIN_TYPE_OIDS.get(written))})
-        if others:
+        if others and not _floats_compared_alike(compared, expression["rexpr"]["List"].get("items", [])):
             raise Refusal(
                 SQLSTATE.FEATURE_NOT_SUPPORTED,
                 f"an IN list holding a value of type {', '.join(others)}, not the compared column's own type, is not "
@@ -557,6 +563,24 @@ def _compares_alike(compared: int | None, typed: int | None) -> bool:
     return compared is not None and typed is not None and (
         typed == compared or typed in _TEXT_COMPARED.get(compared, frozenset())
         or {compared, typed} <= _EXACT_NUMBERS)
+
+
+# Columns a list of real and double precision values is compared with alike in the list and alone:
+# PostgreSQL converts the column to double precision either way (int4 = real is float84eq after the
+# int4's conversion, as int4 IN (real, real) is float8 = ANY (real[])), and each value exactly.
+_FLOAT_COMPARED = frozenset(BUILTIN_TYPE_OIDS[name] for name in ("int2", "int4", "int8", "float4", "float8"))
+_FLOATS = frozenset({"float4", "float8"})
+
+
+def _floats_compared_alike(compared: int | None, items: list[dict[str, Any]]) -> bool:
+    """Whether an IN list of ``items`` (pglast JSON) on a value of type ``compared`` (an integer or
+    double precision or real column) holds values cast to real or double precision only: the list's
+    common type is then real or double precision, to which each value converts exactly, and the column
+    is compared as double precision in the list and in each ``x = value`` alike (``i IN (1::float4,
+    2::float4)``). A number or a string beside them would be converted to real in the list (16777217
+    to 16777216) and compared as an integer alone; a numeric column's raw conjunct
+    (rewriter/raw_equality.py) casts a real value to numeric (16777216 to 16777200): refused."""
+    return compared in _FLOAT_COMPARED and all(_written_type(item) in _FLOATS for item in items)
 
 
 def _compared_type(lexpr: dict[str, Any], relation: Relation) -> int | None:
