@@ -626,6 +626,8 @@ def refuse_round_casts(node: dict[str, Any], relation: Relation) -> None:
     ``ROUND(CAST(x AS DECIMAL), n)``. Of a constant (``round(ceil('4.5'), 1)``, ``round(2 ^ 3, 1)``:
     found by the round-trip check) or a column (``round(floor(5), 1)``: ``floor`` of an integer is
     double precision; found by the round-trip check of outputs, tests/round_trip_outputs.py).
+    A constant PostgreSQL certainly makes double precision (``round(pi(), 2)``) fails as PostgreSQL
+    fails it, 42883 (:func:`_undefined_round`).
     ``round`` of a released aggregate (``round(sum(f)::float8, 2)``) is left to post-processing,
     which writes it as the analyst did, so that it fails with PostgreSQL's own 42883 before the
     charge (rewriter/post_process.py)."""
@@ -633,7 +635,9 @@ def refuse_round_casts(node: dict[str, Any], relation: Relation) -> None:
         arguments = call.get("args", [])
         if (call["funcname"][-1]["String"]["sval"] == "round" and len(arguments) == 2
                 and not _releases(arguments[0])
-                and number_kind(arguments[0], relation.columns) not in _ROUNDED_AS_NUMERIC):
+                and (kind := number_kind(arguments[0], relation.columns)) not in _ROUNDED_AS_NUMERIC):
+            if kind == "float" and not nodes_of(arguments[0], "ColumnRef") and not nodes_of(arguments[0], "ParamRef"):
+                raise _undefined_round(relation)
             raise Refusal(
                 SQLSTATE.FEATURE_NOT_SUPPORTED,
                 f"round(x, n) of a value that may be double precision is not supported on protected table "
@@ -643,6 +647,21 @@ def refuse_round_casts(node: dict[str, Any], relation: Relation) -> None:
                 "numeric first. Cast it yourself: round(CAST(x AS numeric), n).",
                 "round-cast",
             )
+
+
+def _undefined_round(relation: Relation) -> Refusal:
+    """PostgreSQL's own error (42883) for ``round(x, n)`` of a constant ``x`` that is double precision
+    or real to it (``round(pi(), 2)``, ``round(floor(5), 1)``): it has no such function and fails the
+    statement at parse analysis, whatever the rows, where it stands. Told from the text alone, before
+    any charge. (Of a column, a name may be another level's; of a parameter, its declared type
+    decides: refused as ``round-cast`` above.)"""
+    return Refusal(
+        "42883",
+        "function round(x, n) of a double precision or real x does not exist (rule: round-cast)",
+        f"On protected table {relation.display_name}, as in PostgreSQL: no function matches the given name and "
+        "argument types. PostgreSQL has round(numeric, integer) only: write round(CAST(x AS numeric), n).",
+        "round-cast",
+    )
 
 
 # The aggregates dpproxy releases: round() of one is post-processing, left to its own checks

@@ -657,7 +657,8 @@ SITES: tuple[Site, ...] = (
     _off("misread.at-operator", "rewriter/misreadings.py",
          'len(symbol) > 1 and symbol.endswith("@") and symbol not in _AT_OPERATORS', "misreadings"),
     Site("misread.round-cast", "rewriter/misreadings.py",
-         "and number_kind(arguments[0], relation.columns) not in _ROUNDED_AS_NUMERIC):", "and False):", "misreadings"),
+         "and (kind := number_kind(arguments[0], relation.columns)) not in _ROUNDED_AS_NUMERIC):", "and False):",
+         "misreadings"),
     _off("misread.in-list-types", "rewriter/misreadings.py",
          'others and not _floats_compared_alike(compared, expression["rexpr"]["List"].get("items", []))', "misreadings"),
     # rule interval-form lets an ISO 8601 string through as kept as written by dpproxy's reading
