@@ -610,18 +610,21 @@ def _group_item(item: exp.Expression, tree: exp.Select, scope: Scope) -> exp.Exp
 
 
 def _check_combination(aggregates: tuple[Aggregate, ...], groups: tuple[GroupKey, ...], scope: Scope) -> None:
-    """Refuse COUNT(DISTINCT ...) where its groups would be added up (partitions, an ``other`` key),
-    and percentiles where the backend cannot count their grid (:func:`_check_percentiles`)."""
+    """Refuse COUNT(DISTINCT ...) where its groups would be added up (partitions, a date part's
+    buckets), and percentiles where the backend cannot count their grid (:func:`_check_percentiles`).
+
+    Per a category key with ``other`` it is answered: the backend groups the rows by their cell
+    (:meth:`rewriter.group_keys.GroupKey.group_sql`: ``other`` is one group, whatever undeclared
+    values its rows hold), so each cell's count is PostgreSQL's ``count(DISTINCT col)`` over the
+    cell's rows, a value held by two undeclared categories counted once, sensitivity 1. (When the
+    backend grouped by raw value and dpproxy added up ``other``'s groups, it was counted once a
+    category, so it was refused.) A date part's cell still collects several buckets' groups."""
     _check_percentiles(aggregates, scope)
     if not any(agg.distinct for agg in aggregates):
         return
     if any(agg.mechanism == "sample_aggregate" for agg in aggregates):
         raise scope.refuse("COUNT(DISTINCT ...) with AVG, MIN or MAX by sample and aggregate in one query is not "
                            "allowed on protected table", "aggregate-combination")
-    if any(key.kind == "category" and key.column.policy is not None and key.column.policy.other is not None
-           for key in groups):
-        raise scope.refuse("COUNT(DISTINCT ...) per group with a catch-all (other) key is not allowed on "
-                           "protected table", "aggregate-combination")
     if any(key.part not in (None, "date") for key in groups):
         # A date part's cell collects several buckets (month of year: one per year), each of
         # which the backend counts distinct values in: their sum is not the cell's count.

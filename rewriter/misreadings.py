@@ -67,10 +67,11 @@ strings and numbers, is answered (``d IN (date '2024-01-01', '2024-02-01')``).
 
 ``round(x, n)`` of a value of no known number type (found by the round-trip check): PostgreSQL has
 ``round(numeric, integer)`` only, so ``round(ceil('4.5'), 1)`` (``ceil`` of an untyped string is
-double precision), ``round(2 ^ 3, 1)`` or ``round(date_part('day', now()), 1)`` fails (42883, whatever
-the rows); sqlglot writes ``ROUND(CAST(x AS DECIMAL), n)`` and dpproxy answered. Of a constant, ``x``
-must be built from number literals, casts to an integer or numeric type, ``+ - * / %`` and ``abs``,
-``ceil``, ``floor``, ``round``, ``trunc``, ``mod`` of those (each numeric to PostgreSQL), or be cast:
+double precision), ``round(floor(5), 1)`` (so is ``floor`` of an integer), ``round(2 ^ 3, 1)`` or
+``round(date_part('day', now()), 1)`` fails (42883, whatever the rows); sqlglot writes
+``ROUND(CAST(x AS DECIMAL), n)`` and dpproxy answered. ``x`` must be an integer, a numeric or an
+untyped value to PostgreSQL, as :func:`rewriter.number_kinds.number_kind` reads it from number
+literals, casts, columns, ``+ - * / %`` and the number functions, or be cast:
 ``round(CAST(x AS numeric), n)``. (Of a released aggregate, post-processing, it is not judged here.)
 
 ``CURRENT_TIMESTAMP(n)``: sqlglot keeps the precision but writes the call back as
@@ -94,10 +95,11 @@ from policies.tables import Relation
 
 from .function_check import nodes_of
 from .number_kinds import number_kind
+from .sqlglot_parse import ISO_ONE_DESIGNATOR, iso_kept_as_written
 from .types import BOOL, BUILTIN_TYPE_OIDS
 
 __all__ = ["refuse_constant_positions", "refuse_dropped_precision", "refuse_in_list_types", "refuse_is_unknown",
-           "refuse_double_precision_rounds", "refuse_misread_tokens", "refuse_misreadings", "refuse_prefix_operators",
+           "refuse_misread_tokens", "refuse_misreadings", "refuse_prefix_operators",
            "refuse_round_casts",
            "refuse_typed_literal_casts", "refuse_unary_plus"]
 
@@ -120,11 +122,6 @@ _COMMENTS = frozenset({"C_COMMENT", "SQL_COMMENT"})
 _INTERVAL_FIELDS = frozenset({"YEAR_P", "MONTH_P", "DAY_P", "HOUR_P", "MINUTE_P", "SECOND_P"})
 _STRINGS = frozenset({"SCONST", "USCONST"})
 _WHOLE_NUMBER = re.compile(r"\s*[+-]?[0-9]+\s*")
-# One ISO 8601 designator, which sqlglot writes back as '<number> <unit>' of the same meaning: a
-# year, week or day (its M would be a month, which sqlglot reads as a minute), or after T an hour,
-# minute or second, in capitals (PostgreSQL reads no other). It reads a fraction of each as that
-# number of the unit, as sqlglot writes it.
-_ISO_ONE_DESIGNATOR = re.compile(r"P(?:-?[0-9]+(?:\.[0-9]+)?[YWD]|T-?[0-9]+(?:\.[0-9]+)?[HMS])")
 # PostgreSQL's verbose form: a noise '@' before the fields (sqlglot drops it, as PostgreSQL ignores it).
 _VERBOSE_AT = re.compile(r"\s*@")
 
@@ -155,8 +152,11 @@ def _interval_read_alike(value: str | None, field: str | None, after: str | None
     (``exp.INTERVAL_STRING_RE``) as that pair alone: alike when that pair is the whole value, after
     PostgreSQL's noise ``@`` too (``'@ 1 day'``; not ``'@ 1 day ago'``, where the pair is not the
     whole value), or when the value is one ISO 8601 designator other than a month (``'P1D'``,
-    ``'P0.5W'``, ``'PT1.5H'``, ``'PT2M'``: :data:`_ISO_ONE_DESIGNATOR`; ``'P2M'``, two months, sqlglot
-    reads as two minutes).
+    ``'P0.5W'``, ``'PT1.5H'``, ``'PT2M'``: :data:`rewriter.sqlglot_parse.ISO_ONE_DESIGNATOR`); any
+    other ISO 8601 value with one such pair dpproxy's reading keeps as written (``'P1DT'``, a day,
+    sqlglot's ``'1 DT'``; ``'P2M'``, two months, sqlglot's two minutes:
+    :func:`rewriter.sqlglot_parse.iso_kept_as_written`). The pair's unit may be one of PostgreSQL's
+    abbreviations sqlglot writes out in full (``'@ 1 m'``, a minute: ``'1 MINUTE'``; :func:`_written_back`).
     With ``<field> TO <field>`` it keeps the value as written when it finds no such pair; with a
     single field it appends the field to the value, alike only for a whole number (PostgreSQL keeps
     only whole units of the field: ``interval '1.5' hour`` is one hour)."""
@@ -168,7 +168,7 @@ def _interval_read_alike(value: str | None, field: str | None, after: str | None
         verbose = _VERBOSE_AT.match(value)
         after_at = exp.INTERVAL_STRING_RE.fullmatch(value[verbose.end():]) if verbose is not None else None
         return (len(pairs) != 1 or (whole is not None and _written_back(*whole.groups()))
-                or _ISO_ONE_DESIGNATOR.fullmatch(value) is not None
+                or ISO_ONE_DESIGNATOR.fullmatch(value) is not None or iso_kept_as_written(value)
                 or (after_at is not None and _written_back(*after_at.groups())))
     if after == "TO":
         return not pairs
@@ -176,12 +176,19 @@ def _interval_read_alike(value: str | None, field: str | None, after: str | None
 
 
 def _written_back(number: str, unit: str) -> bool:
-    """Whether sqlglot writes the interval ``'<number> <unit>'`` back with that number and unit: not
-    a quarter (``q``, ``quarters``), which PostgreSQL does not know (22007) and sqlglot writes as three
-    times as many months."""
+    """Whether sqlglot writes the interval ``'<number> <unit>'`` back with that number and unit, or
+    with the unit PostgreSQL reads the abbreviation as (:data:`_ABBREVIATIONS`): not a quarter (``q``,
+    ``quarters``), which PostgreSQL does not know (22007) and sqlglot writes as three times as many
+    months, nor ``ns``, which PostgreSQL does not know either."""
     written = exp.Interval(this=exp.Literal.string(number), unit=exp.var(unit.upper())).sql(
         "postgres", unsupported_level=ErrorLevel.IGNORE)  # '1.5 quarters' is written as it is, unlogged
-    return written == f"INTERVAL '{number} {unit.upper()}'"
+    return written in {f"INTERVAL '{number} {unit.upper()}'", f"INTERVAL '{number} {_ABBREVIATIONS.get(unit.lower())}'"}
+
+
+# PostgreSQL's one- and two-letter interval units (its deltatktbl, matched lower-cased) that sqlglot
+# writes out in full, each as the unit PostgreSQL reads it as: '1 m' is a minute to both
+_ABBREVIATIONS = {"d": "DAY", "h": "HOUR", "m": "MINUTE", "s": "SECOND", "ms": "MILLISECOND", "us": "MICROSECOND",
+                  "w": "WEEK", "y": "YEAR"}
 
 
 def _after_fields(tokens: list[Any], at: int) -> int:
@@ -241,7 +248,6 @@ def refuse_misreadings(sql: str, node: dict[str, Any], relation: Relation) -> No
     refuse_prefix_operators(sql, node, relation)
     refuse_in_list_types(node, relation)
     refuse_round_casts(node, relation)
-    refuse_double_precision_rounds(node, relation)
     refuse_typed_literal_casts(sql, node, relation)
 
 
@@ -524,7 +530,7 @@ def refuse_in_list_types(node: dict[str, Any], relation: Relation) -> None:
         others = sorted({written for item in expression["rexpr"]["List"].get("items", [])
                          if (written := _written_type(item)) not in (None, "unknown")
                          and not _compares_alike(compared, BUILTIN_TYPE_OIDS.get(written))})
-        if others:
+        if others and not _floats_compared_alike(compared, expression["rexpr"]["List"].get("items", [])):
             raise Refusal(
                 SQLSTATE.FEATURE_NOT_SUPPORTED,
                 f"an IN list holding a value of type {', '.join(others)}, not the compared column's own type, is not "
@@ -559,6 +565,24 @@ def _compares_alike(compared: int | None, typed: int | None) -> bool:
         or {compared, typed} <= _EXACT_NUMBERS)
 
 
+# Columns a list of real and double precision values is compared with alike in the list and alone:
+# PostgreSQL converts the column to double precision either way (int4 = real is float84eq after the
+# int4's conversion, as int4 IN (real, real) is float8 = ANY (real[])), and each value exactly.
+_FLOAT_COMPARED = frozenset(BUILTIN_TYPE_OIDS[name] for name in ("int2", "int4", "int8", "float4", "float8"))
+_FLOATS = frozenset({"float4", "float8"})
+
+
+def _floats_compared_alike(compared: int | None, items: list[dict[str, Any]]) -> bool:
+    """Whether an IN list of ``items`` (pglast JSON) on a value of type ``compared`` (an integer or
+    double precision or real column) holds values cast to real or double precision only: the list's
+    common type is then real or double precision, to which each value converts exactly, and the column
+    is compared as double precision in the list and in each ``x = value`` alike (``i IN (1::float4,
+    2::float4)``). A number or a string beside them would be converted to real in the list (16777217
+    to 16777216) and compared as an integer alone; a numeric column's raw conjunct
+    (rewriter/raw_equality.py) casts a real value to numeric (16777216 to 16777200): refused."""
+    return compared in _FLOAT_COMPARED and all(_written_type(item) in _FLOATS for item in items)
+
+
 def _compared_type(lexpr: dict[str, Any], relation: Relation) -> int | None:
     """The type OID of an IN list's left side (pglast JSON) when it is a column of ``relation`` (a
     domain's base type) or ``lower()``/``upper()`` of one (text); None for anything else."""
@@ -589,53 +613,55 @@ def _written_type(item: dict[str, Any]) -> str | None:
     return None
 
 
-# Types and functions of which a constant is a number to PostgreSQL, never double precision
-_EXACT_TYPES = frozenset({"numeric", "int2", "int4", "int8"})
-_EXACT_FUNCTIONS = frozenset({"abs", "ceil", "ceiling", "floor", "round", "trunc", "mod"})
-_ARITHMETIC = frozenset({"+", "-", "*", "/", "%"})
+# The kinds of number (rewriter.number_kinds) PostgreSQL's round(numeric, integer) takes: an integer
+# converts to numeric implicitly, an untyped string or a parameter takes numeric from round itself
+_ROUNDED_AS_NUMERIC = frozenset({"int", "numeric", "unknown"})
 
 
 def refuse_round_casts(node: dict[str, Any], relation: Relation) -> None:
-    """Refuse (0A000, rule ``round-cast``) ``round(x, n)`` in ``node`` (pglast JSON) of a constant ``x``
-    that may be double precision to PostgreSQL (:func:`_exact`), which has no ``round(double precision,
-    integer)`` and fails, where sqlglot writes ``ROUND(CAST(x AS DECIMAL), n)``. An ``x`` that reads a
-    column or an aggregate is left alone (:func:`_reads_rows`: a released aggregate's post-processing)."""
+    """Refuse (0A000, rule ``round-cast``) ``round(x, n)`` in ``node`` (pglast JSON) of an ``x`` that
+    is not an integer, a numeric or an untyped value to PostgreSQL
+    (:func:`rewriter.number_kinds.number_kind`: double precision, or no number it knows), which has
+    ``round(numeric, integer)`` only and fails (42883) whatever the rows, where sqlglot writes
+    ``ROUND(CAST(x AS DECIMAL), n)``. Of a constant (``round(ceil('4.5'), 1)``, ``round(2 ^ 3, 1)``:
+    found by the round-trip check) or a column (``round(floor(5), 1)``: ``floor`` of an integer is
+    double precision; found by the round-trip check of outputs, tests/round_trip_outputs.py).
+    A constant PostgreSQL certainly makes double precision (``round(pi(), 2)``) fails as PostgreSQL
+    fails it, 42883 (:func:`_undefined_round`).
+    ``round`` of a released aggregate (``round(sum(f)::float8, 2)``) is left to post-processing,
+    which writes it as the analyst did, so that it fails with PostgreSQL's own 42883 before the
+    charge (rewriter/post_process.py)."""
     for call in nodes_of(node, "FuncCall"):
         arguments = call.get("args", [])
         if (call["funcname"][-1]["String"]["sval"] == "round" and len(arguments) == 2
-                and not _reads_rows(arguments[0]) and not _exact(arguments[0])):
+                and not _releases(arguments[0])
+                and (kind := number_kind(arguments[0], relation.columns)) not in _ROUNDED_AS_NUMERIC):
+            if kind == "float" and not nodes_of(arguments[0], "ColumnRef") and not nodes_of(arguments[0], "ParamRef"):
+                raise _undefined_round(relation)
             raise Refusal(
                 SQLSTATE.FEATURE_NOT_SUPPORTED,
                 f"round(x, n) of a value that may be double precision is not supported on protected table "
-                f"{relation.display_name} (rule: round-cast)",
-                "PostgreSQL has round(numeric, integer) only, and fails round of a double precision; dpproxy's DP "
-                "planner casts it to numeric first. Cast it yourself: round(CAST(x AS numeric), n).",
-                "round-cast",
-            )
-
-
-def refuse_double_precision_rounds(node: dict[str, Any], relation: Relation) -> None:
-    """Refuse (0A000, rule ``round-cast``) ``round(x, n)`` in ``node`` (pglast JSON) of an ``x`` that is
-    double precision to PostgreSQL (:func:`rewriter.number_kinds.number_kind`), which then fails
-    (42883) whatever the rows, where sqlglot writes ``ROUND(CAST(x AS DECIMAL), n)``: of a column
-    or of a constant :func:`refuse_round_casts` took for a number (``round(floor(5), 1)``: ``floor``
-    of an integer is double precision). Found by the round-trip check of outputs
-    (tests/round_trip_outputs.py). ``round`` of a released aggregate (``round(sum(f)::float8, 2)``)
-    is left to post-processing, which writes it as the analyst did, so that it fails with
-    PostgreSQL's own 42883 before the charge (rewriter/post_process.py)."""
-    for call in nodes_of(node, "FuncCall"):
-        arguments = call.get("args", [])
-        if (call["funcname"][-1]["String"]["sval"] == "round" and len(arguments) == 2
-                and not _releases(arguments[0]) and number_kind(arguments[0], relation.columns) == "float"):
-            raise Refusal(
-                SQLSTATE.FEATURE_NOT_SUPPORTED,
-                f"round(x, n) of a double precision value is not supported on protected table "
                 f"{relation.display_name} (rule: round-cast)",
                 "PostgreSQL has round(numeric, integer) only, and fails round of a double precision (round(5), "
                 "ceil(count(*)) and avg of a float column are double precision); dpproxy's DP planner casts it to "
                 "numeric first. Cast it yourself: round(CAST(x AS numeric), n).",
                 "round-cast",
             )
+
+
+def _undefined_round(relation: Relation) -> Refusal:
+    """PostgreSQL's own error (42883) for ``round(x, n)`` of a constant ``x`` that is double precision
+    or real to it (``round(pi(), 2)``, ``round(floor(5), 1)``): it has no such function and fails the
+    statement at parse analysis, whatever the rows, where it stands. Told from the text alone, before
+    any charge. (Of a column, a name may be another level's; of a parameter, its declared type
+    decides: refused as ``round-cast`` above.)"""
+    return Refusal(
+        "42883",
+        "function round(x, n) of a double precision or real x does not exist (rule: round-cast)",
+        f"On protected table {relation.display_name}, as in PostgreSQL: no function matches the given name and "
+        "argument types. PostgreSQL has round(numeric, integer) only: write round(CAST(x AS numeric), n).",
+        "round-cast",
+    )
 
 
 # The aggregates dpproxy releases: round() of one is post-processing, left to its own checks
@@ -646,31 +672,3 @@ _RELEASED = frozenset({"count", "sum", "avg", "min", "max", "mode", "percentile_
 def _releases(item: dict[str, Any]) -> bool:
     """Whether ``item`` (pglast JSON) calls an aggregate dpproxy releases (``count(*)``, ``avg(x)``)."""
     return any(call["funcname"][-1]["String"]["sval"] in _RELEASED for call in nodes_of(item, "FuncCall"))
-
-
-def _reads_rows(item: dict[str, Any]) -> bool:
-    """Whether ``item`` (pglast JSON) reads a column or calls an aggregate (``count(*)``, ``avg(x)``)."""
-    return bool(nodes_of(item, "ColumnRef")) or _releases(item)
-
-
-def _exact(item: dict[str, Any], argument: bool = False) -> bool:
-    """Whether ``item`` (pglast JSON) is a number PostgreSQL types integer or numeric: a number
-    literal, a cast to one of :data:`_EXACT_TYPES`, ``+ - * / %`` of such, or a function of
-    :data:`_EXACT_FUNCTIONS` of such; a parameter or an untyped string too, which takes the type of
-    what it meets (``round('4.5', 1)`` is round of a numeric), but not as a function's ``argument``
-    (``ceil('4.5')`` is ceil of a double precision)."""
-    if "A_Const" in item:
-        return bool({"ival", "fval"} & item["A_Const"].keys()) or ("sval" in item["A_Const"] and not argument)
-    if "ParamRef" in item:
-        return not argument
-    if "TypeCast" in item:
-        return _name_of(item["TypeCast"]) in _EXACT_TYPES
-    if "A_Expr" in item:
-        expression = item["A_Expr"]
-        return (expression.get("kind") == "AEXPR_OP" and expression["name"][-1]["String"]["sval"] in _ARITHMETIC
-                and all(_exact(side) for side in (expression.get("lexpr"), expression.get("rexpr")) if side is not None))
-    if "FuncCall" in item:
-        call = item["FuncCall"]
-        return (call["funcname"][-1]["String"]["sval"] in _EXACT_FUNCTIONS
-                and all(_exact(part, argument=True) for part in call.get("args", [])))
-    return False

@@ -27,6 +27,7 @@ _ARITHMETIC = frozenset({"+", "-", "*", "/", "%"})
 _BOTH_FORMS = frozenset({"ceil", "ceiling", "floor", "round", "trunc"})  # numeric and double precision, one argument
 _NUMERIC_ONLY = frozenset({"round", "trunc"})  # with two arguments: numeric only
 _SAME_KIND = frozenset({"abs", "mod", "min", "max"})
+_DOUBLE_PRECISION = frozenset({"pi", "date_part"})  # double precision whatever their arguments
 
 
 def _column_kind(column: ColumnInfo | None) -> str | None:
@@ -84,6 +85,8 @@ def number_kind(item: dict[str, Any], columns: Mapping[str, ColumnInfo]) -> str 
             return "numeric" if arguments[0] == "numeric" else "float" if arguments[0] in ("int", "float", "unknown") else None
         if name in _NUMERIC_ONLY and len(arguments) == 2:
             return "numeric" if arguments[0] in ("int", "numeric", "unknown") else None
+        if name in _DOUBLE_PRECISION:
+            return "float"
         if name in _SAME_KIND and arguments:
             return _combined(arguments) if name != "mod" or "float" not in arguments else None
         return _aggregate_kind(name, arguments[0] if len(arguments) == 1 else None)

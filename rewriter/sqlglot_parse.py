@@ -13,6 +13,11 @@ spelling here: a :class:`DatePart` node, an ``Extract`` written as ``DATE_PART('
 
 sqlglot writes ``current_time`` back as ``CURRENT_TIME()``, which PostgreSQL cannot parse, so a
 condition or an output holding it was refused as unreadable; it is kept as the keyword it is.
+
+sqlglot rewrites an interval string holding one ``<number><unit>`` as ``'<number> <UNIT>'``, which
+misreads an ISO 8601 interval but a single designator: ``interval 'P1DT'`` (a day to PostgreSQL) as
+``'1 DT'`` (no unit), ``'P2M'`` (two months) as two minutes. Such a string is kept as written
+(:func:`iso_kept_as_written`), so PostgreSQL reads in the backend SQL what it reads in the analyst's.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from sqlglot import exp
 from sqlglot.dialects.postgres import Postgres
 from sqlglot.parsers.postgres import PostgresParser
 
-__all__ = ["DatePart", "VARIANCE_FUNCTIONS", "parse_postgres"]
+__all__ = ["DatePart", "ISO_ONE_DESIGNATOR", "VARIANCE_FUNCTIONS", "iso_kept_as_written", "parse_postgres"]
 
 
 class DatePart(exp.Extract):
@@ -48,6 +53,22 @@ def _one_argument(name: str, kind: type[exp.Func]) -> Callable[[list[exp.Express
     return build
 
 
+# One ISO 8601 designator, which sqlglot writes back as '<number> <unit>' of the same meaning: a
+# year, week or day (its M would be a month, which sqlglot reads as a minute), or after T an hour,
+# minute or second, in capitals (PostgreSQL reads no other). It reads a fraction of each as that
+# number of the unit, as sqlglot writes it.
+ISO_ONE_DESIGNATOR = re.compile(r"P(?:-?[0-9]+(?:\.[0-9]+)?[YWD]|T-?[0-9]+(?:\.[0-9]+)?[HMS])")
+
+
+def iso_kept_as_written(value: str) -> bool:
+    """Whether the interval string ``value`` is kept as written in dpproxy's reading (:class:`_Parser`):
+    an ISO 8601 interval (PostgreSQL reads one where the string starts with ``P``) in which sqlglot
+    finds one ``<number><unit>`` (``'P1DT'``, ``'P2M'``), but a single designator
+    (:data:`ISO_ONE_DESIGNATOR`: ``'P1D'``, written ``'1 DAY'``, as the time keys read it)."""
+    return (value.startswith("P") and len(exp.INTERVAL_STRING_RE.findall(value)) == 1
+            and ISO_ONE_DESIGNATOR.fullmatch(value) is None)
+
+
 class _Parser(PostgresParser):
     FUNCTION_PARSERS = {**PostgresParser.FUNCTION_PARSERS, "DATE_PART": lambda self: self._parse_date_part_call()}
     FUNCTIONS = {**PostgresParser.FUNCTIONS, **{name: _one_argument(name, kind) for name, kind in VARIANCE_FUNCTIONS.items()}}
@@ -58,6 +79,15 @@ class _Parser(PostgresParser):
         if isinstance(field, exp.Var):
             field = exp.Literal.string(field.name.lower())
         return DatePart(this=field, expression=extract.expression)
+
+    def _parse_interval_span(self, this: exp.Expr, parse_function_unit: bool = True) -> exp.Interval:
+        interval = super()._parse_interval_span(this, parse_function_unit=parse_function_unit)
+        if this is not None and this.is_string and iso_kept_as_written(this.name) \
+                and not isinstance(interval.args.get("unit"), exp.IntervalSpan):
+            interval.set("this", this)
+            interval.set("unit", None)
+            interval.set("fraction_in_string", None)
+        return interval
 
 
 class _DpproxyPostgres(Postgres):
