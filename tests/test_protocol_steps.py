@@ -1,0 +1,69 @@
+"""A DP statement through the extended protocol fails with PostgreSQL's SQLSTATE, in PostgreSQL's
+order: what its Parse cannot read before any value bound to it, as on PostgreSQL (compared on a raw
+connection straight to PostgreSQL in the same run, ``tests.wire.replies_on_both``), and uncharged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from tests.conftest import TEST_POLICY, RunningProxy, TestDatabase, running_proxy, spent_epsilon
+from tests.wire import SYNC, Reply, bind, execute, parse, replies_on_both
+
+_TABLE = "steps_values"
+_POLICY = TEST_POLICY + (
+    f"  public.{_TABLE}: {{{{access: protected, epsilon: 1.0, delta: 1.0e-6, columns: {{{{i: {{{{bounds: [0, 100]}}}}, "
+    "d: {{bounds: [2000-01-01, 2000-12-31]}}, ts: {{bounds: [2000-01-01, 2000-12-31]}}}}}}\n")
+
+
+@pytest.fixture(scope="module")
+def proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """dpproxy over ``steps_values`` (i int4, d date, ts timestamp), 30 rows."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute(f"DROP TABLE IF EXISTS {_TABLE}")
+        admin.execute(f"CREATE TABLE {_TABLE} (i int4, d date, ts timestamp)")
+        admin.execute(f"INSERT INTO {_TABLE} SELECT g, date '2000-05-01' + g % 3, timestamp '2000-05-01' "
+                      "FROM generate_series(1, 30) g")
+        admin.execute(f"GRANT SELECT ON {_TABLE} TO dpproxy_service")
+    with running_proxy(test_db, tmp_path_factory, _POLICY) as running:
+        yield running
+
+
+def _spent(proxy: RunningProxy) -> float:
+    """The ε the raw connections' user (plain) has spent."""
+    with psycopg.connect(proxy.dsn(user="plain", password="plain"), autocommit=True, prepare_threshold=None) as conn:
+        return spent_epsilon(conn)
+
+
+def _errors(replied: list[Reply]) -> list[tuple[object, ...]]:
+    return [reply[1:] for reply in replied if reply[0] == b"E"]
+
+
+def _run_on_both(test_db: TestDatabase, proxy: RunningProxy, sql: str, types: tuple[int, ...],
+                 values: tuple[bytes | None, ...]) -> tuple[list[Reply], list[Reply]]:
+    """PostgreSQL's replies to ``sql`` parsed with ``types``, bound to ``values`` and executed, and
+    dpproxy's, which must have charged nothing when it failed."""
+    spent = _spent(proxy)
+    direct, proxied = replies_on_both(test_db.admin_dsn, proxy.host, proxy.port,
+                                      (parse("", sql, types), bind("", "", values), execute(""), SYNC))
+    if _errors(proxied[0]):
+        assert _spent(proxy) == spent
+    return direct[0], proxied[0]
+
+
+@pytest.mark.parametrize(("condition", "types", "values"), [
+    # ts <> integer has no operator (42883): the fold of $2::timestamptz would read 'abc' (22007)
+    ("ts <> $1 OR d >= $2::timestamptz", (23, 25), (b"5", b"abc")),
+    # the same beside a folded expression in an aggregate's FILTER
+    ("ts <> $1 AND i > $2 + 1", (23, 20), (b"5", b"abc")),
+])
+def test_a_statement_postgresql_cannot_parse_fails_with_its_error_before_a_folded_value_is_read(
+        test_db: TestDatabase, proxy: RunningProxy, condition: str, types: tuple[int, ...],
+        values: tuple[bytes, ...]) -> None:
+    for shape in ("SELECT count(*) FROM {} WHERE {}", "SELECT count(*) FILTER (WHERE {1}) FROM {0}"):
+        direct, proxied = _run_on_both(test_db, proxy, shape.format(_TABLE, condition), types, values)
+        # (its message names the backend SQL's operator, OPERATOR(pg_catalog.<>))
+        assert _errors(direct) and [error[0] for error in _errors(proxied)] == [error[0] for error in _errors(direct)]
