@@ -67,3 +67,28 @@ def test_a_statement_postgresql_cannot_parse_fails_with_its_error_before_a_folde
         direct, proxied = _run_on_both(test_db, proxy, shape.format(_TABLE, condition), types, values)
         # (its message names the backend SQL's operator, OPERATOR(pg_catalog.<>))
         assert _errors(direct) and [error[0] for error in _errors(proxied)] == [error[0] for error in _errors(direct)]
+
+
+def _outcome(replied: list[Reply]) -> str:
+    """``answered``, or the SQLSTATE the statement failed with."""
+    errors = _errors(replied)
+    return str(errors[0][0], "ascii") if errors else "answered"
+
+
+@pytest.mark.parametrize(("condition", "types", "value"), [
+    # PostgreSQL compares the list in its common type, numeric, and reads $1 so: 5.0 is 5
+    ("i IN ($1, 5.5)", (), b"5.0"),
+    ("i IN ($1, 5.5)", (), b"5.5"),
+    ("i NOT IN (5.5, $1)", (), b"1e1"),
+    ("i IN ($1, 5.5)", (23,), b"5"),
+    ("i IN ($1, 5.5)", (), b"abc"),
+    # a bigint literal makes the list bigint
+    ("i IN ($1, 3000000000)", (), b"3000000000"),
+    ("i IN ($1, 2147483648)", (), b"-2147483649"),
+    ("i IN ($1, -2147483648)", (), b"-2147483649"),  # an integer: PostgreSQL fails (22003)
+    ("i IN ($1, -2147483649)", (), b"-2147483649"),
+])
+def test_an_in_list_reads_an_unspecified_parameter_in_the_lists_common_type(
+        test_db: TestDatabase, proxy: RunningProxy, condition: str, types: tuple[int, ...], value: bytes) -> None:
+    direct, proxied = _run_on_both(test_db, proxy, f"SELECT count(*) FROM {_TABLE} WHERE {condition}", types, (value,))
+    assert _outcome(proxied) == _outcome(direct), (direct, proxied)
