@@ -97,6 +97,7 @@ _COMPARISONS: dict[type[exp.Expression], str] = {
     exp.EQ: "=", exp.NEQ: "<>", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<=",
 }
 _CASE_FUNCTIONS: dict[type[exp.Expression], str] = {exp.Lower: "lower", exp.Upper: "upper"}
+_PARAMETER_NUMBER = re.compile(r"\$([0-9]+)")
 _NUMBER = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _PARAMETER = re.compile(r"\$[1-9][0-9]{0,4}")
 
@@ -512,13 +513,18 @@ class _Renderer:
         return "(" + " OR ".join(terms) + ")"
 
     def _list_parameters(self, side: _Operand, values: list[_Operand]) -> None:
-        """Note an IN list of two values or more holding a bare parameter, on a column that is not
-        numeric (whose parameters the rewriter casts to numeric), for its declared types to be judged
-        at Bind (:class:`rewriter.listed_parameters.ListedParameters`)."""
-        numbers = tuple(int(value.sql[1:]) for value in values if value.parameter and value.cast is None)
-        if len(values) < 2 or not numbers or side.column is None or side.column.value_type[0] == NUMERIC:
+        """Note an IN list of two values or more holding a bare parameter (beside a numeric column,
+        one the rewriter casts to numeric), for its declared types to be judged at Bind
+        (:class:`rewriter.listed_parameters.ListedParameters`)."""
+        if side.column is None:
             return
-        others = [value for value in values if not (value.parameter and value.cast is None)]
+        # Beside a numeric column each parameter is cast to numeric (_compatible): those casts are its own.
+        cast = "numeric" if side.column.value_type[0] == NUMERIC else None
+        listed = [value for value in values if value.parameter and value.cast == cast]
+        numbers = tuple(int(found.group(1)) for value in listed if (found := _PARAMETER_NUMBER.search(value.sql)))
+        if len(values) < 2 or not numbers:
+            return
+        others = [value for value in values if value not in listed]
         untyped = all(value.literal and value.cast is None and value.column is None and not value.fold for value in others)
         self.listed_parameters.append(ListedParameters(side.column.value_type[0], numbers,
                                                        "none" if not others else "untyped" if untyped else "typed"))
