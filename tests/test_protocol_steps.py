@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from tests.conftest import TEST_POLICY, RunningProxy, TestDatabase, running_proxy, spent_epsilon
-from tests.wire import SYNC, Reply, bind, execute, parse, replies_on_both
+from tests.wire import SYNC, Reply, Wire, bind, describe, execute, parse, replies_on_both
 
 _TABLE = "steps_values"
 _POLICY = TEST_POLICY + (
@@ -92,3 +92,16 @@ def test_an_in_list_reads_an_unspecified_parameter_in_the_lists_common_type(
         test_db: TestDatabase, proxy: RunningProxy, condition: str, types: tuple[int, ...], value: bytes) -> None:
     direct, proxied = _run_on_both(test_db, proxy, f"SELECT count(*) FROM {_TABLE} WHERE {condition}", types, (value,))
     assert _outcome(proxied) == _outcome(direct), (direct, proxied)
+
+
+@pytest.mark.parametrize("condition", ["i IN ($1, 5.5)", "i IN ($1, $2, 3000000000)", "i IN ($1, 5)"])
+def test_an_in_lists_parameters_are_described_in_the_lists_common_type(
+        test_db: TestDatabase, proxy: RunningProxy, condition: str) -> None:
+    described = []
+    for wire in (Wire.direct(test_db.admin_dsn), Wire(proxy.host, proxy.port)):
+        try:
+            wire.send(parse("", f"SELECT count(*) FROM {_TABLE} WHERE {condition}"), describe(b"S", ""), SYNC)
+            described.append([body for kind, body in wire.read_until(b"Z") if kind == b"t"])
+        finally:
+            wire.close()
+    assert described[0] and described[1] == described[0]
