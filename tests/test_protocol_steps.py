@@ -7,35 +7,22 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import psycopg
 import pytest
 
-from tests.conftest import TEST_POLICY, RunningProxy, TestDatabase, running_proxy, spent_epsilon
+from tests.conftest import RunningProxy, TestDatabase, proxy_over_table, spent_by_plain
 from tests.wire import SYNC, Reply, Wire, bind, describe, execute, parse, replies_on_both
 
 _TABLE = "steps_values"
-_POLICY = TEST_POLICY + (
-    f"  public.{_TABLE}: {{{{access: protected, epsilon: 1.0, delta: 1.0e-6, columns: {{{{i: {{{{bounds: [0, 100]}}}}, "
-    "d: {{bounds: [2000-01-01, 2000-12-31]}}, ts: {{bounds: [2000-01-01, 2000-12-31]}}}}}}\n")
 
 
 @pytest.fixture(scope="module")
 def proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
-    """dpproxy over ``steps_values`` (i int4, d date, ts timestamp), 30 rows."""
-    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
-        admin.execute(f"DROP TABLE IF EXISTS {_TABLE}")
-        admin.execute(f"CREATE TABLE {_TABLE} (i int4, d date, ts timestamp)")
-        admin.execute(f"INSERT INTO {_TABLE} SELECT g, date '2000-05-01' + g % 3, timestamp '2000-05-01' "
-                      "FROM generate_series(1, 30) g")
-        admin.execute(f"GRANT SELECT ON {_TABLE} TO dpproxy_service")
-    with running_proxy(test_db, tmp_path_factory, _POLICY) as running:
+    """dpproxy over ``steps_values`` (i int4, d date, ts timestamp, n numeric(10, 2)), 30 rows, n 4.5 in each."""
+    with proxy_over_table(test_db, tmp_path_factory, _TABLE, "i int4, d date, ts timestamp, n numeric(10, 2)",
+                          "SELECT g, date '2000-05-01' + g % 3, timestamp '2000-05-01', 4.5 FROM generate_series(1, 30) g",
+                          "{i: {bounds: [0, 100]}, d: {bounds: [2000-01-01, 2000-12-31]}, "
+                          "ts: {bounds: [2000-01-01, 2000-12-31]}, n: {bounds: [0, 100]}}") as running:
         yield running
-
-
-def _spent(proxy: RunningProxy) -> float:
-    """The ε the raw connections' user (plain) has spent."""
-    with psycopg.connect(proxy.dsn(user="plain", password="plain"), autocommit=True, prepare_threshold=None) as conn:
-        return spent_epsilon(conn)
 
 
 def _errors(replied: list[Reply]) -> list[tuple[object, ...]]:
@@ -46,11 +33,11 @@ def _run_on_both(test_db: TestDatabase, proxy: RunningProxy, sql: str, types: tu
                  values: tuple[bytes | None, ...]) -> tuple[list[Reply], list[Reply]]:
     """PostgreSQL's replies to ``sql`` parsed with ``types``, bound to ``values`` and executed, and
     dpproxy's, which must have charged nothing when it failed."""
-    spent = _spent(proxy)
+    spent = spent_by_plain(proxy)
     direct, proxied = replies_on_both(test_db.admin_dsn, proxy.host, proxy.port,
                                       (parse("", sql, types), bind("", "", values), execute(""), SYNC))
     if _errors(proxied[0]):
-        assert _spent(proxy) == spent
+        assert spent_by_plain(proxy) == spent
     return direct[0], proxied[0]
 
 
@@ -105,3 +92,28 @@ def test_an_in_lists_parameters_are_described_in_the_lists_common_type(
         finally:
             wire.close()
     assert described[0] and described[1] == described[0]
+
+
+# A numeric column's IN list with a double precision parameter: PostgreSQL compares the list in double
+# precision, the others' values converted to it (a numeric or unspecified one bound to
+# 4.5000000000000001 is 4.5), where dpproxy casts each parameter to numeric (exact). It answered
+# another question, charged; refused now before any charge (rule in-list-parameter-types), unless the
+# others are double precision or an integer type, exact in double precision for every value a
+# numeric column of at most 15 digits holds (the only one a double precision parameter is answered beside).
+_NUMERIC_LIST = f"SELECT count(*) FROM {_TABLE} WHERE n IN ($1, $2)"
+
+
+@pytest.mark.parametrize("types", [(0, 701), (1700, 701), (701, 705)])
+def test_a_numeric_lists_double_precision_parameter_beside_a_numeric_or_unspecified_one_is_refused_uncharged(
+        test_db: TestDatabase, proxy: RunningProxy, types: tuple[int, int]) -> None:
+    direct, proxied = _run_on_both(test_db, proxy, _NUMERIC_LIST, types, (b"4.5000000000000001", b"0"))
+    assert (b"D", b"30") in direct  # PostgreSQL reads 4.5000000000000001 as 4.5: every row
+    assert [error[0] for error in _errors(proxied)] == [b"0A000"]
+    assert b"in-list-parameter-types" in _errors(proxied)[0][1]  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("types", [(701, 701), (20, 701), (0, 0), (1700, 0), (1700, 20)])
+def test_a_numeric_list_read_alike_in_its_common_type_is_answered(
+        test_db: TestDatabase, proxy: RunningProxy, types: tuple[int, int]) -> None:
+    _, proxied = _run_on_both(test_db, proxy, _NUMERIC_LIST, types, (b"4", b"0"))
+    assert not _errors(proxied), proxied

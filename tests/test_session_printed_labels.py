@@ -15,26 +15,21 @@ import psycopg
 import pytest
 from psycopg.types.string import TextLoader
 
-from tests.conftest import TEST_POLICY, RunningProxy, TestDatabase, running_proxy
+from tests.conftest import RunningProxy, TestDatabase, proxy_over_table
 
 _TABLE = "printed_labels"
-_POLICY = TEST_POLICY + (
-    f"  public.{_TABLE}: {{{{access: protected, epsilon: 1.0, delta: 1.0e-6, columns: {{{{i: {{{{bounds: [0, 100]}}}}, "
-    "d: {{categories: ['2000-05-01', '2000-5-2']}}, tz: {{categories: ['2000-05-01 12:00+00']}}, "
-    "iv: {{categories: ['1 day 02:00', '-3 hours']}}}}}}\n")
 _SETTINGS = ("SET DateStyle = 'SQL, DMY'", "SET TimeZone = 'Asia/Tokyo'", "SET IntervalStyle = 'sql_standard'")
 
 
 @pytest.fixture(scope="module")
 def proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
     """dpproxy over ``printed_labels`` (i int4, d date, tz timestamptz, iv interval), 60 rows."""
-    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
-        admin.execute(f"DROP TABLE IF EXISTS {_TABLE}")
-        admin.execute(f"CREATE TABLE {_TABLE} (i int4, d date, tz timestamptz, iv interval)")
-        admin.execute(f"INSERT INTO {_TABLE} SELECT g, date '2000-05-01' + g % 2, '2000-05-01 12:00+00', "
-                      "interval '-3 hours' FROM generate_series(1, 60) g")
-        admin.execute(f"GRANT SELECT ON {_TABLE} TO dpproxy_service")
-    with running_proxy(test_db, tmp_path_factory, _POLICY) as running:
+    with proxy_over_table(test_db, tmp_path_factory, _TABLE, "i int4, d date, tz timestamptz, iv interval",
+                          "SELECT g, date '2000-05-01' + g % 2, '2000-05-01 12:00+00', interval '-3 hours' "
+                          "FROM generate_series(1, 60) g",
+                          "{i: {bounds: [0, 100]}, d: {categories: ['2000-05-01', '2000-5-2']}, "
+                          "tz: {categories: ['2000-05-01 12:00+00']}, iv: {categories: ['1 day 02:00', '-3 hours']}}"
+                          ) as running:
         yield running
 
 

@@ -98,7 +98,6 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "order-names": ("tests/test_parse_differential.py::"
                     "test_an_order_by_item_that_is_an_outputs_name_in_parentheses_sorts_by_that_output",),
     "steps": ("tests/test_protocol_steps.py",),
-    "numeric-lists": ("tests/test_numeric_in_list_parameters.py",),
     "portals": ("tests/test_backend_portals.py::test_a_portal_over_a_table_protected_by_a_reload_hands_out_no_more_rows",),
 }
 
@@ -312,7 +311,7 @@ SITES: tuple[Site, ...] = (
     _off("param.in-list-bpchar-beside-strings", "rewriter/listed_parameters.py",
          "_BPCHAR in declared | {self.column_type} and declared | {self.column_type} != {_BPCHAR}", "stop45"),
     Site("param.in-list-numeric-double-precision", "rewriter/listed_parameters.py",
-         "return FLOAT8 not in declared or declared <= {FLOAT8} | INTEGER_TYPES", "return True", "numeric-lists"),
+         "return FLOAT8 not in declared or declared <= {FLOAT8} | INTEGER_TYPES", "return True", "steps"),
     Site("param.in-list-typed-beside-unspecified", "rewriter/listed_parameters.py", 'return self.others != "typed"',
          "return True", "stop45"),
     Site("fold.unknown-parameter-described", "proxy/dp/bound_values.py",
