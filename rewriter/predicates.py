@@ -846,9 +846,9 @@ def _integer_list_type(side: _Operand, values: list[_Operand]) -> str | None:
     make it wider than the column's (``i IN ($1, 5.5)`` on an integer: numeric; ``s IN ($1, 5)`` on a
     smallint: integer), else None. PostgreSQL converts the column and every value to the list's
     common type, an unspecified parameter too (``'5.0'`` is read as numeric 5.0, where ``i = $1``
-    reads it as an integer and fails, 22P02); where the declared types allow one reading at all
-    (:class:`rewriter.listed_parameters.ListedParameters`), a bare parameter cast to this type reads
-    as PostgreSQL's."""
+    reads it as an integer and fails, 22P02), an untyped string too; where the declared types allow
+    one reading at all (:class:`rewriter.listed_parameters.ListedParameters`), a bare parameter cast
+    to this type reads as PostgreSQL's."""
     column = side.column
     if column is None or column.value_type[0] not in _INTEGER_RANKS:
         return None
@@ -860,11 +860,12 @@ def _integer_list_type(side: _Operand, values: list[_Operand]) -> str | None:
 
 
 def _in_common_type(value: _Operand, common: str | None) -> _Operand:
-    """``value`` as an IN list compares it: a bare parameter cast to the list's ``common`` type
-    (:func:`_integer_list_type`), any other value as it is."""
-    if common is None or not value.parameter or value.cast is not None:
+    """``value`` as an IN list compares it: a bare parameter or an untyped string cast to the list's
+    ``common`` type (:func:`_integer_list_type`; ``i IN ('5.0', 5.5)`` reads ``'5.0'`` as numeric),
+    any other value as it is."""
+    if common is None or value.cast is not None or not (value.parameter or value.text is not None):
         return value
-    return _Operand(f"CAST({value.sql} AS pg_catalog.{common})", cast=common, parameter=True)
+    return _Operand(f"CAST({value.sql} AS pg_catalog.{common})", cast=common, parameter=value.parameter)
 
 
 def _float_literal(operand: _Operand) -> _Operand:
