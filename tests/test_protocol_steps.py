@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import RunningProxy, TestDatabase, proxy_over_table, spent_by_plain
-from tests.wire import SYNC, Reply, Wire, bind, describe, execute, parse, replies_on_both
+from tests.wire import SYNC, Reply, Wire, bind, cstr, describe, execute, message, parse, replies_on_both
 
 _TABLE = "steps_values"
 
@@ -74,6 +74,10 @@ def _outcome(replied: list[Reply]) -> str:
     ("i IN ($1, 2147483648)", (), b"-2147483649"),
     ("i IN ($1, -2147483648)", (), b"-2147483649"),  # an integer: PostgreSQL fails (22003)
     ("i IN ($1, -2147483649)", (), b"-2147483649"),
+    # an untyped string beside them is read in the list's type too
+    ("i IN ('5.0', 5.5, $1)", (), b"5"),
+    ("i IN ('3000000000', 3000000000, $1)", (), b"5"),
+    ("i IN ('abc', 5.5, $1)", (), b"5"),
 ])
 def test_an_in_list_reads_an_unspecified_parameter_in_the_lists_common_type(
         test_db: TestDatabase, proxy: RunningProxy, condition: str, types: tuple[int, ...], value: bytes) -> None:
@@ -117,3 +121,19 @@ def test_a_numeric_list_read_alike_in_its_common_type_is_answered(
         test_db: TestDatabase, proxy: RunningProxy, types: tuple[int, int]) -> None:
     _, proxied = _run_on_both(test_db, proxy, _NUMERIC_LIST, types, (b"4", b"0"))
     assert not _errors(proxied), proxied
+
+
+def _query(sql: str) -> tuple[bytes, ...]:
+    return (message(b"Q", cstr(sql)),)
+
+
+@pytest.mark.parametrize("taken", [_query("DECLARE c CURSOR FOR SELECT 1"),
+                                   (parse("", "SELECT 1"), bind("c", ""), SYNC)])
+def test_a_bind_naming_a_cursor_or_portal_the_session_has_fails_as_on_postgresql(
+        test_db: TestDatabase, proxy: RunningProxy, taken: tuple[bytes, ...]) -> None:
+    # In PostgreSQL a SQL cursor is a portal: one namespace (42P03, 'cursor "c" already exists').
+    direct, proxied = replies_on_both(test_db.admin_dsn, proxy.host, proxy.port, _query("BEGIN"), taken,
+                                      (parse("", "SELECT 2"), bind("c", ""), execute("c"), SYNC), _query("ROLLBACK"))
+    assert _errors(direct[2]) == [(b"42P03", b'cursor "c" already exists')]
+    assert _errors(proxied[2]) == _errors(direct[2]) and [r[0] for r in proxied[2]] == [r[0] for r in direct[2]]
+    # (the block goes on after it, as after any refusal dpproxy makes itself: PostgreSQL's is failed)
