@@ -44,7 +44,8 @@ from .sqlglot_parse import VARIANCE_FUNCTIONS, parse_postgres
 from .statements import split_statements
 from .text_bounds import work_refusal
 from .types import (ARRAY_TYPES, FINITE_NUMBER_TYPES, FLOAT4, FLOAT8, INT2, INT4, INT8, INTEGER_TYPES, MAX_ABS_BOUND,
-                    MAX_ABS_VARIANCE_BOUND, NUMBER_ARRAY_NAMES, NUMERIC, NUMERIC_TYPES, aggregate_result_type)
+                    MAX_ABS_VARIANCE_BOUND, NUMBER_ARRAY_NAMES, NUMERIC, NUMERIC_TYPES, SESSION_PRINTED_TYPES,
+                    aggregate_result_type)
 
 __all__ = ["Aggregate", "AggregateQuery", "SeriesLimit", "asks_for_no_row", "plan_aggregate_query", "too_many_cells"]
 
@@ -245,7 +246,7 @@ def plan_aggregate_query(
     conditions = PredicateRenderer(scope)
     if not groups:
         _check_one_row_order(tree, scope)
-    if enclosing is None and not groups and _plain(tree):
+    if enclosing is None and not groups and _plain(tree) and not _mode_printed_by_the_session(tree, scope):
         aggregates = _named(tuple(_aggregate(item, scope, conditions) for item in tree.expressions), names[0])
     else:
         aggregates, post = _post_processed(tree, scope, conditions, enclosing, groups, names, ordinal=ranking)
@@ -359,6 +360,21 @@ def _plain(tree: exp.Select) -> bool:
     return all(_is_aggregate(item) or item.find(exp.AggFunc) is None for item in items) and all(
         _is_aggregate(item) or isinstance(item, (exp.Column, exp.Star)) for item in items
     )
+
+
+def _mode_printed_by_the_session(tree: exp.Select, scope: Scope) -> bool:
+    """Whether the statement asks a MODE of a column whose values PostgreSQL prints by the session's
+    settings (:data:`rewriter.types.SESSION_PRINTED_TYPES`: a date in its DateStyle). Its categories
+    are printed at load, under the service's settings (``ColumnInfo.printed_labels``); such a MODE is
+    answered through the outer statement (post-processing), where the released category is printed
+    again in the session, as a GROUP BY's keys are (``SET DateStyle = 'SQL, DMY'``: ``01/05/2000``)."""
+    for node in tree.find_all(exp.WithinGroup):
+        if isinstance(node.this, exp.Mode):
+            for column in node.expression.find_all(exp.Column):
+                info = scope.table.columns.get(identifier(column.this)) if isinstance(column.this, exp.Identifier) else None
+                if info is not None and info.value_type[0] in SESSION_PRINTED_TYPES:
+                    return True
+    return False
 
 
 def _derived_levels(tree: exp.Select) -> list[exp.Select]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .types import INTEGER_TYPES
+from .types import FLOAT8, INTEGER_TYPES, NUMERIC
 
 __all__ = ["INFERRED", "ListedParameters"]
 
@@ -63,8 +63,14 @@ class ListedParameters:
         ``char(3)`` column, both declared text, compares as text, trailing blanks and all, where each
         ``c = $k`` compares as bpchar, without them); or, on a text or varchar column, every one
         declared of a type compared as text (``text``, ``varchar``, ``name``, ``"char"``) or
-        unspecified, beside no typed value."""
+        unspecified, beside no typed value. Beside a numeric column (whose parameters are each cast
+        to numeric), any types but double precision beside a numeric, ``unknown`` or unspecified one."""
         declared = {types[number - 1] if number <= len(types) else 0 for number in self.numbers}
+        if self.column_type == NUMERIC:
+            # Each is cast to numeric (rewriter.predicates); so is PostgreSQL's list, unless one is
+            # double precision: then the list is, and a numeric or unspecified one bound to
+            # 4.5000000000000001 is 4.5 to PostgreSQL (exact only for the integer types).
+            return FLOAT8 not in declared or declared <= {FLOAT8} | INTEGER_TYPES
         if declared <= INFERRED or (self.column_type in _TEXT_COLUMNS and declared <= _TEXT_VALUES):
             return self.others != "typed"
         families = {_family(type_oid) for type_oid in declared}

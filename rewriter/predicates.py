@@ -97,6 +97,7 @@ _COMPARISONS: dict[type[exp.Expression], str] = {
     exp.EQ: "=", exp.NEQ: "<>", exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<=",
 }
 _CASE_FUNCTIONS: dict[type[exp.Expression], str] = {exp.Lower: "lower", exp.Upper: "upper"}
+_PARAMETER_NUMBER = re.compile(r"\$([0-9]+)")
 _NUMBER = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _PARAMETER = re.compile(r"\$[1-9][0-9]{0,4}")
 
@@ -491,15 +492,14 @@ class _Renderer:
             raise self.refuse("IN takes a list of literals on protected table")
         column = self._column_side(node.this)
         conjunct = self.conjunct and not node.args.get("negate")
-        terms = []
-        values = []
+        terms: list[str] = []
+        values: list[_Operand] = []
         first = len(self.folds)
         positive, self.positive = self.positive, self.positive and not node.args.get("negate")
         try:
-            for item in node.expressions:
-                value = self._compatible(column, self._value(item))[1]
-                values.append(value)
-                terms.append(self._compare(column, "=", value))
+            values = [self._compatible(column, self._value(item))[1] for item in node.expressions]
+            common = _integer_list_type(column, values)
+            terms = [self._compare(column, "=", _in_common_type(value, common)) for value in values]
         finally:
             self.positive = positive
         if len(self.folds) > first and not any(value.parameter for value in values):
@@ -513,13 +513,18 @@ class _Renderer:
         return "(" + " OR ".join(terms) + ")"
 
     def _list_parameters(self, side: _Operand, values: list[_Operand]) -> None:
-        """Note an IN list of two values or more holding a bare parameter, on a column that is not
-        numeric (whose parameters the rewriter casts to numeric), for its declared types to be judged
-        at Bind (:class:`rewriter.listed_parameters.ListedParameters`)."""
-        numbers = tuple(int(value.sql[1:]) for value in values if value.parameter and value.cast is None)
-        if len(values) < 2 or not numbers or side.column is None or side.column.value_type[0] == NUMERIC:
+        """Note an IN list of two values or more holding a bare parameter (beside a numeric column,
+        one the rewriter casts to numeric), for its declared types to be judged at Bind
+        (:class:`rewriter.listed_parameters.ListedParameters`)."""
+        if side.column is None:
             return
-        others = [value for value in values if not (value.parameter and value.cast is None)]
+        # Beside a numeric column each parameter is cast to numeric (_compatible): those casts are its own.
+        cast = "numeric" if side.column.value_type[0] == NUMERIC else None
+        listed = [value for value in values if value.parameter and value.cast == cast]
+        numbers = tuple(int(found.group(1)) for value in listed if (found := _PARAMETER_NUMBER.search(value.sql)))
+        if len(values) < 2 or not numbers:
+            return
+        others = [value for value in values if value not in listed]
         untyped = all(value.literal and value.cast is None and value.column is None and not value.fold for value in others)
         self.listed_parameters.append(ListedParameters(side.column.value_type[0], numbers,
                                                        "none" if not others else "untyped" if untyped else "typed"))
@@ -818,6 +823,49 @@ class _Renderer:
                     "its range; compare with a numeric literal instead.",
                 )
         return operands[0], operands[1]
+
+
+_INTEGER_RANKS = {INT2: 0, INT4: 1, INT8: 2}
+_RANKED_TYPES = ("int2", "int4", "int8", "numeric")
+
+
+def _number_rank(sql: str) -> int:
+    """Where the type PostgreSQL gives number literal ``sql`` (``5``, ``5.5``, ``(-5)``) stands in
+    :data:`_RANKED_TYPES`: a whole number is an integer if it fits, else a bigint if it fits (its sign
+    included: ``-2147483648`` is an integer, ``2147483648`` a bigint), else numeric, as any other
+    number is."""
+    digits = sql.strip("()-")
+    if not digits.isdigit():
+        return 3
+    value = -int(digits) if sql.startswith("(-") else int(digits)
+    return 1 if -(2**31) <= value < 2**31 else 2 if -(2**63) <= value < 2**63 else 3
+
+
+def _integer_list_type(side: _Operand, values: list[_Operand]) -> str | None:
+    """The type PostgreSQL compares an IN list on an integer column in, where its number literals
+    make it wider than the column's (``i IN ($1, 5.5)`` on an integer: numeric; ``s IN ($1, 5)`` on a
+    smallint: integer), else None. PostgreSQL converts the column and every value to the list's
+    common type, an unspecified parameter too (``'5.0'`` is read as numeric 5.0, where ``i = $1``
+    reads it as an integer and fails, 22P02), an untyped string too; where the declared types allow
+    one reading at all (:class:`rewriter.listed_parameters.ListedParameters`), a bare parameter cast
+    to this type reads as PostgreSQL's."""
+    column = side.column
+    if column is None or column.value_type[0] not in _INTEGER_RANKS:
+        return None
+    own = _INTEGER_RANKS[column.value_type[0]]
+    ranks = [_number_rank(value.sql) for value in values
+             if value.literal and value.text is None and value.cast is None and value.column is None and not value.fold]
+    widest = max(ranks, default=own)
+    return _RANKED_TYPES[widest] if widest > own else None
+
+
+def _in_common_type(value: _Operand, common: str | None) -> _Operand:
+    """``value`` as an IN list compares it: a bare parameter or an untyped string cast to the list's
+    ``common`` type (:func:`_integer_list_type`; ``i IN ('5.0', 5.5)`` reads ``'5.0'`` as numeric),
+    any other value as it is."""
+    if common is None or value.cast is not None or not (value.parameter or value.text is not None):
+        return value
+    return _Operand(f"CAST({value.sql} AS pg_catalog.{common})", cast=common, parameter=value.parameter)
 
 
 def _float_literal(operand: _Operand) -> _Operand:

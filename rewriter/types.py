@@ -34,6 +34,10 @@ NUMERIC_TYPES = INTEGER_TYPES | {FLOAT4, FLOAT8, NUMERIC}
 # Released values of these types are never NULL, NaN or infinite (the bounds below keep them in
 # range); real is left out, as a noised value is rounded to it and may round past its range
 # (proxy.wire.values), and rewriter.certain_errors reasons from this.
+SESSION_PRINTED_TYPES = frozenset({17, 790, 1082, 1114, 1184, 1186})
+"""Types whose values PostgreSQL prints by the session's settings: bytea (``bytea_output``), money
+(``lc_monetary``), date and the time stamps (``DateStyle``; ``timestamptz`` in its ``TimeZone``),
+interval (``IntervalStyle``)."""
 FINITE_NUMBER_TYPES = INTEGER_TYPES | {FLOAT8, NUMERIC}
 #: The arrays of the number types by their SQL names: what a percentile's array form answers.
 NUMBER_ARRAY_NAMES = {ARRAY_TYPES[INT2]: "smallint[]", ARRAY_TYPES[INT4]: "integer[]", ARRAY_TYPES[INT8]: "bigint[]",

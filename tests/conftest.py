@@ -303,6 +303,28 @@ def running_proxy(
 
 
 @contextmanager
+def proxy_over_table(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, table: str, ddl: str,
+                     rows: str, columns: str) -> Iterator[RunningProxy]:
+    """A dpproxy under TEST_POLICY with ``public.<table>`` protected (epsilon 1, ``columns``: its
+    policy's columns in YAML flow style), the table made afresh as ``ddl`` and filled by ``rows`` (a
+    SELECT), stopped on exit."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute(f"DROP TABLE IF EXISTS {table}")
+        admin.execute(f"CREATE TABLE {table} ({ddl})")
+        admin.execute(f"INSERT INTO {table} {rows}")
+        admin.execute(f"GRANT SELECT ON {table} TO {SERVICE_ROLE}")
+    entry = f"  public.{table}: {{access: protected, epsilon: 1.0, delta: 1.0e-6, columns: {columns}}}\n"
+    with running_proxy(test_db, tmp_path_factory, TEST_POLICY + entry.replace("{", "{{").replace("}", "}}")) as running:
+        yield running
+
+
+def spent_by_plain(proxy: RunningProxy) -> float:
+    """The ε the user ``plain`` (tests.wire's raw connections') has spent through ``proxy``."""
+    with psycopg.connect(proxy.dsn(user="plain", password="plain"), autocommit=True, prepare_threshold=None) as conn:
+        return spent_epsilon(conn)
+
+
+@contextmanager
 def dropped_around(admin: psycopg.Connection, *names: str) -> Iterator[psycopg.Connection]:
     """``admin``, with the tables ``names`` dropped before and after (a test creates them)."""
     admin.execute(f"DROP TABLE IF EXISTS {', '.join(names)}")

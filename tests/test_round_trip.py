@@ -103,6 +103,10 @@ def test_every_answered_statement_with_bound_parameters_chooses_the_rows_postgre
         print("\n".join(map(str, listed[:30])))
     assert checked.planned >= PARAMETER_CASES // 4 and checked.evaluated >= PARAMETER_CASES // 8, (SEED, checked)
     assert not checked.mismatches, f"DPPROXY_FUZZ_SEED={SEED}\n" + "\n".join(map(str, checked.mismatches[:60]))
+    # A statement PostgreSQL cannot parse with its declared types (42883, 42846 ...) fails so before
+    # any value is read (proxy.dp.bound_values); only which of two values' errors comes first may differ.
+    unparsed = [mismatch for mismatch in checked.uncharged if not mismatch.outcomes[0][1].startswith("22")]
+    assert not unparsed, f"DPPROXY_FUZZ_SEED={SEED}\n" + "\n".join(map(str, unparsed[:60]))
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +129,7 @@ def test_every_answered_output_expression_evaluates_the_released_values_as_postg
     ("tests.round_trip_parameters", "check_numeric_parameters", lambda *args: None, PARAMETER_CASES),
     # (the rarest: at DPPROXY_FUZZ_SEED=134 the 1,825th case, i IN ($1, $2, 5) declared numeric and unspecified)
     ("tests.round_trip_parameters", "check_listed_parameters", lambda *args: None, 2 * PARAMETER_CASES),
-    ("proxy.dp.folding", "INFERRED", frozenset({0}), PARAMETER_CASES),
+    ("proxy.dp.bound_values", "INFERRED", frozenset({0}), PARAMETER_CASES),
 ])
 def test_the_parameter_check_reports_a_known_misreading_when_its_fix_is_switched_off(
         parameter_round_trip: ParameterRoundTrip, monkeypatch: pytest.MonkeyPatch, module: str, name: str,

@@ -714,6 +714,19 @@ class BackendSession:
         columns = range(result.nfields)
         return [result.get_value(0, c) for c in columns], [result.ftype(c) for c in columns]
 
+    async def first_row_parsed(self, statement: str, sql: str, params: BoundParams) -> list[bytes | None]:
+        """``sql``'s first row as text, run with ``params``, after ``statement`` is parsed (never
+        run) with their declared types, in one pipeline: one round trip. The statement's Parse
+        error is raised, ``sql`` skipped, as PostgreSQL reports a statement's before it reads any
+        value bound to it."""
+
+        def send(pgconn: PGconn) -> None:
+            pgconn.send_prepare(b"", _encoded(statement, pgconn), list(params.types) or None)
+            _sender(sql, params, 0, True)(pgconn)
+
+        result = await self._pipelined_last(send, 2)
+        return [result.get_value(0, c) for c in range(result.nfields)]
+
     async def unread(self, sql: str, params: BoundParams | None = None, steps: Sequence[str] = (),
                      memory: MemorySteps | None = None) -> UnreadRows:
         """Run a statement like ``execute``, in text, and return its rows unread: a DP query's

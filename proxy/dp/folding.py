@@ -16,10 +16,10 @@ from dataclasses import replace
 
 from policies.errors import SQLSTATE, Refusal
 from proxy.backend.connection import BackendSession, BoundParams
+from proxy.dp.bound_values import evaluated
 from proxy.wire.encodings import ClientEncoding
 from rewriter.constants import Folding, fold_query, folded_comparison
 from rewriter.dp_query import AggregateQuery
-from rewriter.listed_parameters import INFERRED
 from rewriter.like_patterns import case_folded_bytes, case_folded_refusal, longest_part_after_percent, pattern_refusal
 from rewriter.rewrite import backend_sql
 from rewriter.text_bounds import LIKE_WORK, work_refusal
@@ -55,12 +55,7 @@ async def bind_constants(
         raise _pattern_refused(refused, plan)
     if not folding.folds:
         return replace(plan, folding=None), params
-    if params.values and not INFERRED.isdisjoint(params.types):
-        # Each of the two queries uses only some of the parameters; PostgreSQL must be told
-        # the types of the others, which it infers from the whole statement.
-        types, _ = await backend.describe(backend_sql(plan, seed=0), params.types)
-        params = BoundParams(params.values, params.formats, tuple(types))
-    values, _ = await backend.first_row(fold_query(folding.folds), params if params.values else None)
+    values, params = await evaluated(plan, params, fold_query(folding.folds), backend)
     comparisons = _comparisons(folding, values, backend.client_encoding)
     where_sql = folding.filled(comparisons) if folding.template is not None else None
     aggregates = plan.aggregates

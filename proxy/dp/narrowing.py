@@ -16,8 +16,8 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from proxy.backend.connection import BackendSession, BoundParams
+from proxy.dp.bound_values import evaluated
 from rewriter.dp_query import AggregateQuery
-from rewriter.listed_parameters import INFERRED
 from rewriter.group_keys import DATE, TIMESTAMP, TIMESTAMPTZ, GroupKey, KeyRange
 from rewriter.rewrite import backend_sql
 
@@ -36,10 +36,7 @@ async def narrow_keys(plan: AggregateQuery, params: BoundParams, backend: Backen
     """
     if not plan.ranges:
         return plan, params
-    if params.values and not INFERRED.isdisjoint(params.types):
-        types, _ = await backend.describe(backend_sql(plan, seed=0), params.types)
-        params = BoundParams(params.values, params.formats, tuple(types))
-    values, _ = await backend.first_row(range_query(plan), params if params.values else None)
+    values, params = await evaluated(plan, params, range_query(plan), backend)
     bounds: dict[int, tuple[datetime | None, datetime | None]] = {}
     for limit, value in zip(plan.ranges, values):
         moment = _moment(value)

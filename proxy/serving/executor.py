@@ -388,6 +388,10 @@ class Executor:
             return await self.backend.describe_portal(name)
         return None
 
+    def has_cursor(self, name: str) -> bool:
+        """Whether the session has SQL cursor ``name``, a portal's name in PostgreSQL too."""
+        return self.cursors.find(name) is not None
+
     async def known_fields(self, plan: Plan, result_formats: tuple[int, ...]) -> list[Field] | None:
         if isinstance(plan.decision, (CopyOut, DeclareCursor, CloseCursor)):
             # NoData, as PostgreSQL describes a COPY or a DECLARE: run here, a DP one was charged

@@ -97,6 +97,11 @@ class Runner(Protocol):
         """The columns of SQL cursor ``name`` (None: there is none)."""
         ...
 
+    def has_cursor(self, name: str) -> bool:
+        """Whether the session has SQL cursor ``name`` (DECLARE): in PostgreSQL a cursor is a
+        portal, and a Bind cannot name a portal after it."""
+        ...
+
     async def run(
         self, plan: Plan, params: BoundParams, result_formats: tuple[int, ...]
     ) -> tuple[ResultSet, list[str]]: ...
@@ -248,8 +253,8 @@ class ExtendedProtocol:
 
     def _bind(self, message: protocol.Bind) -> None:
         statement = self._statement(message.statement)
-        if message.portal and message.portal in self.portals:
-            raise Refusal("42P03", f'portal "{message.portal}" already exists')
+        if message.portal and (message.portal in self.portals or self.runner.has_cursor(message.portal)):
+            raise Refusal("42P03", f'cursor "{message.portal}" already exists')  # PostgreSQL's words for both
         count = len(message.params)
         # As PostgreSQL: the statement's parameters are its declared types, or as many as its
         # highest $n if that is more. Checked here, before a DP answer could be charged.

@@ -99,6 +99,7 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "stop46": ("tests/test_attack_stop46_red.py",),
     "order-names": ("tests/test_parse_differential.py::"
                     "test_an_order_by_item_that_is_an_outputs_name_in_parentheses_sorts_by_that_output",),
+    "steps": ("tests/test_protocol_steps.py",),
     "portals": ("tests/test_backend_portals.py::test_a_portal_over_a_table_protected_by_a_reload_hands_out_no_more_rows",),
 }
 
@@ -311,11 +312,15 @@ SITES: tuple[Site, ...] = (
          "if False:", "stop45"),
     _off("param.in-list-bpchar-beside-strings", "rewriter/listed_parameters.py",
          "_BPCHAR in declared | {self.column_type} and declared | {self.column_type} != {_BPCHAR}", "stop45"),
+    Site("param.in-list-numeric-double-precision", "rewriter/listed_parameters.py",
+         "return FLOAT8 not in declared or declared <= {FLOAT8} | INTEGER_TYPES", "return True", "steps"),
     Site("param.in-list-typed-beside-unspecified", "rewriter/listed_parameters.py", 'return self.others != "typed"',
          "return True", "stop45"),
-    Site("fold.unknown-parameter-described", "proxy/dp/folding.py",
-         "if params.values and not INFERRED.isdisjoint(params.types):", "if params.values and 0 in params.types:",
-         "stop45"),
+    Site("fold.unknown-parameter-described", "proxy/dp/bound_values.py",
+         "if INFERRED.isdisjoint(params.types):", "if 0 not in params.types:", "stop45"),
+    Site("fold.statement-parsed-first", "proxy/dp/bound_values.py",
+         "return await backend.first_row_parsed(statement, query, params), params",
+         "return (await backend.first_row(query, params))[0], params", "steps"),
     # ------------------------------------------------------------------ rewriter/function_check.py, catalog.py
     Site("func.attribute-notation", _F, "        if name in NEUTRALISED_FUNCTIONS or on_a_value or not (",
          "        if False and (", "catalog"),
