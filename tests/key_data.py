@@ -13,7 +13,11 @@ timestamptz instants near midnight in several zones.
 
 from __future__ import annotations
 
-__all__ = ["KEY_COLUMNS", "KEY_POLICY", "KEY_ROWS", "KEY_TABLE_DDL", "key_rows_sql"]
+import psycopg
+
+from tests.conftest import TestDatabase
+
+__all__ = ["KEY_COLUMNS", "KEY_POLICY", "KEY_ROWS", "KEY_TABLE_DDL", "create_key_table", "key_rows_sql"]
 
 KEY_TABLE_DDL = ("id int, t text, h text, v varchar(8), c char(4), b bool, dc date, i int4, big int8, s int2, "
                  "f float8, n numeric, d date, ts timestamp, tz timestamptz, w date, iv interval")
@@ -86,3 +90,12 @@ def key_rows_sql() -> str:
                              for name, pool in _VALUES.items()]
         rows.append("(" + ", ".join(values) + ")")
     return "INSERT INTO gk VALUES " + ", ".join(rows)
+
+
+def create_key_table(test_db: TestDatabase) -> None:
+    """(Re)create ``gk`` with its :data:`KEY_ROWS` rows; dpproxy's service role may read it."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS gk")
+        conn.execute(f"CREATE TABLE gk ({KEY_TABLE_DDL})")
+        conn.execute(key_rows_sql())
+        conn.execute("GRANT SELECT ON gk TO dpproxy_service")

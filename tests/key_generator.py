@@ -120,11 +120,12 @@ def _test(kind: str, key: str, rng: random.Random) -> str:
 
 
 def _order(names: list[str], rng: random.Random) -> str:
-    """An ORDER BY that orders the groups totally (their keys are distinct), or none."""
+    """An ORDER BY that orders the groups totally (their keys are distinct: each by one of ``names``,
+    which may be the key's name, position or expression), or none."""
     roll = rng.random()
     if roll < 0.3:
         return ""
-    items = [rng.choice((name, f"{name} DESC", f"{name} NULLS FIRST", f"{name} DESC NULLS LAST")) for name in names]
+    items = [name + rng.choice(("", " DESC", " NULLS FIRST", " DESC NULLS LAST")) for name in names]
     if roll < 0.5:
         items.insert(0, rng.choice(("n DESC", "n", "count(*) DESC")))
     return " ORDER BY " + ", ".join(items)
@@ -146,8 +147,9 @@ def answer_statements(rng: random.Random, count: int) -> Iterator[KeyCase]:
         having = " HAVING count(*) > 0" + (f" AND {_test(kinds[0], keys[0], rng)}" if rng.random() < 0.5 else "")
         names = [f"k{position}" for position in range(1, len(keys) + 1)]
         shape = rng.random()
-        if shape < 0.4:  # the aggregate itself
-            order = _order(names, rng)
+        if shape < 0.4:  # the aggregate itself, ordered by each key's name, position or expression
+            order = _order([rng.choice((name, str(position), key)) for position, (name, key) in enumerate(zip(names, keys), 1)],
+                           rng)
             statement = (f"SELECT {outputs}, count(*) AS n FROM gk{inside} GROUP BY {_grouped(keys, rng)}{having}"
                          f"{order}{_limit(bool(order), rng)}")
         elif shape < 0.65:  # Superset's virtual_table (or a CTE) over it, a condition outside
@@ -168,7 +170,7 @@ def answer_statements(rng: random.Random, count: int) -> Iterator[KeyCase]:
             columns = ", ".join(f'{key} AS "k{position}"' for position, key in enumerate(keys, 1))
             picked = ", ".join(f'"source"."k{position}" AS "k{position}"' for position in range(1, len(keys) + 1))
             grouped = ", ".join(f'"source"."k{position}"' for position in range(1, len(keys) + 1))
-            order = _order(names, rng).replace("count(*)", '"n"')
+            order = _order([rng.choice((name, f'"source"."{name}"')) for name in names], rng).replace("count(*)", '"n"')
             statement = (f'SELECT {picked}, count(*) AS "n" FROM (SELECT {columns} FROM gk{inside}) AS "source" '
                          f"GROUP BY {grouped} HAVING count(*) > 0{order}{_limit(bool(order), rng)}")
         yield KeyCase(statement, tuple(keys), tuple(kinds))

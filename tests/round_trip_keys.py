@@ -9,8 +9,8 @@ range) and releases each cell under a label from the policy, of which its outer 
 (rewriter/post_process.py) computes the analyst's key. Where that is not PostgreSQL's key for a
 row, the row is counted under another key than the one it has: a hole in what comes back.
 
-:meth:`KeyRoundTrip.cells`, for ``SELECT <keys>, count(*) AS n FROM gk GROUP BY ...``, under each of
-:data:`ZONES` (TimeZone and DateStyle; the backend session has the client's):
+:meth:`KeyRoundTrip.cells`, for ``SELECT <keys>, count(*) AS n FROM gk GROUP BY ...``, under the
+profiles of :data:`ZONES` (TimeZone and DateStyle; the backend session has the client's):
 
 * dpproxy's cell of each row: its backend SQL run once a row (``LATERAL``, the table read as that
   row alone), each group's keys read by ``GroupKey.cell_of`` and ``KeyDomain.cell`` as the release
@@ -43,7 +43,9 @@ import psycopg
 from psycopg import pq
 
 from proxy.backend.connection import ResultSet
+from policies.errors import Refusal
 from proxy.dp.answer import DPAnswer, release_params
+from rewriter.classify import DPQuery
 from rewriter.dp_query import AggregateQuery
 from rewriter.group_keys import GroupKey
 from rewriter.rewrite import backend_sql, split_cells
@@ -73,6 +75,8 @@ class KeyChecked:
     rows: int = 0
     dropped: int = 0  # rows outside a key's declared domain left out of every cell (as documented)
     failing: int = 0  # rows dpproxy counts whose key PostgreSQL fails to compute (the row's value decides)
+    claimed: int = 0  # statements refused with a SQLSTATE of PostgreSQL's own (class 42 or 22)
+    uncharged: list[str] = field(default_factory=list)  # refused with another SQLSTATE than PostgreSQL fails with
     mismatches: list[Mismatch] = field(default_factory=list)
     kinds: dict[str, int] = field(default_factory=dict)  # planned statements by the kind of each key
 
@@ -122,12 +126,14 @@ def _exact_answer(plan: AggregateQuery, counts: list[int]) -> DPAnswer:
 
 class KeyRoundTrip:
     """Plans statements as dpproxy does (through ``trip``) and compares their cells and answers with
-    PostgreSQL's on the database at ``dsn``, under each of :data:`ZONES`."""
+    PostgreSQL's on the database at ``dsn``, each under :data:`ZONES`' first profile and one other in
+    turn (or, ``all_profiles``, under each)."""
 
-    def __init__(self, trip: RoundTrip, dsn: str, zones: tuple[tuple[str, str], ...] = ZONES) -> None:
+    def __init__(self, trip: RoundTrip, dsn: str, all_profiles: bool = False) -> None:
         self._trip = trip
+        self._all_profiles = all_profiles
         self._connections: list[psycopg.Connection[Any]] = []
-        for zone, date_style in zones:
+        for zone, date_style in ZONES:
             conn = psycopg.connect(dsn, autocommit=True)
             for setting in ("statement_timeout = 5000", f"TimeZone = '{zone}'", f"DateStyle = '{date_style}'"):
                 conn.execute(f"SET {setting}")
@@ -142,9 +148,9 @@ class KeyRoundTrip:
     def cells(self, cases: Iterable[KeyCase], first: bool = False) -> KeyChecked:
         """Check each case's cells row by row (``first``: stop at the first mismatch)."""
         checked = KeyChecked()
-        for case, decision in self._planned(cases, checked, first):
+        for index, (case, decision) in enumerate(self._planned(cases, checked, first)):
             plan = decision.plan
-            for conn in self._connections:
+            for conn in self._profiles(index):
                 checked.compared += 1
                 found = self._cell_mismatch(conn, case.statement, plan, list(case.keys), checked)
                 if found is not None:
@@ -152,13 +158,43 @@ class KeyRoundTrip:
                     break
         return checked
 
-    def _planned(self, cases: Iterable[KeyCase], checked: KeyChecked, first: bool) -> Iterator[tuple[KeyCase, Any]]:
-        for case, decision in self._trip.planned(cases, lambda case: case.statement, checked, first):  # type: ignore[arg-type]
-            if not decision.plan.groups:
+    def _profiles(self, index: int) -> list[psycopg.Connection[Any]]:
+        """The sessions the ``index``-th statement is checked in: the first profile's (UTC) and, in
+        turn, one other (every profile with ``all_profiles``)."""
+        if self._all_profiles or len(self._connections) < 3:
+            return self._connections
+        return [self._connections[0], self._connections[1 + index % (len(self._connections) - 1)]]
+
+    def _planned(self, cases: Iterable[KeyCase], checked: KeyChecked, first: bool) -> Iterator[tuple[KeyCase, DPQuery]]:
+        """Each of ``cases`` dpproxy plans as a GROUP BY, with its plan; a refusal that claims PostgreSQL's
+        own error (a SQLSTATE of class 42 or 22) is compared with PostgreSQL's outcome on ``gk`` first."""
+        for case in cases:
+            if first and checked.mismatches:
+                return
+            checked.generated += 1
+            decision = self._trip.decide(case.statement)
+            if isinstance(decision, Refusal):
+                self._refused(case.statement, decision, checked)
                 continue
+            if decision is None or not decision.plan.groups:
+                continue
+            checked.planned += 1
             for kind in case.kinds:
                 checked.kinds[kind] = checked.kinds.get(kind, 0) + 1
             yield case, decision
+
+    def _refused(self, statement: str, refusal: Refusal, checked: KeyChecked) -> None:
+        """A refusal as PostgreSQL's error (``42803``, ``42703`` ...) where PostgreSQL answers is a
+        mismatch; where it fails otherwise, a SQLSTATE difference (both uncharged)."""
+        if refusal.sqlstate[:2] not in ("42", "22"):
+            return
+        checked.claimed += 1
+        asked = _outcome(self._connections[0], statement)
+        if asked[0] == "rows":
+            checked.mismatches.append(Mismatch(statement, "PostgreSQL answers", f"refused: {refusal}",
+                                               (("rows",), ("error", refusal.sqlstate))))
+        elif asked[1] != refusal.sqlstate:
+            checked.uncharged.append(f"{statement!r}: PostgreSQL {asked[1]}, dpproxy {refusal.sqlstate} ({refusal})")
 
     def _cell_mismatch(self, conn: psycopg.Connection[Any], statement: str, plan: AggregateQuery,
                        keys: list[str], checked: KeyChecked) -> Mismatch | None:
@@ -180,6 +216,8 @@ class KeyRoundTrip:
             cell = plan.domain.cell([key.cell_of(None if value is None else value.encode())
                                      for key, value in zip(plan.groups, row[1:])])
             if cell is not None:
+                if cell not in released:  # split_cells would count it in cell -1 (the last), or fail
+                    return Mismatch(statement, where, f"row {row[0]}", (("a cell",), ("cell", cell, "of", len(labels))))
                 if int(row[0] or 0) in counted:
                     return Mismatch(statement, where, f"row {row[0]}", (("one cell",), ("cells", counted[int(row[0] or 0)], cell)))
                 counted[int(row[0] or 0)] = cell
@@ -244,11 +282,11 @@ class KeyRoundTrip:
         """Check each case's answer on the rows within its keys' declared domains (``first``: stop
         at the first mismatch)."""
         checked = KeyChecked()
-        for case, decision in self._planned(cases, checked, first):
+        for index, (case, decision) in enumerate(self._planned(cases, checked, first)):
             plan = decision.plan
             if plan.series is not None or any(agg.kind != "count" for agg in plan.aggregates):
                 continue
-            for conn in self._connections:
+            for conn in self._profiles(index):
                 checked.compared += 1
                 regular = self._computed_rows(conn, plan, list(case.keys))
                 asked = _outcome(conn, _FROM.sub(f"FROM (SELECT * FROM gk WHERE {regular} OFFSET 0) AS gk", case.statement))
