@@ -1,0 +1,50 @@
+"""Stop 46, the round-trip check of GROUP BY keys' findings (tests/round_trip_keys.py over
+tests/key_generator.py): statements dpproxy answered, refused or failed otherwise than PostgreSQL.
+
+* A bare GROUP BY name that no level below makes visible but an output is named, over a derived
+  table or a CTE (``SELECT t AS k, count(*) FROM (SELECT * FROM gk) AS v GROUP BY k``): PostgreSQL
+  reads it as the output (an input column's name first, then an output's), as dpproxy does without
+  the wrapper; the wrapper's mapping of names read it as an input column none has, and refused the
+  statement with PostgreSQL's 42703, uncharged, where PostgreSQL answers it
+  (rewriter/flatten.py, ``_grouped_by_outputs``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from tests.conftest import TEST_POLICY, RunningProxy, TestDatabase, running_proxy
+from tests.key_data import KEY_POLICY, create_key_table
+
+
+@pytest.fixture(scope="module")
+def gk_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """dpproxy over ``gk`` (tests/key_data.py), each of its columns a declared key."""
+    create_key_table(test_db)
+    with running_proxy(test_db, tmp_path_factory, TEST_POLICY + KEY_POLICY.replace("{", "{{").replace("}", "}}")) as running:
+        yield running
+
+
+def _keys(proxy: RunningProxy, sql: str) -> list[object]:
+    with proxy.connect(autocommit=True) as conn:
+        return [row[0] for row in conn.execute(sql).fetchall()]
+
+
+@pytest.mark.parametrize(("sql", "plain"), [
+    ("SELECT t AS k, count(*) AS n FROM (SELECT * FROM gk) AS virtual_table GROUP BY k ORDER BY k",
+     "SELECT t AS k, count(*) AS n FROM gk GROUP BY t ORDER BY k"),
+    ("WITH src AS (SELECT * FROM gk WHERE i > 2) SELECT DATE_TRUNC('month', w) AS k, count(*) AS n FROM src "
+     "GROUP BY k ORDER BY k", "SELECT DATE_TRUNC('month', w) AS k, count(*) AS n FROM gk GROUP BY 1 ORDER BY k"),
+    # the output's name is a column of the table the wrapper does not make visible: the output, not gk.t
+    ("SELECT i AS t, count(*) AS n FROM (SELECT i FROM gk) AS s GROUP BY t ORDER BY t",
+     "SELECT i AS t, count(*) AS n FROM gk GROUP BY i ORDER BY t"),
+])
+def test_a_group_by_output_name_over_a_derived_table_is_the_output_as_postgresql_reads_it(
+        gk_proxy: RunningProxy, test_db: TestDatabase, sql: str, plain: str) -> None:
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute(sql)  # PostgreSQL answers it
+    # dpproxy refused it with 42703 (column "k" does not exist); now it answers the declared cells of the output
+    assert _keys(gk_proxy, sql) == _keys(gk_proxy, plain)
