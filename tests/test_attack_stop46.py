@@ -7,6 +7,15 @@ tests/key_generator.py): statements dpproxy answered, refused or failed otherwis
   the wrapper; the wrapper's mapping of names read it as an input column none has, and refused the
   statement with PostgreSQL's 42703, uncharged, where PostgreSQL answers it
   (rewriter/flatten.py, ``_grouped_by_outputs``).
+* ``x COLLATE "C"::text``, which PostgreSQL reads as ``(x COLLATE "C")::text``: sqlglot read a cast of
+  the collation's name, a column ``"C"``, and the statement (``... HAVING t COLLATE "C"::text > 'A'``,
+  ``ORDER BY t COLLATE "C"::text``) was refused with 42703, column "C" does not exist, where PostgreSQL
+  answers. Refused now as what it is, a spelling dpproxy's planner misreads (0A000, rule
+  ``collation-cast``, before any charge), the parenthesised form answered.
+* A collation qualified with its schema, ``ORDER BY t COLLATE pg_catalog."C"``: sqlglot read the name as
+  a column ``"C"`` of a table ``pg_catalog``, and the statement was refused with 42803 (column "C" must
+  appear in the GROUP BY clause) where PostgreSQL answers; read as the collation now
+  (rewriter/sqlglot_parse.py).
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from tests.conftest import TEST_POLICY, RunningProxy, TestDatabase, running_proxy
+from tests.conftest import TEST_POLICY, RunningProxy, TestDatabase, refused_uncharged, running_proxy
 from tests.key_data import KEY_POLICY, create_key_table
 
 
@@ -48,3 +57,35 @@ def test_a_group_by_output_name_over_a_derived_table_is_the_output_as_postgresql
         admin.execute(sql)  # PostgreSQL answers it
     # dpproxy refused it with 42703 (column "k" does not exist); now it answers the declared cells of the output
     assert _keys(gk_proxy, sql) == _keys(gk_proxy, plain)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT t AS k, count(*) AS n FROM gk GROUP BY 1 HAVING t COLLATE \"C\"::text > 'A'",
+    "SELECT t AS k, count(*) AS n FROM gk GROUP BY 1 ORDER BY t COLLATE pg_catalog.\"C\"::text DESC",
+    "SELECT t AS k, count(*) AS n FROM gk GROUP BY 1 ORDER BY t COLLATE \"C\" /* c */ ::text",
+])
+def test_a_collation_name_cast_with_a_double_colon_is_refused_before_any_charge(
+        gk_proxy: RunningProxy, test_db: TestDatabase, sql: str) -> None:
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute(sql)  # PostgreSQL answers it
+    refused = refused_uncharged(gk_proxy, sql)
+    # it was refused as 42703, column "C" does not exist: a cast of the collation's name read as a column
+    assert refused.sqlstate == "0A000" and "collation-cast" in str(refused), refused
+    parenthesised = sql.replace("t COLLATE", "(t COLLATE").replace('"::text', '")::text').replace('" /* c */ ::text', '")::text')
+    assert _keys(gk_proxy, parenthesised)
+
+
+@pytest.mark.parametrize(("sql", "unqualified"), [
+    ('SELECT t AS k, count(*) AS n FROM gk GROUP BY 1 ORDER BY t COLLATE pg_catalog."C" DESC',
+     'SELECT t AS k, count(*) AS n FROM gk GROUP BY 1 ORDER BY t COLLATE "C" DESC'),
+    ('SELECT t AS k, count(*) AS n FROM gk GROUP BY 1 ORDER BY (t COLLATE pg_catalog."C")::text',
+     'SELECT t AS k, count(*) AS n FROM gk GROUP BY 1 ORDER BY (t COLLATE "C")::text'),
+    ("SELECT t AS k, count(*) AS n FROM gk GROUP BY 1 ORDER BY t COLLATE pg_catalog.default DESC",
+     'SELECT t AS k, count(*) AS n FROM gk GROUP BY 1 ORDER BY t COLLATE "default" DESC'),
+])
+def test_a_collation_qualified_with_pg_catalog_orders_as_its_name_does(
+        gk_proxy: RunningProxy, test_db: TestDatabase, sql: str, unqualified: str) -> None:
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute(sql)  # PostgreSQL answers it
+    # it was refused with 42803: column "C" (or "default") must appear in the GROUP BY clause
+    assert _keys(gk_proxy, sql) == _keys(gk_proxy, unqualified)
