@@ -13,6 +13,9 @@ spelling here: a :class:`DatePart` node, an ``Extract`` written as ``DATE_PART('
 
 sqlglot writes ``current_time`` back as ``CURRENT_TIME()``, which PostgreSQL cannot parse, so a
 condition or an output holding it was refused as unreadable; it is kept as the keyword it is.
+
+sqlglot reads a collation qualified with pg_catalog (``COLLATE pg_catalog."C"``) as a column of a
+table pg_catalog; it is read as the collation's name, which dpproxy pins to pg_catalog anyway.
 """
 
 from __future__ import annotations
@@ -71,10 +74,26 @@ _PLACEHOLDER = "dpproxy_param_"
 def parse_postgres(sql: str) -> exp.Expr:
     """The sqlglot tree of ``sql`` (one statement); raises sqlglot's ParseError/TokenError."""
     tree = _parsed(sql)
-    return tree.transform(_current_time) if _CURRENT_TIME.search(sql) else tree
+    tree = tree.transform(_current_time) if _CURRENT_TIME.search(sql) else tree
+    return tree.transform(_catalog_collation) if _COLLATE.search(sql) else tree
 
 
 _CURRENT_TIME = re.compile(r"current_time\b", re.IGNORECASE)
+_COLLATE = re.compile(r"collate\b", re.IGNORECASE)
+
+
+def _catalog_collation(node: exp.Expr) -> exp.Expr:
+    """A collation written ``pg_catalog."C"`` as its name ``"C"`` (dpproxy pins a collation to pg_catalog
+    when it writes it): sqlglot reads the qualified name as the column ``"C"`` of a table pg_catalog,
+    and such a statement was refused as that column's 42803 where PostgreSQL answers (found by the
+    round-trip check of GROUP BY keys, tests/round_trip_keys.py)."""
+    if isinstance(node, exp.Collate) and isinstance(node.expression, exp.Column) and not node.expression.args.get("db") \
+            and node.expression.table.lower() == "pg_catalog" and isinstance(node.expression.this, exp.Identifier):
+        name = node.expression.this
+        # an unquoted name is PostgreSQL's in lower case (pg_catalog.default, a keyword, is "default")
+        return exp.Collate(this=node.this, expression=exp.to_identifier(name.this if name.quoted else name.this.lower(),
+                                                                         quoted=True))
+    return node
 
 
 def _current_time(node: exp.Expr) -> exp.Expr:
