@@ -10,7 +10,7 @@ expression again, its position or its alias, maybe beside a second key. Two shap
 * :func:`cell_statements`: ``SELECT <key> AS k, count(*) AS n FROM gk GROUP BY ...``, whose backend
   SQL is run row by row to find the cell each row lands in;
 * :func:`answer_statements`: the aggregate with a condition of :mod:`tests.expression_generator`
-  inside, a HAVING, ORDER BY, LIMIT and OFFSET over its keys, maybe wrapped as BI tools wrap it
+  or a range on a time column (which narrows a time key's buckets) inside, a HAVING, ORDER BY, LIMIT and OFFSET over its keys, maybe wrapped as BI tools wrap it
   (Superset's ``virtual_table`` over it or under it, Metabase's ``source``, a CTE) with a condition
   outside, whose whole answer is compared with the noise off.
 
@@ -64,6 +64,15 @@ _CATEGORY_KEYS = (
     "CAST(c AS varchar(4))", "b", "CAST(b AS TEXT)", "dc", "CAST(dc AS TEXT)", "CAST(dc AS DATE)", "dc::timestamp",
 )
 _TIME_COLUMNS = ("d", "ts", "tz", "w")
+# Bounds on a time column a WHERE may narrow a time key's buckets by (rewriter/group_keys.py, key_ranges):
+# at bucket edges, a microsecond off them, with a zone, as typed literals and as BETWEEN.
+_TIME_RANGES = (
+    "{c} >= '2000-03-01'", "{c} < '2000-10-29'", "{c} BETWEEN '2000-02-01' AND '2000-04-30'", "{c} > '2000-03-31 23:59:59.999999'",
+    "{c} >= '2000-01-01 00:00+14'", "{c} < '2000-06-30 22:00-05'", "{c} = '2000-03-31'", "{c} <= date '2000-04-01'",
+    "{c} >= timestamptz '2000-03-26 01:00+00' AND {c} < '2000-10-29 01:00+00'", "'2000-07-01' > {c}",
+    "{c} >= '2001-03-31' AND {c} < '2003-01-01'", "{c} >= '1999-12-27' AND {c} <= '2000-01-02 23:59'",
+    "{c} BETWEEN '2000-12-31' AND 'infinity'", "{c} > '-infinity'", "{c} >= now() - interval '30 years'",
+)
 # What a HAVING or outer WHERE compares a key with, by the key's kind (a condition PostgreSQL reads
 # for every key of that kind: the time ones cast their side, the category ones compare text).
 _KEY_TESTS = {
@@ -143,7 +152,9 @@ def answer_statements(rng: random.Random, count: int) -> Iterator[KeyCase]:
     for _ in range(count):
         keys, kinds = _keys(rng)
         outputs = ", ".join(f"{key} AS k{position}" for position, key in enumerate(keys, 1))
-        inside = f" WHERE {condition(rng, 1)}" if rng.random() < 0.5 else ""
+        roll = rng.random()
+        inside = (f" WHERE {condition(rng, 1)}" if roll < 0.4 else
+                  f" WHERE {rng.choice(_TIME_RANGES).format(c=rng.choice(_TIME_COLUMNS))}" if roll < 0.65 else "")
         having = " HAVING count(*) > 0" + (f" AND {_test(kinds[0], keys[0], rng)}" if rng.random() < 0.5 else "")
         names = [f"k{position}" for position in range(1, len(keys) + 1)]
         shape = rng.random()
