@@ -47,7 +47,7 @@ from policies.errors import Refusal
 from proxy.dp.answer import DPAnswer, release_params
 from rewriter.classify import DPQuery
 from rewriter.dp_query import AggregateQuery
-from rewriter.group_keys import GroupKey
+from rewriter.group_keys import TIMESTAMPTZ, GroupKey
 from rewriter.rewrite import backend_sql, split_cells
 from rewriter.types import INTEGER_TYPES
 from tests.key_generator import KeyCase
@@ -93,7 +93,8 @@ def _literal(value: str) -> str:
 def regular_rows(key: GroupKey) -> str:
     """The condition on a ``gk`` row that it is within ``key``'s declared domain, ``other`` left out:
     a declared category (by the column's ``=``), an integer or floor bin's column within its bounds, a
-    bin's not NULL or NaN, a time within the declared range (its last day included)."""
+    bin's not NULL or NaN, a time within the declared range (its last day included; an epoch bucket's
+    range in UTC, as Grafana's buckets are counted)."""
     column, policy = f'gk."{key.column.name}"', key.column.policy
     assert policy is not None
     if key.kind == "category":
@@ -105,8 +106,9 @@ def regular_rows(key: GroupKey) -> str:
         assert policy.time_bounds is not None
         lo, hi = policy.time_bounds
         kind = key.column.type_name
-        return (f"{column} >= CAST({_literal(lo.isoformat(sep=' '))} AS {kind}) "
-                f"AND {column} < CAST({_literal(hi.isoformat(sep=' '))} AS {kind}) + interval '1 day'")
+        zone = "+00" if key.kind == "epoch" and key.column.type_oid == TIMESTAMPTZ else ""  # epoch buckets are UTC days
+        return (f"{column} >= CAST({_literal(lo.isoformat(sep=' ') + zone)} AS {kind}) "
+                f"AND {column} < CAST({_literal(hi.isoformat(sep=' ') + zone)} AS {kind}) + interval '1 day'")
     assert policy.bounds is not None
     return f"{column} BETWEEN {policy.bounds[0]!r} AND {policy.bounds[1]!r}"
 
