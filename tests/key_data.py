@@ -7,7 +7,8 @@ columns (an integer column takes bounds, not categories), labels that need quoti
 integer keys of ``int4``, ``int8`` and ``int2``; ``double precision`` and ``numeric`` columns for
 ``width_bucket`` and floor bins; ``date``, ``timestamp`` and ``timestamptz`` time ranges, one by
 ``day`` (every unit), one by ``month`` only. The rows hold values at and beyond each domain's edges:
-NULL, NaN, ±infinity, values just outside the bounds, times at bucket boundaries, DST days,
+NULL, NaN, ±infinity, values just outside the bounds, times at bucket boundaries, DST days (Berlin's,
+São Paulo's at midnight),
 timestamptz instants near midnight in several zones.
 """
 
@@ -72,7 +73,8 @@ _VALUES: dict[str, tuple[str, ...]] = {
            "'2001-01-01 00:00+00'", "'2001-01-01 03:00+00'", "'infinity'", "'-infinity'", "'2000-03-26 01:30+00'",
            "'2000-03-26 00:30+00'", "'2000-10-29 00:30+00'", "'2000-10-29 01:30+00'", "'2000-04-02 06:30+00'",
            "'2000-10-29 05:30+00'", "'2000-03-31 23:00+00'", "'2000-04-01 02:00+00'", "'2000-06-30 22:00-05'",
-           "'2000-01-02 23:30+00'", "'2000-01-03 01:00+00'", "'294276-12-31 23:59:59+00'"),
+           "'2000-01-02 23:30+00'", "'2000-01-03 01:00+00'", "'294276-12-31 23:59:59+00'", "'2000-10-08 02:30+00'",
+           "'2000-10-08 03:30+00'", "'2000-02-27 01:30+00'", "'2000-02-27 02:30+00'"),
     "w": ("'2000-01-01'", "'2003-12-31'", "'1999-12-31'", "'2004-01-01'", "'infinity'", "'2001-03-31'",
           "'2001-04-01'", "'2002-12-29'", "'2003-01-01'", "'2000-02-29'"),
     "iv": ("'1 day'", "'2 hours'", "'-1 day'", "'1 mon'", "'24 hours'"),  # no policy: read by conditions only

@@ -55,9 +55,10 @@ from tests.round_trip import Mismatch, RoundTrip, sqlstate
 
 __all__ = ["KeyChecked", "KeyRoundTrip", "ZONES", "regular_rows"]
 
-# Session profiles: TimeZone and DateStyle (a DST zone, one of half hours, one a day ahead of UTC)
+# Session profiles: TimeZone and DateStyle (a DST zone, one of half hours, one a day ahead of UTC, one
+# whose DST starts and ends at midnight: 2000-10-08 has no 00:00, 2000-02-26 two 23:00s)
 ZONES = (("UTC", "ISO, MDY"), ("America/St_Johns", "SQL, DMY"), ("Europe/Berlin", "German, DMY"),
-         ("Pacific/Kiritimati", "Postgres, MDY"))
+         ("Pacific/Kiritimati", "Postgres, MDY"), ("America/Sao_Paulo", "ISO, DMY"))
 Rows = list[tuple[str | None, ...]]
 Outcome = tuple[str, Any]  # ("rows", Rows) or ("error", SQLSTATE)
 _TABLE = re.compile(r'"public"\."gk"( AS\b)?')
