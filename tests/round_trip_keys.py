@@ -67,8 +67,9 @@ _FROM = re.compile(r"\bFROM gk\b")
 
 @dataclass
 class KeyChecked:
-    """Sizes of a run: statements generated, planned, compared (statement × profile), rows compared
-    (cells), answers compared, mismatches, and the statements refused by kind of key."""
+    """Sizes of a run: statements generated, planned (a GROUP BY dpproxy answers), compared (statement ×
+    profile), rows compared (the cells check) and set apart, refusals compared with PostgreSQL's outcome,
+    the SQLSTATE differences listed, mismatches, and the planned statements by kind of key."""
 
     generated: int = 0
     planned: int = 0
@@ -121,7 +122,8 @@ def _other(key: GroupKey, label: str) -> bool:
 
 
 def _exact_answer(plan: AggregateQuery, counts: list[int]) -> DPAnswer:
-    """A release of ``plan``'s cells with the noise off: each cell's labels and its count."""
+    """A release of ``plan``'s cells with the noise off: each cell's labels and its count (the cells
+    check releases each cell's number as its count, to tell the outer statement's rows apart)."""
     released: list[list[bytes | None]] = [[*(label.encode() for label in labels), str(count).encode()]
                                           for labels, count in zip(plan.domain.labels(), counts)]
     return DPAnswer(ResultSet([], released, ""), 0.0, 0.0, ())
