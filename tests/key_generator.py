@@ -125,7 +125,8 @@ def cell_statements(rng: random.Random, count: int) -> Iterator[KeyCase]:
 
 
 def _test(kind: str, key: str, rng: random.Random) -> str:
-    return rng.choice(_KEY_TESTS[kind]).format(k=key)
+    """A test of ``key`` (a name, or an expression, parenthesised: ``k + 1::text`` would cast the 1)."""
+    return rng.choice(_KEY_TESTS[kind]).format(k=key if key.isidentifier() else f"({key})")
 
 
 def _order(names: list[str], rng: random.Random) -> str:
