@@ -77,7 +77,7 @@ def flatten(tree: exp.Select, scope: Scope) -> tuple[exp.Select, Scope]:
     names, ambiguous = _projection(inner, inner_scope)
     outer_alias = subquery.args.get("alias")
     qualifiers = frozenset({identifier(outer_alias)}) if outer_alias is not None else frozenset()
-    tree = tree.copy()
+    tree = _grouped_by_outputs(tree.copy(), names)
     tree.set("from_", None)
     outputs = {default_name(item) for item in tree.expressions}
     for column in list(tree.find_all(exp.Column)):
@@ -97,6 +97,22 @@ def flatten(tree: exp.Select, scope: Scope) -> tuple[exp.Select, Scope]:
         tree.set("where", exp.Where(this=condition))
     tree.set("from_", base.copy())
     return tree, inner_scope
+
+
+def _grouped_by_outputs(tree: exp.Select, names: dict[str, exp.Expression]) -> exp.Select:
+    """``tree`` with each bare GROUP BY name that the level below does not make visible but an
+    output is named (``SELECT t AS k ... FROM (SELECT * FROM people) AS v GROUP BY k``) as that
+    output's expression, as PostgreSQL reads it (an input column's name first, then an output's):
+    mapped to the base table with the rest, it is never read as a base-table column of that name."""
+    group = tree.args.get("group")
+    if group is None:
+        return tree
+    aliased = {identifier(item.args["alias"]): item.this for item in tree.expressions if isinstance(item, exp.Alias)}
+    for item in group.expressions:
+        if isinstance(item, exp.Column) and not item.table and identifier(item.this) not in names \
+                and identifier(item.this) in aliased:
+            item.replace(aliased[identifier(item.this)].copy())
+    return tree
 
 
 def _output_name(column: exp.Column, outputs: set[str], names: dict[str, exp.Expression]) -> bool:

@@ -57,6 +57,11 @@ scanner ends with ``@`` (``i>=@5`` is the operator ``>=@``, which PostgreSQL doe
 read ``i >= $5``). (``!! b``, which sqlglot reads as ``NOT NOT b``, is refused as an
 ``undefined-operator`` before, in rewriter/classify.py.)
 
+``x COLLATE "C"::t`` (found by the round-trip check of GROUP BY keys, tests/round_trip_keys.py):
+PostgreSQL casts the collated value, as ``(x COLLATE "C")::t``; sqlglot reads the cast as one of the
+collation's name, a column ``"C"``, and the statement was refused with 42703 (column "C" does not
+exist) where PostgreSQL answers it. Found by the scanner (``COLLATE``, a name, ``::``) and refused.
+
 An IN list with a value of another written type than its column (found by the round-trip check): dpproxy
 writes ``x IN (a, b)`` as ``x = a OR x = b``, and PostgreSQL resolves each ``=`` on its own there, but
 the list to one common type first: ``v IN ('ab'::char(3), 'a'::text)`` compares ``v`` as text (where
@@ -100,8 +105,7 @@ from .types import BOOL, BUILTIN_TYPE_OIDS
 
 __all__ = ["refuse_constant_positions", "refuse_dropped_precision", "refuse_in_list_types", "refuse_is_unknown",
            "refuse_misread_tokens", "refuse_misreadings", "refuse_prefix_operators",
-           "refuse_round_casts",
-           "refuse_typed_literal_casts", "refuse_unary_plus"]
+           "refuse_collation_casts", "refuse_round_casts", "refuse_typed_literal_casts", "refuse_unary_plus"]
 
 _NOT_DECIMAL = re.compile(r"0[xXoObB]|.*_")
 
@@ -249,6 +253,7 @@ def refuse_misreadings(sql: str, node: dict[str, Any], relation: Relation) -> No
     refuse_in_list_types(node, relation)
     refuse_round_casts(node, relation)
     refuse_typed_literal_casts(sql, node, relation)
+    refuse_collation_casts(sql, node, relation)
 
 
 def refuse_misread_tokens(sql: str, relation: Relation) -> None:
@@ -457,6 +462,33 @@ def refuse_typed_literal_casts(sql: str, node: dict[str, Any], relation: Relatio
                 f"dpproxy's DP planner reads {starts[token.start]} 'v'::t as CAST(CAST('v' AS t) AS "
                 f"{starts[token.start]}); write ({starts[token.start]} 'v')::t or CAST('v' AS t).",
                 "typed-literal-cast",
+            )
+
+
+def refuse_collation_casts(sql: str, node: dict[str, Any], relation: Relation) -> None:
+    """Refuse (0A000, rule ``collation-cast``) a ``COLLATE`` clause of ``sql`` whose collation's name is
+    followed by ``::`` (``t COLLATE "C"::text``); ``node`` is its pglast JSON.
+
+    PostgreSQL reads it as ``(t COLLATE "C")::text`` (the name is no expression); sqlglot as ``t COLLATE
+    CAST("C" AS text)``, a cast of the column "C", refused as 42703 (column "C" does not exist) where
+    PostgreSQL answers (found by the round-trip check of GROUP BY keys, tests/round_trip_keys.py). In
+    parentheses it reads it as PostgreSQL does."""
+    if not nodes_of(node, "CollateClause"):
+        return
+    tokens = _tokens(sql)
+    for at, token in enumerate(tokens):
+        if token.name != "COLLATE":
+            continue
+        end = at + 2  # past COLLATE and the name's first part; then .part for a qualified name
+        while end + 1 < len(tokens) and tokens[end].name == "ASCII_46":
+            end += 2
+        if end < len(tokens) and tokens[end].name == "TYPECAST":
+            raise Refusal(
+                SQLSTATE.FEATURE_NOT_SUPPORTED,
+                f"COLLATE name::type is not supported on protected table {relation.display_name} (rule: collation-cast)",
+                "dpproxy's DP planner reads x COLLATE \"C\"::t as a cast of a column named C; write "
+                "(x COLLATE \"C\")::t or CAST(x COLLATE \"C\" AS t).",
+                "collation-cast",
             )
 
 

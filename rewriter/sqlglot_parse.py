@@ -18,6 +18,9 @@ sqlglot rewrites an interval string holding one ``<number><unit>`` as ``'<number
 misreads an ISO 8601 interval but a single designator: ``interval 'P1DT'`` (a day to PostgreSQL) as
 ``'1 DT'`` (no unit), ``'P2M'`` (two months) as two minutes. Such a string is kept as written
 (:func:`iso_kept_as_written`), so PostgreSQL reads in the backend SQL what it reads in the analyst's.
+
+sqlglot reads a collation qualified with pg_catalog (``COLLATE pg_catalog."C"``) as a column of a
+table pg_catalog; it is read as the collation's name, which dpproxy pins to pg_catalog anyway.
 """
 
 from __future__ import annotations
@@ -101,10 +104,26 @@ _PLACEHOLDER = "dpproxy_param_"
 def parse_postgres(sql: str) -> exp.Expr:
     """The sqlglot tree of ``sql`` (one statement); raises sqlglot's ParseError/TokenError."""
     tree = _parsed(sql)
-    return tree.transform(_current_time) if _CURRENT_TIME.search(sql) else tree
+    tree = tree.transform(_current_time) if _CURRENT_TIME.search(sql) else tree
+    return tree.transform(_catalog_collation) if _COLLATE.search(sql) else tree
 
 
 _CURRENT_TIME = re.compile(r"current_time\b", re.IGNORECASE)
+_COLLATE = re.compile(r"collate\b", re.IGNORECASE)
+
+
+def _catalog_collation(node: exp.Expr) -> exp.Expr:
+    """A collation written ``pg_catalog."C"`` as its name ``"C"`` (dpproxy pins a collation to pg_catalog
+    when it writes it): sqlglot reads the qualified name as the column ``"C"`` of a table pg_catalog,
+    and such a statement was refused as that column's 42803 where PostgreSQL answers (found by the
+    round-trip check of GROUP BY keys, tests/round_trip_keys.py)."""
+    if isinstance(node, exp.Collate) and isinstance(node.expression, exp.Column) and not node.expression.args.get("db") \
+            and node.expression.table.lower() == "pg_catalog" and isinstance(node.expression.this, exp.Identifier):
+        name = node.expression.this
+        # an unquoted name is PostgreSQL's in lower case (pg_catalog.default, a keyword, is "default")
+        return exp.Collate(this=node.this, expression=exp.to_identifier(name.this if name.quoted else name.this.lower(),
+                                                                         quoted=True))
+    return node
 
 
 def _current_time(node: exp.Expr) -> exp.Expr:

@@ -182,12 +182,19 @@ class RoundTrip:
 
     def plan(self, sql: str) -> DPQuery | None:
         """dpproxy's plan of ``sql``; None where it refuses it (or plans no DP query)."""
+        decision = self.decide(sql)
+        return decision if isinstance(decision, DPQuery) else None
+
+    def decide(self, sql: str) -> DPQuery | Refusal | None:
+        """dpproxy's plan of ``sql``, or its refusal; None where it refuses it unparsed (or plans no DP query)."""
         try:
             statement, = split_statements(sql)
             resolved = {ref: (ResolvedRelation(self._by_name[ref.name].oid, "public", ref.name)
                               if ref.name in self._by_name else None) for ref in statement.references.relations}
             decision = classify(statement, resolved, self._registry)
-        except (Refusal, SqlglotError, RecursionError, ValueError):  # refused, as the executor does
+        except Refusal as refusal:
+            return refusal
+        except (SqlglotError, RecursionError, ValueError):  # refused, as the executor does
             return None
         return decision if isinstance(decision, DPQuery) else None
 

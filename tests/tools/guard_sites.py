@@ -69,7 +69,8 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
                     "tests/test_parse_differential.py::test_a_name_with_unicode_escapes_is_refused_before_any_charge",
                     "tests/test_parse_differential.py::"
                     "test_a_name_in_an_order_by_expression_is_an_input_column_as_postgresql_reads_it",
-                    "tests/test_attack_stop44.py", "tests/test_attack_stop44_roundtrip.py", "tests/test_read_alike_lifts.py"),
+                    "tests/test_attack_stop44.py", "tests/test_attack_stop44_roundtrip.py", "tests/test_read_alike_lifts.py",
+                    "tests/test_attack_stop46.py"),
     "terms": ("tests/test_predicate_terms.py",),
     "stop39": ("tests/test_attack_stop39.py",),
     "certain": ("tests/test_certain_errors.py",),
@@ -655,6 +656,8 @@ SITES: tuple[Site, ...] = (
          "            if False:", "misreadings"),
     Site("misread.typed-literal-cast", "rewriter/misreadings.py",
          'if token.start in starts and after.name == "TYPECAST":', "if False:", "misreadings"),
+    Site("misread.collation-cast", "rewriter/misreadings.py",
+         'if end < len(tokens) and tokens[end].name == "TYPECAST":', "if False:", "misreadings"),
     Site("misread.prefix-operator", "rewriter/misreadings.py", 'elif symbol not in ("-", "+"):', "elif False:",
          "misreadings"),
     _off("misread.minus-mod", "rewriter/misreadings.py",
