@@ -12,9 +12,11 @@ construct that reads it (conditions, GROUP BY keys, ``COUNT(col)``, ``COUNT(DIST
 categories, the ``row_hash`` partition key), as values beyond the bounds of a numeric column are
 clamped. Every construct writes its read of a column as :func:`column_sql`, a token that the backend
 SQL's writer turns into the bounded value where the construct reads the table
-(:func:`read_in_place`: ``CASE WHEN octet_length(col) <= max_text_bytes THEN col END``, in the form
-below), and into the column's name where it reads a subquery that read it so (:func:`read_through`,
-:func:`bounded_outputs`); ``octet_length`` reads the stored
+(``CASE WHEN octet_length(col) <= max_text_bytes THEN col END``, in the form below): in place where
+each bounded column is read once, else through a projection of the bounded values that PostgreSQL
+pulls up (:func:`read_table`, which says why); and into the column's name where it reads a subquery
+that read it so (:func:`read_through`, :func:`bounded_outputs`). tests/test_bound_in_place.py parses
+the backend SQL of every construct and checks that each reference sits inside its bound. ``octet_length`` reads the stored
 size from the value's header (``toast_raw_datum_size``), detoasting nothing, so a longer value is
 never read (0.17 µs on PostgreSQL 15 and 16 for a 64-byte value and a 3 MB one, out of line or
 compressed, where ``length()`` of the 3 MB value took 17–23 ms; benchmarks/results.md). A
