@@ -101,12 +101,14 @@ In every case the partitioning serves accuracy and the coupling argument, it is 
 noise: the noise comes from ``mechanisms.samplers``.
 
 Every part, key and condition reads a column as :func:`rewriter.text_bounds.column_sql`, which the
-level that reads the table writes as the column's bound in place (:func:`rewriter.text_bounds.read_in_place`:
-a text value longer than the table's ``max_text_bytes``, or stored apart, is NULL, decided from its
-header without reading it), and a level above a subquery as that subquery's output, which bounded
-it (COUNT(DISTINCT)'s shuffle, the partitions' rows: :func:`rewriter.text_bounds.read_through`). On
-a table with ``answer_quantum_ms`` the raw values that equalities compare where that gives the same
-answer (:mod:`rewriter.raw_equality`) are the column itself there, so that an index on it serves them.
+level that reads the table writes as the column's bound (:func:`rewriter.text_bounds.read_table`: a
+text value longer than the table's ``max_text_bytes``, or stored apart, is NULL, decided from its
+header without reading it; in place where each bounded column is read once, else through a
+projection PostgreSQL pulls up), and a level above a subquery as that subquery's output, which
+bounded it (COUNT(DISTINCT)'s shuffle, the partitions' rows: :func:`rewriter.text_bounds.read_through`).
+On a table with ``answer_quantum_ms`` the raw values that equalities compare where that gives the same
+answer (:mod:`rewriter.raw_equality`) are the column itself there (or the projection's raw output), so
+that an index on it serves them.
 
 Functions, operators (``OPERATOR(pg_catalog.*)``) and type names that are not grammar
 keywords (``pg_catalog.bytea``) are schema-qualified with ``pg_catalog``, and the WHERE
