@@ -40,7 +40,6 @@ from typing import Literal
 
 from sqlglot import exp
 
-from policies.tables import quote_identifier
 
 from .sql_text import literal, operator
 from .types import FLOAT8, FLOAT_TYPES, INT8, INTEGER_TYPES, NUMERIC
@@ -162,10 +161,10 @@ class FloorBin:
     def result_type_oid(self) -> int:
         return NUMERIC if self.arithmetic == "numeric" else FLOAT8
 
-    def row_sql(self, column: str) -> str:
-        """The row's index: the analyst's arithmetic, for a value within the bounds only; it
-        cannot raise on any value (overflow ruled out by :func:`floor_bin`, underflow by ``tiny``)."""
-        name = quote_identifier(column)
+    def row_sql(self, name: str) -> str:
+        """The row's index of the column read as ``name`` (its SQL): the analyst's arithmetic, for a
+        value within the bounds only; it cannot raise on any value (overflow ruled out by
+        :func:`floor_bin`, underflow by ``tiny``)."""
         within = f"{operator(name, '>=', self.lo)} AND {operator(name, '<=', self.hi)}"
         difference = name if self.offset is None else operator(name, "-", f"({self.offset})")
         quotient = difference if self.width is None else operator(difference, "/", f"({self.width})")

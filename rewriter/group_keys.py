@@ -47,7 +47,7 @@ from typing import Literal
 from sqlglot import exp
 
 from policies.errors import SQLSTATE, Refusal
-from policies.tables import ColumnInfo, quote_identifier
+from policies.tables import ColumnInfo
 from policies.time_buckets import TimeUnit, bucket_count, bucket_index, bucket_start, truncate
 
 from .constants import NotFoldable, qualified_constant
@@ -58,6 +58,7 @@ from .epoch_buckets import bucket_start as epoch_start
 from .floor_bins import BinError, FloorBin, floor_bin, floor_shape
 from .raw_equality import HASHED_LIST, RAW_TYPES
 from .scope import Scope
+from .text_bounds import column_sql
 from .sql_text import literal, operator, short_text
 from .types import INT4, INTEGER_TYPES, NUMERIC, NUMERIC_TYPES
 
@@ -276,7 +277,7 @@ class GroupKey:
 
     def row_sql(self) -> str:
         """The per-row expression the backend groups by; it cannot raise on any value."""
-        name = quote_identifier(self.column.name)
+        name = column_sql(self.column)
         if self.kind == "category" and not self.column.deterministic_collation:
             return short_text(name)  # hashed through an ICU copy of two bytes a character
         if self.kind in ("category", "integer"):
@@ -296,7 +297,7 @@ class GroupKey:
             index = f"pg_catalog.floor({operator(f'EXTRACT(EPOCH FROM {name})', '/', str(self.seconds))})"
             return f"CASE WHEN {within} THEN {index} END"
         if self.floor is not None:
-            return self.floor.row_sql(self.column.name)
+            return self.floor.row_sql(name)
         assert self.bins is not None
         lo, hi, n = self.bins
         bound = self.bin_type

@@ -76,7 +76,7 @@ from typing import Callable
 from sqlglot import exp
 
 from policies.errors import Refusal
-from policies.tables import ColumnInfo, quote_identifier
+from policies.tables import ColumnInfo
 
 from .category_notes import MAX_NOTES, category_note, more_notes
 from .constants import HINT as FOLD_HINT
@@ -88,7 +88,7 @@ from .raw_equality import ParameterList, hashed_raw_equality, parameter_list_equ
 from .scope import Scope
 from .single_reads import SingleRead, raw_read
 from .sql_text import literal, operator, short_text
-from .text_bounds import LIKE_WORK, case_fold_work, comparison_work, value_bytes, work_refusal
+from .text_bounds import LIKE_WORK, case_fold_work, column_sql, comparison_work, value_bytes, work_refusal
 from .types import BOOL, FLOAT4, FLOAT8, INT2, INT4, INT8, NUMERIC, numeric_precision
 
 __all__ = ["Predicate", "PredicateRenderer", "plan_predicate"]
@@ -536,7 +536,7 @@ class _Renderer:
         the construct compares with) or every value a parameter (``column_first``: whether the
         column is its term's left side)."""
         column = side.column
-        if column is None or side.sql != quote_identifier(column.name):
+        if column is None or side.sql != column_sql(column):
             return
         if column.name in self.top_equalities or column.name in self.top_parameters:
             return
@@ -605,7 +605,7 @@ class _Renderer:
         if node.args.get("negate"):
             symbol = "!" + symbol
         # ILIKE lowers the value first: a short one only (lower() of a column already is one).
-        value = short_text(column.sql) if symbol.endswith("~~*") and column.sql == quote_identifier(column.column.name) \
+        value = short_text(column.sql) if symbol.endswith("~~*") and column.sql == column_sql(column.column) \
             else column.sql
         return operator(value, symbol, pattern_sql)
 
@@ -627,7 +627,7 @@ class _Renderer:
                 f"{function} bound, a value of another type that PostgreSQL may convert per row (a numrange bound of "
                 "1e400 fails a comparison with a double precision only when a row holds it).",
             )
-        sql = quote_identifier(column.name)
+        sql = column_sql(column)
         return _Operand(f"pg_catalog.{function}({short_text(sql)})" if function else sql, column=column,
                         case_folded=bool(function))
 
@@ -688,7 +688,7 @@ class _Renderer:
         if not right.fold:
             return operator(left.sql, symbol, right.sql)
         column = left.column
-        if column is None or left.sql != quote_identifier(column.name):
+        if column is None or left.sql != column_sql(column):
             raise self.refuse("a computed value must be compared with a column in WHERE on protected table", FOLD_HINT)
         type_name = fold_type(column.type_oid)
         if type_name is None:
@@ -717,7 +717,7 @@ class _Renderer:
         if not self.positive:
             return None
         for side, other, oriented in ((left, right, symbol), (right, left, _FLIPPED.get(symbol, symbol))):
-            if (side.column is not None and side.sql == quote_identifier(side.column.name) and other.literal
+            if (side.column is not None and side.sql == column_sql(side.column) and other.literal
                     and other.column is None):
                 return raw_comparison(self.scope.table, side.column, oriented, other.sql, other.text)
         return None

@@ -46,8 +46,10 @@ pglz). One such row just after the searched value added +0.19 to +0.30 ms to ``t
 the kind the value bound removed, which the quantum hides, as it lifts the work limit. On a table
 without a quantum the bounded form stays.
 
-The raw comparison keeps the bounded one beside it, ``("raw 2" = 'x' AND "t" = 'x')``, ``"t"`` the
-bounded value (the same truth where the bounded one is not NULL; where it is NULL, a value past the
+The raw comparison keeps the bounded one beside it, ``("t" = 'x' AND <t's bound> = 'x')``, written
+with :func:`rewriter.text_bounds.raw_sql` and ``column_sql`` (where the comparison is evaluated above
+a subquery of the table, sample and aggregate's rows, the raw value is its output ``"raw 2"``:
+:func:`rewriter.text_bounds.bounded_outputs`); the second is the bounded value (the same truth where the bounded one is not NULL; where it is NULL, a value past the
 bound, stored apart or compressed, the conjunction is false or NULL, which decide alike here: hence
 the placement rule). A plain index on ``t`` serves it through the first. No index serves the
 bounded value: it also checks that the value is stored in the row (``pg_column_size``, not
@@ -100,13 +102,13 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from policies.tables import ColumnInfo, Relation, quote_identifier
+from policies.tables import ColumnInfo, Relation
 
 from .sql_text import operator
-from .text_bounds import NUMERIC, declared_apart, length_bounded, unconstrained_numeric
+from .text_bounds import NUMERIC, column_sql, declared_apart, length_bounded, raw_sql, unconstrained_numeric
 
 __all__ = ["HASHED_LIST", "NUMERIC_SYMBOLS", "RAW_TYPES", "ParameterList", "hashed_raw_equality", "literal_bytes",
-           "parameter_list_equality", "parameter_raw_equality", "raw_comparison", "raw_outputs"]
+           "parameter_list_equality", "parameter_raw_equality", "raw_comparison"]
 
 RAW_TYPES = frozenset({25, 1043})
 """text and varchar: the types whose ``=`` is ``texteq``, which compares stored sizes before values."""
@@ -122,14 +124,6 @@ _HASHED_EQUALITY = {1043: "text", 1042: "bpchar", NUMERIC: "numeric",
 """Per type of a column of a declared size, the type its ``=`` compares a literal as (varchar's is
 text's ``texteq``; the others their own), whose equality hashes. ``bit``'s ``biteq`` does not: a
 list of a ``bit(n)`` would read the value once a value, so it gets no raw conjunct."""
-
-
-def _alias(table: Relation, column: ColumnInfo) -> str:
-    """The name the table's projection gives ``column``'s raw value: none of the table's column names."""
-    alias = f"raw {column.attnum}"
-    while alias in table.columns:
-        alias = "_" + alias
-    return alias
 
 
 def literal_bytes(value: str) -> int:
@@ -157,19 +151,7 @@ def raw_comparison(table: Relation, column: ColumnInfo, symbol: str, value: str,
     the bound, an unconstrained numeric compared with one of :data:`NUMERIC_SYMBOLS`)."""
     if not _raw_allowed(table, column, symbol, text):
         return None
-    raw = quote_identifier(_alias(table, column))
-    return f"({operator(raw, symbol, value)} AND {operator(quote_identifier(column.name), symbol, value)})"
-
-
-def raw_outputs(table: Relation, sql: str) -> list[str]:
-    """The projection's outputs of the raw values ``sql`` compares (``"t" AS "raw 2"``), in column order."""
-    outputs = []
-    for column in sorted(table.columns.values(), key=lambda column: column.attnum):
-        if column.type_oid in RAW_TYPES or unconstrained_numeric(column) or declared_apart(column, table.policy):
-            alias = quote_identifier(_alias(table, column))
-            if alias in sql:
-                outputs.append(f"{quote_identifier(column.name)} AS {alias}")
-    return outputs
+    return f"({operator(raw_sql(column), symbol, value)} AND {operator(column_sql(column), symbol, value)})"
 
 
 def hashed_raw_equality(table: Relation, column: ColumnInfo, values: Sequence[str]) -> str | None:
@@ -194,7 +176,7 @@ def hashed_raw_equality(table: Relation, column: ColumnInfo, values: Sequence[st
         return None
     cast = [f"CAST({value} AS pg_catalog.{type_name})" for value in dict.fromkeys(values)]
     listed = (cast * HASHED_LIST)[:max(HASHED_LIST, len(cast))]
-    raw = quote_identifier(_alias(table, column))
+    raw = raw_sql(column)
     return f"({raw} OPERATOR(pg_catalog.=) ANY (ARRAY[{', '.join(listed)}]))"
 
 
@@ -218,7 +200,7 @@ def parameter_raw_equality(table: Relation, column: ColumnInfo, value: str, colu
     A list of several parameters: :func:`parameter_list_equality`."""
     if _HASHED_EQUALITY.get(column.value_type[0]) is None or not declared_apart(column, table.policy):
         return None
-    raw = quote_identifier(_alias(table, column))
+    raw = raw_sql(column)
     return operator(raw, "=", value) if column_first else operator(value, "=", raw)
 
 
@@ -283,5 +265,5 @@ def parameter_list_equality(table: Relation, column: ColumnInfo, values: Sequenc
         numbers = ()
     distinct = list(dict.fromkeys(values))
     listed = (distinct * HASHED_LIST)[:max(HASHED_LIST, len(distinct))]
-    raw = quote_identifier(_alias(table, column))
+    raw = raw_sql(column)
     return ParameterList(f"({raw} OPERATOR(pg_catalog.=) ANY (ARRAY[{', '.join(listed)}]))", numbers)

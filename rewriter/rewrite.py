@@ -100,11 +100,15 @@ parallel plan with a partial aggregate per worker.
 In every case the partitioning serves accuracy and the coupling argument, it is not the
 noise: the noise comes from ``mechanisms.samplers``.
 
-The table is read through :func:`rewriter.text_bounds.bounded_source`: where the statement names text columns,
-a projection in which a value longer than the table's ``max_text_bytes`` is NULL, decided from its
-stored size without reading it, so that every part, key and condition sees the bounded value; on a
-table with ``answer_quantum_ms`` it also holds the raw values that equalities compare where that
-gives the same answer (:mod:`rewriter.raw_equality`), so that an index on the column serves them.
+Every part, key and condition reads a column as :func:`rewriter.text_bounds.column_sql`, which the
+level that reads the table writes as the column's bound (:func:`rewriter.text_bounds.read_table`: a
+text value longer than the table's ``max_text_bytes``, or stored apart, is NULL, decided from its
+header without reading it; in place where each bounded column is read once, else through a
+projection PostgreSQL pulls up), and a level above a subquery as that subquery's output, which
+bounded it (COUNT(DISTINCT)'s shuffle, the partitions' rows: :func:`rewriter.text_bounds.read_through`).
+On a table with ``answer_quantum_ms`` the raw values that equalities compare where that gives the same
+answer (:mod:`rewriter.raw_equality`) are the column itself there (or the projection's raw output), so
+that an index on it serves them.
 
 Functions, operators (``OPERATOR(pg_catalog.*)``) and type names that are not grammar
 keywords (``pg_catalog.bytea``) are schema-qualified with ``pg_catalog``, and the WHERE
@@ -130,8 +134,7 @@ from policies.tables import ColumnInfo, Relation, quote_identifier
 from .date_parts import part_sql
 from .dp_query import Aggregate, AggregateQuery
 from .sql_text import literal, operator
-from .raw_equality import raw_outputs
-from .text_bounds import bounded_source
+from .text_bounds import bounded_outputs, column_sql, read_table, read_through
 from .types import FLOAT4, FLOAT8, FLOAT_TYPES, INT2, INT4, INT8, INTEGER_TYPES, NUMERIC
 
 __all__ = [
@@ -191,7 +194,7 @@ def _aggregate_parts(agg: Aggregate) -> tuple[Part, ...]:
     condition = agg.filter_sql
     if agg.column is None:
         return (Part(filtered("pg_catalog.count(*)", condition)),)
-    column = quote_identifier(agg.column.name)
+    column = column_sql(agg.column)
     if agg.kind == "count":
         return (Part(filtered(f"pg_catalog.count({'DISTINCT ' if agg.distinct else ''}{column})", condition)),)
     if agg.kind == "sum":
@@ -271,7 +274,7 @@ def per_partition(kind: str, column: ColumnInfo, condition: str | None = None) -
     ``condition``: each aggregate call is over the partition's rows where it holds (a FILTER).
     """
     if kind == "avg":
-        count = filtered(f"pg_catalog.count({quote_identifier(column.name)})", condition)
+        count = filtered(f"pg_catalog.count({column_sql(column)})", condition)
         if column.type_oid in FLOAT_TYPES:
             # In grid points: a sum of doubles is rounded in the order the rows are read, so the
             # same partition read in another order (another load order, a parallel plan) would
@@ -286,7 +289,7 @@ def per_partition(kind: str, column: ColumnInfo, condition: str | None = None) -
     # Clamping is non-decreasing in the type's order (NULL stays NULL, NaN sorts last), so
     # the clamped MIN/MAX is the MIN/MAX of the clamped values, at two calls per partition
     # instead of two per row.
-    return _to_double(clamped(column, filtered(f"pg_catalog.{kind}({quote_identifier(column.name)})", condition)), column)
+    return _to_double(clamped(column, filtered(f"pg_catalog.{kind}({column_sql(column)})", condition)), column)
 
 
 _SMALLEST_NORMAL = "2.2250738585072014e-308"  # double precision's smallest normal magnitude
@@ -336,26 +339,34 @@ _NAMED: dict[int, tuple[AggregateQuery, str]] = {}
 
 
 def _seeded_sql(query: AggregateQuery, seed: int) -> str:
-    """:func:`backend_sql`, computed."""
-    sql = _backend_sql(query, seed, _SOURCE)
-    # A text value longer than the table's bound reads as NULL: the table is read through a
-    # projection of the columns the statement names (each quoted), so the SQL stays short.
-    named = [name for name in query.table.columns if quote_identifier(name) in sql]
-    return sql.replace(_SOURCE, bounded_source(query.table, named, raw_outputs(query.table, sql)), 1)
+    """:func:`backend_sql`, computed.
+
+    Every construct wrote its reads of a column as :func:`rewriter.text_bounds.column_sql`: those
+    above a subquery that read the table (COUNT(DISTINCT)'s shuffle, the partitions' rows) read its
+    output (:func:`rewriter.text_bounds.read_through`); those of the level that reads the table read
+    its bound (a text value longer than the table's bound, or stored apart, reads as NULL:
+    :func:`rewriter.text_bounds.read_table`)."""
+    table = query.table
+    rows = _SOURCE + (f" WHERE {query.where_sql}" if query.where_sql else "")
+    if any(agg.distinct for agg in query.aggregates) and not table.policy.answer_quantum_ms:
+        above = _backend_sql(query, seed, _SHUFFLED)
+        sql = read_through(above, table).replace(_SHUFFLED, shuffled_source(query, rows, above), 1)
+    else:
+        sql = _backend_sql(query, seed, rows)
+    return read_table(sql, table, _SOURCE)
 
 
-# Where the table goes in _backend_sql's text until the columns it reads are known (a NUL,
-# which no SQL text dpproxy writes can hold).
+# Where the table, and the shuffled rows, go in _backend_sql's text until their reads are written (a
+# NUL, which no SQL text dpproxy writes can hold).
 _SOURCE = "\x00source\x00"
+_SHUFFLED = "\x00shuffled\x00"
 
 
 def _backend_sql(query: AggregateQuery, seed: int, source: str) -> str:
-    """:func:`backend_sql` with ``source`` for the table."""
+    """:func:`backend_sql` with ``source`` for the rows, their columns read as tokens
+    (:func:`rewriter.text_bounds.column_sql`) except above the partitions' rows, which read them
+    (:func:`rewriter.text_bounds.read_through`)."""
     parts = [part for agg in query.aggregates for part in aggregate_parts(agg)]
-    if query.where_sql:
-        source += f" WHERE {query.where_sql}"
-    if any(agg.distinct for agg in query.aggregates) and not query.table.policy.answer_quantum_ms:
-        source = shuffled_source(query, source)
     if query.groups:
         return _grouped_sql(query, parts, source)
     grid = query_grid(query)
@@ -370,15 +381,14 @@ def _backend_sql(query: AggregateQuery, seed: int, source: str) -> str:
     inner = ", ".join(f"{part.sql} AS p{i}" for i, part in enumerate(parts))
     outer = ", ".join(sent(part, f"pg_catalog.sum(p{i})") if part.additive else collected(f"p{i}")
                       for i, part in enumerate(parts))
-    used = used_columns(query)
     key, fence = (quote_identifier(_unused_name(query.table, name)) for name in ("partition", "fence"))
     rows = ", ".join([
-        *map(quote_identifier, used),
+        *bounded_outputs(query.table, used_columns(query), inner),
         f"{partition_key(query.table, seed)} AS {key}",
         f"pg_catalog.pg_is_in_recovery() AS {fence}",  # volatile: keeps the subquery (module docstring)
     ])
     return (
-        f"SELECT {outer} FROM (SELECT {inner} FROM (SELECT {rows} FROM {source}) AS filtered "
+        f"SELECT {outer} FROM (SELECT {read_through(inner, query.table)} FROM (SELECT {rows} FROM {source}) AS filtered "
         f"GROUP BY {key}) AS partitions"
     )
 
@@ -409,9 +419,10 @@ def used_columns(query: AggregateQuery) -> list[str]:
                               for name in ((agg.column.name,) if agg.column is not None else ()) + agg.filter_columns))
 
 
-def shuffled_source(query: AggregateQuery, source: str) -> str:
+def shuffled_source(query: AggregateQuery, source: str, above: str) -> str:
     """``source`` (the table and its WHERE) as a subquery whose rows come out in random order,
-    under the table's own name: what a query with ``COUNT(DISTINCT ...)`` reads.
+    under the table's own name: what a query with ``COUNT(DISTINCT ...)`` reads, ``above`` (its
+    columns read through it, :func:`rewriter.text_bounds.bounded_outputs`).
 
     **Why.** Counting distinct values sorts them (PostgreSQL 15: inside the Aggregate node; 16
     and later: a Sort node below it; per group: a Sort by the keys and the value), and
@@ -440,8 +451,8 @@ def shuffled_source(query: AggregateQuery, source: str) -> str:
     adds below it, as it does for the limits on a statement's terms (rewriter/predicate_terms.py),
     so an operator who wants ``COUNT(DISTINCT)`` at PostgreSQL's own pace on a large table has it.
     """
-    columns = dict.fromkeys([*used_columns(query), *(key.column.name for key in query.groups)])
-    selected = ", ".join(map(quote_identifier, columns)) or "1"
+    columns = [*used_columns(query), *(key.column.name for key in query.groups)]
+    selected = ", ".join(bounded_outputs(query.table, columns, above)) or "1"
     return (f"(SELECT {selected} FROM {source} ORDER BY pg_catalog.random()) "
             f"AS {quote_identifier(query.table.name)}")
 
@@ -615,7 +626,7 @@ def row_hash_key(table: Relation, seed: int) -> str:
     terms = []
     for i, name in enumerate(table.hashed_columns):
         column = table.columns[name]
-        value = HASH_FUNCTIONS[column.type_oid].format(column=quote_identifier(name), seed=seed ^ (i + 1))
+        value = HASH_FUNCTIONS[column.type_oid].format(column=column_sql(column), seed=seed ^ (i + 1))
         terms.append(f"COALESCE({value}, 0)")
     while len(terms) > 1:  # a balanced tree of XORs: nesting grows with log2 of the columns
         terms = [operator(terms[i], "#", terms[i + 1]) if i + 1 < len(terms) else terms[i]
@@ -751,7 +762,7 @@ def grid_index(column: ColumnInfo, grid: QuantileGrid) -> str:
     value = clamped(column)
     if grid.integers:
         return value
-    name = quote_identifier(column.name)
+    name = column_sql(column)
     if grid.count == 1:
         return f"CASE WHEN {name} IS NOT NULL THEN 1 END"
     if column.type_oid == NUMERIC:
@@ -940,7 +951,7 @@ def clamped(column: ColumnInfo, value: str | None = None) -> str:
     """
     assert column.policy is not None and column.policy.bounds is not None
     lo, hi = (_bound(bound, column, upper) for bound, upper in zip(column.policy.bounds, (False, True)))
-    name = quote_identifier(column.name) if value is None else value
+    name = column_sql(column) if value is None else value
     if column.type_oid == FLOAT4:
         name = f"CAST({name} AS double precision)"
     functions = _CLAMP_FUNCTIONS.get(column.type_oid)

@@ -169,6 +169,8 @@ def _canonical(node: dict[str, Any]) -> Canon:
         result = value["args"][0]["CaseWhen"]["result"]
         if "ColumnRef" in result:  # the text bound's CASE WHEN <its size is small> THEN col END
             return canonical(result)
+        if "CaseExpr" in result and canonical(result)[0] == "column":  # short_text() of the bound in place
+            return canonical(result)
     if kind == "A_Expr":
         return _expression(value)
     if kind == "NullTest" and value["nulltesttype"] == "IS_NOT_NULL":  # written NOT (x IS NULL)

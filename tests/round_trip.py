@@ -52,6 +52,7 @@ from rewriter.dp_query import AggregateQuery
 from rewriter.function_check import nodes_of
 from rewriter.rewrite import backend_sql
 from rewriter.statements import split_statements
+from rewriter.text_bounds import read_in_place
 from tests.constant_values import PROFILES
 from tests.parse_differential import canonical
 
@@ -246,7 +247,7 @@ class RoundTrip:
             if aggregate.column is None and not summed:  # an AVG of a condition: a proportion, not a column's mean
                 continue
             column = aggregate.column.name if aggregate.column is not None else "1"
-            ran = f"CASE WHEN {aggregate.filter_sql} THEN {column} END" if aggregate.filter_sql else column
+            ran = f"CASE WHEN {read_in_place(aggregate.filter_sql, plan.table)} THEN {column} END" if aggregate.filter_sql else column
             checked.evaluated += 1
             total = "coalesce(({})::numeric, 0)" if summed else "({})::numeric"
             self._compare(checked, statement, asked, ran, f"SELECT array_agg({total} ORDER BY id)::text FROM rt")

@@ -33,6 +33,7 @@ from proxy.backend.policy_fit import column_fit_problems
 from proxy.dp.column_release import release_column
 from rewriter.dp_query import plan_aggregate_query
 from rewriter.rewrite import backend_sql, clamped, partition_seed, split_row
+from rewriter.text_bounds import read_through
 from tests.test_smooth_median import Z, binned, vectorised_definition
 
 _INT2, _INT4, _INT8, _FLOAT4, _FLOAT8 = 21, 23, 20, 700, 701
@@ -112,7 +113,7 @@ def test_integer_bounds_outside_the_type_are_refused_at_load(
     policy = ColumnPolicy(bounds=bounds)
     column = ColumnInfo("y", oid, -1, 1, policy)
     with pytest.raises(psycopg.errors.NumericValueOutOfRange):
-        admin.execute(f"SELECT {clamped(column)} FROM (SELECT CAST(NULL AS {type_name}) AS y) AS t WHERE false")
+        admin.execute(f"SELECT {read_through(clamped(column))} FROM (SELECT CAST(NULL AS {type_name}) AS y) AS t WHERE false")
     problems = column_fit_problems("t", "y", policy, column)
     assert len(problems) == 1 and "range" in problems[0], problems
 
@@ -127,7 +128,7 @@ def test_integer_bounds_at_the_ends_of_the_type_load_and_clamp(
     policy = ColumnPolicy(bounds=bounds)
     column = ColumnInfo("y", oid, -1, 1, policy)
     assert column_fit_problems("t", "y", policy, column) == []
-    (value,) = admin.execute(f"SELECT {clamped(column)} FROM (SELECT CAST(7 AS {type_name}) AS y) AS t").fetchone()
+    (value,) = admin.execute(f"SELECT {read_through(clamped(column))} FROM (SELECT CAST(7 AS {type_name}) AS y) AS t").fetchone()
     assert value == 7
 
 

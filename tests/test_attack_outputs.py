@@ -201,9 +201,10 @@ def test_partition_values_of_tiny_values_are_computed_without_error(admin: psyco
     from policies.model import ColumnPolicy
     from policies.tables import ColumnInfo
     from rewriter.rewrite import per_partition
+    from rewriter.text_bounds import read_through
 
     column = ColumnInfo("y", 1700 if type_name == "numeric" else 701, -1, 1, ColumnPolicy(bounds=(-1.0, 1.0)))
-    parts = ", ".join(per_partition(kind, column) for kind in ("avg", "min", "max"))
+    parts = read_through(", ".join(per_partition(kind, column) for kind in ("avg", "min", "max")))
     pairs = [(g, v) for g, (a, b) in enumerate((a, b) for a in values for b in values) for v in (a, b)]
     rows = admin.execute(
         f"SELECT g, {parts} FROM (VALUES " + ", ".join(f"({g}, CAST('{v}' AS {type_name}))" for g, v in pairs)

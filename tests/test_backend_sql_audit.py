@@ -24,7 +24,7 @@ import pytest
 
 import sqlglot
 
-from policies.tables import ColumnInfo
+from policies.tables import ColumnInfo, quote_identifier
 from rewriter.floor_bins import floor_bin, floor_shape
 from tests.backend_sql_audit import TOTAL, AuditColumn, Finding, audit_backend_sql
 from tests.bi_data import PEOPLE_POLICY, create_people
@@ -254,7 +254,7 @@ def _binned(key: str, column_type: int, bounds: tuple[float, float]) -> str:
     shape = floor_shape(sqlglot.parse_one(key, read="postgres"))
     assert shape is not None
     key_sql = floor_bin(shape, column_type, bounds)
-    return f"{key_sql.cell_sql(key_sql.row_sql(shape.column.name))} IS NULL"
+    return f"{key_sql.cell_sql(key_sql.row_sql(quote_identifier(shape.column.name)))} IS NULL"
 
 
 @pytest.mark.parametrize("key, column_type, bounds", [

@@ -20,6 +20,7 @@ from policies.model import ColumnPolicy, TablePolicy
 from policies.tables import ColumnInfo, Relation
 from rewriter.dp_query import plan_aggregate_query
 from rewriter.rewrite import backend_sql, clamped, collected, partition_values, per_partition, split_row
+from rewriter.text_bounds import read_through
 
 _INT4, _FLOAT8 = 23, 701
 
@@ -80,7 +81,7 @@ def test_clamping_matches_least_greatest_except_that_null_stays_null(admin):
     assert column.policy is not None
     values = ["NULL", "'NaN'", "'Infinity'", "'-Infinity'", "-3", "-2.5", "0", "-0.0", "1.25", "2.5", "7"]
     rows = admin.execute(
-        f"SELECT y, {clamped(column)}, LEAST(GREATEST(y, -2.5), 2.5) FROM (VALUES "
+        f"SELECT y, {read_through(clamped(column))}, LEAST(GREATEST(y, -2.5), 2.5) FROM (VALUES "
         + ", ".join(f"({v}::float8)" for v in values) + ") AS t(y)"
     ).fetchall()
     for y, ours, least_greatest in rows:
@@ -105,7 +106,7 @@ def test_clamping_of_every_numeric_type_keeps_null_and_lands_in_the_bounds(admin
     column = _relation("t", type_oid, bounds).columns["y"]
     lo, hi = bounds
     rows = admin.execute(
-        f"SELECT y, {clamped(column)}, pg_catalog.pg_typeof({clamped(column)})::text FROM (VALUES "
+        f"SELECT y, {read_through(clamped(column))}, pg_catalog.pg_typeof({read_through(clamped(column))})::text FROM (VALUES "
         + ", ".join(f"(CAST({v} AS {type_name}))" for v in ["NULL", *values]) + ") AS t(y)"
     ).fetchall()
     for y, ours, ours_type in rows:
@@ -126,11 +127,11 @@ def test_partition_values_are_the_aggregates_of_clamped_values_as_double_precisi
     admin, type_name, type_oid, bounds, values
 ):
     column = _relation("t", type_oid, bounds).columns["y"]
-    ours = ", ".join(per_partition(kind, column) for kind in ("avg", "min", "max"))
-    exact = ", ".join(f"pg_catalog.{kind}({clamped(column)})" for kind in ("avg", "min", "max"))
+    ours = read_through(", ".join(per_partition(kind, column) for kind in ("avg", "min", "max")))
+    exact = ", ".join(f"pg_catalog.{kind}({read_through(clamped(column))})" for kind in ("avg", "min", "max"))
     groups = [(i % 2, v) for i, v in enumerate(values)] + [(2, "NULL"), (2, "NULL"), (0, "NULL")]
     rows = admin.execute(
-        f"SELECT g, {ours}, {exact}, pg_catalog.pg_typeof({per_partition('avg', column)})::text FROM (VALUES "
+        f"SELECT g, {ours}, {exact}, pg_catalog.pg_typeof({read_through(per_partition('avg', column))})::text FROM (VALUES "
         + ", ".join(f"({g}, CAST({v} AS {type_name}))" for g, v in groups) + ") AS t(g, y) GROUP BY g ORDER BY g"
     ).fetchall()
     assert [row[0] for row in rows] == [0, 1, 2]

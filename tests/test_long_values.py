@@ -18,7 +18,7 @@ import pytest
 
 from policies.tables import ColumnInfo, Relation
 from policies.model import TablePolicy
-from rewriter.text_bounds import COMPARISON_WORK, MAX_TEXT_WORK, bounded_source, value_bytes
+from rewriter.text_bounds import COMPARISON_WORK, MAX_TEXT_WORK, column_sql, read_in_place, value_bytes
 from tests.conftest import (ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, make_policy, refused_at_load, running_proxy,
                             spent_epsilon)
 from tests.neighbour_outcome import create_neighbours, same_on_neighbours
@@ -119,11 +119,11 @@ def test_the_backend_sql_bounds_a_domain_by_its_base_type() -> None:
         _column("b", 17, attnum=3), _column("i", domain + 2, attnum=4, base=(23, -1)))}
     policy = TablePolicy(epsilon=1.0)
     table = Relation(1, "public", "lv", policy, columns)
-    assert bounded_source(table, columns) == (
-        '(SELECT CASE WHEN (pg_catalog.int4smaller(pg_catalog.pg_column_size("d"), CAST(257 AS integer)) OPERATOR(pg_catalog.>) pg_catalog.octet_length("d")) THEN "d" END AS "d", '
-        'CASE WHEN (pg_catalog.pg_column_size("s") OPERATOR(pg_catalog.>) pg_catalog.octet_length("s")) THEN "s" END AS "s", '
-        'CASE WHEN (pg_catalog.int4smaller(pg_catalog.pg_column_size("b"), CAST(257 AS integer)) OPERATOR(pg_catalog.>) pg_catalog.octet_length("b")) THEN "b" END AS "b", "i" '
-        'FROM "public"."lv") AS "lv"')
+    assert [read_in_place(column_sql(column), table) for column in columns.values()] == [
+        'CASE WHEN (pg_catalog.int4smaller(pg_catalog.pg_column_size("d"), CAST(257 AS integer)) OPERATOR(pg_catalog.>) pg_catalog.octet_length("d")) THEN "d" END',
+        'CASE WHEN (pg_catalog.pg_column_size("s") OPERATOR(pg_catalog.>) pg_catalog.octet_length("s")) THEN "s" END',
+        'CASE WHEN (pg_catalog.int4smaller(pg_catalog.pg_column_size("b"), CAST(257 AS integer)) OPERATOR(pg_catalog.>) pg_catalog.octet_length("b")) THEN "b" END',
+        '"i"']
     assert [value_bytes(columns[name], policy) for name in ("d", "s", "b", "i")] == [256, 40, 256, None]
 
 

@@ -27,6 +27,7 @@ from rewriter.predicates import PredicateRenderer
 from rewriter.rewrite import backend_sql
 from rewriter.statements import split_statements
 from rewriter.types import BOOL
+from rewriter.text_bounds import read_through
 from tests.bi_data import PEOPLE_POLICY, PEOPLE_TABLE, create_people
 from tests.conftest import TEST_POLICY, RunningProxy, TestDatabase, make_policy, policy_registry, refused_uncharged, running_proxy
 from tests.constant_values import ConstantEvaluator
@@ -111,7 +112,7 @@ def _planned(plan: AggregateQuery) -> Planned:
     return Planned([backend_sql(plan, seed=0)], plan.table.name, frozenset(columns),
                    frozenset(name for name, column in columns.items() if BOOL in (column.type_oid, column.base_type_oid)),
                    plan.post.sql if plan.post is not None else None,
-                   tuple(Released(aggregate.kind, aggregate.column.name if aggregate.column else None, aggregate.filter_sql,
+                   tuple(Released(aggregate.kind, aggregate.column.name if aggregate.column else None, _read(aggregate.filter_sql, plan),
                                   _fraction(aggregate), aggregate.distinct) for aggregate in plan.aggregates),
                    tuple(_labelled(key.column) if key.kind == "category" else None for key in plan.groups),
                    tuple(_labelled(aggregate.column, modal=True) for aggregate in plan.aggregates
@@ -119,6 +120,11 @@ def _planned(plan: AggregateQuery) -> Planned:
                    plan.post is None and not plan.groups, plan.limit_zero,
                    _planned(plan.series.ranking) if plan.series is not None else None,
                    plan.series.pairs if plan.series is not None else ())
+
+
+def _read(condition: str | None, plan: AggregateQuery) -> str | None:
+    """A FILTER with each column read by its name (rewriter.text_bounds.read_through)."""
+    return None if condition is None else read_through(condition, plan.table)
 
 
 def _labelled(column: ColumnInfo, modal: bool = False) -> Labelled:

@@ -28,6 +28,7 @@ from policies.tables import Relation, TableRegistry
 from proxy.demo.embedded import SERVICE_ROLE
 from rewriter.dp_query import plan_aggregate_query
 from rewriter.rewrite import HASH_FUNCTIONS, backend_sql, partition_key, partition_seed, seeded, split_row
+from rewriter.text_bounds import read_through
 
 M = 16
 KEY_POLICY = TEST_POLICY[: TEST_POLICY.index("tables:")] + f"""
@@ -161,7 +162,7 @@ def _relation(registry: TableRegistry, name: str) -> Relation:
 
 def _partitions(conn: psycopg.Connection, relation: Relation, seed: int, table: str | None = None) -> dict[str, int]:
     """Each row's partition under ``seed``, by ctid, computed by the key dpproxy writes."""
-    sql = f"SELECT ctid::text, {partition_key(relation, seed)} FROM {table or relation.qualified_name}"
+    sql = f"SELECT ctid::text, {read_through(partition_key(relation, seed))} FROM {table or relation.qualified_name}"
     return {ctid: int(p) for ctid, p in conn.execute(sql).fetchall()}
 
 
@@ -274,7 +275,7 @@ SEEDS = 100
 def _row_partitions(conn: psycopg.Connection, relation: Relation, seed: int, table: str) -> list[tuple[tuple, int]]:
     """Every row of ``table`` (its values) with its partition under ``relation``'s key and ``seed``."""
     columns = ", ".join(f'"{name}"' for name in relation.columns)
-    rows = conn.execute(f"SELECT {partition_key(relation, seed)}, {columns} FROM {table}").fetchall()
+    rows = conn.execute(f"SELECT {read_through(partition_key(relation, seed))}, {columns} FROM {table}").fetchall()
     return [(tuple(row[1:]), int(row[0])) for row in rows]
 
 
@@ -344,7 +345,7 @@ def test_the_row_hash_never_raises_for_any_value_of_any_column_type(registry, ad
     matches). The 5 rows across 16 partitions leave some empty: that is fine here."""
     relation = _relation(registry, "pk_types")
     for _ in range(20):
-        keys = admin.execute(f"SELECT {partition_key(relation, partition_seed())} FROM pk_types").fetchall()
+        keys = admin.execute(f"SELECT {read_through(partition_key(relation, partition_seed()))} FROM pk_types").fetchall()
         assert len(keys) == 5 and all(0 <= k < M for (k,) in keys)
     for v in (None, 0, 7, 50, 100):
         where = "v IS NULL" if v is None else f"v = {v}"

@@ -27,6 +27,7 @@ from rewriter.like_patterns import (
     invalid_pattern_reason,
 )
 from rewriter.rewrite import backend_sql
+from rewriter.text_bounds import read_in_place
 
 
 def _outcome(proxy, sql: str) -> str:  # type: ignore[no-untyped-def]
@@ -220,7 +221,7 @@ def test_the_rendered_predicate_means_what_the_analyst_wrote(admin, predicate: s
     )
     columns = {"a": ColumnInfo("a", 23, -1, 1, None), "s": ColumnInfo("s", 25, -1, 2, None)}
     table = Relation(1, "pg_temp", "meaning_probe", TablePolicy(epsilon=1.0), columns)
-    rendered = plan_aggregate_query(f"SELECT COUNT(*) FROM meaning_probe WHERE {predicate}", table).where_sql
+    rendered = read_in_place(plan_aggregate_query(f"SELECT COUNT(*) FROM meaning_probe WHERE {predicate}", table).where_sql or "", table)
     expected = admin.execute(f"SELECT array_agg(ctid ORDER BY ctid) FROM meaning_probe WHERE {predicate}").fetchone()
     actual = admin.execute(f"SELECT array_agg(ctid ORDER BY ctid) FROM meaning_probe WHERE {rendered}").fetchone()
     assert actual == expected, rendered

@@ -28,6 +28,7 @@ from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, runni
 from tests.neighbour_outcome import create_neighbours, same_on_neighbours
 from tests.plan_nodes import plan_node_types
 from tests.post_charge_wait import LONG_TEXT, store_apart
+from tests.raw_reads import projected, raw_reads
 
 BOUND = 256  # the default max_text_bytes
 
@@ -45,7 +46,9 @@ def _sql(statement: str, quantum_ms: int = 20, table: str = "tr") -> str:
     return backend_sql(plan_aggregate_query(statement.replace("{t}", table), _relation(table, quantum_ms)), 0)
 
 
-_RAW_T = '"raw 2"'  # the projection's name for t's raw value
+_BOUND_T = ('CASE WHEN (pg_catalog.int4smaller(pg_catalog.pg_column_size("t"), CAST(257 AS integer)) OPERATOR(pg_catalog.>) '
+            'pg_catalog.octet_length("t")) THEN "t" END')
+_BOUNDED = ("t", "w", "c", "ci", "narrow")  # the columns read through a bound
 
 
 @pytest.mark.parametrize("where", [
@@ -54,10 +57,13 @@ _RAW_T = '"raw 2"'  # the projection's name for t's raw value
 ])
 def test_equality_with_a_short_literal_compares_the_raw_column_on_a_table_with_a_quantum(where: str) -> None:
     sql = _sql(f"SELECT count(*), sum(x) FROM {{t}} WHERE {where}")
-    column, raw = ('"w"', '"raw 6"') if where.startswith("w") else ('"t"', _RAW_T)
-    assert f"(({raw} OPERATOR(pg_catalog.=) '" in sql, sql
-    assert f") AND ({column} OPERATOR(pg_catalog.=) '" in sql, sql  # the bounded value beside it, for its index
-    assert f"THEN {column} END AS {column}" in sql and f"{column} AS {raw}" in sql, sql
+    column = "w" if where.startswith("w") else "t"
+    assert raw_reads(sql, column) >= 1, sql
+    if projected(sql, column):  # read twice or more: through the projection, the raw value its output
+        assert f') AND ("{column}" OPERATOR(pg_catalog.=) \'' in sql, sql  # the bounded value beside it
+    else:  # read once: the bound in place
+        assert f'(("{column}" OPERATOR(pg_catalog.=) \'' in sql and 'FROM "public"."tr" WHERE' in sql, sql
+        assert f') AND ({_BOUND_T.replace(chr(34) + "t" + chr(34), chr(34) + column + chr(34))} OPERATOR(pg_catalog.=) \'' in sql, sql
 
 
 @pytest.mark.parametrize("where", [
@@ -67,7 +73,7 @@ def test_equality_with_a_short_literal_compares_the_raw_column_on_a_table_with_a
 ])
 def test_equality_where_false_and_null_may_differ_keeps_the_bounded_value(where: str) -> None:
     sql = _sql(f"SELECT count(*) FROM {{t}} WHERE {where}")
-    assert '"raw ' not in sql, sql
+    assert not any(raw_reads(sql, column) for column in _BOUNDED), sql
     assert "CASE WHEN (pg_catalog.int4smaller(pg_catalog.pg_column_size(" in sql, sql
 
 
@@ -77,26 +83,29 @@ def test_a_table_without_a_quantum_keeps_the_bounded_value_and_a_narrow_varchar_
     the raw column only in the hashed conjunct beside a top-level ``=`` (tests/test_declared_raw_equality.py),
     with or without a quantum, and never term by term."""
     sql = _sql("SELECT count(*) FROM {t} WHERE t = 'x'", quantum_ms=0)
-    assert '"raw ' not in sql and 'CASE WHEN (pg_catalog.int4smaller(pg_catalog.pg_column_size("t")' in sql, sql
+    assert raw_reads(sql, "t") == 0 and _BOUND_T in sql, sql
     for quantum_ms in (0, 20):
         narrow = _sql("SELECT count(*) FROM {t} WHERE narrow = 'x' OR (narrow = 'y' AND x > 3)", quantum_ms=quantum_ms)
-        assert '"raw ' not in narrow, narrow
+        assert raw_reads(narrow, "narrow") == 0, narrow
         assert 'CASE WHEN (pg_catalog.pg_column_size("narrow") OPERATOR(pg_catalog.>) pg_catalog.octet_length("narrow"))' in narrow
-        assert _sql("SELECT count(*) FROM {t} WHERE narrow = 'x'", quantum_ms=quantum_ms).count('"raw 7"') == 2
+        assert raw_reads(_sql("SELECT count(*) FROM {t} WHERE narrow = 'x'", quantum_ms=quantum_ms), "narrow") == 1
 
 
 def test_each_occurrence_is_rendered_by_where_it_stands() -> None:
     """A share's denominator holds p both ways (``p OR NOT p``); a FILTER is a condition of its own;
-    a column read elsewhere is projected both bounded and raw, under names no column has."""
+    a column read elsewhere is read through its bound there; the raw value of a FILTER above sample and
+    aggregate's rows is their output, under a name no column has."""
     share = _sql("SELECT avg(CAST(t = 'x' AS int)) FROM {t}")
-    assert f"({_RAW_T} OPERATOR(pg_catalog.=) 'x')" in share and "(NOT (\"t\" OPERATOR(pg_catalog.=) 'x'))" in share, share
+    assert raw_reads(share, "t") == 2 and "(NOT (\"t\" OPERATOR(pg_catalog.=) 'x'))" in share, share
     both = _sql("SELECT count(*) FILTER (WHERE t = 'x'), count(DISTINCT t) FROM {t} WHERE NOT (t = 'y')")
-    assert 'CASE WHEN (pg_catalog.int4smaller(pg_catalog.pg_column_size("t"), CAST(257 AS integer)) OPERATOR(pg_catalog.>) pg_catalog.octet_length("t")) THEN "t" END AS "t", "t" AS "raw 2"' in both
+    assert raw_reads(both, "t") == 1 and f'{_BOUND_T} AS "t", "t" AS "raw 2"' in both, both
+    once = _sql("SELECT count(*) FILTER (WHERE t = 'x') FROM {t}")
+    assert raw_reads(once, "t") == 1 and f"(\"t\" OPERATOR(pg_catalog.=) 'x') AND ({_BOUND_T} OPERATOR" in once, once
     table = _relation("tr", 20)
     clash = Relation(1, "public", "tr", table.policy,
-                     {**table.columns, "raw 2": ColumnInfo("raw 2", 25, -1, 8, None)})
-    sql = backend_sql(plan_aggregate_query('SELECT count(*) FROM tr WHERE t = \'x\' AND "raw 2" = \'y\'', clash), 0)
-    assert '"t" AS "_raw 2", "raw 2" AS "raw 8"' in sql, sql
+                     {**table.columns, "raw 2": ColumnInfo("raw 2", 23, -1, 8, ColumnPolicy(bounds=(0, 1)))})
+    sql = backend_sql(plan_aggregate_query('SELECT max("raw 2") FILTER (WHERE t = \'x\') FROM tr', clash), 0)
+    assert '"t" AS "_raw 2"' in sql and '(("_raw 2" OPERATOR(pg_catalog.=) \'x\') AND ("t" OPERATOR' in sql, sql
 
 
 def test_a_literal_is_weighed_at_four_bytes_a_character_outside_ascii() -> None:

@@ -97,10 +97,10 @@ SITES: tuple[Site, ...] = (
          "answers"),
     Site("clamp.filtered-sum-unclamped", _RW, "    total = filtered(clamped_sum(column), condition)\n",
          "    total = filtered(clamped_sum(column) if condition is None else "
-         "f\"pg_catalog.sum({quote_identifier(column.name)})\", condition)\n", "grouped"),
+         "f\"pg_catalog.sum({column_sql(column)})\", condition)\n", "grouped"),
     Site("clamp.partition-min-max-unclamped-in-sql", _RW,
-         'return _to_double(clamped(column, filtered(f"pg_catalog.{kind}({quote_identifier(column.name)})", condition)), column)',
-         'return _to_double(filtered(f"pg_catalog.{kind}({quote_identifier(column.name)})", condition), column)', "answers"),
+         'return _to_double(clamped(column, filtered(f"pg_catalog.{kind}({column_sql(column)})", condition)), column)',
+         'return _to_double(filtered(f"pg_catalog.{kind}({column_sql(column)})", condition), column)', "answers"),
     Site("clamp.numeric-shortest-decimal-outside", _RW, "inside = shortest <= exact if upper else shortest >= exact",
          "inside = True", "answers"),
     # ------------------------------------------------------------------ ε (and δ) split over a statement's columns
