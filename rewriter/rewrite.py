@@ -131,7 +131,7 @@ from .date_parts import part_sql
 from .dp_query import Aggregate, AggregateQuery
 from .sql_text import literal, operator
 from .raw_equality import raw_outputs
-from .text_bounds import bounded_source
+from .text_bounds import bounded_source, distinct_by_bytes
 from .types import FLOAT4, FLOAT8, FLOAT_TYPES, INT2, INT4, INT8, INTEGER_TYPES, NUMERIC
 
 __all__ = [
@@ -193,6 +193,8 @@ def _aggregate_parts(agg: Aggregate) -> tuple[Part, ...]:
         return (Part(filtered("pg_catalog.count(*)", condition)),)
     column = quote_identifier(agg.column.name)
     if agg.kind == "count":
+        if agg.distinct and distinct_by_bytes(agg.column):  # the same classes, sorted by bytes
+            column += ' COLLATE pg_catalog."C"'
         return (Part(filtered(f"pg_catalog.count({'DISTINCT ' if agg.distinct else ''}{column})", condition)),)
     if agg.kind == "sum":
         return (_total(agg.column, condition),)
