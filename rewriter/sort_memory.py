@@ -60,8 +60,8 @@ buckets, sized by the planner's estimate of the groups (a column's distinct valu
 aggregate's partitions, a ``COUNT(DISTINCT)``'s cells, a GROUP BY past its cells' bound) are
 weighed on top of the rows' bound, as a GROUP BY's are (:func:`_table_groups`): a group of one row
 can keep more than a row's 256 bytes, an exact ``numeric`` total 34 kB, and at a ceiling just
-above the table's bound a percentile's 1,000 grid indices beside a ``numeric`` SUM, or 512
-partitions of a ``numeric`` AVG, spilled once hashed (tests/test_sort_memory.py).
+above the table's bound a percentile's grid groups beside a ``numeric`` SUM spilled once hashed
+(1,000 cells of 20 rows at 14 MB: a peak of 28.7 MB, 5 batches; tests/test_sort_memory.py).
 
 **A view** stores no rows: its pages bound none of them, and it may join or expand its
 relations' rows or compute wider values than they store. One PostgreSQL can show does neither, a
@@ -279,8 +279,9 @@ def _table_groups(plan: AggregateQuery) -> int:
     The table's bound weighs a row at 256 bytes, and a group of one row can keep more: an exact
     ``numeric`` total's accumulator spans every digit from the highest a clamped value reaches to
     the least any value has, so two 7-byte values make a group's state of 34 kB. At a ceiling just
-    above the table's bound, a percentile's 1,000 grid indices beside a ``numeric`` SUM, or 512
-    partitions of a ``numeric`` AVG, spilled once hashed. So the groups' states are weighed on top
+    above the table's bound, a percentile's grid groups beside a ``numeric`` SUM spilled once
+    hashed (sample and aggregate's 512 partitions of a ``numeric`` AVG peaked at 16.7 MB, within
+    that table's hash memory, a bound no larger table keeps). So the groups' states are weighed on top
     of the rows' bound, as :func:`hashed_groups_kb` weighs them, for at most these groups and the
     rows the relation can hold (a group holds one at least)."""
     grid = query_grid(plan)

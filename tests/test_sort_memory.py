@@ -467,35 +467,39 @@ WIDE_SORTING = (
 )
 
 
-def _hashed_run(server: OwnServer, plan: AggregateQuery) -> None:
-    """``plan``'s backend SQL after its setting step, as the service role with hashing on (the
-    planner's choice where an operator has not turned it off), in one transaction."""
+def _spilled(server: OwnServer, plan: AggregateQuery) -> list[dict[str, Any]]:
+    """The sort and aggregate nodes that wrote to disk when ``plan``'s backend SQL ran after its
+    setting step, as the service role with hashing on (the planner's choice where an operator has
+    not turned it off: it estimates a ``numeric`` state far below 34 kB), read from ``EXPLAIN
+    (ANALYZE)`` (deterministic, where a direct session's temporary files may reach the log after
+    it is read)."""
     steps = memory_steps(plan, in_block=False)
     assert steps is not None
-    with psycopg.connect(server.service_dsn, application_name=APPLICATION) as conn:
+    with psycopg.connect(server.service_dsn) as conn:
         conn.execute("SET enable_hashagg = on")
         conn.execute(steps.setting)
-        conn.execute(backend_sql(plan, seed=partition_seed())).fetchall()
+        (explained,) = conn.execute(
+            f"EXPLAIN (ANALYZE, FORMAT JSON) {backend_sql(plan, seed=partition_seed())}").fetchone()
         conn.rollback()
+    return [node for node in _nodes(explained[0]["Plan"])
+            if node.get("HashAgg Batches", 1) > 1 or node.get("Disk Usage") or node.get("Sort Space Type") == "Disk"]
 
 
 @pytest.mark.parametrize("sql", WIDE_SORTING)
 def test_a_sorting_statements_numeric_totals_are_weighed_per_group(server: OwnServer, tmp_path: Path, sql: str) -> None:
     """At a ceiling just above events' bound, each group's exact numeric total (~34 kB: values of
-    99.5 and 1e-16383) outgrew the 256 bytes a row: 1,000 grid indices' or 512 partitions' hash
-    table spilled (temporary files) under the table's bound. Now weighed per group
-    (``NUMERIC_STATE_BYTES``), such a statement is refused uncharged where that is above the
-    ceiling, and never spills where answered."""
+    99.5 and 1e-16383) outgrew the 256 bytes a row: a percentile's 10,000 grid cells of two rows
+    beside a numeric SUM, hashed, spilled, with or without GROUP BY (at 1,000 cells of 20 rows and
+    14 MB: a peak of 28.7 MB, 5 batches, 224 kB on disk). Now weighed per group (``NUMERIC_STATE_BYTES``), such a statement, and
+    sample and aggregate's 512 partitions of a numeric AVG (16.7 MB, within this table's bound's
+    hash memory), are refused uncharged where that is above the ceiling, and never spill where answered."""
     with psycopg.connect(server.admin_dsn) as conn:
         (kb,) = conn.execute(f"SELECT {sort_memory_kb_sql('CAST(%s AS regclass)', False)}", ("events",)).fetchone()
-    running = _proxy(server, tmp_path, extra=f"    max_sort_memory_mb: {-(-kb // 1024)}\n")
+    # 10,000 grid cells of id: two rows a cell, one of each value, so each group's total widens.
+    running = _proxy(server, tmp_path, extra=f"    max_sort_memory_mb: {-(-kb // 1024)}\n    quantile_cells: 10000\n")
     try:
         plan = plan_aggregate_query(sql.format(k=ROWS), _table(running, "events"))
-        refusal = sort_memory_refusal(plan)
-        with temporary_files(server) as found:
-            if refusal is None:
-                _hashed_run(server, plan)
-        assert found == []
+        assert sort_memory_refusal(plan) is not None or _spilled(server, plan) == []
         refused = _answered_or_refused(running, sql.format(k=600))
         assert refused is not None and refused.sqlstate == "54000" and "(rule: sort-memory)" in str(refused), refused
     finally:
@@ -505,7 +509,25 @@ def test_a_sorting_statements_numeric_totals_are_weighed_per_group(server: OwnSe
 @pytest.mark.parametrize("sql", WIDE_SORTING[:2])
 def test_a_sorting_statements_numeric_totals_fit_its_setting(proxy: RunningProxy, server: OwnServer, sql: str) -> None:
     """Within the ceiling (256 MB) they are answered, and their groups' hash tables never spill."""
+    assert _spilled(server, _plan(proxy, sql.format(k=ROWS))) == []
     with temporary_files(server) as found:
-        _hashed_run(server, _plan(proxy, sql.format(k=ROWS)))
         assert _answered_or_refused(proxy, sql.format(k=ROWS)) is None
     assert found == []
+
+
+def test_sample_and_aggregates_numeric_partition_sums_are_weighed_as_exact_totals(
+    proxy: RunningProxy, server: OwnServer, tmp_path: Path
+) -> None:
+    """A sample-and-aggregate AVG of a ``numeric`` column sums each of its 512 partitions exactly:
+    each partition's state is weighed as an exact total's 40 kB (twice: ~41 MB on top of events'
+    ~13 MB bound), so at a ceiling 20 MB above the bound it is refused uncharged, where at a sum's
+    1 kB a state (~2.5 MB) it would be answered; MIN of an integer column (by sample and aggregate
+    too, its partitions keeping a value each) is answered."""
+    events = _table(proxy, "events")
+    running = _proxy(server, tmp_path, extra=f"    max_sort_memory_mb: {-(-events.sort_memory_kb // 1024) + 20}\n")
+    try:
+        refused = _answered_or_refused(running, "SELECT AVG(n) FROM events WHERE id <= 600")
+        assert refused is not None and refused.sqlstate == "54000" and "(rule: sort-memory)" in str(refused), refused
+        assert _answered_or_refused(running, "SELECT MIN(age) FROM events WHERE id <= 600") is None
+    finally:
+        running.stop()
