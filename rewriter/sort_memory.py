@@ -281,7 +281,7 @@ def _table_groups(plan: AggregateQuery) -> int:
     the least any value has, so two 7-byte values make a group's state of 34 kB. At a ceiling just
     above the table's bound, a percentile's grid groups beside a ``numeric`` SUM spilled once
     hashed (sample and aggregate's 512 partitions of a ``numeric`` AVG peaked at 16.7 MB, within
-    that table's hash memory, a bound no larger table keeps). So the groups' states are weighed on top
+    that table's hash memory, which a smaller table's bound would not hold). So the groups' states are weighed on top
     of the rows' bound, as :func:`hashed_groups_kb` weighs them, for at most these groups and the
     rows the relation can hold (a group holds one at least)."""
     grid = query_grid(plan)
