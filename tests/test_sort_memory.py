@@ -51,25 +51,7 @@ POLICY = ATTACK_POLICY_HEAD.replace("repeats: {{enabled: true}}", "repeats: {{en
       score: {{bounds: [0, 10], group_by: true}}
       n: {{bounds: [0, 100], avg: sample_aggregate}}
       ts: {{bounds: ["2024-01-01", "2025-12-31"], group_by: [month]}}
-  public.expanded:
-    access: protected
-    epsilon: 1.0
-{view_extra}    columns:
-      id: {{bounds: [0, {rows}]}}
-      t: {{categories: [x]}}
-  public.narrow:
-    access: protected
-    epsilon: 1.0
-{view_extra}    columns:
-      id: {{bounds: [0, {rows}]}}
-      t: {{categories: [x]}}
-  public.narrower:
-    access: protected
-    epsilon: 1.0
-{view_extra}    columns:
-      id: {{bounds: [0, {rows}]}}
-      t: {{categories: [x]}}
-  public.growing:
+{views}  public.growing:
     access: protected
     epsilon: 1.0
     max_sort_memory_mb: 1
@@ -83,6 +65,18 @@ POLICY = ATTACK_POLICY_HEAD.replace("repeats: {{enabled: true}}", "repeats: {{en
       id: {{bounds: [0, {rows}]}}
       t: {{categories: [x]}}
 """
+
+# The protected views: one that joins events with 50 rows each, a simple view of events, a simple view of that.
+VIEWS = ("expanded", "narrow", "narrower")
+_VIEW_POLICY = """\
+  public.{view}:
+    access: protected
+    epsilon: 1.0
+{{view_extra}}    columns:
+      id: {{{{bounds: [0, {{rows}}]}}}}
+      t: {{{{categories: [x]}}}}
+"""
+POLICY = POLICY.replace("{views}", "".join(_VIEW_POLICY.format(view=view) for view in VIEWS))
 
 # Each construct whose backend SQL sorts or hashes the rows a filter reaches.
 SORTING = (
