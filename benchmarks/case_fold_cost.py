@@ -13,6 +13,10 @@ long values add, in ns and in units (``lower()`` under libc's ``C.UTF-8``, measu
 Run from the repository root (a server with ICU: Debian's 15, the default)::
 
     python -m benchmarks.case_fold_cost --rows 3000 --long 1000 --repeats 21 --letters 'Aßé'
+
+``--libc en_US.UTF-8`` measures a libc locale too (a collation of that name, made if missing): one
+the machine has (``locale -a``), or one compiled with ``localedef -i en_US -f UTF-8 DIR/en_US.UTF-8``
+and the server started with ``LOCPATH=DIR`` in its environment (the started server inherits it).
 """
 
 from __future__ import annotations
@@ -62,12 +66,15 @@ def _per_byte(conn: psycopg.Connection[Any], sql: str, rows: int, span: int, rep
     return statistics.median(p - b for b, p in zip(base, plus)) * 1e6 / rows / span
 
 
-def measure(dsn: str, rows: int, long: int, repeats: int, letters: str) -> list[tuple[str, str, float, float]]:
-    """Per collation the server has and statement: ns a byte, and in work units."""
+def measure(dsn: str, rows: int, long: int, repeats: int, letters: str,
+            libc: Sequence[str] = ()) -> list[tuple[str, str, float, float]]:
+    """Per collation the server has (and libc locale of ``libc``) and statement: ns a byte, and in work units."""
     out = []
     with psycopg.connect(dsn, autocommit=True) as admin:
+        for locale in libc:
+            admin.execute(f'CREATE COLLATION IF NOT EXISTS "{locale}" (provider = libc, locale = \'{locale}\')')
         known = {name for (name,) in admin.execute("SELECT collname::text FROM pg_collation").fetchall()}
-        for collation in (name for name in COLLATIONS if name in known):
+        for collation in (name for name in (*COLLATIONS, *libc) if name in known):
             span = _tables(admin, collation, rows, long, letters)
             with measuring_session(dsn) as conn:
                 unit = _per_byte(conn, CALIBRATION, rows, span, repeats) / LOWER_UNITS
@@ -85,10 +92,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--letters", default="Aßé", help="the characters the long values repeat")
     parser.add_argument("--dsn", help="a superuser DSN of a PostgreSQL with ICU (default: start one, --pg)")
     parser.add_argument("--pg", type=int, choices=(15, 16, 17, 18), default=15)
+    parser.add_argument("--libc", action="append", default=[], metavar="LOCALE",
+                        help="a libc locale to measure too (module docstring)")
     args = parser.parse_args(argv)
     started = time.monotonic()
     results = on_server(args.dsn, args.pg, "case-fold-cost",
-                        lambda dsn: measure(dsn, args.rows, args.long, args.repeats, args.letters))
+                        lambda dsn: measure(dsn, args.rows, args.long, args.repeats, args.letters, args.libc))
     print(f"{args.rows:,} rows of 8 characters against the same of {args.long:,} ({args.letters!r} repeated), "
           f"PostgreSQL {args.pg}; median of {args.repeats} paired alternating runs each; "
           f"{time.monotonic() - started:.0f} s in all.\n")

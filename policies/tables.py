@@ -135,8 +135,12 @@ class Relation:
 
     ``sort_memory_kb`` is the memory a sort or hash of every row the relation could hold took when
     the policy was loaded (rewriter/sort_memory.py): above the table's ``max_sort_memory_mb`` its
-    statements that sort rows are refused without ``answer_quantum_ms``. 0: not read. A view's is
-    that of no page (its pages bound none of its rows).
+    statements that sort rows are refused without ``answer_quantum_ms``. 0: not read.
+    ``sort_memory_bases`` are the relations whose pages bound a view's rows, and whose bound is the
+    view's (a view of one relation's rows, each column one of its columns, PostgreSQL's simple
+    view: proxy/backend/view_rows.py); () a relation whose own pages do; None a view whose rows no
+    pages bound (it may join or expand its relations, or compute its values): its statements that
+    sort rows are refused without ``answer_quantum_ms``.
     """
 
     oid: int
@@ -148,6 +152,7 @@ class Relation:
     hashed_columns: tuple[str, ...] = ()
     sort_memory_kb: int = 0
     sort_memory_tree: bool = False
+    sort_memory_bases: tuple[int, ...] | None = ()
 
     @property
     def access(self) -> Access:

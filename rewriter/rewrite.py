@@ -134,7 +134,7 @@ from policies.tables import ColumnInfo, Relation, quote_identifier
 from .date_parts import part_sql
 from .dp_query import Aggregate, AggregateQuery
 from .sql_text import literal, operator
-from .text_bounds import bounded_outputs, column_sql, read_table, read_through
+from .text_bounds import bounded_outputs, column_sql, distinct_by_bytes, read_table, read_through
 from .types import FLOAT4, FLOAT8, FLOAT_TYPES, INT2, INT4, INT8, INTEGER_TYPES, NUMERIC
 
 __all__ = [
@@ -196,6 +196,8 @@ def _aggregate_parts(agg: Aggregate) -> tuple[Part, ...]:
         return (Part(filtered("pg_catalog.count(*)", condition)),)
     column = column_sql(agg.column)
     if agg.kind == "count":
+        if agg.distinct and distinct_by_bytes(agg.column):  # the same classes, sorted by bytes
+            column += ' COLLATE pg_catalog."C"'
         return (Part(filtered(f"pg_catalog.count({'DISTINCT ' if agg.distinct else ''}{column})", condition)),)
     if agg.kind == "sum":
         return (_total(agg.column, condition),)

@@ -49,7 +49,7 @@ from typing import NamedTuple
 from policies.model import TablePolicy
 from policies.tables import ColumnInfo
 
-from .text_bounds import comparison_work, value_bytes
+from .text_bounds import comparison_work, distinct_by_bytes, value_bytes
 
 __all__ = ["COLLATED_DISTINCT_WORK", "COLLATED_KEY_WORK", "DISTINCT_WORK", "HASH_WORK", "KEY_WORK", "SingleRead", "categories", "distinct_read", "hash_read",
            "key_read", "mode_read", "raw_read"]
@@ -64,9 +64,13 @@ categories: measured at 0.12–0.46 of ``lower(t) = 'x'``'s cost a byte in memor
 groups spill to disk (``work_mem``)."""
 COLLATED_DISTINCT_WORK = 300
 """Work units a byte ``COUNT(DISTINCT)`` reads where the column's collation does not order by bytes
-(``ColumnInfo.byte_order``): its sort compares through ICU or libc, measured at 67–139 units a byte
-(1.3–2.7 of ``lower()``'s) under ``und-x-icu`` and a nondeterministic ICU collation
-(benchmarks/collation_cost.py, on a loaded host), weighed at about twice the most."""
+(``ColumnInfo.byte_order``) and is nondeterministic: its sort compares through ICU, measured at
+67–139 units a byte (1.3–2.7 of ``lower()``'s) under ``und-x-icu`` and a nondeterministic ICU
+collation (benchmarks/collation_cost.py, on a loaded host), weighed at about twice the most. Under
+a deterministic one the values are counted under ``COLLATE "C"`` (the same classes, sorted by
+bytes: :func:`~rewriter.text_bounds.distinct_by_bytes`) and weighed ``DISTINCT_WORK``: a libc
+locale's ``strcoll`` cost 1,270–1,360 units a byte, which no weight that leaves such a count
+possible would cover."""
 COLLATED_KEY_WORK = 800
 """Work units a byte a categorical GROUP BY key, or a hashed raw conjunct (:func:`raw_read`), reads
 under a nondeterministic collation, besides its comparisons: PostgreSQL hashes the value's ICU sort
@@ -94,7 +98,7 @@ class SingleRead(NamedTuple):
 def distinct_read(column: ColumnInfo, policy: TablePolicy) -> SingleRead | None:
     """``COUNT(DISTINCT column)``'s read, or None: not a column of bytes."""
     size = value_bytes(column, policy)
-    per_byte = DISTINCT_WORK if column.byte_order else COLLATED_DISTINCT_WORK
+    per_byte = DISTINCT_WORK if column.byte_order or distinct_by_bytes(column) else COLLATED_DISTINCT_WORK
     return None if size is None else SingleRead(f"COUNT(DISTINCT {column.name})", size * per_byte)
 
 

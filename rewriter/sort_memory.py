@@ -64,15 +64,33 @@ never refused; one above it (tens of thousands of cells) falls back to the table
 refusal. The setting is small (a few MB for 1,000 cells), which also keeps the hash table's first
 buckets, sized by the planner's estimate of the groups (a column's distinct values), small.
 
-**What it does not bound.** A protected view's rows are not bounded by its pages (it may join or
-expand its tables): it gets the ceiling, which closes the step only while its rows' sort fits
-in it; such a view whose rows may outgrow it needs ``answer_quantum_ms``.
+**A table-bound statement's groups** (a percentile's (cell, grid index) groups, sample and
+aggregate's partitions, a ``COUNT(DISTINCT)``'s cells, a GROUP BY past its cells' bound) are
+weighed on top of the rows' bound, as a GROUP BY's are (:func:`_table_groups`): a group of one row
+can keep more than a row's 256 bytes, an exact ``numeric`` total 34 kB, and at a ceiling just
+above the table's bound a percentile's grid groups beside a ``numeric`` SUM spilled once hashed
+(1,000 cells of 20 rows at 14 MB: a peak of 28.7 MB, 5 batches; tests/test_sort_memory.py).
+
+**A view** stores no rows: its pages bound none of them, and it may join or expand its
+relations' rows or compute wider values than they store. One PostgreSQL can show does neither, a
+simple view (one relation's rows, each column one of its columns: proxy/backend/view_rows.py),
+is bounded by the pages of the relations it reads (``Relation.sort_memory_bases``), read by the
+step as a table's are. Any other view's statements that sort rows are refused before any charge
+without ``answer_quantum_ms`` (54000, rule ``sort-memory``): before, it got the ceiling alone,
+and a view joining a table with 50 rows spilled at 1 MB from a filter of 600 rows. A GROUP BY of
+counts and sums within its cells' bound is answered on any view (its groups are its cells).
 
 **The ceiling.** Read at start and reload (``Relation.sort_memory_kb``), a table whose bound is
 above its ``max_sort_memory_mb`` and that has no ``answer_quantum_ms`` refuses the statements that
 sort or hash its rows before any charge (54000, rule ``sort-memory``): their memory would be
 the operator's to grant. Decided from the table's size when the policy was loaded, never from
-a statement's rows.
+a statement's rows. A table that grows past the ceiling after the load is not refused until a
+reload, and is never answered below its bound: the step reads its size as the statement runs
+(so the grant then exceeds the ceiling, which only permits: a sort takes what its rows need).
+Refusing on the size at the statement's moment was weighed and left: the table's size is not
+public (the catalog's sizes read as NULL), and whether the step raised would be a noiseless bit
+of it, at a moment the analyst chooses, that one row's page can tip; the load's decision is one
+bit at the operator's moment.
 """
 
 from __future__ import annotations
@@ -82,10 +100,10 @@ from typing import NamedTuple
 from policies.errors import SQLSTATE, Refusal
 from policies.tables import ColumnInfo, Relation
 
-from .dp_query import AggregateQuery
+from .dp_query import Aggregate, AggregateQuery
 from .group_keys import DATE, TIMESTAMP, TIMESTAMPTZ
-from .rewrite import Part, aggregate_parts, grouped_values, sorts_rows, used_columns
-from .types import BOOL, FLOAT_TYPES, INTEGER_TYPES
+from .rewrite import Part, aggregate_parts, grouped_values, query_grid, sorts_rows, used_columns
+from .types import BOOL, FLOAT_TYPES, INTEGER_TYPES, NUMERIC
 
 __all__ = ["COUNT_STATE_BYTES", "FIXED_WIDTHS", "GROUP_BYTES", "HASH_BASE_BYTES", "KEY_ROUNDING", "MIN_ROW_BYTES", "NUMERIC_STATE_BYTES",
            "ROW_BYTES", "SLACK_BYTES", "SUM_STATE_BYTES", "MemorySteps", "hashed_groups_kb", "memory_steps", "sort_memory_kb_sql",
@@ -132,31 +150,59 @@ _MAX_WORK_MEM_KB = 2_147_483_647  # PostgreSQL's most, on 64-bit builds
 _SAVED = "dpproxy_internal."  # where a block's own settings wait while the statement runs
 
 
-def sort_memory_kb_sql(oid: int | str, descendants: bool = True) -> str:
-    """SQL for the bound, in kB (an ``int8``), of relation ``oid`` (or an SQL expression of a
-    ``regclass``) as it is now (module docstring): every row its pages and one page more can hold,
-    at ``ROW_BYTES`` each. With ``descendants`` its partitions' and inheritance children's pages
-    too (``pg_partition_tree``: ~0.2 ms a statement more, so only for a relation that had some when
-    the policy was loaded, ``Relation.sort_memory_tree``)."""
+def sort_memory_kb_sql(relations: int | str | tuple[int, ...], descendants: bool = True) -> str:
+    """SQL for the bound, in kB (an ``int8``), of relation ``relations`` (an OID or an SQL expression
+    of a ``regclass``; a tuple: the relations a view's rows come from, their pages added up) as it
+    is now (module docstring): every row its pages and one page more can hold, at ``ROW_BYTES``
+    each. With ``descendants`` its partitions' and inheritance children's pages too
+    (``pg_partition_tree``: ~0.2 ms a statement more, so only for a relation that had some when
+    the policy was loaded, ``Relation.sort_memory_tree``, and a view's)."""
+    return f"LEAST({_MAX_WORK_MEM_KB}, ((({_rows_sql(relations, descendants)}) * {ROW_BYTES} + 1023) / 1024))"
+
+
+def _rows_sql(relations: int | str | tuple[int, ...], descendants: bool) -> str:
+    """SQL for the most rows ``relations``' pages and one page more can hold, now."""
+    sizes = " + ".join(_bytes_sql(relation, descendants)
+                       for relation in (relations if isinstance(relations, tuple) else (relations,)))
+    return f"({sizes or '0'} + {SLACK_BYTES}) / {MIN_ROW_BYTES} + 1"
+
+
+def _bytes_sql(oid: int | str, descendants: bool) -> str:
     relation = f"CAST({oid} AS pg_catalog.regclass)" if isinstance(oid, int) else oid
     size = f"pg_catalog.pg_relation_size({relation})"
     if descendants:
         tree = (f"(SELECT CAST(pg_catalog.sum(pg_catalog.pg_relation_size(p.relid)) AS pg_catalog.int8) "
                 f"FROM pg_catalog.pg_partition_tree({relation}) AS p)")
         size = f"GREATEST({size}, {tree})"
-    rows = f"({size} + {SLACK_BYTES}) / {MIN_ROW_BYTES} + 1"
-    return f"LEAST({_MAX_WORK_MEM_KB}, (({rows}) * {ROW_BYTES} + 1023) / 1024)"
+    return size
 
 
 def work_mem_setting(oid: int | str, ceiling_mb: int, descendants: bool) -> str:
     """The statement that sets ``work_mem``, for the transaction, to relation ``oid``'s bound (as
     :func:`sort_memory_kb_sql`) and at least ``ceiling_mb``."""
-    return f"SELECT pg_catalog.set_config('work_mem', {_bound_value(oid, ceiling_mb, descendants)}, true)"
+    return f"SELECT pg_catalog.set_config('work_mem', {_at_least(ceiling_mb, sort_memory_kb_sql(oid, descendants))}, true)"
 
 
-def _bound_value(oid: int | str, ceiling_mb: int, descendants: bool) -> str:
-    bound = sort_memory_kb_sql(oid, descendants)
-    return f"CAST(GREATEST({ceiling_mb * 1024}, {bound}) AS pg_catalog.text) OPERATOR(pg_catalog.||) 'kB'"
+def table_bound_sql(plan: AggregateQuery) -> str:
+    """SQL for what ``plan``'s sorts and hash tables may take, in kB, as its relation is now: a
+    sort or hash of every row it can hold (:func:`sort_memory_kb_sql`; a view's, its base
+    relations', ``Relation.sort_memory_bases``), and its groups' states (:func:`_table_groups`)."""
+    table = plan.table
+    bases = table.sort_memory_bases
+    relations, descendants = ((table.oid, table.sort_memory_tree) if not bases else (bases, True))
+    bound = sort_memory_kb_sql(relations, descendants)
+    groups = _table_groups(plan)
+    if not groups:
+        return bound
+    rows = _rows_sql(relations, descendants)
+    states = (f"(({_HASH_MARGIN} * ({HASH_BASE_BYTES} + LEAST({groups}, {rows}) * {_group_bytes(plan)}) + 1023) "
+              "/ 1024)")
+    return f"LEAST({_MAX_WORK_MEM_KB}, {bound} + {states})"
+
+
+def _at_least(ceiling_mb: int, bound_kb: str) -> str:
+    """The ``work_mem`` value of SQL ``bound_kb``, at least ``ceiling_mb``."""
+    return f"CAST(GREATEST({ceiling_mb * 1024}, {bound_kb}) AS pg_catalog.text) OPERATOR(pg_catalog.||) 'kB'"
 
 
 class MemorySteps(NamedTuple):
@@ -185,7 +231,7 @@ def memory_steps(plan: AggregateQuery, in_block: bool) -> MemorySteps | None:
     if grouped is not None:
         settings = {"work_mem": f"'{grouped}kB'", "enable_sort": "'off'", "enable_hashagg": "'on'"}
     elif _needs_table_bound(plan):
-        settings = {"work_mem": _bound_value(table.oid, table.policy.max_sort_memory_mb, table.sort_memory_tree)}
+        settings = {"work_mem": _at_least(table.policy.max_sort_memory_mb, table_bound_sql(plan))}
     else:
         return None
     setting = "SELECT " + ", ".join(f"pg_catalog.set_config('{name}', {value}, true)" for name, value in settings.items())
@@ -213,10 +259,30 @@ def hashed_groups_kb(plan: AggregateQuery) -> int | None:
     the policy alone."""
     if not plan.groups or sorts_rows(plan):
         return None
-    per_group = (GROUP_BYTES + sum(KEY_ROUNDING * key.held_bytes for key in plan.groups) + _input_bytes(plan)
-                 + sum(_state_bytes(part) for agg in plan.aggregates for part in aggregate_parts(agg)))
-    kb = -(-_HASH_MARGIN * (HASH_BASE_BYTES + grouped_values(plan) * per_group) // 1024)
+    per_group = _group_bytes(plan) + sum(KEY_ROUNDING * key.held_bytes for key in plan.groups) + _input_bytes(plan)
+    kb = _hash_table_kb(grouped_values(plan), per_group)
     return kb if kb <= plan.table.policy.max_sort_memory_mb * 1024 else None
+
+
+def _hash_table_kb(groups: int, per_group: int) -> int:
+    """What a hash aggregate of ``groups`` groups of ``per_group`` bytes each may take, in kB
+    (:func:`hashed_groups_kb`)."""
+    return -(-_HASH_MARGIN * (HASH_BASE_BYTES + groups * per_group) // 1024)
+
+
+def _group_bytes(plan: AggregateQuery) -> int:
+    """The most one group of ``plan``'s GROUP BY takes: ``GROUP_BYTES`` and each part's state
+    (:func:`_state_bytes`; a sample-and-aggregate AVG of a ``numeric`` column sums it exactly,
+    ``NUMERIC_STATE_BYTES``)."""
+    return GROUP_BYTES + sum(NUMERIC_STATE_BYTES if _sums_numeric(agg) else _state_bytes(part)
+                             for agg in plan.aggregates for part in aggregate_parts(agg))
+
+
+def _sums_numeric(agg: Aggregate) -> bool:
+    """Whether ``agg``'s partition values are exact sums of a ``numeric`` column (sample and
+    aggregate's AVG: its clamped sum over its count)."""
+    return (agg.mechanism == "sample_aggregate" and agg.kind == "avg" and agg.column is not None
+            and agg.column.type_oid == NUMERIC)
 
 
 def _input_bytes(plan: AggregateQuery) -> int:
@@ -248,6 +314,34 @@ def _state_bytes(part: Part) -> int:
     return COUNT_STATE_BYTES if part.sql.startswith("pg_catalog.count(") else SUM_STATE_BYTES
 
 
+def _table_groups(plan: AggregateQuery) -> int:
+    """The most groups a table-bound ``plan``'s GROUP BY holds, whatever the rows (its cells, times
+    a percentile's grid indices and NULL's, times sample and aggregate's partitions); 0 when it
+    groups nothing (a ``COUNT(DISTINCT)`` alone).
+
+    The table's bound weighs a row at 256 bytes, and a group of one row can keep more: an exact
+    ``numeric`` total's accumulator spans every digit from the highest a clamped value reaches to
+    the least any value has, so two 7-byte values make a group's state of 34 kB. At a ceiling just
+    above the table's bound, a percentile's grid groups beside a ``numeric`` SUM spilled once
+    hashed (sample and aggregate's 512 partitions of a ``numeric`` AVG peaked at 16.7 MB, within
+    that table's hash memory, which a smaller table's bound would not hold). So the groups' states are weighed on top
+    of the rows' bound, as :func:`hashed_groups_kb` weighs them, for at most these groups and the
+    rows the relation can hold (a group holds one at least)."""
+    grid = query_grid(plan)
+    partitioned = any(agg.mechanism == "sample_aggregate" for agg in plan.aggregates)
+    if not (plan.groups or grid is not None or partitioned):
+        return 0
+    return (grouped_values(plan) * (grid[1].count + 2 if grid is not None else 1)
+            * (plan.table.policy.partitions if partitioned else 1))
+
+
+def _loaded_bound_kb(plan: AggregateQuery) -> int:
+    """:func:`table_bound_sql` of ``plan`` for its relation's size when the policy was loaded."""
+    kb = plan.table.sort_memory_kb
+    groups = min(_table_groups(plan), kb * 1024 // ROW_BYTES)  # the rows: at least those the bound was of
+    return kb + (_hash_table_kb(groups, _group_bytes(plan)) if groups else 0)
+
+
 def _needs_table_bound(plan: AggregateQuery) -> bool:
     """Whether ``plan`` sorts or groups rows in memory no policy bounds: it sorts rows, or it is a
     GROUP BY whose :func:`hashed_groups_kb` is above the ceiling."""
@@ -264,14 +358,21 @@ def within_sort_memory(plan: AggregateQuery) -> AggregateQuery:
 
 
 def sort_memory_refusal(plan: AggregateQuery) -> Refusal | None:
-    """The refusal of ``plan`` when it sorts or hashes rows of a table without ``answer_quantum_ms``
-    whose bound when the policy was loaded (``Relation.sort_memory_kb``) is above its
-    ``max_sort_memory_mb``; None otherwise. Decided by the statement, the policy and the table's
-    size at load, before any charge."""
+    """The refusal of ``plan`` when it sorts or hashes rows of a relation without
+    ``answer_quantum_ms`` whose bound when the policy was loaded (``Relation.sort_memory_kb``, and
+    its groups' states, :func:`_table_groups`) is above its ``max_sort_memory_mb``,
+    or whose rows no pages bound (a view that may expand its relations' rows,
+    ``Relation.sort_memory_bases``); None otherwise. Decided by the statement, the policy and the
+    catalog at load, before any charge."""
     table = plan.table
-    if table.policy.answer_quantum_ms or not _needs_table_bound(plan) or not _over_ceiling(table):
+    if table.policy.answer_quantum_ms or not _needs_table_bound(plan):
         return None
-    needed_mb = -(-table.sort_memory_kb // 1024)
+    if table.sort_memory_bases is None:
+        return _unbounded_view_refusal(table)
+    needed_kb = _loaded_bound_kb(plan)
+    if needed_kb <= table.policy.max_sort_memory_mb * 1024:
+        return None
+    needed_mb = -(-needed_kb // 1024)
     return Refusal(
         SQLSTATE.PROGRAM_LIMIT_EXCEEDED,
         f"a statement that sorts or groups the rows of protected table {table.display_name} would need up to "
@@ -286,5 +387,17 @@ def sort_memory_refusal(plan: AggregateQuery) -> Refusal | None:
     )
 
 
-def _over_ceiling(table: Relation) -> bool:
-    return table.sort_memory_kb > table.policy.max_sort_memory_mb * 1024
+def _unbounded_view_refusal(table: Relation) -> Refusal:
+    return Refusal(
+        SQLSTATE.PROGRAM_LIMIT_EXCEEDED,
+        f"a statement that sorts or groups the rows of protected view {table.display_name} is not answered: the "
+        "view may join or expand the rows of the relations it reads, or compute its values, so no size bounds "
+        "the memory its sorts take (rule: sort-memory)",
+        "COUNT(DISTINCT), percentiles and sample-and-aggregate AVG/MIN/MAX sort or hash every row a filter "
+        "reaches, in memory no filter can outgrow so that their time cannot tell a row's presence; on this view "
+        "that memory has no bound. An administrator can set answer_quantum_ms on the view, protect a "
+        "materialized view of it instead, or define it as a simple view (one table's rows, each column one of "
+        "its columns), and reload. COUNT, SUM, sum-and-count AVG, MODE and a GROUP BY of declared keys are "
+        "answered. Nothing was charged.",
+        "sort-memory",
+    )

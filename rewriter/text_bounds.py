@@ -91,8 +91,8 @@ hashed (:func:`rewriter.raw_equality.hashed_raw_equality`), so that a plain inde
 value is weighed by the bytes it may read (the column's bound, :func:`value_bytes`) times its cost a
 byte, in units of about 0.1 ns of PostgreSQL 16's time (warm, one row, measured with
 benchmarks/row_cost.py and the per-byte figures in benchmarks/results.md): a comparison
-(=, <>, <, …, an IN list's value) :data:`COMPARISON_WORK` (:data:`COLLATED_COMPARISON_WORK` where a
-collation's code compares: :func:`comparison_work`), ``lower()``/``upper()`` and ILIKE's own
+(=, <>, <, …, an IN list's value) :data:`COMPARISON_WORK` (:data:`COLLATED_COMPARISON_WORK` or
+:data:`COLLATED_ORDERING_WORK` where a collation's code compares: :func:`comparison_work`), ``lower()``/``upper()`` and ILIKE's own
 case folding :data:`CASE_FOLD_WORK` more, a LIKE :data:`LIKE_WORK` per character of its pattern's
 longest part after a ``%`` (at least one; a pattern bound as a parameter is weighed as one
 character while planning, and by its own longest part when it is bound, before any charge:
@@ -116,10 +116,10 @@ from policies.tables import ColumnInfo, Relation, quote_identifier
 from .sql_text import operator
 from .types import numeric_precision
 
-__all__ = ["BIT", "CASE_FOLD_WORK", "COLLATED_CASE_FOLD_WORK", "COLLATED_COMPARISON_WORK", "COMPARISON_WORK", "LIKE_WORK", "MAX_TEXT_WORK", "NUMERIC", "NUMERIC_MAX_BYTES",
+__all__ = ["BIT", "CASE_FOLD_WORK", "COLLATED_CASE_FOLD_WORK", "COLLATED_COMPARISON_WORK", "COLLATED_ORDERING_WORK", "COMPARISON_WORK", "LIKE_WORK", "MAX_TEXT_WORK", "NUMERIC", "NUMERIC_MAX_BYTES",
            "NUMERIC_NEVER_APART_BYTES", "RANGE_DATA_BYTES", "TEXT_TYPES", "TOAST_SMALLEST", "WIDE_RANGES",
            "bounded_outputs", "bounded_value", "column_sql", "raw_alias", "raw_sql", "read_in_place", "read_table", "read_through", "case_fold_work", "comparison_work", "declared_apart", "declared_size",
-           "in_line_bit", "in_line_numeric", "in_line_range", "in_line_text", "length_bounded", "unconstrained_numeric", "value_bytes", "work_refusal"]
+           "distinct_by_bytes", "in_line_bit", "in_line_numeric", "in_line_range", "in_line_text", "length_bounded", "unconstrained_numeric", "value_bytes", "work_refusal"]
 
 TEXT_TYPES = frozenset({25, 1043, 1042, 17})
 """text, varchar, char (bpchar) and bytea: the types whose values the bound applies to (a domain's
@@ -159,6 +159,7 @@ TOAST_SMALLEST = 24
 """MAXALIGN(TOAST_POINTER_SIZE): the toaster compresses or stores apart only a value of more bytes
 (4-byte header included; src/backend/access/table/toast_helper.c)."""
 _DECLARED_LENGTH_TYPES = frozenset({1043, 1042})
+_COUNTED_BY_BYTES = frozenset({25, 1043, 1042})  # text, varchar, char: equal exactly where their bytes are
 _VARHDRSZ = 4  # a varchar(n)'s type modifier is n + 4
 _MAX_BYTES_PER_CHARACTER = 4  # UTF-8, and every server encoding PostgreSQL has
 
@@ -169,6 +170,13 @@ COLLATED_COMPARISON_WORK = 50
 level by level, measured at up to 16.5 units a byte (``<`` under ``und-x-icu``) and 24 (``=`` and
 ``<`` under a nondeterministic one) on a value that differs from the other only in case
 (benchmarks/collation_cost.py), weighed at about twice the most, as ``lower()``."""
+COLLATED_ORDERING_WORK = 260
+"""Work units a byte of an ordering comparison (``<``, ``<=``, ``>``, ``>=``) through a collation's
+code (:func:`comparison_work`): ICU's measured at up to 16.5 units a byte, a libc locale's
+(``en_US.UTF-8``: glibc's ``strcoll``, which passes over the values once a level and cannot stop
+at a shared prefix) at 105–128, against ``lower()``'s 51 in the same run, on values of a run of
+``a`` (benchmarks/collation_cost.py, PostgreSQL 15, two runs at load 8–14); weighed at about twice
+the most. Before, such a comparison weighed :data:`COLLATED_COMPARISON_WORK`, from ICU's alone."""
 CASE_FOLD_WORK = 50
 """Work units a byte of ``lower()``/``upper()`` or of ILIKE's case folding: ~5 ns a byte."""
 COLLATED_CASE_FOLD_WORK = 600
@@ -190,15 +198,28 @@ def case_fold_work(column: ColumnInfo) -> int:
     return CASE_FOLD_WORK if column.byte_order else COLLATED_CASE_FOLD_WORK
 
 
+def distinct_by_bytes(column: ColumnInfo) -> bool:
+    """Whether ``COUNT(DISTINCT column)`` counts the values under ``COLLATE "C"``: a ``text``,
+    ``varchar`` or ``char`` column (or a domain over one) whose collation does not order by bytes but
+    is deterministic. Under such a collation two values are equal exactly where their bytes are (a
+    ``char``'s trailing blanks aside, under either), so the values split into the same classes and
+    the count is the same, while the sort compares bytes instead of going through the collation's
+    code: glibc's ``strcoll`` under ``en_US.UTF-8`` cost the sort 1,270–1,360 units a byte of a
+    row's value, four times the 300 a collated ``COUNT(DISTINCT)`` weighed (benchmarks/profile.md,
+    h144), and ICU's 79–139."""
+    return not column.byte_order and column.deterministic_collation and column.value_type[0] in _COUNTED_BY_BYTES
+
+
 def comparison_work(column: ColumnInfo, symbol: str) -> int:
     """Work units a byte of ``column`` ``symbol`` (a comparison operator) costs: ``memcmp``'s
     :data:`COMPARISON_WORK` where PostgreSQL compares bytes (``=`` and ``<>`` under a deterministic
     collation, whatever its provider; any comparison under a collation ordering by bytes), else the
-    collation's code's :data:`COLLATED_COMPARISON_WORK` (``<`` under ICU or a libc locale, ``=``
-    under a nondeterministic collation)."""
+    collation's code's: :data:`COLLATED_COMPARISON_WORK` for ``=`` and ``<>`` under a
+    nondeterministic collation, :data:`COLLATED_ORDERING_WORK` for ``<`` and the other orderings
+    under ICU or a libc locale."""
     if column.byte_order or (symbol in ("=", "<>") and column.deterministic_collation):
         return COMPARISON_WORK
-    return COLLATED_COMPARISON_WORK
+    return COLLATED_COMPARISON_WORK if symbol in ("=", "<>") else COLLATED_ORDERING_WORK
 
 
 def _declared_bytes(column: ColumnInfo) -> int | None:

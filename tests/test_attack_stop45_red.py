@@ -73,8 +73,8 @@ from policies.model import TablePolicy
 from policies.tables import ColumnInfo, Relation
 from rewriter.dp_query import plan_aggregate_query
 from rewriter.single_reads import COLLATED_KEY_WORK, HASH_WORK
-from rewriter.text_bounds import (CASE_FOLD_WORK, COLLATED_CASE_FOLD_WORK, COLLATED_COMPARISON_WORK, COMPARISON_WORK,
-                                  LIKE_WORK, MAX_TEXT_WORK)
+from rewriter.text_bounds import (CASE_FOLD_WORK, COLLATED_CASE_FOLD_WORK, COLLATED_COMPARISON_WORK, COLLATED_ORDERING_WORK,
+                                  COMPARISON_WORK, LIKE_WORK, MAX_TEXT_WORK)
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, refused_uncharged, running_proxy
 
 BOUND = 256  # the default max_text_bytes: a varchar(64)'s 4 × 64 bytes
@@ -113,7 +113,7 @@ def test_one_parameters_raw_equality_weighs_one_comparison() -> None:
 
 @pytest.mark.parametrize(("where", "per_byte"), [
     ("lower(u) = 'x'", COMPARISON_WORK + COLLATED_CASE_FOLD_WORK),
-    ("upper(u) < 'x'", COLLATED_COMPARISON_WORK + COLLATED_CASE_FOLD_WORK),
+    ("upper(u) < 'x'", COLLATED_ORDERING_WORK + COLLATED_CASE_FOLD_WORK),
     ("u ILIKE 'x%'", LIKE_WORK + COLLATED_CASE_FOLD_WORK),
     ("lower(u) ILIKE 'x%'", LIKE_WORK + 2 * COLLATED_CASE_FOLD_WORK),
     ("lower(t) = 'x'", COMPARISON_WORK + CASE_FOLD_WORK),

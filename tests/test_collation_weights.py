@@ -24,8 +24,9 @@ from policies.errors import Refusal
 from policies.model import ColumnPolicy, TablePolicy
 from policies.tables import ColumnInfo, Relation
 from rewriter.dp_query import plan_aggregate_query
+from rewriter.rewrite import backend_sql
 from rewriter.single_reads import COLLATED_DISTINCT_WORK, COLLATED_KEY_WORK, DISTINCT_WORK, KEY_WORK
-from rewriter.text_bounds import COLLATED_COMPARISON_WORK, COMPARISON_WORK, MAX_TEXT_WORK
+from rewriter.text_bounds import COLLATED_COMPARISON_WORK, COLLATED_ORDERING_WORK, COMPARISON_WORK, MAX_TEXT_WORK
 from tests.conftest import ATTACK_POLICY_HEAD, TestDatabase, make_policy, policy_registry
 
 BOUND = 256
@@ -57,12 +58,26 @@ def _refused(sql: str, relation: Relation) -> Refusal:
     return refused.value
 
 
-@pytest.mark.parametrize("column, symbol", [("u", "<"), ("u", ">="), ("ci", "="), ("ci", "<>"), ("ci", "<")])
-def test_a_comparison_through_a_collations_code_weighs_what_it_costs_a_byte(column: str, symbol: str) -> None:
-    assert plan_aggregate_query(_terms(column, symbol, _MOST), _relation()).text_work == \
-        _MOST * BOUND * COLLATED_COMPARISON_WORK
-    refusal = _refused(_terms(column, symbol, _MOST + 1), _relation())
-    assert f"work of {(_MOST + 1) * BOUND * COLLATED_COMPARISON_WORK:,} units" in refusal.message, refusal.message
+@pytest.mark.parametrize("column, symbol, work", [
+    ("u", "<", COLLATED_ORDERING_WORK), ("u", ">=", COLLATED_ORDERING_WORK), ("ci", "=", COLLATED_COMPARISON_WORK),
+    ("ci", "<>", COLLATED_COMPARISON_WORK), ("ci", "<", COLLATED_ORDERING_WORK),
+])
+def test_a_comparison_through_a_collations_code_weighs_what_it_costs_a_byte(column: str, symbol: str, work: int) -> None:
+    most = MAX_TEXT_WORK // (BOUND * work)
+    assert plan_aggregate_query(_terms(column, symbol, most), _relation()).text_work == most * BOUND * work
+    refusal = _refused(_terms(column, symbol, most + 1), _relation())
+    assert f"work of {(most + 1) * BOUND * work:,} units" in refusal.message, refusal.message
+
+
+@pytest.mark.parametrize("symbol", ["<", ">", "<=", ">="])
+def test_an_ordering_comparison_under_a_libc_locale_is_weighed_at_strcolls_cost(symbol: str) -> None:
+    """glibc's ``strcoll`` under ``en_US.UTF-8`` cost an ordering comparison 105–128 units a byte
+    (benchmarks/profile.md, h144), above the 50 ICU's 16.5 had set: ten such terms on a 256-byte
+    column took ~330,000 units but weighed 128,000, and 46 were answered. Now weighed 260 a byte,
+    ``COLLATED_ORDERING_WORK``: nine are answered, ten refused before any charge."""
+    assert COLLATED_ORDERING_WORK >= 2 * 128
+    assert plan_aggregate_query(_terms("u", symbol, 9), _relation()).text_work == 9 * BOUND * COLLATED_ORDERING_WORK
+    _refused(_terms("u", symbol, 10), _relation())
 
 
 @pytest.mark.parametrize("column, symbol", [("b", "<"), ("b", "="), ("u", "="), ("u", "<>")])
@@ -76,7 +91,7 @@ def test_a_comparison_of_bytes_weighs_one_unit_a_byte(column: str, symbol: str) 
 def test_count_distinct_through_a_collations_code_is_weighed_at_its_sorts_cost() -> None:
     raised = 4_000
     assert plan_aggregate_query("SELECT count(DISTINCT b) FROM cw", _relation(raised)).text_work == raised * DISTINCT_WORK
-    for column in ("u", "ci"):
+    for column in ("ci",):
         assert plan_aggregate_query(f"SELECT count(DISTINCT {column}) FROM cw", _relation()).text_work == \
             BOUND * COLLATED_DISTINCT_WORK
         refusal = _refused(f"SELECT count(DISTINCT {column}) FROM cw", _relation(raised))
@@ -125,3 +140,18 @@ def test_the_catalog_tells_which_collations_order_by_bytes(pg15_db: TestDatabase
     (relation,) = registry.by_oid.values()
     assert {name: column.byte_order for name, column in relation.columns.items()} == \
         {"id": True, "d": True, "c": True, "p": True, "u": False, "ci": False, "n": True}
+
+
+def test_count_distinct_under_a_deterministic_collation_counts_by_bytes() -> None:
+    """Under a deterministic collation that does not order by bytes (ICU's ``und-x-icu``, a libc
+    locale), values are equal exactly where their bytes are, so ``COUNT(DISTINCT)`` counts them
+    under ``COLLATE "C"``, sorted by bytes, and is weighed as under ``C``. Before, its sort went
+    through the collation's code: glibc's ``strcoll`` under ``en_US.UTF-8`` cost it 1,270–1,360
+    units a byte (benchmarks/profile.md, h144), weighed 300. A nondeterministic collation keeps its
+    own classes, and its weight."""
+    raised = 4_000
+    plan = plan_aggregate_query("SELECT count(DISTINCT u) FROM cw", _relation(raised))
+    assert plan.text_work == raised * DISTINCT_WORK
+    assert 'count(DISTINCT "u" COLLATE pg_catalog."C")' in backend_sql(plan, seed=0)
+    nondeterministic = plan_aggregate_query("SELECT count(DISTINCT ci) FROM cw", _relation())
+    assert "COLLATE" not in backend_sql(nondeterministic, seed=0)

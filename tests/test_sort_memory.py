@@ -30,7 +30,8 @@ from proxy.demo.embedded import SERVICE_ROLE
 from rewriter.dp_query import AggregateQuery, plan_aggregate_query
 from rewriter.rewrite import backend_sql, grouped_values, partition_seed
 from policies.tables import Relation
-from rewriter.sort_memory import MIN_ROW_BYTES, ROW_BYTES, SLACK_BYTES, memory_steps, sort_memory_kb_sql
+from rewriter.sort_memory import (MIN_ROW_BYTES, ROW_BYTES, SLACK_BYTES, memory_steps, sort_memory_kb_sql,
+                                  sort_memory_refusal)
 
 ROWS = 20_000
 
@@ -48,8 +49,15 @@ POLICY = ATTACK_POLICY_HEAD.replace("repeats: {{enabled: true}}", "repeats: {{en
       label: {{categories: [a, b], group_by: true, other: other}}
       code: {{categories: [c0, c1, c2, c3, c4, c5, c6, c7, c8, c9], group_by: true, other: other}}
       score: {{bounds: [0, 10], group_by: true}}
-      n: {{bounds: [0, 100]}}
+      n: {{bounds: [0, 100], avg: sample_aggregate}}
       ts: {{bounds: ["2024-01-01", "2025-12-31"], group_by: [month]}}
+{views}  public.growing:
+    access: protected
+    epsilon: 1.0
+    max_sort_memory_mb: 1
+    columns:
+      id: {{bounds: [0, {rows}]}}
+      t: {{categories: [x]}}
   public.parts:
     access: protected
     epsilon: 1.0
@@ -57,6 +65,18 @@ POLICY = ATTACK_POLICY_HEAD.replace("repeats: {{enabled: true}}", "repeats: {{en
       id: {{bounds: [0, {rows}]}}
       t: {{categories: [x]}}
 """
+
+# The protected views: one that joins events with 50 rows each, a simple view of events, a simple view of that.
+VIEWS = ("expanded", "narrow", "narrower")
+_VIEW_POLICY = """\
+  public.{view}:
+    access: protected
+    epsilon: 1.0
+{{view_extra}}    columns:
+      id: {{{{bounds: [0, {{rows}}]}}}}
+      t: {{{{categories: [x]}}}}
+"""
+POLICY = POLICY.replace("{views}", "".join(_VIEW_POLICY.format(view=view) for view in VIEWS))
 
 # Each construct whose backend SQL sorts or hashes the rows a filter reaches.
 SORTING = (
@@ -107,7 +127,18 @@ def server() -> Iterator[OwnServer]:
             conn.execute("CREATE TABLE parts_high PARTITION OF parts FOR VALUES FROM (10000) TO (MAXVALUE)")
             conn.execute(f"INSERT INTO parts SELECT i, md5(i::text) FROM generate_series(1, {ROWS}) i")
             conn.execute("VACUUM ANALYZE parts")
-            conn.execute(f"GRANT SELECT ON events, parts, parts_low, parts_high TO {SERVICE_ROLE}")
+            # A view that joins its table with another: 50 rows for each of the table's; a simple
+            # view of the table (its rows, its columns); a simple view of that view.
+            # A table of 100 rows at load, grown past its 1 MB ceiling by a test.
+            conn.execute("CREATE TABLE growing (id integer, t text)")
+            conn.execute("INSERT INTO growing SELECT i, md5(i::text) FROM generate_series(1, 100) i")
+            conn.execute("CREATE TABLE copies (c integer)")
+            conn.execute("INSERT INTO copies SELECT generate_series(1, 50)")
+            conn.execute("CREATE VIEW expanded AS SELECT e.id, e.t FROM events e CROSS JOIN copies")
+            conn.execute("CREATE VIEW narrow AS SELECT id, t FROM events WHERE age < 95")
+            conn.execute("CREATE VIEW narrower AS SELECT id AS id, t FROM narrow WHERE id > 0")
+            conn.execute(f"GRANT SELECT ON events, parts, parts_low, parts_high, copies, expanded, narrow, narrower, growing "
+                         f"TO {SERVICE_ROLE}")
             conn.execute(f"ALTER ROLE {SERVICE_ROLE} SET work_mem = '64kB'")
             # An operator's planner setting that would make a GROUP BY sort its rows.
             conn.execute(f"ALTER ROLE {SERVICE_ROLE} SET enable_hashagg = off")
@@ -118,8 +149,9 @@ def server() -> Iterator[OwnServer]:
         yield own
 
 
-def _proxy(server: OwnServer, tmp_path: Path, extra: str = "") -> RunningProxy:
-    text = POLICY.format(dsn=server.service_dsn, ledger=tmp_path / "ledger.sqlite3", rows=ROWS, extra=extra)
+def _proxy(server: OwnServer, tmp_path: Path, extra: str = "", view_extra: str = "") -> RunningProxy:
+    text = POLICY.format(dsn=server.service_dsn, ledger=tmp_path / "ledger.sqlite3", rows=ROWS, extra=extra,
+                         view_extra=view_extra)
     return RunningProxy(parse_policy(text, "sort-memory.yaml"))
 
 
@@ -331,3 +363,165 @@ def test_above_the_ceiling_the_sorting_statements_are_refused_uncharged(
             assert conn.execute(SORTING[0].format(k=100)).fetchall()
     finally:
         quantum.stop()
+
+
+
+VIEW_SORTING = "SELECT COUNT(DISTINCT t) FROM {view} WHERE id <= {k}"
+ONE_MB = "    max_sort_memory_mb: 1\n"
+
+
+@pytest.mark.parametrize("ceiling", ["1 MB", "256 MB"])
+def test_a_view_that_expands_its_rows_refuses_its_sorting_statements_uncharged(
+    proxy: RunningProxy, server: OwnServer, tmp_path: Path, ceiling: str
+) -> None:
+    """``expanded`` joins each row of events with 50 others: no pages bound its rows, so the
+    ceiling was its only bound and, past it, its COUNT(DISTINCT)'s sort spilled at a filter the
+    analyst chose (before: temporary files at 1 MB from k = 600). Now refused before any charge,
+    54000, the hint naming answer_quantum_ms, whatever the ceiling; its COUNT is answered."""
+    running = _proxy(server, tmp_path, view_extra=ONE_MB) if ceiling == "1 MB" else proxy
+    try:
+        with temporary_files(server) as found:
+            refusals = [_answered_or_refused(running, VIEW_SORTING.format(view="expanded", k=k)) for k in FILTERS]
+        assert found == []  # before: the sort's temporary files, from the filter that tipped it
+        for refused in refusals:
+            assert refused is not None and refused.sqlstate == "54000", refused
+            assert "(rule: sort-memory)" in str(refused)
+            assert refused.diag.message_hint is not None and "answer_quantum_ms" in refused.diag.message_hint
+        with _connect(running) as conn:
+            assert conn.execute("SELECT COUNT(*) FROM expanded WHERE id <= 600").fetchall()
+    finally:
+        if running is not proxy:
+            running.stop()
+
+
+def _answered_or_refused(proxy: RunningProxy, sql: str) -> psycopg.Error | None:
+    """None when ``sql`` is answered through ``proxy`` (and charged); its error when it is
+    refused, once nothing was charged for it."""
+    with _connect(proxy) as conn:
+        spent = spent_epsilon(conn)
+        try:
+            assert conn.execute(sql).fetchall()
+        except psycopg.Error as error:
+            assert spent_epsilon(conn) == spent
+            return error
+        assert spent_epsilon(conn) > spent
+    return None
+
+
+@pytest.mark.parametrize("view", ["narrow", "narrower"])
+def test_a_simple_view_is_bounded_by_its_tables_pages(
+    proxy: RunningProxy, server: OwnServer, tmp_path: Path, view: str
+) -> None:
+    """``narrow`` (events' rows and columns, filtered) and ``narrower`` (a simple view of it) hold
+    at most events' rows, each with its values: their bound is events', read from events' pages.
+    At 256 MB their COUNT(DISTINCT) is answered, with no temporary file; at a ceiling of 1 MB, below
+    events' bound (~13 MB), refused before any charge as events' is (before: answered under the
+    ceiling, 1 MB, and spilling at the filters past it)."""
+    relation, events = _table(proxy, view), _table(proxy, "events")
+    assert relation.sort_memory_bases == (events.oid,) and relation.sort_memory_kb == events.sort_memory_kb
+    with temporary_files(server) as found:
+        assert all(_answered_or_refused(proxy, VIEW_SORTING.format(view=view, k=k)) is None for k in FILTERS)
+    assert found == []
+    running = _proxy(server, tmp_path, view_extra=ONE_MB)
+    try:
+        with temporary_files(server) as found:
+            refusals = [_answered_or_refused(running, VIEW_SORTING.format(view=view, k=k)) for k in FILTERS]
+        assert found == []
+        assert all(refused is not None and refused.sqlstate == "54000" for refused in refusals), refusals
+    finally:
+        running.stop()
+
+
+def test_a_table_grown_past_its_ceiling_after_load_still_sorts_in_memory(server: OwnServer, tmp_path: Path) -> None:
+    """``growing`` had 100 rows (a bound below its 1 MB ceiling) when the policy was loaded; grown
+    to 20,000 (~13 MB) since, its COUNT(DISTINCT) runs with ``work_mem`` at its bound read by the
+    statement's own step, never the load's: no temporary file at any filter. It is answered
+    until a reload refuses it (rewriter/sort_memory.py, "The ceiling")."""
+    running = _proxy(server, tmp_path)
+    try:
+        with psycopg.connect(server.admin_dsn, autocommit=True) as admin:
+            admin.execute(f"INSERT INTO growing SELECT i, md5(i::text) FROM generate_series(101, {ROWS}) i")
+        with temporary_files(server) as found:
+            assert all(_answered_or_refused(running, f"SELECT COUNT(DISTINCT t) FROM growing WHERE id <= {k}") is None
+                       for k in FILTERS)
+        assert found == []
+    finally:
+        running.stop()
+        with psycopg.connect(server.admin_dsn, autocommit=True) as admin:
+            admin.execute("TRUNCATE growing")
+            admin.execute("INSERT INTO growing SELECT i, md5(i::text) FROM generate_series(1, 100) i")
+
+
+# Sorting statements whose groups each keep an exact numeric total: a percentile's grid indices
+# beside a numeric SUM (with and without GROUP BY), sample and aggregate's partitions of a numeric AVG.
+WIDE_SORTING = (
+    "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY id), SUM(n) FROM events WHERE id <= {k}",
+    "SELECT AVG(n) FROM events WHERE id <= {k}",
+    "SELECT age, percentile_cont(0.5) WITHIN GROUP (ORDER BY id), SUM(n) FROM events WHERE id <= {k} GROUP BY age",
+)
+
+
+def _spilled(server: OwnServer, plan: AggregateQuery) -> list[dict[str, Any]]:
+    """The sort and aggregate nodes that wrote to disk when ``plan``'s backend SQL ran after its
+    setting step, as the service role with hashing on (the planner's choice where an operator has
+    not turned it off: it estimates a ``numeric`` state far below 34 kB), read from ``EXPLAIN
+    (ANALYZE)`` (deterministic, where a direct session's temporary files may reach the log after
+    it is read)."""
+    steps = memory_steps(plan, in_block=False)
+    assert steps is not None
+    with psycopg.connect(server.service_dsn) as conn:
+        conn.execute("SET enable_hashagg = on")
+        conn.execute(steps.setting)
+        (explained,) = conn.execute(
+            f"EXPLAIN (ANALYZE, FORMAT JSON) {backend_sql(plan, seed=partition_seed())}").fetchone()
+        conn.rollback()
+    return [node for node in _nodes(explained[0]["Plan"])
+            if node.get("HashAgg Batches", 1) > 1 or node.get("Disk Usage") or node.get("Sort Space Type") == "Disk"]
+
+
+@pytest.mark.parametrize("sql", WIDE_SORTING)
+def test_a_sorting_statements_numeric_totals_are_weighed_per_group(server: OwnServer, tmp_path: Path, sql: str) -> None:
+    """At a ceiling just above events' bound, each group's exact numeric total (~34 kB: values of
+    99.5 and 1e-16383) outgrew the 256 bytes a row: a percentile's 10,000 grid cells of two rows
+    beside a numeric SUM, hashed, spilled, with or without GROUP BY (at 1,000 cells of 20 rows and
+    14 MB: a peak of 28.7 MB, 5 batches, 224 kB on disk). Now weighed per group (``NUMERIC_STATE_BYTES``), such a statement, and
+    sample and aggregate's 512 partitions of a numeric AVG (16.7 MB, within this table's bound's
+    hash memory), are refused uncharged where that is above the ceiling, and never spill where answered."""
+    with psycopg.connect(server.admin_dsn) as conn:
+        (kb,) = conn.execute(f"SELECT {sort_memory_kb_sql('CAST(%s AS regclass)', False)}", ("events",)).fetchone()
+    # 10,000 grid cells of id: two rows a cell, one of each value, so each group's total widens.
+    running = _proxy(server, tmp_path, extra=f"    max_sort_memory_mb: {-(-kb // 1024)}\n    quantile_cells: 10000\n")
+    try:
+        plan = plan_aggregate_query(sql.format(k=ROWS), _table(running, "events"))
+        assert sort_memory_refusal(plan) is not None or _spilled(server, plan) == []
+        refused = _answered_or_refused(running, sql.format(k=600))
+        assert refused is not None and refused.sqlstate == "54000" and "(rule: sort-memory)" in str(refused), refused
+    finally:
+        running.stop()
+
+
+@pytest.mark.parametrize("sql", WIDE_SORTING[:2])
+def test_a_sorting_statements_numeric_totals_fit_its_setting(proxy: RunningProxy, server: OwnServer, sql: str) -> None:
+    """Within the ceiling (256 MB) they are answered, and their groups' hash tables never spill."""
+    assert _spilled(server, _plan(proxy, sql.format(k=ROWS))) == []
+    with temporary_files(server) as found:
+        assert _answered_or_refused(proxy, sql.format(k=ROWS)) is None
+    assert found == []
+
+
+def test_sample_and_aggregates_numeric_partition_sums_are_weighed_as_exact_totals(
+    proxy: RunningProxy, server: OwnServer, tmp_path: Path
+) -> None:
+    """A sample-and-aggregate AVG of a ``numeric`` column sums each of its 512 partitions exactly:
+    each partition's state is weighed as an exact total's 40 kB (twice: ~41 MB on top of events'
+    ~13 MB bound), so at a ceiling 20 MB above the bound it is refused uncharged, where at a sum's
+    1 kB a state (~2.5 MB) it would be answered; MIN of an integer column (by sample and aggregate
+    too, its partitions keeping a value each) is answered."""
+    events = _table(proxy, "events")
+    running = _proxy(server, tmp_path, extra=f"    max_sort_memory_mb: {-(-events.sort_memory_kb // 1024) + 20}\n")
+    try:
+        refused = _answered_or_refused(running, "SELECT AVG(n) FROM events WHERE id <= 600")
+        assert refused is not None and refused.sqlstate == "54000" and "(rule: sort-memory)" in str(refused), refused
+        assert _answered_or_refused(running, "SELECT MIN(age) FROM events WHERE id <= 600") is None
+    finally:
+        running.stop()

@@ -120,8 +120,13 @@ def test_timing_fuzz_draws_statements_dpproxy_answers_over_the_views_its_load_ch
         shape = fuzzer.shapes[s.relation]
         assert not shape.outputs or any(base in row for c in shape.outputs for base in shape.base_columns(c)), (s.sql, row)
     plans = plan_constructs(fuzzer.policy_path, [Construct(str(i), s.sql, row) for i, (s, row) in enumerate(over_views)])
-    refused = [(s.sql, plan) for (s, _), plan in zip(over_views, plans) if isinstance(plan, str)]
-    assert len(refused) <= len(over_views) // 10, refused
+    outcomes = [(s, plan) for (s, _), plan in zip(over_views, plans) if isinstance(plan, str)]
+    refused = [(s.sql, plan) for s, plan in outcomes]
+    # A view with a computed column is no simple view of its table (proxy/backend/view_rows.py):
+    # its statements that sort rows are refused (rule sort-memory), whatever the draw.
+    unbounded = [s for s, plan in outcomes if "rule sort-memory" in plan]
+    assert all(fuzzer.shapes[s.relation].outputs for s in unbounded), [s.sql for s in unbounded]
+    assert len(refused) - len(unbounded) <= len(over_views) // 10, refused
 
 
 def _confirmed_forced_past_the_check(dsn: str, tmp_path: Path, shapes: list[ViewShape], recomputed: str, kept: str,

@@ -42,6 +42,7 @@ from .database_encoding import database_encoding_problems
 from .relation_reads import public_reads_protected
 from .grants import schemas_without_usage, unreadable_protected
 from .row_failures import failing_protected
+from .view_rows import view_row_bases
 from .pool import UNKNOWN, BackendPool, PooledConnection, PoolTimeout, State, open_backend
 from .result_waiter import NotSent
 from .row_stream import HELD_RESULT_BYTES, RowStream
@@ -1188,7 +1189,8 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
         )
         names[target.oid] = name
     bounds = await _sort_memory(session, [oid for oid, relation in relations.items() if relation.access == "protected"])
-    relations = {oid: replace(relation, sort_memory_kb=bounds[oid][0], sort_memory_tree=bounds[oid][1]) if oid in bounds
+    relations = {oid: replace(relation, sort_memory_kb=bounds[oid][0], sort_memory_tree=bounds[oid][1],
+                              sort_memory_bases=bounds[oid][2]) if oid in bounds
                  else relation for oid, relation in relations.items()}
     problems += await public_reads_protected(session, relations, names)
     problems += await unreadable_protected(session, relations, names)
@@ -1297,16 +1299,24 @@ async def _equal_labels(session: BackendSession, table: str, relation: int, colu
             "declare one of them" for first, second in pairs]
 
 
-async def _sort_memory(session: BackendSession, oids: list[int]) -> dict[int, tuple[int, bool]]:
-    """Each relation's ``Relation.sort_memory_kb`` as its size is now, and whether it has partitions
-    or inheritance children (``sort_memory_tree``) (rewriter/sort_memory.py)."""
+async def _sort_memory(session: BackendSession, oids: list[int]) -> dict[int, tuple[int, bool, tuple[int, ...] | None]]:
+    """Each relation's ``Relation.sort_memory_kb`` as its size is now (a view's, its bases'), whether
+    it has partitions or inheritance children (``sort_memory_tree``), and the relations whose pages
+    bound a view's rows (``sort_memory_bases``, proxy/backend/view_rows.py) (rewriter/sort_memory.py)."""
     if not oids:
         return {}
     rows = await session.fetch_all(
         f"SELECT c.oid, {sort_memory_kb_sql('CAST(c.oid AS pg_catalog.regclass)')}, "
-        "c.relkind OPERATOR(pg_catalog.=) 'p' OR c.relhassubclass "
+        "c.relkind OPERATOR(pg_catalog.=) 'p' OR c.relhassubclass, "
+        "c.relkind OPERATOR(pg_catalog.<>) ALL('{r,m,p}'::pg_catalog.\"char\"[]) "
         "FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.oid[])", [oids])
-    return {int(oid): (int(kb), bool(tree)) for oid, kb, tree in rows}
+    bounds: dict[int, tuple[int, bool, tuple[int, ...] | None]] = {}
+    for oid, kb, tree, unpaged in rows:
+        bases = await view_row_bases(session, int(oid)) if unpaged else ()
+        if bases:
+            (kb,) = await session.fetch_row(f"SELECT {sort_memory_kb_sql(bases)}")
+        bounds[int(oid)] = (int(kb), bool(tree), bases)
+    return bounds
 
 
 async def _row_stores(session: BackendSession, oids: list[int]) -> dict[int, bool]:
