@@ -159,3 +159,44 @@ def test_the_held_toast_index_stops_a_read_of_the_long_value(test_db: TestDataba
         assert _outcome(direct, f"SELECT count(*) FROM {_LONG} WHERE t LIKE '%z%'").startswith("57014")
         assert _outcome(direct, f"SELECT count(*) FROM {_LONG} WHERE n > 3").startswith("57014")
         locker.rollback()
+
+
+# ------------------------------------------- h144: a view's bound from its tables; the tables' children
+# A protected table whose rows sit in an inheritance child (and a simple view over it) was bounded by
+# its own pages alone: pg_partition_tree lists a partitioned table's partitions, never an inheritance
+# parent's children. Its sorts were granted the ceiling, then spilled at a filter the analyst chose;
+# a table of those pages of its own is refused its sorting statements before any charge.
+_PARENT, _CHILD, _OVER_PARENT = "stop46_parent", "stop46_child", "stop46_over_parent"
+_SORTING = "SELECT count(DISTINCT x) FROM {t}"
+
+
+@pytest.fixture(scope="module")
+def inheritance_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """dpproxy over a parent with no rows of its own whose child holds 60,000 (~2 MB), and a simple
+    view over it, both protected with a 1 MB sort ceiling."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+        admin.execute(f"DROP TABLE IF EXISTS {_PARENT} CASCADE")
+        admin.execute(f"CREATE TABLE {_PARENT} (x int)")
+        admin.execute(f"CREATE TABLE {_CHILD} () INHERITS ({_PARENT})")
+        admin.execute(f"INSERT INTO {_CHILD} SELECT g FROM generate_series(1, 60000) g")
+        admin.execute(f"CREATE VIEW {_OVER_PARENT} AS SELECT x FROM {_PARENT}")
+        admin.execute(f"GRANT SELECT ON {_PARENT}, {_CHILD}, {_OVER_PARENT} TO {SERVICE_ROLE}")
+    table = ("    access: protected\n    epsilon: 1.0\n    delta: 1.0e-6\n    max_sort_memory_mb: 1\n"
+             "    columns:\n      x: {{bounds: [0, 100000]}}\n")
+    policy = ATTACK_POLICY_HEAD + "".join(f"  public.{name}:\n{table}" for name in (_PARENT, _OVER_PARENT))
+    try:
+        with running_proxy(test_db, tmp_path_factory, policy) as running:
+            yield running
+    finally:
+        with psycopg.connect(test_db.admin_dsn, autocommit=True) as admin:
+            admin.execute(f"DROP TABLE IF EXISTS {_PARENT} CASCADE")
+
+
+@pytest.mark.parametrize("relation", [_PARENT, _OVER_PARENT])
+def test_an_inheritance_childs_rows_are_in_its_parents_sort_bound(inheritance_proxy: RunningProxy, relation: str) -> None:
+    with inheritance_proxy.connect(autocommit=True) as conn:
+        spent = spent_epsilon(conn)
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute(_SORTING.format(t=relation))
+        assert refused.value.sqlstate == "54000" and "sort-memory" in str(refused.value)
+        assert spent_epsilon(conn) == spent

@@ -730,4 +730,7 @@ SITES: tuple[Site, ...] = (
     # ------------------------------------------------------------------ proxy/wire/binary.py
     Site("binary.bytea-from-escape", "proxy/wire/binary.py", "else _bytea_from_escape(s)", "else s.encode()",
          "stop46-merged"),
+    Site("sort.inheritance-children", "rewriter/sort_memory.py",
+         '"ON i.inhparent OPERATOR(pg_catalog.=) t.relid) "', '"ON i.inhparent OPERATOR(pg_catalog.=) t.relid AND false) "',
+         "stop46-merged"),
 )
