@@ -10,19 +10,21 @@ import psycopg
 import pytest
 
 from proxy.wire.binary import BYTEA, binary_from_text
+from tests.wire import SYNC, Wire, bind, cstr, error_fields, execute, message, parse
 from tests.conftest import (ATTACK_POLICY_HEAD, SERVICE_ROLE, RunningProxy, TestDatabase, proxy_over_table, running_proxy,
-                            spent_epsilon)
+                            spent_by_plain, spent_epsilon)
 
 _TABLE = "stop46_merged"
 
 
 @pytest.fixture(scope="module")
 def proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
-    """dpproxy over ``stop46_merged`` (i int4, b bytea, t text), 60 rows."""
-    with proxy_over_table(test_db, tmp_path_factory, _TABLE, "i int4, b bytea, t text",
+    """dpproxy over ``stop46_merged`` (i int4, b bytea, t text, d date), 60 rows."""
+    with proxy_over_table(test_db, tmp_path_factory, _TABLE, "i int4, b bytea, t text, d date",
                           "SELECT g, CASE WHEN g % 2 = 0 THEN '\\x01'::bytea ELSE '\\x02'::bytea END, "
-                          "CASE WHEN g % 3 = 0 THEN 'a' ELSE 'b' END FROM generate_series(1, 60) g",
-                          "{i: {bounds: [0, 100]}, b: {categories: ['\\x01', '\\x02']}, t: {categories: [a, b]}}"
+                          "CASE WHEN g % 3 = 0 THEN 'a' ELSE 'b' END, date '2000-05-01' + g % 2 FROM generate_series(1, 60) g",
+                          "{i: {bounds: [0, 100]}, b: {categories: ['\\x01', '\\x02']}, t: {categories: [a, b]}, "
+                          "d: {categories: ['2000-05-01', '2000-05-02']}}"
                           ) as running:
         yield running
 
@@ -38,6 +40,29 @@ def test_a_bytea_mode_in_a_binary_cursor_under_escape_output_is_answered(proxy: 
             rows = conn.execute("FETCH ALL FROM c", binary=True).fetchall()
         assert [len(row) for row in rows] == [1] and rows[0][0] in (b"\x01", b"\x02")
         assert spent_epsilon(conn) == pytest.approx(spent + 1.0)
+
+
+def test_a_datestyle_set_between_bind_and_execute_is_refused_uncharged(proxy: RunningProxy) -> None:
+    # Bind judged the binary date column under DateStyle ISO; a SET in the same transaction before
+    # Execute makes the released date print otherwise, which dpproxy cannot convert to binary: held,
+    # Execute judges the formats again before the charge (0A000, nothing spent).
+    wire = Wire(proxy.host, proxy.port)
+    try:
+        wire.send(message(b"Q", cstr("BEGIN")))
+        wire.read_until(b"Z")
+        wire.send(parse("s", f"SELECT mode() WITHIN GROUP (ORDER BY d) AS m, count(*) AS n FROM {_TABLE}"),
+                  bind("p", "s", result_formats=(1, 0)), SYNC)
+        assert b"E" not in wire.kinds_until(b"Z")
+        spent = spent_by_plain(proxy)
+        wire.send(message(b"Q", cstr("SET DateStyle = 'SQL, DMY'")))
+        wire.read_until(b"Z")
+        wire.send(execute("p"), SYNC)
+        replies = wire.read_until(b"Z")
+        errors = [error_fields(body) for kind, body in replies if kind == b"E"]
+        charged = spent_by_plain(proxy) - spent
+        assert not errors or charged == 0, (errors, charged)
+    finally:
+        wire.close()
 
 
 def test_every_byte_converts_to_binary_from_either_bytea_output(test_db: TestDatabase) -> None:
