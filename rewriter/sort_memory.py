@@ -154,8 +154,8 @@ def sort_memory_kb_sql(relations: int | str | tuple[int, ...], descendants: bool
     """SQL for the bound, in kB (an ``int8``), of relation ``relations`` (an OID or an SQL expression
     of a ``regclass``; a tuple: the relations a view's rows come from, their pages added up) as it
     is now (module docstring): every row its pages and one page more can hold, at ``ROW_BYTES``
-    each. With ``descendants`` its partitions' and inheritance children's pages too
-    (``pg_partition_tree``: ~0.2 ms a statement more, so only for a relation that had some when
+    each. With ``descendants`` its partitions' and inheritance children's pages too, at every
+    level (``pg_inherits``, walked recursively: ~0.2 ms a statement more, so only for a relation that had some when
     the policy was loaded, ``Relation.sort_memory_tree``, and a view's)."""
     return f"LEAST({_MAX_WORK_MEM_KB}, ((({_rows_sql(relations, descendants)}) * {ROW_BYTES} + 1023) / 1024))"
 
@@ -171,8 +171,13 @@ def _bytes_sql(oid: int | str, descendants: bool) -> str:
     relation = f"CAST({oid} AS pg_catalog.regclass)" if isinstance(oid, int) else oid
     size = f"pg_catalog.pg_relation_size({relation})"
     if descendants:
-        tree = (f"(SELECT CAST(pg_catalog.sum(pg_catalog.pg_relation_size(p.relid)) AS pg_catalog.int8) "
-                f"FROM pg_catalog.pg_partition_tree({relation}) AS p)")
+        # pg_inherits, not pg_partition_tree: that lists a partitioned table's partitions only, never
+        # an inheritance parent's children, whose rows a statement on the parent reads all the same.
+        tree = (f"(WITH RECURSIVE tree(relid) AS (SELECT CAST({relation} AS pg_catalog.oid) UNION "
+                "SELECT i.inhrelid FROM pg_catalog.pg_inherits AS i JOIN tree AS t "
+                "ON i.inhparent OPERATOR(pg_catalog.=) t.relid) "
+                "SELECT CAST(pg_catalog.sum(pg_catalog.pg_relation_size(CAST(relid AS pg_catalog.regclass))) "
+                "AS pg_catalog.int8) FROM tree)")
         size = f"GREATEST({size}, {tree})"
     return size
 

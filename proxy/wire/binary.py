@@ -82,9 +82,7 @@ def binary_from_text(text: bytes, type_oid: int) -> bytes:
     if type_oid == BOOL:
         return b"\x01" if s in ("t", "true") else b"\x00"
     if type_oid == BYTEA:
-        if not s.startswith("\\x"):
-            raise UnsupportedBinaryType(type_oid)  # escape format: bytea_output=escape
-        return bytes.fromhex(s[2:])
+        return bytes.fromhex(s[2:]) if s.startswith("\\x") else _bytea_from_escape(s)
     if type_oid == UUID:
         return uuid.UUID(s).bytes
     if type_oid in DATE_TIME_TYPES:
@@ -95,6 +93,19 @@ def binary_from_text(text: bytes, type_oid: int) -> bytes:
     if type_oid in NUMBER_ARRAYS:
         return _number_array(s, type_oid)
     raise UnsupportedBinaryType(type_oid)
+
+
+_BYTEA_ESCAPE = re.compile(r"\\([0-3][0-7]{2}|\\)")
+
+
+def _bytea_from_escape(text: str) -> bytes:
+    """The bytes of a bytea as ``bytea_output = escape`` prints it: a byte outside printable ASCII
+    as a backslash and three octal digits, a backslash doubled, any other byte as itself. The
+    session sets bytea_output and PostgreSQL does not report it, so a released bytea (a MODE's or
+    a key's, printed over the release in the session) must convert from either form: a failure
+    here would come after the charge."""
+    return _BYTEA_ESCAPE.sub(lambda match: "\\" if match.group(1) == "\\" else chr(int(match.group(1), 8)),
+                             text).encode("latin-1")
 
 
 _ARRAY_HEAD = struct.Struct("!iiiii")  # ndim, has-null flag, element type, then per dimension: length, lower bound

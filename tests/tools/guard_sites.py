@@ -71,6 +71,7 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
                     "test_a_name_in_an_order_by_expression_is_an_input_column_as_postgresql_reads_it",
                     "tests/test_attack_stop44.py", "tests/test_attack_stop44_roundtrip.py", "tests/test_read_alike_lifts.py",
                     "tests/test_attack_stop46.py"),
+    "stop46-merged": ("tests/test_attack_stop46_merged.py",),
     "terms": ("tests/test_predicate_terms.py",),
     "stop39": ("tests/test_attack_stop39.py",),
     "certain": ("tests/test_certain_errors.py",),
@@ -726,4 +727,10 @@ SITES: tuple[Site, ...] = (
          'return "numeric"', "stop45"),
     # ------------------------------------------------------------------ proxy/serving/backend_portals.py
     Site("portal.judged-again-after-reload", "proxy/serving/executor.py", "self._judge_again(portal)", "pass", "portals"),
+    # ------------------------------------------------------------------ proxy/wire/binary.py
+    Site("binary.bytea-from-escape", "proxy/wire/binary.py", "else _bytea_from_escape(s)", "else s.encode()",
+         "stop46-merged"),
+    Site("sort.inheritance-children", "rewriter/sort_memory.py",
+         '"ON i.inhparent OPERATOR(pg_catalog.=) t.relid) "', '"ON i.inhparent OPERATOR(pg_catalog.=) t.relid AND false) "',
+         "stop46-merged"),
 )
