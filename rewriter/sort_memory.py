@@ -69,7 +69,13 @@ aggregate's partitions, a ``COUNT(DISTINCT)``'s cells, a GROUP BY past its cells
 weighed on top of the rows' bound, as a GROUP BY's are (:func:`_table_groups`): a group of one row
 can keep more than a row's 256 bytes, an exact ``numeric`` total 34 kB, and at a ceiling just
 above the table's bound a percentile's grid groups beside a ``numeric`` SUM spilled once hashed
-(1,000 cells of 20 rows at 14 MB: a peak of 28.7 MB, 5 batches; tests/test_sort_memory.py).
+(1,000 cells of 20 rows at 14 MB: a peak of 28.7 MB, 5 batches; tests/test_sort_memory.py). The
+setting also counts each group at the planner's estimate of its input (:func:`_input_bytes`), as a
+GROUP BY's does: a hashed group past ``work_mem`` × ``hash_mem_multiplier`` over that estimate
+spills however little it holds, and a ``char(2000)`` never analysed is estimated at 8,004 bytes, so a
+FILTER on one over 5,000 cells of one narrow row each spilled from ~2,000 groups at the 16 MB
+ceiling (tests/test_attack_stop46_hash.py). The refusal weighs what groups hold only: a setting
+permits and never allocates, so no estimate refuses a statement.
 
 **A view** stores no rows: its pages bound none of them, and it may join or expand its
 relations' rows or compute wider values than they store. One PostgreSQL can show does neither, a
@@ -186,7 +192,8 @@ def work_mem_setting(oid: int | str, ceiling_mb: int, descendants: bool) -> str:
 def table_bound_sql(plan: AggregateQuery) -> str:
     """SQL for what ``plan``'s sorts and hash tables may take, in kB, as its relation is now: a
     sort or hash of every row it can hold (:func:`sort_memory_kb_sql`; a view's, its base
-    relations', ``Relation.sort_memory_bases``), and its groups' states (:func:`_table_groups`)."""
+    relations', ``Relation.sort_memory_bases``), and its groups (:func:`_table_groups`), each at
+    what a hash aggregate counts it (:func:`_hashed_group_bytes`)."""
     table = plan.table
     bases = table.sort_memory_bases
     relations, descendants = ((table.oid, table.sort_memory_tree) if not bases else (bases, True))
@@ -195,8 +202,8 @@ def table_bound_sql(plan: AggregateQuery) -> str:
     if not groups:
         return bound
     rows = _rows_sql(relations, descendants)
-    states = (f"(({_HASH_MARGIN} * ({HASH_BASE_BYTES} + LEAST({groups}, {rows}) * {_group_bytes(plan)}) + 1023) "
-              "/ 1024)")
+    states = (f"(({_HASH_MARGIN} * ({HASH_BASE_BYTES} + LEAST({groups}, {rows}) * {_hashed_group_bytes(plan)}) "
+              "+ 1023) / 1024)")
     return f"LEAST({_MAX_WORK_MEM_KB}, {bound} + {states})"
 
 
@@ -259,8 +266,7 @@ def hashed_groups_kb(plan: AggregateQuery) -> int | None:
     the policy alone."""
     if not plan.groups or sorts_rows(plan):
         return None
-    per_group = _group_bytes(plan) + sum(KEY_ROUNDING * key.held_bytes for key in plan.groups) + _input_bytes(plan)
-    kb = _hash_table_kb(grouped_values(plan), per_group)
+    kb = _hash_table_kb(grouped_values(plan), _hashed_group_bytes(plan))
     return kb if kb <= plan.table.policy.max_sort_memory_mb * 1024 else None
 
 
@@ -268,6 +274,19 @@ def _hash_table_kb(groups: int, per_group: int) -> int:
     """What a hash aggregate of ``groups`` groups of ``per_group`` bytes each may take, in kB
     (:func:`hashed_groups_kb`)."""
     return -(-_HASH_MARGIN * (HASH_BASE_BYTES + groups * per_group) // 1024)
+
+
+def _hashed_group_bytes(plan: AggregateQuery) -> int:
+    """What one group of ``plan``'s hash aggregate is counted at against its ``work_mem``: what it
+    holds (:func:`_held_group_bytes`) and the planner's estimate of its input (:func:`_input_bytes`),
+    which takes no memory but limits the groups admitted before a spill."""
+    return _held_group_bytes(plan) + _input_bytes(plan)
+
+
+def _held_group_bytes(plan: AggregateQuery) -> int:
+    """The memory one group of ``plan``'s hash aggregate holds: its :func:`_group_bytes` and
+    ``KEY_ROUNDING`` times the bytes its keys' values hold."""
+    return _group_bytes(plan) + sum(KEY_ROUNDING * key.held_bytes for key in plan.groups)
 
 
 def _group_bytes(plan: AggregateQuery) -> int:
@@ -336,10 +355,13 @@ def _table_groups(plan: AggregateQuery) -> int:
 
 
 def _loaded_bound_kb(plan: AggregateQuery) -> int:
-    """:func:`table_bound_sql` of ``plan`` for its relation's size when the policy was loaded."""
+    """The memory :func:`table_bound_sql` grants ``plan`` for its relation's size when the policy was
+    loaded, of which it can take: its groups weighed at what they hold (:func:`_held_group_bytes`),
+    not at the planner's estimate of their input, which only raises the groups admitted (a
+    setting permits, never allocates), so no estimate refuses a statement."""
     kb = plan.table.sort_memory_kb
     groups = min(_table_groups(plan), kb * 1024 // ROW_BYTES)  # the rows: at least those the bound was of
-    return kb + (_hash_table_kb(groups, _group_bytes(plan)) if groups else 0)
+    return kb + (_hash_table_kb(groups, _held_group_bytes(plan)) if groups else 0)
 
 
 def _needs_table_bound(plan: AggregateQuery) -> bool:
