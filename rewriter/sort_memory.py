@@ -104,7 +104,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from policies.errors import SQLSTATE, Refusal
-from policies.tables import ColumnInfo, Relation
+from policies.tables import Relation
 
 from .dp_query import Aggregate, AggregateQuery
 from .group_keys import DATE, TIMESTAMP, TIMESTAMPTZ
@@ -112,7 +112,7 @@ from .rewrite import Part, aggregate_parts, grouped_values, query_grid, sorts_ro
 from .types import BOOL, FLOAT_TYPES, INTEGER_TYPES, NUMERIC
 
 __all__ = ["COUNT_STATE_BYTES", "FIXED_WIDTHS", "GROUP_BYTES", "HASH_BASE_BYTES", "KEY_ROUNDING", "MIN_ROW_BYTES", "NUMERIC_STATE_BYTES",
-           "ROW_BYTES", "SLACK_BYTES", "SUM_STATE_BYTES", "MemorySteps", "hashed_groups_kb", "memory_steps", "sort_memory_kb_sql",
+           "ROW_BYTES", "SLACK_BYTES", "SUM_STATE_BYTES", "MemorySteps", "column_input_bytes", "hashed_groups_kb", "memory_steps", "sort_memory_kb_sql",
            "sort_memory_refusal", "within_sort_memory", "work_mem_setting"]
 
 ROW_BYTES = 256
@@ -313,16 +313,23 @@ def _input_bytes(plan: AggregateQuery) -> int:
     where the other is NULL average a tuple each) and at most a heap tuple's (``SLACK_BYTES``, a
     page of the largest block size), or without statistics its type's estimate (a ``char(n)``'s n
     characters of four bytes). Both are the rows' or the schema's, never a filter's: weighed at
-    their most, no filter tips the count of groups past that limit."""
-    columns = [plan.table.columns[name] for name in used_columns(plan)]
-    return sum(8 if column.value_type[0] in FIXED_WIDTHS else max(SLACK_BYTES, _char_estimate(column))
-               for column in columns)
+    their most, no filter tips the count of groups past that limit. A column of a view that computes
+    its columns carries the values it is computed from: weighed as read at load
+    (``Relation.view_input_bytes``, proxy/backend/view_widths.py)."""
+    carried = plan.table.view_input_bytes
+    return sum(carried[name] if name in carried else column_input_bytes(*plan.table.columns[name].value_type)
+               for name in used_columns(plan))
 
 
-def _char_estimate(column: ColumnInfo) -> int:
-    """A ``char(n)`` column's width as the planner estimates it without statistics; 0 for another type."""
-    type_oid, modifier = column.value_type
-    return (modifier - 4) * _ENCODING_BYTES + 4 if type_oid == _BPCHAR and modifier > 4 else 0
+def column_input_bytes(type_oid: int, modifier: int) -> int:
+    """The most the planner may estimate a column of type ``type_oid`` (a domain's base type) and
+    ``modifier`` to take in an aggregate's input (:func:`_input_bytes`): eight bytes one of
+    :data:`FIXED_WIDTHS`, else a heap tuple's (``SLACK_BYTES``) or a ``char(n)``'s n characters of
+    four bytes, the larger."""
+    if type_oid in FIXED_WIDTHS:
+        return 8
+    char_estimate = (modifier - 4) * _ENCODING_BYTES + 4 if type_oid == _BPCHAR and modifier > 4 else 0
+    return max(SLACK_BYTES, char_estimate)
 
 
 def _state_bytes(part: Part) -> int:

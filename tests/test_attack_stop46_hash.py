@@ -67,3 +67,76 @@ def test_a_table_bound_group_by_over_an_unanalysed_char_column_is_answered(unana
     with unanalysed_proxy.connect() as conn:
         rows = conn.execute("SELECT x, count(*) FILTER (WHERE c = 'a') FROM unanalysed GROUP BY x").fetchall()
     assert 0 < len(rows) <= _CELLS
+
+
+_VIEW_POLICY = ATTACK_POLICY_HEAD + """
+  public.sizes_view:
+    access: protected
+    epsilon: 1.0
+    columns:
+      x: {{bounds: [0, 999], group_by: true}}
+      s: {{bounds: [0, 10000]}}
+"""
+
+
+@pytest.fixture(scope="module")
+def sizes_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """View sizes_view: x and the octet_length of a 7,000-byte text u stored in its row, of table
+    sizes_base (one row a cell of x, analysed)."""
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as connection, \
+            dropped_around(connection, "sizes_base") as admin:
+        admin.execute("CREATE TABLE sizes_base (x integer, u text STORAGE PLAIN)")
+        admin.execute("INSERT INTO sizes_base SELECT i, repeat('u', 7000) FROM generate_series(0, 999) i")
+        admin.execute("VACUUM ANALYZE sizes_base")
+        admin.execute("CREATE VIEW sizes_view AS SELECT x, octet_length(u) AS s FROM sizes_base")
+        try:
+            admin.execute("GRANT SELECT ON sizes_base, sizes_view TO dpproxy_service")
+            with running_proxy(test_db, tmp_path_factory, _VIEW_POLICY) as running:
+                yield running
+        finally:
+            admin.execute("DROP VIEW sizes_view")
+
+
+@pytest.mark.parametrize("sql", ["SELECT x, sum(s) FROM sizes_view WHERE x <= {k} GROUP BY x",
+                                 "SELECT x, count(*) FILTER (WHERE s > 5) FROM sizes_view WHERE x <= {k} GROUP BY x"])
+@pytest.mark.parametrize("k", [100, 500, 999])
+def test_groups_reading_a_view_column_computed_from_a_wide_column_stay_in_memory(
+        sizes_proxy: RunningProxy, test_db: TestDatabase, sql: str, k: int) -> None:
+    _hashed_in_memory(sizes_proxy, test_db, "sizes_view", sql.format(k=k))
+
+
+_SPREAD = 12  # text columns of spread_base, each set (to 7,000 bytes) in one row of twelve and NULL elsewhere
+_SPREAD_POLICY = ATTACK_POLICY_HEAD + """
+  public.spread_view:
+    access: protected
+    epsilon: 1.0
+    columns:
+      x: {{bounds: [0, 999], group_by: true}}
+      s: {{bounds: [0, 10000]}}
+"""
+
+
+@pytest.fixture(scope="module")
+def spread_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    """View spread_view: x and the size of whichever of twelve text columns of spread_base is set."""
+    values = ", ".join(f"CASE WHEN i % {_SPREAD} = {i} THEN repeat('u', 7000) END" for i in range(_SPREAD))
+    sizes = ", ".join(f"octet_length(u{i})" for i in range(_SPREAD))
+    with psycopg.connect(test_db.admin_dsn, autocommit=True) as connection, \
+            dropped_around(connection, "spread_base") as admin:
+        admin.execute(f"CREATE TABLE spread_base (x integer, {', '.join(f'u{i} text STORAGE PLAIN' for i in range(_SPREAD))})")
+        admin.execute(f"INSERT INTO spread_base SELECT i, {values} FROM generate_series(0, 999) i")
+        admin.execute("VACUUM ANALYZE spread_base")
+        admin.execute(f"CREATE VIEW spread_view AS SELECT x, COALESCE({sizes}) AS s FROM spread_base")
+        try:
+            admin.execute("GRANT SELECT ON spread_base, spread_view TO dpproxy_service")
+            with running_proxy(test_db, tmp_path_factory, _SPREAD_POLICY) as running:
+                yield running
+        finally:
+            admin.execute("DROP VIEW spread_view")
+
+
+def test_groups_reading_a_view_column_computed_from_several_wide_columns_stay_in_memory(
+        spread_proxy: RunningProxy, test_db: TestDatabase) -> None:
+    """The scan carries all twelve columns the view's column is computed from, each averaging 7,004 bytes
+    where set: an entry of 84 kB, which one column's weight (a 32 kB tuple) did not cover (spilled)."""
+    _hashed_in_memory(spread_proxy, test_db, "spread_view", "SELECT x, count(*) FILTER (WHERE s > 5) FROM spread_view GROUP BY x")
