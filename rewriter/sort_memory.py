@@ -84,7 +84,10 @@ is bounded by the pages of the relations it reads (``Relation.sort_memory_bases`
 step as a table's are. Any other view's statements that sort rows are refused before any charge
 without ``answer_quantum_ms`` (54000, rule ``sort-memory``): before, it got the ceiling alone,
 and a view joining a table with 50 rows spilled at 1 MB from a filter of 600 rows. A GROUP BY of
-counts and sums within its cells' bound is answered on any view (its groups are its cells).
+counts and sums within its cells' bound is answered on any view (its groups are its cells; a column
+such a view computes weighs the values it is computed from, which PostgreSQL carries into the hash
+aggregate's input, ``Relation.view_input_bytes``: an ``octet_length(u)`` over 7,000-byte values
+spilled 1,000 cells from ~500 at 8 bytes, tests/test_attack_stop46_hash.py).
 
 **The ceiling.** Read at start and reload (``Relation.sort_memory_kb``), a table whose bound is
 above its ``max_sort_memory_mb`` and that has no ``answer_quantum_ms`` refuses the statements that
@@ -426,7 +429,7 @@ def _unbounded_view_refusal(table: Relation) -> Refusal:
         "reaches, in memory no filter can outgrow so that their time cannot tell a row's presence; on this view "
         "that memory has no bound. An administrator can set answer_quantum_ms on the view, protect a "
         "materialized view of it instead, or define it as a simple view (one table's rows, each column one of "
-        "its columns), and reload. COUNT, SUM, sum-and-count AVG, MODE and a GROUP BY of declared keys are "
-        "answered. Nothing was charged.",
+        "its columns), and reload. COUNT, SUM, sum-and-count AVG, MODE and a GROUP BY of declared keys whose "
+        "groups fit in max_sort_memory_mb (fewer cells, or fewer columns read) are answered. Nothing was charged.",
         "sort-memory",
     )
