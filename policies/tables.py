@@ -141,6 +141,9 @@ class Relation:
     view: proxy/backend/view_rows.py); () a relation whose own pages do; None a view whose rows no
     pages bound (it may join or expand its relations, or compute its values): its statements that
     sort rows are refused without ``answer_quantum_ms``.
+    ``view_input_bytes`` are, for such a view, the most the planner may estimate a read of each of
+    its policy's columns to carry into an aggregate's input (the values it is computed from:
+    proxy/backend/view_widths.py); empty for a relation whose columns carry themselves.
     """
 
     oid: int
@@ -153,6 +156,7 @@ class Relation:
     sort_memory_kb: int = 0
     sort_memory_tree: bool = False
     sort_memory_bases: tuple[int, ...] | None = ()
+    view_input_bytes: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def access(self) -> Access:

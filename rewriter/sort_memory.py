@@ -69,7 +69,13 @@ aggregate's partitions, a ``COUNT(DISTINCT)``'s cells, a GROUP BY past its cells
 weighed on top of the rows' bound, as a GROUP BY's are (:func:`_table_groups`): a group of one row
 can keep more than a row's 256 bytes, an exact ``numeric`` total 34 kB, and at a ceiling just
 above the table's bound a percentile's grid groups beside a ``numeric`` SUM spilled once hashed
-(1,000 cells of 20 rows at 14 MB: a peak of 28.7 MB, 5 batches; tests/test_sort_memory.py).
+(1,000 cells of 20 rows at 14 MB: a peak of 28.7 MB, 5 batches; tests/test_sort_memory.py). The
+setting also counts each group at the planner's estimate of its input (:func:`_input_bytes`), as a
+GROUP BY's does: a hashed group past ``work_mem`` × ``hash_mem_multiplier`` over that estimate
+spills however little it holds, and a ``char(2000)`` never analysed is estimated at 8,004 bytes, so a
+FILTER on one over 5,000 cells of one narrow row each spilled from ~2,000 groups at the 16 MB
+ceiling (tests/test_attack_stop46_hash.py). The refusal weighs what groups hold only: a setting
+permits and never allocates, so no estimate refuses a statement.
 
 **A view** stores no rows: its pages bound none of them, and it may join or expand its
 relations' rows or compute wider values than they store. One PostgreSQL can show does neither, a
@@ -78,7 +84,10 @@ is bounded by the pages of the relations it reads (``Relation.sort_memory_bases`
 step as a table's are. Any other view's statements that sort rows are refused before any charge
 without ``answer_quantum_ms`` (54000, rule ``sort-memory``): before, it got the ceiling alone,
 and a view joining a table with 50 rows spilled at 1 MB from a filter of 600 rows. A GROUP BY of
-counts and sums within its cells' bound is answered on any view (its groups are its cells).
+counts and sums within its cells' bound is answered on any view (its groups are its cells; a column
+such a view computes weighs the values it is computed from, which PostgreSQL carries into the hash
+aggregate's input, ``Relation.view_input_bytes``: an ``octet_length(u)`` over 7,000-byte values
+spilled 1,000 cells from ~500 at 8 bytes, tests/test_attack_stop46_hash.py).
 
 **The ceiling.** Read at start and reload (``Relation.sort_memory_kb``), a table whose bound is
 above its ``max_sort_memory_mb`` and that has no ``answer_quantum_ms`` refuses the statements that
@@ -98,7 +107,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from policies.errors import SQLSTATE, Refusal
-from policies.tables import ColumnInfo, Relation
+from policies.tables import Relation
 
 from .dp_query import Aggregate, AggregateQuery
 from .group_keys import DATE, TIMESTAMP, TIMESTAMPTZ
@@ -106,7 +115,7 @@ from .rewrite import Part, aggregate_parts, grouped_values, query_grid, sorts_ro
 from .types import BOOL, FLOAT_TYPES, INTEGER_TYPES, NUMERIC
 
 __all__ = ["COUNT_STATE_BYTES", "FIXED_WIDTHS", "GROUP_BYTES", "HASH_BASE_BYTES", "KEY_ROUNDING", "MIN_ROW_BYTES", "NUMERIC_STATE_BYTES",
-           "ROW_BYTES", "SLACK_BYTES", "SUM_STATE_BYTES", "MemorySteps", "hashed_groups_kb", "memory_steps", "sort_memory_kb_sql",
+           "ROW_BYTES", "SLACK_BYTES", "SUM_STATE_BYTES", "MemorySteps", "column_input_bytes", "hashed_groups_kb", "memory_steps", "sort_memory_kb_sql",
            "sort_memory_refusal", "within_sort_memory", "work_mem_setting"]
 
 ROW_BYTES = 256
@@ -191,7 +200,8 @@ def work_mem_setting(oid: int | str, ceiling_mb: int, descendants: bool) -> str:
 def table_bound_sql(plan: AggregateQuery) -> str:
     """SQL for what ``plan``'s sorts and hash tables may take, in kB, as its relation is now: a
     sort or hash of every row it can hold (:func:`sort_memory_kb_sql`; a view's, its base
-    relations', ``Relation.sort_memory_bases``), and its groups' states (:func:`_table_groups`)."""
+    relations', ``Relation.sort_memory_bases``), and its groups (:func:`_table_groups`), each at
+    what a hash aggregate counts it (:func:`_hashed_group_bytes`)."""
     table = plan.table
     bases = table.sort_memory_bases
     relations, descendants = ((table.oid, table.sort_memory_tree) if not bases else (bases, True))
@@ -200,8 +210,8 @@ def table_bound_sql(plan: AggregateQuery) -> str:
     if not groups:
         return bound
     rows = _rows_sql(relations, descendants)
-    states = (f"(({_HASH_MARGIN} * ({HASH_BASE_BYTES} + LEAST({groups}, {rows}) * {_group_bytes(plan)}) + 1023) "
-              "/ 1024)")
+    states = (f"(({_HASH_MARGIN} * ({HASH_BASE_BYTES} + LEAST({groups}, {rows}) * {_hashed_group_bytes(plan)}) "
+              "+ 1023) / 1024)")
     return f"LEAST({_MAX_WORK_MEM_KB}, {bound} + {states})"
 
 
@@ -264,8 +274,7 @@ def hashed_groups_kb(plan: AggregateQuery) -> int | None:
     the policy alone."""
     if not plan.groups or sorts_rows(plan):
         return None
-    per_group = _group_bytes(plan) + sum(KEY_ROUNDING * key.held_bytes for key in plan.groups) + _input_bytes(plan)
-    kb = _hash_table_kb(grouped_values(plan), per_group)
+    kb = _hash_table_kb(grouped_values(plan), _hashed_group_bytes(plan))
     return kb if kb <= plan.table.policy.max_sort_memory_mb * 1024 else None
 
 
@@ -273,6 +282,19 @@ def _hash_table_kb(groups: int, per_group: int) -> int:
     """What a hash aggregate of ``groups`` groups of ``per_group`` bytes each may take, in kB
     (:func:`hashed_groups_kb`)."""
     return -(-_HASH_MARGIN * (HASH_BASE_BYTES + groups * per_group) // 1024)
+
+
+def _hashed_group_bytes(plan: AggregateQuery) -> int:
+    """What one group of ``plan``'s hash aggregate is counted at against its ``work_mem``: what it
+    holds (:func:`_held_group_bytes`) and the planner's estimate of its input (:func:`_input_bytes`),
+    which takes no memory but limits the groups admitted before a spill."""
+    return _held_group_bytes(plan) + _input_bytes(plan)
+
+
+def _held_group_bytes(plan: AggregateQuery) -> int:
+    """The memory one group of ``plan``'s hash aggregate holds: its :func:`_group_bytes` and
+    ``KEY_ROUNDING`` times the bytes its keys' values hold."""
+    return _group_bytes(plan) + sum(KEY_ROUNDING * key.held_bytes for key in plan.groups)
 
 
 def _group_bytes(plan: AggregateQuery) -> int:
@@ -299,16 +321,23 @@ def _input_bytes(plan: AggregateQuery) -> int:
     where the other is NULL average a tuple each) and at most a heap tuple's (``SLACK_BYTES``, a
     page of the largest block size), or without statistics its type's estimate (a ``char(n)``'s n
     characters of four bytes). Both are the rows' or the schema's, never a filter's: weighed at
-    their most, no filter tips the count of groups past that limit."""
-    columns = [plan.table.columns[name] for name in used_columns(plan)]
-    return sum(8 if column.value_type[0] in FIXED_WIDTHS else max(SLACK_BYTES, _char_estimate(column))
-               for column in columns)
+    their most, no filter tips the count of groups past that limit. A column of a view that computes
+    its columns carries the values it is computed from: weighed as read at load
+    (``Relation.view_input_bytes``, proxy/backend/view_widths.py)."""
+    carried = plan.table.view_input_bytes
+    return sum(carried[name] if name in carried else column_input_bytes(*plan.table.columns[name].value_type)
+               for name in used_columns(plan))
 
 
-def _char_estimate(column: ColumnInfo) -> int:
-    """A ``char(n)`` column's width as the planner estimates it without statistics; 0 for another type."""
-    type_oid, modifier = column.value_type
-    return (modifier - 4) * _ENCODING_BYTES + 4 if type_oid == _BPCHAR and modifier > 4 else 0
+def column_input_bytes(type_oid: int, modifier: int) -> int:
+    """The most the planner may estimate a column of type ``type_oid`` (a domain's base type) and
+    ``modifier`` to take in an aggregate's input (:func:`_input_bytes`): eight bytes one of
+    :data:`FIXED_WIDTHS`, else a heap tuple's (``SLACK_BYTES``) or a ``char(n)``'s n characters of
+    four bytes, the larger."""
+    if type_oid in FIXED_WIDTHS:
+        return 8
+    char_estimate = (modifier - 4) * _ENCODING_BYTES + 4 if type_oid == _BPCHAR and modifier > 4 else 0
+    return max(SLACK_BYTES, char_estimate)
 
 
 def _state_bytes(part: Part) -> int:
@@ -341,10 +370,13 @@ def _table_groups(plan: AggregateQuery) -> int:
 
 
 def _loaded_bound_kb(plan: AggregateQuery) -> int:
-    """:func:`table_bound_sql` of ``plan`` for its relation's size when the policy was loaded."""
+    """The memory :func:`table_bound_sql` grants ``plan`` for its relation's size when the policy was
+    loaded, of which it can take: its groups weighed at what they hold (:func:`_held_group_bytes`),
+    not at the planner's estimate of their input, which only raises the groups admitted (a
+    setting permits, never allocates), so no estimate refuses a statement."""
     kb = plan.table.sort_memory_kb
     groups = min(_table_groups(plan), kb * 1024 // ROW_BYTES)  # the rows: at least those the bound was of
-    return kb + (_hash_table_kb(groups, _group_bytes(plan)) if groups else 0)
+    return kb + (_hash_table_kb(groups, _held_group_bytes(plan)) if groups else 0)
 
 
 def _needs_table_bound(plan: AggregateQuery) -> bool:
@@ -402,7 +434,7 @@ def _unbounded_view_refusal(table: Relation) -> Refusal:
         "reaches, in memory no filter can outgrow so that their time cannot tell a row's presence; on this view "
         "that memory has no bound. An administrator can set answer_quantum_ms on the view, protect a "
         "materialized view of it instead, or define it as a simple view (one table's rows, each column one of "
-        "its columns), and reload. COUNT, SUM, sum-and-count AVG, MODE and a GROUP BY of declared keys are "
-        "answered. Nothing was charged.",
+        "its columns), and reload. COUNT, SUM, sum-and-count AVG, MODE and a GROUP BY of declared keys whose "
+        "groups fit in max_sort_memory_mb (fewer cells, or fewer columns read) are answered. Nothing was charged.",
         "sort-memory",
     )

@@ -43,6 +43,7 @@ from .relation_reads import public_reads_protected
 from .grants import schemas_without_usage, unreadable_protected
 from .row_failures import failing_protected
 from .view_rows import view_row_bases
+from .view_widths import view_input_bytes
 from .pool import UNKNOWN, BackendPool, PooledConnection, PoolTimeout, State, open_backend
 from .result_waiter import NotSent
 from .row_stream import HELD_RESULT_BYTES, RowStream
@@ -1197,6 +1198,10 @@ async def build_registry(session: BackendSession, policy: Policy) -> TableRegist
     problems += await failing_protected(session, relations, names)
     if problems:
         raise PolicyError(problems)
+    for oid, relation in relations.items():  # asked of the view, so only once the service role can read it
+        if relation.sort_memory_bases is None:  # a view that may compute its columns
+            carried = await view_input_bytes(session, oid, relation.qualified_name, relation.columns)
+            relations[oid] = replace(relation, view_input_bytes=carried)
     catalog_columns: dict[str, tuple[str, ...]] = {}  # each neutralised catalog's columns, as the backend has them
     for catalog in ("pg_class", "pg_database"):
         row = await session.fetch_row(

@@ -98,7 +98,7 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
     "implicit": ("tests/test_implicit_transaction_rules.py",),
     # COUNT(DISTINCT ...) per an other key counts a value once per cell only while the rows are grouped by cell
     "sort-memory": ("tests/test_sort_memory.py", "tests/test_count_distinct_other.py"),
-    "stop46": ("tests/test_attack_stop46_red.py",),
+    "stop46": ("tests/test_attack_stop46_red.py", "tests/test_attack_stop46_hash.py"),
     "order-names": ("tests/test_parse_differential.py::"
                     "test_an_order_by_item_that_is_an_outputs_name_in_parentheses_sorts_by_that_output",),
     "steps": ("tests/test_protocol_steps.py",),
@@ -714,6 +714,12 @@ SITES: tuple[Site, ...] = (
     Site("sort.hashed-key-bytes", "rewriter/sort_memory.py", "sum(KEY_ROUNDING * key.held_bytes for key in plan.groups)",
          "0", "stop46"),
     Site("sort.estimated-input-width", "rewriter/sort_memory.py", " + _input_bytes(plan)\n", "\n", "stop46"),
+    Site("sort.view-input-width", "proxy/backend/connection.py",
+         "relations[oid] = replace(relation, view_input_bytes=carried)", "relations[oid] = relation", "stop46"),
+    Site("sort.view-carried-values", "proxy/backend/view_widths.py", "max(1, len(_carried(explained))) * widest",
+         "widest", "stop46"),
+    Site("sort.table-bound-input-width", "rewriter/sort_memory.py", "LEAST({groups}, {rows}) * {_hashed_group_bytes(plan)}",
+         "LEAST({groups}, {rows}) * {_held_group_bytes(plan)}", "stop46"),
     Site("keys.grouped-by-category", _G,
          'return f"CASE WHEN ({row} OPERATOR(pg_catalog.=) ANY (ARRAY[{array}])) THEN {row} END"', "return row",
          "sort-memory"),
