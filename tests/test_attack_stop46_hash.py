@@ -35,7 +35,7 @@ import psycopg
 import pytest
 
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, dropped_around, running_proxy, spent_epsilon
-from tests.test_attack_stop46_red import _hashed_in_memory
+from tests.test_attack_stop46_red import hashed_in_memory
 
 _CELLS = 5_000
 _UNANALYSED_POLICY = ATTACK_POLICY_HEAD + f"""
@@ -71,7 +71,7 @@ def test_table_bound_groups_whose_filter_reads_an_unanalysed_char_column_stay_in
     """5,000 cells of x (above the 16 MB ceiling by their cells' bound: table-bound), a FILTER on a
     char(2000) never analysed. Before, the table's bound (~14 MB: 16 MB, the ceiling) admitted ~2,000
     groups of the 8 kB the planner estimates: 2,500 and 4,999 cells spilled, 100 did not."""
-    _hashed_in_memory(unanalysed_proxy, test_db, "unanalysed",
+    hashed_in_memory(unanalysed_proxy, test_db, "unanalysed",
                       f"SELECT x, count(*) FILTER (WHERE c = 'a') FROM unanalysed WHERE x <= {k} GROUP BY x")
 
 
@@ -133,7 +133,7 @@ def test_groups_reading_a_view_column_computed_from_a_wide_column_stay_in_memory
     """s is an integer, weighed 8 bytes, but PostgreSQL computes it above the scan, which carries u0
     at its statistics' 7,004 bytes. Before, ~500 of the 1,000 groups were admitted: the sum at 999
     cells and the FILTER at 500 and 999 spilled, 100 did not."""
-    _hashed_in_memory(sizes_proxy, test_db, "sizes_view", sql.format(k=k))
+    hashed_in_memory(sizes_proxy, test_db, "sizes_view", sql.format(k=k))
 
 
 _SPREAD = 12  # text columns the view's s is computed from
@@ -149,7 +149,7 @@ def test_groups_reading_a_view_column_computed_from_several_wide_columns_stay_in
         spread_proxy: RunningProxy, test_db: TestDatabase) -> None:
     """The scan carries all twelve columns the view's column is computed from, each averaging 7,004 bytes
     where set: an entry of 84 kB, which one column's weight (a 32 kB tuple) did not cover (spilled)."""
-    _hashed_in_memory(spread_proxy, test_db, "spread_view",
+    hashed_in_memory(spread_proxy, test_db, "spread_view",
                       "SELECT x, count(*) FILTER (WHERE s > 5) FROM spread_view GROUP BY x")
 
 

@@ -68,8 +68,8 @@ import psycopg
 import pytest
 
 from rewriter.dp_query import plan_aggregate_query
-from rewriter.rewrite import backend_sql, grouped_values, partition_seed
-from rewriter.sort_memory import memory_steps
+from tests.explained_plans import explained_after_step, plan_nodes
+from rewriter.rewrite import grouped_values
 from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, dropped_around, running_proxy
 
 _LABEL_BYTES = 1_400
@@ -117,32 +117,19 @@ def labels_proxy(test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory
         yield running
 
 
-def _hashed_in_memory(proxy: RunningProxy, test_db: TestDatabase, table: str, sql: str) -> list[dict[str, Any]]:
+def hashed_in_memory(proxy: RunningProxy, test_db: TestDatabase, table: str, sql: str) -> list[dict[str, Any]]:
     """The aggregate nodes of ``sql``'s backend SQL on ``table``, run after dpproxy's setting step as the
     service role under the least ``hash_mem_multiplier`` an operator may set, after checking that each
     hashed within its memory: no batch but the first, nothing written to disk."""
     (relation,) = (found for found in proxy.server.registry.by_oid.values() if found.name == table)
     plan = plan_aggregate_query(sql, relation)
-    steps = memory_steps(plan, in_block=False)
-    assert steps is not None
-    with psycopg.connect(test_db.service_dsn) as conn:
-        conn.execute("SET hash_mem_multiplier = 1")
-        conn.execute(steps.setting)
-        (explained,) = conn.execute(
-            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {backend_sql(plan, seed=partition_seed())}").fetchone()
-    aggregates = list(_aggregates(explained[0]["Plan"]))
+    explained = explained_after_step(test_db.service_dsn, plan, "SET hash_mem_multiplier = 1")
+    aggregates = [node for node in plan_nodes(explained) if node["Node Type"] == "Aggregate"]
     assert aggregates and all(node["Strategy"] == "Hashed" for node in aggregates), aggregates
     assert all(node["Actual Rows"] <= grouped_values(plan) for node in aggregates), aggregates
     assert all(node.get("HashAgg Batches", 1) == 1 and not node.get("Disk Usage") for node in aggregates), aggregates
-    assert not explained[0]["Plan"].get("Temp Written Blocks"), explained
+    assert not explained.get("Temp Written Blocks"), explained
     return aggregates
-
-
-def _aggregates(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    if node["Node Type"] == "Aggregate":
-        yield node
-    for child in node.get("Plans", []):
-        yield from _aggregates(child)
 
 
 @pytest.mark.parametrize("k", [2, _ROWS // 2, _ROWS * 5 // 6, _ROWS])
@@ -152,7 +139,7 @@ def test_groups_keyed_by_long_hashed_categories_stay_in_memory_at_every_filter(
     Before, from ~600 groups (365 at ``hash_mem_multiplier`` 1) the hash aggregate spilled
     (``HashAgg Batches`` 5, 1.6 MB written), so the row that opened the group at the edge was told
     by the spill."""
-    assert len(_hashed_in_memory(labels_proxy, test_db, "long_labels", _GROUPED.format(k=k))) == 1
+    assert len(hashed_in_memory(labels_proxy, test_db, "long_labels", _GROUPED.format(k=k))) == 1
 
 
 def test_a_group_by_of_long_hashed_categories_is_answered(labels_proxy: RunningProxy) -> None:
@@ -200,7 +187,7 @@ def test_groups_whose_filter_reads_a_wide_column_stay_in_memory_at_every_filter(
     comparisons: 7,004 bytes), however little the groups take. Before, 382 of the 1,000 groups were
     admitted (``Planned Partitions`` 4, 3.9 MB written at 109 kB of memory): 500 and 999 cells
     spilled, 100 did not, so the row that opened a group past the edge was told by the spill."""
-    _hashed_in_memory(wide_proxy, test_db, "wide_filter", sql.format(k=k))
+    hashed_in_memory(wide_proxy, test_db, "wide_filter", sql.format(k=k))
 
 
 _SPARSE = 10  # text columns, each set (to 7,000 bytes) in one row of ten and NULL elsewhere
@@ -225,5 +212,5 @@ def test_groups_whose_filter_reads_columns_each_wide_where_set_stay_in_memory(
     bytes where set, set in turn, make a row of 7 kB and an estimated entry of 70 kB. Weighed at one
     heap tuple for all the columns read, the 1,000 groups spilled; each column now weighs one."""
     condition = " OR ".join(f"u{i} = 'a'" for i in range(_SPARSE))
-    _hashed_in_memory(sparse_proxy, test_db, "sparse_wide",
+    hashed_in_memory(sparse_proxy, test_db, "sparse_wide",
                       f"SELECT x, count(*) FILTER (WHERE {condition}) FROM sparse_wide GROUP BY x")

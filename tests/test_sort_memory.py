@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import ATTACK_POLICY_HEAD, TEST_DATABASE, RunningProxy, refused_uncharged, spent_epsilon
+from explained_plans import explained_after_step, plan_nodes
 from own_postgres import OwnServer, own_postgres
 
 from policies.loader import parse_policy
@@ -260,21 +261,12 @@ def test_a_group_by_hashes_its_cells_and_never_sorts_rows(proxy: RunningProxy, s
     assert steps is not None and steps.restore is None
     with psycopg.connect(server.service_dsn) as conn:
         assert conn.execute("SHOW enable_hashagg").fetchone() == ("off",)
-        conn.execute(steps.setting)
-        (explained,) = conn.execute(
-            f"EXPLAIN (ANALYZE, FORMAT JSON) {backend_sql(plan, seed=partition_seed())}").fetchone()
-    nodes = list(_nodes(explained[0]["Plan"]))
+    nodes = list(plan_nodes(explained_after_step(server.service_dsn, plan)))
     aggregates = [node for node in nodes if node["Node Type"] == "Aggregate"]
     assert aggregates and all(node["Strategy"] == "Hashed" for node in aggregates), aggregates
     assert not [node for node in nodes if "Sort" in node["Node Type"]]
     assert max(node["Actual Rows"] for node in aggregates) <= grouped_values(plan)
     assert all(node.get("HashAgg Batches", 1) == 1 and not node.get("Disk Usage") for node in aggregates)
-
-
-def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield node
-    for child in node.get("Plans", []):
-        yield from _nodes(child)
 
 
 NOT_SORTING = (
@@ -467,15 +459,7 @@ def _spilled(server: OwnServer, plan: AggregateQuery) -> list[dict[str, Any]]:
     not turned it off: it estimates a ``numeric`` state far below 34 kB), read from ``EXPLAIN
     (ANALYZE)`` (deterministic, where a direct session's temporary files may reach the log after
     it is read)."""
-    steps = memory_steps(plan, in_block=False)
-    assert steps is not None
-    with psycopg.connect(server.service_dsn) as conn:
-        conn.execute("SET enable_hashagg = on")
-        conn.execute(steps.setting)
-        (explained,) = conn.execute(
-            f"EXPLAIN (ANALYZE, FORMAT JSON) {backend_sql(plan, seed=partition_seed())}").fetchone()
-        conn.rollback()
-    return [node for node in _nodes(explained[0]["Plan"])
+    return [node for node in plan_nodes(explained_after_step(server.service_dsn, plan, "SET enable_hashagg = on"))
             if node.get("HashAgg Batches", 1) > 1 or node.get("Disk Usage") or node.get("Sort Space Type") == "Disk"]
 
 
