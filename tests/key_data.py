@@ -2,8 +2,11 @@
 for the round-trip check of GROUP BY keys (tests/round_trip_keys.py, tests/key_generator.py).
 
 Each column opts in one kind of key: categories of ``text`` (fewer than nine, grouped by the
-row's cell; nine or more, by a hashed ``= ANY``), ``varchar``, ``char(4)``, ``boolean`` and ``date``
-columns (an integer column takes bounds, not categories), labels that need quoting, case and trailing-space variants, ``other``;
+row's cell; nine or more, by a hashed ``= ANY``, without ``other`` and with it), ``varchar``,
+``char(4)``, ``boolean`` and ``date`` columns, a domain over text, an enum (its ``other`` one of its
+labels) and a domain over int (an integer column takes bounds, not categories; a domain over one
+categories, not bounds: the policy refuses the others), labels that need quoting, case and
+trailing-space variants, ``other``;
 integer keys of ``int4``, ``int8`` and ``int2``; ``double precision`` and ``numeric`` columns for
 ``width_bucket`` and floor bins; ``date``, ``timestamp`` and ``timestamptz`` time ranges, one by
 ``day`` (every unit), one by ``month`` only. The rows hold values at and beyond each domain's edges:
@@ -20,8 +23,11 @@ from tests.conftest import TestDatabase
 
 __all__ = ["KEY_COLUMNS", "KEY_POLICY", "KEY_ROWS", "KEY_TABLE_DDL", "create_key_table", "key_rows_sql"]
 
-KEY_TABLE_DDL = ("id int, t text, h text, v varchar(8), c char(4), b bool, dc date, i int4, big int8, s int2, "
-                 "f float8, n numeric, d date, ts timestamp, tz timestamptz, w date, iv interval")
+KEY_TABLE_DDL = ("id int, t text, h text, ho text, v varchar(8), c char(4), b bool, dc date, i int4, big int8, s int2, "
+                 "f float8, n numeric, d date, ts timestamp, tz timestamptz, w date, dt gk_text, en gk_mood, di gk_int, iv interval")
+# A domain over text, an enum (whose other is one of its labels) and a domain over int: declared as categories.
+KEY_TYPES_DDL = ("CREATE DOMAIN gk_text AS text CHECK (VALUE <> 'zz'); CREATE DOMAIN gk_int AS int CHECK (VALUE > -100); "
+                 "CREATE TYPE gk_mood AS ENUM ('sad', 'ok', 'happy', 'meh', 'Ok')")
 
 # The policy's entry for gk under ``tables:`` (plain YAML: callers double its braces for a format string).
 KEY_POLICY = """\
@@ -32,6 +38,7 @@ KEY_POLICY = """\
     columns:
       t: {categories: [a, A, 'a ', "O'Brien", "Ω"], other: Other, group_by: true}
       h: {categories: [a, b, c, d, e, f, g, "O'Brien", 'x y', 'A'], group_by: true}
+      ho: {categories: [a, b, c, d, e, f, g, "O'Brien", 'x y', 'A'], other: Other, group_by: true}
       v: {categories: [a, 'ab ', B], other: Other, group_by: true}
       c: {categories: [ab, x], other: Other, group_by: true}
       b: {categories: ['true', 'false'], group_by: true}
@@ -45,12 +52,16 @@ KEY_POLICY = """\
       ts: {bounds: [2000-01-01, 2000-12-31], group_by: [day]}
       tz: {bounds: [2000-01-01, 2000-12-31], group_by: [day]}
       w: {bounds: [2000-01-01, 2003-12-31], group_by: [month]}
+      dt: {categories: [a, b, A, 'a '], other: Other, group_by: true}
+      en: {categories: [sad, ok, happy], other: meh, group_by: true}
+      di: {categories: ['0', '1', '2'], other: '-1', group_by: true}
 """
 
 # Edge values per column; row k takes each column's value k modulo its count (NULL every 11th row).
 _VALUES: dict[str, tuple[str, ...]] = {
     "t": ("'a'", "'A'", "'a '", "'O''Brien'", "'Ω'", "'b'", "''", "'Other'", "' a'", "'a  '", "'o''brien'"),
     "h": ("'a'", "'b'", "'x y'", "'O''Brien'", "'A'", "'g'", "'z'", "''", "'a '", "'X Y'", "'c'", "'e'"),
+    "ho": ("'a'", "'z'", "'b'", "'x y'", "'Other'", "'A'", "'y'", "'a '", "'c'", "'z'", "''", "'X Y'", "'g'"),
     "v": ("'a'", "'ab '", "'ab'", "'B'", "'b'", "'Other'", "''", "'a '"),
     "c": ("'ab'", "'ab  '", "'x'", "'AB'", "' ab'", "''", "'Othe'"),
     "b": ("true", "false"),
@@ -77,6 +88,9 @@ _VALUES: dict[str, tuple[str, ...]] = {
            "'2000-10-08 03:30+00'", "'2000-02-27 01:30+00'", "'2000-02-27 02:30+00'"),
     "w": ("'2000-01-01'", "'2003-12-31'", "'1999-12-31'", "'2004-01-01'", "'infinity'", "'2001-03-31'",
           "'2001-04-01'", "'2002-12-29'", "'2003-01-01'", "'2000-02-29'"),
+    "dt": ("'a'", "'b'", "'x'", "'A'", "'a '", "''", "'Other'", "' a'", "'B'"),
+    "en": ("'sad'", "'ok'", "'happy'", "'meh'", "'Ok'", "'sad'"),
+    "di": ("0", "1", "2", "-1", "3", "-99", "2147483647", "1"),
     "iv": ("'1 day'", "'2 hours'", "'-1 day'", "'1 mon'", "'24 hours'"),  # no policy: read by conditions only
 }
 KEY_COLUMNS = tuple(_VALUES)
@@ -97,7 +111,8 @@ def key_rows_sql() -> str:
 def create_key_table(test_db: TestDatabase) -> None:
     """(Re)create ``gk`` with its :data:`KEY_ROWS` rows; dpproxy's service role may read it."""
     with psycopg.connect(test_db.admin_dsn, autocommit=True) as conn:
-        conn.execute("DROP TABLE IF EXISTS gk")
+        conn.execute("DROP TABLE IF EXISTS gk; DROP DOMAIN IF EXISTS gk_text, gk_int; DROP TYPE IF EXISTS gk_mood")
+        conn.execute(KEY_TYPES_DDL)
         conn.execute(f"CREATE TABLE gk ({KEY_TABLE_DDL})")
         conn.execute(key_rows_sql())
         conn.execute("GRANT SELECT ON gk TO dpproxy_service")

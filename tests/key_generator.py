@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from tests.expression_generator import condition
 
-__all__ = ["KEYS", "KeyCase", "answer_statements", "cell_statements"]
+__all__ = ["KEYS", "KeyCase", "answer_statements", "cell_statements", "part_statements"]
 
 _UNITS = ("MONTH", "month", "mon", "Qtr", "quarter", "QUARTER", "year", "Y", "YEAR", "week", "WEEK", "day", "DAY", "days")
 # Key templates by what their HAVING compares them with: {c} a time column, {u} a date_trunc unit.
@@ -60,8 +60,9 @@ _NUMBER_KEYS = (
 )
 _CATEGORY_KEYS = (
     "t", '"t"', "gk.t", "CAST(t AS TEXT)", "t::varchar", "(t)", 't COLLATE "C"', "lower(t)",
-    "h", "CAST(h AS TEXT)", "h::varchar", "v", "CAST(v AS TEXT)", "v::text", "c", "CAST(c AS TEXT)", "c::varchar",
+    "h", "CAST(h AS TEXT)", "h::varchar", "ho", "CAST(ho AS TEXT)", "ho::varchar", "v", "CAST(v AS TEXT)", "v::text", "c", "CAST(c AS TEXT)", "c::varchar",
     "CAST(c AS varchar(4))", "b", "CAST(b AS TEXT)", "dc", "CAST(dc AS TEXT)", "CAST(dc AS DATE)", "dc::timestamp",
+    "dt", "CAST(dt AS TEXT)", "dt::varchar", "en", "CAST(en AS TEXT)", "en::text", "di", "CAST(di AS TEXT)",
 )
 _TIME_COLUMNS = ("d", "ts", "tz", "w")
 # Bounds on a time column a WHERE may narrow a time key's buckets by (rewriter/group_keys.py, key_ranges):
@@ -186,3 +187,28 @@ def answer_statements(rng: random.Random, count: int) -> Iterator[KeyCase]:
             statement = (f'SELECT {picked}, count(*) AS "n" FROM (SELECT {columns} FROM gk{inside}) AS "source" '
                          f"GROUP BY {grouped} HAVING count(*) > 0{order}{_limit(bool(order), rng)}")
         yield KeyCase(statement, tuple(keys), tuple(kinds))
+
+
+# Aggregates per cell beside count(*) (tests/round_trip_keys.py, KeyRoundTrip.parts): COUNT of a
+# column (NULLs left out), COUNT(DISTINCT) of an integer and of a category column (a value held in
+# several undeclared categories is one value of ``other``), SUM and AVG of integers clamped to
+# their bounds, MODE of a category column (its declared categories' counts).
+_PART_AGGREGATES = (
+    "count(i)", "count(t)", "count(DISTINCT i)", "count(DISTINCT big)", "count(DISTINCT s)", "count(DISTINCT t)",
+    "count(DISTINCT h)", "count(DISTINCT ho)", "count(DISTINCT v)", "count(DISTINCT dt)", "count(DISTINCT en)", "count(DISTINCT di)", "sum(i)", "sum(big)", "sum(s)", "avg(i)", "avg(s)",
+    "mode() within group (order by t)", "mode() within group (order by h)", "mode() within group (order by ho)",
+    "mode() within group (order by c)", "mode() within group (order by dt)", "mode() within group (order by en)",
+)
+
+
+def part_statements(rng: random.Random, count: int) -> Iterator[KeyCase]:
+    """``count`` statements ``SELECT <keys>, <aggregates> FROM gk GROUP BY <keys>``: one or two of
+    :data:`_PART_AGGREGATES` per cell, the key a category (a hashed one, of ``h`` or ``ho``, or a
+    per-row CASE, of ``t``, ``v``, ``c``, ``dc``, with ``other`` and NULLs) half the time."""
+    for _ in range(count):
+        keys, kinds = _keys(rng)
+        if rng.random() < 0.5:
+            keys[0], kinds[0] = KEYS["category"](rng), "category"
+        outputs = ", ".join(f"{key} AS k{position}" for position, key in enumerate(keys, 1))
+        aggregates = ", ".join(rng.sample(_PART_AGGREGATES, rng.choice((1, 2))))
+        yield KeyCase(f"SELECT {outputs}, {aggregates} FROM gk GROUP BY {_grouped(keys, rng)}", tuple(keys), tuple(kinds))

@@ -46,7 +46,7 @@ from proxy.backend.connection import ResultSet
 from policies.errors import Refusal
 from proxy.dp.answer import DPAnswer, release_params
 from rewriter.classify import DPQuery
-from rewriter.dp_query import AggregateQuery
+from rewriter.dp_query import Aggregate, AggregateQuery
 from rewriter.group_keys import TIMESTAMPTZ, GroupKey
 from rewriter.rewrite import backend_sql, split_cells
 from rewriter.types import INTEGER_TYPES
@@ -210,22 +210,17 @@ class KeyRoundTrip:
         if cell_keys[0] == "error":
             return Mismatch(statement, where, "outer statement over every cell", (("answered",), cell_keys))
         released: dict[int, tuple[str | None, ...]] = cell_keys[1]
-        backend = backend_sql(plan, seed=0)
-        lateral = (f"SELECT __row.id, __cells.* FROM public.gk AS __row CROSS JOIN LATERAL "
-                   f"({_read_as(backend, 'SELECT * FROM public.gk WHERE gk.id = __row.id')}) AS __cells")
-        ran = _outcome(conn, lateral)
+        ran = _row_cells(conn, plan)
         if ran[0] == "error":
             return Mismatch(statement, where, "the backend SQL row by row", (("answered",), ran))
         counted: dict[int, int] = {}
-        for row in ran[1]:
-            cell = plan.domain.cell([key.cell_of(None if value is None else value.encode())
-                                     for key, value in zip(plan.groups, row[1:])])
+        for row_id, cell in ran[1]:
             if cell is not None:
                 if cell not in released:  # split_cells would count it in cell -1 (the last), or fail
-                    return Mismatch(statement, where, f"row {row[0]}", (("a cell",), ("cell", cell, "of", len(labels))))
-                if int(row[0] or 0) in counted:
-                    return Mismatch(statement, where, f"row {row[0]}", (("one cell",), ("cells", counted[int(row[0] or 0)], cell)))
-                counted[int(row[0] or 0)] = cell
+                    return Mismatch(statement, where, f"row {row_id}", (("a cell",), ("cell", cell, "of", len(labels))))
+                if int(row_id or 0) in counted:
+                    return Mismatch(statement, where, f"row {row_id}", (("one cell",), ("cells", counted[int(row_id or 0)], cell)))
+                counted[int(row_id or 0)] = cell
         regular = " AND ".join(f"({regular_rows(key)})" for key in plan.groups)
         asked = self._keys_of_rows(conn, keys, regular)
         cell_of_text = {texts: cell for cell, texts in released.items()}
@@ -281,6 +276,54 @@ class KeyRoundTrip:
             found[int(row_id or 0)] = (tuple(one[1][0][2:]) if one[0] == "rows" else None, within == "t")
         return found
 
+    # ------------------------------------------------------------ every aggregate's parts per cell
+
+    def parts(self, cases: Iterable[KeyCase], first: bool = False) -> KeyChecked:
+        """Check each case's aggregates cell by cell (``first``: stop at the first mismatch): the
+        parts dpproxy releases a cell from, of its backend SQL over the whole of ``gk`` (the rows of
+        every cell, ``other``'s among them, grouped as they are served), against PostgreSQL's own
+        aggregates (:func:`_expected_parts`) over the rows dpproxy puts in that cell (the cells
+        check pins those rows to PostgreSQL's keys)."""
+        checked = KeyChecked()
+        for index, (case, decision) in enumerate(self._planned(cases, checked, first)):
+            plan = decision.plan
+            expected_sql = [_expected_parts(agg) for agg in plan.aggregates]
+            if plan.series is not None or None in expected_sql:
+                continue
+            for conn in self._profiles(index):
+                checked.compared += 1
+                found = self._parts_mismatch(conn, case.statement, plan, ", ".join(map(str, expected_sql)), checked)
+                if found is not None:
+                    checked.mismatches.append(found)
+                    break
+        return checked
+
+    @staticmethod
+    def _parts_mismatch(conn: psycopg.Connection[Any], statement: str, plan: AggregateQuery, expected_sql: str,
+                        checked: KeyChecked) -> Mismatch | None:
+        zone = conn.execute("SHOW TimeZone").fetchone()
+        where = f"under TimeZone {zone[0] if zone else '?'}"
+        cells = _row_cells(conn, plan)
+        grouped = _outcome(conn, _read_as(backend_sql(plan, seed=0), "SELECT * FROM public.gk"))
+        if cells[0] == "error" or grouped[0] == "error":
+            return Mismatch(statement, where, "the backend SQL", (("answered",), cells if cells[0] == "error" else grouped))
+        keys = len(plan.groups)
+        rows: list[list[Any]] = [[None if value is None else value.encode() for value in row[:keys]]
+                                 + [None if value is None else int(value) for value in row[keys:]] for row in grouped[1]]
+        members: dict[int, list[str]] = {}
+        for row_id, cell in cells[1]:
+            if cell is not None:
+                members.setdefault(cell, []).append(str(row_id))
+        for cell, parts in enumerate(split_cells(plan, rows)):
+            checked.rows += 1
+            ids = ",".join(members.get(cell, []))
+            asked = _outcome(conn, f"SELECT {expected_sql} FROM gk WHERE id = ANY('{{{ids}}}'::int[])")
+            released = tuple(_number(value) for agg in parts for value in agg)
+            if asked[0] == "error" or tuple(_number(value) for value in asked[1][0]) != released:
+                return Mismatch(statement, where, f"cell {cell} ({list(plan.domain.labels())[cell]}), rows {ids}",
+                                (asked, ("parts", released)))
+        return None
+
     # ------------------------------------------------------------ whole answers, the noise off
 
     def answers(self, cases: Iterable[KeyCase], first: bool = False) -> KeyChecked:
@@ -330,6 +373,49 @@ class KeyRoundTrip:
             return ("rows", [tuple(None if value is None else value.decode() for value in row) for row in answer.result.rows])
         params = release_params(plan, answer)
         return _outcome(conn, plan.post.sql, params.values, params.types)
+
+
+def _row_cells(conn: psycopg.Connection[Any], plan: AggregateQuery) -> Outcome:
+    """dpproxy's cell of each ``gk`` row (``("rows", [(id, cell or None)])``): its backend SQL run
+    once a row (``LATERAL``, the table read as that row alone), each group's keys read by
+    ``GroupKey.cell_of`` and ``KeyDomain.cell`` as the release reads them; or its SQLSTATE."""
+    lateral = (f"SELECT __row.id, __cells.* FROM public.gk AS __row CROSS JOIN LATERAL "
+               f"({_read_as(backend_sql(plan, seed=0), 'SELECT * FROM public.gk WHERE gk.id = __row.id')}) AS __cells")
+    ran = _outcome(conn, lateral)
+    if ran[0] == "error":
+        return ran
+    return ("rows", [(row[0], plan.domain.cell([key.cell_of(None if value is None else value.encode())
+                                                for key, value in zip(plan.groups, row[1:len(plan.groups) + 1])]))
+                     for row in ran[1]])
+
+
+def _expected_parts(agg: Aggregate) -> str | None:
+    """PostgreSQL's own aggregates that ``agg``'s backend parts (``rewriter.rewrite.aggregate_parts``)
+    must equal over a cell's rows, written from what the analyst asked: ``count(*)``, ``count([DISTINCT]
+    col)`` (PostgreSQL's ``=`` telling values apart), a SUM's or ``sum_count`` AVG's total of the
+    integer column clamped to its bounds (and its count), a MODE's count of each declared category
+    by the column's ``=``; None for what the parts check does not compare (a FILTER, another kind or
+    mechanism, a column of another type)."""
+    if agg.filter_sql is not None:
+        return None
+    if agg.column is None:
+        return "count(*)"
+    column, policy = f'gk."{agg.column.name}"', agg.column.policy
+    if agg.kind == "count":
+        return f"count({'DISTINCT ' if agg.distinct else ''}{column})"
+    if agg.kind == "mode" and policy is not None and policy.categories is not None:
+        return ", ".join(f"count(*) FILTER (WHERE {column} = {_literal(category)})" for category in policy.categories)
+    if (agg.kind == "sum" or agg.mechanism == "sum_count") and agg.column.type_oid in INTEGER_TYPES:
+        assert policy is not None and policy.bounds is not None
+        lo, hi = (int(bound) for bound in policy.bounds)  # NULL stays NULL (LEAST/GREATEST would make it lo)
+        total = f"sum(CASE WHEN {column} < {lo} THEN {lo} WHEN {column} > {hi} THEN {hi} ELSE {column} END)"
+        return total if agg.kind == "sum" else f"{total}, count({column})"
+    return None
+
+
+def _number(value: Any) -> int:
+    """A part's value as an integer: NULL (an empty set's sum) is 0, as the mechanisms read it."""
+    return 0 if value is None else int(value)
 
 
 def _unordered(outcome: Outcome) -> Outcome:
