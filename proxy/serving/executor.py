@@ -81,6 +81,10 @@ from .settings import SessionSettings
 __all__ = ["Executor", "Plan", "StatementHost"]
 
 _T = TypeVar("_T")
+# A statement that fails on any backend, read-only, in any block, by itself: it fails the
+# backend's block after a refusal (fail_block). Its text says why in the server's log.
+_FAIL_BLOCK = "SELECT 1/0 AS dpproxy_refused_a_statement_of_this_block"
+
 log = logging.getLogger("dpproxy.executor")
 
 _NO_PARAMS = BoundParams((), (), ())
@@ -220,6 +224,23 @@ class Executor:
             self.backend.pinned = self.cursors.pins_backend
             if not committed:
                 self.generation += 1  # the rollback undid any SET in it
+
+    async def fail_block(self) -> None:
+        """After an error dpproxy sent itself (a refusal) in a transaction block the backend did
+        not see fail: fail the block there too, as any error fails one on PostgreSQL. From here
+        the backend refuses every statement but ROLLBACK, COMMIT (answered ROLLBACK) and
+        ROLLBACK TO SAVEPOINT (25P02), the ReadyForQuery status is 'E', and dpproxy's own
+        statements (DP answers, ``dpproxy.*``, cursors) are refused as in any failed block,
+        before a charge. Nothing outside a block (an implicit transaction is rolled back at its
+        end instead) or in one already failed (a backend error)."""
+        if self.implicit or self.backend.transaction_status != b"T":
+            return
+        try:
+            await self.backend.execute(_FAIL_BLOCK)
+        except BackendLost:
+            raise
+        except BackendError:
+            pass  # the failure asked for
 
     # ------------------------------------------------------------ planning
 
@@ -554,6 +575,9 @@ class Executor:
             _, fields = await self.backend.describe(decision.sql, params.types)
             return _apply_formats(ResultSet(fields, [], "SELECT 0"), result_formats), [], None
         if isinstance(decision, Deallocate):
+            if self.backend.transaction_status == b"E":
+                raise Refusal(SQLSTATE.IN_FAILED_TRANSACTION,  # as PostgreSQL: the statements stay
+                              "current transaction is aborted, commands ignored until end of transaction block")
             if not self.deallocate(decision.name):
                 raise Refusal("26000", f'prepared statement "{decision.name}" does not exist')
             return ResultSet([], [], "DEALLOCATE" if decision.name else "DEALLOCATE ALL"), [], None
