@@ -147,3 +147,26 @@ def test_psycopg_sees_a_block_failed_by_a_refusal_as_failed(proxy: RunningProxy)
             conn.execute("SELECT 1")
         conn.rollback()
         assert conn.execute("SHOW TimeZone").fetchone() == ("Etc/UTC",)
+
+
+@pytest.mark.parametrize("declared", ["SELECT 1", "SELECT COUNT(*) FROM adult"], ids=["passthrough", "dp"])
+def test_a_declare_named_like_an_open_protocol_portal_is_refused_as_on_postgresql_before_any_charge(
+        proxy: RunningProxy, test_db: TestDatabase, declared: str):
+    """In PostgreSQL a SQL cursor is a portal: DECLARE p while the client's portal p is open
+    is refused (42P03). dpproxy declared it (a DP one charged), two portals of one name."""
+    def requests(sql: str) -> tuple[tuple[bytes, ...], ...]:
+        return ((_query("BEGIN"),), (parse("s", "SELECT 1"), bind("p", "s"), SYNC),
+                (_query(f"DECLARE p CURSOR FOR {sql}"),), (_query("COMMIT"),))
+
+    direct_wire, proxied_wire = Wire.direct(test_db.admin_dsn), Wire(proxy.host, proxy.port)
+    try:
+        direct = replies(direct_wire, *requests("SELECT 1"))
+        with psycopg.connect(proxy.dsn(user="plain", password="plain"), autocommit=True) as conn:
+            before = spent_epsilon(conn)
+            proxied = replies(proxied_wire, *requests(declared))
+            assert spent_epsilon(conn) == before
+    finally:
+        direct_wire.close()
+        proxied_wire.close()
+    assert proxied == direct
+    assert direct[2] == [(b"E", b"42P03", b'cursor "p" already exists'), (b"Z", b"E")]

@@ -159,6 +159,8 @@ class Executor:
         self.settings = SessionSettings(user)
         # Set by the session: drops client prepared statements (None: all); False if unknown.
         self.deallocate: Callable[[str | None], bool] = lambda name: name is None
+        # Set by the session: whether the client has an extended-protocol portal of this name.
+        self.portal_exists: Callable[[str], bool] = lambda name: False
         self.generation = 0  # bumped by anything that may change search_path
         self._resolved: dict[tuple[RelationRef, ...], dict[RelationRef, ResolvedRelation | None]] = {}
         self._resolved_names = 0  # in all of _resolved's keys
@@ -825,7 +827,7 @@ class Executor:
     ) -> tuple[ResultSet, list[str], Cost | None]:
         """A DP cursor's answer is the query's, released now (same ε, repeat key, notice, audit
         line) and kept; a passthrough one is declared on the backend."""
-        self.cursors.check_new(decision.name)
+        self.cursors.check_new(decision.name, self.portal_exists(decision.name))
         inner = decision.inner
         if isinstance(inner, Passthrough):
             assert plan.statement is not None

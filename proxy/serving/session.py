@@ -387,6 +387,7 @@ class Session:
         self.executor.settings.start(params, policy)  # a startup dpproxy.epsilon, checked as SET checks it
         self.extended = ExtendedProtocol(self.executor, self._out, self._flush_if_large)
         self.executor.deallocate = self.extended.deallocate
+        self.executor.portal_exists = self.extended.portals.__contains__
         self._reported = self._client_parameters()
         self._out.append(protocol.parameter_statuses(self._reported))
         client_encoding.set(encoding_named(self._reported.get("client_encoding")))
