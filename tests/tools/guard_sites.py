@@ -743,6 +743,8 @@ SITES: tuple[Site, ...] = (
     # ------------------------------------------------------------------ transaction blocks
     _off("block.failed-by-a-refusal", "proxy/serving/executor.py",
          'self.implicit or self.backend.transaction_status != b"T"', "failed-block", "True"),
+    _off("block.failed-refuses-deallocate", "proxy/serving/executor.py", 'self.backend.transaction_status == b"E"',
+         "failed-block"),
     Site("cursor.named-like-a-portal", "proxy/serving/executor.py",
          "self.cursors.check_new(decision.name, self.portal_exists(decision.name))",
          "self.cursors.check_new(decision.name)", "failed-block"),
