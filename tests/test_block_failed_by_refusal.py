@@ -16,7 +16,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from conftest import RunningProxy, TestDatabase, spent_epsilon
+from conftest import TEST_POLICY, RunningProxy, TestDatabase, running_proxy, spent_epsilon
 from wire import SYNC, Reply, Wire, bind, cstr, execute, message, parse, replies
 
 _REFUSED = "SELECT * FROM adult"  # a protected table's rows: refused by dpproxy, never sent
@@ -102,10 +102,11 @@ def test_rollback_to_a_savepoint_restores_a_block_failed_by_a_refusal_as_on_post
     direct, proxied, _ = _after_failure(
         test_db, proxy, ((_query("BEGIN"),), (_query("SAVEPOINT a"),), (_query("SET LOCAL TimeZone = 'Asia/Tokyo'"),)),
         False,
-        ((_query("ROLLBACK TO SAVEPOINT a"),), (_query("SHOW TimeZone"),), (_query("SET LOCAL DateStyle = 'German'"),),
-         (_query("COMMIT"),), (_query("SHOW DateStyle"),)))
+        ((_query("SHOW TimeZone"),), (_query("ROLLBACK TO SAVEPOINT a"),), (_query("SHOW TimeZone"),),
+         (_query("SET LOCAL DateStyle = 'German'"),), (_query("COMMIT"),), (_query("SHOW DateStyle"),)))
     assert _without_reports(proxied) == _without_reports(direct)
-    assert direct[1][0] == (b"D", b"Etc/UTC") and direct[3][0] == (b"C", b"COMMIT")
+    assert direct[0] == [_ABORTED, (b"Z", b"E")]
+    assert direct[2][0] == (b"D", b"Etc/UTC") and direct[4][0] == (b"C", b"COMMIT")
 
 
 def test_a_refusal_in_a_block_closes_its_cursors_and_charges_nothing(proxy: RunningProxy):
@@ -170,3 +171,28 @@ def test_a_declare_named_like_an_open_protocol_portal_is_refused_as_on_postgresq
         proxied_wire.close()
     assert proxied == direct
     assert direct[2] == [(b"E", b"42P03", b'cursor "p" already exists'), (b"Z", b"E")]
+
+
+_SMALL_BUDGET = TEST_POLICY.replace(
+    "    auth: cleartext       # for the raw-protocol tests, which speak only cleartext\n"
+    "    budget: {{epsilon: 1000000, delta: 0.5}}",
+    "    auth: cleartext\n    budget: {{epsilon: 1.5, delta: 0.5}}")
+
+
+def test_a_dp_query_over_budget_in_a_block_fails_the_block_and_is_charged_once(
+        test_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory):
+    assert _SMALL_BUDGET != TEST_POLICY
+    with running_proxy(test_db, tmp_path_factory, _SMALL_BUDGET) as small:
+        wire = Wire(small.host, small.port)
+        try:
+            answered = replies(wire, (_query("BEGIN"),), (_query("SELECT COUNT(*) FROM adult"),),
+                               (_query("SELECT COUNT(*) FROM adult WHERE age > 30"),),
+                               (_query("SELECT COUNT(*) FROM adult WHERE age > 40"),), (_query("COMMIT"),))
+        finally:
+            wire.close()
+        with psycopg.connect(small.dsn(user="plain", password="plain"), autocommit=True) as conn:
+            assert spent_epsilon(conn) == 1.0  # the answered one alone
+    assert answered[1][-1] == (b"Z", b"T")
+    assert answered[2][0][0] == b"E" and answered[2][-1] == (b"Z", b"E")  # over budget: the block fails
+    assert answered[3] == [_ABORTED, (b"Z", b"E")]
+    assert answered[4] == [(b"C", b"ROLLBACK"), (b"Z", b"I")]
