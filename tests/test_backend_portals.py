@@ -163,16 +163,18 @@ def test_a_portal_runs_in_pieces_beside_a_cursor_declared_under_the_name_dpproxy
         wire.close()
 
 
-def test_a_portal_with_more_result_formats_than_columns_fails_08p01_and_its_cursor_is_closed(
+def test_a_portal_with_more_result_formats_than_columns_fails_08p01_and_its_block(
         proxy: RunningProxy) -> None:
+    """As any error in a block on PostgreSQL, the 08P01 fails the block, whose ROLLBACK ends
+    the portal's backend cursor (before: the block went on, the cursor closed by dpproxy)."""
     wire = Wire(proxy.host, proxy.port)
     try:
         got = replies(wire, (_query("BEGIN"),), (parse("", "SELECT 1, 2"), bind("c", "", result_formats=(0, 0, 0)),
                                                  describe(b"P", "c"), SYNC),
-                      (_query("SELECT pg_catalog.count(*) FROM pg_catalog.pg_cursors WHERE name <> ''"),),
-                      (_query("ROLLBACK"),))
-        assert [r[:2] for r in got[1] if r[0] == b"E"] == [(b"E", b"08P01")]
-        assert got[2][0] == (b"D", b"0") and got[3][0] == (b"C", b"ROLLBACK")
+                      (_query("ROLLBACK"),),
+                      (_query("SELECT pg_catalog.count(*) FROM pg_catalog.pg_cursors WHERE name <> ''"),))
+        assert [r[:2] for r in got[1] if r[0] == b"E"] == [(b"E", b"08P01")] and got[1][-1] == (b"Z", b"E")
+        assert got[2][0] == (b"C", b"ROLLBACK") and got[3][0] == (b"D", b"0")
     finally:
         wire.close()
 
@@ -244,7 +246,7 @@ def test_a_portal_over_a_table_protected_by_a_reload_hands_out_no_more_rows(test
         assert [r for r in first[1] if r[0] == b"D"] == [(b"D", b"F")]
         assert proxy._call(proxy.server.reload(reloaded))
         (after,) = replies(wire, (execute("c", 1), SYNC))
-        assert [r[:2] for r in after] == [(b"E", b"55000"), (b"Z", b"T")]
+        assert [r[:2] for r in after] == [(b"E", b"55000"), (b"Z", b"E")]  # and the block failed
         assert b"this portal was bound under an earlier policy" in after[0][2] and b"policy-changed" in after[0][2]
         assert replies(wire, (_query("ROLLBACK"),)) == [[(b"C", b"ROLLBACK"), (b"Z", b"I")]]
     finally:

@@ -93,6 +93,15 @@ def test_jdbc_refusal_carries_sqlstate_and_connection_goes_on(jdbc_run: dict[str
     assert jdbc_run["AFTER_REFUSAL"] == ["1"]
 
 
+def test_jdbc_refusal_with_autocommit_off_fails_the_transaction_as_on_postgresql(jdbc_run: dict[str, list[str]]):
+    """The statement after it is refused (25P02), as PostgreSQL refuses it (before: the
+    transaction went on). The commit, answered ROLLBACK, raises nothing: pgjdbc raises only
+    with its raiseExceptionOnSilentRollback property, off by default."""
+    assert jdbc_run["BLOCK_REFUSED"] == ["DP001"]
+    assert jdbc_run["BLOCK_AFTER_REFUSAL"] == ["25P02"]
+    assert jdbc_run["BLOCK_COMMIT"] == ["ok"]
+
+
 def test_jdbc_batch_that_fails_rolls_back_the_sets_before_it_as_on_postgresql(jdbc_run: dict[str, list[str]]):
     """pgjdbc sends a batch's statements and then one Sync: one implicit transaction on PostgreSQL,
     so its SETs are undone when a later one fails. dpproxy once kept them, and reported the kept

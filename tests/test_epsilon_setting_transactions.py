@@ -224,6 +224,12 @@ def test_savepoints_beyond_the_limit_are_refused_before_they_reach_the_backend(c
         conn.execute(f"SAVEPOINT {name}")
     with pytest.raises(psycopg.errors.ProgramLimitExceeded):
         conn.execute("SAVEPOINT d")
-    conn.execute("RELEASE c")  # the block goes on: the refusal was dpproxy's, nothing failed on the backend
+    # The refusal failed the block, as any error does on PostgreSQL; back to c it goes on.
+    with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+        conn.execute("RELEASE c")
+    conn.execute("ROLLBACK TO SAVEPOINT c")
+    conn.execute("RELEASE c")
     conn.execute("SAVEPOINT d")
+    with pytest.raises(psycopg.errors.ProgramLimitExceeded):
+        conn.execute("SAVEPOINT e")
     conn.execute("ROLLBACK")

@@ -8,11 +8,11 @@ import subprocess
 from conftest import RunningProxy, psql_path
 
 
-def _psql(proxy: RunningProxy, *args: str) -> subprocess.CompletedProcess[str]:
+def _psql(proxy: RunningProxy, *args: str, input_text: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PGPASSWORD": "analyst", "PGSSLMODE": "prefer", "PGCONNECT_TIMEOUT": "10"}
     return subprocess.run(
         [psql_path(), "-X", "-h", proxy.host, "-p", str(proxy.port), "-U", "analyst", "-d", "dpproxy_test", *args],
-        capture_output=True, text=True, env=env, timeout=60,
+        capture_output=True, text=True, env=env, timeout=60, input=input_text,
     )
 
 
@@ -95,3 +95,27 @@ def test_psql_sees_the_analyst_as_current_and_session_user(proxy: RunningProxy):
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[:2] == ["current_user,session_user,user,current_role,current_user",
                                               "analyst,analyst,analyst,analyst,analyst"]
+
+
+_BLOCK_WITH_A_REFUSAL = """BEGIN;
+SET TimeZone = 'Asia/Tokyo';
+SELECT * FROM adult;
+SHOW TimeZone;
+COMMIT;
+SHOW TimeZone;
+"""
+
+
+def test_psql_sees_a_block_failed_by_a_refusal_and_its_commit_rolls_back(proxy: RunningProxy):
+    """As after any error on PostgreSQL: the next statement is refused (25P02), COMMIT answers
+    ROLLBACK and the block's SET is undone (before, the block went on and was committed)."""
+    result = _psql(proxy, "-At", "-f", "-", input_text=_BLOCK_WITH_A_REFUSAL)
+    assert "current transaction is aborted" in result.stderr
+    assert result.stdout.split() == ["BEGIN", "SET", "ROLLBACK", "Etc/UTC"]
+
+
+def test_psql_on_error_rollback_goes_on_with_the_block_after_a_refusal(proxy: RunningProxy):
+    """psql's ON_ERROR_ROLLBACK rolls back to its own savepoint when told the block failed."""
+    result = _psql(proxy, "-At", "-v", "ON_ERROR_ROLLBACK=on", "-f", "-", input_text=_BLOCK_WITH_A_REFUSAL)
+    assert "current transaction is aborted" not in result.stderr
+    assert result.stdout.split() == ["BEGIN", "SET", "Asia/Tokyo", "COMMIT", "Asia/Tokyo"]

@@ -207,10 +207,12 @@ class Cursors:
             raise no_such_cursor(name)
         return cursor
 
-    def check_new(self, name: str) -> None:
-        """Refuse declaring a cursor under a name in use (42P03), or beyond ``MAX_CURSORS`` open
-        or ``MAX_KEPT_BYTES`` of DP cursors' rows (54000), before anything runs."""
-        if name in self._open:
+    def check_new(self, name: str, portal_named: bool = False) -> None:
+        """Refuse declaring a cursor under a name in use (42P03): a cursor's, or with
+        ``portal_named`` an extended-protocol portal's (a cursor is a portal in PostgreSQL); or
+        beyond ``MAX_CURSORS`` open or ``MAX_KEPT_BYTES`` of DP cursors' rows (54000), before
+        anything runs."""
+        if portal_named or name in self._open:
             raise Refusal("42P03", f'cursor "{name}" already exists')
         kept = sum(c.size for c in self._open.values() if isinstance(c, KeptCursor))
         if len(self._open) >= MAX_CURSORS or kept >= MAX_KEPT_BYTES:

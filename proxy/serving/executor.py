@@ -81,6 +81,10 @@ from .settings import SessionSettings
 __all__ = ["Executor", "Plan", "StatementHost"]
 
 _T = TypeVar("_T")
+# A statement that fails on any backend, read-only, in any block, by itself: it fails the
+# backend's block after a refusal (fail_block). Its text says why in the server's log.
+_FAIL_BLOCK = "SELECT 1/0 AS dpproxy_refused_a_statement_of_this_block"
+
 log = logging.getLogger("dpproxy.executor")
 
 _NO_PARAMS = BoundParams((), (), ())
@@ -155,6 +159,8 @@ class Executor:
         self.settings = SessionSettings(user)
         # Set by the session: drops client prepared statements (None: all); False if unknown.
         self.deallocate: Callable[[str | None], bool] = lambda name: name is None
+        # Set by the session: whether the client has an extended-protocol portal of this name.
+        self.portal_exists: Callable[[str], bool] = lambda name: False
         self.generation = 0  # bumped by anything that may change search_path
         self._resolved: dict[tuple[RelationRef, ...], dict[RelationRef, ResolvedRelation | None]] = {}
         self._resolved_names = 0  # in all of _resolved's keys
@@ -220,6 +226,23 @@ class Executor:
             self.backend.pinned = self.cursors.pins_backend
             if not committed:
                 self.generation += 1  # the rollback undid any SET in it
+
+    async def fail_block(self) -> None:
+        """After an error dpproxy sent itself (a refusal) in a transaction block the backend did
+        not see fail: fail the block there too, as any error fails one on PostgreSQL. From here
+        the backend refuses every statement but ROLLBACK, COMMIT (answered ROLLBACK) and
+        ROLLBACK TO SAVEPOINT (25P02), the ReadyForQuery status is 'E', and dpproxy's own
+        statements (DP answers, ``dpproxy.*``, cursors) are refused as in any failed block,
+        before a charge. Nothing outside a block (an implicit transaction is rolled back at its
+        end instead) or in one already failed (a backend error)."""
+        if self.implicit or self.backend.transaction_status != b"T":
+            return
+        try:
+            await self.backend.execute(_FAIL_BLOCK)
+        except BackendLost:
+            raise
+        except BackendError:
+            pass  # the failure asked for
 
     # ------------------------------------------------------------ planning
 
@@ -554,6 +577,9 @@ class Executor:
             _, fields = await self.backend.describe(decision.sql, params.types)
             return _apply_formats(ResultSet(fields, [], "SELECT 0"), result_formats), [], None
         if isinstance(decision, Deallocate):
+            if self.backend.transaction_status == b"E":
+                raise Refusal(SQLSTATE.IN_FAILED_TRANSACTION,  # as PostgreSQL: the statements stay
+                              "current transaction is aborted, commands ignored until end of transaction block")
             if not self.deallocate(decision.name):
                 raise Refusal("26000", f'prepared statement "{decision.name}" does not exist')
             return ResultSet([], [], "DEALLOCATE" if decision.name else "DEALLOCATE ALL"), [], None
@@ -801,7 +827,7 @@ class Executor:
     ) -> tuple[ResultSet, list[str], Cost | None]:
         """A DP cursor's answer is the query's, released now (same ε, repeat key, notice, audit
         line) and kept; a passthrough one is declared on the backend."""
-        self.cursors.check_new(decision.name)
+        self.cursors.check_new(decision.name, self.portal_exists(decision.name))
         inner = decision.inner
         if isinstance(inner, Passthrough):
             assert plan.statement is not None

@@ -387,6 +387,7 @@ class Session:
         self.executor.settings.start(params, policy)  # a startup dpproxy.epsilon, checked as SET checks it
         self.extended = ExtendedProtocol(self.executor, self._out, self._flush_if_large)
         self.executor.deallocate = self.extended.deallocate
+        self.executor.portal_exists = self.extended.portals.__contains__
         self._reported = self._client_parameters()
         self._out.append(protocol.parameter_statuses(self._reported))
         client_encoding.set(encoding_named(self._reported.get("client_encoding")))
@@ -490,6 +491,8 @@ class Session:
                     ok = False
                 else:
                     ok = await self._simple_query(sql)
+                if not ok:
+                    await self.executor.fail_block()  # an error fails the block it came in
                 await self._end_implicit(ok)  # its own, or that of an extended-protocol pipeline before it
                 self.extended.sync()  # a COMMIT or ROLLBACK in it ended the block's portals
                 self._ready()
@@ -503,12 +506,14 @@ class Session:
                 self._ready()
             elif kind == b"F":
                 self._error(SQLSTATE.FEATURE_NOT_SUPPORTED, "the FunctionCall message is not supported by dpproxy")
+                await self.executor.fail_block()  # an error fails the block it came in
                 await self._end_implicit(False)
                 self._ready()
             elif kind in (b"P", b"B", b"D", b"E", b"C", b"H"):
                 failed_before = self.extended.skipping
                 await self.extended.handle(kind, payload)
                 if self.extended.skipping and not failed_before:
+                    await self.executor.fail_block()  # an error fails the block it came in
                     # As PostgreSQL: the error goes out at once (with the replies before it), not
                     # at the Sync, so a client that waits for each reply without sending Sync or
                     # Flush learns that the rest of its pipeline will be ignored.

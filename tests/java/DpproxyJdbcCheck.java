@@ -38,6 +38,7 @@ public final class DpproxyJdbcCheck {
             fetchSize(conn);
             fetchSizeEarlyClose(conn);
             refusal(conn);
+            refusalInBlock(conn);
             failedBatch(conn);
         }
         System.out.println("DONE ok");
@@ -183,6 +184,29 @@ public final class DpproxyJdbcCheck {
             rs.next();
             return rs.getString(1);
         }
+    }
+
+    /** A refusal with autocommit off fails the transaction, as any error does on PostgreSQL. */
+    private static void refusalInBlock(Connection conn) throws SQLException {
+        conn.setAutoCommit(false);
+        try (Statement st = conn.createStatement()) {
+            st.executeQuery("SELECT age FROM adult");
+        } catch (SQLException e) {
+            System.out.println("BLOCK_REFUSED " + e.getSQLState());
+        }
+        try (Statement st = conn.createStatement(); ResultSet rs = st.executeQuery("SELECT 1")) {
+            rs.next();
+            System.out.println("BLOCK_AFTER_REFUSAL " + rs.getInt(1));
+        } catch (SQLException e) {
+            System.out.println("BLOCK_AFTER_REFUSAL " + e.getSQLState());
+        }
+        try {
+            conn.commit();
+            System.out.println("BLOCK_COMMIT ok");
+        } catch (SQLException e) {
+            System.out.println("BLOCK_COMMIT " + e.getSQLState());
+        }
+        conn.setAutoCommit(true);
     }
 
     private static void refusal(Connection conn) throws SQLException {

@@ -103,6 +103,7 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
                     "test_an_order_by_item_that_is_an_outputs_name_in_parentheses_sorts_by_that_output",),
     "steps": ("tests/test_protocol_steps.py",),
     "portals": ("tests/test_backend_portals.py::test_a_portal_over_a_table_protected_by_a_reload_hands_out_no_more_rows",),
+    "failed-block": ("tests/test_block_failed_by_refusal.py",),
 }
 
 _TIMEOUTS = ("tests/test_attack_workers.py::test_the_backends_idle_in_transaction_timeout_cannot_be_set",
@@ -739,4 +740,12 @@ SITES: tuple[Site, ...] = (
     Site("sort.inheritance-children", "rewriter/sort_memory.py",
          '"ON i.inhparent OPERATOR(pg_catalog.=) t.relid) "', '"ON i.inhparent OPERATOR(pg_catalog.=) t.relid AND false) "',
          "stop46-merged"),
+    # ------------------------------------------------------------------ transaction blocks
+    _off("block.failed-by-a-refusal", "proxy/serving/executor.py",
+         'self.implicit or self.backend.transaction_status != b"T"', "failed-block", "True"),
+    _off("block.failed-refuses-deallocate", "proxy/serving/executor.py", 'self.backend.transaction_status == b"E"',
+         "failed-block"),
+    Site("cursor.named-like-a-portal", "proxy/serving/executor.py",
+         "self.cursors.check_new(decision.name, self.portal_exists(decision.name))",
+         "self.cursors.check_new(decision.name)", "failed-block"),
 )
