@@ -432,14 +432,15 @@ def _on_column(item: Canon, raw: dict[str, str]) -> Canon:
 def _without_raw_twins(item: Canon, raw: dict[str, str]) -> Canon:
     """``item`` (a backend condition) with each raw comparison beside its bounded twin,
     ``("raw 2" = 'x' AND "t" = 'x')`` (:func:`rewriter.raw_equality.raw_comparison`), read as the
-    twin: the same comparison of the same column, which the rewriter keeps beside it."""
+    twin: the same comparison of the same column, which the rewriter keeps beside it. Where the
+    bound is written in place, the raw read is the column itself, and the twins read alike: one is kept."""
     if not raw or not isinstance(item, tuple):
         return item
     item = tuple(_without_raw_twins(part, raw) for part in item)
     if item[:2] != ("bool", "AND_EXPR"):
         return item
     parts = item[2]
-    kept = tuple(part for part in parts if _on_column(part, raw) == part or _on_column(part, raw) not in parts)
+    kept = tuple(dict.fromkeys(part for part in parts if _on_column(part, raw) == part or _on_column(part, raw) not in parts))
     return kept[0] if len(kept) == 1 else ("bool", "AND_EXPR", kept)
 
 
@@ -528,7 +529,8 @@ def divergences(statement: str, backends: Sequence[str], table_columns: frozense
     asked, ran = tree_of(statement), [tree_of(backend) for backend in backends]
     extra = frozenset().union(*(read_columns(tree) for tree in ran)) & table_columns - read_columns(asked)
     found = [Divergence("column", name) for name in sorted(extra)]
-    names, raw = _aliases(asked), _raw_columns(ran)
+    # a column whose bound is written in place is read raw as itself (rewriter/text_bounds.py read_table)
+    names, raw = _aliases(asked), {**{name: name for name in table_columns}, **_raw_columns(ran)}
     unknown = {("boolean test", "IS_UNKNOWN", ("column", name)): ("null test", "IS_NULL", ("column", name))
                for name in boolean_columns}
     wanted = [part for where in _wheres(asked) for part in conjuncts(_renamed(canonical(where), names, unknown))]
