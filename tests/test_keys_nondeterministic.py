@@ -41,14 +41,20 @@ _ROWS = ("SELECT g, g % 7, (ARRAY['Male', 'MALE', 'male', 'Female', 'FEMALE', 'x
          "FROM generate_series(1, 80) g")
 
 
+def _create(database: TestDatabase, table: str, *statements: str) -> None:
+    """``table`` made anew by ``statements`` (run as the admin) and granted to the service role."""
+    with psycopg.connect(database.admin_dsn, autocommit=True) as admin:
+        admin.execute(f"DROP TABLE IF EXISTS {table}")
+        for statement in statements:
+            admin.execute(statement)
+        admin.execute(f"GRANT SELECT ON {table} TO dpproxy_service")
+
+
 @pytest.fixture(scope="module")
 def nocase_proxy(pg15_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
-    with psycopg.connect(pg15_db.admin_dsn, autocommit=True) as admin:
-        admin.execute(_COLLATION)
-        admin.execute("DROP TABLE IF EXISTS nd_keys")
-        admin.execute("CREATE TABLE nd_keys (id int, v int, few text COLLATE dp_nocase, many text COLLATE dp_nocase)")
-        admin.execute(f"INSERT INTO nd_keys {_ROWS}")
-        admin.execute("GRANT SELECT ON nd_keys TO dpproxy_service")
+    _create(pg15_db, "nd_keys", _COLLATION,
+            "CREATE TABLE nd_keys (id int, v int, few text COLLATE dp_nocase, many text COLLATE dp_nocase)",
+            f"INSERT INTO nd_keys {_ROWS}")
     policy = ATTACK_POLICY_HEAD + _TABLE.format(name="nd_keys", few=", ".join(_FEW), many=", ".join(_MANY))
     with running_proxy(pg15_db, tmp_path_factory, policy) as running:
         yield running
@@ -104,14 +110,11 @@ _COLLATED_TABLE = """  public.collated_keys:
 
 @pytest.fixture(scope="module")
 def collated_proxy(pg15_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
-    with psycopg.connect(pg15_db.admin_dsn, autocommit=True) as admin:
-        admin.execute(_OWN_COLLATIONS)
-        admin.execute("DROP TABLE IF EXISTS collated_keys")
-        admin.execute('CREATE TABLE collated_keys (s text COLLATE public.dp_ci, u text COLLATE "und-x-icu")')
-        # a: 20 rows, B: 20, c (other): 10; A, B, a: 20 each, c: 10 (other)
-        admin.execute("INSERT INTO collated_keys SELECT (ARRAY['a', 'B', 'a', 'B', 'c'])[1 + g % 5], "
-                      "(ARRAY['A', 'B', 'a', 'A', 'B', 'a', 'c'])[1 + g % 7] FROM generate_series(0, 69) g")
-        admin.execute("GRANT SELECT ON collated_keys TO dpproxy_service")
+    # s: a and B 28 rows each, c (other) 14; u: A, B and a 20 each, c (other) 10
+    _create(pg15_db, "collated_keys", _OWN_COLLATIONS,
+            'CREATE TABLE collated_keys (s text COLLATE public.dp_ci, u text COLLATE "und-x-icu")',
+            "INSERT INTO collated_keys SELECT (ARRAY['a', 'B', 'a', 'B', 'c'])[1 + g % 5], "
+            "(ARRAY['A', 'B', 'a', 'A', 'B', 'a', 'c'])[1 + g % 7] FROM generate_series(0, 69) g")
     with running_proxy(pg15_db, tmp_path_factory, ATTACK_POLICY_HEAD + _COLLATED_TABLE) as running:
         yield running
 
@@ -172,10 +175,8 @@ def icu_default_db(pg15_db: TestDatabase) -> TestDatabase:
         admin.execute("CREATE DATABASE dp_icu_default TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'und'")
     database = TestDatabase(*(urlparse(dsn)._replace(path="/dp_icu_default").geturl()
                               for dsn in (pg15_db.admin_dsn, pg15_db.service_dsn)))
-    with psycopg.connect(database.admin_dsn, autocommit=True) as admin:
-        admin.execute('CREATE TABLE c_keys (c text COLLATE "C")')
-        admin.execute("INSERT INTO c_keys SELECT (ARRAY['a', 'B', 'B', 'c'])[1 + g % 4] FROM generate_series(0, 39) g")
-        admin.execute("GRANT SELECT ON c_keys TO dpproxy_service")
+    _create(database, "c_keys", 'CREATE TABLE c_keys (c text COLLATE "C")',
+            "INSERT INTO c_keys SELECT (ARRAY['a', 'B', 'B', 'c'])[1 + g % 4] FROM generate_series(0, 39) g")
     return database
 
 
