@@ -25,7 +25,9 @@ class ColumnFacts(NamedTuple):
     added changes what a statement on the column may raise, though the column's own type is the same.
     ``enum_labels`` are the labels of the enums among them, in each one's sort order: a label
     renamed (``ALTER TYPE ... RENAME VALUE``) changes no OID, yet a category the policy names
-    can no longer be read as a value of the column.
+    can no longer be read as a value of the column. ``collation`` is the column's collation's schema
+    and name unless it is the database's default (``ColumnInfo.collation``): one renamed or another
+    one put on the column is a change the re-check notices.
     A named tuple: the periodic re-check makes one of each protected column's catalog row.
     """
 
@@ -41,6 +43,7 @@ class ColumnFacts(NamedTuple):
     domain_constraints: tuple[int, ...]
     enum_labels: tuple[str, ...] = ()
     byte_order: bool = True
+    collation: tuple[str, str] | None = None
 
 
 Definition = tuple[ColumnFacts, ...]
@@ -88,6 +91,9 @@ class ColumnInfo:
     of the column's type read from it (its output function: ``'Male'`` of a ``char(6)`` as ``'Male  '``,
     ``'yes'`` of a boolean as ``t``, ``'2024-1-1'`` of a date as ``2024-01-01``), read at load; empty
     when not read (:meth:`labels` then gives them as declared).
+    ``collation`` is the column's own collation as its schema and name, None when it has none or
+    the database's default: the outer statement compares and orders a category key's released labels
+    under it (rewriter/post_process.py), as PostgreSQL compares the column's values.
     """
 
     name: str
@@ -107,6 +113,7 @@ class ColumnInfo:
     type_name: str = ""
     byte_order: bool = True
     printed_labels: tuple[str, ...] = ()
+    collation: tuple[str, str] | None = None
 
     @property
     def value_type(self) -> tuple[int, int]:

@@ -474,6 +474,7 @@ def _post_processed(
         names=names[0], top_names=names[1], ordinal=ordinal,
         cell_array=lambda k: NUMBER_ARRAY_NAMES[released[k - 1].result_type_oid] if released[k - 1].fractions else None,
         finite=lambda k: released[k - 1].finite_number, columns=frozenset(scope.table.columns) | scope.joined,
+        key_collations=[key.column.collation if key.kind == "category" else None for key in groups],
     )
     return tuple(released), post
 

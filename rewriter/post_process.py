@@ -36,6 +36,7 @@ import sqlglot
 from sqlglot import exp
 
 from policies.errors import SQLSTATE, Refusal
+from policies.sql_names import quote_identifier
 
 from .catalog import SESSION_EFFECT_FUNCTIONS
 from .certain_errors import fails_on_every_release
@@ -108,6 +109,7 @@ def outer_statement(
     cell_array: Callable[[int], str | None] | None = None,
     finite: Callable[[int], bool] | None = None,
     columns: frozenset[str] = frozenset(),
+    key_collations: Sequence[tuple[str, str] | None] = (),
 ) -> PostProcess:
     """The outer statement of ``tree`` (one aggregate level over the base table).
 
@@ -149,6 +151,12 @@ def outer_statement(
     when an output column has it, and is PostgreSQL's 42703 here when none has it (``ORDER BY nosuch
     + 0``: PostgreSQL finds no such column before it judges the grouping). A series limit's ranking
     outputs, visible to the statement through its join, are among ``columns``.
+
+    ``key_collations``: the k-th key's column's own collation (schema and name; None: the database's
+    default), under which its released labels, a ``text[]`` of the default one, are compared and
+    ordered (``HAVING s = 'b'`` on a case-insensitive column keeps its ``B``), as PostgreSQL compares the
+    column's values. dpproxy's ``COLLATE`` on the key's ``unnest`` is the one the outer statement's
+    qualification lets name a schema other than pg_catalog (:func:`rewriter.qualify.qualify`).
     """
     outer = tree.copy()
     for key in ("from_", "where", "joins", "group"):
@@ -210,12 +218,13 @@ def outer_statement(
     if ordinal:
         outer.append("expressions", exp.alias_(exp.column("_cell", table=RELEASE_ALIAS), "dpproxy_cell"))
     casts = [cell_array(k) if cell_array is not None and keys else None for k in range(1, count + 1)]
-    outer.set("from_", _release_source(count, keys, ordinal, casts))
+    outer.set("from_", _release_source(count, keys, ordinal, casts, key_collations))
     certain = (isinstance(whole, exp.Select) and finite is not None
                and fails_on_every_release(whole, RELEASE_ALIAS, finite, _keys_only))
     _rounds_as_written(whole)  # after the proof, which reads round as sqlglot's node
-    return PostProcess(checked(whole.sql("postgres"), function_names),
-                       checked(_trial(whole).sql("postgres"), function_names), certain)
+    own = frozenset(collation for collation in key_collations if collation is not None)
+    return PostProcess(checked(whole.sql("postgres"), function_names, own),
+                       checked(_trial(whole).sql("postgres"), function_names, own), certain)
 
 
 def _rounds_as_written(whole: exp.Expression) -> None:
@@ -288,17 +297,19 @@ def _named(items: list[exp.Expression], names: Sequence[str | None] | None, *,
     return named
 
 
-def _release_source(count: int, keys: int, ordinal: bool = False, casts: Sequence[str | None] = ()) -> exp.Expression:
+def _release_source(count: int, keys: int, ordinal: bool = False, casts: Sequence[str | None] = (),
+                    collations: Sequence[tuple[str, str] | None] = ()) -> exp.Expression:
     """``FROM`` the released values: one row of ``$1 … $count``, or one row per cell when grouped
-    (``$1 … $keys`` the cells' keys, then the aggregates, each an array in cell order, then with
-    ``ordinal`` the cells' numbers as ``_cell``; an aggregate with a type in ``casts`` is an
-    array of texts, each cast to it)."""
+    (``$1 … $keys`` the cells' keys, each under its collation in ``collations`` if it has one, then
+    the aggregates, each an array in cell order, then with ``ordinal`` the cells' numbers as
+    ``_cell``; an aggregate with a type in ``casts`` is an array of texts, each cast to it)."""
     if not keys:
         values = ", ".join(f"${i}" for i in range(1, count + 1))
         columns = ", ".join(f"_dp{i}" for i in range(1, count + 1))
         sql = f"SELECT 1 FROM (VALUES ({values})) AS {RELEASE_ALIAS}({columns})"
     else:
-        arrays = [f"pg_catalog.unnest(${i}) AS _k{i}" for i in range(1, keys + 1)]
+        under = [*collations, *[None] * keys]
+        arrays = [f"pg_catalog.unnest(${i}){_collate(under[i - 1])} AS _k{i}" for i in range(1, keys + 1)]
         cells = [f"pg_catalog.unnest(${keys + i})" for i in range(1, count + 1)]
         arrays += [f"CAST({cell} AS {cast}) AS _dp{i}" if cast else f"{cell} AS _dp{i}"
                    for i, (cell, cast) in enumerate(zip(cells, [*casts, *[None] * count]), 1)]
@@ -307,6 +318,11 @@ def _release_source(count: int, keys: int, ordinal: bool = False, casts: Sequenc
     source = sqlglot.parse_one(sql, read="postgres").args["from_"]
     assert isinstance(source, exp.Expression)
     return source
+
+
+def _collate(collation: tuple[str, str] | None) -> str:
+    """`` COLLATE schema.name`` of ``collation``, quoted as written in the catalog; nothing for None."""
+    return f" COLLATE {quote_identifier(collation[0])}.{quote_identifier(collation[1])}" if collation else ""
 
 
 def _replace_keys(
@@ -373,9 +389,11 @@ def released_count(outer: exp.Select) -> list[int]:
     return [int(c.name[3:]) for c in outer.find_all(exp.Column) if c.table == RELEASE_ALIAS and c.name.startswith("_dp")]
 
 
-def checked(sql: str, function_names: frozenset[str] | None = None) -> str:
+def checked(sql: str, function_names: frozenset[str] | None = None,
+            collations: frozenset[tuple[str, str]] = frozenset()) -> str:
     """``sql`` pinned to pg_catalog, after checking it reads no relation and calls allowed functions
-    only (``function_names``: the backend's, for attribute-notation calls; rewriter.function_check)."""
+    only (``function_names``: the backend's, for attribute-notation calls; rewriter.function_check);
+    ``collations``: the keys' own, which dpproxy's ``COLLATE`` on a key's ``unnest`` may name."""
     (statement,) = split_statements(sql)
     kinds = statement.references.node_kinds
     if statement.references.relations or kinds & {"RangeVar", "SubLink", "RangeFunction", "JoinExpr"}:
@@ -394,7 +412,7 @@ def checked(sql: str, function_names: frozenset[str] | None = None) -> str:
         )
     check_functions(statement, function_names)
     check_value_expressions(statement)
-    return qualify(sql)
+    return qualify(sql, collations=collations)
 
 
 

@@ -43,7 +43,8 @@ _CATALOG_ONLY = frozenset({PG_CATALOG})
 _OWN_SCHEMA_ONLY = "Write the name without a schema (dpproxy pins it to pg_catalog) or with pg_catalog."
 
 
-def qualify(sql: str, user: str | None = None, schemas: tuple[tuple[str, str], ...] = ()) -> str:
+def qualify(sql: str, user: str | None = None, schemas: tuple[tuple[str, str], ...] = (),
+            collations: frozenset[tuple[str, str]] = frozenset()) -> str:
     """``sql`` (one statement) with its functions, operators, types and collations in pg_catalog.
 
     Raises Refusal for forms that cannot be pinned; the result means the same as ``sql``
@@ -52,17 +53,21 @@ def qualify(sql: str, user: str | None = None, schemas: tuple[tuple[str, str], .
     (neutralise.neutralise_calls). ``schemas`` pins relations: each unqualified relation
     named ``name`` of a ``(name, schema)`` pair is written ``schema.name``, the relation
     dpproxy resolved and judged, whatever the search_path finds when the statement runs.
+    ``collations`` (schema and name) are the only ones outside pg_catalog a statement may name, and
+    only as dpproxy writes them in an outer statement (rewriter/post_process.py): on a released key's
+    ``pg_catalog.unnest($k)``, a form the analyst's SQL cannot take there (its parameters are refused).
     """
-    return _qualify(sql, user, schemas)
+    return _qualify(sql, user, schemas, collations)
 
 
-@sized_cache(4096, 4 * 1024 * 1024, lambda text, sql, user, schemas: len(sql) + len(text))
-def _qualify(sql: str, user: str | None, schemas: tuple[tuple[str, str], ...]) -> str:
+@sized_cache(4096, 4 * 1024 * 1024, lambda text, sql, user, schemas, collations: len(sql) + len(text))
+def _qualify(sql: str, user: str | None, schemas: tuple[tuple[str, str], ...],
+             collations: frozenset[tuple[str, str]]) -> str:
     try:
         (raw,) = parse_sql(sql)
     except ParseError as exc:
         raise Refusal(SQLSTATE.SYNTAX_ERROR, str(exc.args[0]), rule="syntax") from exc
-    tree = _walk(neutralise_calls(raw.stmt, user))
+    tree = _walk(neutralise_calls(raw.stmt, user), collations)
     if schemas:
         _pin_relations(tree, dict(schemas))
     # The deparser's parentheses decide what the text means; read it back to be sure it
@@ -94,16 +99,18 @@ def _pin_relations(node: Any, schemas: dict[str, str]) -> None:
             _pin_relations(value, schemas)
 
 
-def _walk(node: Any) -> Any:
-    """Rewrite ``node``'s subtree bottom-up; return what replaces ``node``."""
+def _walk(node: Any, collations: frozenset[tuple[str, str]] = frozenset()) -> Any:
+    """Rewrite ``node``'s subtree bottom-up; return what replaces ``node`` (``collations``: qualify's)."""
     if isinstance(node, tuple):
-        return tuple(_walk(item) for item in node)
+        return tuple(_walk(item, collations) for item in node)
     if not isinstance(node, ast.Node):
         return node
     for attr in node:
         value = getattr(node, attr)
         if isinstance(value, (ast.Node, tuple)):
-            setattr(node, attr, _walk(value))
+            setattr(node, attr, _walk(value, collations))
+    if collations and _released_key_collation(node, collations):
+        return node
     handler = _HANDLERS.get(type(node))
     return handler(node) if handler is not None else node
 
@@ -152,6 +159,18 @@ def _type_name(node: ast.TypeName) -> ast.TypeName:
         raise _refuse("%TYPE", "Name the type itself.")
     node.names = _name(node.names, "type")
     return node
+
+
+def _released_key_collation(node: Any, collations: frozenset[tuple[str, str]]) -> bool:
+    """Whether ``node`` is dpproxy's ``pg_catalog.unnest($k) COLLATE schema.name`` of one of ``collations``
+    (its arguments already walked, so the function is pinned to pg_catalog)."""
+    if not isinstance(node, ast.CollateClause) or not isinstance(node.arg, ast.FuncCall):
+        return False
+    name = tuple(part.sval for part in node.collname or ())
+    called = tuple(part.sval for part in node.arg.funcname or ())
+    arguments = node.arg.args or ()
+    return (len(name) == 2 and (name[0], name[1]) in collations and called == (PG_CATALOG, "unnest")
+            and len(arguments) == 1 and isinstance(arguments[0], ast.ParamRef))
 
 
 def _collate(node: ast.CollateClause) -> ast.CollateClause:

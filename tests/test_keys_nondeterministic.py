@@ -15,11 +15,13 @@ at load (the second cell would be always empty).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from urllib.parse import urlparse
 
 import psycopg
 import pytest
 
-from tests.conftest import ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, make_policy, refused_at_load, running_proxy
+from tests.conftest import (ATTACK_POLICY_HEAD, RunningProxy, TestDatabase, make_policy, refused_at_load,
+                            refused_uncharged, running_proxy)
 
 _COLLATION = ("CREATE COLLATION IF NOT EXISTS dp_nocase (provider = icu, locale = 'und-u-ks-level2', "
               "deterministic = false)")
@@ -39,14 +41,20 @@ _ROWS = ("SELECT g, g % 7, (ARRAY['Male', 'MALE', 'male', 'Female', 'FEMALE', 'x
          "FROM generate_series(1, 80) g")
 
 
+def _create(database: TestDatabase, table: str, *statements: str) -> None:
+    """``table`` made anew by ``statements`` (run as the admin) and granted to the service role."""
+    with psycopg.connect(database.admin_dsn, autocommit=True) as admin:
+        admin.execute(f"DROP TABLE IF EXISTS {table}")
+        for statement in statements:
+            admin.execute(statement)
+        admin.execute(f"GRANT SELECT ON {table} TO dpproxy_service")
+
+
 @pytest.fixture(scope="module")
 def nocase_proxy(pg15_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
-    with psycopg.connect(pg15_db.admin_dsn, autocommit=True) as admin:
-        admin.execute(_COLLATION)
-        admin.execute("DROP TABLE IF EXISTS nd_keys")
-        admin.execute("CREATE TABLE nd_keys (id int, v int, few text COLLATE dp_nocase, many text COLLATE dp_nocase)")
-        admin.execute(f"INSERT INTO nd_keys {_ROWS}")
-        admin.execute("GRANT SELECT ON nd_keys TO dpproxy_service")
+    _create(pg15_db, "nd_keys", _COLLATION,
+            "CREATE TABLE nd_keys (id int, v int, few text COLLATE dp_nocase, many text COLLATE dp_nocase)",
+            f"INSERT INTO nd_keys {_ROWS}")
     policy = ATTACK_POLICY_HEAD + _TABLE.format(name="nd_keys", few=", ".join(_FEW), many=", ".join(_MANY))
     with running_proxy(pg15_db, tmp_path_factory, policy) as running:
         yield running
@@ -82,3 +90,113 @@ def test_two_categories_equal_under_a_nondeterministic_collation_are_refused_at_
     policy = ATTACK_POLICY_HEAD + _TABLE.format(name="nd_keys", few="Male, MALE", many=", ".join(_MANY))
     problems = refused_at_load(make_policy(pg15_db, tmp_path_factory.mktemp("nd") / "ledger.sqlite3", policy))
     assert any("nd_keys.columns.few" in problem for problem in problems), problems
+
+
+# A category key on a column whose collation is not the database's default (C.UTF-8 here): the outer
+# statement (HAVING, ORDER BY, an enclosing WHERE) compares and orders the released labels under the
+# column's own collation, as PostgreSQL compares the column's values. ``s`` is case-insensitive, its
+# collation in schema public; ``u`` deterministic ICU, which orders 'a' < 'A' < 'b' < 'B'.
+_OWN_COLLATIONS = ("CREATE COLLATION IF NOT EXISTS public.dp_ci (provider = icu, locale = 'und-u-ks-level2', "
+                   "deterministic = false)")
+_COLLATED_TABLE = """  public.collated_keys:
+    access: protected
+    epsilon: 50000.0
+    delta: 1.0e-6
+    columns:
+      s: {{categories: [a, B], group_by: true, other: other}}
+      u: {{categories: [A, B, a], group_by: true, other: other}}
+"""
+
+
+@pytest.fixture(scope="module")
+def collated_proxy(pg15_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    # s: a and B 28 rows each, c (other) 14; u: A, B and a 20 each, c (other) 10
+    _create(pg15_db, "collated_keys", _OWN_COLLATIONS,
+            'CREATE TABLE collated_keys (s text COLLATE public.dp_ci, u text COLLATE "und-x-icu")',
+            "INSERT INTO collated_keys SELECT (ARRAY['a', 'B', 'a', 'B', 'c'])[1 + g % 5], "
+            "(ARRAY['A', 'B', 'a', 'A', 'B', 'a', 'c'])[1 + g % 7] FROM generate_series(0, 69) g")
+    with running_proxy(pg15_db, tmp_path_factory, ATTACK_POLICY_HEAD + _COLLATED_TABLE) as running:
+        yield running
+
+
+@pytest.mark.parametrize("statement", [
+    "SELECT s, count(*) FROM collated_keys GROUP BY s HAVING s = 'b'",
+    "SELECT * FROM (SELECT s AS k, count(*) AS n FROM collated_keys GROUP BY s) v WHERE k = 'A'",
+    "SELECT s, count(*) FROM collated_keys GROUP BY s ORDER BY s LIMIT 2",
+    "SELECT u, count(*) FROM collated_keys GROUP BY u HAVING u < 'b' ORDER BY u",
+    "SELECT u, count(*) FROM collated_keys GROUP BY u HAVING u IN ('a', 'A', 'B') ORDER BY u DESC",
+])
+def test_a_category_key_is_compared_and_ordered_under_its_columns_collation_after_the_release(
+        collated_proxy: RunningProxy, pg15_db: TestDatabase, statement: str) -> None:
+    with psycopg.connect(pg15_db.admin_dsn) as admin, collated_proxy.connect(autocommit=True) as conn:
+        expected = [(row[0], int(row[1])) for row in admin.execute(statement).fetchall()]
+        answered = [(row[0], round(float(row[1]))) for row in conn.execute(statement).fetchall()]
+    assert expected, statement  # the statement keeps some of PostgreSQL's groups
+    assert answered == expected, statement
+
+
+@pytest.mark.parametrize("statement", [
+    "SELECT s, count(*) FROM collated_keys GROUP BY s HAVING s LIKE 'a%'",
+    "SELECT * FROM (SELECT s AS k, count(*) AS n FROM collated_keys GROUP BY s) v WHERE k ILIKE 'A%'",
+    "SELECT s, count(*) FROM collated_keys GROUP BY s HAVING s ~ 'a'",
+    "SELECT s, count(*) FROM collated_keys GROUP BY s HAVING position('a' in s) > 0",
+])
+def test_a_pattern_match_on_a_nondeterministic_key_fails_as_in_postgresql_before_the_charge(
+        collated_proxy: RunningProxy, pg15_db: TestDatabase, statement: str) -> None:
+    """Under the key's own collation the outer statement's LIKE, regular expression or substring search
+    fails as PostgreSQL's does on the column (0A000); tried over the release before the charge, uncharged."""
+    with psycopg.connect(pg15_db.admin_dsn) as admin, pytest.raises(psycopg.Error) as postgres:
+        admin.execute(statement)
+    error = refused_uncharged(collated_proxy, statement)
+    assert (error.sqlstate, postgres.value.sqlstate) == ("0A000", "0A000"), (statement, error)
+
+
+@pytest.mark.parametrize("collate", ["public.dp_ci", '"public"."dp_ci"', '"public".dp_ci'])
+def test_the_analysts_own_collate_of_the_keys_collation_is_still_refused(
+        collated_proxy: RunningProxy, collate: str) -> None:
+    """dpproxy's COLLATE of the key's collation is let through, on its own ``unnest`` only: the analyst's
+    naming it (another schema than pg_catalog) stays refused before any charge (as a misreading of the
+    name, 42803, or by ``pg-catalog-names``, 42501)."""
+    with collated_proxy.connect(autocommit=True) as conn:
+        for statement in (f"SELECT s, count(*) FROM collated_keys GROUP BY s HAVING s COLLATE {collate} = 'b'",
+                          f"SELECT s, count(*) FROM collated_keys GROUP BY s ORDER BY s COLLATE {collate}",
+                          f"SELECT * FROM (SELECT s AS k, count(*) AS n FROM collated_keys GROUP BY s) v "
+                          f"WHERE k COLLATE {collate} = 'A'"):
+            with pytest.raises(psycopg.Error) as refused:
+                conn.execute(statement)
+            assert refused.value.sqlstate in ("42501", "42803"), (statement, refused.value)
+
+
+@pytest.fixture(scope="module")
+def icu_default_db(pg15_db: TestDatabase) -> TestDatabase:
+    """A database whose default collation is ICU's root locale (``a`` < ``B``), on PostgreSQL 15."""
+    with psycopg.connect(pg15_db.admin_dsn, autocommit=True) as admin:
+        admin.execute("DROP DATABASE IF EXISTS dp_icu_default")
+        admin.execute("CREATE DATABASE dp_icu_default TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'und'")
+    database = TestDatabase(*(urlparse(dsn)._replace(path="/dp_icu_default").geturl()
+                              for dsn in (pg15_db.admin_dsn, pg15_db.service_dsn)))
+    _create(database, "c_keys", 'CREATE TABLE c_keys (c text COLLATE "C")',
+            "INSERT INTO c_keys SELECT (ARRAY['a', 'B', 'B', 'c'])[1 + g % 4] FROM generate_series(0, 39) g")
+    return database
+
+
+@pytest.mark.parametrize("statement", [
+    "SELECT c, count(*) FROM c_keys GROUP BY c ORDER BY c LIMIT 2",
+    "SELECT c, count(*) FROM c_keys GROUP BY c HAVING c < 'a'",
+])
+def test_a_c_collated_category_key_in_a_database_of_another_default_is_ordered_bytewise(
+        icu_default_db: TestDatabase, tmp_path_factory: pytest.TempPathFactory, statement: str) -> None:
+    policy = ATTACK_POLICY_HEAD + """  public.c_keys:
+    access: protected
+    epsilon: 50000.0
+    delta: 1.0e-6
+    columns:
+      c: {{categories: [a, B], group_by: true, other: other}}
+"""
+    with running_proxy(icu_default_db, tmp_path_factory, policy) as proxy, \
+            psycopg.connect(icu_default_db.admin_dsn) as admin, \
+            psycopg.connect(proxy.dsn(database="dp_icu_default"), autocommit=True) as conn:
+        expected = [(row[0], int(row[1])) for row in admin.execute(statement).fetchall()]
+        answered = [(row[0], round(float(row[1]))) for row in conn.execute(statement).fetchall()]
+    assert expected and expected[0][0] == "B", statement  # 'B' before 'a' by bytes, after it under ICU's
+    assert answered == expected, statement

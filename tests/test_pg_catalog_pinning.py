@@ -21,6 +21,7 @@ from pglast.visitors import Visitor
 
 from captured import Captured, adapt, load_captured
 from conftest import RunningProxy, TestDatabase
+from policies.errors import Refusal
 from rewriter.qualify import qualify
 from rewriter.statements import split_statements
 
@@ -234,3 +235,25 @@ def test_rewritten_forms_mean_the_same_on_every_null_and_order(admin: psycopg.Co
     rewritten = qualify(original)
     assert "OPERATOR(pg_catalog." in rewritten
     assert admin.execute(rewritten).fetchone() == admin.execute(original).fetchone()
+
+
+_KEY_COLLATION = frozenset({("public", "dp ci")})
+
+
+def test_a_released_keys_own_collation_is_let_through_on_its_unnest_only():
+    """dpproxy's ``COLLATE`` of a key's column's collation on the key's ``unnest($k)`` in an outer
+    statement (rewriter/post_process.py) may name its schema; nothing else may, not even with it given."""
+    own = 'SELECT pg_catalog.unnest($1) COLLATE public."dp ci" AS _k1'
+    assert qualify(own, collations=_KEY_COLLATION) == own
+    for sql, collations in [
+        (own, frozenset()),  # not given: the analyst's statement
+        (own, frozenset({("public", "other")})),
+        ('SELECT x COLLATE public."dp ci" FROM (SELECT pg_catalog.unnest($1) AS x) AS r', _KEY_COLLATION),
+        ("SELECT 'b' COLLATE public.\"dp ci\"", _KEY_COLLATION),
+        ('SELECT pg_catalog.unnest(ARRAY[\'b\']) COLLATE public."dp ci"', _KEY_COLLATION),
+        ('SELECT pg_catalog.unnest($1, $2) COLLATE public."dp ci"', _KEY_COLLATION),
+        ('SELECT public.unnest($1) COLLATE public."dp ci"', _KEY_COLLATION),
+    ]:
+        with pytest.raises(Refusal) as refused:
+            qualify(sql, collations=collations)
+        assert refused.value.rule == "pg-catalog-names", sql

@@ -61,9 +61,13 @@ SELECT a.relation, a.attname::pg_catalog.text, a.atttypid, a.atttypmod, a.attnum
                       AND d.datcollate OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.text[]))
                FROM pg_catalog.pg_database d WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
            WHEN c.collprovider OPERATOR(pg_catalog.=) 'c' THEN c.collcollate OPERATOR(pg_catalog.=) ANY(%s::pg_catalog.text[])
-           ELSE c.collprovider OPERATOR(pg_catalog.=) 'b' END, false)
+           ELSE c.collprovider OPERATOR(pg_catalog.=) 'b' END, false),
+       -- The column's own collation unless it is the database's default (provider 'd'): ColumnInfo.collation.
+       CASE WHEN c.collprovider OPERATOR(pg_catalog.<>) 'd'
+            THEN ARRAY[n.nspname::pg_catalog.text, c.collname::pg_catalog.text] END
 FROM columns a
 LEFT JOIN pg_catalog.pg_collation c ON c.oid OPERATOR(pg_catalog.=) a.attcollation
+LEFT JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.collnamespace
 LEFT JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid
 LEFT JOIN held h ON h.root OPERATOR(pg_catalog.=) a.atttypid
 ORDER BY a.relation, a.attnum
@@ -77,12 +81,14 @@ async def column_facts(session: Fetches, oids: Sequence[int]) -> dict[int, Defin
         return {}
     found: dict[int, list[ColumnFacts]] = {}
     # psycopg gives each value as the Python type ColumnFacts holds (oid, int2, int4: int).
-    for relation, name, typ, mod, num, deterministic, array, container, enum, parts, checks, labels, byte_order \
-            in await session.fetch_all(_FACTS_SQL, (list(oids), list(BYTE_ORDER_LOCALES), list(BYTE_ORDER_LOCALES))):
+    for relation, name, typ, mod, num, deterministic, array, container, enum, parts, checks, labels, byte_order, \
+            collation in await session.fetch_all(_FACTS_SQL, (list(oids), list(BYTE_ORDER_LOCALES),
+                                                              list(BYTE_ORDER_LOCALES))):
         columns = found.setdefault(relation, [])
         if name is not None:  # else a relation without columns
             columns.append(ColumnFacts(name, typ, mod, num, deterministic, array, container, enum, tuple(parts),
-                                       tuple(checks), tuple(labels), byte_order))
+                                       tuple(checks), tuple(labels), byte_order,
+                                       (collation[0], collation[1]) if collation is not None else None))
     return {oid: tuple(columns) for oid, columns in found.items()}
 
 
@@ -108,7 +114,8 @@ def definition_change(loaded: Definition, current: Definition | None) -> str | N
 def _what_changed(loaded: ColumnFacts, current: ColumnFacts) -> str:
     if (loaded.type_oid, loaded.type_modifier) != (current.type_oid, current.type_modifier):
         return "its type"
-    if (loaded.deterministic_collation, loaded.byte_order) != (current.deterministic_collation, current.byte_order):
+    if (loaded.deterministic_collation, loaded.byte_order, loaded.collation) \
+            != (current.deterministic_collation, current.byte_order, current.collation):
         return "its collation"
     if loaded.attnum != current.attnum:
         return "dropped and added again"

@@ -1377,6 +1377,7 @@ async def _columns(session: BackendSession, definition: Definition, policies: Ma
         c.name: ColumnInfo(c.name, c.type_oid, c.type_modifier, c.attnum, policies.get(c.name), c.deterministic_collation,
                            c.array_type_oid, c.container, (c.type_oid, c.type_modifier) in countable, c.enum,
                            c.type_oid in builtin, *read_as.get((c.type_oid, c.type_modifier), unknown),
-                           type_name=names.get((c.type_oid, c.type_modifier), ""), byte_order=c.byte_order)
+                           type_name=names.get((c.type_oid, c.type_modifier), ""), byte_order=c.byte_order,
+                           collation=c.collation)
         for c in definition
     }
