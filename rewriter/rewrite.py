@@ -141,7 +141,7 @@ __all__ = [
     "MAX_BACKEND_COLUMNS", "too_many_columns",
     "HASH_FUNCTIONS", "Part", "aggregate_parts", "backend_sql", "centred_points", "clamped", "clamped_sum", "collected",
     "split_by_index",
-    "decided_total", "filtered", "grid_index", "grouped_values",
+    "bound_literal", "decided_total", "filtered", "grid_index", "grouped_values",
     "hashable", "hashed_columns", "literal", "quantile_grid", "query_grid",
     "partition_key", "partition_seed", "partition_values", "per_partition", "row_hash_key", "seeded", "sent", "shuffled_source", "sorts_rows",
     "split_cells", "split_row", "used_columns",
@@ -769,7 +769,7 @@ def grid_index(column: ColumnInfo, grid: QuantileGrid) -> str:
         return f"CASE WHEN {name} IS NOT NULL THEN 1 END"
     if column.type_oid == NUMERIC:
         bound = "pg_catalog.numeric"
-        lo, hi = (_bound(b, column, upper) for b, upper in ((grid.lo, False), (grid.hi, True)))
+        lo, hi = (bound_literal(b, column, upper) for b, upper in ((grid.lo, False), (grid.hi, True)))
     else:
         bound = "double precision"
         value = value if column.type_oid in FLOAT_TYPES else f"CAST({value} AS double precision)"
@@ -952,7 +952,7 @@ def clamped(column: ColumnInfo, value: str | None = None) -> str:
     of 16777216).
     """
     assert column.policy is not None and column.policy.bounds is not None
-    lo, hi = (_bound(bound, column, upper) for bound, upper in zip(column.policy.bounds, (False, True)))
+    lo, hi = (bound_literal(bound, column, upper) for bound, upper in zip(column.policy.bounds, (False, True)))
     name = column_sql(column) if value is None else value
     if column.type_oid == FLOAT4:
         name = f"CAST({name} AS double precision)"
@@ -978,7 +978,7 @@ _CLAMP_FUNCTIONS = {
 }
 
 
-def _bound(bound: float, column: ColumnInfo, upper: bool) -> str:
+def bound_literal(bound: float, column: ColumnInfo, upper: bool) -> str:
     """A bound as a literal of the column's type that is not outside the policy's double.
 
     A numeric bound is the double's shortest decimal where that lies on the inner side of

@@ -104,18 +104,19 @@ bit at the operator's moment.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import NamedTuple
 
 from policies.errors import SQLSTATE, Refusal
-from policies.tables import Relation
+from policies.tables import ColumnInfo, Relation
 
 from .dp_query import Aggregate, AggregateQuery
 from .group_keys import DATE, TIMESTAMP, TIMESTAMPTZ
-from .rewrite import Part, aggregate_parts, grouped_values, query_grid, sorts_rows, used_columns
-from .types import BOOL, FLOAT_TYPES, INTEGER_TYPES, NUMERIC
+from .rewrite import Part, aggregate_parts, bound_literal, grouped_values, query_grid, sorts_rows, used_columns
+from .types import BOOL, FLOAT_TYPES, INTEGER_TYPES, NUMERIC, numeric_precision
 
 __all__ = ["COUNT_STATE_BYTES", "FIXED_WIDTHS", "GROUP_BYTES", "HASH_BASE_BYTES", "KEY_ROUNDING", "MIN_ROW_BYTES", "NUMERIC_STATE_BYTES",
-           "ROW_BYTES", "SLACK_BYTES", "SUM_STATE_BYTES", "MemorySteps", "column_input_bytes", "hashed_groups_kb", "memory_steps", "sort_memory_kb_sql",
+           "ROW_BYTES", "SLACK_BYTES", "SUM_STATE_BYTES", "MemorySteps", "column_input_bytes", "hashed_groups_kb", "memory_steps", "numeric_total_bytes", "sort_memory_kb_sql",
            "sort_memory_refusal", "within_sort_memory", "work_mem_setting"]
 
 ROW_BYTES = 256
@@ -149,6 +150,29 @@ NUMERIC_STATE_BYTES = 40_960
 from the highest a clamped value reaches (1.8e308 at most) to the least any value has (16,383
 fraction digits, in a value of a few bytes), twice: measured at 34,069 to 34,478 bytes a group
 with 1e307 and 1e-16383 in each."""
+_ROWS_DIGITS = 19  # a total of up to 10^19 rows' values has 19 more integer digits than a value
+
+
+def numeric_total_bytes(column: ColumnInfo) -> int:
+    """The most a ``numeric`` column's exact total takes in a group. Of a ``numeric(p, s)``, whose
+    values have at most ``s`` fraction digits and ``p - s`` integer digits, and whose clamp bounds
+    (:func:`~rewriter.rewrite.bound_literal`) as many as they are written with, its accumulator holds
+    a base-10,000 digit for every four places from the highest a total reaches to the least a value
+    has, in two 4-byte words (its positive and negative sums), rounded up to a power of two: twice
+    that and ``SUM_STATE_BYTES`` for the state around it. Of an unconstrained ``numeric``, whose
+    values may have 16,383 fraction digits, ``NUMERIC_STATE_BYTES`` (measured)."""
+    precision = numeric_precision(column.value_type[1])
+    if precision is None or column.policy is None or column.policy.bounds is None:
+        return NUMERIC_STATE_BYTES
+    scale = (column.value_type[1] - 4) & 0xFFFF
+    bounds = [Decimal(bound_literal(bound, column, upper))
+              for bound, upper in zip(column.policy.bounds, (False, True))]
+    integer = max([precision - scale, *(max(0, bound.adjusted() + 1) for bound in bounds)])
+    fraction = max([scale, *(max(0, -int(bound.as_tuple().exponent)) for bound in bounds)])
+    words = (integer + _ROWS_DIGITS + fraction) // 4 + 3
+    return min(NUMERIC_STATE_BYTES, 2 * 2 * 4 * words + SUM_STATE_BYTES)
+
+
 FIXED_WIDTHS = frozenset({*INTEGER_TYPES, *FLOAT_TYPES, BOOL, DATE, TIMESTAMP, TIMESTAMPTZ})
 """The types of eight bytes or fewer (integers, floats, boolean, date, timestamp, timestamptz) whose
 width the planner knows without statistics; any other column's width it estimates from them."""
@@ -301,7 +325,8 @@ def _group_bytes(plan: AggregateQuery) -> int:
     """The most one group of ``plan``'s GROUP BY takes: ``GROUP_BYTES`` and each part's state
     (:func:`_state_bytes`; a sample-and-aggregate AVG of a ``numeric`` column sums it exactly,
     ``NUMERIC_STATE_BYTES``)."""
-    return GROUP_BYTES + sum(NUMERIC_STATE_BYTES if _sums_numeric(agg) else _state_bytes(part)
+    return GROUP_BYTES + sum(numeric_total_bytes(agg.column) if _sums_numeric(agg) and agg.column is not None
+                             else _state_bytes(part, agg.column)
                              for agg in plan.aggregates for part in aggregate_parts(agg))
 
 
@@ -340,11 +365,11 @@ def column_input_bytes(type_oid: int, modifier: int) -> int:
     return max(SLACK_BYTES, char_estimate)
 
 
-def _state_bytes(part: Part) -> int:
-    """The most one group's state of ``part`` takes: a count's, a numeric column's exact total's,
-    another sum's."""
-    if part.cut is not None:
-        return NUMERIC_STATE_BYTES
+def _state_bytes(part: Part, column: ColumnInfo | None) -> int:
+    """The most one group's state of ``part`` (of an aggregate of ``column``) takes: a count's, a
+    numeric column's exact total's (:func:`numeric_total_bytes`), another sum's."""
+    if part.cut is not None and column is not None:
+        return numeric_total_bytes(column)
     return COUNT_STATE_BYTES if part.sql.startswith("pg_catalog.count(") else SUM_STATE_BYTES
 
 

@@ -24,6 +24,7 @@ from proxy.dp.folding import _folded
 from proxy.wire.encodings import UTF8
 from rewriter.constants import fold_query
 from rewriter.dp_query import plan_aggregate_query
+from rewriter.text_bounds import read_in_place
 
 _TABLES = ("fold_visits", "fold_empty")
 _POLICY = TEST_POLICY.replace("repeats: {{enabled: false}}", "repeats: {{enabled: true}}") + "".join(
@@ -132,7 +133,7 @@ def test_a_folded_comparison_selects_the_rows_postgresql_would(admin, predicate:
     assert plan.folding is not None and plan.folding.folds
     values = [None if v is None else str(v).encode() if not isinstance(v, bool) else (b"t" if v else b"f")
               for v in admin.execute(fold_query(plan.folding.folds)).fetchone()]
-    folded = _folded(plan.folding, values, UTF8)
+    folded = read_in_place(_folded(plan.folding, values, UTF8), table)
     expected = admin.execute(f"SELECT array_agg(ctid ORDER BY ctid) FROM fold_probe WHERE {predicate}").fetchone()
     actual = admin.execute(f"SELECT array_agg(ctid ORDER BY ctid) FROM fold_probe WHERE {folded}").fetchone()
     assert actual == expected, folded
@@ -356,6 +357,6 @@ def test_current_time_compared_with_a_time_column_is_folded_to_the_rows_postgres
             assert plan.folding is not None and len(plan.folding.folds) == 1, where
             (fold,) = plan.folding.folds
             value = admin.execute(f"SELECT CAST(({fold.expression}) AS pg_catalog.{fold.type_name})::text").fetchone()
-            folded = admin.execute(f"SELECT count(*) FROM fold_visits WHERE {fold.column_sql} {fold.op} %s::{fold.type_name}",
+            folded = admin.execute(f"SELECT count(*) FROM fold_visits WHERE {read_in_place(fold.column_sql, relation)} {fold.op} %s::{fold.type_name}",
                                    value).fetchone()
             assert folded == admin.execute(f"SELECT count(*) FROM fold_visits WHERE {where}").fetchone(), (where, value)

@@ -539,8 +539,10 @@ def test_a_release_drawing_over_many_candidates_runs_off_the_event_loop(
             return _real(*args)
 
         monkeypatch.setattr(executor, name, recording)
+    # a grid of 100,000 in each cell: up to one hashed group a row, which the table's sort bound weighs
+    # beside its rows (rewriter/sort_memory.py _table_groups): 308 MB, above the default 256
     fine = POLICY.replace("    epsilon: 1.0\n    delta: 1.0e-6\n",
-                          "    epsilon: 1.0\n    delta: 1.0e-6\n    quantile_cells: 100000\n")
+                          "    epsilon: 1.0\n    delta: 1.0e-6\n    quantile_cells: 100000\n    max_sort_memory_mb: 512\n")
     assert fine != POLICY
     with running_proxy(test_db, tmp_path_factory, fine) as proxy, proxy.connect() as conn:
         (value,) = conn.execute("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY gain) FROM pct_adult").fetchone()
@@ -574,8 +576,9 @@ def test_the_backend_counts_of_a_release_over_many_candidates_are_loaded_off_the
 
     monkeypatch.setattr(executor, "load_text", recording)
     categories = ", ".join(f"m{i}" for i in range(_MODES))
-    policy = POLICY.replace("    epsilon: 1.0\n    delta: 1.0e-6\n",
-                            "    epsilon: 1.0\n    delta: 1.0e-6\n    quantile_cells: 100000\n", 1) + f"""
+    policy = POLICY.replace("    epsilon: 1.0\n    delta: 1.0e-6\n",  # max_sort_memory_mb: as above
+                            "    epsilon: 1.0\n    delta: 1.0e-6\n    quantile_cells: 100000\n    max_sort_memory_mb: 512\n",
+                            1) + f"""
   public.pct_modes:
     epsilon: 1.0
     columns:

@@ -30,9 +30,10 @@ from policies.loader import parse_policy
 from proxy.demo.embedded import SERVICE_ROLE
 from rewriter.dp_query import AggregateQuery, plan_aggregate_query
 from rewriter.rewrite import backend_sql, grouped_values, partition_seed
-from policies.tables import Relation
-from rewriter.sort_memory import (MIN_ROW_BYTES, ROW_BYTES, SLACK_BYTES, memory_steps, sort_memory_kb_sql,
-                                  sort_memory_refusal)
+from policies.model import ColumnPolicy
+from policies.tables import ColumnInfo, Relation
+from rewriter.sort_memory import (GROUP_BYTES, MIN_ROW_BYTES, NUMERIC_STATE_BYTES, ROW_BYTES, SLACK_BYTES, memory_steps,
+                                  numeric_total_bytes, sort_memory_kb_sql, sort_memory_refusal)
 
 ROWS = 20_000
 
@@ -509,3 +510,31 @@ def test_sample_and_aggregates_numeric_partition_sums_are_weighed_as_exact_total
         assert _answered_or_refused(running, "SELECT MIN(age) FROM events WHERE id <= 600") is None
     finally:
         running.stop()
+
+
+@pytest.mark.parametrize(("precision", "scale", "values"), [
+    (12, 2, ("9999999999.99", "-0.01")),
+    (30, 10, ("99999999999999999999.9999999999", "-0.0000000001")),
+    (1000, 900, ("9" * 100 + "." + "9" * 900, "-0." + "0" * 899 + "1")),
+])
+def test_a_declared_numerics_group_total_takes_no_more_than_it_is_weighed(
+        server: OwnServer, precision: int, scale: int, values: tuple[str, str]) -> None:
+    """A ``numeric(p, s)`` column's exact total spans at most its declared digits and its bounds',
+    so it is weighed by them (:func:`rewriter.sort_memory.numeric_total_bytes`), not at an
+    unconstrained total's 40 kB: 1,000 groups of its widest and its least values, hashed, take at
+    most that and a group's ``GROUP_BYTES`` each."""
+    declared = f"numeric({precision}, {scale})"
+    column = ColumnInfo("n", 1700, ((precision << 16) | scale) + 4, 1, ColumnPolicy(bounds=(-1e300, 1e300)))
+    weighed = numeric_total_bytes(column)
+    assert weighed < NUMERIC_STATE_BYTES
+    with psycopg.connect(server.admin_dsn) as conn:
+        conn.execute(f"CREATE TEMPORARY TABLE wide_totals (g integer, n {declared})")
+        conn.execute("INSERT INTO wide_totals SELECT i %% 1000, CASE WHEN i %% 2 = 0 THEN %s::numeric ELSE %s::numeric END "
+                     "FROM generate_series(1, 20000) AS i", values)
+        conn.execute("SET work_mem = '512MB'")
+        conn.execute("SET enable_sort = off")
+        (explained,) = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) SELECT g, sum(LEAST(GREATEST(n, -1e300), 1e300)) "
+                                    "FROM wide_totals GROUP BY g").fetchone()
+    node = explained[0]["Plan"]
+    assert node["Strategy"] == "Hashed" and node["Actual Rows"] == 1000, node
+    assert node["Peak Memory Usage"] * 1024 <= 1000 * (weighed + GROUP_BYTES), (node["Peak Memory Usage"], weighed)
