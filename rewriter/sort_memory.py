@@ -325,8 +325,7 @@ def _group_bytes(plan: AggregateQuery) -> int:
     """The most one group of ``plan``'s GROUP BY takes: ``GROUP_BYTES`` and each part's state
     (:func:`_state_bytes`; a sample-and-aggregate AVG of a ``numeric`` column sums it exactly,
     ``NUMERIC_STATE_BYTES``)."""
-    return GROUP_BYTES + sum(numeric_total_bytes(agg.column) if _sums_numeric(agg) and agg.column is not None
-                             else _state_bytes(part, agg.column)
+    return GROUP_BYTES + sum(_state_bytes(part, agg.column, exact=_sums_numeric(agg))
                              for agg in plan.aggregates for part in aggregate_parts(agg))
 
 
@@ -365,10 +364,11 @@ def column_input_bytes(type_oid: int, modifier: int) -> int:
     return max(SLACK_BYTES, char_estimate)
 
 
-def _state_bytes(part: Part, column: ColumnInfo | None) -> int:
+def _state_bytes(part: Part, column: ColumnInfo | None, exact: bool = False) -> int:
     """The most one group's state of ``part`` (of an aggregate of ``column``) takes: a count's, a
-    numeric column's exact total's (:func:`numeric_total_bytes`), another sum's."""
-    if part.cut is not None and column is not None:
+    numeric column's exact total's (:func:`numeric_total_bytes`; ``exact``: a part that sums it
+    exactly though it releases no total), another sum's."""
+    if (exact or part.cut is not None) and column is not None:
         return numeric_total_bytes(column)
     return COUNT_STATE_BYTES if part.sql.startswith("pg_catalog.count(") else SUM_STATE_BYTES
 

@@ -93,6 +93,7 @@ def _adbc(uri: str, charged: Callable[[Callable[[], Any]], dict[str, Any]]) -> d
             return pa.RecordBatchReader._import_from_c(handle.address).read_all().to_pylist()  # type: ignore[no-any-return]
 
         out["statistics"] = charged(statistics)
+        conn.rollback()  # the refusal failed ADBC's transaction, as any error does on PostgreSQL
 
         def fetch(query: str, *params: object) -> list[Any]:
             with conn.cursor() as cursor:
@@ -103,6 +104,7 @@ def _adbc(uri: str, charged: Callable[[Callable[[], Any]], dict[str, Any]]) -> d
         out["sum_avg"] = charged(lambda: [[float(v) for v in row] for row in fetch(
             "SELECT SUM(capital_gain) AS s, AVG(age) AS a FROM adult WHERE sex = $1", "Female")])
         out["refused"] = charged(lambda: fetch("SELECT age FROM adult WHERE age > $1", 30))
+        conn.rollback()
         out["after_refusal"] = fetch("SELECT 1 AS one")
         out["polars_on_connection"] = charged(lambda: pl.read_database(HISTOGRAM, conn).to_dicts())
     assert issubclass(adbc_driver_manager.OperationalError, adbc_driver_manager.Error)

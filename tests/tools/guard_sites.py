@@ -702,7 +702,7 @@ SITES: tuple[Site, ...] = (
     _off("sort.table-groups", "rewriter/sort_memory.py", "not (plan.groups or grid is not None or partitioned)",
          "sort-memory", "True"),
     Site("sort.numeric-partition-sums", "rewriter/sort_memory.py",
-         "NUMERIC_STATE_BYTES if _sums_numeric(agg) else _state_bytes(part)", "_state_bytes(part)", "sort-memory"),
+         "_state_bytes(part, agg.column, exact=_sums_numeric(agg))", "_state_bytes(part, agg.column)", "sort-memory"),
     _off("sort.sorts-rows", "rewriter/rewrite.py",
          "any(agg.distinct for agg in query.aggregates) or query_grid(query) is not None", "sort-memory"),
     Site("sort.hashed-groups-step", "rewriter/sort_memory.py",
